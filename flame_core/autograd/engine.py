@@ -1,0 +1,189 @@
+"""Backward: walk the recorded graph in reverse topological order, without recursion, freeing as it goes."""
+from ..errors import AutogradError, ShapeError, fmt_shape
+from .function import AccumulateGrad, edge_of
+from .grad_mode import state
+
+# set by flame_core.grad_pool when parameters are registered: f(leaf, grad_tensor) -> True if it stored the gradient
+leaf_grad_sink = None
+
+
+def _zeros(meta):
+    shape, dt, arr_type = meta
+    from ..tensor import _wrap
+    import numpy as np
+    from .. import backend
+    xp = backend.cupy if arr_type is not np.ndarray else np
+    return _wrap(xp.zeros(shape, dtype=dt))
+
+
+def _accumulate_leaf(leaf, g, create_graph):
+    if leaf_grad_sink is not None and leaf_grad_sink(leaf, g):
+        return
+    if g._data.dtype != leaf._data.dtype:
+        g = g.to(leaf.dtype)
+    if leaf._grad is None:
+        # detach (unless building a graph of the gradient) and own the storage: never alias another tensor's data
+        leaf._grad = g if create_graph else g._detached_owned()
+    elif create_graph:
+        leaf._grad = leaf._grad + g
+    else:
+        leaf._grad._data += g._data
+
+
+def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inputs=None, allow_unused=False):
+    """Core of `Tensor.backward` and `autograd.grad`.
+
+    With `inputs` given, returns their gradients (in order) and leaves `.grad` untouched (autograd.grad semantics).
+    """
+    root_edges = []
+    for t, g in zip(roots, grad_roots):
+        e = edge_of(t)
+        if e is None:
+            raise AutogradError(f"element of shape {fmt_shape(t.shape)} does not require grad and has no grad_fn")
+        root_edges.append((e, g))
+
+    capture = None
+    if inputs is not None:
+        capture = {}
+        for k, t in enumerate(inputs):
+            e = edge_of(t)
+            if e is None:
+                raise AutogradError(f"input {k} of shape {fmt_shape(t.shape)} does not require grad")
+            capture.setdefault((id(e[0]), e[1]), []).append(k)
+
+    # dependency counts over the reachable graph (iterative DFS)
+    deps = {}
+    seen = set()
+    stack = [e[0] for e, _ in root_edges]
+    for n in stack:
+        seen.add(id(n))
+    while stack:
+        n = stack.pop()
+        for e in n.next_functions:
+            if e is None:
+                continue
+            c = e[0]
+            deps[id(c)] = deps.get(id(c), 0) + 1
+            if id(c) not in seen:
+                seen.add(id(c))
+                stack.append(c)
+
+    buffers = {}  # id(node) -> [node, [grad per output]]
+
+    def add_grad(node, idx, g):
+        entry = buffers.get(id(node))
+        if entry is None:
+            n_out = 1 if node._out_meta is None else len(node._out_meta)
+            entry = buffers[id(node)] = [node, [None] * n_out]
+        slot = entry[1]
+        if slot[idx] is None:
+            slot[idx] = g
+        else:
+            slot[idx] = slot[idx] + g
+
+    for (node, idx), g in root_edges:
+        add_grad(node, idx, g)
+
+    results = [None] * len(inputs) if inputs is not None else None
+    ready = [n for n in {id(e[0]): e[0] for e, _ in root_edges}.values() if deps.get(id(n), 0) == 0]
+    prev = state.enabled
+    state.enabled = create_graph
+    try:
+        while ready:
+            node = ready.pop()
+            _, grads = buffers.pop(id(node))
+            if node._hooks:
+                for i, hooks in node._hooks.items():
+                    for h in hooks:
+                        if grads[i] is not None:
+                            r = h(grads[i])
+                            if r is not None:
+                                grads[i] = r
+            if capture is not None:
+                for i, g in enumerate(grads):
+                    ks = capture.get((id(node), i))
+                    if ks:
+                        for k in ks:
+                            results[k] = g
+            if isinstance(node, AccumulateGrad):
+                leaf_hooks = node.variable._hooks
+                if leaf_hooks and grads[0] is not None:
+                    for h in leaf_hooks:
+                        r = h(grads[0])
+                        if r is not None:
+                            grads[0] = r
+                if capture is None and grads[0] is not None:
+                    _accumulate_leaf(node.variable, grads[0], create_graph)
+                continue
+            if node._freed:
+                raise AutogradError("Trying to backward through the graph a second time (or to access saved tensors "
+                                    "after they were freed). Pass retain_graph=True to the first backward if you "
+                                    "need to backward twice.")
+            meta = node._out_meta
+            for i, g in enumerate(grads):
+                if g is None:
+                    grads[i] = _zeros(meta[i]) if meta[i] is not None else None
+            in_grads = node._fn.backward(node, *grads)
+            del grads
+            if not isinstance(in_grads, tuple):
+                in_grads = (in_grads,)
+            edges = node.next_functions
+            if len(in_grads) < len(edges):
+                raise AutogradError(f"{node.name()} returned {len(in_grads)} gradients; expected {len(edges)} "
+                                    f"(one per forward input)")
+            for e, g in zip(edges, in_grads):
+                if e is None:
+                    continue
+                child, idx = e
+                if g is not None:
+                    _check_grad_shape(node, child, idx, g)
+                    add_grad(child, idx, g)
+                d = deps[id(child)] - 1
+                deps[id(child)] = d
+                if d == 0:
+                    if id(child) in buffers:
+                        ready.append(child)
+                    else:  # nothing flowed into it: propagate "no gradient" through its subgraph
+                        _skip(child, deps, buffers, ready)
+            if not retain_graph:
+                node.release()
+            del in_grads
+    finally:
+        state.enabled = prev
+    if inputs is not None:
+        for k, r in enumerate(results):
+            if r is None and not allow_unused:
+                raise AutogradError(f"One of the differentiated tensors (input {k}) appears to not have been used "
+                                    f"in the graph. Set allow_unused=True if this is the desired behavior.")
+        return results
+    return None
+
+
+def _skip(node, deps, buffers, ready):
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        for e in n.next_functions:
+            if e is None:
+                continue
+            c = e[0]
+            d = deps[id(c)] - 1
+            deps[id(c)] = d
+            if d == 0:
+                if id(c) in buffers:
+                    ready.append(c)
+                else:
+                    stack.append(c)
+
+
+def _check_grad_shape(node, child, idx, g):
+    meta = child._out_meta
+    if isinstance(child, AccumulateGrad):
+        expect = child.variable._data.shape
+    elif meta is not None and meta[idx] is not None:
+        expect = meta[idx][0]
+    else:
+        return
+    if g._data.shape != expect:
+        raise ShapeError(f"{node.name()} returned a gradient of shape {fmt_shape(g._data.shape)} for an input of "
+                         f"shape {fmt_shape(expect)}")

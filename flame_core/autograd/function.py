@@ -1,0 +1,187 @@
+"""The tape: every differentiable op is a `Function`; applying it records one `Node` (which is also its `ctx`)."""
+import weakref
+
+from ..errors import AutogradError
+from .grad_mode import state
+
+_FREED = ("Trying to backward through the graph a second time (or to access saved tensors after they were freed). "
+          "Pass retain_graph=True to the first backward if you need to backward twice.")
+
+
+class Node:
+    """One recorded op. Holds edges to the nodes of its inputs, the tensors its backward needs, and its rule.
+
+    `next_functions[i]` is `(node, output_index)` for input i, or None when input i needs no gradient.
+    """
+
+    __slots__ = ("next_functions", "needs_input_grad", "_saved", "_fn", "_out_meta", "_hooks", "_freed",
+                 "_non_diff", "__dict__", "__weakref__")
+
+    def __init__(self, fn=None):
+        self._fn = fn
+        self._saved = None
+        self._hooks = None
+        self._freed = False
+        self._non_diff = None
+
+    def name(self):
+        return (self._fn.__name__ if self._fn is not None else type(self).__name__) + "Backward"
+
+    def __repr__(self):
+        return f"<{self.name()}>"
+
+    # --- ctx API used inside Function.forward / backward ---
+    def save_for_backward(self, *tensors):
+        saved = []
+        for t in tensors:
+            if t is None:
+                saved.append(None)
+            else:
+                saved.append((t, t._version[0], None))
+        self._saved = saved
+
+    @property
+    def saved_tensors(self):
+        if self._freed:
+            raise AutogradError(_FREED)
+        out = []
+        for item in self._saved or ():
+            if item is None:
+                out.append(None)
+                continue
+            t, version, out_idx = item
+            if t._version[0] != version:
+                raise AutogradError(
+                    f"one of the tensors needed for gradient computation has been modified by an in-place "
+                    f"operation: a tensor of shape {tuple(t.shape)} and dtype {t.dtype} saved by {self.name()} is at "
+                    f"version {t._version[0]}; expected version {version}. Use an out-of-place op (or .clone()).")
+            if out_idx is not None:  # an output of this node: re-attach it to the graph for double backward
+                t = t._alias()
+                t._grad_fn, t._out_idx = self, out_idx
+            out.append(t)
+        return tuple(out)
+
+    def mark_non_differentiable(self, *tensors):
+        self._non_diff = {id(t) for t in tensors}
+
+    def mark_dirty(self, *tensors):  # accepted for PyTorch compatibility; FLAME records in-place ops itself
+        pass
+
+    def register_hook(self, hook, output_index=0):
+        """Hook called with the gradient of output `output_index` before this node's backward."""
+        if self._hooks is None:
+            self._hooks = {}
+        self._hooks.setdefault(output_index, []).append(hook)
+
+    def release(self):
+        self._saved = None
+        self._freed = True
+        self.__dict__.clear()
+
+
+class AccumulateGrad(Node):
+    """The sink of a leaf that requires grad: adds incoming gradients into `leaf.grad`."""
+
+    __slots__ = ("variable",)
+
+    def __init__(self, variable):
+        super().__init__(None)
+        self.variable = variable
+        self.next_functions = ()
+        self._out_meta = None
+
+    def name(self):
+        return "AccumulateGrad"
+
+    def release(self):
+        pass
+
+
+def accumulator_of(t):
+    """The (cached) AccumulateGrad node of a leaf tensor."""
+    ref = t._accum_ref
+    node = ref() if ref is not None else None
+    if node is None:
+        node = AccumulateGrad(t)
+        t._accum_ref = weakref.ref(node)
+    return node
+
+
+def edge_of(t):
+    """Where the gradient of tensor `t` must be sent: its grad_fn (and output index) or its accumulator."""
+    if t._grad_fn is not None:
+        return (t._grad_fn, t._out_idx)
+    if t._requires_grad:
+        return (accumulator_of(t), 0)
+    return None
+
+
+class FunctionMeta(type):
+    pass
+
+
+class Function(metaclass=FunctionMeta):
+    """Custom differentiable op, PyTorch style: subclass with static `forward(ctx, ...)` and `backward(ctx, ...)`,
+    call with `MyFn.apply(...)`. Built-in ops use exactly this mechanism."""
+
+    @staticmethod
+    def forward(ctx, *args, **kwargs):
+        raise NotImplementedError("a Function subclass must define forward(ctx, ...)")
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        raise NotImplementedError("a Function subclass must define backward(ctx, ...)")
+
+    @classmethod
+    def apply(cls, *args, **kwargs):
+        from ..tensor import Tensor
+
+        record = False
+        if state.enabled:
+            for a in args:
+                if type(a) is Tensor or isinstance(a, Tensor):
+                    if a._requires_grad or a._grad_fn is not None:
+                        record = True
+                        break
+        node = Node(cls)
+        prev = state.enabled
+        state.enabled = False
+        try:
+            out = cls.forward(node, *args, **kwargs)
+        finally:
+            state.enabled = prev
+        if not record:
+            node._saved = None
+            return out
+        edges = []
+        needs = []
+        for a in args:
+            e = edge_of(a) if isinstance(a, Tensor) else None
+            edges.append(e)
+            needs.append(e is not None)
+        node.next_functions = tuple(edges)
+        node.needs_input_grad = tuple(needs)
+        outs = out if isinstance(out, tuple) else (out,)
+        meta = []
+        non_diff = node._non_diff
+        for i, o in enumerate(outs):
+            if o is None:
+                meta.append(None)
+                continue
+            meta.append((o._data.shape, o._data.dtype, o._data))
+            if non_diff is not None and id(o) in non_diff:
+                continue
+            if o.dtype.is_floating_point:
+                o._grad_fn = node
+                o._out_idx = i
+        saved = node._saved
+        if saved:  # saved outputs are kept as detached aliases: no reference cycle output -> node -> output
+            for k, item in enumerate(saved):
+                if item is not None:
+                    for i, o in enumerate(outs):
+                        if item[0] is o:
+                            saved[k] = (o._alias(), item[1], i)
+                            break
+        # keep only shape/dtype/module of outputs for zero-filling missing gradients (not the arrays themselves)
+        node._out_meta = [None if m is None else (m[0], m[1], type(m[2])) for m in meta]
+        return out

@@ -1,0 +1,89 @@
+"""Grad recording switches: no_grad, enable_grad, set_grad_enabled, inference_mode (context managers and decorators)."""
+import functools
+
+
+class _State:
+    enabled = True
+    inference = False
+
+
+state = _State()
+
+
+def is_grad_enabled():
+    return state.enabled
+
+
+def is_inference_mode_enabled():
+    return state.inference
+
+
+class _Mode:
+    """Base: a context manager that is also a decorator (as in PyTorch)."""
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with self.__class__(*self._args):
+                return fn(*args, **kwargs)
+        return wrapper
+
+    _args = ()
+
+
+class set_grad_enabled(_Mode):
+    def __init__(self, mode=True):
+        self._args = (mode,)
+        self._prev = state.enabled
+        state.enabled = bool(mode)  # PyTorch: takes effect at construction too
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        state.enabled = self._prev
+        return False
+
+    def __call__(self, fn):
+        state.enabled = self._prev  # used as a decorator: undo the construction-time switch
+        return super().__call__(fn)
+
+
+class no_grad(_Mode):
+    def __enter__(self):
+        self._prev = state.enabled
+        state.enabled = False
+        return self
+
+    def __exit__(self, *exc):
+        state.enabled = self._prev
+        return False
+
+
+class enable_grad(_Mode):
+    def __enter__(self):
+        self._prev = state.enabled
+        state.enabled = True
+        return self
+
+    def __exit__(self, *exc):
+        state.enabled = self._prev
+        return False
+
+
+class inference_mode(_Mode):
+    """Like no_grad; tensors made inside are marked as inference tensors (they never record history)."""
+
+    def __init__(self, mode=True):
+        self._args = (mode,)
+        self._mode = mode
+
+    def __enter__(self):
+        self._prev = (state.enabled, state.inference)
+        if self._mode:
+            state.enabled, state.inference = False, True
+        return self
+
+    def __exit__(self, *exc):
+        state.enabled, state.inference = self._prev
+        return False

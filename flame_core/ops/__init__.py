@@ -1,0 +1,163 @@
+"""Tensor-level ops. Importing this package installs the Tensor methods and operators."""
+from . import creation, conversion, elementwise, reduction, shape, indexing, linalg
+from . import elementwise as E, reduction as R, shape as S, indexing as I, linalg as L
+from ..tensor import Tensor
+
+
+def _rev(fn):
+    return lambda self, other: fn(other, self)
+
+
+def _inplace(ufunc_name, fn):
+    def method(self, other, *args, **kwargs):
+        if not args and not kwargs:
+            r = E._fast_inplace(self, ufunc_name, other)
+            if r is not None:
+                return r
+        return E.apply_inplace(self, lambda t, o: fn(t, o, *args, **kwargs), other)
+    method.__name__ = fn.__name__ + "_"
+    return method
+
+
+def _install():
+    T = Tensor
+    # operators
+    T.__add__ = lambda s, o: E.Add.apply(s, o, 1)
+    T.__radd__ = lambda s, o: E.Add.apply(o, s, 1)
+    T.__sub__ = lambda s, o: E.Sub.apply(s, o, 1)
+    T.__rsub__ = lambda s, o: E.Sub.apply(o, s, 1)
+    T.__mul__ = lambda s, o: E.Mul.apply(s, o)
+    T.__rmul__ = lambda s, o: E.Mul.apply(o, s)
+    T.__truediv__ = lambda s, o: E.Div.apply(s, o, None)
+    T.__rtruediv__ = lambda s, o: E.Div.apply(o, s, None)
+    T.__floordiv__ = lambda s, o: E.Div.apply(s, o, "floor")
+    T.__rfloordiv__ = lambda s, o: E.Div.apply(o, s, "floor")
+    T.__mod__ = lambda s, o: E.Remainder.apply(s, o)
+    T.__rmod__ = lambda s, o: E.Remainder.apply(o, s)
+    T.__pow__ = lambda s, o: E.Pow.apply(s, o)
+    T.__rpow__ = lambda s, o: E.Pow.apply(o, s)
+    T.__matmul__ = lambda s, o: L.matmul(s, o)
+    T.__rmatmul__ = lambda s, o: L.matmul(o, s)
+    T.__neg__ = lambda s: E.Neg.apply(s)
+    T.__pos__ = lambda s: s
+    T.__abs__ = lambda s: E.Abs.apply(s)
+    T.__invert__ = E.bitwise_not
+    T.__and__ = E.logical_and
+    T.__or__ = E.logical_or
+    T.__xor__ = E.logical_xor
+    T.__eq__ = E.eq
+    T.__ne__ = E.ne
+    T.__lt__ = E.lt
+    T.__le__ = E.le
+    T.__gt__ = E.gt
+    T.__ge__ = E.ge
+    T.__getitem__ = I.getitem
+    T.__setitem__ = I.setitem
+    T.__iadd__ = lambda s, o: s.add_(o)
+    T.__isub__ = lambda s, o: s.sub_(o)
+    T.__imul__ = lambda s, o: s.mul_(o)
+    T.__itruediv__ = lambda s, o: s.div_(o)
+
+    # methods that take the tensor first
+    plain = dict(
+        add=E.add, sub=E.sub, subtract=E.sub, mul=E.mul, multiply=E.mul, div=E.div, divide=E.div,
+        true_divide=E.true_divide, floor_divide=E.floor_divide, remainder=E.remainder, fmod=E.fmod, pow=E.pow,
+        maximum=E.maximum, minimum=E.minimum, neg=E.neg, negative=E.neg, exp=E.exp, log=E.log, log1p=E.log1p,
+        sqrt=E.sqrt, rsqrt=E.rsqrt, sin=E.sin, cos=E.cos, tanh=E.tanh, sigmoid=E.sigmoid, relu=E.relu, abs=E.abs,
+        sign=E.sign, floor=E.floor, ceil=E.ceil, round=E.round, trunc=E.trunc, erf=E.erf, reciprocal=E.reciprocal,
+        square=E.square, silu=E.silu, gelu=E.gelu, softplus=E.softplus, clamp=E.clamp, clip=E.clamp,
+        lerp=E.lerp, eq=E.eq, ne=E.ne, lt=E.lt, le=E.le, gt=E.gt, ge=E.ge, greater=E.gt, less=E.lt,
+        logical_and=E.logical_and, logical_or=E.logical_or, logical_xor=E.logical_xor,
+        logical_not=E.logical_not, isnan=E.isnan, isinf=E.isinf, isfinite=E.isfinite, allclose=E.allclose,
+        equal=E.equal,
+        sum=R.sum, mean=R.mean, var=R.var, std=R.std, max=R.max, min=R.min, amax=R.amax, amin=R.amin,
+        argmax=R.argmax, argmin=R.argmin, prod=R.prod, norm=R.norm, logsumexp=R.logsumexp, all=R.all, any=R.any,
+        cumsum=R.cumsum, cumprod=R.cumprod, softmax=R.softmax, log_softmax=R.log_softmax,
+        count_nonzero=R.count_nonzero,
+        reshape=S.reshape, view=S.view, flatten=S.flatten, unflatten=S.unflatten, permute=S.permute,
+        transpose=S.transpose, swapaxes=S.swapaxes, swapdims=S.swapdims, t=S.t, squeeze=S.squeeze,
+        unsqueeze=S.unsqueeze, expand=S.expand, expand_as=S.expand_as, broadcast_to=S.broadcast_to,
+        repeat=S.repeat, repeat_interleave=S.repeat_interleave, chunk=S.chunk, split=S.split,
+        tensor_split=S.tensor_split, unbind=S.unbind, narrow=S.narrow, select=S.select, flip=S.flip,
+        roll=S.roll, tril=S.tril, triu=S.triu, contiguous=S.contiguous, clone=S.clone, movedim=S.movedim,
+        gather=I.gather, scatter_add=I.scatter_add, index_select=I.index_select, masked_fill=I.masked_fill,
+        nonzero=I.nonzero, matmul=L.matmul, mm=L.mm, bmm=L.bmm, outer=L.outer, dot=L.dot,
+    )
+    for name, fn in plain.items():
+        setattr(T, name, fn)
+    T.where = lambda self, condition, other: E.where(condition, self, other)
+    T.view_as = lambda self, other: S.view(self, tuple(other.shape))
+    T.reshape_as = lambda self, other: S.reshape(self, tuple(other.shape))
+    T.new_zeros = lambda self, *size, dtype=None, device=None, requires_grad=False: creation.zeros(
+        *size, dtype=dtype or self.dtype, device=device or self.device, requires_grad=requires_grad)
+    T.new_ones = lambda self, *size, dtype=None, device=None, requires_grad=False: creation.ones(
+        *size, dtype=dtype or self.dtype, device=device or self.device, requires_grad=requires_grad)
+    T.new_full = lambda self, size, fill_value, dtype=None, device=None, requires_grad=False: creation.full(
+        size, fill_value, dtype=dtype or self.dtype, device=device or self.device, requires_grad=requires_grad)
+    T.new_empty = lambda self, *size, dtype=None, device=None, requires_grad=False: creation.empty(
+        *size, dtype=dtype or self.dtype, device=device or self.device, requires_grad=requires_grad)
+    T.new_tensor = lambda self, data, dtype=None, device=None, requires_grad=False: creation.tensor(
+        data, dtype=dtype or self.dtype, device=device or self.device, requires_grad=requires_grad)
+
+    # in-place forms
+    T.add_ = _inplace("add", lambda t, o, alpha=1: E.add(t, o, alpha=alpha))
+    T.sub_ = _inplace("subtract", lambda t, o, alpha=1: E.sub(t, o, alpha=alpha))
+    T.mul_ = _inplace("multiply", E.mul)
+    T.div_ = _inplace("true_divide", E.div)
+    T.pow_ = _inplace("power", E.pow)
+    T.clamp_ = lambda self, min=None, max=None: E.apply_inplace(self, lambda t: E.clamp(t, min, max))
+    T.lerp_ = lambda self, end, weight: E.apply_inplace(self, lambda t, e: E.lerp(t, e, weight), end)
+    T.masked_fill_ = lambda self, mask, value: E.apply_inplace(self, lambda t: I.masked_fill(t, mask, value))
+    for name in ("exp", "log", "sqrt", "neg", "abs", "sigmoid", "tanh", "relu", "floor", "round", "sign", "sin",
+                 "cos", "rsqrt", "reciprocal", "silu", "square"):
+        setattr(T, name + "_", (lambda f: lambda self: E.apply_inplace(self, f))(plain[name]))
+
+    def zero_(self):
+        E._check_inplace(self)
+        self._data.fill(0)
+        self._version[0] += 1
+        if self._grad_fn is not None:
+            self._grad_fn, self._out_idx = None, 0  # a constant now (its history no longer matters)
+        return self
+
+    def fill_(self, value):
+        E._check_inplace(self)
+        if isinstance(value, Tensor):
+            value = value.item()
+        self._data.fill(value)
+        self._version[0] += 1
+        if self._grad_fn is not None:
+            self._grad_fn, self._out_idx = None, 0
+        return self
+
+    def copy_(self, src, non_blocking=False):
+        if isinstance(src, Tensor) and src.requires_grad and E.state.enabled:
+            return E.apply_inplace(self, lambda t, s: (s.to(t.device, t.dtype) + t * 0).expand_as(t), src)
+        E._check_inplace(self)
+        a = src._data if isinstance(src, Tensor) else src
+        from .. import backend
+        if isinstance(src, Tensor) and type(a) is not type(self._data):
+            a = backend.to_numpy(a) if not backend.is_cuda_array(self._data) else backend.xp_of(
+                self._data).asarray(a)
+        self._data[...] = a.astype(self._data.dtype, copy=False) if hasattr(a, "astype") else a
+        self._version[0] += 1
+        return self
+
+    def uniform_(self, a=0.0, b=1.0, generator=None):
+        E._check_inplace(self)
+        r = creation.rand(self.shape, dtype=self.dtype, device=self.device, generator=generator)
+        self._data[...] = (r._data * (b - a) + a).astype(self._data.dtype)
+        self._version[0] += 1
+        return self
+
+    def normal_(self, mean=0.0, std=1.0, generator=None):
+        E._check_inplace(self)
+        r = creation.randn(self.shape, dtype=self.dtype, device=self.device, generator=generator)
+        self._data[...] = (r._data * std + mean).astype(self._data.dtype)
+        self._version[0] += 1
+        return self
+
+    T.zero_, T.fill_, T.copy_, T.uniform_, T.normal_ = zero_, fill_, copy_, uniform_, normal_
+
+
+_install()

@@ -1,0 +1,713 @@
+"""Elementwise ops. Each operator sits next to its derivative; backward rules use Tensor ops (double backward)."""
+import math
+
+import numpy as np
+
+from .. import backend
+from .. import dtypes as D
+from ..autograd.function import Function
+from ..autograd.grad_mode import state
+from ..errors import AutogradError, DeviceError, DTypeError
+from ..tensor import Tensor, _wrap
+
+_default_float = D.get_default_dtype
+
+
+# ----------------------------------------------------------------------------- helpers
+def _operands(op, a, b):
+    """Arrays of a and b (tensors -> arrays, scalars kept) and the PyTorch result dtype (NumPy dtype)."""
+    ta, tb = isinstance(a, Tensor), isinstance(b, Tensor)
+    if ta and tb:
+        xa, xb = a._data, b._data
+        dt = xa.dtype if xa.dtype == xb.dtype else D.result_type(a, b).np
+        if type(xa) is not type(xb):
+            xa, xb = _align_devices(op, a, b)
+    elif ta:
+        xa, xb = a._data, b
+        dt = xa.dtype if isinstance(b, float) and xa.dtype.kind == "f" else D.result_type(a, b).np
+    else:
+        xa, xb = a, b._data
+        dt = xb.dtype if isinstance(a, float) and xb.dtype.kind == "f" else D.result_type(a, b).np
+    if ta and xa.dtype != dt:
+        xa = xa.astype(dt)
+    if tb and xb.dtype != dt:
+        xb = xb.astype(dt)
+    return xa, xb, dt
+
+
+def _align_devices(op, a, b):
+    """A 0-d cpu tensor may join a cuda op (as in PyTorch); anything else on two devices is an error."""
+    if a.ndim == 0 and not backend.is_cuda_array(a._data):
+        return a._data.item(), b._data
+    if b.ndim == 0 and not backend.is_cuda_array(b._data):
+        return a._data, b._data.item()
+    raise DeviceError(f"{op}: expected all tensors on the same device, but found at least two devices, "
+                      f"{a.device} and {b.device}")
+
+
+def _cast(arr, dt):
+    if type(arr) is not np.ndarray and not backend.is_cuda_array(arr):
+        arr = np.asarray(arr)
+    return arr if arr.dtype == dt else arr.astype(dt)
+
+
+def sum_to(g, shape):
+    """Undo broadcasting: sum `g` down to `shape` (differentiable)."""
+    if shape is None:
+        return None
+    if tuple(g.shape) == tuple(shape):
+        return g
+    nd = g.ndim - len(shape)
+    axes = tuple(range(nd)) + tuple(i + nd for i, s in enumerate(shape) if s == 1 and g.shape[i + nd] != 1)
+    if axes:
+        g = g.sum(dim=axes, keepdim=True)
+    return g.reshape(shape) if tuple(g.shape) != tuple(shape) else g
+
+
+def _shape(x):
+    return tuple(x.shape) if isinstance(x, Tensor) else None
+
+
+def _float_arr(x):
+    a = x._data
+    if a.dtype.kind != "f" and a.dtype not in (D.bfloat16.np,):
+        a = a.astype(_default_float().np)
+    return a
+
+
+# ----------------------------------------------------------------------------- binary arithmetic
+class Add(Function):
+    @staticmethod
+    def forward(ctx, a, b, alpha=1):
+        xa, xb, dt = _operands("add", a, b)
+        ctx.shapes, ctx.alpha = (_shape(a), _shape(b)), alpha
+        return _wrap(_cast(xa + xb if alpha == 1 else xa + xb * alpha, dt))
+
+    @staticmethod
+    def backward(ctx, g):
+        sa, sb = ctx.shapes
+        gb = None
+        if ctx.needs_input_grad[1]:
+            gb = sum_to(g if ctx.alpha == 1 else g * ctx.alpha, sb)
+        return sum_to(g, sa) if ctx.needs_input_grad[0] else None, gb, None
+
+
+class Sub(Function):
+    @staticmethod
+    def forward(ctx, a, b, alpha=1):
+        xa, xb, dt = _operands("sub", a, b)
+        if dt == np.bool_:
+            raise DTypeError("subtraction of bool tensors is not supported; use logical_xor or ~")
+        ctx.shapes, ctx.alpha = (_shape(a), _shape(b)), alpha
+        return _wrap(_cast(xa - xb if alpha == 1 else xa - xb * alpha, dt))
+
+    @staticmethod
+    def backward(ctx, g):
+        sa, sb = ctx.shapes
+        return (sum_to(g, sa) if ctx.needs_input_grad[0] else None,
+                sum_to(-g if ctx.alpha == 1 else g * (-ctx.alpha), sb) if ctx.needs_input_grad[1] else None, None)
+
+
+class Mul(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        xa, xb, dt = _operands("mul", a, b)
+        ctx.save_for_backward(a if isinstance(a, Tensor) else None, b if isinstance(b, Tensor) else None)
+        ctx.scalars = (a, b)
+        return _wrap(_cast(xa * xb, dt))
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        sa, sb = ctx.scalars
+        ga = gb = None
+        if ctx.needs_input_grad[0]:
+            ga = sum_to(g * (b if b is not None else sb), a.shape)
+        if ctx.needs_input_grad[1]:
+            gb = sum_to(g * (a if a is not None else sa), b.shape)
+        return ga, gb
+
+
+class Div(Function):
+    @staticmethod
+    def forward(ctx, a, b, rounding_mode=None):
+        xa, xb, dt = _operands("div", a, b)
+        if rounding_mode is None:
+            if dt.kind in "biu":
+                dt = _default_float().np
+                xa = xa.astype(dt) if isinstance(a, Tensor) else xa
+                xb = xb.astype(dt) if isinstance(b, Tensor) else xb
+            out = xa / xb
+        elif rounding_mode == "floor":
+            xp = backend.xp_of(xa if isinstance(a, Tensor) else xb)
+            out = xp.floor_divide(xa, xb)
+        elif rounding_mode == "trunc":
+            xp = backend.xp_of(xa if isinstance(a, Tensor) else xb)
+            out = xp.trunc(xa / xb) if dt.kind == "f" or dt == D.bfloat16.np else \
+                (xp.sign(xa) * xp.sign(xb) * (xp.abs(xa) // xp.abs(xb)))
+        else:
+            raise ValueError(f"div: rounding_mode must be None, 'floor' or 'trunc', got {rounding_mode!r}")
+        ctx.rounding = rounding_mode
+        ctx.save_for_backward(a if isinstance(a, Tensor) else None, b if isinstance(b, Tensor) else None)
+        ctx.scalars = (a, b)
+        return _wrap(_cast(out, dt))
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        if ctx.rounding is not None:  # piecewise constant
+            return (None if a is None else zeros_grad(a), None if b is None else zeros_grad(b), None)
+        sa, sb = ctx.scalars
+        bb = b if b is not None else sb
+        ga = gb = None
+        if ctx.needs_input_grad[0]:
+            ga = sum_to(g / bb, a.shape)
+        if ctx.needs_input_grad[1]:
+            aa = a if a is not None else sa
+            gb = sum_to(-g * aa / (b * b), b.shape)
+        return ga, gb, None
+
+
+def zeros_grad(t):
+    return _wrap(t._xp().zeros(t._data.shape, dtype=t._data.dtype))
+
+
+class Remainder(Function):
+    """Python-style modulo (sign of the divisor), as torch.remainder."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        xa, xb, dt = _operands("remainder", a, b)
+        xp = backend.xp_of(xa if isinstance(a, Tensor) else xb)
+        ctx.save_for_backward(a if isinstance(a, Tensor) else None, b if isinstance(b, Tensor) else None)
+        ctx.scalars = (a, b)
+        return _wrap(_cast(xp.remainder(xa, xb), dt))
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        sa, sb = ctx.scalars
+        ga = sum_to(g, a.shape) if ctx.needs_input_grad[0] else None
+        gb = None
+        if ctx.needs_input_grad[1]:
+            aa = a if a is not None else sa
+            gb = sum_to(-g * div(aa, b, rounding_mode="floor"), b.shape)
+        return ga, gb
+
+
+class Pow(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        xa, xb, dt = _operands("pow", a, b)
+        xp = backend.xp_of(xa if isinstance(a, Tensor) else xb)
+        if isinstance(a, Tensor) and dt.kind in "iu" and isinstance(b, Tensor):
+            out = xp.power(xa, xb)
+        else:
+            out = xp.power(xa, xb)
+        y = _wrap(_cast(out, dt))
+        ctx.save_for_backward(a if isinstance(a, Tensor) else None, b if isinstance(b, Tensor) else None, y)
+        ctx.scalars = (a, b)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b, y = ctx.saved_tensors
+        sa, sb = ctx.scalars
+        ga = gb = None
+        if ctx.needs_input_grad[0]:
+            if b is None:
+                ga = g * sb * a ** (sb - 1) if sb != 0 else zeros_grad(a)
+            else:
+                ga = sum_to(g * b * a ** (b - 1), a.shape)
+        if ctx.needs_input_grad[1]:
+            base = a if a is not None else sa
+            logb = log(base) if isinstance(base, Tensor) else math.log(base) if base > 0 else float("nan")
+            gb = sum_to(g * y * logb, b.shape)
+        return ga, gb
+
+
+class Maximum(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        xa, xb, dt = _operands("maximum", a, b)
+        ctx.save_for_backward(a, b)
+        return _wrap(_cast(backend.xp_of(xa).maximum(xa, xb), dt))
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        return _minmax_grads(ctx, g, gt(a, b), lt(a, b), eq(a, b), a, b)
+
+
+class Minimum(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        xa, xb, dt = _operands("minimum", a, b)
+        ctx.save_for_backward(a, b)
+        return _wrap(_cast(backend.xp_of(xa).minimum(xa, xb), dt))
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        return _minmax_grads(ctx, g, lt(a, b), gt(a, b), eq(a, b), a, b)
+
+
+def _minmax_grads(ctx, g, a_wins, b_wins, tie, a, b):
+    # ties split the gradient in half, as PyTorch does
+    wa = a_wins.to(g.dtype) + tie.to(g.dtype) * 0.5
+    wb = b_wins.to(g.dtype) + tie.to(g.dtype) * 0.5
+    return (sum_to(g * wa, a.shape) if ctx.needs_input_grad[0] else None,
+            sum_to(g * wb, b.shape) if ctx.needs_input_grad[1] else None)
+
+
+def add(a, b, *, alpha=1):
+    return Add.apply(a, b, alpha) if isinstance(a, Tensor) or isinstance(b, Tensor) else a + alpha * b
+
+
+def sub(a, b, *, alpha=1):
+    return Sub.apply(a, b, alpha)
+
+
+def mul(a, b):
+    return Mul.apply(a, b)
+
+
+def div(a, b, *, rounding_mode=None):
+    return Div.apply(a, b, rounding_mode)
+
+
+def true_divide(a, b):
+    return Div.apply(a, b, None)
+
+
+def floor_divide(a, b):
+    return Div.apply(a, b, "floor")
+
+
+def remainder(a, b):
+    return Remainder.apply(a, b)
+
+
+def pow(a, b):
+    return Pow.apply(a, b)
+
+
+def maximum(a, b):
+    return Maximum.apply(a, b)
+
+
+def minimum(a, b):
+    return Minimum.apply(a, b)
+
+
+def fmod(a, b):
+    xa, xb, dt = _operands("fmod", a, b)
+    return _wrap(_cast(backend.xp_of(xa).fmod(xa, xb), dt))
+
+
+# ----------------------------------------------------------------------------- unary
+def _unary(name, compute, grad, saves="x", differentiable=True):
+    """Define an elementwise Function: y = compute(xp, x_array); dx = grad(g, x, y) with Tensor ops."""
+
+    def forward(ctx, x):
+        a = _float_arr(x)
+        y = _wrap(compute(backend.xp_of(a), a))
+        if differentiable:
+            xs = x if a is x._data else _wrap(a)
+            ctx.save_for_backward(xs if "x" in saves else None, y if "y" in saves else None)
+        return y
+
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        return grad(g, x, y)
+
+    return type(name, (Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+
+
+def _erf_arr(xp, a):
+    if xp is not np:
+        from cupyx.scipy.special import erf as _cerf
+        return _cerf(a.astype(np.float32) if a.dtype.itemsize < 4 else a).astype(a.dtype)
+    return _np_erf(a.astype(np.float64)).astype(a.dtype)
+
+
+_erf_ufunc = np.frompyfunc(math.erf, 1, 1)
+
+
+def _np_erf(a):
+    """Exact erf on NumPy (math.erf per element): the cpu path and the oracle."""
+    return np.asarray(_erf_ufunc(a), dtype=np.float64)
+
+
+def _in_f32(fn):
+    """Evaluate a transcendental in at least float32 (half types) and cast back."""
+    def run(xp, a):
+        if a.dtype.itemsize < 4:
+            return fn(xp, a.astype(np.float32)).astype(a.dtype)
+        return fn(xp, a)
+    return run
+
+
+Neg = _unary("Neg", lambda xp, a: -a, lambda g, x, y: -g, saves="")
+Exp = _unary("Exp", _in_f32(lambda xp, a: xp.exp(a)), lambda g, x, y: g * y, saves="y")
+Log = _unary("Log", _in_f32(lambda xp, a: xp.log(a)), lambda g, x, y: g / x)
+Log1p = _unary("Log1p", _in_f32(lambda xp, a: xp.log1p(a)), lambda g, x, y: g / (x + 1))
+Sqrt = _unary("Sqrt", _in_f32(lambda xp, a: xp.sqrt(a)), lambda g, x, y: g * 0.5 / y, saves="y")
+Rsqrt = _unary("Rsqrt", _in_f32(lambda xp, a: 1 / xp.sqrt(a)), lambda g, x, y: g * (-0.5) * y * y * y, saves="y")
+Sin = _unary("Sin", _in_f32(lambda xp, a: xp.sin(a)), lambda g, x, y: g * cos(x))
+Cos = _unary("Cos", _in_f32(lambda xp, a: xp.cos(a)), lambda g, x, y: -g * sin(x))
+Tanh = _unary("Tanh", _in_f32(lambda xp, a: xp.tanh(a)), lambda g, x, y: g * (1 - y * y), saves="y")
+Sigmoid = _unary("Sigmoid", _in_f32(lambda xp, a: 0.5 * (xp.tanh(a * 0.5) + 1)), lambda g, x, y: g * y * (1 - y),
+                 saves="y")
+Relu = _unary("Relu", lambda xp, a: xp.maximum(a, 0).astype(a.dtype), lambda g, x, y: g * (y > 0).to(g.dtype),
+              saves="y")
+Abs = _unary("Abs", lambda xp, a: xp.abs(a), lambda g, x, y: g * sign(x))
+Sign = _unary("Sign", lambda xp, a: xp.sign(a), lambda g, x, y: g * 0, saves="")
+Floor = _unary("Floor", lambda xp, a: xp.floor(a), lambda g, x, y: g * 0, saves="")
+Ceil = _unary("Ceil", lambda xp, a: xp.ceil(a), lambda g, x, y: g * 0, saves="")
+Round = _unary("Round", lambda xp, a: xp.round(a), lambda g, x, y: g * 0, saves="")
+Trunc = _unary("Trunc", lambda xp, a: xp.trunc(a), lambda g, x, y: g * 0, saves="")
+Erf = _unary("Erf", _erf_arr, lambda g, x, y: g * (2 / math.sqrt(math.pi)) * exp(-x * x))
+Reciprocal = _unary("Reciprocal", lambda xp, a: 1 / a, lambda g, x, y: -g * y * y, saves="y")
+Square = _unary("Square", lambda xp, a: a * a, lambda g, x, y: g * 2 * x)
+
+
+def _silu_arr(xp, a):
+    return a * (0.5 * (xp.tanh(a * 0.5) + 1))
+
+
+def _silu_grad(g, x, y):
+    s = sigmoid(x)
+    return g * (s * (1 + x * (1 - s)))
+
+
+Silu = _unary("Silu", _in_f32(_silu_arr), _silu_grad)
+
+_SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+
+
+def _gelu_tanh_arr(xp, a):
+    return 0.5 * a * (1 + xp.tanh(_SQRT_2_OVER_PI * (a + 0.044715 * a * a * a)))
+
+
+def _gelu_tanh_grad(g, x, y):
+    inner = (x + x * x * x * 0.044715) * _SQRT_2_OVER_PI
+    t = tanh(inner)
+    dinner = (1 + x * x * (3 * 0.044715)) * _SQRT_2_OVER_PI
+    return g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * dinner)
+
+
+def _gelu_erf_arr(xp, a):
+    return 0.5 * a * (1 + _erf_arr(xp, a / math.sqrt(2)))
+
+
+def _gelu_erf_grad(g, x, y):
+    cdf = 0.5 * (1 + erf(x * (1 / math.sqrt(2))))
+    pdf = exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
+    return g * (cdf + x * pdf)
+
+
+GeluTanh = _unary("GeluTanh", _in_f32(_gelu_tanh_arr), _gelu_tanh_grad)
+GeluErf = _unary("Gelu", _in_f32(_gelu_erf_arr), _gelu_erf_grad)
+
+
+def neg(x):
+    return Neg.apply(x)
+
+
+def exp(x):
+    return Exp.apply(x)
+
+
+def log(x):
+    return Log.apply(x)
+
+
+def log1p(x):
+    return Log1p.apply(x)
+
+
+def sqrt(x):
+    return Sqrt.apply(x)
+
+
+def rsqrt(x):
+    return Rsqrt.apply(x)
+
+
+def sin(x):
+    return Sin.apply(x)
+
+
+def cos(x):
+    return Cos.apply(x)
+
+
+def tanh(x):
+    return Tanh.apply(x)
+
+
+def sigmoid(x):
+    return Sigmoid.apply(x)
+
+
+def relu(x):
+    return Relu.apply(x)
+
+
+def abs(x):
+    return Abs.apply(x)
+
+
+def sign(x):
+    return Sign.apply(x) if x.dtype.is_floating_point else _wrap(x._xp().sign(x._data))
+
+
+def floor(x):
+    return Floor.apply(x) if x.dtype.is_floating_point else x.clone()
+
+
+def ceil(x):
+    return Ceil.apply(x) if x.dtype.is_floating_point else x.clone()
+
+
+def round(x, decimals=0):
+    if decimals:
+        return Round.apply(x * 10 ** decimals) / 10 ** decimals
+    return Round.apply(x) if x.dtype.is_floating_point else x.clone()
+
+
+def trunc(x):
+    return Trunc.apply(x) if x.dtype.is_floating_point else x.clone()
+
+
+def erf(x):
+    return Erf.apply(x)
+
+
+def reciprocal(x):
+    return Reciprocal.apply(x)
+
+
+def square(x):
+    return Square.apply(x)
+
+
+def silu(x):
+    return Silu.apply(x)
+
+
+def gelu(x, approximate="none"):
+    if approximate == "tanh":
+        return GeluTanh.apply(x)
+    if approximate == "none":
+        return GeluErf.apply(x)
+    raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+class Softplus(Function):
+    @staticmethod
+    def forward(ctx, x, beta=1.0, threshold=20.0):
+        a = _float_arr(x)
+        xp = backend.xp_of(a)
+        af = a.astype(np.float32) if a.dtype.itemsize < 4 else a
+        z = af * beta
+        y = xp.where(z > threshold, af, xp.log1p(xp.exp(xp.minimum(z, threshold))) / beta)
+        ctx.save_for_backward(x)
+        ctx.beta, ctx.threshold = beta, threshold
+        return _wrap(y.astype(a.dtype))
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        z = x * ctx.beta
+        s = sigmoid(z)
+        return g * where(z > ctx.threshold, ones_grad(s), s), None, None
+
+
+def ones_grad(t):
+    return _wrap(t._xp().ones(t._data.shape, dtype=t._data.dtype))
+
+
+def softplus(x, beta=1.0, threshold=20.0):
+    return Softplus.apply(x, beta, threshold)
+
+
+class Clamp(Function):
+    @staticmethod
+    def forward(ctx, x, min=None, max=None):
+        a = x._data
+        xp = backend.xp_of(a)
+        lo = min._data if isinstance(min, Tensor) else min
+        hi = max._data if isinstance(max, Tensor) else max
+        y = a
+        if lo is not None:
+            y = xp.maximum(y, lo)
+        if hi is not None:
+            y = xp.minimum(y, hi)
+        ctx.save_for_backward(x)
+        ctx.bounds = (min, max)
+        return _wrap(_cast(y, a.dtype if not isinstance(lo, float) and not isinstance(hi, float)
+                           else D.result_type(x, lo if lo is not None else hi).np))
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        lo, hi = ctx.bounds
+        mask = None
+        if lo is not None:
+            mask = ge(x, lo)
+        if hi is not None:
+            m2 = le(x, hi)
+            mask = m2 if mask is None else logical_and(mask, m2)
+        return g * mask.to(g.dtype), None, None
+
+
+def clamp(x, min=None, max=None):
+    if min is None and max is None:
+        raise ValueError("clamp: at least one of min or max must be given")
+    return Clamp.apply(x, min, max)
+
+
+clip = clamp
+
+
+class Where(Function):
+    @staticmethod
+    def forward(ctx, cond, a, b):
+        xa, xb, dt = _operands("where", a, b)
+        c = cond._data
+        xp = backend.xp_of(c)
+        if c.dtype != np.bool_:
+            c = c.astype(np.bool_)
+        ctx.save_for_backward(cond)
+        ctx.shapes = (_shape(a), _shape(b))
+        return _wrap(_cast(xp.where(c, xa, xb), dt))
+
+    @staticmethod
+    def backward(ctx, g):
+        (cond,) = ctx.saved_tensors
+        sa, sb = ctx.shapes
+        z = zeros_grad(g)
+        ga = sum_to(where(cond, g, z), sa) if ctx.needs_input_grad[1] else None
+        gb = sum_to(where(cond, z, g), sb) if ctx.needs_input_grad[2] else None
+        return None, ga, gb
+
+
+def where(condition, input=None, other=None):
+    if input is None and other is None:
+        from .indexing import nonzero
+        return nonzero(condition, as_tuple=True)
+    return Where.apply(condition, input, other)
+
+
+def lerp(start, end, weight):
+    """start + weight * (end - start) (differentiable in all three)."""
+    return start + weight * (end - start)
+
+
+# ----------------------------------------------------------------------------- comparisons and logic (no grad)
+def _cmp(op, ufunc_name):
+    def f(a, b):
+        xa, xb, _ = _operands(op, a, b)
+        xp = backend.xp_of(xa if isinstance(a, Tensor) else xb)
+        return _wrap(getattr(xp, ufunc_name)(xa, xb))
+    f.__name__ = op
+    return f
+
+
+eq = _cmp("eq", "equal")
+ne = _cmp("ne", "not_equal")
+lt = _cmp("lt", "less")
+le = _cmp("le", "less_equal")
+gt = _cmp("gt", "greater")
+ge = _cmp("ge", "greater_equal")
+logical_and = _cmp("logical_and", "logical_and")
+logical_or = _cmp("logical_or", "logical_or")
+logical_xor = _cmp("logical_xor", "logical_xor")
+
+
+def logical_not(x):
+    return _wrap(x._xp().logical_not(x._data))
+
+
+def bitwise_not(x):
+    xp = x._xp()
+    return _wrap(xp.logical_not(x._data) if x._data.dtype == np.bool_ else xp.invert(x._data))
+
+
+def isnan(x):
+    return _wrap(x._xp().isnan(x._data.astype(np.float32) if x._data.dtype.itemsize < 4 else x._data))
+
+
+def isinf(x):
+    return _wrap(x._xp().isinf(x._data.astype(np.float32) if x._data.dtype.itemsize < 4 else x._data))
+
+
+def isfinite(x):
+    return _wrap(x._xp().isfinite(x._data.astype(np.float32) if x._data.dtype.itemsize < 4 else x._data))
+
+
+def allclose(a, b, rtol=1e-5, atol=1e-8, equal_nan=False):
+    xa, xb = a._data.astype(np.float64), b._data.astype(np.float64)
+    return bool(backend.xp_of(xa).allclose(xa, xb, rtol=rtol, atol=atol, equal_nan=equal_nan))
+
+
+def equal(a, b):
+    return tuple(a.shape) == tuple(b.shape) and bool(eq(a, b).all())
+
+
+# ----------------------------------------------------------------------------- in-place
+def _check_inplace(t):
+    if state.enabled and t._requires_grad and t._grad_fn is None:
+        raise AutogradError(f"a leaf tensor of shape {tuple(t.shape)} that requires grad is being used in an "
+                            f"in-place operation (wrap it in flame.no_grad() or use an out-of-place op)")
+
+
+def apply_inplace(t, fn, *args):
+    """t <- fn(t, *args) in t's own storage (views see it); recorded for autograd when grads flow."""
+    _check_inplace(t)
+    recording = state.enabled and (t._grad_fn is not None or any(
+        isinstance(a, Tensor) and a.requires_grad for a in args))
+    if recording:
+        prev = _wrap(t._data.copy())  # the old value, for the new node's backward
+        prev._grad_fn, prev._out_idx, prev._requires_grad = t._grad_fn, t._out_idx, t._requires_grad
+        out = fn(prev, *args)
+    else:
+        from ..autograd.grad_mode import no_grad
+        with no_grad():
+            out = fn(t, *args)
+    res = out._data
+    if res.dtype != t._data.dtype:
+        if D.promote_types(D.dtype_of(res.dtype), t.dtype) != t.dtype:
+            raise DTypeError(f"result type {D.dtype_of(res.dtype)} can't be cast to the desired output type "
+                             f"{t.dtype} of an in-place op")
+        res = res.astype(t._data.dtype)
+    if res.shape != t._data.shape:
+        from ..errors import ShapeError
+        raise ShapeError(f"output with shape {tuple(t.shape)} doesn't match the broadcast shape {res.shape}")
+    t._data[...] = res
+    t._version[0] += 1
+    if recording:
+        t._grad_fn, t._out_idx = out._grad_fn, out._out_idx
+    return t
+
+
+def _fast_inplace(t, ufunc_name, other):
+    """No-grad fast path for add_/mul_/...: one ufunc with out=, no temporary."""
+    if (state.enabled and (t.requires_grad or (isinstance(other, Tensor) and other.requires_grad))):
+        return None
+    xo = other._data if isinstance(other, Tensor) else other
+    if isinstance(other, Tensor):
+        if type(xo) is not type(t._data):
+            return None
+        if xo.dtype != t._data.dtype:
+            if D.promote_types(other.dtype, t.dtype) != t.dtype:
+                return None
+            xo = xo.astype(t._data.dtype)
+    elif not isinstance(other, (int, float, bool)) or (isinstance(other, float) and t._data.dtype.kind != "f"
+                                                          and t._data.dtype != D.bfloat16.np):
+        return None
+    getattr(backend.xp_of(t._data), ufunc_name)(t._data, xo, out=t._data)
+    t._version[0] += 1
+    return t

@@ -1,0 +1,321 @@
+"""Indexing: __getitem__/__setitem__ (ints, slices with steps, None, Ellipsis, bool masks, index tensors),
+gather, scatter_add, index_select, masked_fill, nonzero, pad."""
+import numpy as np
+
+from .. import backend
+from ..autograd.function import Function
+from ..errors import ShapeError, DeviceError, fmt_shape
+from ..tensor import Tensor, _wrap, _view_of
+
+
+def _index_arrays(idx, xp, op="index"):
+    """Turn a PyTorch-style index into one NumPy/CuPy understands; returns (index, is_basic)."""
+    if not isinstance(idx, tuple):
+        idx = (idx,)
+    out, basic = [], True
+    for i in idx:
+        if isinstance(i, Tensor):
+            a = i._data
+            if (xp is np) != (not backend.is_cuda_array(a)):
+                if a.ndim == 0:
+                    a = backend.to_numpy(a)
+                    a = xp.asarray(a)
+                else:
+                    raise DeviceError(f"{op}: indices on {i.device} for a tensor on the other device")
+            if a.dtype.kind == "f":
+                raise IndexError(f"{op}: tensors used as indices must be long, int or bool, got {i.dtype}")
+            out.append(a)
+            basic = False
+        elif isinstance(i, (list, np.ndarray)):
+            out.append(xp.asarray(i))
+            basic = False
+        elif backend.is_cuda_array(i):
+            out.append(i)
+            basic = False
+        else:
+            out.append(i)
+    return tuple(out), basic
+
+
+class GetItem(Function):
+    @staticmethod
+    def forward(ctx, x, idx, basic):
+        r = x._data[idx]
+        ctx.idx, ctx.shape = idx, x._data.shape
+        if basic:
+            if not (type(r) is np.ndarray or backend.is_cuda_array(r)):
+                r = np.asarray(r)
+                return _wrap(r)
+            return _view_of(r, x)
+        return _wrap(r)
+
+    @staticmethod
+    def backward(ctx, g):
+        return ScatterInto.apply(g, ctx.idx, ctx.shape), None, None
+
+
+class ScatterInto(Function):
+    """zeros(shape) with g added at idx (duplicates accumulate); the backward of indexing."""
+
+    @staticmethod
+    def forward(ctx, g, idx, shape):
+        a = g._data
+        xp = backend.xp_of(a)
+        out = xp.zeros(shape, dtype=a.dtype)
+        _, basic = _classify(idx)
+        if basic:
+            out[idx] = a
+        else:
+            _add_at(xp, out, idx, a)
+        ctx.idx = idx
+        return _wrap(out)
+
+    @staticmethod
+    def backward(ctx, gg):
+        _, basic = _classify(ctx.idx)
+        return GetItem.apply(gg, ctx.idx, basic), None, None
+
+
+def _classify(idx):
+    t = idx if isinstance(idx, tuple) else (idx,)
+    basic = all(not (isinstance(i, np.ndarray) or backend.is_cuda_array(i)) for i in t)
+    return t, basic
+
+
+def _add_at(xp, out, idx, vals):
+    if xp is np:
+        np.add.at(out, idx, vals)
+    else:
+        import cupyx
+        if out.dtype.itemsize < 4:  # scatter_add has no 16-bit atomics in CuPy: accumulate in fp32
+            acc = out.astype(np.float32)
+            cupyx.scatter_add(acc, idx, vals.astype(np.float32))
+            out[...] = acc.astype(out.dtype)
+        else:
+            cupyx.scatter_add(out, idx, vals)
+
+
+def getitem(x, idx):
+    xp = x._xp()
+    idx, basic = _index_arrays(idx, xp, "__getitem__")
+    return GetItem.apply(x, idx, basic)
+
+
+class IndexPut(Function):
+    """out = x with out[idx] = v (out of place; __setitem__ writes the result into x's storage)."""
+
+    @staticmethod
+    def forward(ctx, x, v, idx):
+        out = x._data.copy()
+        vv = v._data if isinstance(v, Tensor) else v
+        if isinstance(vv, np.ndarray) or backend.is_cuda_array(vv):
+            vv = vv.astype(out.dtype, copy=False)
+        out[idx] = vv
+        ctx.idx = idx
+        ctx.v_shape = tuple(v.shape) if isinstance(v, Tensor) else None
+        return _wrap(out)
+
+    @staticmethod
+    def backward(ctx, g):
+        from .elementwise import sum_to
+        _, basic = _classify(ctx.idx)
+        gx = None
+        if ctx.needs_input_grad[0]:
+            ga = g._data.copy()
+            ga[ctx.idx] = 0
+            gx = _wrap(ga)
+        gv = None
+        if ctx.needs_input_grad[1]:
+            gv = sum_to(GetItem.apply(g, ctx.idx, basic), ctx.v_shape)
+        return gx, gv, None
+
+
+def setitem(x, idx, value):
+    from .elementwise import apply_inplace
+    xp = x._xp()
+    idx, _ = _index_arrays(idx, xp, "__setitem__")
+    if isinstance(value, Tensor) and type(value._data) is not type(x._data):
+        if value.ndim == 0:
+            value = value.item()
+        else:
+            raise DeviceError(f"__setitem__: value on {value.device} for a tensor on {x.device}")
+    from ..autograd.grad_mode import state
+    if not (state.enabled and (x.requires_grad or (isinstance(value, Tensor) and value.requires_grad))):
+        vv = value._data if isinstance(value, Tensor) else value
+        if isinstance(vv, np.ndarray) or backend.is_cuda_array(vv):
+            vv = vv.astype(x._data.dtype, copy=False)
+        x._data[idx] = vv
+        x._version[0] += 1
+        return
+    apply_inplace(x, lambda t, v: IndexPut.apply(t, v, idx), value)
+
+
+class Gather(Function):
+    @staticmethod
+    def forward(ctx, x, dim, index):
+        xp = x._xp()
+        ctx.save_for_backward(index)
+        ctx.dim, ctx.shape = dim, x._data.shape
+        return _wrap(xp.take_along_axis(x._data, index._data, axis=dim))
+
+    @staticmethod
+    def backward(ctx, g):
+        (index,) = ctx.saved_tensors
+        z = _wrap(g._xp().zeros(ctx.shape, dtype=g._data.dtype))
+        return scatter_add(z, ctx.dim, index, g), None, None
+
+
+def _check_index(op, x, dim, index):
+    if index.dtype.is_floating_point:
+        raise IndexError(f"{op}: index must be an integer tensor, got {index.dtype}")
+    if index.ndim != x.ndim:
+        raise ShapeError(f"{op}: index {fmt_shape(index.shape)} and input {fmt_shape(x.shape)} must have the same "
+                         f"number of dims")
+    return dim % max(x.ndim, 1)
+
+
+def gather(x, dim, index):
+    d = _check_index("gather", x, dim, index)
+    return Gather.apply(x, d, index)
+
+
+def _along_axis_index(xp, index, dim):
+    """Full index tuple for put-along-axis with duplicates (for add.at)."""
+    grids = xp.indices(index.shape, sparse=True)
+    return tuple(index if i == dim else grids[i] for i in range(index.ndim))
+
+
+class ScatterAdd(Function):
+    @staticmethod
+    def forward(ctx, x, dim, index, src):
+        xp = x._xp()
+        out = x._data.copy()
+        ia = index._data
+        sa = src._data[tuple(slice(0, s) for s in ia.shape)].astype(out.dtype, copy=False)
+        _add_at(xp, out, _along_axis_index(xp, ia, dim), sa)
+        ctx.save_for_backward(index)
+        ctx.dim, ctx.src_shape = dim, src._data.shape
+        return _wrap(out)
+
+    @staticmethod
+    def backward(ctx, g):
+        (index,) = ctx.saved_tensors
+        gs = None
+        if ctx.needs_input_grad[3]:
+            gs = gather(g, ctx.dim, index)
+            if tuple(gs.shape) != ctx.src_shape:  # only the index-shaped corner of src was used
+                gs = ScatterInto.apply(gs, tuple(slice(0, s) for s in gs.shape), ctx.src_shape)
+        return g if ctx.needs_input_grad[0] else None, None, None, gs
+
+
+def scatter_add(x, dim, index, src):
+    d = _check_index("scatter_add", x, dim, index)
+    return ScatterAdd.apply(x, d, index, src)
+
+
+def index_select(x, dim, index):
+    if index.ndim > 1:
+        raise ShapeError(f"index_select: index must be 0-d or 1-d, got shape {fmt_shape(index.shape)}")
+    d = dim % max(x.ndim, 1)
+    idx = (slice(None),) * d + (index.reshape(-1),)
+    return getitem(x, idx)
+
+
+class MaskedFill(Function):
+    @staticmethod
+    def forward(ctx, x, mask, value):
+        xp = x._xp()
+        m = mask._data
+        if m.dtype != np.bool_:
+            raise TypeError(f"masked_fill: mask must be a bool tensor, got {mask.dtype}")
+        v = value._data if isinstance(value, Tensor) else value
+        ctx.save_for_backward(mask)
+        return _wrap(xp.where(m, xp.asarray(v, dtype=x._data.dtype), x._data))
+
+    @staticmethod
+    def backward(ctx, g):
+        (mask,) = ctx.saved_tensors
+        from .elementwise import where, zeros_grad
+        return where(mask, zeros_grad(g), g), None, None
+
+
+def masked_fill(x, mask, value):
+    if tuple(np.broadcast_shapes(tuple(x.shape), tuple(mask.shape))) != tuple(x.shape):
+        raise ShapeError(f"masked_fill: mask of shape {fmt_shape(mask.shape)} does not broadcast to "
+                         f"{fmt_shape(x.shape)}")
+    return MaskedFill.apply(x, mask, value)
+
+
+def nonzero(x, *, as_tuple=False):
+    xp = x._xp()
+    nz = xp.nonzero(x._data)
+    if as_tuple:
+        return tuple(_wrap(a.astype(np.int64)) for a in nz)
+    return _wrap(xp.stack(nz, axis=1).astype(np.int64) if nz else xp.zeros((0, 0), dtype=np.int64))
+
+
+def one_hot_along(ind, shape, dim, dtype):
+    """A 0/1 tensor of `shape` with ones where arange(shape[dim]) == ind (ind has size 1 along dim)."""
+    xp = ind._xp()
+    ar_shape = [1] * len(shape)
+    ar_shape[dim] = shape[dim]
+    ar = xp.arange(shape[dim]).reshape(ar_shape)
+    return _wrap((ar == ind._data).astype(dtype.np))
+
+
+def one_hot(x, num_classes=-1):
+    xp = x._xp()
+    n = int(x._data.max()) + 1 if num_classes < 0 else num_classes
+    return _wrap((x._data[..., None] == xp.arange(n)).astype(np.int64))
+
+
+class Pad(Function):
+    @staticmethod
+    def forward(ctx, x, widths, mode, value):
+        xp = x._xp()
+        a = x._data
+        if mode == "constant":
+            out = xp.pad(a, widths, mode="constant", constant_values=value)
+        elif mode == "reflect":
+            out = xp.pad(a, widths, mode="reflect")
+        elif mode == "replicate":
+            out = xp.pad(a, widths, mode="edge")
+        elif mode == "circular":
+            out = xp.pad(a, widths, mode="wrap")
+        else:
+            raise ValueError(f"pad: mode must be constant, reflect, replicate or circular, got {mode!r}")
+        ctx.widths, ctx.mode, ctx.shape = widths, mode, a.shape
+        return _wrap(out)
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.mode == "constant":
+            idx = tuple(slice(lo, lo + s) for (lo, _), s in zip(ctx.widths, ctx.shape))
+            return g[idx], None, None, None
+        # reflect/replicate/circular: every output element came from one input element; add them back.
+        xp = g._xp()
+        src = xp.arange(int(np.prod(ctx.shape))).reshape(ctx.shape)
+        m = {"reflect": "reflect", "replicate": "edge", "circular": "wrap"}[ctx.mode]
+        src_idx = xp.pad(src, ctx.widths, mode=m).reshape(-1)
+        from .shape import reshape
+        flat = reshape(g, (-1,))
+        z = _wrap(xp.zeros(int(np.prod(ctx.shape)), dtype=g._data.dtype))
+        return reshape(scatter_add(z, 0, _wrap(src_idx), flat), ctx.shape), None, None, None
+
+
+def pad(x, pad, mode="constant", value=0.0):
+    """PyTorch's F.pad: `pad` lists (left, right) pairs starting from the LAST dimension."""
+    if len(pad) % 2 or len(pad) // 2 > x.ndim:
+        raise ShapeError(f"pad: padding length {len(pad)} must be even and at most 2*ndim ({2 * x.ndim})")
+    widths = [(0, 0)] * x.ndim
+    for i in range(len(pad) // 2):
+        widths[x.ndim - 1 - i] = (int(pad[2 * i]), int(pad[2 * i + 1]))
+    if any(lo < 0 or hi < 0 for lo, hi in widths):
+        idx = tuple(slice(-lo if lo < 0 else None, hi if hi < 0 else None) for lo, hi in widths)
+        x = x[idx]
+        widths = [(max(lo, 0), max(hi, 0)) for lo, hi in widths]
+    if mode == "reflect":
+        for (lo, hi), s in zip(widths, x.shape):
+            if lo >= s or hi >= s:
+                raise ShapeError(f"pad: reflect padding ({lo}, {hi}) must be smaller than the dimension {s}")
+    return Pad.apply(x, tuple(widths), mode, value)

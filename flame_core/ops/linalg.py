@@ -1,0 +1,168 @@
+"""matmul (cuBLAS through CuPy on cuda), bmm, outer, einsum."""
+import numpy as np
+
+from .. import backend
+from .. import dtypes as D
+from ..autograd.function import Function
+from ..errors import ShapeError, fmt_shape
+from ..tensor import Tensor, _wrap, check_same_device
+
+_HALF = (np.dtype(np.float16), D.bfloat16.np)
+
+
+def _mm_arrays(a, b):
+    """xp.matmul; on NumPy half types are multiplied in float32 (no half BLAS) and rounded back."""
+    xp = backend.xp_of(a)
+    if xp is np and a.dtype in _HALF:
+        return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
+    return xp.matmul(a, b)
+
+
+class Matmul(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        xa, xb = a._data, b._data
+        if xa.dtype != xb.dtype:
+            dt = D.promote_types(a.dtype, b.dtype).np
+            xa, xb = xa.astype(dt), xb.astype(dt)
+        ctx.save_for_backward(a, b)
+        return _wrap(_mm_arrays(xa, xb))
+
+    @staticmethod
+    def backward(ctx, g):
+        from .elementwise import sum_to
+        a, b = ctx.saved_tensors
+        if a.ndim == 1 and b.ndim == 1:
+            return (g * b if ctx.needs_input_grad[0] else None), (g * a if ctx.needs_input_grad[1] else None)
+        a2 = a.unsqueeze(0) if a.ndim == 1 else a
+        b2 = b.unsqueeze(-1) if b.ndim == 1 else b
+        g2 = g
+        if a.ndim == 1:
+            g2 = g2.unsqueeze(-2)
+        if b.ndim == 1:
+            g2 = g2.unsqueeze(-1)
+        ga = gb = None
+        if ctx.needs_input_grad[0]:
+            ga = sum_to(matmul(g2, b2.mT), a2.shape).reshape(a.shape)
+        if ctx.needs_input_grad[1]:
+            gb = sum_to(matmul(a2.mT, g2), b2.shape).reshape(b.shape)
+        return ga, gb
+
+
+def matmul(a, b):
+    check_same_device("matmul", a, b)
+    if a.ndim == 0 or b.ndim == 0:
+        raise ShapeError(f"matmul: both arguments need at least 1 dimension, got {fmt_shape(a.shape)} and "
+                         f"{fmt_shape(b.shape)}")
+    ka = a.shape[-1]
+    kb = b.shape[0] if b.ndim == 1 else b.shape[-2]
+    if ka != kb:
+        raise ShapeError(f"matmul: shapes {fmt_shape(a.shape)} and {fmt_shape(b.shape)} cannot be multiplied "
+                         f"({ka} != {kb})")
+    return Matmul.apply(a, b)
+
+
+def mm(a, b):
+    if a.ndim != 2 or b.ndim != 2:
+        raise ShapeError(f"mm: expected 2-D tensors, got {fmt_shape(a.shape)} and {fmt_shape(b.shape)}")
+    return matmul(a, b)
+
+
+def bmm(a, b):
+    if a.ndim != 3 or b.ndim != 3 or a.shape[0] != b.shape[0]:
+        raise ShapeError(f"bmm: expected 3-D tensors with equal batch, got {fmt_shape(a.shape)} and "
+                         f"{fmt_shape(b.shape)}")
+    return matmul(a, b)
+
+
+def outer(a, b):
+    if a.ndim != 1 or b.ndim != 1:
+        raise ShapeError(f"outer: expected 1-D tensors, got {fmt_shape(a.shape)} and {fmt_shape(b.shape)}")
+    return a.unsqueeze(1) * b.unsqueeze(0)
+
+
+def dot(a, b):
+    return matmul(a, b)
+
+
+class Einsum(Function):
+    @staticmethod
+    def forward(ctx, spec, *xs):
+        ins, out = spec
+        arrs = [x._data for x in xs]
+        dt = arrs[0].dtype
+        for x in xs[1:]:
+            if x._data.dtype != dt:
+                dt = D.promote_types(D.dtype_of(dt), x.dtype).np
+        arrs = [a.astype(dt, copy=False) for a in arrs]
+        xp = backend.xp_of(arrs[0])
+        up = xp is np and dt in _HALF
+        if up:
+            arrs = [a.astype(np.float32) for a in arrs]
+        r = xp.einsum(",".join(ins) + "->" + out, *arrs, optimize=len(arrs) > 2 if xp is np else False)
+        ctx.save_for_backward(*xs)
+        ctx.spec = spec
+        return _wrap(r.astype(dt) if up else r)
+
+    @staticmethod
+    def backward(ctx, g):
+        ins, out = ctx.spec
+        xs = ctx.saved_tensors
+        grads = [None]
+        for k, x in enumerate(xs):
+            if not ctx.needs_input_grad[k + 1]:
+                grads.append(None)
+                continue
+            others = [ins[j] for j in range(len(ins)) if j != k]
+            present = set(out).union(*others) if others else set(out)
+            target = "".join(c for c in ins[k] if c in present)
+            if len(set(ins[k])) != len(ins[k]):
+                raise ShapeError(f"einsum: gradient through a repeated index inside one operand ('{ins[k]}', a "
+                                 f"diagonal) is not supported")
+            gk = einsum(",".join([out] + others) + "->" + target, g, *[xs[j] for j in range(len(xs)) if j != k])
+            if target != ins[k]:  # indices summed only within operand k: broadcast back (target keeps the order)
+                gk = gk.reshape([s if c in present else 1 for c, s in zip(ins[k], x.shape)]).expand(x.shape)
+            grads.append(gk)
+        return tuple(grads)
+
+
+def _parse_einsum(equation, operands):
+    eq = equation.replace(" ", "")
+    if "->" in eq:
+        lhs, out = eq.split("->")
+    else:
+        lhs = eq
+        letters = lhs.replace(",", "")
+        out = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    ins = lhs.split(",")
+    if len(ins) != len(operands):
+        raise ShapeError(f"einsum: equation '{equation}' has {len(ins)} operands but {len(operands)} were given")
+    if any("." in s for s in ins + [out]):
+        ins, out = _expand_ellipsis(ins, out, operands)
+    for s, x in zip(ins, operands):
+        if len(s) != x.ndim:
+            raise ShapeError(f"einsum: subscripts '{s}' do not match operand of shape {fmt_shape(x.shape)}")
+    return tuple(ins), out
+
+
+def _expand_ellipsis(ins, out, operands):
+    free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in "".join(ins) + out]
+    n_ell = max(x.ndim - (len(s) - 3) for s, x in zip(ins, operands) if "..." in s)
+    ell = "".join(free[:n_ell])
+    new_ins = []
+    for s, x in zip(ins, operands):
+        if "..." in s:
+            k = x.ndim - (len(s) - 3)
+            s = s.replace("...", ell[n_ell - k:])
+        new_ins.append(s)
+    if "..." in out:
+        out = out.replace("...", ell)
+    return new_ins, out
+
+
+def einsum(equation, *operands):
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    check_same_device("einsum", *operands)
+    spec = _parse_einsum(equation, operands)
+    return Einsum.apply(spec, *operands)

@@ -1,0 +1,391 @@
+"""Reductions over `dim` (int or tuple) with `keepdim`, and softmax / log_softmax."""
+import builtins
+import collections
+
+import numpy as np
+
+from .. import backend
+from .. import dtypes as D
+from ..autograd.function import Function
+from ..autograd.grad_mode import state
+from ..errors import ShapeError, fmt_shape
+from ..tensor import Tensor, _wrap
+
+values_indices = collections.namedtuple("values_indices", ["values", "indices"])
+
+
+def _dims(dim, ndim, op="reduction"):
+    """Normalise dim (None, int or tuple) to a sorted tuple of non-negative axes, or None for all."""
+    if dim is None:
+        return None
+    if isinstance(dim, (list, tuple)):
+        if len(dim) == 0:
+            return None
+        dims = dim
+    else:
+        dims = (dim,)
+    out = []
+    nd = builtins.max(ndim, 1)
+    for d in dims:
+        d = int(d)
+        if not -nd <= d < nd:
+            raise IndexError(f"{op}: dimension {d} out of range for a tensor of {ndim} dims")
+        out.append(d % nd if ndim else 0)
+    return tuple(sorted(set(out)))
+
+
+def _expand_back(g, shape, axes, keepdim):
+    """Broadcast a reduced gradient back to the input shape."""
+    if axes is None:
+        axes = tuple(range(len(shape)))
+    if not keepdim and len(shape):
+        kept = [1 if i in axes else s for i, s in enumerate(shape)]
+        g = g.reshape(kept)
+    return g.expand(shape)
+
+
+def _acc_dtype(a, dtype):
+    if dtype is not None:
+        return D.dtype(dtype).np
+    if a.dtype.kind in "biu":
+        return np.int64
+    return a.dtype
+
+
+class Sum(Function):
+    @staticmethod
+    def forward(ctx, x, axes, keepdim, dtype):
+        a = x._data
+        xp = backend.xp_of(a)
+        dt = _acc_dtype(a, dtype)
+        if a.dtype.itemsize < 4 and a.dtype.kind != "b":  # accumulate half types in fp32
+            r = xp.sum(a, axis=axes, keepdims=keepdim, dtype=np.float32).astype(dt)
+        else:
+            r = xp.sum(a, axis=axes, keepdims=keepdim, dtype=dt)
+        ctx.shape, ctx.axes, ctx.keepdim = a.shape, axes, keepdim
+        return _wrap(r)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _expand_back(g, ctx.shape, ctx.axes, ctx.keepdim), None, None, None
+
+
+def sum(x, dim=None, keepdim=False, *, dtype=None):
+    return Sum.apply(x, _dims(dim, x.ndim, "sum"), keepdim, dtype)
+
+
+def mean(x, dim=None, keepdim=False, *, dtype=None):
+    if not (x.dtype.is_floating_point or dtype is not None):
+        raise TypeError(f"mean(): could not infer output dtype; input dtype {x.dtype} is not floating point")
+    axes = _dims(dim, x.ndim, "mean")
+    n = _count(x.shape, axes)
+    s = Sum.apply(x, axes, keepdim, dtype)
+    return s / n if n else s * float("nan")
+
+
+def _count(shape, axes):
+    n = 1
+    for i, s in enumerate(shape):
+        if axes is None or i in axes:
+            n *= s
+    return n
+
+
+def var(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    if correction is None:
+        correction = 1 if unbiased is None or unbiased else 0
+    axes = _dims(dim, x.ndim, "var")
+    n = _count(x.shape, axes)
+    d = x - mean(x, axes, keepdim=True)
+    return sum(d * d, axes, keepdim) / builtins.max(n - correction, 0)
+
+
+def std(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    return var(x, dim, unbiased, keepdim, correction=correction).sqrt()
+
+
+def var_mean(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    return var(x, dim, unbiased, keepdim, correction=correction), mean(x, dim, keepdim)
+
+
+class Amax(Function):
+    """amax/amin: the gradient is shared evenly among tied extrema (as PyTorch)."""
+
+    @staticmethod
+    def forward(ctx, x, axes, keepdim, is_max):
+        a = x._data
+        xp = backend.xp_of(a)
+        if a.size == 0:
+            raise ShapeError(f"{'amax' if is_max else 'amin'}: cannot reduce an empty tensor of shape "
+                             f"{fmt_shape(a.shape)}")
+        r = (xp.amax if is_max else xp.amin)(a, axis=axes, keepdims=keepdim)
+        y = _wrap(r)
+        ctx.save_for_backward(x, y)
+        ctx.axes, ctx.keepdim = axes, keepdim
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        yb = _expand_back(y, x.shape, ctx.axes, ctx.keepdim)
+        mask = (x == yb).to(g.dtype)
+        count = mask.sum(dim=ctx.axes, keepdim=True)
+        gb = _expand_back(g, x.shape, ctx.axes, ctx.keepdim)
+        return gb * mask / count, None, None, None
+
+
+def amax(x, dim=None, keepdim=False):
+    return Amax.apply(x, _dims(dim, x.ndim, "amax"), keepdim, True)
+
+
+def amin(x, dim=None, keepdim=False):
+    return Amax.apply(x, _dims(dim, x.ndim, "amin"), keepdim, False)
+
+
+class MaxDim(Function):
+    @staticmethod
+    def forward(ctx, x, dim, keepdim, is_max):
+        a = x._data
+        xp = backend.xp_of(a)
+        idx = (xp.argmax if is_max else xp.argmin)(a, axis=dim)
+        vals = xp.take_along_axis(a, xp.expand_dims(idx, dim), axis=dim)
+        if not keepdim:
+            vals = xp.squeeze(vals, axis=dim)
+        else:
+            idx = xp.expand_dims(idx, dim)
+        ind = _wrap(idx.astype(np.int64))
+        ctx.mark_non_differentiable(ind)
+        ctx.save_for_backward(ind)
+        ctx.shape, ctx.dim, ctx.keepdim = a.shape, dim, keepdim
+        return _wrap(vals), ind
+
+    @staticmethod
+    def backward(ctx, g, _gi):
+        (ind,) = ctx.saved_tensors
+        from .indexing import one_hot_along
+        onehot = one_hot_along(ind if ctx.keepdim else ind.unsqueeze(ctx.dim), ctx.shape, ctx.dim, g.dtype)
+        gb = g if ctx.keepdim else g.unsqueeze(ctx.dim)
+        return gb * onehot, None, None, None
+
+
+def _max_min(x, dim, keepdim, is_max, other):
+    if isinstance(dim, Tensor):  # max(a, b) elementwise
+        from .elementwise import maximum, minimum
+        return (maximum if is_max else minimum)(x, dim)
+    if other is not None:
+        from .elementwise import maximum, minimum
+        return (maximum if is_max else minimum)(x, other)
+    if dim is None:
+        return Amax.apply(x, None, False, is_max)
+    d = _dims(dim, x.ndim, "max")[0]
+    v, i = MaxDim.apply(x, d, keepdim, is_max)
+    return values_indices(v, i)
+
+
+def max(x, dim=None, keepdim=False, *, other=None):
+    return _max_min(x, dim, keepdim, True, other)
+
+
+def min(x, dim=None, keepdim=False, *, other=None):
+    return _max_min(x, dim, keepdim, False, other)
+
+
+def argmax(x, dim=None, keepdim=False):
+    a = x._data
+    xp = backend.xp_of(a)
+    if dim is None:
+        r = xp.argmax(a.reshape(-1))
+        return _wrap(r.astype(np.int64).reshape((1,) * a.ndim if keepdim else ()))
+    d = _dims(dim, x.ndim, "argmax")[0]
+    r = xp.argmax(a, axis=d)
+    return _wrap((xp.expand_dims(r, d) if keepdim else r).astype(np.int64))
+
+
+def argmin(x, dim=None, keepdim=False):
+    a = x._data
+    xp = backend.xp_of(a)
+    if dim is None:
+        r = xp.argmin(a.reshape(-1))
+        return _wrap(r.astype(np.int64).reshape((1,) * a.ndim if keepdim else ()))
+    d = _dims(dim, x.ndim, "argmin")[0]
+    r = xp.argmin(a, axis=d)
+    return _wrap((xp.expand_dims(r, d) if keepdim else r).astype(np.int64))
+
+
+class Prod(Function):
+    @staticmethod
+    def forward(ctx, x, axis, keepdim):
+        a = x._data
+        xp = backend.xp_of(a)
+        r = xp.prod(a, axis=axis, keepdims=keepdim, dtype=_acc_dtype(a, None))
+        ctx.save_for_backward(x)
+        ctx.axis, ctx.keepdim = axis, keepdim
+        return _wrap(r)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        axis = ctx.axis
+        if axis is None:
+            flat = x.reshape(-1)
+            others = _prod_of_others(flat, 0).reshape(x.shape)
+            return g * others, None, None
+        gb = g if ctx.keepdim else g.unsqueeze(axis)
+        return gb * _prod_of_others(x, axis), None, None
+
+
+def _prod_of_others(x, axis):
+    """Product of all other elements along `axis`, zero-safe (exclusive cumulative products from both sides)."""
+    n = x.shape[axis]
+    ones_shape = list(x.shape)
+    ones_shape[axis] = 1
+    one = _wrap(x._xp().ones(ones_shape, dtype=x._data.dtype))
+    from .shape import cat, flip, narrow
+    left = cat([one, cumprod(narrow(x, axis, 0, n - 1), axis)], axis) if n > 1 else one
+    rx = flip(x, [axis])
+    right = flip(cat([one, cumprod(narrow(rx, axis, 0, n - 1), axis)], axis), [axis]) if n > 1 else one
+    return left * right
+
+
+def prod(x, dim=None, keepdim=False):
+    if dim is None:
+        return Prod.apply(x, None, False)
+    return Prod.apply(x, _dims(dim, x.ndim, "prod")[0], keepdim)
+
+
+class Cumsum(Function):
+    @staticmethod
+    def forward(ctx, x, axis):
+        ctx.axis = axis
+        return _wrap(backend.xp_of(x._data).cumsum(x._data, axis=axis))
+
+    @staticmethod
+    def backward(ctx, g):
+        from .shape import flip
+        return flip(cumsum(flip(g, [ctx.axis]), ctx.axis), [ctx.axis]), None
+
+
+def cumsum(x, dim):
+    return Cumsum.apply(x, _dims(dim, x.ndim, "cumsum")[0])
+
+
+class Cumprod(Function):
+    @staticmethod
+    def forward(ctx, x, axis):
+        ctx.axis = axis
+        y = _wrap(backend.xp_of(x._data).cumprod(x._data, axis=axis))
+        ctx.save_for_backward(x, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        from .shape import flip
+        # d y_j / d x_i = y_j / x_i for j >= i (inputs assumed non-zero for this rule)
+        s = flip(cumsum(flip(g * y, [ctx.axis]), ctx.axis), [ctx.axis])
+        return s / x, None
+
+
+def cumprod(x, dim):
+    return Cumprod.apply(x, _dims(dim, x.ndim, "cumprod")[0])
+
+
+def norm(x, p="fro", dim=None, keepdim=False):
+    axes = _dims(dim, x.ndim, "norm")
+    if p in ("fro", 2, 2.0):
+        return (x * x).sum(axes, keepdim).sqrt()
+    if p in (1, 1.0):
+        return x.abs().sum(axes, keepdim)
+    if p == float("inf"):
+        return amax(x.abs(), axes, keepdim)
+    if p == float("-inf"):
+        return amin(x.abs(), axes, keepdim)
+    if isinstance(p, (int, float)) and p > 0:
+        return (x.abs() ** p).sum(axes, keepdim) ** (1.0 / p)
+    raise ValueError(f"norm: unsupported p={p!r}")
+
+
+def logsumexp(x, dim, keepdim=False):
+    axes = _dims(dim, x.ndim, "logsumexp")
+    m = amax(x, axes, keepdim=True).detach()
+    m = m.masked_fill(m.isinf(), 0.0)
+    r = (x - m).exp().sum(axes, keepdim=True).log() + m
+    if not keepdim:
+        r = r.squeeze(axes) if axes is not None else r.reshape(())
+    return r
+
+
+def all(x, dim=None, keepdim=False):
+    axes = _dims(dim, x.ndim, "all")
+    return _wrap(backend.xp_of(x._data).all(x._data, axis=axes, keepdims=keepdim))
+
+
+def any(x, dim=None, keepdim=False):
+    axes = _dims(dim, x.ndim, "any")
+    return _wrap(backend.xp_of(x._data).any(x._data, axis=axes, keepdims=keepdim))
+
+
+def count_nonzero(x, dim=None):
+    axes = _dims(dim, x.ndim, "count_nonzero")
+    return _wrap(np.asarray(backend.xp_of(x._data).count_nonzero(x._data, axis=axes)).astype(np.int64)
+                 if axes is None else backend.xp_of(x._data).count_nonzero(x._data, axis=axes).astype(np.int64))
+
+
+# ----------------------------------------------------------------------------- softmax family
+def _softmax_arrays(a, log):
+    """Reference softmax over the last axis (fp32 math for half types); the kernel family replaces it on cuda."""
+    from ..kernels import softmax as K
+    return K.softmax_forward(a, 1.0, log)
+
+
+class Softmax(Function):
+    @staticmethod
+    def forward(ctx, x, dim, log):
+        a = x._data
+        if a.dtype.kind in "biu":
+            a = a.astype(D.get_default_dtype().np)
+        xp = backend.xp_of(a)
+        last = dim == a.ndim - 1 or a.ndim == 0
+        moved = a if last else xp.moveaxis(a, dim, -1)
+        y = _softmax_arrays(moved if a.ndim else a.reshape(1), log)
+        if a.ndim == 0:
+            y = y.reshape(())
+        elif not last:
+            y = xp.moveaxis(y, -1, dim)
+        out = _wrap(y)
+        ctx.save_for_backward(out)
+        ctx.dim, ctx.log = dim, log
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        d = ctx.dim
+        if state.enabled:  # building a graph of the gradient: composed, differentiable rule
+            if ctx.log:
+                return g - y.exp() * g.sum(d, keepdim=True), None, None
+            return y * (g - (g * y).sum(d, keepdim=True)), None, None
+        from ..kernels import softmax as K
+        ga, ya = g._data, y._data
+        xp = backend.xp_of(ya)
+        last = d == ya.ndim - 1 or ya.ndim == 0
+        if not last:
+            ga, ya = xp.moveaxis(ga, d, -1), xp.moveaxis(ya, d, -1)
+        dx = K.softmax_backward(ga if ya.ndim else ga.reshape(1), ya if ya.ndim else ya.reshape(1), 1.0, ctx.log)
+        if y.ndim == 0:
+            dx = dx.reshape(())
+        elif not last:
+            dx = xp.moveaxis(dx, -1, d)
+        return _wrap(dx), None, None
+
+
+def softmax(x, dim=-1, dtype=None):
+    if dtype is not None:
+        x = x.to(D.dtype(dtype))
+    return Softmax.apply(x, _dims(dim, x.ndim, "softmax")[0] if x.ndim else 0, False)
+
+
+def log_softmax(x, dim=-1, dtype=None):
+    if dtype is not None:
+        x = x.to(D.dtype(dtype))
+    return Softmax.apply(x, _dims(dim, x.ndim, "log_softmax")[0] if x.ndim else 0, True)

@@ -1,0 +1,481 @@
+"""Shape ops. Views (reshape of contiguous data, permute, expand, squeeze, narrow, ...) share storage and version."""
+import builtins
+
+import numpy as np
+
+from .. import backend
+from ..autograd.function import Function
+from ..errors import ShapeError, fmt_shape
+from ..tensor import Tensor, _wrap, _view_of
+
+
+def _norm_dim(d, ndim, op):
+    if not -max(ndim, 1) <= d < max(ndim, 1):
+        raise IndexError(f"{op}: dimension {d} out of range for a tensor of {ndim} dims")
+    return d % max(ndim, 1)
+
+
+def _size_arg(shape):
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    return tuple(int(s) for s in shape)
+
+
+def _infer(shape, numel, op, in_shape):
+    shape = list(shape)
+    if shape.count(-1) > 1:
+        raise ShapeError(f"{op}: only one dimension can be inferred, got {shape}")
+    if -1 in shape:
+        known = 1
+        for s in shape:
+            if s != -1:
+                known *= s
+        if known == 0 or numel % known:
+            raise ShapeError(f"{op}: shape {fmt_shape(shape)} is invalid for input of size {numel} "
+                             f"(shape {fmt_shape(in_shape)})")
+        shape[shape.index(-1)] = numel // known
+    n = 1
+    for s in shape:
+        n *= s
+    if n != numel:
+        raise ShapeError(f"{op}: shape {fmt_shape(shape)} is invalid for input of size {numel} "
+                         f"(shape {fmt_shape(in_shape)})")
+    return tuple(shape)
+
+
+class Reshape(Function):
+    @staticmethod
+    def forward(ctx, x, shape, need_view):
+        a = x._data
+        ctx.in_shape = a.shape
+        if a.flags.c_contiguous:
+            return _view_of(a.reshape(shape), x)
+        if need_view:
+            if backend.is_cuda_array(a):
+                raise ShapeError(f"view size is not compatible with input tensor's size and stride (shape "
+                                 f"{fmt_shape(a.shape)}); use .reshape(...) instead")
+            v = a.view()
+            try:
+                v.shape = shape
+            except AttributeError:
+                raise ShapeError(f"view size is not compatible with input tensor's size and stride (shape "
+                                 f"{fmt_shape(a.shape)} -> {fmt_shape(shape)}); use .reshape(...) instead") from None
+            return _view_of(v, x)
+        return _wrap(a.reshape(shape))
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.reshape(ctx.in_shape), None, None
+
+
+def reshape(x, *shape):
+    shape = _infer(_size_arg(shape), x.numel(), "reshape", x.shape)
+    if shape == x._data.shape:
+        return Reshape.apply(x, shape, False) if x.requires_grad else _view_of(x._data, x)
+    return Reshape.apply(x, shape, False)
+
+
+def view(x, *shape):
+    if len(shape) == 1 and not isinstance(shape[0], (tuple, list, int)):
+        return x.to(shape[0])  # view(dtype) reinterpretation is not supported; behaves like a cast of equal size
+    shape = _infer(_size_arg(shape), x.numel(), "view", x.shape)
+    return Reshape.apply(x, shape, True)
+
+
+def flatten(x, start_dim=0, end_dim=-1):
+    if x.ndim == 0:
+        return reshape(x, 1)
+    s = _norm_dim(start_dim, x.ndim, "flatten")
+    e = _norm_dim(end_dim, x.ndim, "flatten")
+    if s > e:
+        raise ShapeError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim}")
+    shape = x.shape
+    n = 1
+    for d in shape[s:e + 1]:
+        n *= d
+    return reshape(x, tuple(shape[:s]) + (n,) + tuple(shape[e + 1:]))
+
+
+def unflatten(x, dim, sizes):
+    d = _norm_dim(dim, x.ndim, "unflatten")
+    sizes = _infer(tuple(sizes), x.shape[d], "unflatten", x.shape)
+    return reshape(x, tuple(x.shape[:d]) + sizes + tuple(x.shape[d + 1:]))
+
+
+class Permute(Function):
+    @staticmethod
+    def forward(ctx, x, perm):
+        ctx.perm = perm
+        return _view_of(x._data.transpose(perm), x)
+
+    @staticmethod
+    def backward(ctx, g):
+        inv = [0] * len(ctx.perm)
+        for i, p in enumerate(ctx.perm):
+            inv[p] = i
+        return g.permute(*inv), None
+
+
+def permute(x, *dims):
+    dims = _size_arg(dims)
+    if len(dims) != x.ndim:
+        raise ShapeError(f"permute: number of dims {len(dims)} doesn't match the tensor's {x.ndim} dims "
+                         f"(shape {fmt_shape(x.shape)})")
+    perm = tuple(_norm_dim(d, x.ndim, "permute") for d in dims)
+    if sorted(perm) != list(range(x.ndim)):
+        raise ShapeError(f"permute: dims {dims} are not a permutation of {x.ndim} dims")
+    return Permute.apply(x, perm)
+
+
+def transpose(x, dim0, dim1):
+    if x.ndim < 2 and x.ndim == 0:
+        return x
+    perm = list(range(x.ndim))
+    a, b = _norm_dim(dim0, x.ndim, "transpose"), _norm_dim(dim1, x.ndim, "transpose")
+    perm[a], perm[b] = perm[b], perm[a]
+    return Permute.apply(x, tuple(perm))
+
+
+swapaxes = transpose
+swapdims = transpose
+
+
+def t(x):
+    if x.ndim > 2:
+        raise ShapeError(f"t() expects a tensor with <= 2 dims, got shape {fmt_shape(x.shape)}")
+    return transpose(x, 0, 1) if x.ndim == 2 else x
+
+
+def squeeze(x, dim=None):
+    if dim is None:
+        shape = tuple(s for s in x.shape if s != 1)
+    else:
+        dims = dim if isinstance(dim, (tuple, list)) else (dim,)
+        dims = {_norm_dim(d, x.ndim, "squeeze") for d in dims}
+        shape = tuple(s for i, s in enumerate(x.shape) if not (i in dims and s == 1))
+    return reshape(x, shape) if shape != tuple(x.shape) else x
+
+
+def unsqueeze(x, dim):
+    nd = x.ndim + 1
+    if not -nd <= dim < nd:
+        raise IndexError(f"unsqueeze: dimension {dim} out of range for a tensor of {x.ndim} dims")
+    d = dim % nd
+    shape = list(x.shape)
+    shape.insert(d, 1)
+    return reshape(x, tuple(shape))
+
+
+class Expand(Function):
+    @staticmethod
+    def forward(ctx, x, shape):
+        ctx.in_shape = x._data.shape
+        xp = backend.xp_of(x._data)
+        return _view_of(xp.broadcast_to(x._data, shape), x)
+
+    @staticmethod
+    def backward(ctx, g):
+        from .elementwise import sum_to
+        return sum_to(g, ctx.in_shape), None
+
+
+def expand(x, *sizes):
+    sizes = _size_arg(sizes)
+    if len(sizes) < x.ndim:
+        raise ShapeError(f"expand: the number of sizes {len(sizes)} must be >= the tensor's dims {x.ndim}")
+    lead = len(sizes) - x.ndim
+    out = []
+    for i, s in enumerate(sizes):
+        if i < lead:
+            if s < 0:
+                raise ShapeError(f"expand: -1 not allowed in a leading, non-existing dimension ({sizes})")
+            out.append(s)
+            continue
+        cur = x.shape[i - lead]
+        if s == -1:
+            s = cur
+        if cur != s and cur != 1:
+            raise ShapeError(f"expand: the expanded size of the tensor ({s}) must match the existing size ({cur}) "
+                             f"at non-singleton dimension {i}. Target sizes: {list(sizes)}. Tensor sizes: "
+                             f"{list(x.shape)}")
+        out.append(s)
+    out = tuple(out)
+    if out == tuple(x.shape):
+        return x
+    return Expand.apply(x, out)
+
+
+def expand_as(x, other):
+    return expand(x, tuple(other.shape))
+
+
+def broadcast_to(x, shape):
+    return expand(x, tuple(shape))
+
+
+def broadcast_shapes(*shapes):
+    return tuple(np.broadcast_shapes(*[tuple(s) for s in shapes]))
+
+
+class Repeat(Function):
+    @staticmethod
+    def forward(ctx, x, reps):
+        a = x._data
+        lead = len(reps) - a.ndim
+        a = a.reshape((1,) * lead + a.shape)
+        ctx.shape = a.shape
+        ctx.reps = reps
+        ctx.in_shape = x._data.shape
+        return _wrap(backend.xp_of(a).tile(a, reps))
+
+    @staticmethod
+    def backward(ctx, g):
+        inter = []
+        for r, s in zip(ctx.reps, ctx.shape):
+            inter += [r, s]
+        gs = g.reshape(tuple(inter)).sum(dim=tuple(range(0, 2 * len(ctx.reps), 2)))
+        return gs.reshape(ctx.in_shape), None
+
+
+def repeat(x, *reps):
+    reps = _size_arg(reps)
+    if len(reps) < x.ndim:
+        raise ShapeError(f"repeat: number of repeat dims {len(reps)} can not be smaller than the tensor's dims "
+                         f"{x.ndim}")
+    return Repeat.apply(x, reps)
+
+
+def repeat_interleave(x, repeats, dim=None):
+    if dim is None:
+        x, dim = x.reshape(-1), 0
+    d = _norm_dim(dim, x.ndim, "repeat_interleave")
+    y = x.unsqueeze(d + 1)
+    shape = list(y.shape)
+    shape[d + 1] = int(repeats)
+    y = y.expand(tuple(shape))
+    out = list(x.shape)
+    out[d] *= int(repeats)
+    return y.reshape(tuple(out))
+
+
+class Narrow(Function):
+    @staticmethod
+    def forward(ctx, x, dim, start, length):
+        idx = [slice(None)] * x.ndim
+        idx[dim] = slice(start, start + length)
+        ctx.idx, ctx.shape = tuple(idx), x._data.shape
+        return _view_of(x._data[tuple(idx)], x)
+
+    @staticmethod
+    def backward(ctx, g):
+        from .indexing import ScatterInto
+        return ScatterInto.apply(g, ctx.idx, ctx.shape), None, None, None
+
+
+def narrow(x, dim, start, length):
+    d = _norm_dim(dim, x.ndim, "narrow")
+    if isinstance(start, Tensor):
+        start = int(start.item())
+    if start < 0:
+        start += x.shape[d]
+    if start < 0 or length < 0 or start + length > x.shape[d]:
+        raise IndexError(f"narrow: start ({start}) + length ({length}) exceeds dimension size ({x.shape[d]}) of "
+                         f"dim {d} (shape {fmt_shape(x.shape)})")
+    return Narrow.apply(x, d, start, length)
+
+
+def select(x, dim, index):
+    d = _norm_dim(dim, x.ndim, "select")
+    n = x.shape[d]
+    if not -n <= index < n:
+        raise IndexError(f"select: index {index} out of range for dimension {d} of size {n}")
+    return squeeze(narrow(x, d, index % n, 1), d)
+
+
+def chunk(x, chunks, dim=0):
+    d = _norm_dim(dim, x.ndim, "chunk")
+    n = x.shape[d]
+    size = -(-n // chunks) if n else 0
+    return split(x, size if size else 1, d) if n else (x,)
+
+
+def split(x, split_size_or_sections, dim=0):
+    d = _norm_dim(dim, x.ndim, "split")
+    n = x.shape[d]
+    if isinstance(split_size_or_sections, int):
+        s = split_size_or_sections
+        if s <= 0:
+            raise ValueError(f"split: split_size must be positive, got {s}")
+        sizes = [s] * (n // s) + ([n % s] if n % s else [])
+    else:
+        sizes = list(split_size_or_sections)
+        if builtins.sum(sizes) != n:
+            raise ShapeError(f"split: sizes {sizes} don't sum to dimension {d} of size {n}")
+    out, start = [], 0
+    for s in sizes:
+        out.append(narrow(x, d, start, s))
+        start += s
+    return tuple(out)
+
+
+def tensor_split(x, sections, dim=0):
+    d = _norm_dim(dim, x.ndim, "tensor_split")
+    n = x.shape[d]
+    q, r = divmod(n, sections)
+    return split(x, [q + 1] * r + [q] * (sections - r), d)
+
+
+def unbind(x, dim=0):
+    d = _norm_dim(dim, x.ndim, "unbind")
+    return tuple(select(x, d, i) for i in range(x.shape[d]))
+
+
+class Flip(Function):
+    @staticmethod
+    def forward(ctx, x, dims):
+        ctx.dims = dims
+        return _wrap(backend.xp_of(x._data).flip(x._data, axis=dims).copy())
+
+    @staticmethod
+    def backward(ctx, g):
+        return flip(g, ctx.dims), None
+
+
+def flip(x, dims):
+    dims = tuple(_norm_dim(d, x.ndim, "flip") for d in (dims if isinstance(dims, (list, tuple)) else (dims,)))
+    return Flip.apply(x, dims)
+
+
+class Roll(Function):
+    @staticmethod
+    def forward(ctx, x, shifts, dims):
+        ctx.shifts, ctx.dims = shifts, dims
+        return _wrap(backend.xp_of(x._data).roll(x._data, shifts, axis=dims))
+
+    @staticmethod
+    def backward(ctx, g):
+        neg = tuple(-s for s in ctx.shifts) if isinstance(ctx.shifts, tuple) else -ctx.shifts
+        return Roll.apply(g, neg, ctx.dims), None, None
+
+
+def roll(x, shifts, dims=None):
+    if isinstance(shifts, list):
+        shifts = tuple(shifts)
+    if isinstance(dims, list):
+        dims = tuple(dims)
+    return Roll.apply(x, shifts, dims)
+
+
+class Tri(Function):
+    @staticmethod
+    def forward(ctx, x, k, upper):
+        ctx.k, ctx.upper = k, upper
+        xp = backend.xp_of(x._data)
+        return _wrap((xp.triu if upper else xp.tril)(x._data, k))
+
+    @staticmethod
+    def backward(ctx, g):
+        return Tri.apply(g, ctx.k, ctx.upper), None, None
+
+
+def tril(x, diagonal=0):
+    return Tri.apply(x, diagonal, False)
+
+
+def triu(x, diagonal=0):
+    return Tri.apply(x, diagonal, True)
+
+
+class Contiguous(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return _wrap(backend.xp_of(x._data).ascontiguousarray(x._data))
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def contiguous(x):
+    return x if x._data.flags.c_contiguous else Contiguous.apply(x)
+
+
+class Clone(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return _wrap(x._data.copy())
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def clone(x, memory_format=None):
+    return Clone.apply(x)
+
+
+class Cat(Function):
+    @staticmethod
+    def forward(ctx, dim, *xs):
+        arrs = [x._data for x in xs]
+        dt = arrs[0].dtype
+        if builtins.any(a.dtype != dt for a in arrs):
+            from .. import dtypes as D
+            res = xs[0].dtype
+            for x in xs[1:]:
+                res = D.promote_types(res, x.dtype)
+            arrs = [a.astype(res.np) for a in arrs]
+        ctx.sizes = [a.shape[dim] for a in arrs]
+        ctx.dim = dim
+        return _wrap(backend.xp_of(arrs[0]).concatenate(arrs, axis=dim))
+
+    @staticmethod
+    def backward(ctx, g):
+        return (None,) + split(g, ctx.sizes, ctx.dim)
+
+
+def cat(tensors, dim=0):
+    tensors = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0 and len(tensors) > 1)] or list(tensors)
+    if not tensors:
+        raise ValueError("cat: expected a non-empty list of tensors")
+    from ..tensor import check_same_device
+    check_same_device("cat", *tensors)
+    nd = tensors[0].ndim
+    d = _norm_dim(dim, nd, "cat")
+    ref = tensors[0].shape
+    for i, t_ in enumerate(tensors):
+        if t_.ndim != nd or builtins.any(a != b for j, (a, b) in enumerate(zip(t_.shape, ref)) if j != d):
+            raise ShapeError(f"cat: sizes of tensors must match except in dimension {d}; tensor 0 has shape "
+                             f"{fmt_shape(ref)}, tensor {i} has shape {fmt_shape(t_.shape)}")
+    return Cat.apply(d, *tensors)
+
+
+concat = cat
+concatenate = cat
+
+
+def stack(tensors, dim=0):
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("stack: expected a non-empty list of tensors")
+    ref = tensors[0].shape
+    for i, t_ in enumerate(tensors):
+        if t_.shape != ref:
+            raise ShapeError(f"stack expects each tensor to be equal size, but got {fmt_shape(ref)} at entry 0 "
+                             f"and {fmt_shape(t_.shape)} at entry {i}")
+    nd = len(ref) + 1
+    if not -nd <= dim < nd:
+        raise IndexError(f"stack: dimension {dim} out of range for {nd} dims")
+    d = dim % nd
+    return cat([unsqueeze(t_, d) for t_ in tensors], d)
+
+
+def movedim(x, source, destination):
+    src = [source] if isinstance(source, int) else list(source)
+    dst = [destination] if isinstance(destination, int) else list(destination)
+    src = [_norm_dim(s, x.ndim, "movedim") for s in src]
+    dst = [_norm_dim(s, x.ndim, "movedim") for s in dst]
+    order = [i for i in range(x.ndim) if i not in src]
+    for d_, s_ in sorted(zip(dst, src)):
+        order.insert(d_, s_)
+    return permute(x, *order)

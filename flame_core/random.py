@@ -1,0 +1,98 @@
+"""Random numbers: `manual_seed` and `Generator` objects. Same seed, same device -> same numbers."""
+import numpy as np
+
+from . import backend
+from .device import device as _parse_device
+
+
+class Generator:
+    """A random stream bound to a device (NumPy PCG64 on cpu, CuPy's generator on cuda)."""
+
+    def __init__(self, device="cpu"):
+        self.device = _parse_device(device)
+        self._seed = None
+        self.manual_seed(np.random.SeedSequence().entropy % (2 ** 63))
+
+    def manual_seed(self, seed):
+        self._seed = int(seed)
+        if self.device.type == "cuda":
+            cp = backend.cupy
+            with cp.cuda.Device(self.device.index):
+                self._rng = cp.random.Generator(cp.random.XORWOW(self._seed))
+        else:
+            self._rng = np.random.Generator(np.random.PCG64(self._seed))
+        return self
+
+    def seed(self):
+        s = int(np.random.SeedSequence().entropy % (2 ** 63))
+        self.manual_seed(s)
+        return s
+
+    def initial_seed(self):
+        return self._seed
+
+    def get_state(self):
+        """Exact stream position (for checkpoint resume and checkpoint RNG replay)."""
+        if self.device.type == "cuda":
+            import pickle
+            return {"device": str(self.device), "seed": self._seed, "state": pickle.dumps(self._rng)}
+        return {"device": "cpu", "seed": self._seed, "state": self._rng.bit_generator.state}
+
+    def set_state(self, state):
+        self._seed = state["seed"]
+        if self.device.type == "cuda":
+            import pickle
+            self._rng = pickle.loads(state["state"])
+        else:
+            self._rng.bit_generator.state = state["state"]
+
+    # array-level draws (float32 or wider; callers cast)
+    def _normal(self, shape, np_dtype):
+        dt = np_dtype if np_dtype in (np.float32, np.float64) else np.float32
+        return self._rng.standard_normal(shape, dtype=dt)
+
+    def _uniform(self, shape, np_dtype):
+        dt = np_dtype if np_dtype in (np.float32, np.float64) else np.float32
+        return self._rng.random(shape, dtype=dt)
+
+    def _integers(self, low, high, shape):
+        return self._rng.integers(low, high, size=shape, dtype=np.int64)
+
+
+_defaults = {}
+
+
+def default_generator(device):
+    device = _parse_device(device)
+    g = _defaults.get(device)
+    if g is None:
+        g = _defaults[device] = Generator(device)
+        if _initial_seed is not None:
+            g.manual_seed(_initial_seed)
+    return g
+
+
+_initial_seed = None
+
+
+def manual_seed(seed):
+    """Seed the default generators of every device (present and future)."""
+    global _initial_seed
+    _initial_seed = int(seed)
+    for g in _defaults.values():
+        g.manual_seed(seed)
+    return default_generator("cpu")
+
+
+def seed():
+    s = int(np.random.SeedSequence().entropy % (2 ** 63))
+    manual_seed(s)
+    return s
+
+
+def get_rng_state(device="cpu"):
+    return default_generator(device).get_state()
+
+
+def set_rng_state(state, device="cpu"):
+    default_generator(device).set_state(state)

@@ -1,0 +1,417 @@
+"""Tensor: one NumPy (cpu) or CuPy (cuda) array plus its autograd state. Ops live in flame_core/ops."""
+import numpy as np
+
+from . import backend
+from . import dtypes as D
+from .device import device as _parse_device, device_of_array, CPU
+from .errors import AutogradError, DeviceError, fmt_shape
+
+_ndarray = np.ndarray
+_memory_hook = None  # set by flame_core.memory: called with every array a tensor is born with
+
+
+class Tensor:
+    """A multi-dimensional array on a device with tape-based autograd (PyTorch semantics)."""
+
+    __array_priority__ = 1000  # numpy scalars on the left defer to our reflected operators
+    _requires_grad = False
+    _grad = None
+    _grad_fn = None
+    _out_idx = 0
+    _accum_ref = None
+    _hooks = None
+    _retains_grad = False
+    _name = None
+
+    def __init__(self, data=None, *, dtype=None, device=None, requires_grad=False):
+        from .ops.creation import _array_from
+        arr = _array_from(data if data is not None else [], dtype, device)
+        self._data = arr
+        self._version = [0]
+        if requires_grad:
+            self.requires_grad_(True)
+        if _memory_hook is not None:
+            _memory_hook(arr)
+
+    # ----------------------------------------------------------------- properties
+    @property
+    def shape(self):
+        return Size(self._data.shape)
+
+    @property
+    def dtype(self):
+        return D.dtype_of(self._data.dtype)
+
+    @property
+    def device(self):
+        return device_of_array(self._data)
+
+    @property
+    def is_cuda(self):
+        return backend.is_cuda_array(self._data)
+
+    @property
+    def ndim(self):
+        return self._data.ndim
+
+    @property
+    def T(self):
+        return self.permute(*range(self.ndim - 1, -1, -1))
+
+    @property
+    def mT(self):
+        return self.transpose(-2, -1)
+
+    @property
+    def data(self):
+        return self.detach()
+
+    @data.setter
+    def data(self, value):
+        if not isinstance(value, Tensor):
+            raise TypeError(f"data must be a Tensor, got {type(value).__name__}")
+        self._data = value._data
+
+    @property
+    def requires_grad(self):
+        return self._requires_grad or self._grad_fn is not None
+
+    @requires_grad.setter
+    def requires_grad(self, value):
+        self.requires_grad_(value)
+
+    @property
+    def is_leaf(self):
+        return self._grad_fn is None
+
+    @property
+    def grad_fn(self):
+        return self._grad_fn
+
+    @property
+    def grad(self):
+        return self._grad
+
+    @grad.setter
+    def grad(self, value):
+        if value is not None:
+            if not isinstance(value, Tensor):
+                raise TypeError(f"assigned grad must be a Tensor or None, got {type(value).__name__}")
+            if value.shape != self.shape:
+                raise AutogradError(f"assigned grad has shape {fmt_shape(value.shape)} but the tensor has shape "
+                                    f"{fmt_shape(self.shape)}")
+        self._grad = value
+
+    @property
+    def itemsize(self):
+        return self._data.itemsize
+
+    @property
+    def nbytes(self):
+        return self._data.nbytes
+
+    # ----------------------------------------------------------------- basics
+    def size(self, dim=None):
+        if dim is None:
+            return Size(self._data.shape)
+        return self._data.shape[dim]
+
+    def dim(self):
+        return self._data.ndim
+
+    def numel(self):
+        return int(self._data.size)
+
+    def element_size(self):
+        return self._data.itemsize
+
+    def is_contiguous(self):
+        return bool(self._data.flags.c_contiguous)
+
+    def is_floating_point(self):
+        return self.dtype.is_floating_point
+
+    def stride(self, dim=None):
+        st = tuple(s // self._data.itemsize for s in self._data.strides)
+        return st if dim is None else st[dim]
+
+    def data_ptr(self):
+        a = self._data
+        return a.data.ptr if backend.is_cuda_array(a) else a.ctypes.data
+
+    def _xp(self):
+        return backend.xp_of(self._data)
+
+    def _alias(self):
+        """A detached tensor sharing data and version counter (not a new view for autograd)."""
+        t = _new(Tensor)
+        t._data = self._data
+        t._version = self._version
+        return t
+
+    def _detached_owned(self):
+        """Detached tensor over this one's data; used by the engine for .grad (the grad owns its storage)."""
+        t = _new(Tensor)
+        t._data = self._data
+        t._version = [0]
+        return t
+
+    def detach(self):
+        t = self._alias()
+        return t
+
+    def detach_(self):
+        self._grad_fn = None
+        self._requires_grad = False
+        return self
+
+    def requires_grad_(self, requires_grad=True):
+        if self._grad_fn is not None:
+            if not requires_grad:
+                raise AutogradError("you can only change requires_grad flags of leaf tensors; use .detach()")
+            return self
+        if requires_grad and not self.dtype.is_floating_point:
+            raise AutogradError(f"only tensors of floating point dtype can require gradients, got {self.dtype}")
+        self._requires_grad = bool(requires_grad)
+        return self
+
+    def retain_grad(self):
+        if self._grad_fn is None:
+            return self
+        if not self._retains_grad:
+            import weakref
+            ref = weakref.ref(self)
+
+            def _store(g):
+                t = ref()
+                if t is not None:
+                    t._grad = g.detach() if t._grad is None else t._grad + g.detach()
+            self._grad_fn.register_hook(_store, self._out_idx)
+            self._retains_grad = True
+        return self
+
+    @property
+    def retains_grad(self):
+        return self._retains_grad
+
+    def register_hook(self, hook):
+        """Call `hook(grad)` when the gradient of this tensor is computed; a returned tensor replaces it."""
+        if not self.requires_grad:
+            raise AutogradError("cannot register a hook on a tensor that doesn't require gradient")
+        if self._grad_fn is not None:
+            self._grad_fn.register_hook(hook, self._out_idx)
+        else:
+            if self._hooks is None:
+                self._hooks = []
+            self._hooks.append(hook)
+        return _HookHandle(self, hook)
+
+    def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+        from .autograd import backward
+        if inputs is not None:
+            from .autograd import grad as _grad
+            inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+            gs = _grad([self], inputs, [gradient] if gradient is not None else None, retain_graph=retain_graph,
+                       create_graph=create_graph, allow_unused=True)
+            for t, g in zip(inputs, gs):
+                if g is not None:
+                    t._grad = g if t._grad is None else t._grad + g
+            return
+        backward([self], [gradient] if gradient is not None else None, retain_graph=retain_graph,
+                 create_graph=create_graph)
+
+    # ----------------------------------------------------------------- conversion
+    def numpy(self, *, force=False):
+        if self.requires_grad and not force:
+            raise AutogradError("Can't call numpy() on a tensor that requires grad. Use tensor.detach().numpy().")
+        return backend.to_numpy(self._data)
+
+    def item(self):
+        if self._data.size != 1:
+            raise ValueError(f"a Tensor with {self._data.size} elements cannot be converted to a Python scalar")
+        return backend.to_numpy(self._data).reshape(()).item()
+
+    def tolist(self):
+        a = backend.to_numpy(self._data)
+        if a.dtype.kind == "V" or a.dtype in (D.bfloat16.np, D.float8_e4m3fn.np):
+            a = a.astype(np.float32)
+        return a.tolist()
+
+    def to(self, *args, **kwargs):
+        """to(device), to(dtype), to(device, dtype), to(other); `copy=True` forces a copy. Differentiable."""
+        dev = dt = None
+        for a in args:
+            if isinstance(a, Tensor):
+                dev, dt = a.device, a.dtype
+            elif isinstance(a, D.DType) or (not isinstance(a, (str, int)) and a is not None and
+                                             _looks_like_dtype(a)):
+                dt = D.dtype(a)
+            elif a is not None:
+                dev = _parse_device(a)
+        dev = _parse_device(kwargs["device"]) if kwargs.get("device") is not None else dev
+        dt = D.dtype(kwargs["dtype"]) if kwargs.get("dtype") is not None else dt
+        from .ops.conversion import to as _to
+        return _to(self, dev, dt, copy=kwargs.get("copy", False))
+
+    def cpu(self):
+        return self.to(CPU)
+
+    def cuda(self, device=None):
+        return self.to(_parse_device("cuda" if device is None else (f"cuda:{device}" if isinstance(device, int)
+                                                                     else device)))
+
+    def float(self):
+        return self.to(D.float32)
+
+    def double(self):
+        return self.to(D.float64)
+
+    def half(self):
+        return self.to(D.float16)
+
+    def bfloat16(self):
+        return self.to(D.bfloat16)
+
+    def long(self):
+        return self.to(D.int64)
+
+    def int(self):
+        return self.to(D.int32)
+
+    def bool(self):
+        return self.to(D.bool_)
+
+    def type_as(self, other):
+        return self.to(other.dtype)
+
+    # ----------------------------------------------------------------- python protocol
+    def __repr__(self):
+        a = backend.to_numpy(self._data)
+        if a.dtype in (D.bfloat16.np, D.float8_e4m3fn.np, np.dtype(np.float16)):
+            a = a.astype(np.float32)
+        body = np.array2string(a, separator=", ", prefix="tensor(", threshold=200, precision=4)
+        extras = []
+        if self.device != CPU:
+            extras.append(f"device='{self.device}'")
+        if self.dtype not in (D.float32, D.int64, D.bool_):
+            extras.append(f"dtype={self.dtype!r}")
+        if self._grad_fn is not None:
+            extras.append(f"grad_fn=<{self._grad_fn.name()}>")
+        elif self._requires_grad:
+            extras.append("requires_grad=True")
+        return "tensor(" + body + "".join(", " + e for e in extras) + ")"
+
+    def __len__(self):
+        if self._data.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self._data.shape[0]
+
+    def __iter__(self):
+        if self._data.ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        return iter(self.unbind(0))
+
+    def __bool__(self):
+        if self._data.size != 1:
+            raise RuntimeError(f"Boolean value of Tensor with {self._data.size} elements is ambiguous")
+        return bool(self.item())
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    def __index__(self):
+        if self.dtype.is_floating_point or self._data.size != 1:
+            raise TypeError("only integer tensors of a single element can be converted to an index")
+        return int(self.item())
+
+    __hash__ = object.__hash__
+
+    def __reduce__(self):
+        return (_rebuild, (backend.to_numpy(self._data), str(self.device), self._requires_grad))
+
+    def __dlpack__(self, *args, **kwargs):
+        return self._data.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._data.__dlpack_device__()
+
+
+class Size(tuple):
+    """torch.Size: a tuple of ints with numel()."""
+
+    def numel(self):
+        n = 1
+        for s in self:
+            n *= s
+        return n
+
+    def __repr__(self):
+        return f"flame.Size([{', '.join(str(s) for s in self)}])"
+
+
+class _HookHandle:
+    def __init__(self, tensor, hook):
+        self._t, self._hook = tensor, hook
+
+    def remove(self):
+        t = self._t
+        if t._grad_fn is not None and t._grad_fn._hooks:
+            for hooks in t._grad_fn._hooks.values():
+                if self._hook in hooks:
+                    hooks.remove(self._hook)
+        elif t._hooks and self._hook in t._hooks:
+            t._hooks.remove(self._hook)
+
+
+_new = object.__new__
+
+
+def _wrap(arr, requires_grad=False):
+    """The one place tensors are born from arrays."""
+    if type(arr) is not _ndarray and not backend.is_cuda_array(arr):
+        arr = np.asarray(arr)
+    t = _new(Tensor)
+    t._data = arr
+    t._version = [0]
+    if requires_grad:
+        t._requires_grad = True
+    if _memory_hook is not None:
+        _memory_hook(arr)
+    return t
+
+
+def _view_of(arr, base):
+    """A tensor over `arr`, which is a view of `base`'s storage: it shares the version counter."""
+    t = _new(Tensor)
+    t._data = arr
+    t._version = base._version
+    return t
+
+
+def _rebuild(arr, dev, requires_grad):
+    from .ops.creation import tensor
+    return tensor(arr, device=dev, requires_grad=requires_grad)
+
+
+def _looks_like_dtype(a):
+    try:
+        D.dtype(a)
+        return True
+    except Exception:
+        return False
+
+
+def check_same_device(op, *tensors):
+    """Raise DeviceError naming both devices when an op mixes them (0-d cpu tensors may join cuda ones)."""
+    first = None
+    for t in tensors:
+        if isinstance(t, Tensor):
+            cuda = backend.is_cuda_array(t._data)
+            if first is None:
+                first = (cuda, t)
+            elif cuda != first[0] and t.ndim and first[1].ndim:
+                raise DeviceError(f"{op}: expected all tensors on the same device, but found at least two "
+                                  f"devices, {first[1].device} and {t.device}")

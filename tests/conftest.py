@@ -1,0 +1,36 @@
+"""Test configuration: device selection, the `gpu` marker, and hypothesis profiles."""
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+import flame_core as flame
+from flame_core import backend
+
+settings.register_profile("ci", derandomize=True, deadline=None, max_examples=25,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("dev", deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+DEVICE = flame.default_device()
+
+
+def pytest_collection_modifyitems(config, items):
+    if backend.cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU with CuPy")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def device():
+    """The device under test: cpu in CI, cuda with FLAME_DEVICE=cuda on a GPU."""
+    return DEVICE
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
