@@ -14,11 +14,9 @@ class Generator:
         self.manual_seed(np.random.SeedSequence().entropy % (2 ** 63))
 
     def manual_seed(self, seed):
-        self._seed = int(seed)
+        self._seed = int(seed) % (2 ** 64)
         if self.device.type == "cuda":
-            cp = backend.cupy
-            with cp.cuda.Device(self.device.index):
-                self._rng = cp.random.Generator(cp.random.XORWOW(self._seed))
+            self._rng = _CudaPhilox(self._seed)
         else:
             self._rng = np.random.Generator(np.random.PCG64(self._seed))
         return self
@@ -34,15 +32,13 @@ class Generator:
     def get_state(self):
         """Exact stream position (for checkpoint resume and checkpoint RNG replay)."""
         if self.device.type == "cuda":
-            import pickle
-            return {"device": str(self.device), "seed": self._seed, "state": pickle.dumps(self._rng)}
+            return {"device": str(self.device), "seed": self._seed, "offset": self._rng.offset}
         return {"device": "cpu", "seed": self._seed, "state": self._rng.bit_generator.state}
 
     def set_state(self, state):
-        self._seed = state["seed"]
+        self.manual_seed(state["seed"])
         if self.device.type == "cuda":
-            import pickle
-            self._rng = pickle.loads(state["state"])
+            self._rng.offset = int(state["offset"])
         else:
             self._rng.bit_generator.state = state["state"]
 
@@ -57,6 +53,53 @@ class Generator:
 
     def _integers(self, low, high, shape):
         return self._rng.integers(low, high, size=shape, dtype=np.int64)
+
+
+class _CudaPhilox:
+    """GPU draws from cuda_src/philox.cu: counter-based, so the state is (seed, offset) and restoring it replays
+    exactly the same numbers."""
+
+    _module = None
+
+    def __init__(self, seed):
+        self.seed = seed
+        self.offset = 0
+
+    @classmethod
+    def _fn(cls, name):
+        if cls._module is None:
+            from .kernels import loader
+            cls._module = loader.load_module("philox")
+        return cls._module.get_function(name)
+
+    def _launch(self, name, out, *extra):
+        cp = backend.cupy
+        n = out.size
+        threads = (n + 3) // 4
+        if threads:
+            self._fn(name)(((threads + 255) // 256,), (256,),
+                           (out, cp.int64(n), cp.uint64(self.seed), cp.uint64(self.offset)) + extra)
+        self.offset += 4 * threads  # keep offsets a multiple of 4: each thread consumes one counter
+        return out
+
+    def standard_normal(self, shape, dtype):
+        cp = backend.cupy
+        out = cp.empty(shape, dtype=dtype)
+        return self._launch("philox_fill_f64" if dtype == np.float64 else "philox_fill_f32", out, cp.int32(1))
+
+    def random(self, shape, dtype):
+        cp = backend.cupy
+        out = cp.empty(shape, dtype=dtype)
+        return self._launch("philox_fill_f64" if dtype == np.float64 else "philox_fill_f32", out, cp.int32(0))
+
+    def integers(self, low, high, size, dtype=np.int64):
+        cp = backend.cupy
+        out = cp.empty(size, dtype=np.int64)
+        return self._launch("philox_integers", out, cp.int64(low), cp.uint64(high - low))
+
+    def permutation(self, n):
+        keys = self.random((n,), np.float32)
+        return backend.cupy.argsort(keys)
 
 
 _defaults = {}

@@ -186,6 +186,7 @@ class Tensor:
                 t = ref()
                 if t is not None:
                     t._grad = g.detach() if t._grad is None else t._grad + g.detach()
+            _store._retains_grad = True
             self._grad_fn.register_hook(_store, self._out_idx)
             self._retains_grad = True
         return self
@@ -367,6 +368,10 @@ class _HookHandle:
 
 
 _new = object.__new__
+
+from .autograd import function as _function  # noqa: E402
+
+_function._tensor_cls[0] = Tensor
 
 
 def _wrap(arr, requires_grad=False):

@@ -94,7 +94,8 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
             _, grads = buffers.pop(id(node))
             if node._hooks:
                 for i, hooks in node._hooks.items():
-                    for h in hooks:
+                    # retain_grad hooks run last (they see what the other hooks made of the gradient)
+                    for h in sorted(hooks, key=lambda h: getattr(h, "_retains_grad", False)):
                         if grads[i] is not None:
                             r = h(grads[i])
                             if r is not None:

@@ -116,6 +116,9 @@ def edge_of(t):
     return None
 
 
+_tensor_cls = [None]  # filled in by flame_core.tensor (avoids an import on every op)
+
+
 class FunctionMeta(type):
     pass
 
@@ -134,16 +137,22 @@ class Function(metaclass=FunctionMeta):
 
     @classmethod
     def apply(cls, *args, **kwargs):
-        from ..tensor import Tensor
-
+        Tensor = _tensor_cls[0]
         record = False
         if state.enabled:
             for a in args:
-                if type(a) is Tensor or isinstance(a, Tensor):
-                    if a._requires_grad or a._grad_fn is not None:
-                        record = True
-                        break
+                if isinstance(a, Tensor) and (a._requires_grad or a._grad_fn is not None):
+                    record = True
+                    break
         node = Node(cls)
+        if record:
+            edges = []
+            for a in args:
+                edges.append(edge_of(a) if isinstance(a, Tensor) else None)
+            node.next_functions = tuple(edges)
+            node.needs_input_grad = tuple(e is not None for e in edges)
+        else:
+            node.needs_input_grad = (False,) * len(args)
         prev = state.enabled
         state.enabled = False
         try:
@@ -153,14 +162,6 @@ class Function(metaclass=FunctionMeta):
         if not record:
             node._saved = None
             return out
-        edges = []
-        needs = []
-        for a in args:
-            e = edge_of(a) if isinstance(a, Tensor) else None
-            edges.append(e)
-            needs.append(e is not None)
-        node.next_functions = tuple(edges)
-        node.needs_input_grad = tuple(needs)
         outs = out if isinstance(out, tuple) else (out,)
         meta = []
         non_diff = node._non_diff

@@ -181,8 +181,9 @@ def gather(x, dim, index):
 
 def _along_axis_index(xp, index, dim):
     """Full index tuple for put-along-axis with duplicates (for add.at)."""
-    grids = xp.indices(index.shape, sparse=True)
-    return tuple(index if i == dim else grids[i] for i in range(index.ndim))
+    nd = index.ndim
+    grids = [xp.arange(n).reshape((1,) * i + (n,) + (1,) * (nd - i - 1)) for i, n in enumerate(index.shape)]
+    return tuple(index if i == dim else grids[i] for i in range(nd))
 
 
 class ScatterAdd(Function):
