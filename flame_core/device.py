@@ -15,7 +15,7 @@ class Device:
         elif isinstance(type, str) and ":" in type:
             type, _, idx = type.partition(":")
             if not idx.isdigit():
-                raise DeviceError(f"invalid device string {type}:{idx!r}; expected 'cpu', 'cuda' or 'cuda:N'")
+                raise DeviceError(f"invalid device string '{type}:{idx}'; expected 'cpu', 'cuda' or 'cuda:N'")
             index = int(idx)
         if type not in ("cpu", "cuda"):
             raise DeviceError(f"unknown device type {type!r}; expected 'cpu', 'cuda' or 'cuda:N'")

@@ -22,6 +22,7 @@ class Tensor:
     _hooks = None
     _retains_grad = False
     _name = None
+    _f8 = False  # cuda float8_e4m3fn: raw bytes in a uint8 array (CuPy has no fp8 dtype)
 
     def __init__(self, data=None, *, dtype=None, device=None, requires_grad=False):
         from .ops.creation import _array_from
@@ -40,6 +41,8 @@ class Tensor:
 
     @property
     def dtype(self):
+        if self._f8:
+            return D.float8_e4m3fn
         return D.dtype_of(self._data.dtype)
 
     @property
@@ -147,6 +150,8 @@ class Tensor:
         t = _new(Tensor)
         t._data = self._data
         t._version = self._version
+        if self._f8:
+            t._f8 = True
         return t
 
     def _detached_owned(self):
@@ -222,18 +227,24 @@ class Tensor:
                  create_graph=create_graph)
 
     # ----------------------------------------------------------------- conversion
+    def _host(self):
+        """The data as a NumPy array (fp8 bytes viewed as ml_dtypes float8)."""
+        a = backend.to_numpy(self._data)
+        return a.view(D.float8_e4m3fn.np) if self._f8 else a
+
     def numpy(self, *, force=False):
         if self.requires_grad and not force:
             raise AutogradError("Can't call numpy() on a tensor that requires grad. Use tensor.detach().numpy().")
-        return backend.to_numpy(self._data)
+        return self._host()
 
     def item(self):
         if self._data.size != 1:
             raise ValueError(f"a Tensor with {self._data.size} elements cannot be converted to a Python scalar")
-        return backend.to_numpy(self._data).reshape(()).item()
+        a = self._host().reshape(())
+        return (a.astype(np.float32) if a.dtype in (D.bfloat16.np, D.float8_e4m3fn.np) else a).item()
 
     def tolist(self):
-        a = backend.to_numpy(self._data)
+        a = self._host()
         if a.dtype.kind == "V" or a.dtype in (D.bfloat16.np, D.float8_e4m3fn.np):
             a = a.astype(np.float32)
         return a.tolist()
@@ -287,7 +298,7 @@ class Tensor:
 
     # ----------------------------------------------------------------- python protocol
     def __repr__(self):
-        a = backend.to_numpy(self._data)
+        a = self._host()
         if a.dtype in (D.bfloat16.np, D.float8_e4m3fn.np, np.dtype(np.float16)):
             a = a.astype(np.float32)
         body = np.array2string(a, separator=", ", prefix="tensor(", threshold=200, precision=4)
@@ -393,6 +404,8 @@ def _view_of(arr, base):
     t = _new(Tensor)
     t._data = arr
     t._version = base._version
+    if base._f8:
+        t._f8 = True
     return t
 
 

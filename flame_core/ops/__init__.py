@@ -132,7 +132,7 @@ def _install():
 
     def copy_(self, src, non_blocking=False):
         if isinstance(src, Tensor) and src.requires_grad and E.state.enabled:
-            return E.apply_inplace(self, lambda t, s: (s.to(t.device, t.dtype) + t * 0).expand_as(t), src)
+            return E.apply_inplace(self, lambda t, s: conversion.CopyFrom.apply(t, s), src)
         E._check_inplace(self)
         a = src._data if isinstance(src, Tensor) else src
         from .. import backend

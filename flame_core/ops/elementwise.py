@@ -17,6 +17,8 @@ _default_float = D.get_default_dtype
 def _operands(op, a, b):
     """Arrays of a and b (tensors -> arrays, scalars kept) and the PyTorch result dtype (NumPy dtype)."""
     ta, tb = isinstance(a, Tensor), isinstance(b, Tensor)
+    if (ta and a._f8) or (tb and b._f8):
+        _fp8_storage_only(op)
     if ta and tb:
         xa, xb = a._data, b._data
         dt = xa.dtype if xa.dtype == xb.dtype else D.result_type(a, b).np
@@ -68,7 +70,13 @@ def _shape(x):
     return tuple(x.shape) if isinstance(x, Tensor) else None
 
 
+def _fp8_storage_only(op):
+    raise DTypeError(f"{op}: float8_e4m3fn tensors on cuda are storage only; convert with .to(dtype) first")
+
+
 def _float_arr(x):
+    if x._f8:
+        _fp8_storage_only("elementwise op")
     a = x._data
     if a.dtype.kind != "f" and a.dtype not in (D.bfloat16.np,):
         a = a.astype(_default_float().np)

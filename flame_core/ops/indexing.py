@@ -47,7 +47,9 @@ class GetItem(Function):
                 r = np.asarray(r)
                 return _wrap(r)
             return _view_of(r, x)
-        return _wrap(r)
+        out = _wrap(r)
+        out._f8 = x._f8
+        return out
 
     @staticmethod
     def backward(ctx, g):
@@ -85,14 +87,12 @@ def _classify(idx):
 def _add_at(xp, out, idx, vals):
     if xp is np:
         np.add.at(out, idx, vals)
+    elif out.dtype.itemsize < 4:  # no 16-bit atomic adds in CuPy: accumulate in fp32
+        acc = out.astype(np.float32)
+        xp.add.at(acc, idx, vals.astype(np.float32))
+        out[...] = acc.astype(out.dtype)
     else:
-        import cupyx
-        if out.dtype.itemsize < 4:  # scatter_add has no 16-bit atomics in CuPy: accumulate in fp32
-            acc = out.astype(np.float32)
-            cupyx.scatter_add(acc, idx, vals.astype(np.float32))
-            out[...] = acc.astype(out.dtype)
-        else:
-            cupyx.scatter_add(out, idx, vals)
+        xp.add.at(out, idx, vals)
 
 
 def getitem(x, idx):

@@ -6,6 +6,7 @@ from .. import dtypes as D
 from ..autograd.function import Function
 from ..errors import ShapeError, fmt_shape
 from ..tensor import Tensor, _wrap, check_same_device
+from ..amp import autocast_mode as _amp  # autocast hook (flame_core.amp): one line per op, a flag test when off
 
 _HALF = (np.dtype(np.float16), D.bfloat16.np)
 
@@ -21,6 +22,9 @@ def _mm_arrays(a, b):
 class Matmul(Function):
     @staticmethod
     def forward(ctx, a, b):
+        if a._f8 or b._f8:
+            from .elementwise import _fp8_storage_only
+            _fp8_storage_only("matmul")
         xa, xb = a._data, b._data
         if xa.dtype != xb.dtype:
             dt = D.promote_types(a.dtype, b.dtype).np
@@ -59,6 +63,7 @@ def matmul(a, b):
     if ka != kb:
         raise ShapeError(f"matmul: shapes {fmt_shape(a.shape)} and {fmt_shape(b.shape)} cannot be multiplied "
                          f"({ka} != {kb})")
+    if _amp.active: a, b = _amp.cast_inputs("lower", a, b)  # autocast hook
     return Matmul.apply(a, b)
 
 
@@ -165,4 +170,5 @@ def einsum(equation, *operands):
         operands = tuple(operands[0])
     check_same_device("einsum", *operands)
     spec = _parse_einsum(equation, operands)
+    if _amp.active: operands = _amp.cast_inputs("lower", *operands)  # autocast hook
     return Einsum.apply(spec, *operands)

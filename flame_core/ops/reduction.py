@@ -10,6 +10,7 @@ from ..autograd.function import Function
 from ..autograd.grad_mode import state
 from ..errors import ShapeError, fmt_shape
 from ..tensor import Tensor, _wrap
+from ..amp import autocast_mode as _amp  # autocast hook (flame_core.amp): one line per op, a flag test when off
 
 values_indices = collections.namedtuple("values_indices", ["values", "indices"])
 
@@ -55,6 +56,9 @@ def _acc_dtype(a, dtype):
 class Sum(Function):
     @staticmethod
     def forward(ctx, x, axes, keepdim, dtype):
+        if x._f8:
+            from .elementwise import _fp8_storage_only
+            _fp8_storage_only("sum")
         a = x._data
         xp = backend.xp_of(a)
         dt = _acc_dtype(a, dtype)
@@ -71,12 +75,14 @@ class Sum(Function):
 
 
 def sum(x, dim=None, keepdim=False, *, dtype=None):
+    if _amp.active: (x,) = _amp.cast_inputs("fp32", x)  # autocast hook
     return Sum.apply(x, _dims(dim, x.ndim, "sum"), keepdim, dtype)
 
 
 def mean(x, dim=None, keepdim=False, *, dtype=None):
     if not (x.dtype.is_floating_point or dtype is not None):
         raise TypeError(f"mean(): could not infer output dtype; input dtype {x.dtype} is not floating point")
+    if _amp.active: (x,) = _amp.cast_inputs("fp32", x)  # autocast hook
     axes = _dims(dim, x.ndim, "mean")
     n = _count(x.shape, axes)
     s = Sum.apply(x, axes, keepdim, dtype)
@@ -380,12 +386,14 @@ class Softmax(Function):
 
 
 def softmax(x, dim=-1, dtype=None):
+    if _amp.active: (x,) = _amp.cast_inputs("fp32", x)  # autocast hook
     if dtype is not None:
         x = x.to(D.dtype(dtype))
     return Softmax.apply(x, _dims(dim, x.ndim, "softmax")[0] if x.ndim else 0, False)
 
 
 def log_softmax(x, dim=-1, dtype=None):
+    if _amp.active: (x,) = _amp.cast_inputs("fp32", x)  # autocast hook
     if dtype is not None:
         x = x.to(D.dtype(dtype))
     return Softmax.apply(x, _dims(dim, x.ndim, "log_softmax")[0] if x.ndim else 0, True)

@@ -389,7 +389,9 @@ def triu(x, diagonal=0):
 class Contiguous(Function):
     @staticmethod
     def forward(ctx, x):
-        return _wrap(backend.xp_of(x._data).ascontiguousarray(x._data))
+        out = _wrap(backend.xp_of(x._data).ascontiguousarray(x._data))
+        out._f8 = x._f8
+        return out
 
     @staticmethod
     def backward(ctx, g):
@@ -403,7 +405,9 @@ def contiguous(x):
 class Clone(Function):
     @staticmethod
     def forward(ctx, x):
-        return _wrap(x._data.copy())
+        out = _wrap(x._data.copy())
+        out._f8 = x._f8
+        return out
 
     @staticmethod
     def backward(ctx, g):

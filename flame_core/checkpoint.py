@@ -1,0 +1,245 @@
+"""Activation (gradient) checkpointing: keep a region's inputs, drop its intermediates, recompute them in backward.
+
+    y = flame_core.checkpoint(block, x)                      # the module is callable: checkpoint(fn, *args, ...)
+    y = checkpoint_sequential(blocks, segments=4, input=x)   # all but the last segment checkpointed
+    x = maybe_checkpoint(block, x, enabled=self.gradient_checkpointing, offload=self.checkpoint_offload)
+
+How it works: the region runs once without recording (only its inputs are kept, optionally copied to pinned host
+memory with `offload=True`). In backward the region runs again with grad recording on, under the RNG state
+(`preserve_rng_state=True`: the default generators of cpu and of the inputs' GPUs) and the autocast state of the
+first run, so dropout masks and bf16 casts are identical; then backward runs through that recomputed graph, which is
+freed block by block. Parameters the region uses get their gradients even when no input requires grad (frozen
+bases with LoRA), because the node is always recorded while grad mode is on.
+
+Block stacks opt in through an attribute, the way PyTorch/diffusers models do:
+
+    class Stack(Module):
+        gradient_checkpointing = False   # user: model.gradient_checkpointing = True
+        checkpoint_offload = False       # also move each checkpointed block input to pinned host memory
+        def forward(self, x):
+            for block in self.blocks:
+                x = maybe_checkpoint(block, x, enabled=self.gradient_checkpointing,
+                                     offload=self.checkpoint_offload)
+
+Limitations (as PyTorch's reentrant checkpoint): the region's gradients flow through `backward()`; with
+`autograd.grad(outputs, inputs)` the parameters inside a region are not reported and get `.grad` instead; no
+double backward (create_graph=True) through a region; tensors nested inside lists/dicts of arguments are treated
+as constants. `offload` applies to cuda tensors (cpu tensors already live in host memory).
+"""
+import sys
+import types
+
+from . import backend
+from .amp import autocast_mode as _amp
+from .autograd.engine import run_backward
+from .autograd.function import Function
+from .autograd.grad_mode import state as _grad_state, enable_grad
+from .errors import AutogradError, fmt_shape
+from . import random as _random
+from .tensor import Tensor, _wrap
+
+_DUMMY = []  # one leaf that requires grad: makes the node record even when no input requires grad
+
+
+def _dummy():
+    if not _DUMMY:
+        from .ops.creation import zeros
+        _DUMMY.append(zeros((), requires_grad=True))
+    return _DUMMY[0]
+
+
+# ----------------------------------------------------------------------------- RNG fork
+def _rng_devices(tensors):
+    devs = ["cpu"]
+    for t in tensors:
+        d = str(t.device)
+        if d not in devs:
+            devs.append(d)
+    return devs
+
+
+def _get_rng(devices):
+    return {d: _random.get_rng_state(d) for d in devices}
+
+
+def _set_rng(states):
+    for d, s in states.items():
+        _random.set_rng_state(s, d)
+
+
+# ----------------------------------------------------------------------------- pinned-host offload
+class _Offloaded:
+    """A cuda array copied to pinned host memory, asynchronously, on the current stream."""
+
+    __slots__ = ("host", "shape", "dtype", "event", "device_id")
+
+    def __init__(self, arr):
+        cp = backend.cupy
+        import cupyx
+        arr = cp.ascontiguousarray(arr)
+        self.shape, self.dtype, self.device_id = arr.shape, arr.dtype, arr.device.id
+        self.host = cupyx.empty_pinned(arr.shape, dtype=arr.dtype)
+        stream = cp.cuda.get_current_stream()
+        if arr.nbytes:
+            cp.cuda.runtime.memcpyAsync(self.host.ctypes.data, arr.data.ptr, arr.nbytes,
+                                        cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+        self.event = stream.record()
+
+    def restore(self):
+        cp = backend.cupy
+        with cp.cuda.Device(self.device_id):
+            stream = cp.cuda.get_current_stream()
+            stream.wait_event(self.event)
+            out = cp.empty(self.shape, dtype=self.dtype)
+            if out.nbytes:
+                cp.cuda.runtime.memcpyAsync(out.data.ptr, self.host.ctypes.data, out.nbytes,
+                                            cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
+        return out
+
+
+# ----------------------------------------------------------------------------- the recompute Function
+def _as_outputs(out):
+    if isinstance(out, Tensor):
+        return (out,), True
+    if isinstance(out, (tuple, list)) and all(o is None or isinstance(o, Tensor) for o in out):
+        return tuple(out), False
+    raise TypeError(f"checkpoint: the function must return a Tensor or a tuple of Tensors, got "
+                    f"{type(out).__name__}")
+
+
+class _Checkpoint(Function):
+    @staticmethod
+    def forward(ctx, _dummy_leaf, run, n_args, kw_names, preserve_rng, offload, *flat):
+        ctx.run, ctx.n_args, ctx.kw_names = run, n_args, kw_names
+        tensor_pos = [i for i, a in enumerate(flat) if isinstance(a, Tensor)]
+        tensors = [flat[i] for i in tensor_pos]
+        ctx.tensor_pos = tensor_pos
+        ctx.requires = [t.requires_grad for t in tensors]
+        ctx.constants = [None if isinstance(a, Tensor) else a for a in flat]
+        ctx.rng = _get_rng(_rng_devices(tensors)) if preserve_rng else None
+        ctx.amp = _amp.get_autocast_state()
+        ctx.offloaded = None
+        if offload and any(backend.is_cuda_array(t._data) for t in tensors):
+            ctx.offloaded = [(_Offloaded(t._data) if backend.is_cuda_array(t._data) else t.detach())
+                             for t in tensors]
+        else:
+            ctx.save_for_backward(*tensors)
+
+        out, single = _as_outputs(run(*flat[:n_args], **dict(zip(kw_names, flat[n_args:]))))
+        ctx.single = single
+        ids = {id(t) for t in tensors}
+        # outputs that are pre-existing tensors (an input returned as is, a parameter) get an alias, so the
+        # node never takes over their autograd identity
+        outs = tuple(o._alias() if o is not None and (id(o) in ids or o._requires_grad or o._grad_fn is not None)
+                     else o for o in out)
+        return outs[0] if single else outs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        if _grad_state.enabled:
+            raise AutogradError("checkpoint: backward with create_graph=True (double backward) through a "
+                                "checkpointed region is not supported; call the function without checkpoint")
+        if ctx.offloaded is not None:
+            saved = [_wrap(o.restore()) if isinstance(o, _Offloaded) else o for o in ctx.offloaded]
+        else:
+            saved = ctx.saved_tensors
+        inputs = []
+        for t, req in zip(saved, ctx.requires):
+            d = t.detach()
+            inputs.append(d.requires_grad_(True) if req else d)
+        flat = list(ctx.constants)
+        for i, t in zip(ctx.tensor_pos, inputs):
+            flat[i] = t
+        n = ctx.n_args
+
+        outer_rng = _get_rng(list(ctx.rng)) if ctx.rng is not None else None
+        try:
+            if ctx.rng is not None:
+                _set_rng(ctx.rng)
+            with _amp.restore_autocast_state(ctx.amp), enable_grad():
+                out, _ = _as_outputs(ctx.run(*flat[:n], **dict(zip(ctx.kw_names, flat[n:]))))
+        finally:
+            if outer_rng is not None:
+                _set_rng(outer_rng)
+
+        roots, root_grads = [], []
+        for k, (o, g) in enumerate(zip(out, grads)):
+            if o is None or not o.requires_grad:
+                continue
+            if g is None:
+                continue
+            if g.shape != o.shape:
+                raise AutogradError(f"checkpoint: recomputed output {k} has shape {fmt_shape(o.shape)}, the first "
+                                    f"run gave {fmt_shape(g.shape)}; the function must be deterministic in shape")
+            roots.append(o)
+            root_grads.append(g if g.dtype == o.dtype else g.to(o.dtype))
+        if roots:
+            run_backward(roots, root_grads)
+        in_grads = [None] * len(flat)
+        for i, t, req in zip(ctx.tensor_pos, inputs, ctx.requires):
+            if req:
+                in_grads[i] = t.grad
+        return (None, None, None, None, None, None, *in_grads)
+
+
+def checkpoint(function, *args, use_reentrant=None, preserve_rng_state=True, offload=False, **kwargs):
+    """Run `function(*args, **kwargs)` without keeping its intermediates; recompute them in backward.
+
+    preserve_rng_state: replay the RNG streams (dropout) of the first run in the recompute (and leave the outer
+    streams where they were). offload: keep the saved cuda inputs in pinned host memory until backward.
+    `use_reentrant` is accepted for PyTorch compatibility; FLAME has one implementation.
+    """
+    if not _grad_state.enabled:
+        return function(*args, **kwargs)
+    kw_names = tuple(kwargs)
+    flat = (*args, *kwargs.values())
+    return _Checkpoint.apply(_dummy(), function, len(args), kw_names, bool(preserve_rng_state), bool(offload),
+                             *flat)
+
+
+def checkpoint_sequential(functions, segments, input, use_reentrant=None, preserve_rng_state=True,
+                          offload=False):
+    """Split `functions` (a sequence of callables, or a module whose children are) into `segments` chunks and
+    checkpoint each chunk but the last, as torch.utils.checkpoint.checkpoint_sequential."""
+    if hasattr(functions, "children") and not isinstance(functions, (list, tuple)):
+        functions = list(functions.children())
+    functions = list(functions)
+    if not 1 <= segments <= max(len(functions), 1):
+        raise ValueError(f"checkpoint_sequential: segments must be in [1, {len(functions)}], got {segments}")
+
+    def run(start, end):
+        def forward(x):
+            for j in range(start, end + 1):
+                x = functions[j](x)
+            return x
+        return forward
+
+    size = len(functions) // segments
+    end = -1
+    for start in range(0, size * (segments - 1), size):
+        end = start + size - 1
+        input = checkpoint(run(start, end), input, preserve_rng_state=preserve_rng_state, offload=offload)
+    return run(end + 1, len(functions) - 1)(input)
+
+
+def maybe_checkpoint(function, *args, enabled=None, offload=False, preserve_rng_state=True, **kwargs):
+    """`checkpoint(function, ...)` when `enabled` (default: `function.gradient_checkpointing`) and grad mode is on,
+    else a plain call. Block stacks call this for each block (see the module docstring)."""
+    if enabled is None:
+        enabled = getattr(function, "gradient_checkpointing", False)
+    if enabled and _grad_state.enabled:
+        return checkpoint(function, *args, preserve_rng_state=preserve_rng_state, offload=offload, **kwargs)
+    return function(*args, **kwargs)
+
+
+class _CallableModule(types.ModuleType):
+    """`flame_core.checkpoint(fn, *args)` calls the function while `flame_core.checkpoint.checkpoint_sequential`
+    etc. stay reachable: the module itself is callable."""
+
+    def __call__(self, function, *args, **kwargs):
+        return checkpoint(function, *args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+__all__ = ["checkpoint", "checkpoint_sequential", "maybe_checkpoint"]

@@ -1,0 +1,295 @@
+"""safetensors files: `save_file` (atomic: temp file + os.replace), `load_file`, and `safe_open` for lazy reads.
+
+The format (https://github.com/huggingface/safetensors): 8-byte little-endian header length N, N bytes of JSON
+`{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}}` padded with spaces, then the
+raw little-endian C-order bytes of every tensor, back to back. We read and write it ourselves (a few lines) so that
+bfloat16 / float8 work with any `safetensors` version and big files stream one tensor at a time: a read maps the file
+and copies only the selected tensors, converting each to the target dtype and device on load.
+"""
+import json
+import mmap
+import os
+import tempfile
+
+import ml_dtypes
+import numpy as np
+
+from . import backend
+from . import dtypes as D
+from .device import device as _parse_device
+from .errors import FlameError, DTypeError
+
+MAX_HEADER = 100 * 1024 * 1024
+
+_TO_NP = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+          "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2, "I64": np.int64, "I32": np.int32,
+          "I16": np.int16, "I8": np.int8, "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8,
+          "BOOL": np.bool_}
+_TO_NP = {k: np.dtype(v) for k, v in _TO_NP.items()}
+_TO_ST = {v: k for k, v in _TO_NP.items()}
+
+
+class SafetensorsError(FlameError, ValueError):
+    """A file that is not valid safetensors, or a request it cannot satisfy (the message names the file)."""
+
+
+# ----------------------------------------------------------------------------- array conversion
+def _dev(device):
+    return None if device is None else _parse_device(device)
+
+
+def convert_array(arr, np_dtype=None, device=None):
+    """`arr` as `np_dtype` on `device` (None keeps either). Returns `arr` itself when nothing changes.
+
+    When the array changes device and gets narrower, the cast happens first, so fewer bytes travel.
+    """
+    dev = _dev(device)
+    np_dtype = None if np_dtype is None else np.dtype(np_dtype)
+    cast = np_dtype is not None and arr.dtype != np_dtype
+    src_cuda = backend.is_cuda_array(arr)
+    if dev is None or (dev.type == "cuda") == src_cuda and (not src_cuda or arr.device.id == dev.index):
+        return arr.astype(np_dtype) if cast else arr
+    if cast and (np_dtype.itemsize < arr.dtype.itemsize or _is_fp8(np_dtype) or _is_fp8(arr.dtype)):
+        arr = arr.astype(np_dtype)  # narrower first (and float8 casts on the host, where ml_dtypes does them)
+        cast = False
+    if dev.type == "cuda":
+        with dev.context():
+            arr = backend.xp_for(dev).asarray(arr)
+    else:
+        arr = backend.to_numpy(arr)
+    return arr.astype(np_dtype) if cast else arr
+
+
+_FP8 = (np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2))
+
+
+def _is_fp8(dt):
+    return dt in _FP8
+
+
+def _st_dtype(dt, key):
+    """safetensors name of a NumPy dtype (byte order normalised: files are little-endian)."""
+    if dt.byteorder == ">":
+        dt = dt.newbyteorder("<")
+    st = _TO_ST.get(dt)
+    if st is None:
+        raise DTypeError(f"save_file: {key!r} has dtype {dt}, which safetensors cannot store")
+    return st
+
+
+def _host_array(v, key):
+    from .tensor import Tensor
+    a = v._data if isinstance(v, Tensor) else v
+    if not (backend.is_cuda_array(a) or isinstance(a, np.ndarray)):
+        raise TypeError(f"save_file: value of {key!r} must be a Tensor or an array, got {type(v).__name__}")
+    a = backend.to_numpy(a)
+    if a.dtype.byteorder == ">":
+        a = a.byteswap().view(a.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(a)
+
+
+# ----------------------------------------------------------------------------- writing
+def _header(entries, metadata):
+    """JSON header bytes (padded to 8) for entries [(name, st_dtype, shape, nbytes)]."""
+    h, off = {}, 0
+    if metadata:
+        h["__metadata__"] = metadata
+    for name, st, shape, nbytes in entries:
+        h[name] = {"dtype": st, "shape": list(shape), "data_offsets": [off, off + nbytes]}
+        off += nbytes
+    raw = json.dumps(h, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    return raw
+
+
+def save_file(tensors, filename, metadata=None):
+    """Write `tensors` (name -> Tensor / NumPy / CuPy array) to `filename` atomically, one tensor at a time."""
+    if not hasattr(tensors, "items"):
+        raise TypeError(f"save_file expects a dict of name -> tensor, got {type(tensors).__name__}")
+    if metadata is not None:
+        bad = [(k, v) for k, v in metadata.items() if not (isinstance(k, str) and isinstance(v, str))]
+        if bad:
+            raise TypeError(f"save_file: metadata must map str -> str; offending entries: {bad[:5]}")
+        metadata = dict(metadata)
+    entries, order = [], []
+    for k, v in tensors.items():
+        if not isinstance(k, str):
+            raise TypeError(f"save_file: tensor names must be str, got {k!r}")
+        if k == "__metadata__":
+            raise ValueError("save_file: '__metadata__' is reserved; pass metadata=...")
+        arr = v._data if hasattr(v, "_data") else v
+        if not (backend.is_cuda_array(arr) or isinstance(arr, np.ndarray)):
+            raise TypeError(f"save_file: value of {k!r} must be a Tensor or an array, got {type(v).__name__}")
+        entries.append((k, _st_dtype(arr.dtype, k), arr.shape, int(arr.nbytes)))
+        order.append((k, v))
+    header = _header(entries, metadata)
+    filename = os.fspath(filename)
+    folder = os.path.dirname(os.path.abspath(filename))
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(filename) + ".", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(len(header).to_bytes(8, "little"))
+            f.write(header)
+            for k, v in order:  # one host copy at a time: a GPU model never sits in host memory whole
+                a = _host_array(v, k)
+                f.write(memoryview(a.reshape(-1).view(np.uint8)))
+                del a
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, filename)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+# ----------------------------------------------------------------------------- reading
+class safe_open:
+    """Lazy reader: `with safe_open(path) as f: f.keys(); f.get_tensor(k, dtype=..., device=...)`.
+
+    Only the header is parsed on open; each get_* maps just that tensor's bytes and converts it.
+    `framework` is accepted for compatibility with the safetensors package and must be "flame" or "numpy".
+    """
+
+    def __init__(self, filename, framework="flame", device=None):
+        if framework not in ("flame", "numpy", "np"):
+            raise ValueError(f"safe_open: framework must be 'flame' or 'numpy', got {framework!r}")
+        self.filename = os.fspath(filename)
+        self._device = _dev(device)
+        self._file = open(self.filename, "rb")
+        try:
+            self._parse()
+            self._mm = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        except BaseException:
+            self._file.close()
+            raise
+
+    def _err(self, msg):
+        return SafetensorsError(f"{self.filename}: {msg}")
+
+    def _parse(self):
+        size = os.fstat(self._file.fileno()).st_size
+        if size < 8:
+            raise self._err(f"not a safetensors file: {size} bytes, shorter than the 8-byte header length")
+        n = int.from_bytes(self._file.read(8), "little")
+        if n > MAX_HEADER or 8 + n > size:
+            raise self._err(f"corrupt header: it claims {n} bytes but the file has {size - 8} after the length "
+                            f"field (truncated or not a safetensors file)")
+        raw = self._file.read(n)
+        try:
+            h = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise self._err(f"corrupt header: not valid JSON ({e})") from None
+        if not isinstance(h, dict):
+            raise self._err("corrupt header: the JSON is not an object")
+        meta = h.pop("__metadata__", None)
+        if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+            raise self._err("corrupt header: __metadata__ must map str -> str")
+        self._metadata = meta
+        self._start = 8 + n
+        data_len = size - self._start
+        self._entries, ranges = {}, []
+        for k, e in h.items():
+            try:
+                st, shape, (b, end) = e["dtype"], tuple(int(s) for s in e["shape"]), e["data_offsets"]
+            except (KeyError, TypeError, ValueError):
+                raise self._err(f"corrupt header entry for {k!r}: {e!r}") from None
+            if st not in _TO_NP:
+                raise self._err(f"tensor {k!r} has unknown dtype {st!r}")
+            want = int(np.prod(shape, dtype=np.int64)) * _TO_NP[st].itemsize
+            if any(s < 0 for s in shape) or end - b != want or b < 0:
+                raise self._err(f"tensor {k!r}: shape {list(shape)} of {st} needs {want} bytes but its offsets "
+                                f"[{b}, {end}] span {end - b}")
+            if end > data_len:
+                raise self._err(f"truncated file: tensor {k!r} ends at byte {end} of the data section, which has only "
+                                f"{data_len} bytes")
+            self._entries[k] = (st, shape, b, end)
+            ranges.append((b, end, k))
+        ranges.sort()
+        for (b0, e0, k0), (b1, e1, k1) in zip(ranges, ranges[1:]):
+            if b1 < e0:
+                raise self._err(f"corrupt header: tensors {k0!r} and {k1!r} overlap")
+
+    # --- queries
+    def keys(self):
+        return list(self._entries)
+
+    def metadata(self):
+        return dict(self._metadata) if self._metadata is not None else None
+
+    def _entry(self, key):
+        try:
+            return self._entries[key]
+        except KeyError:
+            near = [k for k in self._entries if key.split(".")[-1] in k][:5]
+            raise KeyError(f"{self.filename}: no tensor named {key!r} ({len(self._entries)} keys"
+                           + (f"; similar: {near}" if near else "") + ")") from None
+
+    def shape(self, key):
+        return self._entry(key)[1]
+
+    def dtype(self, key):
+        """The NumPy dtype stored for `key` (bfloat16 / float8 from ml_dtypes)."""
+        return _TO_NP[self._entry(key)[0]]
+
+    def get_array(self, key, dtype=None, device=None):
+        """The tensor `key` as a fresh NumPy (cpu) or CuPy (cuda) array, converted to `dtype` when given."""
+        st, shape, b, end = self._entry(key)
+        dev = _dev(device) or self._device
+        want = None if dtype is None else D.dtype(dtype).np
+        view = np.frombuffer(self._mm, dtype=_TO_NP[st], count=(end - b) // _TO_NP[st].itemsize,
+                             offset=self._start + b).reshape(shape)
+        try:
+            arr = convert_array(view, want, dev)
+            if arr is view or (isinstance(arr, np.ndarray) and not arr.flags.owndata):
+                arr = arr.copy()  # never hand out views of the mapped file
+        finally:
+            del view
+        return arr
+
+    def get_tensor(self, key, dtype=None, device=None):
+        from .tensor import _wrap
+        arr = self.get_array(key, dtype=dtype, device=device)
+        if arr.dtype not in D._BY_NP:
+            raise DTypeError(f"{self.filename}: {key!r} is stored as {arr.dtype}, which FLAME has no dtype for; "
+                             f"pass dtype=... to convert it on load")
+        return _wrap(arr)
+
+    # --- lifetime
+    def close(self):
+        if getattr(self, "_mm", None) is not None:
+            self._mm.close()
+            self._mm = None
+        if not self._file.closed:
+            self._file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def load_file(filename, device=None, dtype=None, keys=None):
+    """name -> Tensor for all tensors (or only `keys`), each converted to `dtype` (floating ones) and `device`."""
+    out = {}
+    with safe_open(filename) as f:
+        names = f.keys() if keys is None else list(keys)
+        for k in names:
+            dt = dtype if (dtype is not None and f.dtype(k).kind in "fV") else None
+            out[k] = f.get_tensor(k, dtype=dt, device=device)
+    return out
+
+
+def load_metadata(filename):
+    """The `__metadata__` dict of a file (None when absent), reading only the header."""
+    with safe_open(filename) as f:
+        return f.metadata()

@@ -1,0 +1,283 @@
+"""Finds `cuda_src/*.cu`, compiles them lazily with `cupy.RawModule` (NVRTC) and launches their kernels.
+
+API (what kernel families and other helpers call)
+-------------------------------------------------
+``enabled()``
+    True when raw kernels should run: CuPy imports, a GPU is visible, ``FLAME_KERNELS`` is not ``0`` (read at every
+    call) and no ``reference()`` block is active. Families take the NumPy/CuPy reference path otherwise.
+``reference()``
+    Context manager forcing the reference path (this thread) - for A/B checks of a kernel against its oracle.
+``get_function(file_stem, kernel_name, dtype=None)`` -> ``cupy.RawKernel``
+    ``dtype=None``: an ``extern "C"`` kernel. Otherwise ``kernel_name`` is a ``template <typename T>`` kernel
+    instantiated for the array dtype (float32 -> ``float``, float16 -> ``__half``, bfloat16 -> ``__nv_bfloat16``,
+    float64 -> ``double``). A name with more template arguments is written with a ``{T}`` placeholder, e.g.
+    ``get_function("norms", "ln_fwd<{T}, 8>", x.dtype)``.
+``load_module(file_stem, name_expressions=())`` -> ``cupy.RawModule``
+    The compiled module itself (for ``extern "C"`` families such as philox).
+``launch(kernel, grid, block, args, shared_mem=0, stream=None)``
+    Launches; ints in ``grid``/``block`` become 1-tuples; dynamic shared memory over 48 KiB is opted into.
+``cdiv(a, b)``, ``grid_1d(n, block)``
+    Ceiling division and the 1-D grid covering ``n`` items.
+``ctype(dtype)``
+    The CUDA C type name for an array dtype (raises DTypeError for the unsupported ones).
+
+Compilation
+-----------
+``#include "x.cuh"`` lines naming files in cuda_src are inlined here, each wrapped in ``#line`` directives, so that
+NVRTC reports errors against the real file and line, and so that CuPy's disk cache (``CUPY_CACHE_DIR``, keyed on
+the full source, options and name expressions) sees header edits. Every ``template <typename T> __global__`` kernel of a
+file is instantiated at once for a dtype: one NVRTC compile per (file, dtype). Templates with more parameters compile
+per expression. Compile errors raise ``flame_core.errors.KernelCompileError`` naming the file and line.
+"""
+import contextlib
+import os
+import re
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from .. import backend
+from ..errors import DTypeError, KernelCompileError
+
+CUDA_SRC = Path(os.environ.get("FLAME_CUDA_SRC", Path(__file__).resolve().parents[2] / "cuda_src"))
+NVRTC_OPTIONS = ("--std=c++17",)
+
+_local = threading.local()
+_lock = threading.Lock()
+_modules = {}     # (stem, name_expressions) -> RawModule
+_sources = {}     # stem -> expanded source text
+
+_CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "float64": "double"}
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
+_TEMPLATE_KERNEL = re.compile(
+    r"template\s*<\s*typename\s+\w+\s*>\s*__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+"
+    r"(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(")
+_ERROR_LINE = re.compile(r'^(?:"?([^"(\s]+)"?)\((\d+)\): (error|warning|catastrophic error)', re.M)
+
+
+# ----------------------------------------------------------------------------- switches
+def enabled():
+    """Whether raw kernels run (CuPy + GPU present, FLAME_KERNELS != 0, no `reference()` block)."""
+    if getattr(_local, "force_reference", 0):
+        return False
+    if not backend.env_flag("FLAME_KERNELS", True):
+        return False
+    return backend.cuda_available()
+
+
+@contextlib.contextmanager
+def reference():
+    """Run the NumPy/CuPy reference implementations inside this block (this thread only)."""
+    _local.force_reference = getattr(_local, "force_reference", 0) + 1
+    try:
+        yield
+    finally:
+        _local.force_reference -= 1
+
+
+def use_kernel(*arrays):
+    """True when every array is a CuPy array of a kernel dtype and kernels are enabled."""
+    return enabled() and all(backend.is_cuda_array(a) and a.dtype.name in ("float32", "float16", "bfloat16")
+                             for a in arrays if a is not None)
+
+
+# ----------------------------------------------------------------------------- sizes
+def cdiv(a, b):
+    return -(-int(a) // int(b))
+
+
+def grid_1d(n, block):
+    return (max(1, cdiv(n, block)),)
+
+
+def ctype(dtype):
+    name = np.dtype(dtype).name
+    try:
+        return _CTYPES[name]
+    except KeyError:
+        raise DTypeError(f"no CUDA kernel type for dtype {name} (kernels take float32, float16, bfloat16)") from None
+
+
+# ----------------------------------------------------------------------------- sources
+def _read(path):
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise KernelCompileError(f"kernel source {path} not found (looked in {CUDA_SRC}; "
+                                 f"set FLAME_CUDA_SRC to the cuda_src folder)") from None
+
+
+def _expand(path, seen):
+    """Inline local includes once each, with #line directives pointing at the original files."""
+    text = _read(path)
+    out, pos = [f'#line 1 "{path.name}"\n'], 0
+    for m in _INCLUDE.finditer(text):
+        inc = CUDA_SRC / m.group(1)
+        if not inc.exists():
+            continue  # a system header (cuda_bf16.h ...): NVRTC resolves it
+        out.append(text[pos:m.start()])
+        if inc.name not in seen:
+            seen.add(inc.name)
+            out.append(_expand(inc, seen))
+        line = text.count("\n", 0, m.end()) + 2
+        out.append(f'\n#line {line} "{path.name}"\n')
+        pos = m.end() + 1 if text[m.end():m.end() + 1] == "\n" else m.end()
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def source(stem):
+    """The expanded source of cuda_src/<stem>.cu (local headers inlined)."""
+    s = _sources.get(stem)
+    if s is None:
+        s = _sources[stem] = _expand(CUDA_SRC / f"{stem}.cu", set())
+    return s
+
+
+def template_kernels(stem):
+    """Names of the single-parameter template kernels of a file (instantiated together per dtype)."""
+    return _TEMPLATE_KERNEL.findall(source(stem))
+
+
+# ----------------------------------------------------------------------------- compile
+def _compile_error(stem, exc):
+    log = str(exc)
+    where = [f"{m.group(1)}:{m.group(2)}" for m in _ERROR_LINE.finditer(log) if m.group(3) != "warning"]
+    first = where[0] if where else f"{stem}.cu"
+    return KernelCompileError(f"NVRTC failed to compile cuda_src/{stem}.cu (first error at cuda_src/{first}):\n{log}")
+
+
+def load_module(stem, name_expressions=()):
+    """The compiled RawModule of cuda_src/<stem>.cu with these template instantiations (cached)."""
+    key = (stem, tuple(name_expressions))
+    mod = _modules.get(key)
+    if mod is not None:
+        return mod
+    cp = backend.cupy
+    if cp is None:
+        raise KernelCompileError(f"cannot compile cuda_src/{stem}.cu: CuPy is not installed")
+    with _lock:
+        mod = _modules.get(key)
+        if mod is None:
+            mod = cp.RawModule(code=source(stem), options=NVRTC_OPTIONS,
+                               name_expressions=list(name_expressions) or None)
+            try:
+                mod.compile()
+            except cp.cuda.compiler.CompileException as e:
+                raise _compile_error(stem, e) from None
+            _modules[key] = mod
+    return mod
+
+
+def get_function(stem, kernel_name, dtype=None):
+    """A RawKernel: `kernel_name` from cuda_src/<stem>.cu, instantiated for `dtype` when given."""
+    if dtype is None:
+        return load_module(stem).get_function(kernel_name)
+    t = ctype(dtype)
+    if "<" in kernel_name:
+        expr = kernel_name.replace("{T}", t)
+        return load_module(stem, (expr,)).get_function(expr)
+    names = template_kernels(stem)
+    if kernel_name not in names:
+        raise KernelCompileError(f"cuda_src/{stem}.cu has no `template <typename T> __global__` kernel "
+                                 f"{kernel_name!r} (found: {', '.join(names) or 'none'})")
+    mod = load_module(stem, tuple(f"{n}<{t}>" for n in names))
+    return mod.get_function(f"{kernel_name}<{t}>")
+
+
+# ----------------------------------------------------------------------------- launch
+def _dims(d):
+    if isinstance(d, int):
+        return (d,)
+    return tuple(int(v) for v in d)
+
+
+def launch(kernel, grid, block, args, shared_mem=0, stream=None):
+    """Launch `kernel` on `grid` x `block` with `args` (cupy arrays and numpy scalars of the C parameter types)."""
+    grid, block = _dims(grid), _dims(block)
+    if shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
+        kernel.max_dynamic_shared_size_bytes = int(shared_mem)
+    if stream is not None:
+        with stream:
+            kernel(grid, block, tuple(args), shared_mem=int(shared_mem))
+    else:
+        kernel(grid, block, tuple(args), shared_mem=int(shared_mem))
+
+
+# ----------------------------------------------------------------------------- shared helpers of the families
+def xp_of(a):
+    return backend.xp_of(a)
+
+
+def compute_dtype(dtype):
+    """The dtype references compute in: float64 stays, everything else runs in float32 (as the kernels do)."""
+    return np.float64 if np.dtype(dtype) == np.float64 else np.float32
+
+
+def contiguous(a):
+    """C-contiguous and, on the GPU, 16-byte aligned (kernels read 16-byte vectors when the base address allows it;
+    a copy is cheaper than the scalar path for the large arrays that matter)."""
+    if not a.flags.c_contiguous:
+        return backend.xp_of(a).ascontiguousarray(a)
+    if backend.is_cuda_array(a) and a.data.ptr % 16:
+        return a.copy()
+    return a
+
+
+def vec_width(dtype):
+    """Elements in a 16-byte vector of this dtype."""
+    return 16 // np.dtype(dtype).itemsize
+
+
+_sm_count = {}
+
+
+def sm_count():
+    cp = backend.cupy
+    dev = cp.cuda.Device().id
+    n = _sm_count.get(dev)
+    if n is None:
+        n = _sm_count[dev] = cp.cuda.runtime.getDeviceProperties(dev)["multiProcessorCount"]
+    return n
+
+
+MAX_VPT = 4  # keep equal to MAX_VPT in cuda_src/common.cuh
+
+
+def row_config(rows, cols, vec):
+    """(grid, block, tpr) for the row kernels: `tpr` threads per row, a power of two, enough for each thread to cache
+    at most MAX_VPT vectors of `vec` elements (at least min(32, vectors) threads; at most 1024)."""
+    nvec = max(1, cols // vec if cols % vec == 0 else cols)
+    need = cdiv(nvec, MAX_VPT)
+    tpr = 1
+    while tpr < need or tpr < min(32, nvec):
+        tpr *= 2
+    tpr = min(tpr, 1024)
+    block = tpr if tpr > 32 else 128
+    return (max(1, cdiv(rows, block // tpr)),), (block,), tpr
+
+
+def elementwise_grid(n, dtype, block=256):
+    """Grid for the grid-stride elementwise kernels over n elements read as 16-byte vectors."""
+    return (max(1, min(cdiv(cdiv(n, vec_width(dtype)), block), sm_count() * 16)),), (block,)
+
+
+def f32(v):
+    return np.float32(v)
+
+
+def i32(v):
+    v = int(v)
+    if not -2 ** 31 <= v < 2 ** 31:
+        raise ValueError(f"kernel argument {v} does not fit in int32")
+    return np.int32(v)
+
+
+def i64(v):
+    return np.int64(v)
+
+
+def null():
+    """A null pointer argument."""
+    return np.uint64(0)

@@ -1,0 +1,265 @@
+"""LayerNorm, RMSNorm (last axis) and GroupNorm (N, C, *spatial) on arrays, forward and backward.
+
+Kernels: cuda_src/norms.cu (layer / rms) and cuda_src/groupnorm.cu. Statistics are fp32 (float64 for float64 input on
+the reference path); the saved `mean` / `rstd` have shape x.shape[:-1] (layer / rms) or (N, G) (group).
+
+    layer_norm_forward(x, weight, bias, eps)            -> (y, mean, rstd)
+    layer_norm_backward(dy, x, weight, mean, rstd, bias) -> (dx, dweight, dbias)   (None where weight / bias is None)
+    rms_norm_forward(x, weight, eps)                     -> (y, rstd)
+    rms_norm_backward(dy, x, weight, rstd)               -> (dx, dweight)
+    group_norm_forward(x, num_groups, weight, bias, eps) -> (y, mean, rstd)
+    group_norm_backward(dy, x, num_groups, weight, mean, rstd, bias) -> (dx, dweight, dbias)
+"""
+import numpy as np
+
+from . import loader as L
+from ..errors import ShapeError
+
+
+def _check_affine(name, p, size, what):
+    if p is not None and (p.ndim != 1 or p.shape[0] != size):
+        raise ShapeError(f"{name}: {what} must have shape ({size},) to match the input, got {tuple(p.shape)}")
+
+
+def _rows_cols(x):
+    cols = x.shape[-1]
+    return (x.size // cols if cols else 0), cols
+
+
+def _param_args(x, *params):
+    """Pointers for the weight / bias and the flag telling the kernel they are fp32 (else x's dtype)."""
+    present = [p for p in params if p is not None]
+    if all(p.dtype == x.dtype for p in present):
+        return [L.contiguous(p) if p is not None else L.null() for p in params], 0
+    return [L.contiguous(p.astype(np.float32, copy=False)) if p is not None else L.null() for p in params], 1
+
+
+# ----------------------------------------------------------------------------- references: layer / rms
+def _layer_ref(x, weight, bias, eps, rms):
+    cd = L.compute_dtype(x.dtype)
+    xf = x.astype(cd)
+    mean = None if rms else xf.mean(axis=-1, keepdims=True)
+    xc = xf if rms else xf - mean
+    rstd = 1.0 / L.xp_of(x).sqrt((xc * xc).mean(axis=-1, keepdims=True) + cd(eps))
+    y = xc * rstd
+    if weight is not None:
+        y = y * weight.astype(cd)
+    if bias is not None:
+        y = y + bias.astype(cd)
+    return y.astype(x.dtype), (None if rms else mean[..., 0]), rstd[..., 0]
+
+
+def _layer_grad_ref(dy, x, weight, mean, rstd, bias, rms):
+    cd = L.compute_dtype(x.dtype)
+    g0, xf = dy.astype(cd), x.astype(cd)
+    rs = rstd.astype(cd)[..., None]
+    xh = (xf if rms else xf - mean.astype(cd)[..., None]) * rs
+    g = g0 * weight.astype(cd) if weight is not None else g0
+    dot = (g * xh).mean(axis=-1, keepdims=True)
+    dx = rs * (g - xh * dot) if rms else rs * (g - g.mean(axis=-1, keepdims=True) - xh * dot)
+    red = tuple(range(x.ndim - 1))
+    dw = (g0 * xh).sum(axis=red).astype(weight.dtype) if weight is not None else None
+    db = g0.sum(axis=red).astype(bias.dtype) if bias is not None else None
+    return dx.astype(x.dtype), dw, db
+
+
+# ----------------------------------------------------------------------------- kernels: layer / rms
+def _layer_fwd_kernel(x, weight, bias, eps, rms):
+    xp = L.xp_of(x)
+    x = L.contiguous(x)
+    rows, cols = _rows_cols(x)
+    (w, b), wf32 = _param_args(x, weight, bias)
+    y = xp.empty_like(x)
+    mean = None if rms else xp.empty(x.shape[:-1], dtype=np.float32)
+    rstd = xp.empty(x.shape[:-1], dtype=np.float32)
+    vec = L.vec_width(x.dtype)
+    grid, block, tpr = L.row_config(rows, cols, vec if cols % vec == 0 else 1)
+    L.launch(L.get_function("norms", "norm_fwd", x.dtype), grid, block,
+             (x, w, b, y, L.null() if rms else mean, rstd, L.i64(rows), L.i32(cols), L.f32(eps), L.i32(tpr),
+              L.i32(rms), L.i32(wf32)))
+    return y, mean, rstd
+
+
+def _column_sum(stem, kernel, part, out_dtype, batches=1):
+    """(batches, parts, cols) fp32 partial rows -> (batches, cols) sums in out_dtype."""
+    xp = L.xp_of(part)
+    cols = part.shape[-1]
+    parts = part.shape[-2]
+    kdt = out_dtype if np.dtype(out_dtype).name in ("float32", "float16", "bfloat16") else np.float32
+    out = xp.empty((batches, cols), dtype=kdt)
+    L.launch(L.get_function(stem, kernel, kdt), (L.cdiv(cols, 32), batches), (32, 32),
+             (part, out, L.i32(parts), L.i32(cols)))
+    return out.astype(out_dtype, copy=False)
+
+
+def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms):
+    xp = L.xp_of(x)
+    x = L.contiguous(x)
+    dy = L.contiguous(dy.astype(x.dtype, copy=False))
+    rows, cols = _rows_cols(x)
+    (w,), wf32 = _param_args(x, weight)
+    vec = L.vec_width(x.dtype)
+    grid, block, tpr = L.row_config(rows, cols, vec if cols % vec == 0 else 1)
+    grid = (min(grid[0], L.sm_count() * 4),)
+    parts = grid[0] * (block[0] // tpr)
+    dw_part = xp.empty((parts, cols), dtype=np.float32) if weight is not None else None
+    db_part = xp.empty((parts, cols), dtype=np.float32) if bias is not None else None
+    dx = xp.empty_like(x)
+    mean_arg = L.null() if rms else L.contiguous(mean.astype(np.float32, copy=False))
+    L.launch(L.get_function("norms", "norm_bwd", x.dtype), grid, block,
+             (dy, x, w, mean_arg, L.contiguous(rstd.astype(np.float32, copy=False)), dx,
+              L.null() if dw_part is None else dw_part, L.null() if db_part is None else db_part,
+              L.i64(rows), L.i32(cols), L.i32(tpr), L.i32(rms), L.i32(wf32)))
+    dw = _column_sum("norms", "column_sum", dw_part, weight.dtype)[0] if weight is not None else None
+    db = _column_sum("norms", "column_sum", db_part, bias.dtype)[0] if bias is not None else None
+    return dx, dw, db
+
+
+# ----------------------------------------------------------------------------- API: layer / rms
+def layer_norm_forward(x, weight=None, bias=None, eps=1e-5):
+    _check_affine("layer_norm", weight, x.shape[-1], "weight")
+    _check_affine("layer_norm", bias, x.shape[-1], "bias")
+    if L.use_kernel(x) and x.size:
+        return _layer_fwd_kernel(x, weight, bias, eps, 0)
+    return _layer_ref(x, weight, bias, eps, False)
+
+
+def layer_norm_backward(dy, x, weight, mean, rstd, bias=None):
+    if L.use_kernel(x) and x.size:
+        return _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, 0)
+    return _layer_grad_ref(dy, x, weight, mean, rstd, bias, False)
+
+
+def rms_norm_forward(x, weight=None, eps=1e-6):
+    _check_affine("rms_norm", weight, x.shape[-1], "weight")
+    if L.use_kernel(x) and x.size:
+        y, _, rstd = _layer_fwd_kernel(x, weight, None, eps, 1)
+    else:
+        y, _, rstd = _layer_ref(x, weight, None, eps, True)
+    return y, rstd
+
+
+def rms_norm_backward(dy, x, weight, rstd):
+    if L.use_kernel(x) and x.size:
+        dx, dw, _ = _layer_bwd_kernel(dy, x, weight, None, rstd, None, 1)
+    else:
+        dx, dw, _ = _layer_grad_ref(dy, x, weight, None, rstd, None, True)
+    return dx, dw
+
+
+# ----------------------------------------------------------------------------- group norm
+def _gn_check(x, num_groups, weight, bias):
+    if x.ndim < 2:
+        raise ShapeError(f"group_norm: expected input (N, C, *), got shape {tuple(x.shape)}")
+    c = x.shape[1]
+    if num_groups <= 0 or c % num_groups:
+        raise ShapeError(f"group_norm: {c} channels (input shape {tuple(x.shape)}) are not divisible into "
+                         f"{num_groups} groups")
+    _check_affine("group_norm", weight, c, "weight")
+    _check_affine("group_norm", bias, c, "bias")
+
+
+def _gn_ref(x, g, weight, bias, eps):
+    n, c = x.shape[:2]
+    cd = L.compute_dtype(x.dtype)
+    xf = x.astype(cd).reshape(n, g, -1)
+    mean = xf.mean(axis=-1, keepdims=True)
+    xc = xf - mean
+    rstd = 1.0 / L.xp_of(x).sqrt((xc * xc).mean(axis=-1, keepdims=True) + cd(eps))
+    y = (xc * rstd).reshape(n, c, -1)
+    if weight is not None:
+        y = y * weight.astype(cd)[:, None]
+    if bias is not None:
+        y = y + bias.astype(cd)[:, None]
+    return y.reshape(x.shape).astype(x.dtype), mean[..., 0], rstd[..., 0]
+
+
+def _gn_grad_ref(dy, x, g, weight, mean, rstd, bias):
+    n, c = x.shape[:2]
+    cd = L.compute_dtype(x.dtype)
+    g0 = dy.astype(cd).reshape(n, c, -1)
+    xh = ((x.astype(cd).reshape(n, g, -1) - mean.astype(cd)[..., None]) * rstd.astype(cd)[..., None])
+    xh = xh.reshape(n, c, -1)
+    gw = g0 * weight.astype(cd)[:, None] if weight is not None else g0
+    gw_g, xh_g = gw.reshape(n, g, -1), xh.reshape(n, g, -1)
+    dx = rstd.astype(cd)[..., None] * (gw_g - gw_g.mean(axis=-1, keepdims=True)
+                                       - xh_g * (gw_g * xh_g).mean(axis=-1, keepdims=True))
+    dw = (g0 * xh).sum(axis=(0, 2)).astype(weight.dtype) if weight is not None else None
+    db = g0.sum(axis=(0, 2)).astype(bias.dtype) if bias is not None else None
+    return dx.reshape(x.shape).astype(x.dtype), dw, db
+
+
+def _gn_splits(rows, hw):
+    return max(1, min(L.cdiv(L.sm_count() * 8, rows), L.cdiv(hw, 2048), 1024))
+
+
+def _gn_partials(x, dy, rows, hw, splits):
+    xp = L.xp_of(x)
+    p0 = xp.empty((rows * splits,), dtype=np.float32)
+    p1 = xp.empty((rows * splits,), dtype=np.float32)
+    L.launch(L.get_function("groupnorm", "gn_partials", x.dtype), (rows * splits,), (256,),
+             (x, L.null() if dy is None else dy, p0, p1, L.i64(hw), L.i32(splits)))
+    return p0, p1
+
+
+def _f32_or_null(p):
+    return L.null() if p is None else L.contiguous(p.astype(np.float32, copy=False))
+
+
+def _gn_fwd_kernel(x, g, weight, bias, eps):
+    xp = L.xp_of(x)
+    x = L.contiguous(x)
+    n, c = x.shape[:2]
+    hw = x.size // (n * c)
+    rows, splits = n * c, _gn_splits(n * c, hw)
+    p0, p1 = _gn_partials(x, None, rows, hw, splits)
+    mean = xp.empty((n, g), dtype=np.float32)
+    rstd = xp.empty((n, g), dtype=np.float32)
+    a = xp.empty((rows,), dtype=np.float32)
+    b = xp.empty((rows,), dtype=np.float32)
+    L.launch(L.get_function("groupnorm", "gn_fwd_finalize"), (L.cdiv(n * g, 128),), (128,),
+             (p0, p1, _f32_or_null(weight), _f32_or_null(bias), mean, rstd, a, b, L.i32(n), L.i32(c), L.i32(g),
+              L.i64(hw), L.i32(splits), L.i32(L.vec_width(x.dtype)), L.f32(eps)))
+    y = xp.empty_like(x)
+    grid, block = L.elementwise_grid(x.size, x.dtype)
+    L.launch(L.get_function("groupnorm", "gn_apply", x.dtype), grid, block, (x, a, b, y, L.i64(x.size), L.i64(hw)))
+    return y, mean, rstd
+
+
+def _gn_bwd_kernel(dy, x, g, weight, mean, rstd, bias):
+    xp = L.xp_of(x)
+    x = L.contiguous(x)
+    dy = L.contiguous(dy.astype(x.dtype, copy=False))
+    n, c = x.shape[:2]
+    hw = x.size // (n * c)
+    rows, splits = n * c, _gn_splits(n * c, hw)
+    p0, p1 = _gn_partials(x, dy, rows, hw, splits)
+    p, q, r = (xp.empty((rows,), dtype=np.float32) for _ in range(3))
+    dw_part = xp.empty((n, c), dtype=np.float32) if weight is not None else None
+    db_part = xp.empty((n, c), dtype=np.float32) if bias is not None else None
+    L.launch(L.get_function("groupnorm", "gn_bwd_finalize"), (L.cdiv(n * g, 128),), (128,),
+             (p0, p1, _f32_or_null(weight), L.contiguous(mean.astype(np.float32, copy=False)),
+              L.contiguous(rstd.astype(np.float32, copy=False)), p, q, r,
+              L.null() if dw_part is None else dw_part, L.null() if db_part is None else db_part,
+              L.i32(n), L.i32(c), L.i32(g), L.i64(hw), L.i32(splits)))
+    dx = xp.empty_like(x)
+    grid, block = L.elementwise_grid(x.size, x.dtype)
+    L.launch(L.get_function("groupnorm", "gn_bwd_apply", x.dtype), grid, block,
+             (dy, x, p, q, r, dx, L.i64(x.size), L.i64(hw)))
+    dw = _column_sum("groupnorm", "gn_column_sum", dw_part, weight.dtype)[0] if weight is not None else None
+    db = _column_sum("groupnorm", "gn_column_sum", db_part, bias.dtype)[0] if bias is not None else None
+    return dx, dw, db
+
+
+def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
+    _gn_check(x, num_groups, weight, bias)
+    if L.use_kernel(x) and x.size:
+        return _gn_fwd_kernel(x, num_groups, weight, bias, eps)
+    return _gn_ref(x, num_groups, weight, bias, eps)
+
+
+def group_norm_backward(dy, x, num_groups, weight, mean, rstd, bias=None):
+    _gn_check(x, num_groups, weight, bias)
+    if L.use_kernel(x) and x.size:
+        return _gn_bwd_kernel(dy, x, num_groups, weight, mean, rstd, bias)
+    return _gn_grad_ref(dy, x, num_groups, weight, mean, rstd, bias)

@@ -1,0 +1,380 @@
+"""Caching device allocator: size classes, per-stream free lists, split on demand, lazy coalescing, a limit.
+
+The pool knows nothing about CUDA: a backend object gives it raw memory (`malloc(nbytes) -> int address`,
+`free(ptr, nbytes)`, `stream_key()`), so the same logic runs under a fake backend in CPU tests and under
+`flame_core.memory.cuda.CudaBackend` (cudaMalloc / cudaFree) on a GPU.
+
+Size classes (request -> rounded block size, where the block comes from):
+  small   request <  1 MiB   512 B steps          carved from 2 MiB segments
+  medium  1 MiB .. < 10 MiB  64 KiB steps         carved from 20 MiB segments
+  large   >= 10 MiB          2 MiB steps          a segment of exactly the rounded size (may be split later)
+  huge    rounded >= 1 GiB   2 MiB steps          allocated directly: its own segment, reused only by a request
+                                                  of the same rounded size, never split
+Fragmentation: blocks are split on demand (best fit within the class) and adjacent free blocks are coalesced
+lazily -- when a request finds no free block large enough and a free has left neighbours free ("dirty"), and
+before any segment is released -- not on every free. In a training loop the same sizes recur each step, so the
+steady state is exact free-list hits (one dict lookup and a list pop) with no splitting or merging.
+
+Free lists are per stream (the stream current at allocation): a block freed by the host while kernels on its
+stream may still use it is only handed to later work on that same stream, which runs after them.
+
+Limit: `limit` caps reserved bytes (what the pool holds from the device). A request that would need a segment
+beyond the limit (or that the device refuses) first releases every cached segment of the device, retries, and
+only then raises `OutOfMemoryError` with a report of what holds memory; the pool stays usable.
+"""
+import bisect
+import threading
+
+from ..errors import OutOfMemoryError
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+SMALL_MAX, SMALL_STEP, SMALL_SEGMENT = 1 * MiB, 512, 2 * MiB
+MEDIUM_MAX, MEDIUM_STEP, MEDIUM_SEGMENT = 10 * MiB, 64 * KiB, 20 * MiB
+LARGE_STEP = 2 * MiB
+HUGE_MIN = 1 * GiB
+SMALL, MEDIUM, LARGE, HUGE = 0, 1, 2, 3
+KIND_NAMES = ("small", "medium", "large", "huge")
+
+
+class DeviceOutOfMemory(Exception):
+    """Raised by a backend when the device refuses an allocation."""
+
+
+def round_size(nbytes, huge_min=HUGE_MIN):
+    """(rounded block size, size class) of a request of `nbytes` bytes."""
+    if nbytes < SMALL_MAX:
+        return max(SMALL_STEP, (nbytes + SMALL_STEP - 1) & -SMALL_STEP), SMALL
+    if nbytes < MEDIUM_MAX:
+        return (nbytes + MEDIUM_STEP - 1) & -MEDIUM_STEP, MEDIUM
+    r = (nbytes + LARGE_STEP - 1) & -LARGE_STEP
+    return r, (HUGE if r >= huge_min else LARGE)
+
+
+class Block:
+    """A piece of a segment: live (handed out) or free (in its sub-pool's free list)."""
+    __slots__ = ("ptr", "size", "requested", "seg", "sub", "prev", "next", "free", "tag")
+
+    def __init__(self, ptr, size, seg, sub):
+        self.ptr, self.size, self.seg, self.sub = ptr, size, seg, sub
+        self.requested = 0
+        self.prev = self.next = None
+        self.free = True
+        self.tag = None  # (shape, dtype, origin) of the tensor born on it; set by the tensor birth hook
+
+
+class Segment:
+    """One backend allocation; its blocks form an address-ordered linked list starting at `head`."""
+    __slots__ = ("ptr", "size", "head")
+
+    def __init__(self, ptr, size):
+        self.ptr, self.size, self.head = ptr, size, None
+
+
+class _SubPool:
+    """Free blocks of one size class on one stream: size -> [blocks], plus the sorted sizes for best fit."""
+    __slots__ = ("kind", "stream", "free", "sizes", "dirty", "segments")
+
+    def __init__(self, kind, stream):
+        self.kind, self.stream = kind, stream
+        self.free = {}
+        self.sizes = []  # sorted keys of `free` (a key may map to an empty list until a search drops it)
+        self.dirty = False  # some free block has a free neighbour
+        self.segments = set()
+
+
+class DevicePool:
+    """Caching allocator for one device. `malloc(nbytes) -> ptr`, `free(ptr)`; stats as attributes."""
+
+    def __init__(self, backend, name="device", huge_min=HUGE_MIN):
+        self.backend = backend
+        self.name = name
+        self.huge_min = huge_min
+        self.limit = None
+        self.observer = None  # profiler callback(event, pool, block), None when no profiler is active
+        self._streams = {}  # stream key -> [small, medium, large, huge] sub-pools
+        self._live = {}  # ptr -> Block
+        self._lock = threading.Lock()
+        self._pending = []  # frees that arrived while the lock was held (GC inside malloc, other threads)
+        self.allocated = self.reserved = self.requested = 0
+        self.peak_allocated = self.peak_reserved = 0
+        self.num_alloc = self.num_free = self.cache_hits = self.cache_misses = 0
+        self.num_splits = self.num_merges = self.num_device_alloc = self.num_device_free = 0
+        self.num_alloc_retries = self.num_ooms = 0
+        self.bytes_allocated_total = self.bytes_freed_total = 0
+
+    # ------------------------------------------------------------------ hot path
+    def malloc(self, nbytes):
+        if nbytes < SMALL_MAX:
+            r = (nbytes + 511) & -512 or 512
+            kind = 0
+        elif nbytes < MEDIUM_MAX:
+            r = (nbytes + 65535) & -65536
+            kind = 1
+        else:
+            r = (nbytes + LARGE_STEP - 1) & -LARGE_STEP
+            kind = 3 if r >= self.huge_min else 2
+        stream = self.backend.stream_key()
+        with self._lock:
+            if self._pending:
+                self._drain()
+            subs = self._streams.get(stream)
+            if subs is None:
+                subs = self._streams[stream] = [_SubPool(k, stream) for k in range(4)]
+            sub = subs[kind]
+            lst = sub.free.get(r)
+            if lst:
+                blk = lst.pop()
+                self.cache_hits += 1
+            else:
+                blk = self._miss(sub, r, nbytes)
+                self.cache_misses += 1
+            blk.free = False
+            blk.requested = nbytes
+            self._live[blk.ptr] = blk
+            self.num_alloc += 1
+            self.requested += nbytes
+            self.bytes_allocated_total += r
+            a = self.allocated = self.allocated + r
+            if a > self.peak_allocated:
+                self.peak_allocated = a
+            if self._pending:
+                self._drain()
+        if self.observer is not None:
+            self.observer("alloc", self, blk)
+        return blk.ptr
+
+    def free(self, ptr):
+        if not self._lock.acquire(False):  # re-entered from GC inside malloc, or another thread: defer
+            self._pending.append(ptr)
+            return
+        try:
+            blk = self._free_locked(ptr)
+            if self._pending:
+                self._drain()
+        finally:
+            self._lock.release()
+        if self.observer is not None and blk is not None:
+            self.observer("free", self, blk)
+
+    def _free_locked(self, ptr):
+        blk = self._live.pop(ptr, None)
+        if blk is None:
+            return None
+        blk.free = True
+        blk.tag = None
+        size = blk.size
+        self.allocated -= size
+        self.requested -= blk.requested
+        self.bytes_freed_total += size
+        self.num_free += 1
+        sub = blk.sub
+        lst = sub.free.get(size)
+        if lst is None:
+            sub.free[size] = [blk]
+            bisect.insort(sub.sizes, size)
+        else:
+            lst.append(blk)
+        if not sub.dirty:
+            p, n = blk.prev, blk.next
+            if (p is not None and p.free) or (n is not None and n.free):
+                sub.dirty = True
+        return blk
+
+    def _drain(self):
+        while self._pending:
+            blk = self._free_locked(self._pending.pop())
+            if self.observer is not None and blk is not None:
+                self.observer("free", self, blk)
+
+    # ------------------------------------------------------------------ misses
+    def _miss(self, sub, r, nbytes):
+        blk = None
+        if sub.kind != HUGE:
+            blk = self._best_fit(sub, r)
+            if blk is None and sub.dirty:
+                self._coalesce(sub)
+                blk = self._best_fit(sub, r)
+        if blk is None:
+            blk = self._new_segment(sub, r, nbytes)
+        if blk.size > r:
+            self._split(blk, r)
+        return blk
+
+    @staticmethod
+    def _best_fit(sub, r):
+        sizes, free = sub.sizes, sub.free
+        i = bisect.bisect_left(sizes, r)
+        while i < len(sizes):
+            s = sizes[i]
+            lst = free[s]
+            if lst:
+                return lst.pop()
+            del sizes[i]
+            del free[s]
+        return None
+
+    def _split(self, blk, r):
+        rest = Block(blk.ptr + r, blk.size - r, blk.seg, blk.sub)
+        rest.prev, rest.next = blk, blk.next
+        if blk.next is not None:
+            blk.next.prev = rest
+        blk.next = rest
+        blk.size = r
+        self.num_splits += 1
+        sub = blk.sub
+        lst = sub.free.get(rest.size)
+        if lst is None:
+            sub.free[rest.size] = [rest]
+            bisect.insort(sub.sizes, rest.size)
+        else:
+            lst.append(rest)
+        if rest.next is not None and rest.next.free:
+            sub.dirty = True
+
+    def _coalesce(self, sub, release=False):
+        """Merge runs of adjacent free blocks; with `release`, give wholly free segments back to the backend.
+        Rebuilds the sub-pool's free lists. Returns the bytes released."""
+        released = 0
+        free = {}
+        for seg in list(sub.segments):
+            b = seg.head
+            while b is not None:
+                if b.free:
+                    n = b.next
+                    while n is not None and n.free:
+                        b.size += n.size
+                        b.next = n.next
+                        if n.next is not None:
+                            n.next.prev = b
+                        self.num_merges += 1
+                        n = b.next
+                    if release and b is seg.head and b.next is None:
+                        self._release_segment(sub, seg)
+                        released += seg.size
+                    else:
+                        free.setdefault(b.size, []).append(b)
+                b = b.next
+        sub.free = free
+        sub.sizes = sorted(free)
+        sub.dirty = False
+        return released
+
+    # ------------------------------------------------------------------ segments
+    def _new_segment(self, sub, r, nbytes):
+        kind = sub.kind
+        full = SMALL_SEGMENT if kind == SMALL else MEDIUM_SEGMENT if kind == MEDIUM else r
+        sizes = (full, r) if full != r else (r,)
+        freed_cache = 0
+        for attempt in (0, 1):
+            for size in sizes:
+                if self.limit is not None and self.reserved + size > self.limit:
+                    continue
+                try:
+                    ptr = self.backend.malloc(size)
+                except DeviceOutOfMemory:
+                    continue
+                return self._add_segment(sub, ptr, size)
+            if attempt == 0:
+                self.num_alloc_retries += 1
+                freed_cache = self._release_cached()
+                release_foreign = getattr(self.backend, "release_foreign", None)
+                if release_foreign is not None:
+                    release_foreign()
+                if kind != HUGE:  # merging may have made a large enough free block
+                    blk = self._best_fit(sub, r)
+                    if blk is not None:
+                        return blk
+        self.num_ooms += 1
+        from .stats import oom_message
+        raise OutOfMemoryError(oom_message(self, nbytes, r, KIND_NAMES[kind] + " class", freed_cache))
+
+    def _add_segment(self, sub, ptr, size):
+        seg = Segment(ptr, size)
+        blk = seg.head = Block(ptr, size, seg, sub)
+        sub.segments.add(seg)
+        self.num_device_alloc += 1
+        self.reserved += size
+        if self.reserved > self.peak_reserved:
+            self.peak_reserved = self.reserved
+        return blk
+
+    def _release_segment(self, sub, seg):
+        sub.segments.discard(seg)
+        self.backend.free(seg.ptr, seg.size)
+        self.num_device_free += 1
+        self.reserved -= seg.size
+
+    def _release_cached(self):
+        released = 0
+        for subs in self._streams.values():
+            for sub in subs:
+                released += self._coalesce(sub, release=True)
+        return released
+
+    # ------------------------------------------------------------------ maintenance / introspection
+    def empty_cache(self):
+        """Give every wholly free segment back to the device. Returns the bytes released."""
+        with self._lock:
+            if self._pending:
+                self._drain()
+            return self._release_cached()
+
+    def reset_peak(self):
+        self.peak_allocated = self.allocated
+        self.peak_reserved = self.reserved
+
+    def set_limit(self, nbytes):
+        """Cap reserved bytes (None: no cap). Lowering the cap below what is reserved releases the cache first."""
+        self.limit = None if nbytes is None else int(nbytes)
+        if self.limit is not None and self.reserved > self.limit:
+            self.empty_cache()
+
+    def tag(self, ptr, tag):
+        blk = self._live.get(ptr)
+        if blk is not None and blk.tag is None:
+            blk.tag = tag
+            return blk
+        return None
+
+    def live_items(self):
+        """[(bytes, shape, dtype, origin)] of live blocks (shape None for buffers no tensor was born on)."""
+        out = []
+        for blk in list(self._live.values()):
+            t = blk.tag
+            out.append((blk.size,) + t if t is not None else (blk.size, None, None, None))
+        return out
+
+    def live_blocks(self):
+        with self._lock:
+            return list(self._live.values())
+
+    def segments(self):
+        """[(segment, [blocks in address order])] for every segment of every stream and class."""
+        with self._lock:
+            out = []
+            for subs in self._streams.values():
+                for sub in subs:
+                    for seg in sub.segments:
+                        blocks, b = [], seg.head
+                        while b is not None:
+                            blocks.append(b)
+                            b = b.next
+                        out.append((seg, blocks))
+            return out
+
+    def class_bytes(self):
+        """{class name: (allocated bytes, reserved bytes)}."""
+        alloc = dict.fromkeys(KIND_NAMES, 0)
+        res = dict.fromkeys(KIND_NAMES, 0)
+        for subs in self._streams.values():
+            for sub in subs:
+                name = KIND_NAMES[sub.kind]
+                for seg in sub.segments:
+                    res[name] += seg.size
+        for blk in list(self._live.values()):
+            alloc[KIND_NAMES[blk.sub.kind]] += blk.size
+        return {k: (alloc[k], res[k]) for k in KIND_NAMES}
+
+    def device_info(self):
+        info = getattr(self.backend, "mem_info", None)
+        return info() if info is not None else None

@@ -1,0 +1,357 @@
+"""conv2d as im2col + GEMM (cuBLAS through cupy.matmul on cuda, BLAS on cpu), in bounded-memory chunks.
+
+The batch is cut into chunks whose column matrix cols(C*KH*KW, P) fits a workspace budget
+(`FLAME_CONV_WORKSPACE_MB`, default 512 on cuda, 128 on cpu): a few whole images, or one band of output rows of one
+image when a single image is too big. Per chunk:
+    forward     out(O, P) = W(O, C*KH*KW) @ cols                       (grouped: one batched GEMM over groups)
+    backward    dW += dY(O, P) @ cols^T ;  dcols = W^T @ dY ;  dX (+)= col2im(dcols)
+cols is recomputed in backward rather than saved, so a conv keeps only x and w alive for backward.
+On cuda, im2col / col2im are raw kernels (cuda_src/im2col.cu); the xp reference (as_strided views) is the cpu path
+and the test oracle.
+"""
+import math
+import os
+from collections import namedtuple
+
+import numpy as np
+
+from .. import backend
+from .. import dtypes as D
+from ..amp import autocast_mode as _amp  # autocast hook: a flag test when off
+from ..autograd.function import Function
+from ..autograd.grad_mode import state
+from ..errors import AutogradError, DTypeError, ShapeError, fmt_shape
+from ..tensor import Tensor, _wrap, check_same_device
+
+Geom = namedtuple("Geom", "N C H W O KH KW sh sw ph pw dh dw OH OW G")
+_HALF = (np.dtype(np.float16), D.bfloat16.np)
+_KERNEL_DTYPES = ("float32", "float16", "bfloat16", "float64")
+_TARGET_COLS = 8192  # whole images are batched into one GEMM until it has this many columns
+
+
+def _pair(v, name):
+    if isinstance(v, int):
+        return (v, v)
+    v = tuple(int(a) for a in v)
+    if len(v) != 2:
+        raise ValueError(f"conv2d: {name} must be an int or a pair, got {v}")
+    return v
+
+
+def geometry(x_shape, w_shape, stride, padding, dilation, groups):
+    """Checked conv2d geometry (padding numeric, symmetric)."""
+    if len(x_shape) != 4 or len(w_shape) != 4:
+        raise ShapeError(f"conv2d expects input (N, C, H, W) and weight (O, C/groups, KH, KW), got "
+                         f"{fmt_shape(x_shape)} and {fmt_shape(w_shape)}")
+    N, C, H, W = x_shape
+    O, Cg, KH, KW = w_shape
+    sh, sw = _pair(stride, "stride")
+    ph, pw = _pair(padding, "padding")
+    dh, dw = _pair(dilation, "dilation")
+    if groups < 1 or C % groups or O % groups:
+        raise ShapeError(f"conv2d: groups={groups} must divide input channels {C} and output channels {O}")
+    if Cg * groups != C:
+        raise ShapeError(f"conv2d: weight {fmt_shape(w_shape)} expects {Cg * groups} input channels "
+                         f"(C/groups={Cg}, groups={groups}) but the input {fmt_shape(x_shape)} has {C}")
+    if min(sh, sw, dh, dw) < 1 or min(ph, pw) < 0:
+        raise ValueError(f"conv2d: stride {sh, sw} and dilation {dh, dw} must be >= 1, padding {ph, pw} >= 0")
+    OH = (H + 2 * ph - dh * (KH - 1) - 1) // sh + 1
+    OW = (W + 2 * pw - dw * (KW - 1) - 1) // sw + 1
+    if OH < 1 or OW < 1:
+        raise ShapeError(f"conv2d: input {fmt_shape(x_shape)} (padded by {ph, pw}) is smaller than the dilated "
+                         f"kernel {(dh * (KH - 1) + 1, dw * (KW - 1) + 1)}")
+    return Geom(N, C, H, W, O, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, groups)
+
+
+def workspace_bytes(is_cuda):
+    mb = os.environ.get("FLAME_CONV_WORKSPACE_MB")
+    return int(float(mb) * 2 ** 20) if mb else (512 if is_cuda else 128) * 2 ** 20
+
+
+def plan(g, itemsize, budget):
+    """Chunks (n0, nimg, oh0, nrows) covering the output: whole images when one fits the budget, else row bands."""
+    CK = g.C * g.KH * g.KW
+    per_row = CK * g.OW * itemsize
+    per_img = per_row * g.OH
+    if per_img <= budget:
+        k = max(1, min(g.N, budget // per_img, math.ceil(_TARGET_COLS / (g.OH * g.OW))))
+        return [(n0, min(k, g.N - n0), 0, g.OH) for n0 in range(0, g.N, k)]
+    rows = max(1, budget // per_row)
+    return [(n, 1, r0, min(rows, g.OH - r0)) for n in range(g.N) for r0 in range(0, g.OH, rows)]
+
+
+def _use_kernel(a):
+    if not backend.is_cuda_array(a) or a.dtype.name not in _KERNEL_DTYPES:
+        return False
+    from ..kernels import loader
+    return loader.enabled()
+
+
+def _is_pointwise(g):
+    return g.KH == g.KW == 1 and g.sh == g.sw == 1 and g.ph == g.pw == 0
+
+
+# ----------------------------------------------------------------------------- im2col / col2im
+def im2col(x, g, n0, nimg, oh0, nrows):
+    """Column matrix (C*KH*KW, nimg*nrows*OW) of a chunk (a view when the conv is 1x1 over one whole image)."""
+    if _is_pointwise(g) and nrows == g.OH:
+        xs = x[n0:n0 + nimg].reshape(nimg, g.C, g.H * g.W)
+        return xs[0] if nimg == 1 else backend.xp_of(x).ascontiguousarray(xs.transpose(1, 0, 2)).reshape(g.C, -1)
+    if _use_kernel(x):
+        return _im2col_cuda(x, g, n0, nimg, oh0, nrows)
+    return im2col_reference(x, g, n0, nimg, oh0, nrows)
+
+
+def im2col_reference(x, g, n0, nimg, oh0, nrows):
+    xp = backend.xp_of(x)
+    xpad = xp.pad(x[n0:n0 + nimg], ((0, 0), (0, 0), (g.ph, g.ph), (g.pw, g.pw)))
+    s0, s1, s2, s3 = xpad.strides
+    base = xpad[:, :, oh0 * g.sh:, :]
+    view = xp.lib.stride_tricks.as_strided(
+        base, shape=(nimg, g.C, g.KH, g.KW, nrows, g.OW),
+        strides=(s0, s1, g.dh * s2, g.dw * s3, g.sh * s2, g.sw * s3))
+    return xp.ascontiguousarray(view.transpose(1, 2, 3, 0, 4, 5)).reshape(g.C * g.KH * g.KW, -1)
+
+
+def col2im(dcols, dx, g, n0, nimg, oh0, nrows, accumulate):
+    """dx[n0:n0+nimg] (+)= the sum, per input element, of the column entries that read it."""
+    if _is_pointwise(g) and nrows == g.OH:
+        xp = backend.xp_of(dx)
+        d = dcols.reshape(g.C, nimg, g.H, g.W).transpose(1, 0, 2, 3)
+        if accumulate:
+            dx[n0:n0 + nimg] += d
+        else:
+            dx[n0:n0 + nimg] = d
+        return
+    if _use_kernel(dx):
+        return _col2im_cuda(dcols, dx, g, n0, nimg, oh0, nrows, accumulate)
+    return col2im_reference(dcols, dx, g, n0, nimg, oh0, nrows, accumulate)
+
+
+def col2im_reference(dcols, dx, g, n0, nimg, oh0, nrows, accumulate):
+    xp = backend.xp_of(dcols)
+    acc_dt = np.float32 if dx.dtype in _HALF else dx.dtype
+    dpad = xp.zeros((nimg, g.C, g.H + 2 * g.ph, g.W + 2 * g.pw), dtype=acc_dt)
+    d6 = dcols.reshape(g.C, g.KH, g.KW, nimg, nrows, g.OW)
+    for kh in range(g.KH):
+        h0 = oh0 * g.sh + kh * g.dh
+        for kw in range(g.KW):
+            w0 = kw * g.dw
+            dpad[:, :, h0:h0 + g.sh * (nrows - 1) + 1:g.sh, w0:w0 + g.sw * (g.OW - 1) + 1:g.sw] += \
+                d6[:, kh, kw].transpose(1, 0, 2, 3)
+    res = dpad[:, :, g.ph:g.ph + g.H, g.pw:g.pw + g.W]
+    if accumulate:
+        res = res + dx[n0:n0 + nimg]
+    dx[n0:n0 + nimg] = res.astype(dx.dtype, copy=False)
+
+
+_ROWS_PER_BLOCK = 8  # IM2COL_ROWS in cuda_src/im2col.cu
+
+
+def _im2col_cuda(x, g, n0, nimg, oh0, nrows):
+    from ..kernels import loader
+    cp = backend.cupy
+    x = cp.ascontiguousarray(x)
+    CK = g.C * g.KH * g.KW
+    P = nimg * nrows * g.OW
+    cols = cp.empty((CK, P), dtype=x.dtype)
+    fn = loader.get_function("im2col", "im2col_kernel", x.dtype)
+    img = g.C * g.H * g.W
+    i32 = np.int32
+    loader.launch(fn, (loader.cdiv(P, 256), loader.cdiv(CK, _ROWS_PER_BLOCK)), (256,),
+                  (x[n0:n0 + nimg], cols, i32(g.C), i32(g.H), i32(g.W), i32(g.KH), i32(g.KW), i32(g.sh), i32(g.sw),
+                   i32(g.ph), i32(g.pw), i32(g.dh), i32(g.dw), i32(g.OW), i32(nrows), i32(oh0), np.int64(P),
+                   np.int64(img)))
+    return cols
+
+
+def _col2im_cuda(dcols, dx, g, n0, nimg, oh0, nrows, accumulate):
+    from ..kernels import loader
+    cp = backend.cupy
+    dcols = cp.ascontiguousarray(dcols)
+    P = nimg * nrows * g.OW
+    # the input rows this chunk's output rows read
+    h_lo = max(0, oh0 * g.sh - g.ph)
+    h_hi = min(g.H, (oh0 + nrows - 1) * g.sh - g.ph + (g.KH - 1) * g.dh + 1)
+    nh = h_hi - h_lo
+    if nh <= 0:
+        return
+    total = nimg * g.C * nh * g.W
+    fn = loader.get_function("im2col", "col2im_kernel", dx.dtype)
+    i32 = np.int32
+    loader.launch(fn, (loader.cdiv(total, 256),), (256,),
+                  (dcols, dx[n0:n0 + nimg], i32(g.C), i32(g.H), i32(g.W), i32(g.KH), i32(g.KW), i32(g.sh),
+                   i32(g.sw), i32(g.ph), i32(g.pw), i32(g.dh), i32(g.dw), i32(g.OW), i32(nrows), i32(oh0),
+                   np.int64(P), np.int64(g.C * g.H * g.W), i32(h_lo), i32(nh), np.int64(total),
+                   i32(1 if accumulate else 0)))
+
+
+# ----------------------------------------------------------------------------- GEMMs
+def _mm(a, b, out=None):
+    """a @ b (2-D or batched) into `out`; NumPy half types multiply in float32."""
+    xp = backend.xp_of(a)
+    if xp is np and a.dtype in _HALF:
+        r = np.matmul(a.astype(np.float32), b.astype(np.float32))
+        if out is None:
+            return r.astype(a.dtype)
+        out[...] = r
+        return out
+    if out is None:
+        return xp.matmul(a, b)
+    return xp.matmul(a, b, out=out)
+
+
+def _forward_chunk(w3, cols, out, g):
+    """out(O, P) = W @ cols, group by group in one (batched) GEMM. w3 is (G, O/G, C/G*KH*KW)."""
+    if g.G == 1:
+        _mm(w3[0], cols, out)
+    else:
+        _mm(w3, cols.reshape(g.G, -1, cols.shape[1]), out.reshape(g.G, -1, cols.shape[1]))
+
+
+def conv2d_forward(x, w, g):
+    """y (N, O, OH, OW) = conv2d(x, w) without bias, on arrays."""
+    xp = backend.xp_of(x)
+    x = xp.ascontiguousarray(x)
+    w3 = xp.ascontiguousarray(w).reshape(g.G, g.O // g.G, -1)
+    y = xp.empty((g.N, g.O, g.OH, g.OW), dtype=x.dtype)
+    budget = workspace_bytes(xp is not np)
+    for n0, nimg, oh0, nrows in plan(g, x.itemsize, budget):
+        cols = im2col(x, g, n0, nimg, oh0, nrows)
+        P = cols.shape[1]
+        if nimg == 1 and nrows == g.OH:
+            _forward_chunk(w3, cols, y[n0].reshape(g.O, P), g)
+            continue
+        out = xp.empty((g.O, P), dtype=x.dtype)
+        _forward_chunk(w3, cols, out, g)
+        if nrows == g.OH:
+            y[n0:n0 + nimg] = out.reshape(g.O, nimg, g.OH, g.OW).transpose(1, 0, 2, 3)
+        else:
+            y[n0, :, oh0:oh0 + nrows] = out.reshape(g.O, nrows, g.OW)
+        del cols, out
+    return y
+
+
+def _grad_chunk(gy, g, n0, nimg, oh0, nrows):
+    """dY of a chunk as an (O, P) matrix."""
+    xp = backend.xp_of(gy)
+    if nrows == g.OH:
+        if nimg == 1:
+            return gy[n0].reshape(g.O, -1)
+        return xp.ascontiguousarray(gy[n0:n0 + nimg].reshape(nimg, g.O, -1).transpose(1, 0, 2)).reshape(g.O, -1)
+    return xp.ascontiguousarray(gy[n0, :, oh0:oh0 + nrows]).reshape(g.O, -1)
+
+
+def conv2d_backward(gy, x, w, g, need_x=True, need_w=True):
+    """(dx, dw) of conv2d for output gradient gy (either may be None when not needed), on arrays."""
+    xp = backend.xp_of(x)
+    gy = xp.ascontiguousarray(gy)
+    x = xp.ascontiguousarray(x)
+    w3 = xp.ascontiguousarray(w).reshape(g.G, g.O // g.G, -1)
+    chunks = plan(g, x.itemsize, workspace_bytes(xp is not np) // 2)
+    banded = any(nrows != g.OH for _, _, _, nrows in chunks)
+    dx = (xp.zeros if banded else xp.empty)(x.shape, dtype=x.dtype) if need_x else None
+    dw = None
+    acc_dt = np.float32 if w.dtype in _HALF else w.dtype
+    w3t = w3.transpose(0, 2, 1)  # (G, CgK, Og)
+    for n0, nimg, oh0, nrows in chunks:
+        gc = _grad_chunk(gy, g, n0, nimg, oh0, nrows)  # (O, P)
+        P = gc.shape[1]
+        if need_w:
+            cols = im2col(x, g, n0, nimg, oh0, nrows)
+            if g.G == 1:
+                part = _mm(gc, cols.T)[None]
+            else:
+                part = _mm(gc.reshape(g.G, -1, P), cols.reshape(g.G, -1, P).transpose(0, 2, 1))
+            if len(chunks) == 1:
+                dw = part
+            elif dw is None:
+                dw = part.astype(acc_dt)
+            else:
+                dw += part
+            del cols, part
+        if need_x:
+            if g.G == 1:
+                dcols = _mm(w3t[0], gc)
+            else:
+                dcols = _mm(w3t, gc.reshape(g.G, -1, P)).reshape(-1, P)
+            col2im(dcols, dx, g, n0, nimg, oh0, nrows, accumulate=banded)
+            del dcols
+    if dw is not None:
+        dw = dw.astype(w.dtype, copy=False).reshape(w.shape)
+    return dx, dw
+
+
+def bias_grad(gy):
+    """Sum of gy over (N, OH, OW), accumulated in float32 for half types."""
+    xp = backend.xp_of(gy)
+    if gy.dtype in _HALF:
+        return gy.sum(axis=(0, 2, 3), dtype=np.float32).astype(gy.dtype)
+    return gy.sum(axis=(0, 2, 3))
+
+
+# ----------------------------------------------------------------------------- autograd
+class Conv2d(Function):
+    @staticmethod
+    def forward(ctx, x, w, b, g):
+        y = conv2d_forward(x._data, w._data, g)
+        if b is not None:
+            y += b._data.reshape(1, -1, 1, 1)
+        ctx.save_for_backward(x, w)
+        ctx.g = g
+        return _wrap(y)
+
+    @staticmethod
+    def backward(ctx, gy):
+        if state.enabled:
+            raise AutogradError("conv2d has no double backward (its backward runs on raw arrays); "
+                                "create_graph=True through a convolution is not supported")
+        x, w = ctx.saved_tensors
+        nx, nw, nb = ctx.needs_input_grad[:3]
+        dx, dw = conv2d_backward(gy._data, x._data, w._data, ctx.g, need_x=nx, need_w=nw)
+        db = bias_grad(gy._data) if nb else None
+        return (None if dx is None else _wrap(dx), None if dw is None else _wrap(dw),
+                None if db is None else _wrap(db), None)
+
+
+def _same_padding(x, w, stride, dilation):
+    """PyTorch's padding='same' (stride 1): total padding d*(k-1); the odd extra pixel goes right/bottom."""
+    if _pair(stride, "stride") != (1, 1):
+        raise ValueError("conv2d: padding='same' is only supported with stride 1")
+    dh, dw = _pair(dilation, "dilation")
+    th, tw = dh * (w.shape[2] - 1), dw * (w.shape[3] - 1)
+    lo = (th // 2, tw // 2)
+    if th % 2 or tw % 2:
+        from .indexing import pad
+        x = pad(x, (tw // 2, tw - tw // 2, th // 2, th - th // 2))
+        return x, (0, 0)
+    return x, lo
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """2-D convolution (cross-correlation), PyTorch's F.conv2d: input (N, C, H, W) or (C, H, W),
+    weight (O, C/groups, KH, KW); padding an int, a pair, 'valid' or 'same'."""
+    check_same_device("conv2d", input, weight, bias)
+    if _amp.active:
+        input, weight, bias = _amp.cast_inputs("lower", input, weight, bias)
+    for name, t in (("input", input), ("weight", weight), ("bias", bias)):
+        if t is not None and not t.dtype.is_floating_point:
+            raise DTypeError(f"conv2d: {name} must be floating point, got {t.dtype}")
+    if input.dtype != weight.dtype or (bias is not None and bias.dtype != input.dtype):
+        raise DTypeError(f"conv2d: input ({input.dtype}), weight ({weight.dtype})"
+                         + (f" and bias ({bias.dtype})" if bias is not None else "") + " must have the same dtype")
+    unbatched = input.ndim == 3
+    if unbatched:
+        input = input.unsqueeze(0)
+    if isinstance(padding, str):
+        if padding == "valid":
+            padding = 0
+        elif padding == "same":
+            input, padding = _same_padding(input, weight, stride, dilation)
+        else:
+            raise ValueError(f"conv2d: padding must be an int, a pair, 'valid' or 'same', got {padding!r}")
+    g = geometry(tuple(input.shape), tuple(weight.shape), stride, padding, dilation, int(groups))
+    if bias is not None and tuple(bias.shape) != (g.O,):
+        raise ShapeError(f"conv2d: bias of shape {fmt_shape(bias.shape)} for {g.O} output channels")
+    y = Conv2d.apply(input, weight, bias, g)
+    return y.squeeze(0) if unbatched else y
