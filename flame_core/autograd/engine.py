@@ -69,6 +69,7 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
                 stack.append(c)
 
     buffers = {}  # id(node) -> [node, [grad per output]]
+    owned = set()  # ids of gradient sums the engine made itself: safe to accumulate into in place
 
     def add_grad(node, idx, g):
         entry = buffers.get(id(node))
@@ -76,10 +77,17 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
             n_out = 1 if node._out_meta is None else len(node._out_meta)
             entry = buffers[id(node)] = [node, [None] * n_out]
         slot = entry[1]
-        if slot[idx] is None:
+        cur = slot[idx]
+        if cur is None:
             slot[idx] = g
+        elif not create_graph and id(cur) in owned and cur._data.dtype == g._data.dtype \
+                and cur._data.shape == g._data.shape:
+            cur._data += g._data
         else:
-            slot[idx] = slot[idx] + g
+            s_ = cur + g
+            slot[idx] = s_
+            if not create_graph:
+                owned.add(id(s_))
 
     for (node, idx), g in root_edges:
         add_grad(node, idx, g)

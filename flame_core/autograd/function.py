@@ -116,6 +116,10 @@ def edge_of(t):
     return None
 
 
+import numpy as _np
+import ml_dtypes as _ml
+
+_FLOAT_NP = frozenset(_np.dtype(d) for d in (_np.float16, _np.float32, _np.float64, _ml.bfloat16, _ml.float8_e4m3fn))
 _tensor_cls = [None]  # filled in by flame_core.tensor (avoids an import on every op)
 
 
@@ -172,7 +176,7 @@ class Function(metaclass=FunctionMeta):
             meta.append((o._data.shape, o._data.dtype, o._data))
             if non_diff is not None and id(o) in non_diff:
                 continue
-            if o.dtype.is_floating_point:
+            if o._data.dtype in _FLOAT_NP or o._f8:
                 o._grad_fn = node
                 o._out_idx = i
         saved = node._saved

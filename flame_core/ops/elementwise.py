@@ -26,15 +26,29 @@ def _operands(op, a, b):
             xa, xb = _align_devices(op, a, b)
     elif ta:
         xa, xb = a._data, b
-        dt = xa.dtype if isinstance(b, float) and xa.dtype.kind == "f" else D.result_type(a, b).np
+        dt = xa.dtype if _keeps_dtype(xa.dtype, b) else D.result_type(a, b).np
     else:
         xa, xb = a, b._data
-        dt = xb.dtype if isinstance(a, float) and xb.dtype.kind == "f" else D.result_type(a, b).np
+        dt = xb.dtype if _keeps_dtype(xb.dtype, a) else D.result_type(a, b).np
     if ta and xa.dtype != dt:
         xa = xa.astype(dt)
     if tb and xb.dtype != dt:
         xb = xb.astype(dt)
     return xa, xb, dt
+
+
+_FLOAT_NP = frozenset(np.dtype(d) for d in (np.float16, np.float32, np.float64, D.bfloat16.np, D.float8_e4m3fn.np))
+_INT_NP = frozenset(np.dtype(d) for d in (np.int8, np.int16, np.int32, np.int64, np.uint8))
+
+
+def _keeps_dtype(arr_dtype, scalar):
+    """Fast path of PyTorch promotion: a Python scalar of the same or a lower category keeps the tensor's dtype."""
+    t = type(scalar)
+    if t is float:
+        return arr_dtype in _FLOAT_NP
+    if t is int:
+        return arr_dtype in _FLOAT_NP or arr_dtype in _INT_NP
+    return False
 
 
 def _align_devices(op, a, b):
@@ -314,8 +328,24 @@ def fmod(a, b):
 
 
 # ----------------------------------------------------------------------------- unary
-def _unary(name, compute, grad, saves="x", differentiable=True):
-    """Define an elementwise Function: y = compute(xp, x_array); dx = grad(g, x, y) with Tensor ops."""
+def _pointwise_grad(kernel, g, s):
+    """One fused launch of cuda_src/pointwise_grad.cu, or None when the arrays don't qualify."""
+    from ..kernels import loader
+    if not (loader.use_kernel(g, s) and g.dtype == s.dtype and g.shape == s.shape and g.flags.c_contiguous
+            and s.flags.c_contiguous):
+        return None
+    out = backend.cupy.empty_like(g)
+    if g.size:
+        loader.launch(loader.get_function("pointwise_grad", kernel, g.dtype),
+                      min(loader.cdiv(g.size, 256), 8192), 256, (g, s, out, np.int64(g.size)))
+    return _wrap(out)
+
+
+def _unary(name, compute, grad, saves="x", differentiable=True, fused=None):
+    """Define an elementwise Function: y = compute(xp, x_array); dx = grad(g, x, y) with Tensor ops.
+
+    `fused` names a kernel of cuda_src/pointwise_grad.cu used for the first-order backward on cuda (the composed
+    Tensor-op rule stays the path for double backward and for the cpu)."""
 
     def forward(ctx, x):
         a = _float_arr(x)
@@ -327,6 +357,10 @@ def _unary(name, compute, grad, saves="x", differentiable=True):
 
     def backward(ctx, g):
         x, y = ctx.saved_tensors
+        if fused is not None and not state.enabled and backend.is_cuda_array(g._data):
+            r = _pointwise_grad(fused, g._data, (y if "y" in saves else x)._data)
+            if r is not None:
+                return r
         return grad(g, x, y)
 
     return type(name, (Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)})
@@ -360,16 +394,18 @@ Neg = _unary("Neg", lambda xp, a: -a, lambda g, x, y: -g, saves="")
 Exp = _unary("Exp", _in_f32(lambda xp, a: xp.exp(a)), lambda g, x, y: g * y, saves="y")
 Log = _unary("Log", _in_f32(lambda xp, a: xp.log(a)), lambda g, x, y: g / x)
 Log1p = _unary("Log1p", _in_f32(lambda xp, a: xp.log1p(a)), lambda g, x, y: g / (x + 1))
-Sqrt = _unary("Sqrt", _in_f32(lambda xp, a: xp.sqrt(a)), lambda g, x, y: g * 0.5 / y, saves="y")
-Rsqrt = _unary("Rsqrt", _in_f32(lambda xp, a: 1 / xp.sqrt(a)), lambda g, x, y: g * (-0.5) * y * y * y, saves="y")
+Sqrt = _unary("Sqrt", _in_f32(lambda xp, a: xp.sqrt(a)), lambda g, x, y: g * 0.5 / y, saves="y", fused="sqrt_bwd")
+Rsqrt = _unary("Rsqrt", _in_f32(lambda xp, a: 1 / xp.sqrt(a)), lambda g, x, y: g * (-0.5) * y * y * y, saves="y",
+               fused="rsqrt_bwd")
 Sin = _unary("Sin", _in_f32(lambda xp, a: xp.sin(a)), lambda g, x, y: g * cos(x))
 Cos = _unary("Cos", _in_f32(lambda xp, a: xp.cos(a)), lambda g, x, y: -g * sin(x))
-Tanh = _unary("Tanh", _in_f32(lambda xp, a: xp.tanh(a)), lambda g, x, y: g * (1 - y * y), saves="y")
+Tanh = _unary("Tanh", _in_f32(lambda xp, a: xp.tanh(a)), lambda g, x, y: g * (1 - y * y), saves="y",
+              fused="tanh_bwd")
 Sigmoid = _unary("Sigmoid", _in_f32(lambda xp, a: 0.5 * (xp.tanh(a * 0.5) + 1)), lambda g, x, y: g * y * (1 - y),
-                 saves="y")
+                 saves="y", fused="sigmoid_bwd")
 Relu = _unary("Relu", lambda xp, a: xp.maximum(a, 0).astype(a.dtype), lambda g, x, y: g * (y > 0).to(g.dtype),
-              saves="y")
-Abs = _unary("Abs", lambda xp, a: xp.abs(a), lambda g, x, y: g * sign(x))
+              saves="y", fused="relu_bwd")
+Abs = _unary("Abs", lambda xp, a: xp.abs(a), lambda g, x, y: g * sign(x), fused="abs_bwd")
 Sign = _unary("Sign", lambda xp, a: xp.sign(a), lambda g, x, y: g * 0, saves="")
 Floor = _unary("Floor", lambda xp, a: xp.floor(a), lambda g, x, y: g * 0, saves="")
 Ceil = _unary("Ceil", lambda xp, a: xp.ceil(a), lambda g, x, y: g * 0, saves="")
