@@ -27,6 +27,8 @@ from .ops.shape import (reshape, flatten, unflatten, permute, transpose, swapaxe
                         narrow, select, flip, roll, tril, triu, cat, concat, concatenate, stack, movedim)
 from .ops.indexing import gather, scatter_add, index_select, masked_fill, nonzero, pad, one_hot
 from .ops.linalg import matmul, mm, bmm, outer, dot, einsum
+from . import amp
+from . import checkpoint
 from .random import Generator, manual_seed, seed, get_rng_state, set_rng_state, default_generator
 
 __version__ = "0.1.0"

@@ -161,6 +161,11 @@ class Tensor:
         t._version = [0]
         return t
 
+    @staticmethod
+    def _from_array_copy(arr):
+        """A tensor owning a C-contiguous copy of `arr`."""
+        return _wrap(arr.copy())
+
     def detach(self):
         t = self._alias()
         return t

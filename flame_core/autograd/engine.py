@@ -16,14 +16,20 @@ def _zeros(meta):
     return _wrap(xp.zeros(shape, dtype=dt))
 
 
-def _accumulate_leaf(leaf, g, create_graph):
+def _accumulate_leaf(leaf, g, create_graph, owned):
     if leaf_grad_sink is not None and leaf_grad_sink(leaf, g):
         return
     if g._data.dtype != leaf._data.dtype:
         g = g.to(leaf.dtype)
+        owned = True
     if leaf._grad is None:
-        # detach (unless building a graph of the gradient) and own the storage: never alias another tensor's data
-        leaf._grad = g if create_graph else g._detached_owned()
+        # .grad owns its storage: a gradient the engine did not make itself may be a broadcast view or shared with
+        # another leaf (Add passes one gradient to both inputs), so it is copied unless the engine owns it
+        if create_graph:
+            leaf._grad = g
+        else:
+            leaf._grad = g._detached_owned() if owned and g._data.flags.c_contiguous else \
+                type(g)._from_array_copy(g._data)
     elif create_graph:
         leaf._grad = leaf._grad + g
     else:
@@ -122,7 +128,7 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
                         if r is not None:
                             grads[0] = r
                 if capture is None and grads[0] is not None:
-                    _accumulate_leaf(node.variable, grads[0], create_graph)
+                    _accumulate_leaf(node.variable, grads[0], create_graph, id(grads[0]) in owned)
                 continue
             if node._freed:
                 raise AutogradError("Trying to backward through the graph a second time (or to access saved tensors "

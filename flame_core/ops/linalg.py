@@ -9,13 +9,19 @@ from ..tensor import Tensor, _wrap, check_same_device
 from ..amp import autocast_mode as _amp  # autocast hook (flame_core.amp): one line per op, a flag test when off
 
 _HALF = (np.dtype(np.float16), D.bfloat16.np)
+_BF16 = np.dtype(D.bfloat16.np)
 
 
 def _mm_arrays(a, b):
     """xp.matmul; on NumPy half types are multiplied in float32 (no half BLAS) and rounded back."""
     xp = backend.xp_of(a)
-    if xp is np and a.dtype in _HALF:
-        return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
+    if xp is np:
+        if a.dtype in _HALF:
+            return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
+        return np.matmul(a, b)
+    if a.dtype == _BF16 and (a.ndim != 2 or b.ndim != 2):  # CuPy's bf16 matmul is 2-D only
+        from .cublas_matmul import matmul_bf16
+        return matmul_bf16(a, b)
     return xp.matmul(a, b)
 
 
@@ -101,7 +107,7 @@ class Einsum(Function):
                 dt = D.promote_types(D.dtype_of(dt), x.dtype).np
         arrs = [a.astype(dt, copy=False) for a in arrs]
         xp = backend.xp_of(arrs[0])
-        up = xp is np and dt in _HALF
+        up = dt in _HALF and (xp is np or dt == _BF16)  # no half BLAS in NumPy; no batched bf16 in CuPy
         if up:
             arrs = [a.astype(np.float32) for a in arrs]
         r = xp.einsum(",".join(ins) + "->" + out, *arrs, optimize=len(arrs) > 2 if xp is np else False)

@@ -222,3 +222,16 @@ def test_multi_output_node_missing_grads_are_zero(device):
     a, b, c = x.split(2)
     (b * 3).sum().backward()  # only one of the three outputs is used
     np.testing.assert_allclose(npa(x.grad), [0, 0, 3, 3, 0, 0])
+
+
+def test_leaf_grads_never_alias(device):
+    a = flame.ones(3, device=device, requires_grad=True)
+    b = flame.ones(3, device=device, requires_grad=True)
+    (a + b).sum().backward()  # Add hands the same gradient to both inputs
+    (a * 2).sum().backward()
+    np.testing.assert_allclose(npa(a.grad), [3.0] * 3)
+    np.testing.assert_allclose(npa(b.grad), [1.0] * 3)
+    c = flame.ones(2, 3, device=device, requires_grad=True)
+    c.sum().backward()  # the gradient is a broadcast view of one scalar
+    c.sum().backward()
+    np.testing.assert_allclose(npa(c.grad), np.full((2, 3), 2.0))
