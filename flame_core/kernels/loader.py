@@ -26,8 +26,9 @@ Compilation
 ``#include "x.cuh"`` lines naming files in cuda_src are inlined here, each wrapped in ``#line`` directives, so that
 NVRTC reports errors against the real file and line, and so that CuPy's disk cache (``CUPY_CACHE_DIR``, keyed on
 the full source, options and name expressions) sees header edits. Every ``template <typename T> __global__`` kernel of a
-file is instantiated at once for a dtype: one NVRTC compile per (file, dtype). Templates with more parameters compile
-per expression. Compile errors raise ``flame_core.errors.KernelCompileError`` naming the file and line.
+file is instantiated at once for a dtype: one NVRTC compile per (file, dtype). Templates with more parameters (or
+declared through macros) compile per expression. Compile errors raise ``flame_core.errors.KernelCompileError``
+naming the file and line.
 """
 import contextlib
 import os
@@ -49,7 +50,7 @@ _modules = {}     # (stem, name_expressions) -> RawModule
 _sources = {}     # stem -> expanded source text
 
 _CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "float64": "double"}
-_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[ \t]*$', re.M)
 _TEMPLATE_KERNEL = re.compile(
     r"template\s*<\s*typename\s+\w+\s*>\s*__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+"
     r"(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(")
@@ -170,20 +171,31 @@ def load_module(stem, name_expressions=()):
     return mod
 
 
+_functions = {}  # (stem, kernel_name, dtype name) -> RawKernel: the per-call lookup stays a dict hit
+
+
 def get_function(stem, kernel_name, dtype=None):
-    """A RawKernel: `kernel_name` from cuda_src/<stem>.cu, instantiated for `dtype` when given."""
-    if dtype is None:
-        return load_module(stem).get_function(kernel_name)
+    """A RawKernel: `kernel_name` from cuda_src/<stem>.cu, instantiated for `dtype` when given (cached)."""
+    key = (stem, kernel_name, None if dtype is None else np.dtype(dtype).name)
+    fn = _functions.get(key)
+    if fn is None:
+        fn = _functions[key] = _get_function(stem, kernel_name, dtype)
+    return fn
+
+
+def _get_function(stem, kernel_name, dtype):
+    if dtype is None:  # extern "C": present in every compiled module of the file, so reuse one if any
+        mod = next((m for (s, _), m in list(_modules.items()) if s == stem), None)
+        return (mod or load_module(stem)).get_function(kernel_name)
     t = ctype(dtype)
     if "<" in kernel_name:
         expr = kernel_name.replace("{T}", t)
         return load_module(stem, (expr,)).get_function(expr)
     names = template_kernels(stem)
-    if kernel_name not in names:
-        raise KernelCompileError(f"cuda_src/{stem}.cu has no `template <typename T> __global__` kernel "
-                                 f"{kernel_name!r} (found: {', '.join(names) or 'none'})")
-    mod = load_module(stem, tuple(f"{n}<{t}>" for n in names))
-    return mod.get_function(f"{kernel_name}<{t}>")
+    expr = f"{kernel_name}<{t}>"
+    if kernel_name not in names:  # declared in a way the scan does not see (a macro, ...): compile on its own
+        return load_module(stem, (expr,)).get_function(expr)
+    return load_module(stem, tuple(f"{n}<{t}>" for n in names)).get_function(expr)
 
 
 # ----------------------------------------------------------------------------- launch
@@ -193,8 +205,13 @@ def _dims(d):
     return tuple(int(v) for v in d)
 
 
+launches = 0  # how many kernels `launch` started (tests use it to prove a kernel path ran)
+
+
 def launch(kernel, grid, block, args, shared_mem=0, stream=None):
     """Launch `kernel` on `grid` x `block` with `args` (cupy arrays and numpy scalars of the C parameter types)."""
+    global launches
+    launches += 1
     grid, block = _dims(grid), _dims(block)
     if shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
         kernel.max_dynamic_shared_size_bytes = int(shared_mem)
@@ -235,7 +252,7 @@ _sm_count = {}
 
 def sm_count():
     cp = backend.cupy
-    dev = cp.cuda.Device().id
+    dev = cp.cuda.runtime.getDevice()
     n = _sm_count.get(dev)
     if n is None:
         n = _sm_count[dev] = cp.cuda.runtime.getDeviceProperties(dev)["multiProcessorCount"]
@@ -243,19 +260,52 @@ def sm_count():
 
 
 MAX_VPT = 4  # keep equal to MAX_VPT in cuda_src/common.cuh
+VPTS = (1, 2, 4)  # row kernels exist per vectors-per-thread: <name>1, <name>2, <name>4
+vpt_override = None  # benchmarks set this to sweep the choice; None: the heuristic of row_plan
 
 
-def row_config(rows, cols, vec):
-    """(grid, block, tpr) for the row kernels: `tpr` threads per row, a power of two, enough for each thread to cache
-    at most MAX_VPT vectors of `vec` elements (at least min(32, vectors) threads; at most 1024)."""
-    nvec = max(1, cols // vec if cols % vec == 0 else cols)
-    need = cdiv(nvec, MAX_VPT)
-    tpr = 1
-    while tpr < need or tpr < min(32, nvec):
-        tpr *= 2
-    tpr = min(tpr, 1024)
+def row_tpr(nvec, vpt):
+    """Threads per row for `nvec` vectors at `vpt` each: a power of two up to 32 (shuffle groups), else a multiple
+    of 32 (the whole block)."""
+    need = cdiv(nvec, vpt)
+    if need <= 32:
+        tpr = 1
+        while tpr < need:
+            tpr *= 2
+        return tpr
+    return cdiv(need, 32) * 32
+
+
+def row_plan(stem, name, dtype, rows, cols, vec):
+    """(kernel, grid, block, tpr) for a row-kernel family `<name>1`, `<name>2`, `<name>4` of cuda_src/<stem>.cu
+    (the digit: vectors of `vec` elements each thread caches in registers).
+
+    The smallest count that keeps a row within 256 threads (else 4), raised while the kernel's registers do not
+    allow that many threads per block. Rows wider than tpr * vpt vectors run the kernel's looping path."""
+    nvec = max(1, cols // vec)
+    if vpt_override is not None:
+        order = [vpt_override]
+    else:
+        first = next((v for v in VPTS if cdiv(nvec, v) <= 256), VPTS[-1])
+        order = [v for v in VPTS if v >= first]
+    for vpt in order:
+        kernel = get_function(stem, f"{name}{vpt}", dtype)
+        limit = kernel.max_threads_per_block // 32 * 32
+        tpr = row_tpr(nvec, vpt)
+        if tpr <= limit:
+            break
+    else:
+        tpr = min(limit, 1024)  # looping path
     block = tpr if tpr > 32 else 128
-    return (max(1, cdiv(rows, block // tpr)),), (block,), tpr
+    return kernel, (max(1, cdiv(rows, block // tpr)),), (block,), tpr
+
+
+def resident_blocks(kernel, block_threads):
+    """How many blocks of this kernel fit on the whole GPU at once (registers, threads, static shared memory)."""
+    per_sm = min(65536 // (max(1, kernel.num_regs) * block_threads), 2048 // block_threads, 32)
+    if kernel.shared_size_bytes:
+        per_sm = min(per_sm, (227 * 1024) // kernel.shared_size_bytes)
+    return max(1, per_sm) * sm_count()
 
 
 def elementwise_grid(n, dtype, block=256):
@@ -281,3 +331,56 @@ def i64(v):
 def null():
     """A null pointer argument."""
     return np.uint64(0)
+
+
+def column_sum(stem, kernel, part, out_dtype):
+    """Deterministic sums over axis -2 of fp32 partial rows: (parts, cols) -> (cols,) or (B, parts, cols) -> (B, cols),
+    by `kernel` (a `column_sum_body` wrapper in cuda_src/<stem>.cu), in out_dtype."""
+    xp = backend.xp_of(part)
+    batches = part.shape[0] if part.ndim == 3 else 1
+    parts, cols = part.shape[-2:]
+    kdt = out_dtype if np.dtype(out_dtype).name in ("float32", "float16", "bfloat16") else np.float32
+    out = xp.empty(part.shape[:-2] + (cols,), dtype=kdt)
+    launch(get_function(stem, kernel, kdt), (cdiv(cols, 32), batches), (32, 32), (part, out, i32(parts), i32(cols)))
+    return out.astype(out_dtype, copy=False)
+
+
+# ----------------------------------------------------------------------------- warming the disk cache
+def _compile_one(stem, dtype_name):
+    import time
+    t = time.perf_counter()
+    try:
+        names = template_kernels(stem)
+        if dtype_name is None or not names:
+            load_module(stem)
+        else:
+            get_function(stem, names[0], np.dtype(dtype_name) if dtype_name != "bfloat16" else _bf16())
+        err = None
+    except Exception as e:  # reported, not raised: one broken file must not stop the others
+        err = f"{type(e).__name__}: {str(e)[:2000]}"
+    return stem, dtype_name, time.perf_counter() - t, err
+
+
+def _bf16():
+    import ml_dtypes
+    return ml_dtypes.bfloat16
+
+
+def precompile(stems=None, dtypes=("float32", "float16", "bfloat16"), processes=8):
+    """Compile every (file, dtype) module in parallel processes so that CuPy's disk cache holds them; later
+    `get_function` calls in any process then load instead of compiling. Returns [(stem, dtype, seconds, error)].
+    Command line: python3 -m flame_core.kernels.loader [stem ...]"""
+    import concurrent.futures
+    import multiprocessing
+    stems = stems or sorted(p.stem for p in CUDA_SRC.glob("*.cu"))
+    jobs = [(s, d) for s in stems for d in (dtypes if template_kernels(s) else (None,))]
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=processes, mp_context=ctx) as pool:
+        return list(pool.map(_compile_one, *zip(*jobs)))
+
+
+if __name__ == "__main__":
+    import sys
+    from flame_core.kernels import loader as _loader  # workers must unpickle the importable module's function
+    for stem_, dt_, sec_, err_ in _loader.precompile(sys.argv[1:] or None):
+        print(f"{stem_:24s} {str(dt_):10s} {sec_:6.2f} s  {err_ or 'ok'}", flush=True)

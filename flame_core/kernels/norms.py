@@ -73,23 +73,11 @@ def _layer_fwd_kernel(x, weight, bias, eps, rms):
     mean = None if rms else xp.empty(x.shape[:-1], dtype=np.float32)
     rstd = xp.empty(x.shape[:-1], dtype=np.float32)
     vec = L.vec_width(x.dtype)
-    grid, block, tpr = L.row_config(rows, cols, vec if cols % vec == 0 else 1)
-    L.launch(L.get_function("norms", "norm_fwd", x.dtype), grid, block,
+    kernel, grid, block, tpr = L.row_plan("norms", "norm_fwd", x.dtype, rows, cols, vec if cols % vec == 0 else 1)
+    L.launch(kernel, grid, block,
              (x, w, b, y, L.null() if rms else mean, rstd, L.i64(rows), L.i32(cols), L.f32(eps), L.i32(tpr),
               L.i32(rms), L.i32(wf32)))
     return y, mean, rstd
-
-
-def _column_sum(stem, kernel, part, out_dtype, batches=1):
-    """(batches, parts, cols) fp32 partial rows -> (batches, cols) sums in out_dtype."""
-    xp = L.xp_of(part)
-    cols = part.shape[-1]
-    parts = part.shape[-2]
-    kdt = out_dtype if np.dtype(out_dtype).name in ("float32", "float16", "bfloat16") else np.float32
-    out = xp.empty((batches, cols), dtype=kdt)
-    L.launch(L.get_function(stem, kernel, kdt), (L.cdiv(cols, 32), batches), (32, 32),
-             (part, out, L.i32(parts), L.i32(cols)))
-    return out.astype(out_dtype, copy=False)
 
 
 def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms):
@@ -99,19 +87,19 @@ def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms):
     rows, cols = _rows_cols(x)
     (w,), wf32 = _param_args(x, weight)
     vec = L.vec_width(x.dtype)
-    grid, block, tpr = L.row_config(rows, cols, vec if cols % vec == 0 else 1)
+    kernel, grid, block, tpr = L.row_plan("norms", "norm_bwd", x.dtype, rows, cols, vec if cols % vec == 0 else 1)
     grid = (min(grid[0], L.sm_count() * 4),)
     parts = grid[0] * (block[0] // tpr)
     dw_part = xp.empty((parts, cols), dtype=np.float32) if weight is not None else None
     db_part = xp.empty((parts, cols), dtype=np.float32) if bias is not None else None
     dx = xp.empty_like(x)
     mean_arg = L.null() if rms else L.contiguous(mean.astype(np.float32, copy=False))
-    L.launch(L.get_function("norms", "norm_bwd", x.dtype), grid, block,
+    L.launch(kernel, grid, block,
              (dy, x, w, mean_arg, L.contiguous(rstd.astype(np.float32, copy=False)), dx,
               L.null() if dw_part is None else dw_part, L.null() if db_part is None else db_part,
               L.i64(rows), L.i32(cols), L.i32(tpr), L.i32(rms), L.i32(wf32)))
-    dw = _column_sum("norms", "column_sum", dw_part, weight.dtype)[0] if weight is not None else None
-    db = _column_sum("norms", "column_sum", db_part, bias.dtype)[0] if bias is not None else None
+    dw = L.column_sum("norms", "column_sum", dw_part, weight.dtype) if weight is not None else None
+    db = L.column_sum("norms", "column_sum", db_part, bias.dtype) if bias is not None else None
     return dx, dw, db
 
 
@@ -246,8 +234,8 @@ def _gn_bwd_kernel(dy, x, g, weight, mean, rstd, bias):
     grid, block = L.elementwise_grid(x.size, x.dtype)
     L.launch(L.get_function("groupnorm", "gn_bwd_apply", x.dtype), grid, block,
              (dy, x, p, q, r, dx, L.i64(x.size), L.i64(hw)))
-    dw = _column_sum("groupnorm", "gn_column_sum", dw_part, weight.dtype)[0] if weight is not None else None
-    db = _column_sum("groupnorm", "gn_column_sum", db_part, bias.dtype)[0] if bias is not None else None
+    dw = L.column_sum("groupnorm", "gn_column_sum", dw_part, weight.dtype) if weight is not None else None
+    db = L.column_sum("groupnorm", "gn_column_sum", db_part, bias.dtype) if bias is not None else None
     return dx, dw, db
 
 

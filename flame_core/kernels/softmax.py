@@ -45,8 +45,8 @@ def softmax_forward(x, scale=1.0, log=False):
     y = L.xp_of(x).empty_like(x)
     rows, cols = _rows(x)
     vec = L.vec_width(x.dtype)
-    grid, block, tpr = L.row_config(rows, cols, vec if cols % vec == 0 else 1)
-    L.launch(L.get_function("softmax", "softmax_fwd", x.dtype), grid, block,
+    kernel, grid, block, tpr = L.row_plan("softmax", "softmax_fwd", x.dtype, rows, cols, vec if cols % vec == 0 else 1)
+    L.launch(kernel, grid, block,
              (x, y, L.i64(rows), L.i32(cols), L.f32(scale), L.i32(bool(log)), L.i32(tpr)))
     return y
 
@@ -60,7 +60,7 @@ def softmax_backward(dy, y, scale=1.0, log=False):
     dx = L.xp_of(y).empty_like(y)
     rows, cols = _rows(y)
     vec = L.vec_width(y.dtype)
-    grid, block, tpr = L.row_config(rows, cols, vec if cols % vec == 0 else 1)
-    L.launch(L.get_function("softmax", "softmax_bwd", y.dtype), grid, block,
+    kernel, grid, block, tpr = L.row_plan("softmax", "softmax_bwd", y.dtype, rows, cols, vec if cols % vec == 0 else 1)
+    L.launch(kernel, grid, block,
              (dy, y, dx, L.i64(rows), L.i32(cols), L.f32(scale), L.i32(bool(log)), L.i32(tpr)))
     return dx

@@ -1,0 +1,294 @@
+"""Achieved bandwidth of the memory-bound FLAME kernels at Flux / SDXL sizes, side by side with PyTorch and with a
+device-to-device copy of the same bytes, in one process on one GPU. Plus fused AdamW over 44M params in 912 tensors
+against torch.optim.AdamW(fused=True).
+
+Protocol (the same for FLAME, PyTorch and the copy): inputs prepared once, 5 warm-up calls, then 30 timed calls, each
+preceded by a read of a 256 MiB buffer that evicts L2 (clean lines), each timed alone with CUDA events; the median is
+reported. GB/s = (bytes the op must read + write) / time. The copy moves the op's input bytes (cupy.copyto, D2D).
+Prints a table last and writes JSON (--out, default $OUT/kernels.json or ./kernels.json).
+Run: PYTHONPATH=$PWD python3 bench/kernels.py
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+
+import cupy as cp
+import ml_dtypes
+import numpy as np
+
+from flame_core.kernels import activations, adamw, fp8, loader, modulate, norms, rope, softmax
+
+try:
+    import torch
+    import torch.nn.functional as F
+except Exception:  # torch is only a side-by-side peer
+    torch = None
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+REPS, WARM = 30, 5
+
+_FLUSH = cp.RawKernel(r'''
+extern "C" __global__ void flush_read(const uint4* p, long long n, unsigned int* sink) {
+    unsigned int acc = 0;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        acc ^= p[i].x ^ p[i].w;
+    if (acc == 0x9e3779b9u) *sink = acc;  // practically never: keeps the loads alive
+}''', "flush_read")
+_flush_buf = cp.ones(256 << 20, dtype=np.uint8)
+_sink = cp.zeros(1, dtype=np.uint32)
+
+
+def flush_l2():
+    _FLUSH((1024,), (256,), (_flush_buf, np.int64(_flush_buf.size // 16), _sink))
+
+
+def time_ms(fn, torch_op=False):
+    """Median milliseconds of fn() over REPS calls, each after an L2 eviction, each timed alone with CUDA events."""
+    for _ in range(WARM):
+        fn()
+    cp.cuda.Device().synchronize()
+    out = []
+    for _ in range(REPS):
+        flush_l2()
+        if torch_op:
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            out.append(s.elapsed_time(e))
+        else:
+            s, e = cp.cuda.Event(), cp.cuda.Event()
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            out.append(cp.cuda.get_elapsed_time(s, e))
+    return statistics.median(out)
+
+
+def randn(shape, dtype=BF16, scale=1.0):
+    return (cp.random.standard_normal(shape, dtype=np.float32) * scale).astype(dtype)
+
+
+def tt(a):
+    return torch.from_dlpack(a) if torch is not None else None
+
+
+ROWS = []
+
+
+def record(name, nbytes, flame_fn, torch_fn=None, copy_src=None, note=""):
+    ms = time_ms(flame_fn)
+    tms = time_ms(torch_fn, torch_op=True) if (torch is not None and torch_fn is not None) else None
+    src = copy_src
+    dst = cp.empty_like(src)
+    cms = time_ms(lambda: cp.copyto(dst, src))
+    copy_gbs = 2 * src.nbytes / cms / 1e6
+    row = {"op": name, "bytes": int(nbytes), "flame_ms": round(ms, 4), "flame_GBps": round(nbytes / ms / 1e6, 1),
+           "copy_GBps": round(copy_gbs, 1), "vs_copy": round(nbytes / ms / 1e6 / copy_gbs, 3), "note": note}
+    if tms is not None:
+        row.update(torch_ms=round(tms, 4), torch_GBps=round(nbytes / tms / 1e6, 1), vs_torch=round(tms / ms, 3))
+    ROWS.append(row)
+    print(json.dumps(row), flush=True)
+    del dst
+
+
+# ----------------------------------------------------------------------------- the ops
+def bench_norms():
+    x, dy = randn((4608, 3072)), randn((4608, 3072))
+    w, b = randn((3072,)) + 1, randn((3072,))
+    n = x.nbytes
+    record("layer_norm fwd 4608x3072 (no affine, Flux LN0)", 2 * n,
+           lambda: norms.layer_norm_forward(x, None, None, 1e-6),
+           (lambda: F.layer_norm(tt(x), (3072,), eps=1e-6)), x)
+    record("layer_norm fwd 4608x3072 (affine)", 2 * n, lambda: norms.layer_norm_forward(x, w, b, 1e-5),
+           (lambda: F.layer_norm(tt(x), (3072,), tt(w), tt(b), eps=1e-5)), x)
+    _, mean, rstd = norms.layer_norm_forward(x, None, None, 1e-6)
+    record("layer_norm bwd 4608x3072 (no affine)", 3 * n, lambda: norms.layer_norm_backward(dy, x, None, mean, rstd),
+           _torch_bwd(lambda t: F.layer_norm(t, (3072,), eps=1e-6), x, dy), x)
+    record("rms_norm fwd 4608x3072 (weight)", 2 * n, lambda: norms.rms_norm_forward(x, w, 1e-6),
+           (lambda: F.rms_norm(tt(x), (3072,), tt(w), eps=1e-6)), x)
+    q = randn((4608 * 24, 128))
+    wq = randn((128,)) + 1
+    record("rms_norm fwd QK-norm 110592x128 (weight)", 2 * q.nbytes, lambda: norms.rms_norm_forward(q, wq, 1e-6),
+           (lambda: F.rms_norm(tt(q), (128,), tt(wq), eps=1e-6)), q)
+    _, rs = norms.rms_norm_forward(x, w, 1e-6)
+    record("rms_norm bwd 4608x3072 (weight)", 3 * n, lambda: norms.rms_norm_backward(dy, x, w, rs),
+           _torch_bwd(lambda t: F.rms_norm(t, (3072,), tt(w), eps=1e-6), x, dy), x)
+    g = randn((2, 320, 128, 128))
+    gdy = randn((2, 320, 128, 128))
+    record("group_norm fwd 2x320x128x128 G32", 2 * g.nbytes, lambda: norms.group_norm_forward(g, 32, None, None, 1e-5),
+           (lambda: F.group_norm(tt(g), 32, eps=1e-5)), g)
+    _, gm, gr = norms.group_norm_forward(g, 32, None, None, 1e-5)
+    record("group_norm bwd 2x320x128x128 G32", 3 * g.nbytes,
+           lambda: norms.group_norm_backward(gdy, g, 32, None, gm, gr),
+           _torch_bwd(lambda t: F.group_norm(t, 32, eps=1e-5), g, gdy), g)
+
+
+def _torch_bwd(fn, x, dy):
+    """Backward alone in torch: the graph is built once and retained."""
+    if torch is None:
+        return None
+    xt = tt(x).detach().clone().requires_grad_(True)
+    y = fn(xt)
+    g = tt(dy)
+    return lambda: torch.autograd.grad(y, xt, g, retain_graph=True)
+
+
+def bench_activations():
+    x, dy = randn((4608, 12288), scale=2.0), randn((4608, 12288))
+    n = x.nbytes
+    record("gelu(tanh) fwd 4608x12288", 2 * n, lambda: activations.gelu_forward(x, "tanh"),
+           (lambda: F.gelu(tt(x), approximate="tanh")), x)
+    record("gelu(erf) fwd 4608x12288", 2 * n, lambda: activations.gelu_forward(x, "none"), (lambda: F.gelu(tt(x))), x)
+    record("gelu(tanh) bwd 4608x12288", 3 * n, lambda: activations.gelu_backward(dy, x, "tanh"),
+           _torch_bwd(lambda t: F.gelu(t, approximate="tanh"), x, dy), x)
+    record("silu fwd 4608x12288", 2 * n, lambda: activations.silu_forward(x), (lambda: F.silu(tt(x))), x)
+    record("silu bwd 4608x12288", 3 * n, lambda: activations.silu_backward(dy, x), _torch_bwd(F.silu, x, dy), x)
+
+
+def bench_softmax():
+    s, dy = randn((4608, 4608), scale=3.0), randn((4608, 4608))
+    n = s.nbytes
+    record("softmax fwd 4608x4608", 2 * n, lambda: softmax.softmax_forward(s), (lambda: torch.softmax(tt(s), -1)), s)
+    y = softmax.softmax_forward(s)
+    record("softmax bwd 4608x4608", 3 * n, lambda: softmax.softmax_backward(dy, y),
+           _torch_bwd(lambda t: torch.softmax(t, -1), s, dy), s)
+
+
+def bench_modulate():
+    x, y, dy = randn((1, 4608, 3072)), randn((1, 4608, 3072)), randn((1, 4608, 3072))
+    sh, sc, gt = randn((1, 1, 3072)), randn((1, 1, 3072), scale=0.3), randn((1, 1, 3072))
+    n = x.nbytes
+    record("modulate fwd 1x4608x3072", 2 * n, lambda: modulate.modulate_forward(x, sh, sc),
+           (lambda: tt(x) * (1 + tt(sc)) + tt(sh)), x, note="torch: eager x*(1+scale)+shift")
+    record("modulate bwd 1x4608x3072", 3 * n, lambda: modulate.modulate_backward(dy, x, sh, sc),
+           _torch_bwd_many(lambda a, s_, c_: a * (1 + c_) + s_, (x, sh, sc), dy), x)
+    record("gated_residual fwd 1x4608x3072", 3 * n, lambda: modulate.gated_residual_forward(x, gt, y),
+           (lambda: torch.addcmul(tt(x), tt(gt), tt(y))), x, note="torch: addcmul (one kernel)")
+    record("gated_residual bwd 1x4608x3072", 3 * n, lambda: modulate.gated_residual_backward(dy, gt, y),
+           _torch_bwd_many(lambda a, g_, b_: torch.addcmul(a, g_, b_), (x, gt, y), dy), x)
+
+
+def _torch_bwd_many(fn, arrays, dy):
+    if torch is None:
+        return None
+    ts = [tt(a).detach().clone().requires_grad_(True) for a in arrays]
+    out = fn(*ts)
+    g = tt(dy)
+    return lambda: torch.autograd.grad(out, ts, g, retain_graph=True)
+
+
+def _flux_freqs(L, D):
+    pos = cp.arange(L, dtype=cp.float64)
+    omega = 1.0 / 10000 ** (cp.arange(0, D, 2, dtype=cp.float64) / D)
+    ang = pos[:, None] * omega
+    f = cp.stack([cp.cos(ang), -cp.sin(ang), cp.sin(ang), cp.cos(ang)], -1).reshape(1, 1, L, D // 2, 2, 2)
+    return f.astype(cp.float32)
+
+
+def _torch_rope(x, f):
+    xq = x.float().reshape(*x.shape[:-1], -1, 1, 2)
+    return (f[..., 0] * xq[..., 0] + f[..., 1] * xq[..., 1]).reshape(*x.shape).type_as(x)
+
+
+def bench_rope():
+    q = randn((1, 24, 4608, 128))
+    f = _flux_freqs(4608, 128)
+    record("rope fwd q 1x24x4608x128 (fp32 freqs)", 2 * q.nbytes + f.nbytes, lambda: rope.rope_forward(q, f),
+           (lambda: _torch_rope(tt(q), tt(f))), q, note="torch: Flux apply_rope, eager")
+
+
+def bench_fp8():
+    w = randn((3072, 12288))
+    n = w.size
+    record("fp8 quantize per row 3072x12288", 3 * n + 4 * 3072, lambda: fp8.quantize_per_row(w),
+           (lambda: _torch_quant(tt(w))), w, note="torch: amax, divide, cast (eager)")
+    qb, s = fp8.quantize_per_row(w)
+    qt = tt(qb).view(torch.float8_e4m3fn) if torch is not None else None
+    record("fp8 dequantize per row 3072x12288", 3 * n + 4 * 3072, lambda: fp8.dequantize_per_row(qb, s, BF16),
+           (lambda: qt.to(torch.bfloat16) * tt(s)[:, None].to(torch.bfloat16)), w, note="torch: cast, multiply")
+
+
+def _torch_quant(x):
+    amax = x.abs().amax(-1, keepdim=True).float()
+    scale = amax / 448
+    return (x.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn), scale
+
+
+def bench_adamw():
+    shapes = [(16, 3072)] * 456 + [(3072, 16)] * 456        # the peer's 44.8M params in 912 tensors (fp32)
+    sizes = [a * b for a, b in shapes]
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    total = int(sum(sizes))
+    flat_w = randn((total,), np.float32)
+    params = [flat_w[o:o + n].reshape(s).copy() for o, n, s in zip(offsets, sizes, shapes)]
+    grad = randn((total,), np.float32)
+    m, v = cp.zeros(total, np.float32), cp.zeros(total, np.float32)
+    plan = adamw.adamw_plan(params, offsets)
+    step = [0]
+
+    def ours():
+        step[0] += 1
+        adamw.adamw_step(plan, grad, m, v, lr=1e-4, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=1e-2,
+                         step=step[0])
+    torch_fn = None
+    if torch is not None:
+        tp = [torch.nn.Parameter(tt(p).clone()) for p in params]
+        for p, o, n in zip(tp, offsets, sizes):
+            p.grad = tt(grad[o:o + n]).reshape(p.shape).clone()
+        opt = torch.optim.AdamW(tp, lr=1e-4, fused=True)
+        torch_fn = opt.step
+    record("adamw 44.8M fp32 params / 912 tensors", 28 * total, ours, torch_fn, flat_w,
+           note="28 B/param: p, m, v read+write, g read; torch fused=True")
+
+
+def bench_copy_ceiling():
+    a = cp.empty(1 << 30, dtype=np.uint8)
+    a.fill(1)
+    b = cp.empty_like(a)
+    ms = time_ms(lambda: cp.copyto(b, a))
+    print(json.dumps({"copy_1GiB_GBps": round(2 * a.nbytes / ms / 1e6, 1)}), flush=True)
+    return round(2 * a.nbytes / ms / 1e6, 1)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "kernels.json"))
+    ap.add_argument("--only", default="", help="comma-separated groups: norms,activations,softmax,modulate,rope,"
+                                               "fp8,adamw")
+    args = ap.parse_args()
+    if not loader.enabled():
+        raise SystemExit("kernels are disabled (no GPU, or FLAME_KERNELS=0): nothing to measure")
+    cp.random.seed(0)
+    groups = dict(norms=bench_norms, activations=bench_activations, softmax=bench_softmax, modulate=bench_modulate,
+                  rope=bench_rope, fp8=bench_fp8, adamw=bench_adamw)
+    chosen = [g for g in args.only.split(",") if g] or list(groups)
+    ceiling = bench_copy_ceiling()
+    for g in chosen:
+        groups[g]()
+        cp.get_default_memory_pool().free_all_blocks()
+    dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]
+    dev = dev.decode() if isinstance(dev, bytes) else dev
+    res = {"device": dev, "torch": torch.__version__ if torch else None, "cupy": cp.__version__,
+           "protocol": f"median of {REPS} after {WARM} warm-up, L2 evicted before each call, CUDA events",
+           "copy_1GiB_GBps": ceiling, "rows": ROWS}
+    with open(args.out, "w") as fh:
+        json.dump(res, fh, indent=1)
+    print(f"\n{dev}   copy ceiling (1 GiB D2D): {ceiling} GB/s   {res['protocol']}")
+    hdr = f"{'op':48s} {'flame ms':>9s} {'GB/s':>7s} {'copy GB/s':>9s} {'vs copy':>7s} {'torch ms':>9s} " \
+          f"{'torch GB/s':>10s} {'vs torch':>8s}"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in ROWS:
+        print(f"{r['op'][:48]:48s} {r['flame_ms']:9.4f} {r['flame_GBps']:7.0f} {r['copy_GBps']:9.0f} "
+              f"{r['vs_copy']:7.2f} {r.get('torch_ms', math.nan):9.4f} {r.get('torch_GBps', math.nan):10.0f} "
+              f"{r.get('vs_torch', math.nan):8.2f}")
+    print(f"JSON: {args.out}")
+
+
+if __name__ == "__main__":
+    main()

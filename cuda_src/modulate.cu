@@ -1,0 +1,138 @@
+// adaLN modulation y = x * (1 + scale) + shift and the gated residual out = x + gate * y, with (B, H) modulation
+// vectors broadcast over x's (B, L, H); and their backward, which reduces over L for the modulation gradients.
+// Grids: x over L*H elements (blockIdx.x, grid-stride), blockIdx.y = batch. Modulation vectors are T or fp32 (mf32).
+#include "common.cuh"
+
+template <typename T, int N>
+__device__ __forceinline__ void modulate_body(const T* __restrict__ x, const void* __restrict__ shift,
+                                              const void* __restrict__ scale, T* __restrict__ y, i64 lh, int h,
+                                              int mf32) {
+    const i64 b = blockIdx.y;
+    x += b * lh;
+    y += b * lh;
+    const i64 nv = lh / N;
+    for (i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x; k < nv; k += (i64)gridDim.x * blockDim.x) {
+        const int c = (int)((k * N) % h);
+        float v[N], sh[N], sc[N];
+        load_f32<T, N>(x + k * N, v);
+        load_any<T, N>(shift, b * h + c, mf32, sh);
+        load_any<T, N>(scale, b * h + c, mf32, sc);
+#pragma unroll
+        for (int j = 0; j < N; ++j) v[j] = v[j] * (1.f + sc[j]) + sh[j];
+        store_f32<T, N>(y + k * N, v);
+    }
+}
+
+template <typename T>
+__global__ void modulate_fwd(const T* __restrict__ x, const void* __restrict__ shift, const void* __restrict__ scale,
+                             T* __restrict__ y, i64 lh, int h, int mf32) {
+    constexpr int N = VecT<T>::N;
+    if (h % N == 0 && aligned16(x) && aligned16(y) && aligned16(shift) && aligned16(scale))
+        modulate_body<T, N>(x, shift, scale, y, lh, h, mf32);
+    else
+        modulate_body<T, 1>(x, shift, scale, y, lh, h, mf32);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void gated_body(const T* __restrict__ x, const void* __restrict__ gate,
+                                           const T* __restrict__ y, T* __restrict__ out, i64 lh, int h, int mf32) {
+    const i64 b = blockIdx.y;
+    x += b * lh;
+    y += b * lh;
+    out += b * lh;
+    const i64 nv = lh / N;
+    for (i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x; k < nv; k += (i64)gridDim.x * blockDim.x) {
+        const int c = (int)((k * N) % h);
+        float xv[N], yv[N], g[N];
+        load_f32<T, N>(x + k * N, xv);
+        load_f32<T, N>(y + k * N, yv);
+        load_any<T, N>(gate, b * h + c, mf32, g);
+#pragma unroll
+        for (int j = 0; j < N; ++j) xv[j] += g[j] * yv[j];
+        store_f32<T, N>(out + k * N, xv);
+    }
+}
+
+template <typename T>
+__global__ void gated_fwd(const T* __restrict__ x, const void* __restrict__ gate, const T* __restrict__ y,
+                          T* __restrict__ out, i64 lh, int h, int mf32) {
+    constexpr int N = VecT<T>::N;
+    if (h % N == 0 && aligned16(x) && aligned16(y) && aligned16(out) && aligned16(gate))
+        gated_body<T, N>(x, gate, y, out, lh, h, mf32);
+    else
+        gated_body<T, 1>(x, gate, y, out, lh, h, mf32);
+}
+
+// Backward of out = a * (coef + off) [+ shift]:  d_a = dout * (coef + off);  partial sums over this block's rows of
+// dout * a (-> dcoef) and dout (-> dshift, when dsum_part is given). Block (32, 8): threadIdx.x owns N columns,
+// threadIdx.y strides over rows of split blockIdx.z; grid (cdiv(h, 32 N), B, splits). Parts: (B, splits, h) fp32.
+template <typename T, int N>
+__device__ __forceinline__ void bcast_bwd_body(const T* __restrict__ dout, const T* __restrict__ a,
+                                               const void* __restrict__ coef, float off, T* __restrict__ da,
+                                               float* __restrict__ dcoef_part, float* __restrict__ dsum_part, int l,
+                                               int h, int mf32) {
+    __shared__ float red[2][8][32 * N];
+    const i64 b = blockIdx.y;
+    const int splits = gridDim.z, s = blockIdx.z;
+    const int c = (blockIdx.x * 32 + threadIdx.x) * N;
+    const bool col_ok = c < h;
+    const int rows_per = (l + splits - 1) / splits, r0 = s * rows_per, r1 = min(l, r0 + rows_per);
+    float cf[N], acc_c[N], acc_s[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) acc_c[j] = acc_s[j] = 0.f;
+    if (col_ok) {
+        load_any<T, N>(coef, b * h + c, mf32, cf);
+#pragma unroll
+        for (int j = 0; j < N; ++j) cf[j] += off;
+        for (int r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
+            const i64 e = (b * l + r) * (i64)h + c;
+            float g[N], av[N];
+            load_f32<T, N>(dout + e, g);
+            load_f32<T, N>(a + e, av);
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                acc_c[j] += g[j] * av[j];
+                acc_s[j] += g[j];
+                av[j] = g[j] * cf[j];
+            }
+            if (da) store_f32<T, N>(da + e, av);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        red[0][threadIdx.y][threadIdx.x * N + j] = acc_c[j];
+        red[1][threadIdx.y][threadIdx.x * N + j] = acc_s[j];
+    }
+    __syncthreads();
+    if (threadIdx.y == 0 && col_ok) {
+        const i64 base = (b * splits + s) * (i64)h + c;
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            float sc = 0.f, ss = 0.f;
+#pragma unroll
+            for (int y = 0; y < 8; ++y) {
+                sc += red[0][y][threadIdx.x * N + j];
+                ss += red[1][y][threadIdx.x * N + j];
+            }
+            dcoef_part[base + j] = sc;
+            if (dsum_part) dsum_part[base + j] = ss;
+        }
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256) bcast_bwd(const T* __restrict__ dout, const T* __restrict__ a,
+                                                 const void* __restrict__ coef, float off, T* __restrict__ da,
+                                                 float* __restrict__ dcoef_part, float* __restrict__ dsum_part,
+                                                 int l, int h, int mf32, int vec) {
+    constexpr int N = VecT<T>::N;
+    if (vec)
+        bcast_bwd_body<T, N>(dout, a, coef, off, da, dcoef_part, dsum_part, l, h, mf32);
+    else
+        bcast_bwd_body<T, 1>(dout, a, coef, off, da, dcoef_part, dsum_part, l, h, mf32);
+}
+
+template <typename T>
+__global__ void mod_column_sum(const float* __restrict__ part, T* __restrict__ out, int parts, int cols) {
+    column_sum_body<T>(part, out, parts, cols);
+}

@@ -1,0 +1,110 @@
+"""Fused multi-tensor AdamW over flat buffers (kernel: cuda_src/adamw.cu), PyTorch's update rule:
+
+    w *= 1 - lr * wd;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+    w -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+
+Gradients, the moments `exp_avg` / `exp_avg_sq` (fp32) and optional fp32 `master` weights are flat 1-D buffers; tensor i
+occupies [offsets[i], offsets[i] + params[i].size) in each. The parameters themselves are separate arrays (all one
+dtype: float32, or bfloat16 / float16 with fp32 master weights) updated in place; with `master`, the math reads and
+writes the master copy and the parameter receives its rounded value.
+
+    plan = adamw_plan(params, offsets)          # once per parameter set: the device-side chunk table
+    adamw_step(plan, grad, exp_avg, exp_avg_sq, lr=..., beta1=..., beta2=..., eps=..., weight_decay=..., step=t,
+               master=None, grad_scale=1.0)     # one launch for every tensor
+"""
+import math
+
+import numpy as np
+
+from . import loader as L
+from ..errors import DTypeError, ShapeError
+
+CHUNK = 16384  # elements per block
+_GRAD_KIND = {"float32": 0, "float16": 1, "bfloat16": 2}
+
+
+class AdamWPlan:
+    """The parameter list, its offsets into the flat buffers and (on the GPU) the chunk table of the kernel."""
+
+    def __init__(self, params, offsets):
+        if len(params) != len(offsets):
+            raise ShapeError(f"adamw_plan: {len(params)} params but {len(offsets)} offsets")
+        if not params:
+            raise ShapeError("adamw_plan: no parameters")
+        dt = params[0].dtype
+        for i, p in enumerate(params):
+            if p.dtype != dt:
+                raise DTypeError(f"adamw_plan: parameter {i} is {p.dtype}, parameter 0 is {dt}; one plan per dtype")
+            if not p.flags.c_contiguous:
+                raise ShapeError(f"adamw_plan: parameter {i} of shape {tuple(p.shape)} is not contiguous")
+        self.params = list(params)
+        self.offsets = [int(o) for o in offsets]
+        self.sizes = [int(p.size) for p in params]
+        self.numel = max(o + n for o, n in zip(self.offsets, self.sizes))
+        self.dtype = dt
+        self.tables = None
+        self.on_gpu = all(L.backend.is_cuda_array(p) for p in params)
+        if self.on_gpu:
+            cp = L.backend.cupy
+            chunk_t, chunk_s = [], []
+            for t, n in enumerate(self.sizes):
+                for s in range(0, n, CHUNK):
+                    chunk_t.append(t)
+                    chunk_s.append(s)
+            self.tables = (cp.asarray(np.array([p.data.ptr for p in params], dtype=np.int64)),
+                           cp.asarray(np.array(self.sizes, dtype=np.int64)),
+                           cp.asarray(np.array(self.offsets, dtype=np.int64)),
+                           cp.asarray(np.array(chunk_t, dtype=np.int32)),
+                           cp.asarray(np.array(chunk_s, dtype=np.int64)))
+            self.n_chunks = len(chunk_t)
+
+
+def adamw_plan(params, offsets):
+    return AdamWPlan(params, offsets)
+
+
+def _check_flat(plan, name, a, dtypes=("float32",)):
+    if a.ndim != 1 or a.size < plan.numel:
+        raise ShapeError(f"adamw_step: {name} must be a flat buffer of at least {plan.numel} elements, "
+                         f"got shape {tuple(a.shape)}")
+    if a.dtype.name not in dtypes:
+        raise DTypeError(f"adamw_step: {name} must be {' or '.join(dtypes)}, got {a.dtype}")
+
+
+def _step_ref(plan, grad, m, v, master, lr, b1, b2, eps, wd, bc1, sqrt_bc2, grad_scale):
+    for p, o, n in zip(plan.params, plan.offsets, plan.sizes):
+        sl = slice(o, o + n)
+        g = grad[sl].astype(np.float32) * np.float32(grad_scale)
+        w = master[sl] if master is not None else p.reshape(-1).astype(np.float32)
+        w = w * np.float32(1 - lr * wd)
+        m[sl] = b1 * m[sl] + (1 - b1) * g
+        v[sl] = b2 * v[sl] + (1 - b2) * g * g
+        w = w - np.float32(lr / bc1) * m[sl] / (L.xp_of(w).sqrt(v[sl]) / np.float32(sqrt_bc2) + np.float32(eps))
+        if master is not None:
+            master[sl] = w
+        p.reshape(-1)[...] = w.astype(p.dtype)
+
+
+def adamw_step(plan, grad, exp_avg, exp_avg_sq, *, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=1e-2, step,
+               master=None, grad_scale=1.0):
+    """One AdamW step (step counts from 1) over every tensor of `plan`; updates params, moments and master in place."""
+    _check_flat(plan, "grad", grad, tuple(_GRAD_KIND))
+    _check_flat(plan, "exp_avg", exp_avg)
+    _check_flat(plan, "exp_avg_sq", exp_avg_sq)
+    if master is not None:
+        _check_flat(plan, "master", master)
+    elif plan.dtype.name != "float32":
+        raise DTypeError(f"adamw_step: {plan.dtype} parameters need fp32 master weights (pass master=)")
+    if step < 1:
+        raise ValueError(f"adamw_step: step counts from 1, got {step}")
+    bc1 = 1.0 - beta1 ** step
+    sqrt_bc2 = math.sqrt(1.0 - beta2 ** step)
+    if plan.on_gpu and L.use_kernel(grad, exp_avg, exp_avg_sq, master, *plan.params[:1]):
+        ptrs, sizes, offsets, chunk_t, chunk_s = plan.tables
+        L.launch(L.get_function("adamw", "adamw_multi", plan.dtype), (plan.n_chunks,), (256,),
+                 (ptrs, sizes, offsets, chunk_t, chunk_s, L.i32(CHUNK), grad, L.i32(_GRAD_KIND[grad.dtype.name]),
+                  exp_avg, exp_avg_sq, L.null() if master is None else master, L.f32(lr), L.f32(beta1),
+                  L.f32(beta2), L.f32(eps), L.f32(weight_decay), L.f32(bc1), L.f32(sqrt_bc2), L.f32(grad_scale)))
+        return
+    _step_ref(plan, grad, exp_avg, exp_avg_sq, master, lr, beta1, beta2, eps, weight_decay, bc1, sqrt_bc2,
+              grad_scale)

@@ -1,0 +1,77 @@
+"""Per-row fp8 (float8_e4m3fn) quantization on arrays (kernel: cuda_src/fp8.cu).
+
+    quantize_per_row(x)                 -> (q, scales)   q: uint8 array of x's shape holding float8_e4m3fn bits,
+                                                          scales: float32 of shape x.shape[:-1]
+    dequantize_per_row(q, scales, dtype) -> q * scale in `dtype`
+
+scale = amax(|row|) / 448 (1 for an all-zero row); q = e4m3(x * (448 / amax)), round-to-nearest-even, saturating to
++-448. All in fp32, so the kernel and the reference agree bit for bit.
+"""
+import ml_dtypes
+import numpy as np
+
+from . import loader as L
+from .. import backend
+from ..errors import DTypeError, ShapeError
+
+FP8_MAX = np.float32(448.0)
+
+
+# ----------------------------------------------------------------------------- references (NumPy; CuPy via the host)
+def _quantize_ref(x):
+    xf = backend.to_numpy(x).astype(np.float32)
+    amax = np.abs(xf).max(axis=-1) if xf.shape[-1] else np.zeros(xf.shape[:-1], np.float32)
+    safe = amax > 0
+    inv = np.where(safe, FP8_MAX / np.where(safe, amax, 1), np.float32(1)).astype(np.float32)
+    scaled = np.clip(xf * inv[..., None], -FP8_MAX, FP8_MAX)
+    q = scaled.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    scales = np.where(safe, amax / FP8_MAX, np.float32(1)).astype(np.float32)
+    xp = L.xp_of(x)
+    return xp.asarray(q), xp.asarray(scales)
+
+
+def _dequantize_ref(q, scales, dtype):
+    qf = backend.to_numpy(q).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    y = (qf * backend.to_numpy(scales).astype(np.float32)[..., None]).astype(dtype)
+    return L.xp_of(q).asarray(y)
+
+
+# ----------------------------------------------------------------------------- API
+def quantize_per_row(x):
+    if x.ndim < 1:
+        raise ShapeError("quantize_per_row: needs at least one axis (got a 0-d array)")
+    if x.dtype.name not in ("float16", "bfloat16", "float32", "float64"):
+        raise DTypeError(f"quantize_per_row: expects a floating array, got {x.dtype}")
+    if not (L.use_kernel(x) and x.size):
+        return _quantize_ref(x)
+    xp = L.xp_of(x)
+    x = L.contiguous(x)
+    cols = x.shape[-1]
+    rows = x.size // cols
+    q = xp.empty(x.shape, dtype=np.uint8)
+    scales = xp.empty(x.shape[:-1], dtype=np.float32)
+    tpr = 32 if cols <= 2048 else 256  # the kernel loops over the row: no register cache to size
+    block = 128 if tpr == 32 else 256
+    L.launch(L.get_function("fp8", "fp8_quantize_rows", x.dtype), (L.cdiv(rows, block // tpr),), (block,),
+             (x, q, scales, L.i64(rows), L.i32(cols), L.i32(tpr)))
+    return q, scales
+
+
+def dequantize_per_row(q, scales, dtype=np.float32):
+    dtype = np.dtype(dtype)
+    if q.dtype != np.uint8:
+        q = q.view(np.uint8)
+    if tuple(scales.shape) != tuple(q.shape[:-1]):
+        raise ShapeError(f"dequantize_per_row: scales of shape {tuple(scales.shape)} do not match q of shape "
+                         f"{tuple(q.shape)} (expected {tuple(q.shape[:-1])})")
+    if not (L.use_kernel(scales) and backend.is_cuda_array(q) and q.size
+            and dtype.name in ("float32", "float16", "bfloat16")):
+        return _dequantize_ref(q, scales, dtype)
+    xp = L.xp_of(q)
+    q = L.contiguous(q)
+    y = xp.empty(q.shape, dtype=dtype)
+    grid = (max(1, min(L.cdiv(L.cdiv(q.size, 8), 256), L.sm_count() * 16)),)  # 8 elements per thread-step
+    block = (256,)
+    L.launch(L.get_function("fp8", "fp8_dequantize_rows", dtype), grid, block,
+             (q, L.contiguous(scales.astype(np.float32, copy=False)), y, L.i64(q.size), L.i32(q.shape[-1])))
+    return y

@@ -1,0 +1,182 @@
+"""adaLN modulation and gated residual on arrays (kernel: cuda_src/modulate.cu).
+
+x is (B, L, H) (any middle dims are flattened into L; a 2-D (B, H) x has L = 1); the modulation vectors shift /
+scale / gate have shape (B, 1, H), (B, H), (1, H) or (H,) and broadcast over L:
+
+    modulate_forward(x, shift, scale)          -> x * (1 + scale) + shift
+    modulate_backward(dy, x, shift, scale)     -> (dx, dshift, dscale)     (dshift / dscale shaped like the inputs)
+    gated_residual_forward(x, gate, y)         -> x + gate * y
+    gated_residual_backward(dout, gate, y)     -> (dx, dgate, dy)          (dx is dout itself)
+"""
+import numpy as np
+
+from . import loader as L
+from ..errors import ShapeError
+
+
+def _bld(x, name):
+    if x.ndim < 2:
+        raise ShapeError(f"{name}: x must be (B, L, H) or (B, H), got shape {tuple(x.shape)}")
+    b, h = x.shape[0], x.shape[-1]
+    return b, (x.size // (b * h) if b * h else 0), h
+
+
+def _as_bh(m, b, h, name, what):
+    """The modulation vector as (B, H) (broadcast over B when it has no batch axis)."""
+    xp = L.xp_of(m)
+    shape = tuple(m.shape)
+    ok = (m.ndim >= 1 and shape[-1] == h and all(s == 1 for s in shape[1:-1] if m.ndim > 2)
+          and (m.ndim == 1 or shape[0] in (1, b)))
+    if not ok:
+        raise ShapeError(f"{name}: {what} of shape {shape} does not broadcast as (B, 1, H) over x with B={b}, H={h}")
+    m2 = m.reshape(-1, h)
+    return m2 if m2.shape[0] == b else xp.broadcast_to(m2, (b, h))
+
+
+def _sum_to(g, shape):
+    """Sum a (B, H) gradient to the modulation vector's own shape."""
+    if g.shape[0] != 1 and (len(shape) == 1 or shape[0] == 1):
+        g = g.sum(axis=0, keepdims=True)
+    return g.reshape(shape)
+
+
+def _mod_args(x, *mods):
+    if all(m.dtype == x.dtype for m in mods):
+        return [L.contiguous(m) for m in mods], 0
+    return [L.contiguous(m.astype(np.float32)) for m in mods], 1
+
+
+# ----------------------------------------------------------------------------- references
+def _modulate_ref(x, shift, scale):
+    b, l, h = _bld(x, "modulate")
+    cd = L.compute_dtype(x.dtype)
+    sh = _as_bh(shift, b, h, "modulate", "shift").astype(cd)[:, None]
+    sc = _as_bh(scale, b, h, "modulate", "scale").astype(cd)[:, None]
+    y = x.astype(cd).reshape(b, l, h) * (1 + sc) + sh
+    return y.reshape(x.shape).astype(x.dtype)
+
+
+def _modulate_grad_ref(dy, x, shift, scale):
+    b, l, h = _bld(x, "modulate")
+    cd = L.compute_dtype(x.dtype)
+    sc = _as_bh(scale, b, h, "modulate", "scale").astype(cd)[:, None]
+    g, xf = dy.astype(cd).reshape(b, l, h), x.astype(cd).reshape(b, l, h)
+    dx = (g * (1 + sc)).reshape(x.shape).astype(x.dtype)
+    dshift = _sum_to(g.sum(axis=1), shift.shape).astype(shift.dtype)
+    dscale = _sum_to((g * xf).sum(axis=1), scale.shape).astype(scale.dtype)
+    return dx, dshift, dscale
+
+
+def _gated_ref(x, gate, y):
+    b, l, h = _bld(x, "gated_residual")
+    cd = L.compute_dtype(x.dtype)
+    gt = _as_bh(gate, b, h, "gated_residual", "gate").astype(cd)[:, None]
+    out = x.astype(cd).reshape(b, l, h) + gt * y.astype(cd).reshape(b, l, h)
+    return out.reshape(x.shape).astype(x.dtype)
+
+
+def _gated_grad_ref(dout, gate, y):
+    b, l, h = _bld(y, "gated_residual")
+    cd = L.compute_dtype(y.dtype)
+    gt = _as_bh(gate, b, h, "gated_residual", "gate").astype(cd)[:, None]
+    g = dout.astype(cd).reshape(b, l, h)
+    dy = (g * gt).reshape(y.shape).astype(y.dtype)
+    dgate = _sum_to((g * y.astype(cd).reshape(b, l, h)).sum(axis=1), gate.shape).astype(gate.dtype)
+    return dout, dgate, dy
+
+
+# ----------------------------------------------------------------------------- kernels
+def _fwd_grid(b, lh, dtype):
+    block = 256
+    gx = max(1, min(L.cdiv(L.cdiv(lh, L.vec_width(dtype)), block), max(1, L.sm_count() * 16 // b)))
+    return (gx, b), (block,)
+
+
+def _bwd_launch(dout, a, coef, off, want_da, want_sum, mf32, b, l, h):
+    xp = L.xp_of(a)
+    vec = L.vec_width(a.dtype)
+    use_vec = h % vec == 0
+    cols_per_block = 32 * (vec if use_vec else 1)
+    gx = L.cdiv(h, cols_per_block)
+    splits = max(1, min(L.cdiv(L.sm_count() * 4, gx * b), L.cdiv(l, 8)))
+    da = xp.empty_like(a) if want_da else None
+    dcoef_part = xp.empty((b, splits, h), dtype=np.float32)
+    dsum_part = xp.empty((b, splits, h), dtype=np.float32) if want_sum else None
+    L.launch(L.get_function("modulate", "bcast_bwd", a.dtype), (gx, b, splits), (32, 8),
+             (dout, a, coef, L.f32(off), L.null() if da is None else da, dcoef_part,
+              L.null() if dsum_part is None else dsum_part, L.i32(l), L.i32(h), L.i32(mf32), L.i32(use_vec)))
+    return da, dcoef_part, dsum_part
+
+
+def _modulate_kernel(x, shift, scale):
+    b, l, h = _bld(x, "modulate")
+    x = L.contiguous(x)
+    (sh, sc), mf32 = _mod_args(x, _as_bh(shift, b, h, "modulate", "shift"), _as_bh(scale, b, h, "modulate", "scale"))
+    y = L.xp_of(x).empty_like(x)
+    grid, block = _fwd_grid(b, l * h, x.dtype)
+    L.launch(L.get_function("modulate", "modulate_fwd", x.dtype), grid, block,
+             (x, sh, sc, y, L.i64(l * h), L.i32(h), L.i32(mf32)))
+    return y
+
+
+def _modulate_grad_kernel(dy, x, shift, scale):
+    b, l, h = _bld(x, "modulate")
+    x, dy = L.contiguous(x), L.contiguous(dy.astype(x.dtype, copy=False))
+    (sc,), mf32 = _mod_args(x, _as_bh(scale, b, h, "modulate", "scale"))
+    dx, dscale_p, dshift_p = _bwd_launch(dy, x, sc, 1.0, True, True, mf32, b, l, h)
+    dscale = _sum_to(L.column_sum("modulate", "mod_column_sum", dscale_p, scale.dtype), scale.shape)
+    dshift = _sum_to(L.column_sum("modulate", "mod_column_sum", dshift_p, shift.dtype), shift.shape)
+    return dx, dshift, dscale
+
+
+def _gated_kernel(x, gate, y):
+    b, l, h = _bld(x, "gated_residual")
+    x, y = L.contiguous(x), L.contiguous(y.astype(x.dtype, copy=False))
+    (gt,), mf32 = _mod_args(x, _as_bh(gate, b, h, "gated_residual", "gate"))
+    out = L.xp_of(x).empty_like(x)
+    grid, block = _fwd_grid(b, l * h, x.dtype)
+    L.launch(L.get_function("modulate", "gated_fwd", x.dtype), grid, block,
+             (x, gt, y, out, L.i64(l * h), L.i32(h), L.i32(mf32)))
+    return out
+
+
+def _gated_grad_kernel(dout, gate, y):
+    b, l, h = _bld(y, "gated_residual")
+    y, g = L.contiguous(y), L.contiguous(dout.astype(y.dtype, copy=False))
+    (gt,), mf32 = _mod_args(y, _as_bh(gate, b, h, "gated_residual", "gate"))
+    dy, dgate_p, _ = _bwd_launch(g, y, gt, 0.0, True, False, mf32, b, l, h)
+    dgate = _sum_to(L.column_sum("modulate", "mod_column_sum", dgate_p, gate.dtype), gate.shape)
+    return dout, dgate, dy
+
+
+def _check_same(name, a, b, what):
+    if a.shape != b.shape:
+        raise ShapeError(f"{name}: {what} shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
+
+
+# ----------------------------------------------------------------------------- API
+def modulate_forward(x, shift, scale):
+    if L.use_kernel(x) and x.size:
+        return _modulate_kernel(x, shift, scale)
+    return _modulate_ref(x, shift, scale)
+
+
+def modulate_backward(dy, x, shift, scale):
+    _check_same("modulate_backward", dy, x, "gradient and input")
+    if L.use_kernel(x) and x.size:
+        return _modulate_grad_kernel(dy, x, shift, scale)
+    return _modulate_grad_ref(dy, x, shift, scale)
+
+
+def gated_residual_forward(x, gate, y):
+    _check_same("gated_residual", x, y, "x and y")
+    if L.use_kernel(x) and x.size:
+        return _gated_kernel(x, gate, y)
+    return _gated_ref(x, gate, y)
+
+
+def gated_residual_backward(dout, gate, y):
+    _check_same("gated_residual_backward", dout, y, "gradient and y")
+    if L.use_kernel(y) and y.size:
+        return _gated_grad_kernel(dout, gate, y)
+    return _gated_grad_ref(dout, gate, y)

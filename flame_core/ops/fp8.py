@@ -1,0 +1,34 @@
+"""Per-row fp8 (float8_e4m3fn) quantization of Tensors (flame_core.kernels.fp8): one byte per value and one fp32
+scale per row (the last axis is the row). A storage format, not differentiable. fp8 Tensors follow the core's
+convention: ml_dtypes float8 arrays on cpu, raw bytes in a uint8 array flagged `_f8` on cuda."""
+import numpy as np
+
+from .. import backend
+from .. import dtypes as D
+from ..errors import DTypeError
+from ..kernels import fp8 as K
+from ..tensor import _wrap
+
+
+def _as_fp8_tensor(q_bytes):
+    if backend.is_cuda_array(q_bytes):
+        t = _wrap(q_bytes)
+        t._f8 = True
+        return t
+    return _wrap(q_bytes.view(D.float8_e4m3fn.np))
+
+
+def quantize_fp8(x):
+    """-> (q, scales): q float8_e4m3fn of x's shape, scales float32 of shape x.shape[:-1]; x ~= q * scale."""
+    if not x.dtype.is_floating_point or x.dtype is D.float8_e4m3fn:
+        raise DTypeError(f"quantize_fp8: expects a float16/bfloat16/float32/float64 tensor, got {x.dtype}")
+    q, scales = K.quantize_per_row(x.detach()._data)
+    return _as_fp8_tensor(q), _wrap(scales)
+
+
+def dequantize_fp8(q, scales, dtype=None):
+    """q * scale per row, in `dtype` (default float32)."""
+    if q.dtype is not D.float8_e4m3fn:
+        raise DTypeError(f"dequantize_fp8: q must be float8_e4m3fn, got {q.dtype}")
+    dt = D.dtype(dtype) if dtype is not None else D.float32
+    return _wrap(K.dequantize_per_row(q._data.view(np.uint8), scales._data, dt.np))

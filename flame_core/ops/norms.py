@@ -1,0 +1,139 @@
+"""layer_norm, rms_norm, group_norm: differentiable, fused (flame_core.kernels.norms) on every device.
+
+Each op records one node; its backward calls the fused array backward. Under `create_graph=True` the backward is
+written with Tensor ops instead (slower, but twice differentiable).
+"""
+import ml_dtypes
+
+from ..autograd.function import Function
+from ..autograd.grad_mode import state
+from ..errors import ShapeError
+from ..kernels import norms as K
+from ..tensor import _wrap, check_same_device
+
+
+def _normalized_dims(x, normalized_shape, op):
+    ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(int(s) for s in normalized_shape)
+    if not ns or tuple(x.shape[x.ndim - len(ns):]) != ns or len(ns) > x.ndim:
+        raise ShapeError(f"{op}: normalized_shape {ns} does not match the trailing dims of input shape "
+                         f"{tuple(x.shape)}")
+    return ns
+
+
+def _flat(p):
+    return None if p is None else p._data.reshape(-1)
+
+
+def _composed_norm_backward(g, x, weight, bias, n, eps, rms):
+    """d(out)/d(inputs) of the normalisation written with Tensor ops (differentiable again)."""
+    dims = tuple(range(x.ndim - n, x.ndim))
+    red = tuple(range(x.ndim - n))
+    xf = x.float() if x.dtype.itemsize < 4 else x
+    gf = g.to(xf.dtype)
+    xc = xf if rms else xf - xf.mean(dims, keepdim=True)
+    rstd = ((xc * xc).mean(dims, keepdim=True) + eps).rsqrt()
+    xh = xc * rstd
+    gw = gf * weight.to(xf.dtype) if weight is not None else gf
+    dot = (gw * xh).mean(dims, keepdim=True)
+    dx = rstd * (gw - xh * dot) if rms else rstd * (gw - gw.mean(dims, keepdim=True) - xh * dot)
+    dw = (gf * xh).sum(red).to(weight.dtype) if weight is not None else None
+    db = gf.sum(red).to(bias.dtype) if bias is not None else None
+    return dx.to(x.dtype), dw, db
+
+
+class LayerNorm(Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, n, eps, rms):
+        a = x._data
+        a2 = a.reshape(a.shape[:a.ndim - n] + (-1,))
+        if rms:
+            (y, rstd), mean = K.rms_norm_forward(a2, _flat(weight), eps), None
+        else:
+            y, mean, rstd = K.layer_norm_forward(a2, _flat(weight), _flat(bias), eps)
+        ctx.save_for_backward(x, weight, bias)
+        ctx.mean, ctx.rstd, ctx.n, ctx.eps, ctx.rms = mean, rstd, n, eps, rms
+        return _wrap(y.reshape(a.shape))
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight, bias = ctx.saved_tensors
+        n, rms = ctx.n, ctx.rms
+        if state.enabled:
+            dx, dw, db = _composed_norm_backward(g, x, weight, bias, n, ctx.eps, rms)
+        else:
+            a = x._data
+            lead = a.shape[:a.ndim - n]
+            a2, g2 = a.reshape(lead + (-1,)), g._data.reshape(lead + (-1,))
+            w = _flat(weight)
+            if rms:
+                dxa, dwa = K.rms_norm_backward(g2, a2, w, ctx.rstd)
+                dba = None
+            else:
+                want_b = bias is not None and ctx.needs_input_grad[2]
+                dxa, dwa, dba = K.layer_norm_backward(g2, a2, w, ctx.mean, ctx.rstd, _flat(bias) if want_b else None)
+            dx = _wrap(dxa.reshape(a.shape))
+            dw = _wrap(dwa.reshape(weight.shape)) if dwa is not None else None
+            db = _wrap(dba.reshape(bias.shape)) if dba is not None else None
+        return dx, dw, db, None, None, None
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """LayerNorm over the trailing `normalized_shape` dims (fp32 statistics), optional elementwise affine."""
+    ns = _normalized_dims(input, normalized_shape, "layer_norm")
+    check_same_device("layer_norm", input, weight, bias)
+    for p, what in ((weight, "weight"), (bias, "bias")):
+        if p is not None and tuple(p.shape) != ns:
+            raise ShapeError(f"layer_norm: {what} shape {tuple(p.shape)} differs from normalized_shape {ns}")
+    return LayerNorm.apply(input, weight, bias, len(ns), float(eps), False)
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None):
+    """RMSNorm: x * rsqrt(mean(x^2) + eps) * weight over the trailing dims, statistics in fp32.
+    eps=None uses the machine epsilon of the input dtype (as torch.nn.functional.rms_norm)."""
+    ns = _normalized_dims(input, normalized_shape, "rms_norm")
+    check_same_device("rms_norm", input, weight)
+    if weight is not None and tuple(weight.shape) != ns:
+        raise ShapeError(f"rms_norm: weight shape {tuple(weight.shape)} differs from normalized_shape {ns}")
+    if eps is None:
+        eps = float(ml_dtypes.finfo(input.dtype.np).eps)
+    return LayerNorm.apply(input, weight, None, len(ns), float(eps), True)
+
+
+class GroupNorm(Function):
+    @staticmethod
+    def forward(ctx, x, num_groups, weight, bias, eps):
+        y, mean, rstd = K.group_norm_forward(x._data, num_groups, _flat(weight), _flat(bias), eps)
+        ctx.save_for_backward(x, weight, bias)
+        ctx.mean, ctx.rstd, ctx.g, ctx.eps = mean, rstd, num_groups, eps
+        return _wrap(y)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight, bias = ctx.saved_tensors
+        if state.enabled:  # y = xhat * w_c + b_c: fold w into the gradient, then the plain normalisation rule
+            n, c = x.shape[:2]
+            wshape = (1, c) + (1,) * (x.ndim - 2)
+            gw = g * weight.reshape(wshape) if weight is not None else g
+            dxg, _, _ = _composed_norm_backward(gw.reshape(n, ctx.g, -1), x.reshape(n, ctx.g, -1), None, None, 1,
+                                                ctx.eps, False)
+            red = (0,) + tuple(range(2, x.ndim))
+            dw = db = None
+            if weight is not None:
+                xg = (x.float() if x.dtype.itemsize < 4 else x).reshape(n, ctx.g, -1)
+                xc = xg - xg.mean(-1, keepdim=True)
+                xh = (xc * ((xc * xc).mean(-1, keepdim=True) + ctx.eps).rsqrt()).reshape(x.shape)
+                dw = (g.to(xh.dtype) * xh).sum(red).to(weight.dtype)
+            if bias is not None:
+                db = g.sum(red).to(bias.dtype)
+            return dxg.reshape(x.shape), None, dw, db, None
+        want_b = bias is not None and ctx.needs_input_grad[3]
+        dxa, dwa, dba = K.group_norm_backward(g._data, x._data, ctx.g, _flat(weight), ctx.mean, ctx.rstd,
+                                              _flat(bias) if want_b else None)
+        return (_wrap(dxa), None, _wrap(dwa) if dwa is not None else None, _wrap(dba) if dba is not None else None,
+                None)
+
+
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+    """GroupNorm over (N, C, *): statistics per (sample, group of C/num_groups channels), per-channel affine."""
+    check_same_device("group_norm", input, weight, bias)
+    return GroupNorm.apply(input, int(num_groups), weight, bias, float(eps))

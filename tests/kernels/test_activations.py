@@ -1,0 +1,100 @@
+"""GELU (erf / tanh) and SiLU: reference values, gradients, and the CUDA kernels against the reference."""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import flame_core as flame
+from flame_core.autograd import gradcheck
+from flame_core.kernels import activations as K
+
+from kernel_utils import DTYPES, assert_close, rand
+
+POINTS = np.array([-6.0, -3.0, -1.0, -0.5, 0.0, 0.25, 1.0, 2.5, 8.0])
+
+
+def _gelu64(x, approximate):
+    if approximate == "tanh":
+        return np.array([0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3))) for v in x])
+    return np.array([0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x])
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_reference_values(approximate):
+    np.testing.assert_allclose(K.gelu_forward(POINTS, approximate), _gelu64(POINTS, approximate), rtol=1e-14,
+                               atol=1e-15)
+    assert abs(K.gelu_forward(np.array([1.0]), "none")[0] - 0.8413447460685429) < 1e-15
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_grad_matches_central_differences(approximate):
+    h = 1e-6
+    num = (_gelu64(POINTS + h, approximate) - _gelu64(POINTS - h, approximate)) / (2 * h)
+    got = K.gelu_backward(np.ones_like(POINTS), POINTS, approximate)
+    np.testing.assert_allclose(got, num, rtol=1e-7, atol=1e-9)
+
+
+def test_silu_reference_and_grad():
+    want = POINTS / (1 + np.exp(-POINTS))
+    np.testing.assert_allclose(K.silu_forward(POINTS), want, rtol=1e-14, atol=1e-15)
+    h = 1e-6
+    num = ((POINTS + h) / (1 + np.exp(-(POINTS + h))) - (POINTS - h) / (1 + np.exp(-(POINTS - h)))) / (2 * h)
+    np.testing.assert_allclose(K.silu_backward(np.full_like(POINTS, 2.0), POINTS), 2 * num, rtol=1e-7, atol=1e-9)
+
+
+def test_half_types_compute_in_float32():
+    x = np.linspace(-4, 4, 101).astype(DTYPES["bfloat16"])
+    want = _gelu64(x.astype(np.float64), "tanh").astype(np.float32).astype(DTYPES["bfloat16"])
+    got = K.gelu_forward(x, "tanh")
+    assert got.dtype == x.dtype
+    np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))
+
+
+def test_bad_approximate_names_the_value():
+    with pytest.raises(ValueError, match="'exact'"):
+        K.gelu_forward(np.zeros(3, np.float32), "exact")
+
+
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple), approximate=st.sampled_from(["none", "tanh"]))
+def test_gelu_gradcheck(shape, approximate):
+    x = flame.tensor(np.random.default_rng(0).uniform(-3, 3, shape), dtype=flame.float64, requires_grad=True)
+    assert gradcheck(lambda t: flame.gelu(t, approximate=approximate), (x,))
+
+
+# ----------------------------------------------------------------------------- GPU: kernels vs reference
+SIZES = [1, 7, 33, 1000, 4097, 65543, 3 * 12288]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_kernel(ab, rng, dt, n, approximate):
+    x, dy = rand(rng, (n,), DTYPES[dt], scale=3.0), rand(rng, (n,), DTYPES[dt])
+    k, r = ab(lambda a: K.gelu_forward(a, approximate), x)
+    assert k.dtype == x.dtype
+    assert_close(k, r, dt, "gelu forward")
+    k, r = ab(lambda g, a: K.gelu_backward(g, a, approximate), dy, x)
+    assert_close(k, r, dt, "gelu backward")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("n", SIZES)
+def test_silu_kernel(ab, rng, dt, n):
+    x, dy = rand(rng, (n,), DTYPES[dt], scale=4.0), rand(rng, (n,), DTYPES[dt])
+    k, r = ab(K.silu_forward, x)
+    assert_close(k, r, dt, "silu forward")
+    k, r = ab(K.silu_backward, dy, x)
+    assert_close(k, r, dt, "silu backward")
+
+
+@pytest.mark.gpu
+def test_kernels_take_unaligned_and_strided_inputs(ab, rng):
+    import cupy as cp
+    base = cp.asarray(rand(rng, (3, 1001), np.float32))
+    k, r = ab(lambda: K.gelu_forward(base[1, 1:], "tanh"))        # 4-byte aligned start: scalar path
+    assert_close(k, r, "float32", "unaligned")
+    k, r = ab(lambda: K.silu_forward(base[:, ::2]))               # strided view: made contiguous
+    assert_close(k, r, "float32", "strided")

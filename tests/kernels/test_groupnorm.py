@@ -1,0 +1,99 @@
+"""GroupNorm on (N, C, *spatial): reference vs float64, gradients, kernels vs reference."""
+import numpy as np
+import pytest
+from hypothesis import assume, given, strategies as st
+
+import flame_core as flame
+from flame_core.autograd import gradcheck
+from flame_core.errors import ShapeError
+from flame_core.kernels import norms as K
+from flame_core.ops.norms import group_norm
+
+from kernel_utils import DTYPES, assert_close, rand
+
+
+def _gn64(x, g, w, b, eps):
+    n, c = x.shape[:2]
+    xg = x.reshape(n, g, -1)
+    y = (xg - xg.mean(-1, keepdims=True)) / np.sqrt(xg.var(-1, keepdims=True) + eps)
+    shape = (1, c) + (1,) * (x.ndim - 2)
+    return y.reshape(x.shape) * w.reshape(shape) + b.reshape(shape)
+
+
+def test_reference_matches_float64(rng):
+    x = rng.standard_normal((2, 6, 5, 3)) * 2 + 4
+    w, b = rng.standard_normal(6), rng.standard_normal(6)
+    y, mean, rstd = K.group_norm_forward(x, 3, w, b, 1e-5)
+    np.testing.assert_allclose(y, _gn64(x, 3, w, b, 1e-5), rtol=1e-12, atol=1e-12)
+    assert mean.shape == (2, 3) and rstd.shape == (2, 3)
+    np.testing.assert_allclose(mean, x.reshape(2, 3, -1).mean(-1), rtol=1e-14)
+
+
+def test_errors_name_shapes():
+    with pytest.raises(ShapeError, match=r"6 channels.*\(2, 6, 4\).*4 groups"):
+        K.group_norm_forward(np.zeros((2, 6, 4), np.float32), 4, None, None, 1e-5)
+    with pytest.raises(ShapeError, match="weight"):
+        K.group_norm_forward(np.zeros((2, 6, 4), np.float32), 3, np.ones(5, np.float32), None, 1e-5)
+
+
+@given(n=st.integers(1, 2), g=st.integers(1, 3), cpg=st.integers(1, 2), spatial=st.sampled_from([(), (3,), (2, 2)]),
+       affine=st.booleans())
+def test_gradcheck(n, g, cpg, spatial, affine):
+    rng = np.random.default_rng(n * 100 + g * 10 + cpg)
+    c = g * cpg
+    assume(cpg * int(np.prod(spatial)) >= 2)  # one element per group normalises to exactly zero
+    x = flame.tensor(rng.standard_normal((n, c) + spatial) + 1, dtype=flame.float64, requires_grad=True)
+    w = flame.tensor(rng.standard_normal(c), dtype=flame.float64, requires_grad=True) if affine else None
+    b = flame.tensor(rng.standard_normal(c), dtype=flame.float64, requires_grad=True) if affine else None
+    assert gradcheck(lambda a, ww, bb: group_norm(a, g, ww, bb, eps=1e-5), (x, w, b))
+
+
+def test_fused_grads_match_composed_ops(device, rng):
+    shape, g = (2, 8, 4, 5), 4
+    x, w, b = (flame.tensor(a, dtype=flame.float32, device=device, requires_grad=True) for a in
+               (rng.standard_normal(shape) * 2 + 1, rng.standard_normal(8), rng.standard_normal(8)))
+    gout = flame.tensor(rng.standard_normal(shape), dtype=flame.float32, device=device)
+    (group_norm(x, g, w, b, eps=1e-5) * gout).sum().backward()
+    fused = [t.grad.numpy().copy() for t in (x, w, b)]
+    for t in (x, w, b):
+        t.grad = None
+    xg = x.reshape(2, g, -1)
+    xc = xg - xg.mean(-1, keepdim=True)
+    y = (xc * ((xc * xc).mean(-1, keepdim=True) + 1e-5).rsqrt()).reshape(shape)
+    y = y * w.reshape(1, 8, 1, 1) + b.reshape(1, 8, 1, 1)
+    (y * gout).sum().backward()
+    for got, t in zip(fused, (x, w, b)):
+        np.testing.assert_allclose(got, t.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_double_backward():
+    from flame_core.autograd import gradgradcheck
+    rng = np.random.default_rng(7)
+    x = flame.tensor(rng.standard_normal((1, 4, 3)), dtype=flame.float64, requires_grad=True)
+    w = flame.tensor(rng.standard_normal(4), dtype=flame.float64, requires_grad=True)
+    assert gradgradcheck(lambda a, ww: group_norm(a, 2, ww, None, eps=1e-5), (x, w))
+
+
+SHAPES = [((1, 4, 1), 2), ((2, 6, 7), 3), ((3, 32, 5, 5), 32), ((2, 64, 9, 11), 8), ((2, 320, 32, 32), 32),
+          ((1, 128, 64, 64), 32), ((5, 12, 3, 3, 3), 4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("shape,g", SHAPES)
+@pytest.mark.parametrize("affine", [False, True])
+def test_group_norm_kernel(ab, rng, dt, shape, g, affine):
+    import cupy as cp
+    d = DTYPES[dt]
+    x, dy = rand(rng, shape, d, loc=1.5, scale=2.0), rand(rng, shape, d)
+    w = cp.asarray(rand(rng, shape[1:2], np.float32, loc=1.0)) if affine else None
+    b = cp.asarray(rand(rng, shape[1:2], np.float32)) if affine else None
+    (yk, mk, rk), (yr, mr, rr) = ab(lambda a: K.group_norm_forward(a, g, w, b, 1e-5), x)
+    assert_close(yk, yr, dt, "y")
+    assert_close(mk, mr, "float32", "mean", scale=10)
+    assert_close(rk, rr, "float32", "rstd", scale=10)
+    (dxk, dwk, dbk), (dxr, dwr, dbr) = ab(lambda gg, a: K.group_norm_backward(gg, a, g, w, mr, rr, b), dy, x)
+    assert_close(dxk, dxr, dt, "dx", scale=3)
+    if affine:
+        assert_close(dwk, dwr, "float32", "dweight", scale=50)
+        assert_close(dbk, dbr, "float32", "dbias", scale=50)

@@ -1,0 +1,157 @@
+"""The kernel loader: source expansion with #line mapping, template discovery, switches, errors, launch sizes."""
+import re
+
+import numpy as np
+import pytest
+
+from flame_core import backend
+from flame_core.errors import DTypeError, KernelCompileError
+from flame_core.kernels import loader
+
+
+def test_includes_are_inlined_with_line_directives():
+    src = loader.source("norms")
+    raw = (loader.CUDA_SRC / "norms.cu").read_text().splitlines()
+    inc_line = next(i + 1 for i, line in enumerate(raw) if line.strip() == '#include "common.cuh"')
+    assert src.startswith('#line 1 "norms.cu"\n')
+    assert '#line 1 "common.cuh"\n' in src
+    assert f'#line {inc_line + 1} "norms.cu"\n' in src
+    assert '#include "common.cuh"' not in src
+    # the text after the directive is the original file from the line after the include
+    after = src.split(f'#line {inc_line + 1} "norms.cu"\n', 1)[1]
+    assert after.splitlines()[:3] == raw[inc_line:inc_line + 3]
+
+
+def test_each_header_is_inlined_once():
+    src = loader.source("fp8")  # includes common.cuh (which includes system headers only)
+    assert src.count('#line 1 "common.cuh"') == 1
+    assert "#include <cuda_fp8.h>" in src  # system headers stay for NVRTC
+
+
+def test_template_kernels_found_per_file():
+    assert loader.template_kernels("softmax") == [f"softmax_{d}{v}" for d in ("fwd", "bwd") for v in loader.VPTS]
+    assert loader.template_kernels("activations") == ["gelu_fwd", "gelu_bwd", "silu_fwd", "silu_bwd"]
+    assert "bcast_bwd" in loader.template_kernels("modulate")  # declared with __launch_bounds__
+
+
+def test_ctype_mapping():
+    import ml_dtypes
+    assert loader.ctype(np.float32) == "float"
+    assert loader.ctype(np.float16) == "__half"
+    assert loader.ctype(ml_dtypes.bfloat16) == "__nv_bfloat16"
+    with pytest.raises(DTypeError, match="int32"):
+        loader.ctype(np.int32)
+
+
+def test_switches(monkeypatch):
+    monkeypatch.setenv("FLAME_KERNELS", "1")
+    gpu = backend.cuda_available()
+    assert loader.enabled() == gpu
+    with loader.reference():
+        assert not loader.enabled()
+        with loader.reference():
+            assert not loader.enabled()
+        assert not loader.enabled()
+    assert loader.enabled() == gpu
+    monkeypatch.setenv("FLAME_KERNELS", "0")  # read at every call
+    assert not loader.enabled()
+
+
+def test_use_kernel_needs_cuda_arrays_of_kernel_dtypes():
+    assert not loader.use_kernel(np.zeros(4, np.float32))
+
+
+def test_compile_error_names_file_and_line():
+    log = ('norms.cu(41): error: identifier "bogus" is undefined\n'
+           'common.cuh(12): error: expected a ";"\n2 errors detected')
+    err = loader._compile_error("norms", RuntimeError(log))
+    assert isinstance(err, KernelCompileError)
+    assert "cuda_src/norms.cu" in str(err) and "first error at cuda_src/norms.cu:41" in str(err)
+    assert 'identifier "bogus"' in str(err)
+
+
+def test_missing_source_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(loader, "CUDA_SRC", tmp_path)
+    monkeypatch.setattr(loader, "_sources", {})
+    with pytest.raises(KernelCompileError, match="nope.cu not found"):
+        loader.source("nope")
+
+
+@pytest.mark.parametrize("nvec", [1, 3, 32, 33, 100, 256, 257, 1024, 4097])
+@pytest.mark.parametrize("vpt", [1, 2, 4])
+def test_row_tpr_covers_the_row(nvec, vpt):
+    tpr = loader.row_tpr(nvec, vpt)
+    assert tpr * vpt >= nvec                                   # every vector cached by some thread
+    if tpr <= 32:
+        assert tpr & (tpr - 1) == 0 and (tpr == 1 or (tpr // 2) * vpt < nvec)  # shuffle group, the smallest
+    else:
+        assert tpr % 32 == 0 and (tpr - 32) * vpt < nvec      # whole warps, the fewest
+
+
+class _FakeKernel:
+    def __init__(self, max_threads):
+        self.max_threads_per_block = max_threads
+
+
+@pytest.mark.parametrize("cols", [1, 7, 64, 128, 1000, 3072, 12288, 16384, 16385, 100000])
+@pytest.mark.parametrize("vec", [1, 4, 8])
+@pytest.mark.parametrize("max_threads", [1024, 512])
+def test_row_plan_covers_rows_and_respects_register_limits(monkeypatch, cols, vec, max_threads):
+    asked = []
+
+    def fake_get_function(stem, name, dtype=None):
+        asked.append(name)
+        return _FakeKernel(max_threads)
+    monkeypatch.setattr(loader, "get_function", fake_get_function)
+    v = vec if cols % vec == 0 else 1
+    kernel, grid, block, tpr = loader.row_plan("norms", "norm_fwd", np.float32, 1000, cols, v)
+    vpt = int(asked[-1][-1])
+    assert asked[-1] == f"norm_fwd{vpt}" and vpt in loader.VPTS
+    assert block[0] == (tpr if tpr > 32 else 128) and tpr <= max_threads
+    rows_per_block = block[0] // tpr
+    assert grid[0] * rows_per_block >= 1000 > (grid[0] - 1) * rows_per_block
+    nvec = cols // v
+    cached = tpr * vpt >= nvec
+    assert cached or (vpt == loader.MAX_VPT and tpr == max_threads)  # else the kernel takes its looping path
+    if cached and nvec > 256:
+        assert vpt > 1 or tpr <= 256                               # wide rows ask for more vectors per thread
+
+
+def test_row_plan_override(monkeypatch):
+    monkeypatch.setattr(loader, "get_function", lambda stem, name, dtype=None: _FakeKernel(1024))
+    monkeypatch.setattr(loader, "vpt_override", 2)
+    _, _, _, tpr = loader.row_plan("softmax", "softmax_fwd", np.float32, 8, 3072, 4)
+    assert tpr == loader.row_tpr(768, 2)
+
+
+def test_max_vpt_matches_header():
+    text = (loader.CUDA_SRC / "common.cuh").read_text()
+    assert int(re.search(r"#define MAX_VPT (\d+)", text).group(1)) == loader.MAX_VPT
+
+
+def test_cdiv_and_int_arguments():
+    assert loader.cdiv(10, 3) == 4 and loader.cdiv(9, 3) == 3 and loader.cdiv(0, 5) == 0
+    with pytest.raises(ValueError, match="int32"):
+        loader.i32(2 ** 31)
+
+
+@pytest.mark.gpu
+def test_nvrtc_error_reports_file_and_line(monkeypatch, tmp_path):
+    (tmp_path / "common.cuh").write_text((loader.CUDA_SRC / "common.cuh").read_text())
+    (tmp_path / "bad.cu").write_text('#include "common.cuh"\n\ntemplate <typename T>\n__global__ void k(T* x) {\n'
+                                     '    x[0] = undefined_name;\n}\n')
+    monkeypatch.setattr(loader, "CUDA_SRC", tmp_path)
+    monkeypatch.setattr(loader, "_sources", {})
+    with pytest.raises(KernelCompileError, match=r"cuda_src/bad\.cu:5"):
+        loader.get_function("bad", "k", np.float32)
+
+
+@pytest.mark.gpu
+def test_every_family_compiles_for_every_dtype():
+    import ml_dtypes
+    for stem in ("activations", "softmax", "norms", "groupnorm", "modulate", "rope", "adamw", "fp8"):
+        for dt in (np.float32, np.float16, ml_dtypes.bfloat16):
+            for name in loader.template_kernels(stem):
+                assert loader.get_function(stem, name, dt) is not None
+    for name in ("gn_fwd_finalize", "gn_bwd_finalize"):
+        assert loader.get_function("groupnorm", name) is not None

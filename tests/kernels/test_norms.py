@@ -1,0 +1,184 @@
+"""LayerNorm and RMSNorm: reference vs float64 formulas, Tensor-op gradients (gradcheck and fused vs composed),
+and the CUDA kernels against the reference on ragged shapes in every dtype."""
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import flame_core as flame
+from flame_core.autograd import gradcheck
+from flame_core.errors import ShapeError
+from flame_core.kernels import norms as K
+from flame_core.ops.norms import layer_norm, rms_norm
+
+from kernel_utils import DTYPES, assert_close, rand
+
+
+def _ln64(x, w, b, eps):
+    m = x.mean(-1, keepdims=True)
+    v = ((x - m) ** 2).mean(-1, keepdims=True)
+    return (x - m) / np.sqrt(v + eps) * w + b
+
+
+def test_layer_norm_reference(rng):
+    x = rng.standard_normal((4, 3, 50)) * 3 + 7   # a large mean: statistics must subtract it first
+    w, b = rng.standard_normal(50), rng.standard_normal(50)
+    y, mean, rstd = K.layer_norm_forward(x, w, b, 1e-5)
+    np.testing.assert_allclose(y, _ln64(x, w, b, 1e-5), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(mean, x.mean(-1), rtol=1e-14)
+    np.testing.assert_allclose(rstd, 1 / np.sqrt(x.var(-1) + 1e-5), rtol=1e-12)
+    y0, _, _ = K.layer_norm_forward(x.astype(np.float32), None, None, 1e-6)
+    np.testing.assert_allclose(y0.mean(-1), 0, atol=1e-5)
+    np.testing.assert_allclose(y0.std(-1), 1, atol=1e-4)
+
+
+def test_rms_norm_reference(rng):
+    x, w = rng.standard_normal((6, 128)), rng.standard_normal(128)
+    y, rstd = K.rms_norm_forward(x, w, 1e-6)
+    np.testing.assert_allclose(y, x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-6) * w, rtol=1e-12)
+    np.testing.assert_allclose(rstd, 1 / np.sqrt((x ** 2).mean(-1) + 1e-6), rtol=1e-12)
+
+
+def test_bf16_statistics_are_fp32(rng):
+    x = (rng.standard_normal((3, 256)) * 0.01 + 100).astype(DTYPES["bfloat16"])
+    y, mean, rstd = K.layer_norm_forward(x, None, None, 1e-6)
+    assert y.dtype == x.dtype and mean.dtype == np.float32 and rstd.dtype == np.float32
+    xf = x.astype(np.float64)
+    np.testing.assert_allclose(mean, xf.mean(-1), rtol=1e-6)
+    np.testing.assert_allclose(y.astype(np.float64), _ln64(xf, 1, 0, 1e-6), atol=2e-2 * 4)
+
+
+def test_backward_matches_central_differences(rng):
+    x, w, b, g = (rng.standard_normal((3, 9)), rng.standard_normal(9), rng.standard_normal(9),
+                  rng.standard_normal((3, 9)))
+    _, mean, rstd = K.layer_norm_forward(x, w, b, 1e-5)
+    dx, dw, db = K.layer_norm_backward(g, x, w, mean, rstd, b)
+    h = 1e-6
+
+    def num(f, a):
+        out = np.zeros_like(a)
+        for i in np.ndindex(a.shape):
+            a[i] += h
+            p = (f() * g).sum()
+            a[i] -= 2 * h
+            m = (f() * g).sum()
+            a[i] += h
+            out[i] = (p - m) / (2 * h)
+        return out
+    f = lambda: _ln64(x, w, b, 1e-5)  # noqa: E731
+    np.testing.assert_allclose(dx, num(f, x), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dw, num(f, w), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(db, num(f, b), rtol=1e-6, atol=1e-8)
+
+
+def test_shape_errors_name_shapes():
+    with pytest.raises(ShapeError, match=r"\(5,\).*\(4,\)|\(4,\).*\(5,\)"):
+        K.layer_norm_forward(np.zeros((2, 4), np.float32), np.ones(5, np.float32), None, 1e-5)
+    with pytest.raises(ShapeError, match="normalized_shape"):
+        layer_norm(flame.zeros(2, 4), (3,))
+
+
+@given(lead=st.lists(st.integers(1, 3), min_size=0, max_size=2).map(tuple), n=st.integers(2, 6),
+       affine=st.booleans(), rms=st.booleans())
+def test_gradcheck(lead, n, affine, rms):
+    rng = np.random.default_rng(len(lead) * 10 + n)
+    x = flame.tensor(rng.standard_normal(lead + (n,)) * 2 + 1, dtype=flame.float64, requires_grad=True)
+    w = flame.tensor(rng.standard_normal(n), dtype=flame.float64, requires_grad=True) if affine else None
+    b = flame.tensor(rng.standard_normal(n), dtype=flame.float64, requires_grad=True) if affine and not rms else None
+    if rms:
+        assert gradcheck(lambda a, ww: rms_norm(a, (n,), ww, eps=1e-6), (x, w))
+    else:
+        assert gradcheck(lambda a, ww, bb: layer_norm(a, (n,), ww, bb, eps=1e-5), (x, w, b))
+
+
+def _composed(x, w, b, dims, eps, rms):
+    xc = x if rms else x - x.mean(dims, keepdim=True)
+    y = xc * ((xc * xc).mean(dims, keepdim=True) + eps).rsqrt()
+    if w is not None:
+        y = y * w
+    return y + b if b is not None else y
+
+
+@pytest.mark.parametrize("rms", [False, True])
+@pytest.mark.parametrize("normalized", [(16,), (3, 16)])
+def test_fused_grads_match_composed_ops(device, rng, rms, normalized):
+    shape = (2, 5) + normalized
+    dims = tuple(range(len(shape) - len(normalized), len(shape)))
+    data = [rng.standard_normal(shape) * 2 + 3, rng.standard_normal(normalized), rng.standard_normal(normalized),
+            rng.standard_normal(shape)]
+    leaves = [flame.tensor(d, dtype=flame.float32, device=device, requires_grad=True) for d in data[:3]]
+    gout = flame.tensor(data[3], dtype=flame.float32, device=device)
+    x, w, b = leaves
+    b = None if rms else b
+    fused = rms_norm(x, normalized, w, eps=1e-6) if rms else layer_norm(x, normalized, w, b, eps=1e-6)
+    (fused * gout).sum().backward()
+    got = [t.grad.numpy().copy() for t in (x, w) + ((b,) if b is not None else ())]
+    for t in (x, w, b):
+        if t is not None:
+            t.grad = None
+    ref = _composed(x, w, b, dims, 1e-6, rms)
+    np.testing.assert_allclose(fused.detach().numpy(), ref.detach().numpy(), rtol=1e-5, atol=1e-5)
+    (ref * gout).sum().backward()
+    want = [t.grad.numpy() for t in (x, w) + ((b,) if b is not None else ())]
+    for gg, ww in zip(got, want):
+        np.testing.assert_allclose(gg, ww, rtol=1e-4, atol=1e-4)
+
+
+def test_double_backward_through_layer_norm():
+    x = flame.tensor(np.random.default_rng(3).standard_normal((2, 5)), dtype=flame.float64, requires_grad=True)
+    w = flame.tensor(np.random.default_rng(4).standard_normal(5), dtype=flame.float64, requires_grad=True)
+    from flame_core.autograd import gradgradcheck
+    assert gradgradcheck(lambda a, ww: layer_norm(a, (5,), ww, None, eps=1e-5), (x, w))
+
+
+# ----------------------------------------------------------------------------- GPU: kernels vs reference
+SHAPES = [(1, 1), (1, 7), (5, 33), (257, 64), (1000, 128), (130, 1000), (3, 3072), (2, 16384), (2, 20001),
+          (1, 12288), (67, 3072)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("affine", ["none", "same", "fp32"])
+def test_layer_norm_kernel(ab, rng, dt, shape, affine):
+    d = DTYPES[dt]
+    x, dy = rand(rng, shape, d, loc=2.0, scale=3.0), rand(rng, shape, d)
+    pdt = d if affine == "same" else np.float32
+    w = rand(rng, shape[-1:], pdt, loc=1.0) if affine != "none" else None
+    b = rand(rng, shape[-1:], pdt) if affine != "none" else None
+    wc, bc = (None, None) if w is None else (_cp(w), _cp(b))
+    (yk, mk, rk), (yr, mr, rr) = ab(lambda a: K.layer_norm_forward(a, wc, bc, 1e-5), x)
+    assert yk.dtype == x.dtype
+    assert_close(yk, yr, dt, "y")
+    assert_close(mk, mr, "float32", "mean", scale=10)
+    assert_close(rk, rr, "float32", "rstd", scale=10)
+    (dxk, dwk, dbk), (dxr, dwr, dbr) = ab(lambda g, a: K.layer_norm_backward(g, a, wc, mr, rr, bc), dy, x)
+    assert_close(dxk, dxr, dt, "dx", scale=2)
+    if w is not None:
+        assert dwk.dtype == pdt and dbk.dtype == pdt
+        tol_dt = "float32" if pdt == np.float32 else dt
+        assert_close(dwk, dwr, tol_dt, "dweight", scale=20)
+        assert_close(dbk, dbr, tol_dt, "dbias", scale=20)
+    else:
+        assert dwk is None and dbk is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("weight", [False, True])
+def test_rms_norm_kernel(ab, rng, dt, shape, weight):
+    d = DTYPES[dt]
+    x, dy = rand(rng, shape, d, scale=2.0), rand(rng, shape, d)
+    w = rand(rng, shape[-1:], d, loc=1.0) if weight else None
+    (yk, rk), (yr, rr) = ab(lambda a: K.rms_norm_forward(a, None if w is None else _cp(w), 1e-6), x)
+    assert_close(yk, yr, dt, "y")
+    assert_close(rk, rr, "float32", "rstd", scale=10)
+    (dxk, dwk), (dxr, dwr) = ab(lambda g, a: K.rms_norm_backward(g, a, None if w is None else _cp(w), rr), dy, x)
+    assert_close(dxk, dxr, dt, "dx", scale=2)
+    if weight:
+        assert_close(dwk, dwr, dt, "dweight", scale=20)
+
+
+def _cp(a):
+    from flame_core import backend
+    return backend.cupy.asarray(a)
