@@ -1,0 +1,346 @@
+"""Scaled dot-product attention on arrays, forward and backward, without an Lq x Lk matrix.
+
+    flash_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None)             -> (o, lse)
+    flash_attention_backward(do, q, k, v, o, lse, attn_mask=None, is_causal=False, scale=None) -> (dq, dk, dv)
+
+q (B, H, Lq, E), k (B, H, Lk, E), v (B, H, Lk, Ev), any strides. attn_mask broadcasts to (B, H, Lq, Lk): bool (True =
+attend) or float (added to the scaled scores). is_causal keeps key j for query i when j <= i (top-left aligned, as
+torch). scale defaults to 1 / sqrt(E). lse (B, H, Lq) is the natural-log logsumexp of the masked, scaled scores
+(float32; float64 for float64 inputs), +inf for a row that attends nothing: such rows get output 0 and gradient 0
+(torch's math backend gives the same since 2.5).
+
+CuPy bfloat16 / float16 run the FlashAttention-2 kernels of cuda_src/flash_attention_{fwd,bwd}.cu (fp32 softmax and
+accumulation; head dims 64 and 128 have their own tiles, other E <= 256 run zero-padded to 64 / 128 / 256).
+Everything else (NumPy, float32, float64, E != Ev, E > 256) takes the chunked reference below, written against `xp`:
+it handles blocks of query rows so that at most CHUNK_BYTES of scores exist at a time. It is also the test oracle.
+"""
+import math
+
+import numpy as np
+
+from . import loader as L
+from .. import backend
+from ..errors import DTypeError, ShapeError, fmt_shape
+
+CHUNK_BYTES = 64 << 20  # bound on the scores (and their same-size temporaries) the reference holds at once
+LOG2E = 1.4426950408889634
+_HALF = ("float16", "bfloat16")
+
+# Kernel tiles per padded head dim: forward (BM, BN, warps, OPT) for large / small grids and for masked calls;
+# backward (BM, BN, warps, warps along M for S, along N for dK/dV, along M for dQ, OPT). OPT selects the
+# kernels' scheduling variants (see their headers). Measured choices: bench/attention.py --tune.
+FWD_TILES = {64: {"large": (128, 64, 4, 0), "small": (64, 64, 4, 0), "mask": (64, 64, 4, 0)},
+             128: {"large": (128, 64, 4, 0), "small": (64, 64, 4, 0), "mask": (64, 64, 4, 0)},
+             256: {"large": (64, 64, 4, 0), "small": (64, 64, 4, 0), "mask": (64, 32, 4, 0)}}
+BWD_TILES = {64: (64, 128, 8, 2, 4, 2, 0), 128: (64, 128, 8, 2, 4, 2, 0), 256: (64, 64, 8, 2, 4, 2, 0)}
+_FWD_CTAS_PER_SM = {(64, 128): 2, (64, 64): 4, (128, 128): 2, (128, 64): 3}  # (D, BM): resident CTAs per SM
+
+
+# ----------------------------------------------------------------------------- checks
+def _check(q, k, v, attn_mask):
+    for name, a in (("query", q), ("key", k), ("value", v)):
+        if a.ndim != 4:
+            raise ShapeError(f"flash attention takes (B, H, L, E) arrays; {name} has shape {fmt_shape(a.shape)}")
+    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[3] != k.shape[3]:
+        raise ShapeError(f"flash attention: query {fmt_shape(q.shape)}, key {fmt_shape(k.shape)} and value "
+                         f"{fmt_shape(v.shape)} do not fit (B, H equal; key and value share L; query and key share E)")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise DTypeError(f"flash attention: query, key and value must share a dtype, got {q.dtype}, {k.dtype}, "
+                         f"{v.dtype}")
+    if attn_mask is not None:
+        if attn_mask.dtype != np.bool_ and attn_mask.dtype.kind != "f":
+            raise DTypeError(f"attn_mask must be bool or floating point, got {attn_mask.dtype}")
+        full = q.shape[:3] + (k.shape[2],)
+        try:
+            np.broadcast_shapes(attn_mask.shape, full)
+            ok = attn_mask.ndim <= 4
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ShapeError(f"attn_mask of shape {fmt_shape(attn_mask.shape)} does not broadcast to (B, H, Lq, Lk) "
+                             f"= {fmt_shape(full)}")
+
+
+def _scale(q, scale):
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+
+def _mask4(mask):
+    return mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+
+
+# ----------------------------------------------------------------------------- chunked reference (numpy / cupy)
+def _rows_per_chunk(q, k):
+    B, H, _, _ = q.shape
+    per_row = B * H * max(k.shape[2], 1) * np.dtype(L.compute_dtype(q.dtype)).itemsize
+    return max(1, min(q.shape[2], CHUNK_BYTES // per_row))
+
+
+def _scores(xp, qc, kT, mask, is_causal, scale, i0):
+    """Masked scaled scores of query rows [i0, i0 + rows) against all keys: (B, H, rows, Lk)."""
+    s = xp.matmul(qc, kT)
+    s *= scale
+    rows, lk = s.shape[-2], s.shape[-1]
+    if mask is not None:
+        mc = mask[..., i0:i0 + rows, :] if mask.shape[-2] > 1 else mask
+        if mc.dtype == np.bool_:
+            xp.copyto(s, -np.inf, where=~mc)
+        else:
+            s += mc.astype(s.dtype, copy=False)
+    if is_causal:
+        xp.copyto(s, -np.inf, where=xp.arange(lk)[None, :] > xp.arange(i0, i0 + rows)[:, None])
+    return s
+
+
+def _reference_forward(q, k, v, mask, is_causal, scale):
+    xp = L.xp_of(q)
+    cd = L.compute_dtype(q.dtype)
+    B, H, Lq, _ = q.shape
+    o = xp.empty((B, H, Lq, v.shape[3]), dtype=q.dtype)
+    lse = xp.empty((B, H, Lq), dtype=cd)
+    kT = k.astype(cd).swapaxes(-1, -2)
+    vf = v.astype(cd)
+    step = _rows_per_chunk(q, k)
+    for i0 in range(0, Lq, step):
+        i1 = min(Lq, i0 + step)
+        s = _scores(xp, q[:, :, i0:i1].astype(cd), kT, mask, is_causal, scale, i0)
+        m = s.max(axis=-1, keepdims=True)
+        m = xp.where(xp.isfinite(m), m, 0)
+        s -= m
+        p = xp.exp(s, out=s)
+        l = p.sum(axis=-1, keepdims=True)
+        attends = l > 0
+        o[:, :, i0:i1] = xp.matmul(p, vf) / xp.where(attends, l, 1)
+        lse[:, :, i0:i1] = xp.where(attends, xp.log(xp.where(attends, l, 1)) + m, np.inf)[..., 0]
+    return o, lse
+
+
+def _reference_backward(do, q, k, v, o, lse, mask, is_causal, scale):
+    xp = L.xp_of(q)
+    cd = L.compute_dtype(q.dtype)
+    Lq = q.shape[2]
+    kf, vf = k.astype(cd), v.astype(cd)
+    kT, vT = kf.swapaxes(-1, -2), vf.swapaxes(-1, -2)
+    dq = xp.empty(q.shape, dtype=q.dtype)
+    dk = xp.zeros(k.shape, dtype=cd)
+    dv = xp.zeros(v.shape, dtype=cd)
+    step = _rows_per_chunk(q, k)
+    for i0 in range(0, Lq, step):
+        i1 = min(Lq, i0 + step)
+        qc, gc = q[:, :, i0:i1].astype(cd), do[:, :, i0:i1].astype(cd)
+        delta = (gc * o[:, :, i0:i1].astype(cd)).sum(axis=-1, keepdims=True)
+        s = _scores(xp, qc, kT, mask, is_causal, scale, i0)
+        s -= lse[:, :, i0:i1, None].astype(cd)
+        p = xp.exp(s, out=s)  # 0 where masked or where the row attends nothing (lse = +inf)
+        dv += xp.matmul(p.swapaxes(-1, -2), gc)
+        ds = xp.matmul(gc, vT)
+        ds -= delta
+        ds *= p
+        dq[:, :, i0:i1] = xp.matmul(ds, kf) * scale
+        dk += xp.matmul(ds.swapaxes(-1, -2), qc) * scale
+    return dq, dk.astype(k.dtype), dv.astype(v.dtype)
+
+
+# ----------------------------------------------------------------------------- kernel path
+def _use_kernel(q, k, v, attn_mask, scale):
+    return (L.use_kernel(q, k, v) and (attn_mask is None or backend.is_cuda_array(attn_mask))
+            and q.dtype.name in _HALF and k.dtype == q.dtype and v.dtype == q.dtype
+            and q.shape[3] == v.shape[3] and q.shape[3] <= 256 and math.isfinite(scale) and scale > 0
+            and q.shape[2] > 0 and k.shape[2] > 0 and q.shape[0] * q.shape[1] > 0
+            and q.shape[0] <= 65535 and q.shape[1] <= 65535)
+
+
+def _operand(a, e_pad):
+    """`a` with unit column stride, 16-byte aligned rows and e_pad columns (zero-padded when E is not a multiple of
+    8), plus its (batch, head, row) strides in elements."""
+    xp = L.xp_of(a)
+    item = a.itemsize
+    if a.shape[3] != e_pad:
+        p = xp.zeros(a.shape[:3] + (e_pad,), dtype=a.dtype)
+        p[..., :a.shape[3]] = a
+        a = p
+    elif (a.strides[3] != item or a.data.ptr % 16 or any(s % 16 for s in a.strides[:3])):
+        a = xp.ascontiguousarray(a)
+    return a, tuple(L.i64(s // item) for s in a.strides[:3])
+
+
+def _out_like(a, e_pad):
+    """An output with a's layout (e.g. (B, L, H, E) memory under a (B, H, L, E) view) and e_pad columns."""
+    xp = L.xp_of(a)
+    if a.shape[3] == e_pad:
+        out = xp.empty_like(a)
+        if out.strides[3] == a.itemsize and not any(s % 16 for s in out.strides[:3]):
+            return out
+    return xp.empty(a.shape[:3] + (e_pad,), dtype=a.dtype)
+
+
+def _mask_arg(mask, shape4):
+    """(pointer argument, mask kind, element strides (b, h, q, k)) with broadcast dims at stride 0."""
+    if mask is None:
+        return L.null(), 0, (L.i64(0),) * 4
+    xp = L.xp_of(mask)
+    m = _mask4(mask)
+    if m.dtype == np.bool_:
+        kind = 1
+    else:
+        kind = 2
+        m = m.astype(np.float32, copy=False)  # before broadcasting: copies only the mask's own elements
+    m = xp.broadcast_to(m, shape4)
+    return m, kind, tuple(L.i64(s // m.itemsize) for s in m.strides)
+
+
+def _tile_dim(e_pad):
+    return 64 if e_pad <= 64 else (128 if e_pad <= 128 else 256)
+
+
+def _fwd_tiles(D, B, H, Lq, masked):
+    tiles = FWD_TILES[D]
+    if masked:
+        return tiles["mask"]
+    big, small = tiles["large"], tiles["small"]
+    if big == small:
+        return big
+    sms = L.sm_count()
+
+    def efficiency(t):  # fraction of the last wave's slots in use, over all waves
+        ctas = L.cdiv(Lq, t[0]) * B * H
+        slots = sms * _FWD_CTAS_PER_SM.get((D, t[0]), 1)
+        return ctas / (L.cdiv(ctas, slots) * slots)
+
+    return big if efficiency(big) >= 0.8 or efficiency(big) >= efficiency(small) else small
+
+
+_functions = {}
+
+
+def _kernel(stem, expr, dtype, shared_mem=0):
+    """The RawKernel for a template expression (memoised here: the launch path is hot), with its dynamic shared
+    memory limit raised once."""
+    key = (stem, expr, dtype)
+    fn = _functions.get(key)
+    if fn is None:
+        fn = L.get_function(stem, expr, dtype)
+        if shared_mem > 48 * 1024:
+            fn.max_dynamic_shared_size_bytes = int(shared_mem)
+        _functions[key] = fn
+    return fn
+
+
+def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
+    xp = L.xp_of(q)
+    B, H, Lq, E = q.shape
+    Lk = k.shape[2]
+    e_pad = -(-E // 8) * 8
+    D = _tile_dim(e_pad)
+    BM, BN, NW, OPT = tiles or _fwd_tiles(D, B, H, Lq, mask is not None)
+    qa, qs = _operand(q, e_pad)
+    ka, ks = _operand(k, e_pad)
+    va, vs = _operand(v, e_pad)
+    o = _out_like(q, e_pad)
+    os_ = tuple(L.i64(s // o.itemsize) for s in o.strides[:3])
+    lse = xp.empty((B, H, Lq), dtype=np.float32)
+    marg, kind, ms = _mask_arg(mask, (B, H, Lq, Lk))
+    smem = (BM + 2 * BN) * D * 2
+    fn = _kernel("flash_attention_fwd", f"flash_attn_fwd<{{T}}, {D}, {BM}, {BN}, {NW}, {kind}, {OPT}>", q.dtype, smem)
+    L.launch(fn, (L.cdiv(Lq, BM), H, B), (NW * 32,),
+             (qa, ka, va, o, lse, marg, L.i32(H), L.i32(Lq), L.i32(Lk), L.i32(e_pad), *qs, *ks, *vs, *os_, *ms,
+              L.f32(scale * LOG2E), L.i32(bool(is_causal))), shared_mem=smem)
+    return (o if e_pad == E else o[..., :E]), lse
+
+
+def _bwd_splits(n_ctas, m_blocks):
+    """Slices of the query blocks per key block: enough CTAs to fill the GPU twice (dK, dV then go through fp32
+    atomics)."""
+    want = 2 * L.sm_count()
+    if n_ctas >= want or m_blocks <= 1:
+        return 1, m_blocks
+    per = L.cdiv(m_blocks, min(m_blocks, L.cdiv(want, n_ctas)))
+    return L.cdiv(m_blocks, per), per
+
+
+def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
+    xp = L.xp_of(q)
+    B, H, Lq, E = q.shape
+    Lk = k.shape[2]
+    e_pad = -(-E // 8) * 8
+    D = _tile_dim(e_pad)
+    BM, BN, NW, WMS, WNKV, WMQ, OPT = tiles or BWD_TILES[D]
+    T = q.dtype
+    qa, qs = _operand(q, e_pad)
+    ka, ks = _operand(k, e_pad)
+    va, vs = _operand(v, e_pad)
+    oa, os_ = _operand(o.astype(T, copy=False), e_pad)
+    ga, gs = _operand(do.astype(T, copy=False), e_pad)
+    lse = xp.ascontiguousarray(lse, dtype=np.float32)
+    marg, kind, ms = _mask_arg(mask, (B, H, Lq, Lk))
+
+    delta = xp.empty((B, H, Lq), dtype=np.float32)
+    L.launch(_kernel("flash_attention_bwd", "flash_attn_bwd_delta<{T}>", T), (L.cdiv(Lq, 8), H, B), (256,),
+             (oa, ga, delta, L.i32(H), L.i32(Lq), L.i32(e_pad), *os_, *gs))
+
+    n_blocks, m_blocks = L.cdiv(Lk, BN), L.cdiv(Lq, BM)
+    splits, per = _bwd_splits(n_blocks * B * H, m_blocks)
+    dq_acc = xp.zeros((B, H, Lq, e_pad), dtype=np.float32)
+    dq = _out_like(q, e_pad)
+    dk = _out_like(k, e_pad)
+    dv = _out_like(v, e_pad)
+    if splits > 1:
+        dk_acc = xp.zeros((B, H, Lk, e_pad), dtype=np.float32)
+        dv_acc = xp.zeros((B, H, Lk, e_pad), dtype=np.float32)
+        acc_args = (dk_acc, dv_acc)
+    else:
+        acc_args = (L.null(), L.null())
+    dks = tuple(L.i64(s // dk.itemsize) for s in dk.strides[:3])
+    dvs = tuple(L.i64(s // dv.itemsize) for s in dv.strides[:3])
+    smem = (2 * BN * D + 4 * BM * D + 2 * BM * BN) * 2 + 2 * BM * 4
+    fn = _kernel("flash_attention_bwd",
+                 f"flash_attn_bwd<{{T}}, {D}, {BM}, {BN}, {NW}, {WMS}, {WNKV}, {WMQ}, {kind}, {OPT}>", T, smem)
+    L.launch(fn, (n_blocks * splits, H, B), (NW * 32,),
+             (qa, ka, va, ga, lse, delta, dq_acc, dk, dv, *acc_args, marg, L.i32(H), L.i32(Lq), L.i32(Lk),
+              L.i32(e_pad), L.i32(n_blocks), L.i32(per), *qs, *ks, *vs, *gs, *dks, *dvs, *ms,
+              L.f32(scale * LOG2E), L.f32(scale), L.i32(bool(is_causal))),
+             shared_mem=smem)
+    convert = _kernel("flash_attention_bwd", "flash_attn_convert<{T}>", T)
+    outs = [(dq_acc, dq, scale, Lq)]
+    if splits > 1:
+        outs += [(dk_acc, dk, 1.0, Lk), (dv_acc, dv, 1.0, Lk)]
+    for src, dst, sc, rows in outs:
+        total = src.size
+        L.launch(convert, (max(1, min(L.cdiv(total, 256), L.sm_count() * 32)),), (256,),
+                 (src, dst, L.i32(H), L.i32(rows), L.i32(e_pad), L.i64(total),
+                  *(L.i64(s // dst.itemsize) for s in dst.strides[:3]), L.f32(sc)))
+    if e_pad != E:
+        dq, dk, dv = dq[..., :E], dk[..., :E], dv[..., :E]
+    return dq, dk, dv
+
+
+# ----------------------------------------------------------------------------- API
+def flash_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None):
+    """Attention output (B, H, Lq, Ev) in q's dtype and the row logsumexp (B, H, Lq)."""
+    _check(q, k, v, attn_mask)
+    scale = _scale(q, scale)
+    mask = None if attn_mask is None else _mask4(attn_mask)
+    if _use_kernel(q, k, v, mask, scale):
+        return _kernel_forward(q, k, v, mask, is_causal, scale)
+    if k.shape[2] == 0:  # nothing to attend: output 0, as for a fully masked row
+        xp = L.xp_of(q)
+        return (xp.zeros(q.shape[:3] + (v.shape[3],), dtype=q.dtype),
+                xp.full(q.shape[:3], np.inf, dtype=L.compute_dtype(q.dtype)))
+    return _reference_forward(q, k, v, mask, is_causal, scale)
+
+
+def flash_attention_backward(do, q, k, v, o, lse, attn_mask=None, is_causal=False, scale=None):
+    """Gradients (dq, dk, dv) of the attention output with respect to q, k, v, given its gradient `do`."""
+    _check(q, k, v, attn_mask)
+    if do.shape != o.shape or o.shape != q.shape[:3] + (v.shape[3],) or lse.shape != q.shape[:3]:
+        raise ShapeError(f"flash_attention_backward: grad {fmt_shape(do.shape)}, output {fmt_shape(o.shape)} and "
+                         f"lse {fmt_shape(lse.shape)} do not match query {fmt_shape(q.shape)} / value "
+                         f"{fmt_shape(v.shape)}")
+    scale = _scale(q, scale)
+    mask = None if attn_mask is None else _mask4(attn_mask)
+    if _use_kernel(q, k, v, mask, scale):
+        return _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale)
+    if k.shape[2] == 0:
+        xp = L.xp_of(q)
+        return xp.zeros_like(q), xp.zeros_like(k), xp.zeros_like(v)
+    return _reference_backward(do, q, k, v, o, lse, mask, is_causal, scale)

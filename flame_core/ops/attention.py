@@ -1,0 +1,123 @@
+"""scaled_dot_product_attention: differentiable, memory-efficient (flame_core.kernels.attention) on every device.
+
+PyTorch's semantics on (..., L, E) tensors: query (..., Lq, E), key (..., Lk, E), value (..., Lk, Ev), leading dims
+broadcast; attn_mask broadcasts to (..., Lq, Lk), bool (True = attend) or float (added to the scaled scores);
+is_causal keeps key j for query i when j <= i (top-left aligned). A row that attends nothing outputs 0 (as torch's math
+backend). The backward runs the fused array backward (recomputing the softmax from the saved logsumexp), so it is
+not differentiable a second time.
+"""
+import math
+
+import numpy as np
+
+from .. import backend
+from ..amp import autocast_mode as _amp  # autocast hook (flame_core.amp)
+from ..autograd.function import Function
+from ..errors import DTypeError, FlameError, ShapeError, fmt_shape
+from ..kernels import attention as K
+from ..tensor import Tensor, _wrap, check_same_device
+
+
+def _to4(a, lead):
+    """(lead..., L, E) array -> (B, H, L, E): 1s prepended, or the leading dims but the last folded into B."""
+    a = backend.xp_of(a).broadcast_to(a, lead + a.shape[-2:]) if a.shape[:-2] != lead else a
+    if len(lead) <= 2:
+        return a.reshape((1,) * (2 - len(lead)) + a.shape)
+    return a.reshape((math.prod(lead[:-1]), lead[-1]) + a.shape[-2:])
+
+
+def _mask_to4(m, lead, lq, lk):
+    if m.ndim <= 4 and len(lead) <= 2:  # broadcasting left to the kernels (no copy)
+        return m.reshape((1,) * (4 - m.ndim) + m.shape)
+    return _to4(backend.xp_of(m).broadcast_to(m, lead + (lq, lk)), lead)
+
+
+def _sum_to(a, shape, dtype):
+    """Sum a gradient over the dims its input was broadcast along (float32 sums for half inputs)."""
+    extra = a.ndim - len(shape)
+    axes = tuple(range(extra)) + tuple(i + extra for i, s in enumerate(shape) if s == 1 and a.shape[i + extra] != 1)
+    if axes:
+        acc = np.float64 if a.dtype == np.float64 else np.float32
+        a = a.sum(axis=axes, dtype=acc, keepdims=True).astype(dtype)
+    return a.reshape(shape)
+
+
+class ScaledDotProductAttention(Function):
+    @staticmethod
+    def forward(ctx, q, k, v, attn_mask, is_causal, scale, lead):
+        lq, lk = q.shape[-2], k.shape[-2]
+        q4, k4, v4 = _to4(q._data, lead), _to4(k._data, lead), _to4(v._data, lead)
+        m4 = None if attn_mask is None else _mask_to4(attn_mask._data, lead, lq, lk)
+        o4, lse = K.flash_attention_forward(q4, k4, v4, m4, is_causal, scale)
+        out = _wrap(o4.reshape(lead + o4.shape[-2:]))
+        ctx.save_for_backward(q, k, v, out)
+        ctx.lse, ctx.mask4, ctx.is_causal, ctx.scale, ctx.lead = lse, m4, is_causal, scale, lead
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, out = ctx.saved_tensors
+        lead = ctx.lead
+        q4, k4, v4 = _to4(q._data, lead), _to4(k._data, lead), _to4(v._data, lead)
+        o4, g4 = _to4(out._data, lead), _to4(g._data.astype(q._data.dtype, copy=False), lead)
+        dq4, dk4, dv4 = K.flash_attention_backward(g4, q4, k4, v4, o4, ctx.lse, ctx.mask4, ctx.is_causal, ctx.scale)
+        grads = []
+        for t, d4, need in ((q, dq4, ctx.needs_input_grad[0]), (k, dk4, ctx.needs_input_grad[1]),
+                            (v, dv4, ctx.needs_input_grad[2])):
+            grads.append(_wrap(_sum_to(d4.reshape(lead + d4.shape[-2:]), tuple(t.shape), t._data.dtype))
+                         if need else None)
+        return grads[0], grads[1], grads[2], None, None, None, None
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """softmax(query @ key^T * scale + mask) @ value, as torch.nn.functional.scaled_dot_product_attention.
+
+    query (..., Lq, E), key (..., Lk, E), value (..., Lk, Ev) -> (..., Lq, Ev). scale defaults to 1 / sqrt(E).
+    dropout_p is accepted in torch's position; attention dropout is not implemented, so it must be 0.
+    """
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"scaled_dot_product_attention: {name} must be a Tensor, got {type(t).__name__}")
+        if t.ndim < 2:
+            raise ShapeError(f"scaled_dot_product_attention: {name} needs at least 2 dims (L, E), got shape "
+                             f"{fmt_shape(t.shape)}")
+    if dropout_p:
+        raise FlameError(f"scaled_dot_product_attention: dropout_p={dropout_p} is not supported (attention dropout "
+                         f"is not implemented); pass dropout_p=0.0")
+    if attn_mask is not None and is_causal:
+        raise ValueError("scaled_dot_product_attention: pass either attn_mask or is_causal=True, not both "
+                         "(as torch)")
+    check_same_device("scaled_dot_product_attention", query, key, value,
+                      *(() if attn_mask is None else (attn_mask,)))
+    if _amp.active: query, key, value = _amp.cast_inputs("lower", query, key, value)  # autocast hook
+    if not (query.dtype == key.dtype == value.dtype):
+        raise DTypeError(f"scaled_dot_product_attention: query, key and value must share a dtype, got "
+                         f"{query.dtype}, {key.dtype}, {value.dtype}")
+    if not query.dtype.is_floating_point:
+        raise DTypeError(f"scaled_dot_product_attention: expected floating point inputs, got {query.dtype}")
+    qs, ks, vs = tuple(query.shape), tuple(key.shape), tuple(value.shape)
+    if qs[-1] != ks[-1] or ks[-2] != vs[-2]:
+        raise ShapeError(f"scaled_dot_product_attention: query {fmt_shape(qs)}, key {fmt_shape(ks)} and value "
+                         f"{fmt_shape(vs)} do not fit (query and key share E, key and value share L)")
+    try:
+        lead = tuple(np.broadcast_shapes(qs[:-2], ks[:-2], vs[:-2]))
+    except ValueError:
+        raise ShapeError(f"scaled_dot_product_attention: the batch dims of query {fmt_shape(qs)}, key "
+                         f"{fmt_shape(ks)} and value {fmt_shape(vs)} do not broadcast") from None
+    if attn_mask is not None:
+        if not isinstance(attn_mask, Tensor):
+            raise TypeError(f"scaled_dot_product_attention: attn_mask must be a Tensor or None, got "
+                            f"{type(attn_mask).__name__}")
+        if attn_mask.dtype.name != "bool" and not attn_mask.dtype.is_floating_point:
+            raise DTypeError(f"scaled_dot_product_attention: attn_mask must be bool or floating point, got "
+                             f"{attn_mask.dtype}")
+        full = lead + (qs[-2], ks[-2])
+        try:
+            ok = tuple(np.broadcast_shapes(tuple(attn_mask.shape), full)) == full
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ShapeError(f"scaled_dot_product_attention: attn_mask of shape {fmt_shape(attn_mask.shape)} does "
+                             f"not broadcast to (..., Lq, Lk) = {fmt_shape(full)}")
+    scale = 1.0 / math.sqrt(qs[-1]) if scale is None else float(scale)
+    return ScaledDotProductAttention.apply(query, key, value, attn_mask, bool(is_causal), scale, lead)

@@ -1,0 +1,330 @@
+"""Scaled dot-product attention: the chunked reference and the Tensor op against a dense float64 formula (forward and
+analytic gradients), gradchecks, errors; on the GPU the FlashAttention-2 kernels on ragged shapes, masks, layouts, and
+the memory bound (no Lq x Lk allocation at L = 16384)."""
+import math
+import tracemalloc
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import flame_core as flame
+from flame_core import backend
+from flame_core.autograd import gradcheck
+from flame_core.errors import DTypeError, FlameError, ShapeError
+from flame_core.kernels import attention as K
+from flame_core.kernels import loader
+from flame_core.ops.attention import scaled_dot_product_attention as sdpa
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+REL_TOL = {"bfloat16": 1e-2, "float16": 5e-3}  # relative (Frobenius) error against float64
+
+
+# ----------------------------------------------------------------------------- dense float64 oracle
+def dense(q, k, v, mask=None, causal=False, scale=None, do=None):
+    """softmax(q k^T * scale + mask) v in float64 with the whole score matrix; with `do` also (dq, dk, dv) by the
+    textbook formulas (dP = dO V^T, dS = P * (dP - rowsum(dP * P)))."""
+    q, k, v = (np.asarray(backend.to_numpy(a), np.float64) for a in (q, k, v))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    if mask is not None:
+        m = backend.to_numpy(mask)
+        s = np.where(m, s, -np.inf) if m.dtype == np.bool_ else s + m.astype(np.float64)
+    if causal:
+        lq, lk = s.shape[-2:]
+        s = np.where(np.arange(lk)[None, :] > np.arange(lq)[:, None], -np.inf, s)
+    mx = s.max(-1, keepdims=True)
+    mx = np.where(np.isfinite(mx), mx, 0.0)
+    e = np.exp(s - mx)
+    l = e.sum(-1, keepdims=True)
+    p = e / np.where(l > 0, l, 1.0)
+    o = p @ v
+    lse = np.where(l > 0, np.log(np.where(l > 0, l, 1.0)) + mx, np.inf)[..., 0]
+    if do is None:
+        return o, lse
+    g = np.asarray(backend.to_numpy(do), np.float64)
+    dp = g @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    return o, lse, (ds @ k * scale, np.swapaxes(ds, -1, -2) @ q * scale, np.swapaxes(p, -1, -2) @ g)
+
+
+def rel_err(got, want):
+    got = np.asarray(backend.to_numpy(got), np.float64)
+    den = np.linalg.norm(want)
+    return np.linalg.norm(got - want) / (den if den > 0 else 1.0)
+
+
+def make_mask(rng, kind, b, h, lq, lk):
+    if kind is None:
+        return None
+    if kind == "bool":
+        m = rng.random((b, 1, lq, lk)) > 0.3
+        m[..., 0] = True  # every row keeps a key (fully masked rows have their own test)
+        return m
+    if kind == "keypad":  # (B, 1, 1, Lk): the text padding mask of a batch
+        m = np.ones((b, 1, 1, lk), bool)
+        m[0, ..., max(1, lk // 2):] = False
+        return m
+    if kind == "float":
+        return rng.standard_normal((1, h, lq, lk)) * 2.0
+    raise ValueError(kind)
+
+
+# ----------------------------------------------------------------------------- reference (NumPy), any device
+@given(b=st.integers(1, 2), h=st.integers(1, 3), lq=st.integers(1, 40), lk=st.integers(1, 40),
+       e=st.integers(1, 12), ev=st.integers(1, 12), kind=st.sampled_from([None, "bool", "keypad", "float"]),
+       causal=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_reference_matches_dense(b, h, lq, lk, e, ev, kind, causal, seed):
+    rng = np.random.default_rng(seed)
+    q, k, v, do = (rng.standard_normal(s) for s in ((b, h, lq, e), (b, h, lk, e), (b, h, lk, ev), (b, h, lq, ev)))
+    mask = None if causal else make_mask(rng, kind, b, h, lq, lk)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(K, "CHUNK_BYTES", 700)  # a few query rows per chunk: exercises the chunk seams
+        o, lse = K.flash_attention_forward(q, k, v, mask, causal, 0.7)
+        got = K.flash_attention_backward(do, q, k, v, o, lse, mask, causal, 0.7)
+    want_o, want_lse, grads = dense(q, k, v, mask, causal, 0.7, do)
+    np.testing.assert_allclose(o, want_o, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-12)
+    for name, g, w in zip(("dq", "dk", "dv"), got, grads):
+        np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-11, err_msg=name)
+
+
+def test_reference_half_inputs_compute_in_float32(rng):
+    q, k, v = (rng.standard_normal((1, 2, 33, 16)).astype(BF16) for _ in range(3))
+    o, lse = K.flash_attention_forward(q, k, v)
+    assert o.dtype == BF16 and lse.dtype == np.float32
+    want_o, want_lse = dense(q, k, v)
+    assert rel_err(o, want_o) < 5e-3
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-5)
+
+
+def test_fully_masked_rows_are_zero(rng):
+    b, h, lq, lk, e = 1, 2, 6, 9, 8
+    q, k, v, do = (rng.standard_normal(s) for s in ((b, h, lq, e), (b, h, lk, e), (b, h, lk, e), (b, h, lq, e)))
+    mask = rng.random((lq, lk)) > 0.4
+    mask[0] = False
+    mask[3] = False
+    mask[1, 2] = True
+    o, lse = K.flash_attention_forward(q, k, v, mask)
+    assert np.all(o[:, :, [0, 3]] == 0) and np.all(np.isinf(lse[:, :, [0, 3]]))
+    dq, dk, dv = K.flash_attention_backward(do, q, k, v, o, lse, mask)
+    assert np.all(dq[:, :, [0, 3]] == 0)
+    want_o, _, grads = dense(q, k, v, mask, do=do)
+    np.testing.assert_allclose(o, want_o, rtol=1e-10, atol=1e-12)
+    for g, w in zip((dq, dk, dv), grads):
+        np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-11)
+
+
+def test_empty_key_sequence_gives_zeros(rng):
+    q, k, v = rng.standard_normal((1, 1, 4, 8)), np.zeros((1, 1, 0, 8)), np.zeros((1, 1, 0, 5))
+    o, lse = K.flash_attention_forward(q, k, v)
+    assert o.shape == (1, 1, 4, 5) and np.all(o == 0) and np.all(np.isinf(lse))
+
+
+def test_reference_holds_one_chunk_of_scores(monkeypatch, rng):
+    """At L = 4096 the whole score matrix is 64 MiB of float32; with a 1 MiB chunk budget the forward + backward peak
+    is a few chunks (tracemalloc sees NumPy's buffers)."""
+    monkeypatch.setattr(K, "CHUNK_BYTES", 1 << 20)
+    n, e = 4096, 32
+    q, k, v, do = (rng.standard_normal((1, 1, n, e)).astype(np.float32) for _ in range(4))
+    tracemalloc.start()
+    try:
+        o, lse = K.flash_attention_forward(q, k, v, is_causal=True)
+        K.flash_attention_backward(do, q, k, v, o, lse, is_causal=True)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    full = n * n * 4
+    assert peak < 8 * K.CHUNK_BYTES <= full // 8, f"peak {peak} bytes, a full score matrix is {full}"
+
+
+# ----------------------------------------------------------------------------- Tensor op
+def _t(a, device, requires_grad=False, dtype=flame.float64):
+    return flame.tensor(a, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+@given(lead=st.sampled_from([((2,), (2,), (2,)), ((2, 2), (1, 2), (2, 1)), ((), (), ()), ((1, 2, 1), (2, 1, 1),
+                                                                                       (2, 1, 1))]),
+       lq=st.integers(1, 4), lk=st.integers(1, 4), e=st.integers(1, 3), ev=st.integers(1, 3),
+       kind=st.sampled_from([None, "bool", "float", "causal"]), transposed=st.booleans(), seed=st.integers(0, 999))
+def test_sdpa_gradcheck(lead, lq, lk, e, ev, kind, transposed, seed):
+    rng = np.random.default_rng(seed)
+    lq_, lk_, lv_ = lead
+    q = rng.standard_normal(lq_ + (lq, e))
+    k = rng.standard_normal(lk_ + (lk, e))
+    v = rng.standard_normal(lv_ + (lk, ev))
+    if transposed:  # non-contiguous views with the intended values
+        qt = _t(np.ascontiguousarray(np.swapaxes(q, -1, -2)), "cpu").transpose(-1, -2).detach().requires_grad_()
+    else:
+        qt = _t(q, "cpu", True)
+    kt, vt = _t(k, "cpu", True), _t(v, "cpu", True)
+    mask = None
+    if kind == "bool":
+        m = rng.random((lq, lk)) > 0.3
+        m[:, 0] = True
+        mask = flame.tensor(m, device="cpu")
+    elif kind == "float":
+        mask = _t(rng.standard_normal((lq, lk)), "cpu")
+    assert gradcheck(lambda a, b_, c: sdpa(a, b_, c, attn_mask=mask, is_causal=kind == "causal", scale=0.9),
+                     (qt, kt, vt))
+
+
+def test_sdpa_matches_dense_on_device(device, rng):
+    b, h, lq, lk, e = 2, 3, 45, 31, 16
+    q, k, v, g = (rng.standard_normal(s) for s in ((b, h, lq, e), (b, h, lk, e), (b, h, lk, e), (b, h, lq, e)))
+    mask = rng.random((b, 1, lq, lk)) > 0.2
+    mask[..., 0] = True
+    qt, kt, vt = (_t(a, device, True, flame.float32) for a in (q, k, v))
+    out = sdpa(qt, kt, vt, attn_mask=flame.tensor(mask, device=device))
+    out.backward(_t(g, device, dtype=flame.float32))
+    want_o, _, grads = dense(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), mask, do=g)
+    assert out.dtype == flame.float32 and tuple(out.shape) == (b, h, lq, e)
+    np.testing.assert_allclose(out.detach().numpy(), want_o, rtol=1e-4, atol=1e-5)
+    for t, w in zip((qt, kt, vt), grads):
+        np.testing.assert_allclose(t.grad.numpy(), w, rtol=1e-4, atol=1e-5)
+
+
+def test_sdpa_default_scale_is_inverse_sqrt_head_dim(rng):
+    q, k, v = (rng.standard_normal((1, 5, 9)) for _ in range(3))
+    got = sdpa(_t(q, "cpu"), _t(k, "cpu"), _t(v, "cpu")).detach().numpy()
+    np.testing.assert_allclose(got, dense(q, k, v, scale=1 / 3)[0], rtol=1e-12)
+    assert not np.allclose(got, dense(q, k, v, scale=1.0)[0])
+
+
+def test_sdpa_errors():
+    q, k, v = flame.randn(1, 2, 4, 8), flame.randn(1, 2, 5, 8), flame.randn(1, 2, 5, 6)
+    with pytest.raises(ShapeError, match=r"\(1, 2, 4, 8\)"):
+        sdpa(q, flame.randn(1, 2, 5, 7), v)
+    with pytest.raises(ShapeError, match="broadcast"):
+        sdpa(q, flame.randn(3, 2, 5, 8), flame.randn(3, 2, 5, 6)[:2])
+    with pytest.raises(ValueError, match="not both"):
+        sdpa(q, k, v, attn_mask=flame.ones(4, 5, dtype=flame.bool), is_causal=True)
+    with pytest.raises(DTypeError, match="int64"):
+        sdpa(q, k, v, attn_mask=flame.ones(4, 5, dtype=flame.int64))
+    with pytest.raises(ShapeError, match=r"\(4, 4\)"):
+        sdpa(q, k, v, attn_mask=flame.ones(4, 4, dtype=flame.bool))
+    with pytest.raises(DTypeError, match="share a dtype"):
+        sdpa(q, k.to(flame.float64), v)
+    with pytest.raises(FlameError, match="dropout"):
+        sdpa(q, k, v, dropout_p=0.1)
+    with pytest.raises(ShapeError, match="broadcast"):
+        K.flash_attention_forward(np.zeros((1, 2, 4, 8)), np.zeros((1, 2, 5, 8)), np.zeros((1, 2, 5, 8)),
+                                  np.zeros((3, 4, 5), bool))
+
+
+# ----------------------------------------------------------------------------- GPU kernels
+# (B, H, Lq, Lk, E, mask, causal, layout): ragged lengths, cross-attention, generic head dims, key padding, layouts
+CASES = [
+    (1, 1, 1, 1, 64, None, False, "bhld"),
+    (2, 3, 77, 100, 64, None, False, "bhld"),
+    (1, 2, 130, 77, 128, None, False, "blhd"),        # SDXL-like cross-attention, (B, L, H, D) memory
+    (2, 2, 257, 255, 128, None, True, "bhld"),
+    (1, 2, 200, 90, 64, None, True, "bhld"),          # causal with Lq > Lk
+    (1, 2, 70, 300, 128, None, True, "blhd"),         # causal with Lq < Lk
+    (2, 2, 150, 140, 64, "bool", False, "bhld"),
+    (2, 3, 96, 77, 128, "keypad", False, "bhld"),
+    (1, 2, 129, 161, 64, "float", False, "bhld"),
+    (1, 2, 100, 200, 128, "float", False, "blhd"),
+    (1, 2, 300, 300, 40, None, False, "bhld"),        # generic head dims: zero-padded tiles
+    (1, 1, 129, 64, 96, None, True, "bhld"),
+    (2, 1, 100, 120, 200, None, False, "bhld"),
+    (1, 1, 66, 90, 256, "bool", False, "bhld"),
+    (1, 2, 50, 70, 20, None, False, "bhld"),          # E not a multiple of 8
+    (1, 2, 4096, 77, 64, None, False, "bhld"),        # few key blocks: the backward splits the query blocks
+]
+
+
+def _gpu_inputs(rng, case, dt):
+    cp = backend.cupy
+    b, h, lq, lk, e, kind, causal, layout = case
+    shapes = ((b, h, lq, e), (b, h, lk, e), (b, h, lk, e), (b, h, lq, e))
+    host = [rng.standard_normal(s).astype(dt) for s in shapes]
+    if layout == "blhd":  # (B, L, H, E) memory viewed as (B, H, L, E)
+        dev = [cp.asarray(np.ascontiguousarray(a.transpose(0, 2, 1, 3))).transpose(0, 2, 1, 3) for a in host]
+    else:
+        dev = [cp.asarray(a) for a in host]
+    mask = make_mask(rng, kind, b, h, lq, lk)
+    return host, dev, mask, (None if mask is None else cp.asarray(mask)), causal
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dt", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:5])) + f"-{c[5]}-{'causal' * c[6]}{c[7]}")
+def test_flash_kernel_against_float64(rng, dt, case):
+    host, (q, k, v, do), mask, dmask, causal = _gpu_inputs(rng, case, np.dtype(BF16 if dt == "bfloat16" else dt))
+    before = loader.launches
+    o, lse = K.flash_attention_forward(q, k, v, dmask, causal)
+    dq, dk, dv = K.flash_attention_backward(do, q, k, v, o, lse, dmask, causal)
+    assert loader.launches >= before + 3, "the kernel path did not run"
+    want_o, want_lse, grads = dense(*host[:3], mask, causal, do=host[3])
+    tol = REL_TOL[dt]
+    assert o.dtype == q.dtype and o.shape == q.shape
+    if case[7] == "blhd":  # outputs keep the (B, L, H, E) memory layout of the inputs
+        assert o.strides == q.strides and dq.strides == q.strides
+    assert rel_err(o, want_o) < tol, f"o: {rel_err(o, want_o)}"
+    np.testing.assert_allclose(backend.to_numpy(lse), want_lse, rtol=2e-3, atol=2e-3)
+    for name, g, w in zip(("dq", "dk", "dv"), (dq, dk, dv), grads):
+        assert g.shape == w.shape and g.dtype == q.dtype
+        assert rel_err(g, w) < tol, f"{name}: {rel_err(g, w)}"
+
+
+@pytest.mark.gpu
+def test_flash_kernel_fully_masked_rows(rng):
+    cp = backend.cupy
+    b, h, lq, lk, e = 1, 2, 70, 90, 64
+    host = [rng.standard_normal(s).astype(BF16) for s in ((b, h, lq, e), (b, h, lk, e), (b, h, lk, e), (b, h, lq, e))]
+    mask = rng.random((lq, lk)) > 0.5
+    mask[[0, 33, 69]] = False
+    mask[5, :] = False
+    mask[5, 89] = True  # a row whose only key sits in the padded tail of the last key block
+    q, k, v, do = (cp.asarray(a) for a in host)
+    o, lse = K.flash_attention_forward(q, k, v, cp.asarray(mask))
+    dq, dk, dv = K.flash_attention_backward(do, q, k, v, o, lse, cp.asarray(mask))
+    o_h, dq_h = backend.to_numpy(o).astype(np.float32), backend.to_numpy(dq).astype(np.float32)
+    assert np.all(o_h[:, :, [0, 33, 69]] == 0) and np.all(dq_h[:, :, [0, 33, 69]] == 0)
+    assert np.all(np.isinf(backend.to_numpy(lse)[:, :, [0, 33, 69]]))
+    want_o, _, grads = dense(*host[:3], mask, do=host[3])
+    assert rel_err(o, want_o) < 1e-2
+    for g, w in zip((dq, dk, dv), grads):
+        assert rel_err(g, w) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dt", [flame.bfloat16, flame.float16, flame.float32])
+def test_sdpa_tensor_on_gpu(rng, dt):
+    b, lq, lk, h, e = 2, 333, 77, 4, 64  # (B, L, H, E) activations transposed to (B, H, L, E) as models do
+    host = [rng.standard_normal(s) for s in ((b, lq, h, e), (b, lk, h, e), (b, lk, h, e), (b, lq, h, e))]
+    q, k, v = (flame.tensor(a, dtype=dt, device="cuda", requires_grad=True) for a in host[:3])
+    out = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    out.backward(flame.tensor(host[3], dtype=dt, device="cuda").transpose(1, 2))
+    rounded = [a.astype(dt.np).astype(np.float64).transpose(0, 2, 1, 3) for a in host]
+    want_o, _, grads = dense(*rounded[:3], do=rounded[3])
+    tol = {"bfloat16": 1e-2, "float16": 5e-3, "float32": 1e-5}[dt.name]
+    assert out.dtype == dt and rel_err(out._data, want_o) < tol
+    for t, w in zip((q, k, v), grads):
+        assert rel_err(t.grad._data, w.transpose(0, 2, 1, 3)) < tol
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_no_quadratic_allocation_at_16k():
+    """Forward + backward at L = 16384 through the Tensor op: the pool's peak grows by far less than one L x L matrix
+    (bf16/fp16 flash kernels; float32 takes the chunked path, bounded by CHUNK_BYTES)."""
+    from flame_core import memory
+    n, h, e = 16384, 2, 64
+    rng = np.random.default_rng(0)
+    for dt, limit in ((flame.bfloat16, 64 << 20), (flame.float16, 64 << 20), (flame.float32, 8 * K.CHUNK_BYTES)):
+        host = [rng.standard_normal((1, h, n, e)) for _ in range(4)]
+        q, k, v = (flame.tensor(a, dtype=dt, device="cuda", requires_grad=True) for a in host[:3])
+        g = flame.tensor(host[3], dtype=dt, device="cuda")
+        backend.cupy.cuda.Device().synchronize()
+        memory.reset_peak_memory_stats("cuda")
+        base = memory.memory_allocated("cuda")
+        out = sdpa(q, k, v, is_causal=True)
+        out.backward(g)
+        backend.cupy.cuda.Device().synchronize()
+        grew = memory.max_memory_allocated("cuda") - base
+        square = n * n * dt.itemsize  # one head's score matrix
+        assert grew < limit < square, f"{dt}: the peak grew by {grew} bytes (one L x L matrix is {square})"
+        assert np.isfinite(q.grad.float().sum().item()) and float(out.float().abs().max().item()) > 0
