@@ -67,6 +67,32 @@ def time_torch(torch, device, reps):
     return statistics.median(samples)
 
 
+def time_raw_cupy(reps):
+    """Diagnostic floor: the same forward chain on raw CuPy arrays (no autograd), per op."""
+    import cupy
+    x = cupy.random.standard_normal(16, dtype=cupy.float32)
+
+    def chain(x):
+        y = x
+        for _ in range(N_OPS // 4):
+            y = y * 1.01
+            y = y + 0.5
+            y = cupy.tanh(y)
+            y = y - x
+        return y.sum()
+
+    for _ in range(5):
+        chain(x)
+    cupy.cuda.Device().synchronize()
+    samples = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        chain(x)
+        cupy.cuda.Device().synchronize()
+        samples.append((time.perf_counter() - t) / N_OPS * 1e6)
+    return statistics.median(samples)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=30)
@@ -93,8 +119,11 @@ def main():
         ratio = us / p if p else None
         result.append({"device": dev, "flame_us_per_op": us, "torch_us_per_op": p, "ratio": ratio})
         print(f"{dev:8s} {us:12.2f} {p if p else float('nan'):12.2f} {ratio if ratio else float('nan'):8.2f}")
+    raw = time_raw_cupy(args.reps) if cuda else None
+    if raw is not None:
+        print(f"(diagnostic: raw CuPy forward-only chain, no autograd: {raw:.2f} us/op)")
     with open(args.out, "w") as f:
-        json.dump({"n_ops": N_OPS, "rows": result}, f, indent=1)
+        json.dump({"n_ops": N_OPS, "rows": result, "raw_cupy_forward_us_per_op": raw}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ def _drop(ref, key):
     slot = _slots.get(key)
     if slot is not None and slot.ref is ref:
         del _slots[key]
+        slot.buffer.slots.remove(slot)  # no slot -> buffer -> slot cycle: the buffer dies with its last param
 
 
 def _slot_of(p):

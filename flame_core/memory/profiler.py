@@ -83,10 +83,10 @@ class MemoryProfiler:
         seq = len(self.timeline)
         if event == "alloc":
             op = self._current_op()
-            nbytes = obj.size if hasattr(obj, "size") else obj.nbytes
-            shape = dtype = origin = None
-            if hasattr(obj, "shape"):  # cpu storage: known at birth
-                shape, dtype, origin = obj.shape, obj.dtype, obj.origin
+            if hasattr(obj, "info"):  # cpu storage: the array is known at birth
+                nbytes, shape, dtype, origin = obj.info
+            else:  # a device block: the tensor birth hook tags it right after ("tag" event)
+                nbytes, shape, dtype, origin = obj.size, None, None, None
             rec = [seq, None, nbytes, op, self._phase, shape, dtype, origin]
             self._records.append(rec)
             self._open[id(obj)] = rec
@@ -187,19 +187,20 @@ class MemoryProfiler:
             import matplotlib.pyplot as plt
         except ImportError as e:
             raise ImportError("MemoryProfiler.plot needs matplotlib: pip install flame[plot]") from e
-        gib = float(1 << 30)
+        top = max([e[7] for e in self.timeline] + [self.baseline[1], 1])
+        unit, scale = ("GiB", float(1 << 30)) if top >= 1 << 30 else ("MiB", float(1 << 20))
         x = [e[1] * 1e3 for e in self.timeline]
         fig, ax = plt.subplots(figsize=(10, 4.5))
-        ax.step(x, [e[6] / gib for e in self.timeline], where="post", label="allocated")
-        ax.step(x, [e[7] / gib for e in self.timeline], where="post", label="reserved", alpha=0.7)
+        ax.step(x, [e[6] / scale for e in self.timeline], where="post", label="allocated")
+        ax.step(x, [e[7] / scale for e in self.timeline], where="post", label="reserved", alpha=0.7)
         p = self.peak
         if p["index"] is not None:
             owners = ", ".join(f"{op} {fmt_bytes(b)}" for op, b in p["by_op"][:3])
-            ax.annotate(f"peak {fmt_bytes(p['allocated'])}\n{owners}", (p["t"] * 1e3, p["allocated"] / gib),
+            ax.annotate(f"peak {fmt_bytes(p['allocated'])}\n{owners}", (p["t"] * 1e3, p["allocated"] / scale),
                         textcoords="offset points", xytext=(10, -30), fontsize=8,
                         arrowprops={"arrowstyle": "->"})
         ax.set_xlabel("time since profiling began (ms)")
-        ax.set_ylabel("GiB")
+        ax.set_ylabel(unit)
         ax.set_title(f"FLAME memory timeline ({self.device})")
         ax.legend(loc="upper left")
         fig.tight_layout()

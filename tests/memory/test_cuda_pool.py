@@ -1,0 +1,89 @@
+"""FLAME's pool as CuPy's allocator on a real GPU: every CuPy allocation goes through it, the steady state makes no
+device mallocs, streams keep separate free lists, and a real device OOM is reported and survived."""
+import numpy as np
+import pytest
+
+import flame_core as flame
+import flame_core.memory as M
+from flame_core.memory import cuda as mcuda
+from flame_core.memory.pool import round_size
+
+pytestmark = pytest.mark.gpu
+
+MiB, GiB = 1 << 20, 1 << 30
+
+
+def test_cupy_allocations_go_through_the_pool(no_gc):
+    import cupy
+    assert mcuda.is_installed()
+    pool = mcuda.pool_for(cupy.cuda.Device().id)
+    n0, a0 = pool.num_alloc, pool.allocated
+    x = cupy.empty(1000, dtype=cupy.float32)
+    assert (pool.num_alloc - n0, pool.allocated - a0) == (1, 4096)
+    assert x.data.mem.ptr in pool._live
+    del x
+    assert pool.allocated == a0 and pool.num_free >= 1
+
+
+def test_training_steps_after_warmup_make_no_device_mallocs(no_gc):
+    from flame_core import grad_pool
+    rng = np.random.default_rng(0)
+    ws = [flame.tensor(rng.standard_normal((256, 256)) / 16, dtype=flame.bfloat16, device="cuda",
+                       requires_grad=True) for _ in range(8)]
+    grad_pool.register(ws)
+    x = flame.tensor(rng.standard_normal((512, 256)), dtype=flame.bfloat16, device="cuda")
+
+    def step():
+        h = x
+        for w in ws:
+            h = (h @ w).relu()
+        h.float().square().mean().backward()
+        for w in ws:
+            w._data -= 1e-3 * w.grad._data
+        grad_pool.zero_grad(ws)
+
+    for _ in range(2):
+        step()
+    s0 = M.memory_stats("cuda")
+    for _ in range(3):
+        step()
+    s1 = M.memory_stats("cuda")
+    assert s1["num_device_alloc"] == s0["num_device_alloc"]
+    assert s1["num_alloc"] - s0["num_alloc"] > 3 * 8 * 4  # it did allocate, all from the cache
+    assert s1["cache_hits"] - s0["cache_hits"] == s1["num_alloc"] - s0["num_alloc"]
+
+
+def test_streams_keep_separate_free_lists(no_gc):
+    import cupy
+    s1, s2 = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    with s1:
+        a = cupy.empty(3 * MiB, dtype=cupy.uint8)
+        pa = a.data.mem.ptr
+        del a
+        assert cupy.empty(3 * MiB, dtype=cupy.uint8).data.mem.ptr == pa  # same stream: reused at once
+    with s2:
+        b = cupy.empty(3 * MiB, dtype=cupy.uint8)
+        assert b.data.mem.ptr != pa  # another stream never gets a block that s1's kernels may still use
+    s1.synchronize()
+    s2.synchronize()
+
+
+def test_real_device_oom_is_reported_and_survived(no_gc):
+    import cupy
+    free, total = cupy.cuda.runtime.memGetInfo()
+    with pytest.raises(flame.OutOfMemoryError) as ei:
+        flame.empty(total // 2 + total, dtype=flame.uint8, device="cuda")  # 1.5x the card
+    msg = str(ei.value)
+    assert "tried to allocate" in msg and "free of" in msg and "limit none" in msg
+    y = flame.ones(1000, device="cuda")
+    assert float(y.sum().item()) == 1000.0
+
+
+def test_pool_rounding_matches_the_stats_helper():
+    import cupy
+    pool = mcuda.pool_for(cupy.cuda.Device().id)
+    for n in (1, 777, MiB + 3, 11 * MiB):
+        a0 = pool.allocated
+        x = cupy.empty(n, dtype=cupy.uint8)
+        assert pool.allocated - a0 == round_size(n)[0]
+        del x
