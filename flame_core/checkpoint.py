@@ -26,6 +26,7 @@ Limitations (as PyTorch's reentrant checkpoint): the region's gradients flow thr
 double backward (create_graph=True) through a region; tensors nested inside lists/dicts of arguments are treated
 as constants. `offload` applies to cuda tensors (cpu tensors already live in host memory).
 """
+import collections
 import sys
 import types
 
@@ -68,14 +69,26 @@ def _set_rng(states):
 
 
 # ----------------------------------------------------------------------------- pinned-host offload
+_in_flight = collections.deque()  # (event, pinned buffer): kept alive until the copy that uses it has finished
+
+
+def _reap():
+    while _in_flight and _in_flight[0][0].done:
+        _in_flight.popleft()
+
+
 class _Offloaded:
-    """A cuda array copied to pinned host memory, asynchronously, on the current stream."""
+    """A cuda array copied to pinned host memory, asynchronously, on the current stream.
+
+    Every access to the pinned buffer is a copy on the device stream; only the pinned pool could hand the block to a
+    host writer once we drop it, so the buffer is held until an event after its last copy has completed."""
 
     __slots__ = ("host", "shape", "dtype", "event", "device_id")
 
     def __init__(self, arr):
         cp = backend.cupy
         import cupyx
+        _reap()
         arr = cp.ascontiguousarray(arr)
         self.shape, self.dtype, self.device_id = arr.shape, arr.dtype, arr.device.id
         self.host = cupyx.empty_pinned(arr.shape, dtype=arr.dtype)
@@ -87,6 +100,7 @@ class _Offloaded:
 
     def restore(self):
         cp = backend.cupy
+        _reap()
         with cp.cuda.Device(self.device_id):
             stream = cp.cuda.get_current_stream()
             stream.wait_event(self.event)
@@ -94,7 +108,13 @@ class _Offloaded:
             if out.nbytes:
                 cp.cuda.runtime.memcpyAsync(out.data.ptr, self.host.ctypes.data, out.nbytes,
                                             cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
+            self.event = stream.record()
         return out
+
+    def __del__(self):
+        host, event = getattr(self, "host", None), getattr(self, "event", None)
+        if host is not None and event is not None and _in_flight is not None:
+            _in_flight.append((event, host))
 
 
 # ----------------------------------------------------------------------------- the recompute Function

@@ -9,12 +9,46 @@
 Works with any optimizer that has `param_groups` (list of dicts with "params") and `step()`; an optimizer with a
 `sync_grads()` method (amp.MasterWeightOptimizer) has it called first, so the fp32 master gradients are unscaled.
 """
+import sys
 import warnings
 
 from .. import backend
 from .. import dtypes as D
 
 READY, UNSCALED, STEPPED = 0, 1, 2
+
+
+def _nonfinite(a):
+    xp = backend.xp_of(a)
+    return xp.logical_not(xp.isfinite(a).all())
+
+
+def _split_pooled(params):
+    """(flat buffers wholly made of these parameters' current gradients, ids of the other parameters).
+
+    Only when flame_core.grad_pool is in use: a buffer qualifies when every live parameter in it is in `params`
+    and its .grad is the pool's view (so the buffer holds nothing stale, and its gaps are zeros)."""
+    gp = sys.modules.get("flame_core.grad_pool")
+    if gp is None or not gp.buffers():
+        return [], {id(p) for p in params}
+    mine = {id(p): p for p in params}
+    flat, covered = [], set()
+    for buf in gp.buffers():
+        live = [s.ref() for s in buf.live_slots()]
+        if not live or any(q is None or id(q) not in mine for q in live):
+            continue
+        base = buf.tensor.data_ptr()
+        ok = True
+        for q in live:
+            off, _ = gp.slice_of(q)
+            g = q.grad
+            if g is None or g.data_ptr() != base + off * buf.tensor.element_size() or not g.is_contiguous():
+                ok = False
+                break
+        if ok:
+            flat.append(buf.tensor)
+            covered.update(id(q) for q in live)
+    return flat, set(mine) - covered
 
 
 def _fresh_state():
@@ -67,27 +101,35 @@ class GradScaler:
         return st
 
     @staticmethod
-    def _grads(optimizer):
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    yield p.grad
+    def _params_with_grad(optimizer):
+        return [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
 
     def _unscale_grads(self, optimizer, inv_scale, allow_fp16):
-        """Multiply every gradient by inv_scale in place; returns a device flag per array module: any non-finite."""
-        flags = []
-        for g in self._grads(optimizer):
-            if g.dtype is D.float16 and not allow_fp16:
+        """Multiply every gradient by inv_scale in place; returns device flags (any non-finite), one per array
+        touched. Gradients that fill a whole gradient-pool buffer are handled with one op on the flat buffer."""
+        params = self._params_with_grad(optimizer)
+        for p in params:
+            if p.grad.dtype is D.float16 and not allow_fp16:
                 raise ValueError("Attempting to unscale FP16 gradients: keep fp32 master weights "
                                  "(amp.MasterWeightOptimizer) or parameters in float32")
+        flat, rest = _split_pooled(params)
+        flags = []
+        for buf in flat:
+            a = buf._data
+            a *= inv_scale
+            flags.append(_nonfinite(a))
+        for p in params:
+            if id(p) not in rest:
+                continue
+            g = p.grad
             a = g._data
-            xp = backend.xp_of(a)
             if a.flags.c_contiguous and getattr(a.flags, "writeable", True):
                 a *= inv_scale
             else:  # a broadcast (stride-0, read-only) gradient: give it its own storage
                 g._data = a = a * inv_scale
-            flags.append(xp.logical_not(xp.isfinite(a).all()))
-            g._version[0] += 1
+            flags.append(_nonfinite(a))
+        for p in params:
+            p.grad._version[0] += 1
         return flags
 
     def unscale_(self, optimizer):
