@@ -38,33 +38,14 @@ def _dev(device):
     return None if device is None else _parse_device(device)
 
 
-def convert_array(arr, np_dtype=None, device=None):
-    """`arr` as `np_dtype` on `device` (None keeps either). Returns `arr` itself when nothing changes.
+def convert(arr, np_dtype=None, device=None, f8=False):
+    """(array, is_fp8_bytes): `arr` as `np_dtype` on `device` (None keeps either); `arr` itself when nothing changes.
 
-    When the array changes device and gets narrower, the cast happens first, so fewer bytes travel.
+    Follows the core's conversion (flame_core.ops.conversion): float8 on cuda is raw bytes in a uint8 array (`f8`
+    True, as `Tensor._f8`); casts run on the GPU after the move when the target is cuda.
     """
-    dev = _dev(device)
-    np_dtype = None if np_dtype is None else np.dtype(np_dtype)
-    cast = np_dtype is not None and arr.dtype != np_dtype
-    src_cuda = backend.is_cuda_array(arr)
-    if dev is None or (dev.type == "cuda") == src_cuda and (not src_cuda or arr.device.id == dev.index):
-        return arr.astype(np_dtype) if cast else arr
-    if cast and (np_dtype.itemsize < arr.dtype.itemsize or _is_fp8(np_dtype) or _is_fp8(arr.dtype)):
-        arr = arr.astype(np_dtype)  # narrower first (and float8 casts on the host, where ml_dtypes does them)
-        cast = False
-    if dev.type == "cuda":
-        with dev.context():
-            arr = backend.xp_for(dev).asarray(arr)
-    else:
-        arr = backend.to_numpy(arr)
-    return arr.astype(np_dtype) if cast else arr
-
-
-_FP8 = (np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2))
-
-
-def _is_fp8(dt):
-    return dt in _FP8
+    from .ops.conversion import _convert
+    return _convert(arr, f8, _dev(device), None if np_dtype is None else np.dtype(np_dtype), False)
 
 
 def _st_dtype(dt, key):
@@ -78,11 +59,9 @@ def _st_dtype(dt, key):
 
 
 def _host_array(v, key):
+    """The host (NumPy) array to write for a Tensor (fp8 bytes viewed as float8) or a NumPy/CuPy array."""
     from .tensor import Tensor
-    a = v._data if isinstance(v, Tensor) else v
-    if not (backend.is_cuda_array(a) or isinstance(a, np.ndarray)):
-        raise TypeError(f"save_file: value of {key!r} must be a Tensor or an array, got {type(v).__name__}")
-    a = backend.to_numpy(a)
+    a = v._host() if isinstance(v, Tensor) else backend.to_numpy(v)
     if a.dtype.byteorder == ">":
         a = a.byteswap().view(a.dtype.newbyteorder("<"))
     return np.ascontiguousarray(a)
@@ -104,6 +83,7 @@ def _header(entries, metadata):
 
 def save_file(tensors, filename, metadata=None):
     """Write `tensors` (name -> Tensor / NumPy / CuPy array) to `filename` atomically, one tensor at a time."""
+    from .tensor import Tensor
     if not hasattr(tensors, "items"):
         raise TypeError(f"save_file expects a dict of name -> tensor, got {type(tensors).__name__}")
     if metadata is not None:
@@ -117,10 +97,14 @@ def save_file(tensors, filename, metadata=None):
             raise TypeError(f"save_file: tensor names must be str, got {k!r}")
         if k == "__metadata__":
             raise ValueError("save_file: '__metadata__' is reserved; pass metadata=...")
-        arr = v._data if hasattr(v, "_data") else v
-        if not (backend.is_cuda_array(arr) or isinstance(arr, np.ndarray)):
+        if isinstance(v, Tensor):
+            dt, shape = v.dtype.np, tuple(v.shape)
+        elif backend.is_cuda_array(v) or isinstance(v, np.ndarray):
+            dt, shape = v.dtype, v.shape
+        else:
             raise TypeError(f"save_file: value of {k!r} must be a Tensor or an array, got {type(v).__name__}")
-        entries.append((k, _st_dtype(arr.dtype, k), arr.shape, int(arr.nbytes)))
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        entries.append((k, _st_dtype(dt, k), shape, nbytes))
         order.append((k, v))
     header = _header(entries, metadata)
     filename = os.fspath(filename)
@@ -234,28 +218,36 @@ class safe_open:
         """The NumPy dtype stored for `key` (bfloat16 / float8 from ml_dtypes)."""
         return _TO_NP[self._entry(key)[0]]
 
-    def get_array(self, key, dtype=None, device=None):
-        """The tensor `key` as a fresh NumPy (cpu) or CuPy (cuda) array, converted to `dtype` when given."""
+    def read(self, key, dtype=None, device=None):
+        """(array, is_fp8_bytes) of tensor `key`, fresh (never a view of the file), converted to `dtype` / `device`;
+        float8 on cuda comes back as raw bytes in a uint8 array with the flag set (the core's convention)."""
         st, shape, b, end = self._entry(key)
         dev = _dev(device) or self._device
         want = None if dtype is None else D.dtype(dtype).np
         view = np.frombuffer(self._mm, dtype=_TO_NP[st], count=(end - b) // _TO_NP[st].itemsize,
                              offset=self._start + b).reshape(shape)
         try:
-            arr = convert_array(view, want, dev)
-            if arr is view or (isinstance(arr, np.ndarray) and not arr.flags.owndata):
-                arr = arr.copy()  # never hand out views of the mapped file
+            arr, f8 = convert(view, want, dev)
+            if isinstance(arr, np.ndarray) and not arr.flags.owndata:
+                arr = arr.copy()
         finally:
             del view
-        return arr
+        return arr, f8
+
+    def get_array(self, key, dtype=None, device=None):
+        """The tensor `key` as a fresh NumPy (cpu) or CuPy (cuda) array, converted to `dtype` when given."""
+        return self.read(key, dtype, device)[0]
 
     def get_tensor(self, key, dtype=None, device=None):
         from .tensor import _wrap
-        arr = self.get_array(key, dtype=dtype, device=device)
-        if arr.dtype not in D._BY_NP:
+        arr, f8 = self.read(key, dtype, device)
+        if not f8 and arr.dtype not in D._BY_NP:
             raise DTypeError(f"{self.filename}: {key!r} is stored as {arr.dtype}, which FLAME has no dtype for; "
                              f"pass dtype=... to convert it on load")
-        return _wrap(arr)
+        t = _wrap(arr)
+        if f8:
+            t._f8 = True
+        return t
 
     # --- lifetime
     def close(self):

@@ -21,7 +21,7 @@ from ..amp import autocast_mode as _amp  # autocast hook: a flag test when off
 from ..autograd.function import Function
 from ..autograd.grad_mode import state
 from ..errors import AutogradError, DTypeError, ShapeError, fmt_shape
-from ..tensor import Tensor, _wrap, check_same_device
+from ..tensor import _wrap, check_same_device
 
 Geom = namedtuple("Geom", "N C H W O KH KW sh sw ph pw dh dw OH OW G")
 _HALF = (np.dtype(np.float16), D.bfloat16.np)
@@ -116,7 +116,6 @@ def im2col_reference(x, g, n0, nimg, oh0, nrows):
 def col2im(dcols, dx, g, n0, nimg, oh0, nrows, accumulate):
     """dx[n0:n0+nimg] (+)= the sum, per input element, of the column entries that read it."""
     if _is_pointwise(g) and nrows == g.OH:
-        xp = backend.xp_of(dx)
         d = dcols.reshape(g.C, nimg, g.H, g.W).transpose(1, 0, 2, 3)
         if accumulate:
             dx[n0:n0 + nimg] += d
@@ -170,12 +169,13 @@ def _col2im_cuda(dcols, dx, g, n0, nimg, oh0, nrows, accumulate):
     cp = backend.cupy
     dcols = cp.ascontiguousarray(dcols)
     P = nimg * nrows * g.OW
-    # the input rows this chunk's output rows read
-    h_lo = max(0, oh0 * g.sh - g.ph)
-    h_hi = min(g.H, (oh0 + nrows - 1) * g.sh - g.ph + (g.KH - 1) * g.dh + 1)
-    nh = h_hi - h_lo
-    if nh <= 0:
-        return
+    if accumulate:  # only the input rows this band's output rows read
+        h_lo = max(0, oh0 * g.sh - g.ph)
+        nh = min(g.H, (oh0 + nrows - 1) * g.sh - g.ph + (g.KH - 1) * g.dh + 1) - h_lo
+        if nh <= 0:
+            return
+    else:  # every row is written (rows no output reads get zeros)
+        h_lo, nh = 0, g.H
     total = nimg * g.C * nh * g.W
     fn = loader.get_function("im2col", "col2im_kernel", dx.dtype)
     i32 = np.int32
@@ -284,7 +284,6 @@ def conv2d_backward(gy, x, w, g, need_x=True, need_w=True):
 
 def bias_grad(gy):
     """Sum of gy over (N, OH, OW), accumulated in float32 for half types."""
-    xp = backend.xp_of(gy)
     if gy.dtype in _HALF:
         return gy.sum(axis=(0, 2, 3), dtype=np.float32).astype(gy.dtype)
     return gy.sum(axis=(0, 2, 3))

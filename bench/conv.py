@@ -1,0 +1,164 @@
+"""conv2d (3x3, padding 1, bf16) at the SDXL / VAE shapes of PEERS.md: FLAME (im2col kernel + cuBLAS GEMM, in
+bounded-memory chunks) side by side with torch.nn.functional.conv2d (cuDNN) in the same process.
+
+    PYTHONPATH=$PWD python3 bench/conv.py [--shapes sdxl_l0,sdxl_l1] [--repeats 20]
+
+Times are CUDA-event medians after warm-up; fwd+bwd computes dx and dw (grads reset to None between runs).
+FLOP: fwd = 2*N*O*H*W*C*9, fwd+bwd = 3x fwd. Prints a table last and writes $OUT/conv_bench.json (or ./).
+"""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+import flame_core as flame
+import flame_nn.functional as F
+from flame_core import backend
+from flame_core.ops import conv as C
+
+SHAPES = {  # name: (N, C, H, W, O) - 3x3, padding 1
+    "sdxl_l0": (2, 320, 128, 128, 320),
+    "sdxl_l1": (2, 640, 64, 64, 640),
+    "sdxl_l2": (2, 1280, 32, 32, 1280),
+    "vae_dec_256": (1, 512, 256, 256, 512),
+    "vae_dec_full": (1, 128, 1024, 1024, 128),
+}
+ACCEPT = ("sdxl_l0", "sdxl_l1", "sdxl_l2")  # acceptance: >= 0.5x cuDNN here
+
+
+def cuda_time_ms(fn, repeats, warmup=3):
+    cp = backend.cupy
+    for _ in range(warmup):
+        fn()
+    cp.cuda.Device().synchronize()
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    for _ in range(repeats):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end))
+    return float(np.median(times))
+
+
+def bench_flame(N, Cin, H, W, O, repeats):
+    cp = backend.cupy
+    flame.manual_seed(0)
+    x = flame.randn(N, Cin, H, W, device="cuda", dtype=flame.bfloat16, requires_grad=True)
+    w = (flame.randn(O, Cin, 3, 3, device="cuda") * 0.02).to(flame.bfloat16).detach().requires_grad_(True)
+    go = flame.randn(N, O, H, W, device="cuda", dtype=flame.bfloat16)
+    fwd = cuda_time_ms(lambda: F.conv2d(x, w, padding=1), repeats)
+
+    def fb():
+        x.grad = None
+        w.grad = None
+        F.conv2d(x, w, padding=1).backward(go)
+    fwdbwd = cuda_time_ms(fb, max(5, repeats // 2))
+    # where the forward time goes: one chunk's im2col alone and its GEMM alone
+    g = C.geometry(tuple(x.shape), tuple(w.shape), 1, 1, 1, 1)
+    n0, nimg, oh0, nrows = C.plan(g, 2, C.workspace_bytes(True))[0]
+    xa = x._data
+    im2col = cuda_time_ms(lambda: C.im2col(xa, g, n0, nimg, oh0, nrows), repeats)
+    cols = C.im2col(xa, g, n0, nimg, oh0, nrows)
+    w2 = w._data.reshape(O, -1)
+    gemm = cuda_time_ms(lambda: cp.matmul(w2, cols), repeats)
+    n_chunks = len(C.plan(g, 2, C.workspace_bytes(True)))
+    with flame.no_grad():
+        y = F.conv2d(x, w, padding=1)
+    return dict(fwd_ms=fwd, fwdbwd_ms=fwdbwd, chunk_im2col_ms=im2col, chunk_gemm_ms=gemm, chunks=n_chunks), \
+        (x.detach(), w.detach(), y)
+
+
+def bench_torch(x, w, repeats):
+    import torch
+    import torch.nn.functional as TF
+    def to_torch(t):  # the same values (zero-copy through DLPack where CuPy exports bf16, else via float32)
+        try:
+            return torch.from_dlpack(t._data).clone()
+        except Exception:
+            return torch.from_numpy(t.float().numpy()).cuda().to(torch.bfloat16)
+    xt = to_torch(x).requires_grad_(True)
+    wt = to_torch(w).requires_grad_(True)
+    go = torch.randn(xt.shape[0], wt.shape[0], xt.shape[2], xt.shape[3], device="cuda", dtype=torch.bfloat16)
+
+    def t_time(fn, n):
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        ts = []
+        for _ in range(n):
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            ts.append(s.elapsed_time(e))
+        return float(np.median(ts))
+    fwd = t_time(lambda: TF.conv2d(xt, wt, padding=1), repeats)
+
+    def fb():
+        xt.grad = None
+        wt.grad = None
+        TF.conv2d(xt, wt, padding=1).backward(go)
+    fwdbwd = t_time(fb, max(5, repeats // 2))
+    with torch.no_grad():
+        y = TF.conv2d(xt, wt, padding=1)
+    return dict(fwd_ms=fwd, fwdbwd_ms=fwdbwd), y
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--repeats", type=int, default=20)
+    args = ap.parse_args()
+    if not backend.cuda_available():
+        sys.exit("bench/conv.py needs a CUDA GPU with CuPy")
+    try:
+        import torch  # noqa: F401
+        have_torch = True
+    except Exception:
+        have_torch = False
+    rows, results = [], {}
+    for name in args.shapes.split(","):
+        N, Cin, H, W, O = SHAPES[name]
+        flops = 2 * N * O * H * W * Cin * 9
+        f, (x, w, y) = bench_flame(N, Cin, H, W, O, args.repeats)
+        r = {"shape": [N, Cin, H, W, O], "flame": f}
+        f["fwd_TFLOPs"] = flops / f["fwd_ms"] / 1e9
+        f["fwdbwd_TFLOPs"] = 3 * flops / f["fwdbwd_ms"] / 1e9
+        if have_torch:
+            t, yt = bench_torch(x, w, args.repeats)
+            t["fwd_TFLOPs"] = flops / t["fwd_ms"] / 1e9
+            t["fwdbwd_TFLOPs"] = 3 * flops / t["fwdbwd_ms"] / 1e9
+            r["torch_cudnn"] = t
+            ya = backend.cupy.asnumpy(y._data).astype(np.float32)
+            yb = yt.float().cpu().numpy()
+            r["max_rel_diff_vs_torch"] = float(np.abs(ya - yb).max() / np.abs(yb).max())
+            r["ratio_fwd"] = t["fwd_ms"] / f["fwd_ms"]
+            r["ratio_fwdbwd"] = t["fwdbwd_ms"] / f["fwdbwd_ms"]
+        results[name] = r
+        print(name, json.dumps(r), flush=True)
+        del x, w, y
+        backend.cupy.get_default_memory_pool().free_all_blocks()
+    out = os.path.join(os.environ.get("OUT", "."), "conv_bench.json")
+    with open(out, "w") as fh:
+        json.dump(results, fh, indent=1)
+    print(f"\nconv2d 3x3 pad 1, bf16 ({backend.cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()})")
+    hdr = f"{'shape':<13}{'flame fwd ms':>13}{'TFLOP/s':>9}{'cuDNN ms':>10}{'ratio':>7}{'flame f+b ms':>14}" \
+          f"{'TFLOP/s':>9}{'cuDNN ms':>10}{'ratio':>7}{'im2col ms':>11}{'gemm ms':>9}{'chunks':>7}"
+    print(hdr)
+    for name, r in results.items():
+        f, t = r["flame"], r.get("torch_cudnn", {})
+        print(f"{name:<13}{f['fwd_ms']:>13.3f}{f['fwd_TFLOPs']:>9.1f}{t.get('fwd_ms', float('nan')):>10.3f}"
+              f"{r.get('ratio_fwd', float('nan')):>7.2f}{f['fwdbwd_ms']:>14.3f}{f['fwdbwd_TFLOPs']:>9.1f}"
+              f"{t.get('fwdbwd_ms', float('nan')):>10.3f}{r.get('ratio_fwdbwd', float('nan')):>7.2f}"
+              f"{f['chunk_im2col_ms']:>11.3f}{f['chunk_gemm_ms']:>9.3f}{f['chunks']:>7}")
+    ok = [results[n].get("ratio_fwd", 0) >= 0.5 for n in ACCEPT if n in results]
+    print(f"acceptance (fwd >= 0.5x cuDNN at SDXL shapes): {'PASS' if ok and all(ok) else 'FAIL'}")
+
+
+if __name__ == "__main__":
+    main()

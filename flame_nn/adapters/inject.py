@@ -1,0 +1,317 @@
+"""Putting adapters into a model, and the model-level operations on them.
+
+    targets = ["to_q", "to_k", "to_v", "to_out.0"]             # name patterns (see `matches`)
+    inject_adapters(model, targets, kind="lora", rank=16, alpha=16, name_map=flux_map)
+    opt = AdamW(adapter_parameters(model), lr=1e-4)
+    save_adapters(model, "lora.safetensors", format="kohya")  # or "peft" (diffusers)
+    load_adapters(model, "style.safetensors", name="style", weight=0.8)   # a second adapter, for inference
+    set_adapters(model, ["default", "style"], [1.0, 0.8]); merge_adapters(model); unmerge_adapters(model)
+
+A pattern names a Linear of the model or, through `name_map`, one of the diffusers Linears carved out of a fused one
+(Flux's qkv -> to_q/to_k/to_v): the adapter then covers only those output rows. Patterns: "re:<regex>" (full match),
+globs with * ? [ ] (fnmatch), or a plain name matching the whole name or its dotted suffix ("to_q" matches
+"transformer_blocks.3.attn.to_q"), as PEFT's target_modules.
+"""
+import fnmatch
+import re
+
+import flame_core as flame
+from flame_core import backend
+from flame_core import dtypes as D
+
+from ..layers.linear import Linear
+from . import formats as fmt
+from .dora import DoRA, row_norms
+from .layer import AdaptedLinearMixin, AdapterError, adapt, unadapt
+from .loha import LoHa
+from .lokr import LoKr
+from .lora import LoRA
+
+KINDS = {"lora": LoRA, "locon": LoRA, "dora": DoRA, "lokr": LoKr, "loha": LoHa}
+
+
+def matches(pattern, name):
+    if pattern.startswith("re:"):
+        return re.fullmatch(pattern[3:], name) is not None
+    if any(ch in pattern for ch in "*?["):
+        return fnmatch.fnmatchcase(name, pattern)
+    return name == pattern or name.endswith("." + pattern)
+
+
+def _linears(model):
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, Linear) or isinstance(m, AdaptedLinearMixin)]
+
+
+def find_targets(model, targets, name_map=fmt.IDENTITY, only_if_contains=None, ignore_if_contains=None):
+    """[(module name, module, rows or None)] that `targets` select. Whole-Linear matches win over row matches."""
+    if isinstance(targets, str):
+        targets = [targets]
+    targets = list(targets)
+
+    def keep(*names):
+        if only_if_contains and not any(s in n for s in only_if_contains for n in names):
+            return False
+        return not (ignore_if_contains and any(s in n for s in ignore_if_contains for n in names))
+
+    found = []
+    for name, mod in _linears(model):
+        if any(matches(p, name) for p in targets):
+            if keep(name):
+                found.append((name, mod, None))
+            continue
+        for peft_name, ranges in name_map.peft_targets(name):
+            if peft_name == name or ranges is None or len(ranges) != 1:
+                continue
+            if any(matches(p, peft_name) for p in targets) and keep(name, peft_name):
+                rows = tuple(ranges[0])
+                found.append((name, mod, None if rows == (0, mod.weight.shape[0]) else rows))
+    return found
+
+
+def _make(kind, mod, rows, rank, alpha, dropout, rslora, lokr_factor, lokr_full_rank, dtype, init_weights,
+          generator):
+    lo, hi = rows if rows is not None else (0, mod.weight.shape[0])
+    n_in, dev = mod.weight.shape[1], mod.weight.device
+    cls = KINDS[kind]
+    if cls in (LoKr, LoHa):
+        if rows is not None:
+            raise AdapterError(f"{kind} cannot adapt rows [{lo}:{hi}] of a fused Linear (its ΔW is not separable by "
+                               f"rows in the file formats); target the whole Linear instead")
+        if dropout:
+            raise AdapterError(f"{kind} has no input dropout (LyCORIS's does not either); use dropout 0")
+        if cls is LoKr:
+            return LoKr(n_in, hi - lo, rank, alpha, lokr_factor, lokr_full_rank, device=dev, dtype=dtype,
+                        generator=generator)
+        return LoHa(n_in, hi - lo, rank, alpha, device=dev, dtype=dtype, generator=generator)
+    if cls is DoRA:
+        return DoRA(n_in, hi - lo, rank, alpha, dropout, rslora, base_weight=mod.weight[lo:hi],
+                    init_weights=init_weights, device=dev, dtype=dtype, generator=generator)
+    return LoRA(n_in, hi - lo, rank, alpha, dropout, rslora, init_weights=init_weights, device=dev, dtype=dtype,
+                generator=generator)
+
+
+def inject_adapters(model, targets, kind="lora", *, name="default", rank=16, alpha=None, dropout=0.0, rslora=False,
+                    lokr_factor=-1, lokr_full_rank=False, name_map=fmt.IDENTITY, only_if_contains=None,
+                    ignore_if_contains=None, dtype=flame.float32, init_weights="kaiming", generator=None,
+                    freeze_base=True):
+    """Attach a new adapter `name` of `kind` to every Linear (or row range) `targets` select. The base is frozen
+    (requires_grad False) unless freeze_base=False. Returns [(module name, rows)] in model order."""
+    if kind not in KINDS:
+        raise AdapterError(f"unknown adapter kind {kind!r}; known: {', '.join(KINDS)}")
+    found = find_targets(model, targets, name_map, only_if_contains, ignore_if_contains)
+    if not found:
+        names = [n for n, _ in _linears(model)]
+        raise AdapterError(f"no Linear matches the targets {targets!r}"
+                           + (f" (filters only_if_contains={only_if_contains}, ignore_if_contains="
+                              f"{ignore_if_contains})" if only_if_contains or ignore_if_contains else "")
+                           + f"; the model's Linears include {names[:6]}")
+    for mod in {id(m): m for _, m, _ in found}.values():
+        if isinstance(mod, AdaptedLinearMixin) and name in mod._adapters:
+            raise AdapterError(f"an adapter named {name!r} already exists; pick another name or remove it")
+    if freeze_base:
+        model.requires_grad_(False)
+    made = []
+    for mod_name, mod, rows in found:
+        adapt(mod)
+        ad = _make("lora" if kind == "locon" else kind, mod, rows, rank, alpha, dropout, rslora, lokr_factor,
+                   lokr_full_rank, dtype, init_weights, generator)
+        mod.add_adapter(name, ad, rows)
+        made.append((mod_name, rows))
+    return made
+
+
+# ----------------------------------------------------------------------------- queries
+def adapted_modules(model):
+    """[(name, adapted Linear)] in model order."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, AdaptedLinearMixin)]
+
+
+def adapter_names(model):
+    names = []
+    for _, m in adapted_modules(model):
+        for k in m._adapters:
+            if k not in names:
+                names.append(k)
+    return names
+
+
+def _entries(model, name):
+    out = []
+    for mod_name, m in adapted_modules(model):
+        for rows, ad in m._adapters.get(name, []):
+            out.append((mod_name, m, rows, ad))
+    if not out:
+        raise AdapterError(f"the model has no adapter named {name!r}; it has {adapter_names(model)}")
+    return out
+
+
+def adapter_modules(model, name="default"):
+    """[(module name, rows, Adapter)] of adapter `name`, in model order."""
+    return [(n, rows, ad) for n, _, rows, ad in _entries(model, name)]
+
+
+def adapter_parameters(model, name="default"):
+    """The trainable parameters of adapter `name`, in a fixed order (model order, then rows, then the adapter's)."""
+    return [p for _, _, _, ad in _entries(model, name) for p in ad.parameters()]
+
+
+def named_adapter_parameters(model, name="default"):
+    out = []
+    for mod_name, m, (lo, hi), ad in _entries(model, name):
+        full = (lo, hi) == (0, m.weight.shape[0])
+        prefix = mod_name + ("" if full else f"[{lo}:{hi}]")
+        out += [(f"{prefix}.{k}", p) for k, p in ad.named_parameters()]
+    return out
+
+
+# ----------------------------------------------------------------------------- canonical state and files
+def adapter_state(model, name="default"):
+    """Canonical form {module: [AdapterPart]} of adapter `name` (host copies)."""
+    state = {}
+    for mod_name, m, (lo, hi), ad in _entries(model, name):
+        rows = None if (lo, hi) == (0, m.weight.shape[0]) else (lo, hi)
+        state.setdefault(mod_name, []).append(ad.to_part(rows))
+    return state
+
+
+def load_adapter_state(model, modules, name="default"):
+    """Load canonical adapters into the existing adapter `name` (same modules; row splits are joined or split as
+    needed). Missing or unexpected modules are errors that name them."""
+    have = {}
+    for mod_name, m, rows, ad in _entries(model, name):
+        have.setdefault(mod_name, (m, []))[1].append((rows, ad))
+    missing = [k for k in have if k not in modules]
+    unexpected = [k for k in modules if k not in have]
+    if missing or unexpected:
+        raise fmt.AdapterFormatError(
+            f"adapter {name!r}: " + (f"{len(missing)} module(s) missing from the file: {missing[:6]}; " if missing
+                                     else "") + (f"{len(unexpected)} unexpected module(s) in the file: "
+                                                 f"{unexpected[:6]}" if unexpected else ""))
+    for mod_name, (m, entries) in have.items():
+        out = m.weight.shape[0]
+        dest = [(None if r == (0, out) else r, getattr(ad, "rank", None) or 0) for r, ad in entries]
+        parts = fmt.fit_parts(modules[mod_name], dest, mod_name, out)
+        for (r, ad), part in zip(entries, parts):
+            try:
+                ad.load_part(part)
+            except fmt.AdapterFormatError as e:
+                raise fmt.AdapterFormatError(f"{mod_name} rows {r}: {e}") from None
+
+
+def save_adapters(model, path, format="kohya", *, name="default", name_map=fmt.IDENTITY, dtype=None,
+                  metadata=None):
+    """Write adapter `name` to `path` (.safetensors, atomic) in kohya or PEFT layout, with metadata describing it."""
+    state = adapter_state(model, name)
+    out_features = {k: model.get_submodule(k).weight.shape[0] for k in state}
+    norms = None
+    if any(p.kind == "dora" and p.rows is not None for parts in state.values() for p in parts):
+        norms = {k: backend.to_numpy(row_norms(model.get_submodule(k).weight.detach())._data) for k in state}
+    kind, rank, alpha = fmt.describe(state)
+    meta = {"flame.network_type": kind, "flame.rank": rank, "flame.alpha": alpha,
+            "ss_network_module": "networks.lora_flux" if kind == "lora" else "lycoris.kohya",
+            "ss_network_dim": rank, "ss_network_alpha": alpha}
+    if kind != "lora":
+        meta["ss_network_args"] = '{"algo": "%s"%s}' % ("lora" if kind == "dora" else kind,
+                                                        ', "dora_wd": true' if kind == "dora" else "")
+    meta.update(metadata or {})
+    meta = {k: str(v) for k, v in meta.items() if v is not None}
+    np_dtype = None if dtype is None else D.dtype(dtype).np
+    return fmt.save(path, state, format, name_map=name_map, out_features=out_features, row_norms=norms,
+                    dtype=np_dtype, metadata=meta)
+
+
+def load_adapters(model, path, *, name="default", weight=1.0, name_map=fmt.IDENTITY, dtype=flame.float32):
+    """Load a LoRA file into adapter `name`: into the existing one if the model has it, else a new adapter shaped
+    by the file (kind, rank and rows from its tensors) is injected first. Returns the file's metadata."""
+    module_names = [n for n, _ in _linears(model)]
+    modules, meta = fmt.load(path, module_names, name_map=name_map)
+    if name not in adapter_names(model):
+        for mod_name, parts in modules.items():
+            mod = adapt(model.get_submodule(mod_name))
+            for part in parts:
+                mod.add_adapter(name, _from_part(mod, part, dtype), part.rows)
+    load_adapter_state(model, modules, name)
+    set_adapter_weight(model, name, weight)
+    return meta
+
+
+def _from_part(mod, part, dtype):
+    lo, hi = part.rows if part.rows is not None else (0, mod.weight.shape[0])
+    n_in, dev = mod.weight.shape[1], mod.weight.device
+    if part.kind in ("lora", "dora"):
+        if part.kind == "dora":
+            return DoRA(n_in, hi - lo, part.rank, base_weight=mod.weight[lo:hi], device=dev, dtype=dtype)
+        return LoRA(n_in, hi - lo, part.rank, device=dev, dtype=dtype)
+    if part.kind == "loha":
+        return LoHa(n_in, hi - lo, part.rank, device=dev, dtype=dtype)
+    w1 = part.tensors["lokr_w1"]
+    full = "lokr_w2" in part.tensors
+    w2_shape = part.tensors["lokr_w2"].shape if full else (part.tensors["lokr_w2_a"].shape[0],
+                                                            part.tensors["lokr_w2_b"].shape[1])
+    factors = (w1.shape[0], w2_shape[0], w1.shape[1], w2_shape[1])  # the file's split, whatever factor made it
+    return LoKr(n_in, hi - lo, part.rank or max(w2_shape), full_rank=full, factors=factors, device=dev, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- switching, weighting, merging
+def set_adapter_weight(model, name, weight):
+    for _, m in adapted_modules(model):
+        if name in m._adapters:
+            m._weights[name] = float(weight)
+
+
+def set_adapters(model, names, weights=None):
+    """Activate exactly `names` (others stay attached but inactive), each with its weight (default 1)."""
+    names = [names] if isinstance(names, str) else list(names)
+    weights = [1.0] * len(names) if weights is None else ([weights] if isinstance(weights, (int, float))
+                                                          else list(weights))
+    if len(weights) != len(names):
+        raise AdapterError(f"{len(names)} adapter names but {len(weights)} weights")
+    unknown = [n for n in names if n not in adapter_names(model)]
+    if unknown:
+        raise AdapterError(f"unknown adapter(s) {unknown}; the model has {adapter_names(model)}")
+    for _, m in adapted_modules(model):
+        if any(n in m._merged for n in m._adapters if n not in names):
+            raise AdapterError("unmerge adapters before deactivating a merged one")
+        m._weights.clear()
+        m._weights.update({n: float(w) for n, w in zip(names, weights) if n in m._adapters})
+
+
+def enable_adapters(model):
+    for _, m in adapted_modules(model):
+        m.adapters_enabled = True
+
+
+def disable_adapters(model):
+    """The base model's output (merged adapters must be unmerged first)."""
+    for _, m in adapted_modules(model):
+        if m._merged:
+            raise AdapterError(f"adapters {list(m._merged)} are merged into the weights; unmerge them first")
+        m.adapters_enabled = False
+
+
+def merge_adapters(model, names=None):
+    """Fold the active adapters (or `names`) into the base weights, each times its weight."""
+    for _, m in adapted_modules(model):
+        for n in (list(m._weights) if names is None else names):
+            if n in m._adapters:
+                m.merge(n)
+
+
+def unmerge_adapters(model, names=None):
+    for _, m in adapted_modules(model):
+        if names is None:
+            m.unmerge()
+        else:
+            for n in names:
+                m.unmerge(n)
+
+
+def remove_adapters(model, name=None):
+    """Detach adapter `name` (every adapter when None); layers without adapters get their own class back."""
+    for _, m in adapted_modules(model):
+        if name is None:
+            unadapt(m)
+        else:
+            m.remove_adapter(name)
+            if not m._adapters:
+                unadapt(m)

@@ -1,0 +1,254 @@
+"""The adapted Linear: a Linear that also runs the adapters attached to it, and the base class of adapters.
+
+`adapt(linear)` turns an existing Linear (any class with `weight` (out, in), optional `bias` and a forward) into its
+adapted subclass IN PLACE (`__class__` swap): the module keeps its identity, its parent, its parameters and its
+state_dict keys, so the base model still saves, loads and streams as before; `unadapt` swaps back. Adapters are kept
+OUT of the module tree (a plain dict), so `model.parameters()` stays the frozen base and `adapter_parameters(model)`
+(inject.py) lists what trains.
+
+    y = base(x)                                  # the layer's own forward: bf16, fp8 storage, fused kernels...
+    y[..., lo:hi] += w_a · adapter_a(x)          # every enabled, unmerged adapter, on its rows (in place)
+"""
+import numpy as np
+
+from flame_core import backend
+from flame_core import dtypes as flame_dtypes
+from flame_core.amp import autocast_mode as _amp
+from flame_core.autograd import Function, no_grad
+from flame_core.errors import FlameError, ShapeError, fmt_shape
+from flame_core.tensor import Tensor, _wrap
+
+from ..module import Module
+
+
+class AdapterError(FlameError, ValueError):
+    """Adapters asked for something they cannot do (the message names the module and adapter)."""
+
+
+# ----------------------------------------------------------------------------- the in-place add of a delta
+class _AddRows(Function):
+    """y[..., lo:hi] += d in y's storage (y is a fresh Linear output nobody saved): no (N, out) copy per adapter."""
+
+    @staticmethod
+    def forward(ctx, y, d, lo, hi):
+        arr = y._data
+        dd = d._data if d._data.dtype == arr.dtype else d._data.astype(arr.dtype)
+        if lo == 0 and hi == arr.shape[-1]:
+            arr += dd
+        else:
+            arr[..., lo:hi] += dd
+        y._version[0] += 1  # anyone who saved y would now see a modified tensor (and be told so)
+        ctx.lo, ctx.hi, ctx.full = lo, hi, (lo == 0 and hi == arr.shape[-1])
+        ctx.d_dtype = d.dtype
+        return _wrap(arr)
+
+    @staticmethod
+    def backward(ctx, g):
+        gd = None
+        if ctx.needs_input_grad[1]:
+            gd = g if ctx.full else g[..., ctx.lo:ctx.hi]
+            if gd.dtype != ctx.d_dtype:
+                gd = gd.to(ctx.d_dtype)
+        return (g if ctx.needs_input_grad[0] else None), gd, None, None
+
+
+def add_rows(y, d, lo, hi):
+    if tuple(d.shape[:-1]) != tuple(y.shape[:-1]) or d.shape[-1] != hi - lo:
+        raise ShapeError(f"adapter output {fmt_shape(d.shape)} does not fit rows [{lo}:{hi}] of the layer output "
+                         f"{fmt_shape(y.shape)}")
+    return _AddRows.apply(y, d, lo, hi)
+
+
+def wide(t):
+    """t in float32, or float64 when it already is (merging never loses a float64 base's precision)."""
+    return t if t.dtype == flame_dtypes.float64 else t.float()
+
+
+def autocast_on(x):
+    return _amp.active and _amp.is_autocast_enabled("cuda" if x.is_cuda else "cpu")
+
+
+def adapter_input(x, param):
+    """x as the adapter's matmuls want it: under autocast the matmul casts (to bf16); otherwise the adapter's own
+    dtype (float32), as PEFT does, so a bf16 base never rounds the adapter's arithmetic."""
+    if autocast_on(x):
+        return x
+    return x if x.dtype == param.dtype else x.to(param.dtype)
+
+
+# ----------------------------------------------------------------------------- adapters
+class Adapter(Module):
+    """An adapter on `out_features` output rows of a Linear (in_features inputs). Parameters float32 by default.
+
+    Subclasses define `delta(x, base_rows, weight_rows)` (what to add to the layer's output rows), `delta_weight()`
+    (ΔW, differentiable) and the canonical file form (`to_part` / `load_part`, see formats.py)."""
+
+    kind = None
+    needs_base = False  # True: delta() needs W·x of its rows (DoRA)
+
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.in_features, self.out_features = int(in_features), int(out_features)
+
+    def delta(self, x, base_rows=None, weight_rows=None):
+        raise NotImplementedError
+
+    def delta_weight(self):
+        raise NotImplementedError
+
+    def merged_weight(self, weight_rows):
+        """W' of the rows, float32 (float64 for a float64 base), given W of the rows. Not differentiable."""
+        with no_grad():
+            w = wide(weight_rows)
+            return w + self.delta_weight().to(w.dtype)
+
+    def to_part(self, rows=None):
+        raise NotImplementedError
+
+    def load_part(self, part):
+        raise NotImplementedError
+
+    # helpers for subclasses
+    def _check_load(self, part, names):
+        from .formats import AdapterFormatError
+        if part.kind != self.kind:
+            raise AdapterFormatError(f"cannot load a {part.kind} adapter into a {self.kind} adapter")
+        for name, want in names.items():
+            if name not in part.tensors:
+                raise AdapterFormatError(f"{self.kind}: the file has no {name!r} (has {sorted(part.tensors)})")
+            got = tuple(np.shape(part.tensors[name]))
+            if got != tuple(want):
+                raise AdapterFormatError(f"{self.kind}: {name!r} has shape {fmt_shape(got)}, the adapter expects "
+                                         f"{fmt_shape(want)} (out {self.out_features}, in {self.in_features})")
+
+    @staticmethod
+    def _assign(param, value):
+        with no_grad():
+            arr = np.asarray(value)
+            xp = backend.xp_of(param._data)
+            param._data[...] = xp.asarray(arr.astype(param._data.dtype)) if xp is not np else arr.astype(
+                param._data.dtype)
+            param._version[0] += 1
+
+    @staticmethod
+    def _host(t):
+        return backend.to_numpy(t._data).copy()
+
+
+# ----------------------------------------------------------------------------- the adapted Linear
+class AdaptedLinearMixin:
+    """Mixed in front of a Linear class by `adapt`. State lives in plain attributes (not registered):
+    _adapters {name: [((lo, hi), Adapter)]}, _weights {name: multiplier} (the active ones), _merged {name: weight it was merged with},
+    adapters_enabled."""
+
+    def forward(self, input):
+        y = super().forward(input)
+        if not self.adapters_enabled or not self._weights:
+            return y
+        deltas = []
+        for name, mult in self._weights.items():
+            if name in self._merged:
+                continue
+            for (lo, hi), ad in self._adapters[name]:
+                ad.__dict__["training"] = self.training  # adapters sit outside the module tree: follow the layer
+                base = w = None
+                if ad.needs_base:
+                    w = self.weight[lo:hi]
+                    b = None if self.bias is None else self.bias[lo:hi]
+                    base = y[..., lo:hi] - b if b is not None else y[..., lo:hi] * 1  # a copy: y changes below
+                d = ad.delta(input, base, w)
+                deltas.append((lo, hi, d if mult == 1.0 else d * mult))
+        for lo, hi, d in deltas:
+            y = add_rows(y, d, lo, hi)
+        return y
+
+    # -- management
+    def add_adapter(self, name, adapter, rows=None):
+        lo, hi = (0, self.out_features) if rows is None else (int(rows[0]), int(rows[1]))
+        if not 0 <= lo < hi <= self.out_features or adapter.out_features != hi - lo or \
+                adapter.in_features != self.in_features:
+            raise AdapterError(f"adapter ({adapter.out_features} x {adapter.in_features}) does not fit rows "
+                               f"[{lo}:{hi}] of a Linear ({self.out_features} x {self.in_features})")
+        for (a, b), _ in self._adapters.get(name, []):
+            if a < hi and lo < b:
+                raise AdapterError(f"adapter {name!r} already covers rows [{a}:{b}], which overlap [{lo}:{hi}]")
+        self._adapters.setdefault(name, []).append(((lo, hi), adapter))
+        self._adapters[name].sort(key=lambda e: e[0][0])
+        self._weights.setdefault(name, 1.0)
+        return adapter
+
+    def remove_adapter(self, name):
+        if name in self._merged:
+            self.unmerge(name)
+        self._adapters.pop(name, None)
+        self._weights.pop(name, None)
+
+    def merge(self, name):
+        """Fold adapter `name` (times its weight) into the base weight. The first merge keeps a host copy of the
+        original weight, so unmerging (any adapter, in any order) is exact."""
+        if name in self._merged or name not in self._adapters:
+            return
+        if not self._merged:
+            self.__dict__["_original"] = backend.to_numpy(self.weight._data).copy()
+        self._fold(name)
+        self._merged[name] = self._weights.get(name, 1.0)
+
+    def _fold(self, name):
+        mult = self._weights.get(name, 1.0)
+        with no_grad():
+            for (lo, hi), ad in self._adapters[name]:
+                rows = self.weight[lo:hi]
+                w0 = wide(rows)
+                new = ad.merged_weight(rows)
+                new = w0 + (new - w0) * mult if mult != 1.0 else new
+                self.weight._data[lo:hi] = new._data.astype(self.weight._data.dtype)
+        self.weight._version[0] += 1
+
+    def unmerge(self, name=None):
+        """Take adapter `name` (all when None) out of the weight: restore the original, refold the others."""
+        if name is not None and name not in self._merged:
+            return
+        keep = [] if name is None else [n for n in self._merged if n != name]
+        orig = self.__dict__.pop("_original", None)
+        if orig is None:
+            return
+        xp = backend.xp_of(self.weight._data)
+        self.weight._data[...] = xp.asarray(orig) if xp is not np else orig
+        self.weight._version[0] += 1
+        self._merged.clear()
+        for n in keep:
+            self.merge(n)
+
+_CLASSES = {}
+
+
+def adapt(linear):
+    """Make `linear` an adapted Linear in place (idempotent); returns it."""
+    if isinstance(linear, AdaptedLinearMixin):
+        return linear
+    w = getattr(linear, "weight", None)
+    if not isinstance(w, Tensor) or w.ndim != 2:
+        raise AdapterError(f"{type(linear).__name__} has no 2-D weight (out, in); adapters wrap Linear layers")
+    cls = type(linear)
+    new = _CLASSES.get(cls)
+    if new is None:
+        new = _CLASSES[cls] = type("Adapted" + cls.__name__, (AdaptedLinearMixin, cls), {"_base_class": cls})
+    d = linear.__dict__
+    d.setdefault("in_features", w.shape[1])
+    d.setdefault("out_features", w.shape[0])
+    d.setdefault("bias", None)
+    d["_adapters"], d["_weights"], d["_merged"], d["adapters_enabled"] = {}, {}, {}, True
+    linear.__class__ = new
+    return linear
+
+
+def unadapt(linear):
+    """Remove every adapter (unmerging merged ones) and give the layer back its own class."""
+    if not isinstance(linear, AdaptedLinearMixin):
+        return linear
+    for name in list(linear._adapters):
+        linear.remove_adapter(name)
+    for k in ("_adapters", "_weights", "_merged", "adapters_enabled", "_original"):
+        linear.__dict__.pop(k, None)
+    linear.__class__ = linear._base_class
+    return linear

@@ -1,0 +1,70 @@
+"""LoRA: ΔW = s·B·A with A "down" (r, in) and B "up" (out, r); s = α/r, or α/√r for rsLoRA.
+
+A starts Kaiming-uniform (a = √5, PEFT's and kohya's default) or Gaussian N(0, 1/r) (PEFT's "gaussian"), B starts at
+zero, so the adapted model starts as the base. Forward: y += s·B·(A·dropout(x)), computed as two thin matmuls (never
+forming ΔW), scaling the rank-r intermediate.
+"""
+import math
+
+import flame_core as flame
+from flame_core.autograd import no_grad
+
+from .. import functional as F
+from .. import init
+from ..parameter import Parameter
+from .formats import AdapterPart
+from .layer import Adapter, AdapterError, adapter_input
+
+
+class LoRA(Adapter):
+    kind = "lora"
+
+    def __init__(self, in_features, out_features, rank=16, alpha=None, dropout=0.0, rslora=False, *,
+                 init_weights="kaiming", device=None, dtype=flame.float32, generator=None):
+        super().__init__(in_features, out_features)
+        if rank < 1:
+            raise AdapterError(f"LoRA rank must be >= 1, got {rank}")
+        if not 0.0 <= dropout < 1.0:
+            raise AdapterError(f"LoRA dropout must be in [0, 1), got {dropout}")
+        self.rank, self.rslora, self.dropout = int(rank), bool(rslora), float(dropout)
+        self.alpha = float(rank if alpha is None else alpha)
+        self.lora_A = Parameter(flame.empty(self.rank, self.in_features, device=device, dtype=dtype))
+        self.lora_B = Parameter(flame.zeros(self.out_features, self.rank, device=device, dtype=dtype))
+        if init_weights == "kaiming":
+            init.kaiming_uniform_(self.lora_A, a=math.sqrt(5), generator=generator)
+        elif init_weights == "gaussian":
+            init.normal_(self.lora_A, std=1.0 / self.rank, generator=generator)
+        else:
+            raise AdapterError(f"init_weights must be 'kaiming' or 'gaussian', got {init_weights!r}")
+
+    @property
+    def scale(self):
+        return self.alpha / (math.sqrt(self.rank) if self.rslora else self.rank)
+
+    def _down(self, x):
+        x = adapter_input(x, self.lora_A)
+        if self.dropout and self.training:
+            x = F.dropout(x, self.dropout)
+        return F.linear(x, self.lora_A) * self.scale             # (..., r)
+
+    def delta(self, x, base_rows=None, weight_rows=None):
+        return F.linear(self._down(x), self.lora_B)               # (..., out)
+
+    def delta_weight(self):
+        return (self.lora_B @ self.lora_A) * self.scale
+
+    def to_part(self, rows=None):
+        t = {"lora_down.weight": self._host(self.lora_A), "lora_up.weight": self._host(self.lora_B)}
+        return AdapterPart(self.kind, t, self.scale * self.rank, rows)   # kohya alpha: s = alpha / r
+
+    def load_part(self, part):
+        self._check_load(part, {"lora_down.weight": (self.rank, self.in_features),
+                                "lora_up.weight": (self.out_features, self.rank)})
+        self._assign(self.lora_A, part.tensors["lora_down.weight"])
+        self._assign(self.lora_B, part.tensors["lora_up.weight"])
+        s = part.scale
+        self.alpha = s * (math.sqrt(self.rank) if self.rslora else self.rank)
+
+    def extra_repr(self):
+        return (f"in={self.in_features}, out={self.out_features}, rank={self.rank}, alpha={self.alpha:g}"
+                + (", rslora" if self.rslora else "") + (f", dropout={self.dropout}" if self.dropout else ""))

@@ -1,0 +1,177 @@
+"""Sequential, ModuleList, ModuleDict: modules that hold other modules (children named "0", "1", ... or by key)."""
+from collections import OrderedDict
+
+from .module import Module, _addindent
+
+
+def _index(idx, n, what):
+    if not isinstance(idx, int):
+        raise TypeError(f"{what} indices must be integers or slices, not {type(idx).__name__}")
+    if not -n <= idx < n:
+        raise IndexError(f"index {idx} is out of range for {what} of length {n}")
+    return idx % n
+
+
+class Sequential(Module):
+    """Calls its modules in order: `Sequential(a, b, c)(x) == c(b(a(x)))`; also `Sequential(OrderedDict(...))`."""
+
+    def __init__(self, *args):
+        super().__init__()
+        if len(args) == 1 and isinstance(args[0], (OrderedDict, dict)):
+            for k, m in args[0].items():
+                self.add_module(k, m)
+        else:
+            for i, m in enumerate(args):
+                self.add_module(str(i), m)
+
+    def forward(self, x):
+        for m in self._modules.values():
+            x = m(x)
+        return x
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            return Sequential(OrderedDict(list(self._modules.items())[idx]))
+        return list(self._modules.values())[_index(idx, len(self), "Sequential")]
+
+    def __setitem__(self, idx, module):
+        key = list(self._modules)[_index(idx, len(self), "Sequential")]
+        setattr(self, key, module)
+
+    def __delitem__(self, idx):
+        keys = list(self._modules)
+        for k in (keys[idx] if isinstance(idx, slice) else [keys[_index(idx, len(self), "Sequential")]]):
+            delattr(self, k)
+
+    def append(self, module):
+        self.add_module(str(len(self)), module)
+        return self
+
+
+class ModuleList(Module):
+    """A list of modules, registered (their parameters are visible to the parent)."""
+
+    def __init__(self, modules=None):
+        super().__init__()
+        if modules is not None:
+            self.extend(modules)
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            return ModuleList(list(self._modules.values())[idx])
+        return self._modules[str(_index(idx, len(self), "ModuleList"))]
+
+    def __setitem__(self, idx, module):
+        self.add_module(str(_index(idx, len(self), "ModuleList")), module)
+
+    def __delitem__(self, idx):
+        mods = list(self._modules.values())
+        if isinstance(idx, slice):
+            del mods[idx]
+        else:
+            del mods[_index(idx, len(self), "ModuleList")]
+        for k in list(self._modules):
+            delattr(self, k)
+        self.extend(mods)
+
+    def append(self, module):
+        self.add_module(str(len(self)), module)
+        return self
+
+    def extend(self, modules):
+        for m in modules:
+            self.append(m)
+        return self
+
+    def insert(self, index, module):
+        mods = list(self._modules.values())
+        mods.insert(index, module)
+        for k in list(self._modules):
+            delattr(self, k)
+        self.extend(mods)
+
+    def __repr__(self):
+        """Runs of identical modules are folded, as PyTorch does: `(0-23): 24 x Block(...)`."""
+        items = list(self._modules.items())
+        if not items:
+            return "ModuleList()"
+        lines, start = [], 0
+        reprs = [repr(m) for _, m in items]
+        while start < len(items):
+            end = start
+            while end + 1 < len(items) and reprs[end + 1] == reprs[start]:
+                end += 1
+            label = f"({items[start][0]})" if end == start else f"({items[start][0]}-{items[end][0]}): " \
+                                                                  f"{end - start + 1} x"
+            sep = ": " if end == start else " "
+            lines.append(label + sep + _addindent(reprs[start], 2))
+            start = end + 1
+        return "ModuleList(\n  " + "\n  ".join(lines) + "\n)"
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError("ModuleList is a container and has no forward; iterate over it")
+
+
+class ModuleDict(Module):
+    """A dict of modules, registered under their keys (insertion order kept)."""
+
+    def __init__(self, modules=None):
+        super().__init__()
+        if modules is not None:
+            self.update(modules)
+
+    def __getitem__(self, key):
+        try:
+            return self._modules[key]
+        except KeyError:
+            raise KeyError(f"ModuleDict has no key {key!r} (keys: {list(self._modules)})") from None
+
+    def __setitem__(self, key, module):
+        self.add_module(key, module)
+
+    def __delitem__(self, key):
+        self[key]
+        delattr(self, key)
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules)
+
+    def __contains__(self, key):
+        return key in self._modules
+
+    def keys(self):
+        return self._modules.keys()
+
+    def values(self):
+        return self._modules.values()
+
+    def items(self):
+        return self._modules.items()
+
+    def pop(self, key):
+        m = self[key]
+        delattr(self, key)
+        return m
+
+    def update(self, modules):
+        items = modules.items() if hasattr(modules, "items") else modules
+        for k, m in items:
+            self[k] = m
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError("ModuleDict is a container and has no forward; index it by key")

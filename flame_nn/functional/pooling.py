@@ -1,0 +1,194 @@
+"""max_pool2d, avg_pool2d, adaptive_avg_pool2d on (N, C, H, W) or (C, H, W).
+
+Windows are visited as KH*KW strided slices of the padded input (no index arrays): the forward reduces them, the
+backward adds the gradient back through the same slices (overlapping windows accumulate).
+"""
+import math
+
+import numpy as np
+
+from flame_core import backend
+from flame_core.autograd import Function
+from flame_core.errors import ShapeError, fmt_shape
+from flame_core.tensor import _wrap
+
+
+def _pair(v, name):
+    if isinstance(v, int):
+        return (v, v)
+    v = tuple(int(a) for a in v)
+    if len(v) == 1:
+        return (v[0], v[0])
+    if len(v) != 2:
+        raise ValueError(f"{name} must be an int or a pair, got {v}")
+    return v
+
+
+def _out_size(n, k, s, p, d, ceil_mode):
+    eff = d * (k - 1) + 1
+    num = n + 2 * p - eff
+    o = (-(-num // s) if ceil_mode else num // s) + 1
+    if ceil_mode and (o - 1) * s >= n + p:  # the last window must start inside the input or its left padding
+        o -= 1
+    return o
+
+
+def _geometry(op, x, kernel_size, stride, padding, dilation, ceil_mode):
+    if x.ndim != 4:
+        raise ShapeError(f"{op}: expected input (N, C, H, W), got {fmt_shape(x.shape)}")
+    kh, kw = _pair(kernel_size, "kernel_size")
+    sh, sw = _pair(stride if stride is not None and stride != () else (kh, kw), "stride")
+    ph, pw = _pair(padding, "padding")
+    dh, dw = _pair(dilation, "dilation")
+    if ph > kh // 2 or pw > kw // 2:
+        raise ValueError(f"{op}: padding {ph, pw} should be at most half of the kernel size {kh, kw}")
+    H, W = x.shape[2:]
+    OH, OW = _out_size(H, kh, sh, ph, dh, ceil_mode), _out_size(W, kw, sw, pw, dw, ceil_mode)
+    if OH < 1 or OW < 1:
+        raise ShapeError(f"{op}: input {fmt_shape(x.shape)} is too small for kernel {kh, kw} with padding {ph, pw}")
+    # right/bottom padding that ceil_mode windows may read past the input
+    eh = max(0, (OH - 1) * sh + dh * (kh - 1) + 1 - (H + 2 * ph))
+    ew = max(0, (OW - 1) * sw + dw * (kw - 1) + 1 - (W + 2 * pw))
+    return dict(kh=kh, kw=kw, sh=sh, sw=sw, ph=ph, pw=pw, dh=dh, dw=dw, OH=OH, OW=OW, eh=eh, ew=ew)
+
+
+def _window(a, g, i, j):
+    """The (N, C, OH, OW) slice of padded array `a` read by kernel offset (i, j)."""
+    h0, w0 = i * g["dh"], j * g["dw"]
+    return a[:, :, h0:h0 + g["sh"] * (g["OH"] - 1) + 1:g["sh"], w0:w0 + g["sw"] * (g["OW"] - 1) + 1:g["sw"]]
+
+
+def _pad(xp, a, g, value):
+    return xp.pad(a, ((0, 0), (0, 0), (g["ph"], g["ph"] + g["eh"]), (g["pw"], g["pw"] + g["ew"])),
+                  constant_values=value)
+
+
+def _unpad(a, g, H, W):
+    return a[:, :, g["ph"]:g["ph"] + H, g["pw"]:g["pw"] + W]
+
+
+class MaxPool2d(Function):
+    @staticmethod
+    def forward(ctx, x, g):
+        a = x._data
+        xp = backend.xp_of(a)
+        low = -np.inf if a.dtype.kind in "fV" else np.iinfo(a.dtype).min
+        ap = _pad(xp, a, g, low)
+        best = _window(ap, g, 0, 0).copy()
+        arg = xp.zeros(best.shape, dtype=np.int32)
+        for i in range(g["kh"]):
+            for j in range(g["kw"]):
+                if i == j == 0:
+                    continue
+                v = _window(ap, g, i, j)
+                better = (v > best) | (xp.isnan(v) & ~xp.isnan(best))  # NaN propagates, as in PyTorch
+                best = xp.where(better, v, best)
+                arg = xp.where(better, np.int32(i * g["kw"] + j), arg)
+        ctx.g, ctx.shape, ctx.arg = g, a.shape, arg
+        ctx.padded_shape = ap.shape
+        return _wrap(best)
+
+    @staticmethod
+    def backward(ctx, gy):
+        g, arg = ctx.g, ctx.arg
+        ga = gy._data
+        xp = backend.xp_of(ga)
+        acc = np.float32 if ga.dtype.itemsize < 4 else ga.dtype
+        d = xp.zeros(ctx.padded_shape, dtype=acc)
+        for i in range(g["kh"]):
+            for j in range(g["kw"]):
+                _window(d, g, i, j)[...] += xp.where(arg == i * g["kw"] + j, ga, 0).astype(acc)
+        return _wrap(_unpad(d, g, *ctx.shape[2:]).astype(ga.dtype)), None
+
+
+class AvgPool2d(Function):
+    @staticmethod
+    def forward(ctx, x, g, count_include_pad, divisor_override):
+        a = x._data
+        xp = backend.xp_of(a)
+        acc = np.float32 if a.dtype.itemsize < 4 else a.dtype
+        ap = _pad(xp, a.astype(acc, copy=False), g, 0)
+        s = xp.zeros((a.shape[0], a.shape[1], g["OH"], g["OW"]), dtype=acc)
+        for i in range(g["kh"]):
+            for j in range(g["kw"]):
+                s += _window(ap, g, i, j)
+        div = _divisor(xp, a.shape, g, count_include_pad, divisor_override, acc)
+        ctx.g, ctx.shape, ctx.div = g, a.shape, div
+        return _wrap((s / div).astype(a.dtype))
+
+    @staticmethod
+    def backward(ctx, gy):
+        g = ctx.g
+        ga = gy._data
+        xp = backend.xp_of(ga)
+        gd = ga.astype(ctx.div.dtype) / ctx.div
+        N, C, H, W = ctx.shape
+        d = xp.zeros((N, C, H + 2 * g["ph"] + g["eh"], W + 2 * g["pw"] + g["ew"]), dtype=gd.dtype)
+        for i in range(g["kh"]):
+            for j in range(g["kw"]):
+                _window(d, g, i, j)[...] += gd
+        return _wrap(_unpad(d, g, H, W).astype(ga.dtype)), None, None, None
+
+
+def _divisor(xp, shape, g, count_include_pad, divisor_override, dt):
+    """Per-output divisor (OH, OW): the window size, or the count of elements inside input (+ padding)."""
+    if divisor_override:
+        return xp.asarray(float(divisor_override), dtype=dt)
+    H, W = shape[2:]
+    ones = xp.zeros((1, 1, H + 2 * g["ph"] + g["eh"], W + 2 * g["pw"] + g["ew"]), dtype=dt)
+    if count_include_pad:  # the padding counts, the ceil_mode overhang past it does not
+        ones[:, :, :H + 2 * g["ph"], :W + 2 * g["pw"]] = 1
+    else:
+        ones[:, :, g["ph"]:g["ph"] + H, g["pw"]:g["pw"] + W] = 1
+    cnt = xp.zeros((1, 1, g["OH"], g["OW"]), dtype=dt)
+    for i in range(g["kh"]):
+        for j in range(g["kw"]):
+            cnt += _window(ones, g, i, j)
+    return cnt
+
+
+def _batched(fn, input, *args):
+    if input.ndim == 3:
+        return fn(input.unsqueeze(0), *args).squeeze(0)
+    return fn(input, *args)
+
+
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    if return_indices:
+        raise NotImplementedError("max_pool2d: return_indices=True is not supported")
+
+    def run(x):
+        return MaxPool2d.apply(x, _geometry("max_pool2d", x, kernel_size, stride, padding, dilation, ceil_mode))
+    return _batched(run, input)
+
+
+def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    def run(x):
+        g = _geometry("avg_pool2d", x, kernel_size, stride, padding, 1, ceil_mode)
+        return AvgPool2d.apply(x, g, count_include_pad, divisor_override)
+    return _batched(run, input)
+
+
+def _adaptive_matrix(n_in, n_out, xp, dtype):
+    """(n_out, n_in) averaging matrix of PyTorch's adaptive pooling windows [floor(i*n/o), ceil((i+1)*n/o))."""
+    m = np.zeros((n_out, n_in))
+    for i in range(n_out):
+        s, e = (i * n_in) // n_out, math.ceil((i + 1) * n_in / n_out)
+        m[i, s:e] = 1.0 / (e - s)
+    return xp.asarray(m.astype(dtype))
+
+
+def adaptive_avg_pool2d(input, output_size):
+    """Averages over PyTorch's adaptive windows, as two small matmuls: P_h @ x @ P_w^T (differentiable)."""
+    if input.ndim not in (3, 4):
+        raise ShapeError(f"adaptive_avg_pool2d: expected (N, C, H, W) or (C, H, W), got {fmt_shape(input.shape)}")
+    H, W = input.shape[-2:]
+    oh, ow = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
+    oh, ow = oh or H, ow or W
+    xp = input._xp()
+    acc = np.float32 if input.dtype.itemsize < 4 else input.dtype.np
+    ph = _wrap(_adaptive_matrix(H, oh, xp, acc))
+    pw = _wrap(_adaptive_matrix(W, ow, xp, acc))
+    x = input.to(ph.dtype)
+    return (ph @ x @ pw.mT).to(input.dtype)

@@ -1,0 +1,114 @@
+"""Parameter initialisation with PyTorch's names and formulas. Every function works in place under no_grad, returns
+its tensor, and leaves meta placeholders (built under empty_init) untouched: weights loaded later are never drawn."""
+import math
+
+from flame_core.autograd import no_grad
+
+from .parameter import is_meta
+
+
+def calculate_gain(nonlinearity, param=None):
+    linear = ("linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+              "sigmoid")
+    if nonlinearity in linear:
+        return 1.0
+    if nonlinearity == "tanh":
+        return 5.0 / 3
+    if nonlinearity == "relu":
+        return math.sqrt(2.0)
+    if nonlinearity == "leaky_relu":
+        slope = 0.01 if param is None else float(param)
+        return math.sqrt(2.0 / (1 + slope ** 2))
+    if nonlinearity == "selu":
+        return 3.0 / 4
+    raise ValueError(f"unsupported nonlinearity {nonlinearity!r}")
+
+
+def _calculate_fan_in_and_fan_out(tensor):
+    if tensor.ndim < 2:
+        raise ValueError(f"fan in and fan out can not be computed for a tensor with fewer than 2 dimensions "
+                         f"(shape {tuple(tensor.shape)})")
+    receptive = 1
+    for s in tensor.shape[2:]:
+        receptive *= s
+    return tensor.shape[1] * receptive, tensor.shape[0] * receptive
+
+
+def _fan(tensor, mode):
+    if mode not in ("fan_in", "fan_out"):
+        raise ValueError(f"mode must be 'fan_in' or 'fan_out', got {mode!r}")
+    fan_in, fan_out = _calculate_fan_in_and_fan_out(tensor)
+    return fan_in if mode == "fan_in" else fan_out
+
+
+def uniform_(tensor, a=0.0, b=1.0, generator=None):
+    if not is_meta(tensor):
+        with no_grad():
+            tensor.uniform_(a, b, generator=generator)
+    return tensor
+
+
+def normal_(tensor, mean=0.0, std=1.0, generator=None):
+    if not is_meta(tensor):
+        with no_grad():
+            tensor.normal_(mean, std, generator=generator)
+    return tensor
+
+
+def constant_(tensor, val):
+    if not is_meta(tensor):
+        with no_grad():
+            tensor.fill_(val)
+    return tensor
+
+
+def zeros_(tensor):
+    return constant_(tensor, 0.0)
+
+
+def ones_(tensor):
+    return constant_(tensor, 1.0)
+
+
+def xavier_uniform_(tensor, gain=1.0, generator=None):
+    fan_in, fan_out = _calculate_fan_in_and_fan_out(tensor)
+    a = gain * math.sqrt(6.0 / (fan_in + fan_out))
+    return uniform_(tensor, -a, a, generator)
+
+
+def xavier_normal_(tensor, gain=1.0, generator=None):
+    fan_in, fan_out = _calculate_fan_in_and_fan_out(tensor)
+    return normal_(tensor, 0.0, gain * math.sqrt(2.0 / (fan_in + fan_out)), generator)
+
+
+def kaiming_uniform_(tensor, a=0, mode="fan_in", nonlinearity="leaky_relu", generator=None):
+    fan = _fan(tensor, mode)
+    if fan == 0:
+        return tensor
+    bound = math.sqrt(3.0) * calculate_gain(nonlinearity, a) / math.sqrt(fan)
+    return uniform_(tensor, -bound, bound, generator)
+
+
+def kaiming_normal_(tensor, a=0, mode="fan_in", nonlinearity="leaky_relu", generator=None):
+    fan = _fan(tensor, mode)
+    if fan == 0:
+        return tensor
+    return normal_(tensor, 0.0, calculate_gain(nonlinearity, a) / math.sqrt(fan), generator)
+
+
+def trunc_normal_(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None):
+    """Normal(mean, std) truncated to [a, b] by redrawing the samples that fall outside."""
+    if is_meta(tensor):
+        return tensor
+    with no_grad():
+        tensor.normal_(mean, std, generator=generator)
+        xp = tensor._xp()
+        for _ in range(100):
+            bad = (tensor._data < a) | (tensor._data > b)
+            if not bool(bad.any()):
+                break
+            redraw = tensor.new_empty(tuple(tensor.shape)).normal_(mean, std, generator=generator)
+            tensor._data[...] = xp.where(bad, redraw._data, tensor._data)
+        tensor._data[...] = xp.clip(tensor._data, a, b)
+        tensor._version[0] += 1
+    return tensor

@@ -1,0 +1,8 @@
+"""Optimizers and learning-rate schedules."""
+from . import lr_scheduler
+from .adam import Adam, AdamW
+from .adamw8bit import AdamW8bit
+from .optimizer import Optimizer
+from .sgd import SGD
+
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "AdamW8bit", "lr_scheduler"]

@@ -1,0 +1,173 @@
+"""Adam (L2 weight decay added to the gradient) and AdamW (decoupled weight decay), PyTorch's update rule:
+
+    m = b1 m + (1 - b1) g ;  v = b2 v + (1 - b2) g^2          (v_max = max(v_max, v) with amsgrad)
+    p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+AdamW first scales p by (1 - lr * weight_decay).
+
+On the GPU, AdamW updates float32 parameters whose gradients live in a gradient-pool flat buffer with ONE fused
+launch per buffer (flame_core.kernels.adamw): the moments are flat float32 buffers parallel to the gradient buffer
+and each parameter's `exp_avg` / `exp_avg_sq` state tensor is a view into them. Everything else (cpu, half
+parameters, amsgrad, maximize, Adam's L2 decay) takes the per-parameter path, which computes the same formulas.
+"""
+import math
+
+import numpy as np
+
+from flame_core import backend
+from flame_core.io import convert
+from flame_core.tensor import _wrap
+
+from .optimizer import Optimizer, _closure_loss, grads_of, state_on_device, pool
+
+try:
+    from flame_core.kernels import adamw as _fused
+    from flame_core.kernels import loader as _loader
+except ImportError:  # fused kernels not in this build
+    _fused = None
+
+
+def _check(lr, betas, eps, weight_decay):
+    if lr < 0 or eps < 0 or weight_decay < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
+        raise ValueError(f"invalid Adam hyper-parameters: lr={lr}, betas={betas}, eps={eps}, "
+                         f"weight_decay={weight_decay}")
+
+
+class Adam(Optimizer):
+    _decoupled = False
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
+                 maximize=False):
+        _check(lr, betas, eps, weight_decay)
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                                      amsgrad=amsgrad, maximize=maximize))
+
+    def _init_state(self, p, amsgrad):
+        xp = backend.xp_of(p._data)
+        st = {"step": 0, "exp_avg": _wrap(xp.zeros_like(p._data)), "exp_avg_sq": _wrap(xp.zeros_like(p._data))}
+        if amsgrad:
+            st["max_exp_avg_sq"] = _wrap(xp.zeros_like(p._data))
+        self.state[p] = st
+        return st
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        self._flat = {}  # the loaded state tensors are not views of the old flat moments
+
+    def step(self, closure=None):
+        loss = _closure_loss(closure)
+        for group in self.param_groups:
+            lr, (b1, b2), eps = group["lr"], group["betas"], group["eps"]
+            wd, amsgrad, maximize = group["weight_decay"], group["amsgrad"], group["maximize"]
+            done = self._fused_step(group)
+            for p, g in grads_of(group):
+                if id(p) in done:
+                    continue
+                st = self.state.get(p)
+                st = self._init_state(p, amsgrad) if st is None else state_on_device(st, p)
+                w = p._data
+                xp = backend.xp_of(w)
+                if maximize:
+                    g = -g
+                st["step"] += 1
+                t = st["step"]
+                if wd:
+                    if self._decoupled:
+                        w *= 1 - lr * wd
+                    else:
+                        g = g + wd * w
+                m, v = st["exp_avg"]._data, st["exp_avg_sq"]._data
+                m *= b1
+                m += (1 - b1) * g
+                v *= b2
+                v += (1 - b2) * (g * g)
+                bc1, bc2_sqrt = 1 - b1 ** t, math.sqrt(1 - b2 ** t)
+                if amsgrad:
+                    vmax = st["max_exp_avg_sq"]._data
+                    xp.maximum(vmax, v, out=vmax)
+                    v = vmax
+                denom = xp.sqrt(v) / bc2_sqrt + eps
+                w -= ((lr / bc1) * m / denom).astype(w.dtype, copy=False)
+                p._version[0] += 1
+        return loss
+
+
+    # ------------------------------------------------------------------ fused GPU path (AdamW)
+    def _fused_step(self, group):
+        """One fused launch per gradient-pool buffer; returns the ids of the parameters it updated."""
+        if not (self._decoupled and _fused is not None and pool is not None) or group["amsgrad"] or \
+                group["maximize"]:
+            return ()
+        buckets = {}
+        for p in group["params"]:
+            g = p._grad
+            a = p._data
+            if g is None or not backend.is_cuda_array(a) or a.dtype != np.float32 or not a.flags.c_contiguous \
+                    or not pool.is_registered(p):
+                continue
+            flat = pool.flat_buffer_of(p)
+            off, _ = pool.slice_of(p)
+            if g._data.data.ptr != flat._data.data.ptr + off * flat._data.itemsize:
+                continue  # .grad was replaced by the user: not the pooled view
+            st = self.state.get(p)
+            step = st["step"] if st is not None else 0
+            buckets.setdefault((id(flat), step), (flat, step, []))[2].append((p, off))
+        done = set()
+        for flat, step, items in buckets.values():
+            if not _loader.use_kernel(flat._data):
+                return done
+            m, v = self._flat_moments(flat, items)
+            plan = self._plan(flat, items)
+            t = step + 1
+            _fused.adamw_step(plan, flat._data, m, v, lr=group["lr"], beta1=group["betas"][0],
+                              beta2=group["betas"][1], eps=group["eps"], weight_decay=group["weight_decay"], step=t)
+            for p, _ in items:
+                self.state[p]["step"] = t
+                p._version[0] += 1
+                done.add(id(p))
+        return done
+
+    def _flat_moments(self, flat, items):
+        """Flat fp32 moments parallel to gradient buffer `flat`; each parameter's state becomes views into them."""
+        cache = self.__dict__.setdefault("_flat", {})
+        entry = cache.get(id(flat))
+        if entry is None or entry[0] is not flat:
+            xp = backend.xp_of(flat._data)
+            with flat.device.context():
+                entry = cache[id(flat)] = (flat, xp.zeros(flat._data.size, np.float32),
+                                           xp.zeros(flat._data.size, np.float32), {})
+        _, m, v, plans = entry
+        for p, off in items:
+            n = p._data.size
+            st = self.state.get(p)
+            if st is None:
+                st = self.state[p] = {"step": 0, "exp_avg": _wrap(m[off:off + n].reshape(p._data.shape)),
+                                      "exp_avg_sq": _wrap(v[off:off + n].reshape(p._data.shape))}
+                m[off:off + n] = 0
+                v[off:off + n] = 0
+                continue
+            for key, buf in (("exp_avg", m), ("exp_avg_sq", v)):
+                cur = st[key]._data
+                if backend.is_cuda_array(cur) and cur.data.ptr == buf.data.ptr + off * 4:
+                    continue
+                view = buf[off:off + n]
+                view[...] = convert(cur, np.float32, p.device)[0].reshape(-1)
+                st[key] = _wrap(view.reshape(p._data.shape))
+        return m, v
+
+    def _plan(self, flat, items):
+        """The kernel's chunk table for these parameters (rebuilt when a parameter's storage moved)."""
+        plans = self._flat[id(flat)][3]
+        key = tuple(id(p) for p, _ in items)
+        ptrs = tuple(p._data.data.ptr for p, _ in items)
+        hit = plans.get(key)
+        if hit is None or hit[0] != ptrs:
+            hit = plans[key] = (ptrs, _fused.adamw_plan([p._data for p, _ in items], [o for _, o in items]))
+        return hit[1]
+
+
+class AdamW(Adam):
+    _decoupled = True
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
+                 maximize=False):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize)

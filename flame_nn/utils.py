@@ -1,0 +1,106 @@
+"""Gradient utilities: clip_grad_norm_, zero_grads (one memset per flat buffer when the gradient pool owns them)."""
+import math
+
+import numpy as np
+
+from flame_core import backend
+from flame_core.autograd import no_grad
+from flame_core.errors import FlameError
+from flame_core.tensor import Tensor, _wrap
+
+try:
+    from flame_core import grad_pool as _pool
+except ImportError:  # gradient pool not in this build: per-tensor gradients
+    _pool = None
+
+
+def _params(parameters):
+    if isinstance(parameters, Tensor):
+        return [parameters]
+    return list(parameters)
+
+
+def zero_grads(parameters, set_to_none=True):
+    """Reset gradients: `.grad = None`, or zero them in place (pooled gradients: one fill per flat buffer)."""
+    params = [p for p in _params(parameters) if p._grad is not None]
+    if not params:
+        return
+    if _pool is not None and hasattr(_pool, "zero_grad"):
+        _pool.zero_grad(params, set_to_none=set_to_none)
+        return
+    for p in params:
+        if set_to_none:
+            p._grad = None
+        else:
+            g = p._grad
+            g._data.fill(0)
+            g._version[0] += 1
+            g._grad_fn = None
+
+
+def grad_arrays(params):
+    """The gradient arrays of `params` (all with a .grad), as few as possible: a gradient-pool flat buffer whose every
+    live parameter is among them (each .grad being its pooled view) stands in for all of their gradients."""
+    if _pool is None:
+        return [p._grad._data for p in params]
+    arrays, by_buf = [], {}
+    for p in params:
+        g = p._grad
+        if _pool.is_registered(p):
+            flat = _pool.flat_buffer_of(p)
+            off, n = _pool.slice_of(p)
+            if g.numel() == n and g.data_ptr() == flat.data_ptr() + off * flat.itemsize:
+                by_buf.setdefault(id(flat), (flat, []))[1].append(p)
+                continue
+        arrays.append(g._data)
+    if by_buf:
+        live = {id(b.tensor): len(b.live_slots()) for b in _pool.buffers()}
+        for flat, members in by_buf.values():
+            if live.get(id(flat)) == len(members):
+                arrays.append(flat._data)  # gaps between slices are zero: the norm is unchanged
+            else:
+                arrays.extend(p._grad._data for p in members)
+    return arrays
+
+
+def _sq_norm_sum(arrays, norm_type):
+    """Sum of |g|^p (or max |g| for inf) over arrays, in float32 or wider, on the arrays' device."""
+    total = None
+    for a in arrays:
+        xp = backend.xp_of(a)
+        acc = a if a.dtype.itemsize >= 4 else a.astype(np.float32)
+        if norm_type == math.inf:
+            v = xp.abs(acc).max() if acc.size else xp.zeros((), acc.dtype)
+            total = v if total is None else xp.maximum(total, v.astype(total.dtype))
+        else:
+            v = (xp.abs(acc) ** norm_type).sum() if norm_type != 2 else (acc * acc).sum()
+            total = v if total is None else total + v.astype(total.dtype)
+    return total
+
+
+def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
+    """Scale all gradients in place so that their joint `norm_type` norm is at most `max_norm`; returns the norm
+    before clipping (a 0-d tensor), as PyTorch. Pooled gradients are reduced over their flat buffers."""
+    norm_type = float(norm_type)
+    params = [p for p in _params(parameters) if p._grad is not None]
+    if not params:
+        return _wrap(np.zeros((), dtype=np.float32))
+    grads = [p._grad for p in params]
+    arrays = grad_arrays(params)
+    devices = {backend.is_cuda_array(a) and a.device.id for a in arrays}
+    if len(devices) > 1:
+        raise FlameError("clip_grad_norm_: gradients on several devices are not supported; clip per device")
+    s = _sq_norm_sum(arrays, norm_type)
+    xp = backend.xp_of(s)
+    total = s if norm_type == math.inf else s ** (1.0 / norm_type)
+    if error_if_nonfinite and not bool(xp.isfinite(total)):
+        raise FlameError(f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it "
+                         f"cannot be clipped. To disable this error and scale the gradients by the non-finite norm "
+                         f"anyway, set `error_if_nonfinite=False`")
+    coef = xp.minimum(max_norm / (total + 1e-6), 1.0)
+    with no_grad():
+        for a in arrays:
+            a *= coef.astype(a.dtype)
+        for g in grads:
+            g._version[0] += 1
+    return _wrap(total)
