@@ -1,0 +1,222 @@
+"""The building blocks of Flux (BFL's modules/layers.py names, so parameter names equal checkpoint keys)."""
+import math
+from collections import namedtuple
+
+import flame_core as flame
+import flame_nn
+from flame_nn.empty_init import new_parameter
+
+from . import ops
+
+ModulationOut = namedtuple("ModulationOut", ["shift", "scale", "gate"])  # each (B, H), or (H,) for one sample
+
+
+class EmbedND(flame_nn.Module):
+    """Position ids (B, L, n_axes) -> RoPE rotations (B, 1, L, dim/2, 2, 2) float32."""
+
+    def __init__(self, dim, theta, axes_dim):
+        super().__init__()
+        if sum(axes_dim) != dim:
+            raise ValueError(f"EmbedND: axes_dim {tuple(axes_dim)} must sum to dim {dim}")
+        self.dim, self.theta, self.axes_dim = dim, theta, tuple(axes_dim)
+
+    def forward(self, ids):
+        return ops.rope_freqs(ids, self.axes_dim, self.theta)
+
+
+def timestep_embedding(t, dim, max_period=10_000, time_factor=1000.0):
+    """Sinusoidal embedding (B, dim) of times t (B,) in [0, 1]: [cos(1000 t f), sin(1000 t f)], f_i =
+    max_period^(-i/half); frequencies in float32 (float64 for float64 t), the result in t's dtype (the x1000
+    happens in t's dtype, as BFL)."""
+    t = time_factor * t
+    half = dim // 2
+    cd = flame.float64 if t.dtype == flame.float64 else flame.float32
+    freqs = (-math.log(max_period) * flame.arange(half, dtype=cd, device=t.device) / half).exp()
+    args = t[:, None].to(cd) * freqs[None]                                  # (B, half)
+    emb = flame.cat([args.cos(), args.sin()], dim=-1)
+    if dim % 2:
+        emb = flame.cat([emb, flame.zeros_like(emb[:, :1])], dim=-1)
+    return emb.to(t.dtype) if t.dtype.is_floating_point else emb
+
+
+class MLPEmbedder(flame_nn.Module):
+    def __init__(self, in_dim, hidden_dim, dtype=None, device=None):
+        super().__init__()
+        self.in_layer = flame_nn.Linear(in_dim, hidden_dim, bias=True, dtype=dtype, device=device)
+        self.out_layer = flame_nn.Linear(hidden_dim, hidden_dim, bias=True, dtype=dtype, device=device)
+
+    def forward(self, x):
+        return self.out_layer(ops.silu(self.in_layer(x)))
+
+
+class RMSNorm(flame_nn.Module):
+    """BFL's RMSNorm: the learnable gain is called `scale`; normalises in float32, eps 1e-6."""
+
+    def __init__(self, dim, dtype=None, device=None):
+        super().__init__()
+        self.scale = new_parameter((dim,), dtype, device)
+        flame_nn.init.ones_(self.scale)
+
+    def forward(self, x):
+        return ops.qk_norm(x, self.scale)
+
+
+class QKNorm(flame_nn.Module):
+    def __init__(self, dim, dtype=None, device=None):
+        super().__init__()
+        self.query_norm = RMSNorm(dim, dtype=dtype, device=device)
+        self.key_norm = RMSNorm(dim, dtype=dtype, device=device)
+
+    def forward(self, q, k, v):
+        q, k = self.query_norm(q), self.key_norm(k)
+        return q.to(v.dtype), k.to(v.dtype)
+
+
+class SelfAttention(flame_nn.Module):
+    def __init__(self, dim, num_heads=8, qkv_bias=False, dtype=None, device=None):
+        super().__init__()
+        self.num_heads = num_heads
+        self.qkv = flame_nn.Linear(dim, dim * 3, bias=qkv_bias, dtype=dtype, device=device)
+        self.norm = QKNorm(dim // num_heads, dtype=dtype, device=device)
+        self.proj = flame_nn.Linear(dim, dim, dtype=dtype, device=device)
+
+    def qkv_heads(self, x):
+        """Normalised q, k and v (B, L, heads, D) of tokens x (B, L, H)."""
+        return split_heads(self.qkv(x), self.num_heads, self.norm)
+
+    def forward(self, x, pe):
+        q, k, v = self.qkv_heads(x)
+        return self.proj(ops.attention(q, k, v, pe))
+
+
+def split_heads(qkv, num_heads, norm):
+    """(B, L, 3H) -> q, k, v (B, L, heads, D) with QK-norm applied: the q/k/v index is outermost, then heads.
+    q and k come out of the norm contiguous; v stays a view of qkv."""
+    B, L, three_h = qkv.shape
+    q, k, v = ops.unbind(qkv.reshape(B, L, 3, num_heads, three_h // (3 * num_heads)), dim=2)
+    q, k = norm(q, k, v)
+    return q, k, v
+
+
+class Modulation(flame_nn.Module):
+    """SiLU(vec) -> Linear -> chunks of (shift, scale, gate): two sets for double blocks, one for single."""
+
+    def __init__(self, dim, double, dtype=None, device=None):
+        super().__init__()
+        self.is_double = double
+        self.multiplier = 6 if double else 3
+        self.lin = flame_nn.Linear(dim, self.multiplier * dim, bias=True, dtype=dtype, device=device)
+
+    def forward(self, vec):
+        out = modulation_chunks(self.lin(ops.silu(vec)), self.multiplier)
+        return ModulationOut(*out[:3]), (ModulationOut(*out[3:]) if self.is_double else None)
+
+
+def modulation_chunks(mods, n):
+    """(B, n*H) -> n vectors (B, H); for one sample n vectors (H,), which broadcast over the tokens and let the
+    adaLN modulation run inside the fused LayerNorm."""
+    if mods.shape[0] == 1:
+        mods = mods.reshape(-1)
+    H = mods.shape[-1] // n
+    return ops.split(mods, [H] * n, dim=-1)
+
+
+def _mlp(hidden_size, mlp_hidden_dim, dtype, device):
+    """BFL's Sequential(Linear, GELU(tanh), Linear) (keys .0 and .2); run by `_run_mlp` on the fused GELU."""
+    return flame_nn.Sequential(
+        flame_nn.Linear(hidden_size, mlp_hidden_dim, bias=True, dtype=dtype, device=device),
+        flame_nn.GELU(approximate="tanh"),
+        flame_nn.Linear(mlp_hidden_dim, hidden_size, bias=True, dtype=dtype, device=device),
+    )
+
+
+def _run_mlp(mlp, x):
+    return mlp[2](ops.gelu_tanh(mlp[0](x)))
+
+
+class DoubleStreamBlock(flame_nn.Module):
+    """Separate weights for image and text tokens, one joint attention over both (text first)."""
+
+    gradient_checkpointing = False
+    checkpoint_offload = False
+
+    def __init__(self, hidden_size, num_heads, mlp_ratio, qkv_bias=False, dtype=None, device=None):
+        super().__init__()
+        mlp_hidden_dim = int(hidden_size * mlp_ratio)
+        self.num_heads, self.hidden_size = num_heads, hidden_size
+        kw = dict(dtype=dtype, device=device)
+        self.img_mod = Modulation(hidden_size, double=True, **kw)
+        self.img_attn = SelfAttention(hidden_size, num_heads, qkv_bias=qkv_bias, **kw)
+        self.img_mlp = _mlp(hidden_size, mlp_hidden_dim, **kw)
+        self.txt_mod = Modulation(hidden_size, double=True, **kw)
+        self.txt_attn = SelfAttention(hidden_size, num_heads, qkv_bias=qkv_bias, **kw)
+        self.txt_mlp = _mlp(hidden_size, mlp_hidden_dim, **kw)
+
+    def forward(self, img, txt, vec, pe):
+        img_mod1, img_mod2 = self.img_mod(vec)
+        txt_mod1, txt_mod2 = self.txt_mod(vec)
+
+        # prepare image and text for attention
+        img_q, img_k, img_v = self.img_attn.qkv_heads(ops.norm_modulate(img, img_mod1.shift, img_mod1.scale))
+        txt_q, txt_k, txt_v = self.txt_attn.qkv_heads(ops.norm_modulate(txt, txt_mod1.shift, txt_mod1.scale))
+
+        # joint attention, text tokens first
+        q = flame.cat((txt_q, img_q), dim=1)                                    # (B, L, heads, D)
+        k = flame.cat((txt_k, img_k), dim=1)
+        v = flame.cat((txt_v, img_v), dim=1)
+        del img_q, img_k, img_v, txt_q, txt_k, txt_v
+        attn = ops.attention(q, k, v, pe)                                       # (B, L, H)
+        del q, k, v
+        txt_attn, img_attn = ops.split(attn, [txt.shape[1], img.shape[1]], dim=1)
+
+        # the image stream: attention, then MLP, each as a gated residual
+        img = ops.gated_residual(img, img_mod1.gate, self.img_attn.proj(img_attn))
+        img = ops.gated_residual(img, img_mod2.gate, _run_mlp(
+            self.img_mlp, ops.norm_modulate(img, img_mod2.shift, img_mod2.scale)))
+
+        # the text stream
+        txt = ops.gated_residual(txt, txt_mod1.gate, self.txt_attn.proj(txt_attn))
+        txt = ops.gated_residual(txt, txt_mod2.gate, _run_mlp(
+            self.txt_mlp, ops.norm_modulate(txt, txt_mod2.shift, txt_mod2.scale)))
+        return img, txt
+
+
+class SingleStreamBlock(flame_nn.Module):
+    """One stream over concat(txt, img): attention and MLP in parallel, sharing linear1 (qkv | mlp) and linear2."""
+
+    gradient_checkpointing = False
+    checkpoint_offload = False
+
+    def __init__(self, hidden_size, num_heads, mlp_ratio=4.0, dtype=None, device=None):
+        super().__init__()
+        self.hidden_size, self.num_heads = hidden_size, num_heads
+        self.mlp_hidden_dim = int(hidden_size * mlp_ratio)
+        kw = dict(dtype=dtype, device=device)
+        self.linear1 = flame_nn.Linear(hidden_size, hidden_size * 3 + self.mlp_hidden_dim, **kw)  # qkv | mlp in
+        self.linear2 = flame_nn.Linear(hidden_size + self.mlp_hidden_dim, hidden_size, **kw)      # attn | mlp out
+        self.norm = QKNorm(hidden_size // num_heads, **kw)
+        self.modulation = Modulation(hidden_size, double=False, **kw)
+
+    def forward(self, x, vec, pe):
+        mod, _ = self.modulation(vec)
+        qkv, mlp = ops.split(self.linear1(ops.norm_modulate(x, mod.shift, mod.scale)),
+                             [3 * self.hidden_size, self.mlp_hidden_dim], dim=-1)  # (B, L, 3H) | (B, L, M)
+        attn = ops.attention(*split_heads(qkv, self.num_heads, self.norm), pe)    # (B, L, H)
+        del qkv
+        # the MLP half copied out: linear1's output (the widest activation) is freed before the GELU and the concat
+        mlp = mlp.contiguous()
+        mlp = ops.gelu_tanh(mlp)
+        return ops.gated_residual(x, mod.gate, self.linear2(flame.cat((attn, mlp), dim=2)))
+
+
+class LastLayer(flame_nn.Module):
+    def __init__(self, hidden_size, patch_size, out_channels, dtype=None, device=None):
+        super().__init__()
+        kw = dict(dtype=dtype, device=device)
+        self.linear = flame_nn.Linear(hidden_size, patch_size * patch_size * out_channels, bias=True, **kw)
+        self.adaLN_modulation = flame_nn.Sequential(
+            flame_nn.SiLU(), flame_nn.Linear(hidden_size, 2 * hidden_size, bias=True, **kw))
+
+    def forward(self, x, vec):
+        shift, scale = modulation_chunks(self.adaLN_modulation[1](ops.silu(vec)), 2)  # BFL order: (shift, scale)
+        return self.linear(ops.norm_modulate(x, shift, scale))

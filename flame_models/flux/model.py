@@ -1,0 +1,93 @@
+"""Flux: the rectified-flow transformer of FLUX.1 [dev] / [schnell] (19 double-stream + 38 single-stream blocks)."""
+import flame_core as flame
+import flame_nn
+from flame_core.checkpoint import maybe_checkpoint
+
+from .layers import DoubleStreamBlock, EmbedND, LastLayer, MLPEmbedder, SingleStreamBlock, timestep_embedding
+from .ops import rope_rows
+from .params import flux_params
+
+
+class Flux(flame_nn.Module):
+    """Flux(params) with params a FluxParams or a preset name ('flux-dev', 'flux-schnell', 'flux-tiny').
+
+    Build without allocating weights under `flame_nn.empty_init(device=..., dtype=...)`; load with
+    `Flux.from_pretrained(path, dtype=..., device=...)` (BFL or diffusers files)."""
+
+    def __init__(self, params="flux-dev", *, dtype=None, device=None):
+        super().__init__()
+        p = flux_params(params)
+        self.params = p
+        self.in_channels, self.out_channels = p.in_channels, p.out_channels
+        self.hidden_size, self.num_heads = p.hidden_size, p.num_heads
+        kw = dict(dtype=dtype, device=device)
+        self.pe_embedder = EmbedND(dim=p.head_dim, theta=p.theta, axes_dim=p.axes_dim)
+        self.img_in = flame_nn.Linear(p.in_channels, p.hidden_size, bias=True, **kw)
+        self.time_in = MLPEmbedder(256, p.hidden_size, **kw)
+        self.vector_in = MLPEmbedder(p.vec_in_dim, p.hidden_size, **kw)
+        self.guidance_in = MLPEmbedder(256, p.hidden_size, **kw) if p.guidance_embed else flame_nn.Identity()
+        self.txt_in = flame_nn.Linear(p.context_in_dim, p.hidden_size, **kw)
+        self.double_blocks = flame_nn.ModuleList(
+            DoubleStreamBlock(p.hidden_size, p.num_heads, p.mlp_ratio, qkv_bias=p.qkv_bias, **kw)
+            for _ in range(p.depth))
+        self.single_blocks = flame_nn.ModuleList(
+            SingleStreamBlock(p.hidden_size, p.num_heads, p.mlp_ratio, **kw) for _ in range(p.depth_single_blocks))
+        self.final_layer = LastLayer(p.hidden_size, 1, p.out_channels, **kw)
+
+    @classmethod
+    def from_pretrained(cls, path, dtype=None, device=None, **kwargs):
+        """Load a BFL or diffusers checkpoint (file, folder or index JSON); see flame_models.flux.load_flux."""
+        from .loading import load_flux
+        return load_flux(path, dtype=dtype, device=device, **kwargs)
+
+    def enable_gradient_checkpointing(self, enabled=True, offload=False):
+        """Recompute each block in backward instead of keeping its activations (optionally keeping the block
+        inputs in pinned host memory)."""
+        for block in (*self.double_blocks, *self.single_blocks):
+            block.gradient_checkpointing = enabled
+            block.checkpoint_offload = offload
+        return self
+
+    def disable_gradient_checkpointing(self):
+        return self.enable_gradient_checkpointing(False)
+
+    def forward(self, img, img_ids, txt, txt_ids, timesteps, y, guidance=None):
+        """img (B, L_img, in_channels) packed latents, txt (B, L_txt, context_in_dim) T5 states, ids (B, L, 3) or
+        (L, 3), timesteps (B,) in [0, 1], y (B, vec_in_dim) CLIP pooled, guidance (B,) (flux-dev) ->
+        velocity (B, L_img, out_channels)."""
+        if img.ndim != 3 or txt.ndim != 3:
+            raise ValueError(f"Flux expects img (B, L, {self.in_channels}) and txt (B, L, "
+                             f"{self.params.context_in_dim}), got {tuple(img.shape)} and {tuple(txt.shape)}")
+        dtype = self.img_in.weight.dtype
+        img, txt, y, timesteps = img.to(dtype), txt.to(dtype), y.to(dtype), timesteps.to(dtype)
+
+        # embed the inputs and the conditioning vector
+        img = self.img_in(img)
+        vec = self.time_in(timestep_embedding(timesteps, 256))
+        if self.params.guidance_embed:
+            if guidance is None:
+                raise ValueError("this Flux model embeds the guidance strength (flux-dev): pass guidance=(B,) values")
+            vec = vec + self.guidance_in(timestep_embedding(guidance.to(dtype), 256))
+        vec = vec + self.vector_in(y)
+        txt = self.txt_in(txt)
+
+        # rotary positions of the joint sequence, text first
+        img_ids, txt_ids = _batched(img_ids), _batched(txt_ids)
+        if img_ids.shape[0] != txt_ids.shape[0]:
+            img_ids, txt_ids = (i.expand(max(img_ids.shape[0], txt_ids.shape[0]), *i.shape[1:])
+                                for i in (img_ids, txt_ids))
+        pe = self.pe_embedder(flame.cat((txt_ids, img_ids), dim=1))          # (B, 1, L, D/2, 2, 2)
+        pe = rope_rows(pe, img.shape[0])                                     # one table per token row
+
+        for block in self.double_blocks:
+            img, txt = maybe_checkpoint(block, img, txt, vec, pe, offload=block.checkpoint_offload)
+        x = flame.cat((txt, img), dim=1)
+        n_txt = txt.shape[1]
+        del img, txt
+        for block in self.single_blocks:
+            x = maybe_checkpoint(block, x, vec, pe, offload=block.checkpoint_offload)
+        return self.final_layer(x[:, n_txt:], vec)
+
+
+def _batched(ids):
+    return ids[None] if ids.ndim == 2 else ids

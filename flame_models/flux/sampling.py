@@ -1,0 +1,137 @@
+"""Flux sampling: latent packing, position ids, the rectified-flow schedule and the Euler sampler."""
+import math
+
+import flame_core as flame
+
+LATENT_CHANNELS = 16
+# the autoencoder's latent statistics: decode z = latent / SCALE + SHIFT
+LATENT_SCALE = 0.3611
+LATENT_SHIFT = 0.1159
+
+
+def _check_size(height, width):
+    if height % 16 or width % 16 or height <= 0 or width <= 0:
+        raise ValueError(f"Flux images need a height and width that are positive multiples of 16, "
+                         f"got {height}x{width}")
+
+
+def pack(z):
+    """VAE latents (B, C, H/8, W/8) -> tokens (B, H/16 * W/16, 4C); token r*(W/16)+c, feature ch*4 + ph*2 + pw."""
+    if z.ndim != 4 or z.shape[2] % 2 or z.shape[3] % 2:
+        raise ValueError(f"pack expects latents (B, C, h, w) with even h and w, got shape {tuple(z.shape)}")
+    B, C, h2, w2 = z.shape
+    h, w = h2 // 2, w2 // 2
+    x = z.reshape(B, C, h, 2, w, 2).permute(0, 2, 4, 1, 3, 5)     # (B, h, w, C, ph, pw)
+    return x.reshape(B, h * w, C * 4)
+
+
+def unpack(x, height, width):
+    """Inverse of `pack`: tokens (B, L, 4C) of an image of height x width pixels -> latents (B, C, H/8, W/8)."""
+    _check_size(height, width)
+    h, w = height // 16, width // 16
+    if x.ndim != 3 or x.shape[1] != h * w or x.shape[2] % 4:
+        raise ValueError(f"unpack of a {height}x{width} image expects tokens (B, {h * w}, 4C), "
+                         f"got shape {tuple(x.shape)}")
+    B, _, F = x.shape
+    C = F // 4
+    z = x.reshape(B, h, w, C, 2, 2).permute(0, 3, 1, 4, 2, 5)      # (B, C, h, ph, w, pw)
+    return z.reshape(B, C, 2 * h, 2 * w)
+
+
+def image_ids(height, width, batch_size=1, *, device=None, dtype=flame.float32):
+    """(B, h*w, 3) position ids of the packed image tokens: (0, row, col), row-major."""
+    _check_size(height, width)
+    h, w = height // 16, width // 16
+    rows = flame.arange(h, dtype=dtype, device=device).reshape(h, 1).expand(h, w)
+    cols = flame.arange(w, dtype=dtype, device=device).reshape(1, w).expand(h, w)
+    ids = flame.stack([flame.zeros(h, w, dtype=dtype, device=device), rows, cols], dim=-1)  # (h, w, 3)
+    return ids.reshape(1, h * w, 3).expand(batch_size, h * w, 3).contiguous()
+
+
+def text_ids(length, batch_size=1, *, device=None, dtype=flame.float32):
+    """(B, L_txt, 3) zeros: text tokens are not rotated."""
+    return flame.zeros(batch_size, length, 3, dtype=dtype, device=device)
+
+
+def time_shift(mu, t, sigma=1.0):
+    """BFL's resolution-dependent shift of a time t in [0, 1]: e^mu / (e^mu + (1/t - 1)^sigma)."""
+    if t <= 0.0:
+        return 0.0
+    if t >= 1.0:
+        return 1.0
+    return math.exp(mu) / (math.exp(mu) + (1.0 / t - 1.0) ** sigma)
+
+
+def shift_mu(image_seq_len, base_shift=0.5, max_shift=1.15, x1=256, x2=4096):
+    """mu linear in the image token count: base_shift at x1 tokens, max_shift at x2."""
+    m = (max_shift - base_shift) / (x2 - x1)
+    return m * image_seq_len + (base_shift - m * x1)
+
+
+def get_schedule(num_steps, image_seq_len, base_shift=0.5, max_shift=1.15, shift=True):
+    """num_steps + 1 times from 1 to 0 (python floats); shifted towards 1 for flux-dev, linear for schnell."""
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be at least 1, got {num_steps}")
+    ts = [1.0 - i / num_steps for i in range(num_steps + 1)]
+    if shift:
+        mu = shift_mu(image_seq_len, base_shift, max_shift)
+        ts = [time_shift(mu, t) for t in ts]
+    return ts
+
+
+def get_noise(batch_size, height, width, *, seed, device=None, dtype=flame.float32):
+    """Gaussian latents (B, 16, H/8, W/8) from a seeded generator on `device`: same seed, same noise."""
+    _check_size(height, width)
+    dev = flame.device(device)
+    g = flame.Generator(dev).manual_seed(seed)
+    z = flame.randn(batch_size, LATENT_CHANNELS, height // 8, width // 8, generator=g, dtype=flame.float32,
+                    device=dev)
+    return z.to(dtype)
+
+
+def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None):
+    """Euler steps x <- x + (t_next - t) * v(x, t) along `timesteps`. The state stays in float32; the model sees
+    its own dtype. Returns the final packed latents (float32)."""
+    dtype = _model_dtype(model)
+    B = img.shape[0]
+    x = img.to(flame.float32)
+    g = None if guidance is None else flame.full((B,), float(guidance), dtype=dtype, device=img.device)
+    with flame.no_grad():
+        for t_cur, t_next in zip(timesteps[:-1], timesteps[1:]):
+            t_vec = flame.full((B,), float(t_cur), dtype=dtype, device=img.device)
+            v = model(img=x.to(dtype), img_ids=img_ids, txt=txt, txt_ids=txt_ids, timesteps=t_vec, y=y,
+                      guidance=g)
+            x = x + (t_next - t_cur) * v.to(flame.float32)
+    return x
+
+
+def sample(model, txt, y, height=1024, width=1024, steps=None, guidance=None, seed=0, *, txt_ids=None,
+           shift=None):
+    """Text-to-image latents with a Flux model: T5 hidden states `txt` (B, L, context_in_dim) and CLIP pooled `y`
+    (B, vec_in_dim) -> VAE-space latents (B, 16, H/8, W/8), float32, before the `/SCALE + SHIFT` of decoding.
+
+    Defaults follow BFL: flux-dev 50 steps, guidance 2.5, shifted schedule; schnell 4 steps, no guidance, no shift.
+    """
+    dev_model = model.params.guidance_embed
+    steps = (50 if dev_model else 4) if steps is None else steps
+    guidance = (2.5 if dev_model else None) if guidance is None else guidance
+    shift = dev_model if shift is None else shift
+    _check_size(height, width)
+    if txt.ndim != 3 or y.ndim != 2 or txt.shape[0] != y.shape[0]:
+        raise ValueError(f"sample expects txt (B, L, C) and y (B, C) with the same B, got {tuple(txt.shape)} "
+                         f"and {tuple(y.shape)}")
+    B, L = txt.shape[0], txt.shape[1]
+    device, dtype = txt.device, _model_dtype(model)
+    noise = get_noise(B, height, width, seed=seed, device=device)
+    img = pack(noise)
+    img_pos = image_ids(height, width, B, device=device)
+    txt_pos = text_ids(L, B, device=device) if txt_ids is None else txt_ids
+    timesteps = get_schedule(steps, img.shape[1], shift=shift)
+    x = denoise(model, img, img_pos, txt.to(dtype), txt_pos, y.to(dtype), timesteps, guidance)
+    return unpack(x, height, width)
+
+
+def _model_dtype(model):
+    for p in model.parameters():
+        return p.dtype
+    return flame.float32
