@@ -1,0 +1,77 @@
+"""Timestep (σ) sampling for rectified-flow training: the choices users of kohya / ai-toolkit expect.
+
+Every sampler returns σ in [0, 1] (the transformer receives t = σ). Draws come from a `flame.Generator` so that a
+checkpoint that stores the generator's state resumes with exactly the same σ sequence.
+
+    sigmoid       σ = sigmoid(s · n),  n ~ N(0, 1), s = `sigmoid_scale` (1.0)
+    logit_normal  σ = sigmoid(μ + s · n)  with μ = `logit_mean` (0.0), s = `logit_std` (1.0)   (SD3's choice)
+    uniform       σ ~ U[0, 1)
+    shift         σ = k·u / (1 + (k − 1)·u),  u = sigmoid(s · n), k = `shift` (3.0)            (kohya 'shift')
+    flux_shift    σ = e^μ / (e^μ + 1/u − 1),  u = sigmoid(s · n), μ linear in the packed token count
+                  (0.5 at 256 tokens, 1.15 at 4096: BFL's schedule shift, kohya 'flux_shift')
+"""
+import math
+
+import numpy as np
+
+import flame_core as flame
+
+TIMESTEP_TYPES = ("sigmoid", "logit_normal", "uniform", "shift", "flux_shift")
+
+BASE_TOKENS, MAX_TOKENS, BASE_SHIFT, MAX_SHIFT = 256, 4096, 0.5, 1.15
+
+
+def flux_mu(num_tokens, base_tokens=BASE_TOKENS, max_tokens=MAX_TOKENS, base_shift=BASE_SHIFT, max_shift=MAX_SHIFT):
+    """BFL's μ: linear in the packed image token count, 0.5 at 256 tokens (512²) and 1.15 at 4096 (1024²)."""
+    m = (max_shift - base_shift) / (max_tokens - base_tokens)
+    return m * num_tokens + (base_shift - m * base_tokens)
+
+
+def flux_time_shift(sigma, mu):
+    """e^μ / (e^μ + 1/σ − 1), written as e^μσ / (e^μσ + 1 − σ) so that σ = 0 maps to 0 without a division by 0."""
+    sigma = np.asarray(sigma, dtype=np.float64)
+    e = math.exp(mu)
+    return e * sigma / (e * sigma + (1.0 - sigma))
+
+
+def shift_sigmas(sigma, shift):
+    """k·σ / (1 + (k − 1)·σ): the discrete-flow shift (SD3 / kohya `discrete_flow_shift`)."""
+    sigma = np.asarray(sigma, dtype=np.float64)
+    return shift * sigma / (1.0 + (shift - 1.0) * sigma)
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def sample_sigmas(kind, batch_size, *, generator=None, num_tokens=None, shift=3.0, sigmoid_scale=1.0,
+                  logit_mean=0.0, logit_std=1.0, device="cpu", dtype=flame.float32):
+    """Draw `batch_size` σ values of the distribution `kind` (one of TIMESTEP_TYPES) as a 1-D tensor on `device`.
+
+    The draw is made on the CPU in float64 from `generator` (a CPU `flame.Generator`; the default CPU generator when
+    None), so the sequence is the same on every device. `num_tokens` (packed image tokens per sample) is required for
+    'flux_shift'.
+    """
+    if kind not in TIMESTEP_TYPES:
+        raise ValueError(f"unknown timestep type {kind!r}; choose one of {', '.join(TIMESTEP_TYPES)}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if generator is not None and generator.device.type != "cpu":
+        raise ValueError(f"timestep sampling draws on the CPU; got a generator on {generator.device}")
+    if kind == "uniform":
+        s = flame.rand(batch_size, generator=generator, dtype=flame.float64, device="cpu").numpy()
+    else:
+        n = flame.randn(batch_size, generator=generator, dtype=flame.float64, device="cpu").numpy()
+        if kind == "logit_normal":
+            s = _sigmoid(logit_mean + logit_std * n)
+        else:
+            s = _sigmoid(sigmoid_scale * n)
+            if kind == "shift":
+                if shift <= 0:
+                    raise ValueError(f"shift must be > 0, got {shift}")
+                s = shift_sigmas(s, shift)
+            elif kind == "flux_shift":
+                if num_tokens is None:
+                    raise ValueError("timestep type 'flux_shift' needs num_tokens (packed image tokens per sample)")
+                s = flux_time_shift(s, flux_mu(num_tokens))
+    return flame.tensor(np.asarray(s, dtype=np.float64), dtype=dtype, device=device)
