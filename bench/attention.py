@@ -149,6 +149,7 @@ def rel(a, b):
 
 
 def main():
+    global INNER
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=25)
     ap.add_argument("--inner", type=int, default=INNER, help="back-to-back calls per timed interval")
@@ -157,7 +158,6 @@ def main():
     ap.add_argument("--profile", action="store_true", help="one profiled call of each kernel (for ncu)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "attention.json"))
     args = ap.parse_args()
-    global INNER
     INNER = args.inner
     shapes = [sh for sh in SHAPES if args.only is None or sh[0] in args.only.split(",")]
     if args.profile:

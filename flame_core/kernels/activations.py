@@ -28,11 +28,19 @@ def _approx_flag(approximate):
 
 
 # ----------------------------------------------------------------------------- references (the oracle)
+def _sigmoid_pair(xp, z):
+    """(sigmoid(z), 1 - sigmoid(z)) without cancellation in either tail (1 + tanh(u) loses all digits for u << 0)."""
+    e = xp.exp(-xp.abs(z))
+    p, q = 1 / (1 + e), e / (1 + e)
+    pos = z >= 0
+    return xp.where(pos, p, q), xp.where(pos, q, p)
+
+
 def _gelu_ref(x, approximate):
     xp = L.xp_of(x)
     a = x.astype(L.compute_dtype(x.dtype))
-    if approximate == "tanh":
-        y = 0.5 * a * (1 + xp.tanh(_SQRT_2_OVER_PI * (a + 0.044715 * a * a * a)))
+    if approximate == "tanh":  # 0.5 a (1 + tanh(u)) = a sigmoid(2u)
+        y = a * _sigmoid_pair(xp, 2 * _SQRT_2_OVER_PI * (a + 0.044715 * a * a * a))[0]
     else:
         y = 0.5 * a * (1 + _erf(xp, a * _INV_SQRT2))
     return y.astype(x.dtype)
@@ -42,30 +50,26 @@ def _gelu_grad_ref(dy, x, approximate):
     xp = L.xp_of(x)
     cd = L.compute_dtype(x.dtype)
     a, g = x.astype(cd), dy.astype(cd)
-    if approximate == "tanh":
-        t = xp.tanh(_SQRT_2_OVER_PI * (a + 0.044715 * a * a * a))
-        d = 0.5 * (1 + t) + 0.5 * a * (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * a * a)
+    if approximate == "tanh":  # d/da [a s(2u)] = s + 2 a s (1 - s) u'
+        s, q = _sigmoid_pair(xp, 2 * _SQRT_2_OVER_PI * (a + 0.044715 * a * a * a))
+        d = s + 2 * a * s * q * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * a * a)
     else:
         d = 0.5 * (1 + _erf(xp, a * _INV_SQRT2)) + a * _INV_SQRT_2PI * xp.exp(-0.5 * a * a)
     return (g * d).astype(x.dtype)
 
 
-def _sigmoid(xp, a):
-    return 0.5 * (xp.tanh(0.5 * a) + 1)
-
-
 def _silu_ref(x):
     xp = L.xp_of(x)
     a = x.astype(L.compute_dtype(x.dtype))
-    return (a * _sigmoid(xp, a)).astype(x.dtype)
+    return (a * _sigmoid_pair(xp, a)[0]).astype(x.dtype)
 
 
 def _silu_grad_ref(dy, x):
     xp = L.xp_of(x)
     cd = L.compute_dtype(x.dtype)
     a, g = x.astype(cd), dy.astype(cd)
-    s = _sigmoid(xp, a)
-    return (g * s * (1 + a * (1 - s))).astype(x.dtype)
+    s, q = _sigmoid_pair(xp, a)
+    return (g * s * (1 + a * q)).astype(x.dtype)
 
 
 # ----------------------------------------------------------------------------- kernels

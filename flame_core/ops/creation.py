@@ -54,14 +54,22 @@ def _array_from(data, dtype, device):
     return arr
 
 
-def _cuda_fp8(dtype, device):
-    return dtype is not None and D.dtype(dtype) is D.float8_e4m3fn and _parse_device(device).type == "cuda"
+def _cuda_fp8(data, dtype, device):
+    """True when the result is float8 on cuda (asked for, or inherited from fp8 data)."""
+    if dtype is not None:
+        is_f8 = D.dtype(dtype) is D.float8_e4m3fn
+    elif isinstance(data, Tensor):
+        is_f8 = data.dtype is D.float8_e4m3fn
+    else:
+        is_f8 = isinstance(data, np.ndarray) and data.dtype == D.float8_e4m3fn.np
+    return is_f8 and _parse_device(device).type == "cuda"
 
 
 def tensor(data, *, dtype=None, device=None, requires_grad=False):
     """A new tensor copying `data` (nested lists, scalars, NumPy/CuPy arrays or tensors)."""
-    if _cuda_fp8(dtype, device):  # CuPy has no fp8 dtype: build on the host, move the e4m3 bytes
-        return tensor(data, dtype=dtype, device="cpu").to(_parse_device(device))
+    if _cuda_fp8(data, dtype, device):  # CuPy has no fp8 dtype: build on the host, move the e4m3 bytes
+        host = data.cpu() if isinstance(data, Tensor) else data
+        return tensor(host, dtype=dtype, device="cpu").to(_parse_device(device))
     t = _wrap(_array_from(data, dtype, device))
     if requires_grad:
         t.requires_grad_(True)
@@ -93,7 +101,7 @@ def from_numpy(a):
 
 
 def _fill(size, value, dtype, device, requires_grad, fn):
-    if _cuda_fp8(dtype, device):
+    if _cuda_fp8(None, dtype, device):
         return _fill(size, value, D.float32, device, False, fn).to(D.float8_e4m3fn)
     dev = _parse_device(device)
     dt = D.dtype(dtype) if dtype is not None else (

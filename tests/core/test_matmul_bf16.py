@@ -6,7 +6,7 @@ import flame_core as flame
 
 CASES = [
     ((2, 3, 17, 24), (2, 3, 24, 9), None),       # attention-like batched
-    ((2, 3, 17, 24), (2, 3, 9, 24), "bT"),       # q @ k^T: b given transposed (a strided view, no copy)
+    ((2, 3, 17, 24), (2, 3, 24, 9), "bT"),       # q @ k^T: b given transposed (a strided view, no copy)
     ((5, 33, 64), (64, 48), None),               # (B, L, H) @ W
     ((1, 4, 8, 16), (3, 1, 16, 8), None),        # broadcast batch dims
     ((7, 16), (4, 16, 5), None),                 # 2-D @ batched

@@ -126,7 +126,7 @@ def test_device_parsing_and_errors():
 
 @pytest.mark.gpu
 def test_cpu_cuda_roundtrip_and_mixing_error():
-    x = flame.randn(3, 4)
+    x = flame.randn(3, 4, device="cpu")
     g = x.cuda()
     assert g.device.type == "cuda" and g.is_cuda
     np.testing.assert_array_equal(g.cpu().numpy(), x.numpy())

@@ -104,8 +104,9 @@ def test_kernel_matches_reference(rng, pdt, gdt):
     assert loader.launches == before + 3
     with loader.reference():
         pr, mr, vr = run()
-    np.testing.assert_allclose(mk, mr, rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(vk, vr, rtol=1e-6, atol=1e-9)
+    # fp32 moments: the kernel's fused multiply-adds round differently from the reference's separate ops (a few ulps)
+    np.testing.assert_allclose(mk, mr, rtol=5e-6, atol=1e-7)
+    np.testing.assert_allclose(vk, vr, rtol=5e-6, atol=1e-9)
     tol = 1e-5 if pdt == "float32" else 8e-3
     for a, b in zip(pk, pr):
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol)

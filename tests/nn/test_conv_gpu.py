@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import flame_core as flame
+from flame_core.dtypes import dtype as parse_dtype
 import flame_nn.functional as F
 from flame_core import backend
 from flame_core.ops import conv as C
@@ -38,7 +39,7 @@ def _chunks(g):
 def test_im2col_kernel_matches_reference(dtype, cfg):
     cp = backend.cupy
     g = _geom(cfg)
-    x = cp.asarray(np.random.default_rng(0).standard_normal((g.N, g.C, g.H, g.W))).astype(flame.dtype(dtype).np)
+    x = cp.asarray(np.random.default_rng(0).standard_normal((g.N, g.C, g.H, g.W))).astype(parse_dtype(dtype).np)
     for chunk in _chunks(g):
         got = C._im2col_cuda(x, g, *chunk)
         want = C.im2col_reference(x, g, *chunk)
@@ -52,7 +53,7 @@ def test_col2im_kernel_matches_reference(dtype, cfg):
     cp = backend.cupy
     g = _geom(cfg)
     rng = np.random.default_rng(1)
-    npdt = flame.dtype(dtype).np
+    npdt = parse_dtype(dtype).np
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == "float64" else dict(rtol=1e-5, atol=1e-5) \
         if dtype == "float32" else dict(rtol=1e-2, atol=2e-2)
     for n0, nimg, oh0, nrows in _chunks(g):
@@ -80,7 +81,7 @@ def test_gpu_conv2d_forward_backward_vs_float64(dtype, rtol, monkeypatch):
     for mb in (None, "0.01"):  # default chunks, and row bands
         if mb:
             monkeypatch.setenv("FLAME_CONV_WORKSPACE_MB", mb)
-        dt = flame.dtype(dtype)
+        dt = parse_dtype(dtype)
         xt = flame.tensor(x, dtype=dt, device="cuda", requires_grad=True)
         wt = flame.tensor(w, dtype=dt, device="cuda", requires_grad=True)
         bt = flame.tensor(b, dtype=dt, device="cuda", requires_grad=True)

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One call on the lent GPU: environment, kernel precompile, the GPU test suite, then the named bench scripts.
+#   bash bench/device_run.sh [--tests 'pytest args'] [--test-timeout S] [bench_name[:timeout_s[:args]] ...]
+# Logs and JSON go to $OUT (or ./out). The CuPy kernel cache is carried in/out as .device/cupy_cache.tgz when present.
+set -u
+cd "$(dirname "$0")/.."
+FINAL=${OUT:-$PWD/out}; OUT=$FINAL/r; mkdir -p "$OUT"   # everything lands in $FINAL/results.tgz (few files come back)
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 FLAME_DEVICE=cuda HYPOTHESIS_PROFILE=ci
+export CUPY_CACHE_DIR=/tmp/cupy_cache
+TESTS=""; TEST_TIMEOUT=360
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --tests) TESTS=$2; shift 2 ;;
+    --test-timeout) TEST_TIMEOUT=$2; shift 2 ;;
+    *) break ;;
+  esac
+done
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+mkdir -p "$CUPY_CACHE_DIR"
+[ -f .device/cupy_cache.tgz ] && tar xzf .device/cupy_cache.tgz -C "$CUPY_CACHE_DIR"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import cupy, numpy, torch; print('cupy', cupy.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__)"
+t0=$(date +%s)
+python3 -m flame_core.kernels.loader > "$OUT/precompile.log" 2>&1; grep -v " ok$" "$OUT/precompile.log" | tail -20
+echo "precompile: $(( $(date +%s) - t0 )) s"
+if [ "$TESTS" != "none" ]; then
+  t0=$(date +%s)
+  timeout "$TEST_TIMEOUT" python3 -m pytest -p no:cacheprovider -rfE --durations=15 $TESTS \
+    > "$OUT/pytest.log" 2>&1
+  echo "pytest rc=$? in $(( $(date +%s) - t0 )) s"
+  grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -60
+  tail -3 "$OUT/pytest.log"
+fi
+for spec in "$@"; do
+  IFS=: read -r name tmo args <<< "$spec"
+  t0=$(date +%s)
+  echo "== bench/$name.py $args (timeout ${tmo:-300})"
+  OUT=$OUT timeout "${tmo:-300}" python3 "bench/$name.py" $args > "$OUT/$name.log" 2>&1
+  echo "rc=$? in $(( $(date +%s) - t0 )) s"
+  tail -n 40 "$OUT/$name.log"
+done
+tar czf "$FINAL/cupy_cache.tgz" -C "$CUPY_CACHE_DIR" . 2>/dev/null
+tar czf "$FINAL/results.tgz" -C "$OUT" . && rm -rf "$OUT"
