@@ -1,6 +1,6 @@
 """Backward: walk the recorded graph in reverse topological order, without recursion, freeing as it goes."""
 from ..errors import AutogradError, ShapeError, fmt_shape
-from .function import AccumulateGrad, edge_of
+from .function import AccumulateGrad, edge_of, _FLOAT_NP
 from .grad_mode import state
 
 # set by flame_core.grad_pool when parameters are registered: f(leaf, grad_tensor) -> True if it stored the gradient
@@ -151,8 +151,7 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
                     continue
                 child, idx = e
                 if g is not None:
-                    _check_grad_shape(node, child, idx, g)
-                    add_grad(child, idx, g)
+                    add_grad(child, idx, _validate_grad(node, child, idx, g))
                 d = deps[id(child)] - 1
                 deps[id(child)] = d
                 if d == 0:
@@ -191,14 +190,22 @@ def _skip(node, deps, buffers, ready):
                     stack.append(c)
 
 
-def _check_grad_shape(node, child, idx, g):
+def _validate_grad(node, child, idx, g):
+    """The gradient flowing into `child` output `idx`: shape checked, and cast to that output's floating dtype when
+    the backward rule returned another one (as PyTorch's engine does). Without the cast a bf16 activation could get an
+    fp32 gradient (from an fp32 residual stream, say) and every matmul behind it would run in fp32."""
     meta = child._out_meta
     if isinstance(child, AccumulateGrad):
-        expect = child.variable._data.shape
+        v = child.variable
+        expect, dt = v._data.shape, (None if v._f8 else v._data.dtype)
     elif meta is not None and meta[idx] is not None:
-        expect = meta[idx][0]
+        expect, dt = meta[idx][0], meta[idx][1]
     else:
-        return
+        return g
     if g._data.shape != expect:
         raise ShapeError(f"{node.name()} returned a gradient of shape {fmt_shape(g._data.shape)} for an input of "
                          f"shape {fmt_shape(expect)}")
+    if dt is not None and g._data.dtype != dt and dt in _FLOAT_NP and g._data.dtype in _FLOAT_NP:
+        from ..dtypes import dtype_of
+        g = g.to(dtype_of(dt))
+    return g

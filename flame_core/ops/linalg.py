@@ -52,6 +52,13 @@ class Matmul(Function):
         if b.ndim == 1:
             g2 = g2.unsqueeze(-1)
         ga = gb = None
+        if b.ndim == 2 and a.ndim > 2:  # (*, K) @ (K, N): one 2-D GEMM each, no batched product + reduction
+            K, N = b.shape
+            if ctx.needs_input_grad[0]:
+                ga = (g.reshape(-1, N) @ b.mT).reshape(a.shape)
+            if ctx.needs_input_grad[1]:
+                gb = a.reshape(-1, K).mT @ g.reshape(-1, N)
+            return ga, gb
         if ctx.needs_input_grad[0]:
             ga = sum_to(matmul(g2, b2.mT), a2.shape).reshape(a.shape)
         if ctx.needs_input_grad[1]:

@@ -235,3 +235,17 @@ def test_leaf_grads_never_alias(device):
     c.sum().backward()  # the gradient is a broadcast view of one scalar
     c.sum().backward()
     np.testing.assert_allclose(npa(c.grad), np.full((2, 3), 2.0))
+
+
+def test_gradient_takes_the_dtype_of_the_tensor_it_flows_into(device):
+    # a bf16 activation joined to an fp32 residual: its gradient must come back bf16 (as in PyTorch), else every
+    # matmul behind it would run in fp32
+    w = flame.randn(8, 8, device=device, dtype=flame.bfloat16, requires_grad=True)
+    x = flame.randn(4, 8, device=device, dtype=flame.bfloat16)
+    seen = []
+    h = x @ w
+    h.register_hook(lambda g: seen.append(g.dtype))
+    res = flame.randn(4, 8, device=device)                  # fp32
+    (res + h).sum().backward()                              # Add's rule returns an fp32 gradient for h
+    assert seen == [flame.bfloat16]
+    assert w.grad.dtype == flame.bfloat16
