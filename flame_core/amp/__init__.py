@@ -5,11 +5,11 @@ See README.md beside this file for the op policy (which ops run in which dtype) 
 from .autocast_mode import (autocast, cast_inputs, category_of, is_autocast_enabled, get_autocast_dtype,
                             is_autocast_cache_enabled, clear_autocast_cache, get_autocast_state,
                             restore_autocast_state, custom_fwd, custom_bwd, LOWER_PRECISION_OPS, FP32_OPS,
-                            PROMOTE_OPS)
+                            PROMOTE_OPS, NATIVE_OPS)
 from .grad_scaler import GradScaler
 from .master_weights import MasterWeightOptimizer
 
 __all__ = ["autocast", "cast_inputs", "category_of", "is_autocast_enabled", "get_autocast_dtype",
            "is_autocast_cache_enabled", "clear_autocast_cache", "get_autocast_state", "restore_autocast_state",
-           "custom_fwd", "custom_bwd", "LOWER_PRECISION_OPS", "FP32_OPS", "PROMOTE_OPS", "GradScaler",
+           "custom_fwd", "custom_bwd", "LOWER_PRECISION_OPS", "FP32_OPS", "PROMOTE_OPS", "NATIVE_OPS", "GradScaler",
            "MasterWeightOptimizer"]

@@ -8,6 +8,9 @@ Categories (the op lists below are the documented policy; README.md beside this 
 - "lower":   float32/float16/bfloat16 tensors are cast to the region's dtype (float64 is left alone, as in PyTorch).
 - "fp32":    float16/bfloat16 tensors are cast to float32 (the op then returns float32).
 - "promote": all floating tensors are cast to the widest floating dtype among them.
+- "native":  nothing is cast: FLAME's fused norm kernels read float16/bfloat16 directly, compute their statistics
+             and the normalisation in float32 registers and write the input's dtype (a cast to float32 and back
+             would be two extra passes over the activation for the same arithmetic).
 Tensors on a device type whose autocast is off, integer/bool tensors, float8 storage and non-tensors pass unchanged.
 """
 import functools
@@ -23,17 +26,18 @@ from ..errors import DeviceError, DTypeError
 LOWER_PRECISION_OPS = ("matmul", "mm", "bmm", "dot", "einsum", "linear", "conv1d", "conv2d", "conv3d",
                        "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "addmm", "baddbmm",
                        "scaled_dot_product_attention")
-FP32_OPS = ("softmax", "log_softmax", "sum", "mean", "layer_norm", "rms_norm", "group_norm", "batch_norm",
-            "instance_norm", "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
+FP32_OPS = ("softmax", "log_softmax", "sum", "mean", "batch_norm", "instance_norm", "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
             "binary_cross_entropy_with_logits", "kl_div", "cosine_similarity")
 PROMOTE_OPS = ("cat", "stack", "addcmul", "addcdiv")
+NATIVE_OPS = ("layer_norm", "rms_norm", "group_norm")
 
 _CATEGORY = {**{n: "lower" for n in LOWER_PRECISION_OPS}, **{n: "fp32" for n in FP32_OPS},
-             **{n: "promote" for n in PROMOTE_OPS}}
+             **{n: "promote" for n in PROMOTE_OPS}, **{n: "native" for n in NATIVE_OPS}}
 
 
 def category_of(op_name):
-    """The autocast category of an op name ("lower", "fp32", "promote"), or None when autocast leaves it alone."""
+    """The autocast category of an op name ("lower", "fp32", "promote", "native"), or None when autocast leaves it
+    alone."""
     return _CATEGORY.get(op_name)
 
 

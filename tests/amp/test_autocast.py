@@ -197,7 +197,7 @@ def test_cast_inputs_categories_and_errors(device):
         amp.autocast(device.type, dtype=flame.float32)
     with pytest.raises(DeviceError, match="'tpu'"):
         amp.autocast("tpu")
-    assert amp.category_of("linear") == "lower" and amp.category_of("layer_norm") == "fp32"
+    assert amp.category_of("linear") == "lower" and amp.category_of("layer_norm") == "native"
     assert amp.category_of("relu") is None
     assert set(amp.LOWER_PRECISION_OPS).isdisjoint(amp.FP32_OPS)
 
