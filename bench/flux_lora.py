@@ -24,6 +24,7 @@ import traceback
 import numpy as np
 
 T5_LEN = 512
+GRAPH = False     # --graph: FLAME's forward + backward replayed as a CUDA graph
 GPU_ONLY = False  # --gpu-only: also the GPU time of a step without host launch gaps (see Busy)
 TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
 R = {}
@@ -154,16 +155,23 @@ def flame_part(configs, repeats, warmup, blocks=None):
         target = rnd(1, tokens, 64).float()
         losses = []
 
-        def step():
+        def fwd_bwd(img, txt, y, target):
             with amp.autocast("cuda", dtype=flame.bfloat16):
-                pred = model(**kw)
+                pred = model(**dict(kw, img=img, txt=txt, y=y))
             loss = ((pred.float() - target) ** 2).mean()
             loss.backward()
+            return loss.detach()
+        # --graph: forward + backward captured as a CUDA graph after 2 eager steps (flame_core.cuda.graphed); the
+        # optimizer runs eagerly on the gradients the replay accumulated (one fused launch)
+        run = flame.cuda.graphed(fwd_bwd, warmup=2, enabled=GRAPH)
+
+        def step():
+            loss = run(kw["img"], kw["txt"], kw["y"], target)
             opt.step()
-            opt.zero_grad()
-            losses.append(loss)
+            opt.zero_grad(set_to_none=not GRAPH)
+            losses.append(loss.clone() if GRAPH else loss)
         try:
-            for _ in range(warmup):
+            for _ in range(max(warmup, 2) + (1 if GRAPH else 0)):  # with --graph the capture is a warm-up step
                 step()
             cp.cuda.Device().synchronize()
             fmem.reset_peak_memory_stats()
@@ -184,7 +192,8 @@ def flame_part(configs, repeats, warmup, blocks=None):
                 log(f"flame_step_{tag}_gpu_only_ms", round(gpu_only_ms("cupy", step, busy, 2.5 * statistics.median(ms)), 1))
         except flame.OutOfMemoryError as ex:
             log(f"flame_step_{tag}_ms", f"OOM: {str(ex).splitlines()[0]}")
-        del kw, target, losses
+        run.reset()
+        del kw, target, losses, run, step
         opt.zero_grad()
         gc.collect()
     del model, opt, lora
@@ -268,7 +277,8 @@ def diffusers_part(configs, repeats, warmup, blocks=None):
 
 
 def table(configs):
-    lines = ["", "Flux-dev LoRA r16 (attention) training step, bf16 autocast, batch 1, T5 512 (median ms; peak GiB)",
+    lines = ["", "Flux-dev LoRA r16 (attention) training step, bf16 autocast, batch 1, T5 512 (median ms; peak GiB)"
+             + ("; FLAME forward+backward as a CUDA graph" if GRAPH else ""),
              f"{'size':>9} {'ckpt':>5} | {'FLAME ms':>9} {'diffusers':>10} {'ratio':>6} | {'FLAME GiB':>9} "
              f"{'diffusers':>10} {'ratio':>6}"]
     for size, ckpt in configs:
@@ -295,9 +305,10 @@ def main():
     ap.add_argument("--blocks", default=None, help="double,single block counts (default: flux-dev's 19,38)")
     ap.add_argument("--skip-diffusers", action="store_true")
     ap.add_argument("--gpu-only", action="store_true", help="also time each step's GPU work alone (diagnostic)")
+    ap.add_argument("--graph", action="store_true", help="FLAME: forward+backward as a CUDA graph")
     a = ap.parse_args()
-    global GPU_ONLY
-    GPU_ONLY = a.gpu_only
+    global GPU_ONLY, GRAPH
+    GPU_ONLY, GRAPH = a.gpu_only, a.graph
     configs = [(int(s), c == "on") for s in a.sizes.split(",") for c in a.ckpt.split(",")]
     blocks = tuple(int(v) for v in a.blocks.split(",")) if a.blocks else None
     out = os.path.join(os.environ.get("OUT", "."), "flux_lora.json")

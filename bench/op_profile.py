@@ -39,7 +39,30 @@ def _time(fn):
     return cp.cuda.get_elapsed_time(a, b), host * 1e3
 
 
-def _report(name, fn, warmup=2):
+PHASES = []  # (phase name, host seconds) of the step under --find-sync
+
+
+def _phase(name, t0):
+    PHASES.append((name, time.perf_counter() - t0))
+
+
+def _busy(ms):
+    """Queue ~ms of big GEMMs so the host can run ahead of the GPU; a host stall in the step then shows up as a
+    host time of about that length in the op or phase that synchronises."""
+    cp = backend.cupy
+    a = cp.random.standard_normal((8192, 8192), dtype=cp.float32).astype(cp.dtype("bfloat16"))
+    c = cp.empty_like(a)
+    s, e = cp.cuda.Event(), cp.cuda.Event()
+    s.record()
+    cp.matmul(a, a, out=c)
+    e.record()
+    e.synchronize()
+    per = max(cp.cuda.get_elapsed_time(s, e), 0.5)
+    for _ in range(int(ms / per)):
+        cp.matmul(a, a, out=c)
+
+
+def _report(name, fn, warmup=2, find_sync=False):
     for _ in range(warmup):
         fn()
     _sync()
@@ -48,6 +71,15 @@ def _report(name, fn, warmup=2):
         fn()
     print(f"\n== {name}: step {dev_ms:.2f} ms on the GPU, {host_ms:.2f} ms to issue on the host", flush=True)
     print(prof.table(limit=45), flush=True)
+    if find_sync:
+        _sync()
+        _busy(2000)
+        PHASES.clear()
+        with profiler.profile() as prof:
+            fn()
+        stalls = [(n, ph, h) for (n, ph, h, _) in prof.records if h > 0.05]
+        print(f"-- host stalls (> 50 ms) with 2 s of GPU work queued ahead: {stalls or 'none'}", flush=True)
+        print(f"-- phases (host s): {[(n, round(t, 3)) for n, t in PHASES]}", flush=True)
 
 
 def stack_workload(args):
@@ -105,14 +137,22 @@ def flux_workload(args):
     target = rnd(1, tokens, 64).float()
 
     def step():
+        t0 = time.perf_counter()
         with amp.autocast("cuda", dtype=flame.bfloat16):
             pred = model(**kw)
         loss = ((pred.float() - target) ** 2).mean()
+        _phase("forward+loss", t0)
+        t0 = time.perf_counter()
         loss.backward()
+        _phase("backward", t0)
+        t0 = time.perf_counter()
         opt.step()
+        _phase("opt.step", t0)
+        t0 = time.perf_counter()
         opt.zero_grad()
+        _phase("zero_grad", t0)
     _report(f"flux-dev dims, {args.double} double + {args.single} single blocks, LoRA r16 attn, {args.size}^2, "
-            f"checkpointing {'on' if args.checkpointing else 'off'}", step)
+            f"checkpointing {'on' if args.checkpointing else 'off'}", step, find_sync=args.find_sync)
 
 
 def main():
@@ -122,6 +162,7 @@ def main():
     ap.add_argument("--double", type=int, default=1)
     ap.add_argument("--single", type=int, default=2)
     ap.add_argument("--checkpointing", action="store_true")
+    ap.add_argument("--find-sync", action="store_true", help="report ops/phases where the host waits for the GPU")
     args = ap.parse_args()
     if not backend.cuda_available():
         sys.exit("op_profile needs a CUDA GPU")

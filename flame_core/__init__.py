@@ -29,6 +29,7 @@ from .ops.indexing import gather, scatter_add, index_select, masked_fill, nonzer
 from .ops.linalg import matmul, mm, bmm, outer, dot, einsum
 from . import amp
 from . import checkpoint
+from . import cuda
 from . import memory  # installs FLAME's pool as CuPy's allocator on a GPU (FLAME_CUDA_POOL=0 opts out) and the
                       # cpu storage accounting: stats, limits and OOM reports work without an explicit import
 from .random import Generator, manual_seed, seed, get_rng_state, set_rng_state, default_generator

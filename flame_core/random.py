@@ -74,6 +74,12 @@ class _CudaPhilox:
 
     def _launch(self, name, out, *extra):
         cp = backend.cupy
+        s = cp.cuda.get_current_stream()
+        if s.ptr and s.is_capturing():
+            from .cuda.graphs import GraphCaptureError
+            raise GraphCaptureError("random numbers drawn while capturing a CUDA graph would be the same on every "
+                                    "replay (the seed and offset are baked into the graph): draw them outside the "
+                                    "captured region and pass them in")
         n = out.size
         threads = (n + 3) // 4
         if threads:

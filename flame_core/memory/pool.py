@@ -95,6 +95,7 @@ class DevicePool:
         self._live = {}  # ptr -> Block
         self._lock = threading.Lock()
         self._pending = []  # frees that arrived while the lock was held (GC inside malloc, other threads)
+        self._pinned_streams = {}  # stream key -> count: free lists a CUDA graph owns (never released, see pin_stream)
         self.allocated = self.reserved = self.requested = 0
         self.peak_allocated = self.peak_reserved = 0
         self.num_alloc = self.num_free = self.cache_hits = self.cache_misses = 0
@@ -306,10 +307,26 @@ class DevicePool:
 
     def _release_cached(self):
         released = 0
-        for subs in self._streams.values():
+        for key, subs in self._streams.items():
+            if key in self._pinned_streams:  # a CUDA graph replays into these blocks
+                continue
             for sub in subs:
                 released += self._coalesce(sub, release=True)
         return released
+
+    def pin_stream(self, key):
+        """Keep the blocks of stream `key` (a CUDA graph's capture stream) reserved: empty_cache and the OOM retry
+        leave them alone, since a graph replays into those addresses. Counted; `unpin_stream` undoes one pin."""
+        with self._lock:
+            self._pinned_streams[key] = self._pinned_streams.get(key, 0) + 1
+
+    def unpin_stream(self, key):
+        with self._lock:
+            n = self._pinned_streams.get(key, 0) - 1
+            if n > 0:
+                self._pinned_streams[key] = n
+            else:
+                self._pinned_streams.pop(key, None)
 
     # ------------------------------------------------------------------ maintenance / introspection
     def empty_cache(self):

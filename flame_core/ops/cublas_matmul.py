@@ -76,6 +76,7 @@ def matmul_bf16(a, b):
     count = int(np.prod(batch)) if batch else 1
     from cupy.cuda import cublas, device, runtime
     handle = device.get_cublas_handle()
+    cublas.setStream(handle, cp.cuda.get_current_stream().ptr)  # CuPy sets it per call too; a graph needs it
     mode = cublas.getPointerMode(handle)
     if mode != cublas.CUBLAS_POINTER_MODE_HOST:
         cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)

@@ -215,3 +215,25 @@ def test_random_sequences_keep_the_pool_consistent(ops, limited):
         pool.free(p)
     pool.empty_cache()
     assert pool.reserved == 0 and pool.allocated == 0 and not be.live
+
+
+def test_pinned_stream_blocks_survive_empty_cache_and_oom_retry():
+    # a CUDA graph's capture stream: its blocks are the addresses the graph replays into
+    pool, be = make(capacity=200 * MiB)
+    be.stream = 9
+    p = pool.malloc(64 * MiB)
+    pool.pin_stream(9)
+    pool.free(p)                                   # freed into the graph's free list
+    be.stream = 0
+    q = pool.malloc(64 * MiB)
+    pool.free(q)
+    assert pool.empty_cache() == 64 * MiB          # only the eager segment goes back
+    assert be.frees == 1 and pool.reserved == 64 * MiB
+    with pytest.raises(OutOfMemoryError):          # the retry may not take the graph's memory either
+        pool.malloc(150 * MiB)
+    assert pool.reserved == 64 * MiB
+    pool.pin_stream(9)
+    pool.unpin_stream(9)                           # counted: still pinned once
+    assert pool.empty_cache() == 0
+    pool.unpin_stream(9)
+    assert pool.empty_cache() == 64 * MiB and be.used == 0

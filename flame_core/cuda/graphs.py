@@ -1,0 +1,189 @@
+"""CUDA graphs: record the kernels of a region once, replay them with one launch.
+
+FLAME issues every op from Python, so a training step of a 12B model costs ~10k host calls of tens of µs each. A
+graph replays the same kernels (same buffers, same shapes) without any of that host work.
+
+    g = flame_core.cuda.CUDAGraph()
+    with flame_core.cuda.graph(g):             # capture: the work runs on a private stream and is only recorded
+        static_out = fn(static_in)
+    static_in.copy_(new_input); g.replay()     # replays into the same buffers: static_out holds the new result
+
+    step = flame_core.cuda.graphed(fn, warmup=2)  # the same as a callable: eager for `warmup` calls, then one
+    out = step(x, y)                              # capture, then copy-in + replay (eager on cpu)
+
+Rules (as PyTorch's): inside a captured region there must be no host synchronisation (`.item()`, `.numpy()`,
+printing tensors) and no host-dependent control flow on tensor values; shapes and dtypes are fixed; random numbers
+drawn inside would repeat on every replay, so FLAME refuses to draw them while capturing (draw them outside and pass
+them in). Tensors made inside the capture live in memory private to the graph; they (and the graph) stay valid
+until the graph is reset or dropped, and each replay overwrites them.
+
+Memory: capture runs on its own stream, and FLAME's pool keys its free lists by stream, so every buffer allocated
+while capturing comes from the graph's own blocks and is never handed to eager work on another stream; those
+blocks are pinned (empty_cache does not release them) while the graph lives. `graph` empties the eager cache
+before capturing so that the private blocks do not double the step's footprint.
+"""
+import gc
+
+from .. import backend
+from ..errors import FlameError
+
+
+class GraphCaptureError(FlameError, RuntimeError):
+    """Something in a captured region cannot be captured (a host sync, random numbers, no GPU)."""
+
+
+def _cp():
+    if not backend.cuda_available():
+        raise GraphCaptureError("CUDA graphs need a CUDA GPU with CuPy")
+    return backend.cupy
+
+
+def is_capturing():
+    """True while the current CuPy stream is being captured into a graph."""
+    if not backend.cuda_available():
+        return False
+    s = backend.cupy.cuda.get_current_stream()
+    return s.ptr != 0 and s.is_capturing()
+
+
+def _pool():
+    from ..memory import cuda as mcuda
+    if not mcuda.is_installed():
+        return None
+    return mcuda.pool_for(backend.cupy.cuda.runtime.getDevice())
+
+
+class CUDAGraph:
+    """A captured sequence of GPU work (torch.cuda.CUDAGraph)."""
+
+    def __init__(self):
+        self._graph = None
+        self._stream = None
+        self._prev_stream = None
+        self._pool = None
+
+    def capture_begin(self, stream=None):
+        cp = _cp()
+        if self._graph is not None:
+            raise GraphCaptureError("this CUDAGraph already holds a capture; call reset() first")
+        cp.cuda.Device().synchronize()
+        gc.collect()  # run pending frees now rather than in the middle of the capture
+        self._stream = stream if stream is not None else cp.cuda.Stream(non_blocking=True)
+        self._pool = _pool()
+        if self._pool is not None:
+            self._pool.empty_cache()
+            self._pool.pin_stream(self._stream.ptr)
+        self._prev_stream = cp.cuda.get_current_stream()
+        self._stream.use()
+        self._stream.begin_capture()
+
+    def capture_end(self):
+        try:
+            self._graph = self._stream.end_capture()
+        finally:
+            self._prev_stream.use()
+        return self
+
+    def replay(self):
+        """Launch the captured work on the current stream (ordered after the work already queued there)."""
+        if self._graph is None:
+            raise GraphCaptureError("replay() before a capture")
+        self._graph.launch(backend.cupy.cuda.get_current_stream())
+
+    def reset(self):
+        """Drop the graph and let its private memory be reused (tensors made during the capture must be dead)."""
+        self._graph = None
+        if self._pool is not None and self._stream is not None:
+            self._pool.unpin_stream(self._stream.ptr)
+        self._pool = None
+
+    def __del__(self):
+        try:
+            self.reset()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+class graph:
+    """`with graph(g):` captures the block into CUDAGraph g (torch.cuda.graph)."""
+
+    def __init__(self, cuda_graph, stream=None):
+        self.cuda_graph, self.stream = cuda_graph, stream
+
+    def __enter__(self):
+        self.cuda_graph.capture_begin(self.stream)
+        return self.cuda_graph
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.cuda_graph.capture_end()
+            return False
+        try:  # a failed capture: end it (the driver invalidated it) and restore the stream
+            self.cuda_graph.capture_end()
+        except Exception:  # noqa: BLE001 - the original error is the one to report
+            pass
+        self.cuda_graph.reset()
+        return False
+
+
+def _tensors(obj):
+    from ..tensor import Tensor
+    if isinstance(obj, Tensor):
+        return [obj]
+    if isinstance(obj, (tuple, list)):
+        return [t for o in obj for t in _tensors(o)]
+    if isinstance(obj, dict):
+        return [t for o in obj.values() for t in _tensors(o)]
+    return []
+
+
+class GraphedFunction:
+    """`fn` run eagerly for `warmup` calls (compiles kernels, builds optimizer state and caches), then captured once
+    with static copies of the arguments and replayed: each call copies its tensor arguments into the static inputs,
+    replays, and returns the static outputs (the same objects every call: read or clone them before the next call).
+    Non-tensor arguments must not change after capture. Without a GPU (or with enabled=False) every call is eager."""
+
+    def __init__(self, fn, warmup=2, enabled=True):
+        self.fn, self.warmup, self.calls = fn, int(warmup), 0
+        self.enabled = bool(enabled) and backend.cuda_available()
+        self.graph = None
+        self.static_args = self.static_out = None
+
+    def _check(self, args):
+        got = [(tuple(t.shape), t.dtype) for t in _tensors(args)]
+        want = [(tuple(t.shape), t.dtype) for t in _tensors(self.static_args)]
+        if got != want:
+            raise GraphCaptureError(f"a graphed function was called with tensors {got}, but it was captured for "
+                                    f"{want}; shapes and dtypes must stay fixed")
+
+    def __call__(self, *args):
+        self.calls += 1
+        if not self.enabled or self.calls <= self.warmup:
+            return self.fn(*args)
+        from ..autograd.grad_mode import no_grad
+        if self.graph is None:
+            with no_grad():
+                self.static_args = tuple(a.detach().clone() if _tensors(a) == [a] else a for a in args)
+            g = CUDAGraph()
+            with graph(g):
+                self.static_out = self.fn(*self.static_args)
+            self.graph = g
+        else:
+            self._check(args)
+            with no_grad():
+                for s, a in zip(_tensors(self.static_args), _tensors(args)):
+                    if s is not a:
+                        s.copy_(a)
+        self.graph.replay()
+        return self.static_out
+
+    def reset(self):
+        if self.graph is not None:
+            self.graph.reset()
+        self.graph = self.static_args = self.static_out = None
+        self.calls = 0
+
+
+def graphed(fn, warmup=2, enabled=True):
+    """A callable that replays `fn` as a CUDA graph after `warmup` eager calls (see GraphedFunction)."""
+    return GraphedFunction(fn, warmup=warmup, enabled=enabled)
