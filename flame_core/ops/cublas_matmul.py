@@ -1,18 +1,83 @@
-"""bf16 matmul of any rank on cuda through cuBLAS `gemmStridedBatchedEx` (fp32 accumulation).
+"""Matrix products on cuda straight through cuBLAS (`cublasGemmEx` / `cublasGemmStridedBatchedEx`), any rank.
 
-CuPy 14 multiplies bf16 matrices only in 2-D; FLAME needs batched and broadcast products (attention scores, linear
-layers on (B, L, H) activations). Operands are passed without copies whenever each matrix is row- or column-major
-and the batch dims collapse into one stride (stride 0 for a broadcast operand); anything else is made contiguous.
+Why not cupy.matmul: it multiplies bf16 only in 2-D, costs ~35 µs of host time per call, and refuses to run while
+a CUDA graph is being captured (CuPy's cuBLAS wrapper raises). FLAME calls the C functions of the libcublas CuPy
+already loaded, on CuPy's handle, through ctypes: the stream is set to the current CuPy stream on every call, the
+pointer mode to host, and the handle gets a workspace from FLAME's pool (cuBLAS then allocates nothing itself, which
+graph capture requires).
+
+Operands are passed without copies whenever each matrix is row- or column-major and the batch dims collapse into
+one stride (stride 0 for a broadcast operand); anything else is made contiguous. float32 runs in float32 (no TF32,
+as cupy.matmul); float16 / bfloat16 accumulate in float32 and round once.
 """
+import ctypes
+
 import numpy as np
 
 from .. import backend
 from .. import dtypes as D
 
 BF16 = np.dtype(D.bfloat16.np)
-_ONE = np.array(1.0, dtype=np.float32)
-_ZERO = np.array(0.0, dtype=np.float32)
 OP_N, OP_T = 0, 1
+_CUDA_TYPE = {np.dtype(np.float32): 0, np.dtype(np.float16): 2, BF16: 14}  # cudaDataType
+_COMPUTE_32F = 68                                                          # CUBLAS_COMPUTE_32F
+_GEMM_DEFAULT = -1
+WORKSPACE_BYTES = 32 << 20
+_ONE, _ZERO = ctypes.c_float(1.0), ctypes.c_float(0.0)
+_lib = None
+_workspaces = {}  # cuBLAS handle -> the workspace array (kept alive for the handle's lifetime)
+
+
+def supported(dtype):
+    return np.dtype(dtype) in _CUDA_TYPE
+
+
+def _libcublas():
+    """The libcublas CuPy uses (found in this process's mappings), with the signatures FLAME calls."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    from cupy.cuda import device  # noqa: F401 - makes CuPy load its cuBLAS
+    device.get_cublas_handle()
+    path = None
+    with open("/proc/self/maps") as f:
+        for line in f:
+            name = line.rsplit(None, 1)[-1]
+            if "/libcublas.so" in name:
+                path = name
+                break
+    lib = ctypes.CDLL(path or "libcublas.so", mode=ctypes.RTLD_GLOBAL)
+    vp, i, ll, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_size_t
+    lib.cublasSetStream_v2.argtypes = [vp, vp]
+    lib.cublasSetPointerMode_v2.argtypes = [vp, i]
+    lib.cublasSetWorkspace_v2.argtypes = [vp, vp, sz]
+    lib.cublasGemmEx.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, vp, i, i, vp, vp, i, i, i, i]
+    lib.cublasGemmStridedBatchedEx.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, ll, vp, i, i, ll, vp, vp, i, i, ll,
+                                               i, i, i]
+    for fn in (lib.cublasSetStream_v2, lib.cublasSetPointerMode_v2, lib.cublasSetWorkspace_v2, lib.cublasGemmEx,
+               lib.cublasGemmStridedBatchedEx):
+        fn.restype = ctypes.c_int
+    _lib = lib
+    return lib
+
+
+def _check(status, what):
+    if status != 0:
+        raise RuntimeError(f"cuBLAS {what} failed with status {status}")
+
+
+def _handle():
+    cp = backend.cupy
+    from cupy.cuda import device
+    lib = _libcublas()
+    h = device.get_cublas_handle()
+    if h not in _workspaces:
+        ws = cp.empty(WORKSPACE_BYTES, dtype=np.uint8)
+        _check(lib.cublasSetWorkspace_v2(h, ws.data.ptr, WORKSPACE_BYTES), "SetWorkspace")
+        _workspaces[h] = ws
+    _check(lib.cublasSetStream_v2(h, cp.cuda.get_current_stream().ptr), "SetStream")
+    _check(lib.cublasSetPointerMode_v2(h, 0), "SetPointerMode")  # host scalars
+    return lib, h
 
 
 def _batch_stride(x, nbatch):
@@ -54,17 +119,18 @@ def _prepare(x, nbatch):
     return x, lay[0], lay[1], bs
 
 
-def matmul_bf16(a, b):
-    """a @ b for cupy bf16 arrays with NumPy matmul semantics (1-D promotion, batch broadcasting)."""
+def matmul(a, b):
+    """a @ b for cupy float32/float16/bfloat16 arrays of one dtype, NumPy matmul semantics (1-D promotion, batch
+    broadcasting)."""
     cp = backend.cupy
     if b.ndim == 1:
-        return matmul_bf16(a, b[:, None])[..., 0]
+        return matmul(a, b[:, None])[..., 0]
     if a.ndim == 1:
-        return matmul_bf16(a[None, :], b)[..., 0, :]
+        return matmul(a[None, :], b)[..., 0, :]
     M, K = a.shape[-2:]
     N = b.shape[-1]
     batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
-    out = cp.empty(batch + (M, N), dtype=BF16)
+    out = cp.empty(batch + (M, N), dtype=a.dtype)
     if out.size == 0:
         return out
     if K == 0:
@@ -74,21 +140,15 @@ def matmul_bf16(a, b):
     A, opA, lda, sA = _prepare(cp.broadcast_to(a, batch + (M, K)), nb)
     B, opB, ldb, sB = _prepare(cp.broadcast_to(b, batch + (K, N)), nb)
     count = int(np.prod(batch)) if batch else 1
-    from cupy.cuda import cublas, device, runtime
-    handle = device.get_cublas_handle()
-    cublas.setStream(handle, cp.cuda.get_current_stream().ptr)  # CuPy sets it per call too; a graph needs it
-    mode = cublas.getPointerMode(handle)
-    if mode != cublas.CUBLAS_POINTER_MODE_HOST:
-        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
-    try:
-        # row-major C = A @ B  <=>  column-major C^T = B^T A^T: B's memory is the first operand
-        cublas.gemmStridedBatchedEx(
-            handle, opB, opA, N, M, K, _ONE.ctypes.data,
-            B.data.ptr, runtime.CUDA_R_16BF, ldb, sB,
-            A.data.ptr, runtime.CUDA_R_16BF, lda, sA,
-            _ZERO.ctypes.data, out.data.ptr, runtime.CUDA_R_16BF, N, M * N,
-            count, cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
-    finally:
-        if mode != cublas.CUBLAS_POINTER_MODE_HOST:
-            cublas.setPointerMode(handle, mode)
+    t = _CUDA_TYPE[a.dtype]
+    lib, h = _handle()
+    one, zero = ctypes.byref(_ONE), ctypes.byref(_ZERO)
+    # row-major C = A @ B  <=>  column-major C^T = B^T A^T: B's memory is the first operand
+    if count == 1:
+        _check(lib.cublasGemmEx(h, opB, opA, N, M, K, one, B.data.ptr, t, ldb, A.data.ptr, t, lda, zero,
+                                out.data.ptr, t, N, _COMPUTE_32F, _GEMM_DEFAULT), "GemmEx")
+    else:
+        _check(lib.cublasGemmStridedBatchedEx(h, opB, opA, N, M, K, one, B.data.ptr, t, ldb, sB, A.data.ptr, t,
+                                              lda, sA, zero, out.data.ptr, t, N, M * N, count, _COMPUTE_32F,
+                                              _GEMM_DEFAULT), "GemmStridedBatchedEx")
     return out

@@ -7,6 +7,7 @@ from ..autograd.function import Function
 from ..errors import ShapeError, fmt_shape
 from ..tensor import Tensor, _wrap, check_same_device
 from ..amp import autocast_mode as _amp  # autocast hook (flame_core.amp): one line per op, a flag test when off
+from . import cublas_matmul as _cublas
 
 _HALF = (np.dtype(np.float16), D.bfloat16.np)
 _BF16 = np.dtype(D.bfloat16.np)
@@ -19,9 +20,8 @@ def _mm_arrays(a, b):
         if a.dtype in _HALF:
             return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
         return np.matmul(a, b)
-    if a.dtype == _BF16 and (a.ndim != 2 or b.ndim != 2):  # CuPy's bf16 matmul is 2-D only
-        from .cublas_matmul import matmul_bf16
-        return matmul_bf16(a, b)
+    if a.dtype == b.dtype and _cublas.supported(a.dtype):  # cuBLAS directly: any rank, graph-capturable, cheap
+        return _cublas.matmul(a, b)
     return xp.matmul(a, b)
 
 

@@ -1,4 +1,5 @@
-"""bf16 matmul of any rank on cuda (cuBLAS strided-batched; CuPy alone only does 2-D) against an fp32 product."""
+"""matmul of any rank on cuda through FLAME's direct cuBLAS calls (cuBLAS GemmEx / strided-batched; CuPy alone
+only does 2-D bf16) against a float64 product, in bf16, fp16 and fp32."""
 import numpy as np
 import pytest
 
@@ -16,24 +17,39 @@ CASES = [
 ]
 
 
+TOL = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 1e-5}
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("dt", list(TOL))
 @pytest.mark.parametrize("sa,sb,trans", CASES)
-def test_bf16_matmul_any_rank(sa, sb, trans):
+def test_matmul_any_rank(sa, sb, trans, dt):
+    dtype = getattr(flame, dt)
     rng = np.random.default_rng(0)
     a = rng.standard_normal(sa).astype(np.float32)
     b = rng.standard_normal(sb).astype(np.float32)
-    A = flame.tensor(a, device="cuda").bfloat16()
-    B = flame.tensor(b, device="cuda").bfloat16()
+    A = flame.tensor(a, device="cuda").to(dtype)
+    B = flame.tensor(b, device="cuda").to(dtype)
     if trans == "bT":
-        B = flame.tensor(np.swapaxes(b, -1, -2).copy(), device="cuda").bfloat16().transpose(-1, -2)
-        b = np.swapaxes(np.swapaxes(b, -1, -2), -1, -2)
+        B = flame.tensor(np.swapaxes(b, -1, -2).copy(), device="cuda").to(dtype).transpose(-1, -2)
     if trans == "aT":
-        A = flame.tensor(np.swapaxes(a, -1, -2).copy(), device="cuda").bfloat16().transpose(-1, -2)
-    ref = A.float().numpy().astype(np.float64) @ B.float().numpy().astype(np.float64)
+        A = flame.tensor(np.swapaxes(a, -1, -2).copy(), device="cuda").to(dtype).transpose(-1, -2)
+    ref = A.double().numpy() @ B.double().numpy()
     out = (A @ B)
-    assert out.dtype == flame.bfloat16 and out.shape == ref.shape
-    err = np.linalg.norm(out.float().numpy() - ref) / np.linalg.norm(ref)
-    assert err < 1e-2, err
+    assert out.dtype == dtype and out.shape == ref.shape
+    err = np.linalg.norm(out.double().numpy() - ref) / np.linalg.norm(ref)
+    assert err < TOL[dt], err
+
+
+@pytest.mark.gpu
+def test_matmul_of_non_contiguous_and_broadcast_views():
+    rng = np.random.default_rng(3)
+    base = flame.tensor(rng.standard_normal((4, 10, 12)), device="cuda").bfloat16()
+    a = base[:, ::2, 1:9]                              # (4, 5, 8): neither row- nor column-major
+    b = flame.tensor(rng.standard_normal((8, 6)), device="cuda").bfloat16().expand(4, 8, 6)  # batch stride 0
+    ref = a.double().numpy() @ b.double().numpy()
+    err = np.linalg.norm((a @ b).double().numpy() - ref) / np.linalg.norm(ref)
+    assert err < 1e-2
 
 
 @pytest.mark.gpu
