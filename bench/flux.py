@@ -132,6 +132,18 @@ def flame_part(sizes, repeats, warmup):
             log(f"flame_fwd_{tag}_ms", round(ms, 1))
             log(f"flame_fwd_{tag}_host_ms", round(host, 1))
             log(f"flame_fwd_{tag}_peak_GiB", round(fmem.max_memory_allocated() / 2 ** 30, 3))
+            if tag == f"{size}":  # the same forward replayed as a CUDA graph (as the sampler runs it)
+                keys = ("img", "txt", "y", "timesteps", "guidance")
+                fwd = flame.cuda.graphed(lambda *a: model(**dict(args, **dict(zip(keys, a)))), warmup=1)
+                call = (lambda: fwd(*(args[k] for k in keys)))
+                call(), call()  # eager warm-up, capture
+                fmem.reset_peak_memory_stats()
+                ms_g, host_g = cuda_time(call, repeats, warmup)
+                log(f"flame_fwd_{tag}_graph_ms", round(ms_g, 1))
+                log(f"flame_fwd_{tag}_graph_host_ms", round(host_g, 1))
+                log(f"flame_fwd_{tag}_graph_peak_reserved_GiB", round(fmem.max_memory_reserved() / 2 ** 30, 3))
+                fwd.reset()
+                del fwd, call
             before = fmem.memory_stats()
             model(**args)
             after = fmem.memory_stats()
@@ -344,6 +356,11 @@ def table(sizes):
         rm = f"{fm / dm:.3f}" if fm and dm else "-"
         lines.append(f"{f'{s}x{s}':>9} | {f or '-':>9} | {d or '-':>12} | {r:>6} | {fm or '-':>9} | {dm or '-':>13} | "
                      f"{rm:>6}")
+        if f"flame_fwd_{s}_graph_ms" in R:
+            g = R[f"flame_fwd_{s}_graph_ms"]
+            lines.append(f"{'':>9}   FLAME as a CUDA graph (the sampler's mode): {g} ms"
+                         + (f" = {g / d:.3f}x diffusers" if d else "")
+                         + f", peak reserved {R.get(f'flame_fwd_{s}_graph_peak_reserved_GiB')} GiB")
         if f"flame_fwd_{s}_again_ms" in R:
             lines.append(f"{'':>9}   FLAME {s}x{s} measured again after the other sizes: {R[f'flame_fwd_{s}_again_ms']} ms")
     return "\n".join(lines)

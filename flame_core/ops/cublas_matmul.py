@@ -119,22 +119,45 @@ def _prepare(x, nbatch):
     return x, lay[0], lay[1], bs
 
 
-def matmul(a, b):
+def _out_layout(out, shape, dtype):
+    """ldc of a caller-given output: (M, N) with unit column stride and row stride >= N (a column block of a wider
+    matrix is fine); batched outputs must be contiguous."""
+    if out.shape != shape or out.dtype != dtype:
+        raise ValueError(f"matmul: out has shape {out.shape} / {out.dtype}, expected {shape} / {dtype}")
+    item = out.itemsize
+    if len(shape) == 2 and out.strides[1] == item and out.strides[0] // item >= shape[1]:
+        return out.strides[0] // item
+    if out.flags.c_contiguous:
+        return shape[-1]
+    raise ValueError(f"matmul: out must be row-major (strides {out.strides})")
+
+
+def matmul(a, b, out=None, beta=0.0):
     """a @ b for cupy float32/float16/bfloat16 arrays of one dtype, NumPy matmul semantics (1-D promotion, batch
-    broadcasting)."""
+    broadcasting). With `out` (2-D: any row stride; batched: contiguous) the product is written there, scaled
+    sums included: out = a @ b + beta * out (beta=1 accumulates)."""
     cp = backend.cupy
-    if b.ndim == 1:
-        return matmul(a, b[:, None])[..., 0]
-    if a.ndim == 1:
+    if b.ndim == 1 or a.ndim == 1:
+        if out is not None:
+            raise ValueError("matmul: out= needs 2-D operands or more")
+        if b.ndim == 1:
+            return matmul(a, b[:, None])[..., 0]
         return matmul(a[None, :], b)[..., 0, :]
     M, K = a.shape[-2:]
     N = b.shape[-1]
     batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
-    out = cp.empty(batch + (M, N), dtype=a.dtype)
+    if out is None:
+        out = cp.empty(batch + (M, N), dtype=a.dtype)
+        ldc = N
+    else:
+        ldc = _out_layout(out, batch + (M, N), a.dtype)
     if out.size == 0:
         return out
     if K == 0:
-        out.fill(0)
+        if beta == 0.0:
+            out.fill(0)
+        else:
+            out *= beta
         return out
     nb = len(batch)
     A, opA, lda, sA = _prepare(cp.broadcast_to(a, batch + (M, K)), nb)
@@ -142,13 +165,14 @@ def matmul(a, b):
     count = int(np.prod(batch)) if batch else 1
     t = _CUDA_TYPE[a.dtype]
     lib, h = _handle()
-    one, zero = ctypes.byref(_ONE), ctypes.byref(_ZERO)
+    one = ctypes.byref(_ONE)
+    bet = ctypes.byref(_ZERO) if beta == 0.0 else ctypes.byref(ctypes.c_float(beta))
     # row-major C = A @ B  <=>  column-major C^T = B^T A^T: B's memory is the first operand
     if count == 1:
-        _check(lib.cublasGemmEx(h, opB, opA, N, M, K, one, B.data.ptr, t, ldb, A.data.ptr, t, lda, zero,
-                                out.data.ptr, t, N, _COMPUTE_32F, _GEMM_DEFAULT), "GemmEx")
+        _check(lib.cublasGemmEx(h, opB, opA, N, M, K, one, B.data.ptr, t, ldb, A.data.ptr, t, lda, bet,
+                                out.data.ptr, t, ldc, _COMPUTE_32F, _GEMM_DEFAULT), "GemmEx")
     else:
         _check(lib.cublasGemmStridedBatchedEx(h, opB, opA, N, M, K, one, B.data.ptr, t, ldb, sB, A.data.ptr, t,
-                                              lda, sA, zero, out.data.ptr, t, N, M * N, count, _COMPUTE_32F,
+                                              lda, sA, bet, out.data.ptr, t, ldc, M * N, count, _COMPUTE_32F,
                                               _GEMM_DEFAULT), "GemmStridedBatchedEx")
     return out

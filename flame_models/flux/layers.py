@@ -203,10 +203,12 @@ class SingleStreamBlock(flame_nn.Module):
                              [3 * self.hidden_size, self.mlp_hidden_dim], dim=-1)  # (B, L, 3H) | (B, L, M)
         attn = ops.attention(*split_heads(qkv, self.num_heads, self.norm), pe)    # (B, L, H)
         del qkv
-        # the MLP half copied out: linear1's output (the widest activation) is freed before the GELU and the concat
-        mlp = mlp.contiguous()
-        mlp = ops.gelu_tanh(mlp)
-        return ops.gated_residual(x, mod.gate, self.linear2(flame.cat((attn, mlp), dim=2)))
+        mlp = ops.gelu_tanh_strided(mlp)                     # read in place from linear1's output, (B, L, M)
+        if type(self.linear2) is flame_nn.Linear:            # linear2(cat(attn, mlp)) without the concatenation
+            out = ops.linear_cat2(attn, mlp, self.linear2.weight, self.linear2.bias)
+        else:                                                # an adapter wraps linear2: through the module
+            out = self.linear2(flame.cat((attn, mlp), dim=2))
+        return ops.gated_residual(x, mod.gate, out)
 
 
 class LastLayer(flame_nn.Module):

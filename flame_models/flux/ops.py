@@ -11,15 +11,19 @@ import flame_core as flame
 import flame_nn.functional as F
 from flame_core.autograd import Function
 from flame_core.autograd.grad_mode import state as _grad_state
+from flame_core import backend
+from flame_core.amp import autocast_mode as _amp
 from flame_core.kernels import activations as _act
+from flame_core.kernels import gelu_rows as _gelu_rows
+from flame_core.ops import cublas_matmul as _cublas
 from flame_core.ops.attention import scaled_dot_product_attention
 from flame_core.ops.modulation import gated_residual, modulate
 from flame_core.ops.rope import apply_rope
 from flame_core.errors import ShapeError
 from flame_core.tensor import _view_of, _wrap
 
-__all__ = ["split", "unbind", "modulate", "gated_residual", "norm_modulate", "gelu_tanh", "silu", "qk_norm",
-           "rope_freqs", "rope_rows", "rope", "attention"]
+__all__ = ["split", "unbind", "modulate", "gated_residual", "norm_modulate", "gelu_tanh", "gelu_tanh_strided",
+           "linear_cat2", "silu", "qk_norm", "rope_freqs", "rope_rows", "rope", "attention"]
 
 
 class Split(Function):
@@ -102,6 +106,87 @@ class Silu(Function):
 
 def gelu_tanh(x):
     return GeluTanh.apply(x)
+
+
+class GeluTanhStrided(Function):
+    """GELU(tanh) of a (B, L, M) view whose rows are strided (the MLP half of the single block's linear1 output):
+    read in place, written contiguous (flame_core.kernels.gelu_rows) -- no copy of the half first."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        B, L, M = x.shape
+        return _wrap(_gelu_rows.gelu_tanh_rows_forward(x._data.reshape(B * L, M)).reshape(B, L, M))
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        if _grad_state.enabled:
+            return GeluTanh.backward(ctx, g)
+        B, L, M = x.shape
+        return _wrap(_gelu_rows.gelu_tanh_rows_backward(g._data.reshape(B * L, M),
+                                                        x._data.reshape(B * L, M)).reshape(B, L, M))
+
+
+def gelu_tanh_strided(x):
+    """gelu_tanh of a 3-D view whose (B, L) rows may be strided; falls back to gelu_tanh when the view cannot be
+    read as rows (x[b, l, :] must be contiguous and the (B, L) dims must collapse)."""
+    B, L, M = x.shape
+    a = x._data
+    item = a.itemsize
+    if a.strides[2] == item and (B == 1 or a.strides[0] == L * a.strides[1]):
+        return GeluTanhStrided.apply(x)
+    return GeluTanh.apply(x)
+
+
+class LinearCat2(Function):
+    """linear(cat((a, b), -1), w, bias) without building the concatenation: a @ w[:, :Ha]^T, then b @ w[:, Ha:]^T
+    accumulated into the same output by the second GEMM (cuBLAS beta = 1), then the bias. Backward: the two input
+    gradients come out separately (no split of a concatenated gradient)."""
+
+    @staticmethod
+    def forward(ctx, a, b, w, bias):
+        ha = a.shape[-1]
+        lead = a.shape[:-1]
+        a2 = a._data.reshape(-1, ha)
+        b2 = b._data.reshape(-1, b.shape[-1])
+        wd = w._data
+        if backend.is_cuda_array(wd) and _cublas.supported(wd.dtype) and a2.dtype == b2.dtype == wd.dtype:
+            y = _cublas.matmul(a2, wd[:, :ha].T)
+            _cublas.matmul(b2, wd[:, ha:].T, out=y, beta=1.0)
+        else:
+            from flame_core.ops.linalg import _mm_arrays
+            y = _mm_arrays(a2, wd[:, :ha].T)
+            y += _mm_arrays(b2, wd[:, ha:].T)
+        if bias is not None:
+            y += bias._data
+        ctx.save_for_backward(a, b, w)
+        ctx.has_bias = bias is not None
+        return _wrap(y.reshape(lead + (wd.shape[0],)))
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b, w = ctx.saved_tensors
+        na, nb, nw, nbias = ctx.needs_input_grad
+        ha = a.shape[-1]
+        g2 = g.reshape(-1, g.shape[-1])
+        da = (g2 @ w[:, :ha]).reshape(a.shape) if na else None
+        db = (g2 @ w[:, ha:]).reshape(b.shape) if nb else None
+        dw = None
+        if nw:
+            dw = flame.cat((g2.mT @ a.reshape(-1, ha), g2.mT @ b.reshape(-1, b.shape[-1])), dim=1)
+        dbias = g2.sum(0) if nbias else None
+        return da, db, dw, dbias
+
+
+def linear_cat2(a, b, weight, bias=None):
+    """F.linear(cat((a, b), -1), weight, bias) as one fused op (see LinearCat2); autocast-aware like F.linear."""
+    if _amp.active:
+        a, b, weight, bias = _amp.cast_inputs("lower", a, b, weight, bias)
+    if a.shape[:-1] != b.shape[:-1] or a.shape[-1] + b.shape[-1] != weight.shape[1]:
+        raise ShapeError(f"linear_cat2: inputs {tuple(a.shape)} and {tuple(b.shape)} do not fit a weight of shape "
+                         f"{tuple(weight.shape)}")
+    return LinearCat2.apply(a, b, weight, bias)
 
 
 def silu(x):

@@ -89,28 +89,40 @@ def get_noise(batch_size, height, width, *, seed, device=None, dtype=flame.float
     return z.to(dtype)
 
 
-def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None):
+def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda_graph=None):
     """Euler steps x <- x + (t_next - t) * v(x, t) along `timesteps`. The state stays in float32; the model sees
-    its own dtype. Returns the final packed latents (float32)."""
+    its own dtype. Returns the final packed latents (float32).
+
+    cuda_graph (default: on for cuda tensors): the first step runs eagerly, the second is captured as a CUDA graph
+    (flame_core.cuda.graphed) and the rest replay it -- the same kernels on the same buffers, without the host cost
+    of issuing ~2000 ops per step. The numbers are the same either way."""
     dtype = _model_dtype(model)
     B = img.shape[0]
     x = img.to(flame.float32)
     g = None if guidance is None else flame.full((B,), float(guidance), dtype=dtype, device=img.device)
+
+    def step(x, t_vec, dt):
+        v = model(img=x.to(dtype), img_ids=img_ids, txt=txt, txt_ids=txt_ids, timesteps=t_vec, y=y, guidance=g)
+        return x + dt * v.to(flame.float32)
+    use_graph = img.device.type == "cuda" if cuda_graph is None else bool(cuda_graph)
+    run = flame.cuda.graphed(step, warmup=1, enabled=use_graph and len(timesteps) > 2)
     with flame.no_grad():
         for t_cur, t_next in zip(timesteps[:-1], timesteps[1:]):
             t_vec = flame.full((B,), float(t_cur), dtype=dtype, device=img.device)
-            v = model(img=x.to(dtype), img_ids=img_ids, txt=txt, txt_ids=txt_ids, timesteps=t_vec, y=y,
-                      guidance=g)
-            x = x + (t_next - t_cur) * v.to(flame.float32)
+            dt = flame.full((1,), t_next - t_cur, dtype=flame.float32, device=img.device)
+            x = run(x, t_vec, dt)
+    x = x.clone() if run.graph is not None else x  # the graph's output buffer dies with the graph
+    run.reset()
     return x
 
 
 def sample(model, txt, y, height=1024, width=1024, steps=None, guidance=None, seed=0, *, txt_ids=None,
-           shift=None):
+           shift=None, cuda_graph=None):
     """Text-to-image latents with a Flux model: T5 hidden states `txt` (B, L, context_in_dim) and CLIP pooled `y`
     (B, vec_in_dim) -> VAE-space latents (B, 16, H/8, W/8), float32, before the `/SCALE + SHIFT` of decoding.
 
     Defaults follow BFL: flux-dev 50 steps, guidance 2.5, shifted schedule; schnell 4 steps, no guidance, no shift.
+    cuda_graph: see `denoise` (on by default on cuda).
     """
     dev_model = model.params.guidance_embed
     steps = (50 if dev_model else 4) if steps is None else steps
@@ -127,7 +139,7 @@ def sample(model, txt, y, height=1024, width=1024, steps=None, guidance=None, se
     img_pos = image_ids(height, width, B, device=device)
     txt_pos = text_ids(L, B, device=device) if txt_ids is None else txt_ids
     timesteps = get_schedule(steps, img.shape[1], shift=shift)
-    x = denoise(model, img, img_pos, txt.to(dtype), txt_pos, y.to(dtype), timesteps, guidance)
+    x = denoise(model, img, img_pos, txt.to(dtype), txt_pos, y.to(dtype), timesteps, guidance, cuda_graph)
     return unpack(x, height, width)
 
 

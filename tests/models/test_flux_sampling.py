@@ -117,3 +117,19 @@ def test_sampler_with_a_tiny_flux_is_deterministic_per_seed(device):
     assert a.shape == (1, 16, 4, 6) and np.isfinite(a).all()
     np.testing.assert_array_equal(a, b)
     assert np.abs(a - c).mean() > 0.1
+
+
+@pytest.mark.gpu
+def test_graphed_sampler_gives_the_eager_latents():
+    rng = np.random.default_rng(1)
+    p = flux_params("flux-tiny")
+    with flame_nn.empty_init(device="cuda", dtype=flame.bfloat16):
+        model = Flux(p)
+    model.load_state_dict({k: (0.05 * rng.standard_normal(s)).astype(np.float32)
+                           for k, s in bfl_shapes(p).items()})
+    txt = flame.tensor(rng.standard_normal((1, 4, 32)).astype(np.float32), device="cuda")
+    y = flame.tensor(rng.standard_normal((1, 16)).astype(np.float32), device="cuda")
+    kw = dict(height=32, width=48, steps=6, guidance=3.5, seed=5)
+    eager = S.sample(model, txt, y, cuda_graph=False, **kw).numpy()
+    graphed = S.sample(model, txt, y, cuda_graph=True, **kw).numpy()
+    np.testing.assert_array_equal(graphed, eager)

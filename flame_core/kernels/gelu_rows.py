@@ -1,0 +1,51 @@
+"""GELU(tanh) of a column block of a wider row-major matrix, written contiguous (kernel: cuda_src/gelu_rows.cu).
+
+    gelu_tanh_rows_forward(x)        x: 2-D view (rows, cols) with unit column stride -> y (rows, cols) contiguous
+    gelu_tanh_rows_backward(dy, x)   -> dx (rows, cols) contiguous
+
+Flux's single-stream block applies GELU to the MLP half of linear1's output: reading that half in place saves the
+copy that a contiguous-input kernel needs. The reference (and non-CUDA path) is flame_core.kernels.activations'.
+"""
+from . import activations as _act
+from . import loader as L
+
+
+def _strided_rows(x):
+    """(ldx) when x is a 2-D row-major view (unit column stride, 16-bit or 32-bit floats on cuda), else None."""
+    if x.ndim != 2 or not L.use_kernel(x) or x.size == 0:
+        return None
+    item = x.itemsize
+    if x.strides[1] != item or x.strides[0] % item or x.strides[0] // item < x.shape[1]:
+        return None
+    return x.strides[0] // item
+
+
+def _grid(rows):
+    return (max(1, min(int(rows), L.sm_count() * 8)),), (256,)
+
+
+def gelu_tanh_rows_forward(x):
+    ldx = _strided_rows(x)
+    if ldx is None:
+        return _act.gelu_forward(L.contiguous(x) if L.use_kernel(x) else x, "tanh")
+    rows, cols = x.shape
+    y = L.xp_of(x).empty((rows, cols), dtype=x.dtype)
+    grid, block = _grid(rows)
+    L.launch(L.get_function("gelu_rows", "gelu_rows_fwd", x.dtype), grid, block,
+             (x, L.i64(ldx), y, L.i64(rows), L.i32(cols)))
+    return y
+
+
+def gelu_tanh_rows_backward(dy, x):
+    if dy.shape != x.shape:
+        raise ValueError(f"gelu_tanh_rows_backward: gradient shape {dy.shape} differs from input shape {x.shape}")
+    ldx = _strided_rows(x)
+    if ldx is None:
+        return _act.gelu_backward(dy, L.contiguous(x) if L.use_kernel(x) else x, "tanh")
+    rows, cols = x.shape
+    dy = L.contiguous(dy.astype(x.dtype, copy=False))
+    dx = L.xp_of(x).empty((rows, cols), dtype=x.dtype)
+    grid, block = _grid(rows)
+    L.launch(L.get_function("gelu_rows", "gelu_rows_bwd", x.dtype), grid, block,
+             (x, L.i64(ldx), dy, dx, L.i64(rows), L.i32(cols)))
+    return dx
