@@ -18,6 +18,7 @@ import math
 
 import numpy as np
 
+from . import gemm as _gemm
 from . import loader as L
 from .. import backend
 from ..errors import DTypeError, ShapeError, fmt_shape
@@ -78,7 +79,7 @@ def _rows_per_chunk(q, k):
 
 def _scores(xp, qc, kT, mask, is_causal, scale, i0):
     """Masked scaled scores of query rows [i0, i0 + rows) against all keys: (B, H, rows, Lk)."""
-    s = xp.matmul(qc, kT)
+    s = _gemm.mm(qc, kT)
     s *= scale
     rows, lk = s.shape[-2], s.shape[-1]
     if mask is not None:
@@ -110,7 +111,7 @@ def _reference_forward(q, k, v, mask, is_causal, scale):
         p = xp.exp(s, out=s)
         l = p.sum(axis=-1, keepdims=True)
         attends = l > 0
-        o[:, :, i0:i1] = xp.matmul(p, vf) / xp.where(attends, l, 1)
+        o[:, :, i0:i1] = _gemm.mm(p, vf) / xp.where(attends, l, 1)
         lse[:, :, i0:i1] = xp.where(attends, xp.log(xp.where(attends, l, 1)) + m, np.inf)[..., 0]
     return o, lse
 
@@ -132,12 +133,12 @@ def _reference_backward(do, q, k, v, o, lse, mask, is_causal, scale):
         s = _scores(xp, qc, kT, mask, is_causal, scale, i0)
         s -= lse[:, :, i0:i1, None].astype(cd)
         p = xp.exp(s, out=s)  # 0 where masked or where the row attends nothing (lse = +inf)
-        dv += xp.matmul(p.swapaxes(-1, -2), gc)
-        ds = xp.matmul(gc, vT)
+        dv += _gemm.mm(p.swapaxes(-1, -2), gc)
+        ds = _gemm.mm(gc, vT)
         ds -= delta
         ds *= p
-        dq[:, :, i0:i1] = xp.matmul(ds, kf) * scale
-        dk += xp.matmul(ds.swapaxes(-1, -2), qc) * scale
+        dq[:, :, i0:i1] = _gemm.mm(ds, kf) * scale
+        dk += _gemm.mm(ds.swapaxes(-1, -2), qc) * scale
     return dq, dk.astype(k.dtype), dv.astype(v.dtype)
 
 

@@ -7,7 +7,7 @@ from ..autograd.function import Function
 from ..errors import ShapeError, fmt_shape
 from ..tensor import Tensor, _wrap, check_same_device
 from ..amp import autocast_mode as _amp  # autocast hook (flame_core.amp): one line per op, a flag test when off
-from . import cublas_matmul as _cublas
+from ..kernels import gemm as _cublas
 
 _HALF = (np.dtype(np.float16), D.bfloat16.np)
 _BF16 = np.dtype(D.bfloat16.np)

@@ -15,7 +15,7 @@ from flame_core import backend
 from flame_core.amp import autocast_mode as _amp
 from flame_core.kernels import activations as _act
 from flame_core.kernels import gelu_rows as _gelu_rows
-from flame_core.ops import cublas_matmul as _cublas
+from flame_core.kernels import gemm as _cublas
 from flame_core.ops.attention import scaled_dot_product_attention
 from flame_core.ops.modulation import gated_residual, modulate
 from flame_core.ops.rope import apply_rope

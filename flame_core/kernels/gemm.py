@@ -176,3 +176,11 @@ def matmul(a, b, out=None, beta=0.0):
                                               lda, sA, bet, out.data.ptr, t, ldc, M * N, count, _COMPUTE_32F,
                                               _GEMM_DEFAULT), "GemmStridedBatchedEx")
     return out
+
+
+def mm(a, b):
+    """xp.matmul of two arrays, through `matmul` (cuBLAS) when both are CuPy arrays of one supported dtype (the
+    reference paths of other kernels use it, so they too run inside CUDA graph captures)."""
+    if backend.is_cuda_array(a) and a.dtype == b.dtype and supported(a.dtype):
+        return matmul(a, b)
+    return backend.xp_of(a).matmul(a, b)
