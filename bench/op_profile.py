@@ -151,8 +151,71 @@ def flux_workload(args):
         t0 = time.perf_counter()
         opt.zero_grad()
         _phase("zero_grad", t0)
+    if args.saved:
+        with amp.autocast("cuda", dtype=flame.bfloat16):
+            pred = model(**kw)
+        loss = ((pred.float() - target) ** 2).mean()
+        total, rows = profiler.saved_tensors_report(loss, exclude=list(model.parameters()))
+        print(f"\n== FLAME saved for backward ({args.double} double + {args.single} single blocks, {args.size}^2, "
+              f"no checkpointing): {total / 2 ** 20:.1f} MiB", flush=True)
+        for name, b, n in rows:
+            print(f"   {name:34s} {b / 2 ** 20:9.1f} MiB in {n} buffers", flush=True)
+        del pred, loss
+        torch_saved(args)
     _report(f"flux-dev dims, {args.double} double + {args.single} single blocks, LoRA r16 attn, {args.size}^2, "
             f"checkpointing {'on' if args.checkpointing else 'off'}", step, find_sync=args.find_sync)
+
+
+def torch_saved(args):
+    """The same count for diffusers' FluxTransformer2DModel + PEFT (saved_tensors_hooks; storages counted once)."""
+    try:
+        import torch
+        from diffusers import FluxTransformer2DModel
+        from peft import LoraConfig
+    except ImportError as e:
+        print(f"(diffusers saved-tensor count skipped: {e})")
+        return
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("cuda"):
+        m = FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=args.double,
+                                   num_single_layers=args.single, attention_head_dim=128, num_attention_heads=24,
+                                   joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
+                                   axes_dims_rope=(16, 56, 56))
+    torch.set_default_dtype(torch.float32)
+    m.requires_grad_(False)
+    m.add_adapter(LoraConfig(r=16, lora_alpha=16, init_lora_weights="gaussian",
+                             target_modules=["to_q", "to_k", "to_v", "to_out.0"]))
+    for q in m.parameters():
+        if q.requires_grad:
+            q.data = q.data.float()
+    params = {q.untyped_storage().data_ptr() for q in m.parameters()}
+    tokens, side = (args.size // 16) ** 2, args.size // 16
+    img_ids = torch.zeros(side, side, 3, device="cuda")
+    img_ids[..., 1] = torch.arange(side, device="cuda")[:, None]
+    img_ids[..., 2] = torch.arange(side, device="cuda")[None, :]
+    seen, total = set(), [0]
+
+    def pack(t):
+        st = t.untyped_storage()
+        key = st.data_ptr()
+        if key not in seen and key not in params:
+            seen.add(key)
+            total[0] += st.nbytes()
+        return t
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = m(hidden_states=torch.randn(1, tokens, 64, device="cuda", dtype=torch.bfloat16),
+                    encoder_hidden_states=torch.randn(1, 512, 4096, device="cuda", dtype=torch.bfloat16),
+                    pooled_projections=torch.randn(1, 768, device="cuda", dtype=torch.bfloat16),
+                    timestep=torch.full((1,), 0.6, device="cuda", dtype=torch.bfloat16),
+                    img_ids=img_ids.reshape(-1, 3), txt_ids=torch.zeros(512, 3, device="cuda"),
+                    guidance=torch.full((1,), 1.0, device="cuda", dtype=torch.bfloat16), return_dict=False)[0]
+        loss = (out.float() ** 2).mean()
+    print(f"== diffusers+PEFT saved for backward (same blocks): {total[0] / 2 ** 20:.1f} MiB", flush=True)
+    del m, out, loss
+    torch.cuda.empty_cache()
 
 
 def main():
@@ -163,6 +226,7 @@ def main():
     ap.add_argument("--single", type=int, default=2)
     ap.add_argument("--checkpointing", action="store_true")
     ap.add_argument("--find-sync", action="store_true", help="report ops/phases where the host waits for the GPU")
+    ap.add_argument("--saved", action="store_true", help="bytes kept for backward by op, and diffusers' total")
     args = ap.parse_args()
     if not backend.cuda_available():
         sys.exit("op_profile needs a CUDA GPU")

@@ -129,3 +129,62 @@ def profile(cuda=None):
             end.synchronize()
             prof.device_wall_ms = backend.cupy.cuda.get_elapsed_time(start, end)
         prof.wall_s = time.perf_counter() - t
+
+
+# ----------------------------------------------------------------------------- what a graph keeps for backward
+def _storage(a):
+    """(key, bytes) of the allocation an array lives on: views of one buffer count once."""
+    if backend.is_cuda_array(a):
+        mem = a.data.mem
+        return ("cuda", mem.ptr), mem.size
+    base = a
+    while getattr(base, "base", None) is not None and hasattr(base.base, "nbytes"):
+        base = base.base
+    return ("cpu", id(base)), base.nbytes
+
+
+def _arrays_of(node):
+    from .tensor import Tensor
+    out = []
+    for item in node._saved or ():
+        if item is not None:
+            out.append(item[0]._data)
+    for v in (node.__dict__ or {}).values():
+        if isinstance(v, Tensor):
+            out.append(v._data)
+        elif hasattr(v, "nbytes") and hasattr(v, "dtype") and hasattr(v, "shape"):
+            out.append(v)
+        elif isinstance(v, (tuple, list)):
+            out.extend(x._data if isinstance(x, Tensor) else x for x in v
+                       if isinstance(x, Tensor) or (hasattr(x, "nbytes") and hasattr(x, "shape")))
+    return out
+
+
+def saved_tensors_report(*outputs, exclude=()):
+    """Bytes the recorded graph behind `outputs` keeps alive for backward, by op: each storage counted once (for the
+    first node that holds it, in reverse-topological order from the outputs). `exclude`: tensors whose storage is
+    not to be counted (e.g. the parameters). Returns (total_bytes, [(op, bytes, storages)] sorted by bytes)."""
+    seen_nodes, seen_store = set(), {_storage(t._data)[0] for t in exclude}
+    by_op = {}
+    stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
+    total = 0
+    while stack:
+        node = stack.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        for a in _arrays_of(node):
+            key, nbytes = _storage(a)
+            if key in seen_store:
+                continue
+            seen_store.add(key)
+            name = node.name()
+            row = by_op.setdefault(name, [0, 0])
+            row[0] += nbytes
+            row[1] += 1
+            total += nbytes
+        for e in node.next_functions or ():
+            if e is not None:
+                stack.append(e[0])
+    rows = sorted(((k, v[0], v[1]) for k, v in by_op.items()), key=lambda r: -r[1])
+    return total, rows

@@ -32,3 +32,16 @@ def test_rows_per_op_and_phase(device):
     # outside the block nothing is recorded
     Twice.apply(x)
     assert len(prof.records) == sum(r[0] for r in agg.values())
+
+
+def test_saved_tensors_report_counts_each_storage_once(device):
+    x = flame.randn(16, 32, device=device, requires_grad=True)
+    w = flame.randn(32, 32, device=device, requires_grad=True)
+    h = x @ w                       # saves x (and w, excluded)
+    y = (h.gelu() @ w)[:, :8]       # gelu saves h; the matmul saves gelu's output
+    total, rows = profiler.saved_tensors_report(y.sum(), exclude=[w])
+    by_op = {name: (b, n) for name, b, n in rows}
+    item = x.element_size()
+    assert total == 3 * 16 * 32 * item
+    assert by_op["GeluBackward"] == (16 * 32 * item, 1)
+    assert by_op["MatmulBackward"] == (2 * 16 * 32 * item, 2)
