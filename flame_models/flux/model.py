@@ -1,7 +1,7 @@
 """Flux: the rectified-flow transformer of FLUX.1 [dev] / [schnell] (19 double-stream + 38 single-stream blocks)."""
 import flame_core as flame
 import flame_nn
-from flame_core.checkpoint import maybe_checkpoint
+from flame_nn.offload import run_block
 
 from .layers import DoubleStreamBlock, EmbedND, LastLayer, MLPEmbedder, SingleStreamBlock, timestep_embedding
 from .ops import rope_rows
@@ -79,13 +79,14 @@ class Flux(flame_nn.Module):
         pe = self.pe_embedder(flame.cat((txt_ids, img_ids), dim=1))          # (B, 1, L, D/2, 2, 2)
         pe = rope_rows(pe, img.shape[0])                                     # one table per token row
 
-        for block in self.double_blocks:
-            img, txt = maybe_checkpoint(block, img, txt, vec, pe, offload=block.checkpoint_offload)
+        # each block through run_block: checkpointed per its flag, or streamed by a BlockStreamer (flame_nn.offload)
+        for i in range(len(self.double_blocks)):
+            img, txt = run_block(self.double_blocks, i, img, txt, vec, pe)
         x = flame.cat((txt, img), dim=1)
         n_txt = txt.shape[1]
         del img, txt
-        for block in self.single_blocks:
-            x = maybe_checkpoint(block, x, vec, pe, offload=block.checkpoint_offload)
+        for i in range(len(self.single_blocks)):
+            x = run_block(self.single_blocks, i, x, vec, pe)
         return self.final_layer(x[:, n_txt:], vec)
 
 

@@ -123,6 +123,8 @@ class TrainConfig:
     name: str = "flux_lora"
     training_folder: str = "runs"
     device: str = None                   # None: cuda when available, else cpu
+    max_gpu_memory: typing.Any = None    # e.g. '12GiB' (or a number of GiB): stream the transformer blocks from
+                                         # pinned host memory, keeping as many resident as this budget allows
     trigger_word: str = None
     network: NetworkConfig = field(default_factory=NetworkConfig)
     save: SaveConfig = field(default_factory=SaveConfig)
@@ -158,7 +160,8 @@ _NO_EFFECT = {  # ai-toolkit keys that are accepted, with the reason they change
     "cache_latents_to_disk": "latents are precomputed already",
     "cache_latents": "latents are precomputed already",
     "resolution": "the resolution is that of the precomputed latents",
-    "quantize": "fp8 base weights are not available yet; the base stays in model.dtype",
+    "quantize": "the trainer keeps the base in model.dtype (fp8 storage exists in the API: "
+                "flame_nn.offload.quantize_linear_weights_ / BlockStreamer(quantize='fp8'))",
     "quantize_te": "text encoders are not loaded",
 }
 
@@ -376,6 +379,13 @@ def validate(cfg, prefix="", check_files=True):
             if v <= 0 or v % 16:
                 e.append(f"{p}synthetic.{k}: must be a positive multiple of 16, got {v}")
     _positive(e, f"{p}log_every", cfg.log_every)
+    if cfg.max_gpu_memory is not None:
+        try:
+            if max_gpu_memory_bytes(cfg.max_gpu_memory) <= 0:
+                raise ValueError
+        except (TypeError, ValueError):
+            e.append(f"{p}max_gpu_memory: a size such as '12GiB' or '24 GB', or a number of GiB, got "
+                     f"{cfg.max_gpu_memory!r}")
     if cfg.device is not None:
         dev = str(cfg.device)
         if not (dev == "cpu" or dev == "cuda" or (dev.startswith("cuda:") and dev[5:].isdigit())):
@@ -435,6 +445,18 @@ def load_config(path, check_files=True):
     if data is None:
         raise ConfigError(f"{path}: the file is empty")
     return config_from_dict(data, path, check_files)
+
+
+def max_gpu_memory_bytes(value):
+    """Bytes of a max_gpu_memory setting: a size string ('12GiB', '24 GB', '512MiB') or a number of GiB."""
+    from flame_core.memory.stats import parse_size
+    if isinstance(value, bool):
+        raise TypeError("max_gpu_memory: expected a size, got a boolean")
+    if isinstance(value, (int, float)):
+        return int(value * 2 ** 30)
+    if isinstance(value, str) and value.strip().replace(".", "", 1).isdigit():
+        return int(float(value) * 2 ** 30)
+    return parse_size(value)
 
 
 def dtype_name(name):

@@ -28,7 +28,7 @@ from flame_nn import adapters as A
 from ..flux import Flux, image_ids, load_flux, pack, text_ids
 from ..flux import sampling as flux_sampling
 from ..flux.lora_keys import TARGET_PRESETS, name_map_for
-from .config import dtype_name
+from .config import dtype_name, max_gpu_memory_bytes
 from .data import FolderDataset, Loader, SyntheticDataset, DatasetError
 from .ema import EMA
 from .logging import LossLog, plot_losses
@@ -74,12 +74,14 @@ class Trainer:
         self.device = flame.device(c.device or ("cuda" if flame.cuda_is_available() else "cpu"))
         flame.manual_seed(t.seed)
         base_dtype = flame.dtypes.dtype(dtype_name(c.model.dtype))
+        # with a memory budget the base is loaded into host memory and its blocks streamed (flame_nn.offload)
+        load_to = "cpu" if c.max_gpu_memory is not None else self.device
         if self._model is not None:
             self.model = self._model
         elif c.model.name_or_path:
-            self.model = load_flux(c.model.name_or_path, dtype=base_dtype, device=self.device)
+            self.model = load_flux(c.model.name_or_path, dtype=base_dtype, device=load_to)
         else:
-            self.model = Flux(c.model.size, dtype=base_dtype, device=self.device)
+            self.model = Flux(c.model.size, dtype=base_dtype, device=load_to)
         p = self.model.params
         self.name_map = name_map_for(p)
         self.dataset = self._dataset if self._dataset is not None else self._build_dataset(p)
@@ -98,6 +100,9 @@ class Trainer:
         self.n_adapted = len(made)
         self.model.enable_gradient_checkpointing(t.gradient_checkpointing)
         self.model.train()
+        self.streamer = self.fit = None
+        if c.max_gpu_memory is not None:  # every block streamed for now; auto_fit chooses the resident ones below
+            self.streamer = flame_nn.offload.BlockStreamer.for_model(self.model, device=self.device)
 
         # optimisation
         kw = dict(lr=t.lr, **{k: (tuple(v) if k == "betas" else float(v)) for k, v in t.optimizer_params.items()})
@@ -125,7 +130,28 @@ class Trainer:
         self.resumed_from = self.resume()
         with open(os.path.join(self.out, "config.json"), "w") as f:
             json.dump(asdict(c), f, indent=1, default=str)
+        if self.streamer is not None:
+            n = sum(p.numel() for p in self.params)
+            state = (2 if t.optimizer == "adamw8bit" else 8) * n  # moments made at the first optimizer step
+            self.fit = self.streamer.auto_fit(max_gpu_memory_bytes(c.max_gpu_memory), self._measure_step,
+                                              extra_bytes=state)
+            self.log(str(self.fit))
         return self
+
+    def _measure_step(self):
+        """One forward + backward on the next batch for auto-fit, leaving no trace: the data position, the random
+        streams and the gradients are as before."""
+        saved = (self.loader.state_dict(), self.sigma_gen.get_state(), self.noise_gen.get_state(),
+                 flame.get_rng_state("cpu"), flame.get_rng_state(self.device))
+        try:
+            self._micro_step(self.loader.next_batch(), 1.0)
+        finally:
+            self.optimizer.zero_grad()
+            self.loader.load_state_dict(saved[0])
+            self.sigma_gen.set_state(saved[1])
+            self.noise_gen.set_state(saved[2])
+            flame.set_rng_state(saved[3], "cpu")
+            flame.set_rng_state(saved[4], self.device)
 
     def _build_dataset(self, p):
         c = self.cfg

@@ -1,0 +1,206 @@
+"""Auto-fit: choose which blocks stay on the GPU for a memory budget, by measuring one step.
+
+    report = auto_fit(streamer, "12GiB", step_fn)       # or streamer.auto_fit(...); max_gpu_memory in the trainer
+
+1. Every block is streamed (the least memory a step can take) and the device's cached memory is released. What is
+   held now -- the weights outside the blocks, trainable parameters, gradient buffers, the K slots -- is the static
+   part; if it alone exceeds the budget the fit fails at once, before any step runs.
+2. `step_fn()` runs one step (forward + backward, as training will) with no cap; its peak of the pool's reserved
+   bytes, plus `extra_bytes` (state created later, e.g. optimizer moments) plus, on cuda, the driver's memory outside
+   the pool (CUDA context, libraries) is the MINIMUM. A budget below minimum + headroom fails with a message that
+   states the minimum and what it is made of.
+3. The remaining bytes are filled with resident blocks, largest first (each resident byte is a byte not copied twice
+   per step); when the largest streamed block becomes resident the slots shrink, which is accounted for.
+4. The budget is set as the pool's limit (`flame_core.memory.set_memory_limit`; over it allocations fail instead of
+   growing past the budget) and the step runs again to verify; if it does not fit (fragmentation), blocks are
+   demoted until it does. The report gives the measured figures.
+"""
+import gc
+from dataclasses import dataclass, field
+
+from flame_core import backend
+from flame_core import memory as M
+from flame_core.errors import FlameError, OutOfMemoryError
+from flame_core.memory.stats import fmt_bytes, parse_size
+
+GiB = 2 ** 30
+
+
+class MemoryBudgetError(FlameError, ValueError):
+    """The memory budget is below what one step needs even with every block streamed; the message states the
+    minimum, also in `.minimum` (bytes; a lower bound when the fit stopped before running a step)."""
+
+    def __init__(self, message, minimum=None):
+        super().__init__(message)
+        self.minimum = minimum
+
+
+@dataclass
+class FitReport:
+    budget: int                    # max_gpu_memory in bytes
+    overhead: int                  # device memory outside FLAME's pool (cuda context, libraries); 0 on cpu
+    minimum: int                   # measured need with every block streamed (pool peak + extra + overhead)
+    static: int                    # held before the step with every block streamed (weights outside blocks, slots...)
+    resident: list = field(default_factory=list)
+    streamed: list = field(default_factory=list)
+    resident_bytes: int = 0
+    streamed_bytes: int = 0
+    slot_bytes: int = 0
+    num_slots: int = 0
+    measured_peak: int = None      # pool peak (reserved) of the verification step
+    demoted: int = 0               # blocks given back to streaming after the verification step did not fit
+
+    @property
+    def pool_budget(self):
+        return self.budget - self.overhead
+
+    def __str__(self):
+        g = fmt_bytes
+        lines = [f"auto-fit for max_gpu_memory {g(self.budget)}: {len(self.resident)} blocks resident "
+                 f"({g(self.resident_bytes)}), {len(self.streamed)} streamed ({g(self.streamed_bytes)}) through "
+                 f"{self.num_slots} slots of {g(self.slot_bytes)}",
+                 f"  minimum (everything streamed) {g(self.minimum)}; static part {g(self.static)}; "
+                 f"outside the pool {g(self.overhead)}"]
+        if self.measured_peak is not None:
+            lines.append(f"  verified step: pool peak {g(self.measured_peak)} of {g(self.pool_budget)} allowed"
+                         + (f" ({self.demoted} blocks demoted after a first try did not fit)" if self.demoted else ""))
+        return "\n".join(lines)
+
+
+def _driver_overhead(dev):
+    """Bytes the device has in use beyond FLAME's pool (CUDA context, cuBLAS, compiled kernels...); 0 on cpu."""
+    if dev.type != "cuda":
+        return 0
+    cp = backend.cupy
+    with dev.context():
+        free, total = cp.cuda.runtime.memGetInfo()
+    return max(0, (total - free) - M.memory_reserved(dev))
+
+
+def _rounded(nbytes, dev):
+    return M.round_size(nbytes)[0] if (dev.type == "cuda" and nbytes) else nbytes
+
+
+def _choose(streamer, slack, dev):
+    n, K = len(streamer.blocks), streamer.num_slots
+    size = [streamer.block_bytes(i) for i in range(n)]
+    streamed = set(range(n))
+    slot = max(size, default=0)
+    chosen = []
+    for i in sorted(range(n), key=lambda i: (-size[i], i)):
+        rest = streamed - {i}
+        new_slot = max((size[j] for j in rest), default=0)
+        delta = _rounded(size[i], dev) + K * (_rounded(new_slot, dev) - _rounded(slot, dev))
+        if delta <= slack:
+            chosen.append(i)
+            slack -= delta
+            streamed, slot = rest, new_slot
+    return sorted(chosen)
+
+
+def _minimum_message(budget, overhead, static, peak, extra, slots, nslots, headroom):
+    g = fmt_bytes
+    minimum = peak + extra + overhead
+    return (f"max_gpu_memory {g(budget)} is below the minimum of {g(minimum + headroom)} this model needs for one "
+            f"step with every block streamed: {g(static - slots)} held on the device (weights outside the blocks, "
+            f"trainable parameters and their gradients), {nslots} streaming slots of {g(slots / max(nslots, 1))}, "
+            f"{g(peak - static)} of activations and workspace at the step's peak"
+            + (f", {g(extra)} of state allocated later (optimizer)" if extra else "")
+            + (f", {g(overhead)} outside FLAME's pool (CUDA context, libraries)" if overhead else "")
+            + (f", {g(headroom)} headroom" if headroom else "")
+            + ". Raise max_gpu_memory, store the frozen weights in fp8 (quantize), enable gradient checkpointing, "
+              "or lower the resolution / batch size.")
+
+
+def auto_fit(streamer, max_gpu_memory, step_fn, *, extra_bytes=0, headroom=None, enforce=True, verify=True,
+             count_driver_overhead=True):
+    """Choose `streamer`'s resident blocks so that a step (`step_fn()`, forward + backward) fits `max_gpu_memory`
+    (bytes or a string such as '12GiB'); raise MemoryBudgetError naming the minimum when it cannot.
+
+    extra_bytes   device memory the step will need that `step_fn` does not allocate (e.g. AdamW moments created at
+                  the first optimizer step)
+    headroom      bytes kept free for fragmentation and variation (default 2% of the budget)
+    enforce       leave the budget set as the pool's limit (allocations beyond it then fail rather than grow)
+    verify        run the step again under the limit, demoting blocks until it fits
+    count_driver_overhead   on cuda, count the device memory outside the pool (context etc.) against the budget
+    Returns a FitReport."""
+    budget = parse_size(max_gpu_memory)
+    if budget is None or budget <= 0:
+        raise MemoryBudgetError(f"max_gpu_memory must be a positive size, got {max_gpu_memory!r}")
+    dev = streamer.device
+    headroom = int(0.02 * budget) if headroom is None else int(headroom)
+    extra = int(extra_bytes)
+    prev_limit = M.get_memory_limit(dev)
+    M.set_memory_limit(None, dev)
+
+    # 1. everything streamed; what is held now
+    streamer.set_resident([])
+    gc.collect()
+    M.empty_cache(dev)
+    overhead = _driver_overhead(dev) if count_driver_overhead else 0
+    static = M.memory_reserved(dev)
+    slots = streamer.slot_bytes * (streamer.num_slots if streamer.streamed else 0)
+    if static + extra + overhead + headroom > budget:
+        M.set_memory_limit(prev_limit, dev)
+        g = fmt_bytes
+        raise MemoryBudgetError(
+            f"max_gpu_memory {g(budget)} is below the minimum this model needs even before a step runs: "
+            f"{g(static + extra + overhead + headroom)} with every block streamed ({g(static - slots)} held on the "
+            f"device outside the blocks, {streamer.num_slots} streaming slots of {g(streamer.slot_bytes)}"
+            + (f", {g(extra)} of optimizer state" if extra else "")
+            + (f", {g(overhead)} outside FLAME's pool (CUDA context, libraries)" if overhead else "")
+            + (f", {g(headroom)} headroom" if headroom else "")
+            + "), and a step's activations come on top. Raise max_gpu_memory or store the frozen weights in fp8.",
+            minimum=static + extra + overhead + headroom)
+
+    # 2. one measured step
+    M.reset_peak_memory_stats(dev)
+    try:
+        step_fn()
+    except OutOfMemoryError as e:
+        M.set_memory_limit(prev_limit, dev)
+        raise MemoryBudgetError(f"one step does not fit in the device's memory even with every block streamed "
+                                f"(static part {fmt_bytes(static)}); {e}", minimum=static) from e
+    peak = max(M.max_memory_reserved(dev), static)
+    minimum = peak + extra + overhead
+    if minimum + headroom > budget:
+        M.set_memory_limit(prev_limit, dev)
+        raise MemoryBudgetError(_minimum_message(budget, overhead, static, peak, extra, slots, streamer.num_slots,
+                                                 headroom), minimum=minimum + headroom)
+
+    # 3. fill the rest with resident blocks
+    chosen = _choose(streamer, budget - headroom - minimum, dev)
+    streamer.set_resident(chosen)
+    report = FitReport(budget=budget, overhead=overhead, minimum=minimum, static=static)
+
+    # 4. the budget as the pool's limit; verify
+    if enforce or verify:
+        M.set_memory_limit(budget - overhead, dev)
+    if verify:
+        while True:
+            gc.collect()
+            M.reset_peak_memory_stats(dev)
+            try:
+                step_fn()
+                report.measured_peak = M.max_memory_reserved(dev)
+                break
+            except OutOfMemoryError:
+                if not chosen:
+                    if not enforce:
+                        M.set_memory_limit(prev_limit, dev)
+                    raise
+                drop = max(1, len(chosen) // 4)
+                by_size = sorted(chosen, key=lambda i: (-streamer.block_bytes(i), i))  # free the most per block
+                gone = set(by_size[:drop])
+                chosen = [i for i in chosen if i not in gone]
+                report.demoted += drop
+                streamer.set_resident(chosen)
+    if not enforce:
+        M.set_memory_limit(prev_limit, dev)
+    report.resident = streamer.resident
+    report.streamed = streamer.streamed
+    report.resident_bytes = sum(streamer.block_bytes(i) for i in report.resident)
+    report.streamed_bytes = sum(streamer.block_bytes(i) for i in report.streamed)
+    report.slot_bytes = streamer.slot_bytes if report.streamed else 0
+    report.num_slots = streamer.num_slots if report.streamed else 0
+    return report

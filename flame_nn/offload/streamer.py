@@ -1,0 +1,420 @@
+"""BlockStreamer: run a stack of blocks whose weights live in pinned host memory, through a ring of K GPU slots.
+
+    streamer = BlockStreamer([model.double_blocks, model.single_blocks], resident=range(8), slots=2, device="cuda")
+    out = model(...)          # the model's forward calls run_block(stack, i, ...) for each block
+    streamer.auto_fit("12GiB", step_fn)   # or let the budget choose which blocks stay resident
+
+Blocks are numbered across the stacks (double 0..18 then single 19..56 for Flux). A resident block's weights sit on
+the GPU in one buffer of their own; a streamed block's weights sit in a pinned host buffer and are copied into one of
+K slot buffers (allocated once, reused forever) before the block runs. Trainable parameters (LoRA adapters live
+outside the blocks anyway) never stream: they, and their gradients, stay on the GPU.
+
+The schedule. Before block i runs, forward or backward, the streamer takes the window of the next K streamed blocks
+in the order they will run (forward: i, i+1, ...; backward: i, i-1, ...; in inference the window wraps around to
+block 0 for the next call) and makes sure each is in a slot or on its way:
+  1. one event is recorded on the compute stream (it follows all work enqueued so far, i.e. every earlier use of
+     every slot) and the copy stream waits on it;
+  2. each missing block gets a slot whose block is not in the window (least recently used first): its previous
+     block's tensors become placeholders, one host->device copy of the block's pinned buffer is enqueued on the copy
+     stream, an event is recorded after it, and the block's tensors become views of the slot;
+  3. the compute stream waits on the event of block i's slot (the schedule's only wait on the compute stream).
+So block i+1 (forward) or i-1 (backward) is copied while block i computes; no device-wide synchronisation happens.
+
+Training: a streamed block always runs under gradient checkpointing (whatever `gradient_checkpointing` says): its
+backward recomputes it, so it needs its weights once more, in reverse order, and no saved tensor outlives the slot
+it points into. The checkpoint node tells the streamer when block i's backward starts (load i, prefetch i-1) and
+ends (layer-wise updates). Resident blocks follow their own `gradient_checkpointing` attribute.
+"""
+import bisect
+import itertools
+
+from flame_core.autograd.grad_mode import state as _grad_state
+from flame_core.checkpoint import _Checkpoint, _dummy, maybe_checkpoint
+from flame_core.device import device as _parse_device, default_device
+from flame_core.io import convert
+
+from ..module import Module
+from .engine import copy_engine, device_bytes
+from .host import HostBlock, OffloadError
+
+_ATTR = "_flame_streamer"
+
+
+def run_block(stack, i, *args, **kwargs):
+    """Run block `i` of `stack` (a ModuleList): through its BlockStreamer when one is attached, else as
+    `maybe_checkpoint(block, ...)` (checkpointed when the block's `gradient_checkpointing` is set)."""
+    hook = stack.__dict__.get(_ATTR)
+    if hook is None:
+        block = stack[i]
+        return maybe_checkpoint(block, *args, offload=getattr(block, "checkpoint_offload", False), **kwargs)
+    streamer, offset = hook
+    return streamer.run(offset + i, *args, **kwargs)
+
+
+class _BlockCall:
+    """The function a block's checkpoint node runs (and runs again in backward); carries the block's index."""
+    __slots__ = ("streamer", "index", "block")
+
+    def __init__(self, streamer, index, block):
+        self.streamer, self.index, self.block = streamer, index, block
+
+    def __call__(self, *args, **kwargs):
+        return self.block(*args, **kwargs)
+
+
+class _BlockCheckpoint(_Checkpoint):
+    """flame_core's checkpoint with the streamer told when the block's backward starts and ends."""
+
+    @staticmethod
+    def backward(ctx, *grads):
+        call = ctx.run
+        call.streamer._before_backward(call.index)
+        out = _Checkpoint.backward(ctx, *grads)
+        call.streamer._after_backward(call.index)
+        return out
+
+
+def _checkpointed(call, args, kwargs, offload):
+    kw_names = tuple(kwargs)
+    return _BlockCheckpoint.apply(_dummy(), call, len(args), kw_names, True, bool(offload), *args, *kwargs.values())
+
+
+class _Slot:
+    __slots__ = ("tensor", "array", "holder", "ready", "last_use")
+
+    def __init__(self, nbytes, device):
+        self.tensor, self.array = device_bytes(nbytes, device)
+        self.holder = None   # index of the block whose weights the slot holds (or is receiving)
+        self.ready = None    # copy-stream event after that block's copy
+        self.last_use = -1
+
+
+class BlockStreamer:
+    """Stream the weights of `blocks` (a ModuleList, or a list of them run one after the other) through `slots` GPU
+    slot buffers; blocks in `resident` keep their weights on the GPU.
+
+    device          the GPU (or cpu) the blocks compute on; default: the default device
+    quantize        "fp8": store each block's frozen Linear weights as float8_e4m3fn with per-output-channel scales
+                    (done block by block on `device` before packing; halves memory and transfer)
+    prepare         prepare(block) is called on each block before it is packed (e.g. to load or initialise it block
+                    by block, so the whole model never has to be on the GPU at once)
+    sources         {module key: host NumPy array}, e.g. `safetensors_views(files)`: tensors found there are copied
+                    straight from those arrays (a memory-mapped file) instead of a pinned copy -- for inference
+    prefixes        the stacks' names in the model (default: "0", "1", ...), for `sources` keys and `state_dict`
+    stream_trainable  stream trainable block parameters too (layer-wise full fine-tuning, see LayerwiseAdamW)
+    profile         time every host->device copy (`transfer_log()`)
+
+    The weights of a streamed block read as NaN outside the streamer. Do not call `.to()` on the model afterwards
+    (it would copy placeholders); move the other modules yourself, or build the streamer after moving the model.
+    """
+
+    def __init__(self, blocks, *, resident=(), slots=2, device=None, quantize=None, prepare=None, sources=None,
+                 prefixes=None, stream_trainable=False, profile=False):
+        stacks = [blocks] if isinstance(blocks, Module) else list(blocks)
+        if not stacks:
+            raise OffloadError("BlockStreamer needs at least one stack of blocks")
+        if int(slots) < 1:
+            raise OffloadError(f"BlockStreamer needs at least one slot, got slots={slots}")
+        if quantize not in (None, "fp8", "float8_e4m3fn"):
+            raise OffloadError(f"quantize must be None or 'fp8', got {quantize!r}")
+        if prefixes is not None and len(prefixes) != len(stacks):
+            raise OffloadError(f"{len(prefixes)} prefixes for {len(stacks)} stacks")
+        self.device = _parse_device(device) if device is not None else default_device()
+        self.num_slots = int(slots)
+        self.engine = copy_engine(self.device, profile)
+        self.blocks, self.names, self._stacks = [], [], []
+        for k, st in enumerate(stacks):
+            if not isinstance(st, Module):
+                raise OffloadError(f"stack {k} is a {type(st).__name__}, not a ModuleList of blocks")
+            if st.__dict__.get(_ATTR) is not None:
+                raise OffloadError(f"stack {k} already has a BlockStreamer; close() it first")
+            prefix = str(prefixes[k]) if prefixes is not None else str(k)
+            off = len(self.blocks)
+            for j, b in enumerate(st):
+                self.blocks.append(b)
+                self.names.append(f"{prefix}.{j}")
+            self._stacks.append(st)
+            object.__setattr__(st, _ATTR, (self, off))
+        self._layerwise = None
+        self.trace = None  # a list to record the schedule into: ("run" | "backward", i) and ("load", i, slot)
+        self.stream_trainable = bool(stream_trainable)
+        self.stats = {"loads": 0, "bytes_h2d": 0, "hits": 0}
+        self._host = []
+        try:
+            for i, block in enumerate(self.blocks):
+                self._host.append(self._pack(i, block, quantize, prepare, sources))
+        except BaseException:
+            for hb in self._host:  # give the packed blocks their weights back
+                hb.bind(_own_copy(hb, self.engine, self.device)[1])
+            self._detach()
+            raise
+        self._views = [{} for _ in self.blocks]
+        self._slots = []
+        self._slot_bytes = 0
+        self._where = {}      # streamed block -> slot index, for blocks in a slot
+        self._own = {}        # resident block -> (tensor, array) of its own device buffer
+        self._resident = set()
+        self._streamed = list(range(len(self.blocks)))
+        self._clock = itertools.count()
+        self._generation = 0  # bumped whenever device buffers are replaced (caches keyed by buffer must drop)
+        self.set_resident(resident)
+
+    @classmethod
+    def for_model(cls, model, stacks=None, *, device=None, **kwargs):
+        """Stream the block stacks of `model` -- the named ModuleLists `stacks`, default every ModuleList child
+        (Flux: double_blocks, single_blocks) -- and move everything else of the model, adapters included, to
+        `device`. Keyword arguments go to BlockStreamer; `prefixes` are the stack names."""
+        from ..containers import ModuleList
+        names = list(stacks) if stacks is not None else [n for n, m in model.named_children()
+                                                          if isinstance(m, ModuleList)]
+        if not names:
+            raise OffloadError(f"{type(model).__name__} has no ModuleList of blocks to stream; name the stacks")
+        dev = _parse_device(device) if device is not None else default_device()
+        streamer = cls([model.get_submodule(n) for n in names], device=dev, prefixes=names, **kwargs)
+        streamed = {id(m) for b in streamer.blocks for m in b.modules()}
+        for m in model.modules():
+            if id(m) in streamed:
+                continue
+            for reg in (m._parameters, m._buffers):
+                for t in reg.values():
+                    if t is not None and not getattr(t, "is_meta", False) and t.device != dev:
+                        _move(t, dev)
+        for m in model.modules():  # adapters sit outside the module tree (flame_nn.adapters)
+            for entries in getattr(m, "_adapters", {}).values():
+                for _, ad in entries:
+                    ad.to(dev)
+        return streamer
+
+    # ------------------------------------------------------------------ construction
+    def _pack(self, i, block, quantize, prepare, sources):
+        if prepare is not None:
+            prepare(block)
+        if quantize is not None:
+            from .fp8 import quantize_linear_weights_
+            if any(p.device != self.device for p in block.parameters() if not p.is_meta):
+                block.to(self.device)  # quantise with the device's kernel, one block at a time
+            quantize_linear_weights_(block)
+        hb = HostBlock(i, block, self.device, self.stream_trainable, sources, self.names[i] + ".")
+        hb.unbind()  # the block's own storage is released here
+        for name, p in block.named_parameters():  # parameters that do not stream go to the device
+            if p.requires_grad and not self.stream_trainable and not p.is_meta and p.device != self.device:
+                _move(p, self.device)
+        for m in block.modules():
+            if m._meta_check and not any(p is not None and p.is_meta for p in m._parameters.values()):
+                m.__dict__["_meta_check"] = False
+        return hb
+
+    def _detach(self):
+        for st in self._stacks:
+            st.__dict__.pop(_ATTR, None)
+        self._stacks = []
+
+    # ------------------------------------------------------------------ placement
+    @property
+    def resident(self):
+        return sorted(self._resident)
+
+    @property
+    def streamed(self):
+        return list(self._streamed)
+
+    def block_bytes(self, i):
+        """Bytes of block i's streamed tensors (its slot footprint / its resident buffer)."""
+        return self._host[i].nbytes
+
+    @property
+    def slot_bytes(self):
+        return self._slot_bytes
+
+    def set_resident(self, indices):
+        """Keep the blocks `indices` (indices across the stacks, or "all") on the GPU and stream the others."""
+        n = len(self.blocks)
+        new = set(range(n)) if indices == "all" else {int(i) for i in indices}
+        bad = [i for i in new if not 0 <= i < n]
+        if bad:
+            raise OffloadError(f"resident block indices {sorted(bad)} are out of range (0..{n - 1})")
+        eng = self.engine
+        eng.compute_waits(eng.record_copy())  # buffers freed below may still be receiving copies
+        self._generation += 1
+        for i in sorted(self._resident - new):  # demote: drop the block's own buffer
+            self._host[i].unbind()
+            del self._own[i]
+        streamed = [i for i in range(n) if i not in new]
+        need = max((self._host[i].nbytes for i in streamed), default=0)
+        if need != self._slot_bytes:
+            self._free_slots()
+            if need:
+                self._slots = [_Slot(need, self.device) for _ in range(self.num_slots)]
+            self._slot_bytes = need
+        for i in sorted(new - self._resident):  # promote: a buffer of its own, filled once
+            s = self._where.pop(i, None)
+            if s is not None:
+                self._slots[s].holder = None
+            hb = self._host[i]
+            tensor, array, ev = _own_copy(hb, eng, self.device)
+            self._own[i] = (tensor, array)
+            eng.compute_waits(ev)
+            hb.bind(array)
+        self._resident = new
+        self._streamed = streamed
+        return self
+
+    def _free_slots(self):
+        for s in self._slots:
+            if s.holder is not None:
+                self._host[s.holder].unbind()
+        self._slots, self._where = [], {}
+        for v in self._views:
+            v.clear()
+
+    # ------------------------------------------------------------------ running
+    def run(self, i, *args, **kwargs):
+        """Run block i (index across the stacks) with its weights in place; checkpointed in training when streamed."""
+        grad = _grad_state.enabled
+        self._begin(i, backward=False, cyclic=not grad)
+        block = self.blocks[i]
+        if grad and (i not in self._resident or self._layerwise is not None
+                     or getattr(block, "gradient_checkpointing", False)):
+            return _checkpointed(_BlockCall(self, i, block), args, kwargs, getattr(block, "checkpoint_offload", False))
+        return block(*args, **kwargs)
+
+    def _before_backward(self, i):
+        self._begin(i, backward=True, cyclic=False)
+        if self._layerwise is not None:
+            self._layerwise._before_backward(i)
+
+    def _after_backward(self, i):
+        if self._layerwise is not None:
+            self._layerwise._after_backward(i)
+
+    def _window(self, i, backward, cyclic):
+        """The next K streamed blocks in the order they will run, starting at block i."""
+        S, K = self._streamed, self.num_slots
+        if backward:
+            pos = bisect.bisect_right(S, i)
+            return S[max(0, pos - K):pos][::-1]
+        pos = bisect.bisect_left(S, i)
+        win = S[pos:pos + K]
+        if cyclic and len(win) < K:
+            win = list(dict.fromkeys(win + S[:K - len(win)]))
+        return win
+
+    def _begin(self, i, backward, cyclic):
+        if self.trace is not None:
+            self.trace.append(("backward" if backward else "run", i))
+        window = self._window(i, backward, cyclic)
+        if window:
+            self._ensure(window)
+        s = self._where.get(i)
+        if s is not None:
+            slot = self._slots[s]
+            self.engine.compute_waits(slot.ready)
+            slot.last_use = next(self._clock)
+
+    def _ensure(self, window):
+        missing = [u for u in window if u not in self._where]
+        self.stats["hits"] += len(window) - len(missing)
+        if not missing:
+            return
+        busy = {self._where[u] for u in window if u in self._where}
+        free = sorted((s for s in range(len(self._slots)) if s not in busy), key=lambda s: self._slots[s].last_use)
+        eng = self.engine
+        eng.copy_waits(eng.record_compute())  # every earlier use of these slots is enqueued before this point
+        for u, s in zip(missing, free):
+            slot = self._slots[s]
+            if slot.holder is not None:
+                self._host[slot.holder].unbind()
+                del self._where[slot.holder]
+            hb = self._host[u]
+            hb.load(eng, slot.array)
+            slot.ready = eng.record_copy()
+            slot.holder = u
+            self._where[u] = s
+            hb.bind(slot.array, self._views[u])
+            self.stats["loads"] += 1
+            self.stats["bytes_h2d"] += hb.nbytes
+            if self.trace is not None:
+                self.trace.append(("load", u, s))
+
+    # ------------------------------------------------------------------ introspection and teardown
+    def reset_stats(self):
+        self.stats = {"loads": 0, "bytes_h2d": 0, "hits": 0}
+        self.engine.transfer_log()
+
+    def transfer_log(self):
+        """[(seconds, bytes)] of every host->device copy since the last call (needs profile=True)."""
+        return self.engine.transfer_log()
+
+    def synchronize(self):
+        """Wait for the copy stream (host buffers are then safe to read)."""
+        self.engine.synchronize()
+
+    def state_dict(self):
+        """{'<prefix>.<j>.<name>': cpu Tensor} of every streamed tensor (copies of the host weights)."""
+        from flame_core.tensor import _wrap
+        self.synchronize()
+        out = {}
+        for name, hb in zip(self.names, self._host):
+            for k, arr in hb.host_arrays().items():
+                out[f"{name}.{k}"] = _wrap(arr.copy())
+        return out
+
+    def close(self, device=None):
+        """Stop streaming: every block's tensors get arrays of their own on `device` (default: the streamer's)."""
+        dev = _parse_device(device) if device is not None else self.device
+        self.synchronize()
+        self.engine.compute_waits(self.engine.record_copy())
+        for hb in self._host:
+            arrays = hb.host_arrays()
+            for e in hb.entries:
+                arr, f8 = convert(arrays[e.name], None, dev)
+                if arr is arrays[e.name] or getattr(arr, "base", None) is not None:
+                    arr = arr.copy()
+                e.tensor._data, e.tensor._f8 = arr, f8
+                e.tensor._version[0] += 1
+        self._free_slots()
+        self._own.clear()
+        self._resident, self._streamed = set(), []
+        self._host = []
+        if self._layerwise is not None:
+            self._layerwise._streamer = None
+            self._layerwise = None
+        self._detach()
+
+    def __len__(self):
+        return len(self.blocks)
+
+    def __repr__(self):
+        gib = 2 ** 30
+        res = sum(self._host[i].nbytes for i in self._resident)
+        st = sum(self._host[i].nbytes for i in self._streamed)
+        return (f"BlockStreamer({len(self.blocks)} blocks on {self.device}: {len(self._resident)} resident "
+                f"({res / gib:.2f} GiB), {len(self._streamed)} streamed ({st / gib:.2f} GiB) through "
+                f"{self.num_slots if self._streamed else 0} slots of {self._slot_bytes / gib:.3f} GiB)")
+
+    def auto_fit(self, max_gpu_memory, step_fn, **kwargs):
+        """Choose the resident blocks for a memory budget by measuring `step_fn`; see flame_nn.offload.auto_fit."""
+        from .autofit import auto_fit
+        return auto_fit(self, max_gpu_memory, step_fn, **kwargs)
+
+
+def _move(t, device):
+    """Move tensor `t` (a parameter or buffer) to `device` in place, as Module.to does."""
+    from flame_core import grad_pool
+    registered = grad_pool.is_registered(t)
+    if registered:
+        grad_pool.unregister([t])
+    t._data, t._f8 = convert(t._data, None, device, t._f8)
+    t._version[0] += 1
+    if t._grad is not None:
+        t._grad = None
+    if registered:
+        grad_pool.register([t])
+
+
+def _own_copy(hb, engine, device):
+    """A device buffer of its own for host block `hb`, the copy into it enqueued: (tensor, array, copy event)."""
+    tensor, array = device_bytes(hb.nbytes, device)
+    engine.copy_waits(engine.record_compute())  # the new buffer's previous users (pool reuse) are done first
+    hb.load(engine, array)
+    return tensor, array, engine.record_copy()

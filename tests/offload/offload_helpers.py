@@ -1,0 +1,137 @@
+"""Small models for the streaming tests: an MLP block stack, and a tiny Flux with LoRA on its attention."""
+import numpy as np
+
+import flame_core as flame
+import flame_nn as nn
+from flame_nn import adapters as A
+from flame_nn.offload import run_block
+
+
+class Block(nn.Module):
+    """x + W2 relu(W1 x) * gain: two Linears and one extra trainable-or-frozen vector."""
+
+    def __init__(self, d, device=None, dtype=None):
+        super().__init__()
+        self.fc1 = nn.Linear(d, 2 * d, device=device, dtype=dtype)
+        self.fc2 = nn.Linear(2 * d, d, device=device, dtype=dtype)
+        self.gain = nn.Parameter(flame.ones(d, device=device, dtype=dtype or flame.float32))
+
+    def forward(self, x):
+        return x + self.fc2(self.fc1(x).relu()) * self.gain
+
+
+class Stack(nn.Module):
+    gradient_checkpointing = False
+
+    def __init__(self, d=16, n=5, device=None, dtype=None):
+        super().__init__()
+        self.inp = nn.Linear(d, d, device=device, dtype=dtype)
+        self.blocks = nn.ModuleList(Block(d, device, dtype) for _ in range(n))
+        self.out = nn.Linear(d, d, device=device, dtype=dtype)
+
+    def forward(self, x):
+        x = self.inp(x)
+        for i in range(len(self.blocks)):
+            x = run_block(self.blocks, i, x)
+        return self.out(x)
+
+
+def stack_pair(d=16, n=5, device=None, dtype=None, seed=0):
+    """Two Stacks with the same weights."""
+    flame.manual_seed(seed)
+    a = Stack(d, n, device, dtype)
+    b = Stack(d, n, device, dtype)
+    b.load_state_dict(a.state_dict())
+    return a, b
+
+
+def tiny_flux(device=None, dtype=flame.float32, seed=0, lora=True):
+    from flame_models.flux import Flux
+    from flame_models.flux.lora_keys import TARGET_PRESETS, name_map_for
+    flame.manual_seed(seed)
+    model = Flux("flux-tiny", dtype=dtype, device=device)
+    rng = np.random.default_rng(seed)
+    with flame.no_grad():  # larger than the default init, so every block matters to the output
+        for name, p in model.named_parameters():
+            if not name.endswith(".scale"):
+                p.copy_(flame.tensor(0.2 * rng.standard_normal(tuple(p.shape)), dtype=p.dtype, device=p.device))
+    if lora:
+        A.inject_adapters(model, TARGET_PRESETS["attention"], "lora", rank=4, alpha=4.0,
+                          name_map=name_map_for(model.params), init_weights="gaussian",
+                          generator=flame.Generator("cpu").manual_seed(seed + 1))
+        with flame.no_grad():  # a non-zero up-projection: the adapters change the output and get every gradient
+            for _, p in A.named_adapter_parameters(model):
+                p.copy_(flame.tensor(0.1 * rng.standard_normal(tuple(p.shape)), dtype=p.dtype, device=p.device))
+    return model
+
+
+def flux_inputs(device=None, batch=1, height=48, width=32, n_txt=5, seed=1, dtype=flame.float32):
+    from flame_models.flux import sampling as S
+    rng = np.random.default_rng(seed)
+    L = (height // 16) * (width // 16)
+
+    def t(a):
+        return flame.tensor(a, dtype=dtype, device=device)
+    return dict(img=t(rng.standard_normal((batch, L, 64))), img_ids=S.image_ids(height, width, batch, device=device),
+                txt=t(rng.standard_normal((batch, n_txt, 32))), txt_ids=S.text_ids(n_txt, batch, device=device),
+                timesteps=t(rng.uniform(0.1, 0.9, batch)), y=t(rng.standard_normal((batch, 16))),
+                guidance=t(rng.uniform(1, 4, batch)))
+
+
+def npy(t):
+    return t.detach().float().cpu().numpy() if t is not None else None
+
+
+class LazyCopyEngine:
+    """The host engine with the copy stream made as late as the events allow: every copy is queued and runs only
+    when the compute side waits on an event recorded after it (or at synchronize), reading its source then. A
+    schedule missing a wait computes with stale weights; one that lets compute overwrite memory a queued copy still
+    has to read copies the wrong bytes. Either way the results change, and the tests see it."""
+    is_async = True
+
+    def __init__(self, engine):
+        self._eng, self.device, self.profile = engine, engine.device, False
+        self.queue, self.done = [], 0
+
+    def record_compute(self):
+        return None
+
+    def copy_waits(self, event):
+        pass
+
+    def h2d(self, dst, offset, src):
+        self.queue.append(lambda: self._eng.h2d(dst, offset, src))
+
+    def d2h(self, dst, src, offset):
+        self.queue.append(lambda: self._eng.d2h(dst, src, offset))
+
+    def record_copy(self):
+        return len(self.queue)
+
+    def compute_waits(self, event):
+        if event is not None:
+            self._run(event)
+
+    def _run(self, n):
+        if self._eng.is_async and self.done < n:  # cuda: the compute queued so far must not race the copies
+            from flame_core import backend
+            backend.cupy.cuda.Device().synchronize()
+        while self.done < n:
+            self.queue[self.done]()
+            self.done += 1
+        self._eng.synchronize()  # on cuda the wrapped copies are asynchronous: finish them here
+
+    def synchronize(self):
+        self._run(len(self.queue))
+
+    def transfer_log(self):
+        return []
+
+
+def assert_same(actual, desired, device, err_msg="", cuda_rtol=1e-6):
+    """Bitwise equal on cpu; on cuda within 1e-6 (the same kernels on the same inputs, but cuBLAS may pick another
+    algorithm for another pointer alignment). Wrong weights give differences of order 1, so both catch them."""
+    if str(device).startswith("cuda"):
+        np.testing.assert_allclose(actual, desired, rtol=cuda_rtol, atol=cuda_rtol, err_msg=err_msg)
+    else:
+        np.testing.assert_array_equal(actual, desired, err_msg=err_msg)
