@@ -91,10 +91,12 @@ class CUDAGraph:
         self._graph.launch(backend.cupy.cuda.get_current_stream())
 
     def reset(self):
-        """Drop the graph and let its private memory be reused (tensors made during the capture must be dead)."""
+        """Drop the graph and give its private memory back (what tensors made during the capture still hold stays
+        until they die; it returns to the device at the next empty_cache)."""
         self._graph = None
         if self._pool is not None and self._stream is not None:
             self._pool.unpin_stream(self._stream.ptr)
+            self._pool.release_stream(self._stream.ptr)
         self._pool = None
 
     def __del__(self):

@@ -320,6 +320,16 @@ class DevicePool:
         with self._lock:
             self._pinned_streams[key] = self._pinned_streams.get(key, 0) + 1
 
+    def release_stream(self, key):
+        """Give the wholly free segments of stream `key`'s free lists back to the device (a dropped CUDA graph's
+        private blocks; other streams' caches stay). Returns the bytes released."""
+        with self._lock:
+            if self._pending:
+                self._drain()
+            if key in self._pinned_streams:
+                return 0
+            return sum(self._coalesce(sub, release=True) for sub in self._streams.get(key, ()))
+
     def unpin_stream(self, key):
         with self._lock:
             n = self._pinned_streams.get(key, 0) - 1

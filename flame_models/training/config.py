@@ -76,6 +76,7 @@ class TrainSection:
     steps: int = 2000
     gradient_accumulation_steps: int = 1
     gradient_checkpointing: bool = True
+    cuda_graph: bool = True              # forward + backward replayed as a CUDA graph on cuda (flame_core.cuda)
     noise_scheduler: str = "flowmatch"
     timestep_type: str = "sigmoid"       # sigmoid | logit_normal | uniform | shift | flux_shift
     shift: float = 3.0                   # for timestep_type 'shift'

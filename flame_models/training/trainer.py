@@ -122,6 +122,11 @@ class Trainer:
         self.noise_gen = flame.Generator(self.device).manual_seed(t.seed + 2)
         amp_dtype = dtype_name(t.dtype)
         self.autocast_dtype = None if amp_dtype == "float32" else flame.dtypes.dtype(amp_dtype)
+        # forward + backward as a CUDA graph after two eager steps (same numbers, none of the per-op host cost);
+        # not with streamed blocks (their copies are ordered by events on a second stream) or on the cpu
+        self._loss_scale = 1.0 / t.gradient_accumulation_steps
+        use_graph = t.cuda_graph and self.device.type == "cuda" and self.streamer is None
+        self.graphed = flame.cuda.graphed(self._forward_backward, warmup=2, enabled=use_graph) if use_graph else None
 
         # outputs, and the latest checkpoint if there is one
         os.makedirs(self.out, exist_ok=True)
@@ -186,7 +191,9 @@ class Trainer:
         return out
 
     # ------------------------------------------------------------------------------------------ one step
-    def _micro_step(self, batch, scale):
+    def _prepare(self, batch):
+        """The tensors of one micro-batch, made outside any captured region: host data copied in, noise and σ drawn.
+        Returns the argument tuple of `_forward_backward` (fixed shapes for a given dataset) and σ."""
         t, dev = self.cfg.train, self.device
         x0 = pack(flame.tensor(batch["latents"], dtype=flame.float32, device=dev))       # (B, L, 64)
         B, L = x0.shape[0], x0.shape[1]
@@ -194,20 +201,41 @@ class Trainer:
         noise = flame.randn(*x0.shape, generator=self.noise_gen, dtype=flame.float32, device=dev)
         sigma = sample_sigmas(t.timestep_type, B, generator=self.sigma_gen, num_tokens=L, shift=t.shift,
                               sigmoid_scale=t.sigmoid_scale, device=dev)
-        xt = noisy_latents(x0, noise, sigma)
         txt = flame.tensor(batch["prompt_embeds"], dtype=flame.float32, device=dev)
         y = flame.tensor(batch["pooled_prompt_embeds"], dtype=flame.float32, device=dev)
         guidance = flame.full((B,), t.guidance, device=dev) if self.model.params.guidance_embed else None
-        kw = dict(img=xt, img_ids=image_ids(h8, w8, B, device=dev), txt=txt, txt_ids=text_ids(txt.shape[1], B,
-                                                                                                device=dev),
-                  timesteps=sigma, y=y, guidance=guidance)
+        ids = (image_ids(h8, w8, B, device=dev), text_ids(txt.shape[1], B, device=dev))
+        return (x0, noise, sigma, txt, y, guidance) + ids, sigma
+
+    def _forward_backward(self, x0, noise, sigma, txt, y, guidance, img_ids, txt_ids):
+        """Flow-matching loss of one micro-batch and its backward (gradients accumulate into .grad). No host
+        synchronisation and no random draws: this is the region a CUDA graph captures. Returns the loss (detached)."""
+        kw = dict(img=noisy_latents(x0, noise, sigma), img_ids=img_ids, txt=txt, txt_ids=txt_ids, timesteps=sigma,
+                  y=y, guidance=guidance)
         if self.autocast_dtype is not None:
-            with autocast(dev.type, dtype=self.autocast_dtype):
+            with autocast(self.device.type, dtype=self.autocast_dtype):
                 pred = self.model(**kw)
         else:
             pred = self.model(**kw)
         loss = flow_matching_loss(pred, velocity_target(x0, noise))
+        scale = self._loss_scale
         (loss * scale).backward() if scale != 1.0 else loss.backward()
+        return loss.detach()
+
+    def _micro_step(self, batch, scale):
+        args, sigma = self._prepare(batch)
+        self._loss_scale = scale
+        if self.graphed is None or not self.graphed.enabled:
+            loss = self._forward_backward(*args)
+        else:
+            try:
+                loss = self.graphed(*args)
+            except Exception as e:  # noqa: BLE001 - a capture that fails falls back to eager steps, said once
+                if self.graphed.graph is not None or self.graphed.calls <= self.graphed.warmup:
+                    raise
+                self.graphed.enabled = False
+                self.log(f"CUDA graph capture failed ({type(e).__name__}: {e}); training continues eagerly")
+                loss = self._forward_backward(*args)
         return loss.item(), float(sigma.mean().item())
 
     def train_step(self):
@@ -223,7 +251,8 @@ class Trainer:
             flame_nn.utils.clip_grad_norm_(self.params, t.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
-        self.optimizer.zero_grad()
+        # a replayed graph accumulates into the .grad buffers it captured: keep them (zeroed), not None
+        self.optimizer.zero_grad(set_to_none=self.graphed is None or not self.graphed.enabled)
         if self.ema is not None:
             self.ema.update()
         self.step += 1

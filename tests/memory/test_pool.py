@@ -237,3 +237,18 @@ def test_pinned_stream_blocks_survive_empty_cache_and_oom_retry():
     assert pool.empty_cache() == 0
     pool.unpin_stream(9)
     assert pool.empty_cache() == 64 * MiB and be.used == 0
+
+
+def test_release_stream_gives_back_only_that_streams_cache():
+    pool, be = make()
+    be.stream = 5
+    p = pool.malloc(64 * MiB)
+    pool.free(p)
+    be.stream = 0
+    q = pool.malloc(64 * MiB)
+    pool.free(q)
+    pool.pin_stream(5)
+    assert pool.release_stream(5) == 0          # pinned: a live graph still replays into it
+    pool.unpin_stream(5)
+    assert pool.release_stream(5) == 64 * MiB and be.frees == 1
+    assert pool.malloc(64 * MiB) == q           # the default stream's cache is still there
