@@ -6,8 +6,10 @@ parameters; AdamW lr 1e-4; bf16 autocast; batch 1; T5 length 512; guidance 1.0; 
 Sizes 512x512 (1024 image tokens) and 1024x1024 (4096), gradient checkpointing on and off.
 
 Timing: CUDA events around whole steps (forward, backward, optimizer step, zero_grad) after warm-up, median of
-repeats. Peak: the framework's max allocated bytes over the timed steps (weights included), reset before them; with
---graph FLAME's max reserved bytes instead (a replayed graph allocates nothing: its buffers are reserved at capture).
+repeats. Peak: the framework's max allocated bytes (live tensors, weights included) over the timed steps, reset before
+them; with --graph FLAME's over the capture step (a replayed graph allocates nothing: its buffers are allocated and
+freed once, at capture, in the same order as an eager step). Max reserved bytes (what the pool / torch's caching
+allocator holds from the device) are reported beside them.
 FLAME runs first and releases its memory before diffusers builds its model.
 Run on the device (diffusers and peft as carried wheels):
     PYTHONPATH=$PWD python3 bench/flux_lora.py [--sizes 512,1024] [--ckpt on,off] [--repeats 5]
@@ -172,10 +174,15 @@ def flame_part(configs, repeats, warmup, blocks=None):
             opt.zero_grad(set_to_none=not GRAPH)
             losses.append(loss.clone() if GRAPH else loss)
         try:
-            for _ in range(max(warmup, 2) + (1 if GRAPH else 0)):  # with --graph the capture is a warm-up step
+            for _ in range(max(warmup, 2)):
                 step()
             cp.cuda.Device().synchronize()
             fmem.reset_peak_memory_stats()
+            if GRAPH:  # the capture step: every buffer of the graph is allocated (and freed) once, as in eager mode
+                step()
+                cp.cuda.Device().synchronize()
+                log(f"flame_step_{tag}_capture_peak_allocated_GiB", round(fmem.max_memory_allocated() / 2 ** 30, 2))
+                fmem.reset_peak_memory_stats()
             ms = []
             for _ in range(repeats):
                 s, e = cp.cuda.Event(), cp.cuda.Event()
@@ -187,10 +194,9 @@ def flame_part(configs, repeats, warmup, blocks=None):
             lv = [float(v.item()) for v in losses]
             assert all(np.isfinite(lv)), f"non-finite loss {lv}"
             log(f"flame_step_{tag}_ms", round(statistics.median(ms), 1))
-            # peak = the most the pool held from the device (reserved) when the step runs as a graph: replays
-            # allocate nothing (the graph's activations sit in blocks reserved at capture), so allocated bytes
-            # would not see them; eager steps report max allocated, as torch's figure.
-            peak = fmem.max_memory_reserved() if GRAPH else fmem.max_memory_allocated()
+            # peak allocated = live bytes at the step's high point, as torch's figure; a replayed graph allocates
+            # nothing (its buffers were allocated and freed at capture), so in --graph mode it is the capture step's
+            peak = R[f"flame_step_{tag}_capture_peak_allocated_GiB"] * 2 ** 30 if GRAPH else fmem.max_memory_allocated()
             log(f"flame_step_{tag}_peak_GiB", round(peak / 2 ** 30, 2))
             log(f"flame_step_{tag}_peak_reserved_GiB", round(fmem.max_memory_reserved() / 2 ** 30, 2))
             log(f"flame_step_{tag}_loss_first_last", (round(lv[0], 4), round(lv[-1], 4)))
@@ -273,6 +279,7 @@ def diffusers_part(configs, repeats, warmup, blocks=None):
                 ms.append(s.elapsed_time(e))
             log(f"diffusers_step_{tag}_ms", round(statistics.median(ms), 1))
             log(f"diffusers_step_{tag}_peak_GiB", round(torch.cuda.max_memory_allocated() / 2 ** 30, 2))
+            log(f"diffusers_step_{tag}_peak_reserved_GiB", round(torch.cuda.max_memory_reserved() / 2 ** 30, 2))
             if GPU_ONLY:
                 log(f"diffusers_step_{tag}_gpu_only_ms",
                     round(gpu_only_ms("torch", step, busy, 2.5 * statistics.median(ms)), 1))
@@ -296,6 +303,9 @@ def table(configs):
         rm = f"{fm / dm:.3f}" if fm and dm else "-"
         lines.append(f"{f'{size}x{size}':>9} {'on' if ckpt else 'off':>5} | {str(f):>9} {str(d):>10} {r:>6} | "
                      f"{str(fm):>9} {str(dm):>10} {rm:>6}")
+        fr, dr = R.get(f"flame_step_{tag}_peak_reserved_GiB"), R.get(f"diffusers_step_{tag}_peak_reserved_GiB")
+        if fr or dr:
+            lines.append(f"{'':>15} peak reserved (pool / caching allocator): FLAME {fr} GiB, diffusers {dr} GiB")
         fg, dg = R.get(f"flame_step_{tag}_gpu_only_ms"), R.get(f"diffusers_step_{tag}_gpu_only_ms")
         if fg or dg:
             lines.append(f"{'':>15} GPU time alone (no launch gaps): FLAME {fg} ms, diffusers {dg} ms")
