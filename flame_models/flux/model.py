@@ -51,6 +51,16 @@ class Flux(flame_nn.Module):
     def disable_gradient_checkpointing(self):
         return self.enable_gradient_checkpointing(False)
 
+    @property
+    def gradient_checkpointing(self):
+        """The model-level switch: `model.gradient_checkpointing = True` checkpoints every block (as
+        enable_gradient_checkpointing()); reads True when every block is checkpointed."""
+        return all(b.gradient_checkpointing for b in (*self.double_blocks, *self.single_blocks))
+
+    @gradient_checkpointing.setter
+    def gradient_checkpointing(self, enabled):
+        self.enable_gradient_checkpointing(bool(enabled))
+
     def forward(self, img, img_ids, txt, txt_ids, timesteps, y, guidance=None):
         """img (B, L_img, in_channels) packed latents, txt (B, L_txt, context_in_dim) T5 states, ids (B, L, 3) or
         (L, 3), timesteps (B,) in [0, 1], y (B, vec_in_dim) CLIP pooled, guidance (B,) (flux-dev) ->

@@ -268,3 +268,14 @@ def test_fused_single_block_ops_match_the_composed_ops(device):
     np.testing.assert_allclose(fused(h, w, b).detach().numpy(), composed(h, w, b).detach().numpy(), rtol=1e-12,
                                atol=1e-12)
     assert gradcheck(fused, (h, w, b))
+
+
+def test_model_level_checkpointing_switch(device):
+    with flame_nn.empty_init(device=device, dtype=flame.float32):
+        model = Flux(flux_params("flux-tiny"))
+    assert not model.gradient_checkpointing
+    model.gradient_checkpointing = True
+    assert model.gradient_checkpointing
+    assert all(b.gradient_checkpointing for b in (*model.double_blocks, *model.single_blocks))
+    model.gradient_checkpointing = False
+    assert not any(b.gradient_checkpointing for b in (*model.double_blocks, *model.single_blocks))
