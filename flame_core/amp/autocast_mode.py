@@ -23,12 +23,9 @@ from ..autograd.grad_mode import state as _grad_state
 from ..errors import DeviceError, DTypeError
 
 # ----------------------------------------------------------------------------- the op policy
-LOWER_PRECISION_OPS = ("matmul", "mm", "bmm", "dot", "einsum", "linear", "conv1d", "conv2d", "conv3d",
-                       "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "addmm", "baddbmm",
-                       "scaled_dot_product_attention")
-FP32_OPS = ("softmax", "log_softmax", "sum", "mean", "batch_norm", "instance_norm", "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
-            "binary_cross_entropy_with_logits", "kl_div", "cosine_similarity")
-PROMOTE_OPS = ("cat", "stack", "addcmul", "addcdiv")
+LOWER_PRECISION_OPS = ("matmul", "mm", "bmm", "dot", "einsum", "linear", "conv2d", "scaled_dot_product_attention")
+FP32_OPS = ("softmax", "log_softmax", "sum", "mean", "cross_entropy", "nll_loss", "mse_loss", "l1_loss")
+PROMOTE_OPS = ("cat", "stack")  # they promote mixed inputs to the widest dtype by themselves (no cast needed)
 NATIVE_OPS = ("layer_norm", "rms_norm", "group_norm")
 
 _CATEGORY = {**{n: "lower" for n in LOWER_PRECISION_OPS}, **{n: "fp32" for n in FP32_OPS},
