@@ -35,34 +35,40 @@ class Matmul(Function):
         if xa.dtype != xb.dtype:
             dt = D.promote_types(a.dtype, b.dtype).np
             xa, xb = xa.astype(dt), xb.astype(dt)
-        ctx.save_for_backward(a, b)
+        na, nb = ctx.needs_input_grad
+        ctx.save_for_backward(a if nb else None, b if na else None)  # dA needs B, dB needs A (as PyTorch)
+        ctx.shapes = (a.shape, b.shape)
         return _wrap(_mm_arrays(xa, xb))
 
     @staticmethod
     def backward(ctx, g):
         from .elementwise import sum_to
         a, b = ctx.saved_tensors
-        if a.ndim == 1 and b.ndim == 1:
-            return (g * b if ctx.needs_input_grad[0] else None), (g * a if ctx.needs_input_grad[1] else None)
-        a2 = a.unsqueeze(0) if a.ndim == 1 else a
-        b2 = b.unsqueeze(-1) if b.ndim == 1 else b
-        g2 = g
-        if a.ndim == 1:
-            g2 = g2.unsqueeze(-2)
-        if b.ndim == 1:
-            g2 = g2.unsqueeze(-1)
+        na, nb = ctx.needs_input_grad
+        sa, sb = ctx.shapes
+        if len(sa) == 1 and len(sb) == 1:
+            return (g * b if na else None), (g * a if nb else None)
         ga = gb = None
-        if b.ndim == 2 and a.ndim > 2:  # (*, K) @ (K, N): one 2-D GEMM each, no batched product + reduction
-            K, N = b.shape
-            if ctx.needs_input_grad[0]:
-                ga = (g.reshape(-1, N) @ b.mT).reshape(a.shape)
-            if ctx.needs_input_grad[1]:
+        if len(sb) == 2 and len(sa) > 2:  # (*, K) @ (K, N): one 2-D GEMM each, no batched product + reduction
+            K, N = sb
+            if na:
+                ga = (g.reshape(-1, N) @ b.mT).reshape(sa)
+            if nb:
                 gb = a.reshape(-1, K).mT @ g.reshape(-1, N)
             return ga, gb
-        if ctx.needs_input_grad[0]:
-            ga = sum_to(matmul(g2, b2.mT), a2.shape).reshape(a.shape)
-        if ctx.needs_input_grad[1]:
-            gb = sum_to(matmul(a2.mT, g2), b2.shape).reshape(b.shape)
+        g2 = g
+        if len(sa) == 1:
+            g2 = g2.unsqueeze(-2)
+        if len(sb) == 1:
+            g2 = g2.unsqueeze(-1)
+        if na:
+            b2 = b.unsqueeze(-1) if len(sb) == 1 else b
+            a2_shape = (1,) + tuple(sa) if len(sa) == 1 else tuple(sa)
+            ga = sum_to(matmul(g2, b2.mT), a2_shape).reshape(sa)
+        if nb:
+            a2 = a.unsqueeze(0) if len(sa) == 1 else a
+            b2_shape = tuple(sb) + (1,) if len(sb) == 1 else tuple(sb)
+            gb = sum_to(matmul(a2.mT, g2), b2_shape).reshape(sb)
         return ga, gb
 
 

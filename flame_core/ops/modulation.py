@@ -28,14 +28,18 @@ def _sum_like(g, like):
 class Modulate(Function):
     @staticmethod
     def forward(ctx, x, shift, scale):
-        ctx.save_for_backward(x, shift, scale)
+        nx, nshift, nscale = ctx.needs_input_grad
+        ctx.save_for_backward(x if nscale else None, shift, scale)  # x only for dscale (frozen adaLN: not kept)
         return _wrap(K.modulate_forward(x._data, shift._data, scale._data))
 
     @staticmethod
     def backward(ctx, g):
         x, shift, scale = ctx.saved_tensors
-        if state.enabled:
-            return g * (1 + _bcast(scale, x)), _sum_like(g, shift), _sum_like(g * x, scale)
+        nx, nshift, nscale = ctx.needs_input_grad
+        if state.enabled or x is None:
+            dx = g * (1 + _bcast(scale, g)) if nx else None
+            dscale = _sum_like(g * x, scale) if nscale else None
+            return dx, (_sum_like(g, shift) if nshift else None), dscale
         dx, dshift, dscale = K.modulate_backward(g._data, x._data, shift._data, scale._data)
         return _wrap(dx), _wrap(dshift), _wrap(dscale)
 
@@ -48,14 +52,17 @@ def modulate(x, shift, scale):
 class GatedResidual(Function):
     @staticmethod
     def forward(ctx, x, gate, y):
-        ctx.save_for_backward(gate, y)
+        _, ngate, _ = ctx.needs_input_grad
+        ctx.save_for_backward(gate, y if ngate else None)  # y only for dgate (a frozen gate keeps no y)
         return _wrap(K.gated_residual_forward(x._data, gate._data, y._data))
 
     @staticmethod
     def backward(ctx, g):
         gate, y = ctx.saved_tensors
-        if state.enabled:
-            return g, _sum_like(g * y, gate), g * _bcast(gate, y)
+        nx, ngate, ny = ctx.needs_input_grad
+        if state.enabled or y is None:
+            return (g if nx else None), (_sum_like(g * y, gate) if ngate else None), \
+                (g * _bcast(gate, g) if ny else None)
         _, dgate, dy = K.gated_residual_backward(g._data, gate._data, y._data)
         return g, _wrap(dgate), _wrap(dy)
 

@@ -160,18 +160,21 @@ class LinearCat2(Function):
             y += _mm_arrays(b2, wd[:, ha:].T)
         if bias is not None:
             y += bias._data
-        ctx.save_for_backward(a, b, w)
-        ctx.has_bias = bias is not None
+        na, nb, nw, _ = ctx.needs_input_grad
+        # the inputs only for the weight's gradient (a frozen linear2 keeps neither), the weight for theirs
+        ctx.save_for_backward(a if nw else None, b if nw else None, w if (na or nb) else None)
+        ctx.shapes = (a.shape, b.shape)
         return _wrap(y.reshape(lead + (wd.shape[0],)))
 
     @staticmethod
     def backward(ctx, g):
         a, b, w = ctx.saved_tensors
         na, nb, nw, nbias = ctx.needs_input_grad
-        ha = a.shape[-1]
+        sa, sb = ctx.shapes
+        ha = sa[-1]
         g2 = g.reshape(-1, g.shape[-1])
-        da = (g2 @ w[:, :ha]).reshape(a.shape) if na else None
-        db = (g2 @ w[:, ha:]).reshape(b.shape) if nb else None
+        da = (g2 @ w[:, :ha]).reshape(sa) if na else None
+        db = (g2 @ w[:, ha:]).reshape(sb) if nb else None
         dw = None
         if nw:
             dw = flame.cat((g2.mT @ a.reshape(-1, ha), g2.mT @ b.reshape(-1, b.shape[-1])), dim=1)

@@ -14,8 +14,10 @@ class Linear(Function):
         y = _mm_arrays(a.reshape(-1, a.shape[-1]), w._data.T)  # (M, in) @ (in, out)
         if b is not None:
             y += b._data
-        ctx.save_for_backward(x, w)
-        ctx.has_bias = b is not None
+        # keep only what the wanted gradients use (as PyTorch): a frozen weight's Linear keeps no input
+        nx, nw, _ = ctx.needs_input_grad
+        ctx.save_for_backward(x if nw else None, w if nx else None)
+        ctx.x_shape = x.shape
         return _wrap(y.reshape(lead + (w._data.shape[0],)))
 
     @staticmethod
@@ -24,7 +26,7 @@ class Linear(Function):
         x, w = ctx.saved_tensors
         nx, nw, nb = ctx.needs_input_grad
         g2 = g.reshape(-1, g.shape[-1])  # (M, out)
-        dx = (g2 @ w).reshape(x.shape) if nx else None
+        dx = (g2 @ w).reshape(ctx.x_shape) if nx else None
         dw = g2.mT @ x.reshape(-1, x.shape[-1]) if nw else None
         db = g2.sum(0) if nb else None
         return dx, dw, db
