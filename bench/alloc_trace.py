@@ -8,9 +8,9 @@ Run: PYTHONPATH=$PWD python3 bench/alloc_trace.py [--size 1024]
 import argparse
 import json
 import os
+import sys
 
 import flame_core as flame
-import flame_core.memory as fmem
 from flame_core import amp
 from flame_core.memory import cuda as mcuda
 
@@ -52,20 +52,14 @@ def main():
     a = ap.parse_args()
     import flame_nn
     from flame_nn import adapters as A
-    from flame_models.flux import Flux
     from flame_models.flux import sampling as S
     from flame_models.flux.lora_keys import name_map_for
     from flame_models.flux.params import configs
     p = configs["flux-dev"]
-    with flame_nn.empty_init(device="cuda", dtype=flame.bfloat16):
-        model = Flux(p)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from flux_random import random_flux
+    model = random_flux(p)
     g = flame.Generator("cuda").manual_seed(0)
-    with flame.no_grad():
-        for name, prm in model.named_parameters():
-            w = (flame.ones(*prm.shape, device="cuda") if name.endswith(".scale")
-                 else flame.randn(*prm.shape, generator=g, device="cuda") * 0.02)
-            prm.materialize_(w.to(flame.bfloat16)._data)
-            del w
     model.requires_grad_(False)
     pool = mcuda.pool_for(0)
     tokens = (a.size // 16) ** 2

@@ -78,21 +78,11 @@ def cuda_time(fn, repeats, warmup, gpu_only=False):
 
 
 def flame_build():
-    import flame_core as flame
-    import flame_nn
-    from flame_models.flux import Flux
-    t0 = time.perf_counter()
-    with flame_nn.empty_init(device="cuda", dtype=flame.bfloat16):
-        model = Flux("flux-dev")
-    g = flame.Generator("cuda").manual_seed(0)
-    with flame.no_grad():  # random weights drawn on the GPU: N(0, 0.02), QK-norm scales 1
-        for name, p in model.named_parameters():
-            if name.endswith(".scale"):
-                w = flame.ones(*p.shape, dtype=flame.bfloat16, device="cuda")
-            else:
-                w = (flame.randn(*p.shape, generator=g, device="cuda") * 0.02).to(flame.bfloat16)
-            p.materialize_(w._data)
     import cupy as cp
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from flux_random import random_flux
+    t0 = time.perf_counter()
+    model = random_flux("flux-dev")  # N(0, 0.02) weights drawn on the GPU, QK-norm scales 1
     cp.cuda.Device().synchronize()
     log("flame_build_s", round(time.perf_counter() - t0, 1))
     log("flame_params", sum(p.numel() for p in model.parameters()))

@@ -114,7 +114,6 @@ def flame_part(configs, repeats, warmup, blocks=None):
     import flame_nn
     from flame_core import amp
     from flame_nn import adapters as A
-    from flame_models.flux import Flux
     from flame_models.flux import sampling as S
     from flame_models.flux.lora_keys import name_map_for
     from flame_models.flux.params import configs as presets
@@ -123,15 +122,10 @@ def flame_part(configs, repeats, warmup, blocks=None):
     if blocks:
         p = p.replace(depth=blocks[0], depth_single_blocks=blocks[1])
     t0 = time.perf_counter()
-    with flame_nn.empty_init(device="cuda", dtype=flame.bfloat16):
-        model = Flux(p)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from flux_random import random_flux
+    model = random_flux(p)  # N(0, 0.02) weights drawn on the GPU; QK-norm scales 1
     g = flame.Generator("cuda").manual_seed(0)
-    with flame.no_grad():  # N(0, 0.02) weights drawn on the GPU; QK-norm scales 1
-        for name, prm in model.named_parameters():
-            w = (flame.ones(*prm.shape, device="cuda") if name.endswith(".scale")
-                 else flame.randn(*prm.shape, generator=g, device="cuda") * 0.02)
-            prm.materialize_(w.to(flame.bfloat16)._data)
-            del w
     model.requires_grad_(False)
     made = A.inject_adapters(model, TARGETS, "lora", rank=16, alpha=16, name_map=name_map_for(p),
                              generator=flame.Generator("cuda").manual_seed(1))

@@ -108,19 +108,14 @@ def stack_workload(args):
 def flux_workload(args):
     import flame_nn
     from flame_nn import adapters as A
-    from flame_models.flux import Flux
     from flame_models.flux import sampling as S
     from flame_models.flux.params import configs
     from flame_models.flux.lora_keys import name_map_for
     p = configs["flux-dev"].replace(depth=args.double, depth_single_blocks=args.single)
-    with flame_nn.empty_init(device="cuda", dtype=flame.bfloat16):
-        model = Flux(p)
+    sys.path.insert(0, HERE)
+    from flux_random import random_flux
+    model = random_flux(p)
     g = flame.Generator("cuda").manual_seed(0)
-    with flame.no_grad():
-        for name, prm in model.named_parameters():
-            w = (flame.ones(*prm.shape, device="cuda") if name.endswith(".scale")
-                 else flame.randn(*prm.shape, generator=g, device="cuda") * 0.02)
-            prm.materialize_(w.to(flame.bfloat16)._data)
     model.requires_grad_(False)
     A.inject_adapters(model, ["to_q", "to_k", "to_v", "to_out.0"], "lora", rank=16, alpha=16,
                       name_map=name_map_for(p))
