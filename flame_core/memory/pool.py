@@ -95,10 +95,11 @@ class DevicePool:
         self._live = {}  # ptr -> Block
         self._lock = threading.Lock()
         self._pending = []  # frees that arrived while the lock was held (GC inside malloc, other threads)
+        self._stream_key = backend.stream_key  # the hot path calls it once per malloc
         self._pinned_streams = {}  # stream key -> count: free lists a CUDA graph owns (never released, see pin_stream)
         self.allocated = self.reserved = self.requested = 0
         self.peak_allocated = self.peak_reserved = 0
-        self.num_alloc = self.num_free = self.cache_hits = self.cache_misses = 0
+        self.num_free = self.cache_hits = self.cache_misses = 0  # num_alloc = hits + misses (a property)
         self.num_splits = self.num_merges = self.num_device_alloc = self.num_device_free = 0
         self.num_alloc_retries = self.num_ooms = 0
         self.bytes_allocated_total = self.bytes_freed_total = 0
@@ -114,10 +115,10 @@ class DevicePool:
         else:
             r = (nbytes + LARGE_STEP - 1) & -LARGE_STEP
             kind = 3 if r >= self.huge_min else 2
-        stream = self.backend.stream_key()
-        with self._lock:
-            if self._pending:
-                self._drain()
+        stream = self._stream_key()
+        lock = self._lock
+        lock.acquire()
+        try:
             subs = self._streams.get(stream)
             if subs is None:
                 subs = self._streams[stream] = [_SubPool(k, stream) for k in range(4)]
@@ -132,20 +133,26 @@ class DevicePool:
             blk.free = False
             blk.requested = nbytes
             self._live[blk.ptr] = blk
-            self.num_alloc += 1
             self.requested += nbytes
             self.bytes_allocated_total += r
             a = self.allocated = self.allocated + r
             if a > self.peak_allocated:
                 self.peak_allocated = a
-            if self._pending:
+            if self._pending:  # frees deferred while the lock was held (GC inside this malloc)
                 self._drain()
+        finally:
+            lock.release()
         if self.observer is not None:
             self.observer("alloc", self, blk)
         return blk.ptr
 
+    @property
+    def num_alloc(self):
+        return self.cache_hits + self.cache_misses
+
     def free(self, ptr):
-        if not self._lock.acquire(False):  # re-entered from GC inside malloc, or another thread: defer
+        lock = self._lock
+        if not lock.acquire(False):  # re-entered from GC inside malloc, or another thread: defer
             self._pending.append(ptr)
             return
         try:
@@ -153,7 +160,7 @@ class DevicePool:
             if self._pending:
                 self._drain()
         finally:
-            self._lock.release()
+            lock.release()
         if self.observer is not None and blk is not None:
             self.observer("free", self, blk)
 
