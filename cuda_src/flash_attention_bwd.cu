@@ -7,6 +7,7 @@
 //                         When the query blocks are split over several CTAs (short key sequences, e.g. SDXL's 77
 //                         text tokens) dK and dV are also summed with fp32 atomics.
 //   flash_attn_convert:   dst = T(src * scale) for the fp32 accumulators, into any (B, H, L, d) strides.
+// dtypes: float16, bfloat16
 #include "flash_attention.cuh"
 
 template <typename T>

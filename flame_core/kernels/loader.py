@@ -366,6 +366,18 @@ def _bf16():
     return ml_dtypes.bfloat16
 
 
+_DTYPES_LINE = re.compile(r"^//\s*dtypes:\s*([\w ,]+)$", re.M)
+
+
+def _file_dtypes(stem, dtypes):
+    """The dtypes a file's templates are instantiated for: a `// dtypes: float16, bfloat16` line limits them."""
+    m = _DTYPES_LINE.search(_read(CUDA_SRC / f"{stem}.cu"))
+    if m is None:
+        return dtypes
+    allowed = {d.strip() for d in m.group(1).split(",")}
+    return tuple(d for d in dtypes if d in allowed)
+
+
 def precompile(stems=None, dtypes=("float32", "float16", "bfloat16"), processes=8):
     """Compile every (file, dtype) module in parallel processes so that CuPy's disk cache holds them; later
     `get_function` calls in any process then load instead of compiling. Returns [(stem, dtype, seconds, error)].
@@ -373,7 +385,7 @@ def precompile(stems=None, dtypes=("float32", "float16", "bfloat16"), processes=
     import concurrent.futures
     import multiprocessing
     stems = stems or sorted(p.stem for p in CUDA_SRC.glob("*.cu"))
-    jobs = [(s, d) for s in stems for d in (dtypes if template_kernels(s) else (None,))]
+    jobs = [(s, d) for s in stems for d in (_file_dtypes(s, dtypes) if template_kernels(s) else (None,))]
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=processes, mp_context=ctx) as pool:
         return list(pool.map(_compile_one, *zip(*jobs)))
