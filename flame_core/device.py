@@ -44,6 +44,7 @@ class Device:
     def context(self):
         """Make this GPU current for CuPy allocations (no-op on cpu)."""
         if self.type == "cuda":
+            backend.xp_for(self)  # raises DeviceError (not AttributeError) when CuPy sees no GPU
             with backend.cupy.cuda.Device(self.index):
                 yield
         else:

@@ -21,6 +21,10 @@ class AutogradError(FlameError, RuntimeError):
     """Misuse of autograd: backward through a freed graph, a saved tensor modified in place, ..."""
 
 
+class NonFiniteError(FlameError, RuntimeError):
+    """A value that must be finite is inf or NaN (a gradient norm asked to be checked, ...)."""
+
+
 class OutOfMemoryError(FlameError, RuntimeError):
     """An allocation would exceed the memory limit or the device's memory."""
 

@@ -8,9 +8,10 @@
 
 Backward never allocates `.grad` storage for a registered parameter: the first gradient is copied into the view,
 later ones are added in place. `zero_grad(set_to_none=True)` sets `.grad` to None (the next backward copies instead
-of adding). Each parameter's slice starts on a 256-byte boundary; the gaps are zero and stay zero. A gradient that
-must keep its graph (`create_graph=True`), or a `.grad` the user replaced by another tensor, takes the ordinary
-path. Parameters registered later go into new buffers; a buffer lives as long as any of its parameters.
+of adding) and still clears the storage (one memset), so the flat buffer never holds a stale gradient. Each
+parameter's slice starts on a 256-byte boundary; the gaps are zero and stay zero. A gradient that must keep its graph
+(`create_graph=True`), or a `.grad` the user replaced by another tensor, takes the ordinary path.
+Parameters registered later go into new buffers; a buffer lives as long as any of its parameters.
 """
 import weakref
 
@@ -137,19 +138,13 @@ def zero_grad(params=None, set_to_none=False):
     """Zero the gradients of `params` (default: every registered parameter).
 
     A flat buffer whose parameters are all included is cleared with one memset; others slice by slice.
-    Unregistered parameters get PyTorch's behaviour. With `set_to_none=True` every `.grad` becomes None.
+    Unregistered parameters get PyTorch's behaviour. With `set_to_none=True` every `.grad` becomes None and the pooled
+    storage is cleared as well: a consumer of `flat_buffer_of(p)` (fused optimizer, all-reduce, clipping) must not see
+    last step's values for a parameter that gets no gradient this step.
     """
     if params is None:
-        bufs = list(_buffers)
-        for buf in bufs:
-            live = buf.live_slots()
-            if set_to_none:
-                for s in live:
-                    s.ref()._grad = None
-            else:
-                _memset(buf.tensor._data)
-                for s in live:
-                    s.view._version[0] += 1
+        for buf in list(_buffers):
+            _clear(buf, buf.live_slots(), True, set_to_none)
         return
     by_buf = {}
     for p in params:
@@ -163,17 +158,19 @@ def zero_grad(params=None, set_to_none=False):
             continue
         by_buf.setdefault(id(s.buffer), (s.buffer, []))[1].append(s)
     for buf, slots in by_buf.values():
-        if set_to_none:
-            for s in slots:
-                s.ref()._grad = None
-            continue
-        if len(slots) == len(buf.live_slots()):
-            _memset(buf.tensor._data)
-        else:
-            for s in slots:
-                _memset(s.view._data)
+        _clear(buf, slots, len(slots) == len(buf.live_slots()), set_to_none)
+
+
+def _clear(buf, slots, whole, set_to_none):
+    if whole:
+        _memset(buf.tensor._data)
+    else:
         for s in slots:
-            s.view._version[0] += 1
+            _memset(s.view._data)
+    for s in slots:
+        s.view._version[0] += 1
+        if set_to_none:
+            s.ref()._grad = None
 
 
 def _require(param):

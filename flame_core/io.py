@@ -111,6 +111,8 @@ def save_file(tensors, filename, metadata=None):
     folder = os.path.dirname(os.path.abspath(filename))
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(filename) + ".", suffix=".tmp", dir=folder)
     try:
+        if hasattr(os, "fchmod"):  # mkstemp makes the file 0600; give it the mode open() would have
+            os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(len(header).to_bytes(8, "little"))
             f.write(header)
@@ -127,6 +129,21 @@ def save_file(tensors, filename, metadata=None):
         except FileNotFoundError:
             pass
         raise
+
+
+def _umask():
+    """The process umask, read without changing it where the OS allows (os.umask can only set, so the fallback sets
+    it back at once)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 # ----------------------------------------------------------------------------- reading

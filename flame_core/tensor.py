@@ -23,6 +23,8 @@ class Tensor:
     _retains_grad = False
     _name = None
     _f8 = False  # cuda float8_e4m3fn: raw bytes in a uint8 array (CuPy has no fp8 dtype)
+    _base = None  # a view's base: the tensor whose storage it shares (never itself a view), as torch's ._base
+    _graph_gen = 0  # bumped when an in-place op rewrites this tensor's history: its views derive theirs again
 
     def __init__(self, data=None, *, dtype=None, device=None, requires_grad=False):
         from .ops.creation import _array_from
@@ -171,7 +173,12 @@ class Tensor:
         return t
 
     def detach_(self):
-        self._grad_fn = None
+        if self._base is not None:  # a view: its history is its base's (PyTorch refuses the same)
+            if self._grad_fn is not None:
+                raise AutogradError("can't detach views in-place; use .detach() instead")
+        elif self._grad_fn is not None:
+            self._grad_fn = None
+            self._graph_gen += 1  # views of this tensor lose their history too
         self._requires_grad = False
         return self
 
@@ -182,6 +189,9 @@ class Tensor:
             return self
         if requires_grad and not self.dtype.is_floating_point:
             raise AutogradError(f"only tensors of floating point dtype can require gradients, got {self.dtype}")
+        if requires_grad and self.dtype is D.float8_e4m3fn:
+            raise AutogradError("float8_e4m3fn tensors are storage only and cannot require gradients; convert with "
+                                ".to(dtype) and let the converted tensor require grad")
         self._requires_grad = bool(requires_grad)
         return self
 
@@ -404,11 +414,56 @@ def _wrap(arr, requires_grad=False):
     return t
 
 
+class _View(Tensor):
+    """A tensor over part of its `_base`'s storage (made by reshape, permute, slicing, ...).
+
+    An in-place op on a view is recorded on the base (CopySlices, see ops/shape.py), and an in-place op on the base
+    or on any of its views bumps the base's `_graph_gen`. A view whose history is then out of date derives its
+    grad_fn again from the base's on the next read (ViewOfBase: its region of the base), so backward through the
+    base or through any view, taken before or after, sees every modification -- PyTorch's semantics. Plain tensors
+    pay nothing for this: `_grad_fn` is an ordinary attribute everywhere except on views.
+    """
+
+    _gfn = None
+    _gen = 0
+
+    @property
+    def _grad_fn(self):
+        if self._gen != self._base._graph_gen:
+            _refresh_view(self)
+        return self._gfn
+
+    @_grad_fn.setter
+    def _grad_fn(self, node):
+        # a node is set on a view that is current (Function.apply on a new view; apply_inplace sets `_gen` itself);
+        # None (zero_/fill_ making the view "constant") means: derive again from the base on the next read
+        self._gfn = node
+        if node is None:
+            self._gen = -1
+
+
+def _refresh_view(v):
+    base = v._base
+    v._gen = base._graph_gen
+    v._out_idx = 0
+    if base._grad_fn is None and not base._requires_grad:
+        v._gfn = None
+        return
+    from .ops.shape import view_of_base
+    v._gfn = view_of_base(base, v._data)
+
+
 def _view_of(arr, base):
-    """A tensor over `arr`, which is a view of `base`'s storage: it shares the version counter."""
-    t = _new(Tensor)
+    """A tensor over `arr`, which is a view of `base`'s storage: it shares the version counter, and its autograd
+    history follows in-place changes of the base (see `_View`)."""
+    t = _new(_View)
     t._data = arr
     t._version = base._version
+    root = base._base
+    if root is None:
+        root = base
+    t._base = root
+    t._gen = root._graph_gen
     if base._f8:
         t._f8 = True
     return t

@@ -5,7 +5,7 @@ import numpy as np
 
 from flame_core import backend
 from flame_core.autograd import no_grad
-from flame_core.errors import FlameError
+from flame_core.errors import DeviceError, NonFiniteError
 from flame_core.tensor import Tensor, _wrap
 
 try:
@@ -89,14 +89,14 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
     arrays = grad_arrays(params)
     devices = {backend.is_cuda_array(a) and a.device.id for a in arrays}
     if len(devices) > 1:
-        raise FlameError("clip_grad_norm_: gradients on several devices are not supported; clip per device")
+        raise DeviceError("clip_grad_norm_: gradients on several devices are not supported; clip per device")
     s = _sq_norm_sum(arrays, norm_type)
     xp = backend.xp_of(s)
     total = s if norm_type == math.inf else s ** (1.0 / norm_type)
     if error_if_nonfinite and not bool(xp.isfinite(total)):
-        raise FlameError(f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it "
-                         f"cannot be clipped. To disable this error and scale the gradients by the non-finite norm "
-                         f"anyway, set `error_if_nonfinite=False`")
+        raise NonFiniteError(f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so "
+                             f"it cannot be clipped. To disable this error and scale the gradients by the non-finite "
+                             f"norm anyway, set `error_if_nonfinite=False`")
     coef = xp.minimum(max_norm / (total + 1e-6), 1.0)
     with no_grad():
         for a in arrays:

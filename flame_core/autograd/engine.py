@@ -74,26 +74,31 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
                 seen.add(id(c))
                 stack.append(c)
 
-    buffers = {}  # id(node) -> [node, [grad per output]]
-    owned = set()  # ids of gradient sums the engine made itself: safe to accumulate into in place
+    # id(node) -> [node, [grad per output], owned]: `owned` (None until a sum is made) flags the outputs whose gradient
+    # is a sum the engine made itself and holds only in this slot: safe to accumulate into in place. The flag lives
+    # with the slot, so a tensor that left it (popped for its node's backward, which may hand one gradient to several
+    # inputs, as Add does) is never written into; an id-keyed set went stale when Python reused a dead sum's id.
+    buffers = {}
 
     def add_grad(node, idx, g):
         entry = buffers.get(id(node))
         if entry is None:
             n_out = 1 if node._out_meta is None else len(node._out_meta)
-            entry = buffers[id(node)] = [node, [None] * n_out]
+            entry = buffers[id(node)] = [node, [None] * n_out, None]
         slot = entry[1]
         cur = slot[idx]
         if cur is None:
             slot[idx] = g
-        elif not create_graph and id(cur) in owned and cur._data.dtype == g._data.dtype \
-                and cur._data.shape == g._data.shape:
+            return
+        owned = entry[2]
+        if owned is not None and owned[idx] and cur._data.dtype == g._data.dtype and cur._data.shape == g._data.shape:
             cur._data += g._data
-        else:
-            s_ = cur + g
-            slot[idx] = s_
-            if not create_graph:
-                owned.add(id(s_))
+            return
+        slot[idx] = cur + g
+        if not create_graph:
+            if owned is None:
+                owned = entry[2] = [False] * len(slot)
+            owned[idx] = True
 
     for (node, idx), g in root_edges:
         add_grad(node, idx, g)
@@ -105,7 +110,8 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
     try:
         while ready:
             node = ready.pop()
-            _, grads = buffers.pop(id(node))
+            _, grads, owned = buffers.pop(id(node))
+            own0 = grads[0] if owned is not None and owned[0] else None  # a sum a leaf may keep without a copy
             if node._hooks:
                 for i, hooks in node._hooks.items():
                     # retain_grad hooks run last (they see what the other hooks made of the gradient)
@@ -128,7 +134,7 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
                         if r is not None:
                             grads[0] = r
                 if capture is None and grads[0] is not None:
-                    _accumulate_leaf(node.variable, grads[0], create_graph, id(grads[0]) in owned)
+                    _accumulate_leaf(node.variable, grads[0], create_graph, grads[0] is own0)
                 continue
             if node._freed:
                 raise AutogradError("Trying to backward through the graph a second time (or to access saved tensors "
@@ -143,9 +149,8 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
             if not isinstance(in_grads, tuple):
                 in_grads = (in_grads,)
             edges = node.next_functions
-            if len(in_grads) < len(edges):
-                raise AutogradError(f"{node.name()} returned {len(in_grads)} gradients; expected {len(edges)} "
-                                    f"(one per forward input)")
+            if len(in_grads) != len(edges):
+                _check_grad_count(node, in_grads, len(edges))
             for e, g in zip(edges, in_grads):
                 if e is None:
                     continue
@@ -171,6 +176,14 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
                                     f"in the graph. Set allow_unused=True if this is the desired behavior.")
         return results
     return None
+
+
+def _check_grad_count(node, in_grads, n_inputs):
+    """A backward must return one gradient per forward input; extra trailing Nones are tolerated (as PyTorch)."""
+    if len(in_grads) > n_inputs and all(g is None for g in in_grads[n_inputs:]):
+        return
+    raise AutogradError(f"function {node.name()} returned an incorrect number of gradients (expected {n_inputs}, got "
+                        f"{len(in_grads)}): backward must return one gradient (or None) per forward input")
 
 
 def _skip(node, deps, buffers, ready):

@@ -1,7 +1,7 @@
 """The tape: every differentiable op is a `Function`; applying it records one `Node` (which is also its `ctx`)."""
 import weakref
 
-from ..errors import AutogradError
+from ..errors import AutogradError, FlameError, ShapeError, fmt_shape
 from .grad_mode import state
 
 _FREED = ("Trying to backward through the graph a second time (or to access saved tensors after they were freed). "
@@ -109,8 +109,9 @@ def accumulator_of(t):
 
 def edge_of(t):
     """Where the gradient of tensor `t` must be sent: its grad_fn (and output index) or its accumulator."""
-    if t._grad_fn is not None:
-        return (t._grad_fn, t._out_idx)
+    fn = t._grad_fn
+    if fn is not None:
+        return (fn, t._out_idx)
     if t._requires_grad:
         return (accumulator_of(t), 0)
     return None
@@ -121,6 +122,14 @@ import ml_dtypes as _ml
 
 _FLOAT_NP = frozenset(_np.dtype(d) for d in (_np.float16, _np.float32, _np.float64, _ml.bfloat16, _ml.float8_e4m3fn))
 _tensor_cls = [None]  # filled in by flame_core.tensor (avoids an import on every op)
+
+
+def broadcast_error(op, args, cause):
+    """A ShapeError naming the shapes of the tensors an op could not broadcast together."""
+    Tensor = _tensor_cls[0]
+    shapes = [fmt_shape(a.shape) for a in args if isinstance(a, Tensor)]
+    listed = ", ".join(shapes[:-1]) + " and " + shapes[-1] if len(shapes) > 1 else "".join(shapes)
+    return ShapeError(f"{op}: the shapes of its operands {listed} cannot be broadcast together ({cause})")
 
 
 class FunctionMeta(type):
@@ -151,8 +160,17 @@ class Function(metaclass=FunctionMeta):
         node = Node(cls)
         if record:
             edges = []
-            for a in args:
-                edges.append(edge_of(a) if isinstance(a, Tensor) else None)
+            for a in args:  # edge_of, inlined: this loop runs for every recorded op
+                if isinstance(a, Tensor):
+                    fn = a._grad_fn
+                    if fn is not None:
+                        edges.append((fn, a._out_idx))
+                    elif a._requires_grad:
+                        edges.append((accumulator_of(a), 0))
+                    else:
+                        edges.append(None)
+                else:
+                    edges.append(None)
             node.next_functions = tuple(edges)
             node.needs_input_grad = tuple(e is not None for e in edges)
         else:
@@ -161,6 +179,10 @@ class Function(metaclass=FunctionMeta):
         state.enabled = False
         try:
             out = cls.forward(node, *args, **kwargs)
+        except ValueError as e:  # free when nothing is raised; NumPy/CuPy broadcast errors get the shapes named
+            if isinstance(e, FlameError) or "broadcast" not in str(e):
+                raise
+            raise broadcast_error(cls.__name__.lower(), args, e) from e
         finally:
             state.enabled = prev
         if not record:

@@ -19,9 +19,18 @@ def is_inference_mode_enabled():
 
 
 class _Mode:
-    """Base: a context manager that is also a decorator (as in PyTorch)."""
+    """Base: a context manager that is also a decorator (as in PyTorch), with or without parentheses:
+    `@no_grad()` and `@no_grad` both work."""
+
+    def __new__(cls, *args, **kwargs):
+        if len(args) == 1 and not kwargs and callable(args[0]) and cls is not set_grad_enabled:  # bare: @no_grad
+            return cls()(args[0])
+        return super().__new__(cls)
 
     def __call__(self, fn):
+        if not callable(fn):
+            raise TypeError(f"{type(self).__name__}() used as a decorator needs a function, got {type(fn).__name__}")
+
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             with self.__class__(*self._args):

@@ -223,11 +223,16 @@ def rand(*size, generator=None, dtype=None, device=None, requires_grad=False):
     return _random_tensor(lambda g, s, d: g._uniform(s, d), size, dtype, device, generator, requires_grad)
 
 
-def randint(low, high=None, size=None, *, generator=None, dtype=None, device=None):
+def randint(low=0, high=None, size=None, *, generator=None, dtype=None, device=None):
+    """randint(high, size) or randint(low, high, size), as PyTorch: integers in [low, high)."""
+    if size is None and isinstance(high, (tuple, list)):  # randint(high, size)
+        low, high, size = 0, low, high
     if high is None:
         low, high = 0, low
     if size is None:
         raise TypeError("randint() missing required argument 'size'")
+    if isinstance(size, int):
+        raise TypeError(f"randint(): size must be a tuple of ints, got int {size} (write ({size},))")
     g = _gen(generator, device)
     dev = g.device if device is None else _parse_device(device)
     dt = D.dtype(dtype) if dtype is not None else D.int64

@@ -5,7 +5,7 @@ import numpy as np
 
 from .. import backend
 from .. import dtypes as D
-from ..autograd.function import Function
+from ..autograd.function import Function, broadcast_error
 from ..autograd.grad_mode import state
 from ..errors import AutogradError, DeviceError, DTypeError
 from ..tensor import Tensor, _wrap
@@ -21,14 +21,25 @@ def _operands(op, a, b):
         _fp8_storage_only(op)
     if ta and tb:
         xa, xb = a._data, b._data
-        dt = xa.dtype if xa.dtype == xb.dtype else D.result_type(a, b).np
+        if xa.dtype == xb.dtype:
+            dt = xa.dtype
+            if dt is _F8:
+                _fp8_storage_only(op)
+        else:
+            if xa.dtype is _F8 or xb.dtype is _F8:
+                _fp8_storage_only(op)
+            dt = D.result_type(a, b).np
         if type(xa) is not type(xb):
             xa, xb = _align_devices(op, a, b)
     elif ta:
         xa, xb = a._data, b
+        if xa.dtype is _F8:
+            _fp8_storage_only(op)
         dt = xa.dtype if _keeps_dtype(xa.dtype, b) else D.result_type(a, b).np
     else:
         xa, xb = a, b._data
+        if xb.dtype is _F8:
+            _fp8_storage_only(op)
         dt = xb.dtype if _keeps_dtype(xb.dtype, a) else D.result_type(a, b).np
     if ta and xa.dtype != dt:
         xa = xa.astype(dt)
@@ -38,6 +49,7 @@ def _operands(op, a, b):
 
 
 _FLOAT_NP = frozenset(np.dtype(d) for d in (np.float16, np.float32, np.float64, D.bfloat16.np, D.float8_e4m3fn.np))
+_F8 = np.dtype(D.float8_e4m3fn.np)  # NumPy hands out this one dtype object for every float8 array: `is` suffices
 _INT_NP = frozenset(np.dtype(d) for d in (np.int8, np.int16, np.int32, np.int64, np.uint8))
 
 
@@ -85,12 +97,19 @@ def _shape(x):
 
 
 def _fp8_storage_only(op):
-    raise DTypeError(f"{op}: float8_e4m3fn tensors on cuda are storage only; convert with .to(dtype) first")
+    raise DTypeError(f"{op}: float8_e4m3fn tensors are storage only (no arithmetic, on any device); convert with "
+                     f".to(dtype) first")
 
 
-def _float_arr(x):
-    if x._f8:
-        _fp8_storage_only("elementwise op")
+def no_fp8(op, x):
+    """Raise the storage-only error when `x` is a float8 tensor (ml_dtypes array on cpu, flagged bytes on cuda)."""
+    if x._f8 or x._data.dtype is _F8:
+        _fp8_storage_only(op)
+
+
+def _float_arr(x, op="elementwise op"):
+    if x._f8 or x._data.dtype is _F8:
+        _fp8_storage_only(op)
     a = x._data
     if a.dtype.kind != "f" and a.dtype not in (D.bfloat16.np,):
         a = a.astype(_default_float().np)
@@ -324,7 +343,18 @@ def minimum(a, b):
 
 def fmod(a, b):
     xa, xb, dt = _operands("fmod", a, b)
-    return _wrap(_cast(backend.xp_of(xa).fmod(xa, xb), dt))
+    xp = backend.xp_of(xa if isinstance(a, Tensor) else xb)
+    return _wrap(_cast(_ufunc("fmod", xp.fmod, a, b, xa, xb), dt))
+
+
+def _ufunc(op, fn, a, b, xa, xb):
+    """fn(xa, xb) for the ops that are not Functions; a broadcast failure names the shapes (ShapeError)."""
+    try:
+        return fn(xa, xb)
+    except ValueError as e:
+        if "broadcast" not in str(e):
+            raise
+        raise broadcast_error(op, (a, b), e) from e
 
 
 # ----------------------------------------------------------------------------- unary
@@ -580,6 +610,7 @@ def softplus(x, beta=1.0, threshold=20.0):
 class Clamp(Function):
     @staticmethod
     def forward(ctx, x, min=None, max=None):
+        no_fp8("clamp", x)
         a = x._data
         xp = backend.xp_of(a)
         lo = min._data if isinstance(min, Tensor) else min
@@ -655,7 +686,7 @@ def _cmp(op, ufunc_name):
     def f(a, b):
         xa, xb, _ = _operands(op, a, b)
         xp = backend.xp_of(xa if isinstance(a, Tensor) else xb)
-        return _wrap(getattr(xp, ufunc_name)(xa, xb))
+        return _wrap(_ufunc(op, getattr(xp, ufunc_name), a, b, xa, xb))
     f.__name__ = op
     return f
 
@@ -702,15 +733,55 @@ def equal(a, b):
 
 
 # ----------------------------------------------------------------------------- in-place
-def _check_inplace(t):
-    if state.enabled and t._requires_grad and t._grad_fn is None:
+def _validate_inplace(t):
+    """Raise for the in-place ops autograd forbids (PyTorch's rules); only matters while grad is recorded."""
+    if not state.enabled:
+        return
+    if t._requires_grad and t._grad_fn is None:
         raise AutogradError(f"a leaf tensor of shape {tuple(t.shape)} that requires grad is being used in an "
                             f"in-place operation (wrap it in flame.no_grad() or use an out-of-place op)")
+    base = t._base
+    if base is None:
+        return
+    if base._requires_grad and base._grad_fn is None:
+        raise AutogradError(f"a view of a leaf tensor that requires grad is being used in an in-place operation "
+                            f"(view of shape {tuple(t.shape)}, leaf of shape {tuple(base.shape)}); wrap it in "
+                            f"flame.no_grad() or use an out-of-place op")
+    if t._grad_fn is None and base.requires_grad:
+        raise AutogradError(f"a view of shape {tuple(t.shape)} was created in no_grad mode and is being modified "
+                            f"in-place with grad mode enabled; its base (shape {tuple(base.shape)}) requires grad, so "
+                            f"the change could not be tracked. Make the view with grad mode enabled, or modify it "
+                            f"under no_grad")
+    if 0 in t._data.strides:
+        from ..errors import ShapeError
+        if any(st == 0 and n > 1 for n, st in zip(t._data.shape, t._data.strides)):
+            raise ShapeError(f"in-place op on an expanded tensor of shape {tuple(t.shape)}: more than one element "
+                             f"refers to the same memory location; clone() it first")
+
+
+def _check_inplace(t):
+    """Before an in-place op that overwrites `t` with values that don't depend on its old ones and need no grad
+    (zero_, fill_, uniform_, normal_, copy_ of a constant): validate, and record the overwrite for autograd (the
+    gradient of what was overwritten is zero; views and the base see the change)."""
+    _validate_inplace(t)
+    if not state.enabled:
+        return
+    base = t._base
+    if base is None:
+        if t._grad_fn is not None:
+            from .shape import record_inplace_on_base
+            record_inplace_on_base(t, t, None)
+    elif base.requires_grad:
+        from .shape import record_inplace_on_base
+        record_inplace_on_base(base, t, None)
 
 
 def apply_inplace(t, fn, *args):
-    """t <- fn(t, *args) in t's own storage (views see it); recorded for autograd when grads flow."""
-    _check_inplace(t)
+    """t <- fn(t, *args) in t's own storage (views see it); recorded for autograd when grads flow.
+
+    On a view, the op is recorded on the base (CopySlices): backward through the base, or through any view of it,
+    sees the change."""
+    _validate_inplace(t)
     recording = state.enabled and (t._grad_fn is not None or any(
         isinstance(a, Tensor) and a.requires_grad for a in args))
     if recording:
@@ -733,16 +804,31 @@ def apply_inplace(t, fn, *args):
     t._data[...] = res
     t._version[0] += 1
     if recording:
+        base = t._base
         t._grad_fn, t._out_idx = out._grad_fn, out._out_idx
+        if base is not None:
+            from .shape import record_inplace_on_base
+            record_inplace_on_base(base, t, out)
+            if out._grad_fn is not None:
+                t._gen = base._graph_gen  # t's new history (out's) is current; other views of base derive theirs
+        else:
+            t._graph_gen += 1  # views of t taken earlier derive their history again
     return t
 
 
 def _fast_inplace(t, ufunc_name, other):
     """No-grad fast path for add_/mul_/...: one ufunc with out=, no temporary."""
-    if (state.enabled and (t.requires_grad or (isinstance(other, Tensor) and other.requires_grad))):
-        return None
+    if state.enabled:
+        if t.requires_grad or (isinstance(other, Tensor) and other.requires_grad):
+            return None
+        if t._base is not None:
+            _validate_inplace(t)
     xo = other._data if isinstance(other, Tensor) else other
+    if t._f8 or t._data.dtype is _F8:
+        _fp8_storage_only(ufunc_name)
     if isinstance(other, Tensor):
+        if other._f8 or xo.dtype is _F8:
+            _fp8_storage_only(ufunc_name)
         if type(xo) is not type(t._data):
             return None
         if xo.dtype != t._data.dtype:
@@ -752,6 +838,11 @@ def _fast_inplace(t, ufunc_name, other):
     elif not isinstance(other, (int, float, bool)) or (isinstance(other, float) and t._data.dtype.kind != "f"
                                                           and t._data.dtype != D.bfloat16.np):
         return None
-    getattr(backend.xp_of(t._data), ufunc_name)(t._data, xo, out=t._data)
+    try:
+        getattr(backend.xp_of(t._data), ufunc_name)(t._data, xo, out=t._data)
+    except ValueError as e:
+        if "broadcast" not in str(e):
+            raise
+        raise broadcast_error(f"{ufunc_name}_", (t, other), e) from e
     t._version[0] += 1
     return t

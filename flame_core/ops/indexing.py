@@ -44,8 +44,7 @@ class GetItem(Function):
         ctx.idx, ctx.shape = idx, x._data.shape
         if basic:
             if not (type(r) is np.ndarray or backend.is_cuda_array(r)):
-                r = np.asarray(r)
-                return _wrap(r)
+                r = x._data[idx + (Ellipsis,)]  # NumPy gives a scalar for a full integer index; this is a 0-d view
             return _view_of(r, x)
         out = _wrap(r)
         out._f8 = x._f8
@@ -140,14 +139,28 @@ def setitem(x, idx, value):
         else:
             raise DeviceError(f"__setitem__: value on {value.device} for a tensor on {x.device}")
     from ..autograd.grad_mode import state
-    if not (state.enabled and (x.requires_grad or (isinstance(value, Tensor) and value.requires_grad))):
-        vv = value._data if isinstance(value, Tensor) else value
-        if isinstance(vv, np.ndarray) or backend.is_cuda_array(vv):
-            vv = vv.astype(x._data.dtype, copy=False)
-        x._data[idx] = vv
-        x._version[0] += 1
-        return
-    apply_inplace(x, lambda t, v: IndexPut.apply(t, v, idx), value)
+    try:
+        if not (state.enabled and (x.requires_grad or (isinstance(value, Tensor) and value.requires_grad))):
+            if state.enabled and x._base is not None:
+                from .elementwise import _validate_inplace
+                _validate_inplace(x)
+            vv = value._data if isinstance(value, Tensor) else value
+            if isinstance(vv, np.ndarray) or backend.is_cuda_array(vv):
+                vv = vv.astype(x._data.dtype, copy=False)
+            x._data[idx] = vv
+            x._version[0] += 1
+            return
+        apply_inplace(x, lambda t, v: IndexPut.apply(t, v, idx), value)
+    except ValueError as e:
+        if "broadcast" not in str(e):
+            raise
+        try:
+            region = fmt_shape(x._data[idx].shape)
+        except Exception:
+            region = "?"
+        vshape = fmt_shape(value.shape) if isinstance(value, Tensor) else fmt_shape(np.shape(value))
+        raise ShapeError(f"__setitem__: a value of shape {vshape} cannot be broadcast to the indexed region of shape "
+                         f"{region} (tensor of shape {fmt_shape(x.shape)})") from e
 
 
 class Gather(Function):
@@ -241,9 +254,13 @@ class MaskedFill(Function):
 
 
 def masked_fill(x, mask, value):
-    if tuple(np.broadcast_shapes(tuple(x.shape), tuple(mask.shape))) != tuple(x.shape):
-        raise ShapeError(f"masked_fill: mask of shape {fmt_shape(mask.shape)} does not broadcast to "
-                         f"{fmt_shape(x.shape)}")
+    try:
+        ok = tuple(np.broadcast_shapes(tuple(x.shape), tuple(mask.shape))) == tuple(x.shape)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ShapeError(f"masked_fill: mask of shape {fmt_shape(mask.shape)} does not broadcast to the input's "
+                         f"shape {fmt_shape(x.shape)}")
     return MaskedFill.apply(x, mask, value)
 
 

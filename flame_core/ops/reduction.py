@@ -10,6 +10,7 @@ from ..autograd.function import Function
 from ..autograd.grad_mode import state
 from ..errors import ShapeError, fmt_shape
 from ..tensor import Tensor, _wrap
+from .elementwise import no_fp8
 from ..amp import autocast_mode as _amp  # autocast hook (flame_core.amp): one line per op, a flag test when off
 
 values_indices = collections.namedtuple("values_indices", ["values", "indices"])
@@ -56,9 +57,7 @@ def _acc_dtype(a, dtype):
 class Sum(Function):
     @staticmethod
     def forward(ctx, x, axes, keepdim, dtype):
-        if x._f8:
-            from .elementwise import _fp8_storage_only
-            _fp8_storage_only("sum")
+        no_fp8("sum", x)
         a = x._data
         xp = backend.xp_of(a)
         dt = _acc_dtype(a, dtype)
@@ -119,6 +118,7 @@ class Amax(Function):
 
     @staticmethod
     def forward(ctx, x, axes, keepdim, is_max):
+        no_fp8("amax" if is_max else "amin", x)
         a = x._data
         xp = backend.xp_of(a)
         if a.size == 0:
@@ -151,6 +151,7 @@ def amin(x, dim=None, keepdim=False):
 class MaxDim(Function):
     @staticmethod
     def forward(ctx, x, dim, keepdim, is_max):
+        no_fp8("max" if is_max else "min", x)
         a = x._data
         xp = backend.xp_of(a)
         idx = (xp.argmax if is_max else xp.argmin)(a, axis=dim)
@@ -197,6 +198,7 @@ def min(x, dim=None, keepdim=False, *, other=None):
 
 
 def argmax(x, dim=None, keepdim=False):
+    no_fp8("argmax", x)
     a = x._data
     xp = backend.xp_of(a)
     if dim is None:
@@ -208,6 +210,7 @@ def argmax(x, dim=None, keepdim=False):
 
 
 def argmin(x, dim=None, keepdim=False):
+    no_fp8("argmin", x)
     a = x._data
     xp = backend.xp_of(a)
     if dim is None:
@@ -221,6 +224,7 @@ def argmin(x, dim=None, keepdim=False):
 class Prod(Function):
     @staticmethod
     def forward(ctx, x, axis, keepdim):
+        no_fp8("prod", x)
         a = x._data
         xp = backend.xp_of(a)
         r = xp.prod(a, axis=axis, keepdims=keepdim, dtype=_acc_dtype(a, None))
@@ -262,6 +266,7 @@ def prod(x, dim=None, keepdim=False):
 class Cumsum(Function):
     @staticmethod
     def forward(ctx, x, axis):
+        no_fp8("cumsum", x)
         ctx.axis = axis
         return _wrap(backend.xp_of(x._data).cumsum(x._data, axis=axis))
 
@@ -278,6 +283,7 @@ def cumsum(x, dim):
 class Cumprod(Function):
     @staticmethod
     def forward(ctx, x, axis):
+        no_fp8("cumprod", x)
         ctx.axis = axis
         y = _wrap(backend.xp_of(x._data).cumprod(x._data, axis=axis))
         ctx.save_for_backward(x, y)
@@ -347,6 +353,7 @@ def _softmax_arrays(a, log):
 class Softmax(Function):
     @staticmethod
     def forward(ctx, x, dim, log):
+        no_fp8("log_softmax" if log else "softmax", x)
         a = x._data
         if a.dtype.kind in "biu":
             a = a.astype(D.get_default_dtype().np)
