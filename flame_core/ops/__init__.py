@@ -115,9 +115,7 @@ def _install():
     def zero_(self):
         E._check_inplace(self)
         self._data.fill(0)
-        self._version[0] += 1
-        if self._grad_fn is not None:
-            self._grad_fn, self._out_idx = None, 0  # a constant now (its history no longer matters)
+        self._version[0] += 1  # _check_inplace recorded the overwrite: gradients behind it are zero (PyTorch)
         return self
 
     def fill_(self, value):
@@ -126,8 +124,6 @@ def _install():
             value = value.item()
         self._data.fill(value)
         self._version[0] += 1
-        if self._grad_fn is not None:
-            self._grad_fn, self._out_idx = None, 0
         return self
 
     def copy_(self, src, non_blocking=False):

@@ -28,7 +28,7 @@ def _mm_arrays(a, b):
 class Matmul(Function):
     @staticmethod
     def forward(ctx, a, b):
-        if a._f8 or b._f8:
+        if a._f8 or b._f8 or a.dtype is D.float8_e4m3fn or b.dtype is D.float8_e4m3fn:
             from .elementwise import _fp8_storage_only
             _fp8_storage_only("matmul")
         xa, xb = a._data, b._data
@@ -112,6 +112,9 @@ def dot(a, b):
 class Einsum(Function):
     @staticmethod
     def forward(ctx, spec, *xs):
+        if any(x.dtype is D.float8_e4m3fn for x in xs):
+            from .elementwise import _fp8_storage_only
+            _fp8_storage_only("einsum")
         ins, out = spec
         arrs = [x._data for x in xs]
         dt = arrs[0].dtype

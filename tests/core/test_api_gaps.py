@@ -217,3 +217,25 @@ def test_float8_cannot_require_grad():
     with pytest.raises(AutogradError, match="float8"):
         flame.tensor([1.0], dtype=flame.float8_e4m3fn, requires_grad=True)
     assert not _f8().requires_grad_(False).requires_grad
+
+
+def test_zero_and_fill_on_a_tensor_with_history_give_zero_gradients_behind_them():
+    a = flame.ones(3, requires_grad=True)
+    b = a * 1
+    b.zero_()
+    (b + a).sum().backward()                 # PyTorch: the zeroed path contributes 0, the direct one 1
+    np.testing.assert_array_equal(a.grad.numpy(), [1, 1, 1])
+    a = flame.ones(3, requires_grad=True)
+    b = a * 2
+    b.fill_(5.0)
+    (b * a).sum().backward()
+    np.testing.assert_array_equal(a.grad.numpy(), [5, 5, 5])
+
+
+def test_float8_matmul_and_einsum_are_refused():
+    import ml_dtypes
+    x = flame.tensor(np.ones((2, 2), dtype=ml_dtypes.float8_e4m3fn))
+    with pytest.raises(Exception, match="float8|fp8"):
+        x @ x
+    with pytest.raises(Exception, match="float8|fp8"):
+        flame.einsum("ij,jk->ik", x, x)
