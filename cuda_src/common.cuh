@@ -122,6 +122,95 @@ __device__ __forceinline__ void map2(const T* __restrict__ a, const T* __restric
     for (i64 i = done + tid; i < n; i += stride) out[i] = from_f32<T>(f(to_f32(a[i]), to_f32(b[i])));
 }
 
+// Raw 16-byte vectors <-> fp32 registers (the caller guarantees 16-byte alignment of p).
+template <typename T>
+__device__ __forceinline__ uint4 load_raw16(const T* __restrict__ p) {
+    return *reinterpret_cast<const uint4*>(p);
+}
+
+template <typename T>
+__device__ __forceinline__ void unpack_f32(const uint4& q, float (&v)[VecT<T>::N]) {
+    constexpr int N = VecT<T>::N;
+    union { uint4 q; T t[N]; } u;
+    u.q = q;
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] = to_f32(u.t[j]);
+}
+
+template <typename T>
+__device__ __forceinline__ uint4 pack_f32(const float (&v)[VecT<T>::N]) {
+    constexpr int N = VecT<T>::N;
+    union { uint4 q; T t[N]; } u;
+#pragma unroll
+    for (int j = 0; j < N; ++j) u.t[j] = from_f32<T>(v[j]);
+    return u.q;
+}
+
+// map1 / map2 with U 16-byte vectors per thread and step, all loads issued before the first use (more bytes in flight
+// per thread than map1 / map2). Step s of block b covers vectors [(s * gridDim.x + b) * blockDim.x * U, + blockDim.x *
+// U), thread t the vectors t, t + blockDim.x, ... of it (coalesced). Size the grid to cdiv(n / N, blockDim.x * U) blocks
+// or fewer (the loop strides over the rest). Same results as map1 / map2.
+template <typename T, int U, typename F>
+__device__ __forceinline__ void map1_unrolled(const T* __restrict__ a, T* __restrict__ out, i64 n, F f) {
+    constexpr int N = VecT<T>::N;
+    const i64 bdim = blockDim.x;
+    i64 done = 0;
+    if (aligned16(a) && aligned16(out)) {
+        const i64 nv = n / N, step = (i64)gridDim.x * bdim * U;
+        for (i64 base = (i64)blockIdx.x * bdim * U + threadIdx.x; base < nv; base += step) {
+            uint4 q[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (base + u * bdim < nv) q[u] = load_raw16(a + (base + u * bdim) * N);
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (base + u * bdim < nv) {
+                    float v[N];
+                    unpack_f32<T>(q[u], v);
+#pragma unroll
+                    for (int j = 0; j < N; ++j) v[j] = f(v[j]);
+                    *reinterpret_cast<uint4*>(out + (base + u * bdim) * N) = pack_f32<T>(v);
+                }
+        }
+        done = nv * N;
+    }
+    const i64 tid = (i64)blockIdx.x * bdim + threadIdx.x, stride = (i64)gridDim.x * bdim;
+    for (i64 i = done + tid; i < n; i += stride) out[i] = from_f32<T>(f(to_f32(a[i])));
+}
+
+template <typename T, int U, typename F>
+__device__ __forceinline__ void map2_unrolled(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,
+                                              i64 n, F f) {
+    constexpr int N = VecT<T>::N;
+    const i64 bdim = blockDim.x;
+    i64 done = 0;
+    if (aligned16(a) && aligned16(b) && aligned16(out)) {
+        const i64 nv = n / N, step = (i64)gridDim.x * bdim * U;
+        for (i64 base = (i64)blockIdx.x * bdim * U + threadIdx.x; base < nv; base += step) {
+            uint4 qa[U], qb[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (base + u * bdim < nv) {
+                    qa[u] = load_raw16(a + (base + u * bdim) * N);
+                    qb[u] = load_raw16(b + (base + u * bdim) * N);
+                }
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (base + u * bdim < nv) {
+                    float va[N], vb[N];
+                    unpack_f32<T>(qa[u], va);
+                    unpack_f32<T>(qb[u], vb);
+#pragma unroll
+                    for (int j = 0; j < N; ++j) vb[j] = f(va[j], vb[j]);
+                    *reinterpret_cast<uint4*>(out + (base + u * bdim) * N) = pack_f32<T>(vb);
+                }
+        }
+        done = nv * N;
+    }
+    const i64 tid = (i64)blockIdx.x * bdim + threadIdx.x, stride = (i64)gridDim.x * bdim;
+    for (i64 i = done + tid; i < n; i += stride) out[i] = from_f32<T>(f(to_f32(a[i]), to_f32(b[i])));
+}
+
 // ---------------------------------------------------------------------------------------------- reductions
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -208,3 +208,306 @@ template <typename T>
 __global__ void gn_column_sum(const float* __restrict__ part, T* __restrict__ out, int parts, int cols) {
     column_sum_body<T>(part, out, parts, cols);
 }
+
+// ---------------------------------------------------------------------------------------------- one pass (sm_90)
+// A cluster of GN_CL blocks owns one (n, group): the group's M = cpg * hw elements (contiguous) are cut into GN_CL
+// slices of S elements (a multiple of the access width), each cached by its block in dynamic shared memory, so x
+// (and dy) are read from global memory once and y (dx) written once. The blocks exchange their statistics through
+// distributed shared memory (mapa / ld.shared::cluster) between cluster barriers; every block combines them in rank
+// order (identical, deterministic results in all of them).
+//   dynamic smem (floats): [0, 64) block-reduction scratch | [64, 72) statistics this block publishes |
+//   [72, 72 + 4 * GN_CL) the cluster's statistics, gathered | from GN_HEAD bytes: the cached slice(s) (x | dy).
+// Block size GN_THREADS; Python checks the device (compute capability >= 9.0) and that GN_HEAD + slices fit.
+#define GN_CL 8
+#define GN_THREADS 256
+#define GN_HEAD 512
+#define GN_UNROLL 4
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait;" ::: "memory"); }
+
+// The float at `p` (this block's shared memory) in the block of cluster rank `rank`.
+__device__ __forceinline__ float cluster_load(const float* p, unsigned rank) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    unsigned r;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
+    return v;
+}
+
+// Two block sums at once (every thread gets both); scratch: 64 floats. Safe back to back.
+__device__ __forceinline__ void block_sum2(float& a, float& b, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    a = warp_sum(a);
+    b = warp_sum(b);
+    __syncthreads();
+    if (lane == 0) {
+        scratch[warp] = a;
+        scratch[32 + warp] = b;
+    }
+    __syncthreads();
+    a = warp_sum(lane < nwarps ? scratch[lane] : 0.f);
+    b = warp_sum(lane < nwarps ? scratch[32 + lane] : 0.f);
+}
+
+// Copies elements [lo, lo + n) of src (n a multiple of N) into the cache; N = VecT<T>::N moves 16-byte words.
+template <typename T, int N>
+__device__ __forceinline__ void cache_slice(const T* __restrict__ src, T* __restrict__ cache, i64 n) {
+    const int nv = (int)(n / N), bdim = blockDim.x;
+    for (int base = threadIdx.x; base < nv; base += bdim * GN_UNROLL) {
+        if constexpr (N == 1) {
+            T t[GN_UNROLL];
+#pragma unroll
+            for (int u = 0; u < GN_UNROLL; ++u)
+                if (base + u * bdim < nv) t[u] = src[base + u * bdim];
+#pragma unroll
+            for (int u = 0; u < GN_UNROLL; ++u)
+                if (base + u * bdim < nv) cache[base + u * bdim] = t[u];
+        } else {
+            uint4 q[GN_UNROLL];
+#pragma unroll
+            for (int u = 0; u < GN_UNROLL; ++u)
+                if (base + u * bdim < nv) q[u] = load_raw16(src + (i64)(base + u * bdim) * N);
+#pragma unroll
+            for (int u = 0; u < GN_UNROLL; ++u)
+                if (base + u * bdim < nv) reinterpret_cast<uint4*>(cache)[base + u * bdim] = q[u];
+        }
+    }
+}
+
+// fp32 values of cached vector k (N elements) / stores N values as vector k of dst.
+template <typename T, int N>
+__device__ __forceinline__ void cached(const T* __restrict__ cache, int k, float (&v)[N]) {
+    if constexpr (N == 1)
+        v[0] = to_f32(cache[k]);
+    else
+        unpack_f32<T>(reinterpret_cast<const uint4*>(cache)[k], v);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void put(T* __restrict__ dst, i64 k, const float (&v)[N]) {
+    if constexpr (N == 1)
+        dst[k] = from_f32<T>(v[0]);
+    else
+        *reinterpret_cast<uint4*>(dst + k * N) = pack_f32<T>(v);
+}
+
+// The slice of cluster rank r: [lo, hi) of the group's m elements; returns S = ceil(ceil(m / GN_CL) / N) * N, the
+// slice length of every rank (the last ones may be shorter or empty).
+template <int N>
+__device__ __forceinline__ i64 slice_of(i64 m, int r, i64& lo, i64& hi) {
+    const i64 per = (m + GN_CL - 1) / GN_CL;
+    const i64 s = (per + N - 1) / N * N;
+    lo = (i64)r * s < m ? (i64)r * s : m;
+    hi = lo + s < m ? lo + s : m;
+    return s;
+}
+
+// y = (x - mean) * rstd * w[c] + bias[c] over the group of this cluster.
+template <typename T, int N>
+__device__ __forceinline__ void gn_fwd_cluster_body(const T* __restrict__ x, const float* __restrict__ w,
+                                                    const float* __restrict__ bias, T* __restrict__ y,
+                                                    float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                                                    int groups, int cpg, i64 hw, float eps, float* sm) {
+    const int r = blockIdx.x % GN_CL;
+    const i64 grp = blockIdx.x / GN_CL, m = (i64)cpg * hw;
+    const int gi = (int)(grp % groups);
+    i64 lo, hi;
+    slice_of<N>(m, r, lo, hi);
+    const int cnt = (int)(hi - lo), nv = cnt / N;
+    float* scratch = sm;
+    float* mine = sm + 64;
+    float* all = sm + 72;
+    T* cache = reinterpret_cast<T*>(reinterpret_cast<char*>(sm) + GN_HEAD);
+    cache_slice<T, N>(x + grp * m + lo, cache, cnt);
+    __syncthreads();
+    // this block's count, mean and M2 (around its own mean)
+    float s = 0.f;
+    for (int k = threadIdx.x; k < nv; k += blockDim.x) {
+        float v[N];
+        cached<T, N>(cache, k, v);
+#pragma unroll
+        for (int j = 0; j < N; ++j) s += v[j];
+    }
+    s = block_sum(s, scratch);
+    const float mb = cnt > 0 ? s / (float)cnt : 0.f;
+    float q = 0.f;
+    for (int k = threadIdx.x; k < nv; k += blockDim.x) {
+        float v[N];
+        cached<T, N>(cache, k, v);
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            const float d = v[j] - mb;
+            q += d * d;
+        }
+    }
+    q = block_sum(q, scratch);
+    if (threadIdx.x == 0) {
+        mine[0] = (float)cnt;
+        mine[1] = mb;
+        mine[2] = q;
+    }
+    cluster_arrive();
+    cluster_wait();  // every block has published
+    if (threadIdx.x < 3 * GN_CL) all[threadIdx.x] = cluster_load(mine + threadIdx.x % 3, threadIdx.x / 3);
+    __syncthreads();
+    cluster_arrive();  // done reading the others' shared memory (waited for before exit)
+    float n = 0.f, mean = 0.f, m2 = 0.f;  // Chan's combination, in rank order
+    for (int rr = 0; rr < GN_CL; ++rr) {
+        const float nb = all[3 * rr];
+        if (nb > 0.f) {
+            const float tot = n + nb, delta = all[3 * rr + 1] - mean;
+            mean += delta * (nb / tot);
+            m2 += all[3 * rr + 2] + delta * delta * (n * nb / tot);
+            n = tot;
+        }
+    }
+    const float rs = rsqrtf(m2 / (float)m + eps);
+    if (r == 0 && threadIdx.x == 0) {
+        mean_out[grp] = mean;
+        rstd_out[grp] = rs;
+    }
+    T* ys = y + grp * m + lo;
+    const int c0 = (int)(lo / hw), c1 = cnt > 0 ? (int)((hi - 1) / hw) : c0 - 1;
+    for (int cl = c0; cl <= c1; ++cl) {  // channel by channel: y = x * a + b
+        const int ch = gi * cpg + cl;
+        const float a = w ? rs * w[ch] : rs;
+        const float b = (bias ? bias[ch] : 0.f) - mean * a;
+        const i64 slo = (i64)cl * hw > lo ? (i64)cl * hw : lo, shi = (i64)(cl + 1) * hw < hi ? (i64)(cl + 1) * hw : hi;
+        const int k1 = (int)((shi - lo) / N);
+        for (int k = (int)((slo - lo) / N) + threadIdx.x; k < k1; k += blockDim.x) {
+            float v[N];
+            cached<T, N>(cache, k, v);
+#pragma unroll
+            for (int j = 0; j < N; ++j) v[j] = v[j] * a + b;
+            put<T, N>(ys, k, v);
+        }
+    }
+    cluster_wait();
+}
+
+// dx of the group of this cluster (mean / rstd given); dw_part / db_part (fp32, (n * GN_CL, C)), either may be null:
+// row n * GN_CL + r holds this block's sums of dy * xhat / dy for the channels of its group (0 where its slice has none
+// of a channel), summed over rows by gn_column_sum.
+template <typename T, int N>
+__device__ __forceinline__ void gn_bwd_cluster_body(const T* __restrict__ dy, const T* __restrict__ x,
+                                                    const float* __restrict__ w, const float* __restrict__ mean,
+                                                    const float* __restrict__ rstd, T* __restrict__ dx,
+                                                    float* __restrict__ dw_part, float* __restrict__ db_part,
+                                                    int groups, int cpg, i64 hw, float* sm) {
+    const int r = blockIdx.x % GN_CL;
+    const i64 grp = blockIdx.x / GN_CL, m = (i64)cpg * hw;
+    const int gi = (int)(grp % groups);
+    i64 lo, hi;
+    const i64 s = slice_of<N>(m, r, lo, hi);
+    const int cnt = (int)(hi - lo);
+    float* scratch = sm;
+    float* mine = sm + 64;
+    float* all = sm + 72;
+    T* cx = reinterpret_cast<T*>(reinterpret_cast<char*>(sm) + GN_HEAD);
+    T* cd = cx + s;
+    cache_slice<T, N>(x + grp * m + lo, cx, cnt);
+    cache_slice<T, N>(dy + grp * m + lo, cd, cnt);
+    __syncthreads();
+    const float mu = mean[grp], rs = rstd[grp];
+    const bool parts = dw_part != nullptr || db_part != nullptr;
+    const i64 prow = ((grp / groups) * GN_CL + r) * ((i64)groups * cpg) + (i64)gi * cpg;  // the group's columns
+    const int c0 = (int)(lo / hw), c1 = cnt > 0 ? (int)((hi - 1) / hw) : c0 - 1;
+    if (parts)
+        for (int cl = threadIdx.x; cl < cpg; cl += blockDim.x)
+            if (cl < c0 || cl > c1) {
+                if (dw_part) dw_part[prow + cl] = 0.f;
+                if (db_part) db_part[prow + cl] = 0.f;
+            }
+    float tg = 0.f, tgx = 0.f;  // this thread's sums of g = dy * w and g * xhat
+    for (int cl = c0; cl <= c1; ++cl) {
+        const float wc = w ? w[gi * cpg + cl] : 1.f;
+        const i64 slo = (i64)cl * hw > lo ? (i64)cl * hw : lo, shi = (i64)(cl + 1) * hw < hi ? (i64)(cl + 1) * hw : hi;
+        const int k1 = (int)((shi - lo) / N);
+        float a = 0.f, b = 0.f;  // sums of dy * xhat, dy
+        for (int k = (int)((slo - lo) / N) + threadIdx.x; k < k1; k += blockDim.x) {
+            float xv[N], dv[N];
+            cached<T, N>(cx, k, xv);
+            cached<T, N>(cd, k, dv);
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                a += dv[j] * ((xv[j] - mu) * rs);
+                b += dv[j];
+            }
+        }
+        tg += wc * b;
+        tgx += wc * a;
+        if (parts) {
+            block_sum2(a, b, scratch);
+            if (threadIdx.x == 0) {
+                if (dw_part) dw_part[prow + cl] = a;
+                if (db_part) db_part[prow + cl] = b;
+            }
+        }
+    }
+    block_sum2(tg, tgx, scratch);
+    if (threadIdx.x == 0) {
+        mine[0] = tg;
+        mine[1] = tgx;
+    }
+    cluster_arrive();
+    cluster_wait();  // every block has published
+    if (threadIdx.x < 2 * GN_CL) all[threadIdx.x] = cluster_load(mine + (threadIdx.x & 1), threadIdx.x >> 1);
+    __syncthreads();
+    cluster_arrive();  // done reading the others' shared memory (waited for before exit)
+    float sg = 0.f, sgx = 0.f;
+    for (int rr = 0; rr < GN_CL; ++rr) {
+        sg += all[2 * rr];
+        sgx += all[2 * rr + 1];
+    }
+    const float inv_m = 1.f / (float)m, mg = sg * inv_m, mgx = sgx * inv_m;
+    T* dxs = dx + grp * m + lo;
+    for (int cl = c0; cl <= c1; ++cl) {
+        const float wc = w ? w[gi * cpg + cl] : 1.f;
+        const i64 slo = (i64)cl * hw > lo ? (i64)cl * hw : lo, shi = (i64)(cl + 1) * hw < hi ? (i64)(cl + 1) * hw : hi;
+        const int k1 = (int)((shi - lo) / N);
+        for (int k = (int)((slo - lo) / N) + threadIdx.x; k < k1; k += blockDim.x) {
+            float xv[N], dv[N];
+            cached<T, N>(cx, k, xv);
+            cached<T, N>(cd, k, dv);
+#pragma unroll
+            for (int j = 0; j < N; ++j) xv[j] = rs * (dv[j] * wc - mg - (xv[j] - mu) * rs * mgx);
+            put<T, N>(dxs, k, xv);
+        }
+    }
+    cluster_wait();
+}
+
+// Grid: (N * G * GN_CL) blocks of GN_THREADS, CL = GN_CL (a template argument so that the per-dtype module of this
+// file, compiled for any GPU, does not contain it: Python asks for "gn_fwd_cluster<T, 8>" on sm_90+ only).
+// Dynamic smem: GN_HEAD + S * sizeof(T) bytes (forward), GN_HEAD + 2 * S * sizeof(T) (backward).
+template <typename T, int CL>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(GN_THREADS)
+    gn_fwd_cluster(const T* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
+                   T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out, int groups, int cpg,
+                   i64 hw, float eps) {
+    static_assert(CL == GN_CL, "the cluster size is GN_CL");
+    extern __shared__ __align__(16) float gn_sm[];
+    constexpr int N = VecT<T>::N;
+    if (hw % N == 0 && aligned16(x) && aligned16(y))
+        gn_fwd_cluster_body<T, N>(x, w, bias, y, mean_out, rstd_out, groups, cpg, hw, eps, gn_sm);
+    else
+        gn_fwd_cluster_body<T, 1>(x, w, bias, y, mean_out, rstd_out, groups, cpg, hw, eps, gn_sm);
+}
+
+template <typename T, int CL>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(GN_THREADS)
+    gn_bwd_cluster(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ w,
+                   const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
+                   float* __restrict__ dw_part, float* __restrict__ db_part, int groups, int cpg, i64 hw) {
+    static_assert(CL == GN_CL, "the cluster size is GN_CL");
+    extern __shared__ __align__(16) float gn_sm[];
+    constexpr int N = VecT<T>::N;
+    if (hw % N == 0 && aligned16(dy) && aligned16(x) && aligned16(dx))
+        gn_bwd_cluster_body<T, N>(dy, x, w, mean, rstd, dx, dw_part, db_part, groups, cpg, hw, gn_sm);
+    else
+        gn_bwd_cluster_body<T, 1>(dy, x, w, mean, rstd, dx, dw_part, db_part, groups, cpg, hw, gn_sm);
+}
+#endif  // sm_90

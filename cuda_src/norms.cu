@@ -1,87 +1,249 @@
 // LayerNorm and RMSNorm over the last dim (forward + backward), and the column sums of their weight gradients.
-// Statistics and math in fp32; weight / bias are T or fp32 (wf32 = 1). Rows are handled by groups of `tpr` threads:
-// a power of two <= 32 (several rows per block, shuffle reductions) or the whole block. Each thread caches up to
-// VPT (1, 2 or 4: one kernel each) vectors of its row in registers (one read of x); rows wider than tpr * VPT * N
-// take the looping path (x re-read from cache).
+// Statistics and math in fp32; weight / bias are T or fp32 (wf32 = 1). Rows are handled by row groups of `tpr`
+// threads: a power of two <= 32 (several rows per warp, shuffle reductions) or a multiple of 32 (its warps reduce
+// through shared memory behind a named barrier, so a block may hold several such groups: rpb = blockDim.x / tpr <=
+// NORM_MAX_RPB). Each thread caches up to VPT (1, 2 or 4: one kernel each) vectors of its row in registers (one read
+// of x); rows wider than tpr * VPT * N take the looping path (x re-read from cache, one row group per block).
+//
+// Blocks are persistent: block b handles row blocks b, b + gridDim.x, ... (any grid works; the Python side sizes it
+// to the blocks that fit on the GPU at once). On the 16-byte vector path each row group loads its next row (raw
+// 16-byte vectors in registers) before it reduces and writes the current one, so loads stay in flight through the
+// reductions.
 #include "common.cuh"
 
-// Forward of one row. N: elements per vector (16 bytes, or 1 for unaligned / odd widths).
-template <typename T, int N, int VPT>
-__device__ __forceinline__ void norm_fwd_row(const T* __restrict__ xr, const void* __restrict__ w,
-                                             const void* __restrict__ b, T* __restrict__ yr, float* mean_out,
-                                             float* rstd_out, bool valid, int cols, float eps, int lane, int tpr,
-                                             int rms, int wf32, float* smem) {
-    const int nvec = cols / N;
-    if (nvec <= tpr * VPT) {
-        float v[VPT][N];
+#define NORM_MAX_RPB 8  // row groups of > 32 threads per block (named barriers 1 .. 8); Python keeps to it
+
+// ---------------------------------------------------------------------------------------------- row-group sums
+// Sum over the row group of this thread (every thread of the group gets it; all of them must call, and for groups
+// of <= 32 threads the whole warp). smem: NORM_MAX_RPB * 64 floats. Deterministic (fixed order).
+__device__ __forceinline__ void rg_barrier(int tpr) {
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + (int)threadIdx.x / tpr), "r"(tpr) : "memory");
+}
+
+__device__ __forceinline__ float rg_sum(float a, int tpr, float* smem) {
+    if (tpr <= 32) {
+        for (int o = tpr >> 1; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+        return a;
+    }
+    a = warp_sum(a);
+    const int lane = threadIdx.x & 31, w = (threadIdx.x % tpr) >> 5, nw = tpr >> 5;
+    float* s = smem + (threadIdx.x / tpr) * 64;
+    rg_barrier(tpr);  // the previous call's readers are done with s
+    if (lane == 0) s[w] = a;
+    rg_barrier(tpr);
+    return warp_sum(lane < nw ? s[lane] : 0.f);
+}
+
+// Two sums at once (one barrier pair).
+__device__ __forceinline__ void rg_sum2(float& a, float& b, int tpr, float* smem) {
+    if (tpr <= 32) {
+        for (int o = tpr >> 1; o > 0; o >>= 1) {
+            a += __shfl_xor_sync(0xffffffffu, a, o);
+            b += __shfl_xor_sync(0xffffffffu, b, o);
+        }
+        return;
+    }
+    a = warp_sum(a);
+    b = warp_sum(b);
+    const int lane = threadIdx.x & 31, w = (threadIdx.x % tpr) >> 5, nw = tpr >> 5;
+    float* s = smem + (threadIdx.x / tpr) * 64;
+    rg_barrier(tpr);
+    if (lane == 0) {
+        s[w] = a;
+        s[32 + w] = b;
+    }
+    rg_barrier(tpr);
+    a = warp_sum(lane < nw ? s[lane] : 0.f);
+    b = warp_sum(lane < nw ? s[32 + lane] : 0.f);
+}
+
+// Loads the cached vectors of one row (k = i * tpr + lane < nvec) as raw 16-byte words; rows >= rows load nothing.
+template <typename T, int VPT>
+__device__ __forceinline__ void fetch_row(const T* __restrict__ p, i64 row, i64 rows, int cols, int nvec, int lane,
+                                          int tpr, uint4 (&q)[VPT]) {
+    if (row < rows) {
+        const T* pr = p + row * cols;
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+            const int k = i * tpr + lane;
+            if (k < nvec) q[i] = load_raw16(pr + (i64)k * VecT<T>::N);
+        }
+    }
+}
+
+// Hides values from the optimiser: raw words are unpacked again in each pass (instead of keeping 2x as many fp32
+// registers alive through the reductions), and weight loads stay in the loop (instead of being hoisted out of it and
+// held in registers). Emits no instruction.
+template <int VPT>
+__device__ __forceinline__ void opaque(uint4 (&q)[VPT]) {
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) asm volatile("" : "+r"(q[i].x), "+r"(q[i].y), "+r"(q[i].z), "+r"(q[i].w));
+}
+
+__device__ __forceinline__ const void* opaque_ptr(const void* p) {
+    asm volatile("" : "+l"(p));
+    return p;
+}
+
+// ---------------------------------------------------------------------------------------------- forward
+// 16-byte vector path, the row cached (nvec <= tpr * VPT) as raw 16-byte words, the next row prefetched. Weight /
+// bias columns are read per row (L1 hits) right where they are used.
+template <typename T, int VPT>
+__device__ __forceinline__ void norm_fwd_vec(const T* __restrict__ x, const void* __restrict__ w,
+                                             const void* __restrict__ b, T* __restrict__ y, float* __restrict__ mean,
+                                             float* __restrict__ rstd, i64 rows, int cols, float eps, int tpr, int rms,
+                                             int wf32, float* smem) {
+    constexpr int N = VecT<T>::N;
+    const int lane = threadIdx.x % tpr, rg = threadIdx.x / tpr, rpb = blockDim.x / tpr, nvec = cols / N;
+    const i64 nblk = (rows + rpb - 1) / rpb;
+    uint4 nxt[VPT];
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) nxt[i] = make_uint4(0u, 0u, 0u, 0u);
+    i64 rb = blockIdx.x;
+    if (rb < nblk) fetch_row<T, VPT>(x, rb * rpb + rg, rows, cols, nvec, lane, tpr, nxt);
+    for (; rb < nblk; rb += gridDim.x) {
+        const i64 row = rb * rpb + rg;
+        const bool valid = row < rows;
+        uint4 cur[VPT];
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) cur[i] = nxt[i];
+        if (rb + gridDim.x < nblk) fetch_row<T, VPT>(x, (rb + gridDim.x) * rpb + rg, rows, cols, nvec, lane, tpr, nxt);
         float s = 0.f;
 #pragma unroll
         for (int i = 0; i < VPT; ++i) {
             const int k = i * tpr + lane;
             if (valid && k < nvec) {
-                load_f32<T, N>(xr + (i64)k * N, v[i]);
+                float v[N];
+                unpack_f32<T>(cur[i], v);
 #pragma unroll
-                for (int j = 0; j < N; ++j) s += v[i][j];
+                for (int j = 0; j < N; ++j) s += v[j];
             }
         }
-        const float mean = rms ? 0.f : group_sum(s, tpr, smem) / cols;
+        const float mu = rms ? 0.f : rg_sum(s, tpr, smem) / cols;
+        opaque<VPT>(cur);
         float ss = 0.f;
 #pragma unroll
         for (int i = 0; i < VPT; ++i) {
             const int k = i * tpr + lane;
             if (valid && k < nvec) {
+                float v[N];
+                unpack_f32<T>(cur[i], v);
 #pragma unroll
                 for (int j = 0; j < N; ++j) {
-                    const float d = v[i][j] - mean;
+                    const float d = v[j] - mu;
                     ss += d * d;
                 }
             }
         }
-        const float rstd = rsqrtf(group_sum(ss, tpr, smem) / cols + eps);
+        const float rs = rsqrtf(rg_sum(ss, tpr, smem) / cols + eps);
+        opaque<VPT>(cur);
+        const void* wp = opaque_ptr(w);
+        const void* bp = opaque_ptr(b);
 #pragma unroll
         for (int i = 0; i < VPT; ++i) {
             const int k = i * tpr + lane;
             if (valid && k < nvec) {
-                float wv[N], bv[N], o[N];
-                if (w) load_any<T, N>(w, (i64)k * N, wf32, wv);
-                if (b) load_any<T, N>(b, (i64)k * N, wf32, bv);
+                float v[N], wv[N], bv[N];
+                if (wp) load_any<T, N>(wp, (i64)k * N, wf32, wv);
+                if (bp) load_any<T, N>(bp, (i64)k * N, wf32, bv);
+                unpack_f32<T>(cur[i], v);
 #pragma unroll
                 for (int j = 0; j < N; ++j) {
-                    float t = (v[i][j] - mean) * rstd;
-                    if (w) t *= wv[j];
-                    if (b) t += bv[j];
-                    o[j] = t;
+                    float t = (v[j] - mu) * rs;
+                    if (wp) t *= wv[j];
+                    if (bp) t += bv[j];
+                    v[j] = t;
                 }
-                store_f32<T, N>(yr + (i64)k * N, o);
+                *reinterpret_cast<uint4*>(y + row * cols + (i64)k * N) = pack_f32<T>(v);
             }
         }
         if (valid && lane == 0) {
-            if (mean_out) *mean_out = mean;
-            if (rstd_out) *rstd_out = rstd;
+            if (mean) mean[row] = mu;
+            if (rstd) rstd[row] = rs;
         }
-    } else {  // very wide rows: three passes over the row (the later ones hit L1/L2)
-        float s = 0.f;
-        if (valid && !rms)
-            for (int k = lane; k < cols; k += tpr) s += to_f32(xr[k]);
-        const float mean = rms ? 0.f : group_sum(s, tpr, smem) / cols;
-        float ss = 0.f;
-        if (valid)
-            for (int k = lane; k < cols; k += tpr) {
-                const float d = to_f32(xr[k]) - mean;
-                ss += d * d;
+    }
+}
+
+// Any width / alignment: N elements per access (N = 1: scalar), the row cached when it fits, else three passes over
+// the row (the later ones hit L1/L2). One row per row group and step.
+template <typename T, int N, int VPT>
+__device__ __forceinline__ void norm_fwd_any(const T* __restrict__ x, const void* __restrict__ w,
+                                             const void* __restrict__ b, T* __restrict__ y, float* __restrict__ mean,
+                                             float* __restrict__ rstd, i64 rows, int cols, float eps, int tpr, int rms,
+                                             int wf32, float* smem) {
+    const int lane = threadIdx.x % tpr, rg = threadIdx.x / tpr, rpb = blockDim.x / tpr, nvec = cols / N;
+    const i64 nblk = (rows + rpb - 1) / rpb;
+    for (i64 rb = blockIdx.x; rb < nblk; rb += gridDim.x) {
+        const i64 row = rb * rpb + rg;
+        const bool valid = row < rows;
+        const T* xr = x + (valid ? row : 0) * cols;
+        T* yr = y + (valid ? row : 0) * cols;
+        float mu, rs;
+        if (nvec <= tpr * VPT) {
+            float v[VPT][N];
+            float s = 0.f;
+#pragma unroll
+            for (int i = 0; i < VPT; ++i) {
+                const int k = i * tpr + lane;
+                if (valid && k < nvec) {
+                    load_f32<T, N>(xr + (i64)k * N, v[i]);
+#pragma unroll
+                    for (int j = 0; j < N; ++j) s += v[i][j];
+                }
             }
-        const float rstd = rsqrtf(group_sum(ss, tpr, smem) / cols + eps);
-        if (valid) {
-            for (int k = lane; k < cols; k += tpr) {
-                float t = (to_f32(xr[k]) - mean) * rstd;
-                if (w) t *= load_any1<T>(w, k, wf32);
-                if (b) t += load_any1<T>(b, k, wf32);
-                yr[k] = from_f32<T>(t);
+            mu = rms ? 0.f : rg_sum(s, tpr, smem) / cols;
+            float ss = 0.f;
+#pragma unroll
+            for (int i = 0; i < VPT; ++i) {
+                const int k = i * tpr + lane;
+                if (valid && k < nvec)
+#pragma unroll
+                    for (int j = 0; j < N; ++j) {
+                        const float d = v[i][j] - mu;
+                        ss += d * d;
+                    }
             }
-            if (lane == 0) {
-                if (mean_out) *mean_out = mean;
-                if (rstd_out) *rstd_out = rstd;
+            rs = rsqrtf(rg_sum(ss, tpr, smem) / cols + eps);
+#pragma unroll
+            for (int i = 0; i < VPT; ++i) {
+                const int k = i * tpr + lane;
+                if (valid && k < nvec) {
+                    float wv[N], bv[N], o[N];
+                    if (w) load_any<T, N>(w, (i64)k * N, wf32, wv);
+                    if (b) load_any<T, N>(b, (i64)k * N, wf32, bv);
+#pragma unroll
+                    for (int j = 0; j < N; ++j) {
+                        float t = (v[i][j] - mu) * rs;
+                        if (w) t *= wv[j];
+                        if (b) t += bv[j];
+                        o[j] = t;
+                    }
+                    store_f32<T, N>(yr + (i64)k * N, o);
+                }
             }
+        } else {  // very wide rows
+            float s = 0.f;
+            if (valid && !rms)
+                for (int k = lane; k < cols; k += tpr) s += to_f32(xr[k]);
+            mu = rms ? 0.f : rg_sum(s, tpr, smem) / cols;
+            float ss = 0.f;
+            if (valid)
+                for (int k = lane; k < cols; k += tpr) {
+                    const float d = to_f32(xr[k]) - mu;
+                    ss += d * d;
+                }
+            rs = rsqrtf(rg_sum(ss, tpr, smem) / cols + eps);
+            if (valid)
+                for (int k = lane; k < cols; k += tpr) {
+                    float t = (to_f32(xr[k]) - mu) * rs;
+                    if (w) t *= load_any1<T>(w, k, wf32);
+                    if (b) t += load_any1<T>(b, k, wf32);
+                    yr[k] = from_f32<T>(t);
+                }
+        }
+        if (valid && lane == 0) {
+            if (mean) mean[row] = mu;
+            if (rstd) rstd[row] = rs;
         }
     }
 }
@@ -91,20 +253,16 @@ __device__ __forceinline__ void norm_fwd_impl(const T* __restrict__ x, const voi
                                               const void* __restrict__ b, T* __restrict__ y, float* __restrict__ mean,
                                               float* __restrict__ rstd, i64 rows, int cols, float eps, int tpr, int rms,
                                               int wf32) {
-    __shared__ float smem[32];
-    const int lane = threadIdx.x % tpr;
-    const i64 row = (i64)blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
-    const bool valid = row < rows;
-    const i64 r = valid ? row : 0;
-    const T* xr = x + r * cols;
-    T* yr = y + r * cols;
-    float* mo = mean ? mean + r : nullptr;
-    float* ro = rstd ? rstd + r : nullptr;
+    __shared__ float smem[NORM_MAX_RPB * 64];
     constexpr int N = VecT<T>::N;
-    if (cols % N == 0 && aligned16(x) && aligned16(y))
-        norm_fwd_row<T, N, VPT>(xr, w, b, yr, mo, ro, valid, cols, eps, lane, tpr, rms, wf32, smem);
-    else
-        norm_fwd_row<T, 1, VPT>(xr, w, b, yr, mo, ro, valid, cols, eps, lane, tpr, rms, wf32, smem);
+    if (cols % N == 0 && aligned16(x) && aligned16(y)) {
+        if (cols / N <= tpr * VPT)
+            norm_fwd_vec<T, VPT>(x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32, smem);
+        else
+            norm_fwd_any<T, N, VPT>(x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32, smem);
+    } else {
+        norm_fwd_any<T, 1, VPT>(x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32, smem);
+    }
 }
 
 // y = (x - mean) * rstd * w + b per row (rms: mean = 0, no b). mean / rstd: fp32 (rows,), either may be null.
@@ -128,27 +286,164 @@ __global__ void norm_fwd4(const T* __restrict__ x, const void* __restrict__ w, c
     norm_fwd_impl<T, 4>(x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32);
 }
 
-// Backward of rows; each row group accumulates its share of dw = sum(dy * xhat), db = sum(dy) in registers and writes
-// one partial row into dw_part / db_part (fp32, (gridDim.x * groups_per_block, cols)), summed by column_sum.
-template <typename T, int N, int VPT>
-__device__ __forceinline__ void norm_bwd_rows(const T* __restrict__ dy, const T* __restrict__ x,
-                                              const void* __restrict__ w, const float* __restrict__ mean,
-                                              const float* __restrict__ rstd, T* __restrict__ dx,
-                                              float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows,
-                                              int cols, int tpr, int rms, int wf32, float* smem) {
-    const int lane = threadIdx.x % tpr, rpb = blockDim.x / tpr;
-    const i64 part = (i64)blockIdx.x * rpb + threadIdx.x / tpr;
+// ---------------------------------------------------------------------------------------------- backward
+// ACC: the weight-gradient partials a kernel accumulates: 0 none (dx only), 1 dw = sum(dy * xhat), 2 dw and
+// db = sum(dy). On the cached paths each row group adds its rows into its own fp32 row of dynamic shared memory
+// (acc: ACC * rpb * cols floats, [dw rows | db rows], each thread touching only its own columns: no races, a fixed
+// order); at the end the block adds its row groups in order and writes one partial row per block into dw_part /
+// db_part (fp32, (gridDim.x, cols)), summed over blocks by column_sum. On the looping path (rpb == 1) the partials
+// go straight to the block's part row. Either pointer may be null.
+__device__ __forceinline__ void parts_zero(float* __restrict__ acc, int n) {
+    for (int c = threadIdx.x; c < n; c += blockDim.x) acc[c] = 0.f;
+    __syncthreads();
+}
+
+template <int ACC>
+__device__ __forceinline__ void parts_write(const float* __restrict__ acc, float* __restrict__ dw_part,
+                                            float* __restrict__ db_part, int cols, int rpb) {
+    __syncthreads();
+    const i64 base = (i64)blockIdx.x * cols;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float s = 0.f, t = 0.f;
+        for (int g = 0; g < rpb; ++g) {
+            s += acc[g * cols + c];
+            if (ACC == 2) t += acc[(rpb + g) * cols + c];
+        }
+        if (dw_part) dw_part[base + c] = s;
+        if (ACC == 2 && db_part) db_part[base + c] = t;
+    }
+}
+
+// acc[...] += (dy * xhat, dy) for one thread's vector of N columns at `col`.
+template <int ACC, int N>
+__device__ __forceinline__ void parts_add(float* __restrict__ acc, int rg, int rpb, int cols, int col,
+                                          const float (&xh)[N], const float (&dv)[N]) {
+    if (ACC >= 1) {
+        float a[N];
+        float* p = acc + rg * cols + col;
+        load_f32<float, N>(p, a);
+#pragma unroll
+        for (int j = 0; j < N; ++j) a[j] += dv[j] * xh[j];
+        store_f32<float, N>(p, a);
+    }
+    if (ACC == 2) {
+        float a[N];
+        float* p = acc + (rpb + rg) * cols + col;
+        load_f32<float, N>(p, a);
+#pragma unroll
+        for (int j = 0; j < N; ++j) a[j] += dv[j];
+        store_f32<float, N>(p, a);
+    }
+}
+
+// 16-byte vector path, the row cached (nvec <= tpr * VPT), the next row (x, dy, mean, rstd) prefetched. x and dy stay
+// raw 16-byte words in registers; xhat and g = dy * w are recomputed for the output pass (w re-read from L1).
+template <typename T, int VPT, int ACC>
+__device__ __forceinline__ void norm_bwd_vec(const T* __restrict__ dy, const T* __restrict__ x,
+                                             const void* __restrict__ w, const float* __restrict__ mean,
+                                             const float* __restrict__ rstd, T* __restrict__ dx,
+                                             float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows,
+                                             int cols, int tpr, int rms, int wf32, float* smem, float* acc) {
+    constexpr int N = VecT<T>::N;
+    const int lane = threadIdx.x % tpr, rg = threadIdx.x / tpr, rpb = blockDim.x / tpr, nvec = cols / N;
+    const i64 nblk = (rows + rpb - 1) / rpb;
+    const float inv_cols = 1.f / cols;
+    if (ACC) parts_zero(acc, ACC * rpb * cols);
+    uint4 nx[VPT], nd[VPT];
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) nx[i] = nd[i] = make_uint4(0u, 0u, 0u, 0u);
+    float nmu = 0.f, nrs = 0.f;
+    i64 rb = blockIdx.x;
+    if (rb < nblk) {
+        const i64 row = rb * rpb + rg;
+        fetch_row<T, VPT>(x, row, rows, cols, nvec, lane, tpr, nx);
+        fetch_row<T, VPT>(dy, row, rows, cols, nvec, lane, tpr, nd);
+        if (row < rows) {
+            nmu = rms ? 0.f : mean[row];
+            nrs = rstd[row];
+        }
+    }
+    for (; rb < nblk; rb += gridDim.x) {
+        const i64 row = rb * rpb + rg;
+        const bool valid = row < rows;
+        uint4 cx[VPT], cd[VPT];
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+            cx[i] = nx[i];
+            cd[i] = nd[i];
+        }
+        const float mu = nmu, rs = nrs;
+        if (rb + gridDim.x < nblk) {
+            const i64 nrow = (rb + gridDim.x) * rpb + rg;
+            fetch_row<T, VPT>(x, nrow, rows, cols, nvec, lane, tpr, nx);
+            fetch_row<T, VPT>(dy, nrow, rows, cols, nvec, lane, tpr, nd);
+            if (nrow < rows) {
+                nmu = rms ? 0.f : mean[nrow];
+                nrs = rstd[nrow];
+            }
+        }
+        float sg = 0.f, sgx = 0.f;
+        const void* wp = opaque_ptr(w);
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+            const int k = i * tpr + lane;
+            if (valid && k < nvec) {
+                float xv[N], dv[N], wv[N];
+                if (wp) load_any<T, N>(wp, (i64)k * N, wf32, wv);
+                unpack_f32<T>(cx[i], xv);
+                unpack_f32<T>(cd[i], dv);
+#pragma unroll
+                for (int j = 0; j < N; ++j) {
+                    xv[j] = (xv[j] - mu) * rs;
+                    const float g = wp ? dv[j] * wv[j] : dv[j];
+                    sg += g;
+                    sgx += g * xv[j];
+                }
+                if (ACC) parts_add<ACC, N>(acc, rg, rpb, cols, k * N, xv, dv);
+            }
+        }
+        rg_sum2(sg, sgx, tpr, smem);
+        const float mg = rms ? 0.f : sg * inv_cols, mgx = sgx * inv_cols;
+        opaque<VPT>(cx);
+        opaque<VPT>(cd);
+        wp = opaque_ptr(w);
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+            const int k = i * tpr + lane;
+            if (valid && k < nvec) {
+                float xv[N], dv[N], wv[N];
+                if (wp) load_any<T, N>(wp, (i64)k * N, wf32, wv);
+                unpack_f32<T>(cx[i], xv);
+                unpack_f32<T>(cd[i], dv);
+#pragma unroll
+                for (int j = 0; j < N; ++j) {
+                    const float xh = (xv[j] - mu) * rs;
+                    const float g = wp ? dv[j] * wv[j] : dv[j];
+                    xv[j] = rs * (g - mg - xh * mgx);
+                }
+                *reinterpret_cast<uint4*>(dx + row * cols + (i64)k * N) = pack_f32<T>(xv);
+            }
+        }
+    }
+    if (ACC) parts_write<ACC>(acc, dw_part, db_part, cols, rpb);
+}
+
+// Any width / alignment (N = 1: scalar). The row cached when it fits; else (very wide rows, one row group per block)
+// two passes over the row and the partials go straight to the block's part row.
+template <typename T, int N, int VPT, int ACC>
+__device__ __forceinline__ void norm_bwd_any(const T* __restrict__ dy, const T* __restrict__ x,
+                                             const void* __restrict__ w, const float* __restrict__ mean,
+                                             const float* __restrict__ rstd, T* __restrict__ dx,
+                                             float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows,
+                                             int cols, int tpr, int rms, int wf32, float* smem, float* acc) {
+    const int lane = threadIdx.x % tpr, rg = threadIdx.x / tpr, rpb = blockDim.x / tpr;
     const int nvec = cols / N;
     const float inv_cols = 1.f / cols;
+    const i64 nblk = (rows + rpb - 1) / rpb;
     if (nvec <= tpr * VPT) {
-        float aw[VPT][N], ab[VPT][N];
-#pragma unroll
-        for (int i = 0; i < VPT; ++i)
-#pragma unroll
-            for (int j = 0; j < N; ++j) aw[i][j] = ab[i][j] = 0.f;
-        const i64 nblk = (rows + rpb - 1) / rpb;
+        if (ACC) parts_zero(acc, ACC * rpb * cols);
         for (i64 rb = blockIdx.x; rb < nblk; rb += gridDim.x) {
-            const i64 row = rb * rpb + threadIdx.x / tpr;
+            const i64 row = rb * rpb + rg;
             const bool valid = row < rows;
             const i64 r = valid ? row : 0;
             const float mu = rms ? 0.f : mean[r], rs = rstd[r];
@@ -165,18 +460,17 @@ __device__ __forceinline__ void norm_bwd_rows(const T* __restrict__ dy, const T*
 #pragma unroll
                     for (int j = 0; j < N; ++j) {
                         const float xh = (xv[i][j] - mu) * rs;
-                        aw[i][j] += dv[j] * xh;
-                        ab[i][j] += dv[j];
                         const float g = w ? dv[j] * wv[j] : dv[j];
                         xv[i][j] = xh;
                         gv[i][j] = g;
                         sg += g;
                         sgx += g * xh;
                     }
+                    if (ACC) parts_add<ACC, N>(acc, rg, rpb, cols, k * N, xv[i], dv);
                 }
             }
-            const float mg = rms ? 0.f : group_sum(sg, tpr, smem) * inv_cols;
-            const float mgx = group_sum(sgx, tpr, smem) * inv_cols;
+            rg_sum2(sg, sgx, tpr, smem);
+            const float mg = rms ? 0.f : sg * inv_cols, mgx = sgx * inv_cols;
 #pragma unroll
             for (int i = 0; i < VPT; ++i) {
                 const int k = i * tpr + lane;
@@ -188,22 +482,16 @@ __device__ __forceinline__ void norm_bwd_rows(const T* __restrict__ dy, const T*
                 }
             }
         }
-#pragma unroll
-        for (int i = 0; i < VPT; ++i) {
-            const int k = i * tpr + lane;
-            if (k < nvec) {
-                if (dw_part) store_f32<float, N>(dw_part + part * cols + (i64)k * N, aw[i]);
-                if (db_part) store_f32<float, N>(db_part + part * cols + (i64)k * N, ab[i]);
+        if (ACC) parts_write<ACC>(acc, dw_part, db_part, cols, rpb);
+    } else {  // very wide rows (rpb == 1): partials go straight to the block's part row
+        const i64 part = blockIdx.x;
+        if (ACC)
+            for (int k = lane; k < cols; k += tpr) {
+                if (dw_part) dw_part[part * cols + k] = 0.f;
+                if (ACC == 2 && db_part) db_part[part * cols + k] = 0.f;
             }
-        }
-    } else {  // very wide rows: partials go straight to the part row (this group owns it)
-        for (int k = lane; k < cols; k += tpr) {
-            if (dw_part) dw_part[part * cols + k] = 0.f;
-            if (db_part) db_part[part * cols + k] = 0.f;
-        }
-        const i64 nblk = (rows + rpb - 1) / rpb;
         for (i64 rb = blockIdx.x; rb < nblk; rb += gridDim.x) {
-            const i64 row = rb * rpb + threadIdx.x / tpr;
+            const i64 row = rb * rpb + rg;
             const bool valid = row < rows;
             const i64 r = valid ? row : 0;
             const float mu = rms ? 0.f : mean[r], rs = rstd[r];
@@ -216,11 +504,11 @@ __device__ __forceinline__ void norm_bwd_rows(const T* __restrict__ dy, const T*
                     const float g = w ? d * load_any1<T>(w, k, wf32) : d;
                     sg += g;
                     sgx += g * xh;
-                    if (dw_part) dw_part[part * cols + k] += d * xh;
-                    if (db_part) db_part[part * cols + k] += d;
+                    if (ACC >= 1 && dw_part) dw_part[part * cols + k] += d * xh;
+                    if (ACC == 2 && db_part) db_part[part * cols + k] += d;
                 }
-            const float mg = rms ? 0.f : group_sum(sg, tpr, smem) * inv_cols;
-            const float mgx = group_sum(sgx, tpr, smem) * inv_cols;
+            rg_sum2(sg, sgx, tpr, smem);
+            const float mg = rms ? 0.f : sg * inv_cols, mgx = sgx * inv_cols;
             if (valid)
                 for (int k = lane; k < cols; k += tpr) {
                     const float d = to_f32(dyr[k]), xh = (to_f32(xr[k]) - mu) * rs;
@@ -231,40 +519,92 @@ __device__ __forceinline__ void norm_bwd_rows(const T* __restrict__ dy, const T*
     }
 }
 
-template <typename T, int VPT>
+template <typename T, int VPT, int ACC>
 __device__ __forceinline__ void norm_bwd_impl(const T* __restrict__ dy, const T* __restrict__ x,
                                               const void* __restrict__ w, const float* __restrict__ mean,
                                               const float* __restrict__ rstd, T* __restrict__ dx,
                                               float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows,
                                               int cols, int tpr, int rms, int wf32) {
-    __shared__ float smem[32];
+    __shared__ float smem[NORM_MAX_RPB * 64];
+    extern __shared__ __align__(16) float norm_acc[];  // ACC * rpb * cols floats on the cached paths (see parts_add)
     constexpr int N = VecT<T>::N;
-    if (cols % N == 0 && aligned16(x) && aligned16(dy) && aligned16(dx))
-        norm_bwd_rows<T, N, VPT>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, smem);
-    else
-        norm_bwd_rows<T, 1, VPT>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, smem);
+    if (cols % N == 0 && aligned16(x) && aligned16(dy) && aligned16(dx)) {
+        if (cols / N <= tpr * VPT)
+            norm_bwd_vec<T, VPT, ACC>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, smem,
+                                      norm_acc);
+        else
+            norm_bwd_any<T, N, VPT, ACC>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, smem,
+                                         norm_acc);
+    } else {
+        norm_bwd_any<T, 1, VPT, ACC>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, smem,
+                                     norm_acc);
+    }
 }
 
+// dx of the rows, and (norm_bwd*) dw and db partials, (norm_bwdw*) dw partials only, (norm_bwdx*) none: dw_part /
+// db_part are then not touched. The digit is VPT. Dynamic shared memory: ACC * rpb * cols floats (see parts_add).
 template <typename T>
 __global__ void norm_bwd1(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
                           const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
                           float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
                           int rms, int wf32) {
-    norm_bwd_impl<T, 1>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32);
+    norm_bwd_impl<T, 1, 2>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32);
 }
 template <typename T>
 __global__ void norm_bwd2(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
                           const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
                           float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
                           int rms, int wf32) {
-    norm_bwd_impl<T, 2>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32);
+    norm_bwd_impl<T, 2, 2>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32);
 }
 template <typename T>
 __global__ void norm_bwd4(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
                           const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
                           float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
                           int rms, int wf32) {
-    norm_bwd_impl<T, 4>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32);
+    norm_bwd_impl<T, 4, 2>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32);
+}
+template <typename T>
+__global__ void norm_bwdw1(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
+                          const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
+                          float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
+                          int rms, int wf32) {
+    norm_bwd_impl<T, 1, 1>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32);
+}
+template <typename T>
+__global__ void norm_bwdw2(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
+                          const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
+                          float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
+                          int rms, int wf32) {
+    norm_bwd_impl<T, 2, 1>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32);
+}
+template <typename T>
+__global__ void norm_bwdw4(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
+                          const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
+                          float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
+                          int rms, int wf32) {
+    norm_bwd_impl<T, 4, 1>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32);
+}
+template <typename T>
+__global__ void norm_bwdx1(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
+                          const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
+                          float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
+                          int rms, int wf32) {
+    norm_bwd_impl<T, 1, 0>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32);
+}
+template <typename T>
+__global__ void norm_bwdx2(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
+                          const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
+                          float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
+                          int rms, int wf32) {
+    norm_bwd_impl<T, 2, 0>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32);
+}
+template <typename T>
+__global__ void norm_bwdx4(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
+                          const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
+                          float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
+                          int rms, int wf32) {
+    norm_bwd_impl<T, 4, 0>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32);
 }
 
 // out[c] = sum_p part[p, c], in T (the weight's dtype). Block (32, 32).

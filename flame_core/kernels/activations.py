@@ -73,10 +73,21 @@ def _silu_grad_ref(dy, x):
 
 
 # ----------------------------------------------------------------------------- kernels
+_UNROLL = 4   # 16-byte vectors per thread and loop step: ACT_UNROLL in cuda_src/activations.cu
+_BLOCK = 256
+
+
+def _grid(n, dtype):
+    """One loop step per thread for the sizes that matter (the grid covers the data, as PyTorch's elementwise kernels
+    do); past 64 blocks per SM the kernels' grid-stride loop takes the rest."""
+    blocks = L.cdiv(n // L.vec_width(dtype), _BLOCK * _UNROLL)
+    return (max(1, min(blocks, L.sm_count() * 64)),), (_BLOCK,)
+
+
 def _unary(name, x, *extra):
     x = L.contiguous(x)
     y = L.xp_of(x).empty_like(x)
-    grid, block = L.elementwise_grid(x.size, x.dtype)
+    grid, block = _grid(x.size, x.dtype)
     L.launch(L.get_function("activations", name, x.dtype), grid, block, (x, y, L.i64(x.size)) + extra)
     return y
 
@@ -86,7 +97,7 @@ def _binary(name, dy, x, *extra):
         raise ValueError(f"{name}: gradient shape {dy.shape} differs from input shape {x.shape}")
     x, dy = L.contiguous(x), L.contiguous(dy.astype(x.dtype, copy=False))
     dx = L.xp_of(x).empty_like(x)
-    grid, block = L.elementwise_grid(x.size, x.dtype)
+    grid, block = _grid(x.size, x.dtype)
     L.launch(L.get_function("activations", name, x.dtype), grid, block, (dy, x, dx, L.i64(x.size)) + extra)
     return dx
 

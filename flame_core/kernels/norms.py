@@ -13,6 +13,7 @@ the reference path); the saved `mean` / `rstd` have shape x.shape[:-1] (layer / 
 import numpy as np
 
 from . import loader as L
+from .. import backend
 from ..errors import ShapeError
 
 
@@ -64,6 +65,64 @@ def _layer_grad_ref(dy, x, weight, mean, rstd, bias, rms):
 
 
 # ----------------------------------------------------------------------------- kernels: layer / rms
+NORM_MAX_RPB = 8  # row groups of > 32 threads per block: NORM_MAX_RPB in cuda_src/norms.cu
+_props = {}
+
+
+def _device_props():
+    cp = backend.cupy
+    dev = cp.cuda.runtime.getDevice()
+    p = _props.get(dev)
+    if p is None:
+        d = cp.cuda.runtime.getDeviceProperties(dev)
+        p = _props[dev] = (d["regsPerMultiprocessor"], d["maxThreadsPerMultiProcessor"],
+                           d["sharedMemPerMultiprocessor"], d["sharedMemPerBlockOptin"], d["major"] * 10 + d["minor"])
+    return p
+
+
+def _threads_per_sm(kernel):
+    """Threads of `kernel` an SM holds by its registers (allocated per warp in units of 256) and thread limit."""
+    regs, threads = _device_props()[:2]
+    per_warp = L.cdiv(max(1, kernel.num_regs) * 32, 256) * 256
+    return min(regs // per_warp * 32, threads)
+
+
+def _blocks_per_sm(kernel, block, smem=0):
+    sm_smem = _device_props()[2]
+    by_smem = sm_smem // (kernel.shared_size_bytes + smem + 1024)  # 1 KiB per block is reserved
+    return max(1, min(_threads_per_sm(kernel) // block, 32, by_smem))
+
+
+def _row_kernel(name, dtype, cols, vec, force_loop=False):
+    """(kernel, vpt, tpr, looping) of the row family `<name>1/2/4` (the heuristic of loader.row_plan): looping means
+    rows wider than tpr * vpt vectors (one row group of tpr threads per block, the row re-read from cache)."""
+    nvec = max(1, cols // vec)
+    if force_loop:
+        order = [1]
+    elif L.vpt_override is not None:
+        order = [L.vpt_override]
+    else:
+        first = next((v for v in L.VPTS if L.cdiv(nvec, v) <= 256), L.VPTS[-1])
+        order = [v for v in L.VPTS if v >= first]
+    for vpt in order:
+        kernel = L.get_function("norms", f"{name}{vpt}", dtype)
+        limit = kernel.max_threads_per_block // 32 * 32
+        tpr = L.row_tpr(nvec, vpt)
+        if tpr <= limit and not force_loop:
+            return kernel, vpt, tpr, False
+    return kernel, vpt, min(limit, 1024), True
+
+
+def _persistent_grid(kernel, block, rpb, rows, smem=0):
+    """Blocks loop over row blocks: as many as fit on the GPU at once (or one per row block)."""
+    return (max(1, min(L.cdiv(rows, rpb), L.sm_count() * _blocks_per_sm(kernel, block, smem))),)
+
+
+def _dynamic_smem(kernel, smem):
+    if smem + kernel.shared_size_bytes > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < smem:
+        kernel.max_dynamic_shared_size_bytes = int(smem)
+
+
 def _layer_fwd_kernel(x, weight, bias, eps, rms):
     xp = L.xp_of(x)
     x = L.contiguous(x)
@@ -73,11 +132,42 @@ def _layer_fwd_kernel(x, weight, bias, eps, rms):
     mean = None if rms else xp.empty(x.shape[:-1], dtype=np.float32)
     rstd = xp.empty(x.shape[:-1], dtype=np.float32)
     vec = L.vec_width(x.dtype)
-    kernel, grid, block, tpr = L.row_plan("norms", "norm_fwd", x.dtype, rows, cols, vec if cols % vec == 0 else 1)
-    L.launch(kernel, grid, block,
+    kernel, _, tpr, _ = _row_kernel("norm_fwd", x.dtype, cols, vec if cols % vec == 0 else 1)
+    block = tpr if tpr > 32 else 128
+    grid = _persistent_grid(kernel, block, block // tpr, rows)
+    L.launch(kernel, grid, (block,),
              (x, w, b, y, L.null() if rms else mean, rstd, L.i64(rows), L.i32(cols), L.f32(eps), L.i32(tpr),
               L.i32(rms), L.i32(wf32)))
     return y, mean, rstd
+
+
+def _bwd_plan(dtype, rows, cols, acc):
+    """(kernel, grid, block, tpr, dynamic smem bytes) of the backward. With weight-gradient partials (acc = 1: dw,
+    2: dw and db) a block of rpb row groups adds them in shared memory (acc * rpb * cols floats) and writes one partial
+    row: rpb as large as the SM's registers allow (fewer partial rows to write and sum)."""
+    name = ("norm_bwdx", "norm_bwdw", "norm_bwd")[acc]
+    vec = L.vec_width(dtype)
+    vec = vec if cols % vec == 0 else 1
+    kernel, vpt, tpr, looping = _row_kernel(name, dtype, cols, vec)
+    cap = min(160 * 1024, _device_props()[3] - kernel.shared_size_bytes - 1024)
+    if acc and not looping and acc * cols * 4 > cap:  # the row's partial sums do not fit: looping path
+        kernel, vpt, tpr, looping = _row_kernel(name, dtype, cols, vec, force_loop=True)
+        assert max(1, cols // vec) > tpr * vpt
+    if looping:  # one row group per block: the partials go straight to the block's part row
+        block = tpr
+    elif tpr <= 32:
+        block = 128
+    elif acc:
+        fit = min(_threads_per_sm(kernel), kernel.max_threads_per_block // 32 * 32, 1024)
+        rpb = max(1, min(NORM_MAX_RPB, fit // tpr))
+        while rpb > 1 and acc * rpb * cols * 4 > cap:
+            rpb -= 1
+        block = tpr * rpb
+    else:
+        block = tpr
+    rpb = block // tpr
+    smem = acc * rpb * cols * 4 if acc and not looping else 0
+    return kernel, _persistent_grid(kernel, block, rpb, rows, smem), (block,), tpr, smem
 
 
 def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms):
@@ -86,10 +176,10 @@ def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms):
     dy = L.contiguous(dy.astype(x.dtype, copy=False))
     rows, cols = _rows_cols(x)
     (w,), wf32 = _param_args(x, weight)
-    vec = L.vec_width(x.dtype)
-    kernel, grid, block, tpr = L.row_plan("norms", "norm_bwd", x.dtype, rows, cols, vec if cols % vec == 0 else 1)
-    grid = (min(grid[0], L.sm_count() * 4),)
-    parts = grid[0] * (block[0] // tpr)
+    acc = 0 if weight is None and bias is None else (1 if bias is None else 2)
+    kernel, grid, block, tpr, smem = _bwd_plan(x.dtype, rows, cols, acc)
+    _dynamic_smem(kernel, smem)
+    parts = grid[0]
     dw_part = xp.empty((parts, cols), dtype=np.float32) if weight is not None else None
     db_part = xp.empty((parts, cols), dtype=np.float32) if bias is not None else None
     dx = xp.empty_like(x)
@@ -97,7 +187,7 @@ def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms):
     L.launch(kernel, grid, block,
              (dy, x, w, mean_arg, L.contiguous(rstd.astype(np.float32, copy=False)), dx,
               L.null() if dw_part is None else dw_part, L.null() if db_part is None else db_part,
-              L.i64(rows), L.i32(cols), L.i32(tpr), L.i32(rms), L.i32(wf32)))
+              L.i64(rows), L.i32(cols), L.i32(tpr), L.i32(rms), L.i32(wf32)), shared_mem=smem)
     dw = L.column_sum("norms", "column_sum", dw_part, weight.dtype) if weight is not None else None
     db = L.column_sum("norms", "column_sum", db_part, bias.dtype) if bias is not None else None
     return dx, dw, db
@@ -194,11 +284,62 @@ def _f32_or_null(p):
     return L.null() if p is None else L.contiguous(p.astype(np.float32, copy=False))
 
 
+# One pass on sm_90+: a cluster of GN_CL blocks per (n, group) caches the group in shared memory (cuda_src/groupnorm.cu,
+# gn_fwd_cluster / gn_bwd_cluster): x (and dy) read once, y (dx) written once. Groups too large for the cluster's
+# shared memory, older GPUs and `use_cluster = False` take the split path (chunk partials, finalize, apply).
+GN_CL, GN_THREADS, GN_HEAD = 8, 256, 512  # as in cuda_src/groupnorm.cu
+use_cluster = True
+
+
+def _gn_cluster_smem(x, cpg, hw, arrays):
+    """Dynamic shared memory of the cluster kernels caching `arrays` slices of x's dtype, or None where it does not
+    fit (or the GPU has no clusters)."""
+    if not use_cluster or _device_props()[4] < 90:
+        return None
+    vec = L.vec_width(x.dtype)
+    vec = vec if hw % vec == 0 else 1
+    s = L.cdiv(L.cdiv(cpg * hw, GN_CL), vec) * vec
+    smem = GN_HEAD + arrays * s * x.dtype.itemsize
+    return smem if smem <= _device_props()[3] - 1024 else None
+
+
+def _gn_fwd_cluster(x, g, weight, bias, eps, smem):
+    xp = L.xp_of(x)
+    n, c = x.shape[:2]
+    hw = x.size // (n * c)
+    y = xp.empty_like(x)
+    mean = xp.empty((n, g), dtype=np.float32)
+    rstd = xp.empty((n, g), dtype=np.float32)
+    L.launch(L.get_function("groupnorm", "gn_fwd_cluster<{T}, 8>", x.dtype), (n * g * GN_CL,), (GN_THREADS,),
+             (x, _f32_or_null(weight), _f32_or_null(bias), y, mean, rstd, L.i32(g), L.i32(c // g), L.i64(hw),
+              L.f32(eps)), shared_mem=smem)
+    return y, mean, rstd
+
+
+def _gn_bwd_cluster(dy, x, g, weight, mean, rstd, bias, smem):
+    xp = L.xp_of(x)
+    n, c = x.shape[:2]
+    hw = x.size // (n * c)
+    dx = xp.empty_like(x)
+    dw_part = xp.empty((n * GN_CL, c), dtype=np.float32) if weight is not None else None
+    db_part = xp.empty((n * GN_CL, c), dtype=np.float32) if bias is not None else None
+    L.launch(L.get_function("groupnorm", "gn_bwd_cluster<{T}, 8>", x.dtype), (n * g * GN_CL,), (GN_THREADS,),
+             (dy, x, _f32_or_null(weight), L.contiguous(mean.astype(np.float32, copy=False)),
+              L.contiguous(rstd.astype(np.float32, copy=False)), dx, L.null() if dw_part is None else dw_part,
+              L.null() if db_part is None else db_part, L.i32(g), L.i32(c // g), L.i64(hw)), shared_mem=smem)
+    dw = L.column_sum("groupnorm", "gn_column_sum", dw_part, weight.dtype) if weight is not None else None
+    db = L.column_sum("groupnorm", "gn_column_sum", db_part, bias.dtype) if bias is not None else None
+    return dx, dw, db
+
+
 def _gn_fwd_kernel(x, g, weight, bias, eps):
     xp = L.xp_of(x)
     x = L.contiguous(x)
     n, c = x.shape[:2]
     hw = x.size // (n * c)
+    smem = _gn_cluster_smem(x, c // g, hw, 1)
+    if smem is not None:
+        return _gn_fwd_cluster(x, g, weight, bias, eps, smem)
     rows, splits = n * c, _gn_splits(n * c, hw)
     p0, p1 = _gn_partials(x, None, rows, hw, splits)
     mean = xp.empty((n, g), dtype=np.float32)
@@ -220,6 +361,9 @@ def _gn_bwd_kernel(dy, x, g, weight, mean, rstd, bias):
     dy = L.contiguous(dy.astype(x.dtype, copy=False))
     n, c = x.shape[:2]
     hw = x.size // (n * c)
+    smem = _gn_cluster_smem(x, c // g, hw, 2)
+    if smem is not None:
+        return _gn_bwd_cluster(dy, x, g, weight, mean, rstd, bias, smem)
     rows, splits = n * c, _gn_splits(n * c, hw)
     p0, p1 = _gn_partials(x, dy, rows, hw, splits)
     p, q, r = (xp.empty((rows,), dtype=np.float32) for _ in range(3))

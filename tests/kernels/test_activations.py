@@ -98,3 +98,22 @@ def test_kernels_take_unaligned_and_strided_inputs(ab, rng):
     assert_close(k, r, "float32", "unaligned")
     k, r = ab(lambda: K.silu_forward(base[:, ::2]))               # strided view: made contiguous
     assert_close(k, r, "float32", "strided")
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 33, 8191, 8192, 8193, 3 * 12288, 4608 * 12288, 2 ** 31 + 5])
+@pytest.mark.parametrize("dt", list(DTYPES))
+def test_grid_covers_the_vectors_in_one_step_up_to_the_cap(monkeypatch, n, dt):
+    from flame_core.kernels import loader
+    monkeypatch.setattr(loader, "sm_count", lambda: 132)
+    (grid,), (block,) = K._grid(n, DTYPES[dt])
+    nvec = n // loader.vec_width(DTYPES[dt])
+    assert block == K._BLOCK and 1 <= grid <= 132 * 64
+    assert grid * block * K._UNROLL >= nvec or grid == 132 * 64   # else the kernels' grid-stride loop goes on
+    assert (grid - 1) * block * K._UNROLL < max(nvec, 1)           # no block without a vector
+
+
+def test_unroll_matches_the_kernel_source():
+    import re
+    from flame_core.kernels import loader
+    text = (loader.CUDA_SRC / "activations.cu").read_text()
+    assert int(re.search(r"#define ACT_UNROLL (\d+)", text).group(1)) == K._UNROLL

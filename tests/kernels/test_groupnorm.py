@@ -82,8 +82,10 @@ SHAPES = [((1, 4, 1), 2), ((2, 6, 7), 3), ((3, 32, 5, 5), 32), ((2, 64, 9, 11), 
 @pytest.mark.parametrize("dt", list(DTYPES))
 @pytest.mark.parametrize("shape,g", SHAPES)
 @pytest.mark.parametrize("affine", [False, True])
-def test_group_norm_kernel(ab, rng, dt, shape, g, affine):
+@pytest.mark.parametrize("path", ["cluster", "split"])
+def test_group_norm_kernel(ab, rng, monkeypatch, dt, shape, g, affine, path):
     import cupy as cp
+    monkeypatch.setattr(K, "use_cluster", path == "cluster")  # cluster: sm_90+ only (else the split path runs)
     d = DTYPES[dt]
     x, dy = rand(rng, shape, d, loc=1.5, scale=2.0), rand(rng, shape, d)
     w = cp.asarray(rand(rng, shape[1:2], np.float32, loc=1.0)) if affine else None
@@ -97,3 +99,42 @@ def test_group_norm_kernel(ab, rng, dt, shape, g, affine):
     if affine:
         assert_close(dwk, dwr, "float32", "dweight", scale=50)
         assert_close(dbk, dbr, "float32", "dbias", scale=50)
+
+
+@pytest.mark.gpu
+def test_cluster_path_is_one_launch_per_pass(rng, monkeypatch):
+    """On sm_90+ a group that fits the cluster's shared memory is normalised in one kernel (two with the dweight /
+    dbias column sums); without clusters (use_cluster False) the split path takes three."""
+    import cupy as cp
+    from flame_core.kernels import loader
+    if int(cp.cuda.Device().compute_capability) < 90:
+        pytest.skip("thread-block clusters need compute capability 9.0")
+    x = cp.asarray(rand(rng, (2, 320, 32, 32), DTYPES["bfloat16"]))
+    for cluster, want in ((True, 1), (False, 3)):
+        monkeypatch.setattr(K, "use_cluster", cluster)
+        before = loader.launches
+        K.group_norm_forward(x, 32, None, None, 1e-5)
+        assert loader.launches - before == want
+
+
+@pytest.mark.parametrize("shape,g,dt,arrays,fits", [
+    ((2, 320, 128, 128), 32, "bfloat16", 1, True),    # SDXL 1024 px: 10 x 16384 per group, 40 KiB per block
+    ((2, 320, 128, 128), 32, "bfloat16", 2, True),    # backward: x and dy, 80 KiB per block
+    ((1, 512, 512, 512), 32, "bfloat16", 1, False),   # VAE decoder: 16 x 262144 per group
+    ((2, 64, 9, 11), 8, "float32", 2, True),          # hw % 4 != 0: scalar slices
+])
+def test_cluster_shared_memory_plan(monkeypatch, shape, g, dt, arrays, fits):
+    monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, 90))
+    x = np.empty(shape, DTYPES[dt])
+    n, c = shape[:2]
+    hw = x.size // (n * c)
+    smem = K._gn_cluster_smem(x, c // g, hw, arrays)
+    assert (smem is not None) == fits
+    if fits:
+        per_block = -(-(c // g) * hw // K.GN_CL)
+        assert K.GN_HEAD + arrays * per_block * x.dtype.itemsize <= smem <= 232448 - 1024
+    monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, 80))
+    assert K._gn_cluster_smem(x, c // g, hw, arrays) is None   # no clusters before sm_90
+    monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, 90))
+    monkeypatch.setattr(K, "use_cluster", False)
+    assert K._gn_cluster_smem(x, c // g, hw, arrays) is None

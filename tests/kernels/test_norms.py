@@ -132,19 +132,20 @@ def test_double_backward_through_layer_norm():
 
 # ----------------------------------------------------------------------------- GPU: kernels vs reference
 SHAPES = [(1, 1), (1, 7), (5, 33), (257, 64), (1000, 128), (130, 1000), (3, 3072), (2, 16384), (2, 20001),
-          (1, 12288), (67, 3072)]
+          (1, 12288), (67, 3072),
+          (1500, 3072), (40000, 128)]  # more rows than the persistent blocks: each block loops (and prefetches)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dt", list(DTYPES))
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("affine", ["none", "same", "fp32"])
+@pytest.mark.parametrize("affine", ["none", "same", "fp32", "weight"])
 def test_layer_norm_kernel(ab, rng, dt, shape, affine):
     d = DTYPES[dt]
     x, dy = rand(rng, shape, d, loc=2.0, scale=3.0), rand(rng, shape, d)
-    pdt = d if affine == "same" else np.float32
+    pdt = d if affine in ("same", "weight") else np.float32
     w = rand(rng, shape[-1:], pdt, loc=1.0) if affine != "none" else None
-    b = rand(rng, shape[-1:], pdt) if affine != "none" else None
+    b = rand(rng, shape[-1:], pdt) if affine not in ("none", "weight") else None
     wc, bc = (None, None) if w is None else (_cp(w), _cp(b))
     (yk, mk, rk), (yr, mr, rr) = ab(lambda a: K.layer_norm_forward(a, wc, bc, 1e-5), x)
     assert yk.dtype == x.dtype
@@ -154,12 +155,16 @@ def test_layer_norm_kernel(ab, rng, dt, shape, affine):
     (dxk, dwk, dbk), (dxr, dwr, dbr) = ab(lambda g, a: K.layer_norm_backward(g, a, wc, mr, rr, bc), dy, x)
     assert_close(dxk, dxr, dt, "dx", scale=2, mag=grad_mag(dy, rr, wc))
     if w is not None:
-        assert dwk.dtype == pdt and dbk.dtype == pdt
+        assert dwk.dtype == pdt
         tol_dt = "float32" if pdt == np.float32 else dt
         assert_close(dwk, dwr, tol_dt, "dweight", scale=20)
+    else:
+        assert dwk is None
+    if b is not None:
+        assert dbk.dtype == pdt
         assert_close(dbk, dbr, tol_dt, "dbias", scale=20)
     else:
-        assert dwk is None and dbk is None
+        assert dbk is None
 
 
 @pytest.mark.gpu
@@ -182,3 +187,38 @@ def test_rms_norm_kernel(ab, rng, dt, shape, weight):
 def _cp(a):
     from flame_core import backend
     return backend.cupy.asarray(a)
+
+
+# ----------------------------------------------------------------------------- launch plans (no GPU needed)
+class _PlanKernel:
+    def __init__(self, name, regs):
+        self.name, self.num_regs, self.shared_size_bytes = name, regs, 2048
+        per_warp = -(-regs * 32 // 256) * 256
+        self.max_threads_per_block = min(1024, 65536 // per_warp * 32)
+        self.max_dynamic_shared_size_bytes = 48 * 1024 - 2048
+
+
+@pytest.mark.parametrize("cols", [1, 7, 33, 64, 128, 1000, 3072, 12288, 16384, 20001, 32768, 65536])
+@pytest.mark.parametrize("dt", ["float32", "bfloat16"])
+@pytest.mark.parametrize("acc", [0, 1, 2])
+@pytest.mark.parametrize("regs", [40, 96, 200])
+def test_backward_plan_respects_limits(monkeypatch, cols, dt, acc, regs):
+    """The backward's launch plan keeps to what the kernel assumes: row groups of <= 32 threads or of whole warps
+    (at most NORM_MAX_RPB per block), the cached path with acc * rpb * cols floats of shared memory, the looping
+    path with one row group per block, and no more blocks than fit on the GPU at once."""
+    from flame_core.kernels import loader
+    monkeypatch.setattr(loader, "get_function", lambda stem, name, dtype=None: _PlanKernel(name, regs))
+    monkeypatch.setattr(loader, "sm_count", lambda: 132)
+    monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, 90))
+    rows, vec = 4608, loader.vec_width(DTYPES[dt])
+    kernel, grid, (block,), tpr, smem = K._bwd_plan(DTYPES[dt], rows, cols, acc)
+    assert kernel.name.startswith(("norm_bwdx", "norm_bwdw", "norm_bwd")[acc])
+    vpt, nvec = int(kernel.name[-1]), cols // vec if cols % vec == 0 else cols
+    assert block <= kernel.max_threads_per_block and block % tpr == 0
+    rpb = block // tpr
+    assert (tpr <= 32 and tpr & (tpr - 1) == 0) or (tpr % 32 == 0 and rpb <= K.NORM_MAX_RPB)
+    if nvec <= tpr * vpt:  # cached path
+        assert smem == acc * rpb * cols * 4 and smem + kernel.shared_size_bytes <= 232448
+    else:                  # looping path: the block's own part row
+        assert rpb == 1 and smem == 0
+    assert grid[0] == min(-(-rows // rpb), 132 * K._blocks_per_sm(kernel, block, smem))
