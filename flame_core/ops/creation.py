@@ -69,7 +69,8 @@ def tensor(data, *, dtype=None, device=None, requires_grad=False):
     """A new tensor copying `data` (nested lists, scalars, NumPy/CuPy arrays or tensors)."""
     if _cuda_fp8(data, dtype, device):  # CuPy has no fp8 dtype: build on the host, move the e4m3 bytes
         host = data.cpu() if isinstance(data, Tensor) else data
-        return tensor(host, dtype=dtype, device="cpu").to(_parse_device(device))
+        t = tensor(host, dtype=dtype, device="cpu").to(_parse_device(device))
+        return t.requires_grad_(True) if requires_grad else t  # (refused for float8, with the reason)
     t = _wrap(_array_from(data, dtype, device))
     if requires_grad:
         t.requires_grad_(True)

@@ -126,7 +126,11 @@ class Einsum(Function):
         up = dt in _HALF and (xp is np or dt == _BF16)  # no half BLAS in NumPy; no batched bf16 in CuPy
         if up:
             arrs = [a.astype(np.float32) for a in arrs]
-        r = xp.einsum(",".join(ins) + "->" + out, *arrs, optimize=len(arrs) > 2 if xp is np else False)
+        try:
+            r = xp.einsum(",".join(ins) + "->" + out, *arrs, optimize=len(arrs) > 2 if xp is np else False)
+        except ValueError as e:  # a label with two sizes (NumPy says "broadcast", CuPy "size of label")
+            raise ShapeError(f"einsum {','.join(ins)}->{out}: operand shapes "
+                             f"{', '.join(fmt_shape(a.shape) for a in arrs)} do not fit ({e})") from e
         ctx.save_for_backward(*xs)
         ctx.spec = spec
         return _wrap(r.astype(dt) if up else r)

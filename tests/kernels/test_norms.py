@@ -146,7 +146,7 @@ def test_layer_norm_kernel(ab, rng, dt, shape, affine):
     pdt = d if affine in ("same", "weight") else np.float32
     w = rand(rng, shape[-1:], pdt, loc=1.0) if affine != "none" else None
     b = rand(rng, shape[-1:], pdt) if affine not in ("none", "weight") else None
-    wc, bc = (None, None) if w is None else (_cp(w), _cp(b))
+    wc, bc = (None if w is None else _cp(w)), (None if b is None else _cp(b))
     (yk, mk, rk), (yr, mr, rr) = ab(lambda a: K.layer_norm_forward(a, wc, bc, 1e-5), x)
     assert yk.dtype == x.dtype
     assert_close(yk, yr, dt, "y")
