@@ -1,10 +1,17 @@
-"""conv2d (3x3, padding 1, bf16) at the SDXL / VAE shapes of PEERS.md: FLAME (im2col kernel + cuBLAS GEMM, in
-bounded-memory chunks) side by side with torch.nn.functional.conv2d (cuDNN) in the same process.
+"""conv2d (3x3, padding 1, bf16) at the SDXL / VAE shapes of PEERS.md: FLAME side by side with
+torch.nn.functional.conv2d (cuDNN) in the same process.
 
-    PYTHONPATH=$PWD python3 bench/conv.py [--shapes sdxl_l0,sdxl_l1] [--repeats 20]
+    PYTHONPATH=$PWD python3 bench/conv.py [--shapes sdxl_l0,sdxl_l1] [--repeats 20] [--variant auto,im2col,...]
 
+Variants (comma-separated, each timed at every shape; the first one decides the acceptance line):
+    auto                  what conv2d picks (bf16: the implicit GEMM of cuda_src/conv_igemm.cu, tile/split by its model)
+    im2col                the im2col kernel + cuBLAS GEMM path, in bounded-memory chunks (FLAME_CONV_ALGO=im2col)
+    igemm:TILE[:sN]       the implicit GEMM with a forced tile (128x128, 64x128, 128x256) and optionally N
+                          reduction slices (FLAME_CONV_TILE), e.g. igemm:128x256 or igemm:128x128:s2
 Times are CUDA-event medians after warm-up; fwd+bwd computes dx and dw (grads reset to None between runs).
 FLOP: fwd = 2*N*O*H*W*C*9, fwd+bwd = 3x fwd. Prints a table last and writes $OUT/conv_bench.json (or ./).
+Breakdown columns, per chunk: im2col path: the im2col kernel and the GEMM; implicit GEMM: the NHWC copy of x (in the
+'im2col ms' column) and the conv kernel with its split reduction (in the 'gemm ms' column); chunks = image chunks.
 """
 import argparse
 import json
@@ -44,8 +51,55 @@ def cuda_time_ms(fn, repeats, warmup=3):
     return float(np.median(times))
 
 
-def bench_flame(N, Cin, H, W, O, repeats):
+VARIANT_ENV = ("FLAME_CONV_ALGO", "FLAME_CONV_TILE")
+
+
+def set_variant(v):
+    """Point conv2d at a variant through its environment switches."""
+    for k in VARIANT_ENV:
+        os.environ.pop(k, None)
+    if v == "im2col":
+        os.environ["FLAME_CONV_ALGO"] = "im2col"
+    elif v.startswith("igemm:"):
+        os.environ["FLAME_CONV_TILE"] = v[len("igemm:"):]
+    elif v not in ("auto", "igemm"):
+        sys.exit(f"unknown variant {v!r}: auto, im2col or igemm:TILE[:sN]")
+
+
+def breakdown(x, w, repeats):
+    """(per-chunk first-pass ms, per-chunk GEMM ms, chunks, plan) of the path conv2d takes for x, w."""
     cp = backend.cupy
+    N, Cin, H, W = x.shape
+    O = w.shape[0]
+    g = C.geometry(tuple(x.shape), tuple(w.shape), 1, 1, 1, 1)
+    xa, wa = x._data, w._data
+    if C.use_igemm(xa, g):
+        from flame_core.kernels import conv as K
+        Cp = K.round8(Cin)
+        chunks = C._image_chunks(N, H * W * Cp * 2, C.workspace_bytes(True), H * W)
+        k = chunks[0][1]
+        wp = K.pack_weight(wa, Cp)
+        first = cuda_time_ms(lambda: K.to_nhwc(xa[:k], Cp), repeats)
+        xt = K.to_nhwc(xa[:k], Cp)
+        cg = K.ConvGeom(k, H, W, Cp, O, H, W, 3, 3, 1, 1, 1, 1, 1, 1)
+        y = cp.empty((k, O, H, W), dtype=xa.dtype)
+        gemm = cuda_time_ms(lambda: K.conv_nhwc(xt, wp, y, cg), repeats)
+        P = k * H * W
+        fwd_plan = K.plan(O, P, -(-9 * Cp // K.BK), O * P, False, C.workspace_bytes(True))
+        dw_plan = K.plan(O, 9 * Cp, -(-P // K.BK), O * 9 * Cp, True, C.workspace_bytes(True))
+        return first, gemm, len(chunks), {"fwd (tile, k-tiles per slice, slices)": fwd_plan,
+                                          "dw (tile, k-tiles per slice, slices)": dw_plan,
+                                          "fwd kernel": K.kernel_info("conv_fwd_igemm", fwd_plan[0], xa.dtype),
+                                          "dw kernel": K.kernel_info("conv_dw_igemm", dw_plan[0], xa.dtype)}
+    n0, nimg, oh0, nrows = C.plan(g, 2, C.workspace_bytes(True))[0]
+    first = cuda_time_ms(lambda: C.im2col(xa, g, n0, nimg, oh0, nrows), repeats)
+    cols = C.im2col(xa, g, n0, nimg, oh0, nrows)
+    w2 = wa.reshape(O, -1)
+    gemm = cuda_time_ms(lambda: cp.matmul(w2, cols), repeats)
+    return first, gemm, len(C.plan(g, 2, C.workspace_bytes(True))), None
+
+
+def bench_flame(N, Cin, H, W, O, repeats):
     flame.manual_seed(0)
     x = flame.randn(N, Cin, H, W, device="cuda", dtype=flame.bfloat16, requires_grad=True)
     w = (flame.randn(O, Cin, 3, 3, device="cuda") * 0.02).to(flame.bfloat16).detach().requires_grad_(True)
@@ -57,19 +111,14 @@ def bench_flame(N, Cin, H, W, O, repeats):
         w.grad = None
         F.conv2d(x, w, padding=1).backward(go)
     fwdbwd = cuda_time_ms(fb, max(5, repeats // 2))
-    # where the forward time goes: one chunk's im2col alone and its GEMM alone
-    g = C.geometry(tuple(x.shape), tuple(w.shape), 1, 1, 1, 1)
-    n0, nimg, oh0, nrows = C.plan(g, 2, C.workspace_bytes(True))[0]
-    xa = x._data
-    im2col = cuda_time_ms(lambda: C.im2col(xa, g, n0, nimg, oh0, nrows), repeats)
-    cols = C.im2col(xa, g, n0, nimg, oh0, nrows)
-    w2 = w._data.reshape(O, -1)
-    gemm = cuda_time_ms(lambda: cp.matmul(w2, cols), repeats)
-    n_chunks = len(C.plan(g, 2, C.workspace_bytes(True)))
+    # where the forward time goes: one chunk's first pass (im2col or NHWC copy) alone and its GEMM alone
+    first, gemm, n_chunks, gemm_plan = breakdown(x.detach(), w.detach(), repeats)
     with flame.no_grad():
         y = F.conv2d(x, w, padding=1)
-    return dict(fwd_ms=fwd, fwdbwd_ms=fwdbwd, chunk_im2col_ms=im2col, chunk_gemm_ms=gemm, chunks=n_chunks), \
-        (x.detach(), w.detach(), y)
+    r = dict(fwd_ms=fwd, fwdbwd_ms=fwdbwd, chunk_im2col_ms=first, chunk_gemm_ms=gemm, chunks=n_chunks)
+    if gemm_plan:
+        r["plan"] = gemm_plan
+    return r, (x.detach(), w.detach(), y)
 
 
 def bench_torch(x, w, repeats):
@@ -113,6 +162,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--variant", default="auto", help="comma-separated: auto, im2col, igemm:TILE[:sN]")
     args = ap.parse_args()
     if not backend.cuda_available():
         sys.exit("bench/conv.py needs a CUDA GPU with CuPy")
@@ -121,43 +171,58 @@ def main():
         have_torch = True
     except Exception:
         have_torch = False
-    rows, results = [], {}
+    variants = [v.strip() for v in args.variant.split(",") if v.strip()]
+    saved_env = {k: os.environ.get(k) for k in VARIANT_ENV}
+    results = {}
     for name in args.shapes.split(","):
         N, Cin, H, W, O = SHAPES[name]
         flops = 2 * N * O * H * W * Cin * 9
-        f, (x, w, y) = bench_flame(N, Cin, H, W, O, args.repeats)
-        r = {"shape": [N, Cin, H, W, O], "flame": f}
-        f["fwd_TFLOPs"] = flops / f["fwd_ms"] / 1e9
-        f["fwdbwd_TFLOPs"] = 3 * flops / f["fwdbwd_ms"] / 1e9
-        if have_torch:
-            t, yt = bench_torch(x, w, args.repeats)
-            t["fwd_TFLOPs"] = flops / t["fwd_ms"] / 1e9
-            t["fwdbwd_TFLOPs"] = 3 * flops / t["fwdbwd_ms"] / 1e9
-            r["torch_cudnn"] = t
-            ya = backend.cupy.asnumpy(y._data).astype(np.float32)
-            yb = yt.float().cpu().numpy()
-            r["max_rel_diff_vs_torch"] = float(np.abs(ya - yb).max() / np.abs(yb).max())
-            r["ratio_fwd"] = t["fwd_ms"] / f["fwd_ms"]
-            r["ratio_fwdbwd"] = t["fwdbwd_ms"] / f["fwdbwd_ms"]
-        results[name] = r
-        print(name, json.dumps(r), flush=True)
-        del x, w, y
-        backend.cupy.get_default_memory_pool().free_all_blocks()
+        t = None
+        for vi, variant in enumerate(variants):
+            set_variant(variant)
+            f, (x, w, y) = bench_flame(N, Cin, H, W, O, args.repeats)
+            r = {"shape": [N, Cin, H, W, O], "variant": variant, "flame": f}
+            f["fwd_TFLOPs"] = flops / f["fwd_ms"] / 1e9
+            f["fwdbwd_TFLOPs"] = 3 * flops / f["fwdbwd_ms"] / 1e9
+            if have_torch:
+                if t is None:
+                    t, yt = bench_torch(x, w, args.repeats)
+                    t["fwd_TFLOPs"] = flops / t["fwd_ms"] / 1e9
+                    t["fwdbwd_TFLOPs"] = 3 * flops / t["fwdbwd_ms"] / 1e9
+                    yb = yt.float().cpu().numpy()
+                    del yt
+                r["torch_cudnn"] = t
+                ya = backend.cupy.asnumpy(y._data).astype(np.float32)
+                r["max_rel_diff_vs_torch"] = float(np.abs(ya - yb).max() / np.abs(yb).max())
+                r["ratio_fwd"] = t["fwd_ms"] / f["fwd_ms"]
+                r["ratio_fwdbwd"] = t["fwdbwd_ms"] / f["fwdbwd_ms"]
+            key = name if vi == 0 else f"{name}[{variant}]"
+            results[key] = r
+            print(key, json.dumps(r), flush=True)
+            del x, w, y
+            backend.cupy.get_default_memory_pool().free_all_blocks()
+    for k, v in saved_env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     out = os.path.join(os.environ.get("OUT", "."), "conv_bench.json")
     with open(out, "w") as fh:
         json.dump(results, fh, indent=1)
     print(f"\nconv2d 3x3 pad 1, bf16 ({backend.cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()})")
     hdr = f"{'shape':<13}{'flame fwd ms':>13}{'TFLOP/s':>9}{'cuDNN ms':>10}{'ratio':>7}{'flame f+b ms':>14}" \
-          f"{'TFLOP/s':>9}{'cuDNN ms':>10}{'ratio':>7}{'im2col ms':>11}{'gemm ms':>9}{'chunks':>7}"
+          f"{'TFLOP/s':>9}{'cuDNN ms':>10}{'ratio':>7}{'im2col ms':>11}{'gemm ms':>9}{'chunks':>7}  variant"
     print(hdr)
-    for name, r in results.items():
+    for key, r in results.items():
         f, t = r["flame"], r.get("torch_cudnn", {})
+        name = key.split("[")[0]
         print(f"{name:<13}{f['fwd_ms']:>13.3f}{f['fwd_TFLOPs']:>9.1f}{t.get('fwd_ms', float('nan')):>10.3f}"
               f"{r.get('ratio_fwd', float('nan')):>7.2f}{f['fwdbwd_ms']:>14.3f}{f['fwdbwd_TFLOPs']:>9.1f}"
               f"{t.get('fwdbwd_ms', float('nan')):>10.3f}{r.get('ratio_fwdbwd', float('nan')):>7.2f}"
-              f"{f['chunk_im2col_ms']:>11.3f}{f['chunk_gemm_ms']:>9.3f}{f['chunks']:>7}")
+              f"{f['chunk_im2col_ms']:>11.3f}{f['chunk_gemm_ms']:>9.3f}{f['chunks']:>7}  {r['variant']}")
     ok = [results[n].get("ratio_fwd", 0) >= 0.5 for n in ACCEPT if n in results]
-    print(f"acceptance (fwd >= 0.5x cuDNN at SDXL shapes): {'PASS' if ok and all(ok) else 'FAIL'}")
+    print(f"acceptance (fwd >= 0.5x cuDNN at SDXL shapes, variant {variants[0]}): "
+          f"{'PASS' if ok and all(ok) else 'FAIL'}")
 
 
 if __name__ == "__main__":

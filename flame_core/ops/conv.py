@@ -1,6 +1,16 @@
-"""conv2d as im2col + GEMM (cuBLAS through cupy.matmul on cuda, BLAS on cpu), in bounded-memory chunks.
+"""conv2d on arrays: an implicit GEMM on tensor cores (cuda, float16/bfloat16), else im2col + GEMM (cuBLAS through
+cupy.matmul on cuda, BLAS on cpu) in bounded-memory chunks.
 
-The batch is cut into chunks whose column matrix cols(C*KH*KW, P) fits a workspace budget
+Implicit GEMM (flame_core/kernels/conv.py, cuda_src/conv_igemm.cu), for groups=1 and every kernel size other than a
+plain 1x1: x is copied to NHWC with channels padded to a multiple of 8 and the weights to (O, KH*KW*Cp); the kernel
+gathers the column matrix tile by tile into shared memory, so nothing 9x the input exists. Batches are cut into image
+chunks whose NHWC copies fit the workspace budget. Per chunk:
+    forward     y = conv(x_nhwc, Wp) (+ bias), written NCHW by the kernel's epilogue
+    backward    dX = conv(dY_nhwc, W flipped and transposed) (stride 1; a strided dX takes the im2col path)
+                dW = dY^T @ X_cols, reduced over pixels in slices of fp32 partials (deterministic, no atomics)
+`FLAME_CONV_ALGO=im2col` forces the other path (benchmarks compare the two).
+
+im2col + GEMM: the batch is cut into chunks whose column matrix cols(C*KH*KW, P) fits a workspace budget
 (`FLAME_CONV_WORKSPACE_MB`, default 512 on cuda, 128 on cpu): a few whole images, or one band of output rows of one
 image when a single image is too big. Per chunk:
     forward     out(O, P) = W(O, C*KH*KW) @ cols                       (grouped: one batched GEMM over groups)
@@ -209,11 +219,22 @@ def _forward_chunk(w3, cols, out, g):
         _mm(w3, cols.reshape(g.G, -1, cols.shape[1]), out.reshape(g.G, -1, cols.shape[1]))
 
 
-def conv2d_forward(x, w, g):
-    """y (N, O, OH, OW) = conv2d(x, w) without bias, on arrays."""
+def conv2d_forward(x, w, g, bias=None):
+    """y (N, O, OH, OW) = conv2d(x, w) (+ bias), on arrays."""
     xp = backend.xp_of(x)
     x = xp.ascontiguousarray(x)
-    w3 = xp.ascontiguousarray(w).reshape(g.G, g.O // g.G, -1)
+    w = xp.ascontiguousarray(w)
+    if use_igemm(x, g):
+        return _igemm_forward(x, w, g, None if bias is None else xp.ascontiguousarray(bias))
+    y = _im2col_forward(x, w, g)
+    if bias is not None:
+        y += bias.reshape(1, -1, 1, 1)
+    return y
+
+
+def _im2col_forward(x, w, g):
+    xp = backend.xp_of(x)
+    w3 = w.reshape(g.G, g.O // g.G, -1)
     y = xp.empty((g.N, g.O, g.OH, g.OW), dtype=x.dtype)
     budget = workspace_bytes(xp is not np)
     for n0, nimg, oh0, nrows in plan(g, x.itemsize, budget):
@@ -244,10 +265,24 @@ def _grad_chunk(gy, g, n0, nimg, oh0, nrows):
 
 def conv2d_backward(gy, x, w, g, need_x=True, need_w=True):
     """(dx, dw) of conv2d for output gradient gy (either may be None when not needed), on arrays."""
+    if not (need_x or need_w):
+        return None, None
     xp = backend.xp_of(x)
     gy = xp.ascontiguousarray(gy)
     x = xp.ascontiguousarray(x)
-    w3 = xp.ascontiguousarray(w).reshape(g.G, g.O // g.G, -1)
+    w = xp.ascontiguousarray(w)
+    if use_igemm(x, g):
+        fast_x = need_x and g.sh == g.sw == 1
+        dx, dw = _igemm_backward(gy, x, w, g, fast_x, need_w)
+        if need_x and not fast_x:
+            dx, _ = _im2col_backward(gy, x, w, g, True, False)
+        return dx, dw
+    return _im2col_backward(gy, x, w, g, need_x, need_w)
+
+
+def _im2col_backward(gy, x, w, g, need_x, need_w):
+    xp = backend.xp_of(x)
+    w3 = w.reshape(g.G, g.O // g.G, -1)
     chunks = plan(g, x.itemsize, workspace_bytes(xp is not np) // 2)
     banded = any(nrows != g.OH for _, _, _, nrows in chunks)
     dx = (xp.zeros if banded else xp.empty)(x.shape, dtype=x.dtype) if need_x else None
@@ -282,6 +317,69 @@ def conv2d_backward(gy, x, w, g, need_x=True, need_w=True):
     return dx, dw
 
 
+# ----------------------------------------------------------------------------- implicit GEMM (cuda, fp16 / bf16)
+def use_igemm(x, g):
+    """Whether conv2d on x runs the implicit-GEMM kernels: a CuPy float16/bfloat16 array, groups 1, not a plain 1x1
+    (cuBLAS on the input itself is the better GEMM there), sizes within the kernels' int32 indexing and grid limits,
+    kernels enabled and FLAME_CONV_ALGO not 'im2col'."""
+    if x.dtype not in _HALF or g.G != 1 or _is_pointwise(g) or not backend.is_cuda_array(x):
+        return False
+    if os.environ.get("FLAME_CONV_ALGO", "auto").strip().lower() == "im2col":
+        return False
+    if max(g.C, g.O) > 65535 or g.KH * g.KW * (max(g.C, g.O) + 8) >= 2 ** 31 \
+            or max(g.H * g.W, g.OH * g.OW) >= 2 ** 31 - 4096:
+        return False
+    from ..kernels import loader
+    return loader.enabled()
+
+
+def _image_chunks(N, per_image, budget, per_pixel_rows):
+    """(n0, k) image ranges whose NHWC copies (per_image bytes each) fit the budget; at least one image each."""
+    k = max(1, min(N, 65535, budget // max(1, per_image), (2 ** 31 - 4096) // max(1, per_pixel_rows)))
+    return [(n0, min(k, N - n0)) for n0 in range(0, N, k)]
+
+
+def _igemm_forward(x, w, g, bias):
+    from ..kernels import conv as K
+    Cp = K.round8(g.C)
+    wp = K.pack_weight(w, Cp)  # (O, KH*KW*Cp)
+    y = K.empty((g.N, g.O, g.OH, g.OW), x.dtype)
+    budget = workspace_bytes(True)
+    for n0, k in _image_chunks(g.N, g.H * g.W * Cp * x.itemsize, budget, max(g.H * g.W, g.OH * g.OW)):
+        xt = K.to_nhwc(x[n0:n0 + k], Cp)  # (k, H*W, Cp)
+        cg = K.ConvGeom(k, g.H, g.W, Cp, g.O, g.OH, g.OW, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw)
+        K.conv_nhwc(xt, wp, y[n0:n0 + k], cg, bias, budget)
+        del xt
+    return y
+
+
+def _igemm_backward(gy, x, w, g, need_x, need_w):
+    """dx (stride 1 only: the transposed conv is then a conv) and dw by the implicit-GEMM kernels."""
+    from ..kernels import conv as K
+    Cp, Op = K.round8(g.C), K.round8(g.O)
+    budget = workspace_bytes(True)
+    per_image = ((g.H * g.W * Cp if need_w else 0) + g.OH * g.OW * Op) * x.itemsize
+    chunks = _image_chunks(g.N, per_image, budget, max(g.H * g.W, g.OH * g.OW))
+    dx = K.empty(x.shape, x.dtype) if need_x else None
+    wd = K.pack_weight_dx(w, Op) if need_x else None  # (C, KH*KW*Op)
+    dw = K.empty(w.shape, w.dtype) if need_w else None
+    acc32 = K.empty(w.shape, np.float32) if need_w and len(chunks) > 1 else None  # dw summed over chunks
+    for i, (n0, k) in enumerate(chunks):
+        gt = K.to_nhwc(gy[n0:n0 + k], Op)  # (k, OH*OW, Op)
+        if need_x:  # dx = conv(dy, w flipped), stride 1, padding d*(K-1) - p
+            cg = K.ConvGeom(k, g.OH, g.OW, Op, g.C, g.H, g.W, g.KH, g.KW, 1, 1,
+                            g.dh * (g.KH - 1) - g.ph, g.dw * (g.KW - 1) - g.pw, g.dh, g.dw)
+            K.conv_nhwc(gt, wd, dx[n0:n0 + k], cg, None, budget)
+        if need_w:
+            xt = K.to_nhwc(x[n0:n0 + k], Cp)  # (k, H*W, Cp)
+            cg = K.ConvGeom(k, g.H, g.W, Cp, g.O, g.OH, g.OW, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw)
+            K.conv_dw_nhwc(gt, xt, cg, g.C, dw=dw if i == len(chunks) - 1 else None, acc32=acc32,
+                           accumulate=i > 0, budget=budget)
+            del xt
+        del gt
+    return dx, dw
+
+
 def bias_grad(gy):
     """Sum of gy over (N, OH, OW), accumulated in float32 for half types."""
     if gy.dtype in _HALF:
@@ -293,9 +391,7 @@ def bias_grad(gy):
 class Conv2d(Function):
     @staticmethod
     def forward(ctx, x, w, b, g):
-        y = conv2d_forward(x._data, w._data, g)
-        if b is not None:
-            y += b._data.reshape(1, -1, 1, 1)
+        y = conv2d_forward(x._data, w._data, g, None if b is None else b._data)
         ctx.save_for_backward(x, w)
         ctx.g = g
         return _wrap(y)

@@ -1,4 +1,5 @@
-"""conv2d's raw CUDA kernels (cuda_src/im2col.cu) against the xp reference, and the GPU conv against float64."""
+"""conv2d's raw CUDA kernels (cuda_src/im2col.cu, cuda_src/conv_igemm.cu) against the xp reference, and the GPU conv
+against float64."""
 import numpy as np
 import pytest
 
@@ -6,6 +7,7 @@ import flame_core as flame
 from flame_core.dtypes import dtype as parse_dtype
 import flame_nn.functional as F
 from flame_core import backend
+from flame_core.kernels import loader
 from flame_core.ops import conv as C
 
 import nn_reference as ref
@@ -95,3 +97,98 @@ def test_gpu_conv2d_forward_backward_vs_float64(dtype, rtol, monkeypatch):
         close(xt.grad, xr.grad.numpy())
         close(wt.grad, wr.grad.numpy())
         close(bt.grad, gy.sum(axis=(0, 2, 3)))
+
+
+# ----------------------------------------------------------------------------- implicit GEMM (conv_igemm.cu)
+IGEMM_GEOMS = [  # (N, C, H, W, O, KH, KW, stride, padding, dilation): ragged channels / sizes, N=1
+    (2, 40, 9, 7, 24, 3, 3, 1, 1, 1),           # odd H*W (unpaired stores), several k-tiles
+    (1, 5, 5, 6, 7, 3, 3, 1, 1, 1),             # C=5 -> 8 padded channels, O=7
+    (1, 72, 12, 11, 130, 3, 3, 1, 1, 1),        # two 128-channel tiles, K tail, P > 128
+    (3, 13, 6, 6, 9, 3, 3, 1, 3, 1),            # padding > dilation*(K-1): dx runs with negative padding
+    (2, 12, 11, 10, 20, 3, 3, 2, 2, 2),         # stride 2 (dx through im2col), dilation 2
+    (1, 9, 7, 8, 10, 3, 2, 1, (1, 0), (1, 2)),  # KH != KW, asymmetric padding / dilation
+    (2, 24, 10, 12, 16, 5, 5, 2, 2, 1),         # 5x5 stride 2
+    (1, 64, 33, 35, 64, 3, 3, 1, 1, 1),         # several pixel tiles
+]
+IGEMM_TILES = [None, "128x128:s1", "64x128:s1", "128x256:s1", "128x128:s3", "64x128:s2"]
+
+
+def _igemm_case(cfg, dtype, seed=0):
+    N, Cc, H, W, O, KH, KW, s, p, d = cfg
+    g = C.geometry((N, Cc, H, W), (O, Cc, KH, KW), s, p, d, 1)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((N, Cc, H, W))
+    w = rng.standard_normal((O, Cc, KH, KW)) * 0.2
+    b = rng.standard_normal(O)
+    gy = rng.standard_normal((N, O, g.OH, g.OW))
+    npdt = parse_dtype(dtype).np
+    x, w, b, gy = (a.astype(npdt).astype(np.float64) for a in (x, w, b, gy))  # exactly representable inputs
+    return g, x, w, b, gy
+
+
+def _assert_close(got, want, dtype, what):
+    got = backend.cupy.asnumpy(got).astype(np.float64)
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err <= (1e-2 if dtype == "bfloat16" else 2e-3), f"{what}: relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("tile", IGEMM_TILES)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("cfg", IGEMM_GEOMS)
+def test_igemm_conv_matches_reference(cfg, dtype, tile, monkeypatch):
+    if tile is not None:
+        monkeypatch.setenv("FLAME_CONV_TILE", tile)
+    cp = backend.cupy
+    g, x, w, b, gy = _igemm_case(cfg, dtype)
+    npdt = parse_dtype(dtype).np
+    xd, wd, bd, gyd = (cp.asarray(a.astype(npdt)) for a in (x, w, b, gy))
+    assert C.use_igemm(xd, g)
+    before = loader.launches
+    y = C.conv2d_forward(xd, wd, g, bd)
+    dx, dw = C.conv2d_backward(gyd, xd, wd, g)
+    assert loader.launches > before
+    want_y = C._im2col_forward(x, w, g) + b.reshape(1, -1, 1, 1)
+    want_dx, want_dw = C._im2col_backward(gy, x, w, g, True, True)
+    _assert_close(y, want_y, dtype, "y")
+    _assert_close(dx, want_dx, dtype, "dx")
+    _assert_close(dw, want_dw, dtype, "dw")
+    # only one of the two gradients
+    dx1, dw1 = C.conv2d_backward(gyd, xd, wd, g, need_w=False)
+    assert dw1 is None
+    _assert_close(dx1, want_dx, dtype, "dx alone")
+    dx2, dw2 = C.conv2d_backward(gyd, xd, wd, g, need_x=False)
+    assert dx2 is None
+    _assert_close(dw2, want_dw, dtype, "dw alone")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_igemm_conv_image_chunks(dtype, monkeypatch):
+    """A workspace budget below one image: forward, dx and dw run image by image (dw summed in fp32)."""
+    monkeypatch.setenv("FLAME_CONV_WORKSPACE_MB", "0.002")
+    cp = backend.cupy
+    for cfg in [(3, 10, 5, 5, 12, 3, 3, 1, 1, 1), (3, 8, 6, 5, 16, 3, 3, 2, 1, 1)]:
+        g, x, w, b, gy = _igemm_case(cfg, dtype, seed=3)
+        npdt = parse_dtype(dtype).np
+        xd, wd, bd, gyd = (cp.asarray(a.astype(npdt)) for a in (x, w, b, gy))
+        assert len(C._image_chunks(g.N, g.H * g.W * 16 * 2, C.workspace_bytes(True), g.H * g.W)) > 1
+        y = C.conv2d_forward(xd, wd, g, bd)
+        dx, dw = C.conv2d_backward(gyd, xd, wd, g)
+        want_dx, want_dw = C._im2col_backward(gy, x, w, g, True, True)
+        _assert_close(y, C._im2col_forward(x, w, g) + b.reshape(1, -1, 1, 1), dtype, "y")
+        _assert_close(dx, want_dx, dtype, "dx")
+        _assert_close(dw, want_dw, dtype, "dw")
+
+
+def test_igemm_dispatch(monkeypatch):
+    """Which configurations take the implicit GEMM: fp16/bf16, groups 1, not a plain 1x1; FLAME_CONV_ALGO=im2col
+    turns it off."""
+    cp = backend.cupy
+    g3 = C.geometry((1, 8, 6, 6), (8, 8, 3, 3), 1, 1, 1, 1)
+    for dt, want in (("float16", True), ("bfloat16", True), ("float32", False), ("float64", False)):
+        assert C.use_igemm(cp.zeros((1, 8, 6, 6), dtype=parse_dtype(dt).np), g3) is want
+    xh = cp.zeros((1, 8, 6, 6), dtype=np.float16)
+    assert not C.use_igemm(xh, C.geometry((1, 8, 6, 6), (8, 4, 3, 3), 1, 1, 1, 2))   # groups
+    assert not C.use_igemm(xh, C.geometry((1, 8, 6, 6), (8, 8, 1, 1), 1, 0, 1, 1))   # 1x1: cuBLAS directly
+    assert C.use_igemm(xh, C.geometry((1, 8, 6, 6), (8, 8, 1, 1), 2, 0, 1, 1))       # strided 1x1
+    monkeypatch.setenv("FLAME_CONV_ALGO", "im2col")
+    assert not C.use_igemm(xh, g3)

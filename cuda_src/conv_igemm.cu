@@ -1,0 +1,388 @@
+// Implicit-GEMM conv2d on tensor cores (flame_core/ops/conv.py): bf16/fp16 operands, fp32 accumulation, no column
+// matrix. The input is first copied to NHWC with its channels zero-padded to Cp (a multiple of 8), so that every
+// 16-byte chunk of the implicit column matrix is 8 channels of one input pixel at one kernel tap: one cp.async each.
+//
+//   forward / dx   D(O, P) = Wp(O, K) @ X(P, K)^T           K = KH*KW*Cp, k = (kh*KW + kw)*Cp + c
+//                  X[p, k] = x_nhwc[n, oh*sh - ph + kh*dh, ow*sw - pw + kw*dw, c]  (zero outside the image)
+//                  dx is the stride-1 conv of dy (NHWC, Op channels) with the flipped, transposed weights.
+//   dw             D(O, K) = dY(P, O)^T @ X(P, K)  reduced over the P = N*OH*OW output pixels, split into slices.
+//
+// Tiles stream through shared memory in STAGES cp.async stages (XOR-swizzled rows of 64 elements), and the warp
+// products use the mma.sync m16n8k16 / ldmatrix machinery of flash_attention.cuh. A forward tile writes y (NCHW,
+// + bias) straight from its accumulators, or fp32 partials for a split reduction (conv_splitk_reduce).
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include "flash_attention.cuh"
+
+extern __shared__ __align__(128) unsigned char conv_smem[];
+
+__device__ __forceinline__ float cv_f(float v) { return v; }
+__device__ __forceinline__ float cv_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float cv_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float cv_f(double v) { return (float)v; }
+
+template <typename T> __device__ __forceinline__ T cv_t(float v);
+template <> __device__ __forceinline__ float cv_t<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half cv_t<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 cv_t<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ double cv_t<double>(float v) { return (double)v; }
+
+__device__ __forceinline__ void cv_store2(float* p, float a, float b) {  // p 8-byte aligned
+    float2 v;
+    v.x = a, v.y = b;
+    *reinterpret_cast<float2*>(p) = v;
+}
+
+template <int N>
+__device__ __forceinline__ void cv_cp_async_wait() {  // at most N of this thread's cp.async groups still pending
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// ------------------------------------------------------------------------------------------ layout copies
+// out[b][l'][r] = r < R ? in[b][r][l] : 0 for r < Rp, where l' = l, or with G > 0 the tap-flipped
+// (l / G) * G + G - 1 - l % G. NCHW -> NHWC (channel-padded) is (B, R, L) = (N, C, H*W), Rp = Cp; the flipped
+// weights of dx are (1, O, C*KH*KW) with G = KH*KW, Rp = Op. grid (ceil(L/64), ceil(Rp/64), B), 256 threads,
+// dynamic shared memory 64 * (64 + 2) * sizeof(T).
+template <typename T>
+__global__ void __launch_bounds__(256) conv_transpose_pad(const T* __restrict__ in, T* __restrict__ out,
+                                                          int R, int L, int Rp, int G) {
+    constexpr int LD = 64 + (sizeof(T) == 2 ? 2 : 1);  // 2-byte rows of 33 words: conflict-free column reads
+    T* tile = reinterpret_cast<T*>(conv_smem);
+    const int l0 = blockIdx.x * 64, r0 = blockIdx.y * 64;
+    const fa_i64 b = blockIdx.z;
+    const T* src = in + b * R * L;
+    const T zero = cv_t<T>(0.f);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {  // all 16 loads in flight at once
+        const int i = threadIdx.x + j * 256, rr = i >> 6, ll = i & 63, r = r0 + rr, l = l0 + ll;
+        tile[rr * LD + ll] = (r < R && l < L) ? src[(fa_i64)r * L + l] : zero;
+    }
+    __syncthreads();
+    T* dst = out + b * L * Rp;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        const int i = threadIdx.x + j * 256, ll = i >> 6, rr = i & 63, r = r0 + rr, l = l0 + ll;
+        if (r < Rp && l < L) {
+            const int lo = G > 0 ? (l / G) * G + (G - 1 - l % G) : l;
+            dst[(fa_i64)lo * Rp + r] = tile[rr * LD + ll];
+        }
+    }
+}
+
+// Forward weights (O, C, T) -> (O, T, Cp), channels >= C zero. One block per (o, CT channels): the block's
+// CT * T input elements are contiguous. grid (ceil(Cp / CT), O), 256 threads, dynamic shared memory CT*T*sizeof(T).
+template <typename T>
+__global__ void __launch_bounds__(256) conv_pack_weight(const T* __restrict__ w, T* __restrict__ out, int C,
+                                                        int Cp, int T_, int CT) {
+    T* s = reinterpret_cast<T*>(conv_smem);
+    const int c0 = blockIdx.x * CT, o = blockIdx.y;
+    const int nc = max(0, min(CT, C - c0));
+    const T* src = w + ((fa_i64)o * C + c0) * T_;
+#pragma unroll 8
+    for (int i = threadIdx.x; i < nc * T_; i += 256) s[i] = src[i];
+    __syncthreads();
+    const int cw = min(CT, Cp - c0);  // channels this block writes
+    T* dst = out + (fa_i64)o * T_ * Cp + c0;
+    const T zero = cv_t<T>(0.f);
+#pragma unroll 4
+    for (int i = threadIdx.x; i < cw * T_; i += 256) {
+        const int t = i / cw, cc = i - t * cw;
+        dst[(fa_i64)t * Cp + cc] = cc < nc ? s[cc * T_ + t] : zero;
+    }
+}
+
+// ------------------------------------------------------------------------------------------ split reductions
+// y[n, o, q] = sum_s ws[s, o, n*OHW + q] (+ bias[o]). grid (ceil(OHW/256), O, N), 256 threads.
+template <typename T>
+__global__ void __launch_bounds__(256) conv_splitk_reduce(const float* __restrict__ ws, const T* __restrict__ bias,
+                                                          T* __restrict__ y, int S, int O, int OHW, fa_i64 P) {
+    const int q = blockIdx.x * 256 + threadIdx.x;
+    if (q >= OHW) return;
+    const int o = blockIdx.y;
+    const fa_i64 n = blockIdx.z;
+    const float* src = ws + (fa_i64)o * P + n * OHW + q;
+    const fa_i64 slice = (fa_i64)O * P;
+    float s = 0.f;
+    for (int z = 0; z < S; ++z) s += src[z * slice];
+    if (bias != nullptr) s += cv_f(bias[o]);
+    y[(n * O + o) * OHW + q] = cv_t<T>(s);
+}
+
+// dw[o, c, t] = sum_s ws[s, o, t*Cp + c] for c < C (+ acc32[o, c, t] when accumulate); the fp32 sum goes to acc32
+// and/or dw (either may be null). grid (ceil(K/256), O), 256 threads; reads coalesced, writes scattered by T.
+template <typename T>
+__global__ void __launch_bounds__(256) conv_dw_reduce(const float* __restrict__ ws, float* __restrict__ acc32,
+                                                      T* __restrict__ dw, int S, int O, int C, int Cp, int T_,
+                                                      int accumulate) {
+    const int K = T_ * Cp;
+    const int kc = blockIdx.x * 256 + threadIdx.x;
+    if (kc >= K) return;
+    const int t = kc / Cp, c = kc - t * Cp;
+    if (c >= C) return;
+    const int o = blockIdx.y;
+    const float* src = ws + (fa_i64)o * K + kc;
+    const fa_i64 slice = (fa_i64)O * K;
+    float s = 0.f;
+    for (int z = 0; z < S; ++z) s += src[z * slice];
+    const fa_i64 d = ((fa_i64)o * C + c) * T_ + t;
+    if (accumulate) s += acc32[d];
+    if (acc32 != nullptr) acc32[d] = s;
+    if (dw != nullptr) dw[d] = cv_t<T>(s);
+}
+
+// ------------------------------------------------------------------------------------------ forward / dx
+// D(O, P) = Wp(O, K) @ X(P, K)^T for the pixels P = N*OH*OW of an NHWC input x (N, H, W, Cp). One CTA per
+// (BM output channels, BN pixels, split slice); blockIdx.x = pixel_tile * o_tiles + o_tile (the o-tiles of a pixel
+// tile run together and share its input reads in L2), blockIdx.y = the slice of kt_split k-tiles.
+// ws == null: y (N, O, OH*OW) = D + bias; else ws[slice] (O, P) = D in fp32.
+template <typename T, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int MINB, bool PIPE>
+__global__ void __launch_bounds__(WARPS_M * WARPS_N * 32, MINB)
+conv_fwd_igemm(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
+               float* __restrict__ ws, int H, int W, int Cp, int O, int KH, int KW, int sh, int sw, int ph, int pw,
+               int dh, int dw, int OH, int OW, int P, int K, int kt_split) {
+    constexpr int NTHREADS = WARPS_M * WARPS_N * 32;
+    constexpr int BK = 64;                       // k per stage: 8 chunks of 16 bytes per tile row
+    constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;
+    constexpr int MT = WM / 16, NT = WN / 8;
+    constexpr int RPI = NTHREADS / 8;            // pixel rows per loader step
+    constexpr int BR = BN / RPI;                 // pixel rows each thread gathers
+    constexpr int A_BYTES = BM * BK * 2, STAGE_BYTES = (BM + BN) * BK * 2;
+    static_assert(WM % 16 == 0 && WN % 16 == 0 && BN % RPI == 0 && BM % RPI == 0 && RPI % 8 == 0, "tile shape");
+
+    const fa_u32 s0 = fa_smem_addr(conv_smem);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp % WARPS_M, wn = warp / WARPS_M;
+    const int o_tiles = (O + BM - 1) / BM;
+    const int o0 = (int)(blockIdx.x % o_tiles) * BM;
+    const int p0 = (int)(blockIdx.x / o_tiles) * BN;
+    const int KT = (K + BK - 1) / BK;
+    const int kt0 = blockIdx.y * kt_split;
+    const int nkt = min(KT - kt0, kt_split);
+    const int OHW = OH * OW;
+
+    // gather state: this thread copies channel chunk cl of pixel rows r0 + i*RPI
+    const int cl = (tid & 7) * 8, r0 = tid >> 3;
+    int rn[BR], rh[BR], rw[BR];  // n*H, oh*sh - ph, ow*sw - pw of each row (rh far negative past the last pixel)
+#pragma unroll
+    for (int i = 0; i < BR; ++i) {
+        const int p = p0 + r0 + i * RPI;
+        if (p < P) {
+            const int n = p / OHW, q = p - n * OHW, oh = q / OW, ow = q - oh * OW;
+            rn[i] = n * H, rh[i] = oh * sh - ph, rw[i] = ow * sw - pw;
+        } else {
+            rn[i] = 0, rh[i] = -(1 << 30), rw[i] = 0;
+        }
+    }
+    int kc, kh, kw;  // k = kt * BK + cl as (kh, kw, c); kh == KH past the end
+    {
+        const int k = kt0 * BK + cl, tap = k / Cp;
+        kc = k - tap * Cp, kh = tap / KW, kw = tap - kh * KW;
+    }
+    fa_u32 b_off[BR];
+#pragma unroll
+    for (int i = 0; i < BR; ++i) b_off[i] = A_BYTES + 2 * fa_swz<BK>(r0 + i * RPI, cl);
+    const T* wo = w + (fa_i64)o0 * K;
+
+    auto load_stage = [&](int stage, int kt) {  // k-tiles are loaded in order: the (kh, kw, c) state steps by BK
+        const fa_u32 sa = s0 + stage * STAGE_BYTES;
+        fa_load_tile<BM, BK, NTHREADS>(sa, wo + kt * BK, K, O - o0, K - kt * BK, tid);
+        const bool kok = kh < KH;
+        const int oh_ = kh * dh, ow_ = kw * dw;
+#pragma unroll
+        for (int i = 0; i < BR; ++i) {
+            const int ih = rh[i] + oh_, iw = rw[i] + ow_;
+            const bool ok = kok && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W;
+            const T* src = ok ? x + ((fa_i64)(rn[i] + ih) * W + iw) * Cp + kc : x;
+            fa_cp_async16(sa + b_off[i], src, ok ? 16 : 0);
+        }
+        kc += BK;
+        while (kc >= Cp) {
+            kc -= Cp;
+            if (++kw == KW) kw = 0, ++kh;
+        }
+    };
+
+    float acc[MT][NT][4];
+    fa_zero(acc);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < nkt) load_stage(s, kt0 + s);
+        fa_cp_async_commit();
+    }
+    const FaFrag<BK> fa0(s0, wm * WM, 0, lane, false);
+    const FaFrag<BK> fb0(s0 + A_BYTES, wn * WN, 0, lane, true);
+    int stage = 0;
+    for (int i = 0; i < nkt; ++i) {
+        cv_cp_async_wait<STAGES - 2>();
+        __syncthreads();  // tile i visible to all; every warp is done with the stage refilled next
+        const int nx = i + STAGES - 1;
+        if (nx < nkt) load_stage(stage == 0 ? STAGES - 1 : stage - 1, kt0 + nx);
+        fa_cp_async_commit();
+        FaFrag<BK> fa = fa0, fb = fb0;
+        fa.base += stage * STAGE_BYTES;
+        fb.base += stage * STAGE_BYTES;
+        fa_warp_gemm<T, MT, NT, BK / 16, false, false, BK, BK, PIPE>(acc, fa, fb);
+        stage = stage == STAGES - 1 ? 0 : stage + 1;
+    }
+    fa_cp_async_wait_all();
+
+    // epilogue: accumulator (mt, nt, e) is channel row mt*16 + g + 8*(e/2), pixel column nt*8 + 2*t4 + e%2
+    const int g = lane >> 2, t4 = lane & 3;
+    const bool pair = (OHW & 1) == 0;  // then a pixel pair (2*j, 2*j+1) lies in one image, 4/8-byte aligned
+    int pn[NT], pq[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const int p = p0 + wn * WN + nt * 8 + 2 * t4;
+        pn[nt] = p / OHW, pq[nt] = p - pn[nt] * OHW;
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int o = o0 + wm * WM + mt * 16 + g + hh * 8;
+            if (o >= O) continue;
+            if (ws != nullptr) {
+                float* wrow = ws + ((fa_i64)blockIdx.y * O + o) * P;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const int p = p0 + wn * WN + nt * 8 + 2 * t4;
+                    if (p >= P) continue;
+                    const float v0 = acc[mt][nt][2 * hh], v1 = acc[mt][nt][2 * hh + 1];
+                    if (pair) {
+                        cv_store2(wrow + p, v0, v1);
+                    } else {
+                        wrow[p] = v0;
+                        if (p + 1 < P) wrow[p + 1] = v1;
+                    }
+                }
+            } else {
+                const float bv = bias != nullptr ? cv_f(bias[o]) : 0.f;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const int p = p0 + wn * WN + nt * 8 + 2 * t4;
+                    if (p >= P) continue;
+                    const float v0 = acc[mt][nt][2 * hh] + bv, v1 = acc[mt][nt][2 * hh + 1] + bv;
+                    T* dst = y + ((fa_i64)pn[nt] * O + o) * OHW + pq[nt];
+                    if (pair) {
+                        *reinterpret_cast<fa_u32*>(dst) = FaType<T>::pack(v0, v1);
+                    } else {
+                        *dst = FaType<T>::from_float(v0);
+                        if (p + 1 < P) {
+                            T* d1 = pq[nt] + 1 < OHW ? dst + 1 : y + ((fa_i64)(pn[nt] + 1) * O + o) * OHW;
+                            *d1 = FaType<T>::from_float(v1);
+                        }
+                    }
+                }
+            }
+        }
+}
+
+// ------------------------------------------------------------------------------------------ dw
+// ws[slice] (O, K) = dY(P, O)^T @ X(P, K) over this slice's pixels, dY = dy in NHWC (P, Op) (channels >= O zero),
+// x NHWC (N, H, W, Cp). One CTA per (BM output channels, BN columns k, slice of kt_split 64-pixel k-tiles);
+// blockIdx.x = k_tile * o_tiles + o_tile. Both tiles are pixel-major in shared memory: [64 p][BM o] (A^T) and
+// [64 p][BN k] (B), read with ldmatrix.trans.
+template <typename T, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int MINB, bool PIPE>
+__global__ void __launch_bounds__(WARPS_M * WARPS_N * 32, MINB)
+conv_dw_igemm(const T* __restrict__ dy, const T* __restrict__ x, float* __restrict__ ws, int H, int W, int Cp,
+              int O, int Op, int KH, int KW, int sh, int sw, int ph, int pw, int dh, int dw, int OH, int OW, int P,
+              int K, int kt_split) {
+    constexpr int NTHREADS = WARPS_M * WARPS_N * 32;
+    constexpr int BK = 64;                       // pixels per stage
+    constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;
+    constexpr int MT = WM / 16, NT = WN / 8;
+    constexpr int CPR = BN / 8;                  // 16-byte chunks per B row
+    constexpr int RPI = NTHREADS / CPR;          // B rows per loader step
+    constexpr int BR = BK / RPI;                 // B rows each thread gathers
+    constexpr int A_BYTES = BK * BM * 2, STAGE_BYTES = BK * (BM + BN) * 2;
+    static_assert(WM % 16 == 0 && WN % 16 == 0 && BM % 64 == 0 && BN % 64 == 0 && NTHREADS % CPR == 0 &&
+                  BK % RPI == 0 && RPI % 8 == 0, "tile shape");
+
+    const fa_u32 s0 = fa_smem_addr(conv_smem);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp % WARPS_M, wn = warp / WARPS_M;
+    const int o_tiles = (O + BM - 1) / BM;
+    const int o0 = (int)(blockIdx.x % o_tiles) * BM;
+    const int k0 = (int)(blockIdx.x / o_tiles) * BN;
+    const int KT = (P + BK - 1) / BK;
+    const int kt0 = blockIdx.y * kt_split;
+    const int nkt = min(KT - kt0, kt_split);
+
+    // gather state: this thread copies column chunk cc of pixel rows r0 + i*RPI
+    const int cc = (tid % CPR) * 8, r0 = tid / CPR;
+    const int kcol = k0 + cc;
+    const bool kok = kcol < K;
+    int offh, offw, c;
+    {
+        const int tap = kcol / Cp, kh = tap / KW, kw = tap - kh * KW;
+        c = kcol - tap * Cp, offh = kh * dh - ph, offw = kw * dw - pw;
+    }
+    int rn[BR], roh[BR], row_[BR];  // n*H, oh, ow of each row's pixel kt*BK + r0 + i*RPI
+#pragma unroll
+    for (int i = 0; i < BR; ++i) {
+        const int p = kt0 * BK + r0 + i * RPI;
+        const int n = p / (OH * OW), q = p - n * (OH * OW), oh = q / OW;
+        rn[i] = n * H, roh[i] = oh, row_[i] = q - oh * OW;
+    }
+    fa_u32 b_off[BR];
+#pragma unroll
+    for (int i = 0; i < BR; ++i) b_off[i] = A_BYTES + 2 * fa_swz<BN>(r0 + i * RPI, cc);
+
+    auto load_stage = [&](int stage, int kt) {  // k-tiles are loaded in order: each row steps by BK pixels
+        const fa_u32 sa = s0 + stage * STAGE_BYTES;
+        const int rows_left = P - kt * BK - r0;  // row i holds a pixel when i * RPI < rows_left
+        fa_load_tile<BK, BM, NTHREADS>(sa, dy + (fa_i64)kt * BK * Op + o0, Op, P - kt * BK, Op - o0, tid);
+#pragma unroll
+        for (int i = 0; i < BR; ++i) {
+            const int ih = roh[i] * sh + offh, iw = row_[i] * sw + offw;
+            const bool ok = kok && i * RPI < rows_left && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W;
+            const T* src = ok ? x + ((fa_i64)(rn[i] + ih) * W + iw) * Cp + c : x;
+            fa_cp_async16(sa + b_off[i], src, ok ? 16 : 0);
+            row_[i] += BK;
+            while (row_[i] >= OW) {
+                row_[i] -= OW;
+                if (++roh[i] == OH) roh[i] = 0, rn[i] += H;
+            }
+        }
+    };
+
+    float acc[MT][NT][4];
+    fa_zero(acc);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < nkt) load_stage(s, kt0 + s);
+        fa_cp_async_commit();
+    }
+    const FaFrag<BM> fa0(s0, 0, wm * WM / 8, lane, true);
+    const FaFrag<BN> fb0(s0 + A_BYTES, 0, wn * WN / 8, lane, false);
+    int stage = 0;
+    for (int i = 0; i < nkt; ++i) {
+        cv_cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        const int nx = i + STAGES - 1;
+        if (nx < nkt) load_stage(stage == 0 ? STAGES - 1 : stage - 1, kt0 + nx);
+        fa_cp_async_commit();
+        FaFrag<BM> fa = fa0;
+        FaFrag<BN> fb = fb0;
+        fa.base += stage * STAGE_BYTES;
+        fb.base += stage * STAGE_BYTES;
+        fa_warp_gemm<T, MT, NT, BK / 16, true, true, BM, BN, PIPE>(acc, fa, fb);
+        stage = stage == STAGES - 1 ? 0 : stage + 1;
+    }
+    fa_cp_async_wait_all();
+
+    const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int o = o0 + wm * WM + mt * 16 + g + hh * 8;
+            if (o >= O) continue;
+            float* wrow = ws + ((fa_i64)blockIdx.y * O + o) * K;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const int k = k0 + wn * WN + nt * 8 + 2 * t4;  // K is a multiple of 8: k < K => k + 1 < K
+                if (k < K) cv_store2(wrow + k, acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
+            }
+        }
+}

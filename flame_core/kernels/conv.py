@@ -1,0 +1,218 @@
+"""Implicit-GEMM conv2d on tensor cores (cuda_src/conv_igemm.cu) for CuPy float16 / bfloat16 arrays.
+
+    to_nhwc(x, Rp)                              (N, C, H, W) -> (N, H*W, Rp) channel-last copy, channels >= C zero
+    pack_weight(w, Cp)                          (O, C, KH, KW) -> (O, KH*KW*Cp): forward / dw column order
+    pack_weight_dx(w, Op)                       (O, C, KH, KW) -> (C, KH*KW*Op), taps flipped: dx as a conv
+    conv_nhwc(xt, wp, out, cg, bias=None)       out (N, O, OH, OW) (+ bias) = conv of xt (N, H*W, Cp) by wp
+    conv_dw_nhwc(gt, xt, cg, C, dw=, acc32=)    dw (O, C, KH, KW) = weight gradient of conv_nhwc, gt = dy channel-last
+
+`cg` (a `ConvGeom`) describes one conv_nhwc call: input H, W, Cp; output O, OH, OW; taps KH, KW; stride, padding
+(any sign), dilation. The column order k = (kh*KW + kw)*Cp + c makes every 16-byte chunk of the implicit column
+matrix 8 channels of one input pixel, gathered straight from the NHWC copy by cp.async: no column matrix exists.
+
+Tiles and splits. A CTA computes a BM x BN tile of the output (output channels x pixels; for dw output channels x
+columns k) over a slice of the reduction. Tile shapes (`TILES`) are instantiations of one template; `plan` picks the
+shape and the number of reduction slices with the wave model of `_model_time` (the busiest SM's share of CTAs at the
+occupancy it runs them with, or the tiles' traffic from L2 when that is longer, plus the fp32 partials' traffic when
+slices > 1; its constants are assumptions, not measurements). `FLAME_CONV_TILE=128x128` (or
+`128x128:s3`, a forced split) overrides it, for benchmarks.
+"""
+import functools
+import math
+import os
+from collections import namedtuple
+
+import numpy as np
+
+from . import loader as L
+from .. import backend
+
+ConvGeom = namedtuple("ConvGeom", "N H W Cp O OH OW KH KW sh sw ph pw dh dw")
+
+# name: (BM, BN, WARPS_M, WARPS_N, STAGES, CTAs per SM (launch bound), software-pipelined fragment reads)
+TILES = {
+    "128x128": (128, 128, 4, 2, 3, 2, True),
+    "64x128": (64, 128, 2, 2, 3, 3, True),
+    "128x256": (128, 256, 2, 4, 3, 1, True),
+}
+AUTO_TILES = ("128x128", "64x128", "128x256")
+_TILE_EFF = {"128x128": 1.0, "64x128": 0.9, "128x256": 1.0}  # relative per-SM efficiency (smem traffic per mma)
+_F_SM = 2.4e12     # assumed tensor FLOP/s of one fully occupied SM running these kernels (model only)
+_BW = 2.5e12       # assumed device memory bandwidth, bytes/s (model only)
+_L2_BW = 5.5e12    # assumed L2 -> SM bandwidth, bytes/s: every stage loads (BM + BN) rows of 128 bytes (model only)
+_LAUNCH_S = 4e-6   # the extra launch of a split reduction
+BK = 64            # reduction depth of one pipeline stage (elements)
+MAX_SPLITS = 32
+
+
+def empty(shape, dtype):
+    return backend.cupy.empty(shape, dtype=dtype)
+
+
+def round8(n):
+    return -(-int(n) // 8) * 8
+
+
+def _ptr(a):
+    return L.null() if a is None else a
+
+
+def _bool(b):
+    return "true" if b else "false"
+
+
+def gemm_expressions():
+    """Every template instantiation the conv family launches, with a {T} placeholder (for compile checks)."""
+    out = []
+    for kern in ("conv_fwd_igemm", "conv_dw_igemm"):
+        for bm, bn, wm, wn, st, minb, pipe in TILES.values():
+            out.append(f"{kern}<{{T}}, {bm}, {bn}, {wm}, {wn}, {st}, {minb}, {_bool(pipe)}>")
+    return out
+
+
+def _gemm_kernel(kern, name, dtype):
+    bm, bn, wm, wn, st, minb, pipe = TILES[name]
+    fn = L.get_function("conv_igemm", f"{kern}<{{T}}, {bm}, {bn}, {wm}, {wn}, {st}, {minb}, {_bool(pipe)}>", dtype)
+    smem = st * (bm + bn) * BK * 2
+    if fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+        try:  # ask for the largest shared-memory carveout so that `minb` CTAs fit on an SM
+            fn.preferred_shared_memory_carveout = 100
+        except Exception:
+            pass
+    return fn, wm * wn * 32, smem
+
+
+def kernel_info(kern, name, dtype):
+    """Registers, local (spilled) bytes per thread and dynamic shared memory of one GEMM kernel (benchmarks)."""
+    fn, threads, smem = _gemm_kernel(kern, name, dtype)
+    return {"kernel": f"{kern} {name}", "threads": threads, "num_regs": int(fn.num_regs),
+            "local_size_bytes": int(fn.local_size_bytes), "dynamic_smem": smem}
+
+
+# ----------------------------------------------------------------------------- tile / split plan
+def _occupancy_eff(warps):
+    """Fraction of an SM's tensor throughput reached with this many resident warps (model only)."""
+    return min(1.0, math.sqrt(warps / 12.0))
+
+
+def _model_time(name, M, N, KT, S, out_elems, always_ws, sms):
+    bm, bn, wm, wn, st, minb, pipe = TILES[name]
+    kps = -(-KT // S)
+    ctas = -(-M // bm) * -(-N // bn) * S
+    per_sm = -(-ctas // sms)  # CTAs of the busiest SM
+    cta_flop = 2.0 * bm * bn * BK * kps
+    rate = _F_SM * _TILE_EFF[name]
+    full, rest = divmod(per_sm, minb)
+    warps = wm * wn
+    t = full * minb * cta_flop / (rate * _occupancy_eff(minb * warps))
+    if rest:
+        t += rest * cta_flop / (rate * _occupancy_eff(rest * warps))
+    t = max(t, ctas * kps * (bm + bn) * BK * 2 / _L2_BW)
+    if S > 1 or always_ws:
+        t += S * out_elems * 8 / _BW + _LAUNCH_S
+    return t
+
+
+def plan(M, N, KT, out_elems, always_ws, budget):
+    """(tile name, k-tiles per slice, slices) for an M x N output reduced over KT k-tiles; slices > 1 write
+    S * out_elems fp32 partials, which must fit `budget` bytes."""
+    return _plan(M, N, KT, out_elems, always_ws, budget, os.environ.get("FLAME_CONV_TILE"), L.sm_count())
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(M, N, KT, out_elems, always_ws, budget, forced, sms):
+    names, splits = AUTO_TILES, None
+    if forced:
+        name, _, s = forced.partition(":s")
+        if name not in TILES:
+            raise ValueError(f"FLAME_CONV_TILE={forced!r}: tile must be one of {sorted(TILES)} (optionally ':s<N>')")
+        names = (name,)
+        if s:
+            splits = [max(1, min(int(s), KT))]
+    max_s = max(1, min(KT, MAX_SPLITS, budget // max(1, out_elems * 4)))
+    best = None
+    for name in names:
+        for S in splits or range(1, max_s + 1):
+            kps = -(-KT // S)
+            S = -(-KT // kps)  # no empty slices
+            t = _model_time(name, M, N, KT, S, out_elems, always_ws, sms)
+            if best is None or t < best[0] * 0.999:
+                best = (t, name, kps, S)
+    return best[1], best[2], best[3]
+
+
+# ----------------------------------------------------------------------------- layout copies
+def to_nhwc(x, Rp, flip_group=0):
+    """(B, R, *spatial) -> (B, prod(spatial), Rp) channel-last copy, channels R..Rp-1 zero (tap-flipped when
+    flip_group > 0: see conv_transpose_pad)."""
+    B, R = x.shape[0], x.shape[1]
+    Lsp = int(np.prod(x.shape[2:], dtype=np.int64))
+    out = empty((B, Lsp, Rp), x.dtype)
+    fn = L.get_function("conv_igemm", "conv_transpose_pad", x.dtype)
+    ld = 64 + (2 if x.dtype.itemsize == 2 else 1)
+    L.launch(fn, (L.cdiv(Lsp, 64), L.cdiv(Rp, 64), B), (256,),
+             (x, out, L.i32(R), L.i32(Lsp), L.i32(Rp), L.i32(flip_group)), shared_mem=64 * ld * x.dtype.itemsize)
+    return out
+
+
+def pack_weight(w, Cp):
+    """(O, C, KH, KW) -> (O, KH*KW*Cp) with k = (kh*KW + kw)*Cp + c, channels >= C zero."""
+    O, C, KH, KW = w.shape
+    T = KH * KW
+    out = empty((O, T * Cp), w.dtype)
+    CT = 512  # channels per block: the block's CT * T input elements are staged in shared memory
+    while CT > 8 and CT * T * w.dtype.itemsize > 16384:
+        CT //= 2
+    fn = L.get_function("conv_igemm", "conv_pack_weight", w.dtype)
+    L.launch(fn, (L.cdiv(Cp, CT), O), (256,), (w, out, L.i32(C), L.i32(Cp), L.i32(T), L.i32(CT)),
+             shared_mem=CT * T * w.dtype.itemsize)
+    return out
+
+
+def pack_weight_dx(w, Op):
+    """(O, C, KH, KW) -> (C, KH*KW*Op): out[c, (kh*KW + kw)*Op + o] = w[o, c, KH-1-kh, KW-1-kw] (o < O, else 0)."""
+    O, C, KH, KW = w.shape
+    return to_nhwc(w.reshape(1, O, C * KH * KW), Op, flip_group=KH * KW).reshape(C, KH * KW * Op)
+
+
+# ----------------------------------------------------------------------------- GEMMs
+def conv_nhwc(xt, wp, out, cg, bias=None, budget=512 << 20):
+    """out (N, O, OH, OW) = conv of xt (N, H, W, Cp) with packed weights wp (O, KH*KW*Cp) (+ bias (O,))."""
+    P = cg.N * cg.OH * cg.OW
+    K = cg.KH * cg.KW * cg.Cp
+    KT = L.cdiv(K, BK)
+    name, kps, S = plan(cg.O, P, KT, cg.O * P, False, budget)
+    fn, threads, smem = _gemm_kernel("conv_fwd_igemm", name, xt.dtype)
+    bm, bn = TILES[name][:2]
+    ws = empty((S, cg.O, P), np.float32) if S > 1 else None
+    i32 = L.i32
+    L.launch(fn, (L.cdiv(cg.O, bm) * L.cdiv(P, bn), S), (threads,),
+             (xt, wp, _ptr(bias) if S == 1 else L.null(), out, _ptr(ws), i32(cg.H), i32(cg.W), i32(cg.Cp), i32(cg.O),
+              i32(cg.KH), i32(cg.KW), i32(cg.sh), i32(cg.sw), i32(cg.ph), i32(cg.pw), i32(cg.dh), i32(cg.dw),
+              i32(cg.OH), i32(cg.OW), i32(P), i32(K), i32(kps)), shared_mem=smem)
+    if S > 1:
+        OHW = cg.OH * cg.OW
+        L.launch(L.get_function("conv_igemm", "conv_splitk_reduce", out.dtype), (L.cdiv(OHW, 256), cg.O, cg.N),
+                 (256,), (ws, _ptr(bias), out, i32(S), i32(cg.O), i32(OHW), L.i64(P)))
+    return out
+
+
+def conv_dw_nhwc(gt, xt, cg, C, dw=None, acc32=None, accumulate=False, budget=512 << 20):
+    """Weight gradient of conv_nhwc: gt (N, OH, OW, Op) is dy channel-last. Writes the (O, C, KH, KW) sum to dw
+    (the weights' dtype) and/or acc32 (float32; accumulate=True adds acc32's previous value)."""
+    P = cg.N * cg.OH * cg.OW
+    K = cg.KH * cg.KW * cg.Cp
+    Op = gt.shape[-1]
+    KT = L.cdiv(P, BK)
+    name, kps, S = plan(cg.O, K, KT, cg.O * K, True, budget)
+    fn, threads, smem = _gemm_kernel("conv_dw_igemm", name, xt.dtype)
+    bm, bn = TILES[name][:2]
+    ws = empty((S, cg.O, K), np.float32)
+    i32 = L.i32
+    L.launch(fn, (L.cdiv(cg.O, bm) * L.cdiv(K, bn), S), (threads,),
+             (gt, xt, ws, i32(cg.H), i32(cg.W), i32(cg.Cp), i32(cg.O), i32(Op), i32(cg.KH), i32(cg.KW),
+              i32(cg.sh), i32(cg.sw), i32(cg.ph), i32(cg.pw), i32(cg.dh), i32(cg.dw), i32(cg.OH), i32(cg.OW),
+              i32(P), i32(K), i32(kps)), shared_mem=smem)
+    L.launch(L.get_function("conv_igemm", "conv_dw_reduce", xt.dtype), (L.cdiv(K, 256), cg.O), (256,),
+             (ws, _ptr(acc32), _ptr(dw), i32(S), i32(cg.O), i32(C), i32(cg.Cp), i32(cg.KH * cg.KW), i32(1 if accumulate else 0)))
