@@ -8,7 +8,8 @@ chunks whose NHWC copies fit the workspace budget. Per chunk:
     forward     y = conv(x_nhwc, Wp) (+ bias), written NCHW by the kernel's epilogue
     backward    dX = conv(dY_nhwc, W flipped and transposed) (stride 1; a strided dX takes the im2col path)
                 dW = dY^T @ X_cols, reduced over pixels in slices of fp32 partials (deterministic, no atomics)
-`FLAME_CONV_ALGO=im2col` forces the other path (benchmarks compare the two).
+`FLAME_CONV_ALGO=im2col` or `=igemm` forces a path (benchmarks and tests compare the two); `auto` (the default)
+picks im2col + cuBLAS for small column matrices (IM2COL_MAX_BYTES) and the implicit GEMM above.
 
 im2col + GEMM: the batch is cut into chunks whose column matrix cols(C*KH*KW, P) fits a workspace budget
 (`FLAME_CONV_WORKSPACE_MB`, default 512 on cuda, 128 on cpu): a few whole images, or one band of output rows of one
@@ -318,14 +319,23 @@ def _im2col_backward(gy, x, w, g, need_x, need_w):
 
 
 # ----------------------------------------------------------------------------- implicit GEMM (cuda, fp16 / bf16)
+# Column matrices up to this size take im2col + cuBLAS in "auto" mode. Measured on the H100 (bench/conv.py --variant,
+# 2026-11-23): SDXL 2x640x64x64 (94 MB of columns) im2col 0.57x cuDNN vs implicit GEMM 0.50x; 2x1280x32x32 (47 MB)
+# 0.85x vs 0.46x; 2x320x128x128 (189 MB) 0.39x vs 0.47x; the VAE shapes (600 MB and more) 0.39x vs 0.54x.
+IM2COL_MAX_BYTES = 128 << 20
+
+
 def use_igemm(x, g):
     """Whether conv2d on x runs the implicit-GEMM kernels: a CuPy float16/bfloat16 array, groups 1, not a plain 1x1
     (cuBLAS on the input itself is the better GEMM there), sizes within the kernels' int32 indexing and grid limits,
-    kernels enabled and FLAME_CONV_ALGO not 'im2col'."""
+    kernels enabled, and FLAME_CONV_ALGO 'igemm', or 'auto' (default) with a column matrix over IM2COL_MAX_BYTES."""
     if x.dtype not in _HALF or g.G != 1 or _is_pointwise(g) or not backend.is_cuda_array(x):
         return False
-    if os.environ.get("FLAME_CONV_ALGO", "auto").strip().lower() == "im2col":
+    algo = os.environ.get("FLAME_CONV_ALGO", "auto").strip().lower()
+    if algo == "im2col":
         return False
+    if algo == "auto" and g.N * g.OH * g.OW * g.C * g.KH * g.KW * x.itemsize <= IM2COL_MAX_BYTES:
+        return False  # a small column matrix: im2col + cuBLAS measured faster (SDXL 64x64 / 32x32 layers)
     if max(g.C, g.O) > 65535 or g.KH * g.KW * (max(g.C, g.O) + 8) >= 2 ** 31 \
             or max(g.H * g.W, g.OH * g.OW) >= 2 ** 31 - 4096:
         return False

@@ -136,6 +136,7 @@ def _assert_close(got, want, dtype, what):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("cfg", IGEMM_GEOMS)
 def test_igemm_conv_matches_reference(cfg, dtype, tile, monkeypatch):
+    monkeypatch.setenv("FLAME_CONV_ALGO", "igemm")  # these shapes are small: "auto" would take im2col
     if tile is not None:
         monkeypatch.setenv("FLAME_CONV_TILE", tile)
     cp = backend.cupy
@@ -165,6 +166,7 @@ def test_igemm_conv_matches_reference(cfg, dtype, tile, monkeypatch):
 def test_igemm_conv_image_chunks(dtype, monkeypatch):
     """A workspace budget below one image: forward, dx and dw run image by image (dw summed in fp32)."""
     monkeypatch.setenv("FLAME_CONV_WORKSPACE_MB", "0.002")
+    monkeypatch.setenv("FLAME_CONV_ALGO", "igemm")
     cp = backend.cupy
     for cfg in [(3, 10, 5, 5, 12, 3, 3, 1, 1, 1), (3, 8, 6, 5, 16, 3, 3, 2, 1, 1)]:
         g, x, w, b, gy = _igemm_case(cfg, dtype, seed=3)
@@ -180,9 +182,15 @@ def test_igemm_conv_image_chunks(dtype, monkeypatch):
 
 
 def test_igemm_dispatch(monkeypatch):
-    """Which configurations take the implicit GEMM: fp16/bf16, groups 1, not a plain 1x1; FLAME_CONV_ALGO=im2col
-    turns it off."""
+    """Which configurations take the implicit GEMM: fp16/bf16, groups 1, not a plain 1x1; in "auto" only column
+    matrices over IM2COL_MAX_BYTES; FLAME_CONV_ALGO=im2col turns it off."""
     cp = backend.cupy
+    big = C.geometry((2, 320, 128, 128), (320, 320, 3, 3), 1, 1, 1, 1)        # SDXL 128x128: 189 MB of columns
+    small = C.geometry((2, 1280, 32, 32), (1280, 1280, 3, 3), 1, 1, 1, 1)     # SDXL 32x32: 47 MB
+    xb = cp.zeros((1,), dtype=np.float16)
+    monkeypatch.setenv("FLAME_CONV_ALGO", "auto")
+    assert C.use_igemm(xb, big) and not C.use_igemm(xb, small)
+    monkeypatch.setenv("FLAME_CONV_ALGO", "igemm")
     g3 = C.geometry((1, 8, 6, 6), (8, 8, 3, 3), 1, 1, 1, 1)
     for dt, want in (("float16", True), ("bfloat16", True), ("float32", False), ("float64", False)):
         assert C.use_igemm(cp.zeros((1, 8, 6, 6), dtype=parse_dtype(dt).np), g3) is want
