@@ -15,10 +15,15 @@ the copy stream) against the 54.9 GB/s pinned ceiling, and the share of transfer
 The peer (diffusers FluxTransformer2DModel + PEFT, same setup, gradient checkpointing on) runs last in the same process
 when diffusers and peft import (--skip-peer to skip); PEERS.md measured 846 ms / 24.7 GiB.
 Acceptance (the issue): 12 GiB bf16 and 10 GiB fp8: peak <= budget and step <= 1.5x the peer's step.
+--graph: after the eager figures of each configuration, forward + backward replayed as one CUDA graph
+(flame_core.cuda.graphed after 2 eager steps; the copies and stream events of the streamed blocks are captured too,
+flame_nn.offload.streamer) with AdamW eager on the gradients the replay accumulated, as bench/flux_lora.py --graph;
+reported beside the eager figures: step time, pool and driver peaks, H2D bytes per replay (the captured schedule's:
+a replay runs no Python to time its copies) and the hidden share against the eager copies' measured time.
 
 Run on the device (diffusers/peft from carried wheels, see shared/PEERS.md):
     PYTHONPATH=$PWD python3 bench/streaming.py [--budgets 24,16,12] [--fp8-budgets 24,16,12,10] [--repeats 5]
-                                               [--warmup 2] [--size 1024] [--small] [--skip-peer]
+                                               [--warmup 2] [--size 1024] [--small] [--skip-peer] [--graph]
 Writes $OUT/streaming_bench.json (or ./streaming_bench.json) and prints a table last.
 """
 import argparse
@@ -38,6 +43,7 @@ PEER_MS = 846.0  # PEERS.md: diffusers+PEFT, checkpointing on, 1024x1024
 CEILING_GBS = 54.9  # PEERS.md: pinned host->device
 GiB = 2 ** 30
 R = {}
+GRAPH = False  # --graph
 
 
 def log(key, value):
@@ -160,7 +166,7 @@ def inputs(size, seed=1):
     return args, target
 
 
-def make_steps(model, opt, args, target):
+def make_steps(model, opt, args, target, streamer=None):
     import flame_core as flame
     from flame_core.amp import autocast
 
@@ -169,7 +175,9 @@ def make_steps(model, opt, args, target):
             out = model(**args)
         loss = ((out.float() - target) ** 2).mean()
         loss.backward()
-        return loss
+        if streamer is not None:
+            streamer.join()  # in a capture: the copy stream's branch joins back before the capture ends
+        return loss.detach()
 
     def measure():  # auto-fit's step: forward + backward, no update
         fwd_bwd()
@@ -179,7 +187,19 @@ def make_steps(model, opt, args, target):
         fwd_bwd()
         opt.step()
         opt.zero_grad()
-    return measure, step
+
+    def graph_step_factory():
+        """(step, graphed function): forward + backward replayed as a CUDA graph after 2 eager calls (the third
+        captures), AdamW eager on the gradients the replay accumulated (kept, zeroed: the graph writes into them)."""
+        run = flame.cuda.graphed(fwd_bwd, warmup=2)
+
+        def gstep():
+            streamer.prime()  # the slots as every step starts (one event when nothing moved)
+            run()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+        return gstep, run
+    return measure, step, graph_step_factory
 
 
 def streamer_opt_state(lora):
@@ -189,8 +209,9 @@ def streamer_opt_state(lora):
 _OPT = []
 
 
-def run_config(tag, streamer, step, measure, lora, budget, repeats, warmup, resident_ms=None):
-    """One budget (None: every block resident). Returns the step ms."""
+def run_config(tag, streamer, step, measure, lora, budget, repeats, warmup, resident_ms=None, graph_factory=None,
+               resident_graph_ms=None):
+    """One budget (None: every block resident). Returns (eager step ms, graph step ms or None)."""
     import cupy as cp
     import flame_core.memory as M
     from flame_nn.offload import MemoryBudgetError
@@ -206,13 +227,15 @@ def run_config(tag, streamer, step, measure, lora, budget, repeats, warmup, resi
         except MemoryBudgetError as e:
             log(f"{tag}_fit", f"does not fit: {e}")
             log(f"{tag}_minimum_GiB", gib(e.minimum))
-            return None
+            return None, None
         print(rep, flush=True)
         log(f"{tag}_resident_blocks", len(rep.resident))
         log(f"{tag}_streamed_blocks", len(rep.streamed))
         log(f"{tag}_minimum_GiB", gib(rep.minimum))
         log(f"{tag}_overhead_outside_pool_GiB", gib(rep.overhead))
         log(f"{tag}_fit_verified_pool_peak_GiB", gib(rep.measured_peak))
+        log(f"{tag}_fit_verify_peaks_GiB", [gib(p) for p in rep.verify_peaks])
+        log(f"{tag}_fit_demoted", rep.demoted)
     for _ in range(warmup):
         step()
     cp.cuda.Device().synchronize()
@@ -240,7 +263,53 @@ def run_config(tag, streamer, step, measure, lora, budget, repeats, warmup, resi
         if resident_ms is not None:
             exposed = max(0.0, ms - resident_ms) / 1e3
             log(f"{tag}_hidden_share", round(max(0.0, 1 - exposed / secs), 3))
+    gms = None
+    if graph_factory is not None:
+        gms = run_graph(tag, streamer, graph_factory, repeats, secs, resident_graph_ms)
     M.set_memory_limit(None)
+    return ms, gms
+
+
+def _first_line(e):
+    lines = str(e).splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"
+
+
+def run_graph(tag, streamer, graph_factory, repeats, h2d_secs, resident_graph_ms):
+    """The same configuration with forward + backward replayed as a CUDA graph (under the same pool limit)."""
+    import cupy as cp
+    import flame_core.memory as M
+    gstep, run = graph_factory()
+    try:
+        for _ in range(3):  # two eager calls, then the capture (+ its first replay)
+            gstep()
+        cp.cuda.Device().synchronize()
+        log(f"{tag}_graph_captured", run.graph is not None)
+        M.reset_peak_memory_stats()
+        with DevicePeak() as dp:
+            ms, all_ms = timed_steps(gstep, repeats, 1)
+        log(f"{tag}_graph_step_ms", round(ms, 1))
+        log(f"{tag}_graph_step_ms_all", [round(x, 1) for x in all_ms])
+        log(f"{tag}_graph_pool_peak_reserved_GiB", gib(M.max_memory_reserved()))
+        log(f"{tag}_graph_driver_peak_GiB", gib(dp.peak))
+        g = streamer.graph_stats
+        if g is not None and streamer.streamed:
+            log(f"{tag}_graph_h2d_GB_per_step", round(g["bytes_h2d"] / 1e9, 2))
+            log(f"{tag}_graph_cyclic", g["start"] == g["end"])
+            if resident_graph_ms is not None and h2d_secs > 0:  # the same copies as eager: their measured time
+                exposed = max(0.0, ms - resident_graph_ms) / 1e3
+                log(f"{tag}_graph_hidden_share", round(max(0.0, 1 - exposed / h2d_secs), 3))
+        else:
+            log(f"{tag}_graph_h2d_GB_per_step", 0.0)
+    except Exception as e:
+        traceback.print_exc()
+        log(f"{tag}_graph_error", _first_line(e))
+        ms = None
+    finally:
+        run.reset()  # the graph's private memory goes back before the next configuration
+        gc.collect()
+        streamer.invalidate_slots()  # a capture that failed part-way recorded loads that never ran
+        cp.cuda.Device().synchronize()
     return ms
 
 
@@ -250,10 +319,12 @@ def flame_part(storage, budgets, size, repeats, warmup, small, ref_out=None):
     import flame_core.memory as M
     model, streamer, opt, lora = build(storage, small)
     args, target = inputs(size)
-    measure, step = make_steps(model, opt, args, target)
+    measure, step, graph_factory = make_steps(model, opt, args, target, streamer)
+    graph_factory = graph_factory if GRAPH else None
     _OPT[:] = [opt]
     out = None
-    res_ms = run_config(f"{storage}_resident", streamer, step, measure, lora, None, repeats, warmup)
+    res_ms, res_gms = run_config(f"{storage}_resident", streamer, step, measure, lora, None, repeats, warmup,
+                                 graph_factory=graph_factory)
     with flame.no_grad():  # the forward output at these weights (for the fp8 error against bf16)
         from flame_core.amp import autocast
         with autocast("cuda", dtype=flame.bfloat16):
@@ -265,13 +336,14 @@ def flame_part(storage, budgets, size, repeats, warmup, small, ref_out=None):
         log(f"{storage}_forward_cosine_vs_bf16", round(cos, 5))
     for b in budgets:
         try:
-            run_config(f"{storage}_{b}GiB", streamer, step, measure, lora, b, repeats, warmup, res_ms)
-        except Exception:
+            run_config(f"{storage}_{b}GiB", streamer, step, measure, lora, b, repeats, warmup, res_ms,
+                       graph_factory=graph_factory, resident_graph_ms=res_gms)
+        except Exception as e:
             traceback.print_exc()
-            log(f"{storage}_{b}GiB_error", traceback.format_exc().splitlines()[-1])
+            log(f"{storage}_{b}GiB_error", _first_line(e))
             M.set_memory_limit(None)
     log(f"{storage}_streamer", repr(streamer))
-    del model, streamer, opt, lora, measure, step, args, target
+    del model, streamer, opt, lora, measure, step, graph_factory, args, target
     _OPT.clear()
     gc.collect()
     cp.cuda.Device().synchronize()
@@ -342,10 +414,13 @@ def peer_part(size, repeats, warmup, small):
 def table(budgets, fp8_budgets):
     peer = R.get("peer_step_ms") or PEER_MS
     src = "measured" if R.get("peer_step_ms") else "PEERS.md"
+    graph = any(k.endswith("_graph_step_ms") or k.endswith("_graph_error") for k in R)
     lines = ["", f"Flux-dev LoRA step, 1024x1024, batch 1, streamed blocks (peer: diffusers+PEFT checkpointing on, "
                  f"{peer} ms, {src})",
              f"{'storage':>7} {'budget':>8} | {'res/str':>7} | {'step ms':>8} | {'x peer':>6} | {'pool GiB':>8} | "
-             f"{'driver GiB':>10} | {'H2D GB':>6} | {'GB/s':>5} | {'% ceil':>6} | {'hidden':>6} | accept"]
+             f"{'driver GiB':>10} | {'H2D GB':>6} | {'GB/s':>5} | {'% ceil':>6} | {'hidden':>6} | accept"
+             + (f" | {'graph ms':>8} | {'x peer':>6} | {'pool GiB':>8} | {'driver GiB':>10} | {'hidden':>6} | accept"
+                if graph else "")]
     for storage, bs in (("bf16", budgets), ("fp8", fp8_budgets)):
         for b in [None] + list(bs):
             tag = f"{storage}_resident" if b is None else f"{storage}_{b}GiB"
@@ -362,18 +437,36 @@ def table(budgets, fp8_budgets):
             gbs = R.get(f"{tag}_h2d_GBps")
             hid = R.get(f"{tag}_hidden_share")
             acc = ""
-            if (storage, b) in (("bf16", 12), ("fp8", 10)):
+            accept = (storage, b) in (("bf16", 12), ("fp8", 10))
+            if accept:
                 ok = ms <= 1.5 * peer and pool is not None and pool <= b and drv is not None and drv <= b
                 acc = "PASS" if ok else "FAIL"
-            lines.append(f"{storage:>7} {bud:>8} | {res:>7} | {ms:>8.1f} | {ms / peer:>6.2f} | {pool or '-':>8} | "
-                         f"{drv or '-':>10} | {R.get(f'{tag}_h2d_GB_per_step', 0):>6} | {gbs or '-':>5} | "
-                         f"{(f'{100 * gbs / CEILING_GBS:.0f}%' if gbs else '-'):>6} | "
-                         f"{(f'{100 * hid:.0f}%' if hid is not None else '-'):>6} | {acc}")
+            line = (f"{storage:>7} {bud:>8} | {res:>7} | {ms:>8.1f} | {ms / peer:>6.2f} | {pool or '-':>8} | "
+                    f"{drv or '-':>10} | {R.get(f'{tag}_h2d_GB_per_step', 0):>6} | {gbs or '-':>5} | "
+                    f"{(f'{100 * gbs / CEILING_GBS:.0f}%' if gbs else '-'):>6} | "
+                    f"{(f'{100 * hid:.0f}%' if hid is not None else '-'):>6} | {acc:>6}")
+            if graph:
+                gms = R.get(f"{tag}_graph_step_ms")
+                if gms is None:
+                    line += f" | graph: {str(R.get(f'{tag}_graph_error', '-'))[:80]}"
+                else:
+                    gpool, gdrv = R.get(f"{tag}_graph_pool_peak_reserved_GiB"), R.get(f"{tag}_graph_driver_peak_GiB")
+                    ghid = R.get(f"{tag}_graph_hidden_share")
+                    gacc = ""
+                    if accept:
+                        ok = gms <= 1.5 * peer and gpool is not None and gpool <= b and gdrv is not None and gdrv <= b
+                        gacc = "PASS" if ok else "FAIL"
+                    line += (f" | {gms:>8.1f} | {gms / peer:>6.2f} | {gpool or '-':>8} | {gdrv or '-':>10} | "
+                             f"{(f'{100 * ghid:.0f}%' if ghid is not None else '-'):>6} | {gacc}")
+            lines.append(line)
     if "fp8_forward_rel_error_vs_bf16" in R:
         lines.append(f"fp8 storage: forward output relative error vs bf16 weights {R['fp8_forward_rel_error_vs_bf16']}"
                      f" (cosine {R.get('fp8_forward_cosine_vs_bf16')})")
     lines.append("driver GiB: device memory in use (all processes) sampled during the timed steps; pool GiB: FLAME "
                  "pool reserved peak; hidden: 1 - (step - all-resident step) / H2D time")
+    if graph:
+        lines.append("graph: forward + backward replayed as one CUDA graph (copies included), AdamW eager; its "
+                     "hidden share uses the graph's all-resident step and the eager copies' measured time")
     return "\n".join(lines)
 
 
@@ -386,12 +479,16 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--small", action="store_true", help="2 double + 4 single blocks (a smoke run)")
     ap.add_argument("--skip-peer", action="store_true")
+    ap.add_argument("--graph", action="store_true", help="also replay forward+backward as a CUDA graph per config")
     a = ap.parse_args()
+    global GRAPH
+    GRAPH = a.graph
     budgets = [float(b) if "." in b else int(b) for b in a.budgets.split(",") if b]
     fp8_budgets = [float(b) if "." in b else int(b) for b in a.fp8_budgets.split(",") if b]
     out = os.path.join(os.environ.get("OUT", "."), "streaming_bench.json")
     failed = False
     log("size", a.size)
+    log("graph", GRAPH)
     ref = None
     for storage, bs in (("bf16", budgets), ("fp8", fp8_budgets)):
         section(f"FLAME, {storage} storage")

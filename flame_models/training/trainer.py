@@ -122,11 +122,13 @@ class Trainer:
         self.noise_gen = flame.Generator(self.device).manual_seed(t.seed + 2)
         amp_dtype = dtype_name(t.dtype)
         self.autocast_dtype = None if amp_dtype == "float32" else flame.dtypes.dtype(amp_dtype)
-        # forward + backward as a CUDA graph after two eager steps (same numbers, none of the per-op host cost);
-        # not with streamed blocks (their copies are ordered by events on a second stream) or on the cpu
+        # forward + backward as a CUDA graph after two eager steps (same numbers, none of the per-op host cost); with
+        # streamed blocks the copies and the events between the compute and copy streams are captured too (the
+        # schedule is cyclic: flame_nn.offload.streamer); not on the cpu
         self._loss_scale = 1.0 / t.gradient_accumulation_steps
-        use_graph = t.cuda_graph and self.device.type == "cuda" and self.streamer is None
+        use_graph = t.cuda_graph and self.device.type == "cuda"
         self.graphed = flame.cuda.graphed(self._forward_backward, warmup=2, enabled=use_graph) if use_graph else None
+        self._graph_generation = None  # the streamer's placement the graph was captured with
 
         # outputs, and the latest checkpoint if there is one
         os.makedirs(self.out, exist_ok=True)
@@ -149,7 +151,7 @@ class Trainer:
         saved = (self.loader.state_dict(), self.sigma_gen.get_state(), self.noise_gen.get_state(),
                  flame.get_rng_state("cpu"), flame.get_rng_state(self.device))
         try:
-            self._micro_step(self.loader.next_batch(), 1.0)
+            self._micro_step(self.loader.next_batch(), 1.0, graph=False)  # never a graph's warm-up or capture
         finally:
             self.optimizer.zero_grad()
             self.loader.load_state_dict(saved[0])
@@ -220,12 +222,22 @@ class Trainer:
         loss = flow_matching_loss(pred, velocity_target(x0, noise))
         scale = self._loss_scale
         (loss * scale).backward() if scale != 1.0 else loss.backward()
+        if self.streamer is not None:
+            self.streamer.join()  # in a capture: the copy stream's branch joins back before the capture ends
         return loss.detach()
 
-    def _micro_step(self, batch, scale):
+    def _micro_step(self, batch, scale, graph=True):
         args, sigma = self._prepare(batch)
         self._loss_scale = scale
-        if self.graphed is None or not self.graphed.enabled:
+        if self.streamer is not None:
+            if self.graphed is not None and self.graphed.graph is not None \
+                    and self._graph_generation != self.streamer._generation:
+                self.graphed.reset()  # the blocks were placed anew (set_resident): the captured slots are gone
+                self._graph_generation = None
+            # the slots as every step starts (and ends): sampling or an evaluation in between may have moved them;
+            # a replayed step assumes them (one event when nothing moved)
+            self.streamer.prime()
+        if not graph or self.graphed is None or not self.graphed.enabled:
             loss = self._forward_backward(*args)
         else:
             try:
@@ -235,7 +247,11 @@ class Trainer:
                     raise
                 self.graphed.enabled = False
                 self.log(f"CUDA graph capture failed ({type(e).__name__}: {e}); training continues eagerly")
+                if self.streamer is not None:  # the failed capture recorded loads that never ran
+                    self.streamer.invalidate_slots().prime()
                 loss = self._forward_backward(*args)
+            if self.streamer is not None and self.graphed.graph is not None and self._graph_generation is None:
+                self._graph_generation = self.streamer._generation
         return loss.item(), float(sigma.mean().item())
 
     def train_step(self):

@@ -1,4 +1,4 @@
-"""Auto-fit: choose which blocks stay on the GPU for a memory budget, by measuring one step.
+"""Auto-fit: choose which blocks stay on the GPU for a memory budget, by measuring steps.
 
     report = auto_fit(streamer, "12GiB", step_fn)       # or streamer.auto_fit(...); max_gpu_memory in the trainer
 
@@ -7,13 +7,20 @@
    part; if it alone exceeds the budget the fit fails at once, before any step runs.
 2. `step_fn()` runs one step (forward + backward, as training will) with no cap; its peak of the pool's reserved
    bytes, plus `extra_bytes` (state created later, e.g. optimizer moments) plus, on cuda, the driver's memory outside
-   the pool (CUDA context, libraries) is the MINIMUM. A budget below minimum + headroom fails with a message that
+   the pool (CUDA context, libraries; measured before and after the step, the larger counts: the first step loads
+   kernels and cuBLAS workspaces) is the MINIMUM. A budget below minimum + headroom fails with a message that
    states the minimum and what it is made of.
 3. The remaining bytes are filled with resident blocks, largest first (each resident byte is a byte not copied twice
-   per step); when the largest streamed block becomes resident the slots shrink, which is accounted for.
-4. The budget is set as the pool's limit (`flame_core.memory.set_memory_limit`; over it allocations fail instead of
-   growing past the budget) and the step runs again to verify; if it does not fit (fragmentation), blocks are
-   demoted until it does. The report gives the measured figures.
+   per step); when the largest streamed block becomes resident the slots shrink, which is accounted for. The cache
+   is emptied first, so the resident buffers and slots get segments of their own instead of being carved out of
+   the measured step's cached activation segments (holes that later activations would have to fit around).
+4. The step runs `verify_steps` times (default 3) under a pool limit `margin` below the budget (default half the
+   headroom); if any of them does not fit, blocks are demoted and the steps run again. Then the budget itself is set
+   as the pool's limit (`flame_core.memory.set_memory_limit`; over it allocations fail instead of growing past it).
+   Several steps, because the pool's layout is not the same from one step to the next: a step can fit where a later
+   one does not (bench/streaming.py saw fp8 budgets verified by one step fail two steps later, the pool full of
+   free pieces too small for a 135 MiB request); the margin leaves room for the drift that is still to come. The
+   report gives the measured figures.
 """
 import gc
 from dataclasses import dataclass, field
@@ -47,8 +54,10 @@ class FitReport:
     streamed_bytes: int = 0
     slot_bytes: int = 0
     num_slots: int = 0
-    measured_peak: int = None      # pool peak (reserved) of the verification step
-    demoted: int = 0               # blocks given back to streaming after the verification step did not fit
+    measured_peak: int = None      # pool peak (reserved) over the verification steps
+    demoted: int = 0               # blocks given back to streaming after a verification step did not fit
+    verify_peaks: list = field(default_factory=list)  # pool peak (reserved) of each verification step
+    verify_limit: int = None       # the pool limit the verification steps ran under (budget - overhead - margin)
 
     @property
     def pool_budget(self):
@@ -62,8 +71,12 @@ class FitReport:
                  f"  minimum (everything streamed) {g(self.minimum)}; static part {g(self.static)}; "
                  f"outside the pool {g(self.overhead)}"]
         if self.measured_peak is not None:
-            lines.append(f"  verified step: pool peak {g(self.measured_peak)} of {g(self.pool_budget)} allowed"
-                         + (f" ({self.demoted} blocks demoted after a first try did not fit)" if self.demoted else ""))
+            n = len(self.verify_peaks)
+            lines.append(f"  verified {n} step{'s' if n != 1 else ''}: pool peak {g(self.measured_peak)} of "
+                         f"{g(self.pool_budget)} allowed"
+                         + (f" (verified under {g(self.verify_limit)})" if self.verify_limit is not None
+                            and self.verify_limit < self.pool_budget else "")
+                         + (f" ({self.demoted} blocks demoted after a try did not fit)" if self.demoted else ""))
         return "\n".join(lines)
 
 
@@ -98,6 +111,10 @@ def _choose(streamer, slack, dev):
     return sorted(chosen)
 
 
+def _place(streamer, chosen, dev):
+    streamer.set_resident(chosen, fresh=True)
+
+
 def _minimum_message(budget, overhead, static, peak, extra, slots, nslots, headroom):
     g = fmt_bytes
     minimum = peak + extra + overhead
@@ -113,7 +130,7 @@ def _minimum_message(budget, overhead, static, peak, extra, slots, nslots, headr
 
 
 def auto_fit(streamer, max_gpu_memory, step_fn, *, extra_bytes=0, headroom=None, enforce=True, verify=True,
-             count_driver_overhead=True):
+             verify_steps=3, margin=None, count_driver_overhead=True):
     """Choose `streamer`'s resident blocks so that a step (`step_fn()`, forward + backward) fits `max_gpu_memory`
     (bytes or a string such as '12GiB'); raise MemoryBudgetError naming the minimum when it cannot.
 
@@ -122,6 +139,8 @@ def auto_fit(streamer, max_gpu_memory, step_fn, *, extra_bytes=0, headroom=None,
     headroom      bytes kept free for fragmentation and variation (default 2% of the budget)
     enforce       leave the budget set as the pool's limit (allocations beyond it then fail rather than grow)
     verify        run the step again under the limit, demoting blocks until it fits
+    verify_steps  how many steps the verification runs (the pool's layout drifts from step to step)
+    margin        the verification runs under a limit this much below the budget (default headroom // 2)
     count_driver_overhead   on cuda, count the device memory outside the pool (context etc.) against the budget
     Returns a FitReport."""
     budget = parse_size(max_gpu_memory)
@@ -129,6 +148,7 @@ def auto_fit(streamer, max_gpu_memory, step_fn, *, extra_bytes=0, headroom=None,
         raise MemoryBudgetError(f"max_gpu_memory must be a positive size, got {max_gpu_memory!r}")
     dev = streamer.device
     headroom = int(0.02 * budget) if headroom is None else int(headroom)
+    margin = headroom // 2 if margin is None else int(margin)
     extra = int(extra_bytes)
     prev_limit = M.get_memory_limit(dev)
     M.set_memory_limit(None, dev)
@@ -162,6 +182,8 @@ def auto_fit(streamer, max_gpu_memory, step_fn, *, extra_bytes=0, headroom=None,
         raise MemoryBudgetError(f"one step does not fit in the device's memory even with every block streamed "
                                 f"(static part {fmt_bytes(static)}); {e}", minimum=static) from e
     peak = max(M.max_memory_reserved(dev), static)
+    if count_driver_overhead:  # the first step may load kernels and make library workspaces outside the pool
+        overhead = max(overhead, _driver_overhead(dev))
     minimum = peak + extra + overhead
     if minimum + headroom > budget:
         M.set_memory_limit(prev_limit, dev)
@@ -170,33 +192,43 @@ def auto_fit(streamer, max_gpu_memory, step_fn, *, extra_bytes=0, headroom=None,
 
     # 3. fill the rest with resident blocks
     chosen = _choose(streamer, budget - headroom - minimum, dev)
-    streamer.set_resident(chosen)
+    _place(streamer, chosen, dev)
     report = FitReport(budget=budget, overhead=overhead, minimum=minimum, static=static)
 
-    # 4. the budget as the pool's limit; verify
-    if enforce or verify:
-        M.set_memory_limit(budget - overhead, dev)
+    # 4. verify under the budget less the margin, then the budget as the pool's limit
     if verify:
+        report.verify_limit = budget - overhead - max(0, margin)
+        M.set_memory_limit(report.verify_limit, dev)
+        n_steps = max(1, int(verify_steps))
         while True:
-            gc.collect()
-            M.reset_peak_memory_stats(dev)
+            peaks, failed = [], None
             try:
-                step_fn()
-                report.measured_peak = M.max_memory_reserved(dev)
+                for _ in range(n_steps):
+                    gc.collect()
+                    M.reset_peak_memory_stats(dev)
+                    step_fn()
+                    peaks.append(M.max_memory_reserved(dev))
+            except OutOfMemoryError as e:
+                failed = str(e).splitlines()[0]  # not the exception: its frames hold the failed step's tensors
+            if failed is None:
+                report.verify_peaks = peaks
+                report.measured_peak = max(peaks)
                 break
-            except OutOfMemoryError:
-                if not chosen:
-                    if not enforce:
-                        M.set_memory_limit(prev_limit, dev)
-                    raise
-                drop = max(1, len(chosen) // 4)
-                by_size = sorted(chosen, key=lambda i: (-streamer.block_bytes(i), i))  # free the most per block
-                gone = set(by_size[:drop])
-                chosen = [i for i in chosen if i not in gone]
-                report.demoted += drop
-                streamer.set_resident(chosen)
-    if not enforce:
-        M.set_memory_limit(prev_limit, dev)
+            if not chosen:
+                M.set_memory_limit(prev_limit, dev)
+                raise MemoryBudgetError(
+                    f"max_gpu_memory {fmt_bytes(budget)}: with every block streamed one step fitted (pool peak "
+                    f"{fmt_bytes(peak)}) but {n_steps} steps in a row do not fit under {fmt_bytes(report.verify_limit)}"
+                    f" (the budget less the overhead outside the pool and a margin of {fmt_bytes(max(0, margin))}): "
+                    f"the pool's layout drifts from step to step. Raise max_gpu_memory or the headroom. {failed}",
+                    minimum=minimum + headroom + max(0, margin))
+            drop = max(1, len(chosen) // 4)
+            by_size = sorted(chosen, key=lambda i: (-streamer.block_bytes(i), i))  # free the most per block
+            gone = set(by_size[:drop])
+            chosen = [i for i in chosen if i not in gone]
+            report.demoted += drop
+            _place(streamer, chosen, dev)
+    M.set_memory_limit(budget - overhead if enforce else prev_limit, dev)
     report.resident = streamer.resident
     report.streamed = streamer.streamed
     report.resident_bytes = sum(streamer.block_bytes(i) for i in report.resident)

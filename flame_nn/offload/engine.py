@@ -9,6 +9,13 @@ streamer's schedule is written once against this interface, so CPU tests run the
     eng.d2h(dst, src, offset)       # host uint8 `dst` <- device uint8 `src`[offset:] (copy stream)
     ev = eng.record_copy()          # an event after the copies enqueued so far
     eng.compute_waits(ev)           # later compute work starts only after it
+    eng.capturing()                 # None, or a key of the CUDA graph capture the compute stream is in
+
+CUDA graphs: all of the above is capturable. The first `copy_waits(ev)` inside a capture, with `ev` recorded on the
+capturing compute stream, makes the copy stream join the capture (the fork); the copies and events that follow are
+captured on it; `compute_waits(ev)` with `ev` recorded on the copy stream joins that branch back. Events recorded
+outside a capture must not be waited on inside it, nor captured ones outside it (the streamer forgets its events at
+either boundary).
 """
 import time
 
@@ -37,6 +44,9 @@ class HostEngine:
 
     def compute_waits(self, event):
         pass
+
+    def capturing(self):
+        return None
 
     def h2d(self, dst, offset, src):
         t = time.perf_counter() if self.profile else 0.0
@@ -93,12 +103,19 @@ class CudaEngine:
             with self.device.context():
                 self._cp.cuda.get_current_stream().wait_event(event)
 
+    def capturing(self):
+        """A key of the capture the current (compute) stream is in, or None: CUDA graph capture of a streamed step."""
+        s = self._cp.cuda.get_current_stream()
+        if s.ptr and s.is_capturing():
+            return (s.ptr, id(s))
+        return None
+
     def h2d(self, dst, offset, src):
         n = src.nbytes
         if not n:
             return
         start = None
-        if self.profile:
+        if self.profile and not self.stream.is_capturing():  # timing events cannot be read back from a graph
             start = self._cp.cuda.Event()
             start.record(self.stream)
         with self.device.context():

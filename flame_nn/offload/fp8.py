@@ -6,42 +6,172 @@ cpu). Half the memory and half the host->device transfer of bf16 weights.
 
 A quantised Linear keeps its module identity and its parameter names: `weight` becomes the fp8 values and a buffer
 `weight_scale` (out_features,) holds the scales, so w ~= weight * weight_scale[:, None]. Adapters keep working on top
-(the base output is computed from the dequantised weight). The dequantised weight is a temporary of one layer.
+(the base output is computed from the dequantised weight). The dequantised weight lives for one matmul.
+
+Memory: the dequantised weight never becomes a tensor of its own. Each call writes it into one scratch buffer per
+(device, dtype), sized once for the largest quantised Linear there and reused by every layer, forward and backward:
+the base product is a custom autograd op (`Float8Linear`) that keeps the fp8 bytes (a view of the block's slot or
+buffer), not the dequantised weight, and dequantises again in backward for the input gradient. A plain
+`F.linear(x, dequantized)` (the previous implementation) allocates a weight-sized temporary per layer (18 to 126 MiB
+each on Flux-dev, of several sizes) and its autograd node keeps the dequantised weight for the input gradient, so a
+block's recompute keeps them alive through its backward (0.42 GiB per double block, 0.21 GiB per single block on top
+of the activations): a mix of sizes that makes the pool's layout drift under a memory limit until a later step
+cannot find room its first step found -- the fp8 OOM bench/streaming.py hit (tests/offload/test_autofit_drift.py
+replays it).
 
 Error: e4m3 keeps 3 mantissa bits; with the scale chosen per row from the row's largest magnitude, every weight is
 off by at most 1/17 of its own magnitude (half an ulp; tiny weights by half the row's subnormal step instead), by 2.6%
 rms over a Gaussian weight matrix (bf16: 0.17%). A layer's output moves by about that rms relative error;
-tests/offload/test_fp8_storage.py measures it (README: fp8 storage).
+tests/offload/test_fp8_storage.py measures it (README: fp8 storage). Over a deep model the per-layer errors add up:
+the whole Flux-dev forward (random N(0, 0.02) weights, 57 blocks, bf16 autocast) moves by 12.6% relative (cosine
+0.992) against the same weights in bf16 (bench/streaming.py; random weights -- a trained checkpoint's figure is not
+measured here). Cheap improvements tried, none worth taking: per-row scales chosen to minimise the squared error
+gain 1.4% of the error on Flux-size rows (2.646% -> 2.609%: e4m3 is a float format, its rounding error is relative
+whatever the scale; test_fp8_storage.py); keeping the adaLN modulation Linears in bf16 took the tiny random Flux's
+output error from 4.3% to 3.6% (3 seeds, CPU) but they hold 3.2 of Flux-dev's 11.9 B parameters (+3 GiB of storage
+and transfer, +27%). BlockStreamer(quantize='fp8') quantises the blocks only: the embedders and the final layer,
+outside them, keep their dtype.
 """
+import numpy as np
+
+from flame_core import backend
 from flame_core import dtypes as D
 from flame_core.amp import autocast_mode as _amp
-from flame_core.autograd import no_grad
+from flame_core.autograd import Function, no_grad
+from flame_core.errors import DTypeError, ShapeError, fmt_shape
 from flame_core.kernels import fp8 as _K
 from flame_core.ops.fp8 import quantize_fp8
+from flame_core.ops.linalg import _mm_arrays
 from flame_core.tensor import _wrap
 
-from .. import functional as F
 from ..layers.linear import Linear
 from ..parameter import Parameter
 from .host import OffloadError
+
+
+# ----------------------------------------------------------------------------- the dequantisation scratch
+_scratch = {}    # (device key, dtype name) -> Tensor (1-D) the dequantised weights are written into
+_largest = {}    # device key -> elements of the largest quantised weight there (sizes the scratch once)
+_retired = []    # scratch buffers replaced by larger ones: a captured CUDA graph may still write into them
+
+
+def _device_key(arr):
+    return ("cuda", arr.device.id) if backend.is_cuda_array(arr) else ("cpu", 0)
+
+
+def _note_size(arr):
+    key = _device_key(arr)
+    _largest[key] = max(_largest.get(key, 0), int(arr.size))
+
+
+def scratch_buffers():
+    """{(device, dtype name): bytes} of the dequantisation scratch buffers (one per device and compute dtype)."""
+    return {(f"{k[0][0]}:{k[0][1]}" if k[0][0] == "cuda" else "cpu", k[1]): t._data.nbytes
+            for k, t in _scratch.items()}
+
+
+def release_scratch():
+    """Drop the scratch buffers and forget the layer sizes seen so far (layers quantised from now on size the next
+    buffers). Only when no captured CUDA graph uses them."""
+    _scratch.clear()
+    _retired.clear()
+    _largest.clear()
+
+
+def _dequantize_into_scratch(q, scales, dtype):
+    """q (uint8 bytes or float8 values, (out, in)) * scales[:, None] as `dtype`, written into the scratch buffer of
+    q's device: a view valid until the next call on that device (enqueue its reader before the next call)."""
+    dtype = np.dtype(dtype)
+    key = (_device_key(q), dtype.name)
+    n = int(q.size)
+    buf = _scratch.get(key)
+    if buf is None or buf._data.size < n:
+        size = max(n, _largest.get(key[0], 0))
+        xp = backend.xp_of(q)
+        if backend.is_cuda_array(q):
+            with backend.cupy.cuda.Device(q.device.id):
+                arr = xp.empty(size, dtype=dtype)
+        else:
+            arr = np.empty(size, dtype=dtype)
+        if buf is not None:
+            _retired.append(buf)
+        buf = _scratch[key] = _wrap(arr)  # a Tensor: the memory accounting counts it
+    out = buf._data[:n].reshape(q.shape)
+    if backend.is_cuda_array(q):
+        qb = q if q.dtype == np.uint8 else q.view(np.uint8)
+        from flame_core.kernels import loader as L
+        if L.use_kernel(scales) and n and dtype.name in ("float32", "float16", "bfloat16"):
+            qb = L.contiguous(qb)
+            grid = (max(1, min(L.cdiv(L.cdiv(n, 8), 256), L.sm_count() * 16)),)  # as kernels/fp8.py
+            L.launch(L.get_function("fp8", "fp8_dequantize_rows", dtype), grid, (256,),
+                     (qb, L.contiguous(scales.astype(np.float32, copy=False)), out, L.i64(n), L.i32(q.shape[-1])))
+        elif n:
+            out[...] = _K.dequantize_per_row(qb, scales, dtype)
+    elif n:
+        out[...] = _K.dequantize_per_row(q, scales, dtype)
+    return out
+
+
+class Float8Linear(Function):
+    """y = x @ dequantise(q, scales)^T + b with the dequantised weight in the scratch buffer; backward keeps the fp8
+    bytes (no weight-sized tensor outlives the call) and dequantises again for the input gradient. The weight is
+    frozen (no weight gradient); the bias gets one when it requires grad. No double backward."""
+
+    @staticmethod
+    def forward(ctx, x, q, scales, b, dtype):
+        a = x._data
+        w = _dequantize_into_scratch(q._data, scales._data, dtype)
+        y = _mm_arrays(a.reshape(-1, a.shape[-1]), w.T)  # enqueued before the next layer overwrites the scratch
+        if b is not None:
+            y += b._data
+        if ctx.needs_input_grad[0]:
+            ctx.save_for_backward(q, scales)
+        ctx.x_shape, ctx.dtype = x.shape, dtype
+        return _wrap(y.reshape(tuple(x.shape[:-1]) + (q.shape[0],)))
+
+    @staticmethod
+    def backward(ctx, g):
+        nx, _, _, nb, _ = ctx.needs_input_grad
+        g2 = g.reshape(-1, g.shape[-1])
+        dx = db = None
+        if nx:
+            q, scales = ctx.saved_tensors
+            w = _dequantize_into_scratch(q._data, scales._data, ctx.dtype)
+            ga = g2._data if g2._data.dtype == w.dtype else g2._data.astype(w.dtype)
+            dx = _wrap(_mm_arrays(ga, w).reshape(tuple(ctx.x_shape)))
+        if nb:
+            db = g2.sum(0)
+        return dx, None, None, db, None
 
 
 class Float8LinearMixin:
     """Mixed in front of a Linear class: `weight` holds float8_e4m3fn values, `weight_scale` the row scales."""
 
     def dequantized_weight(self, dtype=None):
-        """The weight as `dtype` (default: the dtype the layer had before quantisation). Not differentiable."""
+        """The weight as a new tensor of `dtype` (default: the dtype the layer had before quantisation). Not
+        differentiable. (The layer's own forward does not call this: it dequantises into a shared scratch.)"""
         dt = D.dtype(dtype) if dtype is not None else self.compute_dtype
         w = self.weight
         return _wrap(_K.dequantize_per_row(w._data, self.weight_scale._data, dt.np))
 
     def forward(self, input):
         dt = self.compute_dtype
+        bias = self.bias
         if _amp.active:  # dequantise straight to the autocast dtype (the matmul would cast to it anyway)
             dev = "cuda" if input.is_cuda else "cpu"
             if _amp.is_autocast_enabled(dev):
                 dt = _amp.get_autocast_dtype(dev)
-        return F.linear(input, self.dequantized_weight(dt), self.bias)
+                input, bias = _amp.cast_inputs("lower", input, bias)
+        w = self.weight
+        if input.ndim < 1 or input.shape[-1] != w.shape[1]:
+            raise ShapeError(f"linear: input {fmt_shape(input.shape)} and weight {fmt_shape(w.shape)} do not fit "
+                             f"(expected weight (out_features, {input.shape[-1] if input.ndim else '?'}))")
+        if input.dtype != dt or (bias is not None and bias.dtype != dt):
+            raise DTypeError(f"linear: input ({input.dtype})" + (f" and bias ({bias.dtype})" if bias is not None
+                                                                 else "")
+                             + f" must have the dtype of the fp8 layer's compute dtype ({dt}); cast them, or use "
+                               f"flame.amp.autocast")
+        return Float8Linear.apply(input, w, self.weight_scale, bias, dt.np)
 
     def extra_repr(self):
         return super().extra_repr() + ", weight=float8_e4m3fn (per-channel scales)"
@@ -93,6 +223,7 @@ def quantize_linear_weights_(module, dtype="float8_e4m3fn", *, include_trainable
                             raise OffloadError(f"{name}: a {ad.kind} adapter needs the base weight's rows; fp8 "
                                                f"storage supports LoRA, LoKr and LoHa adapters")
             q, scales = quantize_fp8(w)
+            _note_size(q._data)
             d = m.__dict__
             d["compute_dtype"] = w.dtype
             if adapted:

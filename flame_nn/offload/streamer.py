@@ -14,20 +14,42 @@ in the order they will run (forward: i, i+1, ...; backward: i, i-1, ...; in infe
 block 0 for the next call) and makes sure each is in a slot or on its way:
   1. one event is recorded on the compute stream (it follows all work enqueued so far, i.e. every earlier use of
      every slot) and the copy stream waits on it;
-  2. each missing block gets a slot whose block is not in the window (least recently used first): its previous
-     block's tensors become placeholders, one host->device copy of the block's pinned buffer is enqueued on the copy
-     stream, an event is recorded after it, and the block's tensors become views of the slot;
+  2. each missing block goes to its home slot -- streamed block number p (in run order) lives in slot p mod K --
+     or, when a block of the window sits there (only a wrapped inference window can cause that), to the least
+     recently used slot outside the window: the slot's previous block's tensors become placeholders, one
+     host->device copy of the block's pinned buffer is enqueued on the copy stream, an event is recorded after it,
+     and the block's tensors become views of the slot;
   3. the compute stream waits on the event of block i's slot (the schedule's only wait on the compute stream).
 So block i+1 (forward) or i-1 (backward) is copied while block i computes; no device-wide synchronisation happens.
+A window is K consecutive streamed blocks, so in training every block of it has its home slot to itself: the
+placement is a fixed function of the block, and a training step ends (backward's last window: streamed blocks
+K-1..0) in the state the next one starts from -- the first K streamed blocks in their home slots.
 
 Training: a streamed block always runs under gradient checkpointing (whatever `gradient_checkpointing` says): its
 backward recomputes it, so it needs its weights once more, in reverse order, and no saved tensor outlives the slot
 it points into. The checkpoint node tells the streamer when block i's backward starts (load i, prefetch i-1) and
 ends (layer-wise updates). Resident blocks follow their own `gradient_checkpointing` attribute.
+
+CUDA graphs: a streamed training step (forward + backward) can be captured and replayed as one graph
+(flame_core.cuda.graphed; the trainer does it with `cuda_graph` on). The copies from pinned memory and the events
+between the two streams are captured like kernels: inside the capture, the first copy's `copy_waits` on an event
+recorded on the capturing stream forks the copy stream into the capture, and every copy is joined back when the
+compute stream waits on its slot's event before the block runs; `join()` at the end of the captured region makes
+the compute stream wait on the copy stream's last work whatever the schedule did. What Python decides -- which
+block goes to which slot, the tensors' views -- happens once, at capture, and is baked into the graph; replays are
+right only if every step starts from the state the capture started from. Home slots make the schedule a fixed
+function of the block, so a step ends where it started (`join()` checks it inside a capture and raises otherwise);
+`prime()` restores that state (eagerly, ordered before what follows) after anything else used the streamer --
+sampling, an evaluation forward, set_resident -- and must run before each replay in that case (the trainer calls
+it before every step). The streamer draws no random numbers and forgets its events at each capture boundary (an
+event recorded outside a capture cannot be waited on inside it, nor a captured one outside). Not capturable:
+inference forwards (their window wraps to the next call: not cyclic) and LayerwiseAdamW (host round trips).
 """
 import bisect
+import gc
 import itertools
 
+from flame_core import memory as _memory
 from flame_core.autograd.grad_mode import state as _grad_state
 from flame_core.checkpoint import _Checkpoint, _dummy, maybe_checkpoint
 from flame_core.device import device as _parse_device, default_device
@@ -157,6 +179,11 @@ class BlockStreamer:
         self._streamed = list(range(len(self.blocks)))
         self._clock = itertools.count()
         self._generation = 0  # bumped whenever device buffers are replaced (caches keyed by buffer must drop)
+        self._home = {}       # streamed block -> its home slot (position among the streamed blocks mod K)
+        self._capture = None  # key of the CUDA graph capture the last streamer call ran in (None: eager)
+        self._capture_start = None
+        self._forked = False  # the copy stream has joined the current capture
+        self.graph_stats = None  # the last capture: {"loads", "bytes_h2d", "start", "end"} (what each replay copies)
         self.set_resident(resident)
 
     @classmethod
@@ -226,8 +253,13 @@ class BlockStreamer:
     def slot_bytes(self):
         return self._slot_bytes
 
-    def set_resident(self, indices):
-        """Keep the blocks `indices` (indices across the stacks, or "all") on the GPU and stream the others."""
+    def set_resident(self, indices, fresh=False):
+        """Keep the blocks `indices` (indices across the stacks, or "all") on the GPU and stream the others.
+        fresh: empty the device cache once the old buffers are dropped, so that the slots and the new resident
+        buffers get segments of their own (auto_fit does this: no persistent buffer inside a cached activation
+        segment)."""
+        if self._sync_capture() is not None:
+            raise OffloadError("set_resident inside a CUDA graph capture: choose the resident blocks before capturing")
         n = len(self.blocks)
         new = set(range(n)) if indices == "all" else {int(i) for i in indices}
         bad = [i for i in new if not 0 <= i < n]
@@ -241,8 +273,12 @@ class BlockStreamer:
             del self._own[i]
         streamed = [i for i in range(n) if i not in new]
         need = max((self._host[i].nbytes for i in streamed), default=0)
-        if need != self._slot_bytes:
+        if need != self._slot_bytes or fresh:
             self._free_slots()
+            self._slot_bytes = 0
+            if fresh:
+                gc.collect()
+                _memory.empty_cache(self.device)
             if need:
                 self._slots = [_Slot(need, self.device) for _ in range(self.num_slots)]
             self._slot_bytes = need
@@ -257,6 +293,12 @@ class BlockStreamer:
             hb.bind(array)
         self._resident = new
         self._streamed = streamed
+        self._home = {u: p % self.num_slots for p, u in enumerate(streamed)}
+        for k, slot in enumerate(self._slots):  # a block left in a slot that is no longer its home gives it up
+            if slot.holder is not None and self._home.get(slot.holder) != k:
+                self._host[slot.holder].unbind()
+                del self._where[slot.holder]
+                slot.holder = None
         return self
 
     def _free_slots(self):
@@ -302,6 +344,8 @@ class BlockStreamer:
     def _begin(self, i, backward, cyclic):
         if self.trace is not None:
             self.trace.append(("backward" if backward else "run", i))
+        if self._sync_capture() is not None:
+            cyclic = False  # a captured step is a training step; no wrapped prefetch for a call after it
         window = self._window(i, backward, cyclic)
         if window:
             self._ensure(window)
@@ -317,24 +361,135 @@ class BlockStreamer:
         if not missing:
             return
         busy = {self._where[u] for u in window if u in self._where}
-        free = sorted((s for s in range(len(self._slots)) if s not in busy), key=lambda s: self._slots[s].last_use)
         eng = self.engine
         eng.copy_waits(eng.record_compute())  # every earlier use of these slots is enqueued before this point
-        for u, s in zip(missing, free):
-            slot = self._slots[s]
+        if self._capture is not None:
+            self._forked = True  # that wait, on an event of the capturing stream, forked the copy stream into it
+        for u in missing:
+            s = self._home[u]
+            if s in busy:  # a wrapped (inference) window: its home is taken by a block of the window
+                s = min((k for k in range(len(self._slots)) if k not in busy), key=lambda k: self._slots[k].last_use)
+            busy.add(s)
+            self._load(u, s)
+
+    def _load(self, u, s):
+        """Enqueue the copy of streamed block u into slot s (whose previous block, if any, is unbound)."""
+        eng = self.engine
+        slot = self._slots[s]
+        if slot.holder is not None:
+            self._host[slot.holder].unbind()
+            del self._where[slot.holder]
+        hb = self._host[u]
+        hb.load(eng, slot.array)
+        slot.ready = eng.record_copy()
+        slot.holder = u
+        self._where[u] = s
+        hb.bind(slot.array, self._views[u])
+        self.stats["loads"] += 1
+        self.stats["bytes_h2d"] += hb.nbytes
+        if self._capture is not None and self.graph_stats is not None:
+            self.graph_stats["loads"] += 1
+            self.graph_stats["bytes_h2d"] += hb.nbytes
+        if self.trace is not None:
+            self.trace.append(("load", u, s))
+
+    # ------------------------------------------------------------------ CUDA graphs: a cyclic schedule
+    def slot_state(self):
+        """(block held by slot 0, by slot 1, ...) with None for an empty slot."""
+        return tuple(s.holder for s in self._slots)
+
+    def start_state(self):
+        """The state a training step starts and ends in: the first K streamed blocks in their home slots."""
+        state = [None] * len(self._slots)
+        for u in self._streamed[:len(self._slots)]:
+            state[self._home[u]] = u
+        return tuple(state)
+
+    def prime(self):
+        """Put the streamer in `start_state()` (loading what is missing, eagerly) and order everything the copy stream
+        has done before what the compute stream does next. Call it before each replay of a captured step when
+        anything else may have used the streamer since the last step (the trainer calls it before every step);
+        when the state is already right it costs one event. Not inside a capture."""
+        if self._sync_capture() is not None:
+            raise OffloadError("prime() inside a CUDA graph capture: call it before the captured step")
+        if self._streamed:
+            want = self.start_state()
+            have = self.slot_state()
+            if have != want:
+                eng = self.engine
+                eng.copy_waits(eng.record_compute())
+                for s, u in enumerate(want):
+                    if u is not None and have[s] != u:
+                        if u in self._where:  # the block sits in another slot: give that one up
+                            other = self._slots[self._where.pop(u)]
+                            other.holder = None
+                            self._host[u].unbind()
+                        self._load(u, s)
+        self.join()
+        return self
+
+    def join(self):
+        """Make the compute stream wait for everything enqueued on the copy stream so far. At the end of a captured
+        region this joins the copy stream's branch of the graph back into the capturing stream (the schedule joins
+        each copy when its block runs; this covers whatever it did not), and checks that the step left the slots as
+        it found them (a replay would otherwise compute with the wrong weights)."""
+        cap = self._sync_capture()
+        eng = self.engine
+        if cap is None or self._forked:  # (a copy stream outside the capture has nothing to join)
+            eng.compute_waits(eng.record_copy())
+        for s in self._slots:
+            s.ready = None  # complete before anything the compute stream runs from here on
+        if cap is not None and self.graph_stats is not None:
+            end = self.slot_state()
+            self.graph_stats["end"] = end
+            if end != self._capture_start:
+                raise OffloadError(f"the captured step is not cyclic: it started with slots holding blocks "
+                                   f"{self._capture_start} and ended with {end}, so a replay would read other "
+                                   f"blocks' weights; capture a training step (forward + backward) after prime()")
+        return self
+
+    def _sync_capture(self):
+        """Notice a CUDA graph capture beginning or having ended since the last streamer call; returns its key."""
+        capturing = getattr(self.engine, "capturing", None)
+        cap = capturing() if capturing is not None else None
+        if cap == self._capture:
+            return cap
+        # Events may not cross a capture boundary. Entering: everything before the capture is complete when the graph
+        # runs (capture begins on a synchronised device; prime() orders later eager copies before each replay).
+        # Leaving: eager work after a replay is ordered after it on the compute stream.
+        for s in self._slots:
+            s.ready = None
+        stats, was = self.graph_stats, self._capture
+        self._capture = cap
+        if was is not None and stats is not None and stats["end"] is None:
+            end = stats["end"] = self.slot_state()  # no streamer call ran since that capture ended
+            if end != stats["start"]:
+                raise OffloadError(f"a CUDA graph captured a streamed region that is not cyclic (slots held blocks "
+                                   f"{stats['start']} at its start and {end} at its end): its replays computed with "
+                                   f"other blocks' weights. Capture training steps (forward + backward) and call "
+                                   f"streamer.join() at the end of the captured function")
+        if cap is not None:
+            if self._layerwise is not None:
+                raise OffloadError("a streamer with LayerwiseAdamW cannot be captured in a CUDA graph: its updates "
+                                   "make host round trips inside backward")
+            self._capture_start = self.slot_state()
+            self._forked = False
+            self.graph_stats = {"loads": 0, "bytes_h2d": 0, "start": self._capture_start, "end": None}
+        return cap
+
+    def invalidate_slots(self):
+        """Forget what the slots hold (the next use loads again). For after a capture that failed part-way: the
+        streamer recorded loads that never ran."""
+        capturing = getattr(self.engine, "capturing", None)
+        self._capture = capturing() if capturing is not None else None
+        self.graph_stats = None
+        self._forked = False
+        for slot in self._slots:
             if slot.holder is not None:
                 self._host[slot.holder].unbind()
                 del self._where[slot.holder]
-            hb = self._host[u]
-            hb.load(eng, slot.array)
-            slot.ready = eng.record_copy()
-            slot.holder = u
-            self._where[u] = s
-            hb.bind(slot.array, self._views[u])
-            self.stats["loads"] += 1
-            self.stats["bytes_h2d"] += hb.nbytes
-            if self.trace is not None:
-                self.trace.append(("load", u, s))
+            slot.holder = slot.ready = None
+        return self
 
     # ------------------------------------------------------------------ introspection and teardown
     def reset_stats(self):

@@ -135,3 +135,116 @@ def assert_same(actual, desired, device, err_msg="", cuda_rtol=1e-6):
         np.testing.assert_allclose(actual, desired, rtol=cuda_rtol, atol=cuda_rtol, err_msg=err_msg)
     else:
         np.testing.assert_array_equal(actual, desired, err_msg=err_msg)
+
+
+class CaptureViolation(AssertionError):
+    pass
+
+
+class CaptureCheckEngine:
+    """The host engine (copies at once, exact numbers) plus a model of CUDA stream capture's rules, for CPU tests of
+    a streamed step captured as a graph. Inside `with eng.capture():` the compute stream is capturing, and:
+      - the copy stream joins the capture only by waiting on an event recorded on the capturing compute stream (the
+        fork); a copy or an event record on it before that would run eagerly, outside the graph: a violation;
+      - waiting on an event recorded outside the capture, inside it, is a violation (and the reverse after it);
+      - when the capture ends, the copy stream's last captured work must have been joined: the compute stream waited
+        on an event recorded on the copy stream at or after it (else cudaStreamEndCapture fails: unjoined work).
+    `log` keeps (what, stream, captured) of every operation."""
+    is_async = True
+
+    def __init__(self, engine):
+        self._eng, self.device, self.profile = engine, engine.device, False
+        self.capturing_now = False
+        self.capture_id = 0
+        self.forked = False
+        self.seq = 0             # copy-stream operations so far
+        self.tail = 0            # seq of the copy stream's last captured operation
+        self.joined = 0          # highest copy-stream seq the compute stream waited for during the capture
+        self.log = []
+        self.copies_in_capture = 0
+
+    # an event: (stream, captured-in capture id or None, copy seq at record)
+    def record_compute(self):
+        ev = ("compute", self.capture_id if self.capturing_now else None, self.seq)
+        self.log.append(("record", "compute", ev[1]))
+        return ev
+
+    def record_copy(self):
+        if self.capturing_now and not self.forked:
+            raise CaptureViolation("an event recorded on the copy stream during a capture before the copy stream "
+                                   "joined it (it would be recorded eagerly, outside the graph)")
+        ev = ("copy", self.capture_id if self.capturing_now else None, self.seq)
+        if self.capturing_now:
+            self.tail = self.seq
+        self.log.append(("record", "copy", ev[1]))
+        return ev
+
+    def _check_event(self, ev, who):
+        if ev is None:
+            return
+        captured = ev[1]
+        if self.capturing_now and captured != self.capture_id:
+            raise CaptureViolation(f"{who} waits, inside a capture, on an event recorded outside it")
+        if not self.capturing_now and captured is not None:
+            raise CaptureViolation(f"{who} waits, outside a capture, on an event recorded inside one")
+
+    def copy_waits(self, event):
+        self._check_event(event, "the copy stream")
+        if self.capturing_now and event is not None and event[0] == "compute":
+            self.forked = True
+        self.log.append(("copy_waits", event))
+
+    def compute_waits(self, event):
+        self._check_event(event, "the compute stream")
+        if self.capturing_now and event is not None and event[0] == "copy":
+            self.joined = max(self.joined, event[2])
+        self.log.append(("compute_waits", event))
+
+    def _copy_op(self, what):
+        if self.capturing_now:
+            if not self.forked:
+                raise CaptureViolation(f"a {what} on the copy stream during a capture before the copy stream joined "
+                                       f"it: it would run eagerly, outside the graph")
+            self.copies_in_capture += 1
+        self.seq += 1
+        if self.capturing_now:
+            self.tail = self.seq
+
+    def h2d(self, dst, offset, src):
+        self._copy_op("host->device copy")
+        self._eng.h2d(dst, offset, src)
+
+    def d2h(self, dst, src, offset):
+        self._copy_op("device->host copy")
+        self._eng.d2h(dst, src, offset)
+
+    def capturing(self):
+        return ("capture", self.capture_id) if self.capturing_now else None
+
+    def synchronize(self):
+        if self.capturing_now:
+            raise CaptureViolation("a stream synchronisation during a capture")
+        self._eng.synchronize()
+
+    def transfer_log(self):
+        return []
+
+    def capture(self):
+        eng = self
+
+        class _Ctx:
+            def __enter__(self):
+                eng.capture_id += 1
+                eng.capturing_now, eng.forked = True, False
+                eng.tail = eng.joined = eng.seq
+                eng.copies_in_capture = 0
+                return eng
+
+            def __exit__(self, exc_type, exc, tb):
+                eng.capturing_now = False
+                if exc_type is None and eng.forked and eng.joined < eng.tail:
+                    raise CaptureViolation(f"capture ended with copy-stream work not joined back (copy-stream "
+                                           f"operation {eng.tail} captured, the compute stream waited up to "
+                                           f"{eng.joined})")
+                return False
+        return _Ctx()

@@ -90,7 +90,13 @@ def test_auto_fit_keeps_as_many_blocks_resident_as_fit_and_the_peak_stays_under_
 
 def test_verification_demotes_blocks_whose_activations_do_not_fit(setup, device):
     exact_accounting(device)
-    _, net, st, x, step, _ = setup
+    _, net, st, _, _, _ = setup
+    x = flame.randn(512, D, device=device)  # a batch whose activations outweigh a block's weights
+
+    def step():
+        y = net(x)
+        (y * y).mean().backward()
+        net.zero_grad()
     big = auto_fit(st, "64GiB", step, headroom=0, count_driver_overhead=False, enforce=False)
     for b in net.blocks:
         b.gradient_checkpointing = False  # resident blocks now keep their activations: more than their weights

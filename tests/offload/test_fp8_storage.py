@@ -116,3 +116,73 @@ def test_fp8_refuses_what_it_cannot_hold(device):
         quantize_linear_weights_(model.double_blocks)
     with pytest.raises(OffloadError, match="float8_e4m3fn"):
         quantize_linear_weights_(model, dtype="float16")
+
+
+def _fp8_mlp(device, sizes=((96, 160), (160, 224), (224, 64)), bias=True):
+    flame.manual_seed(0)
+    layers = []
+    for i, (a, b) in enumerate(sizes):
+        layers += [nn.Linear(a, b, bias=bias, device=device)] + ([nn.ReLU()] if i < len(sizes) - 1 else [])
+    m = nn.Sequential(*layers)
+    m.requires_grad_(False)
+    quantize_linear_weights_(m)
+    return m
+
+
+def test_fp8_layers_dequantise_into_one_reused_scratch_and_keep_no_weight_for_backward(device):
+    from flame_core.memory import cpu_tracking
+    from flame_nn.offload import fp8 as F8
+    if device.type != "cpu":
+        pytest.skip("counts tensor births with the cpu accounting")
+    F8.release_scratch()  # the scratch is sized for the largest layer quantised since
+    m = _fp8_mlp(device)
+    weight_bytes = {4 * a * b for a, b in ((96, 160), (160, 224), (224, 64))}
+    x = flame.randn(5, 96, device=device, requires_grad=True)
+    born = []
+    cpu_tracking.T.observer = lambda ev, T, ref: born.append(ref.nbytes) if ev == "alloc" else None
+    try:
+        for _ in range(3):
+            y = m(x)
+            (y * y).sum().backward()
+    finally:
+        cpu_tracking.T.observer = None
+    scratch = F8.scratch_buffers()
+    assert scratch == {("cpu", "float32"): 4 * 160 * 224}  # one buffer, sized for the largest layer, made once
+    assert born.count(4 * 160 * 224) == 1                   # ... its only weight-sized birth
+    assert not (set(born) & (weight_bytes - {4 * 160 * 224}))  # no dequantised weight became a tensor of its own
+
+
+def test_fp8_linear_gradients_equal_those_of_the_dequantised_weight(device):
+    import flame_nn.functional as Fn
+    m = _fp8_mlp(device, sizes=((48, 80),))
+    lin = m[0]
+    lin.bias.requires_grad_(True)
+    x = flame.randn(3, 7, 48, device=device, requires_grad=True)
+    y = lin(x)
+    (y * y).sum().backward()
+    gx, gb = npy(x.grad), npy(lin.bias.grad)
+    x2 = x.detach().requires_grad_(True)
+    b2 = lin.bias.detach().requires_grad_(True)
+    y2 = Fn.linear(x2, lin.dequantized_weight(), b2)
+    (y2 * y2).sum().backward()
+    assert_same(npy(y), npy(y2), device)
+    assert_same(gx, npy(x2.grad), device)
+    assert_same(gb, npy(b2.grad), device)
+
+
+def test_the_row_amax_scale_is_as_good_as_the_error_minimising_one():
+    # e4m3 is a float format: while values stay normal its rounding error is relative, whatever the scale. Choosing
+    # each row's scale to minimise the squared error (clipping the row's top 0-50%) instead of amax/448 gains ~1.4%
+    # of the error on Flux-size rows (2.646% -> 2.609% rms): not worth a search at quantisation time
+    import ml_dtypes
+    rng = np.random.default_rng(0)
+    w = (0.02 * rng.standard_normal((256, 3072))).astype(np.float32)
+    amax = np.abs(w).max(1)
+
+    def err2(s):
+        q = np.clip(w / s[:, None], -448, 448).astype(ml_dtypes.float8_e4m3fn).astype(np.float32) * s[:, None]
+        return ((q - w) ** 2).sum(1)
+    base = np.sqrt(err2(amax / 448).sum()) / np.linalg.norm(w)
+    best = np.sqrt(np.stack([err2(amax * c / 448) for c in np.linspace(0.5, 1.0, 51)]).min(0).sum()) / np.linalg.norm(w)
+    assert 0.025 < best <= base < 0.028
+    assert base / best < 1.03
