@@ -1,6 +1,5 @@
 """Gradient accumulation: N micro-batches (loss / N each) give the gradient of one batch of N, with plain .grad
 accumulation, with checkpointed blocks, and through the gradient pool."""
-import importlib
 
 import numpy as np
 import pytest
@@ -56,10 +55,7 @@ def test_accumulation_with_checkpointed_blocks_float32(tiny, device):
 
 
 def test_accumulation_through_the_gradient_pool(tiny, device):
-    try:
-        grad_pool = importlib.import_module("flame_core.grad_pool")
-    except ImportError:
-        pytest.skip("flame_core.grad_pool is not there yet")
+    from flame_core import grad_pool
     st = tiny.Stack(2, 16, 2, device, dtype=flame.float32, seed=3)
     st.gradient_checkpointing = True
     x, t = _batch(device, 8, 16, flame.float32)

@@ -95,13 +95,9 @@ def test_interpolate_argument_errors(device):
         F.interpolate(flame.zeros(2, 2, device=device), scale_factor=2)
 
 
-def test_functional_reexports_sdpa_or_explains(device):
-    if F.attention.SDPA_IMPORT_ERROR is None:
-        from flame_core.ops.attention import scaled_dot_product_attention
-        assert F.scaled_dot_product_attention is scaled_dot_product_attention
-    else:
-        with pytest.raises(ImportError, match="flame_core.ops.attention"):
-            F.scaled_dot_product_attention(None, None, None)
+def test_functional_reexports_sdpa(device):
+    from flame_core.ops.attention import scaled_dot_product_attention
+    assert F.scaled_dot_product_attention is scaled_dot_product_attention
 
 
 # ----------------------------------------------------------------------------- init

@@ -330,8 +330,6 @@ def test_multihead_cross_attention_kdim_vdim_and_gradcheck(device, rng):
 
 
 def test_multihead_attention_sdpa_path_matches_weights_path(device, rng):
-    if F.attention.SDPA_IMPORT_ERROR is not None:
-        pytest.skip(f"flame_core.ops.attention is not importable: {F.attention.SDPA_IMPORT_ERROR}")
     mha = params64(nn.MultiheadAttention(8, 2, batch_first=True, device=device))
     x = T(rng.standard_normal((2, 5, 8)), device)
     ctx = T(rng.standard_normal((2, 7, 8)), device)
