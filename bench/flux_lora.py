@@ -28,7 +28,6 @@ import numpy as np
 
 T5_LEN = 512
 GRAPH = False     # --graph: FLAME's forward + backward replayed as a CUDA graph
-GPU_ONLY = False  # --gpu-only: also the GPU time of a step without host launch gaps (see Busy)
 TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
 R = {}
 
@@ -40,71 +39,6 @@ def log(key, value):
 
 def gib(n):
     return round(n / 2 ** 30, 2)
-
-
-class Busy:
-    """Queues ~`ms` of large GEMMs ahead of a timed region, so that the host has issued the whole region before the GPU
-    reaches it: CUDA events around the region then measure GPU time alone (no host launch gaps). This is the time a
-    step would take with launch overhead removed (CUDA graphs): a diagnostic, reported beside the real step time."""
-
-    def __init__(self, lib):
-        self.lib = lib  # "cupy" or "torch"
-        self.a = self.c = None
-        self.per_gemm_ms = None
-
-    def _gemm(self):
-        if self.lib == "cupy":
-            import cupy as cp
-            cp.matmul(self.a, self.a, out=self.c)
-        else:
-            import torch
-            torch.matmul(self.a, self.a, out=self.c)
-
-    def queue(self, ms):
-        if self.a is None:
-            if self.lib == "cupy":
-                import cupy as cp
-                self.a = cp.random.standard_normal((8192, 8192), dtype=cp.float32).astype(cp.dtype("bfloat16"))
-                self.c = cp.empty_like(self.a)
-                s, e = cp.cuda.Event(), cp.cuda.Event()
-                s.record()
-                for _ in range(10):
-                    self._gemm()
-                e.record()
-                e.synchronize()
-                self.per_gemm_ms = cp.cuda.get_elapsed_time(s, e) / 10
-            else:
-                import torch
-                self.a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-                self.c = torch.empty_like(self.a)
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                for _ in range(10):
-                    self._gemm()
-                e.record()
-                e.synchronize()
-                self.per_gemm_ms = s.elapsed_time(e) / 10
-        for _ in range(int(ms / self.per_gemm_ms) + 1):
-            self._gemm()
-
-
-def gpu_only_ms(lib, step, busy, ms_ahead, repeats=3):
-    """Median GPU-only step time (see Busy)."""
-    ts = []
-    for _ in range(repeats):
-        if lib == "cupy":
-            import cupy as cp
-            s, e = cp.cuda.Event(), cp.cuda.Event()
-        else:
-            import torch
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        busy.queue(ms_ahead)
-        s.record()
-        step()
-        e.record()
-        e.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(s, e) if lib == "cupy" else s.elapsed_time(e))
-    return statistics.median(ts)
 
 
 def flame_part(configs, repeats, warmup, blocks=None):
@@ -132,7 +66,6 @@ def flame_part(configs, repeats, warmup, blocks=None):
     lora = A.adapter_parameters(model)
     model.train()
     opt = flame_nn.optim.AdamW(lora, lr=1e-4)
-    busy = Busy("cupy")
     cp.cuda.Device().synchronize()
     log("flame_build_s", round(time.perf_counter() - t0, 1))
     log("flame_params", sum(q.numel() for q in model.parameters()))
@@ -194,8 +127,6 @@ def flame_part(configs, repeats, warmup, blocks=None):
             log(f"flame_step_{tag}_peak_GiB", round(peak / 2 ** 30, 2))
             log(f"flame_step_{tag}_peak_reserved_GiB", round(fmem.max_memory_reserved() / 2 ** 30, 2))
             log(f"flame_step_{tag}_loss_first_last", (round(lv[0], 4), round(lv[-1], 4)))
-            if GPU_ONLY:
-                log(f"flame_step_{tag}_gpu_only_ms", round(gpu_only_ms("cupy", step, busy, 2.5 * statistics.median(ms)), 1))
         except flame.OutOfMemoryError as ex:
             log(f"flame_step_{tag}_ms", f"OOM: {str(ex).splitlines()[0]}")
         run.reset()
@@ -230,7 +161,6 @@ def diffusers_part(configs, repeats, warmup, blocks=None):
         q.data = q.data.float()
     log("diffusers_lora_params", sum(q.numel() for q in lora))
     opt = torch.optim.AdamW(lora, lr=1e-4)
-    busy = Busy("torch")
     for size, ckpt in configs:
         tag = f"{size}_{'ckpt' if ckpt else 'nockpt'}"
         if ckpt:
@@ -274,9 +204,6 @@ def diffusers_part(configs, repeats, warmup, blocks=None):
             log(f"diffusers_step_{tag}_ms", round(statistics.median(ms), 1))
             log(f"diffusers_step_{tag}_peak_GiB", round(torch.cuda.max_memory_allocated() / 2 ** 30, 2))
             log(f"diffusers_step_{tag}_peak_reserved_GiB", round(torch.cuda.max_memory_reserved() / 2 ** 30, 2))
-            if GPU_ONLY:
-                log(f"diffusers_step_{tag}_gpu_only_ms",
-                    round(gpu_only_ms("torch", step, busy, 2.5 * statistics.median(ms)), 1))
         except torch.OutOfMemoryError:
             log(f"diffusers_step_{tag}_ms", "OOM")
             opt.zero_grad(set_to_none=True)
@@ -300,9 +227,6 @@ def table(configs):
         fr, dr = R.get(f"flame_step_{tag}_peak_reserved_GiB"), R.get(f"diffusers_step_{tag}_peak_reserved_GiB")
         if fr or dr:
             lines.append(f"{'':>15} peak reserved (pool / caching allocator): FLAME {fr} GiB, diffusers {dr} GiB")
-        fg, dg = R.get(f"flame_step_{tag}_gpu_only_ms"), R.get(f"diffusers_step_{tag}_gpu_only_ms")
-        if fg or dg:
-            lines.append(f"{'':>15} GPU time alone (no launch gaps): FLAME {fg} ms, diffusers {dg} ms")
     return "\n".join(lines)
 
 
@@ -314,11 +238,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--blocks", default=None, help="double,single block counts (default: flux-dev's 19,38)")
     ap.add_argument("--skip-diffusers", action="store_true")
-    ap.add_argument("--gpu-only", action="store_true", help="also time each step's GPU work alone (diagnostic)")
     ap.add_argument("--graph", action="store_true", help="FLAME: forward+backward as a CUDA graph")
     a = ap.parse_args()
-    global GPU_ONLY, GRAPH
-    GPU_ONLY, GRAPH = a.gpu_only, a.graph
+    global GRAPH
+    GRAPH = a.graph
     configs = [(int(s), c == "on") for s in a.sizes.split(",") for c in a.ckpt.split(",")]
     blocks = tuple(int(v) for v in a.blocks.split(",")) if a.blocks else None
     out = os.path.join(os.environ.get("OUT", "."), "flux_lora.json")

@@ -39,30 +39,7 @@ def _time(fn):
     return cp.cuda.get_elapsed_time(a, b), host * 1e3
 
 
-PHASES = []  # (phase name, host seconds) of the step under --find-sync
-
-
-def _phase(name, t0):
-    PHASES.append((name, time.perf_counter() - t0))
-
-
-def _busy(ms):
-    """Queue ~ms of big GEMMs so the host can run ahead of the GPU; a host stall in the step then shows up as a
-    host time of about that length in the op or phase that synchronises."""
-    cp = backend.cupy
-    a = cp.random.standard_normal((8192, 8192), dtype=cp.float32).astype(cp.dtype("bfloat16"))
-    c = cp.empty_like(a)
-    s, e = cp.cuda.Event(), cp.cuda.Event()
-    s.record()
-    cp.matmul(a, a, out=c)
-    e.record()
-    e.synchronize()
-    per = max(cp.cuda.get_elapsed_time(s, e), 0.5)
-    for _ in range(int(ms / per)):
-        cp.matmul(a, a, out=c)
-
-
-def _report(name, fn, warmup=2, find_sync=False):
+def _report(name, fn, warmup=2):
     for _ in range(warmup):
         fn()
     _sync()
@@ -71,15 +48,6 @@ def _report(name, fn, warmup=2, find_sync=False):
         fn()
     print(f"\n== {name}: step {dev_ms:.2f} ms on the GPU, {host_ms:.2f} ms to issue on the host", flush=True)
     print(prof.table(limit=45), flush=True)
-    if find_sync:
-        _sync()
-        _busy(2000)
-        PHASES.clear()
-        with profiler.profile() as prof:
-            fn()
-        stalls = [(n, ph, h) for (n, ph, h, _) in prof.records if h > 0.05]
-        print(f"-- host stalls (> 50 ms) with 2 s of GPU work queued ahead: {stalls or 'none'}", flush=True)
-        print(f"-- phases (host s): {[(n, round(t, 3)) for n, t in PHASES]}", flush=True)
 
 
 def stack_workload(args):
@@ -132,33 +100,14 @@ def flux_workload(args):
     target = rnd(1, tokens, 64).float()
 
     def step():
-        t0 = time.perf_counter()
         with amp.autocast("cuda", dtype=flame.bfloat16):
             pred = model(**kw)
         loss = ((pred.float() - target) ** 2).mean()
-        _phase("forward+loss", t0)
-        t0 = time.perf_counter()
         loss.backward()
-        _phase("backward", t0)
-        t0 = time.perf_counter()
         opt.step()
-        _phase("opt.step", t0)
-        t0 = time.perf_counter()
         opt.zero_grad()
-        _phase("zero_grad", t0)
-    if args.saved:
-        with amp.autocast("cuda", dtype=flame.bfloat16):
-            pred = model(**kw)
-        loss = ((pred.float() - target) ** 2).mean()
-        total, rows = profiler.saved_tensors_report(loss, exclude=list(model.parameters()))
-        print(f"\n== FLAME saved for backward ({args.double} double + {args.single} single blocks, {args.size}^2, "
-              f"no checkpointing): {total / 2 ** 20:.1f} MiB", flush=True)
-        for name, b, n in rows:
-            print(f"   {name:34s} {b / 2 ** 20:9.1f} MiB in {n} buffers", flush=True)
-        del pred, loss
-        torch_saved(args)
     _report(f"flux-dev dims, {args.double} double + {args.single} single blocks, LoRA r16 attn, {args.size}^2, "
-            f"checkpointing {'on' if args.checkpointing else 'off'}", step, find_sync=args.find_sync)
+            f"checkpointing {'on' if args.checkpointing else 'off'}", step)
 
 
 def torch_saved(args):
@@ -220,7 +169,6 @@ def main():
     ap.add_argument("--double", type=int, default=1)
     ap.add_argument("--single", type=int, default=2)
     ap.add_argument("--checkpointing", action="store_true")
-    ap.add_argument("--find-sync", action="store_true", help="report ops/phases where the host waits for the GPU")
     ap.add_argument("--saved", action="store_true", help="bytes kept for backward by op, and diffusers' total")
     args = ap.parse_args()
     if not backend.cuda_available():

@@ -354,60 +354,14 @@ def flame_part(storage, budgets, size, repeats, warmup, small, ref_out=None):
 
 # ----------------------------------------------------------------------------- the peer
 def peer_part(size, repeats, warmup, small):
-    import torch
-    import torch.nn.functional as F
-    from diffusers import FluxTransformer2DModel
-    from peft import LoraConfig
-    torch.backends.cuda.enable_cudnn_sdp(False)  # as shared/peers/flux_peer.py
-    torch.manual_seed(0)
-    torch.set_default_dtype(torch.bfloat16)
-    with torch.device("cuda"):
-        model = FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=2 if small else 19,
-                                       num_single_layers=4 if small else 38, attention_head_dim=128,
-                                       num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768,
-                                       guidance_embeds=True, axes_dims_rope=(16, 56, 56))
-    torch.set_default_dtype(torch.float32)
-    model.requires_grad_(False)
-    model.add_adapter(LoraConfig(r=16, lora_alpha=16, init_lora_weights="gaussian",
-                                 target_modules=["to_k", "to_q", "to_v", "to_out.0"]))
-    lora = [p for p in model.parameters() if p.requires_grad]
-    for p in lora:
-        p.data = p.data.float()
-    opt = torch.optim.AdamW(lora, lr=1e-4)
-    model.enable_gradient_checkpointing()
-    tokens, side = (size // 16) ** 2, size // 16
-    hs = torch.randn(1, tokens, 64, device="cuda", dtype=torch.bfloat16)
-    ehs = torch.randn(1, T5_LEN, 4096, device="cuda", dtype=torch.bfloat16)
-    pooled = torch.randn(1, 768, device="cuda", dtype=torch.bfloat16)
-    t = torch.full((1,), 0.62, device="cuda", dtype=torch.bfloat16)
-    img_ids = torch.zeros(side, side, 3, device="cuda")
-    img_ids[..., 1] = torch.arange(side, device="cuda")[:, None]
-    img_ids[..., 2] = torch.arange(side, device="cuda")[None, :]
-    img_ids, txt_ids = img_ids.reshape(-1, 3), torch.zeros(T5_LEN, 3, device="cuda")
-    g = torch.full((1,), 1.0, device="cuda", dtype=torch.bfloat16)
-    target = torch.randn_like(hs)
-
-    def one():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = model(hidden_states=hs, encoder_hidden_states=ehs, pooled_projections=pooled, timestep=t,
-                        img_ids=img_ids, txt_ids=txt_ids, guidance=g, return_dict=False)[0]
-        F.mse_loss(out.float(), target.float()).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    for _ in range(max(1, warmup)):
-        one()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    ts = []
-    for _ in range(repeats):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        one()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e))
-    log("peer_step_ms", round(statistics.median(ts), 1))
-    log("peer_peak_allocated_GiB", gib(torch.cuda.max_memory_allocated()))
+    """diffusers+PEFT with checkpointing at `size`: the peer of bench/flux_lora.py (one definition of the setup)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import flux_lora
+    flux_lora.diffusers_part([(size, True)], repeats, warmup, blocks=(2, 4) if small else None)
+    tag = f"{size}_ckpt"
+    if isinstance(flux_lora.R.get(f"diffusers_step_{tag}_ms"), float):
+        log("peer_step_ms", flux_lora.R[f"diffusers_step_{tag}_ms"])
+        log("peer_peak_allocated_GiB", flux_lora.R[f"diffusers_step_{tag}_peak_GiB"])
 
 
 # ----------------------------------------------------------------------------- report

@@ -4,23 +4,7 @@
 //   forward:  y[r, c]  = gelu(x[r * ldx + c])                   y (rows, cols) contiguous
 //   backward: dx[r, c] = dy[r, c] * gelu'(x[r * ldx + c])        dx (rows, cols) contiguous
 // One block walks whole rows (no index division); 16-byte vectors when cols, ldx and the pointers allow.
-#include "common.cuh"
-
-#define GR_K0 0.7978845608028654f  // sqrt(2 / pi)
-#define GR_K1 0.044715f
-
-__device__ __forceinline__ float gr_sigmoid2u(float x) {  // sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)
-    const float u = GR_K0 * (x + GR_K1 * x * x * x);
-    return 1.f / (1.f + __expf(-2.f * u));
-}
-
-__device__ __forceinline__ float gr_gelu(float x) { return x * gr_sigmoid2u(x); }
-
-__device__ __forceinline__ float gr_gelu_grad(float x) {
-    const float s = gr_sigmoid2u(x);
-    const float du = GR_K0 * (1.f + 3.f * GR_K1 * x * x);
-    return s + 2.f * x * s * (1.f - s) * du;
-}
+#include "activations.cuh"
 
 template <typename T, int N, bool BWD>
 __device__ __forceinline__ void gelu_rows_body(const T* __restrict__ x, i64 ldx, const T* __restrict__ dy,
@@ -36,10 +20,10 @@ __device__ __forceinline__ void gelu_rows_body(const T* __restrict__ x, i64 ldx,
                 float g[N];
                 load_f32<T, N>(dy + r * cols + (i64)k * N, g);
 #pragma unroll
-                for (int j = 0; j < N; ++j) o[j] = g[j] * gr_gelu_grad(v[j]);
+                for (int j = 0; j < N; ++j) o[j] = g[j] * gelu_tanh_grad(v[j]);
             } else {
 #pragma unroll
-                for (int j = 0; j < N; ++j) o[j] = gr_gelu(v[j]);
+                for (int j = 0; j < N; ++j) o[j] = gelu_tanh(v[j]);
             }
             store_f32<T, N>(orow + (i64)k * N, o);
         }

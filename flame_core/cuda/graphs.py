@@ -26,6 +26,7 @@ import gc
 
 from .. import backend
 from ..errors import FlameError
+from ..tensor import Tensor
 
 
 class GraphCaptureError(FlameError, RuntimeError):
@@ -128,22 +129,17 @@ class graph:
         return False
 
 
-def _tensors(obj):
-    from ..tensor import Tensor
-    if isinstance(obj, Tensor):
-        return [obj]
-    if isinstance(obj, (tuple, list)):
-        return [t for o in obj for t in _tensors(o)]
-    if isinstance(obj, dict):
-        return [t for o in obj.values() for t in _tensors(o)]
-    return []
+def _tensors(args):
+    """The tensor arguments (top level: a graphed function's inputs are its tensor arguments)."""
+    return [a for a in args if isinstance(a, Tensor)]
 
 
 class GraphedFunction:
     """`fn` run eagerly for `warmup` calls (compiles kernels, builds optimizer state and caches), then captured once
     with static copies of the arguments and replayed: each call copies its tensor arguments into the static inputs,
     replays, and returns the static outputs (the same objects every call: read or clone them before the next call).
-    Non-tensor arguments must not change after capture. Without a GPU (or with enabled=False) every call is eager."""
+    Only top-level tensor arguments are inputs; other arguments (None, numbers) must not change after capture.
+    Without a GPU (or with enabled=False) every call is eager."""
 
     def __init__(self, fn, warmup=2, enabled=True):
         self.fn, self.warmup, self.calls = fn, int(warmup), 0
@@ -165,7 +161,7 @@ class GraphedFunction:
         from ..autograd.grad_mode import no_grad
         if self.graph is None:
             with no_grad():
-                self.static_args = tuple(a.detach().clone() if _tensors(a) == [a] else a for a in args)
+                self.static_args = tuple(a.detach().clone() if isinstance(a, Tensor) else a for a in args)
             g = CUDAGraph()
             with graph(g):
                 self.static_out = self.fn(*self.static_args)

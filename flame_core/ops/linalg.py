@@ -5,7 +5,7 @@ from .. import backend
 from .. import dtypes as D
 from ..autograd.function import Function
 from ..errors import ShapeError, fmt_shape
-from ..tensor import Tensor, _wrap, check_same_device
+from ..tensor import _wrap, check_same_device
 from ..amp import autocast_mode as _amp  # autocast hook (flame_core.amp): one line per op, a flag test when off
 from ..kernels import gemm as _cublas
 
@@ -14,15 +14,13 @@ _BF16 = np.dtype(D.bfloat16.np)
 
 
 def _mm_arrays(a, b):
-    """xp.matmul; on NumPy half types are multiplied in float32 (no half BLAS) and rounded back."""
-    xp = backend.xp_of(a)
-    if xp is np:
+    """a @ b on arrays: cuBLAS directly on cuda (flame_core.kernels.gemm.mm); on NumPy half types are multiplied in
+    float32 (no half BLAS) and rounded back."""
+    if backend.xp_of(a) is np:
         if a.dtype in _HALF:
             return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
         return np.matmul(a, b)
-    if a.dtype == b.dtype and _cublas.supported(a.dtype):  # cuBLAS directly: any rank, graph-capturable, cheap
-        return _cublas.matmul(a, b)
-    return xp.matmul(a, b)
+    return _cublas.mm(a, b)
 
 
 class Matmul(Function):
