@@ -18,6 +18,14 @@ steady state is exact free-list hits (one dict lookup and a list pop) with no sp
 Free lists are per stream (the stream current at allocation): a block freed by the host while kernels on its
 stream may still use it is only handed to later work on that same stream, which runs after them.
 
+CUDA graphs: a capture stream is pinned (`pin_stream`): its blocks stay reserved while the graph lives. When a
+capture's request would go over the limit, it adopts a free block of another (unpinned) stream's cache instead of
+failing: the capture began after a device synchronisation and its work replays in stream order after everything
+queued before it, so nothing still reads the block; from then on the block belongs to the graph (its segment stays
+with its owner, which never merges or releases a block it lent). Without this, the free pieces of segments that
+eager tensors still occupy are out of a capture's reach, and a graphed step needs more memory than the same step run
+eagerly. When the stream is unpinned (the graph dropped), the lent blocks go back to their owners as they become free.
+
 Limit: `limit` caps reserved bytes (what the pool holds from the device). A request that would need a segment
 beyond the limit (or that the device refuses) first releases every cached segment of the device, retries, and
 only then raises `OutOfMemoryError` with a report of what holds memory; the pool stays usable.
@@ -63,23 +71,27 @@ class Block:
 
 
 class Segment:
-    """One backend allocation; its blocks form an address-ordered linked list starting at `head`."""
-    __slots__ = ("ptr", "size", "head")
+    """One backend allocation; its blocks form an address-ordered linked list starting at `head`. `owner` is the
+    sub-pool that holds it (blocks lent to a capture stream's sub-pool keep their segment's owner)."""
+    __slots__ = ("ptr", "size", "head", "owner")
 
-    def __init__(self, ptr, size):
-        self.ptr, self.size, self.head = ptr, size, None
+    def __init__(self, ptr, size, owner=None):
+        self.ptr, self.size, self.head, self.owner = ptr, size, None, owner
 
 
 class _SubPool:
     """Free blocks of one size class on one stream: size -> [blocks], plus the sorted sizes for best fit."""
-    __slots__ = ("kind", "stream", "free", "sizes", "dirty", "segments")
+    __slots__ = ("kind", "stream", "free", "sizes", "dirty", "segments", "lent")
 
     def __init__(self, kind, stream):
         self.kind, self.stream = kind, stream
         self.free = {}
         self.sizes = []  # sorted keys of `free` (a key may map to an empty list until a search drops it)
         self.dirty = False  # some free block has a free neighbour
-        self.segments = set()
+        # dicts used as insertion-ordered sets: the free lists a coalesce rebuilds come out in the same order every
+        # run (a set of segments iterates in address-of-object order, which made the layout differ run to run)
+        self.segments = {}
+        self.lent = {}  # other sub-pools' segments holding blocks lent to this one (a capture's adoptions)
 
 
 class DevicePool:
@@ -102,6 +114,7 @@ class DevicePool:
         self.num_free = self.cache_hits = self.cache_misses = 0  # num_alloc = hits + misses (a property)
         self.num_splits = self.num_merges = self.num_device_alloc = self.num_device_free = 0
         self.num_alloc_retries = self.num_ooms = 0
+        self.num_adopted = 0  # blocks lent to a CUDA graph's capture from another stream's cache under the limit
         self.bytes_allocated_total = self.bytes_freed_total = 0
 
     # ------------------------------------------------------------------ hot path
@@ -229,27 +242,31 @@ class DevicePool:
         blk.next = rest
         blk.size = r
         self.num_splits += 1
-        sub = blk.sub
-        lst = sub.free.get(rest.size)
-        if lst is None:
-            sub.free[rest.size] = [rest]
-            bisect.insort(sub.sizes, rest.size)
-        else:
-            lst.append(rest)
+        self._push(blk.sub, rest)
         if rest.next is not None and rest.next.free:
-            sub.dirty = True
+            blk.sub.dirty = True
+
+    @staticmethod
+    def _push(sub, blk):
+        lst = sub.free.get(blk.size)
+        if lst is None:
+            sub.free[blk.size] = [blk]
+            bisect.insort(sub.sizes, blk.size)
+        else:
+            lst.append(blk)
 
     def _coalesce(self, sub, release=False):
-        """Merge runs of adjacent free blocks; with `release`, give wholly free segments back to the backend.
-        Rebuilds the sub-pool's free lists. Returns the bytes released."""
+        """Merge runs of adjacent free blocks of `sub`; with `release`, give wholly free segments back to the backend
+        and blocks lent to `sub` by other sub-pools back to their owners. Rebuilds the sub-pool's free lists.
+        Returns the bytes released."""
         released = 0
         free = {}
         for seg in list(sub.segments):
             b = seg.head
             while b is not None:
-                if b.free:
+                if b.free and b.sub is sub:
                     n = b.next
-                    while n is not None and n.free:
+                    while n is not None and n.free and n.sub is sub:
                         b.size += n.size
                         b.next = n.next
                         if n.next is not None:
@@ -262,10 +279,46 @@ class DevicePool:
                     else:
                         free.setdefault(b.size, []).append(b)
                 b = b.next
+        for seg in list(sub.lent):  # lent blocks: never merged across owners; returned on release
+            b, still = seg.head, False
+            while b is not None:
+                if b.sub is sub:
+                    if b.free and release:
+                        b.sub = seg.owner
+                        self._push(seg.owner, b)
+                        seg.owner.dirty = True
+                    elif b.free:
+                        free.setdefault(b.size, []).append(b)
+                    else:
+                        still = True
+                b = b.next
+            if release and not still:
+                sub.lent.pop(seg, None)
         sub.free = free
         sub.sizes = sorted(free)
         sub.dirty = False
         return released
+
+    def _adopt(self, sub, r):
+        """A capture stream's request that the limit refuses: a free block of at least `r` bytes from an unpinned
+        stream's cache of the same class, lent to `sub` (see the module docstring). None when there is none."""
+        for key, subs in self._streams.items():
+            if key in self._pinned_streams:
+                continue
+            other = subs[sub.kind]
+            blk = self._best_fit(other, r)
+            if blk is None and other.dirty:
+                self._coalesce(other)
+                blk = self._best_fit(other, r)
+            if blk is None:
+                continue
+            if blk.size > r:
+                self._split(blk, r)  # the rest stays with its owner
+            blk.sub = sub
+            sub.lent[blk.seg] = None
+            self.num_adopted += 1
+            return blk
+        return None
 
     # ------------------------------------------------------------------ segments
     def _new_segment(self, sub, r, nbytes):
@@ -290,6 +343,8 @@ class DevicePool:
                     release_foreign()
                 if kind != HUGE:  # merging may have made a large enough free block
                     blk = self._best_fit(sub, r)
+                    if blk is None and sub.stream in self._pinned_streams:
+                        blk = self._adopt(sub, r)
                     if blk is not None:
                         return blk
         self.num_ooms += 1
@@ -297,9 +352,9 @@ class DevicePool:
         raise OutOfMemoryError(oom_message(self, nbytes, r, KIND_NAMES[kind] + " class", freed_cache))
 
     def _add_segment(self, sub, ptr, size):
-        seg = Segment(ptr, size)
+        seg = Segment(ptr, size, sub)
         blk = seg.head = Block(ptr, size, seg, sub)
-        sub.segments.add(seg)
+        sub.segments[seg] = None
         self.num_device_alloc += 1
         self.reserved += size
         if self.reserved > self.peak_reserved:
@@ -307,19 +362,16 @@ class DevicePool:
         return blk
 
     def _release_segment(self, sub, seg):
-        sub.segments.discard(seg)
+        sub.segments.pop(seg, None)
         self.backend.free(seg.ptr, seg.size)
         self.num_device_free += 1
         self.reserved -= seg.size
 
     def _release_cached(self):
-        released = 0
-        for key, subs in self._streams.items():
-            if key in self._pinned_streams:  # a CUDA graph replays into these blocks
-                continue
-            for sub in subs:
-                released += self._coalesce(sub, release=True)
-        return released
+        subs = [sub for key, subs in self._streams.items() if key not in self._pinned_streams  # (a CUDA graph
+                for sub in subs]                                                   # replays into pinned blocks)
+        subs.sort(key=lambda sub: not sub.lent)  # lent blocks go back to their owners before those release
+        return sum(self._coalesce(sub, release=True) for sub in subs)
 
     def pin_stream(self, key):
         """Keep the blocks of stream `key` (a CUDA graph's capture stream) reserved: empty_cache and the OOM retry

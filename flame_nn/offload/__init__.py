@@ -8,11 +8,11 @@
     LayerwiseAdamW(streamer, lr=...)    full fine-tuning, block by block inside backward, state in pinned memory
     safetensors_views(files)            memory-mapped tensors of safetensors files (inference: `sources=`)
 """
-from .autofit import FitReport, MemoryBudgetError, auto_fit
+from .autofit import FitReport, MemoryBudgetError, auto_fit, demote
 from .fp8 import Float8LinearMixin, is_fp8_linear, quantize_linear_weights_
 from .host import OffloadError, safetensors_views
 from .layerwise import LayerwiseAdamW
 from .streamer import BlockStreamer, run_block
 
-__all__ = ["BlockStreamer", "run_block", "auto_fit", "FitReport", "MemoryBudgetError", "quantize_linear_weights_",
+__all__ = ["BlockStreamer", "run_block", "auto_fit", "demote", "FitReport", "MemoryBudgetError", "quantize_linear_weights_",
            "Float8LinearMixin", "is_fp8_linear", "LayerwiseAdamW", "safetensors_views", "OffloadError"]

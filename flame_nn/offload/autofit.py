@@ -115,6 +115,19 @@ def _place(streamer, chosen, dev):
     streamer.set_resident(chosen, fresh=True)
 
 
+def demote(streamer, fraction=0.25):
+    """Stream a `fraction` (at least one) of `streamer`'s resident blocks again, the largest first (they free the
+    most per block): what auto_fit does when a verification step does not fit, and what a trainer does when a CUDA
+    graph capture of its step does not fit the budget. Returns the demoted indices (empty when none is resident)."""
+    chosen = streamer.resident
+    if not chosen:
+        return []
+    drop = max(1, int(len(chosen) * fraction))
+    gone = set(sorted(chosen, key=lambda i: (-streamer.block_bytes(i), i))[:drop])
+    _place(streamer, [i for i in chosen if i not in gone], streamer.device)
+    return sorted(gone)
+
+
 def _minimum_message(budget, overhead, static, peak, extra, slots, nslots, headroom):
     g = fmt_bytes
     minimum = peak + extra + overhead
@@ -222,12 +235,8 @@ def auto_fit(streamer, max_gpu_memory, step_fn, *, extra_bytes=0, headroom=None,
                     f" (the budget less the overhead outside the pool and a margin of {fmt_bytes(max(0, margin))}): "
                     f"the pool's layout drifts from step to step. Raise max_gpu_memory or the headroom. {failed}",
                     minimum=minimum + headroom + max(0, margin))
-            drop = max(1, len(chosen) // 4)
-            by_size = sorted(chosen, key=lambda i: (-streamer.block_bytes(i), i))  # free the most per block
-            gone = set(by_size[:drop])
-            chosen = [i for i in chosen if i not in gone]
-            report.demoted += drop
-            _place(streamer, chosen, dev)
+            report.demoted += len(demote(streamer))
+            chosen = streamer.resident
     M.set_memory_limit(budget - overhead if enforce else prev_limit, dev)
     report.resident = streamer.resident
     report.streamed = streamer.streamed

@@ -181,7 +181,7 @@ def _check_invariants(pool, be, live):
         for sub in sub_list:
             for size, lst in sub.free.items():
                 for b in lst:
-                    assert b.free and b.size == size
+                    assert b.free and b.size == size and b.sub is sub
 
 
 @settings(max_examples=60, deadline=None)
@@ -215,6 +215,64 @@ def test_random_sequences_keep_the_pool_consistent(ops, limited):
         pool.free(p)
     pool.empty_cache()
     assert pool.reserved == 0 and pool.allocated == 0 and not be.live
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 48 * MiB), st.integers(0, 1 << 30), st.booleans()),
+                min_size=1, max_size=60))
+def test_random_sequences_with_a_capture_stream_under_the_limit(ops):
+    # stream 9 is pinned (a graph being captured): under the limit it borrows free blocks from stream 0's cache
+    pool, be = make(capacity=512 * MiB)
+    pool.set_limit(160 * MiB)
+    pool.pin_stream(9)
+    live = {}
+    for do_alloc, n, pick, capture in ops:
+        be.stream = 9 if capture else 0
+        if do_alloc or not live:
+            try:
+                p = pool.malloc(n)
+            except OutOfMemoryError:
+                assert pool.reserved + round_size(n)[0] > 160 * MiB
+                continue
+            live[p] = (n, round_size(n)[0])
+        else:
+            p = sorted(live)[pick % len(live)]
+            del live[p]
+            pool.free(p)
+        assert pool.reserved <= 160 * MiB
+        _check_invariants(pool, be, live)
+    pool.unpin_stream(9)
+    pool.release_stream(9)
+    _check_invariants(pool, be, live)
+    for p in list(live):
+        pool.free(p)
+    pool.empty_cache()
+    assert pool.reserved == 0 and pool.allocated == 0 and not be.live
+
+
+def test_capture_stream_adopts_free_blocks_of_the_eager_cache_under_the_limit():
+    pool, be = make(capacity=1 << 40)
+    x = pool.malloc(128 * MiB)                     # stream 0: one 128 MiB segment
+    pool.free(x)
+    y = pool.malloc(64 * MiB)                      # its first half; the second half stays free in stream 0's cache
+    assert y == x
+    pool.set_limit(160 * MiB)
+    assert pool.empty_cache() == 0                 # the segment is half live: it cannot go back
+    pool.pin_stream(9)
+    be.stream = 9                                  # a capture: 64 MiB more would pass the limit
+    z = pool.malloc(64 * MiB)
+    assert z == x + 64 * MiB and pool.reserved == 128 * MiB and pool.num_adopted == 1
+    pool.free(z)                                   # back to the graph's free list, not stream 0's
+    assert pool.malloc(64 * MiB) == z and pool.num_adopted == 1
+    pool.free(z)
+    be.stream = 0
+    with pytest.raises(OutOfMemoryError):          # the graph owns it now; eager work cannot take it back
+        pool.malloc(64 * MiB)
+    pool.free(y)
+    assert pool.empty_cache() == 0                 # the owner never releases a segment with a lent block
+    pool.unpin_stream(9)
+    pool.release_stream(9)                         # the graph is gone: the block returns to its owner
+    assert pool.empty_cache() == 128 * MiB and pool.reserved == 0 and not be.live
 
 
 def test_pinned_stream_blocks_survive_empty_cache_and_oom_retry():
