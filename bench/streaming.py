@@ -279,12 +279,29 @@ def run_graph(tag, streamer, graph_factory, repeats, h2d_secs, resident_graph_ms
     """The same configuration with forward + backward replayed as a CUDA graph (under the same pool limit)."""
     import cupy as cp
     import flame_core.memory as M
+    from flame_core.errors import OutOfMemoryError
+    from flame_nn.offload import demote
     gstep, run = graph_factory()
     try:
-        for _ in range(3):  # two eager calls, then the capture (+ its first replay)
-            gstep()
+        demoted = 0
+        while True:  # as the trainer: a capture over the budget streams more blocks (flame_nn.offload.demote)
+            try:
+                for _ in range(3):  # two eager calls, then the capture (+ its first replay)
+                    gstep()
+                break
+            except OutOfMemoryError as e:
+                if run.graph is not None or run.calls <= run.warmup or demoted >= 3:
+                    raise
+                log(f"{tag}_graph_capture_oom", _first_line(e))
+            run.reset()
+            gc.collect()
+            streamer.invalidate_slots()
+            demoted += len(demote(streamer))
+            gstep, run = graph_factory()
         cp.cuda.Device().synchronize()
         log(f"{tag}_graph_captured", run.graph is not None)
+        log(f"{tag}_graph_demoted", demoted)
+        log(f"{tag}_graph_resident_blocks", len(streamer.resident))
         M.reset_peak_memory_stats()
         with DevicePeak() as dp:
             ms, all_ms = timed_steps(gstep, repeats, 1)
@@ -412,6 +429,8 @@ def table(budgets, fp8_budgets):
                         gacc = "PASS" if ok else "FAIL"
                     line += (f" | {gms:>8.1f} | {gms / peer:>6.2f} | {gpool or '-':>8} | {gdrv or '-':>10} | "
                              f"{(f'{100 * ghid:.0f}%' if ghid is not None else '-'):>6} | {gacc}")
+                    if R.get(f"{tag}_graph_demoted"):
+                        line += f" ({R[f'{tag}_graph_demoted']} demoted: {R[f'{tag}_graph_resident_blocks']} resident)"
             lines.append(line)
     if "fp8_forward_rel_error_vs_bf16" in R:
         lines.append(f"fp8 storage: forward output relative error vs bf16 weights {R['fp8_forward_rel_error_vs_bf16']}"

@@ -103,7 +103,7 @@ class ModelConfig:
     arch: str = "flux"
     size: str = "flux-tiny"              # preset used when name_or_path is None
     dtype: str = "bf16"                  # dtype of the frozen base weights
-    quantize: bool = False
+    quantize: bool = False               # store the blocks' frozen Linear weights as fp8 (e4m3, per-channel scales)
 
 
 @dataclass
@@ -161,13 +161,11 @@ _NO_EFFECT = {  # ai-toolkit keys that are accepted, with the reason they change
     "cache_latents_to_disk": "latents are precomputed already",
     "cache_latents": "latents are precomputed already",
     "resolution": "the resolution is that of the precomputed latents",
-    "quantize": "the trainer keeps the base in model.dtype (fp8 storage exists in the API: "
-                "flame_nn.offload.quantize_linear_weights_ / BlockStreamer(quantize='fp8'))",
     "quantize_te": "text encoders are not loaded",
 }
 
 
-_KEPT_NO_EFFECT = ("trigger_word", "quantize")
+_KEPT_NO_EFFECT = ("trigger_word",)
 
 
 # ----------------------------------------------------------------------------- building dataclasses from mappings

@@ -11,6 +11,7 @@ steps a checkpoint (adapter, optimizer, scheduler, RNG states, step, data positi
 step's loss and parameters equal those of a run that never stopped. Every `sample_every` steps, latents are sampled
 with the Flux Euler sampler (latent previews, preview.py) while the progress clock is paused.
 """
+import gc
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ import flame_core as flame
 import flame_nn
 from flame_core import io
 from flame_core.amp import autocast
+from flame_core.errors import OutOfMemoryError
 from flame_nn import adapters as A
 
 from ..flux import Flux, image_ids, load_flux, pack, text_ids
@@ -101,8 +103,16 @@ class Trainer:
         self.model.enable_gradient_checkpointing(t.gradient_checkpointing)
         self.model.train()
         self.streamer = self.fit = None
+        # model.quantize: the frozen Linear weights of the transformer blocks stored as fp8 (e4m3, a scale per output
+        # channel; adapters stay in their dtype), dequantised per layer on the fly (flame_nn.offload.fp8)
+        quantize = "fp8" if c.model.quantize else None
         if c.max_gpu_memory is not None:  # every block streamed for now; auto_fit chooses the resident ones below
-            self.streamer = flame_nn.offload.BlockStreamer.for_model(self.model, device=self.device)
+            self.streamer = flame_nn.offload.BlockStreamer.for_model(self.model, device=self.device,
+                                                                     quantize=quantize)
+        elif quantize:
+            n_q = sum(len(flame_nn.offload.quantize_linear_weights_(m)) for _, m in self.model.named_children()
+                      if isinstance(m, flame_nn.ModuleList))
+            self.log(f"model.quantize: {n_q} frozen Linear weights of the blocks stored as fp8 (e4m3)")
 
         # optimisation
         kw = dict(lr=t.lr, **{k: (tuple(v) if k == "betas" else float(v)) for k, v in t.optimizer_params.items()})
@@ -129,6 +139,7 @@ class Trainer:
         use_graph = t.cuda_graph and self.device.type == "cuda"
         self.graphed = flame.cuda.graphed(self._forward_backward, warmup=2, enabled=use_graph) if use_graph else None
         self._graph_generation = None  # the streamer's placement the graph was captured with
+        self._graph_demotions = 0  # times a capture did not fit max_gpu_memory and blocks were demoted
 
         # outputs, and the latest checkpoint if there is one
         os.makedirs(self.out, exist_ok=True)
@@ -240,15 +251,32 @@ class Trainer:
         if not graph or self.graphed is None or not self.graphed.enabled:
             loss = self._forward_backward(*args)
         else:
+            failed = None
             try:
                 loss = self.graphed(*args)
             except Exception as e:  # noqa: BLE001 - a capture that fails falls back to eager steps, said once
                 if self.graphed.graph is not None or self.graphed.calls <= self.graphed.warmup:
                     raise
-                self.graphed.enabled = False
-                self.log(f"CUDA graph capture failed ({type(e).__name__}: {e}); training continues eagerly")
+                # the message only: the exception's frames hold the failed capture's tensors
+                failed = (isinstance(e, OutOfMemoryError), f"{type(e).__name__}: {str(e).splitlines()[0]}")
+            if failed is not None:
+                gc.collect()
                 if self.streamer is not None:  # the failed capture recorded loads that never ran
-                    self.streamer.invalidate_slots().prime()
+                    self.streamer.invalidate_slots()
+                gone = []
+                if failed[0] and self.streamer is not None and self._graph_demotions < 3:
+                    gone = flame_nn.offload.demote(self.streamer)  # a graph needs a little more than an eager step
+                if gone:
+                    self._graph_demotions += 1
+                    self.graphed.reset()
+                    self.graphed.calls = self.graphed.warmup  # capture again at the next step
+                    self.log(f"CUDA graph capture did not fit the memory budget ({failed[1]}); {len(gone)} more "
+                             f"blocks streamed ({len(self.streamer.resident)} resident), capturing again next step")
+                else:
+                    self.graphed.enabled = False
+                    self.log(f"CUDA graph capture failed ({failed[1]}); training continues eagerly")
+                if self.streamer is not None:
+                    self.streamer.prime()
                 loss = self._forward_backward(*args)
             if self.streamer is not None and self.graphed.graph is not None and self._graph_generation is None:
                 self._graph_generation = self.streamer._generation

@@ -85,3 +85,52 @@ def test_cuda_graph_steps_with_streamed_blocks_give_the_eager_numbers(tmp_path):
     np.testing.assert_allclose(runs[True][0], runs[False][0], rtol=1e-5)
     for a, b in zip(runs[True][1], runs[False][1]):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_model_quantize_stores_the_blocks_in_fp8_and_still_trains(tmp_path):
+    from flame_nn.offload import is_fp8_linear
+    c = cfg(tmp_path, "fp8", steps=60)
+    c.model.quantize = True
+    tr = Trainer(c, verbose=False)
+    result = tr.train()
+    fp8 = [n for n, m in tr.model.named_modules() if is_fp8_linear(m)]
+    blocks = [n for n, m in tr.model.named_modules() if n.startswith(("double_blocks.", "single_blocks."))
+              and type(m).__name__.endswith("Linear")]
+    assert fp8 and set(fp8) == set(blocks)                       # every block Linear, none outside the blocks
+    assert not any(is_fp8_linear(m) for n, m in tr.model.named_modules() if n in ("img_in", "final_layer.linear"))
+    assert all(p.dtype is flame.float32 for p in tr.params)     # the adapters keep their dtype
+    losses = np.array(result["losses"])
+    assert np.isfinite(losses).all() and losses[:15].mean() > 1.1 * losses[-15:].mean()
+
+
+@pytest.mark.gpu
+def test_a_capture_over_the_budget_streams_more_blocks_and_captures_again(tmp_path):
+    # the first capture raises OutOfMemoryError (as a capture over max_gpu_memory does): the trainer demotes resident
+    # blocks, runs that step eagerly and captures at the next step; the numbers stay the eager run's
+    import flame_core.memory as M
+    from flame_core.cuda import is_capturing
+    from flame_core.errors import OutOfMemoryError
+    runs = {}
+    for graph in (False, True):
+        c = cfg(tmp_path, f"demote{graph}", device="cuda", cuda_graph=graph, gradient_checkpointing=True)
+        c.max_gpu_memory = "8GiB"
+        tr = Trainer(c, verbose=False).setup()
+        M.set_memory_limit(None, "cuda")
+        tr.streamer.set_resident([0, 1, 2, 3])
+        if graph:
+            fn, fails = tr.graphed.fn, []
+
+            def flaky(*args):
+                if is_capturing() and not fails:
+                    fails.append(1)
+                    raise OutOfMemoryError("pretend: the capture went over the budget")
+                return fn(*args)
+            tr.graphed.fn = flaky
+        losses = [tr.train_step()[0] for _ in range(6)]
+        runs[graph] = (losses, [p.detach().float().numpy() for p in tr.params], tr)
+    tr = runs[True][2]
+    assert tr._graph_demotions == 1 and len(tr.streamer.resident) == 3  # 1 of the 4 demoted
+    assert tr.graphed.enabled and tr.graphed.graph is not None      # captured at the step after
+    np.testing.assert_allclose(runs[True][0], runs[False][0], rtol=1e-5)
+    for a, b in zip(runs[True][1], runs[False][1]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
