@@ -3,12 +3,19 @@ torch.nn.functional.conv2d (cuDNN) in the same process.
 
     PYTHONPATH=$PWD python3 bench/conv.py [--shapes sdxl_l0,sdxl_l1] [--repeats 20] [--variant auto,im2col,...]
 
-Variants (comma-separated, each timed at every shape; the first one decides the acceptance line):
-    auto                  what conv2d picks (bf16: the implicit GEMM of cuda_src/conv_igemm.cu, tile/split by its model)
-    im2col                the im2col kernel + cuBLAS GEMM path, in bounded-memory chunks (FLAME_CONV_ALGO=im2col)
-    igemm:TILE[:sN]       the implicit GEMM with a forced tile (128x128, 64x128, 128x256) and optionally N
-                          reduction slices (FLAME_CONV_TILE), e.g. igemm:128x256 or igemm:128x128:s2
-Times are CUDA-event medians after warm-up; fwd+bwd computes dx and dw (grads reset to None between runs).
+Variants (comma-separated, each timed at every shape; the first one decides the acceptance line). A variant is one
+or more settings joined by '+':
+    auto                  what conv2d picks (per pass: im2col + cuBLAS for column matrices up to IM2COL_MAX_BYTES,
+                          else the implicit GEMM of cuda_src/conv_igemm.cu, tile/split by its model)
+    im2col                the im2col kernel + cuBLAS GEMM path for every pass (FLAME_CONV_ALGO=im2col)
+    igemm                 the implicit GEMM for every pass, tiles by the model (FLAME_CONV_ALGO=igemm)
+    igemm:TILE[:sN]       the implicit GEMM for every pass with a forced forward / dx tile (FLAME_CONV_TILE; also the
+                          dw tile when TILE serves dw) and optionally N reduction slices: 128x128, 64x128, 128x256,
+                          128x256p2, 320x128, 320x128p3, 160x256 (see TILES in flame_core/kernels/conv.py)
+    dwtile:TILE[:sN]      a forced dw tile (FLAME_CONV_DW_TILE): 128x128, 64x128, 128x256, 128x256p2
+    fwd=A, dx=A, dw=A     the algorithm (auto, im2col, igemm) of one pass, e.g. igemm:320x128+dw=im2col
+Times are CUDA-event medians after warm-up; fwd+bwd computes dx and dw (grads reset to None between runs); the
+'dx ms' / 'dw ms' columns time conv2d_backward for one gradient alone (the path the variant picks for it).
 FLOP: fwd = 2*N*O*H*W*C*9, fwd+bwd = 3x fwd. Prints a table last and writes $OUT/conv_bench.json (or ./).
 Breakdown columns, per chunk: im2col path: the im2col kernel and the GEMM; implicit GEMM: the NHWC copy of x (in the
 'im2col ms' column) and the conv kernel with its split reduction (in the 'gemm ms' column); chunks = image chunks.
@@ -51,19 +58,29 @@ def cuda_time_ms(fn, repeats, warmup=3):
     return float(np.median(times))
 
 
-VARIANT_ENV = ("FLAME_CONV_ALGO", "FLAME_CONV_TILE")
+VARIANT_ENV = ("FLAME_CONV_ALGO", "FLAME_CONV_TILE", "FLAME_CONV_DW_TILE")
 
 
 def set_variant(v):
     """Point conv2d at a variant through its environment switches."""
     for k in VARIANT_ENV:
         os.environ.pop(k, None)
-    if v == "im2col":
-        os.environ["FLAME_CONV_ALGO"] = "im2col"
-    elif v.startswith("igemm:"):
-        os.environ["FLAME_CONV_TILE"] = v[len("igemm:"):]
-    elif v not in ("auto", "igemm"):
-        sys.exit(f"unknown variant {v!r}: auto, im2col or igemm:TILE[:sN]")
+    algo = {p: "auto" for p in C.PASSES}
+    for part in v.split("+"):
+        part = part.strip()
+        if part in ("auto", "im2col", "igemm"):
+            algo = {p: part for p in C.PASSES}
+        elif part.startswith("igemm:"):
+            algo = {p: "igemm" for p in C.PASSES}
+            os.environ["FLAME_CONV_TILE"] = part[len("igemm:"):]
+        elif part.startswith("dwtile:"):
+            os.environ["FLAME_CONV_DW_TILE"] = part[len("dwtile:"):]
+        elif part.partition("=")[0] in C.PASSES and part.partition("=")[2] in ("auto", "im2col", "igemm"):
+            algo[part.partition("=")[0]] = part.partition("=")[2]
+        else:
+            sys.exit(f"unknown variant setting {part!r} in {v!r}: auto, im2col, igemm, igemm:TILE[:sN], "
+                     f"dwtile:TILE[:sN], fwd=|dx=|dw=auto|im2col|igemm")
+    os.environ["FLAME_CONV_ALGO"] = ",".join(f"{p}={a}" for p, a in algo.items())
 
 
 def breakdown(x, w, repeats):
@@ -86,8 +103,11 @@ def breakdown(x, w, repeats):
         gemm = cuda_time_ms(lambda: K.conv_nhwc(xt, wp, y, cg), repeats)
         P = k * H * W
         fwd_plan = K.plan(O, P, -(-9 * Cp // K.BK), O * P, False, C.workspace_bytes(True))
-        dw_plan = K.plan(O, 9 * Cp, -(-P // K.BK), O * 9 * Cp, True, C.workspace_bytes(True))
+        Op = K.round8(O)
+        dx_plan = K.plan(Cin, P, -(-9 * Op // K.BK), Cin * P, False, C.workspace_bytes(True))
+        dw_plan = K.plan(O, 9 * Cp, -(-P // K.BK), O * 9 * Cp, True, C.workspace_bytes(True), K.DW)
         return first, gemm, len(chunks), {"fwd (tile, k-tiles per slice, slices)": fwd_plan,
+                                          "dx (tile, k-tiles per slice, slices)": dx_plan,
                                           "dw (tile, k-tiles per slice, slices)": dw_plan,
                                           "fwd kernel": K.kernel_info("conv_fwd_igemm", fwd_plan[0], xa.dtype),
                                           "dw kernel": K.kernel_info("conv_dw_igemm", dw_plan[0], xa.dtype)}
@@ -113,9 +133,16 @@ def bench_flame(N, Cin, H, W, O, repeats):
     fwdbwd = cuda_time_ms(fb, max(5, repeats // 2))
     # where the forward time goes: one chunk's first pass (im2col or NHWC copy) alone and its GEMM alone
     first, gemm, n_chunks, gemm_plan = breakdown(x.detach(), w.detach(), repeats)
+    # backward by gradient: dx alone and dw alone, on arrays (each by the path this variant picks for it)
+    g = C.geometry(tuple(x.shape), tuple(w.shape), 1, 1, 1, 1)
+    xa, wa, ga = x.detach()._data, w.detach()._data, go._data
+    dx_ms = cuda_time_ms(lambda: C.conv2d_backward(ga, xa, wa, g, need_x=True, need_w=False), repeats)
+    dw_ms = cuda_time_ms(lambda: C.conv2d_backward(ga, xa, wa, g, need_x=False, need_w=True), repeats)
+    paths = {p: "igemm" if C.use_igemm(xa, g, p) else "im2col" for p in C.PASSES}
     with flame.no_grad():
         y = F.conv2d(x, w, padding=1)
-    r = dict(fwd_ms=fwd, fwdbwd_ms=fwdbwd, chunk_im2col_ms=first, chunk_gemm_ms=gemm, chunks=n_chunks)
+    r = dict(fwd_ms=fwd, fwdbwd_ms=fwdbwd, bwd_dx_ms=dx_ms, bwd_dw_ms=dw_ms, paths=paths, chunk_im2col_ms=first,
+             chunk_gemm_ms=gemm, chunks=n_chunks)
     if gemm_plan:
         r["plan"] = gemm_plan
     return r, (x.detach(), w.detach(), y)
@@ -162,7 +189,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--variant", default="auto", help="comma-separated: auto, im2col, igemm:TILE[:sN]")
+    ap.add_argument("--variant", default="auto", help="comma-separated variants, each settings joined by '+': auto, "
+                    "im2col, igemm, igemm:TILE[:sN], dwtile:TILE[:sN], fwd=|dx=|dw=auto|im2col|igemm")
     args = ap.parse_args()
     if not backend.cuda_available():
         sys.exit("bench/conv.py needs a CUDA GPU with CuPy")
@@ -211,7 +239,8 @@ def main():
         json.dump(results, fh, indent=1)
     print(f"\nconv2d 3x3 pad 1, bf16 ({backend.cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()})")
     hdr = f"{'shape':<13}{'flame fwd ms':>13}{'TFLOP/s':>9}{'cuDNN ms':>10}{'ratio':>7}{'flame f+b ms':>14}" \
-          f"{'TFLOP/s':>9}{'cuDNN ms':>10}{'ratio':>7}{'im2col ms':>11}{'gemm ms':>9}{'chunks':>7}  variant"
+          f"{'TFLOP/s':>9}{'cuDNN ms':>10}{'ratio':>7}{'dx ms':>8}{'dw ms':>8}{'im2col ms':>11}{'gemm ms':>9}" \
+          f"{'chunks':>7}  variant"
     print(hdr)
     for key, r in results.items():
         f, t = r["flame"], r.get("torch_cudnn", {})
@@ -219,7 +248,7 @@ def main():
         print(f"{name:<13}{f['fwd_ms']:>13.3f}{f['fwd_TFLOPs']:>9.1f}{t.get('fwd_ms', float('nan')):>10.3f}"
               f"{r.get('ratio_fwd', float('nan')):>7.2f}{f['fwdbwd_ms']:>14.3f}{f['fwdbwd_TFLOPs']:>9.1f}"
               f"{t.get('fwdbwd_ms', float('nan')):>10.3f}{r.get('ratio_fwdbwd', float('nan')):>7.2f}"
-              f"{f['chunk_im2col_ms']:>11.3f}{f['chunk_gemm_ms']:>9.3f}{f['chunks']:>7}  {r['variant']}")
+              f"{f['bwd_dx_ms']:>8.3f}{f['bwd_dw_ms']:>8.3f}{f['chunk_im2col_ms']:>11.3f}{f['chunk_gemm_ms']:>9.3f}{f['chunks']:>7}  {r['variant']}")
     ok = [results[n].get("ratio_fwd", 0) >= 0.5 for n in ACCEPT if n in results]
     print(f"acceptance (fwd >= 0.5x cuDNN at SDXL shapes, variant {variants[0]}): "
           f"{'PASS' if ok and all(ok) else 'FAIL'}")

@@ -8,7 +8,7 @@
 //   dw             D(O, K) = dY(P, O)^T @ X(P, K)  reduced over the P = N*OH*OW output pixels, split into slices.
 //
 // Tiles stream through shared memory in STAGES cp.async stages (XOR-swizzled rows of 64 elements), and the warp
-// products use the mma.sync m16n8k16 / ldmatrix machinery of flash_attention.cuh. A forward tile writes y (NCHW,
+// products use the mma.sync m16n8k16 / ldmatrix machinery of flash_attention.cuh (fragment schedule: cv_warp_gemm). A forward tile writes y (NCHW,
 // + bias) straight from its accumulators, or fp32 partials for a split reduction (conv_splitk_reduce).
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -130,12 +130,53 @@ __global__ void __launch_bounds__(256) conv_dw_reduce(const float* __restrict__ 
     if (dw != nullptr) dw[d] = cv_t<T>(s);
 }
 
+// ------------------------------------------------------------------------------------------ warp products
+// acc[MT][NT] += A (MT*16 x KSTEPS*16) * B (KSTEPS*16 x NT*8) from swizzled shared memory, as fa_warp_gemm, in one of
+// three fragment schedules (the PIPE template argument of the GEMM kernels):
+//   0  fa_warp_gemm unpipelined: every fragment read just before its mma's
+//   1  fa_warp_gemm pipelined: A and B fragments double-buffered (MT*8 + 8 registers of fragments)
+//   2  A fragments single-buffered, B double-buffered (MT*4 + 8 registers): during the last B pair of a k-step each
+//      A fragment is re-read for the next k-step right after its last mma's, so its latency hides behind the mma's
+//      of the other m-tiles. For warp tiles with many m-tiles (MT = 5: 160 accumulators), where mode 1 spills.
+template <typename T, int MT, int NT, int KSTEPS, bool A_T, bool B_T, int ACOLS, int BCOLS, int PIPE>
+__device__ __forceinline__ void cv_warp_gemm(float (&acc)[MT][NT][4], const FaFrag<ACOLS>& fa,
+                                             const FaFrag<BCOLS>& fb) {
+    if constexpr (PIPE != 2) {
+        fa_warp_gemm<T, MT, NT, KSTEPS, A_T, B_T, ACOLS, BCOLS, PIPE == 1>(acc, fa, fb);
+    } else {
+        static_assert(NT % 2 == 0, "n-tiles come in pairs");
+        constexpr int NP = NT / 2;
+        fa_u32 a[MT][4], b[2][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) fa_ldsm<ACOLS, A_T>(a[mt], fa, A_T ? 0 : mt * 16, A_T ? mt * 2 : 0);
+        fa_ldsm<BCOLS, B_T>(b[0], fb, 0, 0);
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk)
+#pragma unroll
+            for (int np = 0; np < NP; ++np) {
+                const int step = kk * NP + np;
+                if (np + 1 < NP)
+                    fa_ldsm<BCOLS, B_T>(b[(step + 1) & 1], fb, B_T ? kk * 16 : (np + 1) * 16,
+                                        B_T ? (np + 1) * 2 : kk * 2);
+                else if (kk + 1 < KSTEPS)
+                    fa_ldsm<BCOLS, B_T>(b[(step + 1) & 1], fb, B_T ? (kk + 1) * 16 : 0, B_T ? 0 : (kk + 1) * 2);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    FaType<T>::mma(acc[mt][2 * np], a[mt], b[step & 1][0], b[step & 1][1]);
+                    FaType<T>::mma(acc[mt][2 * np + 1], a[mt], b[step & 1][2], b[step & 1][3]);
+                    if (np + 1 == NP && kk + 1 < KSTEPS)
+                        fa_ldsm<ACOLS, A_T>(a[mt], fa, A_T ? (kk + 1) * 16 : mt * 16, A_T ? mt * 2 : (kk + 1) * 2);
+                }
+            }
+    }
+}
+
 // ------------------------------------------------------------------------------------------ forward / dx
 // D(O, P) = Wp(O, K) @ X(P, K)^T for the pixels P = N*OH*OW of an NHWC input x (N, H, W, Cp). One CTA per
 // (BM output channels, BN pixels, split slice); blockIdx.x = pixel_tile * o_tiles + o_tile (the o-tiles of a pixel
 // tile run together and share its input reads in L2), blockIdx.y = the slice of kt_split k-tiles.
 // ws == null: y (N, O, OH*OW) = D + bias; else ws[slice] (O, P) = D in fp32.
-template <typename T, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int MINB, bool PIPE>
+template <typename T, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int MINB, int PIPE>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32, MINB)
 conv_fwd_igemm(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
                float* __restrict__ ws, int H, int W, int Cp, int O, int KH, int KW, int sh, int sw, int ph, int pw,
@@ -221,7 +262,7 @@ conv_fwd_igemm(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         FaFrag<BK> fa = fa0, fb = fb0;
         fa.base += stage * STAGE_BYTES;
         fb.base += stage * STAGE_BYTES;
-        fa_warp_gemm<T, MT, NT, BK / 16, false, false, BK, BK, PIPE>(acc, fa, fb);
+        cv_warp_gemm<T, MT, NT, BK / 16, false, false, BK, BK, PIPE>(acc, fa, fb);
         stage = stage == STAGES - 1 ? 0 : stage + 1;
     }
     fa_cp_async_wait_all();
@@ -282,7 +323,7 @@ conv_fwd_igemm(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 // x NHWC (N, H, W, Cp). One CTA per (BM output channels, BN columns k, slice of kt_split 64-pixel k-tiles);
 // blockIdx.x = k_tile * o_tiles + o_tile. Both tiles are pixel-major in shared memory: [64 p][BM o] (A^T) and
 // [64 p][BN k] (B), read with ldmatrix.trans.
-template <typename T, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int MINB, bool PIPE>
+template <typename T, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int MINB, int PIPE>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32, MINB)
 conv_dw_igemm(const T* __restrict__ dy, const T* __restrict__ x, float* __restrict__ ws, int H, int W, int Cp,
               int O, int Op, int KH, int KW, int sh, int sw, int ph, int pw, int dh, int dw, int OH, int OW, int P,
@@ -366,7 +407,7 @@ conv_dw_igemm(const T* __restrict__ dy, const T* __restrict__ x, float* __restri
         FaFrag<BN> fb = fb0;
         fa.base += stage * STAGE_BYTES;
         fb.base += stage * STAGE_BYTES;
-        fa_warp_gemm<T, MT, NT, BK / 16, true, true, BM, BN, PIPE>(acc, fa, fb);
+        cv_warp_gemm<T, MT, NT, BK / 16, true, true, BM, BN, PIPE>(acc, fa, fb);
         stage = stage == STAGES - 1 ? 0 : stage + 1;
     }
     fa_cp_async_wait_all();

@@ -15,7 +15,8 @@ columns k) over a slice of the reduction. Tile shapes (`TILES`) are instantiatio
 shape and the number of reduction slices with the wave model of `_model_time` (the busiest SM's share of CTAs at the
 occupancy it runs them with, or the tiles' traffic from L2 when that is longer, plus the fp32 partials' traffic when
 slices > 1; its constants are assumptions, not measurements). `FLAME_CONV_TILE=128x128` (or
-`128x128:s3`, a forced split) overrides it, for benchmarks.
+`128x128:s3`, a forced split) overrides it, for benchmarks; it also forces the dw tile when that tile serves dw
+(the 320- and 160-row tiles are forward / dx only), else `FLAME_CONV_DW_TILE` does.
 """
 import functools
 import math
@@ -29,14 +30,26 @@ from .. import backend
 
 ConvGeom = namedtuple("ConvGeom", "N H W Cp O OH OW KH KW sh sw ph pw dh dw")
 
-# name: (BM, BN, WARPS_M, WARPS_N, STAGES, CTAs per SM (launch bound), software-pipelined fragment reads)
+# name: (BM, BN, WARPS_M, WARPS_N, STAGES, CTAs per SM (launch bound), fragment schedule (cv_warp_gemm's PIPE:
+# 0 unpipelined, 1 A and B double-buffered, 2 A single-buffered and re-read behind the mma's), kernels it serves).
+# BM runs over output channels, BN over pixels (dw: columns k). The 320- and 160-row tiles divide the SDXL channel
+# counts (320, 640, 1280) exactly, where 128-row tiles compute 384 of 320 rows; they are forward / dx tiles only
+# (conv_dw_igemm's A tile needs BM a multiple of 64 covered by whole threads).
+FWD, DW = "fwd", "dw"
 TILES = {
-    "128x128": (128, 128, 4, 2, 3, 2, True),
-    "64x128": (64, 128, 2, 2, 3, 3, True),
-    "128x256": (128, 256, 2, 4, 3, 1, True),
+    "128x128": (128, 128, 4, 2, 3, 2, 1, (FWD, DW)),
+    "64x128": (64, 128, 2, 2, 3, 3, 1, (FWD, DW)),
+    "128x256": (128, 256, 2, 4, 3, 1, 1, (FWD, DW)),
+    "128x256p2": (128, 256, 2, 4, 4, 1, 2, (FWD, DW)),   # 128x256 with schedule 2 and 4 stages (A/B of the two)
+    "320x128": (320, 128, 4, 2, 4, 1, 2, (FWD,)),        # warp tile 80x64; 4 stages: 224 KiB of shared memory
+    "320x128p3": (320, 128, 4, 2, 3, 1, 2, (FWD,)),      # the same with 3 stages
+    "160x256": (160, 256, 2, 4, 4, 1, 2, (FWD,)),        # warp tile 80x64; 4 stages: 208 KiB
 }
-AUTO_TILES = ("128x128", "64x128", "128x256")
-_TILE_EFF = {"128x128": 1.0, "64x128": 0.9, "128x256": 1.0}  # relative per-SM efficiency (smem traffic per mma)
+AUTO_TILES = ("128x128", "64x128", "128x256", "320x128", "160x256")
+# relative per-SM efficiency (model only). 128x128 at 2 CTAs/SM measured 0.93x of 128x256 at 1 CTA/SM on the H100
+# (SDXL 2x320x128x128: 0.368 vs 0.341 ms); the 320/160-row tiles are assumed as fast per FLOP as 128x256 (unmeasured).
+_TILE_EFF = {"128x128": 0.93, "64x128": 0.85, "128x256": 1.0, "128x256p2": 1.0, "320x128": 1.0, "320x128p3": 0.97,
+             "160x256": 1.0}
 _F_SM = 2.4e12     # assumed tensor FLOP/s of one fully occupied SM running these kernels (model only)
 _BW = 2.5e12       # assumed device memory bandwidth, bytes/s (model only)
 _L2_BW = 5.5e12    # assumed L2 -> SM bandwidth, bytes/s: every stage loads (BM + BN) rows of 128 bytes (model only)
@@ -57,23 +70,20 @@ def _ptr(a):
     return L.null() if a is None else a
 
 
-def _bool(b):
-    return "true" if b else "false"
-
-
 def gemm_expressions():
     """Every template instantiation the conv family launches, with a {T} placeholder (for compile checks)."""
     out = []
-    for kern in ("conv_fwd_igemm", "conv_dw_igemm"):
-        for bm, bn, wm, wn, st, minb, pipe in TILES.values():
-            out.append(f"{kern}<{{T}}, {bm}, {bn}, {wm}, {wn}, {st}, {minb}, {_bool(pipe)}>")
+    for kern, kind in (("conv_fwd_igemm", FWD), ("conv_dw_igemm", DW)):
+        for bm, bn, wm, wn, st, minb, pipe, kinds in TILES.values():
+            if kind in kinds:
+                out.append(f"{kern}<{{T}}, {bm}, {bn}, {wm}, {wn}, {st}, {minb}, {pipe}>")
     return out
 
 
 def _gemm_kernel(kern, name, dtype):
-    bm, bn, wm, wn, st, minb, pipe = TILES[name]
-    fn = L.get_function("conv_igemm", f"{kern}<{{T}}, {bm}, {bn}, {wm}, {wn}, {st}, {minb}, {_bool(pipe)}>", dtype)
-    smem = st * (bm + bn) * BK * 2
+    bm, bn, wm, wn, st, minb, pipe, _ = TILES[name]
+    fn = L.get_function("conv_igemm", f"{kern}<{{T}}, {bm}, {bn}, {wm}, {wn}, {st}, {minb}, {pipe}>", dtype)
+    smem = tile_smem(name)
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
         try:  # ask for the largest shared-memory carveout so that `minb` CTAs fit on an SM
@@ -92,12 +102,13 @@ def kernel_info(kern, name, dtype):
 
 # ----------------------------------------------------------------------------- tile / split plan
 def _occupancy_eff(warps):
-    """Fraction of an SM's tensor throughput reached with this many resident warps (model only)."""
-    return min(1.0, math.sqrt(warps / 12.0))
+    """Fraction of an SM's tensor throughput reached with this many resident warps (model only). 8 warps count as
+    full: on the H100 one 8-warp 128x256 CTA per SM beat two 8-warp 128x128 CTAs (SDXL 2x320x128x128)."""
+    return min(1.0, math.sqrt(warps / 8.0))
 
 
 def _model_time(name, M, N, KT, S, out_elems, always_ws, sms):
-    bm, bn, wm, wn, st, minb, pipe = TILES[name]
+    bm, bn, wm, wn, st, minb, pipe, _ = TILES[name]
     kps = -(-KT // S)
     ctas = -(-M // bm) * -(-N // bn) * S
     per_sm = -(-ctas // sms)  # CTAs of the busiest SM
@@ -114,19 +125,55 @@ def _model_time(name, M, N, KT, S, out_elems, always_ws, sms):
     return t
 
 
-def plan(M, N, KT, out_elems, always_ws, budget):
+def forced_tile(kind):
+    """The tile forced for a kernel kind by the environment (None: the model picks). FLAME_CONV_TILE forces the
+    forward / dx tile, and the dw tile too when that tile serves dw and FLAME_CONV_DW_TILE is unset."""
+    if kind == DW:
+        dw = os.environ.get("FLAME_CONV_DW_TILE")
+        if dw:
+            return dw
+        f = os.environ.get("FLAME_CONV_TILE")
+        return f if f and f.partition(":s")[0] in TILES and DW in TILES[f.partition(":s")[0]][7] else None
+    return os.environ.get("FLAME_CONV_TILE") or None
+
+
+def plan(M, N, KT, out_elems, always_ws, budget, kind=FWD):
     """(tile name, k-tiles per slice, slices) for an M x N output reduced over KT k-tiles; slices > 1 write
-    S * out_elems fp32 partials, which must fit `budget` bytes."""
-    return _plan(M, N, KT, out_elems, always_ws, budget, os.environ.get("FLAME_CONV_TILE"), L.sm_count())
+    S * out_elems fp32 partials, which must fit `budget` bytes. kind: FWD (conv_fwd_igemm) or DW (conv_dw_igemm)."""
+    return _plan(M, N, KT, out_elems, always_ws, budget, forced_tile(kind), L.sm_count(), kind, max_smem())
+
+
+_max_smem = {}
+
+
+def max_smem():
+    """Dynamic shared memory one block may opt into on this device (bytes): tiles needing more are not planned."""
+    cp = backend.cupy
+    dev = cp.cuda.runtime.getDevice()
+    n = _max_smem.get(dev)
+    if n is None:
+        try:
+            n = int(cp.cuda.Device(dev).attributes["MaxSharedMemoryPerBlockOptin"])
+        except Exception:
+            n = 232448  # sm_90's 227 KiB
+        _max_smem[dev] = n
+    return n
+
+
+def tile_smem(name):
+    bm, bn, wm, wn, st = TILES[name][:5]
+    return st * (bm + bn) * BK * 2
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(M, N, KT, out_elems, always_ws, budget, forced, sms):
-    names, splits = AUTO_TILES, None
+def _plan(M, N, KT, out_elems, always_ws, budget, forced, sms, kind=FWD, smem_limit=232448):
+    names = tuple(n for n in AUTO_TILES if kind in TILES[n][7] and tile_smem(n) <= smem_limit)
+    splits = None
     if forced:
         name, _, s = forced.partition(":s")
-        if name not in TILES:
-            raise ValueError(f"FLAME_CONV_TILE={forced!r}: tile must be one of {sorted(TILES)} (optionally ':s<N>')")
+        if name not in TILES or kind not in TILES[name][7]:
+            ok = sorted(n for n, t in TILES.items() if kind in t[7])
+            raise ValueError(f"conv tile {forced!r} for the {kind} kernel: must be one of {ok} (optionally ':s<N>')")
         names = (name,)
         if s:
             splits = [max(1, min(int(s), KT))]
@@ -205,7 +252,7 @@ def conv_dw_nhwc(gt, xt, cg, C, dw=None, acc32=None, accumulate=False, budget=51
     K = cg.KH * cg.KW * cg.Cp
     Op = gt.shape[-1]
     KT = L.cdiv(P, BK)
-    name, kps, S = plan(cg.O, K, KT, cg.O * K, True, budget)
+    name, kps, S = plan(cg.O, K, KT, cg.O * K, True, budget, DW)
     fn, threads, smem = _gemm_kernel("conv_dw_igemm", name, xt.dtype)
     bm, bn = TILES[name][:2]
     ws = empty((S, cg.O, K), np.float32)

@@ -8,8 +8,9 @@ chunks whose NHWC copies fit the workspace budget. Per chunk:
     forward     y = conv(x_nhwc, Wp) (+ bias), written NCHW by the kernel's epilogue
     backward    dX = conv(dY_nhwc, W flipped and transposed) (stride 1; a strided dX takes the im2col path)
                 dW = dY^T @ X_cols, reduced over pixels in slices of fp32 partials (deterministic, no atomics)
-`FLAME_CONV_ALGO=im2col` or `=igemm` forces a path (benchmarks and tests compare the two); `auto` (the default)
-picks im2col + cuBLAS for small column matrices (IM2COL_MAX_BYTES) and the implicit GEMM above.
+`FLAME_CONV_ALGO=im2col` or `=igemm` forces a path (benchmarks and tests compare the two), for every pass or per
+pass (`fwd=igemm,dx=igemm,dw=im2col`); `auto` (the default) picks im2col + cuBLAS for small column matrices
+(IM2COL_MAX_BYTES, or FLAME_CONV_IM2COL_MAX_MB) and the implicit GEMM above, for each pass.
 
 im2col + GEMM: the batch is cut into chunks whose column matrix cols(C*KH*KW, P) fits a workspace budget
 (`FLAME_CONV_WORKSPACE_MB`, default 512 on cuda, 128 on cpu): a few whole images, or one band of output rows of one
@@ -272,13 +273,16 @@ def conv2d_backward(gy, x, w, g, need_x=True, need_w=True):
     gy = xp.ascontiguousarray(gy)
     x = xp.ascontiguousarray(x)
     w = xp.ascontiguousarray(w)
-    if use_igemm(x, g):
-        fast_x = need_x and g.sh == g.sw == 1
-        dx, dw = _igemm_backward(gy, x, w, g, fast_x, need_w)
-        if need_x and not fast_x:
-            dx, _ = _im2col_backward(gy, x, w, g, True, False)
-        return dx, dw
-    return _im2col_backward(gy, x, w, g, need_x, need_w)
+    ig_x = need_x and g.sh == g.sw == 1 and use_igemm(x, g, "dx")  # the transposed conv is a conv at stride 1
+    ig_w = need_w and use_igemm(x, g, "dw")
+    dx = dw = None
+    if ig_x or ig_w:
+        dx, dw = _igemm_backward(gy, x, w, g, ig_x, ig_w)
+    if (need_x and not ig_x) or (need_w and not ig_w):
+        dx2, dw2 = _im2col_backward(gy, x, w, g, need_x and not ig_x, need_w and not ig_w)
+        dx = dx2 if dx is None else dx
+        dw = dw2 if dw is None else dw
+    return dx, dw
 
 
 def _im2col_backward(gy, x, w, g, need_x, need_w):
@@ -323,18 +327,47 @@ def _im2col_backward(gy, x, w, g, need_x, need_w):
 # 2026-11-23): SDXL 2x640x64x64 (94 MB of columns) im2col 0.57x cuDNN vs implicit GEMM 0.50x; 2x1280x32x32 (47 MB)
 # 0.85x vs 0.46x; 2x320x128x128 (189 MB) 0.39x vs 0.47x; the VAE shapes (600 MB and more) 0.39x vs 0.54x.
 IM2COL_MAX_BYTES = 128 << 20
+PASSES = ("fwd", "dx", "dw")
+_ALGOS = ("auto", "im2col", "igemm")
 
 
-def use_igemm(x, g):
-    """Whether conv2d on x runs the implicit-GEMM kernels: a CuPy float16/bfloat16 array, groups 1, not a plain 1x1
-    (cuBLAS on the input itself is the better GEMM there), sizes within the kernels' int32 indexing and grid limits,
-    kernels enabled, and FLAME_CONV_ALGO 'igemm', or 'auto' (default) with a column matrix over IM2COL_MAX_BYTES."""
+def conv_algo(pass_="fwd"):
+    """The algorithm FLAME_CONV_ALGO asks for one pass (fwd, dx or dw): 'auto' (default), 'im2col' or 'igemm'.
+    The variable holds one name for every pass, or per-pass settings such as 'fwd=igemm,dx=igemm,dw=im2col'
+    (separated by ',', ';', '/' or '+'; passes not named are 'auto')."""
+    spec = os.environ.get("FLAME_CONV_ALGO", "auto").strip().lower()
+    if "=" not in spec:
+        algo = spec or "auto"
+    else:
+        algo = "auto"
+        for item in spec.replace(";", ",").replace("/", ",").replace("+", ",").split(","):
+            k, _, v = item.strip().partition("=")
+            if k.strip() not in PASSES:
+                raise ValueError(f"FLAME_CONV_ALGO={spec!r}: {k.strip()!r} is not a pass ({', '.join(PASSES)})")
+            if k.strip() == pass_:
+                algo = v.strip()
+    if algo not in _ALGOS:
+        raise ValueError(f"FLAME_CONV_ALGO={spec!r}: the algorithm must be one of {', '.join(_ALGOS)}")
+    return algo
+
+
+def im2col_max_bytes():
+    """IM2COL_MAX_BYTES, or FLAME_CONV_IM2COL_MAX_MB (benchmarks: where 'auto' switches to the implicit GEMM)."""
+    mb = os.environ.get("FLAME_CONV_IM2COL_MAX_MB")
+    return int(float(mb) * 2 ** 20) if mb else IM2COL_MAX_BYTES
+
+
+def use_igemm(x, g, pass_="fwd"):
+    """Whether one pass of conv2d on x (fwd, dx or dw) runs the implicit-GEMM kernels: a CuPy float16/bfloat16
+    array, groups 1, not a plain 1x1 (cuBLAS on the input itself is the better GEMM there), sizes within the
+    kernels' int32 indexing and grid limits, kernels enabled, and the pass's FLAME_CONV_ALGO 'igemm', or 'auto'
+    (default) with a column matrix over IM2COL_MAX_BYTES. (dx with stride > 1 takes im2col whatever this says.)"""
     if x.dtype not in _HALF or g.G != 1 or _is_pointwise(g) or not backend.is_cuda_array(x):
         return False
-    algo = os.environ.get("FLAME_CONV_ALGO", "auto").strip().lower()
+    algo = conv_algo(pass_)
     if algo == "im2col":
         return False
-    if algo == "auto" and g.N * g.OH * g.OW * g.C * g.KH * g.KW * x.itemsize <= IM2COL_MAX_BYTES:
+    if algo == "auto" and g.N * g.OH * g.OW * g.C * g.KH * g.KW * x.itemsize <= im2col_max_bytes():
         return False  # a small column matrix: im2col + cuBLAS measured faster (SDXL 64x64 / 32x32 layers)
     if max(g.C, g.O) > 65535 or g.KH * g.KW * (max(g.C, g.O) + 8) >= 2 ** 31 \
             or max(g.H * g.W, g.OH * g.OW) >= 2 ** 31 - 4096:

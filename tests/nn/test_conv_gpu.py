@@ -109,8 +109,12 @@ IGEMM_GEOMS = [  # (N, C, H, W, O, KH, KW, stride, padding, dilation): ragged ch
     (1, 9, 7, 8, 10, 3, 2, 1, (1, 0), (1, 2)),  # KH != KW, asymmetric padding / dilation
     (2, 24, 10, 12, 16, 5, 5, 2, 2, 1),         # 5x5 stride 2
     (1, 64, 33, 35, 64, 3, 3, 1, 1, 1),         # several pixel tiles
+    (1, 16, 10, 9, 330, 3, 3, 1, 1, 1),         # two 320-row tiles, the second ragged (dx: 16 rows)
+    (1, 330, 7, 6, 24, 3, 3, 1, 1, 1),          # dx has 330 rows; forward K = 9*336
 ]
-IGEMM_TILES = [None, "128x128:s1", "64x128:s1", "128x256:s1", "128x128:s3", "64x128:s2"]
+# forced forward / dx tiles (and dw tiles where the tile serves dw; the 320- / 160-row tiles leave dw to the model)
+IGEMM_TILES = [None, "128x128:s1", "64x128:s1", "128x256:s1", "128x128:s3", "64x128:s2", "128x256p2:s1",
+               "320x128:s1", "320x128:s3", "320x128p3:s2", "160x256:s1"]
 
 
 def _igemm_case(cfg, dtype, seed=0):
@@ -200,3 +204,34 @@ def test_igemm_dispatch(monkeypatch):
     assert C.use_igemm(xh, C.geometry((1, 8, 6, 6), (8, 8, 1, 1), 2, 0, 1, 1))       # strided 1x1
     monkeypatch.setenv("FLAME_CONV_ALGO", "im2col")
     assert not C.use_igemm(xh, g3)
+    monkeypatch.setenv("FLAME_CONV_ALGO", "fwd=igemm,dw=im2col")  # per pass; dx (not named) is auto
+    assert C.use_igemm(xh, g3, "fwd") and not C.use_igemm(xh, g3, "dw") and not C.use_igemm(xh, g3, "dx")
+    assert C.use_igemm(xb, big, "dx")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("algo", ["fwd=igemm,dx=igemm,dw=im2col", "fwd=im2col,dx=im2col,dw=igemm",
+                                  "dx=igemm,dw=im2col"])
+def test_conv_mixed_passes(algo, dtype, monkeypatch):
+    """Per-pass algorithms: dx and dw from different paths agree with the im2col reference."""
+    monkeypatch.setenv("FLAME_CONV_ALGO", algo)
+    cp = backend.cupy
+    g, x, w, b, gy = _igemm_case((2, 40, 9, 7, 24, 3, 3, 1, 1, 1), dtype, seed=4)
+    npdt = parse_dtype(dtype).np
+    xd, wd, bd, gyd = (cp.asarray(a.astype(npdt)) for a in (x, w, b, gy))
+    y = C.conv2d_forward(xd, wd, g, bd)
+    dx, dw = C.conv2d_backward(gyd, xd, wd, g)
+    want_dx, want_dw = C._im2col_backward(gy, x, w, g, True, True)
+    _assert_close(y, C._im2col_forward(x, w, g) + b.reshape(1, -1, 1, 1), dtype, "y")
+    _assert_close(dx, want_dx, dtype, "dx")
+    _assert_close(dw, want_dw, dtype, "dw")
+
+
+@pytest.mark.parametrize("name", ["128x256p2", "320x128", "320x128p3", "160x256"])
+def test_igemm_new_tiles_fit(name):
+    """The schedule-2 tiles compile without spills and fit the device's shared memory."""
+    from flame_core.kernels import conv as K
+    for dt in (np.float16, parse_dtype("bfloat16").np):
+        info = K.kernel_info("conv_fwd_igemm", name, dt)
+        assert info["local_size_bytes"] == 0, info
+        assert info["dynamic_smem"] <= K.max_smem()
