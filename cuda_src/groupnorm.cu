@@ -252,10 +252,22 @@ __device__ __forceinline__ void block_sum2(float& a, float& b, float* scratch) {
     b = warp_sum(lane < nwarps ? scratch[32 + lane] : 0.f);
 }
 
-// Copies elements [lo, lo + n) of src (n a multiple of N) into the cache; N = VecT<T>::N moves 16-byte words.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(gmem) : "memory");
+}
+
+// Copies elements [lo, lo + n) of src (n a multiple of N) into the cache; N = VecT<T>::N moves 16-byte words with
+// cp.async, every copy of the slice issued before the first wait (the whole slice in flight at once). The caller
+// syncs the block before reading the cache.
 template <typename T, int N>
 __device__ __forceinline__ void cache_slice(const T* __restrict__ src, T* __restrict__ cache, i64 n) {
     const int nv = (int)(n / N), bdim = blockDim.x;
+    if constexpr (N > 1) {
+        for (int k = threadIdx.x; k < nv; k += bdim) cp_async16(cache + (i64)k * N, src + (i64)k * N);
+        asm volatile("cp.async.wait_all;" ::: "memory");
+        return;
+    }
     for (int base = threadIdx.x; base < nv; base += bdim * GN_UNROLL) {
         if constexpr (N == 1) {
             T t[GN_UNROLL];
@@ -284,6 +296,39 @@ __device__ __forceinline__ void cached(const T* __restrict__ cache, int k, float
         v[0] = to_f32(cache[k]);
     else
         unpack_f32<T>(reinterpret_cast<const uint4*>(cache)[k], v);
+}
+
+// f(k, v) for the vectors k = k0 + threadIdx.x, + blockDim.x, ... < k1 of a global array (v: the N fp32 values of
+// vector k), GN_UNROLL loads (raw 16-byte words) issued before the first use.
+template <typename T, int N, typename F>
+__device__ __forceinline__ void stream(const T* __restrict__ src, int k0, int k1, F f) {
+    const int bdim = blockDim.x;
+    for (int base = k0 + threadIdx.x; base < k1; base += bdim * GN_UNROLL) {
+        if constexpr (N == 1) {
+            T t[GN_UNROLL];
+#pragma unroll
+            for (int u = 0; u < GN_UNROLL; ++u)
+                if (base + u * bdim < k1) t[u] = src[base + u * bdim];
+#pragma unroll
+            for (int u = 0; u < GN_UNROLL; ++u)
+                if (base + u * bdim < k1) {
+                    float v[1] = {to_f32(t[u])};
+                    f(base + u * bdim, v);
+                }
+        } else {
+            uint4 q[GN_UNROLL];
+#pragma unroll
+            for (int u = 0; u < GN_UNROLL; ++u)
+                if (base + u * bdim < k1) q[u] = load_raw16(src + (i64)(base + u * bdim) * N);
+#pragma unroll
+            for (int u = 0; u < GN_UNROLL; ++u)
+                if (base + u * bdim < k1) {
+                    float v[N];
+                    unpack_f32<T>(q[u], v);
+                    f(base + u * bdim, v);
+                }
+        }
+    }
 }
 
 template <typename T, int N>
@@ -388,7 +433,9 @@ __device__ __forceinline__ void gn_fwd_cluster_body(const T* __restrict__ x, con
     cluster_wait();
 }
 
-// dx of the group of this cluster (mean / rstd given); dw_part / db_part (fp32, (n * GN_CL, C)), either may be null:
+// dx of the group of this cluster (mean / rstd given). Only x is cached (GN_HEAD + S * sizeof(T) bytes, as the
+// forward: 5 blocks per SM, every cluster of the SDXL shapes resident at once); dy is streamed from global memory
+// twice (the second read mostly hits L2). dw_part / db_part (fp32, (n * GN_CL, C)), either may be null:
 // row n * GN_CL + r holds this block's sums of dy * xhat / dy for the channels of its group (0 where its slice has none
 // of a channel), summed over rows by gn_column_sum.
 template <typename T, int N>
@@ -401,15 +448,14 @@ __device__ __forceinline__ void gn_bwd_cluster_body(const T* __restrict__ dy, co
     const i64 grp = blockIdx.x / GN_CL, m = (i64)cpg * hw;
     const int gi = (int)(grp % groups);
     i64 lo, hi;
-    const i64 s = slice_of<N>(m, r, lo, hi);
+    slice_of<N>(m, r, lo, hi);
     const int cnt = (int)(hi - lo);
     float* scratch = sm;
     float* mine = sm + 64;
     float* all = sm + 72;
     T* cx = reinterpret_cast<T*>(reinterpret_cast<char*>(sm) + GN_HEAD);
-    T* cd = cx + s;
+    const T* dys = dy + grp * m + lo;
     cache_slice<T, N>(x + grp * m + lo, cx, cnt);
-    cache_slice<T, N>(dy + grp * m + lo, cd, cnt);
     __syncthreads();
     const float mu = mean[grp], rs = rstd[grp];
     const bool parts = dw_part != nullptr || db_part != nullptr;
@@ -427,16 +473,15 @@ __device__ __forceinline__ void gn_bwd_cluster_body(const T* __restrict__ dy, co
         const i64 slo = (i64)cl * hw > lo ? (i64)cl * hw : lo, shi = (i64)(cl + 1) * hw < hi ? (i64)(cl + 1) * hw : hi;
         const int k1 = (int)((shi - lo) / N);
         float a = 0.f, b = 0.f;  // sums of dy * xhat, dy
-        for (int k = (int)((slo - lo) / N) + threadIdx.x; k < k1; k += blockDim.x) {
-            float xv[N], dv[N];
+        stream<T, N>(dys, (int)((slo - lo) / N), k1, [&](int k, const float(&dv)[N]) {
+            float xv[N];
             cached<T, N>(cx, k, xv);
-            cached<T, N>(cd, k, dv);
 #pragma unroll
             for (int j = 0; j < N; ++j) {
                 a += dv[j] * ((xv[j] - mu) * rs);
                 b += dv[j];
             }
-        }
+        });
         tg += wc * b;
         tgx += wc * a;
         if (parts) {
@@ -468,21 +513,20 @@ __device__ __forceinline__ void gn_bwd_cluster_body(const T* __restrict__ dy, co
         const float wc = w ? w[gi * cpg + cl] : 1.f;
         const i64 slo = (i64)cl * hw > lo ? (i64)cl * hw : lo, shi = (i64)(cl + 1) * hw < hi ? (i64)(cl + 1) * hw : hi;
         const int k1 = (int)((shi - lo) / N);
-        for (int k = (int)((slo - lo) / N) + threadIdx.x; k < k1; k += blockDim.x) {
-            float xv[N], dv[N];
+        stream<T, N>(dys, (int)((slo - lo) / N), k1, [&](int k, const float(&dv)[N]) {
+            float xv[N];
             cached<T, N>(cx, k, xv);
-            cached<T, N>(cd, k, dv);
 #pragma unroll
             for (int j = 0; j < N; ++j) xv[j] = rs * (dv[j] * wc - mg - (xv[j] - mu) * rs * mgx);
             put<T, N>(dxs, k, xv);
-        }
+        });
     }
     cluster_wait();
 }
 
 // Grid: (N * G * GN_CL) blocks of GN_THREADS, CL = GN_CL (a template argument so that the per-dtype module of this
 // file, compiled for any GPU, does not contain it: Python asks for "gn_fwd_cluster<T, 8>" on sm_90+ only).
-// Dynamic smem: GN_HEAD + S * sizeof(T) bytes (forward), GN_HEAD + 2 * S * sizeof(T) (backward).
+// Dynamic smem: GN_HEAD + S * sizeof(T) bytes (forward and backward: x only).
 template <typename T, int CL>
 __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(GN_THREADS)
     gn_fwd_cluster(const T* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,

@@ -286,6 +286,231 @@ __global__ void norm_fwd4(const T* __restrict__ x, const void* __restrict__ w, c
     norm_fwd_impl<T, 4>(x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32);
 }
 
+// ---------------------------------------------------------------------------------------------- forward, one pass
+// 16-byte vector path for rows of nvec = cols / N <= tpr * VPT vectors (the Python side checks cols % N == 0 and
+// 16-byte aligned x and y). Not persistent: block b holds rows b * rpb ...; each thread issues all VPT loads of its
+// row at once (raw 16-byte words in registers: many bytes in flight per SM), one reduction, then the output.
+//   tpr <= 32 (a power of two): rpb = blockDim.x / tpr rows per block, several rows per warp, shuffle reductions
+//     only (LayerNorm: the exact two-pass mean and M2 over the cached values, no barrier).
+//   tpr > 32 (a multiple of 32, blockDim.x == tpr): one row per block. Each warp reduces its count, mean and M2
+//     (exact two-pass within the warp); one barrier; every thread combines the warps' triples in warp order with
+//     Chan's formula (the same result in all threads: deterministic).
+template <int VPT>
+__device__ __forceinline__ float fwdv_warp_count(int nvec, int tpr, int warp, int n) {
+    int c = 0;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+        const int r = nvec - (i * tpr + warp * 32);
+        c += r <= 0 ? 0 : (r >= 32 ? 32 : r);
+    }
+    return c * n;
+}
+
+template <typename T, int VPT>
+__device__ __forceinline__ void norm_fwdv_impl(const T* __restrict__ x, const void* __restrict__ w,
+                                               const void* __restrict__ b, T* __restrict__ y,
+                                               float* __restrict__ mean, float* __restrict__ rstd, i64 rows,
+                                               int cols, float eps, int tpr, int rms, int wf32) {
+    __shared__ float red[3 * 32];
+    constexpr int N = VecT<T>::N;
+    const int nvec = cols / N;
+    const bool small = tpr <= 32;
+    const int lane = small ? (int)(threadIdx.x & (tpr - 1)) : (int)threadIdx.x;
+    const int rpb = small ? (int)blockDim.x / tpr : 1;
+    const i64 row = (i64)blockIdx.x * rpb + (small ? (int)threadIdx.x / tpr : 0);
+    const bool valid = row < rows;
+    const T* xr = x + (valid ? row : 0) * cols;
+    uint4 q[VPT];
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+        const int k = i * tpr + lane;
+        q[i] = (valid && k < nvec) ? load_raw16(xr + (i64)k * N) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    // zero words unpack to 0.f: they add nothing to the sums below (the M2 pass is predicated)
+    float mu = 0.f, var;
+    if (small) {
+        if (rms) {
+            float ss = 0.f;
+#pragma unroll
+            for (int i = 0; i < VPT; ++i) {
+                float v[N];
+                unpack_f32<T>(q[i], v);
+#pragma unroll
+                for (int j = 0; j < N; ++j) ss += v[j] * v[j];
+            }
+            for (int o = tpr >> 1; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            var = ss / cols;
+        } else {
+            float s = 0.f;
+#pragma unroll
+            for (int i = 0; i < VPT; ++i) {
+                float v[N];
+                unpack_f32<T>(q[i], v);
+#pragma unroll
+                for (int j = 0; j < N; ++j) s += v[j];
+            }
+            for (int o = tpr >> 1; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            mu = s / cols;
+            opaque<VPT>(q);
+            float m2 = 0.f;
+#pragma unroll
+            for (int i = 0; i < VPT; ++i) {
+                if (i * tpr + lane < nvec) {
+                    float v[N];
+                    unpack_f32<T>(q[i], v);
+#pragma unroll
+                    for (int j = 0; j < N; ++j) {
+                        const float d = v[j] - mu;
+                        m2 += d * d;
+                    }
+                }
+            }
+            for (int o = tpr >> 1; o > 0; o >>= 1) m2 += __shfl_xor_sync(0xffffffffu, m2, o);
+            var = m2 / cols;
+        }
+    } else {
+        const int wl = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+        if (rms) {
+            float ss = 0.f;
+#pragma unroll
+            for (int i = 0; i < VPT; ++i) {
+                float v[N];
+                unpack_f32<T>(q[i], v);
+#pragma unroll
+                for (int j = 0; j < N; ++j) ss += v[j] * v[j];
+            }
+            ss = warp_sum(ss);
+            if (wl == 0) red[warp] = ss;
+            __syncthreads();
+            ss = 0.f;
+            for (int u = 0; u < nw; ++u) ss += red[u];
+            var = ss / cols;
+        } else {
+            float s = 0.f;
+#pragma unroll
+            for (int i = 0; i < VPT; ++i) {
+                float v[N];
+                unpack_f32<T>(q[i], v);
+#pragma unroll
+                for (int j = 0; j < N; ++j) s += v[j];
+            }
+            const float nwf = (float)fwdv_warp_count<VPT>(nvec, tpr, warp, N);
+            const float mw = nwf > 0.f ? warp_sum(s) / nwf : 0.f;  // nwf is warp-uniform
+            opaque<VPT>(q);
+            float m2 = 0.f;
+#pragma unroll
+            for (int i = 0; i < VPT; ++i) {
+                if (i * tpr + lane < nvec) {
+                    float v[N];
+                    unpack_f32<T>(q[i], v);
+#pragma unroll
+                    for (int j = 0; j < N; ++j) {
+                        const float d = v[j] - mw;
+                        m2 += d * d;
+                    }
+                }
+            }
+            m2 = warp_sum(m2);
+            if (wl == 0) {
+                red[3 * warp] = nwf;
+                red[3 * warp + 1] = mw;
+                red[3 * warp + 2] = m2;
+            }
+            __syncthreads();
+            float n = 0.f, m = 0.f, q2 = 0.f;
+            for (int u = 0; u < nw; ++u) {
+                const float nb = red[3 * u];
+                if (nb > 0.f) {
+                    const float tot = n + nb, delta = red[3 * u + 1] - m;
+                    m += delta * (nb / tot);
+                    q2 += red[3 * u + 2] + delta * delta * (n * nb / tot);
+                    n = tot;
+                }
+            }
+            mu = m;
+            var = q2 / cols;
+        }
+    }
+    const float rs = rsqrtf(var + eps);
+    T* yr = y + (valid ? row : 0) * cols;
+    opaque<VPT>(q);  // unpacked again below: raw words stay the only copy of the row in registers
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+        const int k = i * tpr + lane;
+        if (valid && k < nvec) {
+            float v[N], wv[N], bv[N];
+            w = opaque_ptr(w);  // one vector's weight / bias loads at a time (not all hoisted into registers)
+            b = opaque_ptr(b);
+            if (w) load_any<T, N>(w, (i64)k * N, wf32, wv);
+            if (b) load_any<T, N>(b, (i64)k * N, wf32, bv);
+            unpack_f32<T>(q[i], v);
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                float t = (v[j] - mu) * rs;
+                if (w) t *= wv[j];
+                if (b) t += bv[j];
+                v[j] = t;
+            }
+            *reinterpret_cast<uint4*>(yr + (i64)k * N) = pack_f32<T>(v);
+        }
+    }
+    if (valid && lane == 0) {
+        if (mean) mean[row] = mu;
+        if (rstd) rstd[row] = rs;
+    }
+}
+
+// norm_fwd's contract (y, mean, rstd; rms: no mean / bias) on the one-pass vector path above; the digit is VPT.
+// Grid: cdiv(rows, rpb) blocks; block: a multiple of tpr (tpr <= 32) or tpr itself.
+template <typename T>
+__global__ void norm_fwdv1(const T* __restrict__ x, const void* __restrict__ w, const void* __restrict__ b,
+                           T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, i64 rows, int cols,
+                           float eps, int tpr, int rms, int wf32) {
+    norm_fwdv_impl<T, 1>(x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32);
+}
+template <typename T>
+__global__ void norm_fwdv2(const T* __restrict__ x, const void* __restrict__ w, const void* __restrict__ b,
+                           T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, i64 rows, int cols,
+                           float eps, int tpr, int rms, int wf32) {
+    norm_fwdv_impl<T, 2>(x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32);
+}
+template <typename T>
+__global__ void norm_fwdv3(const T* __restrict__ x, const void* __restrict__ w, const void* __restrict__ b,
+                           T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, i64 rows, int cols,
+                           float eps, int tpr, int rms, int wf32) {
+    norm_fwdv_impl<T, 3>(x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32);
+}
+template <typename T>
+__global__ void norm_fwdv6(const T* __restrict__ x, const void* __restrict__ w, const void* __restrict__ b,
+                           T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, i64 rows, int cols,
+                           float eps, int tpr, int rms, int wf32) {
+    norm_fwdv_impl<T, 6>(x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32);
+}
+template <typename T>
+__global__ void norm_fwdv4(const T* __restrict__ x, const void* __restrict__ w, const void* __restrict__ b,
+                           T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, i64 rows, int cols,
+                           float eps, int tpr, int rms, int wf32) {
+    norm_fwdv_impl<T, 4>(x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32);
+}
+template <typename T>
+__global__ void norm_fwdv8(const T* __restrict__ x, const void* __restrict__ w, const void* __restrict__ b,
+                           T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, i64 rows, int cols,
+                           float eps, int tpr, int rms, int wf32) {
+    norm_fwdv_impl<T, 8>(x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32);
+}
+template <typename T>
+__global__ void norm_fwdv12(const T* __restrict__ x, const void* __restrict__ w, const void* __restrict__ b,
+                           T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, i64 rows, int cols,
+                           float eps, int tpr, int rms, int wf32) {
+    norm_fwdv_impl<T, 12>(x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32);
+}
+template <typename T>
+__global__ void norm_fwdv16(const T* __restrict__ x, const void* __restrict__ w, const void* __restrict__ b,
+                           T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, i64 rows, int cols,
+                           float eps, int tpr, int rms, int wf32) {
+    norm_fwdv_impl<T, 16>(x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32);
+}
+
 // ---------------------------------------------------------------------------------------------- backward
 // ACC: the weight-gradient partials a kernel accumulates: 0 none (dx only), 1 dw = sum(dy * xhat), 2 dw and
 // db = sum(dy). On the cached paths each row group adds its rows into its own fp32 row of dynamic shared memory
@@ -314,6 +539,41 @@ __device__ __forceinline__ void parts_write(const float* __restrict__ acc, float
     }
 }
 
+// Register partials (the vector path with VPT <= 2: a thread keeps the same columns for all its rows): the block's
+// row groups add theirs into the block's part row in row-group order (deterministic), one barrier between groups.
+template <int ACC, int VPT, int N>
+__device__ __forceinline__ void parts_write_reg(const float (&aw)[VPT][N], const float (&ab)[VPT][N],
+                                                float* __restrict__ dw_part, float* __restrict__ db_part, int cols,
+                                                int nvec, int tpr, int lane, int rg, int rpb) {
+    const i64 base = (i64)blockIdx.x * cols;
+    for (int g = 0; g < rpb; ++g) {
+        if (rg == g) {
+#pragma unroll
+            for (int i = 0; i < VPT; ++i) {
+                const int k = i * tpr + lane;
+                if (k < nvec) {
+                    float a[N];
+                    if (dw_part) {
+                        float* p = dw_part + base + (i64)k * N;
+                        if (g) load_f32<float, N>(p, a);
+#pragma unroll
+                        for (int j = 0; j < N; ++j) a[j] = g ? a[j] + aw[i][j] : aw[i][j];
+                        store_f32<float, N>(p, a);
+                    }
+                    if (ACC == 2 && db_part) {
+                        float* p = db_part + base + (i64)k * N;
+                        if (g) load_f32<float, N>(p, a);
+#pragma unroll
+                        for (int j = 0; j < N; ++j) a[j] = g ? a[j] + ab[i][j] : ab[i][j];
+                        store_f32<float, N>(p, a);
+                    }
+                }
+            }
+        }
+        if (g + 1 < rpb) __syncthreads();  // the next group reads what this one wrote (global, same block)
+    }
+}
+
 // acc[...] += (dy * xhat, dy) for one thread's vector of N columns at `col`.
 template <int ACC, int N>
 __device__ __forceinline__ void parts_add(float* __restrict__ acc, int rg, int rpb, int cols, int col,
@@ -338,6 +598,7 @@ __device__ __forceinline__ void parts_add(float* __restrict__ acc, int rg, int r
 
 // 16-byte vector path, the row cached (nvec <= tpr * VPT), the next row (x, dy, mean, rstd) prefetched. x and dy stay
 // raw 16-byte words in registers; xhat and g = dy * w are recomputed for the output pass (w re-read from L1).
+// Weight-gradient partials: in registers for VPT <= 2 (REG; no dynamic shared memory), else in shared memory.
 template <typename T, int VPT, int ACC>
 __device__ __forceinline__ void norm_bwd_vec(const T* __restrict__ dy, const T* __restrict__ x,
                                              const void* __restrict__ w, const float* __restrict__ mean,
@@ -348,7 +609,14 @@ __device__ __forceinline__ void norm_bwd_vec(const T* __restrict__ dy, const T* 
     const int lane = threadIdx.x % tpr, rg = threadIdx.x / tpr, rpb = blockDim.x / tpr, nvec = cols / N;
     const i64 nblk = (rows + rpb - 1) / rpb;
     const float inv_cols = 1.f / cols;
-    if (ACC) parts_zero(acc, ACC * rpb * cols);
+    constexpr bool REG = ACC > 0 && VPT <= 2;
+    constexpr int RV = REG ? VPT : 1, RN = REG ? N : 1;
+    float aw[RV][RN], ab[RV][RN];
+#pragma unroll
+    for (int i = 0; i < RV; ++i)
+#pragma unroll
+        for (int j = 0; j < RN; ++j) aw[i][j] = ab[i][j] = 0.f;
+    if (ACC && !REG) parts_zero(acc, ACC * rpb * cols);
     uint4 nx[VPT], nd[VPT];
 #pragma unroll
     for (int i = 0; i < VPT; ++i) nx[i] = nd[i] = make_uint4(0u, 0u, 0u, 0u);
@@ -399,7 +667,15 @@ __device__ __forceinline__ void norm_bwd_vec(const T* __restrict__ dy, const T* 
                     sg += g;
                     sgx += g * xv[j];
                 }
-                if (ACC) parts_add<ACC, N>(acc, rg, rpb, cols, k * N, xv, dv);
+                if constexpr (REG) {
+#pragma unroll
+                    for (int j = 0; j < N; ++j) {
+                        aw[i][j] += dv[j] * xv[j];
+                        if (ACC == 2) ab[i][j] += dv[j];
+                    }
+                } else if (ACC) {
+                    parts_add<ACC, N>(acc, rg, rpb, cols, k * N, xv, dv);
+                }
             }
         }
         rg_sum2(sg, sgx, tpr, smem);
@@ -425,7 +701,10 @@ __device__ __forceinline__ void norm_bwd_vec(const T* __restrict__ dy, const T* 
             }
         }
     }
-    if (ACC) parts_write<ACC>(acc, dw_part, db_part, cols, rpb);
+    if constexpr (REG)
+        parts_write_reg<ACC, RV, RN>(aw, ab, dw_part, db_part, cols, nvec, tpr, lane, rg, rpb);
+    else if (ACC)
+        parts_write<ACC>(acc, dw_part, db_part, cols, rpb);
 }
 
 // Any width / alignment (N = 1: scalar). The row cached when it fits; else (very wide rows, one row group per block)
@@ -526,7 +805,7 @@ __device__ __forceinline__ void norm_bwd_impl(const T* __restrict__ dy, const T*
                                               float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows,
                                               int cols, int tpr, int rms, int wf32) {
     __shared__ float smem[NORM_MAX_RPB * 64];
-    extern __shared__ __align__(16) float norm_acc[];  // ACC * rpb * cols floats on the cached paths (see parts_add)
+    extern __shared__ __align__(16) float norm_acc[];  // ACC * rpb * cols floats where used (see parts_add)
     constexpr int N = VecT<T>::N;
     if (cols % N == 0 && aligned16(x) && aligned16(dy) && aligned16(dx)) {
         if (cols / N <= tpr * VPT)
@@ -542,7 +821,8 @@ __device__ __forceinline__ void norm_bwd_impl(const T* __restrict__ dy, const T*
 }
 
 // dx of the rows, and (norm_bwd*) dw and db partials, (norm_bwdw*) dw partials only, (norm_bwdx*) none: dw_part /
-// db_part are then not touched. The digit is VPT. Dynamic shared memory: ACC * rpb * cols floats (see parts_add).
+// db_part are then not touched. The digit is VPT. Dynamic shared memory: ACC * rpb * cols floats (see parts_add),
+// except on the 16-byte vector path with VPT <= 2 (register partials: none).
 template <typename T>
 __global__ void norm_bwd1(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
                           const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,

@@ -123,6 +123,43 @@ def _dynamic_smem(kernel, smem):
         kernel.max_dynamic_shared_size_bytes = int(smem)
 
 
+FWD_VPTS = (1, 2, 3, 4, 6, 8, 12, 16)  # the one-pass forward kernels norm_fwdv<VPT> in cuda_src/norms.cu
+fwd_override = None  # (vpt, tpr) forcing the one-pass forward's plan (benchmark sweeps); None: _fwd_plan's choice
+
+
+def _fwd_plan(dtype, rows, cols):
+    """(kernel, grid, block, tpr) of the one-pass forward (norm_fwdv<VPT>: the 16-byte vector path, every load of a
+    row issued at once, not persistent), or None where it does not apply (cols not a multiple of the vector width,
+    rows wider than 16 * 1024 vectors, too many registers): the persistent norm_fwd1/2/4 take those.
+
+    Rows of up to 512 vectors go to groups of tpr <= 32 threads (several rows per warp, shuffle reductions only):
+    tpr the smallest power of two >= 4 that keeps a thread at <= 12 vectors, VPT the smallest kernel covering the
+    row. Wider rows: one row per block of tpr = a multiple of 32 threads caching 8 (or 16) vectors each."""
+    vec = L.vec_width(dtype)
+    if cols % vec:
+        return None
+    nvec = cols // vec
+    if fwd_override is not None:
+        vpt, tpr = fwd_override
+    elif nvec <= 512:
+        tpr = 1
+        while tpr < min(4, nvec):
+            tpr *= 2
+        while tpr < 32 and L.cdiv(nvec, tpr) > 12:
+            tpr *= 2
+        vpt = next(v for v in FWD_VPTS if v * tpr >= nvec)
+    else:
+        vpt = 8 if nvec <= 8 * 1024 else 16
+        tpr = L.cdiv(L.cdiv(nvec, vpt), 32) * 32
+    if tpr * vpt < nvec or tpr > 1024 or (tpr > 32 and tpr % 32) or (tpr <= 32 and tpr & (tpr - 1)):
+        return None
+    kernel = L.get_function("norms", f"norm_fwdv{vpt}", dtype)
+    if tpr > kernel.max_threads_per_block // 32 * 32:
+        return None
+    block = 128 if tpr <= 32 else tpr
+    return kernel, (max(1, L.cdiv(rows, block // tpr)),), (block,), tpr
+
+
 def _layer_fwd_kernel(x, weight, bias, eps, rms):
     xp = L.xp_of(x)
     x = L.contiguous(x)
@@ -132,25 +169,32 @@ def _layer_fwd_kernel(x, weight, bias, eps, rms):
     mean = None if rms else xp.empty(x.shape[:-1], dtype=np.float32)
     rstd = xp.empty(x.shape[:-1], dtype=np.float32)
     vec = L.vec_width(x.dtype)
-    kernel, _, tpr, _ = _row_kernel("norm_fwd", x.dtype, cols, vec if cols % vec == 0 else 1)
-    block = tpr if tpr > 32 else 128
-    grid = _persistent_grid(kernel, block, block // tpr, rows)
-    L.launch(kernel, grid, (block,),
+    plan = _fwd_plan(x.dtype, rows, cols) if x.data.ptr % 16 == 0 and y.data.ptr % 16 == 0 else None
+    if plan is not None:
+        kernel, grid, block, tpr = plan
+    else:  # any width / alignment, very wide rows: the persistent kernels
+        kernel, _, tpr, _ = _row_kernel("norm_fwd", x.dtype, cols, vec if cols % vec == 0 else 1)
+        block = (tpr if tpr > 32 else 128,)
+        grid = _persistent_grid(kernel, block[0], block[0] // tpr, rows)
+    L.launch(kernel, grid, block,
              (x, w, b, y, L.null() if rms else mean, rstd, L.i64(rows), L.i32(cols), L.f32(eps), L.i32(tpr),
               L.i32(rms), L.i32(wf32)))
     return y, mean, rstd
 
 
-def _bwd_plan(dtype, rows, cols, acc):
+def _bwd_plan(dtype, rows, cols, acc, aligned=True):
     """(kernel, grid, block, tpr, dynamic smem bytes) of the backward. With weight-gradient partials (acc = 1: dw,
-    2: dw and db) a block of rpb row groups adds them in shared memory (acc * rpb * cols floats) and writes one partial
-    row: rpb as large as the SM's registers allow (fewer partial rows to write and sum)."""
+    2: dw and db) a block of rpb row groups writes one partial row: rpb as large as the SM's registers allow (fewer
+    partial rows to write and sum). On the 16-byte vector path with VPT <= 2 (cols % vec == 0, 16-byte aligned
+    pointers: `aligned`) each thread keeps its columns' partials in registers; otherwise the block adds them in
+    shared memory (acc * rpb * cols floats)."""
     name = ("norm_bwdx", "norm_bwdw", "norm_bwd")[acc]
     vec = L.vec_width(dtype)
-    vec = vec if cols % vec == 0 else 1
+    vec = vec if cols % vec == 0 and aligned else 1
     kernel, vpt, tpr, looping = _row_kernel(name, dtype, cols, vec)
+    reg_acc = acc and not looping and vec > 1 and vpt <= 2
     cap = min(160 * 1024, _device_props()[3] - kernel.shared_size_bytes - 1024)
-    if acc and not looping and acc * cols * 4 > cap:  # the row's partial sums do not fit: looping path
+    if acc and not looping and not reg_acc and acc * cols * 4 > cap:  # the row's partials do not fit: looping path
         kernel, vpt, tpr, looping = _row_kernel(name, dtype, cols, vec, force_loop=True)
         assert max(1, cols // vec) > tpr * vpt
     if looping:  # one row group per block: the partials go straight to the block's part row
@@ -160,13 +204,13 @@ def _bwd_plan(dtype, rows, cols, acc):
     elif acc:
         fit = min(_threads_per_sm(kernel), kernel.max_threads_per_block // 32 * 32, 1024)
         rpb = max(1, min(NORM_MAX_RPB, fit // tpr))
-        while rpb > 1 and acc * rpb * cols * 4 > cap:
+        while rpb > 1 and not reg_acc and acc * rpb * cols * 4 > cap:
             rpb -= 1
         block = tpr * rpb
     else:
         block = tpr
     rpb = block // tpr
-    smem = acc * rpb * cols * 4 if acc and not looping else 0
+    smem = acc * rpb * cols * 4 if acc and not looping and not reg_acc else 0
     return kernel, _persistent_grid(kernel, block, rpb, rows, smem), (block,), tpr, smem
 
 
@@ -177,12 +221,13 @@ def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms):
     rows, cols = _rows_cols(x)
     (w,), wf32 = _param_args(x, weight)
     acc = 0 if weight is None and bias is None else (1 if bias is None else 2)
-    kernel, grid, block, tpr, smem = _bwd_plan(x.dtype, rows, cols, acc)
+    dx = xp.empty_like(x)
+    aligned = x.data.ptr % 16 == 0 and dy.data.ptr % 16 == 0 and dx.data.ptr % 16 == 0
+    kernel, grid, block, tpr, smem = _bwd_plan(x.dtype, rows, cols, acc, aligned)
     _dynamic_smem(kernel, smem)
     parts = grid[0]
     dw_part = xp.empty((parts, cols), dtype=np.float32) if weight is not None else None
     db_part = xp.empty((parts, cols), dtype=np.float32) if bias is not None else None
-    dx = xp.empty_like(x)
     mean_arg = L.null() if rms else L.contiguous(mean.astype(np.float32, copy=False))
     L.launch(kernel, grid, block,
              (dy, x, w, mean_arg, L.contiguous(rstd.astype(np.float32, copy=False)), dx,
@@ -284,8 +329,9 @@ def _f32_or_null(p):
     return L.null() if p is None else L.contiguous(p.astype(np.float32, copy=False))
 
 
-# One pass on sm_90+: a cluster of GN_CL blocks per (n, group) caches the group in shared memory (cuda_src/groupnorm.cu,
-# gn_fwd_cluster / gn_bwd_cluster): x (and dy) read once, y (dx) written once. Groups too large for the cluster's
+# One pass on sm_90+: a cluster of GN_CL blocks per (n, group) caches the group's x in shared memory
+# (cuda_src/groupnorm.cu, gn_fwd_cluster / gn_bwd_cluster): x read once, y (dx) written once; the backward streams dy
+# twice (its second read mostly from L2). Groups too large for the cluster's
 # shared memory, older GPUs and `use_cluster = False` take the split path (chunk partials, finalize, apply).
 GN_CL, GN_THREADS, GN_HEAD = 8, 256, 512  # as in cuda_src/groupnorm.cu
 use_cluster = True
@@ -361,7 +407,7 @@ def _gn_bwd_kernel(dy, x, g, weight, mean, rstd, bias):
     dy = L.contiguous(dy.astype(x.dtype, copy=False))
     n, c = x.shape[:2]
     hw = x.size // (n * c)
-    smem = _gn_cluster_smem(x, c // g, hw, 2)
+    smem = _gn_cluster_smem(x, c // g, hw, 1)  # the backward caches x only (dy is streamed)
     if smem is not None:
         return _gn_bwd_cluster(dy, x, g, weight, mean, rstd, bias, smem)
     rows, splits = n * c, _gn_splits(n * c, hw)

@@ -217,8 +217,37 @@ def test_backward_plan_respects_limits(monkeypatch, cols, dt, acc, regs):
     assert block <= kernel.max_threads_per_block and block % tpr == 0
     rpb = block // tpr
     assert (tpr <= 32 and tpr & (tpr - 1) == 0) or (tpr % 32 == 0 and rpb <= K.NORM_MAX_RPB)
-    if nvec <= tpr * vpt:  # cached path
-        assert smem == acc * rpb * cols * 4 and smem + kernel.shared_size_bytes <= 232448
+    if nvec <= tpr * vpt:  # cached path: register partials on the vector path with VPT <= 2, else shared memory
+        want = 0 if (cols % vec == 0 and vpt <= 2) else acc * rpb * cols * 4
+        assert smem == want and smem + kernel.shared_size_bytes <= 232448
     else:                  # looping path: the block's own part row
         assert rpb == 1 and smem == 0
     assert grid[0] == min(-(-rows // rpb), 132 * K._blocks_per_sm(kernel, block, smem))
+
+
+@pytest.mark.parametrize("cols", [1, 7, 8, 33, 64, 128, 1000, 1024, 1536, 3072, 4096, 4104, 12288, 16384, 20001,
+                                  65536, 131072, 262144])
+@pytest.mark.parametrize("dt", ["float32", "bfloat16"])
+@pytest.mark.parametrize("regs", [40, 96, 200])
+def test_forward_plan_respects_limits(monkeypatch, cols, dt, regs):
+    """The one-pass forward (norm_fwdv<VPT>) covers the row with tpr * VPT vectors, tpr a power of two <= 32 (several
+    rows per block of 128) or a multiple of 32 that is the whole block; else it declines (the persistent kernels)."""
+    from flame_core.kernels import loader
+    monkeypatch.setattr(loader, "get_function", lambda stem, name, dtype=None: _PlanKernel(name, regs))
+    vec = loader.vec_width(DTYPES[dt])
+    plan = K._fwd_plan(DTYPES[dt], 4608, cols)
+    if cols % vec:
+        assert plan is None
+        return
+    nvec = cols // vec
+    if plan is None:
+        assert nvec > 512
+        return
+    kernel, (grid,), (block,), tpr = plan
+    vpt = int(kernel.name[len("norm_fwdv"):])
+    assert vpt in K.FWD_VPTS and tpr * vpt >= nvec and block <= kernel.max_threads_per_block
+    if tpr <= 32:
+        assert tpr & (tpr - 1) == 0 and block == 128 and grid == -(-4608 // (128 // tpr))
+        assert vpt <= 16
+    else:
+        assert tpr % 32 == 0 and block == tpr and grid == 4608
