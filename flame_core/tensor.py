@@ -400,9 +400,13 @@ from .autograd import function as _function  # noqa: E402
 _function._tensor_cls[0] = Tensor
 
 
+_cupy_ndarray = backend._cupy_ndarray if backend.cupy is not None else None
+
+
 def _wrap(arr, requires_grad=False):
     """The one place tensors are born from arrays."""
-    if type(arr) is not _ndarray and not backend.is_cuda_array(arr):
+    ta = type(arr)
+    if ta is not _ndarray and ta is not _cupy_ndarray and not backend.is_cuda_array(arr):
         arr = np.asarray(arr)
     t = _new(Tensor)
     t._data = arr

@@ -1,6 +1,6 @@
 """Backward: walk the recorded graph in reverse topological order, without recursion, freeing as it goes."""
 from ..errors import AutogradError, ShapeError, fmt_shape
-from .function import AccumulateGrad, edge_of, _FLOAT_NP
+from .function import AccumulateGrad, Node, edge_of, _FLOAT_NP
 from .grad_mode import state
 
 # set by flame_core.grad_pool when parameters are registered: f(leaf, grad_tensor) -> True if it stored the gradient
@@ -57,60 +57,70 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
                 raise AutogradError(f"input {k} of shape {fmt_shape(t.shape)} does not require grad")
             capture.setdefault((id(e[0]), e[1]), []).append(k)
 
-    # dependency counts over the reachable graph (iterative DFS)
+    # dependency counts over the reachable graph (iterative DFS); keyed by the nodes themselves (identity hash), which
+    # the graph keeps alive for the whole walk
     deps = {}
-    seen = set()
-    stack = [e[0] for e, _ in root_edges]
-    for n in stack:
-        seen.add(id(n))
+    roots_set = {e[0] for e, _ in root_edges}
+    stack = list(roots_set)
     while stack:
         n = stack.pop()
         for e in n.next_functions:
             if e is None:
                 continue
             c = e[0]
-            deps[id(c)] = deps.get(id(c), 0) + 1
-            if id(c) not in seen:
-                seen.add(id(c))
-                stack.append(c)
+            d = deps.get(c)
+            if d is None:
+                deps[c] = 1
+                if c not in roots_set:
+                    stack.append(c)
+            else:
+                deps[c] = d + 1
 
-    # id(node) -> [node, [grad per output], owned]: `owned` (None until a sum is made) flags the outputs whose gradient
-    # is a sum the engine made itself and holds only in this slot: safe to accumulate into in place. The flag lives
-    # with the slot, so a tensor that left it (popped for its node's backward, which may hand one gradient to several
-    # inputs, as Add does) is never written into; an id-keyed set went stale when Python reused a dead sum's id.
+    # node -> [grad per output]. `sums` (node -> flags) marks the outputs whose gradient is a sum the engine made
+    # itself and holds only in this slot: safe to accumulate into in place. The flags live with the slot, so a tensor
+    # that left it (popped for its node's backward, which may hand one gradient to several inputs, as Add does) is
+    # never written into; an id-keyed set went stale when Python reused a dead sum's id.
     buffers = {}
+    sums = {}
 
     def add_grad(node, idx, g):
-        entry = buffers.get(id(node))
-        if entry is None:
-            n_out = 1 if node._out_meta is None else len(node._out_meta)
-            entry = buffers[id(node)] = [node, [None] * n_out, None]
-        slot = entry[1]
+        slot = buffers.get(node)
+        if slot is None:
+            meta = node._out_meta
+            if meta is None or len(meta) == 1:
+                buffers[node] = [g]
+            else:
+                slot = buffers[node] = [None] * len(meta)
+                slot[idx] = g
+            return
         cur = slot[idx]
         if cur is None:
             slot[idx] = g
             return
-        owned = entry[2]
-        if owned is not None and owned[idx] and cur._data.dtype == g._data.dtype and cur._data.shape == g._data.shape:
-            cur._data += g._data
-            return
+        owned = sums.get(node)
+        if owned is not None and owned[idx]:
+            cd, gd = cur._data, g._data
+            if cd.dtype == gd.dtype and cd.shape == gd.shape:
+                cd += gd
+                return
         slot[idx] = cur + g
         if not create_graph:
             if owned is None:
-                owned = entry[2] = [False] * len(slot)
+                owned = sums[node] = [False] * len(slot)
             owned[idx] = True
 
     for (node, idx), g in root_edges:
         add_grad(node, idx, g)
 
     results = [None] * len(inputs) if inputs is not None else None
-    ready = [n for n in {id(e[0]): e[0] for e, _ in root_edges}.values() if deps.get(id(n), 0) == 0]
+    ready = [n for n in dict.fromkeys(e[0] for e, _ in root_edges) if n not in deps]
     prev = state.enabled
     state.enabled = create_graph
     try:
         while ready:
             node = ready.pop()
-            _, grads, owned = buffers.pop(id(node))
+            grads = buffers.pop(node)
+            owned = sums.pop(node, None) if sums else None
             own0 = grads[0] if owned is not None and owned[0] else None  # a sum a leaf may keep without a copy
             if node._hooks:
                 for i, hooks in node._hooks.items():
@@ -140,14 +150,17 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
                 raise AutogradError("Trying to backward through the graph a second time (or to access saved tensors "
                                     "after they were freed). Pass retain_graph=True to the first backward if you "
                                     "need to backward twice.")
-            meta = node._out_meta
-            for i, g in enumerate(grads):
-                if g is None:
-                    grads[i] = _zeros(meta[i]) if meta[i] is not None else None
-            in_grads = node._fn.backward(node, *grads)
+            if len(grads) == 1 and grads[0] is not None:
+                in_grads = node._fn.backward(node, grads[0])
+            else:
+                meta = node._out_meta
+                for i, g in enumerate(grads):
+                    if g is None:
+                        grads[i] = _zeros(meta[i]) if meta[i] is not None else None
+                in_grads = node._fn.backward(node, *grads)
             del grads
-            if not isinstance(in_grads, tuple):
-                in_grads = (in_grads,)
+            if type(in_grads) is not tuple:
+                in_grads = (in_grads,) if not isinstance(in_grads, tuple) else in_grads
             edges = node.next_functions
             if len(in_grads) != len(edges):
                 _check_grad_count(node, in_grads, len(edges))
@@ -156,17 +169,33 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
                     continue
                 child, idx = e
                 if g is not None:
-                    add_grad(child, idx, _validate_grad(node, child, idx, g))
-                d = deps[id(child)] - 1
-                deps[id(child)] = d
+                    # _validate_grad's common case inlined: a non-leaf output of the gradient's shape and dtype
+                    meta = child._out_meta
+                    m = meta[idx] if meta is not None else None
+                    gd = g._data
+                    if m is None or gd.shape != m[0] or (gd.dtype is not m[1] and gd.dtype != m[1]):
+                        g = _validate_grad(node, child, idx, g)
+                    slot = buffers.get(child)
+                    if slot is None and (meta is None or len(meta) == 1):
+                        buffers[child] = [g]
+                    else:
+                        add_grad(child, idx, g)
+                d = deps[child] - 1
+                deps[child] = d
                 if d == 0:
-                    if id(child) in buffers:
+                    if child in buffers:
                         ready.append(child)
                     else:  # nothing flowed into it: propagate "no gradient" through its subgraph
                         _skip(child, deps, buffers, ready)
             if not retain_graph:
-                node.release()
+                if type(node) is Node:  # Node.release, inlined
+                    node._saved = None
+                    node._freed = True
+                    node.__dict__.clear()
+                else:
+                    node.release()
             del in_grads
+            g = gd = slot = None  # these names must not keep the last gradient alive while later nodes run
     finally:
         state.enabled = prev
     if inputs is not None:
@@ -194,10 +223,10 @@ def _skip(node, deps, buffers, ready):
             if e is None:
                 continue
             c = e[0]
-            d = deps[id(c)] - 1
-            deps[id(c)] = d
+            d = deps[c] - 1
+            deps[c] = d
             if d == 0:
-                if id(c) in buffers:
+                if c in buffers:
                     ready.append(c)
                 else:
                     stack.append(c)

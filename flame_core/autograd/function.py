@@ -32,13 +32,7 @@ class Node:
 
     # --- ctx API used inside Function.forward / backward ---
     def save_for_backward(self, *tensors):
-        saved = []
-        for t in tensors:
-            if t is None:
-                saved.append(None)
-            else:
-                saved.append((t, t._version[0], None))
-        self._saved = saved
+        self._saved = [None if t is None else (t, t._version[0], None) for t in tensors]
 
     @property
     def saved_tensors(self):
@@ -150,31 +144,38 @@ class Function(metaclass=FunctionMeta):
 
     @classmethod
     def apply(cls, *args, **kwargs):
-        Tensor = _tensor_cls[0]
+        # the per-op path of every op: Node.__init__ inlined, one pass over the arguments finds the edges (a tensor
+        # that requires grad is exactly one with an edge), and a single Tensor output skips the tuple bookkeeping
+        node = _new(Node)
+        node._fn = cls
+        node._saved = node._hooks = node._non_diff = None
+        node._freed = False
         record = False
         if state.enabled:
-            for a in args:
-                if isinstance(a, Tensor) and (a._requires_grad or a._grad_fn is not None):
-                    record = True
-                    break
-        node = Node(cls)
-        if record:
+            Tensor = _tensor_cls[0]
             edges = []
-            for a in args:  # edge_of, inlined: this loop runs for every recorded op
+            needs = []
+            for a in args:  # edge_of, inlined
                 if isinstance(a, Tensor):
                     fn = a._grad_fn
                     if fn is not None:
                         edges.append((fn, a._out_idx))
-                    elif a._requires_grad:
+                        needs.append(True)
+                        record = True
+                        continue
+                    if a._requires_grad:
                         edges.append((accumulator_of(a), 0))
-                    else:
-                        edges.append(None)
-                else:
-                    edges.append(None)
-            node.next_functions = tuple(edges)
-            node.needs_input_grad = tuple(e is not None for e in edges)
-        else:
-            node.needs_input_grad = (False,) * len(args)
+                        needs.append(True)
+                        record = True
+                        continue
+                edges.append(None)
+                needs.append(False)
+            if record:
+                node.next_functions = tuple(edges)
+                node.needs_input_grad = tuple(needs)
+        if not record:
+            n = len(args)
+            node.needs_input_grad = _NO_GRAD[n] if n < 8 else (False,) * n
         prev = state.enabled
         state.enabled = False
         try:
@@ -188,20 +189,37 @@ class Function(metaclass=FunctionMeta):
         if not record:
             node._saved = None
             return out
-        outs = out if isinstance(out, tuple) else (out,)
-        meta = []
         non_diff = node._non_diff
+        saved = node._saved
+        if not isinstance(out, tuple):
+            if out is None:
+                node._out_meta = [None]
+                return out
+            d = out._data
+            dt = d.dtype
+            # keep only shape/dtype/module of outputs for zero-filling missing gradients (not the arrays themselves)
+            node._out_meta = [(d.shape, dt, type(d))]
+            if (non_diff is None or id(out) not in non_diff) and (dt in _FLOAT_NP or out._f8):
+                out._grad_fn = node
+                out._out_idx = 0
+            if saved:  # saved outputs are kept as detached aliases: no reference cycle output -> node -> output
+                for k, item in enumerate(saved):
+                    if item is not None and item[0] is out:
+                        saved[k] = (out._alias(), item[1], 0)
+            return out
+        outs = out
+        meta = []
         for i, o in enumerate(outs):
             if o is None:
                 meta.append(None)
                 continue
-            meta.append((o._data.shape, o._data.dtype, o._data))
+            d = o._data
+            meta.append((d.shape, d.dtype, type(d)))
             if non_diff is not None and id(o) in non_diff:
                 continue
-            if o._data.dtype in _FLOAT_NP or o._f8:
+            if d.dtype in _FLOAT_NP or o._f8:
                 o._grad_fn = node
                 o._out_idx = i
-        saved = node._saved
         if saved:  # saved outputs are kept as detached aliases: no reference cycle output -> node -> output
             for k, item in enumerate(saved):
                 if item is not None:
@@ -209,6 +227,9 @@ class Function(metaclass=FunctionMeta):
                         if item[0] is o:
                             saved[k] = (o._alias(), item[1], i)
                             break
-        # keep only shape/dtype/module of outputs for zero-filling missing gradients (not the arrays themselves)
-        node._out_meta = [None if m is None else (m[0], m[1], type(m[2])) for m in meta]
+        node._out_meta = meta
         return out
+
+
+_new = object.__new__
+_NO_GRAD = tuple((False,) * n for n in range(8))

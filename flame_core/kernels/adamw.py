@@ -67,7 +67,7 @@ def _check_flat(plan, name, a, dtypes=("float32",)):
     if a.ndim != 1 or a.size < plan.numel:
         raise ShapeError(f"adamw_step: {name} must be a flat buffer of at least {plan.numel} elements, "
                          f"got shape {tuple(a.shape)}")
-    if a.dtype.name not in dtypes:
+    if L.dtype_name(a.dtype) not in dtypes:
         raise DTypeError(f"adamw_step: {name} must be {' or '.join(dtypes)}, got {a.dtype}")
 
 
@@ -93,7 +93,7 @@ def adamw_step(plan, grad, exp_avg, exp_avg_sq, *, lr, beta1=0.9, beta2=0.999, e
     _check_flat(plan, "exp_avg_sq", exp_avg_sq)
     if master is not None:
         _check_flat(plan, "master", master)
-    elif plan.dtype.name != "float32":
+    elif L.dtype_name(plan.dtype) != "float32":
         raise DTypeError(f"adamw_step: {plan.dtype} parameters need fp32 master weights (pass master=)")
     if step < 1:
         raise ValueError(f"adamw_step: step counts from 1, got {step}")
@@ -102,7 +102,8 @@ def adamw_step(plan, grad, exp_avg, exp_avg_sq, *, lr, beta1=0.9, beta2=0.999, e
     if plan.on_gpu and L.use_kernel(grad, exp_avg, exp_avg_sq, master, *plan.params[:1]):
         ptrs, sizes, offsets, chunk_t, chunk_s = plan.tables
         L.launch(L.get_function("adamw", "adamw_multi", plan.dtype), (plan.n_chunks,), (256,),
-                 (ptrs, sizes, offsets, chunk_t, chunk_s, L.i32(CHUNK), grad, L.i32(_GRAD_KIND[grad.dtype.name]),
+                 (ptrs, sizes, offsets, chunk_t, chunk_s, L.i32(CHUNK), grad,
+                  L.i32(_GRAD_KIND[L.dtype_name(grad.dtype)]),
                   exp_avg, exp_avg_sq, L.null() if master is None else master, L.f32(lr), L.f32(beta1),
                   L.f32(beta2), L.f32(eps), L.f32(weight_decay), L.f32(bc1), L.f32(sqrt_bc2), L.f32(grad_scale)))
         return

@@ -145,7 +145,7 @@ def _reference_backward(do, q, k, v, o, lse, mask, is_causal, scale):
 # ----------------------------------------------------------------------------- kernel path
 def _use_kernel(q, k, v, attn_mask, scale):
     return (L.use_kernel(q, k, v) and (attn_mask is None or backend.is_cuda_array(attn_mask))
-            and q.dtype.name in _HALF and k.dtype == q.dtype and v.dtype == q.dtype
+            and L.dtype_name(q.dtype) in _HALF and k.dtype == q.dtype and v.dtype == q.dtype
             and q.shape[3] == v.shape[3] and q.shape[3] <= 256 and math.isfinite(scale) and scale > 0
             and q.shape[2] > 0 and k.shape[2] > 0 and q.shape[0] * q.shape[1] > 0
             and q.shape[0] <= 65535 and q.shape[1] <= 65535)

@@ -40,7 +40,7 @@ def _dequantize_ref(q, scales, dtype):
 def quantize_per_row(x):
     if x.ndim < 1:
         raise ShapeError("quantize_per_row: needs at least one axis (got a 0-d array)")
-    if x.dtype.name not in ("float16", "bfloat16", "float32", "float64"):
+    if L.dtype_name(x.dtype) not in ("float16", "bfloat16", "float32", "float64"):
         raise DTypeError(f"quantize_per_row: expects a floating array, got {x.dtype}")
     if not (L.use_kernel(x) and x.size):
         return _quantize_ref(x)
@@ -65,7 +65,7 @@ def dequantize_per_row(q, scales, dtype=np.float32):
         raise ShapeError(f"dequantize_per_row: scales of shape {tuple(scales.shape)} do not match q of shape "
                          f"{tuple(q.shape)} (expected {tuple(q.shape[:-1])})")
     if not (L.use_kernel(scales) and backend.is_cuda_array(q) and q.size
-            and dtype.name in ("float32", "float16", "bfloat16")):
+            and L.dtype_name(dtype) in ("float32", "float16", "bfloat16")):
         return _dequantize_ref(q, scales, dtype)
     xp = L.xp_of(q)
     q = L.contiguous(q)

@@ -36,6 +36,7 @@ import re
 import threading
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 from .. import backend
@@ -58,11 +59,33 @@ _ERROR_LINE = re.compile(r'^(?:"?([^"(\s]+)"?)\((\d+)\): (error|warning|catastro
 
 
 # ----------------------------------------------------------------------------- switches
+# FLAME_KERNELS is read at every call, straight from os.environ's backing dict (os.environ.get encodes the key and
+# decodes the value each time: most of a microsecond on the per-op path); the parsed flag is cached per raw value.
+_env_data = getattr(os.environ, "_data", None)
+try:
+    _KERNELS_KEY = os.environ.encodekey("FLAME_KERNELS")
+except Exception:  # pragma: no cover - a platform whose os.environ lacks the helpers
+    _env_data = None
+_flag_of = {}
+
+
+def _kernels_flag():
+    if _env_data is None:  # pragma: no cover
+        return backend.env_flag("FLAME_KERNELS", True)
+    raw = _env_data.get(_KERNELS_KEY)
+    if raw is None:
+        return True
+    f = _flag_of.get(raw)
+    if f is None:
+        f = _flag_of[raw] = backend.env_flag("FLAME_KERNELS", True)
+    return f
+
+
 def enabled():
     """Whether raw kernels run (CuPy + GPU present, FLAME_KERNELS != 0, no `reference()` block)."""
     if getattr(_local, "force_reference", 0):
         return False
-    if not backend.env_flag("FLAME_KERNELS", True):
+    if not _kernels_flag():
         return False
     return backend.cuda_available()
 
@@ -77,10 +100,27 @@ def reference():
         _local.force_reference -= 1
 
 
+def dtype_name(dtype):
+    """np.dtype(dtype).name, cached: NumPy computes `.name` in Python (microseconds per read)."""
+    n = _dtype_names.get(dtype)
+    if n is None:
+        n = _dtype_names[dtype] = np.dtype(dtype).name
+    return n
+
+
+_dtype_names = {}
+_KERNEL_DTYPES = frozenset(np.dtype(d) for d in (np.float32, np.float16, ml_dtypes.bfloat16))
+
+
 def use_kernel(*arrays):
     """True when every array is a CuPy array of a kernel dtype and kernels are enabled."""
-    return enabled() and all(backend.is_cuda_array(a) and a.dtype.name in ("float32", "float16", "bfloat16")
-                             for a in arrays if a is not None)
+    if not enabled():
+        return False
+    nd = backend._cupy_ndarray
+    for a in arrays:
+        if a is not None and not (isinstance(a, nd) and a.dtype in _KERNEL_DTYPES):
+            return False
+    return True
 
 
 # ----------------------------------------------------------------------------- sizes
@@ -93,7 +133,7 @@ def grid_1d(n, block):
 
 
 def ctype(dtype):
-    name = np.dtype(dtype).name
+    name = dtype_name(dtype)
     try:
         return _CTYPES[name]
     except KeyError:
@@ -176,7 +216,7 @@ _functions = {}  # (stem, kernel_name, dtype name) -> RawKernel: the per-call lo
 
 def get_function(stem, kernel_name, dtype=None):
     """A RawKernel: `kernel_name` from cuda_src/<stem>.cu, instantiated for `dtype` when given (cached)."""
-    key = (stem, kernel_name, None if dtype is None else np.dtype(dtype).name)
+    key = (stem, kernel_name, None if dtype is None else _dtype_names.get(dtype) or dtype_name(dtype))
     fn = _functions.get(key)
     if fn is None:
         fn = _functions[key] = _get_function(stem, kernel_name, dtype)
@@ -200,8 +240,17 @@ def _get_function(stem, kernel_name, dtype):
 
 # ----------------------------------------------------------------------------- launch
 def _dims(d):
-    if isinstance(d, int):
+    t = type(d)
+    if t is int:
         return (d,)
+    if t is tuple:
+        for v in d:
+            if type(v) is not int:
+                break
+        else:
+            return d
+    if isinstance(d, int):
+        return (int(d),)
     return tuple(int(v) for v in d)
 
 
@@ -213,13 +262,19 @@ def launch(kernel, grid, block, args, shared_mem=0, stream=None):
     global launches
     launches += 1
     grid, block = _dims(grid), _dims(block)
-    if shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
-        kernel.max_dynamic_shared_size_bytes = int(shared_mem)
+    if type(args) is not tuple:
+        args = tuple(args)
+    if shared_mem:
+        shared_mem = int(shared_mem)
+        if shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
+            kernel.max_dynamic_shared_size_bytes = shared_mem
+    else:
+        shared_mem = 0
     if stream is not None:
         with stream:
-            kernel(grid, block, tuple(args), shared_mem=int(shared_mem))
+            kernel(grid, block, args, shared_mem=shared_mem)
     else:
-        kernel(grid, block, tuple(args), shared_mem=int(shared_mem))
+        kernel(grid, block, args, shared_mem=shared_mem)
 
 
 # ----------------------------------------------------------------------------- shared helpers of the families
@@ -339,7 +394,7 @@ def column_sum(stem, kernel, part, out_dtype):
     xp = backend.xp_of(part)
     batches = part.shape[0] if part.ndim == 3 else 1
     parts, cols = part.shape[-2:]
-    kdt = out_dtype if np.dtype(out_dtype).name in ("float32", "float16", "bfloat16") else np.float32
+    kdt = out_dtype if dtype_name(out_dtype) in ("float32", "float16", "bfloat16") else np.float32
     out = xp.empty(part.shape[:-2] + (cols,), dtype=kdt)
     launch(get_function(stem, kernel, kdt), (cdiv(cols, 32), batches), (32, 32), (part, out, i32(parts), i32(cols)))
     return out.astype(out_dtype, copy=False)

@@ -21,15 +21,16 @@ def _inplace(ufunc_name, fn):
 
 def _install():
     T = Tensor
-    # operators
-    T.__add__ = lambda s, o: E.Add.apply(s, o, 1)
-    T.__radd__ = lambda s, o: E.Add.apply(o, s, 1)
-    T.__sub__ = lambda s, o: E.Sub.apply(s, o, 1)
-    T.__rsub__ = lambda s, o: E.Sub.apply(o, s, 1)
-    T.__mul__ = lambda s, o: E.Mul.apply(s, o)
-    T.__rmul__ = lambda s, o: E.Mul.apply(o, s)
-    T.__truediv__ = lambda s, o: E.Div.apply(s, o, None)
-    T.__rtruediv__ = lambda s, o: E.Div.apply(o, s, None)
+    # operators (the hottest entry points: the bound `apply`s are looked up once, not per call)
+    add, sub, mul, div = E.Add.apply, E.Sub.apply, E.Mul.apply, E.Div.apply
+    T.__add__ = lambda s, o: add(s, o, 1)
+    T.__radd__ = lambda s, o: add(o, s, 1)
+    T.__sub__ = lambda s, o: sub(s, o, 1)
+    T.__rsub__ = lambda s, o: sub(o, s, 1)
+    T.__mul__ = lambda s, o: mul(s, o)
+    T.__rmul__ = lambda s, o: mul(o, s)
+    T.__truediv__ = lambda s, o: div(s, o, None)
+    T.__rtruediv__ = lambda s, o: div(o, s, None)
     T.__floordiv__ = lambda s, o: E.Div.apply(s, o, "floor")
     T.__rfloordiv__ = lambda s, o: E.Div.apply(o, s, "floor")
     T.__mod__ = lambda s, o: E.Remainder.apply(s, o)
@@ -38,7 +39,8 @@ def _install():
     T.__rpow__ = lambda s, o: E.Pow.apply(o, s)
     T.__matmul__ = lambda s, o: L.matmul(s, o)
     T.__rmatmul__ = lambda s, o: L.matmul(o, s)
-    T.__neg__ = lambda s: E.Neg.apply(s)
+    neg = E.Neg.apply
+    T.__neg__ = lambda s: neg(s)
     T.__pos__ = lambda s: s
     T.__abs__ = lambda s: E.Abs.apply(s)
     T.__invert__ = E.bitwise_not

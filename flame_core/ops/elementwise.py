@@ -41,9 +41,9 @@ def _operands(op, a, b):
         if xb.dtype is _F8:
             _fp8_storage_only(op)
         dt = xb.dtype if _keeps_dtype(xb.dtype, a) else D.result_type(a, b).np
-    if ta and xa.dtype != dt:
+    if ta and xa.dtype is not dt and xa.dtype != dt:
         xa = xa.astype(dt)
-    if tb and xb.dtype != dt:
+    if tb and xb.dtype is not dt and xb.dtype != dt:
         xb = xb.astype(dt)
     return xa, xb, dt
 
@@ -74,16 +74,22 @@ def _align_devices(op, a, b):
 
 
 def _cast(arr, dt):
-    if type(arr) is not np.ndarray and not backend.is_cuda_array(arr):
+    ta = type(arr)
+    if ta is not np.ndarray and ta is not _cupy_ndarray and not backend.is_cuda_array(arr):
         arr = np.asarray(arr)
-    return arr if arr.dtype == dt else arr.astype(dt)
+    adt = arr.dtype
+    return arr if adt is dt or adt == dt else arr.astype(dt)
+
+
+_cupy_ndarray = backend._cupy_ndarray if backend.cupy is not None else None
 
 
 def sum_to(g, shape):
     """Undo broadcasting: sum `g` down to `shape` (differentiable)."""
     if shape is None:
         return None
-    if tuple(g.shape) == tuple(shape):
+    gs = g._data.shape
+    if gs == shape or gs == tuple(shape):
         return g
     nd = g.ndim - len(shape)
     axes = tuple(range(nd)) + tuple(i + nd for i, s in enumerate(shape) if s == 1 and g.shape[i + nd] != 1)
@@ -93,7 +99,7 @@ def sum_to(g, shape):
 
 
 def _shape(x):
-    return tuple(x.shape) if isinstance(x, Tensor) else None
+    return x._data.shape if isinstance(x, Tensor) else None
 
 
 def _fp8_storage_only(op):
@@ -108,10 +114,15 @@ def no_fp8(op, x):
 
 
 def _float_arr(x, op="elementwise op"):
-    if x._f8 or x._data.dtype is _F8:
-        _fp8_storage_only(op)
     a = x._data
-    if a.dtype.kind != "f" and a.dtype not in (D.bfloat16.np,):
+    dt = a.dtype
+    if dt in _FLOAT_NP:
+        if x._f8 or dt is _F8:
+            _fp8_storage_only(op)
+        return a
+    if x._f8:
+        _fp8_storage_only(op)
+    if dt.kind != "f" and dt not in (D.bfloat16.np,):
         a = a.astype(_default_float().np)
     return a
 
@@ -163,9 +174,9 @@ class Mul(Function):
         sa, sb = ctx.scalars
         ga = gb = None
         if ctx.needs_input_grad[0]:
-            ga = sum_to(g * (b if b is not None else sb), a.shape)
+            ga = sum_to(g * (b if b is not None else sb), a._data.shape)
         if ctx.needs_input_grad[1]:
-            gb = sum_to(g * (a if a is not None else sa), b.shape)
+            gb = sum_to(g * (a if a is not None else sa), b._data.shape)
         return ga, gb
 
 
@@ -360,15 +371,32 @@ def _ufunc(op, fn, a, b, xa, xb):
 # ----------------------------------------------------------------------------- unary
 def _pointwise_grad(kernel, g, s):
     """One fused launch of cuda_src/pointwise_grad.cu, or None when the arrays don't qualify."""
-    from ..kernels import loader
-    if not (loader.use_kernel(g, s) and g.dtype == s.dtype and g.shape == s.shape and g.flags.c_contiguous
-            and s.flags.c_contiguous):
+    loader = _loader or _load_loader()
+    dt = g.dtype
+    if not (loader.use_kernel(g, s) and (s.dtype is dt or s.dtype == dt) and g.shape == s.shape):
         return None
-    out = backend.cupy.empty_like(g)
-    if g.size:
-        loader.launch(loader.get_function("pointwise_grad", kernel, g.dtype),
-                      min(loader.cdiv(g.size, 256), 8192), 256, (g, s, out, np.int64(g.size)))
+    if _CUPY_FLAG_ATTR:  # CuPy's own flag (ndarray.flags builds a Python object per read)
+        if not (g._c_contiguous and s._c_contiguous):
+            return None
+    elif not (g.flags.c_contiguous and s.flags.c_contiguous):
+        return None
+    out = backend.cupy.empty(g.shape, dt)
+    n = g.size
+    if n:
+        loader.launch(loader.get_function("pointwise_grad", kernel, dt), (min((n + 255) // 256, 8192),), (256,),
+                      (g, s, out, np.int64(n)))
     return _wrap(out)
+
+
+_loader = None
+_CUPY_FLAG_ATTR = backend.cupy is not None and hasattr(backend.cupy.ndarray, "_c_contiguous")
+
+
+def _load_loader():
+    global _loader
+    from ..kernels import loader
+    _loader = loader
+    return loader
 
 
 def _unary(name, compute, grad, saves="x", differentiable=True, fused=None):
@@ -377,18 +405,22 @@ def _unary(name, compute, grad, saves="x", differentiable=True, fused=None):
     `fused` names a kernel of cuda_src/pointwise_grad.cu used for the first-order backward on cuda (the composed
     Tensor-op rule stays the path for double backward and for the cpu)."""
 
+    save_x, save_y = "x" in saves, "y" in saves
+
     def forward(ctx, x):
         a = _float_arr(x)
-        y = _wrap(compute(backend.xp_of(a), a))
+        y = _wrap(compute(np if type(a) is np.ndarray else backend.xp_of(a), a))
         if differentiable:
-            xs = x if a is x._data else _wrap(a)
-            ctx.save_for_backward(xs if "x" in saves else None, y if "y" in saves else None)
+            xs = None
+            if save_x:
+                xs = x if a is x._data else _wrap(a)
+            ctx.save_for_backward(xs, y if save_y else None)
         return y
 
     def backward(ctx, g):
         x, y = ctx.saved_tensors
         if fused is not None and not state.enabled and backend.is_cuda_array(g._data):
-            r = _pointwise_grad(fused, g._data, (y if "y" in saves else x)._data)
+            r = _pointwise_grad(fused, g._data, (y if save_y else x)._data)
             if r is not None:
                 return r
         return grad(g, x, y)

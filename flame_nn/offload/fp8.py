@@ -40,6 +40,7 @@ from flame_core.amp import autocast_mode as _amp
 from flame_core.autograd import Function, no_grad
 from flame_core.errors import DTypeError, ShapeError, fmt_shape
 from flame_core.kernels import fp8 as _K
+from flame_core.kernels.loader import dtype_name as _dtype_name
 from flame_core.ops.fp8 import quantize_fp8
 from flame_core.ops.linalg import _mm_arrays
 from flame_core.tensor import _wrap
@@ -82,7 +83,7 @@ def _dequantize_into_scratch(q, scales, dtype):
     """q (uint8 bytes or float8 values, (out, in)) * scales[:, None] as `dtype`, written into the scratch buffer of
     q's device: a view valid until the next call on that device (enqueue its reader before the next call)."""
     dtype = np.dtype(dtype)
-    key = (_device_key(q), dtype.name)
+    key = (_device_key(q), _dtype_name(dtype))
     n = int(q.size)
     buf = _scratch.get(key)
     if buf is None or buf._data.size < n:
@@ -100,7 +101,7 @@ def _dequantize_into_scratch(q, scales, dtype):
     if backend.is_cuda_array(q):
         qb = q if q.dtype == np.uint8 else q.view(np.uint8)
         from flame_core.kernels import loader as L
-        if L.use_kernel(scales) and n and dtype.name in ("float32", "float16", "bfloat16"):
+        if L.use_kernel(scales) and n and _dtype_name(dtype) in ("float32", "float16", "bfloat16"):
             qb = L.contiguous(qb)
             grid = (max(1, min(L.cdiv(L.cdiv(n, 8), 256), L.sm_count() * 16)),)  # as kernels/fp8.py
             L.launch(L.get_function("fp8", "fp8_dequantize_rows", dtype), grid, (256,),
