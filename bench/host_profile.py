@@ -1,6 +1,9 @@
 """Where the host time of one small op goes on cuda: cProfile of N calls of each primitive (tiny tensors, so the
 GPU is idle and every microsecond is Python / CuPy / driver overhead). Diagnostic for per-op overhead work.
-Run: PYTHONPATH=$PWD python3 bench/host_profile.py [--n 3000] [--top 18]
+Run: PYTHONPATH=$PWD python3 bench/host_profile.py [--n 3000] [--top 18] [--chain]
+--chain: bench/overhead.py's chain (200 ops, forward + backward) split into its parts -- forward without grad,
+forward recorded, forward + backward, the same with the garbage collector off -- then a cProfile of the whole
+chain.
 """
 import argparse
 import cProfile
@@ -13,11 +16,67 @@ import flame_nn.functional as F
 from flame_core.kernels import activations as act
 
 
+def chain_parts(top):
+    import gc
+    import statistics
+    import cupy as cp
+    import overhead  # bench/overhead.py
+    n_ops = overhead.N_OPS
+    x = flame.randn(16, device="cuda", requires_grad=True)
+
+    def timed(fn, reps=30):
+        for _ in range(5):
+            fn()
+        cp.cuda.Device().synchronize()
+        out = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            fn()
+            cp.cuda.Device().synchronize()
+            out.append((time.perf_counter() - t) / n_ops * 1e6)
+        return statistics.median(out)
+
+    def fwd_nograd():
+        with flame.no_grad():
+            overhead.flame_chain(x)
+
+    def fwd():
+        overhead.flame_chain(x)
+
+    def full():
+        x.grad = None
+        overhead.flame_chain(x).backward()
+    rows = [("forward, no grad", timed(fwd_nograd)), ("forward, recorded", timed(fwd)),
+            ("forward + backward", timed(full))]
+    gc.disable()
+    rows.append(("forward + backward, gc off", timed(full)))
+    gc.enable()
+    rows.append(("raw CuPy forward (diagnostic)", overhead.time_raw_cupy(30)))
+    print("\n== bench/overhead.py chain on cuda, us per op")
+    for name, us in rows:
+        print(f"{name:40s} {us:8.2f}")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(20):
+        full()
+    prof.disable()
+    cp.cuda.Device().synchronize()
+    for key in ("tottime", "cumulative"):
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(top)
+        lines = [ln for ln in buf.getvalue().splitlines() if ln.strip()][4:]
+        print(f"\n== chain, 20 x (200 ops + backward), top by {key}")
+        print("\n".join(lines), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=3000)
     ap.add_argument("--top", type=int, default=18)
+    ap.add_argument("--chain", action="store_true")
     a = ap.parse_args()
+    if a.chain:
+        return chain_parts(max(a.top, 35))
     import cupy as cp
     x32 = cp.random.standard_normal(16, dtype=cp.float32)
     x = flame.randn(64, 64, device="cuda").bfloat16()

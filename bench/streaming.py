@@ -369,6 +369,79 @@ def flame_part(storage, budgets, size, repeats, warmup, small, ref_out=None):
     return out
 
 
+# ----------------------------------------------------------------------------- layer-wise full fine-tune
+def layerwise_part(depth, single, budget, size, repeats, warmup):
+    """Full fine-tuning (every weight trained) of a Flux-dev-width model of `depth` double + `single` single blocks
+    under a pool limit of `budget` GiB: the blocks stream from pinned memory with their trainable weights,
+    LayerwiseAdamW updates each block inside backward from AdamW state in pinned host memory (fp32 moments and
+    masters), the parts outside the blocks train with a plain AdamW on the GPU."""
+    import cupy as cp
+    import flame_core as flame
+    import flame_core.memory as M
+    import flame_nn
+    from flame_core.amp import autocast
+    from flame_models.flux import Flux, FluxParams
+    t0 = time.perf_counter()
+    with flame_nn.empty_init(device="cuda", dtype=flame.bfloat16):
+        model = Flux(FluxParams(depth=depth, depth_single_blocks=single))
+
+    def fill(module, seed):
+        g = flame.Generator("cuda").manual_seed(seed)
+        with flame.no_grad():
+            for name, prm in module.named_parameters():
+                if prm.is_meta:
+                    w = flame.ones(*prm.shape, device="cuda") if name.endswith(".scale") else \
+                        flame.randn(*prm.shape, generator=g, device="cuda") * 0.02
+                    prm.materialize_(w.to(flame.bfloat16)._data)
+    for name, child in model.named_children():
+        if name not in ("double_blocks", "single_blocks"):
+            fill(child, 7)
+    index = {id(b): i for i, b in enumerate([*model.double_blocks, *model.single_blocks])}
+    streamer = flame_nn.offload.BlockStreamer.for_model(model, device="cuda", stream_trainable=True,
+                                                        prepare=lambda b: fill(b, 1000 + index[id(b)]))
+    model.enable_gradient_checkpointing(True)
+    model.train()
+    n_block = sum(p.numel() for b in streamer.blocks for p in b.parameters())
+    rest_params = [p for n, p in model.named_parameters() if not n.startswith(("double_blocks.", "single_blocks."))]
+    n_rest = sum(p.numel() for p in rest_params)
+    lw = flame_nn.offload.LayerwiseAdamW(streamer, lr=1e-5, weight_decay=0.01)
+    rest = flame_nn.optim.AdamW(rest_params, lr=1e-5, weight_decay=0.01)
+    args, target = inputs(size)
+    cp.cuda.Device().synchronize()
+    tag = f"layerwise_{depth}d{single}s"
+    log(f"{tag}_build_s", round(time.perf_counter() - t0, 1))
+    log(f"{tag}_params_B", round((n_block + n_rest) / 1e9, 3))
+    # what a plain resident full fine-tune holds before activations: bf16 weights and gradients, fp32 AdamW moments
+    log(f"{tag}_plain_state_GiB_computed", gib((n_block + n_rest) * (2 + 2 + 8)))
+
+    def step():
+        with autocast("cuda", dtype=flame.bfloat16):
+            out = model(**args)
+        loss = ((out.float() - target) ** 2).mean()
+        loss.backward()
+        lw.step()
+        rest.step()
+        lw.zero_grad()
+        rest.zero_grad()
+        return loss
+    M.set_memory_limit(int(budget * GiB))
+    try:
+        losses = [float(step().item()) for _ in range(warmup)]
+        cp.cuda.Device().synchronize()
+        M.reset_peak_memory_stats()
+        with DevicePeak() as dp:
+            ms, all_ms = timed_steps(step, repeats, 0)
+        log(f"{tag}_budget_GiB", budget)
+        log(f"{tag}_step_ms", round(ms, 1))
+        log(f"{tag}_step_ms_all", [round(x, 1) for x in all_ms])
+        log(f"{tag}_pool_peak_reserved_GiB", gib(M.max_memory_reserved()))
+        log(f"{tag}_driver_peak_GiB", gib(dp.peak))
+        log(f"{tag}_warmup_losses", [round(x, 5) for x in losses])
+        log(f"{tag}_loss_after", round(float(step().item()), 5))
+    finally:
+        M.set_memory_limit(None)  # the caller frees what this built once it has returned
+
+
 # ----------------------------------------------------------------------------- the peer
 def peer_part(size, repeats, warmup, small):
     """diffusers+PEFT with checkpointing at `size`: the peer of bench/flux_lora.py (one definition of the setup)."""
@@ -453,6 +526,9 @@ def main():
     ap.add_argument("--small", action="store_true", help="2 double + 4 single blocks (a smoke run)")
     ap.add_argument("--skip-peer", action="store_true")
     ap.add_argument("--graph", action="store_true", help="also replay forward+backward as a CUDA graph per config")
+    ap.add_argument("--layerwise", default="", help="D,S,B: also full fine-tuning of a D double + S single block "
+                                                    "Flux-dev-width model under a B GiB pool limit (LayerwiseAdamW)")
+    ap.add_argument("--only-layerwise", action="store_true")
     a = ap.parse_args()
     global GRAPH
     GRAPH = a.graph
@@ -463,6 +539,23 @@ def main():
     log("size", a.size)
     log("graph", GRAPH)
     ref = None
+    if a.layerwise:
+        d, s_, b = a.layerwise.split(",")
+        section(f"layer-wise full fine-tune, {d} double + {s_} single blocks, {b} GiB")
+        try:
+            layerwise_part(int(d), int(s_), float(b), a.size, a.repeats, a.warmup)
+        except Exception:
+            traceback.print_exc()
+            failed = True
+        import cupy as cp
+        import flame_core.memory as M
+        gc.collect()
+        cp.cuda.Device().synchronize()
+        M.empty_cache()
+        M.empty_pinned_cache()
+        if a.only_layerwise:
+            json.dump(R, open(out, "w"), indent=1, default=str)
+            sys.exit(1 if failed else 0)
     for storage, bs in (("bf16", budgets), ("fp8", fp8_budgets)):
         section(f"FLAME, {storage} storage")
         try:
