@@ -286,4 +286,106 @@ __device__ __forceinline__ void column_sum_body(const float* __restrict__ part, 
     }
 }
 
+// ---------------------------------------------------------------------------------------------- single-launch sums
+// "Last block done": a kernel whose blocks write fp32 partial rows also sums them, in the block that arrives last at
+// a counter (no separate column-sum launch). Every block: write its partials, then last_arrival(counter, expected).
+// The one block that sees the count reach `expected` gets true (all the others' partials are visible to it) and
+// resets the counter to 0, so the next launch (also a CUDA-graph replay) finds it zeroed. Counters are uint32 in a
+// zero-initialised device buffer (flame_core/kernels/loader.py, reduction_counters); launches that may run at once
+// must not share them. Every thread of the block must call (it holds two barriers); `flag`: one shared int.
+__device__ __forceinline__ bool last_arrival(unsigned* __restrict__ counter, unsigned expected, int* flag) {
+    __threadfence();  // this thread's partials are visible GPU-wide before the block is counted
+    __syncthreads();
+    if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
+        const bool last = atomicAdd(counter, 1u) == expected - 1u;
+        if (last) {
+            atomicExch(counter, 0u);  // every arrival has been counted: ready for the next launch
+            __threadfence();
+        }
+        *flag = last;
+    }
+    __syncthreads();
+    return *flag != 0;
+}
+
+// Deterministic column sums of fp32 rows written by other blocks: for each column c in [c0, c1),
+// put(c, v, n) receives v[0 .. n) = the sums over i = 0 .. nrows - 1 of part[(row0 + i * rstride) * ld + c + j]
+// (n = 4 columns at a time when ld, c0 and c1 - c0 are multiples of 4 and part is 16-byte aligned, else 1).
+// Every thread of the block must call (blockDim.x * blockDim.y a multiple of 32: warp shuffles). Narrow column
+// ranges also split the rows over `ways` lanes (a power of two) combined by a fixed shuffle tree, so the result
+// does not depend on which block sums. Loads bypass L1 (ld.global.cg: the rows come from other SMs) and U of
+// them per thread are in flight at once (U 16-byte registers: 4 where the kernel is short of registers).
+__device__ __forceinline__ void add4(float (&a)[4], const float4& q) {
+    a[0] += q.x;
+    a[1] += q.y;
+    a[2] += q.z;
+    a[3] += q.w;
+}
+
+__device__ __forceinline__ float4 ld_cg4(const float* p) {  // __ldcg in PTX (no header dependency under NVRTC)
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p)
+                 : "memory");
+    return v;
+}
+
+__device__ __forceinline__ float ld_cg(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+    return v;
+}
+
+template <int U = 8, typename F>
+__device__ __forceinline__ void sum_rows(const float* __restrict__ part, i64 ld, i64 row0, i64 rstride, int nrows,
+                                         int c0, int c1, F put) {
+    const int nt = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
+    const bool v4 = ((ld | (i64)c0 | (i64)(c1 - c0)) & 3) == 0 && aligned16(part);
+    const int W = v4 ? 4 : 1, ncv = (c1 - c0) / W;
+    int ways = 1;
+    while (ways < 32 && ways * 2 * ncv <= nt && ways * 2 <= nrows) ways *= 2;
+    for (int base = 0; base < ncv * ways; base += nt) {  // block-uniform trip count: whole warps shuffle below
+        const int idx = base + tid, cv = idx / ways, way = idx % ways;
+        const bool ok = cv < ncv;
+        const int c = c0 + cv * W;
+        float a[4] = {0.f, 0.f, 0.f, 0.f};
+        if (ok) {
+            const float* p = part + row0 * ld + c;
+            const i64 step = rstride * ld;
+            for (int i = way; i < nrows; i += U * ways) {
+                if (v4) {
+                    float4 q[U];
+#pragma unroll
+                    for (int u = 0; u < U; ++u)
+                        if (i + u * ways < nrows)
+                            q[u] = ld_cg4(p + (i + u * ways) * step);
+#pragma unroll
+                    for (int u = 0; u < U; ++u)
+                        if (i + u * ways < nrows) add4(a, q[u]);
+                } else {
+                    float q[U];
+#pragma unroll
+                    for (int u = 0; u < U; ++u)
+                        if (i + u * ways < nrows) q[u] = ld_cg(p + (i + u * ways) * step);
+#pragma unroll
+                    for (int u = 0; u < U; ++u)
+                        if (i + u * ways < nrows) a[0] += q[u];
+                }
+            }
+        }
+        for (int o = 1; o < ways; o <<= 1)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) a[j] += __shfl_xor_sync(0xffffffffu, a[j], o);
+        if (ok && way == 0) put(c, a, W);
+    }
+}
+
+// Stores v as element i of an output of the kernel's T (f32 = 0) or fp32 (f32 = 1).
+template <typename T>
+__device__ __forceinline__ void store_any1(void* __restrict__ p, i64 i, float v, int f32) {
+    if (f32)
+        static_cast<float*>(p)[i] = v;
+    else
+        static_cast<T*>(p)[i] = from_f32<T>(v);
+}
+
 #endif  // FLAME_COMMON_CUH

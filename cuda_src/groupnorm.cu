@@ -2,7 +2,7 @@
 // Every (n, c) channel row of hw elements is split into `splits` chunks so that even a few large groups fill the GPU:
 //   forward:  gn_partials (chunk mean, M2) -> gn_fwd_finalize (group mean/rstd, per-row a, b) -> gn_apply y = a x + b
 //   backward: gn_partials (chunk sum dy*x, sum dy) -> gn_bwd_finalize (per-row p, q, r; dw/db parts)
-//             -> gn_bwd_apply dx = p dy + q x + r, and column_sum for dw, db.
+//             -> gn_bwd_apply dx = p dy + q x + r; dw, db summed by gn_bwd_finalize's last block (or gn_column_sum).
 #include "common.cuh"
 
 __device__ __forceinline__ void chunk_range(i64 hw, int splits, int s, i64& lo, i64& hi, int align) {
@@ -137,18 +137,12 @@ __global__ void gn_apply(const T* __restrict__ x, const float* __restrict__ a, c
         apply_body<T, 1>(x, a, b, y, total, hw);
 }
 
-// One thread per (n, g). With A = sum(dy x), B = sum(dy) per row, M = cpg * hw:
-//   sum(g) = sum_c w_c B_c, sum(g xhat) = sum_c w_c rstd (A_c - mean B_c), mg, mgx their means;
-//   dx = rstd w_c dy - rstd^2 mgx x + rstd (mean rstd mgx - mg)  ->  p = rstd w_c, q, r per row;
-//   dw parts (n, c) = rstd (A_c - mean B_c), db parts (n, c) = B_c (summed over n by column_sum).
-extern "C" __global__ void gn_bwd_finalize(const float* __restrict__ p0, const float* __restrict__ p1,
-                                           const float* __restrict__ w, const float* __restrict__ mean,
-                                           const float* __restrict__ rstd, float* __restrict__ p_out,
-                                           float* __restrict__ q_out, float* __restrict__ r_out,
-                                           float* __restrict__ dw_part, float* __restrict__ db_part, int n, int c,
-                                           int g, long long hw, int splits) {
-    const int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= n * g) return;
+__device__ __forceinline__ void gn_bwd_finalize_one(const float* __restrict__ p0, const float* __restrict__ p1,
+                                                    const float* __restrict__ w, const float* __restrict__ mean,
+                                                    const float* __restrict__ rstd, float* __restrict__ p_out,
+                                                    float* __restrict__ q_out, float* __restrict__ r_out,
+                                                    float* __restrict__ dw_part, float* __restrict__ db_part, int c,
+                                                    int g, long long hw, int splits, int t) {
     const int cpg = c / g, gi = t % g;
     const long long row0 = (long long)t * cpg;
     const float mu = mean[t], rs = rstd[t];
@@ -175,6 +169,38 @@ extern "C" __global__ void gn_bwd_finalize(const float* __restrict__ p0, const f
         r_out[row0 + j] = rs * (mu * rs * mgx - mg);
     }
 }
+
+// One thread per (n, g). With A = sum(dy x), B = sum(dy) per row, M = cpg * hw:
+//   sum(g) = sum_c w_c B_c, sum(g xhat) = sum_c w_c rstd (A_c - mean B_c), mg, mgx their means;
+//   dx = rstd w_c dy - rstd^2 mgx x + rstd (mean rstd mgx - mg)  ->  p = rstd w_c, q, r per row;
+//   dw parts (n, c) = rstd (A_c - mean B_c), db parts (n, c) = B_c, summed over n into dw_out / db_out (fp32) by
+//   the last block to finish (last_arrival on counters[0]) where counters is non-null, else by gn_column_sum.
+extern "C" __global__ void gn_bwd_finalize(const float* __restrict__ p0, const float* __restrict__ p1,
+                                           const float* __restrict__ w, const float* __restrict__ mean,
+                                           const float* __restrict__ rstd, float* __restrict__ p_out,
+                                           float* __restrict__ q_out, float* __restrict__ r_out,
+                                           float* __restrict__ dw_part, float* __restrict__ db_part, int n, int c,
+                                           int g, long long hw, int splits, float* __restrict__ dw_out,
+                                           float* __restrict__ db_out, unsigned* __restrict__ counters) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < n * g)
+        gn_bwd_finalize_one(p0, p1, w, mean, rstd, p_out, q_out, r_out, dw_part, db_part, c, g, hw, splits, t);
+    __shared__ int flag;
+    if (counters == nullptr || !last_arrival(counters, gridDim.x, &flag)) return;
+    if (dw_part)
+        sum_rows<4>(dw_part, c, 0, 1, n, 0, c, [&](int col, const float(&v)[4], int k) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (j < k) dw_out[col + j] = v[j];
+        });
+    if (db_part)
+        sum_rows<4>(db_part, c, 0, 1, n, 0, c, [&](int col, const float(&v)[4], int k) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (j < k) db_out[col + j] = v[j];
+        });
+}
+
 
 template <typename T, int N>
 __device__ __forceinline__ void bwd_apply_body(const T* __restrict__ dy, const T* __restrict__ x,
@@ -437,13 +463,17 @@ __device__ __forceinline__ void gn_fwd_cluster_body(const T* __restrict__ x, con
 // forward: 5 blocks per SM, every cluster of the SDXL shapes resident at once); dy is streamed from global memory
 // twice (the second read mostly hits L2). dw_part / db_part (fp32, (n * GN_CL, C)), either may be null:
 // row n * GN_CL + r holds this block's sums of dy * xhat / dy for the channels of its group (0 where its slice has none
-// of a channel), summed over rows by gn_column_sum.
+// of a channel). counters non-null (G of them): the last block of group g to finish (last_arrival on counters[g],
+// over all n) sums the group's columns of those rows in row order into dw_out / db_out (T, or fp32 where of32) in
+// the same launch; else gn_column_sum sums the rows afterwards.
 template <typename T, int N>
 __device__ __forceinline__ void gn_bwd_cluster_body(const T* __restrict__ dy, const T* __restrict__ x,
                                                     const float* __restrict__ w, const float* __restrict__ mean,
                                                     const float* __restrict__ rstd, T* __restrict__ dx,
                                                     float* __restrict__ dw_part, float* __restrict__ db_part,
-                                                    int groups, int cpg, i64 hw, float* sm) {
+                                                    int groups, int cpg, i64 hw, float* sm, void* __restrict__ dw_out,
+                                                    void* __restrict__ db_out, unsigned* __restrict__ counters,
+                                                    int of32) {
     const int r = blockIdx.x % GN_CL;
     const i64 grp = blockIdx.x / GN_CL, m = (i64)cpg * hw;
     const int gi = (int)(grp % groups);
@@ -522,6 +552,23 @@ __device__ __forceinline__ void gn_bwd_cluster_body(const T* __restrict__ dy, co
         });
     }
     cluster_wait();
+    if (counters == nullptr || !parts) return;
+    // the last of the group's n * GN_CL blocks (over all n) sums its part rows into the group's columns
+    __shared__ int flag;
+    const int n = (int)(gridDim.x / ((unsigned)groups * GN_CL)), ld = groups * cpg, col0 = gi * cpg;
+    if (!last_arrival(counters + gi, (unsigned)n * GN_CL, &flag)) return;
+    if (dw_part)
+        sum_rows<4>(dw_part, ld, 0, 1, n * GN_CL, col0, col0 + cpg, [&](int col, const float(&v)[4], int k) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (j < k) store_any1<T>(dw_out, col + j, v[j], of32);
+        });
+    if (db_part)
+        sum_rows<4>(db_part, ld, 0, 1, n * GN_CL, col0, col0 + cpg, [&](int col, const float(&v)[4], int k) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (j < k) store_any1<T>(db_out, col + j, v[j], of32);
+        });
 }
 
 // Grid: (N * G * GN_CL) blocks of GN_THREADS, CL = GN_CL (a template argument so that the per-dtype module of this
@@ -545,13 +592,16 @@ template <typename T, int CL>
 __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(GN_THREADS)
     gn_bwd_cluster(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ w,
                    const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
-                   float* __restrict__ dw_part, float* __restrict__ db_part, int groups, int cpg, i64 hw) {
+                   float* __restrict__ dw_part, float* __restrict__ db_part, int groups, int cpg, i64 hw,
+                   void* __restrict__ dw_out, void* __restrict__ db_out, unsigned* __restrict__ counters, int of32) {
     static_assert(CL == GN_CL, "the cluster size is GN_CL");
     extern __shared__ __align__(16) float gn_sm[];
     constexpr int N = VecT<T>::N;
     if (hw % N == 0 && aligned16(dy) && aligned16(x) && aligned16(dx))
-        gn_bwd_cluster_body<T, N>(dy, x, w, mean, rstd, dx, dw_part, db_part, groups, cpg, hw, gn_sm);
+        gn_bwd_cluster_body<T, N>(dy, x, w, mean, rstd, dx, dw_part, db_part, groups, cpg, hw, gn_sm, dw_out, db_out,
+                                  counters, of32);
     else
-        gn_bwd_cluster_body<T, 1>(dy, x, w, mean, rstd, dx, dw_part, db_part, groups, cpg, hw, gn_sm);
+        gn_bwd_cluster_body<T, 1>(dy, x, w, mean, rstd, dx, dw_part, db_part, groups, cpg, hw, gn_sm, dw_out, db_out,
+                                  counters, of32);
 }
 #endif  // sm_90

@@ -65,13 +65,39 @@ __global__ void gated_fwd(const T* __restrict__ x, const void* __restrict__ gate
 
 // Backward of out = a * (coef + off) [+ shift]:  d_a = dout * (coef + off);  partial sums over this block's rows of
 // dout * a (-> dcoef) and dout (-> dshift, when dsum_part is given). Block (32, 8): threadIdx.x owns N columns,
-// threadIdx.y strides over rows of split blockIdx.z; grid (cdiv(h, 32 N), B, splits). Parts: (B, splits, h) fp32.
+// threadIdx.y strides over rows of split blockIdx.z (MOD_ROWS rows' loads in flight at once); grid (cdiv(h, 32 N), B,
+// splits). Parts: (B, splits, h) fp32. counters non-null: the last block of each (column chunk, batch) to finish
+// (last_arrival, counter b * gridDim.x + blockIdx.x) sums the chunk's `splits` part rows in split order into
+// dcoef_out / dsum_out ((B, h), T or fp32 where of32) in the same launch; else mod_column_sum sums the parts.
+#define MOD_ROWS 2
+
+template <typename T, int N>
+__device__ __forceinline__ void bcast_rows(const T* __restrict__ p, i64 e, uint4& q, T (&t)[N]) {
+    if constexpr (N == VecT<T>::N)
+        q = load_raw16(p + e);
+    else
+#pragma unroll
+        for (int j = 0; j < N; ++j) t[j] = p[e + j];
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void bcast_vals(const uint4& q, const T (&t)[N], float (&v)[N]) {
+    if constexpr (N == VecT<T>::N)
+        unpack_f32<T>(q, v);
+    else
+#pragma unroll
+        for (int j = 0; j < N; ++j) v[j] = to_f32(t[j]);
+}
+
 template <typename T, int N>
 __device__ __forceinline__ void bcast_bwd_body(const T* __restrict__ dout, const T* __restrict__ a,
                                                const void* __restrict__ coef, float off, T* __restrict__ da,
                                                float* __restrict__ dcoef_part, float* __restrict__ dsum_part, int l,
-                                               int h, int mf32) {
+                                               int h, int mf32, void* __restrict__ dcoef_out,
+                                               void* __restrict__ dsum_out, unsigned* __restrict__ counters,
+                                               int of32) {
     __shared__ float red[2][8][32 * N];
+    __shared__ int flag;
     const i64 b = blockIdx.y;
     const int splits = gridDim.z, s = blockIdx.z;
     const int c = (blockIdx.x * 32 + threadIdx.x) * N;
@@ -84,18 +110,31 @@ __device__ __forceinline__ void bcast_bwd_body(const T* __restrict__ dout, const
         load_any<T, N>(coef, b * h + c, mf32, cf);
 #pragma unroll
         for (int j = 0; j < N; ++j) cf[j] += off;
-        for (int r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
-            const i64 e = (b * l + r) * (i64)h + c;
-            float g[N], av[N];
-            load_f32<T, N>(dout + e, g);
-            load_f32<T, N>(a + e, av);
+        for (int r = r0 + threadIdx.y; r < r1; r += 8 * MOD_ROWS) {
+            uint4 qg[MOD_ROWS], qa[MOD_ROWS];
+            T tg[MOD_ROWS][N], ta[MOD_ROWS][N];  // the scalar path's values (unused on the 16-byte path)
 #pragma unroll
-            for (int j = 0; j < N; ++j) {
-                acc_c[j] += g[j] * av[j];
-                acc_s[j] += g[j];
-                av[j] = g[j] * cf[j];
-            }
-            if (da) store_f32<T, N>(da + e, av);
+            for (int u = 0; u < MOD_ROWS; ++u)
+                if (r + 8 * u < r1) {
+                    const i64 e = (b * l + r + 8 * u) * (i64)h + c;
+                    bcast_rows<T, N>(dout, e, qg[u], tg[u]);
+                    bcast_rows<T, N>(a, e, qa[u], ta[u]);
+                }
+#pragma unroll
+            for (int u = 0; u < MOD_ROWS; ++u)
+                if (r + 8 * u < r1) {
+                    const i64 e = (b * l + r + 8 * u) * (i64)h + c;
+                    float g[N], av[N];
+                    bcast_vals<T, N>(qg[u], tg[u], g);
+                    bcast_vals<T, N>(qa[u], ta[u], av);
+#pragma unroll
+                    for (int j = 0; j < N; ++j) {
+                        acc_c[j] += g[j] * av[j];
+                        acc_s[j] += g[j];
+                        av[j] = g[j] * cf[j];
+                    }
+                    if (da) store_f32<T, N>(da + e, av);
+                }
         }
     }
 #pragma unroll
@@ -118,18 +157,35 @@ __device__ __forceinline__ void bcast_bwd_body(const T* __restrict__ dout, const
             if (dsum_part) dsum_part[base + j] = ss;
         }
     }
+    if (counters == nullptr || !last_arrival(counters + b * gridDim.x + blockIdx.x, splits, &flag)) return;
+    const int c0 = blockIdx.x * 32 * N, c1 = min(h, c0 + 32 * N);
+    sum_rows<4>(dcoef_part, h, b * splits, 1, splits, c0, c1, [&](int col, const float(&v)[4], int n) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            if (j < n) store_any1<T>(dcoef_out, b * h + col + j, v[j], of32);
+    });
+    if (dsum_part)
+        sum_rows<4>(dsum_part, h, b * splits, 1, splits, c0, c1, [&](int col, const float(&v)[4], int n) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (j < n) store_any1<T>(dsum_out, b * h + col + j, v[j], of32);
+        });
 }
 
 template <typename T>
 __global__ void __launch_bounds__(256) bcast_bwd(const T* __restrict__ dout, const T* __restrict__ a,
                                                  const void* __restrict__ coef, float off, T* __restrict__ da,
                                                  float* __restrict__ dcoef_part, float* __restrict__ dsum_part,
-                                                 int l, int h, int mf32, int vec) {
+                                                 int l, int h, int mf32, int vec, void* __restrict__ dcoef_out,
+                                                 void* __restrict__ dsum_out, unsigned* __restrict__ counters,
+                                                 int of32) {
     constexpr int N = VecT<T>::N;
     if (vec)
-        bcast_bwd_body<T, N>(dout, a, coef, off, da, dcoef_part, dsum_part, l, h, mf32);
+        bcast_bwd_body<T, N>(dout, a, coef, off, da, dcoef_part, dsum_part, l, h, mf32, dcoef_out, dsum_out,
+                             counters, of32);
     else
-        bcast_bwd_body<T, 1>(dout, a, coef, off, da, dcoef_part, dsum_part, l, h, mf32);
+        bcast_bwd_body<T, 1>(dout, a, coef, off, da, dcoef_part, dsum_part, l, h, mf32, dcoef_out, dsum_out,
+                             counters, of32);
 }
 
 template <typename T>

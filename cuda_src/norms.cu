@@ -574,6 +574,54 @@ __device__ __forceinline__ void parts_write_reg(const float (&aw)[VPT][N], const
     }
 }
 
+// The column sums in the same launch (counters non-null; else column_sum sums dw_part / db_part afterwards). Blocks
+// form groups of `group` consecutive blocks: the last block of a group to finish (last_arrival) adds the group's part
+// rows into the group's first row; the last of those adds the groups' rows (every group-th row) and writes dw_out /
+// db_out (T, or fp32 where of32). group >= gridDim.x: one level (the last block adds all rows). Counters: 1, or
+// cdiv(gridDim.x, group) + 1 (one per group, then the top level). Both levels add rows in a fixed order. U: loads in
+// flight per thread (sum_rows; 4 for VPT 1, whose main loop needs fewer registers than 8 loads would).
+template <typename T, int ACC, int U>
+__device__ __forceinline__ void parts_finish(float* __restrict__ dw_part, float* __restrict__ db_part,
+                                             void* __restrict__ dw_out, void* __restrict__ db_out, int cols,
+                                             unsigned* __restrict__ counters, int group, int of32) {
+    __shared__ int flag;
+    const int parts = gridDim.x, g = blockIdx.x / group, ngroups = (parts + group - 1) / group;
+    const int gs = min(group, parts - g * group);
+    if (!last_arrival(counters + g, gs, &flag)) return;
+    if (ngroups > 1) {
+        const i64 r0 = (i64)g * group;
+        if (gs > 1) {
+            if (dw_part)
+                sum_rows<U>(dw_part, cols, r0, 1, gs, 0, cols, [&](int c, const float(&v)[4], int n) {
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        if (j < n) dw_part[r0 * cols + c + j] = v[j];
+                });
+            if (ACC == 2 && db_part)
+                sum_rows<U>(db_part, cols, r0, 1, gs, 0, cols, [&](int c, const float(&v)[4], int n) {
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        if (j < n) db_part[r0 * cols + c + j] = v[j];
+                });
+        }
+        if (!last_arrival(counters + ngroups, ngroups, &flag)) return;
+    }
+    const i64 stride = ngroups > 1 ? group : 1;
+    const int nr = ngroups > 1 ? ngroups : gs;
+    if (dw_part)
+        sum_rows<U>(dw_part, cols, 0, stride, nr, 0, cols, [&](int c, const float(&v)[4], int n) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (j < n) store_any1<T>(dw_out, c + j, v[j], of32);
+        });
+    if (ACC == 2 && db_part)
+        sum_rows<U>(db_part, cols, 0, stride, nr, 0, cols, [&](int c, const float(&v)[4], int n) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (j < n) store_any1<T>(db_out, c + j, v[j], of32);
+        });
+}
+
 // acc[...] += (dy * xhat, dy) for one thread's vector of N columns at `col`.
 template <int ACC, int N>
 __device__ __forceinline__ void parts_add(float* __restrict__ acc, int rg, int rpb, int cols, int col,
@@ -803,7 +851,9 @@ __device__ __forceinline__ void norm_bwd_impl(const T* __restrict__ dy, const T*
                                               const void* __restrict__ w, const float* __restrict__ mean,
                                               const float* __restrict__ rstd, T* __restrict__ dx,
                                               float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows,
-                                              int cols, int tpr, int rms, int wf32) {
+                                              int cols, int tpr, int rms, int wf32, void* __restrict__ dw_out,
+                                              void* __restrict__ db_out, unsigned* __restrict__ counters, int group,
+                                              int of32) {
     __shared__ float smem[NORM_MAX_RPB * 64];
     extern __shared__ __align__(16) float norm_acc[];  // ACC * rpb * cols floats where used (see parts_add)
     constexpr int N = VecT<T>::N;
@@ -818,73 +868,96 @@ __device__ __forceinline__ void norm_bwd_impl(const T* __restrict__ dy, const T*
         norm_bwd_any<T, 1, VPT, ACC>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, smem,
                                      norm_acc);
     }
+    if constexpr (ACC > 0)
+        if (counters)
+            parts_finish<T, ACC, VPT >= 2 ? 8 : 4>(dw_part, db_part, dw_out, db_out, cols, counters, group, of32);
 }
 
 // dx of the rows, and (norm_bwd*) dw and db partials, (norm_bwdw*) dw partials only, (norm_bwdx*) none: dw_part /
 // db_part are then not touched. The digit is VPT. Dynamic shared memory: ACC * rpb * cols floats (see parts_add),
-// except on the 16-byte vector path with VPT <= 2 (register partials: none).
+// except on the 16-byte vector path with VPT <= 2 (register partials: none). counters non-null: the same launch also
+// writes dw_out / db_out = the column sums of the parts (parts_finish; the part rows are scratch then), else dw_out /
+// db_out are not touched and column_sum sums the parts.
 template <typename T>
 __global__ void norm_bwd1(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
                           const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
                           float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
-                          int rms, int wf32) {
-    norm_bwd_impl<T, 1, 2>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32);
+                          int rms, int wf32, void* __restrict__ dw_out, void* __restrict__ db_out,
+                          unsigned* __restrict__ counters, int group, int of32) {
+    norm_bwd_impl<T, 1, 2>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, dw_out, db_out,
+                           counters, group, of32);
 }
 template <typename T>
 __global__ void norm_bwd2(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
                           const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
                           float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
-                          int rms, int wf32) {
-    norm_bwd_impl<T, 2, 2>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32);
+                          int rms, int wf32, void* __restrict__ dw_out, void* __restrict__ db_out,
+                          unsigned* __restrict__ counters, int group, int of32) {
+    norm_bwd_impl<T, 2, 2>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, dw_out, db_out,
+                           counters, group, of32);
 }
 template <typename T>
 __global__ void norm_bwd4(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
                           const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
                           float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
-                          int rms, int wf32) {
-    norm_bwd_impl<T, 4, 2>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32);
+                          int rms, int wf32, void* __restrict__ dw_out, void* __restrict__ db_out,
+                          unsigned* __restrict__ counters, int group, int of32) {
+    norm_bwd_impl<T, 4, 2>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, dw_out, db_out,
+                           counters, group, of32);
 }
 template <typename T>
 __global__ void norm_bwdw1(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
                           const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
                           float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
-                          int rms, int wf32) {
-    norm_bwd_impl<T, 1, 1>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32);
+                          int rms, int wf32, void* __restrict__ dw_out, void* __restrict__ db_out,
+                          unsigned* __restrict__ counters, int group, int of32) {
+    norm_bwd_impl<T, 1, 1>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, dw_out, db_out,
+                           counters, group, of32);
 }
 template <typename T>
 __global__ void norm_bwdw2(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
                           const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
                           float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
-                          int rms, int wf32) {
-    norm_bwd_impl<T, 2, 1>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32);
+                          int rms, int wf32, void* __restrict__ dw_out, void* __restrict__ db_out,
+                          unsigned* __restrict__ counters, int group, int of32) {
+    norm_bwd_impl<T, 2, 1>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, dw_out, db_out,
+                           counters, group, of32);
 }
 template <typename T>
 __global__ void norm_bwdw4(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
                           const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
                           float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
-                          int rms, int wf32) {
-    norm_bwd_impl<T, 4, 1>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32);
+                          int rms, int wf32, void* __restrict__ dw_out, void* __restrict__ db_out,
+                          unsigned* __restrict__ counters, int group, int of32) {
+    norm_bwd_impl<T, 4, 1>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, dw_out, db_out,
+                           counters, group, of32);
 }
 template <typename T>
 __global__ void norm_bwdx1(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
                           const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
                           float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
-                          int rms, int wf32) {
-    norm_bwd_impl<T, 1, 0>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32);
+                          int rms, int wf32, void* __restrict__ dw_out, void* __restrict__ db_out,
+                          unsigned* __restrict__ counters, int group, int of32) {
+    norm_bwd_impl<T, 1, 0>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, dw_out, db_out,
+                           counters, group, of32);
 }
 template <typename T>
 __global__ void norm_bwdx2(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
                           const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
                           float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
-                          int rms, int wf32) {
-    norm_bwd_impl<T, 2, 0>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32);
+                          int rms, int wf32, void* __restrict__ dw_out, void* __restrict__ db_out,
+                          unsigned* __restrict__ counters, int group, int of32) {
+    norm_bwd_impl<T, 2, 0>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, dw_out, db_out,
+                           counters, group, of32);
 }
 template <typename T>
 __global__ void norm_bwdx4(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
                           const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
                           float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
-                          int rms, int wf32) {
-    norm_bwd_impl<T, 4, 0>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32);
+                          int rms, int wf32, void* __restrict__ dw_out, void* __restrict__ db_out,
+                          unsigned* __restrict__ counters, int group, int of32) {
+    norm_bwd_impl<T, 4, 0>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, dw_out, db_out,
+                           counters, group, of32);
 }
 
 // out[c] = sum_p part[p, c], in T (the weight's dtype). Block (32, 32).

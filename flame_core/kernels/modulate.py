@@ -92,7 +92,11 @@ def _fwd_grid(b, lh, dtype):
     return (gx, b), (block,)
 
 
-def _bwd_launch(dout, a, coef, off, want_da, want_sum, mf32, b, l, h):
+single_launch_sums = True  # the modulation gradients summed inside bcast_bwd (False: a mod_column_sum launch each)
+
+
+def _bwd_launch(dout, a, coef, off, want_da, want_sum, mf32, b, l, h, out_dtypes):
+    """bcast_bwd: (da, dcoef, dsum) with dcoef / dsum (B, H) in out_dtypes (dsum None unless want_sum)."""
     xp = L.xp_of(a)
     vec = L.vec_width(a.dtype)
     use_vec = h % vec == 0
@@ -102,10 +106,23 @@ def _bwd_launch(dout, a, coef, off, want_da, want_sum, mf32, b, l, h):
     da = xp.empty_like(a) if want_da else None
     dcoef_part = xp.empty((b, splits, h), dtype=np.float32)
     dsum_part = xp.empty((b, splits, h), dtype=np.float32) if want_sum else None
-    L.launch(L.get_function("modulate", "bcast_bwd", a.dtype), (gx, b, splits), (32, 8),
-             (dout, a, coef, L.f32(off), L.null() if da is None else da, dcoef_part,
-              L.null() if dsum_part is None else dsum_part, L.i32(l), L.i32(h), L.i32(mf32), L.i32(use_vec)))
-    return da, dcoef_part, dsum_part
+    args = (dout, a, coef, L.f32(off), L.null() if da is None else da, dcoef_part,
+            L.null() if dsum_part is None else dsum_part, L.i32(l), L.i32(h), L.i32(mf32), L.i32(use_vec))
+    kernel = L.get_function("modulate", "bcast_bwd", a.dtype)
+    if not single_launch_sums:
+        L.launch(kernel, (gx, b, splits), (32, 8), args + (L.null(), L.null(), L.null(), L.i32(0)))
+        dcoef = L.column_sum("modulate", "mod_column_sum", dcoef_part, out_dtypes[0])
+        dsum = L.column_sum("modulate", "mod_column_sum", dsum_part, out_dtypes[1]) if want_sum else None
+        return da, dcoef, dsum
+    # the last block of each (column chunk, batch) sums the chunk's split rows: outputs in a's dtype, else fp32
+    odt = a.dtype if all(d is None or d == a.dtype for d in out_dtypes) else np.dtype(np.float32)
+    dcoef = xp.empty((b, h), dtype=odt)
+    dsum = xp.empty((b, h), dtype=odt) if want_sum else None
+    L.launch(kernel, (gx, b, splits), (32, 8),
+             args + (dcoef, L.null() if dsum is None else dsum, L.reduction_counters(gx * b), L.i32(odt != a.dtype)))
+    dcoef = dcoef.astype(out_dtypes[0], copy=False)
+    dsum = dsum.astype(out_dtypes[1], copy=False) if want_sum else None
+    return da, dcoef, dsum
 
 
 def _modulate_kernel(x, shift, scale):
@@ -123,10 +140,8 @@ def _modulate_grad_kernel(dy, x, shift, scale):
     b, l, h = _bld(x, "modulate")
     x, dy = L.contiguous(x), L.contiguous(dy.astype(x.dtype, copy=False))
     (sc,), mf32 = _mod_args(x, _as_bh(scale, b, h, "modulate", "scale"))
-    dx, dscale_p, dshift_p = _bwd_launch(dy, x, sc, 1.0, True, True, mf32, b, l, h)
-    dscale = _sum_to(L.column_sum("modulate", "mod_column_sum", dscale_p, scale.dtype), scale.shape)
-    dshift = _sum_to(L.column_sum("modulate", "mod_column_sum", dshift_p, shift.dtype), shift.shape)
-    return dx, dshift, dscale
+    dx, dscale, dshift = _bwd_launch(dy, x, sc, 1.0, True, True, mf32, b, l, h, (scale.dtype, shift.dtype))
+    return dx, _sum_to(dshift, shift.shape), _sum_to(dscale, scale.shape)
 
 
 def _gated_kernel(x, gate, y):
@@ -144,9 +159,8 @@ def _gated_grad_kernel(dout, gate, y):
     b, l, h = _bld(y, "gated_residual")
     y, g = L.contiguous(y), L.contiguous(dout.astype(y.dtype, copy=False))
     (gt,), mf32 = _mod_args(y, _as_bh(gate, b, h, "gated_residual", "gate"))
-    dy, dgate_p, _ = _bwd_launch(g, y, gt, 0.0, True, False, mf32, b, l, h)
-    dgate = _sum_to(L.column_sum("modulate", "mod_column_sum", dgate_p, gate.dtype), gate.shape)
-    return dout, dgate, dy
+    dy, dgate, _ = _bwd_launch(g, y, gt, 0.0, True, False, mf32, b, l, h, (gate.dtype, None))
+    return dout, _sum_to(dgate, gate.shape), dy
 
 
 def _check_same(name, a, b, what):

@@ -10,6 +10,8 @@ the reference path); the saved `mean` / `rstd` have shape x.shape[:-1] (layer / 
     group_norm_forward(x, num_groups, weight, bias, eps) -> (y, mean, rstd)
     group_norm_backward(dy, x, num_groups, weight, mean, rstd, bias) -> (dx, dweight, dbias)
 """
+import math
+
 import numpy as np
 
 from . import loader as L
@@ -66,6 +68,10 @@ def _layer_grad_ref(dy, x, weight, mean, rstd, bias, rms):
 
 # ----------------------------------------------------------------------------- kernels: layer / rms
 NORM_MAX_RPB = 8  # row groups of > 32 threads per block: NORM_MAX_RPB in cuda_src/norms.cu
+# Weight / bias gradients (layer / rms / group norm) summed inside the backward kernel ("last block done", see
+# last_arrival in cuda_src/common.cuh): one launch. False: the kernels write partial rows only and a column_sum launch
+# sums each (A/B benchmarks).
+single_launch_sums = True
 _props = {}
 
 
@@ -127,30 +133,46 @@ FWD_VPTS = (1, 2, 3, 4, 6, 8, 12, 16)  # the one-pass forward kernels norm_fwdv<
 fwd_override = None  # (vpt, tpr) forcing the one-pass forward's plan (benchmark sweeps); None: _fwd_plan's choice
 
 
+def _group_tpr(need):
+    """Threads for `need` per-thread slots of a row: a power of two up to 32, else a multiple of 32."""
+    if need <= 32:
+        return 1 << max(0, need - 1).bit_length()
+    return L.cdiv(need, 32) * 32
+
+
+def _fwd_shape(nvec):
+    """(vpt, tpr) of the one-pass forward for rows of nvec 16-byte vectors. Rows of <= 64 vectors: 2 vectors per
+    thread (4608 x 3072 bf16 rows of 384 vectors: (4, 96) / (6, 64) 0.0196 / 0.0192 ms against (12, 32) 0.0204, LN
+    affine 0.0240 / 0.0243 against 0.0317; QK rows of 16 vectors: (2, 8) 0.0202 against (4, 4) 0.0209 ms). Wider
+    rows: 4, 6 or 3 vectors per thread, whichever leaves the fewest idle slots (tpr * vpt - nvec; ties in that
+    order), with tpr <= 1024; rows too wide for that (> 6144 vectors) 8, 12 or 16."""
+    if nvec <= 64:
+        tpr = _group_tpr(L.cdiv(nvec, 2))
+        return (1 if nvec == 1 else 2), tpr
+    for cands in ((4, 6, 3), (8, 12, 16)):
+        best = None
+        for v in cands:
+            tpr = _group_tpr(L.cdiv(nvec, v))
+            if tpr <= 1024 and (best is None or tpr * v - nvec < best[1] * best[0] - nvec):
+                best = (v, tpr)
+        if best is not None:
+            return best
+    return 16, 1024  # wider than 16 * 1024 vectors: _fwd_plan declines
+
+
 def _fwd_plan(dtype, rows, cols):
     """(kernel, grid, block, tpr) of the one-pass forward (norm_fwdv<VPT>: the 16-byte vector path, every load of a
     row issued at once, not persistent), or None where it does not apply (cols not a multiple of the vector width,
     rows wider than 16 * 1024 vectors, too many registers): the persistent norm_fwd1/2/4 take those.
 
-    Rows of up to 512 vectors go to groups of tpr <= 32 threads (several rows per warp, shuffle reductions only):
-    tpr the smallest power of two >= 4 that keeps a thread at <= 12 vectors, VPT the smallest kernel covering the
-    row. Wider rows: one row per block of tpr = a multiple of 32 threads caching 8 (or 16) vectors each."""
+    The shape (_fwd_shape) follows the H100 sweep (bench/norm_sweep.py): short rows 2 vectors per thread, wider ones
+    ~4 (3 - 6) vectors per thread and as many threads as that takes: groups of tpr <= 32 threads (a power of two,
+    several rows per warp, shuffle reductions only) or one row per block of tpr = a multiple of 32 threads."""
     vec = L.vec_width(dtype)
     if cols % vec:
         return None
     nvec = cols // vec
-    if fwd_override is not None:
-        vpt, tpr = fwd_override
-    elif nvec <= 512:
-        tpr = 1
-        while tpr < min(4, nvec):
-            tpr *= 2
-        while tpr < 32 and L.cdiv(nvec, tpr) > 12:
-            tpr *= 2
-        vpt = next(v for v in FWD_VPTS if v * tpr >= nvec)
-    else:
-        vpt = 8 if nvec <= 8 * 1024 else 16
-        tpr = L.cdiv(L.cdiv(nvec, vpt), 32) * 32
+    vpt, tpr = fwd_override if fwd_override is not None else _fwd_shape(nvec)
     if tpr * vpt < nvec or tpr > 1024 or (tpr > 32 and tpr % 32) or (tpr <= 32 and tpr & (tpr - 1)):
         return None
     kernel = L.get_function("norms", f"norm_fwdv{vpt}", dtype)
@@ -229,13 +251,37 @@ def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms):
     dw_part = xp.empty((parts, cols), dtype=np.float32) if weight is not None else None
     db_part = xp.empty((parts, cols), dtype=np.float32) if bias is not None else None
     mean_arg = L.null() if rms else L.contiguous(mean.astype(np.float32, copy=False))
+    fused = acc and single_launch_sums
+    dw = db = None
+    if fused:  # the kernel also sums the part rows (parts_finish): outputs in x's dtype, else fp32 (then cast)
+        odt = x.dtype if all(p is None or p.dtype == x.dtype for p in (weight, bias)) else np.dtype(np.float32)
+        dw = xp.empty((cols,), dtype=odt) if weight is not None else None
+        db = xp.empty((cols,), dtype=odt) if bias is not None else None
+        group, counters = _finish_plan(parts)
+        fin = (L.null() if dw is None else dw, L.null() if db is None else db, counters, L.i32(group),
+               L.i32(odt != x.dtype))
+    else:
+        fin = (L.null(), L.null(), L.null(), L.i32(1), L.i32(0))
     L.launch(kernel, grid, block,
              (dy, x, w, mean_arg, L.contiguous(rstd.astype(np.float32, copy=False)), dx,
               L.null() if dw_part is None else dw_part, L.null() if db_part is None else db_part,
-              L.i64(rows), L.i32(cols), L.i32(tpr), L.i32(rms), L.i32(wf32)), shared_mem=smem)
+              L.i64(rows), L.i32(cols), L.i32(tpr), L.i32(rms), L.i32(wf32)) + fin, shared_mem=smem)
+    if fused:
+        dw = dw.astype(weight.dtype, copy=False) if dw is not None else None
+        db = db.astype(bias.dtype, copy=False) if db is not None else None
+        return dx, dw, db
     dw = L.column_sum("norms", "column_sum", dw_part, weight.dtype) if weight is not None else None
     db = L.column_sum("norms", "column_sum", db_part, bias.dtype) if bias is not None else None
     return dx, dw, db
+
+
+def _finish_plan(parts):
+    """(group, counters) of parts_finish in cuda_src/norms.cu: up to 16 part rows are summed by the last block alone;
+    more go through two levels of ~sqrt(parts) rows each (cdiv(parts, group) + 1 counters)."""
+    if parts <= 16:
+        return parts, L.reduction_counters(1)
+    group = math.isqrt(parts - 1) + 1
+    return group, L.reduction_counters(L.cdiv(parts, group) + 1)
 
 
 # ----------------------------------------------------------------------------- API: layer / rms
@@ -369,10 +415,23 @@ def _gn_bwd_cluster(dy, x, g, weight, mean, rstd, bias, smem):
     dx = xp.empty_like(x)
     dw_part = xp.empty((n * GN_CL, c), dtype=np.float32) if weight is not None else None
     db_part = xp.empty((n * GN_CL, c), dtype=np.float32) if bias is not None else None
+    fused = single_launch_sums and (weight is not None or bias is not None)
+    dw = db = None
+    if fused:  # the last block of each group sums the group's columns: outputs in x's dtype, else fp32 (then cast)
+        odt = x.dtype if all(p is None or p.dtype == x.dtype for p in (weight, bias)) else np.dtype(np.float32)
+        dw = xp.empty((c,), dtype=odt) if weight is not None else None
+        db = xp.empty((c,), dtype=odt) if bias is not None else None
+        fin = (L.null() if dw is None else dw, L.null() if db is None else db, L.reduction_counters(g),
+               L.i32(odt != x.dtype))
+    else:
+        fin = (L.null(), L.null(), L.null(), L.i32(0))
     L.launch(L.get_function("groupnorm", "gn_bwd_cluster<{T}, 8>", x.dtype), (n * g * GN_CL,), (GN_THREADS,),
              (dy, x, _f32_or_null(weight), L.contiguous(mean.astype(np.float32, copy=False)),
               L.contiguous(rstd.astype(np.float32, copy=False)), dx, L.null() if dw_part is None else dw_part,
-              L.null() if db_part is None else db_part, L.i32(g), L.i32(c // g), L.i64(hw)), shared_mem=smem)
+              L.null() if db_part is None else db_part, L.i32(g), L.i32(c // g), L.i64(hw)) + fin, shared_mem=smem)
+    if fused:
+        return (dx, None if dw is None else dw.astype(weight.dtype, copy=False),
+                None if db is None else db.astype(bias.dtype, copy=False))
     dw = L.column_sum("groupnorm", "gn_column_sum", dw_part, weight.dtype) if weight is not None else None
     db = L.column_sum("groupnorm", "gn_column_sum", db_part, bias.dtype) if bias is not None else None
     return dx, dw, db
@@ -415,15 +474,22 @@ def _gn_bwd_kernel(dy, x, g, weight, mean, rstd, bias):
     p, q, r = (xp.empty((rows,), dtype=np.float32) for _ in range(3))
     dw_part = xp.empty((n, c), dtype=np.float32) if weight is not None else None
     db_part = xp.empty((n, c), dtype=np.float32) if bias is not None else None
+    fused = single_launch_sums and (weight is not None or bias is not None)
+    dw = xp.empty((c,), dtype=np.float32) if fused and weight is not None else None
+    db = xp.empty((c,), dtype=np.float32) if fused and bias is not None else None
     L.launch(L.get_function("groupnorm", "gn_bwd_finalize"), (L.cdiv(n * g, 128),), (128,),
              (p0, p1, _f32_or_null(weight), L.contiguous(mean.astype(np.float32, copy=False)),
               L.contiguous(rstd.astype(np.float32, copy=False)), p, q, r,
               L.null() if dw_part is None else dw_part, L.null() if db_part is None else db_part,
-              L.i32(n), L.i32(c), L.i32(g), L.i64(hw), L.i32(splits)))
+              L.i32(n), L.i32(c), L.i32(g), L.i64(hw), L.i32(splits), L.null() if dw is None else dw,
+              L.null() if db is None else db, L.reduction_counters(1) if fused else L.null()))
     dx = xp.empty_like(x)
     grid, block = L.elementwise_grid(x.size, x.dtype)
     L.launch(L.get_function("groupnorm", "gn_bwd_apply", x.dtype), grid, block,
              (dy, x, p, q, r, dx, L.i64(x.size), L.i64(hw)))
+    if fused:  # summed by gn_bwd_finalize's last block (fp32)
+        return (dx, None if dw is None else dw.astype(weight.dtype, copy=False),
+                None if db is None else db.astype(bias.dtype, copy=False))
     dw = L.column_sum("groupnorm", "gn_column_sum", dw_part, weight.dtype) if weight is not None else None
     db = L.column_sum("groupnorm", "gn_column_sum", db_part, bias.dtype) if bias is not None else None
     return dx, dw, db

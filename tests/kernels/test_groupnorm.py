@@ -103,8 +103,8 @@ def test_group_norm_kernel(ab, rng, monkeypatch, dt, shape, g, affine, path):
 
 @pytest.mark.gpu
 def test_cluster_path_is_one_launch_per_pass(rng, monkeypatch):
-    """On sm_90+ a group that fits the cluster's shared memory is normalised in one kernel (two with the dweight /
-    dbias column sums); without clusters (use_cluster False) the split path takes three."""
+    """On sm_90+ a group that fits the cluster's shared memory is normalised in one kernel (the backward too, its
+    dweight / dbias column sums included); without clusters (use_cluster False) the split path takes three."""
     import cupy as cp
     from flame_core.kernels import loader
     if int(cp.cuda.Device().compute_capability) < 90:
