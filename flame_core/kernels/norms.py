@@ -69,9 +69,11 @@ def _layer_grad_ref(dy, x, weight, mean, rstd, bias, rms):
 # ----------------------------------------------------------------------------- kernels: layer / rms
 NORM_MAX_RPB = 8  # row groups of > 32 threads per block: NORM_MAX_RPB in cuda_src/norms.cu
 # Weight / bias gradients (layer / rms / group norm) summed inside the backward kernel ("last block done", see
-# last_arrival in cuda_src/common.cuh): one launch. False: the kernels write partial rows only and a column_sum launch
-# sums each (A/B benchmarks).
-single_launch_sums = True
+# last_arrival in cuda_src/common.cuh): one launch. False (the default): the kernels write partial rows only and a
+# column_sum launch sums each. Off because on the H100 (bench/norm_sweep.py, commit 33a36dc) the single-launch tail
+# was slower: rms_norm bwd 4608x3072 0.0933 vs 0.0455 ms, layer_norm affine bwd 0.1146 vs 0.0911, GroupNorm bwd
+# 0.0313 vs 0.0279 (the last block's sum of the partial rows runs on one SM). Modulate keeps it (a win there).
+single_launch_sums = False
 _props = {}
 
 
