@@ -102,21 +102,18 @@ def timed_steps(step, repeats, warmup):
 
 
 # ----------------------------------------------------------------------------- FLAME
-def build(storage, small):
-    """Flux-dev (random weights, block by block on the GPU) with LoRA, its blocks in a BlockStreamer (all streamed)."""
+def random_streamed_flux(params, before_stream=None, **streamer_kw):
+    """A Flux of `params` with random N(0, 0.02) bf16 weights (norm scales 1), its blocks in a BlockStreamer (all
+    streamed): built under empty_init, the parts outside the blocks filled on the GPU, each block filled on the GPU
+    as the streamer packs it into pinned memory -- the whole model is never on the GPU. `before_stream(model)` runs
+    before the streamer is made (e.g. to inject adapters)."""
     import flame_core as flame
-    import flame_core.memory as M
     import flame_nn
-    from flame_nn import adapters as A
-    from flame_models.flux import Flux, FluxParams
-    from flame_models.flux.lora_keys import TARGET_PRESETS, name_map_for
-    t0 = time.perf_counter()
-    params = FluxParams(depth=2, depth_single_blocks=4) if small else "flux-dev"
+    from flame_models.flux import Flux
     with flame_nn.empty_init(device="cuda", dtype=flame.bfloat16):
         model = Flux(params)
-    p = model.params
-    A.inject_adapters(model, TARGET_PRESETS["attention"], "lora", rank=16, alpha=16.0, name_map=name_map_for(p),
-                      generator=flame.Generator("cpu").manual_seed(3))  # fp32 adapters on the GPU; base frozen
+    if before_stream is not None:
+        before_stream(model)
 
     def fill(module, seed):
         g = flame.Generator("cuda").manual_seed(seed)
@@ -129,16 +126,32 @@ def build(storage, small):
                 else:
                     w = (flame.randn(*prm.shape, generator=g, device="cuda") * 0.02).to(flame.bfloat16)
                 prm.materialize_(w._data)
-    stacks = ("double_blocks", "single_blocks")
     for name, child in model.named_children():
-        if name not in stacks:
+        if name not in ("double_blocks", "single_blocks"):
             fill(child, 7)
     index = {id(b): i for i, b in enumerate([*model.double_blocks, *model.single_blocks])}
     streamer = flame_nn.offload.BlockStreamer.for_model(
-        model, device="cuda", quantize="fp8" if storage == "fp8" else None, profile=True,
-        prepare=lambda block: fill(block, 1000 + index[id(block)]))  # one block on the GPU at a time
+        model, device="cuda", prepare=lambda block: fill(block, 1000 + index[id(block)]), **streamer_kw)
     model.enable_gradient_checkpointing(True)
     model.train()
+    return model, streamer
+
+
+def build(storage, small):
+    """Flux-dev (random weights, block by block on the GPU) with LoRA, its blocks in a BlockStreamer (all streamed)."""
+    import flame_core as flame
+    import flame_core.memory as M
+    import flame_nn
+    from flame_nn import adapters as A
+    from flame_models.flux import FluxParams
+    from flame_models.flux.lora_keys import TARGET_PRESETS, name_map_for
+    t0 = time.perf_counter()
+
+    def add_lora(model):  # fp32 adapters on the GPU; base frozen
+        A.inject_adapters(model, TARGET_PRESETS["attention"], "lora", rank=16, alpha=16.0,
+                          name_map=name_map_for(model.params), generator=flame.Generator("cpu").manual_seed(3))
+    model, streamer = random_streamed_flux(FluxParams(depth=2, depth_single_blocks=4) if small else "flux-dev",
+                                           add_lora, quantize="fp8" if storage == "fp8" else None, profile=True)
     lora = A.adapter_parameters(model)
     opt = flame_nn.optim.AdamW(lora, lr=1e-4)
     import cupy as cp
@@ -380,27 +393,9 @@ def layerwise_part(depth, single, budget, size, repeats, warmup):
     import flame_core.memory as M
     import flame_nn
     from flame_core.amp import autocast
-    from flame_models.flux import Flux, FluxParams
+    from flame_models.flux import FluxParams
     t0 = time.perf_counter()
-    with flame_nn.empty_init(device="cuda", dtype=flame.bfloat16):
-        model = Flux(FluxParams(depth=depth, depth_single_blocks=single))
-
-    def fill(module, seed):
-        g = flame.Generator("cuda").manual_seed(seed)
-        with flame.no_grad():
-            for name, prm in module.named_parameters():
-                if prm.is_meta:
-                    w = flame.ones(*prm.shape, device="cuda") if name.endswith(".scale") else \
-                        flame.randn(*prm.shape, generator=g, device="cuda") * 0.02
-                    prm.materialize_(w.to(flame.bfloat16)._data)
-    for name, child in model.named_children():
-        if name not in ("double_blocks", "single_blocks"):
-            fill(child, 7)
-    index = {id(b): i for i, b in enumerate([*model.double_blocks, *model.single_blocks])}
-    streamer = flame_nn.offload.BlockStreamer.for_model(model, device="cuda", stream_trainable=True,
-                                                        prepare=lambda b: fill(b, 1000 + index[id(b)]))
-    model.enable_gradient_checkpointing(True)
-    model.train()
+    model, streamer = random_streamed_flux(FluxParams(depth=depth, depth_single_blocks=single), stream_trainable=True)
     n_block = sum(p.numel() for b in streamer.blocks for p in b.parameters())
     rest_params = [p for n, p in model.named_parameters() if not n.startswith(("double_blocks.", "single_blocks."))]
     n_rest = sum(p.numel() for p in rest_params)

@@ -12,20 +12,10 @@
 // + bias) straight from its accumulators, or fp32 partials for a split reduction (conv_splitk_reduce).
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
+#include "common.cuh"  // to_f32 / from_f32
 #include "flash_attention.cuh"
 
 extern __shared__ __align__(128) unsigned char conv_smem[];
-
-__device__ __forceinline__ float cv_f(float v) { return v; }
-__device__ __forceinline__ float cv_f(__half v) { return __half2float(v); }
-__device__ __forceinline__ float cv_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float cv_f(double v) { return (float)v; }
-
-template <typename T> __device__ __forceinline__ T cv_t(float v);
-template <> __device__ __forceinline__ float cv_t<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half cv_t<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 cv_t<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <> __device__ __forceinline__ double cv_t<double>(float v) { return (double)v; }
 
 __device__ __forceinline__ void cv_store2(float* p, float a, float b) {  // p 8-byte aligned
     float2 v;
@@ -51,7 +41,7 @@ __global__ void __launch_bounds__(256) conv_transpose_pad(const T* __restrict__ 
     const int l0 = blockIdx.x * 64, r0 = blockIdx.y * 64;
     const fa_i64 b = blockIdx.z;
     const T* src = in + b * R * L;
-    const T zero = cv_t<T>(0.f);
+    const T zero = from_f32<T>(0.f);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {  // all 16 loads in flight at once
         const int i = threadIdx.x + j * 256, rr = i >> 6, ll = i & 63, r = r0 + rr, l = l0 + ll;
@@ -83,7 +73,7 @@ __global__ void __launch_bounds__(256) conv_pack_weight(const T* __restrict__ w,
     __syncthreads();
     const int cw = min(CT, Cp - c0);  // channels this block writes
     T* dst = out + (fa_i64)o * T_ * Cp + c0;
-    const T zero = cv_t<T>(0.f);
+    const T zero = from_f32<T>(0.f);
 #pragma unroll 4
     for (int i = threadIdx.x; i < cw * T_; i += 256) {
         const int t = i / cw, cc = i - t * cw;
@@ -104,8 +94,8 @@ __global__ void __launch_bounds__(256) conv_splitk_reduce(const float* __restric
     const fa_i64 slice = (fa_i64)O * P;
     float s = 0.f;
     for (int z = 0; z < S; ++z) s += src[z * slice];
-    if (bias != nullptr) s += cv_f(bias[o]);
-    y[(n * O + o) * OHW + q] = cv_t<T>(s);
+    if (bias != nullptr) s += to_f32(bias[o]);
+    y[(n * O + o) * OHW + q] = from_f32<T>(s);
 }
 
 // dw[o, c, t] = sum_s ws[s, o, t*Cp + c] for c < C (+ acc32[o, c, t] when accumulate); the fp32 sum goes to acc32
@@ -127,7 +117,7 @@ __global__ void __launch_bounds__(256) conv_dw_reduce(const float* __restrict__ 
     const fa_i64 d = ((fa_i64)o * C + c) * T_ + t;
     if (accumulate) s += acc32[d];
     if (acc32 != nullptr) acc32[d] = s;
-    if (dw != nullptr) dw[d] = cv_t<T>(s);
+    if (dw != nullptr) dw[d] = from_f32<T>(s);
 }
 
 // ------------------------------------------------------------------------------------------ warp products
@@ -297,7 +287,7 @@ conv_fwd_igemm(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                     }
                 }
             } else {
-                const float bv = bias != nullptr ? cv_f(bias[o]) : 0.f;
+                const float bv = bias != nullptr ? to_f32(bias[o]) : 0.f;
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
                     const int p = p0 + wn * WN + nt * 8 + 2 * t4;

@@ -12,6 +12,18 @@
 #include "common.cuh"
 
 #define NORM_MAX_RPB 8  // row groups of > 32 threads per block (named barriers 1 .. 8); Python keeps to it
+// The kernels below are thin template wrappers (one per VPT / ACC, so that each has its own name for the loader)
+// around norm_fwd_impl / norm_fwdv_impl / norm_bwd_impl; their shared parameter lists:
+#define NORM_FWD_PARAMS const T* __restrict__ x, const void* __restrict__ w, const void* __restrict__ b, \
+    T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, i64 rows, int cols, float eps, int tpr, \
+    int rms, int wf32
+#define NORM_FWD_ARGS x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32
+#define NORM_BWD_PARAMS const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w, \
+    const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx, float* __restrict__ dw_part, \
+    float* __restrict__ db_part, i64 rows, int cols, int tpr, int rms, int wf32, void* __restrict__ dw_out, \
+    void* __restrict__ db_out, unsigned* __restrict__ counters, int group, int of32
+#define NORM_BWD_ARGS dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, dw_out, db_out, \
+    counters, group, of32
 
 // ---------------------------------------------------------------------------------------------- row-group sums
 // Sum over the row group of this thread (every thread of the group gets it; all of them must call, and for groups
@@ -268,23 +280,11 @@ __device__ __forceinline__ void norm_fwd_impl(const T* __restrict__ x, const voi
 // y = (x - mean) * rstd * w + b per row (rms: mean = 0, no b). mean / rstd: fp32 (rows,), either may be null.
 // The digit is VPT: 16-byte vectors of the row each thread caches.
 template <typename T>
-__global__ void norm_fwd1(const T* __restrict__ x, const void* __restrict__ w, const void* __restrict__ b,
-                          T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, i64 rows, int cols,
-                          float eps, int tpr, int rms, int wf32) {
-    norm_fwd_impl<T, 1>(x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32);
-}
+__global__ void norm_fwd1(NORM_FWD_PARAMS) { norm_fwd_impl<T, 1>(NORM_FWD_ARGS); }
 template <typename T>
-__global__ void norm_fwd2(const T* __restrict__ x, const void* __restrict__ w, const void* __restrict__ b,
-                          T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, i64 rows, int cols,
-                          float eps, int tpr, int rms, int wf32) {
-    norm_fwd_impl<T, 2>(x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32);
-}
+__global__ void norm_fwd2(NORM_FWD_PARAMS) { norm_fwd_impl<T, 2>(NORM_FWD_ARGS); }
 template <typename T>
-__global__ void norm_fwd4(const T* __restrict__ x, const void* __restrict__ w, const void* __restrict__ b,
-                          T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, i64 rows, int cols,
-                          float eps, int tpr, int rms, int wf32) {
-    norm_fwd_impl<T, 4>(x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32);
-}
+__global__ void norm_fwd4(NORM_FWD_PARAMS) { norm_fwd_impl<T, 4>(NORM_FWD_ARGS); }
 
 // ---------------------------------------------------------------------------------------------- forward, one pass
 // 16-byte vector path for rows of nvec = cols / N <= tpr * VPT vectors (the Python side checks cols % N == 0 and
@@ -463,53 +463,21 @@ __device__ __forceinline__ void norm_fwdv_impl(const T* __restrict__ x, const vo
 // norm_fwd's contract (y, mean, rstd; rms: no mean / bias) on the one-pass vector path above; the digit is VPT.
 // Grid: cdiv(rows, rpb) blocks; block: a multiple of tpr (tpr <= 32) or tpr itself.
 template <typename T>
-__global__ void norm_fwdv1(const T* __restrict__ x, const void* __restrict__ w, const void* __restrict__ b,
-                           T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, i64 rows, int cols,
-                           float eps, int tpr, int rms, int wf32) {
-    norm_fwdv_impl<T, 1>(x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32);
-}
+__global__ void norm_fwdv1(NORM_FWD_PARAMS) { norm_fwdv_impl<T, 1>(NORM_FWD_ARGS); }
 template <typename T>
-__global__ void norm_fwdv2(const T* __restrict__ x, const void* __restrict__ w, const void* __restrict__ b,
-                           T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, i64 rows, int cols,
-                           float eps, int tpr, int rms, int wf32) {
-    norm_fwdv_impl<T, 2>(x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32);
-}
+__global__ void norm_fwdv2(NORM_FWD_PARAMS) { norm_fwdv_impl<T, 2>(NORM_FWD_ARGS); }
 template <typename T>
-__global__ void norm_fwdv3(const T* __restrict__ x, const void* __restrict__ w, const void* __restrict__ b,
-                           T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, i64 rows, int cols,
-                           float eps, int tpr, int rms, int wf32) {
-    norm_fwdv_impl<T, 3>(x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32);
-}
+__global__ void norm_fwdv3(NORM_FWD_PARAMS) { norm_fwdv_impl<T, 3>(NORM_FWD_ARGS); }
 template <typename T>
-__global__ void norm_fwdv6(const T* __restrict__ x, const void* __restrict__ w, const void* __restrict__ b,
-                           T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, i64 rows, int cols,
-                           float eps, int tpr, int rms, int wf32) {
-    norm_fwdv_impl<T, 6>(x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32);
-}
+__global__ void norm_fwdv6(NORM_FWD_PARAMS) { norm_fwdv_impl<T, 6>(NORM_FWD_ARGS); }
 template <typename T>
-__global__ void norm_fwdv4(const T* __restrict__ x, const void* __restrict__ w, const void* __restrict__ b,
-                           T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, i64 rows, int cols,
-                           float eps, int tpr, int rms, int wf32) {
-    norm_fwdv_impl<T, 4>(x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32);
-}
+__global__ void norm_fwdv4(NORM_FWD_PARAMS) { norm_fwdv_impl<T, 4>(NORM_FWD_ARGS); }
 template <typename T>
-__global__ void norm_fwdv8(const T* __restrict__ x, const void* __restrict__ w, const void* __restrict__ b,
-                           T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, i64 rows, int cols,
-                           float eps, int tpr, int rms, int wf32) {
-    norm_fwdv_impl<T, 8>(x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32);
-}
+__global__ void norm_fwdv8(NORM_FWD_PARAMS) { norm_fwdv_impl<T, 8>(NORM_FWD_ARGS); }
 template <typename T>
-__global__ void norm_fwdv12(const T* __restrict__ x, const void* __restrict__ w, const void* __restrict__ b,
-                           T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, i64 rows, int cols,
-                           float eps, int tpr, int rms, int wf32) {
-    norm_fwdv_impl<T, 12>(x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32);
-}
+__global__ void norm_fwdv12(NORM_FWD_PARAMS) { norm_fwdv_impl<T, 12>(NORM_FWD_ARGS); }
 template <typename T>
-__global__ void norm_fwdv16(const T* __restrict__ x, const void* __restrict__ w, const void* __restrict__ b,
-                           T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, i64 rows, int cols,
-                           float eps, int tpr, int rms, int wf32) {
-    norm_fwdv_impl<T, 16>(x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32);
-}
+__global__ void norm_fwdv16(NORM_FWD_PARAMS) { norm_fwdv_impl<T, 16>(NORM_FWD_ARGS); }
 
 // ---------------------------------------------------------------------------------------------- backward
 // ACC: the weight-gradient partials a kernel accumulates: 0 none (dx only), 1 dw = sum(dy * xhat), 2 dw and
@@ -879,86 +847,23 @@ __device__ __forceinline__ void norm_bwd_impl(const T* __restrict__ dy, const T*
 // writes dw_out / db_out = the column sums of the parts (parts_finish; the part rows are scratch then), else dw_out /
 // db_out are not touched and column_sum sums the parts.
 template <typename T>
-__global__ void norm_bwd1(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
-                          const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
-                          float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
-                          int rms, int wf32, void* __restrict__ dw_out, void* __restrict__ db_out,
-                          unsigned* __restrict__ counters, int group, int of32) {
-    norm_bwd_impl<T, 1, 2>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, dw_out, db_out,
-                           counters, group, of32);
-}
+__global__ void norm_bwd1(NORM_BWD_PARAMS) { norm_bwd_impl<T, 1, 2>(NORM_BWD_ARGS); }
 template <typename T>
-__global__ void norm_bwd2(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
-                          const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
-                          float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
-                          int rms, int wf32, void* __restrict__ dw_out, void* __restrict__ db_out,
-                          unsigned* __restrict__ counters, int group, int of32) {
-    norm_bwd_impl<T, 2, 2>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, dw_out, db_out,
-                           counters, group, of32);
-}
+__global__ void norm_bwd2(NORM_BWD_PARAMS) { norm_bwd_impl<T, 2, 2>(NORM_BWD_ARGS); }
 template <typename T>
-__global__ void norm_bwd4(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
-                          const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
-                          float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
-                          int rms, int wf32, void* __restrict__ dw_out, void* __restrict__ db_out,
-                          unsigned* __restrict__ counters, int group, int of32) {
-    norm_bwd_impl<T, 4, 2>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, dw_out, db_out,
-                           counters, group, of32);
-}
+__global__ void norm_bwd4(NORM_BWD_PARAMS) { norm_bwd_impl<T, 4, 2>(NORM_BWD_ARGS); }
 template <typename T>
-__global__ void norm_bwdw1(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
-                          const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
-                          float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
-                          int rms, int wf32, void* __restrict__ dw_out, void* __restrict__ db_out,
-                          unsigned* __restrict__ counters, int group, int of32) {
-    norm_bwd_impl<T, 1, 1>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, dw_out, db_out,
-                           counters, group, of32);
-}
+__global__ void norm_bwdw1(NORM_BWD_PARAMS) { norm_bwd_impl<T, 1, 1>(NORM_BWD_ARGS); }
 template <typename T>
-__global__ void norm_bwdw2(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
-                          const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
-                          float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
-                          int rms, int wf32, void* __restrict__ dw_out, void* __restrict__ db_out,
-                          unsigned* __restrict__ counters, int group, int of32) {
-    norm_bwd_impl<T, 2, 1>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, dw_out, db_out,
-                           counters, group, of32);
-}
+__global__ void norm_bwdw2(NORM_BWD_PARAMS) { norm_bwd_impl<T, 2, 1>(NORM_BWD_ARGS); }
 template <typename T>
-__global__ void norm_bwdw4(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
-                          const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
-                          float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
-                          int rms, int wf32, void* __restrict__ dw_out, void* __restrict__ db_out,
-                          unsigned* __restrict__ counters, int group, int of32) {
-    norm_bwd_impl<T, 4, 1>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, dw_out, db_out,
-                           counters, group, of32);
-}
+__global__ void norm_bwdw4(NORM_BWD_PARAMS) { norm_bwd_impl<T, 4, 1>(NORM_BWD_ARGS); }
 template <typename T>
-__global__ void norm_bwdx1(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
-                          const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
-                          float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
-                          int rms, int wf32, void* __restrict__ dw_out, void* __restrict__ db_out,
-                          unsigned* __restrict__ counters, int group, int of32) {
-    norm_bwd_impl<T, 1, 0>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, dw_out, db_out,
-                           counters, group, of32);
-}
+__global__ void norm_bwdx1(NORM_BWD_PARAMS) { norm_bwd_impl<T, 1, 0>(NORM_BWD_ARGS); }
 template <typename T>
-__global__ void norm_bwdx2(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
-                          const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
-                          float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
-                          int rms, int wf32, void* __restrict__ dw_out, void* __restrict__ db_out,
-                          unsigned* __restrict__ counters, int group, int of32) {
-    norm_bwd_impl<T, 2, 0>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, dw_out, db_out,
-                           counters, group, of32);
-}
+__global__ void norm_bwdx2(NORM_BWD_PARAMS) { norm_bwd_impl<T, 2, 0>(NORM_BWD_ARGS); }
 template <typename T>
-__global__ void norm_bwdx4(const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w,
-                          const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
-                          float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows, int cols, int tpr,
-                          int rms, int wf32, void* __restrict__ dw_out, void* __restrict__ db_out,
-                          unsigned* __restrict__ counters, int group, int of32) {
-    norm_bwd_impl<T, 4, 0>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, dw_out, db_out,
-                           counters, group, of32);
-}
+__global__ void norm_bwdx4(NORM_BWD_PARAMS) { norm_bwd_impl<T, 4, 0>(NORM_BWD_ARGS); }
 
 // out[c] = sum_p part[p, c], in T (the weight's dtype). Block (32, 32).
 template <typename T>
