@@ -51,7 +51,7 @@ _modules = {}     # (stem, name_expressions) -> RawModule
 _sources = {}     # stem -> expanded source text
 
 _CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "float64": "double"}
-_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[ \t]*$', re.M)
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[ \t]*(?://[^\n]*)?$', re.M)  # a trailing // comment allowed
 _TEMPLATE_KERNEL = re.compile(
     r"template\s*<\s*typename\s+\w+\s*>\s*__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+"
     r"(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(")
