@@ -89,6 +89,19 @@ def flame_case(B, H, Lq, Lk, D, reps, fwd_tiles=None, bwd_tiles=None):
     return t_f, t_fb, (q, k, v, g), fwd(), fwd_bwd()
 
 
+def host_us(fn, sync, n=200):
+    """Host microseconds per call: wall time of n calls queued without waiting (the GPU runs behind)."""
+    import time
+    fn()
+    sync()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dt = time.perf_counter() - t
+    sync()
+    return dt / n * 1e6
+
+
 def torch_case(torch, backend, inputs, reps):
     from torch.nn.attention import sdpa_kernel
     import torch.nn.functional as F
@@ -166,7 +179,7 @@ def main():
     import cupy as cp
     import torch
     from flame_core.kernels import attention as A
-    from torch.nn.attention import SDPBackend
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     backends = [("FA2", SDPBackend.FLASH_ATTENTION), ("cuDNN", SDPBackend.CUDNN_ATTENTION),
                 ("mem-eff", SDPBackend.EFFICIENT_ATTENTION)]
     dev = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
@@ -183,6 +196,7 @@ def main():
             tf, tfb, tout, tgrads, err = torch_case(torch, be, tin, args.reps)
             tor[bname] = {"fwd_ms": tf, "fwd_bwd_ms": tfb, "error": err}
             if tout is not None and "ref" not in checks:  # compare FLAME with the first backend that ran
+                tout_ref = tout
                 fo = torch.as_tensor(o.view(cp.uint16), device="cuda").view(torch.bfloat16)
                 fg = [torch.as_tensor(x.view(cp.uint16), device="cuda").view(torch.bfloat16) for x in grads]
                 checks = {"ref": bname, "o": rel(fo, tout), "dq": rel(fg[0], tgrads[0]),
@@ -201,20 +215,31 @@ def main():
                "x_best_fwd": best_f / t_f if best_f else None, "x_best_fwd_bwd": best_fb / t_fb if best_fb else None,
                "check_vs_torch": checks,
                "tiles": {"fwd": A._fwd_tiles(A._tile_dim(D), B, H, Lq, False), "bwd": A.BWD_TILES[A._tile_dim(D)]}}
+        q, k, v, _ = inputs
+        row["flame_fwd_host_us"] = host_us(lambda q=q, k=k, v=v: A._kernel_forward(q, k, v, None, False, D ** -0.5),
+                                           cp.cuda.Device().synchronize)
+        tq, tk, tv = tin[:3]
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            row["torch_fa2_fwd_host_us"] = host_us(
+                lambda tq=tq, tk=tk, tv=tv: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv),
+                torch.cuda.synchronize)
+        row["tiles"]["sm90_fwd"] = A._use_sm90(A._tile_dim(D), None)
         rows.append(row)
-        print(f"  {name} flame: fwd {t_f:.3f} ms, fwd+bwd {t_fb:.3f} ms; check {checks}", flush=True)
+        print(f"  {name} flame: fwd {t_f:.3f} ms, fwd+bwd {t_fb:.3f} ms; check {checks}; host us/call: FLAME fwd "
+              f"{row['flame_fwd_host_us']:.1f}, torch FA2 fwd {row['torch_fa2_fwd_host_us']:.1f}", flush=True)
         if args.tune:
             td = A._tile_dim(D)
-            tiles = {tuple(v[:3]) for v in A.FWD_TILES[td].values()} | ({(128, 128, 4)} if td == 64 else set())
-            for ft in sorted(t + (opt,) for t in tiles for opt in range(4)):
-                tf, _, _, _, _ = flame_case(B, H, Lq, Lk, D, args.reps, fwd_tiles=ft)
-                tune_rows.append((name, "fwd", ft, tf))
+            cands = list(A.FWD_SM90_TILES_CANDIDATES.get(td, [])) + [A._fwd_tiles(td, B, H, Lq, False)]
+            for ft in cands:
+                tf, _, _, (o2, _), _ = flame_case(B, H, Lq, Lk, D, args.reps, fwd_tiles=ft)
+                err = rel(torch.as_tensor(o2.view(cp.uint16), device="cuda").view(torch.bfloat16), tout_ref)
+                tune_rows.append((name, f"fwd e={err:.1e}", ft, tf))
             alts = {64: [(64, 128, 8, 2, 4, 2), (128, 128, 8, 4, 4, 4)], 128: [(64, 128, 8, 2, 4, 2)],
                     256: [(64, 64, 8, 2, 4, 2)]}[td]
             for bt in (t + (opt,) for t in alts for opt in (0, 2)):
                 _, tfb, _, _, _ = flame_case(B, H, Lq, Lk, D, args.reps, bwd_tiles=bt)
                 tune_rows.append((name, "fwd+bwd", bt, tfb))
-        del inputs, o, grads, tin
+        del inputs, o, grads, tin, tq, tk, tv, q, k, v
         cp.get_default_memory_pool().free_all_blocks()
         torch.cuda.empty_cache()
 

@@ -35,6 +35,12 @@ FWD_TILES = {64: {"large": (128, 64, 4, 0), "small": (64, 64, 4, 0), "mask": (64
              256: {"large": (64, 64, 4, 0), "small": (64, 64, 4, 0), "mask": (64, 32, 4, 0)}}
 BWD_TILES = {64: (64, 128, 8, 2, 4, 2, 0), 128: (64, 128, 8, 2, 4, 2, 0), 256: (64, 64, 8, 2, 4, 2, 0)}
 _FWD_CTAS_PER_SM = {(64, 128): 2, (64, 64): 4, (128, 128): 2, (128, 64): 3}  # (D, BM): resident CTAs per SM
+# Hopper (sm_90a) forward, cuda_src/flash_attention_fwd_sm90.cu, per padded head dim: (BN, consumer warpgroups,
+# stages); a CTA holds 64 query rows per warpgroup. SM90_FWD = False keeps every call on the sm_80 kernels (A/B).
+FWD_SM90_TILES = {64: (128, 2, 3), 128: (128, 2, 2)}
+SM90_FWD = True
+FWD_SM90_TILES_CANDIDATES = {64: [(128, 2, 3), (128, 3, 2), (128, 2, 2), (64, 2, 4), (64, 3, 3)],
+                             128: [(128, 2, 2), (64, 2, 3), (64, 2, 4)]}  # what bench/attention.py --tune times
 
 
 # ----------------------------------------------------------------------------- checks
@@ -227,13 +233,34 @@ def _kernel(stem, expr, dtype, shared_mem=0):
     return fn
 
 
+def _use_sm90(D, tiles):
+    """Whether a forward call runs the Hopper kernel: `tiles` of 3 entries name one, of 4 the sm_80 kernel."""
+    if tiles is not None:
+        return len(tiles) == 3
+    return SM90_FWD and D in FWD_SM90_TILES and L.arch_available("sm_90a")
+
+
+_fwd_plans = {}  # everything about a forward launch except the data: (shapes, strides, dtype, ...) -> plan
+
+
 def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
+    if mask is None and tiles is None:  # the repeated call: one dict lookup, two allocations, one launch
+        key = (q.shape, q.strides, k.shape, k.strides, v.shape, v.strides, q.dtype, is_causal, scale,
+               q.data.device_id, SM90_FWD)
+        plan = _fwd_plans.get(key)
+        if plan is not None and not (q.data.ptr | k.data.ptr | v.data.ptr) & 15:
+            fn, grid, block, smem, like_q, o_shape, lse_shape, tail = plan
+            xp = L.xp_of(q)
+            o = xp.empty_like(q) if like_q else xp.empty(o_shape, dtype=q.dtype)
+            lse = xp.empty(lse_shape, dtype=np.float32)
+            fn(grid, block, (q, k, v, o, lse) + tail, shared_mem=smem)
+            L.launches += 1
+            return o, lse
     xp = L.xp_of(q)
     B, H, Lq, E = q.shape
     Lk = k.shape[2]
     e_pad = -(-E // 8) * 8
     D = _tile_dim(e_pad)
-    BM, BN, NW, OPT = tiles or _fwd_tiles(D, B, H, Lq, mask is not None)
     qa, qs = _operand(q, e_pad)
     ka, ks = _operand(k, e_pad)
     va, vs = _operand(v, e_pad)
@@ -241,11 +268,27 @@ def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
     os_ = tuple(L.i64(s // o.itemsize) for s in o.strides[:3])
     lse = xp.empty((B, H, Lq), dtype=np.float32)
     marg, kind, ms = _mask_arg(mask, (B, H, Lq, Lk))
-    smem = (BM + 2 * BN) * D * 2
-    fn = _kernel("flash_attention_fwd", f"flash_attn_fwd<{{T}}, {D}, {BM}, {BN}, {NW}, {kind}, {OPT}>", q.dtype, smem)
-    L.launch(fn, (L.cdiv(Lq, BM), H, B), (NW * 32,),
-             (qa, ka, va, o, lse, marg, L.i32(H), L.i32(Lq), L.i32(Lk), L.i32(e_pad), *qs, *ks, *vs, *os_, *ms,
-              L.f32(scale * LOG2E), L.i32(bool(is_causal))), shared_mem=smem)
+    if _use_sm90(D, tiles):
+        BN, NWG, STAGES = tiles or FWD_SM90_TILES[D]
+        BM = 64 * NWG
+        smem = 1024 + (BM + 2 * STAGES * BN) * D * 2
+        fn = _kernel("flash_attention_fwd_sm90",
+                     f"flash_attn_fwd_sm90<{{T}}, {D}, {BN}, {NWG}, {STAGES}, {kind}>", q.dtype, smem)
+        block = ((NWG + 1) * 128, 1, 1)
+    else:
+        BM, BN, NW, OPT = tiles or _fwd_tiles(D, B, H, Lq, mask is not None)
+        smem = (BM + 2 * BN) * D * 2
+        fn = _kernel("flash_attention_fwd", f"flash_attn_fwd<{{T}}, {D}, {BM}, {BN}, {NW}, {kind}, {OPT}>", q.dtype,
+                     smem)
+        block = (NW * 32, 1, 1)
+    grid = (L.cdiv(Lq, BM), H, B)
+    tail = (marg, L.i32(H), L.i32(Lq), L.i32(Lk), L.i32(e_pad), *qs, *ks, *vs, *os_, *ms, L.f32(scale * LOG2E),
+            L.i32(bool(is_causal)))
+    L.launch(fn, grid, block, (qa, ka, va, o, lse) + tail, shared_mem=smem)
+    if mask is None and tiles is None and qa is q and ka is k and va is v and e_pad == E:
+        like_q = o.strides == xp.empty_like(q).strides if o.shape == q.shape else False
+        if like_q or o.strides == xp.empty(o.shape, dtype=o.dtype).strides:
+            _fwd_plans[key] = (fn, grid, block, int(smem), like_q, o.shape, lse.shape, tail)
     return (o if e_pad == E else o[..., :E]), lse
 
 

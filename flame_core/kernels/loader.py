@@ -14,6 +14,9 @@ API (what kernel families and other helpers call)
     ``get_function("norms", "ln_fwd<{T}, 8>", x.dtype)``.
 ``load_module(file_stem, name_expressions=())`` -> ``cupy.RawModule``
     The compiled module itself (for ``extern "C"`` families such as philox).
+``file_arch(file_stem)`` / ``arch_available(arch)``
+    A file whose source has a ``// arch: sm_90a`` line is compiled for exactly that architecture (CuPy compiles the
+    rest for the device's generic ``sm_XY``); ``arch_available`` says whether the current device runs such code.
 ``launch(kernel, grid, block, args, shared_mem=0, stream=None)``
     Launches; ints in ``grid``/``block`` become 1-tuples; dynamic shared memory over 48 KiB is opted into.
 ``cdiv(a, b)``, ``grid_1d(n, block)``
@@ -201,14 +204,106 @@ def load_module(stem, name_expressions=()):
     with _lock:
         mod = _modules.get(key)
         if mod is None:
-            mod = cp.RawModule(code=source(stem), options=NVRTC_OPTIONS,
-                               name_expressions=list(name_expressions) or None)
-            try:
-                mod.compile()
-            except cp.cuda.compiler.CompileException as e:
-                raise _compile_error(stem, e) from None
+            arch = file_arch(stem)
+            if arch is not None:
+                mod = _ArchModule(stem, arch, name_expressions)
+            else:
+                mod = cp.RawModule(code=source(stem), options=NVRTC_OPTIONS,
+                                   name_expressions=list(name_expressions) or None)
+                try:
+                    mod.compile()
+                except cp.cuda.compiler.CompileException as e:
+                    raise _compile_error(stem, e) from None
             _modules[key] = mod
     return mod
+
+
+# ----------------------------------------------------------------------------- architecture-specific files
+_ARCH_LINE = re.compile(r"^//\s*arch:\s*(sm_\d+a?)\s*$", re.M)
+_file_archs = {}
+
+
+def file_arch(stem):
+    """The exact architecture a file's `// arch: sm_90a` line asks for, or None (compiled for the device's sm_XY)."""
+    if stem not in _file_archs:
+        m = _ARCH_LINE.search(_read(CUDA_SRC / f"{stem}.cu"))
+        _file_archs[stem] = m.group(1) if m else None
+    return _file_archs[stem]
+
+
+_arch_ok = {}
+
+
+def arch_available(arch):
+    """Whether the current CUDA device runs code built for `arch` ("sm_90a" runs on compute capability 9.0 only)."""
+    cp = backend.cupy
+    if cp is None or not backend.cuda_available():
+        return False
+    dev = cp.cuda.runtime.getDevice()
+    key = (dev, arch)
+    ok = _arch_ok.get(key)
+    if ok is None:
+        cc = cp.cuda.Device(dev).compute_capability
+        ok = _arch_ok[key] = cc == arch[3:].rstrip("a")
+    return ok
+
+
+class _ArchKernel:
+    """A kernel of an architecture-specific module, called like a cupy.RawKernel."""
+    __slots__ = ("_fn", "_smem")
+
+    def __init__(self, fn):
+        self._fn = fn
+        self._smem = 48 * 1024
+
+    @property
+    def max_dynamic_shared_size_bytes(self):
+        return self._smem
+
+    @max_dynamic_shared_size_bytes.setter
+    def max_dynamic_shared_size_bytes(self, value):
+        drv = backend.cupy.cuda.driver
+        drv.funcSetAttribute(self._fn.ptr, drv.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(value))
+        self._smem = int(value)
+
+    def __call__(self, grid, block, args, shared_mem=0):
+        self._fn(grid, block, args, shared_mem)
+
+
+class _ArchModule:
+    """cuda_src/<stem>.cu compiled by NVRTC for exactly `arch` (e.g. sm_90a, which wgmma and setmaxnreg need), through
+    CuPy's compile-and-cache path. CuPy (14) always targets the device's plain sm_XY, so its choice of the -arch option
+    is swapped for this one compile; the disk cache key includes it."""
+
+    def __init__(self, stem, arch, name_expressions):
+        if not arch_available(arch):
+            raise KernelCompileError(f"cuda_src/{stem}.cu is built for {arch} only; this device cannot run it")
+        cp = backend.cupy
+        from cupy.cuda import compiler
+        from cupy._core import core
+        num = arch[3:]
+        orig = compiler._get_arch_for_options_for_nvrtc
+
+        def arch_option(a=None):
+            return (f"-arch=sm_{num}", "cubin") if a == num else orig(a)
+
+        compiler._get_arch_for_options_for_nvrtc = arch_option
+        try:
+            self._mod = core.compile_with_cache(source(stem), NVRTC_OPTIONS, num, prepend_cupy_headers=False,
+                                                name_expressions=list(name_expressions) or None)
+        except cp.cuda.compiler.CompileException as e:
+            raise _compile_error(stem, e) from None
+        except (TypeError, ValueError, AttributeError) as e:  # a CuPy whose internals differ
+            raise KernelCompileError(f"cannot compile cuda_src/{stem}.cu for {arch} with this CuPy: {e}") from None
+        finally:
+            compiler._get_arch_for_options_for_nvrtc = orig
+
+    def compile(self):
+        pass
+
+    def get_function(self, name):
+        mapping = getattr(self._mod, "mapping", None) or {}
+        return _ArchKernel(self._mod.get_function(mapping.get(name, name)))
 
 
 _functions = {}  # (stem, kernel_name, dtype name) -> RawKernel: the per-call lookup stays a dict hit
@@ -461,7 +556,8 @@ def precompile(stems=None, dtypes=("float32", "float16", "bfloat16"), processes=
     Command line: python3 -m flame_core.kernels.loader [stem ...]"""
     import concurrent.futures
     import multiprocessing
-    stems = stems or sorted(p.stem for p in CUDA_SRC.glob("*.cu"))
+    stems = stems or sorted(p.stem for p in CUDA_SRC.glob("*.cu")
+                            if file_arch(p.stem) is None or arch_available(file_arch(p.stem)))
     jobs = [(s, d) for s in stems for d in (_file_dtypes(s, dtypes) if template_kernels(s) else (None,))]
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=processes, mp_context=ctx) as pool:

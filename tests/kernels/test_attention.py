@@ -249,12 +249,18 @@ def _gpu_inputs(rng, case, dt):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fwd", ["sm90", "sm80"])
 @pytest.mark.parametrize("dt", ["bfloat16", "float16"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:5])) + f"-{c[5]}-{'causal' * c[6]}{c[7]}")
-def test_flash_kernel_against_float64(rng, dt, case):
+def test_flash_kernel_against_float64(rng, monkeypatch, dt, case, fwd):
+    if fwd == "sm90" and not loader.arch_available("sm_90a"):
+        pytest.skip("the sm_90a forward needs a compute capability 9.0 GPU")
+    monkeypatch.setattr(K, "SM90_FWD", fwd == "sm90")
     host, (q, k, v, do), mask, dmask, causal = _gpu_inputs(rng, case, np.dtype(BF16 if dt == "bfloat16" else dt))
     before = loader.launches
     o, lse = K.flash_attention_forward(q, k, v, dmask, causal)
+    o2, lse2 = K.flash_attention_forward(q, k, v, dmask, causal)  # the second call takes the cached launch plan
+    assert bool((o2 == o).all()) and bool((lse2 == lse).all())
     dq, dk, dv = K.flash_attention_backward(do, q, k, v, o, lse, dmask, causal)
     assert loader.launches >= before + 3, "the kernel path did not run"
     want_o, want_lse, grads = dense(*host[:3], mask, causal, do=host[3])
@@ -267,6 +273,17 @@ def test_flash_kernel_against_float64(rng, dt, case):
     for name, g, w in zip(("dq", "dk", "dv"), (dq, dk, dv), grads):
         assert g.shape == w.shape and g.dtype == q.dtype
         assert rel_err(g, w) < tol, f"{name}: {rel_err(g, w)}"
+
+
+@pytest.mark.gpu
+def test_sm90_forward_is_the_default_on_hopper(rng):
+    if not loader.arch_available("sm_90a"):
+        pytest.skip("needs a compute capability 9.0 GPU")
+    cp = backend.cupy
+    q, k, v = (cp.asarray(rng.standard_normal((1, 2, 300, e)).astype(BF16)) for e in (128, 128, 128))
+    K.flash_attention_forward(q, k, v)
+    assert any(key[0] == "flash_attention_fwd_sm90" for key in K._functions)
+    assert K._use_sm90(64, None) and K._use_sm90(128, None) and not K._use_sm90(256, None)
 
 
 @pytest.mark.gpu

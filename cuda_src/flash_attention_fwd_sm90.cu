@@ -1,0 +1,234 @@
+// arch: sm_90a
+// dtypes: float16, bfloat16
+// FlashAttention forward for Hopper (sm_90a): the same algorithm and interface as flash_attn_fwd
+// (flash_attention_fwd.cu) on warpgroup MMAs (wgmma.mma_async) with a producer warp.
+//
+// One CTA per (NWG * 64 query rows, head, batch): NWG consumer warpgroups of 128 threads each own 64 query rows; a
+// producer warpgroup (warp 0: K, warp 1: V; it gives its registers to the consumers with setmaxnreg) streams K and V
+// tiles of BN keys through STAGES shared-memory buffers with cp.async and signals each tile on an mbarrier (full_k /
+// full_v); the consumers release a stage (empty) when both products that read it are done. The warpgroups are not in lock-step with each other, so one's softmax overlaps the other's tensor-core work.
+// Per key tile, a consumer warpgroup:
+//   S = Q K^T        wgmma, A = Q and B = K from shared memory (both K-major, 128-byte swizzle), fp32 in registers
+//   mask, online softmax in log2 units (scale folded in), P = exp2(S - rowmax) packed to bf16/fp16 registers
+//   O += P V         wgmma, A = P from registers, B = V from shared memory (N-major: V rows are keys)
+// Shared tiles are stored as 64-column slabs [D / 64][rows][64] with the 16-byte chunk c of row r at c ^ (r % 8),
+// which is the layout the 128-byte-swizzle descriptors describe (every slab 1024-byte aligned).
+// Output O / rowsum and the row logsumexp (natural log; +inf for a row that attends nothing), as flash_attn_fwd.
+#include "flash_attention.cuh"
+#include "wgmma.cuh"
+
+// One warp copies a ROWS x (SLABS * 64) tile (rows >= n_rows and columns >= n_cols read as zero) into SLABS swizzled
+// 64-column slabs; a rolled loop keeps the producer within its few registers.
+template <int ROWS, int SLABS, typename T>
+__device__ __forceinline__ void fa_load_slabs(unsigned s, const T* __restrict__ g, fa_i64 ld, int n_rows, int n_cols,
+                                              int lane) {
+    const int c = (lane & 7) * 8;
+#pragma unroll
+    for (int sl = 0; sl < SLABS; ++sl) {
+        const bool col_ok = c + sl * 64 < n_cols;
+        const T* p = g + (lane >> 3) * ld + sl * 64 + c;
+#pragma unroll 4
+        for (int r = lane >> 3; r < ROWS; r += 4) {
+            const bool ok = col_ok && r < n_rows;
+            fa_cp_async16(s + sl * ROWS * 128 + 2 * fa_swz<64>(r, c), ok ? (const void*)p : (const void*)g, ok ? 16 : 0);
+            p += 4 * ld;
+        }
+    }
+}
+
+template <typename T, int D, int BN, int NWG, int STAGES, int MASK>
+__global__ void __launch_bounds__(NWG * 128 + 128, 1)
+flash_attn_fwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
+                    float* __restrict__ lse, const void* __restrict__ mask, int H, int Lq, int Lk, int d,
+                    fa_i64 q_sb, fa_i64 q_sh, fa_i64 q_sl, fa_i64 k_sb, fa_i64 k_sh, fa_i64 k_sl,
+                    fa_i64 v_sb, fa_i64 v_sh, fa_i64 v_sl, fa_i64 o_sb, fa_i64 o_sh, fa_i64 o_sl,
+                    fa_i64 m_sb, fa_i64 m_sh, fa_i64 m_sq, fa_i64 m_sk, float scale_log2, int causal) {
+    constexpr int BM = NWG * 64;
+    constexpr int SLABS = D / 64;
+    constexpr int NTS = BN / 8;   // n8 tiles of S
+    constexpr int NTO = D / 8;    // n8 tiles of O
+    constexpr bool PRESCALED = MASK == FA_MASK_FLOAT;
+    static_assert(D % 64 == 0 && BN % 64 == 0 && BN <= 256 && D <= 256, "tile shape");
+    constexpr unsigned Q_BYTES = BM * D * 2, KV_BYTES = BN * D * 2;
+
+    extern __shared__ unsigned char fa_smem[];
+    __shared__ __align__(8) unsigned long long bars[3 * STAGES];  // full_k[S], full_v[S], empty[S]
+    const unsigned base = (fa_smem_addr(fa_smem) + 1023u) & ~1023u;
+    const unsigned sQ = base, sK = sQ + Q_BYTES, sV = sK + STAGES * KV_BYTES;
+    const unsigned bar0 = fa_smem_addr(bars);
+    auto full_k = [&](int s) { return bar0 + 8u * s; };
+    auto full_v = [&](int s) { return bar0 + 8u * (STAGES + s); };
+    auto empty = [&](int s) { return bar0 + 8u * (2 * STAGES + s); };
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int m_block = gridDim.x - 1 - blockIdx.x;  // under a causal mask the longest blocks start first
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int m0 = m_block * BM;
+    const T* kg = k + b * k_sb + h * k_sh;
+    const T* vg = v + b * v_sb + h * v_sh;
+
+    int n_blocks = (Lk + BN - 1) / BN;
+    if (causal) n_blocks = max(0, min(n_blocks, (min(m0 + BM, Lq) - 1) / BN + 1));
+
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full_k(s), 32);
+            mbar_init(full_v(s), 32);
+            mbar_init(empty(s), NWG * 4);
+        }
+    }
+    __syncthreads();
+
+    // registers: the producer warpgroup keeps 32, the consumers share the rest (65536 per SM, one CTA)
+    constexpr int REG_P = 40, REG_C = ((65536 / 128 - REG_P) / NWG) / 8 * 8 > 240 ? 240 : ((65536 / 128 - REG_P) / NWG) / 8 * 8;
+    if (warp >= NWG * 4) {  // ------------------------------------------------ producer warpgroup
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_P));
+        const int pw = warp - NWG * 4;
+        if (pw < 2) {
+            const T* src = pw == 0 ? kg : vg;
+            const fa_i64 ld = pw == 0 ? k_sl : v_sl;
+            const unsigned dst = pw == 0 ? sK : sV;
+            for (int it = 0; it < n_blocks; ++it) {
+                const int n0 = (n_blocks - 1 - it) * BN, s = it % STAGES;
+                if (it >= STAGES) mbar_wait(empty(s), ((it / STAGES) - 1) & 1);
+                fa_load_slabs<BN, SLABS>(dst + s * KV_BYTES, src + (fa_i64)n0 * ld, ld, Lk - n0, d, lane);
+                mbar_cp_async_arrive(pw == 0 ? full_k(s) : full_v(s));
+            }
+            fa_cp_async_wait_all();
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REG_C));
+
+    // ------------------------------------------------------------------------ consumer warpgroups
+    const int wg = warp >> 2, wl = warp & 3, wtid = tid & 127;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int wrow = m0 + wg * 64 + wl * 16;  // first query row of this warp
+    {
+        const T* qg = q + b * q_sb + h * q_sh + (fa_i64)(m0 + wg * 64) * q_sl;
+#pragma unroll
+        for (int sl = 0; sl < SLABS; ++sl)
+            fa_load_tile<64, 64, 128>(sQ + sl * BM * 128 + wg * 64 * 128, qg + sl * 64, q_sl, Lq - m0 - wg * 64,
+                                      d - sl * 64, wtid);
+        fa_cp_async_commit();
+        fa_cp_async_wait_all();
+        fence_proxy_async();
+        named_bar_sync(1 + wg, 128);
+    }
+    const fa_i64 moff = b * m_sb + h * m_sh;
+    const float sl2 = PRESCALED ? 1.f : scale_log2;
+
+    float acc_o[NTO][4];
+    float s_acc[NTS][4];
+#pragma unroll
+    for (int j = 0; j < NTO; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_o[j][e] = 0.f;
+    float row_m[2] = {FA_NEG_INF, FA_NEG_INF}, row_l[2] = {0.f, 0.f};
+
+    for (int it = 0; it < n_blocks; ++it) {
+        const int n0 = (n_blocks - 1 - it) * BN, s = it % STAGES;
+        const unsigned phase = (it / STAGES) & 1;
+
+        // S = Q K^T
+        mbar_wait(full_k(s), phase);
+        fence_proxy_async();
+        wg_fence();
+        wg_pin(s_acc);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const unsigned qa = sQ + (kk / 4) * BM * 128 + wg * 64 * 128 + (kk % 4) * 32;
+            const unsigned ka = sK + s * KV_BYTES + (kk / 4) * BN * 128 + (kk % 4) * 32;
+            Wg<T, BN>::template ss<0>(s_acc, wg_desc(qa, 16), wg_desc(ka, 16), kk > 0);
+        }
+        wg_commit();
+        wg_wait<0>();
+        wg_pin(s_acc);
+
+        // mask: key padding, causal, user mask (uniform per warp)
+        if (MASK != FA_MASK_NONE || n0 + BN > Lk || (causal && n0 + BN - 1 > wrow)) {
+#pragma unroll
+            for (int nt = 0; nt < NTS; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int row = wrow + g + (e >> 1) * 8;
+                    const int col = n0 + nt * 8 + t4 * 2 + (e & 1);
+                    float add;
+                    const bool keep = fa_keep<MASK>(row, col, Lq, Lk, causal, mask, moff, m_sq, m_sk, add);
+                    float x = s_acc[nt][e];
+                    if (PRESCALED) x = fmaf(x, scale_log2, add);
+                    s_acc[nt][e] = keep ? x : FA_NEG_INF;
+                }
+        }
+
+        // online softmax: rescale the running output, P = exp2(S - rowmax)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            float mx = FA_NEG_INF;
+#pragma unroll
+            for (int nt = 0; nt < NTS; ++nt) mx = fmaxf(mx, fmaxf(s_acc[nt][2 * hh], s_acc[nt][2 * hh + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(row_m[hh], mx);
+            const float ms = m_new == FA_NEG_INF ? 0.f : m_new * sl2;
+            const float corr = fa_exp2(row_m[hh] * sl2 - ms);
+            row_m[hh] = m_new;
+            float l = row_l[hh] * corr;
+#pragma unroll
+            for (int dt = 0; dt < NTO; ++dt) acc_o[dt][2 * hh] *= corr, acc_o[dt][2 * hh + 1] *= corr;
+#pragma unroll
+            for (int nt = 0; nt < NTS; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float p = fa_exp2(fmaf(s_acc[nt][2 * hh + e], sl2, -ms));
+                    s_acc[nt][2 * hh + e] = p;
+                    l += p;
+                }
+            row_l[hh] = l;
+        }
+        fa_u32 pa[BN / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            pa[kk][0] = FaType<T>::pack(s_acc[2 * kk][0], s_acc[2 * kk][1]);
+            pa[kk][1] = FaType<T>::pack(s_acc[2 * kk][2], s_acc[2 * kk][3]);
+            pa[kk][2] = FaType<T>::pack(s_acc[2 * kk + 1][0], s_acc[2 * kk + 1][1]);
+            pa[kk][3] = FaType<T>::pack(s_acc[2 * kk + 1][2], s_acc[2 * kk + 1][3]);
+        }
+
+        // O += P V
+        mbar_wait(full_v(s), phase);
+        fence_proxy_async();
+        wg_fence();
+        wg_pin(acc_o);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+            Wg<T, D>::template rs<1>(acc_o, pa[kk], wg_desc(sV + s * KV_BYTES + kk * 16 * 128, BN * 128), 1);
+        wg_commit();
+        wg_wait<0>();
+        wg_pin(acc_o);
+        if (lane == 0) mbar_arrive(empty(s));
+    }
+
+    // O /= rowsum; logsumexp
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        float l = row_l[hh];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const int row = wrow + g + hh * 8;
+        if (row < Lq) {
+            T* orow = o + b * o_sb + h * o_sh + (fa_i64)row * o_sl;
+#pragma unroll
+            for (int dt = 0; dt < NTO; ++dt) {
+                const int col = dt * 8 + t4 * 2;
+                if (col < d)
+                    *reinterpret_cast<fa_u32*>(orow + col) =
+                        FaType<T>::pack(acc_o[dt][2 * hh] * inv, acc_o[dt][2 * hh + 1] * inv);
+            }
+            if (t4 == 0)
+                lse[((fa_i64)b * H + h) * Lq + row] = l > 0.f ? (row_m[hh] * sl2 + log2f(l)) * FA_LN2 : FA_POS_INF;
+        }
+    }
+}

@@ -1,0 +1,346 @@
+// Hopper warpgroup MMA (wgmma.mma_async, sm_90a) wrappers for bf16/fp16 inputs and fp32 accumulators, plus the
+// shared-memory matrix descriptors and mbarrier helpers the sm_90a kernels use. The operand lists are mechanical:
+// this file is written by the generator quoted at its end (keep them in step).
+// Accumulator layout (m64nNk16, fp32): warp w of the warpgroup owns rows 16w..16w+15; acc[j][e] of lane (g = lane/4,
+// t = lane%4) is row 16w + g + 8*(e/2), column 8j + 2t + (e%2) - the mma.sync m16n8 layout, one n8 tile per j.
+// A from registers (RS form): the mma.sync m16n8k16 A fragment of the warp's 16 rows.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+typedef unsigned long long wg_u64;
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+
+// Pins accumulator registers at this point of the program (the compiler must not move their reads or writes across
+// an issued-but-unfinished wgmma).
+template <int NT>
+__device__ __forceinline__ void wg_pin(float (&acc)[NT][4]) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(acc[j][e])::"memory");
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle (Swizzle<3,4,3> on byte addresses: the 16-byte chunk c of a
+// 128-byte row r sits at chunk c ^ (r % 8); the pattern repeats every 1024 bytes, so tiles start 1024-aligned).
+// K-major operand: rows of 64 elements (128 bytes), 8-row groups 1024 bytes apart (SBO); LBO unused.
+// MN-major operand: 64 MN-contiguous elements per 128-byte row, K rows 128 bytes apart, 8-row K groups SBO = 1024
+// bytes apart, and the next 64 MN elements LBO bytes on.
+__device__ __forceinline__ wg_u64 wg_desc(unsigned smem_addr, unsigned lbo_bytes) {
+    return (wg_u64)((smem_addr & 0x3FFFF) >> 4) | ((wg_u64)((lbo_bytes & 0x3FFFF) >> 4) << 16) |
+           ((wg_u64)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+template <typename T, int N> struct Wg;
+template <> struct Wg<__nv_bfloat16, 64> {
+    // d (+)= A (64x16, K-major, shared) * B (16x64, K-major (TB=0) or N-major (TB=1), shared); scale_d = 0 overwrites d
+    template <int TB>
+    static __device__ __forceinline__ void ss(float (&d)[8][4], wg_u64 da, wg_u64 db, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+              "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+              "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+              "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+              "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+              "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+              "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+              "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+            : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+    }
+    // d (+)= A (64x16 in registers, mma.sync A fragment) * B (16x64, K-major (TB=0) or N-major (TB=1), shared)
+    template <int TB>
+    static __device__ __forceinline__ void rs(float (&d)[8][4], const unsigned (&a)[4], wg_u64 db, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+              "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+              "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+              "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+              "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+              "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+              "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+              "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TB));
+    }
+};
+template <> struct Wg<__nv_bfloat16, 128> {
+    // d (+)= A (64x16, K-major, shared) * B (16x128, K-major (TB=0) or N-major (TB=1), shared); scale_d = 0 overwrites d
+    template <int TB>
+    static __device__ __forceinline__ void ss(float (&d)[16][4], wg_u64 da, wg_u64 db, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, %67;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+              "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+              "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+              "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+              "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+              "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+              "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+              "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+              "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+              "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+              "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+              "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+              "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+              "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+              "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+              "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+            : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+    }
+    // d (+)= A (64x16 in registers, mma.sync A fragment) * B (16x128, K-major (TB=0) or N-major (TB=1), shared)
+    template <int TB>
+    static __device__ __forceinline__ void rs(float (&d)[16][4], const unsigned (&a)[4], wg_u64 db, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+              "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+              "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+              "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+              "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+              "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+              "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+              "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+              "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+              "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+              "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+              "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+              "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+              "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+              "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+              "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TB));
+    }
+};
+template <> struct Wg<__half, 64> {
+    // d (+)= A (64x16, K-major, shared) * B (16x64, K-major (TB=0) or N-major (TB=1), shared); scale_d = 0 overwrites d
+    template <int TB>
+    static __device__ __forceinline__ void ss(float (&d)[8][4], wg_u64 da, wg_u64 db, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+              "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+              "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+              "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+              "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+              "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+              "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+              "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+            : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+    }
+    // d (+)= A (64x16 in registers, mma.sync A fragment) * B (16x64, K-major (TB=0) or N-major (TB=1), shared)
+    template <int TB>
+    static __device__ __forceinline__ void rs(float (&d)[8][4], const unsigned (&a)[4], wg_u64 db, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+              "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+              "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+              "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+              "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+              "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+              "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+              "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TB));
+    }
+};
+template <> struct Wg<__half, 128> {
+    // d (+)= A (64x16, K-major, shared) * B (16x128, K-major (TB=0) or N-major (TB=1), shared); scale_d = 0 overwrites d
+    template <int TB>
+    static __device__ __forceinline__ void ss(float (&d)[16][4], wg_u64 da, wg_u64 db, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, %67;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+              "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+              "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+              "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+              "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+              "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+              "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+              "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+              "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+              "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+              "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+              "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+              "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+              "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+              "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+              "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+            : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+    }
+    // d (+)= A (64x16 in registers, mma.sync A fragment) * B (16x128, K-major (TB=0) or N-major (TB=1), shared)
+    template <int TB>
+    static __device__ __forceinline__ void rs(float (&d)[16][4], const unsigned (&a)[4], wg_u64 db, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+              "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+              "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+              "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+              "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+              "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+              "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+              "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+              "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+              "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+              "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+              "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+              "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+              "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+              "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+              "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TB));
+    }
+};
+// ------------------------------------------------------------------------------------------ mbarriers
+__device__ __forceinline__ void mbar_init(unsigned addr, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned addr, unsigned parity) {  // until the phase of this parity completes
+    unsigned done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(addr), "r"(parity) : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void mbar_arrive(unsigned addr) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(addr) : "memory");
+}
+// Arrives on the barrier once every cp.async this thread issued so far has landed (the count was set for it).
+__device__ __forceinline__ void mbar_cp_async_arrive(unsigned addr) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(addr) : "memory");
+}
+// Makes shared memory written through the generic proxy (st.shared, cp.async) visible to wgmma's async proxy.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+/* generator:
+# Generates cuda_src/wgmma.cuh (operand lists of the wgmma wrappers are long and mechanical).
+TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
+NS = [64, 128]
+out = []
+out.append('''// Hopper warpgroup MMA (wgmma.mma_async, sm_90a) wrappers for bf16/fp16 inputs and fp32 accumulators, plus the
+// shared-memory matrix descriptors and mbarrier helpers the sm_90a kernels use. The operand lists are mechanical:
+// this file is written by the generator quoted at its end (keep them in step).
+// Accumulator layout (m64nNk16, fp32): warp w of the warpgroup owns rows 16w..16w+15; acc[j][e] of lane (g = lane/4,
+// t = lane%4) is row 16w + g + 8*(e/2), column 8j + 2t + (e%2) - the mma.sync m16n8 layout, one n8 tile per j.
+// A from registers (RS form): the mma.sync m16n8k16 A fragment of the warp's 16 rows.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+typedef unsigned long long wg_u64;
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\\n" ::"n"(N) : "memory"); }
+
+// Pins accumulator registers at this point of the program (the compiler must not move their reads or writes across
+// an issued-but-unfinished wgmma).
+template <int NT>
+__device__ __forceinline__ void wg_pin(float (&acc)[NT][4]) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(acc[j][e])::"memory");
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle (Swizzle<3,4,3> on byte addresses: the 16-byte chunk c of a
+// 128-byte row r sits at chunk c ^ (r % 8); the pattern repeats every 1024 bytes, so tiles start 1024-aligned).
+// K-major operand: rows of 64 elements (128 bytes), 8-row groups 1024 bytes apart (SBO); LBO unused.
+// MN-major operand: 64 MN-contiguous elements per 128-byte row, K rows 128 bytes apart, 8-row K groups SBO = 1024
+// bytes apart, and the next 64 MN elements LBO bytes on.
+__device__ __forceinline__ wg_u64 wg_desc(unsigned smem_addr, unsigned lbo_bytes) {
+    return (wg_u64)((smem_addr & 0x3FFFF) >> 4) | ((wg_u64)((lbo_bytes & 0x3FFFF) >> 4) << 16) |
+           ((wg_u64)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+template <typename T, int N> struct Wg;
+''')
+
+def acc_list(n):
+    return ", ".join(f"%{i}" for i in range(n // 2))
+
+def acc_cons(n):
+    lines = []
+    for j in range(n // 8):
+        lines.append(", ".join(f'"+f"(d[{j}][{e}])' for e in range(4)))
+    return ",\n              ".join(lines)
+
+for ctype, ptx in TYPES:
+    for n in NS:
+        na = n // 2
+        out.append(f'''template <> struct Wg<{ctype}, {n}> {{
+    // d (+)= A (64x16, K-major, shared) * B (16x{n}, K-major (TB=0) or N-major (TB=1), shared); scale_d = 0 overwrites d
+    template <int TB>
+    static __device__ __forceinline__ void ss(float (&d)[{n // 8}][4], wg_u64 da, wg_u64 db, int scale_d) {{
+        asm volatile(
+            "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{na + 2}, 0;\\n"
+            "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "
+            "{{{acc_list(n)}}}, %{na}, %{na + 1}, p, 1, 1, 0, %{na + 3};\\n}}\\n"
+            : {acc_cons(n)}
+            : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+    }}
+    // d (+)= A (64x16 in registers, mma.sync A fragment) * B (16x{n}, K-major (TB=0) or N-major (TB=1), shared)
+    template <int TB>
+    static __device__ __forceinline__ void rs(float (&d)[{n // 8}][4], const unsigned (&a)[4], wg_u64 db, int scale_d) {{
+        asm volatile(
+            "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{na + 5}, 0;\\n"
+            "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "
+            "{{{acc_list(n)}}}, {{%{na}, %{na + 1}, %{na + 2}, %{na + 3}}}, %{na + 4}, p, 1, 1, %{na + 6};\\n}}\\n"
+            : {acc_cons(n)}
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TB));
+    }}
+}};
+''')
+
+out.append('''// ------------------------------------------------------------------------------------------ mbarriers
+__device__ __forceinline__ void mbar_init(unsigned addr, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\\n" ::"r"(addr), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned addr, unsigned parity) {  // until the phase of this parity completes
+    unsigned done;
+    do {
+        asm volatile("{\\n.reg .pred p;\\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\\nselp.u32 %0, 1, 0, p;\\n}\\n"
+                     : "=r"(done) : "r"(addr), "r"(parity) : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void mbar_arrive(unsigned addr) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\\n" ::"r"(addr) : "memory");
+}
+// Arrives on the barrier once every cp.async this thread issued so far has landed (the count was set for it).
+__device__ __forceinline__ void mbar_cp_async_arrive(unsigned addr) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\\n" ::"r"(addr) : "memory");
+}
+// Makes shared memory written through the generic proxy (st.shared, cp.async) visible to wgmma's async proxy.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory"); }
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+    asm volatile("bar.sync %0, %1;\\n" ::"r"(id), "r"(count) : "memory");
+}
+''')
+src = open(__file__).read()
+out.append("/* generator:\n" + src.replace("* /", "* /") + "* /\n")
+open(__import__("sys").argv[1], "w").write("".join(out))
+*/
