@@ -196,7 +196,7 @@ def main():
             tf, tfb, tout, tgrads, err = torch_case(torch, be, tin, args.reps)
             tor[bname] = {"fwd_ms": tf, "fwd_bwd_ms": tfb, "error": err}
             if tout is not None and "ref" not in checks:  # compare FLAME with the first backend that ran
-                tout_ref = tout
+                tout_ref, tgrads_ref = tout, tgrads
                 fo = torch.as_tensor(o.view(cp.uint16), device="cuda").view(torch.bfloat16)
                 fg = [torch.as_tensor(x.view(cp.uint16), device="cuda").view(torch.bfloat16) for x in grads]
                 checks = {"ref": bname, "o": rel(fo, tout), "dq": rel(fg[0], tgrads[0]),
@@ -214,7 +214,8 @@ def main():
                "x_fa2_fwd_bwd": fa2["fwd_bwd_ms"] / t_fb if fa2["fwd_bwd_ms"] else None,
                "x_best_fwd": best_f / t_f if best_f else None, "x_best_fwd_bwd": best_fb / t_fb if best_fb else None,
                "check_vs_torch": checks,
-               "tiles": {"fwd": A._fwd_tiles(A._tile_dim(D), B, H, Lq, False), "bwd": A.BWD_TILES[A._tile_dim(D)]}}
+               "tiles": {"fwd": A._fwd_tiles(A._tile_dim(D), B, H, Lq, False), "bwd": A.BWD_TILES[A._tile_dim(D)],
+                         "sm90_bwd": A.SM90_BWD and A._tile_dim(D) in A.BWD_SM90_TILES}}
         q, k, v, _ = inputs
         row["flame_fwd_host_us"] = host_us(lambda q=q, k=k, v=v: A._kernel_forward(q, k, v, None, False, D ** -0.5),
                                            cp.cuda.Device().synchronize)
@@ -234,11 +235,13 @@ def main():
                 tf, _, _, (o2, _), _ = flame_case(B, H, Lq, Lk, D, args.reps, fwd_tiles=ft)
                 err = rel(torch.as_tensor(o2.view(cp.uint16), device="cuda").view(torch.bfloat16), tout_ref)
                 tune_rows.append((name, f"fwd e={err:.1e}", ft, tf))
-            alts = {64: [(64, 128, 8, 2, 4, 2), (128, 128, 8, 4, 4, 4)], 128: [(64, 128, 8, 2, 4, 2)],
-                    256: [(64, 64, 8, 2, 4, 2)]}[td]
-            for bt in (t + (opt,) for t in alts for opt in (0, 2)):
-                _, tfb, _, _, _ = flame_case(B, H, Lq, Lk, D, args.reps, bwd_tiles=bt)
-                tune_rows.append((name, "fwd+bwd", bt, tfb))
+            alts = {64: [(64, 128, 8, 2, 4, 2, 0), (128, 128, 8, 4, 4, 4, 2), (2, 2), (2, 3)],
+                    128: [(64, 128, 8, 2, 4, 2, 2), (2, 2)], 256: [(64, 64, 8, 2, 4, 2, 0)]}[td]
+            for bt in alts:
+                _, tfb, _, _, g2 = flame_case(B, H, Lq, Lk, D, args.reps, bwd_tiles=bt)
+                err = max(rel(torch.as_tensor(x.view(cp.uint16), device="cuda").view(torch.bfloat16), r)
+                          for x, r in zip(g2, tgrads_ref))
+                tune_rows.append((name, f"f+b e={err:.1e}", bt, tfb))
         del inputs, o, grads, tin, tq, tk, tv, q, k, v
         cp.get_default_memory_pool().free_all_blocks()
         torch.cuda.empty_cache()

@@ -140,7 +140,7 @@ flash_attn_fwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
         for (int kk = 0; kk < D / 16; ++kk) {
             const unsigned qa = sQ + (kk / 4) * BM * 128 + wg * 64 * 128 + (kk % 4) * 32;
             const unsigned ka = sK + s * KV_BYTES + (kk / 4) * BN * 128 + (kk % 4) * 32;
-            Wg<T, BN>::template ss<0>(s_acc, wg_desc(qa, 16), wg_desc(ka, 16), kk > 0);
+            Wg<T, BN>::template ss<0, 0>(s_acc, wg_desc(qa, 16), wg_desc(ka, 16), kk > 0);
         }
         wg_commit();
         wg_wait<0>();

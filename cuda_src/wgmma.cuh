@@ -36,14 +36,44 @@ __device__ __forceinline__ wg_u64 wg_desc(unsigned smem_addr, unsigned lbo_bytes
 }
 
 template <typename T, int N> struct Wg;
-template <> struct Wg<__nv_bfloat16, 64> {
-    // d (+)= A (64x16, K-major, shared) * B (16x64, K-major (TB=0) or N-major (TB=1), shared); scale_d = 0 overwrites d
+template <> struct Wg<__nv_bfloat16, 32> {
+    // d (+)= A (64x16, K-major (TA=0) or M-major (TA=1), shared) * B (16x32, K-major (TB=0) or N-major (TB=1),
+    // shared); scale_d = 0 overwrites d
+    template <int TA, int TB>
+    static __device__ __forceinline__ void ss(float (&d)[4][4], wg_u64 da, wg_u64 db, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %19, %20;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+              "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+              "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+              "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+            : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
+    }
+    // d (+)= A (64x16 in registers, mma.sync A fragment) * B (16x32, K-major (TB=0) or N-major (TB=1), shared)
     template <int TB>
+    static __device__ __forceinline__ void rs(float (&d)[4][4], const unsigned (&a)[4], wg_u64 db, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+              "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+              "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+              "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TB));
+    }
+};
+template <> struct Wg<__nv_bfloat16, 64> {
+    // d (+)= A (64x16, K-major (TA=0) or M-major (TA=1), shared) * B (16x64, K-major (TB=0) or N-major (TB=1),
+    // shared); scale_d = 0 overwrites d
+    template <int TA, int TB>
     static __device__ __forceinline__ void ss(float (&d)[8][4], wg_u64 da, wg_u64 db, int scale_d) {
         asm volatile(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
             "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, %36;\n}\n"
             : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
               "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
               "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
@@ -52,7 +82,7 @@ template <> struct Wg<__nv_bfloat16, 64> {
               "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
               "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
               "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-            : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+            : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
     }
     // d (+)= A (64x16 in registers, mma.sync A fragment) * B (16x64, K-major (TB=0) or N-major (TB=1), shared)
     template <int TB>
@@ -73,13 +103,14 @@ template <> struct Wg<__nv_bfloat16, 64> {
     }
 };
 template <> struct Wg<__nv_bfloat16, 128> {
-    // d (+)= A (64x16, K-major, shared) * B (16x128, K-major (TB=0) or N-major (TB=1), shared); scale_d = 0 overwrites d
-    template <int TB>
+    // d (+)= A (64x16, K-major (TA=0) or M-major (TA=1), shared) * B (16x128, K-major (TB=0) or N-major (TB=1),
+    // shared); scale_d = 0 overwrites d
+    template <int TA, int TB>
     static __device__ __forceinline__ void ss(float (&d)[16][4], wg_u64 da, wg_u64 db, int scale_d) {
         asm volatile(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
             "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, %67;\n}\n"
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %67, %68;\n}\n"
             : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
               "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
               "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
@@ -96,7 +127,7 @@ template <> struct Wg<__nv_bfloat16, 128> {
               "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
               "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
               "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-            : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+            : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
     }
     // d (+)= A (64x16 in registers, mma.sync A fragment) * B (16x128, K-major (TB=0) or N-major (TB=1), shared)
     template <int TB>
@@ -124,14 +155,44 @@ template <> struct Wg<__nv_bfloat16, 128> {
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TB));
     }
 };
-template <> struct Wg<__half, 64> {
-    // d (+)= A (64x16, K-major, shared) * B (16x64, K-major (TB=0) or N-major (TB=1), shared); scale_d = 0 overwrites d
+template <> struct Wg<__half, 32> {
+    // d (+)= A (64x16, K-major (TA=0) or M-major (TA=1), shared) * B (16x32, K-major (TB=0) or N-major (TB=1),
+    // shared); scale_d = 0 overwrites d
+    template <int TA, int TB>
+    static __device__ __forceinline__ void ss(float (&d)[4][4], wg_u64 da, wg_u64 db, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %19, %20;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+              "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+              "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+              "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+            : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
+    }
+    // d (+)= A (64x16 in registers, mma.sync A fragment) * B (16x32, K-major (TB=0) or N-major (TB=1), shared)
     template <int TB>
+    static __device__ __forceinline__ void rs(float (&d)[4][4], const unsigned (&a)[4], wg_u64 db, int scale_d) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+              "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+              "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+              "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TB));
+    }
+};
+template <> struct Wg<__half, 64> {
+    // d (+)= A (64x16, K-major (TA=0) or M-major (TA=1), shared) * B (16x64, K-major (TB=0) or N-major (TB=1),
+    // shared); scale_d = 0 overwrites d
+    template <int TA, int TB>
     static __device__ __forceinline__ void ss(float (&d)[8][4], wg_u64 da, wg_u64 db, int scale_d) {
         asm volatile(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
             "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, %36;\n}\n"
             : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
               "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
               "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
@@ -140,7 +201,7 @@ template <> struct Wg<__half, 64> {
               "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
               "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
               "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-            : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+            : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
     }
     // d (+)= A (64x16 in registers, mma.sync A fragment) * B (16x64, K-major (TB=0) or N-major (TB=1), shared)
     template <int TB>
@@ -161,13 +222,14 @@ template <> struct Wg<__half, 64> {
     }
 };
 template <> struct Wg<__half, 128> {
-    // d (+)= A (64x16, K-major, shared) * B (16x128, K-major (TB=0) or N-major (TB=1), shared); scale_d = 0 overwrites d
-    template <int TB>
+    // d (+)= A (64x16, K-major (TA=0) or M-major (TA=1), shared) * B (16x128, K-major (TB=0) or N-major (TB=1),
+    // shared); scale_d = 0 overwrites d
+    template <int TA, int TB>
     static __device__ __forceinline__ void ss(float (&d)[16][4], wg_u64 da, wg_u64 db, int scale_d) {
         asm volatile(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
             "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, %67;\n}\n"
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %67, %68;\n}\n"
             : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
               "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
               "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
@@ -184,7 +246,7 @@ template <> struct Wg<__half, 128> {
               "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
               "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
               "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-            : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+            : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
     }
     // d (+)= A (64x16 in registers, mma.sync A fragment) * B (16x128, K-major (TB=0) or N-major (TB=1), shared)
     template <int TB>
@@ -238,7 +300,7 @@ __device__ __forceinline__ void named_bar_sync(int id, int count) {
 /* generator:
 # Generates cuda_src/wgmma.cuh (operand lists of the wgmma wrappers are long and mechanical).
 TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
-NS = [64, 128]
+NS = [32, 64, 128]
 out = []
 out.append('''// Hopper warpgroup MMA (wgmma.mma_async, sm_90a) wrappers for bf16/fp16 inputs and fp32 accumulators, plus the
 // shared-memory matrix descriptors and mbarrier helpers the sm_90a kernels use. The operand lists are mechanical:
@@ -293,15 +355,16 @@ for ctype, ptx in TYPES:
     for n in NS:
         na = n // 2
         out.append(f'''template <> struct Wg<{ctype}, {n}> {{
-    // d (+)= A (64x16, K-major, shared) * B (16x{n}, K-major (TB=0) or N-major (TB=1), shared); scale_d = 0 overwrites d
-    template <int TB>
+    // d (+)= A (64x16, K-major (TA=0) or M-major (TA=1), shared) * B (16x{n}, K-major (TB=0) or N-major (TB=1),
+    // shared); scale_d = 0 overwrites d
+    template <int TA, int TB>
     static __device__ __forceinline__ void ss(float (&d)[{n // 8}][4], wg_u64 da, wg_u64 db, int scale_d) {{
         asm volatile(
             "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{na + 2}, 0;\\n"
             "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "
-            "{{{acc_list(n)}}}, %{na}, %{na + 1}, p, 1, 1, 0, %{na + 3};\\n}}\\n"
+            "{{{acc_list(n)}}}, %{na}, %{na + 1}, p, 1, 1, %{na + 3}, %{na + 4};\\n}}\\n"
             : {acc_cons(n)}
-            : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+            : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
     }}
     // d (+)= A (64x16 in registers, mma.sync A fragment) * B (16x{n}, K-major (TB=0) or N-major (TB=1), shared)
     template <int TB>

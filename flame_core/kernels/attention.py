@@ -39,6 +39,10 @@ _FWD_CTAS_PER_SM = {(64, 128): 2, (64, 64): 4, (128, 128): 2, (128, 64): 3}  # (
 # stages); a CTA holds 64 query rows per warpgroup. SM90_FWD = False keeps every call on the sm_80 kernels (A/B).
 FWD_SM90_TILES = {64: (128, 2, 3), 128: (128, 2, 2)}
 SM90_FWD = True
+# Hopper backward, cuda_src/flash_attention_bwd_sm90.cu: (consumer warpgroups, stages) per padded head dim; a CTA
+# owns 64 keys per warpgroup and streams blocks of 64 queries. SM90_BWD = False: the sm_80 kernel (A/B).
+BWD_SM90_TILES = {64: (2, 2), 128: (2, 2)}
+SM90_BWD = True
 FWD_SM90_TILES_CANDIDATES = {64: [(128, 2, 3), (128, 3, 2), (128, 2, 2), (64, 2, 4), (64, 3, 3)],
                              128: [(128, 2, 2), (64, 2, 3), (64, 2, 4)]}  # what bench/attention.py --tune times
 
@@ -308,8 +312,14 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
     Lk = k.shape[2]
     e_pad = -(-E // 8) * 8
     D = _tile_dim(e_pad)
-    BM, BN, NW, WMS, WNKV, WMQ, OPT = tiles or BWD_TILES[D]
     T = q.dtype
+    sm90 = len(tiles) == 2 if tiles is not None else (SM90_BWD and D in BWD_SM90_TILES
+                                                       and L.arch_available("sm_90a"))
+    if sm90:
+        NWG, STAGES = tiles or BWD_SM90_TILES[D]
+        BM, BN = 64, 64 * NWG
+    else:
+        BM, BN, NW, WMS, WNKV, WMQ, OPT = tiles or BWD_TILES[D]
     qa, qs = _operand(q, e_pad)
     ka, ks = _operand(k, e_pad)
     va, vs = _operand(v, e_pad)
@@ -336,10 +346,16 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
         acc_args = (L.null(), L.null())
     dks = tuple(L.i64(s // dk.itemsize) for s in dk.strides[:3])
     dvs = tuple(L.i64(s // dv.itemsize) for s in dv.strides[:3])
-    smem = (2 * BN * D + 4 * BM * D + 2 * BM * BN) * 2 + 2 * BM * 4
-    fn = _kernel("flash_attention_bwd",
-                 f"flash_attn_bwd<{{T}}, {D}, {BM}, {BN}, {NW}, {WMS}, {WNKV}, {WMQ}, {kind}, {OPT}>", T, smem)
-    L.launch(fn, (n_blocks * splits, H, B), (NW * 32,),
+    if sm90:
+        smem = 1024 + (2 * BN * D + 2 * STAGES * BM * D + 2 * BN * BM) * 2 + 2 * STAGES * BM * 4
+        fn = _kernel("flash_attention_bwd_sm90", f"flash_attn_bwd_sm90<{{T}}, {D}, {NWG}, {STAGES}, {kind}>", T, smem)
+        block = ((NWG + 1) * 128,)
+    else:
+        smem = (2 * BN * D + 4 * BM * D + 2 * BM * BN) * 2 + 2 * BM * 4
+        fn = _kernel("flash_attention_bwd",
+                     f"flash_attn_bwd<{{T}}, {D}, {BM}, {BN}, {NW}, {WMS}, {WNKV}, {WMQ}, {kind}, {OPT}>", T, smem)
+        block = (NW * 32,)
+    L.launch(fn, (n_blocks * splits, H, B), block,
              (qa, ka, va, ga, lse, delta, dq_acc, dk, dv, *acc_args, marg, L.i32(H), L.i32(Lq), L.i32(Lk),
               L.i32(e_pad), L.i32(n_blocks), L.i32(per), *qs, *ks, *vs, *gs, *dks, *dvs, *ms,
               L.f32(scale * LOG2E), L.f32(scale), L.i32(bool(is_causal))),

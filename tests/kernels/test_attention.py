@@ -249,13 +249,14 @@ def _gpu_inputs(rng, case, dt):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fwd", ["sm90", "sm80"])
+@pytest.mark.parametrize("fwd", ["sm90", "sm80"])  # the Hopper kernels (forward and backward) or the sm_80 ones
 @pytest.mark.parametrize("dt", ["bfloat16", "float16"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:5])) + f"-{c[5]}-{'causal' * c[6]}{c[7]}")
 def test_flash_kernel_against_float64(rng, monkeypatch, dt, case, fwd):
     if fwd == "sm90" and not loader.arch_available("sm_90a"):
         pytest.skip("the sm_90a forward needs a compute capability 9.0 GPU")
     monkeypatch.setattr(K, "SM90_FWD", fwd == "sm90")
+    monkeypatch.setattr(K, "SM90_BWD", fwd == "sm90")
     host, (q, k, v, do), mask, dmask, causal = _gpu_inputs(rng, case, np.dtype(BF16 if dt == "bfloat16" else dt))
     before = loader.launches
     o, lse = K.flash_attention_forward(q, k, v, dmask, causal)
@@ -276,13 +277,16 @@ def test_flash_kernel_against_float64(rng, monkeypatch, dt, case, fwd):
 
 
 @pytest.mark.gpu
-def test_sm90_forward_is_the_default_on_hopper(rng):
+def test_sm90_kernels_are_the_default_on_hopper(rng):
     if not loader.arch_available("sm_90a"):
         pytest.skip("needs a compute capability 9.0 GPU")
     cp = backend.cupy
     q, k, v = (cp.asarray(rng.standard_normal((1, 2, 300, e)).astype(BF16)) for e in (128, 128, 128))
     K.flash_attention_forward(q, k, v)
+    o, lse = K.flash_attention_forward(q, k, v)
+    K.flash_attention_backward(o, q, k, v, o, lse)
     assert any(key[0] == "flash_attention_fwd_sm90" for key in K._functions)
+    assert any(key[0] == "flash_attention_bwd_sm90" for key in K._functions)
     assert K._use_sm90(64, None) and K._use_sm90(128, None) and not K._use_sm90(256, None)
 
 

@@ -1,0 +1,305 @@
+// arch: sm_90a
+// dtypes: float16, bfloat16
+// FlashAttention backward for Hopper (sm_90a) on warpgroup MMAs: the same interface and result as flash_attn_bwd
+// (flash_attention_bwd.cu, whose flash_attn_bwd_delta and flash_attn_convert kernels run around this one).
+//
+// One CTA per (BN = 64 * NWG keys, head, batch[, slice of the query blocks]). Consumer warpgroup w owns keys
+// [64w, 64w + 64) of the block and keeps their dK and dV (64 x D, fp32) in registers; K and V stay in shared memory.
+// A producer warpgroup (warp 0: Q, warp 1: dO, warp 2: lse and delta) streams blocks of BM = 64 queries through
+// STAGES buffers (mbarriers full / empty). Per query block, warpgroup w computes, transposed so that its keys are
+// the M dimension:
+//   S^T = K_w Q^T, dP^T = V_w dO^T          wgmma, both operands in shared memory (K-major)
+//   P^T = exp2(S^T * scale * log2e - lse * log2e) (masked: 0), dS^T = P^T (dP^T - delta)
+//   dV_w += P^T dO, dK_w += dS^T Q           wgmma, A = P^T / dS^T from registers, B = dO / Q (N-major)
+//   dS^T -> shared memory (both warpgroups' halves), then dQ[:, D/NWG slice w] = dS K  (A = dS^T M-major, B = K
+//   N-major) added to the fp32 dQ accumulator with vector atomics; the convert kernel scales it.
+// Shared tiles: 64-column slabs [D / 64][rows][64], 16-byte chunk c of row r at c ^ (r % 8) (128-byte swizzle).
+#include "flash_attention.cuh"
+#include "wgmma.cuh"
+
+// cp.async of 4 bytes (src_bytes 0: zero-fill)
+__device__ __forceinline__ void fa_cp_async4(unsigned dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+
+// One warp copies a ROWS x (SLABS * 64) tile (rows >= n_rows and columns >= n_cols read as zero) into SLABS
+// swizzled 64-column slabs.
+template <int ROWS, int SLABS, typename T>
+__device__ __forceinline__ void fa_bwd_load_slabs(unsigned s, const T* __restrict__ g, fa_i64 ld, int n_rows,
+                                                  int n_cols, int lane) {
+    const int c = (lane & 7) * 8;
+#pragma unroll
+    for (int sl = 0; sl < SLABS; ++sl) {
+        const bool col_ok = c + sl * 64 < n_cols;
+        const T* p = g + (lane >> 3) * ld + sl * 64 + c;
+#pragma unroll 4
+        for (int r = lane >> 3; r < ROWS; r += 4) {
+            const bool ok = col_ok && r < n_rows;
+            fa_cp_async16(s + sl * ROWS * 128 + 2 * fa_swz<64>(r, c), ok ? (const void*)p : (const void*)g, ok ? 16 : 0);
+            p += 4 * ld;
+        }
+    }
+}
+
+template <typename T, int D, int NWG, int STAGES, int MASK>
+__global__ void __launch_bounds__(NWG * 128 + 128, 1)
+flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                    const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                    float* __restrict__ dq_acc, T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dk_acc,
+                    float* __restrict__ dv_acc, const void* __restrict__ mask, int H, int Lq, int Lk, int d,
+                    int n_blocks, int m_per_split, fa_i64 q_sb, fa_i64 q_sh, fa_i64 q_sl, fa_i64 k_sb, fa_i64 k_sh,
+                    fa_i64 k_sl, fa_i64 v_sb, fa_i64 v_sh, fa_i64 v_sl, fa_i64 g_sb, fa_i64 g_sh, fa_i64 g_sl,
+                    fa_i64 dk_sb, fa_i64 dk_sh, fa_i64 dk_sl, fa_i64 dv_sb, fa_i64 dv_sh, fa_i64 dv_sl, fa_i64 m_sb,
+                    fa_i64 m_sh, fa_i64 m_sq, fa_i64 m_sk, float scale_log2, float scale, int causal) {
+    constexpr int BM = 64, BN = 64 * NWG;
+    constexpr int SLABS = D / 64;
+    constexpr int NTD = D / 8;          // n8 tiles of dK / dV rows
+    constexpr int NQ = D / NWG;         // dQ columns per warpgroup
+    constexpr int NTQ = NQ / 8;
+    static_assert(D % 64 == 0 && D <= 128 && NQ % 32 == 0, "tile shape");
+    constexpr unsigned KV_BYTES = BN * D * 2, QG_BYTES = BM * D * 2, S_BYTES = BN * BM * 2;
+
+    extern __shared__ unsigned char fa_smem[];
+    __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[S], empty[S]
+    const unsigned base = (fa_smem_addr(fa_smem) + 1023u) & ~1023u;
+    const unsigned sK = base, sV = sK + KV_BYTES, sQ = sV + KV_BYTES, sG = sQ + STAGES * QG_BYTES;
+    const unsigned sS = sG + STAGES * QG_BYTES;               // dS^T, two buffers
+    const unsigned sLD = sS + 2 * S_BYTES;                    // [STAGES][lse BM | delta BM] floats
+    const float* sLDg = reinterpret_cast<const float*>(fa_smem + (sLD - fa_smem_addr(fa_smem)));
+    const unsigned bar0 = fa_smem_addr(bars);
+    auto full = [&](int s) { return bar0 + 8u * s; };
+    auto empty = [&](int s) { return bar0 + 8u * (STAGES + s); };
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int nb = blockIdx.x % n_blocks, split = blockIdx.x / n_blocks;
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int n0 = nb * BN;
+    const int m_blocks = (Lq + BM - 1) / BM;
+    int m_lo = split * m_per_split;
+    const int m_hi = min(m_blocks, m_lo + m_per_split);
+    if (causal) m_lo = max(m_lo, n0 / BM);  // query rows before n0 attend none of these keys
+    const bool atomic_kv = dk_acc != nullptr;
+    if (atomic_kv && m_lo >= m_hi) return;
+    const int n_it = max(0, m_hi - m_lo);
+    const fa_i64 bhq = ((fa_i64)b * H + h) * Lq;
+
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full(s), 96);
+            mbar_init(empty(s), NWG * 4);
+        }
+    }
+    __syncthreads();
+
+    constexpr int REG_P = 40;
+    constexpr int REG_C = ((65536 / 128 - REG_P) / NWG) / 8 * 8 > 240 ? 240 : ((65536 / 128 - REG_P) / NWG) / 8 * 8;
+    if (warp >= NWG * 4) {  // ------------------------------------------------ producer warpgroup
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_P));
+        const int pw = warp - NWG * 4;
+        if (pw < 3) {
+            for (int it = 0; it < n_it; ++it) {
+                const int r0 = (m_lo + it) * BM, s = it % STAGES;
+                if (it >= STAGES) mbar_wait(empty(s), ((it / STAGES) - 1) & 1);
+                if (pw == 0) {
+                    fa_bwd_load_slabs<BM, SLABS>(sQ + s * QG_BYTES, q + b * q_sb + h * q_sh + (fa_i64)r0 * q_sl, q_sl,
+                                                 Lq - r0, d, lane);
+                } else if (pw == 1) {
+                    fa_bwd_load_slabs<BM, SLABS>(sG + s * QG_BYTES, dout + b * g_sb + h * g_sh + (fa_i64)r0 * g_sl,
+                                                 g_sl, Lq - r0, d, lane);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const int i = lane + 32 * j;
+                        const bool ok = r0 + i < Lq;
+                        fa_cp_async4(sLD + (s * 2 * BM + i) * 4, ok ? (const void*)(lse + bhq + r0 + i) : (const void*)lse,
+                                     ok ? 4 : 0);
+                        fa_cp_async4(sLD + (s * 2 * BM + BM + i) * 4,
+                                     ok ? (const void*)(delta + bhq + r0 + i) : (const void*)delta, ok ? 4 : 0);
+                    }
+                }
+                mbar_cp_async_arrive(full(s));
+            }
+            fa_cp_async_wait_all();
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REG_C));
+
+    // ------------------------------------------------------------------------ consumer warpgroups
+    const int wg = warp >> 2, wl = warp & 3;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int krow = wg * 64 + wl * 16;  // first key row (within the block) of this warp
+    {
+        const int ct = tid;  // consumer thread 0 .. NWG*128-1: K and V tiles, all consumers together
+        constexpr int CT = NWG * 128;
+        const T* kg = k + b * k_sb + h * k_sh + (fa_i64)n0 * k_sl;
+        const T* vg = v + b * v_sb + h * v_sh + (fa_i64)n0 * v_sl;
+#pragma unroll
+        for (int sl = 0; sl < SLABS; ++sl) {
+            fa_load_tile<BN, 64, CT>(sK + sl * BN * 128, kg + sl * 64, k_sl, Lk - n0, d - sl * 64, ct);
+            fa_load_tile<BN, 64, CT>(sV + sl * BN * 128, vg + sl * 64, v_sl, Lk - n0, d - sl * 64, ct);
+        }
+        fa_cp_async_commit();
+        fa_cp_async_wait_all();
+        fence_proxy_async();
+        named_bar_sync(1, NWG * 128);
+    }
+    const fa_i64 moff = b * m_sb + h * m_sh;
+
+    float acc_dk[NTD][4], acc_dv[NTD][4];
+#pragma unroll
+    for (int j = 0; j < NTD; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_dk[j][e] = 0.f, acc_dv[j][e] = 0.f;
+
+    for (int it = 0; it < n_it; ++it) {
+        const int r0 = (m_lo + it) * BM, s = it % STAGES;
+        const unsigned sQs = sQ + s * QG_BYTES, sGs = sG + s * QG_BYTES, sSb = sS + (it & 1) * S_BYTES;
+        mbar_wait(full(s), (it / STAGES) & 1);
+        fence_proxy_async();
+
+        // S^T = K_w Q^T and dP^T = V_w dO^T
+        float st[BM / 8][4], dpt[BM / 8][4];
+        wg_fence();
+        wg_pin(st);
+        wg_pin(dpt);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const unsigned ka = sK + (kk / 4) * BN * 128 + wg * 64 * 128 + (kk % 4) * 32;
+            const unsigned qa = sQs + (kk / 4) * BM * 128 + (kk % 4) * 32;
+            Wg<T, BM>::template ss<0, 0>(st, wg_desc(ka, 16), wg_desc(qa, 16), kk > 0);
+        }
+        wg_commit();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const unsigned va = sV + (kk / 4) * BN * 128 + wg * 64 * 128 + (kk % 4) * 32;
+            const unsigned ga = sGs + (kk / 4) * BM * 128 + (kk % 4) * 32;
+            Wg<T, BM>::template ss<0, 0>(dpt, wg_desc(va, 16), wg_desc(ga, 16), kk > 0);
+        }
+        wg_commit();
+        wg_wait<1>();
+        wg_pin(st);
+
+        // P^T (rows: keys, columns: queries)
+        const float* sL = sLDg + s * 2 * BM;
+        const bool need_mask = MASK != FA_MASK_NONE || n0 + BN > Lk || r0 + BM > Lq ||
+                               (causal && n0 + krow + 15 > r0);
+#pragma unroll
+        for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int qc = j * 8 + t4 * 2 + (e & 1);
+                const float lse2 = sL[qc] * FA_LOG2E;
+                float& x = st[j][e];
+                if (need_mask) {
+                    const int key = n0 + krow + g + (e >> 1) * 8, qrow = r0 + qc;
+                    float add;
+                    const bool keep = qrow < Lq &&
+                                      fa_keep<MASK>(qrow, key, Lq, Lk, causal, mask, moff, m_sq, m_sk, add);
+                    x = keep ? fa_exp2(fmaf(x, scale_log2, add) - lse2) : 0.f;
+                } else {
+                    x = fa_exp2(fmaf(x, scale_log2, -lse2));
+                }
+            }
+        wg_wait<0>();
+        wg_pin(dpt);
+
+        // dS^T = P^T (dP^T - delta); A fragments of P^T and dS^T; dS^T to shared memory for dQ
+        fa_u32 pa[BM / 16][4], sa[BM / 16][4];
+#pragma unroll
+        for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dpt[j][e] = st[j][e] * (dpt[j][e] - sL[BM + j * 8 + t4 * 2 + (e & 1)]);
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk) {
+            pa[kk][0] = FaType<T>::pack(st[2 * kk][0], st[2 * kk][1]);
+            pa[kk][1] = FaType<T>::pack(st[2 * kk][2], st[2 * kk][3]);
+            pa[kk][2] = FaType<T>::pack(st[2 * kk + 1][0], st[2 * kk + 1][1]);
+            pa[kk][3] = FaType<T>::pack(st[2 * kk + 1][2], st[2 * kk + 1][3]);
+            sa[kk][0] = FaType<T>::pack(dpt[2 * kk][0], dpt[2 * kk][1]);
+            sa[kk][1] = FaType<T>::pack(dpt[2 * kk][2], dpt[2 * kk][3]);
+            sa[kk][2] = FaType<T>::pack(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
+            sa[kk][3] = FaType<T>::pack(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
+        }
+        {
+            unsigned char* sp = fa_smem + (sSb - fa_smem_addr(fa_smem));
+#pragma unroll
+            for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        const int r = krow + g + hh * 8, c = kk * 16 + half * 8 + t4 * 2;
+                        *reinterpret_cast<fa_u32*>(sp + 2 * fa_swz<64>(r, c)) = sa[kk][2 * half + hh];
+                    }
+        }
+
+        // dV += P^T dO ; dK += dS^T Q
+        wg_fence();
+        wg_pin(acc_dv);
+        wg_pin(acc_dk);
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk)
+            Wg<T, D>::template rs<1>(acc_dv, pa[kk], wg_desc(sGs + kk * 16 * 128, BM * 128), 1);
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk)
+            Wg<T, D>::template rs<1>(acc_dk, sa[kk], wg_desc(sQs + kk * 16 * 128, BM * 128), 1);
+        wg_commit();
+
+        // dQ[:, NQ slice of this warpgroup] = dS K, once both halves of dS^T are in shared memory
+        fence_proxy_async();
+        named_bar_sync(1, NWG * 128);
+        float dq[NTQ][4];
+        wg_pin(dq);
+        const int c0 = wg * NQ;
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+            Wg<T, NQ>::template ss<1, 1>(dq, wg_desc(sSb + kk * 16 * 128, 16),
+                                         wg_desc(sK + (c0 / 64) * BN * 128 + (c0 % 64) * 2 + kk * 16 * 128, BN * 128),
+                                         kk > 0);
+        wg_commit();
+        wg_wait<0>();
+        wg_pin(acc_dv);
+        wg_pin(acc_dk);
+        wg_pin(dq);
+        if (lane == 0) mbar_arrive(empty(s));
+
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int row = r0 + wl * 16 + g + hh * 8;
+            if (row < Lq) {
+                float* dst = dq_acc + (bhq + row) * d;
+#pragma unroll
+                for (int j = 0; j < NTQ; ++j) {
+                    const int col = c0 + j * 8 + t4 * 2;
+                    if (col < d) fa_red_add2(dst + col, dq[j][2 * hh], dq[j][2 * hh + 1]);
+                }
+            }
+        }
+    }
+
+    // dK (scaled), dV: stored, or summed over the CTAs that split the query blocks
+    const fa_i64 bhk = ((fa_i64)b * H + h) * Lk;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int row = n0 + krow + g + hh * 8;
+        if (row >= Lk) continue;
+#pragma unroll
+        for (int j = 0; j < NTD; ++j) {
+            const int col = j * 8 + t4 * 2;
+            if (col >= d) continue;
+            const float k0 = acc_dk[j][2 * hh] * scale, k1 = acc_dk[j][2 * hh + 1] * scale;
+            const float v0 = acc_dv[j][2 * hh], v1 = acc_dv[j][2 * hh + 1];
+            if (atomic_kv) {
+                fa_red_add2(dk_acc + (bhk + row) * d + col, k0, k1);
+                fa_red_add2(dv_acc + (bhk + row) * d + col, v0, v1);
+            } else {
+                *reinterpret_cast<fa_u32*>(dk + b * dk_sb + h * dk_sh + (fa_i64)row * dk_sl + col) =
+                    FaType<T>::pack(k0, k1);
+                *reinterpret_cast<fa_u32*>(dv + b * dv_sb + h * dv_sh + (fa_i64)row * dv_sl + col) =
+                    FaType<T>::pack(v0, v1);
+            }
+        }
+    }
+}
