@@ -3,7 +3,7 @@ GPU is idle and every microsecond is Python / CuPy / driver overhead). Diagnosti
 Run: PYTHONPATH=$PWD python3 bench/host_profile.py [--n 3000] [--top 18] [--chain]
 --chain: bench/overhead.py's chain (200 ops, forward + backward) split into its parts -- forward without grad,
 forward recorded, forward + backward, the same with the garbage collector off -- then a cProfile of the whole
-chain.
+chain. It runs on FLAME's default device: `FLAME_DEVICE=cpu` profiles the NumPy path (no GPU needed).
 """
 import argparse
 import cProfile
@@ -19,20 +19,27 @@ from flame_core.kernels import activations as act
 def chain_parts(top):
     import gc
     import statistics
-    import cupy as cp
     import overhead  # bench/overhead.py
     n_ops = overhead.N_OPS
-    x = flame.randn(16, device="cuda", requires_grad=True)
+    device = flame.default_device()
+    cuda = device.type == "cuda"
+    if cuda:
+        import cupy as cp
+        sync = cp.cuda.Device().synchronize
+    else:
+        def sync():
+            pass
+    x = flame.randn(16, device=device, requires_grad=True)
 
     def timed(fn, reps=30):
         for _ in range(5):
             fn()
-        cp.cuda.Device().synchronize()
+        sync()
         out = []
         for _ in range(reps):
             t = time.perf_counter()
             fn()
-            cp.cuda.Device().synchronize()
+            sync()
             out.append((time.perf_counter() - t) / n_ops * 1e6)
         return statistics.median(out)
 
@@ -51,8 +58,10 @@ def chain_parts(top):
     gc.disable()
     rows.append(("forward + backward, gc off", timed(full)))
     gc.enable()
-    rows.append(("raw CuPy forward (diagnostic)", overhead.time_raw_cupy(30)))
-    print("\n== bench/overhead.py chain on cuda, us per op")
+    rows.append(("backward alone (fwd+bwd - fwd recorded)", rows[2][1] - rows[1][1]))
+    if cuda:
+        rows.append(("raw CuPy forward (diagnostic)", overhead.time_raw_cupy(30)))
+    print(f"\n== bench/overhead.py chain on {device}, us per op")
     for name, us in rows:
         print(f"{name:40s} {us:8.2f}")
     prof = cProfile.Profile()
@@ -60,7 +69,7 @@ def chain_parts(top):
     for _ in range(20):
         full()
     prof.disable()
-    cp.cuda.Device().synchronize()
+    sync()
     for key in ("tottime", "cumulative"):
         buf = io.StringIO()
         pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(top)

@@ -144,17 +144,15 @@ class Function(metaclass=FunctionMeta):
 
     @classmethod
     def apply(cls, *args, **kwargs):
-        # the per-op path of every op: Node.__init__ inlined, one pass over the arguments finds the edges (a tensor
-        # that requires grad is exactly one with an edge), and a single Tensor output skips the tuple bookkeeping
-        node = _new(Node)
-        node._fn = cls
-        node._saved = node._hooks = node._non_diff = None
-        node._freed = False
-        record = False
+        # the per-op path of every op: one pass over the arguments finds the edges (a tensor that requires grad is
+        # exactly one with an edge); an op that records nothing (no_grad -- every op a backward rule runs --, or no
+        # input requiring grad) gets a light ctx that keeps nothing, and a single Tensor output skips the tuple
+        # bookkeeping. `cls` keeps its name: the memory profiler reads it from this frame.
         if state.enabled:
             Tensor = _tensor_cls[0]
             edges = []
             needs = []
+            record = False
             for a in args:  # edge_of, inlined
                 if isinstance(a, Tensor):
                     fn = a._grad_fn
@@ -171,64 +169,109 @@ class Function(metaclass=FunctionMeta):
                 edges.append(None)
                 needs.append(False)
             if record:
-                node.next_functions = tuple(edges)
-                node.needs_input_grad = tuple(needs)
-        if not record:
-            n = len(args)
-            node.needs_input_grad = _NO_GRAD[n] if n < 8 else (False,) * n
-        prev = state.enabled
-        state.enabled = False
+                return _record(cls, args, kwargs, tuple(edges), tuple(needs))
+            ctx = _new(_Ctx)
+            ctx._fn = cls
+            ctx.needs_input_grad = _NO_GRAD[len(needs)] if len(needs) < 8 else tuple(needs)
+            state.enabled = False
+            try:
+                return cls.forward(ctx, *args, **kwargs)
+            except ValueError as e:  # free when nothing is raised; NumPy/CuPy broadcast errors get the shapes named
+                if isinstance(e, FlameError) or "broadcast" not in str(e):
+                    raise
+                raise broadcast_error(cls.__name__.lower(), args, e) from e
+            finally:
+                state.enabled = True
+        # grad mode is off: nothing to record and no mode to switch (a forward that switches it restores it itself)
+        ctx = _new(_Ctx)
+        ctx._fn = cls
+        n = len(args)
+        ctx.needs_input_grad = _NO_GRAD[n] if n < 8 else (False,) * n
         try:
-            out = cls.forward(node, *args, **kwargs)
-        except ValueError as e:  # free when nothing is raised; NumPy/CuPy broadcast errors get the shapes named
+            return cls.forward(ctx, *args, **kwargs)
+        except ValueError as e:
             if isinstance(e, FlameError) or "broadcast" not in str(e):
                 raise
             raise broadcast_error(cls.__name__.lower(), args, e) from e
         finally:
-            state.enabled = prev
-        if not record:
-            node._saved = None
+            state.enabled = False
+
+
+def _record(cls, args, kwargs, edges, needs):
+    """Function.apply for an op with at least one input that requires grad: run forward, record one Node."""
+    node = _new(Node)  # Node.__init__, inlined
+    node._fn = cls
+    node._saved = node._hooks = node._non_diff = None
+    node._freed = False
+    node.next_functions = edges
+    node.needs_input_grad = needs
+    state.enabled = False
+    try:
+        out = cls.forward(node, *args, **kwargs)
+    except ValueError as e:
+        if isinstance(e, FlameError) or "broadcast" not in str(e):
+            raise
+        raise broadcast_error(cls.__name__.lower(), args, e) from e
+    finally:
+        state.enabled = True
+    non_diff = node._non_diff
+    saved = node._saved
+    if not isinstance(out, tuple):
+        if out is None:
+            node._out_meta = [None]
             return out
-        non_diff = node._non_diff
-        saved = node._saved
-        if not isinstance(out, tuple):
-            if out is None:
-                node._out_meta = [None]
-                return out
-            d = out._data
-            dt = d.dtype
-            # keep only shape/dtype/module of outputs for zero-filling missing gradients (not the arrays themselves)
-            node._out_meta = [(d.shape, dt, type(d))]
-            if (non_diff is None or id(out) not in non_diff) and (dt in _FLOAT_NP or out._f8):
-                out._grad_fn = node
-                out._out_idx = 0
-            if saved:  # saved outputs are kept as detached aliases: no reference cycle output -> node -> output
-                for k, item in enumerate(saved):
-                    if item is not None and item[0] is out:
-                        saved[k] = (out._alias(), item[1], 0)
-            return out
-        outs = out
-        meta = []
-        for i, o in enumerate(outs):
-            if o is None:
-                meta.append(None)
-                continue
-            d = o._data
-            meta.append((d.shape, d.dtype, type(d)))
-            if non_diff is not None and id(o) in non_diff:
-                continue
-            if d.dtype in _FLOAT_NP or o._f8:
-                o._grad_fn = node
-                o._out_idx = i
+        d = out._data
+        dt = d.dtype
+        # keep only shape/dtype/module of outputs for zero-filling missing gradients (not the arrays themselves)
+        node._out_meta = [(d.shape, dt, type(d))]
+        if (non_diff is None or id(out) not in non_diff) and (dt in _FLOAT_NP or out._f8):
+            out._grad_fn = node
+            out._out_idx = 0
         if saved:  # saved outputs are kept as detached aliases: no reference cycle output -> node -> output
             for k, item in enumerate(saved):
-                if item is not None:
-                    for i, o in enumerate(outs):
-                        if item[0] is o:
-                            saved[k] = (o._alias(), item[1], i)
-                            break
-        node._out_meta = meta
+                if item is not None and item[0] is out:
+                    saved[k] = (out._alias(), item[1], 0)
         return out
+    outs = out
+    meta = []
+    for i, o in enumerate(outs):
+        if o is None:
+            meta.append(None)
+            continue
+        d = o._data
+        meta.append((d.shape, d.dtype, type(d)))
+        if non_diff is not None and id(o) in non_diff:
+            continue
+        if d.dtype in _FLOAT_NP or o._f8:
+            o._grad_fn = node
+            o._out_idx = i
+    if saved:  # saved outputs are kept as detached aliases: no reference cycle output -> node -> output
+        for k, item in enumerate(saved):
+            if item is not None:
+                for i, o in enumerate(outs):
+                    if item[0] is o:
+                        saved[k] = (o._alias(), item[1], i)
+                        break
+    node._out_meta = meta
+    return out
+
+
+class _Ctx(Node):
+    """The ctx of an op that records nothing (grad mode off, or no input requires grad): the ctx API of `Node`, but
+    `save_for_backward` only keeps the tensors for `saved_tensors` within the forward (no version bookkeeping), and
+    nothing refers to it once the forward returns."""
+
+    __slots__ = ()
+
+    def save_for_backward(self, *tensors):
+        self._saved = tensors
+
+    @property
+    def saved_tensors(self):
+        try:
+            return tuple(self._saved)
+        except AttributeError:
+            return ()
 
 
 _new = object.__new__

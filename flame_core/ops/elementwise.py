@@ -49,6 +49,8 @@ def _operands(op, a, b):
 
 
 _FLOAT_NP = frozenset(np.dtype(d) for d in (np.float16, np.float32, np.float64, D.bfloat16.np, D.float8_e4m3fn.np))
+_F32_64 = frozenset((np.dtype(np.float32), np.dtype(np.float64)))  # the backward fast paths' dtypes: no half-type
+# rounding question (the composed rule evaluates some functions in float32), the same ufuncs, bit for bit
 _F8 = np.dtype(D.float8_e4m3fn.np)  # NumPy hands out this one dtype object for every float8 array: `is` suffices
 _INT_NP = frozenset(np.dtype(d) for d in (np.int8, np.int16, np.int32, np.int64, np.uint8))
 
@@ -157,7 +159,8 @@ class Sub(Function):
     def backward(ctx, g):
         sa, sb = ctx.shapes
         return (sum_to(g, sa) if ctx.needs_input_grad[0] else None,
-                sum_to(-g if ctx.alpha == 1 else g * (-ctx.alpha), sb) if ctx.needs_input_grad[1] else None, None)
+                sum_to(_grad_neg(g) if ctx.alpha == 1 else g * (-ctx.alpha), sb) if ctx.needs_input_grad[1] else None,
+                None)
 
 
 class Mul(Function):
@@ -174,10 +177,34 @@ class Mul(Function):
         sa, sb = ctx.scalars
         ga = gb = None
         if ctx.needs_input_grad[0]:
-            ga = sum_to(g * (b if b is not None else sb), a._data.shape)
+            ga = sum_to(_grad_mul(g, b if b is not None else sb), a._data.shape)
         if ctx.needs_input_grad[1]:
-            gb = sum_to(g * (a if a is not None else sa), b._data.shape)
+            gb = sum_to(_grad_mul(g, a if a is not None else sa), b._data.shape)
         return ga, gb
+
+
+def _grad_mul(g, other):
+    """`g * other` inside a first-order backward rule: straight on the arrays when nothing is recorded and no dtype
+    promotion is involved (the same ufunc the Mul op would run, without its bookkeeping), else the Tensor op."""
+    if not state.enabled:
+        gd = g._data
+        dt = gd.dtype
+        if dt in _F32_64:
+            to = type(other)
+            if to is float or to is int:
+                return _wrap(gd * other)
+            if isinstance(other, Tensor):
+                od = other._data
+                if od.dtype is dt and type(od) is type(gd):
+                    return _wrap(gd * od)
+    return g * other
+
+
+def _grad_neg(g):
+    """`-g` inside a first-order backward rule (see _grad_mul)."""
+    if not state.enabled and g._data.dtype in _F32_64:
+        return _wrap(-g._data)
+    return -g
 
 
 class Div(Function):
@@ -399,11 +426,13 @@ def _load_loader():
     return loader
 
 
-def _unary(name, compute, grad, saves="x", differentiable=True, fused=None):
+def _unary(name, compute, grad, saves="x", differentiable=True, fused=None, plain=False):
     """Define an elementwise Function: y = compute(xp, x_array); dx = grad(g, x, y) with Tensor ops.
 
     `fused` names a kernel of cuda_src/pointwise_grad.cu used for the first-order backward on cuda (the composed
-    Tensor-op rule stays the path for double backward and for the cpu)."""
+    Tensor-op rule stays the path for double backward and for the cpu). `plain`: `grad` uses only arithmetic
+    operators, so a first-order backward in float32/float64 runs it on the arrays themselves (the same ufuncs in the
+    same order as the Tensor ops, without an op's bookkeeping per operator)."""
 
     save_x, save_y = "x" in saves, "y" in saves
 
@@ -419,10 +448,18 @@ def _unary(name, compute, grad, saves="x", differentiable=True, fused=None):
 
     def backward(ctx, g):
         x, y = ctx.saved_tensors
-        if fused is not None and not state.enabled and backend.is_cuda_array(g._data):
-            r = _pointwise_grad(fused, g._data, (y if save_y else x)._data)
-            if r is not None:
-                return r
+        if not state.enabled:
+            gd = g._data
+            if fused is not None and type(gd) is not np.ndarray and backend.is_cuda_array(gd):
+                r = _pointwise_grad(fused, gd, (y if save_y else x)._data)
+                if r is not None:
+                    return r
+            if plain and gd.dtype in _F32_64:
+                xd = x._data if x is not None else None
+                yd = y._data if y is not None else None
+                s = yd if save_y else xd
+                if s is None or (s.dtype is gd.dtype and type(s) is type(gd)):
+                    return _wrap(grad(gd, xd, yd))
         return grad(g, x, y)
 
     return type(name, (Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)})
@@ -452,19 +489,20 @@ def _in_f32(fn):
     return run
 
 
-Neg = _unary("Neg", lambda xp, a: -a, lambda g, x, y: -g, saves="")
-Exp = _unary("Exp", _in_f32(lambda xp, a: xp.exp(a)), lambda g, x, y: g * y, saves="y")
-Log = _unary("Log", _in_f32(lambda xp, a: xp.log(a)), lambda g, x, y: g / x)
-Log1p = _unary("Log1p", _in_f32(lambda xp, a: xp.log1p(a)), lambda g, x, y: g / (x + 1))
-Sqrt = _unary("Sqrt", _in_f32(lambda xp, a: xp.sqrt(a)), lambda g, x, y: g * 0.5 / y, saves="y", fused="sqrt_bwd")
+Neg = _unary("Neg", lambda xp, a: -a, lambda g, x, y: -g, saves="", plain=True)
+Exp = _unary("Exp", _in_f32(lambda xp, a: xp.exp(a)), lambda g, x, y: g * y, saves="y", plain=True)
+Log = _unary("Log", _in_f32(lambda xp, a: xp.log(a)), lambda g, x, y: g / x, plain=True)
+Log1p = _unary("Log1p", _in_f32(lambda xp, a: xp.log1p(a)), lambda g, x, y: g / (x + 1), plain=True)
+Sqrt = _unary("Sqrt", _in_f32(lambda xp, a: xp.sqrt(a)), lambda g, x, y: g * 0.5 / y, saves="y", fused="sqrt_bwd",
+               plain=True)
 Rsqrt = _unary("Rsqrt", _in_f32(lambda xp, a: 1 / xp.sqrt(a)), lambda g, x, y: g * (-0.5) * y * y * y, saves="y",
-               fused="rsqrt_bwd")
+               fused="rsqrt_bwd", plain=True)
 Sin = _unary("Sin", _in_f32(lambda xp, a: xp.sin(a)), lambda g, x, y: g * cos(x))
 Cos = _unary("Cos", _in_f32(lambda xp, a: xp.cos(a)), lambda g, x, y: -g * sin(x))
 Tanh = _unary("Tanh", _in_f32(lambda xp, a: xp.tanh(a)), lambda g, x, y: g * (1 - y * y), saves="y",
-              fused="tanh_bwd")
+              fused="tanh_bwd", plain=True)
 Sigmoid = _unary("Sigmoid", _in_f32(lambda xp, a: 0.5 * (xp.tanh(a * 0.5) + 1)), lambda g, x, y: g * y * (1 - y),
-                 saves="y", fused="sigmoid_bwd")
+                 saves="y", fused="sigmoid_bwd", plain=True)
 Relu = _unary("Relu", lambda xp, a: xp.maximum(a, 0).astype(a.dtype), lambda g, x, y: g * (y > 0).to(g.dtype),
               saves="y", fused="relu_bwd")
 Abs = _unary("Abs", lambda xp, a: xp.abs(a), lambda g, x, y: g * sign(x), fused="abs_bwd")
@@ -474,8 +512,8 @@ Ceil = _unary("Ceil", lambda xp, a: xp.ceil(a), lambda g, x, y: g * 0, saves="")
 Round = _unary("Round", lambda xp, a: xp.round(a), lambda g, x, y: g * 0, saves="")
 Trunc = _unary("Trunc", lambda xp, a: xp.trunc(a), lambda g, x, y: g * 0, saves="")
 Erf = _unary("Erf", _erf_arr, lambda g, x, y: g * (2 / math.sqrt(math.pi)) * exp(-x * x))
-Reciprocal = _unary("Reciprocal", lambda xp, a: 1 / a, lambda g, x, y: -g * y * y, saves="y")
-Square = _unary("Square", lambda xp, a: a * a, lambda g, x, y: g * 2 * x)
+Reciprocal = _unary("Reciprocal", lambda xp, a: 1 / a, lambda g, x, y: -g * y * y, saves="y", plain=True)
+Square = _unary("Square", lambda xp, a: a * a, lambda g, x, y: g * 2 * x, plain=True)
 
 
 def _silu_arr(xp, a):
