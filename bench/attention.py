@@ -156,6 +156,48 @@ def profile(shapes):
         print(f"profiled {name}", flush=True)
 
 
+def host_profile():
+    """Host microseconds per piece of one cached forward call at the SDXL cross-attention shape (where the launch
+    path, not the GPU, bounds the time)."""
+    import time
+    import cupy as cp
+    from flame_core.kernels import attention as A
+    B, H, Lq, Lk, D = 2, 10, 4096, 77, 64
+    rng = cp.random.default_rng(0)
+    import ml_dtypes
+    q, k, v = (rng.standard_normal(s, dtype=cp.float32).astype(ml_dtypes.bfloat16) for s in
+               ((B, H, Lq, D), (B, H, Lk, D), (B, H, Lk, D)))
+    A._kernel_forward(q, k, v, None, False, D ** -0.5)
+    key = next(kk for kk in A._fwd_plans if kk[0] == q.shape)
+    fn, grid, block, smem, like_q, o_shape, lse_shape, tail = A._fwd_plans[key]
+    o, lse = cp.empty_like(q), cp.empty(lse_shape, dtype=cp.float32)
+    args = (q, k, v, o, lse) + tail
+    pieces = {
+        "key": lambda: (q.shape, q.strides, k.shape, k.strides, v.shape, v.strides, q.dtype, False, 0.125,
+                        q.data.device_id, A.SM90_FWD),
+        "ptr check": lambda: (q.data.ptr | k.data.ptr | v.data.ptr) & 15,
+        "empty_like + empty": lambda: (cp.empty_like(q), cp.empty(lse_shape, dtype=cp.float32)),
+        "empty_like bf16": lambda: cp.empty_like(q),
+        "empty(shape, bf16)": lambda: cp.empty(o_shape, dtype=q.dtype),
+        "empty(uint16).view": lambda: cp.empty(o_shape, dtype=cp.uint16).view(q.dtype),
+        "ndarray(shape, bf16)": lambda: cp.ndarray(o_shape, dtype=q.dtype),
+        "empty(shape, f32)": lambda: cp.empty(lse_shape, dtype=cp.float32),
+        "alloc + ndarray bf16": lambda: cp.ndarray(o_shape, q.dtype, cp.cuda.alloc(q.nbytes)),
+        f"launch ({len(args)} args)": lambda: fn(grid, block, args, shared_mem=smem),
+        "whole call": lambda: A._kernel_forward(q, k, v, None, False, D ** -0.5),
+    }
+    for name, f in pieces.items():
+        n = 2000
+        f()
+        cp.cuda.Device().synchronize()
+        t = time.perf_counter()
+        for _ in range(n):
+            f()
+        dt = (time.perf_counter() - t) / n * 1e6
+        cp.cuda.Device().synchronize()
+        print(f"  host {name:22s} {dt:7.2f} us", flush=True)
+
+
 def rel(a, b):
     a, b = a.float(), b.float()
     return float((a - b).norm() / b.norm())
@@ -169,12 +211,15 @@ def main():
     ap.add_argument("--tune", action="store_true", help="also time the alternative tile configurations")
     ap.add_argument("--only", default=None, help="comma-separated shape names")
     ap.add_argument("--profile", action="store_true", help="one profiled call of each kernel (for ncu)")
+    ap.add_argument("--host-profile", action="store_true", help="host time of the pieces of a forward call")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "attention.json"))
     args = ap.parse_args()
     INNER = args.inner
     shapes = [sh for sh in SHAPES if args.only is None or sh[0] in args.only.split(",")]
     if args.profile:
         return profile(shapes)
+    if args.host_profile:
+        return host_profile()
 
     import cupy as cp
     import torch

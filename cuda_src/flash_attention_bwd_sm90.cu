@@ -12,10 +12,16 @@
 //   P^T = exp2(S^T * scale * log2e - lse * log2e) (masked: 0), dS^T = P^T (dP^T - delta)
 //   dV_w += P^T dO, dK_w += dS^T Q           wgmma, A = P^T / dS^T from registers, B = dO / Q (N-major)
 //   dS^T -> shared memory (both warpgroups' halves), then dQ[:, D/NWG slice w] = dS K  (A = dS^T M-major, B = K
-//   N-major) added to the fp32 dQ accumulator with vector atomics; the convert kernel scales it.
+//   N-major) added to the fp32 dQ accumulator with vector atomics (the convert kernel scales it), or, when the keys
+//   are a single block (dq_acc null), stored scaled into dq directly.
 // Shared tiles: 64-column slabs [D / 64][rows][64], 16-byte chunk c of row r at c ^ (r % 8) (128-byte swizzle).
 #include "flash_attention.cuh"
 #include "wgmma.cuh"
+
+__device__ __forceinline__ void fa_red_add4(float* p, float a, float b, float c, float e) {  // 16-byte aligned
+    asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(e)
+                 : "memory");
+}
 
 // cp.async of 4 bytes (src_bytes 0: zero-fill)
 __device__ __forceinline__ void fa_cp_async4(unsigned dst, const void* src, int src_bytes) {
@@ -50,7 +56,8 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
                     int n_blocks, int m_per_split, fa_i64 q_sb, fa_i64 q_sh, fa_i64 q_sl, fa_i64 k_sb, fa_i64 k_sh,
                     fa_i64 k_sl, fa_i64 v_sb, fa_i64 v_sh, fa_i64 v_sl, fa_i64 g_sb, fa_i64 g_sh, fa_i64 g_sl,
                     fa_i64 dk_sb, fa_i64 dk_sh, fa_i64 dk_sl, fa_i64 dv_sb, fa_i64 dv_sh, fa_i64 dv_sl, fa_i64 m_sb,
-                    fa_i64 m_sh, fa_i64 m_sq, fa_i64 m_sk, float scale_log2, float scale, int causal) {
+                    fa_i64 m_sh, fa_i64 m_sq, fa_i64 m_sk, float scale_log2, float scale, int causal,
+                    T* __restrict__ dq, fa_i64 dq_sb, fa_i64 dq_sh, fa_i64 dq_sl) {
     constexpr int BM = 64, BN = 64 * NWG;
     constexpr int SLABS = D / 64;
     constexpr int NTD = D / 8;          // n8 tiles of dK / dV rows
@@ -250,30 +257,50 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
         // dQ[:, NQ slice of this warpgroup] = dS K, once both halves of dS^T are in shared memory
         fence_proxy_async();
         named_bar_sync(1, NWG * 128);
-        float dq[NTQ][4];
-        wg_pin(dq);
+        float acc_dq[NTQ][4];
+        wg_pin(acc_dq);
         const int c0 = wg * NQ;
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk)
-            Wg<T, NQ>::template ss<1, 1>(dq, wg_desc(sSb + kk * 16 * 128, 16),
+            Wg<T, NQ>::template ss<1, 1>(acc_dq, wg_desc(sSb + kk * 16 * 128, 16),
                                          wg_desc(sK + (c0 / 64) * BN * 128 + (c0 % 64) * 2 + kk * 16 * 128, BN * 128),
                                          kk > 0);
         wg_commit();
         wg_wait<0>();
         wg_pin(acc_dv);
         wg_pin(acc_dk);
-        wg_pin(dq);
+        wg_pin(acc_dq);
         if (lane == 0) mbar_arrive(empty(s));
 
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
+        for (int hh = 0; hh < 2 && dq_acc == nullptr; ++hh) {
             const int row = r0 + wl * 16 + g + hh * 8;
             if (row < Lq) {
-                float* dst = dq_acc + (bhq + row) * d;
+                {  // a single key block: this CTA's dQ rows are complete, stored scaled
+                    T* dst = dq + b * dq_sb + h * dq_sh + (fa_i64)row * dq_sl;
 #pragma unroll
-                for (int j = 0; j < NTQ; ++j) {
-                    const int col = c0 + j * 8 + t4 * 2;
-                    if (col < d) fa_red_add2(dst + col, dq[j][2 * hh], dq[j][2 * hh + 1]);
+                    for (int j = 0; j < NTQ; ++j) {
+                        const int col = c0 + j * 8 + t4 * 2;
+                        if (col < d)
+                            *reinterpret_cast<fa_u32*>(dst + col) =
+                                FaType<T>::pack(acc_dq[j][2 * hh] * scale, acc_dq[j][2 * hh + 1] * scale);
+                    }
+                }
+            }
+        }
+        if (dq_acc != nullptr) {
+            // fp32 atomics, four columns at a time: lanes t4 = 2i, 2i+1 swap halves so that the even lane holds
+            // row g, columns 4i..4i+3 and the odd lane row g + 8, the same columns
+            const bool odd = t4 & 1;
+            const int row = r0 + wl * 16 + g + (odd ? 8 : 0);
+            float* dst = dq_acc + (bhq + row) * d + c0 + (t4 >> 1) * 4;
+#pragma unroll
+            for (int j = 0; j < NTQ; ++j) {
+                const float x0 = __shfl_xor_sync(0xffffffffu, odd ? acc_dq[j][0] : acc_dq[j][2], 1);
+                const float x1 = __shfl_xor_sync(0xffffffffu, odd ? acc_dq[j][1] : acc_dq[j][3], 1);
+                if (row < Lq && c0 + j * 8 + (t4 >> 1) * 4 < d) {
+                    if (odd) fa_red_add4(dst + j * 8, x0, x1, acc_dq[j][2], acc_dq[j][3]);
+                    else fa_red_add4(dst + j * 8, acc_dq[j][0], acc_dq[j][1], x0, x1);
                 }
             }
         }

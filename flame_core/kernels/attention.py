@@ -334,7 +334,8 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
 
     n_blocks, m_blocks = L.cdiv(Lk, BN), L.cdiv(Lq, BM)
     splits, per = _bwd_splits(n_blocks * B * H, m_blocks)
-    dq_acc = xp.zeros((B, H, Lq, e_pad), dtype=np.float32)
+    dq_direct = sm90 and n_blocks == 1  # one key block: each CTA's dQ rows are complete (no fp32 accumulator)
+    dq_acc = L.null() if dq_direct else xp.zeros((B, H, Lq, e_pad), dtype=np.float32)
     dq = _out_like(q, e_pad)
     dk = _out_like(k, e_pad)
     dv = _out_like(v, e_pad)
@@ -358,10 +359,11 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
     L.launch(fn, (n_blocks * splits, H, B), block,
              (qa, ka, va, ga, lse, delta, dq_acc, dk, dv, *acc_args, marg, L.i32(H), L.i32(Lq), L.i32(Lk),
               L.i32(e_pad), L.i32(n_blocks), L.i32(per), *qs, *ks, *vs, *gs, *dks, *dvs, *ms,
-              L.f32(scale * LOG2E), L.f32(scale), L.i32(bool(is_causal))),
+              L.f32(scale * LOG2E), L.f32(scale), L.i32(bool(is_causal)))
+             + ((dq, *(L.i64(s // dq.itemsize) for s in dq.strides[:3])) if sm90 else ()),
              shared_mem=smem)
     convert = _kernel("flash_attention_bwd", "flash_attn_convert<{T}>", T)
-    outs = [(dq_acc, dq, scale, Lq)]
+    outs = [] if dq_direct else [(dq_acc, dq, scale, Lq)]
     if splits > 1:
         outs += [(dk_acc, dk, 1.0, Lk), (dv_acc, dv, 1.0, Lk)]
     for src, dst, sc, rows in outs:
