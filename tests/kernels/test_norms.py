@@ -251,3 +251,91 @@ def test_forward_plan_respects_limits(monkeypatch, cols, dt, regs):
         assert vpt <= 16
     else:
         assert tpr % 32 == 0 and block == tpr and grid == 4608
+
+
+# ----------------------------------------------------------------------------- backward candidates (bench/norm_sweep.py)
+BWD_FINISHES = [("chunks", {}), ("chunks", {"chunk_cols": 16}), ("spread", {}), ("spread", {"spread_k": 8}),
+                ("spread", {"spread_k": 64}), ("spread", {"bwd_rpb_override": 1}),
+                ("chunks", {"bwd_rpb_override": 2, "bwd_blocks_override": 2})]
+BWD_SHAPES = [(1, 8), (5, 33), (257, 64), (130, 1000), (3, 3072), (67, 3072), (1500, 3072), (40000, 128), (2, 20001)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("shape", BWD_SHAPES)
+@pytest.mark.parametrize("finish,opts", BWD_FINISHES)
+@pytest.mark.parametrize("vpt", [None, 1])
+@pytest.mark.parametrize("kind", ["rms", "ln_affine", "ln_weight_fp32", "ln_bias_only"])
+def test_norm_backward_finish_variants(ab, monkeypatch, rng, dt, shape, finish, opts, vpt, kind):
+    """norm_bwds* / norm_bwdws* (partials added in shared memory) with column_sum_chunks or the spread single-launch
+    sums, on every shape (the ones off the register-partials path take the default kernels): the reference's numbers,
+    the same bits on every call and the counters back at zero."""
+    from flame_core.kernels import loader
+    monkeypatch.setattr(K, "bwd_finish", finish)
+    monkeypatch.setattr(loader, "vpt_override", vpt)
+    for k, v in opts.items():
+        monkeypatch.setattr(K, k, v)
+    d = DTYPES[dt]
+    pdt = np.float32 if kind == "ln_weight_fp32" else d
+    x, dy = rand(rng, shape, d, loc=1.0, scale=2.0), rand(rng, shape, d)
+    w = _cp(rand(rng, shape[-1:], pdt, loc=1.0)) if kind != "ln_bias_only" else None
+    b = _cp(rand(rng, shape[-1:], pdt)) if kind in ("ln_affine", "ln_bias_only") else None
+    xc = _cp(x)
+    if kind == "rms":
+        _, rs = K.rms_norm_forward(xc, w, 1e-6)
+        fn = lambda g, a: K.rms_norm_backward(g, a, w, rs) + (None,)  # noqa: E731
+    else:
+        _, mean, rstd = K.layer_norm_forward(xc, w, b, 1e-5)
+        rs = rstd
+        fn = lambda g, a: K.layer_norm_backward(g, a, w, mean, rstd, b)  # noqa: E731
+    got, want = ab(fn, dy, x)
+    again = fn(_cp(dy), xc)
+    tol = "float32" if pdt == np.float32 else dt
+    assert_close(got[0], want[0], dt, "dx", scale=2, mag=grad_mag(dy, rs, w))
+    for i, what in ((1, "dweight"), (2, "dbias")):
+        if want[i] is None:
+            assert got[i] is None
+            continue
+        assert got[i].dtype == want[i].dtype and got[i].shape == want[i].shape
+        assert_close(got[i], want[i], tol, what, scale=20)
+        np.testing.assert_array_equal(_cp(got[i]).get(), _cp(again[i]).get())  # deterministic
+    from flame_core import backend
+    backend.cupy.cuda.get_current_stream().synchronize()
+    for buf in loader._counters.values():
+        assert int(buf.max()) == 0, "a counter was left non-zero"
+
+
+@pytest.mark.parametrize("cols", [8, 64, 1000, 3072, 12288])
+@pytest.mark.parametrize("dt", ["float32", "bfloat16"])
+@pytest.mark.parametrize("acc", [1, 2])
+@pytest.mark.parametrize("finish", ["chunks", "spread"])
+@pytest.mark.parametrize("rpb,bps", [(None, None), (1, None), (2, 2), (8, None)])
+def test_backward_finish_plan(monkeypatch, cols, dt, acc, finish, rpb, bps):
+    """The candidates' plan: norm_bwds / norm_bwdws only on the vector path with register partials (VPT <= 2), with
+    acc * cols floats of shared memory, whole row groups per block (<= NORM_MAX_RPB of > 32 threads), and a spread
+    K that leaves room on the GPU for the blocks still to come."""
+    from flame_core.kernels import loader
+    monkeypatch.setattr(loader, "get_function", lambda stem, name, dtype=None: _PlanKernel(name, 96))
+    monkeypatch.setattr(loader, "sm_count", lambda: 132)
+    monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, 90))
+    monkeypatch.setattr(K, "bwd_finish", finish)
+    monkeypatch.setattr(K, "bwd_rpb_override", rpb)
+    monkeypatch.setattr(K, "bwd_blocks_override", bps)
+    vec = loader.vec_width(DTYPES[dt])
+    kernel, grid, (block,), tpr, smem, news = K._bwd_plan_ex(DTYPES[dt], 4608, cols, acc)
+    vpt = int(kernel.name[-1])
+    reg = cols % vec == 0 and vpt <= 2 and cols // vec <= tpr * vpt
+    assert news == reg
+    if not news:
+        assert not kernel.name.startswith(("norm_bwds", "norm_bwdws"))
+        return
+    assert kernel.name == ("", "norm_bwdws", "norm_bwds")[acc] + str(vpt)
+    assert smem == acc * cols * 4 and block % tpr == 0 and block <= kernel.max_threads_per_block
+    rpb_got = block // tpr
+    assert tpr <= 32 or rpb_got <= K.NORM_MAX_RPB
+    if rpb and tpr > 32:
+        assert rpb_got == min(rpb, K.NORM_MAX_RPB, kernel.max_threads_per_block // tpr)
+    held = 132 * K._blocks_per_sm(kernel, block, smem)
+    assert grid[0] == min(-(-4608 // rpb_got), 132 * bps if bps else held)
+    k = K._spread_k(kernel, block, smem, grid[0])
+    assert 1 <= k <= min(K.spread_k, grid[0]) and (k <= held // 2 or k == 1)
