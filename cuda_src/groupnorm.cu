@@ -283,46 +283,14 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(gmem) : "memory");
 }
 
-// L2 eviction hints of the backward variant gn_bwd_cluster_hint (HINT = true below): x goes into the cache with an
-// evict-first policy and dx is stored streaming (st.global.cs), so that the L2 keeps dy between its two reads (the
-// second read is its last: evict-first too).
-__device__ __forceinline__ unsigned long long policy_evict_first() {
-    unsigned long long p;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
-
-__device__ __forceinline__ void cp_async16_hint(void* smem, const void* gmem, unsigned long long pol) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(a), "l"(gmem), "l"(pol)
-                 : "memory");
-}
-
-__device__ __forceinline__ uint4 ld_hint16(const void* p, unsigned long long pol) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
-    return v;
-}
-
-__device__ __forceinline__ void st_cs16(void* p, const uint4& v) {
-    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                 : "memory");
-}
-
 // Copies elements [lo, lo + n) of src (n a multiple of N) into the cache; N = VecT<T>::N moves 16-byte words with
 // cp.async, every copy of the slice issued before the first wait (the whole slice in flight at once). The caller
 // syncs the block before reading the cache.
-template <typename T, int N, bool HINT = false>
+template <typename T, int N>
 __device__ __forceinline__ void cache_slice(const T* __restrict__ src, T* __restrict__ cache, i64 n) {
     const int nv = (int)(n / N), bdim = blockDim.x;
     if constexpr (N > 1) {
-        if constexpr (HINT) {
-            const unsigned long long pol = policy_evict_first();
-            for (int k = threadIdx.x; k < nv; k += bdim) cp_async16_hint(cache + (i64)k * N, src + (i64)k * N, pol);
-        } else {
-            for (int k = threadIdx.x; k < nv; k += bdim) cp_async16(cache + (i64)k * N, src + (i64)k * N);
-        }
+        for (int k = threadIdx.x; k < nv; k += bdim) cp_async16(cache + (i64)k * N, src + (i64)k * N);
         asm volatile("cp.async.wait_all;" ::: "memory");
         return;
     }
@@ -358,11 +326,9 @@ __device__ __forceinline__ void cached(const T* __restrict__ cache, int k, float
 
 // f(k, v) for the vectors k = k0 + threadIdx.x, + blockDim.x, ... < k1 of a global array (v: the N fp32 values of
 // vector k), GN_UNROLL loads (raw 16-byte words) issued before the first use.
-template <typename T, int N, bool HINT = false, typename F>
+template <typename T, int N, typename F>
 __device__ __forceinline__ void stream(const T* __restrict__ src, int k0, int k1, F f) {
     const int bdim = blockDim.x;
-    unsigned long long pol = 0;
-    if constexpr (HINT && N > 1) pol = policy_evict_first();
     for (int base = k0 + threadIdx.x; base < k1; base += bdim * GN_UNROLL) {
         if constexpr (N == 1) {
             T t[GN_UNROLL];
@@ -379,12 +345,7 @@ __device__ __forceinline__ void stream(const T* __restrict__ src, int k0, int k1
             uint4 q[GN_UNROLL];
 #pragma unroll
             for (int u = 0; u < GN_UNROLL; ++u)
-                if (base + u * bdim < k1) {
-                    if constexpr (HINT)
-                        q[u] = ld_hint16(src + (i64)(base + u * bdim) * N, pol);
-                    else
-                        q[u] = load_raw16(src + (i64)(base + u * bdim) * N);
-                }
+                if (base + u * bdim < k1) q[u] = load_raw16(src + (i64)(base + u * bdim) * N);
 #pragma unroll
             for (int u = 0; u < GN_UNROLL; ++u)
                 if (base + u * bdim < k1) {
@@ -396,12 +357,10 @@ __device__ __forceinline__ void stream(const T* __restrict__ src, int k0, int k1
     }
 }
 
-template <typename T, int N, bool HINT = false>
+template <typename T, int N>
 __device__ __forceinline__ void put(T* __restrict__ dst, i64 k, const float (&v)[N]) {
     if constexpr (N == 1)
         dst[k] = from_f32<T>(v[0]);
-    else if constexpr (HINT)
-        st_cs16(dst + k * N, pack_f32<T>(v));
     else
         *reinterpret_cast<uint4*>(dst + k * N) = pack_f32<T>(v);
 }
@@ -507,7 +466,7 @@ __device__ __forceinline__ void gn_fwd_cluster_body(const T* __restrict__ x, con
 // of a channel). counters non-null (G of them): the last block of group g to finish (last_arrival on counters[g],
 // over all n) sums the group's columns of those rows in row order into dw_out / db_out (T, or fp32 where of32) in
 // the same launch; else gn_column_sum sums the rows afterwards.
-template <typename T, int N, bool HINT = false>
+template <typename T, int N>
 __device__ __forceinline__ void gn_bwd_cluster_body(const T* __restrict__ dy, const T* __restrict__ x,
                                                     const float* __restrict__ w, const float* __restrict__ mean,
                                                     const float* __restrict__ rstd, T* __restrict__ dx,
@@ -526,7 +485,7 @@ __device__ __forceinline__ void gn_bwd_cluster_body(const T* __restrict__ dy, co
     float* all = sm + 72;
     T* cx = reinterpret_cast<T*>(reinterpret_cast<char*>(sm) + GN_HEAD);
     const T* dys = dy + grp * m + lo;
-    cache_slice<T, N, HINT>(x + grp * m + lo, cx, cnt);
+    cache_slice<T, N>(x + grp * m + lo, cx, cnt);
     __syncthreads();
     const float mu = mean[grp], rs = rstd[grp];
     const bool parts = dw_part != nullptr || db_part != nullptr;
@@ -584,12 +543,12 @@ __device__ __forceinline__ void gn_bwd_cluster_body(const T* __restrict__ dy, co
         const float wc = w ? w[gi * cpg + cl] : 1.f;
         const i64 slo = (i64)cl * hw > lo ? (i64)cl * hw : lo, shi = (i64)(cl + 1) * hw < hi ? (i64)(cl + 1) * hw : hi;
         const int k1 = (int)((shi - lo) / N);
-        stream<T, N, HINT>(dys, (int)((slo - lo) / N), k1, [&](int k, const float(&dv)[N]) {
+        stream<T, N>(dys, (int)((slo - lo) / N), k1, [&](int k, const float(&dv)[N]) {
             float xv[N];
             cached<T, N>(cx, k, xv);
 #pragma unroll
             for (int j = 0; j < N; ++j) xv[j] = rs * (dv[j] * wc - mg - (xv[j] - mu) * rs * mgx);
-            put<T, N, HINT>(dxs, k, xv);
+            put<T, N>(dxs, k, xv);
         });
     }
     cluster_wait();
@@ -610,133 +569,6 @@ __device__ __forceinline__ void gn_bwd_cluster_body(const T* __restrict__ dy, co
             for (int j = 0; j < 4; ++j)
                 if (j < k) store_any1<T>(db_out, col + j, v[j], of32);
         });
-}
-
-// ---------------------------------------------------------------------------------------------- variants
-// Forward with the statistics taken while the slice arrives (gn_fwd_cluster_regs): each thread loads GN_UNROLL
-// 16-byte words at a time into registers, stores them into the cache and folds them into its running count / mean /
-// M2 (each vector's exact mean and M2, combined with Chan's formula), so the block never re-reads its cache for the
-// statistics (the cp.async version reads it twice more before the first y is written). Then the warps' triples and
-// the block's are combined in a fixed order (deterministic), and the rest is gn_fwd_cluster's.
-__device__ __forceinline__ void chan_add(float& n, float& m, float& q, float nb, float mb, float qb) {
-    if (nb > 0.f) {
-        const float tot = n + nb, d = mb - m;
-        m += d * (nb / tot);
-        q += qb + d * d * (n * nb / tot);
-        n = tot;
-    }
-}
-
-template <int N>
-__device__ __forceinline__ void chan_add_vec(float& n, float& m, float& q, const float (&v)[N]) {
-    float s = 0.f;
-#pragma unroll
-    for (int j = 0; j < N; ++j) s += v[j];
-    const float mv = s * (1.f / N);
-    float qv = 0.f;
-#pragma unroll
-    for (int j = 0; j < N; ++j) {
-        const float d = v[j] - mv;
-        qv += d * d;
-    }
-    chan_add(n, m, q, (float)N, mv, qv);
-}
-
-template <typename T, int N>
-__device__ __forceinline__ void gn_fwd_regs_body(const T* __restrict__ x, const float* __restrict__ w,
-                                                 const float* __restrict__ bias, T* __restrict__ y,
-                                                 float* __restrict__ mean_out, float* __restrict__ rstd_out,
-                                                 int groups, int cpg, i64 hw, float eps, float* sm) {
-    const int r = blockIdx.x % GN_CL;
-    const i64 grp = blockIdx.x / GN_CL, m = (i64)cpg * hw;
-    const int gi = (int)(grp % groups);
-    i64 lo, hi;
-    slice_of<N>(m, r, lo, hi);
-    const int cnt = (int)(hi - lo), nv = cnt / N, bdim = blockDim.x;
-    float* scratch = sm;  // 3 * 32 floats: the warps' triples
-    float* mine = sm + 64;
-    float* all = sm + 72;
-    T* cache = reinterpret_cast<T*>(reinterpret_cast<char*>(sm) + GN_HEAD);
-    const T* xs = x + grp * m + lo;
-    float tn = 0.f, tm = 0.f, tq = 0.f;  // this thread's count, mean, M2
-    for (int base = threadIdx.x; base < nv; base += bdim * GN_UNROLL) {
-        if constexpr (N == 1) {
-            T t[GN_UNROLL];
-#pragma unroll
-            for (int u = 0; u < GN_UNROLL; ++u)
-                if (base + u * bdim < nv) t[u] = xs[base + u * bdim];
-#pragma unroll
-            for (int u = 0; u < GN_UNROLL; ++u)
-                if (base + u * bdim < nv) {
-                    cache[base + u * bdim] = t[u];
-                    float v[1] = {to_f32(t[u])};
-                    chan_add_vec<1>(tn, tm, tq, v);
-                }
-        } else {
-            uint4 q[GN_UNROLL];
-#pragma unroll
-            for (int u = 0; u < GN_UNROLL; ++u)
-                if (base + u * bdim < nv) q[u] = load_raw16(xs + (i64)(base + u * bdim) * N);
-#pragma unroll
-            for (int u = 0; u < GN_UNROLL; ++u)
-                if (base + u * bdim < nv) {
-                    reinterpret_cast<uint4*>(cache)[base + u * bdim] = q[u];
-                    float v[N];
-                    unpack_f32<T>(q[u], v);
-                    chan_add_vec<N>(tn, tm, tq, v);
-                }
-        }
-    }
-    // warp: a fixed shuffle-down tree (lane 0 holds the warp's triple); block: warps in order
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const float nb = __shfl_down_sync(0xffffffffu, tn, o), mb = __shfl_down_sync(0xffffffffu, tm, o),
-                    qb = __shfl_down_sync(0xffffffffu, tq, o);
-        if ((threadIdx.x & 31) + o < 32 && ((threadIdx.x & 31) & (2 * o - 1)) == 0) chan_add(tn, tm, tq, nb, mb, qb);
-    }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (bdim + 31) >> 5;
-    if (lane == 0) {
-        scratch[3 * warp] = tn;
-        scratch[3 * warp + 1] = tm;
-        scratch[3 * warp + 2] = tq;
-    }
-    __syncthreads();  // also: the cache is complete
-    if (threadIdx.x == 0) {
-        float bn = 0.f, bm = 0.f, bq = 0.f;
-        for (int u = 0; u < nw; ++u) chan_add(bn, bm, bq, scratch[3 * u], scratch[3 * u + 1], scratch[3 * u + 2]);
-        mine[0] = bn;
-        mine[1] = bm;
-        mine[2] = bq;
-    }
-    cluster_arrive();
-    cluster_wait();  // every block has published
-    if (threadIdx.x < 3 * GN_CL) all[threadIdx.x] = cluster_load(mine + threadIdx.x % 3, threadIdx.x / 3);
-    __syncthreads();
-    cluster_arrive();  // done reading the others' shared memory (waited for before exit)
-    float n = 0.f, mean = 0.f, m2 = 0.f;  // Chan's combination, in rank order
-    for (int rr = 0; rr < GN_CL; ++rr) chan_add(n, mean, m2, all[3 * rr], all[3 * rr + 1], all[3 * rr + 2]);
-    const float rs = rsqrtf(m2 / (float)m + eps);
-    if (r == 0 && threadIdx.x == 0) {
-        mean_out[grp] = mean;
-        rstd_out[grp] = rs;
-    }
-    T* ys = y + grp * m + lo;
-    const int c0 = (int)(lo / hw), c1 = cnt > 0 ? (int)((hi - 1) / hw) : c0 - 1;
-    for (int cl = c0; cl <= c1; ++cl) {  // channel by channel: y = x * a + b
-        const int ch = gi * cpg + cl;
-        const float a = w ? rs * w[ch] : rs;
-        const float b = (bias ? bias[ch] : 0.f) - mean * a;
-        const i64 slo = (i64)cl * hw > lo ? (i64)cl * hw : lo, shi = (i64)(cl + 1) * hw < hi ? (i64)(cl + 1) * hw : hi;
-        const int k1 = (int)((shi - lo) / N);
-        for (int k = (int)((slo - lo) / N) + threadIdx.x; k < k1; k += bdim) {
-            float v[N];
-            cached<T, N>(cache, k, v);
-#pragma unroll
-            for (int j = 0; j < N; ++j) v[j] = v[j] * a + b;
-            put<T, N>(ys, k, v);
-        }
-    }
-    cluster_wait();
 }
 
 // Grid: (N * G * GN_CL) blocks of GN_THREADS, CL = GN_CL (a template argument so that the per-dtype module of this
@@ -771,39 +603,5 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(GN_THREADS)
     else
         gn_bwd_cluster_body<T, 1>(dy, x, w, mean, rstd, dx, dw_part, db_part, groups, cpg, hw, gn_sm, dw_out, db_out,
                                   counters, of32);
-}
-// gn_fwd_cluster's contract, statistics while loading (gn_fwd_regs_body). Same grid, block and shared memory.
-// MINB: the blocks per SM the registers must allow (__launch_bounds__; 1: no limit).
-template <typename T, int CL, int MINB>
-__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(GN_THREADS, MINB)
-    gn_fwd_cluster_regs(const T* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
-                        T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out, int groups,
-                        int cpg, i64 hw, float eps) {
-    static_assert(CL == GN_CL, "the cluster size is GN_CL");
-    extern __shared__ __align__(16) float gn_sm[];
-    constexpr int N = VecT<T>::N;
-    if (hw % N == 0 && aligned16(x) && aligned16(y))
-        gn_fwd_regs_body<T, N>(x, w, bias, y, mean_out, rstd_out, groups, cpg, hw, eps, gn_sm);
-    else
-        gn_fwd_regs_body<T, 1>(x, w, bias, y, mean_out, rstd_out, groups, cpg, hw, eps, gn_sm);
-}
-
-// gn_bwd_cluster's contract with the L2 hints above. Same grid, block and shared memory.
-template <typename T, int CL>
-__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(GN_THREADS)
-    gn_bwd_cluster_hint(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ w,
-                        const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
-                        float* __restrict__ dw_part, float* __restrict__ db_part, int groups, int cpg, i64 hw,
-                        void* __restrict__ dw_out, void* __restrict__ db_out, unsigned* __restrict__ counters,
-                        int of32) {
-    static_assert(CL == GN_CL, "the cluster size is GN_CL");
-    extern __shared__ __align__(16) float gn_sm[];
-    constexpr int N = VecT<T>::N;
-    if (hw % N == 0 && aligned16(dy) && aligned16(x) && aligned16(dx))
-        gn_bwd_cluster_body<T, N, true>(dy, x, w, mean, rstd, dx, dw_part, db_part, groups, cpg, hw, gn_sm, dw_out,
-                                        db_out, counters, of32);
-    else
-        gn_bwd_cluster_body<T, 1, true>(dy, x, w, mean, rstd, dx, dw_part, db_part, groups, cpg, hw, gn_sm, dw_out,
-                                        db_out, counters, of32);
 }
 #endif  // sm_90

@@ -542,99 +542,6 @@ __device__ __forceinline__ void parts_write_reg(const float (&aw)[VPT][N], const
     }
 }
 
-// Register partials as parts_write_reg, but the row groups add theirs into one row of dynamic shared memory (red:
-// ACC * cols floats, [dw | db]) in row-group order (the same sums, bit for bit), then the block writes its part row
-// with 16-byte stores: barriers on shared memory instead of round trips through global memory between groups.
-template <int ACC, int VPT, int N>
-__device__ __forceinline__ void parts_write_smem(const float (&aw)[VPT][N], const float (&ab)[VPT][N],
-                                                 float* __restrict__ dw_part, float* __restrict__ db_part, int cols,
-                                                 int nvec, int tpr, int lane, int rg, int rpb, float* __restrict__ red) {
-    for (int g = 0; g < rpb; ++g) {
-        if (rg == g) {
-#pragma unroll
-            for (int i = 0; i < VPT; ++i) {
-                const int k = i * tpr + lane;
-                if (k < nvec) {
-                    float a[N];
-                    float* p = red + k * N;
-                    if (g) load_f32<float, N>(p, a);
-#pragma unroll
-                    for (int j = 0; j < N; ++j) a[j] = g ? a[j] + aw[i][j] : aw[i][j];
-                    store_f32<float, N>(p, a);
-                    if (ACC == 2) {
-                        p = red + cols + k * N;
-                        if (g) load_f32<float, N>(p, a);
-#pragma unroll
-                        for (int j = 0; j < N; ++j) a[j] = g ? a[j] + ab[i][j] : ab[i][j];
-                        store_f32<float, N>(p, a);
-                    }
-                }
-            }
-        }
-        __syncthreads();
-    }
-    const i64 base = (i64)blockIdx.x * cols;  // cols is a multiple of N (>= 4) on the vector path: float4 stores
-    for (int c = threadIdx.x * 4; c < cols; c += blockDim.x * 4) {
-        if (dw_part) *reinterpret_cast<float4*>(dw_part + base + c) = *reinterpret_cast<const float4*>(red + c);
-        if (ACC == 2 && db_part)
-            *reinterpret_cast<float4*>(db_part + base + c) = *reinterpret_cast<const float4*>(red + cols + c);
-    }
-}
-
-// The column sums in the same launch, spread over the last K blocks to finish (norm_bwds*, counters non-null): each
-// block writes its part row and counts itself on counters[0]; the blocks arriving K-th to last ... last each wait
-// until all gridDim.x have arrived, then sum one chunk of the columns (4-aligned, cdiv(cols, K) wide) over all part
-// rows (sum_rows: a fixed order, whichever block sums) into dw_out / db_out (T, or fp32 where of32). The last of them
-// to finish resets the counter. Waiting cannot deadlock as long as K < the blocks the GPU holds at once (the blocks
-// not yet arrived get the slots of the others, which exit): Python keeps K <= half of them.
-__device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-template <typename T, int ACC>
-__device__ __forceinline__ void parts_finish_spread(float* __restrict__ dw_part, float* __restrict__ db_part,
-                                                    void* __restrict__ dw_out, void* __restrict__ db_out, int cols,
-                                                    unsigned* __restrict__ counter, int K, int of32) {
-    __shared__ int slot;
-    const unsigned parts = gridDim.x;
-    const bool t0 = threadIdx.x == 0;
-    __threadfence();  // this thread's part row is visible GPU-wide before the block is counted
-    __syncthreads();
-    if (t0) slot = (int)atomicAdd(counter, 1u) - (int)(parts - (unsigned)K);
-    __syncthreads();
-    const int j = slot;
-    if (j < 0) return;
-    if (t0) {
-        unsigned ns = 32;
-        while (ld_acquire_u32(counter) < parts) {
-            asm volatile("nanosleep.u32 %0;" ::"r"(ns));
-            ns = ns < 512 ? ns * 2 : ns;
-        }
-    }
-    __syncthreads();
-    __threadfence();
-    const int chunk = ((cols + K - 1) / K + 3) / 4 * 4;
-    const int c0 = min(cols, j * chunk), c1 = min(cols, c0 + chunk);
-    if (c0 < c1) {
-        if (dw_part)
-            sum_rows<4>(dw_part, cols, 0, 1, (int)parts, c0, c1, [&](int c, const float(&v)[4], int n) {
-#pragma unroll
-                for (int q = 0; q < 4; ++q)
-                    if (q < n) store_any1<T>(dw_out, c + q, v[q], of32);
-            });
-        if (ACC == 2 && db_part)
-            sum_rows<4>(db_part, cols, 0, 1, (int)parts, c0, c1, [&](int c, const float(&v)[4], int n) {
-#pragma unroll
-                for (int q = 0; q < 4; ++q)
-                    if (q < n) store_any1<T>(db_out, c + q, v[q], of32);
-            });
-    }
-    __syncthreads();
-    if (t0 && atomicAdd(counter, 1u) == parts + (unsigned)K - 1u) atomicExch(counter, 0u);  // all K are past the wait
-}
-
 // The column sums in the same launch (counters non-null; else column_sum sums dw_part / db_part afterwards). Blocks
 // form groups of `group` consecutive blocks: the last block of a group to finish (last_arrival) adds the group's part
 // rows into the group's first row; the last of those adds the groups' rows (every group-th row) and writes dw_out /
@@ -708,7 +615,7 @@ __device__ __forceinline__ void parts_add(float* __restrict__ acc, int rg, int r
 // 16-byte vector path, the row cached (nvec <= tpr * VPT), the next row (x, dy, mean, rstd) prefetched. x and dy stay
 // raw 16-byte words in registers; xhat and g = dy * w are recomputed for the output pass (w re-read from L1).
 // Weight-gradient partials: in registers for VPT <= 2 (REG; no dynamic shared memory), else in shared memory.
-template <typename T, int VPT, int ACC, bool SMEMW = false>
+template <typename T, int VPT, int ACC>
 __device__ __forceinline__ void norm_bwd_vec(const T* __restrict__ dy, const T* __restrict__ x,
                                              const void* __restrict__ w, const float* __restrict__ mean,
                                              const float* __restrict__ rstd, T* __restrict__ dx,
@@ -810,9 +717,7 @@ __device__ __forceinline__ void norm_bwd_vec(const T* __restrict__ dy, const T* 
             }
         }
     }
-    if constexpr (REG && SMEMW)
-        parts_write_smem<ACC, RV, RN>(aw, ab, dw_part, db_part, cols, nvec, tpr, lane, rg, rpb, acc);
-    else if constexpr (REG)
+    if constexpr (REG)
         parts_write_reg<ACC, RV, RN>(aw, ab, dw_part, db_part, cols, nvec, tpr, lane, rg, rpb);
     else if (ACC)
         parts_write<ACC>(acc, dw_part, db_part, cols, rpb);
@@ -959,43 +864,6 @@ template <typename T>
 __global__ void norm_bwdx2(NORM_BWD_PARAMS) { norm_bwd_impl<T, 2, 0>(NORM_BWD_ARGS); }
 template <typename T>
 __global__ void norm_bwdx4(NORM_BWD_PARAMS) { norm_bwd_impl<T, 4, 0>(NORM_BWD_ARGS); }
-
-// The 16-byte vector path with register partials (VPT <= 2), the block's row groups added in shared memory
-// (parts_write_smem; dynamic shared memory ACC * cols floats), and with counters non-null the column sums spread
-// over the last `group` (= K) blocks to finish (parts_finish_spread), else column_sum / column_sum_chunks afterwards.
-// The Python side launches these only where that path applies (cols % N == 0, 16-byte aligned, nvec <= tpr * VPT).
-template <typename T, int VPT, int ACC>
-__device__ __forceinline__ void norm_bwds_impl(NORM_BWD_PARAMS) {
-    __shared__ float smem[NORM_MAX_RPB * 64];
-    extern __shared__ __align__(16) float norm_acc[];
-    static_assert(VPT <= 2 && ACC > 0, "register partials only");
-    norm_bwd_vec<T, VPT, ACC, true>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, smem,
-                                    norm_acc);
-    if (counters) parts_finish_spread<T, ACC>(dw_part, db_part, dw_out, db_out, cols, counters, group, of32);
-}
-
-template <typename T>
-__global__ void norm_bwds1(NORM_BWD_PARAMS) { norm_bwds_impl<T, 1, 2>(NORM_BWD_ARGS); }
-template <typename T>
-__global__ void norm_bwds2(NORM_BWD_PARAMS) { norm_bwds_impl<T, 2, 2>(NORM_BWD_ARGS); }
-template <typename T>
-__global__ void norm_bwdws1(NORM_BWD_PARAMS) { norm_bwds_impl<T, 1, 1>(NORM_BWD_ARGS); }
-template <typename T>
-__global__ void norm_bwdws2(NORM_BWD_PARAMS) { norm_bwds_impl<T, 2, 1>(NORM_BWD_ARGS); }
-
-// out[c] = sum_p part[p, c] (fp32 rows), in T: block b sums the columns [b * chunk, (b + 1) * chunk) (chunk a multiple
-// of 4) over all rows with sum_rows (rows split over lanes, a fixed order). Any block size (a multiple of 32).
-template <typename T>
-__global__ void column_sum_chunks(const float* __restrict__ part, T* __restrict__ out, int parts, int cols,
-                                  int chunk) {
-    const int c0 = min(cols, (int)blockIdx.x * chunk), c1 = min(cols, c0 + chunk);
-    if (c0 >= c1) return;
-    sum_rows<8>(part, cols, 0, 1, parts, c0, c1, [&](int c, const float(&v)[4], int n) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-            if (q < n) out[c + q] = from_f32<T>(v[q]);
-    });
-}
 
 // out[c] = sum_p part[p, c], in T (the weight's dtype). Block (32, 32).
 template <typename T>

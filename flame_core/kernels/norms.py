@@ -74,19 +74,6 @@ NORM_MAX_RPB = 8  # row groups of > 32 threads per block: NORM_MAX_RPB in cuda_s
 # was slower: rms_norm bwd 4608x3072 0.0933 vs 0.0455 ms, layer_norm affine bwd 0.1146 vs 0.0911, GroupNorm bwd
 # 0.0313 vs 0.0279 (the last block's sum of the partial rows runs on one SM). Modulate keeps it (a win there).
 single_launch_sums = False
-# How the layer / rms backward sums its weight-gradient partial rows on the 16-byte vector path with register partials
-# (VPT <= 2; elsewhere the choice above applies). "column_sum" (the default): the block's row groups add theirs into
-# its part row through global memory in turn, then column_sum (or parts_finish with single_launch_sums). "chunks":
-# the row groups add in shared memory and the block writes its part row at once (norm_bwds* / norm_bwdws*), then
-# column_sum_chunks sums the rows in parallel over column chunks of `chunk_cols`. "spread": the same kernels, and the
-# last `spread_k` blocks to finish each sum one column chunk in the same launch (parts_finish_spread). Candidates for
-# bench/norm_sweep.py, which times them all (with bwd_rpb_override: row groups per block, bwd_blocks_override:
-# blocks per SM of the persistent grid; None: as many as the registers allow).
-bwd_finish = "column_sum"
-chunk_cols = 32
-spread_k = 32
-bwd_rpb_override = None
-bwd_blocks_override = None
 _props = {}
 
 
@@ -220,10 +207,6 @@ def _layer_fwd_kernel(x, weight, bias, eps, rms):
 
 
 def _bwd_plan(dtype, rows, cols, acc, aligned=True):
-    return _bwd_plan_ex(dtype, rows, cols, acc, aligned)[:5]
-
-
-def _bwd_plan_ex(dtype, rows, cols, acc, aligned=True):
     """(kernel, grid, block, tpr, dynamic smem bytes) of the backward. With weight-gradient partials (acc = 1: dw,
     2: dw and db) a block of rpb row groups writes one partial row: rpb as large as the SM's registers allow (fewer
     partial rows to write and sum). On the 16-byte vector path with VPT <= 2 (cols % vec == 0, 16-byte aligned
@@ -234,8 +217,6 @@ def _bwd_plan_ex(dtype, rows, cols, acc, aligned=True):
     vec = vec if cols % vec == 0 and aligned else 1
     kernel, vpt, tpr, looping = _row_kernel(name, dtype, cols, vec)
     reg_acc = acc and not looping and vec > 1 and vpt <= 2
-    if reg_acc and bwd_finish in ("chunks", "spread"):
-        return _bwds_plan(dtype, rows, cols, acc, vpt, tpr) + (True,)
     cap = min(160 * 1024, _device_props()[3] - kernel.shared_size_bytes - 1024)
     if acc and not looping and not reg_acc and acc * cols * 4 > cap:  # the row's partials do not fit: looping path
         kernel, vpt, tpr, looping = _row_kernel(name, dtype, cols, vec, force_loop=True)
@@ -254,34 +235,7 @@ def _bwd_plan_ex(dtype, rows, cols, acc, aligned=True):
         block = tpr
     rpb = block // tpr
     smem = acc * rpb * cols * 4 if acc and not looping and not reg_acc else 0
-    return kernel, _persistent_grid(kernel, block, rpb, rows, smem), (block,), tpr, smem, False
-
-
-def _bwds_plan(dtype, rows, cols, acc, vpt, tpr):
-    """The plan of norm_bwds<VPT> / norm_bwdws<VPT> (register partials added in shared memory: acc * cols floats):
-    rpb row groups of tpr threads per block (as many as the registers allow, or bwd_rpb_override), a persistent grid
-    (or bwd_blocks_override blocks per SM)."""
-    kernel = L.get_function("norms", ("", "norm_bwdws", "norm_bwds")[acc] + str(vpt), dtype)
-    smem = acc * cols * 4
-    if tpr <= 32:
-        block = 128
-    else:
-        fit = min(_threads_per_sm(kernel), kernel.max_threads_per_block // 32 * 32, 1024)
-        rpb = bwd_rpb_override or max(1, fit // tpr)
-        block = tpr * max(1, min(NORM_MAX_RPB, rpb, kernel.max_threads_per_block // tpr))
-    rpb = block // tpr
-    if bwd_blocks_override:
-        grid = (max(1, min(L.cdiv(rows, rpb), L.sm_count() * bwd_blocks_override)),)
-    else:
-        grid = _persistent_grid(kernel, block, rpb, rows, smem)
-    return kernel, grid, (block,), tpr, smem
-
-
-def _spread_k(kernel, block, smem, parts):
-    """K of parts_finish_spread: spread_k, at most the part rows and half of the blocks the GPU holds at once (the
-    waiting blocks must leave room for the rest)."""
-    held = L.sm_count() * _blocks_per_sm(kernel, block, smem)
-    return max(1, min(spread_k, parts, held // 2))
+    return kernel, _persistent_grid(kernel, block, rpb, rows, smem), (block,), tpr, smem
 
 
 def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms):
@@ -293,21 +247,15 @@ def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms):
     acc = 0 if weight is None and bias is None else (1 if bias is None else 2)
     dx = xp.empty_like(x)
     aligned = x.data.ptr % 16 == 0 and dy.data.ptr % 16 == 0 and dx.data.ptr % 16 == 0
-    kernel, grid, block, tpr, smem, news = _bwd_plan_ex(x.dtype, rows, cols, acc, aligned)
+    kernel, grid, block, tpr, smem = _bwd_plan(x.dtype, rows, cols, acc, aligned)
     _dynamic_smem(kernel, smem)
     parts = grid[0]
     dw_part = xp.empty((parts, cols), dtype=np.float32) if weight is not None else None
     db_part = xp.empty((parts, cols), dtype=np.float32) if bias is not None else None
     mean_arg = L.null() if rms else L.contiguous(mean.astype(np.float32, copy=False))
-    fused = acc and (single_launch_sums if not news else bwd_finish == "spread")
+    fused = acc and single_launch_sums
     dw = db = None
-    if fused and news:  # the last K blocks sum the part rows (parts_finish_spread)
-        odt = x.dtype if all(p is None or p.dtype == x.dtype for p in (weight, bias)) else np.dtype(np.float32)
-        dw = xp.empty((cols,), dtype=odt) if weight is not None else None
-        db = xp.empty((cols,), dtype=odt) if bias is not None else None
-        fin = (L.null() if dw is None else dw, L.null() if db is None else db, L.reduction_counters(1),
-               L.i32(_spread_k(kernel, block[0], smem, parts)), L.i32(odt != x.dtype))
-    elif fused:  # the kernel also sums the part rows (parts_finish): outputs in x's dtype, else fp32 (then cast)
+    if fused:  # the kernel also sums the part rows (parts_finish): outputs in x's dtype, else fp32 (then cast)
         odt = x.dtype if all(p is None or p.dtype == x.dtype for p in (weight, bias)) else np.dtype(np.float32)
         dw = xp.empty((cols,), dtype=odt) if weight is not None else None
         db = xp.empty((cols,), dtype=odt) if bias is not None else None
@@ -324,23 +272,9 @@ def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms):
         dw = dw.astype(weight.dtype, copy=False) if dw is not None else None
         db = db.astype(bias.dtype, copy=False) if db is not None else None
         return dx, dw, db
-    colsum = _column_sum_chunks if news else (lambda p, dt: L.column_sum("norms", "column_sum", p, dt))
-    dw = colsum(dw_part, weight.dtype) if weight is not None else None
-    db = colsum(db_part, bias.dtype) if bias is not None else None
+    dw = L.column_sum("norms", "column_sum", dw_part, weight.dtype) if weight is not None else None
+    db = L.column_sum("norms", "column_sum", db_part, bias.dtype) if bias is not None else None
     return dx, dw, db
-
-
-def _column_sum_chunks(part, out_dtype):
-    """(parts, cols) fp32 -> (cols,) in out_dtype by column_sum_chunks: one block of 256 threads per chunk_cols
-    columns (rows split over its lanes)."""
-    xp = L.xp_of(part)
-    parts, cols = part.shape
-    kdt = out_dtype if L.dtype_name(out_dtype) in ("float32", "float16", "bfloat16") else np.dtype(np.float32)
-    out = xp.empty((cols,), dtype=kdt)
-    chunk = max(4, L.cdiv(chunk_cols, 4) * 4)
-    L.launch(L.get_function("norms", "column_sum_chunks", kdt), (L.cdiv(cols, chunk),), (256,),
-             (part, out, L.i32(parts), L.i32(cols), L.i32(chunk)))
-    return out.astype(out_dtype, copy=False)
 
 
 def _finish_plan(parts):
@@ -449,14 +383,6 @@ def _f32_or_null(p):
 # shared memory, older GPUs and `use_cluster = False` take the split path (chunk partials, finalize, apply).
 GN_CL, GN_THREADS, GN_HEAD = 8, 256, 512  # as in cuda_src/groupnorm.cu
 use_cluster = True
-# The cluster kernels (same contract, grid and shared memory; bench/norm_sweep.py times them): forward
-# "gn_fwd_cluster<{T}, 8>" (cp.async into the cache, statistics from it) or "gn_fwd_cluster_regs<{T}, 8, MINB>"
-# (statistics while loading; MINB 1, or 5: registers capped for 5 blocks per SM); backward "gn_bwd_cluster<{T}, 8>"
-# or "gn_bwd_cluster_hint<{T}, 8>" (L2 eviction hints keeping dy for its second read).
-GN_FWD_KERNELS = ("gn_fwd_cluster<{T}, 8>", "gn_fwd_cluster_regs<{T}, 8, 1>", "gn_fwd_cluster_regs<{T}, 8, 5>")
-GN_BWD_KERNELS = ("gn_bwd_cluster<{T}, 8>", "gn_bwd_cluster_hint<{T}, 8>")
-gn_fwd_kernel = GN_FWD_KERNELS[0]
-gn_bwd_kernel = GN_BWD_KERNELS[0]
 
 
 def _gn_cluster_smem(x, cpg, hw, arrays):
@@ -478,7 +404,7 @@ def _gn_fwd_cluster(x, g, weight, bias, eps, smem):
     y = xp.empty_like(x)
     mean = xp.empty((n, g), dtype=np.float32)
     rstd = xp.empty((n, g), dtype=np.float32)
-    L.launch(L.get_function("groupnorm", gn_fwd_kernel, x.dtype), (n * g * GN_CL,), (GN_THREADS,),
+    L.launch(L.get_function("groupnorm", "gn_fwd_cluster<{T}, 8>", x.dtype), (n * g * GN_CL,), (GN_THREADS,),
              (x, _f32_or_null(weight), _f32_or_null(bias), y, mean, rstd, L.i32(g), L.i32(c // g), L.i64(hw),
               L.f32(eps)), shared_mem=smem)
     return y, mean, rstd
@@ -501,7 +427,7 @@ def _gn_bwd_cluster(dy, x, g, weight, mean, rstd, bias, smem):
                L.i32(odt != x.dtype))
     else:
         fin = (L.null(), L.null(), L.null(), L.i32(0))
-    L.launch(L.get_function("groupnorm", gn_bwd_kernel, x.dtype), (n * g * GN_CL,), (GN_THREADS,),
+    L.launch(L.get_function("groupnorm", "gn_bwd_cluster<{T}, 8>", x.dtype), (n * g * GN_CL,), (GN_THREADS,),
              (dy, x, _f32_or_null(weight), L.contiguous(mean.astype(np.float32, copy=False)),
               L.contiguous(rstd.astype(np.float32, copy=False)), dx, L.null() if dw_part is None else dw_part,
               L.null() if db_part is None else db_part, L.i32(g), L.i32(c // g), L.i64(hw)) + fin, shared_mem=smem)

@@ -138,37 +138,3 @@ def test_cluster_shared_memory_plan(monkeypatch, shape, g, dt, arrays, fits):
     monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, 90))
     monkeypatch.setattr(K, "use_cluster", False)
     assert K._gn_cluster_smem(x, c // g, hw, arrays) is None
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dt", list(DTYPES))
-@pytest.mark.parametrize("shape,g", SHAPES + [((2, 320, 64, 64), 32), ((1, 8, 1000), 2)])
-@pytest.mark.parametrize("affine", [False, True])
-@pytest.mark.parametrize("fwd_kernel", K.GN_FWD_KERNELS)
-@pytest.mark.parametrize("bwd_kernel,fused", [(k, f) for k in K.GN_BWD_KERNELS for f in (False, True)])
-def test_group_norm_cluster_variants(ab, rng, monkeypatch, dt, shape, g, affine, fwd_kernel, bwd_kernel, fused):
-    """The cluster kernels' candidates (bench/norm_sweep.py): statistics while loading (gn_fwd_cluster_regs) and the
-    backward with L2 hints (gn_bwd_cluster_hint), with the weight grads summed in the launch or by gn_column_sum."""
-    import cupy as cp
-    if int(cp.cuda.Device().compute_capability) < 90:
-        pytest.skip("thread-block clusters need compute capability 9.0")
-    monkeypatch.setattr(K, "use_cluster", True)
-    monkeypatch.setattr(K, "gn_fwd_kernel", fwd_kernel)
-    monkeypatch.setattr(K, "gn_bwd_kernel", bwd_kernel)
-    monkeypatch.setattr(K, "single_launch_sums", fused)
-    d = DTYPES[dt]
-    x, dy = rand(rng, shape, d, loc=1.5, scale=2.0), rand(rng, shape, d)
-    w = cp.asarray(rand(rng, shape[1:2], np.float32, loc=1.0)) if affine else None
-    b = cp.asarray(rand(rng, shape[1:2], np.float32)) if affine else None
-    (yk, mk, rk), (yr, mr, rr) = ab(lambda a: K.group_norm_forward(a, g, w, b, 1e-5), x)
-    assert_close(yk, yr, dt, "y")
-    assert_close(mk, mr, "float32", "mean", scale=10)
-    assert_close(rk, rr, "float32", "rstd", scale=10)
-    (dxk, dwk, dbk), (dxr, dwr, dbr) = ab(lambda gg, a: K.group_norm_backward(gg, a, g, w, mr, rr, b), dy, x)
-    assert_close(dxk, dxr, dt, "dx", scale=3, mag=grad_mag(dy, rr, w))
-    if affine:
-        assert_close(dwk, dwr, "float32", "dweight", scale=50)
-        assert_close(dbk, dbr, "float32", "dbias", scale=50)
-    again = K.group_norm_forward(cp.asarray(x), g, w, b, 1e-5)
-    np.testing.assert_array_equal(cp.asnumpy(again[1]), cp.asnumpy(mk))  # deterministic statistics
-    np.testing.assert_array_equal(cp.asnumpy(again[0]), cp.asnumpy(yk))

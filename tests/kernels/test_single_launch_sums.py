@@ -207,25 +207,3 @@ def test_modulate_and_group_norm_backward_in_cuda_graph(rng):
                                 _dev(rand(rng, (2, 64, 16, 16), d)))
         finally:
             K.use_cluster = True
-
-
-@pytest.mark.parametrize("shape", [(1500, 3072), (40000, 128), (5, 33), (67, 3072)])
-@pytest.mark.parametrize("k", [1, 8, 32])
-def test_norm_backward_spread_in_cuda_graph(monkeypatch, rng, shape, k):
-    """The spread single-launch sums (norm_bwds*: the last K blocks each sum a column chunk) inside a CUDA graph:
-    the replay equals the eager result and leaves the counter at zero."""
-    monkeypatch.setattr(K, "bwd_finish", "spread")
-    monkeypatch.setattr(K, "spread_k", k)
-    d = DTYPES["bfloat16"]
-    x, dy, w, b = _dev(rand(rng, shape, d), rand(rng, shape, d), rand(rng, shape[-1:], d, loc=1.0),
-                       rand(rng, shape[-1:], d))
-    _, mean, rstd = K.layer_norm_forward(x, w, b, 1e-5)
-    _capture_and_replay(lambda: K.layer_norm_backward(dy, x, w, mean, rstd, b), [dy], _dev(rand(rng, shape, d)))
-    _, rs = K.rms_norm_forward(x, w, 1e-6)
-    _capture_and_replay(lambda: K.rms_norm_backward(dy, x, w, rs), [dy], _dev(rand(rng, shape, d)))
-    monkeypatch.setattr(K, "bwd_finish", "chunks")
-    dx, dw = K.rms_norm_backward(dy, x, w, rs)
-    monkeypatch.setattr(K, "bwd_finish", "spread")
-    dx2, dw2 = K.rms_norm_backward(dy, x, w, rs)
-    assert_close(dw2, dw, "bfloat16", "dweight spread vs chunks", scale=20)
-    np.testing.assert_array_equal(_cp().asnumpy(dx2), _cp().asnumpy(dx))
