@@ -5,13 +5,14 @@
 //
 // One CTA per (BN = 64 * NWG keys, head, batch[, slice of the query blocks]). Consumer warpgroup w owns keys
 // [64w, 64w + 64) of the block and keeps their dK and dV (64 x D, fp32) in registers; K and V stay in shared memory.
-// A producer warpgroup (warp 0: Q, warp 1: dO, warp 2: lse and delta) streams blocks of BM = 64 queries through
-// STAGES buffers (mbarriers full / empty). Per query block, warpgroup w computes, transposed so that its keys are
+// A producer warpgroup (warp 0: Q, warp 1: dO, warp 2: lse and delta) streams blocks of BM queries (64, or 128 at
+// D = 64) through STAGES buffers (mbarriers full / empty). Per query block, warpgroup w computes, transposed so that its keys are
 // the M dimension:
 //   S^T = K_w Q^T, dP^T = V_w dO^T          wgmma, both operands in shared memory (K-major)
 //   P^T = exp2(S^T * scale * log2e - lse * log2e) (masked: 0), dS^T = P^T (dP^T - delta)
 //   dV_w += P^T dO, dK_w += dS^T Q           wgmma, A = P^T / dS^T from registers, B = dO / Q (N-major)
-//   dS^T -> shared memory (both warpgroups' halves), then dQ[:, D/NWG slice w] = dS K  (A = dS^T M-major, B = K
+//   dS^T -> shared memory (both warpgroups' halves), then dQ = dS K per warpgroup: the D/NWG column slice w (BM 64)
+//   or the 64 query rows w (BM 128)  (A = dS^T M-major, B = K
 //   N-major) added to the fp32 dQ accumulator with vector atomics (the convert kernel scales it), or, when the keys
 //   are a single block (dq_acc null), stored scaled into dq directly.
 // Shared tiles: 64-column slabs [D / 64][rows][64], 16-byte chunk c of row r at c ^ (r % 8) (128-byte swizzle).
@@ -47,7 +48,7 @@ __device__ __forceinline__ void fa_bwd_load_slabs(unsigned s, const T* __restric
     }
 }
 
-template <typename T, int D, int NWG, int STAGES, int MASK>
+template <typename T, int D, int NWG, int STAGES, int MASK, int BM>
 __global__ void __launch_bounds__(NWG * 128 + 128, 1)
 flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                     const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
@@ -58,12 +59,15 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
                     fa_i64 dk_sb, fa_i64 dk_sh, fa_i64 dk_sl, fa_i64 dv_sb, fa_i64 dv_sh, fa_i64 dv_sl, fa_i64 m_sb,
                     fa_i64 m_sh, fa_i64 m_sq, fa_i64 m_sk, float scale_log2, float scale, int causal,
                     T* __restrict__ dq, fa_i64 dq_sb, fa_i64 dq_sh, fa_i64 dq_sl) {
-    constexpr int BM = 64, BN = 64 * NWG;
+    constexpr int BN = 64 * NWG;
     constexpr int SLABS = D / 64;
     constexpr int NTD = D / 8;          // n8 tiles of dK / dV rows
-    constexpr int NQ = D / NWG;         // dQ columns per warpgroup
+    // dQ (BM x D) per warpgroup: with BM = 64 a slice of D / NWG columns, with BM = 128 its own 64 rows
+    constexpr bool ROWSPLIT = BM == 128;
+    constexpr int NQ = ROWSPLIT ? D : D / NWG;
     constexpr int NTQ = NQ / 8;
     static_assert(D % 64 == 0 && D <= 128 && NQ % 32 == 0, "tile shape");
+    static_assert(BM == 64 || (BM == 128 && NWG == 2 && D == 64), "BM = 128 fits the registers at D = 64 only");
     constexpr unsigned KV_BYTES = BN * D * 2, QG_BYTES = BM * D * 2, S_BYTES = BN * BM * 2;
 
     extern __shared__ unsigned char fa_smem[];
@@ -116,7 +120,7 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
                                                  g_sl, Lq - r0, d, lane);
                 } else {
 #pragma unroll
-                    for (int j = 0; j < 2; ++j) {
+                    for (int j = 0; j < BM / 32; ++j) {
                         const int i = lane + 32 * j;
                         const bool ok = r0 + i < Lq;
                         fa_cp_async4(sLD + (s * 2 * BM + i) * 4, ok ? (const void*)(lse + bhq + r0 + i) : (const void*)lse,
@@ -167,7 +171,7 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
         fence_proxy_async();
 
         // S^T = K_w Q^T and dP^T = V_w dO^T
-        float st[BM / 8][4], dpt[BM / 8][4];
+        float st[BM / 8][4], dpt[BM / 8][4];  // rows: this warp's 16 keys, columns: the BM queries
         wg_fence();
         wg_pin(st);
         wg_pin(dpt);
@@ -237,8 +241,9 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
                 for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
                     for (int half = 0; half < 2; ++half) {
-                        const int r = krow + g + hh * 8, c = kk * 16 + half * 8 + t4 * 2;
-                        *reinterpret_cast<fa_u32*>(sp + 2 * fa_swz<64>(r, c)) = sa[kk][2 * half + hh];
+                        const int r = krow + g + hh * 8, c = kk * 16 + half * 8 + t4 * 2;  // (key, query)
+                        *reinterpret_cast<fa_u32*>(sp + (c / 64) * S_BYTES / (BM / 64) + 2 * fa_swz<64>(r, c % 64)) =
+                            sa[kk][2 * half + hh];
                     }
         }
 
@@ -259,10 +264,10 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
         named_bar_sync(1, NWG * 128);
         float acc_dq[NTQ][4];
         wg_pin(acc_dq);
-        const int c0 = wg * NQ;
+        const int c0 = ROWSPLIT ? 0 : wg * NQ, q0 = ROWSPLIT ? wg * 64 : 0;  // this warpgroup's dQ columns / rows
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk)
-            Wg<T, NQ>::template ss<1, 1>(acc_dq, wg_desc(sSb + kk * 16 * 128, 16),
+            Wg<T, NQ>::template ss<1, 1>(acc_dq, wg_desc(sSb + (ROWSPLIT ? wg * BN * 128 : 0) + kk * 16 * 128, 16),
                                          wg_desc(sK + (c0 / 64) * BN * 128 + (c0 % 64) * 2 + kk * 16 * 128, BN * 128),
                                          kk > 0);
         wg_commit();
@@ -274,7 +279,7 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
 
 #pragma unroll
         for (int hh = 0; hh < 2 && dq_acc == nullptr; ++hh) {
-            const int row = r0 + wl * 16 + g + hh * 8;
+            const int row = r0 + q0 + wl * 16 + g + hh * 8;
             if (row < Lq) {
                 {  // a single key block: this CTA's dQ rows are complete, stored scaled
                     T* dst = dq + b * dq_sb + h * dq_sh + (fa_i64)row * dq_sl;
@@ -292,7 +297,7 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
             // fp32 atomics, four columns at a time: lanes t4 = 2i, 2i+1 swap halves so that the even lane holds
             // row g, columns 4i..4i+3 and the odd lane row g + 8, the same columns
             const bool odd = t4 & 1;
-            const int row = r0 + wl * 16 + g + (odd ? 8 : 0);
+            const int row = r0 + q0 + wl * 16 + g + (odd ? 8 : 0);
             float* dst = dq_acc + (bhq + row) * d + c0 + (t4 >> 1) * 4;
 #pragma unroll
             for (int j = 0; j < NTQ; ++j) {

@@ -15,6 +15,7 @@ Everything else (NumPy, float32, float64, E != Ev, E > 256) takes the chunked re
 it handles blocks of query rows so that at most CHUNK_BYTES of scores exist at a time. It is also the test oracle.
 """
 import math
+import threading
 
 import numpy as np
 
@@ -39,11 +40,11 @@ _FWD_CTAS_PER_SM = {(64, 128): 2, (64, 64): 4, (128, 128): 2, (128, 64): 3}  # (
 # stages); a CTA holds 64 query rows per warpgroup. SM90_FWD = False keeps every call on the sm_80 kernels (A/B).
 FWD_SM90_TILES = {64: (128, 2, 3), 128: (128, 2, 2)}
 SM90_FWD = True
-# Hopper backward, cuda_src/flash_attention_bwd_sm90.cu: (consumer warpgroups, stages) per padded head dim; a CTA
-# owns 64 keys per warpgroup and streams blocks of 64 queries. SM90_BWD = False: the sm_80 kernel (A/B).
-BWD_SM90_TILES = {64: (2, 2), 128: (2, 2)}
+# Hopper backward, cuda_src/flash_attention_bwd_sm90.cu: (consumer warpgroups, stages, BM) per padded head dim; a
+# CTA owns 64 keys per warpgroup and streams blocks of BM queries. SM90_BWD = False: the sm_80 kernel (A/B).
+BWD_SM90_TILES = {64: (2, 3, 128), 128: (2, 2, 64)}
 SM90_BWD = True
-FWD_SM90_TILES_CANDIDATES = {64: [(128, 2, 3), (128, 3, 2), (128, 2, 2), (64, 2, 4), (64, 3, 3)],
+FWD_SM90_TILES_CANDIDATES = {64: [(128, 2, 3), (128, 2, 1), (64, 2, 4), (64, 2, 1), (128, 3, 2)],
                              128: [(128, 2, 2), (64, 2, 3), (64, 2, 4)]}  # what bench/attention.py --tune times
 
 
@@ -247,19 +248,23 @@ def _use_sm90(D, tiles):
 _fwd_plans = {}  # everything about a forward launch except the data: (shapes, strides, dtype, ...) -> plan
 
 
+_F32 = np.dtype(np.float32)
+
+
 def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
-    if mask is None and tiles is None:  # the repeated call: one dict lookup, two allocations, one launch
+    if mask is None:  # the repeated call: one dict lookup, two allocations, one packed launch
         key = (q.shape, q.strides, k.shape, k.strides, v.shape, v.strides, q.dtype, is_causal, scale,
-               q.data.device_id, SM90_FWD)
+               q.data.device_id, SM90_FWD, tiles, threading.get_ident())
         plan = _fwd_plans.get(key)
-        if plan is not None and not (q.data.ptr | k.data.ptr | v.data.ptr) & 15:
-            fn, grid, block, smem, like_q, o_shape, lse_shape, tail = plan
-            xp = L.xp_of(q)
-            o = xp.empty_like(q) if like_q else xp.empty(o_shape, dtype=q.dtype)
-            lse = xp.empty(lse_shape, dtype=np.float32)
-            fn(grid, block, (q, k, v, o, lse) + tail, shared_mem=smem)
-            L.launches += 1
-            return o, lse
+        if plan is not None:
+            qp, kp, vp = q.data.ptr, k.data.ptr, v.data.ptr
+            if not (qp | kp | vp) & 15:
+                launch, like_q, o_shape, lse_shape = plan
+                nd = type(q)  # cupy.ndarray: its constructor is the cheapest allocation
+                o = L.xp_of(q).empty_like(q) if like_q else nd(o_shape, q.dtype)
+                lse = nd(lse_shape, _F32)
+                launch((qp, kp, vp, o.data.ptr, lse.data.ptr))
+                return o, lse
     xp = L.xp_of(q)
     B, H, Lq, E = q.shape
     Lk = k.shape[2]
@@ -289,10 +294,11 @@ def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
     tail = (marg, L.i32(H), L.i32(Lq), L.i32(Lk), L.i32(e_pad), *qs, *ks, *vs, *os_, *ms, L.f32(scale * LOG2E),
             L.i32(bool(is_causal)))
     L.launch(fn, grid, block, (qa, ka, va, o, lse) + tail, shared_mem=smem)
-    if mask is None and tiles is None and qa is q and ka is k and va is v and e_pad == E:
-        like_q = o.strides == xp.empty_like(q).strides if o.shape == q.shape else False
-        if like_q or o.strides == xp.empty(o.shape, dtype=o.dtype).strides:
-            _fwd_plans[key] = (fn, grid, block, int(smem), like_q, o.shape, lse.shape, tail)
+    if mask is None and qa is q and ka is k and va is v and e_pad == E:
+        contiguous = o.strides == xp.empty(o.shape, dtype=o.dtype).strides
+        if contiguous or (o.shape == q.shape and o.strides == xp.empty_like(q).strides):
+            _fwd_plans[key] = (L.PackedLaunch(fn, grid, block, (q, k, v, o, lse) + tail, 5, smem), not contiguous,
+                               o.shape, lse.shape)
     return (o if e_pad == E else o[..., :E]), lse
 
 
@@ -306,18 +312,59 @@ def _bwd_splits(n_ctas, m_blocks):
     return L.cdiv(m_blocks, per), per
 
 
+_bwd_plans = {}  # as _fwd_plans, for the backward: (packed launches, allocation recipe)
+
+
+def _alloc_mode(out, like):
+    """How a plan re-creates an output: "c" (C-contiguous), "like" (empty_like of the input), None (neither)."""
+    xp = L.xp_of(out)
+    if out.strides == xp.empty(out.shape, dtype=out.dtype).strides:
+        return "c"
+    if out.shape == like.shape and out.strides == xp.empty_like(like).strides:
+        return "like"
+    return None
+
+
+def _run_bwd_plan(plan, do, q, k, v, o, lse):
+    delta_launch, main_launch, converts, delta_shape, dq_acc_shape, acc_shape, modes, dq_in_main = plan
+    xp, nd = L.xp_of(q), type(q)
+    outs = [xp.empty_like(src) if mode == "like" else nd(src.shape, src.dtype) for mode, src in zip(modes, (q, k, v))]
+    delta = nd(delta_shape, _F32)
+    delta_launch((o.data.ptr, do.data.ptr, delta.data.ptr))
+    dq_acc = xp.zeros(dq_acc_shape, dtype=_F32) if dq_acc_shape else None
+    accs = (xp.zeros(acc_shape, dtype=_F32), xp.zeros(acc_shape, dtype=_F32)) if acc_shape else (None, None)
+    ptr = [q.data.ptr, k.data.ptr, v.data.ptr, do.data.ptr, lse.data.ptr, delta.data.ptr,
+           0 if dq_acc is None else dq_acc.data.ptr, outs[1].data.ptr, outs[2].data.ptr,
+           0 if accs[0] is None else accs[0].data.ptr, 0 if accs[1] is None else accs[1].data.ptr]
+    if dq_in_main:
+        ptr.append(outs[0].data.ptr)
+    main_launch(ptr)
+    srcs = {"dq": dq_acc, "dk": accs[0], "dv": accs[1]}
+    dsts = {"dq": outs[0], "dk": outs[1], "dv": outs[2]}
+    for name, launch in converts:
+        launch((srcs[name].data.ptr, dsts[name].data.ptr))
+    return tuple(outs)
+
+
 def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
+    if mask is None:  # the repeated call: one dict lookup, the allocations, packed launches
+        key = (q.shape, q.strides, k.shape, k.strides, v.shape, v.strides, o.shape, o.strides, do.strides,
+               lse.strides, q.dtype, o.dtype, do.dtype, lse.dtype, is_causal, scale, q.data.device_id, SM90_BWD,
+               tiles, threading.get_ident())
+        plan = _bwd_plans.get(key)
+        if plan is not None and not (q.data.ptr | k.data.ptr | v.data.ptr | o.data.ptr | do.data.ptr) & 15:
+            return _run_bwd_plan(plan, do, q, k, v, o, lse)
     xp = L.xp_of(q)
     B, H, Lq, E = q.shape
     Lk = k.shape[2]
     e_pad = -(-E // 8) * 8
     D = _tile_dim(e_pad)
     T = q.dtype
-    sm90 = len(tiles) == 2 if tiles is not None else (SM90_BWD and D in BWD_SM90_TILES
+    sm90 = len(tiles) == 3 if tiles is not None else (SM90_BWD and D in BWD_SM90_TILES
                                                        and L.arch_available("sm_90a"))
     if sm90:
-        NWG, STAGES = tiles or BWD_SM90_TILES[D]
-        BM, BN = 64, 64 * NWG
+        NWG, STAGES, BM = tiles or BWD_SM90_TILES[D]
+        BN = 64 * NWG
     else:
         BM, BN, NW, WMS, WNKV, WMQ, OPT = tiles or BWD_TILES[D]
     qa, qs = _operand(q, e_pad)
@@ -325,12 +372,13 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
     va, vs = _operand(v, e_pad)
     oa, os_ = _operand(o.astype(T, copy=False), e_pad)
     ga, gs = _operand(do.astype(T, copy=False), e_pad)
-    lse = xp.ascontiguousarray(lse, dtype=np.float32)
+    lse_in, lse = lse, xp.ascontiguousarray(lse, dtype=np.float32)
     marg, kind, ms = _mask_arg(mask, (B, H, Lq, Lk))
 
     delta = xp.empty((B, H, Lq), dtype=np.float32)
-    L.launch(_kernel("flash_attention_bwd", "flash_attn_bwd_delta<{T}>", T), (L.cdiv(Lq, 8), H, B), (256,),
-             (oa, ga, delta, L.i32(H), L.i32(Lq), L.i32(e_pad), *os_, *gs))
+    delta_fn, delta_grid = _kernel("flash_attention_bwd", "flash_attn_bwd_delta<{T}>", T), (L.cdiv(Lq, 8), H, B)
+    delta_args = (oa, ga, delta, L.i32(H), L.i32(Lq), L.i32(e_pad), *os_, *gs)
+    L.launch(delta_fn, delta_grid, (256,), delta_args)
 
     n_blocks, m_blocks = L.cdiv(Lk, BN), L.cdiv(Lq, BM)
     splits, per = _bwd_splits(n_blocks * B * H, m_blocks)
@@ -349,28 +397,42 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
     dvs = tuple(L.i64(s // dv.itemsize) for s in dv.strides[:3])
     if sm90:
         smem = 1024 + (2 * BN * D + 2 * STAGES * BM * D + 2 * BN * BM) * 2 + 2 * STAGES * BM * 4
-        fn = _kernel("flash_attention_bwd_sm90", f"flash_attn_bwd_sm90<{{T}}, {D}, {NWG}, {STAGES}, {kind}>", T, smem)
+        fn = _kernel("flash_attention_bwd_sm90", f"flash_attn_bwd_sm90<{{T}}, {D}, {NWG}, {STAGES}, {kind}, {BM}>", T, smem)
         block = ((NWG + 1) * 128,)
     else:
         smem = (2 * BN * D + 4 * BM * D + 2 * BM * BN) * 2 + 2 * BM * 4
         fn = _kernel("flash_attention_bwd",
                      f"flash_attn_bwd<{{T}}, {D}, {BM}, {BN}, {NW}, {WMS}, {WNKV}, {WMQ}, {kind}, {OPT}>", T, smem)
         block = (NW * 32,)
-    L.launch(fn, (n_blocks * splits, H, B), block,
-             (qa, ka, va, ga, lse, delta, dq_acc, dk, dv, *acc_args, marg, L.i32(H), L.i32(Lq), L.i32(Lk),
-              L.i32(e_pad), L.i32(n_blocks), L.i32(per), *qs, *ks, *vs, *gs, *dks, *dvs, *ms,
-              L.f32(scale * LOG2E), L.f32(scale), L.i32(bool(is_causal)))
-             + ((dq, *(L.i64(s // dq.itemsize) for s in dq.strides[:3])) if sm90 else ()),
-             shared_mem=smem)
+    main_grid = (n_blocks * splits, H, B)
+    main_args = ((qa, ka, va, ga, lse, delta, dq_acc, dk, dv, *acc_args, marg, L.i32(H), L.i32(Lq), L.i32(Lk),
+                  L.i32(e_pad), L.i32(n_blocks), L.i32(per), *qs, *ks, *vs, *gs, *dks, *dvs, *ms,
+                  L.f32(scale * LOG2E), L.f32(scale), L.i32(bool(is_causal)))
+                 + ((dq, *(L.i64(s // dq.itemsize) for s in dq.strides[:3])) if sm90 else ()))
+    L.launch(fn, main_grid, block, main_args, shared_mem=smem)
     convert = _kernel("flash_attention_bwd", "flash_attn_convert<{T}>", T)
-    outs = [] if dq_direct else [(dq_acc, dq, scale, Lq)]
+    outs = [] if dq_direct else [("dq", dq_acc, dq, scale, Lq)]
     if splits > 1:
-        outs += [(dk_acc, dk, 1.0, Lk), (dv_acc, dv, 1.0, Lk)]
-    for src, dst, sc, rows in outs:
+        outs += [("dk", dk_acc, dk, 1.0, Lk), ("dv", dv_acc, dv, 1.0, Lk)]
+    converts = []
+    for name, src, dst, sc, rows in outs:
         total = src.size
-        L.launch(convert, (max(1, min(L.cdiv(total, 256), L.sm_count() * 32)),), (256,),
-                 (src, dst, L.i32(H), L.i32(rows), L.i32(e_pad), L.i64(total),
-                  *(L.i64(s // dst.itemsize) for s in dst.strides[:3]), L.f32(sc)))
+        grid = (max(1, min(L.cdiv(total, 256), L.sm_count() * 32)),)
+        args = (src, dst, L.i32(H), L.i32(rows), L.i32(e_pad), L.i64(total),
+                *(L.i64(s // dst.itemsize) for s in dst.strides[:3]), L.f32(sc))
+        L.launch(convert, grid, (256,), args)
+        converts.append((name, grid, args))
+    if (mask is None and e_pad == E and qa is q and ka is k and va is v and oa is o and ga is do
+            and lse is lse_in):
+        modes = tuple(_alloc_mode(out, src) for out, src in ((dq, q), (dk, k), (dv, v)))
+        if None not in modes:
+            pointers = list(range(11)) + ([len(main_args) - 4] if sm90 else [])
+            _bwd_plans[key] = (
+                L.PackedLaunch(delta_fn, delta_grid, (256,), delta_args, 3),
+                L.PackedLaunch(fn, main_grid, block, main_args, pointers, smem),
+                tuple((name, L.PackedLaunch(convert, grid, (256,), args, 2)) for name, grid, args in converts),
+                delta.shape, None if dq_direct else dq_acc.shape, dk_acc.shape if splits > 1 else None, modes,
+                sm90)
     if e_pad != E:
         dq, dk, dv = dq[..., :E], dk[..., :E], dv[..., :E]
     return dq, dk, dv

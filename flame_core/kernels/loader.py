@@ -372,6 +372,47 @@ def launch(kernel, grid, block, args, shared_mem=0, stream=None):
         kernel(grid, block, args, shared_mem=shared_mem)
 
 
+class PackedLaunch:
+    """A launch whose arguments are packed once: `__call__(pointers)` writes the pointer arguments that change from
+    call to call (device addresses; the first `n_pointers` arguments, or those at the indices `n_pointers` lists)
+    into the packed buffer and launches through the driver, skipping CuPy's per-argument conversion (about 0.5 us
+    per argument). For hot paths with many fixed scalars; one per thread (the buffer is rewritten at each call)."""
+    __slots__ = ("_fn", "_grid", "_block", "_smem", "_vals", "_ptrs", "_n")
+
+    def __init__(self, kernel, grid, block, args, n_pointers, shared_mem=0):
+        if not isinstance(n_pointers, int):  # explicit indices
+            n_pointers = np.asarray(n_pointers, dtype=np.intp)
+        fn = kernel._fn if isinstance(kernel, _ArchKernel) else kernel.kernel
+        self._fn = fn.ptr
+        grid, block = _dims(grid), _dims(block)
+        self._grid, self._block = grid + (1,) * (3 - len(grid)), block + (1,) * (3 - len(block))
+        self._smem = int(shared_mem)
+        self._n = n_pointers
+        self._vals = np.zeros(len(args), dtype=np.uint64)  # one 8-byte slot per argument, value in its low bytes
+        raw = self._vals.view(np.uint8)
+        for i, a in enumerate(args):
+            if a is None:  # a dynamic slot
+                continue
+            if backend.is_cuda_array(a):
+                self._vals[i] = a.data.ptr
+            else:
+                b = np.asarray(a).tobytes()
+                raw[8 * i:8 * i + len(b)] = np.frombuffer(b, dtype=np.uint8)
+        self._ptrs = self._vals.ctypes.data + 8 * np.arange(len(args), dtype=np.uint64)
+
+    def __call__(self, pointers):
+        global launches
+        launches += 1
+        if type(self._n) is int:
+            self._vals[:self._n] = pointers
+        else:
+            self._vals[self._n] = pointers
+        g, b = self._grid, self._block
+        backend.cupy.cuda.driver.launchKernel(self._fn, g[0], g[1], g[2], b[0], b[1], b[2], self._smem,
+                                              backend.cupy.cuda.get_current_stream().ptr,
+                                              self._ptrs.ctypes.data, 0)
+
+
 # ----------------------------------------------------------------------------- shared helpers of the families
 def xp_of(a):
     return backend.xp_of(a)

@@ -264,6 +264,7 @@ def test_flash_kernel_against_float64(rng, monkeypatch, dt, case, fwd):
     assert bool((o2 == o).all()) and bool((lse2 == lse).all())
     dq, dk, dv = K.flash_attention_backward(do, q, k, v, o, lse, dmask, causal)
     assert loader.launches >= before + 3, "the kernel path did not run"
+    again = K.flash_attention_backward(do, q, k, v, o, lse, dmask, causal)  # the cached launch plan, unmasked
     want_o, want_lse, grads = dense(*host[:3], mask, causal, do=host[3])
     tol = REL_TOL[dt]
     assert o.dtype == q.dtype and o.shape == q.shape
@@ -271,9 +272,10 @@ def test_flash_kernel_against_float64(rng, monkeypatch, dt, case, fwd):
         assert o.strides == q.strides and dq.strides == q.strides
     assert rel_err(o, want_o) < tol, f"o: {rel_err(o, want_o)}"
     np.testing.assert_allclose(backend.to_numpy(lse), want_lse, rtol=2e-3, atol=2e-3)
-    for name, g, w in zip(("dq", "dk", "dv"), (dq, dk, dv), grads):
-        assert g.shape == w.shape and g.dtype == q.dtype
+    for name, g, g2, w in zip(("dq", "dk", "dv"), (dq, dk, dv), again, grads):
+        assert g.shape == w.shape and g.dtype == q.dtype and g2.strides == g.strides
         assert rel_err(g, w) < tol, f"{name}: {rel_err(g, w)}"
+        assert rel_err(g2, w) < tol, f"{name} (second call): {rel_err(g2, w)}"
 
 
 @pytest.mark.gpu
