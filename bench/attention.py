@@ -293,7 +293,8 @@ def main():
                "x_fa2_fwd_bwd": fa2["fwd_bwd_ms"] / t_fb if fa2["fwd_bwd_ms"] else None,
                "x_best_fwd": best_f / t_f if best_f else None, "x_best_fwd_bwd": best_fb / t_fb if best_fb else None,
                "check_vs_torch": checks,
-               "tiles": {"fwd": A._fwd_tiles(A._tile_dim(D), B, H, Lq, False), "bwd": A.BWD_TILES[A._tile_dim(D)],
+               "tiles": {"fwd": A._fwd_tiles(A._tile_dim(D), B, H, Lq, False, Lk),
+                         "bwd": A.BWD_TILES[A._tile_dim(D)],
                          "sm90_bwd": A.SM90_BWD and A._tile_dim(D) in A.BWD_SM90_TILES}}
         q, k, v, _ = inputs
         row["flame_fwd_host_us"] = host_us(lambda q=q, k=k, v=v: A._kernel_forward(q, k, v, None, False, D ** -0.5),
@@ -311,13 +312,13 @@ def main():
                 torch_events, torch_memset())
         print(f"  {name} GPU time of the forward (host launch time excluded): FLAME {row['flame_fwd_gpu_ms']:.4f} ms,"
               f" torch FA2 {row['torch_fa2_fwd_gpu_ms']:.4f} ms", flush=True)
-        row["tiles"]["sm90_fwd"] = A._use_sm90(A._tile_dim(D), None)
+        row["tiles"]["sm90_fwd"] = A._use_sm90(A._tile_dim(D), None, Lk)
         rows.append(row)
         print(f"  {name} flame: fwd {t_f:.3f} ms, fwd+bwd {t_fb:.3f} ms; check {checks}; host us/call: FLAME fwd "
               f"{row['flame_fwd_host_us']:.1f}, torch FA2 fwd {row['torch_fa2_fwd_host_us']:.1f}", flush=True)
         if args.tune:
             td = A._tile_dim(D)
-            cands = list(A.FWD_SM90_TILES_CANDIDATES.get(td, [])) + [A._fwd_tiles(td, B, H, Lq, False)]
+            cands = list(A.FWD_SM90_TILES_CANDIDATES.get(td, [])) + [A._fwd_tiles(td, B, H, Lq, False, Lk)]
             if Lk <= 128:
                 cands.append((64, 64, 4, 0))
             for ft in cands:

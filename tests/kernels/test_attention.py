@@ -290,6 +290,23 @@ def test_sm90_kernels_are_the_default_on_hopper(rng):
     assert any(key[0] == "flash_attention_fwd_sm90" for key in K._functions)
     assert any(key[0] == "flash_attention_bwd_sm90" for key in K._functions)
     assert K._use_sm90(64, None) and K._use_sm90(128, None) and not K._use_sm90(256, None)
+    assert not K._use_sm90(64, None, Lk=77) and K._fwd_tiles(64, 2, 10, 4096, False, 77) == K.FWD_TILES[64]["small"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiles", [(128, 2, 3), (128, 2, 1), (64, 2, 4), (128, 64, 4, 0), (64, 64, 4, 0)])
+def test_forward_tiles_at_one_key_block(rng, tiles):
+    """Short key sequences (one key block) on every forward kernel, explicit tiles: the default picks the sm_80
+    kernel's small tiles there, the sm_90a kernel must still be right."""
+    if len(tiles) == 3 and not loader.arch_available("sm_90a"):
+        pytest.skip("the sm_90a forward needs a compute capability 9.0 GPU")
+    cp = backend.cupy
+    host = [rng.standard_normal(s).astype(BF16) for s in ((2, 3, 200, 64), (2, 3, 77, 64), (2, 3, 77, 64))]
+    q, k, v = (cp.asarray(a) for a in host)
+    o, lse = K._kernel_forward(q, k, v, None, False, 64 ** -0.5, tiles=tiles)
+    want_o, want_lse = dense(*host)
+    assert rel_err(o, want_o) < 1e-2
+    np.testing.assert_allclose(backend.to_numpy(lse), want_lse, rtol=2e-3, atol=2e-3)
 
 
 @pytest.mark.gpu
