@@ -1,7 +1,12 @@
 """Backward: walk the recorded graph in reverse topological order, without recursion, freeing as it goes."""
+import numpy as _np
+
 from ..errors import AutogradError, ShapeError, fmt_shape
 from .function import AccumulateGrad, Node, edge_of, _FLOAT_NP
 from .grad_mode import state
+
+_np_ndarray = _np.ndarray
+_fast_binary = None  # flame_core.kernels.pointwise_small.fast_binary, imported at first use
 
 # set by flame_core.grad_pool when parameters are registered: f(leaf, grad_tensor) -> True if it stored the gradient
 leaf_grad_sink = None
@@ -14,6 +19,23 @@ def _zeros(meta):
     from .. import backend
     xp = backend.cupy if arr_type is not np.ndarray else np
     return _wrap(xp.zeros(shape, dtype=dt))
+
+
+def _iadd(a, b):
+    """a += b on arrays of one dtype: small contiguous cuda arrays take cuda_src/pointwise_small.cu (a packed launch
+    instead of a CuPy ufunc dispatch, the same fp32 sum rounded once), everything else the ufunc."""
+    if type(a) is not _np_ndarray:
+        fast = _fast_binary or _load_fast_binary()
+        if fast("add", a, b, a) is not None:
+            return
+    a += b
+
+
+def _load_fast_binary():
+    global _fast_binary
+    from ..kernels.pointwise_small import fast_binary
+    _fast_binary = fast_binary
+    return fast_binary
 
 
 def _accumulate_leaf(leaf, g, create_graph, owned):
@@ -33,7 +55,7 @@ def _accumulate_leaf(leaf, g, create_graph, owned):
     elif create_graph:
         leaf._grad = leaf._grad + g
     else:
-        leaf._grad._data += g._data
+        _iadd(leaf._grad._data, g._data)
 
 
 def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inputs=None, allow_unused=False):
@@ -101,7 +123,7 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
         if owned is not None and owned[idx]:
             cd, gd = cur._data, g._data
             if cd.dtype == gd.dtype and cd.shape == gd.shape:
-                cd += gd
+                _iadd(cd, gd)
                 return
         slot[idx] = cur + g
         if not create_graph:

@@ -34,6 +34,7 @@ declared through macros) compile per expression. Compile errors raise ``flame_co
 naming the file and line.
 """
 import contextlib
+import ctypes
 import os
 import re
 import threading
@@ -377,17 +378,14 @@ class PackedLaunch:
     call to call (device addresses; the first `n_pointers` arguments, or those at the indices `n_pointers` lists)
     into the packed buffer and launches through the driver, skipping CuPy's per-argument conversion (about 0.5 us
     per argument). For hot paths with many fixed scalars; one per thread (the buffer is rewritten at each call)."""
-    __slots__ = ("_fn", "_grid", "_block", "_smem", "_vals", "_ptrs", "_n")
+    __slots__ = ("_fn", "_grid", "_block", "_smem", "_vals", "_ptrs", "_cv", "_slots", "_pa")
 
     def __init__(self, kernel, grid, block, args, n_pointers, shared_mem=0):
-        if not isinstance(n_pointers, int):  # explicit indices
-            n_pointers = np.asarray(n_pointers, dtype=np.intp)
         fn = kernel._fn if isinstance(kernel, _ArchKernel) else kernel.kernel
         self._fn = fn.ptr
         grid, block = _dims(grid), _dims(block)
         self._grid, self._block = grid + (1,) * (3 - len(grid)), block + (1,) * (3 - len(block))
         self._smem = int(shared_mem)
-        self._n = n_pointers
         self._vals = np.zeros(len(args), dtype=np.uint64)  # one 8-byte slot per argument, value in its low bytes
         raw = self._vals.view(np.uint8)
         for i, a in enumerate(args):
@@ -399,18 +397,26 @@ class PackedLaunch:
                 b = np.asarray(a).tobytes()
                 raw[8 * i:8 * i + len(b)] = np.frombuffer(b, dtype=np.uint8)
         self._ptrs = self._vals.ctypes.data + 8 * np.arange(len(args), dtype=np.uint64)
+        # a ctypes view of the slots (cheaper to write than a NumPy slice) and the parameter array's address, read
+        # once (`ndarray.ctypes` costs over a microsecond per access)
+        self._cv = (ctypes.c_uint64 * len(args)).from_address(self._vals.ctypes.data)
+        self._pa = int(self._ptrs.ctypes.data)
+        self._slots = tuple(range(n_pointers)) if type(n_pointers) is int else tuple(int(i) for i in n_pointers)
 
-    def __call__(self, pointers):
+    def __call__(self, values):
+        """Launch with these raw 8-byte values (ints, one per dynamic slot, in order) in the dynamic slots: a device
+        address, or a scalar's bit pattern in the low bytes (`f32_bits(v)` for a `float` parameter)."""
         global launches
         launches += 1
-        if type(self._n) is int:
-            self._vals[:self._n] = pointers
-        else:
-            self._vals[self._n] = pointers
+        cv = self._cv
+        for i, v in zip(self._slots, values):
+            cv[i] = v
         g, b = self._grid, self._block
-        backend.cupy.cuda.driver.launchKernel(self._fn, g[0], g[1], g[2], b[0], b[1], b[2], self._smem,
-                                              backend.cupy.cuda.get_current_stream().ptr,
-                                              self._ptrs.ctypes.data, 0)
+        cuda = backend.cupy.cuda
+        cuda.driver.launchKernel(self._fn, g[0], g[1], g[2], b[0], b[1], b[2], self._smem,
+                                 cuda.get_current_stream().ptr, self._pa, 0)
+
+    launch_raw = __call__
 
 
 # ----------------------------------------------------------------------------- shared helpers of the families
@@ -603,6 +609,11 @@ def precompile(stems=None, dtypes=("float32", "float16", "bfloat16"), processes=
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=processes, mp_context=ctx) as pool:
         return list(pool.map(_compile_one, *zip(*jobs)))
+
+
+def f32_bits(v):
+    """The bit pattern of float32(v) as an int: the raw slot value of a `float` kernel parameter (PackedLaunch)."""
+    return int(np.float32(v).view(np.uint32))
 
 
 if __name__ == "__main__":

@@ -84,6 +84,30 @@ def _cast(arr, dt):
 
 
 _cupy_ndarray = backend._cupy_ndarray if backend.cupy is not None else None
+_ps = None  # flame_core.kernels.pointwise_small, imported at first use
+
+
+def _load_ps():
+    global _ps
+    from ..kernels import pointwise_small
+    _ps = pointwise_small
+    return pointwise_small
+
+
+def _fast_arith(op, xa, xb):
+    """xa OP xb (op: mul, add, sub) through cuda_src/pointwise_small.cu when the operands are a small contiguous cuda
+    array and a Python scalar, or two such arrays of one shape and dtype; None otherwise (the caller's ufunc runs).
+    The result has the array's dtype, as the ufunc's would (the callers' `_operands` already cast to it)."""
+    ta = type(xa)
+    if ta is _cupy_ndarray:
+        tb = type(xb)
+        if tb is _cupy_ndarray:
+            return (_ps or _load_ps()).fast_binary(op, xa, xb)
+        if tb is float or tb is int:
+            return (_ps or _load_ps()).fast_scalar(op, xa, xb)
+    elif type(xb) is _cupy_ndarray and (ta is float or ta is int):
+        return (_ps or _load_ps()).fast_scalar("rsub" if op == "sub" else op, xb, xa)
+    return None
 
 
 def sum_to(g, shape):
@@ -135,6 +159,10 @@ class Add(Function):
     def forward(ctx, a, b, alpha=1):
         xa, xb, dt = _operands("add", a, b)
         ctx.shapes, ctx.alpha = (_shape(a), _shape(b)), alpha
+        if alpha == 1 and _cupy_ndarray is not None:
+            r = _fast_arith("add", xa, xb)
+            if r is not None:
+                return _wrap(_cast(r, dt))
         return _wrap(_cast(xa + xb if alpha == 1 else xa + xb * alpha, dt))
 
     @staticmethod
@@ -153,6 +181,10 @@ class Sub(Function):
         if dt == np.bool_:
             raise DTypeError("subtraction of bool tensors is not supported; use logical_xor or ~")
         ctx.shapes, ctx.alpha = (_shape(a), _shape(b)), alpha
+        if alpha == 1 and _cupy_ndarray is not None:
+            r = _fast_arith("sub", xa, xb)
+            if r is not None:
+                return _wrap(_cast(r, dt))
         return _wrap(_cast(xa - xb if alpha == 1 else xa - xb * alpha, dt))
 
     @staticmethod
@@ -169,6 +201,10 @@ class Mul(Function):
         xa, xb, dt = _operands("mul", a, b)
         ctx.save_for_backward(a if isinstance(a, Tensor) else None, b if isinstance(b, Tensor) else None)
         ctx.scalars = (a, b)
+        if _cupy_ndarray is not None:
+            r = _fast_arith("mul", xa, xb)
+            if r is not None:
+                return _wrap(_cast(r, dt))
         return _wrap(_cast(xa * xb, dt))
 
     @staticmethod
@@ -188,6 +224,16 @@ def _grad_mul(g, other):
     promotion is involved (the same ufunc the Mul op would run, without its bookkeeping), else the Tensor op."""
     if not state.enabled:
         gd = g._data
+        if type(gd) is _cupy_ndarray:  # small cuda arrays: cuda_src/pointwise_small.cu (the same rounding as the ufunc)
+            to = type(other)
+            if to is float or to is int:
+                r = (_ps or _load_ps()).fast_scalar("mul", gd, other)
+            elif isinstance(other, Tensor):
+                r = (_ps or _load_ps()).fast_binary("mul", gd, other._data)
+            else:
+                r = None
+            if r is not None:
+                return _wrap(r)
         dt = gd.dtype
         if dt in _F32_64:
             to = type(other)
@@ -202,6 +248,10 @@ def _grad_mul(g, other):
 
 def _grad_neg(g):
     """`-g` inside a first-order backward rule (see _grad_mul)."""
+    if not state.enabled and type(g._data) is _cupy_ndarray:
+        r = (_ps or _load_ps()).fast_unary("neg", g._data)
+        if r is not None:
+            return _wrap(r)
     if not state.enabled and g._data.dtype in _F32_64:
         return _wrap(-g._data)
     return -g
@@ -397,7 +447,11 @@ def _ufunc(op, fn, a, b, xa, xb):
 
 # ----------------------------------------------------------------------------- unary
 def _pointwise_grad(kernel, g, s):
-    """One fused launch of cuda_src/pointwise_grad.cu, or None when the arrays don't qualify."""
+    """One fused launch of cuda_src/pointwise_grad.cu, or None when the arrays don't qualify. Small contiguous arrays
+    take the same rule from cuda_src/pointwise_small.cu (a packed launch: a fraction of the host cost)."""
+    r = (_ps or _load_ps()).fast_grad(kernel, g, s)
+    if r is not None:
+        return _wrap(r)
     loader = _loader or _load_loader()
     dt = g.dtype
     if not (loader.use_kernel(g, s) and (s.dtype is dt or s.dtype == dt) and g.shape == s.shape):
@@ -489,7 +543,26 @@ def _in_f32(fn):
     return run
 
 
-Neg = _unary("Neg", lambda xp, a: -a, lambda g, x, y: -g, saves="", plain=True)
+def _neg_arr(xp, a):
+    if xp is not np:
+        r = (_ps or _load_ps()).fast_unary("neg", a)  # small cuda arrays: cuda_src/pointwise_small.cu
+        if r is not None:
+            return r
+    return -a
+
+
+_tanh_ref = _in_f32(lambda xp, a: xp.tanh(a))
+
+
+def _tanh_arr(xp, a):
+    if xp is not np:
+        r = (_ps or _load_ps()).fast_unary("tanh", a)  # small cuda arrays: tanhf in fp32, as _in_f32 computes
+        if r is not None:
+            return r
+    return _tanh_ref(xp, a)
+
+
+Neg = _unary("Neg", _neg_arr, lambda g, x, y: -g, saves="", plain=True)
 Exp = _unary("Exp", _in_f32(lambda xp, a: xp.exp(a)), lambda g, x, y: g * y, saves="y", plain=True)
 Log = _unary("Log", _in_f32(lambda xp, a: xp.log(a)), lambda g, x, y: g / x, plain=True)
 Log1p = _unary("Log1p", _in_f32(lambda xp, a: xp.log1p(a)), lambda g, x, y: g / (x + 1), plain=True)
@@ -499,7 +572,7 @@ Rsqrt = _unary("Rsqrt", _in_f32(lambda xp, a: 1 / xp.sqrt(a)), lambda g, x, y: g
                fused="rsqrt_bwd", plain=True)
 Sin = _unary("Sin", _in_f32(lambda xp, a: xp.sin(a)), lambda g, x, y: g * cos(x))
 Cos = _unary("Cos", _in_f32(lambda xp, a: xp.cos(a)), lambda g, x, y: -g * sin(x))
-Tanh = _unary("Tanh", _in_f32(lambda xp, a: xp.tanh(a)), lambda g, x, y: g * (1 - y * y), saves="y",
+Tanh = _unary("Tanh", _tanh_arr, lambda g, x, y: g * (1 - y * y), saves="y",
               fused="tanh_bwd", plain=True)
 Sigmoid = _unary("Sigmoid", _in_f32(lambda xp, a: 0.5 * (xp.tanh(a * 0.5) + 1)), lambda g, x, y: g * y * (1 - y),
                  saves="y", fused="sigmoid_bwd", plain=True)

@@ -1,0 +1,218 @@
+"""Pointwise ops on small contiguous cuda arrays through cuda_src/pointwise_small.cu, for the per-op host cost.
+
+On arrays of a few thousand elements the GPU is idle and an op's cost is the host's: a CuPy ufunc spends ~13 us in
+its dispatch, a `loader.launch` ~15 us converting arguments. Here each (kernel, dtype, numel, device) gets one
+`loader.PackedLaunch` per thread whose only per-call work is writing the array addresses (and the scalar's bits) into
+its packed argument buffer and one driver launch; the output is a bare `cupy.ndarray(shape, dtype)`.
+
+API: each returns a new cupy array, or None when the fast path does not apply (not a CuPy array, not C-contiguous,
+more than MAX_NUMEL elements, a dtype other than float32/float16/bfloat16, kernels disabled or a `loader.reference()`
+block, operands on another device than the current one) -- the caller then runs its CuPy/NumPy path.
+
+``fast_scalar(op, x, s)``   op: "mul" (x*s), "add" (x+s), "sub" (x-s), "rsub" (s-x); s a Python float or int,
+                            taken in float32 (PyTorch's arithmetic for half-precision tensors and a Python scalar).
+``fast_binary(op, a, b, out=None)``  op: "mul", "add", "sub"; a, b of one shape and dtype. `out` (same shape and
+                            dtype, may be `a`): written in place and returned (the engine's gradient accumulation).
+``fast_unary(op, x)``       op: "neg", "tanh".
+``fast_grad(kernel, g, s)`` the first-order backward rules of cuda_src/pointwise_grad.cu ("tanh_bwd",
+                            "sigmoid_bwd", "relu_bwd", "sqrt_bwd", "rsqrt_bwd", "abs_bwd") on small arrays.
+``fast_tanh_backward(g, y)`` g * (1 - y * y).
+
+Math in fp32, one rounding to the dtype: float32 results are bit-identical to CuPy's ufuncs for mul/add/sub/neg
+(one IEEE operation), and so are float16/bfloat16 ones (fp32 carries more than twice their precision plus two bits,
+so rounding twice equals rounding once); tanh uses tanhf as CuPy's float tanh does.
+"""
+import math
+import os
+import threading
+
+import ml_dtypes
+import numpy as np
+
+from .. import backend
+from . import loader
+
+# above this CuPy's ufuncs run (their per-call cost no longer matters next to the work); FLAME_SMALL_POINTWISE=0
+# switches the fast path off (A/B measurements)
+MAX_NUMEL = 65536 if os.environ.get("FLAME_SMALL_POINTWISE", "1") != "0" else -1
+BLOCK = 256
+STEM = "pointwise_small"
+
+_nd = backend._cupy_ndarray if backend.cupy is not None else None
+# dtype.num -> index into _DTYPES (the kernel dtypes); bfloat16's number is assigned when ml_dtypes registers it
+_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+_KIND = {d.num: k for k, d in enumerate(_DTYPES)}
+_F32_MAX = float(np.finfo(np.float32).max)
+
+_SCALAR = {"mul": "pws_mul_scalar", "add": "pws_add_scalar", "sub": "pws_sub_scalar", "rsub": "pws_rsub_scalar"}
+_BINARY = {"mul": "pws_mul", "add": "pws_add", "sub": "pws_sub"}
+_UNARY = {"neg": "pws_neg", "tanh": "pws_tanh"}
+_GRAD = {k: "pws_" + k for k in ("tanh_bwd", "sigmoid_bwd", "relu_bwd", "sqrt_bwd", "rsqrt_bwd", "abs_bwd")}
+_N_DYNAMIC = {}  # kernel name -> count of leading dynamic slots (the rest: the element count n)
+_N_DYNAMIC.update({k: 3 for k in _SCALAR.values()})   # x, out, s
+_N_DYNAMIC.update({k: 3 for k in _BINARY.values()})   # a, b, out
+_N_DYNAMIC.update({k: 2 for k in _UNARY.values()})    # x, out
+_N_DYNAMIC.update({k: 3 for k in _GRAD.values()})     # g, s, out
+
+_local = threading.local()  # .launches: {(kernel, kind, n, device): PackedLaunch} (a packed buffer is per thread)
+_bits = ({}, {}, {})  # per kind: Python scalar -> float32 bit pattern of the scalar rounded to that dtype
+_CUPY_FLAG_ATTR = _nd is not None and hasattr(_nd, "_c_contiguous")
+
+
+def _contiguous(a):
+    return a._c_contiguous if _CUPY_FLAG_ATTR else a.flags.c_contiguous
+
+
+def _scalar_bits(kind, s):
+    """The raw `float` slot value of s in float32 (as PyTorch computes a half-precision tensor with a Python scalar:
+    in float32, one rounding of the result), or None (an int not exact in float32, a float beyond float32: the
+    reference path decides what happens)."""
+    if type(s) is int and abs(s) > 1 << 24:
+        return None
+    f = float(s)
+    if math.isfinite(f) and abs(f) > _F32_MAX:
+        return None
+    r = float(np.float32(f))
+    b = loader.f32_bits(r)
+    if f != 0.0:  # 0.0 == -0.0 == 0 as dict keys: zeros are not cached (their bit patterns differ)
+        table = _bits[kind]
+        if len(table) > 4096:  # many distinct scalars (a schedule): keep the table small
+            table.clear()
+        table[s] = b
+    return b
+
+
+def _launcher(name, kind, n, dev):
+    """The cached PackedLaunch of kernel `name` for this dtype kind, element count and device (this thread's)."""
+    cache = getattr(_local, "launches", None)
+    if cache is None:
+        cache = _local.launches = {}
+    key = (name, kind, n, dev)
+    pl = cache.get(key)
+    if pl is None:
+        if len(cache) >= 4096:  # many distinct sizes: rebuild on demand rather than grow without bound
+            cache.clear()
+        kernel = loader.get_function(STEM, name, _DTYPES[kind])
+        nd = _N_DYNAMIC[name]
+        pl = cache[key] = loader.PackedLaunch(kernel, (loader.cdiv(n, BLOCK),), (BLOCK,),
+                                              (None,) * nd + (np.int32(n),), nd)
+    return pl
+
+
+def _device(*arrays):
+    """The current device when every array lives on it, else None."""
+    dev = backend.cupy.cuda.runtime.getDevice()
+    for a in arrays:
+        if a.data.device_id != dev:
+            return None
+    return dev
+
+
+def fast_scalar(op, x, s):
+    """x OP s (op: mul, add, sub; rsub: s - x) for a small contiguous cuda array x and a Python float/int s."""
+    if type(x) is not _nd:
+        return None
+    n = x.size
+    if n > MAX_NUMEL or not _contiguous(x):
+        return None
+    kind = _KIND.get(x.dtype.num)
+    if kind is None:
+        return None
+    ts = type(s)
+    if ts is not float and ts is not int:
+        return None
+    bits = _bits[kind].get(s)
+    if bits is None:
+        bits = _scalar_bits(kind, s)
+        if bits is None:
+            return None
+    if not loader.enabled():
+        return None
+    dev = _device(x)
+    if dev is None:
+        return None
+    out = _nd(x.shape, x.dtype)
+    if n:
+        _launcher(_SCALAR[op], kind, n, dev).launch_raw((x.data.ptr, out.data.ptr, bits))
+    return out
+
+
+def fast_binary(op, a, b, out=None):
+    """a OP b (op: mul, add, sub) for small contiguous cuda arrays of one shape and dtype; into `out` when given."""
+    if type(a) is not _nd or type(b) is not _nd:
+        return None
+    n = a.size
+    if n > MAX_NUMEL or a.shape != b.shape or not (_contiguous(a) and _contiguous(b)):
+        return None
+    dt = a.dtype
+    if b.dtype is not dt and b.dtype != dt:
+        return None
+    kind = _KIND.get(dt.num)
+    if kind is None or not loader.enabled():
+        return None
+    if out is not None:
+        if out is not a and (type(out) is not _nd or out.shape != a.shape or out.dtype != dt or not _contiguous(out)):
+            return None
+        dev = _device(a, b) if out is a else _device(a, b, out)
+    else:
+        dev = _device(a, b)
+    if dev is None:
+        return None
+    if out is None:
+        out = _nd(a.shape, dt)
+    if n:
+        _launcher(_BINARY[op], kind, n, dev).launch_raw((a.data.ptr, b.data.ptr, out.data.ptr))
+    return out
+
+
+def fast_unary(op, x):
+    """neg / tanh of a small contiguous cuda array."""
+    if type(x) is not _nd:
+        return None
+    n = x.size
+    if n > MAX_NUMEL or not _contiguous(x):
+        return None
+    kind = _KIND.get(x.dtype.num)
+    if kind is None or not loader.enabled():
+        return None
+    dev = _device(x)
+    if dev is None:
+        return None
+    out = _nd(x.shape, x.dtype)
+    if n:
+        _launcher(_UNARY[op], kind, n, dev).launch_raw((x.data.ptr, out.data.ptr))
+    return out
+
+
+def fast_grad(kernel, g, s):
+    """A fused first-order backward rule of cuda_src/pointwise_grad.cu (`kernel`, e.g. "tanh_bwd") on small
+    contiguous cuda arrays g (upstream gradient) and s (the saved tensor) of one shape and dtype."""
+    if type(g) is not _nd or type(s) is not _nd:
+        return None
+    n = g.size
+    if n > MAX_NUMEL or g.shape != s.shape or not (_contiguous(g) and _contiguous(s)):
+        return None
+    dt = g.dtype
+    if s.dtype is not dt and s.dtype != dt:
+        return None
+    kind = _KIND.get(dt.num)
+    name = _GRAD.get(kernel)
+    if kind is None or name is None or not loader.enabled():
+        return None
+    dev = _device(g, s)
+    if dev is None:
+        return None
+    out = _nd(g.shape, dt)
+    if n:
+        _launcher(name, kind, n, dev).launch_raw((g.data.ptr, s.data.ptr, out.data.ptr))
+    return out
+
+
+def fast_tanh_backward(g, y):
+    """g * (1 - y * y) (the gradient of tanh from its output y)."""
+    return fast_grad("tanh_bwd", g, y)
+
+
+def cached_launches():
+    """How many PackedLaunches this thread holds (tests: the second call of a shape reuses the first's)."""
+    return len(getattr(_local, "launches", None) or ())
