@@ -312,6 +312,26 @@ def main():
                 torch_events, torch_memset())
         print(f"  {name} GPU time of the forward (host launch time excluded): FLAME {row['flame_fwd_gpu_ms']:.4f} ms,"
               f" torch FA2 {row['torch_fa2_fwd_gpu_ms']:.4f} ms", flush=True)
+        gq, sc = inputs[3], D ** -0.5
+
+        def flame_fb(q=q, k=k, v=v, gq=gq, sc=sc):
+            o_, lse_ = A._kernel_forward(q, k, v, None, False, sc)
+            A._kernel_backward(gq, q, k, v, o_, lse_, None, False, sc)
+        row["flame_fwd_bwd_gpu_ms"] = gpu_ms(flame_fb, cupy_events, cupy_memset())
+        row["flame_fwd_bwd_host_us"] = host_us(flame_fb, cp.cuda.Device().synchronize, n=100)
+        tqr, tkr, tvr = (t.detach().requires_grad_() for t in (tq, tk, tv))
+        tg = tin[3]
+
+        def torch_fb(tqr=tqr, tkr=tkr, tvr=tvr, tg=tg):
+            torch.nn.functional.scaled_dot_product_attention(tqr, tkr, tvr).backward(tg)
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            row["torch_fa2_fwd_bwd_gpu_ms"] = gpu_ms(torch_fb, torch_events, torch_memset())
+            row["torch_fa2_fwd_bwd_host_us"] = host_us(torch_fb, torch.cuda.synchronize, n=100)
+        print(f"  {name} fwd+bwd GPU time: FLAME {row['flame_fwd_bwd_gpu_ms']:.4f} ms, torch FA2 "
+              f"{row['torch_fa2_fwd_bwd_gpu_ms']:.4f} ms; host us per fwd+bwd: FLAME "
+              f"{row['flame_fwd_bwd_host_us']:.1f}, "
+              f"torch FA2 {row['torch_fa2_fwd_bwd_host_us']:.1f}", flush=True)
+        del tqr, tkr, tvr, tg
         row["tiles"]["sm90_fwd"] = A._use_sm90(A._tile_dim(D), None, Lk)
         rows.append(row)
         print(f"  {name} flame: fwd {t_f:.3f} ms, fwd+bwd {t_fb:.3f} ms; check {checks}; host us/call: FLAME fwd "

@@ -233,3 +233,31 @@ __device__ __forceinline__ bool fa_keep(int row, int col, int Lq, int Lk, int ca
 __device__ __forceinline__ void fa_red_add2(float* p, float a, float b) {  // fp32 pair atomic add (sm_90)
     asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
 }
+__device__ __forceinline__ void fa_red_add4(float* p, float a, float b, float c, float e) {  // 16-byte aligned
+    asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(e)
+                 : "memory");
+}
+// cp.async of 4 bytes (src_bytes 0: zero-fill)
+__device__ __forceinline__ void fa_cp_async4(unsigned dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+
+// One warp copies a ROWS x (SLABS * 64) tile (rows >= n_rows and columns >= n_cols read as zero) into SLABS swizzled
+// 64-column slabs [SLABS][ROWS][64] (the sm_90a kernels' layout); a rolled loop keeps a producer warp within its few
+// registers.
+template <int ROWS, int SLABS, typename T>
+__device__ __forceinline__ void fa_load_slabs(unsigned s, const T* __restrict__ g, fa_i64 ld, int n_rows, int n_cols,
+                                              int lane) {
+    const int c = (lane & 7) * 8;
+#pragma unroll
+    for (int sl = 0; sl < SLABS; ++sl) {
+        const bool col_ok = c + sl * 64 < n_cols;
+        const T* p = g + (lane >> 3) * ld + sl * 64 + c;
+#pragma unroll 4
+        for (int r = lane >> 3; r < ROWS; r += 4) {
+            const bool ok = col_ok && r < n_rows;
+            fa_cp_async16(s + sl * ROWS * 128 + 2 * fa_swz<64>(r, c), ok ? (const void*)p : (const void*)g, ok ? 16 : 0);
+            p += 4 * ld;
+        }
+    }
+}

@@ -17,25 +17,6 @@
 #include "flash_attention.cuh"
 #include "wgmma.cuh"
 
-// One warp copies a ROWS x (SLABS * 64) tile (rows >= n_rows and columns >= n_cols read as zero) into SLABS swizzled
-// 64-column slabs; a rolled loop keeps the producer within its few registers.
-template <int ROWS, int SLABS, typename T>
-__device__ __forceinline__ void fa_load_slabs(unsigned s, const T* __restrict__ g, fa_i64 ld, int n_rows, int n_cols,
-                                              int lane) {
-    const int c = (lane & 7) * 8;
-#pragma unroll
-    for (int sl = 0; sl < SLABS; ++sl) {
-        const bool col_ok = c + sl * 64 < n_cols;
-        const T* p = g + (lane >> 3) * ld + sl * 64 + c;
-#pragma unroll 4
-        for (int r = lane >> 3; r < ROWS; r += 4) {
-            const bool ok = col_ok && r < n_rows;
-            fa_cp_async16(s + sl * ROWS * 128 + 2 * fa_swz<64>(r, c), ok ? (const void*)p : (const void*)g, ok ? 16 : 0);
-            p += 4 * ld;
-        }
-    }
-}
-
 template <typename T, int D, int BN, int NWG, int STAGES, int MASK>
 __global__ void __launch_bounds__(NWG * 128 + 128, 1)
 flash_attn_fwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,

@@ -1,0 +1,108 @@
+"""Writes cuda_src/wgmma.cuh: the wgmma wrappers' operand lists are long and mechanical (one accumulator register per
+operand). Run: python3 cuda_src/wgmma_gen.py  (rewrites cuda_src/wgmma.cuh next to it)."""
+import pathlib
+TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
+NS = [32, 64, 128]
+out = []
+out.append('''// Hopper warpgroup MMA (wgmma.mma_async, sm_90a) wrappers for bf16/fp16 inputs and fp32 accumulators, plus the
+// shared-memory matrix descriptors and mbarrier helpers the sm_90a kernels use. Written by cuda_src/wgmma_gen.py:
+// edit that and run it rather than this file.
+// Accumulator layout (m64nNk16, fp32): warp w of the warpgroup owns rows 16w..16w+15; acc[j][e] of lane (g = lane/4,
+// t = lane%4) is row 16w + g + 8*(e/2), column 8j + 2t + (e%2) - the mma.sync m16n8 layout, one n8 tile per j.
+// A from registers (RS form): the mma.sync m16n8k16 A fragment of the warp's 16 rows.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+typedef unsigned long long wg_u64;
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\\n" ::"n"(N) : "memory"); }
+
+// Pins accumulator registers at this point of the program (the compiler must not move their reads or writes across
+// an issued-but-unfinished wgmma).
+template <int NT>
+__device__ __forceinline__ void wg_pin(float (&acc)[NT][4]) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(acc[j][e])::"memory");
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle (Swizzle<3,4,3> on byte addresses: the 16-byte chunk c of a
+// 128-byte row r sits at chunk c ^ (r % 8); the pattern repeats every 1024 bytes, so tiles start 1024-aligned).
+// K-major operand: rows of 64 elements (128 bytes), 8-row groups 1024 bytes apart (SBO); LBO unused.
+// MN-major operand: 64 MN-contiguous elements per 128-byte row, K rows 128 bytes apart, 8-row K groups SBO = 1024
+// bytes apart, and the next 64 MN elements LBO bytes on.
+__device__ __forceinline__ wg_u64 wg_desc(unsigned smem_addr, unsigned lbo_bytes) {
+    return (wg_u64)((smem_addr & 0x3FFFF) >> 4) | ((wg_u64)((lbo_bytes & 0x3FFFF) >> 4) << 16) |
+           ((wg_u64)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+template <typename T, int N> struct Wg;
+''')
+
+def acc_list(n):
+    return ", ".join(f"%{i}" for i in range(n // 2))
+
+def acc_cons(n):
+    lines = []
+    for j in range(n // 8):
+        lines.append(", ".join(f'"+f"(d[{j}][{e}])' for e in range(4)))
+    return ",\n              ".join(lines)
+
+for ctype, ptx in TYPES:
+    for n in NS:
+        na = n // 2
+        out.append(f'''template <> struct Wg<{ctype}, {n}> {{
+    // d (+)= A (64x16, K-major (TA=0) or M-major (TA=1), shared) * B (16x{n}, K-major (TB=0) or N-major (TB=1),
+    // shared); scale_d = 0 overwrites d
+    template <int TA, int TB>
+    static __device__ __forceinline__ void ss(float (&d)[{n // 8}][4], wg_u64 da, wg_u64 db, int scale_d) {{
+        asm volatile(
+            "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{na + 2}, 0;\\n"
+            "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "
+            "{{{acc_list(n)}}}, %{na}, %{na + 1}, p, 1, 1, %{na + 3}, %{na + 4};\\n}}\\n"
+            : {acc_cons(n)}
+            : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
+    }}
+    // d (+)= A (64x16 in registers, mma.sync A fragment) * B (16x{n}, K-major (TB=0) or N-major (TB=1), shared)
+    template <int TB>
+    static __device__ __forceinline__ void rs(float (&d)[{n // 8}][4], const unsigned (&a)[4], wg_u64 db, int scale_d) {{
+        asm volatile(
+            "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{na + 5}, 0;\\n"
+            "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "
+            "{{{acc_list(n)}}}, {{%{na}, %{na + 1}, %{na + 2}, %{na + 3}}}, %{na + 4}, p, 1, 1, %{na + 6};\\n}}\\n"
+            : {acc_cons(n)}
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TB));
+    }}
+}};
+''')
+
+out.append('''// ------------------------------------------------------------------------------------------ mbarriers
+__device__ __forceinline__ void mbar_init(unsigned addr, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\\n" ::"r"(addr), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned addr, unsigned parity) {  // until the phase of this parity completes
+    unsigned done;
+    do {
+        asm volatile("{\\n.reg .pred p;\\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\\nselp.u32 %0, 1, 0, p;\\n}\\n"
+                     : "=r"(done) : "r"(addr), "r"(parity) : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void mbar_arrive(unsigned addr) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\\n" ::"r"(addr) : "memory");
+}
+// Arrives on the barrier once every cp.async this thread issued so far has landed (the count was set for it).
+__device__ __forceinline__ void mbar_cp_async_arrive(unsigned addr) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\\n" ::"r"(addr) : "memory");
+}
+// Makes shared memory written through the generic proxy (st.shared, cp.async) visible to wgmma's async proxy.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory"); }
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+    asm volatile("bar.sync %0, %1;\\n" ::"r"(id), "r"(count) : "memory");
+}
+''')
+(pathlib.Path(__file__).resolve().parent / "wgmma.cuh").write_text("".join(out))
