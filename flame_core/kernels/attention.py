@@ -250,6 +250,7 @@ def _use_sm90(D, tiles, Lk=SMALL_LK + 1):
 
 
 _fwd_plans = {}  # everything about a forward launch except the data: (shapes, strides, dtype, ...) -> plan
+MAX_PLANS = 512  # per direction; past it the cache starts over
 
 
 _F32 = np.dtype(np.float32)
@@ -301,6 +302,8 @@ def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
     if mask is None and qa is q and ka is k and va is v and e_pad == E:
         contiguous = o.strides == xp.empty(o.shape, dtype=o.dtype).strides
         if contiguous or (o.shape == q.shape and o.strides == xp.empty_like(q).strides):
+            if len(_fwd_plans) >= MAX_PLANS:  # many distinct shapes (variable lengths): rebuild on demand
+                _fwd_plans.clear()
             _fwd_plans[key] = (L.PackedLaunch(fn, grid, block, (q, k, v, o, lse) + tail, 5, smem), not contiguous,
                                o.shape, lse.shape)
     return (o if e_pad == E else o[..., :E]), lse
@@ -432,6 +435,8 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
         modes = tuple(_alloc_mode(out, src) for out, src in ((dq, q), (dk, k), (dv, v)))
         if None not in modes:
             pointers = list(range(11)) + ([len(main_args) - 4] if sm90 else [])
+            if len(_bwd_plans) >= MAX_PLANS:
+                _bwd_plans.clear()
             _bwd_plans[key] = (
                 L.PackedLaunch(delta_fn, delta_grid, (256,), delta_args, 3),
                 L.PackedLaunch(fn, main_grid, block, main_args, pointers, smem),

@@ -294,6 +294,17 @@ def test_sm90_kernels_are_the_default_on_hopper(rng):
 
 
 @pytest.mark.gpu
+def test_launch_plan_caches_stay_bounded(rng, monkeypatch):
+    cp = backend.cupy
+    monkeypatch.setattr(K, "MAX_PLANS", 3)
+    for lq in range(60, 68):  # eight shapes
+        q, k, v = (cp.asarray(rng.standard_normal((1, 1, n, 64)).astype(BF16)) for n in (lq, 70, 70))
+        o, lse = K.flash_attention_forward(q, k, v)
+        K.flash_attention_backward(o, q, k, v, o, lse)
+    assert 0 < len(K._fwd_plans) <= 3 and 0 < len(K._bwd_plans) <= 3
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("tiles", [(128, 2, 3), (128, 2, 1), (64, 2, 4), (128, 64, 4, 0), (64, 64, 4, 0)])
 def test_forward_tiles_at_one_key_block(rng, tiles):
     """Short key sequences (one key block) on every forward kernel, explicit tiles: the default picks the sm_80
