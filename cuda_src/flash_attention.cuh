@@ -230,12 +230,39 @@ __device__ __forceinline__ bool fa_keep(int row, int col, int Lq, int Lk, int ca
     return keep;
 }
 
-__device__ __forceinline__ void fa_red_add2(float* p, float a, float b) {  // fp32 pair atomic add (sm_90)
-    asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+// The backward's work of one CTA: key block nb (of n_blocks, BN keys each) and the query blocks [m_lo, m_hi) of its
+// slice (blockIdx.x = split * n_blocks + nb, m_per_split query blocks of BM rows per slice). Under a causal mask the
+// query rows before the key block attend none of its keys.
+struct FaBwdWork {
+    int nb, n0, m_lo, m_hi;
+};
+__device__ __forceinline__ FaBwdWork fa_bwd_work(int n_blocks, int m_per_split, int BN, int BM, int Lq, int causal) {
+    FaBwdWork w;
+    w.nb = blockIdx.x % n_blocks;
+    w.n0 = w.nb * BN;
+    w.m_lo = (blockIdx.x / n_blocks) * m_per_split;
+    w.m_hi = min((Lq + BM - 1) / BM, w.m_lo + m_per_split);
+    if (causal) w.m_lo = max(w.m_lo, w.n0 / BM);
+    return w;
 }
-__device__ __forceinline__ void fa_red_add4(float* p, float a, float b, float c, float e) {  // 16-byte aligned
+
+// fp32 atomic adds of 2 / 4 adjacent floats (8- / 16-byte aligned): one vector red on sm_90, scalar atomics before
+__device__ __forceinline__ void fa_red_add2(float* p, float a, float b) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+#else
+    atomicAdd(p, a);
+    atomicAdd(p + 1, b);
+#endif
+}
+__device__ __forceinline__ void fa_red_add4(float* p, float a, float b, float c, float e) {
+#if __CUDA_ARCH__ >= 900
     asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(e)
                  : "memory");
+#else
+    fa_red_add2(p, a, b);
+    fa_red_add2(p + 2, c, e);
+#endif
 }
 // cp.async of 4 bytes (src_bytes 0: zero-fill)
 __device__ __forceinline__ void fa_cp_async4(unsigned dst, const void* src, int src_bytes) {

@@ -81,13 +81,9 @@ flash_attn_bwd(const T* __restrict__ q, const T* __restrict__ k, const T* __rest
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
-    const int nb = blockIdx.x % n_blocks, split = blockIdx.x / n_blocks;
+    const FaBwdWork work = fa_bwd_work(n_blocks, m_per_split, BN, BM, Lq, causal);
     const int h = blockIdx.y, b = blockIdx.z;
-    const int n0 = nb * BN;
-    const int m_blocks = (Lq + BM - 1) / BM;
-    int m_lo = split * m_per_split;
-    const int m_hi = min(m_blocks, m_lo + m_per_split);
-    if (causal) m_lo = max(m_lo, n0 / BM);  // query rows before n0 attend none of these keys
+    const int n0 = work.n0, m_lo = work.m_lo, m_hi = work.m_hi;
     const bool atomic_kv = dk_acc != nullptr;
     if (atomic_kv && m_lo >= m_hi) return;
 

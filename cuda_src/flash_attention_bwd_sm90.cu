@@ -53,13 +53,9 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
     auto empty = [&](int s) { return bar0 + 8u * (STAGES + s); };
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int nb = blockIdx.x % n_blocks, split = blockIdx.x / n_blocks;
+    const FaBwdWork work = fa_bwd_work(n_blocks, m_per_split, BN, BM, Lq, causal);
     const int h = blockIdx.y, b = blockIdx.z;
-    const int n0 = nb * BN;
-    const int m_blocks = (Lq + BM - 1) / BM;
-    int m_lo = split * m_per_split;
-    const int m_hi = min(m_blocks, m_lo + m_per_split);
-    if (causal) m_lo = max(m_lo, n0 / BM);  // query rows before n0 attend none of these keys
+    const int n0 = work.n0, m_lo = work.m_lo, m_hi = work.m_hi;
     const bool atomic_kv = dk_acc != nullptr;
     if (atomic_kv && m_lo >= m_hi) return;
     const int n_it = max(0, m_hi - m_lo);
@@ -146,19 +142,9 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
         wg_fence();
         wg_pin(st);
         wg_pin(dpt);
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const unsigned ka = sK + (kk / 4) * BN * 128 + wg * 64 * 128 + (kk % 4) * 32;
-            const unsigned qa = sQs + (kk / 4) * BM * 128 + (kk % 4) * 32;
-            Wg<T, BM>::template ss<0, 0>(st, wg_desc(ka, 16), wg_desc(qa, 16), kk > 0);
-        }
+        wg_gemm_kmajor<T, BM, D>(st, sK + wg * 64 * 128, BN, sQs, BM);
         wg_commit();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const unsigned va = sV + (kk / 4) * BN * 128 + wg * 64 * 128 + (kk % 4) * 32;
-            const unsigned ga = sGs + (kk / 4) * BM * 128 + (kk % 4) * 32;
-            Wg<T, BM>::template ss<0, 0>(dpt, wg_desc(va, 16), wg_desc(ga, 16), kk > 0);
-        }
+        wg_gemm_kmajor<T, BM, D>(dpt, sV + wg * 64 * 128, BN, sGs, BM);
         wg_commit();
         wg_wait<1>();
         wg_pin(st);

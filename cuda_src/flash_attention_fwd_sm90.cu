@@ -117,12 +117,7 @@ flash_attn_fwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
         fence_proxy_async();
         wg_fence();
         wg_pin(s_acc);
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const unsigned qa = sQ + (kk / 4) * BM * 128 + wg * 64 * 128 + (kk % 4) * 32;
-            const unsigned ka = sK + s * KV_BYTES + (kk / 4) * BN * 128 + (kk % 4) * 32;
-            Wg<T, BN>::template ss<0, 0>(s_acc, wg_desc(qa, 16), wg_desc(ka, 16), kk > 0);
-        }
+        wg_gemm_kmajor<T, BN, D>(s_acc, sQ + wg * 64 * 128, BM, sK + s * KV_BYTES, BN);
         wg_commit();
         wg_wait<0>();
         wg_pin(s_acc);

@@ -274,6 +274,18 @@ template <> struct Wg<__half, 128> {
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TB));
     }
 };
+// acc = A B^T over K = KDIM (a multiple of 16): A (64 rows) and B (N rows) both K-major, stored as 64-column slabs
+// [KDIM / 64][rows][64] in shared memory. a0 / b0: the address of the operands' first row in slab 0; a_rows / b_rows:
+// the rows of each operand's whole tile (the slab stride is rows * 128 bytes). One commit group is left to the caller.
+template <typename T, int N, int KDIM>
+__device__ __forceinline__ void wg_gemm_kmajor(float (&acc)[N / 8][4], unsigned a0, int a_rows, unsigned b0,
+                                               int b_rows) {
+#pragma unroll
+    for (int kk = 0; kk < KDIM / 16; ++kk)
+        Wg<T, N>::template ss<0, 0>(acc, wg_desc(a0 + (kk / 4) * a_rows * 128 + (kk % 4) * 32, 16),
+                                    wg_desc(b0 + (kk / 4) * b_rows * 128 + (kk % 4) * 32, 16), kk > 0);
+}
+
 // ------------------------------------------------------------------------------------------ mbarriers
 __device__ __forceinline__ void mbar_init(unsigned addr, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");

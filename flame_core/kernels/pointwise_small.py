@@ -15,12 +15,13 @@ block, operands on another device than the current one) -- the caller then runs 
                             dtype, may be `a`): written in place and returned (the engine's gradient accumulation).
 ``fast_unary(op, x)``       op: "neg", "tanh".
 ``fast_grad(kernel, g, s)`` the first-order backward rules of cuda_src/pointwise_grad.cu ("tanh_bwd",
-                            "sigmoid_bwd", "relu_bwd", "sqrt_bwd", "rsqrt_bwd", "abs_bwd") on small arrays.
-``fast_tanh_backward(g, y)`` g * (1 - y * y).
+                            "sigmoid_bwd", "relu_bwd", "sqrt_bwd", "rsqrt_bwd", "abs_bwd") on small arrays, its
+                            own kernels through a packed launch.
 
-Math in fp32, one rounding to the dtype: float32 results are bit-identical to CuPy's ufuncs for mul/add/sub/neg
-(one IEEE operation), and so are float16/bfloat16 ones (fp32 carries more than twice their precision plus two bits,
-so rounding twice equals rounding once); tanh uses tanhf as CuPy's float tanh does.
+Math in fp32, one rounding to the dtype: float32 results are bit-identical to CuPy's ufuncs for mul/add/sub/neg (one
+IEEE operation); for float16/bfloat16 operands one fp32 operation rounded once is the correctly rounded result (fp32
+carries more than twice their precision plus two bits), and a Python scalar enters in float32, as PyTorch takes it.
+tanh uses tanhf as CuPy's float tanh does.
 """
 import math
 import os
@@ -47,12 +48,8 @@ _F32_MAX = float(np.finfo(np.float32).max)
 _SCALAR = {"mul": "pws_mul_scalar", "add": "pws_add_scalar", "sub": "pws_sub_scalar", "rsub": "pws_rsub_scalar"}
 _BINARY = {"mul": "pws_mul", "add": "pws_add", "sub": "pws_sub"}
 _UNARY = {"neg": "pws_neg", "tanh": "pws_tanh"}
-_GRAD = {k: "pws_" + k for k in ("tanh_bwd", "sigmoid_bwd", "relu_bwd", "sqrt_bwd", "rsqrt_bwd", "abs_bwd")}
-_N_DYNAMIC = {}  # kernel name -> count of leading dynamic slots (the rest: the element count n)
-_N_DYNAMIC.update({k: 3 for k in _SCALAR.values()})   # x, out, s
-_N_DYNAMIC.update({k: 3 for k in _BINARY.values()})   # a, b, out
-_N_DYNAMIC.update({k: 2 for k in _UNARY.values()})    # x, out
-_N_DYNAMIC.update({k: 3 for k in _GRAD.values()})     # g, s, out
+# the fused backward rules are cuda_src/pointwise_grad.cu's own kernels (g, s, out, int64 n; grid-stride loop)
+_GRAD = frozenset(("tanh_bwd", "sigmoid_bwd", "relu_bwd", "sqrt_bwd", "rsqrt_bwd", "abs_bwd"))
 
 _local = threading.local()  # .launches: {(kernel, kind, n, device): PackedLaunch} (a packed buffer is per thread)
 _bits = ({}, {}, {})  # per kind: Python scalar -> float32 bit pattern of the scalar rounded to that dtype
@@ -82,8 +79,10 @@ def _scalar_bits(kind, s):
     return b
 
 
-def _launcher(name, kind, n, dev):
-    """The cached PackedLaunch of kernel `name` for this dtype kind, element count and device (this thread's)."""
+def _launcher(name, kind, n, dev, n_dynamic):
+    """The cached PackedLaunch of kernel `name` for this dtype kind, element count and device (this thread's): its
+    first `n_dynamic` arguments change per call, the last is n (int32 in pointwise_small.cu, int64 in
+    pointwise_grad.cu, whose kernels loop over a grid of at most 8192 blocks)."""
     cache = getattr(_local, "launches", None)
     if cache is None:
         cache = _local.launches = {}
@@ -92,11 +91,29 @@ def _launcher(name, kind, n, dev):
     if pl is None:
         if len(cache) >= 4096:  # many distinct sizes: rebuild on demand rather than grow without bound
             cache.clear()
-        kernel = loader.get_function(STEM, name, _DTYPES[kind])
-        nd = _N_DYNAMIC[name]
-        pl = cache[key] = loader.PackedLaunch(kernel, (loader.cdiv(n, BLOCK),), (BLOCK,),
-                                              (None,) * nd + (np.int32(n),), nd)
+        grad = name in _GRAD
+        kernel = loader.get_function("pointwise_grad" if grad else STEM, name, _DTYPES[kind])
+        blocks = loader.cdiv(n, BLOCK)
+        pl = cache[key] = loader.PackedLaunch(kernel, (min(blocks, 8192) if grad else blocks,), (BLOCK,),
+                                              (None,) * n_dynamic + ((np.int64 if grad else np.int32)(n),),
+                                              n_dynamic)
     return pl
+
+
+def _ready(x, *others):
+    """(dtype kind, device) when x and `others` are small C-contiguous cuda arrays of x's shape and dtype on the
+    current device and kernels are enabled; None otherwise (the caller's own path runs)."""
+    if type(x) is not _nd or x.size > MAX_NUMEL or not _contiguous(x):
+        return None
+    dt = x.dtype
+    for o in others:
+        if type(o) is not _nd or o.shape != x.shape or (o.dtype is not dt and o.dtype != dt) or not _contiguous(o):
+            return None
+    kind = _KIND.get(dt.num)
+    if kind is None or not loader.enabled():
+        return None
+    dev = _device(x, *others)
+    return None if dev is None else (kind, dev)
 
 
 def _device(*arrays):
@@ -110,107 +127,63 @@ def _device(*arrays):
 
 def fast_scalar(op, x, s):
     """x OP s (op: mul, add, sub; rsub: s - x) for a small contiguous cuda array x and a Python float/int s."""
-    if type(x) is not _nd:
-        return None
-    n = x.size
-    if n > MAX_NUMEL or not _contiguous(x):
-        return None
-    kind = _KIND.get(x.dtype.num)
-    if kind is None:
-        return None
     ts = type(s)
     if ts is not float and ts is not int:
         return None
+    ready = _ready(x)
+    if ready is None:
+        return None
+    kind, dev = ready
     bits = _bits[kind].get(s)
     if bits is None:
         bits = _scalar_bits(kind, s)
         if bits is None:
             return None
-    if not loader.enabled():
-        return None
-    dev = _device(x)
-    if dev is None:
-        return None
     out = _nd(x.shape, x.dtype)
-    if n:
-        _launcher(_SCALAR[op], kind, n, dev).launch_raw((x.data.ptr, out.data.ptr, bits))
+    if x.size:
+        _launcher(_SCALAR[op], kind, x.size, dev, 3).launch_raw((x.data.ptr, out.data.ptr, bits))
     return out
 
 
 def fast_binary(op, a, b, out=None):
-    """a OP b (op: mul, add, sub) for small contiguous cuda arrays of one shape and dtype; into `out` when given."""
-    if type(a) is not _nd or type(b) is not _nd:
+    """a OP b (op: mul, add, sub) for small contiguous cuda arrays of one shape and dtype; into `out` when given
+    (`out` may be `a`: the engine's in-place gradient accumulation)."""
+    ready = _ready(a, b) if out is None or out is a else _ready(a, b, out)
+    if ready is None:
         return None
-    n = a.size
-    if n > MAX_NUMEL or a.shape != b.shape or not (_contiguous(a) and _contiguous(b)):
-        return None
-    dt = a.dtype
-    if b.dtype is not dt and b.dtype != dt:
-        return None
-    kind = _KIND.get(dt.num)
-    if kind is None or not loader.enabled():
-        return None
-    if out is not None:
-        if out is not a and (type(out) is not _nd or out.shape != a.shape or out.dtype != dt or not _contiguous(out)):
-            return None
-        dev = _device(a, b) if out is a else _device(a, b, out)
-    else:
-        dev = _device(a, b)
-    if dev is None:
-        return None
+    kind, dev = ready
     if out is None:
-        out = _nd(a.shape, dt)
-    if n:
-        _launcher(_BINARY[op], kind, n, dev).launch_raw((a.data.ptr, b.data.ptr, out.data.ptr))
+        out = _nd(a.shape, a.dtype)
+    if a.size:
+        _launcher(_BINARY[op], kind, a.size, dev, 3).launch_raw((a.data.ptr, b.data.ptr, out.data.ptr))
     return out
 
 
 def fast_unary(op, x):
     """neg / tanh of a small contiguous cuda array."""
-    if type(x) is not _nd:
+    ready = _ready(x)
+    if ready is None:
         return None
-    n = x.size
-    if n > MAX_NUMEL or not _contiguous(x):
-        return None
-    kind = _KIND.get(x.dtype.num)
-    if kind is None or not loader.enabled():
-        return None
-    dev = _device(x)
-    if dev is None:
-        return None
+    kind, dev = ready
     out = _nd(x.shape, x.dtype)
-    if n:
-        _launcher(_UNARY[op], kind, n, dev).launch_raw((x.data.ptr, out.data.ptr))
+    if x.size:
+        _launcher(_UNARY[op], kind, x.size, dev, 2).launch_raw((x.data.ptr, out.data.ptr))
     return out
 
 
 def fast_grad(kernel, g, s):
     """A fused first-order backward rule of cuda_src/pointwise_grad.cu (`kernel`, e.g. "tanh_bwd") on small
     contiguous cuda arrays g (upstream gradient) and s (the saved tensor) of one shape and dtype."""
-    if type(g) is not _nd or type(s) is not _nd:
+    if kernel not in _GRAD:
         return None
-    n = g.size
-    if n > MAX_NUMEL or g.shape != s.shape or not (_contiguous(g) and _contiguous(s)):
+    ready = _ready(g, s)
+    if ready is None:
         return None
-    dt = g.dtype
-    if s.dtype is not dt and s.dtype != dt:
-        return None
-    kind = _KIND.get(dt.num)
-    name = _GRAD.get(kernel)
-    if kind is None or name is None or not loader.enabled():
-        return None
-    dev = _device(g, s)
-    if dev is None:
-        return None
-    out = _nd(g.shape, dt)
-    if n:
-        _launcher(name, kind, n, dev).launch_raw((g.data.ptr, s.data.ptr, out.data.ptr))
+    kind, dev = ready
+    out = _nd(g.shape, g.dtype)
+    if g.size:
+        _launcher(kernel, kind, g.size, dev, 3).launch_raw((g.data.ptr, s.data.ptr, out.data.ptr))
     return out
-
-
-def fast_tanh_backward(g, y):
-    """g * (1 - y * y) (the gradient of tanh from its output y)."""
-    return fast_grad("tanh_bwd", g, y)
 
 
 def cached_launches():
