@@ -117,7 +117,11 @@ def bench_norms():
            (lambda: F.rms_norm(tt(q), (128,), tt(wq), eps=1e-6)), q)
     _, rs = norms.rms_norm_forward(x, w, 1e-6)
     record("rms_norm bwd 4608x3072 (weight)", 3 * n, lambda: norms.rms_norm_backward(dy, x, w, rs),
-           _torch_bwd(lambda t: F.rms_norm(t, (3072,), tt(w), eps=1e-6), x, dy), x)
+           _torch_bwd_many(lambda t, w_: F.rms_norm(t, (3072,), w_, eps=1e-6), (x, w), dy), x,
+           note="dx and dweight on both sides")
+    record("layer_norm bwd 4608x3072 (affine)", 3 * n, lambda: norms.layer_norm_backward(dy, x, w, mean, rstd, b),
+           _torch_bwd_many(lambda t, w_, b_: F.layer_norm(t, (3072,), w_, b_, eps=1e-6), (x, w, b), dy), x,
+           note="dx, dweight and dbias on both sides")
     g = randn((2, 320, 128, 128))
     gdy = randn((2, 320, 128, 128))
     record("group_norm fwd 2x320x128x128 G32", 2 * g.nbytes, lambda: norms.group_norm_forward(g, 32, None, None, 1e-5),

@@ -2,31 +2,32 @@
 // The formulas are in activations.cuh.
 #include "activations.cuh"
 
-#define ACT_UNROLL 4  // 16-byte vectors per thread and loop step; keep equal to _UNROLL in flame_core/kernels/activations.py
+// U: 16-byte vectors per thread and loop step (map1_unrolled / map2_unrolled), a template argument: Python picks it per
+// kernel and form (flame_core/kernels/activations.py, _PLANS) and asks for "gelu_fwd<T, U>" etc.
 
 // approx: 0 = erf ("none"), 1 = tanh
-template <typename T>
+template <typename T, int U>
 __global__ void gelu_fwd(const T* __restrict__ x, T* __restrict__ y, i64 n, int approx) {
     if (approx)
-        map1_unrolled<T, ACT_UNROLL>(x, y, n, [](float v) { return gelu_tanh(v); });
+        map1_unrolled<T, U>(x, y, n, [](float v) { return gelu_tanh(v); });
     else
-        map1_unrolled<T, ACT_UNROLL>(x, y, n, [](float v) { return gelu_erf(v); });
+        map1_unrolled<T, U>(x, y, n, [](float v) { return gelu_erf(v); });
 }
 
-template <typename T>
+template <typename T, int U>
 __global__ void gelu_bwd(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, i64 n, int approx) {
     if (approx)
-        map2_unrolled<T, ACT_UNROLL>(dy, x, dx, n, [](float g, float v) { return g * gelu_tanh_grad(v); });
+        map2_unrolled<T, U>(dy, x, dx, n, [](float g, float v) { return g * gelu_tanh_grad(v); });
     else
-        map2_unrolled<T, ACT_UNROLL>(dy, x, dx, n, [](float g, float v) { return g * gelu_erf_grad(v); });
+        map2_unrolled<T, U>(dy, x, dx, n, [](float g, float v) { return g * gelu_erf_grad(v); });
 }
 
-template <typename T>
+template <typename T, int U>
 __global__ void silu_fwd(const T* __restrict__ x, T* __restrict__ y, i64 n) {
-    map1_unrolled<T, ACT_UNROLL>(x, y, n, [](float v) { return silu(v); });
+    map1_unrolled<T, U>(x, y, n, [](float v) { return silu(v); });
 }
 
-template <typename T>
+template <typename T, int U>
 __global__ void silu_bwd(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, i64 n) {
-    map2_unrolled<T, ACT_UNROLL>(dy, x, dx, n, [](float g, float v) { return g * silu_grad(v); });
+    map2_unrolled<T, U>(dy, x, dx, n, [](float g, float v) { return g * silu_grad(v); });
 }

@@ -146,6 +146,20 @@ __device__ __forceinline__ uint4 pack_f32(const float (&v)[VecT<T>::N]) {
     return u.q;
 }
 
+// Hides values from the optimiser: raw words are unpacked again in each pass (instead of keeping 2x as many fp32
+// registers alive through the reductions), and weight loads stay in the loop (instead of being hoisted out of it and
+// held in registers). Emits no instruction.
+template <int VPT>
+__device__ __forceinline__ void opaque(uint4 (&q)[VPT]) {
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) asm volatile("" : "+r"(q[i].x), "+r"(q[i].y), "+r"(q[i].z), "+r"(q[i].w));
+}
+
+__device__ __forceinline__ const void* opaque_ptr(const void* p) {
+    asm volatile("" : "+l"(p));
+    return p;
+}
+
 // map1 / map2 with U 16-byte vectors per thread and step, all loads issued before the first use (more bytes in flight
 // per thread than map1 / map2). Step s of block b covers vectors [(s * gridDim.x + b) * blockDim.x * U, + blockDim.x *
 // U), thread t the vectors t, t + blockDim.x, ... of it (coalesced). Size the grid to cdiv(n / N, blockDim.x * U) blocks
@@ -387,5 +401,36 @@ __device__ __forceinline__ void store_any1(void* __restrict__ p, i64 i, float v,
     else
         static_cast<T*>(p)[i] = from_f32<T>(v);
 }
+
+// ---------------------------------------------------------------------------------------------- clusters (sm_90)
+// Thread-block-cluster barriers and distributed shared memory reads (mapa / ld.shared::cluster). Kernels using them
+// declare __cluster_dims__ and sit behind the same guard; Python launches them on compute capability >= 9.0 only.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait;" ::: "memory"); }
+
+// The shared-memory address of `p` (this block's shared memory) in the block of cluster rank `rank`.
+__device__ __forceinline__ unsigned cluster_addr(const void* p, unsigned rank) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    unsigned r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    return r;
+}
+
+// The float at `p` in the block of cluster rank `rank`.
+__device__ __forceinline__ float cluster_load(const float* p, unsigned rank) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(cluster_addr(p, rank)) : "memory");
+    return v;
+}
+
+// The 4 floats at `p` (16-byte aligned) in the block of cluster rank `rank`.
+__device__ __forceinline__ float4 cluster_load4(const float* p, unsigned rank) {
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(cluster_addr(p, rank)) : "memory");
+    return v;
+}
+#endif
 
 #endif  // FLAME_COMMON_CUH

@@ -250,18 +250,6 @@ __global__ void gn_column_sum(const float* __restrict__ part, T* __restrict__ ou
 #define GN_UNROLL 4
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive;" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait;" ::: "memory"); }
-
-// The float at `p` (this block's shared memory) in the block of cluster rank `rank`.
-__device__ __forceinline__ float cluster_load(const float* p, unsigned rank) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    unsigned r;
-    float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
-    return v;
-}
 
 // Two block sums at once (every thread gets both); scratch: 64 floats. Safe back to back.
 __device__ __forceinline__ void block_sum2(float& a, float& b, float* scratch) {
@@ -376,8 +364,38 @@ __device__ __forceinline__ i64 slice_of(i64 m, int r, i64& lo, i64& hi) {
     return s;
 }
 
+// The group's mean and M2 from every block's (count, mean, M2 around its mean): published in this block's shared
+// memory (sm + 64), gathered from the cluster between barriers (into sm + 72) and combined by Chan's formula in rank
+// order (the same numbers in every block). All threads call; the cluster barrier before exit is the caller's
+// (cluster_wait after its last read of anything; this leaves one arrive outstanding).
+__device__ __forceinline__ void cluster_stats(float cnt, float mb, float q, float* sm, float& mean, float& m2) {
+    float* mine = sm + 64;
+    float* all = sm + 72;
+    if (threadIdx.x == 0) {
+        mine[0] = cnt;
+        mine[1] = mb;
+        mine[2] = q;
+    }
+    cluster_arrive();
+    cluster_wait();  // every block has published
+    if (threadIdx.x < 3 * GN_CL) all[threadIdx.x] = cluster_load(mine + threadIdx.x % 3, threadIdx.x / 3);
+    __syncthreads();
+    cluster_arrive();  // done reading the others' shared memory (waited for before exit)
+    float n = 0.f;  // Chan's combination, in rank order
+    mean = m2 = 0.f;
+    for (int rr = 0; rr < GN_CL; ++rr) {
+        const float nb = all[3 * rr];
+        if (nb > 0.f) {
+            const float tot = n + nb, delta = all[3 * rr + 1] - mean;
+            mean += delta * (nb / tot);
+            m2 += all[3 * rr + 2] + delta * delta * (n * nb / tot);
+            n = tot;
+        }
+    }
+}
+
 // y = (x - mean) * rstd * w[c] + bias[c] over the group of this cluster.
-template <typename T, int N>
+template <typename T, int N, bool ONE>
 __device__ __forceinline__ void gn_fwd_cluster_body(const T* __restrict__ x, const float* __restrict__ w,
                                                     const float* __restrict__ bias, T* __restrict__ y,
                                                     float* __restrict__ mean_out, float* __restrict__ rstd_out,
@@ -389,52 +407,53 @@ __device__ __forceinline__ void gn_fwd_cluster_body(const T* __restrict__ x, con
     slice_of<N>(m, r, lo, hi);
     const int cnt = (int)(hi - lo), nv = cnt / N;
     float* scratch = sm;
-    float* mine = sm + 64;
-    float* all = sm + 72;
     T* cache = reinterpret_cast<T*>(reinterpret_cast<char*>(sm) + GN_HEAD);
     cache_slice<T, N>(x + grp * m + lo, cache, cnt);
     __syncthreads();
-    // this block's count, mean and M2 (around its own mean)
-    float s = 0.f;
-    for (int k = threadIdx.x; k < nv; k += blockDim.x) {
-        float v[N];
-        cached<T, N>(cache, k, v);
+    // this block's count, mean and M2: around its own mean (two passes over the cache), or (ONE) from the sums of
+    // (x - c) and (x - c)^2 around c = the slice's first element (one pass)
+    float mb, q;
+    if constexpr (ONE) {
+        const float c = cnt > 0 ? to_f32(cache[0]) : 0.f;
+        float s = 0.f, s2 = 0.f;
+        for (int k = threadIdx.x; k < nv; k += blockDim.x) {
+            float v[N];
+            cached<T, N>(cache, k, v);
 #pragma unroll
-        for (int j = 0; j < N; ++j) s += v[j];
-    }
-    s = block_sum(s, scratch);
-    const float mb = cnt > 0 ? s / (float)cnt : 0.f;
-    float q = 0.f;
-    for (int k = threadIdx.x; k < nv; k += blockDim.x) {
-        float v[N];
-        cached<T, N>(cache, k, v);
+            for (int j = 0; j < N; ++j) {
+                const float d = v[j] - c;
+                s += d;
+                s2 += d * d;
+            }
+        }
+        block_sum2(s, s2, scratch);
+        const float md = cnt > 0 ? s / (float)cnt : 0.f;
+        mb = c + md;
+        q = cnt > 0 ? fmaxf(s2 - s * md, 0.f) : 0.f;
+    } else {
+        float s = 0.f;
+        for (int k = threadIdx.x; k < nv; k += blockDim.x) {
+            float v[N];
+            cached<T, N>(cache, k, v);
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
-            const float d = v[j] - mb;
-            q += d * d;
+            for (int j = 0; j < N; ++j) s += v[j];
         }
-    }
-    q = block_sum(q, scratch);
-    if (threadIdx.x == 0) {
-        mine[0] = (float)cnt;
-        mine[1] = mb;
-        mine[2] = q;
-    }
-    cluster_arrive();
-    cluster_wait();  // every block has published
-    if (threadIdx.x < 3 * GN_CL) all[threadIdx.x] = cluster_load(mine + threadIdx.x % 3, threadIdx.x / 3);
-    __syncthreads();
-    cluster_arrive();  // done reading the others' shared memory (waited for before exit)
-    float n = 0.f, mean = 0.f, m2 = 0.f;  // Chan's combination, in rank order
-    for (int rr = 0; rr < GN_CL; ++rr) {
-        const float nb = all[3 * rr];
-        if (nb > 0.f) {
-            const float tot = n + nb, delta = all[3 * rr + 1] - mean;
-            mean += delta * (nb / tot);
-            m2 += all[3 * rr + 2] + delta * delta * (n * nb / tot);
-            n = tot;
+        s = block_sum(s, scratch);
+        mb = cnt > 0 ? s / (float)cnt : 0.f;
+        q = 0.f;
+        for (int k = threadIdx.x; k < nv; k += blockDim.x) {
+            float v[N];
+            cached<T, N>(cache, k, v);
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                const float d = v[j] - mb;
+                q += d * d;
+            }
         }
+        q = block_sum(q, scratch);
     }
+    float mean, m2;
+    cluster_stats((float)cnt, mb, q, sm, mean, m2);
     const float rs = rsqrtf(m2 / (float)m + eps);
     if (r == 0 && threadIdx.x == 0) {
         mean_out[grp] = mean;
@@ -574,7 +593,8 @@ __device__ __forceinline__ void gn_bwd_cluster_body(const T* __restrict__ dy, co
 // Grid: (N * G * GN_CL) blocks of GN_THREADS, CL = GN_CL (a template argument so that the per-dtype module of this
 // file, compiled for any GPU, does not contain it: Python asks for "gn_fwd_cluster<T, 8>" on sm_90+ only).
 // Dynamic smem: GN_HEAD + S * sizeof(T) bytes (forward and backward: x only).
-template <typename T, int CL>
+// ONE: the block statistics in one pass over the cache (see gn_fwd_cluster_body), else two.
+template <typename T, int CL, int ONE>
 __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(GN_THREADS)
     gn_fwd_cluster(const T* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
                    T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out, int groups, int cpg,
@@ -583,9 +603,9 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(GN_THREADS)
     extern __shared__ __align__(16) float gn_sm[];
     constexpr int N = VecT<T>::N;
     if (hw % N == 0 && aligned16(x) && aligned16(y))
-        gn_fwd_cluster_body<T, N>(x, w, bias, y, mean_out, rstd_out, groups, cpg, hw, eps, gn_sm);
+        gn_fwd_cluster_body<T, N, ONE != 0>(x, w, bias, y, mean_out, rstd_out, groups, cpg, hw, eps, gn_sm);
     else
-        gn_fwd_cluster_body<T, 1>(x, w, bias, y, mean_out, rstd_out, groups, cpg, hw, eps, gn_sm);
+        gn_fwd_cluster_body<T, 1, ONE != 0>(x, w, bias, y, mean_out, rstd_out, groups, cpg, hw, eps, gn_sm);
 }
 
 template <typename T, int CL>
@@ -603,5 +623,194 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(GN_THREADS)
     else
         gn_bwd_cluster_body<T, 1>(dy, x, w, mean, rstd, dx, dw_part, db_part, groups, cpg, hw, gn_sm, dw_out, db_out,
                                   counters, of32);
+}
+// ---------------------------------------------------------------------------------------------- register slices
+// The same one-pass cluster scheme with the slice in registers instead of shared memory (16-byte vector path only:
+// hw % N == 0, 16-byte aligned pointers; slices of <= V * GN_THREADS vectors). Thread t holds vectors t, t +
+// GN_THREADS, ... of its block's slice as raw 16-byte words.
+//   forward (gn_fwd_cluster_reg): x in registers; the block's statistics in one pass over them, as sums of (x - c) and
+//     (x - c)^2 around c = the slice's first element (then count, mean, M2 for cluster_stats); no shared-memory cache.
+//   backward (gn_bwd_cluster_reg): x cached in shared memory as in gn_bwd_cluster, dy in registers: dy is read from
+//     global memory once (gn_bwd_cluster reads it twice).
+template <int V>
+__device__ __forceinline__ void load_slice(const uint4* __restrict__ src, int nv, uint4 (&q)[V]) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+        const int k = (int)threadIdx.x + i * GN_THREADS;
+        q[i] = k < nv ? src[k] : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void gn_fwd_reg_body(const T* __restrict__ x, const float* __restrict__ w,
+                                                const float* __restrict__ bias, T* __restrict__ y,
+                                                float* __restrict__ mean_out, float* __restrict__ rstd_out, int groups,
+                                                int cpg, i64 hw, float eps, float* sm) {
+    constexpr int N = VecT<T>::N;
+    const int r = blockIdx.x % GN_CL;
+    const i64 grp = blockIdx.x / GN_CL, m = (i64)cpg * hw;
+    const int gi = (int)(grp % groups);
+    i64 lo, hi;
+    slice_of<N>(m, r, lo, hi);
+    const int cnt = (int)(hi - lo), nv = cnt / N;
+    const T* xs = x + grp * m + lo;
+    uint4 q[V];
+    load_slice<V>(reinterpret_cast<const uint4*>(xs), nv, q);
+    const float c = cnt > 0 ? to_f32(xs[0]) : 0.f;
+    float s = 0.f, s2 = 0.f;
+#pragma unroll
+    for (int i = 0; i < V; ++i)
+        if ((int)threadIdx.x + i * GN_THREADS < nv) {
+            float v[N];
+            unpack_f32<T>(q[i], v);
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                const float d = v[j] - c;
+                s += d;
+                s2 += d * d;
+            }
+        }
+    block_sum2(s, s2, sm);
+    const float fc = (float)cnt, mb = cnt > 0 ? s / fc : 0.f;
+    float mean, m2;
+    cluster_stats(fc, c + mb, cnt > 0 ? fmaxf(s2 - s * mb, 0.f) : 0.f, sm, mean, m2);
+    const float rs = rsqrtf(m2 / (float)m + eps);
+    if (r == 0 && threadIdx.x == 0) {
+        mean_out[grp] = mean;
+        rstd_out[grp] = rs;
+    }
+    T* ys = y + grp * m + lo;
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+        const int k = (int)threadIdx.x + i * GN_THREADS;
+        if (k < nv) {
+            const int ch = gi * cpg + (int)((unsigned)(lo + k * N) / (unsigned)hw);  // m < 2^31 on this path
+            const float a = w ? rs * w[ch] : rs;
+            const float b = (bias ? bias[ch] : 0.f) - mean * a;
+            float v[N];
+            unpack_f32<T>(q[i], v);
+#pragma unroll
+            for (int j = 0; j < N; ++j) v[j] = v[j] * a + b;
+            put<T, N>(ys, k, v);
+        }
+    }
+    cluster_wait();
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void gn_bwd_reg_body(const T* __restrict__ dy, const T* __restrict__ x,
+                                                const float* __restrict__ w, const float* __restrict__ mean,
+                                                const float* __restrict__ rstd, T* __restrict__ dx,
+                                                float* __restrict__ dw_part, float* __restrict__ db_part, int groups,
+                                                int cpg, i64 hw, float* sm) {
+    constexpr int N = VecT<T>::N;
+    const int r = blockIdx.x % GN_CL;
+    const i64 grp = blockIdx.x / GN_CL, m = (i64)cpg * hw;
+    const int gi = (int)(grp % groups);
+    i64 lo, hi;
+    slice_of<N>(m, r, lo, hi);
+    const int cnt = (int)(hi - lo), nv = cnt / N;
+    float* scratch = sm;
+    float* mine = sm + 64;
+    float* all = sm + 72;
+    T* cx = reinterpret_cast<T*>(reinterpret_cast<char*>(sm) + GN_HEAD);
+    for (int k = threadIdx.x; k < nv; k += GN_THREADS) cp_async16(cx + (i64)k * N, x + grp * m + lo + (i64)k * N);
+    uint4 q[V];
+    load_slice<V>(reinterpret_cast<const uint4*>(dy + grp * m + lo), nv, q);
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+    const float mu = mean[grp], rs = rstd[grp];
+    const bool parts = dw_part != nullptr || db_part != nullptr;
+    const i64 prow = ((grp / groups) * GN_CL + r) * ((i64)groups * cpg) + (i64)gi * cpg;  // the group's columns
+    const int c0 = (int)(lo / hw), c1 = cnt > 0 ? (int)((hi - 1) / hw) : c0 - 1;
+    if (parts)
+        for (int cl = threadIdx.x; cl < cpg; cl += blockDim.x)
+            if (cl < c0 || cl > c1) {
+                if (dw_part) dw_part[prow + cl] = 0.f;
+                if (db_part) db_part[prow + cl] = 0.f;
+            }
+    float tg = 0.f, tgx = 0.f;  // this thread's sums of g = dy * w and g * xhat
+    for (int cl = c0; cl <= c1; ++cl) {
+        opaque<V>(q);  // unpacked per channel, not held as 2x the fp32 registers
+        const float wc = w ? w[gi * cpg + cl] : 1.f;
+        const i64 slo = (i64)cl * hw > lo ? (i64)cl * hw : lo, shi = (i64)(cl + 1) * hw < hi ? (i64)(cl + 1) * hw : hi;
+        const int k0 = (int)((slo - lo) / N), k1 = (int)((shi - lo) / N);
+        float a = 0.f, b = 0.f;  // sums of dy * xhat, dy
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+            const int k = (int)threadIdx.x + i * GN_THREADS;
+            if (k >= k0 && k < k1) {
+                float dv[N], xv[N];
+                unpack_f32<T>(q[i], dv);
+                cached<T, N>(cx, k, xv);
+#pragma unroll
+                for (int j = 0; j < N; ++j) {
+                    a += dv[j] * ((xv[j] - mu) * rs);
+                    b += dv[j];
+                }
+            }
+        }
+        tg += wc * b;
+        tgx += wc * a;
+        if (parts) {
+            block_sum2(a, b, scratch);
+            if (threadIdx.x == 0) {
+                if (dw_part) dw_part[prow + cl] = a;
+                if (db_part) db_part[prow + cl] = b;
+            }
+        }
+    }
+    block_sum2(tg, tgx, scratch);
+    if (threadIdx.x == 0) {
+        mine[0] = tg;
+        mine[1] = tgx;
+    }
+    cluster_arrive();
+    cluster_wait();  // every block has published
+    if (threadIdx.x < 2 * GN_CL) all[threadIdx.x] = cluster_load(mine + (threadIdx.x & 1), threadIdx.x >> 1);
+    __syncthreads();
+    cluster_arrive();  // done reading the others' shared memory (waited for before exit)
+    float sg = 0.f, sgx = 0.f;
+    for (int rr = 0; rr < GN_CL; ++rr) {
+        sg += all[2 * rr];
+        sgx += all[2 * rr + 1];
+    }
+    const float inv_m = 1.f / (float)m, mg = sg * inv_m, mgx = sgx * inv_m;
+    T* dxs = dx + grp * m + lo;
+    opaque<V>(q);
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+        const int k = (int)threadIdx.x + i * GN_THREADS;
+        if (k < nv) {
+            const float wc = w ? w[gi * cpg + (int)((unsigned)(lo + k * N) / (unsigned)hw)] : 1.f;
+            float dv[N], xv[N];
+            unpack_f32<T>(q[i], dv);
+            cached<T, N>(cx, k, xv);
+#pragma unroll
+            for (int j = 0; j < N; ++j) xv[j] = rs * (dv[j] * wc - mg - (xv[j] - mu) * rs * mgx);
+            put<T, N>(dxs, k, xv);
+        }
+    }
+    cluster_wait();
+}
+
+// Grid and block as gn_fwd_cluster / gn_bwd_cluster; V: register slots per thread (Python: the smallest instantiated
+// V with V * GN_THREADS >= the slice's vectors). Dynamic smem: forward GN_HEAD bytes, backward GN_HEAD + S * sizeof(T).
+template <typename T, int V>
+__global__ void __cluster_dims__(GN_CL, 1, 1) __launch_bounds__(GN_THREADS, 4)
+    gn_fwd_cluster_reg(const T* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
+                       T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out, int groups,
+                       int cpg, i64 hw, float eps) {
+    extern __shared__ __align__(16) float gn_sm[];
+    gn_fwd_reg_body<T, V>(x, w, bias, y, mean_out, rstd_out, groups, cpg, hw, eps, gn_sm);
+}
+
+template <typename T, int V>
+__global__ void __cluster_dims__(GN_CL, 1, 1) __launch_bounds__(GN_THREADS, 4)
+    gn_bwd_cluster_reg(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ w,
+                       const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
+                       float* __restrict__ dw_part, float* __restrict__ db_part, int groups, int cpg, i64 hw) {
+    extern __shared__ __align__(16) float gn_sm[];
+    gn_bwd_reg_body<T, V>(dy, x, w, mean, rstd, dx, dw_part, db_part, groups, cpg, hw, gn_sm);
 }
 #endif  // sm_90

@@ -83,19 +83,6 @@ __device__ __forceinline__ void fetch_row(const T* __restrict__ p, i64 row, i64 
     }
 }
 
-// Hides values from the optimiser: raw words are unpacked again in each pass (instead of keeping 2x as many fp32
-// registers alive through the reductions), and weight loads stay in the loop (instead of being hoisted out of it and
-// held in registers). Emits no instruction.
-template <int VPT>
-__device__ __forceinline__ void opaque(uint4 (&q)[VPT]) {
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) asm volatile("" : "+r"(q[i].x), "+r"(q[i].y), "+r"(q[i].z), "+r"(q[i].w));
-}
-
-__device__ __forceinline__ const void* opaque_ptr(const void* p) {
-    asm volatile("" : "+l"(p));
-    return p;
-}
 
 // ---------------------------------------------------------------------------------------------- forward
 // 16-byte vector path, the row cached (nvec <= tpr * VPT) as raw 16-byte words, the next row prefetched. Weight /
@@ -615,7 +602,76 @@ __device__ __forceinline__ void parts_add(float* __restrict__ acc, int rg, int r
 // 16-byte vector path, the row cached (nvec <= tpr * VPT), the next row (x, dy, mean, rstd) prefetched. x and dy stay
 // raw 16-byte words in registers; xhat and g = dy * w are recomputed for the output pass (w re-read from L1).
 // Weight-gradient partials: in registers for VPT <= 2 (REG; no dynamic shared memory), else in shared memory.
-template <typename T, int VPT, int ACC>
+// Cluster partials (norm_bwd_cl, sm_90): the partial rows sit in each block's shared memory, acc: R rows of cols
+// floats per accumulated quantity ([dw rows | db rows]): the row groups' own rows (R = rpb, parts_add: SM) or, from
+// register partials (!SM), one row per quantity (R = 1) that the row groups add into in order here. Between cluster
+// barriers block rank r adds the CL blocks' rows (rank, then row order: deterministic) over its 1/CL of the columns,
+// through distributed shared memory, and writes them to part row blockIdx.x / CL: a launch writes gridDim.x / CL part
+// rows instead of gridDim.x.
+template <int ACC, int VPT, int N, int CL, bool SM>
+__device__ __forceinline__ void parts_write_cluster(const float (&aw)[VPT][N], const float (&ab)[VPT][N],
+                                                    float* __restrict__ dw_part, float* __restrict__ db_part,
+                                                    int cols, int nvec, int tpr, int lane, int rg, int rpb,
+                                                    float* __restrict__ acc) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    const int R = SM ? rpb : 1;
+    if constexpr (SM) {
+        __syncthreads();
+    } else {
+        for (int g = 0; g < rpb; ++g) {  // the block's row groups, in order
+            if (rg == g)
+#pragma unroll
+                for (int i = 0; i < VPT; ++i) {
+                    const int k = i * tpr + lane;
+                    if (k < nvec)
+#pragma unroll
+                        for (int a = 0; a < ACC; ++a)
+#pragma unroll
+                            for (int j = 0; j < N; j += 4) {
+                                float4* p = reinterpret_cast<float4*>(acc + a * cols + k * N + j);
+                                const float(&v)[N] = a ? ab[i] : aw[i];
+                                float4 t = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
+                                if (g) {
+                                    const float4 o = *p;
+                                    t.x += o.x;
+                                    t.y += o.y;
+                                    t.z += o.z;
+                                    t.w += o.w;
+                                }
+                                *p = t;
+                            }
+                }
+            if (g + 1 < rpb) __syncthreads();
+        }
+    }
+    cluster_arrive();
+    cluster_wait();  // every block's rows are in its shared memory
+    const int q = cols / 4, per = (q + CL - 1) / CL, r = (int)(blockIdx.x % CL);
+    const int lo = min(q, r * per), hi = min(q, lo + per);
+    const i64 base = (i64)(blockIdx.x / CL) * cols;
+    for (int c = lo + (int)threadIdx.x; c < hi; c += blockDim.x)
+#pragma unroll
+        for (int a = 0; a < ACC; ++a) {
+            float* out = a ? db_part : dw_part;
+            if (out == nullptr) continue;
+            float4 t = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int rr = 0; rr < CL; ++rr)
+                for (int g = 0; g < R; ++g) {
+                    const float4 u = cluster_load4(acc + (a * R + g) * cols + 4 * c, rr);
+                    t.x += u.x;
+                    t.y += u.y;
+                    t.z += u.z;
+                    t.w += u.w;
+                }
+            *reinterpret_cast<float4*>(out + base + 4 * c) = t;
+        }
+    cluster_arrive();
+    cluster_wait();  // the others are done reading this block's shared memory
+#endif
+}
+
+template <typename T, int VPT, int ACC, int CL = 0, bool SM = false>
 __device__ __forceinline__ void norm_bwd_vec(const T* __restrict__ dy, const T* __restrict__ x,
                                              const void* __restrict__ w, const float* __restrict__ mean,
                                              const float* __restrict__ rstd, T* __restrict__ dx,
@@ -625,7 +681,7 @@ __device__ __forceinline__ void norm_bwd_vec(const T* __restrict__ dy, const T* 
     const int lane = threadIdx.x % tpr, rg = threadIdx.x / tpr, rpb = blockDim.x / tpr, nvec = cols / N;
     const i64 nblk = (rows + rpb - 1) / rpb;
     const float inv_cols = 1.f / cols;
-    constexpr bool REG = ACC > 0 && VPT <= 2;
+    constexpr bool REG = ACC > 0 && VPT <= 2 && !(CL > 0 && SM);
     constexpr int RV = REG ? VPT : 1, RN = REG ? N : 1;
     float aw[RV][RN], ab[RV][RN];
 #pragma unroll
@@ -717,7 +773,9 @@ __device__ __forceinline__ void norm_bwd_vec(const T* __restrict__ dy, const T* 
             }
         }
     }
-    if constexpr (REG)
+    if constexpr (CL > 0)
+        parts_write_cluster<ACC, RV, RN, CL, SM>(aw, ab, dw_part, db_part, cols, nvec, tpr, lane, rg, rpb, acc);
+    else if constexpr (REG)
         parts_write_reg<ACC, RV, RN>(aw, ab, dw_part, db_part, cols, nvec, tpr, lane, rg, rpb);
     else if (ACC)
         parts_write<ACC>(acc, dw_part, db_part, cols, rpb);
@@ -864,6 +922,23 @@ template <typename T>
 __global__ void norm_bwdx2(NORM_BWD_PARAMS) { norm_bwd_impl<T, 2, 0>(NORM_BWD_ARGS); }
 template <typename T>
 __global__ void norm_bwdx4(NORM_BWD_PARAMS) { norm_bwd_impl<T, 4, 0>(NORM_BWD_ARGS); }
+
+// The weight-gradient backward with cluster partials (parts_write_cluster): the 16-byte vector path with the row
+// cached (cols % N == 0, cols / N <= tpr * VPT, 16-byte aligned pointers), ACC 1 or 2, a grid of a multiple of CL
+// blocks; part rows: gridDim.x / CL. SM: the row groups add their partials into shared memory as they go (fewer
+// registers: more blocks per SM), else in registers (VPT <= 2). Dynamic shared memory: ACC * cols floats, times rpb
+// with SM. REGS caps the registers per thread (__maxnreg__; 255: no cap). Python asks for
+// "norm_bwd_cl<T, VPT, ACC, CL, SM, REGS>" on sm_90+ only.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+template <typename T, int VPT, int ACC, int CL, int SM, int REGS>
+__global__ void __cluster_dims__(CL, 1, 1) __maxnreg__(REGS) norm_bwd_cl(NORM_BWD_PARAMS) {
+    static_assert((SM || VPT <= 2) && ACC >= 1 && ACC <= 2, "dw (and db); register partials for VPT <= 2");
+    __shared__ float smem[NORM_MAX_RPB * 64];
+    extern __shared__ __align__(16) float norm_acc[];
+    norm_bwd_vec<T, VPT, ACC, CL, SM != 0>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32,
+                                           smem, norm_acc);
+}
+#endif
 
 // out[c] = sum_p part[p, c], in T (the weight's dtype). Block (32, 32).
 template <typename T>

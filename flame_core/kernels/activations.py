@@ -73,32 +73,49 @@ def _silu_grad_ref(dy, x):
 
 
 # ----------------------------------------------------------------------------- kernels
-_UNROLL = 4   # 16-byte vectors per thread and loop step: ACT_UNROLL in cuda_src/activations.cu
-_BLOCK = 256
+# (16-byte vectors per thread and loop step U, block size) per kernel and form (approx 1 = tanh, 0 = erf; -1 none),
+# from bench/kernel_sweep.py act on the H100 (4608 x 12288 bf16); U is the kernels' template argument.
+# Measured (device call 4 of 2026-11-23, 3 interleaved rounds against torch): gelu(tanh) fwd (1, 256) 0.0734 ms vs
+# 0.0751; gelu(erf) fwd (4, 128) 0.0796 vs 0.0805 (one vector per thread: 0.090, erf's polynomial wants more loads in
+# flight); gelu(tanh) bwd (2, 128) 0.1073 vs 0.1074; gelu(erf) bwd (2, 128) 0.1112 vs 0.1117; silu fwd (1, 256)
+# 0.0733 vs 0.0740; silu bwd (1, 256) 0.1071 vs 0.1072.
+_PLANS = {("gelu_fwd", 1): (1, 256), ("gelu_fwd", 0): (4, 128), ("gelu_bwd", 1): (2, 128), ("gelu_bwd", 0): (2, 128),
+          ("silu_fwd", -1): (1, 256), ("silu_bwd", -1): (1, 256)}
+plan_override = None  # (U, block) for every kernel (benchmark sweeps); None: _PLANS
+_MAX_BLOCKS = 1 << 30  # past this the kernels' grid-stride loop takes the rest
 
 
-def _grid(n, dtype):
-    """One loop step per thread for the sizes that matter (the grid covers the data, as PyTorch's elementwise kernels
-    do); past 64 blocks per SM the kernels' grid-stride loop takes the rest."""
-    blocks = L.cdiv(n // L.vec_width(dtype), _BLOCK * _UNROLL)
-    return (max(1, min(blocks, L.sm_count() * 64)),), (_BLOCK,)
+def _plan(name, approx):
+    return plan_override or _PLANS[name, approx]
 
 
-def _unary(name, x, *extra):
+def _grid(n, dtype, unroll, block):
+    """One loop step per thread: the grid covers the data (as PyTorch's elementwise kernels do)."""
+    blocks = L.cdiv(n // L.vec_width(dtype), block * unroll)
+    return (max(1, min(blocks, _MAX_BLOCKS)),), (block,)
+
+
+def _unary(name, x, approx=-1):
     x = L.contiguous(x)
     y = L.xp_of(x).empty_like(x)
-    grid, block = _grid(x.size, x.dtype)
-    L.launch(L.get_function("activations", name, x.dtype), grid, block, (x, y, L.i64(x.size)) + extra)
+    u, block = _plan(name, approx)
+    grid, block = _grid(x.size, x.dtype, u, block)
+    extra = () if approx < 0 else (L.i32(approx),)
+    L.launch(L.get_function("activations", f"{name}<{{T}}, {u}>", x.dtype), grid, block,
+             (x, y, L.i64(x.size)) + extra)
     return y
 
 
-def _binary(name, dy, x, *extra):
+def _binary(name, dy, x, approx=-1):
     if dy.shape != x.shape:
         raise ValueError(f"{name}: gradient shape {dy.shape} differs from input shape {x.shape}")
     x, dy = L.contiguous(x), L.contiguous(dy.astype(x.dtype, copy=False))
     dx = L.xp_of(x).empty_like(x)
-    grid, block = _grid(x.size, x.dtype)
-    L.launch(L.get_function("activations", name, x.dtype), grid, block, (dy, x, dx, L.i64(x.size)) + extra)
+    u, block = _plan(name, approx)
+    grid, block = _grid(x.size, x.dtype, u, block)
+    extra = () if approx < 0 else (L.i32(approx),)
+    L.launch(L.get_function("activations", f"{name}<{{T}}, {u}>", x.dtype), grid, block,
+             (dy, x, dx, L.i64(x.size)) + extra)
     return dx
 
 
@@ -106,14 +123,14 @@ def _binary(name, dy, x, *extra):
 def gelu_forward(x, approximate="none"):
     flag = _approx_flag(approximate)
     if L.use_kernel(x) and x.size:
-        return _unary("gelu_fwd", x, L.i32(flag))
+        return _unary("gelu_fwd", x, flag)
     return _gelu_ref(x, approximate)
 
 
 def gelu_backward(dy, x, approximate="none"):
     flag = _approx_flag(approximate)
     if L.use_kernel(x) and x.size:
-        return _binary("gelu_bwd", dy, x, L.i32(flag))
+        return _binary("gelu_bwd", dy, x, flag)
     return _gelu_grad_ref(dy, x, approximate)
 
 

@@ -74,6 +74,12 @@ NORM_MAX_RPB = 8  # row groups of > 32 threads per block: NORM_MAX_RPB in cuda_s
 # was slower: rms_norm bwd 4608x3072 0.0933 vs 0.0455 ms, layer_norm affine bwd 0.1146 vs 0.0911, GroupNorm bwd
 # 0.0313 vs 0.0279 (the last block's sum of the partial rows runs on one SM). Modulate keeps it (a win there).
 single_launch_sums = False
+# Cluster size of the weight-gradient backward on sm_90+ (norm_bwd_cl in cuda_src/norms.cu); 0: every block writes its
+# own part row (norm_bwd*). bwd_cluster_grid: blocks per SM of its grid (None: as many as fit; benchmark sweeps).
+bwd_cluster = 2
+bwd_cluster_grid = None
+bwd_cluster_smem = 1   # partials added into shared memory as the rows go (1) or kept in registers (0)
+bwd_cluster_regs = 80  # register cap of norm_bwd_cl (255: none)
 _props = {}
 
 
@@ -206,17 +212,23 @@ def _layer_fwd_kernel(x, weight, bias, eps, rms):
     return y, mean, rstd
 
 
-def _bwd_plan(dtype, rows, cols, acc, aligned=True):
-    """(kernel, grid, block, tpr, dynamic smem bytes) of the backward. With weight-gradient partials (acc = 1: dw,
-    2: dw and db) a block of rpb row groups writes one partial row: rpb as large as the SM's registers allow (fewer
-    partial rows to write and sum). On the 16-byte vector path with VPT <= 2 (cols % vec == 0, 16-byte aligned
-    pointers: `aligned`) each thread keeps its columns' partials in registers; otherwise the block adds them in
-    shared memory (acc * rpb * cols floats)."""
+def _bwd_plan(dtype, rows, cols, acc, aligned=True, fused=False):
+    """(kernel, grid, block, tpr, dynamic smem bytes, part rows) of the backward. With weight-gradient partials
+    (acc = 1: dw, 2: dw and db) a block of rpb row groups writes one partial row: rpb as large as the SM's registers
+    allow (fewer partial rows to write and sum). On the 16-byte vector path with VPT <= 2 (cols % vec == 0, 16-byte
+    aligned pointers: `aligned`) each thread keeps its columns' partials in registers; otherwise the block adds them
+    in shared memory (acc * rpb * cols floats). On sm_90+ the register-partial case runs norm_bwd_cl instead
+    (bwd_cluster blocks per cluster add their rows through distributed shared memory: one part row per cluster), unless
+    the launch also sums the parts (`fused`)."""
     name = ("norm_bwdx", "norm_bwdw", "norm_bwd")[acc]
     vec = L.vec_width(dtype)
     vec = vec if cols % vec == 0 and aligned else 1
     kernel, vpt, tpr, looping = _row_kernel(name, dtype, cols, vec)
     reg_acc = acc and not looping and vec > 1 and vpt <= 2
+    if reg_acc and bwd_cluster and not fused and _device_props()[4] >= 90:
+        plan = _bwd_cluster_plan(dtype, rows, cols, acc, vpt, tpr)
+        if plan is not None:
+            return plan
     cap = min(160 * 1024, _device_props()[3] - kernel.shared_size_bytes - 1024)
     if acc and not looping and not reg_acc and acc * cols * 4 > cap:  # the row's partials do not fit: looping path
         kernel, vpt, tpr, looping = _row_kernel(name, dtype, cols, vec, force_loop=True)
@@ -235,7 +247,26 @@ def _bwd_plan(dtype, rows, cols, acc, aligned=True):
         block = tpr
     rpb = block // tpr
     smem = acc * rpb * cols * 4 if acc and not looping and not reg_acc else 0
-    return kernel, _persistent_grid(kernel, block, rpb, rows, smem), (block,), tpr, smem
+    grid = _persistent_grid(kernel, block, rpb, rows, smem)
+    return kernel, grid, (block,), tpr, smem, grid[0]
+
+
+def _bwd_cluster_plan(dtype, rows, cols, acc, vpt, tpr):
+    """norm_bwd_cl's plan: one row group of tpr threads per block (groups of <= 32 threads: blocks of 128), as many
+    blocks as fit on the GPU at once (bwd_cluster_grid per SM where set), a multiple of the cluster size."""
+    cl, sm = bwd_cluster, bwd_cluster_smem
+    kernel = L.get_function("norms", f"norm_bwd_cl<{{T}}, {vpt}, {acc}, {cl}, {sm}, {bwd_cluster_regs}>", dtype)
+    block = 128 if tpr <= 32 else tpr
+    if block > kernel.max_threads_per_block:
+        return None
+    rpb = block // tpr
+    smem = acc * cols * 4 * (rpb if sm else 1)
+    if smem + kernel.shared_size_bytes > _device_props()[3]:
+        return None
+    per_sm = bwd_cluster_grid or _blocks_per_sm(kernel, block, smem)
+    grid = min(L.sm_count() * per_sm, L.cdiv(rows, rpb))
+    grid = max(cl, grid // cl * cl)
+    return kernel, (grid,), (block,), tpr, smem, grid // cl
 
 
 def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms):
@@ -247,13 +278,12 @@ def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms):
     acc = 0 if weight is None and bias is None else (1 if bias is None else 2)
     dx = xp.empty_like(x)
     aligned = x.data.ptr % 16 == 0 and dy.data.ptr % 16 == 0 and dx.data.ptr % 16 == 0
-    kernel, grid, block, tpr, smem = _bwd_plan(x.dtype, rows, cols, acc, aligned)
+    fused = acc and single_launch_sums
+    kernel, grid, block, tpr, smem, parts = _bwd_plan(x.dtype, rows, cols, acc, aligned, fused)
     _dynamic_smem(kernel, smem)
-    parts = grid[0]
     dw_part = xp.empty((parts, cols), dtype=np.float32) if weight is not None else None
     db_part = xp.empty((parts, cols), dtype=np.float32) if bias is not None else None
     mean_arg = L.null() if rms else L.contiguous(mean.astype(np.float32, copy=False))
-    fused = acc and single_launch_sums
     dw = db = None
     if fused:  # the kernel also sums the part rows (parts_finish): outputs in x's dtype, else fp32 (then cast)
         odt = x.dtype if all(p is None or p.dtype == x.dtype for p in (weight, bias)) else np.dtype(np.float32)
@@ -383,6 +413,26 @@ def _f32_or_null(p):
 # shared memory, older GPUs and `use_cluster = False` take the split path (chunk partials, finalize, apply).
 GN_CL, GN_THREADS, GN_HEAD = 8, 256, 512  # as in cuda_src/groupnorm.cu
 use_cluster = True
+# The register-slice variants (gn_fwd_cluster_reg: x in registers, no shared-memory cache; gn_bwd_cluster_reg: dy in
+# registers, read once) where a block's slice is <= max(GN_REG_V) * GN_THREADS 16-byte vectors; False: the shared-memory
+# kernels only.
+GN_REG_V = (2, 4, 6, 8, 10)  # the instantiated register slots per thread (12 spills on sm_90)
+# The forward takes the register kernel up to this V only: bench/kernel_sweep.py gn (H100) measured it faster for small
+# slices (2x1280x32x32, V 4: 0.0110 vs 0.0125 ms) and slower for large ones (2x320x128x128, V 10: 0.0219 vs 0.0205;
+# 4 blocks per SM by registers against 5 by shared memory); the backward (dy read once) wins at every V measured.
+GN_REG_FWD_MAX_V = 4
+use_gn_reg = True
+gn_one_pass = 1  # the shared-memory forward's block statistics in one pass over its cache (1) or two (0)
+
+
+def _gn_reg_v(x, cpg, hw, *arrays):
+    """V of the register-slice kernels for this shape, or None (switched off, unaligned, not the vector path, or the
+    slice is too large)."""
+    vec = L.vec_width(x.dtype)
+    if not use_gn_reg or hw % vec or any(a.data.ptr % 16 for a in (x,) + arrays):
+        return None
+    nv = L.cdiv(L.cdiv(cpg * hw, GN_CL), vec)
+    return next((v for v in GN_REG_V if v * GN_THREADS >= nv), None)
 
 
 def _gn_cluster_smem(x, cpg, hw, arrays):
@@ -404,7 +454,11 @@ def _gn_fwd_cluster(x, g, weight, bias, eps, smem):
     y = xp.empty_like(x)
     mean = xp.empty((n, g), dtype=np.float32)
     rstd = xp.empty((n, g), dtype=np.float32)
-    L.launch(L.get_function("groupnorm", "gn_fwd_cluster<{T}, 8>", x.dtype), (n * g * GN_CL,), (GN_THREADS,),
+    v = _gn_reg_v(x, c // g, hw, y)
+    v = v if v is not None and v <= GN_REG_FWD_MAX_V else None
+    name = f"gn_fwd_cluster<{{T}}, 8, {gn_one_pass}>" if v is None else f"gn_fwd_cluster_reg<{{T}}, {v}>"
+    smem = smem if v is None else GN_HEAD
+    L.launch(L.get_function("groupnorm", name, x.dtype), (n * g * GN_CL,), (GN_THREADS,),
              (x, _f32_or_null(weight), _f32_or_null(bias), y, mean, rstd, L.i32(g), L.i32(c // g), L.i64(hw),
               L.f32(eps)), shared_mem=smem)
     return y, mean, rstd
@@ -427,10 +481,16 @@ def _gn_bwd_cluster(dy, x, g, weight, mean, rstd, bias, smem):
                L.i32(odt != x.dtype))
     else:
         fin = (L.null(), L.null(), L.null(), L.i32(0))
-    L.launch(L.get_function("groupnorm", "gn_bwd_cluster<{T}, 8>", x.dtype), (n * g * GN_CL,), (GN_THREADS,),
-             (dy, x, _f32_or_null(weight), L.contiguous(mean.astype(np.float32, copy=False)),
-              L.contiguous(rstd.astype(np.float32, copy=False)), dx, L.null() if dw_part is None else dw_part,
-              L.null() if db_part is None else db_part, L.i32(g), L.i32(c // g), L.i64(hw)) + fin, shared_mem=smem)
+    v = None if fused else _gn_reg_v(x, c // g, hw, dy, dx)
+    args = (dy, x, _f32_or_null(weight), L.contiguous(mean.astype(np.float32, copy=False)),
+            L.contiguous(rstd.astype(np.float32, copy=False)), dx, L.null() if dw_part is None else dw_part,
+            L.null() if db_part is None else db_part, L.i32(g), L.i32(c // g), L.i64(hw))
+    if v is None:
+        L.launch(L.get_function("groupnorm", "gn_bwd_cluster<{T}, 8>", x.dtype), (n * g * GN_CL,), (GN_THREADS,),
+                 args + fin, shared_mem=smem)
+    else:
+        L.launch(L.get_function("groupnorm", f"gn_bwd_cluster_reg<{{T}}, {v}>", x.dtype), (n * g * GN_CL,),
+                 (GN_THREADS,), args, shared_mem=smem)
     if fused:
         return (dx, None if dw is None else dw.astype(weight.dtype, copy=False),
                 None if db is None else db.astype(bias.dtype, copy=False))

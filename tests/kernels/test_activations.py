@@ -102,18 +102,37 @@ def test_kernels_take_unaligned_and_strided_inputs(ab, rng):
 
 @pytest.mark.parametrize("n", [1, 7, 8, 33, 8191, 8192, 8193, 3 * 12288, 4608 * 12288, 2 ** 31 + 5])
 @pytest.mark.parametrize("dt", list(DTYPES))
-def test_grid_covers_the_vectors_in_one_step_up_to_the_cap(monkeypatch, n, dt):
+@pytest.mark.parametrize("cap", [None, 1000])
+@pytest.mark.parametrize("plan", sorted(set(K._PLANS.values()) | {(2, 128)}))
+def test_grid_covers_the_vectors_in_one_step_up_to_the_cap(monkeypatch, n, dt, cap, plan):
     from flame_core.kernels import loader
-    monkeypatch.setattr(loader, "sm_count", lambda: 132)
-    (grid,), (block,) = K._grid(n, DTYPES[dt])
+    if cap is not None:
+        monkeypatch.setattr(K, "_MAX_BLOCKS", cap)
+    u, blk = plan
+    (grid,), (block,) = K._grid(n, DTYPES[dt], u, blk)
     nvec = n // loader.vec_width(DTYPES[dt])
-    assert block == K._BLOCK and 1 <= grid <= 132 * 64
-    assert grid * block * K._UNROLL >= nvec or grid == 132 * 64   # else the kernels' grid-stride loop goes on
-    assert (grid - 1) * block * K._UNROLL < max(nvec, 1)           # no block without a vector
+    assert block == blk and 1 <= grid <= K._MAX_BLOCKS
+    assert grid * block * u >= nvec or grid == K._MAX_BLOCKS   # else the kernels' grid-stride loop goes on
+    assert (grid - 1) * block * u < max(nvec, 1)               # no block without a vector
 
 
-def test_unroll_matches_the_kernel_source():
-    import re
-    from flame_core.kernels import loader
-    text = (loader.CUDA_SRC / "activations.cu").read_text()
-    assert int(re.search(r"#define ACT_UNROLL (\d+)", text).group(1)) == K._UNROLL
+def test_every_kernel_and_form_has_a_plan():
+    for name, forms in (("gelu_fwd", (0, 1)), ("gelu_bwd", (0, 1)), ("silu_fwd", (-1,)), ("silu_bwd", (-1,))):
+        for f in forms:
+            u, block = K._PLANS[name, f]
+            assert u >= 1 and block % 32 == 0 and block <= 1024
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("plan", [(1, 128), (2, 256), (4, 512), (8, 64)])
+def test_every_plan_gives_the_same_results(rng, monkeypatch, plan):
+    """The unroll / block choice changes which thread does what, never the numbers (ragged size: tail included)."""
+    import cupy as cp
+    x, dy = (cp.asarray(rand(rng, (65543,), DTYPES["bfloat16"], scale=3.0)) for _ in range(2))
+    calls = [lambda: K.gelu_forward(x, "none"), lambda: K.gelu_forward(x, "tanh"), lambda: K.silu_forward(x),
+             lambda: K.gelu_backward(dy, x, "none"), lambda: K.gelu_backward(dy, x, "tanh"),
+             lambda: K.silu_backward(dy, x)]
+    want = [f() for f in calls]
+    monkeypatch.setattr(K, "plan_override", plan)
+    for f, w in zip(calls, want):
+        assert cp.array_equal(f().view(cp.uint16), w.view(cp.uint16))

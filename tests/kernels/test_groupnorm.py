@@ -75,17 +75,19 @@ def test_double_backward():
 
 
 SHAPES = [((1, 4, 1), 2), ((2, 6, 7), 3), ((3, 32, 5, 5), 32), ((2, 64, 9, 11), 8), ((2, 320, 32, 32), 32),
-          ((1, 128, 64, 64), 32), ((5, 12, 3, 3, 3), 4)]
+          ((1, 128, 64, 64), 32), ((5, 12, 3, 3, 3), 4), ((1, 24, 40, 40), 8), ((1, 80, 128, 128), 8)]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dt", list(DTYPES))
 @pytest.mark.parametrize("shape,g", SHAPES)
 @pytest.mark.parametrize("affine", [False, True])
-@pytest.mark.parametrize("path", ["cluster", "split"])
+@pytest.mark.parametrize("path", ["reg", "cluster", "cluster2", "split"])
 def test_group_norm_kernel(ab, rng, monkeypatch, dt, shape, g, affine, path):
     import cupy as cp
-    monkeypatch.setattr(K, "use_cluster", path == "cluster")  # cluster: sm_90+ only (else the split path runs)
+    monkeypatch.setattr(K, "use_cluster", path != "split")  # cluster: sm_90+ only (else the split path runs)
+    monkeypatch.setattr(K, "use_gn_reg", path == "reg")     # register slices where they fit, else shared memory
+    monkeypatch.setattr(K, "gn_one_pass", int(path != "cluster2"))  # shared-memory forward: 1 or 2 statistics passes
     d = DTYPES[dt]
     x, dy = rand(rng, shape, d, loc=1.5, scale=2.0), rand(rng, shape, d)
     w = cp.asarray(rand(rng, shape[1:2], np.float32, loc=1.0)) if affine else None
@@ -115,6 +117,24 @@ def test_cluster_path_is_one_launch_per_pass(rng, monkeypatch):
         before = loader.launches
         K.group_norm_forward(x, 32, None, None, 1e-5)
         assert loader.launches - before == want
+
+
+@pytest.mark.gpu
+def test_register_slice_plan(monkeypatch):
+    """The register-slice kernels take aligned 16-byte-vector slices of <= 10 * GN_THREADS vectors (V the smallest
+    instantiated slot count that holds the slice), nothing else."""
+    import cupy as cp
+    bf = DTYPES["bfloat16"]
+    x = cp.empty((2, 320, 128, 128), bf)
+    assert K._gn_reg_v(x, 10, 128 * 128) == 10         # SDXL 1024 px: 20480 elements = 2560 vectors per block
+    assert K._gn_reg_v(x, 20, 64 * 64) == 6            # 10240 elements: 1280 vectors
+    assert K._gn_reg_v(x, 40, 32 * 32) == 4            # 5120 elements: 640 vectors
+    assert K._gn_reg_v(x, 11, 128 * 128) is None       # 2816 vectors: more than 10 slots per thread
+    assert K._gn_reg_v(x, 2, 99) is None               # hw % 8: not the vector path
+    assert K._gn_reg_v(x[..., 1:], 2, 128) is None     # not 16-byte aligned
+    assert K._gn_reg_v(x.astype(np.float32), 10, 128 * 128) is None  # 5120 fp32 vectors
+    monkeypatch.setattr(K, "use_gn_reg", False)
+    assert K._gn_reg_v(x, 10, 128 * 128) is None
 
 
 @pytest.mark.parametrize("shape,g,dt,arrays,fits", [

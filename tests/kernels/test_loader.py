@@ -40,7 +40,8 @@ def test_every_local_include_is_inlined_even_with_a_trailing_comment():
 
 def test_template_kernels_found_per_file():
     assert loader.template_kernels("softmax") == [f"softmax_{d}{v}" for d in ("fwd", "bwd") for v in loader.VPTS]
-    assert loader.template_kernels("activations") == ["gelu_fwd", "gelu_bwd", "silu_fwd", "silu_bwd"]
+    assert loader.template_kernels("gelu_rows") != []
+    assert loader.template_kernels("activations") == []  # <T, U> templates: asked for by name expression
     assert "bcast_bwd" in loader.template_kernels("modulate")  # declared with __launch_bounds__
 
 

@@ -210,8 +210,10 @@ def test_backward_plan_respects_limits(monkeypatch, cols, dt, acc, regs):
     monkeypatch.setattr(loader, "get_function", lambda stem, name, dtype=None: _PlanKernel(name, regs))
     monkeypatch.setattr(loader, "sm_count", lambda: 132)
     monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, 90))
+    monkeypatch.setattr(K, "bwd_cluster", 0)  # the per-block part rows (the cluster plan: the next test)
     rows, vec = 4608, loader.vec_width(DTYPES[dt])
-    kernel, grid, (block,), tpr, smem = K._bwd_plan(DTYPES[dt], rows, cols, acc)
+    kernel, grid, (block,), tpr, smem, parts = K._bwd_plan(DTYPES[dt], rows, cols, acc)
+    assert parts == grid[0]
     assert kernel.name.startswith(("norm_bwdx", "norm_bwdw", "norm_bwd")[acc])
     vpt, nvec = int(kernel.name[-1]), cols // vec if cols % vec == 0 else cols
     assert block <= kernel.max_threads_per_block and block % tpr == 0
@@ -223,6 +225,37 @@ def test_backward_plan_respects_limits(monkeypatch, cols, dt, acc, regs):
     else:                  # looping path: the block's own part row
         assert rpb == 1 and smem == 0
     assert grid[0] == min(-(-rows // rpb), 132 * K._blocks_per_sm(kernel, block, smem))
+
+
+@pytest.mark.parametrize("cols", [1, 8, 33, 128, 1000, 3072, 12288, 16384])
+@pytest.mark.parametrize("dt", ["float32", "bfloat16"])
+@pytest.mark.parametrize("acc", [1, 2])
+@pytest.mark.parametrize("regs", [40, 96, 200])
+@pytest.mark.parametrize("cl", [2, 8])
+def test_backward_cluster_plan(monkeypatch, cols, dt, acc, regs, cl):
+    """On sm_90 the weight-gradient backward with register partials (16-byte vector path, VPT <= 2) takes
+    norm_bwd_cl: whole clusters of blocks that fit on the GPU at once, one part row per cluster, acc * cols floats of
+    shared memory; every other case keeps the per-block part rows. Before sm_90: never the cluster kernel."""
+    from flame_core.kernels import loader
+    monkeypatch.setattr(loader, "get_function", lambda stem, name, dtype=None: _PlanKernel(name, regs))
+    monkeypatch.setattr(loader, "sm_count", lambda: 132)
+    monkeypatch.setattr(K, "bwd_cluster", cl)
+    rows, vec = 4608, loader.vec_width(DTYPES[dt])
+    for cc in (80, 90):
+        monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, cc))
+        kernel, grid, (block,), tpr, smem, parts = K._bwd_plan(DTYPES[dt], rows, cols, acc)
+        _, vpt, tpr0, looping = K._row_kernel(("norm_bwdx", "norm_bwdw", "norm_bwd")[acc], DTYPES[dt], cols,
+                                              vec if cols % vec == 0 else 1)
+        if not kernel.name.startswith("norm_bwd_cl"):
+            assert cc < 90 or cols % vec or looping or vpt > 2 or block > kernel.max_threads_per_block
+            assert parts == grid[0]
+            continue
+        assert cc >= 90 and cols % vec == 0 and not looping and vpt <= 2
+        assert kernel.name == f"norm_bwd_cl<{{T}}, {vpt}, {acc}, {cl}, {K.bwd_cluster_smem}, {K.bwd_cluster_regs}>"
+        assert tpr == tpr0 and block == (128 if tpr <= 32 else tpr) and block <= kernel.max_threads_per_block
+        assert smem == acc * cols * 4 * (block // tpr if K.bwd_cluster_smem else 1)
+        assert grid[0] % cl == 0 and parts == grid[0] // cl
+        assert grid[0] <= max(cl, 132 * K._blocks_per_sm(kernel, block, smem))
 
 
 @pytest.mark.parametrize("cols", [1, 7, 8, 33, 64, 128, 1000, 1024, 1536, 3072, 4096, 4104, 12288, 16384, 20001,
