@@ -781,6 +781,118 @@ __device__ __forceinline__ void norm_bwd_vec(const T* __restrict__ dy, const T* 
         parts_write<ACC>(acc, dw_part, db_part, cols, rpb);
 }
 
+// Lean weight-gradient backward (norm_bwd_lean, sm_90; the 16-byte vector path with the row cached, as
+// norm_bwd_cl): fewer instructions per element than norm_bwd_vec. The weight is read once per block into shared
+// memory as fp32 (no per-row weight loads and conversions); pass 1 keeps g = dy * w in registers (fp32) and sums g and
+// g * x (then sum g * xhat = rs * (sum g x - mu sum g)); dweight / dbias partials are added into shared memory rows as
+// the rows go; pass 2 is two FMAs per element: dx = x * A + (g * rs + B), A = -rs^2 mgx, B = rs^2 mu mgx - rs mg.
+// RMS: mu = 0 and no mean(g) term. Dynamic shared memory: [w: cols floats where w is given | acc: ACC * rpb * cols].
+template <typename T, int VPT, int ACC, int RMS>
+__device__ __forceinline__ void norm_bwd_lean_body(const T* __restrict__ dy, const T* __restrict__ x,
+                                                   const void* __restrict__ w, const float* __restrict__ mean,
+                                                   const float* __restrict__ rstd, T* __restrict__ dx, i64 rows,
+                                                   int cols, int tpr, int wf32, float* smem, float* wsm, float* acc) {
+    constexpr int N = VecT<T>::N;
+    const int lane = threadIdx.x % tpr, rg = threadIdx.x / tpr, rpb = blockDim.x / tpr, nvec = cols / N;
+    const i64 nblk = (rows + rpb - 1) / rpb;
+    const float inv_cols = 1.f / cols;
+    if (w)
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) wsm[c] = load_any1<T>(w, c, wf32);
+    for (int c = threadIdx.x; c < ACC * rpb * cols; c += blockDim.x) acc[c] = 0.f;
+    __syncthreads();
+    uint4 nx[VPT], nd[VPT];
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) nx[i] = nd[i] = make_uint4(0u, 0u, 0u, 0u);
+    float nmu = 0.f, nrs = 0.f;
+    i64 rb = blockIdx.x;
+    if (rb < nblk) {
+        const i64 row = rb * rpb + rg;
+        fetch_row<T, VPT>(x, row, rows, cols, nvec, lane, tpr, nx);
+        fetch_row<T, VPT>(dy, row, rows, cols, nvec, lane, tpr, nd);
+        if (row < rows) {
+            nmu = RMS ? 0.f : mean[row];
+            nrs = rstd[row];
+        }
+    }
+    for (; rb < nblk; rb += gridDim.x) {
+        const i64 row = rb * rpb + rg;
+        const bool valid = row < rows;
+        uint4 cx[VPT], cd[VPT];
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+            cx[i] = nx[i];
+            cd[i] = nd[i];
+        }
+        const float mu = nmu, rs = nrs;
+        if (rb + gridDim.x < nblk) {
+            const i64 nrow = (rb + gridDim.x) * rpb + rg;
+            fetch_row<T, VPT>(x, nrow, rows, cols, nvec, lane, tpr, nx);
+            fetch_row<T, VPT>(dy, nrow, rows, cols, nvec, lane, tpr, nd);
+            if (nrow < rows) {
+                nmu = RMS ? 0.f : mean[nrow];
+                nrs = rstd[nrow];
+            }
+        }
+        const float nmr = -mu * rs;  // xhat = x * rs + nmr
+        float sg = 0.f, sgx = 0.f;
+        float gv[VPT][N];
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+            const int k = i * tpr + lane;
+#pragma unroll
+            for (int j = 0; j < N; ++j) gv[i][j] = 0.f;
+            if (valid && k < nvec) {
+                float xv[N], dv[N];
+                unpack_f32<T>(cx[i], xv);
+                unpack_f32<T>(cd[i], dv);
+                float* pa = acc + rg * cols + k * N;
+#pragma unroll
+                for (int j = 0; j < N; j += 4) {
+                    float4 wv = make_float4(1.f, 1.f, 1.f, 1.f);
+                    if (w) wv = *reinterpret_cast<const float4*>(wsm + k * N + j);
+                    const float wj[4] = {wv.x, wv.y, wv.z, wv.w};
+                    float4 a = *reinterpret_cast<float4*>(pa + j);
+                    float aj[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) {
+                        const float g = dv[j + u] * wj[u];
+                        gv[i][j + u] = g;
+                        sg += g;
+                        sgx = fmaf(g, xv[j + u], sgx);
+                        aj[u] = fmaf(dv[j + u], fmaf(xv[j + u], rs, nmr), aj[u]);
+                    }
+                    *reinterpret_cast<float4*>(pa + j) = make_float4(aj[0], aj[1], aj[2], aj[3]);
+                    if (ACC == 2) {
+                        float* pb = acc + (rpb + rg) * cols + k * N + j;
+                        float4 b = *reinterpret_cast<float4*>(pb);
+                        b.x += dv[j];
+                        b.y += dv[j + 1];
+                        b.z += dv[j + 2];
+                        b.w += dv[j + 3];
+                        *reinterpret_cast<float4*>(pb) = b;
+                    }
+                }
+            }
+        }
+        rg_sum2(sg, sgx, tpr, smem);
+        // mean(g * xhat) = rs * (sum g x - mu sum g) / cols
+        const float mgx = rs * (RMS ? sgx : sgx - mu * sg) * inv_cols, mg = RMS ? 0.f : sg * inv_cols;
+        const float A = -rs * rs * mgx, B = RMS ? 0.f : rs * (rs * mu * mgx - mg);
+        opaque<VPT>(cx);
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+            const int k = i * tpr + lane;
+            if (valid && k < nvec) {
+                float xv[N];
+                unpack_f32<T>(cx[i], xv);
+#pragma unroll
+                for (int j = 0; j < N; ++j) xv[j] = fmaf(xv[j], A, fmaf(gv[i][j], rs, B));
+                *reinterpret_cast<uint4*>(dx + row * cols + (i64)k * N) = pack_f32<T>(xv);
+            }
+        }
+    }
+}
+
 // Any width / alignment (N = 1: scalar). The row cached when it fits; else (very wide rows, one row group per block)
 // two passes over the row and the partials go straight to the block's part row.
 template <typename T, int N, int VPT, int ACC>
@@ -937,6 +1049,24 @@ __global__ void __cluster_dims__(CL, 1, 1) __maxnreg__(REGS) norm_bwd_cl(NORM_BW
     extern __shared__ __align__(16) float norm_acc[];
     norm_bwd_vec<T, VPT, ACC, CL, SM != 0>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32,
                                            smem, norm_acc);
+}
+#endif
+
+// norm_bwd_lean_body + cluster partials (parts_write_cluster from the shared-memory rows). Preconditions and grid as
+// norm_bwd_cl; dynamic shared memory: (cols if w) + ACC * rpb * cols floats. Python asks for
+// "norm_bwd_lean<T, VPT, ACC, RMS, CL, REGS>" on sm_90+ only.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+template <typename T, int VPT, int ACC, int RMS, int CL, int REGS>
+__global__ void __cluster_dims__(CL, 1, 1) __maxnreg__(REGS) norm_bwd_lean(NORM_BWD_PARAMS) {
+    static_assert(ACC >= 1 && ACC <= 2, "dw (and db)");
+    __shared__ float smem[NORM_MAX_RPB * 64];
+    extern __shared__ __align__(16) float norm_acc[];
+    float* wsm = norm_acc;
+    float* acc = norm_acc + (w ? cols : 0);
+    norm_bwd_lean_body<T, VPT, ACC, RMS>(dy, x, w, mean, rstd, dx, rows, cols, tpr, wf32, smem, wsm, acc);
+    const float none[1][1] = {{0.f}};
+    parts_write_cluster<ACC, 1, 1, CL, true>(none, none, dw_part, db_part, cols, 0, tpr, 0, (int)threadIdx.x / tpr,
+                                             (int)blockDim.x / tpr, acc);
 }
 #endif
 
