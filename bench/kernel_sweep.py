@@ -72,24 +72,26 @@ def rms_sweep():
         gl = K.layer_norm_backward(dy, x, w, mean, rstd, b)
         gq = K.rms_norm_backward(dq, q, wq, rq)
         err = max(float(cp.abs(g.astype(np.float32) - r.astype(np.float32)).max())
-                  for g, r in zip((*got, *gl, gq[1]), (*ref, *ref_ln, ref_q[1])) if g is not None)
+                  for g, r in zip((*got, *gl[1:], gq[1]), (*ref, *ref_ln[1:], ref_q[1])))
         plan = K._bwd_plan(x.dtype, 4608, 3072, 1)
         print(f"{tag:28s} rms {B.time_ms(lambda: K.rms_norm_backward(dy, x, w, rs)):.4f}  "
               f"ln_aff {B.time_ms(lambda: K.layer_norm_backward(dy, x, w, mean, rstd, b)):.4f}  "
               f"qk {B.time_ms(lambda: K.rms_norm_backward(dq, q, wq, rq)):.4f}  grid {plan[1][0]} block {plan[2][0]} "
               f"parts {plan[5]}  max|diff| {err:.3g}", flush=True)
     K.bwd_cluster = 0
-    show("per-block parts")
-    K.bwd_cluster, K.bwd_lean = 2, False
-    show("cluster 2, norm_bwd_cl")
-    K.bwd_lean = True
-    for cl, regs, per_sm in itertools.product((1, 2, 4), ((80, 96), (80, 255), (96, 96), (72, 88)), (None, 3, 5)):
-        K.bwd_cluster, K.bwd_cluster_grid, K.bwd_lean_regs = cl, per_sm, {1: regs[0], 2: regs[1]}
+    for v in (None, 1, 2):
+        L.vpt_override = v
+        show(f"per-block parts vpt {v}")
+    modes = ((1, 255), (1, 80), (1, 72), (0, 255), (0, 80))
+    for v, cl, (sm, regs), per_sm in itertools.product((None, 1), (1, 2, 4), modes, (None, 3, 4, 5)):
+        L.vpt_override, K.bwd_cluster, K.bwd_cluster_grid = v, cl, per_sm
+        K.bwd_cluster_smem, K.bwd_cluster_regs = sm, regs
         try:
-            show(f"lean cl {cl} regs {regs} per_sm {per_sm}")
+            show(f"cl {cl} sm {sm} regs {regs} vpt {v} per_sm {per_sm}")
         except Exception as e:  # noqa: BLE001  (a plan the GPU refuses: print and go on)
-            print(f"lean cl {cl} regs {regs} per_sm {per_sm}: {type(e).__name__}: {e}"[:300])
-    K.bwd_cluster, K.bwd_cluster_grid, K.bwd_lean_regs = 2, None, {1: 80, 2: 96}
+            print(f"cl {cl} sm {sm} regs {regs} vpt {v} per_sm {per_sm}: {type(e).__name__}: {e}"[:300])
+    L.vpt_override, K.bwd_cluster, K.bwd_cluster_grid = None, 2, None
+    K.bwd_cluster_smem, K.bwd_cluster_regs = 1, 80
     # the column sum alone, by part rows
     for parts in (33, 66, 132, 264, 660):
         part = cp.random.standard_normal((parts, 3072), dtype=np.float32)

@@ -80,8 +80,6 @@ bwd_cluster = 2
 bwd_cluster_grid = None
 bwd_cluster_smem = 1   # partials added into shared memory as the rows go (1) or kept in registers (0)
 bwd_cluster_regs = 80  # register cap of norm_bwd_cl (255: none)
-bwd_lean = True        # norm_bwd_lean (fewer instructions per element) instead of norm_bwd_cl
-bwd_lean_regs = {1: 80, 2: 96}  # its register cap by acc (dw; dw and db)
 _props = {}
 
 
@@ -214,7 +212,7 @@ def _layer_fwd_kernel(x, weight, bias, eps, rms):
     return y, mean, rstd
 
 
-def _bwd_plan(dtype, rows, cols, acc, aligned=True, fused=False, rms=0, has_w=True):
+def _bwd_plan(dtype, rows, cols, acc, aligned=True, fused=False):
     """(kernel, grid, block, tpr, dynamic smem bytes, part rows) of the backward. With weight-gradient partials
     (acc = 1: dw, 2: dw and db) a block of rpb row groups writes one partial row: rpb as large as the SM's registers
     allow (fewer partial rows to write and sum). On the 16-byte vector path with VPT <= 2 (cols % vec == 0, 16-byte
@@ -228,7 +226,7 @@ def _bwd_plan(dtype, rows, cols, acc, aligned=True, fused=False, rms=0, has_w=Tr
     kernel, vpt, tpr, looping = _row_kernel(name, dtype, cols, vec)
     reg_acc = acc and not looping and vec > 1 and vpt <= 2
     if reg_acc and bwd_cluster and not fused and _device_props()[4] >= 90:
-        plan = _bwd_cluster_plan(dtype, rows, cols, acc, vpt, tpr, rms, has_w)
+        plan = _bwd_cluster_plan(dtype, rows, cols, acc, vpt, tpr)
         if plan is not None:
             return plan
     cap = min(160 * 1024, _device_props()[3] - kernel.shared_size_bytes - 1024)
@@ -253,22 +251,16 @@ def _bwd_plan(dtype, rows, cols, acc, aligned=True, fused=False, rms=0, has_w=Tr
     return kernel, grid, (block,), tpr, smem, grid[0]
 
 
-def _bwd_cluster_plan(dtype, rows, cols, acc, vpt, tpr, rms=0, has_w=True):
-    """The plan of norm_bwd_lean (bwd_lean) or norm_bwd_cl: one row group of tpr threads per block (groups of <= 32
-    threads: blocks of 128), as many blocks as fit on the GPU at once (bwd_cluster_grid per SM where set), a multiple
-    of the cluster size."""
+def _bwd_cluster_plan(dtype, rows, cols, acc, vpt, tpr):
+    """norm_bwd_cl's plan: one row group of tpr threads per block (groups of <= 32 threads: blocks of 128), as many
+    blocks as fit on the GPU at once (bwd_cluster_grid per SM where set), a multiple of the cluster size."""
     cl, sm = bwd_cluster, bwd_cluster_smem
+    kernel = L.get_function("norms", f"norm_bwd_cl<{{T}}, {vpt}, {acc}, {cl}, {sm}, {bwd_cluster_regs}>", dtype)
     block = 128 if tpr <= 32 else tpr
-    rpb = block // tpr
-    if bwd_lean:
-        regs = bwd_lean_regs[acc]
-        kernel = L.get_function("norms", f"norm_bwd_lean<{{T}}, {vpt}, {acc}, {int(bool(rms))}, {cl}, {regs}>", dtype)
-        smem = (cols * 4 if has_w else 0) + acc * rpb * cols * 4
-    else:
-        kernel = L.get_function("norms", f"norm_bwd_cl<{{T}}, {vpt}, {acc}, {cl}, {sm}, {bwd_cluster_regs}>", dtype)
-        smem = acc * cols * 4 * (rpb if sm else 1)
     if block > kernel.max_threads_per_block:
         return None
+    rpb = block // tpr
+    smem = acc * cols * 4 * (rpb if sm else 1)
     if smem + kernel.shared_size_bytes > _device_props()[3]:
         return None
     per_sm = bwd_cluster_grid or _blocks_per_sm(kernel, block, smem)
@@ -287,8 +279,7 @@ def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms):
     dx = xp.empty_like(x)
     aligned = x.data.ptr % 16 == 0 and dy.data.ptr % 16 == 0 and dx.data.ptr % 16 == 0
     fused = acc and single_launch_sums
-    kernel, grid, block, tpr, smem, parts = _bwd_plan(x.dtype, rows, cols, acc, aligned, fused, rms,
-                                                      weight is not None)
+    kernel, grid, block, tpr, smem, parts = _bwd_plan(x.dtype, rows, cols, acc, aligned, fused)
     _dynamic_smem(kernel, smem)
     dw_part = xp.empty((parts, cols), dtype=np.float32) if weight is not None else None
     db_part = xp.empty((parts, cols), dtype=np.float32) if bias is not None else None

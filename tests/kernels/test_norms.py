@@ -232,8 +232,7 @@ def test_backward_plan_respects_limits(monkeypatch, cols, dt, acc, regs):
 @pytest.mark.parametrize("acc", [1, 2])
 @pytest.mark.parametrize("regs", [40, 96, 200])
 @pytest.mark.parametrize("cl", [2, 8])
-@pytest.mark.parametrize("lean", [True, False])
-def test_backward_cluster_plan(monkeypatch, cols, dt, acc, regs, cl, lean):
+def test_backward_cluster_plan(monkeypatch, cols, dt, acc, regs, cl):
     """On sm_90 the weight-gradient backward with register partials (16-byte vector path, VPT <= 2) takes
     norm_bwd_cl: whole clusters of blocks that fit on the GPU at once, one part row per cluster, acc * cols floats of
     shared memory; every other case keeps the per-block part rows. Before sm_90: never the cluster kernel."""
@@ -241,25 +240,20 @@ def test_backward_cluster_plan(monkeypatch, cols, dt, acc, regs, cl, lean):
     monkeypatch.setattr(loader, "get_function", lambda stem, name, dtype=None: _PlanKernel(name, regs))
     monkeypatch.setattr(loader, "sm_count", lambda: 132)
     monkeypatch.setattr(K, "bwd_cluster", cl)
-    monkeypatch.setattr(K, "bwd_lean", lean)
     rows, vec = 4608, loader.vec_width(DTYPES[dt])
     for cc in (80, 90):
         monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, cc))
         kernel, grid, (block,), tpr, smem, parts = K._bwd_plan(DTYPES[dt], rows, cols, acc)
         _, vpt, tpr0, looping = K._row_kernel(("norm_bwdx", "norm_bwdw", "norm_bwd")[acc], DTYPES[dt], cols,
                                               vec if cols % vec == 0 else 1)
-        if not kernel.name.startswith(("norm_bwd_cl", "norm_bwd_lean")):
+        if not kernel.name.startswith("norm_bwd_cl"):
             assert cc < 90 or cols % vec or looping or vpt > 2 or block > kernel.max_threads_per_block
             assert parts == grid[0]
             continue
         assert cc >= 90 and cols % vec == 0 and not looping and vpt <= 2
-        if lean:
-            assert kernel.name == f"norm_bwd_lean<{{T}}, {vpt}, {acc}, 0, {cl}, {K.bwd_lean_regs[acc]}>"
-            assert smem == cols * 4 + acc * cols * 4 * (block // tpr)
-        else:
-            assert kernel.name == f"norm_bwd_cl<{{T}}, {vpt}, {acc}, {cl}, {K.bwd_cluster_smem}, {K.bwd_cluster_regs}>"
-            assert smem == acc * cols * 4 * (block // tpr if K.bwd_cluster_smem else 1)
+        assert kernel.name == f"norm_bwd_cl<{{T}}, {vpt}, {acc}, {cl}, {K.bwd_cluster_smem}, {K.bwd_cluster_regs}>"
         assert tpr == tpr0 and block == (128 if tpr <= 32 else tpr) and block <= kernel.max_threads_per_block
+        assert smem == acc * cols * 4 * (block // tpr if K.bwd_cluster_smem else 1)
         assert grid[0] % cl == 0 and parts == grid[0] // cl
         assert grid[0] <= max(cl, 132 * K._blocks_per_sm(kernel, block, smem))
 
