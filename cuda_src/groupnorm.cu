@@ -394,6 +394,55 @@ __device__ __forceinline__ void cluster_stats(float cnt, float mb, float q, floa
     }
 }
 
+// Part-row entries of the group's channels that this block's slice [c0, c1] does not touch are 0.
+__device__ __forceinline__ void zero_other_channels(float* __restrict__ dw_part, float* __restrict__ db_part, i64 prow,
+                                                    int cpg, int c0, int c1) {
+    for (int cl = threadIdx.x; cl < cpg; cl += blockDim.x)
+        if (cl < c0 || cl > c1) {
+            if (dw_part) dw_part[prow + cl] = 0.f;
+            if (db_part) db_part[prow + cl] = 0.f;
+        }
+}
+
+// The backward's per-channel step: the thread's sums a (dy * xhat) and b (dy) of channel `col` enter its running
+// tg += w b, tgx += w a; with weight / bias gradients wanted (parts) the block's sums go to part row entry `col`.
+__device__ __forceinline__ void channel_sums(float a, float b, float wc, float& tg, float& tgx, bool parts,
+                                             float* __restrict__ dw_part, float* __restrict__ db_part, i64 col,
+                                             float* scratch) {
+    tg += wc * b;
+    tgx += wc * a;
+    if (parts) {
+        block_sum2(a, b, scratch);
+        if (threadIdx.x == 0) {
+            if (dw_part) dw_part[col] = a;
+            if (db_part) db_part[col] = b;
+        }
+    }
+}
+
+// The cluster's sums of two per-thread values (every block gets them, added in rank order): block sums published in
+// this block's shared memory (sm + 64), gathered between cluster barriers (into sm + 72). Leaves one cluster arrive
+// outstanding, as cluster_stats.
+__device__ __forceinline__ void cluster_sums2(float a, float b, float* sm, float& sa, float& sb) {
+    float* mine = sm + 64;
+    float* all = sm + 72;
+    block_sum2(a, b, sm);
+    if (threadIdx.x == 0) {
+        mine[0] = a;
+        mine[1] = b;
+    }
+    cluster_arrive();
+    cluster_wait();  // every block has published
+    if (threadIdx.x < 2 * GN_CL) all[threadIdx.x] = cluster_load(mine + (threadIdx.x & 1), threadIdx.x >> 1);
+    __syncthreads();
+    cluster_arrive();  // done reading the others' shared memory (waited for before exit)
+    sa = sb = 0.f;
+    for (int rr = 0; rr < GN_CL; ++rr) {
+        sa += all[2 * rr];
+        sb += all[2 * rr + 1];
+    }
+}
+
 // y = (x - mean) * rstd * w[c] + bias[c] over the group of this cluster.
 template <typename T, int N, bool ONE>
 __device__ __forceinline__ void gn_fwd_cluster_body(const T* __restrict__ x, const float* __restrict__ w,
@@ -465,7 +514,7 @@ __device__ __forceinline__ void gn_fwd_cluster_body(const T* __restrict__ x, con
         const int ch = gi * cpg + cl;
         const float a = w ? rs * w[ch] : rs;
         const float b = (bias ? bias[ch] : 0.f) - mean * a;
-        const i64 slo = (i64)cl * hw > lo ? (i64)cl * hw : lo, shi = (i64)(cl + 1) * hw < hi ? (i64)(cl + 1) * hw : hi;
+        const i64 slo = max((i64)cl * hw, lo), shi = min((i64)(cl + 1) * hw, hi);  // channel cl within the slice
         const int k1 = (int)((shi - lo) / N);
         for (int k = (int)((slo - lo) / N) + threadIdx.x; k < k1; k += blockDim.x) {
             float v[N];
@@ -500,8 +549,6 @@ __device__ __forceinline__ void gn_bwd_cluster_body(const T* __restrict__ dy, co
     slice_of<N>(m, r, lo, hi);
     const int cnt = (int)(hi - lo);
     float* scratch = sm;
-    float* mine = sm + 64;
-    float* all = sm + 72;
     T* cx = reinterpret_cast<T*>(reinterpret_cast<char*>(sm) + GN_HEAD);
     const T* dys = dy + grp * m + lo;
     cache_slice<T, N>(x + grp * m + lo, cx, cnt);
@@ -510,16 +557,11 @@ __device__ __forceinline__ void gn_bwd_cluster_body(const T* __restrict__ dy, co
     const bool parts = dw_part != nullptr || db_part != nullptr;
     const i64 prow = ((grp / groups) * GN_CL + r) * ((i64)groups * cpg) + (i64)gi * cpg;  // the group's columns
     const int c0 = (int)(lo / hw), c1 = cnt > 0 ? (int)((hi - 1) / hw) : c0 - 1;
-    if (parts)
-        for (int cl = threadIdx.x; cl < cpg; cl += blockDim.x)
-            if (cl < c0 || cl > c1) {
-                if (dw_part) dw_part[prow + cl] = 0.f;
-                if (db_part) db_part[prow + cl] = 0.f;
-            }
+    if (parts) zero_other_channels(dw_part, db_part, prow, cpg, c0, c1);
     float tg = 0.f, tgx = 0.f;  // this thread's sums of g = dy * w and g * xhat
     for (int cl = c0; cl <= c1; ++cl) {
         const float wc = w ? w[gi * cpg + cl] : 1.f;
-        const i64 slo = (i64)cl * hw > lo ? (i64)cl * hw : lo, shi = (i64)(cl + 1) * hw < hi ? (i64)(cl + 1) * hw : hi;
+        const i64 slo = max((i64)cl * hw, lo), shi = min((i64)(cl + 1) * hw, hi);  // channel cl within the slice
         const int k1 = (int)((shi - lo) / N);
         float a = 0.f, b = 0.f;  // sums of dy * xhat, dy
         stream<T, N>(dys, (int)((slo - lo) / N), k1, [&](int k, const float(&dv)[N]) {
@@ -531,36 +573,15 @@ __device__ __forceinline__ void gn_bwd_cluster_body(const T* __restrict__ dy, co
                 b += dv[j];
             }
         });
-        tg += wc * b;
-        tgx += wc * a;
-        if (parts) {
-            block_sum2(a, b, scratch);
-            if (threadIdx.x == 0) {
-                if (dw_part) dw_part[prow + cl] = a;
-                if (db_part) db_part[prow + cl] = b;
-            }
-        }
+        channel_sums(a, b, wc, tg, tgx, parts, dw_part, db_part, prow + cl, scratch);
     }
-    block_sum2(tg, tgx, scratch);
-    if (threadIdx.x == 0) {
-        mine[0] = tg;
-        mine[1] = tgx;
-    }
-    cluster_arrive();
-    cluster_wait();  // every block has published
-    if (threadIdx.x < 2 * GN_CL) all[threadIdx.x] = cluster_load(mine + (threadIdx.x & 1), threadIdx.x >> 1);
-    __syncthreads();
-    cluster_arrive();  // done reading the others' shared memory (waited for before exit)
-    float sg = 0.f, sgx = 0.f;
-    for (int rr = 0; rr < GN_CL; ++rr) {
-        sg += all[2 * rr];
-        sgx += all[2 * rr + 1];
-    }
+    float sg, sgx;
+    cluster_sums2(tg, tgx, sm, sg, sgx);
     const float inv_m = 1.f / (float)m, mg = sg * inv_m, mgx = sgx * inv_m;
     T* dxs = dx + grp * m + lo;
     for (int cl = c0; cl <= c1; ++cl) {
         const float wc = w ? w[gi * cpg + cl] : 1.f;
-        const i64 slo = (i64)cl * hw > lo ? (i64)cl * hw : lo, shi = (i64)(cl + 1) * hw < hi ? (i64)(cl + 1) * hw : hi;
+        const i64 slo = max((i64)cl * hw, lo), shi = min((i64)(cl + 1) * hw, hi);  // channel cl within the slice
         const int k1 = (int)((shi - lo) / N);
         stream<T, N>(dys, (int)((slo - lo) / N), k1, [&](int k, const float(&dv)[N]) {
             float xv[N];
@@ -711,8 +732,6 @@ __device__ __forceinline__ void gn_bwd_reg_body(const T* __restrict__ dy, const 
     slice_of<N>(m, r, lo, hi);
     const int cnt = (int)(hi - lo), nv = cnt / N;
     float* scratch = sm;
-    float* mine = sm + 64;
-    float* all = sm + 72;
     T* cx = reinterpret_cast<T*>(reinterpret_cast<char*>(sm) + GN_HEAD);
     for (int k = threadIdx.x; k < nv; k += GN_THREADS) cp_async16(cx + (i64)k * N, x + grp * m + lo + (i64)k * N);
     uint4 q[V];
@@ -723,17 +742,12 @@ __device__ __forceinline__ void gn_bwd_reg_body(const T* __restrict__ dy, const 
     const bool parts = dw_part != nullptr || db_part != nullptr;
     const i64 prow = ((grp / groups) * GN_CL + r) * ((i64)groups * cpg) + (i64)gi * cpg;  // the group's columns
     const int c0 = (int)(lo / hw), c1 = cnt > 0 ? (int)((hi - 1) / hw) : c0 - 1;
-    if (parts)
-        for (int cl = threadIdx.x; cl < cpg; cl += blockDim.x)
-            if (cl < c0 || cl > c1) {
-                if (dw_part) dw_part[prow + cl] = 0.f;
-                if (db_part) db_part[prow + cl] = 0.f;
-            }
+    if (parts) zero_other_channels(dw_part, db_part, prow, cpg, c0, c1);
     float tg = 0.f, tgx = 0.f;  // this thread's sums of g = dy * w and g * xhat
     for (int cl = c0; cl <= c1; ++cl) {
         opaque<V>(q);  // unpacked per channel, not held as 2x the fp32 registers
         const float wc = w ? w[gi * cpg + cl] : 1.f;
-        const i64 slo = (i64)cl * hw > lo ? (i64)cl * hw : lo, shi = (i64)(cl + 1) * hw < hi ? (i64)(cl + 1) * hw : hi;
+        const i64 slo = max((i64)cl * hw, lo), shi = min((i64)(cl + 1) * hw, hi);  // channel cl within the slice
         const int k0 = (int)((slo - lo) / N), k1 = (int)((shi - lo) / N);
         float a = 0.f, b = 0.f;  // sums of dy * xhat, dy
 #pragma unroll
@@ -750,31 +764,10 @@ __device__ __forceinline__ void gn_bwd_reg_body(const T* __restrict__ dy, const 
                 }
             }
         }
-        tg += wc * b;
-        tgx += wc * a;
-        if (parts) {
-            block_sum2(a, b, scratch);
-            if (threadIdx.x == 0) {
-                if (dw_part) dw_part[prow + cl] = a;
-                if (db_part) db_part[prow + cl] = b;
-            }
-        }
+        channel_sums(a, b, wc, tg, tgx, parts, dw_part, db_part, prow + cl, scratch);
     }
-    block_sum2(tg, tgx, scratch);
-    if (threadIdx.x == 0) {
-        mine[0] = tg;
-        mine[1] = tgx;
-    }
-    cluster_arrive();
-    cluster_wait();  // every block has published
-    if (threadIdx.x < 2 * GN_CL) all[threadIdx.x] = cluster_load(mine + (threadIdx.x & 1), threadIdx.x >> 1);
-    __syncthreads();
-    cluster_arrive();  // done reading the others' shared memory (waited for before exit)
-    float sg = 0.f, sgx = 0.f;
-    for (int rr = 0; rr < GN_CL; ++rr) {
-        sg += all[2 * rr];
-        sgx += all[2 * rr + 1];
-    }
+    float sg, sgx;
+    cluster_sums2(tg, tgx, sm, sg, sgx);
     const float inv_m = 1.f / (float)m, mg = sg * inv_m, mgx = sgx * inv_m;
     T* dxs = dx + grp * m + lo;
     opaque<V>(q);
