@@ -16,7 +16,7 @@ import numpy as np
 
 from . import loader as L
 from .. import backend
-from ..errors import ShapeError
+from ..errors import KernelCompileError, ShapeError
 
 
 def _check_affine(name, p, size, what):
@@ -255,7 +255,10 @@ def _bwd_cluster_plan(dtype, rows, cols, acc, vpt, tpr):
     """norm_bwd_cl's plan: one row group of tpr threads per block (groups of <= 32 threads: blocks of 128), as many
     blocks as fit on the GPU at once (bwd_cluster_grid per SM where set), a multiple of the cluster size."""
     cl, sm = bwd_cluster, bwd_cluster_smem
-    kernel = L.get_function("norms", f"norm_bwd_cl<{{T}}, {vpt}, {acc}, {cl}, {sm}, {bwd_cluster_regs}>", dtype)
+    try:
+        kernel = L.get_function("norms", f"norm_bwd_cl<{{T}}, {vpt}, {acc}, {cl}, {sm}, {bwd_cluster_regs}>", dtype)
+    except KernelCompileError:  # e.g. an NVRTC before CUDA 12.4 (no __maxnreg__): the per-block part rows
+        return None
     block = 128 if tpr <= 32 else tpr
     if block > kernel.max_threads_per_block:
         return None

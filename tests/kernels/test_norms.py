@@ -258,6 +258,22 @@ def test_backward_cluster_plan(monkeypatch, cols, dt, acc, regs, cl):
         assert grid[0] <= max(cl, 132 * K._blocks_per_sm(kernel, block, smem))
 
 
+def test_backward_cluster_plan_falls_back_when_it_does_not_compile(monkeypatch):
+    """An NVRTC that cannot build norm_bwd_cl (e.g. no __maxnreg__ before CUDA 12.4) gets the per-block part rows."""
+    from flame_core.errors import KernelCompileError
+    from flame_core.kernels import loader
+
+    def get_function(stem, name, dtype=None):
+        if name.startswith("norm_bwd_cl"):
+            raise KernelCompileError("NVRTC failed to compile cuda_src/norms.cu")
+        return _PlanKernel(name, 64)
+    monkeypatch.setattr(loader, "get_function", get_function)
+    monkeypatch.setattr(loader, "sm_count", lambda: 132)
+    monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, 90))
+    kernel, grid, _, _, _, parts = K._bwd_plan(DTYPES["bfloat16"], 4608, 3072, 1)
+    assert kernel.name.startswith("norm_bwdw") and parts == grid[0]
+
+
 @pytest.mark.parametrize("cols", [1, 7, 8, 33, 64, 128, 1000, 1024, 1536, 3072, 4096, 4104, 12288, 16384, 20001,
                                   65536, 131072, 262144])
 @pytest.mark.parametrize("dt", ["float32", "bfloat16"])
