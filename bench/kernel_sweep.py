@@ -4,8 +4,11 @@ before each call, each call timed alone with CUDA events, median of 30):
         thread, block size, grid, load / store cache hints) against torch and the library kernel;
   rms   rms_norm / layer_norm backward with weight gradients: the cluster-partial kernel (norm_bwd_cl) by cluster size
         and blocks per SM, against the per-block part rows and torch;
-  gn    GroupNorm forward / backward: the register-slice kernels against the shared-memory ones and torch.
-Run: PYTHONPATH=$PWD python3 bench/kernel_sweep.py [act,rms,gn]"""
+  gn    GroupNorm forward / backward: the register-slice kernels against the shared-memory ones and torch;
+  tma   rms_norm / layer_norm backward with weight gradients: the bulk-copy kernel (norm_bwd_tma) by vectors per
+        thread, stages, blocks per SM, register cap and where the part rows are summed (same launch or column_sum),
+        against norm_bwd_cl.
+Run: PYTHONPATH=$PWD python3 bench/kernel_sweep.py [act,rms,gn,tma]"""
 import itertools
 import statistics
 import sys
@@ -171,7 +174,68 @@ def probe():
           f"  partials + apply {B.time_ms(lambda: (K._gn_partials(g, None, rows, hw, splits), L.launch(fn, grid_, block_, (g, a, a, y, L.i64(g.size), L.i64(hw))))):.4f}")
 
 
+def tma_sweep():
+    x, dy = B.randn((4608, 3072)), B.randn((4608, 3072))
+    w, b = B.randn((3072,)) + 1, B.randn((3072,))
+    _, rs = K.rms_norm_forward(x, w, 1e-6)
+    _, mean, rstd = K.layer_norm_forward(x, None, None, 1e-6)
+    with L.reference():
+        ref = K.rms_norm_backward(dy, x, w, rs)
+        ref_ln = K.layer_norm_backward(dy, x, w, mean, rstd, b)
+    tor = {"rms": B._torch_bwd_many(lambda t, w_: F.rms_norm(t, (3072,), w_, eps=1e-6), (x, w), dy),
+           "ln_aff": B._torch_bwd_many(lambda t, w_, b_: F.layer_norm(t, (3072,), w_, b_, eps=1e-6), (x, w, b), dy)}
+    print("== torch: " + ", ".join(f"{k} {B.time_ms(f, torch_op=True):.4f}" for k, f in tor.items()))
+    src = cp.empty((3 * x.size,), x.dtype)
+    dst = cp.empty_like(src)
+    print(f"== copy of the same bytes: {B.time_ms(lambda: cp.copyto(dst, src)):.4f}")
+
+    def show(tag):
+        got = K.rms_norm_backward(dy, x, w, rs)
+        gl = K.layer_norm_backward(dy, x, w, mean, rstd, b)
+        err = max(float(cp.abs(g.astype(np.float32) - r.astype(np.float32)).max() /
+                        (float(cp.abs(r.astype(np.float32)).max()) + 1e-30))
+                  for g, r in zip((*got, *gl), (*ref, *ref_ln)))
+        plan = K._bwd_tma_plan(x.dtype, 4608, 3072, 1, True) if K.bwd_tma else None
+        desc = f"grid {plan[1][0]} block {plan[2][0]} stages {plan[3]} cl {plan[5]}" if plan else ""
+        print(f"{tag:40s} rms {B.time_ms(lambda: K.rms_norm_backward(dy, x, w, rs)):.4f}  "
+              f"ln_aff {B.time_ms(lambda: K.layer_norm_backward(dy, x, w, mean, rstd, b)):.4f}  {desc}  "
+              f"max rel diff {err:.3g}", flush=True)
+    K.bwd_tma = False
+    show("norm_bwd_cl")
+    B.HOLD_US = 0
+    show("norm_bwd_cl (no GPU wait before)")
+    K.bwd_tma = True
+    show("tma default (no GPU wait before)")
+    B.HOLD_US = 300
+    K.bwd_tma = True
+    sums = ((1, 1, 0), (1, 0, 0), (1, 0, 1), (2, 0, 0), (2, 0, 1))  # (cluster, same-launch sums, dependent launch)
+    for stages, regs, (cl, fin, dep) in itertools.product((2, 3, 4), (80,), sums):
+        K.bwd_tma_stages, K.bwd_tma_regs, K.bwd_tma_cluster = stages, regs, cl
+        K.bwd_tma_finish, K.bwd_tma_dependent = bool(fin), bool(dep)
+        tag = f"tma st {stages} regs {regs} cl {cl} fin {fin} dep {dep}"
+        try:
+            show(tag)
+        except Exception as e:  # noqa: BLE001  (a plan the GPU refuses: print and go on)
+            print(f"{tag}: {type(e).__name__}: {e}"[:300], flush=True)
+    print(f"coop refused: {len(K._coop_failed)}")
+    # where the time goes (stages 3, regs 80): the kernel alone (part rows, no sums), the column sums alone
+    K.bwd_tma_stages, K.bwd_tma_regs = 3, 80
+    for cl in (1, 2):
+        K.bwd_tma_cluster = cl
+        for acc, name in ((1, "rms"), (2, "ln_aff")):
+            kernel, grid, block, stages, smem, _ = K._bwd_tma_plan(x.dtype, 4608, 3072, acc, True)
+            parts = cp.empty((acc, grid[0] // cl, 3072), dtype=np.float32)
+            dx = cp.empty_like(x)
+            args = (dy, x, w, L.null() if acc == 1 else mean, rs if acc == 1 else rstd, dx, parts[0],
+                    parts[acc - 1] if acc == 2 else L.null(), L.null(), L.null(), L.null(), L.i64(4608), L.i32(3072),
+                    L.i32(int(acc == 1)), L.i32(0), L.i32(stages), L.i32(0))
+            t_k = B.time_ms(lambda: L.launch(kernel, grid, block, args, shared_mem=smem))
+            t_s = B.time_ms(lambda: L.column_sum("norms", "column_sum", parts, x.dtype))
+            print(f"cl {cl} {name}: kernel alone {t_k:.4f}  column_sum of {parts.shape} alone {t_s:.4f}", flush=True)
+    K.bwd_tma_stages, K.bwd_tma_regs, K.bwd_tma_cluster, K.bwd_tma_finish, K.bwd_tma_dependent = 4, 80, 1, True, True
+
+
 if __name__ == "__main__":
     cp.random.seed(0)
     for s in SECTIONS:
-        {"act": act_sweep, "rms": rms_sweep, "gn": gn_sweep, "probe": probe}[s]()
+        {"act": act_sweep, "rms": rms_sweep, "gn": gn_sweep, "probe": probe, "tma": tma_sweep}[s]()

@@ -3,8 +3,11 @@ device-to-device copy of the same bytes, in one process on one GPU. Plus fused A
 against torch.optim.AdamW(fused=True).
 
 Protocol (the same for FLAME, PyTorch and the copy): inputs prepared once, 5 warm-up calls, then 30 timed calls, each
-preceded by a read of a 256 MiB buffer that evicts L2 (clean lines), each timed alone with CUDA events; the median is
-reported. GB/s = (bytes the op must read + write) / time. The copy moves the op's input bytes (cupy.copyto, D2D).
+preceded by a read of a 256 MiB buffer that evicts L2 (clean lines) and a GPU-side wait of --hold-us microseconds
+(default 300), each timed alone with CUDA events; the median is reported. The wait keeps the GPU busy while Python
+queues the call's launches, so the interval between the events is the GPU's work on the op (its kernels and the gaps
+between them) and not the host's launch overhead, which a slow host otherwise adds to multi-launch ops on either side
+(--hold-us 0: the older protocol). The host time of each FLAME call (launch overhead) is reported beside it. GB/s = (bytes the op must read + write) / time. The copy moves the op's input bytes (cupy.copyto, D2D).
 Prints a table last and writes JSON (--out, default $OUT/kernels.json or ./kernels.json).
 Run: PYTHONPATH=$PWD python3 bench/kernels.py
 """
@@ -13,6 +16,7 @@ import json
 import math
 import os
 import statistics
+import time
 
 import cupy as cp
 import ml_dtypes
@@ -38,10 +42,21 @@ extern "C" __global__ void flush_read(const uint4* p, long long n, unsigned int*
 }''', "flush_read")
 _flush_buf = cp.ones(256 << 20, dtype=np.uint8)
 _sink = cp.zeros(1, dtype=np.uint32)
+_HOLD = cp.RawKernel(r'''
+extern "C" __global__ void hold(long long cycles) {
+    const long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+}''', "hold")
+HOLD_US = 300
+_clock_khz = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["clockRate"]
+HOST_US = []  # host microseconds of each timed FLAME call (the last time_ms)
 
 
 def flush_l2():
     _FLUSH((1024,), (256,), (_flush_buf, np.int64(_flush_buf.size // 16), _sink))
+    if HOLD_US:
+        _HOLD((1,), (1,), (np.int64(HOLD_US * _clock_khz // 1000),))
 
 
 def time_ms(fn, torch_op=False):
@@ -49,7 +64,7 @@ def time_ms(fn, torch_op=False):
     for _ in range(WARM):
         fn()
     cp.cuda.Device().synchronize()
-    out = []
+    out, host = [], []
     for _ in range(REPS):
         flush_l2()
         if torch_op:
@@ -62,10 +77,13 @@ def time_ms(fn, torch_op=False):
         else:
             s, e = cp.cuda.Event(), cp.cuda.Event()
             s.record()
+            t0 = time.perf_counter()
             fn()
+            host.append((time.perf_counter() - t0) * 1e6)
             e.record()
             e.synchronize()
             out.append(cp.cuda.get_elapsed_time(s, e))
+    HOST_US[:] = [statistics.median(host)] if host else []
     return statistics.median(out)
 
 
@@ -82,13 +100,15 @@ ROWS = []
 
 def record(name, nbytes, flame_fn, torch_fn=None, copy_src=None, note=""):
     ms = time_ms(flame_fn)
+    host_us = HOST_US[0] if HOST_US else math.nan
     tms = time_ms(torch_fn, torch_op=True) if (torch is not None and torch_fn is not None) else None
     src = copy_src
     dst = cp.empty_like(src)
     cms = time_ms(lambda: cp.copyto(dst, src))
     copy_gbs = 2 * src.nbytes / cms / 1e6
     row = {"op": name, "bytes": int(nbytes), "flame_ms": round(ms, 4), "flame_GBps": round(nbytes / ms / 1e6, 1),
-           "copy_GBps": round(copy_gbs, 1), "vs_copy": round(nbytes / ms / 1e6 / copy_gbs, 3), "note": note}
+           "copy_GBps": round(copy_gbs, 1), "vs_copy": round(nbytes / ms / 1e6 / copy_gbs, 3),
+           "flame_host_us": round(host_us, 1), "note": note}
     if tms is not None:
         row.update(torch_ms=round(tms, 4), torch_GBps=round(nbytes / tms / 1e6, 1), vs_torch=round(tms / ms, 3))
     ROWS.append(row)
@@ -264,7 +284,10 @@ def main():
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "kernels.json"))
     ap.add_argument("--only", default="", help="comma-separated groups: norms,activations,softmax,modulate,rope,"
                                                "fp8,adamw")
+    ap.add_argument("--hold-us", type=int, default=300, help="GPU-side wait queued before each timed call (0: none)")
     args = ap.parse_args()
+    global HOLD_US
+    HOLD_US = args.hold_us
     if not loader.enabled():
         raise SystemExit("kernels are disabled (no GPU, or FLAME_KERNELS=0): nothing to measure")
     cp.random.seed(0)
@@ -278,19 +301,20 @@ def main():
     dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]
     dev = dev.decode() if isinstance(dev, bytes) else dev
     res = {"device": dev, "torch": torch.__version__ if torch else None, "cupy": cp.__version__,
-           "protocol": f"median of {REPS} after {WARM} warm-up, L2 evicted before each call, CUDA events",
+           "protocol": f"median of {REPS} after {WARM} warm-up, L2 evicted and a {HOLD_US} us GPU wait queued "
+                       f"before each call, CUDA events",
            "copy_1GiB_GBps": ceiling, "rows": ROWS}
     with open(args.out, "w") as fh:
         json.dump(res, fh, indent=1)
     print(f"\n{dev}   copy ceiling (1 GiB D2D): {ceiling} GB/s   {res['protocol']}")
     hdr = f"{'op':48s} {'flame ms':>9s} {'GB/s':>7s} {'copy GB/s':>9s} {'vs copy':>7s} {'torch ms':>9s} " \
-          f"{'torch GB/s':>10s} {'vs torch':>8s}"
+          f"{'torch GB/s':>10s} {'vs torch':>8s} {'host us':>7s}"
     print(hdr)
     print("-" * len(hdr))
     for r in ROWS:
         print(f"{r['op'][:48]:48s} {r['flame_ms']:9.4f} {r['flame_GBps']:7.0f} {r['copy_GBps']:9.0f} "
               f"{r['vs_copy']:7.2f} {r.get('torch_ms', math.nan):9.4f} {r.get('torch_GBps', math.nan):10.0f} "
-              f"{r.get('vs_torch', math.nan):8.2f}")
+              f"{r.get('vs_torch', math.nan):8.2f} {r.get('flame_host_us', math.nan):7.1f}")
     print(f"JSON: {args.out}")
 
 

@@ -278,12 +278,31 @@ __device__ __forceinline__ float group_max(float v, int tpr, float* smem) {
     return block_max(v, smem);
 }
 
+// ---------------------------------------------------------------------------------------------- dependent launches
+// Programmatic dependent launch (sm_90; loader.launch(..., pdl=True)): a kernel launched with programmatic stream
+// serialization may start while the kernel before it in the stream still runs, once that kernel has executed
+// grid_dependents_launch in every block (or finished); it must call grid_dependency_wait before it reads what the
+// earlier kernel wrote (the wait returns when that grid has completed and its memory is visible). Both are no-ops
+// for ordinary launches and before sm_90.
+__device__ __forceinline__ void grid_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // Deterministic column sums: out[c] = sum_p part[p * cols + c] (fp32), cast to T. Block (32, 32),
 // grid (cdiv(cols, 32), batches): batch y reads part + y * parts * cols and writes out + y * cols.
 template <typename T>
 __device__ __forceinline__ void column_sum_body(const float* __restrict__ part, T* __restrict__ out, int parts,
                                                 int cols) {
     __shared__ float tile[32][33];
+    grid_dependency_wait();  // launched as a programmatic dependent of the kernel that wrote `part`
     part += (i64)blockIdx.y * parts * cols;
     out += (i64)blockIdx.y * cols;
     const int c = blockIdx.x * 32 + threadIdx.x;
@@ -431,6 +450,68 @@ __device__ __forceinline__ float4 cluster_load4(const float* p, unsigned rank) {
                  : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(cluster_addr(p, rank)) : "memory");
     return v;
 }
+
+// ---------------------------------------------------------------------------------------------- bulk copies (sm_90)
+// One-dimensional bulk asynchronous copies (TMA engine, cp.async.bulk) from global into this block's shared memory,
+// completed on an mbarrier (transaction bytes). Source, destination and size: multiples of 16 bytes. A stage's
+// mbarrier: mbar_init (one expected arrival: the issuing thread's expect_tx), then per fill mbar_expect_tx + the
+// copies, and the consumers wait on the fill's phase parity (0, 1, 0, ... per reuse).
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+
+// Makes mbar_init visible to the async proxy (the bulk copies) before the first copy is issued.
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+
+__device__ __forceinline__ void mbar_expect_tx(unsigned long long* bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ bool mbar_try_wait(unsigned long long* bar, unsigned parity) {
+    unsigned ok;
+    asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                 "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+    return ok != 0;
+}
+
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+    while (!mbar_try_wait(bar, parity)) {
+    }
+}
+
+// Orders this thread's earlier shared-memory accesses (generic proxy) before its later bulk copies (async proxy).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
+}
 #endif
+
+// ---------------------------------------------------------------------------------------------- grid barrier
+// Every block of a 1-D grid waits until all have arrived; writes before it are visible to every block after it.
+// Only for cooperative launches (cuLaunchCooperativeKernel: the driver guarantees all blocks are resident at once;
+// an ordinary launch can deadlock). `bar`: one uint32 in device memory used by one launch at a time (launches of a
+// stream run in order). Block 0 adds 2^31 - (gridDim.x - 1), the others 1: the top bit flips exactly when the last
+// block arrives and the low bits return to where they were, so the word needs no reset between launches.
+__device__ __forceinline__ void grid_barrier(unsigned* bar) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned inc = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1u) : 1u;
+        __threadfence();
+        const unsigned old = atomicAdd(bar, inc);
+        unsigned cur;
+        while (true) {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(cur) : "l"(bar) : "memory");
+            if ((old ^ cur) & 0x80000000u) break;
+            __nanosleep(32);  // fewer polls of the one word while the arrivals are still adding to it
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
 
 #endif  // FLAME_COMMON_CUH

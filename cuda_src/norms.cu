@@ -940,6 +940,219 @@ __global__ void __cluster_dims__(CL, 1, 1) __maxnreg__(REGS) norm_bwd_cl(NORM_BW
 }
 #endif
 
+// ---------------------------------------------------------------------------------------------- bulk-copy backward
+// norm_bwd_tma (sm_90): the weight-gradient backward (ACC 1: dw, 2: dw and db) with the rows streamed into shared
+// memory by bulk copies (cp.async.bulk on an mbarrier per stage). One row per block at a time: tpr = blockDim.x (a
+// multiple of 32) threads of VPT 16-byte vectors each (nvec <= tpr * VPT, cols % N == 0, 16-byte aligned rows); each
+// block keeps `stages` rows (x and dy) in flight, so the loads run ahead of the reductions without the next row
+// sitting in registers, and the registers hold the weight-gradient partials instead (no per-row shared-memory adds).
+// Block b handles rows b, b + gridDim.x, ... and writes its partials as part row b of dw_part / db_part (gridDim.x
+// rows; either may be null). `barrier` non-null (cooperative launches only): after a grid barrier the blocks sum the
+// part rows themselves (norm_bwd_finish) into dw_out / db_out (T, or fp32 where of32); null: column_sum sums them
+// after the launch. Dynamic shared memory: stages * 2 * cols * sizeof(T) bytes. Python asks for
+// "norm_bwd_tma<T, VPT, ACC, REGS>" or "norm_bwd_tma_cl<T, VPT, ACC, CL, REGS>" on sm_90+ only; REGS caps the
+// registers per thread (__maxnreg__).
+#define NORM_TMA_MAX_STAGES 8
+
+// The column sums of the part rows in the same launch (after grid_barrier): jobs of 4 * W4 columns of one quantity
+// (W4 = 2: a whole 32-byte sector per part row); block b takes jobs b, b + gridDim.x, ...; its threads add the rows
+// t, t + blockDim.x, ... and then combine through warp shuffles and shared memory, in a fixed order (deterministic).
+// `red`: 32 * 4 * W4 floats of shared memory.
+template <typename T, int ACC, int W4>
+__device__ __forceinline__ void norm_bwd_finish(const float* __restrict__ dw_part, const float* __restrict__ db_part,
+                                                void* __restrict__ dw_out, void* __restrict__ db_out, int parts,
+                                                int cols, int of32, float* red) {
+    constexpr int W = 4 * W4, U = 4;
+    const int per = cols / W, jobs = ACC * per, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nw = blockDim.x >> 5;
+    for (int j = blockIdx.x; j < jobs; j += gridDim.x) {
+        const int a = j / per, c = (j % per) * W;
+        const float* src = a ? db_part : dw_part;
+        if (src == nullptr) continue;  // block-uniform
+        src += c;
+        float s[W];
+#pragma unroll
+        for (int k = 0; k < W; ++k) s[k] = 0.f;
+        for (int p = threadIdx.x; p < parts; p += U * blockDim.x) {
+            float4 q[U][W4];
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (p + u * (int)blockDim.x < parts)
+#pragma unroll
+                    for (int h = 0; h < W4; ++h) q[u][h] = ld_cg4(src + (i64)(p + u * blockDim.x) * cols + 4 * h);
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (p + u * (int)blockDim.x < parts)
+#pragma unroll
+                    for (int h = 0; h < W4; ++h) {
+                        s[4 * h] += q[u][h].x;
+                        s[4 * h + 1] += q[u][h].y;
+                        s[4 * h + 2] += q[u][h].z;
+                        s[4 * h + 3] += q[u][h].w;
+                    }
+        }
+#pragma unroll
+        for (int k = 0; k < W; ++k) s[k] = warp_sum(s[k]);
+        __syncthreads();  // the previous job's readers are done with red
+        if (lane == 0)
+#pragma unroll
+            for (int k = 0; k < W; ++k) red[warp * W + k] = s[k];
+        __syncthreads();
+        if (threadIdx.x < W) {
+            float t = 0.f;
+            for (int i = 0; i < nw; ++i) t += red[i * W + threadIdx.x];
+            store_any1<T>(a ? db_out : dw_out, c + threadIdx.x, t, of32);
+        }
+    }
+}
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+// Issues the bulk copies of row `row` (x and dy) into stage s. One thread.
+template <typename T>
+__device__ __forceinline__ void norm_tma_fill(T* sbuf, unsigned long long* full, int s, const T* __restrict__ x,
+                                              const T* __restrict__ dy, i64 row, int cols) {
+    const unsigned bytes = (unsigned)cols * sizeof(T);
+    mbar_expect_tx(&full[s], 2u * bytes);
+    bulk_load(sbuf + (i64)2 * s * cols, x + row * cols, bytes, &full[s]);
+    bulk_load(sbuf + (i64)(2 * s + 1) * cols, dy + row * cols, bytes, &full[s]);
+}
+
+#define NORM_TMA_PARAMS const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w, \
+    const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx, float* __restrict__ dw_part, \
+    float* __restrict__ db_part, void* __restrict__ dw_out, void* __restrict__ db_out, unsigned* __restrict__ barrier, \
+    i64 rows, int cols, int rms, int wf32, int stages, int of32
+#define NORM_TMA_ARGS dy, x, w, mean, rstd, dx, dw_part, db_part, dw_out, db_out, barrier, rows, cols, rms, wf32, \
+    stages, of32
+
+// CL > 1 (norm_bwd_tma_cl): clusters of CL blocks add their register partials through distributed shared memory
+// (parts_write_cluster; the stage buffers hold them once the rows are done): part row blockIdx.x / CL, gridDim.x / CL
+// rows; no same-launch sums then (barrier must be null).
+template <typename T, int VPT, int ACC, int CL>
+__device__ __forceinline__ void norm_bwd_tma_body(NORM_TMA_PARAMS) {
+    static_assert(ACC >= 1 && ACC <= 2, "dw (and db)");
+    constexpr int N = VecT<T>::N;
+    extern __shared__ __align__(128) unsigned char norm_rows[];
+    __shared__ unsigned long long full[NORM_TMA_MAX_STAGES];
+    __shared__ float red[256];
+    grid_dependents_launch();  // a programmatic dependent launch after this one (column_sum) may start its blocks
+    const int tpr = blockDim.x, lane = threadIdx.x, nvec = cols / N;
+    const i64 mine = rows > (i64)blockIdx.x ? (rows - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+    T* sbuf = reinterpret_cast<T*>(norm_rows);  // stage s: x at sbuf + 2 s cols, dy at sbuf + (2 s + 1) cols
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < stages; ++s) mbar_init(&full[s], 1);
+        mbar_init_fence();
+        for (int s = 0; s < stages && s < mine; ++s)
+            norm_tma_fill<T>(sbuf, full, s, x, dy, blockIdx.x + (i64)s * gridDim.x, cols);
+    }
+    __syncthreads();
+    float aw[VPT][N], ab[VPT][N];
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+#pragma unroll
+        for (int j = 0; j < N; ++j) aw[i][j] = ab[i][j] = 0.f;
+    const float inv_cols = 1.f / cols;
+    float nmu = 0.f, nrs = 0.f;
+    if (mine > 0) {
+        nmu = rms ? 0.f : mean[blockIdx.x];
+        nrs = rstd[blockIdx.x];
+    }
+    int s = 0;
+    unsigned phase = 0;
+    for (i64 it = 0; it < mine; ++it) {
+        const i64 row = blockIdx.x + it * gridDim.x;
+        const float mu = nmu, rs = nrs;
+        if (it + 1 < mine) {
+            nmu = rms ? 0.f : mean[row + gridDim.x];
+            nrs = rstd[row + gridDim.x];
+        }
+        mbar_wait(&full[s], phase);
+        const T* xs = sbuf + (i64)2 * s * cols;
+        const T* ds = xs + cols;
+        float sg = 0.f, sgx = 0.f;
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+            const int k = i * tpr + lane;
+            if (k < nvec) {
+                float xv[N], dv[N], wv[N];
+                if (w) load_any<T, N>(w, (i64)k * N, wf32, wv);
+                unpack_f32<T>(*reinterpret_cast<const uint4*>(xs + k * N), xv);
+                unpack_f32<T>(*reinterpret_cast<const uint4*>(ds + k * N), dv);
+#pragma unroll
+                for (int j = 0; j < N; ++j) {
+                    const float xh = (xv[j] - mu) * rs;
+                    const float g = w ? dv[j] * wv[j] : dv[j];
+                    sg += g;
+                    sgx += g * xh;
+                }
+            }
+        }
+        rg_sum2(sg, sgx, tpr, red);
+        // every thread is past the previous row (its barrier above): refill that stage, `stages` rows on
+        if (threadIdx.x == 0 && it >= 1 && it - 1 + stages < mine) {
+            fence_proxy_async();
+            norm_tma_fill<T>(sbuf, full, s == 0 ? stages - 1 : s - 1, x, dy, row + (i64)(stages - 1) * gridDim.x,
+                             cols);
+        }
+        const float mg = rms ? 0.f : sg * inv_cols, mgx = sgx * inv_cols;
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+            const int k = i * tpr + lane;
+            if (k < nvec) {
+                float xv[N], dv[N], wv[N];
+                if (w) load_any<T, N>(w, (i64)k * N, wf32, wv);
+                unpack_f32<T>(*reinterpret_cast<const uint4*>(xs + k * N), xv);
+                unpack_f32<T>(*reinterpret_cast<const uint4*>(ds + k * N), dv);
+#pragma unroll
+                for (int j = 0; j < N; ++j) {
+                    const float xh = (xv[j] - mu) * rs;
+                    const float g = w ? dv[j] * wv[j] : dv[j];
+                    aw[i][j] += dv[j] * xh;
+                    if (ACC == 2) ab[i][j] += dv[j];
+                    xv[j] = rs * (g - mg - xh * mgx);
+                }
+                *reinterpret_cast<uint4*>(dx + row * cols + (i64)k * N) = pack_f32<T>(xv);
+            }
+        }
+        if (++s == stages) {
+            s = 0;
+            phase ^= 1u;
+        }
+    }
+    if constexpr (CL > 1) {
+        __syncthreads();  // every thread is done with the stage buffers: they take the partials
+        parts_write_cluster<ACC, VPT, N, CL, false>(aw, ab, dw_part, db_part, cols, nvec, tpr, lane, 0, 1,
+                                                    reinterpret_cast<float*>(norm_rows));
+        return;
+    }
+    const i64 base = (i64)blockIdx.x * cols;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+        const int k = i * tpr + lane;
+        if (k < nvec) {
+            if (dw_part) store_f32<float, N>(dw_part + base + (i64)k * N, aw[i]);
+            if (ACC == 2 && db_part) store_f32<float, N>(db_part + base + (i64)k * N, ab[i]);
+        }
+    }
+    if (barrier != nullptr) {
+        grid_barrier(barrier);
+        if (cols % 8 == 0)
+            norm_bwd_finish<T, ACC, 2>(dw_part, db_part, dw_out, db_out, gridDim.x, cols, of32, red);
+        else
+            norm_bwd_finish<T, ACC, 1>(dw_part, db_part, dw_out, db_out, gridDim.x, cols, of32, red);
+    }
+}
+
+template <typename T, int VPT, int ACC, int REGS>
+__global__ void __maxnreg__(REGS) norm_bwd_tma(NORM_TMA_PARAMS) {
+    norm_bwd_tma_body<T, VPT, ACC, 1>(NORM_TMA_ARGS);
+}
+
+template <typename T, int VPT, int ACC, int CL, int REGS>
+__global__ void __cluster_dims__(CL, 1, 1) __maxnreg__(REGS) norm_bwd_tma_cl(NORM_TMA_PARAMS) {
+    norm_bwd_tma_body<T, VPT, ACC, CL>(NORM_TMA_ARGS);
+}
+#endif
+
 // out[c] = sum_p part[p, c], in T (the weight's dtype). Block (32, 32).
 template <typename T>
 __global__ void column_sum(const float* __restrict__ part, T* __restrict__ out, int parts, int cols) {

@@ -373,6 +373,100 @@ def launch(kernel, grid, block, args, shared_mem=0, stream=None):
         kernel(grid, block, args, shared_mem=shared_mem)
 
 
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute (cuda.h): id, padding to 8 bytes, a 64-byte union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig (cuda.h)
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+_launch_ex = []  # [cuLaunchKernelEx of libcuda, or None where the driver has none]
+
+
+def _cu_launch_ex():
+    if not _launch_ex:
+        try:
+            fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        except (OSError, AttributeError):
+            fn = None
+        _launch_ex.append(fn)
+    return _launch_ex[0]
+
+
+def _kernel_params(args):
+    """(keep-alive list, void*[] array) of kernel arguments for the driver's launch calls."""
+    vals = []
+    for a in args:
+        if backend.is_cuda_array(a):
+            vals.append(ctypes.c_uint64(a.data.ptr))
+        else:
+            vals.append(ctypes.create_string_buffer(np.asarray(a).tobytes()))
+    return vals, (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
+
+
+def launch_dependent(kernel, grid, block, args, shared_mem=0):
+    """Launch `kernel` as a programmatic dependent of the kernel before it in the stream (sm_90; cuLaunchKernelEx with
+    programmatic stream serialization): its blocks may start while that kernel still runs (from when every block of
+    it has executed grid_dependents_launch), so the launch latency overlaps the earlier kernel's tail. The kernel
+    must call grid_dependency_wait (common.cuh) before it reads the earlier kernel's output. Falls back to `launch`
+    before sm_90, without cuLaunchKernelEx, and while a CUDA graph is being captured."""
+    cp = backend.cupy
+    stream = cp.cuda.get_current_stream()
+    fn = _cu_launch_ex()
+    if fn is None or int(cp.cuda.Device().compute_capability) < 90 or (stream.ptr and stream.is_capturing()):
+        return launch(kernel, grid, block, args, shared_mem)
+    global launches
+    launches += 1
+    grid, block = _dims(grid), _dims(block)
+    grid, block = grid + (1,) * (3 - len(grid)), block + (1,) * (3 - len(block))
+    shared_mem = int(shared_mem)
+    if shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
+        kernel.max_dynamic_shared_size_bytes = shared_mem
+    attr = _LaunchAttribute()
+    attr.id = _PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value[0] = 1
+    cfg = _LaunchConfig(grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem, stream.ptr,
+                        ctypes.pointer(attr), 1)
+    _, params = _kernel_params(args)
+    f = kernel._fn if isinstance(kernel, _ArchKernel) else kernel.kernel
+    err = fn(ctypes.byref(cfg), f.ptr, params, None)
+    if err:
+        raise cp.cuda.driver.CUDADriverError(err)
+
+
+def launch_cooperative(kernel, grid, block, args, shared_mem=0):
+    """Launch `kernel` cooperatively (cuLaunchCooperativeKernel): the driver guarantees every block of the grid is
+    resident at once, which a grid barrier (common.cuh, grid_barrier) needs; a grid larger than the blocks that fit
+    raises CUDADriverError (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE). Arguments as for `launch`."""
+    global launches
+    launches += 1
+    grid, block = _dims(grid), _dims(block)
+    grid, block = grid + (1,) * (3 - len(grid)), block + (1,) * (3 - len(block))
+    shared_mem = int(shared_mem)
+    if shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
+        kernel.max_dynamic_shared_size_bytes = shared_mem
+    _, params = _kernel_params(args)
+    fn = kernel._fn if isinstance(kernel, _ArchKernel) else kernel.kernel
+    cuda = backend.cupy.cuda
+    cuda.driver.launchCooperativeKernel(fn.ptr, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem,
+                                        cuda.get_current_stream().ptr, ctypes.addressof(params))
+
+
+def max_active_blocks(kernel, block_threads, shared_mem=0):
+    """Blocks of `kernel` one SM holds at once with this block size and dynamic shared memory (the driver's
+    occupancy calculator)."""
+    fn = kernel._fn if isinstance(kernel, _ArchKernel) else kernel.kernel
+    return int(backend.cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, int(block_threads),
+                                                                                   int(shared_mem)))
+
+
 class PackedLaunch:
     """A launch whose arguments are packed once: `__call__(pointers)` writes the pointer arguments that change from
     call to call (device addresses; the first `n_pointers` arguments, or those at the indices `n_pointers` lists)
@@ -530,15 +624,17 @@ def null():
     return np.uint64(0)
 
 
-def column_sum(stem, kernel, part, out_dtype):
+def column_sum(stem, kernel, part, out_dtype, dependent=False):
     """Deterministic sums over axis -2 of fp32 partial rows: (parts, cols) -> (cols,) or (B, parts, cols) -> (B, cols),
-    by `kernel` (a `column_sum_body` wrapper in cuda_src/<stem>.cu), in out_dtype."""
+    by `kernel` (a `column_sum_body` wrapper in cuda_src/<stem>.cu), in out_dtype. dependent: launched as a
+    programmatic dependent of the kernel that wrote `part` (launch_dependent), which must be the stream's last."""
     xp = backend.xp_of(part)
     batches = part.shape[0] if part.ndim == 3 else 1
     parts, cols = part.shape[-2:]
     kdt = out_dtype if dtype_name(out_dtype) in ("float32", "float16", "bfloat16") else np.float32
     out = xp.empty(part.shape[:-2] + (cols,), dtype=kdt)
-    launch(get_function(stem, kernel, kdt), (cdiv(cols, 32), batches), (32, 32), (part, out, i32(parts), i32(cols)))
+    (launch_dependent if dependent else launch)(get_function(stem, kernel, kdt), (cdiv(cols, 32), batches), (32, 32),
+                                                (part, out, i32(parts), i32(cols)))
     return out.astype(out_dtype, copy=False)
 
 
@@ -561,6 +657,27 @@ def reduction_counters(n):
     buf = _counters.get(key)
     if buf is None or buf.size < n:
         buf = _counters[key] = cp.zeros((max(1024, n),), dtype=np.uint32)  # zeroed in order on this stream
+    return buf
+
+
+_barriers = {}  # (device, stream) -> the uint32 word of grid_barrier (common.cuh) for launches on that stream
+
+
+def grid_barrier_word():
+    """The device word a cooperative kernel's grid_barrier counts on: one per (device, stream), zeroed once; the
+    barrier leaves its low bits as it found them, so it needs no reset. Launches of one stream run in order and
+    concurrent streams get their own. While a CUDA graph is being captured: a fresh word from the pool (the graph's
+    private memory), zeroed by an async memset captured with the kernel."""
+    cp = backend.cupy
+    s = cp.cuda.get_current_stream()
+    if s.ptr and s.is_capturing():
+        buf = cp.empty((1,), dtype=np.uint32)
+        cp.cuda.runtime.memsetAsync(buf.data.ptr, 0, buf.nbytes, s.ptr)
+        return buf
+    key = (cp.cuda.runtime.getDevice(), s.ptr)
+    buf = _barriers.get(key)
+    if buf is None:
+        buf = _barriers[key] = cp.zeros((1,), dtype=np.uint32)
     return buf
 
 

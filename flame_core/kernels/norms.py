@@ -80,6 +80,19 @@ bwd_cluster = 2
 bwd_cluster_grid = None
 bwd_cluster_smem = 1   # partials added into shared memory as the rows go (1) or kept in registers (0)
 bwd_cluster_regs = 80  # register cap of norm_bwd_cl (255: none)
+# The weight-gradient backward on sm_90+ with the rows streamed through shared memory by bulk copies (norm_bwd_tma in
+# cuda_src/norms.cu): bwd_tma_stages rows of x and dy in flight per block, the partials in registers, and (where
+# bwd_tma_finish, outside CUDA-graph capture) the part rows summed in the same, cooperative, launch after a grid
+# barrier instead of a column_sum launch. Rows of > 32 threads on the 16-byte vector path; others keep _bwd_plan.
+bwd_tma = True
+bwd_tma_stages = 4
+bwd_tma_regs = 80     # register cap of norm_bwd_tma (255: none)
+bwd_tma_vpt = None    # 16-byte vectors per thread (1 or 2); None: the fewest that keep a row within 256 threads
+bwd_tma_grid = None   # blocks per SM (None: as many as fit)
+bwd_tma_finish = True
+bwd_tma_cluster = 1   # > 1: clusters of this many blocks add their partials (part rows / cluster; no same-launch sums)
+bwd_tma_dependent = True  # the column_sum after it as a programmatic dependent launch (loader.launch_dependent)
+_coop_failed = set()  # plans whose cooperative launch the driver refused: they sum with column_sum instead
 _props = {}
 
 
@@ -272,6 +285,89 @@ def _bwd_cluster_plan(dtype, rows, cols, acc, vpt, tpr):
     return kernel, (grid,), (block,), tpr, smem, grid // cl
 
 
+def _occupancy(kernel, block, smem):
+    _dynamic_smem(kernel, smem)  # the calculator counts 0 blocks for more dynamic shared memory than the attribute
+    return L.max_active_blocks(kernel, block, smem)
+
+
+def _bwd_tma_plan(dtype, rows, cols, acc, aligned):
+    """(kernel, grid, block, stages, smem, cluster) of norm_bwd_tma (norm_bwd_tma_cl where bwd_tma_cluster > 1), or
+    None where it does not apply: sm_90+, weight gradients (acc 1 or 2), the 16-byte vector path (cols % vec == 0,
+    16-byte aligned rows), one row per block of a multiple of 32 threads (> 32) at vpt <= 2 vectors each, and >= 2
+    stages of x and dy rows in shared memory. The grid: the blocks that fit at once (or one per row), whole
+    clusters."""
+    if not (bwd_tma and acc and aligned) or _device_props()[4] < 90:
+        return None
+    vec = L.vec_width(dtype)
+    if cols % vec:
+        return None
+    nvec = cols // vec
+    vpt = bwd_tma_vpt or (1 if nvec <= 256 else 2)
+    tpr = L.row_tpr(nvec, vpt)
+    if tpr <= 32 or tpr > 1024:
+        return None
+    try:
+        cl = bwd_tma_cluster
+        name = (f"norm_bwd_tma_cl<{{T}}, {vpt}, {acc}, {cl}, {bwd_tma_regs}>" if cl > 1 else
+                f"norm_bwd_tma<{{T}}, {vpt}, {acc}, {bwd_tma_regs}>")
+        kernel = L.get_function("norms", name, dtype)
+    except KernelCompileError:  # e.g. an NVRTC before CUDA 12.4 (no __maxnreg__)
+        return None
+    if tpr > kernel.max_threads_per_block:
+        return None
+    row = 2 * cols * np.dtype(dtype).itemsize
+    cap = _device_props()[3] - kernel.shared_size_bytes
+    stages = min(bwd_tma_stages, cap // row)
+    if stages < 2:
+        return None
+    smem = stages * row
+    per_sm = bwd_tma_grid or _occupancy(kernel, tpr, smem)
+    if per_sm < 1:
+        return None
+    grid = max(cl, min(rows, L.sm_count() * per_sm) // cl * cl)
+    return kernel, (grid,), (tpr,), stages, smem, cl
+
+
+def _layer_bwd_tma(plan, dy, x, w, wf32, mean_arg, rstd, weight, bias, rows, cols, rms):
+    """dx, dw, db by norm_bwd_tma (see _bwd_tma_plan)."""
+    kernel, grid, block, stages, smem, cl = plan
+    xp = L.xp_of(x)
+    dx = xp.empty_like(x)
+    parts = xp.empty((1 if bias is None else 2, grid[0] // cl, cols), dtype=np.float32)  # [dw rows | db rows]
+    dw_part = parts[0] if weight is not None else None
+    db_part = parts[1] if bias is not None else None
+    head = (dy, x, w, mean_arg, rstd, dx, L.null() if dw_part is None else dw_part,
+            L.null() if db_part is None else db_part)
+    tail = (L.i64(rows), L.i32(cols), L.i32(rms), L.i32(wf32), L.i32(stages))
+    cp = backend.cupy
+    stream = cp.cuda.get_current_stream()
+    key = (kernel, grid, block, smem)
+    if cl == 1 and bwd_tma_finish and key not in _coop_failed and not (stream.ptr and stream.is_capturing()):
+        # the sums in the same launch: outputs in x's dtype where the parameters share it, else fp32 (then cast)
+        odt = x.dtype if all(p is None or p.dtype == x.dtype for p in (weight, bias)) else np.dtype(np.float32)
+        dw = xp.empty((cols,), dtype=odt) if weight is not None else None
+        db = xp.empty((cols,), dtype=odt) if bias is not None else None
+        try:
+            L.launch_cooperative(kernel, grid, block,
+                                 head + (L.null() if dw is None else dw, L.null() if db is None else db,
+                                         L.grid_barrier_word()) + tail + (L.i32(odt != x.dtype),), smem)
+        except cp.cuda.driver.CUDADriverError:  # more blocks than the driver can keep resident at once
+            _coop_failed.add(key)
+        else:
+            dw = dw.astype(weight.dtype, copy=False) if dw is not None else None
+            db = db.astype(bias.dtype, copy=False) if db is not None else None
+            return dx, dw, db
+    _dynamic_smem(kernel, smem)
+    L.launch(kernel, grid, block, head + (L.null(), L.null(), L.null()) + tail + (L.i32(0),), shared_mem=smem)
+    dep = bwd_tma_dependent
+    if dw_part is not None and db_part is not None and weight.dtype == bias.dtype:
+        sums = L.column_sum("norms", "column_sum", parts, weight.dtype, dep)  # one launch for both
+        return dx, sums[0], sums[1]
+    dw = L.column_sum("norms", "column_sum", dw_part, weight.dtype, dep) if weight is not None else None
+    db = L.column_sum("norms", "column_sum", db_part, bias.dtype, dep and dw is None) if bias is not None else None
+    return dx, dw, db
+
+
 def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms):
     xp = L.xp_of(x)
     x = L.contiguous(x)
@@ -279,14 +375,19 @@ def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms):
     rows, cols = _rows_cols(x)
     (w,), wf32 = _param_args(x, weight)
     acc = 0 if weight is None and bias is None else (1 if bias is None else 2)
+    mean_arg = L.null() if rms else L.contiguous(mean.astype(np.float32, copy=False))
+    rstd = L.contiguous(rstd.astype(np.float32, copy=False))
+    aligned = x.data.ptr % 16 == 0 and dy.data.ptr % 16 == 0  # the memory pool's dx is 256-byte aligned
+    tma = _bwd_tma_plan(x.dtype, rows, cols, acc, aligned) if acc else None
+    if tma is not None:
+        return _layer_bwd_tma(tma, dy, x, w, wf32, mean_arg, rstd, weight, bias, rows, cols, rms)
     dx = xp.empty_like(x)
-    aligned = x.data.ptr % 16 == 0 and dy.data.ptr % 16 == 0 and dx.data.ptr % 16 == 0
+    aligned = aligned and dx.data.ptr % 16 == 0
     fused = acc and single_launch_sums
     kernel, grid, block, tpr, smem, parts = _bwd_plan(x.dtype, rows, cols, acc, aligned, fused)
     _dynamic_smem(kernel, smem)
     dw_part = xp.empty((parts, cols), dtype=np.float32) if weight is not None else None
     db_part = xp.empty((parts, cols), dtype=np.float32) if bias is not None else None
-    mean_arg = L.null() if rms else L.contiguous(mean.astype(np.float32, copy=False))
     dw = db = None
     if fused:  # the kernel also sums the part rows (parts_finish): outputs in x's dtype, else fp32 (then cast)
         odt = x.dtype if all(p is None or p.dtype == x.dtype for p in (weight, bias)) else np.dtype(np.float32)
@@ -298,7 +399,7 @@ def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms):
     else:
         fin = (L.null(), L.null(), L.null(), L.i32(1), L.i32(0))
     L.launch(kernel, grid, block,
-             (dy, x, w, mean_arg, L.contiguous(rstd.astype(np.float32, copy=False)), dx,
+             (dy, x, w, mean_arg, rstd, dx,
               L.null() if dw_part is None else dw_part, L.null() if db_part is None else db_part,
               L.i64(rows), L.i32(cols), L.i32(tpr), L.i32(rms), L.i32(wf32)) + fin, shared_mem=smem)
     if fused:

@@ -189,6 +189,68 @@ def _cp(a):
     return backend.cupy.asarray(a)
 
 
+TMA_SHAPES = [(1, 1024), (7, 1004), (5, 2048), (300, 3072), (2000, 3072), (129, 12288)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("shape", TMA_SHAPES)
+@pytest.mark.parametrize("finish", ["same_launch", "column_sum", "dependent", "cluster2"])
+@pytest.mark.parametrize("case", ["rms", "ln_weight", "ln_affine", "ln_bias", "ln_fp32_params"])
+def test_backward_bulk_copy_kernel(monkeypatch, ab, rng, dt, shape, finish, case):
+    """norm_bwd_tma (sm_90): rows streamed through shared memory by bulk copies, the weight / bias gradients summed
+    in the same cooperative launch, by column_sum after it (an ordinary or a programmatic dependent launch), or
+    first added in pairs of blocks (norm_bwd_tma_cl); ragged row counts (fewer rows than blocks, not a multiple of
+    the grid), cols % 8 != 0 (1004 fp32: 4-column sum jobs), 1 and 2 vectors per thread."""
+    from flame_core.kernels import loader
+    d = DTYPES[dt]
+    if K._device_props()[4] < 90:
+        pytest.skip("norm_bwd_tma needs compute capability 9.0 (bulk copies)")
+    if shape[1] % loader.vec_width(d):
+        pytest.skip("not the 16-byte vector path")
+    if K._bwd_tma_plan(d, shape[0], shape[1], 1, True) is None:  # 12288 fp32: 1536 threads a row
+        assert shape[1] // loader.vec_width(d) > 2 * 1024
+        pytest.skip("a row needs more than 1024 threads at 2 vectors each: the other plans")
+    monkeypatch.setattr(K, "bwd_tma_finish", finish == "same_launch")
+    monkeypatch.setattr(K, "bwd_tma_dependent", finish == "dependent")
+    monkeypatch.setattr(K, "bwd_tma_cluster", 2 if finish == "cluster2" else 1)
+    monkeypatch.setattr(K, "bwd_tma_stages", 2 if shape[0] == 300 else 4)
+    ran = []
+    real = K._layer_bwd_tma
+    monkeypatch.setattr(K, "_layer_bwd_tma", lambda *a: ran.append(a[0]) or real(*a))
+    coop = []
+    real_coop = loader.launch_cooperative
+    monkeypatch.setattr(loader, "launch_cooperative", lambda *a, **k: coop.append(1) or real_coop(*a, **k))
+    x, dy = rand(rng, shape, d, loc=1.0, scale=2.0), rand(rng, shape, d)
+    pdt = np.float32 if case == "ln_fp32_params" else d
+    w = None if case == "ln_bias" else rand(rng, shape[-1:], pdt, loc=1.0)
+    b = rand(rng, shape[-1:], pdt) if case in ("ln_affine", "ln_bias", "ln_fp32_params") else None
+    wc, bc = (None if w is None else _cp(w)), (None if b is None else _cp(b))
+    if case == "rms":
+        _, rr = K.rms_norm_forward(_cp(x), wc, 1e-6)
+        (dxk, dwk), (dxr, dwr) = ab(lambda g, a: K.rms_norm_backward(g, a, wc, rr), dy, x)
+        dbk = dbr = None
+    else:
+        _, mr, rr = K.layer_norm_forward(_cp(x), wc, bc, 1e-5)
+        (dxk, dwk, dbk), (dxr, dwr, dbr) = ab(lambda g, a: K.layer_norm_backward(g, a, wc, mr, rr, bc), dy, x)
+    assert len(ran) == 1 and len(coop) == int(finish == "same_launch"), \
+        "the bulk-copy kernel (cooperative for same-launch sums) did not run"
+    assert_close(dxk, dxr, dt, "dx", scale=2, mag=grad_mag(dy, rr, wc))
+    tol_dt = "float32" if pdt == np.float32 else dt
+    for got, ref, p, what in ((dwk, dwr, w, "dweight"), (dbk, dbr, b, "dbias")):
+        if p is None:
+            assert got is None
+        else:
+            assert got.dtype == pdt and got.shape == shape[-1:]
+            assert_close(got, ref, tol_dt, what, scale=20)
+    # deterministic: the same inputs give bit-identical gradients
+    g2 = K.rms_norm_backward(_cp(dy), _cp(x), wc, rr) if case == "rms" else \
+        K.layer_norm_backward(_cp(dy), _cp(x), wc, mr, rr, bc)
+    for a, c in zip((dxk, dwk, dbk), g2):
+        if a is not None:
+            assert (a.view(np.uint8) == c.view(np.uint8)).all()
+
+
 # ----------------------------------------------------------------------------- launch plans (no GPU needed)
 class _PlanKernel:
     def __init__(self, name, regs):
@@ -256,6 +318,47 @@ def test_backward_cluster_plan(monkeypatch, cols, dt, acc, regs, cl):
         assert smem == acc * cols * 4 * (block // tpr if K.bwd_cluster_smem else 1)
         assert grid[0] % cl == 0 and parts == grid[0] // cl
         assert grid[0] <= max(cl, 132 * K._blocks_per_sm(kernel, block, smem))
+
+
+@pytest.mark.parametrize("cols", [8, 128, 256, 1000, 1004, 2048, 3072, 12288, 16384, 32768])
+@pytest.mark.parametrize("dt", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("acc", [0, 1, 2])
+@pytest.mark.parametrize("stages", [2, 4, 8])
+@pytest.mark.parametrize("cluster", [1, 2])
+def test_backward_bulk_copy_plan(monkeypatch, cols, dt, acc, stages, cluster):
+    """norm_bwd_tma's plan keeps to what the kernel assumes: sm_90, weight gradients, the 16-byte vector path, one
+    row per block of a multiple of 32 threads (> 32, <= the kernel's limit) at vpt <= 2, 2 <= stages <= the asked
+    number of x and dy rows in shared memory within the block limit, no more blocks than the occupancy allows or
+    rows; otherwise None (the other plans)."""
+    from flame_core.kernels import loader
+    monkeypatch.setattr(loader, "get_function", lambda stem, name, dtype=None: _PlanKernel(name, 72))
+    monkeypatch.setattr(loader, "sm_count", lambda: 132)
+    monkeypatch.setattr(K, "_occupancy", lambda kernel, block, smem: min(232448 // (smem + 2048), 2048 // block))
+    monkeypatch.setattr(K, "bwd_tma_stages", stages)
+    monkeypatch.setattr(K, "bwd_tma_cluster", cluster)
+    d = DTYPES[dt]
+    vec, isz = loader.vec_width(d), np.dtype(d).itemsize
+    for cc in (80, 90):
+        monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, cc))
+        for rows, aligned in ((4608, True), (3, True), (4608, False)):
+            plan = K._bwd_tma_plan(d, rows, cols, acc, aligned)
+            nvec = cols // vec
+            limit = _PlanKernel("", 72).max_threads_per_block
+            fits = (cc >= 90 and acc and aligned and cols % vec == 0 and 32 < loader.row_tpr(nvec, 1 if nvec <= 256
+                    else 2) <= limit and 2 * 2 * cols * isz <= 232448 - 2048)
+            if not fits:
+                assert plan is None
+                continue
+            kernel, (grid,), (block,), st, smem, cl = plan
+            vpt = 1 if nvec <= 256 else 2
+            if cl == 1:
+                assert kernel.name == f"norm_bwd_tma<{{T}}, {vpt}, {acc}, {K.bwd_tma_regs}>"
+            else:
+                assert kernel.name == f"norm_bwd_tma_cl<{{T}}, {vpt}, {acc}, {cl}, {K.bwd_tma_regs}>"
+                assert grid % cl == 0
+            assert block % 32 == 0 and 32 < block <= kernel.max_threads_per_block and block * vpt >= nvec
+            assert 2 <= st <= stages and smem == st * 2 * cols * isz and smem + 2048 <= 232448
+            assert cl <= grid <= max(cl, min(rows, 132 * K._occupancy(kernel, block, smem)))
 
 
 def test_backward_cluster_plan_falls_back_when_it_does_not_compile(monkeypatch):
