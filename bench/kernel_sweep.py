@@ -6,8 +6,8 @@ before each call, each call timed alone with CUDA events, median of 30):
         and blocks per SM, against the per-block part rows and torch;
   gn    GroupNorm forward / backward: the register-slice kernels against the shared-memory ones and torch;
   tma   rms_norm / layer_norm backward with weight gradients: the bulk-copy kernel (norm_bwd_tma) by vectors per
-        thread, stages, blocks per SM, register cap and where the part rows are summed (same launch or column_sum),
-        against norm_bwd_cl.
+        thread, stages, cluster size and whether the column_sum is a programmatic dependent launch, against
+        norm_bwd_cl; then the kernel alone and the column sums alone.
 Run: PYTHONPATH=$PWD python3 bench/kernel_sweep.py [act,rms,gn,tma]"""
 import itertools
 import statistics
@@ -208,31 +208,39 @@ def tma_sweep():
     show("tma default (no GPU wait before)")
     B.HOLD_US = 300
     K.bwd_tma = True
-    sums = ((1, 1, 0), (1, 0, 0), (1, 0, 1), (2, 0, 0), (2, 0, 1))  # (cluster, same-launch sums, dependent launch)
-    for stages, regs, (cl, fin, dep) in itertools.product((2, 3, 4), (80,), sums):
-        K.bwd_tma_stages, K.bwd_tma_regs, K.bwd_tma_cluster = stages, regs, cl
-        K.bwd_tma_finish, K.bwd_tma_dependent = bool(fin), bool(dep)
-        tag = f"tma st {stages} regs {regs} cl {cl} fin {fin} dep {dep}"
+    sums = ((1, 0), (1, 1), (2, 0), (2, 1), (4, 1))  # (cluster, dependent launch)
+    for stages, regs, (cl, dep) in itertools.product((2, 3), (80,), sums):
+        K.bwd_tma_stages, K.bwd_tma_regs, K.bwd_tma_cluster, K.bwd_tma_dependent = stages, regs, cl, bool(dep)
+        tag = f"tma st {stages} regs {regs} cl {cl} dep {dep}"
         try:
             show(tag)
         except Exception as e:  # noqa: BLE001  (a plan the GPU refuses: print and go on)
             print(f"{tag}: {type(e).__name__}: {e}"[:300], flush=True)
-    print(f"coop refused: {len(K._coop_failed)}")
+    K.bwd_tma_stages, K.bwd_tma_regs, K.bwd_tma_cluster, K.bwd_tma_dependent = 3, 80, 2, True
+    g, gdy = B.randn((2, 320, 128, 128)), B.randn((2, 320, 128, 128))
+    gw, gb = B.randn((320,)) + 1, B.randn((320,))
+    _, gm, gr = K.group_norm_forward(g, 32, gw, gb, 1e-5)
+    for ty in (32, 16, 8, 4):
+        L.column_sum_rows = ty
+        show(f"tma default, column_sum block (32, {ty})")
+        print(f"    group_norm bwd affine 2x320x128x128: "
+              f"{B.time_ms(lambda: K.group_norm_backward(gdy, g, 32, gw, gm, gr, gb)):.4f}", flush=True)
+    L.column_sum_rows = 32
     # where the time goes (stages 3, regs 80): the kernel alone (part rows, no sums), the column sums alone
     K.bwd_tma_stages, K.bwd_tma_regs = 3, 80
-    for cl in (1, 2):
+    for cl in (1, 2, 4):
         K.bwd_tma_cluster = cl
         for acc, name in ((1, "rms"), (2, "ln_aff")):
             kernel, grid, block, stages, smem, _ = K._bwd_tma_plan(x.dtype, 4608, 3072, acc, True)
             parts = cp.empty((acc, grid[0] // cl, 3072), dtype=np.float32)
             dx = cp.empty_like(x)
             args = (dy, x, w, L.null() if acc == 1 else mean, rs if acc == 1 else rstd, dx, parts[0],
-                    parts[acc - 1] if acc == 2 else L.null(), L.null(), L.null(), L.null(), L.i64(4608), L.i32(3072),
-                    L.i32(int(acc == 1)), L.i32(0), L.i32(stages), L.i32(0))
+                    parts[acc - 1] if acc == 2 else L.null(), L.i64(4608), L.i32(3072), L.i32(int(acc == 1)),
+                    L.i32(0), L.i32(stages))
             t_k = B.time_ms(lambda: L.launch(kernel, grid, block, args, shared_mem=smem))
             t_s = B.time_ms(lambda: L.column_sum("norms", "column_sum", parts, x.dtype))
             print(f"cl {cl} {name}: kernel alone {t_k:.4f}  column_sum of {parts.shape} alone {t_s:.4f}", flush=True)
-    K.bwd_tma_stages, K.bwd_tma_regs, K.bwd_tma_cluster, K.bwd_tma_finish, K.bwd_tma_dependent = 4, 80, 1, True, True
+    K.bwd_tma_stages, K.bwd_tma_regs, K.bwd_tma_cluster, K.bwd_tma_dependent = 3, 80, 2, True
 
 
 if __name__ == "__main__":

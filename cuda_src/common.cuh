@@ -278,6 +278,29 @@ __device__ __forceinline__ float group_max(float v, int tpr, float* smem) {
     return block_max(v, smem);
 }
 
+// ---------------------------------------------------------------------------------------------- L2 loads
+// Loads of fp32 rows written by other blocks or by the kernel before (a programmatic dependent launch may start
+// before it ends): ld.global.cg (L2, never a stale L1 line).
+__device__ __forceinline__ void add4(float (&a)[4], const float4& q) {
+    a[0] += q.x;
+    a[1] += q.y;
+    a[2] += q.z;
+    a[3] += q.w;
+}
+
+__device__ __forceinline__ float4 ld_cg4(const float* p) {  // __ldcg in PTX (no header dependency under NVRTC)
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p)
+                 : "memory");
+    return v;
+}
+
+__device__ __forceinline__ float ld_cg(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+    return v;
+}
+
 // ---------------------------------------------------------------------------------------------- dependent launches
 // Programmatic dependent launch (sm_90; loader.launch(..., pdl=True)): a kernel launched with programmatic stream
 // serialization may start while the kernel before it in the stream still runs, once that kernel has executed
@@ -296,7 +319,7 @@ __device__ __forceinline__ void grid_dependency_wait() {
 #endif
 }
 
-// Deterministic column sums: out[c] = sum_p part[p * cols + c] (fp32), cast to T. Block (32, 32),
+// Deterministic column sums: out[c] = sum_p part[p * cols + c] (fp32), cast to T. Block (32, ty <= 32),
 // grid (cdiv(cols, 32), batches): batch y reads part + y * parts * cols and writes out + y * cols.
 template <typename T>
 __device__ __forceinline__ void column_sum_body(const float* __restrict__ part, T* __restrict__ out, int parts,
@@ -305,16 +328,24 @@ __device__ __forceinline__ void column_sum_body(const float* __restrict__ part, 
     grid_dependency_wait();  // launched as a programmatic dependent of the kernel that wrote `part`
     part += (i64)blockIdx.y * parts * cols;
     out += (i64)blockIdx.y * cols;
-    const int c = blockIdx.x * 32 + threadIdx.x;
+    const int c = blockIdx.x * 32 + threadIdx.x, ty = blockDim.y;
+    constexpr int U = 8;  // loads in flight per thread; the adds keep the row order p, p + ty, ...
     float acc = 0.f;
     if (c < cols)
-        for (int p = threadIdx.y; p < parts; p += 32) acc += part[(i64)p * cols + c];
+        for (int p = threadIdx.y; p < parts; p += ty * U) {
+            float v[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (p + ty * u < parts) v[u] = ld_cg(part + (i64)(p + ty * u) * cols + c);
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (p + ty * u < parts) acc += v[u];
+        }
     tile[threadIdx.y][threadIdx.x] = acc;
     __syncthreads();
     if (threadIdx.y == 0) {
         float s = 0.f;
-#pragma unroll 8
-        for (int k = 0; k < 32; ++k) s += tile[k][threadIdx.x];
+        for (int k = 0; k < ty; ++k) s += tile[k][threadIdx.x];
         if (c < cols) out[c] = from_f32<T>(s);
     }
 }
@@ -348,26 +379,6 @@ __device__ __forceinline__ bool last_arrival(unsigned* __restrict__ counter, uns
 // ranges also split the rows over `ways` lanes (a power of two) combined by a fixed shuffle tree, so the result
 // does not depend on which block sums. Loads bypass L1 (ld.global.cg: the rows come from other SMs) and U of
 // them per thread are in flight at once (U 16-byte registers: 4 where the kernel is short of registers).
-__device__ __forceinline__ void add4(float (&a)[4], const float4& q) {
-    a[0] += q.x;
-    a[1] += q.y;
-    a[2] += q.z;
-    a[3] += q.w;
-}
-
-__device__ __forceinline__ float4 ld_cg4(const float* p) {  // __ldcg in PTX (no header dependency under NVRTC)
-    float4 v;
-    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p)
-                 : "memory");
-    return v;
-}
-
-__device__ __forceinline__ float ld_cg(const float* p) {
-    float v;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
-    return v;
-}
-
 template <int U = 8, typename F>
 __device__ __forceinline__ void sum_rows(const float* __restrict__ part, i64 ld, i64 row0, i64 rstride, int nrows,
                                          int c0, int c1, F put) {
@@ -490,28 +501,5 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned b
                  ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
 }
 #endif
-
-// ---------------------------------------------------------------------------------------------- grid barrier
-// Every block of a 1-D grid waits until all have arrived; writes before it are visible to every block after it.
-// Only for cooperative launches (cuLaunchCooperativeKernel: the driver guarantees all blocks are resident at once;
-// an ordinary launch can deadlock). `bar`: one uint32 in device memory used by one launch at a time (launches of a
-// stream run in order). Block 0 adds 2^31 - (gridDim.x - 1), the others 1: the top bit flips exactly when the last
-// block arrives and the low bits return to where they were, so the word needs no reset between launches.
-__device__ __forceinline__ void grid_barrier(unsigned* bar) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const unsigned inc = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1u) : 1u;
-        __threadfence();
-        const unsigned old = atomicAdd(bar, inc);
-        unsigned cur;
-        while (true) {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(cur) : "l"(bar) : "memory");
-            if ((old ^ cur) & 0x80000000u) break;
-            __nanosleep(32);  // fewer polls of the one word while the arrivals are still adding to it
-        }
-        __threadfence();
-    }
-    __syncthreads();
-}
 
 #endif  // FLAME_COMMON_CUH

@@ -947,64 +947,12 @@ __global__ void __cluster_dims__(CL, 1, 1) __maxnreg__(REGS) norm_bwd_cl(NORM_BW
 // block keeps `stages` rows (x and dy) in flight, so the loads run ahead of the reductions without the next row
 // sitting in registers, and the registers hold the weight-gradient partials instead (no per-row shared-memory adds).
 // Block b handles rows b, b + gridDim.x, ... and writes its partials as part row b of dw_part / db_part (gridDim.x
-// rows; either may be null). `barrier` non-null (cooperative launches only): after a grid barrier the blocks sum the
-// part rows themselves (norm_bwd_finish) into dw_out / db_out (T, or fp32 where of32); null: column_sum sums them
-// after the launch. Dynamic shared memory: stages * 2 * cols * sizeof(T) bytes. Python asks for
+// rows; either may be null); column_sum sums them after the launch (as a programmatic dependent launch: this kernel
+// lets it start at once, and it waits for this grid before reading). Dynamic shared memory: stages * 2 * cols *
+// sizeof(T) bytes. Python asks for
 // "norm_bwd_tma<T, VPT, ACC, REGS>" or "norm_bwd_tma_cl<T, VPT, ACC, CL, REGS>" on sm_90+ only; REGS caps the
 // registers per thread (__maxnreg__).
 #define NORM_TMA_MAX_STAGES 8
-
-// The column sums of the part rows in the same launch (after grid_barrier): jobs of 4 * W4 columns of one quantity
-// (W4 = 2: a whole 32-byte sector per part row); block b takes jobs b, b + gridDim.x, ...; its threads add the rows
-// t, t + blockDim.x, ... and then combine through warp shuffles and shared memory, in a fixed order (deterministic).
-// `red`: 32 * 4 * W4 floats of shared memory.
-template <typename T, int ACC, int W4>
-__device__ __forceinline__ void norm_bwd_finish(const float* __restrict__ dw_part, const float* __restrict__ db_part,
-                                                void* __restrict__ dw_out, void* __restrict__ db_out, int parts,
-                                                int cols, int of32, float* red) {
-    constexpr int W = 4 * W4, U = 4;
-    const int per = cols / W, jobs = ACC * per, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int nw = blockDim.x >> 5;
-    for (int j = blockIdx.x; j < jobs; j += gridDim.x) {
-        const int a = j / per, c = (j % per) * W;
-        const float* src = a ? db_part : dw_part;
-        if (src == nullptr) continue;  // block-uniform
-        src += c;
-        float s[W];
-#pragma unroll
-        for (int k = 0; k < W; ++k) s[k] = 0.f;
-        for (int p = threadIdx.x; p < parts; p += U * blockDim.x) {
-            float4 q[U][W4];
-#pragma unroll
-            for (int u = 0; u < U; ++u)
-                if (p + u * (int)blockDim.x < parts)
-#pragma unroll
-                    for (int h = 0; h < W4; ++h) q[u][h] = ld_cg4(src + (i64)(p + u * blockDim.x) * cols + 4 * h);
-#pragma unroll
-            for (int u = 0; u < U; ++u)
-                if (p + u * (int)blockDim.x < parts)
-#pragma unroll
-                    for (int h = 0; h < W4; ++h) {
-                        s[4 * h] += q[u][h].x;
-                        s[4 * h + 1] += q[u][h].y;
-                        s[4 * h + 2] += q[u][h].z;
-                        s[4 * h + 3] += q[u][h].w;
-                    }
-        }
-#pragma unroll
-        for (int k = 0; k < W; ++k) s[k] = warp_sum(s[k]);
-        __syncthreads();  // the previous job's readers are done with red
-        if (lane == 0)
-#pragma unroll
-            for (int k = 0; k < W; ++k) red[warp * W + k] = s[k];
-        __syncthreads();
-        if (threadIdx.x < W) {
-            float t = 0.f;
-            for (int i = 0; i < nw; ++i) t += red[i * W + threadIdx.x];
-            store_any1<T>(a ? db_out : dw_out, c + threadIdx.x, t, of32);
-        }
-    }
-}
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 // Issues the bulk copies of row `row` (x and dy) into stage s. One thread.
@@ -1019,21 +967,19 @@ __device__ __forceinline__ void norm_tma_fill(T* sbuf, unsigned long long* full,
 
 #define NORM_TMA_PARAMS const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w, \
     const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx, float* __restrict__ dw_part, \
-    float* __restrict__ db_part, void* __restrict__ dw_out, void* __restrict__ db_out, unsigned* __restrict__ barrier, \
-    i64 rows, int cols, int rms, int wf32, int stages, int of32
-#define NORM_TMA_ARGS dy, x, w, mean, rstd, dx, dw_part, db_part, dw_out, db_out, barrier, rows, cols, rms, wf32, \
-    stages, of32
+    float* __restrict__ db_part, i64 rows, int cols, int rms, int wf32, int stages
+#define NORM_TMA_ARGS dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, rms, wf32, stages
 
 // CL > 1 (norm_bwd_tma_cl): clusters of CL blocks add their register partials through distributed shared memory
 // (parts_write_cluster; the stage buffers hold them once the rows are done): part row blockIdx.x / CL, gridDim.x / CL
-// rows; no same-launch sums then (barrier must be null).
+// rows.
 template <typename T, int VPT, int ACC, int CL>
 __device__ __forceinline__ void norm_bwd_tma_body(NORM_TMA_PARAMS) {
     static_assert(ACC >= 1 && ACC <= 2, "dw (and db)");
     constexpr int N = VecT<T>::N;
     extern __shared__ __align__(128) unsigned char norm_rows[];
     __shared__ unsigned long long full[NORM_TMA_MAX_STAGES];
-    __shared__ float red[256];
+    __shared__ float red[64];  // rg_sum2 of the block's one row group
     grid_dependents_launch();  // a programmatic dependent launch after this one (column_sum) may start its blocks
     const int tpr = blockDim.x, lane = threadIdx.x, nvec = cols / N;
     const i64 mine = rows > (i64)blockIdx.x ? (rows - 1 - blockIdx.x) / gridDim.x + 1 : 0;
@@ -1132,13 +1078,6 @@ __device__ __forceinline__ void norm_bwd_tma_body(NORM_TMA_PARAMS) {
             if (dw_part) store_f32<float, N>(dw_part + base + (i64)k * N, aw[i]);
             if (ACC == 2 && db_part) store_f32<float, N>(db_part + base + (i64)k * N, ab[i]);
         }
-    }
-    if (barrier != nullptr) {
-        grid_barrier(barrier);
-        if (cols % 8 == 0)
-            norm_bwd_finish<T, ACC, 2>(dw_part, db_part, dw_out, db_out, gridDim.x, cols, of32, red);
-        else
-            norm_bwd_finish<T, ACC, 1>(dw_part, db_part, dw_out, db_out, gridDim.x, cols, of32, red);
     }
 }
 

@@ -441,24 +441,6 @@ def launch_dependent(kernel, grid, block, args, shared_mem=0):
         raise cp.cuda.driver.CUDADriverError(err)
 
 
-def launch_cooperative(kernel, grid, block, args, shared_mem=0):
-    """Launch `kernel` cooperatively (cuLaunchCooperativeKernel): the driver guarantees every block of the grid is
-    resident at once, which a grid barrier (common.cuh, grid_barrier) needs; a grid larger than the blocks that fit
-    raises CUDADriverError (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE). Arguments as for `launch`."""
-    global launches
-    launches += 1
-    grid, block = _dims(grid), _dims(block)
-    grid, block = grid + (1,) * (3 - len(grid)), block + (1,) * (3 - len(block))
-    shared_mem = int(shared_mem)
-    if shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
-        kernel.max_dynamic_shared_size_bytes = shared_mem
-    _, params = _kernel_params(args)
-    fn = kernel._fn if isinstance(kernel, _ArchKernel) else kernel.kernel
-    cuda = backend.cupy.cuda
-    cuda.driver.launchCooperativeKernel(fn.ptr, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem,
-                                        cuda.get_current_stream().ptr, ctypes.addressof(params))
-
-
 def max_active_blocks(kernel, block_threads, shared_mem=0):
     """Blocks of `kernel` one SM holds at once with this block size and dynamic shared memory (the driver's
     occupancy calculator)."""
@@ -624,6 +606,9 @@ def null():
     return np.uint64(0)
 
 
+column_sum_rows = 32  # threads per column in column_sum's blocks of (32, column_sum_rows) (1 .. 32)
+
+
 def column_sum(stem, kernel, part, out_dtype, dependent=False):
     """Deterministic sums over axis -2 of fp32 partial rows: (parts, cols) -> (cols,) or (B, parts, cols) -> (B, cols),
     by `kernel` (a `column_sum_body` wrapper in cuda_src/<stem>.cu), in out_dtype. dependent: launched as a
@@ -633,8 +618,8 @@ def column_sum(stem, kernel, part, out_dtype, dependent=False):
     parts, cols = part.shape[-2:]
     kdt = out_dtype if dtype_name(out_dtype) in ("float32", "float16", "bfloat16") else np.float32
     out = xp.empty(part.shape[:-2] + (cols,), dtype=kdt)
-    (launch_dependent if dependent else launch)(get_function(stem, kernel, kdt), (cdiv(cols, 32), batches), (32, 32),
-                                                (part, out, i32(parts), i32(cols)))
+    (launch_dependent if dependent else launch)(get_function(stem, kernel, kdt), (cdiv(cols, 32), batches),
+                                                (32, column_sum_rows), (part, out, i32(parts), i32(cols)))
     return out.astype(out_dtype, copy=False)
 
 
@@ -657,27 +642,6 @@ def reduction_counters(n):
     buf = _counters.get(key)
     if buf is None or buf.size < n:
         buf = _counters[key] = cp.zeros((max(1024, n),), dtype=np.uint32)  # zeroed in order on this stream
-    return buf
-
-
-_barriers = {}  # (device, stream) -> the uint32 word of grid_barrier (common.cuh) for launches on that stream
-
-
-def grid_barrier_word():
-    """The device word a cooperative kernel's grid_barrier counts on: one per (device, stream), zeroed once; the
-    barrier leaves its low bits as it found them, so it needs no reset. Launches of one stream run in order and
-    concurrent streams get their own. While a CUDA graph is being captured: a fresh word from the pool (the graph's
-    private memory), zeroed by an async memset captured with the kernel."""
-    cp = backend.cupy
-    s = cp.cuda.get_current_stream()
-    if s.ptr and s.is_capturing():
-        buf = cp.empty((1,), dtype=np.uint32)
-        cp.cuda.runtime.memsetAsync(buf.data.ptr, 0, buf.nbytes, s.ptr)
-        return buf
-    key = (cp.cuda.runtime.getDevice(), s.ptr)
-    buf = _barriers.get(key)
-    if buf is None:
-        buf = _barriers[key] = cp.zeros((1,), dtype=np.uint32)
     return buf
 
 

@@ -81,18 +81,17 @@ bwd_cluster_grid = None
 bwd_cluster_smem = 1   # partials added into shared memory as the rows go (1) or kept in registers (0)
 bwd_cluster_regs = 80  # register cap of norm_bwd_cl (255: none)
 # The weight-gradient backward on sm_90+ with the rows streamed through shared memory by bulk copies (norm_bwd_tma in
-# cuda_src/norms.cu): bwd_tma_stages rows of x and dy in flight per block, the partials in registers, and (where
-# bwd_tma_finish, outside CUDA-graph capture) the part rows summed in the same, cooperative, launch after a grid
-# barrier instead of a column_sum launch. Rows of > 32 threads on the 16-byte vector path; others keep _bwd_plan.
+# cuda_src/norms.cu): bwd_tma_stages rows of x and dy in flight per block, the partials in registers, clusters of
+# bwd_tma_cluster blocks adding theirs (one part row per cluster), and the column_sum after it as a programmatic
+# dependent launch. Rows of > 32 threads on the 16-byte vector path; others keep _bwd_plan. Measured in
+# BENCHMARKS.md (bench/kernel_sweep.py tma).
 bwd_tma = True
-bwd_tma_stages = 4
+bwd_tma_stages = 3
 bwd_tma_regs = 80     # register cap of norm_bwd_tma (255: none)
 bwd_tma_vpt = None    # 16-byte vectors per thread (1 or 2); None: the fewest that keep a row within 256 threads
 bwd_tma_grid = None   # blocks per SM (None: as many as fit)
-bwd_tma_finish = True
-bwd_tma_cluster = 1   # > 1: clusters of this many blocks add their partials (part rows / cluster; no same-launch sums)
-bwd_tma_dependent = True  # the column_sum after it as a programmatic dependent launch (loader.launch_dependent)
-_coop_failed = set()  # plans whose cooperative launch the driver refused: they sum with column_sum instead
+bwd_tma_cluster = 2   # blocks per cluster (1: every block writes its own part row)
+bwd_tma_dependent = True  # the column_sum as a programmatic dependent launch (loader.launch_dependent)
 _props = {}
 
 
@@ -336,29 +335,10 @@ def _layer_bwd_tma(plan, dy, x, w, wf32, mean_arg, rstd, weight, bias, rows, col
     parts = xp.empty((1 if bias is None else 2, grid[0] // cl, cols), dtype=np.float32)  # [dw rows | db rows]
     dw_part = parts[0] if weight is not None else None
     db_part = parts[1] if bias is not None else None
-    head = (dy, x, w, mean_arg, rstd, dx, L.null() if dw_part is None else dw_part,
-            L.null() if db_part is None else db_part)
-    tail = (L.i64(rows), L.i32(cols), L.i32(rms), L.i32(wf32), L.i32(stages))
-    cp = backend.cupy
-    stream = cp.cuda.get_current_stream()
-    key = (kernel, grid, block, smem)
-    if cl == 1 and bwd_tma_finish and key not in _coop_failed and not (stream.ptr and stream.is_capturing()):
-        # the sums in the same launch: outputs in x's dtype where the parameters share it, else fp32 (then cast)
-        odt = x.dtype if all(p is None or p.dtype == x.dtype for p in (weight, bias)) else np.dtype(np.float32)
-        dw = xp.empty((cols,), dtype=odt) if weight is not None else None
-        db = xp.empty((cols,), dtype=odt) if bias is not None else None
-        try:
-            L.launch_cooperative(kernel, grid, block,
-                                 head + (L.null() if dw is None else dw, L.null() if db is None else db,
-                                         L.grid_barrier_word()) + tail + (L.i32(odt != x.dtype),), smem)
-        except cp.cuda.driver.CUDADriverError:  # more blocks than the driver can keep resident at once
-            _coop_failed.add(key)
-        else:
-            dw = dw.astype(weight.dtype, copy=False) if dw is not None else None
-            db = db.astype(bias.dtype, copy=False) if db is not None else None
-            return dx, dw, db
-    _dynamic_smem(kernel, smem)
-    L.launch(kernel, grid, block, head + (L.null(), L.null(), L.null()) + tail + (L.i32(0),), shared_mem=smem)
+    L.launch(kernel, grid, block,
+             (dy, x, w, mean_arg, rstd, dx, L.null() if dw_part is None else dw_part,
+              L.null() if db_part is None else db_part, L.i64(rows), L.i32(cols), L.i32(rms), L.i32(wf32),
+              L.i32(stages)), shared_mem=smem)
     dep = bwd_tma_dependent
     if dw_part is not None and db_part is not None and weight.dtype == bias.dtype:
         sums = L.column_sum("norms", "column_sum", parts, weight.dtype, dep)  # one launch for both
@@ -378,7 +358,7 @@ def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms):
     mean_arg = L.null() if rms else L.contiguous(mean.astype(np.float32, copy=False))
     rstd = L.contiguous(rstd.astype(np.float32, copy=False))
     aligned = x.data.ptr % 16 == 0 and dy.data.ptr % 16 == 0  # the memory pool's dx is 256-byte aligned
-    tma = _bwd_tma_plan(x.dtype, rows, cols, acc, aligned) if acc else None
+    tma = _bwd_tma_plan(x.dtype, rows, cols, acc, aligned) if acc and not single_launch_sums else None
     if tma is not None:
         return _layer_bwd_tma(tma, dy, x, w, wf32, mean_arg, rstd, weight, bias, rows, cols, rms)
     dx = xp.empty_like(x)

@@ -195,13 +195,13 @@ TMA_SHAPES = [(1, 1024), (7, 1004), (5, 2048), (300, 3072), (2000, 3072), (129, 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dt", list(DTYPES))
 @pytest.mark.parametrize("shape", TMA_SHAPES)
-@pytest.mark.parametrize("finish", ["same_launch", "column_sum", "dependent", "cluster2"])
+@pytest.mark.parametrize("finish", ["column_sum", "dependent", "cluster2", "cluster4"])
 @pytest.mark.parametrize("case", ["rms", "ln_weight", "ln_affine", "ln_bias", "ln_fp32_params"])
 def test_backward_bulk_copy_kernel(monkeypatch, ab, rng, dt, shape, finish, case):
     """norm_bwd_tma (sm_90): rows streamed through shared memory by bulk copies, the weight / bias gradients summed
-    in the same cooperative launch, by column_sum after it (an ordinary or a programmatic dependent launch), or
-    first added in pairs of blocks (norm_bwd_tma_cl); ragged row counts (fewer rows than blocks, not a multiple of
-    the grid), cols % 8 != 0 (1004 fp32: 4-column sum jobs), 1 and 2 vectors per thread."""
+    by column_sum after it (an ordinary or a programmatic dependent launch), the partials first added in clusters of
+    2 or 4 blocks (norm_bwd_tma_cl) or not; ragged row counts (fewer rows than blocks, not a multiple of the grid),
+    cols % 8 != 0 (1004 fp32), 1 and 2 vectors per thread, 2 and 4 stages."""
     from flame_core.kernels import loader
     d = DTYPES[dt]
     if K._device_props()[4] < 90:
@@ -211,16 +211,15 @@ def test_backward_bulk_copy_kernel(monkeypatch, ab, rng, dt, shape, finish, case
     if K._bwd_tma_plan(d, shape[0], shape[1], 1, True) is None:  # 12288 fp32: 1536 threads a row
         assert shape[1] // loader.vec_width(d) > 2 * 1024
         pytest.skip("a row needs more than 1024 threads at 2 vectors each: the other plans")
-    monkeypatch.setattr(K, "bwd_tma_finish", finish == "same_launch")
-    monkeypatch.setattr(K, "bwd_tma_dependent", finish == "dependent")
-    monkeypatch.setattr(K, "bwd_tma_cluster", 2 if finish == "cluster2" else 1)
+    monkeypatch.setattr(K, "bwd_tma_dependent", finish != "column_sum")
+    monkeypatch.setattr(K, "bwd_tma_cluster", int(finish[-1]) if finish.startswith("cluster") else 1)
     monkeypatch.setattr(K, "bwd_tma_stages", 2 if shape[0] == 300 else 4)
     ran = []
     real = K._layer_bwd_tma
     monkeypatch.setattr(K, "_layer_bwd_tma", lambda *a: ran.append(a[0]) or real(*a))
-    coop = []
-    real_coop = loader.launch_cooperative
-    monkeypatch.setattr(loader, "launch_cooperative", lambda *a, **k: coop.append(1) or real_coop(*a, **k))
+    dep = []
+    real_dep = loader.launch_dependent
+    monkeypatch.setattr(loader, "launch_dependent", lambda *a, **k: dep.append(1) or real_dep(*a, **k))
     x, dy = rand(rng, shape, d, loc=1.0, scale=2.0), rand(rng, shape, d)
     pdt = np.float32 if case == "ln_fp32_params" else d
     w = None if case == "ln_bias" else rand(rng, shape[-1:], pdt, loc=1.0)
@@ -233,8 +232,8 @@ def test_backward_bulk_copy_kernel(monkeypatch, ab, rng, dt, shape, finish, case
     else:
         _, mr, rr = K.layer_norm_forward(_cp(x), wc, bc, 1e-5)
         (dxk, dwk, dbk), (dxr, dwr, dbr) = ab(lambda g, a: K.layer_norm_backward(g, a, wc, mr, rr, bc), dy, x)
-    assert len(ran) == 1 and len(coop) == int(finish == "same_launch"), \
-        "the bulk-copy kernel (cooperative for same-launch sums) did not run"
+    assert len(ran) == 1 and len(dep) == int(finish != "column_sum"), \
+        "the bulk-copy kernel (with a dependent column_sum launch where asked) did not run"
     assert_close(dxk, dxr, dt, "dx", scale=2, mag=grad_mag(dy, rr, wc))
     tol_dt = "float32" if pdt == np.float32 else dt
     for got, ref, p, what in ((dwk, dwr, w, "dweight"), (dbk, dbr, b, "dbias")):
