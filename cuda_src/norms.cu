@@ -973,6 +973,22 @@ __device__ __forceinline__ void norm_tma_fill(T* sbuf, unsigned long long* full,
 // CL > 1 (norm_bwd_tma_cl): clusters of CL blocks add their register partials through distributed shared memory
 // (parts_write_cluster; the stage buffers hold them once the rows are done): part row blockIdx.x / CL, gridDim.x / CL
 // rows.
+// Vector k of a staged row (xs: x, ds: dy in shared memory): xh = (x - mu) * rs, dv = dy, g = dy * w (dy where w is
+// null; w read through L1).
+template <typename T, int N>
+__device__ __forceinline__ void norm_tma_vec(const T* xs, const T* ds, const void* __restrict__ w, int k, int wf32,
+                                             float mu, float rs, float (&xh)[N], float (&dv)[N], float (&g)[N]) {
+    float wv[N];
+    if (w) load_any<T, N>(w, (i64)k * N, wf32, wv);
+    unpack_f32<T>(*reinterpret_cast<const uint4*>(xs + k * N), xh);
+    unpack_f32<T>(*reinterpret_cast<const uint4*>(ds + k * N), dv);
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        xh[j] = (xh[j] - mu) * rs;
+        g[j] = w ? dv[j] * wv[j] : dv[j];
+    }
+}
+
 template <typename T, int VPT, int ACC, int CL>
 __device__ __forceinline__ void norm_bwd_tma_body(NORM_TMA_PARAMS) {
     static_assert(ACC >= 1 && ACC <= 2, "dw (and db)");
@@ -1019,16 +1035,12 @@ __device__ __forceinline__ void norm_bwd_tma_body(NORM_TMA_PARAMS) {
         for (int i = 0; i < VPT; ++i) {
             const int k = i * tpr + lane;
             if (k < nvec) {
-                float xv[N], dv[N], wv[N];
-                if (w) load_any<T, N>(w, (i64)k * N, wf32, wv);
-                unpack_f32<T>(*reinterpret_cast<const uint4*>(xs + k * N), xv);
-                unpack_f32<T>(*reinterpret_cast<const uint4*>(ds + k * N), dv);
+                float xh[N], dv[N], g[N];
+                norm_tma_vec<T, N>(xs, ds, w, k, wf32, mu, rs, xh, dv, g);
 #pragma unroll
                 for (int j = 0; j < N; ++j) {
-                    const float xh = (xv[j] - mu) * rs;
-                    const float g = w ? dv[j] * wv[j] : dv[j];
-                    sg += g;
-                    sgx += g * xh;
+                    sg += g[j];
+                    sgx += g[j] * xh[j];
                 }
             }
         }
@@ -1044,19 +1056,15 @@ __device__ __forceinline__ void norm_bwd_tma_body(NORM_TMA_PARAMS) {
         for (int i = 0; i < VPT; ++i) {
             const int k = i * tpr + lane;
             if (k < nvec) {
-                float xv[N], dv[N], wv[N];
-                if (w) load_any<T, N>(w, (i64)k * N, wf32, wv);
-                unpack_f32<T>(*reinterpret_cast<const uint4*>(xs + k * N), xv);
-                unpack_f32<T>(*reinterpret_cast<const uint4*>(ds + k * N), dv);
+                float xh[N], dv[N], g[N];
+                norm_tma_vec<T, N>(xs, ds, w, k, wf32, mu, rs, xh, dv, g);
 #pragma unroll
                 for (int j = 0; j < N; ++j) {
-                    const float xh = (xv[j] - mu) * rs;
-                    const float g = w ? dv[j] * wv[j] : dv[j];
-                    aw[i][j] += dv[j] * xh;
+                    aw[i][j] += dv[j] * xh[j];
                     if (ACC == 2) ab[i][j] += dv[j];
-                    xv[j] = rs * (g - mg - xh * mgx);
+                    g[j] = rs * (g[j] - mg - xh[j] * mgx);
                 }
-                *reinterpret_cast<uint4*>(dx + row * cols + (i64)k * N) = pack_f32<T>(xv);
+                *reinterpret_cast<uint4*>(dx + row * cols + (i64)k * N) = pack_f32<T>(g);
             }
         }
         if (++s == stages) {
