@@ -353,6 +353,19 @@ def _dims(d):
 launches = 0  # how many kernels `launch` started (tests use it to prove a kernel path ran)
 
 
+def _allow_smem(kernel, shared_mem):
+    """int(shared_mem), after raising the kernel's dynamic shared memory limit where the launch needs more than 48 KiB."""
+    shared_mem = int(shared_mem)
+    if shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
+        kernel.max_dynamic_shared_size_bytes = shared_mem
+    return shared_mem
+
+
+def _driver_function(kernel):
+    """The cupy.cuda.function.Function (driver CUfunction at .ptr) of a RawKernel or an _ArchKernel."""
+    return kernel._fn if isinstance(kernel, _ArchKernel) else kernel.kernel
+
+
 def launch(kernel, grid, block, args, shared_mem=0, stream=None):
     """Launch `kernel` on `grid` x `block` with `args` (cupy arrays and numpy scalars of the C parameter types)."""
     global launches
@@ -360,12 +373,7 @@ def launch(kernel, grid, block, args, shared_mem=0, stream=None):
     grid, block = _dims(grid), _dims(block)
     if type(args) is not tuple:
         args = tuple(args)
-    if shared_mem:
-        shared_mem = int(shared_mem)
-        if shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
-            kernel.max_dynamic_shared_size_bytes = shared_mem
-    else:
-        shared_mem = 0
+    shared_mem = _allow_smem(kernel, shared_mem) if shared_mem else 0
     if stream is not None:
         with stream:
             kernel(grid, block, args, shared_mem=shared_mem)
@@ -400,15 +408,7 @@ def _cu_launch_ex():
     return _launch_ex[0]
 
 
-def _kernel_params(args):
-    """(keep-alive list, void*[] array) of kernel arguments for the driver's launch calls."""
-    vals = []
-    for a in args:
-        if backend.is_cuda_array(a):
-            vals.append(ctypes.c_uint64(a.data.ptr))
-        else:
-            vals.append(ctypes.create_string_buffer(np.asarray(a).tobytes()))
-    return vals, (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
+_cc = {}  # device -> compute capability as an int (launch_dependent)
 
 
 def launch_dependent(kernel, grid, block, args, shared_mem=0):
@@ -419,46 +419,34 @@ def launch_dependent(kernel, grid, block, args, shared_mem=0):
     before sm_90, without cuLaunchKernelEx, and while a CUDA graph is being captured."""
     cp = backend.cupy
     stream = cp.cuda.get_current_stream()
-    fn = _cu_launch_ex()
-    if fn is None or int(cp.cuda.Device().compute_capability) < 90 or (stream.ptr and stream.is_capturing()):
+    dev = cp.cuda.runtime.getDevice()
+    cc = _cc.get(dev)
+    if cc is None:
+        cc = _cc[dev] = int(cp.cuda.Device(dev).compute_capability)
+    if _cu_launch_ex() is None or cc < 90 or (stream.ptr and stream.is_capturing()):
         return launch(kernel, grid, block, args, shared_mem)
-    global launches
-    launches += 1
-    grid, block = _dims(grid), _dims(block)
-    grid, block = grid + (1,) * (3 - len(grid)), block + (1,) * (3 - len(block))
-    shared_mem = int(shared_mem)
-    if shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
-        kernel.max_dynamic_shared_size_bytes = shared_mem
-    attr = _LaunchAttribute()
-    attr.id = _PROGRAMMATIC_STREAM_SERIALIZATION
-    attr.value[0] = 1
-    cfg = _LaunchConfig(grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem, stream.ptr,
-                        ctypes.pointer(attr), 1)
-    _, params = _kernel_params(args)
-    f = kernel._fn if isinstance(kernel, _ArchKernel) else kernel.kernel
-    err = fn(ctypes.byref(cfg), f.ptr, params, None)
-    if err:
-        raise cp.cuda.driver.CUDADriverError(err)
+    PackedLaunch(kernel, grid, block, args, (), _allow_smem(kernel, shared_mem), dependent=True)(())
 
 
 def max_active_blocks(kernel, block_threads, shared_mem=0):
     """Blocks of `kernel` one SM holds at once with this block size and dynamic shared memory (the driver's
     occupancy calculator)."""
-    fn = kernel._fn if isinstance(kernel, _ArchKernel) else kernel.kernel
-    return int(backend.cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, int(block_threads),
-                                                                                   int(shared_mem)))
+    return int(backend.cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+        _driver_function(kernel).ptr, int(block_threads), int(shared_mem)))
 
 
 class PackedLaunch:
     """A launch whose arguments are packed once: `__call__(pointers)` writes the pointer arguments that change from
     call to call (device addresses; the first `n_pointers` arguments, or those at the indices `n_pointers` lists)
     into the packed buffer and launches through the driver, skipping CuPy's per-argument conversion (about 0.5 us
-    per argument). For hot paths with many fixed scalars; one per thread (the buffer is rewritten at each call)."""
-    __slots__ = ("_fn", "_grid", "_block", "_smem", "_vals", "_ptrs", "_cv", "_slots", "_pa")
+    per argument). For hot paths with many fixed scalars; one per thread (the buffer is rewritten at each call).
+    dependent: launched as a programmatic dependent of the stream's previous kernel (see launch_dependent, which
+    checks that the device and driver allow it)."""
+    __slots__ = ("_fn", "_grid", "_block", "_smem", "_vals", "_ptrs", "_cv", "_slots", "_pa", "_dep")
 
-    def __init__(self, kernel, grid, block, args, n_pointers, shared_mem=0):
-        fn = kernel._fn if isinstance(kernel, _ArchKernel) else kernel.kernel
-        self._fn = fn.ptr
+    def __init__(self, kernel, grid, block, args, n_pointers, shared_mem=0, dependent=False):
+        self._fn = _driver_function(kernel).ptr
+        self._dep = dependent
         grid, block = _dims(grid), _dims(block)
         self._grid, self._block = grid + (1,) * (3 - len(grid)), block + (1,) * (3 - len(block))
         self._smem = int(shared_mem)
@@ -489,6 +477,16 @@ class PackedLaunch:
             cv[i] = v
         g, b = self._grid, self._block
         cuda = backend.cupy.cuda
+        if self._dep:
+            attr = _LaunchAttribute()
+            attr.id = _PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value[0] = 1
+            cfg = _LaunchConfig(g[0], g[1], g[2], b[0], b[1], b[2], self._smem, cuda.get_current_stream().ptr,
+                                ctypes.pointer(attr), 1)
+            err = _cu_launch_ex()(ctypes.byref(cfg), self._fn, self._pa, None)
+            if err:
+                raise cuda.driver.CUDADriverError(err)
+            return
         cuda.driver.launchKernel(self._fn, g[0], g[1], g[2], b[0], b[1], b[2], self._smem,
                                  cuda.get_current_stream().ptr, self._pa, 0)
 

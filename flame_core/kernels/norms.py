@@ -284,9 +284,17 @@ def _bwd_cluster_plan(dtype, rows, cols, acc, vpt, tpr):
     return kernel, (grid,), (block,), tpr, smem, grid // cl
 
 
+_occ = {}  # (kernel, block, smem) -> blocks per SM (the occupancy calculator's answer, asked once)
+NORM_TMA_MAX_STAGES = 8  # NORM_TMA_MAX_STAGES in cuda_src/norms.cu (one mbarrier each)
+
+
 def _occupancy(kernel, block, smem):
-    _dynamic_smem(kernel, smem)  # the calculator counts 0 blocks for more dynamic shared memory than the attribute
-    return L.max_active_blocks(kernel, block, smem)
+    key = (kernel, block, smem)
+    n = _occ.get(key)
+    if n is None:
+        _dynamic_smem(kernel, smem)  # the calculator counts 0 blocks for more dynamic shared memory than the attribute
+        n = _occ[key] = L.max_active_blocks(kernel, block, smem)
+    return n
 
 
 def _bwd_tma_plan(dtype, rows, cols, acc, aligned):
@@ -316,7 +324,7 @@ def _bwd_tma_plan(dtype, rows, cols, acc, aligned):
         return None
     row = 2 * cols * np.dtype(dtype).itemsize
     cap = _device_props()[3] - kernel.shared_size_bytes
-    stages = min(bwd_tma_stages, cap // row)
+    stages = min(bwd_tma_stages, NORM_TMA_MAX_STAGES, cap // row)
     if stages < 2:
         return None
     smem = stages * row
