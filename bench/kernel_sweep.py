@@ -5,9 +5,9 @@ before each call, each call timed alone with CUDA events, median of 30):
   rms   rms_norm / layer_norm backward with weight gradients: the cluster-partial kernel (norm_bwd_cl) by cluster size
         and blocks per SM, against the per-block part rows and torch;
   gn    GroupNorm forward / backward: the register-slice kernels against the shared-memory ones and torch;
-  tma   rms_norm / layer_norm backward with weight gradients: the bulk-copy kernel (norm_bwd_tma) by vectors per
-        thread, stages, cluster size and whether the column_sum is a programmatic dependent launch, against
-        norm_bwd_cl; then the kernel alone and the column sums alone.
+  tma   rms_norm / layer_norm backward with weight gradients: the bulk-copy kernel (norm_bwd_tma) by register cap,
+        cluster size and stages (3 interleaved rounds), against norm_bwd_cl; then the kernel
+        alone and the column sums alone for the fastest and the default.
 Run: PYTHONPATH=$PWD python3 bench/kernel_sweep.py [act,rms,gn,tma]"""
 import itertools
 import statistics
@@ -189,49 +189,56 @@ def tma_sweep():
     dst = cp.empty_like(src)
     print(f"== copy of the same bytes: {B.time_ms(lambda: cp.copyto(dst, src)):.4f}")
 
-    def show(tag):
-        got = K.rms_norm_backward(dy, x, w, rs)
-        gl = K.layer_norm_backward(dy, x, w, mean, rstd, b)
-        err = max(float(cp.abs(g.astype(np.float32) - r.astype(np.float32)).max() /
-                        (float(cp.abs(r.astype(np.float32)).max()) + 1e-30))
-                  for g, r in zip((*got, *gl), (*ref, *ref_ln)))
-        plan = K._bwd_tma_plan(x.dtype, 4608, 3072, 1, True) if K.bwd_tma else None
-        desc = f"grid {plan[1][0]} block {plan[2][0]} stages {plan[3]} cl {plan[5]}" if plan else ""
-        print(f"{tag:40s} rms {B.time_ms(lambda: K.rms_norm_backward(dy, x, w, rs)):.4f}  "
-              f"ln_aff {B.time_ms(lambda: K.layer_norm_backward(dy, x, w, mean, rstd, b)):.4f}  {desc}  "
-              f"max rel diff {err:.3g}", flush=True)
-    K.bwd_tma = False
-    show("norm_bwd_cl")
-    B.HOLD_US = 0
-    show("norm_bwd_cl (no GPU wait before)")
-    K.bwd_tma = True
-    show("tma default (no GPU wait before)")
-    B.HOLD_US = 300
-    K.bwd_tma = True
-    sums = ((1, 0), (1, 1), (2, 0), (2, 1), (4, 1))  # (cluster, dependent launch)
-    for stages, regs, (cl, dep) in itertools.product((2, 3), (80,), sums):
-        K.bwd_tma_stages, K.bwd_tma_regs, K.bwd_tma_cluster, K.bwd_tma_dependent = stages, regs, cl, bool(dep)
-        tag = f"tma st {stages} regs {regs} cl {cl} dep {dep}"
-        try:
-            show(tag)
-        except Exception as e:  # noqa: BLE001  (a plan the GPU refuses: print and go on)
-            print(f"{tag}: {type(e).__name__}: {e}"[:300], flush=True)
-    K.bwd_tma_stages, K.bwd_tma_regs, K.bwd_tma_cluster, K.bwd_tma_dependent = 3, 80, 2, True
-    g, gdy = B.randn((2, 320, 128, 128)), B.randn((2, 320, 128, 128))
-    gw, gb = B.randn((320,)) + 1, B.randn((320,))
-    _, gm, gr = K.group_norm_forward(g, 32, gw, gb, 1e-5)
-    for ty in (32, 16, 8, 4):
-        L.column_sum_rows = ty
-        show(f"tma default, column_sum block (32, {ty})")
-        print(f"    group_norm bwd affine 2x320x128x128: "
-              f"{B.time_ms(lambda: K.group_norm_backward(gdy, g, 32, gw, gm, gr, gb)):.4f}", flush=True)
-    L.column_sum_rows = 32
-    # where the time goes (stages 3, regs 80): the kernel alone (part rows, no sums), the column sums alone
-    K.bwd_tma_stages, K.bwd_tma_regs = 3, 80
-    for cl in (1, 2, 4):
-        K.bwd_tma_cluster = cl
-        for acc, name in ((1, "rms"), (2, "ln_aff")):
-            kernel, grid, block, stages, smem, _ = K._bwd_tma_plan(x.dtype, 4608, 3072, acc, True)
+    ops = {1: ("rms", lambda: K.rms_norm_backward(dy, x, w, rs), ref),
+           2: ("ln_aff", lambda: K.layer_norm_backward(dy, x, w, mean, rstd, b), ref_ln)}
+    knobs = ("bwd_tma_regs", "bwd_tma_cluster", "bwd_tma_stages")
+    default = {k: getattr(K, k) for k in knobs + ("bwd_tma",)}
+
+    def err(acc):
+        got, want = ops[acc][1](), ops[acc][2]
+        return max(float(cp.abs(g.astype(np.float32) - r.astype(np.float32)).max() /
+                         (float(cp.abs(r.astype(np.float32)).max()) + 1e-30)) for g, r in zip(got, want))
+
+    def plan_of(acc):
+        p = K._bwd_tma_plan(x.dtype, 4608, 3072, acc, True) if K.bwd_tma else None
+        return f"grid {p[1][0]} block {p[2]} stages {p[3]} cl {p[5]}" if p else "norm_bwd_cl"
+
+    def restore():
+        for k, v in default.items():
+            setattr(K, k, v)
+
+    # (regs, cluster, stages) per case; None: norm_bwd_cl (before)
+    grids = {acc: [None] + list(itertools.product(regs, (1, 2), (2, 3, 4)))
+             for acc, regs in ((1, (80, 96)), (2, (80, 88, 96)))}
+    for acc, configs in grids.items():
+        name, fn, _ = ops[acc]
+        times = {c: [] for c in configs}
+        desc = {}
+        for rnd in range(3):  # interleaved rounds: drifts hit every config alike
+            for c in configs:
+                K.bwd_tma = c is not None
+                if c is not None:
+                    for k, v in zip(knobs, c):
+                        setattr(K, k, v)
+                try:
+                    if rnd == 0:
+                        desc[c] = f"{plan_of(acc)}  max rel diff {err(acc):.3g}"
+                    times[c].append(B.time_ms(fn))
+                except Exception as e:  # noqa: BLE001  (a plan the GPU refuses: print and go on)
+                    desc[c] = f"{type(e).__name__}: {e}"[:200]
+                    times[c].append(float("inf"))
+        restore()
+        print(f"== {name} bwd 4608x3072 bf16, median of 3 interleaved rounds (ms), fastest first "
+              f"(regs, cluster, stages):")
+        for c in sorted(configs, key=lambda c: statistics.median(times[c])):
+            print(f"  {str(c):28s} {statistics.median(times[c]):.4f}  "
+                  f"({' '.join(f'{t:.4f}' for t in times[c])})  {desc[c]}", flush=True)
+        # where the time goes: the kernel alone (part rows, no sums), the column sums alone
+        best = min((c for c in configs if c), key=lambda c: statistics.median(times[c]))
+        for cfg in dict.fromkeys((best, tuple(default[k] for k in knobs))):
+            for k, v in zip(knobs, cfg):
+                setattr(K, k, v)
+            kernel, grid, block, stages, smem, cl = K._bwd_tma_plan(x.dtype, 4608, 3072, acc, True)
             parts = cp.empty((acc, grid[0] // cl, 3072), dtype=np.float32)
             dx = cp.empty_like(x)
             args = (dy, x, w, L.null() if acc == 1 else mean, rs if acc == 1 else rstd, dx, parts[0],
@@ -239,8 +246,9 @@ def tma_sweep():
                     L.i32(0), L.i32(stages))
             t_k = B.time_ms(lambda: L.launch(kernel, grid, block, args, shared_mem=smem))
             t_s = B.time_ms(lambda: L.column_sum("norms", "column_sum", parts, x.dtype))
-            print(f"cl {cl} {name}: kernel alone {t_k:.4f}  column_sum of {parts.shape} alone {t_s:.4f}", flush=True)
-    K.bwd_tma_stages, K.bwd_tma_regs, K.bwd_tma_cluster, K.bwd_tma_dependent = 3, 80, 2, True
+            print(f"  {name} {cfg} block {block}: kernel alone {t_k:.4f}  column_sum of {parts.shape} alone "
+                  f"{t_s:.4f}", flush=True)
+        restore()
 
 
 if __name__ == "__main__":

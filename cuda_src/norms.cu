@@ -989,15 +989,78 @@ __device__ __forceinline__ void norm_tma_vec(const T* xs, const T* ds, const voi
     }
 }
 
+// The block's sums of K values (every thread gets them; blockDim.x a multiple of 32); red: K * 32 floats. Safe back
+// to back. Deterministic (fixed order).
+template <int K>
+__device__ __forceinline__ void block_sum_k(float (&v)[K], float* red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();  // the previous call's readers are done with red
+    if (lane == 0)
+#pragma unroll
+        for (int k = 0; k < K; ++k) red[k * 32 + w] = v[k];
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = lane < nw ? red[k * 32 + lane] : 0.f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
+}
+
+// The first pass over a staged row (xs: x, ds: dy in shared memory): sg += sum(g), sgx += sum(g * xhat).
+template <typename T, int VPT, int N>
+__device__ __forceinline__ void norm_tma_sums(const T* xs, const T* ds, const void* __restrict__ w, int nvec,
+                                              int wf32, float mu, float rs, float& sg, float& sgx) {
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+        const int k = i * blockDim.x + threadIdx.x;
+        if (k < nvec) {
+            float xh[N], dv[N], g[N];
+            norm_tma_vec<T, N>(xs, ds, w, k, wf32, mu, rs, xh, dv, g);
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                sg += g[j];
+                sgx += g[j] * xh[j];
+            }
+        }
+    }
+}
+
+// The second pass: dx of the row (out: its first element), the weight-gradient partials aw += dy * xhat, ab += dy.
+template <typename T, int VPT, int ACC, int N>
+__device__ __forceinline__ void norm_tma_dx(const T* xs, const T* ds, const void* __restrict__ w, int nvec, int wf32,
+                                            float mu, float rs, float mg, float mgx, T* __restrict__ out,
+                                            float (&aw)[VPT][N], float (&ab)[VPT][N]) {
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+        const int k = i * blockDim.x + threadIdx.x;
+        if (k < nvec) {
+            float xh[N], dv[N], g[N];
+            norm_tma_vec<T, N>(xs, ds, w, k, wf32, mu, rs, xh, dv, g);
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                aw[i][j] += dv[j] * xh[j];
+                if (ACC == 2) ab[i][j] += dv[j];
+                g[j] = rs * (g[j] - mg - xh[j] * mgx);
+            }
+            *reinterpret_cast<uint4*>(out + (i64)k * N) = pack_f32<T>(g);
+        }
+    }
+}
+
 template <typename T, int VPT, int ACC, int CL>
 __device__ __forceinline__ void norm_bwd_tma_body(NORM_TMA_PARAMS) {
     static_assert(ACC >= 1 && ACC <= 2, "dw (and db)");
     constexpr int N = VecT<T>::N;
     extern __shared__ __align__(128) unsigned char norm_rows[];
     __shared__ unsigned long long full[NORM_TMA_MAX_STAGES];
-    __shared__ float red[64];  // rg_sum2 of the block's one row group
+    __shared__ float red[64];  // block_sum_k
     grid_dependents_launch();  // a programmatic dependent launch after this one (column_sum) may start its blocks
-    const int tpr = blockDim.x, lane = threadIdx.x, nvec = cols / N;
+    const int nvec = cols / N;
     const i64 mine = rows > (i64)blockIdx.x ? (rows - 1 - blockIdx.x) / gridDim.x + 1 : 0;
     T* sbuf = reinterpret_cast<T*>(norm_rows);  // stage s: x at sbuf + 2 s cols, dy at sbuf + (2 s + 1) cols
     if (threadIdx.x == 0) {
@@ -1029,44 +1092,17 @@ __device__ __forceinline__ void norm_bwd_tma_body(NORM_TMA_PARAMS) {
         }
         mbar_wait(&full[s], phase);
         const T* xs = sbuf + (i64)2 * s * cols;
-        const T* ds = xs + cols;
-        float sg = 0.f, sgx = 0.f;
-#pragma unroll
-        for (int i = 0; i < VPT; ++i) {
-            const int k = i * tpr + lane;
-            if (k < nvec) {
-                float xh[N], dv[N], g[N];
-                norm_tma_vec<T, N>(xs, ds, w, k, wf32, mu, rs, xh, dv, g);
-#pragma unroll
-                for (int j = 0; j < N; ++j) {
-                    sg += g[j];
-                    sgx += g[j] * xh[j];
-                }
-            }
-        }
-        rg_sum2(sg, sgx, tpr, red);
-        // every thread is past the previous row (its barrier above): refill that stage, `stages` rows on
+        float v[2] = {0.f, 0.f};
+        norm_tma_sums<T, VPT, N>(xs, xs + cols, w, nvec, wf32, mu, rs, v[0], v[1]);
+        block_sum_k<2>(v, red);
+        // every thread is past the previous row (its barriers above): refill that stage, `stages` rows on
         if (threadIdx.x == 0 && it >= 1 && it - 1 + stages < mine) {
             fence_proxy_async();
             norm_tma_fill<T>(sbuf, full, s == 0 ? stages - 1 : s - 1, x, dy, row + (i64)(stages - 1) * gridDim.x,
                              cols);
         }
-        const float mg = rms ? 0.f : sg * inv_cols, mgx = sgx * inv_cols;
-#pragma unroll
-        for (int i = 0; i < VPT; ++i) {
-            const int k = i * tpr + lane;
-            if (k < nvec) {
-                float xh[N], dv[N], g[N];
-                norm_tma_vec<T, N>(xs, ds, w, k, wf32, mu, rs, xh, dv, g);
-#pragma unroll
-                for (int j = 0; j < N; ++j) {
-                    aw[i][j] += dv[j] * xh[j];
-                    if (ACC == 2) ab[i][j] += dv[j];
-                    g[j] = rs * (g[j] - mg - xh[j] * mgx);
-                }
-                *reinterpret_cast<uint4*>(dx + row * cols + (i64)k * N) = pack_f32<T>(g);
-            }
-        }
+        const float mg = rms ? 0.f : v[0] * inv_cols, mgx = v[1] * inv_cols;
+        norm_tma_dx<T, VPT, ACC, N>(xs, xs + cols, w, nvec, wf32, mu, rs, mg, mgx, dx + row * cols, aw, ab);
         if (++s == stages) {
             s = 0;
             phase ^= 1u;
@@ -1074,14 +1110,14 @@ __device__ __forceinline__ void norm_bwd_tma_body(NORM_TMA_PARAMS) {
     }
     if constexpr (CL > 1) {
         __syncthreads();  // every thread is done with the stage buffers: they take the partials
-        parts_write_cluster<ACC, VPT, N, CL, false>(aw, ab, dw_part, db_part, cols, nvec, tpr, lane, 0, 1,
-                                                    reinterpret_cast<float*>(norm_rows));
+        parts_write_cluster<ACC, VPT, N, CL, false>(aw, ab, dw_part, db_part, cols, nvec, blockDim.x, threadIdx.x,
+                                                    0, 1, reinterpret_cast<float*>(norm_rows));
         return;
     }
     const i64 base = (i64)blockIdx.x * cols;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-        const int k = i * tpr + lane;
+        const int k = i * blockDim.x + threadIdx.x;
         if (k < nvec) {
             if (dw_part) store_f32<float, N>(dw_part + base + (i64)k * N, aw[i]);
             if (ACC == 2 && db_part) store_f32<float, N>(db_part + base + (i64)k * N, ab[i]);
