@@ -329,7 +329,7 @@ __device__ __forceinline__ void column_sum_body(const float* __restrict__ part, 
     part += (i64)blockIdx.y * parts * cols;
     out += (i64)blockIdx.y * cols;
     const int c = blockIdx.x * 32 + threadIdx.x, ty = blockDim.y;
-    constexpr int U = 8;  // loads in flight per thread; the adds keep the row order p, p + ty, ...
+    constexpr int U = 16;  // loads in flight per thread (one round for <= 16 ty rows); the adds keep the row order
     float acc = 0.f;
     if (c < cols)
         for (int p = threadIdx.y; p < parts; p += ty * U) {

@@ -443,8 +443,50 @@ __device__ __forceinline__ void cluster_sums2(float a, float b, float* sm, float
     }
 }
 
-// y = (x - mean) * rstd * w[c] + bias[c] over the group of this cluster.
-template <typename T, int N, bool ONE>
+// Waits until at most n of this thread's cp.async commit groups are pending (n: 0 .. 3, a constant once unrolled).
+__device__ __forceinline__ void cp_async_wait_pending(int n) {
+    switch (n) {
+        case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+        case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+        case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+        default: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+    }
+}
+
+// cache_slice for the 16-byte path in GN_CHUNKS commit groups, and as each group lands the thread's sums of (v - c)
+// and (v - c)^2 over the vectors it copied itself (its own cp.async writes are visible to it after the wait; the
+// others' only after a block barrier): the statistics are done when the last copy lands.
+#define GN_CHUNKS 4  // <= 4 (cp_async_wait_pending)
+template <typename T, int N>
+__device__ __forceinline__ void cache_slice_sums(const T* __restrict__ src, T* __restrict__ cache, int nv, float c,
+                                                 float& s, float& s2) {
+#pragma unroll
+    for (int ch = 0; ch < GN_CHUNKS; ++ch) {
+        const int k1 = (int)((i64)nv * (ch + 1) / GN_CHUNKS);
+        for (int k = (int)((i64)nv * ch / GN_CHUNKS) + threadIdx.x; k < k1; k += blockDim.x)
+            cp_async16(cache + (i64)k * N, src + (i64)k * N);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+#pragma unroll
+    for (int ch = 0; ch < GN_CHUNKS; ++ch) {
+        cp_async_wait_pending(GN_CHUNKS - 1 - ch);
+        const int k1 = (int)((i64)nv * (ch + 1) / GN_CHUNKS);
+        for (int k = (int)((i64)nv * ch / GN_CHUNKS) + threadIdx.x; k < k1; k += blockDim.x) {
+            float v[N];
+            cached<T, N>(cache, k, v);
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                const float d = v[j] - c;
+                s += d;
+                s2 += d * d;
+            }
+        }
+    }
+}
+
+// y = (x - mean) * rstd * w[c] + bias[c] over the group of this cluster. STATS: the block statistics in two passes
+// over the cache (0), in one pass after it is loaded (1) or as it loads (2, cache_slice_sums; 16-byte path).
+template <typename T, int N, int STATS>
 __device__ __forceinline__ void gn_fwd_cluster_body(const T* __restrict__ x, const float* __restrict__ w,
                                                     const float* __restrict__ bias, T* __restrict__ y,
                                                     float* __restrict__ mean_out, float* __restrict__ rstd_out,
@@ -457,25 +499,33 @@ __device__ __forceinline__ void gn_fwd_cluster_body(const T* __restrict__ x, con
     const int cnt = (int)(hi - lo), nv = cnt / N;
     float* scratch = sm;
     T* cache = reinterpret_cast<T*>(reinterpret_cast<char*>(sm) + GN_HEAD);
-    cache_slice<T, N>(x + grp * m + lo, cache, cnt);
-    __syncthreads();
-    // this block's count, mean and M2: around its own mean (two passes over the cache), or (ONE) from the sums of
-    // (x - c) and (x - c)^2 around c = the slice's first element (one pass)
+    constexpr bool AS_IT_LOADS = STATS == 2 && N > 1;
+    if constexpr (!AS_IT_LOADS) {
+        cache_slice<T, N>(x + grp * m + lo, cache, cnt);
+        __syncthreads();
+    }
+    // this block's count, mean and M2: around its own mean (two passes over the cache), or (STATS 1, 2) from the sums
+    // of (x - c) and (x - c)^2 around c = the slice's first element (one pass)
     float mb, q;
-    if constexpr (ONE) {
-        const float c = cnt > 0 ? to_f32(cache[0]) : 0.f;
-        float s = 0.f, s2 = 0.f;
-        for (int k = threadIdx.x; k < nv; k += blockDim.x) {
-            float v[N];
-            cached<T, N>(cache, k, v);
+    if constexpr (STATS != 0) {
+        float s = 0.f, s2 = 0.f, c;
+        if constexpr (AS_IT_LOADS) {
+            c = cnt > 0 ? to_f32(x[grp * m + lo]) : 0.f;
+            cache_slice_sums<T, N>(x + grp * m + lo, cache, nv, c, s, s2);
+        } else {
+            c = cnt > 0 ? to_f32(cache[0]) : 0.f;
+            for (int k = threadIdx.x; k < nv; k += blockDim.x) {
+                float v[N];
+                cached<T, N>(cache, k, v);
 #pragma unroll
-            for (int j = 0; j < N; ++j) {
-                const float d = v[j] - c;
-                s += d;
-                s2 += d * d;
+                for (int j = 0; j < N; ++j) {
+                    const float d = v[j] - c;
+                    s += d;
+                    s2 += d * d;
+                }
             }
         }
-        block_sum2(s, s2, scratch);
+        block_sum2(s, s2, scratch);  // its first barrier: every thread's copies have landed (the cache is whole)
         const float md = cnt > 0 ? s / (float)cnt : 0.f;
         mb = c + md;
         q = cnt > 0 ? fmaxf(s2 - s * md, 0.f) : 0.f;
@@ -614,7 +664,8 @@ __device__ __forceinline__ void gn_bwd_cluster_body(const T* __restrict__ dy, co
 // Grid: (N * G * GN_CL) blocks of GN_THREADS, CL = GN_CL (a template argument so that the per-dtype module of this
 // file, compiled for any GPU, does not contain it: Python asks for "gn_fwd_cluster<T, 8>" on sm_90+ only).
 // Dynamic smem: GN_HEAD + S * sizeof(T) bytes (forward and backward: x only).
-// ONE: the block statistics in one pass over the cache (see gn_fwd_cluster_body), else two.
+// ONE: the block statistics in two passes over the cache (0), one pass (1) or one pass as it loads (2); see
+// gn_fwd_cluster_body.
 template <typename T, int CL, int ONE>
 __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(GN_THREADS)
     gn_fwd_cluster(const T* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
@@ -624,9 +675,9 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(GN_THREADS)
     extern __shared__ __align__(16) float gn_sm[];
     constexpr int N = VecT<T>::N;
     if (hw % N == 0 && aligned16(x) && aligned16(y))
-        gn_fwd_cluster_body<T, N, ONE != 0>(x, w, bias, y, mean_out, rstd_out, groups, cpg, hw, eps, gn_sm);
+        gn_fwd_cluster_body<T, N, ONE>(x, w, bias, y, mean_out, rstd_out, groups, cpg, hw, eps, gn_sm);
     else
-        gn_fwd_cluster_body<T, 1, ONE != 0>(x, w, bias, y, mean_out, rstd_out, groups, cpg, hw, eps, gn_sm);
+        gn_fwd_cluster_body<T, 1, ONE>(x, w, bias, y, mean_out, rstd_out, groups, cpg, hw, eps, gn_sm);
 }
 
 template <typename T, int CL>

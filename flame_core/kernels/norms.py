@@ -87,10 +87,10 @@ bwd_cluster_regs = 80  # register cap of norm_bwd_cl (255: none)
 # BENCHMARKS.md (bench/kernel_sweep.py tma).
 bwd_tma = True
 bwd_tma_stages = 3
-bwd_tma_regs = 80     # register cap of norm_bwd_tma (255: none)
+bwd_tma_regs = 96     # register cap of norm_bwd_tma (255: none): 96 fits 3 blocks of 192 threads per SM
 bwd_tma_vpt = None    # 16-byte vectors per thread (1 or 2); None: the fewest that keep a row within 256 threads
 bwd_tma_grid = None   # blocks per SM (None: as many as fit)
-bwd_tma_cluster = 2   # blocks per cluster (1: every block writes its own part row)
+bwd_tma_cluster = 1   # blocks per cluster (1: every block writes its own part row)
 bwd_tma_dependent = True  # the column_sum as a programmatic dependent launch (loader.launch_dependent)
 _props = {}
 
@@ -514,10 +514,12 @@ GN_REG_V = (2, 4, 6, 8, 10)  # the instantiated register slots per thread (12 sp
 # 4 blocks per SM by registers against 5 by shared memory); the backward (dy read once) wins at every V measured.
 GN_REG_FWD_MAX_V = 4
 use_gn_reg = True
-# The shared-memory forward's block statistics in one pass over its cache (1: sums around the slice's first element)
-# or two (0: mean, then M2 around it). Both measured 0.0205 ms at 2x320x128x128 (bench/kernel_sweep.py gn, H100): the
-# exact two-pass form stays the default.
-gn_one_pass = 0
+# The shared-memory forward's block statistics: two passes over its cache (0: mean, then M2 around it), one pass
+# (1: sums of (x - c) and (x - c)^2 around the slice's first element c) or the same one pass as the slice loads (2:
+# the copies in 4 commit groups, each summed as it lands, so the statistics are done with the load). bench/kernel_sweep.py
+# gn (H100, 3 interleaved rounds): 2x320x128x128 0.0206 / 0.0202 / 0.0195 ms, 2x960x64x64 0.0180 / 0.0173 / 0.0170,
+# 2x640x64x64 0.0141 / 0.0136 / 0.0143.
+gn_one_pass = 2
 
 
 def _gn_reg_v(x, cpg, hw, *arrays):

@@ -82,12 +82,13 @@ SHAPES = [((1, 4, 1), 2), ((2, 6, 7), 3), ((3, 32, 5, 5), 32), ((2, 64, 9, 11), 
 @pytest.mark.parametrize("dt", list(DTYPES))
 @pytest.mark.parametrize("shape,g", SHAPES)
 @pytest.mark.parametrize("affine", [False, True])
-@pytest.mark.parametrize("path", ["reg", "cluster", "cluster1", "split"])
+@pytest.mark.parametrize("path", ["reg", "cluster", "cluster1", "cluster2", "split"])
 def test_group_norm_kernel(ab, rng, monkeypatch, dt, shape, g, affine, path):
     import cupy as cp
     monkeypatch.setattr(K, "use_cluster", path != "split")  # cluster: sm_90+ only (else the split path runs)
     monkeypatch.setattr(K, "use_gn_reg", path == "reg")     # register slices where they fit, else shared memory
-    monkeypatch.setattr(K, "gn_one_pass", int(path == "cluster1"))  # shared-memory forward: 1 or 2 statistics passes
+    # shared-memory forward: 2 statistics passes (cluster), 1 (cluster1), 1 as the slice loads (cluster2)
+    monkeypatch.setattr(K, "gn_one_pass", int(path[-1]) if path in ("cluster1", "cluster2") else 0)
     d = DTYPES[dt]
     x, dy = rand(rng, shape, d, loc=1.5, scale=2.0), rand(rng, shape, d)
     w = cp.asarray(rand(rng, shape[1:2], np.float32, loc=1.0)) if affine else None
