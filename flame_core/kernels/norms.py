@@ -88,6 +88,7 @@ bwd_cluster_regs = 80  # register cap of norm_bwd_cl (255: none)
 bwd_tma = True
 bwd_tma_stages = 3
 bwd_tma_regs = 96     # register cap of norm_bwd_tma (255: none): 96 fits 3 blocks of 192 threads per SM
+BWD_TMA_MIN_REGS = 80  # rows of more threads than the SM's registers allow at bwd_tma_regs get a lower cap, >= this
 bwd_tma_vpt = None    # 16-byte vectors per thread (1 or 2); None: the fewest that keep a row within 256 threads
 bwd_tma_grid = None   # blocks per SM (None: as many as fit)
 bwd_tma_cluster = 1   # blocks per cluster (1: every block writes its own part row)
@@ -313,10 +314,13 @@ def _bwd_tma_plan(dtype, rows, cols, acc, aligned):
     tpr = L.row_tpr(nvec, vpt)
     if tpr <= 32 or tpr > 1024:
         return None
+    regs = min(bwd_tma_regs, _device_props()[0] // tpr // 8 * 8)  # one block's registers fit the SM
+    if regs < min(bwd_tma_regs, BWD_TMA_MIN_REGS):
+        return None
     try:
         cl = bwd_tma_cluster
-        name = (f"norm_bwd_tma_cl<{{T}}, {vpt}, {acc}, {cl}, {bwd_tma_regs}>" if cl > 1 else
-                f"norm_bwd_tma<{{T}}, {vpt}, {acc}, {bwd_tma_regs}>")
+        name = (f"norm_bwd_tma_cl<{{T}}, {vpt}, {acc}, {cl}, {regs}>" if cl > 1 else
+                f"norm_bwd_tma<{{T}}, {vpt}, {acc}, {regs}>")
         kernel = L.get_function("norms", name, dtype)
     except KernelCompileError:  # e.g. an NVRTC before CUDA 12.4 (no __maxnreg__)
         return None

@@ -341,17 +341,21 @@ def test_backward_bulk_copy_plan(monkeypatch, cols, dt, acc, stages, cluster):
             plan = K._bwd_tma_plan(d, rows, cols, acc, aligned)
             nvec = cols // vec
             limit = _PlanKernel("", 72).max_threads_per_block
-            fits = (cc >= 90 and acc and aligned and cols % vec == 0 and 32 < loader.row_tpr(nvec, 1 if nvec <= 256
-                    else 2) <= limit and 2 * 2 * cols * isz <= 232448 - 2048)
+            tpr = loader.row_tpr(nvec, 1 if nvec <= 256 else 2)
+            fits = (cc >= 90 and acc and aligned and cols % vec == 0 and 32 < tpr <= limit
+                    and 65536 // tpr // 8 * 8 >= min(K.bwd_tma_regs, K.BWD_TMA_MIN_REGS)
+                    and 2 * 2 * cols * isz <= 232448 - 2048)
             if not fits:
                 assert plan is None
                 continue
             kernel, (grid,), (block,), st, smem, cl = plan
             vpt = 1 if nvec <= 256 else 2
+            regs = min(K.bwd_tma_regs, 65536 // block // 8 * 8)  # lowered for wide rows, never below 80
+            assert regs >= min(K.bwd_tma_regs, K.BWD_TMA_MIN_REGS)
             if cl == 1:
-                assert kernel.name == f"norm_bwd_tma<{{T}}, {vpt}, {acc}, {K.bwd_tma_regs}>"
+                assert kernel.name == f"norm_bwd_tma<{{T}}, {vpt}, {acc}, {regs}>"
             else:
-                assert kernel.name == f"norm_bwd_tma_cl<{{T}}, {vpt}, {acc}, {cl}, {K.bwd_tma_regs}>"
+                assert kernel.name == f"norm_bwd_tma_cl<{{T}}, {vpt}, {acc}, {cl}, {regs}>"
                 assert grid % cl == 0
             assert block % 32 == 0 and 32 < block <= kernel.max_threads_per_block and block * vpt >= nvec
             assert 2 <= st <= stages and smem == st * 2 * cols * isz and smem + 2048 <= 232448
