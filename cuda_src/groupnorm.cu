@@ -443,6 +443,22 @@ __device__ __forceinline__ void cluster_sums2(float a, float b, float* sm, float
     }
 }
 
+// s += sum(v - c), s2 += sum((v - c)^2) over the cached vectors k = k0 + threadIdx.x, + blockDim.x, ... < k1.
+template <typename T, int N>
+__device__ __forceinline__ void shifted_sums(const T* __restrict__ cache, int k0, int k1, float c, float& s,
+                                             float& s2) {
+    for (int k = k0 + threadIdx.x; k < k1; k += blockDim.x) {
+        float v[N];
+        cached<T, N>(cache, k, v);
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            const float d = v[j] - c;
+            s += d;
+            s2 += d * d;
+        }
+    }
+}
+
 // Waits until at most n of this thread's cp.async commit groups are pending (n: 0 .. 3, a constant once unrolled).
 __device__ __forceinline__ void cp_async_wait_pending(int n) {
     switch (n) {
@@ -470,17 +486,7 @@ __device__ __forceinline__ void cache_slice_sums(const T* __restrict__ src, T* _
 #pragma unroll
     for (int ch = 0; ch < GN_CHUNKS; ++ch) {
         cp_async_wait_pending(GN_CHUNKS - 1 - ch);
-        const int k1 = (int)((i64)nv * (ch + 1) / GN_CHUNKS);
-        for (int k = (int)((i64)nv * ch / GN_CHUNKS) + threadIdx.x; k < k1; k += blockDim.x) {
-            float v[N];
-            cached<T, N>(cache, k, v);
-#pragma unroll
-            for (int j = 0; j < N; ++j) {
-                const float d = v[j] - c;
-                s += d;
-                s2 += d * d;
-            }
-        }
+        shifted_sums<T, N>(cache, (int)((i64)nv * ch / GN_CHUNKS), (int)((i64)nv * (ch + 1) / GN_CHUNKS), c, s, s2);
     }
 }
 
@@ -514,16 +520,7 @@ __device__ __forceinline__ void gn_fwd_cluster_body(const T* __restrict__ x, con
             cache_slice_sums<T, N>(x + grp * m + lo, cache, nv, c, s, s2);
         } else {
             c = cnt > 0 ? to_f32(cache[0]) : 0.f;
-            for (int k = threadIdx.x; k < nv; k += blockDim.x) {
-                float v[N];
-                cached<T, N>(cache, k, v);
-#pragma unroll
-                for (int j = 0; j < N; ++j) {
-                    const float d = v[j] - c;
-                    s += d;
-                    s2 += d * d;
-                }
-            }
+            shifted_sums<T, N>(cache, 0, nv, c, s, s2);
         }
         block_sum2(s, s2, scratch);  // its first barrier: every thread's copies have landed (the cache is whole)
         const float md = cnt > 0 ? s / (float)cnt : 0.f;

@@ -1011,10 +1011,13 @@ __device__ __forceinline__ void block_sum_k(float (&v)[K], float* red) {
         for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
 }
 
-// The first pass over a staged row (xs: x, ds: dy in shared memory): sg += sum(g), sgx += sum(g * xhat).
-template <typename T, int VPT, int N>
-__device__ __forceinline__ void norm_tma_sums(const T* xs, const T* ds, const void* __restrict__ w, int nvec,
-                                              int wf32, float mu, float rs, float& sg, float& sgx) {
+// One pass over a staged row (xs: x, ds: dy in shared memory). The first (DX false): sg += sum(g), sgx +=
+// sum(g * xhat). The second (DX): dx of the row (out: its first element) from the row means mg, mgx, and the
+// weight-gradient partials aw += dy * xhat, ab += dy.
+template <typename T, int VPT, int ACC, int N, bool DX>
+__device__ __forceinline__ void norm_tma_pass(const T* xs, const T* ds, const void* __restrict__ w, int nvec, int wf32,
+                                              float mu, float rs, float& sg, float& sgx, T* __restrict__ out,
+                                              float (&aw)[VPT][N], float (&ab)[VPT][N]) {
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
         const int k = i * blockDim.x + threadIdx.x;
@@ -1023,31 +1026,16 @@ __device__ __forceinline__ void norm_tma_sums(const T* xs, const T* ds, const vo
             norm_tma_vec<T, N>(xs, ds, w, k, wf32, mu, rs, xh, dv, g);
 #pragma unroll
             for (int j = 0; j < N; ++j) {
-                sg += g[j];
-                sgx += g[j] * xh[j];
+                if constexpr (DX) {
+                    aw[i][j] += dv[j] * xh[j];
+                    if (ACC == 2) ab[i][j] += dv[j];
+                    g[j] = rs * (g[j] - sg - xh[j] * sgx);
+                } else {
+                    sg += g[j];
+                    sgx += g[j] * xh[j];
+                }
             }
-        }
-    }
-}
-
-// The second pass: dx of the row (out: its first element), the weight-gradient partials aw += dy * xhat, ab += dy.
-template <typename T, int VPT, int ACC, int N>
-__device__ __forceinline__ void norm_tma_dx(const T* xs, const T* ds, const void* __restrict__ w, int nvec, int wf32,
-                                            float mu, float rs, float mg, float mgx, T* __restrict__ out,
-                                            float (&aw)[VPT][N], float (&ab)[VPT][N]) {
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-        const int k = i * blockDim.x + threadIdx.x;
-        if (k < nvec) {
-            float xh[N], dv[N], g[N];
-            norm_tma_vec<T, N>(xs, ds, w, k, wf32, mu, rs, xh, dv, g);
-#pragma unroll
-            for (int j = 0; j < N; ++j) {
-                aw[i][j] += dv[j] * xh[j];
-                if (ACC == 2) ab[i][j] += dv[j];
-                g[j] = rs * (g[j] - mg - xh[j] * mgx);
-            }
-            *reinterpret_cast<uint4*>(out + (i64)k * N) = pack_f32<T>(g);
+            if constexpr (DX) *reinterpret_cast<uint4*>(out + (i64)k * N) = pack_f32<T>(g);
         }
     }
 }
@@ -1093,7 +1081,7 @@ __device__ __forceinline__ void norm_bwd_tma_body(NORM_TMA_PARAMS) {
         mbar_wait(&full[s], phase);
         const T* xs = sbuf + (i64)2 * s * cols;
         float v[2] = {0.f, 0.f};
-        norm_tma_sums<T, VPT, N>(xs, xs + cols, w, nvec, wf32, mu, rs, v[0], v[1]);
+        norm_tma_pass<T, VPT, ACC, N, false>(xs, xs + cols, w, nvec, wf32, mu, rs, v[0], v[1], dx, aw, ab);
         block_sum_k<2>(v, red);
         // every thread is past the previous row (its barriers above): refill that stage, `stages` rows on
         if (threadIdx.x == 0 && it >= 1 && it - 1 + stages < mine) {
@@ -1101,8 +1089,8 @@ __device__ __forceinline__ void norm_bwd_tma_body(NORM_TMA_PARAMS) {
             norm_tma_fill<T>(sbuf, full, s == 0 ? stages - 1 : s - 1, x, dy, row + (i64)(stages - 1) * gridDim.x,
                              cols);
         }
-        const float mg = rms ? 0.f : v[0] * inv_cols, mgx = v[1] * inv_cols;
-        norm_tma_dx<T, VPT, ACC, N>(xs, xs + cols, w, nvec, wf32, mu, rs, mg, mgx, dx + row * cols, aw, ab);
+        float mg = rms ? 0.f : v[0] * inv_cols, mgx = v[1] * inv_cols;
+        norm_tma_pass<T, VPT, ACC, N, true>(xs, xs + cols, w, nvec, wf32, mu, rs, mg, mgx, dx + row * cols, aw, ab);
         if (++s == stages) {
             s = 0;
             phase ^= 1u;
