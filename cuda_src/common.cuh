@@ -250,6 +250,21 @@ __device__ __forceinline__ float block_sum(float v, float* smem) {
     return warp_sum(v);
 }
 
+// Two block sums at once (every thread gets both); scratch: 64 floats. Safe back to back.
+__device__ __forceinline__ void block_sum2(float& a, float& b, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    a = warp_sum(a);
+    b = warp_sum(b);
+    __syncthreads();
+    if (lane == 0) {
+        scratch[warp] = a;
+        scratch[32 + warp] = b;
+    }
+    __syncthreads();
+    a = warp_sum(lane < nwarps ? scratch[lane] : 0.f);
+    b = warp_sum(lane < nwarps ? scratch[32 + lane] : 0.f);
+}
+
 __device__ __forceinline__ float block_max(float v, float* smem) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
     v = warp_max(v);

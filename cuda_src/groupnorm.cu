@@ -251,21 +251,6 @@ __global__ void gn_column_sum(const float* __restrict__ part, T* __restrict__ ou
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 
-// Two block sums at once (every thread gets both); scratch: 64 floats. Safe back to back.
-__device__ __forceinline__ void block_sum2(float& a, float& b, float* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-    a = warp_sum(a);
-    b = warp_sum(b);
-    __syncthreads();
-    if (lane == 0) {
-        scratch[warp] = a;
-        scratch[32 + warp] = b;
-    }
-    __syncthreads();
-    a = warp_sum(lane < nwarps ? scratch[lane] : 0.f);
-    b = warp_sum(lane < nwarps ? scratch[32 + lane] : 0.f);
-}
-
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
     const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(gmem) : "memory");

@@ -989,28 +989,6 @@ __device__ __forceinline__ void norm_tma_vec(const T* xs, const T* ds, const voi
     }
 }
 
-// The block's sums of K values (every thread gets them; blockDim.x a multiple of 32); red: K * 32 floats. Safe back
-// to back. Deterministic (fixed order).
-template <int K>
-__device__ __forceinline__ void block_sum_k(float (&v)[K], float* red) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    __syncthreads();  // the previous call's readers are done with red
-    if (lane == 0)
-#pragma unroll
-        for (int k = 0; k < K; ++k) red[k * 32 + w] = v[k];
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < K; ++k) v[k] = lane < nw ? red[k * 32 + lane] : 0.f;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
-}
-
 // One pass over a staged row (xs: x, ds: dy in shared memory). The first (DX false): sg += sum(g), sgx +=
 // sum(g * xhat). The second (DX): dx of the row (out: its first element) from the row means mg, mgx, and the
 // weight-gradient partials aw += dy * xhat, ab += dy.
@@ -1046,7 +1024,7 @@ __device__ __forceinline__ void norm_bwd_tma_body(NORM_TMA_PARAMS) {
     constexpr int N = VecT<T>::N;
     extern __shared__ __align__(128) unsigned char norm_rows[];
     __shared__ unsigned long long full[NORM_TMA_MAX_STAGES];
-    __shared__ float red[64];  // block_sum_k
+    __shared__ float red[64];  // block_sum2
     grid_dependents_launch();  // a programmatic dependent launch after this one (column_sum) may start its blocks
     const int nvec = cols / N;
     const i64 mine = rows > (i64)blockIdx.x ? (rows - 1 - blockIdx.x) / gridDim.x + 1 : 0;
@@ -1080,16 +1058,16 @@ __device__ __forceinline__ void norm_bwd_tma_body(NORM_TMA_PARAMS) {
         }
         mbar_wait(&full[s], phase);
         const T* xs = sbuf + (i64)2 * s * cols;
-        float v[2] = {0.f, 0.f};
-        norm_tma_pass<T, VPT, ACC, N, false>(xs, xs + cols, w, nvec, wf32, mu, rs, v[0], v[1], dx, aw, ab);
-        block_sum_k<2>(v, red);
+        float sg = 0.f, sgx = 0.f;
+        norm_tma_pass<T, VPT, ACC, N, false>(xs, xs + cols, w, nvec, wf32, mu, rs, sg, sgx, dx, aw, ab);
+        block_sum2(sg, sgx, red);
         // every thread is past the previous row (its barriers above): refill that stage, `stages` rows on
         if (threadIdx.x == 0 && it >= 1 && it - 1 + stages < mine) {
             fence_proxy_async();
             norm_tma_fill<T>(sbuf, full, s == 0 ? stages - 1 : s - 1, x, dy, row + (i64)(stages - 1) * gridDim.x,
                              cols);
         }
-        float mg = rms ? 0.f : v[0] * inv_cols, mgx = v[1] * inv_cols;
+        float mg = rms ? 0.f : sg * inv_cols, mgx = sgx * inv_cols;
         norm_tma_pass<T, VPT, ACC, N, true>(xs, xs + cols, w, nvec, wf32, mu, rs, mg, mgx, dx + row * cols, aw, ab);
         if (++s == stages) {
             s = 0;
