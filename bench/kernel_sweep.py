@@ -7,8 +7,13 @@ before each call, each call timed alone with CUDA events, median of 30):
   gn    GroupNorm forward / backward: the register-slice kernels against the shared-memory ones and torch;
   tma   rms_norm / layer_norm backward with weight gradients: the bulk-copy kernel (norm_bwd_tma) by register cap,
         cluster size and stages (3 interleaved rounds), against norm_bwd_cl; then the kernel
-        alone and the column sums alone for the fastest and the default.
-Run: PYTHONPATH=$PWD python3 bench/kernel_sweep.py [act,rms,gn,tma]"""
+        alone and the column sums alone for the fastest and the default;
+  csum  the column sums' two forms (loader.column_sum_vec_rows: 0 = blocks of 32 x 32 with scalar loads, else
+        blocks of 4 x rows with 16-byte loads) in the whole rms / LayerNorm backward and alone on the part rows of the
+        default plan (3 interleaved rounds);
+  plan  the bulk-copy backward by (register cap, blocks per SM, stages, column_sum_vec_rows, cluster, even grid):
+        fewer blocks per SM, clusters or the even grid write fewer part rows (3 interleaved rounds).
+Run: PYTHONPATH=$PWD python3 bench/kernel_sweep.py [act,rms,gn,tma,csum,plan]"""
 import itertools
 import statistics
 import sys
@@ -271,7 +276,67 @@ def tma_sweep():
         restore()
 
 
+def csum_sweep():
+    x, dy = B.randn((4608, 3072)), B.randn((4608, 3072))
+    w, b = B.randn((3072,)) + 1, B.randn((3072,))
+    _, rs = K.rms_norm_forward(x, w, 1e-6)
+    _, mean, rstd = K.layer_norm_forward(x, None, None, 1e-6)
+    grid = K._bwd_tma_plan(x.dtype, 4608, 3072, 1, True)[1]
+    parts = {a: B.randn((a, grid[0], 3072)).astype(np.float32) for a in (1, 2)}
+    fns = {"rms bwd": lambda: K.rms_norm_backward(dy, x, w, rs),
+           "ln affine bwd": lambda: K.layer_norm_backward(dy, x, w, mean, rstd, b),
+           "column_sum 1 batch alone": lambda: L.column_sum("norms", "column_sum", parts[1], x.dtype),
+           "column_sum 2 batches alone": lambda: L.column_sum("norms", "column_sum", parts[2], x.dtype)}
+    default = L.column_sum_vec_rows
+    forms = (0, 64, 128, 256)
+    times = {(f, r): [] for f in fns for r in forms}
+    for _ in range(3):
+        for f, fn in fns.items():
+            for r in forms:
+                L.column_sum_vec_rows = r
+                times[f, r].append(B.time_ms(fn))
+    L.column_sum_vec_rows = default
+    print(f"== column sums by form (column_sum_vec_rows; 0: scalar 32 x 32), part rows {grid[0]}, "
+          f"median of 3 interleaved rounds (ms)")
+    for f in fns:
+        print(f"  {f:28s} " + "  ".join(f"{r}: {statistics.median(times[f, r]):.4f}" for r in forms), flush=True)
+
+
+def plan_sweep():
+    x, dy = B.randn((4608, 3072)), B.randn((4608, 3072))
+    w, b = B.randn((3072,)) + 1, B.randn((3072,))
+    _, rs = K.rms_norm_forward(x, w, 1e-6)
+    _, mean, rstd = K.layer_norm_forward(x, None, None, 1e-6)
+    fns = {"rms bwd": (lambda: K.rms_norm_backward(dy, x, w, rs), 1),
+           "ln affine bwd": (lambda: K.layer_norm_backward(dy, x, w, mean, rstd, b), 2)}
+    knobs = ((K, "bwd_tma_regs"), (K, "bwd_tma_grid"), (K, "bwd_tma_stages"), (L, "column_sum_vec_rows"),
+             (K, "bwd_tma_cluster"), (K, "bwd_tma_even"))
+    default = tuple(getattr(m, k) for m, k in knobs)
+    configs = [default, (96, None, 3, 128, 1, False), (128, None, 3, 128, 1, True), (128, None, 3, 128, 1, False),
+               (96, None, 3, 128, 2, True), (96, None, 3, 0, 1, True), (96, None, 3, 0, 1, False)]
+    for name, (fn, acc) in fns.items():
+        times = {c: [] for c in configs}
+        for _ in range(3):
+            for c in configs:
+                for (m, k), v in zip(knobs, c):
+                    setattr(m, k, v)
+                times[c].append(B.time_ms(fn))
+        for (m, k), v in zip(knobs, default):
+            setattr(m, k, v)
+        print(f"== {name} 4608x3072 bf16 by (regs, blocks per SM, stages, column_sum_vec_rows, cluster, even grid), "
+              f"median of 3 interleaved rounds (ms), fastest first; default {default}")
+        for c in sorted(configs, key=lambda c: statistics.median(times[c])):
+            for (m, k), v in zip(knobs, c):
+                setattr(m, k, v)
+            p = K._bwd_tma_plan(x.dtype, 4608, 3072, acc, True)
+            print(f"  {str(c):34s} {statistics.median(times[c]):.4f}  ({' '.join(f'{t:.4f}' for t in times[c])})"
+                  f"  grid {p[1][0]} stages {p[3]} part rows {p[1][0] // p[5]}", flush=True)
+        for (m, k), v in zip(knobs, default):
+            setattr(m, k, v)
+
+
 if __name__ == "__main__":
     cp.random.seed(0)
     for s in SECTIONS:
-        {"act": act_sweep, "rms": rms_sweep, "gn": gn_sweep, "probe": probe, "tma": tma_sweep}[s]()
+        {"act": act_sweep, "rms": rms_sweep, "gn": gn_sweep, "probe": probe, "tma": tma_sweep, "csum": csum_sweep,
+         "plan": plan_sweep}[s]()

@@ -354,9 +354,11 @@ launches = 0  # how many kernels `launch` started (tests use it to prove a kerne
 
 
 def _allow_smem(kernel, shared_mem):
-    """int(shared_mem), after raising the kernel's dynamic shared memory limit where the launch needs more than 48 KiB."""
+    """int(shared_mem), after raising the kernel's dynamic shared memory limit where the launch needs more than 48 KiB
+    with its static shared memory (a 48 KiB dynamic request beside any static array needs the raised limit too)."""
     shared_mem = int(shared_mem)
-    if shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
+    static = getattr(kernel, "shared_size_bytes", 0)
+    if shared_mem + static > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
         kernel.max_dynamic_shared_size_bytes = shared_mem
     return shared_mem
 
@@ -605,6 +607,13 @@ def null():
 
 
 column_sum_rows = 32  # threads per column in column_sum's blocks of (32, column_sum_rows) (1 .. 32)
+# The 16-byte form (common.cuh, column_sum_vec4) where cols % 4 == 0: blocks of (4, column_sum_vec_rows), 16 columns
+# each (a multiple of 8, <= 256). 0: always the scalar form. By default ("auto") only where the scalar form's blocks
+# (1024 threads at 40 registers: one per SM) would not all fit at once (LayerNorm's two batches of 3072 columns:
+# 192 blocks on 132 SMs; bench/kernel_sweep.py csum / plan: 0.0390-0.0403 -> 0.0376-0.0390 ms for the whole
+# backward); "always" for the tests.
+column_sum_vec_rows = 128
+column_sum_vec_when = "auto"
 
 
 def column_sum(stem, kernel, part, out_dtype, dependent=False):
@@ -616,8 +625,13 @@ def column_sum(stem, kernel, part, out_dtype, dependent=False):
     parts, cols = part.shape[-2:]
     kdt = out_dtype if dtype_name(out_dtype) in ("float32", "float16", "bfloat16") else np.float32
     out = xp.empty(part.shape[:-2] + (cols,), dtype=kdt)
-    (launch_dependent if dependent else launch)(get_function(stem, kernel, kdt), (cdiv(cols, 32), batches),
-                                                (32, column_sum_rows), (part, out, i32(parts), i32(cols)))
+    wide = column_sum_vec_when == "always" or cdiv(cols, 32) * batches > sm_count()
+    if column_sum_vec_rows and wide and cols % 4 == 0 and part.data.ptr % 16 == 0:
+        grid, block = (cdiv(cols, 16), batches), (4, column_sum_vec_rows)
+    else:
+        grid, block = (cdiv(cols, 32), batches), (32, column_sum_rows)
+    (launch_dependent if dependent else launch)(get_function(stem, kernel, kdt), grid, block,
+                                                (part, out, i32(parts), i32(cols)))
     return out.astype(out_dtype, copy=False)
 
 

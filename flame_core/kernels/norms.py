@@ -92,6 +92,10 @@ BWD_TMA_MIN_REGS = 80  # rows of more threads than the SM's registers allow at b
 bwd_tma_vpt = None    # 16-byte vectors per thread (1 or 2); None: the fewest that keep a row within 256 threads
 bwd_tma_grid = None   # blocks per SM (None: as many as fit)
 bwd_tma_cluster = 1   # blocks per cluster (1: every block writes its own part row)
+# The grid: as many blocks as fit (False), or the fewest that keep the same most rows per block (True: 4608 rows on
+# 396 block slots take 384 blocks of 12 rows, not 252 of 12 and 144 of 11; 384 part rows, not 396). Off: not faster
+# on the H100 (bench/kernel_sweep.py plan, 3 interleaved rounds: rms 0.0364 vs 0.0366 ms, LN affine 0.0387 vs 0.0376).
+bwd_tma_even = False
 bwd_tma_dependent = True  # the column_sum as a programmatic dependent launch (loader.launch_dependent)
 _props = {}
 
@@ -145,9 +149,6 @@ def _persistent_grid(kernel, block, rpb, rows, smem=0):
     return (max(1, min(L.cdiv(rows, rpb), L.sm_count() * _blocks_per_sm(kernel, block, smem))),)
 
 
-def _dynamic_smem(kernel, smem):
-    if smem + kernel.shared_size_bytes > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < smem:
-        kernel.max_dynamic_shared_size_bytes = int(smem)
 
 
 FWD_VPTS = (1, 2, 3, 4, 6, 8, 12, 16)  # the one-pass forward kernels norm_fwdv<VPT> in cuda_src/norms.cu
@@ -293,7 +294,7 @@ def _occupancy(kernel, block, smem):
     key = (kernel, block, smem)
     n = _occ.get(key)
     if n is None:
-        _dynamic_smem(kernel, smem)  # the calculator counts 0 blocks for more dynamic shared memory than the attribute
+        L._allow_smem(kernel, smem)  # the calculator counts 0 blocks for more dynamic shared memory than the attribute
         n = _occ[key] = L.max_active_blocks(kernel, block, smem)
     return n
 
@@ -336,6 +337,8 @@ def _bwd_tma_plan(dtype, rows, cols, acc, aligned):
     if per_sm < 1:
         return None
     grid = max(cl, min(rows, L.sm_count() * per_sm) // cl * cl)
+    if bwd_tma_even:  # the same most rows per block by the fewest blocks: fewer part rows, no shorter blocks idle
+        grid = min(grid, L.cdiv(L.cdiv(rows, L.cdiv(rows, grid)), cl) * cl)
     return kernel, (grid,), (tpr,), stages, smem, cl
 
 
@@ -377,7 +380,6 @@ def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms):
     aligned = aligned and dx.data.ptr % 16 == 0
     fused = acc and single_launch_sums
     kernel, grid, block, tpr, smem, parts = _bwd_plan(x.dtype, rows, cols, acc, aligned, fused)
-    _dynamic_smem(kernel, smem)
     dw_part = xp.empty((parts, cols), dtype=np.float32) if weight is not None else None
     db_part = xp.empty((parts, cols), dtype=np.float32) if bias is not None else None
     dw = db = None

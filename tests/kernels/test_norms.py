@@ -195,13 +195,13 @@ TMA_SHAPES = [(1, 1024), (7, 1004), (5, 2048), (300, 3072), (2000, 3072), (129, 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dt", list(DTYPES))
 @pytest.mark.parametrize("shape", TMA_SHAPES)
-@pytest.mark.parametrize("finish", ["column_sum", "dependent", "cluster2", "cluster4"])
+@pytest.mark.parametrize("finish", ["column_sum", "dependent", "cluster2", "cluster4", "even"])
 @pytest.mark.parametrize("case", ["rms", "ln_weight", "ln_affine", "ln_bias", "ln_fp32_params"])
 def test_backward_bulk_copy_kernel(monkeypatch, ab, rng, dt, shape, finish, case):
     """norm_bwd_tma (sm_90): rows streamed through shared memory by bulk copies, the weight / bias gradients summed
     by column_sum after it (an ordinary or a programmatic dependent launch), the partials first added in clusters of
-    2 or 4 blocks (norm_bwd_tma_cl) or not; ragged row counts (fewer rows than blocks, not a multiple of the grid),
-    cols % 8 != 0 (1004 fp32), 1 and 2 vectors per thread, 2 and 4 stages."""
+    2 or 4 blocks (norm_bwd_tma_cl) or not, the even grid (bwd_tma_even); ragged row counts (fewer rows than
+    blocks, not a multiple of the grid), cols % 8 != 0 (1004 fp32), 1 and 2 vectors per thread, 2 and 4 stages."""
     from flame_core.kernels import loader
     d = DTYPES[dt]
     # where the kernel cannot run (before sm_90, 1004-wide fp16/bf16 rows off the 16-byte path, 12288-wide fp32 rows
@@ -211,6 +211,7 @@ def test_backward_bulk_copy_kernel(monkeypatch, ab, rng, dt, shape, finish, case
     assert (K._bwd_tma_plan(d, shape[0], shape[1], 1, True) is not None) == applies
     monkeypatch.setattr(K, "bwd_tma_dependent", finish != "column_sum")
     monkeypatch.setattr(K, "bwd_tma_cluster", int(finish[-1]) if finish.startswith("cluster") else 1)
+    monkeypatch.setattr(K, "bwd_tma_even", finish == "even")
     monkeypatch.setattr(K, "bwd_tma_stages", 2 if shape[0] == 300 else 4)
     ran = []
     real = K._layer_bwd_tma
@@ -325,14 +326,16 @@ def test_backward_cluster_plan(monkeypatch, cols, dt, acc, regs, cl):
 def test_backward_bulk_copy_plan(monkeypatch, cols, dt, acc, stages, cluster):
     """norm_bwd_tma's plan keeps to what the kernel assumes: sm_90, weight gradients, the 16-byte vector path, one
     row per block of a multiple of 32 threads (> 32, <= the kernel's limit) at vpt <= 2, 2 <= stages <= the asked
-    number of x and dy rows in shared memory within the block limit, no more blocks than the occupancy allows or
-    rows; otherwise None (the other plans)."""
+    number of x and dy rows in shared memory within the block limit, as many blocks as the occupancy allows (at most
+    one per row), or with bwd_tma_even the fewest with the same most rows per block; otherwise None (the other
+    plans)."""
     from flame_core.kernels import loader
     monkeypatch.setattr(loader, "get_function", lambda stem, name, dtype=None: _PlanKernel(name, 72))
     monkeypatch.setattr(loader, "sm_count", lambda: 132)
     monkeypatch.setattr(K, "_occupancy", lambda kernel, block, smem: min(232448 // (smem + 2048), 2048 // block))
     monkeypatch.setattr(K, "bwd_tma_stages", stages)
     monkeypatch.setattr(K, "bwd_tma_cluster", cluster)
+    monkeypatch.setattr(K, "bwd_tma_even", False)
     d = DTYPES[dt]
     vec, isz = loader.vec_width(d), np.dtype(d).itemsize
     for cc in (80, 90):
@@ -359,7 +362,15 @@ def test_backward_bulk_copy_plan(monkeypatch, cols, dt, acc, stages, cluster):
                 assert grid % cl == 0
             assert block % 32 == 0 and 32 < block <= kernel.max_threads_per_block and block * vpt >= nvec
             assert 2 <= st <= stages and smem == st * 2 * cols * isz and smem + 2048 <= 232448
-            assert cl <= grid <= max(cl, min(rows, 132 * K._occupancy(kernel, block, smem)))
+            most = max(cl, min(rows, 132 * K._occupancy(kernel, block, smem)) // cl * cl)
+            assert grid == most  # as many blocks as fit (bwd_tma_even off)
+            # even: the fewest blocks (a multiple of cl) with the same most rows per block as the fullest grid
+            monkeypatch.setattr(K, "bwd_tma_even", True)
+            even = K._bwd_tma_plan(d, rows, cols, acc, aligned)[1][0]
+            monkeypatch.setattr(K, "bwd_tma_even", False)
+            assert cl <= even <= most and even % cl == 0
+            assert loader.cdiv(rows, even) == loader.cdiv(rows, most)
+            assert even == cl or loader.cdiv(rows, even - cl) > loader.cdiv(rows, most)
 
 
 def test_backward_cluster_plan_falls_back_when_it_does_not_compile(monkeypatch):
