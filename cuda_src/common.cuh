@@ -334,6 +334,27 @@ __device__ __forceinline__ void grid_dependency_wait() {
 #endif
 }
 
+// a[0] (V = float) or a[0..3] (V = float4: columns c .. c + 3) += part[p * cols + c] over the rows p = p0, p0 + step,
+// ... < parts, in row order, U loads in flight (ld.global.cg: the rows come from other blocks).
+__device__ __forceinline__ float ld_cg_v(const float* p, float) { return ld_cg(p); }
+__device__ __forceinline__ float4 ld_cg_v(const float* p, float4) { return ld_cg4(p); }
+__device__ __forceinline__ void add_v(float (&a)[4], float v) { a[0] += v; }
+__device__ __forceinline__ void add_v(float (&a)[4], const float4& v) { add4(a, v); }
+
+template <int U, typename V>
+__device__ __forceinline__ void add_strided_rows(const float* __restrict__ part, int cols, int c, int p0, int step,
+                                                 int parts, float (&a)[4]) {
+    for (int p = p0; p < parts; p += step * U) {
+        V v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            if (p + step * u < parts) v[u] = ld_cg_v(part + (i64)(p + step * u) * cols + c, V{});
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            if (p + step * u < parts) add_v(a, v[u]);
+    }
+}
+
 // The 16-byte form of column_sum_body: block (4, ty), ty a multiple of 8 (<= 256); 16 columns per block, each
 // thread 4 of them (float4 loads) over the rows y, y + ty, ...; a warp holds 8 row lanes of the 16 columns and adds
 // them by a fixed shuffle tree, then one thread per column adds the warps' sums in order. cols % 4 == 0, part
@@ -346,16 +367,7 @@ __device__ __forceinline__ void column_sum_vec4(const float* __restrict__ part, 
     const int c = blockIdx.x * 16 + threadIdx.x * 4;
     constexpr int U = 4;
     float a[4] = {0.f, 0.f, 0.f, 0.f};
-    if (c < cols)
-        for (int p = threadIdx.y; p < parts; p += ty * U) {
-            float4 v[U];
-#pragma unroll
-            for (int u = 0; u < U; ++u)
-                if (p + ty * u < parts) v[u] = ld_cg4(part + (i64)(p + ty * u) * cols + c);
-#pragma unroll
-            for (int u = 0; u < U; ++u)
-                if (p + ty * u < parts) add4(a, v[u]);
-        }
+    if (c < cols) add_strided_rows<U, float4>(part, cols, c, threadIdx.y, ty, parts, a);
     for (int o = 4; o < 32; o <<= 1)  // the warp's 8 row lanes (lane = 4 * (y % 8) + x)
 #pragma unroll
         for (int j = 0; j < 4; ++j) a[j] += __shfl_xor_sync(0xffffffffu, a[j], o);
@@ -386,18 +398,9 @@ __device__ __forceinline__ void column_sum_body(const float* __restrict__ part, 
     }
     const int c = blockIdx.x * 32 + threadIdx.x, ty = blockDim.y;
     constexpr int U = 16;  // loads in flight per thread (one round for <= 16 ty rows); the adds keep the row order
-    float acc = 0.f;
-    if (c < cols)
-        for (int p = threadIdx.y; p < parts; p += ty * U) {
-            float v[U];
-#pragma unroll
-            for (int u = 0; u < U; ++u)
-                if (p + ty * u < parts) v[u] = ld_cg(part + (i64)(p + ty * u) * cols + c);
-#pragma unroll
-            for (int u = 0; u < U; ++u)
-                if (p + ty * u < parts) acc += v[u];
-        }
-    tile[threadIdx.y][threadIdx.x] = acc;
+    float a[4] = {0.f, 0.f, 0.f, 0.f};
+    if (c < cols) add_strided_rows<U, float>(part, cols, c, threadIdx.y, ty, parts, a);
+    tile[threadIdx.y][threadIdx.x] = a[0];
     __syncthreads();
     if (threadIdx.y == 0) {
         float s = 0.f;
