@@ -7,7 +7,8 @@ preceded by a read of a 256 MiB buffer that evicts L2 (clean lines) and a GPU-si
 (default 300), each timed alone with CUDA events; the median is reported. The wait keeps the GPU busy while Python
 queues the call's launches, so the interval between the events is the GPU's work on the op (its kernels and the gaps
 between them) and not the host's launch overhead, which a slow host otherwise adds to multi-launch ops on either side
-(--hold-us 0: the older protocol). The host time of each FLAME call (launch overhead) is reported beside it. GB/s = (bytes the op must read + write) / time. The copy moves the op's input bytes (cupy.copyto, D2D).
+(--hold-us 0: the older protocol). The host time of each FLAME call (launch overhead) is reported beside it.
+GB/s = (bytes the op must read + write) / time. The copy moves the op's input bytes (cupy.copyto, D2D).
 Prints a table last and writes JSON (--out, default $OUT/kernels.json or ./kernels.json).
 Run: PYTHONPATH=$PWD python3 bench/kernels.py
 """

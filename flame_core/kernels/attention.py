@@ -236,8 +236,7 @@ def _kernel(stem, expr, dtype, shared_mem=0):
     fn = _functions.get(key)
     if fn is None:
         fn = L.get_function(stem, expr, dtype)
-        if shared_mem > 48 * 1024:
-            fn.max_dynamic_shared_size_bytes = int(shared_mem)
+        L.allow_dynamic_smem(fn, shared_mem)  # its launches go through PackedLaunch
         _functions[key] = fn
     return fn
 

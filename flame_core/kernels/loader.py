@@ -255,10 +255,21 @@ class _ArchKernel:
 
     def __init__(self, fn):
         self._fn = fn
-        self._smem = 48 * 1024
+        self._smem = None  # the dynamic shared memory limit, read from the driver once, then as set here
+
+    def _attribute(self, attr):
+        return backend.cupy.cuda.driver.funcGetAttribute(attr, self._fn.ptr)
+
+    @property
+    def shared_size_bytes(self):
+        """Static shared memory per block (CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES), as cupy.RawKernel reports it."""
+        return self._attribute(getattr(backend.cupy.cuda.driver, "CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES", 1))
 
     @property
     def max_dynamic_shared_size_bytes(self):
+        if self._smem is None:
+            drv = backend.cupy.cuda.driver
+            self._smem = self._attribute(drv.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
         return self._smem
 
     @max_dynamic_shared_size_bytes.setter
@@ -353,12 +364,12 @@ def _dims(d):
 launches = 0  # how many kernels `launch` started (tests use it to prove a kernel path ran)
 
 
-def _allow_smem(kernel, shared_mem):
+def allow_dynamic_smem(kernel, shared_mem):
     """int(shared_mem), after raising the kernel's dynamic shared memory limit where the launch needs more than 48 KiB
-    with its static shared memory (a 48 KiB dynamic request beside any static array needs the raised limit too)."""
+    with its static shared memory (a 48 KiB dynamic request beside any static array needs the raised limit too).
+    `launch` calls it; code that launches otherwise (PackedLaunch) or asks the occupancy calculator calls it first."""
     shared_mem = int(shared_mem)
-    static = getattr(kernel, "shared_size_bytes", 0)
-    if shared_mem + static > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
+    if shared_mem + kernel.shared_size_bytes > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
         kernel.max_dynamic_shared_size_bytes = shared_mem
     return shared_mem
 
@@ -375,7 +386,7 @@ def launch(kernel, grid, block, args, shared_mem=0, stream=None):
     grid, block = _dims(grid), _dims(block)
     if type(args) is not tuple:
         args = tuple(args)
-    shared_mem = _allow_smem(kernel, shared_mem) if shared_mem else 0
+    shared_mem = allow_dynamic_smem(kernel, shared_mem) if shared_mem else 0
     if stream is not None:
         with stream:
             kernel(grid, block, args, shared_mem=shared_mem)
@@ -427,7 +438,7 @@ def launch_dependent(kernel, grid, block, args, shared_mem=0):
         cc = _cc[dev] = int(cp.cuda.Device(dev).compute_capability)
     if _cu_launch_ex() is None or cc < 90 or (stream.ptr and stream.is_capturing()):
         return launch(kernel, grid, block, args, shared_mem)
-    PackedLaunch(kernel, grid, block, args, (), _allow_smem(kernel, shared_mem), dependent=True)(())
+    PackedLaunch(kernel, grid, block, args, (), allow_dynamic_smem(kernel, shared_mem), dependent=True)(())
 
 
 def max_active_blocks(kernel, block_threads, shared_mem=0):

@@ -149,8 +149,6 @@ def _persistent_grid(kernel, block, rpb, rows, smem=0):
     return (max(1, min(L.cdiv(rows, rpb), L.sm_count() * _blocks_per_sm(kernel, block, smem))),)
 
 
-
-
 FWD_VPTS = (1, 2, 3, 4, 6, 8, 12, 16)  # the one-pass forward kernels norm_fwdv<VPT> in cuda_src/norms.cu
 fwd_override = None  # (vpt, tpr) forcing the one-pass forward's plan (benchmark sweeps); None: _fwd_plan's choice
 
@@ -294,7 +292,7 @@ def _occupancy(kernel, block, smem):
     key = (kernel, block, smem)
     n = _occ.get(key)
     if n is None:
-        L._allow_smem(kernel, smem)  # the calculator counts 0 blocks for more dynamic shared memory than the attribute
+        L.allow_dynamic_smem(kernel, smem)  # the calculator counts 0 blocks for more dynamic smem than the limit
         n = _occ[key] = L.max_active_blocks(kernel, block, smem)
     return n
 
@@ -522,9 +520,9 @@ GN_REG_FWD_MAX_V = 4
 use_gn_reg = True
 # The shared-memory forward's block statistics: two passes over its cache (0: mean, then M2 around it), one pass
 # (1: sums of (x - c) and (x - c)^2 around the slice's first element c) or the same one pass as the slice loads (2:
-# the copies in 4 commit groups, each summed as it lands, so the statistics are done with the load). bench/kernel_sweep.py
-# gn (H100, 3 interleaved rounds): 2x320x128x128 0.0206 / 0.0202 / 0.0195 ms, 2x960x64x64 0.0180 / 0.0173 / 0.0170,
-# 2x640x64x64 0.0141 / 0.0136 / 0.0143.
+# the copies in 4 commit groups, each summed as it lands, so the statistics are done with the load).
+# bench/kernel_sweep.py gn (H100, 3 interleaved rounds): 2x320x128x128 0.0206 / 0.0202 / 0.0195 ms,
+# 2x960x64x64 0.0180 / 0.0173 / 0.0170, 2x640x64x64 0.0141 / 0.0136 / 0.0143.
 gn_one_pass = 2
 
 

@@ -189,5 +189,26 @@ def test_dynamic_shared_memory_limit_counts_static_shared_memory(static, dynamic
     # a launch of 48 KiB of dynamic shared memory beside a static array needs the raised limit (the bulk-copy norm
     # backward at 4 stages of 3072-wide bf16 rows: 49152 bytes + its reduction array failed without it)
     k = _SmemKernel(static)
-    assert loader._allow_smem(k, dynamic) == dynamic
+    assert loader.allow_dynamic_smem(k, dynamic) == dynamic
     assert k.raised == raised
+
+
+@pytest.mark.gpu
+def test_arch_kernel_reads_its_shared_memory_attributes_from_the_driver():
+    # the sm_90a kernels (_ArchKernel) report static shared memory and the dynamic limit like a cupy.RawKernel, so
+    # allow_dynamic_smem treats them alike; a raised limit reaches the driver
+    if not loader.arch_available("sm_90a"):
+        pytest.skip("sm_90a kernels need a compute capability 9.0 GPU")
+    import ml_dtypes
+    from flame_core.kernels import attention
+    drv = backend.cupy.cuda.driver
+    bn, nwg, stages = attention.FWD_SM90_TILES[64]
+    fn = loader.get_function("flash_attention_fwd_sm90", f"flash_attn_fwd_sm90<{{T}}, 64, {bn}, {nwg}, {stages}, 0>",
+                             np.dtype(ml_dtypes.bfloat16))
+    assert isinstance(fn, loader._ArchKernel)
+    limit = drv.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    assert fn.shared_size_bytes == drv.funcGetAttribute(1, fn._fn.ptr)  # CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
+    assert fn.max_dynamic_shared_size_bytes == drv.funcGetAttribute(limit, fn._fn.ptr)
+    want = max(fn.max_dynamic_shared_size_bytes, 48 * 1024) + 1024
+    assert loader.allow_dynamic_smem(fn, want) == want
+    assert fn.max_dynamic_shared_size_bytes == want == drv.funcGetAttribute(limit, fn._fn.ptr)
