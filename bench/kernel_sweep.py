@@ -13,11 +13,7 @@ before each call, each call timed alone with CUDA events, median of 30):
         default plan (3 interleaved rounds);
   plan  the bulk-copy backward by (register cap, blocks per SM, stages, column_sum_vec_rows, cluster, even grid):
         fewer blocks per SM, clusters or the even grid write fewer part rows (3 interleaved rounds).
-  sums  the bulk-copy backward's weight-gradient sums: part rows and a column_sum launch (bwd_tma_sums "launch")
-        against fp32 atomics and the last block's finish in one launch ("atomic"), by (sums, regs, blocks per SM,
-        even grid), 5 interleaved rounds, with torch and a copy of the same bytes in the same rounds; max rel diff
-        against the reference.
-Run: PYTHONPATH=$PWD python3 bench/kernel_sweep.py [act,rms,gn,tma,csum,plan,sums]"""
+Run: PYTHONPATH=$PWD python3 bench/kernel_sweep.py [act,rms,gn,tma,csum,plan]"""
 import itertools
 import statistics
 import sys
@@ -339,55 +335,8 @@ def plan_sweep():
             setattr(m, k, v)
 
 
-def sums_sweep():
-    x, dy = B.randn((4608, 3072)), B.randn((4608, 3072))
-    w, b = B.randn((3072,)) + 1, B.randn((3072,))
-    _, rs = K.rms_norm_forward(x, w, 1e-6)
-    _, mean, rstd = K.layer_norm_forward(x, None, None, 1e-6)
-    with L.reference():
-        refs = {"rms": K.rms_norm_backward(dy, x, w, rs), "ln_aff": K.layer_norm_backward(dy, x, w, mean, rstd, b)}
-    fns = {"rms": lambda: K.rms_norm_backward(dy, x, w, rs),
-           "ln_aff": lambda: K.layer_norm_backward(dy, x, w, mean, rstd, b)}
-    tor = {"rms": B._torch_bwd_many(lambda t, w_: F.rms_norm(t, (3072,), w_, eps=1e-6), (x, w), dy),
-           "ln_aff": B._torch_bwd_many(lambda t, w_, b_: F.layer_norm(t, (3072,), w_, b_, eps=1e-6), (x, w, b), dy)}
-    dst = cp.empty_like(x)  # the copy of x, as bench/kernels.py: x copy = (3 x.nbytes / t) / (2 x.nbytes / t_copy)
-    knobs = ("bwd_tma_sums", "bwd_tma_regs", "bwd_tma_grid", "bwd_tma_even")
-    default = tuple(getattr(K, k) for k in knobs)
-    configs = [("launch", 96, None, False), ("atomic", 96, None, False), ("atomic", 96, None, True),
-               ("atomic", 128, 2, False), ("atomic", 96, 2, False)]
-
-    def setc(c):
-        for k, v in zip(knobs, c):
-            setattr(K, k, v)
-
-    def err(name):
-        return max(float(cp.abs(g.astype(np.float32) - r.astype(np.float32)).max() /
-                         (float(cp.abs(r.astype(np.float32)).max()) + 1e-30)) for g, r in zip(fns[name](), refs[name]))
-
-    for name, fn in fns.items():
-        times = {c: [] for c in configs + ["torch", "copy"]}
-        desc = {}
-        for c in configs:
-            setc(c)
-            desc[c] = f"max rel diff {err(name):.3g}"
-        for _ in range(5):  # interleaved rounds: drifts hit every config alike
-            for c in configs:
-                setc(c)
-                times[c].append(B.time_ms(fn))
-            times["torch"].append(B.time_ms(tor[name], torch_op=True))
-            times["copy"].append(B.time_ms(lambda: cp.copyto(dst, x)))
-        setc(default)
-        copy = statistics.median(times["copy"])
-        print(f"== {name} bwd 4608x3072 bf16 by (sums, regs, blocks per SM, even grid), median of 5 interleaved "
-              f"rounds (ms), fastest first; copy of x {copy:.4f}")
-        for c in sorted(times, key=lambda c: statistics.median(times[c])):
-            t = statistics.median(times[c])
-            print(f"  {str(c):34s} {t:.4f}  x copy {1.5 * copy / t:.3f}  ({' '.join(f'{v:.4f}' for v in times[c])})  "
-                  f"{desc.get(c, '')}", flush=True)
-
-
 if __name__ == "__main__":
     cp.random.seed(0)
     for s in SECTIONS:
         {"act": act_sweep, "rms": rms_sweep, "gn": gn_sweep, "probe": probe, "tma": tma_sweep, "csum": csum_sweep,
-         "plan": plan_sweep, "sums": sums_sweep}[s]()
+         "plan": plan_sweep}[s]()

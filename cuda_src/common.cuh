@@ -482,17 +482,6 @@ __device__ __forceinline__ void sum_rows(const float* __restrict__ part, i64 ld,
     }
 }
 
-// p[0..3] += v[0..3] at L2 (16-byte aligned p): one vector reduction on sm_90 (red.global.add.v4.f32), four scalar
-// atomics before. Relaxed: a __threadfence orders it before whatever announces it (last_arrival).
-__device__ __forceinline__ void red_add4(float* p, const float* v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v[0]), "f"(v[1]),
-                 "f"(v[2]), "f"(v[3]) : "memory");
-#else
-    for (int j = 0; j < 4; ++j) atomicAdd(p + j, v[j]);
-#endif
-}
-
 // Stores v as element i of an output of the kernel's T (f32 = 0) or fp32 (f32 = 1).
 template <typename T>
 __device__ __forceinline__ void store_any1(void* __restrict__ p, i64 i, float v, int f32) {

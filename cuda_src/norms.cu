@@ -968,6 +968,7 @@ __device__ __forceinline__ void norm_tma_fill(T* sbuf, unsigned long long* full,
 #define NORM_TMA_PARAMS const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w, \
     const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx, float* __restrict__ dw_part, \
     float* __restrict__ db_part, i64 rows, int cols, int rms, int wf32, int stages
+#define NORM_TMA_ARGS dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, rms, wf32, stages
 
 // CL > 1 (norm_bwd_tma_cl): clusters of CL blocks add their register partials through distributed shared memory
 // (parts_write_cluster; the stage buffers hold them once the rows are done): part row blockIdx.x / CL, gridDim.x / CL
@@ -1017,20 +1018,17 @@ __device__ __forceinline__ void norm_tma_pass(const T* xs, const T* ds, const vo
     }
 }
 
-// The rows of block blockIdx.x (rows b, b + gridDim.x, ...): dx written, the weight-gradient partials left in aw (dy *
-// xhat) and ab (dy, ACC 2). sbuf: the dynamic shared memory of `stages` x and dy rows.
-template <typename T, int VPT, int ACC, int N>
-__device__ __forceinline__ void norm_tma_rows(const T* __restrict__ dy, const T* __restrict__ x,
-                                              const void* __restrict__ w, const float* __restrict__ mean,
-                                              const float* __restrict__ rstd, T* __restrict__ dx, i64 rows, int cols,
-                                              int rms, int wf32, int stages, T* sbuf, float (&aw)[VPT][N],
-                                              float (&ab)[VPT][N]) {
+template <typename T, int VPT, int ACC, int CL>
+__device__ __forceinline__ void norm_bwd_tma_body(NORM_TMA_PARAMS) {
     static_assert(ACC >= 1 && ACC <= 2, "dw (and db)");
+    constexpr int N = VecT<T>::N;
+    extern __shared__ __align__(128) unsigned char norm_rows[];
     __shared__ unsigned long long full[NORM_TMA_MAX_STAGES];
     __shared__ float red[64];  // block_sum2
+    grid_dependents_launch();  // a programmatic dependent launch after this one (column_sum) may start its blocks
     const int nvec = cols / N;
     const i64 mine = rows > (i64)blockIdx.x ? (rows - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-    // stage s: x at sbuf + 2 s cols, dy at sbuf + (2 s + 1) cols
+    T* sbuf = reinterpret_cast<T*>(norm_rows);  // stage s: x at sbuf + 2 s cols, dy at sbuf + (2 s + 1) cols
     if (threadIdx.x == 0) {
         for (int s = 0; s < stages; ++s) mbar_init(&full[s], 1);
         mbar_init_fence();
@@ -1038,6 +1036,7 @@ __device__ __forceinline__ void norm_tma_rows(const T* __restrict__ dy, const T*
             norm_tma_fill<T>(sbuf, full, s, x, dy, blockIdx.x + (i64)s * gridDim.x, cols);
     }
     __syncthreads();
+    float aw[VPT][N], ab[VPT][N];
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
 #pragma unroll
@@ -1075,80 +1074,31 @@ __device__ __forceinline__ void norm_tma_rows(const T* __restrict__ dy, const T*
             phase ^= 1u;
         }
     }
-}
-
-template <typename T, int VPT, int ACC, int REGS>
-__global__ void __maxnreg__(REGS) norm_bwd_tma(NORM_TMA_PARAMS) {
-    constexpr int N = VecT<T>::N;
-    extern __shared__ __align__(128) unsigned char norm_rows[];
-    grid_dependents_launch();  // a programmatic dependent launch after this one (column_sum) may start its blocks
-    float aw[VPT][N], ab[VPT][N];
-    norm_tma_rows<T, VPT, ACC, N>(dy, x, w, mean, rstd, dx, rows, cols, rms, wf32, stages,
-                                  reinterpret_cast<T*>(norm_rows), aw, ab);
+    if constexpr (CL > 1) {
+        __syncthreads();  // every thread is done with the stage buffers: they take the partials
+        parts_write_cluster<ACC, VPT, N, CL, false>(aw, ab, dw_part, db_part, cols, nvec, blockDim.x, threadIdx.x,
+                                                    0, 1, reinterpret_cast<float*>(norm_rows));
+        return;
+    }
     const i64 base = (i64)blockIdx.x * cols;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
         const int k = i * blockDim.x + threadIdx.x;
-        if (k < cols / N) {
+        if (k < nvec) {
             if (dw_part) store_f32<float, N>(dw_part + base + (i64)k * N, aw[i]);
             if (ACC == 2 && db_part) store_f32<float, N>(db_part + base + (i64)k * N, ab[i]);
         }
     }
 }
 
-template <typename T, int VPT, int ACC, int CL, int REGS>
-__global__ void __cluster_dims__(CL, 1, 1) __maxnreg__(REGS) norm_bwd_tma_cl(NORM_TMA_PARAMS) {
-    constexpr int N = VecT<T>::N;
-    extern __shared__ __align__(128) unsigned char norm_rows[];
-    grid_dependents_launch();
-    float aw[VPT][N], ab[VPT][N];
-    norm_tma_rows<T, VPT, ACC, N>(dy, x, w, mean, rstd, dx, rows, cols, rms, wf32, stages,
-                                  reinterpret_cast<T*>(norm_rows), aw, ab);
-    __syncthreads();  // every thread is done with the stage buffers: they take the partials
-    parts_write_cluster<ACC, VPT, N, CL, false>(aw, ab, dw_part, db_part, cols, cols / N, blockDim.x, threadIdx.x, 0,
-                                                1, reinterpret_cast<float*>(norm_rows));
+template <typename T, int VPT, int ACC, int REGS>
+__global__ void __maxnreg__(REGS) norm_bwd_tma(NORM_TMA_PARAMS) {
+    norm_bwd_tma_body<T, VPT, ACC, 1>(NORM_TMA_ARGS);
 }
 
-// norm_bwd_tma_red: the same rows, the weight gradients summed in the same launch by fp32 vector reductions at L2
-// (red_add4) into acc (ACC * cols floats: dw, then db; zero on entry), then the block that arrives last at
-// counter (last_arrival) writes dw (and db: dwb + cols) in the weight's dtype (T, or fp32 where out_f32) and zeroes
-// acc again for the next launch. One launch, no part rows; the order of the fp32 additions follows the blocks' order
-// of arrival (not bitwise reproducible, like the attention backward's dq). Python asks for
-// "norm_bwd_tma_red<T, VPT, ACC, REGS>" on sm_90+ only.
-template <typename T, int VPT, int ACC, int REGS>
-__global__ void __maxnreg__(REGS) norm_bwd_tma_red(const T* __restrict__ dy, const T* __restrict__ x,
-                                                   const void* __restrict__ w, const float* __restrict__ mean,
-                                                   const float* __restrict__ rstd, T* __restrict__ dx,
-                                                   float* __restrict__ acc, unsigned* __restrict__ counter,
-                                                   void* __restrict__ dwb, i64 rows, int cols, int rms, int wf32,
-                                                   int stages, int out_f32) {
-    constexpr int N = VecT<T>::N;
-    extern __shared__ __align__(128) unsigned char norm_rows[];
-    __shared__ int flag;
-    float aw[VPT][N], ab[VPT][N];
-    norm_tma_rows<T, VPT, ACC, N>(dy, x, w, mean, rstd, dx, rows, cols, rms, wf32, stages,
-                                  reinterpret_cast<T*>(norm_rows), aw, ab);
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-        const int k = i * blockDim.x + threadIdx.x;
-        if (k < cols / N) {
-#pragma unroll
-            for (int j = 0; j < N; j += 4) {
-                red_add4(acc + (i64)k * N + j, &aw[i][j]);
-                if (ACC == 2) red_add4(acc + cols + (i64)k * N + j, &ab[i][j]);
-            }
-        }
-    }
-    if (!last_arrival(counter, gridDim.x, &flag)) return;
-    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int c = threadIdx.x * 4; c < ACC * cols; c += blockDim.x * 4) {
-        const float4 v = ld_cg4(acc + c);
-        *reinterpret_cast<float4*>(acc + c) = zero;
-        store_any1<T>(dwb, c, v.x, out_f32);
-        store_any1<T>(dwb, c + 1, v.y, out_f32);
-        store_any1<T>(dwb, c + 2, v.z, out_f32);
-        store_any1<T>(dwb, c + 3, v.w, out_f32);
-    }
+template <typename T, int VPT, int ACC, int CL, int REGS>
+__global__ void __cluster_dims__(CL, 1, 1) __maxnreg__(REGS) norm_bwd_tma_cl(NORM_TMA_PARAMS) {
+    norm_bwd_tma_body<T, VPT, ACC, CL>(NORM_TMA_ARGS);
 }
 #endif
 

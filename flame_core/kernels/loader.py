@@ -646,39 +646,26 @@ def column_sum(stem, kernel, part, out_dtype, dependent=False):
     return out.astype(out_dtype, copy=False)
 
 
-_scratch = {}  # (device, stream, dtype) -> zeroed device buffer that the kernels using it leave zeroed
-
-
-def _zeroed_scratch(n, dtype, minimum):
-    """A device buffer of >= n zeros of `dtype` that every kernel using it leaves zeroed when it ends. Eager launches
-    share one persistent buffer per (device, stream, dtype): launches on one stream run in order, and concurrent
-    streams get their own. While a CUDA graph is being captured: a fresh buffer from the pool (the graph's private
-    memory) zeroed by an async memset, captured with the kernel and replayed before it."""
-    cp = backend.cupy
-    s = cp.cuda.get_current_stream()
-    if s.ptr and s.is_capturing():
-        buf = cp.empty((max(1, n),), dtype=dtype)
-        cp.cuda.runtime.memsetAsync(buf.data.ptr, 0, buf.nbytes, s.ptr)
-        return buf
-    key = (cp.cuda.runtime.getDevice(), s.ptr, np.dtype(dtype).name)
-    buf = _scratch.get(key)
-    if buf is None or buf.size < n:
-        buf = _scratch[key] = cp.zeros((max(minimum, n),), dtype=dtype)  # zeroed in order on this stream
-    return buf
+_counters = {}  # (device, stream) -> zeroed uint32 counters of the single-launch column sums
 
 
 def reduction_counters(n):
     """A uint32 device buffer of >= n zeroed counters for kernels that sum their partial rows in the same launch
     (common.cuh, last_arrival: the last block to arrive resets each counter it used, so the buffer is zero again when
-    the kernel ends); shared per (device, stream) as _zeroed_scratch says."""
-    return _zeroed_scratch(n, np.uint32, 1024)
-
-
-def reduction_accumulators(n):
-    """A float32 device buffer of >= n zeros for kernels that add their partials into it by atomics (common.cuh,
-    red_add4) and whose last block (last_arrival) reads the sums and zeroes what it used; shared per (device,
-    stream) as _zeroed_scratch says."""
-    return _zeroed_scratch(n, np.float32, 4096)
+    the kernel ends). Eager launches share one persistent buffer per (device, stream): launches on one stream run in
+    order, and concurrent streams get their own. While a CUDA graph is being captured: a fresh buffer from the pool
+    (the graph's private memory) zeroed by an async memset, captured with the kernel and replayed before it."""
+    cp = backend.cupy
+    s = cp.cuda.get_current_stream()
+    if s.ptr and s.is_capturing():
+        buf = cp.empty((max(1, n),), dtype=np.uint32)
+        cp.cuda.runtime.memsetAsync(buf.data.ptr, 0, buf.nbytes, s.ptr)
+        return buf
+    key = (cp.cuda.runtime.getDevice(), s.ptr)
+    buf = _counters.get(key)
+    if buf is None or buf.size < n:
+        buf = _counters[key] = cp.zeros((max(1024, n),), dtype=np.uint32)  # zeroed in order on this stream
+    return buf
 
 
 # ----------------------------------------------------------------------------- warming the disk cache

@@ -97,10 +97,6 @@ bwd_tma_cluster = 1   # blocks per cluster (1: every block writes its own part r
 # on the H100 (bench/kernel_sweep.py plan, 3 interleaved rounds: rms 0.0364 vs 0.0366 ms, LN affine 0.0387 vs 0.0376).
 bwd_tma_even = False
 bwd_tma_dependent = True  # the column_sum as a programmatic dependent launch (loader.launch_dependent)
-# How norm_bwd_tma sums its weight-gradient partials: "launch" (part rows, then the column_sum launch: bitwise the
-# same on every call) or "atomic" (norm_bwd_tma_red: fp32 vector atomics at L2 and the last block's finish, one
-# launch; the order of the additions varies between calls). Measured in BENCHMARKS.md (bench/kernel_sweep.py sums).
-bwd_tma_sums = "launch"
 _props = {}
 
 
@@ -301,9 +297,9 @@ def _occupancy(kernel, block, smem):
     return n
 
 
-def _bwd_tma_plan(dtype, rows, cols, acc, aligned, red=False):
-    """(kernel, grid, block, stages, smem, cluster) of norm_bwd_tma (norm_bwd_tma_cl where bwd_tma_cluster > 1;
-    norm_bwd_tma_red, unclustered, where red), or None where it does not apply: sm_90+, weight gradients (acc 1 or 2), the 16-byte vector path (cols % vec == 0,
+def _bwd_tma_plan(dtype, rows, cols, acc, aligned):
+    """(kernel, grid, block, stages, smem, cluster) of norm_bwd_tma (norm_bwd_tma_cl where bwd_tma_cluster > 1), or
+    None where it does not apply: sm_90+, weight gradients (acc 1 or 2), the 16-byte vector path (cols % vec == 0,
     16-byte aligned rows), one row per block of a multiple of 32 threads (> 32) at vpt <= 2 vectors each, and >= 2
     stages of x and dy rows in shared memory. The grid: the blocks that fit at once (or one per row), whole
     clusters."""
@@ -321,9 +317,8 @@ def _bwd_tma_plan(dtype, rows, cols, acc, aligned, red=False):
     if regs < min(bwd_tma_regs, BWD_TMA_MIN_REGS):
         return None
     try:
-        cl = 1 if red else bwd_tma_cluster
-        name = (f"norm_bwd_tma_red<{{T}}, {vpt}, {acc}, {regs}>" if red else
-                f"norm_bwd_tma_cl<{{T}}, {vpt}, {acc}, {cl}, {regs}>" if cl > 1 else
+        cl = bwd_tma_cluster
+        name = (f"norm_bwd_tma_cl<{{T}}, {vpt}, {acc}, {cl}, {regs}>" if cl > 1 else
                 f"norm_bwd_tma<{{T}}, {vpt}, {acc}, {regs}>")
         kernel = L.get_function("norms", name, dtype)
     except KernelCompileError:  # e.g. an NVRTC before CUDA 12.4 (no __maxnreg__)
@@ -343,27 +338,6 @@ def _bwd_tma_plan(dtype, rows, cols, acc, aligned, red=False):
     if bwd_tma_even:  # the same most rows per block by the fewest blocks: fewer part rows, no shorter blocks idle
         grid = min(grid, L.cdiv(L.cdiv(rows, L.cdiv(rows, grid)), cl) * cl)
     return kernel, (grid,), (tpr,), stages, smem, cl
-
-
-def _red_out_dtype(x, weight, bias):
-    """The dtype norm_bwd_tma_red writes dw and db in (the weights', where both are x's dtype or float32), or None."""
-    dts = {p.dtype for p in (weight, bias) if p is not None}
-    dt = dts.pop() if len(dts) == 1 else None
-    return dt if dt in (x.dtype, np.dtype(np.float32)) else None
-
-
-def _layer_bwd_tma_red(plan, dy, x, w, wf32, mean_arg, rstd, weight, bias, rows, cols, rms, out_dtype):
-    """dx, dw, db by norm_bwd_tma_red (weight not None): the sums by atomics and the last block, in one launch."""
-    kernel, grid, block, stages, smem, _ = plan
-    xp = L.xp_of(x)
-    dx = xp.empty_like(x)
-    acc = 1 if bias is None else 2
-    sums = xp.empty((acc, cols), dtype=out_dtype)  # [dw | db]
-    L.launch(kernel, grid, block,
-             (dy, x, w, mean_arg, rstd, dx, L.reduction_accumulators(acc * cols), L.reduction_counters(1), sums,
-              L.i64(rows), L.i32(cols), L.i32(rms), L.i32(wf32), L.i32(stages),
-              L.i32(out_dtype != x.dtype)), shared_mem=smem)
-    return dx, sums[0], (sums[1] if bias is not None else None)
 
 
 def _layer_bwd_tma(plan, dy, x, w, wf32, mean_arg, rstd, weight, bias, rows, cols, rms):
@@ -397,11 +371,6 @@ def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms):
     mean_arg = L.null() if rms else L.contiguous(mean.astype(np.float32, copy=False))
     rstd = L.contiguous(rstd.astype(np.float32, copy=False))
     aligned = x.data.ptr % 16 == 0 and dy.data.ptr % 16 == 0  # the memory pool's dx is 256-byte aligned
-    red_dt = _red_out_dtype(x, weight, bias) if bwd_tma_sums == "atomic" and weight is not None else None
-    if red_dt is not None and acc and not single_launch_sums:
-        tma = _bwd_tma_plan(x.dtype, rows, cols, acc, aligned, red=True)
-        if tma is not None:
-            return _layer_bwd_tma_red(tma, dy, x, w, wf32, mean_arg, rstd, weight, bias, rows, cols, rms, red_dt)
     tma = _bwd_tma_plan(x.dtype, rows, cols, acc, aligned) if acc and not single_launch_sums else None
     if tma is not None:
         return _layer_bwd_tma(tma, dy, x, w, wf32, mean_arg, rstd, weight, bias, rows, cols, rms)
