@@ -942,15 +942,15 @@ __global__ void __cluster_dims__(CL, 1, 1) __maxnreg__(REGS) norm_bwd_cl(NORM_BW
 
 // ---------------------------------------------------------------------------------------------- bulk-copy backward
 // norm_bwd_tma (sm_90): the weight-gradient backward (ACC 1: dw, 2: dw and db) with the rows streamed into shared
-// memory by bulk copies (cp.async.bulk on an mbarrier per stage). One row per row group at a time (RG groups per
-// block, 1 by default): tpr = blockDim.x / RG (a multiple of 32) threads of VPT 16-byte vectors each (nvec <= tpr *
-// VPT, cols % N == 0, 16-byte aligned rows); each group keeps `stages` rows (x and dy) in flight, so the loads run
-// ahead of the reductions without the next row sitting in registers, and the registers hold the weight-gradient
-// partials instead (no per-row shared-memory adds). Block b handles rows b * RG + g, + gridDim.x * RG, ... and
-// writes its partials as part row b of dw_part / db_part (gridDim.x rows; either may be null); column_sum sums them
-// after the launch (as a programmatic dependent launch: this kernel lets it start at once, and it waits for this grid
-// before reading). Dynamic shared memory: RG * stages * 2 * cols * sizeof(T) bytes. Python asks for
-// "norm_bwd_tma<T, VPT, ACC, REGS, RG>" or "norm_bwd_tma_cl<T, VPT, ACC, CL, REGS>" on sm_90+ only; REGS caps the
+// memory by bulk copies (cp.async.bulk on an mbarrier per stage). One row per block at a time: tpr = blockDim.x (a
+// multiple of 32) threads of VPT 16-byte vectors each (nvec <= tpr * VPT, cols % N == 0, 16-byte aligned rows); each
+// block keeps `stages` rows (x and dy) in flight, so the loads run ahead of the reductions without the next row
+// sitting in registers, and the registers hold the weight-gradient partials instead (no per-row shared-memory adds).
+// Block b handles rows b, b + gridDim.x, ... and writes its partials as part row b of dw_part / db_part (gridDim.x
+// rows; either may be null); column_sum sums them after the launch (as a programmatic dependent launch: this kernel
+// lets it start at once, and it waits for this grid before reading). Dynamic shared memory: stages * 2 * cols *
+// sizeof(T) bytes. Python asks for
+// "norm_bwd_tma<T, VPT, ACC, REGS>" or "norm_bwd_tma_cl<T, VPT, ACC, CL, REGS>" on sm_90+ only; REGS caps the
 // registers per thread (__maxnreg__).
 #define NORM_TMA_MAX_STAGES 8
 
@@ -994,11 +994,11 @@ __device__ __forceinline__ void norm_tma_vec(const T* xs, const T* ds, const voi
 // weight-gradient partials aw += dy * xhat, ab += dy.
 template <typename T, int VPT, int ACC, int N, bool DX>
 __device__ __forceinline__ void norm_tma_pass(const T* xs, const T* ds, const void* __restrict__ w, int nvec, int wf32,
-                                              int tpr, int lane, float mu, float rs, float& sg, float& sgx,
-                                              T* __restrict__ out, float (&aw)[VPT][N], float (&ab)[VPT][N]) {
+                                              float mu, float rs, float& sg, float& sgx, T* __restrict__ out,
+                                              float (&aw)[VPT][N], float (&ab)[VPT][N]) {
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-        const int k = i * tpr + lane;
+        const int k = i * blockDim.x + threadIdx.x;
         if (k < nvec) {
             float xh[N], dv[N], g[N];
             norm_tma_vec<T, N>(xs, ds, w, k, wf32, mu, rs, xh, dv, g);
@@ -1018,30 +1018,22 @@ __device__ __forceinline__ void norm_tma_pass(const T* xs, const T* ds, const vo
     }
 }
 
-// RG > 1 (row groups): the block is RG groups of tpr = blockDim.x / RG threads, each streaming its own rows as a
-// block of one group would (its own stages, mbarriers and named barriers: rg_sum2), as "virtual block" blockIdx.x * RG
-// + rg of gridDim.x * RG. At the end the groups' register partials meet in shared memory and the block adds them in
-// group order (deterministic) into one part row: a launch writes gridDim.x part rows for gridDim.x * RG row streams.
-template <typename T, int VPT, int ACC, int CL, int RG>
+template <typename T, int VPT, int ACC, int CL>
 __device__ __forceinline__ void norm_bwd_tma_body(NORM_TMA_PARAMS) {
     static_assert(ACC >= 1 && ACC <= 2, "dw (and db)");
-    static_assert(RG >= 1 && RG <= 8 && (CL == 1 || RG == 1), "row groups only unclustered");
     constexpr int N = VecT<T>::N;
     extern __shared__ __align__(128) unsigned char norm_rows[];
-    __shared__ unsigned long long full[RG * NORM_TMA_MAX_STAGES];
-    __shared__ float red[RG * 64];  // block_sum2 / rg_sum2
+    __shared__ unsigned long long full[NORM_TMA_MAX_STAGES];
+    __shared__ float red[64];  // block_sum2
     grid_dependents_launch();  // a programmatic dependent launch after this one (column_sum) may start its blocks
-    const int tpr = blockDim.x / RG, rg = RG > 1 ? threadIdx.x / tpr : 0, lane = RG > 1 ? threadIdx.x % tpr : threadIdx.x;
     const int nvec = cols / N;
-    const i64 vb = (i64)blockIdx.x * RG + rg, nvb = (i64)gridDim.x * RG;  // this group's first row, row stride
-    const i64 mine = rows > vb ? (rows - 1 - vb) / nvb + 1 : 0;
-    // this group's stage s: x at sbuf + 2 s cols, dy at sbuf + (2 s + 1) cols
-    T* sbuf = reinterpret_cast<T*>(norm_rows) + (i64)rg * stages * 2 * cols;
-    unsigned long long* fb = full + rg * NORM_TMA_MAX_STAGES;
-    if (lane == 0) {
-        for (int s = 0; s < stages; ++s) mbar_init(&fb[s], 1);
+    const i64 mine = rows > (i64)blockIdx.x ? (rows - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+    T* sbuf = reinterpret_cast<T*>(norm_rows);  // stage s: x at sbuf + 2 s cols, dy at sbuf + (2 s + 1) cols
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < stages; ++s) mbar_init(&full[s], 1);
         mbar_init_fence();
-        for (int s = 0; s < stages && s < mine; ++s) norm_tma_fill<T>(sbuf, fb, s, x, dy, vb + (i64)s * nvb, cols);
+        for (int s = 0; s < stages && s < mine; ++s)
+            norm_tma_fill<T>(sbuf, full, s, x, dy, blockIdx.x + (i64)s * gridDim.x, cols);
     }
     __syncthreads();
     float aw[VPT][N], ab[VPT][N];
@@ -1052,34 +1044,31 @@ __device__ __forceinline__ void norm_bwd_tma_body(NORM_TMA_PARAMS) {
     const float inv_cols = 1.f / cols;
     float nmu = 0.f, nrs = 0.f;
     if (mine > 0) {
-        nmu = rms ? 0.f : mean[vb];
-        nrs = rstd[vb];
+        nmu = rms ? 0.f : mean[blockIdx.x];
+        nrs = rstd[blockIdx.x];
     }
     int s = 0;
     unsigned phase = 0;
     for (i64 it = 0; it < mine; ++it) {
-        const i64 row = vb + it * nvb;
+        const i64 row = blockIdx.x + it * gridDim.x;
         const float mu = nmu, rs = nrs;
         if (it + 1 < mine) {
-            nmu = rms ? 0.f : mean[row + nvb];
-            nrs = rstd[row + nvb];
+            nmu = rms ? 0.f : mean[row + gridDim.x];
+            nrs = rstd[row + gridDim.x];
         }
-        mbar_wait(&fb[s], phase);
+        mbar_wait(&full[s], phase);
         const T* xs = sbuf + (i64)2 * s * cols;
         float sg = 0.f, sgx = 0.f;
-        norm_tma_pass<T, VPT, ACC, N, false>(xs, xs + cols, w, nvec, wf32, tpr, lane, mu, rs, sg, sgx, dx, aw, ab);
-        if constexpr (RG == 1)
-            block_sum2(sg, sgx, red);
-        else
-            rg_sum2(sg, sgx, tpr, red);
-        // every thread of the group is past the previous row (its barriers above): refill that stage, `stages` on
-        if (lane == 0 && it >= 1 && it - 1 + stages < mine) {
+        norm_tma_pass<T, VPT, ACC, N, false>(xs, xs + cols, w, nvec, wf32, mu, rs, sg, sgx, dx, aw, ab);
+        block_sum2(sg, sgx, red);
+        // every thread is past the previous row (its barriers above): refill that stage, `stages` rows on
+        if (threadIdx.x == 0 && it >= 1 && it - 1 + stages < mine) {
             fence_proxy_async();
-            norm_tma_fill<T>(sbuf, fb, s == 0 ? stages - 1 : s - 1, x, dy, row + (i64)(stages - 1) * nvb, cols);
+            norm_tma_fill<T>(sbuf, full, s == 0 ? stages - 1 : s - 1, x, dy, row + (i64)(stages - 1) * gridDim.x,
+                             cols);
         }
         float mg = rms ? 0.f : sg * inv_cols, mgx = sgx * inv_cols;
-        norm_tma_pass<T, VPT, ACC, N, true>(xs, xs + cols, w, nvec, wf32, tpr, lane, mu, rs, mg, mgx,
-                                            dx + row * cols, aw, ab);
+        norm_tma_pass<T, VPT, ACC, N, true>(xs, xs + cols, w, nvec, wf32, mu, rs, mg, mgx, dx + row * cols, aw, ab);
         if (++s == stages) {
             s = 0;
             phase ^= 1u;
@@ -1092,38 +1081,6 @@ __device__ __forceinline__ void norm_bwd_tma_body(NORM_TMA_PARAMS) {
         return;
     }
     const i64 base = (i64)blockIdx.x * cols;
-    if constexpr (RG > 1) {
-        // the groups' partials into the stage buffers (RG * ACC * cols floats <= RG * stages * 2 * cols * sizeof(T)
-        // for stages >= 2), then the block adds them in group order, 4 columns per thread and step
-        float* acc = reinterpret_cast<float*>(norm_rows);  // [group][dw | db][cols]
-        __syncthreads();
-#pragma unroll
-        for (int i = 0; i < VPT; ++i) {
-            const int k = i * tpr + lane;
-            if (k < nvec) {
-                store_f32<float, N>(acc + (i64)rg * ACC * cols + (i64)k * N, aw[i]);
-                if (ACC == 2) store_f32<float, N>(acc + ((i64)rg * ACC + 1) * cols + (i64)k * N, ab[i]);
-            }
-        }
-        __syncthreads();
-        const int q = cols / 4;
-        for (int c = threadIdx.x; c < ACC * q; c += blockDim.x) {
-            const int a = c / q, c4 = 4 * (c - a * q);
-            float* out = a ? db_part : dw_part;
-            if (out == nullptr) continue;
-            float4 t = *reinterpret_cast<const float4*>(acc + (i64)a * cols + c4);
-#pragma unroll
-            for (int g = 1; g < RG; ++g) {
-                const float4 u = *reinterpret_cast<const float4*>(acc + ((i64)g * ACC + a) * cols + c4);
-                t.x += u.x;
-                t.y += u.y;
-                t.z += u.z;
-                t.w += u.w;
-            }
-            *reinterpret_cast<float4*>(out + base + c4) = t;
-        }
-        return;
-    }
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
         const int k = i * blockDim.x + threadIdx.x;
@@ -1134,14 +1091,14 @@ __device__ __forceinline__ void norm_bwd_tma_body(NORM_TMA_PARAMS) {
     }
 }
 
-template <typename T, int VPT, int ACC, int REGS, int RG>
+template <typename T, int VPT, int ACC, int REGS>
 __global__ void __maxnreg__(REGS) norm_bwd_tma(NORM_TMA_PARAMS) {
-    norm_bwd_tma_body<T, VPT, ACC, 1, RG>(NORM_TMA_ARGS);
+    norm_bwd_tma_body<T, VPT, ACC, 1>(NORM_TMA_ARGS);
 }
 
 template <typename T, int VPT, int ACC, int CL, int REGS>
 __global__ void __cluster_dims__(CL, 1, 1) __maxnreg__(REGS) norm_bwd_tma_cl(NORM_TMA_PARAMS) {
-    norm_bwd_tma_body<T, VPT, ACC, CL, 1>(NORM_TMA_ARGS);
+    norm_bwd_tma_body<T, VPT, ACC, CL>(NORM_TMA_ARGS);
 }
 #endif
 

@@ -92,9 +92,6 @@ BWD_TMA_MIN_REGS = 80  # rows of more threads than the SM's registers allow at b
 bwd_tma_vpt = None    # 16-byte vectors per thread (1 or 2); None: the fewest that keep a row within 256 threads
 bwd_tma_grid = None   # blocks per SM (None: as many as fit)
 bwd_tma_cluster = 1   # blocks per cluster (1: every block writes its own part row)
-# Row groups per block (unclustered only): each streams its own rows as a block of one would, and the block adds the
-# groups' partials into one part row, so a launch writes bwd_tma_rg times fewer part rows for the same row streams.
-bwd_tma_rg = 1
 # The grid: as many blocks as fit (False), or the fewest that keep the same most rows per block (True: 4608 rows on
 # 396 block slots take 384 blocks of 12 rows, not 252 of 12 and 144 of 11; 384 part rows, not 396). Off: not faster
 # on the H100 (bench/kernel_sweep.py plan, 3 interleaved rounds: rms 0.0364 vs 0.0366 ms, LN affine 0.0387 vs 0.0376).
@@ -303,9 +300,9 @@ def _occupancy(kernel, block, smem):
 def _bwd_tma_plan(dtype, rows, cols, acc, aligned):
     """(kernel, grid, block, stages, smem, cluster) of norm_bwd_tma (norm_bwd_tma_cl where bwd_tma_cluster > 1), or
     None where it does not apply: sm_90+, weight gradients (acc 1 or 2), the 16-byte vector path (cols % vec == 0,
-    16-byte aligned rows), one row per row group of a multiple of 32 threads (> 32) at vpt <= 2 vectors each
-    (bwd_tma_rg groups per block, unclustered), and >= 2 stages of x and dy rows per group in shared memory. The
-    grid: the blocks that fit at once (or one per bwd_tma_rg rows), whole clusters."""
+    16-byte aligned rows), one row per block of a multiple of 32 threads (> 32) at vpt <= 2 vectors each, and >= 2
+    stages of x and dy rows in shared memory. The grid: the blocks that fit at once (or one per row), whole
+    clusters."""
     if not (bwd_tma and acc and aligned) or _device_props()[4] < 90:
         return None
     vec = L.vec_width(dtype)
@@ -314,36 +311,33 @@ def _bwd_tma_plan(dtype, rows, cols, acc, aligned):
     nvec = cols // vec
     vpt = bwd_tma_vpt or (1 if nvec <= 256 else 2)
     tpr = L.row_tpr(nvec, vpt)
-    cl = bwd_tma_cluster
-    rg = 1 if cl > 1 else max(1, min(bwd_tma_rg, 1024 // tpr))
-    block = tpr * rg
     if tpr <= 32 or tpr > 1024:
         return None
-    regs = min(bwd_tma_regs, _device_props()[0] // block // 8 * 8)  # one block's registers fit the SM
+    regs = min(bwd_tma_regs, _device_props()[0] // tpr // 8 * 8)  # one block's registers fit the SM
     if regs < min(bwd_tma_regs, BWD_TMA_MIN_REGS):
         return None
     try:
+        cl = bwd_tma_cluster
         name = (f"norm_bwd_tma_cl<{{T}}, {vpt}, {acc}, {cl}, {regs}>" if cl > 1 else
-                f"norm_bwd_tma<{{T}}, {vpt}, {acc}, {regs}, {rg}>")
+                f"norm_bwd_tma<{{T}}, {vpt}, {acc}, {regs}>")
         kernel = L.get_function("norms", name, dtype)
     except KernelCompileError:  # e.g. an NVRTC before CUDA 12.4 (no __maxnreg__)
         return None
-    if block > kernel.max_threads_per_block:
+    if tpr > kernel.max_threads_per_block:
         return None
-    row = 2 * cols * np.dtype(dtype).itemsize * rg  # the stages of every row group
+    row = 2 * cols * np.dtype(dtype).itemsize
     cap = _device_props()[3] - kernel.shared_size_bytes
     stages = min(bwd_tma_stages, NORM_TMA_MAX_STAGES, cap // row)
     if stages < 2:
         return None
     smem = stages * row
-    per_sm = bwd_tma_grid or _occupancy(kernel, block, smem)
+    per_sm = bwd_tma_grid or _occupancy(kernel, tpr, smem)
     if per_sm < 1:
         return None
-    streams = L.cdiv(rows, rg)  # blocks that give every row group a row
-    grid = max(cl, min(streams, L.sm_count() * per_sm) // cl * cl)
-    if bwd_tma_even and rg == 1:  # the same most rows per block by the fewest blocks: fewer part rows
+    grid = max(cl, min(rows, L.sm_count() * per_sm) // cl * cl)
+    if bwd_tma_even:  # the same most rows per block by the fewest blocks: fewer part rows, no shorter blocks idle
         grid = min(grid, L.cdiv(L.cdiv(rows, L.cdiv(rows, grid)), cl) * cl)
-    return kernel, (grid,), (block,), stages, smem, cl
+    return kernel, (grid,), (tpr,), stages, smem, cl
 
 
 def _layer_bwd_tma(plan, dy, x, w, wf32, mean_arg, rstd, weight, bias, rows, cols, rms):

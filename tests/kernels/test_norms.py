@@ -195,14 +195,13 @@ TMA_SHAPES = [(1, 1024), (7, 1004), (5, 2048), (300, 3072), (2000, 3072), (129, 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dt", list(DTYPES))
 @pytest.mark.parametrize("shape", TMA_SHAPES)
-@pytest.mark.parametrize("finish", ["column_sum", "dependent", "cluster2", "cluster4", "even", "groups2", "groups3"])
+@pytest.mark.parametrize("finish", ["column_sum", "dependent", "cluster2", "cluster4", "even"])
 @pytest.mark.parametrize("case", ["rms", "ln_weight", "ln_affine", "ln_bias", "ln_fp32_params"])
 def test_backward_bulk_copy_kernel(monkeypatch, ab, rng, dt, shape, finish, case):
     """norm_bwd_tma (sm_90): rows streamed through shared memory by bulk copies, the weight / bias gradients summed
     by column_sum after it (an ordinary or a programmatic dependent launch), the partials first added in clusters of
-    2 or 4 blocks (norm_bwd_tma_cl) or not, the even grid (bwd_tma_even), 2 or 3 row groups per block adding theirs
-    into one part row (bwd_tma_rg); ragged row counts (fewer rows than blocks or row groups, not a multiple of the
-    grid), cols % 8 != 0 (1004 fp32), 1 and 2 vectors per thread, 2 and 4 stages."""
+    2 or 4 blocks (norm_bwd_tma_cl) or not, the even grid (bwd_tma_even); ragged row counts (fewer rows than
+    blocks, not a multiple of the grid), cols % 8 != 0 (1004 fp32), 1 and 2 vectors per thread, 2 and 4 stages."""
     from flame_core.kernels import loader
     d = DTYPES[dt]
     # where the kernel cannot run (before sm_90, 1004-wide fp16/bf16 rows off the 16-byte path, 12288-wide fp32 rows
@@ -213,7 +212,6 @@ def test_backward_bulk_copy_kernel(monkeypatch, ab, rng, dt, shape, finish, case
     monkeypatch.setattr(K, "bwd_tma_dependent", finish != "column_sum")
     monkeypatch.setattr(K, "bwd_tma_cluster", int(finish[-1]) if finish.startswith("cluster") else 1)
     monkeypatch.setattr(K, "bwd_tma_even", finish == "even")
-    monkeypatch.setattr(K, "bwd_tma_rg", int(finish[-1]) if finish.startswith("groups") else 1)
     monkeypatch.setattr(K, "bwd_tma_stages", 2 if shape[0] == 300 else 4)
     ran = []
     real = K._layer_bwd_tma
@@ -324,20 +322,19 @@ def test_backward_cluster_plan(monkeypatch, cols, dt, acc, regs, cl):
 @pytest.mark.parametrize("dt", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("acc", [0, 1, 2])
 @pytest.mark.parametrize("stages", [2, 4, 8])
-@pytest.mark.parametrize("cluster,rg", [(1, 1), (2, 1), (1, 3)])
-def test_backward_bulk_copy_plan(monkeypatch, cols, dt, acc, stages, cluster, rg):
+@pytest.mark.parametrize("cluster", [1, 2])
+def test_backward_bulk_copy_plan(monkeypatch, cols, dt, acc, stages, cluster):
     """norm_bwd_tma's plan keeps to what the kernel assumes: sm_90, weight gradients, the 16-byte vector path, one
-    row per row group of a multiple of 32 threads (> 32; rg groups per block within the kernel's limit) at vpt <= 2,
-    2 <= stages <= the asked number of x and dy rows per group in shared memory within the block limit, as many
-    blocks as the occupancy allows (at most one per rg rows), or with bwd_tma_even (one group) the fewest with the
-    same most rows per block; otherwise None (the other plans)."""
+    row per block of a multiple of 32 threads (> 32, <= the kernel's limit) at vpt <= 2, 2 <= stages <= the asked
+    number of x and dy rows in shared memory within the block limit, as many blocks as the occupancy allows (at most
+    one per row), or with bwd_tma_even the fewest with the same most rows per block; otherwise None (the other
+    plans)."""
     from flame_core.kernels import loader
     monkeypatch.setattr(loader, "get_function", lambda stem, name, dtype=None: _PlanKernel(name, 72))
     monkeypatch.setattr(loader, "sm_count", lambda: 132)
     monkeypatch.setattr(K, "_occupancy", lambda kernel, block, smem: min(232448 // (smem + 2048), 2048 // block))
     monkeypatch.setattr(K, "bwd_tma_stages", stages)
     monkeypatch.setattr(K, "bwd_tma_cluster", cluster)
-    monkeypatch.setattr(K, "bwd_tma_rg", rg)
     monkeypatch.setattr(K, "bwd_tma_even", False)
     d = DTYPES[dt]
     vec, isz = loader.vec_width(d), np.dtype(d).itemsize
@@ -348,29 +345,25 @@ def test_backward_bulk_copy_plan(monkeypatch, cols, dt, acc, stages, cluster, rg
             nvec = cols // vec
             limit = _PlanKernel("", 72).max_threads_per_block
             tpr = loader.row_tpr(nvec, 1 if nvec <= 256 else 2)
-            groups = max(1, min(rg, 1024 // tpr))  # as many row groups as fit 1024 threads
-            fits = (cc >= 90 and acc and aligned and cols % vec == 0 and 32 < tpr and tpr * groups <= limit
-                    and 65536 // (tpr * groups) // 8 * 8 >= min(K.bwd_tma_regs, K.BWD_TMA_MIN_REGS)
-                    and groups * 2 * 2 * cols * isz <= 232448 - 2048)
+            fits = (cc >= 90 and acc and aligned and cols % vec == 0 and 32 < tpr <= limit
+                    and 65536 // tpr // 8 * 8 >= min(K.bwd_tma_regs, K.BWD_TMA_MIN_REGS)
+                    and 2 * 2 * cols * isz <= 232448 - 2048)
             if not fits:
                 assert plan is None
                 continue
             kernel, (grid,), (block,), st, smem, cl = plan
             vpt = 1 if nvec <= 256 else 2
-            assert block == tpr * groups and block * vpt >= nvec * groups
             regs = min(K.bwd_tma_regs, 65536 // block // 8 * 8)  # lowered for wide rows, never below 80
             assert regs >= min(K.bwd_tma_regs, K.BWD_TMA_MIN_REGS)
             if cl == 1:
-                assert kernel.name == f"norm_bwd_tma<{{T}}, {vpt}, {acc}, {regs}, {groups}>"
+                assert kernel.name == f"norm_bwd_tma<{{T}}, {vpt}, {acc}, {regs}>"
             else:
-                assert kernel.name == f"norm_bwd_tma_cl<{{T}}, {vpt}, {acc}, {cl}, {regs}>" and groups == 1
+                assert kernel.name == f"norm_bwd_tma_cl<{{T}}, {vpt}, {acc}, {cl}, {regs}>"
                 assert grid % cl == 0
-            assert block % 32 == 0 and 32 < block <= kernel.max_threads_per_block
-            assert 2 <= st <= stages and smem == groups * st * 2 * cols * isz and smem + 2048 <= 232448
-            most = max(cl, min(-(-rows // groups), 132 * K._occupancy(kernel, block, smem)) // cl * cl)
+            assert block % 32 == 0 and 32 < block <= kernel.max_threads_per_block and block * vpt >= nvec
+            assert 2 <= st <= stages and smem == st * 2 * cols * isz and smem + 2048 <= 232448
+            most = max(cl, min(rows, 132 * K._occupancy(kernel, block, smem)) // cl * cl)
             assert grid == most  # as many blocks as fit (bwd_tma_even off)
-            if groups > 1:
-                continue  # the even grid is for one row group per block
             # even: the fewest blocks (a multiple of cl) with the same most rows per block as the fullest grid
             monkeypatch.setattr(K, "bwd_tma_even", True)
             even = K._bwd_tma_plan(d, rows, cols, acc, aligned)[1][0]
