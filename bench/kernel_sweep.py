@@ -13,7 +13,11 @@ before each call, each call timed alone with CUDA events, median of 30):
         default plan (3 interleaved rounds);
   plan  the bulk-copy backward by (register cap, blocks per SM, stages, column_sum_vec_rows, cluster, even grid):
         fewer blocks per SM, clusters or the even grid write fewer part rows (3 interleaved rounds).
-Run: PYTHONPATH=$PWD python3 bench/kernel_sweep.py [act,rms,gn,tma,csum,plan]"""
+  vpt   the bulk-copy backward by (16-byte vectors per thread, register cap, stages): one vector per thread puts
+        twice the threads on a row (384 for 3072 bf16 columns) at fewer registers each, so more warps per SM for the
+        same part rows (5 interleaved rounds with torch and the copy of x; x copy = GB/s over the copy's GB/s as in
+        bench/kernels.py), then the kernel alone for the default and the fastest.
+Run: PYTHONPATH=$PWD python3 bench/kernel_sweep.py [act,rms,gn,tma,csum,plan,vpt]"""
 import itertools
 import statistics
 import sys
@@ -335,8 +339,64 @@ def plan_sweep():
             setattr(m, k, v)
 
 
+def vpt_sweep():
+    x, dy = B.randn((4608, 3072)), B.randn((4608, 3072))
+    w, b = B.randn((3072,)) + 1, B.randn((3072,))
+    _, rs = K.rms_norm_forward(x, w, 1e-6)
+    _, mean, rstd = K.layer_norm_forward(x, None, None, 1e-6)
+    with L.reference():
+        refs = {1: K.rms_norm_backward(dy, x, w, rs), 2: K.layer_norm_backward(dy, x, w, mean, rstd, b)}
+    fns = {1: ("rms", lambda: K.rms_norm_backward(dy, x, w, rs)),
+           2: ("ln_aff", lambda: K.layer_norm_backward(dy, x, w, mean, rstd, b))}
+    tor = {1: B._torch_bwd_many(lambda t, w_: F.rms_norm(t, (3072,), w_, eps=1e-6), (x, w), dy),
+           2: B._torch_bwd_many(lambda t, w_, b_: F.layer_norm(t, (3072,), w_, b_, eps=1e-6), (x, w, b), dy)}
+    dst = cp.empty_like(x)
+    knobs = ("bwd_tma_vpt", "bwd_tma_regs", "bwd_tma_stages")
+    default = tuple(getattr(K, k) for k in knobs)
+    configs = list(dict.fromkeys([default, (1, 56, 3), (1, 56, 4), (1, 56, 2), (1, 64, 3), (1, 80, 3)]))
+
+    def setc(c):
+        for k, v in zip(knobs, c):
+            setattr(K, k, v)
+
+    for acc, (name, fn) in fns.items():
+        times = {c: [] for c in configs + ["torch", "copy"]}
+        desc = {}
+        for c in configs:
+            setc(c)
+            p = K._bwd_tma_plan(x.dtype, 4608, 3072, acc, True)
+            e = max(float(cp.abs(g.astype(np.float32) - r.astype(np.float32)).max() /
+                          (float(cp.abs(r.astype(np.float32)).max()) + 1e-30)) for g, r in zip(fn(), refs[acc]))
+            desc[c] = (f"grid {p[1][0]} block {p[2][0]} regs {p[0].num_regs} stages {p[3]}  max rel diff {e:.3g}")
+        for _ in range(5):  # interleaved rounds: drifts hit every config alike
+            for c in configs:
+                setc(c)
+                times[c].append(B.time_ms(fn))
+            times["torch"].append(B.time_ms(tor[acc], torch_op=True))
+            times["copy"].append(B.time_ms(lambda: cp.copyto(dst, x)))
+        copy = statistics.median(times["copy"])
+        print(f"== {name} bwd 4608x3072 bf16 by (vectors per thread, regs, stages), median of 5 interleaved rounds "
+              f"(ms), fastest first; copy of x {copy:.4f} ms")
+        for c in sorted(times, key=lambda c: statistics.median(times[c])):
+            t = statistics.median(times[c])
+            print(f"  {str(c):16s} {t:.4f}  x copy {1.5 * copy / t:.3f}  ({' '.join(f'{v:.4f}' for v in times[c])})"
+                  f"  {desc.get(c, '')}", flush=True)
+        best = min(configs, key=lambda c: statistics.median(times[c]))
+        for c in dict.fromkeys((default, best)):  # the kernel alone (part rows, no sums)
+            setc(c)
+            kernel, grid, block, stages, smem, cl = K._bwd_tma_plan(x.dtype, 4608, 3072, acc, True)
+            parts = cp.empty((acc, grid[0], 3072), dtype=np.float32)
+            dx = cp.empty_like(x)
+            args = (dy, x, w, L.null() if acc == 1 else mean, rs if acc == 1 else rstd, dx, parts[0],
+                    parts[acc - 1] if acc == 2 else L.null(), L.i64(4608), L.i32(3072), L.i32(int(acc == 1)),
+                    L.i32(0), L.i32(stages))
+            t_k = B.time_ms(lambda: L.launch(kernel, grid, block, args, shared_mem=smem))
+            print(f"  {name} {c}: kernel alone {t_k:.4f}", flush=True)
+        setc(default)
+
+
 if __name__ == "__main__":
     cp.random.seed(0)
     for s in SECTIONS:
         {"act": act_sweep, "rms": rms_sweep, "gn": gn_sweep, "probe": probe, "tma": tma_sweep, "csum": csum_sweep,
-         "plan": plan_sweep}[s]()
+         "plan": plan_sweep, "vpt": vpt_sweep}[s]()
