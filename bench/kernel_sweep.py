@@ -32,6 +32,35 @@ from flame_core.kernels import activations as A, loader as L, norms as K  # noqa
 cp, torch, F = B.cp, B.torch, B.F
 SECTIONS = (_args[0].split(",") if _args else ["act", "rms", "gn"])
 
+def _norm_inputs():
+    """The norm sweeps' inputs: 4608x3072 bf16 x and dy, weight and bias, rms_norm's rstd and layer_norm's mean and
+    rstd of x."""
+    x, dy = B.randn((4608, 3072)), B.randn((4608, 3072))
+    w, b = B.randn((3072,)) + 1, B.randn((3072,))
+    _, rs = K.rms_norm_forward(x, w, 1e-6)
+    _, mean, rstd = K.layer_norm_forward(x, None, None, 1e-6)
+    return x, dy, w, b, rs, mean, rstd
+
+
+def _max_rel_diff(got, want):
+    """Largest |got - want| over max |want| of the gradients (None entries skipped)."""
+    return max(float(cp.abs(g.astype(np.float32) - r.astype(np.float32)).max() /
+                     (float(cp.abs(r.astype(np.float32)).max()) + 1e-30))
+               for g, r in zip(got, want) if g is not None)
+
+
+def _tma_kernel_alone(x, dy, w, rs, mean, rstd, acc):
+    """(ms, part rows) of the current bulk-copy backward plan's kernel launched alone (rms: acc 1, LayerNorm affine:
+    acc 2), part rows written, no column sums."""
+    kernel, grid, block, stages, smem, cl = K._bwd_tma_plan(x.dtype, 4608, 3072, acc, True)
+    parts = cp.empty((acc, grid[0] // cl, 3072), dtype=np.float32)
+    dx = cp.empty_like(x)
+    args = (dy, x, w, L.null() if acc == 1 else mean, rs if acc == 1 else rstd, dx, parts[0],
+            parts[acc - 1] if acc == 2 else L.null(), L.i64(4608), L.i32(3072), L.i32(int(acc == 1)),
+            L.i32(0), L.i32(stages))
+    return B.time_ms(lambda: L.launch(kernel, grid, block, args, shared_mem=smem)), parts
+
+
 def act_sweep():
     """The library's activation kernels under every (vectors per thread U, block) plan, then the two best plans of each
     kernel and torch in 3 interleaved rounds."""
@@ -64,10 +93,7 @@ def act_sweep():
 
 
 def rms_sweep():
-    x, dy = B.randn((4608, 3072)), B.randn((4608, 3072))
-    w, b = B.randn((3072,)) + 1, B.randn((3072,))
-    _, rs = K.rms_norm_forward(x, w, 1e-6)
-    _, mean, rstd = K.layer_norm_forward(x, None, None, 1e-6)
+    x, dy, w, b, rs, mean, rstd = _norm_inputs()
     q, wq = B.randn((110592, 128)), B.randn((128,)) + 1
     _, rq = K.rms_norm_forward(q, wq, 1e-6)
     dq = B.randn((110592, 128))
@@ -204,10 +230,7 @@ def probe():
 
 
 def tma_sweep():
-    x, dy = B.randn((4608, 3072)), B.randn((4608, 3072))
-    w, b = B.randn((3072,)) + 1, B.randn((3072,))
-    _, rs = K.rms_norm_forward(x, w, 1e-6)
-    _, mean, rstd = K.layer_norm_forward(x, None, None, 1e-6)
+    x, dy, w, b, rs, mean, rstd = _norm_inputs()
     with L.reference():
         ref = K.rms_norm_backward(dy, x, w, rs)
         ref_ln = K.layer_norm_backward(dy, x, w, mean, rstd, b)
@@ -224,9 +247,7 @@ def tma_sweep():
     default = {k: getattr(K, k) for k in knobs + ("bwd_tma",)}
 
     def err(acc):
-        got, want = ops[acc][1](), ops[acc][2]
-        return max(float(cp.abs(g.astype(np.float32) - r.astype(np.float32)).max() /
-                         (float(cp.abs(r.astype(np.float32)).max()) + 1e-30)) for g, r in zip(got, want))
+        return _max_rel_diff(ops[acc][1](), ops[acc][2])
 
     def plan_of(acc):
         p = K._bwd_tma_plan(x.dtype, 4608, 3072, acc, True) if K.bwd_tma else None
@@ -267,13 +288,8 @@ def tma_sweep():
         for cfg in dict.fromkeys((best, tuple(default[k] for k in knobs))):
             for k, v in zip(knobs, cfg):
                 setattr(K, k, v)
-            kernel, grid, block, stages, smem, cl = K._bwd_tma_plan(x.dtype, 4608, 3072, acc, True)
-            parts = cp.empty((acc, grid[0] // cl, 3072), dtype=np.float32)
-            dx = cp.empty_like(x)
-            args = (dy, x, w, L.null() if acc == 1 else mean, rs if acc == 1 else rstd, dx, parts[0],
-                    parts[acc - 1] if acc == 2 else L.null(), L.i64(4608), L.i32(3072), L.i32(int(acc == 1)),
-                    L.i32(0), L.i32(stages))
-            t_k = B.time_ms(lambda: L.launch(kernel, grid, block, args, shared_mem=smem))
+            block = K._bwd_tma_plan(x.dtype, 4608, 3072, acc, True)[2]
+            t_k, parts = _tma_kernel_alone(x, dy, w, rs, mean, rstd, acc)
             t_s = B.time_ms(lambda: L.column_sum("norms", "column_sum", parts, x.dtype))
             print(f"  {name} {cfg} block {block}: kernel alone {t_k:.4f}  column_sum of {parts.shape} alone "
                   f"{t_s:.4f}", flush=True)
@@ -281,10 +297,7 @@ def tma_sweep():
 
 
 def csum_sweep():
-    x, dy = B.randn((4608, 3072)), B.randn((4608, 3072))
-    w, b = B.randn((3072,)) + 1, B.randn((3072,))
-    _, rs = K.rms_norm_forward(x, w, 1e-6)
-    _, mean, rstd = K.layer_norm_forward(x, None, None, 1e-6)
+    x, dy, w, b, rs, mean, rstd = _norm_inputs()
     grid = K._bwd_tma_plan(x.dtype, 4608, 3072, 1, True)[1]
     parts = {a: B.randn((a, grid[0], 3072)).astype(np.float32) for a in (1, 2)}
     fns = {"rms bwd": lambda: K.rms_norm_backward(dy, x, w, rs),
@@ -307,10 +320,7 @@ def csum_sweep():
 
 
 def plan_sweep():
-    x, dy = B.randn((4608, 3072)), B.randn((4608, 3072))
-    w, b = B.randn((3072,)) + 1, B.randn((3072,))
-    _, rs = K.rms_norm_forward(x, w, 1e-6)
-    _, mean, rstd = K.layer_norm_forward(x, None, None, 1e-6)
+    x, dy, w, b, rs, mean, rstd = _norm_inputs()
     fns = {"rms bwd": (lambda: K.rms_norm_backward(dy, x, w, rs), 1),
            "ln affine bwd": (lambda: K.layer_norm_backward(dy, x, w, mean, rstd, b), 2)}
     knobs = ((K, "bwd_tma_regs"), (K, "bwd_tma_grid"), (K, "bwd_tma_stages"), (L, "column_sum_vec_rows"),
@@ -340,10 +350,7 @@ def plan_sweep():
 
 
 def vpt_sweep():
-    x, dy = B.randn((4608, 3072)), B.randn((4608, 3072))
-    w, b = B.randn((3072,)) + 1, B.randn((3072,))
-    _, rs = K.rms_norm_forward(x, w, 1e-6)
-    _, mean, rstd = K.layer_norm_forward(x, None, None, 1e-6)
+    x, dy, w, b, rs, mean, rstd = _norm_inputs()
     with L.reference():
         refs = {1: K.rms_norm_backward(dy, x, w, rs), 2: K.layer_norm_backward(dy, x, w, mean, rstd, b)}
     fns = {1: ("rms", lambda: K.rms_norm_backward(dy, x, w, rs)),
@@ -365,9 +372,8 @@ def vpt_sweep():
         for c in configs:
             setc(c)
             p = K._bwd_tma_plan(x.dtype, 4608, 3072, acc, True)
-            e = max(float(cp.abs(g.astype(np.float32) - r.astype(np.float32)).max() /
-                          (float(cp.abs(r.astype(np.float32)).max()) + 1e-30)) for g, r in zip(fn(), refs[acc]))
-            desc[c] = (f"grid {p[1][0]} block {p[2][0]} regs {p[0].num_regs} stages {p[3]}  max rel diff {e:.3g}")
+            desc[c] = (f"grid {p[1][0]} block {p[2][0]} regs {p[0].num_regs} stages {p[3]}  "
+                       f"max rel diff {_max_rel_diff(fn(), refs[acc]):.3g}")
         for _ in range(5):  # interleaved rounds: drifts hit every config alike
             for c in configs:
                 setc(c)
@@ -384,14 +390,8 @@ def vpt_sweep():
         best = min(configs, key=lambda c: statistics.median(times[c]))
         for c in dict.fromkeys((default, best)):  # the kernel alone (part rows, no sums)
             setc(c)
-            kernel, grid, block, stages, smem, cl = K._bwd_tma_plan(x.dtype, 4608, 3072, acc, True)
-            parts = cp.empty((acc, grid[0], 3072), dtype=np.float32)
-            dx = cp.empty_like(x)
-            args = (dy, x, w, L.null() if acc == 1 else mean, rs if acc == 1 else rstd, dx, parts[0],
-                    parts[acc - 1] if acc == 2 else L.null(), L.i64(4608), L.i32(3072), L.i32(int(acc == 1)),
-                    L.i32(0), L.i32(stages))
-            t_k = B.time_ms(lambda: L.launch(kernel, grid, block, args, shared_mem=smem))
-            print(f"  {name} {c}: kernel alone {t_k:.4f}", flush=True)
+            print(f"  {name} {c}: kernel alone {_tma_kernel_alone(x, dy, w, rs, mean, rstd, acc)[0]:.4f}",
+                  flush=True)
         setc(default)
 
 
