@@ -17,7 +17,11 @@ before each call, each call timed alone with CUDA events, median of 30):
         twice the threads on a row (384 for 3072 bf16 columns) at fewer registers each, so more warps per SM for the
         same part rows (5 interleaved rounds with torch and the copy of x; x copy = GB/s over the copy's GB/s as in
         bench/kernels.py), then the kernel alone for the default and the fastest.
-Run: PYTHONPATH=$PWD python3 bench/kernel_sweep.py [act,rms,gn,tma,csum,plan,vpt]"""
+  ramp  the bulk-copy backward by (stages filled at entry, one-barrier block reduction, row loop, register cap,
+        blocks per SM, stages, cluster): the first rows of all blocks not queued behind their later rows, one barrier
+        per row instead of two, the weight (and the row's xhat and g between the passes) in registers (5 interleaved
+        rounds with torch and the copy of x, as vpt).
+Run: PYTHONPATH=$PWD python3 bench/kernel_sweep.py [act,rms,gn,tma,csum,plan,vpt,ramp]"""
 import itertools
 import statistics
 import sys
@@ -57,7 +61,7 @@ def _tma_kernel_alone(x, dy, w, rs, mean, rstd, acc):
     dx = cp.empty_like(x)
     args = (dy, x, w, L.null() if acc == 1 else mean, rs if acc == 1 else rstd, dx, parts[0],
             parts[acc - 1] if acc == 2 else L.null(), L.i64(4608), L.i32(3072), L.i32(int(acc == 1)),
-            L.i32(0), L.i32(stages))
+            L.i32(0), L.i32(stages), L.i32(K.bwd_tma_opts(stages)))
     return B.time_ms(lambda: L.launch(kernel, grid, block, args, shared_mem=smem)), parts
 
 
@@ -349,7 +353,10 @@ def plan_sweep():
             setattr(m, k, v)
 
 
-def vpt_sweep():
+def _knob_sweep(title, knobs, configs, rounds=5):
+    """The whole rms / LayerNorm affine backward (4608x3072 bf16) under each config of norms.py `knobs`, in `rounds`
+    interleaved rounds with torch and the copy of x (x copy = GB/s over the copy's GB/s as in bench/kernels.py), each
+    config's max relative difference from the reference; then the kernel alone for the default and the fastest."""
     x, dy, w, b, rs, mean, rstd = _norm_inputs()
     with L.reference():
         refs = {1: K.rms_norm_backward(dy, x, w, rs), 2: K.layer_norm_backward(dy, x, w, mean, rstd, b)}
@@ -358,9 +365,8 @@ def vpt_sweep():
     tor = {1: B._torch_bwd_many(lambda t, w_: F.rms_norm(t, (3072,), w_, eps=1e-6), (x, w), dy),
            2: B._torch_bwd_many(lambda t, w_, b_: F.layer_norm(t, (3072,), w_, b_, eps=1e-6), (x, w, b), dy)}
     dst = cp.empty_like(x)
-    knobs = ("bwd_tma_vpt", "bwd_tma_regs", "bwd_tma_stages")
     default = tuple(getattr(K, k) for k in knobs)
-    configs = list(dict.fromkeys([default, (1, 56, 3), (1, 56, 4), (1, 56, 2), (1, 64, 3), (1, 80, 3)]))
+    configs = list(dict.fromkeys([default] + configs))
 
     def setc(c):
         for k, v in zip(knobs, c):
@@ -374,18 +380,18 @@ def vpt_sweep():
             p = K._bwd_tma_plan(x.dtype, 4608, 3072, acc, True)
             desc[c] = (f"grid {p[1][0]} block {p[2][0]} regs {p[0].num_regs} stages {p[3]}  "
                        f"max rel diff {_max_rel_diff(fn(), refs[acc]):.3g}")
-        for _ in range(5):  # interleaved rounds: drifts hit every config alike
+        for _ in range(rounds):  # interleaved rounds: drifts hit every config alike
             for c in configs:
                 setc(c)
                 times[c].append(B.time_ms(fn))
             times["torch"].append(B.time_ms(tor[acc], torch_op=True))
             times["copy"].append(B.time_ms(lambda: cp.copyto(dst, x)))
         copy = statistics.median(times["copy"])
-        print(f"== {name} bwd 4608x3072 bf16 by (vectors per thread, regs, stages), median of 5 interleaved rounds "
-              f"(ms), fastest first; copy of x {copy:.4f} ms")
+        print(f"== {name} bwd 4608x3072 bf16 by {title} {knobs}, median of {rounds} interleaved rounds (ms), fastest "
+              f"first; copy of x {copy:.4f} ms")
         for c in sorted(times, key=lambda c: statistics.median(times[c])):
             t = statistics.median(times[c])
-            print(f"  {str(c):16s} {t:.4f}  x copy {1.5 * copy / t:.3f}  ({' '.join(f'{v:.4f}' for v in times[c])})"
+            print(f"  {str(c):22s} {t:.4f}  x copy {1.5 * copy / t:.3f}  ({' '.join(f'{v:.4f}' for v in times[c])})"
                   f"  {desc.get(c, '')}", flush=True)
         best = min(configs, key=lambda c: statistics.median(times[c]))
         for c in dict.fromkeys((default, best)):  # the kernel alone (part rows, no sums)
@@ -395,8 +401,24 @@ def vpt_sweep():
         setc(default)
 
 
+def vpt_sweep():
+    _knob_sweep("(vectors per thread, regs, stages)", ("bwd_tma_vpt", "bwd_tma_regs", "bwd_tma_stages"),
+                [(1, 56, 3), (1, 56, 4), (1, 56, 2), (1, 64, 3), (1, 80, 3)])
+
+
+def ramp_sweep():
+    _knob_sweep("(stages filled at entry, one-barrier reduction, row loop, regs, blocks per SM, stages, cluster)",
+                ("bwd_tma_early", "bwd_tma_one_barrier", "bwd_tma_loop", "bwd_tma_regs", "bwd_tma_grid",
+                 "bwd_tma_stages", "bwd_tma_cluster"),
+                [(2, True, 1, 96, None, 3, 1), (1, True, 1, 112, None, 3, 1), (2, True, 1, 112, None, 3, 1),
+                 (2, True, 2, 96, None, 3, 1), (1, True, 2, 96, None, 3, 1), (2, True, 2, 112, None, 3, 1),
+                 (1, True, 2, 112, None, 3, 1), (1, True, 2, 128, None, 3, 1), (1, True, 2, 112, None, 4, 1),
+                 (2, True, 2, 112, None, 4, 1), (2, True, 2, 96, 2, 3, 1), (1, True, 2, 96, None, 3, 2),
+                 (2, True, 2, 96, None, 2, 1)])
+
+
 if __name__ == "__main__":
     cp.random.seed(0)
     for s in SECTIONS:
         {"act": act_sweep, "rms": rms_sweep, "gn": gn_sweep, "probe": probe, "tma": tma_sweep, "csum": csum_sweep,
-         "plan": plan_sweep, "vpt": vpt_sweep}[s]()
+         "plan": plan_sweep, "vpt": vpt_sweep, "ramp": ramp_sweep}[s]()

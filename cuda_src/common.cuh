@@ -265,6 +265,24 @@ __device__ __forceinline__ void block_sum2(float& a, float& b, float* scratch) {
     b = warp_sum(lane < nwarps ? scratch[32 + lane] : 0.f);
 }
 
+// block_sum2 with one barrier: each warp's two sums go to `buf` (float2 per warp), and every thread adds the warps'
+// sums itself, in warp order (the same result in every thread). Not safe back to back on one buffer: callers
+// alternate two buffers (a thread writes buffer p again only after a later barrier, which every thread passes once
+// it has read buffer p).
+__device__ __forceinline__ void block_sum2_1b(float& a, float& b, float2* buf) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    a = warp_sum(a);
+    b = warp_sum(b);
+    if (lane == 0) buf[warp] = make_float2(a, b);
+    __syncthreads();
+    a = b = 0.f;
+    for (int k = 0; k < nwarps; ++k) {
+        const float2 v = buf[k];
+        a += v.x;
+        b += v.y;
+    }
+}
+
 __device__ __forceinline__ float block_max(float v, float* smem) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
     v = warp_max(v);

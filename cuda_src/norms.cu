@@ -949,9 +949,14 @@ __global__ void __cluster_dims__(CL, 1, 1) __maxnreg__(REGS) norm_bwd_cl(NORM_BW
 // Block b handles rows b, b + gridDim.x, ... and writes its partials as part row b of dw_part / db_part (gridDim.x
 // rows; either may be null); column_sum sums them after the launch (as a programmatic dependent launch: this kernel
 // lets it start at once, and it waits for this grid before reading). Dynamic shared memory: stages * 2 * cols *
-// sizeof(T) bytes. Python asks for
-// "norm_bwd_tma<T, VPT, ACC, REGS>" or "norm_bwd_tma_cl<T, VPT, ACC, CL, REGS>" on sm_90+ only; REGS caps the
-// registers per thread (__maxnreg__).
+// sizeof(T) bytes. `opts`: bits 0-3, the stages filled at entry (0: all; the rest once the first row has arrived, so
+// the first rows of all blocks are not queued behind everyone's later rows); bit 4, the per-row block reduction with
+// one barrier (two scratch buffers by row parity) instead of two. LOOP: 0, the weight read through L1 in both passes
+// of every row; 1, the weight in registers (fp32, loaded once); 2, as 1, and pass 1 keeps the row's xhat and g in
+// registers and adds the weight-gradient partials, so pass 2 (dx) reads no shared memory and the row's stage is
+// refilled as soon as the block reduction's barrier is passed (one row earlier). Python asks for
+// "norm_bwd_tma<T, VPT, ACC, REGS, LOOP>" or "norm_bwd_tma_cl<T, VPT, ACC, CL, REGS, LOOP>" on sm_90+ only; REGS
+// caps the registers per thread (__maxnreg__).
 #define NORM_TMA_MAX_STAGES 8
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
@@ -967,41 +972,47 @@ __device__ __forceinline__ void norm_tma_fill(T* sbuf, unsigned long long* full,
 
 #define NORM_TMA_PARAMS const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w, \
     const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx, float* __restrict__ dw_part, \
-    float* __restrict__ db_part, i64 rows, int cols, int rms, int wf32, int stages
-#define NORM_TMA_ARGS dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, rms, wf32, stages
+    float* __restrict__ db_part, i64 rows, int cols, int rms, int wf32, int stages, int opts
+#define NORM_TMA_ARGS dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, rms, wf32, stages, opts
 
 // CL > 1 (norm_bwd_tma_cl): clusters of CL blocks add their register partials through distributed shared memory
 // (parts_write_cluster; the stage buffers hold them once the rows are done): part row blockIdx.x / CL, gridDim.x / CL
 // rows.
 // Vector k of a staged row (xs: x, ds: dy in shared memory): xh = (x - mu) * rs, dv = dy, g = dy * w (dy where w is
 // null; w read through L1).
-template <typename T, int N>
+template <typename T, int N, bool WR>
 __device__ __forceinline__ void norm_tma_vec(const T* xs, const T* ds, const void* __restrict__ w, int k, int wf32,
-                                             float mu, float rs, float (&xh)[N], float (&dv)[N], float (&g)[N]) {
+                                             const float (&wr)[N], float mu, float rs, float (&xh)[N],
+                                             float (&dv)[N], float (&g)[N]) {
     float wv[N];
-    if (w) load_any<T, N>(w, (i64)k * N, wf32, wv);
+    if constexpr (WR) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) wv[j] = wr[j];
+    } else if (w) {
+        load_any<T, N>(w, (i64)k * N, wf32, wv);
+    }
     unpack_f32<T>(*reinterpret_cast<const uint4*>(xs + k * N), xh);
     unpack_f32<T>(*reinterpret_cast<const uint4*>(ds + k * N), dv);
 #pragma unroll
     for (int j = 0; j < N; ++j) {
         xh[j] = (xh[j] - mu) * rs;
-        g[j] = w ? dv[j] * wv[j] : dv[j];
+        g[j] = (WR || w) ? dv[j] * wv[j] : dv[j];
     }
 }
 
 // One pass over a staged row (xs: x, ds: dy in shared memory). The first (DX false): sg += sum(g), sgx +=
 // sum(g * xhat). The second (DX): dx of the row (out: its first element) from the row means mg, mgx, and the
-// weight-gradient partials aw += dy * xhat, ab += dy.
-template <typename T, int VPT, int ACC, int N, bool DX>
+// weight-gradient partials aw += dy * xhat, ab += dy. wr: the thread's weight vectors where WR (else unused).
+template <typename T, int VPT, int ACC, int N, bool DX, bool WR>
 __device__ __forceinline__ void norm_tma_pass(const T* xs, const T* ds, const void* __restrict__ w, int nvec, int wf32,
-                                              float mu, float rs, float& sg, float& sgx, T* __restrict__ out,
-                                              float (&aw)[VPT][N], float (&ab)[VPT][N]) {
+                                              const float (&wr)[VPT][N], float mu, float rs, float& sg, float& sgx,
+                                              T* __restrict__ out, float (&aw)[VPT][N], float (&ab)[VPT][N]) {
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
         const int k = i * blockDim.x + threadIdx.x;
         if (k < nvec) {
             float xh[N], dv[N], g[N];
-            norm_tma_vec<T, N>(xs, ds, w, k, wf32, mu, rs, xh, dv, g);
+            norm_tma_vec<T, N, WR>(xs, ds, w, k, wf32, wr[i], mu, rs, xh, dv, g);
 #pragma unroll
             for (int j = 0; j < N; ++j) {
                 if constexpr (DX) {
@@ -1018,22 +1029,83 @@ __device__ __forceinline__ void norm_tma_pass(const T* xs, const T* ds, const vo
     }
 }
 
-template <typename T, int VPT, int ACC, int CL>
+// LOOP 2, pass 1 over a staged row: xk = xhat, gk = g kept for pass 2; sg += sum(g), sgx += sum(g * xhat); the
+// weight-gradient partials aw += dy * xhat, ab += dy (they need no row means). wr: the weight (1 where w is null).
+template <typename T, int VPT, int ACC, int N>
+__device__ __forceinline__ void norm_tma_pass_keep(const T* xs, const T* ds, int nvec, const float (&wr)[VPT][N],
+                                                   float mu, float rs, float& sg, float& sgx, float (&xk)[VPT][N],
+                                                   float (&gk)[VPT][N], float (&aw)[VPT][N], float (&ab)[VPT][N]) {
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+        const int k = i * blockDim.x + threadIdx.x;
+        if (k < nvec) {
+            float dv[N];
+            norm_tma_vec<T, N, true>(xs, ds, nullptr, k, 0, wr[i], mu, rs, xk[i], dv, gk[i]);
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                aw[i][j] += dv[j] * xk[i][j];
+                if (ACC == 2) ab[i][j] += dv[j];
+                sg += gk[i][j];
+                sgx += gk[i][j] * xk[i][j];
+            }
+        }
+    }
+}
+
+// LOOP 2, pass 2: dx of the row from the kept xhat and g (out: the row's first element).
+template <typename T, int VPT, int N>
+__device__ __forceinline__ void norm_tma_dx_keep(int nvec, float rs, float mg, float mgx, const float (&xk)[VPT][N],
+                                                 const float (&gk)[VPT][N], T* __restrict__ out) {
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+        const int k = i * blockDim.x + threadIdx.x;
+        if (k < nvec) {
+            float o[N];
+#pragma unroll
+            for (int j = 0; j < N; ++j) o[j] = rs * (gk[i][j] - mg - xk[i][j] * mgx);
+            *reinterpret_cast<uint4*>(out + (i64)k * N) = pack_f32<T>(o);
+        }
+    }
+}
+
+template <typename T, int VPT, int ACC, int CL, int LOOP>
 __device__ __forceinline__ void norm_bwd_tma_body(NORM_TMA_PARAMS) {
     static_assert(ACC >= 1 && ACC <= 2, "dw (and db)");
+    static_assert(LOOP >= 0 && LOOP <= 2, "row loop variant");
     constexpr int N = VecT<T>::N;
+    constexpr bool WR = LOOP >= 1, KEEP = LOOP == 2;
     extern __shared__ __align__(128) unsigned char norm_rows[];
     __shared__ unsigned long long full[NORM_TMA_MAX_STAGES];
-    __shared__ float red[64];  // block_sum2
+    __shared__ float2 red[2][32];  // block_sum2 (red[0]) or block_sum2_1b (red[row parity])
     grid_dependents_launch();  // a programmatic dependent launch after this one (column_sum) may start its blocks
     const int nvec = cols / N;
     const i64 mine = rows > (i64)blockIdx.x ? (rows - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+    const int early = (opts & 15) && (opts & 15) < stages ? (opts & 15) : stages;
+    const bool one_barrier = opts & 16;
+    float nmu = 0.f, nrs = 0.f;
+    if (mine > 0) {  // before the bulk copies, so these loads are not queued behind them
+        nmu = rms ? 0.f : mean[blockIdx.x];
+        nrs = rstd[blockIdx.x];
+    }
     T* sbuf = reinterpret_cast<T*>(norm_rows);  // stage s: x at sbuf + 2 s cols, dy at sbuf + (2 s + 1) cols
     if (threadIdx.x == 0) {
         for (int s = 0; s < stages; ++s) mbar_init(&full[s], 1);
         mbar_init_fence();
-        for (int s = 0; s < stages && s < mine; ++s)
+        for (int s = 0; s < early && s < mine; ++s)
             norm_tma_fill<T>(sbuf, full, s, x, dy, blockIdx.x + (i64)s * gridDim.x, cols);
+    }
+    float wr[VPT][N];  // the weight where WR
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+        const int k = i * blockDim.x + threadIdx.x;
+        if constexpr (WR) {
+            if (w && k < nvec) {
+                load_any<T, N>(w, (i64)k * N, wf32, wr[i]);
+            } else {
+#pragma unroll
+                for (int j = 0; j < N; ++j) wr[i][j] = 1.f;
+            }
+        }
     }
     __syncthreads();
     float aw[VPT][N], ab[VPT][N];
@@ -1042,11 +1114,6 @@ __device__ __forceinline__ void norm_bwd_tma_body(NORM_TMA_PARAMS) {
 #pragma unroll
         for (int j = 0; j < N; ++j) aw[i][j] = ab[i][j] = 0.f;
     const float inv_cols = 1.f / cols;
-    float nmu = 0.f, nrs = 0.f;
-    if (mine > 0) {
-        nmu = rms ? 0.f : mean[blockIdx.x];
-        nrs = rstd[blockIdx.x];
-    }
     int s = 0;
     unsigned phase = 0;
     for (i64 it = 0; it < mine; ++it) {
@@ -1057,18 +1124,38 @@ __device__ __forceinline__ void norm_bwd_tma_body(NORM_TMA_PARAMS) {
             nrs = rstd[row + gridDim.x];
         }
         mbar_wait(&full[s], phase);
+        if (it == 0 && threadIdx.x == 0)  // the stages not filled at entry: rows early .. stages - 1
+            for (int f = early; f < stages && f < mine; ++f)
+                norm_tma_fill<T>(sbuf, full, f, x, dy, blockIdx.x + (i64)f * gridDim.x, cols);
         const T* xs = sbuf + (i64)2 * s * cols;
         float sg = 0.f, sgx = 0.f;
-        norm_tma_pass<T, VPT, ACC, N, false>(xs, xs + cols, w, nvec, wf32, mu, rs, sg, sgx, dx, aw, ab);
-        block_sum2(sg, sgx, red);
-        // every thread is past the previous row (its barriers above): refill that stage, `stages` rows on
-        if (threadIdx.x == 0 && it >= 1 && it - 1 + stages < mine) {
-            fence_proxy_async();
-            norm_tma_fill<T>(sbuf, full, s == 0 ? stages - 1 : s - 1, x, dy, row + (i64)(stages - 1) * gridDim.x,
-                             cols);
+        float xk[VPT][N], gk[VPT][N];  // LOOP 2: the row's xhat and g between the passes
+        if constexpr (KEEP)
+            norm_tma_pass_keep<T, VPT, ACC, N>(xs, xs + cols, nvec, wr, mu, rs, sg, sgx, xk, gk, aw, ab);
+        else
+            norm_tma_pass<T, VPT, ACC, N, false, WR>(xs, xs + cols, w, nvec, wf32, wr, mu, rs, sg, sgx, dx, aw, ab);
+        if (one_barrier)
+            block_sum2_1b(sg, sgx, red[it & 1]);
+        else
+            block_sum2(sg, sgx, reinterpret_cast<float*>(red[0]));
+        if (threadIdx.x == 0) {
+            if constexpr (KEEP) {  // every thread is past this row's pass 1, the last read of its stage: refill it
+                if (it + stages < mine) {
+                    fence_proxy_async();
+                    norm_tma_fill<T>(sbuf, full, s, x, dy, row + (i64)stages * gridDim.x, cols);
+                }
+            } else if (it >= 1 && it - 1 + stages < mine) {  // every thread is past the previous row: refill its stage
+                fence_proxy_async();
+                norm_tma_fill<T>(sbuf, full, s == 0 ? stages - 1 : s - 1, x, dy,
+                                 row + (i64)(stages - 1) * gridDim.x, cols);
+            }
         }
         float mg = rms ? 0.f : sg * inv_cols, mgx = sgx * inv_cols;
-        norm_tma_pass<T, VPT, ACC, N, true>(xs, xs + cols, w, nvec, wf32, mu, rs, mg, mgx, dx + row * cols, aw, ab);
+        if constexpr (KEEP)
+            norm_tma_dx_keep<T, VPT, N>(nvec, rs, mg, mgx, xk, gk, dx + row * cols);
+        else
+            norm_tma_pass<T, VPT, ACC, N, true, WR>(xs, xs + cols, w, nvec, wf32, wr, mu, rs, mg, mgx,
+                                                    dx + row * cols, aw, ab);
         if (++s == stages) {
             s = 0;
             phase ^= 1u;
@@ -1091,14 +1178,14 @@ __device__ __forceinline__ void norm_bwd_tma_body(NORM_TMA_PARAMS) {
     }
 }
 
-template <typename T, int VPT, int ACC, int REGS>
+template <typename T, int VPT, int ACC, int REGS, int LOOP>
 __global__ void __maxnreg__(REGS) norm_bwd_tma(NORM_TMA_PARAMS) {
-    norm_bwd_tma_body<T, VPT, ACC, 1>(NORM_TMA_ARGS);
+    norm_bwd_tma_body<T, VPT, ACC, 1, LOOP>(NORM_TMA_ARGS);
 }
 
-template <typename T, int VPT, int ACC, int CL, int REGS>
+template <typename T, int VPT, int ACC, int CL, int REGS, int LOOP>
 __global__ void __cluster_dims__(CL, 1, 1) __maxnreg__(REGS) norm_bwd_tma_cl(NORM_TMA_PARAMS) {
-    norm_bwd_tma_body<T, VPT, ACC, CL>(NORM_TMA_ARGS);
+    norm_bwd_tma_body<T, VPT, ACC, CL, LOOP>(NORM_TMA_ARGS);
 }
 #endif
 

@@ -84,10 +84,12 @@ bwd_cluster_regs = 80  # register cap of norm_bwd_cl (255: none)
 # cuda_src/norms.cu): bwd_tma_stages rows of x and dy in flight per block, the partials in registers, clusters of
 # bwd_tma_cluster blocks adding theirs (one part row per cluster), and the column_sum after it as a programmatic
 # dependent launch. Rows of > 32 threads on the 16-byte vector path; others keep _bwd_plan. Measured in
-# BENCHMARKS.md (bench/kernel_sweep.py tma).
+# BENCHMARKS.md (bench/kernel_sweep.py tma, ramp).
 bwd_tma = True
 bwd_tma_stages = 3
-bwd_tma_regs = 96     # register cap of norm_bwd_tma (255: none): 96 fits 3 blocks of 192 threads per SM
+# Register cap of norm_bwd_tma (255: none). 128 with the kept-row loop below: 2 blocks of 192 threads per SM, no
+# spills (LayerNorm's dw, db: 121 registers; at 112 it measured 0.0397 against 0.0347 ms, bench/kernel_sweep.py ramp).
+bwd_tma_regs = 128
 BWD_TMA_MIN_REGS = 80  # rows of more threads than the SM's registers allow at bwd_tma_regs get a lower cap, >= this
 bwd_tma_vpt = None    # 16-byte vectors per thread (1 or 2); None: the fewest that keep a row within 256 threads
 bwd_tma_grid = None   # blocks per SM (None: as many as fit)
@@ -97,6 +99,17 @@ bwd_tma_cluster = 1   # blocks per cluster (1: every block writes its own part r
 # on the H100 (bench/kernel_sweep.py plan, 3 interleaved rounds: rms 0.0364 vs 0.0366 ms, LN affine 0.0387 vs 0.0376).
 bwd_tma_even = False
 bwd_tma_dependent = True  # the column_sum as a programmatic dependent launch (loader.launch_dependent)
+# Stages filled when a block starts (0: all); the others once its first row has arrived, so that the first rows of
+# all blocks are not queued behind everyone's later rows (at 396 blocks x 3 stages the first row landed 3-5 us after
+# entry: bench/norm_trace_probe.py).
+bwd_tma_early = 1
+bwd_tma_one_barrier = True  # the per-row block reduction with one barrier (block_sum2_1b) instead of two
+# The row loop (cuda_src/norms.cu, norm_bwd_tma's LOOP): 0, the weight read through L1 in both passes of every row;
+# 1, the weight in registers; 2, as 1 and the row's xhat and g kept in registers between the passes (pass 2 reads no
+# shared memory; the stage is refilled a row earlier). The traced blocks spent ~97% of their cycles in the row loop's
+# passes and reductions, not waiting for rows (bench/norm_trace_probe.py), so these cut the time per row. A plan whose
+# register cap cannot hold what the loop keeps takes the largest loop that fits (_tma_loop).
+bwd_tma_loop = 2
 _props = {}
 
 
@@ -297,6 +310,17 @@ def _occupancy(kernel, block, smem):
     return n
 
 
+def _tma_loop(vec, vpt, acc, regs):
+    """norm_bwd_tma's row loop: bwd_tma_loop, or the largest below it whose per-thread arrays (vpt vectors of `vec`
+    fp32 values each: the acc partials, plus the weight for loop >= 1, plus xhat and g for loop 2) fit the register
+    cap with ~40 registers to spare (ptxas, bf16 rows of 2 vectors per thread: loop 2 with dw and db uses 121, with
+    dw 105; loop 1 with dw and db 96, no spills)."""
+    loop = bwd_tma_loop
+    while loop > 0 and vec * vpt * (acc + (loop >= 1) + 2 * (loop == 2)) + 40 > regs:
+        loop -= 1
+    return loop
+
+
 def _bwd_tma_plan(dtype, rows, cols, acc, aligned):
     """(kernel, grid, block, stages, smem, cluster) of norm_bwd_tma (norm_bwd_tma_cl where bwd_tma_cluster > 1), or
     None where it does not apply: sm_90+, weight gradients (acc 1 or 2), the 16-byte vector path (cols % vec == 0,
@@ -316,10 +340,11 @@ def _bwd_tma_plan(dtype, rows, cols, acc, aligned):
     regs = min(bwd_tma_regs, _device_props()[0] // tpr // 8 * 8)  # one block's registers fit the SM
     if regs < min(bwd_tma_regs, BWD_TMA_MIN_REGS):
         return None
+    loop = _tma_loop(vec, vpt, acc, regs)
     try:
         cl = bwd_tma_cluster
-        name = (f"norm_bwd_tma_cl<{{T}}, {vpt}, {acc}, {cl}, {regs}>" if cl > 1 else
-                f"norm_bwd_tma<{{T}}, {vpt}, {acc}, {regs}>")
+        name = (f"norm_bwd_tma_cl<{{T}}, {vpt}, {acc}, {cl}, {regs}, {loop}>" if cl > 1 else
+                f"norm_bwd_tma<{{T}}, {vpt}, {acc}, {regs}, {loop}>")
         kernel = L.get_function("norms", name, dtype)
     except KernelCompileError:  # e.g. an NVRTC before CUDA 12.4 (no __maxnreg__)
         return None
@@ -340,6 +365,13 @@ def _bwd_tma_plan(dtype, rows, cols, acc, aligned):
     return kernel, (grid,), (tpr,), stages, smem, cl
 
 
+def bwd_tma_opts(stages):
+    """norm_bwd_tma's `opts` argument from the knobs: the stages filled at entry (bits 0-3; 0: all), the one-barrier
+    block reduction (bit 4)."""
+    early = bwd_tma_early if 0 < bwd_tma_early < stages else 0
+    return early | (16 if bwd_tma_one_barrier else 0)
+
+
 def _layer_bwd_tma(plan, dy, x, w, wf32, mean_arg, rstd, weight, bias, rows, cols, rms):
     """dx, dw, db by norm_bwd_tma (see _bwd_tma_plan)."""
     kernel, grid, block, stages, smem, cl = plan
@@ -351,7 +383,7 @@ def _layer_bwd_tma(plan, dy, x, w, wf32, mean_arg, rstd, weight, bias, rows, col
     L.launch(kernel, grid, block,
              (dy, x, w, mean_arg, rstd, dx, L.null() if dw_part is None else dw_part,
               L.null() if db_part is None else db_part, L.i64(rows), L.i32(cols), L.i32(rms), L.i32(wf32),
-              L.i32(stages)), shared_mem=smem)
+              L.i32(stages), L.i32(bwd_tma_opts(stages))), shared_mem=smem)
     dep = bwd_tma_dependent
     if dw_part is not None and db_part is not None and weight.dtype == bias.dtype:
         sums = L.column_sum("norms", "column_sum", parts, weight.dtype, dep)  # one launch for both

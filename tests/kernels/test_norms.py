@@ -1,5 +1,7 @@
 """LayerNorm and RMSNorm: reference vs float64 formulas, Tensor-op gradients (gradcheck and fused vs composed),
 and the CUDA kernels against the reference on ragged shapes in every dtype."""
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
@@ -202,6 +204,27 @@ def test_backward_bulk_copy_kernel(monkeypatch, ab, rng, dt, shape, finish, case
     by column_sum after it (an ordinary or a programmatic dependent launch), the partials first added in clusters of
     2 or 4 blocks (norm_bwd_tma_cl) or not, the even grid (bwd_tma_even); ragged row counts (fewer rows than
     blocks, not a multiple of the grid), cols % 8 != 0 (1004 fp32), 1 and 2 vectors per thread, 2 and 4 stages."""
+    _check_bulk_copy(monkeypatch, ab, rng, dt, shape, finish, case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("shape", TMA_SHAPES)
+@pytest.mark.parametrize("loop", [(1, True, 2), (2, False, 2), (0, True, 1), (2, True, 1), (1, False, 0),
+                                  (3, True, 0)])
+@pytest.mark.parametrize("case", ["rms", "ln_affine", "ln_fp32_params"])
+def test_backward_bulk_copy_row_loop_options(monkeypatch, ab, rng, dt, shape, loop, case):
+    """norm_bwd_tma's row-loop options, each way: the stages filled at entry (bwd_tma_early 1, 2 or 3 of the 2 or 4
+    stages; 0 and >= stages: all), the one-barrier block reduction (bwd_tma_one_barrier), the row loop (bwd_tma_loop:
+    the weight through L1, the weight in registers, xhat and g kept in registers); rows fewer than the stages,
+    ragged grids, fp32 weights."""
+    monkeypatch.setattr(K, "bwd_tma_early", loop[0])
+    monkeypatch.setattr(K, "bwd_tma_one_barrier", loop[1])
+    monkeypatch.setattr(K, "bwd_tma_loop", loop[2])
+    _check_bulk_copy(monkeypatch, ab, rng, dt, shape, "dependent", case)
+
+
+def _check_bulk_copy(monkeypatch, ab, rng, dt, shape, finish, case):
     from flame_core.kernels import loader
     d = DTYPES[dt]
     # where the kernel cannot run (before sm_90, 1004-wide fp16/bf16 rows off the 16-byte path, 12288-wide fp32 rows
@@ -356,9 +379,10 @@ def test_backward_bulk_copy_plan(monkeypatch, cols, dt, acc, stages, cluster):
             regs = min(K.bwd_tma_regs, 65536 // block // 8 * 8)  # lowered for wide rows, never below 80
             assert regs >= min(K.bwd_tma_regs, K.BWD_TMA_MIN_REGS)
             if cl == 1:
-                assert kernel.name == f"norm_bwd_tma<{{T}}, {vpt}, {acc}, {regs}>"
+                assert kernel.name == f"norm_bwd_tma<{{T}}, {vpt}, {acc}, {regs}, {K._tma_loop(vec, vpt, acc, regs)}>"
             else:
-                assert kernel.name == f"norm_bwd_tma_cl<{{T}}, {vpt}, {acc}, {cl}, {regs}>"
+                assert kernel.name == (f"norm_bwd_tma_cl<{{T}}, {vpt}, {acc}, {cl}, {regs}, "
+                                       f"{K._tma_loop(vec, vpt, acc, regs)}>")
                 assert grid % cl == 0
             assert block % 32 == 0 and 32 < block <= kernel.max_threads_per_block and block * vpt >= nvec
             assert 2 <= st <= stages and smem == st * 2 * cols * isz and smem + 2048 <= 232448
@@ -371,6 +395,23 @@ def test_backward_bulk_copy_plan(monkeypatch, cols, dt, acc, stages, cluster):
             assert cl <= even <= most and even % cl == 0
             assert loader.cdiv(rows, even) == loader.cdiv(rows, most)
             assert even == cl or loader.cdiv(rows, even - cl) > loader.cdiv(rows, most)
+
+
+@pytest.mark.parametrize("asked", [0, 1, 2])
+def test_bulk_copy_row_loop_fits_the_register_cap(monkeypatch, asked):
+    """The row loop is the asked one where its per-thread arrays fit the cap (ptxas: bf16 rows of 2 vectors per
+    thread, dw and db, loop 2 at 128 registers and loop 1 at 96 without spills), else the largest one below that fits;
+    never above the asked one."""
+    monkeypatch.setattr(K, "bwd_tma_loop", asked)
+    assert K._tma_loop(8, 2, 2, 128) == asked
+    assert K._tma_loop(8, 2, 1, 112) == asked
+    assert K._tma_loop(8, 2, 2, 96) == min(asked, 1)
+    assert K._tma_loop(8, 2, 2, 80) == 0
+    for vec, vpt, acc, regs in itertools.product((4, 8), (1, 2), (1, 2), (56, 80, 96, 128, 255)):
+        loop = K._tma_loop(vec, vpt, acc, regs)
+        assert 0 <= loop <= asked
+        held = vec * vpt * (acc + (loop >= 1) + 2 * (loop == 2))
+        assert loop == 0 or held + 40 <= regs
 
 
 def test_backward_cluster_plan_falls_back_when_it_does_not_compile(monkeypatch):
