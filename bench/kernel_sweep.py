@@ -21,7 +21,9 @@ before each call, each call timed alone with CUDA events, median of 30):
         blocks per SM, stages, cluster): the first rows of all blocks not queued behind their later rows, one barrier
         per row instead of two, the weight (and the row's xhat and g between the passes) in registers (5 interleaved
         rounds with torch and the copy of x, as vpt).
-Run: PYTHONPATH=$PWD python3 bench/kernel_sweep.py [act,rms,gn,tma,csum,plan,vpt,ramp]"""
+  actvs the six activation rows of bench/kernels.py (library plans) against torch in 21 interleaved rounds;
+  actgrid SiLU / GELU(tanh) backward by (U, block, most blocks: grid over the data or a grid-stride loop) vs torch.
+Run: PYTHONPATH=$PWD python3 bench/kernel_sweep.py [act,actvs,actgrid,rms,gn,tma,csum,plan,vpt,ramp]"""
 import itertools
 import statistics
 import sys
@@ -65,17 +67,22 @@ def _tma_kernel_alone(x, dy, w, rs, mean, rstd, acc):
     return B.time_ms(lambda: L.launch(kernel, grid, block, args, shared_mem=smem)), parts
 
 
-def act_sweep():
-    """The library's activation kernels under every (vectors per thread U, block) plan, then the two best plans of each
-    kernel and torch in 3 interleaved rounds."""
+def _act_ops():
+    """{label: (FLAME call, torch call)} of the six activation rows of bench/kernels.py, 4608x12288 bf16."""
     x, dy = B.randn((4608, 12288), scale=2.0), B.randn((4608, 12288))
-    ops = {"gelu(tanh) fwd": (lambda: A.gelu_forward(x, "tanh"), lambda: F.gelu(B.tt(x), approximate="tanh")),
+    return {"gelu(tanh) fwd": (lambda: A.gelu_forward(x, "tanh"), lambda: F.gelu(B.tt(x), approximate="tanh")),
            "gelu(erf) fwd": (lambda: A.gelu_forward(x, "none"), lambda: F.gelu(B.tt(x))),
            "gelu(tanh) bwd": (lambda: A.gelu_backward(dy, x, "tanh"),
                               B._torch_bwd(lambda t: F.gelu(t, approximate="tanh"), x, dy)),
            "gelu(erf) bwd": (lambda: A.gelu_backward(dy, x, "none"), B._torch_bwd(F.gelu, x, dy)),
            "silu fwd": (lambda: A.silu_forward(x), lambda: F.silu(B.tt(x))),
            "silu bwd": (lambda: A.silu_backward(dy, x), B._torch_bwd(F.silu, x, dy))}
+
+
+def act_sweep():
+    """The library's activation kernels under every (vectors per thread U, block) plan, then the two best plans of each
+    kernel and torch in 3 interleaved rounds."""
+    ops = _act_ops()
     for label, (ours, tor) in ops.items():
         res = []
         for plan in itertools.product((1, 2, 4, 8), (128, 256, 512)):
@@ -94,6 +101,51 @@ def act_sweep():
         print(f"== {label}: " + ", ".join(f"{p} {t:.4f}" for t, p in res[:6]) + f" ... slowest {res[-1][1]} "
               f"{res[-1][0]:.4f}; default {B.time_ms(ours):.4f}\n   rounds (median of 3): "
               + ", ".join(f"{k} {statistics.median(v):.4f}" for k, v in rounds.items()), flush=True)
+
+
+def actvs_sweep(rounds=21):
+    """The library's activation kernels (their default plans) against torch in `rounds` interleaved rounds, the order
+    of the two alternating from round to round: medians, torch / FLAME of the medians, and the rounds FLAME was
+    faster in (ties: neither)."""
+    ops = _act_ops()
+    for label, (ours, tor) in ops.items():
+        f, t = [], []
+        for r in range(rounds):
+            if r % 2:
+                t.append(B.time_ms(tor, torch_op=True))
+                f.append(B.time_ms(ours))
+            else:
+                f.append(B.time_ms(ours))
+                t.append(B.time_ms(tor, torch_op=True))
+        mf, mt = statistics.median(f), statistics.median(t)
+        print(f"== {label}: FLAME {mf:.4f} ms (min {min(f):.4f} max {max(f):.4f}), torch {mt:.4f} (min {min(t):.4f} "
+              f"max {max(t):.4f}); x torch {mt / mf:.4f}; FLAME faster in {sum(a < b for a, b in zip(f, t))}, torch "
+              f"in {sum(b < a for a, b in zip(f, t))} of {rounds} rounds", flush=True)
+
+
+def actgrid_sweep(rounds=7):
+    """SiLU and GELU(tanh) backward (the two rows torch led by ~0.2% in actvs) by (U, block, most blocks): the grid
+    covering the data (as now) or a grid-stride loop over at most 4, 8 or 16 blocks per SM, against torch in `rounds`
+    interleaved rounds (medians, x torch)."""
+    ops = {k: v for k, v in _act_ops().items() if k in ("silu bwd", "gelu(tanh) bwd")}
+    sms = L.sm_count()
+    default_max = A._MAX_BLOCKS
+    configs = [(u, blk, mb) for u, blk in ((1, 256), (2, 128), (4, 128), (1, 512))
+               for mb in (default_max, 16 * sms, 8 * sms, 4 * sms)]
+    for label, (ours, tor) in ops.items():
+        times = {c: [] for c in configs + ["torch"]}
+        for _ in range(rounds):
+            for c in configs:
+                A.plan_override, A._MAX_BLOCKS = c[:2], c[2]
+                times[c].append(B.time_ms(ours))
+            times["torch"].append(B.time_ms(tor, torch_op=True))
+        A.plan_override, A._MAX_BLOCKS = None, default_max
+        mt = statistics.median(times["torch"])
+        print(f"== {label} by (U, block, most blocks), median of {rounds} interleaved rounds, fastest first; default "
+              f"plan {A._PLANS[('silu_bwd', -1)] if label.startswith('silu') else A._PLANS[('gelu_bwd', 1)]}")
+        for c in sorted(times, key=lambda c: statistics.median(times[c])):
+            t = statistics.median(times[c])
+            print(f"  {str(c):26s} {t:.4f}  x torch {mt / t:.4f}", flush=True)
 
 
 def rms_sweep():
@@ -421,4 +473,5 @@ if __name__ == "__main__":
     cp.random.seed(0)
     for s in SECTIONS:
         {"act": act_sweep, "rms": rms_sweep, "gn": gn_sweep, "probe": probe, "tma": tma_sweep, "csum": csum_sweep,
-         "plan": plan_sweep, "vpt": vpt_sweep, "ramp": ramp_sweep}[s]()
+         "plan": plan_sweep, "vpt": vpt_sweep, "ramp": ramp_sweep, "actvs": actvs_sweep,
+         "actgrid": actgrid_sweep}[s]()
