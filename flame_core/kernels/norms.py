@@ -106,8 +106,8 @@ bwd_tma_early = 1
 bwd_tma_one_barrier = True  # the per-row block reduction with one barrier (block_sum2_1b) instead of two
 # The row loop (cuda_src/norms.cu, norm_bwd_tma's LOOP): 0, the weight read through L1 in both passes of every row;
 # 1, the weight in registers; 2, as 1 and the row's xhat and g kept in registers between the passes (pass 2 reads no
-# shared memory; the stage is refilled a row earlier). The traced blocks spent ~97% of their cycles in the row loop's
-# passes and reductions, not waiting for rows (bench/norm_trace_probe.py), so these cut the time per row. A plan whose
+# shared memory; the stage is refilled a row earlier). The traced blocks spent 92-97% of their cycles in the row
+# loop's passes and reductions, not waiting for rows (bench/norm_trace_probe.py), so these cut the time per row. A plan whose
 # register cap cannot hold what the loop keeps takes the largest loop that fits (_tma_loop).
 bwd_tma_loop = 2
 _props = {}
