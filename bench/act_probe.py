@@ -1,61 +1,114 @@
-"""Probe: SiLU / GELU(tanh) backward at 4608x12288 bf16 with 8-byte vectors (bench/probes/act_bwd_v8.cu) against
-the library's 16-byte kernels (their default plans and the best of kernel_sweep actgrid) and torch, in 9 interleaved
-rounds (medians, x torch), each variant checked against the library's output. Same protocol as bench/kernels.py.
-Run: PYTHONPATH=$PWD python3 bench/act_probe.py"""
+"""Probe: SiLU / GELU(tanh) backward at 4608x12288 bf16, one loop step per thread (bench/probes/act_bwd_step.cu) with
+8- or 16-byte vectors, against the library's kernels and torch, in interleaved rounds (shuffled order; medians,
+x torch), each variant checked against the library's output. Also: torch's kernel (name, grid, block, registers) from
+its profiler, the library's kernel into a preallocated output, and outputs at byte offsets from the allocator's.
+Same protocol as bench/kernels.py. Run: PYTHONPATH=$PWD python3 bench/act_probe.py [rounds]"""
+import json
+import os
 import pathlib
+import random
 import statistics
 import sys
+import tempfile
 
 sys.path.insert(0, "bench")
+ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 15
 sys.argv = sys.argv[:1]
 import kernels as B  # noqa: E402
 import numpy as np  # noqa: E402
 from flame_core.kernels import activations as A, loader as L  # noqa: E402
 
-cp, F = B.cp, B.F
+cp, F, torch = B.cp, B.F, B.torch
+BF = "__nv_bfloat16"
 
 
-def main(rounds=9):
+def torch_kernels(fn):
+    """(name, grid, block, registers) of the CUDA kernels one call of fn launches, from torch's profiler."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    path = os.path.join(tempfile.mkdtemp(), "trace.json")
+    prof.export_chrome_trace(path)
+    events = json.load(open(path))["traceEvents"]
+    return [(e["name"][:150], e["args"].get("grid"), e["args"].get("block"), e["args"].get("registers per thread"))
+            for e in events if e.get("cat") == "kernel"]
+
+
+def main():
     x, dy = B.randn((4608, 12288), scale=2.0), B.randn((4608, 12288))
     n = x.size
-    src = L.source("activations") + (pathlib.Path(__file__).parent / "probes" / "act_bwd_v8.cu").read_text()
-    plans = [(u, blk) for u in (1, 2, 4) for blk in (128, 256, 512)]
-    names = [f"{k}_bwd_v8<__nv_bfloat16, {u}>" for k in ("silu", "gelu") for u in (1, 2, 4)]
-    mod = cp.RawModule(code=src, options=L.NVRTC_OPTIONS, name_expressions=names)
-    out = cp.empty_like(x)
-    ops = {"silu bwd": ("silu", lambda: A.silu_backward(dy, x), B._torch_bwd(F.silu, x, dy), (1, 512)),
-           "gelu(tanh) bwd": ("gelu", lambda: A.gelu_backward(dy, x, "tanh"),
-                              B._torch_bwd(lambda t: F.gelu(t, approximate="tanh"), x, dy), (1, 256))}
-    for label, (stem, lib, tor, alt) in ops.items():
-        want = lib()
-        cands = {"library default": lib}
+    src = L.source("activations") + (pathlib.Path(__file__).parent / "probes" / "act_bwd_step.cu").read_text()
+    steps = [(8, 1, 128, False), (8, 1, 128, True), (8, 2, 128, False), (8, 1, 256, False),
+             (16, 1, 128, False), (16, 1, 128, True), (16, 2, 128, False), (16, 1, 256, False)]
+    names = {}
+    for vb, u, blk, tail in steps:
+        t = "true" if tail else "false"
+        names["silu", vb, u, tail, False] = f"silu_bwd_step<{BF}, {vb}, {u}, {t}>"
+        names["gelu", vb, u, tail, False] = f"gelu_bwd_step<{BF}, {vb}, {u}, {t}, false>"
+        names["gelu", vb, u, tail, True] = f"gelu_bwd_step<{BF}, {vb}, {u}, {t}, true>"
+    mod = cp.RawModule(code=src, options=L.NVRTC_OPTIONS, name_expressions=list(names.values()))
+    pad = (1 << 20) + 8192
+    big = cp.empty(n + pad, dtype=x.dtype)
 
-        def lib_alt(alt=alt, lib=lib):
-            A.plan_override = alt
-            try:
-                return lib()
-            finally:
-                A.plan_override = None
-        cands[f"library {alt}"] = lib_alt
-        for u, blk in plans:
-            k = mod.get_function(f"{stem}_bwd_v8<__nv_bfloat16, {u}>")
-            grid = (L.cdiv(n // 4, blk * u),)
-            cands[f"8-byte ({u}, {blk})"] = (lambda k=k, grid=grid, blk=blk:
-                                             k(grid, (blk,), (dy, x, out, np.int64(n))) or out)
+    def out_at(off_bytes):
+        e = off_bytes // x.itemsize
+        return big[e:e + n].reshape(x.shape)
+
+    ops = {"silu bwd": ("silu", -1, lambda: A.silu_backward(dy, x), B._torch_bwd(F.silu, x, dy)),
+           "gelu(tanh) bwd": ("gelu", 1, lambda: A.gelu_backward(dy, x, "tanh"),
+                              B._torch_bwd(lambda t: F.gelu(t, approximate="tanh"), x, dy))}
+    for label, (stem, approx, lib, tor) in ops.items():
+        print(f"== {label}: torch launches", flush=True)
+        for k in torch_kernels(tor):
+            print("  ", k, flush=True)
+        u0, blk0 = A._PLANS[f"{stem}_bwd", approx]
+        libk = L.get_function("activations", f"{stem}_bwd<{{T}}, {u0}>", x.dtype)
+        lgrid, lblock = A._grid(n, x.dtype, u0, blk0)
+        extra = () if approx < 0 else (np.int32(approx),)
+        want = lib()
+        cands = {"library": lib}
+        for off in (0, 4096, 65536 + 512, (1 << 20) + 4096):
+            o = out_at(off)
+            cands[f"library kernel, out +{off}"] = (lambda o=o: L.launch(libk, lgrid, lblock,
+                                                                         (dy, x, o, L.i64(n)) + extra) or o)
+        for (st, vb, u, tail, br), name in names.items():
+            if st != stem:
+                continue
+            blk = next(b for v, uu, b, t in steps if (v, uu, t) == (vb, u, tail))
+            k = mod.get_function(name)
+            grid = (L.cdiv(n // (vb // 2), blk * u),)
+            args = (np.int64(n),) + ((np.int32(approx),) if stem == "gelu" else ())
+            tag = f"step v{vb} ({u}, {blk})" + (" tail" if tail else "") + (" branch" if br else "")
+            for off in ((0, (1 << 20) + 4096) if (vb, u, blk, tail, br) == (8, 1, 128, False, False) else (0,)):
+                o = out_at(off)
+                cands[tag + (f" out +{off}" if off else "")] = (lambda k=k, grid=grid, blk=blk, o=o, args=args:
+                                                                 k(grid, (blk,), (dy, x, o) + args) or o)
+            if (vb, u, blk, tail, br) == (8, 1, 128, False, False):
+                def fresh(k=k, grid=grid, blk=blk, args=args):
+                    o = cp.empty_like(x)
+                    k(grid, (blk,), (dy, x, o) + args)
+                    return o
+                cands[tag + " fresh out"] = fresh
         for name, fn in cands.items():
             got = fn()
             err = float(cp.abs(got.astype(np.float32) - want.astype(np.float32)).max())
             assert err <= 0.02 * float(cp.abs(want.astype(np.float32)).max()), (label, name, err)
         times = {c: [] for c in list(cands) + ["torch"]}
-        for _ in range(rounds):
-            for c, fn in cands.items():
-                times[c].append(B.time_ms(fn))
-            times["torch"].append(B.time_ms(tor, torch_op=True))
+        order = list(times)
+        rng = random.Random(0)
+        for _ in range(ROUNDS):
+            rng.shuffle(order)
+            for c in order:
+                times[c].append(B.time_ms(tor, torch_op=True) if c == "torch" else B.time_ms(cands[c]))
         mt = statistics.median(times["torch"])
-        print(f"== {label}, median of {rounds} interleaved rounds (ms), fastest first")
+        print(f"== {label}, median of {ROUNDS} interleaved rounds (ms), fastest first; wins = rounds faster than torch")
         for c in sorted(times, key=lambda c: statistics.median(times[c])):
             t = statistics.median(times[c])
-            print(f"  {c:22s} {t:.4f}  x torch {mt / t:.4f}", flush=True)
+            wins = sum(a < b for a, b in zip(times[c], times["torch"]))
+            print(f"  {c:40s} {t:.4f}  x torch {mt / t:.4f}  wins {wins}/{ROUNDS}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,13 @@
-// GELU (erf and tanh forms) and SiLU, forward and backward, elementwise in fp32 with 16-byte vector accesses.
+// GELU (erf and tanh forms) and SiLU, forward and backward, elementwise in fp32 with 16-byte vector accesses (the
+// backwards of 2-byte types: 8-byte, *_bwd_step).
 // The formulas are in activations.cuh.
 #include "activations.cuh"
 
 // U: 16-byte vectors per thread and loop step (map1_unrolled / map2_unrolled), a template argument: Python picks it per
 // kernel and form (flame_core/kernels/activations.py, _PLANS) and asks for "gelu_fwd<T, U>" etc.
+
+// *_bwd_step: the backwards as one loop step per thread with 8-byte vectors (map2_step8), for float16 / bfloat16
+// where the arrays are 8-byte aligned; the caller does the n % 4 elements past the last vector with *_bwd.
 
 // approx: 0 = erf ("none"), 1 = tanh
 template <typename T, int U>
@@ -23,6 +27,15 @@ __global__ void gelu_bwd(const T* __restrict__ dy, const T* __restrict__ x, T* _
 }
 
 template <typename T, int U>
+__global__ void gelu_bwd_step(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, i64 n,
+                              int approx) {
+    if (approx)
+        map2_step8<T, U>(dy, x, dx, n, [](float g, float v) { return g * gelu_tanh_grad(v); });
+    else
+        map2_step8<T, U>(dy, x, dx, n, [](float g, float v) { return g * gelu_erf_grad(v); });
+}
+
+template <typename T, int U>
 __global__ void silu_fwd(const T* __restrict__ x, T* __restrict__ y, i64 n) {
     map1_unrolled<T, U>(x, y, n, [](float v) { return silu(v); });
 }
@@ -30,4 +43,9 @@ __global__ void silu_fwd(const T* __restrict__ x, T* __restrict__ y, i64 n) {
 template <typename T, int U>
 __global__ void silu_bwd(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, i64 n) {
     map2_unrolled<T, U>(dy, x, dx, n, [](float g, float v) { return g * silu_grad(v); });
+}
+
+template <typename T, int U>
+__global__ void silu_bwd_step(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, i64 n) {
+    map2_step8<T, U>(dy, x, dx, n, [](float g, float v) { return g * silu_grad(v); });
 }

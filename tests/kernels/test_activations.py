@@ -136,3 +136,53 @@ def test_every_plan_gives_the_same_results(rng, monkeypatch, plan):
     monkeypatch.setattr(K, "plan_override", plan)
     for f, w in zip(calls, want):
         assert cp.array_equal(f().view(cp.uint16), w.view(cp.uint16))
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 7, 8, 511, 512, 513, 65543, 4608 * 12288, 2 ** 31 + 5])
+@pytest.mark.parametrize("name, approx", sorted(K._STEP_PLANS))
+def test_step_split_covers_the_whole_vectors_and_leaves_under_one(n, name, approx):
+    got = K._step_split(name, approx, n, 2)
+    if n < 4:
+        assert got is None                                    # no whole 8-byte vector: the loop kernel does it all
+        return
+    u, block, main, grid = got
+    assert (u, block) == K._STEP_PLANS[name, approx]
+    assert main % 4 == 0 and 0 <= n - main < 4                # whole vectors; the < 4 rest goes to the loop kernel
+    assert grid * block * u * 4 >= main > (grid - 1) * block * u * 4   # every vector, no block without one
+
+
+def test_step_split_only_for_two_byte_types_and_default_plans(monkeypatch):
+    assert K._step_split("silu_bwd", -1, 4096, 4) is None     # float32: the 16-byte loop kernel
+    assert K._step_split("silu_fwd", -1, 4096, 2) is None     # forwards: no step kernel
+    monkeypatch.setattr(K, "plan_override", (2, 128))
+    assert K._step_split("silu_bwd", -1, 4096, 2) is None     # a forced loop plan (sweeps) turns it off
+    monkeypatch.setattr(K, "plan_override", None)
+    monkeypatch.setattr(K, "use_step", False)
+    assert K._step_split("gelu_bwd", 1, 4096, 2) is None
+    monkeypatch.setattr(K, "use_step", True)
+    monkeypatch.setattr(K, "_MAX_STEP_GRID", 3)
+    assert K._step_split("gelu_bwd", 1, 4 * 128 * 3, 2) is not None
+    assert K._step_split("gelu_bwd", 1, 4 * 128 * 3 + 4, 2) is None   # past CUDA's grid limit: the loop kernel
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+@pytest.mark.parametrize("n", [4, 7, 512, 515, 65543, 3 * 12288 + 2])
+def test_step_kernels_match_the_loop_kernels_bit_for_bit(rng, monkeypatch, dt, n):
+    """The one-step 8-byte kernels (plus the loop kernel on the < 4 trailing elements) give the loop kernels' bits."""
+    import cupy as cp
+    from flame_core.kernels import loader
+    x, dy = (cp.asarray(rand(rng, (n,), DTYPES[dt], scale=3.0)) for _ in range(2))
+    calls = [lambda: K.gelu_backward(dy, x, "none"), lambda: K.gelu_backward(dy, x, "tanh"),
+             lambda: K.silu_backward(dy, x)]
+    got = []
+    for f in calls:
+        before = loader.launches
+        got.append(f())
+        assert loader.launches - before == (1 if n % 4 == 0 else 2)   # the step kernel ran (and the tail's loop)
+    monkeypatch.setattr(K, "use_step", False)
+    for f, g in zip(calls, got):
+        before = loader.launches
+        want = f()
+        assert loader.launches - before == 1
+        assert cp.array_equal(g.view(cp.uint16), want.view(cp.uint16))
