@@ -22,9 +22,12 @@ before each call, each call timed alone with CUDA events, median of 30):
         per row instead of two, the weight (and the row's xhat and g between the passes) in registers (5 interleaved
         rounds with torch and the copy of x, as vpt).
   actvs the six activation rows of bench/kernels.py (library plans) against torch in 21 interleaved rounds;
-  actgrid SiLU / GELU(tanh) backward by (U, block, most blocks: grid over the data or a grid-stride loop) vs torch.
-Run: PYTHONPATH=$PWD python3 bench/kernel_sweep.py [act,actvs,actgrid,rms,gn,tma,csum,plan,vpt,ramp]"""
+  actgrid SiLU / GELU(tanh) backward by (U, block, most blocks: grid over the data or a grid-stride loop) vs torch;
+  actstep the six activation rows: the one-step 8-byte kernels (activations._STEP_PLANS) by (U, block) against the
+        16-byte loop kernels (their _PLANS) and torch in 11 shuffled interleaved rounds (medians, wins over torch).
+Run: PYTHONPATH=$PWD python3 bench/kernel_sweep.py [act,actvs,actgrid,actstep,rms,gn,tma,csum,plan,vpt,ramp]"""
 import itertools
+import random
 import statistics
 import sys
 
@@ -121,6 +124,42 @@ def actvs_sweep(rounds=21):
         print(f"== {label}: FLAME {mf:.4f} ms (min {min(f):.4f} max {max(f):.4f}), torch {mt:.4f} (min {min(t):.4f} "
               f"max {max(t):.4f}); x torch {mt / mf:.4f}; FLAME faster in {sum(a < b for a, b in zip(f, t))}, torch "
               f"in {sum(b < a for a, b in zip(f, t))} of {rounds} rounds", flush=True)
+
+
+def actstep_sweep(rounds=11):
+    """Each activation row: the loop kernel (its _PLANS entry), the one-step 8-byte kernel under several (U, block) and
+    torch, in `rounds` interleaved rounds in a shuffled order (medians, x torch, rounds faster than torch)."""
+    names = {"gelu(tanh) fwd": ("gelu_fwd", 1), "gelu(erf) fwd": ("gelu_fwd", 0), "gelu(tanh) bwd": ("gelu_bwd", 1),
+             "gelu(erf) bwd": ("gelu_bwd", 0), "silu fwd": ("silu_fwd", -1), "silu bwd": ("silu_bwd", -1)}
+    default = dict(A._STEP_PLANS)
+    rng = random.Random(0)
+    for label, (ours, tor) in _act_ops().items():
+        key = names[label]
+        variants = {"loop " + str(A._PLANS[key]): None}
+        variants.update({f"step {p}": p for p in ((1, 128), (2, 128), (1, 256), (2, 256), (4, 128))})
+
+        def run(plan):
+            A._STEP_PLANS = dict(default)
+            A._STEP_PLANS.pop(key, None)
+            if plan is not None:
+                A._STEP_PLANS[key] = plan
+            try:
+                return B.time_ms(ours)
+            finally:
+                A._STEP_PLANS = dict(default)
+        times = {v: [] for v in list(variants) + ["torch"]}
+        order = list(times)
+        for _ in range(rounds):
+            rng.shuffle(order)
+            for v in order:
+                times[v].append(B.time_ms(tor, torch_op=True) if v == "torch" else run(variants[v]))
+        mt = statistics.median(times["torch"])
+        print(f"== {label}, median of {rounds} interleaved rounds; library default "
+              f"{'step ' + str(default[key]) if key in default else 'loop'}")
+        for v in sorted(times, key=lambda v: statistics.median(times[v])):
+            t = statistics.median(times[v])
+            wins = sum(a < b for a, b in zip(times[v], times["torch"]))
+            print(f"  {v:16s} {t:.4f}  x torch {mt / t:.4f}  faster than torch in {wins}/{rounds}", flush=True)
 
 
 def actgrid_sweep(rounds=7):
@@ -474,4 +513,4 @@ if __name__ == "__main__":
     for s in SECTIONS:
         {"act": act_sweep, "rms": rms_sweep, "gn": gn_sweep, "probe": probe, "tma": tma_sweep, "csum": csum_sweep,
          "plan": plan_sweep, "vpt": vpt_sweep, "ramp": ramp_sweep, "actvs": actvs_sweep,
-         "actgrid": actgrid_sweep}[s]()
+         "actgrid": actgrid_sweep, "actstep": actstep_sweep}[s]()

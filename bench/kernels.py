@@ -4,7 +4,9 @@ against torch.optim.AdamW(fused=True).
 
 Protocol (the same for FLAME, PyTorch and the copy): inputs prepared once, 5 warm-up calls, then 30 timed calls, each
 preceded by a read of a 256 MiB buffer that evicts L2 (clean lines) and a GPU-side wait of --hold-us microseconds
-(default 300), each timed alone with CUDA events; the median is reported. The wait keeps the GPU busy while Python
+(default 300), each timed alone with CUDA events; the median is taken. Each row repeats that in --rounds interleaved
+rounds (default 5; FLAME and torch alternate which goes first, the copy after them) and reports the medians over the
+rounds and the rounds FLAME was faster than torch in ("wins"). The wait keeps the GPU busy while Python
 queues the call's launches, so the interval between the events is the GPU's work on the op (its kernels and the gaps
 between them) and not the host's launch overhead, which a slow host otherwise adds to multi-launch ops on either side
 (--hold-us 0: the older protocol). The host time of each FLAME call (launch overhead) is reported beside it.
@@ -33,6 +35,7 @@ except Exception:  # torch is only a side-by-side peer
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 REPS, WARM = 30, 5
+ROUNDS = 5  # interleaved FLAME / torch / copy rounds per row (--rounds)
 
 _FLUSH = cp.RawKernel(r'''
 extern "C" __global__ void flush_read(const uint4* p, long long n, unsigned int* sink) {
@@ -100,18 +103,30 @@ ROWS = []
 
 
 def record(name, nbytes, flame_fn, torch_fn=None, copy_src=None, note=""):
-    ms = time_ms(flame_fn)
-    host_us = HOST_US[0] if HOST_US else math.nan
-    tms = time_ms(torch_fn, torch_op=True) if (torch is not None and torch_fn is not None) else None
+    """One row: FLAME, torch and the copy of copy_src, each time_ms'd in ROUNDS interleaved rounds (FLAME and torch
+    alternating which goes first); medians over the rounds, and the rounds FLAME was faster than torch in."""
+    has_torch = torch is not None and torch_fn is not None
     src = copy_src
     dst = cp.empty_like(src)
-    cms = time_ms(lambda: cp.copyto(dst, src))
+    f, t, c, host = [], [], [], []
+    for r in range(ROUNDS):
+        for side in (("flame", "torch") if r % 2 == 0 else ("torch", "flame")):
+            if side == "flame":
+                f.append(time_ms(flame_fn))
+                host.append(HOST_US[0] if HOST_US else math.nan)
+            elif has_torch:
+                t.append(time_ms(torch_fn, torch_op=True))
+        c.append(time_ms(lambda: cp.copyto(dst, src)))
+    ms, cms = statistics.median(f), statistics.median(c)
     copy_gbs = 2 * src.nbytes / cms / 1e6
     row = {"op": name, "bytes": int(nbytes), "flame_ms": round(ms, 4), "flame_GBps": round(nbytes / ms / 1e6, 1),
            "copy_GBps": round(copy_gbs, 1), "vs_copy": round(nbytes / ms / 1e6 / copy_gbs, 3),
-           "flame_host_us": round(host_us, 1), "note": note}
-    if tms is not None:
-        row.update(torch_ms=round(tms, 4), torch_GBps=round(nbytes / tms / 1e6, 1), vs_torch=round(tms / ms, 3))
+           "flame_host_us": round(statistics.median(host), 1), "note": note, "rounds": ROUNDS,
+           "flame_ms_rounds": [round(v, 4) for v in f]}
+    if has_torch:
+        tms = statistics.median(t)
+        row.update(torch_ms=round(tms, 4), torch_GBps=round(nbytes / tms / 1e6, 1), vs_torch=round(tms / ms, 3),
+                   torch_ms_rounds=[round(v, 4) for v in t], flame_wins=sum(a < b for a, b in zip(f, t)))
     ROWS.append(row)
     print(json.dumps(row), flush=True)
     del dst
@@ -286,9 +301,10 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated groups: norms,activations,softmax,modulate,rope,"
                                                "fp8,adamw")
     ap.add_argument("--hold-us", type=int, default=300, help="GPU-side wait queued before each timed call (0: none)")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved FLAME / torch / copy rounds per row (medians)")
     args = ap.parse_args()
-    global HOLD_US
-    HOLD_US = args.hold_us
+    global HOLD_US, ROUNDS
+    HOLD_US, ROUNDS = args.hold_us, args.rounds
     if not loader.enabled():
         raise SystemExit("kernels are disabled (no GPU, or FLAME_KERNELS=0): nothing to measure")
     cp.random.seed(0)
@@ -303,19 +319,20 @@ def main():
     dev = dev.decode() if isinstance(dev, bytes) else dev
     res = {"device": dev, "torch": torch.__version__ if torch else None, "cupy": cp.__version__,
            "protocol": f"median of {REPS} after {WARM} warm-up, L2 evicted and a {HOLD_US} us GPU wait queued "
-                       f"before each call, CUDA events",
+                       f"before each call, CUDA events; median of {ROUNDS} interleaved rounds",
            "copy_1GiB_GBps": ceiling, "rows": ROWS}
     with open(args.out, "w") as fh:
         json.dump(res, fh, indent=1)
     print(f"\n{dev}   copy ceiling (1 GiB D2D): {ceiling} GB/s   {res['protocol']}")
     hdr = f"{'op':48s} {'flame ms':>9s} {'GB/s':>7s} {'copy GB/s':>9s} {'vs copy':>7s} {'torch ms':>9s} " \
-          f"{'torch GB/s':>10s} {'vs torch':>8s} {'host us':>7s}"
+          f"{'torch GB/s':>10s} {'vs torch':>8s} {'wins':>5s} {'host us':>7s}"
     print(hdr)
     print("-" * len(hdr))
     for r in ROWS:
         print(f"{r['op'][:48]:48s} {r['flame_ms']:9.4f} {r['flame_GBps']:7.0f} {r['copy_GBps']:9.0f} "
               f"{r['vs_copy']:7.2f} {r.get('torch_ms', math.nan):9.4f} {r.get('torch_GBps', math.nan):10.0f} "
-              f"{r.get('vs_torch', math.nan):8.2f} {r.get('flame_host_us', math.nan):7.1f}")
+              f"{r.get('vs_torch', math.nan):8.3f} {str(r.get('flame_wins', '-')) + '/' + str(r['rounds']):>5s} "
+              f"{r.get('flame_host_us', math.nan):7.1f}")
     print(f"JSON: {args.out}")
 
 

@@ -84,7 +84,8 @@ _PLANS = {("gelu_fwd", 1): (1, 256), ("gelu_fwd", 0): (4, 128), ("gelu_bwd", 1):
 plan_override = None  # (U, block) for every loop kernel (benchmark sweeps); None: _PLANS
 _MAX_BLOCKS = 1 << 30  # past this the kernels' grid-stride loop takes the rest
 
-# The backwards for float16 / bfloat16 as one loop step per thread with 8-byte vectors (*_bwd_step, (U, block)): torch
+# float16 / bfloat16 as one loop step per thread with 8-byte vectors (*_step, (U, block)), the kernels without an entry
+# on the loop kernels above. The backwards: torch
 # runs these at the copy ceiling too, with one 16-byte vector per thread (vectorized_elementwise_kernel<8>, 128
 # threads), and the 16-byte kernels above stayed 0.2-0.3% behind it. bench/act_probe.py (device call 1 of 2026-11-25,
 # 25 interleaved rounds, 4608 x 12288 bf16): silu bwd 0.1072 vs torch 0.1077 ms, gelu(tanh) bwd 0.1075 vs 0.1079,
@@ -104,17 +105,6 @@ def _grid(n, dtype, unroll, block):
     return (max(1, min(blocks, _MAX_BLOCKS)),), (block,)
 
 
-def _unary(name, x, approx=-1):
-    x = L.contiguous(x)
-    y = L.xp_of(x).empty_like(x)
-    u, block = _plan(name, approx)
-    grid, block = _grid(x.size, x.dtype, u, block)
-    extra = () if approx < 0 else (L.i32(approx),)
-    L.launch(L.get_function("activations", f"{name}<{{T}}, {u}>", x.dtype), grid, block,
-             (x, y, L.i64(x.size)) + extra)
-    return y
-
-
 def _step_split(name, approx, n, itemsize):
     """(U, block, whole-vector elements, grid) of the one-step kernel for n elements of this item size, or None where
     the loop kernel does it all. The n - whole-vector elements (< 4) past the last 8-byte vector go to the loop kernel."""
@@ -128,26 +118,37 @@ def _step_split(name, approx, n, itemsize):
     return (u, block, main, grid) if 0 < grid <= _MAX_STEP_GRID else None
 
 
+def _run(name, ins, out, approx):
+    """Kernel `name` over the arrays `ins` into `out` (contiguous, 16-byte aligned, one shape): the one-step kernel over
+    the whole 8-byte vectors where it has a plan, the loop kernel over the rest (or over everything)."""
+    extra = () if approx < 0 else (L.i32(approx),)
+    step = _step_split(name, approx, out.size, out.itemsize)
+    if step is not None:
+        u, block, main, grid = step
+        L.launch(L.get_function("activations", f"{name}_step<{{T}}, {u}>", out.dtype), (grid,), (block,),
+                 ins + (out, L.i64(main)) + extra)
+        if main == out.size:
+            return
+        ins, out = tuple(a.reshape(-1)[main:] for a in ins), out.reshape(-1)[main:]
+    u, block = _plan(name, approx)
+    grid, block = _grid(out.size, out.dtype, u, block)
+    L.launch(L.get_function("activations", f"{name}<{{T}}, {u}>", out.dtype), grid, block,
+             ins + (out, L.i64(out.size)) + extra)
+
+
+def _unary(name, x, approx=-1):
+    x = L.contiguous(x)
+    y = L.xp_of(x).empty_like(x)
+    _run(name, (x,), y, approx)
+    return y
+
+
 def _binary(name, dy, x, approx=-1):
     if dy.shape != x.shape:
         raise ValueError(f"{name}: gradient shape {dy.shape} differs from input shape {x.shape}")
-    x, dy = L.contiguous(x), L.contiguous(dy.astype(x.dtype, copy=False))  # 16-byte aligned
+    x, dy = L.contiguous(x), L.contiguous(dy.astype(x.dtype, copy=False))
     dx = L.xp_of(x).empty_like(x)
-    extra = () if approx < 0 else (L.i32(approx),)
-    step = _step_split(name, approx, x.size, x.itemsize)
-    if step is not None:
-        u, block, main, grid = step
-        L.launch(L.get_function("activations", f"{name}_step<{{T}}, {u}>", x.dtype), (grid,), (block,),
-                 (dy, x, dx, L.i64(main)) + extra)
-        if main == x.size:
-            return dx
-        dy, x, out = dy.reshape(-1)[main:], x.reshape(-1)[main:], dx.reshape(-1)[main:]
-    else:
-        out = dx
-    u, block = _plan(name, approx)
-    grid, block = _grid(x.size, x.dtype, u, block)
-    L.launch(L.get_function("activations", f"{name}<{{T}}, {u}>", x.dtype), grid, block,
-             (dy, x, out, L.i64(x.size)) + extra)
+    _run(name, (dy, x), dx, approx)
     return dx
 
 
