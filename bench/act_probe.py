@@ -2,7 +2,10 @@
 8- or 16-byte vectors, against the library's kernels and torch, in interleaved rounds (shuffled order; medians,
 x torch), each variant checked against the library's output. Also: torch's kernel (name, grid, block, registers) from
 its profiler, the library's kernel into a preallocated output, and outputs at byte offsets from the allocator's.
-Same protocol as bench/kernels.py. Run: PYTHONPATH=$PWD python3 bench/act_probe.py [rounds]"""
+Section `placement`: SiLU forward / backward into 5 separately allocated outputs each for FLAME's kernel (CuPy buffers,
+and torch's buffers through DLPack) and for torch's `silu.out` / `silu_backward.grad_input` (torch buffers), plus
+torch's own allocation, in interleaved rounds: how much the output's placement moves either side.
+Same protocol as bench/kernels.py. Run: PYTHONPATH=$PWD python3 bench/act_probe.py [step|placement] [rounds]"""
 import json
 import os
 import pathlib
@@ -12,7 +15,9 @@ import sys
 import tempfile
 
 sys.path.insert(0, "bench")
-ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 15
+_args = sys.argv[1:]
+SECTION = _args[0] if _args and not _args[0].isdigit() else "step"
+ROUNDS = int(_args[-1]) if _args and _args[-1].isdigit() else 15
 sys.argv = sys.argv[:1]
 import kernels as B  # noqa: E402
 import numpy as np  # noqa: E402
@@ -35,6 +40,60 @@ def torch_kernels(fn):
     events = json.load(open(path))["traceEvents"]
     return [(e["name"][:150], e["args"].get("grid"), e["args"].get("block"), e["args"].get("registers per thread"))
             for e in events if e.get("cat") == "kernel"]
+
+
+def _interleaved(cands, rounds, label, ref="torch"):
+    """Time every candidate in `rounds` shuffled interleaved rounds; print medians, x ref and the rounds faster."""
+    times = {c: [] for c in cands}
+    order = list(cands)
+    rng = random.Random(0)
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for c in order:
+            fn, is_torch = cands[c]
+            times[c].append(B.time_ms(fn, torch_op=is_torch))
+    mt = statistics.median(times[ref])
+    print(f"== {label}, median of {rounds} interleaved rounds (ms), fastest first; wins = rounds faster than {ref}")
+    for c in sorted(times, key=lambda c: statistics.median(times[c])):
+        t = statistics.median(times[c])
+        wins = sum(a < b for a, b in zip(times[c], times[ref]))
+        print(f"  {c:40s} {t:.4f}  x {ref} {mt / t:.4f}  wins {wins}/{rounds}", flush=True)
+
+
+def placement():
+    x, dy = B.randn((4608, 12288), scale=2.0), B.randn((4608, 12288))
+    n = x.size
+    xt, gt = B.tt(x), B.tt(dy)
+    for label, stem, ins, tins, top in (
+            ("silu fwd", "silu_fwd", (x,), (xt,), lambda o: torch.ops.aten.silu.out(xt, out=o)),
+            ("silu bwd", "silu_bwd", (dy, x), (gt, xt),
+             lambda o: torch.ops.aten.silu_backward.grad_input(gt, xt, grad_input=o))):
+        step = A._step_split(stem, -1, n, x.itemsize)  # n % 4 == 0: the library's one launch
+        if step is not None:
+            u, blk, _, g = step
+            k, grid, block = L.get_function("activations", f"{stem}_step<{{T}}, {u}>", x.dtype), (g,), (blk,)
+        else:
+            u, blk = A._PLANS[stem, -1]
+            k = L.get_function("activations", f"{stem}<{{T}}, {u}>", x.dtype)
+            grid, block = A._grid(n, x.dtype, u, blk)
+        cbufs, tbufs = [], []
+        for _ in range(5):  # separate allocations, each after a spacer of another size
+            cbufs.append(cp.empty_like(x))
+            cbufs.append(cp.empty(12345 * 1024, dtype=cp.uint8))
+            tbufs.append(torch.empty_like(xt))
+            tbufs.append(torch.empty(6789 * 1024, dtype=torch.uint8, device="cuda"))
+        cbufs, tbufs = cbufs[::2], tbufs[::2]
+        cands = {"torch": ((lambda: torch.nn.functional.silu(xt)) if stem == "silu_fwd"
+                           else B._torch_bwd(F.silu, x, dy), True)}
+        for i, o in enumerate(cbufs):
+            cands[f"FLAME into cupy buffer {i}"] = (lambda o=o: L.launch(k, grid, block, ins + (o, L.i64(n))), False)
+        for i, o in enumerate(tbufs):
+            oc = cp.from_dlpack(o)
+            cands[f"FLAME into torch buffer {i}"] = (lambda oc=oc: L.launch(k, grid, block, ins + (oc, L.i64(n))),
+                                                    False)
+            cands[f"torch into torch buffer {i}"] = (lambda o=o: top(o), True)
+        _interleaved(cands, ROUNDS, f"{label}: output placement (FLAME's {'step' if step else 'loop'} kernel "
+                                   f"{u, blk})")
 
 
 def main():
@@ -112,4 +171,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    {"step": main, "placement": placement}[SECTION]()

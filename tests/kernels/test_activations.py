@@ -161,8 +161,9 @@ def test_step_split_only_for_two_byte_types_and_default_plans(monkeypatch):
     assert K._step_split("gelu_bwd", 1, 4096, 2) is None
     monkeypatch.setattr(K, "use_step", True)
     monkeypatch.setattr(K, "_MAX_STEP_GRID", 3)
-    assert K._step_split("gelu_bwd", 1, 4 * 128 * 3, 2) is not None
-    assert K._step_split("gelu_bwd", 1, 4 * 128 * 3 + 4, 2) is None   # past CUDA's grid limit: the loop kernel
+    u, block = K._STEP_PLANS["gelu_bwd", 1]
+    assert K._step_split("gelu_bwd", 1, 4 * block * u * 3, 2)[3] == 3
+    assert K._step_split("gelu_bwd", 1, 4 * block * u * 3 + 4, 2) is None   # past the grid limit: the loop kernel
 
 
 STEP_KERNELS = [("gelu_fwd", 0), ("gelu_fwd", 1), ("silu_fwd", -1), ("gelu_bwd", 0), ("gelu_bwd", 1), ("silu_bwd", -1)]
