@@ -5,7 +5,10 @@ its profiler, the library's kernel into a preallocated output, and outputs at by
 Section `placement`: SiLU forward / backward into 5 separately allocated outputs each for FLAME's kernel (CuPy buffers,
 and torch's buffers through DLPack) and for torch's `silu.out` / `silu_backward.grad_input` (torch buffers), plus
 torch's own allocation, in interleaved rounds: how much the output's placement moves either side.
-Same protocol as bench/kernels.py. Run: PYTHONPATH=$PWD python3 bench/act_probe.py [step|placement] [rounds]"""
+Section `swizzle`: SiLU forward and GELU(tanh) backward with the blocks taking their chunks in S windows spread over
+the array (bench/probes/act_swizzle.cu, S = 1: the library's order), each into 3 separately allocated outputs, against
+torch in interleaved rounds.
+Same protocol as bench/kernels.py. Run: PYTHONPATH=$PWD python3 bench/act_probe.py [step|placement|swizzle] [rounds]"""
 import json
 import os
 import pathlib
@@ -96,6 +99,35 @@ def placement():
                                    f"{u, blk})")
 
 
+def swizzle():
+    x, dy = B.randn((4608, 12288), scale=2.0), B.randn((4608, 12288))
+    n = x.size
+    src = L.source("activations") + (pathlib.Path(__file__).parent / "probes" / "act_swizzle.cu").read_text()
+    mod = cp.RawModule(code=src, options=L.NVRTC_OPTIONS,
+                       name_expressions=[f"silu_fwd_swz<{BF}>", f"gelu_bwd_swz<{BF}, 2>"])
+    outs = []
+    for _ in range(3):  # separate allocations, each after a spacer
+        outs.append(cp.empty_like(x))
+        cp.empty(12345 * 1024, dtype=cp.uint8)
+    for label, k, grid, block, ins, lib, tor in (
+            ("silu fwd", mod.get_function(f"silu_fwd_swz<{BF}>"), n // 8 // 256, 256, (x,),
+             lambda: A.silu_forward(x), (lambda: F.silu(B.tt(x)))),
+            ("gelu(tanh) bwd", mod.get_function(f"gelu_bwd_swz<{BF}, 2>"), n // 4 // 256, 128, (dy, x),
+             lambda: A.gelu_backward(dy, x, "tanh"), B._torch_bwd(lambda t: F.gelu(t, approximate="tanh"), x, dy))):
+        want = lib()
+        cands = {"torch": (tor, True), "library": (lib, False)}
+        for S in (1, 2, 4, 16):
+            assert grid % S == 0
+            for i, o in enumerate(outs):
+                fn = (lambda k=k, o=o, S=S, ins=ins, grid=grid, block=block:
+                      k((grid,), (block,), ins + (o, np.int64(n), np.int32(S))) or o)
+                got = fn()
+                err = float(cp.abs(got.astype(np.float32) - want.astype(np.float32)).max())
+                assert err <= 0.02 * float(cp.abs(want.astype(np.float32)).max()), (label, S, i, err)
+                cands[f"S={S} out {i}"] = (fn, False)
+        _interleaved(cands, ROUNDS, f"{label}: block order in S windows")
+
+
 def main():
     x, dy = B.randn((4608, 12288), scale=2.0), B.randn((4608, 12288))
     n = x.size
@@ -171,4 +203,4 @@ def main():
 
 
 if __name__ == "__main__":
-    {"step": main, "placement": placement}[SECTION]()
+    {"step": main, "placement": placement, "swizzle": swizzle}[SECTION]()
