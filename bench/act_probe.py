@@ -128,6 +128,36 @@ def swizzle():
         _interleaved(cands, ROUNDS, f"{label}: block order in S windows")
 
 
+def lean():
+    """Lean one-step kernels (32-bit index math, nothing before the first load but the index; act_swizzle.cu) against
+    the library and torch: silu fwd with one 16- or 8-byte vector per thread, gelu(tanh) bwd with 2 8-byte vectors."""
+    x, dy = B.randn((4608, 12288), scale=2.0), B.randn((4608, 12288))
+    n = x.size
+    src = L.source("activations") + (pathlib.Path(__file__).parent / "probes" / "act_swizzle.cu").read_text()
+    names = [f"silu_fwd_lean<{BF}, 16>", f"silu_fwd_lean<{BF}, 8>", f"gelu_bwd_lean<{BF}, 2>"]
+    mod = cp.RawModule(code=src, options=L.NVRTC_OPTIONS, name_expressions=names)
+    for label, lib, tor, variants in (
+            ("silu fwd", lambda: A.silu_forward(x), (lambda: F.silu(B.tt(x))),
+             [(names[0], 16, blk, 1, (x,)) for blk in (128, 256, 512)] + [(names[1], 8, 128, 1, (x,))]),
+            ("gelu(tanh) bwd", lambda: A.gelu_backward(dy, x, "tanh"),
+             B._torch_bwd(lambda t: F.gelu(t, approximate="tanh"), x, dy),
+             [(names[2], 8, blk, 2, (dy, x)) for blk in (128, 256)])):
+        want = lib()
+        cands = {"torch": (tor, True), "library": (lib, False)}
+        for name, vb, blk, u, ins in variants:
+            k, nv = mod.get_function(name), n // (vb // 2)
+
+            def fn(k=k, nv=nv, blk=blk, u=u, ins=ins):
+                o = cp.empty_like(x)
+                k((L.cdiv(nv, blk * u),), (blk,), ins + (o, np.int32(nv)))
+                return o
+            got = fn()
+            err = float(cp.abs(got.astype(np.float32) - want.astype(np.float32)).max())
+            assert err <= 0.02 * float(cp.abs(want.astype(np.float32)).max()), (label, name, err)
+            cands[f"lean v{vb} ({u}, {blk})"] = (fn, False)
+        _interleaved(cands, ROUNDS, f"{label}: lean one-step kernels")
+
+
 def main():
     x, dy = B.randn((4608, 12288), scale=2.0), B.randn((4608, 12288))
     n = x.size
@@ -203,4 +233,4 @@ def main():
 
 
 if __name__ == "__main__":
-    {"step": main, "placement": placement, "swizzle": swizzle}[SECTION]()
+    {"step": main, "placement": placement, "swizzle": swizzle, "lean": lean}[SECTION]()

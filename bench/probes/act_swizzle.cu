@@ -44,3 +44,45 @@ __global__ void gelu_bwd_swz(const T* __restrict__ dy, const T* __restrict__ x, 
             *reinterpret_cast<uint2*>(dx + (base + u * bdim) * N) = ub.q;
         }
 }
+
+// Lean one-step kernels (32-bit index math, no loop, no alignment check, nothing before the first load but the index):
+// silu forward with one VB-byte vector per thread, GELU(tanh) backward with U 8-byte vectors per thread.
+template <int VB> struct LeanVec;
+template <> struct LeanVec<8> { using type = uint2; };
+template <> struct LeanVec<16> { using type = uint4; };
+
+template <typename T, int VB>
+__global__ void silu_fwd_lean(const T* __restrict__ x, T* __restrict__ y, int nv) {
+    using V = typename LeanVec<VB>::type;
+    constexpr int N = VB / sizeof(T);
+    const int v = blockIdx.x * blockDim.x + threadIdx.x;
+    if (v < nv) {
+        union { V q; T t[N]; } u;
+        u.q = reinterpret_cast<const V*>(x)[v];
+#pragma unroll
+        for (int j = 0; j < N; ++j) u.t[j] = from_f32<T>(silu(to_f32(u.t[j])));
+        reinterpret_cast<V*>(y)[v] = u.q;
+    }
+}
+
+template <typename T, int U>
+__global__ void gelu_bwd_lean(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, int nv) {
+    const int base = blockIdx.x * blockDim.x * U + threadIdx.x;
+    uint2 qa[U], qb[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+        if (base + u * (int)blockDim.x < nv) {
+            qa[u] = reinterpret_cast<const uint2*>(dy)[base + u * blockDim.x];
+            qb[u] = reinterpret_cast<const uint2*>(x)[base + u * blockDim.x];
+        }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+        if (base + u * (int)blockDim.x < nv) {
+            union { uint2 q; T t[4]; } ua, ub;
+            ua.q = qa[u];
+            ub.q = qb[u];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) ub.t[j] = from_f32<T>(to_f32(ua.t[j]) * gelu_tanh_grad(to_f32(ub.t[j])));
+            reinterpret_cast<uint2*>(dx)[base + u * blockDim.x] = ub.q;
+        }
+}
