@@ -6,8 +6,9 @@
 // U: 16-byte vectors per thread and loop step (map1_unrolled / map2_unrolled), a template argument: Python picks it per
 // kernel and form (flame_core/kernels/activations.py, _PLANS) and asks for "gelu_fwd<T, U>" etc.
 
-// *_step: one loop step per thread with 8-byte vectors (map1_step8 / map2_step8), for float16 / bfloat16 (the arrays
-// are 16-byte aligned: loader.contiguous); the caller does the n % 4 elements past the last vector with the loop kernel.
+// *_bwd_step: the backwards as one loop step per thread with 8-byte vectors (map2_step8), for float16 / bfloat16 (the
+// arrays are 16-byte aligned: loader.contiguous); the caller does the n % 4 elements past the last vector with *_bwd.
+// (One-step forwards only tied the loop kernels or lost, BENCHMARKS.md: measured at commit 58de458, then removed.)
 
 // approx: 0 = erf ("none"), 1 = tanh
 template <typename T, int U>
@@ -16,14 +17,6 @@ __global__ void gelu_fwd(const T* __restrict__ x, T* __restrict__ y, i64 n, int 
         map1_unrolled<T, U>(x, y, n, [](float v) { return gelu_tanh(v); });
     else
         map1_unrolled<T, U>(x, y, n, [](float v) { return gelu_erf(v); });
-}
-
-template <typename T, int U>
-__global__ void gelu_fwd_step(const T* __restrict__ x, T* __restrict__ y, i64 n, int approx) {
-    if (approx)
-        map1_step8<T, U>(x, y, n, [](float v) { return gelu_tanh(v); });
-    else
-        map1_step8<T, U>(x, y, n, [](float v) { return gelu_erf(v); });
 }
 
 template <typename T, int U>
@@ -46,11 +39,6 @@ __global__ void gelu_bwd_step(const T* __restrict__ dy, const T* __restrict__ x,
 template <typename T, int U>
 __global__ void silu_fwd(const T* __restrict__ x, T* __restrict__ y, i64 n) {
     map1_unrolled<T, U>(x, y, n, [](float v) { return silu(v); });
-}
-
-template <typename T, int U>
-__global__ void silu_fwd_step(const T* __restrict__ x, T* __restrict__ y, i64 n) {
-    map1_step8<T, U>(x, y, n, [](float v) { return silu(v); });
 }
 
 template <typename T, int U>

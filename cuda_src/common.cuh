@@ -225,30 +225,9 @@ __device__ __forceinline__ void map2_unrolled(const T* __restrict__ a, const T* 
     for (i64 i = done + tid; i < n; i += stride) out[i] = from_f32<T>(f(to_f32(a[i]), to_f32(b[i])));
 }
 
-// map1 as one step per thread with 8-byte vectors: as map2_step8 below, one input.
-template <typename T, int U, typename F>
-__device__ __forceinline__ void map1_step8(const T* __restrict__ a, T* __restrict__ out, i64 n, F f) {
-    constexpr int N = 8 / sizeof(T);
-    const i64 bdim = blockDim.x, nv = n / N;
-    const i64 base = (i64)blockIdx.x * bdim * U + threadIdx.x;
-    uint2 qa[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-        if (base + u * bdim < nv) qa[u] = *reinterpret_cast<const uint2*>(a + (base + u * bdim) * N);
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-        if (base + u * bdim < nv) {
-            union { uint2 q; T t[N]; } ua;
-            ua.q = qa[u];
-#pragma unroll
-            for (int j = 0; j < N; ++j) ua.t[j] = from_f32<T>(f(to_f32(ua.t[j])));
-            *reinterpret_cast<uint2*>(out + (base + u * bdim) * N) = ua.q;
-        }
-}
-
 // map2 as one step per thread with 8-byte vectors (8 / sizeof(T) elements per access; for 2-byte T: 4), U vectors per
 // thread: no loop, no tail, no alignment check. The caller guarantees 8-byte aligned arrays, n a multiple of the
-// vector and a grid of cdiv(n / (8 / sizeof(T)), blockDim.x * U) blocks (activations.py: _binary does the tail with
+// vector and a grid of cdiv(n / (8 / sizeof(T)), blockDim.x * U) blocks (activations.py: _run does the tail with
 // map2_unrolled). Its registers stay at 32 (a tail loop in the kernel raised the GELU backward to 46 and cost ~0.5%).
 // Same results as map2 / map2_unrolled.
 template <typename T, int U, typename F>

@@ -84,13 +84,13 @@ _PLANS = {("gelu_fwd", 1): (1, 256), ("gelu_fwd", 0): (4, 128), ("gelu_bwd", 1):
 plan_override = None  # (U, block) for every loop kernel (benchmark sweeps); None: _PLANS
 _MAX_BLOCKS = 1 << 30  # past this the kernels' grid-stride loop takes the rest
 
-# float16 / bfloat16 as one loop step per thread with 8-byte vectors (*_step kernels, (U, block)); kernels without an
-# entry run the loop kernels above. Torch runs the backwards at the copy ceiling too, with one 16-byte vector per thread
+# The backwards for float16 / bfloat16 as one loop step per thread with 8-byte vectors (*_bwd_step kernels,
+# (U, block)). Torch runs them at the copy ceiling too, with one 16-byte vector per thread
 # (vectorized_elementwise_kernel<8>, 128 threads), and the 16-byte loop kernels stayed 0.2-0.3% behind it there.
 # bench/kernel_sweep.py actstep (device call 3 of 2026-11-25, 11 interleaved rounds, 4608 x 12288 bf16, x torch):
 # gelu(tanh) bwd step (2, 128) 1.0027, (1, 128) 1.0021, loop 0.9978; gelu(erf) bwd step (1, 128) 1.0224, loop 1.0023;
-# silu bwd step (1, 128) 1.0013, loop 0.9981. The forwards stay on the loop kernels: step (2, 128) ties them for
-# SiLU / GELU(tanh) (1.010 / 1.023), one vector per thread is 4-5% behind torch, GELU(erf) 5-8%.
+# silu bwd step (1, 128) 1.0013, loop 0.9981. One-step forwards tied the loop kernels at best (measured at commit
+# 58de458, then removed; BENCHMARKS.md).
 _STEP_PLANS = {("gelu_bwd", 1): (2, 128), ("gelu_bwd", 0): (1, 128), ("silu_bwd", -1): (1, 128)}
 use_step = True  # False: the loop kernels for every dtype (A/B checks and sweeps)
 _MAX_STEP_GRID = (1 << 31) - 1  # CUDA's grid x limit; larger arrays take the loop kernels
