@@ -8,7 +8,11 @@ torch's own allocation, in interleaved rounds: how much the output's placement m
 Section `swizzle`: SiLU forward and GELU(tanh) backward with the blocks taking their chunks in S windows spread over
 the array (bench/probes/act_swizzle.cu, S = 1: the library's order), each into 3 separately allocated outputs, against
 torch in interleaved rounds.
-Same protocol as bench/kernels.py. Run: PYTHONPATH=$PWD python3 bench/act_probe.py [step|placement|swizzle] [rounds]"""
+Section `bulk`: the SiLU forward and a plain copy through the bulk-copy engine (bench/probes/act_bulk.cu: chunks into
+shared memory on an mbarrier, mapped in place, written back by bulk stores; one chunk per block, one per warp, or two
+per block; a persistent grid with S stages was measured in call 1 and dropped: 0.0837-0.0925 ms against 0.0735), against the library, torch and cupy.copyto, each into a fresh output, in interleaved rounds.
+Same protocol as bench/kernels.py.
+Run: PYTHONPATH=$PWD python3 bench/act_probe.py [step|placement|swizzle|lean|bulk [focus]] [rounds]"""
 import json
 import os
 import pathlib
@@ -20,6 +24,7 @@ import tempfile
 sys.path.insert(0, "bench")
 _args = sys.argv[1:]
 SECTION = _args[0] if _args and not _args[0].isdigit() else "step"
+FOCUS = "focus" in _args  # bulk: only the one-chunk-per-block kernels with one vector per thread
 ROUNDS = int(_args[-1]) if _args and _args[-1].isdigit() else 15
 sys.argv = sys.argv[:1]
 import kernels as B  # noqa: E402
@@ -158,6 +163,47 @@ def lean():
         _interleaved(cands, ROUNDS, f"{label}: lean one-step kernels")
 
 
+def bulk():
+    x = B.randn((4608, 12288), scale=2.0)
+    nbytes = x.nbytes
+    src = L.source("activations") + (pathlib.Path(__file__).parent / "probes" / "act_bulk.cu").read_text()
+    names = [f"act_bulk_{kind}<{BF}, {op}>" for kind in ("one", "warp", "two") for op in (0, 1)]
+    mod = cp.RawModule(code=src, options=L.NVRTC_OPTIONS, name_expressions=names)
+    want = A.silu_forward(x)
+    cands = {"torch silu": (lambda: F.silu(B.tt(x)), True), "library silu": (lambda: A.silu_forward(x), False)}
+
+    def copy():
+        o = cp.empty_like(x)
+        cp.copyto(o, x)
+        return o
+    cands["cupy copy"] = (copy, False)
+    # (tag, kernel, grid, threads, chunk bytes, shared bytes)
+    if FOCUS:  # call 3: one 16-byte vector per thread, about 32 KiB of loads in flight per SM
+        variants = [(f"one c{c} t{t}", f"act_bulk_one<{BF}, {{op}}>", L.cdiv(nbytes, c), t, c, c)
+                    for c, t in ((1024, 64), (2048, 128), (3072, 192), (4096, 256))]
+    else:  # calls 1-2
+        variants = [(f"one c{c} t{t}", f"act_bulk_one<{BF}, {{op}}>", L.cdiv(nbytes, c), t, c, c)
+                    for c, t in ((2048, 64), (2048, 128), (4096, 64), (4096, 128), (4096, 256), (8192, 256))]
+        variants += [(f"warp W{w} t{t}", f"act_bulk_warp<{BF}, {{op}}>", L.cdiv(nbytes, w * t // 32), t,
+                      w * t // 32, w * t // 32) for w, t in ((512, 128), (512, 256), (1024, 128), (2048, 128))]
+        variants += [(f"two c{c} t{t}", f"act_bulk_two<{BF}, {{op}}>", L.cdiv(nbytes, 2 * c), t, c, 2 * c)
+                     for c, t in ((2048, 128), (4096, 128), (4096, 256))]
+    for tag, name, grid, t, c, shm in variants:
+        for op, label in ((0, "copy"), (1, "silu")):
+            k = mod.get_function(name.format(op=op))
+
+            def fn(k=k, grid=grid, t=t, c=c, shm=shm):
+                o = cp.empty_like(x)
+                L.launch(k, grid, t, (x, o, L.i64(nbytes), np.int32(c)), shared_mem=shm)
+                return o
+            got = fn()
+            ref = x if op == 0 else want
+            assert bool((got.view(np.uint16) == ref.view(np.uint16)).all()), (tag, label)
+            cands[f"bulk {label} {tag}"] = (fn, False)
+    _interleaved(cands, ROUNDS, "silu fwd / copy 4608x12288 bf16 through bulk copies (outputs bit-identical)",
+                 ref="torch silu")
+
+
 def main():
     x, dy = B.randn((4608, 12288), scale=2.0), B.randn((4608, 12288))
     n = x.size
@@ -233,4 +279,4 @@ def main():
 
 
 if __name__ == "__main__":
-    {"step": main, "placement": placement, "swizzle": swizzle, "lean": lean}[SECTION]()
+    {"step": main, "placement": placement, "swizzle": swizzle, "lean": lean, "bulk": bulk}[SECTION]()

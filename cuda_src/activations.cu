@@ -10,6 +10,9 @@
 // arrays are 16-byte aligned: loader.contiguous); the caller does the n % 4 elements past the last vector with *_bwd.
 // (One-step forwards only tied the loop kernels or lost, BENCHMARKS.md: measured at commit 58de458, then removed.)
 
+// silu_fwd_bulk (sm_90): the SiLU forward as one CHUNK-byte chunk per block through the bulk-copy engine (map1_bulk),
+// for float16 / bfloat16; n: whole 16-byte vectors, the caller does the n % 8 elements past them with silu_fwd.
+
 // approx: 0 = erf ("none"), 1 = tanh
 template <typename T, int U>
 __global__ void gelu_fwd(const T* __restrict__ x, T* __restrict__ y, i64 n, int approx) {
@@ -49,4 +52,11 @@ __global__ void silu_bwd(const T* __restrict__ dy, const T* __restrict__ x, T* _
 template <typename T, int U>
 __global__ void silu_bwd_step(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, i64 n) {
     map2_step8<T, U>(dy, x, dx, n, [](float g, float v) { return g * silu_grad(v); });
+}
+
+template <typename T, int CHUNK>
+__global__ void silu_fwd_bulk(const T* __restrict__ x, T* __restrict__ y, i64 n) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    map1_bulk<T, CHUNK>(x, y, n, [](float v) { return silu(v); });
+#endif
 }

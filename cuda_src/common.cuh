@@ -607,6 +607,56 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned b
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                  ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
 }
+
+// Bulk store from this block's shared memory to global (the issuing thread's current bulk group; same size and alignment
+// rules), the group's commit, and the wait until at most N of the thread's committed groups still read shared memory
+// (the others' buffers may be written again; before the block exits: N = 0).
+__device__ __forceinline__ void bulk_store(void* dst, const void* src, unsigned bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(smem_u32(src)), "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+
+// out[i] = f(a[i]) for one CHUNK-byte chunk per block through the bulk-copy engine: the chunk comes into shared memory
+// on an mbarrier, each thread maps its 16-byte vectors there in fp32, thread 0 writes the chunk back with a bulk store.
+// n: elements, a multiple of 16 bytes' worth; a and out 16-byte aligned; grid cdiv(n * sizeof(T), CHUNK).
+template <typename T, int CHUNK, typename F>
+__device__ __forceinline__ void map1_bulk(const T* __restrict__ a, T* __restrict__ out, i64 n, F f) {
+    static_assert(CHUNK % 16 == 0, "CHUNK: whole 16-byte vectors");
+    constexpr int N = VecT<T>::N;
+    __shared__ __align__(128) uint4 buf[CHUNK / 16];
+    __shared__ __align__(8) unsigned long long bar;
+    const i64 off = (i64)blockIdx.x * CHUNK;
+    const unsigned bytes = (unsigned)min((i64)CHUNK, n * (i64)sizeof(T) - off);
+    if (threadIdx.x == 0) {
+        mbar_init(&bar, 1);
+        mbar_init_fence();
+        mbar_expect_tx(&bar, bytes);
+        bulk_load(buf, reinterpret_cast<const char*>(a) + off, bytes, &bar);
+    }
+    __syncthreads();
+    mbar_wait(&bar, 0);
+    for (unsigned v = threadIdx.x; v < bytes / 16; v += blockDim.x) {
+        float r[N];
+        unpack_f32<T>(buf[v], r);
+#pragma unroll
+        for (int j = 0; j < N; ++j) r[j] = f(r[j]);
+        buf[v] = pack_f32<T>(r);
+    }
+    fence_proxy_async();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        bulk_store(reinterpret_cast<char*>(out) + off, buf, bytes);
+        bulk_commit();
+        bulk_wait_read<0>();
+    }
+}
 #endif
 
 #endif  // FLAME_COMMON_CUH

@@ -96,6 +96,16 @@ use_step = True  # False: the loop kernels for every dtype (A/B checks and sweep
 _MAX_STEP_GRID = (1 << 31) - 1  # CUDA's grid x limit; larger arrays take the loop kernels
 
 
+# The SiLU forward for float16 / bfloat16 on sm_90+ through the bulk-copy engine (silu_fwd_bulk: one chunk per block
+# into shared memory on an mbarrier, mapped there, written back by a bulk store; (chunk bytes, block)). One 16-byte
+# vector per thread, about 32 KiB of loads in flight per SM, as the fastest bulk copies. bench/act_probe.py bulk
+# (device calls 2-3 of 2026-11-25, 21 / 31 / 31 interleaved rounds, 4608 x 12288 bf16, x torch): (2048, 128) 1.0050 /
+# 1.0039 / 1.0033, the loop kernel 1.0015 / 1.0004 / 1.0002; with 2 or 4 vectors per thread, or fewer blocks per SM,
+# the bulk kernels fell behind (0.977-0.999).
+_BULK_PLANS = {("silu_fwd", -1): (2048, 128)}
+use_bulk = True  # False: no bulk kernel (A/B checks and sweeps)
+
+
 def _plan(name, approx):
     return plan_override or _PLANS[name, approx]
 
@@ -119,15 +129,43 @@ def _step_split(name, approx, n, itemsize):
     return (u, block, main, grid) if 0 < grid <= _MAX_STEP_GRID else None
 
 
-def _run(name, ins, out, approx):
-    """Kernel `name` over the arrays `ins` into `out` (contiguous, 16-byte aligned, one shape): the one-step kernel over
-    the whole 8-byte vectors where it has a plan, the loop kernel over the rest (or over everything)."""
-    extra = () if approx < 0 else (L.i32(approx),)
-    step = _step_split(name, approx, out.size, out.itemsize)
+def _bulk_split(name, approx, n, itemsize, cc):
+    """(chunk bytes, block, whole-vector elements, grid) of the bulk kernel for n elements of this item size on a device
+    of compute capability cc, or None where it does not run. The elements (< 8) past the last 16-byte vector go to the
+    loop kernel."""
+    plan = (_BULK_PLANS.get((name, approx)) if use_bulk and plan_override is None and itemsize == 2 and cc >= 90
+            else None)
+    if plan is None:
+        return None
+    chunk, block = plan
+    main = n - n % (16 // itemsize)
+    grid = L.cdiv(main * itemsize, chunk)
+    return (chunk, block, main, grid) if 0 < grid <= _MAX_STEP_GRID else None
+
+
+def _fast(name, approx, n, itemsize):
+    """(kernel expression, grid, block, whole-vector elements) of the bulk or one-step kernel for n elements, or None
+    where the loop kernel does it all."""
+    bulk = (_bulk_split(name, approx, n, itemsize, L.compute_capability()) if (name, approx) in _BULK_PLANS
+            else None)
+    if bulk is not None:
+        chunk, block, main, grid = bulk
+        return f"{name}_bulk<{{T}}, {chunk}>", grid, block, main
+    step = _step_split(name, approx, n, itemsize)
     if step is not None:
         u, block, main, grid = step
-        L.launch(L.get_function("activations", f"{name}_step<{{T}}, {u}>", out.dtype), (grid,), (block,),
-                 ins + (out, L.i64(main)) + extra)
+        return f"{name}_step<{{T}}, {u}>", grid, block, main
+    return None
+
+
+def _run(name, ins, out, approx):
+    """Kernel `name` over the arrays `ins` into `out` (contiguous, 16-byte aligned, one shape): the bulk or one-step
+    kernel over the whole vectors where it has a plan, the loop kernel over the rest (or over everything)."""
+    extra = () if approx < 0 else (L.i32(approx),)
+    fast = _fast(name, approx, out.size, out.itemsize)
+    if fast is not None:
+        expr, grid, block, main = fast
+        L.launch(L.get_function("activations", expr, out.dtype), (grid,), (block,), ins + (out, L.i64(main)) + extra)
         if main == out.size:
             return
         ins, out = tuple(a.reshape(-1)[main:] for a in ins), out.reshape(-1)[main:]

@@ -19,6 +19,8 @@ API (what kernel families and other helpers call)
     rest for the device's generic ``sm_XY``); ``arch_available`` says whether the current device runs such code.
 ``launch(kernel, grid, block, args, shared_mem=0, stream=None)``
     Launches; ints in ``grid``/``block`` become 1-tuples; dynamic shared memory over 48 KiB is opted into.
+``compute_capability()``
+    The current device's compute capability as an int (90 for sm_90).
 ``cdiv(a, b)``, ``grid_1d(n, block)``
     Ceiling division and the 1-D grid covering ``n`` items.
 ``ctype(dtype)``
@@ -421,7 +423,17 @@ def _cu_launch_ex():
     return _launch_ex[0]
 
 
-_cc = {}  # device -> compute capability as an int (launch_dependent)
+_cc = {}  # device -> compute capability as an int
+
+
+def compute_capability():
+    """The current CUDA device's compute capability as an int (90 for sm_90)."""
+    cp = backend.cupy
+    dev = cp.cuda.runtime.getDevice()
+    cc = _cc.get(dev)
+    if cc is None:
+        cc = _cc[dev] = int(cp.cuda.Device(dev).compute_capability)
+    return cc
 
 
 def launch_dependent(kernel, grid, block, args, shared_mem=0):
@@ -430,13 +442,8 @@ def launch_dependent(kernel, grid, block, args, shared_mem=0):
     it has executed grid_dependents_launch), so the launch latency overlaps the earlier kernel's tail. The kernel
     must call grid_dependency_wait (common.cuh) before it reads the earlier kernel's output. Falls back to `launch`
     before sm_90, without cuLaunchKernelEx, and while a CUDA graph is being captured."""
-    cp = backend.cupy
-    stream = cp.cuda.get_current_stream()
-    dev = cp.cuda.runtime.getDevice()
-    cc = _cc.get(dev)
-    if cc is None:
-        cc = _cc[dev] = int(cp.cuda.Device(dev).compute_capability)
-    if _cu_launch_ex() is None or cc < 90 or (stream.ptr and stream.is_capturing()):
+    stream = backend.cupy.cuda.get_current_stream()
+    if _cu_launch_ex() is None or compute_capability() < 90 or (stream.ptr and stream.is_capturing()):
         return launch(kernel, grid, block, args, shared_mem)
     PackedLaunch(kernel, grid, block, args, (), allow_dynamic_smem(kernel, shared_mem), dependent=True)(())
 

@@ -197,3 +197,61 @@ def test_step_kernels_match_the_loop_kernels_bit_for_bit(rng, monkeypatch, dt, n
         want = f()
         assert loader.launches - before == 1
         assert cp.array_equal(g.view(cp.uint16), want.view(cp.uint16))
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 1023, 1024, 1031, 65543, 4608 * 12288, 2 ** 31 + 5])
+def test_bulk_split_covers_the_whole_vectors_and_leaves_under_one(n):
+    got = K._bulk_split("silu_fwd", -1, n, 2, 90)
+    if n < 8:
+        assert got is None                                    # no whole 16-byte vector: the loop kernel does it all
+        return
+    chunk, block, main, grid = got
+    assert (chunk, block) == K._BULK_PLANS["silu_fwd", -1]
+    assert main % 8 == 0 and 0 <= n - main < 8                # whole vectors; the < 8 rest goes to the loop kernel
+    assert grid * chunk >= 2 * main > (grid - 1) * chunk      # every byte, no block without one
+
+
+def test_bulk_split_only_on_sm90_for_two_byte_types_and_default_plans(monkeypatch):
+    assert K._bulk_split("silu_fwd", -1, 4096, 2, 90) is not None
+    assert K._bulk_split("silu_fwd", -1, 4096, 2, 89) is None     # no bulk-copy engine before sm_90
+    assert K._bulk_split("silu_fwd", -1, 4096, 4, 90) is None     # float32: the 16-byte loop kernel
+    assert K._bulk_split("silu_bwd", -1, 4096, 2, 90) is None     # no bulk form: the step kernel
+    assert K._bulk_split("gelu_fwd", 1, 4096, 2, 90) is None
+    monkeypatch.setattr(K, "plan_override", (2, 128))
+    assert K._bulk_split("silu_fwd", -1, 4096, 2, 90) is None     # a forced loop plan (sweeps) turns it off
+    monkeypatch.setattr(K, "plan_override", None)
+    monkeypatch.setattr(K, "use_bulk", False)
+    assert K._bulk_split("silu_fwd", -1, 4096, 2, 90) is None
+    monkeypatch.setattr(K, "use_bulk", True)
+    monkeypatch.setattr(K, "_MAX_STEP_GRID", 3)
+    chunk = K._BULK_PLANS["silu_fwd", -1][0]
+    assert K._bulk_split("silu_fwd", -1, chunk // 2 * 3, 2, 90)[3] == 3
+    assert K._bulk_split("silu_fwd", -1, chunk // 2 * 3 + 8, 2, 90) is None   # past the grid limit: the loop kernel
+
+
+def test_bulk_plans_name_only_kernels_with_a_bulk_form():
+    assert set(K._BULK_PLANS) <= {("silu_fwd", -1)}              # silu_fwd_bulk exists for this one only
+    for chunk, block in K._BULK_PLANS.values():
+        assert chunk % 16 == 0 and block % 32 == 0 and block <= 1024
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+@pytest.mark.parametrize("n", [7, 8, 9, 1023, 1024, 1031, 65543, 3 * 12288 + 5])
+@pytest.mark.parametrize("plan", [(2048, 128), (4096, 128), (1024, 32)])
+def test_bulk_kernel_matches_the_loop_kernel_bit_for_bit(rng, monkeypatch, dt, n, plan):
+    """The SiLU forward through the bulk-copy engine (plus the loop kernel on the < 8 trailing elements), under each
+    plan (chunks of one or more vectors per thread, the last one partial), gives the loop kernel's bits; before sm_90
+    it does not run."""
+    import cupy as cp
+    from flame_core.kernels import loader
+    monkeypatch.setattr(K, "_BULK_PLANS", {("silu_fwd", -1): plan})
+    x = cp.asarray(rand(rng, (n,), DTYPES[dt], scale=3.0))
+    bulk = loader.compute_capability() >= 90
+    before = loader.launches
+    got = K.silu_forward(x)
+    assert loader.launches - before == (1 if n < 8 or not bulk or n % 8 == 0 else 2)
+    monkeypatch.setattr(K, "use_bulk", False)
+    want = K.silu_forward(x)
+    assert cp.array_equal(got.view(cp.uint16), want.view(cp.uint16))
+    assert_close(got, K._silu_ref(x), dt, "silu bulk")

@@ -1,0 +1,164 @@
+// Probe (bench/act_probe.py bulk): elementwise through the bulk-copy engine (cp.async.bulk, TMA) instead of per-thread
+// 16-byte loads and stores: a chunk of bytes comes into shared memory on an mbarrier, every thread maps its 16-byte
+// vectors in place, and one thread writes the chunk back with a bulk store (cp.async.bulk.global.shared::cta). OP 0 is
+// a copy (how fast the engine moves the bytes at all), OP 1 the SiLU forward. Sizes: multiples of 16 bytes (the probe's
+// shape). Appended to activations.cu's source (common.cuh's mbar_* / bulk_* helpers, silu()). The library's
+// form of act_bulk_one: map1_bulk (common.cuh), silu_fwd_bulk (activations.cu).
+template <typename T, int OP>
+__device__ __forceinline__ void map_chunk(uint4* buf, unsigned bytes) {
+    if (OP == 0) return;
+    constexpr int N = VecT<T>::N;
+    for (unsigned v = threadIdx.x; v < bytes / 16; v += blockDim.x) {
+        float a[N];
+        unpack_f32<T>(buf[v], a);
+#pragma unroll
+        for (int j = 0; j < N; ++j) a[j] = silu(a[j]);
+        buf[v] = pack_f32<T>(a);
+    }
+}
+
+// One chunk per block (grid = chunks; the hardware's block scheduler balances the SMs).
+template <typename T, int OP>
+__global__ void act_bulk_one(const T* __restrict__ x, T* __restrict__ y, i64 nbytes, int chunk) {
+    extern __shared__ __align__(128) uint4 buf[];
+    __shared__ __align__(8) unsigned long long bar;
+    const i64 off = (i64)blockIdx.x * chunk;
+    const unsigned bytes = (unsigned)min((i64)chunk, nbytes - off);
+    if (threadIdx.x == 0) {
+        mbar_init(&bar, 1);
+        mbar_init_fence();
+        mbar_expect_tx(&bar, bytes);
+        bulk_load(buf, reinterpret_cast<const char*>(x) + off, bytes, &bar);
+    }
+    __syncthreads();
+    mbar_wait(&bar, 0);
+    map_chunk<T, OP>(buf, bytes);
+    fence_proxy_async();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        bulk_store(reinterpret_cast<char*>(y) + off, buf, bytes);
+        bulk_commit();
+        bulk_wait_read<0>();
+    }
+}
+
+// Persistent: gridDim.x blocks, each an equal run of 16-byte vectors, in chunks through S shared-memory stages. The
+// store of chunk i is committed, then chunk i - 1's stage (its store read out) is refilled with chunk i - 1 + S.
+template <typename T, int OP, int S>
+__global__ void act_bulk_pipe(const T* __restrict__ x, T* __restrict__ y, i64 nbytes, int chunk) {
+    extern __shared__ __align__(128) uint4 buf[];
+    __shared__ __align__(8) unsigned long long bar[S];
+    const i64 nv = nbytes / 16;
+    const i64 b0 = nv * blockIdx.x / gridDim.x * 16, b1 = nv * (blockIdx.x + 1) / gridDim.x * 16;
+    const int nchunks = (int)((b1 - b0 + chunk - 1) / chunk);
+    const char* src = reinterpret_cast<const char*>(x) + b0;
+    char* dst = reinterpret_cast<char*>(y) + b0;
+    auto cbytes = [&](int i) { return (unsigned)min((i64)chunk, b1 - b0 - (i64)i * chunk); };
+    auto stage = [&](int s) { return buf + s * (chunk / 16); };
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < S; ++s) mbar_init(&bar[s], 1);
+        mbar_init_fence();
+        for (int i = 0; i < S && i < nchunks; ++i) {
+            mbar_expect_tx(&bar[i], cbytes(i));
+            bulk_load(stage(i), src + (i64)i * chunk, cbytes(i), &bar[i]);
+        }
+    }
+    __syncthreads();
+    for (int i = 0; i < nchunks; ++i) {
+        const int s = i % S;
+        const unsigned bytes = cbytes(i);
+        mbar_wait(&bar[s], (i / S) & 1);
+        map_chunk<T, OP>(stage(s), bytes);
+        fence_proxy_async();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            bulk_store(dst + (i64)i * chunk, stage(s), bytes);
+            bulk_commit();
+            const int j = i - 1 + S;  // refill chunk i - 1's stage
+            if (i >= 1 && j < nchunks) {
+                bulk_wait_read<1>();
+                const int sj = j % S;
+                mbar_expect_tx(&bar[sj], cbytes(j));
+                bulk_load(stage(sj), src + (i64)j * chunk, cbytes(j), &bar[sj]);
+            }
+        }
+    }
+    if (threadIdx.x == 0) bulk_wait_read<0>();
+}
+
+// Each warp on its own: W bytes per warp (chunk = W * warps per block), its own mbarrier, its lane 0 issuing the bulk
+// load and store; no block-wide barrier.
+template <typename T, int OP>
+__global__ void act_bulk_warp(const T* __restrict__ x, T* __restrict__ y, i64 nbytes, int chunk) {
+    extern __shared__ __align__(128) uint4 buf[];
+    __shared__ __align__(8) unsigned long long bar[32];
+    constexpr int N = VecT<T>::N;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, W = chunk / (blockDim.x / 32);
+    const i64 off = (i64)blockIdx.x * chunk + (i64)warp * W;
+    if (off >= nbytes) return;
+    const unsigned bytes = (unsigned)min((i64)W, nbytes - off);
+    uint4* wb = buf + warp * (W / 16);
+    if (lane == 0) {
+        mbar_init(&bar[warp], 1);
+        mbar_init_fence();
+        mbar_expect_tx(&bar[warp], bytes);
+        bulk_load(wb, reinterpret_cast<const char*>(x) + off, bytes, &bar[warp]);
+    }
+    __syncwarp();
+    mbar_wait(&bar[warp], 0);
+    if (OP) {
+        for (unsigned v = lane; v < bytes / 16; v += 32) {
+            float a[N];
+            unpack_f32<T>(wb[v], a);
+#pragma unroll
+            for (int j = 0; j < N; ++j) a[j] = silu(a[j]);
+            wb[v] = pack_f32<T>(a);
+        }
+    }
+    fence_proxy_async();
+    __syncwarp();
+    if (lane == 0) {
+        bulk_store(reinterpret_cast<char*>(y) + off, wb, bytes);
+        bulk_commit();
+        bulk_wait_read<0>();
+    }
+}
+
+// Two chunks per block, both loaded at entry on their own mbarriers: the first is mapped and stored while the second
+// arrives (shared memory 2 * chunk).
+template <typename T, int OP>
+__global__ void act_bulk_two(const T* __restrict__ x, T* __restrict__ y, i64 nbytes, int chunk) {
+    extern __shared__ __align__(128) uint4 buf[];
+    __shared__ __align__(8) unsigned long long bar[2];
+    const i64 off0 = (i64)blockIdx.x * 2 * chunk;
+    unsigned bytes[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) bytes[h] = (unsigned)max((i64)0, min((i64)chunk, nbytes - off0 - (i64)h * chunk));
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) mbar_init(&bar[h], 1);
+        mbar_init_fence();
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            if (bytes[h]) {
+                mbar_expect_tx(&bar[h], bytes[h]);
+                bulk_load(buf + h * (chunk / 16), reinterpret_cast<const char*>(x) + off0 + (i64)h * chunk, bytes[h],
+                          &bar[h]);
+            }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        if (!bytes[h]) break;
+        mbar_wait(&bar[h], 0);
+        map_chunk<T, OP>(buf + h * (chunk / 16), bytes[h]);
+        fence_proxy_async();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            bulk_store(reinterpret_cast<char*>(y) + off0 + (i64)h * chunk, buf + h * (chunk / 16), bytes[h]);
+            bulk_commit();
+        }
+    }
+    if (threadIdx.x == 0) bulk_wait_read<0>();
+}
