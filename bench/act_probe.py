@@ -10,9 +10,11 @@ the array (bench/probes/act_swizzle.cu, S = 1: the library's order), each into 3
 torch in interleaved rounds.
 Section `bulk`: the SiLU forward and a plain copy through the bulk-copy engine (bench/probes/act_bulk.cu: chunks into
 shared memory on an mbarrier, mapped in place, written back by bulk stores; one chunk per block, one per warp, or two
-per block; a persistent grid with S stages was measured in call 1 and dropped: 0.0837-0.0925 ms against 0.0735), against the library, torch and cupy.copyto, each into a fresh output, in interleaved rounds.
+per block; act_bulk_pipe, a persistent grid with S stages, ran in device call 1 of 2026-11-25 only: 0.0837-0.0925 ms
+against torch's 0.0735), against the library, torch and cupy.copyto, each into a fresh output, in interleaved rounds.
+Section `bulk2`: the SiLU / GELU(tanh) backwards the same way (act_bulk2_one: both inputs' chunks on one mbarrier).
 Same protocol as bench/kernels.py.
-Run: PYTHONPATH=$PWD python3 bench/act_probe.py [step|placement|swizzle|lean|bulk [focus]] [rounds]"""
+Run: PYTHONPATH=$PWD python3 bench/act_probe.py [step|placement|swizzle|lean|bulk [focus]|bulk2] [rounds]"""
 import json
 import os
 import pathlib
@@ -204,6 +206,33 @@ def bulk():
                  ref="torch silu")
 
 
+def bulk2():
+    """The SiLU / GELU(tanh) backwards with one chunk per block through the bulk-copy engine (act_bulk2_one) against
+    the library's step kernels and torch, each into a fresh output."""
+    x, dy = B.randn((4608, 12288), scale=2.0), B.randn((4608, 12288))
+    nbytes = x.nbytes
+    src = L.source("activations") + (pathlib.Path(__file__).parent / "probes" / "act_bulk.cu").read_text()
+    names = [f"act_bulk2_one<{BF}, {op}>" for op in (0, 1)]
+    mod = cp.RawModule(code=src, options=L.NVRTC_OPTIONS, name_expressions=names)
+    for op, label, lib, tor in (
+            (0, "silu bwd", lambda: A.silu_backward(dy, x), B._torch_bwd(F.silu, x, dy)),
+            (1, "gelu(tanh) bwd", lambda: A.gelu_backward(dy, x, "tanh"),
+             B._torch_bwd(lambda t: F.gelu(t, approximate="tanh"), x, dy))):
+        want = lib()
+        k = mod.get_function(names[op])
+        cands = {"torch": (tor, True), "library": (lib, False)}
+        for c, t in ((1024, 64), (2048, 128), (1024, 32), (2048, 64), (4096, 256), (4096, 128)):
+            def fn(c=c, t=t):
+                o = cp.empty_like(x)
+                L.launch(k, L.cdiv(nbytes, c), t, (dy, x, o, L.i64(nbytes), np.int32(c)), shared_mem=2 * c)
+                return o
+            got = fn()
+            err = float(cp.abs(got.astype(np.float32) - want.astype(np.float32)).max())
+            assert err <= 0.02 * float(cp.abs(want.astype(np.float32)).max()), (label, c, t, err)
+            cands[f"bulk c{c} t{t}"] = (fn, False)
+        _interleaved(cands, ROUNDS, f"{label} 4608x12288 bf16: one chunk (per input) per block through bulk copies")
+
+
 def main():
     x, dy = B.randn((4608, 12288), scale=2.0), B.randn((4608, 12288))
     n = x.size
@@ -279,4 +308,4 @@ def main():
 
 
 if __name__ == "__main__":
-    {"step": main, "placement": placement, "swizzle": swizzle, "lean": lean, "bulk": bulk}[SECTION]()
+    {"step": main, "placement": placement, "swizzle": swizzle, "lean": lean, "bulk": bulk, "bulk2": bulk2}[SECTION]()

@@ -608,12 +608,12 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned b
                  ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
 }
 
-// Bulk store from this block's shared memory to global (the issuing thread's current bulk group; same size and alignment
-// rules), the group's commit, and the wait until at most N of the thread's committed groups still read shared memory
-// (the others' buffers may be written again; before the block exits: N = 0).
+// Bulk store from this block's shared memory to global (the issuing thread's current bulk group; same size and
+// alignment rules), the group's commit, and the wait until at most N of the thread's committed groups still read shared
+// memory (the others' buffers may be written again; before the block exits: N = 0).
 __device__ __forceinline__ void bulk_store(void* dst, const void* src, unsigned bytes) {
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(smem_u32(src)), "r"(bytes)
-                 : "memory");
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+                 ::"l"(dst), "r"(smem_u32(src)), "r"(bytes) : "memory");
 }
 
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }

@@ -162,3 +162,40 @@ __global__ void act_bulk_two(const T* __restrict__ x, T* __restrict__ y, i64 nby
     }
     if (threadIdx.x == 0) bulk_wait_read<0>();
 }
+
+// The backwards (dy, x -> dx) with one chunk per block: both inputs' CHUNK bytes come in on one mbarrier, dx is mapped
+// into x's buffer and stored from there. OP 0: SiLU, 1: GELU(tanh).
+template <typename T, int OP>
+__global__ void act_bulk2_one(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, i64 nbytes,
+                              int chunk) {
+    extern __shared__ __align__(128) uint4 buf[];
+    __shared__ __align__(8) unsigned long long bar;
+    constexpr int N = VecT<T>::N;
+    const i64 off = (i64)blockIdx.x * chunk;
+    const unsigned bytes = (unsigned)min((i64)chunk, nbytes - off);
+    uint4 *bg = buf, *bx = buf + chunk / 16;
+    if (threadIdx.x == 0) {
+        mbar_init(&bar, 1);
+        mbar_init_fence();
+        mbar_expect_tx(&bar, 2 * bytes);
+        bulk_load(bg, reinterpret_cast<const char*>(dy) + off, bytes, &bar);
+        bulk_load(bx, reinterpret_cast<const char*>(x) + off, bytes, &bar);
+    }
+    __syncthreads();
+    mbar_wait(&bar, 0);
+    for (unsigned v = threadIdx.x; v < bytes / 16; v += blockDim.x) {
+        float g[N], a[N];
+        unpack_f32<T>(bg[v], g);
+        unpack_f32<T>(bx[v], a);
+#pragma unroll
+        for (int j = 0; j < N; ++j) a[j] = g[j] * (OP == 0 ? silu_grad(a[j]) : gelu_tanh_grad(a[j]));
+        bx[v] = pack_f32<T>(a);
+    }
+    fence_proxy_async();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        bulk_store(reinterpret_cast<char*>(dx) + off, bx, bytes);
+        bulk_commit();
+        bulk_wait_read<0>();
+    }
+}
