@@ -6,10 +6,14 @@ Protocol (the same for FLAME, PyTorch and the copy): inputs prepared once, 5 war
 preceded by a read of a 256 MiB buffer that evicts L2 (clean lines) and a GPU-side wait of --hold-us microseconds
 (default 300), each timed alone with CUDA events; the median is taken. Each row repeats that in --rounds interleaved
 rounds (default 5; FLAME and torch alternate which goes first, the copy after them) and reports the medians over the
-rounds and the rounds FLAME was faster than torch in ("wins"). The wait keeps the GPU busy while Python
-queues the call's launches, so the interval between the events is the GPU's work on the op (its kernels and the gaps
-between them) and not the host's launch overhead, which a slow host otherwise adds to multi-launch ops on either side
-(--hold-us 0: the older protocol). The host time of each FLAME call (launch overhead) is reported beside it.
+rounds and the rounds FLAME was faster than torch in ("wins"). After each round but the last, one more block of the
+input's size is held on each side (CuPy's pool and torch's caching allocator), which takes the block that side's output
+of that size just used, so each round's outputs land in new memory: where an output lands moves a copy-bound op by about
++-0.4% on either side (bench/act_probe.py placement), and the rounds sample that instead of one placement per side
+(--same-outputs: the older protocol). The wait keeps the GPU busy while Python queues the call's launches, so the
+interval between the events is the GPU's work on the op (its kernels and the gaps between them) and not the host's
+launch overhead, which a slow host otherwise adds to multi-launch ops on either side (--hold-us 0: the older protocol).
+The host time of each FLAME call (launch overhead) is reported beside it.
 GB/s = (bytes the op must read + write) / time. The copy moves the op's input bytes (cupy.copyto, D2D).
 Prints a table last and writes JSON (--out, default $OUT/kernels.json or ./kernels.json).
 Run: PYTHONPATH=$PWD python3 bench/kernels.py
@@ -36,6 +40,7 @@ except Exception:  # torch is only a side-by-side peer
 BF16 = np.dtype(ml_dtypes.bfloat16)
 REPS, WARM = 30, 5
 ROUNDS = 5  # interleaved FLAME / torch / copy rounds per row (--rounds)
+MOVE_OUTPUTS = True  # each round's outputs in new memory on both sides (--same-outputs turns it off)
 
 _FLUSH = cp.RawKernel(r'''
 extern "C" __global__ void flush_read(const uint4* p, long long n, unsigned int* sink) {
@@ -102,13 +107,24 @@ def tt(a):
 ROWS = []
 
 
+def _out_ptr(out):
+    """The address (MiB, rounded) of an op's first returned array, None when it returns none."""
+    if isinstance(out, (tuple, list)):
+        out = out[0] if out else None
+    if isinstance(out, cp.ndarray):
+        return round(out.data.ptr / 2 ** 20, 2)
+    if torch is not None and isinstance(out, torch.Tensor):
+        return round(out.data_ptr() / 2 ** 20, 2)
+    return None
+
+
 def record(name, nbytes, flame_fn, torch_fn=None, copy_src=None, note=""):
     """One row: FLAME, torch and the copy of copy_src, each time_ms'd in ROUNDS interleaved rounds (FLAME and torch
     alternating which goes first); medians over the rounds, and the rounds FLAME was faster than torch in."""
     has_torch = torch is not None and torch_fn is not None
     src = copy_src
     dst = cp.empty_like(src)
-    f, t, c, host = [], [], [], []
+    f, t, c, host, held, places = [], [], [], [], [], []
     for r in range(ROUNDS):
         for side in (("flame", "torch") if r % 2 == 0 else ("torch", "flame")):
             if side == "flame":
@@ -117,6 +133,12 @@ def record(name, nbytes, flame_fn, torch_fn=None, copy_src=None, note=""):
             elif has_torch:
                 t.append(time_ms(torch_fn, torch_op=True))
         c.append(time_ms(lambda: cp.copyto(dst, src)))
+        places.append((_out_ptr(flame_fn()), _out_ptr(torch_fn()) if has_torch else None))
+        if MOVE_OUTPUTS and r < ROUNDS - 1:  # hold the block each side's output of src's size just used (best fit)
+            held.append(cp.empty_like(src))
+            if has_torch:
+                held.append(torch.empty(src.nbytes, dtype=torch.uint8, device="cuda"))
+    del held
     ms, cms = statistics.median(f), statistics.median(c)
     copy_gbs = 2 * src.nbytes / cms / 1e6
     row = {"op": name, "bytes": int(nbytes), "flame_ms": round(ms, 4), "flame_GBps": round(nbytes / ms / 1e6, 1),
@@ -127,6 +149,8 @@ def record(name, nbytes, flame_fn, torch_fn=None, copy_src=None, note=""):
         tms = statistics.median(t)
         row.update(torch_ms=round(tms, 4), torch_GBps=round(nbytes / tms / 1e6, 1), vs_torch=round(tms / ms, 3),
                    torch_ms_rounds=[round(v, 4) for v in t], flame_wins=sum(a < b for a, b in zip(f, t)))
+    if any(p != (None, None) for p in places):  # where each round's first output landed (MiB), on each side
+        row["out_MiB_rounds"] = places
     ROWS.append(row)
     print(json.dumps(row), flush=True)
     del dst
@@ -302,9 +326,11 @@ def main():
                                                "fp8,adamw")
     ap.add_argument("--hold-us", type=int, default=300, help="GPU-side wait queued before each timed call (0: none)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved FLAME / torch / copy rounds per row (medians)")
+    ap.add_argument("--same-outputs", action="store_true",
+                    help="leave each side's outputs where its allocator puts them in every round (older protocol)")
     args = ap.parse_args()
-    global HOLD_US, ROUNDS
-    HOLD_US, ROUNDS = args.hold_us, args.rounds
+    global HOLD_US, ROUNDS, MOVE_OUTPUTS
+    HOLD_US, ROUNDS, MOVE_OUTPUTS = args.hold_us, args.rounds, not args.same_outputs
     if not loader.enabled():
         raise SystemExit("kernels are disabled (no GPU, or FLAME_KERNELS=0): nothing to measure")
     cp.random.seed(0)
@@ -319,7 +345,8 @@ def main():
     dev = dev.decode() if isinstance(dev, bytes) else dev
     res = {"device": dev, "torch": torch.__version__ if torch else None, "cupy": cp.__version__,
            "protocol": f"median of {REPS} after {WARM} warm-up, L2 evicted and a {HOLD_US} us GPU wait queued "
-                       f"before each call, CUDA events; median of {ROUNDS} interleaved rounds",
+                       f"before each call, CUDA events; median of {ROUNDS} interleaved rounds"
+                       + (", outputs in new memory each round" if MOVE_OUTPUTS else ""),
            "copy_1GiB_GBps": ceiling, "rows": ROWS}
     with open(args.out, "w") as fh:
         json.dump(res, fh, indent=1)
