@@ -1,5 +1,6 @@
 // GELU (erf and tanh forms) and SiLU, forward and backward, elementwise in fp32 with 16-byte vector accesses (the
-// backwards of 2-byte types: 8-byte, *_bwd_step).
+// backwards of 2-byte types: 8-byte, *_bwd_step; the SiLU forward of 2-byte types on sm_90: bulk copies,
+// silu_fwd_bulk).
 // The formulas are in activations.cuh.
 #include "activations.cuh"
 
@@ -9,9 +10,6 @@
 // *_bwd_step: the backwards as one loop step per thread with 8-byte vectors (map2_step8), for float16 / bfloat16 (the
 // arrays are 16-byte aligned: loader.contiguous); the caller does the n % 4 elements past the last vector with *_bwd.
 // (One-step forwards only tied the loop kernels or lost, BENCHMARKS.md: measured at commit 58de458, then removed.)
-
-// silu_fwd_bulk (sm_90): the SiLU forward as one CHUNK-byte chunk per block through the bulk-copy engine (map1_bulk),
-// for float16 / bfloat16; n: whole 16-byte vectors, the caller does the n % 8 elements past them with silu_fwd.
 
 // approx: 0 = erf ("none"), 1 = tanh
 template <typename T, int U>
@@ -54,6 +52,8 @@ __global__ void silu_bwd_step(const T* __restrict__ dy, const T* __restrict__ x,
     map2_step8<T, U>(dy, x, dx, n, [](float g, float v) { return g * silu_grad(v); });
 }
 
+// silu_fwd_bulk (sm_90): the SiLU forward as one CHUNK-byte chunk per block through the bulk-copy engine (map1_bulk),
+// for float16 / bfloat16; n: whole 16-byte vectors, the caller does the n % 8 elements past them with silu_fwd.
 template <typename T, int CHUNK>
 __global__ void silu_fwd_bulk(const T* __restrict__ x, T* __restrict__ y, i64 n) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
