@@ -42,51 +42,6 @@ __global__ void act_bulk_one(const T* __restrict__ x, T* __restrict__ y, i64 nby
     }
 }
 
-// Persistent: gridDim.x blocks, each an equal run of 16-byte vectors, in chunks through S shared-memory stages. The
-// store of chunk i is committed, then chunk i - 1's stage (its store read out) is refilled with chunk i - 1 + S.
-template <typename T, int OP, int S>
-__global__ void act_bulk_pipe(const T* __restrict__ x, T* __restrict__ y, i64 nbytes, int chunk) {
-    extern __shared__ __align__(128) uint4 buf[];
-    __shared__ __align__(8) unsigned long long bar[S];
-    const i64 nv = nbytes / 16;
-    const i64 b0 = nv * blockIdx.x / gridDim.x * 16, b1 = nv * (blockIdx.x + 1) / gridDim.x * 16;
-    const int nchunks = (int)((b1 - b0 + chunk - 1) / chunk);
-    const char* src = reinterpret_cast<const char*>(x) + b0;
-    char* dst = reinterpret_cast<char*>(y) + b0;
-    auto cbytes = [&](int i) { return (unsigned)min((i64)chunk, b1 - b0 - (i64)i * chunk); };
-    auto stage = [&](int s) { return buf + s * (chunk / 16); };
-    if (threadIdx.x == 0) {
-#pragma unroll
-        for (int s = 0; s < S; ++s) mbar_init(&bar[s], 1);
-        mbar_init_fence();
-        for (int i = 0; i < S && i < nchunks; ++i) {
-            mbar_expect_tx(&bar[i], cbytes(i));
-            bulk_load(stage(i), src + (i64)i * chunk, cbytes(i), &bar[i]);
-        }
-    }
-    __syncthreads();
-    for (int i = 0; i < nchunks; ++i) {
-        const int s = i % S;
-        const unsigned bytes = cbytes(i);
-        mbar_wait(&bar[s], (i / S) & 1);
-        map_chunk<T, OP>(stage(s), bytes);
-        fence_proxy_async();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            bulk_store(dst + (i64)i * chunk, stage(s), bytes);
-            bulk_commit();
-            const int j = i - 1 + S;  // refill chunk i - 1's stage
-            if (i >= 1 && j < nchunks) {
-                bulk_wait_read<1>();
-                const int sj = j % S;
-                mbar_expect_tx(&bar[sj], cbytes(j));
-                bulk_load(stage(sj), src + (i64)j * chunk, cbytes(j), &bar[sj]);
-            }
-        }
-    }
-    if (threadIdx.x == 0) bulk_wait_read<0>();
-}
-
 // Each warp on its own: W bytes per warp (chunk = W * warps per block), its own mbarrier, its lane 0 issuing the bulk
 // load and store; no block-wide barrier.
 template <typename T, int OP>
