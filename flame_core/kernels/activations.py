@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 
-from . import loader as L
+from . import launching as KL, loader as L, plans as P
+from .. import backend
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
@@ -37,7 +38,7 @@ def _sigmoid_pair(xp, z):
 
 
 def _gelu_ref(x, approximate):
-    xp = L.xp_of(x)
+    xp = backend.xp_of(x)
     a = x.astype(L.compute_dtype(x.dtype))
     if approximate == "tanh":  # 0.5 a (1 + tanh(u)) = a sigmoid(2u)
         y = a * _sigmoid_pair(xp, 2 * _SQRT_2_OVER_PI * (a + 0.044715 * a * a * a))[0]
@@ -47,7 +48,7 @@ def _gelu_ref(x, approximate):
 
 
 def _gelu_grad_ref(dy, x, approximate):
-    xp = L.xp_of(x)
+    xp = backend.xp_of(x)
     cd = L.compute_dtype(x.dtype)
     a, g = x.astype(cd), dy.astype(cd)
     if approximate == "tanh":  # d/da [a s(2u)] = s + 2 a s (1 - s) u'
@@ -59,13 +60,13 @@ def _gelu_grad_ref(dy, x, approximate):
 
 
 def _silu_ref(x):
-    xp = L.xp_of(x)
+    xp = backend.xp_of(x)
     a = x.astype(L.compute_dtype(x.dtype))
     return (a * _sigmoid_pair(xp, a)[0]).astype(x.dtype)
 
 
 def _silu_grad_ref(dy, x):
-    xp = L.xp_of(x)
+    xp = backend.xp_of(x)
     cd = L.compute_dtype(x.dtype)
     a, g = x.astype(cd), dy.astype(cd)
     s, q = _sigmoid_pair(xp, a)
@@ -112,7 +113,7 @@ def _plan(name, approx):
 
 def _grid(n, dtype, unroll, block):
     """One loop step per thread: the grid covers the data (as PyTorch's elementwise kernels do)."""
-    blocks = L.cdiv(n // L.vec_width(dtype), block * unroll)
+    blocks = P.cdiv(n // P.vec_width(dtype), block * unroll)
     return (max(1, min(blocks, _MAX_BLOCKS)),), (block,)
 
 
@@ -125,7 +126,7 @@ def _step_split(name, approx, n, itemsize):
     u, block = plan
     per = 8 // itemsize
     main = n - n % per
-    grid = L.cdiv(main // per, block * u)
+    grid = P.cdiv(main // per, block * u)
     return (u, block, main, grid) if 0 < grid <= _MAX_STEP_GRID else None
 
 
@@ -139,14 +140,14 @@ def _bulk_split(name, approx, n, itemsize, cc):
         return None
     chunk, block = plan
     main = n - n % (16 // itemsize)
-    grid = L.cdiv(main * itemsize, chunk)
+    grid = P.cdiv(main * itemsize, chunk)
     return (chunk, block, main, grid) if 0 < grid <= _MAX_STEP_GRID else None
 
 
 def _fast(name, approx, n, itemsize):
     """(kernel expression, grid, block, whole-vector elements) of the bulk or one-step kernel for n elements, or None
     where the loop kernel does it all."""
-    bulk = (_bulk_split(name, approx, n, itemsize, L.compute_capability()) if (name, approx) in _BULK_PLANS
+    bulk = (_bulk_split(name, approx, n, itemsize, P.compute_capability()) if (name, approx) in _BULK_PLANS
             else None)
     if bulk is not None:
         chunk, block, main, grid = bulk
@@ -161,23 +162,23 @@ def _fast(name, approx, n, itemsize):
 def _run(name, ins, out, approx):
     """Kernel `name` over the arrays `ins` into `out` (contiguous, 16-byte aligned, one shape): the bulk or one-step
     kernel over the whole vectors where it has a plan, the loop kernel over the rest (or over everything)."""
-    extra = () if approx < 0 else (L.i32(approx),)
+    extra = () if approx < 0 else (KL.i32(approx),)
     fast = _fast(name, approx, out.size, out.itemsize)
     if fast is not None:
         expr, grid, block, main = fast
-        L.launch(L.get_function("activations", expr, out.dtype), (grid,), (block,), ins + (out, L.i64(main)) + extra)
+        KL.launch(L.get_function("activations", expr, out.dtype), (grid,), (block,), ins + (out, KL.i64(main)) + extra)
         if main == out.size:
             return
         ins, out = tuple(a.reshape(-1)[main:] for a in ins), out.reshape(-1)[main:]
     u, block = _plan(name, approx)
     grid, block = _grid(out.size, out.dtype, u, block)
-    L.launch(L.get_function("activations", f"{name}<{{T}}, {u}>", out.dtype), grid, block,
-             ins + (out, L.i64(out.size)) + extra)
+    KL.launch(L.get_function("activations", f"{name}<{{T}}, {u}>", out.dtype), grid, block,
+              ins + (out, KL.i64(out.size)) + extra)
 
 
 def _unary(name, x, approx=-1):
-    x = L.contiguous(x)
-    y = L.xp_of(x).empty_like(x)
+    x = P.contiguous(x)
+    y = backend.xp_of(x).empty_like(x)
     _run(name, (x,), y, approx)
     return y
 
@@ -185,8 +186,8 @@ def _unary(name, x, approx=-1):
 def _binary(name, dy, x, approx=-1):
     if dy.shape != x.shape:
         raise ValueError(f"{name}: gradient shape {dy.shape} differs from input shape {x.shape}")
-    x, dy = L.contiguous(x), L.contiguous(dy.astype(x.dtype, copy=False))
-    dx = L.xp_of(x).empty_like(x)
+    x, dy = P.contiguous(x), P.contiguous(dy.astype(x.dtype, copy=False))
+    dx = backend.xp_of(x).empty_like(x)
     _run(name, (dy, x), dx, approx)
     return dx
 

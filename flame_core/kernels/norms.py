@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from . import loader as L
+from . import column_sum as CS, launching as KL, loader as L, plans as P
 from .. import backend
 from ..errors import KernelCompileError, ShapeError
 
@@ -33,8 +33,8 @@ def _param_args(x, *params):
     """Pointers for the weight / bias and the flag telling the kernel they are fp32 (else x's dtype)."""
     present = [p for p in params if p is not None]
     if all(p.dtype == x.dtype for p in present):
-        return [L.contiguous(p) if p is not None else L.null() for p in params], 0
-    return [L.contiguous(p.astype(np.float32, copy=False)) if p is not None else L.null() for p in params], 1
+        return [P.contiguous(p) if p is not None else KL.null() for p in params], 0
+    return [P.contiguous(p.astype(np.float32, copy=False)) if p is not None else KL.null() for p in params], 1
 
 
 # ----------------------------------------------------------------------------- references: layer / rms
@@ -43,7 +43,7 @@ def _layer_ref(x, weight, bias, eps, rms):
     xf = x.astype(cd)
     mean = None if rms else xf.mean(axis=-1, keepdims=True)
     xc = xf if rms else xf - mean
-    rstd = 1.0 / L.xp_of(x).sqrt((xc * xc).mean(axis=-1, keepdims=True) + cd(eps))
+    rstd = 1.0 / backend.xp_of(x).sqrt((xc * xc).mean(axis=-1, keepdims=True) + cd(eps))
     y = xc * rstd
     if weight is not None:
         y = y * weight.astype(cd)
@@ -98,7 +98,7 @@ bwd_tma_cluster = 1   # blocks per cluster (1: every block writes its own part r
 # 396 block slots take 384 blocks of 12 rows, not 252 of 12 and 144 of 11; 384 part rows, not 396). Off: not faster
 # on the H100 (bench/kernel_sweep.py plan, 3 interleaved rounds: rms 0.0364 vs 0.0366 ms, LN affine 0.0387 vs 0.0376).
 bwd_tma_even = False
-bwd_tma_dependent = True  # the column_sum as a programmatic dependent launch (loader.launch_dependent)
+bwd_tma_dependent = True  # the column_sum as a programmatic dependent launch (launching.launch_dependent)
 # Stages filled when a block starts (0: all); the others once its first row has arrived, so that the first rows of
 # all blocks are not queued behind everyone's later rows (at 396 blocks x 3 stages the first row landed 3-5 us after
 # entry: bench/norm_trace_probe.py).
@@ -127,7 +127,7 @@ def _device_props():
 def _threads_per_sm(kernel):
     """Threads of `kernel` an SM holds by its registers (allocated per warp in units of 256) and thread limit."""
     regs, threads = _device_props()[:2]
-    per_warp = L.cdiv(max(1, kernel.num_regs) * 32, 256) * 256
+    per_warp = P.cdiv(max(1, kernel.num_regs) * 32, 256) * 256
     return min(regs // per_warp * 32, threads)
 
 
@@ -138,20 +138,20 @@ def _blocks_per_sm(kernel, block, smem=0):
 
 
 def _row_kernel(name, dtype, cols, vec, force_loop=False):
-    """(kernel, vpt, tpr, looping) of the row family `<name>1/2/4` (the heuristic of loader.row_plan): looping means
+    """(kernel, vpt, tpr, looping) of the row family `<name>1/2/4` (the heuristic of plans.row_plan): looping means
     rows wider than tpr * vpt vectors (one row group of tpr threads per block, the row re-read from cache)."""
     nvec = max(1, cols // vec)
     if force_loop:
         order = [1]
-    elif L.vpt_override is not None:
-        order = [L.vpt_override]
+    elif P.vpt_override is not None:
+        order = [P.vpt_override]
     else:
-        first = next((v for v in L.VPTS if L.cdiv(nvec, v) <= 256), L.VPTS[-1])
-        order = [v for v in L.VPTS if v >= first]
+        first = next((v for v in P.VPTS if P.cdiv(nvec, v) <= 256), P.VPTS[-1])
+        order = [v for v in P.VPTS if v >= first]
     for vpt in order:
         kernel = L.get_function("norms", f"{name}{vpt}", dtype)
         limit = kernel.max_threads_per_block // 32 * 32
-        tpr = L.row_tpr(nvec, vpt)
+        tpr = P.row_tpr(nvec, vpt)
         if tpr <= limit and not force_loop:
             return kernel, vpt, tpr, False
     return kernel, vpt, min(limit, 1024), True
@@ -159,7 +159,7 @@ def _row_kernel(name, dtype, cols, vec, force_loop=False):
 
 def _persistent_grid(kernel, block, rpb, rows, smem=0):
     """Blocks loop over row blocks: as many as fit on the GPU at once (or one per row block)."""
-    return (max(1, min(L.cdiv(rows, rpb), L.sm_count() * _blocks_per_sm(kernel, block, smem))),)
+    return (max(1, min(P.cdiv(rows, rpb), P.sm_count() * _blocks_per_sm(kernel, block, smem))),)
 
 
 FWD_VPTS = (1, 2, 3, 4, 6, 8, 12, 16)  # the one-pass forward kernels norm_fwdv<VPT> in cuda_src/norms.cu
@@ -170,7 +170,7 @@ def _group_tpr(need):
     """Threads for `need` per-thread slots of a row: a power of two up to 32, else a multiple of 32."""
     if need <= 32:
         return 1 << max(0, need - 1).bit_length()
-    return L.cdiv(need, 32) * 32
+    return P.cdiv(need, 32) * 32
 
 
 def _fwd_shape(nvec):
@@ -180,12 +180,12 @@ def _fwd_shape(nvec):
     rows: 4, 6 or 3 vectors per thread, whichever leaves the fewest idle slots (tpr * vpt - nvec; ties in that
     order), with tpr <= 1024; rows too wide for that (> 6144 vectors) 8, 12 or 16."""
     if nvec <= 64:
-        tpr = _group_tpr(L.cdiv(nvec, 2))
+        tpr = _group_tpr(P.cdiv(nvec, 2))
         return (1 if nvec == 1 else 2), tpr
     for cands in ((4, 6, 3), (8, 12, 16)):
         best = None
         for v in cands:
-            tpr = _group_tpr(L.cdiv(nvec, v))
+            tpr = _group_tpr(P.cdiv(nvec, v))
             if tpr <= 1024 and (best is None or tpr * v - nvec < best[1] * best[0] - nvec):
                 best = (v, tpr)
         if best is not None:
@@ -201,7 +201,7 @@ def _fwd_plan(dtype, rows, cols):
     The shape (_fwd_shape) follows the H100 sweep (bench/norm_sweep.py): short rows 2 vectors per thread, wider ones
     ~4 (3 - 6) vectors per thread and as many threads as that takes: groups of tpr <= 32 threads (a power of two,
     several rows per warp, shuffle reductions only) or one row per block of tpr = a multiple of 32 threads."""
-    vec = L.vec_width(dtype)
+    vec = P.vec_width(dtype)
     if cols % vec:
         return None
     nvec = cols // vec
@@ -212,18 +212,18 @@ def _fwd_plan(dtype, rows, cols):
     if tpr > kernel.max_threads_per_block // 32 * 32:
         return None
     block = 128 if tpr <= 32 else tpr
-    return kernel, (max(1, L.cdiv(rows, block // tpr)),), (block,), tpr
+    return kernel, (max(1, P.cdiv(rows, block // tpr)),), (block,), tpr
 
 
 def _layer_fwd_kernel(x, weight, bias, eps, rms):
-    xp = L.xp_of(x)
-    x = L.contiguous(x)
+    xp = backend.xp_of(x)
+    x = P.contiguous(x)
     rows, cols = _rows_cols(x)
     (w, b), wf32 = _param_args(x, weight, bias)
     y = xp.empty_like(x)
     mean = None if rms else xp.empty(x.shape[:-1], dtype=np.float32)
     rstd = xp.empty(x.shape[:-1], dtype=np.float32)
-    vec = L.vec_width(x.dtype)
+    vec = P.vec_width(x.dtype)
     plan = _fwd_plan(x.dtype, rows, cols) if x.data.ptr % 16 == 0 and y.data.ptr % 16 == 0 else None
     if plan is not None:
         kernel, grid, block, tpr = plan
@@ -231,9 +231,9 @@ def _layer_fwd_kernel(x, weight, bias, eps, rms):
         kernel, _, tpr, _ = _row_kernel("norm_fwd", x.dtype, cols, vec if cols % vec == 0 else 1)
         block = (tpr if tpr > 32 else 128,)
         grid = _persistent_grid(kernel, block[0], block[0] // tpr, rows)
-    L.launch(kernel, grid, block,
-             (x, w, b, y, L.null() if rms else mean, rstd, L.i64(rows), L.i32(cols), L.f32(eps), L.i32(tpr),
-              L.i32(rms), L.i32(wf32)))
+    KL.launch(kernel, grid, block,
+              (x, w, b, y, KL.null() if rms else mean, rstd, KL.i64(rows), KL.i32(cols), KL.f32(eps), KL.i32(tpr),
+              KL.i32(rms), KL.i32(wf32)))
     return y, mean, rstd
 
 
@@ -246,7 +246,7 @@ def _bwd_plan(dtype, rows, cols, acc, aligned=True, fused=False):
     (bwd_cluster blocks per cluster add their rows through distributed shared memory: one part row per cluster), unless
     the launch also sums the parts (`fused`)."""
     name = ("norm_bwdx", "norm_bwdw", "norm_bwd")[acc]
-    vec = L.vec_width(dtype)
+    vec = P.vec_width(dtype)
     vec = vec if cols % vec == 0 and aligned else 1
     kernel, vpt, tpr, looping = _row_kernel(name, dtype, cols, vec)
     reg_acc = acc and not looping and vec > 1 and vpt <= 2
@@ -292,7 +292,7 @@ def _bwd_cluster_plan(dtype, rows, cols, acc, vpt, tpr):
     if smem + kernel.shared_size_bytes > _device_props()[3]:
         return None
     per_sm = bwd_cluster_grid or _blocks_per_sm(kernel, block, smem)
-    grid = min(L.sm_count() * per_sm, L.cdiv(rows, rpb))
+    grid = min(P.sm_count() * per_sm, P.cdiv(rows, rpb))
     grid = max(cl, grid // cl * cl)
     return kernel, (grid,), (block,), tpr, smem, grid // cl
 
@@ -305,8 +305,8 @@ def _occupancy(kernel, block, smem):
     key = (kernel, block, smem)
     n = _occ.get(key)
     if n is None:
-        L.allow_dynamic_smem(kernel, smem)  # the calculator counts 0 blocks for more dynamic smem than the limit
-        n = _occ[key] = L.max_active_blocks(kernel, block, smem)
+        KL.allow_dynamic_smem(kernel, smem)  # the calculator counts 0 blocks for more dynamic smem than the limit
+        n = _occ[key] = KL.max_active_blocks(kernel, block, smem)
     return n
 
 
@@ -329,12 +329,12 @@ def _bwd_tma_plan(dtype, rows, cols, acc, aligned):
     clusters."""
     if not (bwd_tma and acc and aligned) or _device_props()[4] < 90:
         return None
-    vec = L.vec_width(dtype)
+    vec = P.vec_width(dtype)
     if cols % vec:
         return None
     nvec = cols // vec
     vpt = bwd_tma_vpt or (1 if nvec <= 256 else 2)
-    tpr = L.row_tpr(nvec, vpt)
+    tpr = P.row_tpr(nvec, vpt)
     if tpr <= 32 or tpr > 1024:
         return None
     regs = min(bwd_tma_regs, _device_props()[0] // tpr // 8 * 8)  # one block's registers fit the SM
@@ -359,9 +359,9 @@ def _bwd_tma_plan(dtype, rows, cols, acc, aligned):
     per_sm = bwd_tma_grid or _occupancy(kernel, tpr, smem)
     if per_sm < 1:
         return None
-    grid = max(cl, min(rows, L.sm_count() * per_sm) // cl * cl)
+    grid = max(cl, min(rows, P.sm_count() * per_sm) // cl * cl)
     if bwd_tma_even:  # the same most rows per block by the fewest blocks: fewer part rows, no shorter blocks idle
-        grid = min(grid, L.cdiv(L.cdiv(rows, L.cdiv(rows, grid)), cl) * cl)
+        grid = min(grid, P.cdiv(P.cdiv(rows, P.cdiv(rows, grid)), cl) * cl)
     return kernel, (grid,), (tpr,), stages, smem, cl
 
 
@@ -375,33 +375,33 @@ def bwd_tma_opts(stages):
 def _layer_bwd_tma(plan, dy, x, w, wf32, mean_arg, rstd, weight, bias, rows, cols, rms):
     """dx, dw, db by norm_bwd_tma (see _bwd_tma_plan)."""
     kernel, grid, block, stages, smem, cl = plan
-    xp = L.xp_of(x)
+    xp = backend.xp_of(x)
     dx = xp.empty_like(x)
     parts = xp.empty((1 if bias is None else 2, grid[0] // cl, cols), dtype=np.float32)  # [dw rows | db rows]
     dw_part = parts[0] if weight is not None else None
     db_part = parts[1] if bias is not None else None
-    L.launch(kernel, grid, block,
-             (dy, x, w, mean_arg, rstd, dx, L.null() if dw_part is None else dw_part,
-              L.null() if db_part is None else db_part, L.i64(rows), L.i32(cols), L.i32(rms), L.i32(wf32),
-              L.i32(stages), L.i32(bwd_tma_opts(stages))), shared_mem=smem)
+    KL.launch(kernel, grid, block,
+              (dy, x, w, mean_arg, rstd, dx, KL.null() if dw_part is None else dw_part,
+              KL.null() if db_part is None else db_part, KL.i64(rows), KL.i32(cols), KL.i32(rms), KL.i32(wf32),
+              KL.i32(stages), KL.i32(bwd_tma_opts(stages))), shared_mem=smem)
     dep = bwd_tma_dependent
     if dw_part is not None and db_part is not None and weight.dtype == bias.dtype:
-        sums = L.column_sum("norms", "column_sum", parts, weight.dtype, dep)  # one launch for both
+        sums = CS.column_sum("norms", "column_sum", parts, weight.dtype, dep)  # one launch for both
         return dx, sums[0], sums[1]
-    dw = L.column_sum("norms", "column_sum", dw_part, weight.dtype, dep) if weight is not None else None
-    db = L.column_sum("norms", "column_sum", db_part, bias.dtype, dep and dw is None) if bias is not None else None
+    dw = CS.column_sum("norms", "column_sum", dw_part, weight.dtype, dep) if weight is not None else None
+    db = CS.column_sum("norms", "column_sum", db_part, bias.dtype, dep and dw is None) if bias is not None else None
     return dx, dw, db
 
 
 def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms):
-    xp = L.xp_of(x)
-    x = L.contiguous(x)
-    dy = L.contiguous(dy.astype(x.dtype, copy=False))
+    xp = backend.xp_of(x)
+    x = P.contiguous(x)
+    dy = P.contiguous(dy.astype(x.dtype, copy=False))
     rows, cols = _rows_cols(x)
     (w,), wf32 = _param_args(x, weight)
     acc = 0 if weight is None and bias is None else (1 if bias is None else 2)
-    mean_arg = L.null() if rms else L.contiguous(mean.astype(np.float32, copy=False))
-    rstd = L.contiguous(rstd.astype(np.float32, copy=False))
+    mean_arg = KL.null() if rms else P.contiguous(mean.astype(np.float32, copy=False))
+    rstd = P.contiguous(rstd.astype(np.float32, copy=False))
     aligned = x.data.ptr % 16 == 0 and dy.data.ptr % 16 == 0  # the memory pool's dx is 256-byte aligned
     tma = _bwd_tma_plan(x.dtype, rows, cols, acc, aligned) if acc and not single_launch_sums else None
     if tma is not None:
@@ -418,20 +418,20 @@ def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms):
         dw = xp.empty((cols,), dtype=odt) if weight is not None else None
         db = xp.empty((cols,), dtype=odt) if bias is not None else None
         group, counters = _finish_plan(parts)
-        fin = (L.null() if dw is None else dw, L.null() if db is None else db, counters, L.i32(group),
-               L.i32(odt != x.dtype))
+        fin = (KL.null() if dw is None else dw, KL.null() if db is None else db, counters, KL.i32(group),
+               KL.i32(odt != x.dtype))
     else:
-        fin = (L.null(), L.null(), L.null(), L.i32(1), L.i32(0))
-    L.launch(kernel, grid, block,
-             (dy, x, w, mean_arg, rstd, dx,
-              L.null() if dw_part is None else dw_part, L.null() if db_part is None else db_part,
-              L.i64(rows), L.i32(cols), L.i32(tpr), L.i32(rms), L.i32(wf32)) + fin, shared_mem=smem)
+        fin = (KL.null(), KL.null(), KL.null(), KL.i32(1), KL.i32(0))
+    KL.launch(kernel, grid, block,
+              (dy, x, w, mean_arg, rstd, dx,
+              KL.null() if dw_part is None else dw_part, KL.null() if db_part is None else db_part,
+              KL.i64(rows), KL.i32(cols), KL.i32(tpr), KL.i32(rms), KL.i32(wf32)) + fin, shared_mem=smem)
     if fused:
         dw = dw.astype(weight.dtype, copy=False) if dw is not None else None
         db = db.astype(bias.dtype, copy=False) if db is not None else None
         return dx, dw, db
-    dw = L.column_sum("norms", "column_sum", dw_part, weight.dtype) if weight is not None else None
-    db = L.column_sum("norms", "column_sum", db_part, bias.dtype) if bias is not None else None
+    dw = CS.column_sum("norms", "column_sum", dw_part, weight.dtype) if weight is not None else None
+    db = CS.column_sum("norms", "column_sum", db_part, bias.dtype) if bias is not None else None
     return dx, dw, db
 
 
@@ -439,9 +439,9 @@ def _finish_plan(parts):
     """(group, counters) of parts_finish in cuda_src/norms.cu: up to 16 part rows are summed by the last block alone;
     more go through two levels of ~sqrt(parts) rows each (cdiv(parts, group) + 1 counters)."""
     if parts <= 16:
-        return parts, L.reduction_counters(1)
+        return parts, CS.reduction_counters(1)
     group = math.isqrt(parts - 1) + 1
-    return group, L.reduction_counters(L.cdiv(parts, group) + 1)
+    return group, CS.reduction_counters(P.cdiv(parts, group) + 1)
 
 
 # ----------------------------------------------------------------------------- API: layer / rms
@@ -494,7 +494,7 @@ def _gn_ref(x, g, weight, bias, eps):
     xf = x.astype(cd).reshape(n, g, -1)
     mean = xf.mean(axis=-1, keepdims=True)
     xc = xf - mean
-    rstd = 1.0 / L.xp_of(x).sqrt((xc * xc).mean(axis=-1, keepdims=True) + cd(eps))
+    rstd = 1.0 / backend.xp_of(x).sqrt((xc * xc).mean(axis=-1, keepdims=True) + cd(eps))
     y = (xc * rstd).reshape(n, c, -1)
     if weight is not None:
         y = y * weight.astype(cd)[:, None]
@@ -519,20 +519,20 @@ def _gn_grad_ref(dy, x, g, weight, mean, rstd, bias):
 
 
 def _gn_splits(rows, hw):
-    return max(1, min(L.cdiv(L.sm_count() * 8, rows), L.cdiv(hw, 2048), 1024))
+    return max(1, min(P.cdiv(P.sm_count() * 8, rows), P.cdiv(hw, 2048), 1024))
 
 
 def _gn_partials(x, dy, rows, hw, splits):
-    xp = L.xp_of(x)
+    xp = backend.xp_of(x)
     p0 = xp.empty((rows * splits,), dtype=np.float32)
     p1 = xp.empty((rows * splits,), dtype=np.float32)
-    L.launch(L.get_function("groupnorm", "gn_partials", x.dtype), (rows * splits,), (256,),
-             (x, L.null() if dy is None else dy, p0, p1, L.i64(hw), L.i32(splits)))
+    KL.launch(L.get_function("groupnorm", "gn_partials", x.dtype), (rows * splits,), (256,),
+              (x, KL.null() if dy is None else dy, p0, p1, KL.i64(hw), KL.i32(splits)))
     return p0, p1
 
 
 def _f32_or_null(p):
-    return L.null() if p is None else L.contiguous(p.astype(np.float32, copy=False))
+    return KL.null() if p is None else P.contiguous(p.astype(np.float32, copy=False))
 
 
 # One pass on sm_90+: a cluster of GN_CL blocks per (n, group) caches the group's x in shared memory
@@ -561,10 +561,10 @@ gn_one_pass = 2
 def _gn_reg_v(x, cpg, hw, *arrays):
     """V of the register-slice kernels for this shape, or None (switched off, unaligned, not the vector path, or the
     slice is too large)."""
-    vec = L.vec_width(x.dtype)
+    vec = P.vec_width(x.dtype)
     if not use_gn_reg or hw % vec or any(a.data.ptr % 16 for a in (x,) + arrays):
         return None
-    nv = L.cdiv(L.cdiv(cpg * hw, GN_CL), vec)
+    nv = P.cdiv(P.cdiv(cpg * hw, GN_CL), vec)
     return next((v for v in GN_REG_V if v * GN_THREADS >= nv), None)
 
 
@@ -573,15 +573,15 @@ def _gn_cluster_smem(x, cpg, hw, arrays):
     fit (or the GPU has no clusters)."""
     if not use_cluster or _device_props()[4] < 90:
         return None
-    vec = L.vec_width(x.dtype)
+    vec = P.vec_width(x.dtype)
     vec = vec if hw % vec == 0 else 1
-    s = L.cdiv(L.cdiv(cpg * hw, GN_CL), vec) * vec
+    s = P.cdiv(P.cdiv(cpg * hw, GN_CL), vec) * vec
     smem = GN_HEAD + arrays * s * x.dtype.itemsize
     return smem if smem <= _device_props()[3] - 1024 else None
 
 
 def _gn_fwd_cluster(x, g, weight, bias, eps, smem):
-    xp = L.xp_of(x)
+    xp = backend.xp_of(x)
     n, c = x.shape[:2]
     hw = x.size // (n * c)
     y = xp.empty_like(x)
@@ -591,14 +591,14 @@ def _gn_fwd_cluster(x, g, weight, bias, eps, smem):
     v = v if v is not None and v <= GN_REG_FWD_MAX_V else None
     name = f"gn_fwd_cluster<{{T}}, 8, {gn_one_pass}>" if v is None else f"gn_fwd_cluster_reg<{{T}}, {v}>"
     smem = smem if v is None else GN_HEAD
-    L.launch(L.get_function("groupnorm", name, x.dtype), (n * g * GN_CL,), (GN_THREADS,),
-             (x, _f32_or_null(weight), _f32_or_null(bias), y, mean, rstd, L.i32(g), L.i32(c // g), L.i64(hw),
-              L.f32(eps)), shared_mem=smem)
+    KL.launch(L.get_function("groupnorm", name, x.dtype), (n * g * GN_CL,), (GN_THREADS,),
+              (x, _f32_or_null(weight), _f32_or_null(bias), y, mean, rstd, KL.i32(g), KL.i32(c // g), KL.i64(hw),
+              KL.f32(eps)), shared_mem=smem)
     return y, mean, rstd
 
 
 def _gn_bwd_cluster(dy, x, g, weight, mean, rstd, bias, smem):
-    xp = L.xp_of(x)
+    xp = backend.xp_of(x)
     n, c = x.shape[:2]
     hw = x.size // (n * c)
     dx = xp.empty_like(x)
@@ -610,31 +610,31 @@ def _gn_bwd_cluster(dy, x, g, weight, mean, rstd, bias, smem):
         odt = x.dtype if all(p is None or p.dtype == x.dtype for p in (weight, bias)) else np.dtype(np.float32)
         dw = xp.empty((c,), dtype=odt) if weight is not None else None
         db = xp.empty((c,), dtype=odt) if bias is not None else None
-        fin = (L.null() if dw is None else dw, L.null() if db is None else db, L.reduction_counters(g),
-               L.i32(odt != x.dtype))
+        fin = (KL.null() if dw is None else dw, KL.null() if db is None else db, CS.reduction_counters(g),
+               KL.i32(odt != x.dtype))
     else:
-        fin = (L.null(), L.null(), L.null(), L.i32(0))
+        fin = (KL.null(), KL.null(), KL.null(), KL.i32(0))
     v = None if fused else _gn_reg_v(x, c // g, hw, dy, dx)
-    args = (dy, x, _f32_or_null(weight), L.contiguous(mean.astype(np.float32, copy=False)),
-            L.contiguous(rstd.astype(np.float32, copy=False)), dx, L.null() if dw_part is None else dw_part,
-            L.null() if db_part is None else db_part, L.i32(g), L.i32(c // g), L.i64(hw))
+    args = (dy, x, _f32_or_null(weight), P.contiguous(mean.astype(np.float32, copy=False)),
+            P.contiguous(rstd.astype(np.float32, copy=False)), dx, KL.null() if dw_part is None else dw_part,
+            KL.null() if db_part is None else db_part, KL.i32(g), KL.i32(c // g), KL.i64(hw))
     if v is None:
-        L.launch(L.get_function("groupnorm", "gn_bwd_cluster<{T}, 8>", x.dtype), (n * g * GN_CL,), (GN_THREADS,),
-                 args + fin, shared_mem=smem)
+        KL.launch(L.get_function("groupnorm", "gn_bwd_cluster<{T}, 8>", x.dtype), (n * g * GN_CL,), (GN_THREADS,),
+                  args + fin, shared_mem=smem)
     else:
-        L.launch(L.get_function("groupnorm", f"gn_bwd_cluster_reg<{{T}}, {v}>", x.dtype), (n * g * GN_CL,),
-                 (GN_THREADS,), args, shared_mem=smem)
+        KL.launch(L.get_function("groupnorm", f"gn_bwd_cluster_reg<{{T}}, {v}>", x.dtype), (n * g * GN_CL,),
+                  (GN_THREADS,), args, shared_mem=smem)
     if fused:
         return (dx, None if dw is None else dw.astype(weight.dtype, copy=False),
                 None if db is None else db.astype(bias.dtype, copy=False))
-    dw = L.column_sum("groupnorm", "gn_column_sum", dw_part, weight.dtype) if weight is not None else None
-    db = L.column_sum("groupnorm", "gn_column_sum", db_part, bias.dtype) if bias is not None else None
+    dw = CS.column_sum("groupnorm", "gn_column_sum", dw_part, weight.dtype) if weight is not None else None
+    db = CS.column_sum("groupnorm", "gn_column_sum", db_part, bias.dtype) if bias is not None else None
     return dx, dw, db
 
 
 def _gn_fwd_kernel(x, g, weight, bias, eps):
-    xp = L.xp_of(x)
-    x = L.contiguous(x)
+    xp = backend.xp_of(x)
+    x = P.contiguous(x)
     n, c = x.shape[:2]
     hw = x.size // (n * c)
     smem = _gn_cluster_smem(x, c // g, hw, 1)
@@ -646,19 +646,19 @@ def _gn_fwd_kernel(x, g, weight, bias, eps):
     rstd = xp.empty((n, g), dtype=np.float32)
     a = xp.empty((rows,), dtype=np.float32)
     b = xp.empty((rows,), dtype=np.float32)
-    L.launch(L.get_function("groupnorm", "gn_fwd_finalize"), (L.cdiv(n * g, 128),), (128,),
-             (p0, p1, _f32_or_null(weight), _f32_or_null(bias), mean, rstd, a, b, L.i32(n), L.i32(c), L.i32(g),
-              L.i64(hw), L.i32(splits), L.i32(L.vec_width(x.dtype)), L.f32(eps)))
+    KL.launch(L.get_function("groupnorm", "gn_fwd_finalize"), (P.cdiv(n * g, 128),), (128,),
+              (p0, p1, _f32_or_null(weight), _f32_or_null(bias), mean, rstd, a, b, KL.i32(n), KL.i32(c), KL.i32(g),
+              KL.i64(hw), KL.i32(splits), KL.i32(P.vec_width(x.dtype)), KL.f32(eps)))
     y = xp.empty_like(x)
-    grid, block = L.elementwise_grid(x.size, x.dtype)
-    L.launch(L.get_function("groupnorm", "gn_apply", x.dtype), grid, block, (x, a, b, y, L.i64(x.size), L.i64(hw)))
+    grid, block = P.elementwise_grid(x.size, x.dtype)
+    KL.launch(L.get_function("groupnorm", "gn_apply", x.dtype), grid, block, (x, a, b, y, KL.i64(x.size), KL.i64(hw)))
     return y, mean, rstd
 
 
 def _gn_bwd_kernel(dy, x, g, weight, mean, rstd, bias):
-    xp = L.xp_of(x)
-    x = L.contiguous(x)
-    dy = L.contiguous(dy.astype(x.dtype, copy=False))
+    xp = backend.xp_of(x)
+    x = P.contiguous(x)
+    dy = P.contiguous(dy.astype(x.dtype, copy=False))
     n, c = x.shape[:2]
     hw = x.size // (n * c)
     smem = _gn_cluster_smem(x, c // g, hw, 1)  # the backward caches x only (dy is streamed)
@@ -672,21 +672,21 @@ def _gn_bwd_kernel(dy, x, g, weight, mean, rstd, bias):
     fused = single_launch_sums and (weight is not None or bias is not None)
     dw = xp.empty((c,), dtype=np.float32) if fused and weight is not None else None
     db = xp.empty((c,), dtype=np.float32) if fused and bias is not None else None
-    L.launch(L.get_function("groupnorm", "gn_bwd_finalize"), (L.cdiv(n * g, 128),), (128,),
-             (p0, p1, _f32_or_null(weight), L.contiguous(mean.astype(np.float32, copy=False)),
-              L.contiguous(rstd.astype(np.float32, copy=False)), p, q, r,
-              L.null() if dw_part is None else dw_part, L.null() if db_part is None else db_part,
-              L.i32(n), L.i32(c), L.i32(g), L.i64(hw), L.i32(splits), L.null() if dw is None else dw,
-              L.null() if db is None else db, L.reduction_counters(1) if fused else L.null()))
+    KL.launch(L.get_function("groupnorm", "gn_bwd_finalize"), (P.cdiv(n * g, 128),), (128,),
+              (p0, p1, _f32_or_null(weight), P.contiguous(mean.astype(np.float32, copy=False)),
+              P.contiguous(rstd.astype(np.float32, copy=False)), p, q, r,
+              KL.null() if dw_part is None else dw_part, KL.null() if db_part is None else db_part,
+              KL.i32(n), KL.i32(c), KL.i32(g), KL.i64(hw), KL.i32(splits), KL.null() if dw is None else dw,
+              KL.null() if db is None else db, CS.reduction_counters(1) if fused else KL.null()))
     dx = xp.empty_like(x)
-    grid, block = L.elementwise_grid(x.size, x.dtype)
-    L.launch(L.get_function("groupnorm", "gn_bwd_apply", x.dtype), grid, block,
-             (dy, x, p, q, r, dx, L.i64(x.size), L.i64(hw)))
+    grid, block = P.elementwise_grid(x.size, x.dtype)
+    KL.launch(L.get_function("groupnorm", "gn_bwd_apply", x.dtype), grid, block,
+              (dy, x, p, q, r, dx, KL.i64(x.size), KL.i64(hw)))
     if fused:  # summed by gn_bwd_finalize's last block (fp32)
         return (dx, None if dw is None else dw.astype(weight.dtype, copy=False),
                 None if db is None else db.astype(bias.dtype, copy=False))
-    dw = L.column_sum("groupnorm", "gn_column_sum", dw_part, weight.dtype) if weight is not None else None
-    db = L.column_sum("groupnorm", "gn_column_sum", db_part, bias.dtype) if bias is not None else None
+    dw = CS.column_sum("groupnorm", "gn_column_sum", dw_part, weight.dtype) if weight is not None else None
+    db = CS.column_sum("groupnorm", "gn_column_sum", db_part, bias.dtype) if bias is not None else None
     return dx, dw, db
 
 

@@ -11,12 +11,12 @@ F8 = np.dtype(D.float8_e4m3fn.np)
 
 
 def _fp8_kernel(name, arr, out_dtype):
-    from ..kernels import loader
+    from ..kernels import launching, loader, plans
     out = backend.cupy.empty(arr.shape, dtype=out_dtype)
     if arr.size:
         src = arr if arr.flags.c_contiguous else backend.cupy.ascontiguousarray(arr)
         k = loader.get_function("fp8_cast", name, src.dtype if name == "to_fp8_e4m3" else out_dtype)
-        loader.launch(k, min(loader.cdiv(arr.size, 256), 65535), 256, (src, out, np.int64(arr.size)))
+        launching.launch(k, min(plans.cdiv(arr.size, 256), 65535), 256, (src, out, np.int64(arr.size)))
     return out
 
 

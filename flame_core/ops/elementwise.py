@@ -452,7 +452,7 @@ def _pointwise_grad(kernel, g, s):
     r = (_ps or _load_ps()).fast_grad(kernel, g, s)
     if r is not None:
         return _wrap(r)
-    loader = _loader or _load_loader()
+    loader, launching = _kernel_modules or _load_kernel_modules()
     dt = g.dtype
     if not (loader.use_kernel(g, s) and (s.dtype is dt or s.dtype == dt) and g.shape == s.shape):
         return None
@@ -464,20 +464,20 @@ def _pointwise_grad(kernel, g, s):
     out = backend.cupy.empty(g.shape, dt)
     n = g.size
     if n:
-        loader.launch(loader.get_function("pointwise_grad", kernel, dt), (min((n + 255) // 256, 8192),), (256,),
-                      (g, s, out, np.int64(n)))
+        launching.launch(loader.get_function("pointwise_grad", kernel, dt), (min((n + 255) // 256, 8192),), (256,),
+                         (g, s, out, np.int64(n)))
     return _wrap(out)
 
 
-_loader = None
+_kernel_modules = None  # (flame_core.kernels.loader, .launching), imported at first use
 _CUPY_FLAG_ATTR = backend.cupy is not None and hasattr(backend.cupy.ndarray, "_c_contiguous")
 
 
-def _load_loader():
-    global _loader
-    from ..kernels import loader
-    _loader = loader
-    return loader
+def _load_kernel_modules():
+    global _kernel_modules
+    from ..kernels import launching, loader
+    _kernel_modules = (loader, launching)
+    return _kernel_modules
 
 
 def _unary(name, compute, grad, saves="x", differentiable=True, fused=None, plain=False):

@@ -100,12 +100,12 @@ def _dequantize_into_scratch(q, scales, dtype):
     out = buf._data[:n].reshape(q.shape)
     if backend.is_cuda_array(q):
         qb = q if q.dtype == np.uint8 else q.view(np.uint8)
-        from flame_core.kernels import loader as L
+        from flame_core.kernels import launching as KL, loader as L, plans as P
         if L.use_kernel(scales) and n and _dtype_name(dtype) in ("float32", "float16", "bfloat16"):
-            qb = L.contiguous(qb)
-            grid = (max(1, min(L.cdiv(L.cdiv(n, 8), 256), L.sm_count() * 16)),)  # as kernels/fp8.py
-            L.launch(L.get_function("fp8", "fp8_dequantize_rows", dtype), grid, (256,),
-                     (qb, L.contiguous(scales.astype(np.float32, copy=False)), out, L.i64(n), L.i32(q.shape[-1])))
+            qb = P.contiguous(qb)
+            grid = (max(1, min(P.cdiv(P.cdiv(n, 8), 256), P.sm_count() * 16)),)  # as kernels/fp8.py
+            KL.launch(L.get_function("fp8", "fp8_dequantize_rows", dtype), grid, (256,),
+                      (qb, P.contiguous(scales.astype(np.float32, copy=False)), out, KL.i64(n), KL.i32(q.shape[-1])))
         elif n:
             out[...] = _K.dequantize_per_row(qb, scales, dtype)
     elif n:

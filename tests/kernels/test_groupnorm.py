@@ -109,15 +109,15 @@ def test_cluster_path_is_one_launch_per_pass(rng, monkeypatch):
     """On sm_90+ a group that fits the cluster's shared memory is normalised in one kernel (the backward too, its
     dweight / dbias column sums included); without clusters (use_cluster False) the split path takes three."""
     import cupy as cp
-    from flame_core.kernels import loader
+    from flame_core.kernels import launching
     if int(cp.cuda.Device().compute_capability) < 90:
         pytest.skip("thread-block clusters need compute capability 9.0")
     x = cp.asarray(rand(rng, (2, 320, 32, 32), DTYPES["bfloat16"]))
     for cluster, want in ((True, 1), (False, 3)):
         monkeypatch.setattr(K, "use_cluster", cluster)
-        before = loader.launches
+        before = launching.launches
         K.group_norm_forward(x, 32, None, None, 1e-5)
-        assert loader.launches - before == want
+        assert launching.launches - before == want
 
 
 @pytest.mark.gpu

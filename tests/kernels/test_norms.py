@@ -225,11 +225,11 @@ def test_backward_bulk_copy_row_loop_options(monkeypatch, ab, rng, dt, shape, lo
 
 
 def _check_bulk_copy(monkeypatch, ab, rng, dt, shape, finish, case):
-    from flame_core.kernels import loader
+    from flame_core.kernels import launching, plans
     d = DTYPES[dt]
     # where the kernel cannot run (before sm_90, 1004-wide fp16/bf16 rows off the 16-byte path, 12288-wide fp32 rows
     # needing 1536 threads) the plan is None and the other kernels must give the same gradients
-    vec = loader.vec_width(d)
+    vec = plans.vec_width(d)
     applies = K._device_props()[4] >= 90 and shape[1] % vec == 0 and shape[1] // vec <= 2 * 1024
     assert (K._bwd_tma_plan(d, shape[0], shape[1], 1, True) is not None) == applies
     monkeypatch.setattr(K, "bwd_tma_dependent", finish != "column_sum")
@@ -240,8 +240,8 @@ def _check_bulk_copy(monkeypatch, ab, rng, dt, shape, finish, case):
     real = K._layer_bwd_tma
     monkeypatch.setattr(K, "_layer_bwd_tma", lambda *a: ran.append(a[0]) or real(*a))
     dep = []
-    real_dep = loader.launch_dependent
-    monkeypatch.setattr(loader, "launch_dependent", lambda *a, **k: dep.append(1) or real_dep(*a, **k))
+    real_dep = launching.launch_dependent
+    monkeypatch.setattr(launching, "launch_dependent", lambda *a, **k: dep.append(1) or real_dep(*a, **k))
     x, dy = rand(rng, shape, d, loc=1.0, scale=2.0), rand(rng, shape, d)
     pdt = np.float32 if case == "ln_fp32_params" else d
     w = None if case == "ln_bias" else rand(rng, shape[-1:], pdt, loc=1.0)
@@ -289,12 +289,12 @@ def test_backward_plan_respects_limits(monkeypatch, cols, dt, acc, regs):
     """The backward's launch plan keeps to what the kernel assumes: row groups of <= 32 threads or of whole warps
     (at most NORM_MAX_RPB per block), the cached path with acc * rpb * cols floats of shared memory, the looping
     path with one row group per block, and no more blocks than fit on the GPU at once."""
-    from flame_core.kernels import loader
+    from flame_core.kernels import loader, plans
     monkeypatch.setattr(loader, "get_function", lambda stem, name, dtype=None: _PlanKernel(name, regs))
-    monkeypatch.setattr(loader, "sm_count", lambda: 132)
+    monkeypatch.setattr(plans, "sm_count", lambda: 132)
     monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, 90))
     monkeypatch.setattr(K, "bwd_cluster", 0)  # the per-block part rows (the cluster plan: the next test)
-    rows, vec = 4608, loader.vec_width(DTYPES[dt])
+    rows, vec = 4608, plans.vec_width(DTYPES[dt])
     kernel, grid, (block,), tpr, smem, parts = K._bwd_plan(DTYPES[dt], rows, cols, acc)
     assert parts == grid[0]
     assert kernel.name.startswith(("norm_bwdx", "norm_bwdw", "norm_bwd")[acc])
@@ -319,11 +319,11 @@ def test_backward_cluster_plan(monkeypatch, cols, dt, acc, regs, cl):
     """On sm_90 the weight-gradient backward with register partials (16-byte vector path, VPT <= 2) takes
     norm_bwd_cl: whole clusters of blocks that fit on the GPU at once, one part row per cluster, acc * cols floats of
     shared memory; every other case keeps the per-block part rows. Before sm_90: never the cluster kernel."""
-    from flame_core.kernels import loader
+    from flame_core.kernels import loader, plans
     monkeypatch.setattr(loader, "get_function", lambda stem, name, dtype=None: _PlanKernel(name, regs))
-    monkeypatch.setattr(loader, "sm_count", lambda: 132)
+    monkeypatch.setattr(plans, "sm_count", lambda: 132)
     monkeypatch.setattr(K, "bwd_cluster", cl)
-    rows, vec = 4608, loader.vec_width(DTYPES[dt])
+    rows, vec = 4608, plans.vec_width(DTYPES[dt])
     for cc in (80, 90):
         monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, cc))
         kernel, grid, (block,), tpr, smem, parts = K._bwd_plan(DTYPES[dt], rows, cols, acc)
@@ -352,22 +352,22 @@ def test_backward_bulk_copy_plan(monkeypatch, cols, dt, acc, stages, cluster):
     number of x and dy rows in shared memory within the block limit, as many blocks as the occupancy allows (at most
     one per row), or with bwd_tma_even the fewest with the same most rows per block; otherwise None (the other
     plans)."""
-    from flame_core.kernels import loader
+    from flame_core.kernels import loader, plans
     monkeypatch.setattr(loader, "get_function", lambda stem, name, dtype=None: _PlanKernel(name, 72))
-    monkeypatch.setattr(loader, "sm_count", lambda: 132)
+    monkeypatch.setattr(plans, "sm_count", lambda: 132)
     monkeypatch.setattr(K, "_occupancy", lambda kernel, block, smem: min(232448 // (smem + 2048), 2048 // block))
     monkeypatch.setattr(K, "bwd_tma_stages", stages)
     monkeypatch.setattr(K, "bwd_tma_cluster", cluster)
     monkeypatch.setattr(K, "bwd_tma_even", False)
     d = DTYPES[dt]
-    vec, isz = loader.vec_width(d), np.dtype(d).itemsize
+    vec, isz = plans.vec_width(d), np.dtype(d).itemsize
     for cc in (80, 90):
         monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, cc))
         for rows, aligned in ((4608, True), (3, True), (4608, False)):
             plan = K._bwd_tma_plan(d, rows, cols, acc, aligned)
             nvec = cols // vec
             limit = _PlanKernel("", 72).max_threads_per_block
-            tpr = loader.row_tpr(nvec, 1 if nvec <= 256 else 2)
+            tpr = plans.row_tpr(nvec, 1 if nvec <= 256 else 2)
             fits = (cc >= 90 and acc and aligned and cols % vec == 0 and 32 < tpr <= limit
                     and 65536 // tpr // 8 * 8 >= min(K.bwd_tma_regs, K.BWD_TMA_MIN_REGS)
                     and 2 * 2 * cols * isz <= 232448 - 2048)
@@ -393,8 +393,8 @@ def test_backward_bulk_copy_plan(monkeypatch, cols, dt, acc, stages, cluster):
             even = K._bwd_tma_plan(d, rows, cols, acc, aligned)[1][0]
             monkeypatch.setattr(K, "bwd_tma_even", False)
             assert cl <= even <= most and even % cl == 0
-            assert loader.cdiv(rows, even) == loader.cdiv(rows, most)
-            assert even == cl or loader.cdiv(rows, even - cl) > loader.cdiv(rows, most)
+            assert plans.cdiv(rows, even) == plans.cdiv(rows, most)
+            assert even == cl or plans.cdiv(rows, even - cl) > plans.cdiv(rows, most)
 
 
 @pytest.mark.parametrize("asked", [0, 1, 2])
@@ -417,14 +417,14 @@ def test_bulk_copy_row_loop_fits_the_register_cap(monkeypatch, asked):
 def test_backward_cluster_plan_falls_back_when_it_does_not_compile(monkeypatch):
     """An NVRTC that cannot build norm_bwd_cl (e.g. no __maxnreg__ before CUDA 12.4) gets the per-block part rows."""
     from flame_core.errors import KernelCompileError
-    from flame_core.kernels import loader
+    from flame_core.kernels import loader, plans
 
     def get_function(stem, name, dtype=None):
         if name.startswith("norm_bwd_cl"):
             raise KernelCompileError("NVRTC failed to compile cuda_src/norms.cu")
         return _PlanKernel(name, 64)
     monkeypatch.setattr(loader, "get_function", get_function)
-    monkeypatch.setattr(loader, "sm_count", lambda: 132)
+    monkeypatch.setattr(plans, "sm_count", lambda: 132)
     monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, 90))
     kernel, grid, _, _, _, parts = K._bwd_plan(DTYPES["bfloat16"], 4608, 3072, 1)
     assert kernel.name.startswith("norm_bwdw") and parts == grid[0]
@@ -437,9 +437,9 @@ def test_backward_cluster_plan_falls_back_when_it_does_not_compile(monkeypatch):
 def test_forward_plan_respects_limits(monkeypatch, cols, dt, regs):
     """The one-pass forward (norm_fwdv<VPT>) covers the row with tpr * VPT vectors, tpr a power of two <= 32 (several
     rows per block of 128) or a multiple of 32 that is the whole block; else it declines (the persistent kernels)."""
-    from flame_core.kernels import loader
+    from flame_core.kernels import loader, plans
     monkeypatch.setattr(loader, "get_function", lambda stem, name, dtype=None: _PlanKernel(name, regs))
-    vec = loader.vec_width(DTYPES[dt])
+    vec = plans.vec_width(DTYPES[dt])
     plan = K._fwd_plan(DTYPES[dt], 4608, cols)
     if cols % vec:
         assert plan is None

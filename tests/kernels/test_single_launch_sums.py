@@ -6,7 +6,7 @@ new inputs) equal to the eager result."""
 import numpy as np
 import pytest
 
-from flame_core.kernels import loader as L, modulate as M, norms as K
+from flame_core.kernels import column_sum as CS, launching as KL, loader as L, modulate as M, norms as K
 
 from kernel_utils import DTYPES, assert_close, rand
 
@@ -26,14 +26,14 @@ def _dev(*arrays):
 def _counters_zero():
     cp = _cp()
     cp.cuda.get_current_stream().synchronize()
-    for buf in L._counters.values():
+    for buf in CS._counters.values():
         assert int(buf.max()) == 0, "a counter was left non-zero"
 
 
 def _launches(fn):
-    before = L.launches
+    before = KL.launches
     out = fn()
-    return out, L.launches - before
+    return out, KL.launches - before
 
 
 def _ab_fused(monkeypatch, module, fn):
@@ -145,12 +145,12 @@ def test_group_norm_backward_single_launch(monkeypatch, rng, dt, shape, g, path,
 
 def test_counters_are_per_stream():
     cp = _cp()
-    a = L.reduction_counters(4)
+    a = CS.reduction_counters(4)
     with cp.cuda.Stream(non_blocking=True):
-        b = L.reduction_counters(4)
+        b = CS.reduction_counters(4)
         assert b.data.ptr != a.data.ptr
-    assert L.reduction_counters(2).data.ptr == a.data.ptr
-    assert L.reduction_counters(5000).size >= 5000
+    assert CS.reduction_counters(2).data.ptr == a.data.ptr
+    assert CS.reduction_counters(5000).size >= 5000
 
 
 def _capture_and_replay(fn, inputs, fresh):
