@@ -101,6 +101,6 @@ class CopyFrom(Function):
 
     @staticmethod
     def backward(ctx, g):
-        from .elementwise import sum_to
+        from .promotion import sum_to
         dev, dt = ctx.src
         return None, to(sum_to(g, ctx.src_shape), dev, None if g.dtype == dt else dt)
