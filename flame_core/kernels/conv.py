@@ -70,16 +70,6 @@ def _ptr(a):
     return KL.null() if a is None else a
 
 
-def gemm_expressions():
-    """Every template instantiation the conv family launches, with a {T} placeholder (for compile checks)."""
-    out = []
-    for kern, kind in (("conv_fwd_igemm", FWD), ("conv_dw_igemm", DW)):
-        for bm, bn, wm, wn, st, minb, pipe, kinds in TILES.values():
-            if kind in kinds:
-                out.append(f"{kern}<{{T}}, {bm}, {bn}, {wm}, {wn}, {st}, {minb}, {pipe}>")
-    return out
-
-
 def _gemm_kernel(kern, name, dtype):
     bm, bn, wm, wn, st, minb, pipe, _ = TILES[name]
     fn = L.get_function("conv_igemm", f"{kern}<{{T}}, {bm}, {bn}, {wm}, {wn}, {st}, {minb}, {pipe}>", dtype)

@@ -96,14 +96,6 @@ def row_plan(stem, name, dtype, rows, cols, vec):
     return kernel, (max(1, cdiv(rows, block // tpr)),), (block,), tpr
 
 
-def resident_blocks(kernel, block_threads):
-    """How many blocks of this kernel fit on the whole GPU at once (registers, threads, static shared memory)."""
-    per_sm = min(65536 // (max(1, kernel.num_regs) * block_threads), 2048 // block_threads, 32)
-    if kernel.shared_size_bytes:
-        per_sm = min(per_sm, (227 * 1024) // kernel.shared_size_bytes)
-    return max(1, per_sm) * sm_count()
-
-
 def elementwise_grid(n, dtype, block=256):
     """Grid for the grid-stride elementwise kernels over n elements read as 16-byte vectors."""
     return (max(1, min(cdiv(cdiv(n, vec_width(dtype)), block), sm_count() * 16)),), (block,)

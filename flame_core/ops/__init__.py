@@ -4,10 +4,6 @@ from . import activation as A, elementwise as E, reduction as R, shape as S, ind
 from ..tensor import Tensor
 
 
-def _rev(fn):
-    return lambda self, other: fn(other, self)
-
-
 def _install():
     T = Tensor
     # operators (the hottest entry points: the bound `apply`s are looked up once, not per call)

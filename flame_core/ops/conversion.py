@@ -4,7 +4,7 @@ import numpy as np
 from .. import backend
 from .. import dtypes as D
 from ..autograd.function import Function
-from ..tensor import Tensor, _wrap
+from ..tensor import _wrap
 
 
 F8 = np.dtype(D.float8_e4m3fn.np)
@@ -81,10 +81,6 @@ def to(x, dev=None, dt=None, copy=False):
     if same_dev and same_dt and not copy:
         return x
     return ToCopy.apply(x, None if same_dev else dev, None if same_dt else np_dtype, copy)
-
-
-def numpy_of(t):
-    return np.asarray(backend.to_numpy(t._data))
 
 
 class CopyFrom(Function):
