@@ -312,11 +312,25 @@ def split(x, split_size_or_sections, dim=0):
         sizes = list(split_size_or_sections)
         if builtins.sum(sizes) != n:
             raise ShapeError(f"split: sizes {sizes} don't sum to dimension {d} of size {n}")
-    out, start = [], 0
-    for s in sizes:
-        out.append(narrow(x, d, start, s))
-        start += s
-    return tuple(out)
+    return Split.apply(x, d, tuple(sizes))
+
+
+class Split(Function):
+    """Views of x cut along `dim` into pieces of `sizes`, recorded as one node whose backward is one concatenation
+    (a node per piece would scatter each piece's gradient into a full-size zero tensor)."""
+
+    @staticmethod
+    def forward(ctx, x, dim, sizes):
+        ctx.dim = dim
+        a, lead, out, start = x._data, (slice(None),) * dim, [], 0
+        for n in sizes:
+            out.append(_view_of(a[lead + (slice(start, start + n),)], x))
+            start += n
+        return tuple(out)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return cat(grads, dim=ctx.dim), None, None
 
 
 def tensor_split(x, sections, dim=0):
@@ -327,8 +341,21 @@ def tensor_split(x, sections, dim=0):
 
 
 def unbind(x, dim=0):
-    d = _norm_dim(dim, x.ndim, "unbind")
-    return tuple(select(x, d, i) for i in range(x.shape[d]))
+    return Unbind.apply(x, _norm_dim(dim, x.ndim, "unbind"))
+
+
+class Unbind(Function):
+    """The slices x[..., i, ...] along `dim` as views, in one node (backward: one stack)."""
+
+    @staticmethod
+    def forward(ctx, x, dim):
+        ctx.dim = dim
+        a, lead = x._data, (slice(None),) * dim
+        return tuple(_view_of(a[lead + (i, Ellipsis)], x) for i in range(a.shape[dim]))  # `...`: 0-d stays an array
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return stack(grads, dim=ctx.dim), None
 
 
 class Flip(Function):

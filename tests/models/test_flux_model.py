@@ -248,28 +248,6 @@ def test_gradient_checkpointing_gives_the_same_gradients(device):
         np.testing.assert_allclose(grads[1][k], grads[0][k], rtol=1e-12, atol=1e-12, err_msg=k)
 
 
-def test_fused_single_block_ops_match_the_composed_ops(device):
-    """gelu_tanh_strided and linear_cat2 (the single block's MLP half and linear2 without the concatenation) give
-    the composed ops' values and gradients (float64 gradcheck on the fused pair)."""
-    from flame_core.autograd import gradcheck
-    from flame_models.flux import ops as O
-    rng = np.random.default_rng(3)
-    h = flame.tensor(rng.standard_normal((2, 5, 14)), dtype=flame.float64, device=device, requires_grad=True)
-    w = flame.tensor(rng.standard_normal((6, 4 + 8)), dtype=flame.float64, device=device, requires_grad=True)
-    b = flame.tensor(rng.standard_normal(6), dtype=flame.float64, device=device, requires_grad=True)
-
-    def fused(h, w, b):
-        attn, mlp = h[..., :4], h[..., 6:]                     # mlp: a strided view, as in the block
-        return O.linear_cat2(attn, O.gelu_tanh_strided(mlp), w, b)
-
-    def composed(h, w, b):
-        attn, mlp = h[..., :4], h[..., 6:]
-        return flame_nn.functional.linear(flame.cat((attn, O.gelu_tanh(mlp.contiguous())), dim=-1), w, b)
-    np.testing.assert_allclose(fused(h, w, b).detach().numpy(), composed(h, w, b).detach().numpy(), rtol=1e-12,
-                               atol=1e-12)
-    assert gradcheck(fused, (h, w, b))
-
-
 def test_model_level_checkpointing_switch(device):
     with flame_nn.empty_init(device=device, dtype=flame.float32):
         model = Flux(flux_params("flux-tiny"))
