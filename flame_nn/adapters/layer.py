@@ -34,7 +34,8 @@ class _AddRows(Function):
         full = lo == 0 and hi == y.shape[-1]
         # in place (the version counter moves: anyone who saved y would be told); the output is a new tensor over
         # y's storage that carries this node
-        (y if full else y.narrow(-1, lo, hi - lo)).add_(d.to(y.dtype))
+        dt = y.dtype
+        (y if full else y[..., lo:hi]).add_(d if d.dtype is dt else d.to(dt))
         ctx.lo, ctx.hi, ctx.full = lo, hi, full
         ctx.d_dtype = d.dtype
         return y.detach()
