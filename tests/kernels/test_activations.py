@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 import flame_core as flame
 from flame_core.autograd import gradcheck
@@ -100,20 +100,26 @@ def test_kernels_take_unaligned_and_strided_inputs(ab, rng):
     assert_close(k, r, "float32", "strided")
 
 
-@pytest.mark.parametrize("n", [1, 7, 8, 33, 8191, 8192, 8193, 3 * 12288, 4608 * 12288, 2 ** 31 + 5])
-@pytest.mark.parametrize("dt", list(DTYPES))
-@pytest.mark.parametrize("cap", [None, 1000])
-@pytest.mark.parametrize("plan", sorted(set(K._PLANS.values()) | {(2, 128)}))
-def test_grid_covers_the_vectors_in_one_step_up_to_the_cap(monkeypatch, n, dt, cap, plan):
+def _sizes(listed):
+    """The sizes that matter (vector and block edges, Flux's, past 2**31) and any size up to 2**33."""
+    return st.one_of(st.sampled_from(listed), st.integers(1, 2 ** 33))
+
+
+@settings(max_examples=300)
+@given(n=_sizes([1, 7, 8, 33, 8191, 8192, 8193, 3 * 12288, 4608 * 12288, 2 ** 31 + 5]),
+       dt=st.sampled_from(list(DTYPES)), cap=st.sampled_from([None, 1000]),
+       plan=st.sampled_from(sorted(set(K._PLANS.values()) | {(2, 128)})))
+def test_grid_covers_the_vectors_in_one_step_up_to_the_cap(n, dt, cap, plan):
     from flame_core.kernels import plans
-    if cap is not None:
-        monkeypatch.setattr(K, "_MAX_BLOCKS", cap)
-    u, blk = plan
-    (grid,), (block,) = K._grid(n, DTYPES[dt], u, blk)
-    nvec = n // plans.vec_width(DTYPES[dt])
-    assert block == blk and 1 <= grid <= K._MAX_BLOCKS
-    assert grid * block * u >= nvec or grid == K._MAX_BLOCKS   # else the kernels' grid-stride loop goes on
-    assert (grid - 1) * block * u < max(nvec, 1)               # no block without a vector
+    with pytest.MonkeyPatch.context() as mp:
+        if cap is not None:
+            mp.setattr(K, "_MAX_BLOCKS", cap)
+        u, blk = plan
+        (grid,), (block,) = K._grid(n, DTYPES[dt], u, blk)
+        nvec = n // plans.vec_width(DTYPES[dt])
+        assert block == blk and 1 <= grid <= K._MAX_BLOCKS
+        assert grid * block * u >= nvec or grid == K._MAX_BLOCKS   # else the kernels' grid-stride loop goes on
+        assert (grid - 1) * block * u < max(nvec, 1)               # no block without a vector
 
 
 def test_every_kernel_and_form_has_a_plan():
@@ -138,9 +144,11 @@ def test_every_plan_gives_the_same_results(rng, monkeypatch, plan):
         assert cp.array_equal(f().view(cp.uint16), w.view(cp.uint16))
 
 
-@pytest.mark.parametrize("n", [1, 3, 4, 5, 7, 8, 511, 512, 513, 65543, 4608 * 12288, 2 ** 31 + 5])
-@pytest.mark.parametrize("name, approx", sorted(K._STEP_PLANS))
-def test_step_split_covers_the_whole_vectors_and_leaves_under_one(n, name, approx):
+@settings(max_examples=200)
+@given(n=_sizes([1, 3, 4, 5, 7, 8, 511, 512, 513, 65543, 4608 * 12288, 2 ** 31 + 5]),
+       kernel=st.sampled_from(sorted(K._STEP_PLANS)))
+def test_step_split_covers_the_whole_vectors_and_leaves_under_one(n, kernel):
+    name, approx = kernel
     got = K._step_split(name, approx, n, 2)
     if n < 4:
         assert got is None                                    # no whole 8-byte vector: the loop kernel does it all
@@ -199,7 +207,8 @@ def test_step_kernels_match_the_loop_kernels_bit_for_bit(rng, monkeypatch, dt, n
         assert cp.array_equal(g.view(cp.uint16), want.view(cp.uint16))
 
 
-@pytest.mark.parametrize("n", [1, 7, 8, 9, 1023, 1024, 1031, 65543, 4608 * 12288, 2 ** 31 + 5])
+@settings(max_examples=200)
+@given(n=_sizes([1, 7, 8, 9, 1023, 1024, 1031, 65543, 4608 * 12288, 2 ** 31 + 5]))
 def test_bulk_split_covers_the_whole_vectors_and_leaves_under_one(n):
     got = K._bulk_split("silu_fwd", -1, n, 2, 90)
     if n < 8:

@@ -3,6 +3,7 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from flame_core import backend
 from flame_core.errors import DTypeError, KernelCompileError
@@ -88,8 +89,9 @@ def test_missing_source_is_a_clear_error(monkeypatch, tmp_path):
         loader.source("nope")
 
 
-@pytest.mark.parametrize("nvec", [1, 3, 32, 33, 100, 256, 257, 1024, 4097])
-@pytest.mark.parametrize("vpt", [1, 2, 4])
+@settings(max_examples=200)
+@given(nvec=st.one_of(st.sampled_from([1, 3, 32, 33, 100, 256, 257, 1024, 4097]), st.integers(1, 20000)),
+       vpt=st.sampled_from([1, 2, 4]))
 def test_row_tpr_covers_the_row(nvec, vpt):
     tpr = plans.row_tpr(nvec, vpt)
     assert tpr * vpt >= nvec                                   # every vector cached by some thread
@@ -104,18 +106,19 @@ class _FakeKernel:
         self.max_threads_per_block = max_threads
 
 
-@pytest.mark.parametrize("cols", [1, 7, 64, 128, 1000, 3072, 12288, 16384, 16385, 100000])
-@pytest.mark.parametrize("vec", [1, 4, 8])
-@pytest.mark.parametrize("max_threads", [1024, 512])
-def test_row_plan_covers_rows_and_respects_register_limits(monkeypatch, cols, vec, max_threads):
+@settings(max_examples=200)
+@given(cols=st.one_of(st.sampled_from([1, 7, 64, 128, 1000, 3072, 12288, 16384, 16385, 100000]),
+                      st.integers(1, 200000)), vec=st.sampled_from([1, 4, 8]), max_threads=st.sampled_from([1024, 512]))
+def test_row_plan_covers_rows_and_respects_register_limits(cols, vec, max_threads):
     asked = []
 
     def fake_get_function(stem, name, dtype=None):
         asked.append(name)
         return _FakeKernel(max_threads)
-    monkeypatch.setattr(loader, "get_function", fake_get_function)
     v = vec if cols % vec == 0 else 1
-    kernel, grid, block, tpr = plans.row_plan("norms", "norm_fwd", np.float32, 1000, cols, v)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(loader, "get_function", fake_get_function)
+        kernel, grid, block, tpr = plans.row_plan("norms", "norm_fwd", np.float32, 1000, cols, v)
     vpt = int(asked[-1][-1])
     assert asked[-1] == f"norm_fwd{vpt}" and vpt in plans.VPTS
     assert block[0] == (tpr if tpr > 32 else 128) and tpr <= max_threads
