@@ -1,5 +1,5 @@
-"""Attention forward and forward+backward (bf16, non-causal) at the PEERS.md shapes: FLAME's flash kernels side by side
-with torch SDPA's backends (FlashAttention-2, cuDNN, memory-efficient) in the same process.
+"""Attention forward and forward+backward (bf16, non-causal) at Flux / SD3.5 / SDXL shapes: FLAME's flash kernels side
+by side with torch SDPA's backends (FlashAttention-2, cuDNN, memory-efficient) in the same process.
 
 Times are medians over repeats of CUDA-event intervals, each around `--inner` back-to-back calls (the host's launch
 time overlaps the GPU work, for torch and FLAME alike), after warm-up, on random normal inputs (B, H, L, D)

@@ -19,7 +19,7 @@ import time
 import traceback
 from importlib import metadata
 
-T5_LEN = 512  # the peer setup's T5 length (PEERS.md)
+T5_LEN = 512  # the peer setup's T5 length (Flux-dev's)
 
 
 # ----------------------------------------------------------------------------- results

@@ -1,4 +1,4 @@
-"""conv2d (3x3, padding 1, bf16) at the SDXL / VAE shapes of PEERS.md: FLAME side by side with
+"""conv2d (3x3, padding 1, bf16) at SDXL UNet / VAE decoder shapes: FLAME side by side with
 torch.nn.functional.conv2d (cuDNN) in the same process.
 
 Each call is timed alone between CUDA events with a 1 GiB memset queued before it on both sides, so the interval is

@@ -1,4 +1,4 @@
-"""Flux-dev-size LoRA training step: FLAME side by side with diffusers + PEFT in the same process (the PEERS.md setup).
+"""Flux-dev-size LoRA training step: FLAME side by side with diffusers + PEFT in the same process.
 
 11.9B-parameter Flux-dev, random init, bf16 frozen base; LoRA r=16 alpha=16 on the attention projections (diffusers
 names to_q / to_k / to_v / to_out.0; in FLAME the same rows of BFL's fused qkv and the proj Linears); fp32 adapter

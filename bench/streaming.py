@@ -1,4 +1,4 @@
-"""Block streaming on the GPU: the PEERS.md Flux-dev LoRA step (11.9B params, LoRA r16 a16 on to_q/to_k/to_v/to_out.0
+"""Block streaming on the GPU: bench/flux_lora.py's Flux-dev LoRA step (11.9B params, LoRA r16 a16 on q/k/v/out
 in fp32, AdamW, bf16 autocast, batch 1, T5 512, 1024x1024, guidance 1.0, gradient checkpointing) with the blocks
 streamed from pinned host memory under memory budgets, bf16 and fp8 storage of the frozen weights.
 
@@ -28,7 +28,7 @@ import numpy as np
 
 import common
 
-CEILING_GBS = 54.9  # PEERS.md: pinned host->device
+CEILING_GBS = 54.9  # pinned host->device copies measured on the H100 (cupy, 1 GiB)
 GiB = 2 ** 30
 
 

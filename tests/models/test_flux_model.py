@@ -11,7 +11,7 @@ TINY = flux_params("flux-tiny")
 
 # ----------------------------------------------------------------------------- independent float64 reference
 def reference_forward(sd, p, img, img_ids, txt, txt_ids, t, y, guidance):
-    """Flux forward in NumPy float64 from a BFL state dict, written from the spec (shared/specs/flux.md)."""
+    """Flux forward in NumPy float64 from a BFL state dict, written from the facts in docs/ARCHITECTURES.md."""
     H, heads = p.hidden_size, p.num_heads
     D = H // heads
 
