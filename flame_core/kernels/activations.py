@@ -75,23 +75,17 @@ def _silu_grad_ref(dy, x):
 
 # ----------------------------------------------------------------------------- kernels
 # (16-byte vectors per thread and loop step U, block size) per kernel and form (approx 1 = tanh, 0 = erf; -1 none),
-# from bench/kernel_sweep.py act on the H100 (4608 x 12288 bf16); U is the kernels' template argument.
-# Measured (device call 4 of 2026-11-23, 3 interleaved rounds against torch): gelu(tanh) fwd (1, 256) 0.0734 ms vs
-# 0.0751; gelu(erf) fwd (4, 128) 0.0796 vs 0.0805 (one vector per thread: 0.090, erf's polynomial wants more loads in
-# flight); gelu(tanh) bwd (2, 128) 0.1073 vs 0.1074; gelu(erf) bwd (2, 128) 0.1112 vs 0.1117; silu fwd (1, 256)
-# 0.0733 vs 0.0740; silu bwd (1, 256) 0.1071 vs 0.1072.
+# the fastest of a sweep on the H100 (4608 x 12288 bf16); U is the kernels' template argument. GELU(erf)'s forward
+# takes 4 vectors per thread: its polynomial wants more loads in flight (one vector: 0.090 ms against 0.080).
 _PLANS = {("gelu_fwd", 1): (1, 256), ("gelu_fwd", 0): (4, 128), ("gelu_bwd", 1): (2, 128), ("gelu_bwd", 0): (2, 128),
           ("silu_fwd", -1): (1, 256), ("silu_bwd", -1): (1, 256)}
 plan_override = None  # (U, block) for every loop kernel (benchmark sweeps); None: _PLANS
 _MAX_BLOCKS = 1 << 30  # past this the kernels' grid-stride loop takes the rest
 
 # The backwards for float16 / bfloat16 as one loop step per thread with 8-byte vectors (*_bwd_step kernels,
-# (U, block)). Torch runs them at the copy ceiling too, with one 16-byte vector per thread
-# (vectorized_elementwise_kernel<8>, 128 threads), and the 16-byte loop kernels stayed 0.2-0.3% behind it there.
-# bench/kernel_sweep.py actstep (device call 3 of 2026-11-25, 11 interleaved rounds, 4608 x 12288 bf16, x torch):
-# gelu(tanh) bwd step (2, 128) 1.0027, (1, 128) 1.0021, loop 0.9978; gelu(erf) bwd step (1, 128) 1.0224, loop 1.0023;
-# silu bwd step (1, 128) 1.0013, loop 0.9981. One-step forwards tied the loop kernels at best (measured at commit
-# 58de458, then removed; BENCHMARKS.md).
+# (U, block)). At the copy ceiling the 16-byte loop kernels stayed 0.2-0.3% behind torch's (one 16-byte vector per
+# thread); the step kernels are 0.1-0.3% ahead of it (gelu(erf) 2%). One-step forwards only tied the loop kernels
+# (measured at commit 58de458), so there are none.
 _STEP_PLANS = {("gelu_bwd", 1): (2, 128), ("gelu_bwd", 0): (1, 128), ("silu_bwd", -1): (1, 128)}
 use_step = True  # False: the loop kernels for every dtype (A/B checks and sweeps)
 _MAX_STEP_GRID = (1 << 31) - 1  # CUDA's grid x limit; larger arrays take the loop kernels
@@ -99,10 +93,8 @@ _MAX_STEP_GRID = (1 << 31) - 1  # CUDA's grid x limit; larger arrays take the lo
 
 # The SiLU forward for float16 / bfloat16 on sm_90+ through the bulk-copy engine (silu_fwd_bulk: one chunk per block
 # into shared memory on an mbarrier, mapped there, written back by a bulk store; (chunk bytes, block)). One 16-byte
-# vector per thread, about 32 KiB of loads in flight per SM, as the fastest bulk copies. bench/act_probe.py bulk
-# (device calls 2-3 of 2026-11-25, 21 / 31 / 31 interleaved rounds, 4608 x 12288 bf16, x torch): (2048, 128) 1.0050 /
-# 1.0039 / 1.0033, the loop kernel 1.0015 / 1.0004 / 1.0002; with 2 or 4 vectors per thread, or fewer blocks per SM,
-# the bulk kernels fell behind (0.977-0.999).
+# vector per thread, about 32 KiB of loads in flight per SM, as the fastest bulk copies: 0.3-0.5% ahead of torch
+# where the loop kernel tied it; with 2 or 4 vectors per thread, or fewer blocks per SM, it fell behind.
 _BULK_PLANS = {("silu_fwd", -1): (2048, 128)}
 use_bulk = True  # False: no bulk kernel (A/B checks and sweeps)
 

@@ -30,7 +30,7 @@ _HALF = ("float16", "bfloat16")
 
 # Kernel tiles per padded head dim: forward (BM, BN, warps, OPT) for large / small grids and for masked calls;
 # backward (BM, BN, warps, warps along M for S, along N for dK/dV, along M for dQ, OPT). OPT selects the
-# kernels' scheduling variants (see their headers). Measured choices: bench/attention.py --tune.
+# kernels' scheduling variants (see their headers). The fastest of the tiles timed on the H100.
 FWD_TILES = {64: {"large": (128, 64, 4, 0), "small": (64, 64, 4, 0), "mask": (64, 64, 4, 0)},
              128: {"large": (128, 64, 4, 0), "small": (64, 64, 4, 0), "mask": (64, 64, 4, 0)},
              256: {"large": (64, 64, 4, 0), "small": (64, 64, 4, 0), "mask": (64, 32, 4, 0)}}
@@ -46,8 +46,6 @@ SMALL_LK = 128  # at most this many keys (one key block, e.g. SDXL's 77 text tok
 # CTA owns 64 keys per warpgroup and streams blocks of BM queries. SM90_BWD = False: the sm_80 kernel (A/B).
 BWD_SM90_TILES = {64: (2, 3, 128), 128: (2, 2, 64)}
 SM90_BWD = True
-FWD_SM90_TILES_CANDIDATES = {64: [(128, 2, 3), (128, 2, 1), (64, 2, 4), (64, 2, 1), (128, 3, 2)],
-                             128: [(128, 2, 2), (64, 2, 3), (64, 2, 4)]}  # what bench/attention.py --tune times
 
 
 # ----------------------------------------------------------------------------- checks

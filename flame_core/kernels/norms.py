@@ -70,9 +70,8 @@ def _layer_grad_ref(dy, x, weight, mean, rstd, bias, rms):
 NORM_MAX_RPB = 8  # row groups of > 32 threads per block: NORM_MAX_RPB in cuda_src/norms.cu
 # Weight / bias gradients (layer / rms / group norm) summed inside the backward kernel ("last block done", see
 # last_arrival in cuda_src/common.cuh): one launch. False (the default): the kernels write partial rows only and a
-# column_sum launch sums each. Off because on the H100 (bench/norm_sweep.py, commit 33a36dc) the single-launch tail
-# was slower: rms_norm bwd 4608x3072 0.0933 vs 0.0455 ms, layer_norm affine bwd 0.1146 vs 0.0911, GroupNorm bwd
-# 0.0313 vs 0.0279 (the last block's sum of the partial rows runs on one SM). Modulate keeps it (a win there).
+# column_sum launch sums each. Off: the last block's sum of the partial rows runs on one SM, which made the norm
+# backwards slower on the H100 (rms_norm bwd 4608x3072: 0.0933 vs 0.0455 ms). Modulate keeps it (a win there).
 single_launch_sums = False
 # Cluster size of the weight-gradient backward on sm_90+ (norm_bwd_cl in cuda_src/norms.cu); 0: every block writes its
 # own part row (norm_bwd*). bwd_cluster_grid: blocks per SM of its grid (None: as many as fit; benchmark sweeps).
@@ -83,32 +82,31 @@ bwd_cluster_regs = 80  # register cap of norm_bwd_cl (255: none)
 # The weight-gradient backward on sm_90+ with the rows streamed through shared memory by bulk copies (norm_bwd_tma in
 # cuda_src/norms.cu): bwd_tma_stages rows of x and dy in flight per block, the partials in registers, clusters of
 # bwd_tma_cluster blocks adding theirs (one part row per cluster), and the column_sum after it as a programmatic
-# dependent launch. Rows of > 32 threads on the 16-byte vector path; others keep _bwd_plan. Measured in
-# BENCHMARKS.md (bench/kernel_sweep.py tma, ramp).
+# dependent launch. Rows of > 32 threads on the 16-byte vector path; others keep _bwd_plan.
 bwd_tma = True
 bwd_tma_stages = 3
 # Register cap of norm_bwd_tma (255: none). 128 with the kept-row loop below: 2 blocks of 192 threads per SM, no
-# spills (LayerNorm's dw, db: 121 registers; at 112 it measured 0.0397 against 0.0347 ms, bench/kernel_sweep.py ramp).
+# spills (LayerNorm's dw, db loop takes 121 registers; capped at 112 it spilled: 0.0397 against 0.0347 ms).
 bwd_tma_regs = 128
 BWD_TMA_MIN_REGS = 80  # rows of more threads than the SM's registers allow at bwd_tma_regs get a lower cap, >= this
 bwd_tma_vpt = None    # 16-byte vectors per thread (1 or 2); None: the fewest that keep a row within 256 threads
 bwd_tma_grid = None   # blocks per SM (None: as many as fit)
 bwd_tma_cluster = 1   # blocks per cluster (1: every block writes its own part row)
 # The grid: as many blocks as fit (False), or the fewest that keep the same most rows per block (True: 4608 rows on
-# 396 block slots take 384 blocks of 12 rows, not 252 of 12 and 144 of 11; 384 part rows, not 396). Off: not faster
-# on the H100 (bench/kernel_sweep.py plan, 3 interleaved rounds: rms 0.0364 vs 0.0366 ms, LN affine 0.0387 vs 0.0376).
+# 396 block slots take 384 blocks of 12 rows, not 252 of 12 and 144 of 11; 384 part rows, not 396). Off: it was
+# not faster on the H100.
 bwd_tma_even = False
 bwd_tma_dependent = True  # the column_sum as a programmatic dependent launch (launching.launch_dependent)
 # Stages filled when a block starts (0: all); the others once its first row has arrived, so that the first rows of
-# all blocks are not queued behind everyone's later rows (at 396 blocks x 3 stages the first row landed 3-5 us after
-# entry: bench/norm_trace_probe.py).
+# all blocks are not queued behind everyone's later rows (with every stage requested at entry, the first row landed
+# 3-5 us after a block started).
 bwd_tma_early = 1
 bwd_tma_one_barrier = True  # the per-row block reduction with one barrier (block_sum2_1b) instead of two
 # The row loop (cuda_src/norms.cu, norm_bwd_tma's LOOP): 0, the weight read through L1 in both passes of every row;
 # 1, the weight in registers; 2, as 1 and the row's xhat and g kept in registers between the passes (pass 2 reads no
-# shared memory; the stage is refilled a row earlier). The traced blocks spent 92-97% of their cycles in the row
-# loop's passes and reductions, not waiting for rows (bench/norm_trace_probe.py), so these cut the time per row. A plan whose
-# register cap cannot hold what the loop keeps takes the largest loop that fits (_tma_loop).
+# shared memory; the stage is refilled a row earlier). The blocks spend their time in the row loop's passes and
+# reductions, not waiting for rows, so these cut the time per row. A plan whose register cap cannot hold what the
+# loop keeps takes the largest loop that fits (_tma_loop).
 bwd_tma_loop = 2
 _props = {}
 
@@ -175,10 +173,9 @@ def _group_tpr(need):
 
 def _fwd_shape(nvec):
     """(vpt, tpr) of the one-pass forward for rows of nvec 16-byte vectors. Rows of <= 64 vectors: 2 vectors per
-    thread (4608 x 3072 bf16 rows of 384 vectors: (4, 96) / (6, 64) 0.0196 / 0.0192 ms against (12, 32) 0.0204, LN
-    affine 0.0240 / 0.0243 against 0.0317; QK rows of 16 vectors: (2, 8) 0.0202 against (4, 4) 0.0209 ms). Wider
-    rows: 4, 6 or 3 vectors per thread, whichever leaves the fewest idle slots (tpr * vpt - nvec; ties in that
-    order), with tpr <= 1024; rows too wide for that (> 6144 vectors) 8, 12 or 16."""
+    thread. Wider rows: 4, 6 or 3 vectors per thread, whichever leaves the fewest idle slots (tpr * vpt - nvec; ties
+    in that order), with tpr <= 1024; rows too wide for that (> 6144 vectors) 8, 12 or 16. (On the H100 ~4 vectors
+    per thread beat 12 on Flux's 3072-wide rows: LayerNorm affine 0.0240 against 0.0317 ms.)"""
     if nvec <= 64:
         tpr = _group_tpr(P.cdiv(nvec, 2))
         return (1 if nvec == 1 else 2), tpr
@@ -198,9 +195,9 @@ def _fwd_plan(dtype, rows, cols):
     row issued at once, not persistent), or None where it does not apply (cols not a multiple of the vector width,
     rows wider than 16 * 1024 vectors, too many registers): the persistent norm_fwd1/2/4 take those.
 
-    The shape (_fwd_shape) follows the H100 sweep (bench/norm_sweep.py): short rows 2 vectors per thread, wider ones
-    ~4 (3 - 6) vectors per thread and as many threads as that takes: groups of tpr <= 32 threads (a power of two,
-    several rows per warp, shuffle reductions only) or one row per block of tpr = a multiple of 32 threads."""
+    The shape (_fwd_shape): short rows 2 vectors per thread, wider ones ~4 (3 - 6) vectors per thread and as many
+    threads as that takes: groups of tpr <= 32 threads (a power of two, several rows per warp, shuffle reductions
+    only) or one row per block of tpr = a multiple of 32 threads."""
     vec = P.vec_width(dtype)
     if cols % vec:
         return None
@@ -545,16 +542,15 @@ use_cluster = True
 # registers, read once) where a block's slice is <= max(GN_REG_V) * GN_THREADS 16-byte vectors; False: the shared-memory
 # kernels only.
 GN_REG_V = (2, 4, 6, 8, 10)  # the instantiated register slots per thread (12 spills on sm_90)
-# The forward takes the register kernel up to this V only: bench/kernel_sweep.py gn (H100) measured it faster for small
-# slices (2x1280x32x32, V 4: 0.0110 vs 0.0125 ms) and slower for large ones (2x320x128x128, V 10: 0.0219 vs 0.0205;
-# 4 blocks per SM by registers against 5 by shared memory); the backward (dy read once) wins at every V measured.
+# The forward takes the register kernel up to this V only: on the H100 it was faster for small slices (2x1280x32x32,
+# V 4: 0.0110 vs 0.0125 ms) and slower for large ones (2x320x128x128, V 10: 0.0219 vs 0.0205; 4 blocks per SM by
+# registers against 5 by shared memory); the backward (dy read once) wins at every V measured.
 GN_REG_FWD_MAX_V = 4
 use_gn_reg = True
 # The shared-memory forward's block statistics: two passes over its cache (0: mean, then M2 around it), one pass
 # (1: sums of (x - c) and (x - c)^2 around the slice's first element c) or the same one pass as the slice loads (2:
-# the copies in 4 commit groups, each summed as it lands, so the statistics are done with the load).
-# bench/kernel_sweep.py gn (H100, 3 interleaved rounds): 2x320x128x128 0.0206 / 0.0202 / 0.0195 ms,
-# 2x960x64x64 0.0180 / 0.0173 / 0.0170, 2x640x64x64 0.0141 / 0.0136 / 0.0143.
+# the copies in 4 commit groups, each summed as it lands, so the statistics are done with the load; on the H100
+# 2x320x128x128 took 0.0206 / 0.0202 / 0.0195 ms in the three forms).
 gn_one_pass = 2
 
 
