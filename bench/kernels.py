@@ -22,7 +22,7 @@ import ml_dtypes
 import numpy as np
 
 import common
-from flame_core.kernels import activations, adamw, fp8, loader, modulate, norms, rope, softmax
+from flame_core.kernels import activations, adamw, fp8, groupnorm, loader, modulate, norms, rope, softmax
 
 torch = common.import_torch()
 if torch is not None:
@@ -132,11 +132,12 @@ def bench_norms():
            note="dx, dweight and dbias on both sides")
     g = randn((2, 320, 128, 128))
     gdy = randn((2, 320, 128, 128))
-    record("group_norm fwd 2x320x128x128 G32", 2 * g.nbytes, lambda: norms.group_norm_forward(g, 32, None, None, 1e-5),
+    record("group_norm fwd 2x320x128x128 G32", 2 * g.nbytes,
+           lambda: groupnorm.group_norm_forward(g, 32, None, None, 1e-5),
            (lambda: F.group_norm(tt(g), 32, eps=1e-5)), g)
-    _, gm, gr = norms.group_norm_forward(g, 32, None, None, 1e-5)
+    _, gm, gr = groupnorm.group_norm_forward(g, 32, None, None, 1e-5)
     record("group_norm bwd 2x320x128x128 G32", 3 * g.nbytes,
-           lambda: norms.group_norm_backward(gdy, g, 32, None, gm, gr),
+           lambda: groupnorm.group_norm_backward(gdy, g, 32, None, gm, gr),
            _torch_bwd(lambda t: F.group_norm(t, 32, eps=1e-5), g, gdy), g)
 
 

@@ -1,10 +1,10 @@
 """Raw CUDA kernels (cuda_src/*.cu) behind array-level families.
 
-Families (`activations`, `softmax`, `norms`, `modulate`, `rope`, `adamw`, `fp8`, ...) take and return NumPy or CuPy
-arrays. On CuPy arrays of float32/float16/bfloat16 with kernels `enabled()` they launch the raw kernel; otherwise they
-run the reference written against `xp`, which is also the test oracle. `FLAME_KERNELS=0` or `with reference():`
-forces it. Inside the package: `loader` compiles and caches, `launching` launches, `plans` sizes grids, `column_sum`
-sums partial rows, `precompile` warms CuPy's disk cache.
+Families (`activations`, `softmax`, `norms`, `groupnorm`, `modulate`, `rope`, `adamw`, `fp8`, ...) take and return
+NumPy or CuPy arrays. On CuPy arrays of float32/float16/bfloat16 with kernels `enabled()` they launch the raw kernel;
+otherwise they run the reference written against `xp`, which is also the test oracle. `FLAME_KERNELS=0` or
+`with reference():` forces it. Inside the package: `loader` compiles and caches, `launching` launches, `plans` sizes
+grids, `column_sum` sums partial rows, `precompile` warms CuPy's disk cache.
 
 The public launch API (this module) is what code above flame_core uses to write a fused op: a `Function` whose
 forward allocates its outputs (`flame.empty_like`, ...) and launches a kernel on Tensors::

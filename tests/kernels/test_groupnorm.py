@@ -6,7 +6,7 @@ from hypothesis import assume, given, strategies as st
 import flame_core as flame
 from flame_core.autograd import gradcheck
 from flame_core.errors import ShapeError
-from flame_core.kernels import norms as K
+from flame_core.kernels import groupnorm as K, norms as N
 from flame_core.ops.norms import group_norm
 
 from kernel_utils import DTYPES, assert_close, grad_mag, rand
@@ -145,7 +145,7 @@ def test_register_slice_plan(monkeypatch):
     ((2, 64, 9, 11), 8, "float32", 2, True),          # hw % 4 != 0: scalar slices
 ])
 def test_cluster_shared_memory_plan(monkeypatch, shape, g, dt, arrays, fits):
-    monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, 90))
+    monkeypatch.setattr(N, "_device_props", lambda: (65536, 2048, 233472, 232448, 90))
     x = np.empty(shape, DTYPES[dt])
     n, c = shape[:2]
     hw = x.size // (n * c)
@@ -154,8 +154,8 @@ def test_cluster_shared_memory_plan(monkeypatch, shape, g, dt, arrays, fits):
     if fits:
         per_block = -(-(c // g) * hw // K.GN_CL)
         assert K.GN_HEAD + arrays * per_block * x.dtype.itemsize <= smem <= 232448 - 1024
-    monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, 80))
+    monkeypatch.setattr(N, "_device_props", lambda: (65536, 2048, 233472, 232448, 80))
     assert K._gn_cluster_smem(x, c // g, hw, arrays) is None   # no clusters before sm_90
-    monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, 90))
+    monkeypatch.setattr(N, "_device_props", lambda: (65536, 2048, 233472, 232448, 90))
     monkeypatch.setattr(K, "use_cluster", False)
     assert K._gn_cluster_smem(x, c // g, hw, arrays) is None
