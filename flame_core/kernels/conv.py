@@ -133,21 +133,9 @@ def plan(M, N, KT, out_elems, always_ws, budget, kind=FWD):
     return _plan(M, N, KT, out_elems, always_ws, budget, forced_tile(kind), P.sm_count(), kind, max_smem())
 
 
-_max_smem = {}
-
-
 def max_smem():
     """Dynamic shared memory one block may opt into on this device (bytes): tiles needing more are not planned."""
-    cp = backend.cupy
-    dev = cp.cuda.runtime.getDevice()
-    n = _max_smem.get(dev)
-    if n is None:
-        try:
-            n = int(cp.cuda.Device(dev).attributes["MaxSharedMemoryPerBlockOptin"])
-        except Exception:
-            n = 232448  # sm_90's 227 KiB
-        _max_smem[dev] = n
-    return n
+    return int(P.device_properties()["sharedMemPerBlockOptin"])
 
 
 def tile_smem(name):

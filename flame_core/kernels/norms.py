@@ -106,17 +106,17 @@ bwd_tma_one_barrier = True  # the per-row block reduction with one barrier (bloc
 # reductions, not waiting for rows, so these cut the time per row. A plan whose register cap cannot hold what the
 # loop keeps takes the largest loop that fits (_tma_loop).
 bwd_tma_loop = 2
-_props = {}
+_props = {}  # device -> _device_props() (the plans read them on every call)
 
 
 def _device_props():
-    cp = backend.cupy
-    dev = cp.cuda.runtime.getDevice()
+    """(registers, threads, shared memory) per SM, shared memory a block may opt into, compute capability."""
+    dev = backend.cupy.cuda.runtime.getDevice()
     p = _props.get(dev)
     if p is None:
-        d = cp.cuda.runtime.getDeviceProperties(dev)
+        d = P.device_properties()
         p = _props[dev] = (d["regsPerMultiprocessor"], d["maxThreadsPerMultiProcessor"],
-                           d["sharedMemPerMultiprocessor"], d["sharedMemPerBlockOptin"], d["major"] * 10 + d["minor"])
+                           d["sharedMemPerMultiprocessor"], d["sharedMemPerBlockOptin"], P.compute_capability())
     return p
 
 

@@ -15,17 +15,25 @@ def grid_1d(n, block):
     return (max(1, cdiv(n, block)),)
 
 
-_cc = {}  # device -> compute capability as an int
+_props = {}  # device -> (its cudaDeviceProp as a dict, compute capability as an int, SM count)
+
+
+def device_properties():
+    """The current CUDA device's cudaDeviceProp as a dict (read from the driver once per device)."""
+    return _device(backend.cupy.cuda.runtime.getDevice())[0]
 
 
 def compute_capability():
     """The current CUDA device's compute capability as an int (90 for sm_90)."""
-    cp = backend.cupy
-    dev = cp.cuda.runtime.getDevice()
-    cc = _cc.get(dev)
-    if cc is None:
-        cc = _cc[dev] = int(cp.cuda.Device(dev).compute_capability)
-    return cc
+    return _device(backend.cupy.cuda.runtime.getDevice())[1]
+
+
+def _device(dev):
+    p = _props.get(dev)
+    if p is None:
+        d = backend.cupy.cuda.runtime.getDeviceProperties(dev)
+        p = _props[dev] = (d, d["major"] * 10 + d["minor"], d["multiProcessorCount"])
+    return p
 
 
 def contiguous(a):
@@ -43,16 +51,8 @@ def vec_width(dtype):
     return 16 // np.dtype(dtype).itemsize
 
 
-_sm_count = {}
-
-
 def sm_count():
-    cp = backend.cupy
-    dev = cp.cuda.runtime.getDevice()
-    n = _sm_count.get(dev)
-    if n is None:
-        n = _sm_count[dev] = cp.cuda.runtime.getDeviceProperties(dev)["multiProcessorCount"]
-    return n
+    return _device(backend.cupy.cuda.runtime.getDevice())[2]
 
 
 MAX_VPT = 4  # keep equal to MAX_VPT in cuda_src/common.cuh
