@@ -4,8 +4,16 @@ classes apply those rules) and both split registered special tokens out of the r
 """
 import re
 
-import sentencepiece
 from tokenizers import AddedToken, decoders
+
+
+def import_sentencepiece(what):
+    """The sentencepiece module, needed only for `spiece.model` files and tiny T5 training."""
+    try:
+        import sentencepiece
+    except ImportError:
+        raise ImportError(f"{what} needs the sentencepiece package (pip install sentencepiece)") from None
+    return sentencepiece
 
 
 class TokenizersBackend:
@@ -46,7 +54,7 @@ class SentencePieceBackend:
 
     def __init__(self, model_proto, special_tokens=(), extra_ids=0, source="spiece.model"):
         self.model_proto = bytes(model_proto)
-        self.sp = sentencepiece.SentencePieceProcessor(model_proto=self.model_proto)
+        self.sp = import_sentencepiece(source).SentencePieceProcessor(model_proto=self.model_proto)
         n = self.sp.get_piece_size()
         self._added = {f"<extra_id_{i}>": n + extra_ids - 1 - i for i in range(extra_ids)}
         for token in special_tokens:

@@ -54,7 +54,8 @@ class TextTokenizer:
                 continue
             index = backend.token_to_id(token)
             if index is None:
-                raise ValueError(f"{self.label} tokenizer from {self.source}: {role} {token!r} is not in its vocabulary")
+                raise ValueError(f"{self.label} tokenizer from {self.source}: {role} {token!r} is not in its "
+                                 "vocabulary")
             ids[role] = index
         self.bos_token_id, self.eos_token_id = ids["bos_token"], ids["eos_token"]
         self.pad_token_id, self.unk_token_id = ids["pad_token"], ids["unk_token"]
@@ -152,7 +153,9 @@ class TextTokenizer:
         elif max_length is not None:
             raise ValueError("encode's max_length applies only with truncation=True")
         content = self.backend.encode_batch(texts)[0]
-        return self._with_specials(content, max_length, True, 0) if truncation else self._prefix + content + self._suffix
+        if truncation:
+            return self._with_specials(content, max_length, True, 0)
+        return self._prefix + content + self._suffix
 
     def tokenize(self, text):
         """The token strings of a caption's content (no special tokens added)."""

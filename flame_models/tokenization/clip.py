@@ -17,7 +17,6 @@ from tokenizers.models import BPE
 from .backends import TokenizersBackend
 from .base import TextTokenizer
 from .bpe_training import learn_bpe_merges, pretokenized_words
-from .errors import TokenizerFilesError
 from .files import find_tokenizer_folder, first_given, read_json, read_tokenizer_config, write_atomic
 from .packaged import CLIP_MERGES, read_packaged
 
@@ -116,9 +115,6 @@ class CLIPTokenizer(TextTokenizer):
             if any(len(m) != 2 for m in merges):
                 raise ValueError(f"{source}: every merge must be a pair of tokens")
         else:
-            for name in ("vocab.json", "merges.txt"):
-                if not (folder / name).is_file():
-                    raise TokenizerFilesError(f"CLIP tokenizer: {folder} has no {name}")
             source = folder / "vocab.json"
             vocab = read_json(source)
             if not isinstance(vocab, dict):

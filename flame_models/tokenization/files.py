@@ -39,8 +39,13 @@ def model_type(folder):
         if kind is None:
             raise ValueError(f"{folder / 'tokenizer.json'} has no model.type: not a tokenizers file")
         return str(kind).lower()
-    if (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
+    has_vocab, has_merges = (folder / "vocab.json").is_file(), (folder / "merges.txt").is_file()
+    if has_vocab and has_merges:
         return "bpe"
+    if has_vocab != has_merges and not (folder / "spiece.model").is_file():
+        missing = "merges.txt" if has_vocab else "vocab.json"
+        raise TokenizerFilesError(f"{folder} has {'vocab.json' if has_vocab else 'merges.txt'} but no {missing}: "
+                                  "a BPE tokenizer needs both (or a tokenizer.json)")
     if (folder / "spiece.model").is_file():
         return "unigram"
     return None
@@ -57,9 +62,9 @@ def find_tokenizer_folder(path, *, want, label, subfolder=None, subfolders=TOKEN
     (the first holding a `want` tokenizer wins); `subfolder` names the one to use. Raises TokenizerFilesError
     naming the folder that is needed.
     """
+    files = {"bpe": "tokenizer.json, or vocab.json + merges.txt", "unigram": "tokenizer.json or spiece.model"}[want]
     hint = (f"pass the model folder (holding {', '.join(s + '/' for s in subfolders)}) or the {label} tokenizer "
-            "folder itself (tokenizer.json, vocab.json + merges.txt, or spiece.model), or path=None to use the "
-            "vocabulary packaged with FLAME")
+            f"folder itself ({files}), or path=None to use the vocabulary packaged with FLAME")
     root = Path(path).expanduser()
     if not root.exists():
         raise TokenizerFilesError(f"{label} tokenizer: {root} does not exist; {hint}")

@@ -12,11 +12,10 @@ import io
 import json
 from pathlib import Path
 
-import sentencepiece
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import Unigram
 
-from .backends import SentencePieceBackend, TokenizersBackend
+from .backends import SentencePieceBackend, TokenizersBackend, import_sentencepiece
 from .base import TextTokenizer
 from .files import find_tokenizer_folder, first_given, read_json, read_tokenizer_config, write_atomic
 from .packaged import T5_TOKENIZER_JSON, read_packaged
@@ -104,8 +103,8 @@ class T5Tokenizer(TextTokenizer):
         folder = find_tokenizer_folder(path, want="unigram", label="T5", subfolder=subfolder, subfolders=SUBFOLDERS)
         config = read_tokenizer_config(folder)
         tokens = config.special_tokens
-        kwargs = dict(extra_ids=first_given(config.extra_ids, EXTRA_IDS),
-                      eos_token=tokens.get("eos_token", EOS), pad_token=first_given(pad_token, tokens.get("pad_token"), PAD),
+        kwargs = dict(extra_ids=first_given(config.extra_ids, EXTRA_IDS), eos_token=tokens.get("eos_token", EOS),
+                      pad_token=first_given(pad_token, tokens.get("pad_token"), PAD),
                       unk_token=tokens.get("unk_token", UNK),
                       model_max_length=first_given(max_length, config.model_max_length, MAX_LENGTH))
         if (folder / "tokenizer.json").is_file():
@@ -132,6 +131,7 @@ class T5Tokenizer(TextTokenizer):
             raise TypeError("corpus must be a non-empty list of str")
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 8:
             raise ValueError(f"vocab_size must be an int >= 8, got {vocab_size!r}")
+        sentencepiece = import_sentencepiece("T5Tokenizer.train_tiny")
         model = io.BytesIO()
         try:
             sentencepiece.SentencePieceTrainer.train(
