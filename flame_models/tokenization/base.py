@@ -167,6 +167,8 @@ class TextTokenizer:
     # ----------------------------------------------------------------------------------------------- decoding
     def _check_ids(self, ids):
         ids = np.asarray(ids)
+        if ids.ndim == 1 and ids.size == 0:
+            return []
         if ids.ndim != 1 or ids.dtype.kind not in "iu":
             raise ValueError(f"token ids must be a 1-D sequence of ints, got shape {ids.shape} dtype {ids.dtype}")
         bad = ids[(ids < 0) | (ids >= self.vocab_size)]

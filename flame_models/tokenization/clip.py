@@ -89,7 +89,11 @@ class CLIPTokenizer(TextTokenizer):
         missing = [t for t in specials if t not in self.vocab]
         if missing:
             raise ValueError(f"CLIP tokenizer from {source}: special token(s) {missing} are not in its vocabulary")
-        backend = TokenizersBackend(clip_pipeline(self.vocab, self.merges), specials)
+        try:
+            pipeline = clip_pipeline(self.vocab, self.merges)
+        except Exception as e:  # tokenizers raises a bare Exception for a merge of unknown tokens
+            raise ValueError(f"CLIP tokenizer from {source}: {e}") from None
+        backend = TokenizersBackend(pipeline, specials)
         super().__init__(backend, bos_token=bos_token, eos_token=eos_token, pad_token=pad_token, unk_token=unk_token,
                          model_max_length=model_max_length, source=source)
 

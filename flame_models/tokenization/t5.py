@@ -59,8 +59,11 @@ def _tokenizers_backend(data, source, special_tokens, extra_ids):
     unk_id = model.get("unk_id")
     if unk_id is None:
         raise ValueError(f"{source}: the Unigram model has no unk_id")
-    pipeline = unigram_pipeline(pieces, unk_id, _precompiled_charsmap(data.get("normalizer")),
-                                bool(model.get("byte_fallback", False)))
+    try:
+        pipeline = unigram_pipeline(pieces, unk_id, _precompiled_charsmap(data.get("normalizer")),
+                                    bool(model.get("byte_fallback", False)))
+    except Exception as e:  # tokenizers raises a bare Exception for an inconsistent model
+        raise ValueError(f"{source}: {e}") from None
     sentinels = [f"<extra_id_{i}>" for i in range(extra_ids)]
     return TokenizersBackend(pipeline, list(dict.fromkeys([*special_tokens, *sentinels])))
 

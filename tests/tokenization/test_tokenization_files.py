@@ -109,6 +109,14 @@ def test_corrupt_files_are_named(tmp_path):
     (bad_merges / "merges.txt").write_text("#version: 0.2\na b c\n")
     with pytest.raises(ValueError, match=r"merges.txt line 2: a merge is two tokens"):
         CLIPTokenizer.from_pretrained(bad_merges)
+    (bad_merges / "merges.txt").write_text("#version: 0.2\na b\n")
+    (bad_merges / "vocab.json").write_text('{"a": 0, "<|startoftext|>": 1, "<|endoftext|>": 2}')
+    with pytest.raises(ValueError, match=rf"CLIP tokenizer from {bad_merges}: .*Token `b` out of vocabulary"):
+        CLIPTokenizer.from_pretrained(bad_merges)
+    (bad_json / "tokenizer.json").write_text(json.dumps({"model": {"type": "Unigram", "vocab": [["a", 0.0]],
+                                                                   "unk_id": 5}}))
+    with pytest.raises(ValueError, match=rf"{bad_json / 'tokenizer.json'}: .*unk_id"):
+        T5Tokenizer.from_pretrained(bad_json)
 
 
 def test_missing_packaged_vocabulary_names_the_folder_needed(tmp_path, monkeypatch):

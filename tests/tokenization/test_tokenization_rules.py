@@ -133,6 +133,7 @@ def test_decode_and_ids_checks(clip_l, t5):
     assert clip_l.decode(clip_l("A Photo of a CAT!").input_ids[0], skip_special_tokens=True) == "a photo of a cat !"
     assert t5.decode(t5("a photo of a cat").input_ids[0], skip_special_tokens=True) == "a photo of a cat"
     assert t5.decode([9, 1]) == "a</s>"
+    assert clip_l.decode([]) == t5.decode(np.array([], dtype=np.int64)) == ""
     with pytest.raises(ValueError, match=r"token id 49408 is outside this tokenizer's vocabulary \[0, 49408\)"):
         clip_l.decode([49406, 49408])
     with pytest.raises(ValueError, match="1-D sequence of ints"):
@@ -142,3 +143,10 @@ def test_decode_and_ids_checks(clip_l, t5):
 def test_repr_names_source_and_rules(clip_g):
     text = repr(clip_g)
     assert "packaged" in text and "model_max_length=77" in text and "pad='!' (0)" in text
+
+
+def test_pickles_for_data_loader_workers(clip_g, t5, tiny_t5):
+    import pickle
+    for tok in (clip_g, t5, tiny_t5):
+        again = pickle.loads(pickle.dumps(tok))
+        assert again(["a cat!", "東京"]).input_ids.tolist() == tok(["a cat!", "東京"]).input_ids.tolist()
