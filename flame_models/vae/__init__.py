@@ -11,10 +11,11 @@ from .latent_format import LatentFormat, FLUX, SD3, SDXL, latent_formats
 from .layers import AttnBlock, Downsample, MidBlock, ResnetBlock, Upsample
 from .model import AutoencoderKL, Decoder, Encoder
 from .loading import VAECheckpointError, VAECheckpoint, infer_config, load_vae, load_vae_state_
+from .saving import save_vae
 from .tiling import blend_h, blend_v, tiled_decode, tiled_encode
 
 __all__ = ["VAEConfig", "AutoencoderKLConfig", "VAEConfigError", "configs", "vae_config",
            "DiagonalGaussianDistribution", "LatentFormat", "FLUX", "SD3", "SDXL", "latent_formats", "AttnBlock",
            "Downsample", "MidBlock", "ResnetBlock", "Upsample", "AutoencoderKL", "Decoder", "Encoder",
-           "VAECheckpointError", "VAECheckpoint", "infer_config", "load_vae", "load_vae_state_", "blend_h",
-           "blend_v", "tiled_decode", "tiled_encode"]
+           "VAECheckpointError", "VAECheckpoint", "infer_config", "load_vae", "load_vae_state_", "save_vae",
+           "blend_h", "blend_v", "tiled_decode", "tiled_encode"]

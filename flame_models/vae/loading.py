@@ -16,6 +16,7 @@ from flame_core.io import safe_open
 
 from . import keys as K
 from .config import VAEConfig, VAEConfigError
+from .saving import CONFIG_METADATA_KEY
 
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 CONFIG_NAME = "config.json"
@@ -61,8 +62,8 @@ def find_vae_files(path):
         return _folder_weights(path), cfg, (cfg_path if cfg is not None else None)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no VAE checkpoint at {path}")
-    if not path.endswith(".safetensors"):
-        raise VAECheckpointError(f"{path}: only .safetensors VAE files are read (convert .ckpt / .pt / .bin first)")
+    if path.lower().endswith((".ckpt", ".pt", ".pth", ".bin")):  # pickles: never unpickled here
+        raise VAECheckpointError(f"{path}: only safetensors VAE files are read (convert .ckpt / .pt / .bin first)")
     cfg_path = os.path.join(os.path.dirname(path) or ".", CONFIG_NAME)
     if os.path.exists(cfg_path):  # a diffusers vae/ file named directly: its folder's config still applies
         cfg = _read_json(cfg_path)
@@ -93,6 +94,8 @@ class VAECheckpoint:
                 f"{self.file} is not a VAE checkpoint: it looks like {K.describe(all_keys)} ({len(all_keys)} "
                 f"tensors: {sample}); a VAE has {K.PROBES[0]} (bare, or under first_stage_model. or vae.)")
         self.keys = K.vae_keys(all_keys, self.prefix)
+        meta = self.handle.metadata() or {}
+        self.metadata_config = meta.get(CONFIG_METADATA_KEY)  # written by save_vae
         self.layout = K.detect_layout(self.keys)
         if self.layout is None:
             raise VAECheckpointError(f"{self.file}: VAE keys in neither the LDM (encoder.down.0...) nor the diffusers "
@@ -136,8 +139,8 @@ class VAECheckpoint:
 
 # ----------------------------------------------------------------------------- the config from the weights
 def infer_config(ckpt, overrides=None):
-    """The VAEConfig of a checkpoint: from its diffusers config.json when there is one, else from the shapes
-    (GroupNorm's group count is not stored in the weights: 32, the LDM value, unless a config says otherwise).
+    """The VAEConfig of a checkpoint: from its diffusers config.json or the config save_vae stored in its metadata,
+    else from the shapes (GroupNorm's group count is not in the weights: 32, the LDM value, unless told otherwise).
     `overrides`: a dict of VAEConfig fields that replace what was read or inferred."""
     fields = _config_fields(ckpt)
     if overrides:
@@ -153,12 +156,18 @@ def infer_config(ckpt, overrides=None):
 
 
 def _config_fields(ckpt):
-    """VAEConfig fields (a dict) from the checkpoint's config.json, or else from its tensor shapes."""
+    """VAEConfig fields (a dict) from the checkpoint's config.json, or FLAME's metadata, or else its shapes."""
     if ckpt.json_config is not None:
         try:
             return VAEConfig.from_diffusers_config(ckpt.json_config, source=ckpt.config_source).to_dict()
         except VAEConfigError as e:
             raise VAECheckpointError(str(e)) from None
+    if ckpt.metadata_config is not None:
+        try:
+            fields = json.loads(ckpt.metadata_config)
+            return VAEConfig(**fields).to_dict()
+        except (ValueError, TypeError) as e:
+            raise VAECheckpointError(f"{ckpt.file}: unreadable {CONFIG_METADATA_KEY} metadata ({e})") from None
 
     def shape(ldm_key):
         if not ckpt.has(ldm_key):

@@ -10,7 +10,7 @@ import pytest
 import flame_core as flame
 from flame_core.io import load_file, safe_open, save_file
 from flame_models.vae import (AutoencoderKL, VAECheckpoint, VAECheckpointError, VAEConfig, infer_config,
-                              load_vae)
+                              load_vae, save_vae)
 
 import vae_fixtures as VF
 
@@ -162,8 +162,13 @@ def test_folder_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="nothing_here"):
         load_vae(tmp_path / "nothing_here.safetensors")
     (tmp_path / "model.ckpt").write_bytes(b"x")
-    with pytest.raises(VAECheckpointError, match=r"model\.ckpt.*only \.safetensors"):
+    with pytest.raises(VAECheckpointError, match=r"model\.ckpt.*only safetensors"):
         load_vae(tmp_path / "model.ckpt")
+    shutil.copy(VF.ldm_file("flux_tiny"), tmp_path / "ae.sft")      # BFL's first Flux release named it ae.sft
+    assert load_vae(tmp_path / "ae.sft", config={"norm_num_groups": VF.GROUPS}).config.z_channels == 16
+    (tmp_path / "junk.safetensors").write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{bad}")
+    with pytest.raises(ValueError, match="junk.safetensors"):
+        load_vae(tmp_path / "junk.safetensors")
     tr = tmp_path / "transformer"
     os.makedirs(tr)
     (tr / "config.json").write_text(json.dumps({"_class_name": "FluxTransformer2DModel"}))
@@ -246,3 +251,40 @@ def test_inconsistent_block_counts(tmp_path):
                    lambda s: [s.pop(k) for k in list(s) if k.startswith("decoder.up.0.block.1.")])
     with pytest.raises(VAECheckpointError, match="1 ResnetBlocks per encoder level but 1 per decoder level"):
         load_vae(path, config={"norm_num_groups": VF.GROUPS})
+
+
+# ----------------------------------------------------------------------------- saving
+@pytest.mark.parametrize("name", VF.NAMES)
+def test_save_vae_writes_the_reference_layouts(tmp_path, name):
+    """Saved LDM / diffusers files hold exactly the fixtures' tensors under exactly their names and shapes."""
+    vae = load_vae(VF.folder(name))                                    # float16, as stored
+    ldm = save_vae(vae, tmp_path / "ae.safetensors")[0]
+    folder_files = save_vae(vae, tmp_path / "vae", layout="diffusers")
+    for written, reference in ((ldm, VF.ldm_file(name)), (folder_files[0], VF.diffusers_file(name))):
+        got, want = tensors(written), tensors(reference)
+        assert sorted(got) == sorted(want)
+        for k in want:
+            assert got[k].shape == want[k].shape and got[k].dtype == want[k].dtype, k
+            np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    with open(folder_files[1]) as f:
+        cfg = json.load(f)
+    assert VAEConfig.from_diffusers_config(cfg) == vae.config
+
+
+@pytest.mark.parametrize("layout", ["ldm", "diffusers"])
+def test_save_then_load_keeps_the_config_the_weights_cannot_tell(tmp_path, layout):
+    cfg = VAEConfig(ch=8, ch_mult=(1, 2), num_res_blocks=1, z_channels=4, norm_num_groups=4, use_quant_conv=True,
+                    use_post_quant_conv=False, sample_size=64)
+    vae = AutoencoderKL(cfg)
+    target = tmp_path / ("ae.safetensors" if layout == "ldm" else "vae")
+    save_vae(vae, target, layout=layout)
+    back = load_vae(target)                                            # no config= needed
+    assert back.config == cfg
+    x = flame.rand(1, 3, 16, 16, generator=flame.Generator().manual_seed(0)) * 2 - 1
+    with flame.no_grad():
+        np.testing.assert_array_equal(back.encode(x).numpy(), vae.encode(x).numpy())
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+    with pytest.raises(ValueError, match="layout"):
+        save_vae(vae, tmp_path / "x", layout="bfl")
+    with pytest.raises(ValueError, match=".safetensors"):
+        save_vae(vae, tmp_path / "x")
