@@ -8,6 +8,8 @@ import flame_core as flame
 import flame_nn
 import flame_nn.functional as F
 
+from .attention import single_head_attention
+
 
 def _inplace_ok(*tensors):
     return not flame.is_grad_enabled() or not any(t.requires_grad for t in tensors)
@@ -54,11 +56,8 @@ class ResnetBlock(flame_nn.Module):
 
 
 class AttnBlock(flame_nn.Module):
-    """Single-head self-attention over the H*W positions, q/k/v/proj_out stored as 1x1 convs (C, C, 1, 1).
-
-    Run as Linears on the (B, H*W, C) tokens. scaled_dot_product_attention bounds its memory by itself: a head dim
-    above the flash kernels' 256 (the released VAEs have 512) takes its chunked path, which holds the scores of a
-    block of query rows at a time, never the (H*W)^2 matrix."""
+    """Single-head self-attention over the H*W positions, q/k/v/proj_out stored as 1x1 convs (C, C, 1, 1), run as
+    Linears on the (B, H*W, C) tokens; the attention itself a block of query rows at a time (attention.py)."""
 
     def __init__(self, channels, config, dtype=None, device=None):
         super().__init__()
@@ -77,14 +76,14 @@ class AttnBlock(flame_nn.Module):
     def forward(self, x):                                        # (B, C, H, W)
         B, C, H, W = x.shape
         h = self.norm(x)
-        h = h.reshape(B, C, H * W).transpose(1, 2)               # (B, L, C)
+        h = h.reshape(B, C, H * W).transpose(1, 2).contiguous()  # (B, L, C), one copy for q, k and v
         q = self._pointwise(self.q, h)
         k = self._pointwise(self.k, h)
         v = self._pointwise(self.v, h)
         del h
-        o = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])  # (B, 1, L, C)
+        o = single_head_attention(q, k, v)                       # (B, L, C)
         del q, k, v
-        o = self._pointwise(self.proj_out, o[:, 0])              # (B, L, C)
+        o = self._pointwise(self.proj_out, o)
         o = o.transpose(1, 2).reshape(B, C, H, W)
         return add_residual(o, x)
 

@@ -8,6 +8,8 @@ import flame_nn
 from flame_models.vae import (FLUX, SD3, SDXL, AutoencoderKL, LatentFormat, VAEConfig, VAEConfigError, blend_h,
                               blend_v, latent_formats, load_vae)
 
+from flame_models.vae.attention import single_head_attention
+
 import vae_fixtures as VF
 
 
@@ -163,6 +165,20 @@ def test_blend_matches_a_row_by_row_reference():
     for y in range(4):
         want[:, :, y] = above[:, :, -4 + y] * (1 - y / 4) + b[:, :, y] * (y / 4)
     np.testing.assert_allclose(blend_v(VF.t(above), VF.t(b), 10).numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("chunk_bytes", [1 << 30, 3 * 40 * 4, 1])  # one block of rows, blocks of 3, single rows
+def test_mid_attention_in_row_blocks_equals_sdpa(chunk_bytes, device):
+    rng = np.random.default_rng(2)
+    q, k, v = (VF.t(3 * rng.standard_normal((1, 40, 16)), device, flame.float64) for _ in range(3))
+    want = flame_nn.functional.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0].numpy()
+    with flame.no_grad():
+        got = single_head_attention(q, k, v, chunk_bytes=chunk_bytes)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)
+        # half precision: float32 scores, P rounded like a flash kernel's
+        half = single_head_attention(*(t.to(flame.bfloat16) for t in (q, k, v)), chunk_bytes=chunk_bytes)
+    assert half.dtype == flame.bfloat16
+    VF.assert_close(half, want, 3e-2, "bf16 attention")
 
 
 @pytest.mark.parametrize("dtype, rtol", [(flame.bfloat16, 6e-2), (flame.float16, 1e-2)])
