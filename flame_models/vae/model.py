@@ -9,7 +9,7 @@ import flame_nn
 import flame_nn.functional as F
 
 from . import tiling
-from .config import VAEConfig, vae_config
+from .config import vae_config
 from .distribution import DiagonalGaussianDistribution
 from .layers import Downsample, MidBlock, ResnetBlock, Upsample, group_norm
 
@@ -236,4 +236,4 @@ class AutoencoderKL(flame_nn.Module):
         return self.decode(z)
 
 
-__all__ = ["AutoencoderKL", "Encoder", "Decoder", "VAEConfig"]
+__all__ = ["AutoencoderKL", "Encoder", "Decoder"]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import flame_core as flame
-from flame_core.io import load_file, safe_open, save_file
+from flame_core.io import safe_open, save_file
 from flame_models.vae import (AutoencoderKL, VAECheckpoint, VAECheckpointError, VAEConfig, infer_config,
                               load_vae, save_vae)
 
