@@ -10,7 +10,12 @@
   too). The draw is a pure function of (seed, epoch, sample), so a resumed run drops exactly the same captions.
 - Tag shuffling (kohya's shuffle_caption + keep_tokens): split on `caption_separator`, strip, drop empty tags, keep
   the first `keep_tokens` in place, shuffle the rest, join with the separator plus a space. The order is a pure
-  function of (seed, epoch or epoch mod shuffle_variants, sample).
+  function of (seed, epoch or epoch mod shuffle_variants, sample). A prepended trigger word is part of the first
+  tag ("ohwx a photo, red"), so `keep_tokens: 1` keeps it first.
+- With the text encoder freed before training, every caption a run can draw must be encoded up front
+  (ImageDataset.prompts(range(epochs))): one per image without tag shuffling, one per image and epoch with it
+  (kohya refuses shuffle_caption with cached text outputs; ai-toolkit freezes one order at caching time).
+  `shuffle_variants: K` bounds this to K orders per image, reused cyclically.
 """
 import hashlib
 import os

@@ -12,7 +12,7 @@ import pytest
 from flame_models.data import (BucketLoader, DataError, DatasetConfig, ImageDataset, LatentCache,
                                TextEmbeddingCache, TrainingDataset)
 
-from conftest import write_caption, write_image
+from make_images import write_caption, write_image
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -6,7 +6,7 @@ from hypothesis import given, strategies as st
 from flame_models.data import DataError, DatasetConfig, ImageDataset, apply_trigger, read_caption, split_tags
 from flame_models.data.captions import CaptionRule, shuffle_tags
 
-from conftest import write_caption, write_image
+from make_images import write_caption, write_image
 
 
 def rule(seed=0, trigger=None, **kw):

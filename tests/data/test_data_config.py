@@ -5,7 +5,7 @@ from dataclasses import fields
 from flame_models.data import DatasetConfig, resolutions, validate_dataset_config
 from flame_models.data.config import caption_extension
 
-from conftest import write_image
+from make_images import write_image
 
 
 def test_defaults_are_valid_and_ai_toolkit_names(folder):

@@ -8,7 +8,7 @@ from PIL import Image
 
 from flame_models.data import Bucket, DataError, DatasetConfig, ImageDataset, image_array, load_image
 
-from conftest import write_caption, write_image
+from make_images import write_caption, write_image
 
 
 def test_several_folders_with_their_own_settings(tmp_path, folder):

@@ -9,7 +9,7 @@ from PIL import Image
 from flame_models.data import DataError, image_array, list_images, load_image, probe_image
 from flame_models.data import images as I
 
-from conftest import write_image
+from make_images import write_image
 
 
 def halves(width, height, left, right):

@@ -6,7 +6,7 @@ from hypothesis import given, strategies as st
 from flame_models.data import (BucketBatchSampler, BucketLoader, DataError, DatasetConfig, ImageDataset,
                                LatentCache, TextEmbeddingCache, TrainingDataset)
 
-from conftest import write_caption
+from make_images import write_caption
 
 
 def buckets_from(sizes):
