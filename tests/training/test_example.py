@@ -114,3 +114,22 @@ def test_a_real_run_resumes_by_itself_and_deletes_nothing_without_fresh(example,
     out = capsys.readouterr().out
     assert "--fresh: removed" in out and mine.read_text() == "keep me"
     assert not (run / "real_000004.safetensors").exists()
+
+
+@pytest.mark.parametrize("name", ["flux_dev_24gb.yaml", "flux_dev_12gib.yaml", "flux_dev_10gib.yaml"])
+def test_the_shipped_configs_parse_and_run_on_a_tiny_model(example, tmp_path, flux_file, name):
+    from flame_models.training.config import read_yaml
+    path = os.path.join(os.path.dirname(EXAMPLE), "configs", name)
+    data = read_yaml(path)
+    proc = data["config"]["process"][0]
+    proc.update(device="cpu", training_folder=str(tmp_path))
+    proc["model"].update(name_or_path=flux_file, dtype="fp32")
+    proc["datasets"][0]["folder_path"] = make_samples(tmp_path / "latents", n=2)
+    proc["train"].update(steps=2, dtype="fp32")
+    proc["sample"].update(sample_steps=2)
+    small = tmp_path / name
+    import yaml
+    small.write_text(yaml.safe_dump(data))
+    assert example.main(["--config", str(small)]) == 0
+    lora = tmp_path / "my_flux_lora" / "my_flux_lora.safetensors"
+    assert io.load_metadata(str(lora))["name"] == "my_flux_lora"     # meta: [name] -> the run's name
