@@ -66,8 +66,8 @@ def parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1],
                                 epilog=EPILOG, formatter_class=_Formatter)
     add = p.add_argument
-    add("--config", metavar="YAML", help="ai-toolkit-style config (job/config/process); the flags below override it (default: none, "
-                                  "the flags alone; no arguments at all: the demo)")
+    add("--config", metavar="YAML", help="ai-toolkit-style config (job/config/process); the flags below override "
+                                         "it (default: none, the flags alone; no arguments at all: the demo)")
     add("--model", metavar="PATH", help="Flux checkpoint: .safetensors file or diffusers folder (default: a random "
                                         "flux-tiny)")
     add("--data", metavar="FOLDER", help="folder of per-sample .safetensors (latents, prompt_embeds, "

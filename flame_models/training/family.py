@@ -42,7 +42,7 @@ Previews (sample_every steps, the progress clock paused):
 Attributes: name (= model.arch), latent_channels, vae_scale_factor (pixels per latent), pixel_multiple (image
 sides must be multiples of it), latent_scale / latent_shift (x0 = (z - shift) * scale for a VAE posterior z),
 noise_schedulers (accepted train.noise_scheduler values), samplers (accepted sample.sampler values), default_size
-and model_sizes (random-init presets), guidance_embedded(spec).
+and model_sizes (random-init presets).
 
 How the next families fit
 -------------------------

@@ -11,7 +11,8 @@ from .family import ModelFileError
 _KINDS = (
     ("lora", "a LoRA / adapter file", (".lora_down.weight", ".lora_up.weight", ".lora_A.weight", ".lora_B.weight",
                                         ".lora_magnitude_vector", ".hada_w1_a", ".lokr_w1", ".lokr_w2")),
-    ("flux", "a Flux transformer", ("double_blocks.0.img_attn.qkv.weight", "single_transformer_blocks.0.attn.to_q.weight")),
+    ("flux", "a Flux transformer", ("double_blocks.0.img_attn.qkv.weight",
+                                    "single_transformer_blocks.0.attn.to_q.weight")),
     ("sd3", "an SD3 (MMDiT) transformer", ("joint_blocks.0.x_block.attn.qkv.weight", "pos_embed.proj.weight")),
     ("unet", "a Stable Diffusion / SDXL UNet", ("input_blocks.0.0.weight", "down_blocks.0.resnets.0.conv1.weight")),
     ("vae", "a VAE (autoencoder)", ("decoder.conv_in.weight", "encoder.conv_in.weight")),

@@ -4,7 +4,6 @@
     v   = ε − x0                  (the velocity the transformer predicts)
     L   = mean((v̂ − v)²)          (MSE over every element, computed in float32)
 """
-import flame_core as flame
 from flame_core.errors import ShapeError, fmt_shape
 
 

@@ -70,14 +70,16 @@ def test_sampling_during_training_writes_each_step_shows_progress_and_leaves_tra
 
 def test_sample_size_defaults_to_the_datasets_resolution(tmp_path, flux_file):
     data = make_samples(tmp_path / "data", h=4, w=6)               # 32 x 48 px
-    c = tiny_config(tmp_path, "size", steps=1, train={"lr_warmup_steps": 0}, synthetic=None, datasets=[{"folder_path": data}],
+    c = tiny_config(tmp_path, "size", steps=1, train={"lr_warmup_steps": 0}, synthetic=None,
+                    datasets=[{"folder_path": data}],
                     model={"name_or_path": flux_file, "size": None},
                     sample={"sample_every": 1, "sample_steps": 2, "num_samples": 1})
     tr = Trainer(c, verbose=False)
     tr.train()
     assert (c.sample.height, c.sample.width) == (32, 48)
     assert tr.previews.history[0][1][0].shape == (16, 4, 6)
-    c2 = tiny_config(tmp_path, "size2", steps=1, train={"lr_warmup_steps": 0}, synthetic=None, datasets=[{"folder_path": data}],
+    c2 = tiny_config(tmp_path, "size2", steps=1, train={"lr_warmup_steps": 0}, synthetic=None,
+                     datasets=[{"folder_path": data}],
                      model={"name_or_path": flux_file, "size": None},
                      sample={"sample_every": 1, "sample_steps": 2, "num_samples": 1, "width": 16, "height": 32})
     tr = Trainer(c2, verbose=False)

@@ -23,7 +23,8 @@ CHILD = r"""
 import os, sys, time
 sys.path.insert(0, {repo!r})
 import importlib.util
-spec = importlib.util.spec_from_file_location("train_flux_lora", os.path.join({repo!r}, "examples", "train_flux_lora.py"))
+path = os.path.join({repo!r}, "examples", "train_flux_lora.py")
+spec = importlib.util.spec_from_file_location("train_flux_lora", path)
 example = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(example)
 hook, arg = {hook!r}, {arg!r}

@@ -88,9 +88,6 @@ class FluxFamily(ModelFamily):
     def synthetic_conditioning(self, spec, text_length):
         return {"prompt_embeds": (text_length, spec.context_in_dim), "pooled_prompt_embeds": (spec.vec_in_dim,)}
 
-    def guidance_embedded(self, spec):
-        return spec.guidance_embed
-
     # ------------------------------------------------------------------ building
     def build_model(self, model_cfg, spec, dtype, device):
         if model_cfg.name_or_path:
@@ -109,8 +106,8 @@ class FluxFamily(ModelFamily):
         return name_map_for(model.params)
 
     def lora_metadata(self, cfg, model):
-        dev = model.params.guidance_embed
-        return {"ss_base_model_version": "flux1", "modelspec.architecture": f"flux-1-{'dev' if dev else 'schnell'}/lora",
+        kind = "dev" if model.params.guidance_embed else "schnell"
+        return {"ss_base_model_version": "flux1", "modelspec.architecture": f"flux-1-{kind}/lora",
                 "flame.base_model": (os.path.basename(cfg.model.name_or_path.rstrip("/\\")) if cfg.model.name_or_path
                                      else cfg.model.size or self.default_size)}
 
