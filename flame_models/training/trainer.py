@@ -325,30 +325,33 @@ class Trainer:
         self.progress = Progress(t.steps, initial=self.step, enabled=self.verbose, active_time=self.active_time)
         self.stop = StopRequest() if self.handle_signals else None
         saved_at = self.step if self.resumed_from else None
-        with self.stop or _nullcontext():
-            if self.step == 0 and self._sample_due(0):
-                with self.progress.paused():
-                    self.sample()
-            self.progress.start()
-            while self.step < t.steps:
-                loss, lr, ts = self.train_step()
-                self.progress.update(1, loss=loss, lr=lr)
-                self.active_time = self.progress.active_time
-                self._log_step(loss, lr, ts)
-                if self._sample_due(self.step):
+        try:
+            with self.stop or _nullcontext():
+                if self.step == 0 and self._sample_due(0):
                     with self.progress.paused():
                         self.sample()
-                if self.step % c.save.save_every == 0 or self.step == t.steps:
-                    with self.progress.paused():
-                        self.save_checkpoint()
-                    saved_at = self.step
-                if self.stop is not None and self.stop.requested:
-                    if saved_at != self.step:
+                self.progress.start()
+                while self.step < t.steps:
+                    loss, lr, ts = self.train_step()
+                    self.progress.update(1, loss=loss, lr=lr)
+                    self.active_time = self.progress.active_time
+                    self._log_step(loss, lr, ts)
+                    if self._sample_due(self.step):
+                        with self.progress.paused():
+                            self.sample()
+                    if self.step % c.save.save_every == 0 or self.step == t.steps:
                         with self.progress.paused():
                             self.save_checkpoint()
-                    break
-        self.progress.close()
-        return self.finish(interrupted=self.stop.requested if self.stop is not None else None)
+                        saved_at = self.step
+                    if self.stop is not None and self.stop.requested:
+                        if saved_at != self.step:
+                            with self.progress.paused():
+                                self.save_checkpoint()
+                        break
+        finally:
+            self.progress.close()
+        stopped = self.stop.requested if self.stop is not None and self.step < t.steps else None
+        return self.finish(interrupted=stopped)
 
     def _log_step(self, loss, lr, ts):
         w = self._window
