@@ -120,7 +120,7 @@ class DismantledBlock(flame_nn.Module):
             flame_nn.SiLU(), flame_nn.Linear(hidden_size, self.n_mods * hidden_size, bias=True, **kw))
 
     def modulation(self, c):
-        """The n modulation vectors, each (B, H) -- or (H,) for one sample, which lets the fused LayerNorm apply them."""
+        """The n modulation vectors, each (B, H) -- (H,) for one sample: then the fused LayerNorm applies them."""
         return modulation_chunks(self.adaLN_modulation[1](ops.silu(c)), self.n_mods)
 
     def pre_attention(self, x, mods):

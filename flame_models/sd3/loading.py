@@ -210,7 +210,8 @@ def _source_shape(ckpt, dkeys, how):
 
 
 def _model_tensors(model):
-    return {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    """Parameters and the pos_embed buffer, in state_dict (= SAI key) order."""
+    return dict(model.state_dict(keep_vars=True))
 
 
 def load_sd3_state_(model, path, *, strict=True):
