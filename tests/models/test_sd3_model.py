@@ -2,6 +2,7 @@
 layouts), checkpoint names and sizes, gradients and gradient checkpointing."""
 import numpy as np
 import pytest
+from hypothesis import given, strategies as st
 
 import flame_core as flame
 import flame_nn
@@ -118,6 +119,43 @@ def test_patchify_is_the_convolution_and_unpatchify_is_ph_pw_c(device):
     img = npy(O.unpatchify(flame.tensor(tokens, device=device), 4, 6, 2, 3))
     t = tokens.reshape(2, 2, 3, 2, 2, 3)                                        # (b, h, w, ph, pw, c)
     assert img[1, 2, 2 * 1 + 1, 2 * 2 + 0] == t[1, 1, 2, 1, 0, 2]
+
+
+@given(b=st.integers(1, 2), c=st.integers(1, 3), h=st.integers(1, 3), w=st.integers(1, 3), p=st.sampled_from([1, 2]),
+       seed=st.integers(0, 2 ** 16))
+def test_ops_of_the_patch_path_are_the_reference_and_differentiate(b, c, h, w, p, seed):
+    """patchify = Conv2d(kernel p, stride p) as a GEMM, unpatchify = SAI's einsum, the crop = a window of the table;
+    their float64 gradients against central differences."""
+    from flame_core.autograd import gradcheck
+    rng = np.random.default_rng(seed)
+    x = flame.tensor(rng.standard_normal((b, c, h * p, w * p)), dtype=flame.float64, requires_grad=True)
+    wt = rng.standard_normal((3, c, p, p))
+    conv = flame_nn.functional.conv2d(x.detach(), flame.tensor(wt, dtype=flame.float64), stride=p)
+    np.testing.assert_allclose(npy(O.patchify(x, p)) @ wt.reshape(3, -1).T,
+                               npy(conv).reshape(b, 3, h * w).transpose(0, 2, 1), rtol=1e-10, atol=1e-12)
+    tokens = flame.tensor(rng.standard_normal((b, h * w, p * p * c)), dtype=flame.float64, requires_grad=True)
+    ref = np.einsum("nhwpqc->nchpwq", npy(tokens).reshape(b, h, w, p, p, c)).reshape(b, c, h * p, w * p)
+    np.testing.assert_array_equal(npy(O.unpatchify(tokens, h * p, w * p, p, c)), ref)
+    side = max(h, w) + 1
+    table = flame.tensor(rng.standard_normal((1, side * side, 4)), dtype=flame.float64, requires_grad=True)
+    assert gradcheck(lambda a: O.patchify(a, p), (x,))
+    assert gradcheck(lambda a: O.unpatchify(a, h * p, w * p, p, c), (tokens,))
+    assert gradcheck(lambda a: O.crop_pos_embed(a, side, h, w), (table,))
+
+
+@given(lq=st.integers(1, 5), heads=st.integers(1, 3), d=st.sampled_from([2, 4]), seed=st.integers(0, 2 ** 16))
+def test_attention_of_the_head_layout_differentiates(lq, heads, d, seed):
+    """attention(q, k, v) on (B, L, heads, D): softmax(q k^T / sqrt(D)) v per head, float64 gradients."""
+    from flame_core.autograd import gradcheck
+    rng = np.random.default_rng(seed)
+    q, k, v = (flame.tensor(rng.standard_normal((2, lq, heads, d)), dtype=flame.float64, requires_grad=True)
+               for _ in range(3))
+    qn, kn, vn = (npy(t).transpose(0, 2, 1, 3) for t in (q, k, v))
+    s = qn @ kn.swapaxes(-1, -2) / np.sqrt(d)
+    a = np.exp(s - s.max(-1, keepdims=True))
+    ref = ((a / a.sum(-1, keepdims=True)) @ vn).transpose(0, 2, 1, 3).reshape(2, lq, heads * d)
+    np.testing.assert_allclose(npy(O.attention(q, k, v)), ref, rtol=1e-10, atol=1e-12)
+    assert gradcheck(O.attention, (q, k, v))
 
 
 # ----------------------------------------------------------------------------- gradients

@@ -94,3 +94,14 @@ def test_release_defaults():
     slg = medium["skip_layer_guidance"]
     assert slg.layers == (7, 8, 9) and slg.scale == 2.5
     assert [i for i in range(50) if slg.active(i, 50)] == list(range(1, 15))  # 0.5 < i < 15
+
+
+@pytest.mark.gpu
+def test_cuda_graph_sampling_equals_eager():
+    """On cuda each kind of step is captured once and replayed (a host sync in the forward would fail the capture)."""
+    m = meta("dual")["sample_cfg"]
+    _, model, args = run("dual", "cuda", steps=m["steps"], cfg=m["cfg"])
+    slg = SkipLayerGuidance(layers=(1,), scale=2.0, start=0.0, stop=1.0)
+    graphed = npy(sample(model, skip_layer_guidance=slg, cuda_graph=True, **args))
+    eager = npy(sample(model, skip_layer_guidance=slg, cuda_graph=False, **args))
+    np.testing.assert_allclose(graphed, eager, rtol=1e-6, atol=1e-6)
