@@ -145,6 +145,12 @@ def infer_params(ckpt):
                       qkv_bias=qkv_bias, guidance_embed=guidance)
 
 
+def read_flux_params(path):
+    """FluxParams of a checkpoint (file, folder or index JSON) from its headers alone: no tensor is read."""
+    with _Checkpoint(path) as ckpt:
+        return infer_params(ckpt)
+
+
 def _count(index, prefix, suffix):
     return sum(1 for k in index if k.startswith(prefix) and k.endswith(suffix)
                and k[len(prefix):-len(suffix)].isdigit())

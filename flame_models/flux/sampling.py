@@ -89,13 +89,14 @@ def get_noise(batch_size, height, width, *, seed, device=None, dtype=flame.float
     return z.to(dtype)
 
 
-def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda_graph=None):
+def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda_graph=None, callback=None):
     """Euler steps x <- x + (t_next - t) * v(x, t) along `timesteps`. The state stays in float32; the model sees
     its own dtype. Returns the final packed latents (float32).
 
     cuda_graph (default: on for cuda tensors): the first step runs eagerly, the second is captured as a CUDA graph
     (flame_core.cuda.graphed) and the rest replay it -- the same kernels on the same buffers, without the host cost
-    of issuing ~2000 ops per step. The numbers are the same either way."""
+    of issuing ~2000 ops per step. The numbers are the same either way.
+    callback(i, n): called after each step i = 1..n (a progress bar; it must not touch the state)."""
     dtype = _model_dtype(model)
     B = img.shape[0]
     x = img.to(flame.float32)
@@ -107,22 +108,25 @@ def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda
     use_graph = img.device.type == "cuda" if cuda_graph is None else bool(cuda_graph)
     run = flame.cuda.graphed(step, warmup=1, enabled=use_graph and len(timesteps) > 2)
     with flame.no_grad():
-        for t_cur, t_next in zip(timesteps[:-1], timesteps[1:]):
+        n = len(timesteps) - 1
+        for i, (t_cur, t_next) in enumerate(zip(timesteps[:-1], timesteps[1:]), 1):
             t_vec = flame.full((B,), float(t_cur), dtype=dtype, device=img.device)
             dt = flame.full((1,), t_next - t_cur, dtype=flame.float32, device=img.device)
             x = run(x, t_vec, dt)
+            if callback is not None:
+                callback(i, n)
     x = x.clone() if run.graph is not None else x  # the graph's output buffer dies with the graph
     run.reset()
     return x
 
 
 def sample(model, txt, y, height=1024, width=1024, steps=None, guidance=None, seed=0, *, txt_ids=None,
-           shift=None, cuda_graph=None):
+           shift=None, cuda_graph=None, callback=None):
     """Text-to-image latents with a Flux model: T5 hidden states `txt` (B, L, context_in_dim) and CLIP pooled `y`
     (B, vec_in_dim) -> VAE-space latents (B, 16, H/8, W/8), float32, before the `/SCALE + SHIFT` of decoding.
 
     Defaults follow BFL: flux-dev 50 steps, guidance 2.5, shifted schedule; schnell 4 steps, no guidance, no shift.
-    cuda_graph: see `denoise` (on by default on cuda).
+    cuda_graph, callback: see `denoise` (graphs are on by default on cuda).
     """
     dev_model = model.params.guidance_embed
     steps = (50 if dev_model else 4) if steps is None else steps
@@ -139,7 +143,7 @@ def sample(model, txt, y, height=1024, width=1024, steps=None, guidance=None, se
     img_pos = image_ids(height, width, B, device=device)
     txt_pos = text_ids(L, B, device=device) if txt_ids is None else txt_ids
     timesteps = get_schedule(steps, img.shape[1], shift=shift)
-    x = denoise(model, img, img_pos, txt.to(dtype), txt_pos, y.to(dtype), timesteps, guidance, cuda_graph)
+    x = denoise(model, img, img_pos, txt.to(dtype), txt_pos, y.to(dtype), timesteps, guidance, cuda_graph, callback)
     return unpack(x, height, width)
 
 

@@ -1,8 +1,11 @@
-"""Flux LoRA training: flow-matching objective, timestep sampling, config, data, trainer, EMA, logging, progress."""
+"""Diffusion LoRA training: one model-agnostic trainer, model families that plug into it (family.py; Flux first),
+the flow-matching objective, timestep sampling, config, data, checkpoints, EMA, logging and progress."""
 from .timesteps import sample_sigmas, TIMESTEP_TYPES, flux_mu, flux_time_shift, shift_sigmas
-from .objective import noisy_latents, velocity_target, flow_matching_loss
-from .config import TrainConfig, ConfigError, load_config, config_from_dict, validate
-from .data import FolderDataset, SyntheticDataset, Loader, DatasetError, write_sample
+from .objective import noisy_latents, velocity_target, flow_matching_loss, FlowMatching
+from .config import TrainConfig, ConfigError, load_config, config_from_dict
+from .validation import validate
+from .family import ModelFamily, ModelFileError, get_family, register_family, available_families
+from .data import FolderDataset, SyntheticDataset, ConcatDataset, Loader, DatasetError, write_sample
 from .ema import EMA
 from .logging import LossLog, plot_losses
 from .progress import Progress

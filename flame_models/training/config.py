@@ -1,12 +1,16 @@
 """Training configuration: ai-toolkit-style YAML (the files users already have) -> validated dataclasses.
 
-`load_config(path)` reads `job / config.name / config.process[0]` (or the process mapping at the top level) and
-returns a `TrainConfig`. Every problem is reported at once, before anything is loaded or trained, with the path of
-the field (`config.process[0].train.lr: ...`). Unknown keys are errors with a suggestion; ai-toolkit keys that mean
-nothing here (yet) are accepted with a warning that says so (`TrainConfig.warnings`).
-YAML 1.1 reads `1e-4` as a string: numeric strings are accepted wherever a number is expected.
+`load_config(path)` reads `job / config.name / config.process[0] / meta` (or a bare process mapping) and returns a
+`TrainConfig`. Every problem is reported at once, before any model, data or GPU work, with the path of its field
+(`config.process[0].train.lr: ...`): wrong types, null or non-finite numbers, unknown keys (with a suggestion),
+values out of range, settings that contradict each other, a model file that is not the model (read from its header),
+dataset files whose tensors do not fit the model (headers only). No key is accepted and ignored: an ai-toolkit key for
+a feature FLAME does not have yet is accepted only with a value that asks for nothing (false, 0, empty), and is an
+error naming what is missing otherwise. YAML 1.1 reads `1e-4` as a string: numeric strings are accepted wherever a
+number is expected.
 """
 import difflib
+import math
 import os
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -19,7 +23,9 @@ SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "fp32": "float32",
           "float32": "float32", "float": "float32"}
 FILE_FORMATS = ("kohya", "peft")
-MODEL_SIZES = ("flux-dev", "flux-schnell", "flux-tiny")
+PROCESS_TYPES = ("sd_trainer", "diffusion_trainer")
+JOB_TYPES = ("extension", "train")
+OPTIMIZER_PARAMS = ("weight_decay", "betas", "eps")
 
 
 class ConfigError(FlameError, ValueError):
@@ -34,9 +40,9 @@ class NetworkConfig:
     linear_alpha: float = 16.0           # alpha (alias: alpha); scale = alpha / rank (rsLoRA: alpha / sqrt(rank))
     dropout: float = 0.0                 # dropout on the adapter input (LoRA / DoRA)
     rslora: bool = False
-    lokr_factor: int = -1                # -1: the most balanced factorisation
+    lokr_factor: int = -1                # LoKr: -1 the most balanced factorisation
     lokr_full_rank: bool = False         # LoKr: full w2 instead of w2_a @ w2_b
-    target: typing.Any = "attention"     # preset ('attention', 'attention_all', 'all_linear') or list of patterns
+    target: typing.Any = None            # preset name or list of patterns; None: the family's default preset
     network_kwargs: dict = field(default_factory=dict)  # ai-toolkit: only_if_contains / ignore_if_contains
 
 
@@ -44,21 +50,21 @@ class NetworkConfig:
 class SaveConfig:
     dtype: str = "bf16"                  # dtype of the written LoRA file (checkpoints keep float32)
     save_every: int = 250
-    max_step_saves_to_keep: int = 4
+    max_step_saves_to_keep: int = 4      # checkpoints (and their step LoRA files) kept; older ones are removed
     format: str = "kohya"                # kohya (ComfyUI, kohya, diffusers read it) | peft (diffusers)
 
 
 @dataclass
 class DatasetConfig:
-    folder_path: str = None              # one .safetensors per sample: latents, prompt_embeds, pooled_prompt_embeds
+    folder_path: typing.Optional[str] = None  # one .safetensors per sample (the family's sample_keys)
     num_repeats: int = 1
-    shuffle: bool = True
+    shuffle: bool = True                 # false: this folder's samples keep their file order
 
 
 @dataclass
 class SyntheticConfig:
     num_samples: int = 16
-    height: int = 128                    # pixels; latents are (16, height/8, width/8)
+    height: int = 128                    # pixels
     width: int = 128
     text_length: int = 16
     seed: int = 0
@@ -79,19 +85,21 @@ class TrainSection:
     cuda_graph: bool = True              # forward + backward replayed as a CUDA graph on cuda (flame_core.cuda)
     noise_scheduler: str = "flowmatch"
     timestep_type: str = "sigmoid"       # sigmoid | logit_normal | uniform | shift | flux_shift
-    shift: float = 3.0                   # for timestep_type 'shift'
-    sigmoid_scale: float = 1.0
+    shift: float = 3.0                   # timestep_type 'shift'
+    sigmoid_scale: float = 1.0           # timestep_type sigmoid, shift, flux_shift
+    logit_mean: float = 0.0              # timestep_type logit_normal (kohya / diffusers names)
+    logit_std: float = 1.0
     optimizer: str = "adamw8bit"
     lr: float = 1e-4
     optimizer_params: dict = field(default_factory=dict)  # weight_decay, betas, eps
-    lr_scheduler: str = "constant"
+    lr_scheduler: str = "constant"       # constant and constant_with_warmup both honour lr_warmup_steps
     lr_warmup_steps: int = 0
     max_grad_norm: float = 1.0           # 0 disables clipping
     ema_config: EMAConfig = field(default_factory=EMAConfig)
     dtype: str = "bf16"                  # autocast dtype of the forward pass
     train_unet: bool = True
     train_text_encoder: bool = False
-    guidance: float = 1.0                # flux-dev guidance embedding value while training
+    guidance: float = 1.0                # guidance embedding value while training (flux-dev)
     seed: int = 42
     skip_first_sample: bool = False
     disable_sampling: bool = False
@@ -99,73 +107,82 @@ class TrainSection:
 
 @dataclass
 class ModelConfig:
-    name_or_path: str = None             # BFL / diffusers / ComfyUI Flux .safetensors; None: random init of `size`
-    arch: str = "flux"
-    size: str = "flux-tiny"              # preset used when name_or_path is None
+    name_or_path: typing.Optional[str] = None  # the model file or folder; None: random init of `size`
+    arch: str = "flux"                   # the model family (family.py)
+    size: typing.Optional[str] = None    # random-init preset when name_or_path is None (default: the family's)
     dtype: str = "bf16"                  # dtype of the frozen base weights
     quantize: bool = False               # store the blocks' frozen Linear weights as fp8 (e4m3, per-channel scales)
+    is_flux: typing.Optional[bool] = None  # ai-toolkit's flag; must agree with arch
 
 
 @dataclass
 class SampleConfig:
     sample_every: int = 250              # 0: never
-    width: int = 1024
-    height: int = 1024
+    sample_start_step: int = 0           # no samples before this step (ai-toolkit)
+    width: typing.Optional[int] = None   # None: the dataset's resolution
+    height: typing.Optional[int] = None
     sample_steps: int = 20
     seed: int = 42
-    walk_seed: bool = False
+    walk_seed: bool = False              # prompt i uses seed + i
     guidance_scale: float = 4.0
-    num_samples: int = 2                 # samples use the text embeddings of the first dataset items
-    prompt_embeds: list = field(default_factory=list)  # or .safetensors files with prompt_embeds + pooled
+    sampler: typing.Optional[str] = None  # the family's sampler (Flux: flowmatch); other values are errors
+    num_samples: int = 2                 # samples use the conditioning of the first dataset items
+    prompt_embeds: list = field(default_factory=list)  # or .safetensors files with the conditioning arrays
 
 
 @dataclass
 class TrainConfig:
     name: str = "flux_lora"
     training_folder: str = "runs"
-    device: str = None                   # None: cuda when available, else cpu
+    type: str = "sd_trainer"             # ai-toolkit's process type: sd_trainer / diffusion_trainer
+    device: typing.Optional[str] = None  # None: cuda when available, else cpu
     max_gpu_memory: typing.Any = None    # e.g. '12GiB' (or a number of GiB): stream the transformer blocks from
                                          # pinned host memory, keeping as many resident as this budget allows
-    trigger_word: str = None
     network: NetworkConfig = field(default_factory=NetworkConfig)
     save: SaveConfig = field(default_factory=SaveConfig)
     datasets: typing.List[DatasetConfig] = field(default_factory=list)
-    synthetic: SyntheticConfig = None    # used when `datasets` is empty
+    synthetic: typing.Optional[SyntheticConfig] = None  # used when `datasets` is empty
     train: TrainSection = field(default_factory=TrainSection)
     model: ModelConfig = field(default_factory=ModelConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
-    log_every: int = 1
-    warnings: list = field(default_factory=list)
+    log_every: int = 1                   # a loss-log row (the mean of the last log_every steps) every log_every steps
+    meta: dict = field(default_factory=dict)  # ai-toolkit `meta`: written into the LoRA file's metadata
+    warnings: list = field(default_factory=list)   # notes for the user (not part of the config)
+    given: frozenset = frozenset()                 # dotted paths of the fields the input set (not part of it)
 
     @property
     def output_dir(self):
         return os.path.join(self.training_folder, self.name)
 
 
+_INTERNAL = ("warnings", "given")
 _ALIASES = {NetworkConfig: {"rank": "linear", "alpha": "linear_alpha"}, SaveConfig: {"save_dtype": "dtype"}}
-_NO_EFFECT = {  # ai-toolkit keys that are accepted, with the reason they change nothing here
-    "type": "the process type is always LoRA-family training; datasets are precomputed latents",
-    "performance_log_every": "timings are in the progress bar",
-    "push_to_hub": "uploading is not supported",
-    "is_flux": "the architecture comes from model.arch",
-    "low_vram": "memory techniques are chosen separately",
-    "linear_timesteps": "use train.timestep_type",
-    "sampler": "samples always use the Flux Euler sampler",
-    "neg": "Flux-dev samples use no negative prompt",
-    "meta": "metadata of the config only",
-    "trigger_word": "captions are precomputed text embeddings; the trigger word must be in them already",
-    "prompts": "text encoders are not available yet; samples use sample.prompt_embeds or the dataset's embeddings",
-    "caption_ext": "captions are precomputed text embeddings",
-    "caption_dropout_rate": "caption dropout needs the empty prompt's embedding, which needs the text encoder",
-    "shuffle_tokens": "captions are precomputed text embeddings",
-    "cache_latents_to_disk": "latents are precomputed already",
-    "cache_latents": "latents are precomputed already",
-    "resolution": "the resolution is that of the precomputed latents",
-    "quantize_te": "text encoders are not loaded",
+
+# ai-toolkit keys of features FLAME does not have yet: accepted only with a value that asks for nothing
+_WAITS_FOR = {
+    TrainConfig: {
+        "trigger_word": "captions are precomputed text embeddings here: put the word into the captions before "
+                        "encoding them (image folders with captions come with FLAME's text encoders)",
+        "performance_log_every": "timing reports are not available; the progress bar shows s/it and the ETA"},
+    DatasetConfig: dict.fromkeys(
+        ("caption_ext", "caption_dropout_rate", "shuffle_tokens", "keep_tokens", "default_caption",
+         "cache_latents_to_disk", "cache_latents", "resolution"),
+        "image-folder datasets (captions, buckets, latent caching) are not available yet; folder_path must hold "
+        "precomputed samples (one .safetensors each), whose resolution is their latents'"),
+    SampleConfig: {
+        "prompts": "text prompts need FLAME's text encoders, which are not available yet: give sample.prompt_embeds "
+                   "files, or leave both out to sample with the dataset's embeddings",
+        "neg": "this family's samples take no negative prompt"},
+    ModelConfig: {"low_vram": "use max_gpu_memory to train under a memory budget",
+                  "quantize_te": "text encoders are not loaded by the trainer yet"},
+    TrainSection: {"linear_timesteps": "use train.timestep_type (sigmoid, logit_normal, uniform, shift, flux_shift)"},
+    SaveConfig: {"push_to_hub": "uploading is not supported", "hf_repo_id": "uploading is not supported",
+                 "hf_private": "uploading is not supported"},
 }
 
 
-_KEPT_NO_EFFECT = ("trigger_word",)
+def _asks_for_nothing(value):
+    return value is None or value is False or value == 0 or value in ("", [], {})
 
 
 # ----------------------------------------------------------------------------- building dataclasses from mappings
@@ -176,62 +193,73 @@ def _is_number(v):
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _coerce(value, tp, path, errors, warnings):
-    origin = typing.get_origin(tp)
+def _optional(tp):
+    """(inner type, True) for Optional[X], else (tp, False)."""
+    if typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return tp, False
+
+
+def _number(value, tp, path, errors):
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            errors.append(f"{path}: expected a number, got {value!r}")
+            return _BAD
+    if not _is_number(value):
+        errors.append(f"{path}: expected a number, got {type(value).__name__} {value!r}")
+        return _BAD
+    if not math.isfinite(value):
+        errors.append(f"{path}: must be a finite number, got {value!r}")
+        return _BAD
+    if tp is int:
+        if float(value) != int(value):
+            errors.append(f"{path}: expected an integer, got {value!r}")
+            return _BAD
+        return int(value)
+    return float(value)
+
+
+def _coerce(value, tp, path, errors, given):
+    tp, optional = _optional(tp)
+    if value is None:
+        if optional or tp is typing.Any:
+            return None
+        if is_dataclass(tp) or tp in (dict, list) or typing.get_origin(tp) in (list, typing.List):
+            return _coerce({} if is_dataclass(tp) or tp is dict else [], tp, path, errors, given)
+        what = {bool: "true or false", int: "a number", float: "a number", str: "a string"}.get(tp, "a value")
+        errors.append(f"{path}: expected {what}, got null (remove the key to use the default)")
+        return _BAD
     if tp is typing.Any:
         return value
     if is_dataclass(tp):
-        if value is None:
-            return tp()
         if not isinstance(value, dict):
             errors.append(f"{path}: expected a mapping, got {type(value).__name__} {value!r}")
             return _BAD
-        return _build(tp, value, path, errors, warnings)
-    if origin in (list, typing.List):
+        return _build(tp, value, path, errors, given)
+    if typing.get_origin(tp) in (list, typing.List):
         (item_tp,) = typing.get_args(tp) or (typing.Any,)
-        if value is None:
-            return []
-        if not isinstance(value, list):
-            value = [value] if item_tp is str else value
-            if not isinstance(value, list):
-                errors.append(f"{path}: expected a list, got {type(value).__name__} {value!r}")
-                return _BAD
-        items = [_coerce(v, item_tp, f"{path}[{i}]", errors, warnings) for i, v in enumerate(value)]
-        return [v for v in items if v is not _BAD]
-    if tp is list:
         if not isinstance(value, list):
             errors.append(f"{path}: expected a list, got {type(value).__name__} {value!r}")
             return _BAD
-        return value
-    if tp is dict:
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            errors.append(f"{path}: expected a mapping, got {type(value).__name__} {value!r}")
+        items = [_coerce(v, item_tp, f"{path}[{i}]", errors, given) for i, v in enumerate(value)]
+        return [v for v in items if v is not _BAD]
+    if tp in (list, dict):
+        if not isinstance(value, tp):
+            errors.append(f"{path}: expected a {'list' if tp is list else 'mapping'}, got {type(value).__name__} "
+                          f"{value!r}")
             return _BAD
         return value
-    if value is None:
-        return None
     if tp is bool:
         if isinstance(value, bool):
             return value
         errors.append(f"{path}: expected true or false, got {value!r}")
         return _BAD
     if tp in (int, float):
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                errors.append(f"{path}: expected a number, got {value!r}")
-                return _BAD
-        if not _is_number(value):
-            errors.append(f"{path}: expected a number, got {type(value).__name__} {value!r}")
-            return _BAD
-        if tp is int:
-            if float(value) != int(value):
-                errors.append(f"{path}: expected an integer, got {value!r}")
-            return int(value)
-        return float(value)
+        return _number(value, tp, path, errors)
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
@@ -240,10 +268,16 @@ def _coerce(value, tp, path, errors, warnings):
     return value
 
 
-def _build(cls, data, path, errors, warnings):
+def _rel(path):
+    """The field path without the `config.process[0].` prefix (what TrainConfig.given holds)."""
+    return path.split("].", 1)[1] if path.startswith("config.process[") else path
+
+
+def _build(cls, data, path, errors, given):
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in fields(cls) if f.name != "warnings"]
+    names = [f.name for f in fields(cls) if f.name not in _INTERNAL]
     aliases = _ALIASES.get(cls, {})
+    waits = _WAITS_FOR.get(cls, {})
     kwargs = {}
     for key, value in data.items():
         key = str(key)
@@ -252,14 +286,13 @@ def _build(cls, data, path, errors, warnings):
         if name in names:
             if name in kwargs:
                 errors.append(f"{where}: given twice (also as an alias)")
-            v = _coerce(value, hints[name], where, errors, warnings)
+            v = _coerce(value, hints[name], where, errors, given)
             if v is not _BAD:  # a bad value keeps the default, so it causes no follow-up errors
                 kwargs[name] = v
-            if name in _KEPT_NO_EFFECT and value:  # a field we keep but cannot honour yet
-                warnings.append(f"{where}: ignored ({_NO_EFFECT[name]})")
-        elif key in _NO_EFFECT:
-            if value not in (None, False, [], "", {}):
-                warnings.append(f"{where}: ignored ({_NO_EFFECT[key]})")
+                given.add(_rel(f"{path}.{name}" if path else name))
+        elif key in waits:
+            if not _asks_for_nothing(value):
+                errors.append(f"{where}: not available: {waits[key]}")
         else:
             near = difflib.get_close_matches(key, names + list(aliases), n=1)
             errors.append(f"{where}: unknown field" + (f"; did you mean '{near[0]}'?" if near else
@@ -267,145 +300,61 @@ def _build(cls, data, path, errors, warnings):
     return cls(**kwargs)
 
 
-# ----------------------------------------------------------------------------- validation
-def _choice(errors, path, value, choices):
-    if value not in choices:
-        near = difflib.get_close_matches(str(value), list(choices), n=1)
-        errors.append(f"{path}: {value!r} is not one of {', '.join(map(str, choices))}"
-                      + (f"; did you mean '{near[0]}'?" if near else ""))
-
-
-def _positive(errors, path, value, minimum=1):
-    if value is not None and value < minimum:
-        errors.append(f"{path}: must be >= {minimum}, got {value}")
-
-
-def validate(cfg, prefix="", check_files=True):
-    """Every problem of a TrainConfig, as a list of messages (empty: valid)."""
-    e, p = [], prefix
-    n, t, s, m, sm = cfg.network, cfg.train, cfg.save, cfg.model, cfg.sample
-    _choice(e, f"{p}network.type", n.type, NETWORK_TYPES)
-    _positive(e, f"{p}network.linear", n.linear)
-    if n.linear_alpha is not None and n.linear_alpha <= 0:
-        e.append(f"{p}network.linear_alpha: must be > 0, got {n.linear_alpha}")
-    if not 0 <= n.dropout < 1:
-        e.append(f"{p}network.dropout: must be in [0, 1), got {n.dropout}")
-    if n.lokr_factor != -1 and n.lokr_factor < 1:
-        e.append(f"{p}network.lokr_factor: -1 (balanced) or a positive factor, got {n.lokr_factor}")
-    if not (isinstance(n.target, str) or (isinstance(n.target, list) and n.target
-                                          and all(isinstance(x, str) for x in n.target))):
-        e.append(f"{p}network.target: a preset name or a non-empty list of name patterns, got {n.target!r}")
-    for k, v in n.network_kwargs.items():
-        if k not in ("only_if_contains", "ignore_if_contains"):
-            e.append(f"{p}network.network_kwargs.{k}: unknown; supported: only_if_contains, ignore_if_contains")
-        elif not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
-            e.append(f"{p}network.network_kwargs.{k}: expected a list of strings, got {v!r}")
-    if n.type in ("lokr", "loha") and s.format == "peft":
-        e.append(f"{p}save.format: 'peft' cannot hold {n.type} adapters (diffusers has no {n.type}); use 'kohya'")
-
-    _choice(e, f"{p}save.format", s.format, FILE_FORMATS)
-    _choice(e, f"{p}save.dtype", s.dtype, DTYPES)
-    _positive(e, f"{p}save.save_every", s.save_every)
-    _positive(e, f"{p}save.max_step_saves_to_keep", s.max_step_saves_to_keep)
-
-    _positive(e, f"{p}train.steps", t.steps)
-    _positive(e, f"{p}train.batch_size", t.batch_size)
-    _positive(e, f"{p}train.gradient_accumulation_steps", t.gradient_accumulation_steps)
-    if t.lr is None or t.lr <= 0:
-        e.append(f"{p}train.lr: must be > 0, got {t.lr}")
-    _choice(e, f"{p}train.optimizer", t.optimizer, OPTIMIZERS)
-    _choice(e, f"{p}train.lr_scheduler", t.lr_scheduler, SCHEDULERS)
-    _positive(e, f"{p}train.lr_warmup_steps", t.lr_warmup_steps, 0)
-    if t.lr_warmup_steps >= t.steps > 0:
-        e.append(f"{p}train.lr_warmup_steps: {t.lr_warmup_steps} warm-up steps leave nothing of {t.steps} steps")
-    if t.max_grad_norm < 0:
-        e.append(f"{p}train.max_grad_norm: must be >= 0 (0 = no clipping), got {t.max_grad_norm}")
-    from .timesteps import TIMESTEP_TYPES
-    _choice(e, f"{p}train.timestep_type", t.timestep_type, TIMESTEP_TYPES)
-    if t.shift <= 0:
-        e.append(f"{p}train.shift: must be > 0, got {t.shift}")
-    if t.noise_scheduler not in ("flowmatch", "flow_match"):
-        e.append(f"{p}train.noise_scheduler: Flux trains with 'flowmatch', got {t.noise_scheduler!r}")
-    _choice(e, f"{p}train.dtype", t.dtype, DTYPES)
-    if not t.train_unet:
-        e.append(f"{p}train.train_unet: false leaves nothing to train (text encoder training is not available)")
-    if t.train_text_encoder:
-        e.append(f"{p}train.train_text_encoder: text encoder training is not available yet; set it to false")
-    for k in t.optimizer_params:
-        if k not in ("weight_decay", "betas", "eps"):
-            e.append(f"{p}train.optimizer_params.{k}: unknown; supported: weight_decay, betas, eps")
-    if not 0 <= t.ema_config.ema_decay < 1:
-        e.append(f"{p}train.ema_config.ema_decay: must be in [0, 1), got {t.ema_config.ema_decay}")
-
-    if m.arch != "flux":
-        e.append(f"{p}model.arch: only 'flux' is available, got {m.arch!r}")
-    _choice(e, f"{p}model.dtype", m.dtype, DTYPES)
-    if m.name_or_path is None:
-        _choice(e, f"{p}model.size", m.size, MODEL_SIZES)
-    elif check_files and not os.path.exists(m.name_or_path):
-        e.append(f"{p}model.name_or_path: no such file or folder: {m.name_or_path}")
-
-    _positive(e, f"{p}sample.sample_every", sm.sample_every, 0)
-    _positive(e, f"{p}sample.sample_steps", sm.sample_steps)
-    _positive(e, f"{p}sample.num_samples", sm.num_samples)
-    for k in ("width", "height"):
-        v = getattr(sm, k)
-        if v is None or v <= 0 or v % 16:
-            e.append(f"{p}sample.{k}: must be a positive multiple of 16, got {v}")
-    for i, f in enumerate(sm.prompt_embeds):
-        if check_files and not os.path.isfile(f):
-            e.append(f"{p}sample.prompt_embeds[{i}]: no such file: {f}")
-
-    if not cfg.datasets and cfg.synthetic is None:
-        e.append(f"{p}datasets: no dataset (give datasets: [{{folder_path: ...}}] or synthetic: {{...}})")
-    for i, d in enumerate(cfg.datasets):
-        where = f"{p}datasets[{i}]"
-        _positive(e, f"{where}.num_repeats", d.num_repeats)
-        if not d.folder_path:
-            e.append(f"{where}.folder_path: required")
-        elif check_files:
-            if not os.path.isdir(d.folder_path):
-                e.append(f"{where}.folder_path: no such folder: {d.folder_path}")
-            elif not any(x.endswith(".safetensors") for x in os.listdir(d.folder_path)):
-                e.append(f"{where}.folder_path: {d.folder_path} holds no .safetensors files (one per sample, with "
-                         f"'latents', 'prompt_embeds' and 'pooled_prompt_embeds')")
-    if cfg.synthetic is not None:
-        sy = cfg.synthetic
-        _positive(e, f"{p}synthetic.num_samples", sy.num_samples)
-        _positive(e, f"{p}synthetic.text_length", sy.text_length)
-        for k in ("width", "height"):
-            v = getattr(sy, k)
-            if v <= 0 or v % 16:
-                e.append(f"{p}synthetic.{k}: must be a positive multiple of 16, got {v}")
-    _positive(e, f"{p}log_every", cfg.log_every)
-    if cfg.max_gpu_memory is not None:
-        try:
-            if max_gpu_memory_bytes(cfg.max_gpu_memory) <= 0:
-                raise ValueError
-        except (TypeError, ValueError):
-            e.append(f"{p}max_gpu_memory: a size such as '12GiB' or '24 GB', or a number of GiB, got "
-                     f"{cfg.max_gpu_memory!r}")
-    if cfg.device is not None:
-        dev = str(cfg.device)
-        if not (dev == "cpu" or dev == "cuda" or (dev.startswith("cuda:") and dev[5:].isdigit())):
-            e.append(f"{p}device: 'cpu', 'cuda' or 'cuda:N', got {dev!r}")
-        elif dev.startswith("cuda"):
-            from flame_core import backend
-            if not backend.cuda_available():
-                e.append(f"{p}device: {dev} requested but no GPU is visible to CuPy (use device: cpu)")
-    return e
+def _clean_optimizer_params(params, path, errors):
+    """weight_decay (>= 0), eps (> 0) and betas (two numbers in [0, 1)) with their types checked."""
+    out = {}
+    for k, v in params.items():
+        where = f"{path}.{k}"
+        if k not in OPTIMIZER_PARAMS:
+            near = difflib.get_close_matches(str(k), OPTIMIZER_PARAMS, n=1)
+            errors.append(f"{where}: unknown; supported: {', '.join(OPTIMIZER_PARAMS)}"
+                          + (f"; did you mean '{near[0]}'?" if near else ""))
+        elif k == "betas":
+            if not (isinstance(v, (list, tuple)) and len(v) == 2):
+                errors.append(f"{where}: expected two numbers such as [0.9, 0.999], got {v!r}")
+                continue
+            bs = [_number(b, float, f"{where}[{i}]", errors) for i, b in enumerate(v)]
+            if _BAD in bs:
+                continue
+            if not all(0 <= b < 1 for b in bs):
+                errors.append(f"{where}: each beta must be in [0, 1), got {v!r}")
+            out[k] = bs
+        else:
+            x = v if v is not None else _BAD
+            if x is _BAD:
+                errors.append(f"{where}: expected a number, got null")
+                continue
+            x = _number(v, float, where, errors)
+            if x is _BAD:
+                continue
+            if k == "eps" and x <= 0 or k == "weight_decay" and x < 0:
+                errors.append(f"{where}: must be {'> 0' if k == 'eps' else '>= 0'}, got {x}")
+            out[k] = x
+    return out
 
 
 # ----------------------------------------------------------------------------- entry points
+def _format(source, errors):
+    if len(errors) == 1:
+        return f"{source}: {errors[0]}"
+    return f"{source}: {len(errors)} problems in the training config:\n  " + "\n  ".join(errors)
+
+
 def config_from_dict(data, source="<dict>", check_files=True):
-    """A validated TrainConfig from an ai-toolkit-style mapping (or a bare process mapping)."""
+    """A validated TrainConfig from an ai-toolkit-style mapping (or a bare process mapping). check_files: also read
+    the model's and the datasets' headers (nothing else is read)."""
+    from .validation import validate
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping, got {type(data).__name__}")
-    errors, warnings = [], []
+    errors, given = [], set()
+    meta = None
     if "config" in data:
         for k in data:
             if k not in ("job", "config", "meta"):
                 errors.append(f"{k}: unknown top-level field (expected job, config, meta)")
+        if data.get("job") is not None and data.get("job") not in JOB_TYPES:
+            errors.append(f"job: {data.get('job')!r} is not a training job (expected {' or '.join(JOB_TYPES)})")
+        meta = data.get("meta")
         c = data["config"]
         if not isinstance(c, dict):
             raise ConfigError(f"{source}: config: expected a mapping")
@@ -420,19 +369,31 @@ def config_from_dict(data, source="<dict>", check_files=True):
         proc = dict(procs[0])
         if "name" in c:
             proc.setdefault("name", c["name"])
+        if meta is not None:
+            if "meta" in proc:
+                errors.append("meta: given both at the top level and in config.process[0]")
+            proc["meta"] = meta
         prefix = "config.process[0]"
     else:
         proc, prefix = data, ""
-    cfg = _build(TrainConfig, proc, prefix, errors, warnings)
-    errors += validate(cfg, prefix + "." if prefix else "", check_files)
+    cfg = _build(TrainConfig, proc, prefix, errors, given)
+    cfg.given = frozenset(given)
+    p = prefix + "." if prefix else ""
+    cfg.train.optimizer_params = _clean_optimizer_params(cfg.train.optimizer_params, f"{p}train.optimizer_params",
+                                                         errors)
+    errors += validate(cfg, p, check_files)  # a mistyped value kept its default: no follow-up errors
     if errors:
-        raise ConfigError(f"{source}: {len(errors)} problem(s) in the training config:\n  " + "\n  ".join(errors))
-    cfg.warnings = warnings
+        raise ConfigError(_format(source, errors))
     return cfg
 
 
 def load_config(path, check_files=True):
     """Read and validate a YAML training config."""
+    return config_from_dict(read_yaml(path), path, check_files)
+
+
+def read_yaml(path):
+    """The mapping of a YAML file, or a ConfigError naming the file."""
     import yaml
     if not os.path.isfile(path):
         raise ConfigError(f"config file not found: {path}")
@@ -443,7 +404,16 @@ def load_config(path, check_files=True):
             raise ConfigError(f"{path}: not valid YAML: {ex}") from None
     if data is None:
         raise ConfigError(f"{path}: the file is empty")
-    return config_from_dict(data, path, check_files)
+    return data
+
+
+def config_dict(cfg):
+    """The config as plain data (what config.json and checkpoints hold): no notes, no bookkeeping."""
+    from dataclasses import asdict
+    d = asdict(cfg)
+    for k in _INTERNAL:
+        d.pop(k, None)
+    return d
 
 
 def max_gpu_memory_bytes(value):

@@ -1,59 +1,69 @@
-"""Training data for Flux LoRA: precomputed samples (VAE latents + text embeddings) and a reproducible loader.
+"""Training data as precomputed samples (latents + conditioning arrays) and a reproducible loader.
 
-A sample is a dict of NumPy arrays:
-    latents               (16, H/8, W/8)   VAE latents, already scaled ((z − 0.1159)·0.3611, as Flux trains on)
-    prompt_embeds         (L, 4096)        T5-XXL hidden states of the caption
-    pooled_prompt_embeds  (768,)           CLIP-L pooled embedding
-`FolderDataset` reads one .safetensors file per sample (those three keys) and checks every file's header up front;
-`SyntheticDataset` makes samples from a seed: smooth latent patterns per class, each class with its own caption
-embedding, so a model can learn which caption goes with which picture (the loss has something to fall towards).
-`Loader` yields batches in a per-epoch shuffled order that depends only on (seed, epoch): its state (epoch, index)
-is all a checkpoint needs to continue with exactly the same batches.
+A sample is a dict of NumPy arrays whose keys are the model family's `sample_keys`: "latents" (C, h, w) -- VAE
+latents already normalised as the model trains on them -- then the conditioning (Flux: prompt_embeds (L, 4096),
+pooled_prompt_embeds (768,)). `FolderDataset` reads one .safetensors file per sample and checks every file's header
+up front (`scan_folder`, which config validation runs before any model is built); `SyntheticDataset` makes samples
+from a seed: smooth latent patterns per class, each class with its own conditioning, so a model can learn which
+conditioning goes with which picture. `Loader` yields batches in an order that depends only on (seed, epoch): its
+state (epoch, index) is all a checkpoint needs to continue with exactly the same batches.
 """
 import os
 
 import numpy as np
 
+from flame_core import io
 from flame_core.errors import FlameError
-
-KEYS = ("latents", "prompt_embeds", "pooled_prompt_embeds")
-LATENT_CHANNELS = 16
 
 
 class DatasetError(FlameError, ValueError):
     """A dataset folder or file that cannot be used (the message names the files and keys)."""
 
 
+def scan_folder(folder, keys, check=None):
+    """(files, shapes, problems) of a folder of per-sample .safetensors: every file's header is read (no tensor),
+    its `keys` must be present, and `check(shapes)` (None or a message) must accept their shapes."""
+    if not os.path.isdir(folder):
+        return [], [], [f"no such folder: {folder}"]
+    files = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".safetensors"))
+    if not files:
+        return [], [], [f"{folder} holds no .safetensors files (one per sample, with keys {', '.join(keys)})"]
+    problems, shapes = [], []
+    for path in files:
+        name = os.path.basename(path)
+        try:
+            with io.safe_open(path) as f:
+                have = set(f.keys())
+                missing = [k for k in keys if k not in have]
+                if missing:
+                    problems.append(f"{name}: missing {missing} (has {sorted(have)})")
+                    continue
+                s = {k: tuple(f.shape(k)) for k in keys}
+        except Exception as e:  # noqa: BLE001 - a corrupt or non-safetensors file is reported, not raised
+            problems.append(f"{name}: not a readable .safetensors file ({type(e).__name__}: {e})")
+            continue
+        err = check(s) if check is not None else None
+        if err:
+            problems.append(f"{name}: {err}")
+        shapes.append(s)
+    return files, shapes, problems
+
+
+def _listing(folder, problems):
+    return (f"{folder}: {len(problems)} unusable file(s): " + "; ".join(problems[:20])
+            + ("; ..." if len(problems) > 20 else ""))
+
+
 class FolderDataset:
-    def __init__(self, folder, context_dim=None, vec_dim=None, num_repeats=1):
-        from flame_core import io
-        if not os.path.isdir(folder):
-            raise DatasetError(f"dataset folder not found: {folder}")
-        files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
-        if not files:
-            raise DatasetError(f"{folder} holds no .safetensors files (one per sample, with keys {', '.join(KEYS)})")
-        self.files = [os.path.join(folder, f) for f in files] * int(num_repeats)
-        problems, self.shapes = [], []
-        for path in self.files[:len(files)]:
-            try:
-                with io.safe_open(path) as f:
-                    keys = set(f.keys())
-                    missing = [k for k in KEYS if k not in keys]
-                    if missing:
-                        problems.append(f"{os.path.basename(path)}: missing {missing} (has {sorted(keys)})")
-                        continue
-                    shapes = {k: tuple(f.shape(k)) for k in KEYS}
-            except Exception as e:  # a corrupt or non-safetensors file
-                problems.append(f"{os.path.basename(path)}: {e}")
-                continue
-            err = _check_shapes(shapes, context_dim, vec_dim)
-            if err:
-                problems.append(f"{os.path.basename(path)}: {err}")
-            self.shapes.append(shapes)
+    """One sample per .safetensors file of `folder` (each with `keys`), repeated `num_repeats` times."""
+
+    def __init__(self, folder, keys, check=None, num_repeats=1):
+        files, shapes, problems = scan_folder(folder, keys, check)
         if problems:
-            raise DatasetError(f"{folder}: {len(problems)} unusable file(s):\n  " + "\n  ".join(problems[:20])
-                               + ("\n  ..." if len(problems) > 20 else ""))
-        self.shapes = self.shapes * int(num_repeats)
+            raise DatasetError(_listing(folder, problems))
+        self.folder, self.keys = folder, tuple(keys)
+        self.files = files * int(num_repeats)
+        self.shapes = shapes * int(num_repeats)
 
     def __len__(self):
         return len(self.files)
@@ -62,51 +72,40 @@ class FolderDataset:
         return self.shapes[i]["latents"]
 
     def __getitem__(self, i):
-        from flame_core import io
         with io.safe_open(self.files[i]) as f:
-            return {k: f.get_array(k).astype(np.float32) for k in KEYS}
+            return {k: f.get_array(k).astype(np.float32) for k in self.keys}
 
 
-def _check_shapes(shapes, context_dim, vec_dim):
-    lat, txt, pooled = shapes["latents"], shapes["prompt_embeds"], shapes["pooled_prompt_embeds"]
-    if len(lat) != 3 or lat[0] != LATENT_CHANNELS or lat[1] % 2 or lat[2] % 2:
-        return f"latents {lat}: expected ({LATENT_CHANNELS}, h, w) with even h and w"
-    if len(txt) != 2 or (context_dim is not None and txt[1] != context_dim):
-        return f"prompt_embeds {txt}: expected (L, {context_dim or 'context_dim'})"
-    if len(pooled) != 1 or (vec_dim is not None and pooled[0] != vec_dim):
-        return f"pooled_prompt_embeds {pooled}: expected ({vec_dim or 'vec_dim'},)"
-    return None
-
-
-def write_sample(path, latents, prompt_embeds, pooled_prompt_embeds):
-    """Write one sample file in the folder format (float32 arrays; bf16 is accepted as well)."""
-    from flame_core import io
-    io.save_file({"latents": np.asarray(latents), "prompt_embeds": np.asarray(prompt_embeds),
-                  "pooled_prompt_embeds": np.asarray(pooled_prompt_embeds)}, path)
+def write_sample(path, **arrays):
+    """Write one sample file in the folder format, e.g. write_sample(p, latents=..., prompt_embeds=..., ...)."""
+    io.save_file({k: np.asarray(v) for k, v in arrays.items()}, path)
 
 
 class SyntheticDataset:
     """`num_samples` samples in `num_classes` classes. Class k: a smooth latent pattern (a coarse Gaussian field
-    upsampled) and a caption embedding; each sample adds a little noise to both."""
+    upsampled) and one array per conditioning key; each sample adds a little noise to all of them.
 
-    def __init__(self, num_samples=16, height=128, width=128, text_length=16, context_dim=4096, vec_dim=768,
-                 num_classes=4, seed=0, noise=0.1):
-        if height % 16 or width % 16:
-            raise DatasetError(f"synthetic image size must be a multiple of 16, got {height}x{width}")
+    conditioning: {key: shape} of the conditioning arrays of one sample (the family's synthetic_conditioning)."""
+
+    def __init__(self, num_samples=16, height=128, width=128, conditioning=None, latent_channels=16,
+                 vae_scale_factor=8, num_classes=4, seed=0, noise=0.1):
+        f = vae_scale_factor
+        if height % (2 * f) or width % (2 * f):
+            raise DatasetError(f"synthetic image size must be a multiple of {2 * f}, got {height}x{width}")
+        conditioning = dict(conditioning or {})
         rng = np.random.default_rng(seed)
-        h, w = height // 8, width // 8
-        coarse = rng.standard_normal((num_classes, LATENT_CHANNELS, max(h // 4, 1), max(w // 4, 1)))
+        h, w = height // f, width // f
+        coarse = rng.standard_normal((num_classes, latent_channels, max(h // 4, 1), max(w // 4, 1)))
         protos = np.stack([_upsample(c, h, w) for c in coarse])
         protos /= protos.std(axis=(1, 2, 3), keepdims=True)
-        cls_txt = rng.standard_normal((num_classes, text_length, context_dim))
-        cls_vec = rng.standard_normal((num_classes, vec_dim))
+        cls = {k: rng.standard_normal((num_classes,) + tuple(s)) for k, s in conditioning.items()}
         self.labels = np.arange(num_samples) % num_classes
         self.items = []
-        for i, k in enumerate(self.labels):
-            self.items.append({
-                "latents": (protos[k] + noise * rng.standard_normal(protos[k].shape)).astype(np.float32),
-                "prompt_embeds": (cls_txt[k] + noise * rng.standard_normal(cls_txt[k].shape)).astype(np.float32),
-                "pooled_prompt_embeds": (cls_vec[k] + noise * rng.standard_normal(vec_dim)).astype(np.float32)})
+        for k in self.labels:
+            item = {"latents": (protos[k] + noise * rng.standard_normal(protos[k].shape)).astype(np.float32)}
+            for key, s in conditioning.items():
+                item[key] = (cls[key][k] + noise * rng.standard_normal(tuple(s))).astype(np.float32)
+            self.items.append(item)
 
     def __len__(self):
         return len(self.items)
@@ -130,22 +129,62 @@ def _upsample(x, h, w):
     return top * (1 - fy) + bot * fy
 
 
+class ConcatDataset:
+    """Several datasets one after the other (`parts` keep their own identity for per-dataset shuffling)."""
+
+    def __init__(self, parts):
+        self.parts = list(parts)
+        self._index = [(i, j) for i, p in enumerate(self.parts) for j in range(len(p))]
+
+    def __len__(self):
+        return len(self._index)
+
+    def latent_shape(self, k):
+        i, j = self._index[k]
+        return self.parts[i].latent_shape(j)
+
+    def __getitem__(self, k):
+        i, j = self._index[k]
+        return self.parts[i][j]
+
+
 class Loader:
-    """Batches of `batch_size` samples in an order shuffled per epoch from (seed, epoch). Iterating never ends;
-    `state_dict()` = {epoch, index} restores the exact position. Samples in a batch must share their shapes."""
+    """Batches of `batch_size` samples; iterating never ends; `state_dict()` = {epoch, index} restores the exact
+    position. Samples in a batch must share their shapes.
+
+    shuffle: one flag, or one per part of a ConcatDataset. An epoch's order depends only on (seed, epoch): when any
+    part shuffles, the positions of the parts are interleaved at random and each part fills its positions in its
+    own order -- permuted when it shuffles, its file order when it does not. With one part and shuffling this is a
+    permutation of the whole epoch."""
 
     def __init__(self, dataset, batch_size=1, shuffle=True, seed=0):
         if len(dataset) < batch_size:
             raise DatasetError(f"the dataset has {len(dataset)} samples, fewer than batch_size {batch_size}")
-        self.dataset, self.batch_size, self.shuffle, self.seed = dataset, int(batch_size), bool(shuffle), int(seed)
+        parts = getattr(dataset, "parts", None)
+        self.sizes = [len(p) for p in parts] if parts else [len(dataset)]
+        flags = list(shuffle) if isinstance(shuffle, (list, tuple)) else [bool(shuffle)] * len(self.sizes)
+        if len(flags) != len(self.sizes):
+            raise DatasetError(f"{len(flags)} shuffle flags for {len(self.sizes)} datasets")
+        self.dataset, self.batch_size, self.shuffle, self.seed = dataset, int(batch_size), flags, int(seed)
         self.epoch, self.index = 0, 0
         self._order = None
 
     def _order_for(self, epoch):
-        n = len(self.dataset)
-        if not self.shuffle:
+        n = sum(self.sizes)
+        if not any(self.shuffle):
             return np.arange(n)
-        return np.random.default_rng([self.seed, epoch]).permutation(n)
+        rng = np.random.default_rng([self.seed, epoch])
+        if len(self.sizes) == 1:
+            return rng.permutation(n)
+        owner = np.concatenate([np.full(s, i) for i, s in enumerate(self.sizes)])
+        rng.shuffle(owner)
+        order = np.empty(n, dtype=np.int64)
+        start = 0
+        for i, (s, sh) in enumerate(zip(self.sizes, self.shuffle)):
+            own = start + (rng.permutation(s) if sh else np.arange(s))
+            order[owner == i] = own
+            start += s
+        return order
 
     def state_dict(self):
         return {"epoch": self.epoch, "index": self.index}
@@ -164,10 +203,12 @@ class Loader:
         idx = self._order[self.index:self.index + self.batch_size]
         self.index += self.batch_size
         items = [self.dataset[int(i)] for i in idx]
-        shapes = {tuple(it["latents"].shape) for it in items}
-        if len(shapes) > 1 or len({tuple(it["prompt_embeds"].shape) for it in items}) > 1:
-            raise DatasetError(f"a batch mixes sample shapes {sorted(shapes)} (samples {list(map(int, idx))}); "
-                               f"use batch_size 1 for datasets of several resolutions")
-        batch = {k: np.stack([it[k] for it in items]) for k in KEYS}
+        keys = list(items[0])
+        for k in keys:
+            shapes = sorted({tuple(it[k].shape) for it in items})
+            if len(shapes) > 1:
+                raise DatasetError(f"a batch mixes {k} shapes {shapes} (samples {list(map(int, idx))}); use "
+                                   f"batch_size 1 for datasets of several resolutions")
+        batch = {k: np.stack([it[k] for it in items]) for k in keys}
         batch["indices"] = np.asarray(idx)
         return batch

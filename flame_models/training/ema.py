@@ -1,10 +1,12 @@
 """Exponential moving average of the trained (adapter) parameters: shadow = d·shadow + (1 − d)·p after each step.
 
-`ema.swapped()` puts the averaged values into the parameters for sampling or saving, and back afterwards.
-The shadows are float32 (as the adapters), on the parameters' device.
+`ema.swapped()` puts the averaged values into the parameters for sampling or saving, and back afterwards (in place:
+a CUDA graph that captured the parameters' storage keeps seeing them). The shadows are float32 (as the adapters), on
+the parameters' device.
 """
 from contextlib import contextmanager
 
+import flame_core as flame
 from flame_core.autograd import no_grad
 
 
@@ -15,32 +17,28 @@ class EMA:
         self.params = list(params)
         self.decay = float(decay)
         with no_grad():
-            self.shadow = [p.detach().clone() for p in self.params]
+            self.shadow = [p.detach().to(flame.float32).clone() for p in self.params]
         self.num_updates = 0
 
     def update(self):
-        d = self.decay
         with no_grad():
             for s, p in zip(self.shadow, self.params):
-                s._data *= d
-                s._data += (1.0 - d) * p._data.astype(s._data.dtype, copy=False)
+                s.lerp_(p.detach().to(s.dtype), 1.0 - self.decay)
         self.num_updates += 1
 
     @contextmanager
     def swapped(self):
         """Parameters hold the EMA values inside the block (and their own values again after it)."""
         with no_grad():
-            saved = [p._data.copy() for p in self.params]
+            saved = [p.detach().clone() for p in self.params]
             for p, s in zip(self.params, self.shadow):
-                p._data[...] = s._data.astype(p._data.dtype, copy=False)
-                p._version[0] += 1
+                p.copy_(s)
         try:
             yield self
         finally:
             with no_grad():
                 for p, a in zip(self.params, saved):
-                    p._data[...] = a
-                    p._version[0] += 1
+                    p.copy_(a)
 
     def state_dict(self):
         return {"decay": self.decay, "num_updates": self.num_updates, "shadow": list(self.shadow)}

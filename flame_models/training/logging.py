@@ -1,14 +1,19 @@
 """The loss log (CSV written as training goes, JSON at checkpoints and the end) and the loss-curve PNG.
 
-Columns: step, loss (the optimizer step's mean over its micro-batches), lr, sigma (mean σ of the step), seconds
-(training time so far, pauses excluded). On resume the log is cut back to the checkpoint's step, so a curve never
-holds two versions of one step. The plot uses matplotlib when it is installed, else a small Pillow drawing.
+Columns: step, loss (the mean over the steps since the previous row -- `log_every` of them -- of each optimizer
+step's mean over its micro-batches), lr (at the row's step), timestep (the mean timestep drawn: σ for flow
+matching), seconds (training time so far, pauses excluded, earlier runs of a resumed one included). On resume the
+log is cut back to the checkpoint's step, so a curve never holds two versions of one step. The JSON and the plot are
+written atomically; the plot uses matplotlib when it is installed, else a small Pillow drawing.
 """
 import csv
+import io
 import json
 import os
 
-FIELDS = ("step", "loss", "lr", "sigma", "seconds")
+from .files import atomic_write_bytes, atomic_write_json, atomic_write_text
+
+FIELDS = ("step", "loss", "lr", "timestep", "seconds")
 
 
 class LossLog:
@@ -34,16 +39,12 @@ class LossLog:
         self.flush()
 
     def flush(self):
-        tmp = self.csv_path + ".tmp"
-        with open(tmp, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=FIELDS)
-            w.writeheader()
-            w.writerows(self.rows)
-        os.replace(tmp, self.csv_path)
-        tmp = self.json_path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"fields": list(FIELDS), "rows": self.rows}, f)
-        os.replace(tmp, self.json_path)
+        buf = io.StringIO(newline="")
+        w = csv.DictWriter(buf, fieldnames=FIELDS)
+        w.writeheader()
+        w.writerows(self.rows)
+        atomic_write_text(self.csv_path, buf.getvalue())
+        atomic_write_json(self.json_path, {"fields": list(FIELDS), "rows": self.rows})
 
     def load(self):
         """Rows from the JSON (or CSV) a previous run left (for resume)."""
@@ -66,7 +67,7 @@ def smooth(values, beta=0.9):
     return out
 
 
-def plot_losses(rows, path, title="training loss"):
+def plot_losses(rows, path, title="training loss", ylabel="loss"):
     """Loss per step (faint) and its smoothed curve (bold), as a PNG."""
     steps = [r["step"] for r in rows]
     losses = [r["loss"] for r in rows]
@@ -83,16 +84,15 @@ def plot_losses(rows, path, title="training loss"):
     ax.plot(steps, losses, color="tab:blue", alpha=0.3, lw=0.8, label="loss")
     ax.plot(steps, sm, color="tab:blue", lw=2, label="smoothed")
     ax.set_xlabel("step")
-    ax.set_ylabel("flow-matching loss")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    return atomic_write_bytes(path, buf.getvalue())
 
 
 def _plot_pillow(steps, losses, sm, path, title):
@@ -111,7 +111,5 @@ def _plot_pillow(steps, losses, sm, path, title):
     d.line([xy(s, v) for s, v in zip(steps, losses)], fill=(160, 190, 230), width=1)
     d.line([xy(s, v) for s, v in zip(steps, sm)], fill=(31, 119, 180), width=3)
     d.text((pad, 10), f"{title}  (steps {s0}-{steps[-1]}, loss {lo:.3g}-{hi:.3g})", fill="black")
-    tmp = path + ".tmp.png"
-    img.save(tmp)
-    os.replace(tmp, path)
-    return path
+    from .files import save_image
+    return save_image(img, path)

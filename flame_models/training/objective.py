@@ -1,10 +1,9 @@
-"""The rectified-flow (flow-matching) objective used to fine-tune Flux.
+"""The rectified-flow (flow-matching) objective (Flux, SD3).
 
     x_t = (1 − σ)·x0 + σ·ε        (σ = 0: data, σ = 1: noise)
     v   = ε − x0                  (the velocity the transformer predicts)
     L   = mean((v̂ − v)²)          (MSE over every element, computed in float32)
 """
-import flame_core as flame
 from flame_core.errors import ShapeError, fmt_shape
 
 
@@ -35,3 +34,31 @@ def flow_matching_loss(pred, target):
         raise ShapeError(f"prediction {fmt_shape(pred.shape)} and target {fmt_shape(target.shape)} differ in shape")
     d = pred.float() - target.float()
     return (d * d).mean()
+
+
+class FlowMatching:
+    """The rectified-flow objective as the trainer uses it (see family.py for the Objective interface):
+    σ drawn by `timestep_type` (timesteps.py), x_t = (1 − σ)x0 + σε, target v = ε − x0, MSE in float32."""
+    name = "flow_matching"
+
+    def __init__(self, timestep_type="sigmoid", *, shift=3.0, sigmoid_scale=1.0, logit_mean=0.0, logit_std=1.0):
+        from .timesteps import TIMESTEP_TYPES
+        if timestep_type not in TIMESTEP_TYPES:
+            raise ValueError(f"unknown timestep type {timestep_type!r}; choose one of {', '.join(TIMESTEP_TYPES)}")
+        self.timestep_type = timestep_type
+        self.kwargs = dict(shift=shift, sigmoid_scale=sigmoid_scale, logit_mean=logit_mean, logit_std=logit_std)
+
+    def sample_timesteps(self, batch_size, *, generator, num_tokens, device):
+        """(B,) σ in [0, 1], drawn on the CPU from `generator` (the same sequence on every device)."""
+        from .timesteps import sample_sigmas
+        return sample_sigmas(self.timestep_type, batch_size, generator=generator, num_tokens=num_tokens,
+                             device=device, **self.kwargs)
+
+    def noisy(self, x0, noise, t):
+        return noisy_latents(x0, noise, t)
+
+    def target(self, x0, noise, t):
+        return velocity_target(x0, noise)
+
+    def loss(self, pred, target):
+        return flow_matching_loss(pred, target)

@@ -1,34 +1,35 @@
-"""Latent previews: Flux VAE latents shown as RGB WITHOUT the VAE (it is not available yet).
+"""Latent previews: latents shown as RGB WITHOUT a VAE decode (decoded previews come with flame_models.vae).
 
-Each pixel of the 16-channel latent (1/8 of the image size) is mapped to RGB by one fixed linear projection (a
-seeded, orthonormal 16 -> 3 matrix: the same colours for the same latents in every run), then stretched to the
-1st-99th percentile range of the grid and upscaled ×8 with nearest-neighbour. It shows layout and structure, not the
-final image's colours.
+Each latent pixel (C channels, 1/8 of the image size) is mapped to RGB by one fixed linear projection (a seeded,
+orthonormal C -> 3 matrix: the same colours for the same latents in every run), then stretched to the 1st-99th
+percentile range of the grid and upscaled x8 with nearest-neighbour. It shows layout and structure, not the final
+image's colours.
 """
 import numpy as np
 
-_PROJ = None
+_PROJ = {}
 
 
-def projection():
-    global _PROJ
-    if _PROJ is None:
-        q, _ = np.linalg.qr(np.random.default_rng(16).standard_normal((16, 3)))
-        _PROJ = q.astype(np.float32)                       # (16, 3), orthonormal columns
-    return _PROJ
+def projection(channels=16):
+    if channels not in _PROJ:
+        q, _ = np.linalg.qr(np.random.default_rng(channels).standard_normal((channels, 3)))
+        _PROJ[channels] = q.astype(np.float32)            # (C, 3), orthonormal columns
+    return _PROJ[channels]
 
 
-def latents_to_rgb(latents, lo=None, hi=None):
-    """(C=16, h, w) latents -> (h, w, 3) float RGB (not yet scaled)."""
+def latents_to_rgb(latents):
+    """(C, h, w) latents -> (h, w, 3) float RGB (not yet scaled)."""
     z = np.asarray(latents, dtype=np.float32)
-    if z.ndim != 3 or z.shape[0] != 16:
-        raise ValueError(f"latent preview expects (16, h, w) latents, got shape {z.shape}")
-    return np.einsum("chw,cr->hwr", z, projection())
+    if z.ndim != 3 or z.shape[0] < 3:
+        raise ValueError(f"a latent preview expects (C >= 3, h, w) latents, got shape {z.shape}")
+    return np.einsum("chw,cr->hwr", z, projection(z.shape[0]))
 
 
 def save_grid(rows, path, labels=None, scale=8, gap=4):
-    """Write a PNG grid: `rows` is a list of rows, each a list of (16, h, w) latents (all the same size)."""
+    """Write a PNG grid (atomically): `rows` is a list of rows, each a list of (C, h, w) latents (one size)."""
     from PIL import Image, ImageDraw
+
+    from .files import save_image
     rgb = [[latents_to_rgb(z) for z in row] for row in rows]
     allv = np.concatenate([x.reshape(-1) for row in rgb for x in row])
     lo, hi = np.percentile(allv, 1), np.percentile(allv, 99)
@@ -47,5 +48,4 @@ def save_grid(rows, path, labels=None, scale=8, gap=4):
         d = ImageDraw.Draw(canvas)
         for j, text in enumerate(labels):
             d.text((gap + j * (W + gap), 1), str(text), fill=(0, 0, 0))
-    canvas.save(path)
-    return path
+    return save_image(canvas, path)

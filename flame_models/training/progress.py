@@ -2,7 +2,9 @@
 
 Sampling and checkpointing pause the clock (`with progress.paused(): ...`), so it/s and the ETA stay right after
 a pause (tqdm's own rate would fold the pause into its average). The rate is the mean over the last `window`
-steps of active time; the bar is drawn by tqdm when it is installed (else one line every `print_every` steps).
+steps of active time; right after a resume (no step timed yet) it is the earlier part's mean pace, from the
+`active_time` the checkpoint restored. The bar is drawn by tqdm when it is installed (else one line every
+`print_every` steps).
 """
 import sys
 import time
@@ -21,11 +23,12 @@ def _fmt_time(s):
 
 class Progress:
     def __init__(self, total, initial=0, desc="train", window=20, clock=time.perf_counter, enabled=True,
-                 file=None, print_every=50):
+                 file=None, print_every=50, active_time=0.0):
         self.total, self.n, self.window, self.clock = int(total), int(initial), int(window), clock
         self._times = deque(maxlen=self.window)    # active seconds of the last steps
         self._last = None                           # clock at the end of the last step (None: not started)
-        self.active_time = 0.0
+        self.active_time = float(active_time)     # training seconds so far, earlier runs of a resumed one included
+        self._initial = int(initial)
         self.postfix = {}
         self._bar = None
         self._file = file or sys.stderr
@@ -46,7 +49,7 @@ class Progress:
     def rate(self):
         """Steps per second of active time over the recent window (None before the first step)."""
         if not self._times:
-            return None
+            return self._initial / self.active_time if self._initial and self.active_time > 0 else None
         t = sum(self._times)
         return len(self._times) / t if t > 0 else None
 

@@ -245,6 +245,12 @@ class BlockStreamer:
     def streamed(self):
         return list(self._streamed)
 
+    @property
+    def generation(self):
+        """A counter bumped whenever the device buffers are replaced (set_resident): whatever holds their addresses
+        -- a captured CUDA graph -- is stale once it changes."""
+        return self._generation
+
     def block_bytes(self, i):
         """Bytes of block i's streamed tensors (its slot footprint / its resident buffer)."""
         return self._host[i].nbytes

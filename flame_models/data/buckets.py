@@ -1,0 +1,82 @@
+"""Aspect-ratio buckets: for a resolution r, bucket sizes (width, height) in multiples of `step` pixels with area
+at most r² and as close to it as the step allows, from square to `max_aspect`:1 both ways.
+
+An image goes to the bucket whose aspect ratio is closest to its own (in log ratio, so 2:1 and 1:2 are equally
+far from 1:1); it is resized to COVER the bucket (the smaller scale that fills both sides) and cropped - centred,
+or at a position drawn from a seed. Buckets never hold more pixels than r², so a memory budget sized for an r×r
+image holds for every bucket of r.
+"""
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+MAX_ASPECT = 4.0
+
+
+class Bucket(NamedTuple):
+    width: int
+    height: int
+
+    def __str__(self):
+        return f"{self.width}x{self.height}"
+
+    @property
+    def aspect(self):
+        return self.width / self.height
+
+
+def make_buckets(resolution, step=64, max_aspect=MAX_ASPECT):
+    """Sorted buckets for `resolution` (a multiple of `step`): for every width w >= resolution (a multiple of
+    `step`), the tallest height h (a multiple of `step`) with w·h <= resolution², while w/h <= max_aspect; plus
+    each one's transpose."""
+    if resolution % step or resolution < step:
+        raise ValueError(f"resolution {resolution} must be a positive multiple of the bucket step {step}")
+    area = resolution * resolution
+    found = set()
+    w = resolution
+    while True:
+        h = area // w // step * step
+        if h < step or w / h > max_aspect:
+            break
+        found.add(Bucket(w, h))
+        found.add(Bucket(h, w))
+        w += step
+    return sorted(found, key=lambda b: (b.aspect, b.width))
+
+
+def closest_bucket(width, height, buckets):
+    """The bucket whose aspect is nearest to width/height in log ratio (ties: the larger area, then the wider)."""
+    a = math.log(width / height)
+    return min(buckets, key=lambda b: (abs(math.log(b.aspect) - a), -b.width * b.height, -b.width))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How an image becomes a bucket-sized picture: resize to `resized` (width, height), then crop `bucket`
+    at (top, left) = `crop`."""
+    bucket: Bucket
+    resized: tuple
+    crop: tuple
+    scale: float
+
+    @property
+    def upscales(self):
+        return self.scale > 1.0 + 1e-9
+
+
+def cover_scale(width, height, bucket):
+    return max(bucket.width / width, bucket.height / height)
+
+
+def place(width, height, bucket, rng=None):
+    """The placement of a width×height image in `bucket`: cover-resize, then a centred crop, or a uniformly drawn
+    one when `rng` (a NumPy Generator) is given."""
+    s = cover_scale(width, height, bucket)
+    rw = max(bucket.width, int(round(width * s)))
+    rh = max(bucket.height, int(round(height * s)))
+    spare_h, spare_w = rh - bucket.height, rw - bucket.width
+    if rng is None:
+        top, left = spare_h // 2, spare_w // 2
+    else:
+        top, left = int(rng.integers(0, spare_h + 1)), int(rng.integers(0, spare_w + 1))
+    return Placement(bucket, (rw, rh), (top, left), s)

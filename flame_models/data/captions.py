@@ -1,0 +1,131 @@
+"""Caption rules, following ai-toolkit (toolkit/dataloader_mixins.py, toolkit/prompt_utils.py) and kohya.
+
+- The caption of `a.png` is `a.<caption_ext>` (UTF-8, surrounding whitespace stripped); without one, the folder's
+  `default_caption`; without that, the image is an error (DataError naming the files) - training on an empty
+  caption by accident is worse than stopping.
+- Trigger word (ai-toolkit's inject_trigger_into_prompt): `[trigger]` and `[name]` are replaced by it; a training
+  caption that still lacks it gets it prepended ("ohwx " + caption). Sample prompts get the replacement only.
+- Caption dropout: per sample and epoch, with probability `caption_dropout_rate`, the caption becomes the dropout
+  caption - the trigger word alone when there is one, else "" (ai-toolkit injects the trigger into a dropped caption
+  too). The draw is a pure function of (seed, epoch, sample), so a resumed run drops exactly the same captions.
+- Tag shuffling (kohya's shuffle_caption + keep_tokens): split on `caption_separator`, strip, drop empty tags, keep
+  the first `keep_tokens` in place, shuffle the rest, join with the separator plus a space. The order is a pure
+  function of (seed, epoch or epoch mod shuffle_variants, sample). A prepended trigger word is part of the first
+  tag ("ohwx a photo, red"), so `keep_tokens: 1` keeps it first.
+- With the text encoder freed before training, every caption a run can draw must be encoded up front
+  (ImageDataset.prompts(range(epochs))): one per image without tag shuffling, one per image and epoch with it
+  (kohya refuses shuffle_caption with cached text outputs; ai-toolkit freezes one order at caching time).
+  `shuffle_variants: K` bounds this to K orders per image, reused cyclically.
+"""
+import hashlib
+import os
+
+import numpy as np
+
+from .errors import DataError
+
+TRIGGER_TOKENS = ("[trigger]", "[name]")
+
+
+def read_caption(path):
+    """The stripped UTF-8 text of a caption file; DataError naming it when it is not UTF-8."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as ex:
+        raise DataError(f"{path}: cannot read the caption file ({ex.strerror or ex})") from None
+    try:
+        text = data.decode("utf-8-sig")  # a BOM that Windows editors write is not part of the caption
+    except UnicodeDecodeError as ex:
+        raise DataError(f"{path}: the caption file is not UTF-8 (byte {ex.start}: {data[ex.start:ex.start + 1]!r});"
+                        f" re-save it as UTF-8") from None
+    return text.strip()
+
+
+def caption_path(image_path, ext):
+    return os.path.splitext(image_path)[0] + ext
+
+
+def apply_trigger(caption, trigger_word, add_if_missing=True):
+    """`[trigger]`/`[name]` replaced by the trigger word (removed when there is none); with `add_if_missing`, the
+    trigger word is prepended to a caption that does not contain it."""
+    trigger = trigger_word or ""
+    for token in TRIGGER_TOKENS:
+        caption = caption.replace(token, trigger)
+    if trigger.strip() and add_if_missing and trigger not in caption:
+        caption = f"{trigger} {caption}"
+    return caption.strip()
+
+
+def split_tags(caption, separator=","):
+    return [t.strip() for t in caption.split(separator) if t.strip()]
+
+
+def join_tags(tags, separator=","):
+    return (separator if separator.endswith(" ") else separator + " ").join(tags)
+
+
+def shuffle_tags(caption, rng, keep_tokens=0, separator=","):
+    """The caption with its tags after the first `keep_tokens` permuted by `rng` (a NumPy Generator)."""
+    tags = split_tags(caption, separator)
+    fixed, rest = tags[:keep_tokens], tags[keep_tokens:]
+    order = rng.permutation(len(rest))
+    return join_tags(fixed + [rest[i] for i in order], separator)
+
+
+def stable_seed(*parts):
+    """A 64-bit integer from strings/ints, the same on every machine and Python (unlike hash())."""
+    digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+class CaptionRule:
+    """How one dataset's captions vary over epochs (dropout, tag shuffling) for a given training seed."""
+
+    def __init__(self, cfg, seed, trigger_word=None):
+        self.rate = float(cfg.caption_dropout_rate)
+        self.shuffle = bool(cfg.shuffle_tokens)
+        self.keep_tokens = int(cfg.keep_tokens)
+        self.separator = cfg.caption_separator
+        self.variants = cfg.shuffle_variants
+        self.seed = int(seed)
+        self.trigger = cfg.trigger_word if cfg.trigger_word is not None else trigger_word
+        self.dropout_caption = apply_trigger("", self.trigger)
+
+    def base(self, raw_caption):
+        """The caption before per-epoch changes: trigger substituted, or prepended when missing."""
+        return apply_trigger(raw_caption, self.trigger)
+
+    def dropped(self, key, epoch):
+        """Whether the sample named `key` (a stable string) loses its caption in `epoch`."""
+        if self.rate <= 0:
+            return False
+        if self.rate >= 1:
+            return True
+        return np.random.default_rng([stable_seed("dropout", key), self.seed, epoch]).random() < self.rate
+
+    def caption(self, base_caption, key, epoch, shuffle_key=None):
+        """The caption the sample named `key` trains with in `epoch`; its tag order is drawn from `shuffle_key`
+        (default `key`): samples sharing one (the same image at several resolutions) share their orders."""
+        if self.dropped(key, epoch):
+            return self.dropout_caption
+        return self.shuffled(base_caption, key if shuffle_key is None else shuffle_key, epoch)
+
+    def shuffled(self, base_caption, key, epoch):
+        if not self.shuffle:
+            return base_caption
+        variant = epoch if self.variants is None else epoch % self.variants
+        rng = np.random.default_rng([stable_seed("shuffle", key), self.seed, variant])
+        return shuffle_tags(base_caption, rng, self.keep_tokens, self.separator)
+
+    def variants_over(self, base_caption, shuffle_key, epochs):
+        """Every caption a sample can draw in `epochs` (epoch numbers), without repeats: its tag orders for those
+        epochs (or just its caption), plus the dropout caption when the rate is above 0."""
+        if self.shuffle and self.rate < 1:
+            seen = sorted({e if self.variants is None else e % self.variants for e in epochs})
+            out = list(dict.fromkeys(self.shuffled(base_caption, shuffle_key, v) for v in seen))
+        else:
+            out = [base_caption] if self.rate < 1 else []
+        if self.rate > 0 and self.dropout_caption not in out:
+            out.append(self.dropout_caption)
+        return out

@@ -1,0 +1,120 @@
+"""One entry of ai-toolkit's `datasets:` list, and its validation (every problem at once, each with its field path).
+
+Field names are ai-toolkit's (toolkit/config_modules.py DatasetConfig) where it has the concept, else kohya's
+(`caption_separator`), else FLAME's own (`allow_upscale`, `shuffle_variants`), named in the comments.
+"""
+import os
+import typing
+from dataclasses import dataclass
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp")
+CACHE_FOLDER = ".flame_cache"        # inside a dataset folder; hidden, so the image scan never enters it
+BUCKET_MULTIPLE = 32                 # bucket sides must be multiples of this: SDXL's UNet needs latents divisible by 4
+
+
+@dataclass
+class DatasetConfig:
+    folder_path: str = None              # images (png, jpg/jpeg, webp), searched recursively; hidden entries skipped
+    caption_ext: str = "txt"             # caption of `a.png` is `a.txt` (a leading dot is accepted: ".txt")
+    default_caption: str = None          # for images without a caption file (else: an error naming them)
+    trigger_word: str = None             # this folder's trigger word (else the run's `trigger_word`)
+    caption_dropout_rate: float = 0.0    # per sample and epoch, the caption becomes the dropout caption
+    shuffle_tokens: bool = False         # shuffle the caption's tags every epoch (kohya: shuffle_caption)
+    keep_tokens: int = 0                 # the first N tags stay in place when shuffling
+    caption_separator: str = ","         # kohya's name; tags are split on it and joined with it plus a space
+    shuffle_variants: int = None         # FLAME: None = a new tag order each epoch; K = orders cycle through K
+    num_repeats: int = 1                 # every image appears this many times per epoch
+    resolution: typing.Any = 512         # int or list (e.g. [512, 768, 1024]): one bucket set per resolution
+    bucket_tolerance: int = 64           # ai-toolkit's name: bucket sides are multiples of this many pixels
+    random_crop: bool = False            # crop position drawn once per (image, repeat, resolution); else centred
+    flip_x: bool = False                 # add a mirrored copy of every image (as ai-toolkit does)
+    flip_y: bool = False                 # add an upside-down copy of every image
+    allow_upscale: bool = False          # FLAME (kohya's bucket_no_upscale, inverted): upscale small images
+    cache_latents_to_disk: bool = False  # latents in <folder_path>/.flame_cache/latents (else in host memory)
+    shuffle: bool = True                 # shuffle batches every epoch
+
+
+def resolutions(cfg):
+    """The resolutions of a config as a sorted list of ints."""
+    r = cfg.resolution
+    return sorted({int(x) for x in (r if isinstance(r, (list, tuple)) else [r])})
+
+
+def caption_extension(cfg):
+    """'.txt' for caption_ext 'txt' or '.txt'."""
+    ext = str(cfg.caption_ext)
+    return ext if ext.startswith(".") else "." + ext
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+
+
+def validate_dataset_config(cfg, path_prefix="datasets[0]", check_files=True):
+    """Every problem of one DatasetConfig as messages `<path_prefix>.<field>: ...` (empty: valid).
+
+    With `check_files`, also that the folder exists and holds at least one image (cheap: a directory walk)."""
+    e, p = [], path_prefix
+    for name in ("shuffle_tokens", "random_crop", "flip_x", "flip_y", "allow_upscale", "cache_latents_to_disk",
+                 "shuffle"):
+        if not isinstance(getattr(cfg, name), bool):
+            e.append(f"{p}.{name}: expected true or false, got {getattr(cfg, name)!r}")
+    for name in ("caption_ext", "caption_separator"):
+        v = getattr(cfg, name)
+        if not isinstance(v, str) or not v.strip(". " if name == "caption_ext" else " "):
+            e.append(f"{p}.{name}: expected a non-empty string, got {v!r}")
+    if isinstance(cfg.caption_ext, str) and any(c in cfg.caption_ext for c in "/\\"):
+        e.append(f"{p}.caption_ext: an extension such as 'txt', got {cfg.caption_ext!r}")
+    for name in ("default_caption", "trigger_word"):
+        v = getattr(cfg, name)
+        if v is not None and not isinstance(v, str):
+            e.append(f"{p}.{name}: expected a string, got {type(v).__name__} {v!r}")
+    if not _is_number(cfg.caption_dropout_rate) or not 0 <= cfg.caption_dropout_rate <= 1:
+        e.append(f"{p}.caption_dropout_rate: a probability in [0, 1], got {cfg.caption_dropout_rate!r}")
+    if not _is_int(cfg.keep_tokens) or cfg.keep_tokens < 0:
+        e.append(f"{p}.keep_tokens: an integer >= 0, got {cfg.keep_tokens!r}")
+    if cfg.shuffle_variants is not None and (not _is_int(cfg.shuffle_variants) or cfg.shuffle_variants < 1):
+        e.append(f"{p}.shuffle_variants: null (a new order every epoch) or an integer >= 1, got "
+                 f"{cfg.shuffle_variants!r}")
+    if not _is_int(cfg.num_repeats) or cfg.num_repeats < 1:
+        e.append(f"{p}.num_repeats: an integer >= 1, got {cfg.num_repeats!r}")
+
+    step = cfg.bucket_tolerance
+    if not _is_int(step) or step < BUCKET_MULTIPLE or step % BUCKET_MULTIPLE:
+        e.append(f"{p}.bucket_tolerance: a positive multiple of {BUCKET_MULTIPLE} (pixels), got {step!r}")
+        step = None
+    res = cfg.resolution
+    items = res if isinstance(res, list) else [res]
+    if isinstance(res, list) and not res:
+        e.append(f"{p}.resolution: an integer or a non-empty list of integers, got []")
+    for i, r in enumerate(items):
+        where = f"{p}.resolution" + (f"[{i}]" if isinstance(res, list) else "")
+        if not _is_int(r) or r <= 0:
+            e.append(f"{where}: a positive integer (pixels), got {r!r}")
+        elif step is not None and r % step:
+            e.append(f"{where}: {r} is not a multiple of bucket_tolerance {step}; "
+                     f"try {max(step, r // step * step)} or {(r // step + 1) * step}")
+    if isinstance(res, list) and all(_is_int(r) for r in res) and len(set(res)) != len(res):
+        e.append(f"{p}.resolution: {res} lists a resolution twice")
+
+    fp = cfg.folder_path
+    if not fp or not isinstance(fp, str):
+        e.append(f"{p}.folder_path: required (a folder of images with same-name caption files)")
+    elif check_files:
+        if not os.path.isdir(fp):
+            e.append(f"{p}.folder_path: no such folder: {fp}")
+        elif not _has_image(fp):
+            e.append(f"{p}.folder_path: {fp} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
+    return e
+
+
+def _has_image(folder):
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        if any(f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith(".") for f in files):
+            return True
+    return False

@@ -1,0 +1,302 @@
+"""Image datasets (ai-toolkit's `datasets:` list) as training samples: one sample per (image, repeat, flip,
+resolution), each placed in an aspect-ratio bucket, with a caption that may change per epoch.
+
+    ds = ImageDataset([DatasetConfig(folder_path="data/images", resolution=[512, 1024])], seed=42,
+                      trigger_word="ohwx")
+    ds.buckets()           # {Bucket(1024, 768): [sample indices], ...}
+    ds.caption(i, epoch)   # the caption sample i trains with in that epoch (dropout, tag shuffling)
+    ds.latent_spec(i)      # what the latent cache needs: the image, its placement, where to store
+    ds.prompts(range(E))   # every caption string epochs 0..E-1 can draw (for the text-embedding cache)
+
+Everything that can be wrong with the inputs is found here, before any model is loaded: a missing folder, a
+folder without images, an image that does not decode (the whole file is decoded), an image too small for every
+bucket it maps to, a caption file that is not UTF-8, an image without a caption and without `default_caption`.
+Each error names the files (all of them, up to a limit), not only the first.
+
+Images smaller than their bucket at some resolutions but not others are kept at the resolutions they cover
+(a warning says how many were left out where); `allow_upscale: true` upscales instead.
+"""
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from . import images as I
+from .buckets import Bucket, closest_bucket, make_buckets, place
+from .captions import CaptionRule, caption_path, read_caption, stable_seed
+from .config import CACHE_FOLDER, caption_extension, resolutions, validate_dataset_config
+from .errors import DataError
+
+PREPROCESS_VERSION = 1        # bump when the pixels a placement produces change (resize filter, background, ...)
+RESIZE_FILTER = "lanczos"
+MAX_LISTED = 20
+
+
+@dataclass(frozen=True)
+class Sample:
+    record: int            # index into ImageDataset.records
+    config: int            # index into ImageDataset.configs
+    repeat: int
+    resolution: int
+    flip_x: bool
+    flip_y: bool
+    placement: object      # buckets.Placement
+    key: str               # stable name: the seed of its crop and caption dropout
+
+    @property
+    def caption_key(self):
+        """The seed of its tag order: the same image (and repeat, flip) shares it across resolutions, so the
+        text cache holds one set of orders per image, not one per resolution."""
+        return self.key.rsplit("|", 2)[0] + "|" + self.key.rsplit("|", 1)[1]
+
+    @property
+    def bucket(self):
+        return self.placement.bucket
+
+
+@dataclass(frozen=True)
+class LatentSpec:
+    """One VAE encoding to cache: an image file, how it is turned into bucket-sized pixels, and where to keep it
+    (`folder` None: host memory)."""
+    path: str
+    sha256: str
+    bucket: Bucket
+    resized: tuple         # (width, height) after the cover resize
+    crop: tuple            # (top, left) of the crop in the resized image
+    flip_x: bool
+    flip_y: bool
+    folder: str = None
+
+    def params(self):
+        """Everything besides the file's bytes that decides the pixels (part of the cache key)."""
+        return {"v": PREPROCESS_VERSION, "bucket": list(self.bucket), "resized": list(self.resized),
+                "crop": list(self.crop), "flip_x": self.flip_x, "flip_y": self.flip_y, "filter": RESIZE_FILTER,
+                "background": list(I.BACKGROUND)}
+
+    def pixels(self):
+        """(3, bucket height, bucket width) float32 in [-1, 1]."""
+        from PIL import Image
+        im = I.load_image(self.path)
+        im = im.resize(self.resized, Image.Resampling.LANCZOS)
+        top, left = self.crop
+        im = im.crop((left, top, left + self.bucket.width, top + self.bucket.height))
+        if self.flip_x:
+            im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        if self.flip_y:
+            im = im.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
+        return I.image_array(im)
+
+
+def _listing(problems):
+    shown = problems[:MAX_LISTED]
+    more = len(problems) - len(shown)
+    return "\n  " + "\n  ".join(shown) + (f"\n  ... and {more} more" if more > 0 else "")
+
+
+class ImageDataset:
+    """Samples of one or more image folders. `configs`: DatasetConfig list; `seed`: the run's seed (crops, caption
+    dropout, tag order); `trigger_word`: the run's trigger word (a config's own one wins); `cache_dir`: where disk
+    latent caches go instead of each folder's `.flame_cache/latents`."""
+
+    def __init__(self, configs, seed=0, trigger_word=None, cache_dir=None, progress=True):
+        self.configs, self.seed, self.warnings = list(configs), int(seed), []
+        self._fingerprint = None
+        if not self.configs:
+            raise DataError("datasets: no dataset given")
+        problems = []
+        for i, c in enumerate(self.configs):
+            problems += validate_dataset_config(c, f"datasets[{i}]")
+        if problems:
+            raise DataError(f"{len(problems)} problem(s) in the datasets:" + _listing(problems))
+        self.rules = [CaptionRule(c, seed, trigger_word) for c in self.configs]
+        roots = [None if not c.cache_latents_to_disk else (cache_dir or os.path.join(c.folder_path, CACHE_FOLDER))
+                 for c in self.configs]
+        self.latent_folders = [r and os.path.join(r, "latents") for r in roots]
+        self.records, self.raw_captions, self.record_config = [], [], []
+        problems = self._scan(progress, roots)
+        self.samples = []
+        problems += self._place()
+        if problems:  # every unusable file at once, so one run of fixes is enough
+            raise DataError(f"{len(problems)} unusable file(s) in the datasets:" + _listing(problems))
+        for i, c in enumerate(self.configs):
+            if c.keep_tokens and not c.shuffle_tokens:
+                self.warnings.append(f"datasets[{i}].keep_tokens: has no effect without shuffle_tokens: true")
+
+    # ------------------------------------------------------------------ scanning
+    def _scan(self, progress, roots):
+        """Probe every captioned image; returns the problems found."""
+        jobs, missing = [], []
+        for ci, c in enumerate(self.configs):
+            ext = caption_extension(c)
+            for path in I.list_images(c.folder_path):
+                cap = caption_path(path, ext)
+                if os.path.isfile(cap):
+                    jobs.append((ci, path, cap))
+                elif c.default_caption is not None:
+                    jobs.append((ci, path, None))
+                else:
+                    missing.append(f"{path}: no caption file {os.path.basename(cap)} (add it, or set "
+                                   f"default_caption for the folder)")
+        # images whose folder may hold a cache (cache_latents_to_disk) keep their probes there between runs
+        indexes = {r: I.ProbeIndex(os.path.join(r, "images.json")) for r in set(roots) if r is not None}
+        bad = []
+        for ci, path, cap in _progress(jobs, progress, "Checking images"):
+            index = indexes.get(roots[ci])
+            folder = self.configs[ci].folder_path
+            try:
+                rec = index.lookup(path, folder) if index is not None else None
+                if rec is None:
+                    t0 = time.time_ns()
+                    rec = I.probe_image(path, folder)
+                    if index is not None:
+                        index.add(rec, t0)
+                text = read_caption(cap) if cap else None
+            except DataError as ex:
+                bad.append(str(ex))
+                continue
+            if text is None or (text == "" and self.configs[ci].default_caption is not None):
+                text = self.configs[ci].default_caption.strip()
+            self.records.append(rec)
+            self.raw_captions.append(text)
+            self.record_config.append(ci)
+        for index in indexes.values():
+            try:
+                index.save()
+            except OSError as ex:
+                self.warnings.append(f"cannot save the image index {index.path} ({ex.strerror or ex}); images "
+                                     f"are checked again next time")
+        return missing + bad
+
+    # ------------------------------------------------------------------ buckets
+    def _place(self):
+        """Samples of every image at each resolution whose bucket it covers; returns the problems found."""
+        sets = {}
+        too_small, partial = [], {}
+        for ri, rec in enumerate(self.records):
+            ci = self.record_config[ri]
+            c = self.configs[ci]
+            fitting = []
+            for r in resolutions(c):
+                bs = sets.setdefault((r, c.bucket_tolerance), make_buckets(r, c.bucket_tolerance))
+                b = closest_bucket(rec.width, rec.height, bs)
+                fits = c.allow_upscale or place(rec.width, rec.height, b).scale <= 1.0 + 1e-9
+                if fits:
+                    fitting.append((r, b))
+                else:
+                    partial.setdefault(r, []).append((rec, b))
+            if not fitting:
+                r = resolutions(c)[0]
+                b = closest_bucket(rec.width, rec.height, sets[(r, c.bucket_tolerance)])
+                too_small.append(f"{rec.path}: {rec.width}x{rec.height} is smaller than its {b} bucket at "
+                                 f"resolution {r} (images are never upscaled unless allow_upscale: true; or use a "
+                                 f"smaller resolution)")
+                continue
+            flips = [(False, False)] + [(True, False)] * c.flip_x + [(False, True)] * c.flip_y
+            for rep in range(c.num_repeats):
+                for fx, fy in flips:
+                    for r, b in fitting:
+                        key = f"{ci}|{rec.relpath}|{rep}|{r}|{int(fx)}{int(fy)}"
+                        rng = (np.random.default_rng([stable_seed("crop", key), self.seed])
+                               if c.random_crop else None)
+                        self.samples.append(Sample(ri, ci, rep, r, fx, fy, place(rec.width, rec.height, b, rng), key))
+        for r, lst in sorted(partial.items()):
+            names = ", ".join(os.path.basename(rec.path) for rec, _ in lst[:5]) + (" ..." if len(lst) > 5 else "")
+            self.warnings.append(f"{len(lst)} image(s) smaller than their bucket at resolution {r} are not trained "
+                                 f"at {r} (allow_upscale: true upscales them): {names}")
+        return too_small
+
+    # ------------------------------------------------------------------ access
+    def __len__(self):
+        return len(self.samples)
+
+    def buckets(self):
+        """{Bucket: [sample indices]} in order of bucket."""
+        out = {}
+        for i, s in enumerate(self.samples):
+            out.setdefault(s.bucket, []).append(i)
+        return dict(sorted(out.items()))
+
+    def record(self, i):
+        return self.records[self.samples[i].record]
+
+    def base_caption(self, i):
+        s = self.samples[i]
+        return self.rules[s.config].base(self.raw_captions[s.record])
+
+    def caption(self, i, epoch):
+        """The caption sample i trains with in `epoch`."""
+        s = self.samples[i]
+        return self.rules[s.config].caption(self.base_caption(i), s.key, epoch, s.caption_key)
+
+    def prompts(self, epochs):
+        """Every caption string the samples can draw in `epochs` (an iterable of epoch numbers), each once."""
+        epochs = list(epochs)
+        out = {}
+        for i, s in enumerate(self.samples):
+            for c in self.rules[s.config].variants_over(self.base_caption(i), s.caption_key, epochs):
+                out[c] = None
+        return list(out)
+
+    def original_size(self, i):
+        """(height, width) of the image as read (after EXIF orientation), as SDXL's conditioning takes it."""
+        rec = self.record(i)
+        return rec.height, rec.width
+
+    def crop_coords(self, i):
+        """(top, left) of the crop in the resized image (in the mirrored image's frame for a flipped sample)."""
+        p = self.samples[i].placement
+        top, left = p.crop
+        if self.samples[i].flip_x:
+            left = p.resized[0] - left - p.bucket.width
+        if self.samples[i].flip_y:
+            top = p.resized[1] - top - p.bucket.height
+        return top, left
+
+    def target_size(self, i):
+        """(height, width) of the bucket."""
+        b = self.samples[i].bucket
+        return b.height, b.width
+
+    def latent_spec(self, i):
+        s = self.samples[i]
+        rec = self.records[s.record]
+        p = s.placement
+        return LatentSpec(rec.path, rec.sha256, p.bucket, p.resized, p.crop, s.flip_x, s.flip_y,
+                          self.latent_folders[s.config])
+
+    def latent_specs(self):
+        return [self.latent_spec(i) for i in range(len(self))]
+
+    def fingerprint(self):
+        """A hash of the settings, samples, buckets, crops and captions: equal across runs on the same data and
+        settings, different when anything that changes the batches changes."""
+        if self._fingerprint is None:
+            h = hashlib.sha256(json.dumps([self.seed, [asdict(c) for c in self.configs],
+                                           [r.trigger for r in self.rules]], sort_keys=True).encode("utf-8"))
+            for s in self.samples:
+                rec = self.records[s.record]
+                h.update(json.dumps([s.key, rec.sha256, list(s.bucket), list(s.placement.crop),
+                                     self.raw_captions[s.record]]).encode("utf-8"))
+            self._fingerprint = h.hexdigest()[:16]
+        return self._fingerprint
+
+    def summary(self):
+        """Lines describing the images, samples and buckets (for the trainer's log)."""
+        lines = [f"{len(self.records)} images, {len(self.samples)} samples per epoch in "
+                 f"{len(self.buckets())} buckets"]
+        for b, idx in self.buckets().items():
+            lines.append(f"  {b}: {len(idx)}")
+        return lines
+
+
+def _progress(items, enabled, desc):
+    if not enabled or len(items) < 2:
+        return items
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, desc=desc, unit="img", leave=False)

@@ -1,0 +1,145 @@
+"""Reading images: the folder walk, decoding (EXIF orientation applied, alpha composited onto white, RGB), and a
+probe that checks each image decodes and records its size and content hash before any model is loaded.
+
+Transparent pixels become white (255, 255, 255): the colour of a page behind a cut-out, and what most viewers show;
+PIL's plain convert("RGB") would instead expose whatever colour the transparent pixels happen to store.
+"""
+import hashlib
+import json
+import io as _io
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import IMAGE_EXTENSIONS
+from .errors import DataError
+
+BACKGROUND = (255, 255, 255)
+
+
+@dataclass(frozen=True)
+class ImageRecord:
+    path: str            # absolute path
+    relpath: str         # path inside its dataset folder ('/'-separated)
+    sha256: str          # of the file's bytes
+    width: int           # after EXIF orientation
+    height: int
+
+
+def list_images(folder):
+    """Sorted image files under `folder` (recursive; names and folders starting with '.' skipped)."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found += [os.path.join(root, f) for f in files
+                  if f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith(".")]
+    return sorted(found, key=lambda p: os.path.relpath(p, folder).replace(os.sep, "/"))
+
+
+def _to_rgb(im):
+    """An RGB PIL image: EXIF orientation applied, alpha (RGBA, LA, palette transparency) composited on white."""
+    from PIL import Image, ImageOps
+    im = ImageOps.exif_transpose(im)
+    if im.mode == "P":  # a palette may carry transparency; make it explicit before compositing
+        im = im.convert("RGBA")
+    if im.mode in ("RGBA", "LA", "PA") or (im.mode in ("RGB", "L") and "transparency" in im.info):
+        rgba = im.convert("RGBA")
+        out = Image.new("RGBA", rgba.size, BACKGROUND + (255,))
+        out.alpha_composite(rgba)
+        return out.convert("RGB")
+    if im.mode in ("I;16", "I;16B", "I;16L", "I"):  # 16-bit grey: scale to 8 bits instead of clipping
+        a = np.asarray(im, dtype=np.float64)
+        top = 65535.0 if a.max() > 255 else 255.0
+        return Image.fromarray(np.round(a * (255.0 / top)).astype(np.uint8), "L").convert("RGB")
+    return im.convert("RGB")
+
+
+def decode_image(data, name):
+    """An RGB PIL image from the bytes of an image file; DataError naming `name` when it does not decode."""
+    from PIL import Image
+    try:
+        im = Image.open(_io.BytesIO(data))
+        im.load()
+        return _to_rgb(im)
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as ex:
+        raise DataError(f"{name}: cannot read the image ({type(ex).__name__}: {ex})") from None
+
+
+def read_bytes(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as ex:
+        raise DataError(f"{path}: cannot read the file ({ex.strerror or ex})") from None
+
+
+def load_image(path):
+    """An RGB PIL image of the file at `path` (EXIF orientation applied, alpha composited on white)."""
+    return decode_image(read_bytes(path), path)
+
+
+def probe_image(path, folder):
+    """An ImageRecord for `path`: the whole file is decoded (a corrupt or truncated image fails here, naming it)."""
+    data = read_bytes(path)
+    im = decode_image(data, path)
+    return ImageRecord(os.path.abspath(path), os.path.relpath(path, folder).replace(os.sep, "/"),
+                       hashlib.sha256(data).hexdigest(), im.width, im.height)
+
+
+def image_array(im):
+    """(3, H, W) float32 in [-1, 1] from an RGB PIL image (what a VAE encoder takes)."""
+    a = np.asarray(im, dtype=np.float32)                  # (H, W, 3) in [0, 255]
+    return np.ascontiguousarray(a.transpose(2, 0, 1)) / 127.5 - 1.0
+
+
+class ProbeIndex:
+    """Probes of earlier runs, so an unchanged image is not decoded and hashed again at every start: a JSON file
+    {absolute path: [size, mtime_ns, probed_at_ns, sha256, width, height]}. An entry is used only when the file's
+    size and mtime still match and the file was last modified at least RACY_NS before it was probed (a file
+    rewritten within the clock's granularity of its probe is probed again, as git treats "racily clean" entries)."""
+
+    VERSION = 1
+    RACY_NS = 2_000_000_000
+
+    def __init__(self, path):
+        self.path, self.entries, self.dirty = path, {}, False
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            if data.get("version") == self.VERSION and isinstance(data.get("images"), dict):
+                self.entries = data["images"]
+        except (OSError, ValueError, AttributeError):
+            pass  # no index yet, or an unreadable one: probe everything again
+
+    def lookup(self, path, folder):
+        e = self.entries.get(os.path.abspath(path))
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        if (not isinstance(e, list) or len(e) != 6 or e[0] != st.st_size or e[1] != st.st_mtime_ns
+                or st.st_mtime_ns > e[2] - self.RACY_NS):
+            return None
+        return ImageRecord(os.path.abspath(path), os.path.relpath(path, folder).replace(os.sep, "/"), e[3], e[4], e[5])
+
+    def add(self, record, probed_at_ns):
+        try:
+            st = os.stat(record.path)
+        except OSError:
+            return
+        self.entries[record.path] = [st.st_size, st.st_mtime_ns, probed_at_ns, record.sha256, record.width,
+                                     record.height]
+        self.dirty = True
+
+    def save(self):
+        if not self.dirty:
+            return
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"version": self.VERSION, "images": self.entries}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        self.dirty = False

@@ -1,0 +1,94 @@
+"""Training batches from the caches only (no VAE, no text encoder): a sample's cached latents, the cached text
+embeddings of the caption it draws that epoch, and the sizes SDXL's conditioning needs; batches of one bucket.
+
+    train = TrainingDataset(dataset, latent_cache, text_cache)
+    train.check(range(loader.sampler.epochs_needed(steps * grad_accum)))   # every entry present, before training
+    loader = BucketLoader(train, batch_size=2, shuffle=True, seed=42)
+    batch = loader.next_batch()    # {"latents": (B, C, h, w), <embedding names>: (B, ...), "captions": [...],
+                                   #  "original_size", "crop_coords", "target_size": (B, 2) int64, "indices", "epoch"}
+"""
+import numpy as np
+
+from .errors import DataError
+from .sampler import BucketBatchSampler
+
+SIZE_KEYS = ("original_size", "crop_coords", "target_size")
+
+
+class TrainingDataset:
+    def __init__(self, dataset, latents, texts):
+        self.dataset, self.latents, self.texts = dataset, latents, texts
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def buckets(self):
+        return self.dataset.buckets()
+
+    def check(self, epochs):
+        """DataError listing the cache entries that epochs `epochs` would need but that are missing."""
+        epochs = list(epochs)
+        lat = self.latents.missing(self.dataset.latent_specs())
+        txt = self.texts.missing(self.dataset.prompts(epochs))
+        if lat or txt:
+            shown = [f"latents of {s.path} at {s.bucket}" for s in lat[:10]] + [f"text of {p!r}" for p in txt[:10]]
+            raise DataError(f"{len(lat)} latent and {len(txt)} text-embedding cache entries are missing (fill the "
+                            f"caches first):\n  " + "\n  ".join(shown))
+
+    def get(self, i, epoch):
+        """One sample as it trains in `epoch`: latents (C, h, w), the caption's embeddings by name, the caption,
+        original_size (h, w), crop_coords (top, left), target_size (h, w)."""
+        d = self.dataset
+        caption = d.caption(i, epoch)
+        item = dict(self.texts.load(caption))
+        if "latents" in item:
+            raise DataError("encode_prompts returned a key named 'latents', which the batch uses for the VAE latents")
+        item["latents"] = self.latents.load(d.latent_spec(i))
+        item["caption"] = caption
+        item["original_size"], item["crop_coords"], item["target_size"] = (d.original_size(i), d.crop_coords(i),
+                                                                           d.target_size(i))
+        return item
+
+    def collate(self, items):
+        """Stack a list of samples (one bucket) into a batch."""
+        batch = {"captions": [it["caption"] for it in items]}
+        for k in items[0]:
+            if k == "caption":
+                continue
+            if k in SIZE_KEYS:
+                batch[k] = np.asarray([it[k] for it in items], dtype=np.int64)
+                continue
+            shapes = {tuple(np.shape(it[k])) for it in items}
+            if len(shapes) > 1:
+                raise DataError(f"cannot batch {k!r}: the samples' shapes differ ({sorted(shapes)}); the text "
+                                f"encoder must pad every caption to one length")
+            batch[k] = np.stack([it[k] for it in items])
+        return batch
+
+
+class BucketLoader:
+    """Batches of `batch_size` samples of one bucket, shuffled per epoch from (seed, epoch); never ends. Its
+    state_dict() is the sampler's (exact resume)."""
+
+    def __init__(self, dataset, batch_size=1, shuffle=True, seed=0):
+        self.dataset = dataset
+        self.sampler = BucketBatchSampler(dataset.buckets(), batch_size, shuffle, seed)
+
+    def next_batch(self):
+        epoch, idx = self.sampler.next_batch()
+        batch = self.dataset.collate([self.dataset.get(i, epoch) for i in idx])
+        batch["indices"] = np.asarray(idx, dtype=np.int64)
+        batch["epoch"] = epoch
+        return batch
+
+    def state_dict(self):
+        return {**self.sampler.state_dict(), "data": self.dataset.dataset.fingerprint()}
+
+    def load_state_dict(self, state):
+        """Continue where `state` left off; DataError when it was written for other images, captions or
+        dataset settings (the batches would differ)."""
+        data = state.get("data")
+        if data is not None and data != self.dataset.dataset.fingerprint():
+            raise DataError("the data position in this checkpoint belongs to other images, captions or dataset "
+                            "settings: exact resume is impossible; start fresh or restore the data")
+        self.sampler.load_state_dict(state)

@@ -1,0 +1,159 @@
+"""SD3 / SD3.5 sampling: the shifted flow-matching schedule, Euler steps with classifier-free guidance (cond and
+uncond in one batch of 2B), and skip-layer guidance (SD3.5 Medium).
+
+Schedule (SAI's sd3_impls ModelSamplingDiscreteFlow + get_sigmas, which diffusers' FlowMatchEulerDiscreteScheduler
+with shift=3 reproduces): s(u) = shift u / (1 + (shift - 1) u); the training table is s(i / 1000), i = 1..1000; an
+N-step run takes t = linspace(1000 s(1), 1000 s(0.001), N), sigma = s(t / 1000) (the low end is shifted twice, as in
+both references), then appends 0. The model sees timesteps 1000 sigma and predicts the velocity v = noise - x0.
+"""
+from dataclasses import dataclass
+
+import flame_core as flame
+
+from ..flux.sampling import get_noise  # noqa: F401  (same latent noise: 16 channels at 1/8 resolution, seeded)
+
+SHIFT = 3.0
+NUM_TRAIN_TIMESTEPS = 1000
+LATENT_CHANNELS = 16
+# the SD3 autoencoder's latent statistics (SAI's SD3LatentFormat): decode z = latent / SCALE + SHIFT, encode
+# latent = (z - SHIFT) * SCALE. Kept here until flame_models.vae provides the family's LatentFormat.
+LATENT_SCALE = 1.5305
+LATENT_SHIFT = 0.0609
+
+
+@dataclass(frozen=True)
+class SkipLayerGuidance:
+    """Skip-layer guidance: on steps i with start*N < i < stop*N, one more conditional pass with the joint blocks
+    `layers` left out, and v += scale * (v_cond - v_skipped). Defaults: SAI's sd3_infer for SD3.5 Medium (diffusers'
+    pipeline defaults differ: scale 2.8, stop 0.2)."""
+    layers: tuple = (7, 8, 9)
+    scale: float = 2.5
+    start: float = 0.01
+    stop: float = 0.30
+
+    def active(self, i, steps):
+        return self.scale > 0 and start_stop(i, steps, self.start, self.stop)
+
+
+def start_stop(i, steps, start, stop):
+    return steps * start < i < steps * stop
+
+
+# the references' settings per release: sample(model, ..., **SAMPLING_DEFAULTS[name])
+SAMPLING_DEFAULTS = {
+    "sd3.5-large": dict(steps=40, cfg=4.5),
+    "sd3.5-large-turbo": dict(steps=4, cfg=1.0),
+    "sd3.5-medium": dict(steps=50, cfg=5.0, skip_layer_guidance=SkipLayerGuidance()),
+}
+
+
+def shift_sigma(sigma, shift=SHIFT):
+    """s(sigma) = shift sigma / (1 + (shift - 1) sigma) (python float)."""
+    return shift * sigma / (1 + (shift - 1) * sigma)
+
+
+def get_sigmas(steps, shift=SHIFT):
+    """steps + 1 sigmas from 1 down to 0 (python floats, float64 arithmetic)."""
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    t_max = NUM_TRAIN_TIMESTEPS * shift_sigma(1.0, shift)
+    t_min = NUM_TRAIN_TIMESTEPS * shift_sigma(1.0 / NUM_TRAIN_TIMESTEPS, shift)
+    ts = [t_max + (t_min - t_max) * i / (steps - 1) for i in range(steps)] if steps > 1 else [t_max]
+    return [shift_sigma(t / NUM_TRAIN_TIMESTEPS, shift) for t in ts] + [0.0]
+
+
+def denoise(model, x, sigmas, context, y, neg_context=None, neg_y=None, cfg=1.0, skip_layer_guidance=None,
+            cuda_graph=None, progress=False):
+    """Euler steps x <- x + (sigma_next - sigma) v along `sigmas`, v guided by classifier-free guidance
+    uncond + cfg (cond - uncond) when cfg != 1 (cond and uncond as one batch of 2B) and optionally skip-layer
+    guidance. The state stays in float32; the model sees its own dtype. Returns float32 latents.
+
+    cuda_graph (default: on for cuda tensors): each kind of step (with and without the skip-layer pass) runs once
+    eagerly, then is captured as a CUDA graph (flame_core.cuda.graphed) and replayed; the numbers are the same."""
+    dtype = _model_dtype(model)
+    B = x.shape[0]
+    guided = cfg != 1.0
+    if guided:
+        if neg_context is None or neg_y is None:
+            raise ValueError(f"cfg={cfg} needs the negative prompt's neg_context and neg_y (e.g. the empty prompt "
+                             f"encoded); cfg=1.0 runs without them")
+        if tuple(neg_context.shape) != tuple(context.shape) or tuple(neg_y.shape) != tuple(y.shape):
+            raise ValueError(f"negative conditioning {tuple(neg_context.shape)} / {tuple(neg_y.shape)} must match the "
+                             f"positive {tuple(context.shape)} / {tuple(y.shape)} (pad the token sequences alike)")
+        ctx_in = flame.cat((context, neg_context), dim=0).to(dtype)             # cond first, as SAI's CFGDenoiser
+        y_in = flame.cat((y, neg_y), dim=0).to(dtype)
+    else:
+        ctx_in, y_in = context.to(dtype), y.to(dtype)
+    cond_ctx, cond_y = context.to(dtype), y.to(dtype)
+    slg = skip_layer_guidance
+
+    def velocity(x, t_vec):
+        if not guided:
+            return model(x.to(dtype), t_vec, y_in, ctx_in).to(flame.float32), None
+        xx = flame.cat((x, x), dim=0).to(dtype)
+        v = model(xx, flame.cat((t_vec, t_vec), dim=0), y_in, ctx_in).to(flame.float32)
+        v_cond, v_uncond = v[:B], v[B:]
+        return v_uncond + cfg * (v_cond - v_uncond), v_cond
+
+    def step(x, t_vec, dt):
+        v, _ = velocity(x, t_vec)
+        return x + dt * v
+
+    def step_slg(x, t_vec, dt):
+        v, v_cond = velocity(x, t_vec)
+        if v_cond is None:
+            v_cond = v
+        v_skip = model(x.to(dtype), t_vec, cond_y, cond_ctx, skip_layers=slg.layers).to(flame.float32)
+        return x + dt * (v + slg.scale * (v_cond - v_skip))
+
+    use_graph = x.device.type == "cuda" if cuda_graph is None else bool(cuda_graph)
+    runs = [flame.cuda.graphed(fn, warmup=1, enabled=use_graph) for fn in (step, step_slg)]
+    steps = len(sigmas) - 1
+    it = range(steps)
+    if progress:
+        from tqdm.auto import tqdm
+        it = tqdm(it, desc="sampling", unit="step")
+    x = x.to(flame.float32)
+    with flame.no_grad():
+        for i in it:
+            t_vec = flame.full((B,), NUM_TRAIN_TIMESTEPS * float(sigmas[i]), dtype=flame.float32, device=x.device)
+            dt = flame.full((1,), float(sigmas[i + 1]) - float(sigmas[i]), dtype=flame.float32, device=x.device)
+            run = runs[1] if slg is not None and slg.active(i, steps) else runs[0]
+            x = run(x, t_vec, dt)
+    if any(r.graph is not None for r in runs):
+        x = x.clone()  # a graph's output buffer dies with the graph
+    for r in runs:
+        r.reset()
+    return x
+
+
+def sample(model, context, y, neg_context=None, neg_y=None, height=1024, width=1024, steps=40, cfg=4.5, seed=0, *,
+           shift=SHIFT, latents=None, skip_layer_guidance=None, cuda_graph=None, progress=False):
+    """Text-to-image latents with an SD3 MMDiT: context (B, L, 4096) and pooled y (B, 2048) of the prompt, and of the
+    negative prompt when cfg != 1 -> latents (B, 16, H/8, W/8), float32, in the model's space (decode with
+    z / LATENT_SCALE + LATENT_SHIFT before the VAE).
+
+    Defaults are SD3.5 Large's (40 steps, cfg 4.5); see SAMPLING_DEFAULTS for Large Turbo (4 steps, cfg 1) and Medium
+    (50 steps, cfg 5, skip-layer guidance). `latents`: the starting noise (B, 16, H/8, W/8) instead of the seeded one.
+    """
+    if height % 16 or width % 16 or height <= 0 or width <= 0:
+        raise ValueError(f"SD3 images need a height and width that are positive multiples of 16, got "
+                         f"{height}x{width}")
+    if context.ndim != 3 or y.ndim != 2 or context.shape[0] != y.shape[0]:
+        raise ValueError(f"sample expects context (B, L, C) and y (B, C) with the same B, got "
+                         f"{tuple(context.shape)} and {tuple(y.shape)}")
+    B = context.shape[0]
+    shape = (B, LATENT_CHANNELS, height // 8, width // 8)
+    if latents is None:
+        latents = get_noise(B, height, width, seed=seed, device=context.device)
+    elif tuple(latents.shape) != shape:
+        raise ValueError(f"latents must have shape {shape} for {B} prompts at {height}x{width}, got "
+                         f"{tuple(latents.shape)}")
+    return denoise(model, latents, get_sigmas(steps, shift), context, y, neg_context, neg_y, cfg,
+                   skip_layer_guidance, cuda_graph, progress)
+
+
+def _model_dtype(model):
+    for p in model.parameters():
+        return p.dtype
+    return flame.float32

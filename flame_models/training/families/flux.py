@@ -1,0 +1,152 @@
+"""FLUX.1 as a trainer family: rectified flow on 2x2-packed 16-channel latents, T5 states + CLIP pooled
+conditioning, a guidance embedding for flux-dev (1.0 while training), the Euler sampler for previews, BFL names with
+the diffusers name map for PEFT files."""
+import os
+
+import flame_core as flame
+
+from ...flux import Flux, flux_params, load_flux, pack, read_flux_params
+from ...flux import sampling as flux_sampling
+from ...flux.loading import FluxCheckpointError, checkpoint_files
+from ...flux.lora_keys import TARGET_PRESETS, name_map_for
+from ..family import ModelFamily, ModelFileError
+from ..model_files import describe_keys, file_keys
+from ..objective import FlowMatching
+from ..timesteps import TIMESTEP_TYPES
+from ..validation import choice
+
+
+class FluxFamily(ModelFamily):
+    name = "flux"
+    latent_channels = 16
+    vae_scale_factor = 8
+    pixel_multiple = 16                  # 8 px per latent, 2x2 latents per token
+    latent_scale, latent_shift = flux_sampling.LATENT_SCALE, flux_sampling.LATENT_SHIFT
+    noise_schedulers = ("flowmatch", "flow_match")
+    samplers = ("flowmatch", "flow_match", "euler")
+    default_size = "flux-tiny"
+    model_sizes = ("flux-dev", "flux-schnell", "flux-tiny")
+    sample_keys = ("latents", "prompt_embeds", "pooled_prompt_embeds")
+    target_presets = TARGET_PRESETS
+    default_target = "attention"
+
+    # ------------------------------------------------------------------ before anything is loaded
+    def config_problems(self, cfg, prefix=""):
+        e, t, p = [], cfg.train, prefix
+        if t.noise_scheduler not in self.noise_schedulers:
+            e.append(f"{p}train.noise_scheduler: Flux trains with 'flowmatch', got {t.noise_scheduler!r}")
+        choice(e, f"{p}train.timestep_type", t.timestep_type, TIMESTEP_TYPES)
+        if cfg.sample.sampler is not None and cfg.sample.sampler not in self.samplers:
+            e.append(f"{p}sample.sampler: Flux previews use the flow-matching Euler sampler ('flowmatch'), got "
+                     f"{cfg.sample.sampler!r}")
+        if cfg.model.name_or_path is None and cfg.model.size is not None:
+            choice(e, f"{p}model.size", cfg.model.size, self.model_sizes)
+        return e
+
+    def describe_model(self, model_cfg):
+        """FluxParams from the checkpoint's headers (or the size preset); ModelFileError when the file or folder is
+        not a Flux transformer, saying what it looks like."""
+        path = model_cfg.name_or_path
+        if path is None:
+            return flux_params(model_cfg.size or self.default_size)
+        try:
+            files = checkpoint_files(path)
+        except (FluxCheckpointError, FileNotFoundError, OSError) as e:
+            raise ModelFileError(_first_line(e)) from None
+        keys = [k for f in files for k in file_keys(f)]
+        kind, words, key = describe_keys(keys)
+        if kind != "flux":
+            shown = files[0] if len(files) == 1 else path
+            raise ModelFileError(f"{shown} is not a Flux transformer: it looks like {words}"
+                                 + (f" (keys such as {key})" if key else " (it holds no tensors)"))
+        try:
+            return read_flux_params(path)
+        except (FluxCheckpointError, KeyError, ValueError) as e:
+            raise ModelFileError(f"{path}: {_first_line(e)}") from None
+
+    def spec_problems(self, cfg, spec, prefix=""):
+        e = []
+        if not spec.guidance_embed:
+            for k in ("train.guidance", "sample.guidance_scale"):
+                if k in cfg.given:
+                    e.append(f"{prefix}{k}: this Flux (schnell-like) has no guidance embedding; remove the key")
+        return e
+
+    def check_sample(self, shapes, spec):
+        """None, or what is wrong with one sample's tensor shapes (keys absent from `shapes` are not checked)."""
+        ctx = spec.context_in_dim if spec is not None else None
+        vec = spec.vec_in_dim if spec is not None else None
+        lat, txt, pooled = (shapes.get(k) for k in self.sample_keys)
+        if lat is not None and (len(lat) != 3 or lat[0] != self.latent_channels or lat[1] % 2 or lat[2] % 2):
+            return f"latents {lat}: expected ({self.latent_channels}, h, w) with even h and w"
+        if txt is not None and (len(txt) != 2 or (ctx is not None and txt[1] != ctx)):
+            return f"prompt_embeds {txt}: expected (L, {ctx or 'context_in_dim'}) for this model"
+        if pooled is not None and (len(pooled) != 1 or (vec is not None and pooled[0] != vec)):
+            return f"pooled_prompt_embeds {pooled}: expected ({vec or 'vec_in_dim'},) for this model"
+        return None
+
+    def synthetic_conditioning(self, spec, text_length):
+        return {"prompt_embeds": (text_length, spec.context_in_dim), "pooled_prompt_embeds": (spec.vec_in_dim,)}
+
+    # ------------------------------------------------------------------ building
+    def build_model(self, model_cfg, spec, dtype, device):
+        if model_cfg.name_or_path:
+            return load_flux(model_cfg.name_or_path, dtype=dtype, device=device, params=spec)
+        return Flux(spec, dtype=dtype, device=device)
+
+    def spec_of(self, model):
+        if not isinstance(model, Flux):
+            raise TypeError(f"the flux family trains a flame_models.flux.Flux, got {type(model).__name__}")
+        return model.params
+
+    def block_stacks(self, model):
+        return ["double_blocks", "single_blocks"]
+
+    def lora_name_map(self, model):
+        return name_map_for(model.params)
+
+    def lora_metadata(self, cfg, model):
+        kind = "dev" if model.params.guidance_embed else "schnell"
+        return {"ss_base_model_version": "flux1", "modelspec.architecture": f"flux-1-{kind}/lora",
+                "flame.base_model": (os.path.basename(cfg.model.name_or_path.rstrip("/\\")) if cfg.model.name_or_path
+                                     else cfg.model.size or self.default_size)}
+
+    # ------------------------------------------------------------------ training
+    def objective(self, train_cfg):
+        t = train_cfg
+        return FlowMatching(t.timestep_type, shift=t.shift, sigmoid_scale=t.sigmoid_scale, logit_mean=t.logit_mean,
+                            logit_std=t.logit_std)
+
+    def training_inputs(self, model, batch, device, train_cfg):
+        latents = batch["latents"]
+        x0 = pack(flame.tensor(latents, dtype=flame.float32, device=device))           # (B, L, 64)
+        B = x0.shape[0]
+        height, width = latents.shape[2] * self.vae_scale_factor, latents.shape[3] * self.vae_scale_factor
+        txt = flame.tensor(batch["prompt_embeds"], dtype=flame.float32, device=device)  # (B, L_txt, context)
+        cond = {"txt": txt,
+                "y": flame.tensor(batch["pooled_prompt_embeds"], dtype=flame.float32, device=device),
+                "img_ids": flux_sampling.image_ids(height, width, B, device=device),
+                "txt_ids": flux_sampling.text_ids(txt.shape[1], B, device=device)}
+        if model.params.guidance_embed:
+            cond["guidance"] = flame.full((B,), train_cfg.guidance, device=device)
+        return x0, cond
+
+    def image_seq_len(self, x0):
+        return x0.shape[1]
+
+    def forward(self, model, x_t, t, cond):
+        return model(img=x_t, img_ids=cond["img_ids"], txt=cond["txt"], txt_ids=cond["txt_ids"], timesteps=t,
+                     y=cond["y"], guidance=cond.get("guidance"))
+
+    # ------------------------------------------------------------------ previews
+    def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None):
+        txt = flame.tensor(cond["prompt_embeds"][None], device=device)
+        y = flame.tensor(cond["pooled_prompt_embeds"][None], device=device)
+        return flux_sampling.sample(model, txt, y, height=height, width=width, steps=steps,
+                                    guidance=guidance if model.params.guidance_embed else None, seed=seed,
+                                    callback=callback)
+
+
+def _first_line(e):
+    s = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+    return s.splitlines()[0] if s else type(e).__name__

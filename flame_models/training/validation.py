@@ -1,0 +1,215 @@
+"""Every check of a TrainConfig that can run before anything is loaded: ranges, contradictions between fields, the
+model family's own checks, and (check_files) the model file's and the dataset files' headers."""
+import difflib
+import os
+
+from .config import (DTYPES, FILE_FORMATS, NETWORK_TYPES, OPTIMIZERS, PROCESS_TYPES, SCHEDULERS,
+                     max_gpu_memory_bytes)
+
+# which timestep types read which train.* settings (a setting given for another type would be ignored)
+_TIMESTEP_SETTINGS = {"shift": ("shift",), "sigmoid_scale": ("sigmoid", "shift", "flux_shift"),
+                      "logit_mean": ("logit_normal",), "logit_std": ("logit_normal",)}
+
+
+def choice(errors, path, value, choices):
+    if value not in choices:
+        near = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+        errors.append(f"{path}: {value!r} is not one of {', '.join(map(str, choices))}"
+                      + (f"; did you mean '{near[0]}'?" if near else ""))
+
+
+def _at_least(errors, path, value, minimum=1):
+    if value < minimum:
+        errors.append(f"{path}: must be >= {minimum}, got {value}")
+
+
+def validate(cfg, prefix="", check_files=True):
+    """Every problem of a TrainConfig, as a list of messages (empty: valid)."""
+    from .family import get_family
+    e, p, given = [], prefix, cfg.given
+    n, t, s, m, sm = cfg.network, cfg.train, cfg.save, cfg.model, cfg.sample
+    choice(e, f"{p}type", cfg.type, PROCESS_TYPES)
+    if not cfg.name or os.sep in cfg.name or cfg.name in (".", ".."):
+        e.append(f"{p}name: a non-empty name without '{os.sep}' (it names the run's folder), got {cfg.name!r}")
+
+    choice(e, f"{p}network.type", n.type, NETWORK_TYPES)
+    _at_least(e, f"{p}network.linear", n.linear)
+    if n.linear_alpha <= 0:
+        e.append(f"{p}network.linear_alpha: must be > 0, got {n.linear_alpha}")
+    if not 0 <= n.dropout < 1:
+        e.append(f"{p}network.dropout: must be in [0, 1), got {n.dropout}")
+    if n.lokr_factor != -1 and n.lokr_factor < 1:
+        e.append(f"{p}network.lokr_factor: -1 (balanced) or a positive factor, got {n.lokr_factor}")
+    for k in ("lokr_factor", "lokr_full_rank"):
+        if f"network.{k}" in given and n.type != "lokr":
+            e.append(f"{p}network.{k}: only used by network type 'lokr' (the type is {n.type!r})")
+    if n.type in ("lokr", "loha"):
+        if n.dropout:
+            e.append(f"{p}network.dropout: {n.type} adapters have no input dropout; use 0")
+        if n.rslora:
+            e.append(f"{p}network.rslora: only LoRA and DoRA scale by alpha/sqrt(rank)")
+    if n.target is not None and not (isinstance(n.target, str) or (
+            isinstance(n.target, list) and n.target and all(isinstance(x, str) for x in n.target))):
+        e.append(f"{p}network.target: a preset name or a non-empty list of name patterns, got {n.target!r}")
+    for k, v in n.network_kwargs.items():
+        if k not in ("only_if_contains", "ignore_if_contains"):
+            e.append(f"{p}network.network_kwargs.{k}: unknown; supported: only_if_contains, ignore_if_contains")
+        elif not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+            e.append(f"{p}network.network_kwargs.{k}: expected a list of strings, got {v!r}")
+    if n.type in ("lokr", "loha") and s.format == "peft":
+        e.append(f"{p}save.format: 'peft' cannot hold {n.type} adapters (diffusers has no {n.type}); use 'kohya'")
+
+    choice(e, f"{p}save.format", s.format, FILE_FORMATS)
+    choice(e, f"{p}save.dtype", s.dtype, DTYPES)
+    _at_least(e, f"{p}save.save_every", s.save_every)
+    _at_least(e, f"{p}save.max_step_saves_to_keep", s.max_step_saves_to_keep)
+
+    _at_least(e, f"{p}train.steps", t.steps)
+    _at_least(e, f"{p}train.batch_size", t.batch_size)
+    _at_least(e, f"{p}train.gradient_accumulation_steps", t.gradient_accumulation_steps)
+    if t.lr <= 0:
+        e.append(f"{p}train.lr: must be > 0, got {t.lr}")
+    choice(e, f"{p}train.optimizer", t.optimizer, OPTIMIZERS)
+    choice(e, f"{p}train.lr_scheduler", t.lr_scheduler, SCHEDULERS)
+    _at_least(e, f"{p}train.lr_warmup_steps", t.lr_warmup_steps, 0)
+    if t.lr_warmup_steps >= t.steps > 0:
+        e.append(f"{p}train.lr_warmup_steps: {t.lr_warmup_steps} warm-up steps leave nothing of {t.steps} steps")
+    if t.max_grad_norm < 0:
+        e.append(f"{p}train.max_grad_norm: must be >= 0 (0 = no clipping), got {t.max_grad_norm}")
+    if t.shift <= 0:
+        e.append(f"{p}train.shift: must be > 0, got {t.shift}")
+    if t.sigmoid_scale <= 0:
+        e.append(f"{p}train.sigmoid_scale: must be > 0, got {t.sigmoid_scale}")
+    if t.logit_std <= 0:
+        e.append(f"{p}train.logit_std: must be > 0, got {t.logit_std}")
+    for k, kinds in _TIMESTEP_SETTINGS.items():
+        if f"train.{k}" in given and t.timestep_type not in kinds:
+            e.append(f"{p}train.{k}: only used by timestep_type {' / '.join(kinds)} (the type is "
+                     f"{t.timestep_type!r})")
+    choice(e, f"{p}train.dtype", t.dtype, DTYPES)
+    if not t.train_unet:
+        e.append(f"{p}train.train_unet: false leaves nothing to train (text encoder training is not available)")
+    if t.train_text_encoder:
+        e.append(f"{p}train.train_text_encoder: text encoder training is not available yet; set it to false")
+    if not 0 <= t.ema_config.ema_decay < 1:
+        e.append(f"{p}train.ema_config.ema_decay: must be in [0, 1), got {t.ema_config.ema_decay}")
+
+    choice(e, f"{p}model.dtype", m.dtype, DTYPES)
+    if m.is_flux is not None and m.is_flux != (m.arch == "flux"):
+        e.append(f"{p}model.is_flux: {str(m.is_flux).lower()} contradicts model.arch {m.arch!r}")
+    if m.name_or_path is not None and m.size is not None:
+        e.append(f"{p}model.size: a random-init preset, but model.name_or_path is given (its config is read from "
+                 f"the file); remove one")
+
+    _at_least(e, f"{p}sample.sample_every", sm.sample_every, 0)
+    _at_least(e, f"{p}sample.sample_start_step", sm.sample_start_step, 0)
+    _at_least(e, f"{p}sample.sample_steps", sm.sample_steps)
+    _at_least(e, f"{p}sample.num_samples", sm.num_samples)
+    if sm.prompt_embeds and "sample.num_samples" in given:
+        e.append(f"{p}sample.num_samples: picks dataset items to sample with, but sample.prompt_embeds gives the "
+                 f"prompts; remove one")
+
+    if not cfg.datasets and cfg.synthetic is None:
+        e.append(f"{p}datasets: no dataset (give datasets: [{{folder_path: ...}}] or synthetic: {{...}})")
+    if cfg.datasets and cfg.synthetic is not None:
+        e.append(f"{p}synthetic: given together with datasets; use one")
+    for i, d in enumerate(cfg.datasets):
+        _at_least(e, f"{p}datasets[{i}].num_repeats", d.num_repeats)
+        if not d.folder_path:
+            e.append(f"{p}datasets[{i}].folder_path: required")
+    if cfg.synthetic is not None:
+        sy = cfg.synthetic
+        _at_least(e, f"{p}synthetic.num_samples", sy.num_samples)
+        _at_least(e, f"{p}synthetic.text_length", sy.text_length)
+    _at_least(e, f"{p}log_every", cfg.log_every)
+    if cfg.max_gpu_memory is not None:
+        try:
+            if max_gpu_memory_bytes(cfg.max_gpu_memory) <= 0:
+                raise ValueError
+        except (TypeError, ValueError):
+            e.append(f"{p}max_gpu_memory: a size such as '12GiB' or '24 GB', or a number of GiB, got "
+                     f"{cfg.max_gpu_memory!r}")
+    if cfg.device is not None:
+        dev = str(cfg.device)
+        if not (dev == "cpu" or dev == "cuda" or (dev.startswith("cuda:") and dev[5:].isdigit())):
+            e.append(f"{p}device: 'cpu', 'cuda' or 'cuda:N', got {dev!r}")
+        elif dev.startswith("cuda"):
+            from flame_core import backend
+            if not backend.cuda_available():
+                e.append(f"{p}device: {dev} requested but no GPU is visible to CuPy (use device: cpu)")
+
+    try:
+        family = get_family(m.arch)
+    except ValueError as ex:
+        e.append(f"{p}model.arch: {ex}")
+        return e
+    e += _family_checks(cfg, family, p)
+    if check_files:
+        e += file_problems(cfg, family, p)
+    return e
+
+
+def _family_checks(cfg, family, p):
+    e = list(family.config_problems(cfg, p))
+    mult = family.pixel_multiple
+    for k in ("width", "height"):
+        v = getattr(cfg.sample, k)
+        if v is not None and (v <= 0 or v % mult):
+            e.append(f"{p}sample.{k}: must be a positive multiple of {mult}, got {v}")
+        sy = cfg.synthetic
+        if sy is not None and (getattr(sy, k) <= 0 or getattr(sy, k) % mult):
+            e.append(f"{p}synthetic.{k}: must be a positive multiple of {mult}, got {getattr(sy, k)}")
+    if cfg.network.target is None and family.default_target is None:
+        e.append(f"{p}network.target: required ({family.name} has no default preset)")
+    return e
+
+
+def file_problems(cfg, family, p=""):
+    """What is wrong with the files the config names, read from their headers only (model first: the datasets'
+    shapes are checked against it)."""
+    from .data import scan_folder
+    from .family import ModelFileError
+    e, spec = [], None
+    path = cfg.model.name_or_path
+    if path is not None and not os.path.exists(path):
+        e.append(f"{p}model.name_or_path: no such file or folder: {path}")
+    else:
+        try:
+            spec = family.describe_model(cfg.model)
+        except ModelFileError as ex:
+            e.append(f"{p}model.name_or_path: {ex}")
+    if spec is not None:
+        e += family.spec_problems(cfg, spec, p)
+
+    def check(shapes):
+        return family.check_sample(shapes, spec)
+    for i, d in enumerate(cfg.datasets):
+        if d.folder_path:
+            _, _, problems = scan_folder(d.folder_path, family.sample_keys, check)
+            e += [f"{p}datasets[{i}].folder_path: {x}" for x in problems[:20]]
+            if len(problems) > 20:
+                e.append(f"{p}datasets[{i}].folder_path: ... and {len(problems) - 20} more files")
+    for i, f in enumerate(cfg.sample.prompt_embeds):
+        msg = sample_file_problem(f, family, spec)
+        if msg:
+            e.append(f"{p}sample.prompt_embeds[{i}]: {msg}")
+    return e
+
+
+def sample_file_problem(path, family, spec):
+    """None, or what is wrong with a sample-prompt file (the conditioning arrays of one prompt)."""
+    from flame_core import io
+    if not os.path.isfile(path):
+        return f"no such file: {path}"
+    keys = family.sample_keys[1:]
+    try:
+        with io.safe_open(path) as f:
+            have = set(f.keys())
+            missing = [k for k in keys if k not in have]
+            if missing:
+                return f"{path}: missing {missing} (has {sorted(have)})"
+            shapes = {k: tuple(f.shape(k)) for k in keys}
+    except Exception as ex:  # noqa: BLE001 - reported with the file's name
+        return f"{path}: not a readable .safetensors file ({type(ex).__name__}: {ex})"
+    err = family.check_sample(shapes, spec)
+    return f"{path}: {err}" if err else None

@@ -1,0 +1,21 @@
+"""The LDM AutoencoderKL (SDXL, SD3, Flux VAEs): model, checkpoint loading, tiling and the families' latent scale.
+
+    vae = load_vae("ae.safetensors", dtype=flame.bfloat16, device="cuda")
+    z = vae.encode(images)              # (B, 16, H/8, W/8) unscaled posterior mean; images in [-1, 1]
+    x = vae.decode(z)                   # (B, 3, H, W), nominally [-1, 1]
+    z_model = FLUX.to_model(z)          # what the transformer sees
+"""
+from .config import VAEConfig, AutoencoderKLConfig, VAEConfigError, configs, vae_config
+from .distribution import DiagonalGaussianDistribution
+from .latent_format import LatentFormat, FLUX, SD3, SDXL, latent_formats
+from .layers import AttnBlock, Downsample, MidBlock, ResnetBlock, Upsample
+from .model import AutoencoderKL, Decoder, Encoder
+from .loading import VAECheckpointError, VAECheckpoint, infer_config, load_vae, load_vae_state_
+from .saving import save_vae
+from .tiling import blend_h, blend_v, tiled_decode, tiled_encode
+
+__all__ = ["VAEConfig", "AutoencoderKLConfig", "VAEConfigError", "configs", "vae_config",
+           "DiagonalGaussianDistribution", "LatentFormat", "FLUX", "SD3", "SDXL", "latent_formats", "AttnBlock",
+           "Downsample", "MidBlock", "ResnetBlock", "Upsample", "AutoencoderKL", "Decoder", "Encoder",
+           "VAECheckpointError", "VAECheckpoint", "infer_config", "load_vae", "load_vae_state_", "save_vae",
+           "blend_h", "blend_v", "tiled_decode", "tiled_encode"]

@@ -1,0 +1,131 @@
+"""The blocks of the LDM AutoencoderKL, named as in the LDM / BFL checkpoints (`block.0.norm1`, `attn_1.q`, ...).
+
+Every forward keeps as few full-resolution tensors alive as it can: a statement per step, so each intermediate is
+dropped as soon as the next one exists (at 1024^2 one 128-channel bf16 map is 256 MiB). The residual sum is done in
+place when nothing records gradients.
+"""
+import flame_core as flame
+import flame_nn
+import flame_nn.functional as F
+
+from .attention import single_head_attention
+
+
+def _inplace_ok(*tensors):
+    return not flame.is_grad_enabled() or not any(t.requires_grad for t in tensors)
+
+
+def add_residual(h, x):
+    """h + x, written into h when no gradient is being recorded (h is a fresh tensor the caller owns)."""
+    if _inplace_ok(h, x):
+        h += x
+        return h
+    return h + x
+
+
+def group_norm(num_channels, config, dtype=None, device=None):
+    return flame_nn.GroupNorm(config.norm_num_groups, num_channels, eps=config.norm_eps, affine=True,
+                              dtype=dtype, device=device)
+
+
+class ResnetBlock(flame_nn.Module):
+    """norm1 -> SiLU -> conv1 -> norm2 -> SiLU -> conv2, plus the input (through a 1x1 nin_shortcut when the channel
+    count changes). No timestep embedding and no dropout: the VAE's blocks never use them."""
+
+    def __init__(self, in_channels, out_channels, config, dtype=None, device=None):
+        super().__init__()
+        kw = dict(dtype=dtype, device=device)
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.norm1 = group_norm(in_channels, config, **kw)
+        self.conv1 = flame_nn.Conv2d(in_channels, out_channels, 3, padding=1, **kw)
+        self.norm2 = group_norm(out_channels, config, **kw)
+        self.conv2 = flame_nn.Conv2d(out_channels, out_channels, 3, padding=1, **kw)
+        if in_channels != out_channels:
+            self.nin_shortcut = flame_nn.Conv2d(in_channels, out_channels, 1, **kw)
+
+    def forward(self, x):                                        # (B, C_in, H, W)
+        h = self.norm1(x)
+        h = F.silu(h)
+        h = self.conv1(h)
+        h = self.norm2(h)
+        h = F.silu(h)
+        h = self.conv2(h)                                        # (B, C_out, H, W)
+        if self.in_channels != self.out_channels:
+            x = self.nin_shortcut(x)
+        return add_residual(h, x)
+
+
+class AttnBlock(flame_nn.Module):
+    """Single-head self-attention over the H*W positions, q/k/v/proj_out stored as 1x1 convs (C, C, 1, 1), run as
+    Linears on the (B, H*W, C) tokens; the attention itself a block of query rows at a time (attention.py)."""
+
+    def __init__(self, channels, config, dtype=None, device=None):
+        super().__init__()
+        kw = dict(dtype=dtype, device=device)
+        self.channels = channels
+        self.norm = group_norm(channels, config, **kw)
+        self.q = flame_nn.Conv2d(channels, channels, 1, **kw)
+        self.k = flame_nn.Conv2d(channels, channels, 1, **kw)
+        self.v = flame_nn.Conv2d(channels, channels, 1, **kw)
+        self.proj_out = flame_nn.Conv2d(channels, channels, 1, **kw)
+
+    def _pointwise(self, conv, tokens):
+        C = self.channels
+        return F.linear(tokens, conv.weight.reshape(C, C), conv.bias)
+
+    def forward(self, x):                                        # (B, C, H, W)
+        B, C, H, W = x.shape
+        h = self.norm(x)
+        h = h.reshape(B, C, H * W).transpose(1, 2).contiguous()  # (B, L, C), one copy for q, k and v
+        q = self._pointwise(self.q, h)
+        k = self._pointwise(self.k, h)
+        v = self._pointwise(self.v, h)
+        del h
+        o = single_head_attention(q, k, v)                       # (B, L, C)
+        del q, k, v
+        o = self._pointwise(self.proj_out, o)
+        o = o.transpose(1, 2).reshape(B, C, H, W)
+        return add_residual(o, x)
+
+
+class Downsample(flame_nn.Module):
+    """Zero pad one pixel right and bottom, then a 3x3 stride-2 conv (LDM's asymmetric padding)."""
+
+    def __init__(self, channels, dtype=None, device=None):
+        super().__init__()
+        self.conv = flame_nn.Conv2d(channels, channels, 3, stride=2, padding=0, dtype=dtype, device=device)
+
+    def forward(self, x):
+        x = F.pad(x, (0, 1, 0, 1))
+        return self.conv(x)
+
+
+class Upsample(flame_nn.Module):
+    """Nearest-neighbour x2, then a 3x3 conv."""
+
+    def __init__(self, channels, dtype=None, device=None):
+        super().__init__()
+        self.conv = flame_nn.Conv2d(channels, channels, 3, padding=1, dtype=dtype, device=device)
+
+    def forward(self, x):
+        x = F.interpolate(x, scale_factor=2.0, mode="nearest")
+        return self.conv(x)
+
+
+class MidBlock(flame_nn.Module):
+    """block_1 -> attn_1 -> block_2 at the lowest resolution (attn_1 absent when config.mid_attention is off)."""
+
+    def __init__(self, channels, config, dtype=None, device=None):
+        super().__init__()
+        kw = dict(dtype=dtype, device=device)
+        self.block_1 = ResnetBlock(channels, channels, config, **kw)
+        if config.mid_attention:
+            self.attn_1 = AttnBlock(channels, config, **kw)
+        self.block_2 = ResnetBlock(channels, channels, config, **kw)
+        self.has_attention = config.mid_attention
+
+    def forward(self, x):
+        x = self.block_1(x)
+        if self.has_attention:
+            x = self.attn_1(x)
+        return self.block_2(x)

@@ -1,0 +1,102 @@
+"""Caption rules: trigger word, dropout (rate and determinism), tag shuffling with keep_tokens, caption files."""
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from flame_models.data import DataError, DatasetConfig, ImageDataset, apply_trigger, read_caption, split_tags
+from flame_models.data.captions import CaptionRule, shuffle_tags
+
+from make_images import write_caption, write_image
+
+
+def rule(seed=0, trigger=None, **kw):
+    return CaptionRule(DatasetConfig(folder_path="x", **kw), seed, trigger)
+
+
+def test_trigger_word_like_ai_toolkit():
+    assert apply_trigger("a photo of [trigger] at the beach", "ohwx") == "a photo of ohwx at the beach"
+    assert apply_trigger("[name], smiling", "ohwx") == "ohwx, smiling"
+    assert apply_trigger("a dog on grass", "ohwx") == "ohwx a dog on grass"        # added when missing
+    assert apply_trigger("ohwx dog", "ohwx") == "ohwx dog"                          # not twice
+    assert apply_trigger("a photo of [trigger]", None) == "a photo of"              # removed without a trigger
+    assert apply_trigger("a dog", "ohwx", add_if_missing=False) == "a dog"          # sample prompts
+    r = rule(trigger="sks")
+    assert r.base("a cat") == "sks a cat" and r.dropout_caption == "sks"
+    assert rule(trigger="sks", trigger_word="own").base("a cat") == "own a cat"     # the folder's own trigger wins
+    assert rule().dropout_caption == ""
+
+
+def test_dropout_rate_statistics_and_determinism():
+    r = rule(seed=7, caption_dropout_rate=0.25)
+    draws = np.array([[r.dropped(f"s{k}", e) for e in range(40)] for k in range(100)])   # 4000 draws
+    assert abs(draws.mean() - 0.25) < 4 * np.sqrt(0.25 * 0.75 / draws.size)
+    assert 0.1 < draws.mean(axis=0).min() and draws.mean(axis=0).max() < 0.45          # every epoch drops some
+    again = np.array([[rule(seed=7, caption_dropout_rate=0.25).dropped(f"s{k}", e) for e in range(40)]
+                      for k in range(100)])
+    assert (draws == again).all()                                                      # same seed: same draws
+    other = np.array([[rule(seed=8, caption_dropout_rate=0.25).dropped(f"s{k}", e) for e in range(40)]
+                      for k in range(100)])
+    assert (draws != other).mean() > 0.2
+    assert r.caption("ohwx a cat", "s0", int(np.argmax(draws[0]))) == ""
+    assert not rule(caption_dropout_rate=0.0).dropped("a", 0) and rule(caption_dropout_rate=1.0).dropped("a", 0)
+
+
+@given(tags=st.lists(st.text("abcdefgh ", min_size=1, max_size=6).filter(lambda t: t.strip()), min_size=1,
+                     max_size=9), keep=st.integers(0, 4), seed=st.integers(0, 2 ** 31))
+def test_shuffle_keeps_the_first_tags_and_every_tag(tags, keep, seed):
+    caption = ", ".join(tags)
+    out = shuffle_tags(caption, np.random.default_rng(seed), keep, ",")
+    before, after = split_tags(caption), split_tags(out)
+    assert sorted(after) == sorted(before)
+    assert after[:keep] == before[:keep]
+
+
+def test_shuffle_varies_by_epoch_and_repeats_with_variants():
+    caption = "ohwx, one, two, three, four, five, six"
+    r = rule(seed=3, shuffle_tokens=True, keep_tokens=1)
+    orders = [r.caption(caption, "k", e) for e in range(6)]
+    assert all(o.startswith("ohwx, ") for o in orders)
+    assert len(set(orders)) >= 5                                                        # 720 orders: all differ
+    assert orders == [rule(seed=3, shuffle_tokens=True, keep_tokens=1).caption(caption, "k", e) for e in range(6)]
+    assert r.caption(caption, "k", 0) != r.caption(caption, "other", 0)
+    r3 = rule(seed=3, shuffle_tokens=True, keep_tokens=1, shuffle_variants=3)
+    c3 = [r3.caption(caption, "k", e) for e in range(9)]
+    assert c3[:3] == c3[3:6] == c3[6:9] and len(set(c3)) == 3
+    assert rule(seed=3, keep_tokens=1).caption(caption, "k", 4) == caption             # no shuffle: unchanged
+    assert shuffle_tags("a|b|c", np.random.default_rng(0), 0, "|").count("| ") == 2  # joined with the separator
+
+
+def test_variants_cover_every_caption_drawn():
+    caption = "ohwx, one, two, three"
+    for kw in ({"shuffle_tokens": True, "caption_dropout_rate": 0.3}, {"caption_dropout_rate": 0.5},
+               {"shuffle_tokens": True, "shuffle_variants": 2}, {}):
+        r = rule(seed=1, trigger="ohwx", **kw)
+        drawn = {r.caption(caption, f"s{k}", e, f"t{k}") for k in range(5) for e in range(7)}
+        listed = set().union(*(r.variants_over(caption, f"t{k}", range(7)) for k in range(5)))
+        assert drawn <= listed
+        assert len(listed) <= 5 * 7 + 1
+
+
+def test_caption_files(tmp_path):
+    p = tmp_path / "a.txt"
+    p.write_bytes("\ufeff  a caf\u00e9, by the sea \n\n".encode("utf-8"))
+    assert read_caption(str(p)) == "a caf\u00e9, by the sea"
+    p.write_bytes("caf\u00e9".encode("latin-1"))
+    with pytest.raises(DataError, match=r"a\.txt: the caption file is not UTF-8"):
+        read_caption(str(p))
+
+
+def test_dataset_captions(tmp_path):
+    root = tmp_path / "d"
+    write_caption(write_image(str(root / "a.png"), 64, 64), "a photo of [trigger], red")
+    write_caption(write_image(str(root / "b.png"), 64, 64, seed=1), "", ext=".caption")
+    write_image(str(root / "c.png"), 64, 64, seed=2)                                   # no caption file
+    cfg = DatasetConfig(folder_path=str(root), resolution=64, caption_ext="caption", default_caption="a thing")
+    with pytest.raises(DataError, match=r"a\.png: no caption file a\.caption") as ex:
+        ImageDataset([DatasetConfig(folder_path=str(root), resolution=64, caption_ext=".caption")], progress=False)
+    assert "c.png" in str(ex.value) and "default_caption" in str(ex.value)
+    write_caption(str(root / "a.png"), "a photo of [trigger], red", ext=".caption")
+    ds = ImageDataset([cfg], trigger_word="ohwx", progress=False)
+    got = {ds.record(i).relpath: ds.caption(i, 0) for i in range(len(ds))}
+    # an empty caption file and a missing one both fall back to default_caption (ai-toolkit does the same)
+    assert got == {"a.png": "a photo of ohwx, red", "b.png": "ohwx a thing", "c.png": "ohwx a thing"}

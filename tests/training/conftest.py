@@ -1,0 +1,46 @@
+"""Shared pieces of the trainer tests: a tiny Flux checkpoint file, folders of precomputed samples, a small config."""
+import numpy as np
+import pytest
+
+from flame_models.flux import Flux, save_flux
+from flame_models.training.config import config_from_dict
+from flame_models.training.data import write_sample
+
+# flux-tiny: context_in_dim 32, vec_in_dim 16
+
+
+@pytest.fixture(scope="session")
+def flux_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model") / "flux-tiny.safetensors"
+    save_flux(Flux("flux-tiny"), str(path))
+    return str(path)
+
+
+def make_samples(folder, n=4, h=4, w=4, txt=(8, 32), pooled=16, seed=0):
+    """n sample files of latents (16, h, w) (h, w in latent pixels) and conditioning of the given shapes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        write_sample(str(folder / f"{i:04d}.safetensors"),
+                     latents=rng.standard_normal((16, h, w)).astype(np.float32),
+                     prompt_embeds=rng.standard_normal(txt).astype(np.float32),
+                     pooled_prompt_embeds=rng.standard_normal(pooled).astype(np.float32))
+    return str(folder)
+
+
+def tiny_config(tmp_path, name, steps=6, train=None, **top):
+    """A flux-tiny run on 8 synthetic 32x32 samples, LoRA r4 on every block Linear, fp32 on the cpu."""
+    t = {"steps": steps, "batch_size": 2, "optimizer": "adamw", "lr": 3e-3, "lr_warmup_steps": 2, "dtype": "fp32",
+         "gradient_checkpointing": False, "seed": 0}
+    t.update(train or {})
+    d = {"name": name, "training_folder": str(tmp_path), "device": "cpu",
+         "network": {"type": "lora", "linear": 4, "linear_alpha": 4, "target": "all_linear"},
+         "synthetic": {"num_samples": 8, "height": 32, "width": 32, "text_length": 8, "seed": 0},
+         "train": t, "model": {"size": "flux-tiny", "dtype": "fp32"},
+         "sample": {"sample_every": 0}, "save": {"save_every": 3, "format": "kohya", "dtype": "fp32"}}
+    for k, v in top.items():
+        if isinstance(v, dict) and isinstance(d.get(k), dict):
+            d[k] = {**d[k], **v}
+        else:
+            d[k] = v
+    return config_from_dict(d)

@@ -1,0 +1,135 @@
+"""examples/train_flux_lora.py as a user meets it: --help, the demo in a fresh folder each time (with --steps that
+shortens the warm-up), a file that is not a Flux transformer given as the model (one line, exit 2), and a real run
+that resumes by itself and deletes nothing without --fresh."""
+import hashlib
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+from flame_core import io
+
+from .conftest import make_samples
+
+EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train_flux_lora.py")
+
+
+@pytest.fixture(scope="module")
+def example():
+    spec = importlib.util.spec_from_file_location("train_flux_lora", EXAMPLE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_help_has_a_line_with_its_default_for_every_flag_and_explains_the_demo_and_resume(example, capsys):
+    with pytest.raises(SystemExit) as ei:
+        example.main(["--help"])
+    assert ei.value.code == 0
+    out = capsys.readouterr().out
+    for action in example.parser()._actions:
+        if action.option_strings and action.dest != "help":
+            assert action.help and "default" in action.help, action.option_strings
+            assert action.option_strings[-1] in out
+    assert "With no arguments the demo runs" in out and "Resume is automatic" in out
+    assert "--fresh" in out and "Exit codes: 0 done, 2 bad input" in out
+    assert "(default 2000; the demo 600)" in " ".join(out.split())
+
+
+def _files(folder):
+    out = {}
+    for root, _, files in os.walk(folder):
+        for f in files:
+            p = os.path.join(root, f)
+            out[os.path.relpath(p, folder)] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+    return out
+
+
+def test_the_demo_runs_with_few_steps_in_a_fresh_folder_each_time(example, tmp_path, capsys):
+    assert example.main(["--steps", "3", "--output", str(tmp_path), "--sample-every", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "note: --steps 3: the 20 warm-up steps are shortened to 0" in out
+    first = tmp_path / "flux_lora_tiny"
+    assert (first / "flux_lora_tiny.safetensors").stat().st_size > 0
+    before = _files(first)
+    assert example.main(["--steps", "3", "--output", str(tmp_path), "--sample-every", "0"]) == 0
+    out = capsys.readouterr().out
+    assert f"writing to {tmp_path / 'flux_lora_tiny-2'} (a fresh folder)" in out
+    assert (tmp_path / "flux_lora_tiny-2" / "flux_lora_tiny-2.safetensors").exists()
+    assert _files(first) == before                                  # the earlier demo is untouched
+
+
+def _fake(path, keys):
+    io.save_file({k: np.zeros((2, 2), np.float32) for k in keys}, str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("kind, keys, words", [
+    ("lora", ["lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight",
+              "lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight"], "a LoRA / adapter file"),
+    ("peft", ["transformer.transformer_blocks.0.attn.to_q.lora_A.weight"], "a LoRA / adapter file"),
+    ("vae", ["encoder.conv_in.weight", "decoder.conv_in.weight", "decoder.up.0.block.0.conv1.weight"],
+     "a VAE (autoencoder)"),
+    ("clip", ["text_model.embeddings.token_embedding.weight",
+              "text_model.encoder.layers.0.self_attn.q_proj.weight"], "a CLIP text encoder"),
+    ("t5", ["shared.weight", "encoder.block.0.layer.0.SelfAttention.q.weight"], "a T5 text encoder"),
+    ("sdxl", ["model.diffusion_model.input_blocks.0.0.weight"], "a Stable Diffusion / SDXL UNet"),
+    ("other", ["weights.0"], "an unknown model")])
+def test_a_file_that_is_not_a_flux_transformer_is_one_line_and_exit_2(example, tmp_path, capsys, kind, keys, words):
+    model = _fake(tmp_path / f"{kind}.safetensors", keys)
+    data = make_samples(tmp_path / "data", n=2)
+    assert example.main(["--model", model, "--data", data, "--output", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("error: command line: model.name_or_path: ")
+    assert f"{model} is not a Flux transformer: it looks like {words} (keys such as " in err
+    assert not (tmp_path / "flux_lora").exists()                   # nothing was written
+
+
+def test_a_file_that_is_not_safetensors_at_all(example, tmp_path, capsys):
+    model = tmp_path / "flux1-dev.safetensors"
+    model.write_text("<html>404 Not Found</html>")
+    assert example.main(["--model", str(model), "--data", make_samples(tmp_path / "d", n=2)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a readable .safetensors file" in err, err
+
+
+def test_a_real_run_resumes_by_itself_and_deletes_nothing_without_fresh(example, tmp_path, capsys, flux_file):
+    data = make_samples(tmp_path / "data", n=4)
+    args = ["--model", flux_file, "--data", data, "--output", str(tmp_path), "--name", "real", "--sample-every", "0",
+            "--save-every", "2", "--optimizer", "adamw", "--rank", "4"]
+    assert example.main(args + ["--steps", "2"]) == 0
+    run = tmp_path / "real"
+    mine = run / "my_notes.txt"
+    mine.write_text("keep me")
+    assert example.main(args + ["--steps", "4"]) == 0               # more steps: resumes at 2, applies the change
+    out = capsys.readouterr().out
+    assert "resumed from" in out and "train.steps 2 -> 4" in out
+    assert mine.read_text() == "keep me" and (run / "real_000002.safetensors").exists()
+    assert [line.split(",")[0] for line in open(run / "loss.csv").read().split()[1:]] == ["1", "2", "3", "4"]
+    assert example.main(args + ["--steps", "4", "--rank", "8"]) == 2   # a rank change cannot continue the run
+    assert "network.linear 4 -> 8" in capsys.readouterr().err
+    assert example.main(args + ["--steps", "2", "--rank", "8", "--fresh"]) == 0
+    out = capsys.readouterr().out
+    assert "--fresh: removed" in out and mine.read_text() == "keep me"
+    assert not (run / "real_000004.safetensors").exists()
+
+
+@pytest.mark.parametrize("name", ["flux_dev_24gb.yaml", "flux_dev_12gib.yaml", "flux_dev_10gib.yaml"])
+def test_the_shipped_configs_parse_and_run_on_a_tiny_model(example, tmp_path, flux_file, name):
+    from flame_models.training.config import read_yaml
+    path = os.path.join(os.path.dirname(EXAMPLE), "configs", name)
+    data = read_yaml(path)
+    proc = data["config"]["process"][0]
+    proc.update(device="cpu", training_folder=str(tmp_path))
+    proc["model"].update(name_or_path=flux_file, dtype="fp32")
+    proc["datasets"][0]["folder_path"] = make_samples(tmp_path / "latents", n=2)
+    proc["train"].update(steps=2, dtype="fp32")
+    proc["sample"].update(sample_steps=2)
+    small = tmp_path / name
+    import yaml
+    small.write_text(yaml.safe_dump(data))
+    assert example.main(["--config", str(small)]) == 0
+    lora = tmp_path / "my_flux_lora" / "my_flux_lora.safetensors"
+    assert io.load_metadata(str(lora))["name"] == "my_flux_lora"     # meta: [name] -> the run's name
