@@ -5,25 +5,21 @@ memory), FLAME side by side with PyTorch (torch.utils.checkpoint, same shapes an
 Activation memory = allocated bytes after the forward (graph alive) minus before it. Peak = max allocated during a
 training step (forward, backward, optimizer). Step time: CUDA events around whole steps after warm-up, median.
 Run: PYTHONPATH=$PWD python3 bench/checkpoint.py   (--small for a quick cpu check)
-Prints a table last and writes JSON (--out, default $OUT/checkpoint.json or ./checkpoint.json).
+Prints a table last and writes $OUT/checkpoint.json.
 """
 import argparse
-import json
 import math
-import os
 import statistics
 import time
 
 import numpy as np
 
+import common
 import flame_core as flame
-from flame_core import amp, backend
+from flame_core import amp
+from flame_core import memory as M
 from flame_core.checkpoint import maybe_checkpoint
-
-try:  # before any allocation: installs FLAME's pool on cuda, so every array is counted
-    from flame_core import memory as _memory  # noqa: F401
-except ImportError:
-    _memory = None
+from flame_nn.optim import AdamW
 
 
 # ----------------------------------------------------------------------------- the model (flame_core ops only)
@@ -87,111 +83,33 @@ class Stack:
         return x
 
 
-class SGD:
-    """Fallback when flame_nn.optim is not importable."""
-
-    def __init__(self, params, lr):
-        self.params, self.lr = list(params), lr
-
-    def step(self):
-        for p in self.params:
-            if p.grad is not None:
-                p._data -= self.lr * p.grad._data
-
-    def zero_grad(self, set_to_none=True):
-        for p in self.params:
-            p.grad = None
-
-
-def make_optimizer(params, lr):
-    try:
-        from flame_nn.optim import AdamW
-        return AdamW(params, lr=lr, weight_decay=0.0), "flame_nn.optim.AdamW"
-    except Exception:  # noqa: BLE001 - the bench must run on a partial tree too
-        return SGD(params, lr * 10), "SGD (inline)"
-
-
-# ----------------------------------------------------------------------------- measuring
-class Meter:
-    """Allocated bytes now / peak since reset: flame_core.memory when importable, else CuPy's pool or tracemalloc."""
-
-    def __init__(self, device):
-        self.device = device
-        try:
-            from flame_core import memory as M
-            M.memory_allocated(device)
-            self.M, self.source = M, "flame_core.memory"
-        except Exception:  # noqa: BLE001
-            self.M, self.source = None, ("cupy pool" if device.type == "cuda" else "tracemalloc")
-            if device.type == "cpu":
-                import tracemalloc
-                tracemalloc.start()
-        self._peak_fallback = 0
-
-    def sync(self):
-        if self.device.type == "cuda":
-            backend.cupy.cuda.Device().synchronize()
-
-    def allocated(self):
-        self.sync()
-        if self.M is not None:
-            return self.M.memory_allocated(self.device)
-        if self.device.type == "cuda":
-            return backend.cupy.get_default_memory_pool().used_bytes()
-        import tracemalloc
-        return tracemalloc.get_traced_memory()[0]
-
-    def reset_peak(self):
-        self.sync()
-        if self.M is not None:
-            self.M.reset_peak_memory_stats(self.device)
-        elif self.device.type == "cuda":
-            pool = backend.cupy.get_default_memory_pool()
-            pool.free_all_blocks()
-        else:
-            import tracemalloc
-            tracemalloc.reset_peak()
-
-    def peak(self):
-        self.sync()
-        if self.M is not None:
-            return self.M.max_memory_allocated(self.device)
-        if self.device.type == "cuda":  # reserved after free_all_blocks at reset: the high-water mark
-            return backend.cupy.get_default_memory_pool().total_bytes()
-        import tracemalloc
-        return tracemalloc.get_traced_memory()[1]
-
-
-def timer(device):
-    if device.type == "cuda":
-        cp = backend.cupy
-
-        def measure(fn):
-            a, b = cp.cuda.Event(), cp.cuda.Event()
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            return cp.cuda.get_elapsed_time(a, b) / 1e3
-        return measure
-
-    def measure(fn):
+def measure(device):
+    """Seconds of one fn() call: CUDA events on cuda, the wall clock on cpu."""
+    def run(fn):
+        if device.type == "cuda":
+            return common.cuda_ms(fn, 1, warmup=0)[0] / 1e3
         t = time.perf_counter()
         fn()
         return time.perf_counter() - t
-    return measure
+    return run
+
+
+def memory_now(device):
+    if device.type == "cuda":
+        common.synchronize()
+    return M.memory_allocated(device)
 
 
 def run_flame(args, device):
     flame.manual_seed(0)
     model = Stack(args.blocks, args.dim, args.heads, device, args.dropout)
     params = model.parameters()
-    opt, opt_name = make_optimizer(params, args.lr)
+    opt = AdamW(params, lr=args.lr, weight_decay=0.0)
     rng = np.random.default_rng(1)
     x = flame.tensor(rng.standard_normal((args.batch, args.seq, args.dim)).astype(np.float32), device=device)
     target = flame.tensor(rng.standard_normal((args.batch, args.seq, args.dim)).astype(np.float32) * 0.5,
                           device=device)
-    meter, measure = Meter(device), timer(device)
+    timed = measure(device)
 
     def forward():
         with amp.autocast(device.type, dtype=args.dtype):
@@ -225,25 +143,25 @@ def run_flame(args, device):
             continue
         model.gradient_checkpointing, model.checkpoint_offload = ckpt, off
         step()                                           # warm (kernels compiled, optimizer state made)
-        meter.reset_peak()
-        before = meter.allocated()
+        M.reset_peak_memory_stats(device)
+        before = memory_now(device)
         loss = forward()
-        act = meter.allocated() - before
+        act = memory_now(device) - before
         loss.backward()
         opt.step()
         opt.zero_grad()
-        peak = meter.peak()
+        memory_now(device)
+        peak = M.max_memory_allocated(device)
         del loss
         for _ in range(args.warmup):
             step()
         losses = []
-        times = [measure(lambda: step(losses)) for _ in range(args.steps)]
+        times = [timed(lambda: step(losses)) for _ in range(args.steps)]
         lv = [float(v.item()) for v in losses]
         rows.append({"mode": name, "activation_bytes": int(act), "peak_bytes": int(peak),
                      "step_s": statistics.median(times), "step_s_min": min(times),
                      "loss_first": lv[0], "loss_last": lv[-1]})
-    return {"optimizer": opt_name, "memory_source": meter.source, "grad_rel_diff_ckpt_vs_plain": rel,
-            "params": int(sum(p.numel() for p in params)), "rows": rows}
+    return {"grad_rel_diff_ckpt_vs_plain": rel, "params": int(sum(p.numel() for p in params)), "rows": rows}
 
 
 def run_torch(args):
@@ -307,21 +225,14 @@ def run_torch(args):
         del loss, h
         for _ in range(args.warmup):
             step(ckpt)
-        times = []
-        for _ in range(args.steps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            step(ckpt)
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
+        times = [t / 1e3 for t in common.cuda_ms(lambda: step(ckpt), args.steps, 0, lib="torch")[2]]
         rows.append({"mode": name, "activation_bytes": int(act), "peak_bytes": int(peak),
                      "step_s": statistics.median(times), "step_s_min": min(times)})
     return {"version": torch.__version__, "rows": rows}
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--blocks", type=int, default=16)
     ap.add_argument("--dim", type=int, default=1024)
     ap.add_argument("--heads", type=int, default=16)
@@ -334,59 +245,33 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--small", action="store_true", help="tiny shapes (a cpu smoke run)")
     ap.add_argument("--no-torch", action="store_true")
-    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "checkpoint.json"))
     args = ap.parse_args()
-    args.dtype = flame.dtype(args.dtype) if hasattr(flame, "dtype") else getattr(flame, args.dtype)
+    args.dtype = getattr(flame, args.dtype)
     if args.small:
         args.blocks, args.dim, args.heads, args.seq, args.batch, args.steps = 4, 64, 4, 32, 2, 3
     device = flame.default_device()
-    config = {k: getattr(args, k) for k in ("blocks", "dim", "heads", "seq", "batch", "dropout", "lr", "warmup",
-                                             "steps")}
-    config["autocast_dtype"] = args.dtype.name
-    result = {"device": str(device), "config": config}
-    try:
-        result["flame"] = run_flame(args, device)
-    except Exception as e:  # noqa: BLE001 - keep the peer figures and say what broke
-        import traceback
-        traceback.print_exc()
-        result["flame"] = {"error": f"{type(e).__name__}: {e}"}
-    if device.type == "cuda":
-        import cupy
-        result["gpu"] = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    if not args.no_torch and device.type == "cuda":
-        try:
-            result["torch"] = run_torch(args)
-        except ImportError:
-            result["torch"] = None
-        except Exception as e:  # noqa: BLE001
-            result["torch"] = {"error": f"{type(e).__name__}: {e}"}
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-
-    fl = result["flame"]
-    mib = 1 << 20
-    print(f"\n{args.blocks} blocks, dim {args.dim}, heads {args.heads}, seq {args.seq}, batch {args.batch}, "
-          f"{args.dtype.name} autocast, dropout {args.dropout}; device {result.get('gpu', device)}")
-    if "error" in fl:
-        print(f"FLAME failed: {fl['error']}")
-    else:
-        print(f"{fl['params'] / 1e6:.1f}M params, {fl['optimizer']}, memory from {fl['memory_source']}; max relative "
-              f"gradient difference checkpointed vs plain (same seed): {fl['grad_rel_diff_ckpt_vs_plain']:.2e}")
-    print(f"{'impl':6s} {'mode':20s} {'act MiB':>9s} {'act /':>6s} {'peak MiB':>9s} {'step ms':>8s} {'x plain':>8s} "
-          f"{'loss first->last':>18s}")
-    base = fl["rows"][0] if "rows" in fl else None
-    for r in fl.get("rows", []):
-        print(f"{'flame':6s} {r['mode']:20s} {r['activation_bytes'] / mib:9.1f} "
-              f"{base['activation_bytes'] / max(r['activation_bytes'], 1):6.1f} {r['peak_bytes'] / mib:9.1f} "
-              f"{r['step_s'] * 1e3:8.1f} {r['step_s'] / base['step_s']:8.2f} "
-              f"{r['loss_first']:8.4f}->{r['loss_last']:8.4f}")
-    if result.get("torch") and "rows" in result["torch"]:
-        tb = result["torch"]["rows"][0]
-        for r in result["torch"]["rows"]:
-            print(f"{'torch':6s} {r['mode']:20s} {r['activation_bytes'] / mib:9.1f} "
-                  f"{tb['activation_bytes'] / max(r['activation_bytes'], 1):6.1f} {r['peak_bytes'] / mib:9.1f} "
-                  f"{r['step_s'] * 1e3:8.1f} {r['step_s'] / tb['step_s']:8.2f} {'':>18s}")
-    print(f"wrote {args.out}")
+    res = common.Results("checkpoint")
+    res.log("config", {k: getattr(args, k) for k in ("blocks", "dim", "heads", "seq", "batch", "dropout", "lr",
+                                                      "warmup", "steps")} | {"autocast": args.dtype.name})
+    parts = [("FLAME", lambda: res.log("flame", run_flame(args, device)))]
+    torch = None if args.no_torch or device.type != "cuda" else common.import_torch()
+    if torch is not None:
+        parts.append(("torch", lambda: res.log("torch", run_torch(args))))
+    common.run_parts(res, parts)
+    rows = []
+    for impl in ("flame", "torch"):
+        out = res.get(impl) or {}
+        base = (out.get("rows") or [None])[0]
+        for r in out.get("rows", []):
+            rows.append([impl, r["mode"], round(r["activation_bytes"] / 2 ** 20, 1),
+                         f"{base['activation_bytes'] / max(r['activation_bytes'], 1):.1f}x",
+                         round(r["peak_bytes"] / 2 ** 20, 1), round(r["step_s"] * 1e3, 1),
+                         round(r["step_s"] / base["step_s"], 2)])
+    fl = res.get("flame") or {}
+    print(common.table(["impl", "mode", "activation MiB", "reduction", "peak MiB", "step ms", "x plain"], rows,
+                       title=f"\n{args.blocks} blocks, dim {args.dim}, heads {args.heads}, seq {args.seq}, batch "
+                             f"{args.batch}, {args.dtype.name} autocast, dropout {args.dropout}, AdamW; max relative "
+                             f"gradient difference checkpointed vs plain: {fl.get('grad_rel_diff_ckpt_vs_plain')}"))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ mkdir -p "$CUPY_CACHE_DIR"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import cupy, numpy, torch; print('cupy', cupy.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__)"
 t0=$(date +%s)
-python3 -m flame_core.kernels.loader > "$OUT/precompile.log" 2>&1; grep -v " ok$" "$OUT/precompile.log" | tail -20
+python3 -m flame_core.kernels.precompile > "$OUT/precompile.log" 2>&1; grep -v " ok$" "$OUT/precompile.log" | tail -20
 echo "precompile: $(( $(date +%s) - t0 )) s"
 if [ "$TESTS" != "none" ]; then
   t0=$(date +%s)

@@ -1,46 +1,38 @@
 """Achieved bandwidth of the memory-bound FLAME kernels at Flux / SDXL sizes, side by side with PyTorch and with a
-device-to-device copy of the same bytes, in one process on one GPU. Plus fused AdamW over 44M params in 912 tensors
+device-to-device copy of the same bytes, in one process on one GPU; plus fused AdamW over 44.8M params in 912 tensors
 against torch.optim.AdamW(fused=True).
 
-Protocol (the same for FLAME, PyTorch and the copy): inputs prepared once, 5 warm-up calls, then 30 timed calls, each
-preceded by a read of a 256 MiB buffer that evicts L2 (clean lines) and a GPU-side wait of --hold-us microseconds
-(default 300), each timed alone with CUDA events; the median is taken. Each row repeats that in --rounds interleaved
-rounds (default 5; FLAME and torch alternate which goes first, the copy after them) and reports the medians over the
-rounds and the rounds FLAME was faster than torch in ("wins"). After each round but the last, one more block of the
-input's size is held on each side (CuPy's pool and torch's caching allocator), which takes the block that side's output
-of that size just used, so each round's outputs land in new memory: where an output lands moves a copy-bound op by about
-+-0.4% on either side (bench/act_probe.py placement), and the rounds sample that instead of one placement per side
-(--same-outputs: the older protocol). The wait keeps the GPU busy while Python queues the call's launches, so the
-interval between the events is the GPU's work on the op (its kernels and the gaps between them) and not the host's
-launch overhead, which a slow host otherwise adds to multi-launch ops on either side (--hold-us 0: the older protocol).
-The host time of each FLAME call (launch overhead) is reported beside it.
-GB/s = (bytes the op must read + write) / time. The copy moves the op's input bytes (cupy.copyto, D2D).
-Prints a table last and writes JSON (--out, default $OUT/kernels.json or ./kernels.json).
-Run: PYTHONPATH=$PWD python3 bench/kernels.py
+Protocol (the same for FLAME, PyTorch and the copy): inputs prepared once, 5 warm-up calls, then 30 calls, each
+preceded by a read of a 256 MiB buffer that evicts L2 and a GPU-side wait of --hold-us microseconds (default 300: the
+GPU is busy while Python queues the call's launches, so the events see the GPU's work, not the host's), each timed
+alone with CUDA events; the median is taken. Each row repeats that in --rounds interleaved rounds (default 5; FLAME
+and torch alternate which goes first, the copy after them) and reports the medians over the rounds and the rounds
+FLAME was faster than torch in ("wins"). After each round one more block of the input's size is held on each side,
+so each round's outputs land in new memory (where an output lands moves a copy-bound op by about +-0.4%; the rounds
+sample that; --same-outputs turns it off). GB/s = (bytes the op must read + write) / time; the copy moves the op's
+input bytes. The host time of each FLAME call (its launch overhead) is reported beside it.
+Run: PYTHONPATH=$PWD python3 bench/kernels.py [--only norms,activations,...] [--rounds 5]
 """
 import argparse
-import json
 import math
-import os
 import statistics
-import time
 
 import cupy as cp
 import ml_dtypes
 import numpy as np
 
-from flame_core.kernels import activations, adamw, fp8, loader, modulate, norms, rope, softmax
+import common
+from flame_core.kernels import activations, adamw, fp8, groupnorm, loader, modulate, norms, rope, softmax
 
-try:
-    import torch
+torch = common.import_torch()
+if torch is not None:
     import torch.nn.functional as F
-except Exception:  # torch is only a side-by-side peer
-    torch = None
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 REPS, WARM = 30, 5
-ROUNDS = 5  # interleaved FLAME / torch / copy rounds per row (--rounds)
-MOVE_OUTPUTS = True  # each round's outputs in new memory on both sides (--same-outputs turns it off)
+ROUNDS = 5
+MOVE_OUTPUTS = True
+HOLD_US = 300
 
 _FLUSH = cp.RawKernel(r'''
 extern "C" __global__ void flush_read(const uint4* p, long long n, unsigned int* sink) {
@@ -49,17 +41,16 @@ extern "C" __global__ void flush_read(const uint4* p, long long n, unsigned int*
         acc ^= p[i].x ^ p[i].w;
     if (acc == 0x9e3779b9u) *sink = acc;  // practically never: keeps the loads alive
 }''', "flush_read")
-_flush_buf = cp.ones(256 << 20, dtype=np.uint8)
-_sink = cp.zeros(1, dtype=np.uint32)
 _HOLD = cp.RawKernel(r'''
 extern "C" __global__ void hold(long long cycles) {
     const long long t0 = clock64();
     while (clock64() - t0 < cycles) {
     }
 }''', "hold")
-HOLD_US = 300
+_flush_buf = cp.ones(256 << 20, dtype=np.uint8)
+_sink = cp.zeros(1, dtype=np.uint32)
 _clock_khz = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["clockRate"]
-HOST_US = []  # host microseconds of each timed FLAME call (the last time_ms)
+ROWS = []
 
 
 def flush_l2():
@@ -68,32 +59,10 @@ def flush_l2():
         _HOLD((1,), (1,), (np.int64(HOLD_US * _clock_khz // 1000),))
 
 
-def time_ms(fn, torch_op=False):
-    """Median milliseconds of fn() over REPS calls, each after an L2 eviction, each timed alone with CUDA events."""
-    for _ in range(WARM):
-        fn()
-    cp.cuda.Device().synchronize()
-    out, host = [], []
-    for _ in range(REPS):
-        flush_l2()
-        if torch_op:
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            out.append(s.elapsed_time(e))
-        else:
-            s, e = cp.cuda.Event(), cp.cuda.Event()
-            s.record()
-            t0 = time.perf_counter()
-            fn()
-            host.append((time.perf_counter() - t0) * 1e6)
-            e.record()
-            e.synchronize()
-            out.append(cp.cuda.get_elapsed_time(s, e))
-    HOST_US[:] = [statistics.median(host)] if host else []
-    return statistics.median(out)
+def time_ms(fn, lib="cupy"):
+    """(median ms, median host us) of fn() over REPS calls, each after an L2 eviction, each timed alone."""
+    ms, host, _ = common.cuda_ms(fn, REPS, WARM, lib=lib, before=flush_l2)
+    return ms, host * 1e3
 
 
 def randn(shape, dtype=BF16, scale=1.0):
@@ -104,56 +73,35 @@ def tt(a):
     return torch.from_dlpack(a) if torch is not None else None
 
 
-ROWS = []
-
-
-def _out_ptr(out):
-    """The address (MiB, rounded) of an op's first returned array, None when it returns none."""
-    if isinstance(out, (tuple, list)):
-        out = out[0] if out else None
-    if isinstance(out, cp.ndarray):
-        return round(out.data.ptr / 2 ** 20, 2)
-    if torch is not None and isinstance(out, torch.Tensor):
-        return round(out.data_ptr() / 2 ** 20, 2)
-    return None
-
-
 def record(name, nbytes, flame_fn, torch_fn=None, copy_src=None, note=""):
-    """One row: FLAME, torch and the copy of copy_src, each time_ms'd in ROUNDS interleaved rounds (FLAME and torch
-    alternating which goes first); medians over the rounds, and the rounds FLAME was faster than torch in."""
+    """One row: FLAME, torch and the copy of copy_src in ROUNDS interleaved rounds; medians over the rounds."""
     has_torch = torch is not None and torch_fn is not None
-    src = copy_src
-    dst = cp.empty_like(src)
-    f, t, c, host, held, places = [], [], [], [], [], []
+    src, dst = copy_src, cp.empty_like(copy_src)
+    f, t, c, host, held = [], [], [], [], []
     for r in range(ROUNDS):
         for side in (("flame", "torch") if r % 2 == 0 else ("torch", "flame")):
             if side == "flame":
-                f.append(time_ms(flame_fn))
-                host.append(HOST_US[0] if HOST_US else math.nan)
+                ms, us = time_ms(flame_fn)
+                f.append(ms)
+                host.append(us)
             elif has_torch:
-                t.append(time_ms(torch_fn, torch_op=True))
-        c.append(time_ms(lambda: cp.copyto(dst, src)))
-        places.append((_out_ptr(flame_fn()), _out_ptr(torch_fn()) if has_torch else None))
-        if MOVE_OUTPUTS and r < ROUNDS - 1:  # hold the block each side's output of src's size just used (best fit)
+                t.append(time_ms(torch_fn, "torch")[0])
+        c.append(time_ms(lambda: cp.copyto(dst, src))[0])
+        if MOVE_OUTPUTS and r < ROUNDS - 1:  # hold the block each side's output of src's size just used
             held.append(cp.empty_like(src))
             if has_torch:
                 held.append(torch.empty(src.nbytes, dtype=torch.uint8, device="cuda"))
     del held
-    ms, cms = statistics.median(f), statistics.median(c)
-    copy_gbs = 2 * src.nbytes / cms / 1e6
+    ms, copy_gbs = statistics.median(f), 2 * src.nbytes / statistics.median(c) / 1e6
     row = {"op": name, "bytes": int(nbytes), "flame_ms": round(ms, 4), "flame_GBps": round(nbytes / ms / 1e6, 1),
            "copy_GBps": round(copy_gbs, 1), "vs_copy": round(nbytes / ms / 1e6 / copy_gbs, 3),
-           "flame_host_us": round(statistics.median(host), 1), "note": note, "rounds": ROUNDS,
-           "flame_ms_rounds": [round(v, 4) for v in f]}
+           "flame_host_us": round(statistics.median(host), 1), "note": note, "flame_ms_rounds": f}
     if has_torch:
         tms = statistics.median(t)
-        row.update(torch_ms=round(tms, 4), torch_GBps=round(nbytes / tms / 1e6, 1), vs_torch=round(tms / ms, 3),
-                   torch_ms_rounds=[round(v, 4) for v in t], flame_wins=sum(a < b for a, b in zip(f, t)))
-    if any(p != (None, None) for p in places):  # where each round's first output landed (MiB), on each side
-        row["out_MiB_rounds"] = places
+        row.update(torch_ms=round(tms, 4), vs_torch=round(tms / ms, 3), torch_ms_rounds=t,
+                   flame_wins=sum(a < b for a, b in zip(f, t)))
     ROWS.append(row)
-    print(json.dumps(row), flush=True)
-    del dst
+    print(row, flush=True)
 
 
 # ----------------------------------------------------------------------------- the ops
@@ -184,11 +132,12 @@ def bench_norms():
            note="dx, dweight and dbias on both sides")
     g = randn((2, 320, 128, 128))
     gdy = randn((2, 320, 128, 128))
-    record("group_norm fwd 2x320x128x128 G32", 2 * g.nbytes, lambda: norms.group_norm_forward(g, 32, None, None, 1e-5),
+    record("group_norm fwd 2x320x128x128 G32", 2 * g.nbytes,
+           lambda: groupnorm.group_norm_forward(g, 32, None, None, 1e-5),
            (lambda: F.group_norm(tt(g), 32, eps=1e-5)), g)
-    _, gm, gr = norms.group_norm_forward(g, 32, None, None, 1e-5)
+    _, gm, gr = groupnorm.group_norm_forward(g, 32, None, None, 1e-5)
     record("group_norm bwd 2x320x128x128 G32", 3 * g.nbytes,
-           lambda: norms.group_norm_backward(gdy, g, 32, None, gm, gr),
+           lambda: groupnorm.group_norm_backward(gdy, g, 32, None, gm, gr),
            _torch_bwd(lambda t: F.group_norm(t, 32, eps=1e-5), g, gdy), g)
 
 
@@ -310,57 +259,40 @@ def bench_adamw():
            note="28 B/param: p, m, v read+write, g read; torch fused=True")
 
 
-def bench_copy_ceiling():
-    a = cp.empty(1 << 30, dtype=np.uint8)
-    a.fill(1)
-    b = cp.empty_like(a)
-    ms = time_ms(lambda: cp.copyto(b, a))
-    print(json.dumps({"copy_1GiB_GBps": round(2 * a.nbytes / ms / 1e6, 1)}), flush=True)
-    return round(2 * a.nbytes / ms / 1e6, 1)
+def copy_ceiling():
+    a, b = cp.empty(1 << 30, dtype=np.uint8), cp.empty(1 << 30, dtype=np.uint8)
+    return round(2 * a.nbytes / time_ms(lambda: cp.copyto(b, a))[0] / 1e6, 1)
 
 
 def main():
+    global HOLD_US, ROUNDS, MOVE_OUTPUTS
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "kernels.json"))
     ap.add_argument("--only", default="", help="comma-separated groups: norms,activations,softmax,modulate,rope,"
                                                "fp8,adamw")
     ap.add_argument("--hold-us", type=int, default=300, help="GPU-side wait queued before each timed call (0: none)")
-    ap.add_argument("--rounds", type=int, default=5, help="interleaved FLAME / torch / copy rounds per row (medians)")
-    ap.add_argument("--same-outputs", action="store_true",
-                    help="leave each side's outputs where its allocator puts them in every round (older protocol)")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved FLAME / torch / copy rounds per row")
+    ap.add_argument("--same-outputs", action="store_true", help="leave each side's outputs where its allocator puts "
+                                                                "them in every round")
     args = ap.parse_args()
-    global HOLD_US, ROUNDS, MOVE_OUTPUTS
     HOLD_US, ROUNDS, MOVE_OUTPUTS = args.hold_us, args.rounds, not args.same_outputs
     if not loader.enabled():
         raise SystemExit("kernels are disabled (no GPU, or FLAME_KERNELS=0): nothing to measure")
     cp.random.seed(0)
     groups = dict(norms=bench_norms, activations=bench_activations, softmax=bench_softmax, modulate=bench_modulate,
                   rope=bench_rope, fp8=bench_fp8, adamw=bench_adamw)
-    chosen = [g for g in args.only.split(",") if g] or list(groups)
-    ceiling = bench_copy_ceiling()
-    for g in chosen:
+    res = common.Results("kernels")
+    ceiling = res.log("copy_1GiB_GBps", copy_ceiling())
+    for g in [g for g in args.only.split(",") if g] or list(groups):
         groups[g]()
         cp.get_default_memory_pool().free_all_blocks()
-    dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]
-    dev = dev.decode() if isinstance(dev, bytes) else dev
-    res = {"device": dev, "torch": torch.__version__ if torch else None, "cupy": cp.__version__,
-           "protocol": f"median of {REPS} after {WARM} warm-up, L2 evicted and a {HOLD_US} us GPU wait queued "
-                       f"before each call, CUDA events; median of {ROUNDS} interleaved rounds"
-                       + (", outputs in new memory each round" if MOVE_OUTPUTS else ""),
-           "copy_1GiB_GBps": ceiling, "rows": ROWS}
-    with open(args.out, "w") as fh:
-        json.dump(res, fh, indent=1)
-    print(f"\n{dev}   copy ceiling (1 GiB D2D): {ceiling} GB/s   {res['protocol']}")
-    hdr = f"{'op':48s} {'flame ms':>9s} {'GB/s':>7s} {'copy GB/s':>9s} {'vs copy':>7s} {'torch ms':>9s} " \
-          f"{'torch GB/s':>10s} {'vs torch':>8s} {'wins':>5s} {'host us':>7s}"
-    print(hdr)
-    print("-" * len(hdr))
-    for r in ROWS:
-        print(f"{r['op'][:48]:48s} {r['flame_ms']:9.4f} {r['flame_GBps']:7.0f} {r['copy_GBps']:9.0f} "
-              f"{r['vs_copy']:7.2f} {r.get('torch_ms', math.nan):9.4f} {r.get('torch_GBps', math.nan):10.0f} "
-              f"{r.get('vs_torch', math.nan):8.3f} {str(r.get('flame_wins', '-')) + '/' + str(r['rounds']):>5s} "
-              f"{r.get('flame_host_us', math.nan):7.1f}")
-    print(f"JSON: {args.out}")
+    res.log("rows", ROWS)
+    res.save()
+    nan = math.nan
+    print(common.table(["op", "FLAME ms", "GB/s", "x copy", "torch ms", "x torch", "wins", "host us"], [
+        [r["op"], r["flame_ms"], round(r["flame_GBps"]), r["vs_copy"], r.get("torch_ms", nan), r.get("vs_torch", nan),
+         f"{r.get('flame_wins', '-')}/{ROUNDS}", r["flame_host_us"]] for r in ROWS],
+        title=f"\ncopy ceiling (1 GiB D2D) {ceiling} GB/s; median of {REPS} after L2 eviction and a {HOLD_US} us GPU "
+              f"wait, {ROUNDS} interleaved rounds" + (", outputs in new memory each round" if MOVE_OUTPUTS else "")))
 
 
 if __name__ == "__main__":

@@ -10,18 +10,16 @@ against the driver, and the memory limit's OOM report.
 4. Limit: a model needing ~30 GiB (measured unlimited first) under set_memory_limit(24 GiB) raises
    OutOfMemoryError (report printed); the same process then runs the 4096-wide step under that limit.
 PyTorch runs the same MLP step in the same process (after FLAME let go of its memory) for comparison.
-Run: PYTHONPATH=$PWD python3 bench/memory.py   (writes $OUT/memory.json or ./memory.json)
+Run: PYTHONPATH=$PWD python3 bench/memory.py
 """
 import argparse
 import itertools
-import json
 import os
 import statistics
 import time
 import traceback
 
-import numpy as np
-
+import common
 import flame_core as flame
 import flame_core.memory as M
 from flame_core import grad_pool
@@ -51,19 +49,6 @@ def train_step(ws, x, lr=1e-3):
     for w in ws:
         w._data -= lr * w.grad._data
     grad_pool.zero_grad(ws)
-
-
-def timed(fn, reps):
-    import cupy
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    out = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        out.append(cupy.cuda.get_elapsed_time(start, end))
-    return statistics.median(out)
 
 
 def driver_used():
@@ -162,14 +147,7 @@ def torch_step_figures(layers, width, tokens, reps):
         step()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    st = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ms = []
-    for _ in range(reps):
-        st[0].record()
-        step()
-        st[1].record()
-        torch.cuda.synchronize()
-        ms.append(st[0].elapsed_time(st[1]))
+    ms = common.cuda_ms(step, reps, warmup=0, lib="torch")[2]
     out = {"step_ms": statistics.median(ms), "max_allocated": torch.cuda.max_memory_allocated(),
            "max_reserved": torch.cuda.max_memory_reserved()}
     del ws, x
@@ -216,13 +194,12 @@ def main():
     ap.add_argument("--oom-width", type=int, default=8192)
     ap.add_argument("--oom-tokens", type=int, default=49152)
     ap.add_argument("--limit-gib", type=float, default=24.0)
-    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "memory.json"))
     args = ap.parse_args()
     import cupy
     assert mcuda.is_installed(), "FLAME's pool is not CuPy's allocator"
     dev = cupy.cuda.Device()
     pool = mcuda.pool_for(dev.id)
-    res = {"device": cupy.cuda.runtime.getDeviceProperties(dev.id)["name"].decode()}
+    res = common.Results("memory")
     L, W, T = args.layers, args.width, args.tokens
     limit = int(args.limit_gib * GiB)
 
@@ -256,7 +233,7 @@ def main():
         train_step(ws, x)
     M.reset_peak_memory_stats()
     s0 = M.memory_stats()
-    ms = timed(lambda: train_step(ws, x), args.reps)
+    ms = common.cuda_ms(lambda: train_step(ws, x), args.reps, warmup=0)[0]
     s1 = M.memory_stats()
     flame_step = {"max_allocated": M.max_memory_allocated() - a0, "max_reserved": M.max_memory_reserved() - r0}
     steps = args.reps
@@ -270,7 +247,7 @@ def main():
 
     # the profiler on one steady-state step: timeline and the owners of the peak
     def profile():
-        out_dir = os.path.dirname(os.path.abspath(args.out))
+        out_dir = os.path.dirname(os.path.abspath(res.path))
         with M.MemoryProfiler(json_path=os.path.join(out_dir, "memory_profile.json"),
                               plot_path=os.path.join(out_dir, "memory_profile.png")) as prof:
             with prof.phase("step"):
@@ -304,7 +281,8 @@ def main():
     res["flame_step_memory"] = flame_step
 
     # 4. limit: the ~30 GiB step under 24 GiB, then the smaller step in the same process under the same limit
-    demo = guarded(lambda: oom_demo(limit, L, args.oom_width, args.oom_tokens)) or {"raised": False, "report": None, "need_bytes": 0}
+    demo = guarded(lambda: oom_demo(limit, L, args.oom_width, args.oom_tokens)) or {
+        "raised": False, "report": None, "need_bytes": 0}
 
     def smaller_step():
         M.reset_peak_memory_stats()
@@ -318,8 +296,7 @@ def main():
     res["limit_demo"] = demo
     M.set_memory_limit(None)
 
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+    res.save()
 
     st, pv = res["steady_state"], res["peak_vs_driver"]
     ov = res["overhead"] or {k: float("nan") for k in ("replay_us_per_alloc_free", "pool_ms_per_step",
@@ -327,7 +304,7 @@ def main():
                                                        "cupy_empty_del_us_cupy_pool")}
     print(f"\n--- OOM report under set_memory_limit({fmt_bytes(limit)}) ---")
     print(demo["report"])
-    print(f"\nFLAME memory bench on {res['device']}: {L}-layer width-{W} bf16 MLP, {T} tokens")
+    title = f"\nFLAME memory pool: {L}-layer width-{W} bf16 MLP, {T} tokens"
     rows = [
         ("device mallocs over steady-state steps", f"{st['device_mallocs']} in {steps} steps"),
         ("allocations per step", f"{st['allocs_per_step']:.0f} "
@@ -359,9 +336,7 @@ def main():
          f"{demo['smaller_step_ran']} (max allocated {fmt_bytes(demo['smaller_step_max_allocated'] or 0)}, "
          f"limit {fmt_bytes(demo['limit_at_smaller_step'] or 0)})"),
     ]
-    w = max(len(r[0]) for r in rows)
-    for k, v in rows:
-        print(f"{k:<{w}}  {v}")
+    print(common.table(["figure", "value"], rows, title=title))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@
 
 // *_bwd_step: the backwards as one loop step per thread with 8-byte vectors (map2_step8), for float16 / bfloat16 (the
 // arrays are 16-byte aligned: loader.contiguous); the caller does the n % 4 elements past the last vector with *_bwd.
-// (One-step forwards only tied the loop kernels or lost, BENCHMARKS.md: measured at commit 58de458, then removed.)
+// (One-step forwards only tied the loop kernels or lost when measured at commit 58de458, so there are none.)
 
 // approx: 0 = erf ("none"), 1 = tanh
 template <typename T, int U>

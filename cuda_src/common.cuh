@@ -365,7 +365,7 @@ __device__ __forceinline__ float ld_cg(const float* p) {
 }
 
 // ---------------------------------------------------------------------------------------------- dependent launches
-// Programmatic dependent launch (sm_90; loader.launch(..., pdl=True)): a kernel launched with programmatic stream
+// Programmatic dependent launch (sm_90; launching.launch_dependent): a kernel launched with programmatic stream
 // serialization may start while the kernel before it in the stream still runs, once that kernel has executed
 // grid_dependents_launch in every block (or finished); it must call grid_dependency_wait before it reads what the
 // earlier kernel wrote (the wait returns when that grid has completed and its memory is visible). Both are no-ops

@@ -1,6 +1,6 @@
 // Pointwise ops on SMALL contiguous arrays (the per-op host overhead path, flame_core/kernels/pointwise_small.py):
-// one thread per element, fp32 math, one rounding to T. Launched through loader.PackedLaunch (arguments packed once),
-// so the host cost per op is a dict hit and a driver launch instead of a CuPy ufunc dispatch.
+// one thread per element, fp32 math, one rounding to T. Launched through launching.PackedLaunch (arguments packed
+// once), so the host cost per op is a dict hit and a driver launch instead of a CuPy ufunc dispatch.
 //
 // A single +, -, * of two T values in fp32 rounded to T is the correctly rounded T result (fp32 has more than 2p+2
 // bits for fp16/bf16): float32 is bit-identical to CuPy's ufuncs. A Python scalar arrives as float32 (PyTorch's

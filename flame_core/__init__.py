@@ -17,9 +17,10 @@ from .ops.creation import (tensor, as_tensor, from_numpy, zeros, ones, full, emp
                            empty_like)
 from .ops.elementwise import (add, sub, mul, div, true_divide, floor_divide, remainder, fmod, pow, maximum,
                               minimum, neg, exp, log, log1p, sqrt, rsqrt, sin, cos, tanh, sigmoid, relu, abs, sign,
-                              floor, ceil, round, trunc, erf, reciprocal, square, silu, gelu, softplus, clamp,
-                              clip, where, lerp, eq, ne, lt, le, gt, ge, logical_and, logical_or, logical_xor,
-                              logical_not, isnan, isinf, isfinite, allclose, equal)
+                              floor, ceil, round, trunc, erf, reciprocal, square, clamp, clip, where, lerp, eq, ne,
+                              lt, le, gt, ge, logical_and, logical_or, logical_xor, logical_not, isnan, isinf,
+                              isfinite, allclose, equal)
+from .ops.activation import silu, gelu, softplus
 from .ops.reduction import (sum, mean, var, std, var_mean, max, min, amax, amin, argmax, argmin, prod, norm,
                             logsumexp, all, any, cumsum, cumprod, softmax, log_softmax, count_nonzero)
 from .ops.shape import (reshape, flatten, unflatten, permute, transpose, swapaxes, squeeze, unsqueeze, expand,

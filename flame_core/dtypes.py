@@ -112,10 +112,6 @@ def promote_types(a, b):
     return a
 
 
-def _category(d):
-    return d._kind
-
-
 def result_type(*operands):
     """PyTorch's result type: tensors with dims beat 0-dim tensors beat Python scalars, within a category."""
     from .tensor import Tensor

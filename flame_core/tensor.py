@@ -421,7 +421,7 @@ def _wrap(arr, requires_grad=False):
 class _View(Tensor):
     """A tensor over part of its `_base`'s storage (made by reshape, permute, slicing, ...).
 
-    An in-place op on a view is recorded on the base (CopySlices, see ops/shape.py), and an in-place op on the base
+    An in-place op on a view is recorded on the base (CopySlices, see ops/views.py), and an in-place op on the base
     or on any of its views bumps the base's `_graph_gen`. A view whose history is then out of date derives its
     grad_fn again from the base's on the next read (ViewOfBase: its region of the base), so backward through the
     base or through any view, taken before or after, sees every modification -- PyTorch's semantics. Plain tensors
@@ -453,7 +453,7 @@ def _refresh_view(v):
     if base._grad_fn is None and not base._requires_grad:
         v._gfn = None
         return
-    from .ops.shape import view_of_base
+    from .ops.views import view_of_base
     v._gfn = view_of_base(base, v._data)
 
 

@@ -2,6 +2,7 @@
 its tensor, and leaves meta placeholders (built under empty_init) untouched: weights loaded later are never drawn."""
 import math
 
+import flame_core as flame
 from flame_core.autograd import no_grad
 
 from .parameter import is_meta
@@ -102,13 +103,11 @@ def trunc_normal_(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None):
         return tensor
     with no_grad():
         tensor.normal_(mean, std, generator=generator)
-        xp = tensor._xp()
         for _ in range(100):
-            bad = (tensor._data < a) | (tensor._data > b)
+            bad = (tensor < a) | (tensor > b)
             if not bool(bad.any()):
                 break
             redraw = tensor.new_empty(tuple(tensor.shape)).normal_(mean, std, generator=generator)
-            tensor._data[...] = xp.where(bad, redraw._data, tensor._data)
-        tensor._data[...] = xp.clip(tensor._data, a, b)
-        tensor._version[0] += 1
+            tensor.copy_(flame.where(bad, redraw, tensor))
+        tensor.clamp_(a, b)
     return tensor

@@ -121,9 +121,3 @@ def empty_storage(shape, np_dtype, dev):
 
 def is_meta(t):
     return getattr(t, "_meta_device", None) is not None
-
-
-def check_materialized(t, what="tensor"):
-    if getattr(t, "_meta_device", None) is not None:
-        raise MetaTensorError(f"{what} of shape {tuple(t.shape)} was created under empty_init and has no data yet: "
-                              f"load its weights (load_state_dict / load_weights_) or call module.to_empty() first")

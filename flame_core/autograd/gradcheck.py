@@ -86,7 +86,6 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=True, 
 def gradgradcheck(fn, inputs, grad_outputs=None, eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=True):
     """Checks second derivatives: gradcheck of (inputs, v) -> grad(fn(inputs), inputs, v, create_graph=True)."""
     from . import grad as autograd_grad
-    from ..tensor import Tensor
     from .. import ops
     inputs = _as_tuple(inputs)
     diff_idx = _diff_inputs(inputs)

@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 
-from . import loader as L
+from . import launching as KL, loader as L, plans as P
+from .. import backend
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
@@ -37,7 +38,7 @@ def _sigmoid_pair(xp, z):
 
 
 def _gelu_ref(x, approximate):
-    xp = L.xp_of(x)
+    xp = backend.xp_of(x)
     a = x.astype(L.compute_dtype(x.dtype))
     if approximate == "tanh":  # 0.5 a (1 + tanh(u)) = a sigmoid(2u)
         y = a * _sigmoid_pair(xp, 2 * _SQRT_2_OVER_PI * (a + 0.044715 * a * a * a))[0]
@@ -47,7 +48,7 @@ def _gelu_ref(x, approximate):
 
 
 def _gelu_grad_ref(dy, x, approximate):
-    xp = L.xp_of(x)
+    xp = backend.xp_of(x)
     cd = L.compute_dtype(x.dtype)
     a, g = x.astype(cd), dy.astype(cd)
     if approximate == "tanh":  # d/da [a s(2u)] = s + 2 a s (1 - s) u'
@@ -59,13 +60,13 @@ def _gelu_grad_ref(dy, x, approximate):
 
 
 def _silu_ref(x):
-    xp = L.xp_of(x)
+    xp = backend.xp_of(x)
     a = x.astype(L.compute_dtype(x.dtype))
     return (a * _sigmoid_pair(xp, a)[0]).astype(x.dtype)
 
 
 def _silu_grad_ref(dy, x):
-    xp = L.xp_of(x)
+    xp = backend.xp_of(x)
     cd = L.compute_dtype(x.dtype)
     a, g = x.astype(cd), dy.astype(cd)
     s, q = _sigmoid_pair(xp, a)
@@ -74,23 +75,17 @@ def _silu_grad_ref(dy, x):
 
 # ----------------------------------------------------------------------------- kernels
 # (16-byte vectors per thread and loop step U, block size) per kernel and form (approx 1 = tanh, 0 = erf; -1 none),
-# from bench/kernel_sweep.py act on the H100 (4608 x 12288 bf16); U is the kernels' template argument.
-# Measured (device call 4 of 2026-11-23, 3 interleaved rounds against torch): gelu(tanh) fwd (1, 256) 0.0734 ms vs
-# 0.0751; gelu(erf) fwd (4, 128) 0.0796 vs 0.0805 (one vector per thread: 0.090, erf's polynomial wants more loads in
-# flight); gelu(tanh) bwd (2, 128) 0.1073 vs 0.1074; gelu(erf) bwd (2, 128) 0.1112 vs 0.1117; silu fwd (1, 256)
-# 0.0733 vs 0.0740; silu bwd (1, 256) 0.1071 vs 0.1072.
+# the fastest of a sweep on the H100 (4608 x 12288 bf16); U is the kernels' template argument. GELU(erf)'s forward
+# takes 4 vectors per thread: its polynomial wants more loads in flight (one vector: 0.090 ms against 0.080).
 _PLANS = {("gelu_fwd", 1): (1, 256), ("gelu_fwd", 0): (4, 128), ("gelu_bwd", 1): (2, 128), ("gelu_bwd", 0): (2, 128),
           ("silu_fwd", -1): (1, 256), ("silu_bwd", -1): (1, 256)}
 plan_override = None  # (U, block) for every loop kernel (benchmark sweeps); None: _PLANS
 _MAX_BLOCKS = 1 << 30  # past this the kernels' grid-stride loop takes the rest
 
 # The backwards for float16 / bfloat16 as one loop step per thread with 8-byte vectors (*_bwd_step kernels,
-# (U, block)). Torch runs them at the copy ceiling too, with one 16-byte vector per thread
-# (vectorized_elementwise_kernel<8>, 128 threads), and the 16-byte loop kernels stayed 0.2-0.3% behind it there.
-# bench/kernel_sweep.py actstep (device call 3 of 2026-11-25, 11 interleaved rounds, 4608 x 12288 bf16, x torch):
-# gelu(tanh) bwd step (2, 128) 1.0027, (1, 128) 1.0021, loop 0.9978; gelu(erf) bwd step (1, 128) 1.0224, loop 1.0023;
-# silu bwd step (1, 128) 1.0013, loop 0.9981. One-step forwards tied the loop kernels at best (measured at commit
-# 58de458, then removed; BENCHMARKS.md).
+# (U, block)). At the copy ceiling the 16-byte loop kernels stayed 0.2-0.3% behind torch's (one 16-byte vector per
+# thread); the step kernels are 0.1-0.3% ahead of it (gelu(erf) 2%). One-step forwards only tied the loop kernels
+# (measured at commit 58de458), so there are none.
 _STEP_PLANS = {("gelu_bwd", 1): (2, 128), ("gelu_bwd", 0): (1, 128), ("silu_bwd", -1): (1, 128)}
 use_step = True  # False: the loop kernels for every dtype (A/B checks and sweeps)
 _MAX_STEP_GRID = (1 << 31) - 1  # CUDA's grid x limit; larger arrays take the loop kernels
@@ -98,10 +93,8 @@ _MAX_STEP_GRID = (1 << 31) - 1  # CUDA's grid x limit; larger arrays take the lo
 
 # The SiLU forward for float16 / bfloat16 on sm_90+ through the bulk-copy engine (silu_fwd_bulk: one chunk per block
 # into shared memory on an mbarrier, mapped there, written back by a bulk store; (chunk bytes, block)). One 16-byte
-# vector per thread, about 32 KiB of loads in flight per SM, as the fastest bulk copies. bench/act_probe.py bulk
-# (device calls 2-3 of 2026-11-25, 21 / 31 / 31 interleaved rounds, 4608 x 12288 bf16, x torch): (2048, 128) 1.0050 /
-# 1.0039 / 1.0033, the loop kernel 1.0015 / 1.0004 / 1.0002; with 2 or 4 vectors per thread, or fewer blocks per SM,
-# the bulk kernels fell behind (0.977-0.999).
+# vector per thread, about 32 KiB of loads in flight per SM, as the fastest bulk copies: 0.3-0.5% ahead of torch
+# where the loop kernel tied it; with 2 or 4 vectors per thread, or fewer blocks per SM, it fell behind.
 _BULK_PLANS = {("silu_fwd", -1): (2048, 128)}
 use_bulk = True  # False: no bulk kernel (A/B checks and sweeps)
 
@@ -112,7 +105,7 @@ def _plan(name, approx):
 
 def _grid(n, dtype, unroll, block):
     """One loop step per thread: the grid covers the data (as PyTorch's elementwise kernels do)."""
-    blocks = L.cdiv(n // L.vec_width(dtype), block * unroll)
+    blocks = P.cdiv(n // P.vec_width(dtype), block * unroll)
     return (max(1, min(blocks, _MAX_BLOCKS)),), (block,)
 
 
@@ -125,7 +118,7 @@ def _step_split(name, approx, n, itemsize):
     u, block = plan
     per = 8 // itemsize
     main = n - n % per
-    grid = L.cdiv(main // per, block * u)
+    grid = P.cdiv(main // per, block * u)
     return (u, block, main, grid) if 0 < grid <= _MAX_STEP_GRID else None
 
 
@@ -139,14 +132,14 @@ def _bulk_split(name, approx, n, itemsize, cc):
         return None
     chunk, block = plan
     main = n - n % (16 // itemsize)
-    grid = L.cdiv(main * itemsize, chunk)
+    grid = P.cdiv(main * itemsize, chunk)
     return (chunk, block, main, grid) if 0 < grid <= _MAX_STEP_GRID else None
 
 
 def _fast(name, approx, n, itemsize):
     """(kernel expression, grid, block, whole-vector elements) of the bulk or one-step kernel for n elements, or None
     where the loop kernel does it all."""
-    bulk = (_bulk_split(name, approx, n, itemsize, L.compute_capability()) if (name, approx) in _BULK_PLANS
+    bulk = (_bulk_split(name, approx, n, itemsize, P.compute_capability()) if (name, approx) in _BULK_PLANS
             else None)
     if bulk is not None:
         chunk, block, main, grid = bulk
@@ -161,23 +154,23 @@ def _fast(name, approx, n, itemsize):
 def _run(name, ins, out, approx):
     """Kernel `name` over the arrays `ins` into `out` (contiguous, 16-byte aligned, one shape): the bulk or one-step
     kernel over the whole vectors where it has a plan, the loop kernel over the rest (or over everything)."""
-    extra = () if approx < 0 else (L.i32(approx),)
+    extra = () if approx < 0 else (KL.i32(approx),)
     fast = _fast(name, approx, out.size, out.itemsize)
     if fast is not None:
         expr, grid, block, main = fast
-        L.launch(L.get_function("activations", expr, out.dtype), (grid,), (block,), ins + (out, L.i64(main)) + extra)
+        KL.launch(L.get_function("activations", expr, out.dtype), (grid,), (block,), ins + (out, KL.i64(main)) + extra)
         if main == out.size:
             return
         ins, out = tuple(a.reshape(-1)[main:] for a in ins), out.reshape(-1)[main:]
     u, block = _plan(name, approx)
     grid, block = _grid(out.size, out.dtype, u, block)
-    L.launch(L.get_function("activations", f"{name}<{{T}}, {u}>", out.dtype), grid, block,
-             ins + (out, L.i64(out.size)) + extra)
+    KL.launch(L.get_function("activations", f"{name}<{{T}}, {u}>", out.dtype), grid, block,
+              ins + (out, KL.i64(out.size)) + extra)
 
 
 def _unary(name, x, approx=-1):
-    x = L.contiguous(x)
-    y = L.xp_of(x).empty_like(x)
+    x = P.contiguous(x)
+    y = backend.xp_of(x).empty_like(x)
     _run(name, (x,), y, approx)
     return y
 
@@ -185,8 +178,8 @@ def _unary(name, x, approx=-1):
 def _binary(name, dy, x, approx=-1):
     if dy.shape != x.shape:
         raise ValueError(f"{name}: gradient shape {dy.shape} differs from input shape {x.shape}")
-    x, dy = L.contiguous(x), L.contiguous(dy.astype(x.dtype, copy=False))
-    dx = L.xp_of(x).empty_like(x)
+    x, dy = P.contiguous(x), P.contiguous(dy.astype(x.dtype, copy=False))
+    dx = backend.xp_of(x).empty_like(x)
     _run(name, (dy, x), dx, approx)
     return dx
 

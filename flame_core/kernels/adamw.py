@@ -16,7 +16,8 @@ import math
 
 import numpy as np
 
-from . import loader as L
+from . import launching as KL, loader as L
+from .. import backend
 from ..errors import DTypeError, ShapeError
 
 CHUNK = 16384  # elements per block
@@ -43,9 +44,9 @@ class AdamWPlan:
         self.numel = max(o + n for o, n in zip(self.offsets, self.sizes))
         self.dtype = dt
         self.tables = None
-        self.on_gpu = all(L.backend.is_cuda_array(p) for p in params)
+        self.on_gpu = all(backend.is_cuda_array(p) for p in params)
         if self.on_gpu:
-            cp = L.backend.cupy
+            cp = backend.cupy
             chunk_t, chunk_s = [], []
             for t, n in enumerate(self.sizes):
                 for s in range(0, n, CHUNK):
@@ -79,7 +80,7 @@ def _step_ref(plan, grad, m, v, master, lr, b1, b2, eps, wd, bc1, sqrt_bc2, grad
         w = w * np.float32(1 - lr * wd)
         m[sl] = b1 * m[sl] + (1 - b1) * g
         v[sl] = b2 * v[sl] + (1 - b2) * g * g
-        w = w - np.float32(lr / bc1) * m[sl] / (L.xp_of(w).sqrt(v[sl]) / np.float32(sqrt_bc2) + np.float32(eps))
+        w = w - np.float32(lr / bc1) * m[sl] / (backend.xp_of(w).sqrt(v[sl]) / np.float32(sqrt_bc2) + np.float32(eps))
         if master is not None:
             master[sl] = w
         p.reshape(-1)[...] = w.astype(p.dtype)
@@ -101,11 +102,11 @@ def adamw_step(plan, grad, exp_avg, exp_avg_sq, *, lr, beta1=0.9, beta2=0.999, e
     sqrt_bc2 = math.sqrt(1.0 - beta2 ** step)
     if plan.on_gpu and L.use_kernel(grad, exp_avg, exp_avg_sq, master, *plan.params[:1]):
         ptrs, sizes, offsets, chunk_t, chunk_s = plan.tables
-        L.launch(L.get_function("adamw", "adamw_multi", plan.dtype), (plan.n_chunks,), (256,),
-                 (ptrs, sizes, offsets, chunk_t, chunk_s, L.i32(CHUNK), grad,
-                  L.i32(_GRAD_KIND[L.dtype_name(grad.dtype)]),
-                  exp_avg, exp_avg_sq, L.null() if master is None else master, L.f32(lr), L.f32(beta1),
-                  L.f32(beta2), L.f32(eps), L.f32(weight_decay), L.f32(bc1), L.f32(sqrt_bc2), L.f32(grad_scale)))
+        KL.launch(L.get_function("adamw", "adamw_multi", plan.dtype), (plan.n_chunks,), (256,),
+                  (ptrs, sizes, offsets, chunk_t, chunk_s, KL.i32(CHUNK), grad,
+                  KL.i32(_GRAD_KIND[L.dtype_name(grad.dtype)]),
+                  exp_avg, exp_avg_sq, KL.null() if master is None else master, KL.f32(lr), KL.f32(beta1),
+                  KL.f32(beta2), KL.f32(eps), KL.f32(weight_decay), KL.f32(bc1), KL.f32(sqrt_bc2), KL.f32(grad_scale)))
         return
     _step_ref(plan, grad, exp_avg, exp_avg_sq, master, lr, beta1, beta2, eps, weight_decay, bc1, sqrt_bc2,
               grad_scale)

@@ -20,7 +20,7 @@ import threading
 import numpy as np
 
 from . import gemm as _gemm
-from . import loader as L
+from . import launching as KL, loader as L, plans as P
 from .. import backend
 from ..errors import DTypeError, ShapeError, fmt_shape
 
@@ -30,7 +30,7 @@ _HALF = ("float16", "bfloat16")
 
 # Kernel tiles per padded head dim: forward (BM, BN, warps, OPT) for large / small grids and for masked calls;
 # backward (BM, BN, warps, warps along M for S, along N for dK/dV, along M for dQ, OPT). OPT selects the
-# kernels' scheduling variants (see their headers). Measured choices: bench/attention.py --tune.
+# kernels' scheduling variants (see their headers). The fastest of the tiles timed on the H100.
 FWD_TILES = {64: {"large": (128, 64, 4, 0), "small": (64, 64, 4, 0), "mask": (64, 64, 4, 0)},
              128: {"large": (128, 64, 4, 0), "small": (64, 64, 4, 0), "mask": (64, 64, 4, 0)},
              256: {"large": (64, 64, 4, 0), "small": (64, 64, 4, 0), "mask": (64, 32, 4, 0)}}
@@ -46,8 +46,6 @@ SMALL_LK = 128  # at most this many keys (one key block, e.g. SDXL's 77 text tok
 # CTA owns 64 keys per warpgroup and streams blocks of BM queries. SM90_BWD = False: the sm_80 kernel (A/B).
 BWD_SM90_TILES = {64: (2, 3, 128), 128: (2, 2, 64)}
 SM90_BWD = True
-FWD_SM90_TILES_CANDIDATES = {64: [(128, 2, 3), (128, 2, 1), (64, 2, 4), (64, 2, 1), (128, 3, 2)],
-                             128: [(128, 2, 2), (64, 2, 3), (64, 2, 4)]}  # what bench/attention.py --tune times
 
 
 # ----------------------------------------------------------------------------- checks
@@ -107,7 +105,7 @@ def _scores(xp, qc, kT, mask, is_causal, scale, i0):
 
 
 def _reference_forward(q, k, v, mask, is_causal, scale):
-    xp = L.xp_of(q)
+    xp = backend.xp_of(q)
     cd = L.compute_dtype(q.dtype)
     B, H, Lq, _ = q.shape
     o = xp.empty((B, H, Lq, v.shape[3]), dtype=q.dtype)
@@ -130,7 +128,7 @@ def _reference_forward(q, k, v, mask, is_causal, scale):
 
 
 def _reference_backward(do, q, k, v, o, lse, mask, is_causal, scale):
-    xp = L.xp_of(q)
+    xp = backend.xp_of(q)
     cd = L.compute_dtype(q.dtype)
     Lq = q.shape[2]
     kf, vf = k.astype(cd), v.astype(cd)
@@ -167,7 +165,7 @@ def _use_kernel(q, k, v, attn_mask, scale):
 def _operand(a, e_pad):
     """`a` with unit column stride, 16-byte aligned rows and e_pad columns (zero-padded when E is not a multiple of
     8), plus its (batch, head, row) strides in elements."""
-    xp = L.xp_of(a)
+    xp = backend.xp_of(a)
     item = a.itemsize
     if a.shape[3] != e_pad:
         p = xp.zeros(a.shape[:3] + (e_pad,), dtype=a.dtype)
@@ -175,12 +173,12 @@ def _operand(a, e_pad):
         a = p
     elif (a.strides[3] != item or a.data.ptr % 16 or any(s % 16 for s in a.strides[:3])):
         a = xp.ascontiguousarray(a)
-    return a, tuple(L.i64(s // item) for s in a.strides[:3])
+    return a, tuple(KL.i64(s // item) for s in a.strides[:3])
 
 
 def _out_like(a, e_pad):
     """An output with a's layout (e.g. (B, L, H, E) memory under a (B, H, L, E) view) and e_pad columns."""
-    xp = L.xp_of(a)
+    xp = backend.xp_of(a)
     if a.shape[3] == e_pad:
         out = xp.empty_like(a)
         if out.strides[3] == a.itemsize and not any(s % 16 for s in out.strides[:3]):
@@ -191,8 +189,8 @@ def _out_like(a, e_pad):
 def _mask_arg(mask, shape4):
     """(pointer argument, mask kind, element strides (b, h, q, k)) with broadcast dims at stride 0."""
     if mask is None:
-        return L.null(), 0, (L.i64(0),) * 4
-    xp = L.xp_of(mask)
+        return KL.null(), 0, (KL.i64(0),) * 4
+    xp = backend.xp_of(mask)
     m = _mask4(mask)
     if m.dtype == np.bool_:
         kind = 1
@@ -200,7 +198,7 @@ def _mask_arg(mask, shape4):
         kind = 2
         m = m.astype(np.float32, copy=False)  # before broadcasting: copies only the mask's own elements
     m = xp.broadcast_to(m, shape4)
-    return m, kind, tuple(L.i64(s // m.itemsize) for s in m.strides)
+    return m, kind, tuple(KL.i64(s // m.itemsize) for s in m.strides)
 
 
 def _tile_dim(e_pad):
@@ -216,12 +214,12 @@ def _fwd_tiles(D, B, H, Lq, masked, Lk=SMALL_LK + 1):
     big, small = tiles["large"], tiles["small"]
     if big == small:
         return big
-    sms = L.sm_count()
+    sms = P.sm_count()
 
     def efficiency(t):  # fraction of the last wave's slots in use, over all waves
-        ctas = L.cdiv(Lq, t[0]) * B * H
+        ctas = P.cdiv(Lq, t[0]) * B * H
         slots = sms * _FWD_CTAS_PER_SM.get((D, t[0]), 1)
-        return ctas / (L.cdiv(ctas, slots) * slots)
+        return ctas / (P.cdiv(ctas, slots) * slots)
 
     return big if efficiency(big) >= 0.8 or efficiency(big) >= efficiency(small) else small
 
@@ -236,7 +234,7 @@ def _kernel(stem, expr, dtype, shared_mem=0):
     fn = _functions.get(key)
     if fn is None:
         fn = L.get_function(stem, expr, dtype)
-        L.allow_dynamic_smem(fn, shared_mem)  # its launches go through PackedLaunch
+        KL.allow_dynamic_smem(fn, shared_mem)  # its launches go through PackedLaunch
         _functions[key] = fn
     return fn
 
@@ -265,11 +263,11 @@ def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
             if not (qp | kp | vp) & 15:
                 launch, like_q, o_shape, lse_shape = plan
                 nd = type(q)  # cupy.ndarray: its constructor is the cheapest allocation
-                o = L.xp_of(q).empty_like(q) if like_q else nd(o_shape, q.dtype)
+                o = backend.xp_of(q).empty_like(q) if like_q else nd(o_shape, q.dtype)
                 lse = nd(lse_shape, _F32)
                 launch((qp, kp, vp, o.data.ptr, lse.data.ptr))
                 return o, lse
-    xp = L.xp_of(q)
+    xp = backend.xp_of(q)
     B, H, Lq, E = q.shape
     Lk = k.shape[2]
     e_pad = -(-E // 8) * 8
@@ -278,7 +276,7 @@ def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
     ka, ks = _operand(k, e_pad)
     va, vs = _operand(v, e_pad)
     o = _out_like(q, e_pad)
-    os_ = tuple(L.i64(s // o.itemsize) for s in o.strides[:3])
+    os_ = tuple(KL.i64(s // o.itemsize) for s in o.strides[:3])
     lse = xp.empty((B, H, Lq), dtype=np.float32)
     marg, kind, ms = _mask_arg(mask, (B, H, Lq, Lk))
     if _use_sm90(D, tiles, Lk):
@@ -294,16 +292,16 @@ def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
         fn = _kernel("flash_attention_fwd", f"flash_attn_fwd<{{T}}, {D}, {BM}, {BN}, {NW}, {kind}, {OPT}>", q.dtype,
                      smem)
         block = (NW * 32, 1, 1)
-    grid = (L.cdiv(Lq, BM), H, B)
-    tail = (marg, L.i32(H), L.i32(Lq), L.i32(Lk), L.i32(e_pad), *qs, *ks, *vs, *os_, *ms, L.f32(scale * LOG2E),
-            L.i32(bool(is_causal)))
-    L.launch(fn, grid, block, (qa, ka, va, o, lse) + tail, shared_mem=smem)
+    grid = (P.cdiv(Lq, BM), H, B)
+    tail = (marg, KL.i32(H), KL.i32(Lq), KL.i32(Lk), KL.i32(e_pad), *qs, *ks, *vs, *os_, *ms, KL.f32(scale * LOG2E),
+            KL.i32(bool(is_causal)))
+    KL.launch(fn, grid, block, (qa, ka, va, o, lse) + tail, shared_mem=smem)
     if mask is None and qa is q and ka is k and va is v and e_pad == E:
         contiguous = o.strides == xp.empty(o.shape, dtype=o.dtype).strides
         if contiguous or (o.shape == q.shape and o.strides == xp.empty_like(q).strides):
             if len(_fwd_plans) >= MAX_PLANS:  # many distinct shapes (variable lengths): rebuild on demand
                 _fwd_plans.clear()
-            _fwd_plans[key] = (L.PackedLaunch(fn, grid, block, (q, k, v, o, lse) + tail, 5, smem), not contiguous,
+            _fwd_plans[key] = (KL.PackedLaunch(fn, grid, block, (q, k, v, o, lse) + tail, 5, smem), not contiguous,
                                o.shape, lse.shape)
     return (o if e_pad == E else o[..., :E]), lse
 
@@ -311,11 +309,11 @@ def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
 def _bwd_splits(n_ctas, m_blocks):
     """Slices of the query blocks per key block: enough CTAs to fill the GPU twice (dK, dV then go through fp32
     atomics)."""
-    want = 2 * L.sm_count()
+    want = 2 * P.sm_count()
     if n_ctas >= want or m_blocks <= 1:
         return 1, m_blocks
-    per = L.cdiv(m_blocks, min(m_blocks, L.cdiv(want, n_ctas)))
-    return L.cdiv(m_blocks, per), per
+    per = P.cdiv(m_blocks, min(m_blocks, P.cdiv(want, n_ctas)))
+    return P.cdiv(m_blocks, per), per
 
 
 _bwd_plans = {}  # as _fwd_plans, for the backward: (packed launches, allocation recipe)
@@ -323,7 +321,7 @@ _bwd_plans = {}  # as _fwd_plans, for the backward: (packed launches, allocation
 
 def _alloc_mode(out, like):
     """How a plan re-creates an output: "c" (C-contiguous), "like" (empty_like of the input), None (neither)."""
-    xp = L.xp_of(out)
+    xp = backend.xp_of(out)
     if out.strides == xp.empty(out.shape, dtype=out.dtype).strides:
         return "c"
     if out.shape == like.shape and out.strides == xp.empty_like(like).strides:
@@ -333,7 +331,7 @@ def _alloc_mode(out, like):
 
 def _run_bwd_plan(plan, do, q, k, v, o, lse):
     delta_launch, main_launch, converts, delta_shape, dq_acc_shape, acc_shape, modes, dq_in_main = plan
-    xp, nd = L.xp_of(q), type(q)
+    xp, nd = backend.xp_of(q), type(q)
     outs = [xp.empty_like(src) if mode == "like" else nd(src.shape, src.dtype) for mode, src in zip(modes, (q, k, v))]
     delta = nd(delta_shape, _F32)
     delta_launch((o.data.ptr, do.data.ptr, delta.data.ptr))
@@ -360,7 +358,7 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
         plan = _bwd_plans.get(key)
         if plan is not None and not (q.data.ptr | k.data.ptr | v.data.ptr | o.data.ptr | do.data.ptr) & 15:
             return _run_bwd_plan(plan, do, q, k, v, o, lse)
-    xp = L.xp_of(q)
+    xp = backend.xp_of(q)
     B, H, Lq, E = q.shape
     Lk = k.shape[2]
     e_pad = -(-E // 8) * 8
@@ -382,14 +380,14 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
     marg, kind, ms = _mask_arg(mask, (B, H, Lq, Lk))
 
     delta = xp.empty((B, H, Lq), dtype=np.float32)
-    delta_fn, delta_grid = _kernel("flash_attention_bwd", "flash_attn_bwd_delta<{T}>", T), (L.cdiv(Lq, 8), H, B)
-    delta_args = (oa, ga, delta, L.i32(H), L.i32(Lq), L.i32(e_pad), *os_, *gs)
-    L.launch(delta_fn, delta_grid, (256,), delta_args)
+    delta_fn, delta_grid = _kernel("flash_attention_bwd", "flash_attn_bwd_delta<{T}>", T), (P.cdiv(Lq, 8), H, B)
+    delta_args = (oa, ga, delta, KL.i32(H), KL.i32(Lq), KL.i32(e_pad), *os_, *gs)
+    KL.launch(delta_fn, delta_grid, (256,), delta_args)
 
-    n_blocks, m_blocks = L.cdiv(Lk, BN), L.cdiv(Lq, BM)
+    n_blocks, m_blocks = P.cdiv(Lk, BN), P.cdiv(Lq, BM)
     splits, per = _bwd_splits(n_blocks * B * H, m_blocks)
     dq_direct = sm90 and n_blocks == 1  # one key block: each CTA's dQ rows are complete (no fp32 accumulator)
-    dq_acc = L.null() if dq_direct else xp.zeros((B, H, Lq, e_pad), dtype=np.float32)
+    dq_acc = KL.null() if dq_direct else xp.zeros((B, H, Lq, e_pad), dtype=np.float32)
     dq = _out_like(q, e_pad)
     dk = _out_like(k, e_pad)
     dv = _out_like(v, e_pad)
@@ -398,9 +396,9 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
         dv_acc = xp.zeros((B, H, Lk, e_pad), dtype=np.float32)
         acc_args = (dk_acc, dv_acc)
     else:
-        acc_args = (L.null(), L.null())
-    dks = tuple(L.i64(s // dk.itemsize) for s in dk.strides[:3])
-    dvs = tuple(L.i64(s // dv.itemsize) for s in dv.strides[:3])
+        acc_args = (KL.null(), KL.null())
+    dks = tuple(KL.i64(s // dk.itemsize) for s in dk.strides[:3])
+    dvs = tuple(KL.i64(s // dv.itemsize) for s in dv.strides[:3])
     if sm90:
         smem = 1024 + (2 * BN * D + 2 * STAGES * BM * D + 2 * BN * BM) * 2 + 2 * STAGES * BM * 4
         fn = _kernel("flash_attention_bwd_sm90", f"flash_attn_bwd_sm90<{{T}}, {D}, {NWG}, {STAGES}, {kind}, {BM}>", T,
@@ -412,11 +410,11 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
                      f"flash_attn_bwd<{{T}}, {D}, {BM}, {BN}, {NW}, {WMS}, {WNKV}, {WMQ}, {kind}, {OPT}>", T, smem)
         block = (NW * 32,)
     main_grid = (n_blocks * splits, H, B)
-    main_args = ((qa, ka, va, ga, lse, delta, dq_acc, dk, dv, *acc_args, marg, L.i32(H), L.i32(Lq), L.i32(Lk),
-                  L.i32(e_pad), L.i32(n_blocks), L.i32(per), *qs, *ks, *vs, *gs, *dks, *dvs, *ms,
-                  L.f32(scale * LOG2E), L.f32(scale), L.i32(bool(is_causal)))
-                 + ((dq, *(L.i64(s // dq.itemsize) for s in dq.strides[:3])) if sm90 else ()))
-    L.launch(fn, main_grid, block, main_args, shared_mem=smem)
+    main_args = ((qa, ka, va, ga, lse, delta, dq_acc, dk, dv, *acc_args, marg, KL.i32(H), KL.i32(Lq), KL.i32(Lk),
+                  KL.i32(e_pad), KL.i32(n_blocks), KL.i32(per), *qs, *ks, *vs, *gs, *dks, *dvs, *ms,
+                  KL.f32(scale * LOG2E), KL.f32(scale), KL.i32(bool(is_causal)))
+                 + ((dq, *(KL.i64(s // dq.itemsize) for s in dq.strides[:3])) if sm90 else ()))
+    KL.launch(fn, main_grid, block, main_args, shared_mem=smem)
     convert = _kernel("flash_attention_bwd", "flash_attn_convert<{T}>", T)
     outs = [] if dq_direct else [("dq", dq_acc, dq, scale, Lq)]
     if splits > 1:
@@ -424,10 +422,10 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
     converts = []
     for name, src, dst, sc, rows in outs:
         total = src.size
-        grid = (max(1, min(L.cdiv(total, 256), L.sm_count() * 32)),)
-        args = (src, dst, L.i32(H), L.i32(rows), L.i32(e_pad), L.i64(total),
-                *(L.i64(s // dst.itemsize) for s in dst.strides[:3]), L.f32(sc))
-        L.launch(convert, grid, (256,), args)
+        grid = (max(1, min(P.cdiv(total, 256), P.sm_count() * 32)),)
+        args = (src, dst, KL.i32(H), KL.i32(rows), KL.i32(e_pad), KL.i64(total),
+                *(KL.i64(s // dst.itemsize) for s in dst.strides[:3]), KL.f32(sc))
+        KL.launch(convert, grid, (256,), args)
         converts.append((name, grid, args))
     if (mask is None and e_pad == E and qa is q and ka is k and va is v and oa is o and ga is do
             and lse is lse_in):
@@ -437,9 +435,9 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
             if len(_bwd_plans) >= MAX_PLANS:
                 _bwd_plans.clear()
             _bwd_plans[key] = (
-                L.PackedLaunch(delta_fn, delta_grid, (256,), delta_args, 3),
-                L.PackedLaunch(fn, main_grid, block, main_args, pointers, smem),
-                tuple((name, L.PackedLaunch(convert, grid, (256,), args, 2)) for name, grid, args in converts),
+                KL.PackedLaunch(delta_fn, delta_grid, (256,), delta_args, 3),
+                KL.PackedLaunch(fn, main_grid, block, main_args, pointers, smem),
+                tuple((name, KL.PackedLaunch(convert, grid, (256,), args, 2)) for name, grid, args in converts),
                 delta.shape, None if dq_direct else dq_acc.shape, dk_acc.shape if splits > 1 else None, modes,
                 sm90)
     if e_pad != E:
@@ -456,7 +454,7 @@ def flash_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None
     if _use_kernel(q, k, v, mask, scale):
         return _kernel_forward(q, k, v, mask, is_causal, scale)
     if k.shape[2] == 0:  # nothing to attend: output 0, as for a fully masked row
-        xp = L.xp_of(q)
+        xp = backend.xp_of(q)
         return (xp.zeros(q.shape[:3] + (v.shape[3],), dtype=q.dtype),
                 xp.full(q.shape[:3], np.inf, dtype=L.compute_dtype(q.dtype)))
     return _reference_forward(q, k, v, mask, is_causal, scale)
@@ -474,6 +472,6 @@ def flash_attention_backward(do, q, k, v, o, lse, attn_mask=None, is_causal=Fals
     if _use_kernel(q, k, v, mask, scale):
         return _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale)
     if k.shape[2] == 0:
-        xp = L.xp_of(q)
+        xp = backend.xp_of(q)
         return xp.zeros_like(q), xp.zeros_like(k), xp.zeros_like(v)
     return _reference_backward(do, q, k, v, o, lse, mask, is_causal, scale)

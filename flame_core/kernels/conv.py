@@ -25,7 +25,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from . import loader as L
+from . import launching as KL, loader as L, plans as P
 from .. import backend
 
 ConvGeom = namedtuple("ConvGeom", "N H W Cp O OH OW KH KW sh sw ph pw dh dw")
@@ -67,17 +67,7 @@ def round8(n):
 
 
 def _ptr(a):
-    return L.null() if a is None else a
-
-
-def gemm_expressions():
-    """Every template instantiation the conv family launches, with a {T} placeholder (for compile checks)."""
-    out = []
-    for kern, kind in (("conv_fwd_igemm", FWD), ("conv_dw_igemm", DW)):
-        for bm, bn, wm, wn, st, minb, pipe, kinds in TILES.values():
-            if kind in kinds:
-                out.append(f"{kern}<{{T}}, {bm}, {bn}, {wm}, {wn}, {st}, {minb}, {pipe}>")
-    return out
+    return KL.null() if a is None else a
 
 
 def _gemm_kernel(kern, name, dtype):
@@ -140,24 +130,12 @@ def forced_tile(kind):
 def plan(M, N, KT, out_elems, always_ws, budget, kind=FWD):
     """(tile name, k-tiles per slice, slices) for an M x N output reduced over KT k-tiles; slices > 1 write
     S * out_elems fp32 partials, which must fit `budget` bytes. kind: FWD (conv_fwd_igemm) or DW (conv_dw_igemm)."""
-    return _plan(M, N, KT, out_elems, always_ws, budget, forced_tile(kind), L.sm_count(), kind, max_smem())
-
-
-_max_smem = {}
+    return _plan(M, N, KT, out_elems, always_ws, budget, forced_tile(kind), P.sm_count(), kind, max_smem())
 
 
 def max_smem():
     """Dynamic shared memory one block may opt into on this device (bytes): tiles needing more are not planned."""
-    cp = backend.cupy
-    dev = cp.cuda.runtime.getDevice()
-    n = _max_smem.get(dev)
-    if n is None:
-        try:
-            n = int(cp.cuda.Device(dev).attributes["MaxSharedMemoryPerBlockOptin"])
-        except Exception:
-            n = 232448  # sm_90's 227 KiB
-        _max_smem[dev] = n
-    return n
+    return int(P.device_properties()["sharedMemPerBlockOptin"])
 
 
 def tile_smem(name):
@@ -198,8 +176,8 @@ def to_nhwc(x, Rp, flip_group=0):
     out = empty((B, Lsp, Rp), x.dtype)
     fn = L.get_function("conv_igemm", "conv_transpose_pad", x.dtype)
     ld = 64 + (2 if x.dtype.itemsize == 2 else 1)
-    L.launch(fn, (L.cdiv(Lsp, 64), L.cdiv(Rp, 64), B), (256,),
-             (x, out, L.i32(R), L.i32(Lsp), L.i32(Rp), L.i32(flip_group)), shared_mem=64 * ld * x.dtype.itemsize)
+    KL.launch(fn, (P.cdiv(Lsp, 64), P.cdiv(Rp, 64), B), (256,),
+              (x, out, KL.i32(R), KL.i32(Lsp), KL.i32(Rp), KL.i32(flip_group)), shared_mem=64 * ld * x.dtype.itemsize)
     return out
 
 
@@ -212,8 +190,8 @@ def pack_weight(w, Cp):
     while CT > 8 and CT * T * w.dtype.itemsize > 16384:
         CT //= 2
     fn = L.get_function("conv_igemm", "conv_pack_weight", w.dtype)
-    L.launch(fn, (L.cdiv(Cp, CT), O), (256,), (w, out, L.i32(C), L.i32(Cp), L.i32(T), L.i32(CT)),
-             shared_mem=CT * T * w.dtype.itemsize)
+    KL.launch(fn, (P.cdiv(Cp, CT), O), (256,), (w, out, KL.i32(C), KL.i32(Cp), KL.i32(T), KL.i32(CT)),
+              shared_mem=CT * T * w.dtype.itemsize)
     return out
 
 
@@ -228,20 +206,20 @@ def conv_nhwc(xt, wp, out, cg, bias=None, budget=512 << 20):
     """out (N, O, OH, OW) = conv of xt (N, H, W, Cp) with packed weights wp (O, KH*KW*Cp) (+ bias (O,))."""
     P = cg.N * cg.OH * cg.OW
     K = cg.KH * cg.KW * cg.Cp
-    KT = L.cdiv(K, BK)
+    KT = P.cdiv(K, BK)
     name, kps, S = plan(cg.O, P, KT, cg.O * P, False, budget)
     fn, threads, smem = _gemm_kernel("conv_fwd_igemm", name, xt.dtype)
     bm, bn = TILES[name][:2]
     ws = empty((S, cg.O, P), np.float32) if S > 1 else None
-    i32 = L.i32
-    L.launch(fn, (L.cdiv(cg.O, bm) * L.cdiv(P, bn), S), (threads,),
-             (xt, wp, _ptr(bias) if S == 1 else L.null(), out, _ptr(ws), i32(cg.H), i32(cg.W), i32(cg.Cp), i32(cg.O),
+    i32 = KL.i32
+    KL.launch(fn, (P.cdiv(cg.O, bm) * P.cdiv(P, bn), S), (threads,),
+              (xt, wp, _ptr(bias) if S == 1 else KL.null(), out, _ptr(ws), i32(cg.H), i32(cg.W), i32(cg.Cp), i32(cg.O),
               i32(cg.KH), i32(cg.KW), i32(cg.sh), i32(cg.sw), i32(cg.ph), i32(cg.pw), i32(cg.dh), i32(cg.dw),
               i32(cg.OH), i32(cg.OW), i32(P), i32(K), i32(kps)), shared_mem=smem)
     if S > 1:
         OHW = cg.OH * cg.OW
-        L.launch(L.get_function("conv_igemm", "conv_splitk_reduce", out.dtype), (L.cdiv(OHW, 256), cg.O, cg.N),
-                 (256,), (ws, _ptr(bias), out, i32(S), i32(cg.O), i32(OHW), L.i64(P)))
+        KL.launch(L.get_function("conv_igemm", "conv_splitk_reduce", out.dtype), (P.cdiv(OHW, 256), cg.O, cg.N),
+                  (256,), (ws, _ptr(bias), out, i32(S), i32(cg.O), i32(OHW), KL.i64(P)))
     return out
 
 
@@ -251,15 +229,15 @@ def conv_dw_nhwc(gt, xt, cg, C, dw=None, acc32=None, accumulate=False, budget=51
     P = cg.N * cg.OH * cg.OW
     K = cg.KH * cg.KW * cg.Cp
     Op = gt.shape[-1]
-    KT = L.cdiv(P, BK)
+    KT = P.cdiv(P, BK)
     name, kps, S = plan(cg.O, K, KT, cg.O * K, True, budget, DW)
     fn, threads, smem = _gemm_kernel("conv_dw_igemm", name, xt.dtype)
     bm, bn = TILES[name][:2]
     ws = empty((S, cg.O, K), np.float32)
-    i32 = L.i32
-    L.launch(fn, (L.cdiv(cg.O, bm) * L.cdiv(K, bn), S), (threads,),
-             (gt, xt, ws, i32(cg.H), i32(cg.W), i32(cg.Cp), i32(cg.O), i32(Op), i32(cg.KH), i32(cg.KW),
+    i32 = KL.i32
+    KL.launch(fn, (P.cdiv(cg.O, bm) * P.cdiv(K, bn), S), (threads,),
+              (gt, xt, ws, i32(cg.H), i32(cg.W), i32(cg.Cp), i32(cg.O), i32(Op), i32(cg.KH), i32(cg.KW),
               i32(cg.sh), i32(cg.sw), i32(cg.ph), i32(cg.pw), i32(cg.dh), i32(cg.dw), i32(cg.OH), i32(cg.OW),
               i32(P), i32(K), i32(kps)), shared_mem=smem)
-    L.launch(L.get_function("conv_igemm", "conv_dw_reduce", xt.dtype), (L.cdiv(K, 256), cg.O), (256,),
-             (ws, _ptr(acc32), _ptr(dw), i32(S), i32(cg.O), i32(C), i32(cg.Cp), i32(cg.KH * cg.KW), i32(1 if accumulate else 0)))
+    KL.launch(L.get_function("conv_igemm", "conv_dw_reduce", xt.dtype), (P.cdiv(K, 256), cg.O), (256,),
+              (ws, _ptr(acc32), _ptr(dw), i32(S), i32(cg.O), i32(C), i32(cg.Cp), i32(cg.KH * cg.KW), i32(1 if accumulate else 0)))

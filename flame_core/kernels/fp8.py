@@ -10,7 +10,7 @@ scale = amax(|row|) / 448 (1 for an all-zero row); q = e4m3(x * (448 / amax)), r
 import ml_dtypes
 import numpy as np
 
-from . import loader as L
+from . import launching as KL, loader as L, plans as P
 from .. import backend
 from ..errors import DTypeError, ShapeError
 
@@ -26,14 +26,14 @@ def _quantize_ref(x):
     scaled = np.clip(xf * inv[..., None], -FP8_MAX, FP8_MAX)
     q = scaled.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
     scales = np.where(safe, amax / FP8_MAX, np.float32(1)).astype(np.float32)
-    xp = L.xp_of(x)
+    xp = backend.xp_of(x)
     return xp.asarray(q), xp.asarray(scales)
 
 
 def _dequantize_ref(q, scales, dtype):
     qf = backend.to_numpy(q).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
     y = (qf * backend.to_numpy(scales).astype(np.float32)[..., None]).astype(dtype)
-    return L.xp_of(q).asarray(y)
+    return backend.xp_of(q).asarray(y)
 
 
 # ----------------------------------------------------------------------------- API
@@ -44,16 +44,16 @@ def quantize_per_row(x):
         raise DTypeError(f"quantize_per_row: expects a floating array, got {x.dtype}")
     if not (L.use_kernel(x) and x.size):
         return _quantize_ref(x)
-    xp = L.xp_of(x)
-    x = L.contiguous(x)
+    xp = backend.xp_of(x)
+    x = P.contiguous(x)
     cols = x.shape[-1]
     rows = x.size // cols
     q = xp.empty(x.shape, dtype=np.uint8)
     scales = xp.empty(x.shape[:-1], dtype=np.float32)
     tpr = 32 if cols <= 2048 else 256  # the kernel loops over the row: no register cache to size
     block = 128 if tpr == 32 else 256
-    L.launch(L.get_function("fp8", "fp8_quantize_rows", x.dtype), (L.cdiv(rows, block // tpr),), (block,),
-             (x, q, scales, L.i64(rows), L.i32(cols), L.i32(tpr)))
+    KL.launch(L.get_function("fp8", "fp8_quantize_rows", x.dtype), (P.cdiv(rows, block // tpr),), (block,),
+              (x, q, scales, KL.i64(rows), KL.i32(cols), KL.i32(tpr)))
     return q, scales
 
 
@@ -67,11 +67,11 @@ def dequantize_per_row(q, scales, dtype=np.float32):
     if not (L.use_kernel(scales) and backend.is_cuda_array(q) and q.size
             and L.dtype_name(dtype) in ("float32", "float16", "bfloat16")):
         return _dequantize_ref(q, scales, dtype)
-    xp = L.xp_of(q)
-    q = L.contiguous(q)
+    xp = backend.xp_of(q)
+    q = P.contiguous(q)
     y = xp.empty(q.shape, dtype=dtype)
-    grid = (max(1, min(L.cdiv(L.cdiv(q.size, 8), 256), L.sm_count() * 16)),)  # 8 elements per thread-step
+    grid = (max(1, min(P.cdiv(P.cdiv(q.size, 8), 256), P.sm_count() * 16)),)  # 8 elements per thread-step
     block = (256,)
-    L.launch(L.get_function("fp8", "fp8_dequantize_rows", dtype), grid, block,
-             (q, L.contiguous(scales.astype(np.float32, copy=False)), y, L.i64(q.size), L.i32(q.shape[-1])))
+    KL.launch(L.get_function("fp8", "fp8_dequantize_rows", dtype), grid, block,
+              (q, P.contiguous(scales.astype(np.float32, copy=False)), y, KL.i64(q.size), KL.i32(q.shape[-1])))
     return y

@@ -7,7 +7,8 @@ Flux's single-stream block applies GELU to the MLP half of linear1's output: rea
 copy that a contiguous-input kernel needs. The reference (and non-CUDA path) is flame_core.kernels.activations'.
 """
 from . import activations as _act
-from . import loader as L
+from . import launching as KL, loader as L, plans as P
+from .. import backend
 
 
 def _strided_rows(x):
@@ -21,18 +22,18 @@ def _strided_rows(x):
 
 
 def _grid(rows):
-    return (max(1, min(int(rows), L.sm_count() * 8)),), (256,)
+    return (max(1, min(int(rows), P.sm_count() * 8)),), (256,)
 
 
 def gelu_tanh_rows_forward(x):
     ldx = _strided_rows(x)
     if ldx is None:
-        return _act.gelu_forward(L.contiguous(x) if L.use_kernel(x) else x, "tanh")
+        return _act.gelu_forward(P.contiguous(x) if L.use_kernel(x) else x, "tanh")
     rows, cols = x.shape
-    y = L.xp_of(x).empty((rows, cols), dtype=x.dtype)
+    y = backend.xp_of(x).empty((rows, cols), dtype=x.dtype)
     grid, block = _grid(rows)
-    L.launch(L.get_function("gelu_rows", "gelu_rows_fwd", x.dtype), grid, block,
-             (x, L.i64(ldx), y, L.i64(rows), L.i32(cols)))
+    KL.launch(L.get_function("gelu_rows", "gelu_rows_fwd", x.dtype), grid, block,
+              (x, KL.i64(ldx), y, KL.i64(rows), KL.i32(cols)))
     return y
 
 
@@ -41,11 +42,11 @@ def gelu_tanh_rows_backward(dy, x):
         raise ValueError(f"gelu_tanh_rows_backward: gradient shape {dy.shape} differs from input shape {x.shape}")
     ldx = _strided_rows(x)
     if ldx is None:
-        return _act.gelu_backward(dy, L.contiguous(x) if L.use_kernel(x) else x, "tanh")
+        return _act.gelu_backward(dy, P.contiguous(x) if L.use_kernel(x) else x, "tanh")
     rows, cols = x.shape
-    dy = L.contiguous(dy.astype(x.dtype, copy=False))
-    dx = L.xp_of(x).empty((rows, cols), dtype=x.dtype)
+    dy = P.contiguous(dy.astype(x.dtype, copy=False))
+    dx = backend.xp_of(x).empty((rows, cols), dtype=x.dtype)
     grid, block = _grid(rows)
-    L.launch(L.get_function("gelu_rows", "gelu_rows_bwd", x.dtype), grid, block,
-             (x, L.i64(ldx), dy, dx, L.i64(rows), L.i32(cols)))
+    KL.launch(L.get_function("gelu_rows", "gelu_rows_bwd", x.dtype), grid, block,
+              (x, KL.i64(ldx), dy, dx, KL.i64(rows), KL.i32(cols)))
     return dx

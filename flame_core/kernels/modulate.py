@@ -10,7 +10,8 @@ scale / gate have shape (B, 1, H), (B, H), (1, H) or (H,) and broadcast over L:
 """
 import numpy as np
 
-from . import loader as L
+from . import column_sum as CS, launching as KL, loader as L, plans as P
+from .. import backend
 from ..errors import ShapeError
 
 
@@ -23,7 +24,7 @@ def _bld(x, name):
 
 def _as_bh(m, b, h, name, what):
     """The modulation vector as (B, H) (broadcast over B when it has no batch axis)."""
-    xp = L.xp_of(m)
+    xp = backend.xp_of(m)
     shape = tuple(m.shape)
     ok = (m.ndim >= 1 and shape[-1] == h and all(s == 1 for s in shape[1:-1] if m.ndim > 2)
           and (m.ndim == 1 or shape[0] in (1, b)))
@@ -42,8 +43,8 @@ def _sum_to(g, shape):
 
 def _mod_args(x, *mods):
     if all(m.dtype == x.dtype for m in mods):
-        return [L.contiguous(m) for m in mods], 0
-    return [L.contiguous(m.astype(np.float32)) for m in mods], 1
+        return [P.contiguous(m) for m in mods], 0
+    return [P.contiguous(m.astype(np.float32)) for m in mods], 1
 
 
 # ----------------------------------------------------------------------------- references
@@ -88,7 +89,7 @@ def _gated_grad_ref(dout, gate, y):
 # ----------------------------------------------------------------------------- kernels
 def _fwd_grid(b, lh, dtype):
     block = 256
-    gx = max(1, min(L.cdiv(L.cdiv(lh, L.vec_width(dtype)), block), max(1, L.sm_count() * 16 // b)))
+    gx = max(1, min(P.cdiv(P.cdiv(lh, P.vec_width(dtype)), block), max(1, P.sm_count() * 16 // b)))
     return (gx, b), (block,)
 
 
@@ -97,29 +98,30 @@ single_launch_sums = True  # the modulation gradients summed inside bcast_bwd (F
 
 def _bwd_launch(dout, a, coef, off, want_da, want_sum, mf32, b, l, h, out_dtypes):
     """bcast_bwd: (da, dcoef, dsum) with dcoef / dsum (B, H) in out_dtypes (dsum None unless want_sum)."""
-    xp = L.xp_of(a)
-    vec = L.vec_width(a.dtype)
+    xp = backend.xp_of(a)
+    vec = P.vec_width(a.dtype)
     use_vec = h % vec == 0
     cols_per_block = 32 * (vec if use_vec else 1)
-    gx = L.cdiv(h, cols_per_block)
-    splits = max(1, min(L.cdiv(L.sm_count() * 4, gx * b), L.cdiv(l, 8)))
+    gx = P.cdiv(h, cols_per_block)
+    splits = max(1, min(P.cdiv(P.sm_count() * 4, gx * b), P.cdiv(l, 8)))
     da = xp.empty_like(a) if want_da else None
     dcoef_part = xp.empty((b, splits, h), dtype=np.float32)
     dsum_part = xp.empty((b, splits, h), dtype=np.float32) if want_sum else None
-    args = (dout, a, coef, L.f32(off), L.null() if da is None else da, dcoef_part,
-            L.null() if dsum_part is None else dsum_part, L.i32(l), L.i32(h), L.i32(mf32), L.i32(use_vec))
+    args = (dout, a, coef, KL.f32(off), KL.null() if da is None else da, dcoef_part,
+            KL.null() if dsum_part is None else dsum_part, KL.i32(l), KL.i32(h), KL.i32(mf32), KL.i32(use_vec))
     kernel = L.get_function("modulate", "bcast_bwd", a.dtype)
     if not single_launch_sums:
-        L.launch(kernel, (gx, b, splits), (32, 8), args + (L.null(), L.null(), L.null(), L.i32(0)))
-        dcoef = L.column_sum("modulate", "mod_column_sum", dcoef_part, out_dtypes[0])
-        dsum = L.column_sum("modulate", "mod_column_sum", dsum_part, out_dtypes[1]) if want_sum else None
+        KL.launch(kernel, (gx, b, splits), (32, 8), args + (KL.null(), KL.null(), KL.null(), KL.i32(0)))
+        dcoef = CS.column_sum("modulate", "mod_column_sum", dcoef_part, out_dtypes[0])
+        dsum = CS.column_sum("modulate", "mod_column_sum", dsum_part, out_dtypes[1]) if want_sum else None
         return da, dcoef, dsum
     # the last block of each (column chunk, batch) sums the chunk's split rows: outputs in a's dtype, else fp32
     odt = a.dtype if all(d is None or d == a.dtype for d in out_dtypes) else np.dtype(np.float32)
     dcoef = xp.empty((b, h), dtype=odt)
     dsum = xp.empty((b, h), dtype=odt) if want_sum else None
-    L.launch(kernel, (gx, b, splits), (32, 8),
-             args + (dcoef, L.null() if dsum is None else dsum, L.reduction_counters(gx * b), L.i32(odt != a.dtype)))
+    KL.launch(kernel, (gx, b, splits), (32, 8),
+              args + (dcoef, KL.null() if dsum is None else dsum, CS.reduction_counters(gx * b),
+                      KL.i32(odt != a.dtype)))
     dcoef = dcoef.astype(out_dtypes[0], copy=False)
     dsum = dsum.astype(out_dtypes[1], copy=False) if want_sum else None
     return da, dcoef, dsum
@@ -127,18 +129,18 @@ def _bwd_launch(dout, a, coef, off, want_da, want_sum, mf32, b, l, h, out_dtypes
 
 def _modulate_kernel(x, shift, scale):
     b, l, h = _bld(x, "modulate")
-    x = L.contiguous(x)
+    x = P.contiguous(x)
     (sh, sc), mf32 = _mod_args(x, _as_bh(shift, b, h, "modulate", "shift"), _as_bh(scale, b, h, "modulate", "scale"))
-    y = L.xp_of(x).empty_like(x)
+    y = backend.xp_of(x).empty_like(x)
     grid, block = _fwd_grid(b, l * h, x.dtype)
-    L.launch(L.get_function("modulate", "modulate_fwd", x.dtype), grid, block,
-             (x, sh, sc, y, L.i64(l * h), L.i32(h), L.i32(mf32)))
+    KL.launch(L.get_function("modulate", "modulate_fwd", x.dtype), grid, block,
+              (x, sh, sc, y, KL.i64(l * h), KL.i32(h), KL.i32(mf32)))
     return y
 
 
 def _modulate_grad_kernel(dy, x, shift, scale):
     b, l, h = _bld(x, "modulate")
-    x, dy = L.contiguous(x), L.contiguous(dy.astype(x.dtype, copy=False))
+    x, dy = P.contiguous(x), P.contiguous(dy.astype(x.dtype, copy=False))
     (sc,), mf32 = _mod_args(x, _as_bh(scale, b, h, "modulate", "scale"))
     dx, dscale, dshift = _bwd_launch(dy, x, sc, 1.0, True, True, mf32, b, l, h, (scale.dtype, shift.dtype))
     return dx, _sum_to(dshift, shift.shape), _sum_to(dscale, scale.shape)
@@ -146,18 +148,18 @@ def _modulate_grad_kernel(dy, x, shift, scale):
 
 def _gated_kernel(x, gate, y):
     b, l, h = _bld(x, "gated_residual")
-    x, y = L.contiguous(x), L.contiguous(y.astype(x.dtype, copy=False))
+    x, y = P.contiguous(x), P.contiguous(y.astype(x.dtype, copy=False))
     (gt,), mf32 = _mod_args(x, _as_bh(gate, b, h, "gated_residual", "gate"))
-    out = L.xp_of(x).empty_like(x)
+    out = backend.xp_of(x).empty_like(x)
     grid, block = _fwd_grid(b, l * h, x.dtype)
-    L.launch(L.get_function("modulate", "gated_fwd", x.dtype), grid, block,
-             (x, gt, y, out, L.i64(l * h), L.i32(h), L.i32(mf32)))
+    KL.launch(L.get_function("modulate", "gated_fwd", x.dtype), grid, block,
+              (x, gt, y, out, KL.i64(l * h), KL.i32(h), KL.i32(mf32)))
     return out
 
 
 def _gated_grad_kernel(dout, gate, y):
     b, l, h = _bld(y, "gated_residual")
-    y, g = L.contiguous(y), L.contiguous(dout.astype(y.dtype, copy=False))
+    y, g = P.contiguous(y), P.contiguous(dout.astype(y.dtype, copy=False))
     (gt,), mf32 = _mod_args(y, _as_bh(gate, b, h, "gated_residual", "gate"))
     dy, dgate, _ = _bwd_launch(g, y, gt, 0.0, True, False, mf32, b, l, h, (gate.dtype, None))
     return dout, _sum_to(dgate, gate.shape), dy

@@ -1,20 +1,18 @@
-"""LayerNorm, RMSNorm (last axis) and GroupNorm (N, C, *spatial) on arrays, forward and backward.
+"""LayerNorm and RMSNorm (last axis) on arrays, forward and backward (GroupNorm: groupnorm.py).
 
-Kernels: cuda_src/norms.cu (layer / rms) and cuda_src/groupnorm.cu. Statistics are fp32 (float64 for float64 input on
-the reference path); the saved `mean` / `rstd` have shape x.shape[:-1] (layer / rms) or (N, G) (group).
+Kernels: cuda_src/norms.cu. Statistics are fp32 (float64 for float64 input on the reference path); the saved
+`mean` / `rstd` have shape x.shape[:-1].
 
     layer_norm_forward(x, weight, bias, eps)            -> (y, mean, rstd)
     layer_norm_backward(dy, x, weight, mean, rstd, bias) -> (dx, dweight, dbias)   (None where weight / bias is None)
     rms_norm_forward(x, weight, eps)                     -> (y, rstd)
     rms_norm_backward(dy, x, weight, rstd)               -> (dx, dweight)
-    group_norm_forward(x, num_groups, weight, bias, eps) -> (y, mean, rstd)
-    group_norm_backward(dy, x, num_groups, weight, mean, rstd, bias) -> (dx, dweight, dbias)
 """
 import math
 
 import numpy as np
 
-from . import loader as L
+from . import column_sum as CS, launching as KL, loader as L, plans as P
 from .. import backend
 from ..errors import KernelCompileError, ShapeError
 
@@ -33,8 +31,8 @@ def _param_args(x, *params):
     """Pointers for the weight / bias and the flag telling the kernel they are fp32 (else x's dtype)."""
     present = [p for p in params if p is not None]
     if all(p.dtype == x.dtype for p in present):
-        return [L.contiguous(p) if p is not None else L.null() for p in params], 0
-    return [L.contiguous(p.astype(np.float32, copy=False)) if p is not None else L.null() for p in params], 1
+        return [P.contiguous(p) if p is not None else KL.null() for p in params], 0
+    return [P.contiguous(p.astype(np.float32, copy=False)) if p is not None else KL.null() for p in params], 1
 
 
 # ----------------------------------------------------------------------------- references: layer / rms
@@ -43,7 +41,7 @@ def _layer_ref(x, weight, bias, eps, rms):
     xf = x.astype(cd)
     mean = None if rms else xf.mean(axis=-1, keepdims=True)
     xc = xf if rms else xf - mean
-    rstd = 1.0 / L.xp_of(x).sqrt((xc * xc).mean(axis=-1, keepdims=True) + cd(eps))
+    rstd = 1.0 / backend.xp_of(x).sqrt((xc * xc).mean(axis=-1, keepdims=True) + cd(eps))
     y = xc * rstd
     if weight is not None:
         y = y * weight.astype(cd)
@@ -70,9 +68,8 @@ def _layer_grad_ref(dy, x, weight, mean, rstd, bias, rms):
 NORM_MAX_RPB = 8  # row groups of > 32 threads per block: NORM_MAX_RPB in cuda_src/norms.cu
 # Weight / bias gradients (layer / rms / group norm) summed inside the backward kernel ("last block done", see
 # last_arrival in cuda_src/common.cuh): one launch. False (the default): the kernels write partial rows only and a
-# column_sum launch sums each. Off because on the H100 (bench/norm_sweep.py, commit 33a36dc) the single-launch tail
-# was slower: rms_norm bwd 4608x3072 0.0933 vs 0.0455 ms, layer_norm affine bwd 0.1146 vs 0.0911, GroupNorm bwd
-# 0.0313 vs 0.0279 (the last block's sum of the partial rows runs on one SM). Modulate keeps it (a win there).
+# column_sum launch sums each. Off: the last block's sum of the partial rows runs on one SM, which made the norm
+# backwards slower on the H100 (rms_norm bwd 4608x3072: 0.0933 vs 0.0455 ms). Modulate keeps it (a win there).
 single_launch_sums = False
 # Cluster size of the weight-gradient backward on sm_90+ (norm_bwd_cl in cuda_src/norms.cu); 0: every block writes its
 # own part row (norm_bwd*). bwd_cluster_grid: blocks per SM of its grid (None: as many as fit; benchmark sweeps).
@@ -83,51 +80,50 @@ bwd_cluster_regs = 80  # register cap of norm_bwd_cl (255: none)
 # The weight-gradient backward on sm_90+ with the rows streamed through shared memory by bulk copies (norm_bwd_tma in
 # cuda_src/norms.cu): bwd_tma_stages rows of x and dy in flight per block, the partials in registers, clusters of
 # bwd_tma_cluster blocks adding theirs (one part row per cluster), and the column_sum after it as a programmatic
-# dependent launch. Rows of > 32 threads on the 16-byte vector path; others keep _bwd_plan. Measured in
-# BENCHMARKS.md (bench/kernel_sweep.py tma, ramp).
+# dependent launch. Rows of > 32 threads on the 16-byte vector path; others keep _bwd_plan.
 bwd_tma = True
 bwd_tma_stages = 3
 # Register cap of norm_bwd_tma (255: none). 128 with the kept-row loop below: 2 blocks of 192 threads per SM, no
-# spills (LayerNorm's dw, db: 121 registers; at 112 it measured 0.0397 against 0.0347 ms, bench/kernel_sweep.py ramp).
+# spills (LayerNorm's dw, db loop takes 121 registers; capped at 112 it spilled: 0.0397 against 0.0347 ms).
 bwd_tma_regs = 128
 BWD_TMA_MIN_REGS = 80  # rows of more threads than the SM's registers allow at bwd_tma_regs get a lower cap, >= this
 bwd_tma_vpt = None    # 16-byte vectors per thread (1 or 2); None: the fewest that keep a row within 256 threads
 bwd_tma_grid = None   # blocks per SM (None: as many as fit)
 bwd_tma_cluster = 1   # blocks per cluster (1: every block writes its own part row)
 # The grid: as many blocks as fit (False), or the fewest that keep the same most rows per block (True: 4608 rows on
-# 396 block slots take 384 blocks of 12 rows, not 252 of 12 and 144 of 11; 384 part rows, not 396). Off: not faster
-# on the H100 (bench/kernel_sweep.py plan, 3 interleaved rounds: rms 0.0364 vs 0.0366 ms, LN affine 0.0387 vs 0.0376).
+# 396 block slots take 384 blocks of 12 rows, not 252 of 12 and 144 of 11; 384 part rows, not 396). Off: it was
+# not faster on the H100.
 bwd_tma_even = False
-bwd_tma_dependent = True  # the column_sum as a programmatic dependent launch (loader.launch_dependent)
+bwd_tma_dependent = True  # the column_sum as a programmatic dependent launch (launching.launch_dependent)
 # Stages filled when a block starts (0: all); the others once its first row has arrived, so that the first rows of
-# all blocks are not queued behind everyone's later rows (at 396 blocks x 3 stages the first row landed 3-5 us after
-# entry: bench/norm_trace_probe.py).
+# all blocks are not queued behind everyone's later rows (with every stage requested at entry, the first row landed
+# 3-5 us after a block started).
 bwd_tma_early = 1
 bwd_tma_one_barrier = True  # the per-row block reduction with one barrier (block_sum2_1b) instead of two
 # The row loop (cuda_src/norms.cu, norm_bwd_tma's LOOP): 0, the weight read through L1 in both passes of every row;
 # 1, the weight in registers; 2, as 1 and the row's xhat and g kept in registers between the passes (pass 2 reads no
-# shared memory; the stage is refilled a row earlier). The traced blocks spent 92-97% of their cycles in the row
-# loop's passes and reductions, not waiting for rows (bench/norm_trace_probe.py), so these cut the time per row. A plan whose
-# register cap cannot hold what the loop keeps takes the largest loop that fits (_tma_loop).
+# shared memory; the stage is refilled a row earlier). The blocks spend their time in the row loop's passes and
+# reductions, not waiting for rows, so these cut the time per row. A plan whose register cap cannot hold what the
+# loop keeps takes the largest loop that fits (_tma_loop).
 bwd_tma_loop = 2
-_props = {}
+_props = {}  # device -> _device_props() (the plans read them on every call)
 
 
 def _device_props():
-    cp = backend.cupy
-    dev = cp.cuda.runtime.getDevice()
+    """(registers, threads, shared memory) per SM, shared memory a block may opt into, compute capability."""
+    dev = backend.cupy.cuda.runtime.getDevice()
     p = _props.get(dev)
     if p is None:
-        d = cp.cuda.runtime.getDeviceProperties(dev)
+        d = P.device_properties()
         p = _props[dev] = (d["regsPerMultiprocessor"], d["maxThreadsPerMultiProcessor"],
-                           d["sharedMemPerMultiprocessor"], d["sharedMemPerBlockOptin"], d["major"] * 10 + d["minor"])
+                           d["sharedMemPerMultiprocessor"], d["sharedMemPerBlockOptin"], P.compute_capability())
     return p
 
 
 def _threads_per_sm(kernel):
     """Threads of `kernel` an SM holds by its registers (allocated per warp in units of 256) and thread limit."""
     regs, threads = _device_props()[:2]
-    per_warp = L.cdiv(max(1, kernel.num_regs) * 32, 256) * 256
+    per_warp = P.cdiv(max(1, kernel.num_regs) * 32, 256) * 256
     return min(regs // per_warp * 32, threads)
 
 
@@ -138,20 +134,20 @@ def _blocks_per_sm(kernel, block, smem=0):
 
 
 def _row_kernel(name, dtype, cols, vec, force_loop=False):
-    """(kernel, vpt, tpr, looping) of the row family `<name>1/2/4` (the heuristic of loader.row_plan): looping means
+    """(kernel, vpt, tpr, looping) of the row family `<name>1/2/4` (the heuristic of plans.row_plan): looping means
     rows wider than tpr * vpt vectors (one row group of tpr threads per block, the row re-read from cache)."""
     nvec = max(1, cols // vec)
     if force_loop:
         order = [1]
-    elif L.vpt_override is not None:
-        order = [L.vpt_override]
+    elif P.vpt_override is not None:
+        order = [P.vpt_override]
     else:
-        first = next((v for v in L.VPTS if L.cdiv(nvec, v) <= 256), L.VPTS[-1])
-        order = [v for v in L.VPTS if v >= first]
+        first = next((v for v in P.VPTS if P.cdiv(nvec, v) <= 256), P.VPTS[-1])
+        order = [v for v in P.VPTS if v >= first]
     for vpt in order:
         kernel = L.get_function("norms", f"{name}{vpt}", dtype)
         limit = kernel.max_threads_per_block // 32 * 32
-        tpr = L.row_tpr(nvec, vpt)
+        tpr = P.row_tpr(nvec, vpt)
         if tpr <= limit and not force_loop:
             return kernel, vpt, tpr, False
     return kernel, vpt, min(limit, 1024), True
@@ -159,7 +155,7 @@ def _row_kernel(name, dtype, cols, vec, force_loop=False):
 
 def _persistent_grid(kernel, block, rpb, rows, smem=0):
     """Blocks loop over row blocks: as many as fit on the GPU at once (or one per row block)."""
-    return (max(1, min(L.cdiv(rows, rpb), L.sm_count() * _blocks_per_sm(kernel, block, smem))),)
+    return (max(1, min(P.cdiv(rows, rpb), P.sm_count() * _blocks_per_sm(kernel, block, smem))),)
 
 
 FWD_VPTS = (1, 2, 3, 4, 6, 8, 12, 16)  # the one-pass forward kernels norm_fwdv<VPT> in cuda_src/norms.cu
@@ -170,22 +166,21 @@ def _group_tpr(need):
     """Threads for `need` per-thread slots of a row: a power of two up to 32, else a multiple of 32."""
     if need <= 32:
         return 1 << max(0, need - 1).bit_length()
-    return L.cdiv(need, 32) * 32
+    return P.cdiv(need, 32) * 32
 
 
 def _fwd_shape(nvec):
     """(vpt, tpr) of the one-pass forward for rows of nvec 16-byte vectors. Rows of <= 64 vectors: 2 vectors per
-    thread (4608 x 3072 bf16 rows of 384 vectors: (4, 96) / (6, 64) 0.0196 / 0.0192 ms against (12, 32) 0.0204, LN
-    affine 0.0240 / 0.0243 against 0.0317; QK rows of 16 vectors: (2, 8) 0.0202 against (4, 4) 0.0209 ms). Wider
-    rows: 4, 6 or 3 vectors per thread, whichever leaves the fewest idle slots (tpr * vpt - nvec; ties in that
-    order), with tpr <= 1024; rows too wide for that (> 6144 vectors) 8, 12 or 16."""
+    thread. Wider rows: 4, 6 or 3 vectors per thread, whichever leaves the fewest idle slots (tpr * vpt - nvec; ties
+    in that order), with tpr <= 1024; rows too wide for that (> 6144 vectors) 8, 12 or 16. (On the H100 ~4 vectors
+    per thread beat 12 on Flux's 3072-wide rows: LayerNorm affine 0.0240 against 0.0317 ms.)"""
     if nvec <= 64:
-        tpr = _group_tpr(L.cdiv(nvec, 2))
+        tpr = _group_tpr(P.cdiv(nvec, 2))
         return (1 if nvec == 1 else 2), tpr
     for cands in ((4, 6, 3), (8, 12, 16)):
         best = None
         for v in cands:
-            tpr = _group_tpr(L.cdiv(nvec, v))
+            tpr = _group_tpr(P.cdiv(nvec, v))
             if tpr <= 1024 and (best is None or tpr * v - nvec < best[1] * best[0] - nvec):
                 best = (v, tpr)
         if best is not None:
@@ -198,10 +193,10 @@ def _fwd_plan(dtype, rows, cols):
     row issued at once, not persistent), or None where it does not apply (cols not a multiple of the vector width,
     rows wider than 16 * 1024 vectors, too many registers): the persistent norm_fwd1/2/4 take those.
 
-    The shape (_fwd_shape) follows the H100 sweep (bench/norm_sweep.py): short rows 2 vectors per thread, wider ones
-    ~4 (3 - 6) vectors per thread and as many threads as that takes: groups of tpr <= 32 threads (a power of two,
-    several rows per warp, shuffle reductions only) or one row per block of tpr = a multiple of 32 threads."""
-    vec = L.vec_width(dtype)
+    The shape (_fwd_shape): short rows 2 vectors per thread, wider ones ~4 (3 - 6) vectors per thread and as many
+    threads as that takes: groups of tpr <= 32 threads (a power of two, several rows per warp, shuffle reductions
+    only) or one row per block of tpr = a multiple of 32 threads."""
+    vec = P.vec_width(dtype)
     if cols % vec:
         return None
     nvec = cols // vec
@@ -212,18 +207,18 @@ def _fwd_plan(dtype, rows, cols):
     if tpr > kernel.max_threads_per_block // 32 * 32:
         return None
     block = 128 if tpr <= 32 else tpr
-    return kernel, (max(1, L.cdiv(rows, block // tpr)),), (block,), tpr
+    return kernel, (max(1, P.cdiv(rows, block // tpr)),), (block,), tpr
 
 
 def _layer_fwd_kernel(x, weight, bias, eps, rms):
-    xp = L.xp_of(x)
-    x = L.contiguous(x)
+    xp = backend.xp_of(x)
+    x = P.contiguous(x)
     rows, cols = _rows_cols(x)
     (w, b), wf32 = _param_args(x, weight, bias)
     y = xp.empty_like(x)
     mean = None if rms else xp.empty(x.shape[:-1], dtype=np.float32)
     rstd = xp.empty(x.shape[:-1], dtype=np.float32)
-    vec = L.vec_width(x.dtype)
+    vec = P.vec_width(x.dtype)
     plan = _fwd_plan(x.dtype, rows, cols) if x.data.ptr % 16 == 0 and y.data.ptr % 16 == 0 else None
     if plan is not None:
         kernel, grid, block, tpr = plan
@@ -231,9 +226,9 @@ def _layer_fwd_kernel(x, weight, bias, eps, rms):
         kernel, _, tpr, _ = _row_kernel("norm_fwd", x.dtype, cols, vec if cols % vec == 0 else 1)
         block = (tpr if tpr > 32 else 128,)
         grid = _persistent_grid(kernel, block[0], block[0] // tpr, rows)
-    L.launch(kernel, grid, block,
-             (x, w, b, y, L.null() if rms else mean, rstd, L.i64(rows), L.i32(cols), L.f32(eps), L.i32(tpr),
-              L.i32(rms), L.i32(wf32)))
+    KL.launch(kernel, grid, block,
+              (x, w, b, y, KL.null() if rms else mean, rstd, KL.i64(rows), KL.i32(cols), KL.f32(eps), KL.i32(tpr),
+              KL.i32(rms), KL.i32(wf32)))
     return y, mean, rstd
 
 
@@ -246,7 +241,7 @@ def _bwd_plan(dtype, rows, cols, acc, aligned=True, fused=False):
     (bwd_cluster blocks per cluster add their rows through distributed shared memory: one part row per cluster), unless
     the launch also sums the parts (`fused`)."""
     name = ("norm_bwdx", "norm_bwdw", "norm_bwd")[acc]
-    vec = L.vec_width(dtype)
+    vec = P.vec_width(dtype)
     vec = vec if cols % vec == 0 and aligned else 1
     kernel, vpt, tpr, looping = _row_kernel(name, dtype, cols, vec)
     reg_acc = acc and not looping and vec > 1 and vpt <= 2
@@ -292,7 +287,7 @@ def _bwd_cluster_plan(dtype, rows, cols, acc, vpt, tpr):
     if smem + kernel.shared_size_bytes > _device_props()[3]:
         return None
     per_sm = bwd_cluster_grid or _blocks_per_sm(kernel, block, smem)
-    grid = min(L.sm_count() * per_sm, L.cdiv(rows, rpb))
+    grid = min(P.sm_count() * per_sm, P.cdiv(rows, rpb))
     grid = max(cl, grid // cl * cl)
     return kernel, (grid,), (block,), tpr, smem, grid // cl
 
@@ -305,8 +300,8 @@ def _occupancy(kernel, block, smem):
     key = (kernel, block, smem)
     n = _occ.get(key)
     if n is None:
-        L.allow_dynamic_smem(kernel, smem)  # the calculator counts 0 blocks for more dynamic smem than the limit
-        n = _occ[key] = L.max_active_blocks(kernel, block, smem)
+        KL.allow_dynamic_smem(kernel, smem)  # the calculator counts 0 blocks for more dynamic smem than the limit
+        n = _occ[key] = KL.max_active_blocks(kernel, block, smem)
     return n
 
 
@@ -329,12 +324,12 @@ def _bwd_tma_plan(dtype, rows, cols, acc, aligned):
     clusters."""
     if not (bwd_tma and acc and aligned) or _device_props()[4] < 90:
         return None
-    vec = L.vec_width(dtype)
+    vec = P.vec_width(dtype)
     if cols % vec:
         return None
     nvec = cols // vec
     vpt = bwd_tma_vpt or (1 if nvec <= 256 else 2)
-    tpr = L.row_tpr(nvec, vpt)
+    tpr = P.row_tpr(nvec, vpt)
     if tpr <= 32 or tpr > 1024:
         return None
     regs = min(bwd_tma_regs, _device_props()[0] // tpr // 8 * 8)  # one block's registers fit the SM
@@ -359,9 +354,9 @@ def _bwd_tma_plan(dtype, rows, cols, acc, aligned):
     per_sm = bwd_tma_grid or _occupancy(kernel, tpr, smem)
     if per_sm < 1:
         return None
-    grid = max(cl, min(rows, L.sm_count() * per_sm) // cl * cl)
+    grid = max(cl, min(rows, P.sm_count() * per_sm) // cl * cl)
     if bwd_tma_even:  # the same most rows per block by the fewest blocks: fewer part rows, no shorter blocks idle
-        grid = min(grid, L.cdiv(L.cdiv(rows, L.cdiv(rows, grid)), cl) * cl)
+        grid = min(grid, P.cdiv(P.cdiv(rows, P.cdiv(rows, grid)), cl) * cl)
     return kernel, (grid,), (tpr,), stages, smem, cl
 
 
@@ -375,33 +370,33 @@ def bwd_tma_opts(stages):
 def _layer_bwd_tma(plan, dy, x, w, wf32, mean_arg, rstd, weight, bias, rows, cols, rms):
     """dx, dw, db by norm_bwd_tma (see _bwd_tma_plan)."""
     kernel, grid, block, stages, smem, cl = plan
-    xp = L.xp_of(x)
+    xp = backend.xp_of(x)
     dx = xp.empty_like(x)
     parts = xp.empty((1 if bias is None else 2, grid[0] // cl, cols), dtype=np.float32)  # [dw rows | db rows]
     dw_part = parts[0] if weight is not None else None
     db_part = parts[1] if bias is not None else None
-    L.launch(kernel, grid, block,
-             (dy, x, w, mean_arg, rstd, dx, L.null() if dw_part is None else dw_part,
-              L.null() if db_part is None else db_part, L.i64(rows), L.i32(cols), L.i32(rms), L.i32(wf32),
-              L.i32(stages), L.i32(bwd_tma_opts(stages))), shared_mem=smem)
+    KL.launch(kernel, grid, block,
+              (dy, x, w, mean_arg, rstd, dx, KL.null() if dw_part is None else dw_part,
+              KL.null() if db_part is None else db_part, KL.i64(rows), KL.i32(cols), KL.i32(rms), KL.i32(wf32),
+              KL.i32(stages), KL.i32(bwd_tma_opts(stages))), shared_mem=smem)
     dep = bwd_tma_dependent
     if dw_part is not None and db_part is not None and weight.dtype == bias.dtype:
-        sums = L.column_sum("norms", "column_sum", parts, weight.dtype, dep)  # one launch for both
+        sums = CS.column_sum("norms", "column_sum", parts, weight.dtype, dep)  # one launch for both
         return dx, sums[0], sums[1]
-    dw = L.column_sum("norms", "column_sum", dw_part, weight.dtype, dep) if weight is not None else None
-    db = L.column_sum("norms", "column_sum", db_part, bias.dtype, dep and dw is None) if bias is not None else None
+    dw = CS.column_sum("norms", "column_sum", dw_part, weight.dtype, dep) if weight is not None else None
+    db = CS.column_sum("norms", "column_sum", db_part, bias.dtype, dep and dw is None) if bias is not None else None
     return dx, dw, db
 
 
 def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms):
-    xp = L.xp_of(x)
-    x = L.contiguous(x)
-    dy = L.contiguous(dy.astype(x.dtype, copy=False))
+    xp = backend.xp_of(x)
+    x = P.contiguous(x)
+    dy = P.contiguous(dy.astype(x.dtype, copy=False))
     rows, cols = _rows_cols(x)
     (w,), wf32 = _param_args(x, weight)
     acc = 0 if weight is None and bias is None else (1 if bias is None else 2)
-    mean_arg = L.null() if rms else L.contiguous(mean.astype(np.float32, copy=False))
-    rstd = L.contiguous(rstd.astype(np.float32, copy=False))
+    mean_arg = KL.null() if rms else P.contiguous(mean.astype(np.float32, copy=False))
+    rstd = P.contiguous(rstd.astype(np.float32, copy=False))
     aligned = x.data.ptr % 16 == 0 and dy.data.ptr % 16 == 0  # the memory pool's dx is 256-byte aligned
     tma = _bwd_tma_plan(x.dtype, rows, cols, acc, aligned) if acc and not single_launch_sums else None
     if tma is not None:
@@ -418,20 +413,20 @@ def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms):
         dw = xp.empty((cols,), dtype=odt) if weight is not None else None
         db = xp.empty((cols,), dtype=odt) if bias is not None else None
         group, counters = _finish_plan(parts)
-        fin = (L.null() if dw is None else dw, L.null() if db is None else db, counters, L.i32(group),
-               L.i32(odt != x.dtype))
+        fin = (KL.null() if dw is None else dw, KL.null() if db is None else db, counters, KL.i32(group),
+               KL.i32(odt != x.dtype))
     else:
-        fin = (L.null(), L.null(), L.null(), L.i32(1), L.i32(0))
-    L.launch(kernel, grid, block,
-             (dy, x, w, mean_arg, rstd, dx,
-              L.null() if dw_part is None else dw_part, L.null() if db_part is None else db_part,
-              L.i64(rows), L.i32(cols), L.i32(tpr), L.i32(rms), L.i32(wf32)) + fin, shared_mem=smem)
+        fin = (KL.null(), KL.null(), KL.null(), KL.i32(1), KL.i32(0))
+    KL.launch(kernel, grid, block,
+              (dy, x, w, mean_arg, rstd, dx,
+              KL.null() if dw_part is None else dw_part, KL.null() if db_part is None else db_part,
+              KL.i64(rows), KL.i32(cols), KL.i32(tpr), KL.i32(rms), KL.i32(wf32)) + fin, shared_mem=smem)
     if fused:
         dw = dw.astype(weight.dtype, copy=False) if dw is not None else None
         db = db.astype(bias.dtype, copy=False) if db is not None else None
         return dx, dw, db
-    dw = L.column_sum("norms", "column_sum", dw_part, weight.dtype) if weight is not None else None
-    db = L.column_sum("norms", "column_sum", db_part, bias.dtype) if bias is not None else None
+    dw = CS.column_sum("norms", "column_sum", dw_part, weight.dtype) if weight is not None else None
+    db = CS.column_sum("norms", "column_sum", db_part, bias.dtype) if bias is not None else None
     return dx, dw, db
 
 
@@ -439,9 +434,9 @@ def _finish_plan(parts):
     """(group, counters) of parts_finish in cuda_src/norms.cu: up to 16 part rows are summed by the last block alone;
     more go through two levels of ~sqrt(parts) rows each (cdiv(parts, group) + 1 counters)."""
     if parts <= 16:
-        return parts, L.reduction_counters(1)
+        return parts, CS.reduction_counters(1)
     group = math.isqrt(parts - 1) + 1
-    return group, L.reduction_counters(L.cdiv(parts, group) + 1)
+    return group, CS.reduction_counters(P.cdiv(parts, group) + 1)
 
 
 # ----------------------------------------------------------------------------- API: layer / rms
@@ -474,231 +469,3 @@ def rms_norm_backward(dy, x, weight, rstd):
     else:
         dx, dw, _ = _layer_grad_ref(dy, x, weight, None, rstd, None, True)
     return dx, dw
-
-
-# ----------------------------------------------------------------------------- group norm
-def _gn_check(x, num_groups, weight, bias):
-    if x.ndim < 2:
-        raise ShapeError(f"group_norm: expected input (N, C, *), got shape {tuple(x.shape)}")
-    c = x.shape[1]
-    if num_groups <= 0 or c % num_groups:
-        raise ShapeError(f"group_norm: {c} channels (input shape {tuple(x.shape)}) are not divisible into "
-                         f"{num_groups} groups")
-    _check_affine("group_norm", weight, c, "weight")
-    _check_affine("group_norm", bias, c, "bias")
-
-
-def _gn_ref(x, g, weight, bias, eps):
-    n, c = x.shape[:2]
-    cd = L.compute_dtype(x.dtype)
-    xf = x.astype(cd).reshape(n, g, -1)
-    mean = xf.mean(axis=-1, keepdims=True)
-    xc = xf - mean
-    rstd = 1.0 / L.xp_of(x).sqrt((xc * xc).mean(axis=-1, keepdims=True) + cd(eps))
-    y = (xc * rstd).reshape(n, c, -1)
-    if weight is not None:
-        y = y * weight.astype(cd)[:, None]
-    if bias is not None:
-        y = y + bias.astype(cd)[:, None]
-    return y.reshape(x.shape).astype(x.dtype), mean[..., 0], rstd[..., 0]
-
-
-def _gn_grad_ref(dy, x, g, weight, mean, rstd, bias):
-    n, c = x.shape[:2]
-    cd = L.compute_dtype(x.dtype)
-    g0 = dy.astype(cd).reshape(n, c, -1)
-    xh = ((x.astype(cd).reshape(n, g, -1) - mean.astype(cd)[..., None]) * rstd.astype(cd)[..., None])
-    xh = xh.reshape(n, c, -1)
-    gw = g0 * weight.astype(cd)[:, None] if weight is not None else g0
-    gw_g, xh_g = gw.reshape(n, g, -1), xh.reshape(n, g, -1)
-    dx = rstd.astype(cd)[..., None] * (gw_g - gw_g.mean(axis=-1, keepdims=True)
-                                       - xh_g * (gw_g * xh_g).mean(axis=-1, keepdims=True))
-    dw = (g0 * xh).sum(axis=(0, 2)).astype(weight.dtype) if weight is not None else None
-    db = g0.sum(axis=(0, 2)).astype(bias.dtype) if bias is not None else None
-    return dx.reshape(x.shape).astype(x.dtype), dw, db
-
-
-def _gn_splits(rows, hw):
-    return max(1, min(L.cdiv(L.sm_count() * 8, rows), L.cdiv(hw, 2048), 1024))
-
-
-def _gn_partials(x, dy, rows, hw, splits):
-    xp = L.xp_of(x)
-    p0 = xp.empty((rows * splits,), dtype=np.float32)
-    p1 = xp.empty((rows * splits,), dtype=np.float32)
-    L.launch(L.get_function("groupnorm", "gn_partials", x.dtype), (rows * splits,), (256,),
-             (x, L.null() if dy is None else dy, p0, p1, L.i64(hw), L.i32(splits)))
-    return p0, p1
-
-
-def _f32_or_null(p):
-    return L.null() if p is None else L.contiguous(p.astype(np.float32, copy=False))
-
-
-# One pass on sm_90+: a cluster of GN_CL blocks per (n, group) caches the group's x in shared memory
-# (cuda_src/groupnorm.cu, gn_fwd_cluster / gn_bwd_cluster): x read once, y (dx) written once; the backward streams dy
-# twice (its second read mostly from L2). Groups too large for the cluster's
-# shared memory, older GPUs and `use_cluster = False` take the split path (chunk partials, finalize, apply).
-GN_CL, GN_THREADS, GN_HEAD = 8, 256, 512  # as in cuda_src/groupnorm.cu
-use_cluster = True
-# The register-slice variants (gn_fwd_cluster_reg: x in registers, no shared-memory cache; gn_bwd_cluster_reg: dy in
-# registers, read once) where a block's slice is <= max(GN_REG_V) * GN_THREADS 16-byte vectors; False: the shared-memory
-# kernels only.
-GN_REG_V = (2, 4, 6, 8, 10)  # the instantiated register slots per thread (12 spills on sm_90)
-# The forward takes the register kernel up to this V only: bench/kernel_sweep.py gn (H100) measured it faster for small
-# slices (2x1280x32x32, V 4: 0.0110 vs 0.0125 ms) and slower for large ones (2x320x128x128, V 10: 0.0219 vs 0.0205;
-# 4 blocks per SM by registers against 5 by shared memory); the backward (dy read once) wins at every V measured.
-GN_REG_FWD_MAX_V = 4
-use_gn_reg = True
-# The shared-memory forward's block statistics: two passes over its cache (0: mean, then M2 around it), one pass
-# (1: sums of (x - c) and (x - c)^2 around the slice's first element c) or the same one pass as the slice loads (2:
-# the copies in 4 commit groups, each summed as it lands, so the statistics are done with the load).
-# bench/kernel_sweep.py gn (H100, 3 interleaved rounds): 2x320x128x128 0.0206 / 0.0202 / 0.0195 ms,
-# 2x960x64x64 0.0180 / 0.0173 / 0.0170, 2x640x64x64 0.0141 / 0.0136 / 0.0143.
-gn_one_pass = 2
-
-
-def _gn_reg_v(x, cpg, hw, *arrays):
-    """V of the register-slice kernels for this shape, or None (switched off, unaligned, not the vector path, or the
-    slice is too large)."""
-    vec = L.vec_width(x.dtype)
-    if not use_gn_reg or hw % vec or any(a.data.ptr % 16 for a in (x,) + arrays):
-        return None
-    nv = L.cdiv(L.cdiv(cpg * hw, GN_CL), vec)
-    return next((v for v in GN_REG_V if v * GN_THREADS >= nv), None)
-
-
-def _gn_cluster_smem(x, cpg, hw, arrays):
-    """Dynamic shared memory of the cluster kernels caching `arrays` slices of x's dtype, or None where it does not
-    fit (or the GPU has no clusters)."""
-    if not use_cluster or _device_props()[4] < 90:
-        return None
-    vec = L.vec_width(x.dtype)
-    vec = vec if hw % vec == 0 else 1
-    s = L.cdiv(L.cdiv(cpg * hw, GN_CL), vec) * vec
-    smem = GN_HEAD + arrays * s * x.dtype.itemsize
-    return smem if smem <= _device_props()[3] - 1024 else None
-
-
-def _gn_fwd_cluster(x, g, weight, bias, eps, smem):
-    xp = L.xp_of(x)
-    n, c = x.shape[:2]
-    hw = x.size // (n * c)
-    y = xp.empty_like(x)
-    mean = xp.empty((n, g), dtype=np.float32)
-    rstd = xp.empty((n, g), dtype=np.float32)
-    v = _gn_reg_v(x, c // g, hw, y)
-    v = v if v is not None and v <= GN_REG_FWD_MAX_V else None
-    name = f"gn_fwd_cluster<{{T}}, 8, {gn_one_pass}>" if v is None else f"gn_fwd_cluster_reg<{{T}}, {v}>"
-    smem = smem if v is None else GN_HEAD
-    L.launch(L.get_function("groupnorm", name, x.dtype), (n * g * GN_CL,), (GN_THREADS,),
-             (x, _f32_or_null(weight), _f32_or_null(bias), y, mean, rstd, L.i32(g), L.i32(c // g), L.i64(hw),
-              L.f32(eps)), shared_mem=smem)
-    return y, mean, rstd
-
-
-def _gn_bwd_cluster(dy, x, g, weight, mean, rstd, bias, smem):
-    xp = L.xp_of(x)
-    n, c = x.shape[:2]
-    hw = x.size // (n * c)
-    dx = xp.empty_like(x)
-    dw_part = xp.empty((n * GN_CL, c), dtype=np.float32) if weight is not None else None
-    db_part = xp.empty((n * GN_CL, c), dtype=np.float32) if bias is not None else None
-    fused = single_launch_sums and (weight is not None or bias is not None)
-    dw = db = None
-    if fused:  # the last block of each group sums the group's columns: outputs in x's dtype, else fp32 (then cast)
-        odt = x.dtype if all(p is None or p.dtype == x.dtype for p in (weight, bias)) else np.dtype(np.float32)
-        dw = xp.empty((c,), dtype=odt) if weight is not None else None
-        db = xp.empty((c,), dtype=odt) if bias is not None else None
-        fin = (L.null() if dw is None else dw, L.null() if db is None else db, L.reduction_counters(g),
-               L.i32(odt != x.dtype))
-    else:
-        fin = (L.null(), L.null(), L.null(), L.i32(0))
-    v = None if fused else _gn_reg_v(x, c // g, hw, dy, dx)
-    args = (dy, x, _f32_or_null(weight), L.contiguous(mean.astype(np.float32, copy=False)),
-            L.contiguous(rstd.astype(np.float32, copy=False)), dx, L.null() if dw_part is None else dw_part,
-            L.null() if db_part is None else db_part, L.i32(g), L.i32(c // g), L.i64(hw))
-    if v is None:
-        L.launch(L.get_function("groupnorm", "gn_bwd_cluster<{T}, 8>", x.dtype), (n * g * GN_CL,), (GN_THREADS,),
-                 args + fin, shared_mem=smem)
-    else:
-        L.launch(L.get_function("groupnorm", f"gn_bwd_cluster_reg<{{T}}, {v}>", x.dtype), (n * g * GN_CL,),
-                 (GN_THREADS,), args, shared_mem=smem)
-    if fused:
-        return (dx, None if dw is None else dw.astype(weight.dtype, copy=False),
-                None if db is None else db.astype(bias.dtype, copy=False))
-    dw = L.column_sum("groupnorm", "gn_column_sum", dw_part, weight.dtype) if weight is not None else None
-    db = L.column_sum("groupnorm", "gn_column_sum", db_part, bias.dtype) if bias is not None else None
-    return dx, dw, db
-
-
-def _gn_fwd_kernel(x, g, weight, bias, eps):
-    xp = L.xp_of(x)
-    x = L.contiguous(x)
-    n, c = x.shape[:2]
-    hw = x.size // (n * c)
-    smem = _gn_cluster_smem(x, c // g, hw, 1)
-    if smem is not None:
-        return _gn_fwd_cluster(x, g, weight, bias, eps, smem)
-    rows, splits = n * c, _gn_splits(n * c, hw)
-    p0, p1 = _gn_partials(x, None, rows, hw, splits)
-    mean = xp.empty((n, g), dtype=np.float32)
-    rstd = xp.empty((n, g), dtype=np.float32)
-    a = xp.empty((rows,), dtype=np.float32)
-    b = xp.empty((rows,), dtype=np.float32)
-    L.launch(L.get_function("groupnorm", "gn_fwd_finalize"), (L.cdiv(n * g, 128),), (128,),
-             (p0, p1, _f32_or_null(weight), _f32_or_null(bias), mean, rstd, a, b, L.i32(n), L.i32(c), L.i32(g),
-              L.i64(hw), L.i32(splits), L.i32(L.vec_width(x.dtype)), L.f32(eps)))
-    y = xp.empty_like(x)
-    grid, block = L.elementwise_grid(x.size, x.dtype)
-    L.launch(L.get_function("groupnorm", "gn_apply", x.dtype), grid, block, (x, a, b, y, L.i64(x.size), L.i64(hw)))
-    return y, mean, rstd
-
-
-def _gn_bwd_kernel(dy, x, g, weight, mean, rstd, bias):
-    xp = L.xp_of(x)
-    x = L.contiguous(x)
-    dy = L.contiguous(dy.astype(x.dtype, copy=False))
-    n, c = x.shape[:2]
-    hw = x.size // (n * c)
-    smem = _gn_cluster_smem(x, c // g, hw, 1)  # the backward caches x only (dy is streamed)
-    if smem is not None:
-        return _gn_bwd_cluster(dy, x, g, weight, mean, rstd, bias, smem)
-    rows, splits = n * c, _gn_splits(n * c, hw)
-    p0, p1 = _gn_partials(x, dy, rows, hw, splits)
-    p, q, r = (xp.empty((rows,), dtype=np.float32) for _ in range(3))
-    dw_part = xp.empty((n, c), dtype=np.float32) if weight is not None else None
-    db_part = xp.empty((n, c), dtype=np.float32) if bias is not None else None
-    fused = single_launch_sums and (weight is not None or bias is not None)
-    dw = xp.empty((c,), dtype=np.float32) if fused and weight is not None else None
-    db = xp.empty((c,), dtype=np.float32) if fused and bias is not None else None
-    L.launch(L.get_function("groupnorm", "gn_bwd_finalize"), (L.cdiv(n * g, 128),), (128,),
-             (p0, p1, _f32_or_null(weight), L.contiguous(mean.astype(np.float32, copy=False)),
-              L.contiguous(rstd.astype(np.float32, copy=False)), p, q, r,
-              L.null() if dw_part is None else dw_part, L.null() if db_part is None else db_part,
-              L.i32(n), L.i32(c), L.i32(g), L.i64(hw), L.i32(splits), L.null() if dw is None else dw,
-              L.null() if db is None else db, L.reduction_counters(1) if fused else L.null()))
-    dx = xp.empty_like(x)
-    grid, block = L.elementwise_grid(x.size, x.dtype)
-    L.launch(L.get_function("groupnorm", "gn_bwd_apply", x.dtype), grid, block,
-             (dy, x, p, q, r, dx, L.i64(x.size), L.i64(hw)))
-    if fused:  # summed by gn_bwd_finalize's last block (fp32)
-        return (dx, None if dw is None else dw.astype(weight.dtype, copy=False),
-                None if db is None else db.astype(bias.dtype, copy=False))
-    dw = L.column_sum("groupnorm", "gn_column_sum", dw_part, weight.dtype) if weight is not None else None
-    db = L.column_sum("groupnorm", "gn_column_sum", db_part, bias.dtype) if bias is not None else None
-    return dx, dw, db
-
-
-def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
-    _gn_check(x, num_groups, weight, bias)
-    if L.use_kernel(x) and x.size:
-        return _gn_fwd_kernel(x, num_groups, weight, bias, eps)
-    return _gn_ref(x, num_groups, weight, bias, eps)
-
-
-def group_norm_backward(dy, x, num_groups, weight, mean, rstd, bias=None):
-    _gn_check(x, num_groups, weight, bias)
-    if L.use_kernel(x) and x.size:
-        return _gn_bwd_kernel(dy, x, num_groups, weight, mean, rstd, bias)
-    return _gn_grad_ref(dy, x, num_groups, weight, mean, rstd, bias)

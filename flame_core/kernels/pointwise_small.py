@@ -1,8 +1,8 @@
 """Pointwise ops on small contiguous cuda arrays through cuda_src/pointwise_small.cu, for the per-op host cost.
 
 On arrays of a few thousand elements the GPU is idle and an op's cost is the host's: a CuPy ufunc spends ~13 us in
-its dispatch, a `loader.launch` ~15 us converting arguments. Here each (kernel, dtype, numel, device) gets one
-`loader.PackedLaunch` per thread whose only per-call work is writing the array addresses (and the scalar's bits) into
+its dispatch, a `launching.launch` ~15 us converting arguments. Here each (kernel, dtype, numel, device) gets one
+`launching.PackedLaunch` per thread whose only per-call work is writing the array addresses (and the scalar's bits) into
 its packed argument buffer and one driver launch; the output is a bare `cupy.ndarray(shape, dtype)`.
 
 API: each returns a new cupy array, or None when the fast path does not apply (not a CuPy array, not C-contiguous,
@@ -31,7 +31,7 @@ import ml_dtypes
 import numpy as np
 
 from .. import backend
-from . import loader
+from . import launching, loader, plans
 
 # above this CuPy's ufuncs run (their per-call cost no longer matters next to the work); FLAME_SMALL_POINTWISE=0
 # switches the fast path off (A/B measurements)
@@ -70,7 +70,7 @@ def _scalar_bits(kind, s):
     if math.isfinite(f) and abs(f) > _F32_MAX:
         return None
     r = float(np.float32(f))
-    b = loader.f32_bits(r)
+    b = launching.f32_bits(r)
     if f != 0.0:  # 0.0 == -0.0 == 0 as dict keys: zeros are not cached (their bit patterns differ)
         table = _bits[kind]
         if len(table) > 4096:  # many distinct scalars (a schedule): keep the table small
@@ -93,8 +93,8 @@ def _launcher(name, kind, n, dev, n_dynamic):
             cache.clear()
         grad = name in _GRAD
         kernel = loader.get_function("pointwise_grad" if grad else STEM, name, _DTYPES[kind])
-        blocks = loader.cdiv(n, BLOCK)
-        pl = cache[key] = loader.PackedLaunch(kernel, (min(blocks, 8192) if grad else blocks,), (BLOCK,),
+        blocks = plans.cdiv(n, BLOCK)
+        pl = cache[key] = launching.PackedLaunch(kernel, (min(blocks, 8192) if grad else blocks,), (BLOCK,),
                                               (None,) * n_dynamic + ((np.int64 if grad else np.int32)(n),),
                                               n_dynamic)
     return pl

@@ -11,7 +11,8 @@ in fp32 (float64 for float64 x on the reference path), cast back to x's dtype.
 """
 import numpy as np
 
-from . import loader as L
+from . import launching as KL, loader as L, plans as P
+from .. import backend
 from ..errors import ShapeError
 
 
@@ -63,12 +64,12 @@ def rope_freqs_backward(dout, x, freqs):
 def _rope_kernel(x, freqs, transpose):
     fb = _check(x, freqs)
     b, h, l, d = x.shape
-    x = L.contiguous(x)
-    f = L.contiguous(freqs.astype(np.float32, copy=False))
-    out = L.xp_of(x).empty_like(x)
-    grid, block = L.elementwise_grid(x.size, x.dtype)
-    L.launch(L.get_function("rope", "rope_apply", x.dtype), grid, block,
-             (x, f, out, L.i64(x.size), L.i32(h * l), L.i32(l), L.i32(d), L.i32(fb > 1), L.i32(transpose)))
+    x = P.contiguous(x)
+    f = P.contiguous(freqs.astype(np.float32, copy=False))
+    out = backend.xp_of(x).empty_like(x)
+    grid, block = P.elementwise_grid(x.size, x.dtype)
+    KL.launch(L.get_function("rope", "rope_apply", x.dtype), grid, block,
+              (x, f, out, KL.i64(x.size), KL.i32(h * l), KL.i32(l), KL.i32(d), KL.i32(fb > 1), KL.i32(transpose)))
     return out
 
 

@@ -3,7 +3,8 @@
 `softmax_forward(x, scale=1.0, log=False)` -> y of x's dtype; `softmax_backward(dy, y, scale=1.0, log=False)` -> dx
 (the gradient with respect to x, so it includes `scale`). float16 / bfloat16 compute in float32.
 """
-from . import loader as L
+from . import launching as KL, loader as L, plans as P
+from .. import backend
 
 
 def _rows(a):
@@ -13,7 +14,7 @@ def _rows(a):
 
 # ----------------------------------------------------------------------------- references
 def _forward_ref(x, scale, log):
-    xp = L.xp_of(x)
+    xp = backend.xp_of(x)
     z = x.astype(L.compute_dtype(x.dtype)) * scale
     z = z - z.max(axis=-1, keepdims=True)
     if log:
@@ -25,7 +26,7 @@ def _forward_ref(x, scale, log):
 
 
 def _backward_ref(dy, y, scale, log):
-    xp = L.xp_of(y)
+    xp = backend.xp_of(y)
     cd = L.compute_dtype(y.dtype)
     g, yf = dy.astype(cd), y.astype(cd)
     if log:
@@ -41,13 +42,13 @@ def softmax_forward(x, scale=1.0, log=False):
         raise ValueError("softmax_forward: needs at least one axis (got a 0-d array)")
     if not (L.use_kernel(x) and x.size):
         return _forward_ref(x, scale, log)
-    x = L.contiguous(x)
-    y = L.xp_of(x).empty_like(x)
+    x = P.contiguous(x)
+    y = backend.xp_of(x).empty_like(x)
     rows, cols = _rows(x)
-    vec = L.vec_width(x.dtype)
-    kernel, grid, block, tpr = L.row_plan("softmax", "softmax_fwd", x.dtype, rows, cols, vec if cols % vec == 0 else 1)
-    L.launch(kernel, grid, block,
-             (x, y, L.i64(rows), L.i32(cols), L.f32(scale), L.i32(bool(log)), L.i32(tpr)))
+    vec = P.vec_width(x.dtype)
+    kernel, grid, block, tpr = P.row_plan("softmax", "softmax_fwd", x.dtype, rows, cols, vec if cols % vec == 0 else 1)
+    KL.launch(kernel, grid, block,
+              (x, y, KL.i64(rows), KL.i32(cols), KL.f32(scale), KL.i32(bool(log)), KL.i32(tpr)))
     return y
 
 
@@ -56,11 +57,11 @@ def softmax_backward(dy, y, scale=1.0, log=False):
         raise ValueError(f"softmax_backward: gradient shape {dy.shape} differs from output shape {y.shape}")
     if not (L.use_kernel(y) and y.size):
         return _backward_ref(dy, y, scale, log)
-    y, dy = L.contiguous(y), L.contiguous(dy.astype(y.dtype, copy=False))
-    dx = L.xp_of(y).empty_like(y)
+    y, dy = P.contiguous(y), P.contiguous(dy.astype(y.dtype, copy=False))
+    dx = backend.xp_of(y).empty_like(y)
     rows, cols = _rows(y)
-    vec = L.vec_width(y.dtype)
-    kernel, grid, block, tpr = L.row_plan("softmax", "softmax_bwd", y.dtype, rows, cols, vec if cols % vec == 0 else 1)
-    L.launch(kernel, grid, block,
-             (dy, y, dx, L.i64(rows), L.i32(cols), L.f32(scale), L.i32(bool(log)), L.i32(tpr)))
+    vec = P.vec_width(y.dtype)
+    kernel, grid, block, tpr = P.row_plan("softmax", "softmax_bwd", y.dtype, rows, cols, vec if cols % vec == 0 else 1)
+    KL.launch(kernel, grid, block,
+              (dy, y, dx, KL.i64(rows), KL.i32(cols), KL.f32(scale), KL.i32(bool(log)), KL.i32(tpr)))
     return dx

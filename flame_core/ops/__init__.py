@@ -1,22 +1,7 @@
 """Tensor-level ops. Importing this package installs the Tensor methods and operators."""
-from . import creation, conversion, elementwise, reduction, shape, indexing, linalg
-from . import elementwise as E, reduction as R, shape as S, indexing as I, linalg as L
+from . import creation, conversion, elementwise, activation, reduction, shape, indexing, linalg, inplace
+from . import activation as A, elementwise as E, reduction as R, shape as S, indexing as I, linalg as L
 from ..tensor import Tensor
-
-
-def _rev(fn):
-    return lambda self, other: fn(other, self)
-
-
-def _inplace(ufunc_name, fn):
-    def method(self, other, *args, **kwargs):
-        if not args and not kwargs:
-            r = E._fast_inplace(self, ufunc_name, other)
-            if r is not None:
-                return r
-        return E.apply_inplace(self, lambda t, o: fn(t, o, *args, **kwargs), other)
-    method.__name__ = fn.__name__ + "_"
-    return method
 
 
 def _install():
@@ -67,7 +52,7 @@ def _install():
         maximum=E.maximum, minimum=E.minimum, neg=E.neg, negative=E.neg, exp=E.exp, log=E.log, log1p=E.log1p,
         sqrt=E.sqrt, rsqrt=E.rsqrt, sin=E.sin, cos=E.cos, tanh=E.tanh, sigmoid=E.sigmoid, relu=E.relu, abs=E.abs,
         sign=E.sign, floor=E.floor, ceil=E.ceil, round=E.round, trunc=E.trunc, erf=E.erf, reciprocal=E.reciprocal,
-        square=E.square, silu=E.silu, gelu=E.gelu, softplus=E.softplus, clamp=E.clamp, clip=E.clamp,
+        square=E.square, silu=A.silu, gelu=A.gelu, softplus=A.softplus, clamp=E.clamp, clip=E.clamp,
         lerp=E.lerp, eq=E.eq, ne=E.ne, lt=E.lt, le=E.le, gt=E.gt, ge=E.ge, greater=E.gt, less=E.lt,
         logical_and=E.logical_and, logical_or=E.logical_or, logical_xor=E.logical_xor,
         logical_not=E.logical_not, isnan=E.isnan, isinf=E.isinf, isfinite=E.isfinite, allclose=E.allclose,
@@ -101,61 +86,7 @@ def _install():
     T.new_tensor = lambda self, data, dtype=None, device=None, requires_grad=False: creation.tensor(
         data, dtype=dtype or self.dtype, device=device or self.device, requires_grad=requires_grad)
 
-    # in-place forms
-    T.add_ = _inplace("add", lambda t, o, alpha=1: E.add(t, o, alpha=alpha))
-    T.sub_ = _inplace("subtract", lambda t, o, alpha=1: E.sub(t, o, alpha=alpha))
-    T.mul_ = _inplace("multiply", E.mul)
-    T.div_ = _inplace("true_divide", E.div)
-    T.pow_ = _inplace("power", E.pow)
-    T.clamp_ = lambda self, min=None, max=None: E.apply_inplace(self, lambda t: E.clamp(t, min, max))
-    T.lerp_ = lambda self, end, weight: E.apply_inplace(self, lambda t, e: E.lerp(t, e, weight), end)
-    T.masked_fill_ = lambda self, mask, value: E.apply_inplace(self, lambda t: I.masked_fill(t, mask, value))
-    for name in ("exp", "log", "sqrt", "neg", "abs", "sigmoid", "tanh", "relu", "floor", "round", "sign", "sin",
-                 "cos", "rsqrt", "reciprocal", "silu", "square"):
-        setattr(T, name + "_", (lambda f: lambda self: E.apply_inplace(self, f))(plain[name]))
-
-    def zero_(self):
-        E._check_inplace(self)
-        self._data.fill(0)
-        self._version[0] += 1  # _check_inplace recorded the overwrite: gradients behind it are zero (PyTorch)
-        return self
-
-    def fill_(self, value):
-        E._check_inplace(self)
-        if isinstance(value, Tensor):
-            value = value.item()
-        self._data.fill(value)
-        self._version[0] += 1
-        return self
-
-    def copy_(self, src, non_blocking=False):
-        if isinstance(src, Tensor) and src.requires_grad and E.state.enabled:
-            return E.apply_inplace(self, lambda t, s: conversion.CopyFrom.apply(t, s), src)
-        E._check_inplace(self)
-        a = src._data if isinstance(src, Tensor) else src
-        from .. import backend
-        if isinstance(src, Tensor) and type(a) is not type(self._data):
-            a = backend.to_numpy(a) if not backend.is_cuda_array(self._data) else backend.xp_of(
-                self._data).asarray(a)
-        self._data[...] = a.astype(self._data.dtype, copy=False) if hasattr(a, "astype") else a
-        self._version[0] += 1
-        return self
-
-    def uniform_(self, a=0.0, b=1.0, generator=None):
-        E._check_inplace(self)
-        r = creation.rand(self.shape, dtype=self.dtype, device=self.device, generator=generator)
-        self._data[...] = (r._data * (b - a) + a).astype(self._data.dtype)
-        self._version[0] += 1
-        return self
-
-    def normal_(self, mean=0.0, std=1.0, generator=None):
-        E._check_inplace(self)
-        r = creation.randn(self.shape, dtype=self.dtype, device=self.device, generator=generator)
-        self._data[...] = (r._data * std + mean).astype(self._data.dtype)
-        self._version[0] += 1
-        return self
-
-    T.zero_, T.fill_, T.copy_, T.uniform_, T.normal_ = zero_, fill_, copy_, uniform_, normal_
+    inplace.install_methods(T, plain)
 
 
 _install()

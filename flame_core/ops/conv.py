@@ -160,7 +160,7 @@ _ROWS_PER_BLOCK = 8  # IM2COL_ROWS in cuda_src/im2col.cu
 
 
 def _im2col_cuda(x, g, n0, nimg, oh0, nrows):
-    from ..kernels import loader
+    from ..kernels import launching, loader, plans
     cp = backend.cupy
     x = cp.ascontiguousarray(x)
     CK = g.C * g.KH * g.KW
@@ -169,15 +169,15 @@ def _im2col_cuda(x, g, n0, nimg, oh0, nrows):
     fn = loader.get_function("im2col", "im2col_kernel", x.dtype)
     img = g.C * g.H * g.W
     i32 = np.int32
-    loader.launch(fn, (loader.cdiv(P, 256), loader.cdiv(CK, _ROWS_PER_BLOCK)), (256,),
-                  (x[n0:n0 + nimg], cols, i32(g.C), i32(g.H), i32(g.W), i32(g.KH), i32(g.KW), i32(g.sh), i32(g.sw),
-                   i32(g.ph), i32(g.pw), i32(g.dh), i32(g.dw), i32(g.OW), i32(nrows), i32(oh0), np.int64(P),
-                   np.int64(img)))
+    launching.launch(fn, (plans.cdiv(P, 256), plans.cdiv(CK, _ROWS_PER_BLOCK)), (256,),
+                     (x[n0:n0 + nimg], cols, i32(g.C), i32(g.H), i32(g.W), i32(g.KH), i32(g.KW), i32(g.sh), i32(g.sw),
+                      i32(g.ph), i32(g.pw), i32(g.dh), i32(g.dw), i32(g.OW), i32(nrows), i32(oh0), np.int64(P),
+                     np.int64(img)))
     return cols
 
 
 def _col2im_cuda(dcols, dx, g, n0, nimg, oh0, nrows, accumulate):
-    from ..kernels import loader
+    from ..kernels import launching, loader, plans
     cp = backend.cupy
     dcols = cp.ascontiguousarray(dcols)
     P = nimg * nrows * g.OW
@@ -191,11 +191,11 @@ def _col2im_cuda(dcols, dx, g, n0, nimg, oh0, nrows, accumulate):
     total = nimg * g.C * nh * g.W
     fn = loader.get_function("im2col", "col2im_kernel", dx.dtype)
     i32 = np.int32
-    loader.launch(fn, (loader.cdiv(total, 256),), (256,),
-                  (dcols, dx[n0:n0 + nimg], i32(g.C), i32(g.H), i32(g.W), i32(g.KH), i32(g.KW), i32(g.sh),
-                   i32(g.sw), i32(g.ph), i32(g.pw), i32(g.dh), i32(g.dw), i32(g.OW), i32(nrows), i32(oh0),
-                   np.int64(P), np.int64(g.C * g.H * g.W), i32(h_lo), i32(nh), np.int64(total),
-                   i32(1 if accumulate else 0)))
+    launching.launch(fn, (plans.cdiv(total, 256),), (256,),
+                     (dcols, dx[n0:n0 + nimg], i32(g.C), i32(g.H), i32(g.W), i32(g.KH), i32(g.KW), i32(g.sh),
+                      i32(g.sw), i32(g.ph), i32(g.pw), i32(g.dh), i32(g.dw), i32(g.OW), i32(nrows), i32(oh0),
+                      np.int64(P), np.int64(g.C * g.H * g.W), i32(h_lo), i32(nh), np.int64(total),
+                      i32(1 if accumulate else 0)))
 
 
 # ----------------------------------------------------------------------------- GEMMs

@@ -4,19 +4,19 @@ import numpy as np
 from .. import backend
 from .. import dtypes as D
 from ..autograd.function import Function
-from ..tensor import Tensor, _wrap
+from ..tensor import _wrap
 
 
 F8 = np.dtype(D.float8_e4m3fn.np)
 
 
 def _fp8_kernel(name, arr, out_dtype):
-    from ..kernels import loader
+    from ..kernels import launching, loader, plans
     out = backend.cupy.empty(arr.shape, dtype=out_dtype)
     if arr.size:
         src = arr if arr.flags.c_contiguous else backend.cupy.ascontiguousarray(arr)
         k = loader.get_function("fp8_cast", name, src.dtype if name == "to_fp8_e4m3" else out_dtype)
-        loader.launch(k, min(loader.cdiv(arr.size, 256), 65535), 256, (src, out, np.int64(arr.size)))
+        launching.launch(k, min(plans.cdiv(arr.size, 256), 65535), 256, (src, out, np.int64(arr.size)))
     return out
 
 
@@ -83,10 +83,6 @@ def to(x, dev=None, dt=None, copy=False):
     return ToCopy.apply(x, None if same_dev else dev, None if same_dt else np_dtype, copy)
 
 
-def numpy_of(t):
-    return np.asarray(backend.to_numpy(t._data))
-
-
 class CopyFrom(Function):
     """The value of `dst.copy_(src)`: src broadcast to dst's shape in dst's dtype/device; the old value gets no
     gradient, src gets the gradient summed back to its shape (on its device and dtype)."""
@@ -101,6 +97,6 @@ class CopyFrom(Function):
 
     @staticmethod
     def backward(ctx, g):
-        from .elementwise import sum_to
+        from .promotion import sum_to
         dev, dt = ctx.src
         return None, to(sum_to(g, ctx.src_shape), dev, None if g.dtype == dt else dt)

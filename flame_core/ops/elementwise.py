@@ -1,4 +1,6 @@
-"""Elementwise ops. Each operator sits next to its derivative; backward rules use Tensor ops (double backward)."""
+"""Elementwise ops. Each operator sits next to its derivative; backward rules use Tensor ops (double backward).
+Small cuda arrays take cuda_src/pointwise_small.cu, first-order backward rules cuda_src/pointwise_grad.cu. How operands
+meet (promotion, devices, broadcasting) is in promotion.py; in-place ops in inplace.py."""
 import math
 
 import numpy as np
@@ -7,83 +9,11 @@ from .. import backend
 from .. import dtypes as D
 from ..autograd.function import Function, broadcast_error
 from ..autograd.grad_mode import state
-from ..errors import AutogradError, DeviceError, DTypeError
+from ..errors import DTypeError
 from ..tensor import Tensor, _wrap
+from .promotion import _F32_64, _cast, _cupy_ndarray, _default_float, _float_arr, _operands, _shape, no_fp8, sum_to
 
-_default_float = D.get_default_dtype
-
-
-# ----------------------------------------------------------------------------- helpers
-def _operands(op, a, b):
-    """Arrays of a and b (tensors -> arrays, scalars kept) and the PyTorch result dtype (NumPy dtype)."""
-    ta, tb = isinstance(a, Tensor), isinstance(b, Tensor)
-    if (ta and a._f8) or (tb and b._f8):
-        _fp8_storage_only(op)
-    if ta and tb:
-        xa, xb = a._data, b._data
-        if xa.dtype == xb.dtype:
-            dt = xa.dtype
-            if dt is _F8:
-                _fp8_storage_only(op)
-        else:
-            if xa.dtype is _F8 or xb.dtype is _F8:
-                _fp8_storage_only(op)
-            dt = D.result_type(a, b).np
-        if type(xa) is not type(xb):
-            xa, xb = _align_devices(op, a, b)
-    elif ta:
-        xa, xb = a._data, b
-        if xa.dtype is _F8:
-            _fp8_storage_only(op)
-        dt = xa.dtype if _keeps_dtype(xa.dtype, b) else D.result_type(a, b).np
-    else:
-        xa, xb = a, b._data
-        if xb.dtype is _F8:
-            _fp8_storage_only(op)
-        dt = xb.dtype if _keeps_dtype(xb.dtype, a) else D.result_type(a, b).np
-    if ta and xa.dtype is not dt and xa.dtype != dt:
-        xa = xa.astype(dt)
-    if tb and xb.dtype is not dt and xb.dtype != dt:
-        xb = xb.astype(dt)
-    return xa, xb, dt
-
-
-_FLOAT_NP = frozenset(np.dtype(d) for d in (np.float16, np.float32, np.float64, D.bfloat16.np, D.float8_e4m3fn.np))
-_F32_64 = frozenset((np.dtype(np.float32), np.dtype(np.float64)))  # the backward fast paths' dtypes: no half-type
-# rounding question (the composed rule evaluates some functions in float32), the same ufuncs, bit for bit
-_F8 = np.dtype(D.float8_e4m3fn.np)  # NumPy hands out this one dtype object for every float8 array: `is` suffices
-_INT_NP = frozenset(np.dtype(d) for d in (np.int8, np.int16, np.int32, np.int64, np.uint8))
-
-
-def _keeps_dtype(arr_dtype, scalar):
-    """Fast path of PyTorch promotion: a Python scalar of the same or a lower category keeps the tensor's dtype."""
-    t = type(scalar)
-    if t is float:
-        return arr_dtype in _FLOAT_NP
-    if t is int:
-        return arr_dtype in _FLOAT_NP or arr_dtype in _INT_NP
-    return False
-
-
-def _align_devices(op, a, b):
-    """A 0-d cpu tensor may join a cuda op (as in PyTorch); anything else on two devices is an error."""
-    if a.ndim == 0 and not backend.is_cuda_array(a._data):
-        return a._data.item(), b._data
-    if b.ndim == 0 and not backend.is_cuda_array(b._data):
-        return a._data, b._data.item()
-    raise DeviceError(f"{op}: expected all tensors on the same device, but found at least two devices, "
-                      f"{a.device} and {b.device}")
-
-
-def _cast(arr, dt):
-    ta = type(arr)
-    if ta is not np.ndarray and ta is not _cupy_ndarray and not backend.is_cuda_array(arr):
-        arr = np.asarray(arr)
-    adt = arr.dtype
-    return arr if adt is dt or adt == dt else arr.astype(dt)
-
-
-_cupy_ndarray = backend._cupy_ndarray if backend.cupy is not None else None
+# ----------------------------------------------------------------------------- small cuda arrays
 _ps = None  # flame_core.kernels.pointwise_small, imported at first use
 
 
@@ -108,49 +38,6 @@ def _fast_arith(op, xa, xb):
     elif type(xb) is _cupy_ndarray and (ta is float or ta is int):
         return (_ps or _load_ps()).fast_scalar("rsub" if op == "sub" else op, xb, xa)
     return None
-
-
-def sum_to(g, shape):
-    """Undo broadcasting: sum `g` down to `shape` (differentiable)."""
-    if shape is None:
-        return None
-    gs = g._data.shape
-    if gs == shape or gs == tuple(shape):
-        return g
-    nd = g.ndim - len(shape)
-    axes = tuple(range(nd)) + tuple(i + nd for i, s in enumerate(shape) if s == 1 and g.shape[i + nd] != 1)
-    if axes:
-        g = g.sum(dim=axes, keepdim=True)
-    return g.reshape(shape) if tuple(g.shape) != tuple(shape) else g
-
-
-def _shape(x):
-    return x._data.shape if isinstance(x, Tensor) else None
-
-
-def _fp8_storage_only(op):
-    raise DTypeError(f"{op}: float8_e4m3fn tensors are storage only (no arithmetic, on any device); convert with "
-                     f".to(dtype) first")
-
-
-def no_fp8(op, x):
-    """Raise the storage-only error when `x` is a float8 tensor (ml_dtypes array on cpu, flagged bytes on cuda)."""
-    if x._f8 or x._data.dtype is _F8:
-        _fp8_storage_only(op)
-
-
-def _float_arr(x, op="elementwise op"):
-    a = x._data
-    dt = a.dtype
-    if dt in _FLOAT_NP:
-        if x._f8 or dt is _F8:
-            _fp8_storage_only(op)
-        return a
-    if x._f8:
-        _fp8_storage_only(op)
-    if dt.kind != "f" and dt not in (D.bfloat16.np,):
-        a = a.astype(_default_float().np)
-    return a
 
 
 # ----------------------------------------------------------------------------- binary arithmetic
@@ -452,7 +339,7 @@ def _pointwise_grad(kernel, g, s):
     r = (_ps or _load_ps()).fast_grad(kernel, g, s)
     if r is not None:
         return _wrap(r)
-    loader = _loader or _load_loader()
+    loader, launching = _kernel_modules or _load_kernel_modules()
     dt = g.dtype
     if not (loader.use_kernel(g, s) and (s.dtype is dt or s.dtype == dt) and g.shape == s.shape):
         return None
@@ -464,20 +351,20 @@ def _pointwise_grad(kernel, g, s):
     out = backend.cupy.empty(g.shape, dt)
     n = g.size
     if n:
-        loader.launch(loader.get_function("pointwise_grad", kernel, dt), (min((n + 255) // 256, 8192),), (256,),
-                      (g, s, out, np.int64(n)))
+        launching.launch(loader.get_function("pointwise_grad", kernel, dt), (min((n + 255) // 256, 8192),), (256,),
+                         (g, s, out, np.int64(n)))
     return _wrap(out)
 
 
-_loader = None
+_kernel_modules = None  # (flame_core.kernels.loader, .launching), imported at first use
 _CUPY_FLAG_ATTR = backend.cupy is not None and hasattr(backend.cupy.ndarray, "_c_contiguous")
 
 
-def _load_loader():
-    global _loader
-    from ..kernels import loader
-    _loader = loader
-    return loader
+def _load_kernel_modules():
+    global _kernel_modules
+    from ..kernels import launching, loader
+    _kernel_modules = (loader, launching)
+    return _kernel_modules
 
 
 def _unary(name, compute, grad, saves="x", differentiable=True, fused=None, plain=False):
@@ -589,45 +476,6 @@ Reciprocal = _unary("Reciprocal", lambda xp, a: 1 / a, lambda g, x, y: -g * y * 
 Square = _unary("Square", lambda xp, a: a * a, lambda g, x, y: g * 2 * x, plain=True)
 
 
-def _silu_arr(xp, a):
-    return a * (0.5 * (xp.tanh(a * 0.5) + 1))
-
-
-def _silu_grad(g, x, y):
-    s = sigmoid(x)
-    return g * (s * (1 + x * (1 - s)))
-
-
-Silu = _unary("Silu", _in_f32(_silu_arr), _silu_grad)
-
-_SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
-
-
-def _gelu_tanh_arr(xp, a):
-    return 0.5 * a * (1 + xp.tanh(_SQRT_2_OVER_PI * (a + 0.044715 * a * a * a)))
-
-
-def _gelu_tanh_grad(g, x, y):
-    inner = (x + x * x * x * 0.044715) * _SQRT_2_OVER_PI
-    t = tanh(inner)
-    dinner = (1 + x * x * (3 * 0.044715)) * _SQRT_2_OVER_PI
-    return g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * dinner)
-
-
-def _gelu_erf_arr(xp, a):
-    return 0.5 * a * (1 + _erf_arr(xp, a / math.sqrt(2)))
-
-
-def _gelu_erf_grad(g, x, y):
-    cdf = 0.5 * (1 + erf(x * (1 / math.sqrt(2))))
-    pdf = exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
-    return g * (cdf + x * pdf)
-
-
-GeluTanh = _unary("GeluTanh", _in_f32(_gelu_tanh_arr), _gelu_tanh_grad)
-GeluErf = _unary("Gelu", _in_f32(_gelu_erf_arr), _gelu_erf_grad)
-
-
 def neg(x):
     return Neg.apply(x)
 
@@ -708,46 +556,6 @@ def reciprocal(x):
 
 def square(x):
     return Square.apply(x)
-
-
-def silu(x):
-    return Silu.apply(x)
-
-
-def gelu(x, approximate="none"):
-    if approximate == "tanh":
-        return GeluTanh.apply(x)
-    if approximate == "none":
-        return GeluErf.apply(x)
-    raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-
-
-class Softplus(Function):
-    @staticmethod
-    def forward(ctx, x, beta=1.0, threshold=20.0):
-        a = _float_arr(x)
-        xp = backend.xp_of(a)
-        af = a.astype(np.float32) if a.dtype.itemsize < 4 else a
-        z = af * beta
-        y = xp.where(z > threshold, af, xp.log1p(xp.exp(xp.minimum(z, threshold))) / beta)
-        ctx.save_for_backward(x)
-        ctx.beta, ctx.threshold = beta, threshold
-        return _wrap(y.astype(a.dtype))
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        z = x * ctx.beta
-        s = sigmoid(z)
-        return g * where(z > ctx.threshold, ones_grad(s), s), None, None
-
-
-def ones_grad(t):
-    return _wrap(t._xp().ones(t._data.shape, dtype=t._data.dtype))
-
-
-def softplus(x, beta=1.0, threshold=20.0):
-    return Softplus.apply(x, beta, threshold)
 
 
 class Clamp(Function):
@@ -873,119 +681,3 @@ def allclose(a, b, rtol=1e-5, atol=1e-8, equal_nan=False):
 
 def equal(a, b):
     return tuple(a.shape) == tuple(b.shape) and bool(eq(a, b).all())
-
-
-# ----------------------------------------------------------------------------- in-place
-def _validate_inplace(t):
-    """Raise for the in-place ops autograd forbids (PyTorch's rules); only matters while grad is recorded."""
-    if not state.enabled:
-        return
-    if t._requires_grad and t._grad_fn is None:
-        raise AutogradError(f"a leaf tensor of shape {tuple(t.shape)} that requires grad is being used in an "
-                            f"in-place operation (wrap it in flame.no_grad() or use an out-of-place op)")
-    base = t._base
-    if base is None:
-        return
-    if base._requires_grad and base._grad_fn is None:
-        raise AutogradError(f"a view of a leaf tensor that requires grad is being used in an in-place operation "
-                            f"(view of shape {tuple(t.shape)}, leaf of shape {tuple(base.shape)}); wrap it in "
-                            f"flame.no_grad() or use an out-of-place op")
-    if t._grad_fn is None and base.requires_grad:
-        raise AutogradError(f"a view of shape {tuple(t.shape)} was created in no_grad mode and is being modified "
-                            f"in-place with grad mode enabled; its base (shape {tuple(base.shape)}) requires grad, so "
-                            f"the change could not be tracked. Make the view with grad mode enabled, or modify it "
-                            f"under no_grad")
-    if 0 in t._data.strides:
-        from ..errors import ShapeError
-        if any(st == 0 and n > 1 for n, st in zip(t._data.shape, t._data.strides)):
-            raise ShapeError(f"in-place op on an expanded tensor of shape {tuple(t.shape)}: more than one element "
-                             f"refers to the same memory location; clone() it first")
-
-
-def _check_inplace(t):
-    """Before an in-place op that overwrites `t` with values that don't depend on its old ones and need no grad
-    (zero_, fill_, uniform_, normal_, copy_ of a constant): validate, and record the overwrite for autograd (the
-    gradient of what was overwritten is zero; views and the base see the change)."""
-    _validate_inplace(t)
-    if not state.enabled:
-        return
-    base = t._base
-    if base is None:
-        if t._grad_fn is not None:
-            from .shape import record_inplace_on_base
-            record_inplace_on_base(t, t, None)
-    elif base.requires_grad:
-        from .shape import record_inplace_on_base
-        record_inplace_on_base(base, t, None)
-
-
-def apply_inplace(t, fn, *args):
-    """t <- fn(t, *args) in t's own storage (views see it); recorded for autograd when grads flow.
-
-    On a view, the op is recorded on the base (CopySlices): backward through the base, or through any view of it,
-    sees the change."""
-    _validate_inplace(t)
-    recording = state.enabled and (t._grad_fn is not None or any(
-        isinstance(a, Tensor) and a.requires_grad for a in args))
-    if recording:
-        prev = _wrap(t._data.copy())  # the old value, for the new node's backward
-        prev._grad_fn, prev._out_idx, prev._requires_grad = t._grad_fn, t._out_idx, t._requires_grad
-        out = fn(prev, *args)
-    else:
-        from ..autograd.grad_mode import no_grad
-        with no_grad():
-            out = fn(t, *args)
-    res = out._data
-    if res.dtype != t._data.dtype:
-        if D.promote_types(D.dtype_of(res.dtype), t.dtype) != t.dtype:
-            raise DTypeError(f"result type {D.dtype_of(res.dtype)} can't be cast to the desired output type "
-                             f"{t.dtype} of an in-place op")
-        res = res.astype(t._data.dtype)
-    if res.shape != t._data.shape:
-        from ..errors import ShapeError
-        raise ShapeError(f"output with shape {tuple(t.shape)} doesn't match the broadcast shape {res.shape}")
-    t._data[...] = res
-    t._version[0] += 1
-    if recording:
-        base = t._base
-        t._grad_fn, t._out_idx = out._grad_fn, out._out_idx
-        if base is not None:
-            from .shape import record_inplace_on_base
-            record_inplace_on_base(base, t, out)
-            if out._grad_fn is not None:
-                t._gen = base._graph_gen  # t's new history (out's) is current; other views of base derive theirs
-        else:
-            t._graph_gen += 1  # views of t taken earlier derive their history again
-    return t
-
-
-def _fast_inplace(t, ufunc_name, other):
-    """No-grad fast path for add_/mul_/...: one ufunc with out=, no temporary."""
-    if state.enabled:
-        if t.requires_grad or (isinstance(other, Tensor) and other.requires_grad):
-            return None
-        if t._base is not None:
-            _validate_inplace(t)
-    xo = other._data if isinstance(other, Tensor) else other
-    if t._f8 or t._data.dtype is _F8:
-        _fp8_storage_only(ufunc_name)
-    if isinstance(other, Tensor):
-        if other._f8 or xo.dtype is _F8:
-            _fp8_storage_only(ufunc_name)
-        if type(xo) is not type(t._data):
-            return None
-        if xo.dtype != t._data.dtype:
-            if D.promote_types(other.dtype, t.dtype) != t.dtype:
-                return None
-            xo = xo.astype(t._data.dtype)
-    elif not isinstance(other, (int, float, bool)) or (isinstance(other, float) and t._data.dtype.kind != "f"
-                                                          and t._data.dtype != D.bfloat16.np):
-        return None
-    try:
-        getattr(backend.xp_of(t._data), ufunc_name)(t._data, xo, out=t._data)
-    except ValueError as e:
-        if "broadcast" not in str(e):
-            raise
-        raise broadcast_error(f"{ufunc_name}_", (t, other), e) from e
-    t._version[0] += 1
-    return t

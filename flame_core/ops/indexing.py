@@ -116,7 +116,7 @@ class IndexPut(Function):
 
     @staticmethod
     def backward(ctx, g):
-        from .elementwise import sum_to
+        from .promotion import sum_to
         _, basic = _classify(ctx.idx)
         gx = None
         if ctx.needs_input_grad[0]:
@@ -130,7 +130,7 @@ class IndexPut(Function):
 
 
 def setitem(x, idx, value):
-    from .elementwise import apply_inplace
+    from .inplace import apply_inplace
     xp = x._xp()
     idx, _ = _index_arrays(idx, xp, "__setitem__")
     if isinstance(value, Tensor) and type(value._data) is not type(x._data):
@@ -142,7 +142,7 @@ def setitem(x, idx, value):
     try:
         if not (state.enabled and (x.requires_grad or (isinstance(value, Tensor) and value.requires_grad))):
             if state.enabled and x._base is not None:
-                from .elementwise import _validate_inplace
+                from .inplace import _validate_inplace
                 _validate_inplace(x)
             vv = value._data if isinstance(value, Tensor) else value
             if isinstance(vv, np.ndarray) or backend.is_cuda_array(vv):

@@ -27,7 +27,7 @@ class Matmul(Function):
     @staticmethod
     def forward(ctx, a, b):
         if a._f8 or b._f8 or a.dtype is D.float8_e4m3fn or b.dtype is D.float8_e4m3fn:
-            from .elementwise import _fp8_storage_only
+            from .promotion import _fp8_storage_only
             _fp8_storage_only("matmul")
         xa, xb = a._data, b._data
         if xa.dtype != xb.dtype:
@@ -40,7 +40,7 @@ class Matmul(Function):
 
     @staticmethod
     def backward(ctx, g):
-        from .elementwise import sum_to
+        from .promotion import sum_to
         a, b = ctx.saved_tensors
         na, nb = ctx.needs_input_grad
         sa, sb = ctx.shapes
@@ -111,7 +111,7 @@ class Einsum(Function):
     @staticmethod
     def forward(ctx, spec, *xs):
         if any(x.dtype is D.float8_e4m3fn for x in xs):
-            from .elementwise import _fp8_storage_only
+            from .promotion import _fp8_storage_only
             _fp8_storage_only("einsum")
         ins, out = spec
         arrs = [x._data for x in xs]

@@ -18,7 +18,7 @@ def _bcast(m, x):
 
 def _sum_like(g, like):
     """Reduce a gradient of x's shape to the modulation vector's shape (sums over L, and over B if broadcast)."""
-    b, h = like.shape[0] if like.ndim > 1 else 1, like.shape[-1]
+    b = like.shape[0] if like.ndim > 1 else 1
     s = g.reshape(g.shape[0], -1, g.shape[-1]).sum(1)        # (B, H)
     if b == 1 and s.shape[0] != 1:
         s = s.sum(0, keepdim=True)

@@ -1,4 +1,4 @@
-"""layer_norm, rms_norm, group_norm: differentiable, fused (flame_core.kernels.norms) on every device.
+"""layer_norm, rms_norm, group_norm: differentiable, fused (flame_core.kernels.norms, .groupnorm) on every device.
 
 Each op records one node; its backward calls the fused array backward. Under `create_graph=True` the backward is
 written with Tensor ops instead (slower, but twice differentiable).
@@ -8,7 +8,7 @@ import ml_dtypes
 from ..autograd.function import Function
 from ..autograd.grad_mode import state
 from ..errors import ShapeError
-from ..kernels import norms as K
+from ..kernels import groupnorm as GN, norms as K
 from ..tensor import _wrap, check_same_device
 
 
@@ -102,7 +102,7 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
 class GroupNorm(Function):
     @staticmethod
     def forward(ctx, x, num_groups, weight, bias, eps):
-        y, mean, rstd = K.group_norm_forward(x._data, num_groups, _flat(weight), _flat(bias), eps)
+        y, mean, rstd = GN.group_norm_forward(x._data, num_groups, _flat(weight), _flat(bias), eps)
         ctx.save_for_backward(x, weight, bias)
         ctx.mean, ctx.rstd, ctx.g, ctx.eps = mean, rstd, num_groups, eps
         return _wrap(y)
@@ -127,7 +127,7 @@ class GroupNorm(Function):
                 db = g.sum(red).to(bias.dtype)
             return dxg.reshape(x.shape), None, dw, db, None
         want_b = bias is not None and ctx.needs_input_grad[3]
-        dxa, dwa, dba = K.group_norm_backward(g._data, x._data, ctx.g, _flat(weight), ctx.mean, ctx.rstd,
+        dxa, dwa, dba = GN.group_norm_backward(g._data, x._data, ctx.g, _flat(weight), ctx.mean, ctx.rstd,
                                               _flat(bias) if want_b else None)
         return (_wrap(dxa), None, _wrap(dwa) if dwa is not None else None, _wrap(dba) if dba is not None else None,
                 None)

@@ -10,7 +10,7 @@ from ..autograd.function import Function
 from ..autograd.grad_mode import state
 from ..errors import ShapeError, fmt_shape
 from ..tensor import Tensor, _wrap
-from .elementwise import no_fp8
+from .promotion import no_fp8
 from ..amp import autocast_mode as _amp  # autocast hook (flame_core.amp): one line per op, a flag test when off
 
 values_indices = collections.namedtuple("values_indices", ["values", "indices"])

@@ -4,6 +4,8 @@ from collections import namedtuple
 
 import flame_core as flame
 import flame_nn
+import flame_nn.functional as F
+from flame_core.ops.linear import linear_cat2
 from flame_nn.empty_init import new_parameter
 
 from . import ops
@@ -46,7 +48,7 @@ class MLPEmbedder(flame_nn.Module):
         self.out_layer = flame_nn.Linear(hidden_dim, hidden_dim, bias=True, dtype=dtype, device=device)
 
     def forward(self, x):
-        return self.out_layer(ops.silu(self.in_layer(x)))
+        return self.out_layer(F.silu(self.in_layer(x)))
 
 
 class RMSNorm(flame_nn.Module):
@@ -93,7 +95,7 @@ def split_heads(qkv, num_heads, norm):
     """(B, L, 3H) -> q, k, v (B, L, heads, D) with QK-norm applied: the q/k/v index is outermost, then heads.
     q and k come out of the norm contiguous; v stays a view of qkv."""
     B, L, three_h = qkv.shape
-    q, k, v = ops.unbind(qkv.reshape(B, L, 3, num_heads, three_h // (3 * num_heads)), dim=2)
+    q, k, v = qkv.reshape(B, L, 3, num_heads, three_h // (3 * num_heads)).unbind(2)
     q, k = norm(q, k, v)
     return q, k, v
 
@@ -108,7 +110,7 @@ class Modulation(flame_nn.Module):
         self.lin = flame_nn.Linear(dim, self.multiplier * dim, bias=True, dtype=dtype, device=device)
 
     def forward(self, vec):
-        out = modulation_chunks(self.lin(ops.silu(vec)), self.multiplier)
+        out = modulation_chunks(self.lin(F.silu(vec)), self.multiplier)
         return ModulationOut(*out[:3]), (ModulationOut(*out[3:]) if self.is_double else None)
 
 
@@ -118,11 +120,11 @@ def modulation_chunks(mods, n):
     if mods.shape[0] == 1:
         mods = mods.reshape(-1)
     H = mods.shape[-1] // n
-    return ops.split(mods, [H] * n, dim=-1)
+    return mods.split([H] * n, dim=-1)
 
 
 def _mlp(hidden_size, mlp_hidden_dim, dtype, device):
-    """BFL's Sequential(Linear, GELU(tanh), Linear) (keys .0 and .2); run by `_run_mlp` on the fused GELU."""
+    """BFL's Sequential(Linear, GELU(tanh), Linear) (keys .0 and .2), run by `_run_mlp`."""
     return flame_nn.Sequential(
         flame_nn.Linear(hidden_size, mlp_hidden_dim, bias=True, dtype=dtype, device=device),
         flame_nn.GELU(approximate="tanh"),
@@ -131,7 +133,7 @@ def _mlp(hidden_size, mlp_hidden_dim, dtype, device):
 
 
 def _run_mlp(mlp, x):
-    return mlp[2](ops.gelu_tanh(mlp[0](x)))
+    return mlp[2](F.gelu(mlp[0](x), approximate="tanh"))
 
 
 class DoubleStreamBlock(flame_nn.Module):
@@ -167,7 +169,7 @@ class DoubleStreamBlock(flame_nn.Module):
         del img_q, img_k, img_v, txt_q, txt_k, txt_v
         attn = ops.attention(q, k, v, pe)                                       # (B, L, H)
         del q, k, v
-        txt_attn, img_attn = ops.split(attn, [txt.shape[1], img.shape[1]], dim=1)
+        txt_attn, img_attn = attn.split([txt.shape[1], img.shape[1]], dim=1)
 
         # the image stream: attention, then MLP, each as a gated residual
         img = ops.gated_residual(img, img_mod1.gate, self.img_attn.proj(img_attn))
@@ -199,13 +201,13 @@ class SingleStreamBlock(flame_nn.Module):
 
     def forward(self, x, vec, pe):
         mod, _ = self.modulation(vec)
-        qkv, mlp = ops.split(self.linear1(ops.norm_modulate(x, mod.shift, mod.scale)),
-                             [3 * self.hidden_size, self.mlp_hidden_dim], dim=-1)  # (B, L, 3H) | (B, L, M)
+        qkv, mlp = self.linear1(ops.norm_modulate(x, mod.shift, mod.scale)).split(
+            [3 * self.hidden_size, self.mlp_hidden_dim], dim=-1)                   # (B, L, 3H) | (B, L, M)
         attn = ops.attention(*split_heads(qkv, self.num_heads, self.norm), pe)    # (B, L, H)
         del qkv
-        mlp = ops.gelu_tanh_strided(mlp)                     # read in place from linear1's output, (B, L, M)
+        mlp = F.gelu(mlp, approximate="tanh")                # read in place from linear1's output, (B, L, M)
         if type(self.linear2) is flame_nn.Linear:            # linear2(cat(attn, mlp)) without the concatenation
-            out = ops.linear_cat2(attn, mlp, self.linear2.weight, self.linear2.bias)
+            out = linear_cat2(attn, mlp, self.linear2.weight, self.linear2.bias)
         else:                                                # an adapter wraps linear2: through the module
             out = self.linear2(flame.cat((attn, mlp), dim=2))
         return ops.gated_residual(x, mod.gate, out)
@@ -220,5 +222,5 @@ class LastLayer(flame_nn.Module):
             flame_nn.SiLU(), flame_nn.Linear(hidden_size, 2 * hidden_size, bias=True, **kw))
 
     def forward(self, x, vec):
-        shift, scale = modulation_chunks(self.adaLN_modulation[1](ops.silu(vec)), 2)  # BFL order: (shift, scale)
+        shift, scale = modulation_chunks(self.adaLN_modulation[1](F.silu(vec)), 2)  # BFL order: (shift, scale)
         return self.linear(ops.norm_modulate(x, shift, scale))

@@ -200,9 +200,9 @@ def load_flux_state_(model, path, *, strict=True):
                 if all(k in ckpt.index for k in dkeys):
                     p = params_by_name[key]
                     pieces = [ckpt.get(k, dtype=p.dtype, device=p.device) for k in dkeys]
-                    loaded[key] = K.combine(how, pieces)._data
+                    loaded[key] = K.combine(how, pieces)
                     del pieces
-    # assign=True: each converted array becomes the parameter's storage (no second copy of the model)
+    # assign=True: each converted tensor's storage becomes the parameter's (no second copy of the model)
     model.load_state_dict(loaded, strict=False, assign=True)
     return model
 

@@ -1,12 +1,18 @@
 """The tensor ops of an MMDiT beyond Flux's (which it shares: flame_models.flux.ops -- fused adaLN LayerNorm, gated
-residual, GELU(tanh), SiLU, QK RMS-norm, one-node split/unbind): attention without RoPE, patchify / unpatchify in
-SAI's (ph, pw, c) feature order, and the 2-D sin-cos position table with its centre crop."""
+residual, QK RMS-norm; and flame_core's fused SiLU, GELU(tanh) and one-node split / unbind): attention without RoPE,
+patchify / unpatchify in SAI's (ph, pw, c) feature order, and the 2-D sin-cos position table with its centre crop."""
 import numpy as np
 
 import flame_core as flame
 import flame_nn.functional as F
+from flame_core.ops.activation import silu  # noqa: F401
+from flame_core.ops.shape import split, unbind  # noqa: F401
 
-from ..flux.ops import gated_residual, gelu_tanh, norm_modulate, qk_norm, silu, split, unbind  # noqa: F401
+from ..flux.ops import gated_residual, norm_modulate, qk_norm  # noqa: F401
+
+
+def gelu_tanh(x):
+    return F.gelu(x, approximate="tanh")
 
 
 def attention(q, k, v):

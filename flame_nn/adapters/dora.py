@@ -12,7 +12,6 @@ from flame_core.autograd import no_grad
 
 from .. import functional as F
 from ..parameter import Parameter
-from .formats import AdapterPart
 from .layer import adapter_input, autocast_on, wide
 from .lora import LoRA
 

@@ -21,7 +21,6 @@ to_v. A LoRA on a fused Linear splits exactly into one LoRA per part (same down,
 again when their downs are equal.
 """
 import json
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -172,7 +171,6 @@ def join_block_diagonal(parts, out_features, module, row_norms=None):
     parts = sorted(parts, key=lambda p: p.rows[0])
     ranks = [p.rank for p in parts]
     R = sum(ranks)
-    in_f = parts[0].shape[1]
     same = _check_one_scale(parts, module)
     down = np.concatenate([np.asarray(p.tensors["lora_down.weight"]) for p in parts], axis=0)
     dt = np.asarray(parts[0].tensors["lora_up.weight"]).dtype
@@ -464,7 +462,3 @@ def describe(modules):
     pick = (lambda xs: max(set(xs), key=xs.count) if xs else None)
     return pick(kinds), pick(ranks), pick(alphas)
 
-
-def rs_alpha(alpha, rank):
-    """The kohya alpha that reproduces rsLoRA's scale α/√r."""
-    return alpha * math.sqrt(rank)

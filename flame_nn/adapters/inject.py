@@ -16,7 +16,6 @@ import fnmatch
 import re
 
 import flame_core as flame
-from flame_core import backend
 from flame_core import dtypes as D
 
 from ..layers.linear import Linear
@@ -205,7 +204,7 @@ def save_adapters(model, path, format="kohya", *, name="default", name_map=fmt.I
     out_features = {k: model.get_submodule(k).weight.shape[0] for k in state}
     norms = None
     if any(p.kind == "dora" and p.rows is not None for parts in state.values() for p in parts):
-        norms = {k: backend.to_numpy(row_norms(model.get_submodule(k).weight.detach())._data) for k in state}
+        norms = {k: row_norms(model.get_submodule(k).weight.detach()).numpy() for k in state}
     kind, rank, alpha = fmt.describe(state)
     meta = {"flame.network_type": kind, "flame.rank": rank, "flame.alpha": alpha,
             "ss_network_module": "networks.lora_flux" if kind == "lora" else "lycoris.kohya",

@@ -11,12 +11,12 @@ OUT of the module tree (a plain dict), so `model.parameters()` stays the frozen 
 """
 import numpy as np
 
-from flame_core import backend
+import flame_core as flame
 from flame_core import dtypes as flame_dtypes
 from flame_core.amp import autocast_mode as _amp
 from flame_core.autograd import Function, no_grad
 from flame_core.errors import FlameError, ShapeError, fmt_shape
-from flame_core.tensor import Tensor, _wrap
+from flame_core.tensor import Tensor
 
 from ..module import Module
 
@@ -31,16 +31,14 @@ class _AddRows(Function):
 
     @staticmethod
     def forward(ctx, y, d, lo, hi):
-        arr = y._data
-        dd = d._data if d._data.dtype == arr.dtype else d._data.astype(arr.dtype)
-        if lo == 0 and hi == arr.shape[-1]:
-            arr += dd
-        else:
-            arr[..., lo:hi] += dd
-        y._version[0] += 1  # anyone who saved y would now see a modified tensor (and be told so)
-        ctx.lo, ctx.hi, ctx.full = lo, hi, (lo == 0 and hi == arr.shape[-1])
+        full = lo == 0 and hi == y.shape[-1]
+        # in place (the version counter moves: anyone who saved y would be told); the output is a new tensor over
+        # y's storage that carries this node
+        dt = y.dtype
+        (y if full else y[..., lo:hi]).add_(d if d.dtype is dt else d.to(dt))
+        ctx.lo, ctx.hi, ctx.full = lo, hi, full
         ctx.d_dtype = d.dtype
-        return _wrap(arr)
+        return y.detach()
 
     @staticmethod
     def backward(ctx, g):
@@ -124,15 +122,11 @@ class Adapter(Module):
     @staticmethod
     def _assign(param, value):
         with no_grad():
-            arr = np.asarray(value)
-            xp = backend.xp_of(param._data)
-            param._data[...] = xp.asarray(arr.astype(param._data.dtype)) if xp is not np else arr.astype(
-                param._data.dtype)
-            param._version[0] += 1
+            param.copy_(flame.as_tensor(np.asarray(value).astype(param.dtype.np)))
 
     @staticmethod
     def _host(t):
-        return backend.to_numpy(t._data).copy()
+        return t.detach().numpy().copy()
 
 
 # ----------------------------------------------------------------------------- the adapted Linear
@@ -189,7 +183,7 @@ class AdaptedLinearMixin:
         if name in self._merged or name not in self._adapters:
             return
         if not self._merged:
-            self.__dict__["_original"] = backend.to_numpy(self.weight._data).copy()
+            self.__dict__["_original"] = self.weight.detach().to("cpu", copy=True)
         self._fold(name)
         self._merged[name] = self._weights.get(name, 1.0)
 
@@ -201,8 +195,7 @@ class AdaptedLinearMixin:
                 w0 = wide(rows)
                 new = ad.merged_weight(rows)
                 new = w0 + (new - w0) * mult if mult != 1.0 else new
-                self.weight._data[lo:hi] = new._data.astype(self.weight._data.dtype)
-        self.weight._version[0] += 1
+                self.weight[lo:hi] = new.to(self.weight.dtype)
 
     def unmerge(self, name=None):
         """Take adapter `name` (all when None) out of the weight: restore the original, refold the others."""
@@ -212,9 +205,8 @@ class AdaptedLinearMixin:
         orig = self.__dict__.pop("_original", None)
         if orig is None:
             return
-        xp = backend.xp_of(self.weight._data)
-        self.weight._data[...] = xp.asarray(orig) if xp is not np else orig
-        self.weight._version[0] += 1
+        with no_grad():
+            self.weight.copy_(orig.to(self.weight.device))
         self._merged.clear()
         for n in keep:
             self.merge(n)

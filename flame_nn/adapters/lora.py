@@ -7,7 +7,6 @@ forming ΔW), scaling the rank-r intermediate.
 import math
 
 import flame_core as flame
-from flame_core.autograd import no_grad
 
 from .. import functional as F
 from .. import init

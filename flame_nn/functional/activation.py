@@ -1,5 +1,5 @@
 """Activations and softmax (PyTorch names); the elementwise ops themselves live in flame_core."""
-from flame_core.ops import elementwise as E
+from flame_core.ops import activation as A, elementwise as E
 from flame_core.ops import reduction as R
 
 
@@ -8,11 +8,11 @@ def relu(input, inplace=False):
 
 
 def gelu(input, approximate="none"):
-    return E.gelu(input, approximate=approximate)
+    return A.gelu(input, approximate=approximate)
 
 
 def silu(input, inplace=False):
-    return input.silu_() if inplace else E.silu(input)
+    return input.silu_() if inplace else A.silu(input)
 
 
 def tanh(input):

@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 
+import flame_core as flame
 from flame_core.errors import ShapeError, fmt_shape
-from flame_core.tensor import _wrap
 
 
 def _sizes(x, size, scale_factor):
@@ -55,14 +55,12 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
         if oh == fh * H and ow == fw * W and math.isclose(sh, 1 / fh) and math.isclose(sw, 1 / fw):
             y = input.reshape(N, C, H, 1, W, 1).expand(N, C, H, fh, W, fw)
             return y.reshape(N, C, oh, ow)
-        xp = input._xp()
-        ih = _wrap(xp.asarray(_nearest_index(H, oh, sh)))
-        iw = _wrap(xp.asarray(_nearest_index(W, ow, sw)))
+        ih = flame.as_tensor(_nearest_index(H, oh, sh), device=input.device)
+        iw = flame.as_tensor(_nearest_index(W, ow, sw), device=input.device)
         return input.index_select(2, ih).index_select(3, iw)
     if mode == "bilinear":
-        xp = input._xp()
         acc = np.float32 if input.dtype.itemsize < 4 else input.dtype.np
-        mh = _wrap(xp.asarray(_bilinear_matrix(H, oh, sh, bool(align_corners)).astype(acc)))
-        mw = _wrap(xp.asarray(_bilinear_matrix(W, ow, sw, bool(align_corners)).astype(acc)))
+        mh = flame.as_tensor(_bilinear_matrix(H, oh, sh, bool(align_corners)).astype(acc), device=input.device)
+        mw = flame.as_tensor(_bilinear_matrix(W, ow, sw, bool(align_corners)).astype(acc), device=input.device)
         return (mh @ input.to(mh.dtype) @ mw.mT).to(input.dtype)
     raise ValueError(f"interpolate: mode must be 'nearest' or 'bilinear', got {mode!r}")

@@ -6,10 +6,8 @@ does attention dropout in training (SDPA does not implement dropout).
 """
 import math
 
-import numpy as np
-
+import flame_core as flame
 from flame_core.errors import ShapeError, fmt_shape
-from flame_core.tensor import _wrap
 
 from .. import functional as F
 from .. import init
@@ -67,11 +65,11 @@ class MultiheadAttention(Module):
             return (w[:E], bq), (w[E:2 * E], bk), (w[2 * E:], bv)
         return (self.q_proj_weight, bq), (self.k_proj_weight, bk), (self.v_proj_weight, bv)
 
-    def _mask(self, attn_mask, key_padding_mask, N, L, S, dtype, xp, is_causal):
+    def _mask(self, attn_mask, key_padding_mask, N, L, S, dtype, device, is_causal):
         """One additive float mask broadcastable to (N, H, L, S), or None. Bool masks: True = not allowed."""
         m = None
         if attn_mask is None and is_causal:
-            attn_mask = _wrap(xp.triu(xp.ones((L, S), dtype=bool), 1))
+            attn_mask = flame.ones(L, S, dtype=flame.bool, device=device).triu(1)
         if attn_mask is not None:
             a = attn_mask
             if a.ndim == 3:  # (N*H, L, S)
@@ -111,7 +109,7 @@ class MultiheadAttention(Module):
         p = self.dropout if self.training else 0.0
         explicit = need_weights or p > 0  # SDPA has no attention dropout: dropout needs the explicit weights
         causal_in_mask = is_causal and (explicit or key_padding_mask is not None)
-        mask = self._mask(attn_mask, key_padding_mask, N, L, S, q.dtype, query._xp(), causal_in_mask)
+        mask = self._mask(attn_mask, key_padding_mask, N, L, S, q.dtype, query.device, causal_in_mask)
         weights = None
         if explicit:
             scores = (q @ k.mT) * (1.0 / math.sqrt(D))  # (N, H, L, S)
@@ -135,6 +133,5 @@ class MultiheadAttention(Module):
 def _additive(mask, dtype):
     """Bool mask (True = masked) -> 0 / -inf; a float mask is added as is."""
     if mask.dtype.name == "bool":
-        xp = mask._xp()
-        return _wrap(xp.where(mask._data, -np.inf, 0.0).astype(dtype.np))
+        return flame.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, -math.inf)
     return mask.to(dtype)

@@ -10,27 +10,18 @@ A quantised Linear keeps its module identity and its parameter names: `weight` b
 
 Memory: the dequantised weight never becomes a tensor of its own. Each call writes it into one scratch buffer per
 (device, dtype), sized once for the largest quantised Linear there and reused by every layer, forward and backward:
-the base product is a custom autograd op (`Float8Linear`) that keeps the fp8 bytes (a view of the block's slot or
-buffer), not the dequantised weight, and dequantises again in backward for the input gradient. A plain
-`F.linear(x, dequantized)` (the previous implementation) allocates a weight-sized temporary per layer (18 to 126 MiB
-each on Flux-dev, of several sizes) and its autograd node keeps the dequantised weight for the input gradient, so a
-block's recompute keeps them alive through its backward (0.42 GiB per double block, 0.21 GiB per single block on top
-of the activations): a mix of sizes that makes the pool's layout drift under a memory limit until a later step
-cannot find room its first step found -- the fp8 OOM bench/streaming.py hit (tests/offload/test_autofit_drift.py
-replays it).
+the base product is a custom autograd op (`Float8Linear`) that keeps the fp8 bytes, not the dequantised weight, and
+dequantises again in backward for the input gradient. Why: a weight-sized temporary per layer (18 to 126 MiB each on
+Flux-dev, of several sizes), kept alive through a block's recompute, makes the pool's layout drift under a memory
+limit until a later step cannot find room its first step found (tests/offload/test_autofit_drift.py replays it).
 
 Error: e4m3 keeps 3 mantissa bits; with the scale chosen per row from the row's largest magnitude, every weight is
-off by at most 1/17 of its own magnitude (half an ulp; tiny weights by half the row's subnormal step instead), by 2.6%
-rms over a Gaussian weight matrix (bf16: 0.17%). A layer's output moves by about that rms relative error;
-tests/offload/test_fp8_storage.py measures it (README: fp8 storage). Over a deep model the per-layer errors add up:
-the whole Flux-dev forward (random N(0, 0.02) weights, 57 blocks, bf16 autocast) moves by 12.6% relative (cosine
-0.992) against the same weights in bf16 (bench/streaming.py; random weights -- a trained checkpoint's figure is not
-measured here). Cheap improvements tried, none worth taking: per-row scales chosen to minimise the squared error
-gain 1.4% of the error on Flux-size rows (2.646% -> 2.609%: e4m3 is a float format, its rounding error is relative
-whatever the scale; test_fp8_storage.py); keeping the adaLN modulation Linears in bf16 took the tiny random Flux's
-output error from 4.3% to 3.6% (3 seeds, CPU) but they hold 3.2 of Flux-dev's 11.9 B parameters (+3 GiB of storage
-and transfer, +27%). BlockStreamer(quantize='fp8') quantises the blocks only: the embedders and the final layer,
-outside them, keep their dtype.
+off by at most 1/17 of its own magnitude, 2.6% rms over a Gaussian weight matrix (bf16: 0.17%); a layer's output
+moves by about that (tests/offload/test_fp8_storage.py). Scales that minimise the squared error instead gain only
+1.4% of it (e4m3's rounding error is relative whatever the scale), and keeping the adaLN modulation Linears in bf16
+(4.3% -> 3.6% output error on a tiny Flux) would cost 3.2 of Flux-dev's 11.9 B parameters in bf16: neither is done.
+BlockStreamer(quantize='fp8') quantises the blocks only: the embedders and the final layer, outside them, keep their
+dtype.
 """
 import numpy as np
 
@@ -100,12 +91,12 @@ def _dequantize_into_scratch(q, scales, dtype):
     out = buf._data[:n].reshape(q.shape)
     if backend.is_cuda_array(q):
         qb = q if q.dtype == np.uint8 else q.view(np.uint8)
-        from flame_core.kernels import loader as L
+        from flame_core.kernels import launching as KL, loader as L, plans as P
         if L.use_kernel(scales) and n and _dtype_name(dtype) in ("float32", "float16", "bfloat16"):
-            qb = L.contiguous(qb)
-            grid = (max(1, min(L.cdiv(L.cdiv(n, 8), 256), L.sm_count() * 16)),)  # as kernels/fp8.py
-            L.launch(L.get_function("fp8", "fp8_dequantize_rows", dtype), grid, (256,),
-                     (qb, L.contiguous(scales.astype(np.float32, copy=False)), out, L.i64(n), L.i32(q.shape[-1])))
+            qb = P.contiguous(qb)
+            grid = (max(1, min(P.cdiv(P.cdiv(n, 8), 256), P.sm_count() * 16)),)  # as kernels/fp8.py
+            KL.launch(L.get_function("fp8", "fp8_dequantize_rows", dtype), grid, (256,),
+                      (qb, P.contiguous(scales.astype(np.float32, copy=False)), out, KL.i64(n), KL.i32(q.shape[-1])))
         elif n:
             out[...] = _K.dequantize_per_row(qb, scales, dtype)
     elif n:

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from flame_core import backend
-from flame_core.kernels import loader
+from flame_core.kernels import launching, loader
 
 
 @pytest.fixture
@@ -14,12 +14,12 @@ def ab():
         cp = backend.cupy
         assert loader.enabled(), "kernels are disabled (FLAME_KERNELS=0?)"
         dev = [cp.asarray(a) if isinstance(a, np.ndarray) else a for a in arrays]
-        before = loader.launches
+        before = launching.launches
         k = fn(*dev)
-        assert loader.launches > before, "the kernel path did not run"
+        assert launching.launches > before, "the kernel path did not run"
         with loader.reference():
-            before = loader.launches
+            before = launching.launches
             r = fn(*dev)
-            assert loader.launches == before, "the reference path launched a kernel"
+            assert launching.launches == before, "the reference path launched a kernel"
         return k, r
     return run

@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 import flame_core as flame
 from flame_core.autograd import gradcheck
@@ -100,20 +100,26 @@ def test_kernels_take_unaligned_and_strided_inputs(ab, rng):
     assert_close(k, r, "float32", "strided")
 
 
-@pytest.mark.parametrize("n", [1, 7, 8, 33, 8191, 8192, 8193, 3 * 12288, 4608 * 12288, 2 ** 31 + 5])
-@pytest.mark.parametrize("dt", list(DTYPES))
-@pytest.mark.parametrize("cap", [None, 1000])
-@pytest.mark.parametrize("plan", sorted(set(K._PLANS.values()) | {(2, 128)}))
-def test_grid_covers_the_vectors_in_one_step_up_to_the_cap(monkeypatch, n, dt, cap, plan):
-    from flame_core.kernels import loader
-    if cap is not None:
-        monkeypatch.setattr(K, "_MAX_BLOCKS", cap)
-    u, blk = plan
-    (grid,), (block,) = K._grid(n, DTYPES[dt], u, blk)
-    nvec = n // loader.vec_width(DTYPES[dt])
-    assert block == blk and 1 <= grid <= K._MAX_BLOCKS
-    assert grid * block * u >= nvec or grid == K._MAX_BLOCKS   # else the kernels' grid-stride loop goes on
-    assert (grid - 1) * block * u < max(nvec, 1)               # no block without a vector
+def _sizes(listed):
+    """The sizes that matter (vector and block edges, Flux's, past 2**31) and any size up to 2**33."""
+    return st.one_of(st.sampled_from(listed), st.integers(1, 2 ** 33))
+
+
+@settings(max_examples=300)
+@given(n=_sizes([1, 7, 8, 33, 8191, 8192, 8193, 3 * 12288, 4608 * 12288, 2 ** 31 + 5]),
+       dt=st.sampled_from(list(DTYPES)), cap=st.sampled_from([None, 1000]),
+       plan=st.sampled_from(sorted(set(K._PLANS.values()) | {(2, 128)})))
+def test_grid_covers_the_vectors_in_one_step_up_to_the_cap(n, dt, cap, plan):
+    from flame_core.kernels import plans
+    with pytest.MonkeyPatch.context() as mp:
+        if cap is not None:
+            mp.setattr(K, "_MAX_BLOCKS", cap)
+        u, blk = plan
+        (grid,), (block,) = K._grid(n, DTYPES[dt], u, blk)
+        nvec = n // plans.vec_width(DTYPES[dt])
+        assert block == blk and 1 <= grid <= K._MAX_BLOCKS
+        assert grid * block * u >= nvec or grid == K._MAX_BLOCKS   # else the kernels' grid-stride loop goes on
+        assert (grid - 1) * block * u < max(nvec, 1)               # no block without a vector
 
 
 def test_every_kernel_and_form_has_a_plan():
@@ -138,9 +144,11 @@ def test_every_plan_gives_the_same_results(rng, monkeypatch, plan):
         assert cp.array_equal(f().view(cp.uint16), w.view(cp.uint16))
 
 
-@pytest.mark.parametrize("n", [1, 3, 4, 5, 7, 8, 511, 512, 513, 65543, 4608 * 12288, 2 ** 31 + 5])
-@pytest.mark.parametrize("name, approx", sorted(K._STEP_PLANS))
-def test_step_split_covers_the_whole_vectors_and_leaves_under_one(n, name, approx):
+@settings(max_examples=200)
+@given(n=_sizes([1, 3, 4, 5, 7, 8, 511, 512, 513, 65543, 4608 * 12288, 2 ** 31 + 5]),
+       kernel=st.sampled_from(sorted(K._STEP_PLANS)))
+def test_step_split_covers_the_whole_vectors_and_leaves_under_one(n, kernel):
+    name, approx = kernel
     got = K._step_split(name, approx, n, 2)
     if n < 4:
         assert got is None                                    # no whole 8-byte vector: the loop kernel does it all
@@ -181,25 +189,26 @@ def test_step_kernels_match_the_loop_kernels_bit_for_bit(rng, monkeypatch, dt, n
     """The one-step 8-byte backwards (plus the loop kernel on the < 4 trailing elements), under each plan, give the
     loop kernels' bits."""
     import cupy as cp
-    from flame_core.kernels import loader
+    from flame_core.kernels import launching
     monkeypatch.setattr(K, "_STEP_PLANS", {k: plan for k in STEP_KERNELS})
     x, dy = (cp.asarray(rand(rng, (n,), DTYPES[dt], scale=3.0)) for _ in range(2))
     calls = [lambda: K.gelu_backward(dy, x, "none"), lambda: K.gelu_backward(dy, x, "tanh"),
              lambda: K.silu_backward(dy, x)]
     got = []
     for f in calls:
-        before = loader.launches
+        before = launching.launches
         got.append(f())
-        assert loader.launches - before == (1 if n % 4 == 0 else 2)   # the step kernel ran (and the tail's loop)
+        assert launching.launches - before == (1 if n % 4 == 0 else 2)   # the step kernel ran (and the tail's loop)
     monkeypatch.setattr(K, "use_step", False)
     for f, g in zip(calls, got):
-        before = loader.launches
+        before = launching.launches
         want = f()
-        assert loader.launches - before == 1
+        assert launching.launches - before == 1
         assert cp.array_equal(g.view(cp.uint16), want.view(cp.uint16))
 
 
-@pytest.mark.parametrize("n", [1, 7, 8, 9, 1023, 1024, 1031, 65543, 4608 * 12288, 2 ** 31 + 5])
+@settings(max_examples=200)
+@given(n=_sizes([1, 7, 8, 9, 1023, 1024, 1031, 65543, 4608 * 12288, 2 ** 31 + 5]))
 def test_bulk_split_covers_the_whole_vectors_and_leaves_under_one(n):
     got = K._bulk_split("silu_fwd", -1, n, 2, 90)
     if n < 8:
@@ -244,13 +253,13 @@ def test_bulk_kernel_matches_the_loop_kernel_bit_for_bit(rng, monkeypatch, dt, n
     plan (chunks of one or more vectors per thread, the last one partial), gives the loop kernel's bits; before sm_90
     it does not run."""
     import cupy as cp
-    from flame_core.kernels import loader
+    from flame_core.kernels import launching, plans
     monkeypatch.setattr(K, "_BULK_PLANS", {("silu_fwd", -1): plan})
     x = cp.asarray(rand(rng, (n,), DTYPES[dt], scale=3.0))
-    bulk = loader.compute_capability() >= 90
-    before = loader.launches
+    bulk = plans.compute_capability() >= 90
+    before = launching.launches
     got = K.silu_forward(x)
-    assert loader.launches - before == (1 if n < 8 or not bulk or n % 8 == 0 else 2)
+    assert launching.launches - before == (1 if n < 8 or not bulk or n % 8 == 0 else 2)
     monkeypatch.setattr(K, "use_bulk", False)
     want = K.silu_forward(x)
     assert cp.array_equal(got.view(cp.uint16), want.view(cp.uint16))

@@ -14,7 +14,7 @@ from flame_core import backend
 from flame_core.autograd import gradcheck
 from flame_core.errors import DTypeError, FlameError, ShapeError
 from flame_core.kernels import attention as K
-from flame_core.kernels import loader
+from flame_core.kernels import launching, loader
 from flame_core.ops.attention import scaled_dot_product_attention as sdpa
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -258,12 +258,12 @@ def test_flash_kernel_against_float64(rng, monkeypatch, dt, case, fwd):
     monkeypatch.setattr(K, "SM90_FWD", fwd == "sm90")
     monkeypatch.setattr(K, "SM90_BWD", fwd == "sm90")
     host, (q, k, v, do), mask, dmask, causal = _gpu_inputs(rng, case, np.dtype(BF16 if dt == "bfloat16" else dt))
-    before = loader.launches
+    before = launching.launches
     o, lse = K.flash_attention_forward(q, k, v, dmask, causal)
     o2, lse2 = K.flash_attention_forward(q, k, v, dmask, causal)  # the second call takes the cached launch plan
     assert bool((o2 == o).all()) and bool((lse2 == lse).all())
     dq, dk, dv = K.flash_attention_backward(do, q, k, v, o, lse, dmask, causal)
-    assert loader.launches >= before + 3, "the kernel path did not run"
+    assert launching.launches >= before + 3, "the kernel path did not run"
     again = K.flash_attention_backward(do, q, k, v, o, lse, dmask, causal)  # the cached launch plan, unmasked
     want_o, want_lse, grads = dense(*host[:3], mask, causal, do=host[3])
     tol = REL_TOL[dt]

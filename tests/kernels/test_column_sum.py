@@ -1,4 +1,4 @@
-"""loader.column_sum: the deterministic column sums of fp32 partial rows that the norm, GroupNorm and modulation
+"""column_sum.column_sum: the deterministic column sums of fp32 partial rows that the norm, GroupNorm and modulation
 backwards finish with. Both forms (blocks of (32, rows) with scalar loads; blocks of (4, rows) with 16-byte loads
 where cols % 4 == 0) against a float64 sum of the same rows on ragged shapes (one row, fewer rows than the block's
 row lanes, rows not a multiple of them, more rows than one round of loads; cols of 1, odd, not a multiple of the
@@ -7,7 +7,7 @@ of form: the 16-byte one only where the scalar form's blocks would not all fit o
 import numpy as np
 import pytest
 
-from flame_core.kernels import loader as L
+from flame_core.kernels import column_sum as CS, launching as KL, plans as P
 
 from kernel_utils import DTYPES, assert_close
 
@@ -23,16 +23,16 @@ def test_column_sum(monkeypatch, rng, dt, form, parts, cols, batches):
     from flame_core import backend
     cp = backend.cupy
     rows = int(form.lstrip("scalarvec"))
-    monkeypatch.setattr(L, "column_sum_vec_rows", rows if form.startswith("vec") else 0)
-    monkeypatch.setattr(L, "column_sum_rows", rows if form.startswith("scalar") else 32)
-    monkeypatch.setattr(L, "column_sum_vec_when", "always")
+    monkeypatch.setattr(CS, "column_sum_vec_rows", rows if form.startswith("vec") else 0)
+    monkeypatch.setattr(CS, "column_sum_rows", rows if form.startswith("scalar") else 32)
+    monkeypatch.setattr(CS, "column_sum_vec_when", "always")
     blocks = []
-    real = L.launch
-    monkeypatch.setattr(L, "launch", lambda f, g, b, *a, **k: blocks.append(b) or real(f, g, b, *a, **k))
+    real = KL.launch
+    monkeypatch.setattr(KL, "launch", lambda f, g, b, *a, **k: blocks.append(b) or real(f, g, b, *a, **k))
     host = rng.standard_normal((batches, parts, cols)).astype(np.float32) * 3 + 1
     part = cp.asarray(host if batches > 1 else host[0])
-    got = L.column_sum("norms", "column_sum", part, DTYPES[dt])
-    again = L.column_sum("norms", "column_sum", part, DTYPES[dt])
+    got = CS.column_sum("norms", "column_sum", part, DTYPES[dt])
+    again = CS.column_sum("norms", "column_sum", part, DTYPES[dt])
     vec = form.startswith("vec") and cols % 4 == 0
     want_block = (4, rows) if vec else (32, rows if form.startswith("scalar") else 32)
     assert blocks == [want_block] * 2, f"launched with blocks {blocks}, want {want_block}"
@@ -49,10 +49,10 @@ def test_column_sum_default_form(monkeypatch, rng, cols, batches):
     from flame_core import backend
     cp = backend.cupy
     blocks = []
-    real = L.launch
-    monkeypatch.setattr(L, "launch", lambda f, g, b, *a, **k: blocks.append(b) or real(f, g, b, *a, **k))
+    real = KL.launch
+    monkeypatch.setattr(KL, "launch", lambda f, g, b, *a, **k: blocks.append(b) or real(f, g, b, *a, **k))
     host = rng.standard_normal((batches, 50, cols)).astype(np.float32)
-    got = L.column_sum("norms", "column_sum", cp.asarray(host), np.float32)
-    wide = L.cdiv(cols, 32) * batches > L.sm_count() and cols % 4 == 0
-    assert blocks == [(4, L.column_sum_vec_rows) if wide else (32, L.column_sum_rows)]
+    got = CS.column_sum("norms", "column_sum", cp.asarray(host), np.float32)
+    wide = P.cdiv(cols, 32) * batches > P.sm_count() and cols % 4 == 0
+    assert blocks == [(4, CS.column_sum_vec_rows) if wide else (32, CS.column_sum_rows)]
     assert_close(got, host.astype(np.float64).sum(axis=1), "float32", "default form", scale=20)

@@ -6,7 +6,7 @@ from hypothesis import assume, given, strategies as st
 import flame_core as flame
 from flame_core.autograd import gradcheck
 from flame_core.errors import ShapeError
-from flame_core.kernels import norms as K
+from flame_core.kernels import groupnorm as K, norms as N
 from flame_core.ops.norms import group_norm
 
 from kernel_utils import DTYPES, assert_close, grad_mag, rand
@@ -109,15 +109,15 @@ def test_cluster_path_is_one_launch_per_pass(rng, monkeypatch):
     """On sm_90+ a group that fits the cluster's shared memory is normalised in one kernel (the backward too, its
     dweight / dbias column sums included); without clusters (use_cluster False) the split path takes three."""
     import cupy as cp
-    from flame_core.kernels import loader
+    from flame_core.kernels import launching
     if int(cp.cuda.Device().compute_capability) < 90:
         pytest.skip("thread-block clusters need compute capability 9.0")
     x = cp.asarray(rand(rng, (2, 320, 32, 32), DTYPES["bfloat16"]))
     for cluster, want in ((True, 1), (False, 3)):
         monkeypatch.setattr(K, "use_cluster", cluster)
-        before = loader.launches
+        before = launching.launches
         K.group_norm_forward(x, 32, None, None, 1e-5)
-        assert loader.launches - before == want
+        assert launching.launches - before == want
 
 
 @pytest.mark.gpu
@@ -145,7 +145,7 @@ def test_register_slice_plan(monkeypatch):
     ((2, 64, 9, 11), 8, "float32", 2, True),          # hw % 4 != 0: scalar slices
 ])
 def test_cluster_shared_memory_plan(monkeypatch, shape, g, dt, arrays, fits):
-    monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, 90))
+    monkeypatch.setattr(N, "_device_props", lambda: (65536, 2048, 233472, 232448, 90))
     x = np.empty(shape, DTYPES[dt])
     n, c = shape[:2]
     hw = x.size // (n * c)
@@ -154,8 +154,8 @@ def test_cluster_shared_memory_plan(monkeypatch, shape, g, dt, arrays, fits):
     if fits:
         per_block = -(-(c // g) * hw // K.GN_CL)
         assert K.GN_HEAD + arrays * per_block * x.dtype.itemsize <= smem <= 232448 - 1024
-    monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, 80))
+    monkeypatch.setattr(N, "_device_props", lambda: (65536, 2048, 233472, 232448, 80))
     assert K._gn_cluster_smem(x, c // g, hw, arrays) is None   # no clusters before sm_90
-    monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, 90))
+    monkeypatch.setattr(N, "_device_props", lambda: (65536, 2048, 233472, 232448, 90))
     monkeypatch.setattr(K, "use_cluster", False)
     assert K._gn_cluster_smem(x, c // g, hw, arrays) is None

@@ -4,7 +4,7 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 import flame_core as flame
 from flame_core.autograd import gradcheck
@@ -225,11 +225,11 @@ def test_backward_bulk_copy_row_loop_options(monkeypatch, ab, rng, dt, shape, lo
 
 
 def _check_bulk_copy(monkeypatch, ab, rng, dt, shape, finish, case):
-    from flame_core.kernels import loader
+    from flame_core.kernels import launching, plans
     d = DTYPES[dt]
     # where the kernel cannot run (before sm_90, 1004-wide fp16/bf16 rows off the 16-byte path, 12288-wide fp32 rows
     # needing 1536 threads) the plan is None and the other kernels must give the same gradients
-    vec = loader.vec_width(d)
+    vec = plans.vec_width(d)
     applies = K._device_props()[4] >= 90 and shape[1] % vec == 0 and shape[1] // vec <= 2 * 1024
     assert (K._bwd_tma_plan(d, shape[0], shape[1], 1, True) is not None) == applies
     monkeypatch.setattr(K, "bwd_tma_dependent", finish != "column_sum")
@@ -240,8 +240,8 @@ def _check_bulk_copy(monkeypatch, ab, rng, dt, shape, finish, case):
     real = K._layer_bwd_tma
     monkeypatch.setattr(K, "_layer_bwd_tma", lambda *a: ran.append(a[0]) or real(*a))
     dep = []
-    real_dep = loader.launch_dependent
-    monkeypatch.setattr(loader, "launch_dependent", lambda *a, **k: dep.append(1) or real_dep(*a, **k))
+    real_dep = launching.launch_dependent
+    monkeypatch.setattr(launching, "launch_dependent", lambda *a, **k: dep.append(1) or real_dep(*a, **k))
     x, dy = rand(rng, shape, d, loc=1.0, scale=2.0), rand(rng, shape, d)
     pdt = np.float32 if case == "ln_fp32_params" else d
     w = None if case == "ln_bias" else rand(rng, shape[-1:], pdt, loc=1.0)
@@ -273,6 +273,11 @@ def _check_bulk_copy(monkeypatch, ab, rng, dt, shape, finish, case):
 
 
 # ----------------------------------------------------------------------------- launch plans (no GPU needed)
+# Properties over the plans' input space: the widths that matter (powers of two, Flux's, odd ones) and any width.
+def _cols(listed, hi):
+    return st.one_of(st.sampled_from(listed), st.integers(1, hi))
+
+
 class _PlanKernel:
     def __init__(self, name, regs):
         self.name, self.num_regs, self.shared_size_bytes = name, regs, 2048
@@ -281,20 +286,25 @@ class _PlanKernel:
         self.max_dynamic_shared_size_bytes = 48 * 1024 - 2048
 
 
-@pytest.mark.parametrize("cols", [1, 7, 33, 64, 128, 1000, 3072, 12288, 16384, 20001, 32768, 65536])
-@pytest.mark.parametrize("dt", ["float32", "bfloat16"])
-@pytest.mark.parametrize("acc", [0, 1, 2])
-@pytest.mark.parametrize("regs", [40, 96, 200])
-def test_backward_plan_respects_limits(monkeypatch, cols, dt, acc, regs):
+@settings(max_examples=300)
+@given(cols=_cols([1, 7, 33, 64, 128, 1000, 3072, 12288, 16384, 20001, 32768, 65536], 70000),
+       dt=st.sampled_from(["float32", "bfloat16"]), acc=st.sampled_from([0, 1, 2]), regs=st.sampled_from([40, 96, 200]))
+def test_backward_plan_respects_limits(cols, dt, acc, regs):
     """The backward's launch plan keeps to what the kernel assumes: row groups of <= 32 threads or of whole warps
     (at most NORM_MAX_RPB per block), the cached path with acc * rpb * cols floats of shared memory, the looping
     path with one row group per block, and no more blocks than fit on the GPU at once."""
-    from flame_core.kernels import loader
-    monkeypatch.setattr(loader, "get_function", lambda stem, name, dtype=None: _PlanKernel(name, regs))
-    monkeypatch.setattr(loader, "sm_count", lambda: 132)
-    monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, 90))
-    monkeypatch.setattr(K, "bwd_cluster", 0)  # the per-block part rows (the cluster plan: the next test)
-    rows, vec = 4608, loader.vec_width(DTYPES[dt])
+    from flame_core.kernels import loader, plans
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(loader, "get_function", lambda stem, name, dtype=None: _PlanKernel(name, regs))
+        mp.setattr(plans, "sm_count", lambda: 132)
+        mp.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, 90))
+        mp.setattr(K, "bwd_cluster", 0)  # the per-block part rows (the cluster plan: the next test)
+        _check_backward_plan(cols, dt, acc)
+
+
+def _check_backward_plan(cols, dt, acc):
+    from flame_core.kernels import plans
+    rows, vec = 4608, plans.vec_width(DTYPES[dt])
     kernel, grid, (block,), tpr, smem, parts = K._bwd_plan(DTYPES[dt], rows, cols, acc)
     assert parts == grid[0]
     assert kernel.name.startswith(("norm_bwdx", "norm_bwdw", "norm_bwd")[acc])
@@ -310,91 +320,96 @@ def test_backward_plan_respects_limits(monkeypatch, cols, dt, acc, regs):
     assert grid[0] == min(-(-rows // rpb), 132 * K._blocks_per_sm(kernel, block, smem))
 
 
-@pytest.mark.parametrize("cols", [1, 8, 33, 128, 1000, 3072, 12288, 16384])
-@pytest.mark.parametrize("dt", ["float32", "bfloat16"])
-@pytest.mark.parametrize("acc", [1, 2])
-@pytest.mark.parametrize("regs", [40, 96, 200])
-@pytest.mark.parametrize("cl", [2, 8])
-def test_backward_cluster_plan(monkeypatch, cols, dt, acc, regs, cl):
+@settings(max_examples=300)
+@given(cols=_cols([1, 8, 33, 128, 1000, 3072, 12288, 16384], 20000), dt=st.sampled_from(["float32", "bfloat16"]),
+       acc=st.sampled_from([1, 2]), regs=st.sampled_from([40, 96, 200]), cl=st.sampled_from([2, 8]))
+def test_backward_cluster_plan(cols, dt, acc, regs, cl):
     """On sm_90 the weight-gradient backward with register partials (16-byte vector path, VPT <= 2) takes
     norm_bwd_cl: whole clusters of blocks that fit on the GPU at once, one part row per cluster, acc * cols floats of
     shared memory; every other case keeps the per-block part rows. Before sm_90: never the cluster kernel."""
-    from flame_core.kernels import loader
-    monkeypatch.setattr(loader, "get_function", lambda stem, name, dtype=None: _PlanKernel(name, regs))
-    monkeypatch.setattr(loader, "sm_count", lambda: 132)
-    monkeypatch.setattr(K, "bwd_cluster", cl)
-    rows, vec = 4608, loader.vec_width(DTYPES[dt])
-    for cc in (80, 90):
-        monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, cc))
-        kernel, grid, (block,), tpr, smem, parts = K._bwd_plan(DTYPES[dt], rows, cols, acc)
-        _, vpt, tpr0, looping = K._row_kernel(("norm_bwdx", "norm_bwdw", "norm_bwd")[acc], DTYPES[dt], cols,
-                                              vec if cols % vec == 0 else 1)
-        if not kernel.name.startswith("norm_bwd_cl"):
-            assert cc < 90 or cols % vec or looping or vpt > 2 or block > kernel.max_threads_per_block
-            assert parts == grid[0]
-            continue
-        assert cc >= 90 and cols % vec == 0 and not looping and vpt <= 2
-        assert kernel.name == f"norm_bwd_cl<{{T}}, {vpt}, {acc}, {cl}, {K.bwd_cluster_smem}, {K.bwd_cluster_regs}>"
-        assert tpr == tpr0 and block == (128 if tpr <= 32 else tpr) and block <= kernel.max_threads_per_block
-        assert smem == acc * cols * 4 * (block // tpr if K.bwd_cluster_smem else 1)
-        assert grid[0] % cl == 0 and parts == grid[0] // cl
-        assert grid[0] <= max(cl, 132 * K._blocks_per_sm(kernel, block, smem))
+    from flame_core.kernels import loader, plans
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(loader, "get_function", lambda stem, name, dtype=None: _PlanKernel(name, regs))
+        mp.setattr(plans, "sm_count", lambda: 132)
+        mp.setattr(K, "bwd_cluster", cl)
+        for cc in (80, 90):
+            mp.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, cc))
+            _check_cluster_plan(cols, dt, acc, cl, cc)
 
 
-@pytest.mark.parametrize("cols", [8, 128, 256, 1000, 1004, 2048, 3072, 12288, 16384, 32768])
-@pytest.mark.parametrize("dt", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("acc", [0, 1, 2])
-@pytest.mark.parametrize("stages", [2, 4, 8])
-@pytest.mark.parametrize("cluster", [1, 2])
-def test_backward_bulk_copy_plan(monkeypatch, cols, dt, acc, stages, cluster):
+def _check_cluster_plan(cols, dt, acc, cl, cc):
+    from flame_core.kernels import plans
+    rows, vec = 4608, plans.vec_width(DTYPES[dt])
+    kernel, grid, (block,), tpr, smem, parts = K._bwd_plan(DTYPES[dt], rows, cols, acc)
+    _, vpt, tpr0, looping = K._row_kernel(("norm_bwdx", "norm_bwdw", "norm_bwd")[acc], DTYPES[dt], cols,
+                                          vec if cols % vec == 0 else 1)
+    if not kernel.name.startswith("norm_bwd_cl"):
+        assert cc < 90 or cols % vec or looping or vpt > 2 or block > kernel.max_threads_per_block
+        assert parts == grid[0]
+        return
+    assert cc >= 90 and cols % vec == 0 and not looping and vpt <= 2
+    assert kernel.name == f"norm_bwd_cl<{{T}}, {vpt}, {acc}, {cl}, {K.bwd_cluster_smem}, {K.bwd_cluster_regs}>"
+    assert tpr == tpr0 and block == (128 if tpr <= 32 else tpr) and block <= kernel.max_threads_per_block
+    assert smem == acc * cols * 4 * (block // tpr if K.bwd_cluster_smem else 1)
+    assert grid[0] % cl == 0 and parts == grid[0] // cl
+    assert grid[0] <= max(cl, 132 * K._blocks_per_sm(kernel, block, smem))
+
+
+@settings(max_examples=300)
+@given(cols=_cols([8, 128, 256, 1000, 1004, 2048, 3072, 12288, 16384, 32768], 40000),
+       dt=st.sampled_from(["float32", "float16", "bfloat16"]), acc=st.sampled_from([0, 1, 2]),
+       stages=st.sampled_from([2, 4, 8]), cluster=st.sampled_from([1, 2]))
+def test_backward_bulk_copy_plan(cols, dt, acc, stages, cluster):
     """norm_bwd_tma's plan keeps to what the kernel assumes: sm_90, weight gradients, the 16-byte vector path, one
     row per block of a multiple of 32 threads (> 32, <= the kernel's limit) at vpt <= 2, 2 <= stages <= the asked
     number of x and dy rows in shared memory within the block limit, as many blocks as the occupancy allows (at most
     one per row), or with bwd_tma_even the fewest with the same most rows per block; otherwise None (the other
     plans)."""
-    from flame_core.kernels import loader
-    monkeypatch.setattr(loader, "get_function", lambda stem, name, dtype=None: _PlanKernel(name, 72))
-    monkeypatch.setattr(loader, "sm_count", lambda: 132)
-    monkeypatch.setattr(K, "_occupancy", lambda kernel, block, smem: min(232448 // (smem + 2048), 2048 // block))
-    monkeypatch.setattr(K, "bwd_tma_stages", stages)
-    monkeypatch.setattr(K, "bwd_tma_cluster", cluster)
-    monkeypatch.setattr(K, "bwd_tma_even", False)
-    d = DTYPES[dt]
-    vec, isz = loader.vec_width(d), np.dtype(d).itemsize
-    for cc in (80, 90):
-        monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, cc))
-        for rows, aligned in ((4608, True), (3, True), (4608, False)):
-            plan = K._bwd_tma_plan(d, rows, cols, acc, aligned)
-            nvec = cols // vec
-            limit = _PlanKernel("", 72).max_threads_per_block
-            tpr = loader.row_tpr(nvec, 1 if nvec <= 256 else 2)
-            fits = (cc >= 90 and acc and aligned and cols % vec == 0 and 32 < tpr <= limit
-                    and 65536 // tpr // 8 * 8 >= min(K.bwd_tma_regs, K.BWD_TMA_MIN_REGS)
-                    and 2 * 2 * cols * isz <= 232448 - 2048)
-            if not fits:
-                assert plan is None
-                continue
-            kernel, (grid,), (block,), st, smem, cl = plan
-            vpt = 1 if nvec <= 256 else 2
-            regs = min(K.bwd_tma_regs, 65536 // block // 8 * 8)  # lowered for wide rows, never below 80
-            assert regs >= min(K.bwd_tma_regs, K.BWD_TMA_MIN_REGS)
-            if cl == 1:
-                assert kernel.name == f"norm_bwd_tma<{{T}}, {vpt}, {acc}, {regs}, {K._tma_loop(vec, vpt, acc, regs)}>"
-            else:
-                assert kernel.name == (f"norm_bwd_tma_cl<{{T}}, {vpt}, {acc}, {cl}, {regs}, "
-                                       f"{K._tma_loop(vec, vpt, acc, regs)}>")
-                assert grid % cl == 0
-            assert block % 32 == 0 and 32 < block <= kernel.max_threads_per_block and block * vpt >= nvec
-            assert 2 <= st <= stages and smem == st * 2 * cols * isz and smem + 2048 <= 232448
-            most = max(cl, min(rows, 132 * K._occupancy(kernel, block, smem)) // cl * cl)
-            assert grid == most  # as many blocks as fit (bwd_tma_even off)
-            # even: the fewest blocks (a multiple of cl) with the same most rows per block as the fullest grid
-            monkeypatch.setattr(K, "bwd_tma_even", True)
-            even = K._bwd_tma_plan(d, rows, cols, acc, aligned)[1][0]
-            monkeypatch.setattr(K, "bwd_tma_even", False)
-            assert cl <= even <= most and even % cl == 0
-            assert loader.cdiv(rows, even) == loader.cdiv(rows, most)
-            assert even == cl or loader.cdiv(rows, even - cl) > loader.cdiv(rows, most)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        from flame_core.kernels import loader, plans
+        monkeypatch.setattr(loader, "get_function", lambda stem, name, dtype=None: _PlanKernel(name, 72))
+        monkeypatch.setattr(plans, "sm_count", lambda: 132)
+        monkeypatch.setattr(K, "_occupancy", lambda kernel, block, smem: min(232448 // (smem + 2048), 2048 // block))
+        monkeypatch.setattr(K, "bwd_tma_stages", stages)
+        monkeypatch.setattr(K, "bwd_tma_cluster", cluster)
+        monkeypatch.setattr(K, "bwd_tma_even", False)
+        d = DTYPES[dt]
+        vec, isz = plans.vec_width(d), np.dtype(d).itemsize
+        for cc in (80, 90):
+            monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, cc))
+            for rows, aligned in ((4608, True), (3, True), (4608, False)):
+                plan = K._bwd_tma_plan(d, rows, cols, acc, aligned)
+                nvec = cols // vec
+                limit = _PlanKernel("", 72).max_threads_per_block
+                tpr = plans.row_tpr(nvec, 1 if nvec <= 256 else 2)
+                fits = (cc >= 90 and acc and aligned and cols % vec == 0 and 32 < tpr <= limit
+                        and 65536 // tpr // 8 * 8 >= min(K.bwd_tma_regs, K.BWD_TMA_MIN_REGS)
+                        and 2 * 2 * cols * isz <= 232448 - 2048)
+                if not fits:
+                    assert plan is None
+                    continue
+                kernel, (grid,), (block,), st, smem, cl = plan
+                vpt = 1 if nvec <= 256 else 2
+                regs = min(K.bwd_tma_regs, 65536 // block // 8 * 8)  # lowered for wide rows, never below 80
+                assert regs >= min(K.bwd_tma_regs, K.BWD_TMA_MIN_REGS)
+                if cl == 1:
+                    assert kernel.name == (f"norm_bwd_tma<{{T}}, {vpt}, {acc}, {regs}, "
+                                           f"{K._tma_loop(vec, vpt, acc, regs)}>")
+                else:
+                    assert kernel.name == (f"norm_bwd_tma_cl<{{T}}, {vpt}, {acc}, {cl}, {regs}, "
+                                           f"{K._tma_loop(vec, vpt, acc, regs)}>")
+                    assert grid % cl == 0
+                assert block % 32 == 0 and 32 < block <= kernel.max_threads_per_block and block * vpt >= nvec
+                assert 2 <= st <= stages and smem == st * 2 * cols * isz and smem + 2048 <= 232448
+                most = max(cl, min(rows, 132 * K._occupancy(kernel, block, smem)) // cl * cl)
+                assert grid == most  # as many blocks as fit (bwd_tma_even off)
+                # even: the fewest blocks (a multiple of cl) with the same most rows per block as the fullest grid
+                monkeypatch.setattr(K, "bwd_tma_even", True)
+                even = K._bwd_tma_plan(d, rows, cols, acc, aligned)[1][0]
+                monkeypatch.setattr(K, "bwd_tma_even", False)
+                assert cl <= even <= most and even % cl == 0
+                assert plans.cdiv(rows, even) == plans.cdiv(rows, most)
+                assert even == cl or plans.cdiv(rows, even - cl) > plans.cdiv(rows, most)
 
 
 @pytest.mark.parametrize("asked", [0, 1, 2])
@@ -417,42 +432,42 @@ def test_bulk_copy_row_loop_fits_the_register_cap(monkeypatch, asked):
 def test_backward_cluster_plan_falls_back_when_it_does_not_compile(monkeypatch):
     """An NVRTC that cannot build norm_bwd_cl (e.g. no __maxnreg__ before CUDA 12.4) gets the per-block part rows."""
     from flame_core.errors import KernelCompileError
-    from flame_core.kernels import loader
+    from flame_core.kernels import loader, plans
 
     def get_function(stem, name, dtype=None):
         if name.startswith("norm_bwd_cl"):
             raise KernelCompileError("NVRTC failed to compile cuda_src/norms.cu")
         return _PlanKernel(name, 64)
     monkeypatch.setattr(loader, "get_function", get_function)
-    monkeypatch.setattr(loader, "sm_count", lambda: 132)
+    monkeypatch.setattr(plans, "sm_count", lambda: 132)
     monkeypatch.setattr(K, "_device_props", lambda: (65536, 2048, 233472, 232448, 90))
     kernel, grid, _, _, _, parts = K._bwd_plan(DTYPES["bfloat16"], 4608, 3072, 1)
     assert kernel.name.startswith("norm_bwdw") and parts == grid[0]
 
 
-@pytest.mark.parametrize("cols", [1, 7, 8, 33, 64, 128, 1000, 1024, 1536, 3072, 4096, 4104, 12288, 16384, 20001,
-                                  65536, 131072, 262144])
-@pytest.mark.parametrize("dt", ["float32", "bfloat16"])
-@pytest.mark.parametrize("regs", [40, 96, 200])
-def test_forward_plan_respects_limits(monkeypatch, cols, dt, regs):
+@settings(max_examples=300)
+@given(cols=_cols([1, 7, 8, 33, 64, 128, 1000, 1024, 1536, 3072, 4096, 4104, 12288, 16384, 20001, 65536, 131072,
+                   262144], 300000), dt=st.sampled_from(["float32", "bfloat16"]), regs=st.sampled_from([40, 96, 200]))
+def test_forward_plan_respects_limits(cols, dt, regs):
     """The one-pass forward (norm_fwdv<VPT>) covers the row with tpr * VPT vectors, tpr a power of two <= 32 (several
     rows per block of 128) or a multiple of 32 that is the whole block; else it declines (the persistent kernels)."""
-    from flame_core.kernels import loader
-    monkeypatch.setattr(loader, "get_function", lambda stem, name, dtype=None: _PlanKernel(name, regs))
-    vec = loader.vec_width(DTYPES[dt])
-    plan = K._fwd_plan(DTYPES[dt], 4608, cols)
-    if cols % vec:
-        assert plan is None
-        return
-    nvec = cols // vec
-    if plan is None:
-        assert nvec > 512
-        return
-    kernel, (grid,), (block,), tpr = plan
-    vpt = int(kernel.name[len("norm_fwdv"):])
-    assert vpt in K.FWD_VPTS and tpr * vpt >= nvec and block <= kernel.max_threads_per_block
-    if tpr <= 32:
-        assert tpr & (tpr - 1) == 0 and block == 128 and grid == -(-4608 // (128 // tpr))
-        assert vpt <= 16
-    else:
-        assert tpr % 32 == 0 and block == tpr and grid == 4608
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        from flame_core.kernels import loader, plans
+        monkeypatch.setattr(loader, "get_function", lambda stem, name, dtype=None: _PlanKernel(name, regs))
+        vec = plans.vec_width(DTYPES[dt])
+        plan = K._fwd_plan(DTYPES[dt], 4608, cols)
+        if cols % vec:
+            assert plan is None
+            return
+        nvec = cols // vec
+        if plan is None:
+            assert nvec > 512
+            return
+        kernel, (grid,), (block,), tpr = plan
+        vpt = int(kernel.name[len("norm_fwdv"):])
+        assert vpt in K.FWD_VPTS and tpr * vpt >= nvec and block <= kernel.max_threads_per_block
+        if tpr <= 32:
+            assert tpr & (tpr - 1) == 0 and block == 128 and grid == -(-4608 // (128 // tpr))
+            assert vpt <= 16
+        else:
+            assert tpr % 32 == 0 and block == tpr and grid == 4608

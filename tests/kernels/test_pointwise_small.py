@@ -5,7 +5,7 @@ import pytest
 
 import flame_core as flame
 from flame_core import backend
-from flame_core.kernels import loader
+from flame_core.kernels import launching, loader, plans
 from flame_core.kernels import pointwise_small as PS
 
 from kernel_utils import DTYPES, TOL, rand
@@ -49,9 +49,9 @@ def _twice(fn):
     """fn() twice: the first may build the launch, the second must reuse it (no new cache entry), both launch."""
     first = fn()
     n_cached = PS.cached_launches()
-    before = loader.launches
+    before = launching.launches
     second = fn()
-    assert loader.launches == before + 1, "the second call did not launch a kernel"
+    assert launching.launches == before + 1, "the second call did not launch a kernel"
     assert PS.cached_launches() == n_cached, "the second call built a new launch"
     assert first is not None and second is not None
     assert np.array_equal(_np(first).view(np.uint8), _np(second).view(np.uint8))
@@ -158,7 +158,7 @@ def test_grad_rules_match_pointwise_grad(kernel, dtype):
         s = cp.asarray(s.astype(DTYPES[dtype]))
         got = _twice(lambda: PS.fast_grad(kernel, g, s))
         big = cp.empty_like(g)
-        loader.launch(loader.get_function("pointwise_grad", kernel, g.dtype), (loader.cdiv(n, 256),), (256,),
+        launching.launch(loader.get_function("pointwise_grad", kernel, g.dtype), (plans.cdiv(n, 256),), (256,),
                       (g, s, big, np.int64(n)))
         assert_bits(got, big, f"{kernel} {dtype} n={n} vs the usual launch")
         want = GRAD_REF[kernel](_np(g).astype(np.float64), _np(s).astype(np.float64))
@@ -215,14 +215,14 @@ def test_chain_gradients_match_reference_path(dtype, n):
         y.backward(flame.tensor(g, device="cuda").to(getattr(flame, dtype)))
         return y.detach().float().numpy(), x.grad.float().numpy()
 
-    before = loader.launches
+    before = launching.launches
     y_fast, gx_fast = run()
     # forward: 40 ops + 5; backward: per round mul-scalar, tanh_bwd, neg, an accumulation; at least one per op
-    assert loader.launches - before >= 80, "the small-array fast path did not run"
+    assert launching.launches - before >= 80, "the small-array fast path did not run"
     with loader.reference():
-        before = loader.launches
+        before = launching.launches
         y_ref, gx_ref = run()
-        assert loader.launches == before
+        assert launching.launches == before
     if dtype == "float32":
         np.testing.assert_allclose(y_fast, y_ref, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(gx_fast, gx_ref, rtol=1e-4, atol=1e-5)
@@ -246,9 +246,9 @@ def test_chain_forward_float32_is_bit_identical_to_cupy():
             y = -(y * 1.01 + 0.5 - z) * z - 0.3
         return y._data.copy()
 
-    before = loader.launches
+    before = launching.launches
     fast = run()
-    assert loader.launches - before == 30  # six ops a round
+    assert launching.launches - before == 30  # six ops a round
     with loader.reference():
         ref = run()
     assert_bits(fast, ref)
@@ -258,9 +258,9 @@ def test_chain_forward_float32_is_bit_identical_to_cupy():
 def test_gradient_accumulation_takes_the_fast_path():
     x = flame.tensor(np.arange(16, dtype=np.float32), device="cuda", requires_grad=True)
     y = x * 2.0 + x * 3.0 + x * 4.0  # three contributions to x: a sum, then one in-place accumulation
-    before = loader.launches
+    before = launching.launches
     y.backward(flame.ones(16, device="cuda"))
-    assert loader.launches > before
+    assert launching.launches > before
     np.testing.assert_array_equal(x.grad.numpy(), np.full(16, 9.0, dtype=np.float32))
     y = x * 1.5
     y.backward(flame.ones(16, device="cuda"))  # .grad exists: accumulated in place
@@ -280,8 +280,8 @@ def test_returns_none_on_numpy_arrays():
 
 def test_scalar_bits_round_to_the_dtype():
     f32, f16, bf16 = 0, 1, 2
-    assert loader.f32_bits(1.0) == 0x3F800000
-    assert loader.f32_bits(-0.0) == 0x80000000
+    assert launching.f32_bits(1.0) == 0x3F800000
+    assert launching.f32_bits(-0.0) == 0x80000000
     assert PS._scalar_bits(f32, 1.01) == int(np.float32(1.01).view(np.uint32))
     assert PS._scalar_bits(f16, 1.01) == int(np.float32(1.01).view(np.uint32))   # float32, whatever the dtype
     assert PS._scalar_bits(bf16, 1.01) == int(np.float32(1.01).view(np.uint32))
@@ -297,10 +297,10 @@ def test_scalar_bits_round_to_the_dtype():
 def test_cpu_tensor_ops_unchanged():
     """The cpu path (NumPy ufuncs) still computes the chain; nothing launches."""
     x = flame.tensor(np.linspace(-1, 1, 16, dtype=np.float32), requires_grad=True, device="cpu")
-    before = loader.launches
+    before = launching.launches
     y = _chain(x, 8)
     y.sum().backward()
-    assert loader.launches == before
+    assert launching.launches == before
     a = np.linspace(-1, 1, 16, dtype=np.float32)
     y_ref = a
     for _ in range(2):

@@ -6,7 +6,8 @@ new inputs) equal to the eager result."""
 import numpy as np
 import pytest
 
-from flame_core.kernels import loader as L, modulate as M, norms as K
+from flame_core.kernels import column_sum as CS, groupnorm as G, launching as KL, loader as L
+from flame_core.kernels import modulate as M, norms as K
 
 from kernel_utils import DTYPES, assert_close, rand
 
@@ -26,14 +27,14 @@ def _dev(*arrays):
 def _counters_zero():
     cp = _cp()
     cp.cuda.get_current_stream().synchronize()
-    for buf in L._counters.values():
+    for buf in CS._counters.values():
         assert int(buf.max()) == 0, "a counter was left non-zero"
 
 
 def _launches(fn):
-    before = L.launches
+    before = KL.launches
     out = fn()
-    return out, L.launches - before
+    return out, KL.launches - before
 
 
 def _ab_fused(monkeypatch, module, fn):
@@ -124,14 +125,15 @@ GN_SHAPES = [((1, 4, 1), 2), ((2, 6, 7), 3), ((3, 32, 5, 5), 32), ((2, 64, 9, 11
 @pytest.mark.parametrize("path", ["cluster", "split"])
 @pytest.mark.parametrize("params", ["fp32", "same", "bias_only"])
 def test_group_norm_backward_single_launch(monkeypatch, rng, dt, shape, g, path, params):
-    monkeypatch.setattr(K, "use_cluster", path == "cluster")
+    monkeypatch.setattr(G, "use_cluster", path == "cluster")
     d = DTYPES[dt]
     pdt = np.float32 if params == "fp32" else d
     x, dy = _dev(rand(rng, shape, d, loc=1.5, scale=2.0), rand(rng, shape, d))
     w = None if params == "bias_only" else _dev(rand(rng, shape[1:2], pdt, loc=1.0))[0]
     b = _dev(rand(rng, shape[1:2], pdt))[0]
-    _, mean, rstd = K.group_norm_forward(x, g, w, b, 1e-5)
-    (fused, nf), (split, ns), ref = _ab_fused(monkeypatch, K, lambda: K.group_norm_backward(dy, x, g, w, mean, rstd, b))
+    _, mean, rstd = G.group_norm_forward(x, g, w, b, 1e-5)
+    (fused, nf), (split, ns), ref = _ab_fused(monkeypatch, K,  # the switch is norms' (shared)
+                                              lambda: G.group_norm_backward(dy, x, g, w, mean, rstd, b))
     assert ns > nf
     tol = "float32" if pdt == np.float32 else dt
     for i, what in ((1, "dweight"), (2, "dbias")):
@@ -145,12 +147,12 @@ def test_group_norm_backward_single_launch(monkeypatch, rng, dt, shape, g, path,
 
 def test_counters_are_per_stream():
     cp = _cp()
-    a = L.reduction_counters(4)
+    a = CS.reduction_counters(4)
     with cp.cuda.Stream(non_blocking=True):
-        b = L.reduction_counters(4)
+        b = CS.reduction_counters(4)
         assert b.data.ptr != a.data.ptr
-    assert L.reduction_counters(2).data.ptr == a.data.ptr
-    assert L.reduction_counters(5000).size >= 5000
+    assert CS.reduction_counters(2).data.ptr == a.data.ptr
+    assert CS.reduction_counters(5000).size >= 5000
 
 
 def _capture_and_replay(fn, inputs, fresh):
@@ -198,12 +200,12 @@ def test_modulate_and_group_norm_backward_in_cuda_graph(rng):
     _capture_and_replay(lambda: M.modulate_backward(g, x, sh, sc), [g], _dev(rand(rng, (2, 300, 3072), d)))
     _capture_and_replay(lambda: M.gated_residual_backward(g, sc, x), [g], _dev(rand(rng, (2, 300, 3072), d)))
     for cluster in (True, False):
-        K.use_cluster = cluster
+        G.use_cluster = cluster
         try:
             xg, dyg = _dev(rand(rng, (2, 64, 16, 16), d, loc=1.0), rand(rng, (2, 64, 16, 16), d))
             w, b = _dev(rand(rng, (64,), np.float32, loc=1.0), rand(rng, (64,), np.float32))
-            _, mean, rstd = K.group_norm_forward(xg, 8, w, b, 1e-5)
-            _capture_and_replay(lambda: K.group_norm_backward(dyg, xg, 8, w, mean, rstd, b), [dyg],
+            _, mean, rstd = G.group_norm_forward(xg, 8, w, b, 1e-5)
+            _capture_and_replay(lambda: G.group_norm_backward(dyg, xg, 8, w, mean, rstd, b), [dyg],
                                 _dev(rand(rng, (2, 64, 16, 16), d)))
         finally:
-            K.use_cluster = True
+            G.use_cluster = True

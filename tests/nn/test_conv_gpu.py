@@ -7,7 +7,7 @@ import flame_core as flame
 from flame_core.dtypes import dtype as parse_dtype
 import flame_nn.functional as F
 from flame_core import backend
-from flame_core.kernels import loader
+from flame_core.kernels import launching
 from flame_core.ops import conv as C
 
 import nn_reference as ref
@@ -148,10 +148,10 @@ def test_igemm_conv_matches_reference(cfg, dtype, tile, monkeypatch):
     npdt = parse_dtype(dtype).np
     xd, wd, bd, gyd = (cp.asarray(a.astype(npdt)) for a in (x, w, b, gy))
     assert C.use_igemm(xd, g)
-    before = loader.launches
+    before = launching.launches
     y = C.conv2d_forward(xd, wd, g, bd)
     dx, dw = C.conv2d_backward(gyd, xd, wd, g)
-    assert loader.launches > before
+    assert launching.launches > before
     want_y = C._im2col_forward(x, w, g) + b.reshape(1, -1, 1, 1)
     want_dx, want_dw = C._im2col_backward(gy, x, w, g, True, True)
     _assert_close(y, want_y, dtype, "y")

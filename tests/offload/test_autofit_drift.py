@@ -12,7 +12,7 @@ buffer and keeps nothing weight-sized (the trace without temporaries does not dr
 steps under a limit a margin below the budget (it catches the drift and demotes blocks until it fits).
 
 TRACE: the large-class (>= 10 MiB) allocations and frees of one forward + backward of Flux-dev at 1024x1024 with
-LoRA on the attention and gradient checkpointing (bench/alloc_trace.py on an H100), gzip + base64 of
+LoRA on the attention and gradient checkpointing (bench/alloc_trace.py at commit 44193a7, on an H100), gzip + base64 of
 {"sizes": [bytes], "events": [i >= 0: allocate sizes[i]; i < 0: free the allocation made -1-i allocations ago]}.
 Small and medium requests live in their own sub-pools and do not take part in the drift.
 """

@@ -7,10 +7,10 @@ import math
 
 import numpy as np
 
-from flame_core import backend
-from flame_core.autograd import Function
-from flame_core.errors import ShapeError, fmt_shape
-from flame_core.tensor import _wrap
+from .. import backend
+from ..autograd.function import Function
+from ..errors import ShapeError, fmt_shape
+from ..tensor import _wrap
 
 
 def _pair(v, name):

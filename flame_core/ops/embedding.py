@@ -1,11 +1,11 @@
 """embedding: rows of `weight` picked by integer `input`; the row at padding_idx gets no gradient."""
 import numpy as np
 
-from flame_core import backend
-from flame_core.autograd import Function
-from flame_core.errors import DTypeError, ShapeError, fmt_shape
-from flame_core.ops.indexing import _add_at
-from flame_core.tensor import _wrap, check_same_device
+from .. import backend
+from ..autograd.function import Function
+from ..errors import DTypeError, ShapeError, fmt_shape
+from ..tensor import _wrap, check_same_device
+from .indexing import _add_at
 
 
 class Embedding(Function):

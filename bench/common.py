@@ -1,0 +1,282 @@
+"""What the benchmarks share: timing on CUDA events, results (printed as they come, written to $OUT/<bench>.json with
+the device, commit and date of the run), tables, the peers (PyTorch / diffusers, when importable) and Flux-dev inputs.
+
+A bench script runs as `PYTHONPATH=$PWD python3 bench/<name>.py` (bench/ is then on sys.path: `import common`).
+The typical shape of one:
+
+    res = common.Results("mybench")
+    common.run_parts(res, [("FLAME", lambda: flame_part(res)), ("torch", lambda: torch_part(res))])
+    print(common.table(["op", "FLAME ms", "torch ms", "ratio"], rows, title="..."))
+"""
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from importlib import metadata
+
+T5_LEN = 512  # the peer setup's T5 length (Flux-dev's)
+
+
+# ----------------------------------------------------------------------------- results
+def context():
+    """Where and when a run happened: device, driver, commit (with '+dirty' for uncommitted changes), date, versions."""
+    ctx = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+           "python": platform.python_version(), "argv": sys.argv}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        ctx["commit"] = commit + ("+dirty" if dirty else "") if commit else None
+    except (OSError, subprocess.SubprocessError):
+        ctx["commit"] = None
+    for pkg in ("numpy", "cupy", "cupy-cuda13x", "cupy-cuda12x", "torch", "diffusers", "peft"):
+        try:
+            ctx[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    try:
+        import cupy as cp
+        props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+        name = props["name"]
+        ctx["device"] = name.decode() if isinstance(name, bytes) else name
+        ctx["driver"] = cp.cuda.runtime.driverGetVersion()
+    except Exception:  # no GPU: a cpu run
+        ctx["device"] = "cpu"
+    return ctx
+
+
+class Results(dict):
+    """A bench's figures by key: each printed as it comes; `save()` writes them with the run's context to
+    $OUT/<name>.json (or ./<name>.json)."""
+
+    def __init__(self, name):
+        super().__init__()
+        self.name = name
+        self.path = os.path.join(os.environ.get("OUT", "."), f"{name}.json")
+
+    def log(self, key, value):
+        self[key] = value
+        print(f"{key}: {value}", flush=True)
+        return value
+
+    def save(self):
+        with open(self.path, "w") as f:
+            json.dump({"bench": self.name, "context": context(), "results": dict(self)}, f, indent=1, default=str)
+        return self.path
+
+
+def section(name):
+    print(f"\n== {name} ({time.strftime('%X')})", flush=True)
+
+
+def run_parts(res, parts):
+    """Run each (name, fn) in turn; a part that raises is reported (traceback) and the others still run. The
+    results are saved after every part. Returns True when a part failed."""
+    failed = False
+    for name, fn in parts:
+        section(name)
+        try:
+            fn()
+        except Exception:
+            traceback.print_exc()
+            failed = True
+        res.save()
+    return failed
+
+
+# ----------------------------------------------------------------------------- formatting
+def gib(nbytes, digits=2):
+    return None if nbytes is None else round(nbytes / 2 ** 30, digits)
+
+
+def ratio(a, b, digits=3):
+    """a / b rounded, or '-' when either is missing or not a number."""
+    ok = isinstance(a, (int, float)) and isinstance(b, (int, float)) and b
+    return round(a / b, digits) if ok else "-"
+
+
+def table(header, rows, title=None):
+    """A plain-text table: columns as wide as their widest cell, numbers right-aligned."""
+    cells = [[str(c) for c in header]] + [["-" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells if i < len(r)) for i in range(len(header))]
+    lines = [title] if title else []
+    for k, r in enumerate(cells):
+        lines.append("  ".join(c.rjust(w) if k and _numeric(c) else c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _numeric(s):
+    try:
+        float(s.split(" ")[0])
+        return True
+    except ValueError:
+        return False
+
+
+# ----------------------------------------------------------------------------- timing
+def _events(lib):
+    """(record start, record end and wait, elapsed ms) for CUDA events of `lib` ('cupy' or 'torch')."""
+    if lib == "torch":
+        import torch
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        return a.record, lambda: (b.record(), b.synchronize()), lambda: a.elapsed_time(b)
+    import cupy as cp
+    a, b = cp.cuda.Event(), cp.cuda.Event()
+    return a.record, lambda: (b.record(), b.synchronize()), lambda: cp.cuda.get_elapsed_time(a, b)
+
+
+def synchronize(lib="cupy"):
+    if lib == "torch":
+        import torch
+        torch.cuda.synchronize()
+    else:
+        import cupy as cp
+        cp.cuda.Device().synchronize()
+
+
+def cuda_ms(fn, repeats=5, warmup=2, lib="cupy", before=None, inner=1):
+    """(median ms per fn() call between CUDA events, median host ms of issuing the calls, every sample) after
+    `warmup` calls. `inner` calls run back to back in each interval (the figure is per call); `before()` is queued
+    ahead of each interval (`busy_gpu`: the GPU is still busy while the host issues the calls, so the interval holds
+    the GPU's work alone, not the host's launch time)."""
+    for _ in range(warmup):
+        fn()
+    synchronize(lib)
+    ms, host = [], []
+    for _ in range(repeats):
+        start, stop, elapsed = _events(lib)
+        if before is not None:
+            before()
+        start()
+        t = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        host.append((time.perf_counter() - t) * 1e3 / inner)
+        stop()
+        ms.append(elapsed() / inner)
+    return statistics.median(ms), statistics.median(host), ms
+
+
+_BUSY = {}
+
+
+def busy_gpu(lib="cupy", nbytes=1 << 30):
+    """A function that queues a memset of `nbytes` (1 GiB: ~0.35 ms on an H100) on the current stream."""
+    if lib == "torch":
+        import torch
+        buf = _BUSY.get("torch") or _BUSY.setdefault("torch", torch.empty(nbytes, dtype=torch.uint8, device="cuda"))
+        return lambda: buf.fill_(1)
+    import cupy as cp
+    buf = _BUSY.get("cupy") or _BUSY.setdefault("cupy", cp.empty(nbytes, dtype=cp.uint8))
+    return lambda: cp.cuda.runtime.memsetAsync(buf.data.ptr, 1, buf.nbytes, cp.cuda.get_current_stream().ptr)
+
+
+def host_us(fn, lib="cupy", n=200):
+    """Host microseconds per fn() call: n calls issued without waiting (the GPU runs behind)."""
+    fn()
+    synchronize(lib)
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dt = time.perf_counter() - t
+    synchronize(lib)
+    return dt / n * 1e6
+
+
+# ----------------------------------------------------------------------------- peers
+def import_torch():
+    """torch, or None where it is not importable (the peers are never a dependency of the library)."""
+    try:
+        import torch
+        return torch
+    except ImportError:
+        return None
+
+
+def diffusers_flux(blocks=None):
+    """diffusers' FluxTransformer2DModel at Flux-dev's size (or `blocks` = (double, single) blocks), random init,
+    bf16 on the GPU, frozen; torch's cuDNN SDPA backend off (it fails in backward on the device image)."""
+    import torch
+    from diffusers import FluxTransformer2DModel
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    torch.manual_seed(0)
+    nd, ns = blocks or (19, 38)
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            model = FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=nd, num_single_layers=ns,
+                                           attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096,
+                                           pooled_projection_dim=768, guidance_embeds=True,
+                                           axes_dims_rope=(16, 56, 56))
+    finally:
+        torch.set_default_dtype(torch.float32)
+    return model.requires_grad_(False)
+
+
+def diffusers_inputs(size, guidance):
+    """The diffusers model's keyword arguments for a batch of 1 at size x size (random latents and text states)."""
+    import torch
+    tokens, side = (size // 16) ** 2, size // 16
+    img_ids = torch.zeros(side, side, 3, device="cuda")
+    img_ids[..., 1] = torch.arange(side, device="cuda")[:, None]
+    img_ids[..., 2] = torch.arange(side, device="cuda")[None, :]
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    return dict(hidden_states=torch.randn(1, tokens, 64, **bf16), encoder_hidden_states=torch.randn(1, T5_LEN, 4096,
+                **bf16), pooled_projections=torch.randn(1, 768, **bf16), timestep=torch.full((1,), 0.62, **bf16),
+                img_ids=img_ids.reshape(-1, 3), txt_ids=torch.zeros(T5_LEN, 3, device="cuda"),
+                guidance=torch.full((1,), guidance, **bf16), return_dict=False)
+
+
+# ----------------------------------------------------------------------------- FLAME's Flux-dev
+def random_flux(params="flux-dev", device="cuda", seed=0, std=0.02):
+    """A random-init Flux (N(0, std) bf16 weights, QK-norm scales 1) built without fragmenting FLAME's pool: each
+    parameter is allocated once in its final dtype and filled from fixed-size float32 draws, so the temporaries are
+    the same size every time and leave no holes between the weights."""
+    import flame_core as flame
+    import flame_nn
+    from flame_models.flux import Flux
+    from flame_models.flux.params import flux_params
+    with flame_nn.empty_init(device=device, dtype=flame.bfloat16):
+        model = Flux(flux_params(params))
+    g = flame.Generator(device).manual_seed(seed)
+    chunk, state = 1 << 26, {}
+    with flame.no_grad():
+        for name, prm in model.named_parameters():
+            w = state[name] = flame.empty(*prm.shape, dtype=flame.bfloat16, device=device)
+            flat = w.view(-1)
+            if name.endswith(".scale"):
+                flat.fill_(1)
+            else:
+                for i in range(0, flat.numel(), chunk):
+                    n = min(chunk, flat.numel() - i)
+                    draw = flame.randn(chunk, generator=g, device=device).mul_(std).to(flame.bfloat16)
+                    flat[i:i + n] = draw[:n]  # chunk-sized temporaries only
+                    del draw
+    model.load_state_dict(state, assign=True)  # the filled tensors become the parameters (no copy)
+    return model
+
+
+def flame_flux_inputs(size, guidance, seed=1):
+    """Flux's keyword arguments for a batch of 1 at size x size (random bf16 latents and text states) and a random
+    float32 target of the output's shape."""
+    import flame_core as flame
+    from flame_models.flux import sampling as S
+    g = flame.Generator("cuda").manual_seed(seed)
+    tokens = (size // 16) ** 2
+
+    def rnd(*shape):
+        return flame.randn(*shape, generator=g, device="cuda").to(flame.bfloat16)
+    bf16 = dict(dtype=flame.bfloat16, device="cuda")
+    args = dict(img=rnd(1, tokens, 64), img_ids=S.image_ids(size, size, device="cuda"), txt=rnd(1, T5_LEN, 4096),
+                txt_ids=S.text_ids(T5_LEN, device="cuda"), y=rnd(1, 768),
+                timesteps=flame.tensor([0.62], **bf16), guidance=flame.tensor([guidance], **bf16))
+    return args, flame.randn(1, tokens, 64, generator=g, device="cuda")

@@ -1,0 +1,196 @@
+"""Launching compiled kernels: plain launches, programmatic dependent launches (sm_90) and packed launches whose
+arguments are converted once (hot paths with many fixed scalars).
+
+``launch(kernel, grid, block, args, shared_mem=0, stream=None)``
+    Launches; ints in ``grid``/``block`` become 1-tuples; dynamic shared memory over 48 KiB is opted into.
+``launch_dependent(...)``, ``PackedLaunch(kernel, grid, block, args, n_pointers, ...)``
+    See their docstrings.
+``f32(v)``, ``i32(v)``, ``i64(v)``, ``null()``, ``f32_bits(v)``
+    Scalar kernel arguments of the C parameter types (``i32`` raises when the value does not fit).
+``launches``
+    How many kernels were launched (tests read it to prove a kernel path ran).
+"""
+import ctypes
+
+import numpy as np
+
+from .. import backend
+from . import plans
+from .loader import _ArchKernel
+
+
+def _dims(d):
+    t = type(d)
+    if t is int:
+        return (d,)
+    if t is tuple:
+        for v in d:
+            if type(v) is not int:
+                break
+        else:
+            return d
+    if isinstance(d, int):
+        return (int(d),)
+    return tuple(int(v) for v in d)
+
+
+launches = 0  # how many kernels `launch` started (tests use it to prove a kernel path ran)
+
+
+def allow_dynamic_smem(kernel, shared_mem):
+    """int(shared_mem), after raising the kernel's dynamic shared memory limit where the launch needs more than 48 KiB
+    with its static shared memory (a 48 KiB dynamic request beside any static array needs the raised limit too).
+    `launch` calls it; code that launches otherwise (PackedLaunch) or asks the occupancy calculator calls it first."""
+    shared_mem = int(shared_mem)
+    if shared_mem + kernel.shared_size_bytes > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
+        kernel.max_dynamic_shared_size_bytes = shared_mem
+    return shared_mem
+
+
+def _driver_function(kernel):
+    """The cupy.cuda.function.Function (driver CUfunction at .ptr) of a RawKernel or an _ArchKernel."""
+    return kernel._fn if isinstance(kernel, _ArchKernel) else kernel.kernel
+
+
+def launch(kernel, grid, block, args, shared_mem=0, stream=None):
+    """Launch `kernel` on `grid` x `block` with `args` (cupy arrays and numpy scalars of the C parameter types)."""
+    global launches
+    launches += 1
+    grid, block = _dims(grid), _dims(block)
+    if type(args) is not tuple:
+        args = tuple(args)
+    shared_mem = allow_dynamic_smem(kernel, shared_mem) if shared_mem else 0
+    if stream is not None:
+        with stream:
+            kernel(grid, block, args, shared_mem=shared_mem)
+    else:
+        kernel(grid, block, args, shared_mem=shared_mem)
+
+
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute (cuda.h): id, padding to 8 bytes, a 64-byte union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig (cuda.h)
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+_launch_ex = []  # [cuLaunchKernelEx of libcuda, or None where the driver has none]
+
+
+def _cu_launch_ex():
+    if not _launch_ex:
+        try:
+            fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        except (OSError, AttributeError):
+            fn = None
+        _launch_ex.append(fn)
+    return _launch_ex[0]
+
+
+def launch_dependent(kernel, grid, block, args, shared_mem=0):
+    """Launch `kernel` as a programmatic dependent of the kernel before it in the stream (sm_90; cuLaunchKernelEx with
+    programmatic stream serialization): its blocks may start while that kernel still runs (from when every block of
+    it has executed grid_dependents_launch), so the launch latency overlaps the earlier kernel's tail. The kernel
+    must call grid_dependency_wait (common.cuh) before it reads the earlier kernel's output. Falls back to `launch`
+    before sm_90, without cuLaunchKernelEx, and while a CUDA graph is being captured."""
+    stream = backend.cupy.cuda.get_current_stream()
+    if _cu_launch_ex() is None or plans.compute_capability() < 90 or (stream.ptr and stream.is_capturing()):
+        return launch(kernel, grid, block, args, shared_mem)
+    PackedLaunch(kernel, grid, block, args, (), allow_dynamic_smem(kernel, shared_mem), dependent=True)(())
+
+
+def max_active_blocks(kernel, block_threads, shared_mem=0):
+    """Blocks of `kernel` one SM holds at once with this block size and dynamic shared memory (the driver's
+    occupancy calculator)."""
+    return int(backend.cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+        _driver_function(kernel).ptr, int(block_threads), int(shared_mem)))
+
+
+class PackedLaunch:
+    """A launch whose arguments are packed once: `__call__(pointers)` writes the pointer arguments that change from
+    call to call (device addresses; the first `n_pointers` arguments, or those at the indices `n_pointers` lists)
+    into the packed buffer and launches through the driver, skipping CuPy's per-argument conversion (about 0.5 us
+    per argument). For hot paths with many fixed scalars; one per thread (the buffer is rewritten at each call).
+    dependent: launched as a programmatic dependent of the stream's previous kernel (see launch_dependent, which
+    checks that the device and driver allow it)."""
+    __slots__ = ("_fn", "_grid", "_block", "_smem", "_vals", "_ptrs", "_cv", "_slots", "_pa", "_dep")
+
+    def __init__(self, kernel, grid, block, args, n_pointers, shared_mem=0, dependent=False):
+        self._fn = _driver_function(kernel).ptr
+        self._dep = dependent
+        grid, block = _dims(grid), _dims(block)
+        self._grid, self._block = grid + (1,) * (3 - len(grid)), block + (1,) * (3 - len(block))
+        self._smem = int(shared_mem)
+        self._vals = np.zeros(len(args), dtype=np.uint64)  # one 8-byte slot per argument, value in its low bytes
+        raw = self._vals.view(np.uint8)
+        for i, a in enumerate(args):
+            if a is None:  # a dynamic slot
+                continue
+            if backend.is_cuda_array(a):
+                self._vals[i] = a.data.ptr
+            else:
+                b = np.asarray(a).tobytes()
+                raw[8 * i:8 * i + len(b)] = np.frombuffer(b, dtype=np.uint8)
+        self._ptrs = self._vals.ctypes.data + 8 * np.arange(len(args), dtype=np.uint64)
+        # a ctypes view of the slots (cheaper to write than a NumPy slice) and the parameter array's address, read
+        # once (`ndarray.ctypes` costs over a microsecond per access)
+        self._cv = (ctypes.c_uint64 * len(args)).from_address(self._vals.ctypes.data)
+        self._pa = int(self._ptrs.ctypes.data)
+        self._slots = tuple(range(n_pointers)) if type(n_pointers) is int else tuple(int(i) for i in n_pointers)
+
+    def __call__(self, values):
+        """Launch with these raw 8-byte values (ints, one per dynamic slot, in order) in the dynamic slots: a device
+        address, or a scalar's bit pattern in the low bytes (`f32_bits(v)` for a `float` parameter)."""
+        global launches
+        launches += 1
+        cv = self._cv
+        for i, v in zip(self._slots, values):
+            cv[i] = v
+        g, b = self._grid, self._block
+        cuda = backend.cupy.cuda
+        if self._dep:
+            attr = _LaunchAttribute()
+            attr.id = _PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value[0] = 1
+            cfg = _LaunchConfig(g[0], g[1], g[2], b[0], b[1], b[2], self._smem, cuda.get_current_stream().ptr,
+                                ctypes.pointer(attr), 1)
+            err = _cu_launch_ex()(ctypes.byref(cfg), self._fn, self._pa, None)
+            if err:
+                raise cuda.driver.CUDADriverError(err)
+            return
+        cuda.driver.launchKernel(self._fn, g[0], g[1], g[2], b[0], b[1], b[2], self._smem,
+                                 cuda.get_current_stream().ptr, self._pa, 0)
+
+    launch_raw = __call__
+
+
+def f32(v):
+    return np.float32(v)
+
+
+def i32(v):
+    v = int(v)
+    if not -2 ** 31 <= v < 2 ** 31:
+        raise ValueError(f"kernel argument {v} does not fit in int32")
+    return np.int32(v)
+
+
+def i64(v):
+    return np.int64(v)
+
+
+def null():
+    """A null pointer argument."""
+    return np.uint64(0)
+
+
+def f32_bits(v):
+    """The bit pattern of float32(v) as an int: the raw slot value of a `float` kernel parameter (PackedLaunch)."""
+    return int(np.float32(v).view(np.uint32))

@@ -1,0 +1,140 @@
+"""Activations beyond the elementary functions: SiLU, GELU (erf and tanh forms), softplus.
+
+SiLU and GELU run on the fused kernels of flame_core.kernels.activations (one pass each way on cuda; their NumPy
+reference elsewhere). GELU(tanh) of a strided view whose rows are contiguous (a column block of a wider matrix, such
+as the MLP half of a fused projection) is read in place (kernels.gelu_rows): no copy of the block first. A backward
+under create_graph uses the same derivative written with Tensor ops, so it can be differentiated again.
+"""
+import math
+
+import numpy as np
+
+from .. import backend
+from ..autograd.function import Function
+from ..autograd.grad_mode import state
+from ..kernels import activations as _K, gelu_rows as _rows
+from ..tensor import _wrap
+from .elementwise import erf, exp, sigmoid, tanh, where
+from .promotion import _float_arr
+
+_SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+_CUPY_FLAG_ATTR = backend.cupy is not None and hasattr(backend.cupy.ndarray, "_c_contiguous")
+
+
+def _saved(x, a):
+    """What backward needs of x: x itself, or its float copy `a` (integer inputs)."""
+    return x if a is x._data else _wrap(a)
+
+
+class Silu(Function):
+    @staticmethod
+    def forward(ctx, x):
+        a = _float_arr(x, "silu")
+        ctx.save_for_backward(_saved(x, a))
+        return _wrap(_K.silu_forward(a))
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        if state.enabled:  # create_graph
+            s = sigmoid(x)
+            return g * (s * (1 + x * (1 - s)))
+        return _wrap(_K.silu_backward(g._data, x._data))
+
+
+def _row_view(a):
+    """`a` as a (rows, cols) view for the strided-rows kernel: a non-contiguous cuda array whose last axis has unit
+    stride and whose leading axes collapse into one strided axis; None otherwise."""
+    if type(a) is np.ndarray or a.ndim < 2 or a.strides[-1] != a.itemsize:
+        return None
+    if a._c_contiguous if _CUPY_FLAG_ATTR else a.flags.c_contiguous:  # CuPy's flag: `flags` builds an object per read
+        return None
+    rows, expect = 1, None
+    for n, st in zip(reversed(a.shape[:-1]), reversed(a.strides[:-1])):
+        if n == 1:
+            continue
+        if expect is not None and st != expect:
+            return None
+        expect, rows = st * n, rows * n
+    return a.reshape(rows, a.shape[-1])
+
+
+class GeluTanh(Function):
+    @staticmethod
+    def forward(ctx, x):
+        a = _float_arr(x, "gelu")
+        ctx.save_for_backward(_saved(x, a))
+        rows = _row_view(a)
+        if rows is not None:
+            return _wrap(_rows.gelu_tanh_rows_forward(rows).reshape(a.shape))
+        return _wrap(_K.gelu_forward(a, "tanh"))
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        if state.enabled:  # create_graph
+            t = tanh((x + x * x * x * 0.044715) * _SQRT_2_OVER_PI)
+            return g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * ((1 + x * x * (3 * 0.044715)) * _SQRT_2_OVER_PI))
+        rows = _row_view(x._data)
+        if rows is not None:
+            return _wrap(_rows.gelu_tanh_rows_backward(g._data.reshape(rows.shape), rows).reshape(x.shape))
+        return _wrap(_K.gelu_backward(g._data, x._data, "tanh"))
+
+
+class Gelu(Function):
+    """GELU with the exact (erf) form."""
+
+    @staticmethod
+    def forward(ctx, x):
+        a = _float_arr(x, "gelu")
+        ctx.save_for_backward(_saved(x, a))
+        return _wrap(_K.gelu_forward(a, "none"))
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        if state.enabled:  # create_graph
+            cdf = 0.5 * (1 + erf(x * (1 / math.sqrt(2))))
+            pdf = exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
+            return g * (cdf + x * pdf)
+        return _wrap(_K.gelu_backward(g._data, x._data, "none"))
+
+
+def silu(x):
+    return Silu.apply(x)
+
+
+def gelu(x, approximate="none"):
+    if approximate == "tanh":
+        return GeluTanh.apply(x)
+    if approximate == "none":
+        return Gelu.apply(x)
+    raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+class Softplus(Function):
+    @staticmethod
+    def forward(ctx, x, beta=1.0, threshold=20.0):
+        a = _float_arr(x)
+        xp = backend.xp_of(a)
+        af = a.astype(np.float32) if a.dtype.itemsize < 4 else a
+        z = af * beta
+        y = xp.where(z > threshold, af, xp.log1p(xp.exp(xp.minimum(z, threshold))) / beta)
+        ctx.save_for_backward(x)
+        ctx.beta, ctx.threshold = beta, threshold
+        return _wrap(y.astype(a.dtype))
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        z = x * ctx.beta
+        s = sigmoid(z)
+        return g * where(z > ctx.threshold, ones_grad(s), s), None, None
+
+
+def ones_grad(t):
+    return _wrap(t._xp().ones(t._data.shape, dtype=t._data.dtype))
+
+
+def softplus(x, beta=1.0, threshold=20.0):
+    return Softplus.apply(x, beta, threshold)

@@ -1,0 +1,84 @@
+"""The fused ops models build on: split / unbind as views in one autograd node, GELU(tanh) read in place from a
+strided view, and linear_cat2 (linear over a concatenation without building it)."""
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+import flame_core as flame
+import flame_nn
+import flame_nn.functional as F
+from flame_core.autograd import gradcheck
+from flame_core.ops.linear import linear_cat2
+
+
+def test_split_and_unbind_are_views_in_one_node(device):
+    x = flame.randn(2, 7, 3, device=device, requires_grad=True)
+    a, b, c = x.split([2, 4, 1], dim=1)
+    assert a.grad_fn is b.grad_fn is c.grad_fn and a.grad_fn.name() == "SplitBackward"
+    assert (a._base is x) and (c._base is x)  # views: no copy
+    p, q = x.unbind(0)
+    assert p.grad_fn is q.grad_fn and p.grad_fn.name() == "UnbindBackward"
+    # an unused piece gets a zero gradient; used ones their own
+    (b.sum() * 2 + q[0].sum()).backward()
+    want = np.zeros((2, 7, 3))
+    want[:, 2:6] = 2
+    want[1, 0] += 1
+    np.testing.assert_array_equal(x.grad.numpy(), want)
+
+
+def test_unbind_of_a_vector_gives_zero_dim_views(device):
+    x = flame.tensor([1.0, 2.0, 3.0], device=device, requires_grad=True)
+    parts = x.unbind(0)
+    assert [p.shape for p in parts] == [(), (), ()]
+    (parts[0] * 3 + parts[2]).backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [3.0, 0.0, 1.0])
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 4), st.integers(1, 6), st.integers(0, 3))
+def test_gelu_tanh_of_a_strided_view_matches_the_contiguous_op(b, l, m, start):
+    rng = np.random.default_rng(b * 100 + l * 10 + m)
+    h = flame.tensor(rng.standard_normal((b, l, start + m + 2)), dtype=flame.float64, requires_grad=True)
+
+    def strided(h):
+        return F.gelu(h[..., start:start + m], approximate="tanh")   # a view whose rows are strided
+
+    def contiguous(h):
+        return F.gelu(h[..., start:start + m].contiguous(), approximate="tanh")
+    np.testing.assert_allclose(strided(h).detach().numpy(), contiguous(h).detach().numpy(), rtol=1e-15, atol=1e-15)
+    assert gradcheck(strided, (h,))
+
+
+def test_gelu_tanh_strided_rows_in_float32_and_bfloat16(device):
+    """On cuda the strided view takes the rows kernel (kernels.gelu_rows), the contiguous copy the plain one: the
+    same values and gradients up to the last bit of the dtype."""
+    rng = np.random.default_rng(0)
+    for dt, tol in ((flame.float32, 1e-6), (flame.bfloat16, 1e-2)):
+        h = flame.tensor(rng.standard_normal((2, 33, 3 * 40 + 96)), device=device).to(dt)
+        views = [h[..., 120:].detach().requires_grad_(), None]
+        views[1] = views[0].detach().contiguous().requires_grad_()
+        ys = [F.gelu(v, approximate="tanh") for v in views]
+        for y in ys:
+            (y.float() * 0.5).sum().backward()
+        for a, b_ in ((ys[0], ys[1]), (views[0].grad, views[1].grad)):
+            np.testing.assert_allclose(a.float().detach().numpy(), b_.float().detach().numpy(), rtol=tol, atol=tol)
+
+
+def test_linear_cat2_matches_linear_over_the_concatenation(device):
+    """linear_cat2 with the MLP half a strided view (as in Flux's single block) gives the composed ops' values, and
+    its gradients pass a float64 gradcheck."""
+    rng = np.random.default_rng(3)
+    h = flame.tensor(rng.standard_normal((2, 5, 14)), dtype=flame.float64, device=device, requires_grad=True)
+    w = flame.tensor(rng.standard_normal((6, 4 + 8)), dtype=flame.float64, device=device, requires_grad=True)
+    b = flame.tensor(rng.standard_normal(6), dtype=flame.float64, device=device, requires_grad=True)
+
+    def fused(h, w, b):
+        attn, mlp = h[..., :4], h[..., 6:]
+        return linear_cat2(attn, F.gelu(mlp, approximate="tanh"), w, b)
+
+    def composed(h, w, b):
+        attn, mlp = h[..., :4], h[..., 6:]
+        return flame_nn.functional.linear(flame.cat((attn, F.gelu(mlp.contiguous(), approximate="tanh")), dim=-1),
+                                          w, b)
+    np.testing.assert_allclose(fused(h, w, b).detach().numpy(), composed(h, w, b).detach().numpy(), rtol=1e-12,
+                               atol=1e-12)
+    assert gradcheck(fused, (h, w, b))
