@@ -16,6 +16,7 @@ from flame_nn.offload import run_block
 from .configs import CLIPTextConfig
 from .inputs import padding_mask, token_ids
 from .outputs import BaseModelOutputWithPooling, CLIPTextModelOutput
+from .storage import drop_stale_fusions_, project_heads
 
 
 def quick_gelu(x):
@@ -36,23 +37,23 @@ class CLIPTextEmbeddings(flame_nn.Module):
 
 
 class CLIPAttention(flame_nn.Module):
+    fusable_projections = ("q_proj", "k_proj", "v_proj")  # one matmul when loaded packed (see storage.py)
+    fused_projections = None
+
     def __init__(self, config, dtype=None, device=None):
         super().__init__()
         H = config.hidden_size
         self.num_heads, self.head_dim = config.num_attention_heads, config.head_dim
         kw = dict(dtype=dtype, device=device)
+        self.q_proj = flame_nn.Linear(H, H, **kw)
         self.k_proj = flame_nn.Linear(H, H, **kw)
         self.v_proj = flame_nn.Linear(H, H, **kw)
-        self.q_proj = flame_nn.Linear(H, H, **kw)
         self.out_proj = flame_nn.Linear(H, H, **kw)
 
     def forward(self, x, attn_mask=None):
         """x (B, L, H); attn_mask None (causal) or bool (B, 1, L, L), True = attend (causal and padding)."""
         B, L, H = x.shape
-        heads = (B, L, self.num_heads, self.head_dim)
-        q = self.q_proj(x).reshape(heads).transpose(1, 2)                      # (B, heads, L, D)
-        k = self.k_proj(x).reshape(heads).transpose(1, 2)
-        v = self.v_proj(x).reshape(heads).transpose(1, 2)
+        q, k, v = project_heads(self, x, self.num_heads, self.head_dim)           # (B, heads, L, D) each
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None)
         return self.out_proj(o.transpose(1, 2).reshape(B, L, H))
 
@@ -150,6 +151,11 @@ class CLIPTextModel(flame_nn.Module):
         """input_ids (B, L) int; attention_mask (B, L) 1 = token, 0 = padding (optional) ->
         BaseModelOutputWithPooling(last_hidden_state, pooler_output, hidden_states)."""
         return self.text_model(input_ids, attention_mask, output_hidden_states, model=type(self).__name__)
+
+    def to(self, *args, **kwargs):
+        super().to(*args, **kwargs)
+        drop_stale_fusions_(self)  # fused views of the old storage would keep it alive
+        return self
 
     def enable_gradient_checkpointing(self, enabled=True, offload=False):
         for layer in self.text_model.encoder.layers:

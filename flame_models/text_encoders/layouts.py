@@ -74,19 +74,18 @@ def looks_like(keys):
         return "; ".join(c.describe() for c in enc)
     ks = set(keys)
 
-    def has(*parts):
-        return any(all(p in k for p in parts) for k in ks)
-    if has("double_blocks.", "img_attn") or (has("transformer_blocks.", "attn.to_q") and has("x_embedder")):
-        return "a Flux transformer"
-    if has("joint_blocks."):
-        return "an SD3 MMDiT"
-    if has("input_blocks.", "output_blocks.") or has("down_blocks.", "resnets.", "attentions."):
-        return "a UNet"
-    if has("encoder.down.", "decoder.up.") or has("encoder.down_blocks.", "decoder.up_blocks.") \
-            or has("first_stage_model."):
-        return "a VAE"
-    if has("lora_up") or has("lora_down") or has("lora_A") or has("lora_B"):
-        return "a LoRA"
+    def has(*parts):  # some key contains each part (not necessarily the same key)
+        return all(any(p in k for k in ks) for p in parts)
+    found = [what for what, hit in (
+        ("a Flux transformer", has("double_blocks.", "single_blocks.") or has("transformer_blocks.", "x_embedder.")),
+        ("an SD3 MMDiT", has("joint_blocks.")),
+        ("a VAE", has("encoder.down.", "decoder.up.") or has("encoder.down_blocks.", "decoder.up_blocks.")
+         or has("first_stage_model.")),
+        ("a UNet", has("input_blocks.", "output_blocks.") or (has("down_blocks.", "resnets.", "attentions.")
+                                                              and not has("encoder.down_blocks."))),
+        ("a LoRA", has("lora_up") or has("lora_down") or has("lora_A") or has("lora_B"))) if hit]
+    if found:
+        return " and ".join(found)
     sample = ", ".join(sorted(ks)[:4])
     return f"nothing known ({len(ks)} tensors, e.g. {sample})"
 

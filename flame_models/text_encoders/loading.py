@@ -27,6 +27,7 @@ from . import layouts as LY
 from .clip import CLIPTextModel, CLIPTextModelWithProjection
 from .configs import CLIPTextConfig, T5Config, TextEncoderConfigError, infer_clip_config, infer_t5_config
 from .files import NAMES, Checkpoint, TextEncoderCheckpointError, resolve
+from .storage import Packed, fuse_projections_
 from .t5 import T5EncoderModel
 
 QUANTIZE = ("auto", "fp8", None)
@@ -137,13 +138,16 @@ def _config(kind, config, file_config, keymap, ckpt, label):
 
 
 def _default_dtype(kind, dtype, keymap, ckpt):
+    """`dtype`, else the file's: bfloat16 when its layers' Linear weights are fp8, else the token embedding's."""
     if dtype is not None:
         return flame.dtypes.dtype(dtype)
+    stored = [ckpt.dtype(s.key) for k, s in keymap.sources.items() if _FP8_LINEARS[kind].match(k)]
+    if any(_is_fp8(d) for d in stored):
+        return flame.bfloat16
     src = keymap.sources.get(_EMBEDDING_KEY[kind])
     if src is None:
         return flame.get_default_dtype()
-    stored = ckpt.dtype(src.key)
-    return flame.bfloat16 if _is_fp8(stored) else dtype_of(stored)  # fp8 files compute in bfloat16
+    return flame.bfloat16 if _is_fp8(ckpt.dtype(src.key)) else dtype_of(ckpt.dtype(src.key))
 
 
 def _plan(kind, model, keymap, ckpt, dtype, quantize):
@@ -262,19 +266,30 @@ def _is_fp8(np_dtype):
     return np_dtype.itemsize == 1 and np_dtype.kind not in "iub"
 
 
-def _fill(module, plan, keymap, ckpt, prefix, bar):
-    """Load every parameter of `module` (whose names are `prefix` + its own) as `plan` says."""
-    loaded = {}
-    linears = dict(module.named_modules())
-    for local, p in list(module.named_parameters()):
-        bar.update(1)
+def _fill(module, plan, keymap, ckpt, prefix, bar, fuse=True):
+    """Load every parameter of `module` (whose names are `prefix` + its own) as `plan` says: fp8 storage for the
+    Linear weights planned so, packed storage (one buffer per dtype, storage.py) for the rest."""
+    dense = {}
+    layers = dict(module.named_modules())
+    for local, _ in list(module.named_parameters()):
         how = plan[prefix + local]
-        if isinstance(how, tuple):  # fp8 storage for this Linear's weight
-            q, scales = _fp8_weight(keymap, ckpt, prefix + local, p.device)
-            set_fp8_weight_(linears[local[:-len(".weight")]], q, scales, how[1])
+        if isinstance(how, tuple):
+            q, scales = _fp8_weight(keymap, ckpt, prefix + local, _device_of(module, local))
+            set_fp8_weight_(layers[local[:-len(".weight")]], q, scales, how[1])
+            bar.update(1)
         else:
-            loaded[local] = _read(keymap, ckpt, prefix + local, how, p.device)
-    module.load_state_dict(loaded, strict=False, assign=True)  # the read tensors become the parameters
+            dense[local] = how
+    packed = Packed(module, dense)
+    for local, view in packed.views.items():
+        view.copy_(_read(keymap, ckpt, prefix + local, dense[local], view.device))
+        bar.update(1)
+    module.load_state_dict(packed.views, strict=False, assign=True)  # the parameters become the packed views
+    if fuse:
+        fuse_projections_(module, packed)
+
+
+def _device_of(module, name):
+    return module.get_parameter(name).device
 
 
 def _load_streamed(model, plan, keymap, ckpt, bar):
@@ -287,7 +302,8 @@ def _load_streamed(model, plan, keymap, ckpt, bar):
     model.requires_grad_(False)  # a streamer keeps only frozen tensors in host memory
     model.streamer = BlockStreamer(
         blocks, device=model.shared.weight.device, prefixes=["encoder.block"],
-        prepare=lambda block: _fill(block, plan, keymap, ckpt, f"encoder.block.{index[id(block)]}.", bar))
+        prepare=lambda block: _fill(block, plan, keymap, ckpt, f"encoder.block.{index[id(block)]}.", bar,
+                                    fuse=False))  # (fused views would keep each block's packed copy alive)
 
 
 __all__ = ["load_clip", "load_t5", "TextEncoderCheckpointError", "TextEncoderConfigError"]

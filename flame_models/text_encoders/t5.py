@@ -25,6 +25,7 @@ from flame_nn.offload import run_block
 from .configs import T5Config
 from .inputs import padding_mask, token_ids
 from .outputs import BaseModelOutput
+from .storage import drop_stale_fusions_, project_heads
 
 _FP16_MAX = 65504.0
 
@@ -75,6 +76,9 @@ class T5LayerNorm(flame_nn.Module):
 
 
 class T5Attention(flame_nn.Module):
+    fusable_projections = ("q", "k", "v")  # one matmul when loaded packed (see storage.py)
+    fused_projections = None
+
     def __init__(self, config, has_relative_attention_bias=False, dtype=None, device=None):
         super().__init__()
         self.num_heads, self.d_kv = config.num_heads, config.d_kv
@@ -92,8 +96,8 @@ class T5Attention(flame_nn.Module):
         self._buckets = {}  # (length, device) -> (L, L) bucket table on the device
 
     def compute_bias(self, length, attention_mask=None):
-        """The (1, heads, L, L) float32 position bias; with a (B, L) bool padding mask, (B, heads, L, L) with -inf
-        at padded keys."""
+        """The (1, heads, L, L) position bias (float32, or the table's dtype when wider); with a (B, L) bool padding
+        mask, (B, heads, L, L) with -inf at padded keys."""
         table = self.relative_attention_bias.weight
         key = (length, str(table.device))
         buckets = self._buckets.get(key)
@@ -101,18 +105,22 @@ class T5Attention(flame_nn.Module):
             pos = np.arange(length)
             rel = relative_position_bucket(pos[None, :] - pos[:, None], self.num_buckets, self.max_distance)
             buckets = self._buckets[key] = flame.tensor(rel, device=table.device)
-        bias = table[buckets].permute(2, 0, 1)[None].float()                              # (1, heads, L, L)
+        bias = table[buckets].permute(2, 0, 1)[None]                                       # (1, heads, L, L)
+        if bias.dtype.itemsize < 4:
+            bias = bias.float()  # the attention kernels take an additive mask in float32
         if attention_mask is not None:
             bias = flame.where(attention_mask[:, None, None, :], bias, float("-inf"))     # (B, heads, L, L)
         return bias.contiguous()
 
     def forward(self, x, position_bias):
         B, L, _ = x.shape
-        heads = (B, L, self.num_heads, self.d_kv)
-        q = self.q(x).reshape(heads).transpose(1, 2)                                       # (B, heads, L, d_kv)
-        k = self.k(x).reshape(heads).transpose(1, 2)
-        v = self.v(x).reshape(heads).transpose(1, 2)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=position_bias, scale=1.0)   # no 1/sqrt(d) in T5
+        q, k, v = project_heads(self, x, self.num_heads, self.d_kv)                       # (B, heads, L, d_kv)
+        if position_bias.requires_grad and flame.is_grad_enabled():
+            # the fused attention gives no gradient to an additive mask: a trained bias table takes the plain form
+            p = (q @ k.transpose(-1, -2) + position_bias).softmax(-1)                   # (B, heads, L, L)
+            o = p.to(v.dtype) @ v
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=position_bias, scale=1.0)  # no 1/sqrt(d) in T5
         return self.o(o.transpose(1, 2).reshape(B, L, self.num_heads * self.d_kv))
 
 
@@ -216,6 +224,11 @@ class T5EncoderModel(flame_nn.Module):
         last, hidden_states = self.encoder(table[ids], keep, output_hidden_states)
         return BaseModelOutput(last_hidden_state=last,
                                hidden_states=tuple(hidden_states) if hidden_states is not None else None)
+
+    def to(self, *args, **kwargs):
+        super().to(*args, **kwargs)
+        drop_stale_fusions_(self)  # fused views of the old storage would keep it alive
+        return self
 
     def enable_gradient_checkpointing(self, enabled=True, offload=False):
         for block in self.encoder.block:
