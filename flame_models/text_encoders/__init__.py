@@ -7,6 +7,7 @@ folders, ComfyUI single files, OpenCLIP layouts and SDXL / SD3 checkpoints (fp8 
     t5 = load_t5("FLUX.1-dev/", dtype=flame.bfloat16, device="cuda", quantize="fp8")
     pooled = clip(ids_77).pooler_output                      # (B, 768)
     txt = t5(ids_512).last_hidden_state                       # (B, 512, 4096)
+    encode = GraphedEncoder(clip)                             # CUDA graph replays for repeated shapes
 """
 from .configs import (CLIPTextConfig, T5Config, TextEncoderConfigError, CLIP_PRESETS, T5_PRESETS,
                       infer_clip_config, infer_t5_config)
@@ -15,8 +16,9 @@ from .clip import CLIPTextModel, CLIPTextModelWithProjection, quick_gelu
 from .t5 import T5EncoderModel, relative_position_bucket
 from .files import TextEncoderCheckpointError
 from .loading import load_clip, load_t5
+from .graphed import GraphedEncoder
 
 __all__ = ["CLIPTextConfig", "T5Config", "TextEncoderConfigError", "CLIP_PRESETS", "T5_PRESETS",
            "infer_clip_config", "infer_t5_config", "ModelOutput", "BaseModelOutput", "BaseModelOutputWithPooling",
            "CLIPTextModelOutput", "CLIPTextModel", "CLIPTextModelWithProjection", "quick_gelu", "T5EncoderModel",
-           "relative_position_bucket", "TextEncoderCheckpointError", "load_clip", "load_t5"]
+           "relative_position_bucket", "TextEncoderCheckpointError", "load_clip", "load_t5", "GraphedEncoder"]
