@@ -9,6 +9,9 @@ Layouts (each under an optional prefix, e.g. `conditioner.embedders.0.transforme
     t5             transformers / diffusers / ComfyUI t5xxl files: `encoder.block.N.layer.0.SelfAttention.q.weight`;
                    `shared.weight`, or its tied copy `encoder.embed_tokens.weight`
 
+The other half of a whole model (a CLIPModel's vision tower, a T5 checkpoint's decoder and lm_head) is left out,
+as transformers does when it loads the text encoder alone.
+
 ComfyUI's fp8 files: a Linear weight stored as float8_e4m3fn may come with `<layer>.scale_weight` (or
 `weight_scale`): w = fp8 * scale, one scale per tensor (or per row); `scaled_fp8` marks such a file;
 `<layer>.scale_input` / `input_scale` is the activation scale of fp8 matmuls (not needed when the weight is
@@ -116,6 +119,11 @@ _OPENCLIP_TOP = {"token_embedding.weight": "text_model.embeddings.token_embeddin
                  "ln_final.bias": "text_model.final_layer_norm.bias"}
 # keys that carry no weights of the text tower: buffers and the contrastive temperature
 _IGNORED_SUFFIXES = ("position_ids", "logit_scale", "attn_mask")
+# the other half of a whole model, which the text encoder does not use (as transformers' T5EncoderModel ignores a
+# T5 checkpoint's decoder, and CLIPTextModel a CLIPModel's vision tower)
+_OTHER_TOWER = {"clip-hf": ("vision_model.", "visual_projection."), "clip-flat": ("vision_model.",
+                                                                                  "visual_projection."),
+                "clip-openclip": ("visual.",), "t5": ("decoder.", "lm_head.")}
 
 
 @dataclass
@@ -145,7 +153,7 @@ def map_keys(candidate, keys):
     for k in sorted(local, key=lambda k: k == "encoder.embed_tokens.weight"):
         if p + k in known:
             continue
-        if k.endswith(_IGNORED_SUFFIXES):
+        if k.endswith(_IGNORED_SUFFIXES) or k.startswith(_OTHER_TOWER[candidate.layout]):
             known.add(p + k)
             continue
         targets = _model_keys(candidate.layout, k)

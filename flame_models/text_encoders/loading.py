@@ -25,7 +25,7 @@ from flame_nn.offload import BlockStreamer, set_fp8_weight_
 
 from . import layouts as LY
 from .clip import CLIPTextModel, CLIPTextModelWithProjection
-from .configs import CLIPTextConfig, T5Config, TextEncoderConfigError, infer_clip_config, infer_t5_config
+from .configs import CLIPTextConfig, T5Config, infer_clip_config, infer_t5_config
 from .files import NAMES, Checkpoint, TextEncoderCheckpointError, resolve
 from .storage import Packed, fuse_projections_
 from .t5 import T5EncoderModel
@@ -140,7 +140,11 @@ def _config(kind, config, file_config, keymap, ckpt, label):
 def _default_dtype(kind, dtype, keymap, ckpt):
     """`dtype`, else the file's: bfloat16 when its layers' Linear weights are fp8, else the token embedding's."""
     if dtype is not None:
-        return flame.dtypes.dtype(dtype)
+        dt = flame.dtypes.dtype(dtype)
+        if not dt.is_floating_point or dt.itemsize == 1:
+            raise ValueError(f"dtype must be float32, bfloat16, float16 or float64, got {dt} (fp8 storage of the "
+                             f"Linear weights: quantize='fp8')")
+        return dt
     stored = [ckpt.dtype(s.key) for k, s in keymap.sources.items() if _FP8_LINEARS[kind].match(k)]
     if any(_is_fp8(d) for d in stored):
         return flame.bfloat16
@@ -306,4 +310,4 @@ def _load_streamed(model, plan, keymap, ckpt, bar):
                                     fuse=False))  # (fused views would keep each block's packed copy alive)
 
 
-__all__ = ["load_clip", "load_t5", "TextEncoderCheckpointError", "TextEncoderConfigError"]
+__all__ = ["load_clip", "load_t5", "TextEncoderCheckpointError"]

@@ -175,6 +175,29 @@ def test_sd3_prefix_found_by_itself(tmp_path, device):
     outputs_close(model(io("clip_g_proj")["input_ids"]), io("clip_g_proj"), "out")
 
 
+def test_whole_clip_model_text_tower(tmp_path, device):
+    """A CLIPModel checkpoint (text and vision towers, its config under text_config): the text tower loads."""
+    sd = dict(weights("clip_g_proj"))
+    sd.update({"vision_model.embeddings.patch_embedding.weight": np.zeros((32, 3, 4, 4), np.float32),
+               "visual_projection.weight": np.zeros((24, 32), np.float32), "logit_scale": np.zeros((), np.float32)})
+    save(sd, tmp_path / "clip" / "model.safetensors")
+    (tmp_path / "clip" / "config.json").write_text(json.dumps({"model_type": "clip",
+                                                               "text_config": config("clip_g_proj")}))
+    model = load_clip(tmp_path / "clip", device=device)
+    assert type(model) is CLIPTextModelWithProjection
+    outputs_close(model(io("clip_g_proj")["input_ids"]), io("clip_g_proj"), "out")
+
+
+def test_state_dict_names_are_checkpoint_keys(tmp_path, device):
+    """The parameters carry the checkpoint's own names: a state dict saved as is loads back as the same model."""
+    model = load_clip(folder("clip_g_proj"), device=device)
+    sd = model.state_dict()
+    assert set(sd) == set(weights("clip_g_proj"))
+    again = load_clip(save(sd, tmp_path / "again.safetensors"), config=model.config, device=device)
+    for k, v in again.state_dict().items():
+        np.testing.assert_array_equal(v.numpy(), sd[k].numpy(), err_msg=k)
+
+
 def test_projection_argument(tmp_path, device):
     plain = load_clip(folder("clip_g_proj"), projection=False, device=device)
     assert type(plain) is CLIPTextModel
@@ -272,6 +295,8 @@ def test_bad_inputs_named():
         load_clip(folder("clip_l_legacy"), projection="yes")
     with pytest.raises(ValueError, match="quantize"):
         load_clip(folder("clip_l_legacy"), quantize="int8")
+    with pytest.raises(ValueError, match="quantize='fp8'"):
+        load_clip(folder("clip_l_legacy"), dtype="float8_e4m3fn")
 
 
 # ----------------------------------------------------------------------------- outputs and gradients

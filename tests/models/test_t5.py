@@ -212,9 +212,13 @@ def test_errors_named(tmp_path):
     w = weights("t5")
     full = dict(w, **{"decoder.block.0.layer.0.SelfAttention.q.weight": np.zeros((32, 32), np.float32),
                       "lm_head.weight": np.zeros((80, 32), np.float32)})
-    path = save(full, tmp_path / "t5_full.safetensors")
-    with pytest.raises(TextEncoderCheckpointError, match=r"(?s)unexpected \(2\).*decoder.block.0.*strict=False"):
+    path = save(full, tmp_path / "t5_full.safetensors")  # a whole T5: its decoder is left out, as transformers does
+    outputs_close(load_t5(path, config=cfg())(io("t5")["input_ids"]), io("t5"), "out")
+    odd = dict(w, **{"encoder.extra.weight": np.zeros(2, np.float32), "lm_head_2.weight": np.zeros(2, np.float32)})
+    path = save(odd, tmp_path / "t5_odd.safetensors")
+    with pytest.raises(TextEncoderCheckpointError, match=r"(?s)unexpected \(2\): .*strict=False") as e:
         load_t5(path, config=cfg())
+    assert "encoder.extra.weight" in str(e.value) and "lm_head_2.weight" in str(e.value)
     outputs_close(load_t5(path, config=cfg(), strict=False)(io("t5")["input_ids"]), io("t5"), "out")
     quant = dict(w)
     quant["encoder.block.0.layer.0.SelfAttention.q.comfy_quant"] = np.frombuffer(

@@ -25,8 +25,8 @@ def test_clip_bf16_kernels_with_masks(name):
         got = out.last_hidden_state.float().numpy()
         assert np.isfinite(got).all()
         assert rel_rms(got, ref[f"{tag}.last_hidden_state"]) < 0.02
-        assert rel_rms(out.hidden_states[-2].float().numpy(), ref[f"{tag}.hidden_states.{len(out.hidden_states) - 2}"]) \
-            < 0.02
+        penultimate = ref[f"{tag}.hidden_states.{len(out.hidden_states) - 2}"]
+        assert rel_rms(out.hidden_states[-2].float().numpy(), penultimate) < 0.02
 
 
 def test_t5_bf16_kernel_with_bias_and_left_padding():
