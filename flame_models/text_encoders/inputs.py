@@ -24,12 +24,20 @@ def token_ids(input_ids, *, vocab_size, device, model):
                          + (" (add the batch dim: ids[None])" if t.ndim == 1 else ""))
     if t.shape[1] == 0:
         raise ShapeError(f"{model}: input_ids of shape {tuple(t.shape)} hold no tokens")
-    if not t.is_cuda and t.numel():
-        a = t.numpy()
-        lo, hi = int(a.min()), int(a.max())
-        if lo < 0 or hi >= vocab_size:
-            raise IndexError(f"{model}: token ids span [{lo}, {hi}] but the vocabulary has {vocab_size} entries")
-    return t.to(device)
+    checked = not t.is_cuda  # ids on the host are checked before anything is sent to the device
+    if checked:
+        _check_range(t, vocab_size, model)
+    t = t.to(device)
+    if not checked and not t.is_cuda:
+        _check_range(t, vocab_size, model)
+    return t
+
+
+def _check_range(t, vocab_size, model):
+    a = t.numpy()
+    lo, hi = int(a.min()), int(a.max())
+    if lo < 0 or hi >= vocab_size:
+        raise IndexError(f"{model}: token ids span [{lo}, {hi}] but the vocabulary has {vocab_size} entries")
 
 
 def padding_mask(attention_mask, ids, *, device, model):
