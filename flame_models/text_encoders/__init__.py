@@ -8,6 +8,9 @@ folders, ComfyUI single files, OpenCLIP layouts and SDXL / SD3 checkpoints (fp8 
     pooled = clip(ids_77).pooler_output                      # (B, 768)
     txt = t5(ids_512).last_hidden_state                       # (B, 512, 4096)
     encode = GraphedEncoder(clip)                             # CUDA graph replays for repeated shapes
+    tiny = CLIPTextModel(CLIPTextConfig(vocab_size=1000, hidden_size=32, intermediate_size=64,
+                                        num_hidden_layers=2, num_attention_heads=4))   # random weights
+    tiny.save_pretrained("tiny_clip/")                        # a transformers folder; load_clip reads it back
 """
 from .configs import (CLIPTextConfig, T5Config, TextEncoderConfigError, CLIP_PRESETS, T5_PRESETS,
                       infer_clip_config, infer_t5_config)

@@ -152,6 +152,19 @@ class CLIPTextModel(flame_nn.Module):
         BaseModelOutputWithPooling(last_hidden_state, pooler_output, hidden_states)."""
         return self.text_model(input_ids, attention_mask, output_hidden_states, model=type(self).__name__)
 
+    @classmethod
+    def from_pretrained(cls, path, dtype=None, device=None, **kwargs):
+        """load_clip with this class: CLIPTextModel leaves a text projection out, CLIPTextModelWithProjection
+        requires one (as transformers' classes)."""
+        from .loading import load_clip
+        return load_clip(path, dtype=dtype, device=device, projection=cls is CLIPTextModelWithProjection,
+                         **kwargs)
+
+    def save_pretrained(self, folder):
+        """config.json + model.safetensors, readable by load_clip and transformers."""
+        from .saving import save_pretrained
+        return save_pretrained(self, folder)
+
     def to(self, *args, **kwargs):
         super().to(*args, **kwargs)
         drop_stale_fusions_(self)  # fused views of the old storage would keep it alive

@@ -150,6 +150,14 @@ class Checkpoint:
         """The NumPy dtype stored (ml_dtypes for bfloat16 / float8)."""
         return self.where[key].dtype(key)
 
+    def metadata(self, key):
+        """The value of `key` in the files' safetensors metadata (the first file that has it), or None."""
+        for h in self.handles:
+            value = (h.metadata() or {}).get(key)
+            if value is not None:
+                return value
+        return None
+
     def get(self, key, dtype=None, device=None):
         return self.where[key].get_tensor(key, dtype=dtype, device=device)
 

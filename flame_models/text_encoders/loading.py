@@ -13,6 +13,7 @@ device, one tensor at a time), None dequantises everything to `dtype`. Embedding
 
 The models come back frozen (requires_grad False) and in eval mode: call `requires_grad_(True)` to train them.
 """
+import json
 import re
 
 from tqdm import tqdm
@@ -27,6 +28,7 @@ from . import layouts as LY
 from .clip import CLIPTextModel, CLIPTextModelWithProjection
 from .configs import CLIPTextConfig, T5Config, infer_clip_config, infer_t5_config
 from .files import NAMES, Checkpoint, TextEncoderCheckpointError, resolve
+from .saving import CONFIG_METADATA_KEY
 from .storage import Packed, fuse_projections_
 from .t5 import T5EncoderModel
 
@@ -48,8 +50,8 @@ def load_clip(path, dtype=None, device=None, *, prefix=None, subfolder=None, con
     "conditioner.embedders.0.transformer." for CLIP-L, "conditioner.embedders.1.model." for CLIP-G; SD3:
     "text_encoders.clip_l.transformer.", "text_encoders.clip_g.transformer."; found by itself when the file holds
     one CLIP). dtype: default the file's (bfloat16 for fp8 files); device: default the default device.
-    config: a CLIPTextConfig, dict or config.json path (default: the folder's config.json, else inferred from the
-    weights). projection: None = as the checkpoint, True = require text_projection, False = leave it out."""
+    config: a CLIPTextConfig, dict or config.json path (default: the folder's config.json, else the one
+    save_pretrained wrote into the file, else inferred from the weights). projection: None = as the checkpoint, True = require text_projection, False = leave it out."""
     if projection not in (None, True, False):
         raise ValueError(f"load_clip: projection must be None, True or False, got {projection!r}")
     return _load("clip", path, dtype, device, prefix, subfolder, config, quantize, strict, projection=projection)
@@ -61,7 +63,8 @@ def load_t5(path, dtype=None, device=None, *, prefix=None, subfolder=None, confi
     by itself in a diffusers model folder), a sharded index, a single file (ComfyUI t5xxl_fp16 / t5xxl_fp8_e4m3fn
     [_scaled]) or a checkpoint holding several models (SD3: prefix "text_encoders.t5xxl.transformer."). dtype:
     default the file's (bfloat16 for fp8 files; in float16 the `wo` weights are kept in float32, as transformers).
-    stream=True: the blocks' weights go to pinned host memory and stream through 2 GPU slots
+    config: as load_clip's (inferred from the weights: every field but relative_attention_max_distance, which is
+    128 in every T5 release). stream=True: the blocks' weights go to pinned host memory and stream through 2 GPU slots
     (flame_nn.offload.BlockStreamer, `model.streamer`; `model.streamer.set_resident(...)` / `.auto_fit(...)` keep
     some on the GPU); each block is loaded on `device` and packed in turn, so the model is never whole on the GPU."""
     if stream not in (True, False):
@@ -132,6 +135,9 @@ def _config(kind, config, file_config, keymap, ckpt, label):
         return cls.from_pretrained(config)
     if file_config is not None:
         return cls.from_dict(file_config)
+    saved = ckpt.metadata(CONFIG_METADATA_KEY)  # written by save_pretrained
+    if saved is not None:
+        return cls.from_dict(json.loads(saved))
     shapes = {k: s.shape(ckpt.shape(s.key)) for k, s in keymap.sources.items()}
     infer = infer_clip_config if kind == "clip" else infer_t5_config
     return infer(shapes, source=label)
@@ -206,7 +212,6 @@ def _short_config(c):
 
 
 def _check_quant_formats(keymap, ckpt, label):
-    import json
     for weight_key, qkey in keymap.quant.items():
         raw = bytes(ckpt.get(qkey).numpy().astype("uint8").reshape(-1).tolist())
         try:

@@ -225,6 +225,17 @@ class T5EncoderModel(flame_nn.Module):
         return BaseModelOutput(last_hidden_state=last,
                                hidden_states=tuple(hidden_states) if hidden_states is not None else None)
 
+    @classmethod
+    def from_pretrained(cls, path, dtype=None, device=None, **kwargs):
+        """load_t5 (see there for the layouts and the quantize / stream options)."""
+        from .loading import load_t5
+        return load_t5(path, dtype=dtype, device=device, **kwargs)
+
+    def save_pretrained(self, folder):
+        """config.json + model.safetensors, readable by load_t5 and transformers."""
+        from .saving import save_pretrained
+        return save_pretrained(self, folder)
+
     def to(self, *args, **kwargs):
         super().to(*args, **kwargs)
         drop_stale_fusions_(self)  # fused views of the old storage would keep it alive

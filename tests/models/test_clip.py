@@ -198,6 +198,27 @@ def test_state_dict_names_are_checkpoint_keys(tmp_path, device):
         np.testing.assert_array_equal(v.numpy(), sd[k].numpy(), err_msg=k)
 
 
+def test_save_pretrained_tiny_model_built_at_run_time(tmp_path, device):
+    """A tiny model made at run time: save_pretrained writes a transformers folder; its file alone still loads (the
+    config rides in the metadata, the weights cannot tell a tiny CLIP's heads or activation)."""
+    c = CLIPTextConfig(vocab_size=100, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                       num_attention_heads=2, max_position_embeddings=16, hidden_act="gelu", eos_token_id=2,
+                       projection_dim=8)
+    model = CLIPTextModelWithProjection(c, device=device)
+    ids = np.array([[0, 5, 9, 99, 99]])
+    want = model(ids).text_embeds.detach().numpy()
+    files = model.save_pretrained(tmp_path / "tiny")
+    assert json.loads(open(files[0]).read())["model_type"] == "clip_text_model"
+    for path in (tmp_path / "tiny", files[1]):
+        again = load_clip(path, device=device)
+        assert again.config == c
+        np.testing.assert_allclose(again(ids).text_embeds.numpy(), want, rtol=1e-6, atol=1e-6)
+    plain = CLIPTextModel.from_pretrained(tmp_path / "tiny", device=device)  # as transformers: projection left out
+    assert type(plain) is CLIPTextModel
+    with pytest.raises(ValueError, match="fp8"):
+        load_clip(tmp_path / "tiny", quantize="fp8").save_pretrained(tmp_path / "fp8")
+
+
 def test_projection_argument(tmp_path, device):
     plain = load_clip(folder("clip_g_proj"), projection=False, device=device)
     assert type(plain) is CLIPTextModel

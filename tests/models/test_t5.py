@@ -271,8 +271,18 @@ def test_block_gradcheck(B, L, masked, train_table, seed):
     assert gradcheck(run, (x, wi) + ((table,) if train_table else ()))
 
 
-def test_tiny_model_built_at_run_time():
-    model = T5EncoderModel(T5Config(vocab_size=50, d_model=16, d_kv=4, d_ff=24, num_layers=2, num_heads=4))
-    out = model(np.array([[3, 7, 1, 0]]), attention_mask=np.array([[1, 1, 1, 0]]))
-    h = out.last_hidden_state.detach().numpy()
+def test_tiny_model_built_at_run_time(tmp_path):
+    c = T5Config(vocab_size=50, d_model=16, d_kv=4, d_ff=24, num_layers=2, num_heads=4,
+                 relative_attention_max_distance=20)
+    model = T5EncoderModel(c)
+    ids, mask = np.array([[3, 7, 1, 0]]), np.array([[1, 1, 1, 0]])
+    h = model(ids, attention_mask=mask).last_hidden_state.detach().numpy()
     assert h.shape == (1, 4, 16) and np.isfinite(h).all()
+    _, file = model.save_pretrained(tmp_path / "tiny")
+    for again in (T5EncoderModel.from_pretrained(tmp_path / "tiny"), load_t5(file)):  # file alone: metadata config
+        assert again.config == c
+        np.testing.assert_allclose(again(ids, attention_mask=mask).last_hidden_state.numpy(), h, rtol=1e-6,
+                                   atol=1e-6)
+    streamed = load_t5(file, stream=True)
+    with pytest.raises(ValueError, match="streamer"):
+        streamed.save_pretrained(tmp_path / "again")
