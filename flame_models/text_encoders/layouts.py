@@ -45,7 +45,7 @@ class Candidate:
 
 
 def find_encoders(keys):
-    """Every text encoder in a checkpoint's key set, as Candidates (CLIP first, in key order)."""
+    """Every text encoder in a checkpoint's key set, as Candidates (in the order of their keys)."""
     keys = set(keys)
     found = []
     for k in sorted(keys):

@@ -102,6 +102,8 @@ class T5Attention(flame_nn.Module):
         key = (length, str(table.device))
         buckets = self._buckets.get(key)
         if buckets is None:
+            if len(self._buckets) >= 8:  # captions of many lengths: keep the latest few tables
+                self._buckets.pop(next(iter(self._buckets)))
             pos = np.arange(length)
             rel = relative_position_bucket(pos[None, :] - pos[:, None], self.num_buckets, self.max_distance)
             buckets = self._buckets[key] = flame.tensor(rel, device=table.device)
