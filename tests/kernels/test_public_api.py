@@ -8,7 +8,7 @@ from flame_core import kernels
 
 
 def test_use_kernel_takes_tensors_and_says_no_off_the_gpu():
-    x = flame.randn(8)
+    x = flame.randn(8, device="cpu")
     assert kernels.use_kernel(x) is False            # a cpu tensor: the caller takes its reference path
     assert kernels.use_kernel(x, None) is False
     with kernels.reference():
