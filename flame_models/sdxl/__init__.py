@@ -14,7 +14,7 @@ from .model import SDXLUNet
 from .keys import sai_to_diffusers_key, diffusers_to_sai_key
 from .loading import UNetCheckpointError, UNetCheckpoint, infer_config, load_unet, load_unet_state_
 from .saving import save_unet
-from .lora_keys import TARGET_PRESETS, PEFT_PREFIX, unet_name_map, kohya_diffusers_to_sai
+from .lora_keys import TARGET_PRESETS, PEFT_PREFIX, KOHYA_METADATA, unet_name_map, kohya_diffusers_to_sai
 from .sampling import cfg_model, sample
 
 UNetModel = SDXLUNet  # SAI's class name
@@ -23,5 +23,5 @@ __all__ = ["UNetConfig", "UNetConfigError", "configs", "unet_config", "timestep_
            "make_y", "ResBlock", "Downsample", "Upsample", "TimestepEmbedSequential", "CrossAttention", "GEGLU",
            "FeedForward", "BasicTransformerBlock", "SpatialTransformer", "SDXLUNet", "UNetModel",
            "sai_to_diffusers_key", "diffusers_to_sai_key", "UNetCheckpointError", "UNetCheckpoint", "infer_config",
-           "load_unet", "load_unet_state_", "save_unet", "TARGET_PRESETS", "PEFT_PREFIX", "unet_name_map",
-           "kohya_diffusers_to_sai", "cfg_model", "sample"]
+           "load_unet", "load_unet_state_", "save_unet", "TARGET_PRESETS", "PEFT_PREFIX", "KOHYA_METADATA",
+           "unet_name_map", "kohya_diffusers_to_sai", "cfg_model", "sample"]

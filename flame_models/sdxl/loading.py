@@ -307,7 +307,7 @@ def load_unet_state_(model, ckpt, *, strict=True, progress=True):
     state = {}
     todo = [(k, p) for k, p in params.items() if ckpt.has(k)]
     with flame.no_grad():
-        for k, p in tqdm(todo, desc="loading UNet", unit="tensor", disable=not progress or len(todo) < 500,
+        for k, p in tqdm(todo, desc="loading UNet", unit="tensor", disable=not progress or len(todo) < 1000,
                          leave=False):
             state[k] = ckpt.get(k, dtype=p.dtype, device=p.device)
     # assign=True: each tensor read becomes the parameter's storage (no second copy of the model)

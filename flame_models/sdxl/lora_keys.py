@@ -17,6 +17,11 @@ from . import keys as K
 
 PEFT_PREFIX = "unet."
 
+# what kohya sd-scripts writes into an SDXL LoRA's metadata (pass as save_adapters(..., metadata=KOHYA_METADATA);
+# flame_nn's own default names the Flux network module)
+KOHYA_METADATA = {"ss_network_module": "networks.lora", "ss_base_model_version": "sdxl_base_v1-0",
+                  "modelspec.architecture": "stable-diffusion-xl-v1-base/lora"}
+
 _TRANSFORMER_LINEARS = [r"re:.*\.(proj_in|proj_out)",
                         r"re:.*\.transformer_blocks\.\d+\.(attn[12]\.(to_q|to_k|to_v|to_out\.0)|ff\.net\.(0\.proj|2))"]
 

@@ -21,10 +21,10 @@ from .resblocks import Downsample, ResBlock, TimestepEmbedSequential, Upsample
 class SDXLUNet(flame_nn.Module):
     """SDXLUNet(config) with config a UNetConfig or a preset name ('sdxl-base', 'sdxl-tiny').
 
-    `unet(x, timesteps, context, y)`: latents (B, in_channels, H, W), timesteps (B,) integer or float in [0, 1000),
-    context (B, L, context_dim), y (B, adm_in_channels) -> (B, out_channels, H, W) in the weights' dtype. H and W must
-    be multiples of config.downsample_factor. Build without allocating weights under `flame_nn.empty_init`; load with
-    `load_unet(path, dtype=..., device=...)`."""
+    `unet(x, timesteps, context, y)`: latents (B, in_channels, H, W), timesteps (B,) integer or float in [0, 1000)
+    (one value broadcasts), context (B, L, context_dim), y (B, adm_in_channels) -> (B, out_channels, H, W) in the
+    weights' dtype. H and W must be multiples of config.downsample_factor. Build without allocating weights under
+    `flame_nn.empty_init`; load with `load_unet(path, dtype=..., device=...)`."""
 
     def __init__(self, config="sdxl-base", *, dtype=None, device=None):
         super().__init__()
@@ -136,8 +136,9 @@ class SDXLUNet(flame_nn.Module):
         if x.ndim != 4 or x.shape[1] != c.in_channels or x.shape[2] % f or x.shape[3] % f:
             raise ValueError(f"SDXLUNet: x must be (B, {c.in_channels}, H, W) with H and W multiples of {f}, got "
                              f"{tuple(x.shape)}")
-        if timesteps.ndim != 1 or timesteps.shape[0] != B:
-            raise ValueError(f"SDXLUNet: timesteps must be ({B},), got {tuple(timesteps.shape)}")
+        if timesteps.ndim > 1 or (timesteps.ndim == 1 and timesteps.shape[0] not in (1, B)):
+            raise ValueError(f"SDXLUNet: timesteps must be ({B},) (or one for the batch), got "
+                             f"{tuple(timesteps.shape)}")
         if context.ndim != 3 or context.shape[0] != B or context.shape[2] != c.context_dim:
             raise ValueError(f"SDXLUNet: context must be ({B}, L, {c.context_dim}), got {tuple(context.shape)}")
         if y.ndim != 2 or tuple(y.shape) != (B, c.adm_in_channels):
@@ -150,6 +151,8 @@ class SDXLUNet(flame_nn.Module):
         """SAI's UNetModel.forward: x (B, C, H, W), timesteps (B,), context (B, L, context_dim), y (B, adm) ->
         (B, out_channels, H, W)."""
         self._check(x, timesteps, context, y)
+        if timesteps.ndim == 0 or timesteps.shape[0] != x.shape[0]:
+            timesteps = timesteps.reshape(1).expand(x.shape[0])
         dtype = self.dtype
         x, context, y = x.to(dtype), context.to(dtype), y.to(dtype)
 

@@ -44,7 +44,7 @@ class ResBlock(flame_nn.Module):
 
     def forward(self, x, emb, context=None):                         # x (B, C, H, W), emb (B, E)
         h = self.in_layers[0](x)
-        h = F.silu(h, inplace=_inplace_ok(h))
+        h = F.silu(h)
         h = self.in_layers[2](h)                                     # (B, C_out, H, W)
         e = self.emb_layers[1](F.silu(emb)).to(h.dtype)[:, :, None, None]
         if _inplace_ok(h, e):
@@ -53,7 +53,7 @@ class ResBlock(flame_nn.Module):
             h = h + e
         del e
         h = self.out_layers[0](h)
-        h = F.silu(h, inplace=_inplace_ok(h))
+        h = F.silu(h)
         h = self.out_layers[3](h)
         skip = self.skip_connection(x)
         if _inplace_ok(h, skip):

@@ -7,8 +7,8 @@ import pytest
 import flame_core as flame
 import flame_nn
 from flame_core.io import safe_open
-from flame_models.sdxl import (PEFT_PREFIX, TARGET_PRESETS, SDXLUNet, kohya_diffusers_to_sai, load_unet,
-                               unet_name_map)
+from flame_models.sdxl import (KOHYA_METADATA, PEFT_PREFIX, TARGET_PRESETS, SDXLUNet, kohya_diffusers_to_sai,
+                               load_unet, unet_name_map)
 from flame_nn.adapters import (adapter_parameters, find_targets, inject_adapters, load_adapters, save_adapters)
 from flame_nn.offload import BlockStreamer
 
@@ -111,9 +111,10 @@ def test_kohya_and_peft_files(tmp_path):
     nm = unet_name_map(unet)
 
     kohya = tmp_path / "kohya.safetensors"
-    save_adapters(unet, kohya, format="kohya", name_map=nm)
+    save_adapters(unet, kohya, format="kohya", name_map=nm, metadata=KOHYA_METADATA)
     with safe_open(kohya) as f:
         keys = set(f.keys())
+        assert f.metadata()["ss_network_module"] == "networks.lora"
     assert "lora_unet_input_blocks_1_1_transformer_blocks_0_attn1_to_q.lora_down.weight" in keys
     assert "lora_unet_output_blocks_0_0_emb_layers_1.alpha" in keys
     assert "lora_unet_middle_block_1_proj_in.lora_up.weight" in keys

@@ -98,7 +98,12 @@ def test_input_checks(unet32):
         with pytest.raises(ValueError, match=r"x must be \(B, 4"):
             unet32(x[:, :3], ts, ctx, y)
         with pytest.raises(ValueError, match="timesteps"):
-            unet32(x, ts[:1], ctx, y)
+            unet32(x, flame.tensor([1, 2, 3]), ctx, y)
+        # one timestep for the whole batch broadcasts, as in diffusers
+        one = unet32(x, flame.tensor(37), ctx, y).numpy()
+        both = unet32(x, flame.tensor([37, 37]), ctx, y).numpy()
+        np.testing.assert_array_equal(one, both)
+        np.testing.assert_array_equal(unet32(x, flame.tensor([37]), ctx, y).numpy(), both)
         with pytest.raises(ValueError, match="context"):
             unet32(x, ts, ctx[..., :8], y)
         with pytest.raises(ValueError, match=r"y must be \(2, 64\)"):
