@@ -60,7 +60,7 @@ def _loss(unet, ref):
 def test_lora_forward_backward_checkpointing_and_streaming():
     ref = io()
     grads = {}
-    for mode in ("plain", "checkpointing", "streamed"):
+    for mode in ("plain", "checkpointing", "streamed", "streamed+checkpointing"):
         unet = _tiny()
         made = inject_adapters(unet, TARGET_PRESETS["attention"], rank=2, alpha=2,
                                generator=flame.Generator().manual_seed(0))
@@ -73,9 +73,9 @@ def test_lora_forward_backward_checkpointing_and_streaming():
             with flame.no_grad():
                 p.copy_(flame.randn(*p.shape, generator=flame.Generator().manual_seed(p.numel())) * 0.1)
         streamer = None
-        if mode == "checkpointing":
+        if "checkpointing" in mode:       # streamed: the per-block checkpoints nest in the streamer's
             unet.enable_gradient_checkpointing()
-        elif mode == "streamed":
+        if "streamed" in mode:
             streamer = BlockStreamer.for_model(unet, device="cpu", slots=2)
         try:
             loss = _loss(unet, ref)
@@ -85,7 +85,7 @@ def test_lora_forward_backward_checkpointing_and_streaming():
                 streamer.close()
         grads[mode] = [p.grad.numpy().copy() for p in lora]
         assert all(np.abs(g).max() > 0 for g in grads[mode])
-    for mode in ("checkpointing", "streamed"):
+    for mode in ("checkpointing", "streamed", "streamed+checkpointing"):
         for a, b in zip(grads[mode], grads["plain"]):
             assert_close(a, b, 1e-5, mode)
 
