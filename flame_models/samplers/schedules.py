@@ -61,6 +61,7 @@ class DDPMSchedule:
             abar[-1] = ZERO_SNR_ALPHA_CUMPROD
         self.sigmas = np.sqrt((1.0 - abar) / abar)          # (N,), increasing with t
         self.log_sigmas = np.log(self.sigmas)
+        self._device_tables = {}
 
     @property
     def sigma_min(self):
@@ -87,25 +88,34 @@ class DDPMSchedule:
         return t.reshape(sigma.shape) if sigma.ndim else float(t[0])
 
     # ------------------------------------------------------------------ training
-    def _abar(self, timesteps):
-        """√ᾱ_t and √(1−ᾱ_t) as float32 tensors (B, 1, 1, 1) on the timesteps' device."""
-        t = timesteps.numpy().astype(np.int64) if isinstance(timesteps, flame.Tensor) else np.asarray(timesteps)
-        if np.any(t < 0) or np.any(t >= self.num_train_timesteps):
-            raise ValueError(f"timesteps must lie in [0, {self.num_train_timesteps}), got {t.min()}..{t.max()}")
-        dev = timesteps.device if isinstance(timesteps, flame.Tensor) else None
-        abar = self.alphas_cumprod[t.reshape(-1)]
+    def _abar(self, timesteps, device):
+        """√ᾱ_t and √(1−ᾱ_t) as float32 tensors (B, 1, 1, 1) on `device`. Host timesteps are range-checked; an
+        integer tensor is gathered on its own device (no host round trip, so no check)."""
         shape = (-1, 1, 1, 1)
-        return (flame.tensor(np.sqrt(abar).astype(np.float32), device=dev).reshape(shape),
-                flame.tensor(np.sqrt(1.0 - abar).astype(np.float32), device=dev).reshape(shape))
+        if isinstance(timesteps, flame.Tensor):
+            tables = self._device_tables.get(str(timesteps.device))
+            if tables is None:
+                tables = tuple(flame.tensor(v.astype(np.float32), device=timesteps.device)
+                               for v in (np.sqrt(self.alphas_cumprod), np.sqrt(1.0 - self.alphas_cumprod)))
+                self._device_tables[str(timesteps.device)] = tables
+            idx = timesteps.reshape(-1).long()
+            return tuple(flame.index_select(v, 0, idx).reshape(shape).to(device=device) for v in tables)
+        t = np.asarray(timesteps).reshape(-1)
+        if t.dtype.kind not in "iu" or np.any(t < 0) or np.any(t >= self.num_train_timesteps):
+            raise ValueError(f"timesteps must be integers in [0, {self.num_train_timesteps}), got {t.tolist()[:8]}")
+        abar = self.alphas_cumprod[t]
+        return (flame.tensor(np.sqrt(abar).astype(np.float32), device=device).reshape(shape),
+                flame.tensor(np.sqrt(1.0 - abar).astype(np.float32), device=device).reshape(shape))
 
     def add_noise(self, x0, noise, timesteps):
-        """x_t = √ᾱ_t·x0 + √(1−ᾱ_t)·ε for integer timesteps (B,) (a tensor or host ints); float32 result."""
-        a, s = self._abar(timesteps)
+        """x_t = √ᾱ_t·x0 + √(1−ᾱ_t)·ε for integer timesteps (B,): host ints, or an int tensor; float32 result on
+        x0's device."""
+        a, s = self._abar(timesteps, x0.device)
         return a * x0.float() + s * noise.float()
 
     def velocity(self, x0, noise, timesteps):
-        """The v-prediction target v = √ᾱ_t·ε − √(1−ᾱ_t)·x0."""
-        a, s = self._abar(timesteps)
+        """The v-prediction target v = √ᾱ_t·ε − √(1−ᾱ_t)·x0 (float32)."""
+        a, s = self._abar(timesteps, x0.device)
         return a * noise.float() - s * x0.float()
 
     def snr(self, timesteps):
