@@ -12,6 +12,9 @@ from flame_core.io import load_file
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "sdxl")
 DIFFUSERS_DIR = os.path.join(FIXTURES, "tiny")
+# the suite also runs with FLAME_DEVICE=cuda: float32 on the GPU (cuBLAS, the conv and attention kernels) rounds
+# differently, so no bound there is tighter than this (tests/models/test_sdxl_gpu.py has the GPU's own checks)
+RTOL_FLOOR = 1e-4 if flame.default_device().type == "cuda" else 0.0
 SAI_FILE = os.path.join(FIXTURES, "tiny_sai.safetensors")
 
 
@@ -67,6 +70,7 @@ def unet_inputs(ref, device=None, frac=False):
 
 def assert_close(got, want, rtol, what=""):
     """|got - want| <= rtol * max|want| everywhere (scale-relative: outputs mix large and tiny values)."""
+    rtol = max(rtol, RTOL_FLOOR)
     got = got.float().numpy() if isinstance(got, flame.Tensor) else np.asarray(got)
     want = np.asarray(want)
     assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"

@@ -57,7 +57,7 @@ def _loss(unet, ref):
     return (unet(x, ts, ctx, y) * t(ref["loss_weight"])).sum()
 
 
-def test_lora_forward_backward_checkpointing_and_streaming():
+def test_lora_forward_backward_checkpointing_and_streaming(device):
     ref = io()
     grads = {}
     for mode in ("plain", "checkpointing", "streamed", "streamed+checkpointing"):
@@ -76,7 +76,7 @@ def test_lora_forward_backward_checkpointing_and_streaming():
         if "checkpointing" in mode:       # streamed: the per-block checkpoints nest in the streamer's
             unet.enable_gradient_checkpointing()
         if "streamed" in mode:
-            streamer = BlockStreamer.for_model(unet, device="cpu", slots=2)
+            streamer = BlockStreamer.for_model(unet, device=device, slots=2)
         try:
             loss = _loss(unet, ref)
             loss.backward()

@@ -169,20 +169,20 @@ def test_gradient_checkpointing_gives_equal_gradients():
     assert not any(b.gradient_checkpointing for b in unet.checkpointed_blocks())
 
 
-def test_block_streamer_runs_the_three_stacks():
+def test_block_streamer_runs_the_three_stacks(device):
     """BlockStreamer.for_model picks input_blocks, middle_block and output_blocks; a streamed forward (weights
     through two slots) equals the plain one, skip connections included."""
     ref = io()
-    plain = load_unet(SAI_FILE, dtype=flame.float32, progress=False)
+    plain = load_unet(SAI_FILE, dtype=flame.float32, device=device, progress=False)
     with flame.no_grad():
-        want = plain(*unet_inputs(ref)).numpy()
-    unet = load_unet(SAI_FILE, dtype=flame.float32, progress=False)
-    streamer = BlockStreamer.for_model(unet, device="cpu", slots=2, resident=[0, 20])
+        want = plain(*unet_inputs(ref, device)).numpy()
+    unet = load_unet(SAI_FILE, dtype=flame.float32, device=device, progress=False)
+    streamer = BlockStreamer.for_model(unet, device=device, slots=2, resident=[0, 20])
     try:
         assert streamer.names[:2] == ["input_blocks.0", "input_blocks.1"] and len(streamer.blocks) == 9 + 3 + 9
         assert "middle_block.1" in streamer.names and streamer.names[-1] == "output_blocks.8"
         with flame.no_grad():
-            got = unet(*unet_inputs(ref)).numpy()
+            got = unet(*unet_inputs(ref, device)).numpy()
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
         assert streamer.stats["loads"] > 0
     finally:
