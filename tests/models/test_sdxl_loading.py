@@ -271,3 +271,32 @@ def test_conv_projection_unets_are_refused(tmp_path, ref_state):
     save_file(state, path)
     with pytest.raises(UNetCheckpointError, match="1x1 convs"):
         load_unet(path)
+
+
+def test_refiner_like_layout_round_trips(tmp_path):
+    """A last level without attention and a middle depth of its own (SDXL refiner's shape, at toy size): both
+    layouts give back the same weights and outputs; a bare SAI file of it needs the fields the weights cannot tell."""
+    cfg = UNetConfig(model_channels=8, channel_mult=(1, 2, 2, 2), num_res_blocks=1, transformer_depth=(0, 1, 1, 0),
+                     transformer_depth_middle=2, num_head_channels=8, context_dim=16, adm_in_channels=40,
+                     size_embed_dim=4, norm_num_groups=4)
+    flame.manual_seed(3)
+    unet = SDXLUNet(cfg, dtype=flame.float32)
+    names = {k for k, _ in unet.named_parameters()}
+    assert "output_blocks.1.1.conv.weight" in names and "middle_block.1.transformer_blocks.1.ff.net.2.bias" in names
+    x = flame.randn(1, 4, 16, 16)
+    inputs = (x, flame.tensor([10]), flame.randn(1, 5, 16), flame.randn(1, 40))
+    with flame.no_grad():
+        want = unet(*inputs).numpy()
+    save_unet(unet, tmp_path / "d", layout="diffusers")
+    save_unet(unet, tmp_path / "s.safetensors")
+    for path in (tmp_path / "d", tmp_path / "s.safetensors"):
+        back = load_unet(path, progress=False)
+        assert back.config == cfg
+        with flame.no_grad():
+            np.testing.assert_array_equal(back(*inputs).numpy(), want)
+    bare = tmp_path / "bare.safetensors"
+    save_file(load_file(tmp_path / "s.safetensors"), bare)
+    with pytest.raises(UNetCheckpointError, match="num_head_channels"):
+        load_unet(bare)
+    assert load_unet(bare, config={"num_head_channels": 8, "norm_num_groups": 4, "size_embed_dim": 4},
+                     progress=False).config == cfg
