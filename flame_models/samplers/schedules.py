@@ -119,7 +119,7 @@ class DDPMSchedule:
         return a * noise.float() - s * x0.float()
 
     def snr(self, timesteps):
-        """ᾱ_t / (1 − ᾱ_t) as a float64 NumPy array (inf where ᾱ_t = 1 cannot happen; 0 at a zero-SNR t = T)."""
+        """ᾱ_t / (1 − ᾱ_t) for host integer timesteps, as a float64 NumPy array (0 at a zero-terminal-SNR t = T)."""
         abar = self.alphas_cumprod[np.asarray(timesteps, dtype=np.int64)]
         return abar / (1.0 - abar)
 
