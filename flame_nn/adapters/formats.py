@@ -32,7 +32,7 @@ KINDS = ("lora", "dora", "lokr", "loha")
 KOHYA_PREFIX = "lora_unet_"
 KOHYA_PREFIXES = ("lora_unet_", "lora_transformer_")      # the second: OneTrainer / some ai-toolkit exports
 PEFT_PREFIX = "transformer."
-PEFT_PREFIXES = ("transformer.", "diffusion_model.", "base_model.model.")
+PEFT_PREFIXES = ("transformer.", "unet.", "diffusion_model.", "base_model.model.")
 _LORA = ("lora_down.weight", "lora_up.weight")
 _LOHA = ("hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b")
 _LOKR = ("lokr_w1", "lokr_w2", "lokr_w2_a", "lokr_w2_b")
@@ -124,10 +124,12 @@ class NameMap:
     """FLAME module name <-> PEFT/diffusers names. `targets[module] = [(peft_name, [(lo, hi), ...]), ...]` lists, for
     each diffusers Linear carved out of the FLAME one, the FLAME output-row ranges it is made of, in order
     (several ranges = the rows are permuted, e.g. Flux's final adaLN whose two halves are swapped in diffusers).
-    Modules not listed map to themselves."""
+    Modules not listed map to themselves. `peft_prefix`: the component PEFT files put in front of the names
+    ("transformer." for diffusers' transformers, "unet." for SDXL's UNet)."""
 
-    def __init__(self, targets=None):
+    def __init__(self, targets=None, peft_prefix=PEFT_PREFIX):
         self.targets = dict(targets or {})
+        self.peft_prefix = peft_prefix
         self._inverse = {}
         for mod, parts in self.targets.items():
             for peft_name, ranges in parts:
@@ -426,7 +428,7 @@ def save(path, modules, format="kohya", *, name_map=IDENTITY, out_features=None,
     if format == "kohya":
         sd = to_kohya(modules, out_features=out_features, row_norms=row_norms, dtype=dtype)
     elif format == "peft":
-        sd, alphas = to_peft(modules, name_map, dtype=dtype)
+        sd, alphas = to_peft(modules, name_map, prefix=name_map.peft_prefix, dtype=dtype)
         meta["flame.alphas"] = json.dumps(alphas, sort_keys=True)
     else:
         raise AdapterFormatError(f"unknown LoRA file format {format!r}; use 'kohya' or 'peft'")

@@ -1,0 +1,27 @@
+"""SDXL: the UNet (SAI's UNetModel with text_time conditioning), checkpoint loading / saving (SAI single files and
+diffusers folders), the y vector, LoRA names and text-to-image sampling.
+
+    unet = load_unet("sd_xl_base_1.0.safetensors", dtype=flame.bfloat16, device="cuda")
+    y = make_y(pooled, original_size=(1024, 1024), crop_coords=(0, 0), target_size=(1024, 1024))
+    eps = unet(latents, timesteps, context, y)                  # (B, 4, H, W); context (B, 77, 2048), y (B, 2816)
+    z = sample(unet, context, y, neg_context, neg_y, height=1024, width=1024, steps=30, cfg=5.0)
+"""
+from .config import UNetConfig, UNetConfigError, configs, unet_config
+from .embeddings import timestep_embedding, size_embeddings, make_y
+from .resblocks import ResBlock, Downsample, Upsample, TimestepEmbedSequential
+from .attention import CrossAttention, GEGLU, FeedForward, BasicTransformerBlock, SpatialTransformer
+from .model import SDXLUNet
+from .keys import sai_to_diffusers_key, diffusers_to_sai_key
+from .loading import UNetCheckpointError, UNetCheckpoint, infer_config, load_unet, load_unet_state_
+from .saving import save_unet
+from .lora_keys import TARGET_PRESETS, PEFT_PREFIX, KOHYA_METADATA, unet_name_map, kohya_diffusers_to_sai
+from .sampling import cfg_model, sample
+
+UNetModel = SDXLUNet  # SAI's class name
+
+__all__ = ["UNetConfig", "UNetConfigError", "configs", "unet_config", "timestep_embedding", "size_embeddings",
+           "make_y", "ResBlock", "Downsample", "Upsample", "TimestepEmbedSequential", "CrossAttention", "GEGLU",
+           "FeedForward", "BasicTransformerBlock", "SpatialTransformer", "SDXLUNet", "UNetModel",
+           "sai_to_diffusers_key", "diffusers_to_sai_key", "UNetCheckpointError", "UNetCheckpoint", "infer_config",
+           "load_unet", "load_unet_state_", "save_unet", "TARGET_PRESETS", "PEFT_PREFIX", "KOHYA_METADATA",
+           "unet_name_map", "kohya_diffusers_to_sai", "cfg_model", "sample"]

@@ -1,0 +1,127 @@
+"""Text-to-image latents with an SDXL UNet: classifier-free guidance (one batched 2B forward per step) around the
+generic samplers of flame_models.samplers.
+
+    z = sample(unet, context, y, neg_context, neg_y, height=1024, width=1024, steps=30, cfg=5.0, seed=0)
+    images = vae.decode(SDXL.from_model(z))      # flame_models.vae: the caller applies the latent scale 0.13025
+"""
+import math
+
+import flame_core as flame
+from flame_models.samplers import SAMPLERS, DDPMSchedule, Denoiser, check_prediction_type, ddim_sigmas, get_sigmas
+
+VAE_FACTOR = 8
+
+
+def cfg_model(unet, context, y, neg_context=None, neg_y=None, cfg=1.0, guidance_rescale=0.0):
+    """model(x_in, t) -> the UNet's prediction (float32) for the batch, guided: uncond + cfg·(cond − uncond) from one
+    forward of [negative | positive] when cfg != 1. guidance_rescale φ (Lin et al. 2023, diffusers'): the guided
+    prediction's per-sample std brought φ of the way back to the conditional one's."""
+    dtype, device = unet.dtype, unet.device
+    B = context.shape[0]
+    guided = cfg != 1.0
+    if guided:
+        ctx = flame.cat([neg_context, context], dim=0).to(dtype)
+        yy = flame.cat([neg_y, y], dim=0).to(dtype)
+    else:
+        ctx, yy = context.to(dtype), y.to(dtype)
+    n = ctx.shape[0]
+
+    def model(x_in, t):
+        ts = flame.full((n,), float(t), dtype=flame.float32, device=device)
+        xx = flame.cat([x_in, x_in], dim=0) if guided else x_in
+        out = unet(xx.to(dtype), ts, ctx, yy).float()
+        if not guided:
+            return out
+        uncond, cond = out[:B], out[B:]
+        pred = uncond + (cond - uncond) * cfg
+        if guidance_rescale:
+            dims = tuple(range(1, pred.ndim))
+            std_cond = cond.std(dim=dims, keepdim=True)
+            std_pred = pred.std(dim=dims, keepdim=True)
+            rescaled = pred * (std_cond / std_pred)
+            pred = rescaled * guidance_rescale + pred * (1.0 - guidance_rescale)
+        return pred
+    return model
+
+
+def _check(unet, context, y, neg_context, neg_y, height, width, cfg):
+    c = unet.config
+    if context.ndim != 3 or context.shape[2] != c.context_dim:
+        raise ValueError(f"sample: context must be (B, L, {c.context_dim}), got {tuple(context.shape)}")
+    B = context.shape[0]
+    if y.ndim != 2 or tuple(y.shape) != (B, c.adm_in_channels):
+        raise ValueError(f"sample: y must be ({B}, {c.adm_in_channels}), got {tuple(y.shape)}")
+    if neg_context is not None and (neg_context.ndim != 3 or neg_context.shape[0] != B
+                                    or neg_context.shape[2] != c.context_dim):
+        raise ValueError(f"sample: neg_context must be ({B}, L, {c.context_dim}), got {tuple(neg_context.shape)}")
+    if neg_y is not None and tuple(neg_y.shape) != (B, c.adm_in_channels):
+        raise ValueError(f"sample: neg_y must be ({B}, {c.adm_in_channels}), got {tuple(neg_y.shape)}")
+    f = VAE_FACTOR * c.downsample_factor
+    if height <= 0 or width <= 0 or height % f or width % f:
+        raise ValueError(f"sample: height and width must be positive multiples of {f}, got {height}x{width}")
+    if not cfg > 0:
+        raise ValueError(f"sample: cfg must be > 0, got {cfg}")
+
+
+def sample(unet, context, y, neg_context=None, neg_y=None, *, height=1024, width=1024, steps=30, cfg=5.0,
+           sampler="euler", scheduler="normal", seed=0, prediction_type="epsilon", zero_terminal_snr=False,
+           timestep_spacing="leading", steps_offset=1, eta=None, guidance_rescale=0.0, noise=None, callback=None,
+           progress=True):
+    """Latents (B, 4, height/8, width/8) float32 in the UNet's space (decode `SDXL.from_model(z)`).
+
+    context (B, 77, 2048) and y (B, 2816) condition the image (`make_y` builds y); neg_context / neg_y the negative
+    prompt of classifier-free guidance. When they are None and cfg != 1, SDXL's unconditional input is used: zero
+    context and y with its pooled part zeroed (its size conditioning kept), as diffusers' SDXL pipeline does.
+
+    sampler: 'euler', 'euler_ancestral', 'dpmpp_2m' or 'ddim'; scheduler: 'normal' or 'karras' (not for ddim).
+    The sigma table follows diffusers' EulerDiscreteScheduler with SDXL's config (leading spacing, steps_offset 1;
+    ddim: DDIMScheduler's); zero_terminal_snr rescales the schedule (use with v_prediction and
+    timestep_spacing='trailing'). eta: the ancestral / DDIM noise (default 1 for euler_ancestral, 0 for ddim).
+    noise: the initial Gaussian latents (else drawn from `seed` on the UNet's device), scaled as the sampler's
+    diffusers scheduler does (init_noise_sigma): by σ_max for euler / euler_ancestral with linspace or trailing
+    spacing, else by √(σ_max² + 1) (the x0 + σ·ε of unit-variance latents)."""
+    check_prediction_type(prediction_type)
+    if sampler not in SAMPLERS:
+        raise ValueError(f"sample: unknown sampler {sampler!r}; known: {', '.join(SAMPLERS)}")
+    if sampler == "ddim" and scheduler != "normal":
+        raise ValueError("sample: ddim walks DDIM's own timesteps; scheduler must be 'normal'")
+    if sampler not in ("euler_ancestral", "ddim") and eta is not None:
+        raise ValueError(f"sample: eta applies to euler_ancestral and ddim, not {sampler}")
+    _check(unet, context, y, neg_context, neg_y, height, width, cfg)
+    c = unet.config
+    B, device = context.shape[0], unet.device
+    if cfg != 1.0:
+        if neg_context is None:
+            neg_context = flame.zeros_like(context)
+        if neg_y is None:
+            neg_y = flame.cat([flame.zeros_like(y[:, :c.pooled_dim]), y[:, c.pooled_dim:]], dim=1)
+    context, y = context.to(device=device), y.to(device=device)
+    if neg_context is not None:
+        neg_context, neg_y = neg_context.to(device=device), neg_y.to(device=device)
+
+    schedule = DDPMSchedule(zero_terminal_snr=zero_terminal_snr)
+    if sampler == "ddim":
+        sigmas, timesteps = ddim_sigmas(schedule, steps, timestep_spacing, steps_offset)
+    else:
+        sigmas, timesteps = get_sigmas(schedule, steps, scheduler, timestep_spacing, steps_offset)
+
+    shape = (B, c.in_channels, height // VAE_FACTOR, width // VAE_FACTOR)
+    if noise is None:
+        g = flame.Generator(device).manual_seed(seed)
+        noise = flame.randn(*shape, generator=g, dtype=flame.float32, device=device)
+    elif tuple(noise.shape) != shape:
+        raise ValueError(f"sample: noise must be {shape}, got {tuple(noise.shape)}")
+    s0 = float(sigmas[0])
+    euler_sigma = sampler in ("euler", "euler_ancestral") and timestep_spacing != "leading"
+    x = noise.to(device=device, dtype=flame.float32) * (s0 if euler_sigma else math.sqrt(s0 * s0 + 1.0))
+
+    denoiser = Denoiser(cfg_model(unet, context, y, neg_context, neg_y, cfg, guidance_rescale), schedule,
+                        prediction_type)
+    kwargs = {} if eta is None else {"eta": float(eta)}
+    if sampler in ("euler_ancestral", "ddim"):
+        kwargs["generator"] = flame.Generator(device).manual_seed(seed + 1)
+    with flame.no_grad():
+        x = SAMPLERS[sampler](denoiser, x, sigmas, timesteps, callback=callback, progress=progress, **kwargs)
+    # DDIM ends at ᾱ_0, not at σ = 0: back to the model's (VP) scale, as the scheduler leaves it
+    s_last = float(sigmas[-1])
+    return x if s_last == 0.0 else x * (1.0 / math.sqrt(s_last * s_last + 1.0))
