@@ -204,32 +204,32 @@ def pack_weight_dx(w, Op):
 # ----------------------------------------------------------------------------- GEMMs
 def conv_nhwc(xt, wp, out, cg, bias=None, budget=512 << 20):
     """out (N, O, OH, OW) = conv of xt (N, H, W, Cp) with packed weights wp (O, KH*KW*Cp) (+ bias (O,))."""
-    P = cg.N * cg.OH * cg.OW
+    NP = cg.N * cg.OH * cg.OW  # output pixels
     K = cg.KH * cg.KW * cg.Cp
     KT = P.cdiv(K, BK)
-    name, kps, S = plan(cg.O, P, KT, cg.O * P, False, budget)
+    name, kps, S = plan(cg.O, NP, KT, cg.O * NP, False, budget)
     fn, threads, smem = _gemm_kernel("conv_fwd_igemm", name, xt.dtype)
     bm, bn = TILES[name][:2]
-    ws = empty((S, cg.O, P), np.float32) if S > 1 else None
+    ws = empty((S, cg.O, NP), np.float32) if S > 1 else None
     i32 = KL.i32
-    KL.launch(fn, (P.cdiv(cg.O, bm) * P.cdiv(P, bn), S), (threads,),
+    KL.launch(fn, (P.cdiv(cg.O, bm) * P.cdiv(NP, bn), S), (threads,),
               (xt, wp, _ptr(bias) if S == 1 else KL.null(), out, _ptr(ws), i32(cg.H), i32(cg.W), i32(cg.Cp), i32(cg.O),
               i32(cg.KH), i32(cg.KW), i32(cg.sh), i32(cg.sw), i32(cg.ph), i32(cg.pw), i32(cg.dh), i32(cg.dw),
-              i32(cg.OH), i32(cg.OW), i32(P), i32(K), i32(kps)), shared_mem=smem)
+              i32(cg.OH), i32(cg.OW), i32(NP), i32(K), i32(kps)), shared_mem=smem)
     if S > 1:
         OHW = cg.OH * cg.OW
         KL.launch(L.get_function("conv_igemm", "conv_splitk_reduce", out.dtype), (P.cdiv(OHW, 256), cg.O, cg.N),
-                  (256,), (ws, _ptr(bias), out, i32(S), i32(cg.O), i32(OHW), KL.i64(P)))
+                  (256,), (ws, _ptr(bias), out, i32(S), i32(cg.O), i32(OHW), KL.i64(NP)))
     return out
 
 
 def conv_dw_nhwc(gt, xt, cg, C, dw=None, acc32=None, accumulate=False, budget=512 << 20):
     """Weight gradient of conv_nhwc: gt (N, OH, OW, Op) is dy channel-last. Writes the (O, C, KH, KW) sum to dw
     (the weights' dtype) and/or acc32 (float32; accumulate=True adds acc32's previous value)."""
-    P = cg.N * cg.OH * cg.OW
+    NP = cg.N * cg.OH * cg.OW  # output pixels
     K = cg.KH * cg.KW * cg.Cp
     Op = gt.shape[-1]
-    KT = P.cdiv(P, BK)
+    KT = P.cdiv(NP, BK)
     name, kps, S = plan(cg.O, K, KT, cg.O * K, True, budget, DW)
     fn, threads, smem = _gemm_kernel("conv_dw_igemm", name, xt.dtype)
     bm, bn = TILES[name][:2]
@@ -238,6 +238,6 @@ def conv_dw_nhwc(gt, xt, cg, C, dw=None, acc32=None, accumulate=False, budget=51
     KL.launch(fn, (P.cdiv(cg.O, bm) * P.cdiv(K, bn), S), (threads,),
               (gt, xt, ws, i32(cg.H), i32(cg.W), i32(cg.Cp), i32(cg.O), i32(Op), i32(cg.KH), i32(cg.KW),
               i32(cg.sh), i32(cg.sw), i32(cg.ph), i32(cg.pw), i32(cg.dh), i32(cg.dw), i32(cg.OH), i32(cg.OW),
-              i32(P), i32(K), i32(kps)), shared_mem=smem)
+              i32(NP), i32(K), i32(kps)), shared_mem=smem)
     KL.launch(L.get_function("conv_igemm", "conv_dw_reduce", xt.dtype), (P.cdiv(K, 256), cg.O), (256,),
               (ws, _ptr(acc32), _ptr(dw), i32(S), i32(cg.O), i32(C), i32(cg.Cp), i32(cg.KH * cg.KW), i32(1 if accumulate else 0)))

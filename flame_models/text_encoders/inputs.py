@@ -18,7 +18,7 @@ def token_ids(input_ids, *, vocab_size, device, model):
         arr = np.asarray(input_ids)
         if arr.dtype.kind not in "iu":
             raise DTypeError(f"{model}: input_ids must be integer token ids, got a {arr.dtype} array")
-        t = flame.tensor(arr.astype(np.int64, copy=False))
+        t = flame.tensor(arr.astype(np.int64, copy=False), device="cpu")  # checked on the host, then sent
     if t.ndim != 2:
         raise ShapeError(f"{model}: input_ids must be (batch, length), got shape {tuple(t.shape)}"
                          + (" (add the batch dim: ids[None])" if t.ndim == 1 else ""))
@@ -44,7 +44,8 @@ def padding_mask(attention_mask, ids, *, device, model):
     """The (B, L) mask (1 / True = a real token, 0 = padding) as a bool Tensor on `device`, or None."""
     if attention_mask is None:
         return None
-    m = attention_mask if isinstance(attention_mask, flame.Tensor) else flame.tensor(np.asarray(attention_mask))
+    m = attention_mask if isinstance(attention_mask, flame.Tensor) else flame.tensor(np.asarray(attention_mask),
+                                                                                      device="cpu")
     if tuple(m.shape) != tuple(ids.shape):
         raise ShapeError(f"{model}: attention_mask of shape {tuple(m.shape)} does not match input_ids "
                          f"{tuple(ids.shape)}")

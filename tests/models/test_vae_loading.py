@@ -107,10 +107,10 @@ def test_config_inferred_from_ldm_weights(tmp_path, cfg):
         assert (ckpt.layout, ckpt.prefix) == ("ldm", "")
         assert infer_config(ckpt) == cfg
     back = load_vae(path)
-    x = flame.rand(1, 3, 16, 16, generator=flame.Generator().manual_seed(0)) * 2 - 1
+    x = (flame.rand(1, 3, 16, 16, generator=flame.Generator().manual_seed(0)) * 2 - 1).to(vae.device)
     with flame.no_grad():
         np.testing.assert_array_equal(back.encode(x).numpy(), vae.encode(x).numpy())
-        z = flame.randn(1, cfg.z_channels, 4, 4, generator=flame.Generator().manual_seed(1))
+        z = flame.randn(1, cfg.z_channels, 4, 4, generator=flame.Generator().manual_seed(1)).to(vae.device)
         np.testing.assert_array_equal(back.decode(z).numpy(), vae.decode(z).numpy())
 
 
@@ -280,7 +280,7 @@ def test_save_then_load_keeps_the_config_the_weights_cannot_tell(tmp_path, layou
     save_vae(vae, target, layout=layout)
     back = load_vae(target)                                            # no config= needed
     assert back.config == cfg
-    x = flame.rand(1, 3, 16, 16, generator=flame.Generator().manual_seed(0)) * 2 - 1
+    x = (flame.rand(1, 3, 16, 16, generator=flame.Generator().manual_seed(0)) * 2 - 1).to(vae.device)
     with flame.no_grad():
         np.testing.assert_array_equal(back.encode(x).numpy(), vae.encode(x).numpy())
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
