@@ -35,6 +35,7 @@ from . import cuda
 from . import memory  # installs FLAME's pool as CuPy's allocator on a GPU (FLAME_CUDA_POOL=0 opts out) and the
                       # cpu storage accounting: stats, limits and OOM reports work without an explicit import
 from .random import Generator, manual_seed, seed, get_rng_state, set_rng_state, default_generator
+from .threads import get_num_threads, set_num_threads  # the BLAS sized at import (flame_core/threads.py)
 
 __version__ = "0.1.0"
 

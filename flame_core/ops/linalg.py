@@ -3,6 +3,7 @@ import numpy as np
 
 from .. import backend
 from .. import dtypes as D
+from .. import threads as _threads
 from ..autograd.function import Function
 from ..errors import DTypeError, ShapeError, fmt_shape
 from ..tensor import _wrap, check_same_device
@@ -18,8 +19,8 @@ def _mm_arrays(a, b):
     float32 (no half BLAS) and rounded back."""
     if backend.xp_of(a) is np:
         if a.dtype in _HALF:
-            return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
-        return np.matmul(a, b)
+            return _threads.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
+        return _threads.matmul(a, b)
     return _cublas.mm(a, b)
 
 
