@@ -366,6 +366,8 @@ class Tensor:
                             f"first with .cpu() (or .numpy(), which does)")
         a = self.numpy()
         if dtype is not None and a.dtype != np.dtype(dtype):
+            if copy is False:
+                raise ValueError(f"a {self.dtype.name} tensor cannot be a {np.dtype(dtype)} array without a copy")
             return a.astype(dtype)
         return a.copy() if copy else a
 

@@ -121,6 +121,9 @@ def test_numpy_asarray_gives_the_values(rng):
     assert got.dtype == np.float32 and got.shape == (3, 4)
     np.testing.assert_array_equal(got, a)
     assert np.asarray(x, dtype=np.float64).dtype == np.float64
+    assert np.shares_memory(np.asarray(x), x.numpy()) and not np.shares_memory(np.array(x, copy=True), x.numpy())
+    with pytest.raises(ValueError, match="without a copy"):
+        x.__array__(np.float64, copy=False)
     np.testing.assert_array_equal(np.array(x.to(flame.bfloat16)).astype(np.float32),
                                   a.astype(ml_dtypes.bfloat16).astype(np.float32))
     with pytest.raises(AutogradError, match="requires grad"):
