@@ -12,6 +12,7 @@ leaves it as configured. The BLAS setting is process-wide: NumPy code of the use
 """
 import glob
 import os
+import warnings
 
 import numpy as np
 
@@ -52,16 +53,32 @@ def _env_threads():
     return n
 
 
+def _controller():
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # a declared dependency; without it FLAME cannot see or size the BLAS
+        return None
+    return ThreadpoolController()
+
+
 def _init():
     global _blas, _num_threads
     n = _env_threads()
-    if n is None and any(k in os.environ for k in _BLAS_ENV):
-        from threadpoolctl import threadpool_info
-        _num_threads = max([i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] or [1])
-        return  # the user sized the BLAS: leave it
-    from threadpoolctl import ThreadpoolController
-    blas = ThreadpoolController().select(user_api="blas")
-    _blas = blas.lib_controllers or None
+    ctl = _controller()
+    if ctl is None and n is not None:
+        raise ImportError(f"FLAME_NUM_THREADS={n} needs threadpoolctl to size the BLAS: pip install threadpoolctl")
+    if ctl is None:
+        warnings.warn("threadpoolctl is not installed (pip install threadpoolctl): FLAME leaves the BLAS threads "
+                      "as NumPy set them", RuntimeWarning, stacklevel=2)
+    if ctl is None or (n is None and any(k in os.environ for k in _BLAS_ENV)):
+        # the user sized the BLAS (or it cannot be sized): leave it, and report what it uses
+        if ctl is not None:
+            _num_threads = max([i["num_threads"] for i in ctl.info() if i["user_api"] == "blas"] or [1])
+        else:
+            raw = next((os.environ[k] for k in _BLAS_ENV if k in os.environ), "")
+            _num_threads = int(raw) if raw.isdigit() and int(raw) > 0 else os.cpu_count() or 1
+        return
+    _blas = ctl.select(user_api="blas").lib_controllers or None
     _num_threads = n or physical_cores()
     _set_blas(1)
 
@@ -82,8 +99,10 @@ def set_num_threads(n):
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"set_num_threads expects a positive integer, got {n!r}")
     if _blas is None:  # the BLAS was left to the user's environment variables: from now on FLAME sizes it
-        from threadpoolctl import ThreadpoolController
-        _blas = ThreadpoolController().select(user_api="blas").lib_controllers or None
+        ctl = _controller()
+        if ctl is None:
+            raise ImportError("set_num_threads needs threadpoolctl: pip install threadpoolctl")
+        _blas = ctl.select(user_api="blas").lib_controllers or None
         _set_blas(1)
     _num_threads = int(n)
 

@@ -48,6 +48,20 @@ def test_a_blas_sized_by_the_user_is_left_alone():
     assert json.loads(out)[0::2] == [2, 2]
 
 
+def test_without_threadpoolctl_the_blas_is_left_alone_with_a_warning():
+    base = {k: v for k, v in os.environ.items() if k not in ("FLAME_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+
+    def run(code, **env):
+        hide = "import sys; sys.modules['threadpoolctl'] = None; "  # its import now raises ImportError
+        return subprocess.run([sys.executable, "-W", "always", "-c", hide + code], cwd=REPO, env={**base, **env},
+                              capture_output=True, text=True)
+
+    out = run("import flame_core as flame; print(flame.get_num_threads())", OPENBLAS_NUM_THREADS="3")
+    assert out.returncode == 0 and out.stdout.split() == ["3"] and "threadpoolctl is not installed" in out.stderr
+    out = run("import flame_core", FLAME_NUM_THREADS="2")
+    assert out.returncode != 0 and "FLAME_NUM_THREADS=2 needs threadpoolctl" in out.stderr
+
+
 class _FakeBlas:
     def __init__(self):
         self.calls = []
