@@ -133,6 +133,19 @@ def test_kohya_flux_lora_with_alpha_keys(params, reference, device, tmp_path):
     _close(_run(model, inputs, device), outputs["kohya_src"])
 
 
+def test_peft_layout_with_per_module_alpha_keys(params, reference, device, tmp_path):
+    """ComfyUI-style files: diffusers names, lora_A/lora_B, and a kohya `.alpha` per module (s = alpha / rank)."""
+    inputs, outputs = reference
+    sd, meta = _read(FIX / "kohya_src.safetensors")
+    alpha = json.loads(meta["lora_adapter_metadata"])["transformer.lora_alpha"]
+    bases = {k.rsplit(".", 2)[0] for k in sd}
+    sd.update({f"{b}.alpha": np.array(alpha, dtype=np.float32) for b in bases})
+    save_file(sd, str(tmp_path / "comfy.safetensors"), metadata={"format": "pt"})
+    model = _model(params, device)
+    A.load_adapters(model, tmp_path / "comfy.safetensors")
+    _close(_run(model, inputs, device), outputs["kohya_src"])
+
+
 def test_flame_rewrites_a_diffusers_lora_that_it_reads_back_the_same(params, reference, device, tmp_path):
     inputs, outputs = reference
     model = _model(params, device)
