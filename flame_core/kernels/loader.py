@@ -47,10 +47,13 @@ import numpy as np
 from .. import backend
 from ..errors import DTypeError, KernelCompileError
 
-
 def _find_cuda_src():
-    """The folder holding the .cu/.cuh files: $FLAME_CUDA_SRC, else cuda_src beside the flame_core package."""
-    return Path(os.environ.get("FLAME_CUDA_SRC", Path(__file__).resolve().parents[2] / "cuda_src"))
+    """The folder holding the .cu/.cuh files: $FLAME_CUDA_SRC overrides; else the copy a wheel ships
+    (flame_core/cuda_src), else the source tree's cuda_src/."""
+    pkg = Path(__file__).resolve().parents[1]
+    if os.environ.get("FLAME_CUDA_SRC"):
+        return Path(os.environ["FLAME_CUDA_SRC"])
+    return next((p for p in (pkg / "cuda_src", pkg.parent / "cuda_src") if p.is_dir()), pkg.parent / "cuda_src")
 
 
 CUDA_SRC = _find_cuda_src()
