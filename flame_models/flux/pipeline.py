@@ -26,7 +26,8 @@ from flame_nn.offload import BlockStreamer, OffloadError, quantize_linear_weight
 
 from ..vae import FLUX, load_vae
 from .components import FluxFiles, FluxFilesError, find_flux_files, part_files, read_headers
-from .conditioning import FluxTextEncoders, encode_prompts, load_text_encoders, load_tokenizers
+from .conditioning import (FluxTextEncoders, check_vocabularies, encode_prompts, load_text_encoders,
+                           load_tokenizers)
 from .loading import load_flux
 from .sampling import LATENT_CHANNELS, denoise, get_noise, get_schedule, image_ids, pack, text_ids, unpack
 
@@ -280,6 +281,6 @@ def fit_transformer(model, cond, max_gpu_memory, *, height, width, batch_size=1,
 
 
 __all__ = ["FluxFiles", "FluxFilesError", "find_flux_files", "FluxTextEncoders", "load_text_encoders",
-           "load_tokenizers", "encode_prompts", "load_vae_for_flux", "decode_latents", "encode_images", "to_pil",
+           "load_tokenizers", "check_vocabularies", "encode_prompts", "load_vae_for_flux", "decode_latents", "encode_images", "to_pil",
            "parse_lora", "check_loras", "apply_loras", "load_transformer", "free_model", "sample_latents",
            "fit_transformer"]
