@@ -278,3 +278,19 @@ def test_tokenizer_checks(tiny, single_files, tmp_path):
     with pytest.raises(FluxFilesError, match=r"clip_l: the tokenizer \(packaged:clip_merges.txt.gz\) has 49408 "
                                              r"tokens but the encoder .*clip_l.safetensors embeds only"):
         load_text_encoders(files, dtype=F32, device="cpu")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["merged", "adapters-streamed"])
+def test_diffusers_lora_matches_diffusers(ref_files, golden, stream):
+    """A LoRA saved by diffusers (lora_alpha 8 != r 4, in lora_adapter_metadata) at weights 1 and 0.5, merged into
+    the weights or run beside streamed blocks, gives diffusers' latents at joint_attention_kwargs scale 1 / 0.5."""
+    g, meta, prompts = golden
+    H, W, steps, guidance = int(meta["height"]), int(meta["width"]), int(meta["steps"]), float(meta["guidance"])
+    lora = os.path.join(FIXTURES, "lora", "pytorch_lora_weights.safetensors")
+    with load_text_encoders(ref_files, dtype=F32, device="cpu") as enc:
+        cond = enc.encode(prompts[:1])
+    for weight, key in ((1.0, "lora_latents_1"), (0.5, "lora_latents_05")):
+        model = load_transformer(ref_files, dtype=F32, device="cpu", loras=[f"{lora}:{weight}"], stream=stream)
+        z = sample_latents(model, cond, height=H, width=W, steps=steps, guidance=guidance, latents=g["latents"])
+        np.testing.assert_allclose(pack(z).numpy(), g[key], rtol=1e-4, atol=2e-4)
+    assert np.abs(g["lora_latents_1"] - g["out_latents"]).max() > 1e-2   # the LoRA matters
