@@ -131,6 +131,7 @@ def test_fp8_and_budget(tiny, loras):
     plain = run(tiny, loras=[loras["kohya"]])
     fp8 = run(tiny, fp8=True, loras=[loras["kohya"]])
     assert 0 < np.abs(fp8 - plain).mean() < 12     # rounded weights: close, not equal
+    assert np.abs(fp8 - run(tiny, fp8=True)).mean() > 2   # the LoRA acts beside the fp8 weights
     stats = {}
     budget = run(tiny, fp8=True, loras=[loras["kohya"]], max_gpu_memory="64MiB", stats=stats)
     np.testing.assert_array_equal(budget, fp8)     # streaming moves bytes, it does not change numbers

@@ -169,7 +169,8 @@ def load_transformer(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=
     files = files if isinstance(files, FluxFiles) else find_flux_files(files)
     dev = flame.device(device) if device is not None else flame.default_device()
     loras = check_loras(loras, files.params) if loras and not _checked(loras) else list(loras)
-    model = load_flux(files.transformer, dtype=dtype, device="cpu" if stream else dev)
+    # fp8 or streaming: read into host memory and move block by block, so the bf16 model is never whole on the device
+    model = load_flux(files.transformer, dtype=dtype, device="cpu" if (stream or fp8) else dev)
     model.requires_grad_(False)
     model.eval()
     apply_loras(model, loras, merge=not (fp8 or stream))
@@ -178,8 +179,16 @@ def load_transformer(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=
             model.streamer = BlockStreamer.for_model(model, STACKS, device=dev, quantize="fp8" if fp8 else None,
                                                      slots=slots)
         elif fp8:
+            for name, child in model.named_children():
+                if name not in STACKS:
+                    child.to(dev)
             for s in STACKS:
-                quantize_linear_weights_(model.get_submodule(s))
+                for block in model.get_submodule(s):
+                    block.to(dev)
+                    quantize_linear_weights_(block)
+            for name in A.adapter_names(model):  # adapters sit beside the module tree
+                for _, _, ad in A.adapter_modules(model, name):
+                    ad.to(dev)
     except OffloadError as e:
         raise FluxFilesError(f"{files.transformer}: {str(e).splitlines()[0]}") from None
     return model
@@ -256,6 +265,8 @@ def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=No
         raise ValueError(f"latents of {x.shape[1]} tokens do not fit a {height}x{width} image "
                          f"({img_pos.shape[1]} tokens)")
     txt_pos = text_ids(txt.shape[1], B, device=dev)
+    if cuda_graph is None and getattr(model, "streamer", None) is not None:
+        cuda_graph = False  # a streamed inference forward is not capturable (its prefetch window wraps around)
     timesteps = get_schedule(steps, x.shape[1], shift=p.guidance_embed)
     out = denoise(model, x, img_pos, txt, txt_pos, y, timesteps, guidance, cuda_graph, callback)
     return unpack(out, height, width)
