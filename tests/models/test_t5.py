@@ -2,6 +2,7 @@
 reads (ComfyUI fp8 files included), with fp8 storage and block streaming, and the errors it gives."""
 import json
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -115,6 +116,18 @@ def test_comfyui_fp8_files(kind, device):
     dense = load_t5(path, config=folder("t5"), dtype="float32", device=device, quantize=None)
     assert not is_fp8_linear(dense.encoder.block[2].layer[1].DenseReluDense.wo)
     outputs_close(dense(ref["input_ids"], attention_mask=ref["attention_mask"]), ref, kind)
+
+
+def test_e5m2_weights_are_widened(tmp_path, device):
+    """float8_e5m2 has no fp8 storage here: such weights are dequantised (or, quantize="fp8", re-quantised)."""
+    w = weights("t5")
+    key = "encoder.block.1.layer.1.DenseReluDense.wo.weight"
+    w[key] = w[key].astype(ml_dtypes.float8_e5m2)
+    path = save(w, tmp_path / "e5m2.safetensors")
+    model = load_t5(path, config=cfg(), dtype="float32", device=device)
+    np.testing.assert_array_equal(model.get_parameter(key).numpy(), w[key].astype(np.float32))
+    assert is_fp8_linear(load_t5(path, config=cfg(), device=device, quantize="fp8").encoder.block[1].layer[1]
+                         .DenseReluDense.wo)
 
 
 def test_fp8_file_defaults_to_bfloat16(device):
@@ -278,6 +291,8 @@ def test_tiny_model_built_at_run_time(tmp_path):
     ids, mask = np.array([[3, 7, 1, 0]]), np.array([[1, 1, 1, 0]])
     h = model(ids, attention_mask=mask).last_hidden_state.detach().numpy()
     assert h.shape == (1, 4, 16) and np.isfinite(h).all()
+    nothing = model(ids, attention_mask=np.zeros((1, 4))).last_hidden_state.detach().numpy()
+    assert np.isfinite(nothing).all()  # all padding: uniform attention (transformers' finfo.min does the same)
     _, file = model.save_pretrained(tmp_path / "tiny")
     for again in (T5EncoderModel.from_pretrained(tmp_path / "tiny"), load_t5(file)):  # file alone: metadata config
         assert again.config == c
