@@ -273,8 +273,9 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
 
     if output is not None:
         model_name = os.path.basename(os.path.normpath(files.transformer))
-        if model_name == "transformer":
+        if model_name == "transformer":  # a diffusers folder: its name
             model_name = os.path.basename(os.path.dirname(os.path.normpath(files.transformer)))
+        model_name = model_name[:-len(".safetensors")] if model_name.endswith(".safetensors") else model_name
         n0 = _next_index(output)
         for k, ((i, s), img) in enumerate(zip(jobs, images)):
             info = {"prompt": prompts[i], "seed": s, "steps": steps, "guidance": guidance, "width": width,
