@@ -116,6 +116,7 @@ def test_lora_merged_equals_the_weights_changed_by_hand(tiny, loras):
     """Merging adds weight·(alpha/r)·up·down to each adapted Linear, read straight from the kohya file."""
     from flame_models.flux.pipeline import load_transformer
     model = load_transformer(tiny, dtype=flame.float32, device="cpu", loras=[f"{loras['kohya']}:0.8"])
+    assert A.adapter_names(model) == []     # folded in and dropped: plain Linears, no copy of the old weights
     base = load_flux(tiny.transformer, dtype=flame.float32, device="cpu")
     with safe_open(loras["kohya"]) as f:
         sd = {k: f.get_array(k) for k in f.keys()}

@@ -144,8 +144,9 @@ def check_loras(loras, params):
 
 def apply_loras(model, loras, *, merge=True, dtype=flame.float32):
     """Load each (path, weight) into `model` as its own adapter ("lora_0", "lora_1", ...), scaled by its weight;
-    the changes add up. merge=True folds them into the base weights (no cost per step); merge=False keeps them as
-    adapters beside the weights (fp8 storage and streamed blocks need that)."""
+    the changes add up. merge=True folds them into the base weights, one after the other, and drops the adapters
+    (no cost per step, and no copy of the original weights kept: inference never unmerges); merge=False keeps them
+    as adapters beside the weights (fp8 storage and streamed blocks need that)."""
     for i, (path, weight) in enumerate(loras):
         try:
             A.load_adapters(model, path, name=f"lora_{i}", weight=weight, dtype=dtype)
@@ -153,7 +154,15 @@ def apply_loras(model, loras, *, merge=True, dtype=flame.float32):
             raise FluxFilesError(f"--lora {path}: {str(e).splitlines()[0]}") from None
     if loras and merge:
         with flame.no_grad():
-            A.merge_adapters(model)
+            for i, (_, weight) in enumerate(loras):
+                for module, rows, ad in A.adapter_modules(model, f"lora_{i}"):
+                    w = model.get_submodule(module).weight
+                    lo, hi = rows if rows is not None else (0, w.shape[0])
+                    block = w[lo:hi]
+                    w0 = block.float()
+                    new = ad.merged_weight(block).float()     # W + ΔW (DoRA: renormalised rows)
+                    block.copy_((w0 + (new - w0) * weight).to(w.dtype))
+        A.remove_adapters(model)
     return model
 
 
@@ -168,7 +177,7 @@ def load_transformer(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=
     read into host memory first. Without either, LoRAs are merged into the weights."""
     files = files if isinstance(files, FluxFiles) else find_flux_files(files)
     dev = flame.device(device) if device is not None else flame.default_device()
-    loras = check_loras(loras, files.params) if loras and not _checked(loras) else list(loras)
+    loras = check_loras(loras, files.params)
     # fp8 or streaming: read into host memory and move block by block, so the bf16 model is never whole on the device
     model = load_flux(files.transformer, dtype=dtype, device="cpu" if (stream or fp8) else dev)
     model.requires_grad_(False)
@@ -192,10 +201,6 @@ def load_transformer(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=
     except OffloadError as e:
         raise FluxFilesError(f"{files.transformer}: {str(e).splitlines()[0]}") from None
     return model
-
-
-def _checked(loras):
-    return all(isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], float) for x in loras)
 
 
 def free_model(model, device=None):
