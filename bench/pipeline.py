@@ -183,8 +183,8 @@ def text_part():
             free_torch()
             variants = [("", {}, False), (" graphed", {}, True)]
             if t5:
-                variants = [("", {}, False), (" fp8", {"quantize": "fp8"}, False),
-                            (" fp8 streamed", {"quantize": "fp8", "stream": True}, False)]
+                variants += [(" fp8", {"quantize": "fp8"}, False), (" fp8 graphed", {"quantize": "fp8"}, True),
+                             (" fp8 streamed", {"quantize": "fp8", "stream": True}, False)]
             xf = flame.tensor(ids, device=dev())
             for tag, kw, graph in variants:
                 model = (load_t5 if t5 else load_clip)(folder, dtype=fdt, device=dev(), **kw)
