@@ -192,6 +192,32 @@ def is_fp8_linear(module):
     return isinstance(module, Float8LinearMixin)
 
 
+def set_fp8_weight_(linear, q, scales, compute_dtype):
+    """Give a plain frozen `Linear` (a meta one built under empty_init too) fp8 storage from values that are already
+    quantised: q float8_e4m3fn (out_features, in_features), scales float32 (out_features,), w ~= q * scales[:, None],
+    computed in `compute_dtype`. For fp8 weights read from a file: no round trip through the compute dtype. The
+    layer then is what `quantize_linear_weights_` makes. Returns the layer."""
+    from ..adapters.layer import AdaptedLinearMixin
+    if not isinstance(linear, Linear) or isinstance(linear, (Float8LinearMixin, AdaptedLinearMixin)):
+        raise OffloadError(f"set_fp8_weight_: expects a plain Linear, got {type(linear).__name__}")
+    out_features, in_features = tuple(linear.weight.shape)
+    if q.dtype is not D.float8_e4m3fn or tuple(q.shape) != (out_features, in_features):
+        raise OffloadError(f"set_fp8_weight_: q must be float8_e4m3fn of shape {(out_features, in_features)}, got "
+                           f"{q.dtype} {fmt_shape(q.shape)}")
+    if scales.dtype is not D.float32 or tuple(scales.shape) != (out_features,) or scales.device != q.device:
+        raise OffloadError(f"set_fp8_weight_: scales must be float32 of shape ({out_features},) on {q.device}, got "
+                           f"{scales.dtype} {fmt_shape(scales.shape)} on {scales.device}")
+    compute_dtype = D.dtype(compute_dtype)
+    if not compute_dtype.is_floating_point or compute_dtype is D.float8_e4m3fn:
+        raise OffloadError(f"set_fp8_weight_: compute_dtype must be a float dtype, got {compute_dtype}")
+    _note_size(q._data)
+    linear.__dict__["compute_dtype"] = compute_dtype
+    linear.__class__ = _fp8_class(type(linear))
+    linear.weight = Parameter(q, requires_grad=False)
+    linear.register_buffer("weight_scale", scales)
+    return linear
+
+
 def quantize_linear_weights_(module, dtype="float8_e4m3fn", *, include_trainable=False):
     """Store the weight of every frozen `Linear` in `module` (itself included) as fp8 with per-output-channel scales,
     in place, on the weight's device. Returns the names of the converted layers. LoRA/LoKr/LoHa-adapted Linears are

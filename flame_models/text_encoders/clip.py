@@ -1,0 +1,200 @@
+"""The CLIP text transformer (transformers' CLIPTextModel / CLIPTextModelWithProjection): token + position
+embeddings, pre-LayerNorm layers of causal self-attention and an MLP (quick_gelu for CLIP-L, gelu for CLIP-G/bigG),
+a final LayerNorm, the pooled state at the EOS token and, projected, `text_embeds`. Parameter names are transformers'
+checkpoint keys (`text_model.encoder.layers.0.self_attn.q_proj.weight`, `text_projection.weight`).
+
+    model = CLIPTextModel(CLIPTextConfig(vocab_size=1000, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=4))   # tiny, random weights
+    out = model(input_ids, output_hidden_states=True)      # input_ids (B, L) int
+    out.last_hidden_state, out.pooler_output, out.hidden_states[-2]
+"""
+import flame_core as flame
+import flame_nn
+import flame_nn.functional as F
+from flame_nn.offload import run_block
+
+from .configs import CLIPTextConfig
+from .inputs import padding_mask, token_ids
+from .outputs import BaseModelOutputWithPooling, CLIPTextModelOutput
+from .storage import drop_stale_fusions_, project_heads
+
+
+def quick_gelu(x):
+    """x * sigmoid(1.702 x): OpenAI CLIP's GELU approximation."""
+    return x * (x * 1.702).sigmoid()
+
+
+class CLIPTextEmbeddings(flame_nn.Module):
+    def __init__(self, config, dtype=None, device=None):
+        super().__init__()
+        self.token_embedding = flame_nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
+        self.position_embedding = flame_nn.Embedding(config.max_position_embeddings, config.hidden_size,
+                                                     dtype=dtype, device=device)
+
+    def forward(self, input_ids):
+        # rows of the tables: an index, not F.embedding (whose range check waits for the GPU)
+        return self.token_embedding.weight[input_ids] + self.position_embedding.weight[:input_ids.shape[1]]
+
+
+class CLIPAttention(flame_nn.Module):
+    fusable_projections = ("q_proj", "k_proj", "v_proj")  # one matmul when loaded packed (see storage.py)
+    fused_projections = None
+
+    def __init__(self, config, dtype=None, device=None):
+        super().__init__()
+        H = config.hidden_size
+        self.num_heads, self.head_dim = config.num_attention_heads, config.head_dim
+        kw = dict(dtype=dtype, device=device)
+        self.q_proj = flame_nn.Linear(H, H, **kw)
+        self.k_proj = flame_nn.Linear(H, H, **kw)
+        self.v_proj = flame_nn.Linear(H, H, **kw)
+        self.out_proj = flame_nn.Linear(H, H, **kw)
+
+    def forward(self, x, attn_mask=None):
+        """x (B, L, H); attn_mask None (causal) or bool (B, 1, L, L), True = attend (causal and padding)."""
+        B, L, H = x.shape
+        q, k, v = project_heads(self, x, self.num_heads, self.head_dim)           # (B, heads, L, D) each
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None)
+        return self.out_proj(o.transpose(1, 2).reshape(B, L, H))
+
+
+class CLIPMLP(flame_nn.Module):
+    def __init__(self, config, dtype=None, device=None):
+        super().__init__()
+        self.hidden_act = config.hidden_act
+        self.fc1 = flame_nn.Linear(config.hidden_size, config.intermediate_size, dtype=dtype, device=device)
+        self.fc2 = flame_nn.Linear(config.intermediate_size, config.hidden_size, dtype=dtype, device=device)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        h = quick_gelu(h) if self.hidden_act == "quick_gelu" else F.gelu(h)
+        return self.fc2(h)
+
+
+class CLIPEncoderLayer(flame_nn.Module):
+    gradient_checkpointing = False
+    checkpoint_offload = False
+
+    def __init__(self, config, dtype=None, device=None):
+        super().__init__()
+        H, eps = config.hidden_size, config.layer_norm_eps
+        self.self_attn = CLIPAttention(config, dtype=dtype, device=device)
+        self.layer_norm1 = flame_nn.LayerNorm(H, eps=eps, dtype=dtype, device=device)
+        self.mlp = CLIPMLP(config, dtype=dtype, device=device)
+        self.layer_norm2 = flame_nn.LayerNorm(H, eps=eps, dtype=dtype, device=device)
+
+    def forward(self, x, attn_mask=None):
+        x = x + self.self_attn(self.layer_norm1(x), attn_mask)
+        return x + self.mlp(self.layer_norm2(x))
+
+
+class CLIPEncoder(flame_nn.Module):
+    def __init__(self, config, dtype=None, device=None):
+        super().__init__()
+        self.layers = flame_nn.ModuleList(CLIPEncoderLayer(config, dtype=dtype, device=device)
+                                          for _ in range(config.num_hidden_layers))
+
+
+class CLIPTextTransformer(flame_nn.Module):
+    """`text_model` of the checkpoints: embeddings, encoder.layers, final_layer_norm."""
+
+    def __init__(self, config, dtype=None, device=None):
+        super().__init__()
+        self.config = config
+        self.embeddings = CLIPTextEmbeddings(config, dtype=dtype, device=device)
+        self.encoder = CLIPEncoder(config, dtype=dtype, device=device)
+        self.final_layer_norm = flame_nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, dtype=dtype,
+                                                   device=device)
+
+    def forward(self, input_ids, attention_mask=None, output_hidden_states=False, *, model="CLIPTextModel"):
+        c = self.config
+        table = self.embeddings.token_embedding.weight
+        ids = token_ids(input_ids, vocab_size=c.vocab_size, device=table.device, model=model)
+        B, L = ids.shape
+        if L > c.max_position_embeddings:
+            raise ValueError(f"{model}: {L} tokens, more than max_position_embeddings {c.max_position_embeddings}")
+        keep = padding_mask(attention_mask, ids, device=table.device, model=model)
+
+        # causal attention; padded keys masked too when a mask is given
+        attn_mask = None
+        if keep is not None:
+            pos = flame.arange(L, device=table.device)
+            attn_mask = (pos[:, None] >= pos[None, :])[None, None] & keep[:, None, None, :]   # (B, 1, L, L)
+
+        x = self.embeddings(ids)                                                           # (B, L, H)
+        hidden_states = [x] if output_hidden_states else None
+        layers = self.encoder.layers
+        for i in range(len(layers)):
+            x = run_block(layers, i, x, attn_mask)
+            if hidden_states is not None:
+                hidden_states.append(x)
+        last = self.final_layer_norm(x)
+
+        # the EOS token's state: argmax of the ids under the legacy eos_token_id 2, else the first eos_token_id
+        eos = ids.argmax(-1) if c.eos_token_id == 2 else (ids == c.eos_token_id).int().argmax(-1)
+        pooled = last[flame.arange(B, device=table.device), eos]                           # (B, H)
+        return BaseModelOutputWithPooling(last_hidden_state=last, pooler_output=pooled,
+                                          hidden_states=tuple(hidden_states) if hidden_states is not None else None)
+
+
+class CLIPTextModel(flame_nn.Module):
+    """transformers' CLIPTextModel. Build under `flame_nn.empty_init` and load with `load_clip` for real weights."""
+
+    def __init__(self, config, *, dtype=None, device=None):
+        super().__init__()
+        if not isinstance(config, CLIPTextConfig):
+            config = CLIPTextConfig.from_dict(config)
+        self.config = config
+        self.text_model = CLIPTextTransformer(config, dtype=dtype, device=device)
+
+    def forward(self, input_ids, attention_mask=None, output_hidden_states=False):
+        """input_ids (B, L) int; attention_mask (B, L) 1 = token, 0 = padding (optional) ->
+        BaseModelOutputWithPooling(last_hidden_state, pooler_output, hidden_states)."""
+        return self.text_model(input_ids, attention_mask, output_hidden_states, model=type(self).__name__)
+
+    @classmethod
+    def from_pretrained(cls, path, dtype=None, device=None, **kwargs):
+        """load_clip with this class: CLIPTextModel leaves a text projection out, CLIPTextModelWithProjection
+        requires one (as transformers' classes)."""
+        from .loading import load_clip
+        return load_clip(path, dtype=dtype, device=device, projection=cls is CLIPTextModelWithProjection,
+                         **kwargs)
+
+    def save_pretrained(self, folder):
+        """config.json + model.safetensors, readable by load_clip and transformers."""
+        from .saving import save_pretrained
+        return save_pretrained(self, folder)
+
+    def to(self, *args, **kwargs):
+        super().to(*args, **kwargs)
+        drop_stale_fusions_(self)  # fused views of the old storage would keep it alive
+        return self
+
+    def enable_gradient_checkpointing(self, enabled=True, offload=False):
+        for layer in self.text_model.encoder.layers:
+            layer.gradient_checkpointing, layer.checkpoint_offload = enabled, offload
+        return self
+
+    @property
+    def dtype(self):
+        return self.text_model.embeddings.token_embedding.weight.dtype
+
+    @property
+    def device(self):
+        return self.text_model.embeddings.token_embedding.weight.device
+
+
+class CLIPTextModelWithProjection(CLIPTextModel):
+    """transformers' CLIPTextModelWithProjection: also `text_embeds` = pooler_output @ text_projection (no bias)."""
+
+    def __init__(self, config, *, dtype=None, device=None):
+        super().__init__(config, dtype=dtype, device=device)
+        self.text_projection = flame_nn.Linear(self.config.hidden_size, self.config.projection_dim, bias=False,
+                                               dtype=dtype, device=device)
+
+    def forward(self, input_ids, attention_mask=None, output_hidden_states=False):
+        """-> CLIPTextModelOutput(text_embeds, last_hidden_state, pooler_output, hidden_states)."""
+        out = self.text_model(input_ids, attention_mask, output_hidden_states, model=type(self).__name__)
+        return CLIPTextModelOutput(text_embeds=self.text_projection(out.pooler_output),
+                                   last_hidden_state=out.last_hidden_state, pooler_output=out.pooler_output,
+                                   hidden_states=out.hidden_states)
