@@ -240,8 +240,10 @@ def _scale(keymap, ckpt, src, rows, device):
 def _read(keymap, ckpt, name, dtype, device):
     """The model tensor `name` in `dtype` on `device` (dequantised, transposed or cut from its file tensor)."""
     src = keymap.sources[name]
-    if _is_fp8(ckpt.dtype(src.key)):
-        t = ckpt.get(src.key, dtype=flame.float32, device=device)
+    stored = ckpt.dtype(src.key)
+    if _is_fp8(stored):  # (float8_e5m2 has no device representation: widened on the host)
+        t = ckpt.get(src.key, dtype=flame.float32,
+                     device=device if stored == flame.float8_e4m3fn.np else "cpu").to(device)
         s = _scale(keymap, ckpt, src, t.shape[0], device)
         if s is not None:
             t = t * s

@@ -2,6 +2,7 @@
 reads (ComfyUI fp8 files included), with fp8 storage and block streaming, and the errors it gives."""
 import json
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -115,6 +116,18 @@ def test_comfyui_fp8_files(kind, device):
     dense = load_t5(path, config=folder("t5"), dtype="float32", device=device, quantize=None)
     assert not is_fp8_linear(dense.encoder.block[2].layer[1].DenseReluDense.wo)
     outputs_close(dense(ref["input_ids"], attention_mask=ref["attention_mask"]), ref, kind)
+
+
+def test_e5m2_weights_are_widened(tmp_path, device):
+    """float8_e5m2 has no fp8 storage here: such weights are dequantised (or, quantize="fp8", re-quantised)."""
+    w = weights("t5")
+    key = "encoder.block.1.layer.1.DenseReluDense.wo.weight"
+    w[key] = w[key].astype(ml_dtypes.float8_e5m2)
+    path = save(w, tmp_path / "e5m2.safetensors")
+    model = load_t5(path, config=cfg(), dtype="float32", device=device)
+    np.testing.assert_array_equal(model.get_parameter(key).numpy(), w[key].astype(np.float32))
+    assert is_fp8_linear(load_t5(path, config=cfg(), device=device, quantize="fp8").encoder.block[1].layer[1]
+                         .DenseReluDense.wo)
 
 
 def test_fp8_file_defaults_to_bfloat16(device):
