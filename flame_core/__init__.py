@@ -27,12 +27,15 @@ from .ops.shape import (reshape, flatten, unflatten, permute, transpose, swapaxe
                         narrow, select, flip, roll, tril, triu, cat, concat, concatenate, stack, movedim)
 from .ops.indexing import gather, scatter_add, index_select, masked_fill, nonzero, pad, one_hot
 from .ops.linalg import matmul, mm, bmm, outer, dot, einsum
+from .ops.numpy_names import NAMES as _NUMPY_NAMED, with_numpy_names as _with_numpy_names
+globals().update({_n: _with_numpy_names(globals()[_n]) for _n in _NUMPY_NAMED})  # axis= / keepdims=, as torch.X
 from . import amp
 from . import checkpoint
 from . import cuda
 from . import memory  # installs FLAME's pool as CuPy's allocator on a GPU (FLAME_CUDA_POOL=0 opts out) and the
                       # cpu storage accounting: stats, limits and OOM reports work without an explicit import
 from .random import Generator, manual_seed, seed, get_rng_state, set_rng_state, default_generator
+from .threads import get_num_threads, set_num_threads  # the BLAS sized at import (flame_core/threads.py)
 
 __version__ = "0.1.0"
 

@@ -46,7 +46,7 @@ def xp_for(device):
         if not cuda_available():
             from .errors import DeviceError
             raise DeviceError(f"device {device} requested but CuPy does not see a GPU "
-                              f"(install flame[cuda12] or flame[cuda13] on a machine with one)")
+                              f"(install flame-diffusion[cuda12] or flame-diffusion[cuda13] on a machine with one)")
         return cupy
     return np
 

@@ -359,6 +359,18 @@ class Tensor:
     def __reduce__(self):
         return (_rebuild, (backend.to_numpy(self._data), str(self.device), self._requires_grad))
 
+    def __array__(self, dtype=None, copy=None):
+        """np.asarray(t) for a cpu tensor (as .numpy(): no copy, and an error if it requires grad)."""
+        if backend.is_cuda_array(self._data):
+            raise TypeError(f"can't convert a {self.device} tensor to a NumPy array: copy it to host memory "
+                            f"first with .cpu() (or .numpy(), which does)")
+        a = self.numpy()
+        if dtype is not None and a.dtype != np.dtype(dtype):
+            if copy is False:
+                raise ValueError(f"a {self.dtype.name} tensor cannot be a {np.dtype(dtype)} array without a copy")
+            return a.astype(dtype)
+        return a.copy() if copy else a
+
     def __dlpack__(self, *args, **kwargs):
         return self._data.__dlpack__(*args, **kwargs)
 

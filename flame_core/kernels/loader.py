@@ -48,7 +48,10 @@ import numpy as np
 from .. import backend
 from ..errors import DTypeError, KernelCompileError
 
-CUDA_SRC = Path(os.environ.get("FLAME_CUDA_SRC", Path(__file__).resolve().parents[2] / "cuda_src"))
+# FLAME_CUDA_SRC overrides; else the copy a wheel ships (flame_core/cuda_src), else the source tree's cuda_src/
+_PKG = Path(__file__).resolve().parents[1]
+CUDA_SRC = Path(os.environ.get("FLAME_CUDA_SRC") or next(
+    (p for p in (_PKG / "cuda_src", _PKG.parent / "cuda_src") if p.is_dir()), _PKG.parent / "cuda_src"))
 NVRTC_OPTIONS = ("--std=c++17",)
 
 _local = threading.local()

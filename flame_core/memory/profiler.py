@@ -10,7 +10,7 @@ Every allocation and free of the device's accountant (the cuda pool, or cpu tens
 entry naming the op that caused it: `MatMulBackward` while backward runs that node, `MatMul` inside a Function,
 else the outermost flame_core function called (`randn`, `zeros`, ...). At the end, the allocations alive at the
 peak are grouped by op and listed largest first (with shape, dtype and, when tracking is on, the creating line).
-The PNG needs matplotlib (`pip install flame[plot]`).
+The PNG needs matplotlib (`pip install flame-diffusion[plot]`).
 """
 import json
 import os
@@ -186,7 +186,7 @@ class MemoryProfiler:
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
         except ImportError as e:
-            raise ImportError("MemoryProfiler.plot needs matplotlib: pip install flame[plot]") from e
+            raise ImportError("MemoryProfiler.plot needs matplotlib: pip install flame-diffusion[plot]") from e
         top = max([e[7] for e in self.timeline] + [self.baseline[1], 1])
         unit, scale = ("GiB", float(1 << 30)) if top >= 1 << 30 else ("MiB", float(1 << 20))
         x = [e[1] * 1e3 for e in self.timeline]

@@ -1,6 +1,7 @@
 """Tensor-level ops. Importing this package installs the Tensor methods and operators."""
 from . import creation, conversion, elementwise, reduction, shape, indexing, linalg
 from . import elementwise as E, reduction as R, shape as S, indexing as I, linalg as L
+from .numpy_names import NAMES as _NUMPY_NAMED, with_numpy_names
 from ..tensor import Tensor
 
 
@@ -86,7 +87,7 @@ def _install():
         nonzero=I.nonzero, matmul=L.matmul, mm=L.mm, bmm=L.bmm, outer=L.outer, dot=L.dot,
     )
     for name, fn in plain.items():
-        setattr(T, name, fn)
+        setattr(T, name, with_numpy_names(fn) if name in _NUMPY_NAMED else fn)
     T.where = lambda self, condition, other: E.where(condition, self, other)
     T.view_as = lambda self, other: S.view(self, tuple(other.shape))
     T.reshape_as = lambda self, other: S.reshape(self, tuple(other.shape))

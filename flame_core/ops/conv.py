@@ -29,6 +29,7 @@ import numpy as np
 
 from .. import backend
 from .. import dtypes as D
+from .. import threads as _threads
 from ..amp import autocast_mode as _amp  # autocast hook: a flag test when off
 from ..autograd.function import Function
 from ..autograd.grad_mode import state
@@ -203,11 +204,13 @@ def _mm(a, b, out=None):
     """a @ b (2-D or batched) into `out`; NumPy half types multiply in float32."""
     xp = backend.xp_of(a)
     if xp is np and a.dtype in _HALF:
-        r = np.matmul(a.astype(np.float32), b.astype(np.float32))
+        r = _threads.matmul(a.astype(np.float32), b.astype(np.float32))
         if out is None:
             return r.astype(a.dtype)
         out[...] = r
         return out
+    if xp is np:
+        return _threads.matmul(a, b, out=out)
     if out is None:
         return xp.matmul(a, b)
     return xp.matmul(a, b, out=out)

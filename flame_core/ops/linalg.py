@@ -3,8 +3,9 @@ import numpy as np
 
 from .. import backend
 from .. import dtypes as D
+from .. import threads as _threads
 from ..autograd.function import Function
-from ..errors import ShapeError, fmt_shape
+from ..errors import DTypeError, ShapeError, fmt_shape
 from ..tensor import _wrap, check_same_device
 from ..amp import autocast_mode as _amp  # autocast hook (flame_core.amp): one line per op, a flag test when off
 from ..kernels import gemm as _cublas
@@ -18,8 +19,8 @@ def _mm_arrays(a, b):
     float32 (no half BLAS) and rounded back."""
     if backend.xp_of(a) is np:
         if a.dtype in _HALF:
-            return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
-        return np.matmul(a, b)
+            return _threads.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
+        return _threads.matmul(a, b)
     return _cublas.mm(a, b)
 
 
@@ -30,9 +31,6 @@ class Matmul(Function):
             from .elementwise import _fp8_storage_only
             _fp8_storage_only("matmul")
         xa, xb = a._data, b._data
-        if xa.dtype != xb.dtype:
-            dt = D.promote_types(a.dtype, b.dtype).np
-            xa, xb = xa.astype(dt), xb.astype(dt)
         na, nb = ctx.needs_input_grad
         ctx.save_for_backward(a if nb else None, b if na else None)  # dA needs B, dB needs A (as PyTorch)
         ctx.shapes = (a.shape, b.shape)
@@ -81,6 +79,10 @@ def matmul(a, b):
         raise ShapeError(f"matmul: shapes {fmt_shape(a.shape)} and {fmt_shape(b.shape)} cannot be multiplied "
                          f"({ka} != {kb})")
     if _amp.active: a, b = _amp.cast_inputs("lower", a, b)  # autocast hook
+    if a._data.dtype != b._data.dtype and D.float8_e4m3fn not in (a.dtype, b.dtype):  # fp8: Matmul's own error
+        raise DTypeError(f"matmul: expected both operands to have the same dtype, got {a.dtype.name} and "
+                         f"{b.dtype.name} (as PyTorch, no promotion: cast one with .to(), or compute under "
+                         f"flame.amp.autocast)")
     return Matmul.apply(a, b)
 
 

@@ -302,18 +302,47 @@ def cumprod(x, dim):
     return Cumprod.apply(x, _dims(dim, x.ndim, "cumprod")[0])
 
 
+class Norm(Function):
+    """The p-norm (p > 0, not 1 or inf) with PyTorch's gradient: zero where the norm is zero (the subgradient 0; the
+    composed sqrt / pow would give 0·inf = NaN there). Backward is written with differentiable ops."""
+
+    @staticmethod
+    def forward(ctx, x, p, axes, keepdim):
+        n = (x * x).sum(axes, keepdim).sqrt() if p == 2 else (x.abs() ** p).sum(axes, keepdim) ** (1.0 / p)
+        ctx.save_for_backward(x, n)
+        ctx.p, ctx.axes, ctx.keepdim = p, axes, keepdim
+        return n
+
+    @staticmethod
+    def backward(ctx, g):
+        x, n = ctx.saved_tensors
+        p = ctx.p
+        n = _expand_back(n, x.shape, ctx.axes, ctx.keepdim)
+        g = _expand_back(g, x.shape, ctx.axes, ctx.keepdim)
+        zero = n == 0  # then every x of that slice is 0 too
+        n = n.masked_fill(zero, 1.0)
+        if p == 2:
+            return g * x / n, None, None, None
+        ax = x.abs()
+        if p < 1:  # |x|^(p-1) is infinite at x = 0: those entries get 0, as in PyTorch
+            xz = x == 0
+            return (x.sign() * ax.masked_fill(xz, 1.0) ** (p - 1)).masked_fill(xz, 0.0) * (g * n ** (1 - p)), \
+                None, None, None
+        return x.sign() * ax ** (p - 1) * (g / n ** (p - 1)), None, None, None
+
+
 def norm(x, p="fro", dim=None, keepdim=False):
     axes = _dims(dim, x.ndim, "norm")
     if p in ("fro", 2, 2.0):
-        return (x * x).sum(axes, keepdim).sqrt()
+        return Norm.apply(x, 2, axes, keepdim)
     if p in (1, 1.0):
         return x.abs().sum(axes, keepdim)
     if p == float("inf"):
         return amax(x.abs(), axes, keepdim)
     if p == float("-inf"):
         return amin(x.abs(), axes, keepdim)
-    if isinstance(p, (int, float)) and p > 0:
-        return (x.abs() ** p).sum(axes, keepdim) ** (1.0 / p)
+    if isinstance(p, (int, float)) and not isinstance(p, bool) and p > 0:
+        return Norm.apply(x, float(p), axes, keepdim)
     raise ValueError(f"norm: unsupported p={p!r}")
 
 

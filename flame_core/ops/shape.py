@@ -7,6 +7,7 @@ from .. import backend
 from ..autograd.function import Function
 from ..errors import ShapeError, fmt_shape
 from ..tensor import Tensor, _wrap, _view_of
+from .dtype_view import view_dtype
 
 
 def _norm_dim(d, ndim, op):
@@ -78,7 +79,7 @@ def reshape(x, *shape):
 
 def view(x, *shape):
     if len(shape) == 1 and not isinstance(shape[0], (tuple, list, int)):
-        return x.to(shape[0])  # view(dtype) reinterpretation is not supported; behaves like a cast of equal size
+        return view_dtype(x, shape[0])  # the same bytes as another dtype
     shape = _infer(_size_arg(shape), x.numel(), "view", x.shape)
     return Reshape.apply(x, shape, True)
 

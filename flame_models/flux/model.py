@@ -4,6 +4,7 @@ import flame_nn
 from flame_nn.offload import run_block
 
 from .layers import DoubleStreamBlock, EmbedND, LastLayer, MLPEmbedder, SingleStreamBlock, timestep_embedding
+from .lora_keys import name_map_for
 from .ops import rope_rows
 from .params import flux_params
 
@@ -39,6 +40,11 @@ class Flux(flame_nn.Module):
         """Load a BFL or diffusers checkpoint (file, folder or index JSON); see flame_models.flux.load_flux."""
         from .loading import load_flux
         return load_flux(path, dtype=dtype, device=device, **kwargs)
+
+    def adapter_name_map(self):
+        """This model's Linear names (BFL's) <-> diffusers' (PEFT files, `to_q` targets): flame_nn.adapters' default
+        name_map for it."""
+        return name_map_for(self.params)
 
     def enable_gradient_checkpointing(self, enabled=True, offload=False):
         """Recompute each block in backward instead of keeping its activations (optionally keeping the block

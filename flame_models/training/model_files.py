@@ -14,7 +14,8 @@ _KINDS = (
     ("flux", "a Flux transformer", ("double_blocks.0.img_attn.qkv.weight",
                                     "single_transformer_blocks.0.attn.to_q.weight")),
     ("sd3", "an SD3 (MMDiT) transformer", ("joint_blocks.0.x_block.attn.qkv.weight", "pos_embed.proj.weight")),
-    ("unet", "a Stable Diffusion / SDXL UNet", ("input_blocks.0.0.weight", "down_blocks.0.resnets.0.conv1.weight")),
+    # (diffusers' VAE has down_blocks.0.resnets too: the time embedding tells a UNet)
+    ("unet", "a Stable Diffusion / SDXL UNet", ("input_blocks.0.0.weight", "time_embedding.linear_1.weight")),
     ("vae", "a VAE (autoencoder)", ("decoder.conv_in.weight", "encoder.conv_in.weight")),
     ("clip", "a CLIP text encoder", ("text_model.encoder.layers.0.self_attn.q_proj.weight",
                                      "text_model.embeddings.token_embedding.weight")),

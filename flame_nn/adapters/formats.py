@@ -13,15 +13,20 @@ and holds its tensors under the kohya/LyCORIS suffixes:
 both full). rsLoRA (s = α/√r) is written as alpha = α·√r so every reader gets the same s.
 
 kohya keys: `lora_unet_<module name with . -> _>.<suffix>` plus `.alpha` (a 0-d float32).
-PEFT keys:  `transformer.<diffusers name>.lora_A.weight / .lora_B.weight / .lora_magnitude_vector`, no alpha: s is
-folded into lora_B (exact whenever s is a power of two, e.g. α = r), and FLAME records the original alphas in the
-metadata so that its own loader restores them. Fused FLAME/BFL Linears map to several diffusers Linears through a
+PEFT keys:  `transformer.<diffusers name>.lora_A.weight / .lora_B.weight / .lora_magnitude_vector`, no alpha. FLAME
+writes s folded into lora_B (exact whenever s is a power of two, e.g. α = r) and records the original alphas in the
+metadata so that its own loader restores them. Reading, s comes from (first found): a per-module `.alpha` key (the
+kohya alpha, as ComfyUI reads it), FLAME's recorded alphas, the PEFT LoraConfig that diffusers' save_lora_weights
+stores as JSON under the metadata key `lora_adapter_metadata` (`transformer.r`, `.lora_alpha`, `.rank_pattern`,
+`.alpha_pattern`, `.use_rslora`, `.use_dora`; patterns matched as PEFT does), else s = 1 (diffusers' own default
+when a file has no metadata: lora_alpha = r). Fused FLAME/BFL Linears map to several diffusers Linears through a
 `NameMap` (for Flux: flame_models/flux/lora_keys.py), e.g. img_attn.qkv rows [0:H] / [H:2H] / [2H:3H] -> to_q / to_k /
 to_v. A LoRA on a fused Linear splits exactly into one LoRA per part (same down, rows of up); the reverse joins them
 again when their downs are equal.
 """
 import json
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -287,11 +292,60 @@ def to_peft(modules, name_map=IDENTITY, prefix=PEFT_PREFIX, dtype=None):
 
 
 _PEFT_SUFFIXES = (".lora_A.weight", ".lora_B.weight", ".lora_magnitude_vector", ".alpha")
+PEFT_METADATA_KEY = "lora_adapter_metadata"  # diffusers' LORA_ADAPTER_METADATA_KEY
 
 
-def from_peft(sd, name_map=IDENTITY, prefix=PEFT_PREFIX, alphas=None):
+def peft_config_of(meta, prefix=PEFT_PREFIX):
+    """The PEFT LoraConfig fields diffusers stored for the component `prefix` names ("transformer."), or None."""
+    raw = (meta or {}).get(PEFT_METADATA_KEY)
+    if raw is None:
+        return None
+    try:
+        packed = json.loads(raw)
+    except ValueError as e:
+        raise AdapterFormatError(f"metadata {PEFT_METADATA_KEY!r} is not JSON: {e}") from None
+    if not isinstance(packed, dict):
+        raise AdapterFormatError(f"metadata {PEFT_METADATA_KEY!r} is not a JSON object")
+    comp = prefix.rstrip(".")
+    config = {k[len(comp) + 1:]: v for k, v in packed.items() if comp and k.startswith(comp + ".")}
+    if not comp and "r" in packed:
+        config = packed
+    if not config:
+        return None
+    if "r" not in config or "lora_alpha" not in config:
+        raise AdapterFormatError(f"metadata {PEFT_METADATA_KEY!r} for {comp or 'the model'} lacks r / lora_alpha: "
+                                 f"{sorted(config)[:12]}")
+    if config.get("lora_bias"):
+        raise AdapterFormatError("the LoRA has lora_bias=True (a bias on lora_B): not supported")
+    return config
+
+
+def _pattern_value(patterns, name, default):
+    """PEFT's get_pattern_key: the first pattern that matches a dotted suffix of `name` (regex, full match)."""
+    for key, value in (patterns or {}).items():
+        if re.match(rf"(.*\.)?({key})$", name):
+            return value
+    return default
+
+
+def _alpha_from_config(config, name, rank, where, has_magnitude):
+    """The kohya alpha (s·rank) of module `name` under a PEFT LoraConfig, after checking the file agrees with it."""
+    want_rank = _pattern_value(config.get("rank_pattern"), name, config["r"])
+    if int(want_rank) != rank:
+        raise AdapterFormatError(f"{where}: lora_A has rank {rank} but the file's LoraConfig gives {name} rank "
+                                 f"{want_rank} (r={config['r']}, rank_pattern={config.get('rank_pattern')})")
+    if bool(config.get("use_dora")) != has_magnitude:
+        raise AdapterFormatError(f"{where}: the file's LoraConfig has use_dora={bool(config.get('use_dora'))} but "
+                                 f"this module {'has' if has_magnitude else 'has no'} lora_magnitude_vector")
+    alpha = float(_pattern_value(config.get("alpha_pattern"), name, config["lora_alpha"]))
+    s = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    return s * rank
+
+
+def from_peft(sd, name_map=IDENTITY, prefix=PEFT_PREFIX, alphas=None, peft_config=None):
     """PEFT/diffusers state dict -> canonical: one part per diffusers Linear (rows = its FLAME rows). Parts whose rows
-    are permuted (several ranges) are put back in FLAME row order. `alphas` (from FLAME's metadata) unfolds s."""
+    are permuted (several ranges) are put back in FLAME row order. `alphas` (from FLAME's metadata) unfolds s;
+    `peft_config` (`peft_config_of(metadata)`) gives s as PEFT computes it."""
     grouped, unexpected = {}, []
     for key, v in sd.items():
         suffix = next((s for s in _PEFT_SUFFIXES if key.endswith(s)), None)
@@ -319,6 +373,8 @@ def from_peft(sd, name_map=IDENTITY, prefix=PEFT_PREFIX, alphas=None):
             s = 1.0 if alpha is None else float(alpha) / rank
             if s != 1.0:
                 up = (up.astype(np.float64) / s).astype(up.dtype)
+        elif peft_config is not None and ".alpha" not in t:
+            alpha = _alpha_from_config(peft_config, name, down.shape[0], prefix + name, mag is not None)
         rows = None
         if ranges is not None:
             n = sum(hi - lo for lo, hi in ranges)
@@ -448,7 +504,7 @@ def load(path, module_names, *, name_map=IDENTITY):
         return from_kohya(sd, module_names, prefix), meta
     alphas = json.loads(meta["flame.alphas"]) if "flame.alphas" in meta else None
     prefix = next((p for p in PEFT_PREFIXES if all(k.startswith(p) for k in sd)), "")
-    modules = from_peft(sd, name_map, prefix, alphas)
+    modules = from_peft(sd, name_map, prefix, alphas, peft_config_of(meta, prefix))
     names = set(module_names)
     unknown = [m for m in modules if m not in names]
     if unknown:

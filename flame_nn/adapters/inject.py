@@ -1,7 +1,7 @@
 """Putting adapters into a model, and the model-level operations on them.
 
     targets = ["to_q", "to_k", "to_v", "to_out.0"]             # name patterns (see `matches`)
-    inject_adapters(model, targets, kind="lora", rank=16, alpha=16, name_map=flux_map)
+    inject_adapters(model, targets, kind="lora", rank=16, alpha=16)  # Flux: diffusers names, its own map
     opt = AdamW(adapter_parameters(model), lr=1e-4)
     save_adapters(model, "lora.safetensors", format="kohya")  # or "peft" (diffusers)
     load_adapters(model, "style.safetensors", name="style", weight=0.8)   # a second adapter, for inference
@@ -11,6 +11,10 @@ A pattern names a Linear of the model or, through `name_map`, one of the diffuse
 (Flux's qkv -> to_q/to_k/to_v): the adapter then covers only those output rows. Patterns: "re:<regex>" (full match),
 globs with * ? [ ] (fnmatch), or a plain name matching the whole name or its dotted suffix ("to_q" matches
 "transformer_blocks.3.attn.to_q"), as PEFT's target_modules.
+
+A model whose Linears have other names than the PEFT/diffusers files' (Flux: BFL names in the model, diffusers names
+in the files) returns its NameMap from an `adapter_name_map()` method; every function here uses it when no
+`name_map` is passed.
 """
 import fnmatch
 import re
@@ -38,12 +42,21 @@ def matches(pattern, name):
     return name == pattern or name.endswith("." + pattern)
 
 
+def model_name_map(model, name_map=None):
+    """`name_map` if given, else the model's own (`model.adapter_name_map()`), else names map to themselves."""
+    if name_map is not None:
+        return name_map
+    own = getattr(model, "adapter_name_map", None)
+    return own() if callable(own) else fmt.IDENTITY
+
+
 def _linears(model):
     return [(n, m) for n, m in model.named_modules() if isinstance(m, Linear) or isinstance(m, AdaptedLinearMixin)]
 
 
-def find_targets(model, targets, name_map=fmt.IDENTITY, only_if_contains=None, ignore_if_contains=None):
+def find_targets(model, targets, name_map=None, only_if_contains=None, ignore_if_contains=None):
     """[(module name, module, rows or None)] that `targets` select. Whole-Linear matches win over row matches."""
+    name_map = model_name_map(model, name_map)
     if isinstance(targets, str):
         targets = [targets]
     targets = list(targets)
@@ -91,7 +104,7 @@ def _make(kind, mod, rows, rank, alpha, dropout, rslora, lokr_factor, lokr_full_
 
 
 def inject_adapters(model, targets, kind="lora", *, name="default", rank=16, alpha=None, dropout=0.0, rslora=False,
-                    lokr_factor=-1, lokr_full_rank=False, name_map=fmt.IDENTITY, only_if_contains=None,
+                    lokr_factor=-1, lokr_full_rank=False, name_map=None, only_if_contains=None,
                     ignore_if_contains=None, dtype=flame.float32, init_weights="kaiming", generator=None,
                     freeze_base=True):
     """Attach a new adapter `name` of `kind` to every Linear (or row range) `targets` select. The base is frozen
@@ -198,10 +211,15 @@ def load_adapter_state(model, modules, name="default"):
                 raise fmt.AdapterFormatError(f"{mod_name} rows {r}: {e}") from None
 
 
-def save_adapters(model, path, format="kohya", *, name="default", name_map=fmt.IDENTITY, dtype=None,
+def save_adapters(model, path, format="kohya", *, name="default", name_map=None, dtype=None,
                   metadata=None):
-    """Write adapter `name` to `path` (.safetensors, atomic) in kohya or PEFT layout, with metadata describing it."""
+    """Write adapter `name` to `path` (.safetensors, atomic) in kohya or PEFT layout, with metadata describing it.
+    PEFT files name the diffusers Linears: for a model that declares its name map (`adapter_name_map`), every adapted
+    module must have a name in the map used (else the file would carry names diffusers does not know)."""
     state = adapter_state(model, name)
+    if format == "peft":
+        _check_peft_names(model, name_map, state)
+    name_map = model_name_map(model, name_map)
     out_features = {k: model.get_submodule(k).weight.shape[0] for k in state}
     norms = None
     if any(p.kind == "dora" and p.rows is not None for parts in state.values() for p in parts):
@@ -220,11 +238,23 @@ def save_adapters(model, path, format="kohya", *, name="default", name_map=fmt.I
                     dtype=np_dtype, metadata=meta)
 
 
-def load_adapters(model, path, *, name="default", weight=1.0, name_map=fmt.IDENTITY, dtype=flame.float32):
+def _check_peft_names(model, name_map, state):
+    if getattr(model, "adapter_name_map", None) is None:
+        return  # the model's Linears have the files' names (those a NameMap does not list map to themselves)
+    unmapped = [k for k in state if k not in model_name_map(model, name_map).targets]
+    if unmapped:
+        raise fmt.AdapterFormatError(
+            f"format='peft' writes diffusers names, but the name map has none for {len(unmapped)} adapted "
+            f"module(s): {unmapped[:6]}{' ...' if len(unmapped) > 6 else ''}"
+            + ("" if name_map is None else " (leave name_map unset to use the model's own map)")
+            + "; format='kohya' keeps the model's names")
+
+
+def load_adapters(model, path, *, name="default", weight=1.0, name_map=None, dtype=flame.float32):
     """Load a LoRA file into adapter `name`: into the existing one if the model has it, else a new adapter shaped
     by the file (kind, rank and rows from its tensors) is injected first. Returns the file's metadata."""
     module_names = [n for n, _ in _linears(model)]
-    modules, meta = fmt.load(path, module_names, name_map=name_map)
+    modules, meta = fmt.load(path, module_names, name_map=model_name_map(model, name_map))
     if name not in adapter_names(model):
         for mod_name, parts in modules.items():
             mod = adapt(model.get_submodule(mod_name))

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import flame_core as flame
-from flame_core import amp
+from flame_core import amp, grad_pool
 
 
 def _model(device, rng, dtype=flame.float32):
@@ -225,7 +225,6 @@ def test_unscale_handles_broadcast_gradients(device, sgd):
 
 
 def test_pooled_gradients_are_unscaled_through_the_flat_buffer(device, sgd):
-    grad_pool = pytest.importorskip("flame_core.grad_pool")
     rng = np.random.default_rng(7)
     w, x = _model(device, rng)
     v = flame.tensor(rng.standard_normal(3), device=device, requires_grad=True)

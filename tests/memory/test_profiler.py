@@ -72,5 +72,5 @@ def test_plot_without_matplotlib_says_how_to_get_it(device, tmp_path, monkeypatc
         t = flame.zeros(10, device=device)
     del t
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
-    with pytest.raises(ImportError, match=r"flame\[plot\]"):
+    with pytest.raises(ImportError, match=r"flame-diffusion\[plot\]"):
         prof.plot(str(tmp_path / "x.png"))

@@ -1,0 +1,241 @@
+"""Finding the parts of a Flux text-to-image model: the transformer, the VAE, CLIP-L, T5-XXL and their tokenizers.
+
+    files = find_flux_files("FLUX.1-dev/")                                # a diffusers folder
+    files = find_flux_files("flux1-dev.safetensors", vae="ae.safetensors", clip_l="clip_l.safetensors",
+                            t5="t5xxl_fp8_e4m3fn.safetensors")           # ComfyUI / BFL single files
+
+Only the safetensors headers are read (names, shapes): every part is checked to be what it is meant to be and to
+fit the transformer (T5 width = context_in_dim, CLIP width = vec_in_dim, VAE latent channels x 4 = in_channels)
+before anything is loaded, and ONE error lists every problem, naming each file and what it looks like.
+"""
+import os
+from dataclasses import dataclass
+
+from flame_core.errors import FlameError
+from flame_core.io import safe_open
+
+from .loading import FluxCheckpointError, read_flux_params
+from .params import FluxParams
+
+INDEX_SUFFIX = ".safetensors.index.json"
+# diffusers FluxPipeline's subfolders
+SUBFOLDERS = {"transformer": "transformer", "vae": "vae", "clip_l": "text_encoder", "t5": "text_encoder_2",
+              "clip_tokenizer": "tokenizer", "t5_tokenizer": "tokenizer_2"}
+# what each part is, in the words of training.model_files.describe_keys, and the option that names it
+_WANT = {"transformer": ("flux", "a Flux transformer", "--model"),
+         "vae": ("vae", "a VAE (autoencoder)", "--vae"),
+         "clip_l": ("clip", "a CLIP text encoder (CLIP-L)", "--clip-l"),
+         "t5": ("t5", "a T5 text encoder (T5-XXL)", "--t5")}
+_PREFERRED = ("diffusion_pytorch_model.safetensors", "model.safetensors")
+_PICKLES = (".ckpt", ".pt", ".pth", ".bin", ".pkl")
+
+
+class FluxFilesError(FlameError, ValueError):
+    """Parts of a Flux model that are missing, unreadable, of the wrong kind or that do not fit together; the
+    message has one line per problem, each naming the file."""
+
+
+@dataclass
+class FluxFiles:
+    """Where each part of a Flux model is. transformer / vae / clip_l / t5: a safetensors file, an index JSON or a
+    folder; clip_tokenizer / t5_tokenizer: a tokenizer folder, or None for the vocabulary packaged with FLAME.
+    params: the transformer's FluxParams (read from its headers by find_flux_files)."""
+    transformer: str
+    vae: str
+    clip_l: str
+    t5: str
+    clip_tokenizer: str = None
+    t5_tokenizer: str = None
+    params: FluxParams = None
+
+    @property
+    def is_dev(self):
+        """True when the transformer embeds the guidance strength (flux-dev); schnell-like otherwise."""
+        return self.params is None or self.params.guidance_embed
+
+    @property
+    def t5_max_length(self):
+        """T5 tokens per prompt: 512 for dev, 256 for schnell (what diffusers and BFL use)."""
+        return 512 if self.is_dev else 256
+
+
+# ----------------------------------------------------------------------------- one part's files and headers
+def part_files(path, part):
+    """The safetensors files of `part` at `path` (a file, an index JSON, a folder holding one checkpoint, or a
+    diffusers model folder holding the part's subfolder). Raises FluxFilesError with one line."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FluxFilesError(f"{path} does not exist")
+    if os.path.isdir(path):
+        names = os.listdir(path)
+        sub = os.path.join(path, SUBFOLDERS.get(part, part))
+        if os.path.isdir(sub) and not any(n.endswith(".safetensors") for n in names):
+            return part_files(sub, part)
+        indexes = sorted(n for n in names if n.endswith(INDEX_SUFFIX))
+        if len(indexes) > 1:
+            raise FluxFilesError(f"{path}: several index files ({', '.join(indexes)}); name one of them")
+        if indexes:
+            return part_files(os.path.join(path, indexes[0]), part)
+        st = sorted(n for n in names if n.endswith(".safetensors"))
+        pick = next((n for n in _PREFERRED if n in st), None)
+        if pick is None and len(st) == 1:
+            pick = st[0]
+        if pick is None:
+            raise FluxFilesError(f"{path}: a folder with " + (f"{len(st)} .safetensors files ({', '.join(st[:5])}): "
+                                 f"name the file" if st else "no .safetensors file"))
+        return [os.path.join(path, pick)]
+    low = path.lower()
+    if low.endswith(_PICKLES):
+        raise FluxFilesError(f"{path}: a pickle checkpoint ({os.path.splitext(path)[1]}); only .safetensors files "
+                             f"are read (they cannot run code when opened)")
+    if low.endswith(".gguf"):
+        raise FluxFilesError(f"{path}: a GGUF file; FLAME reads .safetensors checkpoints (fp8 storage: --fp8)")
+    if low.endswith(".json"):
+        import json
+        try:
+            with open(path) as f:
+                weight_map = json.load(f).get("weight_map")
+        except (OSError, ValueError, AttributeError) as e:
+            raise FluxFilesError(f"{path}: not a safetensors index JSON ({e})") from None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise FluxFilesError(f"{path}: an index JSON needs a non-empty 'weight_map'")
+        folder = os.path.dirname(path)
+        files = [os.path.join(folder, n) for n in dict.fromkeys(weight_map.values())]
+        absent = [f for f in files if not os.path.exists(f)]
+        if absent:
+            raise FluxFilesError(f"{path}: shard(s) listed in the index are missing: {', '.join(absent[:4])}")
+        return files
+    return [path]
+
+
+def read_headers(files):
+    """{tensor name: shape} of safetensors files (headers only). FluxFilesError when one cannot be read."""
+    shapes = {}
+    for f in files:
+        try:
+            with safe_open(f) as h:
+                for k in h.keys():
+                    shapes[k] = tuple(h.shape(k))
+        except Exception as e:  # a truncated download, an HTML error page saved as .safetensors, a pickle
+            first = str(e).splitlines()[0] if str(e) else ""
+            raise FluxFilesError(f"{f}: not a readable .safetensors file ({type(e).__name__}: {first})") from None
+    return shapes
+
+
+def _shown(path, files):
+    return files[0] if len(files) == 1 else os.fspath(path)
+
+
+def _find(shapes, suffix):
+    return next((s for k, s in shapes.items() if k.endswith(suffix)), None)
+
+
+def _widths(part, shapes):
+    """The widths of a part that must agree with the transformer, from its header."""
+    if part == "clip_l":
+        emb = _find(shapes, "token_embedding.weight")
+        return {"width": emb[1]} if emb else {}
+    if part == "t5":
+        q = _find(shapes, ".SelfAttention.q.weight")
+        return {"width": q[1]} if q else {}
+    if part == "vae":
+        conv = _find(shapes, "decoder.conv_in.weight")
+        return {"latent_channels": conv[1]} if conv else {}
+    return {}
+
+
+# ----------------------------------------------------------------------------- the whole model
+def find_flux_files(path, *, vae=None, clip_l=None, t5=None, tokenizer=None):
+    """FluxFiles for a Flux model: `path` a diffusers Flux folder (transformer/, vae/, text_encoder/,
+    text_encoder_2/, tokenizer/, tokenizer_2/) or a transformer file / folder (BFL, ComfyUI, diffusers
+    `transformer/`); `vae`, `clip_l`, `t5` name the parts a single file lacks (or replace a folder's);
+    `tokenizer` a folder holding tokenizer/ (CLIP) and tokenizer_2/ (T5) -- default: the model folder's, else the
+    vocabularies packaged with FLAME. Reads headers only; raises FluxFilesError listing every problem."""
+    from ..training.model_files import describe_keys  # (lazy: training imports flux)
+    path = os.fspath(path)
+    root = path if os.path.isdir(path) and os.path.isdir(os.path.join(path, "transformer")) else None
+    given = {"transformer": os.path.join(root, "transformer") if root else path, "vae": vae, "clip_l": clip_l,
+             "t5": t5}
+    problems, found, widths = [], {}, {}
+    for part, where in given.items():
+        kind, words, option = _WANT[part]
+        if where is None:
+            sub = os.path.join(root, SUBFOLDERS[part]) if root else None
+            if sub is None or not os.path.isdir(sub):
+                problems.append(f"{part}: missing -- " + (f"{root} has no {SUBFOLDERS[part]}/ folder; " if root else
+                                f"{path} is a single transformer file; ") + f"pass {option} (a {words})")
+                continue
+            where = sub
+        try:
+            files = part_files(where, part)
+            shapes = read_headers(files)
+        except FluxFilesError as e:
+            problems.append(f"{part} ({option}): {e}")
+            continue
+        got, got_words, example = describe_keys(shapes)
+        if got != kind:
+            what = got_words + (f" (keys such as {example})" if example else " (no tensors)")
+            problems.append(f"{part} ({option}): {_shown(where, files)} is not {words}: it looks like {what}")
+            continue
+        found[part] = os.fspath(where)
+        widths[part] = (_shown(where, files), _widths(part, shapes))
+
+    params = None
+    if "transformer" in found:
+        try:
+            params = read_flux_params(found["transformer"])
+        except (FluxCheckpointError, KeyError, ValueError, OSError) as e:
+            problems.append(f"transformer (--model): {found['transformer']}: {str(e).splitlines()[0]}")
+    if params is not None:
+        fits = {"clip_l": ("width", params.vec_in_dim, "CLIP width", "vec_in_dim"),
+                "t5": ("width", params.context_in_dim, "T5 width (d_model)", "context_in_dim"),
+                "vae": ("latent_channels", params.in_channels // 4, "VAE latent channels", "in_channels / 4")}
+        for part, (field, want, what, name) in fits.items():
+            if part in widths:
+                shown, w = widths[part]
+                if field in w and w[field] != want:
+                    problems.append(f"{part} ({_WANT[part][2]}): {shown} has {what} {w[field]}, but the transformer "
+                                    f"{found['transformer']} expects {want} ({name})")
+
+    toks = {}
+    for part, want in (("clip_tokenizer", "bpe"), ("t5_tokenizer", "unigram")):
+        toks[part] = _tokenizer_folder(tokenizer if tokenizer is not None else root, part, want,
+                                       tokenizer is not None, problems)
+    if problems:
+        raise FluxFilesError(f"the Flux model {path} is incomplete or mixes parts ({len(problems)} problem"
+                             f"{'s' if len(problems) > 1 else ''}):\n  " + "\n  ".join(problems))
+    return FluxFiles(found["transformer"], found["vae"], found["clip_l"], found["t5"], toks["clip_tokenizer"],
+                     toks["t5_tokenizer"], params)
+
+
+def _tokenizer_folder(base, part, want, explicit, problems):
+    """The tokenizer folder for `part` under `base` (a folder holding tokenizer/ + tokenizer_2/, or the tokenizer
+    folder itself when only one kind is in it); None (packaged vocabulary) when `base` is None or, not explicit,
+    when `base` has no such folder."""
+    from ..tokenization.files import model_type
+    if base is None:
+        return None
+    base = os.fspath(base)
+    label = "CLIP" if want == "bpe" else "T5"
+    if not os.path.isdir(base):
+        problems.append(f"{part} (--tokenizer): {base} is not a folder (a diffusers model folder with "
+                        f"{SUBFOLDERS[part]}/, or a tokenizer folder)")
+        return None
+    for folder in (os.path.join(base, SUBFOLDERS[part]), base):
+        if not os.path.isdir(folder):
+            continue
+        try:
+            kind = model_type(folder)
+        except (ValueError, OSError) as e:
+            problems.append(f"{part} (--tokenizer): {e}")
+            return None
+        if kind == want:
+            return folder
+        if kind is not None and folder != base:
+            problems.append(f"{part} (--tokenizer): {folder} holds {kind} tokenizer files, not a {label} tokenizer")
+            return None
+    if explicit:
+        problems.append(f"{part} (--tokenizer): no {label} tokenizer in {base} (expected {SUBFOLDERS[part]}/ with "
+                        + ("vocab.json + merges.txt or tokenizer.json)" if want == "bpe"
+                           else "tokenizer.json or spiece.model)"))
+    return None

@@ -1,0 +1,145 @@
+"""Flux prompt encoding: CLIP-L's pooled output and T5-XXL's last hidden state, as diffusers' FluxPipeline.encode_prompt
+computes them (CLIP: 77 tokens padded with EOS, `pooler_output` unprojected; T5: 512 tokens for dev / 256 for schnell,
+padded, no attention mask).
+
+    with load_text_encoders(files, dtype=flame.bfloat16, device="cuda", t5_quantize="fp8") as enc:
+        cond = enc.encode(["a photo of a cat"])      # prompt_embeds (1, 512, 4096), pooled_prompt_embeds (1, 768)
+    # leaving the block frees both encoders (device and pinned host memory)
+"""
+import gc
+
+import numpy as np
+
+import flame_core as flame
+from flame_core import memory
+
+from ..text_encoders import load_clip, load_t5
+from ..tokenization import load_tokenizer
+from .components import FluxFilesError, part_files, read_headers
+
+T5_QUANTIZE = (None, "fp8", "auto")
+
+
+class FluxTextEncoders:
+    """CLIP-L + T5 with their tokenizers. `encode(prompts)` -> {"prompt_embeds": (B, L, d_t5),
+    "pooled_prompt_embeds": (B, d_clip)} in the encoders' dtype; `free()` (or leaving a `with` block) releases them."""
+
+    def __init__(self, clip, t5, clip_tokenizer, t5_tokenizer, *, max_length):
+        self.clip, self.t5 = clip, t5
+        self.clip_tokenizer, self.t5_tokenizer = clip_tokenizer, t5_tokenizer
+        self.max_length = int(max_length)
+
+    @property
+    def device(self):
+        self._check_alive()
+        return self.clip.device
+
+    def _check_alive(self):
+        if self.clip is None:
+            raise RuntimeError("these FluxTextEncoders were freed; load them again")
+
+    def tokenize(self, prompts):
+        """(CLIP ids (B, 77), T5 ids (B, max_length)) as int64 NumPy arrays, padded and truncated as diffusers does."""
+        prompts = _prompt_list(prompts)
+        clip_ids = self.clip_tokenizer(prompts, padding="max_length", truncation=True,
+                                       return_attention_mask=False).input_ids
+        t5_ids = self.t5_tokenizer(prompts, max_length=self.max_length, padding="max_length", truncation=True,
+                                   return_attention_mask=False).input_ids
+        return clip_ids, t5_ids
+
+    def encode(self, prompts, *, batch_size=None):
+        """The Flux conditioning of `prompts` (a str or a list of str), run `batch_size` prompts at a time
+        (default: all at once). Returns {"prompt_embeds": (B, L, d_t5), "pooled_prompt_embeds": (B, d_clip)}."""
+        self._check_alive()
+        prompts = _prompt_list(prompts)
+        n = len(prompts)
+        step = n if batch_size is None else max(1, int(batch_size))
+        embeds, pooled = [], []
+        with flame.no_grad():
+            for lo in range(0, n, step):
+                clip_ids, t5_ids = self.tokenize(prompts[lo:lo + step])
+                pooled.append(self.clip(clip_ids).pooler_output.to(self.clip.dtype))
+                embeds.append(self.t5(t5_ids).last_hidden_state.to(self.t5.dtype))
+        cat = (lambda xs: xs[0] if len(xs) == 1 else flame.cat(xs, dim=0))
+        return {"prompt_embeds": cat(embeds), "pooled_prompt_embeds": cat(pooled)}
+
+    def free(self):
+        """Drop both encoders and return their memory (device pool and pinned host buffers) now."""
+        if self.clip is None:
+            return
+        device = self.clip.device
+        streamer = getattr(self.t5, "streamer", None)
+        if streamer is not None:
+            streamer.synchronize()
+        self.clip = self.t5 = self.clip_tokenizer = self.t5_tokenizer = None
+        del streamer
+        gc.collect()  # a streamer and its stacks refer to each other
+        memory.empty_cache(device)
+        memory.empty_pinned_cache()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+
+def _prompt_list(prompts):
+    if isinstance(prompts, str):
+        return [prompts]
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise TypeError(f"prompts must be a str or a non-empty list of str, got {prompts!r:.80}")
+    bad = [i for i, p in enumerate(prompts) if not isinstance(p, str)]
+    if bad:
+        raise TypeError(f"prompt {bad[0]} is a {type(prompts[bad[0]]).__name__}, not a str")
+    return list(prompts)
+
+
+def load_tokenizers(files, *, max_length=None):
+    """(CLIP-L tokenizer, T5 tokenizer) of `files` (their folders, else the packaged vocabularies)."""
+    max_length = files.t5_max_length if max_length is None else int(max_length)
+    clip_tok = load_tokenizer("clip_l", files.clip_tokenizer)
+    t5_tok = load_tokenizer("t5", files.t5_tokenizer, max_length=max_length)
+    return clip_tok, t5_tok
+
+
+def check_vocabularies(files, clip_tok, t5_tok):
+    """Every id a tokenizer can produce must have an embedding row in its encoder (a packaged vocabulary with a
+    small model would otherwise fail mid-encoding): checked on the headers, before any weight is read."""
+    for part, tok, suffixes in (("clip_l", clip_tok, ("token_embedding.weight",)),
+                                ("t5", t5_tok, ("shared.weight", "embed_tokens.weight"))):
+        path = getattr(files, part)
+        shapes = read_headers(part_files(path, part))
+        rows = next((s[0] for k, s in shapes.items() if k.endswith(suffixes)), None)
+        if rows is not None and tok.vocab_size > rows:
+            raise FluxFilesError(f"{part}: the tokenizer ({tok.source}) has {tok.vocab_size} tokens but the encoder "
+                                 f"{path} embeds only {rows}: pass the model's own tokenizer folder (--tokenizer)")
+
+
+def load_text_encoders(files, *, dtype=flame.bfloat16, device=None, t5_quantize=None, t5_stream=False,
+                       max_length=None):
+    """CLIP-L and T5 of `files` (FluxFiles) with their tokenizers, frozen, in `dtype` on `device`.
+
+    t5_quantize: None (T5 in `dtype`; an fp8 file is dequantised), "fp8" (the block Linears in fp8 storage, a scale
+    per row: about half the bytes) or "auto" (fp8 storage exactly when the file is fp8). t5_stream: T5's blocks in
+    pinned host memory, streamed through the device (flame_nn.offload.BlockStreamer; `enc.t5.streamer`).
+    max_length: T5 tokens per prompt, default 512 for flux-dev and 256 for schnell (files.t5_max_length)."""
+    if t5_quantize not in T5_QUANTIZE:
+        raise ValueError(f"t5_quantize must be None, 'fp8' or 'auto', got {t5_quantize!r}")
+    clip_tok, t5_tok = load_tokenizers(files, max_length=max_length)
+    check_vocabularies(files, clip_tok, t5_tok)
+    clip = load_clip(files.clip_l, dtype=dtype, device=device, projection=False, quantize=None)
+    try:
+        t5 = load_t5(files.t5, dtype=dtype, device=device, quantize=t5_quantize, stream=bool(t5_stream))
+    except BaseException:
+        del clip
+        gc.collect()
+        raise
+    return FluxTextEncoders(clip, t5, clip_tok, t5_tok, max_length=t5_tok.model_max_length)
+
+
+def encode_prompts(files, prompts, **kwargs):
+    """Load the encoders, encode `prompts`, free the encoders: {key: NumPy float32 array} (host memory only)."""
+    with load_text_encoders(files, **kwargs) as enc:
+        out = enc.encode(prompts)
+        return {k: np.asarray(v.float().numpy()) for k, v in out.items()}

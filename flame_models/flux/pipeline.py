@@ -1,0 +1,285 @@
+"""The Flux text-to-image pipeline in stages, each loaded, run and freed in turn so that the peak memory is the
+largest stage's, not the sum: prompt encoding (conditioning.py), the transformer's denoising, the VAE's decoding.
+
+    files = find_flux_files("FLUX.1-dev/")
+    with load_text_encoders(files, device="cuda") as enc:
+        cond = enc.encode(["a photo of a cat"])
+    model = load_transformer(files, device="cuda", loras=[("style.safetensors", 0.8)])
+    latents = sample_latents(model, cond, height=1024, width=1024, steps=28, guidance=3.5, seeds=[42])
+    del model
+    vae = load_vae_for_flux(files, device="cuda")
+    images = to_pil(decode_latents(vae, latents))
+
+Latents in "model space" are what the transformer sees (VAE latents z as (z - 0.1159) * 0.3611, unpacked to
+(B, 16, H/8, W/8)); decode_latents / encode_images convert to and from images in [-1, 1].
+"""
+import gc
+import os
+
+import numpy as np
+
+import flame_core as flame
+import flame_nn
+from flame_core import memory
+from flame_nn import adapters as A
+from flame_nn.offload import BlockStreamer, OffloadError, quantize_linear_weights_
+
+from ..vae import FLUX, load_vae
+from .components import FluxFiles, FluxFilesError, find_flux_files, part_files, read_headers
+from .conditioning import FluxTextEncoders, encode_prompts, load_text_encoders, load_tokenizers
+from .loading import load_flux
+from .sampling import LATENT_CHANNELS, denoise, get_noise, get_schedule, image_ids, pack, text_ids, unpack
+
+STACKS = ("double_blocks", "single_blocks")
+
+
+# ----------------------------------------------------------------------------- the VAE
+def load_vae_for_flux(files, *, dtype=flame.bfloat16, device=None):
+    """The Flux VAE of `files` (FluxFiles, or a path to the VAE itself), frozen, in `dtype` on `device`."""
+    path = files.vae if isinstance(files, FluxFiles) else os.fspath(files)
+    vae = load_vae(path, dtype=dtype, device=device)
+    if vae.config.z_channels != LATENT_CHANNELS:
+        raise FluxFilesError(f"vae: {path} has {vae.config.z_channels} latent channels; Flux's VAE has "
+                             f"{LATENT_CHANNELS} (is this an SD / SDXL VAE?)")
+    return vae
+
+
+def decode_latents(vae, latents):
+    """Model-space latents (B, 16, H/8, W/8) -> images (B, 3, H, W) in [-1, 1] (nominally; not clamped), in the
+    VAE's dtype, on its device: z = latents / 0.3611 + 0.1159, then the decoder."""
+    if latents.ndim != 4 or latents.shape[1] != vae.config.z_channels:
+        raise ValueError(f"decode_latents expects latents (B, {vae.config.z_channels}, h, w), got shape "
+                         f"{tuple(latents.shape)} (unpack packed tokens first: flux.unpack)")
+    with flame.no_grad():
+        z = FLUX.from_model(latents.to(vae.device).float())
+        return vae.decode(z.to(vae.dtype))
+
+
+def encode_images(vae, images):
+    """Images (B, 3, H, W) in [-1, 1] -> model-space latents (B, 16, H/8, W/8) float32: the posterior mean z, then
+    (z - 0.1159) * 0.3611."""
+    with flame.no_grad():
+        z = vae.encode(images.to(vae.device).to(vae.dtype))
+        return FLUX.to_model(z.float())
+
+
+def to_pil(images):
+    """Images (B, 3, H, W) (a Tensor or NumPy array) in [-1, 1] -> list of RGB PIL images, as diffusers'
+    VaeImageProcessor.postprocess: (x / 2 + 0.5) clamped to [0, 1] in the images' dtype, then x * 255 rounded."""
+    from PIL import Image
+    if isinstance(images, flame.Tensor):
+        with flame.no_grad():
+            x = (images / 2 + 0.5).clamp(0, 1)
+            arr = x.float().cpu().numpy()
+    else:
+        arr = np.clip(np.asarray(images) / 2 + 0.5, 0, 1).astype(np.float32)
+    if arr.ndim != 4 or arr.shape[1] not in (1, 3):
+        raise ValueError(f"to_pil expects images (B, 3, H, W), got shape {arr.shape}")
+    arr = (arr.transpose(0, 2, 3, 1) * 255).round().astype(np.uint8)
+    if arr.shape[-1] == 1:
+        return [Image.fromarray(a[..., 0], mode="L") for a in arr]
+    return [Image.fromarray(a, mode="RGB") for a in arr]
+
+
+# ----------------------------------------------------------------------------- LoRA files
+def parse_lora(spec):
+    """"path[:weight]" -> (path, weight); weight 1.0 when absent. A colon whose tail is not a number belongs to
+    the path (C:\\loras\\a.safetensors)."""
+    if isinstance(spec, (tuple, list)):
+        path, weight = spec
+        return os.fspath(path), float(weight)
+    spec = os.fspath(spec)
+    head, sep, tail = spec.rpartition(":")
+    if sep and head:
+        try:
+            return head, float(tail)
+        except ValueError:
+            pass
+    return spec, 1.0
+
+
+def check_loras(loras, params):
+    """Read each LoRA file and check it against a Flux of `params` (names, shapes, kind) before anything big is
+    loaded. Returns [(path, weight)]. FluxFilesError names the file."""
+    from ..training.model_files import describe_keys
+    out = []
+    if not loras:
+        return out
+    with flame_nn.empty_init(device="cpu"):
+        from .model import Flux
+        probe = Flux(params)
+    names = {n for n, m in probe.named_modules() if isinstance(m, flame_nn.Linear)}
+    shapes = {n: tuple(m.weight.shape) for n, m in probe.named_modules() if isinstance(m, flame_nn.Linear)}
+    for spec in loras:
+        path, weight = parse_lora(spec)
+        if not os.path.isfile(path):
+            raise FluxFilesError(f"--lora {path}: no such file")
+        if not np.isfinite(weight):
+            raise FluxFilesError(f"--lora {path}: the weight {weight} is not a finite number")
+        keys = list(read_headers(part_files(path, "lora")))
+        kind, words, example = describe_keys(keys)
+        if kind != "lora":
+            raise FluxFilesError(f"--lora {path}: not a LoRA file: it looks like {words}"
+                                 + (f" (keys such as {example})" if example else " (no tensors)"))
+        te = [k for k in keys if k.startswith(("lora_te", "text_encoder", "te_", "lora_te1_", "lora_te2_"))]
+        if te:
+            raise FluxFilesError(f"--lora {path}: holds text-encoder LoRA weights ({len(te)} tensors such as "
+                                 f"{te[0]}); this generator applies transformer LoRAs only")
+        try:
+            modules, _ = A.formats.load(path, names, name_map=probe.adapter_name_map())
+        except A.AdapterFormatError as e:
+            raise FluxFilesError(f"--lora {path}: {str(e).splitlines()[0]}") from None
+        for mod, parts in modules.items():
+            out_f, in_f = shapes[mod]
+            for p in parts:
+                lo, hi = p.rows if p.rows is not None else (0, out_f)
+                if p.shape != (hi - lo, in_f):
+                    raise FluxFilesError(f"--lora {path}: the adapter on {mod} is {p.shape[0]}x{p.shape[1]} but "
+                                         f"this Flux's Linear (rows {lo}:{hi}) is {hi - lo}x{in_f}: a LoRA for "
+                                         f"another model size?")
+        out.append((path, weight))
+    return out
+
+
+def apply_loras(model, loras, *, merge=True, dtype=flame.float32):
+    """Load each (path, weight) into `model` as its own adapter ("lora_0", "lora_1", ...), scaled by its weight;
+    the changes add up. merge=True folds them into the base weights (no cost per step); merge=False keeps them as
+    adapters beside the weights (fp8 storage and streamed blocks need that)."""
+    for i, (path, weight) in enumerate(loras):
+        try:
+            A.load_adapters(model, path, name=f"lora_{i}", weight=weight, dtype=dtype)
+        except A.AdapterFormatError as e:
+            raise FluxFilesError(f"--lora {path}: {str(e).splitlines()[0]}") from None
+    if loras and merge:
+        with flame.no_grad():
+            A.merge_adapters(model)
+    return model
+
+
+# ----------------------------------------------------------------------------- the transformer
+def load_transformer(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=False, stream=False,
+                     slots=2):
+    """The Flux transformer of `files` with LoRAs applied, ready for sampling.
+
+    fp8: the blocks' Linear weights in fp8 storage (e4m3, a scale per row), LoRAs kept as adapters beside them.
+    stream: the blocks' weights in pinned host memory, streamed through `slots` device buffers
+    (flame_nn.offload.BlockStreamer, `model.streamer`; choose resident blocks with `fit_transformer`); the model is
+    read into host memory first. Without either, LoRAs are merged into the weights."""
+    files = files if isinstance(files, FluxFiles) else find_flux_files(files)
+    dev = flame.device(device) if device is not None else flame.default_device()
+    loras = check_loras(loras, files.params) if loras and not _checked(loras) else list(loras)
+    model = load_flux(files.transformer, dtype=dtype, device="cpu" if stream else dev)
+    model.requires_grad_(False)
+    model.eval()
+    apply_loras(model, loras, merge=not (fp8 or stream))
+    try:
+        if stream:
+            model.streamer = BlockStreamer.for_model(model, STACKS, device=dev, quantize="fp8" if fp8 else None,
+                                                     slots=slots)
+        elif fp8:
+            for s in STACKS:
+                quantize_linear_weights_(model.get_submodule(s))
+    except OffloadError as e:
+        raise FluxFilesError(f"{files.transformer}: {str(e).splitlines()[0]}") from None
+    return model
+
+
+def _checked(loras):
+    return all(isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], float) for x in loras)
+
+
+def free_model(model, device=None):
+    """Release a model now (its streamer too): device pool and pinned host buffers."""
+    streamer = getattr(model, "streamer", None)
+    if streamer is not None:
+        streamer.synchronize()
+        model.streamer = None
+    del streamer, model
+    gc.collect()
+    memory.empty_cache(device)
+    memory.empty_pinned_cache()
+
+
+def _cond_tensors(cond, rows, device, dtype):
+    """(txt (B, L, C), y (B, C)) on `device` in `dtype`: row i of the batch is prompt rows[i] of `cond`."""
+    out = []
+    for key in ("prompt_embeds", "pooled_prompt_embeds"):
+        t = cond[key]
+        if isinstance(t, flame.Tensor):
+            if list(rows) != list(range(t.shape[0])):
+                t = flame.stack([t[i] for i in rows], dim=0)
+            out.append(t.to(device).to(dtype))
+        else:
+            out.append(flame.tensor(np.ascontiguousarray(np.asarray(t)[list(rows)], dtype=np.float32),
+                                    device=device).to(dtype))
+    return tuple(out)
+
+
+def _model_dtype(model):
+    return model.img_in.weight.dtype
+
+
+def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=None, latents=None, rows=None,
+                   callback=None, cuda_graph=None):
+    """Denoise with the Euler sampler on Flux's (shifted, for dev) schedule; returns model-space latents
+    (B, 16, H/8, W/8) float32.
+
+    cond: {"prompt_embeds": (P, L, C), "pooled_prompt_embeds": (P, C)} (Tensors or NumPy arrays); `rows` picks
+    the prompt of each image (default: image i uses prompt i). Noise: one seed per image (`seeds`: image i starts
+    from get_noise(seed=seeds[i]), the same whatever the batch), or `latents` given, packed (B, L, 64) or
+    unpacked (B, 16, H/8, W/8). guidance: the embedded guidance of flux-dev (ignored by nothing: schnell takes
+    None). callback(i, n) after each step."""
+    p = model.params
+    dev = model.img_in.weight.device
+    if p.guidance_embed and guidance is None:
+        raise ValueError("this Flux model (dev) embeds a guidance strength: pass guidance= (e.g. 3.5)")
+    if not p.guidance_embed and guidance is not None:
+        raise ValueError("this Flux model (schnell-like) has no guidance embedding: pass guidance=None")
+    if (seeds is None) == (latents is None):
+        raise ValueError("pass exactly one of seeds= (one per image) and latents=")
+    if latents is None:
+        noise = [get_noise(1, height, width, seed=int(s), device=dev) for s in seeds]
+        x = pack(noise[0] if len(noise) == 1 else flame.cat(noise, dim=0))
+    else:
+        x = latents if isinstance(latents, flame.Tensor) else flame.tensor(np.asarray(latents))
+        x = x.to(dev).float()
+        x = pack(x) if x.ndim == 4 else x
+    B = x.shape[0]
+    rows = list(range(B)) if rows is None else list(rows)
+    if len(rows) != B:
+        raise ValueError(f"{len(rows)} prompt rows for {B} images")
+    dtype = _model_dtype(model)
+    txt, y = _cond_tensors(cond, rows, dev, dtype)
+    img_pos = image_ids(height, width, B, device=dev)
+    if x.shape[1] != img_pos.shape[1]:
+        raise ValueError(f"latents of {x.shape[1]} tokens do not fit a {height}x{width} image "
+                         f"({img_pos.shape[1]} tokens)")
+    txt_pos = text_ids(txt.shape[1], B, device=dev)
+    timesteps = get_schedule(steps, x.shape[1], shift=p.guidance_embed)
+    out = denoise(model, x, img_pos, txt, txt_pos, y, timesteps, guidance, cuda_graph, callback)
+    return unpack(out, height, width)
+
+
+def fit_transformer(model, cond, max_gpu_memory, *, height, width, batch_size=1, guidance=None):
+    """Choose which streamed blocks stay resident so that one denoising step at this size fits `max_gpu_memory`
+    (flame_nn.offload.auto_fit, measured); the budget is then the pool's limit. Returns the FitReport."""
+    p = model.params
+    dev = model.streamer.device
+    dtype = _model_dtype(model)
+    txt, y = _cond_tensors(cond, [0] * batch_size, dev, dtype)
+    x = pack(flame.zeros(batch_size, LATENT_CHANNELS, height // 8, width // 8, device=dev)).to(dtype)
+    img_pos, txt_pos = image_ids(height, width, batch_size, device=dev), text_ids(txt.shape[1], batch_size,
+                                                                                 device=dev)
+    t = flame.full((batch_size,), 1.0, dtype=dtype, device=dev)
+    g = flame.full((batch_size,), float(guidance or 1.0), dtype=dtype, device=dev) if p.guidance_embed else None
+
+    def step():
+        with flame.no_grad():
+            model(img=x, img_ids=img_pos, txt=txt, txt_ids=txt_pos, timesteps=t, y=y, guidance=g)
+    return model.streamer.auto_fit(max_gpu_memory, step)
+
+
+__all__ = ["FluxFiles", "FluxFilesError", "find_flux_files", "FluxTextEncoders", "load_text_encoders",
+           "load_tokenizers", "encode_prompts", "load_vae_for_flux", "decode_latents", "encode_images", "to_pil",
+           "parse_lora", "check_loras", "apply_loras", "load_transformer", "free_model", "sample_latents",
+           "fit_transformer"]

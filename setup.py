@@ -1,0 +1,20 @@
+"""What pyproject.toml cannot say: the top-level cuda_src/ folder (the kernels' CUDA C, read and compiled at run
+time) ships inside the wheel as package data at flame_core/cuda_src/, where flame_core.kernels.loader looks first.
+Everything else about the distribution is in pyproject.toml."""
+from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+
+class BuildPy(build_py):
+    def find_package_modules(self, package, package_dir):
+        # cuda_src holds CUDA C; its wgmma_gen.py is a developer's generator (it rewrites wgmma.cuh when run)
+        return [] if package == "flame_core.cuda_src" else super().find_package_modules(package, package_dir)
+
+
+setup(
+    packages=find_packages(include=["flame_core*", "flame_nn*", "flame_models*"]) + ["flame_core.cuda_src"],
+    package_dir={"flame_core.cuda_src": "cuda_src"},
+    package_data={"": ["*.md"], "flame_core.cuda_src": ["*.cu", "*.cuh"],
+                  "flame_models.tokenization": ["vocab/*"]},
+    cmdclass={"build_py": BuildPy},
+)

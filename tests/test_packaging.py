@@ -1,0 +1,47 @@
+"""What an install carries: the built package holds the CUDA sources (a GPU compiles them at run time) where the
+kernel loader looks first. .ci/run checks the real wheel installed in a fresh environment (.ci/wheel_smoke.py)."""
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _loader_dir(cwd, env_extra=None, pythonpath=None):
+    env = {"PATH": "/usr/bin:/bin", "OPENBLAS_NUM_THREADS": "1"}
+    if pythonpath:
+        env["PYTHONPATH"] = str(pythonpath)
+    env.update(env_extra or {})
+    out = subprocess.run([sys.executable, "-c", "from flame_core.kernels import loader; print(loader.CUDA_SRC)"],
+                         cwd=cwd, env=env, capture_output=True, text=True, check=True)
+    return pathlib.Path(out.stdout.strip())
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The package tree setuptools builds (build_py: what a wheel holds), outside the repo."""
+    tmp = tmp_path_factory.mktemp("build")
+    subprocess.run([sys.executable, str(REPO / "setup.py"), "-q", "egg_info", "--egg-base", str(tmp), "build_py",
+                    "--build-lib", str(tmp / "lib")], cwd=REPO, check=True, capture_output=True)
+    return tmp / "lib"
+
+
+def test_the_built_package_carries_every_cuda_source(built):
+    want = sorted(p.name for p in (REPO / "cuda_src").iterdir() if p.suffix in (".cu", ".cuh"))
+    have = sorted(p.name for p in (built / "flame_core" / "cuda_src").iterdir())
+    assert want and have == want  # the generator script wgmma_gen.py stays out (it rewrites wgmma.cuh when run)
+    assert (built / "flame_core" / "amp" / "README.md").is_file()
+
+
+def test_the_loader_reads_the_installed_copy_first_then_the_repo_then_the_override(built, tmp_path):
+    assert _loader_dir(tmp_path, pythonpath=built) == built / "flame_core" / "cuda_src"
+    assert _loader_dir(REPO) == REPO / "cuda_src"
+    assert _loader_dir(REPO, {"FLAME_CUDA_SRC": str(tmp_path)}) == tmp_path
+
+
+def test_the_distribution_name_is_not_an_unrelated_pypi_project():
+    import tomllib
+    name = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["name"]
+    assert name not in ("flame", "flame-core")  # both are other projects on PyPI
