@@ -183,10 +183,7 @@ def flame_runs(name, spec, dev, args, ids, folder, ref):
         log(f"{name}_flame_{tag}_rel_err", {k: round(v, 5) for k, v in errs.items()})
         if graph:
             run.reset()
-        streamer = getattr(model, "streamer", None)
-        if streamer is not None:
-            streamer.close()
-        del model, run
+        del model, run, call
     del x
 
 

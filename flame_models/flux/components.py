@@ -163,7 +163,7 @@ def find_flux_files(path, *, vae=None, clip_l=None, t5=None, tokenizer=None):
             sub = os.path.join(root, SUBFOLDERS[part]) if root else None
             if sub is None or not os.path.isdir(sub):
                 problems.append(f"{part}: missing -- " + (f"{root} has no {SUBFOLDERS[part]}/ folder; " if root else
-                                f"{path} is a single transformer file; ") + f"pass {option} (a {words})")
+                                f"{path} is a single transformer file; ") + f"pass {option} ({words})")
                 continue
             where = sub
         try:
@@ -180,6 +180,8 @@ def find_flux_files(path, *, vae=None, clip_l=None, t5=None, tokenizer=None):
         found[part] = os.fspath(where)
         widths[part] = (_shown(where, files), _widths(part, shapes))
 
+    if "transformer" not in found:  # the parts it lacks are beside the point until the model itself is right
+        problems = [p for p in problems if ": missing -- " not in p]
     params = None
     if "transformer" in found:
         try:
@@ -201,9 +203,11 @@ def find_flux_files(path, *, vae=None, clip_l=None, t5=None, tokenizer=None):
     for part, want in (("clip_tokenizer", "bpe"), ("t5_tokenizer", "unigram")):
         toks[part] = _tokenizer_folder(tokenizer if tokenizer is not None else root, part, want,
                                        tokenizer is not None, problems)
+    if len(problems) == 1:
+        raise FluxFilesError(f"the Flux model {path}: {problems[0]}")
     if problems:
-        raise FluxFilesError(f"the Flux model {path} is incomplete or mixes parts ({len(problems)} problem"
-                             f"{'s' if len(problems) > 1 else ''}):\n  " + "\n  ".join(problems))
+        raise FluxFilesError(f"the Flux model {path} is incomplete or mixes parts ({len(problems)} problems):\n  "
+                             + "\n  ".join(problems))
     return FluxFiles(found["transformer"], found["vae"], found["clip_l"], found["t5"], toks["clip_tokenizer"],
                      toks["t5_tokenizer"], params)
 

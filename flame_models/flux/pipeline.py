@@ -26,7 +26,8 @@ from flame_nn.offload import BlockStreamer, OffloadError, quantize_linear_weight
 
 from ..vae import FLUX, load_vae
 from .components import FluxFiles, FluxFilesError, find_flux_files, part_files, read_headers
-from .conditioning import FluxTextEncoders, encode_prompts, load_text_encoders, load_tokenizers
+from .conditioning import (FluxTextEncoders, check_vocabularies, encode_prompts, load_text_encoders,
+                           load_tokenizers)
 from .loading import load_flux
 from .sampling import LATENT_CHANNELS, denoise, get_noise, get_schedule, image_ids, pack, text_ids, unpack
 
@@ -143,8 +144,9 @@ def check_loras(loras, params):
 
 def apply_loras(model, loras, *, merge=True, dtype=flame.float32):
     """Load each (path, weight) into `model` as its own adapter ("lora_0", "lora_1", ...), scaled by its weight;
-    the changes add up. merge=True folds them into the base weights (no cost per step); merge=False keeps them as
-    adapters beside the weights (fp8 storage and streamed blocks need that)."""
+    the changes add up. merge=True folds them into the base weights, one after the other, and drops the adapters
+    (no cost per step, and no copy of the original weights kept: inference never unmerges); merge=False keeps them
+    as adapters beside the weights (fp8 storage and streamed blocks need that)."""
     for i, (path, weight) in enumerate(loras):
         try:
             A.load_adapters(model, path, name=f"lora_{i}", weight=weight, dtype=dtype)
@@ -152,7 +154,15 @@ def apply_loras(model, loras, *, merge=True, dtype=flame.float32):
             raise FluxFilesError(f"--lora {path}: {str(e).splitlines()[0]}") from None
     if loras and merge:
         with flame.no_grad():
-            A.merge_adapters(model)
+            for i, (_, weight) in enumerate(loras):
+                for module, rows, ad in A.adapter_modules(model, f"lora_{i}"):
+                    w = model.get_submodule(module).weight
+                    lo, hi = rows if rows is not None else (0, w.shape[0])
+                    block = w[lo:hi]
+                    w0 = block.float()
+                    new = ad.merged_weight(block).float()     # W + ΔW (DoRA: renormalised rows)
+                    block.copy_((w0 + (new - w0) * weight).to(w.dtype))
+        A.remove_adapters(model)
     return model
 
 
@@ -167,8 +177,9 @@ def load_transformer(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=
     read into host memory first. Without either, LoRAs are merged into the weights."""
     files = files if isinstance(files, FluxFiles) else find_flux_files(files)
     dev = flame.device(device) if device is not None else flame.default_device()
-    loras = check_loras(loras, files.params) if loras and not _checked(loras) else list(loras)
-    model = load_flux(files.transformer, dtype=dtype, device="cpu" if stream else dev)
+    loras = check_loras(loras, files.params)
+    # fp8 or streaming: read into host memory and move block by block, so the bf16 model is never whole on the device
+    model = load_flux(files.transformer, dtype=dtype, device="cpu" if (stream or fp8) else dev)
     model.requires_grad_(False)
     model.eval()
     apply_loras(model, loras, merge=not (fp8 or stream))
@@ -177,15 +188,19 @@ def load_transformer(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=
             model.streamer = BlockStreamer.for_model(model, STACKS, device=dev, quantize="fp8" if fp8 else None,
                                                      slots=slots)
         elif fp8:
+            for name, child in model.named_children():
+                if name not in STACKS:
+                    child.to(dev)
             for s in STACKS:
-                quantize_linear_weights_(model.get_submodule(s))
+                for block in model.get_submodule(s):
+                    block.to(dev)
+                    quantize_linear_weights_(block)
+            for name in A.adapter_names(model):  # adapters sit beside the module tree
+                for _, _, ad in A.adapter_modules(model, name):
+                    ad.to(dev)
     except OffloadError as e:
         raise FluxFilesError(f"{files.transformer}: {str(e).splitlines()[0]}") from None
     return model
-
-
-def _checked(loras):
-    return all(isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], float) for x in loras)
 
 
 def free_model(model, device=None):
@@ -255,6 +270,8 @@ def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=No
         raise ValueError(f"latents of {x.shape[1]} tokens do not fit a {height}x{width} image "
                          f"({img_pos.shape[1]} tokens)")
     txt_pos = text_ids(txt.shape[1], B, device=dev)
+    if cuda_graph is None and getattr(model, "streamer", None) is not None:
+        cuda_graph = False  # a streamed inference forward is not capturable (its prefetch window wraps around)
     timesteps = get_schedule(steps, x.shape[1], shift=p.guidance_embed)
     out = denoise(model, x, img_pos, txt, txt_pos, y, timesteps, guidance, cuda_graph, callback)
     return unpack(out, height, width)
@@ -280,6 +297,6 @@ def fit_transformer(model, cond, max_gpu_memory, *, height, width, batch_size=1,
 
 
 __all__ = ["FluxFiles", "FluxFilesError", "find_flux_files", "FluxTextEncoders", "load_text_encoders",
-           "load_tokenizers", "encode_prompts", "load_vae_for_flux", "decode_latents", "encode_images", "to_pil",
+           "load_tokenizers", "check_vocabularies", "encode_prompts", "load_vae_for_flux", "decode_latents", "encode_images", "to_pil",
            "parse_lora", "check_loras", "apply_loras", "load_transformer", "free_model", "sample_latents",
            "fit_transformer"]

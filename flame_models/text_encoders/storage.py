@@ -77,6 +77,16 @@ class FusedProjections:
 
     def __init__(self, linears, weight, bias):
         self.linears, self.weight, self.bias = tuple(linears), weight, bias
+        # where each layer's weight and bias must start for the stacked views to be theirs (while this holds the
+        # buffer, no other array can take those addresses)
+        step = weight.element_size()
+        w0, b0 = weight.data_ptr(), bias.data_ptr() if bias is not None else None
+        self._expect = []
+        for m in linears:
+            self._expect.append((m, w0, b0))
+            w0 += m.weight.numel() * step
+            if b0 is not None:
+                b0 += m.bias.numel() * step
 
     @classmethod
     def make(cls, module, names, packed, path):
@@ -95,18 +105,11 @@ class FusedProjections:
 
     def matches(self):
         """The layers are still plain Linears whose weights and biases are the views this was made over."""
-        ms = self.linears
-        if any(type(m) is not flame_nn.Linear for m in ms):
-            return False
-        for full, attr in ((self.weight, "weight"), (self.bias, "bias")):
-            if full is None:
-                continue
-            ptr, step = full.data_ptr(), full.element_size()
-            for m in ms:
-                t = getattr(m, attr)
-                if t.data_ptr() != ptr or t.dtype != full.dtype or t.device != full.device:
-                    return False
-                ptr += t.numel() * step
+        for m, w, b in self._expect:
+            if type(m) is not flame_nn.Linear or m.weight.data_ptr() != w:
+                return False
+            if b is not None and (m.bias is None or m.bias.data_ptr() != b):
+                return False
         return True
 
     def __call__(self, x):

@@ -4,7 +4,7 @@ a final RMS norm. Parameter names are transformers' keys (`shared.weight`, `enco
 .weight`, `encoder.block.0.layer.1.DenseReluDense.wi_0.weight`, `encoder.final_layer_norm.weight`).
 
 The position bias is computed once per forward, in block 0 (whose `relative_attention_bias` holds the table), with
-the padding mask folded in, as one float32 (1 or B, heads, L, L) additive attention mask that every block's fused
+the padding mask folded in (MASKED at padded keys), as one float32 (1 or B, heads, L, L) additive attention mask that every block's fused
 attention reads; the bucket of each (query, key) pair is computed on the host once per length and kept on the device.
 
 Blocks run through `flame_nn.offload.run_block`, so a BlockStreamer on `encoder.block` streams them
@@ -28,6 +28,10 @@ from .outputs import BaseModelOutput
 from .storage import drop_stale_fusions_, project_heads
 
 _FP16_MAX = 65504.0
+# added at padded keys: finite (unlike -inf, a block of keys that are all padding cannot turn an online softmax's
+# running maximum into -inf - -inf), yet exp() of it is 0; even scaled by log2(e) it stays inside float32. A sample
+# that is all padding then attends uniformly, as transformers' finfo.min does.
+MASKED = -1e30
 
 
 def relative_position_bucket(relative_position, num_buckets=32, max_distance=128):
@@ -97,7 +101,7 @@ class T5Attention(flame_nn.Module):
 
     def compute_bias(self, length, attention_mask=None):
         """The (1, heads, L, L) position bias (float32, or the table's dtype when wider); with a (B, L) bool padding
-        mask, (B, heads, L, L) with -inf at padded keys."""
+        mask, (B, heads, L, L) with MASKED at padded keys."""
         table = self.relative_attention_bias.weight
         key = (length, str(table.device))
         buckets = self._buckets.get(key)
@@ -111,7 +115,7 @@ class T5Attention(flame_nn.Module):
         if bias.dtype.itemsize < 4:
             bias = bias.float()  # the attention kernels take an additive mask in float32
         if attention_mask is not None:
-            bias = flame.where(attention_mask[:, None, None, :], bias, float("-inf"))     # (B, heads, L, L)
+            bias = flame.where(attention_mask[:, None, None, :], bias, MASKED)            # (B, heads, L, L)
         return bias.contiguous()
 
     def forward(self, x, position_bias):
@@ -218,8 +222,7 @@ class T5EncoderModel(flame_nn.Module):
 
     def forward(self, input_ids, attention_mask=None, output_hidden_states=False):
         """input_ids (B, L) int; attention_mask (B, L) 1 = token, 0 = padding (optional) ->
-        BaseModelOutput(last_hidden_state (B, L, d_model), hidden_states). A sample whose mask is all 0 attends
-        nothing and its attention outputs are 0."""
+        BaseModelOutput(last_hidden_state (B, L, d_model), hidden_states)."""
         table = self.shared.weight
         ids = token_ids(input_ids, vocab_size=self.config.vocab_size, device=table.device, model="T5EncoderModel")
         keep = padding_mask(attention_mask, ids, device=table.device, model="T5EncoderModel")

@@ -17,8 +17,8 @@ _KINDS = (
     # (diffusers' VAE has down_blocks.0.resnets too: the time embedding tells a UNet)
     ("unet", "a Stable Diffusion / SDXL UNet", ("input_blocks.0.0.weight", "time_embedding.linear_1.weight")),
     ("vae", "a VAE (autoencoder)", ("decoder.conv_in.weight", "encoder.conv_in.weight")),
-    ("clip", "a CLIP text encoder", ("text_model.encoder.layers.0.self_attn.q_proj.weight",
-                                     "text_model.embeddings.token_embedding.weight")),
+    # (transformers 5 saves CLIPTextModel without the text_model. prefix)
+    ("clip", "a CLIP text encoder", ("encoder.layers.0.self_attn.q_proj.weight", "embeddings.token_embedding.weight")),
     ("t5", "a T5 text encoder", ("encoder.block.0.layer.0.SelfAttention.q.weight",)),
 )
 

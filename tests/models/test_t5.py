@@ -291,6 +291,8 @@ def test_tiny_model_built_at_run_time(tmp_path):
     ids, mask = np.array([[3, 7, 1, 0]]), np.array([[1, 1, 1, 0]])
     h = model(ids, attention_mask=mask).last_hidden_state.detach().numpy()
     assert h.shape == (1, 4, 16) and np.isfinite(h).all()
+    nothing = model(ids, attention_mask=np.zeros((1, 4))).last_hidden_state.detach().numpy()
+    assert np.isfinite(nothing).all()  # all padding: uniform attention (transformers' finfo.min does the same)
     _, file = model.save_pretrained(tmp_path / "tiny")
     for again in (T5EncoderModel.from_pretrained(tmp_path / "tiny"), load_t5(file)):  # file alone: metadata config
         assert again.config == c

@@ -29,18 +29,19 @@ def test_clip_bf16_kernels_with_masks(name):
         assert rel_rms(out.hidden_states[-2].float().numpy(), penultimate) < 0.02
 
 
-def test_t5_bf16_kernel_with_bias_and_left_padding():
-    """The fused attention reads the float32 position bias as its additive mask, -inf at padded keys; left padding
-    makes whole key blocks -inf for some rows. Against the same weights in float32 on the cpu."""
+@pytest.mark.parametrize("length, pad", [(24, 9), (300, 200)])
+def test_t5_bf16_kernel_with_bias_and_left_padding(length, pad):
+    """The fused attention reads the float32 position bias as its additive mask, MASKED at padded keys; 200 left
+    padded tokens make whole key blocks masked for every row. Against the same weights in float32 on the cpu."""
     ref_model = load_t5(folder("t5"), device="cpu")
     model = load_t5(folder("t5"), dtype="bfloat16", device="cuda")
-    ids = io("t5")["input_ids"]
+    ids = np.random.default_rng(length).integers(2, 80, (2, length))
     mask = np.ones_like(ids)
-    mask[1, :9] = 0  # left padding
+    mask[1, :pad] = 0  # left padding
     want = ref_model(ids, attention_mask=mask).last_hidden_state.numpy()
     got = model(ids, attention_mask=mask).last_hidden_state.float().numpy()
     assert np.isfinite(got).all()
-    assert rel_rms(got[0], want[0]) < 0.02 and rel_rms(got[1, 9:], want[1, 9:]) < 0.02
+    assert rel_rms(got[0], want[0]) < 0.02 and rel_rms(got[1, pad:], want[1, pad:]) < 0.02
 
 
 @pytest.mark.parametrize("name", ["clip_g_proj", "t5"])

@@ -1,0 +1,372 @@
+"""Text-to-image with Flux: `python -m flame_models.generate` and the `generate(...)` function it wraps.
+
+    python -m flame_models.generate --model FLUX.1-dev/ --prompt "a photo of a cat" --lora my_lora.safetensors:0.8 \\
+        --width 1024 --height 1024 --steps 28 --guidance 3.5 --seed 42 --output out/
+    python -m flame_models.generate --model flux1-dev.safetensors --vae ae.safetensors --clip-l clip_l.safetensors \\
+        --t5 t5xxl_fp8_e4m3fn.safetensors --prompts-file prompts.txt --max-gpu-memory 12GiB --fp8
+
+Stages run one after the other, each freed before the next, so the peak is the largest stage's: the text encoders
+(every prompt encoded once), the transformer (LoRAs merged into the weights, or kept beside fp8 / streamed weights),
+the VAE. Under --max-gpu-memory the transformer's (and T5's) blocks live in pinned host memory and stream through
+the GPU; as many as fit the budget stay resident (measured, flame_nn.offload.auto_fit). Every input is checked
+before anything is loaded: a bad one ends the command with one message naming the file, exit status 2.
+
+Each PNG is written atomically and carries the parameters: an A1111-style `parameters` text chunk (prompt, steps,
+guidance, seed, size, model, LoRAs with weights) and the same as JSON under `flame`.
+"""
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+
+import flame_core as flame
+from flame_core import memory
+from flame_core.errors import FlameError
+from flame_core.memory.stats import fmt_bytes, parse_size
+
+from .flux import pipeline as P
+from .flux.components import FluxFiles, FluxFilesError, find_flux_files
+
+DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "fp32": "float32",
+          "float32": "float32"}
+DEV_DEFAULTS = {"steps": 28, "guidance": 3.5}   # diffusers' FluxPipeline defaults for flux-dev
+SCHNELL_STEPS = 4
+
+
+class GenerateError(FlameError, ValueError):
+    """A bad argument to generate (the message names it)."""
+
+
+# ----------------------------------------------------------------------------- checks before any work
+def _check_args(prompts, width, height, steps, num_images, batch_size, seed):
+    if not prompts:
+        raise GenerateError("no prompt: pass --prompt (repeatable) or --prompts-file")
+    for name, v in (("width", width), ("height", height)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0 or v % 16:
+            raise GenerateError(f"--{name} {v}: Flux needs a positive multiple of 16")
+    for name, v in (("steps", steps), ("num-images", num_images), ("batch-size", batch_size)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise GenerateError(f"--{name} {v}: must be a whole number >= 1")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63):
+        raise GenerateError(f"--seed {seed}: must be a whole number in [0, 2^63)")
+
+
+def _check_output(output):
+    if output is None:
+        return None
+    output = os.fspath(output)
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise GenerateError(f"--output {output}: exists and is not a folder")
+    try:
+        os.makedirs(output, exist_ok=True)
+    except OSError as e:
+        raise GenerateError(f"--output {output}: cannot create the folder ({e.strerror})") from None
+    if not os.access(output, os.W_OK):
+        raise GenerateError(f"--output {output}: the folder is not writable")
+    return output
+
+
+def _device(device):
+    if device is None:
+        return flame.device("cuda" if flame.cuda_is_available() else "cpu")
+    dev = flame.device(device)
+    if dev.type == "cuda" and not flame.cuda_is_available():
+        raise GenerateError(f"--device {device}: no CUDA GPU is available here")
+    return dev
+
+
+def _dtype(dtype, dev):
+    if dtype is None:  # bfloat16 matmuls have no fast path on the cpu
+        return flame.bfloat16 if dev.type == "cuda" else flame.float32
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise GenerateError(f"--dtype {dtype}: one of {', '.join(DTYPES)}")
+        dtype = DTYPES[dtype]
+    return flame.dtypes.dtype(dtype)
+
+
+def _budget(max_gpu_memory):
+    if max_gpu_memory is None:
+        return None
+    try:
+        n = (int(max_gpu_memory * 2 ** 30) if isinstance(max_gpu_memory, (int, float))
+             else parse_size(max_gpu_memory))
+    except (TypeError, ValueError) as e:
+        raise GenerateError(f"--max-gpu-memory {max_gpu_memory!r}: {e}") from None
+    if n is None or n <= 0:
+        raise GenerateError(f"--max-gpu-memory {max_gpu_memory!r}: a size such as 12GiB")
+    return n
+
+
+# ----------------------------------------------------------------------------- PNG files
+def png_parameters(prompt, *, seed, steps, guidance, width, height, model, loras):
+    """The A1111-style `parameters` text: the prompt, then 'Key: value' pairs."""
+    fields = [("Steps", steps), ("Sampler", "Euler"), ("Schedule type", "Simple"), ("CFG scale", 1)]
+    if guidance is not None:
+        fields.append(("Distilled CFG Scale", f"{guidance:g}"))
+    fields += [("Seed", seed), ("Size", f"{width}x{height}"), ("Model", model)]
+    if loras:
+        fields.append(("Loras", ", ".join(f"{os.path.basename(p)}:{w:g}" for p, w in loras)))
+    fields.append(("Version", "FLAME"))
+    return prompt + "\n" + ", ".join(f"{k}: {v}" for k, v in fields)
+
+
+def save_png(image, path, info):
+    """Write `image` to `path` atomically (temporary file, fsync, rename) with text chunks {key: str}."""
+    from PIL.PngImagePlugin import PngInfo
+    meta = PngInfo()
+    for k, v in info.items():
+        meta.add_text(k, v)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            image.save(f, format="PNG", pnginfo=meta)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return path
+
+
+def _next_index(folder):
+    n = -1
+    for name in os.listdir(folder):
+        head = name.split("-", 1)[0]
+        if name.endswith(".png") and head.isdigit():
+            n = max(n, int(head))
+    return n + 1
+
+
+# ----------------------------------------------------------------------------- the stages
+class _Stage:
+    """Times a stage and records its device peak (FLAME's pool) into stats[name]."""
+
+    def __init__(self, name, dev, stats, log):
+        self.name, self.dev, self.stats, self.log = name, dev, stats, log
+
+    def __enter__(self):
+        memory.reset_peak_memory_stats(self.dev)
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        seconds = time.perf_counter() - self.t0
+        peak = memory.max_memory_reserved(self.dev)
+        self.stats[self.name] = {"seconds": round(seconds, 3), "peak_bytes": int(peak)}
+        if exc[0] is None:
+            self.log(f"{self.name}: {seconds:.1f} s, peak {fmt_bytes(peak)} on {self.dev}")
+
+
+def _limited(dev, budget):
+    """Set the pool's limit to `budget` (None: leave it); returns the previous limit."""
+    prev = memory.get_memory_limit(dev)
+    if budget is not None:
+        memory.set_memory_limit(budget, dev)
+    return prev
+
+
+def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, loras=(), width=1024, height=1024,
+             steps=None, guidance=None, seed=None, num_images=1, batch_size=1, output=None, device=None, dtype=None,
+             fp8=False, max_gpu_memory=None, max_length=None, progress=True, stats=None, log=None):
+    """Flux text-to-image: a list of PIL images, prompt by prompt, `num_images` each (image j of a prompt starts
+    from seed + j, so one seed always gives the same picture whatever the batch).
+
+    model: a diffusers Flux folder, a transformer file (with vae=, clip_l=, t5=) or FluxFiles. loras: ["path",
+    "path:weight", (path, weight)], added together. steps / guidance: default 28 / 3.5 for dev, 4 / none for
+    schnell. seed: default a random one (written into each PNG). output: a folder to write the PNGs into.
+    dtype: default bfloat16 on cuda, float32 on cpu. fp8: fp8 storage of the transformer's blocks and T5's layers.
+    max_gpu_memory ('12GiB'): stream blocks through the device within this budget. max_length: T5 tokens (512
+    dev, 256 schnell). stats: a dict filled with each stage's seconds and device peak. log: a print function."""
+    log = log or (lambda *a: print(*a, file=sys.stderr))
+    stats = {} if stats is None else stats
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    _check_args(prompts, width, height, steps, num_images, batch_size, seed)
+    dev = _device(device)
+    dtype = _dtype(dtype, dev)
+    budget = _budget(max_gpu_memory)
+    files = model if isinstance(model, FluxFiles) else find_flux_files(model, vae=vae, clip_l=clip_l, t5=t5,
+                                                                         tokenizer=tokenizer)
+    is_dev = files.is_dev
+    if not is_dev and guidance is not None:
+        raise GenerateError(f"--guidance: {files.transformer} is schnell-like (no guidance embedding); leave it out")
+    steps = steps if steps is not None else (DEV_DEFAULTS["steps"] if is_dev else SCHNELL_STEPS)
+    guidance = (float(guidance) if guidance is not None else DEV_DEFAULTS["guidance"]) if is_dev else None
+    if guidance is not None and not math.isfinite(guidance):
+        raise GenerateError(f"--guidance {guidance}: not a finite number")
+    loras = P.check_loras(loras, files.params)
+    output = _check_output(output)
+    clip_tok, t5_tok = P.load_tokenizers(files, max_length=max_length)
+    P.check_vocabularies(files, clip_tok, t5_tok)
+    seed = random.randrange(2 ** 32) if seed is None else seed
+    jobs = [(i, seed + j) for i in range(len(prompts)) for j in range(num_images)]     # (prompt row, seed)
+
+    # 1. the text encoders: every distinct prompt once, then freed
+    unique = list(dict.fromkeys(prompts))
+    prev = _limited(dev, budget)
+    try:
+        with _Stage("text encoders", dev, stats, log):
+            with P.load_text_encoders(files, dtype=dtype, device=dev, t5_quantize="fp8" if fp8 else "auto",
+                                      t5_stream=budget is not None, max_length=max_length) as enc:
+                if budget is not None:
+                    log("T5 " + str(enc.t5.streamer.auto_fit(budget, lambda: enc.encode(unique[:1]))))
+                out = enc.encode(unique)
+                cond = {k: v.float().cpu().numpy() for k, v in out.items()}
+                del out
+    finally:
+        memory.set_memory_limit(prev, dev)
+    rows = [unique.index(p) for p in prompts]
+
+    # 2. the transformer: every image's latents, kept on the host
+    latents = []
+    prev = _limited(dev, budget)
+    try:
+        with _Stage("transformer", dev, stats, log):
+            model = P.load_transformer(files, dtype=dtype, device=dev, loras=loras, fp8=fp8,
+                                       stream=budget is not None)
+            if budget is not None:
+                report = P.fit_transformer(model, cond, budget, height=height, width=width,
+                                           batch_size=min(batch_size, len(jobs)), guidance=guidance)
+                log(str(report))
+            bar = _bar(len(jobs) * steps, progress, "denoising")
+            try:
+                for lo in range(0, len(jobs), batch_size):
+                    batch = jobs[lo:lo + batch_size]
+                    z = P.sample_latents(model, cond, height=height, width=width, steps=steps, guidance=guidance,
+                                         seeds=[s for _, s in batch], rows=[rows[i] for i, _ in batch],
+                                         callback=lambda i, n, k=len(batch): bar.update(k) if bar else None)
+                    latents.extend(z.cpu().numpy())
+            finally:
+                if bar:
+                    bar.close()
+            P.free_model(model, dev)
+            del model
+    finally:
+        memory.set_memory_limit(prev, dev)
+
+    # 3. the VAE: one image at a time (tiled when a whole one does not fit the budget)
+    images = []
+    prev = _limited(dev, budget)
+    try:
+        with _Stage("vae", dev, stats, log):
+            vae_model = P.load_vae_for_flux(files, dtype=dtype, device=dev)
+            for z in latents:
+                zt = flame.tensor(z[None], device=dev)
+                try:
+                    x = P.decode_latents(vae_model, zt)
+                except flame.OutOfMemoryError:
+                    if vae_model.use_tiling is True:
+                        raise
+                    log("vae: the whole image does not fit the budget; decoding in tiles")
+                    vae_model.enable_tiling()
+                    x = P.decode_latents(vae_model, zt)
+                images.extend(P.to_pil(x))
+            del vae_model, x
+            memory.empty_cache(dev)
+    finally:
+        memory.set_memory_limit(prev, dev)
+
+    if output is not None:
+        model_name = os.path.basename(os.path.normpath(files.transformer))
+        if model_name == "transformer":  # a diffusers folder: its name
+            model_name = os.path.basename(os.path.dirname(os.path.normpath(files.transformer)))
+        model_name = model_name[:-len(".safetensors")] if model_name.endswith(".safetensors") else model_name
+        n0 = _next_index(output)
+        for k, ((i, s), img) in enumerate(zip(jobs, images)):
+            info = {"prompt": prompts[i], "seed": s, "steps": steps, "guidance": guidance, "width": width,
+                    "height": height, "model": files.transformer, "vae": files.vae, "clip_l": files.clip_l,
+                    "t5": files.t5, "loras": [[p, w] for p, w in loras], "sampler": "euler",
+                    "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8)}
+            text = {"parameters": png_parameters(prompts[i], seed=s, steps=steps, guidance=guidance, width=width,
+                                                 height=height, model=model_name, loras=loras),
+                    "flame": json.dumps(info)}
+            path = save_png(img, os.path.join(output, f"{n0 + k:05d}-{s}.png"), text)
+            log(f"wrote {path}")
+    return images
+
+
+def _bar(total, progress, desc):
+    if not progress:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, unit="step", leave=False)
+
+
+# ----------------------------------------------------------------------------- the command
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m flame_models.generate", description=(
+        "Generate images with a Flux model (diffusers folder or BFL/ComfyUI single files) and optional LoRAs."))
+    m = p.add_argument_group("model")
+    m.add_argument("--model", required=True, help="a diffusers Flux folder, or a transformer .safetensors file")
+    m.add_argument("--vae", help="the VAE (ae.safetensors) when --model is a single file")
+    m.add_argument("--clip-l", help="CLIP-L (clip_l.safetensors) when --model is a single file")
+    m.add_argument("--t5", help="T5-XXL (t5xxl_fp16 / t5xxl_fp8_e4m3fn.safetensors) when --model is a single file")
+    m.add_argument("--tokenizer", help="a folder with tokenizer/ and tokenizer_2/ (default: the model folder's, "
+                                       "else the vocabularies packaged with FLAME)")
+    m.add_argument("--lora", action="append", default=[], metavar="PATH[:WEIGHT]",
+                   help="a Flux LoRA (FLAME, diffusers, kohya, ai-toolkit); repeatable, weights add up")
+    g = p.add_argument_group("what to generate")
+    g.add_argument("--prompt", action="append", default=[], help="repeatable")
+    g.add_argument("--prompts-file", help="a text file, one prompt per non-empty line")
+    g.add_argument("--width", type=int, default=1024)
+    g.add_argument("--height", type=int, default=1024)
+    g.add_argument("--steps", type=int, help="default 28 (dev), 4 (schnell)")
+    g.add_argument("--guidance", type=float, help="embedded guidance, default 3.5 (dev only)")
+    g.add_argument("--seed", type=int, help="image j of each prompt uses seed + j (default: random)")
+    g.add_argument("--num-images", type=int, default=1, help="images per prompt")
+    g.add_argument("--batch-size", type=int, default=1, help="images per transformer call")
+    g.add_argument("--output", default="outputs", help="folder for the PNGs (default: outputs)")
+    r = p.add_argument_group("how to run")
+    r.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    r.add_argument("--dtype", choices=sorted(DTYPES), help="default bf16 on cuda, fp32 on cpu")
+    r.add_argument("--fp8", action="store_true", help="fp8 (e4m3) storage of the transformer blocks and T5")
+    r.add_argument("--max-gpu-memory", help="a budget such as 12GiB: stream blocks through the GPU within it")
+    r.add_argument("--max-length", type=int, help="T5 tokens per prompt (default 512 dev, 256 schnell)")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _read_prompts(args):
+    prompts = list(args.prompt)
+    if args.prompts_file:
+        try:
+            with open(args.prompts_file, encoding="utf-8") as f:
+                prompts += [line.strip() for line in f if line.strip()]
+        except (OSError, UnicodeDecodeError) as e:
+            raise GenerateError(f"--prompts-file {args.prompts_file}: cannot read it ({e})") from None
+    return prompts
+
+
+# what a user's mistake looks like: a message, not a traceback
+_USER_ERRORS = (FlameError, ValueError, FileNotFoundError, NotADirectoryError, PermissionError)
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    stats = {}
+    try:
+        images = generate(args.model, _read_prompts(args), vae=args.vae, clip_l=args.clip_l, t5=args.t5,
+                          tokenizer=args.tokenizer, loras=args.lora, width=args.width, height=args.height,
+                          steps=args.steps, guidance=args.guidance, seed=args.seed, num_images=args.num_images,
+                          batch_size=args.batch_size, output=args.output, device=args.device, dtype=args.dtype,
+                          fp8=args.fp8, max_gpu_memory=args.max_gpu_memory, max_length=args.max_length,
+                          progress=not args.no_progress, stats=stats)
+    except _USER_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: no partial image was written", file=sys.stderr)
+        return 130
+    peak = max(s["peak_bytes"] for s in stats.values())
+    print(f"{len(images)} image(s) in {args.output}; peak device memory {fmt_bytes(peak)} ("
+          + ", ".join(f"{k} {fmt_bytes(v['peak_bytes'])}" for k, v in stats.items()) + ")", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
