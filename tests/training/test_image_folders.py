@@ -1,0 +1,179 @@
+"""The trainer from a folder of images and captions, through its stages: every image checked before any model is
+loaded, latents cached through the VAE, captions and prompts through the text encoders (each freed before the
+transformer is built), batches of one bucket with exact resume, decoded previews, a LoRA -- and caches reused."""
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from flame_core import io
+from flame_models.data import DataError
+from flame_models.training.config import ConfigError
+from flame_models.training.family import get_family
+from flame_models.training.trainer import Trainer
+
+from .conftest import draw_images, image_config
+
+PROMPTS = ["[trigger] on a blue background", "a yellow square on a purple background"]
+
+
+@pytest.fixture
+def images(tmp_path):
+    return draw_images(tmp_path / "images", wide=2)
+
+
+def test_an_image_folder_trains_through_every_stage_with_decoded_previews(tmp_path, tiny_model, images):
+    cfg = image_config(tmp_path, "run", tiny_model, images, steps=4,
+                       sample={"sample_every": 2, "sample_steps": 2, "prompts": PROMPTS})
+    tr = Trainer(cfg, verbose=False)
+    result = tr.train()
+    # 8 images in two buckets (6 square, 2 wide), each encoded once; every caption, the prompts, the empty caption
+    assert result["encoded"]["latents"] == 8
+    assert {str(b) for b in tr.dataset.buckets()} == {"64x64", "96x32"}
+    assert result["encoded"]["text"] == len(set(tr.dataset.prompts([0]) + [
+        "ohwx on a blue background", "a yellow square on a purple background", "", "ohwx"]))
+    assert [p.label for p in tr.previews.prompts] == ["ohwx on a blue background",
+                                                       "a yellow square on a purple background"]
+    names = [s["stage"] for s in result["stages"]]
+    assert names[:5] == ["check", "latents", "text", "build", "train"] and "samples" in names
+    # the LoRA, and previews decoded through the VAE: one PNG per prompt and sampling step, and the grid
+    assert any(k.endswith(".lora_down.weight") for k in io.load_file(result["lora"]))
+    assert result["samples_decoded"]
+    for step in (0, 2, 4):
+        for i in range(2):
+            with Image.open(os.path.join(tr.out, "samples", f"step_{step:06d}_{i}.png")) as im:
+                assert im.size == (64, 64) and im.mode == "RGB"
+    with Image.open(result["samples"]) as grid:
+        w, h = grid.size
+        assert w > 3 * 64 and 2 * 64 < h < 2 * 64 + 60          # 3 step columns and a label column, 2 rows
+    # the decoded preview is the VAE's decode of the sampled latents (not a projection)
+    lat = io.load_file(os.path.join(tr.out, "samples", "step_000004.safetensors"))["latents"].numpy()
+    want = np.clip(get_family("flux").decode(_vae(tr), lat) / 2 + 0.5, 0, 1)
+    got = np.asarray(Image.open(os.path.join(tr.out, "samples", "step_000004_0.png")), np.float32) / 255
+    np.testing.assert_allclose(got, want[0].transpose(1, 2, 0), atol=1 / 255 + 1e-6)
+
+
+def _vae(tr):
+    return get_family("flux").load_vae(tr.cfg.model, tr.device)
+
+
+def test_resume_is_exact_through_the_bucket_loader(tmp_path, tiny_model, images):
+    def run(name, steps):
+        return Trainer(image_config(tmp_path, name, tiny_model, images, steps=steps), verbose=False)
+    full = run("full", 6).setup()
+    want = [full.train_step()[0] for _ in range(6)]
+    first = run("part", 3).setup()
+    for _ in range(3):
+        first.train_step()
+    first.save_checkpoint()
+    again = run("part", 6).setup()                          # more steps: applied from the checkpoint on
+    assert again.resumed_from and again.step == 3
+    assert again.loader.state_dict() == first.loader.state_dict()
+    got = [again.train_step()[0] for _ in range(3)]
+    np.testing.assert_allclose(got, want[3:], rtol=1e-6)
+    for a, b in zip(again.params, full.params):
+        np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_batches_come_from_one_bucket(tmp_path, tiny_model, images):
+    tr = Trainer(image_config(tmp_path, "buckets", tiny_model, images), verbose=False).setup()
+    seen = set()
+    for _ in range(8):
+        b = tr.loader.next_batch()
+        seen.add(b["latents"].shape)
+        assert len({tuple(s) for s in b["target_size"]}) == 1
+    assert seen == {(2, 16, 8, 8), (2, 16, 4, 12)}
+
+
+def test_a_second_run_reuses_the_caches_without_loading_an_encoder(tmp_path, tiny_model, images, monkeypatch):
+    disk = {"datasets": [{"folder_path": images, "resolution": 64, "bucket_tolerance": 32,
+                          "cache_latents_to_disk": True}]}
+    first = Trainer(image_config(tmp_path, "one", tiny_model, images, steps=1, **disk), verbose=False).setup()
+    assert first.prepared.encoded["latents"] == 8 and first.prepared.encoded["text"] > 0
+    assert os.listdir(os.path.join(images, ".flame_cache", "latents"))
+    fam = get_family("flux")
+
+    def loaded(*a, **k):
+        raise AssertionError("an encoder was loaded although every entry was cached")
+    monkeypatch.setattr(fam, "load_vae", loaded)
+    monkeypatch.setattr(fam, "load_text_encoders", loaded)
+    second = Trainer(image_config(tmp_path, "two", tiny_model, images, steps=1, **disk), verbose=False).setup()
+    assert second.prepared.encoded == {"latents": 0, "text": 0}
+    b1, b2 = first.loader.next_batch(), second.loader.next_batch()
+    np.testing.assert_array_equal(b1["latents"], b2["latents"])
+    np.testing.assert_array_equal(b1["prompt_embeds"], b2["prompt_embeds"])
+    # a changed caption: exactly its text embedding is encoded again (with the encoders), nothing else
+    monkeypatch.undo()
+    path = os.path.join(images, "shape_00.txt")
+    with open(path, "w") as f:
+        f.write("a white circle on a teal background")
+    third = Trainer(image_config(tmp_path, "three", tiny_model, images, steps=1, **disk), verbose=False).setup()
+    assert third.prepared.encoded == {"latents": 0, "text": 1}
+
+
+def _before_any_model(monkeypatch):
+    """Make loading any model part fail loudly: a check that should fire first must not get there."""
+    fam = get_family("flux")
+
+    def loaded(*a, **k):
+        raise AssertionError("a model was loaded before the bad input was found")
+    for name in ("load_vae", "load_text_encoders", "build_model"):
+        monkeypatch.setattr(fam, name, loaded)
+
+
+def test_an_unreadable_image_fails_before_any_model_naming_the_file(tmp_path, tiny_model, images, monkeypatch):
+    bad = os.path.join(images, "broken.png")
+    with open(bad, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n this is not an image")
+    with open(os.path.join(images, "broken.txt"), "w") as f:
+        f.write("a broken file")
+    _before_any_model(monkeypatch)
+    with pytest.raises(DataError, match="broken.png"):
+        Trainer(image_config(tmp_path, "bad", tiny_model, images), verbose=False).setup()
+    assert not os.path.exists(os.path.join(tmp_path, "bad", "checkpoints"))
+
+
+def test_an_image_smaller_than_every_bucket_fails_before_any_model(tmp_path, tiny_model, images, monkeypatch):
+    Image.new("RGB", (24, 24), (10, 20, 30)).save(os.path.join(images, "tiny.png"))
+    with open(os.path.join(images, "tiny.txt"), "w") as f:
+        f.write("a dot")
+    _before_any_model(monkeypatch)
+    with pytest.raises(DataError, match=r"tiny\.png: 24x24 is smaller than its 64x64 bucket"):
+        Trainer(image_config(tmp_path, "small", tiny_model, images), verbose=False).setup()
+
+
+def test_missing_tokenizer_files_fail_in_the_config_check_naming_the_folder(tmp_path, tiny_model, images):
+    empty = tmp_path / "tokenizers"
+    (empty / "tokenizer").mkdir(parents=True)
+    (empty / "tokenizer_2").mkdir()
+    with pytest.raises(ConfigError) as ei:
+        image_config(tmp_path, "tok", tiny_model, images, model={"tokenizer_path": str(empty)})
+    msg = str(ei.value)
+    assert f"model: clip_tokenizer (model.tokenizer_path): no CLIP tokenizer in {empty}" in msg, msg
+    assert "t5_tokenizer (model.tokenizer_path): no T5 tokenizer" in msg, msg
+    # a model folder whose own T5 tokenizer is gone: FLAME's packaged vocabulary does not fit its T5
+    import shutil
+    broken = tmp_path / "model"
+    shutil.copytree(tiny_model, broken)
+    shutil.rmtree(broken / "tokenizer_2")
+    with pytest.raises(ConfigError, match=r"model: t5: the tokenizer .* has \d+ tokens but the encoder .*"
+                                          r"text_encoder_2 embeds only \d+"):
+        image_config(tmp_path, "tok2", str(broken), images)
+
+
+def test_a_vae_file_given_as_the_transformer_fails_in_the_config_check(tmp_path, tiny_model, images):
+    vae = os.path.join(tiny_model, "vae", "diffusion_pytorch_model.safetensors")
+    with pytest.raises(ConfigError, match=r"model.name_or_path: .*diffusion_pytorch_model.safetensors is not a Flux "
+                                          r"transformer: it looks like a VAE"):
+        image_config(tmp_path, "vae", vae, images, model={"vae_path": vae})
+
+
+def test_sample_prompts_get_the_trigger_word(tmp_path, tiny_model, images):
+    cfg = image_config(tmp_path, "trig", tiny_model, images, trigger_word="zkx",
+                       sample={"prompts": ["a photo of [trigger]", "[trigger] and [trigger]", "no word here"]})
+    tr = Trainer(cfg, verbose=False).setup()
+    assert [p.label for p in tr.previews.prompts] == ["a photo of zkx", "zkx and zkx", "no word here"]
+    # the captions got it prepended (ai-toolkit), the prompts only where [trigger] stood
+    assert all(c.startswith("zkx") or "zkx" in c for c in tr.dataset.prompts([0]) if c)
+    assert tr.prepared.texts.missing(["a photo of zkx", "zkx and zkx", "no word here"]) == []
