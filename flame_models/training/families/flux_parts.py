@@ -163,7 +163,8 @@ def _t5_count(c):
 
 
 def t5_storage(model_cfg, device, budget):
-    """'bf16' | 'fp8' | 'fp8+stream': how T5 is held while captions are encoded (see the module docstring)."""
+    """'bf16' | 'fp8' | 'fp8+stream' ('float32' on the cpu): how T5 is held while captions are encoded (see the
+    module docstring; a T5 file stored in fp8 stays in fp8 either way)."""
     if flame.device(device).type != "cuda":
         return "fp8" if model_cfg.quantize_te else "float32"
     fp8 = bool(model_cfg.quantize_te)
@@ -180,7 +181,7 @@ def t5_storage(model_cfg, device, budget):
 def load_text_encoders_for(model_cfg, device, budget=None):
     """FluxTextEncoders (encode(prompts) -> {prompt_embeds, pooled_prompt_embeds}; free())."""
     storage = t5_storage(model_cfg, device, budget)
-    quantize = "fp8" if storage.startswith("fp8") else None
+    quantize = "fp8" if storage.startswith("fp8") else "auto"  # (auto: a file stored in fp8 stays in fp8)
     stream = storage.endswith("stream")
     if model_cfg.name_or_path is None:
         return _random_text_encoders(model_cfg, device, quantize, stream)
@@ -195,6 +196,7 @@ def t5_max_length(model_cfg, is_dev):
 
 
 def _random_text_encoders(model_cfg, device, quantize, stream):
+    quantize = quantize if quantize == "fp8" else None
     from ...flux.params import flux_params
     from ...text_encoders import CLIP_PRESETS, CLIPTextConfig, CLIPTextModel, T5_PRESETS, T5Config, T5EncoderModel
     from ...tokenization import CLIPTokenizer, T5Tokenizer, load_tokenizer
