@@ -158,46 +158,59 @@ def _cache_latents(tr, dataset, latents, keep_for_previews):
 
 
 def _decoder(tr, vae):
-    """(decode(latents) -> images, device bytes one preview decode needs beyond the VAE's weights); the VAE's
-    weights wait in host memory between decodes when the run computes on a GPU."""
+    """(PreviewDecoder, device bytes one preview decode needs: its measured peak, plus the VAE's weights when they
+    come from host memory)."""
     fam, dev = tr.family, tr.device
     h, w = tr.cfg.sample.height, tr.cfg.sample.width
     f = fam.vae_scale_factor
     probe = np.zeros((1, fam.latent_channels, h // f, w // f), np.float32)
     _release(dev)
     base = memory.memory_allocated(dev)
-    memory.reset_peak_memory_stats(dev)
+    tr.meter.reset_peaks()
     fam.decode(vae, probe)
     peak = memory.max_memory_allocated(dev) - base
     weights = sum(p.numel() * p.dtype.itemsize for p in vae.parameters())
-    on_gpu = dev.type == "cuda"
-    if on_gpu:
-        vae.to("cpu")
-        _release(dev)
+    decoder = PreviewDecoder(fam, vae, dev)
+    return decoder, int(peak + (weights if decoder.on_gpu else 0))
 
-    def decode(lat):
-        if on_gpu:
-            vae.to(dev)
+
+class PreviewDecoder:
+    """decode(latents (N, C, h, w)) -> images (N, 3, H, W) in [-1, 1]. On a GPU the VAE's weights wait in host
+    memory and are moved to the device for each decode."""
+
+    def __init__(self, family, vae, device):
+        self.family, self.vae, self.device = family, vae, device
+        self.on_gpu = device.type == "cuda"
+        if self.on_gpu:
+            vae.to("cpu")
+            _release(device)
+
+    def __call__(self, latents):
+        if self.on_gpu:
+            self.vae.to(self.device)
         try:
-            return fam.decode(vae, lat)
+            return self.family.decode(self.vae, latents)
         finally:
-            if on_gpu:
-                vae.to("cpu")
-                _release(dev)
-    return decode, int(peak + (weights if on_gpu else 0))
+            if self.on_gpu:
+                self.vae.to("cpu")
+                _release(self.device)
 
 
 class _limit:
-    """The run's max_gpu_memory as the pool's limit while a stage runs (an encoder that would not fit fails
-    with OutOfMemoryError instead of growing past the budget)."""
+    """The run's max_gpu_memory as a limit on the pool while a stage runs, less what the driver already holds
+    outside the pool (the CUDA context, libraries' workspaces): the GPU as a whole stays within the budget, and an
+    encoder that would not fit fails with OutOfMemoryError instead of growing past it."""
 
     def __init__(self, device, budget):
         self.device, self.budget = device, budget
 
     def __enter__(self):
         if self.budget is not None and self.device.type == "cuda":
+            import flame_core as flame
             self.prev = memory.get_memory_limit(self.device)
-            memory.set_memory_limit(self.budget, self.device)
+            free, total = flame.cuda.mem_get_info(self.device)
+            outside = max(0, total - free - memory.memory_reserved(self.device))
+            memory.set_memory_limit(self.budget - outside, self.device)
         return self
 
     def __exit__(self, *exc):

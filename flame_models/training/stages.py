@@ -57,12 +57,18 @@ class StageMeter:
         rec["peak_allocated"] = max(rec["peak_allocated"], allocated)
         rec["peak_reserved"] = max(rec["peak_reserved"], reserved)
 
+    def reset_peaks(self):
+        """Reset the device's peak statistics (e.g. to measure one operation) without losing what the open stages
+        have seen so far."""
+        dev = self.device
+        for outer in self._open:
+            self._fold(outer, memory.max_memory_allocated(dev), memory.max_memory_reserved(dev))
+        memory.reset_peak_memory_stats(dev)
+
     @contextmanager
     def stage(self, name, quiet=False):
         dev = self.device
-        for outer in self._open:  # the peaks so far belong to the enclosing stages too
-            self._fold(outer, memory.max_memory_allocated(dev), memory.max_memory_reserved(dev))
-        memory.reset_peak_memory_stats(dev)
+        self.reset_peaks()  # the peaks so far belong to the enclosing stages
         rec = self.stages.setdefault(name, {"stage": name, "seconds": 0.0, "peak_allocated": 0,
                                             "peak_reserved": 0})
         self._open.append(rec)

@@ -177,3 +177,93 @@ def test_sample_prompts_get_the_trigger_word(tmp_path, tiny_model, images):
     # the captions got it prepended (ai-toolkit), the prompts only where [trigger] stood
     assert all(c.startswith("zkx") or "zkx" in c for c in tr.dataset.prompts([0]) if c)
     assert tr.prepared.texts.missing(["a photo of zkx", "zkx and zkx", "no word here"]) == []
+
+
+def test_each_encoder_is_freed_before_the_transformer_is_built(tmp_path, tiny_model, images, monkeypatch):
+    import gc
+    import weakref
+    fam = get_family("flux")
+    refs = {}
+    real_vae, real_te, real_build = fam.load_vae, fam.load_text_encoders, fam.build_model
+
+    def load_vae(*a, **k):
+        vae = real_vae(*a, **k)
+        refs["vae"] = weakref.ref(vae)
+        return vae
+
+    def load_text_encoders(*a, **k):
+        enc = real_te(*a, **k)
+        refs["clip"], refs["t5"] = weakref.ref(enc.clip), weakref.ref(enc.t5)
+        return enc
+
+    def build_model(*a, **k):
+        gc.collect()
+        refs["alive_at_build"] = [k for k in ("vae", "clip", "t5") if refs[k]() is not None]
+        return real_build(*a, **k)
+    monkeypatch.setattr(fam, "load_vae", load_vae)
+    monkeypatch.setattr(fam, "load_text_encoders", load_text_encoders)
+    monkeypatch.setattr(fam, "build_model", build_model)
+    Trainer(image_config(tmp_path, "free", tiny_model, images), verbose=False).setup()     # no previews: no VAE kept
+    assert refs["alive_at_build"] == []
+    refs.clear()
+    tr = Trainer(image_config(tmp_path, "keep", tiny_model, images, sample={"sample_every": 2, "sample_steps": 1}),
+                 verbose=False).setup()
+    assert refs["alive_at_build"] == ["vae"]        # kept (in host memory on a GPU) to decode the previews
+    assert tr.prepared.decode is not None and tr.prepared.decode_bytes > 0
+
+
+def test_without_prompts_the_first_images_captions_are_sampled_beside_their_decoded_image(tmp_path, tiny_model,
+                                                                                          images):
+    tr = Trainer(image_config(tmp_path, "data", tiny_model, images, steps=2,
+                              sample={"sample_every": 2, "sample_steps": 1, "num_samples": 2}), verbose=False)
+    tr.train()
+    assert [p.label for p in tr.previews.prompts] == [tr.dataset.base_caption(i) for i in range(2)]
+    assert tr.previews.grid_columns == ["data", "step 0", "step 2"]
+    ref = tr.previews.refs[0]                      # the first image through the pooling VAE: its 8x8 block means
+    want = np.asarray(Image.open(tr.dataset.record(0).path).convert("RGB"), np.float32)
+    want = want.reshape(8, 8, 8, 8, 3).mean(axis=(1, 3)).repeat(8, 0).repeat(8, 1)
+    assert np.abs(ref.astype(np.float32) - want).max() <= 2.0
+
+
+def test_random_parts_of_a_size_preset_train_from_an_image_folder_without_files(tmp_path, images):
+    cfg = image_config(tmp_path, "preset", None, images, steps=2, model={"name_or_path": None, "size": "flux-tiny"},
+                       sample={"sample_every": 2, "sample_steps": 1, "prompts": ["[trigger]"]})
+    result = Trainer(cfg, verbose=False).train()
+    assert result["encoded"]["latents"] == 8 and result["samples_decoded"]
+    with pytest.raises(ConfigError, match="model.vae_path: model.size flux-tiny builds random parts"):
+        image_config(tmp_path, "x", None, images, model={"name_or_path": None, "size": "flux-tiny",
+                                                          "vae_path": "ae.safetensors"})
+
+
+def test_random_init_fills_empty_parameters_on_their_device(tmp_path):
+    import flame_core as flame
+    import flame_nn
+    from flame_models.flux import Flux
+    from flame_models.training.random_init import init_random_
+    with flame_nn.empty_init(device="cpu", dtype=flame.float32):
+        model = Flux("flux-tiny")
+    fam = get_family("flux")
+    fill = fam.block_initializer(model)
+    assert fill is not None
+    for block in model.double_blocks:
+        fill(block)
+    assert fam.block_initializer(model) is not None               # single blocks are still empty
+    assert init_random_(model, flame.Generator("cpu").manual_seed(0)) > 0
+    assert fam.block_initializer(model) is None and not any(p.is_meta for p in model.parameters())
+    q = model.double_blocks[0].img_attn.norm.query_norm.scale.detach().numpy()
+    w = model.double_blocks[0].img_attn.qkv.weight.detach().numpy()
+    np.testing.assert_array_equal(q, 1.0)                         # norm gains 1, other weights N(0, 0.02^2)
+    assert abs(w.std() - 0.02) < 0.002 and abs(w.mean()) < 0.002
+
+
+@pytest.mark.parametrize("budget, quantize_te, want", [
+    (None, False, "bf16"), (None, True, "fp8"), ("24GiB", False, "bf16"), ("12GiB", False, "bf16"),
+    ("10GiB", False, "fp8"), ("12GiB", True, "fp8"), ("6GiB", False, "fp8+stream")])
+def test_t5_is_stored_in_fp8_or_streamed_when_the_budget_asks_for_it(budget, quantize_te, want):
+    # T5-XXL: 4.76e9 parameters, 9.5 GB in bfloat16, 4.8 GB in fp8, plus 2 GiB for CLIP-L and the activations
+    from flame_models.training.config import ModelConfig, max_gpu_memory_bytes
+    from flame_models.training.families import flux_parts
+    m = ModelConfig(size="flux-dev", quantize_te=quantize_te)
+    b = None if budget is None else max_gpu_memory_bytes(budget)
+    assert flux_parts.t5_storage(m, "cuda", b) == want
+    assert flux_parts.t5_storage(m, "cpu", b) == ("fp8" if quantize_te else "float32")

@@ -30,7 +30,7 @@ _FIELDS = {"--model": "model.name_or_path", "--vae": "model.vae_path", "--clip-l
 _PARTS = {"vae": ("vae",), "text": ("clip_l", "t5", "clip_tokenizer", "t5_tokenizer")}
 PATH_FIELDS = ("vae_path", "clip_l_path", "t5_path", "tokenizer_path")
 RANDOM_SEED = 0            # random parts are the same in every run (their cache entries stay valid)
-ENCODER_MARGIN = 1 << 30   # activations and workspace of text encoding, beside the weights
+ENCODER_MARGIN = 2 << 30   # CLIP-L, the activations of a batch of captions and the CUDA context, beside T5
 
 
 def _fields(text):
