@@ -267,3 +267,56 @@ def test_t5_is_stored_in_fp8_or_streamed_when_the_budget_asks_for_it(budget, qua
     b = None if budget is None else max_gpu_memory_bytes(budget)
     assert flux_parts.t5_storage(m, "cuda", b) == want
     assert flux_parts.t5_storage(m, "cpu", b) == ("fp8" if quantize_te else "float32")
+
+
+def test_a_resumed_run_keeps_the_decoded_preview_columns(tmp_path, tiny_model, images):
+    def c(steps):
+        return image_config(tmp_path, "cols", tiny_model, images, steps=steps, save={"save_every": 2},
+                            sample={"sample_every": 2, "sample_steps": 1, "prompts": PROMPTS})
+    first = Trainer(c(2), verbose=False)
+    first.train()
+    before = np.asarray(Image.open(os.path.join(first.out, "samples", "step_000002_1.png")))
+    again = Trainer(c(4), verbose=False)
+    again.setup()
+    assert [s for s, _ in again.previews.history] == [0, 2]
+    np.testing.assert_array_equal(again.previews.history[1][1][1], before)     # read back, not sampled again
+    again.train()
+    assert again.previews.grid_columns == ["step 0", "step 2", "step 4"]
+
+
+def test_the_example_names_a_bad_image_and_exits_2_before_training(tmp_path, tiny_model, images, capsys):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("train_flux_lora", os.path.join(
+        os.path.dirname(__file__), "..", "..", "examples", "train_flux_lora.py"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    with open(os.path.join(images, "cut.jpg"), "wb") as f:
+        f.write(b"\xff\xd8\xff\xe0 a truncated download")
+    with open(os.path.join(images, "cut.txt"), "w") as f:
+        f.write("a cut file")
+    argv = ["--model", tiny_model, "--data", images, "--resolution", "64", "--trigger", "ohwx", "--output",
+            str(tmp_path), "--name", "cli", "--steps", "2"]
+    assert example.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error: 1 unusable file(s) in the datasets:" in err and "cut.jpg: cannot read the image" in err, err
+    assert not os.path.exists(os.path.join(tmp_path, "cli", "checkpoints"))
+
+
+def test_precomputed_samples_with_text_prompts_and_an_optional_vae_for_previews(tmp_path, tiny_model):
+    from .conftest import make_samples
+    data = make_samples(tmp_path / "latents", n=4, txt=(8, 32), pooled=32)
+    base = {"name": "pre", "training_folder": str(tmp_path), "device": "cpu",
+            "datasets": [{"folder_path": data}], "model": {"name_or_path": tiny_model, "dtype": "fp32",
+                                                           "t5_max_length": 8},
+            "network": {"linear": 4, "linear_alpha": 4}, "save": {"save_every": 100},
+            "train": {"steps": 2, "batch_size": 2, "optimizer": "adamw", "dtype": "fp32"},
+            "sample": {"sample_every": 2, "sample_steps": 1, "prompts": ["a red square", "a blue circle"]}}
+    from flame_models.training.config import config_from_dict
+    tr = Trainer(config_from_dict(base), verbose=False)
+    result = tr.train()
+    assert [p.label for p in tr.previews.prompts] == ["a red square", "a blue circle"]
+    assert not result["samples_decoded"] and tr.previews.prompts[0].cond["prompt_embeds"].shape == (8, 32)
+    base.update(name="pre_vae")
+    base["model"] = {**base["model"], "vae_path": os.path.join(tiny_model, "vae")}
+    result = Trainer(config_from_dict(base), verbose=False).train()
+    assert result["samples_decoded"] and result["encoded"] == {"latents": 0, "text": 2}
