@@ -227,10 +227,14 @@ def main(argv=None):
         if demo:
             print(f"demo: training a LoRA for 'ohwx' on the tiny model, writing to {cfg.output_dir}"
                   + ("" if a.name else " (a fresh folder)"))
-        trainer = Trainer(cfg, fresh=a.fresh).setup()  # checks everything, then builds the model and resumes
+        trainer = Trainer(cfg, fresh=a.fresh).setup()  # checks everything, caches, builds the model, resumes
     except (ConfigError, FlameError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before training: nothing to save; cache files are written whole, one at a time
+        print("interrupted before training started; the latents and text embeddings cached so far are kept (on "
+              "disk with cache_latents_to_disk): run the same command again to continue", file=sys.stderr)
+        return 130
     try:
         result = trainer.train()
     except KeyboardInterrupt:

@@ -5,7 +5,7 @@ latents  the VAE is loaded (only when a latent is missing from the cache or prev
          (image, bucket) latent not cached yet is encoded, then the VAE leaves the device: with previews its weights
          wait in host memory (moved to the device for each decode and back; under max_gpu_memory the decode is tiled
          and its measured peak is reserved when the transformer's resident blocks are chosen), else it is dropped.
-text     CLIP-L + T5 are loaded (only when something is missing from the cache), every caption variant the run
+text     the text encoders are loaded (only when something is missing from the cache), every caption variant the run
          can draw (the tag orders of the epochs it covers, the dropout captions), the sample prompts and the empty
          caption are encoded, then the encoders are freed.
 

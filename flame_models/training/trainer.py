@@ -3,14 +3,21 @@ architecture: the model family (family.py, `get_family(cfg.model.arch)`) supplie
 objective, the forward, the preview sampler and the LoRA names.
 
     trainer = Trainer(cfg)          # a validated TrainConfig (config.load_config / config_from_dict)
-    result = trainer.train()        # {"lora": path, "samples": path, "loss_plot": path, ...}
+    result = trainer.train()        # {"lora": path, "samples": path, "loss_plot": path, "stages": [...], ...}
+
+Set-up runs in stages, each timed and its peak memory recorded (stages.py; result["stages"]): check (every image
+and caption, or every sample file's header, before any model), latents and text (image folders and text prompts:
+the VAE, then the text encoders, loaded, run into their caches and freed; image_data.py), build (the transformer
+and its adapters); then train (samples inside it also count as their own stage). Image folders train from the
+caches in batches of one aspect bucket (flame_models.data.BucketLoader, whose position is part of a checkpoint).
 
 One optimizer step = `gradient_accumulation_steps` micro-batches: the family turns the batch into clean latents x0
 and conditioning, timesteps and noise are drawn, the objective makes x_t and the target, the family's forward
 predicts, the loss (float32) is backpropagated -- under autocast on the GPU and, there, replayed as a CUDA graph
-after two eager steps. Then gradient clipping, the optimizer, the LR schedule, EMA. Every `save_every` steps a
-checkpoint (adapter, optimizer, scheduler, RNG states, step, data position, EMA, training time, config) is written
-whole or not at all (checkpoint.py), and a restart with the same config resumes from the newest intact one exactly:
+after two eager steps (one graph per batch shape; graphs.py says when a run stays eager). Then gradient clipping,
+the optimizer, the LR schedule, EMA. Every `save_every` steps a checkpoint (adapter, optimizer, scheduler, RNG
+states, step, data position, EMA, training time, config) is written whole or not at all (checkpoint.py), and a
+restart with the same config resumes from the newest intact one exactly:
 the next step's loss and parameters equal those of a run that never stopped. A changed config either applies from
 there on or is refused (resume.py). Every `sample_every` steps the preview sampler runs while the progress clock is
 paused. Ctrl-C / SIGTERM stop after the current step with a checkpoint (interrupt.py).
