@@ -127,14 +127,15 @@ class Trainer:
             self.prepared = image_data.prepare(self, self.dataset if self.image_data else None, previews_on)
         self.previews = self._make_previews()
 
-        with self.meter.stage("build"):
+        with self.meter.stage("build"):  # (with max_gpu_memory: the resident blocks chosen by measured steps)
             self._build(checkpoint, state)
-        if self.streamer is not None:
-            n_params = sum(p.numel() for p in self.params)
-            state_bytes = (2 if t.optimizer == "adamw8bit" else 8) * n_params  # moments made at the first step
-            decode_bytes = self.prepared.decode_bytes if self.prepared is not None and previews_on else 0
-            self.fit = self.streamer.auto_fit(self.budget, self._measure_step, extra_bytes=state_bytes + decode_bytes)
-            self.log(str(self.fit))
+            if self.streamer is not None:
+                n_params = sum(p.numel() for p in self.params)
+                state_bytes = (2 if t.optimizer == "adamw8bit" else 8) * n_params  # moments made at the first step
+                decode_bytes = self.prepared.decode_bytes if self.prepared is not None and previews_on else 0
+                self.fit = self.streamer.auto_fit(self.budget, self._measure_step,
+                                                  extra_bytes=state_bytes + decode_bytes)
+                self.log(str(self.fit))
         return self
 
     def _make_previews(self):

@@ -41,7 +41,7 @@ def test_more_shapes_than_graphs_train_eagerly_and_say_why(tmp_path, tiny_model,
 
 def test_previews_decode_on_the_gpu_with_the_vae_waiting_in_host_memory(tmp_path, tiny_model):
     images = draw_images(tmp_path / "images")
-    cfg = _gpu(image_config(tmp_path, "prev", tiny_model, images, steps=2,
+    cfg = _gpu(image_config(tmp_path, "prev", tiny_model, images, steps=4,
                             sample={"sample_every": 2, "sample_steps": 2, "prompts": ["[trigger]"]}))
     tr = Trainer(cfg, verbose=False)
     result = tr.train()
