@@ -320,3 +320,21 @@ def test_precomputed_samples_with_text_prompts_and_an_optional_vae_for_previews(
     base["model"] = {**base["model"], "vae_path": os.path.join(tiny_model, "vae")}
     result = Trainer(config_from_dict(base), verbose=False).train()
     assert result["samples_decoded"] and result["encoded"] == {"latents": 0, "text": 2}
+
+
+def test_random_text_encoders_of_a_released_size_use_the_packaged_tokenizers(monkeypatch):
+    # flux-schnell's widths (CLIP 768, T5 4096) with one small layer each instead of the released depths
+    from flame_models.text_encoders import configs as C
+    from flame_models.training.config import ModelConfig
+    from flame_models.training.families import flux_parts
+    monkeypatch.setitem(C.CLIP_PRESETS, "clip-l", C.CLIP_PRESETS["clip-l"].__class__(**{
+        **C.CLIP_PRESETS["clip-l"].to_dict(), "num_hidden_layers": 1, "intermediate_size": 64}))
+    monkeypatch.setitem(C.T5_PRESETS, "t5-xxl", C.T5Config(vocab_size=32128, d_model=4096, d_kv=8, d_ff=32,
+                                                           num_layers=1, num_heads=2))
+    enc = flux_parts.load_text_encoders_for(ModelConfig(size="flux-schnell", t5_max_length=16), "cpu")
+    assert enc.clip_tokenizer.eos_token_id == enc.clip.config.eos_token_id == 49407     # CLIP-L's real vocabulary
+    out = get_family("flux").encode_prompts(enc, ["a photo of a cat", "a dog"])
+    assert out["prompt_embeds"].shape == (2, 16, 4096) and out["pooled_prompt_embeds"].shape == (2, 768)
+    assert np.isfinite(out["prompt_embeds"]).all() and not np.allclose(out["pooled_prompt_embeds"][0],
+                                                                       out["pooled_prompt_embeds"][1])
+    enc.free()
