@@ -471,6 +471,12 @@ class Trainer:
         """Sample every prompt with the current (EMA, if on) adapters; returns the step's files."""
         if not self.previews.prompts:
             return None
+        if self.streamer is not None and self.graphed is not None and self.graphed.captured:
+            # under max_gpu_memory a step's graph holds its activations' memory (private to the graph) while it
+            # lives; sampling needs that room: the graphs go, and the next steps capture them again
+            self.graphed.reset()
+            self._graph_generation = None
+            flame.memory.empty_cache(self.device)
         self.model.eval()
         try:
             with (self.ema.swapped() if self.ema is not None else _nullcontext()), no_grad(), \
