@@ -270,8 +270,6 @@ def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=No
         raise ValueError(f"latents of {x.shape[1]} tokens do not fit a {height}x{width} image "
                          f"({img_pos.shape[1]} tokens)")
     txt_pos = text_ids(txt.shape[1], B, device=dev)
-    if cuda_graph is None and getattr(model, "streamer", None) is not None:
-        cuda_graph = False  # a streamed inference forward is not capturable (its prefetch window wraps around)
     timesteps = get_schedule(steps, x.shape[1], shift=p.guidance_embed)
     out = denoise(model, x, img_pos, txt, txt_pos, y, timesteps, guidance, cuda_graph, callback)
     return unpack(out, height, width)
