@@ -15,17 +15,24 @@ def synchronize():
 
 
 def mem_get_info(device=None):
-    """(free, total) bytes of the GPU as the driver sees them (cudaMemGetInfo: every process and allocator
-    counts), as torch.cuda.mem_get_info. `device`: an index, 'cuda:N' or a device; default the current one."""
-    if not _backend.cuda_available():
-        raise RuntimeError("mem_get_info: no CUDA GPU is visible")
-    cp = _backend.cupy
-    if device is None:
-        return cp.cuda.runtime.memGetInfo()
+    """(free, total) bytes of a GPU as the driver reports them (torch.cuda.mem_get_info): FLAME's pool, the CUDA
+    context, libraries' code and workspaces and other processes all count as used. device: 'cuda:N' or an index
+    (default: the current GPU)."""
     from ..device import device as _device
-    index = device if isinstance(device, int) else (_device(device).index or 0)
-    with cp.cuda.Device(index):
-        return cp.cuda.runtime.memGetInfo()
+    from ..errors import DeviceError
+    if not _backend.cuda_available():
+        raise DeviceError("mem_get_info: no CUDA GPU is available here")
+    if device is None:
+        index = _backend.cupy.cuda.Device().id
+    elif isinstance(device, int) and not isinstance(device, bool):
+        index = device
+    else:
+        dev = _device(device)
+        if dev.type != "cuda":
+            raise DeviceError(f"mem_get_info: {dev} is not a GPU")
+        index = dev.index
+    with _backend.cupy.cuda.Device(index):
+        return _backend.cupy.cuda.runtime.memGetInfo()
 
 
 __all__ = ["CUDAGraph", "graph", "graphed", "GraphedFunction", "is_capturing", "is_available", "synchronize",
