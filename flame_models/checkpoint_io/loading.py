@@ -32,10 +32,9 @@ def mismatch_message(header, missing=(), unexpected=(), misshaped=(), *, limit=2
 
 def check_mismatch(error, header, missing=(), unexpected=(), misshaped=(), *, strict=True, **message):
     """Raise `error(mismatch_message(...))` when a tensor is misshaped or, with `strict`, when one is missing or
-    unexpected. `header` may be a callable, called only then. `message`: mismatch_message's options."""
+    unexpected. `message`: mismatch_message's options."""
     if misshaped or (strict and (missing or unexpected)):
-        raise error(mismatch_message(header() if callable(header) else header, missing, unexpected, misshaped,
-                                     **message))
+        raise error(mismatch_message(header, missing, unexpected, misshaped, **message))
 
 
 def planned_mismatches(plan, targets, ckpt, *, what):
@@ -72,7 +71,7 @@ def planned_reader(ckpt, plan, combine):
     device, then `combine(how, pieces)` (contiguous)."""
     def read(key, target):
         keys, how = plan[key]
-        pieces = [ckpt.get(k, dtype=target.dtype, device=target.device) for k in keys]
+        pieces = [ckpt.get_like(k, target) for k in keys]
         return combine(how, pieces).contiguous()
     return read
 

@@ -18,6 +18,8 @@ class SafetensorsCheckpoint:
     closed again if it raises). `error` is the CheckpointError subclass raised. Use it as a context manager."""
 
     error = CheckpointError
+    layout = None          # a subclass's name for the key layout it found ("bfl", "diffusers", ...)
+    config_source = None   # the file a subclass read the model's config from, if any
 
     def __init__(self, files, label=None):
         self.files = [os.fspath(f) for f in files]
@@ -70,6 +72,10 @@ class SafetensorsCheckpoint:
         sk = self.source_key(key)
         return self.handle_of[sk].get_tensor(sk, dtype=dtype, device=device)
 
+    def get_like(self, key, target):
+        """The tensor in `target`'s dtype and on its device (a model's parameter, possibly a meta placeholder)."""
+        return self.get(key, dtype=target.dtype, device=target.device)
+
     def metadata(self, name):
         """The value of `name` in the files' safetensors metadata (the first file that has it), or None."""
         for h in self.handles:
@@ -77,6 +83,11 @@ class SafetensorsCheckpoint:
             if value is not None:
                 return value
         return None
+
+    def describe(self):
+        """The checkpoint for messages: "<label> (<layout> layout, prefix '...', config <file>)"."""
+        return (f"{self.label} ({self.layout} layout" + (f", prefix {self.prefix!r}" if self.prefix else "")
+                + (f", config {self.config_source}" if self.config_source else "") + ")")
 
     def close(self):
         for h in self.handles:
