@@ -137,7 +137,7 @@ class CLIPTextTransformer(flame_nn.Module):
                                           hidden_states=tuple(hidden_states) if hidden_states is not None else None)
 
 
-class CLIPTextModel(flame_nn.Module):
+class CLIPTextModel(flame_nn.GradientCheckpointingMixin, flame_nn.Module):
     """transformers' CLIPTextModel. Build under `flame_nn.empty_init` and load with `load_clip` for real weights."""
 
     def __init__(self, config, *, dtype=None, device=None):
@@ -170,10 +170,8 @@ class CLIPTextModel(flame_nn.Module):
         drop_stale_fusions_(self)  # fused views of the old storage would keep it alive
         return self
 
-    def enable_gradient_checkpointing(self, enabled=True, offload=False):
-        for layer in self.text_model.encoder.layers:
-            layer.gradient_checkpointing, layer.checkpoint_offload = enabled, offload
-        return self
+    def checkpointed_blocks(self):
+        return list(self.text_model.encoder.layers)
 
     @property
     def dtype(self):

@@ -205,7 +205,7 @@ class T5Stack(flame_nn.Module):
         return x, hidden_states
 
 
-class T5EncoderModel(flame_nn.Module):
+class T5EncoderModel(flame_nn.GradientCheckpointingMixin, flame_nn.Module):
     """transformers' T5EncoderModel. Build under `flame_nn.empty_init` and load with `load_t5` for real weights.
 
     A tiny one at run time: `T5EncoderModel(T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2,
@@ -246,10 +246,8 @@ class T5EncoderModel(flame_nn.Module):
         drop_stale_fusions_(self)  # fused views of the old storage would keep it alive
         return self
 
-    def enable_gradient_checkpointing(self, enabled=True, offload=False):
-        for block in self.encoder.block:
-            block.gradient_checkpointing, block.checkpoint_offload = enabled, offload
-        return self
+    def checkpointed_blocks(self):
+        return list(self.encoder.block)
 
     @property
     def dtype(self):
