@@ -91,6 +91,17 @@ def fill_(model, read, targets, *, desc="loading", progress=True):
     return model
 
 
+def config_argument(config, cls, infer, *, caller):
+    """The config a load_* function builds its model with, from its `config` argument: a `cls` instance as is, None
+    or a dict of fields to override -> `infer(config)` (read from the checkpoint); TypeError otherwise."""
+    if isinstance(config, cls):
+        return config
+    if config is None or isinstance(config, dict):
+        return infer(config)
+    raise TypeError(f"{caller}: config must be a {cls.__name__}, a dict of {cls.__name__} fields or None, got "
+                    f"{type(config).__name__}")
+
+
 def compute_dtype(stored):
     """The dtype to compute in for weights stored as `stored`: itself when it is a float dtype models compute in,
     bfloat16 for fp8 storage."""

@@ -159,16 +159,11 @@ def save_flux(model, path, layout="bfl", *, max_shard_size=None):
         state = {k: t.detach() for k, t in state.items()}
         if layout == "diffusers":
             state = K.bfl_to_diffusers(state, p)
-    path = os.fspath(path)
-    if path.endswith(".safetensors"):
-        folder, stem = os.path.dirname(path) or ".", os.path.basename(path)[:-len(".safetensors")]
-    else:
-        folder, stem = path, ("diffusion_pytorch_model" if layout == "diffusers" else "flux")
-        os.makedirs(folder, exist_ok=True)
-        if layout == "diffusers":
-            CIO.write_json(os.path.join(folder, "config.json"), _diffusers_config(p))
     metadata = {"format": "pt", PARAMS_METADATA_KEY: json.dumps(_params_dict(p))}
-    return CIO.save_shards(state.items(), folder, stem, metadata=metadata, max_shard_size=max_shard_size)
+    diffusers = layout == "diffusers"
+    return CIO.save_weights(state.items(), path, stem="diffusion_pytorch_model" if diffusers else "flux",
+                            metadata=metadata, max_shard_size=max_shard_size,
+                            folder_config=_diffusers_config(p) if diffusers else None)
 
 
 def _params_dict(p):

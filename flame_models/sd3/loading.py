@@ -189,16 +189,11 @@ def save_sd3(model, path, layout="sai", *, max_shard_size=None, prefix=None):
         else:
             pre = SAI_PREFIX if prefix is None else prefix
             state = {pre + k: t for k, t in state.items()}
-    path = os.fspath(path)
-    if path.endswith(".safetensors"):
-        folder, stem = os.path.dirname(path) or ".", os.path.basename(path)[:-len(".safetensors")]
-    else:
-        folder, stem = path, ("diffusion_pytorch_model" if layout == "diffusers" else "sd3")
-        os.makedirs(folder, exist_ok=True)
-        if layout == "diffusers":
-            CIO.write_json(os.path.join(folder, "config.json"), diffusers_config(p))
     metadata = {"format": "pt", PARAMS_METADATA_KEY: json.dumps(_params_dict(p))}
-    return CIO.save_shards(state.items(), folder, stem, metadata=metadata, max_shard_size=max_shard_size)
+    diffusers = layout == "diffusers"
+    return CIO.save_weights(state.items(), path, stem="diffusion_pytorch_model" if diffusers else "sd3",
+                            metadata=metadata, max_shard_size=max_shard_size,
+                            folder_config=diffusers_config(p) if diffusers else None)
 
 
 def _params_dict(p):

@@ -214,13 +214,7 @@ def load_unet(path, dtype=None, device=None, *, config=None, strict=True, progre
     unexpected tensors and leaves missing ones unloaded (they raise when used)."""
     from .model import SDXLUNet
     with UNetCheckpoint(path) as ckpt:
-        if isinstance(config, UNetConfig):
-            cfg = config
-        elif config is None or isinstance(config, dict):
-            cfg = infer_config(ckpt, config)
-        else:
-            raise TypeError(f"load_unet: config must be a UNetConfig, a dict of UNetConfig fields or None, got "
-                            f"{type(config).__name__}")
+        cfg = CIO.config_argument(config, UNetConfig, lambda overrides: infer_config(ckpt, overrides), caller="load_unet")
         if dtype is None:
             dtype = CIO.compute_dtype(ckpt.stored_dtype(K.SAI_PROBE) if ckpt.has(K.SAI_PROBE)
                                       else flame.get_default_dtype())

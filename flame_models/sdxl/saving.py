@@ -6,7 +6,6 @@ import json
 import os
 
 import flame_core as flame
-from flame_core.io import save_file
 
 from .. import checkpoint_io as CIO
 from . import keys as K
@@ -36,10 +35,6 @@ def save_unet(model, path, layout="sai", *, prefix=K.SAI_PREFIXES[0], max_shard_
     else:
         state = [(K.sai_to_diffusers_key(k, c.num_res_blocks), t) for k, t in state]
     metadata = {"format": "pt", CONFIG_METADATA_KEY: json.dumps(c.to_dict(), sort_keys=True)}
-    if single:
-        save_file(dict(state), path, metadata=metadata)
-        return [path]
-    os.makedirs(path, exist_ok=True)
-    written = CIO.save_shards(state, path, WEIGHTS_STEM, metadata=metadata, max_shard_size=max_shard_size)
-    config = CIO.write_json(os.path.join(path, "config.json"), c.to_diffusers_config())
-    return written + [config]
+    written = CIO.save_weights(state, path, stem=WEIGHTS_STEM, metadata=metadata, max_shard_size=max_shard_size,
+                               folder_config=c.to_diffusers_config())
+    return written if single else written + [os.path.join(path, "config.json")]

@@ -205,13 +205,7 @@ def load_vae(path, dtype=None, device=None, *, config=None, strict=True):
     unexpected tensors and leaves missing ones unloaded (they raise when used)."""
     from .model import AutoencoderKL
     with VAECheckpoint(path) as ckpt:
-        if isinstance(config, VAEConfig):
-            cfg = config
-        elif config is None or isinstance(config, dict):
-            cfg = infer_config(ckpt, config)
-        else:
-            raise TypeError(f"load_vae: config must be a VAEConfig, a dict of VAEConfig fields or None, got "
-                            f"{type(config).__name__}")
+        cfg = CIO.config_argument(config, VAEConfig, lambda overrides: infer_config(ckpt, overrides), caller="load_vae")
         if dtype is None:
             dtype = CIO.compute_dtype(ckpt.stored_dtype("encoder.conv_in.weight") if ckpt.has("encoder.conv_in.weight")
                                       else flame.get_default_dtype())
