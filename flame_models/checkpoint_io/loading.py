@@ -41,7 +41,7 @@ def planned_mismatches(plan, targets, ckpt, *, what):
     """(missing, unexpected, misshaped) of a load plan against an open checkpoint (SafetensorsCheckpoint, keys
     relative to its prefix). `plan`: {model key: (file keys, how)} -- each model tensor is one file tensor, or
     several concatenated along dim 0 (how == "cat"); `targets`: {model key: tensor}. Missing and unexpected are
-    the file's names; `what` names the model when plan and targets disagree (a bug, not a bad file)."""
+    the file's names; `what` names the model class when plan and targets disagree (a bug, not a bad file)."""
     unknown = sorted(set(plan) ^ set(targets))
     if unknown:
         raise ckpt.error(f"model and plan disagree on {unknown[:10]}: is this a flame_models {what}?")
@@ -74,6 +74,18 @@ def planned_reader(ckpt, plan, combine):
         pieces = [ckpt.get_like(k, target) for k in keys]
         return combine(how, pieces).contiguous()
     return read
+
+
+def load_planned_(model, ckpt, plan, targets, combine, *, what, strict=True):
+    """Load `targets` ({model key: tensor} of `model`) from an open checkpoint as `plan` says (see
+    planned_mismatches; `combine(how, pieces)` joins a tensor's pieces): `ckpt.error` naming every missing,
+    unexpected and misshaped tensor -- "cannot load the `what` checkpoint ..." -- before any is read (missing and
+    unexpected ones only when `strict`), then fill_. Returns `model`."""
+    missing, unexpected, misshaped = planned_mismatches(plan, targets, ckpt, what=type(model).__name__)
+    check_mismatch(ckpt.error, f"cannot load the {what} checkpoint {ckpt.describe()}:", missing, unexpected,
+                   misshaped, strict=strict)
+    present = {k: targets[k] for k, (keys, _) in plan.items() if all(ckpt.has(f) for f in keys)}
+    return fill_(model, planned_reader(ckpt, plan, combine), present, desc=f"loading {type(model).__name__}")
 
 
 def fill_(model, read, targets, *, desc="loading", progress=True):

@@ -113,14 +113,9 @@ def load_flux_state_(model, path, *, strict=True):
     """Load a checkpoint file/folder into `model` (a Flux, possibly built under empty_init), one tensor at a time,
     each converted to its parameter's dtype and device. Raises FluxCheckpointError naming missing, unexpected and
     misshaped keys (in the file's own names) before reading any tensor."""
-    targets = dict(model.named_parameters())
     with _Checkpoint(path) as ckpt:
-        plan = _sources(ckpt, model.params)
-        missing, unexpected, misshaped = CIO.planned_mismatches(plan, targets, ckpt, what="Flux")
-        CIO.check_mismatch(FluxCheckpointError, f"cannot load the Flux checkpoint {ckpt.describe()}:", missing,
-                           unexpected, misshaped, strict=strict)
-        present = {k: targets[k] for k, (keys, _) in plan.items() if all(ckpt.has(f) for f in keys)}
-        return CIO.fill_(model, CIO.planned_reader(ckpt, plan, K.combine), present, desc="loading Flux")
+        return CIO.load_planned_(model, ckpt, _sources(ckpt, model.params), dict(model.named_parameters()),
+                                 K.combine, what="Flux", strict=strict)
 
 
 def load_flux(path, dtype=None, device=None, *, params=None, strict=True):

@@ -133,14 +133,9 @@ def load_sd3_state_(model, path, *, strict=True):
     """Load a checkpoint file/folder into `model` (an MMDiT, possibly built under empty_init), one tensor at a time,
     each converted to its parameter's dtype and device. Raises SD3CheckpointError naming missing, unexpected and
     misshaped keys (in the file's own names) before reading any tensor."""
-    targets = _model_tensors(model)
     with _Checkpoint(path) as ckpt:
-        plan = _sources(ckpt, model.params)
-        missing, unexpected, misshaped = CIO.planned_mismatches(plan, targets, ckpt, what="MMDiT")
-        CIO.check_mismatch(SD3CheckpointError, f"cannot load the SD3 checkpoint {ckpt.describe()}:", missing,
-                           unexpected, misshaped, strict=strict)
-        present = {k: targets[k] for k, (keys, _) in plan.items() if all(ckpt.has(f) for f in keys)}
-        return CIO.fill_(model, CIO.planned_reader(ckpt, plan, K.combine), present, desc="loading MMDiT")
+        return CIO.load_planned_(model, ckpt, _sources(ckpt, model.params), _model_tensors(model), K.combine,
+                                 what="SD3", strict=strict)
 
 
 def load_sd3(path, dtype=None, device=None, *, params=None, strict=True):
