@@ -91,11 +91,10 @@ class UNetCheckpoint(CIO.SafetensorsCheckpoint):
         return key in self.where
 
     def source_key(self, key):
-        return self.where[key]
-
-    def file_key(self, key):
         """The name in the file (prefix included) of the SAI key `key`."""
         return self.where[key]
+
+    file_key = source_key
 
 
 # ----------------------------------------------------------------------------- the config from the weights
