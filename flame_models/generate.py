@@ -27,6 +27,7 @@ from flame_core import memory
 from flame_core.errors import FlameError
 from flame_core.memory.stats import fmt_bytes, parse_size
 
+from .checkpoint_io import atomic_open
 from .flux import pipeline as P
 from .flux.components import FluxFiles, FluxFilesError, find_flux_files
 
@@ -120,17 +121,8 @@ def save_png(image, path, info):
     meta = PngInfo()
     for k, v in info.items():
         meta.add_text(k, v)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            image.save(f, format="PNG", pnginfo=meta)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with atomic_open(path, "wb") as f:
+        image.save(f, format="PNG", pnginfo=meta)
     return path
 
 

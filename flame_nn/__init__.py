@@ -2,6 +2,7 @@
 from . import functional, init, optim, utils
 from .containers import Sequential, ModuleList, ModuleDict
 from .empty_init import empty_init, init_empty_weights, is_empty_init, load_weights_
+from .gradient_checkpointing import GradientCheckpointingMixin
 from .layers import (ReLU, GELU, SiLU, Tanh, Sigmoid, Softmax, MultiheadAttention, Conv2d, Dropout, Embedding,
                      Identity, Linear, Flatten, Unflatten, LayerNorm, GroupNorm, RMSNorm, MaxPool2d, AvgPool2d,
                      AdaptiveAvgPool2d, Upsample)
@@ -14,4 +15,4 @@ __all__ = ["functional", "init", "optim", "utils", "offload", "Module", "Paramet
            "MetaTensorError", "IncompatibleKeys", "RemovableHandle", "ReLU", "GELU", "SiLU", "Tanh", "Sigmoid",
            "Softmax", "MultiheadAttention", "Conv2d", "Dropout", "Embedding", "Identity", "Linear", "Flatten",
            "Unflatten", "LayerNorm", "GroupNorm", "RMSNorm", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
-           "Upsample"]
+           "Upsample", "GradientCheckpointingMixin"]
