@@ -38,6 +38,7 @@ from .ops.info import is_tensor, numel
 from .ops.numpy_names import NAMES as _NUMPY_NAMED, with_numpy_names as _with_numpy_names
 globals().update({_n: _with_numpy_names(globals()[_n]) for _n in _NUMPY_NAMED})  # axis= / keepdims=, as torch.X
 from . import linalg
+from .serialization import save, load
 from . import amp
 from . import checkpoint
 from . import cuda
