@@ -357,6 +357,40 @@ def test_reduce_at_without_atomics_matches_ufunc_at(rng):
         np.testing.assert_allclose(got, want, rtol=1e-13)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "int32", "int64", "bool"])
+def test_scatter_reduce_and_index_add_in_every_dtype(device, dtype, rng):
+    # on cuda these take different paths (atomics in float32 for 16-bit floats, one pass per multiplicity where
+    # CuPy has no atomic): all must give the reference's values
+    dt = getattr(flame, dtype)
+    a, s = rng.integers(-2, 3, size=(4, 5)), rng.integers(-2, 3, size=(6, 5))  # exact products in 16 bits
+    if dtype == "bool":
+        a, s = a > 0, s > 0
+    idx = rng.integers(0, 4, size=(6, 5))
+    x, src, ti = flame.tensor(a, device=device).to(dt), flame.tensor(s, device=device).to(dt), \
+        flame.tensor(idx, device=device)
+    for reduce in ("sum", "prod", "amax", "amin", "mean"):
+        if dtype == "bool" and reduce in ("sum", "mean", "prod"):
+            continue
+        for inc in (True, False):
+            want = _ref_scatter(a, 0, idx, s, reduce, inc)
+            if dt.is_floating_point or reduce != "mean":
+                got = x.scatter_reduce(0, ti, src, reduce, include_self=inc)
+                assert got.dtype == dt
+                np.testing.assert_allclose(got.double().numpy(), want.astype(dt.np).astype(np.float64),
+                                           rtol=1e-2, err_msg=f"{reduce} {inc}")
+            else:  # integer mean rounds toward -inf, as PyTorch's floor division
+                got = x.scatter_reduce(0, ti, src, "mean", include_self=inc)
+                cnt = np.zeros(a.shape, np.int64) + inc
+                np.add.at(cnt, (idx, np.arange(5)), 1)
+                tot = _ref_scatter(a, 0, idx, s, "sum", inc)
+                np.testing.assert_array_equal(got.numpy(), np.where(cnt > 0, tot // np.maximum(cnt, 1), a))
+    if dtype != "bool":
+        y = x.index_add(1, flame.tensor([0, 4, 0], device=device), src[:4, :3])
+        ref = a.astype(np.float64)
+        np.add.at(ref, (slice(None), [0, 4, 0]), s[:4, :3])
+        np.testing.assert_array_equal(y.double().numpy(), ref.astype(dt.np).astype(np.float64))
+
+
 @given(shape=shapes, seed=st.integers(0, 2 ** 16), data=st.data())
 def test_index_add_matches_reference(device, shape, seed, data):
     rng = np.random.default_rng(seed)
