@@ -13,6 +13,7 @@ from ..autograd.grad_mode import state
 from ..errors import AutogradError, DTypeError, ShapeError, fmt_shape
 from ..tensor import _wrap, check_same_device
 from .conv import _pair, bias_grad, conv2d_backward, conv2d_forward, geometry
+from .indexing import pad
 
 
 class ConvTranspose2d(Function):
@@ -88,9 +89,14 @@ def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_paddi
                          f"{(OH, OW)} (padding {ph, pw} too large)")
     if bias is not None and tuple(bias.shape) != (Cout,):
         raise ShapeError(f"conv_transpose2d: bias of shape {fmt_shape(bias.shape)} for {Cout} output channels")
-    # the conv2d whose input-gradient this is: input (N, Cout, OH, OW), weight (Cin, Cout/groups, KH, KW)
+    # the conv2d whose input-gradient this is: input (N, Cout, OH, OW), weight (Cin, Cout/groups, KH, KW). An
+    # output_padding of a stride or more (allowed under dilation) gives that conv2d output_padding // stride more
+    # rows / columns than the input has: they are zeros here (nothing of the input reaches those output pixels)
+    eh, ew = oph // sh, opw // sw
+    if eh or ew:
+        input = pad(input, (0, ew, 0, eh))
     g = geometry((N, Cout, OH, OW), tuple(weight.shape), (sh, sw), (ph, pw), (dh, dw), groups)
-    if (g.OH, g.OW) != (H, W):
-        raise ShapeError(f"conv_transpose2d: internal geometry mismatch {(g.OH, g.OW)} vs {(H, W)}")
+    if (g.OH, g.OW) != (H + eh, W + ew):
+        raise ShapeError(f"conv_transpose2d: internal geometry mismatch {(g.OH, g.OW)} vs {(H + eh, W + ew)}")
     y = ConvTranspose2d.apply(input, weight, bias, g)
     return y.squeeze(0) if unbatched else y

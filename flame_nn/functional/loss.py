@@ -3,6 +3,7 @@ with PyTorch's UserWarning when the sizes differ), binary_cross_entropy(_with_lo
 cross_entropy (weights, ignore_index, label smoothing). Computed in float32 for half inputs (autocast's fp32
 category). The deprecated size_average / reduce arguments map onto `reduction` as in PyTorch.
 """
+import math
 import warnings
 
 from flame_core import dtypes as D
@@ -13,6 +14,7 @@ from flame_core.ops import reduction as R
 from flame_core.ops.shape import broadcast_shapes
 
 _HALF = (D.float16, D.bfloat16)
+_EXP_M100 = math.exp(-100.0)
 
 
 def _legacy_reduction(size_average, reduce, reduction):
@@ -118,8 +120,8 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     if bool(((input < 0) | (input > 1)).any()):
         raise ValueError("binary_cross_entropy: all elements of input should be between 0 and 1 (probabilities; "
                          "use binary_cross_entropy_with_logits for logits)")
-    log_x = E.clamp(E.log(input), min=-100.0)
-    log_1mx = E.clamp(E.log(1.0 - input), min=-100.0)
+    log_x = E.log(E.clamp(input, min=_EXP_M100))        # log clamped at -100 (without taking log(0))
+    log_1mx = E.log(E.clamp(1.0 - input, min=_EXP_M100))
     loss = -(target * log_x + (1.0 - target) * log_1mx)
     if weight is not None:
         loss = loss * weight
