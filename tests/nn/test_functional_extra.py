@@ -411,3 +411,28 @@ def test_one_hot_is_flame_cores(device):
     assert y.dtype == flame.int64
     np.testing.assert_array_equal(y.numpy(), np.eye(4, dtype=np.int64)[[0, 2, 1]])
     assert F.one_hot is flame.one_hot
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,tol", [(flame.float32, 2e-5), (flame.float16, 3e-3), (flame.bfloat16, 2e-2)])
+@pytest.mark.parametrize("stride,dil", [(1, 1), (2, 1), (1, 2)])
+def test_conv_transpose2d_cuda_dtypes(rng, dtype, tol, stride, dil):
+    """The cuda paths (implicit GEMM for stride 1 in half types, col2im otherwise) against the float64 reference,
+    forward and all three gradients."""
+    x = rng.standard_normal((2, 16, 9, 7))
+    w = rng.standard_normal((16, 8, 3, 3)) / 12
+    b = rng.standard_normal(8)
+    op = max(stride, dil) - 1
+    want = conv_transpose2d_ref(x, w, b, (stride, stride), (1, 1), (op, op), 1, (dil, dil))
+    xs, ws, bs = (T(a, "cuda", grad=True, dtype=dtype) for a in (x, w, b))
+    y = F.conv_transpose2d(xs, ws, bs, stride, 1, op, 1, dil)
+    assert y.dtype == dtype and y.device.type == "cuda"
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(npa(y), want, atol=tol * scale)
+    gy = rng.standard_normal(want.shape)
+    (y * T(gy, "cuda", dtype=dtype)).sum().backward()
+    x64, w64, b64 = (T(a, "cpu", grad=True) for a in (x, w, b))
+    (F.conv_transpose2d(x64, w64, b64, stride, 1, op, 1, dil) * T(gy, "cpu")).sum().backward()
+    for got, ref in ((xs, x64), (ws, w64), (bs, b64)):
+        r = npa(ref.grad)
+        np.testing.assert_allclose(npa(got.grad), r, atol=tol * 4 * np.abs(r).max())

@@ -6,6 +6,7 @@ generator with a SeedSequence of (worker_id, base_seed). The worker runs on one 
 default device (CUDA cannot be used from a forked process). Ctrl-C in a worker ends it quietly: the parent, which
 gets the same signal, shuts the workers down; a worker whose parent died exits at its next queue poll.
 """
+import gc
 import os
 import pickle
 import queue
@@ -139,6 +140,7 @@ def seed_worker(base_seed, worker_id):
 def worker_loop(iterable, dataset, index_queue, data_queue, done_event, auto_collation, collate_fn, drop_last,
                 base_seed, init_fn, worker_id, num_workers, parent_pid):
     global _worker_info
+    gc.freeze()  # what a forked worker inherited (the parent's CUDA arrays among it) is never collected here
     try:
         import flame_core
         flame_core.set_default_device("cpu")
