@@ -7,6 +7,7 @@ the recurrence a loop over time steps of Tensor ops (autograd records each step)
     GRU  (gates r, z, n):     n = tanh(x_n + sigmoid(r) * (W_hn h + b_hn));  h' = (1 - sigmoid(z)) * n + sigmoid(z) * h
 """
 import math
+import warnings
 
 import flame_core as flame
 from flame_core.errors import ShapeError, fmt_shape
@@ -31,6 +32,10 @@ class _RNNBase(Module):
             raise ValueError(f"{type(self).__name__}: dropout must be a number in [0, 1], got {dropout}")
         if proj_size < 0 or (proj_size and proj_size >= hidden_size):
             raise ValueError(f"{type(self).__name__}: proj_size must be 0 or in [1, hidden_size), got {proj_size}")
+        if dropout > 0 and num_layers == 1:
+            warnings.warn(f"dropout option adds dropout after all but last recurrent layer, so non-zero dropout "
+                          f"expects num_layers greater than 1, but got dropout={dropout} and num_layers={num_layers}",
+                          UserWarning, stacklevel=3)
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.bias, self.batch_first, self.dropout = bias, batch_first, float(dropout)
         self.bidirectional, self.proj_size = bidirectional, proj_size

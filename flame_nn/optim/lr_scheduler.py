@@ -8,6 +8,7 @@ recursive chaining gives for the multiplicative schedules (StepLR, MultiStepLR, 
 LambdaLR); ReduceLROnPlateau reacts to a metric and is its own class.
 """
 import math
+import warnings
 from bisect import bisect_right
 
 
@@ -276,9 +277,12 @@ class ReduceLROnPlateau(LRScheduler):
             return a < best * (1.0 - self.threshold) if self.threshold_mode == "rel" else a < best - self.threshold
         return a > best * (1.0 + self.threshold) if self.threshold_mode == "rel" else a > best + self.threshold
 
-    def step(self, metrics):
+    def step(self, metrics, epoch=None):
         current = float(metrics)
-        self.last_epoch += 1
+        if epoch is not None:
+            warnings.warn("The epoch parameter in `scheduler.step()` was not necessary and is being deprecated where "
+                          "possible. Please use `scheduler.step()` to step the scheduler.", UserWarning, stacklevel=2)
+        self.last_epoch = self.last_epoch + 1 if epoch is None else epoch
         if self.is_better(current, self.best):
             self.best = current
             self.num_bad_epochs = 0

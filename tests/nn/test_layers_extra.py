@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 from safetensors.numpy import load_file
 
 import flame_core as flame
@@ -439,6 +440,8 @@ def test_rnn_gradcheck_dropout_and_bias(device, rng):
     assert not np.allclose(a, b1)  # dropout between the layers in training only
     with pytest.raises(ValueError, match="hidden_size"):
         nn.GRU(2, 0)
+    with pytest.warns(UserWarning, match="expects num_layers greater than 1"):
+        nn.LSTM(2, 3, dropout=0.2)
 
 
 # ----------------------------------------------------------------------------- loss modules
@@ -471,3 +474,42 @@ def test_loss_modules_match_functional(device, rng):
         assert nn.MSELoss(size_average=False).reduction == "sum"
     with pytest.warns(UserWarning, match="deprecated"):
         assert nn.L1Loss(reduce=False).reduction == "none"
+
+
+# ----------------------------------------------------------------------------- hypothesis gradient checks
+@given(kind=st.sampled_from(["lstm", "gru"]), L=st.integers(1, 3), N=st.integers(1, 2), H=st.integers(1, 3),
+       layers=st.integers(1, 2), bidirectional=st.booleans(), batch_first=st.booleans(), seed=st.integers(0, 999))
+@settings(max_examples=10)
+def test_rnn_gradcheck_random_configs(device, kind, L, N, H, layers, bidirectional, batch_first, seed):
+    flame.manual_seed(seed)
+    cls = nn.LSTM if kind == "lstm" else nn.GRU
+    m = cls(2, H, num_layers=layers, bidirectional=bidirectional, batch_first=batch_first,
+            device=device).to(flame.float64)
+    rng = np.random.default_rng(seed)
+    x = T(rng.standard_normal((N, L, 2) if batch_first else (L, N, 2)), device, grad=True)
+    h0 = T(rng.standard_normal(((2 if bidirectional else 1) * layers, N, H)), device, grad=True)
+    if kind == "lstm":
+        assert gradcheck(lambda v, h: (lambda o: (o[0], o[1][0], o[1][1]))(m(v, (h, h * 0.5))), (x, h0))
+    else:
+        assert gradcheck(lambda v, h: m(v, h), (x, h0))
+
+
+@given(shape=st.sampled_from([(3, 2), (2, 3, 4), (2, 2, 2, 3)]), affine=st.booleans(), seed=st.integers(0, 999))
+@settings(max_examples=8)
+def test_batchnorm_gradcheck_random_shapes(device, shape, affine, seed):
+    rng = np.random.default_rng(seed)
+    C = shape[1]
+    x = T(rng.standard_normal(shape) * 2, device, grad=True)
+    w = T(rng.uniform(0.5, 1.5, C), device, grad=True) if affine else None
+    b = T(rng.standard_normal(C), device, grad=True) if affine else None
+    args = (x, w, b) if affine else (x,)
+    assert gradcheck(lambda v, *wb: F.batch_norm(v, None, None, *(wb or (None, None)), training=True), args)
+
+
+@given(n=st.integers(1, 3), i1=st.integers(1, 3), i2=st.integers(1, 3), o=st.integers(1, 3),
+       seed=st.integers(0, 999))
+@settings(max_examples=8)
+def test_bilinear_gradcheck_random_shapes(device, n, i1, i2, o, seed):
+    rng = np.random.default_rng(seed)
+    args = [T(rng.standard_normal(s), device, grad=True) for s in ((n, i1), (n, i2), (o, i1, i2), (o,))]
+    assert gradcheck(F.bilinear, tuple(args))

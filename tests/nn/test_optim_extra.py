@@ -264,6 +264,9 @@ def test_reduce_lr_on_plateau(torch_sched):
     s2 = S.ReduceLROnPlateau(_sgd(), patience=0)
     s2.load_state_dict(sd)
     assert (s2.best, s2.num_bad_epochs, s2.last_epoch) == (1.0, 0, 3)
+    with pytest.warns(UserWarning, match="deprecated"):
+        s2.step(0.5, epoch=10)
+    assert s2.last_epoch == 10 and s2.best == 0.5
     with pytest.raises(ValueError, match="Factor should be < 1.0"):
         S.ReduceLROnPlateau(opt, factor=1.0)
     with pytest.raises(ValueError, match="unknown"):
