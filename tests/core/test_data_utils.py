@@ -251,6 +251,8 @@ def test_loader_argument_errors():
         DataLoader(ds, prefetch_factor=2)
     with pytest.raises(ValueError, match="persistent_workers"):
         DataLoader(ds, persistent_workers=True)
+    with pytest.raises(ValueError, match="timeout bounds the wait"):
+        DataLoader(ds, timeout=5)
     with pytest.raises(ValueError, match="IterableDataset: expected unspecified shuffle"):
         DataLoader(Stream(3), shuffle=True)
     with pytest.raises(ValueError, match="IterableDataset: expected unspecified sampler"):
@@ -321,6 +323,13 @@ def test_keyboard_interrupt_shuts_the_workers_down():
     assert it._shutdown and not any(p.is_alive() for p in it._workers)
 
 
+def test_timeout():
+    it = iter(DataLoader(Slow(), batch_size=1, num_workers=1, timeout=0.01))
+    with pytest.raises(RuntimeError, match="DataLoader timed out after 0.01 seconds"):
+        next(it)
+    assert it._shutdown and not any(p.is_alive() for p in it._workers)
+
+
 def test_a_dead_worker_is_reported():
     t0 = time.time()
     with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly"):
@@ -350,6 +359,9 @@ def test_persistent_workers_and_spawn():
     next(it)  # an epoch left half way; the next one starts clean
     assert sorted(sum(ids(dl), [])) == list(range(9))
     dl._iterator._shutdown_workers()
+    st = DataLoader(Stream(7), batch_size=2, num_workers=2, persistent_workers=True)
+    assert [[b.tolist() for b in st] for _ in range(2)] == [[[0, 2], [1, 3], [4, 6], [5]]] * 2
+    st._iterator._shutdown_workers()
     sp = DataLoader(Squares(5), batch_size=2, num_workers=1, multiprocessing_context="spawn")
     assert ids(sp) == [[0, 1], [2, 3], [4]]
 

@@ -22,7 +22,8 @@ from .collate import default_collate, default_convert
 from .dataset import IterableDataset
 from .pin_memory import pin_memory as _pin
 from .sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
-from .worker import POLL_INTERVAL, STATUS_INTERVAL, ExceptionWrapper, IterableStop, ResumeIteration, worker_loop
+from .worker import (POLL_INTERVAL, STATUS_INTERVAL, ExceptionWrapper, IterableFetcher, IterableStop, MapFetcher,
+                     ResumeIteration, worker_loop)
 
 
 class _InfiniteConstantSampler(Sampler):
@@ -44,6 +45,8 @@ class DataLoader:
                              "multiprocessing.")
         if timeout < 0:
             raise ValueError("timeout option should be non-negative")
+        if timeout > 0 and num_workers == 0:
+            raise ValueError("timeout bounds the wait for a worker process's batch: it needs num_workers > 0")
         if num_workers == 0 and prefetch_factor is not None:
             raise ValueError("prefetch_factor option could only be specified in multiprocessing. Let num_workers > 0 "
                              "to enable multiprocessing, otherwise set prefetch_factor to None.")
@@ -155,7 +158,6 @@ class _BaseIter:
 class _SingleProcessIter(_BaseIter):
     def __init__(self, loader):
         super().__init__(loader)
-        from .worker import IterableFetcher, MapFetcher
         cls = IterableFetcher if loader._iterable else MapFetcher
         self._fetcher = cls(loader.dataset, self._auto_collation, loader.collate_fn, loader.drop_last)
 
