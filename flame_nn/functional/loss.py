@@ -21,6 +21,10 @@ def _legacy_reduction(size_average, reduce, reduction):
     """PyTorch's mapping of the deprecated flags: reduce=False -> 'none', else size_average -> 'mean' / 'sum'."""
     if size_average is None and reduce is None:
         return reduction
+    if isinstance(size_average, str) or isinstance(reduce, str):
+        raise TypeError(f"got the string {size_average if isinstance(size_average, str) else reduce!r} for the "
+                        f"deprecated size_average / reduce flags: pass reduction= by keyword (PyTorch's third "
+                        f"positional argument is size_average)")
     warnings.warn("size_average and reduce args will be deprecated, please use reduction='none'|'mean'|'sum' "
                   "instead.", UserWarning, stacklevel=3)
     size_average = True if size_average is None else size_average

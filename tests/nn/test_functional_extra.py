@@ -156,6 +156,8 @@ def test_weighted_and_legacy_reduction(device, rng):
     with pytest.warns(UserWarning):
         got = F.l1_loss(T(a, device), T(b, device), reduce=False)
     assert tuple(got.shape) == (3, 4)
+    with pytest.raises(TypeError, match="pass reduction= by keyword"):
+        F.mse_loss(T(a, device), T(b, device), "sum")
 
 
 # ----------------------------------------------------------------------------- binary cross-entropy
