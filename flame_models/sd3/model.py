@@ -50,6 +50,12 @@ class MMDiT(flame_nn.Module):
         from .loading import load_sd3
         return load_sd3(path, dtype=dtype, device=device, **kwargs)
 
+    def adapter_name_map(self):
+        """This model's (SAI) Linear names <-> diffusers' (PEFT files, `to_q` targets): flame_nn.adapters' default
+        name_map for it."""
+        from .lora_keys import name_map_for
+        return name_map_for(self.params)
+
     def enable_gradient_checkpointing(self, enabled=True, offload=False):
         """Recompute each joint block in backward instead of keeping its activations (optionally keeping the block
         inputs in pinned host memory)."""
