@@ -183,6 +183,10 @@ def generate_sd(family, model, prompts, *, negative_prompt=None, vae=None, clip_
         raise G.GenerateError("--negative-prompt: without classifier-free guidance (--cfg 1) it has no effect")
     if slg is not None and cfg == 1.0:
         raise G.GenerateError("skip-layer guidance needs classifier-free guidance: set --cfg > 1 or --slg-scale 0")
+    if slg is not None and not any(slg.active(i, steps) for i in range(steps)):
+        log(f"skip-layer guidance: no step of {steps} falls in its window ({slg.start:g} to {slg.stop:g} of the "
+            f"steps); running without")
+        slg = None
     output = G._check_output(output)
     if sd3:
         from .sd3.conditioning import check_vocabularies, load_tokenizers
@@ -341,7 +345,8 @@ def family_of(model, arch=None):
             if arch is not None and arch != fam:
                 raise G.GenerateError(f"--arch {arch}: the model given is {fam}")
             return fam
-    return detect_family(model, arch, error=G.GenerateError)[0]
+    # files of no family go to Flux's checks, which say what they are instead
+    return detect_family(model, arch, error=G.GenerateError, default="flux")[0]
 
 
 __all__ = ["generate_sd", "family_of", "sd_parameters", "SAMPLER_NAMES", "SDXL_DEFAULTS"]

@@ -215,10 +215,11 @@ def report(problems, what, path, error=ModelFilesError):
                     + "\n  ".join(problems))
 
 
-def detect_family(path, arch=None, error=ModelFilesError):
+def detect_family(path, arch=None, error=ModelFilesError, default=None):
     """("flux" | "sd3" | "sdxl", what the files look like) of a model path: a diffusers folder (its model_index.json,
     else its transformer/ or unet/ subfolder) or a transformer / UNet file (its header). With `arch` given, the
-    files must agree with it. Raises `error` naming the path."""
+    files must agree with it. Files of none of the families: (default, words) when a default is given (its loader
+    then names what they are), else `error` naming the path."""
     if arch is not None and arch not in FAMILIES:
         raise error(f"--arch {arch!r}: one of {', '.join(FAMILIES)}")
     path = os.fspath(path)
@@ -240,6 +241,8 @@ def detect_family(path, arch=None, error=ModelFilesError):
     if family is None:
         kind, words = _header_kind(header, error)
         family = _KIND_FAMILY.get(kind)
+    if family is None and arch is None and default is not None:
+        return default, words
     if family is None:
         raise error(f"{path} is not a Flux, SD3 or SDXL model: it looks like {words}"
                     + ("" if arch is None else f" (--arch {arch})"))

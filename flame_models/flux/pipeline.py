@@ -121,7 +121,10 @@ def check_loras(loras, params, *, probe=None, error=FluxFilesError):
             raise error(f"--lora {path}: no such file")
         if not np.isfinite(weight):
             raise error(f"--lora {path}: the weight {weight} is not a finite number")
-        keys = list(_cf.read_headers(_cf.part_files(path, "lora", error=error), error=error))
+        try:
+            keys = list(_cf.read_headers(_cf.part_files(path, "lora", error=error), error=error))
+        except error as e:
+            raise error(f"--lora {e}") from None
         kind, words, example = describe_keys(keys)
         if kind != "lora":
             raise error(f"--lora {path}: not a LoRA file: it looks like {words}"
