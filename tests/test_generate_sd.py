@@ -42,12 +42,13 @@ def pixels(images):
 
 
 def run(model, prompts="a photo of a cat", **kw):
-    kw = dict(dict(width=64, height=32, steps=2, seed=7, progress=False, log=lambda *a: None), **kw)
+    # on the cpu, in float32, whatever FLAME_DEVICE says (tests/models/test_sd_pipelines_gpu.py runs on cuda)
+    kw = dict(dict(width=64, height=32, steps=2, seed=7, progress=False, log=lambda *a: None, device="cpu"), **kw)
     return pixels(generate(model, prompts, **kw))
 
 
 def _fails(capsys, argv, *needles):
-    rc = main(argv + ["--no-progress"])
+    rc = main(argv + ["--no-progress", "--device", "cpu"])
     err = capsys.readouterr().err
     assert rc == 2, err
     line = [ln for ln in err.splitlines() if ln.startswith("error:")]
@@ -63,7 +64,7 @@ def test_sd3_command_writes_pngs_with_their_parameters(tmp_path, capsys):
     rc = main(["--model", SD3, "--prompt", "a photo of a cat", "--prompt", "a house by a lake", "--negative-prompt",
                "blurry", "--num-images", "2", "--batch-size", "3", "--width", "64", "--height", "48", "--steps", "5",
                "--cfg", "4", "--seed", "11", "--slg-layers", "0", "--slg-scale", "2", "--output", str(out),
-               "--no-progress"])
+               "--no-progress", "--device", "cpu"])
     assert rc == 0
     names = sorted(os.listdir(out))
     assert names == [f"{i:05d}-{s}.png" for i, s in enumerate([11, 12] * 2)]
@@ -109,7 +110,7 @@ def test_sdxl_command_with_sampler_and_size_conditioning(sdxl, tmp_path):
     out = tmp_path / "out"
     rc = main(["--model", sdxl["folder"], "--prompt", "a photo of a cat", "--width", "96", "--height", "64",
                "--steps", "3", "--cfg", "6", "--sampler", "dpmpp_2m", "--karras", "--seed", "3", "--original-size",
-               "128x96", "--crop", "8,16", "--output", str(out), "--no-progress"])
+               "128x96", "--crop", "8,16", "--output", str(out), "--no-progress", "--device", "cpu"])
     assert rc == 0
     im = Image.open(out / "00000-3.png")
     assert im.size == (96, 64)

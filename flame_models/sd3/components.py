@@ -94,8 +94,10 @@ def find_sd3_files(path, *, clip_l=None, clip_g=None, t5=None, vae=None, tokeniz
             problems.append(f"transformer (--model): {found['transformer'].shown}: {str(e).splitlines()[0]}")
     if params is not None:
         problems += _fit(found, params)
-    toks = {}
+    toks = {"t5_tokenizer": None}
     for part, want in (("clip_l_tokenizer", "bpe"), ("clip_g_tokenizer", "bpe"), ("t5_tokenizer", "unigram")):
+        if part == "t5_tokenizer" and "t5" not in found:
+            continue  # no T5: its tokenizer is not needed
         toks[part] = F.tokenizer_folder(tokenizer if tokenizer is not None else root, part, want,
                                         tokenizer is not None, problems, subfolder=SUBFOLDERS[part])
     F.report(problems, "SD3 model", path, SD3FilesError)

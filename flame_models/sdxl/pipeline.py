@@ -113,8 +113,7 @@ def load_unet_for_sampling(files, *, dtype=flame.bfloat16, device=None, loras=()
     files = files if isinstance(files, SDXLFiles) else find_sdxl_files(files)
     dev = flame.device(device) if device is not None else flame.default_device()
     loras = check_loras(loras, files.config)
-    unet = load_unet(files.unet, dtype=dtype, device="cpu" if (stream or fp8) else dev, config=files.config,
-                     progress=False)
+    unet = load_unet(files.unet, dtype=dtype, device="cpu" if (stream or fp8) else dev, config=files.config)
     apply_loras(unet, loras, merge=not (fp8 or stream), error=SDXLFilesError)
     try:
         place_for_inference(unet, STACKS, dev, fp8=fp8, stream=stream, slots=slots)

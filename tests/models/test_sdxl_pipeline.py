@@ -162,12 +162,12 @@ def test_long_captions_in_kohya_chunks(files, golden):
 
 def test_vae_latent_format_and_float16(files):
     vae32 = load_vae_for_sdxl(files, dtype=F32, device="cpu")
-    x = flame.tensor(np.random.default_rng(0).uniform(-1, 1, (1, 3, 32, 32)).astype(np.float32))
+    x = flame.tensor(np.random.default_rng(0).uniform(-1, 1, (1, 3, 32, 32)).astype(np.float32), device="cpu")
     z = vae32.encode(x).numpy()
     np.testing.assert_allclose(encode_images(vae32, x).numpy(), z * 0.13025, rtol=1e-6, atol=1e-6)
-    latents = flame.tensor((z * 0.13025).astype(np.float32))
+    latents = flame.tensor((z * 0.13025).astype(np.float32), device="cpu")
     want = decode_latents(vae32, latents).numpy()
-    np.testing.assert_allclose(want, vae32.decode(flame.tensor(z)).numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(want, vae32.decode(flame.tensor(z, device="cpu")).numpy(), rtol=1e-5, atol=1e-5)
     assert load_vae_for_sdxl(files, dtype=flame.float16, device="cpu").dtype == F32
     # a float16 VAE decodes in float32 (the stored weights are float16-exact, so the numbers are the float32 VAE's)
     vae16 = vae32.to(flame.float16)
@@ -283,7 +283,7 @@ def test_loras_kohya_and_peft_merged_or_streamed(files, parts, tmp_path):
     rng = np.random.default_rng(0)
     with flame.no_grad():
         for _, p in A.named_adapter_parameters(unet):
-            p.copy_(flame.tensor(rng.normal(0, 0.5, tuple(p.shape)).astype(np.float32)))
+            p.copy_(flame.tensor(rng.normal(0, 0.5, tuple(p.shape)).astype(np.float32), device="cpu"))
     kohya = A.save_adapters(unet, str(tmp_path / "kohya.safetensors"), format="kohya")
     peft = A.save_adapters(unet, str(tmp_path / "peft.safetensors"), format="peft")
     with safe_open(peft) as f:
