@@ -193,7 +193,10 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     dtype: default bfloat16 on cuda, float32 on cpu. fp8: fp8 storage of the transformer's blocks and T5's layers.
     max_gpu_memory ('12GiB'): stream blocks through the device within this budget. max_length: T5 tokens (512
     dev, 256 schnell). stats: a dict filled with each stage's seconds and device peak. log: a print function."""
-    from .generate_sd import family_of, generate_sd
+    from .generate_sd import SD_OPTIONS, family_of, generate_sd
+    unknown = sorted(set(sd_options) - set(SD_OPTIONS))
+    if unknown:
+        raise TypeError(f"generate() got unexpected keyword argument(s) {unknown}")
     family = family_of(model, arch)
     if family != "flux":
         if guidance is not None:
@@ -334,8 +337,8 @@ def build_parser():
     m.add_argument("--clip-l", help="CLIP-L (clip_l.safetensors) when --model is a single file")
     m.add_argument("--clip-g", help="CLIP-G (clip_g.safetensors; SD3 / SDXL) when --model does not hold it")
     m.add_argument("--t5", help="T5-XXL (t5xxl_fp16 / t5xxl_fp8_e4m3fn.safetensors) when --model is a single file")
-    m.add_argument("--tokenizer", help="a folder with tokenizer/ and tokenizer_2/ (default: the model folder's, "
-                                       "else the vocabularies packaged with FLAME)")
+    m.add_argument("--tokenizer", help="a folder with tokenizer/ and tokenizer_2/ (SD3: and tokenizer_3/) (default: "
+                                       "the model folder's, else the vocabularies packaged with FLAME)")
     m.add_argument("--lora", action="append", default=[], metavar="PATH[:WEIGHT]",
                    help="a Flux LoRA (FLAME, diffusers, kohya, ai-toolkit); repeatable, weights add up")
     g = p.add_argument_group("what to generate")

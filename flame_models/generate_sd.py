@@ -29,6 +29,9 @@ from . import generate as G
 from .conditioning.files import detect_family
 from .flux.pipeline import free_model, to_pil
 
+# generate()'s keyword arguments that only SD3 / SDXL take
+SD_OPTIONS = ("negative_prompt", "clip_g", "cfg", "sampler", "karras", "slg_scale", "slg_layers", "no_t5",
+              "original_size", "crop", "target_size", "max_token_length", "configs")
 SAMPLER_NAMES = {"euler": "Euler", "euler_ancestral": "Euler a", "dpmpp_2m": "DPM++ 2M", "ddim": "DDIM"}
 SDXL_DEFAULTS = {"steps": 30, "cfg": 5.0, "sampler": "euler"}
 
@@ -182,7 +185,10 @@ def generate_sd(family, model, prompts, *, negative_prompt=None, vae=None, clip_
     if negative_prompt is not None and cfg == 1.0:
         raise G.GenerateError("--negative-prompt: without classifier-free guidance (--cfg 1) it has no effect")
     if slg is not None and cfg == 1.0:
-        raise G.GenerateError("skip-layer guidance needs classifier-free guidance: set --cfg > 1 or --slg-scale 0")
+        if slg_scale is not None or slg_layers is not None:
+            raise G.GenerateError("skip-layer guidance needs classifier-free guidance: set --cfg > 1 or --slg-scale 0")
+        log("skip-layer guidance (SD3.5 Medium's default) needs classifier-free guidance: running without at --cfg 1")
+        slg = None
     if slg is not None and not any(slg.active(i, steps) for i in range(steps)):
         log(f"skip-layer guidance: no step of {steps} falls in its window ({slg.start:g} to {slg.stop:g} of the "
             f"steps); running without")
@@ -349,4 +355,4 @@ def family_of(model, arch=None):
     return detect_family(model, arch, error=G.GenerateError, default="flux")[0]
 
 
-__all__ = ["generate_sd", "family_of", "sd_parameters", "SAMPLER_NAMES", "SDXL_DEFAULTS"]
+__all__ = ["generate_sd", "family_of", "sd_parameters", "SD_OPTIONS", "SAMPLER_NAMES", "SDXL_DEFAULTS"]
