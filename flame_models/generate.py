@@ -1,9 +1,15 @@
-"""Text-to-image with Flux: `python -m flame_models.generate` and the `generate(...)` function it wraps.
+"""Text-to-image with Flux, SD3 / SD3.5 and SDXL: `python -m flame_models.generate` and the `generate(...)` function it
+wraps. The model's family comes from its files (a diffusers folder's model_index.json, else the transformer / UNet
+header) or --arch; SD3 and SDXL run in flame_models/generate_sd.py (CFG with a negative prompt, samplers, size
+conditioning), Flux below.
 
     python -m flame_models.generate --model FLUX.1-dev/ --prompt "a photo of a cat" --lora my_lora.safetensors:0.8 \\
         --width 1024 --height 1024 --steps 28 --guidance 3.5 --seed 42 --output out/
     python -m flame_models.generate --model flux1-dev.safetensors --vae ae.safetensors --clip-l clip_l.safetensors \\
         --t5 t5xxl_fp8_e4m3fn.safetensors --prompts-file prompts.txt --max-gpu-memory 12GiB --fp8
+    python -m flame_models.generate --model sd3.5_large.safetensors --prompt "a cat" --negative-prompt "blurry"
+    python -m flame_models.generate --model sd_xl_base_1.0.safetensors --prompt "a cat" --sampler dpmpp_2m --karras \\
+        --cfg 7 --steps 30
 
 Stages run one after the other, each freed before the next, so the peak is the largest stage's: the text encoders
 (every prompt encoded once), the transformer (LoRAs merged into the weights, or kept beside fp8 / streamed weights),
@@ -42,12 +48,12 @@ class GenerateError(FlameError, ValueError):
 
 
 # ----------------------------------------------------------------------------- checks before any work
-def _check_args(prompts, width, height, steps, num_images, batch_size, seed):
+def _check_args(prompts, width, height, steps, num_images, batch_size, seed, multiple=16, family="Flux"):
     if not prompts:
         raise GenerateError("no prompt: pass --prompt (repeatable) or --prompts-file")
     for name, v in (("width", width), ("height", height)):
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0 or v % 16:
-            raise GenerateError(f"--{name} {v}: Flux needs a positive multiple of 16")
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0 or v % multiple:
+            raise GenerateError(f"--{name} {v}: {family} needs a positive multiple of {multiple}")
     for name, v in (("steps", steps), ("num-images", num_images), ("batch-size", batch_size)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise GenerateError(f"--{name} {v}: must be a whole number >= 1")
@@ -180,10 +186,14 @@ def _limited(dev, budget):
 
 def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, loras=(), width=1024, height=1024,
              steps=None, guidance=None, seed=None, num_images=1, batch_size=1, output=None, device=None, dtype=None,
-             fp8=False, max_gpu_memory=None, max_length=None, progress=True, stats=None, log=None):
-    """Flux text-to-image: a list of PIL images, prompt by prompt, `num_images` each (image j of a prompt starts
-    from seed + j, so one seed gives the same picture whatever the batch: exactly on the cpu; on cuda up to the
-    rounding of GEMMs, whose kernels cuBLAS picks by shape, so more in bfloat16 than in float32).
+             fp8=False, max_gpu_memory=None, max_length=None, progress=True, stats=None, log=None, arch=None,
+             **sd_options):
+    """Text-to-image: a list of PIL images, prompt by prompt, `num_images` each (image j of a prompt starts from
+    seed + j, so one seed gives the same picture whatever the batch: exactly on the cpu; on cuda up to the rounding
+    of GEMMs, whose kernels cuBLAS picks by shape, so more in bfloat16 than in float32). SD3 / SDXL models (found from the
+    files, or `arch` "flux" | "sd3" | "sdxl") go to flame_models.generate_sd.generate_sd with `sd_options`
+    (negative_prompt, clip_g, cfg, sampler, karras, slg_scale, slg_layers, no_t5, original_size, crop, target_size,
+    max_token_length, configs); the rest of this docstring is Flux's.
 
     model: a diffusers Flux folder, a transformer file (with vae=, clip_l=, t5=) or FluxFiles. loras: ["path",
     "path:weight", (path, weight)], added together. steps / guidance: default 28 / 3.5 for dev, 4 / none for
@@ -192,6 +202,24 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     max_gpu_memory ('12GiB'): stream blocks through the device within this budget (the device's whole use: what
     the CUDA context and libraries hold outside FLAME's pool counts). max_length: T5 tokens (512 dev, 256 schnell).
     stats: a dict filled with each stage's seconds and device peak. log: a print function."""
+    from .generate_sd import SD_OPTIONS, family_of, generate_sd
+    unknown = sorted(set(sd_options) - set(SD_OPTIONS))
+    if unknown:
+        raise TypeError(f"generate() got unexpected keyword argument(s) {unknown}")
+    family = family_of(model, arch)
+    if family != "flux":
+        if guidance is not None:
+            raise GenerateError(f"--guidance: Flux's embedded guidance; {family.upper()} uses classifier-free "
+                                f"guidance (--cfg)")
+        return generate_sd(family, model, prompts, vae=vae, clip_l=clip_l, t5=t5, tokenizer=tokenizer, loras=loras,
+                           width=width, height=height, steps=steps, seed=seed, num_images=num_images,
+                           batch_size=batch_size, output=output, device=device, dtype=dtype, fp8=fp8,
+                           max_gpu_memory=max_gpu_memory, max_length=max_length, progress=progress, stats=stats,
+                           log=log, **sd_options)
+    given = sorted(k for k, v in sd_options.items() if v not in (None, False))
+    if given:
+        raise GenerateError(f"--{given[0].replace('_', '-')}: an SD3 / SDXL option; this model is Flux"
+                            + (" (its guidance is embedded: --guidance)" if given[0] == "cfg" else ""))
     log = log or (lambda *a: print(*a, file=sys.stderr))
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
@@ -309,14 +337,17 @@ def _bar(total, progress, desc):
 # ----------------------------------------------------------------------------- the command
 def build_parser():
     p = argparse.ArgumentParser(prog="python -m flame_models.generate", description=(
-        "Generate images with a Flux model (diffusers folder or BFL/ComfyUI single files) and optional LoRAs."))
+        "Generate images with a Flux, SD3 / SD3.5 or SDXL model (diffusers folder, SAI / BFL / ComfyUI single files) "
+        "and optional LoRAs."))
     m = p.add_argument_group("model")
-    m.add_argument("--model", required=True, help="a diffusers Flux folder, or a transformer .safetensors file")
+    m.add_argument("--model", required=True, help="a diffusers folder, or a transformer / UNet / SAI .safetensors file")
+    m.add_argument("--arch", choices=("flux", "sd3", "sdxl"), help="the model family (default: from the files)")
     m.add_argument("--vae", help="the VAE (ae.safetensors) when --model is a single file")
     m.add_argument("--clip-l", help="CLIP-L (clip_l.safetensors) when --model is a single file")
+    m.add_argument("--clip-g", help="CLIP-G (clip_g.safetensors; SD3 / SDXL) when --model does not hold it")
     m.add_argument("--t5", help="T5-XXL (t5xxl_fp16 / t5xxl_fp8_e4m3fn.safetensors) when --model is a single file")
-    m.add_argument("--tokenizer", help="a folder with tokenizer/ and tokenizer_2/ (default: the model folder's, "
-                                       "else the vocabularies packaged with FLAME)")
+    m.add_argument("--tokenizer", help="a folder with tokenizer/ and tokenizer_2/ (SD3: and tokenizer_3/) (default: "
+                                       "the model folder's, else the vocabularies packaged with FLAME)")
     m.add_argument("--lora", action="append", default=[], metavar="PATH[:WEIGHT]",
                    help="a Flux LoRA (FLAME, diffusers, kohya, ai-toolkit); repeatable, weights add up")
     g = p.add_argument_group("what to generate")
@@ -325,17 +356,32 @@ def build_parser():
     g.add_argument("--width", type=int, default=1024)
     g.add_argument("--height", type=int, default=1024)
     g.add_argument("--steps", type=int, help="default 28 (dev), 4 (schnell)")
-    g.add_argument("--guidance", type=float, help="embedded guidance, default 3.5 (dev only)")
+    g.add_argument("--guidance", type=float, help="embedded guidance, default 3.5 (Flux-dev only)")
+    g.add_argument("--negative-prompt", help="SD3 / SDXL: the negative prompt of classifier-free guidance")
+    g.add_argument("--cfg", type=float, help="SD3 / SDXL: classifier-free guidance scale (default: SD3.5 Large 4.5, "
+                                             "Medium 5, Large Turbo 1; SDXL 5)")
     g.add_argument("--seed", type=int, help="image j of each prompt uses seed + j (default: random)")
     g.add_argument("--num-images", type=int, default=1, help="images per prompt")
     g.add_argument("--batch-size", type=int, default=1, help="images per transformer call")
     g.add_argument("--output", default="outputs", help="folder for the PNGs (default: outputs)")
+    x = p.add_argument_group("SD3 / SDXL sampling")
+    x.add_argument("--sampler", choices=("euler", "euler_ancestral", "dpmpp_2m", "ddim"), help="SDXL (default euler)")
+    x.add_argument("--karras", action="store_true", help="SDXL: Karras sigmas instead of the model's")
+    x.add_argument("--original-size", metavar="WxH", help="SDXL size conditioning (default: the image's size)")
+    x.add_argument("--crop", metavar="TOP,LEFT", help="SDXL crop conditioning (default 0,0)")
+    x.add_argument("--target-size", metavar="WxH", help="SDXL size conditioning (default: the image's size)")
+    x.add_argument("--max-token-length", type=int, choices=(75, 150, 225),
+                   help="SDXL: CLIP tokens per caption in 75-token chunks (kohya's rule; default 77 tokens)")
+    x.add_argument("--slg-scale", type=float, help="SD3: skip-layer guidance scale (0 off; default 2.5 for "
+                                                   "Medium, off otherwise)")
+    x.add_argument("--slg-layers", metavar="I,J,K", help="SD3: joint blocks left out (default 7,8,9)")
+    x.add_argument("--no-t5", action="store_true", help="SD3: run without T5 (its tokens are zeros)")
     r = p.add_argument_group("how to run")
     r.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     r.add_argument("--dtype", choices=sorted(DTYPES), help="default bf16 on cuda, fp32 on cpu")
     r.add_argument("--fp8", action="store_true", help="fp8 (e4m3) storage of the transformer blocks and T5")
     r.add_argument("--max-gpu-memory", help="a budget such as 12GiB: stream blocks through the GPU within it")
-    r.add_argument("--max-length", type=int, help="T5 tokens per prompt (default 512 dev, 256 schnell)")
+    r.add_argument("--max-length", type=int, help="T5 tokens per prompt (default Flux-dev 512, schnell 256, SD3 256)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -351,6 +397,16 @@ def _read_prompts(args):
     return prompts
 
 
+def _sd_options(args):
+    """The SD3 / SDXL options given on the command line (left out when not given, so Flux runs refuse them only
+    when they are)."""
+    opts = dict(negative_prompt=args.negative_prompt, clip_g=args.clip_g, cfg=args.cfg, sampler=args.sampler,
+                karras=args.karras, original_size=args.original_size, crop=args.crop, target_size=args.target_size,
+                max_token_length=args.max_token_length, slg_scale=args.slg_scale, slg_layers=args.slg_layers,
+                no_t5=args.no_t5)
+    return {k: v for k, v in opts.items() if v not in (None, False)}
+
+
 # what a user's mistake looks like: a message, not a traceback
 _USER_ERRORS = (FlameError, ValueError, FileNotFoundError, NotADirectoryError, PermissionError)
 
@@ -364,7 +420,7 @@ def main(argv=None):
                           steps=args.steps, guidance=args.guidance, seed=args.seed, num_images=args.num_images,
                           batch_size=args.batch_size, output=args.output, device=args.device, dtype=args.dtype,
                           fp8=args.fp8, max_gpu_memory=args.max_gpu_memory, max_length=args.max_length,
-                          progress=not args.no_progress, stats=stats)
+                          progress=not args.no_progress, stats=stats, arch=args.arch, **_sd_options(args))
     except _USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -11,13 +11,11 @@ before anything is loaded, and ONE error lists every problem, naming each file a
 import os
 from dataclasses import dataclass
 
-from flame_core.errors import FlameError
-from flame_core.io import safe_open
-
+from ..conditioning import files as _files
+from ..conditioning.files import ModelFilesError
 from .loading import FluxCheckpointError, read_flux_params
 from .params import FluxParams
 
-INDEX_SUFFIX = ".safetensors.index.json"
 # diffusers FluxPipeline's subfolders
 SUBFOLDERS = {"transformer": "transformer", "vae": "vae", "clip_l": "text_encoder", "t5": "text_encoder_2",
               "clip_tokenizer": "tokenizer", "t5_tokenizer": "tokenizer_2"}
@@ -26,11 +24,9 @@ _WANT = {"transformer": ("flux", "a Flux transformer", "--model"),
          "vae": ("vae", "a VAE (autoencoder)", "--vae"),
          "clip_l": ("clip", "a CLIP text encoder (CLIP-L)", "--clip-l"),
          "t5": ("t5", "a T5 text encoder (T5-XXL)", "--t5")}
-_PREFERRED = ("diffusion_pytorch_model.safetensors", "model.safetensors")
-_PICKLES = (".ckpt", ".pt", ".pth", ".bin", ".pkl")
 
 
-class FluxFilesError(FlameError, ValueError):
+class FluxFilesError(ModelFilesError):
     """Parts of a Flux model that are missing, unreadable, of the wrong kind or that do not fit together; the
     message has one line per problem, each naming the file."""
 
@@ -63,63 +59,12 @@ class FluxFiles:
 def part_files(path, part):
     """The safetensors files of `part` at `path` (a file, an index JSON, a folder holding one checkpoint, or a
     diffusers model folder holding the part's subfolder). Raises FluxFilesError with one line."""
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise FluxFilesError(f"{path} does not exist")
-    if os.path.isdir(path):
-        names = os.listdir(path)
-        sub = os.path.join(path, SUBFOLDERS.get(part, part))
-        if os.path.isdir(sub) and not any(n.endswith(".safetensors") for n in names):
-            return part_files(sub, part)
-        indexes = sorted(n for n in names if n.endswith(INDEX_SUFFIX))
-        if len(indexes) > 1:
-            raise FluxFilesError(f"{path}: several index files ({', '.join(indexes)}); name one of them")
-        if indexes:
-            return part_files(os.path.join(path, indexes[0]), part)
-        st = sorted(n for n in names if n.endswith(".safetensors"))
-        pick = next((n for n in _PREFERRED if n in st), None)
-        if pick is None and len(st) == 1:
-            pick = st[0]
-        if pick is None:
-            raise FluxFilesError(f"{path}: a folder with " + (f"{len(st)} .safetensors files ({', '.join(st[:5])}): "
-                                 f"name the file" if st else "no .safetensors file"))
-        return [os.path.join(path, pick)]
-    low = path.lower()
-    if low.endswith(_PICKLES):
-        raise FluxFilesError(f"{path}: a pickle checkpoint ({os.path.splitext(path)[1]}); only .safetensors files "
-                             f"are read (they cannot run code when opened)")
-    if low.endswith(".gguf"):
-        raise FluxFilesError(f"{path}: a GGUF file; FLAME reads .safetensors checkpoints (fp8 storage: --fp8)")
-    if low.endswith(".json"):
-        import json
-        try:
-            with open(path) as f:
-                weight_map = json.load(f).get("weight_map")
-        except (OSError, ValueError, AttributeError) as e:
-            raise FluxFilesError(f"{path}: not a safetensors index JSON ({e})") from None
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise FluxFilesError(f"{path}: an index JSON needs a non-empty 'weight_map'")
-        folder = os.path.dirname(path)
-        files = [os.path.join(folder, n) for n in dict.fromkeys(weight_map.values())]
-        absent = [f for f in files if not os.path.exists(f)]
-        if absent:
-            raise FluxFilesError(f"{path}: shard(s) listed in the index are missing: {', '.join(absent[:4])}")
-        return files
-    return [path]
+    return _files.part_files(path, part, subfolders=SUBFOLDERS, error=FluxFilesError)
 
 
 def read_headers(files):
     """{tensor name: shape} of safetensors files (headers only). FluxFilesError when one cannot be read."""
-    shapes = {}
-    for f in files:
-        try:
-            with safe_open(f) as h:
-                for k in h.keys():
-                    shapes[k] = tuple(h.shape(k))
-        except Exception as e:  # a truncated download, an HTML error page saved as .safetensors, a pickle
-            first = str(e).splitlines()[0] if str(e) else ""
-            raise FluxFilesError(f"{f}: not a readable .safetensors file ({type(e).__name__}: {first})") from None
-    return shapes
+    return _files.read_headers(files, error=FluxFilesError)
 
 
 def _shown(path, files):
@@ -213,33 +158,5 @@ def find_flux_files(path, *, vae=None, clip_l=None, t5=None, tokenizer=None):
 
 
 def _tokenizer_folder(base, part, want, explicit, problems):
-    """The tokenizer folder for `part` under `base` (a folder holding tokenizer/ + tokenizer_2/, or the tokenizer
-    folder itself when only one kind is in it); None (packaged vocabulary) when `base` is None or, not explicit,
-    when `base` has no such folder."""
-    from ..tokenization.files import model_type
-    if base is None:
-        return None
-    base = os.fspath(base)
-    label = "CLIP" if want == "bpe" else "T5"
-    if not os.path.isdir(base):
-        problems.append(f"{part} (--tokenizer): {base} is not a folder (a diffusers model folder with "
-                        f"{SUBFOLDERS[part]}/, or a tokenizer folder)")
-        return None
-    for folder in (os.path.join(base, SUBFOLDERS[part]), base):
-        if not os.path.isdir(folder):
-            continue
-        try:
-            kind = model_type(folder)
-        except (ValueError, OSError) as e:
-            problems.append(f"{part} (--tokenizer): {e}")
-            return None
-        if kind == want:
-            return folder
-        if kind is not None and folder != base:
-            problems.append(f"{part} (--tokenizer): {folder} holds {kind} tokenizer files, not a {label} tokenizer")
-            return None
-    if explicit:
-        problems.append(f"{part} (--tokenizer): no {label} tokenizer in {base} (expected {SUBFOLDERS[part]}/ with "
-                        + ("vocab.json + merges.txt or tokenizer.json)" if want == "bpe"
-                           else "tokenizer.json or spiece.model)"))
-    return None
+    """The tokenizer folder for `part` under `base` (conditioning.files.tokenizer_folder with Flux's subfolders)."""
+    return _files.tokenizer_folder(base, part, want, explicit, problems, subfolder=SUBFOLDERS[part])

@@ -11,39 +11,31 @@ import gc
 import numpy as np
 
 import flame_core as flame
-from flame_core import memory
 
-from ..text_encoders import GraphedEncoder, load_clip, load_t5
+from ..conditioning.encoders import EncoderBundle, prompt_list
+from ..text_encoders import load_clip, load_t5
 from ..tokenization import load_tokenizer
 from .components import FluxFilesError, part_files, read_headers
 
 T5_QUANTIZE = (None, "fp8", "auto")
 
 
-class FluxTextEncoders:
+class FluxTextEncoders(EncoderBundle):
     """CLIP-L + T5 with their tokenizers. `encode(prompts)` -> {"prompt_embeds": (B, L, d_t5),
     "pooled_prompt_embeds": (B, d_clip)} in the encoders' dtype; `free()` (or leaving a `with` block) releases them."""
+
+    encoder_attrs = ("clip", "t5")
+    tokenizer_attrs = ("clip_tokenizer", "t5_tokenizer")
 
     def __init__(self, clip, t5, clip_tokenizer, t5_tokenizer, *, max_length):
         self.clip, self.t5 = clip, t5
         self.clip_tokenizer, self.t5_tokenizer = clip_tokenizer, t5_tokenizer
         self.max_length = int(max_length)
-        # on cuda each batch shape is replayed as a CUDA graph (eager calls are bound by the host's per-op cost);
-        # eager on the cpu and for a streamed T5
-        self._clip_run, self._t5_run = GraphedEncoder(clip), GraphedEncoder(t5)
-
-    @property
-    def device(self):
-        self._check_alive()
-        return self.clip.device
-
-    def _check_alive(self):
-        if self.clip is None:
-            raise RuntimeError("these FluxTextEncoders were freed; load them again")
+        self._start()
 
     def tokenize(self, prompts):
         """(CLIP ids (B, 77), T5 ids (B, max_length)) as int64 NumPy arrays, padded and truncated as diffusers does."""
-        prompts = _prompt_list(prompts)
+        prompts = prompt_list(prompts)
         clip_ids = self.clip_tokenizer(prompts, padding="max_length", truncation=True,
                                        return_attention_mask=False).input_ids
         t5_ids = self.t5_tokenizer(prompts, max_length=self.max_length, padding="max_length", truncation=True,
@@ -54,50 +46,17 @@ class FluxTextEncoders:
         """The Flux conditioning of `prompts` (a str or a list of str), run `batch_size` prompts at a time
         (default: all at once). Returns {"prompt_embeds": (B, L, d_t5), "pooled_prompt_embeds": (B, d_clip)}."""
         self._check_alive()
-        prompts = _prompt_list(prompts)
+        prompts = prompt_list(prompts)
         n = len(prompts)
         step = n if batch_size is None else max(1, int(batch_size))
         embeds, pooled = [], []
         with flame.no_grad():
             for lo in range(0, n, step):
                 clip_ids, t5_ids = self.tokenize(prompts[lo:lo + step])
-                pooled.append(self._clip_run(clip_ids).pooler_output.to(self.clip.dtype))
-                embeds.append(self._t5_run(t5_ids).last_hidden_state.to(self.t5.dtype))
+                pooled.append(self._run("clip")(clip_ids).pooler_output.to(self.clip.dtype))
+                embeds.append(self._run("t5")(t5_ids).last_hidden_state.to(self.t5.dtype))
         cat = (lambda xs: xs[0] if len(xs) == 1 else flame.cat(xs, dim=0))
         return {"prompt_embeds": cat(embeds), "pooled_prompt_embeds": cat(pooled)}
-
-    def free(self):
-        """Drop both encoders and return their memory (device pool and pinned host buffers) now."""
-        if self.clip is None:
-            return
-        device = self.clip.device
-        streamer = getattr(self.t5, "streamer", None)
-        if streamer is not None:
-            streamer.synchronize()
-        self._clip_run.reset()
-        self._t5_run.reset()
-        self.clip = self.t5 = self.clip_tokenizer = self.t5_tokenizer = self._clip_run = self._t5_run = None
-        del streamer
-        gc.collect()  # a streamer and its stacks refer to each other
-        memory.empty_cache(device)
-        memory.empty_pinned_cache()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.free()
-
-
-def _prompt_list(prompts):
-    if isinstance(prompts, str):
-        return [prompts]
-    if not isinstance(prompts, (list, tuple)) or not prompts:
-        raise TypeError(f"prompts must be a str or a non-empty list of str, got {prompts!r:.80}")
-    bad = [i for i, p in enumerate(prompts) if not isinstance(p, str)]
-    if bad:
-        raise TypeError(f"prompt {bad[0]} is a {type(prompts[bad[0]]).__name__}, not a str")
-    return list(prompts)
 
 
 def load_tokenizers(files, *, max_length=None):

@@ -24,8 +24,9 @@ from flame_core import memory
 from flame_nn import adapters as A
 from flame_nn.offload import BlockStreamer, OffloadError, quantize_linear_weights_
 
+from ..conditioning import files as _cf
 from ..vae import FLUX, load_vae
-from .components import FluxFiles, FluxFilesError, find_flux_files, part_files, read_headers
+from .components import FluxFiles, FluxFilesError, find_flux_files
 from .conditioning import (FluxTextEncoders, check_vocabularies, encode_prompts, load_text_encoders,
                            load_tokenizers)
 from .loading import load_flux
@@ -99,59 +100,65 @@ def parse_lora(spec):
     return spec, 1.0
 
 
-def check_loras(loras, params):
+def check_loras(loras, params, *, probe=None, error=FluxFilesError):
     """Read each LoRA file and check it against a Flux of `params` (names, shapes, kind) before anything big is
-    loaded. Returns [(path, weight)]. FluxFilesError names the file."""
+    loaded. Returns [(path, weight)]. `error` (FluxFilesError) names the file. probe: another model to check
+    against instead (built under flame_nn.empty_init; its adapter_name_map() maps diffusers' names), e.g. an SD3
+    MMDiT or an SDXL UNet."""
     from ..training.model_files import describe_keys
     out = []
     if not loras:
         return out
-    with flame_nn.empty_init(device="cpu"):
-        from .model import Flux
-        probe = Flux(params)
+    if probe is None:
+        with flame_nn.empty_init(device="cpu"):
+            from .model import Flux
+            probe = Flux(params)
     names = {n for n, m in probe.named_modules() if isinstance(m, flame_nn.Linear)}
     shapes = {n: tuple(m.weight.shape) for n, m in probe.named_modules() if isinstance(m, flame_nn.Linear)}
     for spec in loras:
         path, weight = parse_lora(spec)
         if not os.path.isfile(path):
-            raise FluxFilesError(f"--lora {path}: no such file")
+            raise error(f"--lora {path}: no such file")
         if not np.isfinite(weight):
-            raise FluxFilesError(f"--lora {path}: the weight {weight} is not a finite number")
-        keys = list(read_headers(part_files(path, "lora")))
+            raise error(f"--lora {path}: the weight {weight} is not a finite number")
+        try:
+            keys = list(_cf.read_headers(_cf.part_files(path, "lora", error=error), error=error))
+        except error as e:
+            raise error(f"--lora {e}") from None
         kind, words, example = describe_keys(keys)
         if kind != "lora":
-            raise FluxFilesError(f"--lora {path}: not a LoRA file: it looks like {words}"
-                                 + (f" (keys such as {example})" if example else " (no tensors)"))
+            raise error(f"--lora {path}: not a LoRA file: it looks like {words}"
+                        + (f" (keys such as {example})" if example else " (no tensors)"))
         te = [k for k in keys if k.startswith(("lora_te", "text_encoder", "te_", "lora_te1_", "lora_te2_"))]
         if te:
-            raise FluxFilesError(f"--lora {path}: holds text-encoder LoRA weights ({len(te)} tensors such as "
-                                 f"{te[0]}); this generator applies transformer LoRAs only")
+            raise error(f"--lora {path}: holds text-encoder LoRA weights ({len(te)} tensors such as "
+                        f"{te[0]}); this generator applies transformer LoRAs only")
         try:
             modules, _ = A.formats.load(path, names, name_map=probe.adapter_name_map())
         except A.AdapterFormatError as e:
-            raise FluxFilesError(f"--lora {path}: {str(e).splitlines()[0]}") from None
+            raise error(f"--lora {path}: {str(e).splitlines()[0]}") from None
         for mod, parts in modules.items():
             out_f, in_f = shapes[mod]
             for p in parts:
                 lo, hi = p.rows if p.rows is not None else (0, out_f)
                 if p.shape != (hi - lo, in_f):
-                    raise FluxFilesError(f"--lora {path}: the adapter on {mod} is {p.shape[0]}x{p.shape[1]} but "
-                                         f"this Flux's Linear (rows {lo}:{hi}) is {hi - lo}x{in_f}: a LoRA for "
-                                         f"another model size?")
+                    raise error(f"--lora {path}: the adapter on {mod} is {p.shape[0]}x{p.shape[1]} but "
+                                f"this {type(probe).__name__}'s Linear (rows {lo}:{hi}) is "
+                                f"{hi - lo}x{in_f}: a LoRA for another model size?")
         out.append((path, weight))
     return out
 
 
-def apply_loras(model, loras, *, merge=True, dtype=flame.float32):
+def apply_loras(model, loras, *, merge=True, dtype=flame.float32, error=FluxFilesError):
     """Load each (path, weight) into `model` as its own adapter ("lora_0", "lora_1", ...), scaled by its weight;
     the changes add up. merge=True folds them into the base weights (summed, rounded once) and drops the adapters
     (no cost per step, and no copy of the original weights kept: inference never unmerges); merge=False keeps them
-    as adapters beside the weights (fp8 storage and streamed blocks need that)."""
+    as adapters beside the weights (fp8 storage and streamed blocks need that). `error` names the file."""
     for i, (path, weight) in enumerate(loras):
         try:
             A.load_adapters(model, path, name=f"lora_{i}", weight=weight, dtype=dtype)
         except A.AdapterFormatError as e:
-            raise FluxFilesError(f"--lora {path}: {str(e).splitlines()[0]}") from None
+            raise error(f"--lora {path}: {str(e).splitlines()[0]}") from None
     if loras and merge:
         # Linear by Linear: the LoRAs' changes (each times its weight, each against the base weight, as the adapters
         # compute them unmerged) summed in float32, then added and rounded to the weight's dtype once. Merging one
@@ -192,22 +199,31 @@ def load_transformer(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=
     model.eval()
     apply_loras(model, loras, merge=not (fp8 or stream))
     try:
-        if stream:
-            model.streamer = BlockStreamer.for_model(model, STACKS, device=dev, quantize="fp8" if fp8 else None,
-                                                     slots=slots)
-        elif fp8:
-            for name, child in model.named_children():
-                if name not in STACKS:
-                    child.to(dev)
-            for s in STACKS:
-                for block in model.get_submodule(s):
-                    block.to(dev)
-                    quantize_linear_weights_(block)
-            for name in A.adapter_names(model):  # adapters sit beside the module tree
-                for _, _, ad in A.adapter_modules(model, name):
-                    ad.to(dev)
+        place_for_inference(model, STACKS, dev, fp8=fp8, stream=stream, slots=slots)
     except OffloadError as e:
         raise FluxFilesError(f"{files.transformer}: {str(e).splitlines()[0]}") from None
+    return model
+
+
+def place_for_inference(model, stacks, device, *, fp8=False, stream=False, slots=2):
+    """Put a model read into host memory (for fp8 or streaming) on `device`: stream: the blocks of the ModuleLists
+    `stacks` in pinned host memory through `slots` device buffers (`model.streamer`, in fp8 with fp8); fp8 alone:
+    each block moved and its Linear weights quantised in turn (the whole model is never on the device in its
+    dtype); adapters follow. Neither: nothing to do (the model was loaded on the device)."""
+    if stream:
+        model.streamer = BlockStreamer.for_model(model, stacks, device=device, quantize="fp8" if fp8 else None,
+                                                 slots=slots)
+    elif fp8:
+        for name, child in model.named_children():
+            if name not in stacks:
+                child.to(device)
+        for s in stacks:
+            for block in model.get_submodule(s):
+                block.to(device)
+                quantize_linear_weights_(block)
+        for name in A.adapter_names(model):  # adapters sit beside the module tree
+            for _, _, ad in A.adapter_modules(model, name):
+                ad.to(device)
     return model
 
 
@@ -304,5 +320,5 @@ def fit_transformer(model, cond, max_gpu_memory, *, height, width, batch_size=1,
 
 __all__ = ["FluxFiles", "FluxFilesError", "find_flux_files", "FluxTextEncoders", "load_text_encoders",
            "load_tokenizers", "check_vocabularies", "encode_prompts", "load_vae_for_flux", "decode_latents", "encode_images", "to_pil",
-           "parse_lora", "check_loras", "apply_loras", "load_transformer", "free_model", "sample_latents",
-           "fit_transformer"]
+           "parse_lora", "check_loras", "apply_loras", "load_transformer", "place_for_inference", "free_model",
+           "sample_latents", "fit_transformer"]

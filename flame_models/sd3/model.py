@@ -54,6 +54,12 @@ class MMDiT(flame_nn.GradientCheckpointingMixin, flame_nn.Module):
         """The joint blocks, which gradient checkpointing recomputes (see flame_nn.GradientCheckpointingMixin)."""
         return list(self.joint_blocks)
 
+    def adapter_name_map(self):
+        """This model's (SAI) Linear names <-> diffusers' (PEFT files, `to_q` targets): flame_nn.adapters' default
+        name_map for it."""
+        from .lora_keys import name_map_for
+        return name_map_for(self.params)
+
     def cropped_pos_embed(self, height, width):
         """The centre crop of the position table for latents of height x width: (1, h*w, H)."""
         p = self.patch_size

@@ -64,13 +64,14 @@ def get_sigmas(steps, shift=SHIFT):
 
 
 def denoise(model, x, sigmas, context, y, neg_context=None, neg_y=None, cfg=1.0, skip_layer_guidance=None,
-            cuda_graph=None, progress=False):
+            cuda_graph=None, progress=False, callback=None):
     """Euler steps x <- x + (sigma_next - sigma) v along `sigmas`, v guided by classifier-free guidance
     uncond + cfg (cond - uncond) when cfg != 1 (cond and uncond as one batch of 2B) and optionally skip-layer
     guidance. The state stays in float32; the model sees its own dtype. Returns float32 latents.
 
     cuda_graph (default: on for cuda tensors): each kind of step (with and without the skip-layer pass) runs once
-    eagerly, then is captured as a CUDA graph (flame_core.cuda.graphed) and replayed; the numbers are the same."""
+    eagerly, then is captured as a CUDA graph (flame_core.cuda.graphed) and replayed; the numbers are the same.
+    callback(i, steps) after each step."""
     dtype = _model_dtype(model)
     B = x.shape[0]
     guided = cfg != 1.0
@@ -122,6 +123,8 @@ def denoise(model, x, sigmas, context, y, neg_context=None, neg_y=None, cfg=1.0,
             dt = flame.full((1,), float(sigmas[i + 1]) - float(sigmas[i]), dtype=flame.float32, device=x.device)
             run = runs[1] if slg is not None and slg.active(i, steps) else runs[0]
             x = run(x, t_vec, dt)
+            if callback is not None:
+                callback(i, steps)
     if any(r.graph is not None for r in runs):
         x = x.clone()  # a graph's output buffer dies with the graph
     for r in runs:

@@ -5,6 +5,10 @@ diffusers folders), the y vector, LoRA names and text-to-image sampling.
     y = make_y(pooled, original_size=(1024, 1024), crop_coords=(0, 0), target_size=(1024, 1024))
     eps = unet(latents, timesteps, context, y)                  # (B, 4, H, W); context (B, 77, 2048), y (B, 2816)
     z = sample(unet, context, y, neg_context, neg_y, height=1024, width=1024, steps=30, cfg=5.0)
+    parts = load_sdxl("sd_xl_base_1.0.safetensors")          # UNet, VAE, CLIP-L, CLIP-G and tokenizers
+    save_sdxl(parts, "sdxl/", layout="diffusers")
+
+The text-to-image pipeline (prompt encoding, VAE, LoRAs, sampling stages) is flame_models.sdxl.pipeline.
 """
 from .config import UNetConfig, UNetConfigError, configs, unet_config
 from .embeddings import timestep_embedding, size_embeddings, make_y
@@ -16,6 +20,8 @@ from .loading import UNetCheckpointError, UNetCheckpoint, infer_config, load_une
 from .saving import save_unet
 from .lora_keys import TARGET_PRESETS, PEFT_PREFIX, KOHYA_METADATA, unet_name_map, kohya_diffusers_to_sai
 from .sampling import cfg_model, sample
+from .components import SDXLFiles, SDXLFilesError, find_sdxl_files
+from .parts import SDXLParts, load_sdxl, save_sdxl
 
 UNetModel = SDXLUNet  # SAI's class name
 
@@ -24,4 +30,5 @@ __all__ = ["UNetConfig", "UNetConfigError", "configs", "unet_config", "timestep_
            "FeedForward", "BasicTransformerBlock", "SpatialTransformer", "SDXLUNet", "UNetModel",
            "sai_to_diffusers_key", "diffusers_to_sai_key", "UNetCheckpointError", "UNetCheckpoint", "infer_config",
            "load_unet", "load_unet_state_", "save_unet", "TARGET_PRESETS", "PEFT_PREFIX", "KOHYA_METADATA",
-           "unet_name_map", "kohya_diffusers_to_sai", "cfg_model", "sample"]
+           "unet_name_map", "kohya_diffusers_to_sai", "cfg_model", "sample", "SDXLFiles", "SDXLFilesError",
+           "find_sdxl_files", "SDXLParts", "load_sdxl", "save_sdxl"]

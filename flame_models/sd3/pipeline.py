@@ -1,0 +1,188 @@
+"""The SD3 / SD3.5 text-to-image pipeline in stages, each loaded, run and freed in turn so that the peak memory is the
+largest stage's: prompt encoding (conditioning.py), the MMDiT's denoising, the VAE's decoding.
+
+    files = find_sd3_files("sd3.5_large.safetensors")          # or a diffusers folder, or separate ComfyUI files
+    with load_text_encoders(files, device="cuda") as enc:
+        cond = enc.encode(["a photo of a cat"])
+        neg = enc.encode([""])
+    model = load_transformer(files, device="cuda", loras=[("style.safetensors", 0.8)])
+    latents = sample_latents(model, cond, neg, height=1024, width=1024, steps=40, cfg=4.5, seeds=[42])
+    free_model(model)
+    vae = load_vae_for_sd3(files, device="cuda")
+    images = to_pil(decode_latents(vae, latents))
+
+Latents in "model space" are what the MMDiT sees: VAE latents z as (z - 0.0609) * 1.5305 (SD3's latent format),
+(B, 16, H/8, W/8); decode_latents / encode_images convert to and from images in [-1, 1].
+"""
+import os
+
+import numpy as np
+
+import flame_core as flame
+import flame_nn
+from flame_nn.offload import OffloadError
+
+from ..flux.pipeline import apply_loras, check_loras as _check_loras, free_model, place_for_inference, to_pil
+from ..vae import SD3, load_vae
+from .components import SD3Files, SD3FilesError, find_sd3_files
+from .conditioning import SD3TextEncoders, encode_prompts, load_text_encoders
+from .loading import load_sd3
+from .sampling import LATENT_CHANNELS, SHIFT, SkipLayerGuidance, denoise, get_noise, get_sigmas
+
+STACKS = ("joint_blocks",)
+
+
+# ----------------------------------------------------------------------------- the VAE
+def load_vae_for_sd3(files, *, dtype=flame.bfloat16, device=None, config=None):
+    """The SD3 VAE of `files` (SD3Files, or a path to the VAE itself), frozen, in `dtype` on `device`. config: a
+    VAEConfig or dict of fields for a VAE whose config the weights do not tell (default: files.configs['vae'])."""
+    if isinstance(files, SD3Files):
+        path, config = files.vae, config if config is not None else files.configs.get("vae")
+    else:
+        path = os.fspath(files)
+    vae = load_vae(path, dtype=dtype, device=device, config=config)
+    if vae.config.z_channels != LATENT_CHANNELS:
+        raise SD3FilesError(f"vae: {path} has {vae.config.z_channels} latent channels; SD3's VAE has "
+                            f"{LATENT_CHANNELS} (is this an SD / SDXL VAE?)")
+    return vae
+
+
+def decode_latents(vae, latents):
+    """Model-space latents (B, 16, H/8, W/8) -> images (B, 3, H, W) in [-1, 1] (nominally; not clamped), in the
+    VAE's dtype, on its device: z = latents / 1.5305 + 0.0609, then the decoder."""
+    if latents.ndim != 4 or latents.shape[1] != vae.config.z_channels:
+        raise ValueError(f"decode_latents expects latents (B, {vae.config.z_channels}, h, w), got shape "
+                         f"{tuple(latents.shape)}")
+    with flame.no_grad():
+        z = SD3.from_model(latents.to(vae.device).float())
+        return vae.decode(z.to(vae.dtype))
+
+
+def encode_images(vae, images, generator=None):
+    """Images (B, 3, H, W) in [-1, 1] -> model-space latents (B, 16, H/8, W/8) float32: (z - 0.0609) * 1.5305 of
+    the posterior mean, or of a posterior sample drawn from `generator` (what SAI's reference and diffusers'
+    img2img do)."""
+    with flame.no_grad():
+        z = vae.encode(images.to(vae.device).to(vae.dtype), generator=generator)
+        return SD3.to_model(z.float())
+
+
+# ----------------------------------------------------------------------------- the MMDiT
+def check_loras(loras, params):
+    """Read each LoRA file and check it against an MMDiT of `params` (SAI, kohya or diffusers PEFT names, shapes)
+    before anything big is loaded. Returns [(path, weight)]; SD3FilesError names the file."""
+    if not loras:
+        return []
+    from .model import MMDiT
+    with flame_nn.empty_init(device="cpu"):
+        probe = MMDiT(params)
+    return _check_loras(loras, params, probe=probe, error=SD3FilesError)
+
+
+def load_transformer(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=False, stream=False, slots=2):
+    """The MMDiT of `files` (SD3Files or a path) with LoRAs applied, ready for sampling. fp8: the joint blocks'
+    Linear weights in fp8 storage (LoRAs kept as adapters beside them); stream: the joint blocks in pinned host
+    memory, streamed through `slots` device buffers (`model.streamer`; choose resident blocks with
+    fit_transformer). Without either, LoRAs are merged into the weights."""
+    files = files if isinstance(files, SD3Files) else find_sd3_files(files)
+    dev = flame.device(device) if device is not None else flame.default_device()
+    loras = check_loras(loras, files.params)
+    model = load_sd3(files.transformer, dtype=dtype, device="cpu" if (stream or fp8) else dev)
+    model.requires_grad_(False)
+    model.eval()
+    apply_loras(model, loras, merge=not (fp8 or stream), error=SD3FilesError)
+    try:
+        place_for_inference(model, STACKS, dev, fp8=fp8, stream=stream, slots=slots)
+    except OffloadError as e:
+        raise SD3FilesError(f"{files.transformer}: {str(e).splitlines()[0]}") from None
+    return model
+
+
+def _rows(cond, rows, device, dtype):
+    """(context (B, L, D), pooled (B, P)) on `device` in `dtype`: row i is prompt rows[i] of `cond`."""
+    out = []
+    for key in ("prompt_embeds", "pooled_prompt_embeds"):
+        t = cond[key]
+        if isinstance(t, flame.Tensor):
+            t = t if list(rows) == list(range(t.shape[0])) else flame.stack([t[i] for i in rows], dim=0)
+            out.append(t.to(device).to(dtype))
+        else:
+            out.append(flame.tensor(np.ascontiguousarray(np.asarray(t)[list(rows)], dtype=np.float32),
+                                    device=device).to(dtype))
+    return tuple(out)
+
+
+def _model_dtype(model):
+    return model.x_embedder.proj.weight.dtype
+
+
+def _device(model):
+    streamer = getattr(model, "streamer", None)
+    return streamer.device if streamer is not None else model.x_embedder.proj.weight.device
+
+
+def sample_latents(model, cond, neg_cond=None, *, height, width, steps, cfg, seeds=None, latents=None, rows=None,
+                   neg_rows=None, skip_layer_guidance=None, shift=SHIFT, callback=None, cuda_graph=None):
+    """Denoise with SD3's Euler sampler on the shifted flow schedule; returns model-space latents (B, 16, H/8, W/8)
+    float32.
+
+    cond / neg_cond: {"prompt_embeds": (P, L, D), "pooled_prompt_embeds": (P, C)} of the prompts and negative
+    prompts (Tensors or NumPy arrays); `rows` / `neg_rows` pick each image's (default: image i uses row i; one
+    negative row is used for every image). neg_cond is needed when cfg != 1. Noise: one seed per image (image i
+    starts from get_noise(seed=seeds[i]), the same whatever the batch), or `latents` (B, 16, H/8, W/8).
+    skip_layer_guidance: an sd3.SkipLayerGuidance (SD3.5 Medium's reference uses it). callback(i, n) per step."""
+    if (seeds is None) == (latents is None):
+        raise ValueError("pass exactly one of seeds= (one per image) and latents=")
+    if height % 16 or width % 16 or height <= 0 or width <= 0:
+        raise ValueError(f"SD3 images need a height and width that are positive multiples of 16, got "
+                         f"{height}x{width}")
+    dev, dtype = _device(model), _model_dtype(model)
+    if latents is None:
+        noise = [get_noise(1, height, width, seed=int(s), device=dev) for s in seeds]
+        x = noise[0] if len(noise) == 1 else flame.cat(noise, dim=0)
+    else:
+        x = latents if isinstance(latents, flame.Tensor) else flame.tensor(np.asarray(latents, dtype=np.float32))
+        x = x.to(dev).float()
+    B = x.shape[0]
+    if tuple(x.shape[1:]) != (LATENT_CHANNELS, height // 8, width // 8):
+        raise ValueError(f"latents of shape {tuple(x.shape)} do not fit a {height}x{width} image "
+                         f"(B, {LATENT_CHANNELS}, {height // 8}, {width // 8})")
+    rows = list(range(B)) if rows is None else list(rows)
+    if len(rows) != B:
+        raise ValueError(f"{len(rows)} prompt rows for {B} images")
+    context, y = _rows(cond, rows, dev, dtype)
+    neg_context = neg_y = None
+    if cfg != 1.0:
+        if neg_cond is None:
+            raise ValueError(f"cfg={cfg} needs the negative prompt's conditioning (neg_cond; the empty prompt "
+                             f"encoded by default in diffusers)")
+        neg_rows = [0] * B if neg_rows is None else list(neg_rows)
+        neg_context, neg_y = _rows(neg_cond, neg_rows, dev, dtype)
+    slg = skip_layer_guidance
+    if slg is not None and any(i < 0 or i >= model.params.depth for i in slg.layers):
+        raise ValueError(f"skip-layer guidance layers {list(slg.layers)} are not all joint blocks of this MMDiT "
+                         f"(depth {model.params.depth})")
+    if cuda_graph is None and getattr(model, "streamer", None) is not None:
+        cuda_graph = False  # a streamed forward is not capturable (its prefetch window wraps around)
+    return denoise(model, x, get_sigmas(steps, shift), context, y, neg_context, neg_y, cfg, slg, cuda_graph,
+                   callback=callback)
+
+
+def fit_transformer(model, cond, max_gpu_memory, *, height, width, batch_size=1, cfg=1.0):
+    """Choose which streamed joint blocks stay resident so that one denoising step (a batch of 2B with CFG) at this
+    size fits `max_gpu_memory` (flame_nn.offload.auto_fit, measured). Returns the FitReport."""
+    dev, dtype = model.streamer.device, _model_dtype(model)
+    n = batch_size * (2 if cfg != 1.0 else 1)
+    context, y = _rows(cond, [0] * n, dev, dtype)
+    x = flame.zeros(n, LATENT_CHANNELS, height // 8, width // 8, device=dev).to(dtype)
+    t = flame.full((n,), 1000.0, dtype=flame.float32, device=dev)
+
+    def step():
+        with flame.no_grad():
+            model(x, t, y, context)
+    return model.streamer.auto_fit(max_gpu_memory, step)
+
+
+__all__ = ["SD3Files", "SD3FilesError", "find_sd3_files", "SD3TextEncoders", "load_text_encoders", "encode_prompts",
+           "load_vae_for_sd3", "decode_latents", "encode_images", "to_pil", "check_loras", "load_transformer",
+           "free_model", "sample_latents", "fit_transformer", "SkipLayerGuidance"]

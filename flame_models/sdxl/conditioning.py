@@ -1,0 +1,133 @@
+"""SDXL prompt encoding, as diffusers' StableDiffusionXLPipeline.encode_prompt computes it:
+
+    CLIP-L and CLIP-G: 77 tokens each (CLIP-L padded with EOS, CLIP-G with "!"), the penultimate hidden state (no
+        final LayerNorm) of each, concatenated along channels -> prompt_embeds (77, 768 + 1280 = 2048);
+    pooled_prompt_embeds = CLIP-G's text_embeds: its final-LayerNorm EOS state through the text projection (1280);
+    the negative prompt: with negative_prompt None and force_zeros_for_empty_prompt (diffusers' default, True),
+        zeros of those shapes; else the negative prompt ("" when None) encoded the same way;
+    y (the UNet's vector input) = [pooled | the six size / crop embeddings] (flame_models.sdxl.make_y) from the
+        original size, crop coordinates and target size (diffusers' add_time_ids; the negative gets the same sizes).
+
+Long captions (max_token_length = 150, 225, ...): each CLIP in 75-token chunks, kohya sd-scripts' rule
+(flame_models.conditioning.encoders); prompt_embeds then has 75 n + 2 tokens.
+
+    with load_text_encoders(files, dtype=flame.bfloat16, device="cuda") as enc:
+        pe, npe, pooled, npooled = enc.encode_prompt(["a photo of a cat"], negative_prompt="blurry")
+    y = make_y(pooled, original_size=(1024, 1024), crop_coords=(0, 0), target_size=(1024, 1024))
+"""
+import numpy as np
+
+import flame_core as flame
+
+from ..conditioning import files as F
+from ..conditioning.encoders import EncoderBundle, check_max_token_length, clip_ids, clip_states, prompt_list
+from ..text_encoders import load_clip
+from ..tokenization import load_tokenizer
+from .components import SDXLFiles, SDXLFilesError, find_sdxl_files
+
+
+class SDXLTextEncoders(EncoderBundle):
+    """CLIP-L and CLIP-G (with its projection) and their tokenizers. `encode(prompts)` -> {"prompt_embeds":
+    (B, 77, L + G), "pooled_prompt_embeds": (B, P)} in CLIP-G's dtype; `encode_prompt(...)` as diffusers' (with the
+    negative prompt); `free()` (or leaving a `with` block) releases them."""
+
+    encoder_attrs = ("clip_l", "clip_g")
+    tokenizer_attrs = ("clip_l_tokenizer", "clip_g_tokenizer")
+
+    def __init__(self, clip_l, clip_g, clip_l_tokenizer, clip_g_tokenizer, *, max_token_length=None,
+                 force_zeros_for_empty_prompt=True):
+        if getattr(clip_g, "text_projection", None) is None:
+            raise ValueError("SDXLTextEncoders: clip_g needs its text projection (a CLIPTextModelWithProjection): "
+                             "SDXL's pooled vector is CLIP-G's projected EOS state")
+        self.clip_l, self.clip_g = clip_l, clip_g
+        self.clip_l_tokenizer, self.clip_g_tokenizer = clip_l_tokenizer, clip_g_tokenizer
+        self.max_token_length = check_max_token_length(max_token_length)
+        self.force_zeros_for_empty_prompt = bool(force_zeros_for_empty_prompt)
+        self._start()
+
+    def tokenize(self, prompts):
+        """(CLIP-L ids, CLIP-G ids), each (B * n, 77) int64 (n chunks per caption: 1 unless max_token_length)."""
+        prompts = prompt_list(prompts)
+        return (clip_ids(self.clip_l_tokenizer, prompts, self.max_token_length),
+                clip_ids(self.clip_g_tokenizer, prompts, self.max_token_length))
+
+    def encode(self, prompts, *, batch_size=None):
+        """The SDXL conditioning of `prompts` (a str or a list of str), `batch_size` prompts at a time (default: all
+        at once): {"prompt_embeds": (B, L, 2048), "pooled_prompt_embeds": (B, 1280)}."""
+        self._check_alive()
+        prompts = prompt_list(prompts)
+        step = len(prompts) if batch_size is None else max(1, int(batch_size))
+        embeds, pooled = [], []
+        dtype = self.clip_g.dtype
+        with flame.no_grad():
+            for lo in range(0, len(prompts), step):
+                batch = prompts[lo:lo + step]
+                l_ids, g_ids = self.tokenize(batch)
+                hl, _ = clip_states(self._run("clip_l"), self.clip_l, l_ids, len(batch))
+                hg, pg = clip_states(self._run("clip_g"), self.clip_g, g_ids, len(batch))
+                embeds.append(flame.cat([hl.to(dtype), hg.to(dtype)], dim=-1))
+                pooled.append(pg.to(dtype))
+        cat = (lambda xs: xs[0] if len(xs) == 1 else flame.cat(xs, dim=0))
+        return {"prompt_embeds": cat(embeds), "pooled_prompt_embeds": cat(pooled)}
+
+    def encode_negative(self, prompts, negative_prompt=None):
+        """The negative conditioning for `prompts` (its batch size): zeros when negative_prompt is None and
+        force_zeros_for_empty_prompt, else negative_prompt ("" when None; one str for all or one per prompt)."""
+        prompts = prompt_list(prompts)
+        if negative_prompt is None and self.force_zeros_for_empty_prompt:
+            one = self.encode([""])
+            return {k: flame.zeros(len(prompts), *v.shape[1:], dtype=v.dtype, device=v.device)
+                    for k, v in one.items()}
+        negative = "" if negative_prompt is None else negative_prompt
+        negative = [negative] * len(prompts) if isinstance(negative, str) else prompt_list(negative,
+                                                                                             "negative_prompt")
+        if len(negative) != len(prompts):
+            raise ValueError(f"negative_prompt has {len(negative)} entries for {len(prompts)} prompts")
+        return self.encode(negative)
+
+    def encode_prompt(self, prompt, negative_prompt=None, *, do_classifier_free_guidance=True):
+        """diffusers' (prompt_embeds, negative_prompt_embeds, pooled_prompt_embeds, negative_pooled_prompt_embeds);
+        without guidance the negatives are None."""
+        cond = self.encode(prompt)
+        if not do_classifier_free_guidance:
+            return cond["prompt_embeds"], None, cond["pooled_prompt_embeds"], None
+        neg = self.encode_negative(prompt, negative_prompt)
+        return cond["prompt_embeds"], neg["prompt_embeds"], cond["pooled_prompt_embeds"], neg["pooled_prompt_embeds"]
+
+
+def load_tokenizers(files):
+    """(CLIP-L tokenizer, CLIP-G tokenizer) of `files` (their folders, else the packaged vocabulary)."""
+    return load_tokenizer("clip_l", files.clip_l_tokenizer), load_tokenizer("clip_g", files.clip_g_tokenizer)
+
+
+def check_vocabularies(files, clip_l_tok, clip_g_tok):
+    """Every id a tokenizer can produce must have an embedding row in its encoder (checked on the headers)."""
+    for part, tok in (("clip_l", clip_l_tok), ("clip_g", clip_g_tok)):
+        path = getattr(files, part)
+        shapes = F.read_headers(F.part_files(path, part, error=SDXLFilesError), error=SDXLFilesError)
+        facts = F.clip_facts(shapes, files.prefixes.get(part, ""))
+        F.check_vocabulary(part, tok, facts.get("vocab"), path, SDXLFilesError)
+
+
+def load_text_encoders(files, *, dtype=flame.bfloat16, device=None, max_token_length=None,
+                       force_zeros_for_empty_prompt=True):
+    """CLIP-L and CLIP-G of `files` (SDXLFiles or a path for find_sdxl_files) with their tokenizers, frozen, in
+    `dtype` on `device`, as SDXLTextEncoders."""
+    files = files if isinstance(files, SDXLFiles) else find_sdxl_files(files)
+    l_tok, g_tok = load_tokenizers(files)
+    check_vocabularies(files, l_tok, g_tok)
+    check_max_token_length(max_token_length)
+    kw = dict(dtype=dtype, device=device, quantize=None)
+    clip_l = load_clip(files.clip_l, prefix=files.prefixes.get("clip_l"), config=files.configs.get("clip_l"),
+                       projection=False, **kw)
+    clip_g = load_clip(files.clip_g, prefix=files.prefixes.get("clip_g"), config=files.configs.get("clip_g"),
+                       projection=True, **kw)
+    return SDXLTextEncoders(clip_l, clip_g, l_tok, g_tok, max_token_length=max_token_length,
+                            force_zeros_for_empty_prompt=force_zeros_for_empty_prompt)
+
+
+def encode_prompts(files, prompts, **kwargs):
+    """Load the encoders, encode `prompts`, free the encoders: {key: NumPy float32 array} (host memory only)."""
+    with load_text_encoders(files, **kwargs) as enc:
+        out = enc.encode(prompts)
+        return {k: np.asarray(v.float().numpy()) for k, v in out.items()}
