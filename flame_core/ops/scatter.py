@@ -17,13 +17,15 @@ from .promotion import no_fp8
 
 REDUCES = ("sum", "prod", "mean", "amax", "amin")
 _UFUNC = {"sum": "add", "mean": "add", "prod": "multiply", "amax": "maximum", "amin": "minimum"}
-_ATOMIC_MINMAX = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64, np.uint32, np.uint64))
+# CuPy's maximum.at / minimum.at are exact for 32-bit types only (float64 came back rounded to float32 on an H200):
+# wider types go through the exact per-multiplicity passes
+_ATOMIC_MINMAX = tuple(np.dtype(t) for t in (np.float32, np.int32, np.uint32))
 
 
 # ----------------------------------------------------------------------------- arrays
 def reduce_at(xp, out, idx, vals, ufunc):
     """out[idx] = ufunc(out[idx], vals) with repeated indices combined (NumPy's ufunc.at) for add / multiply /
-    maximum / minimum. CuPy's `at` covers add, and maximum/minimum for 32/64-bit types; other cases go through
+    maximum / minimum. CuPy's `at` covers add, and maximum/minimum for 32-bit types; other cases go through
     `_reduce_at_by_rank` (exact, one pass per multiplicity)."""
     if xp is np:
         getattr(np, ufunc).at(out, idx, vals)
@@ -31,7 +33,7 @@ def reduce_at(xp, out, idx, vals, ufunc):
         _add_at(xp, out, idx, vals)
     elif ufunc in ("maximum", "minimum") and out.dtype in _ATOMIC_MINMAX:
         getattr(xp, ufunc).at(out, idx, vals)
-    elif ufunc in ("maximum", "minimum") and out.dtype.kind in "fV":
+    elif ufunc in ("maximum", "minimum") and out.dtype.kind in "fV" and out.dtype.itemsize < 4:
         acc = out.astype(np.float32)  # max/min of 16-bit floats is exact in float32
         getattr(xp, ufunc).at(acc, idx, xp.asarray(vals).astype(np.float32))
         out[...] = acc.astype(out.dtype)

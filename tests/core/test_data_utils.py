@@ -368,8 +368,8 @@ def test_persistent_workers_and_spawn():
 
 # ----------------------------------------------------------------------------- pinned batches
 def test_pin_memory_helper(device):
-    batch = {"x": flame.arange(6, dtype=flame.float32).reshape(2, 3), "y": [flame.ones(2), "tag"],
-             "p": Point(flame.zeros(1), 3)}
+    batch = {"x": flame.arange(6, dtype=flame.float32, device="cpu").reshape(2, 3),  # host batches get pinned
+             "y": [flame.ones(2, device="cpu"), "tag"], "p": Point(flame.zeros(1, device="cpu"), 3)}
     pinned = pin_memory(batch)
     pool = pinned_pool()
     assert pool.owns(pinned["x"].numpy()) and pool.owns(pinned["y"][0].numpy()) and pool.owns(pinned["p"].x.numpy())
