@@ -60,9 +60,14 @@ def load_nccl():
 class _NCCLWork(Work):
     def __init__(self, event, keep):
         self.event, self.keep = event, keep
+        self.captured = is_capturing()  # an event never crosses a capture boundary
 
     def wait(self, timeout=None):
         if self.keep is not None:
+            if self.captured != is_capturing():
+                raise DistributedError("Work.wait(): the collective was issued " + ("inside" if self.captured else
+                                       "outside") + " a CUDA graph capture and waited on across its boundary; wait "
+                                       "on it on the same side")
             _backend.cupy.cuda.get_current_stream().wait_event(self.event)
             self.keep = None  # the caller's stream is now ordered after the collective: its tensors may go
         return True
@@ -75,8 +80,10 @@ class _NCCLWork(Work):
         self.keep = None
 
     def __del__(self):
+        # a handle dropped unwaited still orders the caller's stream (its tensors may be reused), where it can
         try:
-            self.wait()  # a handle dropped unwaited still orders the caller's stream (the tensors may be reused)
+            if self.keep is not None and self.captured == is_capturing():
+                self.wait()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
 
