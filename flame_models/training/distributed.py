@@ -151,6 +151,16 @@ class TrainerGroup:
         return json.loads(self.group.store.get(key))
 
 
+    def main_first(self, fn, *args, **kwargs):
+        """fn(...) on rank 0, then -- after a barrier -- on the others; each rank returns its own result. For work
+        whose files the others then reuse instead of redoing (the latent and text-embedding caches)."""
+        if self.world_size == 1:
+            return fn(*args, **kwargs)
+        result = fn(*args, **kwargs) if self.is_main else None
+        self.group.barrier()
+        return result if self.is_main else fn(*args, **kwargs)
+
+
 def on_main_rank(fn):
     """Decorator for Trainer methods that write files: rank 0 runs them, the others wait and get its result."""
     @functools.wraps(fn)
