@@ -1,9 +1,12 @@
-"""A worker for tests/distributed/test_trainer_ranks.py: the flux-tiny trainer run of tests/training/conftest.py
-(cpu, fp32, synthetic data), started alone or by flame_core.distributed.run (then on the "store" backend).
+"""A worker for tests/distributed/test_trainer_ranks.py and test_gpu_ddp.py: the flux-tiny trainer run of
+tests/training/conftest.py (synthetic data), started alone or by flame_core.distributed.run ("store" backend on the
+cpu, "nccl" on cuda).
 
-    python train_tiny.py OUT FOLDER NAME --steps S --batch B [--accum K] [--ckpt]
+    python train_tiny.py OUT FOLDER NAME --steps S --batch B [--accum K] [--ckpt] [--device cuda --bf16] [--grads]
 
-Writes OUT.rank<r>.npz: the adapter parameters after the run, the logged losses and the result's step count.
+Writes OUT.rank<r>.npz: the adapter parameters after the run, the logged losses and the result's step count. With
+--grads: no training; the gradients of the first micro-batch (averaged over the ranks) and its loss instead.
+--bf16: bf16 base weights and bf16 autocast (the cuda default: CUDA graphs on).
 """
 import argparse
 import os
@@ -27,17 +30,33 @@ def main():
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--accum", type=int, default=1)
     ap.add_argument("--ckpt", action="store_true")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--grads", action="store_true")
     a = ap.parse_args()
     from pathlib import Path
-    c = tiny_config(Path(a.folder), a.name, steps=a.steps,
-                    train={"batch_size": a.batch, "gradient_accumulation_steps": a.accum,
-                           "gradient_checkpointing": a.ckpt})
+    train = {"batch_size": a.batch, "gradient_accumulation_steps": a.accum, "gradient_checkpointing": a.ckpt}
+    top = {"device": a.device}
+    if a.bf16:
+        train["dtype"] = "bf16"
+        top["model"] = {"dtype": "bf16"}
+    c = tiny_config(Path(a.folder), a.name, steps=a.steps, train=train, **top)
     c.save.save_every = 3
     tr = Trainer(c, verbose=False, handle_signals=False)
-    result = tr.train()
-    params = {k: p.detach().numpy() for k, p in A.named_adapter_parameters(tr.model)}
-    np.savez(f"{a.out}.rank{tr.dist.rank}.npz", losses=np.asarray(result["losses"], dtype=np.float64),
-             steps=result["steps"], world=tr.dist.world_size, **{"p/" + k: v for k, v in params.items()})
+    out = {"world": tr.dist.world_size}
+    if a.grads:
+        tr.setup()
+        tr.dist.before_step(tr)
+        loss, ts = tr._micro_step(tr.loader.next_batch(), 1.0, graph=False)
+        loss, _ = tr.dist.reduce_step(tr, loss, ts)
+        out["losses"] = np.asarray([loss])
+        out.update({"g/" + k: p.grad.float().numpy() for k, p in A.named_adapter_parameters(tr.model)})
+    else:
+        result = tr.train()
+        out["losses"] = np.asarray(result["losses"], dtype=np.float64)
+        out["steps"] = result["steps"]
+    out.update({"p/" + k: p.detach().float().numpy() for k, p in A.named_adapter_parameters(tr.model)})
+    np.savez(f"{a.out}.rank{tr.dist.rank}.npz", **out)
     return 0
 
 
