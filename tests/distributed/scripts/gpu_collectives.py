@@ -95,6 +95,9 @@ def check_ddp(rank, world, dev):
     model, ref = Net().to(dev), Net().to(dev)
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.004)  # ~1000 floats: several buckets
     out["buckets"] = len(ddp.buckets) >= 3
+    with flame.no_grad():  # the reference starts from rank 0's parameters too (the DDP broadcast them)
+        for q, p in zip(ref.parameters(), model.parameters()):
+            q.copy_(p)
 
     def data(step):
         x = per_rank(100 + step, (world * B, 16))
