@@ -3,7 +3,7 @@ and Flux-dev LoRA training throughput on 1 and 2 GPUs.
 
 Run: PYTHONPATH=$PWD python3 bench/ddp.py [--gpus 2] [--sizes-mib 1,4,16,64,256,1024] [--dtype float32]
                                          [--flux-size 1024] [--flux-steps 5] [--no-graph] [--no-ckpt]
-                                         [--skip-torch] [--skip-flux]
+                                         [--skip-torch] [--skip-flux] [--skip-allreduce]
 
 This script only orchestrates; each measurement runs in worker processes (this file with --worker) that it starts:
 - FLAME all-reduce: `python -m flame_core.distributed.run --nproc-per-node N bench/ddp.py --worker flame-allreduce`
@@ -226,7 +226,7 @@ def report(res, a):
         f, t = res.get(f"flame_allreduce_{mib}MiB_busbw_GBps"), res.get(f"torch_allreduce_{mib}MiB_busbw_GBps")
         rows.append([mib, res.get(f"flame_allreduce_{mib}MiB_ms"), f, res.get(f"torch_allreduce_{mib}MiB_ms"), t,
                      common.ratio(f, t)])
-    lines = [common.table(["MiB", "FLAME ms", "FLAME busbw GB/s", "torch ms", "torch busbw GB/s",
+    lines = [] if a.skip_allreduce else [common.table(["MiB", "FLAME ms", "FLAME busbw GB/s", "torch ms", "torch busbw GB/s",
                            "busbw FLAME/torch"], rows,
                           title=f"\nall-reduce {a.dtype} SUM on {a.gpus} GPUs (NCCL_NVLS_ENABLE=0); FLAME started by "
                                 f"flame_core.distributed.run, torch by torchrun")]
@@ -255,6 +255,7 @@ def parse(argv=None):
     ap.add_argument("--no-ckpt", dest="ckpt", action="store_false")
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--skip-flux", action="store_true")
+    ap.add_argument("--skip-allreduce", action="store_true")
     ap.add_argument("--torch-port", type=int, default=29517)
     ap.add_argument("--timeout", type=int, default=1500, help="seconds per worker launch")
     ap.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
@@ -270,7 +271,7 @@ def main():
     res = common.Results("ddp")
     res.log("gpus", a.gpus)
     with tempfile.TemporaryDirectory() as tmp:
-        parts = [("all-reduce", lambda: allreduce_part(res, a, tmp))]
+        parts = [] if a.skip_allreduce else [("all-reduce", lambda: allreduce_part(res, a, tmp))]
         if not a.skip_flux:
             parts.append(("Flux-dev LoRA throughput", lambda: flux_part(res, a, tmp)))
         failed = common.run_parts(res, parts)
