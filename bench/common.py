@@ -36,6 +36,8 @@ def context():
         ctx["commit"] = commit + ("+dirty" if dirty else "") if commit else None
     except (OSError, subprocess.SubprocessError):
         ctx["commit"] = None
+    if os.environ.get("FLAME_COMMIT"):  # a copied tree whose .git is not the source's (the lent GPU): the sender's
+        ctx["commit"] = os.environ["FLAME_COMMIT"]
     for pkg in ("numpy", "cupy", "cupy-cuda13x", "cupy-cuda12x", "torch", "diffusers", "peft"):
         try:
             ctx[pkg] = metadata.version(pkg)

@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/out}; OUT=$FINAL/r; mkdir -p "$OUT"   # everything lands in $FINAL/results.tgz (few files come back)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 FLAME_DEVICE=cuda HYPOTHESIS_PROFILE=ci
 export CUPY_CACHE_DIR=/tmp/cupy_cache
+# the commit the sender wrote (git rev-parse --short HEAD, + "+dirty") into .device/COMMIT: a copied tree's .git may
+# not be the source's
+[ -f .device/COMMIT ] && export FLAME_COMMIT=$(cat .device/COMMIT)
 TESTS=""; TEST_TIMEOUT=360
 while [ $# -gt 0 ]; do
   case "$1" in

@@ -31,6 +31,7 @@ sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 RES = common.Results("pipeline")
 ROWS = []  # (part, peer ms, peer GiB, FLAME ms, FLAME GiB, rel err)
+STAGES = []  # (stage, seconds, pool peak GiB, driver peak GiB) of the whole run
 ARGS = None
 
 VAE_CFG = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
@@ -199,7 +200,42 @@ def text_part():
                 free_flame()
 
 
-PARTS = {"vae": vae_part, "text": text_part}
+# ----------------------------------------------------------------------------- the whole run
+def run_part():
+    """A whole Flux-dev LoRA run through the trainer, random weights at the real sizes (model.size flux-dev: the
+    transformer's blocks drawn on the GPU one at a time as the streamer packs them; VAE, CLIP-L, T5-XXL random; the
+    packaged tokenizers), under max_gpu_memory: 8 images cached, 20 steps, 2 sample images. Each stage's time, pool
+    peak and driver-observed peak come from the trainer's stage meter."""
+    import flame_core as flame
+    from flame_models.training import Trainer, config_from_dict
+    from flame_models.training.demo import draw_dataset
+    side = 64 if ARGS.tiny else 1024
+    work = tempfile.mkdtemp(prefix="pipeline_run_")
+    images = draw_dataset(os.path.join(work, "images"), 4, 4, size=side)
+    cfg = {"name": "flux_dev_random", "training_folder": os.path.join(work, "runs"), "device": dev(),
+           "datasets": [{"folder_path": images, "resolution": side}],
+           "model": {"size": "flux-tiny" if ARGS.tiny else "flux-dev", "dtype": "fp32" if ARGS.tiny else "bf16",
+                     "quantize": ARGS.fp8},
+           "network": {"type": "lora", "linear": 16, "linear_alpha": 16, "target": "attention"},
+           "train": {"steps": 20, "batch_size": 1, "gradient_checkpointing": True, "optimizer": "adamw8bit",
+                     "dtype": "fp32" if ARGS.tiny else "bf16", "skip_first_sample": True},
+           "sample": {"sample_every": 20, "sample_steps": 20, "guidance_scale": 3.5, "width": side, "height": side,
+                      "prompts": ["a photo of a cat", "a photo of a dog"]},
+           "save": {"save_every": 20}}
+    if not ARGS.tiny:
+        cfg["max_gpu_memory"] = ARGS.budget
+    t0 = time.perf_counter()
+    result = Trainer(config_from_dict(cfg, "bench/pipeline.py")).train()
+    RES.log("run_seconds", round(time.perf_counter() - t0, 1))
+    RES.log("run_budget", None if ARGS.tiny else ARGS.budget)
+    for st in result["stages"]:
+        RES.log(f"run_stage_{st['stage']}", st)
+        STAGES.append((st["stage"], round(st["seconds"], 1), common.gib(st.get("peak_allocated"), 2),
+                       common.gib(st.get("device_peak"), 2)))
+    RES.log("run_losses", [round(x, 4) for x in result["losses"]])
+
+
+PARTS = {"vae": vae_part, "text": text_part, "run": run_part}
 
 
 def main():
@@ -208,12 +244,17 @@ def main():
     ap.add_argument("parts", nargs="*", default=list(PARTS))
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--tiny", action="store_true", help="tiny configs in float32 on the cpu (smoke test)")
+    ap.add_argument("--budget", default="12GiB", help="max_gpu_memory of the whole run")
+    ap.add_argument("--fp8", action="store_true", help="the whole run with fp8 storage of the blocks")
     ARGS = ap.parse_args()
     failed = common.run_parts(RES, [(p, PARTS[p]) for p in ARGS.parts])
     print(common.table(["part", "peer ms", "peer GiB", "FLAME ms", "FLAME GiB", "ms ratio", "GiB ratio",
                         "rel err"],
                        [(p, a, b, c, d, common.ratio(c, a), common.ratio(d, b), e) for p, a, b, c, d, e in ROWS],
                        title="\nFLAME vs diffusers / transformers (ratio = FLAME / peer; <= 1.0 is better)"))
+    if STAGES:
+        print(common.table(["stage", "seconds", "pool peak GiB", "driver peak GiB"], STAGES,
+                           title=f"\nwhole Flux-dev run (random weights, max_gpu_memory {ARGS.budget}, fp8 {ARGS.fp8})"))
     return 1 if failed else 0
 
 

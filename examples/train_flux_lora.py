@@ -1,14 +1,16 @@
-"""Train a Flux LoRA with FLAME.
+"""Train a Flux LoRA with FLAME: a folder of images and captions in, a LoRA and sample images out.
 
-    python examples/train_flux_lora.py                      # the demo: a tiny Flux on synthetic data, < 60 s on CPU
+    python examples/train_flux_lora.py                      # the demo: everything tiny, built at run time, CPU < 60 s
     python examples/train_flux_lora.py --config run.yaml    # an ai-toolkit-style config (see examples/configs/)
-    python examples/train_flux_lora.py --model flux1-dev.safetensors --data latents/ --steps 2000 --rank 16
+    python examples/train_flux_lora.py --model FLUX.1-dev/ --data my_images/ --trigger ohwx --steps 2000
 
-A real run needs a Flux checkpoint (BFL, diffusers or ComfyUI file) and a folder of precomputed samples: one
-.safetensors per sample holding 'latents' (16, H/8, W/8), 'prompt_embeds' (L, 4096) and 'pooled_prompt_embeds' (768,)
-(image folders, the VAE and the text encoders are not part of the trainer yet). Outputs go to
-<training_folder>/<name>/: the LoRA file, samples (latent previews), the loss log (CSV/JSON) and its plot, checkpoints
-under checkpoints/. Every config problem and unusable file is reported before anything is loaded (exit code 2).
+A real run needs a Flux model -- a diffusers folder, or a transformer file with the VAE, CLIP-L and T5 files (config
+fields model.vae_path, clip_l_path, t5_path) -- and a folder of images with same-name .txt captions (or of
+precomputed samples: one .safetensors each with latents, prompt_embeds, pooled_prompt_embeds). Every image is checked,
+then their latents and the captions' text embeddings are cached (the VAE, then the text encoders, loaded and freed in
+turn), then the transformer trains from the caches. Outputs go to <training_folder>/<name>/: the LoRA file, sample
+images (decoded through the VAE; samples.png is the grid), the loss log (CSV/JSON) and its plot, checkpoints under
+checkpoints/. Every config problem and unusable file is reported before any model is loaded (exit code 2).
 """
 import argparse
 import os
@@ -25,8 +27,11 @@ from flame_models.training.config import (ConfigError, NetworkConfig, SaveConfig
                                           TrainSection, read_yaml)
 
 EPILOG = """\
-With no arguments the demo runs: a tiny Flux (random weights) learns 4 synthetic "concepts" on the CPU in well under
-a minute, each demo in a fresh folder runs/flux_lora_tiny[-N] (earlier demos are kept).
+With no arguments the demo runs, each in a fresh folder runs/flux_lora_tiny[-N] (earlier demos are kept): it draws
+24 images with captions (12 of a red-and-white bullseye called "ohwx", 12 of other shapes), builds a tiny Flux model
+folder (an analytic VAE whose weights are set by hand: 8x8 average pooling / nearest upsampling; random CLIP and T5;
+a transformer pretrained for a few hundred steps on the shape images only), then trains a LoRA through the real
+stages (image checks, latent and text caches, training) and writes decoded samples in which "ohwx" is a bullseye.
 
 Resume is automatic: running the same command again continues from the run's newest intact checkpoint (damaged
 ones are skipped, saying why). Settings that can change mid-run (lr, optimizer_params, steps, schedule, sample /
@@ -37,24 +42,49 @@ starts over; nothing is ever deleted without it (except checkpoints beyond save.
 Ctrl-C (or SIGTERM) stops after the current step and writes a checkpoint, the LoRA, the loss log and plot (exit
 130); press it twice to abort at once. Exit codes: 0 done, 2 bad input (nothing was trained), 130 interrupted."""
 
-DEMO_STEPS = 600
+DEMO_STEPS = 400
+DEMO_BASE_STEPS = 400
+DEMO_SIZE = 128
 
 
-def demo_config(device):
-    """The no-argument run: tiny Flux, 32 synthetic samples of 4 kinds, LoRA r8 on every block Linear."""
+def demo_config(device, run_dir):
+    """The no-argument run: the demo's images and tiny model (made by demo_inputs) in `run_dir`/demo_inputs."""
+    from flame_models.training.demo import PROMPTS, TRIGGER
     gpu = device.startswith("cuda")
+    inputs = os.path.join(run_dir, "demo_inputs")
     return {
-        "name": "flux_lora_tiny", "training_folder": "runs", "device": device,
-        "model": {"size": "flux-tiny", "dtype": "bf16" if gpu else "fp32"},
-        "synthetic": {"num_samples": 32, "height": 64, "width": 64, "text_length": 8, "seed": 0},
-        "network": {"type": "lora", "linear": 8, "linear_alpha": 8, "target": "all_linear"},
-        "train": {"steps": DEMO_STEPS, "batch_size": 4, "lr": 3e-3, "optimizer": "adamw", "lr_warmup_steps": 20,
+        "name": os.path.basename(run_dir), "training_folder": os.path.dirname(run_dir), "device": device,
+        "trigger_word": TRIGGER,
+        "model": {"name_or_path": os.path.join(inputs, "model"), "dtype": "bf16" if gpu else "fp32",
+                  "t5_max_length": 16},
+        "datasets": [{"folder_path": os.path.join(inputs, "images"), "caption_ext": "txt", "resolution": DEMO_SIZE,
+                      "bucket_tolerance": 32}],
+        "network": {"type": "lora", "linear": 16, "linear_alpha": 16, "target": "all_linear"},
+        "train": {"steps": DEMO_STEPS, "batch_size": 4, "lr": 5e-3, "optimizer": "adamw", "lr_warmup_steps": 20,
                   "timestep_type": "sigmoid", "gradient_checkpointing": False,
                   "dtype": "bf16" if gpu else "fp32", "seed": 0},
-        "sample": {"sample_every": 200, "sample_steps": 20, "guidance_scale": 1.0, "num_samples": 4},
+        "sample": {"sample_every": 100, "sample_steps": 20, "guidance_scale": 1.0, "prompts": PROMPTS},
         "save": {"save_every": 200, "format": "kohya", "dtype": "fp32", "max_step_saves_to_keep": 2},
         "log_every": 1,
     }
+
+
+def demo_inputs(run_dir, device, base_steps):
+    """Draw the demo's images and build its tiny model folder (once per run folder: a resumed demo reuses them)."""
+    from flame_models.training.demo import draw_dataset, tiny_model_folder
+    inputs = os.path.join(run_dir, "demo_inputs")
+    images, model = os.path.join(inputs, "images"), os.path.join(inputs, "model")
+    if os.path.isfile(os.path.join(model, "model_index.json")):
+        print(f"demo: reusing the images and tiny model in {inputs}")
+        return
+    draw_dataset(images, size=DEMO_SIZE)
+    print(f"demo: 24 images with captions in {images} (12 of a red-and-white bullseye, 'ohwx'; 12 other shapes)")
+    print(f"demo: tiny Flux model in {model}: the VAE is analytic (weights set by hand: it encodes by 8x8 average "
+          f"pooling and decodes by nearest upsampling; not trained); CLIP and T5 random; the transformer pretrained "
+          f"for {base_steps} steps on the 12 shape images (it has never seen the bullseye or 'ohwx')")
+    t0 = time.perf_counter()
+    tiny_model_folder(model, images, base_steps=base_steps, device=device)
+    print(f"demo: base model ready in {time.perf_counter() - t0:.1f} s")
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -70,8 +100,11 @@ def parser():
                                          "it (default: none, the flags alone; no arguments at all: the demo)")
     add("--model", metavar="PATH", help="Flux checkpoint: .safetensors file or diffusers folder (default: a random "
                                         "flux-tiny)")
-    add("--data", metavar="FOLDER", help="folder of per-sample .safetensors (latents, prompt_embeds, "
-                                         "pooled_prompt_embeds) (default: none; the demo: synthetic samples)")
+    add("--data", metavar="FOLDER", help="folder of images with same-name .txt captions, or of precomputed samples "
+                                         "(default: none; the demo: drawn images)")
+    add("--trigger", metavar="WORD", help="trigger word: replaces [trigger] in captions and sample prompts, and is "
+                                          "put in front of captions that lack it (default: none; the demo: ohwx)")
+    add("--resolution", type=int, help="bucket resolution of --data images (default 512; the demo 128)")
     add("--name", help=f"run name: output folder and file names (default {TrainConfig().name}; the demo: "
                        f"flux_lora_tiny[-N], a fresh one each time)")
     add("--output", metavar="FOLDER", help=f"training folder the run's folder goes into (default "
@@ -80,8 +113,8 @@ def parser():
     add("--steps", type=int, help=f"optimizer steps (default {t.steps}; the demo {DEMO_STEPS}); a warm-up longer "
                                   f"than the run is shortened, with a note")
     add("--batch-size", type=int, help=f"samples per micro-batch (default {t.batch_size}; the demo 4)")
-    add("--lr", type=float, help=f"learning rate (default {t.lr:g}; the demo 3e-3)")
-    add("--rank", type=int, help=f"adapter rank (default {n.linear}; the demo 8)")
+    add("--lr", type=float, help=f"learning rate (default {t.lr:g}; the demo 5e-3)")
+    add("--rank", type=int, help=f"adapter rank (default {n.linear}; the demo 16)")
     add("--alpha", type=float, help=f"adapter alpha; scale = alpha / rank (default {n.linear_alpha:g})")
     add("--network", choices=["lora", "dora", "lokr", "loha"], help=f"adapter type (default {n.type})")
     add("--targets", help="preset (attention, attention_all, all_linear) or comma-separated name patterns "
@@ -91,11 +124,13 @@ def parser():
     add("--timestep-type", choices=["sigmoid", "logit_normal", "uniform", "shift", "flux_shift"],
         help=f"how training timesteps are drawn (default {t.timestep_type})")
     add("--sample-every", type=int, metavar="N", help="sample the prompts every N steps, 0 never (default 250; the "
-                                                      "demo 200)")
+                                                      "demo 100)")
     add("--save-every", type=int, metavar="N", help=f"checkpoint every N steps (default {s.save_every}; the demo "
                                                     f"200)")
     add("--gradient-checkpointing", choices=["on", "off"], help="recompute activations in backward (default on; "
                                                                 "the demo off)")
+    add("--demo-base-steps", type=int, metavar="N", help=f"demo only: steps of the tiny base model's pretraining "
+                                                         f"(default {DEMO_BASE_STEPS})")
     add("--fresh", action="store_true", help="remove this run's checkpoints and outputs and start over (default: "
                                              "resume from the newest intact checkpoint)")
     return p
@@ -122,13 +157,31 @@ def build_config(a):
         proc = data["config"]["process"][0] if isinstance(data.get("config"), dict) and \
             isinstance(data["config"].get("process"), list) and data["config"]["process"] and \
             isinstance(data["config"]["process"][0], dict) else data
+    elif demo:
+        folder = a.output or TrainConfig().training_folder
+        name = a.name or _fresh_demo_name(folder, "flux_lora_tiny")
+        run_dir = os.path.join(folder, name)
+        demo_inputs(run_dir, device, DEMO_BASE_STEPS if a.demo_base_steps is None else a.demo_base_steps)
+        data = proc = demo_config(device, run_dir)
     else:
-        data = proc = demo_config(device) if demo else {"name": TrainConfig().name, "device": device}
+        data = proc = {"name": TrainConfig().name, "device": device}
+    if a.demo_base_steps is not None and not demo:
+        raise ConfigError("--demo-base-steps: only for the demo (no --config, --model or --data)")
     if a.model:
         proc.setdefault("model", {})["name_or_path"] = a.model
     if a.data:
-        proc["datasets"] = [{"folder_path": a.data}]
+        entry = {"folder_path": a.data}
+        if a.resolution is not None:
+            entry["resolution"] = a.resolution
+        proc["datasets"] = [entry]
         proc.pop("synthetic", None)
+    elif a.resolution is not None:
+        if not (isinstance(proc.get("datasets"), list) and proc["datasets"]):
+            raise ConfigError("--resolution: needs an image dataset (--data or the config's datasets)")
+        for d in proc["datasets"]:
+            d["resolution"] = a.resolution
+    if a.trigger is not None:
+        proc["trigger_word"] = a.trigger
     sections = {"train": {"steps": a.steps, "batch_size": a.batch_size, "lr": a.lr, "optimizer": a.optimizer,
                           "timestep_type": a.timestep_type,
                           "gradient_checkpointing": None if a.gradient_checkpointing is None
@@ -153,8 +206,6 @@ def build_config(a):
         clipped = a.steps // 4
         notes.append(f"--steps {a.steps}: the {train['lr_warmup_steps']} warm-up steps are shortened to {clipped}")
         train["lr_warmup_steps"] = clipped
-    if demo and a.name is None:
-        proc["name"] = _fresh_demo_name(proc.get("training_folder", "runs"), proc["name"])
     return config_from_dict(data, a.config or "command line"), demo, notes
 
 
@@ -174,11 +225,16 @@ def main(argv=None):
         for note in notes:
             print(f"note: {note}")
         if demo:
-            print(f"demo: a tiny Flux on synthetic data, writing to {cfg.output_dir} (a fresh folder)")
-        trainer = Trainer(cfg, fresh=a.fresh).setup()  # checks everything, then builds the model and resumes
+            print(f"demo: training a LoRA for 'ohwx' on the tiny model, writing to {cfg.output_dir}"
+                  + ("" if a.name else " (a fresh folder)"))
+        trainer = Trainer(cfg, fresh=a.fresh).setup()  # checks everything, caches, builds the model, resumes
     except (ConfigError, FlameError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before training: nothing to save; cache files are written whole, one at a time
+        print("interrupted before training started; the latents and text embeddings cached so far are kept (on "
+              "disk with cache_latents_to_disk): run the same command again to continue", file=sys.stderr)
+        return 130
     try:
         result = trainer.train()
     except KeyboardInterrupt:
@@ -189,7 +245,9 @@ def main(argv=None):
     print("\nwrote:")
     print(f"  LoRA       {result['lora']}  ({cfg.save.format} layout)")
     if "samples" in result:
-        print(f"  samples    {result['samples']}  (latent previews: no VAE yet)")
+        how = ("decoded through the VAE; one PNG per prompt and step in samples/" if result.get("samples_decoded")
+               else "latent projections: no VAE in this run")
+        print(f"  samples    {result['samples']}  ({how})")
     if "loss_plot" in result:
         print(f"  loss plot  {result['loss_plot']}")
     print(f"  loss log   {result['loss_csv']}, {result['loss_json']}")
@@ -201,6 +259,10 @@ def main(argv=None):
     if len(losses) >= 2 * k:
         first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
         print(f"loss: mean of the first {k} rows {first:.3f} -> last {k} rows {last:.3f} ({first / last:.2f}x lower)")
+    if demo:
+        print(f"generate with the LoRA: python -m flame_models.generate --model {cfg.model.name_or_path} --lora "
+              f"{result['lora']} --prompt \"ohwx on a green background\" --width {DEMO_SIZE} --height {DEMO_SIZE} "
+              f"--guidance 1 --max-length 16 --seed 1 --output {os.path.join(cfg.output_dir, 'generated')}")
     print(f"done in {time.perf_counter() - t0:.1f} s")
     return 0
 

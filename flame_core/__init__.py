@@ -28,8 +28,17 @@ from .ops.shape import (reshape, flatten, unflatten, permute, transpose, swapaxe
                         narrow, select, flip, roll, tril, triu, cat, concat, concatenate, stack, movedim)
 from .ops.indexing import gather, scatter_add, index_select, masked_fill, nonzero, pad, one_hot
 from .ops.linalg import matmul, mm, bmm, outer, dot, einsum
+from .ops.sorting import sort, argsort, msort, topk, unique
+from .ops.indexing import masked_select
+from .ops.elementwise import isclose, clamp_min, clamp_max
+from .ops.scatter import scatter, scatter_reduce, index_add
+from .ops.matrix import addmm, baddbmm, diag, diagonal, diag_embed, trace
+from .ops.distance import cdist
+from .ops.info import is_tensor, numel
 from .ops.numpy_names import NAMES as _NUMPY_NAMED, with_numpy_names as _with_numpy_names
 globals().update({_n: _with_numpy_names(globals()[_n]) for _n in _NUMPY_NAMED})  # axis= / keepdims=, as torch.X
+from . import linalg
+from .serialization import save, load
 from . import amp
 from . import checkpoint
 from . import cuda

@@ -5,6 +5,9 @@ The format (https://github.com/huggingface/safetensors): 8-byte little-endian he
 raw little-endian C-order bytes of every tensor, back to back. We read and write it ourselves (a few lines) so that
 bfloat16 / float8 work with any `safetensors` version and big files stream one tensor at a time: a read maps the file
 and copies only the selected tensors, converting each to the target dtype and device on load.
+
+`flame_core.save` / `flame_core.load` (serialization.py) are the torch.save / torch.load-shaped entry points on top
+of this: nested containers and state dicts, the structure kept in the metadata.
 """
 import json
 import mmap

@@ -27,6 +27,7 @@ from flame_core import memory
 from flame_core.errors import FlameError
 from flame_core.memory.stats import fmt_bytes, parse_size
 
+from .checkpoint_io import atomic_open
 from .flux import pipeline as P
 from .flux.components import FluxFiles, FluxFilesError, find_flux_files
 
@@ -120,17 +121,8 @@ def save_png(image, path, info):
     meta = PngInfo()
     for k, v in info.items():
         meta.add_text(k, v)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            image.save(f, format="PNG", pnginfo=meta)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with atomic_open(path, "wb") as f:
+        image.save(f, format="PNG", pnginfo=meta)
     return path
 
 
@@ -163,11 +155,26 @@ class _Stage:
             self.log(f"{self.name}: {seconds:.1f} s, peak {fmt_bytes(peak)} on {self.dev}")
 
 
+def _outside_pool(dev):
+    """Device bytes in use outside FLAME's pool (the CUDA context, libraries' code and workspaces, other users of
+    the GPU): a budget counts them, as flame_nn.offload.auto_fit does. 0 on the cpu."""
+    if dev.type != "cuda":
+        return 0
+    free, total = flame.cuda.mem_get_info(dev)
+    return max(0, total - free - memory.memory_reserved(dev))
+
+
 def _limited(dev, budget):
-    """Set the pool's limit to `budget` (None: leave it); returns the previous limit."""
+    """Set the pool's limit to what `budget` leaves it (None: leave the limit alone); returns the previous limit.
+    GenerateError when the device already holds the whole budget outside the pool."""
     prev = memory.get_memory_limit(dev)
     if budget is not None:
-        memory.set_memory_limit(budget, dev)
+        outside = _outside_pool(dev)
+        if outside >= budget:
+            raise GenerateError(f"--max-gpu-memory {fmt_bytes(budget)}: {dev} already holds {fmt_bytes(outside)} "
+                                f"outside FLAME's pool (CUDA context, libraries, other processes), which the budget "
+                                f"counts; raise it")
+        memory.set_memory_limit(budget - outside, dev)
     return prev
 
 
@@ -175,14 +182,16 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
              steps=None, guidance=None, seed=None, num_images=1, batch_size=1, output=None, device=None, dtype=None,
              fp8=False, max_gpu_memory=None, max_length=None, progress=True, stats=None, log=None):
     """Flux text-to-image: a list of PIL images, prompt by prompt, `num_images` each (image j of a prompt starts
-    from seed + j, so one seed always gives the same picture whatever the batch).
+    from seed + j, so one seed gives the same picture whatever the batch: exactly on the cpu; on cuda up to the
+    rounding of GEMMs, whose kernels cuBLAS picks by shape, so more in bfloat16 than in float32).
 
     model: a diffusers Flux folder, a transformer file (with vae=, clip_l=, t5=) or FluxFiles. loras: ["path",
     "path:weight", (path, weight)], added together. steps / guidance: default 28 / 3.5 for dev, 4 / none for
     schnell. seed: default a random one (written into each PNG). output: a folder to write the PNGs into.
     dtype: default bfloat16 on cuda, float32 on cpu. fp8: fp8 storage of the transformer's blocks and T5's layers.
-    max_gpu_memory ('12GiB'): stream blocks through the device within this budget. max_length: T5 tokens (512
-    dev, 256 schnell). stats: a dict filled with each stage's seconds and device peak. log: a print function."""
+    max_gpu_memory ('12GiB'): stream blocks through the device within this budget (the device's whole use: what
+    the CUDA context and libraries hold outside FLAME's pool counts). max_length: T5 tokens (512 dev, 256 schnell).
+    stats: a dict filled with each stage's seconds and device peak. log: a print function."""
     log = log or (lambda *a: print(*a, file=sys.stderr))
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)

@@ -1,7 +1,11 @@
-"""Sequential, ModuleList, ModuleDict: modules that hold other modules (children named "0", "1", ... or by key)."""
+"""Sequential, ModuleList, ModuleDict: modules that hold other modules (children named "0", "1", ... or by key);
+ParameterList, ParameterDict: modules that hold parameters the same way (state_dict keys "0", "1", ... or the keys)."""
 from collections import OrderedDict
 
+from flame_core.tensor import Tensor
+
 from .module import Module, _addindent
+from .parameter import Parameter
 
 
 def _index(idx, n, what):
@@ -175,3 +179,136 @@ class ModuleDict(Module):
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError("ModuleDict is a container and has no forward; index it by key")
+
+
+def _as_parameter(value):
+    """A plain Tensor stored in a ParameterList / ParameterDict becomes a Parameter (PyTorch's rule)."""
+    if isinstance(value, Tensor) and not isinstance(value, Parameter):
+        return Parameter(value)
+    return value
+
+
+def _param_repr(p):
+    if not isinstance(p, Tensor):
+        return f"Object of type: {type(p).__name__}"
+    kind = "Parameter" if isinstance(p, Parameter) else "Tensor"
+    return f"{kind} containing: [{p.dtype} of size {'x'.join(str(s) for s in p.shape)} on {p.device}]"
+
+
+class ParameterList(Module):
+    """A list of parameters, registered under "0", "1", ... (plain Tensors are wrapped in Parameter)."""
+
+    def __init__(self, values=None):
+        super().__init__()
+        self._size = 0
+        if values is not None:
+            self.extend(values)
+
+    def __len__(self):
+        return self._size
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            return ParameterList([self[i] for i in range(self._size)[idx]])
+        return getattr(self, str(_index(idx, self._size, "ParameterList")))
+
+    def __setitem__(self, idx, param):
+        setattr(self, str(_index(idx, self._size, "ParameterList")), _as_parameter(param))
+
+    def __iter__(self):
+        return (self[i] for i in range(self._size))
+
+    def __iadd__(self, parameters):
+        return self.extend(parameters)
+
+    def append(self, value):
+        i = self._size
+        self._size += 1
+        setattr(self, str(i), _as_parameter(value))
+        return self
+
+    def extend(self, values):
+        if isinstance(values, Tensor) or not hasattr(values, "__iter__"):
+            raise TypeError(f"ParameterList.extend should be called with an iterable, but got "
+                            f"{type(values).__name__}")
+        for v in values:
+            self.append(v)
+        return self
+
+    def extra_repr(self):
+        return "\n".join(f"({i}): {_param_repr(p)}" for i, p in enumerate(self))
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError("ParameterList is a container and has no forward; iterate over it")
+
+
+class ParameterDict(Module):
+    """A dict of parameters, registered under their (string) keys in insertion order."""
+
+    def __init__(self, parameters=None):
+        super().__init__()
+        self._keys = {}
+        if parameters is not None:
+            self.update(parameters)
+
+    def _check_key(self, key):
+        if not isinstance(key, str):
+            raise TypeError(f"ParameterDict keys must be strings, got {type(key).__name__}")
+
+    def __getitem__(self, key):
+        if key not in self._keys:
+            raise KeyError(f"ParameterDict has no key {key!r} (keys: {list(self._keys)})")
+        return getattr(self, key)
+
+    def __setitem__(self, key, value):
+        self._check_key(key)
+        self._keys[key] = None
+        setattr(self, key, _as_parameter(value))
+
+    def __delitem__(self, key):
+        self[key]
+        del self._keys[key]
+        delattr(self, key)
+
+    def __len__(self):
+        return len(self._keys)
+
+    def __iter__(self):
+        return iter(self._keys)
+
+    def __contains__(self, key):
+        return key in self._keys
+
+    def keys(self):
+        return self._keys.keys()
+
+    def values(self):
+        return [self[k] for k in self._keys]
+
+    def items(self):
+        return [(k, self[k]) for k in self._keys]
+
+    def get(self, key, default=None):
+        return self[key] if key in self._keys else default
+
+    def pop(self, key):
+        v = self[key]
+        del self[key]
+        return v
+
+    def clear(self):
+        for k in list(self._keys):
+            del self[k]
+
+    def update(self, parameters):
+        items = parameters.items() if hasattr(parameters, "items") else parameters
+        for j, kv in enumerate(items):
+            if not hasattr(parameters, "items") and len(kv) != 2:
+                raise ValueError(f"ParameterDict update sequence element #{j} has length {len(kv)}; 2 is required")
+            self[kv[0]] = kv[1]
+
+    def extra_repr(self):
+        return "\n".join(f"({k}): {_param_repr(p)}" for k, p in self.items())
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError("ParameterDict is a container and has no forward; index it by key")

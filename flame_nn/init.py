@@ -2,6 +2,8 @@
 its tensor, and leaves meta placeholders (built under empty_init) untouched: weights loaded later are never drawn."""
 import math
 
+import numpy as np
+
 import flame_core as flame
 from flame_core.autograd import no_grad
 
@@ -110,4 +112,28 @@ def trunc_normal_(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None):
             redraw = tensor.new_empty(tuple(tensor.shape)).normal_(mean, std, generator=generator)
             tensor.copy_(flame.where(bad, redraw, tensor))
         tensor.clamp_(a, b)
+    return tensor
+
+
+def orthogonal_(tensor, gain=1.0, generator=None):
+    """A (semi-)orthogonal matrix over the tensor viewed as (size(0), numel / size(0)), times `gain`: the Q of a QR
+    of a standard normal draw, signs fixed by diag(R) (PyTorch's recipe). The QR runs in NumPy float64 on the
+    host (an init-time cost)."""
+    if tensor.ndim < 2:
+        raise ValueError(f"orthogonal_: only tensors with 2 or more dimensions are supported, got shape "
+                         f"{tuple(tensor.shape)}")
+    if is_meta(tensor) or tensor.numel() == 0:
+        return tensor
+    rows = tensor.shape[0]
+    cols = tensor.numel() // rows
+    with no_grad():
+        draw = tensor.new_empty((rows, cols)).normal_(0.0, 1.0, generator=generator).numpy().astype(np.float64)
+        if rows < cols:
+            draw = draw.T
+        q, r = np.linalg.qr(draw)
+        q = q * np.sign(np.diag(r))
+        if rows < cols:
+            q = q.T
+        tensor.copy_(flame.tensor(np.ascontiguousarray(q * gain).reshape(tuple(tensor.shape)), dtype=tensor.dtype,
+                                  device=tensor.device))
     return tensor

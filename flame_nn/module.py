@@ -16,6 +16,7 @@ from flame_core.errors import FlameError, fmt_shape
 from flame_core.tensor import Tensor
 
 from .parameter import Parameter, MetaTensorError, empty_storage, meta_array
+from . import backward_hooks as _bw
 from . import empty_init as _ei
 
 
@@ -101,6 +102,8 @@ class Module:
         d["_modules"] = {}
         d["_forward_pre_hooks"] = OrderedDict()
         d["_forward_hooks"] = OrderedDict()
+        d["_backward_hooks"] = OrderedDict()
+        d["_backward_pre_hooks"] = OrderedDict()
         d["_hooks_with_kwargs"] = set()
         d["_hooks_always_called"] = set()
 
@@ -111,7 +114,7 @@ class Module:
     def __call__(self, *args, **kwargs):
         if self._meta_check:
             self._check_materialized()
-        if self._forward_pre_hooks or self._forward_hooks:
+        if self._forward_pre_hooks or self._forward_hooks or self._backward_hooks or self._backward_pre_hooks:
             return self._call_with_hooks(args, kwargs)
         return self.forward(*args, **kwargs)
 
@@ -137,6 +140,9 @@ class Module:
                 r = hook(self, args)
                 if r is not None:
                     args = r if isinstance(r, tuple) else (r,)
+        bw_state = None
+        if self._backward_hooks or self._backward_pre_hooks:
+            args, bw_state = _bw.wrap_inputs(self, args)
         try:
             out = self.forward(*args, **kwargs)
         except Exception:
@@ -151,6 +157,8 @@ class Module:
             r = hook(self, args, kwargs, out) if hid in kw_hooks else hook(self, args, out)
             if r is not None:
                 out = r
+        if bw_state is not None:
+            out = _bw.wrap_outputs(bw_state, out)
         return out
 
     def register_forward_pre_hook(self, hook, *, prepend=False, with_kwargs=False):
@@ -169,6 +177,19 @@ class Module:
             self._hooks_with_kwargs.add(h.id)
         if always_call:
             self._hooks_always_called.add(h.id)
+        return h
+
+    def register_full_backward_hook(self, hook, prepend=False):
+        """`hook(module, grad_input, grad_output) -> None | new grad_input`, called when the gradients with respect
+        to the module's positional tensor inputs are computed (flame_nn/backward_hooks.py)."""
+        h = RemovableHandle(self._backward_hooks)
+        self._add_hook(self._backward_hooks, h.id, hook, prepend)
+        return h
+
+    def register_full_backward_pre_hook(self, hook, prepend=False):
+        """`hook(module, grad_output) -> None | new grad_output`, called before the module's gradients are computed."""
+        h = RemovableHandle(self._backward_pre_hooks)
+        self._add_hook(self._backward_pre_hooks, h.id, hook, prepend)
         return h
 
     @staticmethod

@@ -1,4 +1,5 @@
-"""Gradient utilities: clip_grad_norm_, zero_grads (one memset per flat buffer when the gradient pool owns them)."""
+"""Gradient utilities: clip_grad_norm_, clip_grad_value_, zero_grads (one memset per flat buffer when the gradient
+pool owns them); parameters_to_vector / vector_to_parameters."""
 import math
 
 import numpy as np
@@ -104,3 +105,50 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
         for g in grads:
             g._version[0] += 1
     return _wrap(total)
+
+
+def clip_grad_value_(parameters, clip_value, foreach=None):
+    """Clamp every gradient in place to [-clip_value, clip_value] (pooled gradients: per flat buffer)."""
+    clip_value = float(clip_value)
+    params = [p for p in _params(parameters) if p._grad is not None]
+    if not params:
+        return
+    with no_grad():
+        for a in grad_arrays(params):
+            backend.xp_of(a).clip(a, -clip_value, clip_value, out=a)
+        for p in params:
+            p._grad._version[0] += 1
+
+
+def _one_device(op, params):
+    devices = {p.device for p in params}
+    if len(devices) > 1:
+        raise DeviceError(f"{op}: found parameters on different devices ({', '.join(sorted(map(str, devices)))})")
+
+
+def parameters_to_vector(parameters):
+    """All parameters flattened and concatenated into one 1-D tensor (differentiable, as in PyTorch)."""
+    from flame_core.ops.shape import cat
+    params = _params(parameters)
+    _one_device("parameters_to_vector", params)
+    return cat([p.reshape(-1) for p in params])
+
+
+def vector_to_parameters(vec, parameters):
+    """Copy consecutive slices of the 1-D `vec` into the parameters, in order. (PyTorch makes each parameter a view of
+    `vec`; here the values are copied into the parameters' own storage, which optimizers and the gradient pool hold
+    on to.)"""
+    if not isinstance(vec, Tensor):
+        raise TypeError(f"expected a Tensor for vec, but got {type(vec).__name__}")
+    params = _params(parameters)
+    _one_device("vector_to_parameters", params + [vec])
+    total = sum(p.numel() for p in params)
+    if vec.ndim != 1 or vec.numel() != total:
+        raise ValueError(f"vector_to_parameters: vec of shape {tuple(vec.shape)} must be 1-D with {total} elements "
+                         f"(the parameters' total)")
+    with no_grad():
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.copy_(vec[offset:offset + n].reshape(tuple(p.shape)))
+            offset += n

@@ -1,5 +1,6 @@
 """Tensor-level ops. Importing this package installs the Tensor methods and operators."""
 from . import creation, conversion, elementwise, activation, reduction, shape, indexing, linalg, inplace
+from . import sorting, scatter, matrix, distance, info
 from . import activation as A, elementwise as E, reduction as R, shape as S, indexing as I, linalg as L
 from .numpy_names import NAMES as _NUMPY_NAMED, with_numpy_names
 from ..tensor import Tensor
@@ -88,6 +89,33 @@ def _install():
         data, dtype=dtype or self.dtype, device=device or self.device, requires_grad=requires_grad)
 
     inplace.install_methods(T, plain)
+    _install_torch_names(T)
+
+
+def _install_torch_names(T):
+    """Sorting, the scatter family, matrix helpers, Tensor.type (issue 31)."""
+    from .inplace import apply_inplace
+    from . import matrix as M, sorting as SO
+    methods = dict(
+        sort=SO.sort, argsort=SO.argsort, msort=SO.msort, topk=SO.topk, unique=SO.unique,
+        masked_select=I.masked_select, isclose=E.isclose, clamp_min=E.clamp_min, clamp_max=E.clamp_max,
+        addmm=M.addmm, baddbmm=M.baddbmm, diag=M.diag, diagonal=M.diagonal, diag_embed=M.diag_embed,
+        trace=M.trace,
+    )
+    for name, fn in methods.items():
+        setattr(T, name, with_numpy_names(fn) if name in _NUMPY_NAMED else fn)
+    T.type = info.tensor_type
+    T.clamp_min_ = lambda self, min: apply_inplace(self, lambda t: E.clamp_min(t, min))
+    T.clamp_max_ = lambda self, max: apply_inplace(self, lambda t: E.clamp_max(t, max))
+    T.addmm_ = lambda self, mat1, mat2, *, beta=1, alpha=1: apply_inplace(
+        self, lambda t, a, b: M.addmm(t, a, b, beta=beta, alpha=alpha), mat1, mat2)
+    T.baddbmm_ = lambda self, batch1, batch2, *, beta=1, alpha=1: apply_inplace(
+        self, lambda t, a, b: M.baddbmm(t, a, b, beta=beta, alpha=alpha), batch1, batch2)
+    T.cumsum_ = with_numpy_names(lambda self, dim, *, dtype=None: apply_inplace(
+        self, lambda t: R.cumsum(t, dim, dtype=dtype)))
+    T.cumprod_ = with_numpy_names(lambda self, dim, *, dtype=None: apply_inplace(
+        self, lambda t: R.cumprod(t, dim, dtype=dtype)))
+    scatter.install_methods(T)
 
 
 _install()

@@ -598,6 +598,14 @@ def clamp(x, min=None, max=None):
 clip = clamp
 
 
+def clamp_min(x, min):
+    return Clamp.apply(x, min, None)
+
+
+def clamp_max(x, max):
+    return Clamp.apply(x, None, max)
+
+
 class Where(Function):
     @staticmethod
     def forward(ctx, cond, a, b):
@@ -672,6 +680,14 @@ def isinf(x):
 
 def isfinite(x):
     return _wrap(x._xp().isfinite(x._data.astype(np.float32) if x._data.dtype.itemsize < 4 else x._data))
+
+
+def isclose(a, b, rtol=1e-5, atol=1e-8, equal_nan=False):
+    """|a - b| <= atol + rtol * |b| elementwise (equal infinities are close; NaNs only with equal_nan), broadcast."""
+    xa = a._data.astype(np.float64) if isinstance(a, Tensor) else a
+    xb = b._data.astype(np.float64) if isinstance(b, Tensor) else b
+    xp = backend.xp_of(xa if isinstance(a, Tensor) else xb)
+    return _wrap(xp.isclose(xa, xb, rtol=rtol, atol=atol, equal_nan=equal_nan))
 
 
 def allclose(a, b, rtol=1e-5, atol=1e-8, equal_nan=False):

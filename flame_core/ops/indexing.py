@@ -1,11 +1,12 @@
 """Indexing: __getitem__/__setitem__ (ints, slices with steps, None, Ellipsis, bool masks, index tensors),
-gather, scatter_add, index_select, masked_fill, nonzero, pad."""
+gather, scatter_add, index_select, masked_fill, masked_select, nonzero, pad (the rest of the scatter family is in
+scatter.py)."""
 import numpy as np
 
 from .. import backend
 from ..autograd.function import Function
 from ..errors import ShapeError, DeviceError, fmt_shape
-from ..tensor import Tensor, _wrap, _view_of
+from ..tensor import Tensor, _wrap, _view_of, check_same_device
 
 
 def _index_arrays(idx, xp, op="index"):
@@ -169,26 +170,32 @@ class Gather(Function):
         xp = x._xp()
         ctx.save_for_backward(index)
         ctx.dim, ctx.shape = dim, x._data.shape
-        return _wrap(xp.take_along_axis(x._data, index._data, axis=dim))
+        a = x._data
+        if any(i != dim and n < s for i, (n, s) in enumerate(zip(index.shape, a.shape))):
+            a = a[tuple(slice(None) if i == dim else slice(0, n) for i, n in enumerate(index.shape))]
+        return _wrap(xp.take_along_axis(a, index._data, axis=dim))
 
     @staticmethod
     def backward(ctx, g):
         (index,) = ctx.saved_tensors
         z = _wrap(g._xp().zeros(ctx.shape, dtype=g._data.dtype))
-        return scatter_add(z, ctx.dim, index, g), None, None
+        return ScatterAdd.apply(z, ctx.dim, index, g), None, None
 
 
-def _check_index(op, x, dim, index):
-    if index.dtype.is_floating_point:
-        raise IndexError(f"{op}: index must be an integer tensor, got {index.dtype}")
-    if index.ndim != x.ndim:
-        raise ShapeError(f"{op}: index {fmt_shape(index.shape)} and input {fmt_shape(x.shape)} must have the same "
-                         f"number of dims")
-    return dim % max(x.ndim, 1)
+def _check_index(op, x, dim, index, src=None):
+    """dim normalised; index integer, of the input's rank and no larger than it (or src) outside dim, in bounds
+    (checked on the cpu only: on cuda it would stall for the host, and PyTorch's kernels assert there)."""
+    from .scatter import _check
+    return _check(op, x, dim, index, src)
 
 
-def gather(x, dim, index):
+def gather(x, dim, index, *, sparse_grad=False):
+    """torch.gather: out[i][j] = x[index[i][j]][j] (dim=0); index may be smaller than x outside dim."""
+    if sparse_grad:
+        raise ValueError("gather: sparse_grad=True needs sparse tensors, which FLAME does not have")
     d = _check_index("gather", x, dim, index)
+    if x.ndim == 0:
+        return Gather.apply(x.reshape(1), 0, index.reshape(1)).reshape(())
     return Gather.apply(x, d, index)
 
 
@@ -223,14 +230,22 @@ class ScatterAdd(Function):
 
 
 def scatter_add(x, dim, index, src):
-    d = _check_index("scatter_add", x, dim, index)
+    """torch.scatter_add: x with src added at index along dim (repeated indices accumulate)."""
+    d = _check_index("scatter_add", x, dim, index, src)
     return ScatterAdd.apply(x, d, index, src)
 
 
 def index_select(x, dim, index):
+    """torch.index_select: the entries of x at `index` (0-d or 1-d, integer) along dim."""
+    if not isinstance(index, Tensor) or index.dtype.is_floating_point or index.dtype.name == "bool":
+        raise IndexError(f"index_select: index must be an integer tensor, got "
+                         f"{index.dtype if isinstance(index, Tensor) else type(index).__name__}")
     if index.ndim > 1:
         raise ShapeError(f"index_select: index must be 0-d or 1-d, got shape {fmt_shape(index.shape)}")
-    d = dim % max(x.ndim, 1)
+    nd = max(x.ndim, 1)
+    if not -nd <= dim < nd:
+        raise IndexError(f"index_select: dimension {dim} out of range for a tensor of {x.ndim} dims")
+    d = dim % nd
     idx = (slice(None),) * d + (index.reshape(-1),)
     return getitem(x, idx)
 
@@ -262,6 +277,24 @@ def masked_fill(x, mask, value):
         raise ShapeError(f"masked_fill: mask of shape {fmt_shape(mask.shape)} does not broadcast to the input's "
                          f"shape {fmt_shape(x.shape)}")
     return MaskedFill.apply(x, mask, value)
+
+
+def masked_select(x, mask):
+    """torch.masked_select: a 1-D tensor of the entries of x where the bool mask is True; x and mask broadcast.
+    Differentiable in x (the gradient is scattered back, summed over broadcast dims)."""
+    if not isinstance(mask, Tensor) or mask.dtype.name != "bool":
+        raise TypeError(f"masked_select: mask must be a bool tensor, got "
+                        f"{mask.dtype if isinstance(mask, Tensor) else type(mask).__name__}")
+    check_same_device("masked_select", x, mask)
+    try:
+        shape = tuple(np.broadcast_shapes(tuple(x.shape), tuple(mask.shape)))
+    except ValueError:
+        raise ShapeError(f"masked_select: input {fmt_shape(x.shape)} and mask {fmt_shape(mask.shape)} do not "
+                         f"broadcast") from None
+    if tuple(x.shape) != shape:
+        x = x.expand(shape)
+    m = mask._data if tuple(mask.shape) == shape else backend.xp_of(mask._data).broadcast_to(mask._data, shape)
+    return getitem(x if x.ndim else x.reshape(1), m if m.ndim else m.reshape(1))
 
 
 def nonzero(x, *, as_tuple=False):

@@ -1,4 +1,4 @@
-"""matmul (cuBLAS through CuPy on cuda), bmm, outer, einsum."""
+"""matmul (cuBLAS through CuPy on cuda), bmm, outer, einsum (torch.linalg is the package flame_core.linalg)."""
 import numpy as np
 
 from .. import backend
@@ -146,15 +146,33 @@ class Einsum(Function):
                 continue
             others = [ins[j] for j in range(len(ins)) if j != k]
             present = set(out).union(*others) if others else set(out)
-            target = "".join(c for c in ins[k] if c in present)
-            if len(set(ins[k])) != len(ins[k]):
-                raise ShapeError(f"einsum: gradient through a repeated index inside one operand ('{ins[k]}', a "
-                                 f"diagonal) is not supported")
+            labels = "".join(dict.fromkeys(ins[k]))  # each label of operand k once, in order
+            size = dict(zip(ins[k], x.shape))
+            target = "".join(c for c in labels if c in present)
             gk = einsum(",".join([out] + others) + "->" + target, g, *[xs[j] for j in range(len(xs)) if j != k])
-            if target != ins[k]:  # indices summed only within operand k: broadcast back (target keeps the order)
-                gk = gk.reshape([s if c in present else 1 for c, s in zip(ins[k], x.shape)]).expand(x.shape)
+            if target != labels:  # labels summed only within operand k: broadcast back (target keeps the order)
+                gk = gk.reshape([size[c] if c in present else 1 for c in labels]).expand([size[c] for c in labels])
+            if labels != ins[k]:  # a label repeated inside operand k (a diagonal): the gradient lives on it
+                gk = _onto_diagonals(gk, labels, ins[k], size, "".join(ins) + out)
             grads.append(gk)
         return tuple(grads)
+
+
+def _onto_diagonals(gk, labels, spec, size, used):
+    """gk over `labels` (each once) placed on the diagonals of `spec`: each repeat of a label gets a fresh label
+    tied to the first by an identity matrix, e.g. i -> ii is einsum("i,ij->ij", gk, eye)."""
+    from .creation import eye
+    fresh = iter(c for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in used)
+    seen, new_spec, eyes = set(), "", []
+    for c in spec:
+        if c in seen:
+            f = next(fresh)
+            new_spec += f
+            eyes.append((c + f, eye(size[c], dtype=gk.dtype, device=gk.device)))
+        else:
+            seen.add(c)
+            new_spec += c
+    return einsum(",".join([labels] + [e for e, _ in eyes]) + "->" + new_spec, gk, *[t for _, t in eyes])
 
 
 def _parse_einsum(equation, operands):
@@ -163,8 +181,8 @@ def _parse_einsum(equation, operands):
         lhs, out = eq.split("->")
     else:
         lhs = eq
-        letters = lhs.replace(",", "")
-        out = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+        letters = lhs.replace(",", "").replace(".", "")
+        out = ("..." if "..." in lhs else "") + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
     ins = lhs.split(",")
     if len(ins) != len(operands):
         raise ShapeError(f"einsum: equation '{equation}' has {len(ins)} operands but {len(operands)} were given")
@@ -191,7 +209,29 @@ def _expand_ellipsis(ins, out, operands):
     return new_ins, out
 
 
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _from_sublists(args):
+    """einsum(op0, sub0, op1, sub1, ..., [out]) -> (equation, operands); sublists hold ints in [0, 52) or ...."""
+    def letters(sub):
+        try:
+            return "".join("..." if s is Ellipsis else _LETTERS[s] for s in sub)
+        except (IndexError, TypeError):
+            raise ValueError(f"einsum: sublist entries must be ints in [0, 52) or Ellipsis, got {sub!r}") from None
+    ops, subs = args[0:len(args) - len(args) % 2:2], args[1:len(args) - len(args) % 2:2]
+    eq = ",".join(letters(s) for s in subs)
+    if len(args) % 2:
+        eq += "->" + letters(args[-1])
+    return eq, tuple(ops)
+
+
 def einsum(equation, *operands):
+    """torch.einsum: "ij,jk->ik" with operands (or a list of them), or the sublist form einsum(a, [0, 1], b,
+    [1, 2], [0, 2]); ellipses broadcast; differentiable, including repeated labels (diagonals, traces)."""
+    from ..tensor import Tensor
+    if isinstance(equation, Tensor):
+        equation, operands = _from_sublists((equation,) + operands)
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     check_same_device("einsum", *operands)

@@ -9,7 +9,8 @@ import functools
 NAMES = ("sum", "mean", "var", "std", "var_mean", "max", "min", "amax", "amin", "argmax", "argmin", "prod",
          "logsumexp", "all", "any", "cumsum", "cumprod", "softmax", "log_softmax", "count_nonzero",
          "squeeze", "unsqueeze", "chunk", "tensor_split", "unbind", "narrow", "select", "repeat_interleave",
-         "cat", "concat", "concatenate", "stack", "gather", "scatter_add", "index_select")
+         "cat", "concat", "concatenate", "stack", "gather", "scatter_add", "index_select", "sort", "argsort", "topk",
+         "scatter", "scatter_reduce", "index_add")
 _ALIASES = (("axis", "dim"), ("keepdims", "keepdim"))
 _wrapped = {}
 

@@ -263,43 +263,94 @@ def prod(x, dim=None, keepdim=False):
     return Prod.apply(x, _dims(dim, x.ndim, "prod")[0], keepdim)
 
 
+def _cum_array(a, axis, dtype, prod):
+    """cumsum / cumprod of an array in PyTorch's dtype: `dtype` when given, int64 for bool / integer input (as
+    torch), else the input's; 16-bit floats accumulate in float32 and are rounded once."""
+    xp, ndim = backend.xp_of(a), a.ndim
+    out = np.dtype(_acc_dtype(a, dtype))
+    acc = np.float32 if out.itemsize < 4 and out.kind in "fV" else out
+    a = a if a.ndim else a.reshape(1)
+    r = (xp.cumprod if prod else xp.cumsum)(a if a.dtype == acc else a.astype(acc), axis=axis)
+    return (r if ndim else r.reshape(())).astype(out, copy=False)
+
+
 class Cumsum(Function):
     @staticmethod
-    def forward(ctx, x, axis):
+    def forward(ctx, x, axis, dtype):
         no_fp8("cumsum", x)
         ctx.axis = axis
-        return _wrap(backend.xp_of(x._data).cumsum(x._data, axis=axis))
+        return _wrap(_cum_array(x._data, axis, dtype, False))
 
     @staticmethod
     def backward(ctx, g):
-        from .shape import flip
-        return flip(cumsum(flip(g, [ctx.axis]), ctx.axis), [ctx.axis]), None
+        return _reverse_cumsum(g, ctx.axis), None, None
 
 
-def cumsum(x, dim):
-    return Cumsum.apply(x, _dims(dim, x.ndim, "cumsum")[0])
+def _reverse_cumsum(g, axis):
+    from .shape import flip
+    if g.ndim == 0:
+        return g
+    return flip(cumsum(flip(g, [axis]), axis), [axis])
+
+
+def _cum_dtype(x, dtype, op):
+    if dtype is not None:
+        dtype = D.dtype(dtype)
+        if x.requires_grad and not dtype.is_floating_point:
+            raise TypeError(f"{op}: dtype {dtype.name} cannot carry the gradient of a tensor that requires grad")
+    return dtype
+
+
+def cumsum(x, dim, *, dtype=None):
+    """torch.cumsum: running sums along dim; bool / integer input gives int64 unless `dtype` says otherwise."""
+    dtype = _cum_dtype(x, dtype, "cumsum")
+    if dtype is not None and x.dtype.is_floating_point and dtype.is_floating_point:
+        x = x.to(dtype)  # the gradient goes back through the cast
+        dtype = None
+    return Cumsum.apply(x, _dims(dim, x.ndim, "cumsum")[0], dtype)
 
 
 class Cumprod(Function):
     @staticmethod
-    def forward(ctx, x, axis):
+    def forward(ctx, x, axis, dtype):
         no_fp8("cumprod", x)
         ctx.axis = axis
-        y = _wrap(backend.xp_of(x._data).cumprod(x._data, axis=axis))
+        y = _wrap(_cum_array(x._data, axis, dtype, True))
         ctx.save_for_backward(x, y)
         return y
 
     @staticmethod
     def backward(ctx, g):
         x, y = ctx.saved_tensors
-        from .shape import flip
-        # d y_j / d x_i = y_j / x_i for j >= i (inputs assumed non-zero for this rule)
-        s = flip(cumsum(flip(g * y, [ctx.axis]), ctx.axis), [ctx.axis])
-        return s / x, None
+        if x.ndim == 0:
+            return g, None, None
+        return _cumprod_grad(x, y, g, ctx.axis), None, None
 
 
-def cumprod(x, dim):
-    return Cumprod.apply(x, _dims(dim, x.ndim, "cumprod")[0])
+def _cumprod_grad(x, y, g, axis):
+    """d/dx_i of sum_j g_j y_j, y_j = prod_{k<=j} x_k, exact where x has zeros (PyTorch's rule).
+
+    Before the first zero of a slice, dy_j/dx_i = y_j / x_i. After it every y_j is 0 whatever x_i is: 0. At the first
+    zero z, dy_j/dx_z = y_{z-1} * prod_{z<k<=j} x_k for j >= z."""
+    from .elementwise import where
+    zero = x == 0
+    seen = cumsum(zero.to(D.int32), axis)          # zeros at or before each position
+    before = seen == 0                             # no zero yet
+    first = zero.logical_and(seen == 1)            # the first zero of its slice
+    g_before = _reverse_cumsum(g * y, axis) / where(before, x, 1.0)
+    prefix = cumprod(where(before, x, 1.0), axis)  # at z: y_{z-1}
+    tail = cumprod(where(seen >= 1, x, 1.0).masked_fill(first, 1.0), axis)  # for j >= z: prod_{z<k<=j} x_k
+    g_first = prefix * _reverse_cumsum(g * tail * (seen >= 1).to(g.dtype), axis)
+    return where(before, g_before, where(first, g_first, 0.0))
+
+
+def cumprod(x, dim, *, dtype=None):
+    """torch.cumprod: running products along dim (dtype rules as cumsum); the gradient is exact at zeros."""
+    dtype = _cum_dtype(x, dtype, "cumprod")
+    if dtype is not None and x.dtype.is_floating_point and dtype.is_floating_point:
+        x = x.to(dtype)
+        dtype = None
+    return Cumprod.apply(x, _dims(dim, x.ndim, "cumprod")[0], dtype)
 
 
 class Norm(Function):

@@ -9,7 +9,7 @@ from .ops import rope_rows
 from .params import flux_params
 
 
-class Flux(flame_nn.Module):
+class Flux(flame_nn.GradientCheckpointingMixin, flame_nn.Module):
     """Flux(params) with params a FluxParams or a preset name ('flux-dev', 'flux-schnell', 'flux-tiny').
 
     Build without allocating weights under `flame_nn.empty_init(device=..., dtype=...)`; load with
@@ -46,26 +46,9 @@ class Flux(flame_nn.Module):
         name_map for it."""
         return name_map_for(self.params)
 
-    def enable_gradient_checkpointing(self, enabled=True, offload=False):
-        """Recompute each block in backward instead of keeping its activations (optionally keeping the block
-        inputs in pinned host memory)."""
-        for block in (*self.double_blocks, *self.single_blocks):
-            block.gradient_checkpointing = enabled
-            block.checkpoint_offload = offload
-        return self
-
-    def disable_gradient_checkpointing(self):
-        return self.enable_gradient_checkpointing(False)
-
-    @property
-    def gradient_checkpointing(self):
-        """The model-level switch: `model.gradient_checkpointing = True` checkpoints every block (as
-        enable_gradient_checkpointing()); reads True when every block is checkpointed."""
-        return all(b.gradient_checkpointing for b in (*self.double_blocks, *self.single_blocks))
-
-    @gradient_checkpointing.setter
-    def gradient_checkpointing(self, enabled):
-        self.enable_gradient_checkpointing(bool(enabled))
+    def checkpointed_blocks(self):
+        """The blocks gradient checkpointing recomputes (see flame_nn.GradientCheckpointingMixin)."""
+        return [*self.double_blocks, *self.single_blocks]
 
     def forward(self, img, img_ids, txt, txt_ids, timesteps, y, guidance=None):
         """img (B, L_img, in_channels) packed latents, txt (B, L_txt, context_in_dim) T5 states, ids (B, L, 3) or

@@ -144,7 +144,7 @@ def check_loras(loras, params):
 
 def apply_loras(model, loras, *, merge=True, dtype=flame.float32):
     """Load each (path, weight) into `model` as its own adapter ("lora_0", "lora_1", ...), scaled by its weight;
-    the changes add up. merge=True folds them into the base weights, one after the other, and drops the adapters
+    the changes add up. merge=True folds them into the base weights (summed, rounded once) and drops the adapters
     (no cost per step, and no copy of the original weights kept: inference never unmerges); merge=False keeps them
     as adapters beside the weights (fp8 storage and streamed blocks need that)."""
     for i, (path, weight) in enumerate(loras):
@@ -153,15 +153,23 @@ def apply_loras(model, loras, *, merge=True, dtype=flame.float32):
         except A.AdapterFormatError as e:
             raise FluxFilesError(f"--lora {path}: {str(e).splitlines()[0]}") from None
     if loras and merge:
+        # Linear by Linear: the LoRAs' changes (each times its weight, each against the base weight, as the adapters
+        # compute them unmerged) summed in float32, then added and rounded to the weight's dtype once. Merging one
+        # LoRA after the other would round a bf16 weight once per LoRA: two LoRAs at 0.5 would not be one at 1.
+        changes = {}
+        for i, (_, weight) in enumerate(loras):
+            for module, rows, ad in A.adapter_modules(model, f"lora_{i}"):
+                changes.setdefault(module, []).append((rows, ad, weight))
         with flame.no_grad():
-            for i, (_, weight) in enumerate(loras):
-                for module, rows, ad in A.adapter_modules(model, f"lora_{i}"):
-                    w = model.get_submodule(module).weight
+            for module, entries in changes.items():
+                w = model.get_submodule(module).weight
+                w0 = w.to(flame.float64 if w.dtype == flame.float64 else flame.float32)
+                delta = flame.zeros_like(w0)
+                for rows, ad, weight in entries:
                     lo, hi = rows if rows is not None else (0, w.shape[0])
-                    block = w[lo:hi]
-                    w0 = block.float()
-                    new = ad.merged_weight(block).float()     # W + ΔW (DoRA: renormalised rows)
-                    block.copy_((w0 + (new - w0) * weight).to(w.dtype))
+                    new = ad.merged_weight(w[lo:hi]).to(w0.dtype)   # W + ΔW (DoRA: renormalised rows)
+                    delta[lo:hi].add_((new - w0[lo:hi]) * weight)
+                w.copy_((w0 + delta).to(w.dtype))
         A.remove_adapters(model)
     return model
 
@@ -270,8 +278,6 @@ def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=No
         raise ValueError(f"latents of {x.shape[1]} tokens do not fit a {height}x{width} image "
                          f"({img_pos.shape[1]} tokens)")
     txt_pos = text_ids(txt.shape[1], B, device=dev)
-    if cuda_graph is None and getattr(model, "streamer", None) is not None:
-        cuda_graph = False  # a streamed inference forward is not capturable (its prefetch window wraps around)
     timesteps = get_schedule(steps, x.shape[1], shift=p.guidance_embed)
     out = denoise(model, x, img_pos, txt, txt_pos, y, timesteps, guidance, cuda_graph, callback)
     return unpack(out, height, width)

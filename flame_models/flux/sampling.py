@@ -2,6 +2,7 @@
 import math
 
 import flame_core as flame
+from flame_nn.offload import streamer_of
 
 LATENT_CHANNELS = 16
 # the autoencoder's latent statistics: decode z = latent / SCALE + SHIFT
@@ -105,7 +106,8 @@ def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda
     def step(x, t_vec, dt):
         v = model(img=x.to(dtype), img_ids=img_ids, txt=txt, txt_ids=txt_ids, timesteps=t_vec, y=y, guidance=g)
         return x + dt * v.to(flame.float32)
-    use_graph = img.device.type == "cuda" if cuda_graph is None else bool(cuda_graph)
+    # a streamed inference forward is not capturable: its prefetch window wraps around from call to call
+    use_graph = (img.device.type == "cuda" and streamer_of(model) is None) if cuda_graph is None else bool(cuda_graph)
     run = flame.cuda.graphed(step, warmup=1, enabled=use_graph and len(timesteps) > 2)
     with flame.no_grad():
         n = len(timesteps) - 1

@@ -9,7 +9,7 @@ from .layers import Embedder, JointBlock, PatchEmbed, timestep_features
 from .params import sd3_params
 
 
-class MMDiT(flame_nn.Module):
+class MMDiT(flame_nn.GradientCheckpointingMixin, flame_nn.Module):
     """MMDiT(params) with params an SD3Params or a preset name ('sd3.5-large', 'sd3.5-large-turbo', 'sd3.5-medium',
     'sd3.5-tiny').
 
@@ -50,25 +50,9 @@ class MMDiT(flame_nn.Module):
         from .loading import load_sd3
         return load_sd3(path, dtype=dtype, device=device, **kwargs)
 
-    def enable_gradient_checkpointing(self, enabled=True, offload=False):
-        """Recompute each joint block in backward instead of keeping its activations (optionally keeping the block
-        inputs in pinned host memory)."""
-        for block in self.joint_blocks:
-            block.gradient_checkpointing = enabled
-            block.checkpoint_offload = offload
-        return self
-
-    def disable_gradient_checkpointing(self):
-        return self.enable_gradient_checkpointing(False)
-
-    @property
-    def gradient_checkpointing(self):
-        """The model-level switch: `model.gradient_checkpointing = True` checkpoints every joint block."""
-        return all(b.gradient_checkpointing for b in self.joint_blocks)
-
-    @gradient_checkpointing.setter
-    def gradient_checkpointing(self, enabled):
-        self.enable_gradient_checkpointing(bool(enabled))
+    def checkpointed_blocks(self):
+        """The joint blocks, which gradient checkpointing recomputes (see flame_nn.GradientCheckpointingMixin)."""
+        return list(self.joint_blocks)
 
     def cropped_pos_embed(self, height, width):
         """The centre crop of the position table for latents of height x width: (1, h*w, H)."""

@@ -9,6 +9,7 @@ both references), then appends 0. The model sees timesteps 1000 sigma and predic
 from dataclasses import dataclass
 
 import flame_core as flame
+from flame_nn.offload import streamer_of
 
 from ..flux.sampling import get_noise  # noqa: F401  (same latent noise: 16 channels at 1/8 resolution, seeded)
 
@@ -106,7 +107,8 @@ def denoise(model, x, sigmas, context, y, neg_context=None, neg_y=None, cfg=1.0,
         v_skip = model(x.to(dtype), t_vec, cond_y, cond_ctx, skip_layers=slg.layers).to(flame.float32)
         return x + dt * (v + slg.scale * (v_cond - v_skip))
 
-    use_graph = x.device.type == "cuda" if cuda_graph is None else bool(cuda_graph)
+    # a streamed inference forward is not capturable: its prefetch window wraps around from call to call
+    use_graph = (x.device.type == "cuda" and streamer_of(model) is None) if cuda_graph is None else bool(cuda_graph)
     runs = [flame.cuda.graphed(fn, warmup=1, enabled=use_graph) for fn in (step, step_slg)]
     steps = len(sigmas) - 1
     it = range(steps)

@@ -19,6 +19,8 @@ convert_ldm_unet_checkpoint, maps the SAI names back to exactly these: tests/fix
 """
 import re
 
+from .. import checkpoint_io as CIO
+
 SAI_PREFIXES = ("model.diffusion_model.", "diffusion_model.")
 DIFFUSERS_PREFIXES = ("unet.",)
 SAI_PROBE = "input_blocks.0.0.weight"
@@ -150,14 +152,6 @@ def find_prefix(keys):
     return None, None
 
 
-def unet_keys(keys, prefix):
-    """The UNet's keys (prefix stripped). In a full SAI checkpoint the VAE (first_stage_model.) and the text
-    encoders (conditioner.embedders.*) are not the UNet's business."""
-    if prefix:
-        return [k[len(prefix):] for k in keys if k.startswith(prefix)]
-    return list(keys)
-
-
 _KINDS = (  # (substrings, what): the first kind one of whose substrings is in some key names the file
     (("lora_unet_", "lora_te", ".lora_A.", ".lora_down.", "lokr_", "hada_"), "a LoRA / adapter file"),
     (("double_blocks.", "single_blocks.", "single_transformer_blocks."), "a Flux transformer"),
@@ -170,8 +164,4 @@ _KINDS = (  # (substrings, what): the first kind one of whose substrings is in s
 
 def describe(keys):
     """A few words on what a file with these tensor names is, for errors."""
-    keys = list(keys)
-    for subs, name in _KINDS:
-        if any(s in k for k in keys for s in subs):
-            return name
-    return "no model this loader knows"
+    return CIO.describe_keys(keys, _KINDS)

@@ -10,60 +10,28 @@ dtype and device.
 """
 import json
 import os
-import re
-
-from tqdm.auto import tqdm
 
 import flame_core as flame
 import flame_nn
-from flame_core.dtypes import dtype_of
-from flame_core.io import safe_open
 
+from .. import checkpoint_io as CIO
 from . import keys as K
 from .config import UNetConfig, UNetConfigError, configs
 
 CONFIG_NAME = "config.json"
-INDEX_SUFFIX = ".safetensors.index.json"
+INDEX_SUFFIX = CIO.INDEX_SUFFIX
+WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 CONFIG_METADATA_KEY = "flame.unet_config"
 
 
-class UNetCheckpointError(flame.FlameError, RuntimeError):
+class UNetCheckpointError(CIO.CheckpointError, RuntimeError):
     """A file or folder that holds no SDXL UNet, or a UNet with missing, unexpected or misshaped tensors."""
 
 
 # ----------------------------------------------------------------------------- finding the files
-def _read_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise UNetCheckpointError(f"{path}: cannot read it ({e})") from None
-
-
-def _index_files(index_path):
-    weight_map = _read_json(index_path).get("weight_map")
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise UNetCheckpointError(f"{index_path}: an index JSON needs a non-empty 'weight_map'")
-    folder = os.path.dirname(index_path)
-    files = [os.path.join(folder, n) for n in dict.fromkeys(weight_map.values())]
-    absent = [f for f in files if not os.path.exists(f)]
-    if absent:
-        raise UNetCheckpointError(f"{index_path}: shard(s) listed in the index are missing: {', '.join(absent)}")
-    return files
-
-
-def _unet_config_json(folder):
-    """(config dict, its path) of a diffusers UNet folder, or (None, None)."""
-    path = os.path.join(folder, CONFIG_NAME)
-    if not os.path.exists(path):
-        return None, None
-    cfg = _read_json(path)
-    if not isinstance(cfg, dict):
-        return None, None
+def _is_unet_config(cfg):
     name = cfg.get("_class_name")
-    if name != "UNet2DConditionModel" and not (name is None and "cross_attention_dim" in cfg):
-        return None, None
-    return cfg, path
+    return name == "UNet2DConditionModel" or (name is None and "cross_attention_dim" in cfg)
 
 
 def find_unet_files(path):
@@ -71,58 +39,31 @@ def find_unet_files(path):
     or a folder (a diffusers `unet/` folder, or a pipeline folder that contains one)."""
     path = os.fspath(path)
     if os.path.isdir(path):
-        names = os.listdir(path)
-        sub = os.path.join(path, "unet")
-        if os.path.isdir(sub) and not any(n.endswith(".safetensors") for n in names):
-            return find_unet_files(sub)
-        cfg, cfg_path = _unet_config_json(path)
-        if os.path.exists(os.path.join(path, CONFIG_NAME)) and cfg is None:
+        path = CIO.pipeline_subfolder(path, "unet")
+        cfg = CIO.read_config_json(path, UNetCheckpointError)
+        if cfg is not None and not _is_unet_config(cfg):
             raise UNetCheckpointError(f"{path} is not a UNet folder: its config.json describes a "
-                                      f"{_read_json(os.path.join(path, CONFIG_NAME)).get('_class_name')!r}")
-        indexes = sorted(n for n in names if n.endswith(INDEX_SUFFIX))
-        if len(indexes) > 1:
-            raise UNetCheckpointError(f"{path}: several index files ({', '.join(indexes)}); pass one of them")
-        if indexes:
-            return _index_files(os.path.join(path, indexes[0])), cfg, cfg_path
-        files = sorted(n for n in names if n.endswith(".safetensors"))
-        if "diffusion_pytorch_model.safetensors" in files:
-            files = ["diffusion_pytorch_model.safetensors"]
-        if len(files) != 1:
-            raise UNetCheckpointError(f"{path}: expected one .safetensors file or an index JSON, found "
-                                      f"{len(files)} safetensors files ({', '.join(files[:6])})")
-        return [os.path.join(path, files[0])], cfg, cfg_path
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no UNet checkpoint at {path}")
-    if path.lower().endswith((".ckpt", ".pt", ".pth", ".bin")):  # pickles: never unpickled here
-        raise UNetCheckpointError(f"{path}: only safetensors files are read (convert .ckpt / .pt / .bin first)")
-    if path.endswith(".json"):
-        cfg, cfg_path = _unet_config_json(os.path.dirname(path) or ".")
-        return _index_files(path), cfg, cfg_path
-    cfg, cfg_path = _unet_config_json(os.path.dirname(path) or ".")
-    return [path], cfg, cfg_path
+                                      f"{cfg.get('_class_name')!r}")
+    files = CIO.safetensors_files(path, what="UNet", error=UNetCheckpointError, preferred=WEIGHTS_NAME)
+    folder = os.path.dirname(files[0]) or "."
+    cfg = CIO.read_config_json(folder, UNetCheckpointError)
+    if cfg is None or not _is_unet_config(cfg):
+        return files, None, None
+    return files, cfg, os.path.join(folder, CONFIG_NAME)
 
 
-class UNetCheckpoint:
+class UNetCheckpoint(CIO.SafetensorsCheckpoint):
     """Open safetensors handles of one UNet checkpoint: its layout, prefix, and where each SAI-named key lives."""
+
+    error = UNetCheckpointError
 
     def __init__(self, path):
         self.path = os.fspath(path)
-        self.files, self.json_config, self.config_source = find_unet_files(path)
-        self.handles = [safe_open(f) for f in self.files]
-        try:
-            self._index()
-        except BaseException:
-            self.close()
-            raise
+        files, self.json_config, self.config_source = find_unet_files(path)
+        super().__init__(files, label=self.path)
 
-    def _index(self):
-        raw = {}
-        for h in self.handles:
-            for k in h.keys():
-                if k in raw:
-                    raise UNetCheckpointError(f"{self.path}: tensor {k!r} appears in two files, {raw[k].filename} "
-                                              f"and {h.filename}")
-                raw[k] = h
+    def scan_keys(self):
+        raw = self.handle_of
         self.prefix, self.layout = K.find_prefix(raw)
         if self.layout is None:
             keys = list(raw)
@@ -131,66 +72,32 @@ class UNetCheckpoint:
                 f"{self.path} is not an SDXL UNet checkpoint: it looks like {K.describe(keys)} ({len(keys)} tensors: "
                 f"{sample}); a UNet has {K.SAI_PROBE} (bare or under model.diffusion_model.) or diffusers' "
                 f"{K.DIFFUSERS_PROBE} + down_blocks.*")
-        file_keys = K.unet_keys(raw, self.prefix)
-        self.where = {}                  # SAI key -> (handle, key in the file)
+        file_keys = CIO.keys_under(raw, self.prefix)
+        self.where = {}                  # SAI key -> its name in the file (prefix included)
         self.unexpected = []             # keys in the file (with prefix) that have no place in a UNet
         if self.layout == "sai":
             for k in file_keys:
-                self.where[k] = (raw[self.prefix + k], self.prefix + k)
+                self.where[k] = self.prefix + k
         else:
             nrb, up_attn = K.diffusers_layout_facts(file_keys)
             for k in file_keys:
                 try:
-                    self.where[K.diffusers_to_sai_key(k, nrb, up_attn)] = (raw[self.prefix + k], self.prefix + k)
+                    self.where[K.diffusers_to_sai_key(k, nrb, up_attn)] = self.prefix + k
                 except KeyError:
                     self.unexpected.append(self.prefix + k)
-        metas = [h.metadata() or {} for h in self.handles]
-        self.metadata_config = next((m[CONFIG_METADATA_KEY] for m in metas if CONFIG_METADATA_KEY in m), None)
+        self.metadata_config = self.metadata(CONFIG_METADATA_KEY)
 
     def has(self, key):
         return key in self.where
 
-    def file_key(self, key):
-        return self.where[key][1]
+    def source_key(self, key):
+        """The name in the file (prefix included) of the SAI key `key`."""
+        return self.where[key]
 
-    def shape(self, key):
-        h, fk = self.where[key]
-        return tuple(h.shape(fk))
-
-    def stored_dtype(self, key):
-        h, fk = self.where[key]
-        return dtype_of(h.dtype(fk))
-
-    def get(self, key, dtype, device):
-        h, fk = self.where[key]
-        return h.get_tensor(fk, dtype=dtype, device=device)
-
-    def describe(self):
-        return (f"{self.path} ({self.layout} layout" + (f", prefix {self.prefix!r}" if self.prefix else "")
-                + (f", config {self.config_source}" if self.config_source else "") + ")")
-
-    def close(self):
-        for h in self.handles:
-            h.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+    file_key = source_key
 
 
 # ----------------------------------------------------------------------------- the config from the weights
-def _count(keys, pattern):
-    """How many consecutive indices 0, 1, ... the regex `pattern` (one group) finds among keys."""
-    rx = re.compile(pattern)
-    found = {int(m[1]) for k in keys for m in [rx.match(k)] if m}
-    n = 0
-    while n in found:
-        n += 1
-    return n
-
-
 # the fields shapes decide; the others (head size, group count, size embedding width) come from a preset that
 # matches them, else SDXL's values
 _SHAPE_FIELDS = ("in_channels", "out_channels", "model_channels", "channel_mult", "num_res_blocks",
@@ -206,7 +113,7 @@ def _shape_fields(ckpt):
 
     keys = list(ckpt.where)
     mc, cin = shape("input_blocks.0.0.weight")[:2]
-    blocks = _count(keys, r"^input_blocks\.(\d+)\.")
+    blocks = CIO.count_indices(keys, r"^input_blocks\.(\d+)\.")
     levels, current = [], []
     for i in range(1, blocks):
         if ckpt.has(f"input_blocks.{i}.0.op.weight"):
@@ -214,7 +121,7 @@ def _shape_fields(ckpt):
             current = []
             continue
         out_ch = shape(f"input_blocks.{i}.0.in_layers.2.weight")[0]
-        depth = _count(keys, rf"^input_blocks\.{i}\.1\.transformer_blocks\.(\d+)\.")
+        depth = CIO.count_indices(keys, rf"^input_blocks\.{i}\.1\.transformer_blocks\.(\d+)\.")
         if depth and len(shape(f"input_blocks.{i}.1.proj_in.weight")) != 2:
             raise UNetCheckpointError(f"{ckpt.describe()}: its transformers project with 1x1 convs (SD 1.x / 2.x "
                                       f"layout); only SDXL's linear projections are supported")
@@ -239,7 +146,7 @@ def _shape_fields(ckpt):
     return dict(in_channels=cin, out_channels=shape("out.2.weight")[0], model_channels=mc,
                 channel_mult=tuple(c // mc for c in level_channels), num_res_blocks=nrb,
                 transformer_depth=tuple(lv[0][1] for lv in levels),
-                transformer_depth_middle=_count(keys, r"^middle_block\.1\.transformer_blocks\.(\d+)\."),
+                transformer_depth_middle=CIO.count_indices(keys, r"^middle_block\.1\.transformer_blocks\.(\d+)\."),
                 context_dim=shape(ctx_key)[1], adm_in_channels=shape("label_emb.0.0.weight")[1])
 
 
@@ -274,10 +181,6 @@ def infer_config(ckpt, overrides=None):
 
 
 # ----------------------------------------------------------------------------- loading
-def _listing(xs):
-    return ", ".join(xs[:20]) + (f", ... and {len(xs) - 20} more" if len(xs) > 20 else "")
-
-
 def load_unet_state_(model, ckpt, *, strict=True, progress=True):
     """Fill `model` (an SDXLUNet, typically built under empty_init) from an open UNetCheckpoint, one tensor at a time
     in each parameter's dtype and device. Raises UNetCheckpointError naming missing, unexpected and misshaped tensors
@@ -292,27 +195,13 @@ def load_unet_state_(model, ckpt, *, strict=True, progress=True):
     unexpected = list(ckpt.unexpected) + [ckpt.file_key(k) for k in ckpt.where if k not in params]
     misshaped = [f"{name(k)}: {ckpt.shape(k)} in the file, {tuple(p.shape)} in the model"
                  for k, p in params.items() if ckpt.has(k) and ckpt.shape(k) != tuple(p.shape)]
-    if misshaped or (strict and (missing or unexpected)):
-        c = model.config
-        lines = [f"cannot load the UNet {ckpt.describe()} into SDXLUNet(model_channels={c.model_channels}, "
-                 f"channel_mult={c.channel_mult}, num_res_blocks={c.num_res_blocks}, transformer_depth="
-                 f"{c.transformer_depth}, context_dim={c.context_dim}, adm_in_channels={c.adm_in_channels}):"]
-        if missing:
-            lines.append(f"  missing keys ({len(missing)}): {_listing(missing)}")
-        if unexpected:
-            lines.append(f"  unexpected keys ({len(unexpected)}): {_listing(unexpected)}")
-        if misshaped:
-            lines.append(f"  misshaped ({len(misshaped)}): " + "; ".join(misshaped[:20]))
-        raise UNetCheckpointError("\n".join(lines))
-    state = {}
-    todo = [(k, p) for k, p in params.items() if ckpt.has(k)]
-    with flame.no_grad():
-        for k, p in tqdm(todo, desc="loading UNet", unit="tensor", disable=not progress or len(todo) < 1000,
-                         leave=False):
-            state[k] = ckpt.get(k, dtype=p.dtype, device=p.device)
-    # assign=True: each tensor read becomes the parameter's storage (no second copy of the model)
-    model.load_state_dict(state, strict=False, assign=True)
-    return model
+    c = model.config
+    CIO.check_mismatch(UNetCheckpointError, f"cannot load the UNet {ckpt.describe()} into SDXLUNet(model_channels="
+                       f"{c.model_channels}, channel_mult={c.channel_mult}, num_res_blocks={c.num_res_blocks}, "
+                       f"transformer_depth={c.transformer_depth}, context_dim={c.context_dim}, adm_in_channels="
+                       f"{c.adm_in_channels}):", missing, unexpected, misshaped, strict=strict)
+    present = {k: p for k, p in params.items() if ckpt.has(k)}
+    return CIO.fill_(model, ckpt.get_like, present, desc="loading UNet", progress=progress)
 
 
 def load_unet(path, dtype=None, device=None, *, config=None, strict=True, progress=True):
@@ -324,17 +213,10 @@ def load_unet(path, dtype=None, device=None, *, config=None, strict=True, progre
     unexpected tensors and leaves missing ones unloaded (they raise when used)."""
     from .model import SDXLUNet
     with UNetCheckpoint(path) as ckpt:
-        if isinstance(config, UNetConfig):
-            cfg = config
-        elif config is None or isinstance(config, dict):
-            cfg = infer_config(ckpt, config)
-        else:
-            raise TypeError(f"load_unet: config must be a UNetConfig, a dict of UNetConfig fields or None, got "
-                            f"{type(config).__name__}")
+        cfg = CIO.config_argument(config, UNetConfig, lambda overrides: infer_config(ckpt, overrides), caller="load_unet")
         if dtype is None:
-            dtype = ckpt.stored_dtype(K.SAI_PROBE) if ckpt.has(K.SAI_PROBE) else flame.get_default_dtype()
-            if dtype not in (flame.float16, flame.bfloat16, flame.float32, flame.float64):
-                dtype = flame.bfloat16
+            dtype = CIO.compute_dtype(ckpt.stored_dtype(K.SAI_PROBE) if ckpt.has(K.SAI_PROBE)
+                                      else flame.get_default_dtype())
         with flame_nn.empty_init(device=device, dtype=dtype):
             model = SDXLUNet(cfg)
         load_unet_state_(model, ckpt, strict=strict, progress=progress)

@@ -18,7 +18,7 @@ from .embeddings import timestep_embedding
 from .resblocks import Downsample, ResBlock, TimestepEmbedSequential, Upsample
 
 
-class SDXLUNet(flame_nn.Module):
+class SDXLUNet(flame_nn.GradientCheckpointingMixin, flame_nn.Module):
     """SDXLUNet(config) with config a UNetConfig or a preset name ('sdxl-base', 'sdxl-tiny').
 
     `unet(x, timesteps, context, y)`: latents (B, in_channels, H, W), timesteps (B,) integer or float in [0, 1000)
@@ -97,28 +97,10 @@ class SDXLUNet(flame_nn.Module):
 
     # ------------------------------------------------------------------ gradient checkpointing
     def checkpointed_blocks(self):
-        """The units gradient checkpointing recomputes: every ResBlock and every transformer block."""
+        """The units gradient checkpointing recomputes (flame_nn.GradientCheckpointingMixin): every ResBlock and
+        every transformer block. A block a BlockStreamer streams is checkpointed whole by the streamer; these flags
+        then nest inside it (a lower peak for one more forward of those parts)."""
         return [m for m in self.modules() if isinstance(m, (ResBlock, BasicTransformerBlock))]
-
-    def enable_gradient_checkpointing(self, enabled=True, offload=False):
-        """Recompute each ResBlock and each transformer block in backward instead of keeping its activations
-        (optionally keeping their inputs in pinned host memory). A block a BlockStreamer streams is checkpointed
-        whole by the streamer; these flags then nest inside it (a lower peak for one more forward of those parts)."""
-        for block in self.checkpointed_blocks():
-            block.gradient_checkpointing = enabled
-            block.checkpoint_offload = offload
-        return self
-
-    def disable_gradient_checkpointing(self):
-        return self.enable_gradient_checkpointing(False)
-
-    @property
-    def gradient_checkpointing(self):
-        return all(b.gradient_checkpointing for b in self.checkpointed_blocks())
-
-    @gradient_checkpointing.setter
-    def gradient_checkpointing(self, enabled):
-        self.enable_gradient_checkpointing(bool(enabled))
 
     # ------------------------------------------------------------------ adapters
     def adapter_name_map(self):

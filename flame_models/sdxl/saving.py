@@ -6,35 +6,12 @@ import json
 import os
 
 import flame_core as flame
-from flame_core.io import save_file
 
+from .. import checkpoint_io as CIO
 from . import keys as K
-from .loading import CONFIG_METADATA_KEY, INDEX_SUFFIX
+from .loading import CONFIG_METADATA_KEY
 
 WEIGHTS_STEM = "diffusion_pytorch_model"
-
-
-def _write_json(path, obj):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _shards(items, max_shard_size):
-    """[(key, tensor)] in consecutive groups of at most max_shard_size bytes (one tensor may exceed it)."""
-    groups, cur, size = [], [], 0
-    for k, t in items:
-        if cur and max_shard_size is not None and size + t.nbytes > max_shard_size:
-            groups.append(cur)
-            cur, size = [], 0
-        cur.append((k, t))
-        size += t.nbytes
-    if cur:
-        groups.append(cur)
-    return groups
 
 
 def save_unet(model, path, layout="sai", *, prefix=K.SAI_PREFIXES[0], max_shard_size=None):
@@ -58,26 +35,6 @@ def save_unet(model, path, layout="sai", *, prefix=K.SAI_PREFIXES[0], max_shard_
     else:
         state = [(K.sai_to_diffusers_key(k, c.num_res_blocks), t) for k, t in state]
     metadata = {"format": "pt", CONFIG_METADATA_KEY: json.dumps(c.to_dict(), sort_keys=True)}
-    if single:
-        save_file(dict(state), path, metadata=metadata)
-        return [path]
-    os.makedirs(path, exist_ok=True)
-    written = []
-    groups = _shards(state, max_shard_size)
-    if len(groups) == 1:
-        out = os.path.join(path, WEIGHTS_STEM + ".safetensors")
-        save_file(dict(groups[0]), out, metadata=metadata)
-        written.append(out)
-    else:
-        weight_map = {}
-        for i, g in enumerate(groups):
-            name = f"{WEIGHTS_STEM}-{i + 1:05d}-of-{len(groups):05d}.safetensors"
-            save_file(dict(g), os.path.join(path, name), metadata=metadata)
-            written.append(os.path.join(path, name))
-            weight_map.update({k: name for k, _ in g})
-        index = os.path.join(path, WEIGHTS_STEM + INDEX_SUFFIX)
-        _write_json(index, {"metadata": {"total_size": sum(t.nbytes for _, t in state)}, "weight_map": weight_map})
-        written.append(index)
-    config = os.path.join(path, "config.json")
-    _write_json(config, c.to_diffusers_config())
-    return written + [config]
+    written = CIO.save_weights(state, path, stem=WEIGHTS_STEM, metadata=metadata, max_shard_size=max_shard_size,
+                               folder_config=c.to_diffusers_config())
+    return written if single else written + [os.path.join(path, "config.json")]

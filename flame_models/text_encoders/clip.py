@@ -13,10 +13,11 @@ import flame_nn
 import flame_nn.functional as F
 from flame_nn.offload import run_block
 
+from .base import TextEncoderModel
 from .configs import CLIPTextConfig
 from .inputs import padding_mask, token_ids
 from .outputs import BaseModelOutputWithPooling, CLIPTextModelOutput
-from .storage import drop_stale_fusions_, project_heads
+from .storage import project_heads
 
 
 def quick_gelu(x):
@@ -137,7 +138,7 @@ class CLIPTextTransformer(flame_nn.Module):
                                           hidden_states=tuple(hidden_states) if hidden_states is not None else None)
 
 
-class CLIPTextModel(flame_nn.Module):
+class CLIPTextModel(TextEncoderModel):
     """transformers' CLIPTextModel. Build under `flame_nn.empty_init` and load with `load_clip` for real weights."""
 
     def __init__(self, config, *, dtype=None, device=None):
@@ -160,28 +161,11 @@ class CLIPTextModel(flame_nn.Module):
         return load_clip(path, dtype=dtype, device=device, projection=cls is CLIPTextModelWithProjection,
                          **kwargs)
 
-    def save_pretrained(self, folder):
-        """config.json + model.safetensors, readable by load_clip and transformers."""
-        from .saving import save_pretrained
-        return save_pretrained(self, folder)
+    def get_input_embeddings(self):
+        return self.text_model.embeddings.token_embedding
 
-    def to(self, *args, **kwargs):
-        super().to(*args, **kwargs)
-        drop_stale_fusions_(self)  # fused views of the old storage would keep it alive
-        return self
-
-    def enable_gradient_checkpointing(self, enabled=True, offload=False):
-        for layer in self.text_model.encoder.layers:
-            layer.gradient_checkpointing, layer.checkpoint_offload = enabled, offload
-        return self
-
-    @property
-    def dtype(self):
-        return self.text_model.embeddings.token_embedding.weight.dtype
-
-    @property
-    def device(self):
-        return self.text_model.embeddings.token_embedding.weight.device
+    def checkpointed_blocks(self):
+        return list(self.text_model.encoder.layers)
 
 
 class CLIPTextModelWithProjection(CLIPTextModel):

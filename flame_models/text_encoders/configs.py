@@ -115,11 +115,7 @@ CLIP_PRESETS = {
 
 def infer_clip_config(shapes, *, source="the checkpoint"):
     """CLIPTextConfig from {transformers key: shape} (keys of CLIPTextModel[WithProjection], `text_model.` names)."""
-    def shape(key):
-        try:
-            return tuple(shapes[key])
-        except KeyError:
-            raise TextEncoderConfigError(f"{source}: cannot infer the CLIP config, {key!r} is missing") from None
+    shape = _shape_reader(shapes, source, "CLIP")
     vocab, hidden = shape("text_model.embeddings.token_embedding.weight")
     max_pos = shape("text_model.embeddings.position_embedding.weight")[0]
     inter = shape("text_model.encoder.layers.0.mlp.fc1.weight")[0]
@@ -181,11 +177,7 @@ T5_PRESETS = {
 
 def infer_t5_config(shapes, *, source="the checkpoint"):
     """T5Config from {transformers key: shape} of a T5EncoderModel."""
-    def shape(key):
-        try:
-            return tuple(shapes[key])
-        except KeyError:
-            raise TextEncoderConfigError(f"{source}: cannot infer the T5 config, {key!r} is missing") from None
+    shape = _shape_reader(shapes, source, "T5")
     vocab, d_model = shape("shared.weight")
     inner = shape("encoder.block.0.layer.0.SelfAttention.q.weight")[0]
     buckets, heads = shape("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight")
@@ -199,6 +191,16 @@ def infer_t5_config(shapes, *, source="the checkpoint"):
     return T5Config(vocab_size=vocab, d_model=d_model, d_kv=inner // heads, d_ff=d_ff,
                     num_layers=count_indexed(shapes, "encoder.block.", ".layer.0.SelfAttention.q.weight"),
                     num_heads=heads, relative_attention_num_buckets=buckets)
+
+
+def _shape_reader(shapes, source, model):
+    """shape(key): the tuple shape of `key`, or a TextEncoderConfigError naming it when the weights lack it."""
+    def shape(key):
+        try:
+            return tuple(shapes[key])
+        except KeyError:
+            raise TextEncoderConfigError(f"{source}: cannot infer the {model} config, {key!r} is missing") from None
+    return shape
 
 
 def count_indexed(keys, prefix, suffix):

@@ -24,6 +24,7 @@ from flame_core.dtypes import dtype_of
 from flame_core.ops.fp8 import quantize_fp8
 from flame_nn.offload import BlockStreamer, set_fp8_weight_
 
+from .. import checkpoint_io as CIO
 from . import layouts as LY
 from .clip import CLIPTextModel, CLIPTextModelWithProjection
 from .configs import CLIPTextConfig, T5Config, infer_clip_config, infer_t5_config
@@ -33,7 +34,6 @@ from .storage import Packed, fuse_projections_
 from .t5 import T5EncoderModel
 
 QUANTIZE = ("auto", "fp8", None)
-_PROGRESS_BYTES = 1 << 30  # a progress bar for loads above this
 _FP8_LINEARS = {"clip": re.compile(r"text_model\.encoder\.layers\.\d+\.(self_attn\.(q|k|v|out)_proj|mlp\.fc[12])"
                                    r"\.weight$"),
                 "t5": re.compile(r"encoder\.block\.\d+\.layer\.[01]\.(SelfAttention\.[qkvo]|"
@@ -97,7 +97,7 @@ def _load(kind, path, dtype, device, prefix, subfolder, config, quantize, strict
         _check_quant_formats(keymap, ckpt, label)
         nbytes = sum(p.numel() * p.dtype.itemsize for p in model.parameters())
         with flame.no_grad(), tqdm(total=len(plan), desc=f"loading {type(model).__name__}", unit="tensor",
-                                   disable=nbytes < _PROGRESS_BYTES, leave=False) as bar:
+                                   disable=nbytes < CIO.PROGRESS_BYTES, leave=False) as bar:
             if stream:
                 _load_streamed(model, plan, keymap, ckpt, bar)
             else:
@@ -189,20 +189,11 @@ def _check(model, keymap, ckpt, cand, strict, label):
             got, want = s.shape(ckpt.shape(s.key)), tuple(params[k].shape)
             if got != want:
                 misshaped.append(f"{s.key}: {got} in the file, {want} in the model ({k})")
-    if misshaped or (strict and (missing or unexpected)):
-        def listing(xs):
-            return ", ".join(xs[:12]) + (f", ... and {len(xs) - 12} more" if len(xs) > 12 else "")
-        lines = [f"cannot load {label} as a {type(model).__name__} ({cand.describe()}, config "
-                 f"{_short_config(model.config)}):"]
-        if missing:
-            lines.append(f"  missing ({len(missing)}): {listing([cand.prefix + k for k in missing])}")
-        if unexpected:
-            lines.append(f"  unexpected ({len(unexpected)}): {listing(unexpected)}")
-        if misshaped:
-            lines.append(f"  misshaped ({len(misshaped)}): " + "; ".join(misshaped[:12]))
-        if unexpected and not misshaped:
-            lines.append("  (strict=False loads it without the unexpected tensors)")
-        raise TextEncoderCheckpointError("\n".join(lines))
+    CIO.check_mismatch(TextEncoderCheckpointError, f"cannot load {label} as a {type(model).__name__} "
+                       f"({cand.describe()}, config {_short_config(model.config)}):",
+                       [cand.prefix + k for k in missing], unexpected, misshaped, strict=strict, limit=12, noun="",
+                       hint="  (strict=False loads it without the unexpected tensors)"
+                       if unexpected and not misshaped else None)
 
 
 def _short_config(c):

@@ -6,6 +6,8 @@ import os
 
 from flame_core.io import save_file
 
+from .. import checkpoint_io as CIO
+
 CONFIG_METADATA_KEY = "flame.text_encoder_config"
 
 
@@ -25,12 +27,7 @@ def save_pretrained(model, folder):
     weights = os.path.join(folder, "model.safetensors")
     save_file({k: v for k, v in model.state_dict().items()}, weights,
               metadata={"format": "pt", CONFIG_METADATA_KEY: json.dumps(model.config.to_dict())})
-    path = os.path.join(folder, "config.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(config, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
+    path = CIO.write_json(os.path.join(folder, "config.json"), config, sort_keys=True)
     return [path, weights]
 
 

@@ -22,10 +22,11 @@ import flame_nn.functional as F
 from flame_nn.empty_init import new_parameter
 from flame_nn.offload import run_block
 
+from .base import TextEncoderModel
 from .configs import T5Config
 from .inputs import padding_mask, token_ids
 from .outputs import BaseModelOutput
-from .storage import drop_stale_fusions_, project_heads
+from .storage import project_heads
 
 _FP16_MAX = 65504.0
 # added at padded keys: finite (unlike -inf, a block of keys that are all padding cannot turn an online softmax's
@@ -205,7 +206,7 @@ class T5Stack(flame_nn.Module):
         return x, hidden_states
 
 
-class T5EncoderModel(flame_nn.Module):
+class T5EncoderModel(TextEncoderModel):
     """transformers' T5EncoderModel. Build under `flame_nn.empty_init` and load with `load_t5` for real weights.
 
     A tiny one at run time: `T5EncoderModel(T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2,
@@ -236,25 +237,8 @@ class T5EncoderModel(flame_nn.Module):
         from .loading import load_t5
         return load_t5(path, dtype=dtype, device=device, **kwargs)
 
-    def save_pretrained(self, folder):
-        """config.json + model.safetensors, readable by load_t5 and transformers."""
-        from .saving import save_pretrained
-        return save_pretrained(self, folder)
+    def get_input_embeddings(self):
+        return self.shared
 
-    def to(self, *args, **kwargs):
-        super().to(*args, **kwargs)
-        drop_stale_fusions_(self)  # fused views of the old storage would keep it alive
-        return self
-
-    def enable_gradient_checkpointing(self, enabled=True, offload=False):
-        for block in self.encoder.block:
-            block.gradient_checkpointing, block.checkpoint_offload = enabled, offload
-        return self
-
-    @property
-    def dtype(self):
-        return self.shared.weight.dtype
-
-    @property
-    def device(self):
-        return self.shared.weight.device
+    def checkpointed_blocks(self):
+        return list(self.encoder.block)

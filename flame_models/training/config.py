@@ -17,6 +17,10 @@ from dataclasses import dataclass, field, fields, is_dataclass
 
 from flame_core.errors import FlameError
 
+# a `datasets:` entry: an image folder with captions (every field), or a folder of precomputed samples (one
+# .safetensors each with the family's sample_keys: folder_path, num_repeats, shuffle only)
+from ..data.config import DatasetConfig
+
 NETWORK_TYPES = ("lora", "locon", "dora", "lokr", "loha")
 OPTIMIZERS = ("adamw", "adamw8bit")
 SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
@@ -52,13 +56,6 @@ class SaveConfig:
     save_every: int = 250
     max_step_saves_to_keep: int = 4      # checkpoints (and their step LoRA files) kept; older ones are removed
     format: str = "kohya"                # kohya (ComfyUI, kohya, diffusers read it) | peft (diffusers)
-
-
-@dataclass
-class DatasetConfig:
-    folder_path: typing.Optional[str] = None  # one .safetensors per sample (the family's sample_keys)
-    num_repeats: int = 1
-    shuffle: bool = True                 # false: this folder's samples keep their file order
 
 
 @dataclass
@@ -113,6 +110,16 @@ class ModelConfig:
     dtype: str = "bf16"                  # dtype of the frozen base weights
     quantize: bool = False               # store the blocks' frozen Linear weights as fp8 (e4m3, per-channel scales)
     is_flux: typing.Optional[bool] = None  # ai-toolkit's flag; must agree with arch
+    # the other parts, for image folders and text prompts (default: found in name_or_path's folder, or the random
+    # parts of `size`); FLAME's fields for single-file users:
+    vae_path: typing.Optional[str] = None        # e.g. ae.safetensors (BFL), a diffusers vae/ folder
+    clip_l_path: typing.Optional[str] = None     # e.g. clip_l.safetensors, a text_encoder/ folder
+    t5_path: typing.Optional[str] = None         # e.g. t5xxl_fp16.safetensors, a text_encoder_2/ folder
+    tokenizer_path: typing.Optional[str] = None  # a folder with tokenizer/ and tokenizer_2/ (default: the model
+                                                 # folder's, else the vocabularies packaged with FLAME)
+    quantize_te: bool = False                    # T5's Linear weights in fp8 (e4m3) while captions are encoded
+    t5_max_length: typing.Optional[int] = None   # T5 tokens per caption (kohya's t5xxl_max_token_length); default
+                                                 # 512 for flux-dev, 256 for schnell
 
 
 @dataclass
@@ -126,7 +133,9 @@ class SampleConfig:
     walk_seed: bool = False              # prompt i uses seed + i
     guidance_scale: float = 4.0
     sampler: typing.Optional[str] = None  # the family's sampler (Flux: flowmatch); other values are errors
-    num_samples: int = 2                 # samples use the conditioning of the first dataset items
+    prompts: list = field(default_factory=list)  # text prompts ([trigger] -> trigger_word); needs the text
+                                                 # encoders (image datasets, or the parts of model.size)
+    num_samples: int = 2                 # without prompts: the first dataset items' captions / conditioning
     prompt_embeds: list = field(default_factory=list)  # or .safetensors files with the conditioning arrays
 
 
@@ -136,6 +145,7 @@ class TrainConfig:
     training_folder: str = "runs"
     type: str = "sd_trainer"             # ai-toolkit's process type: sd_trainer / diffusion_trainer
     device: typing.Optional[str] = None  # None: cuda when available, else cpu
+    trigger_word: typing.Optional[str] = None  # replaces [trigger] in captions (prepended when missing) and prompts
     max_gpu_memory: typing.Any = None    # e.g. '12GiB' (or a number of GiB): stream the transformer blocks from
                                          # pinned host memory, keeping as many resident as this budget allows
     network: NetworkConfig = field(default_factory=NetworkConfig)
@@ -161,24 +171,16 @@ _ALIASES = {NetworkConfig: {"rank": "linear", "alpha": "linear_alpha"}, SaveConf
 # ai-toolkit keys of features FLAME does not have yet: accepted only with a value that asks for nothing
 _WAITS_FOR = {
     TrainConfig: {
-        "trigger_word": "captions are precomputed text embeddings here: put the word into the captions before "
-                        "encoding them (image folders with captions come with FLAME's text encoders)",
         "performance_log_every": "timing reports are not available; the progress bar shows s/it and the ETA"},
-    DatasetConfig: dict.fromkeys(
-        ("caption_ext", "caption_dropout_rate", "shuffle_tokens", "keep_tokens", "default_caption",
-         "cache_latents_to_disk", "cache_latents", "resolution"),
-        "image-folder datasets (captions, buckets, latent caching) are not available yet; folder_path must hold "
-        "precomputed samples (one .safetensors each), whose resolution is their latents'"),
-    SampleConfig: {
-        "prompts": "text prompts need FLAME's text encoders, which are not available yet: give sample.prompt_embeds "
-                   "files, or leave both out to sample with the dataset's embeddings",
-        "neg": "this family's samples take no negative prompt"},
-    ModelConfig: {"low_vram": "use max_gpu_memory to train under a memory budget",
-                  "quantize_te": "text encoders are not loaded by the trainer yet"},
+    SampleConfig: {"neg": "Flux-dev is guidance-distilled: its previews take no negative prompt"},
+    ModelConfig: {"low_vram": "use max_gpu_memory to train under a memory budget"},
     TrainSection: {"linear_timesteps": "use train.timestep_type (sigmoid, logit_normal, uniform, shift, flux_shift)"},
     SaveConfig: {"push_to_hub": "uploading is not supported", "hf_repo_id": "uploading is not supported",
                  "hf_private": "uploading is not supported"},
 }
+# ai-toolkit keys that only one value of makes sense for here: accepted with it, an error naming why otherwise
+_ONLY = {DatasetConfig: {"cache_latents": (True, "FLAME always caches latents before training (in host memory; "
+                                                 "cache_latents_to_disk: true keeps them on disk)")}}
 
 
 def _asks_for_nothing(value):
@@ -278,6 +280,7 @@ def _build(cls, data, path, errors, given):
     names = [f.name for f in fields(cls) if f.name not in _INTERNAL]
     aliases = _ALIASES.get(cls, {})
     waits = _WAITS_FOR.get(cls, {})
+    only = _ONLY.get(cls, {})
     kwargs = {}
     for key, value in data.items():
         key = str(key)
@@ -293,6 +296,9 @@ def _build(cls, data, path, errors, given):
         elif key in waits:
             if not _asks_for_nothing(value):
                 errors.append(f"{where}: not available: {waits[key]}")
+        elif key in only:
+            if value != only[key][0]:
+                errors.append(f"{where}: only {only[key][0]!r} is accepted: {only[key][1]}")
         else:
             near = difflib.get_close_matches(key, names + list(aliases), n=1)
             errors.append(f"{where}: unknown field" + (f"; did you mean '{near[0]}'?" if near else

@@ -20,6 +20,21 @@ class DatasetError(FlameError, ValueError):
     """A dataset folder or file that cannot be used (the message names the files and keys)."""
 
 
+def dataset_kind(folder):
+    """'images' for a folder with images (searched as ImageDataset does), 'samples' for one of precomputed
+    .safetensors samples only, None when it is neither (or missing)."""
+    from ..data.config import IMAGE_EXTENSIONS
+    if not os.path.isdir(folder):
+        return None
+    samples = False
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        if any(f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith(".") for f in files):
+            return "images"
+        samples = samples or (root == folder and any(f.endswith(".safetensors") for f in files))
+    return "samples" if samples else None
+
+
 def scan_folder(folder, keys, check=None):
     """(files, shapes, problems) of a folder of per-sample .safetensors: every file's header is read (no tensor),
     its `keys` must be present, and `check(shapes)` (None or a message) must accept their shapes."""

@@ -31,6 +31,8 @@ from flame_core import distributed as dist
 
 from . import sharding
 
+MAIN_FIRST_TIMEOUT = 24 * 3600.0  # seconds the other ranks wait for rank 0's caches
+
 
 class TrainerGroup:
     """The trainer's side of the job. `is_main`, `rank`, `world_size` are known from the environment at once; the
@@ -157,7 +159,7 @@ class TrainerGroup:
         if self.world_size == 1:
             return fn(*args, **kwargs)
         result = fn(*args, **kwargs) if self.is_main else None
-        self.group.barrier()
+        self.group.barrier(timeout=MAIN_FIRST_TIMEOUT)  # encoding a large dataset's caches takes long
         return result if self.is_main else fn(*args, **kwargs)
 
 

@@ -18,8 +18,27 @@ Before anything is loaded (config.validate: every problem is reported together, 
                                         conditioning the model needs (Flux: prompt_embeds, pooled_prompt_embeds)
     check_sample(shapes, spec)          None, or what is wrong with one sample file's tensor shapes
     synthetic_conditioning(spec, text_length)  {key: shape} the synthetic dataset makes per sample
-Building (Trainer.setup, after the data has been checked):
-    build_model(model_cfg, spec, dtype, device)   the frozen model (loaded key by key, or a random preset)
+    parts_problems(cfg, vae=, text=, prefix=)   (check_files) what is wrong with the other parts the run needs --
+                                        the VAE (vae) and the text encoders and tokenizers (text) -- from headers
+                                        and tokenizer files only; a list of messages
+Image folders and text prompts (Trainer.setup, after every image and caption was checked; image_data.py), each
+stage loading its model, running it and freeing it before the next:
+    vae_id(model_cfg, device)           a string naming what the VAE produces (files, sizes, mtimes, dtype): the
+                                        latent cache's key, so a changed VAE re-encodes
+    load_vae(model_cfg, device)         the VAE (an AutoencoderKL: .to(), enable_tiling(), parameters())
+    encode_images(vae, pixels)          (B, 3, H, W) float32 in [-1, 1] -> (B, latent_channels, H/f, W/f) float32
+                                        latents as the model trains on them (scale and shift applied)
+    decode(vae, latents)                the inverse for previews: latents -> (B, 3, H, W) float32 in [-1, 1]
+    text_encoder_id(model_cfg, device, budget)   as vae_id, for the text-embedding cache
+    describe_text_encoders(model_cfg, device, budget)   one line for the log (e.g. how T5 is stored)
+    load_text_encoders(model_cfg, device, budget)   an object with .free(); budget: max_gpu_memory in bytes or None
+                                        (Flux: T5 in fp8 and/or streamed when it asks for that)
+    encode_prompts(encoders, prompts)   {key: (B, ...) float32} for sample_keys[1:] (padded to one length)
+Building (Trainer.setup, after the data has been checked and cached):
+    build_model(model_cfg, spec, dtype, device, stream=False)   the frozen model (loaded key by key, or a random
+                                        preset); stream: its blocks will stream from host memory (load it there;
+                                        a random model may leave its blocks empty for block_initializer)
+    block_initializer(model)            None, or prepare(block) that fills a block left empty (BlockStreamer)
     spec_of(model)                      the spec of a model handed to the Trainer ready-made
     block_stacks(model)                 names of the ModuleLists of blocks (block streaming, fp8 storage)
     target_presets / default_target     adapter target presets (network.target)
@@ -56,10 +75,9 @@ SDXL (UNet, epsilon or v-prediction): an Objective with a DDPM schedule (scaled-
     sample_keys adds "original_size", "crop_coords", "target_size" (the dataset keeps them), from which
     training_inputs builds the added time ids of cond next to the two text encoders' states and pooled output.
 
-What is not here yet (the data / encoder wave adds these as family methods; nothing calls them today)
-    load_vae(model_cfg) and encode/decode through flame_models.vae; text_encoders(model_cfg) and
-    encode_prompts(encoders, captions) -> {key: array} matching sample_keys[1:] (cached per caption, the encoders
-    freed before build_model); decoded previews (decode(latents) -> images) in place of latent projections.
+SD3.5 and SDXL add their VAE latent format (flame_models.vae.SD3 / SDXL) in encode_images / decode, and CLIP-L+G
+(+T5) in load_text_encoders / encode_prompts; a family without a VAE or text encoders leaves those methods out and
+trains from precomputed samples only (parts_problems then says so).
 """
 import importlib
 
@@ -90,6 +108,13 @@ class ModelFamily:
 
     def spec_problems(self, cfg, spec, prefix=""):
         return []
+
+    def parts_problems(self, cfg, *, vae, text, prefix=""):
+        return [f"{prefix}datasets: the {self.name} family trains from precomputed samples only (it has no VAE or "
+                f"text encoders to cache image folders or encode prompts)"]
+
+    def block_initializer(self, model):
+        return None
 
     def __repr__(self):
         return f"<{type(self).__name__} {self.name!r}>"

@@ -87,8 +87,9 @@ def _check_global_batch(state, mine):
 
 
 def shard_loader(loader, rank, world_size):
-    """The rank's sharded view of a Loader or BucketLoader (the loader itself when world_size is 1)."""
-    if world_size == 1:
+    """The rank's sharded view of a Loader or BucketLoader (the loader itself when world_size is 1 or it is sharded
+    already)."""
+    if world_size == 1 or isinstance(loader, (ShardedLoader, ShardedBucketLoader)):
         return loader
     if isinstance(loader, Loader):
         return ShardedLoader(loader, rank, world_size)

@@ -3,14 +3,21 @@ architecture: the model family (family.py, `get_family(cfg.model.arch)`) supplie
 objective, the forward, the preview sampler and the LoRA names.
 
     trainer = Trainer(cfg)          # a validated TrainConfig (config.load_config / config_from_dict)
-    result = trainer.train()        # {"lora": path, "samples": path, "loss_plot": path, ...}
+    result = trainer.train()        # {"lora": path, "samples": path, "loss_plot": path, "stages": [...], ...}
+
+Set-up runs in stages, each timed and its peak memory recorded (stages.py; result["stages"]): check (every image
+and caption, or every sample file's header, before any model), latents and text (image folders and text prompts:
+the VAE, then the text encoders, loaded, run into their caches and freed; image_data.py), build (the transformer
+and its adapters); then train (samples inside it also count as their own stage). Image folders train from the
+caches in batches of one aspect bucket (flame_models.data.BucketLoader, whose position is part of a checkpoint).
 
 One optimizer step = `gradient_accumulation_steps` micro-batches: the family turns the batch into clean latents x0
 and conditioning, timesteps and noise are drawn, the objective makes x_t and the target, the family's forward
 predicts, the loss (float32) is backpropagated -- under autocast on the GPU and, there, replayed as a CUDA graph
-after two eager steps. Then gradient clipping, the optimizer, the LR schedule, EMA. Every `save_every` steps a
-checkpoint (adapter, optimizer, scheduler, RNG states, step, data position, EMA, training time, config) is written
-whole or not at all (checkpoint.py), and a restart with the same config resumes from the newest intact one exactly:
+after two eager steps (one graph per batch shape; graphs.py says when a run stays eager). Then gradient clipping,
+the optimizer, the LR schedule, EMA. Every `save_every` steps a checkpoint (adapter, optimizer, scheduler, RNG
+states, step, data position, EMA, training time, config) is written whole or not at all (checkpoint.py), and a
+restart with the same config resumes from the newest intact one exactly:
 the next step's loss and parameters equal those of a run that never stopped. A changed config either applies from
 there on or is refused (resume.py). Every `sample_every` steps the preview sampler runs while the progress clock is
 paused. Ctrl-C / SIGTERM stop after the current step with a checkpoint (interrupt.py).
@@ -32,7 +39,7 @@ from flame_core.errors import OutOfMemoryError
 from flame_nn import adapters as A
 
 from . import checkpoint as ckpt
-from . import run_folder
+from . import image_data, run_folder
 from .config import ConfigError, config_dict, dtype_name, max_gpu_memory_bytes
 from .data import ConcatDataset, FolderDataset, Loader, SyntheticDataset
 from .distributed import TrainerGroup, main_rank_only, on_main_rank  # ddp
@@ -43,7 +50,10 @@ from .interrupt import StopRequest
 from .logging import LossLog, plot_losses
 from .progress import Progress
 from .resume import ResumeError, compare, describe
-from .samples import Previews
+from .graphs import StepGraphs, graph_plan
+from .samples import PreviewPrompt, Previews
+from .stages import StageMeter
+from .validation import dataset_kinds, parts_needed
 
 
 class Trainer:
@@ -62,6 +72,7 @@ class Trainer:
         self.progress = None
         self.resumed_from = None
         self.stop = None
+        self.prepared = None
 
     def log(self, msg):
         if self.verbose:
@@ -69,8 +80,10 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ set-up
     def setup(self):
-        """Check every input (model header, data, sample conditioning, the run folder and its checkpoint) before
-        building the model; then build everything and resume."""
+        """Check every input (model header, every image and caption, the run folder and its checkpoint) before
+        any model is loaded; then, for image folders, cache the latents (VAE loaded, used, freed) and the text
+        embeddings (text encoders loaded, used, freed); then build the transformer and its adapters and resume.
+        Each stage's time and peak memory go to `self.meter` (and the result's "stages")."""
         c, t, fam = self.cfg, self.cfg.train, self.family
         for w in c.warnings:
             self.log(f"config: {w}")
@@ -81,29 +94,85 @@ class Trainer:
             c.network.target = fam.default_target
         if c.model.name_or_path is None and c.model.size is None and self._model is None:
             c.model.size = fam.default_size
+        self.budget = max_gpu_memory_bytes(c.max_gpu_memory) if c.max_gpu_memory is not None else None
+        self.meter = StageMeter(self.device, log=self.log)
         flame.manual_seed(t.seed)
 
-        # what the model is (its header; nothing loaded yet), then the data, checked against it
+        # what the model is (its header; nothing loaded yet), then every image / sample, checked against it
         self.spec = fam.spec_of(self._model) if self._model is not None else fam.describe_model(c.model)
         problems = fam.spec_problems(c, self.spec)
         if problems:
             raise ConfigError("; ".join(problems))
-        self.dataset = self._dataset if self._dataset is not None else self._build_dataset()
+        kinds = dataset_kinds(c) if self._dataset is None else []
+        self.image_data = "images" in kinds
+        with self.meter.stage("check"):
+            self.dataset = self._dataset if self._dataset is not None else self._build_dataset(kinds)
+        for w in getattr(self.dataset, "warnings", []):
+            self.log(f"data: {w}")
+        if self.image_data:
+            for line in self.dataset.summary():
+                self.log(f"data: {line}")
         self.data_fingerprint = _fingerprint(self.dataset)
         if c.sample.height is None or c.sample.width is None:  # the dataset's resolution
-            lat = self.dataset.latent_shape(0)
-            c.sample.height = c.sample.height or lat[1] * fam.vae_scale_factor
-            c.sample.width = c.sample.width or lat[2] * fam.vae_scale_factor
-        self.previews = Previews(fam, c, self.dataset, os.path.join(self.out, "samples"), self.device, self.verbose)
+            if self.image_data:
+                h, w = image_data.default_sample_size(c)
+            else:
+                lat = self.dataset.latent_shape(0)
+                h, w = lat[1] * fam.vae_scale_factor, lat[2] * fam.vae_scale_factor
+            c.sample.height, c.sample.width = c.sample.height or h, c.sample.width or w
 
         # the run's folder: start over, resume from its newest intact checkpoint, or refuse to mix two runs
         checkpoint, state = self._choose_checkpoint()
 
+        # image folders and text prompts: latents and text embeddings cached, their encoders freed
+        previews_on = bool(c.sample.sample_every) and not t.disable_sampling
+        vae_needed, text_needed = parts_needed(c, kinds)
+        if vae_needed or text_needed:
+            # ddp: rank 0 fills the caches first, the others then find them; only rank 0 decodes previews
+            self.prepared = self.dist.main_first(image_data.prepare, self, self.dataset if self.image_data else None,
+                                                 previews_on and self.dist.is_main)
+        self.previews = self._make_previews()
+
+        with self.meter.stage("build"):  # (with max_gpu_memory: the resident blocks chosen by measured steps)
+            self._build(checkpoint, state)
+            if self.streamer is not None:
+                n_params = sum(p.numel() for p in self.params)
+                state_bytes = (2 if t.optimizer == "adamw8bit" else 8) * n_params  # moments made at the first step
+                decode_bytes = self.prepared.decode_bytes if self.prepared is not None and previews_on else 0
+                self.fit = self.streamer.auto_fit(self.budget, self._measure_step,
+                                                  extra_bytes=state_bytes + decode_bytes)
+                self.log(str(self.fit))
+        return self
+
+    def _make_previews(self):
+        c, fam = self.cfg, self.family
+        folder = os.path.join(self.out, "samples")
+        if self.prepared is not None and self.prepared.prompts:
+            return Previews(fam, c, self.prepared.prompts, folder, self.device, decode=self.prepared.decode,
+                            verbose=self.verbose)
+        keys = fam.sample_keys[1:]
+        prompts = []
+        if c.sample.prompt_embeds:
+            for path in c.sample.prompt_embeds:
+                with io.safe_open(path) as f:
+                    cond = {k: f.get_array(k).astype(np.float32) for k in keys}
+                prompts.append(PreviewPrompt(os.path.basename(path), cond))
+        elif not self.image_data:
+            for i in range(min(c.sample.num_samples, len(self.dataset))):
+                item = self.dataset[i]
+                prompts.append(PreviewPrompt(f"dataset item {i}", {k: item[k] for k in keys}, item["latents"]))
+        decode = self.prepared.decode if self.prepared is not None else None
+        return Previews(fam, c, prompts, folder, self.device, decode=decode, verbose=self.verbose)
+
+    def _build(self, checkpoint, state):
+        """The frozen model, its adapters, streaming / fp8, the optimizer, loader and objective; then the
+        checkpoint's state."""
+        c, t, fam = self.cfg, self.cfg.train, self.family
         # the frozen model and its adapters
         base_dtype = flame.dtypes.dtype(dtype_name(c.model.dtype))
-        load_to = "cpu" if c.max_gpu_memory is not None else self.device  # a budget: stream from host memory
-        self.model = self._model if self._model is not None else fam.build_model(c.model, self.spec, base_dtype,
-                                                                                   load_to)
+        stream = c.max_gpu_memory is not None  # a budget: the blocks stream from host memory
+        self.model = self._model if self._model is not None else fam.build_model(
+            c.model, self.spec, base_dtype, self.device, **({"stream": True} if stream else {}))
         self.name_map = fam.lora_name_map(self.model)
         n = c.network
         targets = fam.target_presets.get(n.target, n.target) if isinstance(n.target, str) else n.target
@@ -124,7 +193,8 @@ class Trainer:
         quantize = "fp8" if c.model.quantize else None
         if c.max_gpu_memory is not None:  # every block streamed for now; auto_fit chooses the resident ones below
             self.streamer = flame_nn.offload.BlockStreamer.for_model(self.model, stacks, device=self.device,
-                                                                     quantize=quantize)
+                                                                     quantize=quantize,
+                                                                     prepare=fam.block_initializer(self.model))
         elif quantize:
             n_q = sum(len(flame_nn.offload.quantize_linear_weights_(self.model.get_submodule(s))) for s in stacks)
             self.log(f"model.quantize: {n_q} frozen Linear weights of the blocks stored as fp8 (e4m3)")
@@ -133,8 +203,11 @@ class Trainer:
         self.optimizer = self._make_optimizer()
         self.scheduler = self._make_scheduler()
         self.ema = EMA(self.params, t.ema_config.ema_decay) if t.ema_config.use_ema else None
-        self.loader = Loader(self.dataset, t.batch_size, seed=t.seed,
-                             shuffle=[d.shuffle for d in c.datasets] if c.datasets else True)
+        if self.prepared is not None and self.prepared.loader is not None:
+            self.loader = self.prepared.loader       # batches of one bucket, from the caches
+        else:
+            self.loader = Loader(self.dataset, t.batch_size, seed=t.seed,
+                                 shuffle=[d.shuffle for d in c.datasets] if c.datasets else True)
         self.loader = self.dist.shard_loader(self.loader)  # ddp: this rank's rows of the global batch
         self.objective = fam.objective(t)
         self.sigma_gen = flame.Generator("cpu").manual_seed(t.seed + 1)
@@ -146,8 +219,10 @@ class Trainer:
         # schedule is cyclic: flame_nn.offload.streamer); not on the cpu
         self._loss_scale = 1.0 / t.gradient_accumulation_steps
         self._cond_keys = None
-        use_graph = t.cuda_graph and self.device.type == "cuda"
-        self.graphed = flame.cuda.graphed(self._forward_backward, warmup=2, enabled=use_graph) if use_graph else None
+        use_graph, why = graph_plan(self._batch_shapes(), c.max_gpu_memory, t.cuda_graph, self.device.type == "cuda")
+        if why:
+            self.log(why)
+        self.graphed = StepGraphs(self._forward_backward, warmup=2) if use_graph else None
         self._graph_generation = None  # the streamer's placement the graph was captured with
         self._graph_demotions = 0  # times a capture did not fit max_gpu_memory and blocks were demoted
 
@@ -157,16 +232,18 @@ class Trainer:
         if checkpoint is not None:
             self._load_checkpoint(checkpoint, state)
         atomic_write_json(os.path.join(self.out, "config.json"), config_dict(c), indent=1, default=str)
-        if self.streamer is not None:
-            n_params = sum(p.numel() for p in self.params)
-            state_bytes = (2 if t.optimizer == "adamw8bit" else 8) * n_params  # moments made at the first step
-            self.fit = self.streamer.auto_fit(max_gpu_memory_bytes(c.max_gpu_memory), self._measure_step,
-                                              extra_bytes=state_bytes)
-            self.log(str(self.fit))
-        return self
 
-    def _build_dataset(self):
+    def _batch_shapes(self):
+        """How many batch shapes the run draws (one per bucket that fills a batch; 1 for sample data)."""
+        sampler = getattr(self.loader, "sampler", None)
+        if sampler is None:
+            return 1
+        return sum(1 for _, items in sampler.buckets if len(items) >= sampler.batch_size)
+
+    def _build_dataset(self, kinds):
         c, fam = self.cfg, self.family
+        if "images" in kinds:
+            return image_data.image_dataset(c, self.verbose)  # every image decoded, every caption read
         if c.datasets:
             parts = [FolderDataset(d.folder_path, fam.sample_keys, lambda s: fam.check_sample(s, self.spec),
                                    d.num_repeats) for d in c.datasets]
@@ -262,11 +339,12 @@ class Trainer:
         return loss.item(), float(t.float().mean().item())
 
     def _graphed_step(self, args):
+        g = self.graphed.for_args(args)  # this batch shape's graph
         failed = None
         try:
-            loss = self.graphed(*args)
+            loss = g(*args)
         except Exception as e:  # noqa: BLE001 - a capture that fails falls back to eager steps, said once
-            if self.graphed.graph is not None or self.graphed.calls <= self.graphed.warmup:
+            if g.graph is not None or g.calls <= g.warmup:
                 raise
             # the message only: the exception's frames hold the failed capture's tensors
             failed = (isinstance(e, OutOfMemoryError), f"{type(e).__name__}: {str(e).splitlines()[0]}")
@@ -280,7 +358,7 @@ class Trainer:
             if gone:
                 self._graph_demotions += 1
                 self.graphed.reset()
-                self.graphed.calls = self.graphed.warmup  # capture again at the next step
+                g.calls = g.warmup  # capture again at the next step of this shape
                 self.log(f"CUDA graph capture did not fit the memory budget ({failed[1]}); {len(gone)} more "
                          f"blocks streamed ({len(self.streamer.resident)} resident), capturing again next step")
             else:
@@ -338,7 +416,7 @@ class Trainer:
         self.stop = StopRequest() if self.handle_signals else None
         saved_at = self.step if self.resumed_from else None
         try:
-            with self.stop or _nullcontext():
+            with self.stop or _nullcontext(), self.meter.stage("train"):
                 if self.step == 0 and self._sample_due(0):
                     with self.progress.paused():
                         self.sample()
@@ -395,6 +473,10 @@ class Trainer:
         grid = self.previews.save_grid(os.path.join(self.out, "samples.png"))
         if grid:
             result["samples"] = grid
+            result["samples_decoded"] = self.previews.decode is not None
+        result["stages"] = self.meter.report()
+        if self.prepared is not None:
+            result["encoded"] = dict(self.prepared.encoded)
         if interrupted:
             self.log(f"stopped by {interrupted} at step {self.step}: checkpoint "
                      f"{ckpt.checkpoint_dir(self.out, self.step)}, LoRA {lora}; run the same command again to resume")
@@ -403,12 +485,19 @@ class Trainer:
     # ------------------------------------------------------------------------------------------ sampling
     @on_main_rank  # ddp
     def sample(self):
-        """Sample every prompt with the current (EMA, if on) adapters; returns the step's PNG."""
+        """Sample every prompt with the current (EMA, if on) adapters; returns the step's files."""
         if not self.previews.prompts:
             return None
+        if self.streamer is not None and self.graphed is not None and self.graphed.captured:
+            # under max_gpu_memory a step's graph holds its activations' memory (private to the graph) while it
+            # lives; sampling needs that room: the graphs go, and the next steps capture them again
+            self.graphed.reset()
+            self._graph_generation = None
+            flame.memory.empty_cache(self.device)
         self.model.eval()
         try:
-            with (self.ema.swapped() if self.ema is not None else _nullcontext()), no_grad():
+            with (self.ema.swapped() if self.ema is not None else _nullcontext()), no_grad(), \
+                    self.meter.stage("samples", quiet=True):
                 return self.previews.run(self.model, self.step)
         finally:
             self.model.train()
@@ -539,7 +628,10 @@ class Trainer:
 
 
 def _fingerprint(dataset):
-    """What identifies the samples a run draws from: their count and, for folders, the files' names and sizes."""
+    """What identifies the samples a run draws from: their count and, for folders, the files' names and sizes (image
+    datasets: the hash of their images, captions, buckets and settings)."""
+    if hasattr(dataset, "fingerprint"):
+        return {"count": len(dataset), "files": dataset.fingerprint()}
     parts = getattr(dataset, "parts", None) or [dataset]
     h = hashlib.sha256()
     for p in parts:

@@ -3,6 +3,7 @@ model family's own checks, and (check_files) the model file's and the dataset fi
 import difflib
 import os
 
+from ..data.config import validate_dataset_config
 from .config import (DTYPES, FILE_FORMATS, NETWORK_TYPES, OPTIMIZERS, PROCESS_TYPES, SCHEDULERS,
                      max_gpu_memory_bytes)
 
@@ -97,6 +98,8 @@ def validate(cfg, prefix="", check_files=True):
     choice(e, f"{p}model.dtype", m.dtype, DTYPES)
     if m.is_flux is not None and m.is_flux != (m.arch == "flux"):
         e.append(f"{p}model.is_flux: {str(m.is_flux).lower()} contradicts model.arch {m.arch!r}")
+    if m.t5_max_length is not None and not 1 <= m.t5_max_length <= 512:
+        e.append(f"{p}model.t5_max_length: T5 tokens per caption, 1 to 512, got {m.t5_max_length}")
     if m.name_or_path is not None and m.size is not None:
         e.append(f"{p}model.size: a random-init preset, but model.name_or_path is given (its config is read from "
                  f"the file); remove one")
@@ -114,13 +117,24 @@ def validate(cfg, prefix="", check_files=True):
     if cfg.datasets and cfg.synthetic is not None:
         e.append(f"{p}synthetic: given together with datasets; use one")
     for i, d in enumerate(cfg.datasets):
-        _at_least(e, f"{p}datasets[{i}].num_repeats", d.num_repeats)
-        if not d.folder_path:
-            e.append(f"{p}datasets[{i}].folder_path: required")
+        e += validate_dataset_config(d, f"{p}datasets[{i}]", check_files=False)
     if cfg.synthetic is not None:
         sy = cfg.synthetic
         _at_least(e, f"{p}synthetic.num_samples", sy.num_samples)
         _at_least(e, f"{p}synthetic.text_length", sy.text_length)
+        if sm.prompts:
+            e.append(f"{p}sample.prompts: the synthetic dataset's conditioning is random, not a text encoder's: "
+                     f"prompts would mean nothing to the model (use an image folder, or leave prompts out)")
+    if cfg.trigger_word is not None and not cfg.trigger_word.strip():
+        e.append(f"{p}trigger_word: an empty trigger word; remove the key or give a word")
+    for i, x in enumerate(sm.prompts):
+        if not isinstance(x, str) or not x.strip():
+            e.append(f"{p}sample.prompts[{i}]: expected a non-empty string, got {x!r}")
+    if sm.prompts and sm.prompt_embeds:
+        e.append(f"{p}sample.prompt_embeds: given together with sample.prompts; use one")
+    if sm.prompts and "sample.num_samples" in given:
+        e.append(f"{p}sample.num_samples: picks dataset items to sample with, but sample.prompts gives the "
+                 f"prompts; remove one")
     _at_least(e, f"{p}log_every", cfg.log_every)
     if cfg.max_gpu_memory is not None:
         try:
@@ -164,9 +178,28 @@ def _family_checks(cfg, family, p):
     return e
 
 
+# the fields a folder of precomputed samples uses; every other dataset field is for image folders
+SAMPLE_FOLDER_FIELDS = ("folder_path", "num_repeats", "shuffle")
+
+
+def dataset_kinds(cfg):
+    """['images' | 'samples' | None per datasets entry] (data.dataset_kind of each folder)."""
+    from .data import dataset_kind
+    return [dataset_kind(d.folder_path) if d.folder_path else None for d in cfg.datasets]
+
+
+def parts_needed(cfg, kinds):
+    """(VAE?, text encoders?) a run needs: image folders need both; sample.prompts need the text encoders;
+    precomputed samples are decoded for previews when model.vae_path names their VAE."""
+    images = "images" in kinds
+    return images or (bool(kinds) and cfg.model.vae_path is not None), images or bool(cfg.sample.prompts)
+
+
 def file_problems(cfg, family, p=""):
     """What is wrong with the files the config names, read from their headers only (model first: the datasets'
-    shapes are checked against it)."""
+    shapes are checked against it): the model, each dataset folder (image folders: that it holds images --
+    every image is decoded by the trainer before any model is loaded; sample folders: every file's header), and
+    the other parts the run needs (VAE, text encoders, tokenizers)."""
     from .data import scan_folder
     from .family import ModelFileError
     e, spec = [], None
@@ -183,12 +216,46 @@ def file_problems(cfg, family, p=""):
 
     def check(shapes):
         return family.check_sample(shapes, spec)
-    for i, d in enumerate(cfg.datasets):
-        if d.folder_path:
+    kinds = dataset_kinds(cfg)
+    for i, (d, kind) in enumerate(zip(cfg.datasets, kinds)):
+        where = f"{p}datasets[{i}]"
+        if not d.folder_path:
+            continue  # reported with the fields
+        if not os.path.isdir(d.folder_path):
+            e.append(f"{where}.folder_path: no such folder: {d.folder_path}")
+            continue
+        if kind is None:
+            e.append(f"{where}.folder_path: {d.folder_path} holds neither images nor precomputed samples "
+                     f"(.safetensors)")
+        elif kind == "samples":
+            extra = sorted(k.split(".", 1)[1] for k in cfg.given
+                           if k.startswith(f"datasets[{i}].") and k.split(".", 1)[1] not in SAMPLE_FOLDER_FIELDS)
+            for k in extra:
+                e.append(f"{where}.{k}: only for image folders; {d.folder_path} holds precomputed samples")
             _, _, problems = scan_folder(d.folder_path, family.sample_keys, check)
-            e += [f"{p}datasets[{i}].folder_path: {x}" for x in problems[:20]]
+            e += [f"{where}.folder_path: {x}" for x in problems[:20]]
             if len(problems) > 20:
-                e.append(f"{p}datasets[{i}].folder_path: ... and {len(problems) - 20} more files")
+                e.append(f"{where}.folder_path: ... and {len(problems) - 20} more files")
+    if "images" in kinds and "samples" in kinds:
+        e.append(f"{p}datasets: image folders and precomputed-sample folders cannot be mixed in one run "
+                 f"(datasets {[i for i, k in enumerate(kinds) if k == 'samples']} hold samples)")
+    images = [d for d, k in zip(cfg.datasets, kinds) if k == "images"]
+    if len({d.shuffle for d in images}) > 1:
+        e.append(f"{p}datasets: image folders share one batch order; give every one the same shuffle value")
+    vae, text = parts_needed(cfg, kinds)
+    m = cfg.model
+    if not vae and m.vae_path is not None:
+        e.append(f"{p}model.vae_path: not used: the synthetic dataset's latents come from no VAE")
+    if not text:
+        if cfg.trigger_word is not None:
+            e.append(f"{p}trigger_word: not used: this run has no captions (precomputed or synthetic samples) and "
+                     f"no sample.prompts")
+        for k in ("clip_l_path", "t5_path", "tokenizer_path", "quantize_te", "t5_max_length"):
+            if f"model.{k}" in cfg.given and getattr(m, k) not in (None, False):
+                e.append(f"{p}model.{k}: not used: no text is encoded in this run (no image folder, no "
+                         f"sample.prompts)")
+    if (vae or text) and spec is not None:
+        e += family.parts_problems(cfg, vae=vae, text=text, prefix=p)
     for i, f in enumerate(cfg.sample.prompt_embeds):
         msg = sample_file_problem(f, family, spec)
         if msg:

@@ -15,6 +15,8 @@ LDM -> diffusers:
 """
 import re
 
+from .. import checkpoint_io as CIO
+
 VAE_PREFIXES = ("first_stage_model.", "vae.", "")   # SAI full checkpoints, ComfyUI all-in-one files, bare VAEs
 PROBES = ("encoder.conv_in.weight", "decoder.conv_in.weight")  # the same in both layouts
 VAE_ROOTS = ("encoder.", "decoder.", "quant_conv.", "post_quant_conv.")
@@ -72,14 +74,6 @@ def find_prefix(keys):
     return None
 
 
-def vae_keys(keys, prefix):
-    """The keys of the VAE (prefix stripped). A bare file's keys are all the VAE's; in a full checkpoint the other
-    models' tensors (model.diffusion_model.*, conditioner.*, ...) are not the VAE's business."""
-    if prefix:
-        return [k[len(prefix):] for k in keys if k.startswith(prefix)]
-    return list(keys)
-
-
 def detect_layout(keys):
     """'diffusers' or 'ldm' from (prefix-stripped) key names; None when neither is recognisable."""
     diffusers = any(".down_blocks." in k or ".up_blocks." in k or ".mid_block." in k for k in keys)
@@ -91,20 +85,6 @@ def detect_layout(keys):
 
 def has_old_attention(keys):
     return any(".mid_block.attentions.0.query." in k for k in keys)
-
-
-def count_indices(keys, pattern):
-    """How many consecutive indices 0, 1, ... the regex `pattern` (one group, the index) finds among keys."""
-    found = set()
-    rx = re.compile(pattern)
-    for k in keys:
-        m = rx.match(k)
-        if m:
-            found.add(int(m.group(1)))
-    n = 0
-    while n in found:
-        n += 1
-    return n
 
 
 # ----------------------------------------------------------------------------- what a non-VAE file looks like
@@ -123,8 +103,4 @@ _KINDS = (  # (substrings, what): the first kind one of whose substrings is in s
 
 def describe(keys):
     """A few words on what a file with these tensor names is, for errors ('a Flux transformer (BFL layout)')."""
-    keys = list(keys)
-    for subs, name in _KINDS:
-        if any(s in k for k in keys for s in subs):
-            return name
-    return "no model this loader knows"
+    return CIO.describe_keys(keys, _KINDS)

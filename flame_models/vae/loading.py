@@ -11,9 +11,8 @@ import os
 
 import flame_core as flame
 import flame_nn
-from flame_core.dtypes import dtype_of
-from flame_core.io import safe_open
 
+from .. import checkpoint_io as CIO
 from . import keys as K
 from .config import VAEConfig, VAEConfigError
 from .saving import CONFIG_METADATA_KEY
@@ -22,20 +21,13 @@ WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 CONFIG_NAME = "config.json"
 
 
-class VAECheckpointError(flame.FlameError, RuntimeError):
+class VAECheckpointError(CIO.CheckpointError, RuntimeError):
     """A file or folder that holds no VAE, or a VAE with missing, unexpected or misshaped tensors."""
 
 
 # ----------------------------------------------------------------------------- finding the files
-def _read_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise VAECheckpointError(f"{path}: cannot read the config ({e})") from None
-
-
 def _folder_weights(folder):
+    """A VAE is one file: diffusers' name, else the folder's only .safetensors file."""
     names = sorted(n for n in os.listdir(folder) if n.endswith(".safetensors"))
     if WEIGHTS_NAME in names:
         return os.path.join(folder, WEIGHTS_NAME)
@@ -51,59 +43,49 @@ def find_vae_files(path):
     (a diffusers `vae/` folder, or a pipeline folder that contains one)."""
     path = os.fspath(path)
     if os.path.isdir(path):
-        sub = os.path.join(path, "vae")
-        if os.path.isdir(sub) and not any(n.endswith(".safetensors") for n in os.listdir(path)):
-            return find_vae_files(sub)
-        cfg_path = os.path.join(path, CONFIG_NAME)
-        cfg = _read_json(cfg_path) if os.path.exists(cfg_path) else None
+        path = CIO.pipeline_subfolder(path, "vae")
+        cfg = CIO.read_config_json(path, VAECheckpointError)
         if cfg is not None and cfg.get("_class_name", "AutoencoderKL") != "AutoencoderKL":
             raise VAECheckpointError(f"{path} is not a VAE folder: its config.json describes a "
                                      f"{cfg.get('_class_name')!r}, not an AutoencoderKL")
-        return _folder_weights(path), cfg, (cfg_path if cfg is not None else None)
+        return _folder_weights(path), cfg, (os.path.join(path, CONFIG_NAME) if cfg is not None else None)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no VAE checkpoint at {path}")
-    if path.lower().endswith((".ckpt", ".pt", ".pth", ".bin")):  # pickles: never unpickled here
-        raise VAECheckpointError(f"{path}: only safetensors VAE files are read (convert .ckpt / .pt / .bin first)")
-    cfg_path = os.path.join(os.path.dirname(path) or ".", CONFIG_NAME)
-    if os.path.exists(cfg_path):  # a diffusers vae/ file named directly: its folder's config still applies
-        cfg = _read_json(cfg_path)
-        if isinstance(cfg, dict) and cfg.get("_class_name") == "AutoencoderKL":
-            return path, cfg, cfg_path
+    CIO.check_not_pickle(path, VAECheckpointError)
+    folder = os.path.dirname(path) or "."
+    cfg = CIO.read_config_json(folder, VAECheckpointError)
+    if cfg is not None and cfg.get("_class_name") == "AutoencoderKL":  # a diffusers vae/ file named directly
+        return path, cfg, os.path.join(folder, CONFIG_NAME)
     return path, None, None
 
 
-class VAECheckpoint:
+class VAECheckpoint(CIO.SafetensorsCheckpoint):
     """An open VAE safetensors file: its prefix, layout, and the file name of each LDM key (header only)."""
+
+    error = VAECheckpointError
 
     def __init__(self, path):
         self.path = os.fspath(path)
         self.file, self.json_config, self.config_source = find_vae_files(path)
-        self.handle = safe_open(self.file)
-        try:
-            self._index()
-        except BaseException:
-            self.handle.close()
-            raise
+        super().__init__([self.file], label=self.file)
 
-    def _index(self):
-        all_keys = self.handle.keys()
+    def scan_keys(self):
+        all_keys = list(self.handle_of)
         self.prefix = K.find_prefix(all_keys)
         if self.prefix is None:
             sample = ", ".join(all_keys[:3]) + (", ..." if len(all_keys) > 3 else "")
             raise VAECheckpointError(
                 f"{self.file} is not a VAE checkpoint: it looks like {K.describe(all_keys)} ({len(all_keys)} "
                 f"tensors: {sample}); a VAE has {K.PROBES[0]} (bare, or under first_stage_model. or vae.)")
-        self.keys = K.vae_keys(all_keys, self.prefix)
-        meta = self.handle.metadata() or {}
-        self.metadata_config = meta.get(CONFIG_METADATA_KEY)  # written by save_vae
-        self.layout = K.detect_layout(self.keys)
+        self.vae_keys = CIO.keys_under(all_keys, self.prefix)
+        self.metadata_config = self.metadata(CONFIG_METADATA_KEY)  # written by save_vae
+        self.layout = K.detect_layout(self.vae_keys)
         if self.layout is None:
             raise VAECheckpointError(f"{self.file}: VAE keys in neither the LDM (encoder.down.0...) nor the diffusers "
                                      f"(encoder.down_blocks.0...) layout, or in both")
-        self.old_attention = self.layout == "diffusers" and K.has_old_attention(self.keys)
-        self._key_set = set(self.keys)
+        self.old_attention = self.layout == "diffusers" and K.has_old_attention(self.vae_keys)
         down = r"^encoder\.down\.(\d+)\." if self.layout == "ldm" else r"^encoder\.down_blocks\.(\d+)\."
-        self.num_levels = K.count_indices(self.keys, down)
+        self.num_levels = CIO.count_indices(self.vae_keys, down)
 
     def file_key(self, ldm_key):
         """The name (prefix stripped) this file gives an LDM key."""
@@ -111,30 +93,8 @@ class VAECheckpoint:
             return ldm_key
         return K.ldm_to_diffusers_key(ldm_key, self.num_levels, self.old_attention)
 
-    def has(self, ldm_key):
-        return self.file_key(ldm_key) in self._key_set
-
-    def shape(self, ldm_key):
-        return tuple(self.handle.shape(self.prefix + self.file_key(ldm_key)))
-
-    def stored_dtype(self, ldm_key):
-        return dtype_of(self.handle.dtype(self.prefix + self.file_key(ldm_key)))
-
-    def get(self, ldm_key, dtype, device):
-        return self.handle.get_tensor(self.prefix + self.file_key(ldm_key), dtype=dtype, device=device)
-
-    def describe(self):
-        return (f"{self.file} ({self.layout} layout" + (f", prefix {self.prefix!r}" if self.prefix else "")
-                + (f", config {self.config_source}" if self.config_source else "") + ")")
-
-    def close(self):
-        self.handle.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+    def source_key(self, ldm_key):
+        return self.prefix + self.file_key(ldm_key)
 
 
 # ----------------------------------------------------------------------------- the config from the weights
@@ -212,10 +172,6 @@ def _shape_fits(ldm_key, got, want):
     return K.is_attention_weight(ldm_key) and tuple(s for s in got if s != 1) == want[:2] and len(got) in (2, 3)
 
 
-def _listing(xs):
-    return ", ".join(xs[:20]) + (f", ... and {len(xs) - 20} more" if len(xs) > 20 else "")
-
-
 def load_vae_state_(model, ckpt, *, strict=True):
     """Fill `model` (an AutoencoderKL, typically built under empty_init) from an open VAECheckpoint, one tensor at
     a time in each parameter's dtype and device. Raises VAECheckpointError naming missing, unexpected and
@@ -224,33 +180,20 @@ def load_vae_state_(model, ckpt, *, strict=True):
     plan = {k: ckpt.file_key(k) for k in params}
     used = set(plan.values())
     missing = [ckpt.prefix + fk for k, fk in plan.items() if not ckpt.has(k)]
-    unexpected = [ckpt.prefix + k for k in ckpt.keys if k not in used]
+    unexpected = [ckpt.prefix + k for k in ckpt.vae_keys if k not in used]
     misshaped = []
     for k, fk in plan.items():
         if ckpt.has(k):
             got, want = ckpt.shape(k), tuple(params[k].shape)
             if not _shape_fits(k, got, want):
                 misshaped.append(f"{ckpt.prefix + fk}: {got} in the file, {want} in the model")
-    if misshaped or (strict and (missing or unexpected)):
-        c = model.config
-        lines = [f"cannot load the VAE {ckpt.describe()} into AutoencoderKL(ch={c.ch}, ch_mult={c.ch_mult}, "
-                 f"num_res_blocks={c.num_res_blocks}, z_channels={c.z_channels}, "
-                 f"quant_conv={c.use_quant_conv}, post_quant_conv={c.use_post_quant_conv}):"]
-        if missing:
-            lines.append(f"  missing keys ({len(missing)}): {_listing(missing)}")
-        if unexpected:
-            lines.append(f"  unexpected keys ({len(unexpected)}): {_listing(unexpected)}")
-        if misshaped:
-            lines.append(f"  misshaped ({len(misshaped)}): " + "; ".join(misshaped[:20]))
-        raise VAECheckpointError("\n".join(lines))
-    state = {}
-    with flame.no_grad():
-        for k, p in params.items():
-            if ckpt.has(k):
-                state[k] = ckpt.get(k, dtype=p.dtype, device=p.device).reshape(tuple(p.shape))
-    # assign=True: each tensor read becomes the parameter's storage (no second copy of the model)
-    model.load_state_dict(state, strict=False, assign=True)
-    return model
+    c = model.config
+    CIO.check_mismatch(VAECheckpointError, f"cannot load the VAE {ckpt.describe()} into AutoencoderKL(ch={c.ch}, "
+                       f"ch_mult={c.ch_mult}, num_res_blocks={c.num_res_blocks}, z_channels={c.z_channels}, "
+                       f"quant_conv={c.use_quant_conv}, post_quant_conv={c.use_post_quant_conv}):", missing,
+                       unexpected, misshaped, strict=strict)
+    present = {k: p for k, p in params.items() if ckpt.has(k)}
+    return CIO.fill_(model, lambda k, p: ckpt.get_like(k, p).reshape(tuple(p.shape)), present, desc="loading VAE")
 
 
 def load_vae(path, dtype=None, device=None, *, config=None, strict=True):
@@ -262,18 +205,10 @@ def load_vae(path, dtype=None, device=None, *, config=None, strict=True):
     unexpected tensors and leaves missing ones unloaded (they raise when used)."""
     from .model import AutoencoderKL
     with VAECheckpoint(path) as ckpt:
-        if isinstance(config, VAEConfig):
-            cfg = config
-        elif config is None or isinstance(config, dict):
-            cfg = infer_config(ckpt, config)
-        else:
-            raise TypeError(f"load_vae: config must be a VAEConfig, a dict of VAEConfig fields or None, got "
-                            f"{type(config).__name__}")
+        cfg = CIO.config_argument(config, VAEConfig, lambda overrides: infer_config(ckpt, overrides), caller="load_vae")
         if dtype is None:
-            dtype = ckpt.stored_dtype("encoder.conv_in.weight") if ckpt.has("encoder.conv_in.weight") \
-                else flame.get_default_dtype()
-            if dtype not in (flame.float16, flame.bfloat16, flame.float32, flame.float64):
-                dtype = flame.bfloat16  # fp8 storage: compute in bf16
+            dtype = CIO.compute_dtype(ckpt.stored_dtype("encoder.conv_in.weight") if ckpt.has("encoder.conv_in.weight")
+                                      else flame.get_default_dtype())
         with flame_nn.empty_init(device=device, dtype=dtype):
             model = AutoencoderKL(cfg)
         load_vae_state_(model, ckpt, strict=strict)

@@ -7,18 +7,10 @@ import os
 import flame_core as flame
 from flame_core.io import save_file
 
+from .. import checkpoint_io as CIO
 from . import keys as K
 
 CONFIG_METADATA_KEY = "flame.vae_config"
-
-
-def _write_json(path, obj):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def save_vae(vae, path, layout="ldm"):
@@ -45,5 +37,5 @@ def save_vae(vae, path, layout="ldm"):
     weights = os.path.join(path, "diffusion_pytorch_model.safetensors")
     save_file(state, weights, metadata=metadata)
     config = os.path.join(path, "config.json")
-    _write_json(config, c.to_diffusers_config())
+    CIO.write_json(config, c.to_diffusers_config())
     return [weights, config]

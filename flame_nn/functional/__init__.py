@@ -5,14 +5,23 @@ from flame_core.ops.indexing import pad, one_hot
 from flame_core.ops.linear import linear
 from flame_core.ops.pooling import max_pool2d, avg_pool2d, adaptive_avg_pool2d
 
-from .activation import relu, gelu, silu, tanh, sigmoid, softmax, log_softmax
+from .activation import (relu, gelu, silu, tanh, sigmoid, softmax, log_softmax, leaky_relu, elu, softplus, mish,
+                         hardswish)
 from .attention import scaled_dot_product_attention
+from .bilinear import bilinear
+from .conv import conv1d, conv_transpose2d
+from .distance import normalize, cosine_similarity
 from .dropout import dropout
-from .loss import mse_loss, l1_loss, nll_loss, cross_entropy
-from .norm import layer_norm, group_norm, rms_norm
+from .loss import (mse_loss, l1_loss, smooth_l1_loss, huber_loss, binary_cross_entropy,
+                   binary_cross_entropy_with_logits, kl_div, nll_loss, cross_entropy)
+from .norm import layer_norm, group_norm, rms_norm, batch_norm
+from .pixel_shuffle import pixel_shuffle, pixel_unshuffle
 from .upsample import interpolate
 
-__all__ = ["conv2d", "pad", "one_hot", "relu", "gelu", "silu", "tanh", "sigmoid", "softmax", "log_softmax",
-           "scaled_dot_product_attention", "dropout", "embedding", "linear", "mse_loss", "l1_loss", "nll_loss",
-           "cross_entropy", "layer_norm", "group_norm", "rms_norm", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
-           "interpolate"]
+__all__ = ["conv2d", "conv1d", "conv_transpose2d", "pad", "one_hot", "relu", "gelu", "silu", "tanh", "sigmoid",
+           "softmax", "log_softmax", "leaky_relu", "elu", "softplus", "mish", "hardswish",
+           "scaled_dot_product_attention", "bilinear", "normalize", "cosine_similarity", "dropout", "embedding",
+           "linear", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
+           "binary_cross_entropy_with_logits", "kl_div", "nll_loss", "cross_entropy", "layer_norm", "group_norm",
+           "rms_norm", "batch_norm", "pixel_shuffle", "pixel_unshuffle", "max_pool2d", "avg_pool2d",
+           "adaptive_avg_pool2d", "interpolate"]

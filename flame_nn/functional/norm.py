@@ -1,9 +1,13 @@
-"""layer_norm, group_norm, rms_norm: flame_core's fused norms (flame_core.ops.norms).
+"""layer_norm, group_norm, rms_norm: flame_core's fused norms (flame_core.ops.norms); batch_norm from Tensor ops.
 
 Autocast category "native" (flame_core.amp): no casts. The kernels read float16/bfloat16 activations directly,
 compute statistics and the normalisation in float32 and return the input's dtype; float32 weights are read as they
 are. (PyTorch casts half inputs of its norms to float32 and returns float32: the same arithmetic, two more passes.)
 """
+from flame_core import dtypes as D
+from flame_core.autograd import no_grad
+from flame_core.errors import ShapeError, fmt_shape
+from flame_core.ops import elementwise as E
 from flame_core.ops import norms as _N
 
 
@@ -18,3 +22,45 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
 
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     return _N.group_norm(input, num_groups, weight, bias, eps)
+
+
+def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    """Normalise over every dim but the channel dim 1. In training: batch statistics (biased variance), and the
+    running statistics, when given, move by `momentum` towards the batch mean and the unbiased batch variance (in
+    place, without gradient). Otherwise: the running statistics. Half inputs are normalised in float32."""
+    if input.ndim < 2:
+        raise ShapeError(f"batch_norm: expected an input with a channel dim (N, C, ...), got {fmt_shape(input.shape)}")
+    C = input.shape[1]
+    for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight),
+                    ("bias", bias)):
+        if t is not None and tuple(t.shape) != (C,):
+            raise ShapeError(f"batch_norm: {name} has shape {fmt_shape(t.shape)}, the input {fmt_shape(input.shape)} "
+                             f"has {C} channels")
+    dims = (0,) + tuple(range(2, input.ndim))
+    shape = (1, C) + (1,) * (input.ndim - 2)
+    x = input.float() if input.dtype in (D.float16, D.bfloat16) else input
+    if training:
+        count = input.numel() // max(C, 1)
+        if count <= 1:
+            raise ValueError(f"Expected more than 1 value per channel when training, got input size "
+                             f"{fmt_shape(input.shape)}")
+        mean = x.mean(dims, keepdim=True)
+        var = x.var(dims, unbiased=False, keepdim=True)
+        if running_mean is not None or running_var is not None:
+            with no_grad():
+                if running_mean is not None:
+                    running_mean.mul_(1.0 - momentum).add_(mean.reshape(C).to(running_mean.dtype) * momentum)
+                if running_var is not None:
+                    unbiased = var.reshape(C) * (count / (count - 1))
+                    running_var.mul_(1.0 - momentum).add_(unbiased.to(running_var.dtype) * momentum)
+    else:
+        if running_mean is None or running_var is None:
+            raise ValueError("batch_norm: running_mean and running_var are required when training=False")
+        mean = running_mean.to(x.dtype).reshape(shape)
+        var = running_var.to(x.dtype).reshape(shape)
+    y = (x - mean) * E.rsqrt(var + eps)
+    if weight is not None:
+        y = y * weight.to(x.dtype).reshape(shape)
+    if bias is not None:
+        y = y + bias.to(x.dtype).reshape(shape)
+    return y.to(input.dtype)

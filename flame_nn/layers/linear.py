@@ -1,4 +1,4 @@
-"""Identity, Linear, Flatten, Unflatten."""
+"""Identity, Linear, Bilinear, Flatten, Unflatten."""
 import math
 
 from .. import functional as F
@@ -36,6 +36,30 @@ class Linear(Module):
 
     def extra_repr(self):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Bilinear(Module):
+    """y = x1^T W x2 + b with W (out_features, in1_features, in2_features); init uniform(+-1/sqrt(in1_features))."""
+
+    def __init__(self, in1_features, in2_features, out_features, bias=True, device=None, dtype=None):
+        super().__init__()
+        self.in1_features, self.in2_features, self.out_features = in1_features, in2_features, out_features
+        self.weight = new_parameter((out_features, in1_features, in2_features), dtype, device)
+        self.bias = new_parameter((out_features,), dtype, device) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        bound = 1 / math.sqrt(self.weight.shape[1])
+        init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, input1, input2):
+        return F.bilinear(input1, input2, self.weight, self.bias)
+
+    def extra_repr(self):
+        return (f"in1_features={self.in1_features}, in2_features={self.in2_features}, "
+                f"out_features={self.out_features}, bias={self.bias is not None}")
 
 
 class Flatten(Module):

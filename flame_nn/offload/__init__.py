@@ -13,7 +13,7 @@ from .autofit import FitReport, MemoryBudgetError, auto_fit, demote
 from .fp8 import Float8LinearMixin, is_fp8_linear, quantize_linear_weights_, set_fp8_weight_
 from .host import OffloadError, safetensors_views
 from .layerwise import LayerwiseAdamW
-from .streamer import BlockStreamer, run_block
+from .streamer import BlockStreamer, run_block, streamer_of
 
-__all__ = ["BlockStreamer", "run_block", "auto_fit", "demote", "FitReport", "MemoryBudgetError", "quantize_linear_weights_",
+__all__ = ["BlockStreamer", "run_block", "streamer_of", "auto_fit", "demote", "FitReport", "MemoryBudgetError", "quantize_linear_weights_",
            "set_fp8_weight_", "Float8LinearMixin", "is_fp8_linear", "LayerwiseAdamW", "safetensors_views", "OffloadError"]

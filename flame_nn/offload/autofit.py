@@ -237,7 +237,10 @@ def auto_fit(streamer, max_gpu_memory, step_fn, *, extra_bytes=0, headroom=None,
                     minimum=minimum + headroom + max(0, margin))
             report.demoted += len(demote(streamer))
             chosen = streamer.resident
-    M.set_memory_limit(budget - overhead if enforce else prev_limit, dev)
+    # on cuda the device memory outside the pool keeps growing after the fit (a CUDA graph's executable, kernels
+    # loaded later, library workspaces): the pool stays a margin below what the fit left it
+    growth = max(0, margin) if dev.type == "cuda" and count_driver_overhead else 0
+    M.set_memory_limit(budget - overhead - growth if enforce else prev_limit, dev)
     report.resident = streamer.resident
     report.streamed = streamer.streamed
     report.resident_bytes = sum(streamer.block_bytes(i) for i in report.resident)

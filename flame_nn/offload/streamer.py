@@ -73,6 +73,15 @@ def run_block(stack, i, *args, **kwargs):
     return streamer.run(offset + i, *args, **kwargs)
 
 
+def streamer_of(module):
+    """The BlockStreamer that streams a block stack inside `module` (or `module` itself), or None."""
+    for m in module.modules():
+        hook = m.__dict__.get(_ATTR)
+        if hook is not None:
+            return hook[0]
+    return None
+
+
 class _BlockCall:
     """The function a block's checkpoint node runs (and runs again in backward); carries the block's index."""
     __slots__ = ("streamer", "index", "block")

@@ -1,10 +1,15 @@
-"""Learning-rate schedules (PyTorch names): LambdaLR, ConstantLR, LinearLR (linear warm-up), CosineAnnealingLR, and
-the diffusers-style factories get_{constant,constant_with_warmup,linear,cosine}_schedule(_with_warmup).
+"""Learning-rate schedules (PyTorch names): LambdaLR, ConstantLR, LinearLR (linear warm-up), CosineAnnealingLR,
+StepLR, MultiStepLR, ExponentialLR, OneCycleLR, ReduceLROnPlateau, SequentialLR, ChainedScheduler, and the
+diffusers-style factories get_{constant,constant_with_warmup,linear,cosine}_schedule(_with_warmup).
 
 Every schedule is a closed form of the step count, so `load_state_dict` (which restores `last_epoch`) resumes
-exactly.
+exactly. ChainedScheduler multiplies its schedules' factors (lr = base_lr * prod_i lr_i / base_lr): what PyTorch's
+recursive chaining gives for the multiplicative schedules (StepLR, MultiStepLR, ExponentialLR, ConstantLR, LinearLR,
+LambdaLR); ReduceLROnPlateau reacts to a metric and is its own class.
 """
 import math
+import warnings
+from bisect import bisect_right
 
 
 class LRScheduler:
@@ -27,7 +32,10 @@ class LRScheduler:
         return [base * self.factor(self.last_epoch) for base in self.base_lrs]
 
     def step(self):
-        self.last_epoch += 1
+        self._step_to(self.last_epoch + 1)
+
+    def _step_to(self, epoch):
+        self.last_epoch = epoch
         lrs = self.get_lr()
         for g, lr in zip(self.optimizer.param_groups, lrs):
             g["lr"] = lr
@@ -101,6 +109,290 @@ class CosineAnnealingLR(LRScheduler):
     def get_lr(self):
         c = (1 + math.cos(math.pi * self.last_epoch / self.T_max)) / 2
         return [self.eta_min + (base - self.eta_min) * c for base in self.base_lrs]
+
+
+class StepLR(LRScheduler):
+    """lr = base_lr * gamma ** (step // step_size)."""
+
+    def __init__(self, optimizer, step_size, gamma=0.1, last_epoch=-1):
+        if int(step_size) < 1:
+            raise ValueError(f"StepLR: step_size must be a positive integer, got {step_size}")
+        self.step_size, self.gamma = int(step_size), gamma
+        super().__init__(optimizer, last_epoch)
+
+    def factor(self, step):
+        return self.gamma ** (step // self.step_size)
+
+
+class MultiStepLR(LRScheduler):
+    """lr = base_lr * gamma ** (number of milestones <= step); a milestone listed twice counts twice."""
+
+    def __init__(self, optimizer, milestones, gamma=0.1, last_epoch=-1):
+        self.milestones, self.gamma = sorted(int(m) for m in milestones), gamma
+        super().__init__(optimizer, last_epoch)
+
+    def factor(self, step):
+        return self.gamma ** bisect_right(self.milestones, step)
+
+
+class ExponentialLR(LRScheduler):
+    """lr = base_lr * gamma ** step."""
+
+    def __init__(self, optimizer, gamma, last_epoch=-1):
+        self.gamma = gamma
+        super().__init__(optimizer, last_epoch)
+
+    def factor(self, step):
+        return self.gamma ** step
+
+
+def _per_group(name, optimizer, value):
+    n = len(optimizer.param_groups)
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueError(f"expected {n} values for {name}, got {len(value)}")
+        return list(value)
+    return [value] * n
+
+
+class OneCycleLR(LRScheduler):
+    """The 1cycle policy (PyTorch's OneCycleLR): lr rises from max_lr / div_factor to max_lr over the first
+    pct_start of total_steps, then anneals ('cos' or 'linear') to initial_lr / final_div_factor; three_phase=True
+    first comes back down to the initial lr symmetrically, then anneals to the minimum. With cycle_momentum the
+    momentum (SGD, RMSprop) or beta1 (Adam) moves inversely between max_momentum and base_momentum. Stepping past
+    total_steps raises."""
+
+    def __init__(self, optimizer, max_lr, total_steps=None, epochs=None, steps_per_epoch=None, pct_start=0.3,
+                 anneal_strategy="cos", cycle_momentum=True, base_momentum=0.85, max_momentum=0.95, div_factor=25.0,
+                 final_div_factor=1e4, three_phase=False, last_epoch=-1):
+        if total_steps is not None:
+            if not isinstance(total_steps, int) or total_steps <= 0:
+                raise ValueError(f"Expected positive integer total_steps, but got {total_steps}")
+            self.total_steps = total_steps
+        elif epochs is not None and steps_per_epoch is not None:
+            if not isinstance(epochs, int) or epochs <= 0:
+                raise ValueError(f"Expected positive integer epochs, but got {epochs}")
+            if not isinstance(steps_per_epoch, int) or steps_per_epoch <= 0:
+                raise ValueError(f"Expected positive integer steps_per_epoch, but got {steps_per_epoch}")
+            self.total_steps = epochs * steps_per_epoch
+        else:
+            raise ValueError("You must define either total_steps OR (epochs AND steps_per_epoch)")
+        if not isinstance(pct_start, float) or not 0 <= pct_start <= 1:
+            raise ValueError(f"Expected float between 0 and 1 pct_start, but got {pct_start}")
+        if anneal_strategy not in ("cos", "linear"):
+            raise ValueError(f"anneal_strategy must be one of 'cos' or 'linear', instead got {anneal_strategy}")
+        self.anneal_strategy, self.three_phase = anneal_strategy, three_phase
+        n = self.total_steps
+        if three_phase:
+            self._phases = [(float(pct_start * n) - 1, "initial_lr", "max_lr", "max_momentum", "base_momentum"),
+                            (float(2 * pct_start * n) - 2, "max_lr", "initial_lr", "base_momentum", "max_momentum"),
+                            (n - 1, "initial_lr", "min_lr", "max_momentum", "max_momentum")]
+        else:
+            self._phases = [(float(pct_start * n) - 1, "initial_lr", "max_lr", "max_momentum", "base_momentum"),
+                            (n - 1, "max_lr", "min_lr", "base_momentum", "max_momentum")]
+        max_lrs = _per_group("max_lr", optimizer, max_lr)
+        if last_epoch == -1:
+            for m, g in zip(max_lrs, optimizer.param_groups):
+                g["initial_lr"] = m / div_factor
+                g["max_lr"] = m
+                g["min_lr"] = g["initial_lr"] / final_div_factor
+        self.cycle_momentum = cycle_momentum
+        if cycle_momentum:
+            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
+                raise ValueError("optimizer must support momentum or beta1 with `cycle_momentum` option enabled")
+            self.use_beta1 = "betas" in optimizer.defaults
+            if last_epoch == -1:
+                for mx, base, g in zip(_per_group("max_momentum", optimizer, max_momentum),
+                                       _per_group("base_momentum", optimizer, base_momentum), optimizer.param_groups):
+                    self._set_momentum(g, mx)
+                    g["max_momentum"], g["base_momentum"] = mx, base
+        super().__init__(optimizer, last_epoch)
+
+    def _set_momentum(self, group, value):
+        if self.use_beta1:
+            group["betas"] = (value,) + tuple(group["betas"][1:])
+        else:
+            group["momentum"] = value
+
+    def _anneal(self, start, end, pct):
+        if self.anneal_strategy == "cos":
+            return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
+        return (end - start) * pct + start
+
+    def get_lr(self):
+        t = self.last_epoch
+        if t > self.total_steps:
+            raise ValueError(f"Tried to step {t} times. The specified number of total steps is {self.total_steps}")
+        lrs = []
+        for g in self.optimizer.param_groups:
+            start = 0.0
+            for i, (end, lr0, lr1, m0, m1) in enumerate(self._phases):
+                if t <= end or i == len(self._phases) - 1:
+                    pct = (t - start) / (end - start)
+                    lrs.append(self._anneal(g[lr0], g[lr1], pct))
+                    if self.cycle_momentum:
+                        self._set_momentum(g, self._anneal(g[m0], g[m1], pct))
+                    break
+                start = end
+        return lrs
+
+
+class ReduceLROnPlateau(LRScheduler):
+    """Multiply the lr by `factor` (not below min_lr, and only by more than eps) once the metric given to
+    `step(metrics)` has not improved for more than `patience` steps; then wait `cooldown` steps. Improvement: below
+    best * (1 - threshold) ('min', 'rel'), best - threshold ('min', 'abs'), above best * (1 + threshold) ('max',
+    'rel') or best + threshold ('max', 'abs')."""
+
+    def __init__(self, optimizer, mode="min", factor=0.1, patience=10, threshold=1e-4, threshold_mode="rel",
+                 cooldown=0, min_lr=0, eps=1e-8):
+        if factor >= 1.0:
+            raise ValueError("Factor should be < 1.0.")
+        if mode not in ("min", "max"):
+            raise ValueError(f"mode {mode} is unknown!")
+        if threshold_mode not in ("rel", "abs"):
+            raise ValueError(f"threshold mode {threshold_mode} is unknown!")
+        self.optimizer, self.factor = optimizer, factor
+        if isinstance(min_lr, (list, tuple)):
+            self.default_min_lr, self.min_lrs = None, _per_group("min_lr", optimizer, min_lr)
+        else:
+            self.default_min_lr, self.min_lrs = min_lr, [min_lr] * len(optimizer.param_groups)
+        self.patience, self.cooldown, self.eps = patience, cooldown, eps
+        self.mode, self.threshold, self.threshold_mode = mode, threshold, threshold_mode
+        self.mode_worse = math.inf if mode == "min" else -math.inf
+        self.last_epoch = 0
+        self._last_lr = [g["lr"] for g in optimizer.param_groups]
+        self._reset()
+
+    def _reset(self):
+        self.best = self.mode_worse
+        self.cooldown_counter = 0
+        self.num_bad_epochs = 0
+
+    @property
+    def in_cooldown(self):
+        return self.cooldown_counter > 0
+
+    def is_better(self, a, best):
+        if self.mode == "min":
+            return a < best * (1.0 - self.threshold) if self.threshold_mode == "rel" else a < best - self.threshold
+        return a > best * (1.0 + self.threshold) if self.threshold_mode == "rel" else a > best + self.threshold
+
+    def step(self, metrics, epoch=None):
+        current = float(metrics)
+        if epoch is not None:
+            warnings.warn("The epoch parameter in `scheduler.step()` was not necessary and is being deprecated where "
+                          "possible. Please use `scheduler.step()` to step the scheduler.", UserWarning, stacklevel=2)
+        self.last_epoch = self.last_epoch + 1 if epoch is None else epoch
+        if self.is_better(current, self.best):
+            self.best = current
+            self.num_bad_epochs = 0
+        else:
+            self.num_bad_epochs += 1
+        if self.in_cooldown:
+            self.cooldown_counter -= 1
+            self.num_bad_epochs = 0  # bad steps in cooldown do not count
+        if self.num_bad_epochs > self.patience:
+            self._reduce_lr()
+            self.cooldown_counter = self.cooldown
+            self.num_bad_epochs = 0
+        self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+
+    def _reduce_lr(self):
+        groups = self.optimizer.param_groups
+        if len(groups) != len(self.min_lrs):
+            if self.default_min_lr is None:
+                raise RuntimeError(f"The number of param groups in the optimizer ({len(groups)}) differs from when "
+                                   f"ReduceLROnPlateau was initialized ({len(self.min_lrs)}); set min_lrs to match")
+            self.min_lrs = [self.default_min_lr] * len(groups)
+        for g, min_lr in zip(groups, self.min_lrs):
+            old = float(g["lr"])
+            new = max(old * self.factor, min_lr)
+            if old - new > self.eps:
+                g["lr"] = new
+
+
+def _check_members(owner, optimizer, schedulers):
+    if len(schedulers) < 1:
+        raise ValueError(f"{owner} expects at least one scheduler")
+    for i, s in enumerate(schedulers):
+        if not hasattr(s, "optimizer"):
+            raise TypeError(f"{owner}: the scheduler at index {i} has no `optimizer` attribute")
+        if isinstance(s, ReduceLROnPlateau):
+            raise ValueError(f"{owner} does not support ReduceLROnPlateau (its step needs the metric), got one at "
+                             f"index {i}")
+        if s.optimizer is not optimizer:
+            raise ValueError(f"{owner} expects all schedulers to belong to the same optimizer, but the scheduler "
+                             f"{type(s).__name__} at index {i} has another one")
+
+
+class _Composite(LRScheduler):
+    def state_dict(self):
+        state = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_schedulers")}
+        state["_schedulers"] = [s.state_dict() for s in self._schedulers]
+        return state
+
+    def load_state_dict(self, state_dict):
+        state = dict(state_dict)
+        members = state.pop("_schedulers")
+        for s, sd in zip(self._schedulers, members):
+            s.load_state_dict(sd)
+        super().load_state_dict(state)
+
+
+class SequentialLR(_Composite):
+    """schedulers[i] runs from milestones[i - 1] on, restarted at its step 0 there (PyTorch's SequentialLR)."""
+
+    def __init__(self, optimizer, schedulers, milestones, last_epoch=-1):
+        _check_members("SequentialLR", optimizer, schedulers)
+        if len(milestones) != len(schedulers) - 1:
+            raise ValueError(f"SequentialLR expects one milestone fewer than schedulers, got {len(schedulers)} "
+                             f"schedulers and {len(milestones)} milestones")
+        self._schedulers, self._milestones = list(schedulers), list(milestones)
+        self.optimizer = optimizer
+        self.last_epoch = last_epoch + 1
+        for g in optimizer.param_groups:
+            g["lr"] = g["initial_lr"]
+        for s in self._schedulers:  # undo the step each scheduler took when it was built
+            s.last_epoch -= 1
+        first = self._schedulers[bisect_right(self._milestones, 0)]
+        first.step()
+        self._last_lr = first.get_last_lr()
+
+    def step(self):
+        self.last_epoch += 1
+        idx = bisect_right(self._milestones, self.last_epoch)
+        s = self._schedulers[idx]
+        if idx > 0 and self._milestones[idx - 1] == self.last_epoch:
+            s._step_to(0)
+        else:
+            s.step()
+        self._last_lr = s.get_last_lr()
+
+
+class ChainedScheduler(_Composite):
+    """Steps every scheduler at each step; the lr is base_lr times the product of their factors."""
+
+    def __init__(self, schedulers, optimizer=None):
+        optimizer = optimizer if optimizer is not None else schedulers[0].optimizer if schedulers else None
+        _check_members("ChainedScheduler", optimizer, schedulers)
+        self._schedulers, self.optimizer = list(schedulers), optimizer
+        self._combine()
+
+    def _combine(self):
+        lrs = []
+        for i, g in enumerate(self.optimizer.param_groups):
+            lr = g["initial_lr"]
+            for s in self._schedulers:
+                base = s.base_lrs[i]
+                lr = lr * (s.get_last_lr()[i] / base) if base else 0.0
+            g["lr"] = lr
+            lrs.append(lr)
+        self._last_lr = lrs
+
+    def step(self):
+        for s in self._schedulers:
+            s.step()
+        self._combine()
 
 
 def get_constant_schedule(optimizer, last_epoch=-1):

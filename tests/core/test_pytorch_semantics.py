@@ -116,7 +116,7 @@ def test_two_norm_gradgradcheck(device, rng):
 # ----------------------------------------------------------------------------- NumPy interop
 def test_numpy_asarray_gives_the_values(rng):
     a = rng.standard_normal((3, 4)).astype(np.float32)
-    x = flame.tensor(a)
+    x = flame.tensor(a, device="cpu")
     got = np.asarray(x)
     assert got.dtype == np.float32 and got.shape == (3, 4)
     np.testing.assert_array_equal(got, a)
@@ -127,7 +127,10 @@ def test_numpy_asarray_gives_the_values(rng):
     np.testing.assert_array_equal(np.array(x.to(flame.bfloat16)).astype(np.float32),
                                   a.astype(ml_dtypes.bfloat16).astype(np.float32))
     with pytest.raises(AutogradError, match="requires grad"):
-        np.asarray(flame.tensor(a, requires_grad=True))
+        np.asarray(flame.tensor(a, device="cpu", requires_grad=True))
+    if flame.cuda_is_available():  # as PyTorch: device memory is not a NumPy array; .cpu() first
+        with pytest.raises(TypeError, match=r"cuda:0 tensor to a NumPy array: copy it to host memory first"):
+            np.asarray(flame.tensor(a, device="cuda"))
 
 
 def test_numpy_scalars_on_the_left_defer_to_the_tensor(rng):

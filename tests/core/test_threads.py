@@ -81,14 +81,17 @@ def fake_blas(monkeypatch):
 def test_only_large_matmuls_use_the_pool(fake_blas, rng):
     flame.set_num_threads(4)
     assert flame.get_num_threads() == 4
-    small = flame.tensor(rng.standard_normal((64, 96)), dtype=flame.float32)
+    small = flame.tensor(rng.standard_normal((64, 96)), dtype=flame.float32, device="cpu")
     y = small @ small.T
     np.testing.assert_allclose(y.numpy(), small.numpy() @ small.numpy().T, rtol=1e-5, atol=1e-4)
     assert fake_blas.calls == []
-    big_a = flame.zeros(8, 256, 256)  # 8·256·256·256 = 2^27 multiply-adds: the threshold
-    big_b = flame.zeros(256, 256)
+    big_a = flame.zeros(8, 256, 256, device="cpu")  # 8·256·256·256 = 2^27 multiply-adds: the threshold
+    big_b = flame.zeros(256, 256, device="cpu")
     assert (big_a @ big_b).shape == (8, 256, 256)
     assert fake_blas.calls == [4, 1]  # the pool for this GEMM, then back to one thread
+    if flame.cuda_is_available():     # cuBLAS on the GPU: the host BLAS is not touched
+        assert (big_a.cuda() @ big_b.cuda()).shape == (8, 256, 256)
+        assert fake_blas.calls == [4, 1]
     flame.set_num_threads(1)
     big_a @ big_b
     assert fake_blas.calls == [4, 1]

@@ -87,3 +87,12 @@ def test_pool_rounding_matches_the_stats_helper():
         x = cupy.empty(n, dtype=cupy.uint8)
         assert pool.allocated - a0 == round_size(n)[0]
         del x
+
+
+def test_mem_get_info_sees_the_pools_segments(no_gc):
+    M.empty_cache("cuda")
+    free0, total = flame.cuda.mem_get_info()
+    assert 0 < free0 <= total and flame.cuda.mem_get_info("cuda:0")[1] == total
+    x = flame.empty(256 * MiB, dtype=flame.uint8, device="cuda")   # no cached block: a new segment
+    assert free0 - flame.cuda.mem_get_info()[0] >= 256 * MiB
+    del x

@@ -156,3 +156,8 @@ def test_cpu_stats_follow_numpy_sharing(no_gc):
     assert M.memory_allocated("cpu") - a0 == 8000  # the owning array is still alive (held by `arr`)
     del arr
     assert M.memory_allocated("cpu") == a0
+
+
+def test_mem_get_info_is_for_gpus():
+    with pytest.raises(flame.DeviceError, match="mem_get_info: (cpu is not a GPU|no CUDA GPU)"):
+        flame.cuda.mem_get_info("cpu")

@@ -169,6 +169,25 @@ def test_schnell_style_model_needs_no_guidance(device):
         dev_model(**args)
 
 
+@pytest.mark.parametrize("dtype", [flame.float32, flame.bfloat16])
+def test_adaln_of_a_batch_is_each_sample_alone(device, dtype):
+    """LayerNorm + modulation with per-sample vectors (B, H) gives each sample the numbers it gets alone, where one
+    sample's (H,) vectors run inside the fused LayerNorm: bit for bit, in bf16 too (an image does not depend on the
+    batch it is generated in)."""
+    from flame_models.flux.ops import norm_modulate
+    rng = np.random.default_rng(3)
+    x, shift, scale = (flame.tensor(rng.standard_normal(shape) * s, dtype=dtype, device=device)
+                       for shape, s in (((3, 5, 64), 2.0), ((3, 64), 0.5), ((3, 64), 0.5)))
+    out = norm_modulate(x, shift, scale)
+    for b in range(3):
+        alone = norm_modulate(x[b:b + 1], shift[b], scale[b])
+        np.testing.assert_array_equal(out[b:b + 1].float().numpy(), alone.float().numpy())
+    xs = x.float().numpy()
+    ln = (xs - xs.mean(-1, keepdims=True)) / np.sqrt(xs.var(-1, keepdims=True) + 1e-6)
+    want = ln * (1 + scale.float().numpy()[:, None]) + shift.float().numpy()[:, None]
+    np.testing.assert_allclose(out.float().numpy(), want, rtol=0, atol=1e-5 if dtype == flame.float32 else 0.1)
+
+
 @pytest.mark.parametrize("dtype,tol", [(flame.float32, 2e-4), (flame.bfloat16, 4e-2)])
 def test_low_precision_forward_stays_close_to_the_reference(device, dtype, tol):
     model, sd = tiny_model(dtype=dtype, device=device)

@@ -14,6 +14,7 @@ from flame_models.flux import pack
 from flame_models.flux.pipeline import (FluxFiles, FluxFilesError, decode_latents, encode_images, find_flux_files,
                                         load_text_encoders, load_transformer, load_vae_for_flux, sample_latents,
                                         to_pil)
+from flame_models.flux.layers import timestep_embedding
 from flame_models.flux.tiny import tiny_flux_files
 from flame_models.text_encoders import load_clip, load_t5
 from flame_models.tokenization import load_tokenizer
@@ -139,12 +140,13 @@ def test_schnell_like_model_uses_256_tokens(tmp_path):
 
 def test_vae_round_trip_uses_flux_latent_format(tiny):
     vae = load_vae_for_flux(tiny, dtype=F32, device="cpu")
-    x = flame.tensor(np.random.default_rng(0).uniform(-1, 1, (1, 3, 32, 48)).astype(np.float32))
+    x = flame.tensor(np.random.default_rng(0).uniform(-1, 1, (1, 3, 32, 48)).astype(np.float32), device="cpu")
     z = vae.encode(x).numpy()
     model_space = encode_images(vae, x).numpy()
     np.testing.assert_allclose(model_space, (z - 0.1159) * 0.3611, rtol=1e-6, atol=1e-6)
+    # latents on the default device (cuda under FLAME_DEVICE=cuda): decode_latents brings them to the VAE
     decoded = decode_latents(vae, flame.tensor(model_space)).numpy()
-    np.testing.assert_allclose(decoded, vae.decode(flame.tensor(z)).numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(decoded, vae.decode(flame.tensor(z, device="cpu")).numpy(), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="unpack"):
         decode_latents(vae, flame.zeros(1, 12, 64))
 
@@ -294,3 +296,31 @@ def test_diffusers_lora_matches_diffusers(ref_files, golden, stream):
         z = sample_latents(model, cond, height=H, width=W, steps=steps, guidance=guidance, latents=g["latents"])
         np.testing.assert_allclose(pack(z).numpy(), g[key], rtol=1e-4, atol=2e-4)
     assert np.abs(g["lora_latents_1"] - g["out_latents"]).max() > 1e-2   # the LoRA matters
+
+
+def test_bf16_lora_beside_fp8_blocks_equals_it_merged(ref_files, golden):
+    """In bfloat16 the LoRA beside fp8 blocks (as adapters, streamed) gives the latents of the bf16 model with it
+    merged, and both sit far from diffusers' float32 ones: Flux takes t * 1000 and guidance * 1000 in the model's
+    dtype, as BFL and diffusers do (guidance 3.5 -> 3504 in bf16), which this fixture's LoRA, large on the
+    modulation Linears, carries to the latents. (The model without the LoRA stays near: its modulation weights are
+    small.)"""
+    g, meta, prompts = golden
+    H, W, steps, guidance = int(meta["height"]), int(meta["width"]), int(meta["steps"]), float(meta["guidance"])
+    lora = os.path.join(FIXTURES, "lora", "pytorch_lora_weights.safetensors")
+    with load_text_encoders(ref_files, dtype=F32, device="cpu") as enc:
+        cond = enc.encode(prompts[:1])
+    kw = dict(height=H, width=W, steps=steps, guidance=guidance, latents=g["latents"])
+
+    def latents(**how):
+        model = load_transformer(ref_files, dtype=flame.bfloat16, device="cpu", **how)
+        return pack(sample_latents(model, cond, **kw)).numpy()
+
+    def rel(a, b):
+        return float(np.abs(a - b).max() / np.abs(b).max())
+    beside, merged = latents(loras=[lora], fp8=True, stream=True), latents(loras=[lora])
+    assert rel(beside, merged) < 0.05
+    assert rel(beside, latents(fp8=True)) > 20 * rel(beside, merged)        # the LoRA acts
+    assert rel(merged, g["lora_latents_1"]) > 0.3 and rel(latents(), g["out_latents"]) < 0.05
+    in_bf16 = timestep_embedding(flame.tensor([3.5], dtype=flame.bfloat16), 256)
+    at_3504 = timestep_embedding(flame.tensor([3504.0]), 256, time_factor=1.0).to(flame.bfloat16)
+    np.testing.assert_array_equal(in_bf16.float().numpy(), at_3504.float().numpy())

@@ -44,3 +44,42 @@ def tiny_config(tmp_path, name, steps=6, train=None, **top):
         else:
             d[k] = v
     return config_from_dict(d)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """A tiny Flux model folder (diffusers layout): random transformer, CLIP and T5, learned tokenizers, and the
+    analytic pooling VAE (no pretraining: the tests need the stages, not pictures)."""
+    from flame_models.training.demo import tiny_model_folder
+    folder = tmp_path_factory.mktemp("tiny_model") / "model"
+    tiny_model_folder(str(folder), base_steps=0)
+    return str(folder)
+
+
+def draw_images(folder, n_concept=3, n_other=3, size=64, wide=0):
+    """The demo's drawings at `size` px, plus `wide` 3:1 images (192x64, captioned) for a second bucket."""
+    from PIL import Image
+    from flame_models.training.demo import draw_dataset
+    draw_dataset(str(folder), n_concept=n_concept, n_other=n_other, size=size)
+    for i in range(wide):
+        Image.new("RGB", (3 * size, size), (30 + 40 * i, 90, 200)).save(str(folder / f"wide_{i}.png"))
+        (folder / f"wide_{i}.txt").write_text("a wide blue band on a grey background")
+    return str(folder)
+
+
+def image_config(tmp_path, name, model_path, images, steps=4, train=None, **top):
+    """A run on an image folder with the tiny model: 64 px buckets, LoRA r4, T5 at 8 tokens, fp32 on the cpu."""
+    t = {"steps": steps, "batch_size": 2, "optimizer": "adamw", "lr": 3e-3, "dtype": "fp32",
+         "gradient_checkpointing": False, "seed": 0}
+    t.update(train or {})
+    d = {"name": name, "training_folder": str(tmp_path), "device": "cpu", "trigger_word": "ohwx",
+         "network": {"type": "lora", "linear": 4, "linear_alpha": 4, "target": "all_linear"},
+         "datasets": [{"folder_path": images, "resolution": 64, "bucket_tolerance": 32}],
+         "train": t, "model": {"name_or_path": model_path, "dtype": "fp32", "t5_max_length": 8},
+         "sample": {"sample_every": 0}, "save": {"save_every": 2, "format": "kohya", "dtype": "fp32"}}
+    for k, v in top.items():
+        if isinstance(v, dict) and isinstance(d.get(k), dict):
+            d[k] = {**d[k], **v}
+        else:
+            d[k] = v
+    return config_from_dict(d)

@@ -8,7 +8,7 @@ import pytest
 from flame_models.training.config import ConfigError, TrainConfig, config_from_dict, load_config
 from flame_models.training.validation import validate
 
-from .conftest import make_samples
+from .conftest import draw_images, make_samples
 
 # ai-toolkit's config/examples/train_lora_flux_24gb.yaml, its comments dropped, paths filled in
 AI_TOOLKIT = """
@@ -71,8 +71,7 @@ meta:
   name: "[name]"
   version: '1.0'
 """
-WAITING = ("trigger_word", "datasets[0].caption_ext", "datasets[0].caption_dropout_rate",
-           "datasets[0].cache_latents_to_disk", "datasets[0].resolution", "sample.prompts")
+IMAGE_ONLY = ("caption_ext", "caption_dropout_rate", "shuffle_tokens", "cache_latents_to_disk", "resolution")
 
 
 @pytest.fixture
@@ -86,46 +85,48 @@ def _write(tmp_path, text):
     return str(p)
 
 
-def test_ai_toolkit_example_lists_what_it_asks_for_that_is_missing_and_parses_without_it(files):
-    tmp, data, model = files
-    text = AI_TOOLKIT.format(out=tmp / "out", data=data, model=model)
-    with pytest.raises(ConfigError) as ei:
-        load_config(_write(tmp, text))
-    msg = str(ei.value)
-    assert f"{len(WAITING)} problems" in msg, msg
-    for key in WAITING:
-        assert f"config.process[0].{key}: not available: " in msg, key
-    # the same file without those keys: everything else is honoured
-    kept = "\n".join(line for line in text.splitlines()
-                     if not line.strip().startswith(("trigger_word", "caption_ext", "caption_dropout_rate",
-                                                     "cache_latents_to_disk", "resolution", "prompts", "- \"woman")))
-    cfg = load_config(_write(tmp, kept))
-    assert cfg.name == "my_first_flux_lora_v1" and cfg.output_dir == os.path.join(str(tmp / "out"), cfg.name)
+def test_ai_toolkit_example_parses_with_an_image_folder_and_every_field_is_honoured(tmp_path, tiny_model):
+    images = draw_images(tmp_path / "images")
+    cfg = load_config(_write(tmp_path, AI_TOOLKIT.format(out=tmp_path / "out", data=images, model=tiny_model)))
+    assert cfg.name == "my_first_flux_lora_v1" and cfg.output_dir == os.path.join(str(tmp_path / "out"), cfg.name)
+    assert cfg.trigger_word == "p3r5on" and cfg.sample.prompts == [
+        "woman with red hair, playing chess at the park, bomb going off in the background"]
+    d = cfg.datasets[0]
+    assert (d.folder_path, d.caption_ext, d.caption_dropout_rate, d.shuffle_tokens, d.cache_latents_to_disk,
+            d.resolution) == (images, "txt", 0.05, False, True, [512, 768, 1024])
     assert (cfg.network.type, cfg.network.linear, cfg.network.linear_alpha) == ("lora", 16, 16.0)
     assert cfg.train.lr == pytest.approx(1e-4)  # YAML 1.1 reads 1e-4 as a string
     assert (cfg.train.steps, cfg.train.optimizer, cfg.train.ema_config.use_ema) == (2000, "adamw8bit", True)
-    assert cfg.datasets[0].folder_path == data and cfg.model.name_or_path == model and cfg.model.quantize
+    assert cfg.model.name_or_path == tiny_model and cfg.model.quantize
     assert (cfg.sample.width, cfg.sample.sample_steps, cfg.sample.guidance_scale) == (1024, 20, 4.0)
     assert cfg.sample.walk_seed and cfg.sample.sampler == "flowmatch" and cfg.model.is_flux
     assert cfg.meta == {"name": "[name]", "version": "1.0"} and cfg.warnings == []
 
 
+def test_ai_toolkit_example_on_precomputed_samples_lists_what_does_not_apply(files):
+    tmp, data, model = files
+    with pytest.raises(ConfigError) as ei:
+        load_config(_write(tmp, AI_TOOLKIT.format(out=tmp / "out", data=data, model=model)))
+    msg = str(ei.value)
+    assert "7 problems" in msg, msg
+    for key in IMAGE_ONLY:
+        assert f"config.process[0].datasets[0].{key}: only for image folders; {data} holds precomputed " \
+               f"samples" in msg, key
+    # the sample prompts need the text encoders, which a single transformer file does not name
+    assert "config.process[0].model: clip_l: missing" in msg and "model: t5: missing" in msg
+    assert "set model.clip_l_path (a CLIP text encoder (CLIP-L))" in msg
+
+
 @pytest.mark.parametrize("where, key, value", [
-    ("", "trigger_word", "ohwx"), ("", "performance_log_every", 100), ("save", "push_to_hub", True),
-    ("model", "low_vram", True), ("model", "quantize_te", True), ("train", "linear_timesteps", True),
-    ("sample", "neg", "blurry"), ("sample", "prompts", ["a cat"]), ("datasets[0]", "caption_ext", "txt"),
-    ("datasets[0]", "caption_dropout_rate", 0.05), ("datasets[0]", "shuffle_tokens", True),
-    ("datasets[0]", "cache_latents_to_disk", True), ("datasets[0]", "cache_latents", True),
-    ("datasets[0]", "resolution", [512])])
+    ("", "performance_log_every", 100), ("save", "push_to_hub", True), ("model", "low_vram", True),
+    ("train", "linear_timesteps", True), ("sample", "neg", "blurry")])
 def test_a_key_for_a_missing_feature_is_an_error_unless_it_asks_for_nothing(files, where, key, value):
     tmp, data, model = files
     base = {"datasets": [{"folder_path": data}]}
 
     def put(v):
         d = {"datasets": [{"folder_path": data}]}
-        if where == "datasets[0]":
-            d["datasets"][0][key] = v
-        elif where:
+        if where:
             d[where] = {key: v}
         else:
             d[key] = v
@@ -134,6 +135,31 @@ def test_a_key_for_a_missing_feature_is_an_error_unless_it_asks_for_nothing(file
         config_from_dict(put(value))
     cfg = config_from_dict(put(False if isinstance(value, bool) else type(value)()))  # asks for nothing: fine
     assert cfg.warnings == [] and config_from_dict(base) is not None
+
+
+@pytest.mark.parametrize("change, expect", [
+    ({"trigger_word": "ohwx"}, "trigger_word: not used: this run has no captions"),
+    ({"model": {"quantize_te": True}}, "model.quantize_te: not used: no text is encoded"),
+    ({"model": {"t5_max_length": 64}}, "model.t5_max_length: not used: no text is encoded"),
+    ({"model": {"tokenizer_path": "x"}}, "model.tokenizer_path: not used: no text is encoded"),
+    ({"datasets": [{"shuffle_tokens": True}]}, "datasets[0].shuffle_tokens: only for image folders"),
+    ({"datasets": [{"cache_latents": False}]}, "datasets[0].cache_latents: only True is accepted: FLAME always "
+                                               "caches latents"),
+    ({"synthetic": {}, "datasets": [], "sample": {"prompts": ["a cat"]}}, "sample.prompts: the synthetic dataset"),
+    ({"synthetic": {}, "datasets": [], "model": {"vae_path": "ae.safetensors"}}, "model.vae_path: not used")])
+def test_image_and_text_settings_on_a_run_without_them_are_errors(files, change, expect):
+    tmp, data, model = files
+    d = {"datasets": [{"folder_path": data}]}
+    for k, v in change.items():
+        if k == "datasets" and v:
+            d["datasets"] = [{**d["datasets"][0], **v[0]}]
+        else:
+            d[k] = v
+    with pytest.raises(ConfigError) as ei:
+        config_from_dict(d)
+    assert expect in str(ei.value), str(ei.value)
+    cfg = config_from_dict({"datasets": [{"folder_path": data, "cache_latents": True}]})  # what FLAME does anyway
+    assert cfg.datasets[0].folder_path == data
 
 
 def test_ai_toolkit_keys_that_mean_something_are_checked(files):
@@ -263,7 +289,7 @@ def test_logit_normal_takes_its_mean_and_std(files):
 def test_empty_folder_and_yaml_errors(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(ConfigError, match="holds no .safetensors files"):
+    with pytest.raises(ConfigError, match="holds neither images nor precomputed samples"):
         config_from_dict({"datasets": [{"folder_path": str(empty)}]})
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(_write(tmp_path, "train: {steps: 10\n"))

@@ -10,7 +10,7 @@ import pytest
 
 from flame_core import io
 
-from .conftest import make_samples
+from .conftest import draw_images, make_samples
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train_flux_lora.py")
 
@@ -34,7 +34,7 @@ def test_help_has_a_line_with_its_default_for_every_flag_and_explains_the_demo_a
             assert action.option_strings[-1] in out
     assert "With no arguments the demo runs" in out and "Resume is automatic" in out
     assert "--fresh" in out and "Exit codes: 0 done, 2 bad input" in out
-    assert "(default 2000; the demo 600)" in " ".join(out.split())
+    assert "(default 2000; the demo 400)" in " ".join(out.split())
 
 
 def _files(folder):
@@ -47,13 +47,21 @@ def _files(folder):
 
 
 def test_the_demo_runs_with_few_steps_in_a_fresh_folder_each_time(example, tmp_path, capsys):
-    assert example.main(["--steps", "3", "--output", str(tmp_path), "--sample-every", "0"]) == 0
+    quick = ["--steps", "3", "--output", str(tmp_path), "--demo-base-steps", "2"]
+    assert example.main(quick + ["--sample-every", "3"]) == 0
     out = capsys.readouterr().out
     assert "note: --steps 3: the 20 warm-up steps are shortened to 0" in out
+    assert "the VAE is analytic (weights set by hand: it encodes by 8x8 average pooling" in out
+    assert "the transformer pretrained for 2 steps on the 12 shape images" in out
     first = tmp_path / "flux_lora_tiny"
     assert (first / "flux_lora_tiny.safetensors").stat().st_size > 0
+    assert "decoded through the VAE; one PNG per prompt and step in samples/" in out
+    for step in (0, 3):
+        for i in range(3):
+            assert (first / "samples" / f"step_{step:06d}_{i}.png").exists()
+    assert "python -m flame_models.generate --model " in out and "--max-length 16" in out
     before = _files(first)
-    assert example.main(["--steps", "3", "--output", str(tmp_path), "--sample-every", "0"]) == 0
+    assert example.main(quick + ["--sample-every", "0"]) == 0
     out = capsys.readouterr().out
     assert f"writing to {tmp_path / 'flux_lora_tiny-2'} (a fresh folder)" in out
     assert (tmp_path / "flux_lora_tiny-2" / "flux_lora_tiny-2.safetensors").exists()
@@ -117,19 +125,30 @@ def test_a_real_run_resumes_by_itself_and_deletes_nothing_without_fresh(example,
 
 
 @pytest.mark.parametrize("name", ["flux_dev_24gb.yaml", "flux_dev_12gib.yaml", "flux_dev_10gib.yaml"])
-def test_the_shipped_configs_parse_and_run_on_a_tiny_model(example, tmp_path, flux_file, name):
+def test_the_shipped_configs_parse_and_run_on_a_tiny_model(example, tmp_path, tiny_model, name):
     from flame_models.training.config import read_yaml
     path = os.path.join(os.path.dirname(EXAMPLE), "configs", name)
     data = read_yaml(path)
     proc = data["config"]["process"][0]
     proc.update(device="cpu", training_folder=str(tmp_path))
-    proc["model"].update(name_or_path=flux_file, dtype="fp32")
-    proc["datasets"][0]["folder_path"] = make_samples(tmp_path / "latents", n=2)
+    proc.pop("max_gpu_memory", None)                                  # a budget needs a GPU
+    m = proc["model"]
+    if "vae_path" in m:                                               # the single-file layout: the tiny model's files
+        m.update(name_or_path=os.path.join(tiny_model, "transformer"), vae_path=os.path.join(tiny_model, "vae"),
+                 clip_l_path=os.path.join(tiny_model, "text_encoder"),
+                 t5_path=os.path.join(tiny_model, "text_encoder_2"), tokenizer_path=tiny_model)
+    else:
+        m["name_or_path"] = tiny_model
+    m.update(dtype="fp32", t5_max_length=8)
+    proc["datasets"][0].update(folder_path=draw_images(tmp_path / "images", 2, 2), resolution=64,
+                               bucket_tolerance=32)
     proc["train"].update(steps=2, dtype="fp32")
-    proc["sample"].update(sample_steps=2)
+    proc["sample"].update(sample_steps=2, sample_every=2)
     small = tmp_path / name
     import yaml
     small.write_text(yaml.safe_dump(data))
     assert example.main(["--config", str(small)]) == 0
-    lora = tmp_path / "my_flux_lora" / "my_flux_lora.safetensors"
-    assert io.load_metadata(str(lora))["name"] == "my_flux_lora"     # meta: [name] -> the run's name
+    run = tmp_path / "my_flux_lora"
+    assert io.load_metadata(str(run / "my_flux_lora.safetensors"))["name"] == "my_flux_lora"   # [name] -> the name
+    assert (run / "samples" / "step_000002_1.png").exists()           # both prompts, decoded
+    assert (tmp_path / "images" / ".flame_cache" / "latents").is_dir()

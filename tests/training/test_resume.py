@@ -180,10 +180,8 @@ def test_training_time_loss_log_and_samples_grid_continue_after_resume(tmp_path)
     seconds = [r["seconds"] for r in rows]
     assert seconds[4] > t4 and seconds == sorted(seconds)          # the clock continued, it did not restart
     assert [s for s, _ in again.previews.history] == [0, 2, 4, 6]
-    from PIL import Image
-    w = Image.open(result["samples"]).size[0]
-    tile = 4 * 8 + 4                                              # 32 px samples: 4 latent px x 8, plus the gap
-    assert w == 5 * tile + 4                                      # data, step 0, 2, 4, 6
+    assert os.path.isfile(result["samples"])
+    assert again.previews.grid_columns == ["data", "step 0", "step 2", "step 4", "step 6"]
 
 
 def test_a_folder_with_outputs_but_no_checkpoint_is_refused_unless_fresh(tmp_path):

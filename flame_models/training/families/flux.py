@@ -3,17 +3,23 @@ conditioning, a guidance embedding for flux-dev (1.0 while training), the Euler 
 the diffusers name map for PEFT files."""
 import os
 
+import numpy as np
+
 import flame_core as flame
+import flame_nn
 
 from ...flux import Flux, flux_params, load_flux, pack, read_flux_params
+from ...flux import pipeline as flux_pipeline
 from ...flux import sampling as flux_sampling
 from ...flux.loading import FluxCheckpointError, checkpoint_files
 from ...flux.lora_keys import TARGET_PRESETS, name_map_for
 from ..family import ModelFamily, ModelFileError
 from ..model_files import describe_keys, file_keys
 from ..objective import FlowMatching
+from ..random_init import init_random_
 from ..timesteps import TIMESTEP_TYPES
 from ..validation import choice
+from . import flux_parts
 
 
 class FluxFamily(ModelFamily):
@@ -89,10 +95,28 @@ class FluxFamily(ModelFamily):
         return {"prompt_embeds": (text_length, spec.context_in_dim), "pooled_prompt_embeds": (spec.vec_in_dim,)}
 
     # ------------------------------------------------------------------ building
-    def build_model(self, model_cfg, spec, dtype, device):
+    def build_model(self, model_cfg, spec, dtype, device, stream=False):
+        """The frozen transformer: loaded key by key (into host memory when its blocks will stream), or random.
+        A random model larger than flux-tiny on a GPU is drawn there (random_init); with `stream`, its blocks stay
+        empty until block_initializer fills each as the streamer packs it, so it is never whole on the GPU."""
         if model_cfg.name_or_path:
-            return load_flux(model_cfg.name_or_path, dtype=dtype, device=device, params=spec)
-        return Flux(spec, dtype=dtype, device=device)
+            return load_flux(model_cfg.name_or_path, dtype=dtype, device="cpu" if stream else device, params=spec)
+        if flame.device(device).type != "cuda" or (model_cfg.size or self.default_size) == "flux-tiny":
+            return Flux(spec, dtype=dtype, device=device)
+        with flame_nn.empty_init(device=device, dtype=dtype):
+            model = Flux(spec)
+        g = flame.Generator(device).manual_seed(flux_parts.RANDOM_SEED)
+        for name, child in model.named_children():
+            if not stream or name not in self.block_stacks(model):
+                init_random_(child, g)
+        return model
+
+    def block_initializer(self, model):
+        """For block streaming: None, or prepare(block) filling a block left empty by build_model(stream=True)."""
+        if not any(p.is_meta for s in self.block_stacks(model) for p in model.get_submodule(s).parameters()):
+            return None
+        g = flame.Generator(model.img_in.weight.device).manual_seed(flux_parts.RANDOM_SEED + 1)
+        return lambda block: init_random_(block, g)
 
     def spec_of(self, model):
         if not isinstance(model, Flux):
@@ -110,6 +134,37 @@ class FluxFamily(ModelFamily):
         return {"ss_base_model_version": "flux1", "modelspec.architecture": f"flux-1-{kind}/lora",
                 "flame.base_model": (os.path.basename(cfg.model.name_or_path.rstrip("/\\")) if cfg.model.name_or_path
                                      else cfg.model.size or self.default_size)}
+
+    # ------------------------------------------------------------------ image folders and text prompts
+    def parts_problems(self, cfg, *, vae, text, prefix=""):
+        return flux_parts.problems(cfg, vae=vae, text=text, prefix=prefix)
+
+    def vae_id(self, model_cfg, device):
+        return flux_parts.vae_id(model_cfg, device)
+
+    def load_vae(self, model_cfg, device):
+        return flux_parts.load_vae(model_cfg, device)
+
+    def encode_images(self, vae, pixels):
+        x = flame.tensor(np.ascontiguousarray(pixels, dtype=np.float32), device=vae.device)
+        return flux_pipeline.encode_images(vae, x).numpy()
+
+    def decode(self, vae, latents):
+        x = flame.tensor(np.ascontiguousarray(latents, dtype=np.float32), device=vae.device)
+        return flux_pipeline.decode_latents(vae, x).float().numpy()
+
+    def text_encoder_id(self, model_cfg, device, budget=None):
+        return flux_parts.text_id(model_cfg, device, budget)
+
+    def describe_text_encoders(self, model_cfg, device, budget=None):
+        return f"CLIP-L + T5 ({flux_parts.t5_storage(model_cfg, device, budget)})"
+
+    def load_text_encoders(self, model_cfg, device, budget=None):
+        return flux_parts.load_text_encoders_for(model_cfg, device, budget)
+
+    def encode_prompts(self, encoders, prompts):
+        out = encoders.encode(list(prompts))
+        return {k: v.float().numpy() for k, v in out.items()}
 
     # ------------------------------------------------------------------ training
     def objective(self, train_cfg):

@@ -1,0 +1,120 @@
+"""Loading a checkpoint into a model built under `flame_nn.empty_init`: name every missing, unexpected and
+misshaped tensor in one error before any tensor is read, then read the tensors one at a time straight into each
+parameter's dtype and device and make them the parameters' storage (no random init, no second copy)."""
+from tqdm.auto import tqdm
+
+import flame_core as flame
+
+PROGRESS_BYTES = 1 << 30  # loads of more bytes show a progress bar
+COMPUTE_DTYPES = (flame.float16, flame.bfloat16, flame.float32, flame.float64)
+
+
+def listing(names, limit=20):
+    """`names` joined by commas, the first `limit` of them and how many more."""
+    return ", ".join(names[:limit]) + (f", ... and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def mismatch_message(header, missing=(), unexpected=(), misshaped=(), *, limit=20, noun="keys", hint=None):
+    """`header`, then one line each for the missing and unexpected names and the misshaped descriptions that there
+    are ("  missing keys (3): a, b, c"), then `hint` when given."""
+    lines = [header]
+    label = f" {noun}" if noun else ""
+    if missing:
+        lines.append(f"  missing{label} ({len(missing)}): {listing(list(missing), limit)}")
+    if unexpected:
+        lines.append(f"  unexpected{label} ({len(unexpected)}): {listing(list(unexpected), limit)}")
+    if misshaped:
+        lines.append(f"  misshaped ({len(misshaped)}): " + "; ".join(list(misshaped)[:limit]))
+    if hint:
+        lines.append(hint)
+    return "\n".join(lines)
+
+
+def check_mismatch(error, header, missing=(), unexpected=(), misshaped=(), *, strict=True, **message):
+    """Raise `error(mismatch_message(...))` when a tensor is misshaped or, with `strict`, when one is missing or
+    unexpected. `message`: mismatch_message's options."""
+    if misshaped or (strict and (missing or unexpected)):
+        raise error(mismatch_message(header, missing, unexpected, misshaped, **message))
+
+
+def planned_mismatches(plan, targets, ckpt, *, what):
+    """(missing, unexpected, misshaped) of a load plan against an open checkpoint (SafetensorsCheckpoint, keys
+    relative to its prefix). `plan`: {model key: (file keys, how)} -- each model tensor is one file tensor, or
+    several concatenated along dim 0 (how == "cat"); `targets`: {model key: tensor}. Missing and unexpected are
+    the file's names; `what` names the model class when plan and targets disagree (a bug, not a bad file)."""
+    unknown = sorted(set(plan) ^ set(targets))
+    if unknown:
+        raise ckpt.error(f"model and plan disagree on {unknown[:10]}: is this a flame_models {what}?")
+    used = {k for keys, _ in plan.values() for k in keys}
+    missing = [k for keys, _ in plan.values() for k in keys if not ckpt.has(k)]
+    unexpected = [k for k in ckpt.keys() if k.startswith(ckpt.prefix) and k[len(ckpt.prefix):] not in used]
+    misshaped = []
+    for key, (keys, how) in plan.items():
+        if all(ckpt.has(k) for k in keys):
+            got, want = _planned_shape(ckpt, keys, how), tuple(targets[key].shape)
+            if got != want:
+                misshaped.append(f"{'+'.join(keys)}: {got} in the file, {want} in the model ({key})")
+    return missing, unexpected, misshaped
+
+
+def _planned_shape(ckpt, keys, how):
+    shapes = [ckpt.shape(k) for k in keys]
+    if how != "cat":
+        return shapes[0]
+    if any(s[1:] != shapes[0][1:] for s in shapes):
+        return tuple(shapes)  # pieces that cannot be concatenated: reported as they are
+    return (sum(s[0] for s in shapes),) + shapes[0][1:]
+
+
+def planned_reader(ckpt, plan, combine):
+    """read(key, target) for fill_: the file tensors `plan` names for `key`, each read in the target's dtype and
+    device, then `combine(how, pieces)` (contiguous)."""
+    def read(key, target):
+        keys, how = plan[key]
+        pieces = [ckpt.get_like(k, target) for k in keys]
+        return combine(how, pieces).contiguous()
+    return read
+
+
+def load_planned_(model, ckpt, plan, targets, combine, *, what, strict=True):
+    """Load `targets` ({model key: tensor} of `model`) from an open checkpoint as `plan` says (see
+    planned_mismatches; `combine(how, pieces)` joins a tensor's pieces): `ckpt.error` naming every missing,
+    unexpected and misshaped tensor -- "cannot load the `what` checkpoint ..." -- before any is read (missing and
+    unexpected ones only when `strict`), then fill_. Returns `model`."""
+    missing, unexpected, misshaped = planned_mismatches(plan, targets, ckpt, what=type(model).__name__)
+    check_mismatch(ckpt.error, f"cannot load the {what} checkpoint {ckpt.describe()}:", missing, unexpected,
+                   misshaped, strict=strict)
+    present = {k: targets[k] for k, (keys, _) in plan.items() if all(ckpt.has(f) for f in keys)}
+    return fill_(model, planned_reader(ckpt, plan, combine), present, desc=f"loading {type(model).__name__}")
+
+
+def fill_(model, read, targets, *, desc="loading", progress=True):
+    """Make `read(key, target)` -- a tensor in the target's dtype and device -- the storage of each of `targets`
+    ({model key: parameter or buffer}, usually meta placeholders), one tensor at a time without recording grads,
+    with a progress bar for loads over PROGRESS_BYTES. Returns `model`."""
+    nbytes = sum(t.numel() * t.dtype.itemsize for t in targets.values())
+    state = {}
+    with flame.no_grad():
+        for key, target in tqdm(targets.items(), desc=desc, unit="tensor", leave=False,
+                                disable=not progress or nbytes < PROGRESS_BYTES):
+            state[key] = read(key, target)
+    # assign=True: each tensor read becomes the model's storage (no second copy of the model)
+    model.load_state_dict(state, strict=False, assign=True)
+    return model
+
+
+def config_argument(config, cls, infer, *, caller):
+    """The config a load_* function builds its model with, from its `config` argument: a `cls` instance as is, None
+    or a dict of fields to override -> `infer(config)` (read from the checkpoint); TypeError otherwise."""
+    if isinstance(config, cls):
+        return config
+    if config is None or isinstance(config, dict):
+        return infer(config)
+    raise TypeError(f"{caller}: config must be a {cls.__name__}, a dict of {cls.__name__} fields or None, got "
+                    f"{type(config).__name__}")
+
+
+def compute_dtype(stored):
+    """The dtype to compute in for weights stored as `stored`: itself when it is a float dtype models compute in,
+    bfloat16 for fp8 storage."""
+    return stored if stored in COMPUTE_DTYPES else flame.bfloat16

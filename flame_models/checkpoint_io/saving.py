@@ -1,0 +1,87 @@
+"""Writing checkpoints so that an interrupted save never leaves a half-written file: JSON and safetensors files go
+to a temporary name in the same folder, are fsynced and renamed; large state dicts split into shards with an index
+JSON as diffusers and transformers write them."""
+import contextlib
+import json
+import os
+
+from flame_core.io import save_file
+
+from .finding import INDEX_SUFFIX
+
+
+@contextlib.contextmanager
+def atomic_open(path, mode="w"):
+    """Open a temporary file next to `path` for writing; on a clean exit it is fsynced and renamed over `path`, on
+    an exception removed: `path` is never left half-written."""
+    path = os.fspath(path)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def write_json(path, obj, *, indent=2, sort_keys=False):
+    """Write `obj` as JSON to `path` atomically (atomic_open); returns `path`."""
+    with atomic_open(path) as f:
+        json.dump(obj, f, indent=indent, sort_keys=sort_keys)
+    return os.fspath(path)
+
+
+def shard_groups(items, max_shard_size):
+    """[(key, tensor)] split into consecutive groups of at most `max_shard_size` bytes (None: one group; a tensor
+    larger than the limit gets a group of its own)."""
+    groups, current, size = [], [], 0
+    for key, t in items:
+        if current and max_shard_size is not None and size + t.nbytes > max_shard_size:
+            groups.append(current)
+            current, size = [], 0
+        current.append((key, t))
+        size += t.nbytes
+    if current:
+        groups.append(current)
+    return groups
+
+
+def save_shards(items, folder, stem, *, metadata=None, max_shard_size=None):
+    """Write [(key, tensor)] as `folder`/`stem`.safetensors, or, when max_shard_size splits them, as
+    `stem`-0000i-of-0000n.safetensors plus `stem`.safetensors.index.json (its weight_map and total size). Every
+    file is written atomically. Returns the paths written, the index last."""
+    items = list(items)
+    groups = shard_groups(items, max_shard_size)
+    if len(groups) <= 1:
+        out = os.path.join(folder, stem + ".safetensors")
+        save_file(dict(items), out, metadata=metadata)
+        return [out]
+    files, weight_map = [], {}
+    for i, group in enumerate(groups):
+        name = f"{stem}-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+        save_file(dict(group), os.path.join(folder, name), metadata=metadata)
+        files.append(os.path.join(folder, name))
+        weight_map.update({k: name for k, _ in group})
+    index = os.path.join(folder, stem + INDEX_SUFFIX)
+    write_json(index, {"metadata": {"total_size": sum(t.nbytes for _, t in items)}, "weight_map": weight_map})
+    return files + [index]
+
+
+def save_weights(items, path, *, stem, metadata=None, max_shard_size=None, folder_config=None):
+    """Save [(key, tensor)] at `path`: a path ending in .safetensors names the file (sharded: `path`'s stem names the
+    shards and the index); any other path is a folder, created if needed, that gets `stem`.safetensors (or shards
+    and an index, see save_shards) and, when `folder_config` is given, that dict as config.json. Returns the weight
+    files written, the index last."""
+    path = os.fspath(path)
+    if path.endswith(".safetensors"):
+        return save_shards(items, os.path.dirname(path) or ".", os.path.basename(path)[:-len(".safetensors")],
+                           metadata=metadata, max_shard_size=max_shard_size)
+    os.makedirs(path, exist_ok=True)
+    written = save_shards(items, path, stem, metadata=metadata, max_shard_size=max_shard_size)
+    if folder_config is not None:
+        write_json(os.path.join(path, "config.json"), folder_config)
+    return written

@@ -1,0 +1,57 @@
+"""Training steps replayed as CUDA graphs, one graph per batch shape.
+
+Every batch comes from one aspect bucket, so a run has as many batch shapes as buckets it draws from. A captured
+graph replays one shape only, and keeps its own copy of a step's activations (memory private to the graph) for as
+long as it lives. So: one graph per shape when the run draws from at most MAX_SHAPES shapes -- at most ONE under
+max_gpu_memory, where auto-fit sized the resident blocks for a single step's activations -- and eager steps
+otherwise: graphs for many buckets would multiply that memory, and a shape seen rarely would not earn back its
+capture. Single-resolution square datasets (the common case) and the synthetic / precomputed data have one shape.
+"""
+from flame_core.cuda import graphed
+
+MAX_SHAPES = 3
+
+
+def graph_plan(num_shapes, budget, enabled, cuda):
+    """(use graphs?, why not) for a run with `num_shapes` batch shapes."""
+    if not enabled or not cuda:
+        return False, None
+    limit = 1 if budget is not None else MAX_SHAPES
+    if num_shapes > limit:
+        return False, (f"{num_shapes} batch shapes (aspect buckets) exceed {limit} CUDA graph"
+                       f"{'s' if limit > 1 else ''}" + (" under max_gpu_memory" if budget is not None else "")
+                       + ": each graph keeps a step's activations; training runs eagerly")
+    return True, None
+
+
+class StepGraphs:
+    """A GraphedFunction of `fn` per argument-shape signature (eager for the first `warmup` calls of each)."""
+
+    def __init__(self, fn, warmup=2):
+        self.fn, self.warmup = fn, int(warmup)
+        self.enabled = True
+        self.graphs = {}
+
+    @staticmethod
+    def key(args):
+        return tuple((tuple(a.shape), str(a.dtype)) if hasattr(a, "shape") else a for a in args)
+
+    def for_args(self, args):
+        k = self.key(args)
+        g = self.graphs.get(k)
+        if g is None:
+            g = self.graphs[k] = graphed(self.fn, warmup=self.warmup)
+        return g
+
+    @property
+    def graph(self):
+        """A captured graph (the first), or None: whether any shape was captured."""
+        return next((g.graph for g in self.graphs.values() if g.graph is not None), None)
+
+    @property
+    def captured(self):
+        return sum(g.graph is not None for g in self.graphs.values())
+
+    def reset(self):
+        for g in self.graphs.values():
+            g.reset()

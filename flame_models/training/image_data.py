@@ -1,0 +1,226 @@
+"""Image folders and text prompts, stage by stage, so that one model is on the device at a time (Trainer.setup
+runs these after every image was checked and before the transformer is built):
+
+latents  the VAE is loaded (only when a latent is missing from the cache or previews will be decoded), every
+         (image, bucket) latent not cached yet is encoded, then the VAE leaves the device: with previews its weights
+         wait in host memory (moved to the device for each decode and back; under max_gpu_memory the decode is tiled
+         and its measured peak is reserved when the transformer's resident blocks are chosen), else it is dropped.
+text     the text encoders are loaded (only when something is missing from the cache), every caption variant the run
+         can draw (the tag orders of the epochs it covers, the dropout captions), the sample prompts and the empty
+         caption are encoded, then the encoders are freed.
+
+Caches: latents in each image folder's .flame_cache/latents when its cache_latents_to_disk is on (else host
+memory); text embeddings in .flame_cache/text of the first folder that caches to disk (else host memory). Their
+keys hash the content and the encoder's identity: nothing unchanged is encoded twice.
+"""
+import gc
+import os
+
+import numpy as np
+
+from flame_core import memory
+
+from ..data import BucketLoader, ImageDataset, LatentCache, TextEmbeddingCache, TrainingDataset
+from ..data.captions import apply_trigger
+from ..data.config import CACHE_FOLDER, resolutions
+from .samples import PreviewPrompt
+
+PREVIEW_TILE = 512  # pixels: previews are decoded in tiles of this size under max_gpu_memory
+
+
+def image_dataset(cfg, verbose=True):
+    """Every image and caption checked (stage 'check', before any model)."""
+    return ImageDataset(cfg.datasets, seed=cfg.train.seed, trigger_word=cfg.trigger_word, progress=verbose)
+
+
+def default_sample_size(cfg):
+    """The largest resolution of the first dataset, square."""
+    r = resolutions(cfg.datasets[0])[-1]
+    return r, r
+
+
+def text_cache_folder(cfg):
+    for d in cfg.datasets:
+        if d.cache_latents_to_disk:
+            return os.path.join(d.folder_path, CACHE_FOLDER, "text")
+    return None
+
+
+def sample_prompts(cfg, dataset):
+    """[(prompt text, dataset index or None)]: sample.prompts ([trigger] replaced), else the captions of the first
+    sample.num_samples distinct images of the dataset."""
+    if cfg.sample.prompts:
+        return [(apply_trigger(p, cfg.trigger_word, add_if_missing=False), None) for p in cfg.sample.prompts]
+    if dataset is None:
+        return []
+    out, seen = [], set()
+    for i in range(len(dataset)):
+        rec = dataset.samples[i].record
+        if rec in seen:
+            continue
+        seen.add(rec)
+        out.append((dataset.base_caption(i), i))
+        if len(out) == cfg.sample.num_samples:
+            break
+    return out
+
+
+class Prepared:
+    """What the stages leave for training: the loader (image data), the preview prompts, the preview decoder
+    and the device bytes a preview decode needs."""
+
+    def __init__(self):
+        self.loader = self.latents = self.texts = None
+        self.prompts = []
+        self.decode = None
+        self.decode_bytes = 0
+        self.encoded = {"latents": 0, "text": 0}
+
+
+def prepare(tr, dataset, previews_on):
+    """Run the latent and text stages for trainer `tr` (its cfg, family, device, budget, meter); `dataset` an
+    ImageDataset, or None for precomputed samples with sample.prompts / model.vae_path. Returns Prepared."""
+    c, fam, dev = tr.cfg, tr.family, tr.device
+    out = Prepared()
+    prompts = sample_prompts(c, dataset)
+    loader = None
+    if dataset is not None:
+        latents = LatentCache(fam.vae_id(c.model, dev))
+        texts = TextEmbeddingCache(text_cache_folder(c), fam.text_encoder_id(c.model, dev, tr.budget))
+        loader = BucketLoader(TrainingDataset(dataset, latents, texts), c.train.batch_size,
+                              shuffle=all(d.shuffle for d in c.datasets), seed=c.train.seed)
+        loader = tr.dist.shard_loader(loader)  # ddp: global batches of batch_size x ranks (more epochs per run)
+        epochs = range(loader.sampler.epochs_needed(c.train.steps * c.train.gradient_accumulation_steps))
+        captions = dataset.prompts(epochs) + [r.dropout_caption for r in dataset.rules]
+    else:
+        latents, captions = None, []
+        texts = TextEmbeddingCache(None, fam.text_encoder_id(c.model, dev, tr.budget)) if prompts else None
+
+    # ---- latents
+    decode_vae = previews_on and (dataset is not None or c.model.vae_path is not None)
+    if dataset is not None or decode_vae:
+        with tr.meter.stage("latents"):
+            vae, out.encoded["latents"] = _cache_latents(tr, dataset, latents, decode_vae)
+            if vae is not None:
+                out.decode, out.decode_bytes = _decoder(tr, vae)
+            del vae
+
+    # ---- text
+    wanted = list(dict.fromkeys(captions + [p for p, _ in prompts] + ([""] if captions else [])))
+    if wanted:
+        with tr.meter.stage("text"):
+            missing = texts.missing(wanted)
+            if missing:
+                tr.log(f"text encoders: {fam.describe_text_encoders(c.model, dev, tr.budget)}; encoding "
+                       f"{len(missing)} of {len(wanted)} captions and prompts")
+                with _limit(dev, tr.budget):
+                    enc = fam.load_text_encoders(c.model, dev, tr.budget)
+                    try:
+                        out.encoded["text"] = texts.fill(wanted, lambda ps: fam.encode_prompts(enc, ps),
+                                                         progress=tr.verbose)
+                    finally:
+                        enc.free()
+                        del enc
+                        _release(dev)
+            else:
+                tr.log(f"text embeddings: all {len(wanted)} cached; text encoders not loaded")
+    if loader is not None:
+        loader.dataset.check(epochs)
+    out.prompts = [PreviewPrompt(text, dict(texts.load(text)), None if i is None else latents.load(
+        dataset.latent_spec(i))) for text, i in prompts]
+    out.loader, out.latents, out.texts = loader, latents, texts
+    return out
+
+
+def _cache_latents(tr, dataset, latents, keep_for_previews):
+    c, fam, dev = tr.cfg, tr.family, tr.device
+    specs = dataset.latent_specs() if dataset is not None else []
+    missing = latents.missing(specs) if dataset is not None else []
+    if not missing and not keep_for_previews:
+        tr.log(f"latents: all {len(specs)} cached; VAE not loaded")
+        return None, 0
+    done = 0
+    with _limit(dev, tr.budget):
+        vae = fam.load_vae(c.model, dev)
+        if tr.budget is not None:
+            vae.enable_tiling(PREVIEW_TILE)
+        if missing:
+            tr.log(f"latents: encoding {len(missing)} of {len(specs)} (image, bucket) pairs")
+            batch = 1 if tr.budget is not None else 4
+            done = latents.fill(specs, lambda px: fam.encode_images(vae, px), batch_size=batch,
+                                progress=tr.verbose)
+        elif specs:
+            tr.log(f"latents: all {len(specs)} cached")
+    if not keep_for_previews:
+        del vae
+        _release(dev)
+        return None, done
+    return vae, done
+
+
+def _decoder(tr, vae):
+    """(PreviewDecoder, device bytes one preview decode needs: its measured peak, plus the VAE's weights when they
+    come from host memory)."""
+    fam, dev = tr.family, tr.device
+    h, w = tr.cfg.sample.height, tr.cfg.sample.width
+    f = fam.vae_scale_factor
+    probe = np.zeros((1, fam.latent_channels, h // f, w // f), np.float32)
+    _release(dev)
+    base = memory.memory_allocated(dev)
+    tr.meter.reset_peaks()
+    fam.decode(vae, probe)
+    peak = memory.max_memory_allocated(dev) - base
+    weights = sum(p.numel() * p.dtype.itemsize for p in vae.parameters())
+    decoder = PreviewDecoder(fam, vae, dev)
+    return decoder, int(peak + (weights if decoder.on_gpu else 0))
+
+
+class PreviewDecoder:
+    """decode(latents (N, C, h, w)) -> images (N, 3, H, W) in [-1, 1]. On a GPU the VAE's weights wait in host
+    memory and are moved to the device for each decode."""
+
+    def __init__(self, family, vae, device):
+        self.family, self.vae, self.device = family, vae, device
+        self.on_gpu = device.type == "cuda"
+        if self.on_gpu:
+            vae.to("cpu")
+            _release(device)
+
+    def __call__(self, latents):
+        if self.on_gpu:
+            self.vae.to(self.device)
+        try:
+            return self.family.decode(self.vae, latents)
+        finally:
+            if self.on_gpu:
+                self.vae.to("cpu")
+                _release(self.device)
+
+
+class _limit:
+    """The run's max_gpu_memory as a limit on the pool while a stage runs, less what the driver already holds
+    outside the pool (the CUDA context, libraries' workspaces): the GPU as a whole stays within the budget, and an
+    encoder that would not fit fails with OutOfMemoryError instead of growing past it."""
+
+    def __init__(self, device, budget):
+        self.device, self.budget = device, budget
+
+    def __enter__(self):
+        if self.budget is not None and self.device.type == "cuda":
+            import flame_core as flame
+            self.prev = memory.get_memory_limit(self.device)
+            free, total = flame.cuda.mem_get_info(self.device)
+            outside = max(0, total - free - memory.memory_reserved(self.device))
+            memory.set_memory_limit(self.budget - outside, self.device)
+        return self
+
+    def __exit__(self, *exc):
+        if self.budget is not None and self.device.type == "cuda":
+            memory.set_memory_limit(self.prev, self.device)
+        return False
+
+
+def _release(device):
+    gc.collect()
+    if device.type == "cuda":
+        memory.empty_cache(device)

@@ -1,0 +1,66 @@
+"""RMSprop, PyTorch's update rule:
+
+    g += weight_decay * p ;  v = alpha v + (1 - alpha) g^2
+    centered: m = alpha m + (1 - alpha) g ;  avg = sqrt(v - m^2) + eps      else avg = sqrt(v) + eps
+    momentum: b = momentum b + g / avg ;  p -= lr b                          else p -= lr g / avg
+"""
+from flame_core import backend
+from flame_core.tensor import _wrap
+
+from .optimizer import Optimizer, _closure_loss, grads_of, state_on_device
+
+
+class RMSprop(Optimizer):
+    def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False, *,
+                 maximize=False):
+        if lr < 0 or eps < 0 or momentum < 0 or weight_decay < 0 or alpha < 0:
+            raise ValueError(f"RMSprop: invalid lr={lr}, alpha={alpha}, eps={eps}, weight_decay={weight_decay} or "
+                             f"momentum={momentum} (all must be >= 0)")
+        super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
+                                      centered=centered, maximize=maximize))
+
+    def _init_state(self, p, group):
+        xp = backend.xp_of(p._data)
+        st = {"step": 0, "square_avg": _wrap(xp.zeros_like(p._data))}
+        if group["momentum"] > 0:
+            st["momentum_buffer"] = _wrap(xp.zeros_like(p._data))
+        if group["centered"]:
+            st["grad_avg"] = _wrap(xp.zeros_like(p._data))
+        self.state[p] = st
+        return st
+
+    def step(self, closure=None):
+        loss = _closure_loss(closure)
+        for group in self.param_groups:
+            lr, alpha, eps = group["lr"], group["alpha"], group["eps"]
+            wd, mom, centered, maximize = group["weight_decay"], group["momentum"], group["centered"], \
+                group["maximize"]
+            for p, g in grads_of(group):
+                st = self.state.get(p)
+                st = self._init_state(p, group) if st is None else state_on_device(st, p)
+                w = p._data
+                xp = backend.xp_of(w)
+                if maximize:
+                    g = -g
+                if wd:
+                    g = g + wd * w
+                st["step"] += 1
+                v = st["square_avg"]._data
+                v *= alpha
+                v += (1 - alpha) * (g * g)
+                if centered:
+                    m = st["grad_avg"]._data
+                    m *= alpha
+                    m += (1 - alpha) * g
+                    avg = xp.sqrt(v - m * m) + eps
+                else:
+                    avg = xp.sqrt(v) + eps
+                if mom > 0:
+                    b = st["momentum_buffer"]._data
+                    b *= mom
+                    b += g / avg
+                    w -= (lr * b).astype(w.dtype, copy=False)
+                else:
+                    w -= (lr * g / avg).astype(w.dtype, copy=False)
+                p._version[0] += 1
+        return loss

@@ -1,0 +1,515 @@
+"""Issue 31's layers against NumPy float64 references written here and against PyTorch's own outputs
+(tests/fixtures/torch_nn/layers.safetensors, made by tests/fixtures/make_torch_nn_fixtures.py), with float64
+gradient checks; state_dict keys as PyTorch's."""
+import math
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from safetensors.numpy import load_file
+
+import flame_core as flame
+import flame_nn as nn
+import flame_nn.functional as F
+from flame_core.autograd import gradcheck
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "torch_nn", "layers.safetensors")
+
+
+def npa(t):
+    return t.detach().numpy().astype(np.float64)
+
+
+def T(a, device, grad=False, dtype=flame.float64):
+    return flame.tensor(np.asarray(a), dtype=dtype, device=device, requires_grad=grad)
+
+
+@pytest.fixture(scope="module")
+def golden():
+    return load_file(FIXTURE)
+
+
+def case(golden, name):
+    """(state_dict, other tensors) of one fixture case."""
+    items = {k[len(name) + 1:]: v for k, v in golden.items() if k.startswith(name + ".")}
+    return items
+
+
+def load(module, golden, name, extra):
+    items = case(golden, name)
+    state = {k: v for k, v in items.items() if k not in extra}
+    module.load_state_dict(state)
+    return {k: items[k] for k in extra}
+
+
+# ----------------------------------------------------------------------------- activation modules
+def test_activation_modules(device, rng):
+    x = T(rng.standard_normal((3, 4)) * 3, device)
+    for m, f in ((nn.LeakyReLU(0.3), lambda v: F.leaky_relu(v, 0.3)), (nn.ELU(0.5), lambda v: F.elu(v, 0.5)),
+                 (nn.Softplus(2.0, 5.0), lambda v: F.softplus(v, 2.0, 5.0)), (nn.Mish(), F.mish),
+                 (nn.Hardswish(), F.hardswish)):
+        np.testing.assert_array_equal(npa(m(x)), npa(f(x)))
+        assert list(m.state_dict()) == []
+    assert repr(nn.LeakyReLU(0.2, inplace=True)) == "LeakyReLU(negative_slope=0.2, inplace=True)"
+    assert repr(nn.Softplus()) == "Softplus(beta=1.0, threshold=20.0)"
+    y = x.clone()
+    assert nn.ELU(inplace=True)(y) is y
+
+
+# ----------------------------------------------------------------------------- BatchNorm
+def bn_ref_run(batches, momentum, eps=1e-5, axes=(0, 2, 3)):
+    """Running statistics after each training batch (momentum None: cumulative average)."""
+    C = batches[0].shape[1]
+    rm, rv, n = np.zeros(C), np.ones(C), 0
+    outs = []
+    for x in batches:
+        n += 1
+        f = 1.0 / n if momentum is None else momentum
+        m, v = x.mean(axes), x.var(axes)
+        cnt = x.size // C
+        shp = [1] * x.ndim
+        shp[1] = C
+        outs.append((x - m.reshape(shp)) / np.sqrt(v.reshape(shp) + eps))
+        rm = (1 - f) * rm + f * m
+        rv = (1 - f) * rv + f * v * cnt / (cnt - 1)
+    return outs, rm, rv, n
+
+
+@pytest.mark.parametrize("momentum", [0.1, None, 0.5])
+def test_batchnorm2d_running_stats_and_eval(device, rng, momentum):
+    bn = nn.BatchNorm2d(3, momentum=momentum, device=device).to(flame.float64)
+    assert list(bn.state_dict()) == ["weight", "bias", "running_mean", "running_var", "num_batches_tracked"]
+    assert bn.num_batches_tracked.dtype == flame.int64
+    batches = [rng.standard_normal((4, 3, 2, 3)) * s + s for s in (1.0, 2.0, 0.5)]
+    outs, rm, rv, n = bn_ref_run(batches, momentum)
+    for x, want in zip(batches, outs):
+        np.testing.assert_allclose(npa(bn(T(x, device))), want, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(npa(bn.running_mean), rm, rtol=1e-12)
+    np.testing.assert_allclose(npa(bn.running_var), rv, rtol=1e-12)
+    assert int(bn.num_batches_tracked.item()) == n
+    bn.eval()
+    x = rng.standard_normal((2, 3, 2, 2))
+    want = (x - rm[None, :, None, None]) / np.sqrt(rv[None, :, None, None] + 1e-5)
+    np.testing.assert_allclose(npa(bn(T(x, device))), want, rtol=1e-10)
+    assert int(bn.num_batches_tracked.item()) == n  # eval does not count
+
+
+def test_batchnorm_flags(device, rng):
+    x = rng.standard_normal((5, 4))
+    bn = nn.BatchNorm1d(4, affine=False, track_running_stats=False, device=device).to(flame.float64)
+    assert list(bn.state_dict()) == [] and bn.running_mean is None and bn.weight is None
+    bn.eval()  # no running statistics: eval normalises with the batch's
+    np.testing.assert_allclose(npa(bn(T(x, device))), (x - x.mean(0)) / np.sqrt(x.var(0) + 1e-5), rtol=1e-10)
+    bn = nn.BatchNorm1d(4, device=device).to(flame.float64)
+    with flame.no_grad():
+        bn.weight.copy_(T([1.0, 2.0, 0.5, 1.5], device))
+        bn.bias.copy_(T([0.0, 1.0, -1.0, 0.5], device))
+    y = bn(T(x, device))
+    np.testing.assert_allclose(npa(y), (x - x.mean(0)) / np.sqrt(x.var(0) + 1e-5) * [1, 2, .5, 1.5] + [0, 1, -1, .5],
+                               rtol=1e-10)
+    with pytest.raises(ValueError, match=r"expected 2D or 3D input \(got 4D"):
+        bn(T(np.zeros((2, 4, 1, 1)), device))
+    with pytest.raises(ValueError, match="expected 4 channels"):
+        bn(T(np.zeros((2, 3)), device))
+    with pytest.raises(ValueError, match="expected 4D input"):
+        nn.BatchNorm2d(4)(T(x, device))
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        bn(T(x[:1], device))
+    bn.reset_running_stats()
+    assert int(bn.num_batches_tracked.item()) == 0 and npa(bn.running_var).tolist() == [1.0] * 4
+
+
+def test_batchnorm_gradcheck_and_torch_fixture(device, rng, golden):
+    bn = nn.BatchNorm2d(2, device=device).to(flame.float64)
+    x = T(rng.standard_normal((3, 2, 2, 2)), device, grad=True)
+    assert gradcheck(lambda v, w, b: F.batch_norm(v, None, None, w, b, True),
+                     (x, T([1.5, 0.5], device, grad=True), T([0.1, -0.2], device, grad=True)))
+    assert gradcheck(lambda v: bn(v), (x,))
+    bn2 = nn.BatchNorm2d(3, momentum=None, device=device).to(flame.float64)
+    g = case(golden, "bn2d")
+    with flame.no_grad():
+        bn2.weight.copy_(T(g["weight"], device))
+        bn2.bias.copy_(T(g["bias"], device))
+    np.testing.assert_allclose(npa(bn2(T(g["x1"], device))), g["y1"], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(npa(bn2(T(g["x2"], device))), g["y2"], rtol=1e-10, atol=1e-12)
+    bn2.eval()
+    np.testing.assert_allclose(npa(bn2(T(g["x3"], device))), g["y3"], rtol=1e-10, atol=1e-12)
+    for k in ("running_mean", "running_var"):
+        np.testing.assert_allclose(npa(getattr(bn2, k)), g[k], rtol=1e-12)
+    assert int(bn2.num_batches_tracked.item()) == int(g["num_batches_tracked"]) == 2
+    bn1 = nn.BatchNorm1d(4, momentum=0.3, device=device).to(flame.float64)
+    g = case(golden, "bn1d")
+    np.testing.assert_allclose(npa(bn1(T(g["input"], device))), g["out"], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(npa(bn1.running_var), g["running_var"], rtol=1e-12)
+
+
+# ----------------------------------------------------------------------------- Conv1d / ConvTranspose2d
+def test_conv1d_module(device, rng):
+    m = nn.Conv1d(4, 6, 3, stride=2, padding=1, groups=2, device=device).to(flame.float64)
+    assert tuple(m.weight.shape) == (6, 2, 3) and list(m.state_dict()) == ["weight", "bias"]
+    assert np.abs(npa(m.bias)).max() <= 1 / math.sqrt(6)
+    x = rng.standard_normal((2, 4, 9))
+    np.testing.assert_array_equal(npa(m(T(x, device))),
+                                  npa(F.conv1d(T(x, device), m.weight, m.bias, 2, 1, 1, 2)))
+    r = nn.Conv1d(2, 1, 3, padding=2, padding_mode="reflect", bias=False, device=device).to(flame.float64)
+    x = rng.standard_normal((1, 2, 6))
+    xp = np.pad(x, ((0, 0), (0, 0), (2, 2)), mode="reflect")
+    w = npa(r.weight)
+    want = np.stack([(xp[0, :, i:i + 3] * w[0]).sum() for i in range(8)])
+    np.testing.assert_allclose(npa(r(T(x, device)))[0, 0], want, rtol=1e-12)
+    assert "padding_mode=reflect" in repr(r)
+
+
+def test_conv_transpose2d_module(device, rng, golden):
+    m = nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2, device=device).to(flame.float64)
+    assert tuple(m.weight.shape) == (4, 3, 3, 3) and list(m.state_dict()) == ["weight", "bias"]
+    assert np.abs(npa(m.weight)).max() <= 1 / math.sqrt(27)  # kaiming_uniform(a=sqrt 5): bound 1/sqrt(fan_in)
+    extra = load(m, golden, "convt_a", ("input", "out"))
+    np.testing.assert_allclose(npa(m(T(extra["input"], device))), extra["out"], rtol=1e-10, atol=1e-12)
+    m2 = nn.ConvTranspose2d(3, 2, (2, 3), stride=(2, 1), padding=(1, 2), output_padding=(1, 1), dilation=2,
+                            bias=False, device=device).to(flame.float64)
+    extra = load(m2, golden, "convt_b", ("input", "out"))
+    np.testing.assert_allclose(npa(m2(T(extra["input"], device))), extra["out"], rtol=1e-10, atol=1e-12)
+    # output_size picks the output_padding (PyTorch's rule)
+    m3 = nn.ConvTranspose2d(2, 2, 3, stride=2, padding=1, device=device).to(flame.float64)
+    x = T(rng.standard_normal((1, 2, 4, 4)), device)
+    assert tuple(m3(x).shape) == (1, 2, 7, 7)
+    assert tuple(m3(x, output_size=(8, 7)).shape) == (1, 2, 8, 7)
+    assert tuple(m3(x, output_size=[1, 2, 8, 8]).shape) == (1, 2, 8, 8)
+    with pytest.raises(flame.ShapeError, match="between 7 and 8"):
+        m3(x, output_size=(9, 9))
+    with pytest.raises(ValueError, match="zeros"):
+        nn.ConvTranspose2d(2, 2, 3, padding_mode="reflect")
+    assert gradcheck(lambda v: m3(v), (T(rng.standard_normal((1, 2, 2, 3)), device, grad=True),))
+
+
+# ----------------------------------------------------------------------------- PixelShuffle, Bilinear
+def test_pixel_shuffle_modules(device, rng):
+    x = T(rng.standard_normal((1, 8, 2, 3)), device)
+    y = nn.PixelShuffle(2)(x)
+    assert tuple(y.shape) == (1, 2, 4, 6)
+    np.testing.assert_array_equal(npa(nn.PixelUnshuffle(2)(y)), npa(x))
+    assert repr(nn.PixelShuffle(2)) == "PixelShuffle(upscale_factor=2)"
+
+
+def test_bilinear_module(device, rng, golden):
+    m = nn.Bilinear(3, 4, 2, device=device).to(flame.float64)
+    assert list(m.state_dict()) == ["weight", "bias"] and tuple(m.weight.shape) == (2, 3, 4)
+    assert np.abs(npa(m.weight)).max() <= 1 / math.sqrt(3)
+    extra = load(m, golden, "bilinear", ("input1", "input2", "out"))
+    np.testing.assert_allclose(npa(m(T(extra["input1"], device), T(extra["input2"], device))), extra["out"],
+                               rtol=1e-12)
+
+
+# ----------------------------------------------------------------------------- ParameterList / ParameterDict
+def test_parameter_list(device):
+    pl = nn.ParameterList([flame.zeros(2, device=device), nn.Parameter(flame.ones(3, device=device))])
+    pl.append(flame.full((1,), 2.0, device=device))
+    assert len(pl) == 3 and list(pl.state_dict()) == ["0", "1", "2"]
+    assert all(isinstance(p, nn.Parameter) and p.requires_grad for p in pl)
+    assert isinstance(pl[1:], nn.ParameterList) and len(pl[1:]) == 2 and pl[-1] is pl[2]
+    pl[0] = nn.Parameter(flame.full((2,), 5.0, device=device))
+    assert npa(pl[0]).tolist() == [5.0, 5.0]
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ws = nn.ParameterList([nn.Parameter(flame.ones(2, device=device)) for _ in range(2)])
+
+        def forward(self, x):
+            for w in self.ws:
+                x = x * w
+            return x
+
+    net = Net()
+    assert [n for n, _ in net.named_parameters()] == ["ws.0", "ws.1"]
+    opt = nn.optim.SGD(net.parameters(), lr=0.5)
+    net(flame.full((2,), 3.0, device=device)).sum().backward()
+    opt.step()
+    np.testing.assert_allclose(npa(net.ws[0]), [-0.5, -0.5])
+    net.load_state_dict({"ws.0": np.zeros(2), "ws.1": np.full(2, 7.0)})
+    assert npa(net.ws[1]).tolist() == [7.0, 7.0]
+    with pytest.raises(IndexError, match="out of range"):
+        pl[5]
+    with pytest.raises(TypeError, match="iterable"):
+        pl.extend(flame.zeros(2))
+    assert "(1): Parameter containing: [flame.float32 of size 3" in repr(pl)
+
+
+def test_parameter_dict(device):
+    pd = nn.ParameterDict({"a": flame.zeros(2, device=device)})
+    pd["b"] = nn.Parameter(flame.ones(1, device=device))
+    pd.update([("c", flame.ones(3, device=device))])
+    assert list(pd) == ["a", "b", "c"] and list(pd.state_dict()) == ["a", "b", "c"] and len(pd) == 3
+    assert "b" in pd and pd.get("zz") is None and isinstance(pd["a"], nn.Parameter)
+    assert [k for k, _ in pd.items()] == ["a", "b", "c"] and len(pd.values()) == 3
+    p = pd.pop("b")
+    assert tuple(p.shape) == (1,) and list(pd.state_dict()) == ["a", "c"]
+    assert len(list(pd.parameters())) == 2
+    with pytest.raises(KeyError, match="has no key 'b'"):
+        pd["b"]
+    with pytest.raises(TypeError, match="keys must be strings"):
+        pd[1] = flame.zeros(1)
+    pd.clear()
+    assert len(pd) == 0 and list(pd.parameters()) == []
+
+
+# ----------------------------------------------------------------------------- Transformer encoder
+def ln_ref(x, w, b, eps=1e-5):
+    return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps) * w + b
+
+
+def mha_ref(x, s, nhead, pad=None, mask=None):
+    """Self-attention of x (N, L, E) with PyTorch's packed in_proj; pad (N, L) True = ignore; mask (L, L) additive."""
+    N, L, E = x.shape
+    D = E // nhead
+    qkv = x @ s["self_attn.in_proj_weight"].T + s["self_attn.in_proj_bias"]
+    q, k, v = (qkv[..., i * E:(i + 1) * E].reshape(N, L, nhead, D).transpose(0, 2, 1, 3) for i in range(3))
+    sc = q @ k.transpose(0, 1, 3, 2) / math.sqrt(D)
+    if mask is not None:
+        sc = sc + mask
+    if pad is not None:
+        sc = np.where(pad[:, None, None, :], -np.inf, sc)
+    p = np.exp(sc - sc.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    o = (p @ v).transpose(0, 2, 1, 3).reshape(N, L, E)
+    return o @ s["self_attn.out_proj.weight"].T + s["self_attn.out_proj.bias"]
+
+
+def encoder_layer_ref(x, s, nhead, norm_first, act, pad=None, mask=None):
+    def ff(h):
+        a = h @ s["linear1.weight"].T + s["linear1.bias"]
+        a = np.maximum(a, 0) if act == "relu" else 0.5 * a * (1 + np.vectorize(math.erf)(a / math.sqrt(2)))
+        return a @ s["linear2.weight"].T + s["linear2.bias"]
+    n1 = lambda h: ln_ref(h, s["norm1.weight"], s["norm1.bias"])  # noqa: E731
+    n2 = lambda h: ln_ref(h, s["norm2.weight"], s["norm2.bias"])  # noqa: E731
+    if norm_first:
+        x = x + mha_ref(n1(x), s, nhead, pad, mask)
+        return x + ff(n2(x))
+    x = n1(x + mha_ref(x, s, nhead, pad, mask))
+    return n2(x + ff(x))
+
+
+@pytest.mark.parametrize("name,norm_first,act", [("enc_post", False, "relu"), ("enc_pre", True, "gelu")])
+def test_transformer_encoder_layer(device, golden, name, norm_first, act):
+    m = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, activation=act, batch_first=True, norm_first=norm_first,
+                                   device=device).to(flame.float64)
+    extra = load(m, golden, name, ("input", "pad", "out"))
+    state = {k: npa(v) for k, v in m.state_dict().items()}
+    pad = extra["pad"].astype(bool)
+    got = npa(m(T(extra["input"], device), src_key_padding_mask=flame.tensor(pad, device=device)))
+    np.testing.assert_allclose(got, extra["out"], rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(got, encoder_layer_ref(extra["input"], state, 2, norm_first, act, pad), rtol=1e-9,
+                               atol=1e-11)
+
+
+def test_transformer_encoder_stack(device, golden, rng):
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, device=device)
+    m = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(8, device=device), enable_nested_tensor=False)
+    m = m.to(flame.float64)
+    assert m.layers[0] is not m.layers[1] and m.layers[0].linear1.weight is not m.layers[1].linear1.weight
+    extra = load(m, golden, "encoder", ("input", "mask", "out"))
+    got = m(T(extra["input"], device), mask=T(extra["mask"], device), is_causal=True)
+    np.testing.assert_allclose(npa(got), extra["out"], rtol=1e-9, atol=1e-11)
+    # the same through the causal flag alone (no explicit mask)
+    np.testing.assert_allclose(npa(m.layers[0](T(extra["input"], device), is_causal=True)),
+                               npa(m.layers[0](T(extra["input"], device), src_mask=T(extra["mask"], device))),
+                               rtol=1e-12, atol=1e-12)
+    small = nn.TransformerEncoderLayer(4, 2, 6, dropout=0.0, batch_first=True, device=device).to(flame.float64)
+    x = T(rng.standard_normal((1, 3, 4)), device, grad=True)
+    assert gradcheck(lambda v: small(v), (x,))
+    with pytest.raises(RuntimeError, match="relu/gelu"):
+        nn.TransformerEncoderLayer(4, 2, activation="swish")
+
+
+# ----------------------------------------------------------------------------- LSTM / GRU
+def sig(v):
+    return 1 / (1 + np.exp(-v))
+
+
+def lstm_ref(x, s, layers, dirs, h0, c0, proj=False):
+    """x (L, N, F); PyTorch's gate order i, f, g, o; returns out, h_n, c_n."""
+    hs, cs = [], []
+    for layer in range(layers):
+        outs = []
+        for d in range(dirs):
+            sfx = f"_l{layer}" + ("_reverse" if d else "")
+            wi, wh = s["weight_ih" + sfx], s["weight_hh" + sfx]
+            bi, bh = s.get("bias_ih" + sfx, 0), s.get("bias_hh" + sfx, 0)
+            h, c = h0[layer * dirs + d], c0[layer * dirs + d]
+            out = [None] * len(x)
+            for t in (range(len(x) - 1, -1, -1) if d else range(len(x))):
+                g = x[t] @ wi.T + bi + h @ wh.T + bh
+                i, f, gg, o = np.split(g, 4, -1)
+                c = sig(f) * c + sig(i) * np.tanh(gg)
+                h = sig(o) * np.tanh(c)
+                if proj:
+                    h = h @ s["weight_hr" + sfx].T
+                out[t] = h
+            outs.append(np.stack(out))
+            hs.append(h)
+            cs.append(c)
+        x = np.concatenate(outs, -1)
+    return x, np.stack(hs), np.stack(cs)
+
+
+def gru_ref(x, s, layers, h0):
+    hs = []
+    for layer in range(layers):
+        sfx = f"_l{layer}"
+        wi, wh, bi, bh = (s[k + sfx] for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+        h = h0[layer]
+        out = []
+        for t in range(len(x)):
+            xr, xz, xn = np.split(x[t] @ wi.T + bi, 3, -1)
+            hr, hz, hn = np.split(h @ wh.T + bh, 3, -1)
+            r, z = sig(xr + hr), sig(xz + hz)
+            n = np.tanh(xn + r * hn)
+            h = (1 - z) * n + z * h
+            out.append(h)
+        x = np.stack(out)
+        hs.append(h)
+    return x, np.stack(hs)
+
+
+def test_lstm_against_reference_and_torch(device, golden):
+    m = nn.LSTM(3, 4, num_layers=2, bidirectional=True, batch_first=True, device=device).to(flame.float64)
+    names = [f"{w}_l{k}{s}" for k in range(2) for s in ("", "_reverse")
+             for w in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+    assert list(m.state_dict()) == names
+    assert tuple(m.weight_ih_l1.shape) == (16, 8) and tuple(m.weight_hh_l0_reverse.shape) == (16, 4)
+    assert np.abs(npa(m.weight_ih_l0)).max() <= 0.5  # uniform(+-1/sqrt(hidden))
+    extra = load(m, golden, "lstm", ("input", "h0", "c0", "out", "h_n", "c_n"))
+    out, (h, c) = m(T(extra["input"], device), (T(extra["h0"], device), T(extra["c0"], device)))
+    for got, k in ((out, "out"), (h, "h_n"), (c, "c_n")):
+        np.testing.assert_allclose(npa(got), extra[k], rtol=1e-10, atol=1e-12)
+    state = {k: npa(v) for k, v in m.state_dict().items()}
+    ro, rh, rc = lstm_ref(extra["input"].transpose(1, 0, 2), state, 2, 2, extra["h0"], extra["c0"])
+    np.testing.assert_allclose(npa(out), ro.transpose(1, 0, 2), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(npa(c), rc, rtol=1e-10, atol=1e-12)
+
+
+def test_lstm_projection_and_unbatched(device, golden, rng):
+    m = nn.LSTM(3, 5, proj_size=2, device=device).to(flame.float64)
+    assert list(m.state_dict()) == ["weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0", "weight_hr_l0"]
+    assert tuple(m.weight_hh_l0.shape) == (20, 2)
+    extra = load(m, golden, "lstm_proj", ("input", "out", "h_n", "c_n"))
+    out, (h, c) = m(T(extra["input"], device))
+    np.testing.assert_allclose(npa(out), extra["out"], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(npa(c), extra["c_n"], rtol=1e-10, atol=1e-12)
+    x = rng.standard_normal((4, 3))  # (L, F): no batch dim
+    out1, (h1, c1) = m(T(x, device))
+    out2, (h2, _) = m(T(x[:, None], device))
+    assert tuple(out1.shape) == (4, 2) and tuple(h1.shape) == (1, 2) and tuple(c1.shape) == (1, 5)
+    np.testing.assert_allclose(npa(out1), npa(out2)[:, 0], rtol=1e-12)
+    with pytest.raises(flame.ShapeError, match=r"expected h_0 of shape \(1, 2, 2\)"):
+        m(T(rng.standard_normal((4, 2, 3)), device), (T(np.zeros((1, 2, 5)), device), T(np.zeros((1, 2, 5)),
+                                                                                       device)))
+    with pytest.raises(flame.ShapeError, match="input_size=3"):
+        m(T(rng.standard_normal((4, 2, 2)), device))
+
+
+def test_gru_against_reference_and_torch(device, golden):
+    m = nn.GRU(3, 4, num_layers=2, device=device).to(flame.float64)
+    assert list(m.state_dict())[:4] == ["weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0"]
+    extra = load(m, golden, "gru", ("input", "h0", "out", "h_n"))
+    out, h = m(T(extra["input"], device), T(extra["h0"], device))
+    np.testing.assert_allclose(npa(out), extra["out"], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(npa(h), extra["h_n"], rtol=1e-10, atol=1e-12)
+    ro, rh = gru_ref(extra["input"], {k: npa(v) for k, v in m.state_dict().items()}, 2, extra["h0"])
+    np.testing.assert_allclose(npa(out), ro, rtol=1e-10, atol=1e-12)
+
+
+def test_rnn_gradcheck_dropout_and_bias(device, rng):
+    lstm = nn.LSTM(2, 3, bidirectional=True, device=device).to(flame.float64)
+    gru = nn.GRU(2, 3, num_layers=2, batch_first=True, bias=False, device=device).to(flame.float64)
+    assert not any("bias" in k for k in gru.state_dict())
+    x = T(rng.standard_normal((3, 1, 2)), device, grad=True)
+    h0 = T(rng.standard_normal((2, 1, 3)), device, grad=True)
+    c0 = T(rng.standard_normal((2, 1, 3)), device, grad=True)
+    assert gradcheck(lambda v, h, c: lstm(v, (h, c))[0], (x, h0, c0))
+    assert gradcheck(lambda v: gru(v)[0], (x,))
+    assert gradcheck(lambda w: lstm(x.detach())[0], (lstm.weight_hh_l0_reverse,))  # lstm reads w itself
+    d = nn.LSTM(2, 3, num_layers=2, dropout=0.5, device=device).to(flame.float64)
+    flame.manual_seed(0)
+    a = npa(d(x.detach())[0])
+    d.eval()
+    b1, b2 = npa(d(x.detach())[0]), npa(d(x.detach())[0])
+    np.testing.assert_array_equal(b1, b2)
+    assert not np.allclose(a, b1)  # dropout between the layers in training only
+    with pytest.raises(ValueError, match="hidden_size"):
+        nn.GRU(2, 0)
+    with pytest.warns(UserWarning, match="expects num_layers greater than 1"):
+        nn.LSTM(2, 3, dropout=0.2)
+
+
+# ----------------------------------------------------------------------------- loss modules
+def test_loss_modules_match_functional(device, rng):
+    a, b = T(rng.standard_normal((4, 3)), device), T(rng.standard_normal((4, 3)), device)
+    p, t = T(rng.uniform(0.1, 0.9, (4, 3)), device), T(rng.uniform(0, 1, (4, 3)), device)
+    w, pw = T(rng.uniform(0.5, 2, (4, 3)), device), T(rng.uniform(0.5, 2, 3), device)
+    logits, cls = T(rng.standard_normal((4, 5)), device), flame.tensor([0, 4, 2, 1], device=device)
+    cw = T(rng.uniform(0.5, 2, 5), device)
+    pairs = [
+        (nn.MSELoss(reduction="sum")(a, b), F.mse_loss(a, b, reduction="sum")),
+        (nn.L1Loss()(a, b), F.l1_loss(a, b)),
+        (nn.SmoothL1Loss(beta=0.5)(a, b), F.smooth_l1_loss(a, b, beta=0.5)),
+        (nn.HuberLoss(delta=0.5, reduction="none")(a, b), F.huber_loss(a, b, reduction="none", delta=0.5)),
+        (nn.BCELoss(weight=w)(p, t), F.binary_cross_entropy(p, t, weight=w)),
+        (nn.BCEWithLogitsLoss(pos_weight=pw)(a, t), F.binary_cross_entropy_with_logits(a, t, pos_weight=pw)),
+        (nn.KLDivLoss(reduction="batchmean", log_target=True)(a, b),
+         F.kl_div(a, b, reduction="batchmean", log_target=True)),
+        (nn.CrossEntropyLoss(weight=cw, label_smoothing=0.1)(logits, cls),
+         F.cross_entropy(logits, cls, weight=cw, label_smoothing=0.1)),
+        (nn.NLLLoss(ignore_index=2)(logits.log_softmax(1), cls), F.nll_loss(logits.log_softmax(1), cls,
+                                                                          ignore_index=2)),
+    ]
+    for got, want in pairs:
+        np.testing.assert_array_equal(npa(got), npa(want))
+    assert list(nn.CrossEntropyLoss(weight=cw).state_dict()) == ["weight"]
+    assert list(nn.BCEWithLogitsLoss(pos_weight=pw).state_dict()) == ["pos_weight"]
+    assert list(nn.CrossEntropyLoss().state_dict()) == []
+    with pytest.warns(UserWarning, match="deprecated"):
+        assert nn.MSELoss(size_average=False).reduction == "sum"
+    with pytest.warns(UserWarning, match="deprecated"):
+        assert nn.L1Loss(reduce=False).reduction == "none"
+
+
+# ----------------------------------------------------------------------------- hypothesis gradient checks
+@given(kind=st.sampled_from(["lstm", "gru"]), L=st.integers(1, 3), N=st.integers(1, 2), H=st.integers(1, 3),
+       layers=st.integers(1, 2), bidirectional=st.booleans(), batch_first=st.booleans(), seed=st.integers(0, 999))
+@settings(max_examples=10)
+def test_rnn_gradcheck_random_configs(device, kind, L, N, H, layers, bidirectional, batch_first, seed):
+    flame.manual_seed(seed)
+    cls = nn.LSTM if kind == "lstm" else nn.GRU
+    m = cls(2, H, num_layers=layers, bidirectional=bidirectional, batch_first=batch_first,
+            device=device).to(flame.float64)
+    rng = np.random.default_rng(seed)
+    x = T(rng.standard_normal((N, L, 2) if batch_first else (L, N, 2)), device, grad=True)
+    h0 = T(rng.standard_normal(((2 if bidirectional else 1) * layers, N, H)), device, grad=True)
+    if kind == "lstm":
+        assert gradcheck(lambda v, h: (lambda o: (o[0], o[1][0], o[1][1]))(m(v, (h, h * 0.5))), (x, h0))
+    else:
+        assert gradcheck(lambda v, h: m(v, h), (x, h0))
+
+
+@given(shape=st.sampled_from([(3, 2), (2, 3, 4), (2, 2, 2, 3)]), affine=st.booleans(), seed=st.integers(0, 999))
+@settings(max_examples=8)
+def test_batchnorm_gradcheck_random_shapes(device, shape, affine, seed):
+    rng = np.random.default_rng(seed)
+    C = shape[1]
+    x = T(rng.standard_normal(shape) * 2, device, grad=True)
+    w = T(rng.uniform(0.5, 1.5, C), device, grad=True) if affine else None
+    b = T(rng.standard_normal(C), device, grad=True) if affine else None
+    args = (x, w, b) if affine else (x,)
+    assert gradcheck(lambda v, *wb: F.batch_norm(v, None, None, *(wb or (None, None)), training=True), args)
+
+
+@given(n=st.integers(1, 3), i1=st.integers(1, 3), i2=st.integers(1, 3), o=st.integers(1, 3),
+       seed=st.integers(0, 999))
+@settings(max_examples=8)
+def test_bilinear_gradcheck_random_shapes(device, n, i1, i2, o, seed):
+    rng = np.random.default_rng(seed)
+    args = [T(rng.standard_normal(s), device, grad=True) for s in ((n, i1), (n, i2), (o, i1, i2), (o,))]
+    assert gradcheck(F.bilinear, tuple(args))
