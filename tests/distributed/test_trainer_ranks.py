@@ -78,3 +78,31 @@ def test_another_global_batch_is_refused(tmp_path):
     assert r.returncode != 0
     err = r.stderr.decode()
     assert "cannot continue this run" in err and "train.global_batch_size 2 -> 4" in err
+
+
+def test_image_folders_on_two_ranks(tmp_path, tiny_model):
+    """Rank 0 caches the latents and text embeddings, rank 1 finds them; the bucket batches of 2 ranks x 1 train
+    what one process x 2 trains; only rank 0 decodes previews."""
+    from tests.training.conftest import draw_images
+
+    def run(tag, world, batch):
+        images = draw_images(tmp_path / f"images_{tag}", wide=2)  # own folder: its own caches
+        cmd = [os.path.join(ROOT, "tests", "distributed", "scripts", "train_images.py"), str(tmp_path / tag),
+               str(tmp_path / "runs"), tag, tiny_model, images, "--steps", "4", "--batch", str(batch)]
+        if world > 1:
+            cmd = ["-m", "flame_core.distributed.run", "--nproc-per-node", str(world)] + cmd
+        r = subprocess.run([sys.executable] + cmd, cwd=ROOT, env=ENV, capture_output=True, timeout=300)
+        assert r.returncode == 0, r.stderr.decode()[-3000:]
+        return [dict(np.load(tmp_path / f"{tag}.rank{k}.npz")) for k in range(world)]
+    one = run("one", 1, 2)[0]
+    two = run("two", 2, 1)
+    assert int(two[0]["encoded_latents"]) == 8 and int(two[1]["encoded_latents"]) == 0  # cached by rank 0
+    assert int(two[0]["encoded_text"]) > 0 and int(two[1]["encoded_text"]) == 0
+    assert bool(two[0]["decodes"]) and not bool(two[1]["decodes"])
+    np.testing.assert_allclose(two[0]["losses"], one["losses"], rtol=1e-5)
+    # AdamW's first steps divide by the gradient's own size: float32 summation order moves a tiny element by ~1e-6
+    assert_same(two[0], one, atol=1e-5)
+    assert_same(two[1], one, atol=1e-5)
+    samples = os.listdir(tmp_path / "runs" / "two" / "samples")
+    assert sorted(f for f in samples if f.endswith(".png") and f.startswith("step_")) == \
+        [f"step_{s:06d}_0.png" for s in (0, 2, 4)]
