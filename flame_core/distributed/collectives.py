@@ -8,7 +8,7 @@
     dist.reduce_scatter_tensor(out, t, op)                   # the same with t split along dim 0
     work = dist.all_reduce(t, async_op=True); ...; work.wait()
 
-Tensors must be contiguous, of the group's device (this rank's GPU for nccl, cpu for store) and of the same shape
+Tensors must be contiguous, of the group's device (this rank's GPU for nccl; any for store) and of the same shape
 and dtype on every rank; every rank must call the same collectives in the same order. Collectives are not
 differentiable (as in torch, the tensors' data changes in place, their version counter moves). With async_op=True
 the tensors must not be read or written until the Work's wait(); keep the Work until then.
@@ -27,7 +27,7 @@ def _array(t, what, g):
     if not arr.flags.c_contiguous:
         raise ValueError(f"{what}: tensors must be contiguous (got shape {fmt_shape(t.shape)} with strides "
                          f"{arr.strides}); call .contiguous() first")
-    if t.device != g.device:
+    if g.device is not None and t.device != g.device:
         raise DistributedError(f"{what}: the group works on {g.device}, the tensor is on {t.device}")
     return arr
 

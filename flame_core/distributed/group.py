@@ -51,9 +51,10 @@ class ProcessGroup:
 
     @property
     def device(self):
-        """The device this group's collectives take tensors on: cuda:LOCAL_RANK for nccl, cpu for store."""
+        """The device this group's collectives take tensors on: cuda:LOCAL_RANK for nccl; None (any: the data goes
+        through host memory) for store."""
         from ..device import device
-        return device("cpu") if self.device_index is None else device(f"cuda:{self.device_index}")
+        return None if self.device_index is None else device(f"cuda:{self.device_index}")
 
     def barrier(self, timeout=None):
         """Block until every rank of the group got here (the GPU's queued work first finishes on this rank); a

@@ -122,7 +122,7 @@ class TrainerGroup:
             return float(loss), float(timestep)
         stop = trainer.stop.inner.requested if isinstance(trainer.stop, AgreedStop) else None
         v = flame.tensor([float(loss), float(timestep), 1.0 if stop else 0.0], dtype=flame.float64,
-                         device=self.group.device)
+                         device=self.device)
         dist.all_reduce(v, group=self.group)
         loss, timestep, stops = (float(x) for x in v.numpy())
         if isinstance(trainer.stop, AgreedStop) and stops > 0:

@@ -134,9 +134,10 @@ class DistributedDataParallel(Module):
         """Every rank must hold the same trainable parameters (names, shapes, dtypes), or the buckets would not
         line up and the collectives would hang."""
         g = self.process_group
+        dev = self.params[0].device
         mine = flame.tensor([len(self.params), _signature(self.param_names, self.params)], dtype=flame.int64,
-                            device=g.device)
-        every = flame.zeros(2 * self.world_size, dtype=flame.int64, device=g.device)
+                            device=dev)
+        every = flame.zeros(2 * self.world_size, dtype=flame.int64, device=dev)
         dist.all_gather_into_tensor(every, mine, group=g)
         rows = every.numpy().reshape(self.world_size, 2)
         bad = [r for r in range(self.world_size) if tuple(rows[r]) != tuple(rows[self.rank])]

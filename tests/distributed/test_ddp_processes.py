@@ -10,6 +10,8 @@ import sys
 import numpy as np
 import pytest
 
+from .conftest import cpu_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "tests", "distributed", "scripts", "ddp_train.py")
 
@@ -17,7 +19,7 @@ SCRIPT = os.path.join(ROOT, "tests", "distributed", "scripts", "ddp_train.py")
 def run(tmp_path, world, *args):
     out = str(tmp_path / "r.json")
     r = subprocess.run([sys.executable, "-m", "flame_core.distributed.run", "--nproc-per-node", str(world), SCRIPT,
-                        out, *args], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT, "OPENBLAS_NUM_THREADS": "1"},
+                        out, *args], cwd=ROOT, env=cpu_env(ROOT),
                        capture_output=True, timeout=120)
     assert r.returncode == 0, r.stderr.decode()[-3000:]
     return [json.load(open(f"{out}.rank{k}")) for k in range(world)]

@@ -8,9 +8,11 @@ import sys
 import numpy as np
 import pytest
 
+from .conftest import cpu_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "tests", "distributed", "scripts", "train_tiny.py")
-ENV = {**os.environ, "PYTHONPATH": ROOT, "OPENBLAS_NUM_THREADS": "1"}
+ENV = cpu_env(ROOT)
 
 
 def train(tmp_path, tag, name, world, steps, batch, *extra, ok=True):
