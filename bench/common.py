@@ -267,18 +267,18 @@ def random_flux(params="flux-dev", device="cuda", seed=0, std=0.02):
     return model
 
 
-def flame_flux_inputs(size, guidance, seed=1):
+def flame_flux_inputs(size, guidance, seed=1, device="cuda"):
     """Flux's keyword arguments for a batch of 1 at size x size (random bf16 latents and text states) and a random
-    float32 target of the output's shape."""
+    float32 target of the output's shape, on `device` (a rank's own GPU under a launcher)."""
     import flame_core as flame
     from flame_models.flux import sampling as S
-    g = flame.Generator("cuda").manual_seed(seed)
+    g = flame.Generator(device).manual_seed(seed)
     tokens = (size // 16) ** 2
 
     def rnd(*shape):
-        return flame.randn(*shape, generator=g, device="cuda").to(flame.bfloat16)
-    bf16 = dict(dtype=flame.bfloat16, device="cuda")
-    args = dict(img=rnd(1, tokens, 64), img_ids=S.image_ids(size, size, device="cuda"), txt=rnd(1, T5_LEN, 4096),
-                txt_ids=S.text_ids(T5_LEN, device="cuda"), y=rnd(1, 768),
+        return flame.randn(*shape, generator=g, device=device).to(flame.bfloat16)
+    bf16 = dict(dtype=flame.bfloat16, device=device)
+    args = dict(img=rnd(1, tokens, 64), img_ids=S.image_ids(size, size, device=device), txt=rnd(1, T5_LEN, 4096),
+                txt_ids=S.text_ids(T5_LEN, device=device), y=rnd(1, 768),
                 timesteps=flame.tensor([0.62], **bf16), guidance=flame.tensor([guidance], **bf16))
-    return args, flame.randn(1, tokens, 64, generator=g, device="cuda")
+    return args, flame.randn(1, tokens, 64, generator=g, device=device)

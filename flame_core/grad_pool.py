@@ -5,6 +5,7 @@
     loss.backward()                             # leaf gradients are written into the views (copy, then +=)
     grad_pool.zero_grad()                       # one memset per flat buffer
     buf = grad_pool.flat_buffer_of(param)       # the 1-D Tensor its gradient lives in (fused optimizers, all-reduce)
+    grad_pool.pooled_grad(param)                # the view of buf backward writes `param`'s gradient into
 
 Backward never allocates `.grad` storage for a registered parameter: the first gradient is copied into the view,
 later ones are added in place. `zero_grad(set_to_none=True)` sets `.grad` to None (the next backward copies instead
@@ -184,6 +185,13 @@ def _require(param):
 def flat_buffer_of(param):
     """The 1-D Tensor that holds `param`'s gradient (shared storage; for fused optimizers and all-reduce)."""
     return _require(param).buffer.tensor
+
+
+def pooled_grad(param):
+    """The view of `flat_buffer_of(param)` that backward stores `param`'s gradient in: `param.grad` is this very
+    Tensor while the gradient is pooled (all-reduce checks that, and makes it `.grad` where this rank produced no
+    gradient but the reduced buffer holds one)."""
+    return _require(param).view
 
 
 def slice_of(param):

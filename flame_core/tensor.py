@@ -20,6 +20,7 @@ class Tensor:
     _out_idx = 0
     _accum_ref = None
     _hooks = None
+    _post_acc_hooks = None
     _retains_grad = False
     _name = None
     _f8 = False  # cuda float8_e4m3fn: raw bytes in a uint8 array (CuPy has no fp8 dtype)
@@ -227,6 +228,18 @@ class Tensor:
             self._hooks.append(hook)
         return _HookHandle(self, hook)
 
+    def register_post_accumulate_grad_hook(self, hook):
+        """Call `hook(tensor)` each time a backward pass has accumulated a gradient into this leaf's `.grad` (a
+        checkpointed region's recompute accumulates once more for the parameters it uses). As PyTorch's."""
+        if self._grad_fn is not None:
+            raise AutogradError("post accumulate grad hooks cannot be registered on non-leaf tensors")
+        if not self._requires_grad:
+            raise AutogradError("cannot register a hook on a tensor that doesn't require gradient")
+        if self._post_acc_hooks is None:
+            self._post_acc_hooks = []
+        self._post_acc_hooks.append(hook)
+        return _ListHookHandle(self._post_acc_hooks, hook)
+
     def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
         from .autograd import backward
         if inputs is not None:
@@ -389,6 +402,15 @@ class Size(tuple):
 
     def __repr__(self):
         return f"flame.Size([{', '.join(str(s) for s in self)}])"
+
+
+class _ListHookHandle:
+    def __init__(self, hooks, hook):
+        self._hooks, self._hook = hooks, hook
+
+    def remove(self):
+        if self._hook in self._hooks:
+            self._hooks.remove(self._hook)
 
 
 class _HookHandle:

@@ -11,7 +11,7 @@ from .layers import (ReLU, GELU, SiLU, Tanh, Sigmoid, Softmax, LeakyReLU, ELU, S
                      Upsample, LSTM, GRU, TransformerEncoderLayer, TransformerEncoder)
 from .module import Module, StateDictError, IncompatibleKeys, RemovableHandle
 from .parameter import Parameter, MetaTensorError
-from . import offload
+from . import offload, parallel
 
 __all__ = ["functional", "init", "optim", "utils", "offload", "Module", "Parameter", "Sequential", "ModuleList",
            "ModuleDict", "ParameterList", "ParameterDict", "empty_init", "init_empty_weights", "is_empty_init",
@@ -21,4 +21,5 @@ __all__ = ["functional", "init", "optim", "utils", "offload", "Module", "Paramet
            "Embedding", "Identity", "Linear", "Bilinear", "Flatten", "Unflatten", "L1Loss", "MSELoss",
            "SmoothL1Loss", "HuberLoss", "NLLLoss", "CrossEntropyLoss", "BCELoss", "BCEWithLogitsLoss", "KLDivLoss",
            "LayerNorm", "GroupNorm", "RMSNorm", "PixelShuffle", "PixelUnshuffle", "MaxPool2d", "AvgPool2d",
-           "AdaptiveAvgPool2d", "Upsample", "LSTM", "GRU", "TransformerEncoderLayer", "TransformerEncoder", "GradientCheckpointingMixin"]
+           "AdaptiveAvgPool2d", "Upsample", "LSTM", "GRU", "TransformerEncoderLayer", "TransformerEncoder", "GradientCheckpointingMixin",
+           "parallel"]

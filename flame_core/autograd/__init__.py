@@ -2,7 +2,7 @@
 from .function import Function, Node, AccumulateGrad
 from .grad_mode import (no_grad, enable_grad, set_grad_enabled, inference_mode, is_grad_enabled,
                         is_inference_mode_enabled)
-from .engine import run_backward
+from .engine import run_backward, queue_callback, current_pass
 from .gradcheck import gradcheck, gradgradcheck
 
 
@@ -59,4 +59,5 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
 
 
 __all__ = ["Function", "Node", "AccumulateGrad", "no_grad", "enable_grad", "set_grad_enabled", "inference_mode",
-           "is_grad_enabled", "is_inference_mode_enabled", "backward", "grad", "gradcheck", "gradgradcheck"]
+           "is_grad_enabled", "is_inference_mode_enabled", "backward", "grad", "gradcheck", "gradgradcheck",
+           "queue_callback", "current_pass"]

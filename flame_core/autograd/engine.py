@@ -11,6 +11,28 @@ _fast_binary = None  # flame_core.kernels.pointwise_small.fast_binary, imported 
 # set by flame_core.grad_pool when parameters are registered: f(leaf, grad_tensor) -> True if it stored the gradient
 leaf_grad_sink = None
 
+# callbacks queued during a backward run when the outermost one (a checkpointed region's recompute runs a nested
+# backward inside it) has finished; _depth counts the nested runs, _pass numbers the outermost ones
+_callbacks = []
+_depth = 0
+_pass = 0
+
+
+def queue_callback(fn):
+    """Run `fn()` once the running backward pass -- the outermost one, so a checkpointed region's nested backward
+    does not count -- has walked its whole graph (torch's `Variable._execution_engine.queue_callback`). For work
+    that needs every gradient of the pass, e.g. DistributedDataParallel's last gradient buckets. Callbacks run in
+    the order queued; one may queue another. None run when the pass raised."""
+    if _depth == 0:
+        raise AutogradError("queue_callback can only be called while a backward pass runs (from a hook)")
+    _callbacks.append(fn)
+
+
+def current_pass():
+    """A number identifying the outermost backward pass running now (None outside one): hooks that keep state
+    across the leaves of one pass tell a new pass from a stale one (an earlier pass that raised)."""
+    return _pass if _depth else None
+
 
 def _zeros(meta):
     shape, dt, arr_type = meta
@@ -136,6 +158,12 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
 
     results = [None] * len(inputs) if inputs is not None else None
     ready = [n for n in dict.fromkeys(e[0] for e, _ in root_edges) if n not in deps]
+    global _depth, _pass
+    outermost = _depth == 0
+    if outermost:
+        _pass += 1
+        _callbacks.clear()
+    _depth += 1
     prev = state.enabled
     state.enabled = create_graph
     try:
@@ -166,7 +194,11 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
                         if r is not None:
                             grads[0] = r
                 if capture is None and grads[0] is not None:
-                    _accumulate_leaf(node.variable, grads[0], create_graph, grads[0] is own0)
+                    leaf = node.variable
+                    _accumulate_leaf(leaf, grads[0], create_graph, grads[0] is own0)
+                    if leaf._post_acc_hooks:
+                        for h in tuple(leaf._post_acc_hooks):
+                            h(leaf)
                 continue
             if node._freed:
                 raise AutogradError("Trying to backward through the graph a second time (or to access saved tensors "
@@ -218,8 +250,14 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
                     node.release()
             del in_grads
             g = gd = slot = None  # these names must not keep the last gradient alive while later nodes run
+        if outermost:
+            while _callbacks:
+                _callbacks.pop(0)()
     finally:
         state.enabled = prev
+        _depth -= 1
+        if outermost:
+            _callbacks.clear()
     if inputs is not None:
         for k, r in enumerate(results):
             if r is None and not allow_unused:

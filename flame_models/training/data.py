@@ -210,6 +210,10 @@ class Loader:
 
     def next_batch(self):
         """A dict of stacked arrays (B, ...) plus 'indices'."""
+        return self.collate(self.next_indices())
+
+    def next_indices(self):
+        """The dataset indices of the next batch (the position moves on; nothing is loaded)."""
         if self._order is None:
             self._order = self._order_for(self.epoch)
         if self.index + self.batch_size > len(self._order):  # drop the ragged tail: every batch is full
@@ -217,6 +221,10 @@ class Loader:
             self._order = self._order_for(self.epoch)
         idx = self._order[self.index:self.index + self.batch_size]
         self.index += self.batch_size
+        return idx
+
+    def collate(self, idx):
+        """The samples `idx` loaded and stacked: a dict of (len(idx), ...) arrays plus 'indices'."""
         items = [self.dataset[int(i)] for i in idx]
         keys = list(items[0])
         for k in keys:

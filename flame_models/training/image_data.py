@@ -89,6 +89,7 @@ def prepare(tr, dataset, previews_on):
         texts = TextEmbeddingCache(text_cache_folder(c), fam.text_encoder_id(c.model, dev, tr.budget))
         loader = BucketLoader(TrainingDataset(dataset, latents, texts), c.train.batch_size,
                               shuffle=all(d.shuffle for d in c.datasets), seed=c.train.seed)
+        loader = tr.dist.shard_loader(loader)  # ddp: global batches of batch_size x ranks (more epochs per run)
         epochs = range(loader.sampler.epochs_needed(c.train.steps * c.train.gradient_accumulation_steps))
         captions = dataset.prompts(epochs) + [r.dropout_caption for r in dataset.rules]
     else:

@@ -42,6 +42,7 @@ from . import checkpoint as ckpt
 from . import image_data, run_folder
 from .config import ConfigError, config_dict, dtype_name, max_gpu_memory_bytes
 from .data import ConcatDataset, FolderDataset, Loader, SyntheticDataset
+from .distributed import TrainerGroup, main_rank_only, on_main_rank  # ddp
 from .ema import EMA
 from .family import get_family
 from .files import atomic_write_json
@@ -61,6 +62,8 @@ class Trainer:
         outputs and checkpoints first (otherwise the run resumes from its newest intact checkpoint, and refuses a
         folder with outputs but no checkpoint). handle_signals: Ctrl-C / SIGTERM stop after the step, saving."""
         self.cfg, self.verbose, self.fresh, self.handle_signals = cfg, verbose, fresh, handle_signals
+        self.dist = TrainerGroup.from_env()  # ddp: one process, or rank r of N (distributed.py)
+        self.verbose = self.verbose and self.dist.is_main  # ddp
         self._model, self._dataset = model, dataset
         self.family = get_family(cfg.model.arch)
         self.out = cfg.output_dir
@@ -84,8 +87,9 @@ class Trainer:
         c, t, fam = self.cfg, self.cfg.train, self.family
         for w in c.warnings:
             self.log(f"config: {w}")
-        self.device = flame.device(c.device or ("cuda" if flame.cuda_is_available() else "cpu"))
-        c.device = str(self.device)  # resolved defaults go into the config: config.json tells what ran
+        c.device = str(flame.device(c.device or ("cuda" if flame.cuda_is_available() else "cpu")))  # resolved
+        # defaults go into the config: config.json tells what ran
+        self.device = self.dist.join(c.device)  # ddp: cuda:LOCAL_RANK, the process group joined
         if c.network.target is None:
             c.network.target = fam.default_target
         if c.model.name_or_path is None and c.model.size is None and self._model is None:
@@ -124,7 +128,9 @@ class Trainer:
         previews_on = bool(c.sample.sample_every) and not t.disable_sampling
         vae_needed, text_needed = parts_needed(c, kinds)
         if vae_needed or text_needed:
-            self.prepared = image_data.prepare(self, self.dataset if self.image_data else None, previews_on)
+            # ddp: rank 0 fills the caches first, the others then find them; only rank 0 decodes previews
+            self.prepared = self.dist.main_first(image_data.prepare, self, self.dataset if self.image_data else None,
+                                                 previews_on and self.dist.is_main)
         self.previews = self._make_previews()
 
         with self.meter.stage("build"):  # (with max_gpu_memory: the resident blocks chosen by measured steps)
@@ -202,6 +208,7 @@ class Trainer:
         else:
             self.loader = Loader(self.dataset, t.batch_size, seed=t.seed,
                                  shuffle=[d.shuffle for d in c.datasets] if c.datasets else True)
+        self.loader = self.dist.shard_loader(self.loader)  # ddp: this rank's rows of the global batch
         self.objective = fam.objective(t)
         self.sigma_gen = flame.Generator("cpu").manual_seed(t.seed + 1)
         self.noise_gen = flame.Generator(self.device).manual_seed(t.seed + 2)
@@ -288,9 +295,13 @@ class Trainer:
         x0, cond = self.family.training_inputs(self.model, batch, self.device, self.cfg.train)
         if self._cond_keys is None:
             self._cond_keys = tuple(cond)
-        noise = flame.randn(*x0.shape, generator=self.noise_gen, dtype=flame.float32, device=self.device)
-        t = self.objective.sample_timesteps(x0.shape[0], generator=self.sigma_gen,
-                                            num_tokens=self.family.image_seq_len(x0), device=self.device)
+        # ddp: drawn for the global batch, this rank's rows kept (one process with the whole batch draws the same)
+        noise = self.dist.shard(flame.randn(self.dist.global_batch(x0.shape[0]), *x0.shape[1:],
+                                            generator=self.noise_gen, dtype=flame.float32, device=self.device))
+        t = self.dist.shard(self.objective.sample_timesteps(self.dist.global_batch(x0.shape[0]),
+                                                            generator=self.sigma_gen,
+                                                            num_tokens=self.family.image_seq_len(x0),
+                                                            device=self.device))
         return (x0, noise, t) + tuple(cond[k] for k in self._cond_keys), t
 
     def _forward_backward(self, x0, noise, t, *cond):
@@ -365,10 +376,12 @@ class Trainer:
         t = self.cfg.train
         lr = self.scheduler.get_last_lr()[0]
         losses, ts = [], []
-        for _ in range(t.gradient_accumulation_steps):
-            loss, s = self._micro_step(self.loader.next_batch(), 1.0 / t.gradient_accumulation_steps)
-            losses.append(loss)
-            ts.append(s)
+        self.dist.before_step(self)  # ddp: wraps the adapters in DistributedDataParallel at the first step
+        with self.dist.accumulation(t.gradient_accumulation_steps):  # ddp: local micro-steps, then one average
+            for _ in range(t.gradient_accumulation_steps):
+                loss, s = self._micro_step(self.loader.next_batch(), 1.0 / t.gradient_accumulation_steps)
+                losses.append(loss)
+                ts.append(s)
         if t.max_grad_norm > 0:
             flame_nn.utils.clip_grad_norm_(self.params, t.max_grad_norm)
         self.optimizer.step()
@@ -378,7 +391,8 @@ class Trainer:
         if self.ema is not None:
             self.ema.update()
         self.step += 1
-        return float(np.mean(losses)), lr, float(np.mean(ts))
+        loss, mean_t = self.dist.reduce_step(self, np.mean(losses), np.mean(ts))  # ddp: means over the ranks
+        return loss, lr, mean_t
 
     # ------------------------------------------------------------------------------------------ the loop
     def _sample_due(self, step):
@@ -429,6 +443,7 @@ class Trainer:
         stopped = self.stop.requested if self.stop is not None and self.step < t.steps else None
         return self.finish(interrupted=stopped)
 
+    @main_rank_only  # ddp
     def _log_step(self, loss, lr, ts):
         w = self._window
         w["steps"] += 1
@@ -440,6 +455,7 @@ class Trainer:
                                  seconds=self.progress.active_time)
             self._window = {"steps": 0, "loss": 0.0, "timestep": 0.0}
 
+    @on_main_rank  # ddp: rank 0 writes, the others wait and return its result
     def finish(self, interrupted=None):
         """Write the LoRA (at the end; an interrupted run's is its last checkpoint's), the loss log and plot and
         the samples grid. Returns their paths."""
@@ -467,6 +483,7 @@ class Trainer:
         return result
 
     # ------------------------------------------------------------------------------------------ sampling
+    @on_main_rank  # ddp
     def sample(self):
         """Sample every prompt with the current (EMA, if on) adapters; returns the step's files."""
         if not self.previews.prompts:
@@ -486,6 +503,7 @@ class Trainer:
             self.model.train()
 
     # ------------------------------------------------------------------------------------------ saving
+    @on_main_rank  # ddp
     def save_lora(self, path):
         c = self.cfg
         meta = dict(self.family.lora_metadata(c, self.model))
@@ -501,6 +519,7 @@ class Trainer:
     def _step_lora(self, step):
         return os.path.join(self.out, f"{self.cfg.name}_{step:06d}.safetensors")
 
+    @on_main_rank  # ddp
     def save_checkpoint(self):
         """Everything needed to continue exactly (checkpoint.py writes it whole or not at all), the step's LoRA
         and the loss log; then only the newest save.max_step_saves_to_keep checkpoints are kept."""
@@ -536,7 +555,7 @@ class Trainer:
         that cannot continue it, and a folder with another run's outputs but no checkpoint."""
         c = self.cfg
         if self.fresh:
-            gone = run_folder.clear(self.out, c.name)
+            gone = self.dist.run_on_main(run_folder.clear, self.out, c.name)  # ddp
             if gone:
                 self.log(f"--fresh: removed {len(gone)} earlier output(s) of {self.out}: "
                          + ", ".join(os.path.basename(g) for g in gone))
@@ -554,7 +573,7 @@ class Trainer:
                     + "; start over with --fresh (removes them) or choose another name")
             return None, None
         state = ckpt.read_state(path)
-        breaking, applied = compare(state.get("config", {}), config_dict(c))
+        breaking, applied = compare(*self.dist.comparable(state, config_dict(c)))  # ddp: global batch
         if state.get("data") is not None and state["data"] != self.data_fingerprint:
             breaking.append(("datasets (their samples)", f"{state['data']['count']} samples",
                              f"{self.data_fingerprint['count']} samples, other files"))
