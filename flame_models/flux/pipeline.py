@@ -214,6 +214,10 @@ def place_for_inference(model, stacks, device, *, fp8=False, stream=False, slots
         model.streamer = BlockStreamer.for_model(model, stacks, device=device, quantize="fp8" if fp8 else None,
                                                  slots=slots)
     elif fp8:
+        dev = flame.device(device)
+        for t in (*model.parameters(recurse=False), *model.buffers(recurse=False)):  # the model's own (SD3's
+            if t.device != dev:                                                       # position table)
+                t.data = t.data.to(dev)
         for name, child in model.named_children():
             if name not in stacks:
                 child.to(device)
