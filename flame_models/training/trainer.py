@@ -288,7 +288,7 @@ class Trainer:
         x0, cond = self.family.training_inputs(self.model, batch, self.device, self.cfg.train)
         if self._cond_keys is None:
             self._cond_keys = tuple(cond)
-        noise = flame.randn(*x0.shape, generator=self.noise_gen, dtype=flame.float32, device=self.device)
+        noise = self.objective.sample_noise(x0.shape, generator=self.noise_gen, device=self.device)
         t = self.objective.sample_timesteps(x0.shape[0], generator=self.sigma_gen,
                                             num_tokens=self.family.image_seq_len(x0), device=self.device)
         return (x0, noise, t) + tuple(cond[k] for k in self._cond_keys), t
@@ -303,7 +303,7 @@ class Trainer:
                 pred = self.family.forward(self.model, x_t, t, cond)
         else:
             pred = self.family.forward(self.model, x_t, t, cond)
-        loss = self.objective.loss(pred, self.objective.target(x0, noise, t))
+        loss = self.objective.loss(pred, self.objective.target(x0, noise, t), t)
         scale = self._loss_scale
         (loss * scale).backward() if scale != 1.0 else loss.backward()
         if self.streamer is not None:
