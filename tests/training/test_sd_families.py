@@ -93,10 +93,10 @@ def _loads_back(tr, lora, fresh, call):
 # ----------------------------------------------------------------------------- SD3
 def _sd3_call(spec):
     rng = np.random.default_rng(3)
-    x = flame.tensor(rng.standard_normal((1, 16, 8, 8)).astype(np.float32))
-    ctx = flame.tensor(rng.standard_normal((1, 12, spec.context_in_dim)).astype(np.float32))
-    y = flame.tensor(rng.standard_normal((1, spec.pooled_in_dim)).astype(np.float32))
-    t = flame.tensor(np.array([600.0], np.float32))
+    x = flame.tensor(rng.standard_normal((1, 16, 8, 8)).astype(np.float32), device="cpu")
+    ctx = flame.tensor(rng.standard_normal((1, 12, spec.context_in_dim)).astype(np.float32), device="cpu")
+    y = flame.tensor(rng.standard_normal((1, spec.pooled_in_dim)).astype(np.float32), device="cpu")
+    t = flame.tensor(np.array([600.0], np.float32), device="cpu")
     return lambda m: m(x, t, y, ctx)
 
 
@@ -164,7 +164,7 @@ def test_sd3_forward_feeds_1000_sigma_and_resume_is_exact(tmp_path, images):
                                   train={"weighting_scheme": "cosmap", "timestep_type": "shift"}), verbose=False)
     full = run("full", 4).setup()
     x0, cond = fam.training_inputs(full.model, full.loader.next_batch(), full.device, full.cfg.train)
-    t = flame.tensor(np.array([0.25, 0.75], np.float32))
+    t = flame.tensor(np.array([0.25, 0.75], np.float32), device="cpu")
     with flame.no_grad():
         np.testing.assert_array_equal(fam.forward(full.model, x0, t, cond).numpy(),
                                       full.model(x0, t * 1000, cond["y"], cond["context"]).numpy())
@@ -184,10 +184,10 @@ def test_sd3_forward_feeds_1000_sigma_and_resume_is_exact(tmp_path, images):
 # ----------------------------------------------------------------------------- SDXL
 def _sdxl_call(c):
     rng = np.random.default_rng(4)
-    x = flame.tensor(rng.standard_normal((1, 4, 8, 8)).astype(np.float32))
-    ctx = flame.tensor(rng.standard_normal((1, 77, c.context_dim)).astype(np.float32))
-    y = flame.tensor(rng.standard_normal((1, c.adm_in_channels)).astype(np.float32))
-    t = flame.tensor(np.array([500.0], np.float32))
+    x = flame.tensor(rng.standard_normal((1, 4, 8, 8)).astype(np.float32), device="cpu")
+    ctx = flame.tensor(rng.standard_normal((1, 77, c.context_dim)).astype(np.float32), device="cpu")
+    y = flame.tensor(rng.standard_normal((1, c.adm_in_channels)).astype(np.float32), device="cpu")
+    t = flame.tensor(np.array([500.0], np.float32), device="cpu")
     return lambda m: m(x, t, ctx, y)
 
 
@@ -228,7 +228,7 @@ def test_sdxl_size_conditioning_comes_from_each_samples_crop_and_bucket(tmp_path
     np.testing.assert_array_equal(batch["original_size"], [[64, 192]])
     crop = tuple(batch["crop_coords"][0])
     _, cond = fam.training_inputs(tr.model, batch, tr.device, cfg.train)
-    pooled = flame.tensor(batch["pooled_prompt_embeds"])
+    pooled = flame.tensor(batch["pooled_prompt_embeds"], device="cpu")
     want = make_y(pooled, (64, 192), crop, (32, 96), size_embed_dim=tr.spec.size_embed_dim)
     np.testing.assert_allclose(cond["y"].numpy(), want.numpy(), rtol=1e-6)
     other = dict(batch, crop_coords=np.asarray([[crop[0], crop[1] + 8]], np.int64))
@@ -325,3 +325,18 @@ def test_ai_toolkit_family_flags(tmp_path, images, sdxl_model):
                     train={"prediction_type": "epsilon"})
     with pytest.raises(ConfigError, match=r"model.is_v2: not available: SD 1.x / 2.x"):
         sdxl_config(tmp_path, "xl", sdxl_model, images, model={"is_v2": True})
+
+
+# ----------------------------------------------------------------------------- memory: fp8 storage of the blocks
+@pytest.mark.parametrize("arch", ["sd3", "sdxl"])
+def test_model_quantize_stores_the_block_linears_in_fp8_and_trains(tmp_path, images, sdxl_model, arch):
+    from flame_nn.offload import is_fp8_linear
+    cfg = (sd3_config(tmp_path, arch, images, steps=2, model={"quantize": True}) if arch == "sd3" else
+           sdxl_config(tmp_path, arch, sdxl_model, images, steps=2, model={"quantize": True}))
+    tr = Trainer(cfg, verbose=False)
+    result = tr.train()
+    stacks = tuple(s + "." for s in get_family(arch).block_stacks(tr.model))
+    fp8 = {n for n, m in tr.model.named_modules() if is_fp8_linear(m)}
+    linears = {n for n, m in tr.model.named_modules() if n.startswith(stacks) and type(m).__name__.endswith("Linear")}
+    assert fp8 and fp8 == linears                                     # every block Linear, nothing outside them
+    assert np.isfinite(result["losses"]).all()
