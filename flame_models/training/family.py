@@ -168,7 +168,8 @@ class ModelFamily:
     def target_problems(self, probe, cfg, name_map=None, prefix=""):
         """What is wrong with network.target for the model `probe` (built under flame_nn.empty_init: names and
         shapes, no weights): each pattern that selects no Linear, naming the convolutions it would select (adapters
-        train Linear layers only)."""
+        train Linear layers only), and row ranges of fused Linears (diffusers' to_q in a fused qkv) for LoKr / LoHa,
+        which adapt whole Linears only."""
         import flame_nn
         from flame_nn.adapters import find_targets, matches
         n = cfg.network
@@ -176,9 +177,11 @@ class ModelFamily:
         if targets is None:
             return []
         kw = n.network_kwargs
-        e = []
+        e, split = [], []
         for pattern in [targets] if isinstance(targets, str) else list(targets):
-            if find_targets(probe, [pattern], name_map, kw.get("only_if_contains"), kw.get("ignore_if_contains")):
+            found = find_targets(probe, [pattern], name_map, kw.get("only_if_contains"), kw.get("ignore_if_contains"))
+            split += [(pattern, name) for name, _, rows in found if rows is not None][:1]
+            if found:
                 continue
             convs = [name for name, m in probe.named_modules()
                      if isinstance(m, flame_nn.Conv2d) and matches(pattern, name)]
@@ -189,6 +192,11 @@ class ModelFamily:
             else:
                 e.append(f"{prefix}network.target: {pattern!r} selects no Linear of this {self.name} model"
                          + (" with network.network_kwargs' filters" if kw else ""))
+        if split and n.type in ("lokr", "loha"):
+            what = repr(n.target) if isinstance(n.target, str) else ", ".join(repr(p) for p, _ in split)
+            e.append(f"{prefix}network.target: {what} selects row ranges of fused Linears (e.g. {split[0][1]}), which "
+                     f"{n.type} cannot adapt (its ΔW does not split by rows); target whole Linears (e.g. the "
+                     f"all_linear preset) or use lora / dora")
         return e
 
     def __repr__(self):

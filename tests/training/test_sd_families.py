@@ -301,6 +301,9 @@ def test_bad_configs_are_named_before_anything_loads(tmp_path, images, sdxl_mode
                  "train.min_snr_gamma: must be > 0", "sample.slg_scale: not available: skip-layer guidance",
                  "sample.sampler: 'ddpm' is not one of "):
         assert want in msg, (want, msg)
+    with pytest.raises(ConfigError, match=r"network.target: 'attention' selects row ranges of fused Linears "
+                                          r"\(e.g. joint_blocks.0.x_block.attn.qkv\), which lokr cannot adapt"):
+        sd3_config(tmp_path, "x", images, network={"type": "lokr", "target": "attention"})
     with pytest.raises(ConfigError) as ei:
         sd3_config(tmp_path, "x", images, train={"min_snr_gamma": 5, "weighting_scheme": "mode",
                                                  "timestep_type": "logit_normal"},
@@ -340,3 +343,34 @@ def test_model_quantize_stores_the_block_linears_in_fp8_and_trains(tmp_path, ima
     linears = {n for n, m in tr.model.named_modules() if n.startswith(stacks) and type(m).__name__.endswith("Linear")}
     assert fp8 and fp8 == linears                                     # every block Linear, nothing outside them
     assert np.isfinite(result["losses"]).all()
+
+
+# ----------------------------------------------------------------------------- T5 optional; the example script
+def test_sd3_without_t5_encodes_zeros_in_its_place(tmp_path, images):
+    cfg = sd3_config(tmp_path, "no_t5", images, model={"use_t5": False},
+                     sample={"sample_every": 0, "prompts": ["a red square"]})
+    tr = Trainer(cfg, verbose=False).setup()
+    with_t5 = Trainer(sd3_config(tmp_path, "t5", images, sample={"sample_every": 0, "prompts": ["a red square"]}),
+                      verbose=False).setup()
+    a, b = tr.previews.prompts[0].cond["prompt_embeds"], with_t5.previews.prompts[0].cond["prompt_embeds"]
+    assert a.shape == b.shape == (77 + 8, 48)
+    assert np.all(a[77:] == 0) and np.abs(b[77:]).max() > 0            # T5's tokens: zeros / encoded
+    np.testing.assert_allclose(a[:77], b[:77], rtol=1e-6)              # the CLIP part is the same
+    assert "t5:none" in tr.family.text_encoder_id(cfg.model, tr.device, None)
+
+
+def test_the_example_script_trains_sd3_and_sdxl(tmp_path, images, sdxl_model, capsys):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "train_flux_lora", os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train_flux_lora.py"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    common = ["--data", images, "--resolution", "64", "--steps", "2", "--output", str(tmp_path), "--device", "cpu",
+              "--sample-every", "0", "--batch-size", "1", "--optimizer", "adamw"]
+    assert example.main(["--arch", "sd3", "--model", SD3_MODEL] + common) == 0
+    assert example.main(["--arch", "sdxl", "--model", sdxl_model] + common) == 0
+    for name in ("sd3_lora", "sdxl_lora"):                            # the families' default run names
+        assert os.path.isfile(os.path.join(tmp_path, name, f"{name}.safetensors"))
+    capsys.readouterr()
+    assert example.main(["--arch", "sdxl", "--model", SD3_MODEL] + common) == 2
+    assert "is not an SDXL UNet: it looks like a diffusers StableDiffusion3Pipeline folder" in capsys.readouterr().err
