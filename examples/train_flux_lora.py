@@ -3,6 +3,12 @@
     python examples/train_flux_lora.py                      # the demo: everything tiny, built at run time, CPU < 60 s
     python examples/train_flux_lora.py --config run.yaml    # an ai-toolkit-style config (see examples/configs/)
     python examples/train_flux_lora.py --model FLUX.1-dev/ --data my_images/ --trigger ohwx --steps 2000
+    python examples/train_flux_lora.py --arch sdxl --model sd_xl_base_1.0.safetensors --data my_images/
+    python examples/train_flux_lora.py --config examples/configs/sd35_large_24gb.yaml     # SD3.5 (model.arch: sd3)
+
+The same script trains SD3 / SD3.5 and SDXL LoRAs: --arch sd3 | sdxl, or model.arch (ai-toolkit: is_v3 / is_xl)
+in the config; their files are an SAI single file or a diffusers folder (or separate part files: model.vae_path,
+clip_l_path, clip_g_path, t5_path). The no-argument demo is Flux's.
 
 A real run needs a Flux model -- a diffusers folder, or a transformer file with the VAE, CLIP-L and T5 files (config
 fields model.vae_path, clip_l_path, t5_path) -- and a folder of images with same-name .txt captions (or of
@@ -25,6 +31,8 @@ from flame_core.errors import FlameError  # noqa: E402
 from flame_models.training import Trainer, config_from_dict  # noqa: E402
 from flame_models.training.config import (ConfigError, NetworkConfig, SaveConfig, TrainConfig,  # noqa: E402
                                           TrainSection, read_yaml)
+from flame_models.training.family import available_families  # noqa: E402
+from flame_models.training.timesteps import TIMESTEP_TYPES  # noqa: E402
 
 EPILOG = """\
 With no arguments the demo runs, each in a fresh folder runs/flux_lora_tiny[-N] (earlier demos are kept): it draws
@@ -98,14 +106,17 @@ def parser():
     add = p.add_argument
     add("--config", metavar="YAML", help="ai-toolkit-style config (job/config/process); the flags below override "
                                          "it (default: none, the flags alone; no arguments at all: the demo)")
-    add("--model", metavar="PATH", help="Flux checkpoint: .safetensors file or diffusers folder (default: a random "
+    add("--model", metavar="PATH", help="checkpoint: .safetensors file or diffusers folder (default: a random "
                                         "flux-tiny)")
+    add("--arch", choices=available_families(), help="model family: flux, sd3 (SD3 / SD3.5) or sdxl (default: the "
+                                                     "config's model.arch, else flux)")
     add("--data", metavar="FOLDER", help="folder of images with same-name .txt captions, or of precomputed samples "
                                          "(default: none; the demo: drawn images)")
     add("--trigger", metavar="WORD", help="trigger word: replaces [trigger] in captions and sample prompts, and is "
                                           "put in front of captions that lack it (default: none; the demo: ohwx)")
     add("--resolution", type=int, help="bucket resolution of --data images (default 512; the demo 128)")
-    add("--name", help=f"run name: output folder and file names (default {TrainConfig().name}; the demo: "
+    add("--name", help=f"run name: output folder and file names (default {TrainConfig().name}, sd3_lora or "
+                       f"sdxl_lora by family; the demo: "
                        f"flux_lora_tiny[-N], a fresh one each time)")
     add("--output", metavar="FOLDER", help=f"training folder the run's folder goes into (default "
                                            f"{TrainConfig().training_folder})")
@@ -117,12 +128,13 @@ def parser():
     add("--rank", type=int, help=f"adapter rank (default {n.linear}; the demo 16)")
     add("--alpha", type=float, help=f"adapter alpha; scale = alpha / rank (default {n.linear_alpha:g})")
     add("--network", choices=["lora", "dora", "lokr", "loha"], help=f"adapter type (default {n.type})")
-    add("--targets", help="preset (attention, attention_all, all_linear) or comma-separated name patterns "
-                          "(default attention; the demo all_linear)")
+    add("--targets", help="preset (flux, sd3: attention, attention_all, all_linear; sdxl: attention, all_linear, "
+                          "all_linear_resnet) or comma-separated name patterns (default attention; the demo "
+                          "all_linear)")
     add("--format", choices=["kohya", "peft"], help=f"LoRA file layout (default {s.format})")
     add("--optimizer", choices=["adamw", "adamw8bit"], help=f"optimizer (default {t.optimizer}; the demo adamw)")
-    add("--timestep-type", choices=["sigmoid", "logit_normal", "uniform", "shift", "flux_shift"],
-        help=f"how training timesteps are drawn (default {t.timestep_type})")
+    add("--timestep-type", choices=list(TIMESTEP_TYPES),
+        help=f"how flow-matching timesteps are drawn (default {t.timestep_type}; sd3: logit_normal)")
     add("--sample-every", type=int, metavar="N", help="sample the prompts every N steps, 0 never (default 250; the "
                                                       "demo 100)")
     add("--save-every", type=int, metavar="N", help=f"checkpoint every N steps (default {s.save_every}; the demo "
@@ -150,6 +162,8 @@ def build_config(a):
     device = a.device or ("cuda" if flame.cuda_is_available() else "cpu")
     demo = not (a.config or a.model or a.data)
     notes = []
+    if demo and a.arch is not None:
+        raise ConfigError(f"--arch {a.arch}: give --model (or --config); the no-argument demo trains the tiny Flux")
     if a.config:
         data = read_yaml(a.config)
         if not isinstance(data, dict):
@@ -164,11 +178,13 @@ def build_config(a):
         demo_inputs(run_dir, device, DEMO_BASE_STEPS if a.demo_base_steps is None else a.demo_base_steps)
         data = proc = demo_config(device, run_dir)
     else:
-        data = proc = {"name": TrainConfig().name, "device": device}
+        data = proc = {"device": device}  # (the run's name defaults per family: flux_lora, sd3_lora, sdxl_lora)
     if a.demo_base_steps is not None and not demo:
         raise ConfigError("--demo-base-steps: only for the demo (no --config, --model or --data)")
     if a.model:
         proc.setdefault("model", {})["name_or_path"] = a.model
+    if a.arch:
+        proc.setdefault("model", {})["arch"] = a.arch
     if a.data:
         entry = {"folder_path": a.data}
         if a.resolution is not None:

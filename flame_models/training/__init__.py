@@ -1,7 +1,10 @@
-"""Diffusion LoRA training: one model-agnostic trainer, model families that plug into it (family.py; Flux first),
-the flow-matching objective, timestep sampling, config, data, checkpoints, EMA, logging and progress."""
-from .timesteps import sample_sigmas, TIMESTEP_TYPES, flux_mu, flux_time_shift, shift_sigmas
-from .objective import noisy_latents, velocity_target, flow_matching_loss, FlowMatching
+"""Diffusion LoRA training: one model-agnostic trainer, model families that plug into it (family.py: Flux, SD3 /
+SD3.5, SDXL), the flow-matching and DDPM objectives, timestep sampling, config, data, checkpoints, EMA, logging and
+progress."""
+from .timesteps import sample_sigmas, TIMESTEP_TYPES, flux_mu, flux_time_shift, shift_sigmas, mode_sigmas
+from .objective import (noisy_latents, velocity_target, flow_matching_loss, weighted_mse, sd3_loss_weights,
+                        WEIGHTING_SCHEMES, FlowMatching)
+from .ddpm_objective import DDPM
 from .config import TrainConfig, ConfigError, load_config, config_from_dict
 from .validation import validate
 from .family import ModelFamily, ModelFileError, get_family, register_family, available_families

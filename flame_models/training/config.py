@@ -80,12 +80,24 @@ class TrainSection:
     gradient_accumulation_steps: int = 1
     gradient_checkpointing: bool = True
     cuda_graph: bool = True              # forward + backward replayed as a CUDA graph on cuda (flame_core.cuda)
-    noise_scheduler: str = "flowmatch"
-    timestep_type: str = "sigmoid"       # sigmoid | logit_normal | uniform | shift | flux_shift
+    noise_scheduler: str = "flowmatch"   # flowmatch (flux, sd3) | ddpm (sdxl; its default)
+    # flow matching (flux, sd3): how sigma is drawn, and the loss weight by sigma (objective.py, timesteps.py)
+    timestep_type: str = "sigmoid"       # sigmoid | logit_normal | uniform | shift | flux_shift | mode
+                                         # (sd3's default: logit_normal)
     shift: float = 3.0                   # timestep_type 'shift'
     sigmoid_scale: float = 1.0           # timestep_type sigmoid, shift, flux_shift
     logit_mean: float = 0.0              # timestep_type logit_normal (kohya / diffusers names)
     logit_std: float = 1.0
+    mode_scale: float = 1.29             # timestep_type mode (kohya / diffusers name and default)
+    weighting_scheme: str = "none"       # none | uniform | sigma_sqrt | cosmap | logit_normal | mode (diffusers /
+                                         # kohya; the last two name a timestep density: timestep_type follows)
+    # DDPM (sdxl): epsilon or v-prediction on the scaled-linear schedule (ddpm_objective.py; kohya's names)
+    prediction_type: str = "epsilon"     # epsilon | v_prediction (diffusers' name; ai-toolkit: model.is_v_pred)
+    zero_terminal_snr: bool = False      # rescaled betas with alpha_bar = 0 at the last step (use v_prediction)
+    min_snr_gamma: typing.Optional[float] = None  # min-SNR-gamma loss weighting (5 is the paper's); None: off
+    min_timestep: int = 0                # timesteps drawn from [min_timestep, max_timestep)
+    max_timestep: int = 1000
+    noise_offset: float = 0.0            # every family: offset * N(0, 1) per sample and channel added to the noise
     optimizer: str = "adamw8bit"
     lr: float = 1e-4
     optimizer_params: dict = field(default_factory=dict)  # weight_decay, betas, eps
@@ -105,21 +117,27 @@ class TrainSection:
 @dataclass
 class ModelConfig:
     name_or_path: typing.Optional[str] = None  # the model file or folder; None: random init of `size`
-    arch: str = "flux"                   # the model family (family.py)
+    arch: str = "flux"                   # the model family (family.py): flux | sd3 | sdxl
     size: typing.Optional[str] = None    # random-init preset when name_or_path is None (default: the family's)
     dtype: str = "bf16"                  # dtype of the frozen base weights
     quantize: bool = False               # store the blocks' frozen Linear weights as fp8 (e4m3, per-channel scales)
-    is_flux: typing.Optional[bool] = None  # ai-toolkit's flag; must agree with arch
+    is_flux: typing.Optional[bool] = None  # ai-toolkit's flags: without arch, the one that is true chooses it;
+    is_v3: typing.Optional[bool] = None    # with arch, they must agree with it
+    is_xl: typing.Optional[bool] = None
+    is_v_pred: typing.Optional[bool] = None  # ai-toolkit: a v-prediction model (= train.prediction_type v_prediction)
     # the other parts, for image folders and text prompts (default: found in name_or_path's folder, or the random
     # parts of `size`); FLAME's fields for single-file users:
     vae_path: typing.Optional[str] = None        # e.g. ae.safetensors (BFL), a diffusers vae/ folder
     clip_l_path: typing.Optional[str] = None     # e.g. clip_l.safetensors, a text_encoder/ folder
+    clip_g_path: typing.Optional[str] = None     # sd3 / sdxl: e.g. clip_g.safetensors, a text_encoder_2/ folder
     t5_path: typing.Optional[str] = None         # e.g. t5xxl_fp16.safetensors, a text_encoder_2/ folder
     tokenizer_path: typing.Optional[str] = None  # a folder with tokenizer/ and tokenizer_2/ (default: the model
                                                  # folder's, else the vocabularies packaged with FLAME)
     quantize_te: bool = False                    # T5's Linear weights in fp8 (e4m3) while captions are encoded
     t5_max_length: typing.Optional[int] = None   # T5 tokens per caption (kohya's t5xxl_max_token_length); default
-                                                 # 512 for flux-dev, 256 for schnell
+                                                 # 512 for flux-dev, 256 for schnell and sd3
+    use_t5: bool = True                          # sd3: false encodes without T5 (its tokens are zeros, as the
+                                                 # references allow); a model without T5 gets zeros either way
 
 
 @dataclass
@@ -131,8 +149,13 @@ class SampleConfig:
     sample_steps: int = 20
     seed: int = 42
     walk_seed: bool = False              # prompt i uses seed + i
-    guidance_scale: float = 4.0
-    sampler: typing.Optional[str] = None  # the family's sampler (Flux: flowmatch); other values are errors
+    guidance_scale: float = 4.0          # flux: the guidance embedding; sd3 / sdxl: CFG (defaults 4.5 / 5.0)
+    sampler: typing.Optional[str] = None  # the family's sampler (flux, sd3: flowmatch; sdxl: euler (default),
+                                          # euler_ancestral (euler_a), dpmpp_2m, ddim); other values are errors
+    neg: typing.Any = None               # sd3 / sdxl: the previews' negative prompt (default: sd3 "", sdxl zeros, as
+                                         # diffusers); ai-toolkit's false or "" ask for none
+    slg_scale: float = 0.0               # sd3: skip-layer guidance in previews (SD3.5 Medium's reference: 2.5)
+    slg_layers: list = field(default_factory=lambda: [7, 8, 9])  # sd3: the joint blocks it skips
     prompts: list = field(default_factory=list)  # text prompts ([trigger] -> trigger_word); needs the text
                                                  # encoders (image datasets, or the parts of model.size)
     num_samples: int = 2                 # without prompts: the first dataset items' captions / conditioning
@@ -172,8 +195,12 @@ _ALIASES = {NetworkConfig: {"rank": "linear", "alpha": "linear_alpha"}, SaveConf
 _WAITS_FOR = {
     TrainConfig: {
         "performance_log_every": "timing reports are not available; the progress bar shows s/it and the ETA"},
-    SampleConfig: {"neg": "Flux-dev is guidance-distilled: its previews take no negative prompt"},
-    ModelConfig: {"low_vram": "use max_gpu_memory to train under a memory budget"},
+    ModelConfig: {"low_vram": "use max_gpu_memory to train under a memory budget",
+                  "is_v2": "SD 1.x / 2.x are not supported: model.arch is flux, sd3 or sdxl"},
+    NetworkConfig: {"conv": "convolution adapters (LoCon's conv rank) are not available: flame_nn.adapters adapts "
+                            "Linear layers only",
+                    "conv_alpha": "convolution adapters (LoCon) are not available: flame_nn.adapters adapts Linear "
+                                  "layers only"},
     TrainSection: {"linear_timesteps": "use train.timestep_type (sigmoid, logit_normal, uniform, shift, flux_shift)"},
     SaveConfig: {"push_to_hub": "uploading is not supported", "hf_repo_id": "uploading is not supported",
                  "hf_private": "uploading is not supported"},
@@ -385,12 +412,46 @@ def config_from_dict(data, source="<dict>", check_files=True):
     cfg = _build(TrainConfig, proc, prefix, errors, given)
     cfg.given = frozenset(given)
     p = prefix + "." if prefix else ""
+    _resolve_family(cfg, p, errors)
     cfg.train.optimizer_params = _clean_optimizer_params(cfg.train.optimizer_params, f"{p}train.optimizer_params",
                                                          errors)
     errors += validate(cfg, p, check_files)  # a mistyped value kept its default: no follow-up errors
     if errors:
         raise ConfigError(_format(source, errors))
     return cfg
+
+
+ARCH_FLAGS = {"is_flux": "flux", "is_v3": "sd3", "is_xl": "sdxl"}
+
+
+def _resolve_family(cfg, p, errors):
+    """ai-toolkit's family flags and v-prediction flag, then the family's defaults for the fields the input left
+    out (family.ModelFamily.apply_defaults)."""
+    from .family import get_family
+    m, given = cfg.model, cfg.given
+    flags = {k: getattr(m, k) for k in ARCH_FLAGS if getattr(m, k) is not None}
+    if "model.arch" not in given:
+        chosen = [ARCH_FLAGS[k] for k, v in flags.items() if v]
+        if len(chosen) > 1:
+            errors.append(f"{p}model: {' and '.join(k for k, v in flags.items() if v)} are all true; one model "
+                          f"family (or give model.arch)")
+        elif chosen:
+            m.arch = chosen[0]
+    for k, v in flags.items():
+        if v != (m.arch == ARCH_FLAGS[k]):
+            errors.append(f"{p}model.{k}: {str(v).lower()} contradicts model.arch {m.arch!r}")
+    if m.is_v_pred is not None:
+        want = "v_prediction" if m.is_v_pred else "epsilon"
+        if "train.prediction_type" not in given:
+            cfg.train.prediction_type = want
+        elif cfg.train.prediction_type != want:
+            errors.append(f"{p}model.is_v_pred: {str(m.is_v_pred).lower()} contradicts train.prediction_type "
+                          f"{cfg.train.prediction_type!r}")
+    try:
+        family = get_family(m.arch)
+    except ValueError:
+        return  # validate names the arch
+    family.apply_defaults(cfg)
 
 
 def load_config(path, check_files=True):

@@ -2,18 +2,25 @@
 
 The training loop (trainer.py), its checkpoints, exact resume, samples, logging and progress know no architecture.
 A `ModelFamily` supplies what differs between models; `get_family(cfg.model.arch)` finds it. Flux is the first
-family (families/flux.py); SD3.5 and SDXL plug in by subclassing and registering, without touching the loop.
+family (families/flux.py); SD3 / SD3.5 (families/sd3.py) and SDXL (families/sdxl.py) plug in the same way.
 
 What the loop calls, and when
 -----------------------------
+While the config is read (config.config_from_dict, before any check):
+    apply_defaults(cfg)                 the family's defaults (`config_defaults`, e.g. {"train.timestep_type":
+                                        "logit_normal"}) for the fields the input left out (cfg.given)
 Before anything is loaded (config.validate: every problem is reported together, with its field path):
+    fields                              which of FAMILY_FIELDS (objective, preview and part settings that only some
+                                        families read) this one reads; another one given with a value that asks
+                                        for something is an error ("not available: " + field_notes.get(field))
     config_problems(cfg, prefix)        family-specific config checks (noise scheduler, timestep type, sampler,
                                         size preset); returns a list of messages
     describe_model(model_cfg)           the model's spec (family-defined; Flux: FluxParams) read from the file's
                                         headers or the size preset, without reading a weight. A file that is not
                                         this family's model raises ModelFileError with one line saying what the
                                         file looks like (model_files.describe_file)
-    spec_problems(cfg, spec, prefix)    checks that need the spec (e.g. guidance given for a model without it)
+    spec_problems(cfg, spec, prefix)    checks that need the spec (e.g. guidance given for a model without it; the
+                                        adapter targets against the model's module names: target_problems)
     sample_keys                         the arrays of one precomputed sample: "latents" first, then the
                                         conditioning the model needs (Flux: prompt_embeds, pooled_prompt_embeds)
     check_sample(shapes, spec)          None, or what is wrong with one sample file's tensor shapes
@@ -34,6 +41,9 @@ stage loading its model, running it and freeing it before the next:
     load_text_encoders(model_cfg, device, budget)   an object with .free(); budget: max_gpu_memory in bytes or None
                                         (Flux: T5 in fp8 and/or streamed when it asks for that)
     encode_prompts(encoders, prompts)   {key: (B, ...) float32} for sample_keys[1:] (padded to one length)
+    negative_prompt(cfg)                the text encoded as the previews' negative prompt (CFG), or None (none, or
+                                        the family's own unconditional input); its arrays join each preview
+                                        prompt's conditioning as "negative_<key>"
 Building (Trainer.setup, after the data has been checked and cached):
     build_model(model_cfg, spec, dtype, device, stream=False)   the frozen model (loaded key by key, or a random
                                         preset); stream: its blocks will stream from host memory (load it there;
@@ -45,43 +55,60 @@ Building (Trainer.setup, after the data has been checked and cached):
     lora_name_map(model)                flame_nn.adapters NameMap: the model's Linear names <-> diffusers names
     lora_metadata(cfg, model)           safetensors metadata of the written LoRA file (architecture, base model)
 Each micro-batch:
-    objective(train_cfg)                (once) the Objective (objective.py): timestep sampling, noising, target, loss
+    objective(train_cfg)                (once) the Objective (objective.py: flow matching; ddpm_objective.py: ε / v
+                                        prediction): sample_timesteps and sample_noise (outside the captured
+                                        region), noisy, target, loss(pred, target, t) (weights may depend on t)
     training_inputs(model, batch, device, train_cfg) -> (x0, cond)
                                         outside any CUDA-graph capture: host arrays copied in. x0: the clean latents
                                         in the layout the model predicts in (the noise is drawn in that shape);
-                                        cond: a dict of tensors (ordered, fixed shapes for a fixed batch shape)
+                                        cond: a dict of tensors (ordered, fixed shapes for a fixed batch shape).
+                                        `batch` holds the sample_keys arrays (B, ...) and, from image folders, each
+                                        sample's "original_size" (h, w), "crop_coords" (top, left) and
+                                        "target_size" (h, w) as (B, 2) int64 (SDXL's size conditioning)
     image_seq_len(x0)                   tokens per sample, for resolution-dependent timestep shifts
     forward(model, x_t, t, cond)        the prediction, in x0's layout. Runs inside the captured region: no host
                                         synchronisation and no random draws
 Previews (sample_every steps, the progress clock paused):
     sample(model, cond, height=, width=, steps=, guidance=, seed=, device=, callback=)
                                         latents (B, latent_channels, h, w) in the normalised latent space the model
-                                        trains on; callback(i, n) after each denoising step (the progress bar)
+                                        trains on; callback(i, n) after each denoising step (the progress bar);
+                                        cond: the sample_keys[1:] arrays of one prompt, and "negative_<key>" ones
+                                        when negative_prompt gave a text
+    sample_options(cfg)                 (once per preview step) extra keyword arguments for sample from the config
+                                        (SD3: skip-layer guidance; SDXL: the sampler, the prediction type)
 
 Attributes: name (= model.arch), latent_channels, vae_scale_factor (pixels per latent), pixel_multiple (image
 sides must be multiples of it), latent_scale / latent_shift (x0 = (z - shift) * scale for a VAE posterior z),
 noise_schedulers (accepted train.noise_scheduler values), samplers (accepted sample.sampler values), default_size
 and model_sizes (random-init presets).
 
-How the next families fit
--------------------------
-SD3.5 (MMDiT, flow matching): the same FlowMatching objective (logit_normal timesteps are SD3's default), 16 latent
-    channels, latent_scale 1.5305 / shift 0.0609, no packing: x0 is the (B, 16, h, w) latent itself and
-    image_seq_len is (h/2)(w/2) patches; cond = {prompt_embeds (CLIP-L+G penultimate states ++ T5, 333+ tokens),
-    pooled_prompt_embeds (2048)}; forward passes timestep = 1000·σ as the model expects.
-SDXL (UNet, epsilon or v-prediction): an Objective with a DDPM schedule (scaled-linear betas, 1000 steps) whose
-    sample_timesteps returns integer t as floats, noisy = sqrt(ᾱ_t)·x0 + sqrt(1−ᾱ_t)·ε, target ε or
-    v = sqrt(ᾱ_t)·ε − sqrt(1−ᾱ_t)·x0 (noise_schedulers ("ddpm",)); 4 latent channels, latent_scale 0.13025;
-    sample_keys adds "original_size", "crop_coords", "target_size" (the dataset keeps them), from which
-    training_inputs builds the added time ids of cond next to the two text encoders' states and pooled output.
-
-SD3.5 and SDXL add their VAE latent format (flame_models.vae.SD3 / SDXL) in encode_images / decode, and CLIP-L+G
-(+T5) in load_text_encoders / encode_prompts; a family without a VAE or text encoders leaves those methods out and
-trains from precomputed samples only (parts_problems then says so).
+The families
+------------
+Flux (families/flux.py): rectified flow on 2x2-packed 16-channel latents, T5 states + CLIP-L pooled, a guidance
+    embedding for flux-dev.
+SD3 / SD3.5 (families/sd3.py): the same FlowMatching objective (logit_normal timesteps by default, SD3's loss
+    weightings), 16 unpacked latent channels, latent_scale 1.5305 / shift 0.0609; cond = context (CLIP-L + CLIP-G
+    penultimate states ++ T5) and y (pooled, 2048); forward passes timestep = 1000·σ; previews with CFG.
+SDXL (families/sdxl.py): the DDPM objective (ε or v, zero-terminal SNR, min-SNR-γ, a timestep range), 4 latent
+    channels, latent_scale 0.13025; cond = context (77 × 2048) and y (CLIP-G pooled ‖ the size embeddings of the
+    batch's original_size, crop_coords, target_size); previews with its samplers and CFG.
+A family without a VAE or text encoders leaves those methods out and trains from precomputed samples only
+(parts_problems then says so).
 """
 import importlib
 
 from flame_core.errors import FlameError
+
+from .objective import DENSITY_SCHEMES
+
+# settings that only some families read (the others refuse them when given: ModelFamily.fields)
+FLOW_FIELDS = ("train.timestep_type", "train.shift", "train.sigmoid_scale", "train.logit_mean", "train.logit_std",
+               "train.mode_scale", "train.weighting_scheme")
+DDPM_FIELDS = ("train.prediction_type", "train.zero_terminal_snr", "train.min_snr_gamma", "train.min_timestep",
+               "train.max_timestep", "model.is_v_pred")
+FAMILY_FIELDS = FLOW_FIELDS + DDPM_FIELDS + (
+    "train.guidance", "sample.neg", "sample.slg_scale", "sample.slg_layers", "model.clip_g_path", "model.t5_path",
+    "model.t5_max_length", "model.quantize_te", "model.use_t5")
 
 
 class ModelFileError(FlameError, ValueError):
@@ -102,6 +129,22 @@ class ModelFamily:
     sample_keys = ("latents",)
     target_presets = {}
     default_target = None
+    config_defaults = {}
+    fields = ()
+    field_notes = {}
+
+    def apply_defaults(self, cfg):
+        """Set `config_defaults` for the fields the input left out; a weighting scheme that names a timestep
+        density (diffusers' and kohya's logit_normal / mode) makes train.timestep_type the same when that is not
+        given either."""
+        for path, value in self.config_defaults.items():
+            if path not in cfg.given:
+                section, _, name = path.rpartition(".")
+                setattr(getattr(cfg, section) if section else cfg, name, value)
+        t = cfg.train
+        if "train.timestep_type" in self.fields and "train.timestep_type" not in cfg.given \
+                and t.weighting_scheme in DENSITY_SCHEMES:
+            t.timestep_type = t.weighting_scheme
 
     def config_problems(self, cfg, prefix=""):
         return []
@@ -113,15 +156,57 @@ class ModelFamily:
         return [f"{prefix}datasets: the {self.name} family trains from precomputed samples only (it has no VAE or "
                 f"text encoders to cache image folders or encode prompts)"]
 
+    def negative_prompt(self, cfg):
+        return None
+
+    def sample_options(self, cfg):
+        return {}
+
     def block_initializer(self, model):
         return None
+
+    def target_problems(self, probe, cfg, name_map=None, prefix=""):
+        """What is wrong with network.target for the model `probe` (built under flame_nn.empty_init: names and
+        shapes, no weights): each pattern that selects no Linear, naming the convolutions it would select (adapters
+        train Linear layers only), and row ranges of fused Linears (diffusers' to_q in a fused qkv) for LoKr / LoHa,
+        which adapt whole Linears only."""
+        import flame_nn
+        from flame_nn.adapters import find_targets, matches
+        n = cfg.network
+        targets = self.target_presets.get(n.target, n.target) if isinstance(n.target, str) else n.target
+        if targets is None:
+            return []
+        kw = n.network_kwargs
+        e, split = [], []
+        for pattern in [targets] if isinstance(targets, str) else list(targets):
+            found = find_targets(probe, [pattern], name_map, kw.get("only_if_contains"), kw.get("ignore_if_contains"))
+            split += [(pattern, name) for name, _, rows in found if rows is not None][:1]
+            if found:
+                continue
+            convs = [name for name, m in probe.named_modules()
+                     if isinstance(m, flame_nn.Conv2d) and matches(pattern, name)]
+            if convs:
+                e.append(f"{prefix}network.target: {pattern!r} selects convolutions ({', '.join(convs[:3])}"
+                         f"{', ...' if len(convs) > 3 else ''}) and no Linear: adapters train Linear layers only "
+                         f"(LoCon's convolution adapters are not available)")
+            else:
+                e.append(f"{prefix}network.target: {pattern!r} selects no Linear of this {self.name} model"
+                         + (" with network.network_kwargs' filters" if kw else ""))
+        if split and n.type in ("lokr", "loha"):
+            what = repr(n.target) if isinstance(n.target, str) else ", ".join(repr(p) for p, _ in split)
+            e.append(f"{prefix}network.target: {what} selects row ranges of fused Linears (e.g. {split[0][1]}), which "
+                     f"{n.type} cannot adapt (its ΔW does not split by rows); target whole Linears (e.g. the "
+                     f"all_linear preset) or use lora / dora")
+        return e
 
     def __repr__(self):
         return f"<{type(self).__name__} {self.name!r}>"
 
 
 # arch -> "module:Class", imported when first asked for: the registry itself imports no model code
-_REGISTRY = {"flux": "flame_models.training.families.flux:FluxFamily"}
+_REGISTRY = {"flux": "flame_models.training.families.flux:FluxFamily",
+             "sd3": "flame_models.training.families.sd3:SD3Family",
+             "sdxl": "flame_models.training.families.sdxl:SDXLFamily"}
 _LOADED = {}
 
 
@@ -136,7 +221,8 @@ def available_families():
 
 
 def get_family(arch):
-    """The ModelFamily for a `model.arch` value ('flux'); a ValueError naming the known ones otherwise."""
+    """The ModelFamily for a `model.arch` value ('flux', 'sd3', 'sdxl'); a ValueError naming the known ones
+    otherwise."""
     if arch in _LOADED:
         return _LOADED[arch]
     entry = _REGISTRY.get(arch)

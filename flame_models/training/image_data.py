@@ -6,8 +6,9 @@ latents  the VAE is loaded (only when a latent is missing from the cache or prev
          wait in host memory (moved to the device for each decode and back; under max_gpu_memory the decode is tiled
          and its measured peak is reserved when the transformer's resident blocks are chosen), else it is dropped.
 text     the text encoders are loaded (only when something is missing from the cache), every caption variant the run
-         can draw (the tag orders of the epochs it covers, the dropout captions), the sample prompts and the empty
-         caption are encoded, then the encoders are freed.
+         can draw (the tag orders of the epochs it covers, the dropout captions), the sample prompts, the previews'
+         negative prompt (the family's negative_prompt) and the empty caption are encoded, then the encoders are
+         freed.
 
 Caches: latents in each image folder's .flame_cache/latents when its cache_latents_to_disk is on (else host
 memory); text embeddings in .flame_cache/text of the first folder that caches to disk (else host memory). Their
@@ -106,7 +107,9 @@ def prepare(tr, dataset, previews_on):
             del vae
 
     # ---- text
-    wanted = list(dict.fromkeys(captions + [p for p, _ in prompts] + ([""] if captions else [])))
+    negative = fam.negative_prompt(c) if prompts else None
+    wanted = list(dict.fromkeys(captions + [p for p, _ in prompts] + ([""] if captions else [])
+                                + ([negative] if negative is not None else [])))
     if wanted:
         with tr.meter.stage("text"):
             missing = texts.missing(wanted)
@@ -126,7 +129,8 @@ def prepare(tr, dataset, previews_on):
                 tr.log(f"text embeddings: all {len(wanted)} cached; text encoders not loaded")
     if loader is not None:
         loader.dataset.check(epochs)
-    out.prompts = [PreviewPrompt(text, dict(texts.load(text)), None if i is None else latents.load(
+    neg = {} if negative is None else {f"negative_{k}": v for k, v in texts.load(negative).items()}
+    out.prompts = [PreviewPrompt(text, {**texts.load(text), **neg}, None if i is None else latents.load(
         dataset.latent_spec(i))) for text, i in prompts]
     out.loader, out.latents, out.texts = loader, latents, texts
     return out

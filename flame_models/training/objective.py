@@ -1,10 +1,34 @@
-"""The rectified-flow (flow-matching) objective (Flux, SD3).
+"""Training objectives: what a trainer step does between the clean latents and the loss. The loop calls, per
+micro-batch (see family.py):
+
+    t     = objective.sample_timesteps(B, generator=, num_tokens=, device=)   on the host side, from a CPU generator
+    noise = objective.sample_noise(shape, generator=, device=)                 on the device, from the run's generator
+    x_t   = objective.noisy(x0, noise, t)            \\
+    pred  = family.forward(model, x_t, t, cond)       | inside the captured region: device work only (no host
+    loss  = objective.loss(pred, objective.target(x0, noise, t), t)   /  synchronisation, no random draws)
+
+This file: the rectified-flow objective (Flux, SD3) and what both objectives share (noise, per-sample weighted MSE).
+The DDPM objective of ε / v-prediction models (SDXL) is ddpm_objective.py.
 
     x_t = (1 − σ)·x0 + σ·ε        (σ = 0: data, σ = 1: noise)
     v   = ε − x0                  (the velocity the transformer predicts)
-    L   = mean((v̂ − v)²)          (MSE over every element, computed in float32)
+    L   = mean_b(w(σ_b) · mean((v̂ − v)²))   (MSE in float32; w = 1 unless a loss weighting is chosen)
+
+Loss weightings (train.weighting_scheme; diffusers' compute_loss_weighting_for_sd3 and kohya's names):
+    none / uniform  w = 1
+    sigma_sqrt      w = σ^-2
+    cosmap          w = 2 / (π (1 − 2σ + 2σ²))
+    logit_normal, mode   w = 1: in diffusers and kohya these name the timestep density, which FLAME draws by
+                    train.timestep_type (the config makes them agree)
 """
+import math
+
+import flame_core as flame
 from flame_core.errors import ShapeError, fmt_shape
+
+WEIGHTING_SCHEMES = ("none", "uniform", "sigma_sqrt", "logit_normal", "mode", "cosmap")
+# the schemes that choose the timestep density in diffusers / kohya (FLAME: timestep_type of the same name)
+DENSITY_SCHEMES = ("logit_normal", "mode")
 
 
 def _per_sample(sigma, like):
@@ -36,17 +60,69 @@ def flow_matching_loss(pred, target):
     return (d * d).mean()
 
 
-class FlowMatching:
+def weighted_mse(pred, target, weights):
+    """mean_b(w_b · mean over sample b's elements of (pred − target)²), in float32; weights (B,) or None (= 1)."""
+    if weights is None:
+        return flow_matching_loss(pred, target)
+    if pred.shape != target.shape:
+        raise ShapeError(f"prediction {fmt_shape(pred.shape)} and target {fmt_shape(target.shape)} differ in shape")
+    d = pred.float() - target.float()
+    per_sample = (d * d).reshape(d.shape[0], -1).mean(dim=1)                      # (B,)
+    return (per_sample * weights.float()).mean()
+
+
+def sd3_loss_weights(scheme, sigma):
+    """The per-sample loss weights of `scheme` at σ (B,) as a float32 tensor, or None for weight 1 (diffusers'
+    compute_loss_weighting_for_sd3)."""
+    if scheme not in WEIGHTING_SCHEMES:
+        raise ValueError(f"unknown weighting scheme {scheme!r}; choose one of {', '.join(WEIGHTING_SCHEMES)}")
+    s = sigma.float()
+    if scheme == "sigma_sqrt":
+        return 1.0 / (s * s)
+    if scheme == "cosmap":
+        return 2.0 / (math.pi * (1.0 - 2.0 * s + 2.0 * s * s))
+    return None
+
+
+class Objective:
+    """What every objective shares: the noise (Gaussian, plus kohya's / ai-toolkit's noise offset: a per-sample,
+    per-channel constant offset·N(0, 1) added to it)."""
+    name = None
+    noise_offset = 0.0
+
+    def sample_noise(self, shape, *, generator, device):
+        """ε of `shape` (B, C, ...) float32 on `device`, drawn from `generator` (the offset's draw follows the noise
+        draw, so a run without offset draws exactly what it did before offsets existed)."""
+        noise = flame.randn(*shape, generator=generator, dtype=flame.float32, device=device)
+        if self.noise_offset:
+            offset = flame.randn(shape[0], shape[1], *([1] * (len(shape) - 2)), generator=generator,
+                                 dtype=flame.float32, device=device)
+            noise = noise + self.noise_offset * offset
+        return noise
+
+
+class FlowMatching(Objective):
     """The rectified-flow objective as the trainer uses it (see family.py for the Objective interface):
-    σ drawn by `timestep_type` (timesteps.py), x_t = (1 − σ)x0 + σε, target v = ε − x0, MSE in float32."""
+    σ drawn by `timestep_type` (timesteps.py), x_t = (1 − σ)x0 + σε, target v = ε − x0, MSE in float32 weighted
+    by `weighting_scheme` (see the module docstring)."""
     name = "flow_matching"
 
-    def __init__(self, timestep_type="sigmoid", *, shift=3.0, sigmoid_scale=1.0, logit_mean=0.0, logit_std=1.0):
+    def __init__(self, timestep_type="sigmoid", *, shift=3.0, sigmoid_scale=1.0, logit_mean=0.0, logit_std=1.0,
+                 mode_scale=1.29, weighting_scheme="none", noise_offset=0.0):
         from .timesteps import TIMESTEP_TYPES
         if timestep_type not in TIMESTEP_TYPES:
             raise ValueError(f"unknown timestep type {timestep_type!r}; choose one of {', '.join(TIMESTEP_TYPES)}")
-        self.timestep_type = timestep_type
-        self.kwargs = dict(shift=shift, sigmoid_scale=sigmoid_scale, logit_mean=logit_mean, logit_std=logit_std)
+        if weighting_scheme not in WEIGHTING_SCHEMES:
+            raise ValueError(f"unknown weighting scheme {weighting_scheme!r}; choose one of "
+                             f"{', '.join(WEIGHTING_SCHEMES)}")
+        if weighting_scheme in DENSITY_SCHEMES and timestep_type != weighting_scheme:
+            raise ValueError(f"weighting scheme {weighting_scheme!r} draws timesteps by its density: use timestep "
+                             f"type {weighting_scheme!r} with it (got {timestep_type!r})")
+        if noise_offset < 0:
+            raise ValueError(f"noise_offset must be >= 0, got {noise_offset}")
+        self.timestep_type, self.weighting_scheme, self.noise_offset = timestep_type, weighting_scheme, noise_offset
+        self.kwargs = dict(shift=shift, sigmoid_scale=sigmoid_scale, logit_mean=logit_mean, logit_std=logit_std,
+                           mode_scale=mode_scale)
 
     def sample_timesteps(self, batch_size, *, generator, num_tokens, device):
         """(B,) σ in [0, 1], drawn on the CPU from `generator` (the same sequence on every device)."""
@@ -60,5 +136,19 @@ class FlowMatching:
     def target(self, x0, noise, t):
         return velocity_target(x0, noise)
 
-    def loss(self, pred, target):
-        return flow_matching_loss(pred, target)
+    def weights(self, t):
+        """(B,) loss weights at σ = t, or None (all 1)."""
+        return sd3_loss_weights(self.weighting_scheme, t)
+
+    def loss(self, pred, target, t=None):
+        """The weighted MSE; `t` (the σ of each sample) is needed by the weighting schemes that depend on σ."""
+        if t is None:
+            if self.weights_depend_on_t:
+                raise ValueError(f"weighting scheme {self.weighting_scheme!r} needs the timesteps: "
+                                 f"loss(pred, target, t)")
+            return weighted_mse(pred, target, None)
+        return weighted_mse(pred, target, self.weights(t))
+
+    @property
+    def weights_depend_on_t(self):
+        return self.weighting_scheme in ("sigma_sqrt", "cosmap")

@@ -45,11 +45,12 @@ class Previews:
         h, w = self.size()
         bar = _bar(len(self.prompts) * sm.sample_steps, f"sample @ {step}", self.verbose, progress_file)
         lat = []
+        options = fam.sample_options(self.cfg)
         try:
             for i, p in enumerate(self.prompts):
                 z = fam.sample(model, p.cond, height=h, width=w, steps=sm.sample_steps, guidance=sm.guidance_scale,
                                seed=sm.seed + (i if sm.walk_seed else 0), device=self.device,
-                               callback=(lambda k, n: bar.update(1)) if bar is not None else None)
+                               callback=(lambda k, n: bar.update(1)) if bar is not None else None, **options)
                 lat.append(z[0].float().cpu().numpy())
         finally:
             if bar is not None:

@@ -9,6 +9,9 @@ checkpoint that stores the generator's state resumes with exactly the same σ se
     shift         σ = k·u / (1 + (k − 1)·u),  u = sigmoid(s · n), k = `shift` (3.0)            (kohya 'shift')
     flux_shift    σ = e^μ / (e^μ + 1/u − 1),  u = sigmoid(s · n), μ linear in the packed token count
                   (0.5 at 256 tokens, 1.15 at 4096: BFL's schedule shift, kohya 'flux_shift')
+    mode          σ = 1 − u − m·(cos²(πu/2) − 1 + u),  u ~ U[0, 1), m = `mode_scale` (1.29): the SD3 paper's
+                  mode sampling with heavy tails (diffusers' / kohya's weighting_scheme 'mode'); m in (−1, 1.75)
+                  keeps σ in [0, 1] and decreasing in u
 """
 import math
 
@@ -16,7 +19,9 @@ import numpy as np
 
 import flame_core as flame
 
-TIMESTEP_TYPES = ("sigmoid", "logit_normal", "uniform", "shift", "flux_shift")
+TIMESTEP_TYPES = ("sigmoid", "logit_normal", "uniform", "shift", "flux_shift", "mode")
+# mode_scale must lie in (MODE_SCALE_RANGE): outside it σ(u) is not monotone (or leaves [0, 1])
+MODE_SCALE_RANGE = (-1.0, 1.0 / (math.pi / 2 - 1))
 
 BASE_TOKENS, MAX_TOKENS, BASE_SHIFT, MAX_SHIFT = 256, 4096, 0.5, 1.15
 
@@ -44,8 +49,14 @@ def _sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
+def mode_sigmas(u, mode_scale=1.29):
+    """σ = 1 − u − m·(cos²(πu/2) − 1 + u) for u in [0, 1) (diffusers' compute_density_for_timestep_sampling 'mode')."""
+    u = np.asarray(u, dtype=np.float64)
+    return 1.0 - u - mode_scale * (np.cos(math.pi * u / 2) ** 2 - 1.0 + u)
+
+
 def sample_sigmas(kind, batch_size, *, generator=None, num_tokens=None, shift=3.0, sigmoid_scale=1.0,
-                  logit_mean=0.0, logit_std=1.0, device="cpu", dtype=flame.float32):
+                  logit_mean=0.0, logit_std=1.0, mode_scale=1.29, device="cpu", dtype=flame.float32):
     """Draw `batch_size` σ values of the distribution `kind` (one of TIMESTEP_TYPES) as a 1-D tensor on `device`.
 
     The draw is made on the CPU in float64 from `generator` (a CPU `flame.Generator`; the default CPU generator when
@@ -58,8 +69,13 @@ def sample_sigmas(kind, batch_size, *, generator=None, num_tokens=None, shift=3.
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if generator is not None and generator.device.type != "cpu":
         raise ValueError(f"timestep sampling draws on the CPU; got a generator on {generator.device}")
-    if kind == "uniform":
+    if kind in ("uniform", "mode"):
         s = flame.rand(batch_size, generator=generator, dtype=flame.float64, device="cpu").numpy()
+        if kind == "mode":
+            lo, hi = MODE_SCALE_RANGE
+            if not lo < mode_scale < hi:
+                raise ValueError(f"mode_scale must lie in ({lo}, {hi:.4f}), got {mode_scale}")
+            s = mode_sigmas(s, mode_scale)
     else:
         n = flame.randn(batch_size, generator=generator, dtype=flame.float64, device="cpu").numpy()
         if kind == "logit_normal":

@@ -296,8 +296,8 @@ class Trainer:
         if self._cond_keys is None:
             self._cond_keys = tuple(cond)
         # ddp: drawn for the global batch, this rank's rows kept (one process with the whole batch draws the same)
-        noise = self.dist.shard(flame.randn(self.dist.global_batch(x0.shape[0]), *x0.shape[1:],
-                                            generator=self.noise_gen, dtype=flame.float32, device=self.device))
+        noise = self.dist.shard(self.objective.sample_noise((self.dist.global_batch(x0.shape[0]), *x0.shape[1:]),
+                                                            generator=self.noise_gen, device=self.device))
         t = self.dist.shard(self.objective.sample_timesteps(self.dist.global_batch(x0.shape[0]),
                                                             generator=self.sigma_gen,
                                                             num_tokens=self.family.image_seq_len(x0),
@@ -314,7 +314,7 @@ class Trainer:
                 pred = self.family.forward(self.model, x_t, t, cond)
         else:
             pred = self.family.forward(self.model, x_t, t, cond)
-        loss = self.objective.loss(pred, self.objective.target(x0, noise, t))
+        loss = self.objective.loss(pred, self.objective.target(x0, noise, t), t)
         scale = self._loss_scale
         (loss * scale).backward() if scale != 1.0 else loss.backward()
         if self.streamer is not None:

@@ -4,12 +4,17 @@ import difflib
 import os
 
 from ..data.config import validate_dataset_config
+from ..samplers import PREDICTION_TYPES
 from .config import (DTYPES, FILE_FORMATS, NETWORK_TYPES, OPTIMIZERS, PROCESS_TYPES, SCHEDULERS,
                      max_gpu_memory_bytes)
+from .objective import DENSITY_SCHEMES, WEIGHTING_SCHEMES
+from .timesteps import MODE_SCALE_RANGE
+
+NUM_TRAIN_TIMESTEPS = 1000  # the DDPM schedule of SDXL
 
 # which timestep types read which train.* settings (a setting given for another type would be ignored)
 _TIMESTEP_SETTINGS = {"shift": ("shift",), "sigmoid_scale": ("sigmoid", "shift", "flux_shift"),
-                      "logit_mean": ("logit_normal",), "logit_std": ("logit_normal",)}
+                      "logit_mean": ("logit_normal",), "logit_std": ("logit_normal",), "mode_scale": ("mode",)}
 
 
 def choice(errors, path, value, choices):
@@ -83,6 +88,24 @@ def validate(cfg, prefix="", check_files=True):
         e.append(f"{p}train.sigmoid_scale: must be > 0, got {t.sigmoid_scale}")
     if t.logit_std <= 0:
         e.append(f"{p}train.logit_std: must be > 0, got {t.logit_std}")
+    lo, hi = MODE_SCALE_RANGE
+    if not lo < t.mode_scale < hi:
+        e.append(f"{p}train.mode_scale: must lie in ({lo:g}, {hi:.4f}) (sigma stays in [0, 1] and decreasing), got "
+                 f"{t.mode_scale}")
+    choice(e, f"{p}train.weighting_scheme", t.weighting_scheme, WEIGHTING_SCHEMES)
+    if t.weighting_scheme in DENSITY_SCHEMES and t.timestep_type != t.weighting_scheme:
+        e.append(f"{p}train.weighting_scheme: {t.weighting_scheme!r} names a timestep density (diffusers, kohya): "
+                 f"it needs train.timestep_type {t.weighting_scheme!r} (leave timestep_type out to get it), got "
+                 f"{t.timestep_type!r}")
+    if t.noise_offset < 0:
+        e.append(f"{p}train.noise_offset: must be >= 0, got {t.noise_offset}")
+    choice(e, f"{p}train.prediction_type", t.prediction_type, PREDICTION_TYPES)
+    if t.min_snr_gamma is not None and t.min_snr_gamma <= 0:
+        e.append(f"{p}train.min_snr_gamma: must be > 0 (5 is the paper's; remove the key for no weighting), got "
+                 f"{t.min_snr_gamma}")
+    if not 0 <= t.min_timestep < t.max_timestep <= NUM_TRAIN_TIMESTEPS:
+        e.append(f"{p}train.min_timestep / max_timestep: timesteps are drawn from [min_timestep, max_timestep) "
+                 f"within [0, {NUM_TRAIN_TIMESTEPS}], got [{t.min_timestep}, {t.max_timestep})")
     for k, kinds in _TIMESTEP_SETTINGS.items():
         if f"train.{k}" in given and t.timestep_type not in kinds:
             e.append(f"{p}train.{k}: only used by timestep_type {' / '.join(kinds)} (the type is "
@@ -96,8 +119,6 @@ def validate(cfg, prefix="", check_files=True):
         e.append(f"{p}train.ema_config.ema_decay: must be in [0, 1), got {t.ema_config.ema_decay}")
 
     choice(e, f"{p}model.dtype", m.dtype, DTYPES)
-    if m.is_flux is not None and m.is_flux != (m.arch == "flux"):
-        e.append(f"{p}model.is_flux: {str(m.is_flux).lower()} contradicts model.arch {m.arch!r}")
     if m.t5_max_length is not None and not 1 <= m.t5_max_length <= 512:
         e.append(f"{p}model.t5_max_length: T5 tokens per caption, 1 to 512, got {m.t5_max_length}")
     if m.name_or_path is not None and m.size is not None:
@@ -108,6 +129,13 @@ def validate(cfg, prefix="", check_files=True):
     _at_least(e, f"{p}sample.sample_start_step", sm.sample_start_step, 0)
     _at_least(e, f"{p}sample.sample_steps", sm.sample_steps)
     _at_least(e, f"{p}sample.num_samples", sm.num_samples)
+    if not (sm.neg is None or sm.neg is False or isinstance(sm.neg, str)):
+        e.append(f"{p}sample.neg: a negative prompt (a string; false or \"\" for none), got {sm.neg!r}")
+    if sm.slg_scale < 0:
+        e.append(f"{p}sample.slg_scale: must be >= 0 (0: no skip-layer guidance), got {sm.slg_scale}")
+    if not (sm.slg_layers and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                  for i in sm.slg_layers)):
+        e.append(f"{p}sample.slg_layers: a non-empty list of joint block indices (>= 0), got {sm.slg_layers!r}")
     if sm.prompt_embeds and "sample.num_samples" in given:
         e.append(f"{p}sample.num_samples: picks dataset items to sample with, but sample.prompt_embeds gives the "
                  f"prompts; remove one")
@@ -164,7 +192,16 @@ def validate(cfg, prefix="", check_files=True):
 
 
 def _family_checks(cfg, family, p):
-    e = list(family.config_problems(cfg, p))
+    from .config import _asks_for_nothing
+    from .family import FAMILY_FIELDS
+    e = []
+    for path in FAMILY_FIELDS:
+        if path in cfg.given and path not in family.fields:
+            section, name = path.split(".")
+            if not _asks_for_nothing(getattr(getattr(cfg, section), name)):
+                e.append(f"{p}{path}: not available: " + family.field_notes.get(
+                    path, f"the {family.name} family does not use it"))
+    e += family.config_problems(cfg, p)
     mult = family.pixel_multiple
     for k in ("width", "height"):
         v = getattr(cfg.sample, k)
@@ -250,7 +287,7 @@ def file_problems(cfg, family, p=""):
         if cfg.trigger_word is not None:
             e.append(f"{p}trigger_word: not used: this run has no captions (precomputed or synthetic samples) and "
                      f"no sample.prompts")
-        for k in ("clip_l_path", "t5_path", "tokenizer_path", "quantize_te", "t5_max_length"):
+        for k in ("clip_l_path", "clip_g_path", "t5_path", "tokenizer_path", "quantize_te", "t5_max_length"):
             if f"model.{k}" in cfg.given and getattr(m, k) not in (None, False):
                 e.append(f"{p}model.{k}: not used: no text is encoded in this run (no image folder, no "
                          f"sample.prompts)")

@@ -168,7 +168,7 @@ def test_ai_toolkit_keys_that_mean_something_are_checked(files):
     for change, expect in [({"type": "extract"}, "type: 'extract' is not one of sd_trainer, diffusion_trainer"),
                            ({"model": {"is_flux": False}}, "model.is_flux: false contradicts model.arch 'flux'"),
                            ({"sample": {"sampler": "ddpm"}}, "sample.sampler: Flux previews use"),
-                           ({"model": {"arch": "sdxl"}}, "model.arch: unknown model arch 'sdxl'")]:
+                           ({"model": {"arch": "sd2"}}, "model.arch: unknown model arch 'sd2'")]:
         with pytest.raises(ConfigError, match=expect):
             config_from_dict({**base, **change})
     with pytest.raises(ConfigError, match="job: 'generate' is not a training job"):

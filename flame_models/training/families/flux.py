@@ -13,7 +13,7 @@ from ...flux import pipeline as flux_pipeline
 from ...flux import sampling as flux_sampling
 from ...flux.loading import FluxCheckpointError, checkpoint_files
 from ...flux.lora_keys import TARGET_PRESETS, name_map_for
-from ..family import ModelFamily, ModelFileError
+from ..family import FLOW_FIELDS, ModelFamily, ModelFileError
 from ..model_files import describe_keys, file_keys
 from ..objective import FlowMatching
 from ..random_init import init_random_
@@ -35,6 +35,10 @@ class FluxFamily(ModelFamily):
     sample_keys = ("latents", "prompt_embeds", "pooled_prompt_embeds")
     target_presets = TARGET_PRESETS
     default_target = "attention"
+    fields = FLOW_FIELDS + ("train.guidance", "model.t5_path", "model.t5_max_length", "model.quantize_te")
+    field_notes = {"sample.neg": "Flux-dev is guidance-distilled: its previews take no negative prompt",
+                   "model.use_t5": "Flux always encodes with T5",
+                   "model.clip_g_path": "Flux has no CLIP-G (model.arch sd3 or sdxl has)"}
 
     # ------------------------------------------------------------------ before anything is loaded
     def config_problems(self, cfg, prefix=""):
@@ -170,7 +174,8 @@ class FluxFamily(ModelFamily):
     def objective(self, train_cfg):
         t = train_cfg
         return FlowMatching(t.timestep_type, shift=t.shift, sigmoid_scale=t.sigmoid_scale, logit_mean=t.logit_mean,
-                            logit_std=t.logit_std)
+                            logit_std=t.logit_std, mode_scale=t.mode_scale, weighting_scheme=t.weighting_scheme,
+                            noise_offset=t.noise_offset)
 
     def training_inputs(self, model, batch, device, train_cfg):
         latents = batch["latents"]

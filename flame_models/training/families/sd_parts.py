@@ -1,0 +1,156 @@
+"""What the SD3 and SDXL families' parts share (sd3_parts.py, sdxl_parts.py): the config's fields in place of the
+generator's options in the find_*_files messages, cache identities of files, the dtypes the stages run in, and
+random parts -- VAEs, CLIP towers and tokenizers -- at the released sizes (benchmarks without files) or tiny (the
+`-tiny` presets: the analytic pooling VAE, so decoded previews mean something, and tokenizers learned from
+flame_models.flux.tiny.TINY_CORPUS).
+"""
+import os
+
+import flame_core as flame
+import flame_nn
+
+from ...conditioning import files as F
+from ..random_init import init_random_
+
+RANDOM_SEED = 0             # random parts are the same in every run (their cache entries stay valid)
+ENCODER_MARGIN = 2 << 30    # the CLIPs, a batch of captions' activations and the CUDA context, beside T5
+
+# the trainer's config fields in place of the generator's options in the files' messages
+OPTION_FIELDS = {"--model": "model.name_or_path", "--vae": "model.vae_path", "--clip-l": "model.clip_l_path",
+                 "--clip-g": "model.clip_g_path", "--t5": "model.t5_path", "--tokenizer": "model.tokenizer_path"}
+TOKENIZER_PARTS = {"clip_l_tokenizer", "clip_g_tokenizer", "t5_tokenizer", "tokenizer"}
+
+
+def fields_text(text):
+    for opt, fld in OPTION_FIELDS.items():
+        text = text.replace(f"({opt})", f"({fld})").replace(f"pass {opt} (", f"set {fld} (")
+    return text
+
+
+def problem_lines(error, what, path):
+    """The one-line problems of a find_*_files error (F.report's format: one problem after "the <what> <path>: ",
+    or a heading line and one problem per line)."""
+    lines = str(error).splitlines()
+    if len(lines) == 1:
+        head = f"the {what} {path}: "
+        return [lines[0][len(head):] if lines[0].startswith(head) else lines[0]]
+    return [x.strip() for x in lines[1:]]
+
+
+def part_of(line):
+    """The part a problem line is about ("clip_l (--clip-l): ...", "vae: missing -- ...")."""
+    return line.split(" ", 1)[0].rstrip(":")
+
+
+def file_problems(find, model_cfg, wanted, what, prefix=""):
+    """Problems (config-field wording) of find(model_cfg) about the parts in `wanted` (the main part's always)."""
+    try:
+        return find(model_cfg), []
+    except F.ModelFilesError as e:
+        lines = problem_lines(e, what, model_cfg.name_or_path)
+        return None, [f"{prefix}model: {fields_text(x)}" for x in lines if part_of(x) in wanted]
+
+
+def identity(path, part, prefix="", subfolders=None):
+    """Names, sizes and modification times of a part's files (and its key prefix inside them): a changed file gives
+    another cache key."""
+    out = [f"{os.path.abspath(f)}:{os.stat(f).st_size}:{os.stat(f).st_mtime_ns}"
+           for f in F.part_files(path, part, subfolders=subfolders)]
+    return "|".join(out) + (f"#{prefix}" if prefix else "")
+
+
+def parameter_count(path, part, prefix="", subfolders=None):
+    """Elements of the tensors under `prefix` of a part's files (headers only)."""
+    n = 0
+    for k, shape in F.read_headers(F.part_files(path, part, subfolders=subfolders)).items():
+        if k.startswith(prefix):
+            c = 1
+            for d in shape:
+                c *= d
+            n += c
+    return n
+
+
+# ----------------------------------------------------------------------------- dtypes and storage
+def vae_dtype(device):
+    """None (the file's own dtype) on cuda; float32 on the cpu, where bfloat16 is emulated."""
+    return None if flame.device(device).type == "cuda" else flame.float32
+
+
+def te_dtype(device):
+    return flame.bfloat16 if flame.device(device).type == "cuda" else flame.float32
+
+
+def t5_storage(n_params, quantize_te, device, budget):
+    """'bf16' | 'fp8' | 'fp8+stream' ('float32' / 'fp8' on the cpu): how T5 is held while captions are encoded --
+    fp8 when model.quantize_te asks or when max_gpu_memory cannot hold it in bfloat16 beside the CLIPs with a
+    margin; its blocks streamed when even fp8 does not fit."""
+    if flame.device(device).type != "cuda":
+        return "fp8" if quantize_te else "float32"
+    fp8 = bool(quantize_te)
+    if budget is None:
+        return "fp8" if fp8 else "bf16"
+    if not fp8 and 2 * n_params + ENCODER_MARGIN > budget:
+        fp8 = True
+    if fp8 and n_params + ENCODER_MARGIN > budget:
+        return "fp8+stream"
+    return "fp8" if fp8 else "bf16"
+
+
+def t5_params_count(c):
+    """Parameters of a T5Config (the released T5-XXL's when the preset is used)."""
+    per_block = 4 * c.d_model * c.num_heads * c.d_kv + 3 * c.d_model * c.d_ff + 2 * c.d_model
+    return c.vocab_size * c.d_model + c.num_layers * per_block
+
+
+# ----------------------------------------------------------------------------- random parts
+def random_vae(kind, tiny, z_channels, device):
+    """The analytic pooling VAE with `z_channels` (tiny), else an AutoencoderKL(kind) ('sd3', 'sdxl') with random
+    weights drawn on `device`."""
+    from ...vae import AutoencoderKL
+    if tiny:
+        from ..analytic_vae import analytic_vae
+        return analytic_vae(device=device, z_channels=z_channels)
+    dt = flame.bfloat16 if flame.device(device).type == "cuda" else flame.float32
+    with flame_nn.empty_init(device=device, dtype=dt):
+        vae = AutoencoderKL(kind)
+    init_random_(vae, flame.Generator(device).manual_seed(RANDOM_SEED))
+    vae.requires_grad_(False)
+    vae.eval()
+    return vae
+
+
+def tiny_clip(kind, hidden, projection_dim):
+    """(CLIPTextConfig, tokenizer) of a 2-layer CLIP `hidden` wide with a tokenizer learned from the tiny corpus
+    (kind 'clip_l' pads with EOS, 'clip_g' with '!', as the released tokenizers)."""
+    from ...flux.tiny import TINY_CORPUS
+    from ...text_encoders import CLIPTextConfig
+    from ...tokenization import CLIPTokenizer
+    tok = CLIPTokenizer.train_tiny(TINY_CORPUS, vocab_size=600, kind=kind)
+    cfg = CLIPTextConfig(vocab_size=tok.vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+                         projection_dim=projection_dim, num_hidden_layers=2, num_attention_heads=2,
+                         max_position_embeddings=77, hidden_act="quick_gelu" if kind == "clip_l" else "gelu",
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    return cfg, tok
+
+
+def released_clip(kind):
+    """(CLIPTextConfig, packaged tokenizer) of the released CLIP-L / CLIP-G text towers."""
+    from ...text_encoders import CLIP_PRESETS, CLIPTextConfig
+    from ...tokenization import load_tokenizer
+    tok = load_tokenizer(kind)
+    c = CLIP_PRESETS["clip-l" if kind == "clip_l" else "clip-g"]
+    return CLIPTextConfig(**{**c.to_dict(), "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
+                             "pad_token_id": tok.pad_token_id}), tok
+
+
+def random_clip(config, projection, device, generator):
+    """A frozen CLIPTextModel[WithProjection] of `config` with random weights drawn on `device`."""
+    from ...text_encoders import CLIPTextModel, CLIPTextModelWithProjection
+    cls = CLIPTextModelWithProjection if projection else CLIPTextModel
+    with flame_nn.empty_init(device=flame.device(device), dtype=te_dtype(device)):
+        model = cls(config)
+    init_random_(model, generator)
+    model.requires_grad_(False)
+    model.eval()
+    return model
