@@ -86,6 +86,21 @@ def prompt_list(prompts, what="prompts"):
     return list(prompts)
 
 
+def prompt_rows(cond, rows, device, dtype):
+    """(prompt_embeds (B, L, D), pooled_prompt_embeds (B, P)) of a pipeline's conditioning dict `cond` (Tensors or
+    NumPy arrays) on `device` in `dtype`, row i of the batch being prompt rows[i] of `cond`."""
+    out = []
+    for key in ("prompt_embeds", "pooled_prompt_embeds"):
+        t = cond[key]
+        if isinstance(t, flame.Tensor):
+            t = t if list(rows) == list(range(t.shape[0])) else flame.stack([t[i] for i in rows], dim=0)
+            out.append(t.to(device).to(dtype))
+        else:
+            out.append(flame.tensor(np.ascontiguousarray(np.asarray(t)[list(rows)], dtype=np.float32),
+                                    device=device).to(dtype))
+    return tuple(out)
+
+
 def check_max_token_length(max_token_length):
     """None (CLIP's 77 tokens, longer captions truncated) or a multiple of 75 (kohya's 150, 225, ...)."""
     if max_token_length is None:

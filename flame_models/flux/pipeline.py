@@ -25,6 +25,7 @@ from flame_nn import adapters as A
 from flame_nn.offload import BlockStreamer, OffloadError, quantize_linear_weights_
 
 from ..conditioning import files as _cf
+from ..conditioning import prompt_rows
 from ..vae import FLUX, load_vae
 from .components import FluxFiles, FluxFilesError, find_flux_files
 from .conditioning import (FluxTextEncoders, check_vocabularies, encode_prompts, load_text_encoders,
@@ -243,21 +244,6 @@ def free_model(model, device=None):
     memory.empty_pinned_cache()
 
 
-def _cond_tensors(cond, rows, device, dtype):
-    """(txt (B, L, C), y (B, C)) on `device` in `dtype`: row i of the batch is prompt rows[i] of `cond`."""
-    out = []
-    for key in ("prompt_embeds", "pooled_prompt_embeds"):
-        t = cond[key]
-        if isinstance(t, flame.Tensor):
-            if list(rows) != list(range(t.shape[0])):
-                t = flame.stack([t[i] for i in rows], dim=0)
-            out.append(t.to(device).to(dtype))
-        else:
-            out.append(flame.tensor(np.ascontiguousarray(np.asarray(t)[list(rows)], dtype=np.float32),
-                                    device=device).to(dtype))
-    return tuple(out)
-
-
 def _model_dtype(model):
     return model.img_in.weight.dtype
 
@@ -292,7 +278,7 @@ def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=No
     if len(rows) != B:
         raise ValueError(f"{len(rows)} prompt rows for {B} images")
     dtype = _model_dtype(model)
-    txt, y = _cond_tensors(cond, rows, dev, dtype)
+    txt, y = prompt_rows(cond, rows, dev, dtype)
     img_pos = image_ids(height, width, B, device=dev)
     if x.shape[1] != img_pos.shape[1]:
         raise ValueError(f"latents of {x.shape[1]} tokens do not fit a {height}x{width} image "
@@ -309,7 +295,7 @@ def fit_transformer(model, cond, max_gpu_memory, *, height, width, batch_size=1,
     p = model.params
     dev = model.streamer.device
     dtype = _model_dtype(model)
-    txt, y = _cond_tensors(cond, [0] * batch_size, dev, dtype)
+    txt, y = prompt_rows(cond, [0] * batch_size, dev, dtype)
     x = pack(flame.zeros(batch_size, LATENT_CHANNELS, height // 8, width // 8, device=dev)).to(dtype)
     img_pos, txt_pos = image_ids(height, width, batch_size, device=dev), text_ids(txt.shape[1], batch_size,
                                                                                  device=dev)

@@ -22,6 +22,7 @@ import flame_core as flame
 import flame_nn
 from flame_nn.offload import OffloadError
 
+from ..conditioning import prompt_rows
 from ..flux.pipeline import apply_loras, check_loras as _check_loras, free_model, place_for_inference, to_pil
 from ..vae import SD3, load_vae
 from .components import SD3Files, SD3FilesError, find_sd3_files
@@ -98,20 +99,6 @@ def load_transformer(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=
     return model
 
 
-def _rows(cond, rows, device, dtype):
-    """(context (B, L, D), pooled (B, P)) on `device` in `dtype`: row i is prompt rows[i] of `cond`."""
-    out = []
-    for key in ("prompt_embeds", "pooled_prompt_embeds"):
-        t = cond[key]
-        if isinstance(t, flame.Tensor):
-            t = t if list(rows) == list(range(t.shape[0])) else flame.stack([t[i] for i in rows], dim=0)
-            out.append(t.to(device).to(dtype))
-        else:
-            out.append(flame.tensor(np.ascontiguousarray(np.asarray(t)[list(rows)], dtype=np.float32),
-                                    device=device).to(dtype))
-    return tuple(out)
-
-
 def _model_dtype(model):
     return model.x_embedder.proj.weight.dtype
 
@@ -150,14 +137,14 @@ def sample_latents(model, cond, neg_cond=None, *, height, width, steps, cfg, see
     rows = list(range(B)) if rows is None else list(rows)
     if len(rows) != B:
         raise ValueError(f"{len(rows)} prompt rows for {B} images")
-    context, y = _rows(cond, rows, dev, dtype)
+    context, y = prompt_rows(cond, rows, dev, dtype)
     neg_context = neg_y = None
     if cfg != 1.0:
         if neg_cond is None:
             raise ValueError(f"cfg={cfg} needs the negative prompt's conditioning (neg_cond; the empty prompt "
                              f"encoded by default in diffusers)")
         neg_rows = [0] * B if neg_rows is None else list(neg_rows)
-        neg_context, neg_y = _rows(neg_cond, neg_rows, dev, dtype)
+        neg_context, neg_y = prompt_rows(neg_cond, neg_rows, dev, dtype)
     slg = skip_layer_guidance
     if slg is not None and any(i < 0 or i >= model.params.depth for i in slg.layers):
         raise ValueError(f"skip-layer guidance layers {list(slg.layers)} are not all joint blocks of this MMDiT "
@@ -173,7 +160,7 @@ def fit_transformer(model, cond, max_gpu_memory, *, height, width, batch_size=1,
     size fits `max_gpu_memory` (flame_nn.offload.auto_fit, measured). Returns the FitReport."""
     dev, dtype = model.streamer.device, _model_dtype(model)
     n = batch_size * (2 if cfg != 1.0 else 1)
-    context, y = _rows(cond, [0] * n, dev, dtype)
+    context, y = prompt_rows(cond, [0] * n, dev, dtype)
     x = flame.zeros(n, LATENT_CHANNELS, height // 8, width // 8, device=dev).to(dtype)
     t = flame.full((n,), 1000.0, dtype=flame.float32, device=dev)
 

@@ -25,6 +25,7 @@ import flame_core as flame
 import flame_nn
 from flame_nn.offload import OffloadError
 
+from ..conditioning import prompt_rows
 from ..flux.pipeline import apply_loras, check_loras as _check_loras, free_model, place_for_inference, to_pil
 from ..vae import SDXL, load_vae
 from .components import SDXLFiles, SDXLFilesError, find_sdxl_files
@@ -122,19 +123,6 @@ def load_unet_for_sampling(files, *, dtype=flame.bfloat16, device=None, loras=()
     return unet
 
 
-def _rows(cond, rows, device, dtype):
-    out = []
-    for key in ("prompt_embeds", "pooled_prompt_embeds"):
-        t = cond[key]
-        if isinstance(t, flame.Tensor):
-            t = t if list(rows) == list(range(t.shape[0])) else flame.stack([t[i] for i in rows], dim=0)
-            out.append(t.to(device).to(dtype))
-        else:
-            out.append(flame.tensor(np.ascontiguousarray(np.asarray(t)[list(rows)], dtype=np.float32),
-                                    device=device).to(dtype))
-    return tuple(out)
-
-
 def _device(unet):
     streamer = getattr(unet, "streamer", None)
     return streamer.device if streamer is not None else unet.device
@@ -182,12 +170,12 @@ def sample_latents(unet, cond, neg_cond=None, *, height, width, steps, cfg, samp
     sizes = dict(original_size=(height, width) if original_size is None else tuple(original_size),
                  crop_coords=tuple(crop_coords), target_size=(height, width) if target_size is None
                  else tuple(target_size))
-    context, pooled = _rows(cond, rows, dev, flame.float32)
+    context, pooled = prompt_rows(cond, rows, dev, flame.float32)
     y = make_y(pooled, size_embed_dim=c.size_embed_dim, **sizes)
     neg_context = neg_y = None
     if cfg != 1.0 and neg_cond is not None:
         neg_rows = [0] * B if neg_rows is None else list(neg_rows)
-        neg_context, neg_pooled = _rows(neg_cond, neg_rows, dev, flame.float32)
+        neg_context, neg_pooled = prompt_rows(neg_cond, neg_rows, dev, flame.float32)
         neg_y = make_y(neg_pooled, size_embed_dim=c.size_embed_dim, **sizes)
     kw = dict(height=height, width=width, steps=steps, cfg=cfg, sampler=sampler, scheduler=scheduler, eta=eta,
               progress=False, callback=None if callback is None else (lambda i, *a: callback(i, steps)))
@@ -211,7 +199,7 @@ def fit_unet(unet, cond, max_gpu_memory, *, height, width, batch_size=1, cfg=1.0
     c = unet.config
     dev, dtype = unet.streamer.device, unet.dtype
     n = batch_size * (2 if cfg != 1.0 else 1)
-    context, pooled = _rows(cond, [0] * n, dev, dtype)
+    context, pooled = prompt_rows(cond, [0] * n, dev, dtype)
     y = make_y(pooled, original_size=(height, width), size_embed_dim=c.size_embed_dim)
     x = flame.zeros(n, c.in_channels, height // 8, width // 8, device=dev).to(dtype)
     t = flame.full((n,), 999.0, dtype=flame.float32, device=dev)
