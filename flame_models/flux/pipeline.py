@@ -26,7 +26,7 @@ from flame_nn.offload import BlockStreamer, OffloadError, quantize_linear_weight
 
 from ..conditioning import files as _cf
 from ..conditioning import prompt_rows
-from ..vae import FLUX, load_vae
+from ..vae import FLUX, decode_model_latents, encode_model_latents, load_family_vae
 from .components import FluxFiles, FluxFilesError, find_flux_files
 from .conditioning import (FluxTextEncoders, check_vocabularies, encode_prompts, load_text_encoders,
                            load_tokenizers)
@@ -40,30 +40,20 @@ STACKS = ("double_blocks", "single_blocks")
 def load_vae_for_flux(files, *, dtype=flame.bfloat16, device=None):
     """The Flux VAE of `files` (FluxFiles, or a path to the VAE itself), frozen, in `dtype` on `device`."""
     path = files.vae if isinstance(files, FluxFiles) else os.fspath(files)
-    vae = load_vae(path, dtype=dtype, device=device)
-    if vae.config.z_channels != LATENT_CHANNELS:
-        raise FluxFilesError(f"vae: {path} has {vae.config.z_channels} latent channels; Flux's VAE has "
-                             f"{LATENT_CHANNELS} (is this an SD / SDXL VAE?)")
-    return vae
+    return load_family_vae(path, LATENT_CHANNELS, family="Flux", others="an SD / SDXL", error=FluxFilesError,
+                           dtype=dtype, device=device)
 
 
 def decode_latents(vae, latents):
     """Model-space latents (B, 16, H/8, W/8) -> images (B, 3, H, W) in [-1, 1] (nominally; not clamped), in the
     VAE's dtype, on its device: z = latents / 0.3611 + 0.1159, then the decoder."""
-    if latents.ndim != 4 or latents.shape[1] != vae.config.z_channels:
-        raise ValueError(f"decode_latents expects latents (B, {vae.config.z_channels}, h, w), got shape "
-                         f"{tuple(latents.shape)} (unpack packed tokens first: flux.unpack)")
-    with flame.no_grad():
-        z = FLUX.from_model(latents.to(vae.device).float())
-        return vae.decode(z.to(vae.dtype))
+    return decode_model_latents(vae, latents, FLUX, hint=" (unpack packed tokens first: flux.unpack)")
 
 
 def encode_images(vae, images):
     """Images (B, 3, H, W) in [-1, 1] -> model-space latents (B, 16, H/8, W/8) float32: the posterior mean z, then
     (z - 0.1159) * 0.3611."""
-    with flame.no_grad():
-        z = vae.encode(images.to(vae.device).to(vae.dtype))
-        return FLUX.to_model(z.float())
+    return encode_model_latents(vae, images, FLUX)
 
 
 def to_pil(images):

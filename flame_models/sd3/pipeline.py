@@ -24,7 +24,7 @@ from flame_nn.offload import OffloadError
 
 from ..conditioning import prompt_rows
 from ..flux.pipeline import apply_loras, check_loras as _check_loras, free_model, place_for_inference, to_pil
-from ..vae import SD3, load_vae
+from ..vae import SD3, decode_model_latents, encode_model_latents, load_family_vae
 from .components import SD3Files, SD3FilesError, find_sd3_files
 from .conditioning import SD3TextEncoders, encode_prompts, load_text_encoders
 from .loading import load_sd3
@@ -41,31 +41,21 @@ def load_vae_for_sd3(files, *, dtype=flame.bfloat16, device=None, config=None):
         path, config = files.vae, config if config is not None else files.configs.get("vae")
     else:
         path = os.fspath(files)
-    vae = load_vae(path, dtype=dtype, device=device, config=config)
-    if vae.config.z_channels != LATENT_CHANNELS:
-        raise SD3FilesError(f"vae: {path} has {vae.config.z_channels} latent channels; SD3's VAE has "
-                            f"{LATENT_CHANNELS} (is this an SD / SDXL VAE?)")
-    return vae
+    return load_family_vae(path, LATENT_CHANNELS, family="SD3", others="an SD / SDXL", error=SD3FilesError,
+                           dtype=dtype, device=device, config=config)
 
 
 def decode_latents(vae, latents):
     """Model-space latents (B, 16, H/8, W/8) -> images (B, 3, H, W) in [-1, 1] (nominally; not clamped), in the
     VAE's dtype, on its device: z = latents / 1.5305 + 0.0609, then the decoder."""
-    if latents.ndim != 4 or latents.shape[1] != vae.config.z_channels:
-        raise ValueError(f"decode_latents expects latents (B, {vae.config.z_channels}, h, w), got shape "
-                         f"{tuple(latents.shape)}")
-    with flame.no_grad():
-        z = SD3.from_model(latents.to(vae.device).float())
-        return vae.decode(z.to(vae.dtype))
+    return decode_model_latents(vae, latents, SD3)
 
 
 def encode_images(vae, images, generator=None):
     """Images (B, 3, H, W) in [-1, 1] -> model-space latents (B, 16, H/8, W/8) float32: (z - 0.0609) * 1.5305 of
     the posterior mean, or of a posterior sample drawn from `generator` (what SAI's reference and diffusers'
     img2img do)."""
-    with flame.no_grad():
-        z = vae.encode(images.to(vae.device).to(vae.dtype), generator=generator)
-        return SD3.to_model(z.float())
+    return encode_model_latents(vae, images, SD3, generator)
 
 
 # ----------------------------------------------------------------------------- the MMDiT

@@ -27,7 +27,7 @@ from flame_nn.offload import OffloadError
 
 from ..conditioning import prompt_rows
 from ..flux.pipeline import apply_loras, check_loras as _check_loras, free_model, place_for_inference, to_pil
-from ..vae import SDXL, load_vae
+from ..vae import SDXL, check_latents, decode_model_latents, encode_model_latents, load_family_vae
 from .components import SDXLFiles, SDXLFilesError, find_sdxl_files
 from .conditioning import SDXLTextEncoders, encode_prompts, load_text_encoders
 from .embeddings import make_y
@@ -52,11 +52,8 @@ def load_vae_for_sdxl(files, *, dtype=flame.bfloat16, device=None, config=None):
         path = os.fspath(files)
     if dtype is not None and flame.dtypes.dtype(dtype) == flame.float16:
         dtype = flame.float32
-    vae = load_vae(path, dtype=dtype, device=device, config=config)
-    if vae.config.z_channels != LATENT_CHANNELS:
-        raise SDXLFilesError(f"vae: {path} has {vae.config.z_channels} latent channels; SDXL's VAE has "
-                             f"{LATENT_CHANNELS} (is this a Flux / SD3 VAE?)")
-    return vae
+    return load_family_vae(path, LATENT_CHANNELS, family="SDXL", others="a Flux / SD3", error=SDXLFilesError,
+                           dtype=dtype, device=device, config=config)
 
 
 def _compute_dtype(vae):
@@ -67,30 +64,27 @@ def decode_latents(vae, latents):
     """Model-space latents (B, 4, H/8, W/8) -> images (B, 3, H, W) in [-1, 1] (nominally; not clamped), on the VAE's
     device: z = latents / 0.13025, then the decoder in the VAE's dtype (float32 for a float16 VAE: the SDXL VAE
     overflows in float16; the VAE is cast for the call and back)."""
-    if latents.ndim != 4 or latents.shape[1] != vae.config.z_channels:
-        raise ValueError(f"decode_latents expects latents (B, {vae.config.z_channels}, h, w), got shape "
-                         f"{tuple(latents.shape)}")
-    return _upcast_call(vae, lambda dt: vae.decode(SDXL.from_model(latents.to(vae.device).float()).to(dt)))
+    check_latents(vae, latents)  # before the VAE is cast
+    return _upcast_call(vae, lambda: decode_model_latents(vae, latents, SDXL))
 
 
 def encode_images(vae, images, generator=None):
     """Images (B, 3, H, W) in [-1, 1] -> model-space latents (B, 4, H/8, W/8) float32: 0.13025 times the posterior
     mean, or a posterior sample drawn from `generator` (as diffusers' img2img and training scripts)."""
-    return _upcast_call(vae, lambda dt: SDXL.to_model(vae.encode(images.to(vae.device).to(dt),
-                                                                 generator=generator).float()))
+    return _upcast_call(vae, lambda: encode_model_latents(vae, images, SDXL, generator))
 
 
 def _upcast_call(vae, fn):
+    """fn() with a float16 VAE cast to float32 for the call and back."""
     dtype = vae.dtype
     compute = _compute_dtype(vae)
-    with flame.no_grad():
-        if compute == dtype:
-            return fn(dtype)
-        vae.to(compute)
-        try:
-            return fn(compute)
-        finally:
-            vae.to(dtype)
+    if compute == dtype:
+        return fn()
+    vae.to(compute)
+    try:
+        return fn()
+    finally:
+        vae.to(dtype)
 
 
 # ----------------------------------------------------------------------------- the UNet
