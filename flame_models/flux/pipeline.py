@@ -91,19 +91,20 @@ def parse_lora(spec):
     return spec, 1.0
 
 
-def check_loras(loras, params, *, probe=None, error=FluxFilesError):
+def check_loras(loras, params, *, probe=None, model_class=None, error=FluxFilesError):
     """Read each LoRA file and check it against a Flux of `params` (names, shapes, kind) before anything big is
-    loaded. Returns [(path, weight)]. `error` (FluxFilesError) names the file. probe: another model to check
-    against instead (built under flame_nn.empty_init; its adapter_name_map() maps diffusers' names), e.g. an SD3
-    MMDiT or an SDXL UNet."""
+    loaded. Returns [(path, weight)]. `error` (FluxFilesError) names the file. model_class: another model to
+    check against instead, built from `params` under flame_nn.empty_init (its adapter_name_map() maps diffusers'
+    names), e.g. an SD3 MMDiT or an SDXL UNet; probe: such a model already built."""
     from ..training.model_files import describe_keys
     out = []
     if not loras:
         return out
     if probe is None:
+        if model_class is None:
+            from .model import Flux as model_class
         with flame_nn.empty_init(device="cpu"):
-            from .model import Flux
-            probe = Flux(params)
+            probe = model_class(params)
     names = {n for n, m in probe.named_modules() if isinstance(m, flame_nn.Linear)}
     shapes = {n: tuple(m.weight.shape) for n, m in probe.named_modules() if isinstance(m, flame_nn.Linear)}
     for spec in loras:
@@ -182,17 +183,27 @@ def load_transformer(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=
     (flame_nn.offload.BlockStreamer, `model.streamer`; choose resident blocks with `fit_transformer`); the model is
     read into host memory first. Without either, LoRAs are merged into the weights."""
     files = files if isinstance(files, FluxFiles) else find_flux_files(files)
-    dev = flame.device(device) if device is not None else flame.default_device()
     loras = check_loras(loras, files.params)
-    # fp8 or streaming: read into host memory and move block by block, so the bf16 model is never whole on the device
-    model = load_flux(files.transformer, dtype=dtype, device="cpu" if (stream or fp8) else dev)
+    return load_for_sampling(lambda dev: load_flux(files.transformer, dtype=dtype, device=dev), files.transformer,
+                             loras, STACKS, device, fp8=fp8, stream=stream, slots=slots, error=FluxFilesError)
+
+
+def load_for_sampling(load, path, loras, stacks, device=None, *, fp8=False, stream=False, slots=2,
+                      error=FluxFilesError):
+    """The model `load(device)` reads from `path`, frozen, in eval mode, with the checked `loras` (check_loras)
+    applied -- merged into the weights unless fp8 or stream keep them as adapters -- and placed on `device` for
+    sampling (place_for_inference). With fp8 or stream the model is read into host memory and moved block by block,
+    so that it is never whole on the device in its dtype. A placement that cannot be done is `error` naming
+    `path`."""
+    dev = flame.device(device) if device is not None else flame.default_device()
+    model = load("cpu" if (stream or fp8) else dev)
     model.requires_grad_(False)
     model.eval()
-    apply_loras(model, loras, merge=not (fp8 or stream))
+    apply_loras(model, loras, merge=not (fp8 or stream), error=error)
     try:
-        place_for_inference(model, STACKS, dev, fp8=fp8, stream=stream, slots=slots)
+        place_for_inference(model, stacks, dev, fp8=fp8, stream=stream, slots=slots)
     except OffloadError as e:
-        raise FluxFilesError(f"{files.transformer}: {str(e).splitlines()[0]}") from None
+        raise error(f"{path}: {str(e).splitlines()[0]}") from None
     return model
 
 
@@ -300,5 +311,5 @@ def fit_transformer(model, cond, max_gpu_memory, *, height, width, batch_size=1,
 
 __all__ = ["FluxFiles", "FluxFilesError", "find_flux_files", "FluxTextEncoders", "load_text_encoders",
            "load_tokenizers", "check_vocabularies", "encode_prompts", "load_vae_for_flux", "decode_latents", "encode_images", "to_pil",
-           "parse_lora", "check_loras", "apply_loras", "load_transformer", "place_for_inference", "free_model",
+           "parse_lora", "check_loras", "apply_loras", "load_transformer", "load_for_sampling", "place_for_inference", "free_model",
            "sample_latents", "fit_transformer"]

@@ -19,11 +19,9 @@ import os
 import numpy as np
 
 import flame_core as flame
-import flame_nn
-from flame_nn.offload import OffloadError
 
 from ..conditioning import prompt_rows
-from ..flux.pipeline import apply_loras, check_loras as _check_loras, free_model, place_for_inference, to_pil
+from ..flux.pipeline import check_loras as _check_loras, free_model, load_for_sampling, to_pil
 from ..vae import SD3, decode_model_latents, encode_model_latents, load_family_vae
 from .components import SD3Files, SD3FilesError, find_sd3_files
 from .conditioning import SD3TextEncoders, encode_prompts, load_text_encoders
@@ -62,12 +60,8 @@ def encode_images(vae, images, generator=None):
 def check_loras(loras, params):
     """Read each LoRA file and check it against an MMDiT of `params` (SAI, kohya or diffusers PEFT names, shapes)
     before anything big is loaded. Returns [(path, weight)]; SD3FilesError names the file."""
-    if not loras:
-        return []
     from .model import MMDiT
-    with flame_nn.empty_init(device="cpu"):
-        probe = MMDiT(params)
-    return _check_loras(loras, params, probe=probe, error=SD3FilesError)
+    return _check_loras(loras, params, model_class=MMDiT, error=SD3FilesError)
 
 
 def load_transformer(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=False, stream=False, slots=2):
@@ -76,17 +70,9 @@ def load_transformer(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=
     memory, streamed through `slots` device buffers (`model.streamer`; choose resident blocks with
     fit_transformer). Without either, LoRAs are merged into the weights."""
     files = files if isinstance(files, SD3Files) else find_sd3_files(files)
-    dev = flame.device(device) if device is not None else flame.default_device()
     loras = check_loras(loras, files.params)
-    model = load_sd3(files.transformer, dtype=dtype, device="cpu" if (stream or fp8) else dev)
-    model.requires_grad_(False)
-    model.eval()
-    apply_loras(model, loras, merge=not (fp8 or stream), error=SD3FilesError)
-    try:
-        place_for_inference(model, STACKS, dev, fp8=fp8, stream=stream, slots=slots)
-    except OffloadError as e:
-        raise SD3FilesError(f"{files.transformer}: {str(e).splitlines()[0]}") from None
-    return model
+    return load_for_sampling(lambda dev: load_sd3(files.transformer, dtype=dtype, device=dev), files.transformer,
+                             loras, STACKS, device, fp8=fp8, stream=stream, slots=slots, error=SD3FilesError)
 
 
 def _model_dtype(model):

@@ -22,11 +22,9 @@ import os
 import numpy as np
 
 import flame_core as flame
-import flame_nn
-from flame_nn.offload import OffloadError
 
 from ..conditioning import prompt_rows
-from ..flux.pipeline import apply_loras, check_loras as _check_loras, free_model, place_for_inference, to_pil
+from ..flux.pipeline import check_loras as _check_loras, free_model, load_for_sampling, to_pil
 from ..vae import SDXL, check_latents, decode_model_latents, encode_model_latents, load_family_vae
 from .components import SDXLFiles, SDXLFilesError, find_sdxl_files
 from .conditioning import SDXLTextEncoders, encode_prompts, load_text_encoders
@@ -91,12 +89,8 @@ def _upcast_call(vae, fn):
 def check_loras(loras, config):
     """Read each LoRA file and check it against a UNet of `config` (SAI / kohya or diffusers PEFT names, shapes)
     before anything big is loaded. Returns [(path, weight)]; SDXLFilesError names the file."""
-    if not loras:
-        return []
     from .model import SDXLUNet
-    with flame_nn.empty_init(device="cpu"):
-        probe = SDXLUNet(config)
-    return _check_loras(loras, config, probe=probe, error=SDXLFilesError)
+    return _check_loras(loras, config, model_class=SDXLUNet, error=SDXLFilesError)
 
 
 def load_unet_for_sampling(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=False, stream=False,
@@ -106,15 +100,10 @@ def load_unet_for_sampling(files, *, dtype=flame.bfloat16, device=None, loras=()
     middle and output blocks in pinned host memory, streamed through `slots` device buffers (`unet.streamer`;
     resident blocks chosen by fit_unet). Without either, LoRAs are merged into the weights."""
     files = files if isinstance(files, SDXLFiles) else find_sdxl_files(files)
-    dev = flame.device(device) if device is not None else flame.default_device()
     loras = check_loras(loras, files.config)
-    unet = load_unet(files.unet, dtype=dtype, device="cpu" if (stream or fp8) else dev, config=files.config)
-    apply_loras(unet, loras, merge=not (fp8 or stream), error=SDXLFilesError)
-    try:
-        place_for_inference(unet, STACKS, dev, fp8=fp8, stream=stream, slots=slots)
-    except OffloadError as e:
-        raise SDXLFilesError(f"{files.unet}: {str(e).splitlines()[0]}") from None
-    return unet
+    return load_for_sampling(lambda dev: load_unet(files.unet, dtype=dtype, device=dev, config=files.config),
+                             files.unet, loras, STACKS, device, fp8=fp8, stream=stream, slots=slots,
+                             error=SDXLFilesError)
 
 
 def _device(unet):
