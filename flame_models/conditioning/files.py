@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from flame_core.errors import FlameError
 from flame_core.io import safe_open
 
-INDEX_SUFFIX = ".safetensors.index.json"
+from ..checkpoint_io import INDEX_SUFFIX, index_files
+
 _PREFERRED = ("diffusion_pytorch_model.safetensors", "model.safetensors")
 _PICKLES = (".ckpt", ".pt", ".pth", ".bin", ".pkl")
 FAMILIES = ("flux", "sd3", "sdxl")
@@ -60,19 +61,7 @@ def part_files(path, part, *, subfolders=None, error=ModelFilesError):
     if low.endswith(".gguf"):
         raise error(f"{path}: a GGUF file; FLAME reads .safetensors checkpoints (fp8 storage: --fp8)")
     if low.endswith(".json"):
-        try:
-            with open(path) as f:
-                weight_map = json.load(f).get("weight_map")
-        except (OSError, ValueError, AttributeError) as e:
-            raise error(f"{path}: not a safetensors index JSON ({e})") from None
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise error(f"{path}: an index JSON needs a non-empty 'weight_map'")
-        folder = os.path.dirname(path)
-        files = [os.path.join(folder, n) for n in dict.fromkeys(weight_map.values())]
-        absent = [f for f in files if not os.path.exists(f)]
-        if absent:
-            raise error(f"{path}: shard(s) listed in the index are missing: {', '.join(absent[:4])}")
-        return files
+        return index_files(path, error)
     return [path]
 
 
