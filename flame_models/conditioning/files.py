@@ -152,6 +152,23 @@ def vae_latent_channels(shapes, prefix=""):
     return conv[1] if conv else None
 
 
+def found_clip_facts(found, parts=("clip_l", "clip_g")):
+    """{part: clip_facts} of the CLIP `parts` among the Located parts `found` (locate_parts); {} for one whose
+    header holds no CLIP encoder where expected."""
+    return {part: clip_facts(found[part].shapes, found[part].prefix, found[part].layout) for part in parts
+            if part in found}
+
+
+def vae_channel_problems(found, channels, model, others):
+    """[] or the one problem of a found VAE whose latents do not have the `model`'s `channels` (`others`: the
+    families whose VAE it may be instead, e.g. "a Flux / SD3 VAE has 16")."""
+    vae = found.get("vae")
+    z = vae_latent_channels(vae.shapes, vae.prefix) if vae is not None else None
+    if z is None or z == channels:
+        return []
+    return [f"vae (--vae): {vae.shown} has {z} latent channels, but the {model} expects {channels} ({others})"]
+
+
 # ----------------------------------------------------------------------------- tokenizers
 def tokenizer_folder(base, part, want, explicit, problems, *, subfolder, option="--tokenizer"):
     """The tokenizer folder for `part` under `base` (a folder holding `subfolder`, e.g. tokenizer_2/, or the
