@@ -6,7 +6,6 @@ import json
 import os
 
 import flame_core as flame
-import flame_nn
 
 from .. import checkpoint_io as CIO
 from . import keys as K
@@ -102,11 +101,8 @@ def _count(keys, prefix, suffix):
 
 
 # ----------------------------------------------------------------------------- loading
-def _sources(ckpt, params):
-    """{BFL key: (file keys, how)} for the checkpoint's layout."""
-    if ckpt.layout == "bfl":
-        return {k: ((k,), "copy") for k in K.bfl_shapes(params)}
-    return {k: (dkeys, how) for k, (dkeys, how, _) in K.diffusers_plan(params).items()}
+def _plan(ckpt, params):
+    return CIO.layout_plan(ckpt, params, native="bfl", native_shapes=K.bfl_shapes, plan=K.diffusers_plan)
 
 
 def load_flux_state_(model, path, *, strict=True):
@@ -114,7 +110,7 @@ def load_flux_state_(model, path, *, strict=True):
     each converted to its parameter's dtype and device. Raises FluxCheckpointError naming missing, unexpected and
     misshaped keys (in the file's own names) before reading any tensor."""
     with _Checkpoint(path) as ckpt:
-        return CIO.load_planned_(model, ckpt, _sources(ckpt, model.params), dict(model.named_parameters()),
+        return CIO.load_planned_(model, ckpt, _plan(ckpt, model.params), dict(model.named_parameters()),
                                  K.combine, what="Flux", strict=strict)
 
 
@@ -123,13 +119,8 @@ def load_flux(path, dtype=None, device=None, *, params=None, strict=True):
     filled one tensor at a time, each converted to `dtype` (default: the dtype stored in the file) on `device`
     (default: the default device). `params` overrides the config inferred from the checkpoint."""
     from .model import Flux
-    with _Checkpoint(path) as ckpt:
-        if params is None:
-            params = infer_params(ckpt)
-        if dtype is None:
-            dtype = ckpt.stored_dtype(K.BFL_PROBE if ckpt.layout == "bfl" else K.DIFFUSERS_PROBE)
-    with flame_nn.empty_init(device=device, dtype=dtype):
-        model = Flux(params)
+    model = CIO.empty_model(_Checkpoint, path, Flux, infer=infer_params, params=params, dtype=dtype, device=device,
+                            probes={"bfl": K.BFL_PROBE, "diffusers": K.DIFFUSERS_PROBE})
     return load_flux_state_(model, path, strict=strict)
 
 
