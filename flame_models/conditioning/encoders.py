@@ -44,6 +44,22 @@ class EncoderBundle:
         self._check_alive()
         return next(getattr(self, a) for a in self.encoder_attrs if getattr(self, a) is not None).device
 
+    def _encode_batched(self, prompts, batch_size, encode_batch):
+        """{"prompt_embeds", "pooled_prompt_embeds"} of `prompts` (a str or a list of str): `encode_batch(prompts)`
+        -> (embeds, pooled) run `batch_size` prompts at a time (default: all at once) without recording gradients,
+        the batches joined."""
+        self._check_alive()
+        prompts = prompt_list(prompts)
+        step = len(prompts) if batch_size is None else max(1, int(batch_size))
+        embeds, pooled = [], []
+        with flame.no_grad():
+            for lo in range(0, len(prompts), step):
+                e, p = encode_batch(prompts[lo:lo + step])
+                embeds.append(e)
+                pooled.append(p)
+        cat = (lambda xs: xs[0] if len(xs) == 1 else flame.cat(xs, dim=0))
+        return {"prompt_embeds": cat(embeds), "pooled_prompt_embeds": cat(pooled)}
+
     def _check_alive(self):
         if self._runs is None:
             raise RuntimeError(f"these {type(self).__name__} were freed; load them again")
