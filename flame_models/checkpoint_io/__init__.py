@@ -19,7 +19,7 @@ from .finding import (INDEX_SUFFIX, PICKLE_SUFFIXES, check_not_pickle, folder_we
                       pipeline_subfolder, read_config_json, read_json, safetensors_files)
 from .loading import (COMPUTE_DTYPES, PROGRESS_BYTES, check_mismatch, compute_dtype, config_argument, empty_model,
                       fill_, layout_plan, listing, load_planned_, mismatch_message, planned_mismatches,
-                      planned_reader)
+                      planned_reader, preset)
 from .reading import SafetensorsCheckpoint, block_indices, count_indices, describe_keys, keys_under
 from .saving import atomic_open, save_shards, save_weights, shard_groups, write_json
 
@@ -32,7 +32,7 @@ __all__ = [
     "SafetensorsCheckpoint", "block_indices", "count_indices", "describe_keys", "keys_under",
     # loading into a model
     "COMPUTE_DTYPES", "PROGRESS_BYTES", "check_mismatch", "compute_dtype", "config_argument", "empty_model", "fill_",
-    "layout_plan", "listing", "load_planned_", "mismatch_message", "planned_mismatches", "planned_reader",
+    "layout_plan", "listing", "load_planned_", "mismatch_message", "planned_mismatches", "planned_reader", "preset",
     # saving
     "atomic_open", "save_shards", "save_weights", "shard_groups", "write_json",
 ]

@@ -137,6 +137,17 @@ def config_argument(config, cls, infer, *, caller):
                     f"{type(config).__name__}")
 
 
+def preset(name_or_config, cls, presets, *, what, error=ValueError):
+    """A `cls` instance passed through, or the preset of that name in `presets`; `error` naming the known presets
+    ("unknown `what` config ...") otherwise."""
+    if isinstance(name_or_config, cls):
+        return name_or_config
+    try:
+        return presets[name_or_config]
+    except (KeyError, TypeError):
+        raise error(f"unknown {what} config {name_or_config!r}; known: {', '.join(presets)}") from None
+
+
 def compute_dtype(stored):
     """The dtype to compute in for weights stored as `stored`: itself when it is a float dtype models compute in,
     bfloat16 for fp8 storage."""
