@@ -19,4 +19,5 @@ __all__ = ["VAEConfig", "AutoencoderKLConfig", "VAEConfigError", "configs", "vae
            "DiagonalGaussianDistribution", "LatentFormat", "FLUX", "SD3", "SDXL", "latent_formats", "AttnBlock",
            "Downsample", "MidBlock", "ResnetBlock", "Upsample", "AutoencoderKL", "Decoder", "Encoder",
            "VAECheckpointError", "VAECheckpoint", "infer_config", "load_vae", "load_vae_state_", "save_vae",
-           "load_family_vae", "check_latents", "decode_model_latents", "encode_model_latents", "blend_h", "blend_v", "tiled_decode", "tiled_encode"]
+           "load_family_vae", "check_latents", "decode_model_latents", "encode_model_latents", "blend_h", "blend_v",
+           "tiled_decode", "tiled_encode"]
