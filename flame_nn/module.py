@@ -85,7 +85,7 @@ def _array_of(v):
     raise TypeError(f"state_dict values must be Tensors or arrays, got {type(v).__name__}")
 
 
-class Module:
+class Module(D.FloatCasts):
     """Base class of layers and models. Subclasses call `super().__init__()` and define `forward`."""
 
     training = True
@@ -486,18 +486,6 @@ class Module:
 
     def cpu(self):
         return self.to("cpu")
-
-    def float(self):
-        return self.to(D.float32)
-
-    def double(self):
-        return self.to(D.float64)
-
-    def half(self):
-        return self.to(D.float16)
-
-    def bfloat16(self):
-        return self.to(D.bfloat16)
 
     def to_empty(self, *, device=None):
         """Give every meta parameter uninitialised storage on `device` (default: its target device)."""
