@@ -145,14 +145,8 @@ def save_flux(model, path, layout="bfl", *, max_shard_size=None):
         state = {k: t.detach() for k, t in state.items()}
         if layout == "diffusers":
             state = K.bfl_to_diffusers(state, p)
-    metadata = {"format": "pt", PARAMS_METADATA_KEY: json.dumps(_params_dict(p))}
+    metadata = {"format": "pt", PARAMS_METADATA_KEY: json.dumps(dataclasses.asdict(p))}  # tuples: JSON lists
     diffusers = layout == "diffusers"
     return CIO.save_weights(state.items(), path, stem="diffusion_pytorch_model" if diffusers else "flux",
                             metadata=metadata, max_shard_size=max_shard_size,
                             folder_config=_diffusers_config(p) if diffusers else None)
-
-
-def _params_dict(p):
-    d = dataclasses.asdict(p)
-    d["axes_dim"] = list(d["axes_dim"])
-    return d

@@ -2,6 +2,7 @@
 VAE and text encoders too -- only the transformer is read here) and diffusers folders (`transformer/` with
 config.json and sharded safetensors + index) or files. Loading reads one tensor at a time straight into the target
 dtype and device, into a model built under `flame_nn.empty_init` (no random initialisation, no second copy)."""
+import dataclasses
 import json
 import math
 import os
@@ -175,15 +176,8 @@ def save_sd3(model, path, layout="sai", *, max_shard_size=None, prefix=None):
         else:
             pre = SAI_PREFIX if prefix is None else prefix
             state = {pre + k: t for k, t in state.items()}
-    metadata = {"format": "pt", PARAMS_METADATA_KEY: json.dumps(_params_dict(p))}
+    metadata = {"format": "pt", PARAMS_METADATA_KEY: json.dumps(dataclasses.asdict(p))}  # tuples: JSON lists
     diffusers = layout == "diffusers"
     return CIO.save_weights(state.items(), path, stem="diffusion_pytorch_model" if diffusers else "sd3",
                             metadata=metadata, max_shard_size=max_shard_size,
                             folder_config=diffusers_config(p) if diffusers else None)
-
-
-def _params_dict(p):
-    from dataclasses import asdict
-    d = asdict(p)
-    d["dual_attention_layers"] = list(d["dual_attention_layers"])
-    return d
