@@ -18,13 +18,14 @@ def _pair(v):
 
 class _ConvNd(Module):
     """What the convolution layers share, as PyTorch's _ConvNd: the argument checks, the weight in PyTorch's layout
-    -- (out_channels, in_channels / groups, *kernel_size), transposed (in_channels, out_channels / groups,
-    *kernel_size) -- and bias with PyTorch's default initialisation, and the repr. Its signature is Conv2d's and
-    Conv1d's; `_ntuple` makes a size per spatial dim."""
+    -- (out_channels, in_channels / groups, *kernel_size), or (in_channels, out_channels / groups, *kernel_size)
+    for a `_transposed` one -- and bias with PyTorch's default initialisation, and the repr. Its signature is Conv2d's
+    and Conv1d's; `_ntuple` makes a size per spatial dim."""
     _ntuple = staticmethod(_pair)
+    _transposed = False
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
-                 padding_mode="zeros", device=None, dtype=None, *, transposed=False, output_padding=0):
+                 padding_mode="zeros", device=None, dtype=None):
         super().__init__()
         name, n = type(self).__name__, self._ntuple
         if in_channels % groups or out_channels % groups:
@@ -33,13 +34,10 @@ class _ConvNd(Module):
         self._check_padding(padding, padding_mode)
         self.in_channels, self.out_channels = in_channels, out_channels
         self.kernel_size, self.stride = n(kernel_size), n(stride)
-        self.padding = padding if isinstance(padding, str) and not transposed else n(padding)
-        self.output_padding, self.dilation = n(output_padding), n(dilation)
+        self.padding = padding if isinstance(padding, str) and not self._transposed else n(padding)
+        self.output_padding, self.dilation = n(0), n(dilation)
         self.groups, self.padding_mode = groups, padding_mode
-        if transposed and any(op >= max(s, d) for op, s, d in zip(self.output_padding, self.stride, self.dilation)):
-            raise ValueError(f"{name}: output_padding {self.output_padding} must be smaller than either "
-                             f"stride {self.stride} or dilation {self.dilation}")
-        channels = (in_channels, out_channels // groups) if transposed else (out_channels, in_channels // groups)
+        channels = (in_channels, out_channels // groups) if self._transposed else (out_channels, in_channels // groups)
         self.weight = new_parameter(channels + self.kernel_size, dtype, device)
         self.bias = new_parameter((out_channels,), dtype, device) if bias else None
         self.reset_parameters()

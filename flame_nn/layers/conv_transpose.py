@@ -2,16 +2,23 @@
 from flame_core.errors import ShapeError
 
 from .. import functional as F
-from .conv import _ConvNd
+from .conv import _ConvNd, _pair
 
 
 class ConvTranspose2d(_ConvNd):
     """weight (in_channels, out_channels / groups, kH, kW), as PyTorch's."""
 
+    _transposed = True
+
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
                  bias=True, dilation=1, padding_mode="zeros", device=None, dtype=None):
+        op, st, dl = _pair(output_padding), _pair(stride), _pair(dilation)
+        if any(o >= max(s, d) for o, s, d in zip(op, st, dl)):
+            raise ValueError(f"ConvTranspose2d: output_padding {op} must be smaller than either stride {st} or "
+                             f"dilation {dl}")
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
-                         device, dtype, transposed=True, output_padding=output_padding)
+                         device, dtype)
+        self.output_padding = op
 
     def _check_padding(self, padding, padding_mode):
         if padding_mode != "zeros":
