@@ -282,3 +282,19 @@ def flame_flux_inputs(size, guidance, seed=1, device="cuda"):
                 txt_ids=S.text_ids(T5_LEN, device=device), y=rnd(1, 768),
                 timesteps=flame.tensor([0.62], **bf16), guidance=flame.tensor([guidance], **bf16))
     return args, flame.randn(1, tokens, 64, generator=g, device=device)
+
+
+def flame_flux_loss_step(model, kw):
+    """fwd_bwd(img, txt, y, target) -> the detached loss: one training step's forward under bf16 autocast with the
+    Flux keyword arguments `kw` (flame_flux_inputs) but these tensors, the float32 mean squared error, and backward.
+    Its tensor arguments are what flame.cuda.graphed replays."""
+    import flame_core as flame
+    from flame_core import amp
+
+    def fwd_bwd(img, txt, y, target):
+        with amp.autocast("cuda", dtype=flame.bfloat16):
+            pred = model(**dict(kw, img=img, txt=txt, y=y))
+        loss = ((pred.float() - target) ** 2).mean()
+        loss.backward()
+        return loss.detach()
+    return fwd_bwd

@@ -94,7 +94,6 @@ def worker_flux(a):
     import flame_core.distributed as dist
     import flame_core.memory as fmem
     import flame_nn
-    from flame_core import amp
     from flame_nn import adapters as A
     from flame_models.flux.lora_keys import name_map_for
     from flame_models.flux.params import configs as presets
@@ -117,13 +116,7 @@ def worker_flux(a):
         ddp = flame_nn.parallel.DistributedDataParallel(model, parameters=A.named_adapter_parameters(model))
     kw, target = common.flame_flux_inputs(a.flux_size, guidance=1.0, seed=1 + rank, device=dev)
 
-    def fwd_bwd(img, txt, y, target):
-        with amp.autocast("cuda", dtype=flame.bfloat16):
-            pred = model(**dict(kw, img=img, txt=txt, y=y))
-        loss = ((pred.float() - target) ** 2).mean()
-        loss.backward()
-        return loss.detach()
-    run = flame.cuda.graphed(fwd_bwd, warmup=2, enabled=a.graph)
+    run = flame.cuda.graphed(common.flame_flux_loss_step(model, kw), warmup=2, enabled=a.graph)
 
     def step():
         run(kw["img"], kw["txt"], kw["y"], target)

@@ -27,7 +27,6 @@ def flame_part(res, configs, repeats, warmup, blocks=None, graph=False):
     import flame_core as flame
     import flame_core.memory as fmem
     import flame_nn
-    from flame_core import amp
     from flame_nn import adapters as A
     from flame_models.flux.lora_keys import name_map_for
     from flame_models.flux.params import configs as presets
@@ -47,16 +46,9 @@ def flame_part(res, configs, repeats, warmup, blocks=None, graph=False):
         model.enable_gradient_checkpointing(ckpt)
         kw, target = common.flame_flux_inputs(size, guidance=1.0)
         losses = []
-
-        def fwd_bwd(img, txt, y, target):
-            with amp.autocast("cuda", dtype=flame.bfloat16):
-                pred = model(**dict(kw, img=img, txt=txt, y=y))
-            loss = ((pred.float() - target) ** 2).mean()
-            loss.backward()
-            return loss.detach()
         # --graph: forward + backward captured as a CUDA graph after 2 eager steps; AdamW runs eagerly on the
         # gradients the replay accumulated (one fused launch)
-        run = flame.cuda.graphed(fwd_bwd, warmup=2, enabled=graph)
+        run = flame.cuda.graphed(common.flame_flux_loss_step(model, kw), warmup=2, enabled=graph)
 
         def step():
             loss = run(kw["img"], kw["txt"], kw["y"], target)

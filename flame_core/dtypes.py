@@ -147,3 +147,20 @@ def result_type(*operands):
         elif scalar_kind > res._kind:
             res = int64 if scalar_kind == 1 else get_default_dtype()
     return res
+
+
+class FloatCasts:
+    """float(), double(), half() and bfloat16(): `self.to(dtype)`, the casts Tensor (a converted tensor) and
+    flame_nn.Module (its floating parameters and buffers, converted in place) share."""
+
+    def float(self):
+        return self.to(float32)
+
+    def double(self):
+        return self.to(float64)
+
+    def half(self):
+        return self.to(float16)
+
+    def bfloat16(self):
+        return self.to(bfloat16)

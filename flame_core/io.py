@@ -1,4 +1,5 @@
-"""safetensors files: `save_file` (atomic: temp file + os.replace), `load_file`, and `safe_open` for lazy reads.
+"""safetensors files: `save_file` (atomic: temp file + os.replace), `load_file`, and `safe_open` for lazy reads;
+`atomic_write`, the atomic writing of any file.
 
 The format (https://github.com/huggingface/safetensors): 8-byte little-endian header length N, N bytes of JSON
 `{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}}` padded with spaces, then the
@@ -9,6 +10,7 @@ and copies only the selected tensors, converting each to the target dtype and de
 `flame_core.save` / `flame_core.load` (serialization.py) are the torch.save / torch.load-shaped entry points on top
 of this: nested containers and state dicts, the structure kept in the metadata.
 """
+import contextlib
 import json
 import mmap
 import os
@@ -110,27 +112,34 @@ def save_file(tensors, filename, metadata=None):
         entries.append((k, _st_dtype(dt, k), shape, nbytes))
         order.append((k, v))
     header = _header(entries, metadata)
-    filename = os.fspath(filename)
-    folder = os.path.dirname(os.path.abspath(filename))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(filename) + ".", suffix=".tmp", dir=folder)
+    with atomic_write(filename) as f:
+        f.write(len(header).to_bytes(8, "little"))
+        f.write(header)
+        for k, v in order:  # one host copy at a time: a GPU model never sits in host memory whole
+            a = _host_array(v, k)
+            f.write(memoryview(a.reshape(-1).view(np.uint8)))
+            del a
+
+
+@contextlib.contextmanager
+def atomic_write(path, mode="wb", **open_kwargs):
+    """A temporary file beside `path`, opened in `mode` (and `open_kwargs`, e.g. encoding) with the permissions
+    open() would give it; on a clean exit it is flushed, fsynced and renamed over `path`, on an exception removed:
+    `path` is never left half-written."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=folder)
     try:
-        if hasattr(os, "fchmod"):  # mkstemp makes the file 0600; give it the mode open() would have
+        if hasattr(os, "fchmod"):  # mkstemp makes the file 0600
             os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "wb") as f:
-            f.write(len(header).to_bytes(8, "little"))
-            f.write(header)
-            for k, v in order:  # one host copy at a time: a GPU model never sits in host memory whole
-                a = _host_array(v, k)
-                f.write(memoryview(a.reshape(-1).view(np.uint8)))
-                del a
+        with os.fdopen(fd, mode, **open_kwargs) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, filename)
+        os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
 
 

@@ -10,7 +10,7 @@ _ndarray = np.ndarray
 _memory_hook = None  # set by flame_core.memory: called with every array a tensor is born with
 
 
-class Tensor:
+class Tensor(D.FloatCasts):
     """A multi-dimensional array on a device with tape-based autograd (PyTorch semantics)."""
 
     __array_priority__ = 1000  # numpy scalars on the left defer to our reflected operators
@@ -299,18 +299,6 @@ class Tensor:
     def cuda(self, device=None):
         return self.to(_parse_device("cuda" if device is None else (f"cuda:{device}" if isinstance(device, int)
                                                                      else device)))
-
-    def float(self):
-        return self.to(D.float32)
-
-    def double(self):
-        return self.to(D.float64)
-
-    def half(self):
-        return self.to(D.float16)
-
-    def bfloat16(self):
-        return self.to(D.bfloat16)
 
     def long(self):
         return self.to(D.int64)

@@ -287,23 +287,12 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
         memory.set_memory_limit(prev, dev)
 
     # 3. the VAE: one image at a time (tiled when a whole one does not fit the budget)
-    images = []
     prev = _limited(dev, budget)
     try:
         with _Stage("vae", dev, stats, log):
             vae_model = P.load_vae_for_flux(files, dtype=dtype, device=dev)
-            for z in latents:
-                zt = flame.tensor(z[None], device=dev)
-                try:
-                    x = P.decode_latents(vae_model, zt)
-                except flame.OutOfMemoryError:
-                    if vae_model.use_tiling is True:
-                        raise
-                    log("vae: the whole image does not fit the budget; decoding in tiles")
-                    vae_model.enable_tiling()
-                    x = P.decode_latents(vae_model, zt)
-                images.extend(P.to_pil(x))
-            del vae_model, x
+            images = _decode_images(vae_model, latents, P.decode_latents, dev, log)
+            del vae_model
             memory.empty_cache(dev)
     finally:
         memory.set_memory_limit(prev, dev)
@@ -324,6 +313,24 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
                     "flame": json.dumps(info)}
             path = save_png(img, os.path.join(output, f"{n0 + k:05d}-{s}.png"), text)
             log(f"wrote {path}")
+    return images
+
+
+def _decode_images(vae, latents, decode, dev, log):
+    """PIL images of the model-space latents (host arrays (C, h, w)), decoded one at a time by `decode(vae, z)` on
+    `dev`; from the first that does not fit the memory budget whole, in tiles."""
+    images = []
+    for z in latents:
+        zt = flame.tensor(z[None], device=dev)
+        try:
+            x = decode(vae, zt)
+        except flame.OutOfMemoryError:
+            if vae.use_tiling is True:
+                raise
+            log("vae: the whole image does not fit the budget; decoding in tiles")
+            vae.enable_tiling()
+            x = decode(vae, zt)
+        images.extend(P.to_pil(x))
     return images
 
 

@@ -22,12 +22,11 @@ import os
 import random
 import sys
 
-import flame_core as flame
 from flame_core import memory
 
 from . import generate as G
 from .conditioning.files import detect_family
-from .flux.pipeline import free_model, to_pil
+from .flux.pipeline import free_model
 
 # generate()'s keyword arguments that only SD3 / SDXL take
 SD_OPTIONS = ("negative_prompt", "clip_g", "cfg", "sampler", "karras", "slg_scale", "slg_layers", "no_t5",
@@ -267,23 +266,12 @@ def generate_sd(family, model, prompts, *, negative_prompt=None, vae=None, clip_
         memory.set_memory_limit(prev, dev)
 
     # 3. the VAE: one image at a time (tiled when a whole one does not fit the budget)
-    images = []
     prev = G._limited(dev, budget)
     try:
         with G._Stage("vae", dev, stats, log):
             vae_model = (P.load_vae_for_sd3 if sd3 else P.load_vae_for_sdxl)(files, dtype=dtype, device=dev)
-            for z in latents:
-                zt = flame.tensor(z[None], device=dev)
-                try:
-                    x = P.decode_latents(vae_model, zt)
-                except flame.OutOfMemoryError:
-                    if vae_model.use_tiling is True:
-                        raise
-                    log("vae: the whole image does not fit the budget; decoding in tiles")
-                    vae_model.enable_tiling()
-                    x = P.decode_latents(vae_model, zt)
-                images.extend(to_pil(x))
-            del vae_model, x
+            images = G._decode_images(vae_model, latents, P.decode_latents, dev, log)
+            del vae_model
             memory.empty_cache(dev)
     finally:
         memory.set_memory_limit(prev, dev)

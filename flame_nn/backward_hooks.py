@@ -19,61 +19,60 @@ class _State:
         self.grad_outputs = None
 
 
-def _run_hooks(state, grad_inputs):
-    module = state.module
-    for hook in list(module._backward_hooks.values()):
-        r = hook(module, grad_inputs, state.grad_outputs)
+def _apply_hooks(hooks, call, grads, what):
+    """Run `call(hook, grads)` for each hook; a returned tuple replaces `grads` (PyTorch's RuntimeError when its
+    length is wrong; `what` names the hook and the gradients in it)."""
+    for hook in hooks:
+        r = call(hook, grads)
         if r is None:
             continue
         r = tuple(r) if isinstance(r, (tuple, list)) else (r,)
-        if len(r) != len(grad_inputs):
-            raise RuntimeError(f"Backward hook returned an invalid number of grad_input, got {len(r)}, but expected "
-                               f"{len(grad_inputs)}")
-        grad_inputs = r
-    return grad_inputs
+        if len(r) != len(grads):
+            raise RuntimeError(f"Backward {what[0]} returned an invalid number of {what[1]}, got {len(r)}, but "
+                               f"expected {len(grads)}")
+        grads = r
+    return grads
 
 
-class _HookInputs(Function):
+def _run_hooks(state, grad_inputs):
+    module = state.module
+    return _apply_hooks(list(module._backward_hooks.values()), lambda h, g: h(module, g, state.grad_outputs),
+                        grad_inputs, ("hook", "grad_input"))
+
+
+def _spread(grads, slots, n):
+    """The gradients of the routed tensors at their slots among all `n` tensor arguments (None elsewhere)."""
+    full = [None] * n
+    for slot, g in zip(slots, grads):
+        full[slot] = g
+    return tuple(full)
+
+
+class _Route(Function):
+    """Identity on the routed tensors; the subclasses' backward runs the module's hooks on their gradients."""
+
     @staticmethod
     def forward(ctx, state, *tensors):
         ctx.state = state
         out = tuple(t.detach() for t in tensors)
         return out if len(out) != 1 else out[0]
 
+
+class _HookInputs(_Route):
     @staticmethod
     def backward(ctx, *grads):
         state = ctx.state
-        full = [None] * state.n_inputs
-        for slot, g in zip(state.input_slots, grads):
-            full[slot] = g
-        full = _run_hooks(state, tuple(full))
+        full = _run_hooks(state, _spread(grads, state.input_slots, state.n_inputs))
         return (None,) + tuple(full[slot] for slot in state.input_slots)
 
 
-class _HookOutputs(Function):
-    @staticmethod
-    def forward(ctx, state, *tensors):
-        ctx.state = state
-        out = tuple(t.detach() for t in tensors)
-        return out if len(out) != 1 else out[0]
-
+class _HookOutputs(_Route):
     @staticmethod
     def backward(ctx, *grads):
         state = ctx.state
         module = state.module
-        full = [None] * state.n_outputs
-        for slot, g in zip(state.output_slots, grads):
-            full[slot] = g
-        full = tuple(full)
-        for hook in list(module._backward_pre_hooks.values()):
-            r = hook(module, full)
-            if r is None:
-                continue
-            r = tuple(r) if isinstance(r, (tuple, list)) else (r,)
-            if len(r) != len(full):
-                raise RuntimeError(f"Backward pre hook returned an invalid number of grad_output, got {len(r)}, but "
-                                   f"expected {len(full)}")
-            full = r
+        full = _apply_hooks(list(module._backward_pre_hooks.values()), lambda h, g: h(module, g),
+                            _spread(grads, state.output_slots, state.n_outputs), ("pre hook", "grad_output"))
         state.grad_outputs = full
         if not state.input_slots and module._backward_hooks:  # no input needs a gradient: hooks run from here
             _run_hooks(state, (None,) * state.n_inputs)
@@ -84,23 +83,27 @@ def _needs_grad(t):
     return isinstance(t, Tensor) and t.requires_grad
 
 
+def _route(fn, state, items):
+    """(the number of tensors among `items`, the slots among them of those that require grad, `items` as a list
+    with those routed through Function `fn`)."""
+    tensor_pos = [i for i, a in enumerate(items) if isinstance(a, Tensor)]
+    slots = [k for k, i in enumerate(tensor_pos) if items[i].requires_grad]
+    items = list(items)
+    if slots:
+        picked = [tensor_pos[k] for k in slots]
+        outs = fn.apply(state, *(items[i] for i in picked))
+        for i, o in zip(picked, outs if isinstance(outs, tuple) else (outs,)):
+            items[i] = o
+    return len(tensor_pos), slots, items
+
+
 def wrap_inputs(module, args):
     """(args with the grad-requiring tensors routed through the input node, the call's hook state) or (args, None)."""
     if not is_grad_enabled():
         return args, None
     state = _State(module)
-    tensor_pos = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
-    state.n_inputs = len(tensor_pos)
-    state.input_slots = [k for k, i in enumerate(tensor_pos) if args[i].requires_grad]
-    if state.input_slots:
-        picked = [tensor_pos[k] for k in state.input_slots]
-        outs = _HookInputs.apply(state, *(args[i] for i in picked))
-        outs = outs if isinstance(outs, tuple) else (outs,)
-        args = list(args)
-        for i, o in zip(picked, outs):
-            args[i] = o
-        args = tuple(args)
-    return args, state
+    state.n_inputs, state.input_slots, routed = _route(_HookInputs, state, args)
+    return (tuple(routed) if state.input_slots else args), state
 
 
 def wrap_outputs(state, out):
@@ -109,17 +112,9 @@ def wrap_outputs(state, out):
     items = (out,) if single else tuple(out) if isinstance(out, (tuple, list)) else None
     if items is None:
         return out
-    tensor_pos = [i for i, o in enumerate(items) if isinstance(o, Tensor)]
-    state.n_outputs = len(tensor_pos)
-    state.output_slots = [k for k, i in enumerate(tensor_pos) if items[i].requires_grad]
+    state.n_outputs, state.output_slots, items = _route(_HookOutputs, state, items)
     if not state.output_slots:
         return out
-    picked = [tensor_pos[k] for k in state.output_slots]
-    wrapped = _HookOutputs.apply(state, *(items[i] for i in picked))
-    wrapped = wrapped if isinstance(wrapped, tuple) else (wrapped,)
-    items = list(items)
-    for i, w in zip(picked, wrapped):
-        items[i] = w
     if single:
         return items[0]
     return type(out)(items) if isinstance(out, list) or type(out) is tuple else type(out)(*items)

@@ -16,7 +16,21 @@ def _index(idx, n, what):
     return idx % n
 
 
-class Sequential(Module):
+class _Indexed:
+    """len, iteration over the modules and append() of a list container (children named "0", "1", ...)."""
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def append(self, module):
+        self.add_module(str(len(self)), module)
+        return self
+
+
+class Sequential(_Indexed, Module):
     """Calls its modules in order: `Sequential(a, b, c)(x) == c(b(a(x)))`; also `Sequential(OrderedDict(...))`."""
 
     def __init__(self, *args):
@@ -33,12 +47,6 @@ class Sequential(Module):
             x = m(x)
         return x
 
-    def __len__(self):
-        return len(self._modules)
-
-    def __iter__(self):
-        return iter(self._modules.values())
-
     def __getitem__(self, idx):
         if isinstance(idx, slice):
             return Sequential(OrderedDict(list(self._modules.items())[idx]))
@@ -53,24 +61,14 @@ class Sequential(Module):
         for k in (keys[idx] if isinstance(idx, slice) else [keys[_index(idx, len(self), "Sequential")]]):
             delattr(self, k)
 
-    def append(self, module):
-        self.add_module(str(len(self)), module)
-        return self
 
-
-class ModuleList(Module):
+class ModuleList(_Indexed, Module):
     """A list of modules, registered (their parameters are visible to the parent)."""
 
     def __init__(self, modules=None):
         super().__init__()
         if modules is not None:
             self.extend(modules)
-
-    def __len__(self):
-        return len(self._modules)
-
-    def __iter__(self):
-        return iter(self._modules.values())
 
     def __getitem__(self, idx):
         if isinstance(idx, slice):
@@ -89,10 +87,6 @@ class ModuleList(Module):
         for k in list(self._modules):
             delattr(self, k)
         self.extend(mods)
-
-    def append(self, module):
-        self.add_module(str(len(self)), module)
-        return self
 
     def extend(self, modules):
         for m in modules:
@@ -128,7 +122,23 @@ class ModuleList(Module):
         raise NotImplementedError("ModuleList is a container and has no forward; iterate over it")
 
 
-class ModuleDict(Module):
+class _Keyed:
+    """len, iteration, `in` and keys() of a dict container, over the insertion-ordered dict `_names()` returns."""
+
+    def __len__(self):
+        return len(self._names())
+
+    def __iter__(self):
+        return iter(self._names())
+
+    def __contains__(self, key):
+        return key in self._names()
+
+    def keys(self):
+        return self._names().keys()
+
+
+class ModuleDict(_Keyed, Module):
     """A dict of modules, registered under their keys (insertion order kept)."""
 
     def __init__(self, modules=None):
@@ -149,17 +159,8 @@ class ModuleDict(Module):
         self[key]
         delattr(self, key)
 
-    def __len__(self):
-        return len(self._modules)
-
-    def __iter__(self):
-        return iter(self._modules)
-
-    def __contains__(self, key):
-        return key in self._modules
-
-    def keys(self):
-        return self._modules.keys()
+    def _names(self):
+        return self._modules
 
     def values(self):
         return self._modules.values()
@@ -242,7 +243,7 @@ class ParameterList(Module):
         raise NotImplementedError("ParameterList is a container and has no forward; iterate over it")
 
 
-class ParameterDict(Module):
+class ParameterDict(_Keyed, Module):
     """A dict of parameters, registered under their (string) keys in insertion order."""
 
     def __init__(self, parameters=None):
@@ -270,17 +271,8 @@ class ParameterDict(Module):
         del self._keys[key]
         delattr(self, key)
 
-    def __len__(self):
-        return len(self._keys)
-
-    def __iter__(self):
-        return iter(self._keys)
-
-    def __contains__(self, key):
-        return key in self._keys
-
-    def keys(self):
-        return self._keys.keys()
+    def _names(self):
+        return self._keys
 
     def values(self):
         return [self[k] for k in self._keys]

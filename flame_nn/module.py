@@ -85,7 +85,7 @@ def _array_of(v):
     raise TypeError(f"state_dict values must be Tensors or arrays, got {type(v).__name__}")
 
 
-class Module:
+class Module(D.FloatCasts):
     """Base class of layers and models. Subclasses call `super().__init__()` and define `forward`."""
 
     training = True
@@ -213,14 +213,19 @@ class Module:
             reg.pop(name, None)
         d["_non_persistent_buffers_set"].discard(name)
 
+    def _claim(self, name, registry, replaces):
+        """Make room for `name` in `registry`: a member of that name in one of the `replaces` registries is
+        forgotten; any other attribute of that name is a KeyError (PyTorch's rules)."""
+        d = self.__dict__
+        if name in d and name not in d[registry]:
+            if not any(name in d[r] for r in replaces):
+                raise KeyError(f"attribute '{name}' already exists")
+            self._forget(name)
+
     def register_parameter(self, name, param):
         self._check_name("parameter", name)
+        self._claim(name, "_parameters", replaces=("_buffers", "_modules"))
         d = self.__dict__
-        if name in d and name not in d["_parameters"]:
-            if name in d["_buffers"] or name in d["_modules"]:
-                self._forget(name)
-            else:
-                raise KeyError(f"attribute '{name}' already exists")
         if param is not None and not isinstance(param, Parameter):
             raise TypeError(f"cannot assign '{type(param).__name__}' object to parameter '{name}' "
                             f"(flame_nn.Parameter or None required)")
@@ -233,9 +238,8 @@ class Module:
 
     def register_buffer(self, name, tensor, persistent=True):
         self._check_name("buffer", name)
+        self._claim(name, "_buffers", replaces=())
         d = self.__dict__
-        if name in d and name not in d["_buffers"]:
-            raise KeyError(f"attribute '{name}' already exists")
         if tensor is not None and not isinstance(tensor, Tensor):
             raise TypeError(f"cannot assign '{type(tensor).__name__}' object to buffer '{name}' (Tensor or None "
                             f"required)")
@@ -250,12 +254,8 @@ class Module:
         self._check_name("module", name)
         if module is not None and not isinstance(module, Module):
             raise TypeError(f"{type(module).__name__} is not a Module subclass")
+        self._claim(name, "_modules", replaces=("_parameters", "_buffers"))
         d = self.__dict__
-        if name in d and name not in d["_modules"]:
-            if name in d["_parameters"] or name in d["_buffers"]:
-                self._forget(name)
-            else:
-                raise KeyError(f"attribute '{name}' already exists")
         d["_modules"][name] = module
         d[name] = module
 
@@ -380,20 +380,18 @@ class Module:
         return m
 
     def get_parameter(self, target):
-        mod_path, _, name = target.rpartition(".")
-        m = self.get_submodule(mod_path)
-        p = m._parameters.get(name)
-        if p is None:
-            raise AttributeError(f"{type(m).__name__} has no parameter '{name}' (looking up '{target}')")
-        return p
+        return self._get_member(target, "_parameters", "parameter")
 
     def get_buffer(self, target):
+        return self._get_member(target, "_buffers", "buffer")
+
+    def _get_member(self, target, table, what):
         mod_path, _, name = target.rpartition(".")
         m = self.get_submodule(mod_path)
-        b = m._buffers.get(name)
-        if b is None:
-            raise AttributeError(f"{type(m).__name__} has no buffer '{name}' (looking up '{target}')")
-        return b
+        t = getattr(m, table).get(name)
+        if t is None:
+            raise AttributeError(f"{type(m).__name__} has no {what} '{name}' (looking up '{target}')")
+        return t
 
     def apply(self, fn):
         for m in self.children():
@@ -488,18 +486,6 @@ class Module:
 
     def cpu(self):
         return self.to("cpu")
-
-    def float(self):
-        return self.to(D.float32)
-
-    def double(self):
-        return self.to(D.float64)
-
-    def half(self):
-        return self.to(D.float16)
-
-    def bfloat16(self):
-        return self.to(D.bfloat16)
 
     def to_empty(self, *, device=None):
         """Give every meta parameter uninitialised storage on `device` (default: its target device)."""

@@ -58,10 +58,13 @@ class set_grad_enabled(_Mode):
         return super().__call__(fn)
 
 
-class no_grad(_Mode):
+class _Switch(_Mode):
+    """Grad recording set to `_enabled` inside the block and restored after it."""
+    _enabled = None
+
     def __enter__(self):
         self._prev = state.enabled
-        state.enabled = False
+        state.enabled = self._enabled
         return self
 
     def __exit__(self, *exc):
@@ -69,15 +72,12 @@ class no_grad(_Mode):
         return False
 
 
-class enable_grad(_Mode):
-    def __enter__(self):
-        self._prev = state.enabled
-        state.enabled = True
-        return self
+class no_grad(_Switch):
+    _enabled = False
 
-    def __exit__(self, *exc):
-        state.enabled = self._prev
-        return False
+
+class enable_grad(_Switch):
+    _enabled = True
 
 
 class inference_mode(_Mode):

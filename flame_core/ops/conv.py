@@ -469,21 +469,26 @@ def _same_padding(x, w, stride, dilation):
     return x, lo
 
 
-def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    """2-D convolution (cross-correlation), PyTorch's F.conv2d: input (N, C, H, W) or (C, H, W),
-    weight (O, C/groups, KH, KW); padding an int, a pair, 'valid' or 'same'."""
-    check_same_device("conv2d", input, weight, bias)
+def checked_inputs(op, input, weight, bias):
+    """(input with a batch dim, weight, bias, whether the input had none) for convolution `op`, after what every
+    convolution checks first: one device, autocast's cast, floating point dtypes, the same dtype for all."""
+    check_same_device(op, input, weight, bias)
     if _amp.active:
         input, weight, bias = _amp.cast_inputs("lower", input, weight, bias)
     for name, t in (("input", input), ("weight", weight), ("bias", bias)):
         if t is not None and not t.dtype.is_floating_point:
-            raise DTypeError(f"conv2d: {name} must be floating point, got {t.dtype}")
+            raise DTypeError(f"{op}: {name} must be floating point, got {t.dtype}")
     if input.dtype != weight.dtype or (bias is not None and bias.dtype != input.dtype):
-        raise DTypeError(f"conv2d: input ({input.dtype}), weight ({weight.dtype})"
+        raise DTypeError(f"{op}: input ({input.dtype}), weight ({weight.dtype})"
                          + (f" and bias ({bias.dtype})" if bias is not None else "") + " must have the same dtype")
     unbatched = input.ndim == 3
-    if unbatched:
-        input = input.unsqueeze(0)
+    return (input.unsqueeze(0) if unbatched else input), weight, bias, unbatched
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """2-D convolution (cross-correlation), PyTorch's F.conv2d: input (N, C, H, W) or (C, H, W),
+    weight (O, C/groups, KH, KW); padding an int, a pair, 'valid' or 'same'."""
+    input, weight, bias, unbatched = checked_inputs("conv2d", input, weight, bias)
     if isinstance(padding, str):
         if padding == "valid":
             padding = 0

@@ -7,12 +7,11 @@ conv2d(y, weight) with respect to y, for an output gradient x, where y has the t
     backward    dx = conv2d(dy, weight)                 (a plain forward convolution)
                 dw = conv2d weight-gradient(input dy, output gradient x)
 """
-from ..amp import autocast_mode as _amp
 from ..autograd.function import Function
 from ..autograd.grad_mode import state
-from ..errors import AutogradError, DTypeError, ShapeError, fmt_shape
-from ..tensor import _wrap, check_same_device
-from .conv import _pair, bias_grad, conv2d_backward, conv2d_forward, geometry
+from ..errors import AutogradError, ShapeError, fmt_shape
+from ..tensor import _wrap
+from .conv import _pair, bias_grad, checked_inputs, conv2d_backward, conv2d_forward, geometry
 from .indexing import pad
 
 
@@ -50,18 +49,7 @@ def _transposed_size(n, k, s, p, d, op):
 
 def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
     """input (N, Cin, H, W) or (Cin, H, W), weight (Cin, Cout/groups, KH, KW) -> (N, Cout, OH, OW)."""
-    check_same_device("conv_transpose2d", input, weight, bias)
-    if _amp.active:
-        input, weight, bias = _amp.cast_inputs("lower", input, weight, bias)
-    for name, t in (("input", input), ("weight", weight), ("bias", bias)):
-        if t is not None and not t.dtype.is_floating_point:
-            raise DTypeError(f"conv_transpose2d: {name} must be floating point, got {t.dtype}")
-    if input.dtype != weight.dtype or (bias is not None and bias.dtype != input.dtype):
-        raise DTypeError(f"conv_transpose2d: input ({input.dtype}), weight ({weight.dtype})"
-                         + (f" and bias ({bias.dtype})" if bias is not None else "") + " must have the same dtype")
-    unbatched = input.ndim == 3
-    if unbatched:
-        input = input.unsqueeze(0)
+    input, weight, bias, unbatched = checked_inputs("conv_transpose2d", input, weight, bias)
     if input.ndim != 4 or weight.ndim != 4:
         raise ShapeError(f"conv_transpose2d expects input (N, Cin, H, W) and weight (Cin, Cout/groups, KH, KW), got "
                          f"{fmt_shape(input.shape)} and {fmt_shape(weight.shape)}")

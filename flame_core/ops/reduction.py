@@ -198,26 +198,25 @@ def min(x, dim=None, keepdim=False, *, other=None):
 
 
 def argmax(x, dim=None, keepdim=False):
-    no_fp8("argmax", x)
-    a = x._data
-    xp = backend.xp_of(a)
-    if dim is None:
-        r = xp.argmax(a.reshape(-1))
-        return _wrap(r.astype(np.int64).reshape((1,) * a.ndim if keepdim else ()))
-    d = _dims(dim, x.ndim, "argmax")[0]
-    r = xp.argmax(a, axis=d)
-    return _wrap((xp.expand_dims(r, d) if keepdim else r).astype(np.int64))
+    return _arg_extreme(x, dim, keepdim, "argmax")
 
 
 def argmin(x, dim=None, keepdim=False):
-    no_fp8("argmin", x)
+    return _arg_extreme(x, dim, keepdim, "argmin")
+
+
+def _arg_extreme(x, dim, keepdim, op):
+    """argmax / argmin (`op`, also the array module's function): int64 indices, over the flattened tensor when dim
+    is None."""
+    no_fp8(op, x)
     a = x._data
     xp = backend.xp_of(a)
+    fn = getattr(xp, op)
     if dim is None:
-        r = xp.argmin(a.reshape(-1))
+        r = fn(a.reshape(-1))
         return _wrap(r.astype(np.int64).reshape((1,) * a.ndim if keepdim else ()))
-    d = _dims(dim, x.ndim, "argmin")[0]
-    r = xp.argmin(a, axis=d)
+    d = _dims(dim, x.ndim, op)[0]
+    r = fn(a, axis=d)
     return _wrap((xp.expand_dims(r, d) if keepdim else r).astype(np.int64))
 
 

@@ -17,8 +17,9 @@ between models -- key names, layouts, configs -- stays in each family's package.
 from .errors import CheckpointError
 from .finding import (INDEX_SUFFIX, PICKLE_SUFFIXES, check_not_pickle, folder_weights, index_files,
                       pipeline_subfolder, read_config_json, read_json, safetensors_files)
-from .loading import (COMPUTE_DTYPES, PROGRESS_BYTES, check_mismatch, compute_dtype, config_argument, fill_,
-                      listing, load_planned_, mismatch_message, planned_mismatches, planned_reader)
+from .loading import (COMPUTE_DTYPES, PROGRESS_BYTES, check_mismatch, compute_dtype, config_argument, empty_model,
+                      fill_, layout_plan, listing, load_planned_, mismatch_message, planned_mismatches,
+                      planned_reader, preset)
 from .reading import SafetensorsCheckpoint, block_indices, count_indices, describe_keys, keys_under
 from .saving import atomic_open, save_shards, save_weights, shard_groups, write_json
 
@@ -30,8 +31,8 @@ __all__ = [
     # reading
     "SafetensorsCheckpoint", "block_indices", "count_indices", "describe_keys", "keys_under",
     # loading into a model
-    "COMPUTE_DTYPES", "PROGRESS_BYTES", "check_mismatch", "compute_dtype", "config_argument", "fill_", "listing",
-    "load_planned_", "mismatch_message", "planned_mismatches", "planned_reader",
+    "COMPUTE_DTYPES", "PROGRESS_BYTES", "check_mismatch", "compute_dtype", "config_argument", "empty_model", "fill_",
+    "layout_plan", "listing", "load_planned_", "mismatch_message", "planned_mismatches", "planned_reader", "preset",
     # saving
     "atomic_open", "save_shards", "save_weights", "shard_groups", "write_json",
 ]

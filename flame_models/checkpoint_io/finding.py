@@ -48,7 +48,8 @@ def index_files(index_path, error=CheckpointError):
     files = [os.path.join(folder, n) for n in dict.fromkeys(weight_map.values())]
     absent = [f for f in files if not os.path.exists(f)]
     if absent:
-        raise error(f"{index_path}: shard(s) listed in the index are missing: {', '.join(absent)}")
+        raise error(f"{index_path}: shard(s) listed in the index are missing: {', '.join(absent[:4])}"
+                    + (f" and {len(absent) - 4} more" if len(absent) > 4 else ""))
     return files
 
 

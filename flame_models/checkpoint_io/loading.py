@@ -4,6 +4,7 @@ parameter's dtype and device and make them the parameters' storage (no random in
 from tqdm.auto import tqdm
 
 import flame_core as flame
+import flame_nn
 
 PROGRESS_BYTES = 1 << 30  # loads of more bytes show a progress bar
 COMPUTE_DTYPES = (flame.float16, flame.bfloat16, flame.float32, flame.float64)
@@ -76,6 +77,28 @@ def planned_reader(ckpt, plan, combine):
     return read
 
 
+def layout_plan(ckpt, params, *, native, native_shapes, plan):
+    """The plan load_planned_ takes for a model whose keys are those of its own layout `native` (a checkpoint in it
+    is read key by key: the keys of `native_shapes(params)`) and that reads another layout by `plan(params)` ({key:
+    (file keys, how, sizes)}, e.g. a diffusers plan)."""
+    if ckpt.layout == native:
+        return {k: ((k,), "copy") for k in native_shapes(params)}
+    return {k: (keys, how) for k, (keys, how, _) in plan(params).items()}
+
+
+def empty_model(checkpoint_class, path, model_class, *, infer, probes, params=None, dtype=None, device=None):
+    """`model_class(params)` built under flame_nn.empty_init (no storage yet) on `device` for the checkpoint at
+    `path` (opened with `checkpoint_class`): params inferred from it (`infer(ckpt)`) when not given, in `dtype`, by
+    default the dtype stored in its tensor `probes[ckpt.layout]`."""
+    with checkpoint_class(path) as ckpt:
+        if params is None:
+            params = infer(ckpt)
+        if dtype is None:
+            dtype = ckpt.stored_dtype(probes[ckpt.layout])
+    with flame_nn.empty_init(device=device, dtype=dtype):
+        return model_class(params)
+
+
 def load_planned_(model, ckpt, plan, targets, combine, *, what, strict=True):
     """Load `targets` ({model key: tensor} of `model`) from an open checkpoint as `plan` says (see
     planned_mismatches; `combine(how, pieces)` joins a tensor's pieces): `ckpt.error` naming every missing,
@@ -112,6 +135,17 @@ def config_argument(config, cls, infer, *, caller):
         return infer(config)
     raise TypeError(f"{caller}: config must be a {cls.__name__}, a dict of {cls.__name__} fields or None, got "
                     f"{type(config).__name__}")
+
+
+def preset(name_or_config, cls, presets, *, what, error=ValueError):
+    """A `cls` instance passed through, or the preset of that name in `presets`; `error` naming the known presets
+    ("unknown `what` config ...") otherwise."""
+    if isinstance(name_or_config, cls):
+        return name_or_config
+    try:
+        return presets[name_or_config]
+    except (KeyError, TypeError):
+        raise error(f"unknown {what} config {name_or_config!r}; known: {', '.join(presets)}") from None
 
 
 def compute_dtype(stored):

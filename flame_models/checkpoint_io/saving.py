@@ -1,31 +1,18 @@
 """Writing checkpoints so that an interrupted save never leaves a half-written file: JSON and safetensors files go
 to a temporary name in the same folder, are fsynced and renamed; large state dicts split into shards with an index
 JSON as diffusers and transformers write them."""
-import contextlib
 import json
 import os
 
-from flame_core.io import save_file
+from flame_core.io import atomic_write, save_file
 
 from .finding import INDEX_SUFFIX
 
 
-@contextlib.contextmanager
 def atomic_open(path, mode="w"):
     """Open a temporary file next to `path` for writing; on a clean exit it is fsynced and renamed over `path`, on
-    an exception removed: `path` is never left half-written."""
-    path = os.fspath(path)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, mode) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    an exception removed: `path` is never left half-written (flame_core.io.atomic_write, text mode by default)."""
+    return atomic_write(path, mode)
 
 
 def write_json(path, obj, *, indent=2, sort_keys=False):

@@ -44,6 +44,22 @@ class EncoderBundle:
         self._check_alive()
         return next(getattr(self, a) for a in self.encoder_attrs if getattr(self, a) is not None).device
 
+    def _encode_batched(self, prompts, batch_size, encode_batch):
+        """{"prompt_embeds", "pooled_prompt_embeds"} of `prompts` (a str or a list of str): `encode_batch(prompts)`
+        -> (embeds, pooled) run `batch_size` prompts at a time (default: all at once) without recording gradients,
+        the batches joined."""
+        self._check_alive()
+        prompts = prompt_list(prompts)
+        step = len(prompts) if batch_size is None else max(1, int(batch_size))
+        embeds, pooled = [], []
+        with flame.no_grad():
+            for lo in range(0, len(prompts), step):
+                e, p = encode_batch(prompts[lo:lo + step])
+                embeds.append(e)
+                pooled.append(p)
+        cat = (lambda xs: xs[0] if len(xs) == 1 else flame.cat(xs, dim=0))
+        return {"prompt_embeds": cat(embeds), "pooled_prompt_embeds": cat(pooled)}
+
     def _check_alive(self):
         if self._runs is None:
             raise RuntimeError(f"these {type(self).__name__} were freed; load them again")
@@ -84,6 +100,21 @@ def prompt_list(prompts, what="prompts"):
     if bad:
         raise TypeError(f"{what}[{bad[0]}] is a {type(prompts[bad[0]]).__name__}, not a str")
     return list(prompts)
+
+
+def prompt_rows(cond, rows, device, dtype):
+    """(prompt_embeds (B, L, D), pooled_prompt_embeds (B, P)) of a pipeline's conditioning dict `cond` (Tensors or
+    NumPy arrays) on `device` in `dtype`, row i of the batch being prompt rows[i] of `cond`."""
+    out = []
+    for key in ("prompt_embeds", "pooled_prompt_embeds"):
+        t = cond[key]
+        if isinstance(t, flame.Tensor):
+            t = t if list(rows) == list(range(t.shape[0])) else flame.stack([t[i] for i in rows], dim=0)
+            out.append(t.to(device).to(dtype))
+        else:
+            out.append(flame.tensor(np.ascontiguousarray(np.asarray(t)[list(rows)], dtype=np.float32),
+                                    device=device).to(dtype))
+    return tuple(out)
 
 
 def check_max_token_length(max_token_length):

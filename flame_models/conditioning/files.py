@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from flame_core.errors import FlameError
 from flame_core.io import safe_open
 
-INDEX_SUFFIX = ".safetensors.index.json"
+from ..checkpoint_io import INDEX_SUFFIX, index_files
+
 _PREFERRED = ("diffusion_pytorch_model.safetensors", "model.safetensors")
 _PICKLES = (".ckpt", ".pt", ".pth", ".bin", ".pkl")
 FAMILIES = ("flux", "sd3", "sdxl")
@@ -60,19 +61,7 @@ def part_files(path, part, *, subfolders=None, error=ModelFilesError):
     if low.endswith(".gguf"):
         raise error(f"{path}: a GGUF file; FLAME reads .safetensors checkpoints (fp8 storage: --fp8)")
     if low.endswith(".json"):
-        try:
-            with open(path) as f:
-                weight_map = json.load(f).get("weight_map")
-        except (OSError, ValueError, AttributeError) as e:
-            raise error(f"{path}: not a safetensors index JSON ({e})") from None
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise error(f"{path}: an index JSON needs a non-empty 'weight_map'")
-        folder = os.path.dirname(path)
-        files = [os.path.join(folder, n) for n in dict.fromkeys(weight_map.values())]
-        absent = [f for f in files if not os.path.exists(f)]
-        if absent:
-            raise error(f"{path}: shard(s) listed in the index are missing: {', '.join(absent[:4])}")
-        return files
+        return index_files(path, error)
     return [path]
 
 
@@ -161,6 +150,23 @@ def t5_facts(shapes, prefix=""):
 def vae_latent_channels(shapes, prefix=""):
     conv = shapes.get(prefix + "decoder.conv_in.weight")
     return conv[1] if conv else None
+
+
+def found_clip_facts(found, parts=("clip_l", "clip_g")):
+    """{part: clip_facts} of the CLIP `parts` among the Located parts `found` (locate_parts); {} for one whose
+    header holds no CLIP encoder where expected."""
+    return {part: clip_facts(found[part].shapes, found[part].prefix, found[part].layout) for part in parts
+            if part in found}
+
+
+def vae_channel_problems(found, channels, model, others):
+    """[] or the one problem of a found VAE whose latents do not have the `model`'s `channels` (`others`: the
+    families whose VAE it may be instead, e.g. "a Flux / SD3 VAE has 16")."""
+    vae = found.get("vae")
+    z = vae_latent_channels(vae.shapes, vae.prefix) if vae is not None else None
+    if z is None or z == channels:
+        return []
+    return [f"vae (--vae): {vae.shown} has {z} latent channels, but the {model} expects {channels} ({others})"]
 
 
 # ----------------------------------------------------------------------------- tokenizers

@@ -119,13 +119,22 @@ class _Store:
             raise DataError(f"the cache folder {self.folder} is not writable")
 
 
+class _NoBar:
+    def update(self, n):
+        pass
+
+    def close(self):
+        pass
+
+
 def _bar(total, desc, enabled):
+    """A tqdm progress bar, or a stand-in that shows nothing (not `enabled`, or no tqdm)."""
     if not enabled:
-        return None
+        return _NoBar()
     try:
         from tqdm import tqdm
     except ImportError:
-        return None
+        return _NoBar()
     return tqdm(total=total, desc=desc, unit="item", dynamic_ncols=True)
 
 
@@ -196,13 +205,11 @@ class LatentCache:
                         "params": json.dumps(s.params(), sort_keys=True)})
                 done += len(chunk)
                 self.encoded += len(chunk)
-                if bar is not None:
-                    bar.update(len(chunk))
+                bar.update(len(chunk))
         finally:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
-            if bar is not None:
-                bar.close()
+            bar.close()
         return done
 
     def load(self, spec):
@@ -260,11 +267,9 @@ class TextEmbeddingCache:
                         "format": "flame-text-cache/1", "encoder_id": self.encoder_id, "prompt": p})
                 done += len(chunk)
                 self.encoded += len(chunk)
-                if bar is not None:
-                    bar.update(len(chunk))
+                bar.update(len(chunk))
         finally:
-            if bar is not None:
-                bar.close()
+            bar.close()
         return done
 
     def load(self, prompt):

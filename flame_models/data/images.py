@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from flame_core.io import atomic_write
+
 from .config import IMAGE_EXTENSIONS
 from .errors import DataError
 
@@ -136,10 +138,6 @@ class ProbeIndex:
         if not self.dirty:
             return
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        tmp = f"{self.path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
+        with atomic_write(self.path, "w", encoding="utf-8") as f:
             json.dump({"version": self.VERSION, "images": self.entries}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
         self.dirty = False

@@ -45,18 +45,12 @@ class FluxTextEncoders(EncoderBundle):
     def encode(self, prompts, *, batch_size=None):
         """The Flux conditioning of `prompts` (a str or a list of str), run `batch_size` prompts at a time
         (default: all at once). Returns {"prompt_embeds": (B, L, d_t5), "pooled_prompt_embeds": (B, d_clip)}."""
-        self._check_alive()
-        prompts = prompt_list(prompts)
-        n = len(prompts)
-        step = n if batch_size is None else max(1, int(batch_size))
-        embeds, pooled = [], []
-        with flame.no_grad():
-            for lo in range(0, n, step):
-                clip_ids, t5_ids = self.tokenize(prompts[lo:lo + step])
-                pooled.append(self._run("clip")(clip_ids).pooler_output.to(self.clip.dtype))
-                embeds.append(self._run("t5")(t5_ids).last_hidden_state.to(self.t5.dtype))
-        cat = (lambda xs: xs[0] if len(xs) == 1 else flame.cat(xs, dim=0))
-        return {"prompt_embeds": cat(embeds), "pooled_prompt_embeds": cat(pooled)}
+        return self._encode_batched(prompts, batch_size, self._encode_batch)
+
+    def _encode_batch(self, prompts):
+        clip_ids, t5_ids = self.tokenize(prompts)
+        pooled = self._run("clip")(clip_ids).pooler_output.to(self.clip.dtype)
+        return self._run("t5")(t5_ids).last_hidden_state.to(self.t5.dtype), pooled
 
 
 def load_tokenizers(files, *, max_length=None):

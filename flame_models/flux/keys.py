@@ -190,19 +190,30 @@ def separate(how, tensor, sizes):
     raise ValueError(f"unknown conversion {how!r}")
 
 
-def bfl_to_diffusers(state, params):
-    """A diffusers-layout state dict from a BFL-layout one (Tensors)."""
+def split_by_plan(state, plan):
+    """A diffusers-layout state dict from one in the model's own layout (Tensors), by a diffusers plan ({own key:
+    (diffusers keys, how, sizes)}, see diffusers_plan)."""
     out = {}
-    for key, (dkeys, how, sizes) in diffusers_plan(params).items():
+    for key, (dkeys, how, sizes) in plan.items():
         if key in state:
             out.update(zip(dkeys, separate(how, state[key], sizes)))
     return out
 
 
-def diffusers_to_bfl(state, params):
-    """A BFL-layout state dict from a diffusers-layout one (Tensors)."""
+def join_by_plan(state, plan):
+    """The model's own layout from a diffusers-layout state dict (Tensors): the inverse of split_by_plan."""
     out = {}
-    for key, (dkeys, how, _) in diffusers_plan(params).items():
+    for key, (dkeys, how, _) in plan.items():
         if all(k in state for k in dkeys):
             out[key] = combine(how, [state[k] for k in dkeys])
     return out
+
+
+def bfl_to_diffusers(state, params):
+    """A diffusers-layout state dict from a BFL-layout one (Tensors)."""
+    return split_by_plan(state, diffusers_plan(params))
+
+
+def diffusers_to_bfl(state, params):
+    """A BFL-layout state dict from a diffusers-layout one (Tensors)."""
+    return join_by_plan(state, diffusers_plan(params))

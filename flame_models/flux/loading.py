@@ -6,7 +6,6 @@ import json
 import os
 
 import flame_core as flame
-import flame_nn
 
 from .. import checkpoint_io as CIO
 from . import keys as K
@@ -102,11 +101,8 @@ def _count(keys, prefix, suffix):
 
 
 # ----------------------------------------------------------------------------- loading
-def _sources(ckpt, params):
-    """{BFL key: (file keys, how)} for the checkpoint's layout."""
-    if ckpt.layout == "bfl":
-        return {k: ((k,), "copy") for k in K.bfl_shapes(params)}
-    return {k: (dkeys, how) for k, (dkeys, how, _) in K.diffusers_plan(params).items()}
+def _plan(ckpt, params):
+    return CIO.layout_plan(ckpt, params, native="bfl", native_shapes=K.bfl_shapes, plan=K.diffusers_plan)
 
 
 def load_flux_state_(model, path, *, strict=True):
@@ -114,7 +110,7 @@ def load_flux_state_(model, path, *, strict=True):
     each converted to its parameter's dtype and device. Raises FluxCheckpointError naming missing, unexpected and
     misshaped keys (in the file's own names) before reading any tensor."""
     with _Checkpoint(path) as ckpt:
-        return CIO.load_planned_(model, ckpt, _sources(ckpt, model.params), dict(model.named_parameters()),
+        return CIO.load_planned_(model, ckpt, _plan(ckpt, model.params), dict(model.named_parameters()),
                                  K.combine, what="Flux", strict=strict)
 
 
@@ -123,13 +119,8 @@ def load_flux(path, dtype=None, device=None, *, params=None, strict=True):
     filled one tensor at a time, each converted to `dtype` (default: the dtype stored in the file) on `device`
     (default: the default device). `params` overrides the config inferred from the checkpoint."""
     from .model import Flux
-    with _Checkpoint(path) as ckpt:
-        if params is None:
-            params = infer_params(ckpt)
-        if dtype is None:
-            dtype = ckpt.stored_dtype(K.BFL_PROBE if ckpt.layout == "bfl" else K.DIFFUSERS_PROBE)
-    with flame_nn.empty_init(device=device, dtype=dtype):
-        model = Flux(params)
+    model = CIO.empty_model(_Checkpoint, path, Flux, infer=infer_params, params=params, dtype=dtype, device=device,
+                            probes={"bfl": K.BFL_PROBE, "diffusers": K.DIFFUSERS_PROBE})
     return load_flux_state_(model, path, strict=strict)
 
 
@@ -154,14 +145,8 @@ def save_flux(model, path, layout="bfl", *, max_shard_size=None):
         state = {k: t.detach() for k, t in state.items()}
         if layout == "diffusers":
             state = K.bfl_to_diffusers(state, p)
-    metadata = {"format": "pt", PARAMS_METADATA_KEY: json.dumps(_params_dict(p))}
+    metadata = {"format": "pt", PARAMS_METADATA_KEY: json.dumps(dataclasses.asdict(p))}  # tuples: JSON lists
     diffusers = layout == "diffusers"
     return CIO.save_weights(state.items(), path, stem="diffusion_pytorch_model" if diffusers else "flux",
                             metadata=metadata, max_shard_size=max_shard_size,
                             folder_config=_diffusers_config(p) if diffusers else None)
-
-
-def _params_dict(p):
-    d = dataclasses.asdict(p)
-    d["axes_dim"] = list(d["axes_dim"])
-    return d

@@ -1,6 +1,8 @@
 """FluxParams: the hyper-parameters of a Flux transformer, with the released presets and a tiny test config."""
 from dataclasses import dataclass, replace
 
+from ..checkpoint_io import preset
+
 
 @dataclass(frozen=True)
 class FluxParams:
@@ -51,9 +53,4 @@ configs = {
 
 def flux_params(name_or_params):
     """A preset by name ('flux-dev', 'flux-schnell', 'flux-tiny'), or FluxParams passed through."""
-    if isinstance(name_or_params, FluxParams):
-        return name_or_params
-    try:
-        return configs[name_or_params]
-    except KeyError:
-        raise ValueError(f"unknown Flux config {name_or_params!r}; known: {', '.join(configs)}") from None
+    return preset(name_or_params, FluxParams, configs, what="Flux")

@@ -25,7 +25,8 @@ from flame_nn import adapters as A
 from flame_nn.offload import BlockStreamer, OffloadError, quantize_linear_weights_
 
 from ..conditioning import files as _cf
-from ..vae import FLUX, load_vae
+from ..conditioning import prompt_rows
+from ..vae import FLUX, decode_model_latents, encode_model_latents, load_family_vae
 from .components import FluxFiles, FluxFilesError, find_flux_files
 from .conditioning import (FluxTextEncoders, check_vocabularies, encode_prompts, load_text_encoders,
                            load_tokenizers)
@@ -39,30 +40,20 @@ STACKS = ("double_blocks", "single_blocks")
 def load_vae_for_flux(files, *, dtype=flame.bfloat16, device=None):
     """The Flux VAE of `files` (FluxFiles, or a path to the VAE itself), frozen, in `dtype` on `device`."""
     path = files.vae if isinstance(files, FluxFiles) else os.fspath(files)
-    vae = load_vae(path, dtype=dtype, device=device)
-    if vae.config.z_channels != LATENT_CHANNELS:
-        raise FluxFilesError(f"vae: {path} has {vae.config.z_channels} latent channels; Flux's VAE has "
-                             f"{LATENT_CHANNELS} (is this an SD / SDXL VAE?)")
-    return vae
+    return load_family_vae(path, LATENT_CHANNELS, family="Flux", others="an SD / SDXL", error=FluxFilesError,
+                           dtype=dtype, device=device)
 
 
 def decode_latents(vae, latents):
     """Model-space latents (B, 16, H/8, W/8) -> images (B, 3, H, W) in [-1, 1] (nominally; not clamped), in the
     VAE's dtype, on its device: z = latents / 0.3611 + 0.1159, then the decoder."""
-    if latents.ndim != 4 or latents.shape[1] != vae.config.z_channels:
-        raise ValueError(f"decode_latents expects latents (B, {vae.config.z_channels}, h, w), got shape "
-                         f"{tuple(latents.shape)} (unpack packed tokens first: flux.unpack)")
-    with flame.no_grad():
-        z = FLUX.from_model(latents.to(vae.device).float())
-        return vae.decode(z.to(vae.dtype))
+    return decode_model_latents(vae, latents, FLUX, hint=" (unpack packed tokens first: flux.unpack)")
 
 
 def encode_images(vae, images):
     """Images (B, 3, H, W) in [-1, 1] -> model-space latents (B, 16, H/8, W/8) float32: the posterior mean z, then
     (z - 0.1159) * 0.3611."""
-    with flame.no_grad():
-        z = vae.encode(images.to(vae.device).to(vae.dtype))
-        return FLUX.to_model(z.float())
+    return encode_model_latents(vae, images, FLUX)
 
 
 def to_pil(images):
@@ -100,19 +91,20 @@ def parse_lora(spec):
     return spec, 1.0
 
 
-def check_loras(loras, params, *, probe=None, error=FluxFilesError):
+def check_loras(loras, params, *, probe=None, model_class=None, error=FluxFilesError):
     """Read each LoRA file and check it against a Flux of `params` (names, shapes, kind) before anything big is
-    loaded. Returns [(path, weight)]. `error` (FluxFilesError) names the file. probe: another model to check
-    against instead (built under flame_nn.empty_init; its adapter_name_map() maps diffusers' names), e.g. an SD3
-    MMDiT or an SDXL UNet."""
+    loaded. Returns [(path, weight)]. `error` (FluxFilesError) names the file. model_class: another model to
+    check against instead, built from `params` under flame_nn.empty_init (its adapter_name_map() maps diffusers'
+    names), e.g. an SD3 MMDiT or an SDXL UNet; probe: such a model already built."""
     from ..training.model_files import describe_keys
     out = []
     if not loras:
         return out
     if probe is None:
+        if model_class is None:
+            from .model import Flux as model_class
         with flame_nn.empty_init(device="cpu"):
-            from .model import Flux
-            probe = Flux(params)
+            probe = model_class(params)
     names = {n for n, m in probe.named_modules() if isinstance(m, flame_nn.Linear)}
     shapes = {n: tuple(m.weight.shape) for n, m in probe.named_modules() if isinstance(m, flame_nn.Linear)}
     for spec in loras:
@@ -191,17 +183,27 @@ def load_transformer(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=
     (flame_nn.offload.BlockStreamer, `model.streamer`; choose resident blocks with `fit_transformer`); the model is
     read into host memory first. Without either, LoRAs are merged into the weights."""
     files = files if isinstance(files, FluxFiles) else find_flux_files(files)
-    dev = flame.device(device) if device is not None else flame.default_device()
     loras = check_loras(loras, files.params)
-    # fp8 or streaming: read into host memory and move block by block, so the bf16 model is never whole on the device
-    model = load_flux(files.transformer, dtype=dtype, device="cpu" if (stream or fp8) else dev)
+    return load_for_sampling(lambda dev: load_flux(files.transformer, dtype=dtype, device=dev), files.transformer,
+                             loras, STACKS, device, fp8=fp8, stream=stream, slots=slots, error=FluxFilesError)
+
+
+def load_for_sampling(load, path, loras, stacks, device=None, *, fp8=False, stream=False, slots=2,
+                      error=FluxFilesError):
+    """The model `load(device)` reads from `path`, frozen, in eval mode, with the checked `loras` (check_loras)
+    applied -- merged into the weights unless fp8 or stream keep them as adapters -- and placed on `device` for
+    sampling (place_for_inference). With fp8 or stream the model is read into host memory and moved block by block,
+    so that it is never whole on the device in its dtype. A placement that cannot be done is `error` naming
+    `path`."""
+    dev = flame.device(device) if device is not None else flame.default_device()
+    model = load("cpu" if (stream or fp8) else dev)
     model.requires_grad_(False)
     model.eval()
-    apply_loras(model, loras, merge=not (fp8 or stream))
+    apply_loras(model, loras, merge=not (fp8 or stream), error=error)
     try:
-        place_for_inference(model, STACKS, dev, fp8=fp8, stream=stream, slots=slots)
+        place_for_inference(model, stacks, dev, fp8=fp8, stream=stream, slots=slots)
     except OffloadError as e:
-        raise FluxFilesError(f"{files.transformer}: {str(e).splitlines()[0]}") from None
+        raise error(f"{path}: {str(e).splitlines()[0]}") from None
     return model
 
 
@@ -243,21 +245,6 @@ def free_model(model, device=None):
     memory.empty_pinned_cache()
 
 
-def _cond_tensors(cond, rows, device, dtype):
-    """(txt (B, L, C), y (B, C)) on `device` in `dtype`: row i of the batch is prompt rows[i] of `cond`."""
-    out = []
-    for key in ("prompt_embeds", "pooled_prompt_embeds"):
-        t = cond[key]
-        if isinstance(t, flame.Tensor):
-            if list(rows) != list(range(t.shape[0])):
-                t = flame.stack([t[i] for i in rows], dim=0)
-            out.append(t.to(device).to(dtype))
-        else:
-            out.append(flame.tensor(np.ascontiguousarray(np.asarray(t)[list(rows)], dtype=np.float32),
-                                    device=device).to(dtype))
-    return tuple(out)
-
-
 def _model_dtype(model):
     return model.img_in.weight.dtype
 
@@ -292,7 +279,7 @@ def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=No
     if len(rows) != B:
         raise ValueError(f"{len(rows)} prompt rows for {B} images")
     dtype = _model_dtype(model)
-    txt, y = _cond_tensors(cond, rows, dev, dtype)
+    txt, y = prompt_rows(cond, rows, dev, dtype)
     img_pos = image_ids(height, width, B, device=dev)
     if x.shape[1] != img_pos.shape[1]:
         raise ValueError(f"latents of {x.shape[1]} tokens do not fit a {height}x{width} image "
@@ -309,7 +296,7 @@ def fit_transformer(model, cond, max_gpu_memory, *, height, width, batch_size=1,
     p = model.params
     dev = model.streamer.device
     dtype = _model_dtype(model)
-    txt, y = _cond_tensors(cond, [0] * batch_size, dev, dtype)
+    txt, y = prompt_rows(cond, [0] * batch_size, dev, dtype)
     x = pack(flame.zeros(batch_size, LATENT_CHANNELS, height // 8, width // 8, device=dev)).to(dtype)
     img_pos, txt_pos = image_ids(height, width, batch_size, device=dev), text_ids(txt.shape[1], batch_size,
                                                                                  device=dev)
@@ -324,5 +311,5 @@ def fit_transformer(model, cond, max_gpu_memory, *, height, width, batch_size=1,
 
 __all__ = ["FluxFiles", "FluxFilesError", "find_flux_files", "FluxTextEncoders", "load_text_encoders",
            "load_tokenizers", "check_vocabularies", "encode_prompts", "load_vae_for_flux", "decode_latents", "encode_images", "to_pil",
-           "parse_lora", "check_loras", "apply_loras", "load_transformer", "place_for_inference", "free_model",
+           "parse_lora", "check_loras", "apply_loras", "load_transformer", "load_for_sampling", "place_for_inference", "free_model",
            "sample_latents", "fit_transformer"]

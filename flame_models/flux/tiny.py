@@ -15,6 +15,7 @@ import os
 
 import flame_core as flame
 
+from ..checkpoint_io import write_json
 from ..text_encoders import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 from ..tokenization import CLIPTokenizer, T5Tokenizer
 from ..vae import AutoencoderKL, VAEConfig, save_vae
@@ -34,15 +35,6 @@ TINY_CORPUS = [
 CLIP_WIDTH = 32
 T5_WIDTH = 32
 TINY_VAE = VAEConfig(ch=8, ch_mult=(1, 2, 4, 4), num_res_blocks=1, z_channels=16, norm_num_groups=4, sample_size=64)
-
-
-def _write_json(path, obj):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def tiny_flux_parts(seed=0, *, corpus=None, guidance_embed=True):
@@ -85,16 +77,16 @@ def save_flux_folder(folder, parts):
     with open(os.path.join(vae_dir, "config.json")) as f:
         vae_cfg = json.load(f)
     vae_cfg.update(scaling_factor=0.3611, shift_factor=0.1159)  # what diffusers' FluxPipeline reads
-    _write_json(os.path.join(vae_dir, "config.json"), vae_cfg)
+    write_json(os.path.join(vae_dir, "config.json"), vae_cfg, sort_keys=True)
     parts["clip_l"].save_pretrained(os.path.join(folder, "text_encoder"))
     parts["t5"].save_pretrained(os.path.join(folder, "text_encoder_2"))
     parts["clip_tokenizer"].save_pretrained(os.path.join(folder, "tokenizer"))
     parts["t5_tokenizer"].save_pretrained(os.path.join(folder, "tokenizer_2"))
-    _write_json(os.path.join(folder, "model_index.json"), {
+    write_json(os.path.join(folder, "model_index.json"), {
         "_class_name": "FluxPipeline", "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
         "text_encoder": ["transformers", "CLIPTextModel"], "text_encoder_2": ["transformers", "T5EncoderModel"],
         "tokenizer": ["transformers", "CLIPTokenizer"], "tokenizer_2": ["transformers", "T5TokenizerFast"],
-        "transformer": ["diffusers", "FluxTransformer2DModel"], "vae": ["diffusers", "AutoencoderKL"]})
+        "transformer": ["diffusers", "FluxTransformer2DModel"], "vae": ["diffusers", "AutoencoderKL"]}, sort_keys=True)
     return find_flux_files(folder)
 
 

@@ -110,8 +110,7 @@ def find_sd3_files(path, *, clip_l=None, clip_g=None, t5=None, vae=None, tokeniz
 def _fit(found, p):
     """Problems with parts that do not fit the MMDiT of params `p` (widths from the headers)."""
     problems = []
-    facts = {part: F.clip_facts(found[part].shapes, found[part].prefix, found[part].layout)
-             for part in ("clip_l", "clip_g") if part in found}
+    facts = F.found_clip_facts(found)
     if len(facts) == 2 and all(facts.values()):
         lw, gw = facts["clip_l"]["width"], facts["clip_g"]["width"]
         if lw + gw > p.context_in_dim:
@@ -125,9 +124,4 @@ def _fit(found, p):
         w = F.t5_facts(found["t5"].shapes, found["t5"].prefix).get("width")
         if w is not None and w != p.context_in_dim:
             problems.append(f"t5 (--t5): {found['t5'].shown} has width {w}, but the MMDiT expects {p.context_in_dim}")
-    if "vae" in found:
-        z = F.vae_latent_channels(found["vae"].shapes, found["vae"].prefix)
-        if z is not None and z != p.in_channels:
-            problems.append(f"vae (--vae): {found['vae'].shown} has {z} latent channels, but the MMDiT expects "
-                            f"{p.in_channels} (an SD / SDXL VAE has 4)")
-    return problems
+    return problems + F.vae_channel_problems(found, p.in_channels, "MMDiT", "an SD / SDXL VAE has 4")

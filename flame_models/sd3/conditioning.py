@@ -65,30 +65,23 @@ class SD3TextEncoders(EncoderBundle):
     def encode(self, prompts, *, batch_size=None):
         """The SD3 conditioning of `prompts` (a str or a list of str), `batch_size` prompts at a time (default: all
         at once). Returns {"prompt_embeds": (B, L, D), "pooled_prompt_embeds": (B, P)}."""
-        self._check_alive()
-        prompts = prompt_list(prompts)
-        step = len(prompts) if batch_size is None else max(1, int(batch_size))
-        embeds, pooled = [], []
+        return self._encode_batched(prompts, batch_size, self._encode_batch)
+
+    def _encode_batch(self, batch):
         dtype = self.clip_l.dtype
-        with flame.no_grad():
-            for lo in range(0, len(prompts), step):
-                batch = prompts[lo:lo + step]
-                l_ids, g_ids, t5_ids = self.tokenize(batch)
-                hl, pl = clip_states(self._run("clip_l"), self.clip_l, l_ids, len(batch))
-                hg, pg = clip_states(self._run("clip_g"), self.clip_g, g_ids, len(batch))
-                clip = flame.cat([hl.to(dtype), hg.to(dtype)], dim=-1)                        # (B, 77, L + G)
-                pad = self.context_dim - clip.shape[-1]
-                if pad:
-                    clip = flame.cat([clip, flame.zeros(*clip.shape[:2], pad, dtype=dtype, device=clip.device)],
-                                     dim=-1)
-                if t5_ids is None:
-                    t5 = flame.zeros(len(batch), self.max_length, self.context_dim, dtype=dtype, device=clip.device)
-                else:
-                    t5 = self._run("t5")(t5_ids).last_hidden_state.to(dtype)
-                embeds.append(flame.cat([clip, t5], dim=1))                                    # (B, 77 + T, D)
-                pooled.append(flame.cat([pl.to(dtype), pg.to(dtype)], dim=-1))
-        cat = (lambda xs: xs[0] if len(xs) == 1 else flame.cat(xs, dim=0))
-        return {"prompt_embeds": cat(embeds), "pooled_prompt_embeds": cat(pooled)}
+        l_ids, g_ids, t5_ids = self.tokenize(batch)
+        hl, pl = clip_states(self._run("clip_l"), self.clip_l, l_ids, len(batch))
+        hg, pg = clip_states(self._run("clip_g"), self.clip_g, g_ids, len(batch))
+        clip = flame.cat([hl.to(dtype), hg.to(dtype)], dim=-1)                                # (B, 77, L + G)
+        pad = self.context_dim - clip.shape[-1]
+        if pad:
+            clip = flame.cat([clip, flame.zeros(*clip.shape[:2], pad, dtype=dtype, device=clip.device)], dim=-1)
+        if t5_ids is None:
+            t5 = flame.zeros(len(batch), self.max_length, self.context_dim, dtype=dtype, device=clip.device)
+        else:
+            t5 = self._run("t5")(t5_ids).last_hidden_state.to(dtype)
+        return (flame.cat([clip, t5], dim=1),                                                 # (B, 77 + T, D)
+                flame.cat([pl.to(dtype), pg.to(dtype)], dim=-1))
 
     def encode_prompt(self, prompt, negative_prompt=None, *, do_classifier_free_guidance=True):
         """diffusers' (prompt_embeds, negative_prompt_embeds, pooled_prompt_embeds, negative_pooled_prompt_embeds).

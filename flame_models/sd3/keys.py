@@ -5,7 +5,8 @@ A plan maps each SAI key to (diffusers keys, how): "copy", "cat" (SAI's fused qk
 "swap" (diffusers' AdaLayerNormContinuous chunks (scale, shift) where SAI chunks (shift, scale): the final layer's
 adaLN and the last block's pre-only context adaLN have their two halves exchanged).
 """
-from ..flux.keys import combine, separate  # noqa: F401  (the tensor-level conversions are the same as Flux's)
+# the tensor-level conversions are Flux's (combine and separate are used as sd3.keys' too)
+from ..flux.keys import combine, join_by_plan, separate, split_by_plan  # noqa: F401
 from .params import sd3_params
 
 SAI_PREFIXES = ("model.diffusion_model.", "diffusion_model.")
@@ -114,20 +115,12 @@ def diffusers_plan(params):
 
 def sai_to_diffusers(state, params):
     """A diffusers-layout state dict from an SAI-layout one (Tensors)."""
-    out = {}
-    for key, (dkeys, how, sizes) in diffusers_plan(params).items():
-        if key in state:
-            out.update(zip(dkeys, separate(how, state[key], sizes)))
-    return out
+    return split_by_plan(state, diffusers_plan(params))
 
 
 def diffusers_to_sai(state, params):
     """An SAI-layout state dict from a diffusers-layout one (Tensors)."""
-    out = {}
-    for key, (dkeys, how, _) in diffusers_plan(params).items():
-        if all(k in state for k in dkeys):
-            out[key] = combine(how, [state[k] for k in dkeys])
-    return out
+    return join_by_plan(state, diffusers_plan(params))
 
 
 def strip_prefix(keys):

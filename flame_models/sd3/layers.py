@@ -2,7 +2,6 @@
 import flame_core as flame
 import flame_nn
 import flame_nn.functional as F
-from flame_nn.empty_init import new_parameter
 
 from ..flux.layers import modulation_chunks, timestep_embedding
 from . import ops
@@ -43,14 +42,12 @@ def timestep_features(t, dim=256):
     return timestep_embedding(t.to(cd), dim, time_factor=1.0)
 
 
-class RMSNorm(flame_nn.Module):
-    """RMSNorm over the head dim with a learnable gain `weight` (SAI's ln_q / ln_k), eps 1e-6, float32 statistics."""
+class RMSNorm(flame_nn.RMSNorm):
+    """RMSNorm over the head dim with a learnable gain `weight` (SAI's ln_q / ln_k), eps 1e-6, float32 statistics:
+    flame_nn.RMSNorm's parameter, computed by the fused qk_norm."""
 
     def __init__(self, dim, eps=1e-6, dtype=None, device=None):
-        super().__init__()
-        self.eps = eps
-        self.weight = new_parameter((dim,), dtype, device)
-        flame_nn.init.ones_(self.weight)
+        super().__init__(dim, eps=eps, dtype=dtype, device=device)
 
     def forward(self, x):
         return ops.qk_norm(x, self.weight, eps=self.eps)

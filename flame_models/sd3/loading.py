@@ -2,12 +2,12 @@
 VAE and text encoders too -- only the transformer is read here) and diffusers folders (`transformer/` with
 config.json and sharded safetensors + index) or files. Loading reads one tensor at a time straight into the target
 dtype and device, into a model built under `flame_nn.empty_init` (no random initialisation, no second copy)."""
+import dataclasses
 import json
 import math
 import os
 
 import flame_core as flame
-import flame_nn
 
 from .. import checkpoint_io as CIO
 from . import keys as K
@@ -117,11 +117,8 @@ def _count(keys, prefix, suffix):
 
 
 # ----------------------------------------------------------------------------- loading
-def _sources(ckpt, params):
-    """{SAI key: (file keys, how)} for the checkpoint's layout."""
-    if ckpt.layout == "sai":
-        return {k: ((k,), "copy") for k in K.sai_shapes(params)}
-    return {k: (dkeys, how) for k, (dkeys, how, _) in K.diffusers_plan(params).items()}
+def _plan(ckpt, params):
+    return CIO.layout_plan(ckpt, params, native="sai", native_shapes=K.sai_shapes, plan=K.diffusers_plan)
 
 
 def _model_tensors(model):
@@ -134,7 +131,7 @@ def load_sd3_state_(model, path, *, strict=True):
     each converted to its parameter's dtype and device. Raises SD3CheckpointError naming missing, unexpected and
     misshaped keys (in the file's own names) before reading any tensor."""
     with _Checkpoint(path) as ckpt:
-        return CIO.load_planned_(model, ckpt, _sources(ckpt, model.params), _model_tensors(model), K.combine,
+        return CIO.load_planned_(model, ckpt, _plan(ckpt, model.params), _model_tensors(model), K.combine,
                                  what="SD3", strict=strict)
 
 
@@ -144,13 +141,8 @@ def load_sd3(path, dtype=None, device=None, *, params=None, strict=True):
     default device). `params` overrides the config inferred from the checkpoint. In an SAI file holding the VAE and
     text encoders too, only the `model.diffusion_model.` tensors are read."""
     from .model import MMDiT
-    with _Checkpoint(path) as ckpt:
-        if params is None:
-            params = infer_params(ckpt)
-        if dtype is None:
-            dtype = ckpt.stored_dtype(K.SAI_PROBE if ckpt.layout == "sai" else K.DIFFUSERS_PROBE)
-    with flame_nn.empty_init(device=device, dtype=dtype):
-        model = MMDiT(params)
+    model = CIO.empty_model(_Checkpoint, path, MMDiT, infer=infer_params, params=params, dtype=dtype, device=device,
+                            probes={"sai": K.SAI_PROBE, "diffusers": K.DIFFUSERS_PROBE})
     return load_sd3_state_(model, path, strict=strict)
 
 
@@ -184,15 +176,8 @@ def save_sd3(model, path, layout="sai", *, max_shard_size=None, prefix=None):
         else:
             pre = SAI_PREFIX if prefix is None else prefix
             state = {pre + k: t for k, t in state.items()}
-    metadata = {"format": "pt", PARAMS_METADATA_KEY: json.dumps(_params_dict(p))}
+    metadata = {"format": "pt", PARAMS_METADATA_KEY: json.dumps(dataclasses.asdict(p))}  # tuples: JSON lists
     diffusers = layout == "diffusers"
     return CIO.save_weights(state.items(), path, stem="diffusion_pytorch_model" if diffusers else "sd3",
                             metadata=metadata, max_shard_size=max_shard_size,
                             folder_config=diffusers_config(p) if diffusers else None)
-
-
-def _params_dict(p):
-    from dataclasses import asdict
-    d = asdict(p)
-    d["dual_attention_layers"] = list(d["dual_attention_layers"])
-    return d

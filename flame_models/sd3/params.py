@@ -1,6 +1,8 @@
 """SD3Params: the hyper-parameters of an SD3 / SD3.5 MMDiT, with the released presets and a tiny test config."""
 from dataclasses import dataclass, replace
 
+from ..checkpoint_io import preset
+
 QK_NORMS = (None, "rms")
 
 
@@ -62,9 +64,4 @@ configs = {
 def sd3_params(name_or_params):
     """A preset by name ('sd3.5-large', 'sd3.5-large-turbo', 'sd3.5-medium', 'sd3.5-tiny'), or SD3Params passed
     through."""
-    if isinstance(name_or_params, SD3Params):
-        return name_or_params
-    try:
-        return configs[name_or_params]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown SD3 config {name_or_params!r}; known: {', '.join(configs)}") from None
+    return preset(name_or_params, SD3Params, configs, what="SD3")

@@ -19,11 +19,10 @@ import os
 import numpy as np
 
 import flame_core as flame
-import flame_nn
-from flame_nn.offload import OffloadError
 
-from ..flux.pipeline import apply_loras, check_loras as _check_loras, free_model, place_for_inference, to_pil
-from ..vae import SD3, load_vae
+from ..conditioning import prompt_rows
+from ..flux.pipeline import check_loras as _check_loras, free_model, load_for_sampling, to_pil
+from ..vae import SD3, decode_model_latents, encode_model_latents, load_family_vae
 from .components import SD3Files, SD3FilesError, find_sd3_files
 from .conditioning import SD3TextEncoders, encode_prompts, load_text_encoders
 from .loading import load_sd3
@@ -40,43 +39,29 @@ def load_vae_for_sd3(files, *, dtype=flame.bfloat16, device=None, config=None):
         path, config = files.vae, config if config is not None else files.configs.get("vae")
     else:
         path = os.fspath(files)
-    vae = load_vae(path, dtype=dtype, device=device, config=config)
-    if vae.config.z_channels != LATENT_CHANNELS:
-        raise SD3FilesError(f"vae: {path} has {vae.config.z_channels} latent channels; SD3's VAE has "
-                            f"{LATENT_CHANNELS} (is this an SD / SDXL VAE?)")
-    return vae
+    return load_family_vae(path, LATENT_CHANNELS, family="SD3", others="an SD / SDXL", error=SD3FilesError,
+                           dtype=dtype, device=device, config=config)
 
 
 def decode_latents(vae, latents):
     """Model-space latents (B, 16, H/8, W/8) -> images (B, 3, H, W) in [-1, 1] (nominally; not clamped), in the
     VAE's dtype, on its device: z = latents / 1.5305 + 0.0609, then the decoder."""
-    if latents.ndim != 4 or latents.shape[1] != vae.config.z_channels:
-        raise ValueError(f"decode_latents expects latents (B, {vae.config.z_channels}, h, w), got shape "
-                         f"{tuple(latents.shape)}")
-    with flame.no_grad():
-        z = SD3.from_model(latents.to(vae.device).float())
-        return vae.decode(z.to(vae.dtype))
+    return decode_model_latents(vae, latents, SD3)
 
 
 def encode_images(vae, images, generator=None):
     """Images (B, 3, H, W) in [-1, 1] -> model-space latents (B, 16, H/8, W/8) float32: (z - 0.0609) * 1.5305 of
     the posterior mean, or of a posterior sample drawn from `generator` (what SAI's reference and diffusers'
     img2img do)."""
-    with flame.no_grad():
-        z = vae.encode(images.to(vae.device).to(vae.dtype), generator=generator)
-        return SD3.to_model(z.float())
+    return encode_model_latents(vae, images, SD3, generator)
 
 
 # ----------------------------------------------------------------------------- the MMDiT
 def check_loras(loras, params):
     """Read each LoRA file and check it against an MMDiT of `params` (SAI, kohya or diffusers PEFT names, shapes)
     before anything big is loaded. Returns [(path, weight)]; SD3FilesError names the file."""
-    if not loras:
-        return []
     from .model import MMDiT
-    with flame_nn.empty_init(device="cpu"):
-        probe = MMDiT(params)
-    return _check_loras(loras, params, probe=probe, error=SD3FilesError)
+    return _check_loras(loras, params, model_class=MMDiT, error=SD3FilesError)
 
 
 def load_transformer(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=False, stream=False, slots=2):
@@ -85,31 +70,9 @@ def load_transformer(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=
     memory, streamed through `slots` device buffers (`model.streamer`; choose resident blocks with
     fit_transformer). Without either, LoRAs are merged into the weights."""
     files = files if isinstance(files, SD3Files) else find_sd3_files(files)
-    dev = flame.device(device) if device is not None else flame.default_device()
     loras = check_loras(loras, files.params)
-    model = load_sd3(files.transformer, dtype=dtype, device="cpu" if (stream or fp8) else dev)
-    model.requires_grad_(False)
-    model.eval()
-    apply_loras(model, loras, merge=not (fp8 or stream), error=SD3FilesError)
-    try:
-        place_for_inference(model, STACKS, dev, fp8=fp8, stream=stream, slots=slots)
-    except OffloadError as e:
-        raise SD3FilesError(f"{files.transformer}: {str(e).splitlines()[0]}") from None
-    return model
-
-
-def _rows(cond, rows, device, dtype):
-    """(context (B, L, D), pooled (B, P)) on `device` in `dtype`: row i is prompt rows[i] of `cond`."""
-    out = []
-    for key in ("prompt_embeds", "pooled_prompt_embeds"):
-        t = cond[key]
-        if isinstance(t, flame.Tensor):
-            t = t if list(rows) == list(range(t.shape[0])) else flame.stack([t[i] for i in rows], dim=0)
-            out.append(t.to(device).to(dtype))
-        else:
-            out.append(flame.tensor(np.ascontiguousarray(np.asarray(t)[list(rows)], dtype=np.float32),
-                                    device=device).to(dtype))
-    return tuple(out)
+    return load_for_sampling(lambda dev: load_sd3(files.transformer, dtype=dtype, device=dev), files.transformer,
+                             loras, STACKS, device, fp8=fp8, stream=stream, slots=slots, error=SD3FilesError)
 
 
 def _model_dtype(model):
@@ -150,14 +113,14 @@ def sample_latents(model, cond, neg_cond=None, *, height, width, steps, cfg, see
     rows = list(range(B)) if rows is None else list(rows)
     if len(rows) != B:
         raise ValueError(f"{len(rows)} prompt rows for {B} images")
-    context, y = _rows(cond, rows, dev, dtype)
+    context, y = prompt_rows(cond, rows, dev, dtype)
     neg_context = neg_y = None
     if cfg != 1.0:
         if neg_cond is None:
             raise ValueError(f"cfg={cfg} needs the negative prompt's conditioning (neg_cond; the empty prompt "
                              f"encoded by default in diffusers)")
         neg_rows = [0] * B if neg_rows is None else list(neg_rows)
-        neg_context, neg_y = _rows(neg_cond, neg_rows, dev, dtype)
+        neg_context, neg_y = prompt_rows(neg_cond, neg_rows, dev, dtype)
     slg = skip_layer_guidance
     if slg is not None and any(i < 0 or i >= model.params.depth for i in slg.layers):
         raise ValueError(f"skip-layer guidance layers {list(slg.layers)} are not all joint blocks of this MMDiT "
@@ -173,7 +136,7 @@ def fit_transformer(model, cond, max_gpu_memory, *, height, width, batch_size=1,
     size fits `max_gpu_memory` (flame_nn.offload.auto_fit, measured). Returns the FitReport."""
     dev, dtype = model.streamer.device, _model_dtype(model)
     n = batch_size * (2 if cfg != 1.0 else 1)
-    context, y = _rows(cond, [0] * n, dev, dtype)
+    context, y = prompt_rows(cond, [0] * n, dev, dtype)
     x = flame.zeros(n, LATENT_CHANNELS, height // 8, width // 8, device=dev).to(dtype)
     t = flame.full((n,), 1000.0, dtype=flame.float32, device=dev)
 

@@ -4,25 +4,14 @@ attn2, norm3, ff}, proj_out; `use_linear_in_transformer`, so proj_in / proj_out 
 Residual sums go into the fresh branch output (never into a block's input: a checkpoint keeps that for the
 recompute), in place when nothing records gradients.
 """
-import flame_core as flame
 import flame_nn
 import flame_nn.functional as F
 from flame_core.checkpoint import maybe_checkpoint
 
+from ..vae.layers import add_residual, inplace_ok
+
 TRANSFORMER_NORM_EPS = 1e-6   # the GroupNorm in front of proj_in
 LAYER_NORM_EPS = 1e-5
-
-
-def _inplace_ok(*tensors):
-    return not flame.is_grad_enabled() or not any(t.requires_grad for t in tensors)
-
-
-def add_into(branch, x):
-    """branch + x, written into `branch` (a fresh tensor the caller owns) when nothing records gradients."""
-    if _inplace_ok(branch, x):
-        branch += x
-        return branch
-    return branch + x
 
 
 class CrossAttention(flame_nn.Module):
@@ -65,7 +54,7 @@ class GEGLU(flame_nn.Module):
         a, gate = self.proj(x).chunk(2, dim=-1)                      # (B, L, inner) each
         g = F.gelu(gate)
         del gate
-        if _inplace_ok(g, a):
+        if inplace_ok(g, a):
             g *= a
             return g
         return a * g
@@ -101,9 +90,9 @@ class BasicTransformerBlock(flame_nn.Module):
         self.norm3 = flame_nn.LayerNorm(dim, eps=LAYER_NORM_EPS, **kw)
 
     def forward(self, x, context):                                   # x (B, L, C), context (B, L_ctx, C_ctx)
-        x = add_into(self.attn1(self.norm1(x)), x)                   # a new tensor: the input stays intact
-        x = add_into(self.attn2(self.norm2(x), context), x)
-        return add_into(self.ff(self.norm3(x)), x)
+        x = add_residual(self.attn1(self.norm1(x)), x)               # a new tensor: the input stays intact
+        x = add_residual(self.attn2(self.norm2(x), context), x)
+        return add_residual(self.ff(self.norm3(x)), x)
 
 
 class SpatialTransformer(flame_nn.Module):
@@ -129,4 +118,4 @@ class SpatialTransformer(flame_nn.Module):
             h = maybe_checkpoint(block, h, context, offload=block.checkpoint_offload)
         h = self.proj_out(h)
         h = h.transpose(1, 2).reshape(B, C, H, W)
-        return add_into(h, x)
+        return add_residual(h, x)

@@ -105,8 +105,7 @@ def _saved_text_configs(files):
 def _fit(found, c):
     """Problems with parts that do not fit the UNet of config `c` (widths from the headers)."""
     problems = []
-    facts = {part: F.clip_facts(found[part].shapes, found[part].prefix, found[part].layout)
-             for part in ("clip_l", "clip_g") if part in found}
+    facts = F.found_clip_facts(found)
     if len(facts) == 2 and all(facts.values()):
         lw, gw = facts["clip_l"]["width"], facts["clip_g"]["width"]
         if lw + gw != c.context_dim:
@@ -119,9 +118,4 @@ def _fit(found, c):
     elif g and g["pooled"] != c.pooled_dim:
         problems.append(f"clip_g (--clip-g): {found['clip_g'].shown} projects to {g['pooled']}, but the UNet's y "
                         f"takes a pooled vector of {c.pooled_dim}")
-    if "vae" in found:
-        z = F.vae_latent_channels(found["vae"].shapes, found["vae"].prefix)
-        if z is not None and z != c.in_channels:
-            problems.append(f"vae (--vae): {found['vae'].shown} has {z} latent channels, but the UNet expects "
-                            f"{c.in_channels} (a Flux / SD3 VAE has 16)")
-    return problems
+    return problems + F.vae_channel_problems(found, c.in_channels, "UNet", "a Flux / SD3 VAE has 16")

@@ -54,21 +54,14 @@ class SDXLTextEncoders(EncoderBundle):
     def encode(self, prompts, *, batch_size=None):
         """The SDXL conditioning of `prompts` (a str or a list of str), `batch_size` prompts at a time (default: all
         at once): {"prompt_embeds": (B, L, 2048), "pooled_prompt_embeds": (B, 1280)}."""
-        self._check_alive()
-        prompts = prompt_list(prompts)
-        step = len(prompts) if batch_size is None else max(1, int(batch_size))
-        embeds, pooled = [], []
+        return self._encode_batched(prompts, batch_size, self._encode_batch)
+
+    def _encode_batch(self, batch):
         dtype = self.clip_g.dtype
-        with flame.no_grad():
-            for lo in range(0, len(prompts), step):
-                batch = prompts[lo:lo + step]
-                l_ids, g_ids = self.tokenize(batch)
-                hl, _ = clip_states(self._run("clip_l"), self.clip_l, l_ids, len(batch))
-                hg, pg = clip_states(self._run("clip_g"), self.clip_g, g_ids, len(batch))
-                embeds.append(flame.cat([hl.to(dtype), hg.to(dtype)], dim=-1))
-                pooled.append(pg.to(dtype))
-        cat = (lambda xs: xs[0] if len(xs) == 1 else flame.cat(xs, dim=0))
-        return {"prompt_embeds": cat(embeds), "pooled_prompt_embeds": cat(pooled)}
+        l_ids, g_ids = self.tokenize(batch)
+        hl, _ = clip_states(self._run("clip_l"), self.clip_l, l_ids, len(batch))
+        hg, pg = clip_states(self._run("clip_g"), self.clip_g, g_ids, len(batch))
+        return flame.cat([hl.to(dtype), hg.to(dtype)], dim=-1), pg.to(dtype)
 
     def encode_negative(self, prompts, negative_prompt=None):
         """The negative conditioning for `prompts` (its batch size): zeros when negative_prompt is None and

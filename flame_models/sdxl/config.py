@@ -2,6 +2,8 @@
 presets, and the translation to and from diffusers' `UNet2DConditionModel` config.json."""
 from dataclasses import asdict, dataclass, replace
 
+from ..checkpoint_io import preset
+
 
 class UNetConfigError(ValueError):
     """A UNet config that is inconsistent, or that this architecture cannot express."""
@@ -212,9 +214,4 @@ configs = {
 
 def unet_config(name_or_config):
     """A preset by name ('sdxl-base', 'sdxl-tiny') or a UNetConfig passed through."""
-    if isinstance(name_or_config, UNetConfig):
-        return name_or_config
-    try:
-        return configs[name_or_config]
-    except (KeyError, TypeError):
-        raise UNetConfigError(f"unknown UNet config {name_or_config!r}; known: {', '.join(configs)}") from None
+    return preset(name_or_config, UNetConfig, configs, what="UNet", error=UNetConfigError)

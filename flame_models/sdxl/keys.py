@@ -33,25 +33,33 @@ _TOP_TO_DIFFUSERS = {"time_embed.0.": "time_embedding.linear_1.", "time_embed.2.
                      "input_blocks.0.0.": "conv_in.", "out.0.": "conv_norm_out.", "out.2.": "conv_out."}
 
 
-def _res(rest):
-    for old, new in _RES_TO_DIFFUSERS:
-        if rest.startswith(old):
-            return new + rest[len(old):]
-    raise KeyError(rest)
+def _renamed(key, pairs, back=False):
+    """`key` with the first matching prefix of (SAI, diffusers) `pairs` swapped for the other one (diffusers -> SAI
+    when `back`), or None when none matches."""
+    for sai, diffusers in pairs:
+        old, new = (diffusers, sai) if back else (sai, diffusers)
+        if key.startswith(old):
+            return new + key[len(old):]
+    return None
+
+
+def _res(rest, back=False):
+    """A ResBlock part's other name; KeyError when it is none of the ResBlock's."""
+    out = _renamed(rest, _RES_TO_DIFFUSERS, back)
+    if out is None:
+        raise KeyError(rest)
+    return out
 
 
 def _res_back(rest):
-    for old, new in _RES_TO_DIFFUSERS:
-        if rest.startswith(new):
-            return old + rest[len(new):]
-    raise KeyError(rest)
+    return _res(rest, back=True)
 
 
 def sai_to_diffusers_key(key, num_res_blocks):
     """The diffusers name of an SAI UNet key (prefix stripped). KeyError for a key outside the UNet's layout."""
-    for old, new in _TOP_TO_DIFFUSERS.items():
-        if key.startswith(old):
-            return new + key[len(old):]
+    top = _renamed(key, _TOP_TO_DIFFUSERS.items())
+    if top is not None:
+        return top
     n = num_res_blocks + 1
     try:
         m = re.match(r"^input_blocks\.(\d+)\.(\d+)\.(.+)$", key)
@@ -90,9 +98,9 @@ def sai_to_diffusers_key(key, num_res_blocks):
 def diffusers_to_sai_key(key, num_res_blocks, up_levels_with_attention):
     """The SAI name of a diffusers UNet key. `up_levels_with_attention`: the set of diffusers up_blocks indices that
     have attentions (it decides whether an upsampler is output_blocks.i.1.conv or .2.conv)."""
-    for old, new in _TOP_TO_DIFFUSERS.items():
-        if key.startswith(new):
-            return old + key[len(new):]
+    top = _renamed(key, _TOP_TO_DIFFUSERS.items(), back=True)
+    if top is not None:
+        return top
     n = num_res_blocks + 1
     try:
         m = re.match(r"^down_blocks\.(\d+)\.(resnets|attentions|downsamplers)\.(\d+)\.(.+)$", key)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import flame_core as flame
 from flame_core.io import save_file
 
+from ..checkpoint_io import write_json
 from ..text_encoders import load_clip
 from ..tokenization import load_tokenizer
 from ..vae import load_vae
@@ -172,15 +173,6 @@ def _save_sai(parts, path):
     return path
 
 
-def _write_json(path, obj):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _save_diffusers(parts, folder):
     os.makedirs(folder)
     save_unet(parts.unet, os.path.join(folder, "unet"), layout="diffusers")
@@ -189,7 +181,7 @@ def _save_diffusers(parts, folder):
     with open(os.path.join(vae_dir, "config.json")) as f:
         vae_cfg = json.load(f)
     vae_cfg.update(scaling_factor=SCALING_FACTOR, force_upcast=True)  # what diffusers' SDXL pipeline reads
-    _write_json(os.path.join(vae_dir, "config.json"), vae_cfg)
+    write_json(os.path.join(vae_dir, "config.json"), vae_cfg, sort_keys=True)
     parts.clip_l.save_pretrained(os.path.join(folder, "text_encoder"))
     parts.clip_g.save_pretrained(os.path.join(folder, "text_encoder_2"))
     toks = {"tokenizer": parts.clip_l_tokenizer, "tokenizer_2": parts.clip_g_tokenizer}
@@ -197,7 +189,7 @@ def _save_diffusers(parts, folder):
         if tok is not None:
             tok.save_pretrained(os.path.join(folder, sub))
     os.makedirs(os.path.join(folder, "scheduler"))
-    _write_json(os.path.join(folder, "scheduler", "scheduler_config.json"), SCHEDULER_CONFIG)
+    write_json(os.path.join(folder, "scheduler", "scheduler_config.json"), SCHEDULER_CONFIG, sort_keys=True)
     index = {"_class_name": "StableDiffusionXLPipeline", "force_zeros_for_empty_prompt": True,
              "scheduler": ["diffusers", "EulerDiscreteScheduler"],
              "text_encoder": ["transformers", "CLIPTextModel"],
@@ -205,4 +197,4 @@ def _save_diffusers(parts, folder):
              "unet": ["diffusers", "UNet2DConditionModel"], "vae": ["diffusers", "AutoencoderKL"]}
     for sub, tok in toks.items():
         index[sub] = ["transformers", "CLIPTokenizer"] if tok is not None else [None, None]
-    _write_json(os.path.join(folder, "model_index.json"), index)
+    write_json(os.path.join(folder, "model_index.json"), index, sort_keys=True)

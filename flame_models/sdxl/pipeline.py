@@ -22,11 +22,10 @@ import os
 import numpy as np
 
 import flame_core as flame
-import flame_nn
-from flame_nn.offload import OffloadError
 
-from ..flux.pipeline import apply_loras, check_loras as _check_loras, free_model, place_for_inference, to_pil
-from ..vae import SDXL, load_vae
+from ..conditioning import prompt_rows
+from ..flux.pipeline import check_loras as _check_loras, free_model, load_for_sampling, to_pil
+from ..vae import SDXL, check_latents, decode_model_latents, encode_model_latents, load_family_vae
 from .components import SDXLFiles, SDXLFilesError, find_sdxl_files
 from .conditioning import SDXLTextEncoders, encode_prompts, load_text_encoders
 from .embeddings import make_y
@@ -51,11 +50,8 @@ def load_vae_for_sdxl(files, *, dtype=flame.bfloat16, device=None, config=None):
         path = os.fspath(files)
     if dtype is not None and flame.dtypes.dtype(dtype) == flame.float16:
         dtype = flame.float32
-    vae = load_vae(path, dtype=dtype, device=device, config=config)
-    if vae.config.z_channels != LATENT_CHANNELS:
-        raise SDXLFilesError(f"vae: {path} has {vae.config.z_channels} latent channels; SDXL's VAE has "
-                             f"{LATENT_CHANNELS} (is this a Flux / SD3 VAE?)")
-    return vae
+    return load_family_vae(path, LATENT_CHANNELS, family="SDXL", others="a Flux / SD3", error=SDXLFilesError,
+                           dtype=dtype, device=device, config=config)
 
 
 def _compute_dtype(vae):
@@ -66,42 +62,35 @@ def decode_latents(vae, latents):
     """Model-space latents (B, 4, H/8, W/8) -> images (B, 3, H, W) in [-1, 1] (nominally; not clamped), on the VAE's
     device: z = latents / 0.13025, then the decoder in the VAE's dtype (float32 for a float16 VAE: the SDXL VAE
     overflows in float16; the VAE is cast for the call and back)."""
-    if latents.ndim != 4 or latents.shape[1] != vae.config.z_channels:
-        raise ValueError(f"decode_latents expects latents (B, {vae.config.z_channels}, h, w), got shape "
-                         f"{tuple(latents.shape)}")
-    return _upcast_call(vae, lambda dt: vae.decode(SDXL.from_model(latents.to(vae.device).float()).to(dt)))
+    check_latents(vae, latents)  # before the VAE is cast
+    return _upcast_call(vae, lambda: decode_model_latents(vae, latents, SDXL))
 
 
 def encode_images(vae, images, generator=None):
     """Images (B, 3, H, W) in [-1, 1] -> model-space latents (B, 4, H/8, W/8) float32: 0.13025 times the posterior
     mean, or a posterior sample drawn from `generator` (as diffusers' img2img and training scripts)."""
-    return _upcast_call(vae, lambda dt: SDXL.to_model(vae.encode(images.to(vae.device).to(dt),
-                                                                 generator=generator).float()))
+    return _upcast_call(vae, lambda: encode_model_latents(vae, images, SDXL, generator))
 
 
 def _upcast_call(vae, fn):
+    """fn() with a float16 VAE cast to float32 for the call and back."""
     dtype = vae.dtype
     compute = _compute_dtype(vae)
-    with flame.no_grad():
-        if compute == dtype:
-            return fn(dtype)
-        vae.to(compute)
-        try:
-            return fn(compute)
-        finally:
-            vae.to(dtype)
+    if compute == dtype:
+        return fn()
+    vae.to(compute)
+    try:
+        return fn()
+    finally:
+        vae.to(dtype)
 
 
 # ----------------------------------------------------------------------------- the UNet
 def check_loras(loras, config):
     """Read each LoRA file and check it against a UNet of `config` (SAI / kohya or diffusers PEFT names, shapes)
     before anything big is loaded. Returns [(path, weight)]; SDXLFilesError names the file."""
-    if not loras:
-        return []
     from .model import SDXLUNet
-    with flame_nn.empty_init(device="cpu"):
-        probe = SDXLUNet(config)
-    return _check_loras(loras, config, probe=probe, error=SDXLFilesError)
+    return _check_loras(loras, config, model_class=SDXLUNet, error=SDXLFilesError)
 
 
 def load_unet_for_sampling(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=False, stream=False,
@@ -111,28 +100,10 @@ def load_unet_for_sampling(files, *, dtype=flame.bfloat16, device=None, loras=()
     middle and output blocks in pinned host memory, streamed through `slots` device buffers (`unet.streamer`;
     resident blocks chosen by fit_unet). Without either, LoRAs are merged into the weights."""
     files = files if isinstance(files, SDXLFiles) else find_sdxl_files(files)
-    dev = flame.device(device) if device is not None else flame.default_device()
     loras = check_loras(loras, files.config)
-    unet = load_unet(files.unet, dtype=dtype, device="cpu" if (stream or fp8) else dev, config=files.config)
-    apply_loras(unet, loras, merge=not (fp8 or stream), error=SDXLFilesError)
-    try:
-        place_for_inference(unet, STACKS, dev, fp8=fp8, stream=stream, slots=slots)
-    except OffloadError as e:
-        raise SDXLFilesError(f"{files.unet}: {str(e).splitlines()[0]}") from None
-    return unet
-
-
-def _rows(cond, rows, device, dtype):
-    out = []
-    for key in ("prompt_embeds", "pooled_prompt_embeds"):
-        t = cond[key]
-        if isinstance(t, flame.Tensor):
-            t = t if list(rows) == list(range(t.shape[0])) else flame.stack([t[i] for i in rows], dim=0)
-            out.append(t.to(device).to(dtype))
-        else:
-            out.append(flame.tensor(np.ascontiguousarray(np.asarray(t)[list(rows)], dtype=np.float32),
-                                    device=device).to(dtype))
-    return tuple(out)
+    return load_for_sampling(lambda dev: load_unet(files.unet, dtype=dtype, device=dev, config=files.config),
+                             files.unet, loras, STACKS, device, fp8=fp8, stream=stream, slots=slots,
+                             error=SDXLFilesError)
 
 
 def _device(unet):
@@ -182,12 +153,12 @@ def sample_latents(unet, cond, neg_cond=None, *, height, width, steps, cfg, samp
     sizes = dict(original_size=(height, width) if original_size is None else tuple(original_size),
                  crop_coords=tuple(crop_coords), target_size=(height, width) if target_size is None
                  else tuple(target_size))
-    context, pooled = _rows(cond, rows, dev, flame.float32)
+    context, pooled = prompt_rows(cond, rows, dev, flame.float32)
     y = make_y(pooled, size_embed_dim=c.size_embed_dim, **sizes)
     neg_context = neg_y = None
     if cfg != 1.0 and neg_cond is not None:
         neg_rows = [0] * B if neg_rows is None else list(neg_rows)
-        neg_context, neg_pooled = _rows(neg_cond, neg_rows, dev, flame.float32)
+        neg_context, neg_pooled = prompt_rows(neg_cond, neg_rows, dev, flame.float32)
         neg_y = make_y(neg_pooled, size_embed_dim=c.size_embed_dim, **sizes)
     kw = dict(height=height, width=width, steps=steps, cfg=cfg, sampler=sampler, scheduler=scheduler, eta=eta,
               progress=False, callback=None if callback is None else (lambda i, *a: callback(i, steps)))
@@ -211,7 +182,7 @@ def fit_unet(unet, cond, max_gpu_memory, *, height, width, batch_size=1, cfg=1.0
     c = unet.config
     dev, dtype = unet.streamer.device, unet.dtype
     n = batch_size * (2 if cfg != 1.0 else 1)
-    context, pooled = _rows(cond, [0] * n, dev, dtype)
+    context, pooled = prompt_rows(cond, [0] * n, dev, dtype)
     y = make_y(pooled, original_size=(height, width), size_embed_dim=c.size_embed_dim)
     x = flame.zeros(n, c.in_channels, height // 8, width // 8, device=dev).to(dtype)
     t = flame.full((n,), 999.0, dtype=flame.float32, device=dev)

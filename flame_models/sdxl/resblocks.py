@@ -11,11 +11,9 @@ import flame_nn
 import flame_nn.functional as F
 from flame_core.checkpoint import maybe_checkpoint
 
+from ..vae.layers import inplace_ok
+
 RESBLOCK_EPS = 1e-5
-
-
-def _inplace_ok(*tensors):
-    return not flame.is_grad_enabled() or not any(t.requires_grad for t in tensors)
 
 
 class ResBlock(flame_nn.Module):
@@ -47,7 +45,7 @@ class ResBlock(flame_nn.Module):
         h = F.silu(h)
         h = self.in_layers[2](h)                                     # (B, C_out, H, W)
         e = self.emb_layers[1](F.silu(emb)).to(h.dtype)[:, :, None, None]
-        if _inplace_ok(h, e):
+        if inplace_ok(h, e):
             h += e
         else:
             h = h + e
@@ -56,7 +54,7 @@ class ResBlock(flame_nn.Module):
         h = F.silu(h)
         h = self.out_layers[3](h)
         skip = self.skip_connection(x)
-        if _inplace_ok(h, skip):
+        if inplace_ok(h, skip):
             h += skip
             return h
         return h + skip

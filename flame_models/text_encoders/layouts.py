@@ -44,28 +44,30 @@ class Candidate:
         return f"{what} with {self.layers} layers under prefix {self.prefix!r}"
 
 
+# (layout, kind, anchor, layer key head and tail): an encoder is found by a key ending in its anchor (the prefix is
+# what comes before) and its depth counted from its layers' keys; the first layout whose anchor matches wins
+# (clip-flat's anchor ends clip-hf's too)
+_LAYOUTS = (
+    ("clip-hf", "clip", CLIP_HF_ANCHOR, "text_model.encoder.layers.", ".mlp.fc1.weight"),
+    ("clip-flat", "clip", CLIP_FLAT_ANCHOR, "encoder.layers.", ".mlp.fc1.weight"),
+    ("clip-openclip", "clip", OPENCLIP_ANCHOR, "transformer.resblocks.", ".attn.in_proj_weight"),
+    ("t5", "t5", T5_ANCHOR, "encoder.block.", ".layer.0.SelfAttention.q.weight"),
+)
+
+
 def find_encoders(keys):
     """Every text encoder in a checkpoint's key set, as Candidates (in the order of their keys)."""
     keys = set(keys)
     found = []
     for k in sorted(keys):
-        if k.endswith(CLIP_HF_ANCHOR):
-            p = k[:-len(CLIP_HF_ANCHOR)]
-            found.append(Candidate("clip", "clip-hf", p,
-                                   count_indexed(keys, p + "text_model.encoder.layers.", ".mlp.fc1.weight")))
-        elif k.endswith(CLIP_FLAT_ANCHOR):
-            p = k[:-len(CLIP_FLAT_ANCHOR)]
-            found.append(Candidate("clip", "clip-flat", p,
-                                   count_indexed(keys, p + "encoder.layers.", ".mlp.fc1.weight")))
-        elif k.endswith(OPENCLIP_ANCHOR):
-            p = k[:-len(OPENCLIP_ANCHOR)]
-            if p + "token_embedding.weight" in keys:  # (a vision tower has resblocks but no token embedding)
-                found.append(Candidate("clip", "clip-openclip", p,
-                                       count_indexed(keys, p + "transformer.resblocks.", ".attn.in_proj_weight")))
-        elif k.endswith(T5_ANCHOR):
-            p = k[:-len(T5_ANCHOR)]
-            found.append(Candidate("t5", "t5", p,
-                                   count_indexed(keys, p + "encoder.block.", ".layer.0.SelfAttention.q.weight")))
+        for layout, kind, anchor, head, tail in _LAYOUTS:
+            if not k.endswith(anchor):
+                continue
+            p = k[:-len(anchor)]
+            # (an OpenCLIP vision tower has resblocks but no token embedding)
+            if layout != "clip-openclip" or p + "token_embedding.weight" in keys:
+                found.append(Candidate(kind, layout, p, count_indexed(keys, p + head, tail)))
+            break
     return found
 
 

@@ -19,7 +19,6 @@ import numpy as np
 import flame_core as flame
 import flame_nn
 import flame_nn.functional as F
-from flame_nn.empty_init import new_parameter
 from flame_nn.offload import run_block
 
 from .base import TextEncoderModel
@@ -63,14 +62,12 @@ def _compute_dtype(linear):
     return getattr(linear, "compute_dtype", None) or linear.weight.dtype
 
 
-class T5LayerNorm(flame_nn.Module):
-    """RMS norm without bias or mean subtraction, statistics in float32; the result in the weight's dtype."""
+class T5LayerNorm(flame_nn.RMSNorm):
+    """RMS norm without bias or mean subtraction (flame_nn.RMSNorm's gain), statistics in float32; the result in the
+    weight's dtype, also for an input of another dtype."""
 
     def __init__(self, hidden_size, eps=1e-6, dtype=None, device=None):
-        super().__init__()
-        self.eps = eps
-        self.weight = new_parameter((hidden_size,), dtype, device)
-        flame_nn.init.ones_(self.weight)
+        super().__init__(hidden_size, eps=eps, dtype=dtype, device=device)
 
     def forward(self, x):
         w = self.weight

@@ -6,10 +6,10 @@ tokenizer folder, or the path of one of its files. A tokenizer folder holds `tok
 `special_tokens_map.json` (special tokens, `model_max_length`, `extra_ids`).
 """
 import json
-import os
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from flame_core.io import atomic_write
 
 from .errors import TokenizerFilesError
 
@@ -138,15 +138,5 @@ def first_given(*values):
 
 def write_atomic(path, data):
     """Write bytes to `path` through a temporary file in the same folder, fsync, then rename: never half-written."""
-    path = Path(path)
-    # open(..., "xb") rather than mkstemp: the file gets the usual umask-derived mode, not 0600.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "xb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_write(path) as f:
+        f.write(data)

@@ -12,10 +12,12 @@ from .layers import AttnBlock, Downsample, MidBlock, ResnetBlock, Upsample
 from .model import AutoencoderKL, Decoder, Encoder
 from .loading import VAECheckpointError, VAECheckpoint, infer_config, load_vae, load_vae_state_
 from .saving import save_vae
+from .family import check_latents, decode_model_latents, encode_model_latents, load_family_vae
 from .tiling import blend_h, blend_v, tiled_decode, tiled_encode
 
 __all__ = ["VAEConfig", "AutoencoderKLConfig", "VAEConfigError", "configs", "vae_config",
            "DiagonalGaussianDistribution", "LatentFormat", "FLUX", "SD3", "SDXL", "latent_formats", "AttnBlock",
            "Downsample", "MidBlock", "ResnetBlock", "Upsample", "AutoencoderKL", "Decoder", "Encoder",
            "VAECheckpointError", "VAECheckpoint", "infer_config", "load_vae", "load_vae_state_", "save_vae",
-           "blend_h", "blend_v", "tiled_decode", "tiled_encode"]
+           "load_family_vae", "check_latents", "decode_model_latents", "encode_model_latents", "blend_h", "blend_v",
+           "tiled_decode", "tiled_encode"]

@@ -2,6 +2,8 @@
 config.json, or inferred from a checkpoint's weights (see loading.infer_config)."""
 from dataclasses import asdict, dataclass, replace
 
+from ..checkpoint_io import preset
+
 
 class VAEConfigError(ValueError):
     """A VAE config that is inconsistent or that this architecture cannot express."""
@@ -114,9 +116,4 @@ configs = {
 
 def vae_config(name_or_config):
     """A preset by name ('flux', 'sd3', 'sdxl') or a VAEConfig passed through."""
-    if isinstance(name_or_config, VAEConfig):
-        return name_or_config
-    try:
-        return configs[name_or_config]
-    except (KeyError, TypeError):
-        raise VAEConfigError(f"unknown VAE config {name_or_config!r}; known: {', '.join(configs)}") from None
+    return preset(name_or_config, VAEConfig, configs, what="VAE", error=VAEConfigError)

@@ -11,13 +11,15 @@ import flame_nn.functional as F
 from .attention import single_head_attention
 
 
-def _inplace_ok(*tensors):
+def inplace_ok(*tensors):
+    """Whether an op may overwrite one of `tensors` in place: nothing records gradients through them (the SDXL
+    UNet's blocks use this and add_residual too)."""
     return not flame.is_grad_enabled() or not any(t.requires_grad for t in tensors)
 
 
 def add_residual(h, x):
     """h + x, written into h when no gradient is being recorded (h is a fresh tensor the caller owns)."""
-    if _inplace_ok(h, x):
+    if inplace_ok(h, x):
         h += x
         return h
     return h + x

@@ -128,6 +128,14 @@ def demote(streamer, fraction=0.25):
     return sorted(gone)
 
 
+def _optional_parts(extra, extra_words, overhead, headroom):
+    """The budget messages' parts for the memory a fit counts only when there is some."""
+    g = fmt_bytes
+    return ((f", {g(extra)} of {extra_words}" if extra else "")
+            + (f", {g(overhead)} outside FLAME's pool (CUDA context, libraries)" if overhead else "")
+            + (f", {g(headroom)} headroom" if headroom else ""))
+
+
 def _minimum_message(budget, overhead, static, peak, extra, slots, nslots, headroom):
     g = fmt_bytes
     minimum = peak + extra + overhead
@@ -135,9 +143,7 @@ def _minimum_message(budget, overhead, static, peak, extra, slots, nslots, headr
             f"step with every block streamed: {g(static - slots)} held on the device (weights outside the blocks, "
             f"trainable parameters and their gradients), {nslots} streaming slots of {g(slots / max(nslots, 1))}, "
             f"{g(peak - static)} of activations and workspace at the step's peak"
-            + (f", {g(extra)} of state allocated later (optimizer)" if extra else "")
-            + (f", {g(overhead)} outside FLAME's pool (CUDA context, libraries)" if overhead else "")
-            + (f", {g(headroom)} headroom" if headroom else "")
+            + _optional_parts(extra, "state allocated later (optimizer)", overhead, headroom)
             + ". Raise max_gpu_memory, store the frozen weights in fp8 (quantize), enable gradient checkpointing, "
               "or lower the resolution / batch size.")
 
@@ -180,9 +186,7 @@ def auto_fit(streamer, max_gpu_memory, step_fn, *, extra_bytes=0, headroom=None,
             f"max_gpu_memory {g(budget)} is below the minimum this model needs even before a step runs: "
             f"{g(static + extra + overhead + headroom)} with every block streamed ({g(static - slots)} held on the "
             f"device outside the blocks, {streamer.num_slots} streaming slots of {g(streamer.slot_bytes)}"
-            + (f", {g(extra)} of optimizer state" if extra else "")
-            + (f", {g(overhead)} outside FLAME's pool (CUDA context, libraries)" if overhead else "")
-            + (f", {g(headroom)} headroom" if headroom else "")
+            + _optional_parts(extra, "optimizer state", overhead, headroom)
             + "), and a step's activations come on top. Raise max_gpu_memory or store the frozen weights in fp8.",
             minimum=static + extra + overhead + headroom)
 

@@ -6,7 +6,7 @@ with s starting at initial_accumulator_value (the state is created with the opti
 from flame_core import backend
 from flame_core.tensor import _wrap
 
-from .optimizer import Optimizer, _closure_loss, grads_of, state_on_device
+from .optimizer import Optimizer, _closure_loss, grads_of
 
 
 class Adagrad(Optimizer):
@@ -32,18 +32,11 @@ class Adagrad(Optimizer):
     def step(self, closure=None):
         loss = _closure_loss(closure)
         for group in self.param_groups:
-            lr, lr_decay, wd, eps, maximize = group["lr"], group["lr_decay"], group["weight_decay"], group["eps"], \
-                group["maximize"]
+            lr, lr_decay, eps = group["lr"], group["lr_decay"], group["eps"]
             for p, g in grads_of(group):
-                st = self.state.get(p)
-                st = self._init_state(p, group) if st is None else state_on_device(st, p)
+                st, g = self._prepare(p, g, group)
                 w = p._data
                 xp = backend.xp_of(w)
-                if maximize:
-                    g = -g
-                if wd:
-                    g = g + wd * w
-                st["step"] += 1
                 clr = lr / (1 + (st["step"] - 1) * lr_decay)
                 s = st["sum"]._data
                 s += g * g

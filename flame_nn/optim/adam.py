@@ -17,7 +17,7 @@ from flame_core import backend
 from flame_core.io import convert
 from flame_core.tensor import _wrap
 
-from .optimizer import Optimizer, _closure_loss, grads_of, state_on_device, pool
+from .optimizer import Optimizer, _closure_loss, grads_of, pool
 
 try:
     from flame_core.kernels import adamw as _fused
@@ -41,10 +41,10 @@ class Adam(Optimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                                       amsgrad=amsgrad, maximize=maximize))
 
-    def _init_state(self, p, amsgrad):
+    def _init_state(self, p, group):
         xp = backend.xp_of(p._data)
         st = {"step": 0, "exp_avg": _wrap(xp.zeros_like(p._data)), "exp_avg_sq": _wrap(xp.zeros_like(p._data))}
-        if amsgrad:
+        if group["amsgrad"]:
             st["max_exp_avg_sq"] = _wrap(xp.zeros_like(p._data))
         self.state[p] = st
         return st
@@ -57,24 +57,17 @@ class Adam(Optimizer):
         loss = _closure_loss(closure)
         for group in self.param_groups:
             lr, (b1, b2), eps = group["lr"], group["betas"], group["eps"]
-            wd, amsgrad, maximize = group["weight_decay"], group["amsgrad"], group["maximize"]
+            wd, amsgrad = group["weight_decay"], group["amsgrad"]
             done = self._fused_step(group)
             for p, g in grads_of(group):
                 if id(p) in done:
                     continue
-                st = self.state.get(p)
-                st = self._init_state(p, amsgrad) if st is None else state_on_device(st, p)
+                st, g = self._prepare(p, g, group, l2=not self._decoupled)
                 w = p._data
                 xp = backend.xp_of(w)
-                if maximize:
-                    g = -g
-                st["step"] += 1
                 t = st["step"]
-                if wd:
-                    if self._decoupled:
-                        w *= 1 - lr * wd
-                    else:
-                        g = g + wd * w
+                if wd and self._decoupled:
+                    w *= 1 - lr * wd
                 m, v = st["exp_avg"]._data, st["exp_avg_sq"]._data
                 m *= b1
                 m += (1 - b1) * g

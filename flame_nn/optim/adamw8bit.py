@@ -15,7 +15,7 @@ from flame_core import backend
 from flame_core.tensor import _wrap
 
 from .adam import _check
-from .optimizer import Optimizer, _closure_loss, grads_of, state_on_device
+from .optimizer import Optimizer, _closure_loss, grads_of
 
 
 def dynamic_map(signed=True, max_exponent_bits=7, total_bits=8):
@@ -106,8 +106,7 @@ class AdamW8bit(Optimizer):
             lr, (b1, b2), eps, wd, bs = group["lr"], group["betas"], group["eps"], group["weight_decay"], \
                 group["block_size"]
             for p, g in grads_of(group):
-                st = self.state.get(p)
-                st = self._init_state(p, group) if st is None else state_on_device(st, p)
+                st, g = self._prepare(p, g, group, l2=False)  # AdamW's decay is decoupled (below)
                 w = p._data
                 xp = backend.xp_of(w)
                 quantized = "exp_avg_absmax" in st
@@ -118,7 +117,6 @@ class AdamW8bit(Optimizer):
                 else:
                     m, v = st["exp_avg"]._data, st["exp_avg_sq"]._data
                 gf = g.reshape(-1).astype(np.float32)
-                st["step"] += 1
                 t = st["step"]
                 m *= b1
                 m += (1 - b1) * gf

@@ -98,6 +98,19 @@ class Optimizer:
                 if k != "params":
                     mine[k] = v
 
+    def _prepare(self, p, g, group, l2=True):
+        """(state, gradient) for updating `p` with gradient array `g`: p's state (made by `_init_state` on first use,
+        moved to p's device after `Module.to`) with its step counted, and the gradient negated for `maximize` and,
+        when `l2`, with weight_decay * p added (PyTorch's coupled weight decay)."""
+        st = self.state.get(p)
+        st = self._init_state(p, group) if st is None else state_on_device(st, p)
+        if group.get("maximize"):
+            g = -g
+        if l2 and group["weight_decay"]:
+            g = g + group["weight_decay"] * p._data
+        st["step"] += 1
+        return st, g
+
     def _cast_state(self, p, key, v):
         """A private copy of a loaded state value on p's device (floating state in p's dtype, as PyTorch)."""
         if not isinstance(v, Tensor):

@@ -7,7 +7,7 @@
 from flame_core import backend
 from flame_core.tensor import _wrap
 
-from .optimizer import Optimizer, _closure_loss, grads_of, state_on_device
+from .optimizer import Optimizer, _closure_loss, grads_of
 
 
 class RMSprop(Optimizer):
@@ -32,19 +32,12 @@ class RMSprop(Optimizer):
     def step(self, closure=None):
         loss = _closure_loss(closure)
         for group in self.param_groups:
-            lr, alpha, eps = group["lr"], group["alpha"], group["eps"]
-            wd, mom, centered, maximize = group["weight_decay"], group["momentum"], group["centered"], \
-                group["maximize"]
+            lr, alpha, eps, mom, centered = group["lr"], group["alpha"], group["eps"], group["momentum"], \
+                group["centered"]
             for p, g in grads_of(group):
-                st = self.state.get(p)
-                st = self._init_state(p, group) if st is None else state_on_device(st, p)
+                st, g = self._prepare(p, g, group)
                 w = p._data
                 xp = backend.xp_of(w)
-                if maximize:
-                    g = -g
-                if wd:
-                    g = g + wd * w
-                st["step"] += 1
                 v = st["square_avg"]._data
                 v *= alpha
                 v += (1 - alpha) * (g * g)

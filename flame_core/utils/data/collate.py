@@ -66,6 +66,33 @@ default_collate_fn_map = {
 }
 
 
+def rebuild_mapping(like, fields):
+    """The dict `fields` as a mapping of like's type (a copy of a mutable `like`, updated), as PyTorch rebuilds
+    containers; the dict itself when that type cannot be built from one."""
+    try:
+        if isinstance(like, collections.abc.MutableMapping):
+            out = copy.copy(like)
+            out.update(fields)
+            return out
+        return type(like)(fields)
+    except TypeError:
+        return fields
+
+
+def rebuild_sequence(like, items):
+    """The list `items` as a sequence of like's type (a copy of a mutable `like` with its items replaced); the list
+    itself when that type cannot be built from one."""
+    try:
+        if isinstance(like, collections.abc.MutableSequence):
+            out = copy.copy(like)
+            for i, item in enumerate(items):
+                out[i] = item
+            return out
+        return type(like)(items)
+    except TypeError:
+        return items
+
+
 def collate(batch, *, collate_fn_map=None):
     """Collate a list of samples; containers recurse, leaves go to the function `collate_fn_map` gives their type."""
     elem = batch[0]
@@ -77,15 +104,8 @@ def collate(batch, *, collate_fn_map=None):
             if isinstance(elem, kind):
                 return fn(batch, collate_fn_map=collate_fn_map)
     if isinstance(elem, collections.abc.Mapping):
-        fields = {key: collate([d[key] for d in batch], collate_fn_map=collate_fn_map) for key in elem}
-        try:
-            if isinstance(elem, collections.abc.MutableMapping):
-                out = copy.copy(elem)
-                out.update(fields)
-                return out
-            return elem_type(fields)
-        except TypeError:  # the mapping type cannot be rebuilt from a dict
-            return fields
+        return rebuild_mapping(elem, {key: collate([d[key] for d in batch], collate_fn_map=collate_fn_map)
+                                      for key in elem})
     if isinstance(elem, tuple) and hasattr(elem, "_fields"):  # namedtuple
         return elem_type(*(collate(list(s), collate_fn_map=collate_fn_map) for s in zip(*batch)))
     if isinstance(elem, collections.abc.Sequence):
@@ -93,17 +113,7 @@ def collate(batch, *, collate_fn_map=None):
         if any(len(e) != size for e in batch):
             raise RuntimeError("each element in list of batch should be of equal size")
         columns = [collate(list(s), collate_fn_map=collate_fn_map) for s in zip(*batch)]
-        if isinstance(elem, tuple):
-            return columns
-        try:
-            if isinstance(elem, collections.abc.MutableSequence):
-                out = copy.copy(elem)
-                for i, c in enumerate(columns):
-                    out[i] = c
-                return out
-            return elem_type(columns)
-        except TypeError:
-            return columns
+        return columns if isinstance(elem, tuple) else rebuild_sequence(elem, columns)
     raise TypeError(_ERR.format(elem_type))
 
 
@@ -123,28 +133,11 @@ def default_convert(data):
             return data
         return _cpu_tensor(np.asarray(data))
     if isinstance(data, collections.abc.Mapping):
-        fields = {key: default_convert(data[key]) for key in data}
-        try:
-            if isinstance(data, collections.abc.MutableMapping):
-                out = copy.copy(data)
-                out.update(fields)
-                return out
-            return t(fields)
-        except TypeError:
-            return fields
+        return rebuild_mapping(data, {key: default_convert(data[key]) for key in data})
     if isinstance(data, tuple) and hasattr(data, "_fields"):
         return t(*(default_convert(d) for d in data))
     if isinstance(data, tuple):
         return [default_convert(d) for d in data]
     if isinstance(data, collections.abc.Sequence) and not isinstance(data, (str, bytes)):
-        items = [default_convert(d) for d in data]
-        try:
-            if isinstance(data, collections.abc.MutableSequence):
-                out = copy.copy(data)
-                for i, d in enumerate(items):
-                    out[i] = d
-                return out
-            return t(items)
-        except TypeError:
-            return items
+        return rebuild_sequence(data, [default_convert(d) for d in data])
     return data

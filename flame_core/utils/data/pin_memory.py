@@ -4,9 +4,9 @@ default_collate builds them; objects with a `pin_memory()` method are asked to p
 everything else pass through.
 """
 import collections.abc
-import copy
 
 from ...tensor import Tensor
+from .collate import rebuild_mapping, rebuild_sequence
 
 
 def _pin_tensor(t):
@@ -24,30 +24,13 @@ def pin_memory(data):
     if isinstance(data, (str, bytes)):
         return data
     if isinstance(data, collections.abc.Mapping):
-        fields = {k: pin_memory(v) for k, v in data.items()}
-        try:
-            if isinstance(data, collections.abc.MutableMapping):
-                out = copy.copy(data)
-                out.update(fields)
-                return out
-            return type(data)(fields)
-        except TypeError:
-            return fields
+        return rebuild_mapping(data, {k: pin_memory(v) for k, v in data.items()})
     if isinstance(data, tuple) and hasattr(data, "_fields"):
         return type(data)(*(pin_memory(d) for d in data))
     if isinstance(data, tuple):
         return [pin_memory(d) for d in data]
     if isinstance(data, collections.abc.Sequence):
-        items = [pin_memory(d) for d in data]
-        try:
-            if isinstance(data, collections.abc.MutableSequence):
-                out = copy.copy(data)
-                for i, d in enumerate(items):
-                    out[i] = d
-                return out
-            return type(data)(items)
-        except TypeError:
-            return items
+        return rebuild_sequence(data, [pin_memory(d) for d in data])
     if callable(getattr(data, "pin_memory", None)):
         return data.pin_memory()
     return data
