@@ -61,3 +61,38 @@ def test_every_familys_captured_region_has_no_host_sync(tmp_path, tiny_model, sd
     tr = Trainer(cfg, verbose=False).setup()
     loss, _, _ = guarded_step(tr)
     assert np.isfinite(loss) and tr.step == 3
+
+
+class _FailingCapture:
+    """A GraphedFunction stand-in (the cpu has no graphs): eager for `warmup` calls, then the capture raises."""
+
+    def __init__(self, fn, warmup=2):
+        self.fn, self.warmup, self.calls, self.graph = fn, warmup, 0, None
+
+    def __call__(self, *args):
+        self.calls += 1
+        if self.calls <= self.warmup:
+            return self.fn(*args)
+        raise RuntimeError("cudaErrorCapturedEvent: operation not permitted on an event last recorded in a "
+                           "capturing stream\n(second line)")
+
+    def reset(self):
+        self.calls = 0
+
+
+def test_a_failed_capture_trains_on_eagerly_and_keeps_why(tmp_path, monkeypatch, capsys):
+    from flame_models.training import graphs
+    from .conftest import tiny_config
+    monkeypatch.setattr(graphs, "graphed", _FailingCapture)
+    runs = {}
+    for fail in (False, True):
+        tr = Trainer(tiny_config(tmp_path, f"f{fail}", steps=4), verbose=fail).setup()
+        if fail:
+            tr.graphed = graphs.StepGraphs(tr._forward_backward, warmup=2)  # as on cuda
+        runs[fail] = ([tr.train_step()[0] for _ in range(4)], tr)
+    tr = runs[True][1]
+    assert not tr.graphed.enabled and tr.graphed.captured == 0
+    assert tr.graphed.failure == "RuntimeError: cudaErrorCapturedEvent: operation not permitted on an event last " \
+                                 "recorded in a capturing stream"
+    assert f"CUDA graph capture failed ({tr.graphed.failure}); training continues eagerly" in capsys.readouterr().out
+    np.testing.assert_array_equal(runs[True][0], runs[False][0])  # the failed step ran eagerly: the same numbers
