@@ -15,24 +15,24 @@ from .test_sd_families import SD3_MODEL, sdxl_model  # noqa: F401  (the module f
 
 
 def test_the_guard_refuses_what_a_capture_refuses_and_restores_everything():
-    t = flame.randn(4, 3)
+    t = flame.randn(4, 3, device="cpu")  # (the guard sees NumPy's concatenate: the cpu, also under FLAME_DEVICE)
     with no_host_sync():
         y = (t * 2 + 1).sum(0)                             # device work is fine
         flame.cat([t] * 8, dim=0)
         flame.tensor(t)                                     # a device copy
         for bad in (lambda: t[0, 0].item(), lambda: t.numpy(),
                     lambda: float(t.sum()), lambda: bool(t.sum() > 0), lambda: t.tolist(),
-                    lambda: flame.tensor(np.ones(3, np.float32)), lambda: flame.randn(2),
+                    lambda: flame.tensor(np.ones(3, np.float32), device="cpu"), lambda: flame.randn(2, device="cpu"),
                     lambda: flame.cat([t] * 9, dim=0), lambda: flame.stack([t] * 9)):
             with pytest.raises(HostSyncError, match="a CUDA graph captures"):
                 bad()
     assert y.shape == (3,) and t.numpy().shape == (4, 3)
     assert float(flame.cat([t] * 9).sum()) == pytest.approx(9 * float(t.sum()), rel=1e-5)
-    assert flame.randn(2).shape == (2,) and flame.tensor(np.ones(3)).shape == (3,)
+    assert flame.randn(2, device="cpu").shape == (2,) and flame.tensor(np.ones(3), device="cpu").shape == (3,)
 
 
 def test_a_split_into_more_than_8_pieces_is_refused_in_backward_and_modulation_chunks_avoid_it():
-    w = flame.randn(2, 9 * 4, requires_grad=True)
+    w = flame.randn(2, 9 * 4, requires_grad=True, device="cpu")
     with no_host_sync(), pytest.raises(HostSyncError, match="np.concatenate of 9 arrays"):
         sum((p * (i + 1)).sum() for i, p in enumerate(w.split([4] * 9, dim=-1))).backward()
     w.grad = None
