@@ -1,5 +1,5 @@
 """conv2d on arrays: an implicit GEMM on tensor cores (cuda, float16/bfloat16), else im2col + GEMM (cuBLAS through
-cupy.matmul on cuda, BLAS on cpu) in bounded-memory chunks.
+flame_core.kernels.gemm on cuda, BLAS on cpu) in bounded-memory chunks.
 
 Implicit GEMM (flame_core/kernels/conv.py, cuda_src/conv_igemm.cu), for groups=1 and every kernel size other than a
 plain 1x1: x is copied to NHWC with channels padded to a multiple of 8 and the weights to (O, KH*KW*Cp); the kernel
@@ -34,6 +34,7 @@ from ..amp import autocast_mode as _amp  # autocast hook: a flag test when off
 from ..autograd.function import Function
 from ..autograd.grad_mode import state
 from ..errors import AutogradError, DTypeError, ShapeError, fmt_shape
+from ..kernels import gemm as _gemm
 from ..tensor import _wrap, check_same_device
 
 Geom = namedtuple("Geom", "N C H W O KH KW sh sw ph pw dh dw OH OW G")
@@ -201,7 +202,9 @@ def _col2im_cuda(dcols, dx, g, n0, nimg, oh0, nrows, accumulate):
 
 # ----------------------------------------------------------------------------- GEMMs
 def _mm(a, b, out=None):
-    """a @ b (2-D or batched) into `out`; NumPy half types multiply in float32."""
+    """a @ b (2-D or batched) into `out`; NumPy half types multiply in float32. CuPy float32/float16/bfloat16 go
+    through flame_core.kernels.gemm (cuBLAS on the current stream): CuPy's own matmul refuses to run while a CUDA
+    graph is being captured, and a graphed training step convolves (SDXL's UNet)."""
     xp = backend.xp_of(a)
     if xp is np and a.dtype in _HALF:
         r = _threads.matmul(a.astype(np.float32), b.astype(np.float32))
@@ -211,7 +214,9 @@ def _mm(a, b, out=None):
         return out
     if xp is np:
         return _threads.matmul(a, b, out=out)
-    if out is None:
+    if a.dtype == b.dtype and _gemm.supported(a.dtype):
+        return _gemm.matmul(a, b, out=out)
+    if out is None:  # float64 (not capturable; training runs in float32 or lower)
         return xp.matmul(a, b)
     return xp.matmul(a, b, out=out)
 

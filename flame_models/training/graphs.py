@@ -25,12 +25,15 @@ def graph_plan(num_shapes, budget, enabled, cuda):
 
 
 class StepGraphs:
-    """A GraphedFunction of `fn` per argument-shape signature (eager for the first `warmup` calls of each)."""
+    """A GraphedFunction of `fn` per argument-shape signature (eager for the first `warmup` calls of each).
+    `failure`: why the last capture that failed did (the exception's type and first line; set by the trainer, which
+    then trains eagerly and logs it only when verbose), or None."""
 
     def __init__(self, fn, warmup=2):
         self.fn, self.warmup = fn, int(warmup)
         self.enabled = True
         self.graphs = {}
+        self.failure = None
 
     @staticmethod
     def key(args):

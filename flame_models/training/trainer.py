@@ -349,6 +349,7 @@ class Trainer:
             # the message only: the exception's frames hold the failed capture's tensors
             failed = (isinstance(e, OutOfMemoryError), f"{type(e).__name__}: {str(e).splitlines()[0]}")
         if failed is not None:
+            self.graphed.failure = failed[1]
             gc.collect()
             if self.streamer is not None:  # the failed capture recorded loads that never ran
                 self.streamer.invalidate_slots()

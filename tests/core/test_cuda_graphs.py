@@ -112,3 +112,71 @@ def test_graph_memory_survives_empty_cache():
     del junk
     g.reset()
     assert backend.cuda_available()
+
+
+def test_conv_gemms_of_cuda_arrays_go_through_flame_cublas(monkeypatch):
+    """conv2d's im2col GEMMs on CuPy arrays call flame_core.kernels.gemm (cuBLAS on the current stream); CuPy's own
+    matmul refuses to run while a CUDA graph is captured, so a graphed SDXL step fell back to eager. Checked on the
+    CPU with a stand-in array module for CUDA."""
+    import types
+    from flame_core.kernels import gemm
+    from flame_core.ops import conv
+    calls = []
+
+    def flame_matmul(a, b, out=None, beta=0.0):
+        calls.append((a.dtype, out is not None))
+        r = np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
+        if out is None:
+            return r
+        out[...] = r
+        return out
+
+    def cupy_matmul(a, b, out=None):
+        raise RuntimeError("calling cuBLAS API during stream capture is currently unsupported")
+
+    fake_xp = types.SimpleNamespace(matmul=cupy_matmul)
+    monkeypatch.setattr(conv, "backend", types.SimpleNamespace(xp_of=lambda a: fake_xp))
+    monkeypatch.setattr(conv, "_gemm", types.SimpleNamespace(supported=gemm.supported, matmul=flame_matmul))
+    rng = np.random.default_rng(0)
+    for dt in (np.float32, np.float16, flame.bfloat16.np):
+        a, b = rng.standard_normal((2, 6, 5)).astype(dt), rng.standard_normal((2, 5, 7)).astype(dt)
+        out = np.empty((2, 6, 7), dt)
+        assert conv._mm(a, b, out) is out and conv._mm(a[0], b[0]).shape == (6, 7)
+        np.testing.assert_allclose(out.astype(np.float32), np.matmul(a.astype(np.float32), b.astype(np.float32)),
+                                   rtol=1e-2, atol=1e-2)
+    assert [c[0] for c in calls] == [np.float32] * 2 + [np.float16] * 2 + [flame.bfloat16.np] * 2
+    with pytest.raises(RuntimeError, match="cuBLAS"):  # float64: CuPy's matmul (training runs in float32 or lower)
+        conv._mm(rng.standard_normal((3, 3)), rng.standard_normal((3, 3)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_convolutions_forward_and_backward_capture_with_the_eager_numbers(dtype):
+    """A captured conv2d forward + backward (3x3, strided, 1x1, grouped; im2col + GEMM at these sizes) replays the
+    eager numbers: its GEMMs go through flame_core.kernels.gemm, which works while capturing."""
+    dt = getattr(flame, dtype)
+    rng = np.random.default_rng(0)
+
+    def leaf(*shape, scale=1.0):
+        return flame.tensor(scale * rng.standard_normal(shape), dtype=dt, device="cuda", requires_grad=True)
+    x = leaf(2, 8, 12, 12)
+    convs = [(leaf(16, 8, 3, 3, scale=0.1), leaf(16, scale=0.1), dict(padding=1)),
+             (leaf(16, 8, 3, 3, scale=0.1), None, dict(stride=2, padding=1)),
+             (leaf(16, 8, 1, 1, scale=0.1), leaf(16, scale=0.1), {}),
+             (leaf(16, 4, 3, 3, scale=0.1), None, dict(padding=1, groups=2))]
+    leaves = [x] + [t for w, b, _ in convs for t in (w, b) if t is not None]
+
+    def step():
+        for t in leaves:
+            t.grad = None
+        loss = sum((F.conv2d(x, w, b, **kw).float() ** 2).mean() for w, b, kw in convs)
+        loss.backward()
+        return loss.detach()
+    want = [step().numpy()] + [t.grad.float().numpy() for t in leaves]
+    g = CUDAGraph()
+    with graph(g):
+        out = step()
+    g.replay()
+    got = [out.numpy()] + [t.grad.float().numpy() for t in leaves]
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)

@@ -36,7 +36,7 @@ def test_cuda_graph_steps_give_the_eager_numbers(tmp_path, sdxl_model, arch):  #
         tr = Trainer(_gpu(_config(arch, tmp_path, f"g{graph}", model, images, steps=8), graph), verbose=False).setup()
         losses = [tr.train_step()[0] for _ in range(8)]
         runs[graph] = (losses, [p.detach().float().numpy() for p in tr.params], tr)
-    assert runs[True][2].graphed is not None and runs[True][2].graphed.captured == 1
+    assert runs[True][2].graphed is not None and runs[True][2].graphed.captured == 1, runs[True][2].graphed.failure
     np.testing.assert_allclose(runs[True][0], runs[False][0], rtol=1e-5)
     for a, b in zip(runs[True][1], runs[False][1]):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
@@ -46,14 +46,19 @@ def test_cuda_graph_steps_give_the_eager_numbers(tmp_path, sdxl_model, arch):  #
 def test_streamed_blocks_give_the_resident_numbers(tmp_path, sdxl_model, arch):  # noqa: F811
     images = draw_images(tmp_path / "images", 2, 2)
     model = SD3_MODEL if arch == "sd3" else sdxl_model
+    # both runs read one set of latents and text embeddings from disk: under max_gpu_memory the VAE encodes one image
+    # per call instead of four, SD3's VAE computes in float16 on the GPU where the two need not round alike, and
+    # Adam makes a data difference that small visible in the parameters
+    data = [{"folder_path": images, "resolution": 64, "bucket_tolerance": 32, "cache_latents_to_disk": True}]
     runs = {}
     for stream in (False, True):
-        cfg = _gpu(_config(arch, tmp_path, f"s{stream}", model, images, steps=4,
+        cfg = _gpu(_config(arch, tmp_path, f"s{stream}", model, images, steps=4, datasets=data,
                            train={"gradient_checkpointing": True}), graph=False)
         if stream:
             cfg.max_gpu_memory = "8GiB"
         tr = Trainer(cfg, verbose=False).setup()
         if stream:
+            assert tr.prepared.encoded == {"latents": 0, "text": 0}   # the first run's caches, read back
             M.set_memory_limit(None, "cuda")
             tr.streamer.set_resident([0])                             # the others stream through the slots
             assert len(tr.streamer.streamed) == len(tr.streamer.names) - 1
