@@ -447,6 +447,9 @@ def clone(x, memory_format=None):
     return Clone.apply(x)
 
 
+_CAT_DIRECT = 8  # arrays one xp.concatenate joins (see Cat.forward)
+
+
 class Cat(Function):
     @staticmethod
     def forward(ctx, dim, *xs):
@@ -464,7 +467,21 @@ class Cat(Function):
             arrs = [a.astype(res.np) for a in arrs]
         ctx.sizes = [a.shape[dim] for a in arrs]
         ctx.dim = dim
-        out = _wrap(backend.xp_of(arrs[0]).concatenate(arrs, axis=dim))
+        xp = backend.xp_of(arrs[0])
+        if len(arrs) <= _CAT_DIRECT:
+            out = _wrap(xp.concatenate(arrs, axis=dim))
+        else:  # CuPy joins more arrays through an address table copied from host memory, which a CUDA graph
+            # capture refuses (a split's backward into 9+ pieces is such a join): each piece is copied into its slice
+            shape = list(arrs[0].shape)
+            shape[dim] = builtins.sum(ctx.sizes)
+            res = xp.empty(tuple(shape), dtype=arrs[0].dtype)
+            at = [slice(None)] * res.ndim
+            start = 0
+            for a, n in zip(arrs, ctx.sizes):
+                at[dim] = slice(start, start + n)
+                res[tuple(at)] = a
+                start += n
+            out = _wrap(res)
         if f8:  # cuda float8 bytes stay float8
             out._f8 = True
         return out

@@ -114,28 +114,13 @@ class Modulation(flame_nn.Module):
         return ModulationOut(*out[:3]), (ModulationOut(*out[3:]) if self.is_double else None)
 
 
-# A split's backward concatenates the gradients of its pieces, and CuPy concatenates more than 8 arrays with a kernel
-# that reads their addresses from a table it copies from host memory at every call: in a captured CUDA graph that
-# copy fails (or would replay a stale table). So more than 8 vectors (MMDiT-X's dual-attention blocks have 9) are cut
-# in two steps of at most MAX_SPLIT pieces each.
-MAX_SPLIT = 8
-
-
 def modulation_chunks(mods, n):
     """(B, n*H) -> n vectors (B, H); for one sample n vectors (H,), which broadcast over the tokens and let the
     adaLN modulation run inside the fused LayerNorm."""
     if mods.shape[0] == 1:
         mods = mods.reshape(-1)
     H = mods.shape[-1] // n
-    if n <= MAX_SPLIT:
-        return mods.split([H] * n, dim=-1)
-    if n > MAX_SPLIT * MAX_SPLIT:
-        raise ValueError(f"modulation_chunks: {n} vectors; at most {MAX_SPLIT * MAX_SPLIT} are supported")
-    groups = [min(MAX_SPLIT, n - i) for i in range(0, n, MAX_SPLIT)]
-    out = []
-    for part, k in zip(mods.split([H * k for k in groups], dim=-1), groups):
-        out.extend(part.split([H] * k, dim=-1) if k > 1 else (part,))
-    return tuple(out)
+    return mods.split([H] * n, dim=-1)
 
 
 def _mlp(hidden_size, mlp_hidden_dim, dtype, device):
