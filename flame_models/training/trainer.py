@@ -19,7 +19,7 @@ the optimizer, the LR schedule, EMA. Every `save_every` steps a checkpoint (adap
 states, step, data position, EMA, training time, config) is written whole or not at all (checkpoint.py), and a
 restart with the same config resumes from the newest intact one exactly:
 the next step's loss and parameters equal those of a run that never stopped. A changed config either applies from
-there on or is refused (resume.py). Every `sample_every` steps the preview sampler runs while the progress clock is
+there on or is refused, and the checkpoint is chosen and loaded (resume.py). Every `sample_every` steps the preview sampler runs while the progress clock is
 paused. Ctrl-C / SIGTERM stop after the current step with a checkpoint (interrupt.py).
 """
 import gc
@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import time
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -39,7 +40,7 @@ from flame_core.errors import OutOfMemoryError
 from flame_nn import adapters as A
 
 from . import checkpoint as ckpt
-from . import image_data, run_folder
+from . import image_data
 from .config import ConfigError, config_dict, dtype_name, max_gpu_memory_bytes
 from .data import ConcatDataset, FolderDataset, Loader, SyntheticDataset
 from .distributed import TrainerGroup, main_rank_only, on_main_rank  # ddp
@@ -49,7 +50,7 @@ from .files import atomic_write_json
 from .interrupt import StopRequest
 from .logging import LossLog, plot_losses
 from .progress import Progress
-from .resume import ResumeError, compare, describe
+from . import resume
 from .graphs import StepGraphs, graph_plan
 from .samples import PreviewPrompt, Previews
 from .stages import StageMeter
@@ -122,7 +123,7 @@ class Trainer:
             c.sample.height, c.sample.width = c.sample.height or h, c.sample.width or w
 
         # the run's folder: start over, resume from its newest intact checkpoint, or refuse to mix two runs
-        checkpoint, state = self._choose_checkpoint()
+        checkpoint, state = resume.choose_checkpoint(self)
 
         # image folders and text prompts: latents and text embeddings cached, their encoders freed
         previews_on = bool(c.sample.sample_every) and not t.disable_sampling
@@ -230,7 +231,7 @@ class Trainer:
         self.loss_log = LossLog(self.out)
         self._window = {"steps": 0, "loss": 0.0, "timestep": 0.0}  # steps since the last loss-log row
         if checkpoint is not None:
-            self._load_checkpoint(checkpoint, state)
+            resume.load_checkpoint(self, checkpoint, state)
         atomic_write_json(os.path.join(self.out, "config.json"), config_dict(c), indent=1, default=str)
 
     def _batch_shapes(self):
@@ -417,7 +418,7 @@ class Trainer:
         self.stop = StopRequest() if self.handle_signals else None
         saved_at = self.step if self.resumed_from else None
         try:
-            with self.stop or _nullcontext(), self.meter.stage("train"):
+            with self.stop or nullcontext(), self.meter.stage("train"):
                 if self.step == 0 and self._sample_due(0):
                     with self.progress.paused():
                         self.sample()
@@ -497,7 +498,7 @@ class Trainer:
             flame.memory.empty_cache(self.device)
         self.model.eval()
         try:
-            with (self.ema.swapped() if self.ema is not None else _nullcontext()), no_grad(), \
+            with (self.ema.swapped() if self.ema is not None else nullcontext()), no_grad(), \
                     self.meter.stage("samples", quiet=True):
                 return self.previews.run(self.model, self.step)
         finally:
@@ -512,7 +513,7 @@ class Trainer:
         for k, v in c.meta.items():  # ai-toolkit's `meta`, with [name] replaced by the run's name
             v = v if isinstance(v, str) else json.dumps(v)
             meta[str(k)] = v.replace("[name]", c.name)
-        with (self.ema.swapped() if self.ema is not None else _nullcontext()):
+        with (self.ema.swapped() if self.ema is not None else nullcontext()):
             A.save_adapters(self.model, path, c.save.format, name_map=self.name_map, dtype=dtype_name(c.save.dtype),
                             metadata=meta)
         return path
@@ -551,81 +552,6 @@ class Trainer:
         return path
 
     # ------------------------------------------------------------------------------------------ resuming
-    def _choose_checkpoint(self):
-        """(path, state) of the checkpoint to resume from, or (None, None) for a fresh start; refuses a config
-        that cannot continue it, and a folder with another run's outputs but no checkpoint."""
-        c = self.cfg
-        if self.fresh:
-            gone = self.dist.run_on_main(run_folder.clear, self.out, c.name)  # ddp
-            if gone:
-                self.log(f"--fresh: removed {len(gone)} earlier output(s) of {self.out}: "
-                         + ", ".join(os.path.basename(g) for g in gone))
-            return None, None
-        path, step, skipped = ckpt.latest_valid(self.out)
-        for p, why in skipped:
-            self.log(f"skipping checkpoint {p}: {why}")
-        if path is None:
-            found = run_folder.outputs(self.out, c.name)
-            if found:
-                raise run_folder.RunFolderError(
-                    f"{self.out} holds outputs of an earlier run ({', '.join(os.path.basename(f) for f in found)}) "
-                    f"but no intact checkpoint to resume from"
-                    + (f" ({len(skipped)} damaged: {'; '.join(w for _, w in skipped)})" if skipped else "")
-                    + "; start over with --fresh (removes them) or choose another name")
-            return None, None
-        state = ckpt.read_state(path)
-        breaking, applied = compare(*self.dist.comparable(state, config_dict(c)))  # ddp: global batch
-        if state.get("data") is not None and state["data"] != self.data_fingerprint:
-            breaking.append(("datasets (their samples)", f"{state['data']['count']} samples",
-                             f"{self.data_fingerprint['count']} samples, other files"))
-        if breaking:
-            raise ResumeError(f"{path}: the config changed in ways that cannot continue this run: "
-                              f"{describe(breaking)}. Start over with --fresh (removes the run's checkpoints and "
-                              f"outputs), choose another name, or restore those settings")
-        if applied:
-            self.log(f"resuming with changed settings, applied from step {step} on: {describe(applied)}")
-        return path, state
-
-    def _load_checkpoint(self, path, state):
-        saved = io.load_file(os.path.join(path, "adapter.safetensors"))
-        named = A.named_adapter_parameters(self.model)
-        if sorted(saved) != sorted(k for k, _ in named):
-            raise A.AdapterFormatError(f"checkpoint {path} holds other adapter parameters than this config makes: "
-                                       f"e.g. {sorted(set(saved) ^ {k for k, _ in named})[:4]}")
-        with no_grad():
-            for k, p in named:
-                if tuple(saved[k].shape) != tuple(p.shape):
-                    raise A.AdapterFormatError(f"checkpoint {path}: {k} has shape {tuple(saved[k].shape)}, the "
-                                               f"model's is {tuple(p.shape)}")
-                p.copy_(saved[k])
-        opt_path = os.path.join(path, "optimizer.safetensors")
-        opt_tensors = io.load_file(opt_path, device=self.device) if os.path.exists(opt_path) else {}
-        st = {}
-        for k, v in list(opt_tensors.items()) + list(state["optimizer"]["scalars"].items()):
-            i, name = k.split(".", 1)
-            st.setdefault(int(i), {})[name] = v
-        # the optimizer's hyper-parameters are this config's (an applied change), its moments the checkpoint's
-        groups = [{**theirs, **{k: v for k, v in mine.items() if k != "params"}}
-                  for theirs, mine in zip(state["optimizer"]["param_groups"], self.optimizer.param_groups)]
-        self.optimizer.load_state_dict({"state": st, "param_groups": groups})
-        self.scheduler = self._make_scheduler(at_step=int(state["scheduler_epoch"]))
-        self.loader.load_state_dict(state["loader"])
-        self.sigma_gen.set_state(state["rng"]["sigma"])
-        self.noise_gen.set_state(state["rng"]["noise"])
-        flame.set_rng_state(state["rng"]["default_cpu"], "cpu")
-        flame.set_rng_state(state["rng"]["default_device"], self.device)
-        if self.ema is not None:
-            shadow = io.load_file(os.path.join(path, "ema.safetensors"), device=self.device)
-            self.ema.load_state_dict({**state["ema"], "shadow": [shadow[str(i)] for i in range(len(shadow))]})
-            self.ema.decay = self.cfg.train.ema_config.ema_decay
-        self.step = int(state["step"])
-        self.active_time = float(state.get("active_time", 0.0))
-        self._window = dict(state.get("log_window") or self._window)
-        self.loss_log.load()
-        self.loss_log.truncate(self.step)
-        self.previews.restore(self.step)
-        self.resumed_from = path
-        self.log(f"resumed from {path} (step {self.step}, {self.active_time:.0f} s of training so far)")
 
 
 def _fingerprint(dataset):
@@ -640,10 +566,3 @@ def _fingerprint(dataset):
             h.update(f"{os.path.basename(f)}:{os.path.getsize(f)}\n".encode())
     return {"count": len(dataset), "files": h.hexdigest()[:16]}
 
-
-class _nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
