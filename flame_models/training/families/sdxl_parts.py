@@ -16,7 +16,7 @@ width, tokenizers learned from the tiny corpus.
 """
 import flame_core as flame
 
-from ...sdxl.components import SUBFOLDERS, SDXLFilesError, find_sdxl_files
+from ...sdxl.components import SUBFOLDERS, find_sdxl_files
 from ...sdxl.conditioning import SDXLTextEncoders, check_vocabularies, load_text_encoders, load_tokenizers
 from ...sdxl.config import unet_config
 from ...sdxl.pipeline import load_vae_for_sdxl
@@ -41,19 +41,9 @@ def _size(model_cfg):
 def problems(cfg, *, vae, text, prefix=""):
     """What is wrong with the parts a run needs (vae: the VAE; text: the text encoders and tokenizers), read from
     headers and tokenizer files only."""
-    m, p = cfg.model, prefix
-    if m.name_or_path is None:
-        return [f"{p}model.{k}: model.size {_size(m)} builds random parts; give model.name_or_path for files"
-                for k in PATH_FIELDS if getattr(m, k) is not None]
-    wanted = {"unet"} | ({"vae"} if vae else set()) | ({"clip_l", "clip_g"} | S.TOKENIZER_PARTS if text else set())
-    files, e = S.file_problems(sdxl_files, m, wanted, WHAT, p)
-    if files is None or not text:
-        return e
-    try:
-        check_vocabularies(files, *load_tokenizers(files))
-    except (SDXLFilesError, ValueError, OSError) as ex:
-        e.append(f"{p}model: {S.fields_text(str(ex).splitlines()[0])}")
-    return e
+    m = cfg.model
+    return S.problems(m, sdxl_files, "unet", ("clip_l", "clip_g"), WHAT, _size(m), PATH_FIELDS, vae=vae, text=text,
+                      prefix=prefix, vocabularies=lambda files: check_vocabularies(files, *load_tokenizers(files)))
 
 
 # ----------------------------------------------------------------------------- the VAE
