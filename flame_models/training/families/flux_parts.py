@@ -115,6 +115,10 @@ def t5_storage(model_cfg, device, budget):
     return S.t5_storage(lambda: _t5_params(model_cfg), model_cfg.quantize_te, device, budget)
 
 
+def describe(model_cfg, device, budget):
+    return f"CLIP-L + T5 ({t5_storage(model_cfg, device, budget)})"
+
+
 def load_text_encoders_for(model_cfg, device, budget=None):
     """FluxTextEncoders (encode(prompts) -> {prompt_embeds, pooled_prompt_embeds}; free())."""
     quantize, stream = S.t5_loading(t5_storage(model_cfg, device, budget))

@@ -73,6 +73,10 @@ def text_id(model_cfg, device, budget=None):
     return f"sdxl-te|{'|'.join(parts)}|tok:{f.clip_l_tokenizer}:{f.clip_g_tokenizer}|{S.te_dtype(device)}"
 
 
+def describe(model_cfg, device, budget):
+    return "CLIP-L + CLIP-G"
+
+
 def load_text_encoders_for(model_cfg, device, budget=None):
     """SDXLTextEncoders (encode(prompts) -> {prompt_embeds (77, 2048), pooled_prompt_embeds (1280)}; free())."""
     if model_cfg.name_or_path is None:
