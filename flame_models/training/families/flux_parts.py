@@ -20,7 +20,6 @@ from ...flux.components import SUBFOLDERS, FluxFilesError, find_flux_files, part
 from ...flux.conditioning import FluxTextEncoders, check_vocabularies, load_tokenizers
 from ...flux.pipeline import load_text_encoders, load_vae_for_flux
 from . import sd_parts as S
-from .sd_parts import RANDOM_SEED
 
 _PARTS = {"vae": ("vae",), "text": ("clip_l", "t5", "clip_tokenizer", "t5_tokenizer")}
 PATH_FIELDS = ("vae_path", "clip_l_path", "t5_path", "tokenizer_path")
@@ -73,33 +72,30 @@ def _size(model_cfg):
 
 
 # ----------------------------------------------------------------------------- the VAE
+def _vae_path(model_cfg):
+    return model_cfg.vae_path or flux_files(model_cfg).vae
+
+
 def vae_id(model_cfg, device):
-    m = model_cfg
-    dt = S.vae_dtype(device)
-    if m.name_or_path is None:
-        return f"flux-vae|random:{_size(m)}:{RANDOM_SEED}|{dt or 'file'}"
-    path = m.vae_path or flux_files(m).vae
-    return f"flux-vae|{_identity(path, 'vae')}|{dt or 'file'}"
+    return S.vae_id("flux", model_cfg, _size(model_cfg), device, lambda: _identity(_vae_path(model_cfg), "vae"))
 
 
 def load_vae(model_cfg, device):
-    m = model_cfg
-    if m.name_or_path is None:
-        return S.random_vae("flux", _size(m) == TINY, 16, device)
-    path = m.vae_path or flux_files(m).vae
-    return load_vae_for_flux(path, dtype=S.vae_dtype(device), device=device)
+    return S.load_vae("flux", model_cfg, _size(model_cfg) == TINY, 16, device, load_vae_for_flux, _vae_path)
 
 
 # ----------------------------------------------------------------------------- the text encoders
 def text_id(model_cfg, device, budget):
+    from ...flux.params import flux_params
     m = model_cfg
-    how = f"{S.te_dtype(device)}|t5:{t5_storage(model_cfg, device, budget)}"
-    if m.name_or_path is None:
-        from ...flux.params import flux_params
-        return f"flux-te|random:{_size(m)}:{RANDOM_SEED}:{t5_max_length(m, flux_params(_size(m)).guidance_embed)}|{how}"
-    f = flux_files(m)
-    return (f"flux-te|{_identity(f.clip_l, 'clip_l')}|{_identity(f.t5, 't5')}|tok:{f.clip_tokenizer}:"
-            f"{f.t5_tokenizer}:{t5_max_length(m, f.is_dev)}|{how}")
+
+    def files_key():
+        f = flux_files(m)
+        return (f"{_identity(f.clip_l, 'clip_l')}|{_identity(f.t5, 't5')}|tok:{f.clip_tokenizer}:{f.t5_tokenizer}:"
+                f"{t5_max_length(m, f.is_dev)}")
+    how = f"{S.te_dtype(device)}|t5:{t5_storage(m, device, budget)}"
+    return S.cache_id("flux-te", m, _size(m), how, files_key,
+                      lambda: f":{t5_max_length(m, flux_params(_size(m)).guidance_embed)}")
 
 
 def _t5_params(model_cfg):

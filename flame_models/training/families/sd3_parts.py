@@ -41,8 +41,7 @@ def _size(model_cfg):
 
 
 def problems(cfg, *, vae, text, prefix=""):
-    """What is wrong with the parts a run needs (vae: the VAE; text: the text encoders and tokenizers), read from
-    headers and tokenizer files only."""
+    """sd_parts.problems of an SD3 model's parts (CLIP-L, CLIP-G, T5), noting a T5 file given with use_t5 false."""
     m = cfg.model
     unused_t5 = not m.use_t5 and m.t5_path is not None
     notes = [f"{prefix}model.t5_path: not used: model.use_t5 is false"] if unused_t5 else []
@@ -63,19 +62,12 @@ def t5_max_length(model_cfg):
 
 # ----------------------------------------------------------------------------- the VAE
 def vae_id(model_cfg, device):
-    m = model_cfg
-    dt = S.vae_dtype(device)
-    if m.name_or_path is None:
-        return f"sd3-vae|random:{_size(m)}:{S.RANDOM_SEED}|{dt or 'file'}"
-    f = sd3_files(m)
-    return f"sd3-vae|{S.identity(f.vae, 'vae', f.prefixes.get('vae', ''), SUBFOLDERS)}|{dt or 'file'}"
+    return S.vae_id("sd3", model_cfg, _size(model_cfg), device,
+                    lambda: S.part_identity(sd3_files(model_cfg), "vae", SUBFOLDERS))
 
 
 def load_vae(model_cfg, device):
-    m = model_cfg
-    if m.name_or_path is None:
-        return S.random_vae("sd3", _size(m) == TINY, 16, device)
-    return load_vae_for_sd3(sd3_files(m), dtype=S.vae_dtype(device), device=device)
+    return S.load_vae("sd3", model_cfg, _size(model_cfg) == TINY, 16, device, load_vae_for_sd3, sd3_files)
 
 
 # ----------------------------------------------------------------------------- the text encoders
@@ -100,14 +92,15 @@ def t5_storage(model_cfg, device, budget):
 
 def text_id(model_cfg, device, budget):
     m = model_cfg
+
+    def files_key():
+        f = sd3_files(m)
+        parts = [S.part_identity(f, k, SUBFOLDERS) for k in ("clip_l", "clip_g")]
+        if f.t5 is not None and m.use_t5:
+            parts.append(S.part_identity(f, "t5", SUBFOLDERS))
+        return f"{'|'.join(parts)}|tok:{f.clip_l_tokenizer}:{f.clip_g_tokenizer}:{f.t5_tokenizer}"
     how = f"{S.te_dtype(device)}|t5:{t5_storage(m, device, budget)}:{t5_max_length(m)}"
-    if m.name_or_path is None:
-        return f"sd3-te|random:{_size(m)}:{S.RANDOM_SEED}|{how}"
-    f = sd3_files(m)
-    parts = [S.identity(getattr(f, k), k, f.prefixes.get(k, ""), SUBFOLDERS) for k in ("clip_l", "clip_g")]
-    if f.t5 is not None and m.use_t5:
-        parts.append(S.identity(f.t5, "t5", f.prefixes.get("t5", ""), SUBFOLDERS))
-    return f"sd3-te|{'|'.join(parts)}|tok:{f.clip_l_tokenizer}:{f.clip_g_tokenizer}:{f.t5_tokenizer}|{how}"
+    return S.cache_id("sd3-te", m, _size(m), how, files_key)
 
 
 def describe(model_cfg, device, budget):

@@ -80,6 +80,11 @@ def identity(path, part, prefix="", subfolders=None, error=F.ModelFilesError):
     return "|".join(out) + (f"#{prefix}" if prefix else "")
 
 
+def part_identity(files, part, subfolders):
+    """identity() of a part of found files (SD3Files, SDXLFiles: its path, and its key prefix in a single file)."""
+    return identity(getattr(files, part), part, files.prefixes.get(part, ""), subfolders)
+
+
 def parameter_count(path, part, prefix="", subfolders=None, error=F.ModelFilesError):
     """Elements of the tensors under `prefix` of a part's files (headers only)."""
     n = 0
@@ -128,6 +133,30 @@ def t5_params_count(c):
     """Parameters of a T5Config (the released T5-XXL's when the preset is used)."""
     per_block = 4 * c.d_model * c.num_heads * c.d_kv + 3 * c.d_model * c.d_ff + 2 * c.d_model
     return c.vocab_size * c.d_model + c.num_layers * per_block
+
+
+# ----------------------------------------------------------------------------- cache keys and the VAE
+def cache_id(kind, model_cfg, size, how, files_key, random_more=None):
+    """A stage's cache key (image_data.py): `kind` ('sd3-te'); the random `size` preset (and random_more(): what
+    else its random parts depend on) without model.name_or_path, else files_key() (its files' identities); `how`
+    the stage runs (dtypes, T5's storage)."""
+    if model_cfg.name_or_path is None:
+        where = f"random:{size}:{RANDOM_SEED}" + (random_more() if random_more is not None else "")
+    else:
+        where = files_key()
+    return f"{kind}|{where}|{how}"
+
+
+def vae_id(kind, model_cfg, size, device, files_key):
+    """The VAE's cache_id: `kind` ('sd3'), its files or random preset, the dtype it runs in ('file': its own)."""
+    return cache_id(f"{kind}-vae", model_cfg, size, vae_dtype(device) or "file", files_key)
+
+
+def load_vae(kind, model_cfg, tiny, z_channels, device, load, where):
+    """The VAE: random_vae without model.name_or_path, else load(where(model_cfg), dtype=, device=)."""
+    if model_cfg.name_or_path is None:
+        return random_vae(kind, tiny, z_channels, device)
+    return load(where(model_cfg), dtype=vae_dtype(device), device=device)
 
 
 # ----------------------------------------------------------------------------- random parts
