@@ -84,6 +84,9 @@ and model_sizes (random-init presets).
 
 The families
 ------------
+The three below share one implementation (families/base.py: DiffusionFamily, and FlowMatchingFamily for Flux and SD3):
+each states what differs -- its model class and words for it, its parts and pipeline modules, its spec's
+conditioning widths, its noise schedulers and samplers -- and overrides only what its model does otherwise.
 Flux (families/flux.py): rectified flow on 2x2-packed 16-channel latents, T5 states + CLIP-L pooled, a guidance
     embedding for flux-dev.
 SD3 / SD3.5 (families/sd3.py): the same FlowMatching objective (logit_normal timesteps by default, SD3's loss

@@ -1,8 +1,9 @@
-"""Writing small files so that a crash never leaves a half-written one: temp file in the same folder -> fsync ->
-rename -> fsync of the folder (the rename itself survives a power cut)."""
+"""Writing small files so that a crash never leaves a half-written one: flame_core.io.atomic_write (temp file in the
+same folder -> fsync -> rename), then an fsync of the folder (the rename itself survives a power cut)."""
 import json
 import os
-import tempfile
+
+from flame_core.io import atomic_write
 
 
 def fsync_dir(folder):
@@ -20,21 +21,9 @@ def fsync_dir(folder):
 
 
 def atomic_write_bytes(path, data):
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    fsync_dir(folder)
+    with atomic_write(path) as f:
+        f.write(data)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
     return path
 
 

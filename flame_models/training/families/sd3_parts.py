@@ -17,13 +17,11 @@ Memory: T5 in fp8 when model.quantize_te asks or max_gpu_memory cannot hold it i
 does not fit (sd_parts.t5_storage).
 """
 import flame_core as flame
-import flame_nn
 
-from ...sd3.components import SUBFOLDERS, T5_MAX_LENGTH, SD3FilesError, find_sd3_files
+from ...sd3.components import SUBFOLDERS, T5_MAX_LENGTH, find_sd3_files
 from ...sd3.conditioning import SD3TextEncoders, check_vocabularies, load_text_encoders, load_tokenizers
 from ...sd3.params import sd3_params
 from ...sd3.pipeline import load_vae_for_sd3
-from ..random_init import init_random_
 from . import sd_parts as S
 
 PATH_FIELDS = ("vae_path", "clip_l_path", "clip_g_path", "t5_path", "tokenizer_path")
@@ -43,24 +41,13 @@ def _size(model_cfg):
 
 
 def problems(cfg, *, vae, text, prefix=""):
-    """What is wrong with the parts a run needs (vae: the VAE; text: the text encoders and tokenizers), read from
-    headers and tokenizer files only."""
-    m, p = cfg.model, prefix
-    if m.name_or_path is None:
-        return [f"{p}model.{k}: model.size {_size(m)} builds random parts; give model.name_or_path for files"
-                for k in PATH_FIELDS if getattr(m, k) is not None]
-    wanted = {"transformer"} | ({"vae"} if vae else set()) | (
-        {"clip_l", "clip_g", "t5"} | S.TOKENIZER_PARTS if text else set())
-    files, e = S.file_problems(sd3_files, m, wanted, WHAT, p)
-    if files is None or not text:
-        return e
-    if not m.use_t5 and m.t5_path is not None:
-        e.append(f"{p}model.t5_path: not used: model.use_t5 is false")
-    try:
-        check_vocabularies(files, *_tokenizers(files, m))
-    except (SD3FilesError, ValueError, OSError) as ex:
-        e.append(f"{p}model: {S.fields_text(str(ex).splitlines()[0])}")
-    return e
+    """sd_parts.problems of an SD3 model's parts (CLIP-L, CLIP-G, T5), noting a T5 file given with use_t5 false."""
+    m = cfg.model
+    unused_t5 = not m.use_t5 and m.t5_path is not None
+    notes = [f"{prefix}model.t5_path: not used: model.use_t5 is false"] if unused_t5 else []
+    return S.problems(m, sd3_files, "transformer", ("clip_l", "clip_g", "t5"), WHAT, _size(m), PATH_FIELDS, vae=vae,
+                      text=text, prefix=prefix, notes=notes,
+                      vocabularies=lambda files: check_vocabularies(files, *_tokenizers(files, m)))
 
 
 def _tokenizers(files, model_cfg):
@@ -75,19 +62,12 @@ def t5_max_length(model_cfg):
 
 # ----------------------------------------------------------------------------- the VAE
 def vae_id(model_cfg, device):
-    m = model_cfg
-    dt = S.vae_dtype(device)
-    if m.name_or_path is None:
-        return f"sd3-vae|random:{_size(m)}:{S.RANDOM_SEED}|{dt or 'file'}"
-    f = sd3_files(m)
-    return f"sd3-vae|{S.identity(f.vae, 'vae', f.prefixes.get('vae', ''), SUBFOLDERS)}|{dt or 'file'}"
+    return S.vae_id("sd3", model_cfg, _size(model_cfg), device,
+                    lambda: S.part_identity(sd3_files(model_cfg), "vae", SUBFOLDERS))
 
 
 def load_vae(model_cfg, device):
-    m = model_cfg
-    if m.name_or_path is None:
-        return S.random_vae("sd3", _size(m) == TINY, 16, device)
-    return load_vae_for_sd3(sd3_files(m), dtype=S.vae_dtype(device), device=device)
+    return S.load_vae("sd3", model_cfg, _size(model_cfg) == TINY, 16, device, load_vae_for_sd3, sd3_files)
 
 
 # ----------------------------------------------------------------------------- the text encoders
@@ -107,19 +87,20 @@ def t5_storage(model_cfg, device, budget):
         return "none"
     if model_cfg.name_or_path is not None and sd3_files(model_cfg).t5 is None:
         return "none"
-    return S.t5_storage(_t5_params(model_cfg), model_cfg.quantize_te, device, budget)
+    return S.t5_storage(lambda: _t5_params(model_cfg), model_cfg.quantize_te, device, budget)
 
 
 def text_id(model_cfg, device, budget):
     m = model_cfg
+
+    def files_key():
+        f = sd3_files(m)
+        parts = [S.part_identity(f, k, SUBFOLDERS) for k in ("clip_l", "clip_g")]
+        if f.t5 is not None and m.use_t5:
+            parts.append(S.part_identity(f, "t5", SUBFOLDERS))
+        return f"{'|'.join(parts)}|tok:{f.clip_l_tokenizer}:{f.clip_g_tokenizer}:{f.t5_tokenizer}"
     how = f"{S.te_dtype(device)}|t5:{t5_storage(m, device, budget)}:{t5_max_length(m)}"
-    if m.name_or_path is None:
-        return f"sd3-te|random:{_size(m)}:{S.RANDOM_SEED}|{how}"
-    f = sd3_files(m)
-    parts = [S.identity(getattr(f, k), k, f.prefixes.get(k, ""), SUBFOLDERS) for k in ("clip_l", "clip_g")]
-    if f.t5 is not None and m.use_t5:
-        parts.append(S.identity(f.t5, "t5", f.prefixes.get("t5", ""), SUBFOLDERS))
-    return f"sd3-te|{'|'.join(parts)}|tok:{f.clip_l_tokenizer}:{f.clip_g_tokenizer}:{f.t5_tokenizer}|{how}"
+    return S.cache_id("sd3-te", m, _size(m), how, files_key)
 
 
 def describe(model_cfg, device, budget):
@@ -130,9 +111,7 @@ def describe(model_cfg, device, budget):
 
 def load_text_encoders_for(model_cfg, device, budget=None):
     """SD3TextEncoders (encode(prompts) -> {prompt_embeds, pooled_prompt_embeds}; free())."""
-    storage = t5_storage(model_cfg, device, budget)
-    quantize = "fp8" if storage.startswith("fp8") else "auto"  # (auto: a file stored in fp8 stays in fp8)
-    stream = storage.endswith("stream")
+    quantize, stream = S.t5_loading(t5_storage(model_cfg, device, budget))
     if model_cfg.name_or_path is None:
         return _random_text_encoders(model_cfg, device, quantize == "fp8", stream)
     return load_text_encoders(sd3_files(model_cfg), dtype=S.te_dtype(device), device=device,
@@ -141,9 +120,6 @@ def load_text_encoders_for(model_cfg, device, budget=None):
 
 
 def _random_text_encoders(model_cfg, device, fp8, stream):
-    from ...flux.tiny import TINY_CORPUS
-    from ...text_encoders import T5_PRESETS, T5Config, T5EncoderModel
-    from ...tokenization import T5Tokenizer, load_tokenizer
     size = _size(model_cfg)
     spec = sd3_params(size)
     max_length = t5_max_length(model_cfg)
@@ -151,33 +127,12 @@ def _random_text_encoders(model_cfg, device, fp8, stream):
     g = flame.Generator(dev).manual_seed(S.RANDOM_SEED)
     if size == TINY:
         (l_cfg, l_tok), (g_cfg, g_tok) = S.tiny_clip("clip_l", 12, 8), S.tiny_clip("clip_g", 16, 8)
-        t5_tok = T5Tokenizer.train_tiny(TINY_CORPUS, vocab_size=120, model_max_length=512)
-        t5_cfg = T5Config(vocab_size=t5_tok.vocab_size, d_model=spec.context_in_dim, d_kv=8, d_ff=48, num_layers=2,
-                          num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16)
+        t5_cfg, t5_tok = S.tiny_t5(spec.context_in_dim)
     else:
         (l_cfg, l_tok), (g_cfg, g_tok) = S.released_clip("clip_l"), S.released_clip("clip_g")
-        t5_tok = load_tokenizer("t5", max_length=max_length)
-        t5_cfg = T5_PRESETS["t5-xxl"]
+        t5_cfg, t5_tok = S.released_t5(max_length)
     clip_l = S.random_clip(l_cfg, True, dev, g)
     clip_g = S.random_clip(g_cfg, True, dev, g)
-    t5 = None
-    if model_cfg.use_t5:
-        with flame_nn.empty_init(device=dev, dtype=S.te_dtype(dev)):
-            t5 = T5EncoderModel(t5_cfg)
-        init_random_(t5.shared, g)
-        init_random_(t5.encoder.final_layer_norm, g)
-
-        def fill(block):
-            init_random_(block, g)
-            if fp8 and not stream:
-                flame_nn.offload.quantize_linear_weights_(block)
-        if stream:
-            t5.streamer = flame_nn.offload.BlockStreamer(t5.encoder.block, device=dev, prefixes=["encoder.block"],
-                                                         quantize="fp8" if fp8 else None, prepare=init_random_)
-        else:
-            for block in t5.encoder.block:
-                fill(block)
-        t5.requires_grad_(False)
-        t5.eval()
+    t5 = S.random_t5(t5_cfg, dev, g, fp8, stream) if model_cfg.use_t5 else None
     return SD3TextEncoders(clip_l, clip_g, t5, l_tok, g_tok, t5_tok if t5 is not None else None,
                            max_length=max_length, context_dim=spec.context_in_dim)

@@ -1,8 +1,8 @@
-"""What the SD3 and SDXL families' parts share (sd3_parts.py, sdxl_parts.py): the config's fields in place of the
-generator's options in the find_*_files messages, cache identities of files, the dtypes the stages run in, and
-random parts -- VAEs, CLIP towers and tokenizers -- at the released sizes (benchmarks without files) or tiny (the
-`-tiny` presets: the analytic pooling VAE, so decoded previews mean something, and tokenizers learned from
-flame_models.flux.tiny.TINY_CORPUS).
+"""What the families' parts share (flux_parts.py, sd3_parts.py, sdxl_parts.py): the config's fields in place of the
+generator's options in the find_*_files messages, the problems of SD3's and SDXL's files, cache identities of files,
+the dtypes the stages run in, how T5 is held, and random parts -- VAEs, CLIP towers, T5 and tokenizers -- at the
+released sizes (benchmarks without files) or tiny (the `-tiny` presets: the analytic pooling VAE, so decoded previews
+mean something, and tokenizers learned from flame_models.flux.tiny.TINY_CORPUS).
 """
 import os
 
@@ -13,7 +13,7 @@ from ...conditioning import files as F
 from ..random_init import init_random_
 
 RANDOM_SEED = 0             # random parts are the same in every run (their cache entries stay valid)
-ENCODER_MARGIN = 2 << 30    # the CLIPs, a batch of captions' activations and the CUDA context, beside T5
+ENCODER_MARGIN = 2 << 30    # the CLIP(s), a batch of captions' activations and the CUDA context, beside T5
 
 # the trainer's config fields in place of the generator's options in the files' messages
 OPTION_FIELDS = {"--model": "model.name_or_path", "--vae": "model.vae_path", "--clip-l": "model.clip_l_path",
@@ -51,18 +51,44 @@ def file_problems(find, model_cfg, wanted, what, prefix=""):
         return None, [f"{prefix}model: {fields_text(x)}" for x in lines if part_of(x) in wanted]
 
 
-def identity(path, part, prefix="", subfolders=None):
+def problems(model_cfg, find, main, encoders, what, size, path_fields, *, vae, text, prefix="", vocabularies,
+             notes=()):
+    """What is wrong with the parts a run needs (vae: the VAE; text: the text `encoders` and tokenizers), from
+    headers and tokenizer files only: path fields given for random parts; find(model_cfg)'s problems with the `main`
+    part and the wanted ones; then `notes` and what vocabularies(files) raises (text only)."""
+    m, p = model_cfg, prefix
+    if m.name_or_path is None:
+        return [f"{p}model.{k}: model.size {size} builds random parts; give model.name_or_path for files"
+                for k in path_fields if getattr(m, k) is not None]
+    wanted = {main} | ({"vae"} if vae else set()) | (set(encoders) | TOKENIZER_PARTS if text else set())
+    files, e = file_problems(find, m, wanted, what, p)
+    if files is None or not text:
+        return e
+    e += notes
+    try:
+        vocabularies(files)
+    except (F.ModelFilesError, ValueError, OSError) as ex:
+        e.append(f"{p}model: {fields_text(str(ex).splitlines()[0])}")
+    return e
+
+
+def identity(path, part, prefix="", subfolders=None, error=F.ModelFilesError):
     """Names, sizes and modification times of a part's files (and its key prefix inside them): a changed file gives
     another cache key."""
     out = [f"{os.path.abspath(f)}:{os.stat(f).st_size}:{os.stat(f).st_mtime_ns}"
-           for f in F.part_files(path, part, subfolders=subfolders)]
+           for f in F.part_files(path, part, subfolders=subfolders, error=error)]
     return "|".join(out) + (f"#{prefix}" if prefix else "")
 
 
-def parameter_count(path, part, prefix="", subfolders=None):
+def part_identity(files, part, subfolders):
+    """identity() of a part of found files (SD3Files, SDXLFiles: its path, and its key prefix in a single file)."""
+    return identity(getattr(files, part), part, files.prefixes.get(part, ""), subfolders)
+
+
+def parameter_count(path, part, prefix="", subfolders=None, error=F.ModelFilesError):
     """Elements of the tensors under `prefix` of a part's files (headers only)."""
     n = 0
-    for k, shape in F.read_headers(F.part_files(path, part, subfolders=subfolders)).items():
+    for k, shape in F.read_headers(F.part_files(path, part, subfolders=subfolders, error=error), error=error).items():
         if k.startswith(prefix):
             c = 1
             for d in shape:
@@ -81,15 +107,16 @@ def te_dtype(device):
     return flame.bfloat16 if flame.device(device).type == "cuda" else flame.float32
 
 
-def t5_storage(n_params, quantize_te, device, budget):
+def t5_storage(count, quantize_te, device, budget):
     """'bf16' | 'fp8' | 'fp8+stream' ('float32' / 'fp8' on the cpu): how T5 is held while captions are encoded --
     fp8 when model.quantize_te asks or when max_gpu_memory cannot hold it in bfloat16 beside the CLIPs with a
-    margin; its blocks streamed when even fp8 does not fit."""
+    margin; its blocks streamed when even fp8 does not fit. count(): T5's parameters (called only for a budget)."""
     if flame.device(device).type != "cuda":
         return "fp8" if quantize_te else "float32"
     fp8 = bool(quantize_te)
     if budget is None:
         return "fp8" if fp8 else "bf16"
+    n_params = count()
     if not fp8 and 2 * n_params + ENCODER_MARGIN > budget:
         fp8 = True
     if fp8 and n_params + ENCODER_MARGIN > budget:
@@ -97,10 +124,39 @@ def t5_storage(n_params, quantize_te, device, budget):
     return "fp8" if fp8 else "bf16"
 
 
+def t5_loading(storage):
+    """(t5_quantize, t5_stream) for the loaders from a t5_storage answer ('auto': a file stored in fp8 stays fp8)."""
+    return ("fp8" if storage.startswith("fp8") else "auto"), storage.endswith("stream")
+
+
 def t5_params_count(c):
     """Parameters of a T5Config (the released T5-XXL's when the preset is used)."""
     per_block = 4 * c.d_model * c.num_heads * c.d_kv + 3 * c.d_model * c.d_ff + 2 * c.d_model
     return c.vocab_size * c.d_model + c.num_layers * per_block
+
+
+# ----------------------------------------------------------------------------- cache keys and the VAE
+def cache_id(kind, model_cfg, size, how, files_key, random_more=None):
+    """A stage's cache key (image_data.py): `kind` ('sd3-te'); the random `size` preset (and random_more(): what
+    else its random parts depend on) without model.name_or_path, else files_key() (its files' identities); `how`
+    the stage runs (dtypes, T5's storage)."""
+    if model_cfg.name_or_path is None:
+        where = f"random:{size}:{RANDOM_SEED}" + (random_more() if random_more is not None else "")
+    else:
+        where = files_key()
+    return f"{kind}|{where}|{how}"
+
+
+def vae_id(kind, model_cfg, size, device, files_key):
+    """The VAE's cache_id: `kind` ('sd3'), its files or random preset, the dtype it runs in ('file': its own)."""
+    return cache_id(f"{kind}-vae", model_cfg, size, vae_dtype(device) or "file", files_key)
+
+
+def load_vae(kind, model_cfg, tiny, z_channels, device, load, where):
+    """The VAE: random_vae without model.name_or_path, else load(where(model_cfg), dtype=, device=)."""
+    if model_cfg.name_or_path is None:
+        return random_vae(kind, tiny, z_channels, device)
+    return load(where(model_cfg), dtype=vae_dtype(device), device=device)
 
 
 # ----------------------------------------------------------------------------- random parts
@@ -154,3 +210,42 @@ def random_clip(config, projection, device, generator):
     model.requires_grad_(False)
     model.eval()
     return model
+
+
+def tiny_t5(d_model):
+    """(T5Config, tokenizer) of a 2-layer T5 `d_model` wide with a tokenizer learned from the tiny corpus."""
+    from ...flux.tiny import TINY_CORPUS
+    from ...text_encoders import T5Config
+    from ...tokenization import T5Tokenizer
+    tok = T5Tokenizer.train_tiny(TINY_CORPUS, vocab_size=120, model_max_length=512)
+    return T5Config(vocab_size=tok.vocab_size, d_model=d_model, d_kv=8, d_ff=48, num_layers=2, num_heads=4,
+                    relative_attention_num_buckets=8, relative_attention_max_distance=16), tok
+
+
+def released_t5(max_length):
+    """(T5Config, packaged tokenizer) of the released T5-XXL encoder."""
+    from ...text_encoders import T5_PRESETS
+    from ...tokenization import load_tokenizer
+    return T5_PRESETS["t5-xxl"], load_tokenizer("t5", max_length=max_length)
+
+
+def random_t5(config, device, generator, fp8, stream):
+    """A frozen T5EncoderModel of `config` with random weights drawn on `device` (its Linear weights stored in fp8
+    with `fp8`); with `stream`, its blocks stay empty and a BlockStreamer fills each as it packs it."""
+    from ...text_encoders import T5EncoderModel
+    dev = flame.device(device)
+    with flame_nn.empty_init(device=dev, dtype=te_dtype(dev)):
+        t5 = T5EncoderModel(config)
+    init_random_(t5.shared, generator)
+    init_random_(t5.encoder.final_layer_norm, generator)
+    if stream:
+        t5.streamer = flame_nn.offload.BlockStreamer(t5.encoder.block, device=dev, prefixes=["encoder.block"],
+                                                     quantize="fp8" if fp8 else None, prepare=init_random_)
+    else:
+        for block in t5.encoder.block:
+            init_random_(block, generator)
+            if fp8:
+                flame_nn.offload.quantize_linear_weights_(block)
+    t5.requires_grad_(False)
+    t5.eval()
+    return t5

@@ -9,15 +9,12 @@ conditioning = the preview's size. Adapters train Linear layers (attention / all
 convolution adapters are refused before anything loads. LoRA names: SAI's in kohya files
 (lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q, networks.lora, sdxl_base_v1-0), diffusers' in PEFT files
 (unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q)."""
-import os
-
 import numpy as np
 
 import flame_core as flame
 import flame_nn
 from flame_nn.offload import streamer_of
 
-from ...conditioning.files import ModelFilesError, detect_family
 from ...samplers import SAMPLERS
 from ...sdxl import SDXLUNet, load_unet, make_y, unet_config
 from ...sdxl import pipeline as sdxl_pipeline
@@ -27,29 +24,33 @@ from ...sdxl.lora_keys import KOHYA_METADATA, TARGET_PRESETS, unet_name_map
 from ...sdxl.sampling import sample as sdxl_sample
 from ...vae.latent_format import SDXL
 from ..ddpm_objective import DDPM
-from ..family import DDPM_FIELDS, FLOW_FIELDS, ModelFamily, ModelFileError
-from ..random_init import init_random_
+from ..family import DDPM_FIELDS, FLOW_FIELDS
 from ..validation import choice
 from . import sdxl_parts
-from .sd_parts import RANDOM_SEED
+from .base import DiffusionFamily
 
 SAMPLER_ALIASES = {"euler_a": "euler_ancestral"}  # ai-toolkit's name
 _FLOW_NOTE = "SDXL trains with the DDPM objective (train.prediction_type, min_snr_gamma, min/max_timestep)"
 
 
-class SDXLFamily(ModelFamily):
+class SDXLFamily(DiffusionFamily):
     name = "sdxl"
+    label = "SDXL"
+    model_words = "an SDXL UNet"
+    model_class = SDXLUNet
+    spec_attr = "config"
+    model_noun = "UNet"
+    cond_dims = ("context_dim", "pooled_dim")
+    parts, pipeline = sdxl_parts, sdxl_pipeline
     latent_channels = 4
-    vae_scale_factor = 8
     pixel_multiple = 32                  # 8 px per latent; the UNet halves the latents twice
     latent_scale, latent_shift = SDXL.scaling_factor, SDXL.shift_factor
     noise_schedulers = ("ddpm",)
+    scheduler_words = "'ddpm' (epsilon or v-prediction)"
     samplers = tuple(SAMPLERS) + tuple(SAMPLER_ALIASES)
     default_size = "sdxl-tiny"
     model_sizes = ("sdxl-base", "sdxl-tiny")
-    sample_keys = ("latents", "prompt_embeds", "pooled_prompt_embeds")
     target_presets = TARGET_PRESETS
-    default_target = "attention"
     config_defaults = {"name": "sdxl_lora", "train.noise_scheduler": "ddpm", "sample.guidance_scale": 5.0}
     fields = DDPM_FIELDS + ("sample.neg", "model.clip_g_path")
     field_notes = {**{k: _FLOW_NOTE for k in FLOW_FIELDS},
@@ -58,13 +59,11 @@ class SDXLFamily(ModelFamily):
                    "sample.slg_layers": "skip-layer guidance is for SD3.5 (model.arch sd3)",
                    **{k: "SDXL has no T5 text encoder" for k in ("model.t5_path", "model.t5_max_length",
                                                                  "model.quantize_te", "model.use_t5")}}
+    spec_errors = (UNetCheckpointError, UNetConfigError, KeyError, ValueError, OSError)
 
     # ------------------------------------------------------------------ before anything is loaded
-    def config_problems(self, cfg, prefix=""):
+    def _config_problems(self, cfg, prefix):
         e, t, p, sm = [], cfg.train, prefix, cfg.sample
-        if t.noise_scheduler not in self.noise_schedulers:
-            e.append(f"{p}train.noise_scheduler: SDXL trains with 'ddpm' (epsilon or v-prediction), got "
-                     f"{t.noise_scheduler!r}")
         if cfg.network.type == "locon":
             e.append(f"{p}network.type: 'locon' adds adapters to the UNet's convolutions, which flame_nn.adapters "
                      f"cannot train (Linear layers only); use 'lora' (or dora / lokr / loha) with the attention or "
@@ -77,8 +76,6 @@ class SDXLFamily(ModelFamily):
         if t.zero_terminal_snr and t.prediction_type == "epsilon":
             cfg.warnings.append("train.zero_terminal_snr with epsilon prediction: the last timestep is pure noise, "
                                 "where an ε-prediction learns nothing (use prediction_type v_prediction)")
-        if cfg.model.name_or_path is None and cfg.model.size is not None:
-            choice(e, f"{p}model.size", cfg.model.size, self.model_sizes)
         return e
 
     @staticmethod
@@ -86,24 +83,12 @@ class SDXLFamily(ModelFamily):
         s = sample_cfg.sampler or "euler"
         return SAMPLER_ALIASES.get(s, s)
 
-    def describe_model(self, model_cfg):
-        """The UNetConfig from the checkpoint's headers (or the size preset); ModelFileError when the file or folder
-        is not an SDXL UNet, saying what it looks like."""
-        path = model_cfg.name_or_path
-        if path is None:
-            return unet_config(model_cfg.size or self.default_size)
-        try:
-            family, words = detect_family(path, error=ModelFileError, default="other")
-        except ModelFilesError as e:
-            raise ModelFileError(str(e).splitlines()[0]) from None
-        if family != "sdxl":
-            raise ModelFileError(f"{path} is not an SDXL UNet: it looks like {words}"
-                                 + (f" (model.arch: {family} trains it)" if family in ("flux", "sd3") else ""))
-        try:
-            with UNetCheckpoint(path) as ckpt:
-                return infer_config(ckpt)
-        except (UNetCheckpointError, UNetConfigError, KeyError, ValueError, OSError) as e:
-            raise ModelFileError(f"{path}: {str(e).splitlines()[0]}") from None
+    def preset(self, size):
+        return unet_config(size)
+
+    def read_spec(self, path):
+        with UNetCheckpoint(path) as ckpt:
+            return infer_config(ckpt)
 
     def spec_problems(self, cfg, spec, prefix=""):
         e = []
@@ -115,52 +100,12 @@ class SDXLFamily(ModelFamily):
             probe = SDXLUNet(spec)
         return e + self.target_problems(probe, cfg, None, prefix)
 
-    def check_sample(self, shapes, spec):
-        """None, or what is wrong with one sample's tensor shapes (keys absent from `shapes` are not checked)."""
-        f = spec.downsample_factor if spec is not None else 4
-        ctx = spec.context_dim if spec is not None else None
-        pooled_dim = spec.pooled_dim if spec is not None else None
-        lat, txt, pooled = (shapes.get(k) for k in self.sample_keys)
-        if lat is not None and (len(lat) != 3 or lat[0] != self.latent_channels or lat[1] % f or lat[2] % f):
-            return f"latents {lat}: expected ({self.latent_channels}, h, w) with h and w multiples of {f}"
-        if txt is not None and (len(txt) != 2 or (ctx is not None and txt[1] != ctx)):
-            return f"prompt_embeds {txt}: expected (L, {ctx or 'context_dim'}) for this UNet"
-        if pooled is not None and (len(pooled) != 1 or (pooled_dim is not None and pooled[0] != pooled_dim)):
-            return f"pooled_prompt_embeds {pooled}: expected ({pooled_dim or 'pooled_dim'},) for this UNet"
-        return None
-
-    def synthetic_conditioning(self, spec, text_length):
-        return {"prompt_embeds": (text_length, spec.context_dim), "pooled_prompt_embeds": (spec.pooled_dim,)}
+    def latent_multiple(self, spec):
+        return spec.downsample_factor if spec is not None else 4
 
     # ------------------------------------------------------------------ building
-    def build_model(self, model_cfg, spec, dtype, device, stream=False):
-        """The frozen UNet: loaded key by key (into host memory when its blocks will stream), or random. A random
-        model larger than sdxl-tiny on a GPU is drawn there; with `stream`, its block stacks stay empty until
-        block_initializer fills each block as the streamer packs it."""
-        if model_cfg.name_or_path:
-            return load_unet(model_cfg.name_or_path, dtype=dtype, device="cpu" if stream else device, config=spec)
-        if flame.device(device).type != "cuda" or (model_cfg.size or self.default_size) == self.default_size:
-            model = SDXLUNet(spec, dtype=dtype, device=device)
-        else:
-            with flame_nn.empty_init(device=device, dtype=dtype):
-                model = SDXLUNet(spec)
-            g = flame.Generator(device).manual_seed(RANDOM_SEED)
-            for name, child in model.named_children():
-                if not stream or name not in self.block_stacks(model):
-                    init_random_(child, g)
-        model.requires_grad_(False)
-        return model.eval()
-
-    def block_initializer(self, model):
-        if not any(p.is_meta for s in self.block_stacks(model) for p in model.get_submodule(s).parameters()):
-            return None
-        g = flame.Generator(model.device).manual_seed(RANDOM_SEED + 1)
-        return lambda block: init_random_(block, g)
-
-    def spec_of(self, model):
-        if not isinstance(model, SDXLUNet):
-            raise TypeError(f"the sdxl family trains a flame_models.sdxl.SDXLUNet, got {type(model).__name__}")
-        return model.config
+    def load_model(self, path, spec, dtype, device):
+        return load_unet(path, dtype=dtype, device=device, config=spec)
 
     def block_stacks(self, model):
         return list(sdxl_pipeline.STACKS)
@@ -171,45 +116,14 @@ class SDXLFamily(ModelFamily):
     def lora_metadata(self, cfg, model):
         meta = {k: v for k, v in KOHYA_METADATA.items()
                 if k != "ss_network_module" or cfg.network.type in ("lora", "locon")}  # LyCORIS kinds: lycoris.kohya
-        meta["flame.base_model"] = (os.path.basename(cfg.model.name_or_path.rstrip("/\\")) if cfg.model.name_or_path
-                                    else cfg.model.size or self.default_size)
+        meta["flame.base_model"] = self.base_model_name(cfg)
         if cfg.train.prediction_type == "v_prediction":
             meta["ss_v_parameterization"] = "true"
         if cfg.train.zero_terminal_snr:
             meta["ss_zero_terminal_snr"] = "true"
         return meta
 
-    # ------------------------------------------------------------------ image folders and text prompts
-    def parts_problems(self, cfg, *, vae, text, prefix=""):
-        return sdxl_parts.problems(cfg, vae=vae, text=text, prefix=prefix)
-
-    def vae_id(self, model_cfg, device):
-        return sdxl_parts.vae_id(model_cfg, device)
-
-    def load_vae(self, model_cfg, device):
-        return sdxl_parts.load_vae(model_cfg, device)
-
-    def encode_images(self, vae, pixels):
-        x = flame.tensor(np.ascontiguousarray(pixels, dtype=np.float32), device=vae.device)
-        return sdxl_pipeline.encode_images(vae, x).numpy()
-
-    def decode(self, vae, latents):
-        x = flame.tensor(np.ascontiguousarray(latents, dtype=np.float32), device=vae.device)
-        return sdxl_pipeline.decode_latents(vae, x).float().numpy()
-
-    def text_encoder_id(self, model_cfg, device, budget=None):
-        return sdxl_parts.text_id(model_cfg, device, budget)
-
-    def describe_text_encoders(self, model_cfg, device, budget=None):
-        return "CLIP-L + CLIP-G"
-
-    def load_text_encoders(self, model_cfg, device, budget=None):
-        return sdxl_parts.load_text_encoders_for(model_cfg, device, budget)
-
-    def encode_prompts(self, encoders, prompts):
-        out = encoders.encode(list(prompts))
-        return {k: v.float().numpy() for k, v in out.items()}
-
+    # ------------------------------------------------------------------ previews
     def negative_prompt(self, cfg):
         """sample.neg, or None: SDXL's unconditional input is zeros (diffusers' force_zeros_for_empty_prompt)."""
         neg = cfg.sample.neg

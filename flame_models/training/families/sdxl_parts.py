@@ -16,7 +16,7 @@ width, tokenizers learned from the tiny corpus.
 """
 import flame_core as flame
 
-from ...sdxl.components import SUBFOLDERS, SDXLFilesError, find_sdxl_files
+from ...sdxl.components import SUBFOLDERS, find_sdxl_files
 from ...sdxl.conditioning import SDXLTextEncoders, check_vocabularies, load_text_encoders, load_tokenizers
 from ...sdxl.config import unet_config
 from ...sdxl.pipeline import load_vae_for_sdxl
@@ -39,48 +39,33 @@ def _size(model_cfg):
 
 
 def problems(cfg, *, vae, text, prefix=""):
-    """What is wrong with the parts a run needs (vae: the VAE; text: the text encoders and tokenizers), read from
-    headers and tokenizer files only."""
-    m, p = cfg.model, prefix
-    if m.name_or_path is None:
-        return [f"{p}model.{k}: model.size {_size(m)} builds random parts; give model.name_or_path for files"
-                for k in PATH_FIELDS if getattr(m, k) is not None]
-    wanted = {"unet"} | ({"vae"} if vae else set()) | ({"clip_l", "clip_g"} | S.TOKENIZER_PARTS if text else set())
-    files, e = S.file_problems(sdxl_files, m, wanted, WHAT, p)
-    if files is None or not text:
-        return e
-    try:
-        check_vocabularies(files, *load_tokenizers(files))
-    except (SDXLFilesError, ValueError, OSError) as ex:
-        e.append(f"{p}model: {S.fields_text(str(ex).splitlines()[0])}")
-    return e
+    """sd_parts.problems of an SDXL model's parts (the UNet, the VAE, CLIP-L, CLIP-G and their tokenizers)."""
+    m = cfg.model
+    return S.problems(m, sdxl_files, "unet", ("clip_l", "clip_g"), WHAT, _size(m), PATH_FIELDS, vae=vae, text=text,
+                      prefix=prefix, vocabularies=lambda files: check_vocabularies(files, *load_tokenizers(files)))
 
 
 # ----------------------------------------------------------------------------- the VAE
 def vae_id(model_cfg, device):
-    m = model_cfg
-    dt = S.vae_dtype(device)
-    if m.name_or_path is None:
-        return f"sdxl-vae|random:{_size(m)}:{S.RANDOM_SEED}|{dt or 'file'}"
-    f = sdxl_files(m)
-    return f"sdxl-vae|{S.identity(f.vae, 'vae', f.prefixes.get('vae', ''), SUBFOLDERS)}|{dt or 'file'}"
+    return S.vae_id("sdxl", model_cfg, _size(model_cfg), device,
+                    lambda: S.part_identity(sdxl_files(model_cfg), "vae", SUBFOLDERS))
 
 
 def load_vae(model_cfg, device):
-    m = model_cfg
-    if m.name_or_path is None:
-        return S.random_vae("sdxl", _size(m) == TINY, 4, device)
-    return load_vae_for_sdxl(sdxl_files(m), dtype=S.vae_dtype(device), device=device)
+    return S.load_vae("sdxl", model_cfg, _size(model_cfg) == TINY, 4, device, load_vae_for_sdxl, sdxl_files)
 
 
 # ----------------------------------------------------------------------------- the text encoders
 def text_id(model_cfg, device, budget=None):
-    m = model_cfg
-    if m.name_or_path is None:
-        return f"sdxl-te|random:{_size(m)}:{S.RANDOM_SEED}|{S.te_dtype(device)}"
-    f = sdxl_files(m)
-    parts = [S.identity(getattr(f, k), k, f.prefixes.get(k, ""), SUBFOLDERS) for k in ("clip_l", "clip_g")]
-    return f"sdxl-te|{'|'.join(parts)}|tok:{f.clip_l_tokenizer}:{f.clip_g_tokenizer}|{S.te_dtype(device)}"
+    def files_key():
+        f = sdxl_files(model_cfg)
+        parts = [S.part_identity(f, k, SUBFOLDERS) for k in ("clip_l", "clip_g")]
+        return f"{'|'.join(parts)}|tok:{f.clip_l_tokenizer}:{f.clip_g_tokenizer}"
+    return S.cache_id("sdxl-te", model_cfg, _size(model_cfg), S.te_dtype(device), files_key)
+
+
+def describe(model_cfg, device, budget):
+    return "CLIP-L + CLIP-G"
 
 
 def load_text_encoders_for(model_cfg, device, budget=None):

@@ -1,0 +1,227 @@
+"""What the built-in families (flux.py, sd3.py, sdxl.py) share, written once: each family states what differs in
+class attributes (the model's class and words for it, its parts and pipeline modules, the spec's conditioning widths,
+the accepted noise schedulers and samplers) and a few small methods (the size preset, reading a file's spec, loading
+the model), and overrides a member only where its model really works otherwise.
+
+DiffusionFamily: the config's noise scheduler and size preset, the model file's kind and spec, sample shapes, the
+frozen model (loaded, or random: drawn on the GPU, its streamed blocks left empty for block_initializer), spec_of,
+and the VAE / text-encoder stages through `parts` (a module with problems, vae_id, load_vae, text_id, describe,
+load_text_encoders_for) and `pipeline` (encode_images, decode_latents).
+FlowMatchingFamily: rectified flow (Flux, SD3): the FlowMatching objective, its timestep types and the flow-matching
+Euler sampler for previews.
+"""
+import os
+
+import numpy as np
+
+import flame_core as flame
+import flame_nn
+
+from ...conditioning.files import FAMILIES, ModelFilesError, detect_family
+from ..family import ModelFamily, ModelFileError
+from ..objective import FlowMatching
+from ..random_init import init_random_
+from ..timesteps import TIMESTEP_TYPES
+from ..validation import choice
+from .sd_parts import RANDOM_SEED
+
+
+class DiffusionFamily(ModelFamily):
+    """A family of a diffusion model with a VAE and text encoders (see the module docstring)."""
+    label = None                   # the model's name in messages ("SD3")
+    model_words = None             # what a file of the model is ("an SD3 / SD3.5 MMDiT")
+    model_class = None             # the trained model's class (spec_of)
+    spec_attr = "params"           # the model's attribute holding its spec
+    model_noun = "model"           # check_sample's "for this <noun>"
+    cond_dims = ("context_in_dim", "pooled_in_dim")  # the spec's widths of prompt_embeds and pooled_prompt_embeds
+    scheduler_words = None         # config_problems' "<label> trains with <scheduler_words>"
+    parts = None                   # the module of the VAE and text encoders (sd3_parts.py)
+    pipeline = None                # the module with encode_images / decode_latents (flame_models.sd3.pipeline)
+    vae_scale_factor = 8
+    sample_keys = ("latents", "prompt_embeds", "pooled_prompt_embeds")
+    default_target = "attention"
+
+    # ------------------------------------------------------------------ what each family states
+    def preset(self, size):
+        """The spec of a size preset (model.size)."""
+        raise NotImplementedError
+
+    def read_spec(self, path):
+        """The spec from a model file's headers (it is this family's model)."""
+        raise NotImplementedError
+
+    spec_errors = (KeyError, ValueError, OSError)  # what read_spec raises for a file it cannot describe
+
+    def load_model(self, path, spec, dtype, device):
+        """The frozen model loaded key by key from `path`."""
+        raise NotImplementedError
+
+    def _config_problems(self, cfg, prefix):
+        """The family's own config checks, between the noise scheduler's and the size preset's."""
+        return []
+
+    # ------------------------------------------------------------------ before anything is loaded
+    def config_problems(self, cfg, prefix=""):
+        e, t, p = [], cfg.train, prefix
+        if t.noise_scheduler not in self.noise_schedulers:
+            e.append(f"{p}train.noise_scheduler: {self.label} trains with {self.scheduler_words}, got "
+                     f"{t.noise_scheduler!r}")
+        e += self._config_problems(cfg, prefix)
+        if cfg.model.name_or_path is None and cfg.model.size is not None:
+            choice(e, f"{p}model.size", cfg.model.size, self.model_sizes)
+        return e
+
+    def describe_model(self, model_cfg):
+        """The spec from the checkpoint's headers (or the size preset); ModelFileError when the file or folder is not
+        this family's model, saying what it looks like."""
+        path = model_cfg.name_or_path
+        if path is None:
+            return self.preset(model_cfg.size or self.default_size)
+        self.check_model_file(path)
+        try:
+            return self.read_spec(path)
+        except self.spec_errors as e:
+            raise ModelFileError(f"{path}: {first_line(e)}") from None
+
+    def check_model_file(self, path):
+        """ModelFileError with one line when `path` is not this family's model (what its files look like, and the
+        model.arch that trains them)."""
+        try:
+            family, words = detect_family(path, error=ModelFileError, default="other")
+        except ModelFilesError as e:
+            raise ModelFileError(first_line(e)) from None
+        if family != self.name:
+            raise ModelFileError(f"{path} is not {self.model_words}: it looks like {words}"
+                                 + (f" (model.arch: {family} trains it)" if family in FAMILIES else ""))
+
+    def latent_multiple(self, spec):
+        """What the latents' sides must be multiples of (2: 2x2 patches or packing)."""
+        return 2
+
+    def check_sample(self, shapes, spec):
+        """None, or what is wrong with one sample's tensor shapes (keys absent from `shapes` are not checked)."""
+        f = self.latent_multiple(spec)
+        ctx_name, pooled_name = self.cond_dims
+        ctx = getattr(spec, ctx_name) if spec is not None else None
+        pooled_dim = getattr(spec, pooled_name) if spec is not None else None
+        lat, txt, pooled = (shapes.get(k) for k in self.sample_keys)
+        if lat is not None and (len(lat) != 3 or lat[0] != self.latent_channels or lat[1] % f or lat[2] % f):
+            sides = "even h and w" if f == 2 else f"h and w multiples of {f}"
+            return f"latents {lat}: expected ({self.latent_channels}, h, w) with {sides}"
+        if txt is not None and (len(txt) != 2 or (ctx is not None and txt[1] != ctx)):
+            return f"prompt_embeds {txt}: expected (L, {ctx or ctx_name}) for this {self.model_noun}"
+        if pooled is not None and (len(pooled) != 1 or (pooled_dim is not None and pooled[0] != pooled_dim)):
+            return f"pooled_prompt_embeds {pooled}: expected ({pooled_dim or pooled_name},) for this {self.model_noun}"
+        return None
+
+    def synthetic_conditioning(self, spec, text_length):
+        ctx_name, pooled_name = self.cond_dims
+        return {"prompt_embeds": (text_length, getattr(spec, ctx_name)),
+                "pooled_prompt_embeds": (getattr(spec, pooled_name),)}
+
+    # ------------------------------------------------------------------ building
+    def build_model(self, model_cfg, spec, dtype, device, stream=False):
+        """The frozen model: loaded key by key (into host memory when its blocks will stream), or random. A random
+        model larger than the tiny preset on a GPU is drawn there (random_init); with `stream`, its block stacks
+        stay empty until block_initializer fills each block as the streamer packs it, so it is never whole on the
+        GPU."""
+        if model_cfg.name_or_path:
+            return self.load_model(model_cfg.name_or_path, spec, dtype, "cpu" if stream else device)
+        if flame.device(device).type != "cuda" or (model_cfg.size or self.default_size) == self.default_size:
+            model = self.model_class(spec, dtype=dtype, device=device)
+        else:
+            model = self.empty_model(spec, dtype, device)
+            g = flame.Generator(device).manual_seed(RANDOM_SEED)
+            for name, child in model.named_children():
+                if not stream or name not in self.block_stacks(model):
+                    init_random_(child, g)
+        model.requires_grad_(False)
+        return model.eval()
+
+    def empty_model(self, spec, dtype, device):
+        """The model without weights (flame_nn.empty_init) that build_model draws."""
+        with flame_nn.empty_init(device=device, dtype=dtype):
+            return self.model_class(spec)
+
+    def block_initializer(self, model):
+        """For block streaming: None, or prepare(block) filling a block left empty by build_model(stream=True),
+        drawn on the device of the model's other parts."""
+        stacks = self.block_stacks(model)
+        if not any(p.is_meta for s in stacks for p in model.get_submodule(s).parameters()):
+            return None
+        device = next(p.device for name, child in model.named_children() if name not in stacks
+                      for p in child.parameters())
+        g = flame.Generator(device).manual_seed(RANDOM_SEED + 1)
+        return lambda block: init_random_(block, g)
+
+    def spec_of(self, model):
+        cls = self.model_class
+        if not isinstance(model, cls):
+            package = cls.__module__.rpartition(".")[0]  # where the class is exported (flame_models.sd3)
+            raise TypeError(f"the {self.name} family trains a {package}.{cls.__name__}, got {type(model).__name__}")
+        return getattr(model, self.spec_attr)
+
+    def base_model_name(self, cfg):
+        """The LoRA file's flame.base_model: the model file's or folder's name, or the size preset."""
+        m = cfg.model
+        return os.path.basename(m.name_or_path.rstrip("/\\")) if m.name_or_path else m.size or self.default_size
+
+    # ------------------------------------------------------------------ image folders and text prompts
+    def parts_problems(self, cfg, *, vae, text, prefix=""):
+        return self.parts.problems(cfg, vae=vae, text=text, prefix=prefix)
+
+    def vae_id(self, model_cfg, device):
+        return self.parts.vae_id(model_cfg, device)
+
+    def load_vae(self, model_cfg, device):
+        return self.parts.load_vae(model_cfg, device)
+
+    def encode_images(self, vae, pixels):
+        x = flame.tensor(np.ascontiguousarray(pixels, dtype=np.float32), device=vae.device)
+        return self.pipeline.encode_images(vae, x).numpy()
+
+    def decode(self, vae, latents):
+        x = flame.tensor(np.ascontiguousarray(latents, dtype=np.float32), device=vae.device)
+        return self.pipeline.decode_latents(vae, x).float().numpy()
+
+    def text_encoder_id(self, model_cfg, device, budget=None):
+        return self.parts.text_id(model_cfg, device, budget)
+
+    def describe_text_encoders(self, model_cfg, device, budget=None):
+        return self.parts.describe(model_cfg, device, budget)
+
+    def load_text_encoders(self, model_cfg, device, budget=None):
+        return self.parts.load_text_encoders_for(model_cfg, device, budget)
+
+    def encode_prompts(self, encoders, prompts):
+        out = encoders.encode(list(prompts))
+        return {k: v.float().numpy() for k, v in out.items()}
+
+
+class FlowMatchingFamily(DiffusionFamily):
+    """Rectified flow (Flux, SD3): the FlowMatching objective and the flow-matching Euler sampler."""
+    latent_channels = 16
+    pixel_multiple = 16                  # 8 px per latent, 2x2 latents per token
+    noise_schedulers = ("flowmatch", "flow_match")
+    samplers = ("flowmatch", "flow_match", "euler")
+    scheduler_words = "'flowmatch'"
+    sampler_words = "the flow-matching Euler sampler ('flowmatch')"  # "<label> previews use <sampler_words>"
+
+    def _config_problems(self, cfg, prefix):
+        e, p = [], prefix
+        choice(e, f"{p}train.timestep_type", cfg.train.timestep_type, TIMESTEP_TYPES)
+        if cfg.sample.sampler is not None and cfg.sample.sampler not in self.samplers:
+            e.append(f"{p}sample.sampler: {self.label} previews use {self.sampler_words}, got {cfg.sample.sampler!r}")
+        return e
+
+    def objective(self, train_cfg):
+        t = train_cfg
+        return FlowMatching(t.timestep_type, shift=t.shift, sigmoid_scale=t.sigmoid_scale, logit_mean=t.logit_mean,
+                            logit_std=t.logit_std, mode_scale=t.mode_scale, weighting_scheme=t.weighting_scheme,
+                            noise_offset=t.noise_offset)
+
+
+def first_line(e):
+    """An exception's message in one line (a KeyError's key without its quotes; the type's name when empty)."""
+    s = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+    return s.splitlines()[0] if s else type(e).__name__
