@@ -5,7 +5,8 @@ import numpy as np
 
 from .. import backend
 from ..autograd.function import Function
-from ..errors import ShapeError, DeviceError, fmt_shape
+from .. import dtypes as D
+from ..errors import DTypeError, ShapeError, DeviceError, fmt_shape
 from ..tensor import Tensor, _wrap, _view_of, check_same_device
 
 
@@ -315,9 +316,24 @@ def one_hot_along(ind, shape, dim, dtype):
 
 
 def one_hot(x, num_classes=-1):
+    """int64 (..., num_classes) with a 1 at each class index of x (PyTorch's rules: x holds int64 class indices;
+    num_classes=-1 is max + 1; an index outside [0, num_classes) is an error)."""
+    if x.dtype is not D.int64:
+        raise DTypeError(f"one_hot is only applicable to index tensors (int64), got {x.dtype}")
     xp = x._xp()
-    n = int(x._data.max()) + 1 if num_classes < 0 else num_classes
-    return _wrap((x._data[..., None] == xp.arange(n)).astype(np.int64))
+    a = x._data
+    if a.size == 0:
+        if num_classes < 0:
+            raise RuntimeError("one_hot: cannot infer the number of classes from an empty tensor (pass num_classes)")
+        lo = hi = 0
+    else:  # a host read, as PyTorch's (its cuda one_hot synchronises too)
+        lo, hi = int(a.min()), int(a.max())
+    n = hi + 1 if num_classes < 0 else int(num_classes)
+    if lo < 0:
+        raise RuntimeError(f"one_hot: class values must be non-negative, got {lo}")
+    if hi >= n:
+        raise RuntimeError(f"one_hot: class value {hi} is out of range for num_classes {n}")
+    return _wrap((a[..., None] == xp.arange(n)).astype(np.int64))
 
 
 class Pad(Function):

@@ -438,3 +438,19 @@ def test_conv_transpose2d_cuda_dtypes(rng, dtype, tol, stride, dil):
     for got, ref in ((xs, x64), (ws, w64), (bs, b64)):
         r = npa(ref.grad)
         np.testing.assert_allclose(npa(got.grad), r, atol=tol * 4 * np.abs(r).max())
+
+
+def test_one_hot_follows_pytorchs_rules():
+    import flame_nn.functional as F
+    x = flame.tensor([[0, 2], [1, 0]], dtype=flame.int64)
+    np.testing.assert_array_equal(F.one_hot(x).numpy(), np.eye(3, dtype=np.int64)[[[0, 2], [1, 0]]])
+    assert tuple(F.one_hot(x, num_classes=5).shape) == (2, 2, 5) and F.one_hot(x).dtype == flame.int64
+    with pytest.raises(flame.DTypeError, match="int64"):
+        F.one_hot(x.float())
+    with pytest.raises(RuntimeError, match="non-negative"):
+        F.one_hot(flame.tensor([1, -1], dtype=flame.int64))
+    with pytest.raises(RuntimeError, match="out of range for num_classes 2"):
+        F.one_hot(x, num_classes=2)
+    with pytest.raises(RuntimeError, match="empty tensor"):
+        F.one_hot(flame.zeros(0, dtype=flame.int64))
+    assert tuple(F.one_hot(flame.zeros(0, dtype=flame.int64), num_classes=3).shape) == (0, 3)
