@@ -96,6 +96,9 @@ class Trainer:
         if c.model.name_or_path is None and c.model.size is None and self._model is None:
             c.model.size = fam.default_size
         self.budget = max_gpu_memory_bytes(c.max_gpu_memory) if c.max_gpu_memory is not None else None
+        if self.budget is not None and self.device.type == "cuda":
+            gc.collect()                            # a budget counts the whole GPU: what this process's pool
+            flame.memory.empty_cache(self.device)   # caches from earlier work goes back to the driver first
         self.meter = StageMeter(self.device, log=self.log)
         flame.manual_seed(t.seed)
 

@@ -345,6 +345,22 @@ def test_model_quantize_stores_the_block_linears_in_fp8_and_trains(tmp_path, ima
     assert np.isfinite(result["losses"]).all()
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_random_t5_with_quantize_te_holds_its_block_linears_in_fp8(stream):
+    # the random-weights T5 (model.size without files) quantises each block as drawn: with the blocks still
+    # trainable the fp8 conversion would skip them and a real-size T5 would sit in bfloat16
+    from flame_models.text_encoders import T5Config
+    from flame_models.training.families import sd_parts as S
+    from flame_nn.offload import is_fp8_linear
+    cfg = T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4)
+    t5 = S.random_t5(cfg, "cpu", flame.Generator(flame.device("cpu")).manual_seed(0), True, stream)
+    linears = [m for m in t5.encoder.block.modules() if type(m).__name__.endswith("Linear")]
+    assert len(linears) == 2 * 7 and all(is_fp8_linear(m) for m in linears)
+    assert not any(p.requires_grad for p in t5.parameters())
+    if stream:   # packed to host memory: nothing of the blocks stays on the device as a trainable parameter
+        assert len(t5.streamer.streamed) == 2
+
+
 # ----------------------------------------------------------------------------- T5 optional; the example script
 def test_sd3_without_t5_encodes_zeros_in_its_place(tmp_path, images):
     cfg = sd3_config(tmp_path, "no_t5", images, model={"use_t5": False},

@@ -236,6 +236,7 @@ def random_t5(config, device, generator, fp8, stream):
     dev = flame.device(device)
     with flame_nn.empty_init(device=dev, dtype=te_dtype(dev)):
         t5 = T5EncoderModel(config)
+    t5.requires_grad_(False)   # before quantising: fp8 storage converts frozen Linears only
     init_random_(t5.shared, generator)
     init_random_(t5.encoder.final_layer_norm, generator)
     if stream:
@@ -246,6 +247,5 @@ def random_t5(config, device, generator, fp8, stream):
             init_random_(block, generator)
             if fp8:
                 flame_nn.offload.quantize_linear_weights_(block)
-    t5.requires_grad_(False)
     t5.eval()
     return t5
