@@ -2,15 +2,24 @@
 norm1, norm2, dropout, dropout1, dropout2; layers.N) and call signatures.
 
 Attention runs through MultiheadAttention with need_weights=False, i.e. F.scaled_dot_product_attention (flash
-kernels on cuda) unless attention dropout is active in training. FLAME has no nested tensors: with a key padding
-mask the padded positions are computed like the others (PyTorch's dense path); PyTorch's eval "fast path" with
-`enable_nested_tensor` returns zeros there instead. Every other output is the same.
+kernels on cuda) unless attention dropout is active in training. FLAME has no nested tensors, but it gives the
+numbers of PyTorch's nested-tensor "fast path" where PyTorch takes it (TransformerEncoder with
+`enable_nested_tensor`, in eval without autograd, with a key padding mask and no attention mask): each sequence is
+its first n positions (n = its unpadded count; with `mask_check`, a mask that is not left-aligned takes the dense
+path instead), the padded positions leave the layer stack as zeros (then the final norm). Elsewhere the padded
+positions are computed like the others (PyTorch's dense path).
 """
 import copy
+import warnings
+
+import numpy as np
+
+import flame_core as flame
 
 from .. import functional as F
 from ..containers import ModuleList
 from ..module import Module
+from .activation import GELU, ReLU
 from .attention import MultiheadAttention
 from .dropout import Dropout
 from .linear import Linear
@@ -45,6 +54,9 @@ class TransformerEncoderLayer(Module):
         self.dropout1 = Dropout(dropout)
         self.dropout2 = Dropout(dropout)
         self.activation = _activation(activation)
+        act = self.activation   # PyTorch's flag for its fused path (1 relu, 2 gelu, 0 other)
+        self.activation_relu_or_gelu = (1 if act is F.relu or isinstance(act, ReLU) else
+                                        2 if act is F.gelu or isinstance(act, GELU) else 0)
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
         x = src
@@ -68,8 +80,8 @@ class TransformerEncoderLayer(Module):
 class TransformerEncoder(Module):
     """`num_layers` deep copies of `encoder_layer` (as `layers.0`, `layers.1`, ...), then the optional `norm`.
 
-    enable_nested_tensor and mask_check only steer PyTorch's nested-tensor fast path (see the module docstring);
-    they are kept as attributes for code that reads them and change nothing here."""
+    enable_nested_tensor / mask_check: PyTorch's nested-tensor path, as the numbers it gives (module docstring).
+    `use_nested_tensor` says whether the layers allow it (PyTorch's conditions; a warning names the one that fails)."""
 
     def __init__(self, encoder_layer, num_layers, norm=None, enable_nested_tensor=True, mask_check=True):
         super().__init__()
@@ -77,11 +89,57 @@ class TransformerEncoder(Module):
         self.num_layers = num_layers
         self.norm = norm
         self.enable_nested_tensor, self.mask_check = enable_nested_tensor, mask_check
+        why_not = _why_not_nested(encoder_layer)
+        if enable_nested_tensor and why_not:
+            warnings.warn(f"enable_nested_tensor is True, but self.use_nested_tensor is False because {why_not}")
+        self.use_nested_tensor = bool(enable_nested_tensor) and not why_not
 
     def forward(self, src, mask=None, src_key_padding_mask=None, is_causal=None):
+        padded = self._nested_padding(src, mask, src_key_padding_mask)
+        kpm = src_key_padding_mask if padded is None else flame.tensor(padded, device=src.device)
         x = src
         for layer in self.layers:
-            x = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask, is_causal=bool(is_causal))
+            x = layer(x, src_mask=mask, src_key_padding_mask=kpm, is_causal=bool(is_causal))
+        if padded is not None:   # PyTorch's to_padded_tensor(0.0)
+            x = x.masked_fill(flame.tensor(padded[:, :, None], device=src.device), 0.0)
         if self.norm is not None:
             x = self.norm(x)
         return x
+
+    def _nested_padding(self, src, mask, key_padding_mask):
+        """The (B, S) bool array of positions PyTorch's nested path leaves out (each row: past its unpadded count),
+        or None where PyTorch computes densely."""
+        first = self.layers[0]
+        if (not self.use_nested_tensor or first.training or src.dim() != 3 or key_padding_mask is None
+                or mask is not None or flame.amp.is_autocast_enabled(src.device.type)):
+            return None
+        if flame.is_grad_enabled() and (src.requires_grad or any(p.requires_grad for p in first.parameters())):
+            return None
+        m = key_padding_mask.detach().cpu().numpy()
+        keep = ~m if m.dtype == np.bool_ else m == 0   # a float mask keeps its zeros, as logical_not does
+        first_n = np.arange(keep.shape[1])[None, :] < keep.sum(axis=1, keepdims=True)
+        if self.mask_check and not np.array_equal(keep, first_n):   # not left-aligned: the dense path
+            return None
+        return ~first_n
+
+
+def _why_not_nested(layer):
+    """PyTorch's reason an encoder layer cannot take the nested-tensor path ('' when it can)."""
+    name = "encoder_layer"
+    if not isinstance(layer, TransformerEncoderLayer):
+        return f"{name} was not TransformerEncoderLayer"
+    if layer.norm_first:
+        return f"{name}.norm_first was True"
+    if not layer.self_attn.batch_first:
+        return f"{name}.self_attn.batch_first was not True(use batch_first for better inference performance)"
+    if not layer.self_attn._qkv_same_embed_dim:
+        return f"{name}.self_attn._qkv_same_embed_dim was not True"
+    if getattr(layer.self_attn, "in_proj_bias", None) is None:
+        return f"{name}.self_attn was passed bias=False"
+    if not layer.activation_relu_or_gelu:
+        return f"{name}.activation_relu_or_gelu was not True"
+    if layer.norm1.eps != layer.norm2.eps:
+        return f"{name}.norm1.eps was not equal to {name}.norm2.eps"
+    if layer.self_attn.num_heads % 2 == 1:
+        return f"{name}.self_attn.num_heads is odd"
+    return ""

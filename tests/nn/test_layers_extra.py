@@ -323,6 +323,46 @@ def test_transformer_encoder_stack(device, golden, rng):
         nn.TransformerEncoderLayer(4, 2, activation="swish")
 
 
+def test_transformer_encoder_nested_tensor_path_gives_pytorchs_numbers(device, golden):
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True, device=device)
+    m = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(8, device=device)).to(flame.float64)
+    assert m.use_nested_tensor and m.mask_check
+    extra = load(m, golden, "nested", ("input", "left", "holes", "out_left", "out_left_float", "out_holes_checked",
+                                       "out_holes_unchecked"))
+    m.eval()
+    x = T(extra["input"], device)
+    left, holes = (flame.tensor(extra[k].astype(bool), device=device) for k in ("left", "holes"))
+    left_float = flame.tensor(np.where(extra["left"].astype(bool), -np.inf, 0.0), device=device)
+    with flame.no_grad():
+        got = {"out_left": m(x, src_key_padding_mask=left), "out_left_float": m(x, src_key_padding_mask=left_float),
+               "out_holes_checked": m(x, src_key_padding_mask=holes)}
+        m.mask_check = False
+        got["out_holes_unchecked"] = m(x, src_key_padding_mask=holes)
+        m.mask_check = True
+    for k, v in got.items():
+        np.testing.assert_allclose(npa(v), extra[k], rtol=1e-9, atol=1e-11, err_msg=k)
+    bias = npa(m.norm.bias)
+    np.testing.assert_allclose(npa(got["out_left"])[1, 3:], np.broadcast_to(bias, (2, 8)), rtol=1e-12)  # zeros, normed
+    # the dense path where PyTorch takes it: training, autograd, or the option off
+    dense = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    assert not dense.use_nested_tensor
+    dense.load_state_dict({k: v for k, v in m.state_dict().items() if not k.startswith("norm.")})
+    dense = dense.to(flame.float64).eval()
+    with flame.no_grad():
+        out = npa(dense(x, src_key_padding_mask=left))
+    assert np.abs(out[1, 3:]).min() > 0                                  # padded positions computed, not zeroed
+    with flame.no_grad():
+        m.train()
+        assert np.abs(npa(m(x, src_key_padding_mask=left))[1, 3:] - bias).max() > 1e-3
+        m.eval()
+    assert np.abs(npa(m(x, src_key_padding_mask=left))[1, 3:] - bias).max() > 1e-3   # grad on, weights trainable
+    with pytest.warns(UserWarning, match="num_heads is odd"):
+        odd = nn.TransformerEncoder(nn.TransformerEncoderLayer(9, 3, 4, batch_first=True), 1)
+    assert not odd.use_nested_tensor
+    with pytest.warns(UserWarning, match="batch_first was not True"):
+        nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 4), 1)
+
+
 # ----------------------------------------------------------------------------- LSTM / GRU
 def sig(v):
     return 1 / (1 + np.exp(-v))
