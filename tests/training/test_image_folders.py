@@ -269,6 +269,20 @@ def test_t5_is_stored_in_fp8_or_streamed_when_the_budget_asks_for_it(budget, qua
     assert flux_parts.t5_storage(m, "cpu", b) == ("fp8" if quantize_te else "float32")
 
 
+@pytest.mark.parametrize("budget, quantize_te, want", [
+    ("14GiB", False, "bf16"), ("12GiB", False, "fp8"), ("8GiB", True, "fp8"), ("7.5GiB", True, "fp8+stream")])
+def test_sd3_counts_clip_g_and_clip_l_beside_t5(budget, quantize_te, want):
+    # SD3 holds CLIP-L + CLIP-G (818e6 parameters, 1.6 GB in bfloat16) beside T5 while captions are encoded: 7.5 GiB
+    # holds T5 in fp8 beside a CLIP-L (Flux) but not beside both
+    from flame_models.training.config import ModelConfig, max_gpu_memory_bytes
+    from flame_models.training.families import flux_parts, sd3_parts
+    m = ModelConfig(arch="sd3", size="sd3.5-large", quantize_te=quantize_te)
+    assert sd3_parts._clip_params(m) == 818_310_144
+    assert sd3_parts.t5_storage(m, "cuda", max_gpu_memory_bytes(budget)) == want
+    flux = ModelConfig(size="flux-dev", quantize_te=True)
+    assert flux_parts.t5_storage(flux, "cuda", max_gpu_memory_bytes("7.5GiB")) == "fp8"
+
+
 def test_a_resumed_run_keeps_the_decoded_preview_columns(tmp_path, tiny_model, images):
     def c(steps):
         return image_config(tmp_path, "cols", tiny_model, images, steps=steps, save={"save_every": 2},

@@ -17,6 +17,7 @@ Memory: T5 in fp8 when model.quantize_te asks or max_gpu_memory cannot hold it i
 does not fit (sd_parts.t5_storage).
 """
 import flame_core as flame
+import flame_nn
 
 from ...sd3.components import SUBFOLDERS, T5_MAX_LENGTH, find_sd3_files
 from ...sd3.conditioning import SD3TextEncoders, check_vocabularies, load_text_encoders, load_tokenizers
@@ -81,13 +82,29 @@ def _t5_params(model_cfg):
     return S.parameter_count(f.t5, "t5", f.prefixes.get("t5", ""), SUBFOLDERS)
 
 
+def _clip_params(model_cfg):
+    """CLIP-L + CLIP-G parameters (held beside T5 while captions are encoded)."""
+    if model_cfg.name_or_path is None:
+        if _size(model_cfg) == TINY:
+            return 0
+        from ...text_encoders import CLIPTextModelWithProjection
+        n = 0
+        for kind in ("clip_l", "clip_g"):
+            with flame_nn.empty_init(device="cpu"):   # shapes only
+                n += sum(p.numel() for p in CLIPTextModelWithProjection(S.released_clip(kind)[0]).parameters())
+        return n
+    f = sd3_files(model_cfg)
+    return sum(S.parameter_count(getattr(f, k), k, f.prefixes.get(k, ""), SUBFOLDERS) for k in ("clip_l", "clip_g"))
+
+
 def t5_storage(model_cfg, device, budget):
     """How T5 is held while captions are encoded ('none' without it): see sd_parts.t5_storage."""
     if not model_cfg.use_t5:
         return "none"
     if model_cfg.name_or_path is not None and sd3_files(model_cfg).t5 is None:
         return "none"
-    return S.t5_storage(lambda: _t5_params(model_cfg), model_cfg.quantize_te, device, budget)
+    return S.t5_storage(lambda: _t5_params(model_cfg), model_cfg.quantize_te, device, budget,
+                        beside=lambda: _clip_params(model_cfg))
 
 
 def text_id(model_cfg, device, budget):

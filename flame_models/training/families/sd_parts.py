@@ -4,6 +4,7 @@ the dtypes the stages run in, how T5 is held, and random parts -- VAEs, CLIP tow
 released sizes (benchmarks without files) or tiny (the `-tiny` presets: the analytic pooling VAE, so decoded previews
 mean something, and tokenizers learned from flame_models.flux.tiny.TINY_CORPUS).
 """
+import gc
 import os
 
 import flame_core as flame
@@ -13,7 +14,7 @@ from ...conditioning import files as F
 from ..random_init import init_random_
 
 RANDOM_SEED = 0             # random parts are the same in every run (their cache entries stay valid)
-ENCODER_MARGIN = 2 << 30    # the CLIP(s), a batch of captions' activations and the CUDA context, beside T5
+ENCODER_MARGIN = 2 << 30    # a CLIP-L, a batch of captions' activations and the CUDA context, beside T5
 
 # the trainer's config fields in place of the generator's options in the files' messages
 OPTION_FIELDS = {"--model": "model.name_or_path", "--vae": "model.vae_path", "--clip-l": "model.clip_l_path",
@@ -107,19 +108,22 @@ def te_dtype(device):
     return flame.bfloat16 if flame.device(device).type == "cuda" else flame.float32
 
 
-def t5_storage(count, quantize_te, device, budget):
+def t5_storage(count, quantize_te, device, budget, beside=None):
     """'bf16' | 'fp8' | 'fp8+stream' ('float32' / 'fp8' on the cpu): how T5 is held while captions are encoded --
-    fp8 when model.quantize_te asks or when max_gpu_memory cannot hold it in bfloat16 beside the CLIPs with a
-    margin; its blocks streamed when even fp8 does not fit. count(): T5's parameters (called only for a budget)."""
+    fp8 when model.quantize_te asks or when max_gpu_memory cannot hold it in bfloat16 beside the other encoders
+    with a margin; its blocks streamed when even fp8 does not fit. count(): T5's parameters; beside(): the
+    parameters of the encoders held with it in bfloat16 beyond the one CLIP-L the margin counts (SD3's CLIP-G and
+    CLIP-L); both called only for a budget."""
     if flame.device(device).type != "cuda":
         return "fp8" if quantize_te else "float32"
     fp8 = bool(quantize_te)
     if budget is None:
         return "fp8" if fp8 else "bf16"
     n_params = count()
-    if not fp8 and 2 * n_params + ENCODER_MARGIN > budget:
+    other = ENCODER_MARGIN + (2 * beside() if beside is not None else 0)
+    if not fp8 and 2 * n_params + other > budget:
         fp8 = True
-    if fp8 and n_params + ENCODER_MARGIN > budget:
+    if fp8 and n_params + other > budget:
         return "fp8+stream"
     return "fp8" if fp8 else "bf16"
 
@@ -243,9 +247,17 @@ def random_t5(config, device, generator, fp8, stream):
         t5.streamer = flame_nn.offload.BlockStreamer(t5.encoder.block, device=dev, prefixes=["encoder.block"],
                                                      quantize="fp8" if fp8 else None, prepare=init_random_)
     else:
+        park = fp8 and dev.type == "cuda"
         for block in t5.encoder.block:
             init_random_(block, generator)
             if fp8:
                 flame_nn.offload.quantize_linear_weights_(block)
+            if park:   # drawn blocks wait in host memory: the draws' temporaries would fragment the pool around them
+                block.to("cpu")
+        if park:
+            gc.collect()
+            flame.memory.empty_cache(dev)
+            for block in t5.encoder.block:
+                block.to(dev)
     t5.eval()
     return t5
