@@ -240,31 +240,16 @@ def diffusers_inputs(size, guidance):
 
 # ----------------------------------------------------------------------------- FLAME's Flux-dev
 def random_flux(params="flux-dev", device="cuda", seed=0, std=0.02):
-    """A random-init Flux (N(0, std) bf16 weights, QK-norm scales 1) built without fragmenting FLAME's pool: each
-    parameter is allocated once in its final dtype and filled from fixed-size float32 draws, so the temporaries are
-    the same size every time and leave no holes between the weights."""
+    """A random-init Flux (N(0, std) bf16 weights, QK-norm scales 1) filled without fragmenting FLAME's pool
+    (lora_step.random_init_)."""
     import flame_core as flame
     import flame_nn
+    import lora_step
     from flame_models.flux import Flux
     from flame_models.flux.params import flux_params
     with flame_nn.empty_init(device=device, dtype=flame.bfloat16):
         model = Flux(flux_params(params))
-    g = flame.Generator(device).manual_seed(seed)
-    chunk, state = 1 << 26, {}
-    with flame.no_grad():
-        for name, prm in model.named_parameters():
-            w = state[name] = flame.empty(*prm.shape, dtype=flame.bfloat16, device=device)
-            flat = w.view(-1)
-            if name.endswith(".scale"):
-                flat.fill_(1)
-            else:
-                for i in range(0, flat.numel(), chunk):
-                    n = min(chunk, flat.numel() - i)
-                    draw = flame.randn(chunk, generator=g, device=device).mul_(std).to(flame.bfloat16)
-                    flat[i:i + n] = draw[:n]  # chunk-sized temporaries only
-                    del draw
-    model.load_state_dict(state, assign=True)  # the filled tensors become the parameters (no copy)
-    return model
+    return lora_step.random_init_(model, seed=seed, std=std, device=device)
 
 
 def flame_flux_inputs(size, guidance, seed=1, device="cuda"):

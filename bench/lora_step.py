@@ -1,0 +1,219 @@
+"""What the LoRA-step benchmarks share (flux_lora.py, sd3_lora.py, sdxl_lora.py): random real-size models, FLAME's
+timed steps and the diffusers + PEFT peer's, and the report table.
+
+Protocol (every script): random init, bf16 frozen base; LoRA r=16 alpha=16 on to_q / to_k / to_v / to_out.0 (in
+FLAME the same rows of SAI's / BFL's fused qkv and the out projections); fp32 adapter parameters; AdamW lr 1e-4;
+bf16 autocast; batch 1; MSE against a random target. CUDA events around whole steps (forward, backward, optimizer
+step, zero_grad) after warm-up, median of repeats. Peak: the framework's max allocated bytes over the timed steps
+(weights included); with --graph FLAME's over the capture step (a replay allocates nothing: its buffers are allocated
+and freed once, at capture). Max reserved bytes (FLAME's pool / torch's caching allocator) beside them. FLAME runs
+first and releases its memory before diffusers builds its model.
+"""
+import gc
+
+import numpy as np
+
+import common
+
+TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
+
+
+def random_init_(model, seed=0, std=0.02, device="cuda"):
+    """Fill a model built under flame_nn.empty_init without fragmenting FLAME's pool: each parameter is allocated
+    once in its dtype and filled from fixed-size float32 draws (N(0, std); normalisation gains 1, their biases 0),
+    so the temporaries are the same size every time and leave no holes between the weights."""
+    import flame_core as flame
+    from flame_models.training.random_init import _is_norm
+    g = flame.Generator(device).manual_seed(seed)
+    chunk, state = 1 << 26, {}
+    with flame.no_grad():
+        for mname, mod in model.named_modules():
+            for pname, prm in mod.named_parameters(recurse=False):
+                name = f"{mname}.{pname}" if mname else pname
+                w = state[name] = flame.empty(*prm.shape, dtype=prm.dtype, device=device)
+                flat = w.view(-1)
+                if _is_norm(mname, mod, pname):
+                    flat.fill_(1.0 if pname in ("weight", "scale") else 0.0)
+                    continue
+                for i in range(0, flat.numel(), chunk):
+                    n = min(chunk, flat.numel() - i)
+                    draw = flame.randn(chunk, generator=g, device=device).mul_(std).to(prm.dtype)
+                    flat[i:i + n] = draw[:n]  # chunk-sized temporaries only
+                    del draw
+    model.load_state_dict(state, assign=True, strict=False)  # the filled tensors become the parameters (no copy)
+    return model
+
+
+def family_model(arch, size, device="cuda"):
+    """(model, name map) of a trainer family's preset (`arch` 'sd3' / 'sdxl', `size` e.g. 'sd3.5-large'), random
+    bf16 weights on `device`, frozen."""
+    import flame_core as flame
+    from flame_models.training.family import get_family
+    fam = get_family(arch)
+    model = fam.empty_model(fam.preset(size), flame.bfloat16, device)
+    random_init_(model, device=device)
+    model.requires_grad_(False)
+    return model, fam.lora_name_map(model)
+
+
+def tag(size, ckpt, prefix=""):
+    """The results' key part of one setting: '<prefix>1024_ckpt' (prefix names the model where a script runs
+    several, e.g. 'large_')."""
+    return f"{prefix}{size}_{'ckpt' if ckpt else 'nockpt'}"
+
+
+def flame_steps(res, model, name_map, configs, make_step, repeats, warmup, graph=False, prefix=""):
+    """Inject the LoRA, then time steps for each (size, ckpt) of `configs`. make_step(size) -> (fwd_bwd, args):
+    fwd_bwd(*args) runs forward under bf16 autocast and backward, returning the detached loss (its tensor arguments
+    are what a CUDA graph replays)."""
+    import flame_core as flame
+    import flame_core.memory as fmem
+    import flame_nn
+    from flame_nn import adapters as A
+    made = A.inject_adapters(model, TARGETS, "lora", rank=16, alpha=16, name_map=name_map,
+                             generator=flame.Generator("cuda").manual_seed(1))
+    lora = A.adapter_parameters(model)
+    model.train()
+    opt = flame_nn.optim.AdamW(lora, lr=1e-4)
+    res.log(f"flame_{prefix}params", sum(q.numel() for q in model.parameters()))
+    res.log(f"flame_{prefix}lora_params", sum(q.numel() for q in lora))
+    res.log(f"flame_{prefix}adapted_layers", len(made))
+    for size, ckpt in configs:
+        t = tag(size, ckpt, prefix)
+        model.enable_gradient_checkpointing(ckpt)
+        fwd_bwd, args = make_step(size)
+        losses = []
+        # --graph: forward + backward captured as a CUDA graph after 2 eager steps; AdamW runs eagerly on the
+        # gradients the replay accumulated (one fused launch)
+        run = flame.cuda.graphed(fwd_bwd, warmup=2, enabled=graph)
+
+        def step():
+            loss = run(*args)
+            opt.step()
+            opt.zero_grad(set_to_none=not graph)
+            losses.append(loss.clone() if graph else loss)
+        try:
+            for _ in range(max(warmup, 2)):
+                step()
+            common.synchronize()
+            fmem.reset_peak_memory_stats()
+            capture_peak = None
+            if graph:  # the capture step: every buffer of the graph is allocated (and freed) once
+                step()
+                common.synchronize()
+                capture_peak = fmem.max_memory_allocated()
+                res.log(f"flame_step_{t}_capture_peak_allocated_GiB", common.gib(capture_peak))
+                fmem.reset_peak_memory_stats()
+            ms = common.cuda_ms(step, repeats, warmup=0)[0]
+            lv = [float(v.item()) for v in losses]
+            assert all(np.isfinite(lv)), f"non-finite loss {lv}"
+            res.log(f"flame_step_{t}_ms", round(ms, 1))
+            res.log(f"flame_step_{t}_peak_GiB", common.gib(capture_peak if graph else fmem.max_memory_allocated()))
+            res.log(f"flame_step_{t}_peak_reserved_GiB", common.gib(fmem.max_memory_reserved()))
+            res.log(f"flame_step_{t}_loss_first_last", (round(lv[0], 4), round(lv[-1], 4)))
+        except flame.OutOfMemoryError as ex:
+            res.log(f"flame_step_{t}_ms", f"OOM: {str(ex).splitlines()[0]}")
+        run.reset()
+        del args, losses, run, step, fwd_bwd
+        opt.zero_grad()
+        gc.collect()
+    del opt, lora
+    gc.collect()
+
+
+def release_flame():
+    """Give FLAME's cached device memory back (after the caller dropped its model)."""
+    import flame_core.memory as fmem
+    gc.collect()
+    fmem.empty_cache()
+
+
+def flame_loss(model_call):
+    """fwd_bwd(*inputs, target) for flame_steps: model_call(*inputs) under bf16 autocast, float32 MSE, backward."""
+    import flame_core as flame
+    from flame_core import amp
+
+    def fwd_bwd(*a):
+        *inputs, target = a
+        with amp.autocast("cuda", dtype=flame.bfloat16):
+            pred = model_call(*inputs)
+        loss = ((pred.float() - target) ** 2).mean()
+        loss.backward()
+        return loss.detach()
+    return fwd_bwd
+
+
+def diffusers_steps(res, model, configs, make_inputs, repeats, warmup, prefix=""):
+    """PEFT LoRA on `model` (a frozen bf16 diffusers model), then time steps for each (size, ckpt).
+    make_inputs(size) -> (call, target): call() runs the model's forward and returns its prediction."""
+    import torch
+    import torch.nn.functional as F
+    from peft import LoraConfig
+    torch.backends.cuda.enable_cudnn_sdp(False)  # cuDNN SDPA backward fails on the device image
+    model.add_adapter(LoraConfig(r=16, lora_alpha=16, init_lora_weights="gaussian", target_modules=TARGETS))
+    lora = [q for q in model.parameters() if q.requires_grad]
+    for q in lora:
+        q.data = q.data.float()
+    res.log(f"diffusers_{prefix}params", sum(q.numel() for q in model.parameters()))
+    res.log(f"diffusers_{prefix}lora_params", sum(q.numel() for q in lora))
+    opt = torch.optim.AdamW(lora, lr=1e-4)
+    for size, ckpt in configs:
+        t = tag(size, ckpt, prefix)
+        if ckpt:
+            model.enable_gradient_checkpointing()
+        else:
+            model.disable_gradient_checkpointing()
+        call, target = make_inputs(size)
+
+        def step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out = call()
+            F.mse_loss(out.float(), target.float()).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        try:
+            for _ in range(warmup):
+                step()
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            ms = common.cuda_ms(step, repeats, warmup=0, lib="torch")[0]
+            res.log(f"diffusers_step_{t}_ms", round(ms, 1))
+            res.log(f"diffusers_step_{t}_peak_GiB", common.gib(torch.cuda.max_memory_allocated()))
+            res.log(f"diffusers_step_{t}_peak_reserved_GiB", common.gib(torch.cuda.max_memory_reserved()))
+        except torch.OutOfMemoryError:
+            res.log(f"diffusers_step_{t}_ms", "OOM")
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+    del model, opt, lora
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def build_torch(cls, **config):
+    """A diffusers model of `config`, random init (seed 0), bf16 on the GPU, frozen."""
+    import torch
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            model = cls(**config)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    return model.requires_grad_(False)
+
+
+def report(res, configs, title, prefix=""):
+    rows = []
+    for size, ckpt in configs:
+        t = tag(size, ckpt, prefix)
+        f, d = res.get(f"flame_step_{t}_ms"), res.get(f"diffusers_step_{t}_ms")
+        fm, dm = res.get(f"flame_step_{t}_peak_GiB"), res.get(f"diffusers_step_{t}_peak_GiB")
+        fr, dr = res.get(f"flame_step_{t}_peak_reserved_GiB"), res.get(f"diffusers_step_{t}_peak_reserved_GiB")
+        rows.append([f"{size}x{size}", "on" if ckpt else "off", f, d, common.ratio(f, d), fm, dm,
+                     common.ratio(fm, dm), f"{fr} / {dr}"])
+    return common.table(["size", "ckpt", "FLAME ms", "diffusers ms", "ratio", "FLAME GiB", "diffusers GiB", "ratio",
+                         "reserved GiB"], rows, title=title)
+
+
+def configs_from(sizes, ckpt):
+    return [(int(s), c == "on") for s in sizes.split(",") for c in ckpt.split(",")]

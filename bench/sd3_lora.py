@@ -1,0 +1,139 @@
+"""SD3.5 LoRA training step at 1024²: FLAME side by side with diffusers + PEFT in the same process (issue 28).
+
+SD3.5 Large (8.07B, 38 joint blocks) and Medium (2.25B, MMDiT-X: dual attention in blocks 0-12), bench/lora_step.py's
+protocol (random bf16 base, LoRA r16 on to_q/to_k/to_v/to_out.0 -- attn2's too in Medium, as PEFT's suffix match --
+fp32 adapters, AdamW, bf16 autocast, batch 1), latents 16x128x128, context 77 CLIP + 256 T5 tokens, t = 500,
+gradient checkpointing on and off.
+
+--budget B (default 10): SD3.5 Large trained by FLAME's trainer under max_gpu_memory B GiB with fp8 block storage
+(model.quantize): random weights drawn block by block, the blocks streamed from pinned host memory as auto_fit
+chooses, gradient checkpointing, CUDA-graph steps, synthetic 1024² latents and 333-token text. Timed: whole
+train_step calls (median, after the trainer's own warm-up), the driver's device-memory peak (cudaMemGetInfo, polled)
+over setup and steps. Compared with the peer's checkpointing step (acceptance: peak <= B, step <= 1.3x).
+Run: PYTHONPATH=$PWD python3 bench/sd3_lora.py [--models large,medium] [--ckpt on,off] [--repeats 5] [--graph]
+                                                [--budget 10] [--skip-diffusers]
+"""
+import argparse
+import gc
+import sys
+import tempfile
+
+import common
+import lora_step
+
+CTX = 77 + 256
+SIZES = {"large": "sd3.5-large", "medium": "sd3.5-medium"}
+
+
+def flame_part(res, which, configs, a):
+    import flame_core as flame
+    model, name_map = lora_step.family_model("sd3", SIZES[which])
+    bf16 = dict(dtype=flame.bfloat16)
+
+    def make_step(px):
+        g = flame.Generator("cuda").manual_seed(1)
+        side = px // 8
+        x = flame.randn(1, 16, side, side, generator=g, device="cuda").to(**bf16)
+        ctx = flame.randn(1, CTX, 4096, generator=g, device="cuda").to(**bf16)
+        y = flame.randn(1, 2048, generator=g, device="cuda").to(**bf16)
+        t = flame.tensor([500.0], device="cuda")
+        target = flame.randn(1, 16, side, side, generator=g, device="cuda")
+        return lora_step.flame_loss(model), (x, t, y, ctx, target)
+    lora_step.flame_steps(res, model, name_map, configs, make_step, a.repeats, a.warmup, a.graph, prefix=f"{which}_")
+    del model
+    lora_step.release_flame()
+
+
+def diffusers_config(which):
+    if which == "large":
+        cfg = dict(num_layers=38, num_attention_heads=38, caption_projection_dim=2432, pos_embed_max_size=192)
+    else:
+        cfg = dict(num_layers=24, num_attention_heads=24, caption_projection_dim=1536, pos_embed_max_size=384,
+                   dual_attention_layers=tuple(range(13)))
+    return dict(cfg, sample_size=128, patch_size=2, in_channels=16, out_channels=16, attention_head_dim=64,
+                joint_attention_dim=4096, pooled_projection_dim=2048, qk_norm="rms_norm")
+
+
+def diffusers_part(res, which, configs, a):
+    import torch
+    from diffusers import SD3Transformer2DModel
+    model = lora_step.build_torch(SD3Transformer2DModel, **diffusers_config(which))
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+
+    def make_inputs(px):
+        side = px // 8
+        x = torch.randn(1, 16, side, side, **bf16)
+        ctx, pooled = torch.randn(1, CTX, 4096, **bf16), torch.randn(1, 2048, **bf16)
+        t = torch.tensor([500.0], device="cuda")
+        return (lambda: model(hidden_states=x, encoder_hidden_states=ctx, pooled_projections=pooled, timestep=t,
+                              return_dict=False)[0]), torch.randn_like(x)
+    lora_step.diffusers_steps(res, model, configs, make_inputs, a.repeats, a.warmup, prefix=f"{which}_")
+
+
+def budget_part(res, a):
+    """SD3.5 Large through the trainer under max_gpu_memory with fp8 storage."""
+    import flame_core as flame
+    from flame_models.training.config import config_from_dict
+    from flame_models.training.stages import _DevicePoll
+    from flame_models.training.trainer import Trainer
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = config_from_dict({
+            "name": "sd35l_budget", "training_folder": tmp, "device": "cuda", "max_gpu_memory": f"{a.budget}GiB",
+            "model": {"arch": "sd3", "name_or_path": None, "size": "sd3.5-large", "quantize": True},
+            "synthetic": {"num_samples": 8, "height": 1024, "width": 1024, "text_length": CTX},
+            "network": {"type": "lora", "linear": 16, "linear_alpha": 16, "target": "attention"},
+            "train": {"steps": 1000, "batch_size": 1, "lr": 1e-4, "optimizer": "adamw", "dtype": "bf16",
+                      "gradient_checkpointing": True, "disable_sampling": True},
+            "sample": {"sample_every": 0}, "save": {"save_every": 10 ** 6}}, check_files=False)
+        poll = _DevicePoll(flame.device("cuda"))
+        tr = Trainer(cfg, verbose=False).setup()
+        res.log("budget_resident_blocks", f"{len(tr.streamer.resident)} of {len(tr.streamer.names)}"
+                if tr.streamer is not None else "all")
+        for _ in range(max(a.warmup, 3)):   # the first steps capture the CUDA graph
+            tr.train_step()
+        ms = common.cuda_ms(tr.train_step, a.repeats, warmup=0)[0]
+        peak = poll.stop()
+        res.log("budget_graphed", bool(tr.graphed is not None and tr.graphed.captured))
+        res.log(f"budget_{a.budget}GiB_fp8_step_ms", round(ms, 1))
+        res.log(f"budget_{a.budget}GiB_fp8_driver_peak_GiB", common.gib(peak))
+        res.log(f"budget_{a.budget}GiB_fp8_pool_peak_reserved_GiB", common.gib(flame.memory.max_memory_reserved()))
+        del tr
+    lora_step.release_flame()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="large,medium")
+    ap.add_argument("--sizes", default="1024")
+    ap.add_argument("--ckpt", default="on,off")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--budget", type=float, default=10, help="GiB for the fp8 trainer run (0: skip it)")
+    ap.add_argument("--skip-diffusers", action="store_true")
+    ap.add_argument("--graph", action="store_true", help="FLAME: forward+backward as a CUDA graph")
+    a = ap.parse_args()
+    configs = lora_step.configs_from(a.sizes, a.ckpt)
+    models = [m for m in a.models.split(",") if m]
+    res = common.Results("sd3_lora")
+    parts = [(f"FLAME {m}", lambda m=m: flame_part(res, m, configs, a)) for m in models]
+    if a.budget:
+        parts.append((f"FLAME trainer, SD3.5 Large, {a.budget} GiB, fp8", lambda: budget_part(res, a)))
+    if not a.skip_diffusers:
+        parts += [(f"diffusers+PEFT {m}", lambda m=m: diffusers_part(res, m, configs, a)) for m in models]
+    failed = common.run_parts(res, parts)
+    for m in models:
+        print(lora_step.report(res, configs, f"\nSD3.5 {m} LoRA r16 (attention) step, bf16 autocast, batch 1, "
+                                             f"{CTX} context tokens (median ms; peak allocated GiB)"
+                               + ("; FLAME forward+backward as a CUDA graph" if a.graph else ""), prefix=f"{m}_"),
+              flush=True)
+    if a.budget:
+        b = a.budget
+        f, p = res.get(f"budget_{b}GiB_fp8_step_ms"), res.get("diffusers_step_large_1024_ckpt_ms")
+        print(common.table(["setting", "FLAME ms", "driver peak GiB", "peer ckpt ms", "ratio"],
+                           [[f"SD3.5 Large, max_gpu_memory {b} GiB, fp8", f,
+                             res.get(f"budget_{b}GiB_fp8_driver_peak_GiB"), p, common.ratio(f, p)]]), flush=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
