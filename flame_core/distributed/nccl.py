@@ -114,17 +114,26 @@ class NCCLBackend(Backend):
         with cp.cuda.Device(device_index):
             if rank == 0:
                 uid = self.nccl.get_unique_id()
-                store.set(key, bytes(b % 256 for b in uid))
+                raw = bytes(uid) if isinstance(uid, (bytes, bytearray)) else bytes(b % 256 for b in uid)
+                store.set(key, raw)
             else:
                 raw = store.get(key)
-                uid = _signed(raw) if platform.machine().lower() in ("x86_64", "amd64", "i686", "i386") else \
-                    tuple(raw)
-            try:
-                self.comm = self.nccl.NcclCommunicator(world_size, uid, rank)
-            except OverflowError:  # char is unsigned on this platform after all
-                self.comm = self.nccl.NcclCommunicator(world_size, tuple(b % 256 for b in uid), rank)
+            self.comm = self._communicator(world_size, raw, rank)
             self.stream = cp.cuda.Stream(non_blocking=True)
         self.tail = None
+
+    def _communicator(self, world_size, raw, rank):
+        """NcclCommunicator from the unique id's 128 bytes, in the form this CuPy takes: bytes (CuPy 14), else a
+        tuple of C chars (signed on x86, unsigned elsewhere)."""
+        try:
+            return self.nccl.NcclCommunicator(world_size, raw, rank)
+        except TypeError:
+            pass
+        signed = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
+        try:
+            return self.nccl.NcclCommunicator(world_size, _signed(raw) if signed else tuple(raw), rank)
+        except OverflowError:   # char is unsigned on this platform after all
+            return self.nccl.NcclCommunicator(world_size, tuple(raw), rank)
 
     # ------------------------------------------------------------------ helpers
     def _type(self, arr):

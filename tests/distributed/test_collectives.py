@@ -204,3 +204,37 @@ def test_nccl_without_a_gpu_says_what_is_missing():
     with pytest.raises(dist.DistributedError, match="backend 'nccl' needs (CuPy|a CUDA GPU).*backend='store'"):
         dist.init_process_group("nccl", rank=0, world_size=1)
     assert not dist.is_nccl_available()
+
+
+# ----------------------------------------------------------------------------- the NCCL unique id's form
+class _Comm:
+    def __init__(self, takes):
+        self.takes = takes
+
+    def __call__(self, world, uid, rank):   # NcclCommunicator(ndev, commId, rank)
+        if self.takes == "bytes" and not isinstance(uid, bytes):
+            raise TypeError("Argument 'commId' has incorrect type (expected bytes, got tuple)")
+        if self.takes != "bytes":
+            if not isinstance(uid, tuple):
+                raise TypeError("expected tuple")
+            lo = -128 if self.takes == "signed" else 0
+            if any(not lo <= b < lo + 256 for b in uid):
+                raise OverflowError("value too large to convert to char")
+        return (world, uid, rank)
+
+
+@pytest.mark.parametrize("takes", ["bytes", "signed", "unsigned"])
+def test_the_nccl_unique_id_reaches_each_cupys_communicator_in_its_form(takes, monkeypatch):
+    # CuPy 14 takes the id as bytes; older CuPy as a tuple of C chars (signed on x86)
+    import platform
+    import types
+    from flame_core.distributed.nccl import NCCLBackend
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    raw = bytes(range(120, 248))
+    fake = types.SimpleNamespace(nccl=types.SimpleNamespace(NcclCommunicator=_Comm(takes)))
+    world, uid, rank = NCCLBackend._communicator(fake, 2, raw, 1)
+    assert (world, rank) == (2, 1)
+    if takes == "bytes":
+        assert uid == raw
+    else:
+        assert bytes(b % 256 for b in uid) == raw
