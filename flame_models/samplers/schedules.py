@@ -179,6 +179,36 @@ def get_sigmas(schedule, steps, scheduler="normal", timestep_spacing="leading", 
     return np.concatenate([sigmas, [0.0]]), np.asarray(t, dtype=np.float64)
 
 
+def dpm_sigmas(schedule, steps, scheduler="normal", timestep_spacing="leading", steps_offset=1):
+    """(sigmas (steps + 1,), timesteps (steps,)) float64, high to low, the last sigma 0, as diffusers'
+    DPMSolverMultistepScheduler builds them (its default final_sigmas_type 'zero'): integer timesteps spaced over
+    steps + 1 points with the last dropped ('linspace', 'leading' with N // (steps + 1), offset added) or 'trailing',
+    σ interpolated at them; 'karras': Karras sigmas over the whole training range (σ at t = N−1 down to σ at t = 0,
+    whatever the spacing) at their rounded timesteps."""
+    N, n = schedule.num_train_timesteps, int(steps)
+    if n < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    if timestep_spacing == "linspace":
+        t = np.linspace(0, N - 1, n + 1).round()[::-1][:-1].copy()
+    elif timestep_spacing == "leading":
+        t = (np.arange(0, n + 1) * (N // (n + 1))).round()[::-1][:-1].copy() + steps_offset
+    elif timestep_spacing == "trailing":
+        t = np.arange(N, 0, -N / n).round() - 1
+    else:
+        raise ValueError(f"timestep_spacing must be one of {', '.join(SPACINGS)}, got {timestep_spacing!r}")
+    if scheduler == "karras":
+        sigmas = karras_sigmas(n, schedule.sigma_min, schedule.sigma_max)
+        t = np.round(schedule.sigma_to_t(sigmas))
+    elif scheduler == "normal":
+        if np.any(t > N - 1) or np.any(t < 0):
+            raise ValueError(f"{timestep_spacing} spacing with steps_offset={steps_offset} gives timesteps outside "
+                             f"[0, {N - 1}]: {t[0]}..{t[-1]}")
+        sigmas = schedule.t_to_sigma(t)
+    else:
+        raise ValueError(f"scheduler must be 'normal' or 'karras', got {scheduler!r}")
+    return np.concatenate([sigmas, [0.0]]), np.asarray(t, dtype=np.float64)
+
+
 def ddim_sigmas(schedule, steps, timestep_spacing="leading", steps_offset=1, set_alpha_to_one=False):
     """(sigmas (steps + 1,), timesteps (steps,)) of DDIMScheduler: integer timesteps ('linspace' rounded), each step
     going to t − N // steps, the last one to ᾱ = 1 (σ 0) with set_alpha_to_one, else to ᾱ_0 (SD / SDXL's config).

@@ -7,7 +7,8 @@ generic samplers of flame_models.samplers.
 import math
 
 import flame_core as flame
-from flame_models.samplers import SAMPLERS, DDPMSchedule, Denoiser, check_prediction_type, ddim_sigmas, get_sigmas
+from flame_models.samplers import (SAMPLERS, DDPMSchedule, Denoiser, check_prediction_type, ddim_sigmas, dpm_sigmas,
+                                   get_sigmas)
 
 VAE_FACTOR = 8
 
@@ -75,8 +76,8 @@ def sample(unet, context, y, neg_context=None, neg_y=None, *, height=1024, width
 
     sampler: 'euler', 'euler_ancestral', 'dpmpp_2m' or 'ddim'; scheduler: 'normal' or 'karras' (not for ddim).
     The sigma table follows diffusers' EulerDiscreteScheduler with SDXL's config (leading spacing, steps_offset 1;
-    ddim: DDIMScheduler's); zero_terminal_snr rescales the schedule (use with v_prediction and
-    timestep_spacing='trailing'). eta: the ancestral / DDIM noise (default 1 for euler_ancestral, 0 for ddim).
+    ddim: DDIMScheduler's; dpmpp_2m: DPMSolverMultistepScheduler's); zero_terminal_snr rescales the schedule (use
+    with v_prediction and timestep_spacing='trailing'). eta: the ancestral / DDIM noise (default 1 for euler_ancestral, 0 for ddim).
     noise: the initial Gaussian latents (else drawn from `seed` on the UNet's device), scaled as the sampler's
     diffusers scheduler does (init_noise_sigma): by σ_max for euler / euler_ancestral with linspace or trailing
     spacing, else by √(σ_max² + 1) (the x0 + σ·ε of unit-variance latents)."""
@@ -102,6 +103,8 @@ def sample(unet, context, y, neg_context=None, neg_y=None, *, height=1024, width
     schedule = DDPMSchedule(zero_terminal_snr=zero_terminal_snr)
     if sampler == "ddim":
         sigmas, timesteps = ddim_sigmas(schedule, steps, timestep_spacing, steps_offset)
+    elif sampler == "dpmpp_2m":   # diffusers' DPMSolverMultistepScheduler table
+        sigmas, timesteps = dpm_sigmas(schedule, steps, scheduler, timestep_spacing, steps_offset)
     else:
         sigmas, timesteps = get_sigmas(schedule, steps, scheduler, timestep_spacing, steps_offset)
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import flame_core as flame
-from flame_models.samplers import (SAMPLERS, DDPMSchedule, Denoiser, ddim_sigmas, get_sigmas, karras_sigmas,
+from flame_models.samplers import (SAMPLERS, DDPMSchedule, Denoiser, ddim_sigmas, dpm_sigmas, get_sigmas, karras_sigmas,
                                    rescale_zero_terminal_snr, scaled_linear_betas, spaced_timesteps)
 from flame_models.sdxl import load_unet, sample
 
@@ -84,6 +84,23 @@ def test_euler_tables_match_diffusers(name):
     np.testing.assert_allclose(ts, ref[f"{name}.timesteps"], rtol=1e-5, atol=2e-3)
 
 
+@pytest.mark.parametrize("name", ["dpmpp_2m", "dpmpp_2m_karras_v"])
+def test_dpm_tables_match_diffusers(name):
+    # DPMSolverMultistepScheduler spaces steps + 1 points and drops the last; its Karras sigmas span the whole
+    # training range at rounded timesteps (EulerDiscreteScheduler's span the spaced table, at fractional ones)
+    ref, meta = schedulers()
+    cfg = meta[name]["config"]
+    sigmas, ts = dpm_sigmas(_schedule(cfg), meta[name]["steps"], "karras" if cfg.get("use_karras_sigmas") else "normal",
+                            cfg["timestep_spacing"], cfg["steps_offset"])
+    np.testing.assert_allclose(sigmas, ref[f"{name}.sigmas"], rtol=5e-5, atol=1e-9)   # float32 reference
+    np.testing.assert_array_equal(ts, ref[f"{name}.timesteps"])
+    euler, _ = get_sigmas(_schedule(cfg), meta[name]["steps"], "karras" if cfg.get("use_karras_sigmas") else "normal",
+                          cfg["timestep_spacing"], cfg["steps_offset"])
+    assert np.abs(euler - sigmas).max() > 0.1                     # not Euler's table
+    with pytest.raises(ValueError, match="timestep_spacing"):
+        dpm_sigmas(_schedule(cfg), 4, "normal", "uniform")
+
+
 @pytest.mark.parametrize("name", ["ddim_leading", "ddim_trailing_zsnr_v"])
 def test_ddim_timesteps_match_diffusers(name):
     ref, meta = schedulers()
@@ -115,8 +132,9 @@ def test_sampler_trajectory_matches_diffusers(name):
     cfg, pred = m["config"], m["config"]["prediction_type"]
     sampler = SAMPLER_OF[m["scheduler"]]
     schedule = _schedule(cfg)
-    if sampler == "dpmpp_2m":                   # diffusers' DPM table is its own: its update rule on its table
-        sigmas, ts = ref[f"{name}.sigmas"].astype(np.float64), ref[f"{name}.timesteps"]
+    if sampler == "dpmpp_2m":                   # diffusers' DPM table (test_dpm_tables_match_diffusers)
+        sigmas, ts = dpm_sigmas(schedule, m["steps"], "karras" if cfg.get("use_karras_sigmas") else "normal",
+                                cfg["timestep_spacing"], cfg["steps_offset"])
     elif sampler == "ddim":
         sigmas, ts = ddim_sigmas(schedule, m["steps"], cfg["timestep_spacing"], cfg["steps_offset"])
     else:
