@@ -130,8 +130,9 @@ def test_sdxl_samplers_negatives_and_long_captions(sdxl):
     kw = dict(width=64, height=64, cfg=5.0)
     base = run(sdxl["folder"], **kw)
     assert np.abs(run(sdxl["folder"], sampler="euler_ancestral", **kw) - base).mean() > 0.5
-    # (two steps of DPM++ 2M are Euler's: its first step and its last are first order)
-    assert np.abs(run(sdxl["folder"], sampler="dpmpp_2m", **kw) - base).max() <= 1
+    # DPM++ 2M runs on DPMSolverMultistepScheduler's table, not Euler's (its update rule against diffusers':
+    # tests/models/test_sdxl_sampling.py)
+    assert np.abs(run(sdxl["folder"], sampler="dpmpp_2m", **kw) - base).mean() > 0.5
     assert np.abs(run(sdxl["folder"], sampler="dpmpp_2m", steps=4, **kw) - run(sdxl["folder"], steps=4, **kw)).mean() \
         > 0.5
     assert np.abs(run(sdxl["folder"], negative_prompt="a dog", **kw) - base).mean() > 0.5
