@@ -24,12 +24,17 @@ def two_gpus():
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not two_gpus(), reason="needs 2 CUDA GPUs")]
 
 
-def launch(world, script, *args, timeout=600):
+def launch(world, script, *args, timeout=180):
     cmd = [sys.executable, "-m", "flame_core.distributed.run", "--nproc-per-node", str(world),
            os.path.join(SCRIPTS, script), *args]
     if world == 1:
         cmd = [sys.executable, os.path.join(SCRIPTS, script), *args]
-    r = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, timeout=timeout)
+    try:
+        r = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:   # a hung collective: fail with what the ranks printed so far
+        tail = lambda b: (b or b"").decode(errors="replace")[-3000:]  # noqa: E731
+        pytest.fail(f"{script} on {world} rank(s) did not finish in {timeout} s\nstdout: {tail(e.stdout)}\n"
+                    f"stderr: {tail(e.stderr)}")
     assert r.returncode == 0, (r.stdout.decode()[-2000:], r.stderr.decode()[-4000:])
     return r
 
