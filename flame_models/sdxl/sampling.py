@@ -77,7 +77,8 @@ def sample(unet, context, y, neg_context=None, neg_y=None, *, height=1024, width
     sampler: 'euler', 'euler_ancestral', 'dpmpp_2m' or 'ddim'; scheduler: 'normal' or 'karras' (not for ddim).
     The sigma table follows diffusers' EulerDiscreteScheduler with SDXL's config (leading spacing, steps_offset 1;
     ddim: DDIMScheduler's; dpmpp_2m: DPMSolverMultistepScheduler's); zero_terminal_snr rescales the schedule (use
-    with v_prediction and timestep_spacing='trailing'). eta: the ancestral / DDIM noise (default 1 for euler_ancestral, 0 for ddim).
+    with v_prediction and timestep_spacing='trailing'). eta: the ancestral / DDIM noise (default 1 for
+    euler_ancestral, 0 for ddim).
     noise: the initial Gaussian latents (else drawn from `seed` on the UNet's device), scaled as the sampler's
     diffusers scheduler does (init_noise_sigma): by σ_max for euler / euler_ancestral with linspace or trailing
     spacing, else by √(σ_max² + 1) (the x0 + σ·ε of unit-variance latents)."""

@@ -101,7 +101,7 @@ class TransformerEncoder(Module):
         for layer in self.layers:
             x = layer(x, src_mask=mask, src_key_padding_mask=kpm, is_causal=bool(is_causal))
         if padded is not None:   # PyTorch's to_padded_tensor(0.0)
-            x = x.masked_fill(flame.tensor(padded[:, :, None], device=src.device), 0.0)
+            x = x.masked_fill(kpm.unsqueeze(-1), 0.0)
         if self.norm is not None:
             x = self.norm(x)
         return x

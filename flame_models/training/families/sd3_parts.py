@@ -16,6 +16,8 @@ a T5 32 wide (the preset's context width), tokenizers learned from the tiny corp
 Memory: T5 in fp8 when model.quantize_te asks or max_gpu_memory cannot hold it in bfloat16, streamed when even fp8
 does not fit (sd_parts.t5_storage).
 """
+import functools
+
 import flame_core as flame
 import flame_nn
 
@@ -82,17 +84,20 @@ def _t5_params(model_cfg):
     return S.parameter_count(f.t5, "t5", f.prefixes.get("t5", ""), SUBFOLDERS)
 
 
+@functools.lru_cache(maxsize=None)
+def _released_clip_params():
+    from ...text_encoders import CLIPTextModelWithProjection
+    n = 0
+    for kind in ("clip_l", "clip_g"):
+        with flame_nn.empty_init(device="cpu"):   # shapes only
+            n += sum(p.numel() for p in CLIPTextModelWithProjection(S.released_clip(kind)[0]).parameters())
+    return n
+
+
 def _clip_params(model_cfg):
     """CLIP-L + CLIP-G parameters (held beside T5 while captions are encoded)."""
     if model_cfg.name_or_path is None:
-        if _size(model_cfg) == TINY:
-            return 0
-        from ...text_encoders import CLIPTextModelWithProjection
-        n = 0
-        for kind in ("clip_l", "clip_g"):
-            with flame_nn.empty_init(device="cpu"):   # shapes only
-                n += sum(p.numel() for p in CLIPTextModelWithProjection(S.released_clip(kind)[0]).parameters())
-        return n
+        return 0 if _size(model_cfg) == TINY else _released_clip_params()
     f = sd3_files(model_cfg)
     return sum(S.parameter_count(getattr(f, k), k, f.prefixes.get(k, ""), SUBFOLDERS) for k in ("clip_l", "clip_g"))
 
