@@ -105,8 +105,9 @@ def check_loras(loras, params, *, probe=None, model_class=None, error=FluxFilesE
             from .model import Flux as model_class
         with flame_nn.empty_init(device="cpu"):
             probe = model_class(params)
-    names = {n for n, m in probe.named_modules() if isinstance(m, flame_nn.Linear)}
-    shapes = {n: tuple(m.weight.shape) for n, m in probe.named_modules() if isinstance(m, flame_nn.Linear)}
+    layers = (flame_nn.Linear, flame_nn.Conv2d)   # (SDXL's LoCon files adapt its convolutions)
+    shapes = {n: tuple(m.weight.shape) for n, m in probe.named_modules() if isinstance(m, layers)}
+    names = set(shapes)
     for spec in loras:
         path, weight = parse_lora(spec)
         if not os.path.isfile(path):
@@ -130,13 +131,21 @@ def check_loras(loras, params, *, probe=None, model_class=None, error=FluxFilesE
         except A.AdapterFormatError as e:
             raise error(f"--lora {path}: {str(e).splitlines()[0]}") from None
         for mod, parts in modules.items():
-            out_f, in_f = shapes[mod]
+            out_f, in_f, kernel = shapes[mod][0], shapes[mod][1], shapes[mod][2:]
             for p in parts:
                 lo, hi = p.rows if p.rows is not None else (0, out_f)
                 if p.shape != (hi - lo, in_f):
                     raise error(f"--lora {path}: the adapter on {mod} is {p.shape[0]}x{p.shape[1]} but "
-                                f"this {type(probe).__name__}'s Linear (rows {lo}:{hi}) is "
-                                f"{hi - lo}x{in_f}: a LoRA for another model size?")
+                                f"this {type(probe).__name__}'s {'Conv2d' if kernel else 'Linear'} (rows {lo}:{hi}) "
+                                f"is {hi - lo}x{in_f}: a LoRA for another model size?")
+                down = p.tensors.get("lora_down.weight")
+                if kernel and p.kind != "lora":
+                    raise error(f"--lora {path}: a {p.kind} adapter on the convolution {mod}; convolutions take "
+                                f"LoRA only")
+                if kernel and down is not None and tuple(down.shape[2:]) not in (kernel, () if kernel == (1, 1)
+                                                                                  else kernel):
+                    raise error(f"--lora {path}: the adapter on {mod} has a {tuple(down.shape[2:])} kernel, the "
+                                f"convolution's is {kernel}")
         out.append((path, weight))
     return out
 

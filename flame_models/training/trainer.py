@@ -180,12 +180,23 @@ class Trainer:
         self.name_map = fam.lora_name_map(self.model)
         n = c.network
         targets = fam.target_presets.get(n.target, n.target) if isinstance(n.target, str) else n.target
+        filters = dict(only_if_contains=n.network_kwargs.get("only_if_contains"),
+                       ignore_if_contains=n.network_kwargs.get("ignore_if_contains"))
+        if n.conv:  # LoCon (kohya's conv_dim): what comes with the convolutions at the linear rank
+            targets = ([targets] if isinstance(targets, str) else list(targets)) + list(fam.conv_linear_targets)
         made = A.inject_adapters(self.model, targets, "lora" if n.type == "locon" else n.type, rank=n.linear,
                                  alpha=n.linear_alpha, dropout=n.dropout, rslora=n.rslora, lokr_factor=n.lokr_factor,
-                                 lokr_full_rank=n.lokr_full_rank, name_map=self.name_map,
-                                 only_if_contains=n.network_kwargs.get("only_if_contains"),
-                                 ignore_if_contains=n.network_kwargs.get("ignore_if_contains"),
+                                 lokr_full_rank=n.lokr_full_rank, name_map=self.name_map, **filters,
                                  generator=flame.Generator("cpu").manual_seed(t.seed + 3))
+        if n.conv:  # the convolutions the targets left, at the conv rank (alpha: conv_alpha, else conv)
+            done = {m for m, _ in made}
+            convs = [m for m, _, _ in A.find_targets(self.model, fam.conv_targets, self.name_map, **filters)
+                     if m not in done]
+            if convs:
+                made += A.inject_adapters(self.model, convs, "lora", rank=n.conv,
+                                          alpha=n.conv if n.conv_alpha is None else n.conv_alpha, dropout=n.dropout,
+                                          rslora=n.rslora, name_map=self.name_map,
+                                          generator=flame.Generator("cpu").manual_seed(t.seed + 4))
         self.params = A.adapter_parameters(self.model)
         self.n_adapted = len(made)
         self.model.enable_gradient_checkpointing(t.gradient_checkpointing)

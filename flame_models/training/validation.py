@@ -62,6 +62,15 @@ def validate(cfg, prefix="", check_files=True):
             e.append(f"{p}network.network_kwargs.{k}: unknown; supported: only_if_contains, ignore_if_contains")
         elif not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
             e.append(f"{p}network.network_kwargs.{k}: expected a list of strings, got {v!r}")
+    if n.conv is not None and n.conv < 0:
+        e.append(f"{p}network.conv: the convolutions' rank, >= 1 (0 or null: none), got {n.conv}")
+    if n.conv_alpha is not None and n.conv_alpha <= 0:
+        e.append(f"{p}network.conv_alpha: must be > 0, got {n.conv_alpha}")
+    if n.conv and n.type not in ("lora", "locon"):
+        e.append(f"{p}network.conv: convolution adapters are LoRA (LoCon) only; network.type is {n.type!r} (use "
+                 f"lora or locon, or leave conv out)")
+    if n.conv_alpha is not None and not n.conv:
+        e.append(f"{p}network.conv_alpha: only used with network.conv (the convolutions' rank), which is not set")
     if n.type in ("lokr", "loha") and s.format == "peft":
         e.append(f"{p}save.format: 'peft' cannot hold {n.type} adapters (diffusers has no {n.type}); use 'kohya'")
 
@@ -210,6 +219,9 @@ def _family_checks(cfg, family, p):
         sy = cfg.synthetic
         if sy is not None and (getattr(sy, k) <= 0 or getattr(sy, k) % mult):
             e.append(f"{p}synthetic.{k}: must be a positive multiple of {mult}, got {getattr(sy, k)}")
+    if cfg.network.conv and family.conv_targets is None:
+        e.append(f"{p}network.conv: the {family.name} model has no convolutions to adapt (LoCon is for SDXL's "
+                 f"UNet); leave network.conv out")
     if cfg.network.target is None and family.default_target is None:
         e.append(f"{p}network.target: required ({family.name} has no default preset)")
     return e

@@ -5,6 +5,7 @@ Canonical form: `{module_name: [AdapterPart, ...]}` where a part adapts some out
 and holds its tensors under the kohya/LyCORIS suffixes:
 
     lora  lora_down.weight (r, in), lora_up.weight (out, r)                       ΔW = s·up·down
+          on a Conv2d (LoCon): (r, in, kh, kw) and (out, r, 1, 1)                 ΔW = s·(up·down.reshape(r, -1))
     dora  lora + dora_scale (out, 1): the magnitude m                            W' = m ⊙ (W+ΔW) / ‖W+ΔW‖_row
     lokr  lokr_w1 (a, c) and lokr_w2 (b, d) or lokr_w2_a (b, r) @ lokr_w2_b (r, d) ΔW = s·kron(w1, w2)
     loha  hada_w1_a (out, r), hada_w1_b (r, in), hada_w2_a, hada_w2_b            ΔW = s·(w1a·w1b) ⊙ (w2a·w2b)
@@ -93,7 +94,11 @@ class AdapterPart:
         """ΔW in float64 (for lora/lokr/loha; DoRA's change depends on W: see merged_weight)."""
         t = {k: np.asarray(v, dtype=np.float64) for k, v in self.tensors.items()}
         if self.kind in ("lora", "dora"):
-            d = t["lora_up.weight"] @ t["lora_down.weight"]
+            up, down = t["lora_up.weight"], t["lora_down.weight"]
+            if down.ndim == 4:   # a convolution's: (r, in, kh, kw) down, (out, r, 1, 1) up
+                return self.scale * (up.reshape(up.shape[0], -1) @ down.reshape(down.shape[0], -1)).reshape(
+                    (up.shape[0],) + down.shape[1:])
+            d = up @ down
         elif self.kind == "loha":
             d = (t["hada_w1_a"] @ t["hada_w1_b"]) * (t["hada_w2_a"] @ t["hada_w2_b"])
         else:
@@ -364,7 +369,8 @@ def from_peft(sd, name_map=IDENTITY, prefix=PEFT_PREFIX, alphas=None, peft_confi
                                      f"{sorted(t)}")
         module, ranges = name_map.module_of(name)
         down, up = t[".lora_A.weight"], t[".lora_B.weight"]
-        if down.ndim != 2 or up.ndim != 2 or down.shape[0] != up.shape[1]:
+        conv = down.ndim == 4 and up.ndim == 4 and up.shape[2:] == (1, 1)   # a convolution's LoRA
+        if not (conv or (down.ndim == 2 and up.ndim == 2)) or down.shape[0] != up.shape[1]:
             raise AdapterFormatError(f"{prefix}{name}: lora_A {fmt_shape(down.shape)} and lora_B "
                                      f"{fmt_shape(up.shape)} do not form a LoRA")
         mag = t.get(".lora_magnitude_vector")

@@ -306,3 +306,41 @@ def test_loras_kohya_and_peft_merged_or_streamed(files, parts, tmp_path):
     save_file(sd, te)
     with pytest.raises(SDXLFilesError, match="text-encoder LoRA weights"):
         load_unet_for_sampling(files, dtype=F32, device="cpu", loras=[te])
+
+
+def test_locon_loras_apply_merged_or_streamed(files, tmp_path):
+    """A LoRA with convolution adapters (LoCon) is applied by the SDXL generator: merged into the conv weights, or
+    kept as adapters beside streamed blocks, both giving the adapted model's numbers; a wrong kernel is refused."""
+    from flame_models.sdxl import CONV_TARGETS
+    unet = load_unet_for_sampling(files, dtype=F32, device="cpu")
+    A.inject_adapters(unet, ["to_q"], rank=2, alpha=2.0)
+    A.inject_adapters(unet, CONV_TARGETS + ["re:.*skip_connection", "input_blocks.0.0"], rank=2, alpha=1.0,
+                      name="default2")
+    rng = np.random.default_rng(1)
+    with flame.no_grad():
+        for name in ("default", "default2"):
+            for _, p in A.named_adapter_parameters(unet, name):
+                p.copy_(flame.tensor(rng.normal(0, 0.3, tuple(p.shape)).astype(np.float32), device="cpu"))
+    path = A.save_adapters(unet, str(tmp_path / "locon.safetensors"), format="kohya", name="default2")
+    with safe_open(path) as f:
+        keys = list(f.keys())
+        assert f.get_array("lora_unet_input_blocks_0_0.lora_down.weight").shape[2:] == (3, 3)
+    A.remove_adapters(unet, "default")
+    cond = {"prompt_embeds": np.ones((1, 77, 40), np.float32) * 0.1,
+            "pooled_prompt_embeds": np.ones((1, 32), np.float32) * 0.1}
+    kw = dict(height=32, width=32, steps=2, cfg=1.0, seeds=[1])
+    want = sample_latents(unet, cond, **kw).numpy()
+    A.disable_adapters(unet)
+    base = sample_latents(unet, cond, **kw).numpy()
+    assert np.abs(want - base).max() > 1e-2
+    run = (lambda **m: sample_latents(load_unet_for_sampling(files, dtype=F32, device="cpu", **m), cond,
+                                      **kw).numpy())
+    np.testing.assert_allclose(run(loras=[path]), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(run(loras=[path], stream=True), want, rtol=1e-5, atol=1e-5)
+    with safe_open(path) as f:
+        sd = {k: f.get_array(k) for k in keys}
+    sd["lora_unet_input_blocks_0_0.lora_down.weight"] = sd["lora_unet_input_blocks_0_0.lora_down.weight"][:, :, :1, :1]
+    bad = str(tmp_path / "bad.safetensors")
+    save_file(sd, bad)
+    with pytest.raises(SDXLFilesError, match=r"input_blocks.0.0 has a \(1, 1\) kernel, the convolution's is \(3, 3\)"):
+        load_unet_for_sampling(files, dtype=F32, device="cpu", loras=[bad])

@@ -5,10 +5,13 @@ v-prediction on the scaled-linear schedule, zero-terminal SNR, min-SNR-γ, a tim
 bucket size, which image folders keep per sample; precomputed samples: the latents' size, no crop); previews with the
 SDXL samplers (sample.sampler: euler (default), euler_ancestral (ai-toolkit: euler_a), dpmpp_2m, ddim), classifier-
 free guidance with a negative prompt (sample.neg; default zeros, diffusers' force_zeros_for_empty_prompt), size
-conditioning = the preview's size. Adapters train Linear layers (attention / all_linear presets); LoCon's
-convolution adapters are refused before anything loads. LoRA names: SAI's in kohya files
+conditioning = the preview's size. Adapters train Linear layers (attention / all_linear presets) and, with
+network.conv (LoCon), kohya's convolution set: the 3x3 convolutions of the ResBlocks, downsamplers and upsamplers at
+the conv rank, with the ResBlocks' emb_layers.1 and 1x1 skip convolutions at the linear rank. LoRA names: SAI's in kohya files
 (lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q, networks.lora, sdxl_base_v1-0), diffusers' in PEFT files
 (unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q)."""
+import json
+
 import numpy as np
 
 import flame_core as flame
@@ -20,7 +23,8 @@ from ...sdxl import SDXLUNet, load_unet, make_y, unet_config
 from ...sdxl import pipeline as sdxl_pipeline
 from ...sdxl.config import UNetConfigError
 from ...sdxl.loading import UNetCheckpoint, UNetCheckpointError, infer_config
-from ...sdxl.lora_keys import KOHYA_METADATA, TARGET_PRESETS, unet_name_map
+from ...sdxl.lora_keys import (CONV_TARGETS, KOHYA_METADATA, RESNET_LINEAR_TARGETS, TARGET_PRESETS,
+                                unet_name_map)
 from ...sdxl.sampling import sample as sdxl_sample
 from ...vae.latent_format import SDXL
 from ..ddpm_objective import DDPM
@@ -51,6 +55,7 @@ class SDXLFamily(DiffusionFamily):
     default_size = "sdxl-tiny"
     model_sizes = ("sdxl-base", "sdxl-tiny")
     target_presets = TARGET_PRESETS
+    conv_targets, conv_linear_targets = CONV_TARGETS, tuple(RESNET_LINEAR_TARGETS)   # kohya's conv_dim set
     config_defaults = {"name": "sdxl_lora", "train.noise_scheduler": "ddpm", "sample.guidance_scale": 5.0}
     fields = DDPM_FIELDS + ("sample.neg", "model.clip_g_path")
     field_notes = {**{k: _FLOW_NOTE for k in FLOW_FIELDS},
@@ -64,10 +69,6 @@ class SDXLFamily(DiffusionFamily):
     # ------------------------------------------------------------------ before anything is loaded
     def _config_problems(self, cfg, prefix):
         e, t, p, sm = [], cfg.train, prefix, cfg.sample
-        if cfg.network.type == "locon":
-            e.append(f"{p}network.type: 'locon' adds adapters to the UNet's convolutions, which flame_nn.adapters "
-                     f"cannot train (Linear layers only); use 'lora' (or dora / lokr / loha) with the attention or "
-                     f"all_linear targets")
         if sm.sampler is not None:
             choice(e, f"{p}sample.sampler", sm.sampler, self.samplers)
         if t.zero_terminal_snr and self._sampler(sm) == "ddim" and 1000 % sm.sample_steps:
@@ -117,6 +118,10 @@ class SDXLFamily(DiffusionFamily):
         meta = {k: v for k, v in KOHYA_METADATA.items()
                 if k != "ss_network_module" or cfg.network.type in ("lora", "locon")}  # LyCORIS kinds: lycoris.kohya
         meta["flame.base_model"] = self.base_model_name(cfg)
+        n = cfg.network
+        if n.conv:  # kohya's record of a LoCon's conv rank and alpha
+            alpha = n.conv if n.conv_alpha is None else n.conv_alpha
+            meta["ss_network_args"] = json.dumps({"conv_dim": str(n.conv), "conv_alpha": f"{alpha:g}"})
         if cfg.train.prediction_type == "v_prediction":
             meta["ss_v_parameterization"] = "true"
         if cfg.train.zero_terminal_snr:
