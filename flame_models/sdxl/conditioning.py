@@ -103,9 +103,11 @@ def check_vocabularies(files, clip_l_tok, clip_g_tok):
 
 
 def load_text_encoders(files, *, dtype=flame.bfloat16, device=None, max_token_length=None,
-                       force_zeros_for_empty_prompt=True):
+                       force_zeros_for_empty_prompt=True, loras=()):
     """CLIP-L and CLIP-G of `files` (SDXLFiles or a path for find_sdxl_files) with their tokenizers, frozen, in
-    `dtype` on `device`, as SDXLTextEncoders."""
+    `dtype` on `device`, as SDXLTextEncoders. loras: checked [(path, weight)] (pipeline.check_loras) whose
+    text-encoder parts (kohya lora_te1_ / lora_te2_, diffusers text_encoder. / text_encoder_2.) are merged into
+    CLIP-L / CLIP-G."""
     files = files if isinstance(files, SDXLFiles) else find_sdxl_files(files)
     l_tok, g_tok = load_tokenizers(files)
     check_vocabularies(files, l_tok, g_tok)
@@ -115,6 +117,13 @@ def load_text_encoders(files, *, dtype=flame.bfloat16, device=None, max_token_le
                        projection=False, **kw)
     clip_g = load_clip(files.clip_g, prefix=files.prefixes.get("clip_g"), config=files.configs.get("clip_g"),
                        projection=True, **kw)
+    if loras:
+        from flame_nn.adapters.formats import IDENTITY
+        from ..flux.pipeline import apply_loras, check_lora_part
+        for component, clip in (("te1", clip_l), ("te2", clip_g)):
+            for path, _ in loras:
+                check_lora_part(path, clip, IDENTITY, component, SDXLFilesError)
+            apply_loras(clip, loras, merge=True, error=SDXLFilesError, component=component)
     return SDXLTextEncoders(clip_l, clip_g, l_tok, g_tok, max_token_length=max_token_length,
                             force_zeros_for_empty_prompt=force_zeros_for_empty_prompt)
 

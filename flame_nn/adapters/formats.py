@@ -500,18 +500,46 @@ def save(path, modules, format="kohya", *, name_map=IDENTITY, out_features=None,
     return path
 
 
-def load(path, module_names, *, name_map=IDENTITY):
-    """Read a kohya or PEFT file -> (canonical adapters, metadata dict). Keys are checked against `module_names`."""
+# The text encoders' parts of a LoRA file (kohya's lora_te1_ / lora_te2_, lora_te_ for a single one; diffusers'
+# text_encoder. / text_encoder_2.); every other key belongs to the denoiser.
+TEXT_ENCODER_PREFIXES = {"te1": ("lora_te1_", "lora_te_", "text_encoder."), "te2": ("lora_te2_", "text_encoder_2.")}
+COMPONENTS = ("denoiser", "te1", "te2")
+
+
+def component_of(key):
+    """'te1', 'te2' or 'denoiser': the model of a multi-model LoRA file that `key` adapts."""
+    for comp, prefixes in TEXT_ENCODER_PREFIXES.items():
+        if key.startswith(prefixes):
+            return comp
+    return "denoiser"
+
+
+def load(path, module_names, *, name_map=IDENTITY, component="denoiser"):
+    """Read a kohya or PEFT file -> (canonical adapters, metadata dict). Keys are checked against `module_names`.
+    component: the part of the file to read -- 'denoiser' (the transformer / UNet: every key not of a text
+    encoder), 'te1' or 'te2' (a text encoder's: kohya lora_te1_ / lora_te2_, PEFT text_encoder. /
+    text_encoder_2.; its module names are the encoder's own, e.g. text_model.encoder.layers.0.self_attn.q_proj)."""
+    if component not in COMPONENTS:
+        raise AdapterFormatError(f"component must be one of {', '.join(COMPONENTS)}, got {component!r}")
     with _io.safe_open(path) as f:
-        sd = {k: f.get_array(k) for k in f.keys()}
+        sd = {k: f.get_array(k) for k in f.keys() if component_of(k) == component}
         meta = f.metadata() or {}
+    if not sd:
+        return {}, meta
     fmt = detect_format(sd)
-    if fmt == "kohya":
+    if component != "denoiser":
+        kohya, peft = TEXT_ENCODER_PREFIXES[component][:-1], TEXT_ENCODER_PREFIXES[component][-1]
+        if fmt == "kohya":
+            prefix = next(p for p in kohya if any(k.startswith(p) for k in sd))
+            return from_kohya(sd, module_names, prefix), meta
+        modules = from_peft(sd, IDENTITY, peft, None, peft_config_of(meta, peft))
+    elif fmt == "kohya":
         prefix = next((p for p in KOHYA_PREFIXES if any(k.startswith(p) for k in sd)), KOHYA_PREFIX)
         return from_kohya(sd, module_names, prefix), meta
-    alphas = json.loads(meta["flame.alphas"]) if "flame.alphas" in meta else None
-    prefix = next((p for p in PEFT_PREFIXES if all(k.startswith(p) for k in sd)), "")
-    modules = from_peft(sd, name_map, prefix, alphas, peft_config_of(meta, prefix))
+    else:
+        alphas = json.loads(meta["flame.alphas"]) if "flame.alphas" in meta else None
+        prefix = next((p for p in PEFT_PREFIXES if all(k.startswith(p) for k in sd)), "")
+        modules = from_peft(sd, name_map, prefix, alphas, peft_config_of(meta, prefix))
     names = set(module_names)
     unknown = [m for m in modules if m not in names]
     if unknown:

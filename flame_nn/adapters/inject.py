@@ -268,11 +268,14 @@ def _check_peft_names(model, name_map, state):
             + "; format='kohya' keeps the model's names")
 
 
-def load_adapters(model, path, *, name="default", weight=1.0, name_map=None, dtype=flame.float32):
+def load_adapters(model, path, *, name="default", weight=1.0, name_map=None, dtype=flame.float32,
+                  component="denoiser"):
     """Load a LoRA file into adapter `name`: into the existing one if the model has it, else a new adapter shaped
-    by the file (kind, rank and rows from its tensors) is injected first. Returns the file's metadata."""
+    by the file (kind, rank and rows from its tensors) is injected first. Returns the file's metadata.
+    component: which part of the file (formats.load): 'denoiser', or a text encoder's 'te1' / 'te2' when `model`
+    is that encoder."""
     module_names = [n for n, _ in _linears(model)]
-    modules, meta = fmt.load(path, module_names, name_map=model_name_map(model, name_map))
+    modules, meta = fmt.load(path, module_names, name_map=model_name_map(model, name_map), component=component)
     if name not in adapter_names(model):
         for mod_name, parts in modules.items():
             mod = adapt(model.get_submodule(mod_name))
