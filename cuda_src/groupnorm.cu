@@ -41,9 +41,10 @@ __device__ __forceinline__ void chunk_range(i64 hw, int splits, int s, i64& lo, 
 
 template <typename T, int N, int ACT>
 __device__ __forceinline__ void partials_body(const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ p0,
-                                              float* __restrict__ p1, i64 hw, int splits, const float* __restrict__ mean,
-                                              const float* __restrict__ rstd, const float* __restrict__ w,
-                                              const float* __restrict__ bias, int nch, int cpg, float* smem) {
+                                              float* __restrict__ p1, i64 hw, int splits,
+                                              const float* __restrict__ mean, const float* __restrict__ rstd,
+                                              const float* __restrict__ w, const float* __restrict__ bias, int nch,
+                                              int cpg, float* smem) {
     const i64 row = blockIdx.x / splits;
     const int s = blockIdx.x % splits;
     i64 lo, hi;
@@ -743,9 +744,10 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(GN_THREADS)
 template <typename T, int CL, int ACT>
 __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(GN_THREADS)
     gn_bwd_cluster(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ w,
-                   const float* __restrict__ bias, const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
-                   float* __restrict__ dw_part, float* __restrict__ db_part, int groups, int cpg, i64 hw,
-                   void* __restrict__ dw_out, void* __restrict__ db_out, unsigned* __restrict__ counters, int of32) {
+                   const float* __restrict__ bias, const float* __restrict__ mean, const float* __restrict__ rstd,
+                   T* __restrict__ dx, float* __restrict__ dw_part, float* __restrict__ db_part, int groups, int cpg,
+                   i64 hw, void* __restrict__ dw_out, void* __restrict__ db_out, unsigned* __restrict__ counters,
+                   int of32) {
     static_assert(CL == GN_CL, "the cluster size is GN_CL");
     extern __shared__ __align__(16) float gn_sm[];
     constexpr int N = VecT<T>::N;
