@@ -57,10 +57,18 @@ class SDXLTextEncoders(EncoderBundle):
         return self._encode_batched(prompts, batch_size, self._encode_batch)
 
     def _encode_batch(self, batch):
-        dtype = self.clip_g.dtype
         l_ids, g_ids = self.tokenize(batch)
-        hl, _ = clip_states(self._run("clip_l"), self.clip_l, l_ids, len(batch))
-        hg, pg = clip_states(self._run("clip_g"), self.clip_g, g_ids, len(batch))
+        return self.encode_ids(l_ids, g_ids, len(batch), graphed=True)
+
+    def encode_ids(self, clip_l_ids, clip_g_ids, batch, *, graphed=False):
+        """(prompt_embeds (B, L, 2048), pooled_prompt_embeds (B, 1280)) of token ids from `tokenize` (B * n rows
+        each, Tensors or arrays) for `batch` captions. graphed=False runs the encoders as modules, recording
+        gradients when they are enabled (a trainer's adapters on them); graphed: replayed as CUDA graphs on cuda
+        (inference only)."""
+        dtype = self.clip_g.dtype
+        run = self._run if graphed else (lambda attr: getattr(self, attr))
+        hl, _ = clip_states(run("clip_l"), self.clip_l, clip_l_ids, batch)
+        hg, pg = clip_states(run("clip_g"), self.clip_g, clip_g_ids, batch)
         return flame.cat([hl.to(dtype), hg.to(dtype)], dim=-1), pg.to(dtype)
 
     def encode_negative(self, prompts, negative_prompt=None):

@@ -26,6 +26,11 @@ PEFT_PREFIX = "unet."
 KOHYA_METADATA = {"ss_network_module": "networks.lora", "ss_base_model_version": "sdxl_base_v1-0",
                   "modelspec.architecture": "stable-diffusion-xl-v1-base/lora"}
 
+# kohya's text-encoder targets (TEXT_ENCODER_TARGET_REPLACE_MODULE = CLIPAttention, CLIPMLP): every Linear of the
+# CLIP layers' attention and MLP, in transformers' names (files: lora_te1_text_model_encoder_layers_0_self_attn_q_proj)
+TEXT_ENCODER_TARGETS = [r"re:text_model\.encoder\.layers\.\d+\.self_attn\.(q_proj|k_proj|v_proj|out_proj)",
+                        r"re:text_model\.encoder\.layers\.\d+\.mlp\.(fc1|fc2)"]
+
 _TRANSFORMER_LINEARS = [r"re:.*\.(proj_in|proj_out)",
                         r"re:.*\.transformer_blocks\.\d+\.(attn[12]\.(to_q|to_k|to_v|to_out\.0)|ff\.net\.(0\.proj|2))"]
 

@@ -109,7 +109,8 @@ class TrainSection:
     ema_config: EMAConfig = field(default_factory=EMAConfig)
     dtype: str = "bf16"                  # autocast dtype of the forward pass
     train_unet: bool = True
-    train_text_encoder: bool = False
+    train_text_encoder: bool = False     # sdxl, image folders: LoRA on CLIP-L / CLIP-G too (ai-toolkit's name)
+    text_encoder_lr: typing.Optional[float] = None  # their learning rate (kohya --text_encoder_lr); None: lr
     guidance: float = 1.0                # guidance embedding value while training (flux-dev)
     seed: int = 42
     skip_first_sample: bool = False

@@ -56,6 +56,15 @@ Building (Trainer.setup, after the data has been checked and cached):
                                         comes with them at the linear rank; None: the model has no convolutions
     lora_name_map(model)                flame_nn.adapters NameMap: the model's Linear names <-> diffusers names
     lora_metadata(cfg, model)           safetensors metadata of the written LoRA file (architecture, base model)
+Trained text encoders (train.train_text_encoder; families/sdxl.py; text_training.py holds them for the trainer):
+    text_encoder_targets                the patterns of the text encoders' Linears that get adapters (kohya's
+                                        CLIPAttention / CLIPMLP set); None: the family cannot train them
+    trainable_text_encoders(encoders)   [(component, encoder)] of load_text_encoders' object: 'te1' / 'te2', the
+                                        LoRA files' names for them (flame_nn.adapters.formats.load's component)
+    caption_tokens(encoders, captions)  {key: (N, ...) int64} token ids per caption (tokenised once, kept per
+                                        sample; training_inputs then finds them in the batch instead of embeddings)
+    encode_training_text(encoders, cond)   cond with the token-id entries replaced by the conditioning the model
+                                        takes, encoded with autograd; inside the captured region
 Each micro-batch:
     objective(train_cfg)                (once) the Objective (objective.py: flow matching; ddpm_objective.py: ε / v
                                         prediction): sample_timesteps and sample_noise (outside the captured
@@ -136,6 +145,7 @@ class ModelFamily:
     default_target = None
     conv_targets = None
     conv_linear_targets = ()
+    text_encoder_targets = None
     config_defaults = {}
     fields = ()
     field_notes = {}

@@ -484,17 +484,29 @@ def detect_format(keys):
 
 
 def save(path, modules, format="kohya", *, name_map=IDENTITY, out_features=None, row_norms=None, dtype=None,
-         metadata=None):
-    """Write canonical adapters to a .safetensors file (atomically) in `format` 'kohya' or 'peft'."""
+         metadata=None, components=None):
+    """Write canonical adapters to a .safetensors file (atomically) in `format` 'kohya' or 'peft'. components:
+    {'te1' | 'te2': canonical adapters of that text encoder (its own module names)} written beside the denoiser's
+    under kohya's lora_te1_ / lora_te2_ or diffusers' text_encoder. / text_encoder_2. (load(component=...) reads
+    them back; in PEFT files their alphas are recorded under the metadata key flame.alphas.<component>)."""
     meta = {"format": "pt", "flame.format": format}
     meta.update({k: str(v) for k, v in (metadata or {}).items()})
+    if format not in ("kohya", "peft"):
+        raise AdapterFormatError(f"unknown LoRA file format {format!r}; use 'kohya' or 'peft'")
+    bad = [c for c in (components or {}) if c not in TEXT_ENCODER_PREFIXES]
+    if bad:
+        raise AdapterFormatError(f"components must be text encoders ({', '.join(TEXT_ENCODER_PREFIXES)}), got {bad}")
     if format == "kohya":
         sd = to_kohya(modules, out_features=out_features, row_norms=row_norms, dtype=dtype)
-    elif format == "peft":
+        for comp, mods in (components or {}).items():
+            sd.update(to_kohya(mods, prefix=TEXT_ENCODER_PREFIXES[comp][0], dtype=dtype))
+    else:
         sd, alphas = to_peft(modules, name_map, prefix=name_map.peft_prefix, dtype=dtype)
         meta["flame.alphas"] = json.dumps(alphas, sort_keys=True)
-    else:
-        raise AdapterFormatError(f"unknown LoRA file format {format!r}; use 'kohya' or 'peft'")
+        for comp, mods in (components or {}).items():
+            part, alphas = to_peft(mods, IDENTITY, prefix=TEXT_ENCODER_PREFIXES[comp][-1], dtype=dtype)
+            sd.update(part)
+            meta[f"flame.alphas.{comp}"] = json.dumps(alphas, sort_keys=True)
     sd = {k: np.require(v, requirements="C") for k, v in sd.items()}  # (ascontiguousarray makes 0-d 1-d)
     _io.save_file(sd, path, metadata=meta)
     return path
@@ -532,7 +544,8 @@ def load(path, module_names, *, name_map=IDENTITY, component="denoiser"):
         if fmt == "kohya":
             prefix = next(p for p in kohya if any(k.startswith(p) for k in sd))
             return from_kohya(sd, module_names, prefix), meta
-        modules = from_peft(sd, IDENTITY, peft, None, peft_config_of(meta, peft))
+        alphas = json.loads(meta[f"flame.alphas.{component}"]) if f"flame.alphas.{component}" in meta else None
+        modules = from_peft(sd, IDENTITY, peft, alphas, peft_config_of(meta, peft))
     elif fmt == "kohya":
         prefix = next((p for p in KOHYA_PREFIXES if any(k.startswith(p) for k in sd)), KOHYA_PREFIX)
         return from_kohya(sd, module_names, prefix), meta

@@ -230,10 +230,18 @@ def load_adapter_state(model, modules, name="default"):
 
 
 def save_adapters(model, path, format="kohya", *, name="default", name_map=None, dtype=None,
-                  metadata=None):
+                  metadata=None, text_encoders=None):
     """Write adapter `name` to `path` (.safetensors, atomic) in kohya or PEFT layout, with metadata describing it.
     PEFT files name the diffusers Linears: for a model that declares its name map (`adapter_name_map`), every adapted
-    module must have a name in the map used (else the file would carry names diffusers does not know)."""
+    module must have a name in the map used (else the file would carry names diffusers does not know).
+    text_encoders: {'te1' | 'te2': a text encoder with adapter `name`} written into the same file (kohya
+    lora_te1_ / lora_te2_, diffusers text_encoder. / text_encoder_2.: formats.save's components)."""
+    components = {}
+    for comp, te in (text_encoders or {}).items():
+        components[comp] = adapter_state(te, name)
+        if any(p.rows is not None for parts in components[comp].values() for p in parts):
+            raise fmt.AdapterFormatError(f"{comp}: adapters on row ranges of a text encoder's Linears cannot be "
+                                         f"written")
     state = adapter_state(model, name)
     if format == "peft":
         _check_peft_names(model, name_map, state)
@@ -253,7 +261,7 @@ def save_adapters(model, path, format="kohya", *, name="default", name_map=None,
     meta = {k: str(v) for k, v in meta.items() if v is not None}
     np_dtype = None if dtype is None else D.dtype(dtype).np
     return fmt.save(path, state, format, name_map=name_map, out_features=out_features, row_norms=norms,
-                    dtype=np_dtype, metadata=meta)
+                    dtype=np_dtype, metadata=meta, components=components)
 
 
 def _check_peft_names(model, name_map, state):
