@@ -111,6 +111,9 @@ class Trainer:
             raise ConfigError("; ".join(problems))
         kinds = dataset_kinds(c) if self._dataset is None else []
         self.image_data = "images" in kinds
+        if t.train_text_encoder and not self.image_data:  # (config validation refuses the configured other kinds)
+            raise ConfigError("train.train_text_encoder: needs image folders with captions; this run was given "
+                              "precomputed samples")
         with self.meter.stage("check"):
             self.dataset = self._dataset if self._dataset is not None else self._build_dataset(kinds)
         for w in getattr(self.dataset, "warnings", []):
@@ -447,7 +450,7 @@ class Trainer:
         if not hasattr(self, "model"):
             self.setup()
         c, t = self.cfg, self.cfg.train
-        te = "" if self.text_encoders is None else f" and {self.text_encoders.n_adapted} of its text encoders"
+        te = "" if self.text_encoders is None else f" and {self.text_encoders.n_adapted} of its text encoders'"
         self.log(f"training {c.network.type} r{c.network.linear} on {self.n_adapted} Linear parts of a "
                  f"{c.model.name_or_path or c.model.size}{te} ({sum(p.numel() for p in self.params):,} parameters) "
                  f"on {self.device}; {len(self.dataset)} samples; output {self.out}"

@@ -15,6 +15,7 @@ import flame_nn.adapters as A
 from flame_core import io
 from flame_models.sdxl.conditioning import load_text_encoders
 from flame_models.training.config import ConfigError
+from flame_models.training.data import SyntheticDataset
 from flame_models.training.trainer import Trainer
 
 from .conftest import image_config
@@ -143,6 +144,10 @@ def test_text_encoder_config_errors(tmp_path, images, sdxl_model):
     with pytest.raises(ConfigError, match="train.train_text_encoder: needs captions to encode -- image folders"):
         sdxl_config(tmp_path, "x", sdxl_model, images, train=TE_TRAIN, datasets=[],
                     synthetic={"num_samples": 2, "height": 64, "width": 64})
+    ready = SyntheticDataset(2, 64, 64, {"prompt_embeds": (77, 40), "pooled_prompt_embeds": (32,)}, latent_channels=4)
+    with pytest.raises(ConfigError, match="needs image folders with captions; this run was given precomputed"):
+        Trainer(sdxl_config(tmp_path, "ready", sdxl_model, images, train=TE_TRAIN), dataset=ready,
+                verbose=False).setup()
     samples = tmp_path / "samples"
     samples.mkdir()
     io.save_file({"latents": np.zeros((4, 8, 8), np.float32)}, str(samples / "a.safetensors"))
@@ -180,3 +185,12 @@ def test_diffusers_load_lora_weights_reads_the_text_encoder_parts_as_flame_means
         assert np.abs(base[k] - golden[f"base_{k}"]).max() < 1e-4 * scale
         assert np.abs(golden[f"{fmt}_{k}"] - golden[f"base_{k}"]).max() > 1e-2 * scale   # the LoRA matters
         assert np.abs(got[k] - golden[f"{fmt}_{k}"]).max() < 1e-4 * scale, k
+
+
+def test_the_random_tiny_preset_trains_its_text_encoders(tmp_path, images):
+    cfg = image_config(tmp_path, "tiny", None, images, steps=2, train=TE_TRAIN,
+                       model={"arch": "sdxl", "size": "sdxl-tiny", "name_or_path": None, "t5_max_length": None})
+    tr = Trainer(cfg, verbose=False)
+    result = tr.train()
+    assert np.isfinite(result["losses"]).all() and tr.text_encoders.n_adapted == 24
+    assert any(k.startswith("lora_te2_") for k in io.load_file(result["lora"]))
