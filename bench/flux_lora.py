@@ -8,9 +8,6 @@ Sizes 512x512 (1024 image tokens) and 1024x1024 (4096), gradient checkpointing o
 Timing and memory: bench/lora_step.py's protocol.
 Run: PYTHONPATH=$PWD python3 bench/flux_lora.py [--sizes 512,1024] [--ckpt on,off] [--repeats 5] [--graph]
 """
-import argparse
-import sys
-
 import common
 import lora_step
 
@@ -41,26 +38,17 @@ def diffusers_part(res, configs, repeats, warmup, blocks=None):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", default="512,1024")
-    ap.add_argument("--ckpt", default="on,off")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=2)
+    ap = lora_step.parser(__doc__, sizes="512,1024")
     ap.add_argument("--blocks", default=None, help="double,single block counts (default: flux-dev's 19,38)")
-    ap.add_argument("--skip-diffusers", action="store_true")
-    ap.add_argument("--graph", action="store_true", help="FLAME: forward+backward as a CUDA graph")
     a = ap.parse_args()
     configs = lora_step.configs_from(a.sizes, a.ckpt)
     blocks = tuple(int(v) for v in a.blocks.split(",")) if a.blocks else None
     res = common.Results("flux_lora")
-    parts = [("FLAME", lambda: flame_part(res, configs, a.repeats, a.warmup, blocks, a.graph))]
-    if not a.skip_diffusers:
-        parts.append(("diffusers+PEFT", lambda: diffusers_part(res, configs, a.repeats, a.warmup, blocks)))
-    failed = common.run_parts(res, parts)
-    print(lora_step.report(res, configs, "\nFlux-dev LoRA r16 (attention) training step, bf16 autocast, batch 1, T5 "
-                                         "512 (median ms; peak allocated GiB)"
-                           + ("; FLAME forward+backward as a CUDA graph" if a.graph else "")), flush=True)
-    sys.exit(1 if failed else 0)
+    lora_step.run(res, a, [("FLAME", lambda: flame_part(res, configs, a.repeats, a.warmup, blocks, a.graph))],
+                  [("diffusers+PEFT", lambda: diffusers_part(res, configs, a.repeats, a.warmup, blocks))],
+                  [lambda: lora_step.report(res, configs, "\nFlux-dev LoRA r16 (attention) training step, bf16 "
+                                                          "autocast, batch 1, T5 512 (median ms; peak allocated GiB)"
+                                            + lora_step.graph_note(a))])
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ step, zero_grad) after warm-up, median of repeats. Peak: the framework's max all
 and freed once, at capture). Max reserved bytes (FLAME's pool / torch's caching allocator) beside them. FLAME runs
 first and releases its memory before diffusers builds its model.
 """
+import argparse
 import gc
+import sys
 
 import numpy as np
 
@@ -217,3 +219,28 @@ def report(res, configs, title, prefix=""):
 
 def configs_from(sizes, ckpt):
     return [(int(s), c == "on") for s in sizes.split(",") for c in ckpt.split(",")]
+
+
+def parser(doc, sizes="1024"):
+    """The options every LoRA-step bench takes (a script adds its own)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--sizes", default=sizes)
+    ap.add_argument("--ckpt", default="on,off")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--skip-diffusers", action="store_true")
+    ap.add_argument("--graph", action="store_true", help="FLAME: forward+backward as a CUDA graph")
+    return ap
+
+
+def run(res, a, flame_parts, peer_parts, reports):
+    """Run FLAME's parts, then the peer's (unless --skip-diffusers), print `reports` (callables returning text) and
+    exit 1 when a part failed."""
+    failed = common.run_parts(res, flame_parts + ([] if a.skip_diffusers else peer_parts))
+    for r in reports:
+        print(r(), flush=True)
+    sys.exit(1 if failed else 0)
+
+
+def graph_note(a):
+    return "; FLAME forward+backward as a CUDA graph" if a.graph else ""

@@ -13,9 +13,6 @@ over setup and steps. Compared with the peer's checkpointing step (acceptance: p
 Run: PYTHONPATH=$PWD python3 bench/sd3_lora.py [--models large,medium] [--ckpt on,off] [--repeats 5] [--graph]
                                                 [--budget 10] [--skip-diffusers]
 """
-import argparse
-import gc
-import sys
 import tempfile
 
 import common
@@ -101,38 +98,31 @@ def budget_part(res, a):
     lora_step.release_flame()
 
 
+def budget_report(res, a):
+    b = a.budget
+    f, p = res.get(f"budget_{b}GiB_fp8_step_ms"), res.get("diffusers_step_large_1024_ckpt_ms")
+    return common.table(["setting", "FLAME ms", "driver peak GiB", "peer ckpt ms", "ratio"],
+                        [[f"SD3.5 Large, max_gpu_memory {b} GiB, fp8", f,
+                          res.get(f"budget_{b}GiB_fp8_driver_peak_GiB"), p, common.ratio(f, p)]])
+
+
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = lora_step.parser(__doc__)
     ap.add_argument("--models", default="large,medium")
-    ap.add_argument("--sizes", default="1024")
-    ap.add_argument("--ckpt", default="on,off")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--budget", type=float, default=10, help="GiB for the fp8 trainer run (0: skip it)")
-    ap.add_argument("--skip-diffusers", action="store_true")
-    ap.add_argument("--graph", action="store_true", help="FLAME: forward+backward as a CUDA graph")
     a = ap.parse_args()
     configs = lora_step.configs_from(a.sizes, a.ckpt)
     models = [m for m in a.models.split(",") if m]
     res = common.Results("sd3_lora")
-    parts = [(f"FLAME {m}", lambda m=m: flame_part(res, m, configs, a)) for m in models]
+    ours = [(f"FLAME {m}", lambda m=m: flame_part(res, m, configs, a)) for m in models]
     if a.budget:
-        parts.append((f"FLAME trainer, SD3.5 Large, {a.budget} GiB, fp8", lambda: budget_part(res, a)))
-    if not a.skip_diffusers:
-        parts += [(f"diffusers+PEFT {m}", lambda m=m: diffusers_part(res, m, configs, a)) for m in models]
-    failed = common.run_parts(res, parts)
-    for m in models:
-        print(lora_step.report(res, configs, f"\nSD3.5 {m} LoRA r16 (attention) step, bf16 autocast, batch 1, "
-                                             f"{CTX} context tokens (median ms; peak allocated GiB)"
-                               + ("; FLAME forward+backward as a CUDA graph" if a.graph else ""), prefix=f"{m}_"),
-              flush=True)
-    if a.budget:
-        b = a.budget
-        f, p = res.get(f"budget_{b}GiB_fp8_step_ms"), res.get("diffusers_step_large_1024_ckpt_ms")
-        print(common.table(["setting", "FLAME ms", "driver peak GiB", "peer ckpt ms", "ratio"],
-                           [[f"SD3.5 Large, max_gpu_memory {b} GiB, fp8", f,
-                             res.get(f"budget_{b}GiB_fp8_driver_peak_GiB"), p, common.ratio(f, p)]]), flush=True)
-    sys.exit(1 if failed else 0)
+        ours.append((f"FLAME trainer, SD3.5 Large, {a.budget} GiB, fp8", lambda: budget_part(res, a)))
+    reports = [lambda m=m: lora_step.report(res, configs, f"\nSD3.5 {m} LoRA r16 (attention) step, bf16 autocast, "
+                                                          f"batch 1, {CTX} context tokens (median ms; peak allocated "
+                                                          f"GiB)" + lora_step.graph_note(a), prefix=f"{m}_")
+               for m in models] + ([lambda: budget_report(res, a)] if a.budget else [])
+    lora_step.run(res, a, ours, [(f"diffusers+PEFT {m}", lambda m=m: diffusers_part(res, m, configs, a))
+                                 for m in models], reports)
 
 
 if __name__ == "__main__":

@@ -6,9 +6,6 @@ fp32 adapters, AdamW, bf16 autocast, batch 1), latents 4x128x128, t = 500, gradi
 The SDXL VAE's encode / decode at 1024² are bench/pipeline.py's `vae` part.
 Run: PYTHONPATH=$PWD python3 bench/sdxl_lora.py [--ckpt on,off] [--repeats 5] [--graph] [--skip-diffusers]
 """
-import argparse
-import sys
-
 import common
 import lora_step
 
@@ -60,24 +57,14 @@ def diffusers_part(res, configs, a):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", default="1024")
-    ap.add_argument("--ckpt", default="on,off")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--skip-diffusers", action="store_true")
-    ap.add_argument("--graph", action="store_true", help="FLAME: forward+backward as a CUDA graph")
-    a = ap.parse_args()
+    a = lora_step.parser(__doc__).parse_args()
     configs = lora_step.configs_from(a.sizes, a.ckpt)
     res = common.Results("sdxl_lora")
-    parts = [("FLAME", lambda: flame_part(res, configs, a))]
-    if not a.skip_diffusers:
-        parts.append(("diffusers+PEFT", lambda: diffusers_part(res, configs, a)))
-    failed = common.run_parts(res, parts)
-    print(lora_step.report(res, configs, "\nSDXL UNet LoRA r16 (attention) step, bf16 autocast, batch 1, 77x2048 "
-                                         "context (median ms; peak allocated GiB)"
-                           + ("; FLAME forward+backward as a CUDA graph" if a.graph else "")), flush=True)
-    sys.exit(1 if failed else 0)
+    lora_step.run(res, a, [("FLAME", lambda: flame_part(res, configs, a))],
+                  [("diffusers+PEFT", lambda: diffusers_part(res, configs, a))],
+                  [lambda: lora_step.report(res, configs, "\nSDXL UNet LoRA r16 (attention) step, bf16 autocast, "
+                                                          "batch 1, 77x2048 context (median ms; peak allocated GiB)"
+                                            + lora_step.graph_note(a))])
 
 
 if __name__ == "__main__":
