@@ -139,6 +139,12 @@ def bench_norms():
     record("group_norm bwd 2x320x128x128 G32", 3 * g.nbytes,
            lambda: groupnorm.group_norm_backward(gdy, g, 32, None, gm, gr),
            _torch_bwd(lambda t: F.group_norm(t, 32, eps=1e-5), g, gdy), g)
+    record("group_norm+silu fwd 2x320x128x128 G32 (fused)", 2 * g.nbytes,
+           lambda: groupnorm.group_norm_forward(g, 32, None, None, 1e-5, act="silu"),
+           (lambda: F.silu(F.group_norm(tt(g), 32, eps=1e-5))), g, note="torch: two ops")
+    record("group_norm+silu bwd 2x320x128x128 G32 (fused)", 3 * g.nbytes,
+           lambda: groupnorm.group_norm_backward(gdy, g, 32, None, gm, gr, act="silu"),
+           _torch_bwd(lambda t: F.silu(F.group_norm(t, 32, eps=1e-5)), g, gdy), g, note="torch: two ops")
 
 
 def _torch_bwd(fn, x, dy):

@@ -3,7 +3,33 @@
 //   forward:  gn_partials (chunk mean, M2) -> gn_fwd_finalize (group mean/rstd, per-row a, b) -> gn_apply y = a x + b
 //   backward: gn_partials (chunk sum dy*x, sum dy) -> gn_bwd_finalize (per-row p, q, r; dw/db parts)
 //             -> gn_bwd_apply dx = p dy + q x + r; dw, db summed by gn_bwd_finalize's last block (or gn_column_sum).
-#include "common.cuh"
+// Every pass also exists with SiLU fused after the affine (act / ACT 1): y = silu(z), z = a x + b, and the backward
+// takes dy of the SiLU output: z is recomputed from x and the saved mean / rstd where dy is read, and
+// dz = dy silu'(z) replaces dy in the GroupNorm backward (dz is never stored).
+#include "activations.cuh"
+
+// The activation after the affine: ACT 0 none, 1 SiLU.
+template <int ACT>
+__device__ __forceinline__ float gn_act(float z) {
+    if constexpr (ACT == 1) return silu(z);
+    return z;
+}
+
+// dy of act(z) -> dz, in place, for N values; z = x za + zb.
+template <int ACT, int N>
+__device__ __forceinline__ void gn_act_grad(float (&d)[N], const float (&x)[N], float za, float zb) {
+    if constexpr (ACT == 1) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) d[j] *= silu_grad(x[j] * za + zb);
+    }
+}
+
+// The per-row coefficients of z = x za + zb: za = rstd w[ch], zb = bias[ch] - mean za (gn_fwd_finalize's a, b).
+__device__ __forceinline__ void z_coefs(float mu, float rs, const float* __restrict__ w,
+                                        const float* __restrict__ bias, int ch, float& za, float& zb) {
+    za = w ? rs * w[ch] : rs;
+    zb = (bias ? bias[ch] : 0.f) - mu * za;
+}
 
 __device__ __forceinline__ void chunk_range(i64 hw, int splits, int s, i64& lo, i64& hi, int align) {
     i64 chunk = (hw + splits - 1) / splits;
@@ -13,9 +39,12 @@ __device__ __forceinline__ void chunk_range(i64 hw, int splits, int s, i64& lo, 
     if (lo > hw) lo = hw;
 }
 
-template <typename T, int N>
+template <typename T, int N, int ACT>
 __device__ __forceinline__ void partials_body(const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ p0,
-                                              float* __restrict__ p1, i64 hw, int splits, float* smem) {
+                                              float* __restrict__ p1, i64 hw, int splits,
+                                              const float* __restrict__ mean, const float* __restrict__ rstd,
+                                              const float* __restrict__ w, const float* __restrict__ bias, int nch,
+                                              int cpg, float* smem) {
     const i64 row = blockIdx.x / splits;
     const int s = blockIdx.x % splits;
     i64 lo, hi;
@@ -45,10 +74,13 @@ __device__ __forceinline__ void partials_body(const T* __restrict__ x, const T* 
         a = mean;
     } else {
         const T* dr = dy + row * hw;
+        float za = 0.f, zb = 0.f;
+        if constexpr (ACT != 0) z_coefs(mean[row / cpg], rstd[row / cpg], w, bias, (int)(row % nch), za, zb);
         for (i64 k = threadIdx.x; k < nv; k += blockDim.x) {
             float v[N], d[N];
             load_f32<T, N>(xr + lo + k * N, v);
             load_f32<T, N>(dr + lo + k * N, d);
+            gn_act_grad<ACT, N>(d, v, za, zb);
 #pragma unroll
             for (int j = 0; j < N; ++j) {
                 a += d[j] * v[j];
@@ -65,15 +97,26 @@ __device__ __forceinline__ void partials_body(const T* __restrict__ x, const T* 
 }
 
 // Forward (dy null): p0 = chunk mean, p1 = chunk M2. Backward: p0 = sum(dy * x), p1 = sum(dy). Grid rows * splits.
+// Backward with act 1 (SiLU): dy is of silu(z), and the sums are of dz (z from mean, rstd (N, G), w, bias (C), either
+// may be null; rows are (n, c) of C channels, cpg per group); those pointers are not read otherwise.
 template <typename T>
 __global__ void gn_partials(const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ p0,
-                            float* __restrict__ p1, i64 hw, int splits) {
+                            float* __restrict__ p1, i64 hw, int splits, const float* __restrict__ mean,
+                            const float* __restrict__ rstd, const float* __restrict__ w,
+                            const float* __restrict__ bias, int c, int cpg, int act) {
     __shared__ float smem[32];
     constexpr int N = VecT<T>::N;
-    if (hw % N == 0 && aligned16(x) && (dy == nullptr || aligned16(dy)))
-        partials_body<T, N>(x, dy, p0, p1, hw, splits, smem);
-    else
-        partials_body<T, 1>(x, dy, p0, p1, hw, splits, smem);
+    const bool vec = hw % N == 0 && aligned16(x) && (dy == nullptr || aligned16(dy));
+    if (dy != nullptr && act == 1) {
+        if (vec)
+            partials_body<T, N, 1>(x, dy, p0, p1, hw, splits, mean, rstd, w, bias, c, cpg, smem);
+        else
+            partials_body<T, 1, 1>(x, dy, p0, p1, hw, splits, mean, rstd, w, bias, c, cpg, smem);
+    } else if (vec) {
+        partials_body<T, N, 0>(x, dy, p0, p1, hw, splits, mean, rstd, w, bias, c, cpg, smem);
+    } else {
+        partials_body<T, 1, 0>(x, dy, p0, p1, hw, splits, mean, rstd, w, bias, c, cpg, smem);
+    }
 }
 
 // One thread per (n, g): Chan's combination of the chunk (mean, M2) pairs of the group's C/G rows; writes group mean
@@ -111,8 +154,8 @@ extern "C" __global__ void gn_fwd_finalize(const float* __restrict__ p0, const f
     }
 }
 
-// y = x * a[row] + b[row] with row = index / hw (also the dx of the backward with q = 0 ... see gn_bwd_apply).
-template <typename T, int N>
+// y = act(x * a[row] + b[row]) with row = index / hw.
+template <typename T, int N, int ACT>
 __device__ __forceinline__ void apply_body(const T* __restrict__ x, const float* __restrict__ a,
                                            const float* __restrict__ b, T* __restrict__ y, i64 total, i64 hw) {
     const i64 nv = total / N;
@@ -122,27 +165,36 @@ __device__ __forceinline__ void apply_body(const T* __restrict__ x, const float*
         float v[N];
         load_f32<T, N>(x + k * N, v);
 #pragma unroll
-        for (int j = 0; j < N; ++j) v[j] = v[j] * av + bv;
+        for (int j = 0; j < N; ++j) v[j] = gn_act<ACT>(v[j] * av + bv);
         store_f32<T, N>(y + k * N, v);
     }
 }
 
 template <typename T>
 __global__ void gn_apply(const T* __restrict__ x, const float* __restrict__ a, const float* __restrict__ b,
-                         T* __restrict__ y, i64 total, i64 hw) {
+                         T* __restrict__ y, i64 total, i64 hw, int act) {
     constexpr int N = VecT<T>::N;
-    if (hw % N == 0 && aligned16(x) && aligned16(y))
-        apply_body<T, N>(x, a, b, y, total, hw);
-    else
-        apply_body<T, 1>(x, a, b, y, total, hw);
+    const bool vec = hw % N == 0 && aligned16(x) && aligned16(y);
+    if (act == 1) {
+        if (vec)
+            apply_body<T, N, 1>(x, a, b, y, total, hw);
+        else
+            apply_body<T, 1, 1>(x, a, b, y, total, hw);
+    } else if (vec) {
+        apply_body<T, N, 0>(x, a, b, y, total, hw);
+    } else {
+        apply_body<T, 1, 0>(x, a, b, y, total, hw);
+    }
 }
 
 __device__ __forceinline__ void gn_bwd_finalize_one(const float* __restrict__ p0, const float* __restrict__ p1,
                                                     const float* __restrict__ w, const float* __restrict__ mean,
                                                     const float* __restrict__ rstd, float* __restrict__ p_out,
                                                     float* __restrict__ q_out, float* __restrict__ r_out,
-                                                    float* __restrict__ dw_part, float* __restrict__ db_part, int c,
-                                                    int g, long long hw, int splits, int t) {
+                                                    float* __restrict__ dw_part, float* __restrict__ db_part,
+                                                    const float* __restrict__ bias, float* __restrict__ za_out,
+                                                    float* __restrict__ zb_out, int c, int g, long long hw, int splits,
+                                                    int t) {
     const int cpg = c / g, gi = t % g;
     const long long row0 = (long long)t * cpg;
     const float mu = mean[t], rs = rstd[t];
@@ -167,6 +219,7 @@ __device__ __forceinline__ void gn_bwd_finalize_one(const float* __restrict__ p0
         p_out[row0 + j] = rs * (w ? w[ch] : 1.f);
         q_out[row0 + j] = -rs * rs * mgx;
         r_out[row0 + j] = rs * (mu * rs * mgx - mg);
+        if (za_out) z_coefs(mu, rs, w, bias, ch, za_out[row0 + j], zb_out[row0 + j]);
     }
 }
 
@@ -175,16 +228,20 @@ __device__ __forceinline__ void gn_bwd_finalize_one(const float* __restrict__ p0
 //   dx = rstd w_c dy - rstd^2 mgx x + rstd (mean rstd mgx - mg)  ->  p = rstd w_c, q, r per row;
 //   dw parts (n, c) = rstd (A_c - mean B_c), db parts (n, c) = B_c, summed over n into dw_out / db_out (fp32) by
 //   the last block to finish (last_arrival on counters[0]) where counters is non-null, else by gn_column_sum.
+// With SiLU fused (A, B then sums of dz) za_out / zb_out (non-null) get the rows' z = x za + zb for gn_bwd_apply.
 extern "C" __global__ void gn_bwd_finalize(const float* __restrict__ p0, const float* __restrict__ p1,
                                            const float* __restrict__ w, const float* __restrict__ mean,
                                            const float* __restrict__ rstd, float* __restrict__ p_out,
                                            float* __restrict__ q_out, float* __restrict__ r_out,
                                            float* __restrict__ dw_part, float* __restrict__ db_part, int n, int c,
                                            int g, long long hw, int splits, float* __restrict__ dw_out,
-                                           float* __restrict__ db_out, unsigned* __restrict__ counters) {
+                                           float* __restrict__ db_out, unsigned* __restrict__ counters,
+                                           const float* __restrict__ bias, float* __restrict__ za_out,
+                                           float* __restrict__ zb_out) {
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t < n * g)
-        gn_bwd_finalize_one(p0, p1, w, mean, rstd, p_out, q_out, r_out, dw_part, db_part, c, g, hw, splits, t);
+        gn_bwd_finalize_one(p0, p1, w, mean, rstd, p_out, q_out, r_out, dw_part, db_part, bias, za_out, zb_out, c, g,
+                            hw, splits, t);
     __shared__ int flag;
     if (counters == nullptr || !last_arrival(counters, gridDim.x, &flag)) return;
     if (dw_part)
@@ -202,10 +259,11 @@ extern "C" __global__ void gn_bwd_finalize(const float* __restrict__ p0, const f
 }
 
 
-template <typename T, int N>
+template <typename T, int N, int ACT>
 __device__ __forceinline__ void bwd_apply_body(const T* __restrict__ dy, const T* __restrict__ x,
                                                const float* __restrict__ p, const float* __restrict__ q,
-                                               const float* __restrict__ r, T* __restrict__ dx, i64 total, i64 hw) {
+                                               const float* __restrict__ r, const float* __restrict__ za,
+                                               const float* __restrict__ zb, T* __restrict__ dx, i64 total, i64 hw) {
     const i64 nv = total / N;
     for (i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x; k < nv; k += (i64)gridDim.x * blockDim.x) {
         const i64 row = k * N / hw;
@@ -213,21 +271,30 @@ __device__ __forceinline__ void bwd_apply_body(const T* __restrict__ dy, const T
         float d[N], v[N];
         load_f32<T, N>(dy + k * N, d);
         load_f32<T, N>(x + k * N, v);
+        if constexpr (ACT != 0) gn_act_grad<ACT, N>(d, v, za[row], zb[row]);
 #pragma unroll
         for (int j = 0; j < N; ++j) v[j] = pv * d[j] + qv * v[j] + rv;
         store_f32<T, N>(dx + k * N, v);
     }
 }
 
+// dx = p dy + q x + r per row; act 1: dy is of silu(z) and enters as dz, z = x za[row] + zb[row] (gn_bwd_finalize).
 template <typename T>
 __global__ void gn_bwd_apply(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ p,
-                             const float* __restrict__ q, const float* __restrict__ r, T* __restrict__ dx, i64 total,
-                             i64 hw) {
+                             const float* __restrict__ q, const float* __restrict__ r, const float* __restrict__ za,
+                             const float* __restrict__ zb, T* __restrict__ dx, i64 total, i64 hw, int act) {
     constexpr int N = VecT<T>::N;
-    if (hw % N == 0 && aligned16(dy) && aligned16(x) && aligned16(dx))
-        bwd_apply_body<T, N>(dy, x, p, q, r, dx, total, hw);
-    else
-        bwd_apply_body<T, 1>(dy, x, p, q, r, dx, total, hw);
+    const bool vec = hw % N == 0 && aligned16(dy) && aligned16(x) && aligned16(dx);
+    if (act == 1) {
+        if (vec)
+            bwd_apply_body<T, N, 1>(dy, x, p, q, r, za, zb, dx, total, hw);
+        else
+            bwd_apply_body<T, 1, 1>(dy, x, p, q, r, za, zb, dx, total, hw);
+    } else if (vec) {
+        bwd_apply_body<T, N, 0>(dy, x, p, q, r, za, zb, dx, total, hw);
+    } else {
+        bwd_apply_body<T, 1, 0>(dy, x, p, q, r, za, zb, dx, total, hw);
+    }
 }
 
 template <typename T>
@@ -475,9 +542,9 @@ __device__ __forceinline__ void cache_slice_sums(const T* __restrict__ src, T* _
     }
 }
 
-// y = (x - mean) * rstd * w[c] + bias[c] over the group of this cluster. STATS: the block statistics in two passes
-// over the cache (0), in one pass after it is loaded (1) or as it loads (2, cache_slice_sums; 16-byte path).
-template <typename T, int N, int STATS>
+// y = act((x - mean) * rstd * w[c] + bias[c]) over the group of this cluster. STATS: the block statistics in two
+// passes over the cache (0), in one pass after it is loaded (1) or as it loads (2, cache_slice_sums; 16-byte path).
+template <typename T, int N, int STATS, int ACT>
 __device__ __forceinline__ void gn_fwd_cluster_body(const T* __restrict__ x, const float* __restrict__ w,
                                                     const float* __restrict__ bias, T* __restrict__ y,
                                                     float* __restrict__ mean_out, float* __restrict__ rstd_out,
@@ -552,7 +619,7 @@ __device__ __forceinline__ void gn_fwd_cluster_body(const T* __restrict__ x, con
             float v[N];
             cached<T, N>(cache, k, v);
 #pragma unroll
-            for (int j = 0; j < N; ++j) v[j] = v[j] * a + b;
+            for (int j = 0; j < N; ++j) v[j] = gn_act<ACT>(v[j] * a + b);
             put<T, N>(ys, k, v);
         }
     }
@@ -566,9 +633,10 @@ __device__ __forceinline__ void gn_fwd_cluster_body(const T* __restrict__ x, con
 // of a channel). counters non-null (G of them): the last block of group g to finish (last_arrival on counters[g],
 // over all n) sums the group's columns of those rows in row order into dw_out / db_out (T, or fp32 where of32) in
 // the same launch; else gn_column_sum sums the rows afterwards.
-template <typename T, int N>
+template <typename T, int N, int ACT>
 __device__ __forceinline__ void gn_bwd_cluster_body(const T* __restrict__ dy, const T* __restrict__ x,
-                                                    const float* __restrict__ w, const float* __restrict__ mean,
+                                                    const float* __restrict__ w, const float* __restrict__ bias,
+                                                    const float* __restrict__ mean,
                                                     const float* __restrict__ rstd, T* __restrict__ dx,
                                                     float* __restrict__ dw_part, float* __restrict__ db_part,
                                                     int groups, int cpg, i64 hw, float* sm, void* __restrict__ dw_out,
@@ -593,12 +661,17 @@ __device__ __forceinline__ void gn_bwd_cluster_body(const T* __restrict__ dy, co
     float tg = 0.f, tgx = 0.f;  // this thread's sums of g = dy * w and g * xhat
     for (int cl = c0; cl <= c1; ++cl) {
         const float wc = w ? w[gi * cpg + cl] : 1.f;
+        float za = 0.f, zb = 0.f;
+        if constexpr (ACT != 0) z_coefs(mu, rs, w, bias, gi * cpg + cl, za, zb);
         const i64 slo = max((i64)cl * hw, lo), shi = min((i64)(cl + 1) * hw, hi);  // channel cl within the slice
         const int k1 = (int)((shi - lo) / N);
-        float a = 0.f, b = 0.f;  // sums of dy * xhat, dy
-        stream<T, N>(dys, (int)((slo - lo) / N), k1, [&](int k, const float(&dv)[N]) {
-            float xv[N];
+        float a = 0.f, b = 0.f;  // sums of dy * xhat, dy (dz for dy with ACT)
+        stream<T, N>(dys, (int)((slo - lo) / N), k1, [&](int k, const float(&dv0)[N]) {
+            float xv[N], dv[N];
             cached<T, N>(cx, k, xv);
+#pragma unroll
+            for (int j = 0; j < N; ++j) dv[j] = dv0[j];
+            gn_act_grad<ACT, N>(dv, xv, za, zb);
 #pragma unroll
             for (int j = 0; j < N; ++j) {
                 a += dv[j] * ((xv[j] - mu) * rs);
@@ -613,11 +686,16 @@ __device__ __forceinline__ void gn_bwd_cluster_body(const T* __restrict__ dy, co
     T* dxs = dx + grp * m + lo;
     for (int cl = c0; cl <= c1; ++cl) {
         const float wc = w ? w[gi * cpg + cl] : 1.f;
+        float za = 0.f, zb = 0.f;
+        if constexpr (ACT != 0) z_coefs(mu, rs, w, bias, gi * cpg + cl, za, zb);
         const i64 slo = max((i64)cl * hw, lo), shi = min((i64)(cl + 1) * hw, hi);  // channel cl within the slice
         const int k1 = (int)((shi - lo) / N);
-        stream<T, N>(dys, (int)((slo - lo) / N), k1, [&](int k, const float(&dv)[N]) {
-            float xv[N];
+        stream<T, N>(dys, (int)((slo - lo) / N), k1, [&](int k, const float(&dv0)[N]) {
+            float xv[N], dv[N];
             cached<T, N>(cx, k, xv);
+#pragma unroll
+            for (int j = 0; j < N; ++j) dv[j] = dv0[j];
+            gn_act_grad<ACT, N>(dv, xv, za, zb);
 #pragma unroll
             for (int j = 0; j < N; ++j) xv[j] = rs * (dv[j] * wc - mg - (xv[j] - mu) * rs * mgx);
             put<T, N>(dxs, k, xv);
@@ -647,8 +725,9 @@ __device__ __forceinline__ void gn_bwd_cluster_body(const T* __restrict__ dy, co
 // file, compiled for any GPU, does not contain it: Python asks for "gn_fwd_cluster<T, 8>" on sm_90+ only).
 // Dynamic smem: GN_HEAD + S * sizeof(T) bytes (forward and backward: x only).
 // ONE: the block statistics in two passes over the cache (0), one pass (1) or one pass as it loads (2); see
-// gn_fwd_cluster_body.
-template <typename T, int CL, int ONE>
+// gn_fwd_cluster_body. ACT: the activation after the affine (0 none, 1 SiLU; the backward's dy is then of its output,
+// and bias enters z; the backward does not read bias with ACT 0).
+template <typename T, int CL, int ONE, int ACT>
 __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(GN_THREADS)
     gn_fwd_cluster(const T* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
                    T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out, int groups, int cpg,
@@ -657,26 +736,27 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(GN_THREADS)
     extern __shared__ __align__(16) float gn_sm[];
     constexpr int N = VecT<T>::N;
     if (hw % N == 0 && aligned16(x) && aligned16(y))
-        gn_fwd_cluster_body<T, N, ONE>(x, w, bias, y, mean_out, rstd_out, groups, cpg, hw, eps, gn_sm);
+        gn_fwd_cluster_body<T, N, ONE, ACT>(x, w, bias, y, mean_out, rstd_out, groups, cpg, hw, eps, gn_sm);
     else
-        gn_fwd_cluster_body<T, 1, ONE>(x, w, bias, y, mean_out, rstd_out, groups, cpg, hw, eps, gn_sm);
+        gn_fwd_cluster_body<T, 1, ONE, ACT>(x, w, bias, y, mean_out, rstd_out, groups, cpg, hw, eps, gn_sm);
 }
 
-template <typename T, int CL>
+template <typename T, int CL, int ACT>
 __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(GN_THREADS)
     gn_bwd_cluster(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ w,
-                   const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
-                   float* __restrict__ dw_part, float* __restrict__ db_part, int groups, int cpg, i64 hw,
-                   void* __restrict__ dw_out, void* __restrict__ db_out, unsigned* __restrict__ counters, int of32) {
+                   const float* __restrict__ bias, const float* __restrict__ mean, const float* __restrict__ rstd,
+                   T* __restrict__ dx, float* __restrict__ dw_part, float* __restrict__ db_part, int groups, int cpg,
+                   i64 hw, void* __restrict__ dw_out, void* __restrict__ db_out, unsigned* __restrict__ counters,
+                   int of32) {
     static_assert(CL == GN_CL, "the cluster size is GN_CL");
     extern __shared__ __align__(16) float gn_sm[];
     constexpr int N = VecT<T>::N;
     if (hw % N == 0 && aligned16(dy) && aligned16(x) && aligned16(dx))
-        gn_bwd_cluster_body<T, N>(dy, x, w, mean, rstd, dx, dw_part, db_part, groups, cpg, hw, gn_sm, dw_out, db_out,
-                                  counters, of32);
+        gn_bwd_cluster_body<T, N, ACT>(dy, x, w, bias, mean, rstd, dx, dw_part, db_part, groups, cpg, hw, gn_sm,
+                                       dw_out, db_out, counters, of32);
     else
-        gn_bwd_cluster_body<T, 1>(dy, x, w, mean, rstd, dx, dw_part, db_part, groups, cpg, hw, gn_sm, dw_out, db_out,
-                                  counters, of32);
+        gn_bwd_cluster_body<T, 1, ACT>(dy, x, w, bias, mean, rstd, dx, dw_part, db_part, groups, cpg, hw, gn_sm,
+                                       dw_out, db_out, counters, of32);
 }
 // ---------------------------------------------------------------------------------------------- register slices
 // The same one-pass cluster scheme with the slice in registers instead of shared memory (16-byte vector path only:
@@ -695,7 +775,7 @@ __device__ __forceinline__ void load_slice(const uint4* __restrict__ src, int nv
     }
 }
 
-template <typename T, int V>
+template <typename T, int V, int ACT>
 __device__ __forceinline__ void gn_fwd_reg_body(const T* __restrict__ x, const float* __restrict__ w,
                                                 const float* __restrict__ bias, T* __restrict__ y,
                                                 float* __restrict__ mean_out, float* __restrict__ rstd_out, int groups,
@@ -744,16 +824,17 @@ __device__ __forceinline__ void gn_fwd_reg_body(const T* __restrict__ x, const f
             float v[N];
             unpack_f32<T>(q[i], v);
 #pragma unroll
-            for (int j = 0; j < N; ++j) v[j] = v[j] * a + b;
+            for (int j = 0; j < N; ++j) v[j] = gn_act<ACT>(v[j] * a + b);
             put<T, N>(ys, k, v);
         }
     }
     cluster_wait();
 }
 
-template <typename T, int V>
+template <typename T, int V, int ACT>
 __device__ __forceinline__ void gn_bwd_reg_body(const T* __restrict__ dy, const T* __restrict__ x,
-                                                const float* __restrict__ w, const float* __restrict__ mean,
+                                                const float* __restrict__ w, const float* __restrict__ bias,
+                                                const float* __restrict__ mean,
                                                 const float* __restrict__ rstd, T* __restrict__ dx,
                                                 float* __restrict__ dw_part, float* __restrict__ db_part, int groups,
                                                 int cpg, i64 hw, float* sm) {
@@ -780,6 +861,8 @@ __device__ __forceinline__ void gn_bwd_reg_body(const T* __restrict__ dy, const 
     for (int cl = c0; cl <= c1; ++cl) {
         opaque<V>(q);  // unpacked per channel, not held as 2x the fp32 registers
         const float wc = w ? w[gi * cpg + cl] : 1.f;
+        float za = 0.f, zb = 0.f;
+        if constexpr (ACT != 0) z_coefs(mu, rs, w, bias, gi * cpg + cl, za, zb);
         const i64 slo = max((i64)cl * hw, lo), shi = min((i64)(cl + 1) * hw, hi);  // channel cl within the slice
         const int k0 = (int)((slo - lo) / N), k1 = (int)((shi - lo) / N);
         float a = 0.f, b = 0.f;  // sums of dy * xhat, dy
@@ -790,6 +873,7 @@ __device__ __forceinline__ void gn_bwd_reg_body(const T* __restrict__ dy, const 
                 float dv[N], xv[N];
                 unpack_f32<T>(q[i], dv);
                 cached<T, N>(cx, k, xv);
+                gn_act_grad<ACT, N>(dv, xv, za, zb);
 #pragma unroll
                 for (int j = 0; j < N; ++j) {
                     a += dv[j] * ((xv[j] - mu) * rs);
@@ -808,10 +892,16 @@ __device__ __forceinline__ void gn_bwd_reg_body(const T* __restrict__ dy, const 
     for (int i = 0; i < V; ++i) {
         const int k = (int)threadIdx.x + i * GN_THREADS;
         if (k < nv) {
-            const float wc = w ? w[gi * cpg + (int)((unsigned)(lo + k * N) / (unsigned)hw)] : 1.f;
+            const int ch = gi * cpg + (int)((unsigned)(lo + k * N) / (unsigned)hw);
+            const float wc = w ? w[ch] : 1.f;
             float dv[N], xv[N];
             unpack_f32<T>(q[i], dv);
             cached<T, N>(cx, k, xv);
+            if constexpr (ACT != 0) {
+                float za, zb;
+                z_coefs(mu, rs, w, bias, ch, za, zb);
+                gn_act_grad<ACT, N>(dv, xv, za, zb);
+            }
 #pragma unroll
             for (int j = 0; j < N; ++j) xv[j] = rs * (dv[j] * wc - mg - (xv[j] - mu) * rs * mgx);
             put<T, N>(dxs, k, xv);
@@ -821,22 +911,24 @@ __device__ __forceinline__ void gn_bwd_reg_body(const T* __restrict__ dy, const 
 }
 
 // Grid and block as gn_fwd_cluster / gn_bwd_cluster; V: register slots per thread (Python: the smallest instantiated
-// V with V * GN_THREADS >= the slice's vectors). Dynamic smem: forward GN_HEAD bytes, backward GN_HEAD + S * sizeof(T).
-template <typename T, int V>
+// V with V * GN_THREADS >= the slice's vectors), ACT as gn_fwd_cluster / gn_bwd_cluster. Dynamic smem: forward
+// GN_HEAD bytes, backward GN_HEAD + S * sizeof(T).
+template <typename T, int V, int ACT>
 __global__ void __cluster_dims__(GN_CL, 1, 1) __launch_bounds__(GN_THREADS, 4)
     gn_fwd_cluster_reg(const T* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
                        T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out, int groups,
                        int cpg, i64 hw, float eps) {
     extern __shared__ __align__(16) float gn_sm[];
-    gn_fwd_reg_body<T, V>(x, w, bias, y, mean_out, rstd_out, groups, cpg, hw, eps, gn_sm);
+    gn_fwd_reg_body<T, V, ACT>(x, w, bias, y, mean_out, rstd_out, groups, cpg, hw, eps, gn_sm);
 }
 
-template <typename T, int V>
+template <typename T, int V, int ACT>
 __global__ void __cluster_dims__(GN_CL, 1, 1) __launch_bounds__(GN_THREADS, 4)
     gn_bwd_cluster_reg(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ w,
-                       const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
-                       float* __restrict__ dw_part, float* __restrict__ db_part, int groups, int cpg, i64 hw) {
+                       const float* __restrict__ bias, const float* __restrict__ mean, const float* __restrict__ rstd,
+                       T* __restrict__ dx, float* __restrict__ dw_part, float* __restrict__ db_part, int groups,
+                       int cpg, i64 hw) {
     extern __shared__ __align__(16) float gn_sm[];
-    gn_bwd_reg_body<T, V>(dy, x, w, mean, rstd, dx, dw_part, db_part, groups, cpg, hw, gn_sm);
+    gn_bwd_reg_body<T, V, ACT>(dy, x, w, bias, mean, rstd, dx, dw_part, db_part, groups, cpg, hw, gn_sm);
 }
 #endif  // sm_90

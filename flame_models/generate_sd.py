@@ -214,7 +214,8 @@ def generate_sd(family, model, prompts, *, negative_prompt=None, vae=None, clip_
                                            t5_quantize="fp8" if fp8 else "auto",
                                            t5_stream=budget is not None and use_t5, max_length=max_length)
             else:
-                enc = P.load_text_encoders(files, dtype=dtype, device=dev, max_token_length=max_token_length)
+                enc = P.load_text_encoders(files, dtype=dtype, device=dev, max_token_length=max_token_length,
+                                           loras=loras)
             with enc:
                 if budget is not None and getattr(enc, "t5", None) is not None:
                     log("T5 " + str(enc.t5.streamer.auto_fit(budget, lambda: enc.encode(unique[:1]))))

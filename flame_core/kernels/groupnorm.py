@@ -1,8 +1,12 @@
 """GroupNorm (N, C, *spatial) on arrays, forward and backward (kernels: cuda_src/groupnorm.cu). Statistics are fp32
 (float64 for float64 input on the reference path); the saved `mean` / `rstd` have shape (N, G).
 
-    group_norm_forward(x, num_groups, weight, bias, eps) -> (y, mean, rstd)
-    group_norm_backward(dy, x, num_groups, weight, mean, rstd, bias) -> (dx, dweight, dbias)
+    group_norm_forward(x, num_groups, weight, bias, eps, act=None) -> (y, mean, rstd)
+    group_norm_backward(dy, x, num_groups, weight, mean, rstd, bias, act=None) -> (dx, dweight, dbias)
+
+act="silu" fuses SiLU after the affine: y = silu(z), z = group_norm(x) * weight + bias, in one pass (z in fp32, never
+stored); the backward takes dy of y and recomputes z from x and the saved mean / rstd. With act, `bias` (when given)
+enters z and its gradient is returned; without, `bias` is passed only when its gradient is wanted.
 
 The switches shared with the layer / rms norms (single_launch_sums, the device properties) live in norms.py.
 """
@@ -11,6 +15,15 @@ import numpy as np
 from . import column_sum as CS, launching as KL, loader as L, norms as N, plans as P
 from .. import backend
 from ..errors import ShapeError
+from .activations import _sigmoid_pair
+
+_ACTS = {None: 0, "silu": 1}  # the kernels' act / ACT argument
+
+
+def _act_code(act):
+    if act not in _ACTS:
+        raise ValueError(f"group_norm: act must be None or 'silu', got {act!r}")
+    return _ACTS[act]
 
 
 def _gn_check(x, num_groups, weight, bias):
@@ -24,7 +37,7 @@ def _gn_check(x, num_groups, weight, bias):
     N._check_affine("group_norm", bias, c, "bias")
 
 
-def _gn_ref(x, g, weight, bias, eps):
+def _gn_ref(x, g, weight, bias, eps, act=None):
     n, c = x.shape[:2]
     cd = L.compute_dtype(x.dtype)
     xf = x.astype(cd).reshape(n, g, -1)
@@ -36,15 +49,22 @@ def _gn_ref(x, g, weight, bias, eps):
         y = y * weight.astype(cd)[:, None]
     if bias is not None:
         y = y + bias.astype(cd)[:, None]
+    if act == "silu":
+        y = y * _sigmoid_pair(backend.xp_of(x), y)[0]
     return y.reshape(x.shape).astype(x.dtype), mean[..., 0], rstd[..., 0]
 
 
-def _gn_grad_ref(dy, x, g, weight, mean, rstd, bias):
+def _gn_grad_ref(dy, x, g, weight, mean, rstd, bias, act=None):
     n, c = x.shape[:2]
     cd = L.compute_dtype(x.dtype)
     g0 = dy.astype(cd).reshape(n, c, -1)
     xh = ((x.astype(cd).reshape(n, g, -1) - mean.astype(cd)[..., None]) * rstd.astype(cd)[..., None])
     xh = xh.reshape(n, c, -1)
+    if act == "silu":  # dz = dy silu'(z), z = xhat w + b recomputed
+        z = xh * weight.astype(cd)[:, None] if weight is not None else xh
+        z = z + bias.astype(cd)[:, None] if bias is not None else z
+        s, q = _sigmoid_pair(backend.xp_of(x), z)
+        g0 = g0 * s * (1 + z * q)
     gw = g0 * weight.astype(cd)[:, None] if weight is not None else g0
     gw_g, xh_g = gw.reshape(n, g, -1), xh.reshape(n, g, -1)
     dx = rstd.astype(cd)[..., None] * (gw_g - gw_g.mean(axis=-1, keepdims=True)
@@ -58,12 +78,18 @@ def _gn_splits(rows, hw):
     return max(1, min(P.cdiv(P.sm_count() * 8, rows), P.cdiv(hw, 2048), 1024))
 
 
-def _gn_partials(x, dy, rows, hw, splits):
+def _gn_partials(x, dy, rows, hw, splits, z=None):
+    """z: (mean, rstd, weight, bias, C, cpg) of z = the affine's output where dy is of silu(z) (backward, act)."""
     xp = backend.xp_of(x)
     p0 = xp.empty((rows * splits,), dtype=np.float32)
     p1 = xp.empty((rows * splits,), dtype=np.float32)
+    if z is None:
+        zargs = (KL.null(), KL.null(), KL.null(), KL.null(), KL.i32(0), KL.i32(1), KL.i32(0))
+    else:
+        mean, rstd, weight, bias, c, cpg = z
+        zargs = (mean, rstd, _f32_or_null(weight), _f32_or_null(bias), KL.i32(c), KL.i32(cpg), KL.i32(1))
     KL.launch(L.get_function("groupnorm", "gn_partials", x.dtype), (rows * splits,), (256,),
-              (x, KL.null() if dy is None else dy, p0, p1, KL.i64(hw), KL.i32(splits)))
+              (x, KL.null() if dy is None else dy, p0, p1, KL.i64(hw), KL.i32(splits)) + zargs)
     return p0, p1
 
 
@@ -115,7 +141,7 @@ def _gn_cluster_smem(x, cpg, hw, arrays):
     return smem if smem <= N._device_props()[3] - 1024 else None
 
 
-def _gn_fwd_cluster(x, g, weight, bias, eps, smem):
+def _gn_fwd_cluster(x, g, weight, bias, eps, smem, act):
     xp = backend.xp_of(x)
     n, c = x.shape[:2]
     hw = x.size // (n * c)
@@ -124,7 +150,8 @@ def _gn_fwd_cluster(x, g, weight, bias, eps, smem):
     rstd = xp.empty((n, g), dtype=np.float32)
     v = _gn_reg_v(x, c // g, hw, y)
     v = v if v is not None and v <= GN_REG_FWD_MAX_V else None
-    name = f"gn_fwd_cluster<{{T}}, 8, {gn_one_pass}>" if v is None else f"gn_fwd_cluster_reg<{{T}}, {v}>"
+    name = (f"gn_fwd_cluster<{{T}}, 8, {gn_one_pass}, {act}>" if v is None
+            else f"gn_fwd_cluster_reg<{{T}}, {v}, {act}>")
     smem = smem if v is None else GN_HEAD
     KL.launch(L.get_function("groupnorm", name, x.dtype), (n * g * GN_CL,), (GN_THREADS,),
               (x, _f32_or_null(weight), _f32_or_null(bias), y, mean, rstd, KL.i32(g), KL.i32(c // g), KL.i64(hw),
@@ -132,7 +159,7 @@ def _gn_fwd_cluster(x, g, weight, bias, eps, smem):
     return y, mean, rstd
 
 
-def _gn_bwd_cluster(dy, x, g, weight, mean, rstd, bias, smem):
+def _gn_bwd_cluster(dy, x, g, weight, mean, rstd, bias, smem, act):
     xp = backend.xp_of(x)
     n, c = x.shape[:2]
     hw = x.size // (n * c)
@@ -150,14 +177,14 @@ def _gn_bwd_cluster(dy, x, g, weight, mean, rstd, bias, smem):
     else:
         fin = (KL.null(), KL.null(), KL.null(), KL.i32(0))
     v = None if fused else _gn_reg_v(x, c // g, hw, dy, dx)
-    args = (dy, x, _f32_or_null(weight), P.contiguous(mean.astype(np.float32, copy=False)),
-            P.contiguous(rstd.astype(np.float32, copy=False)), dx, KL.null() if dw_part is None else dw_part,
+    args = (dy, x, _f32_or_null(weight), _f32_or_null(bias) if act else KL.null(), mean, rstd, dx,
+            KL.null() if dw_part is None else dw_part,
             KL.null() if db_part is None else db_part, KL.i32(g), KL.i32(c // g), KL.i64(hw))
     if v is None:
-        KL.launch(L.get_function("groupnorm", "gn_bwd_cluster<{T}, 8>", x.dtype), (n * g * GN_CL,), (GN_THREADS,),
-                  args + fin, shared_mem=smem)
+        KL.launch(L.get_function("groupnorm", f"gn_bwd_cluster<{{T}}, 8, {act}>", x.dtype), (n * g * GN_CL,),
+                  (GN_THREADS,), args + fin, shared_mem=smem)
     else:
-        KL.launch(L.get_function("groupnorm", f"gn_bwd_cluster_reg<{{T}}, {v}>", x.dtype), (n * g * GN_CL,),
+        KL.launch(L.get_function("groupnorm", f"gn_bwd_cluster_reg<{{T}}, {v}, {act}>", x.dtype), (n * g * GN_CL,),
                   (GN_THREADS,), args, shared_mem=smem)
     if fused:
         return (dx, None if dw is None else dw.astype(weight.dtype, copy=False),
@@ -167,14 +194,14 @@ def _gn_bwd_cluster(dy, x, g, weight, mean, rstd, bias, smem):
     return dx, dw, db
 
 
-def _gn_fwd_kernel(x, g, weight, bias, eps):
+def _gn_fwd_kernel(x, g, weight, bias, eps, act):
     xp = backend.xp_of(x)
     x = P.contiguous(x)
     n, c = x.shape[:2]
     hw = x.size // (n * c)
     smem = _gn_cluster_smem(x, c // g, hw, 1)
     if smem is not None:
-        return _gn_fwd_cluster(x, g, weight, bias, eps, smem)
+        return _gn_fwd_cluster(x, g, weight, bias, eps, smem, act)
     rows, splits = n * c, _gn_splits(n * c, hw)
     p0, p1 = _gn_partials(x, None, rows, hw, splits)
     mean = xp.empty((n, g), dtype=np.float32)
@@ -186,37 +213,44 @@ def _gn_fwd_kernel(x, g, weight, bias, eps):
               KL.i64(hw), KL.i32(splits), KL.i32(P.vec_width(x.dtype)), KL.f32(eps)))
     y = xp.empty_like(x)
     grid, block = P.elementwise_grid(x.size, x.dtype)
-    KL.launch(L.get_function("groupnorm", "gn_apply", x.dtype), grid, block, (x, a, b, y, KL.i64(x.size), KL.i64(hw)))
+    KL.launch(L.get_function("groupnorm", "gn_apply", x.dtype), grid, block,
+              (x, a, b, y, KL.i64(x.size), KL.i64(hw), KL.i32(act)))
     return y, mean, rstd
 
 
-def _gn_bwd_kernel(dy, x, g, weight, mean, rstd, bias):
+def _gn_bwd_kernel(dy, x, g, weight, mean, rstd, bias, act):
     xp = backend.xp_of(x)
     x = P.contiguous(x)
     dy = P.contiguous(dy.astype(x.dtype, copy=False))
+    mean = P.contiguous(mean.astype(np.float32, copy=False))
+    rstd = P.contiguous(rstd.astype(np.float32, copy=False))
     n, c = x.shape[:2]
     hw = x.size // (n * c)
     smem = _gn_cluster_smem(x, c // g, hw, 1)  # the backward caches x only (dy is streamed)
     if smem is not None:
-        return _gn_bwd_cluster(dy, x, g, weight, mean, rstd, bias, smem)
+        return _gn_bwd_cluster(dy, x, g, weight, mean, rstd, bias, smem, act)
     rows, splits = n * c, _gn_splits(n * c, hw)
-    p0, p1 = _gn_partials(x, dy, rows, hw, splits)
+    p0, p1 = _gn_partials(x, dy, rows, hw, splits, (mean, rstd, weight, bias, c, c // g) if act else None)
     p, q, r = (xp.empty((rows,), dtype=np.float32) for _ in range(3))
+    za = xp.empty((rows,), dtype=np.float32) if act else None
+    zb = xp.empty((rows,), dtype=np.float32) if act else None
     dw_part = xp.empty((n, c), dtype=np.float32) if weight is not None else None
     db_part = xp.empty((n, c), dtype=np.float32) if bias is not None else None
     fused = N.single_launch_sums and (weight is not None or bias is not None)
     dw = xp.empty((c,), dtype=np.float32) if fused and weight is not None else None
     db = xp.empty((c,), dtype=np.float32) if fused and bias is not None else None
     KL.launch(L.get_function("groupnorm", "gn_bwd_finalize"), (P.cdiv(n * g, 128),), (128,),
-              (p0, p1, _f32_or_null(weight), P.contiguous(mean.astype(np.float32, copy=False)),
-              P.contiguous(rstd.astype(np.float32, copy=False)), p, q, r,
+              (p0, p1, _f32_or_null(weight), mean, rstd, p, q, r,
               KL.null() if dw_part is None else dw_part, KL.null() if db_part is None else db_part,
               KL.i32(n), KL.i32(c), KL.i32(g), KL.i64(hw), KL.i32(splits), KL.null() if dw is None else dw,
-              KL.null() if db is None else db, CS.reduction_counters(1) if fused else KL.null()))
+              KL.null() if db is None else db, CS.reduction_counters(1) if fused else KL.null(),
+              _f32_or_null(bias) if act else KL.null(), KL.null() if za is None else za,
+              KL.null() if zb is None else zb))
     dx = xp.empty_like(x)
     grid, block = P.elementwise_grid(x.size, x.dtype)
     KL.launch(L.get_function("groupnorm", "gn_bwd_apply", x.dtype), grid, block,
-              (dy, x, p, q, r, dx, KL.i64(x.size), KL.i64(hw)))
+              (dy, x, p, q, r, KL.null() if za is None else za, KL.null() if zb is None else zb, dx, KL.i64(x.size),
+               KL.i64(hw), KL.i32(act)))
     if fused:  # summed by gn_bwd_finalize's last block (fp32)
         return (dx, None if dw is None else dw.astype(weight.dtype, copy=False),
                 None if db is None else db.astype(bias.dtype, copy=False))
@@ -225,15 +259,19 @@ def _gn_bwd_kernel(dy, x, g, weight, mean, rstd, bias):
     return dx, dw, db
 
 
-def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
+def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5, act=None):
+    code = _act_code(act)
     _gn_check(x, num_groups, weight, bias)
     if L.use_kernel(x) and x.size:
-        return _gn_fwd_kernel(x, num_groups, weight, bias, eps)
-    return _gn_ref(x, num_groups, weight, bias, eps)
+        return _gn_fwd_kernel(x, num_groups, weight, bias, eps, code)
+    return _gn_ref(x, num_groups, weight, bias, eps, act)
 
 
-def group_norm_backward(dy, x, num_groups, weight, mean, rstd, bias=None):
+def group_norm_backward(dy, x, num_groups, weight, mean, rstd, bias=None, act=None):
+    code = _act_code(act)
     _gn_check(x, num_groups, weight, bias)
+    if tuple(dy.shape) != tuple(x.shape):
+        raise ShapeError(f"group_norm: gradient shape {tuple(dy.shape)} differs from input shape {tuple(x.shape)}")
     if L.use_kernel(x) and x.size:
-        return _gn_bwd_kernel(dy, x, num_groups, weight, mean, rstd, bias)
-    return _gn_grad_ref(dy, x, num_groups, weight, mean, rstd, bias)
+        return _gn_bwd_kernel(dy, x, num_groups, weight, mean, rstd, bias, code)
+    return _gn_grad_ref(dy, x, num_groups, weight, mean, rstd, bias, act)

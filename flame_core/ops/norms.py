@@ -1,4 +1,5 @@
-"""layer_norm, rms_norm, group_norm: differentiable, fused (flame_core.kernels.norms, .groupnorm) on every device.
+"""layer_norm, rms_norm, group_norm, group_norm_silu: differentiable, fused (flame_core.kernels.norms, .groupnorm) on
+every device.
 
 Each op records one node; its backward calls the fused array backward. Under `create_graph=True` the backward is
 written with Tensor ops instead (slower, but twice differentiable).
@@ -99,20 +100,40 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     return LayerNorm.apply(input, weight, None, len(ns), float(eps), True)
 
 
+def _composed_silu_grad(g, x, num_groups, weight, bias, eps):
+    """dy of silu(z) -> dz, z = group_norm(x) w + b recomputed with Tensor ops (differentiable again)."""
+    n, c = x.shape[:2]
+    wshape = (1, c) + (1,) * (x.ndim - 2)
+    xg = (x.float() if x.dtype.itemsize < 4 else x).reshape(n, num_groups, -1)
+    xc = xg - xg.mean(-1, keepdim=True)
+    z = (xc * ((xc * xc).mean(-1, keepdim=True) + eps).rsqrt()).reshape(x.shape)
+    if weight is not None:
+        z = z * weight.to(z.dtype).reshape(wshape)
+    if bias is not None:
+        z = z + bias.to(z.dtype).reshape(wshape)
+    s = z.sigmoid()
+    return g.to(z.dtype) * (s * (1 + z * (1 - s)))
+
+
 class GroupNorm(Function):
+    """y = group_norm(x) w + b, or with act="silu" silu of that (the activation fused into the same kernels)."""
+
     @staticmethod
-    def forward(ctx, x, num_groups, weight, bias, eps):
-        y, mean, rstd = GN.group_norm_forward(x._data, num_groups, _flat(weight), _flat(bias), eps)
+    def forward(ctx, x, num_groups, weight, bias, eps, act=None):
+        y, mean, rstd = GN.group_norm_forward(x._data, num_groups, _flat(weight), _flat(bias), eps, act)
         ctx.save_for_backward(x, weight, bias)
-        ctx.mean, ctx.rstd, ctx.g, ctx.eps = mean, rstd, num_groups, eps
+        ctx.mean, ctx.rstd, ctx.g, ctx.eps, ctx.act = mean, rstd, num_groups, eps, act
         return _wrap(y)
 
     @staticmethod
     def backward(ctx, g):
         x, weight, bias = ctx.saved_tensors
+        act = ctx.act
         if state.enabled:  # y = xhat * w_c + b_c: fold w into the gradient, then the plain normalisation rule
             n, c = x.shape[:2]
             wshape = (1, c) + (1,) * (x.ndim - 2)
+            if act is not None:
+                g = _composed_silu_grad(g, x, ctx.g, weight, bias, ctx.eps)
             gw = g * weight.reshape(wshape) if weight is not None else g
             dxg, _, _ = _composed_norm_backward(gw.reshape(n, ctx.g, -1), x.reshape(n, ctx.g, -1), None, None, 1,
                                                 ctx.eps, False)
@@ -125,15 +146,24 @@ class GroupNorm(Function):
                 dw = (g.to(xh.dtype) * xh).sum(red).to(weight.dtype)
             if bias is not None:
                 db = g.sum(red).to(bias.dtype)
-            return dxg.reshape(x.shape), None, dw, db, None
+            return dxg.reshape(x.shape), None, dw, db, None, None
         want_b = bias is not None and ctx.needs_input_grad[3]
+        # with the activation, bias enters z (the kernels then return its gradient too)
         dxa, dwa, dba = GN.group_norm_backward(g._data, x._data, ctx.g, _flat(weight), ctx.mean, ctx.rstd,
-                                              _flat(bias) if want_b else None)
-        return (_wrap(dxa), None, _wrap(dwa) if dwa is not None else None, _wrap(dba) if dba is not None else None,
-                None)
+                                              _flat(bias) if want_b or act is not None else None, act)
+        dba = dba if want_b else None
+        return (_wrap(dxa), None, _wrap(dwa) if dwa is not None else None,
+                _wrap(dba) if dba is not None else None, None, None)
 
 
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     """GroupNorm over (N, C, *): statistics per (sample, group of C/num_groups channels), per-channel affine."""
     check_same_device("group_norm", input, weight, bias)
-    return GroupNorm.apply(input, int(num_groups), weight, bias, float(eps))
+    return GroupNorm.apply(input, int(num_groups), weight, bias, float(eps), None)
+
+
+def group_norm_silu(input, num_groups, weight=None, bias=None, eps=1e-5):
+    """silu(group_norm(input, num_groups, weight, bias, eps)) in one pass forward and backward: the normalised
+    pre-activation is kept in fp32 inside the kernel (never rounded to the input dtype nor stored)."""
+    check_same_device("group_norm_silu", input, weight, bias)
+    return GroupNorm.apply(input, int(num_groups), weight, bias, float(eps), "silu")

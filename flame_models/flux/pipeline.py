@@ -91,11 +91,14 @@ def parse_lora(spec):
     return spec, 1.0
 
 
-def check_loras(loras, params, *, probe=None, model_class=None, error=FluxFilesError):
+def check_loras(loras, params, *, probe=None, model_class=None, error=FluxFilesError, text_encoders=None):
     """Read each LoRA file and check it against a Flux of `params` (names, shapes, kind) before anything big is
     loaded. Returns [(path, weight)]. `error` (FluxFilesError) names the file. model_class: another model to
     check against instead, built from `params` under flame_nn.empty_init (its adapter_name_map() maps diffusers'
-    names), e.g. an SD3 MMDiT or an SDXL UNet; probe: such a model already built."""
+    names), e.g. an SD3 MMDiT or an SDXL UNet; probe: such a model already built. text_encoders: {'te1': model or
+    None, 'te2': ...} when the generator applies the text encoders' parts of the files too (SDXL's CLIP-L /
+    CLIP-G): each part is checked against its model (built under empty_init), or, for None, when the encoder is
+    loaded (check_lora_part); without it a file with text-encoder weights is refused."""
     from ..training.model_files import describe_keys
     out = []
     if not loras:
@@ -105,8 +108,8 @@ def check_loras(loras, params, *, probe=None, model_class=None, error=FluxFilesE
             from .model import Flux as model_class
         with flame_nn.empty_init(device="cpu"):
             probe = model_class(params)
-    names = {n for n, m in probe.named_modules() if isinstance(m, flame_nn.Linear)}
-    shapes = {n: tuple(m.weight.shape) for n, m in probe.named_modules() if isinstance(m, flame_nn.Linear)}
+    targets = {"denoiser": (probe, probe.adapter_name_map()),
+               **{c: (m, A.formats.IDENTITY) for c, m in (text_encoders or {}).items()}}
     for spec in loras:
         path, weight = parse_lora(spec)
         if not os.path.isfile(path):
@@ -121,34 +124,59 @@ def check_loras(loras, params, *, probe=None, model_class=None, error=FluxFilesE
         if kind != "lora":
             raise error(f"--lora {path}: not a LoRA file: it looks like {words}"
                         + (f" (keys such as {example})" if example else " (no tensors)"))
-        te = [k for k in keys if k.startswith(("lora_te", "text_encoder", "te_", "lora_te1_", "lora_te2_"))]
-        if te:
+        te = [k for k in keys if k.startswith(("lora_te", "text_encoder", "te_"))
+              or A.formats.component_of(k) != "denoiser"]
+        if te and not text_encoders:
             raise error(f"--lora {path}: holds text-encoder LoRA weights ({len(te)} tensors such as "
                         f"{te[0]}); this generator applies transformer LoRAs only")
-        try:
-            modules, _ = A.formats.load(path, names, name_map=probe.adapter_name_map())
-        except A.AdapterFormatError as e:
-            raise error(f"--lora {path}: {str(e).splitlines()[0]}") from None
-        for mod, parts in modules.items():
-            out_f, in_f = shapes[mod]
-            for p in parts:
-                lo, hi = p.rows if p.rows is not None else (0, out_f)
-                if p.shape != (hi - lo, in_f):
-                    raise error(f"--lora {path}: the adapter on {mod} is {p.shape[0]}x{p.shape[1]} but "
-                                f"this {type(probe).__name__}'s Linear (rows {lo}:{hi}) is "
-                                f"{hi - lo}x{in_f}: a LoRA for another model size?")
+        other = sorted({A.formats.component_of(k) for k in te} - set(targets))
+        if other or any(A.formats.component_of(k) == "denoiser" for k in te):
+            raise error(f"--lora {path}: holds weights for a text encoder this model does not have (keys such as "
+                        f"{te[0]}); its text encoders take lora_te1_ / lora_te2_ (kohya) or text_encoder. / "
+                        f"text_encoder_2. (diffusers) keys")
+        for component, (model, name_map) in targets.items():
+            if model is not None:
+                check_lora_part(path, model, name_map, component, error)
         out.append((path, weight))
     return out
 
 
-def apply_loras(model, loras, *, merge=True, dtype=flame.float32, error=FluxFilesError):
+def check_lora_part(path, model, name_map, component, error):
+    """The adapters of one part of a LoRA file (formats.load's component) fit `model`'s layers (names, shapes,
+    kinds); `error` names the file."""
+    layers = (flame_nn.Linear, flame_nn.Conv2d)   # (SDXL's LoCon files adapt its convolutions)
+    shapes = {n: tuple(m.weight.shape) for n, m in model.named_modules() if isinstance(m, layers)}
+    try:
+        modules, _ = A.formats.load(path, set(shapes), name_map=name_map, component=component)
+    except A.AdapterFormatError as e:
+        raise error(f"--lora {path}: {str(e).splitlines()[0]}") from None
+    for mod, parts in modules.items():
+        out_f, in_f, kernel = shapes[mod][0], shapes[mod][1], shapes[mod][2:]
+        for p in parts:
+            lo, hi = p.rows if p.rows is not None else (0, out_f)
+            if p.shape != (hi - lo, in_f):
+                raise error(f"--lora {path}: the adapter on {mod} is {p.shape[0]}x{p.shape[1]} but "
+                            f"this {type(model).__name__}'s {'Conv2d' if kernel else 'Linear'} (rows {lo}:{hi}) "
+                            f"is {hi - lo}x{in_f}: a LoRA for another model size?")
+            down = p.tensors.get("lora_down.weight")
+            if kernel and p.kind != "lora":
+                raise error(f"--lora {path}: a {p.kind} adapter on the convolution {mod}; convolutions take "
+                            f"LoRA only")
+            if kernel and down is not None and tuple(down.shape[2:]) not in (kernel, () if kernel == (1, 1)
+                                                                              else kernel):
+                raise error(f"--lora {path}: the adapter on {mod} has a {tuple(down.shape[2:])} kernel, the "
+                            f"convolution's is {kernel}")
+
+
+def apply_loras(model, loras, *, merge=True, dtype=flame.float32, error=FluxFilesError, component="denoiser"):
     """Load each (path, weight) into `model` as its own adapter ("lora_0", "lora_1", ...), scaled by its weight;
     the changes add up. merge=True folds them into the base weights (summed, rounded once) and drops the adapters
     (no cost per step, and no copy of the original weights kept: inference never unmerges); merge=False keeps them
-    as adapters beside the weights (fp8 storage and streamed blocks need that). `error` names the file."""
+    as adapters beside the weights (fp8 storage and streamed blocks need that). `error` names the file. component:
+    the part of each file to apply ('denoiser'; 'te1' / 'te2' when `model` is that text encoder)."""
     for i, (path, weight) in enumerate(loras):
         try:
-            A.load_adapters(model, path, name=f"lora_{i}", weight=weight, dtype=dtype)
+            A.load_adapters(model, path, name=f"lora_{i}", weight=weight, dtype=dtype, component=component)
         except A.AdapterFormatError as e:
             raise error(f"--lora {path}: {str(e).splitlines()[0]}") from None
     if loras and merge:
@@ -311,5 +339,5 @@ def fit_transformer(model, cond, max_gpu_memory, *, height, width, batch_size=1,
 
 __all__ = ["FluxFiles", "FluxFilesError", "find_flux_files", "FluxTextEncoders", "load_text_encoders",
            "load_tokenizers", "check_vocabularies", "encode_prompts", "load_vae_for_flux", "decode_latents", "encode_images", "to_pil",
-           "parse_lora", "check_loras", "apply_loras", "load_transformer", "load_for_sampling", "place_for_inference", "free_model",
+           "parse_lora", "check_loras", "check_lora_part", "apply_loras", "load_transformer", "load_for_sampling", "place_for_inference", "free_model",
            "sample_latents", "fit_transformer"]

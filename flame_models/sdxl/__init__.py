@@ -18,7 +18,8 @@ from .model import SDXLUNet
 from .keys import sai_to_diffusers_key, diffusers_to_sai_key
 from .loading import UNetCheckpointError, UNetCheckpoint, infer_config, load_unet, load_unet_state_
 from .saving import save_unet
-from .lora_keys import TARGET_PRESETS, PEFT_PREFIX, KOHYA_METADATA, unet_name_map, kohya_diffusers_to_sai
+from .lora_keys import (TARGET_PRESETS, CONV_TARGETS, RESNET_LINEAR_TARGETS, PEFT_PREFIX, KOHYA_METADATA,
+                        unet_name_map, kohya_diffusers_to_sai)
 from .sampling import cfg_model, sample
 from .components import SDXLFiles, SDXLFilesError, find_sdxl_files
 from .parts import SDXLParts, load_sdxl, save_sdxl
@@ -29,6 +30,6 @@ __all__ = ["UNetConfig", "UNetConfigError", "configs", "unet_config", "timestep_
            "make_y", "ResBlock", "Downsample", "Upsample", "TimestepEmbedSequential", "CrossAttention", "GEGLU",
            "FeedForward", "BasicTransformerBlock", "SpatialTransformer", "SDXLUNet", "UNetModel",
            "sai_to_diffusers_key", "diffusers_to_sai_key", "UNetCheckpointError", "UNetCheckpoint", "infer_config",
-           "load_unet", "load_unet_state_", "save_unet", "TARGET_PRESETS", "PEFT_PREFIX", "KOHYA_METADATA",
+           "load_unet", "load_unet_state_", "save_unet", "TARGET_PRESETS", "CONV_TARGETS", "RESNET_LINEAR_TARGETS", "PEFT_PREFIX", "KOHYA_METADATA",
            "unet_name_map", "kohya_diffusers_to_sai", "cfg_model", "sample", "SDXLFiles", "SDXLFilesError",
            "find_sdxl_files", "SDXLParts", "load_sdxl", "save_sdxl"]

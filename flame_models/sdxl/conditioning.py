@@ -57,10 +57,18 @@ class SDXLTextEncoders(EncoderBundle):
         return self._encode_batched(prompts, batch_size, self._encode_batch)
 
     def _encode_batch(self, batch):
-        dtype = self.clip_g.dtype
         l_ids, g_ids = self.tokenize(batch)
-        hl, _ = clip_states(self._run("clip_l"), self.clip_l, l_ids, len(batch))
-        hg, pg = clip_states(self._run("clip_g"), self.clip_g, g_ids, len(batch))
+        return self.encode_ids(l_ids, g_ids, len(batch), graphed=True)
+
+    def encode_ids(self, clip_l_ids, clip_g_ids, batch, *, graphed=False):
+        """(prompt_embeds (B, L, 2048), pooled_prompt_embeds (B, 1280)) of token ids from `tokenize` (B * n rows
+        each, Tensors or arrays) for `batch` captions. graphed=False runs the encoders as modules, recording
+        gradients when they are enabled (a trainer's adapters on them); graphed: replayed as CUDA graphs on cuda
+        (inference only)."""
+        dtype = self.clip_g.dtype
+        run = self._run if graphed else (lambda attr: getattr(self, attr))
+        hl, _ = clip_states(run("clip_l"), self.clip_l, clip_l_ids, batch)
+        hg, pg = clip_states(run("clip_g"), self.clip_g, clip_g_ids, batch)
         return flame.cat([hl.to(dtype), hg.to(dtype)], dim=-1), pg.to(dtype)
 
     def encode_negative(self, prompts, negative_prompt=None):
@@ -103,9 +111,11 @@ def check_vocabularies(files, clip_l_tok, clip_g_tok):
 
 
 def load_text_encoders(files, *, dtype=flame.bfloat16, device=None, max_token_length=None,
-                       force_zeros_for_empty_prompt=True):
+                       force_zeros_for_empty_prompt=True, loras=()):
     """CLIP-L and CLIP-G of `files` (SDXLFiles or a path for find_sdxl_files) with their tokenizers, frozen, in
-    `dtype` on `device`, as SDXLTextEncoders."""
+    `dtype` on `device`, as SDXLTextEncoders. loras: checked [(path, weight)] (pipeline.check_loras) whose
+    text-encoder parts (kohya lora_te1_ / lora_te2_, diffusers text_encoder. / text_encoder_2.) are merged into
+    CLIP-L / CLIP-G."""
     files = files if isinstance(files, SDXLFiles) else find_sdxl_files(files)
     l_tok, g_tok = load_tokenizers(files)
     check_vocabularies(files, l_tok, g_tok)
@@ -115,6 +125,13 @@ def load_text_encoders(files, *, dtype=flame.bfloat16, device=None, max_token_le
                        projection=False, **kw)
     clip_g = load_clip(files.clip_g, prefix=files.prefixes.get("clip_g"), config=files.configs.get("clip_g"),
                        projection=True, **kw)
+    if loras:
+        from flame_nn.adapters.formats import IDENTITY
+        from ..flux.pipeline import apply_loras, check_lora_part
+        for component, clip in (("te1", clip_l), ("te2", clip_g)):
+            for path, _ in loras:
+                check_lora_part(path, clip, IDENTITY, component, SDXLFilesError)
+            apply_loras(clip, loras, merge=True, error=SDXLFilesError, component=component)
     return SDXLTextEncoders(clip_l, clip_g, l_tok, g_tok, max_token_length=max_token_length,
                             force_zeros_for_empty_prompt=force_zeros_for_empty_prompt)
 

@@ -12,6 +12,7 @@ import flame_core as flame
 import flame_nn
 from flame_nn.offload import run_block
 
+from ..vae.layers import norm_silu
 from .attention import BasicTransformerBlock, SpatialTransformer
 from .config import unet_config
 from .embeddings import timestep_embedding
@@ -152,4 +153,4 @@ class SDXLUNet(flame_nn.GradientCheckpointingMixin, flame_nn.Module):
             h = run_block(self.middle_block, i, h, emb, context)
         for i in range(len(self.output_blocks)):
             h = run_block(self.output_blocks, i, h, emb, context, hs.pop())   # [h | skip] inside the block
-        return self.out[2](flame_nn.functional.silu(self.out[0](h)))
+        return self.out[2](norm_silu(self.out[0], h))                         # out.0 GroupNorm, out.1 SiLU

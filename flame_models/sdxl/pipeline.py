@@ -88,9 +88,13 @@ def _upcast_call(vae, fn):
 # ----------------------------------------------------------------------------- the UNet
 def check_loras(loras, config):
     """Read each LoRA file and check it against a UNet of `config` (SAI / kohya or diffusers PEFT names, shapes)
-    before anything big is loaded. Returns [(path, weight)]; SDXLFilesError names the file."""
+    before anything big is loaded; text-encoder parts (kohya lora_te1_ / lora_te2_, diffusers text_encoder. /
+    text_encoder_2.) are accepted for CLIP-L / CLIP-G. Returns [(path, weight)]; SDXLFilesError names the file."""
     from .model import SDXLUNet
-    return _check_loras(loras, config, model_class=SDXLUNet, error=SDXLFilesError)
+    # the text-encoder parts are checked against the encoders when they load (conditioning.load_text_encoders),
+    # which the generator does before the UNet
+    return _check_loras(loras, config, model_class=SDXLUNet, error=SDXLFilesError,
+                        text_encoders={"te1": None, "te2": None})
 
 
 def load_unet_for_sampling(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=False, stream=False,

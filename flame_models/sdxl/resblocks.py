@@ -11,7 +11,7 @@ import flame_nn
 import flame_nn.functional as F
 from flame_core.checkpoint import maybe_checkpoint
 
-from ..vae.layers import inplace_ok
+from ..vae.layers import inplace_ok, norm_silu
 
 RESBLOCK_EPS = 1e-5
 
@@ -41,8 +41,7 @@ class ResBlock(flame_nn.Module):
             self.skip_connection = flame_nn.Identity()
 
     def forward(self, x, emb, context=None):                         # x (B, C, H, W), emb (B, E)
-        h = self.in_layers[0](x)
-        h = F.silu(h)
+        h = norm_silu(self.in_layers[0], x)                         # in_layers.0 GroupNorm, .1 SiLU
         h = self.in_layers[2](h)                                     # (B, C_out, H, W)
         e = self.emb_layers[1](F.silu(emb)).to(h.dtype)[:, :, None, None]
         if inplace_ok(h, e):
@@ -50,8 +49,7 @@ class ResBlock(flame_nn.Module):
         else:
             h = h + e
         del e
-        h = self.out_layers[0](h)
-        h = F.silu(h)
+        h = norm_silu(self.out_layers[0], h)                         # out_layers.0 GroupNorm, .1 SiLU
         h = self.out_layers[3](h)
         skip = self.skip_connection(x)
         if inplace_ok(h, skip):

@@ -39,7 +39,7 @@ class ConfigError(FlameError, ValueError):
 # ----------------------------------------------------------------------------- sections
 @dataclass
 class NetworkConfig:
-    type: str = "lora"                   # lora | locon (= lora; Flux has no convolutions) | dora | lokr | loha
+    type: str = "lora"                   # lora | locon (= lora) | dora | lokr | loha
     linear: int = 16                     # rank (alias: rank)
     linear_alpha: float = 16.0           # alpha (alias: alpha); scale = alpha / rank (rsLoRA: alpha / sqrt(rank))
     dropout: float = 0.0                 # dropout on the adapter input (LoRA / DoRA)
@@ -47,6 +47,8 @@ class NetworkConfig:
     lokr_factor: int = -1                # LoKr: -1 the most balanced factorisation
     lokr_full_rank: bool = False         # LoKr: full w2 instead of w2_a @ w2_b
     target: typing.Any = None            # preset name or list of patterns; None: the family's default preset
+    conv: typing.Optional[int] = None    # LoCon: rank of LoRAs on the convolutions (kohya's conv_dim; SDXL); 0 / null off
+    conv_alpha: typing.Optional[float] = None  # their alpha (kohya's conv_alpha); null: = conv (ai-toolkit's default)
     network_kwargs: dict = field(default_factory=dict)  # ai-toolkit: only_if_contains / ignore_if_contains
 
 
@@ -107,7 +109,8 @@ class TrainSection:
     ema_config: EMAConfig = field(default_factory=EMAConfig)
     dtype: str = "bf16"                  # autocast dtype of the forward pass
     train_unet: bool = True
-    train_text_encoder: bool = False
+    train_text_encoder: bool = False     # sdxl, image folders: LoRA on CLIP-L / CLIP-G too (ai-toolkit's name)
+    text_encoder_lr: typing.Optional[float] = None  # their learning rate (kohya --text_encoder_lr); None: lr
     guidance: float = 1.0                # guidance embedding value while training (flux-dev)
     seed: int = 42
     skip_first_sample: bool = False
@@ -197,10 +200,6 @@ _WAITS_FOR = {
         "performance_log_every": "timing reports are not available; the progress bar shows s/it and the ETA"},
     ModelConfig: {"low_vram": "use max_gpu_memory to train under a memory budget",
                   "is_v2": "SD 1.x / 2.x are not supported: model.arch is flux, sd3 or sdxl"},
-    NetworkConfig: {"conv": "convolution adapters (LoCon's conv rank) are not available: flame_nn.adapters adapts "
-                            "Linear layers only",
-                    "conv_alpha": "convolution adapters (LoCon) are not available: flame_nn.adapters adapts Linear "
-                                  "layers only"},
     TrainSection: {"linear_timesteps": "use train.timestep_type (sigmoid, logit_normal, uniform, shift, flux_shift)"},
     SaveConfig: {"push_to_hub": "uploading is not supported", "hf_repo_id": "uploading is not supported",
                  "hf_private": "uploading is not supported"},

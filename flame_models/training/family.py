@@ -52,8 +52,19 @@ Building (Trainer.setup, after the data has been checked and cached):
     spec_of(model)                      the spec of a model handed to the Trainer ready-made
     block_stacks(model)                 names of the ModuleLists of blocks (block streaming, fp8 storage)
     target_presets / default_target     adapter target presets (network.target)
+    conv_targets / conv_linear_targets  network.conv (LoCon): the convolutions that get the conv rank, and what else
+                                        comes with them at the linear rank; None: the model has no convolutions
     lora_name_map(model)                flame_nn.adapters NameMap: the model's Linear names <-> diffusers names
     lora_metadata(cfg, model)           safetensors metadata of the written LoRA file (architecture, base model)
+Trained text encoders (train.train_text_encoder; families/sdxl.py; text_training.py holds them for the trainer):
+    text_encoder_targets                the patterns of the text encoders' Linears that get adapters (kohya's
+                                        CLIPAttention / CLIPMLP set); None: the family cannot train them
+    trainable_text_encoders(encoders)   [(component, encoder)] of load_text_encoders' object: 'te1' / 'te2', the
+                                        LoRA files' names for them (flame_nn.adapters.formats.load's component)
+    caption_tokens(encoders, captions)  {key: (N, ...) int64} token ids per caption (tokenised once, kept per
+                                        sample; training_inputs then finds them in the batch instead of embeddings)
+    encode_training_text(encoders, cond)   cond with the token-id entries replaced by the conditioning the model
+                                        takes, encoded with autograd; inside the captured region
 Each micro-batch:
     objective(train_cfg)                (once) the Objective (objective.py: flow matching; ddpm_objective.py: ε / v
                                         prediction): sample_timesteps and sample_noise (outside the captured
@@ -132,6 +143,9 @@ class ModelFamily:
     sample_keys = ("latents",)
     target_presets = {}
     default_target = None
+    conv_targets = None
+    conv_linear_targets = ()
+    text_encoder_targets = None
     config_defaults = {}
     fields = ()
     field_notes = {}
@@ -170,11 +184,11 @@ class ModelFamily:
 
     def target_problems(self, probe, cfg, name_map=None, prefix=""):
         """What is wrong with network.target for the model `probe` (built under flame_nn.empty_init: names and
-        shapes, no weights): each pattern that selects no Linear, naming the convolutions it would select (adapters
-        train Linear layers only), and row ranges of fused Linears (diffusers' to_q in a fused qkv) for LoKr / LoHa,
-        which adapt whole Linears only."""
+        shapes, no weights): each pattern that selects no Linear or Conv2d, convolutions selected for DoRA / LoKr /
+        LoHa (a convolution takes LoRA only), and row ranges of fused Linears (diffusers' to_q in a fused qkv) for
+        LoKr / LoHa, which adapt whole Linears only."""
         import flame_nn
-        from flame_nn.adapters import find_targets, matches
+        from flame_nn.adapters import find_targets
         n = cfg.network
         targets = self.target_presets.get(n.target, n.target) if isinstance(n.target, str) else n.target
         if targets is None:
@@ -184,16 +198,13 @@ class ModelFamily:
         for pattern in [targets] if isinstance(targets, str) else list(targets):
             found = find_targets(probe, [pattern], name_map, kw.get("only_if_contains"), kw.get("ignore_if_contains"))
             split += [(pattern, name) for name, _, rows in found if rows is not None][:1]
-            if found:
-                continue
-            convs = [name for name, m in probe.named_modules()
-                     if isinstance(m, flame_nn.Conv2d) and matches(pattern, name)]
-            if convs:
+            convs = [name for name, m, _ in found if isinstance(m, flame_nn.Conv2d)]
+            if convs and n.type not in ("lora", "locon"):
                 e.append(f"{prefix}network.target: {pattern!r} selects convolutions ({', '.join(convs[:3])}"
-                         f"{', ...' if len(convs) > 3 else ''}) and no Linear: adapters train Linear layers only "
-                         f"(LoCon's convolution adapters are not available)")
-            else:
-                e.append(f"{prefix}network.target: {pattern!r} selects no Linear of this {self.name} model"
+                         f"{', ...' if len(convs) > 3 else ''}), which {n.type} cannot adapt (convolutions take "
+                         f"LoRA / LoCon only)")
+            if not found:
+                e.append(f"{prefix}network.target: {pattern!r} selects no Linear or Conv2d of this {self.name} model"
                          + (" with network.network_kwargs' filters" if kw else ""))
         if split and n.type in ("lokr", "loha"):
             what = repr(n.target) if isinstance(n.target, str) else ", ".join(repr(p) for p, _ in split)

@@ -8,7 +8,9 @@ latents  the VAE is loaded (only when a latent is missing from the cache or prev
 text     the text encoders are loaded (only when something is missing from the cache), every caption variant the run
          can draw (the tag orders of the epochs it covers, the dropout captions), the sample prompts, the previews'
          negative prompt (the family's negative_prompt) and the empty caption are encoded, then the encoders are
-         freed.
+         freed. With train.train_text_encoder (text_training.py) nothing is encoded here: the encoders are loaded,
+         every caption the run can draw is tokenised once (each sample then carries its token ids), and the encoders
+         stay on the device to train; the preview prompts are encoded with them at each preview.
 
 Caches: latents in each image folder's .flame_cache/latents when its cache_latents_to_disk is on (else host
 memory); text embeddings in .flame_cache/text of the first folder that caches to disk (else host memory). Their
@@ -25,6 +27,7 @@ from ..data import BucketLoader, ImageDataset, LatentCache, TextEmbeddingCache, 
 from ..data.captions import apply_trigger
 from ..data.config import CACHE_FOLDER, resolutions
 from .samples import PreviewPrompt
+from .text_training import CaptionTokens
 
 PREVIEW_TILE = 512  # pixels: previews are decoded in tiles of this size under max_gpu_memory
 
@@ -68,10 +71,13 @@ def sample_prompts(cfg, dataset):
 
 class Prepared:
     """What the stages leave for training: the loader (image data), the preview prompts, the preview decoder
-    and the device bytes a preview decode needs."""
+    and the device bytes a preview decode needs; with train.train_text_encoder the loaded text encoders, the
+    prompts' texts and the negative prompt (the prompts' conditioning is encoded at each preview)."""
 
     def __init__(self):
         self.loader = self.latents = self.texts = None
+        self.text_encoders = self.negative = None
+        self.prompt_texts = []
         self.prompts = []
         self.decode = None
         self.decode_bytes = 0
@@ -85,9 +91,11 @@ def prepare(tr, dataset, previews_on):
     out = Prepared()
     prompts = sample_prompts(c, dataset)
     loader = None
+    train_te = c.train.train_text_encoder and dataset is not None
     if dataset is not None:
         latents = LatentCache(fam.vae_id(c.model, dev))
-        texts = TextEmbeddingCache(text_cache_folder(c), fam.text_encoder_id(c.model, dev, tr.budget))
+        texts = CaptionTokens(None) if train_te else TextEmbeddingCache(text_cache_folder(c),
+                                                                        fam.text_encoder_id(c.model, dev, tr.budget))
         loader = BucketLoader(TrainingDataset(dataset, latents, texts), c.train.batch_size,
                               shuffle=all(d.shuffle for d in c.datasets), seed=c.train.seed)
         loader = tr.dist.shard_loader(loader)  # ddp: global batches of batch_size x ranks (more epochs per run)
@@ -108,6 +116,20 @@ def prepare(tr, dataset, previews_on):
 
     # ---- text
     negative = fam.negative_prompt(c) if prompts else None
+    if train_te:
+        with tr.meter.stage("text"):
+            tr.log(f"text encoders: {fam.describe_text_encoders(c.model, dev, tr.budget)}, kept on {dev} to train "
+                   f"(train.train_text_encoder); tokenising {len(set(captions))} captions")
+            enc = fam.load_text_encoders(c.model, dev, tr.budget)
+            texts.tokenize = lambda ps: fam.caption_tokens(enc, ps)
+            texts.fill(captions + [""])
+        loader.dataset.check(epochs)
+        out.text_encoders, out.negative = enc, negative
+        out.prompt_texts = [text for text, _ in prompts]
+        out.prompts = [PreviewPrompt(text, {}, None if i is None else latents.load(dataset.latent_spec(i)))
+                       for text, i in prompts]
+        out.loader, out.latents, out.texts = loader, latents, texts
+        return out
     wanted = list(dict.fromkeys(captions + [p for p, _ in prompts] + ([""] if captions else [])
                                 + ([negative] if negative is not None else [])))
     if wanted:

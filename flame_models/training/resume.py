@@ -21,7 +21,8 @@ from .config import config_dict
 # the fields that may change on resume (a dotted path, or a prefix ending in '.'); anything else breaks it
 APPLICABLE = (
     "name", "training_folder", "type", "max_gpu_memory", "log_every", "meta", "sample.", "save.",
-    "train.steps", "train.lr", "train.optimizer_params", "train.lr_scheduler", "train.lr_warmup_steps",
+    "train.steps", "train.lr", "train.text_encoder_lr", "train.optimizer_params", "train.lr_scheduler",
+    "train.lr_warmup_steps",
     "train.max_grad_norm", "train.gradient_accumulation_steps", "train.gradient_checkpointing", "train.cuda_graph",
     "train.timestep_type", "train.shift", "train.sigmoid_scale", "train.logit_mean", "train.logit_std",
     "train.ema_config.ema_decay", "train.dtype", "train.guidance", "train.skip_first_sample",
@@ -117,7 +118,7 @@ def load_checkpoint(self, path, state):
     """Trainer `self` takes the checkpoint at `path` (its state.json `state`): adapters, optimizer moments with this
     config's hyper-parameters, schedule, data position, random streams, EMA, step, training time, logs, samples."""
     saved = io.load_file(os.path.join(path, "adapter.safetensors"))
-    named = A.named_adapter_parameters(self.model)
+    named = self.named_adapter_parameters()
     if sorted(saved) != sorted(k for k, _ in named):
         raise A.AdapterFormatError(f"checkpoint {path} holds other adapter parameters than this config makes: "
                                    f"e.g. {sorted(set(saved) ^ {k for k, _ in named})[:4]}")

@@ -54,6 +54,7 @@ from . import resume
 from .graphs import StepGraphs, graph_plan
 from .samples import PreviewPrompt, Previews
 from .stages import StageMeter
+from .text_training import TrainedTextEncoders
 from .validation import dataset_kinds, parts_needed
 
 
@@ -74,6 +75,7 @@ class Trainer:
         self.resumed_from = None
         self.stop = None
         self.prepared = None
+        self.text_encoders = None
 
     def log(self, msg):
         if self.verbose:
@@ -109,6 +111,9 @@ class Trainer:
             raise ConfigError("; ".join(problems))
         kinds = dataset_kinds(c) if self._dataset is None else []
         self.image_data = "images" in kinds
+        if t.train_text_encoder and not self.image_data:  # (config validation refuses the configured other kinds)
+            raise ConfigError("train.train_text_encoder: needs image folders with captions; this run was given "
+                              "precomputed samples")
         with self.meter.stage("check"):
             self.dataset = self._dataset if self._dataset is not None else self._build_dataset(kinds)
         for w in getattr(self.dataset, "warnings", []):
@@ -180,14 +185,31 @@ class Trainer:
         self.name_map = fam.lora_name_map(self.model)
         n = c.network
         targets = fam.target_presets.get(n.target, n.target) if isinstance(n.target, str) else n.target
+        filters = dict(only_if_contains=n.network_kwargs.get("only_if_contains"),
+                       ignore_if_contains=n.network_kwargs.get("ignore_if_contains"))
+        if n.conv:  # LoCon (kohya's conv_dim): what comes with the convolutions at the linear rank
+            targets = ([targets] if isinstance(targets, str) else list(targets)) + list(fam.conv_linear_targets)
         made = A.inject_adapters(self.model, targets, "lora" if n.type == "locon" else n.type, rank=n.linear,
                                  alpha=n.linear_alpha, dropout=n.dropout, rslora=n.rslora, lokr_factor=n.lokr_factor,
-                                 lokr_full_rank=n.lokr_full_rank, name_map=self.name_map,
-                                 only_if_contains=n.network_kwargs.get("only_if_contains"),
-                                 ignore_if_contains=n.network_kwargs.get("ignore_if_contains"),
+                                 lokr_full_rank=n.lokr_full_rank, name_map=self.name_map, **filters,
                                  generator=flame.Generator("cpu").manual_seed(t.seed + 3))
+        if n.conv:  # the convolutions the targets left, at the conv rank (alpha: conv_alpha, else conv)
+            done = {m for m, _ in made}
+            convs = [m for m, _, _ in A.find_targets(self.model, fam.conv_targets, self.name_map, **filters)
+                     if m not in done]
+            if convs:
+                made += A.inject_adapters(self.model, convs, "lora", rank=n.conv,
+                                          alpha=n.conv if n.conv_alpha is None else n.conv_alpha, dropout=n.dropout,
+                                          rslora=n.rslora, name_map=self.name_map,
+                                          generator=flame.Generator("cpu").manual_seed(t.seed + 4))
         self.params = A.adapter_parameters(self.model)
         self.n_adapted = len(made)
+        self.text_encoders = None   # train.train_text_encoder: adapters on the encoders image_data kept loaded
+        if self.prepared is not None and self.prepared.text_encoders is not None:
+            if self.dist.world_size > 1:
+                raise ConfigError("train.train_text_encoder: not available with several processes (ddp) yet")
+            self.text_encoders = TrainedTextEncoders(fam, self.prepared.text_encoders, n, t, seed=t.seed)
+            self.params = self.params + self.text_encoders.params
         self.model.enable_gradient_checkpointing(t.gradient_checkpointing)
         self.model.train()
         self.streamer = self.fit = None
@@ -261,14 +283,29 @@ class Trainer:
         t = self.cfg.train
         kw = dict(lr=t.lr, **{k: (tuple(v) if k == "betas" else float(v)) for k, v in t.optimizer_params.items()})
         cls = flame_nn.optim.AdamW8bit if t.optimizer == "adamw8bit" else flame_nn.optim.AdamW
-        return cls(self.params, **kw)
+        return cls([{"params": ps, "lr": lr} for ps, lr in self._param_groups()], **kw)
+
+    def _param_groups(self):
+        """[(parameters, lr)]: the denoiser's adapters at train.lr; trained text encoders' at text_encoder_lr."""
+        t = self.cfg.train
+        if self.text_encoders is None:
+            return [(self.params, t.lr)]
+        te = self.text_encoders.params
+        return [(self.params[:len(self.params) - len(te)], t.lr),
+                (te, t.lr if t.text_encoder_lr is None else t.text_encoder_lr)]
+
+    def named_adapter_parameters(self):
+        """[(name, Parameter)] of everything trained (checkpoints): the denoiser's adapters, then the text
+        encoders' ('te1/...')."""
+        return A.named_adapter_parameters(self.model) + (self.text_encoders.named_parameters()
+                                                         if self.text_encoders is not None else [])
 
     def _make_scheduler(self, at_step=None):
         """The LR schedule of the config; at_step: positioned there (resume) -- every schedule is a closed form
         of the step, so this is the same as having stepped it that far."""
         t, S = self.cfg.train, flame_nn.optim.lr_scheduler
-        for g in self.optimizer.param_groups:
-            g["initial_lr"] = t.lr
+        for g, (_, lr) in zip(self.optimizer.param_groups, self._param_groups()):
+            g["initial_lr"] = lr
         last = -1 if at_step is None else at_step - 1
         if t.lr_scheduler in ("constant", "constant_with_warmup"):
             return S.get_constant_schedule_with_warmup(self.optimizer, t.lr_warmup_steps, last_epoch=last)
@@ -313,10 +350,10 @@ class Trainer:
         and no random draws: this is the region a CUDA graph captures. Returns the loss (detached)."""
         cond = dict(zip(self._cond_keys, cond))
         x_t = self.objective.noisy(x0, noise, t)
-        if self.autocast_dtype is not None:
-            with autocast(self.device.type, dtype=self.autocast_dtype):
-                pred = self.family.forward(self.model, x_t, t, cond)
-        else:
+        with autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype is not None \
+                else nullcontext():
+            if self.text_encoders is not None:  # token ids -> conditioning, through the trained encoders
+                cond = self.text_encoders.encode(cond)
             pred = self.family.forward(self.model, x_t, t, cond)
         loss = self.objective.loss(pred, self.objective.target(x0, noise, t), t)
         scale = self._loss_scale
@@ -413,8 +450,9 @@ class Trainer:
         if not hasattr(self, "model"):
             self.setup()
         c, t = self.cfg, self.cfg.train
+        te = "" if self.text_encoders is None else f" and {self.text_encoders.n_adapted} of its text encoders'"
         self.log(f"training {c.network.type} r{c.network.linear} on {self.n_adapted} Linear parts of a "
-                 f"{c.model.name_or_path or c.model.size} ({sum(p.numel() for p in self.params):,} parameters) "
+                 f"{c.model.name_or_path or c.model.size}{te} ({sum(p.numel() for p in self.params):,} parameters) "
                  f"on {self.device}; {len(self.dataset)} samples; output {self.out}"
                  + (f"; resumed at step {self.step}" if self.resumed_from else ""))
         self.progress = Progress(t.steps, initial=self.step, enabled=self.verbose, active_time=self.active_time)
@@ -503,6 +541,10 @@ class Trainer:
         try:
             with (self.ema.swapped() if self.ema is not None else nullcontext()), no_grad(), \
                     self.meter.stage("samples", quiet=True):
+                if self.text_encoders is not None:  # the prompts as the trained encoders read them now
+                    conds = self.text_encoders.preview_conditioning(self.prepared.prompt_texts,
+                                                                    self.prepared.negative)
+                    self.previews.prompts = [p._replace(cond=cd) for p, cd in zip(self.previews.prompts, conds)]
                 return self.previews.run(self.model, self.step)
         finally:
             self.model.train()
@@ -518,7 +560,8 @@ class Trainer:
             meta[str(k)] = v.replace("[name]", c.name)
         with (self.ema.swapped() if self.ema is not None else nullcontext()):
             A.save_adapters(self.model, path, c.save.format, name_map=self.name_map, dtype=dtype_name(c.save.dtype),
-                            metadata=meta)
+                            metadata=meta,
+                            text_encoders=None if self.text_encoders is None else self.text_encoders.modules())
         return path
 
     def _step_lora(self, step):
@@ -533,7 +576,7 @@ class Trainer:
         for i, st in opt["state"].items():
             for k, v in st.items():
                 (tensors if isinstance(v, flame.Tensor) else scalars)[f"{i}.{k}"] = v
-        adapter = dict(A.named_adapter_parameters(self.model))
+        adapter = dict(self.named_adapter_parameters())
         writers = {"adapter.safetensors": lambda p: io.save_file(adapter, p)}
         if tensors:
             writers["optimizer.safetensors"] = lambda p: io.save_file(tensors, p)

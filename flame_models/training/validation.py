@@ -62,6 +62,15 @@ def validate(cfg, prefix="", check_files=True):
             e.append(f"{p}network.network_kwargs.{k}: unknown; supported: only_if_contains, ignore_if_contains")
         elif not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
             e.append(f"{p}network.network_kwargs.{k}: expected a list of strings, got {v!r}")
+    if n.conv is not None and n.conv < 0:
+        e.append(f"{p}network.conv: the convolutions' rank, >= 1 (0 or null: none), got {n.conv}")
+    if n.conv_alpha is not None and n.conv_alpha <= 0:
+        e.append(f"{p}network.conv_alpha: must be > 0, got {n.conv_alpha}")
+    if n.conv and n.type not in ("lora", "locon"):
+        e.append(f"{p}network.conv: convolution adapters are LoRA (LoCon) only; network.type is {n.type!r} (use "
+                 f"lora or locon, or leave conv out)")
+    if n.conv_alpha is not None and not n.conv:
+        e.append(f"{p}network.conv_alpha: only used with network.conv (the convolutions' rank), which is not set")
     if n.type in ("lokr", "loha") and s.format == "peft":
         e.append(f"{p}save.format: 'peft' cannot hold {n.type} adapters (diffusers has no {n.type}); use 'kohya'")
 
@@ -112,9 +121,16 @@ def validate(cfg, prefix="", check_files=True):
                      f"{t.timestep_type!r})")
     choice(e, f"{p}train.dtype", t.dtype, DTYPES)
     if not t.train_unet:
-        e.append(f"{p}train.train_unet: false leaves nothing to train (text encoder training is not available)")
+        e.append(f"{p}train.train_unet: false is not available (the text encoders train beside the UNet / "
+                 f"transformer, not alone)")
+    if t.text_encoder_lr is not None and t.text_encoder_lr <= 0:
+        e.append(f"{p}train.text_encoder_lr: must be > 0, got {t.text_encoder_lr}")
+    if t.text_encoder_lr is not None and not t.train_text_encoder:
+        e.append(f"{p}train.text_encoder_lr: only used with train.train_text_encoder, which is false")
     if t.train_text_encoder:
-        e.append(f"{p}train.train_text_encoder: text encoder training is not available yet; set it to false")
+        if cfg.synthetic is not None or sm.prompt_embeds:
+            e.append(f"{p}train.train_text_encoder: needs captions to encode -- image folders (datasets), not "
+                     f"{'synthetic samples' if cfg.synthetic is not None else 'sample.prompt_embeds'}")
     if not 0 <= t.ema_config.ema_decay < 1:
         e.append(f"{p}train.ema_config.ema_decay: must be in [0, 1), got {t.ema_config.ema_decay}")
 
@@ -210,6 +226,12 @@ def _family_checks(cfg, family, p):
         sy = cfg.synthetic
         if sy is not None and (getattr(sy, k) <= 0 or getattr(sy, k) % mult):
             e.append(f"{p}synthetic.{k}: must be a positive multiple of {mult}, got {getattr(sy, k)}")
+    if cfg.train.train_text_encoder and family.text_encoder_targets is None:
+        e.append(f"{p}train.train_text_encoder: the {family.name} family cannot train its text encoders (available "
+                 f"for sdxl)")
+    if cfg.network.conv and family.conv_targets is None:
+        e.append(f"{p}network.conv: the {family.name} model has no convolutions to adapt (LoCon is for SDXL's "
+                 f"UNet); leave network.conv out")
     if cfg.network.target is None and family.default_target is None:
         e.append(f"{p}network.target: required ({family.name} has no default preset)")
     return e
@@ -269,6 +291,9 @@ def file_problems(cfg, family, p=""):
                            if k.startswith(f"datasets[{i}].") and k.split(".", 1)[1] not in SAMPLE_FOLDER_FIELDS)
             for k in extra:
                 e.append(f"{where}.{k}: only for image folders; {d.folder_path} holds precomputed samples")
+            if cfg.train.train_text_encoder:
+                e.append(f"{where}.folder_path: {d.folder_path} holds precomputed samples, but "
+                         f"train.train_text_encoder needs image folders with captions")
             _, _, problems = scan_folder(d.folder_path, family.sample_keys, check)
             e += [f"{where}.folder_path: {x}" for x in problems[:20]]
             if len(problems) > 20:

@@ -30,6 +30,13 @@ def group_norm(num_channels, config, dtype=None, device=None):
                               dtype=dtype, device=device)
 
 
+def norm_silu(norm, x):
+    """silu(norm(x)) for a flame_nn.GroupNorm `norm`, as one fused op with its parameters, group count and eps (one
+    pass over the activation instead of two; the norm stays a module, so checkpoint keys do not change). The SDXL
+    UNet's blocks use this too."""
+    return F.group_norm_silu(x, norm.num_groups, norm.weight, norm.bias, norm.eps)
+
+
 class ResnetBlock(flame_nn.Module):
     """norm1 -> SiLU -> conv1 -> norm2 -> SiLU -> conv2, plus the input (through a 1x1 nin_shortcut when the channel
     count changes). No timestep embedding and no dropout: the VAE's blocks never use them."""
@@ -46,11 +53,9 @@ class ResnetBlock(flame_nn.Module):
             self.nin_shortcut = flame_nn.Conv2d(in_channels, out_channels, 1, **kw)
 
     def forward(self, x):                                        # (B, C_in, H, W)
-        h = self.norm1(x)
-        h = F.silu(h)
+        h = norm_silu(self.norm1, x)
         h = self.conv1(h)
-        h = self.norm2(h)
-        h = F.silu(h)
+        h = norm_silu(self.norm2, h)
         h = self.conv2(h)                                        # (B, C_out, H, W)
         if self.in_channels != self.out_channels:
             x = self.nin_shortcut(x)

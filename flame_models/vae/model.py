@@ -6,12 +6,11 @@ shift of a model family live in LatentFormat, not here.
 """
 import flame_core as flame
 import flame_nn
-import flame_nn.functional as F
 
 from . import tiling
 from .config import vae_config
 from .distribution import DiagonalGaussianDistribution
-from .layers import Downsample, MidBlock, ResnetBlock, Upsample, group_norm
+from .layers import Downsample, MidBlock, ResnetBlock, Upsample, group_norm, norm_silu
 
 AUTO_TILE_MAX_PIXELS = 2 * 1024 * 1024  # images above this area are tiled unless tiling is switched off
 
@@ -64,8 +63,7 @@ class Encoder(flame_nn.Module):
             if level.has_downsample:
                 h = level.downsample(h)
         h = self.mid(h)
-        h = self.norm_out(h)
-        h = F.silu(h)
+        h = norm_silu(self.norm_out, h)
         return self.conv_out(h)
 
 
@@ -97,8 +95,7 @@ class Decoder(flame_nn.Module):
                 h = block(h)
             if level.has_upsample:
                 h = level.upsample(h)
-        h = self.norm_out(h)
-        h = F.silu(h)
+        h = norm_silu(self.norm_out, h)
         return self.conv_out(h)
 
 

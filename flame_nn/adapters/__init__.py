@@ -1,6 +1,8 @@
-"""Adapters for fine-tuning frozen Linears: LoRA (rsLoRA), DoRA, LoKr, LoHa; several per layer with weights;
+"""Adapters for fine-tuning frozen Linears: LoRA (rsLoRA), DoRA, LoKr, LoHa; and Conv2ds: LoRA (LoCon, locon.py); several per layer with weights;
 merge/unmerge, enable/disable; kohya (ComfyUI) and PEFT (diffusers) files. See inject.py for the model-level API."""
-from .layer import Adapter, AdapterError, AdaptedLinearMixin, adapt, unadapt
+from .layer import Adapter, AdapterError, AdaptedMixin, AdaptedLinearMixin, adapt, unadapt
+from .conv_layer import AdaptedConv2dMixin
+from .locon import LoRAConv2d
 from .lora import LoRA
 from .dora import DoRA
 from .lokr import LoKr, factorization

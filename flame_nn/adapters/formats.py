@@ -5,6 +5,7 @@ Canonical form: `{module_name: [AdapterPart, ...]}` where a part adapts some out
 and holds its tensors under the kohya/LyCORIS suffixes:
 
     lora  lora_down.weight (r, in), lora_up.weight (out, r)                       ΔW = s·up·down
+          on a Conv2d (LoCon): (r, in, kh, kw) and (out, r, 1, 1)                 ΔW = s·(up·down.reshape(r, -1))
     dora  lora + dora_scale (out, 1): the magnitude m                            W' = m ⊙ (W+ΔW) / ‖W+ΔW‖_row
     lokr  lokr_w1 (a, c) and lokr_w2 (b, d) or lokr_w2_a (b, r) @ lokr_w2_b (r, d) ΔW = s·kron(w1, w2)
     loha  hada_w1_a (out, r), hada_w1_b (r, in), hada_w2_a, hada_w2_b            ΔW = s·(w1a·w1b) ⊙ (w2a·w2b)
@@ -93,7 +94,11 @@ class AdapterPart:
         """ΔW in float64 (for lora/lokr/loha; DoRA's change depends on W: see merged_weight)."""
         t = {k: np.asarray(v, dtype=np.float64) for k, v in self.tensors.items()}
         if self.kind in ("lora", "dora"):
-            d = t["lora_up.weight"] @ t["lora_down.weight"]
+            up, down = t["lora_up.weight"], t["lora_down.weight"]
+            if down.ndim == 4:   # a convolution's: (r, in, kh, kw) down, (out, r, 1, 1) up
+                return self.scale * (up.reshape(up.shape[0], -1) @ down.reshape(down.shape[0], -1)).reshape(
+                    (up.shape[0],) + down.shape[1:])
+            d = up @ down
         elif self.kind == "loha":
             d = (t["hada_w1_a"] @ t["hada_w1_b"]) * (t["hada_w2_a"] @ t["hada_w2_b"])
         else:
@@ -364,7 +369,8 @@ def from_peft(sd, name_map=IDENTITY, prefix=PEFT_PREFIX, alphas=None, peft_confi
                                      f"{sorted(t)}")
         module, ranges = name_map.module_of(name)
         down, up = t[".lora_A.weight"], t[".lora_B.weight"]
-        if down.ndim != 2 or up.ndim != 2 or down.shape[0] != up.shape[1]:
+        conv = down.ndim == 4 and up.ndim == 4 and up.shape[2:] == (1, 1)   # a convolution's LoRA
+        if not (conv or (down.ndim == 2 and up.ndim == 2)) or down.shape[0] != up.shape[1]:
             raise AdapterFormatError(f"{prefix}{name}: lora_A {fmt_shape(down.shape)} and lora_B "
                                      f"{fmt_shape(up.shape)} do not form a LoRA")
         mag = t.get(".lora_magnitude_vector")
@@ -478,34 +484,75 @@ def detect_format(keys):
 
 
 def save(path, modules, format="kohya", *, name_map=IDENTITY, out_features=None, row_norms=None, dtype=None,
-         metadata=None):
-    """Write canonical adapters to a .safetensors file (atomically) in `format` 'kohya' or 'peft'."""
+         metadata=None, components=None):
+    """Write canonical adapters to a .safetensors file (atomically) in `format` 'kohya' or 'peft'. components:
+    {'te1' | 'te2': canonical adapters of that text encoder (its own module names)} written beside the denoiser's
+    under kohya's lora_te1_ / lora_te2_ or diffusers' text_encoder. / text_encoder_2. (load(component=...) reads
+    them back; in PEFT files their alphas are recorded under the metadata key flame.alphas.<component>)."""
     meta = {"format": "pt", "flame.format": format}
     meta.update({k: str(v) for k, v in (metadata or {}).items()})
+    if format not in ("kohya", "peft"):
+        raise AdapterFormatError(f"unknown LoRA file format {format!r}; use 'kohya' or 'peft'")
+    bad = [c for c in (components or {}) if c not in TEXT_ENCODER_PREFIXES]
+    if bad:
+        raise AdapterFormatError(f"components must be text encoders ({', '.join(TEXT_ENCODER_PREFIXES)}), got {bad}")
     if format == "kohya":
         sd = to_kohya(modules, out_features=out_features, row_norms=row_norms, dtype=dtype)
-    elif format == "peft":
+        for comp, mods in (components or {}).items():
+            sd.update(to_kohya(mods, prefix=TEXT_ENCODER_PREFIXES[comp][0], dtype=dtype))
+    else:
         sd, alphas = to_peft(modules, name_map, prefix=name_map.peft_prefix, dtype=dtype)
         meta["flame.alphas"] = json.dumps(alphas, sort_keys=True)
-    else:
-        raise AdapterFormatError(f"unknown LoRA file format {format!r}; use 'kohya' or 'peft'")
+        for comp, mods in (components or {}).items():
+            part, alphas = to_peft(mods, IDENTITY, prefix=TEXT_ENCODER_PREFIXES[comp][-1], dtype=dtype)
+            sd.update(part)
+            meta[f"flame.alphas.{comp}"] = json.dumps(alphas, sort_keys=True)
     sd = {k: np.require(v, requirements="C") for k, v in sd.items()}  # (ascontiguousarray makes 0-d 1-d)
     _io.save_file(sd, path, metadata=meta)
     return path
 
 
-def load(path, module_names, *, name_map=IDENTITY):
-    """Read a kohya or PEFT file -> (canonical adapters, metadata dict). Keys are checked against `module_names`."""
+# The text encoders' parts of a LoRA file (kohya's lora_te1_ / lora_te2_, lora_te_ for a single one; diffusers'
+# text_encoder. / text_encoder_2.); every other key belongs to the denoiser.
+TEXT_ENCODER_PREFIXES = {"te1": ("lora_te1_", "lora_te_", "text_encoder."), "te2": ("lora_te2_", "text_encoder_2.")}
+COMPONENTS = ("denoiser", "te1", "te2")
+
+
+def component_of(key):
+    """'te1', 'te2' or 'denoiser': the model of a multi-model LoRA file that `key` adapts."""
+    for comp, prefixes in TEXT_ENCODER_PREFIXES.items():
+        if key.startswith(prefixes):
+            return comp
+    return "denoiser"
+
+
+def load(path, module_names, *, name_map=IDENTITY, component="denoiser"):
+    """Read a kohya or PEFT file -> (canonical adapters, metadata dict). Keys are checked against `module_names`.
+    component: the part of the file to read -- 'denoiser' (the transformer / UNet: every key not of a text
+    encoder), 'te1' or 'te2' (a text encoder's: kohya lora_te1_ / lora_te2_, PEFT text_encoder. /
+    text_encoder_2.; its module names are the encoder's own, e.g. text_model.encoder.layers.0.self_attn.q_proj)."""
+    if component not in COMPONENTS:
+        raise AdapterFormatError(f"component must be one of {', '.join(COMPONENTS)}, got {component!r}")
     with _io.safe_open(path) as f:
-        sd = {k: f.get_array(k) for k in f.keys()}
+        sd = {k: f.get_array(k) for k in f.keys() if component_of(k) == component}
         meta = f.metadata() or {}
+    if not sd:
+        return {}, meta
     fmt = detect_format(sd)
-    if fmt == "kohya":
+    if component != "denoiser":
+        kohya, peft = TEXT_ENCODER_PREFIXES[component][:-1], TEXT_ENCODER_PREFIXES[component][-1]
+        if fmt == "kohya":
+            prefix = next(p for p in kohya if any(k.startswith(p) for k in sd))
+            return from_kohya(sd, module_names, prefix), meta
+        alphas = json.loads(meta[f"flame.alphas.{component}"]) if f"flame.alphas.{component}" in meta else None
+        modules = from_peft(sd, IDENTITY, peft, alphas, peft_config_of(meta, peft))
+    elif fmt == "kohya":
         prefix = next((p for p in KOHYA_PREFIXES if any(k.startswith(p) for k in sd)), KOHYA_PREFIX)
         return from_kohya(sd, module_names, prefix), meta
-    alphas = json.loads(meta["flame.alphas"]) if "flame.alphas" in meta else None
-    prefix = next((p for p in PEFT_PREFIXES if all(k.startswith(p) for k in sd)), "")
-    modules = from_peft(sd, name_map, prefix, alphas, peft_config_of(meta, prefix))
+    else:
+        alphas = json.loads(meta["flame.alphas"]) if "flame.alphas" in meta else None
+        prefix = next((p for p in PEFT_PREFIXES if all(k.startswith(p) for k in sd)), "")
+        modules = from_peft(sd, name_map, prefix, alphas, peft_config_of(meta, prefix))
     names = set(module_names)
     unknown = [m for m in modules if m not in names]
     if unknown:

@@ -7,7 +7,7 @@
     load_adapters(model, "style.safetensors", name="style", weight=0.8)   # a second adapter, for inference
     set_adapters(model, ["default", "style"], [1.0, 0.8]); merge_adapters(model); unmerge_adapters(model)
 
-A pattern names a Linear of the model or, through `name_map`, one of the diffusers Linears carved out of a fused one
+A pattern names a Linear or a Conv2d of the model (a Conv2d takes LoRA only: locon.py) or, through `name_map`, one of the diffusers Linears carved out of a fused one
 (Flux's qkv -> to_q/to_k/to_v): the adapter then covers only those output rows. Patterns: "re:<regex>" (full match),
 globs with * ? [ ] (fnmatch), or a plain name matching the whole name or its dotted suffix ("to_q" matches
 "transformer_blocks.3.attn.to_q"), as PEFT's target_modules.
@@ -22,10 +22,12 @@ import re
 import flame_core as flame
 from flame_core import dtypes as D
 
+from ..layers.conv import Conv2d
 from ..layers.linear import Linear
 from . import formats as fmt
 from .dora import DoRA, row_norms
-from .layer import AdaptedLinearMixin, AdapterError, adapt, unadapt
+from .layer import AdaptedMixin, AdapterError, adapt, unadapt
+from .locon import LoRAConv2d
 from .loha import LoHa
 from .lokr import LoKr
 from .lora import LoRA
@@ -50,7 +52,8 @@ def model_name_map(model, name_map=None):
 
 
 def _linears(model):
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, Linear) or isinstance(m, AdaptedLinearMixin)]
+    """[(name, layer)] of every layer adapters can wrap: Linears and Conv2ds (adapted or not)."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, (Linear, Conv2d, AdaptedMixin))]
 
 
 def find_targets(model, targets, name_map=None, only_if_contains=None, ignore_if_contains=None):
@@ -82,6 +85,9 @@ def find_targets(model, targets, name_map=None, only_if_contains=None, ignore_if
 
 def _make(kind, mod, rows, rank, alpha, dropout, rslora, lokr_factor, lokr_full_rank, dtype, init_weights,
           generator):
+    if isinstance(mod, Conv2d):   # (inject_adapters checked the kind)
+        return LoRAConv2d.for_conv(mod, rank, alpha, dropout, rslora, init_weights=init_weights, dtype=dtype,
+                                   generator=generator)
     lo, hi = rows if rows is not None else (0, mod.weight.shape[0])
     n_in, dev = mod.weight.shape[1], mod.weight.device
     cls = KINDS[kind]
@@ -106,27 +112,40 @@ def inject_adapters(model, targets, kind="lora", *, name="default", rank=16, alp
                     lokr_factor=-1, lokr_full_rank=False, name_map=None, only_if_contains=None,
                     ignore_if_contains=None, dtype=flame.float32, init_weights="kaiming", generator=None,
                     freeze_base=True):
-    """Attach a new adapter `name` of `kind` to every Linear (or row range) `targets` select. The base is frozen
+    """Attach a new adapter `name` of `kind` to every Linear (or row range) or Conv2d `targets` select ("locon" is
+    "lora": a Conv2d gets a LoRAConv2d; dora / lokr / loha on a Conv2d is an AdapterError naming it). The base is frozen
     (requires_grad False) unless freeze_base=False. Returns [(module name, rows)] in model order."""
     if kind not in KINDS:
         raise AdapterError(f"unknown adapter kind {kind!r}; known: {', '.join(KINDS)}")
     found = find_targets(model, targets, name_map, only_if_contains, ignore_if_contains)
     if not found:
         names = [n for n, _ in _linears(model)]
-        raise AdapterError(f"no Linear matches the targets {targets!r}"
+        raise AdapterError(f"no Linear or Conv2d matches the targets {targets!r}"
                            + (f" (filters only_if_contains={only_if_contains}, ignore_if_contains="
                               f"{ignore_if_contains})" if only_if_contains or ignore_if_contains else "")
-                           + f"; the model's Linears include {names[:6]}")
+                           + f"; the model's Linears and Conv2ds include {names[:6]}")
     for mod in {id(m): m for _, m, _ in found}.values():
-        if isinstance(mod, AdaptedLinearMixin) and name in mod._adapters:
+        if isinstance(mod, AdaptedMixin) and name in mod._adapters:
             raise AdapterError(f"an adapter named {name!r} already exists; pick another name or remove it")
+    kind = "lora" if kind == "locon" else kind
+    for mod_name, mod, rows in found:     # every problem before anything changes
+        if isinstance(mod, Conv2d):
+            if kind != "lora":
+                raise AdapterError(f"{mod_name}: a {kind} adapter cannot adapt a Conv2d ({mod!r}); convolutions "
+                                   f"take LoRA (locon) adapters only: leave the convolutions out of the targets or "
+                                   f"use lora")
+            from .conv_layer import check_conv
+            try:
+                check_conv(mod)
+            except AdapterError as e:
+                raise AdapterError(f"{mod_name}: {e}") from None
     if freeze_base:
         model.requires_grad_(False)
     made = []
     for mod_name, mod, rows in found:
         adapt(mod)
-        ad = _make("lora" if kind == "locon" else kind, mod, rows, rank, alpha, dropout, rslora, lokr_factor,
-                   lokr_full_rank, dtype, init_weights, generator)
+        ad = _make(kind, mod, rows, rank, alpha, dropout, rslora, lokr_factor, lokr_full_rank, dtype, init_weights,
+                   generator)
         mod.add_adapter(name, ad, rows)
         made.append((mod_name, rows))
     return made
@@ -134,8 +153,8 @@ def inject_adapters(model, targets, kind="lora", *, name="default", rank=16, alp
 
 # ----------------------------------------------------------------------------- queries
 def adapted_modules(model):
-    """[(name, adapted Linear)] in model order."""
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, AdaptedLinearMixin)]
+    """[(name, adapted Linear or Conv2d)] in model order."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, AdaptedMixin)]
 
 
 def adapter_names(model):
@@ -211,10 +230,18 @@ def load_adapter_state(model, modules, name="default"):
 
 
 def save_adapters(model, path, format="kohya", *, name="default", name_map=None, dtype=None,
-                  metadata=None):
+                  metadata=None, text_encoders=None):
     """Write adapter `name` to `path` (.safetensors, atomic) in kohya or PEFT layout, with metadata describing it.
     PEFT files name the diffusers Linears: for a model that declares its name map (`adapter_name_map`), every adapted
-    module must have a name in the map used (else the file would carry names diffusers does not know)."""
+    module must have a name in the map used (else the file would carry names diffusers does not know).
+    text_encoders: {'te1' | 'te2': a text encoder with adapter `name`} written into the same file (kohya
+    lora_te1_ / lora_te2_, diffusers text_encoder. / text_encoder_2.: formats.save's components)."""
+    components = {}
+    for comp, te in (text_encoders or {}).items():
+        components[comp] = adapter_state(te, name)
+        if any(p.rows is not None for parts in components[comp].values() for p in parts):
+            raise fmt.AdapterFormatError(f"{comp}: adapters on row ranges of a text encoder's Linears cannot be "
+                                         f"written")
     state = adapter_state(model, name)
     if format == "peft":
         _check_peft_names(model, name_map, state)
@@ -234,7 +261,7 @@ def save_adapters(model, path, format="kohya", *, name="default", name_map=None,
     meta = {k: str(v) for k, v in meta.items() if v is not None}
     np_dtype = None if dtype is None else D.dtype(dtype).np
     return fmt.save(path, state, format, name_map=name_map, out_features=out_features, row_norms=norms,
-                    dtype=np_dtype, metadata=meta)
+                    dtype=np_dtype, metadata=meta, components=components)
 
 
 def _check_peft_names(model, name_map, state):
@@ -249,11 +276,14 @@ def _check_peft_names(model, name_map, state):
             + "; format='kohya' keeps the model's names")
 
 
-def load_adapters(model, path, *, name="default", weight=1.0, name_map=None, dtype=flame.float32):
+def load_adapters(model, path, *, name="default", weight=1.0, name_map=None, dtype=flame.float32,
+                  component="denoiser"):
     """Load a LoRA file into adapter `name`: into the existing one if the model has it, else a new adapter shaped
-    by the file (kind, rank and rows from its tensors) is injected first. Returns the file's metadata."""
+    by the file (kind, rank and rows from its tensors) is injected first. Returns the file's metadata.
+    component: which part of the file (formats.load): 'denoiser', or a text encoder's 'te1' / 'te2' when `model`
+    is that encoder."""
     module_names = [n for n, _ in _linears(model)]
-    modules, meta = fmt.load(path, module_names, name_map=model_name_map(model, name_map))
+    modules, meta = fmt.load(path, module_names, name_map=model_name_map(model, name_map), component=component)
     if name not in adapter_names(model):
         for mod_name, parts in modules.items():
             mod = adapt(model.get_submodule(mod_name))
@@ -265,6 +295,11 @@ def load_adapters(model, path, *, name="default", weight=1.0, name_map=None, dty
 
 
 def _from_part(mod, part, dtype):
+    if isinstance(mod, Conv2d):
+        if part.kind != "lora":
+            raise fmt.AdapterFormatError(f"the file has a {part.kind} adapter on the Conv2d {mod!r}; convolutions "
+                                         f"take LoRA adapters only")
+        return LoRAConv2d.for_conv(mod, part.rank, dtype=dtype)
     lo, hi = part.rows if part.rows is not None else (0, mod.weight.shape[0])
     n_in, dev = mod.weight.shape[1], mod.weight.device
     if part.kind in ("lora", "dora"):

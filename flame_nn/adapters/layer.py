@@ -1,7 +1,8 @@
-"""The adapted Linear: a Linear that also runs the adapters attached to it, and the base class of adapters.
+"""Adapted layers: a Linear (or a Conv2d: conv_layer.py) that also runs the adapters attached to it, and the base
+class of adapters.
 
-`adapt(linear)` turns an existing Linear (any class with `weight` (out, in), optional `bias` and a forward) into its
-adapted subclass IN PLACE (`__class__` swap): the module keeps its identity, its parent, its parameters and its
+`adapt(linear)` turns an existing Linear (any class with `weight` (out, in), optional `bias` and a forward) or Conv2d
+into its adapted subclass IN PLACE (`__class__` swap): the module keeps its identity, its parent, its parameters and its
 state_dict keys, so the base model still saves, loads and streams as before; `unadapt` swaps back. Adapters are kept
 OUT of the module tree (a plain dict), so `model.parameters()` stays the frozen base and `adapter_parameters(model)`
 (inject.py) lists what trains.
@@ -129,40 +130,34 @@ class Adapter(Module):
         return t.detach().numpy().copy()
 
 
-# ----------------------------------------------------------------------------- the adapted Linear
-class AdaptedLinearMixin:
-    """Mixed in front of a Linear class by `adapt`. State lives in plain attributes (not registered):
-    _adapters {name: [((lo, hi), Adapter)]}, _weights {name: multiplier} (the active ones), _merged {name: weight it was merged with},
-    adapters_enabled."""
+# ----------------------------------------------------------------------------- adapted layers
+class AdaptedMixin:
+    """What adapted layers share (mixed in front of the layer's class by `adapt`): attaching, weighting, merging.
+    State lives in plain attributes (not registered): _adapters {name: [((lo, hi), Adapter)]}, _weights {name:
+    multiplier} (the active ones), _merged {name: weight it was merged with}, adapters_enabled. Rows are output rows
+    (dim 0 of the weight); a subclass defines forward and `_check_fit`."""
 
-    def forward(self, input):
-        y = super().forward(input)
+    def _check_fit(self, adapter, lo, hi):
+        raise NotImplementedError
+
+    def _active(self):
+        """[(lo, hi, Adapter, multiplier)] that the forward adds (enabled, active, unmerged)."""
         if not self.adapters_enabled or not self._weights:
-            return y
-        deltas = []
+            return []
+        out = []
         for name, mult in self._weights.items():
             if name in self._merged:
                 continue
             for (lo, hi), ad in self._adapters[name]:
                 ad.__dict__["training"] = self.training  # adapters sit outside the module tree: follow the layer
-                base = w = None
-                if ad.needs_base:
-                    w = self.weight[lo:hi]
-                    b = None if self.bias is None else self.bias[lo:hi]
-                    base = y[..., lo:hi] - b if b is not None else y[..., lo:hi] * 1  # a copy: y changes below
-                d = ad.delta(input, base, w)
-                deltas.append((lo, hi, d if mult == 1.0 else d * mult))
-        for lo, hi, d in deltas:
-            y = add_rows(y, d, lo, hi)
-        return y
+                out.append((lo, hi, ad, mult))
+        return out
 
     # -- management
     def add_adapter(self, name, adapter, rows=None):
-        lo, hi = (0, self.out_features) if rows is None else (int(rows[0]), int(rows[1]))
-        if not 0 <= lo < hi <= self.out_features or adapter.out_features != hi - lo or \
-                adapter.in_features != self.in_features:
-            raise AdapterError(f"adapter ({adapter.out_features} x {adapter.in_features}) does not fit rows "
-                               f"[{lo}:{hi}] of a Linear ({self.out_features} x {self.in_features})")
+        out = self.weight.shape[0]
+        lo, hi = (0, out) if rows is None else (int(rows[0]), int(rows[1]))
+        self._check_fit(adapter, lo, hi)
         for (a, b), _ in self._adapters.get(name, []):
             if a < hi and lo < b:
                 raise AdapterError(f"adapter {name!r} already covers rows [{a}:{b}], which overlap [{lo}:{hi}]")
@@ -211,36 +206,74 @@ class AdaptedLinearMixin:
         for n in keep:
             self.merge(n)
 
+
+class AdaptedLinearMixin(AdaptedMixin):
+    """The adapted Linear: y = base(x), then every active adapter's output added into its rows."""
+
+    def forward(self, input):
+        y = super().forward(input)
+        active = self._active()
+        if not active:
+            return y
+        deltas = []
+        for lo, hi, ad, mult in active:
+            base = w = None
+            if ad.needs_base:
+                w = self.weight[lo:hi]
+                b = None if self.bias is None else self.bias[lo:hi]
+                base = y[..., lo:hi] - b if b is not None else y[..., lo:hi] * 1  # a copy: y changes below
+            d = ad.delta(input, base, w)
+            deltas.append((lo, hi, d if mult == 1.0 else d * mult))
+        for lo, hi, d in deltas:
+            y = add_rows(y, d, lo, hi)
+        return y
+
+    def _check_fit(self, adapter, lo, hi):
+        if not 0 <= lo < hi <= self.out_features or adapter.out_features != hi - lo or \
+                adapter.in_features != self.in_features:
+            raise AdapterError(f"adapter ({adapter.out_features} x {adapter.in_features}) does not fit rows "
+                               f"[{lo}:{hi}] of a Linear ({self.out_features} x {self.in_features})")
+
+
 _CLASSES = {}
 
 
-def adapt(linear):
-    """Make `linear` an adapted Linear in place (idempotent); returns it."""
-    if isinstance(linear, AdaptedLinearMixin):
-        return linear
-    w = getattr(linear, "weight", None)
-    if not isinstance(w, Tensor) or w.ndim != 2:
-        raise AdapterError(f"{type(linear).__name__} has no 2-D weight (out, in); adapters wrap Linear layers")
-    cls = type(linear)
+def adapt(layer):
+    """Make `layer` -- a Linear (any class with `weight` (out, in), optional `bias` and a forward) or a Conv2d -- an
+    adapted layer in place (idempotent); returns it."""
+    if isinstance(layer, AdaptedMixin):
+        return layer
+    from ..layers.conv import Conv2d
+    d = layer.__dict__
+    if isinstance(layer, Conv2d):
+        from .conv_layer import AdaptedConv2dMixin, check_conv
+        check_conv(layer)
+        mixin = AdaptedConv2dMixin
+    else:
+        w = getattr(layer, "weight", None)
+        if not isinstance(w, Tensor) or w.ndim != 2:
+            raise AdapterError(f"{type(layer).__name__} has no 2-D weight (out, in); adapters wrap Linear and "
+                               f"Conv2d layers")
+        mixin = AdaptedLinearMixin
+        d.setdefault("in_features", w.shape[1])
+        d.setdefault("out_features", w.shape[0])
+        d.setdefault("bias", None)
+    cls = type(layer)
     new = _CLASSES.get(cls)
     if new is None:
-        new = _CLASSES[cls] = type("Adapted" + cls.__name__, (AdaptedLinearMixin, cls), {"_base_class": cls})
-    d = linear.__dict__
-    d.setdefault("in_features", w.shape[1])
-    d.setdefault("out_features", w.shape[0])
-    d.setdefault("bias", None)
+        new = _CLASSES[cls] = type("Adapted" + cls.__name__, (mixin, cls), {"_base_class": cls})
     d["_adapters"], d["_weights"], d["_merged"], d["adapters_enabled"] = {}, {}, {}, True
-    linear.__class__ = new
-    return linear
+    layer.__class__ = new
+    return layer
 
 
-def unadapt(linear):
+def unadapt(layer):
     """Remove every adapter (unmerging merged ones) and give the layer back its own class."""
-    if not isinstance(linear, AdaptedLinearMixin):
-        return linear
-    for name in list(linear._adapters):
-        linear.remove_adapter(name)
+    if not isinstance(layer, AdaptedMixin):
+        return layer
+    for name in list(layer._adapters):
+        layer.remove_adapter(name)
     for k in ("_adapters", "_weights", "_merged", "adapters_enabled", "_original"):
-        linear.__dict__.pop(k, None)
-    linear.__class__ = linear._base_class
-    return linear
+        layer.__dict__.pop(k, None)
+    layer.__class__ = layer._base_class
+    return layer

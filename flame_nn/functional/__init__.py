@@ -14,7 +14,7 @@ from .distance import normalize, cosine_similarity
 from .dropout import dropout
 from .loss import (mse_loss, l1_loss, smooth_l1_loss, huber_loss, binary_cross_entropy,
                    binary_cross_entropy_with_logits, kl_div, nll_loss, cross_entropy)
-from .norm import layer_norm, group_norm, rms_norm, batch_norm
+from .norm import layer_norm, group_norm, group_norm_silu, rms_norm, batch_norm
 from .pixel_shuffle import pixel_shuffle, pixel_unshuffle
 from .upsample import interpolate
 
@@ -23,5 +23,5 @@ __all__ = ["conv2d", "conv1d", "conv_transpose2d", "pad", "one_hot", "relu", "ge
            "scaled_dot_product_attention", "bilinear", "normalize", "cosine_similarity", "dropout", "embedding",
            "linear", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
            "binary_cross_entropy_with_logits", "kl_div", "nll_loss", "cross_entropy", "layer_norm", "group_norm",
-           "rms_norm", "batch_norm", "pixel_shuffle", "pixel_unshuffle", "max_pool2d", "avg_pool2d",
+           "group_norm_silu", "rms_norm", "batch_norm", "pixel_shuffle", "pixel_unshuffle", "max_pool2d", "avg_pool2d",
            "adaptive_avg_pool2d", "interpolate"]

@@ -1,4 +1,5 @@
-"""layer_norm, group_norm, rms_norm: flame_core's fused norms (flame_core.ops.norms); batch_norm from Tensor ops.
+"""layer_norm, group_norm, group_norm_silu, rms_norm: flame_core's fused norms (flame_core.ops.norms); batch_norm from
+Tensor ops.
 
 Autocast category "native" (flame_core.amp): no casts. The kernels read float16/bfloat16 activations directly,
 compute statistics and the normalisation in float32 and return the input's dtype; float32 weights are read as they
@@ -22,6 +23,12 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
 
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     return _N.group_norm(input, num_groups, weight, bias, eps)
+
+
+def group_norm_silu(input, num_groups, weight=None, bias=None, eps=1e-5):
+    """silu(group_norm(input, num_groups, weight, bias, eps)) as one fused op (one pass over memory forward, one
+    backward); the pre-activation stays in fp32 (the two ops in sequence round it to the input dtype between them)."""
+    return _N.group_norm_silu(input, num_groups, weight, bias, eps)
 
 
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):

@@ -213,7 +213,7 @@ def test_lokr_factorization_and_shapes():
 
 
 def test_errors(tiny):
-    with pytest.raises(AdapterError, match="no Linear matches the targets \\['nothing'\\]"):
+    with pytest.raises(AdapterError, match="no Linear or Conv2d matches the targets \\['nothing'\\]"):
         inject_adapters(tiny, ["nothing"], "lora")
     with pytest.raises(AdapterError, match="unknown adapter kind 'lorra'"):
         inject_adapters(tiny, ["qkv"], "lorra")

@@ -27,6 +27,7 @@ def _cases(device):
         "layer_norm": (lambda: F.layer_norm(h, (8,)), "native"),
         "rms_norm": (lambda: F.rms_norm(h, (8,)), "native"),
         "group_norm": (lambda: F.group_norm(hg, 2), "native"),
+        "group_norm_silu": (lambda: F.group_norm_silu(hg, 2), "native"),
         "softmax": (lambda: F.softmax(h, -1), "fp32"),
         "log_softmax": (lambda: F.log_softmax(h, -1), "fp32"),
         "mse_loss": (lambda: F.mse_loss(h, h * 0.5), "fp32"),
@@ -35,8 +36,8 @@ def _cases(device):
     }
 
 
-NAMES = ["linear", "conv2d", "layer_norm", "rms_norm", "group_norm", "softmax", "log_softmax", "mse_loss",
-         "l1_loss", "cross_entropy"]
+NAMES = ["linear", "conv2d", "layer_norm", "rms_norm", "group_norm", "group_norm_silu", "softmax", "log_softmax",
+         "mse_loss", "l1_loss", "cross_entropy"]
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -11,7 +11,7 @@ import pytest
 import flame_core as flame
 from flame_core.io import load_file, safe_open, save_file
 from flame_models.sdxl import SDXLParts, UNetConfig, load_sdxl, save_sdxl, save_unet
-from flame_models.sdxl.pipeline import (SDXLFilesError, decode_latents, encode_images, find_sdxl_files,
+from flame_models.sdxl.pipeline import (SDXLFilesError, check_loras, decode_latents, encode_images, find_sdxl_files,
                                         load_text_encoders, load_unet_for_sampling, load_vae_for_sdxl,
                                         sample_latents)
 from flame_models.vae import VAEConfig
@@ -302,7 +302,97 @@ def test_loras_kohya_and_peft_merged_or_streamed(files, parts, tmp_path):
     te = str(tmp_path / "te.safetensors")
     with safe_open(kohya) as f:
         sd = {k: f.get_array(k) for k in f.keys()}
-    sd["lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight"] = np.zeros((2, 16), np.float32)
+    sd["lora_te3_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight"] = np.zeros((2, 16), np.float32)
     save_file(sd, te)
-    with pytest.raises(SDXLFilesError, match="text-encoder LoRA weights"):
+    with pytest.raises(SDXLFilesError, match="text encoder this model does not have"):   # SD3's T5 part
         load_unet_for_sampling(files, dtype=F32, device="cpu", loras=[te])
+
+
+@pytest.mark.parametrize("fmt", ["kohya", "peft"])
+def test_text_encoder_loras_are_merged_into_clip_l_and_clip_g(files, tmp_path, fmt):
+    """kohya lora_te1_ / lora_te2_ and diffusers text_encoder. / text_encoder_2. parts of an SDXL LoRA file change
+    CLIP-L / CLIP-G as the adapters do; the UNet part loads beside them; a TE part that fits no layer is named."""
+    from flame_core.io import save_file as save
+    with load_text_encoders(files, dtype=F32, device="cpu") as enc:
+        base = {k: v.numpy() for k, v in enc.encode(["a red cube"]).items()}
+        rng = np.random.default_rng(3)
+        sd = {}
+        for comp, clip in (("te1", enc.clip_l), ("te2", enc.clip_g)):
+            A.inject_adapters(clip, ["q_proj", "fc1"], rank=2, alpha=1.0)
+            with flame.no_grad():
+                for _, p in A.named_adapter_parameters(clip):
+                    p.copy_(flame.tensor(rng.normal(0, 0.3, tuple(p.shape)).astype(np.float32)))
+            one = A.save_adapters(clip, str(tmp_path / f"{comp}.safetensors"), format=fmt)
+            with safe_open(one) as f:
+                for k in f.keys():   # the encoder's own names, under the component's prefix
+                    if fmt == "kohya":
+                        sd[("lora_te1_" if comp == "te1" else "lora_te2_") + k[len("lora_unet_"):]] = f.get_array(k)
+                    else:
+                        body = k.split(".", 1)[1]
+                        sd[("text_encoder." if comp == "te1" else "text_encoder_2.") + body] = f.get_array(k)
+        want = {k: v.numpy() for k, v in enc.encode(["a red cube"]).items()}
+    assert all(np.abs(want[k] - base[k]).max() > 1e-3 for k in want)
+    unet = load_unet_for_sampling(files, dtype=F32, device="cpu")
+    A.inject_adapters(unet, ["to_q"], rank=2, alpha=2.0)
+    with flame.no_grad():
+        for _, p in A.named_adapter_parameters(unet):
+            p.copy_(flame.tensor(rng.normal(0, 0.5, tuple(p.shape)).astype(np.float32)))
+    unet_file = A.save_adapters(unet, str(tmp_path / "unet.safetensors"), format=fmt)
+    with safe_open(unet_file) as f:
+        sd.update({k: f.get_array(k) for k in f.keys()})
+    path = str(tmp_path / f"all_{fmt}.safetensors")
+    save(sd, path)
+    loras = check_loras([path], files.config)
+    with load_text_encoders(files, dtype=F32, device="cpu", loras=loras) as enc:
+        got = {k: v.numpy() for k, v in enc.encode(["a red cube"]).items()}
+        assert not A.adapter_names(enc.clip_l)                           # merged into the weights
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5)
+    with load_text_encoders(files, dtype=F32, device="cpu", loras=[(path, 0.0)]) as enc:
+        for k, v in enc.encode(["a red cube"]).items():
+            np.testing.assert_allclose(v.numpy(), base[k], rtol=1e-6, atol=1e-6)
+    load_unet_for_sampling(files, dtype=F32, device="cpu", loras=[path])   # the UNet part, the TE parts left out
+    bad = dict(sd)
+    key = next(k for k in sd if ("te2" in k or "text_encoder_2" in k) and ("lora_down" in k or "lora_A" in k))
+    bad[key] = np.concatenate([sd[key], sd[key]], axis=1)
+    save(bad, str(tmp_path / "bad.safetensors"))
+    with pytest.raises(SDXLFilesError, match="bad.safetensors"):
+        load_text_encoders(files, dtype=F32, device="cpu", loras=[(str(tmp_path / "bad.safetensors"), 1.0)])
+
+
+def test_locon_loras_apply_merged_or_streamed(files, tmp_path):
+    """A LoRA with convolution adapters (LoCon) is applied by the SDXL generator: merged into the conv weights, or
+    kept as adapters beside streamed blocks, both giving the adapted model's numbers; a wrong kernel is refused."""
+    from flame_models.sdxl import CONV_TARGETS
+    unet = load_unet_for_sampling(files, dtype=F32, device="cpu")
+    A.inject_adapters(unet, ["to_q"], rank=2, alpha=2.0)
+    A.inject_adapters(unet, CONV_TARGETS + ["re:.*skip_connection", "input_blocks.0.0"], rank=2, alpha=1.0,
+                      name="default2")
+    rng = np.random.default_rng(1)
+    with flame.no_grad():
+        for name in ("default", "default2"):
+            for _, p in A.named_adapter_parameters(unet, name):
+                p.copy_(flame.tensor(rng.normal(0, 0.3, tuple(p.shape)).astype(np.float32), device="cpu"))
+    path = A.save_adapters(unet, str(tmp_path / "locon.safetensors"), format="kohya", name="default2")
+    with safe_open(path) as f:
+        keys = list(f.keys())
+        assert f.get_array("lora_unet_input_blocks_0_0.lora_down.weight").shape[2:] == (3, 3)
+    A.remove_adapters(unet, "default")
+    cond = {"prompt_embeds": np.ones((1, 77, 40), np.float32) * 0.1,
+            "pooled_prompt_embeds": np.ones((1, 32), np.float32) * 0.1}
+    kw = dict(height=32, width=32, steps=2, cfg=1.0, seeds=[1])
+    want = sample_latents(unet, cond, **kw).numpy()
+    A.disable_adapters(unet)
+    base = sample_latents(unet, cond, **kw).numpy()
+    assert np.abs(want - base).max() > 1e-2
+    run = (lambda **m: sample_latents(load_unet_for_sampling(files, dtype=F32, device="cpu", **m), cond,
+                                      **kw).numpy())
+    np.testing.assert_allclose(run(loras=[path]), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(run(loras=[path], stream=True), want, rtol=1e-5, atol=1e-5)
+    with safe_open(path) as f:
+        sd = {k: f.get_array(k) for k in keys}
+    sd["lora_unet_input_blocks_0_0.lora_down.weight"] = sd["lora_unet_input_blocks_0_0.lora_down.weight"][:, :, :1, :1]
+    bad = str(tmp_path / "bad.safetensors")
+    save_file(sd, bad)
+    with pytest.raises(SDXLFilesError, match=r"input_blocks.0.0 has a \(1, 1\) kernel, the convolution's is \(3, 3\)"):
+        load_unet_for_sampling(files, dtype=F32, device="cpu", loras=[bad])

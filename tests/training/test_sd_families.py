@@ -11,6 +11,7 @@ import pytest
 from PIL import Image
 
 import flame_core as flame
+import flame_nn
 import flame_nn.adapters as A
 from flame_core import io
 from flame_models.sd3 import load_sd3
@@ -258,6 +259,51 @@ def test_sdxl_resume_is_exact_with_v_prediction_min_snr_and_noise_offset(tmp_pat
         np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-6, atol=1e-7)
 
 
+def test_sdxl_locon_trains_saves_conv_adapters_loads_back_and_resumes(tmp_path, images, sdxl_model):
+    network = {"type": "locon", "linear": 4, "linear_alpha": 4, "conv": 2, "conv_alpha": 1, "target": "attention"}
+
+    def run(name, steps):
+        return Trainer(sdxl_config(tmp_path, name, sdxl_model, images, steps=steps, network=network), verbose=False)
+    tr = run("locon", 2)
+    result = tr.train()
+    assert len(result["losses"]) == 2 and np.isfinite(result["losses"]).all()
+    adapted = {m: ad for m, _, ad in A.adapter_modules(tr.model)}
+    conv3 = [m for m in adapted if m.endswith(("in_layers.2", "out_layers.3", ".op", ".conv"))]
+    want3 = [n for n, m in tr.model.named_modules() if isinstance(m, flame_nn.Conv2d) and m.kernel_size == (3, 3)
+             and n not in ("input_blocks.0.0", "out.2")]          # kohya leaves conv_in and conv_out alone
+    assert conv3 == want3 and len(conv3) > 10
+    assert all(adapted[m].rank == 2 and adapted[m].scale == 0.5 for m in conv3)
+    skips = [m for m in adapted if m.endswith("skip_connection")]
+    assert skips and all(adapted[m].rank == 4 and adapted[m].kernel_size == (1, 1) for m in skips)
+    assert any(m.endswith("emb_layers.1") for m in adapted) and "input_blocks.0.0" not in adapted
+    sd = io.load_file(result["lora"])
+    down = sd["lora_unet_input_blocks_1_0_in_layers_2.lora_down.weight"]
+    assert down.ndim == 4 and down.shape[0] == 2 and down.shape[2:] == (3, 3)
+    assert sd["lora_unet_input_blocks_1_0_in_layers_2.lora_up.weight"].shape[1:] == (2, 1, 1)
+    assert float(sd["lora_unet_input_blocks_1_0_in_layers_2.alpha"].numpy()) == 1.0
+    with io.safe_open(result["lora"]) as f:
+        assert json.loads(f.metadata()["ss_network_args"]) == {"conv_dim": "2", "conv_alpha": "1"}
+    assert any(k.endswith("_op.lora_down.weight") for k in sd) and any("skip_connection" in k for k in sd)
+    conv_ups = [adapted[m].lora_B for m in conv3]
+    assert any(np.abs(p.detach().numpy()).max() > 0 for p in conv_ups)     # the conv adapters trained (up was 0)
+    fresh = load_unet(sdxl_model, dtype=flame.float32, device="cpu")
+    _loads_back(tr, result["lora"], fresh, _sdxl_call(tr.spec))
+    # resume: the checkpoint's conv adapters come back
+    first = run("part", 2).setup()
+    first.train_step()
+    first.save_checkpoint()
+    again = run("part", 3).setup()
+    assert len(again.params) == len(first.params)
+    for a, b in zip(again.params, first.params):
+        np.testing.assert_array_equal(a.detach().numpy(), b.detach().numpy())
+    # config errors
+    with pytest.raises(ConfigError) as ei:
+        sdxl_config(tmp_path, "x", sdxl_model, images, network={"conv": -1})
+    assert "network.conv: the convolutions' rank, >= 1" in str(ei.value)
+    with pytest.raises(ConfigError, match="network.conv_alpha: only used with network.conv"):
+        sdxl_config(tmp_path, "x", sdxl_model, images, network={"conv_alpha": 4})
+
+
 # ----------------------------------------------------------------------------- random presets, no files
 @pytest.mark.parametrize("arch, size, channels", [("sd3", "sd3.5-tiny", 16), ("sdxl", "sdxl-tiny", 4)])
 def test_random_tiny_presets_train_from_an_image_folder_without_files(tmp_path, images, arch, size, channels):
@@ -291,12 +337,14 @@ def test_bad_configs_are_named_before_anything_loads(tmp_path, images, sdxl_mode
                                           r"StableDiffusionXLPipeline folder"):
         image_config(tmp_path, "x", sdxl_model, images, model={"arch": "sd3"})
     with pytest.raises(ConfigError) as ei:
-        sdxl_config(tmp_path, "x", sdxl_model, images, network={"type": "locon", "target": ["re:.*in_layers\\.2"]},
+        sdxl_config(tmp_path, "x", sdxl_model, images, network={"type": "dora", "target": ["re:.*in_layers\\.2"],
+                                                                "conv": 4},
                     train={"timestep_type": "shift", "min_snr_gamma": 0},
                     sample={"slg_scale": 2.0, "sampler": "ddpm"})
     msg = str(ei.value)
-    for want in ("network.type: 'locon' adds adapters to the UNet's convolutions",
+    for want in ("network.conv: convolution adapters are LoRA (LoCon) only; network.type is 'dora'",
                  "network.target: 're:.*in_layers\\\\.2' selects convolutions (input_blocks.1.0.in_layers.2",
+                 "which dora cannot adapt (convolutions take LoRA / LoCon only)",
                  "train.timestep_type: not available: SDXL trains with the DDPM objective",
                  "train.min_snr_gamma: must be > 0", "sample.slg_scale: not available: skip-layer guidance",
                  "sample.sampler: 'ddpm' is not one of "):
@@ -308,12 +356,14 @@ def test_bad_configs_are_named_before_anything_loads(tmp_path, images, sdxl_mode
         sd3_config(tmp_path, "x", images, train={"min_snr_gamma": 5, "weighting_scheme": "mode",
                                                  "timestep_type": "logit_normal"},
                    model={"clip_g_path": os.path.join(SD3_MODEL, "vae")}, sample={"slg_scale": 1.0,
-                                                                              "slg_layers": [0, 5]})
+                                                                              "slg_layers": [0, 5]},
+                   network={"conv": 8, "conv_alpha": 4})
     msg = str(ei.value)
     for want in ("train.min_snr_gamma: not available: SD3 trains with flow matching",
                  "train.weighting_scheme: 'mode' names a timestep density",
                  "model: clip_g (model.clip_g_path): ", "is not a CLIP text encoder (CLIP-G): it looks like a VAE",
-                 "sample.slg_layers: [0, 5] are not all joint blocks of this MMDiT (depth 2)"):
+                 "sample.slg_layers: [0, 5] are not all joint blocks of this MMDiT (depth 2)",
+                 "network.conv: the sd3 model has no convolutions to adapt"):
         assert want in msg, (want, msg)
 
 

@@ -5,10 +5,13 @@ v-prediction on the scaled-linear schedule, zero-terminal SNR, min-SNR-γ, a tim
 bucket size, which image folders keep per sample; precomputed samples: the latents' size, no crop); previews with the
 SDXL samplers (sample.sampler: euler (default), euler_ancestral (ai-toolkit: euler_a), dpmpp_2m, ddim), classifier-
 free guidance with a negative prompt (sample.neg; default zeros, diffusers' force_zeros_for_empty_prompt), size
-conditioning = the preview's size. Adapters train Linear layers (attention / all_linear presets); LoCon's
-convolution adapters are refused before anything loads. LoRA names: SAI's in kohya files
+conditioning = the preview's size. Adapters train Linear layers (attention / all_linear presets) and, with
+network.conv (LoCon), kohya's convolution set: the 3x3 convolutions of the ResBlocks, downsamplers and upsamplers at
+the conv rank, with the ResBlocks' emb_layers.1 and 1x1 skip convolutions at the linear rank. LoRA names: SAI's in kohya files
 (lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q, networks.lora, sdxl_base_v1-0), diffusers' in PEFT files
 (unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q)."""
+import json
+
 import numpy as np
 
 import flame_core as flame
@@ -16,11 +19,12 @@ import flame_nn
 from flame_nn.offload import streamer_of
 
 from ...samplers import SAMPLERS
-from ...sdxl import SDXLUNet, load_unet, make_y, unet_config
+from ...sdxl import SDXLUNet, load_unet, make_y, size_embeddings, unet_config
 from ...sdxl import pipeline as sdxl_pipeline
 from ...sdxl.config import UNetConfigError
 from ...sdxl.loading import UNetCheckpoint, UNetCheckpointError, infer_config
-from ...sdxl.lora_keys import KOHYA_METADATA, TARGET_PRESETS, unet_name_map
+from ...sdxl.lora_keys import (CONV_TARGETS, KOHYA_METADATA, RESNET_LINEAR_TARGETS, TARGET_PRESETS,
+                                TEXT_ENCODER_TARGETS, unet_name_map)
 from ...sdxl.sampling import sample as sdxl_sample
 from ...vae.latent_format import SDXL
 from ..ddpm_objective import DDPM
@@ -51,6 +55,8 @@ class SDXLFamily(DiffusionFamily):
     default_size = "sdxl-tiny"
     model_sizes = ("sdxl-base", "sdxl-tiny")
     target_presets = TARGET_PRESETS
+    conv_targets, conv_linear_targets = CONV_TARGETS, tuple(RESNET_LINEAR_TARGETS)   # kohya's conv_dim set
+    text_encoder_targets = tuple(TEXT_ENCODER_TARGETS)                                # kohya's CLIP set
     config_defaults = {"name": "sdxl_lora", "train.noise_scheduler": "ddpm", "sample.guidance_scale": 5.0}
     fields = DDPM_FIELDS + ("sample.neg", "model.clip_g_path")
     field_notes = {**{k: _FLOW_NOTE for k in FLOW_FIELDS},
@@ -64,10 +70,6 @@ class SDXLFamily(DiffusionFamily):
     # ------------------------------------------------------------------ before anything is loaded
     def _config_problems(self, cfg, prefix):
         e, t, p, sm = [], cfg.train, prefix, cfg.sample
-        if cfg.network.type == "locon":
-            e.append(f"{p}network.type: 'locon' adds adapters to the UNet's convolutions, which flame_nn.adapters "
-                     f"cannot train (Linear layers only); use 'lora' (or dora / lokr / loha) with the attention or "
-                     f"all_linear targets")
         if sm.sampler is not None:
             choice(e, f"{p}sample.sampler", sm.sampler, self.samplers)
         if t.zero_terminal_snr and self._sampler(sm) == "ddim" and 1000 % sm.sample_steps:
@@ -117,6 +119,14 @@ class SDXLFamily(DiffusionFamily):
         meta = {k: v for k, v in KOHYA_METADATA.items()
                 if k != "ss_network_module" or cfg.network.type in ("lora", "locon")}  # LyCORIS kinds: lycoris.kohya
         meta["flame.base_model"] = self.base_model_name(cfg)
+        n = cfg.network
+        if n.conv:  # kohya's record of a LoCon's conv rank and alpha
+            alpha = n.conv if n.conv_alpha is None else n.conv_alpha
+            meta["ss_network_args"] = json.dumps({"conv_dim": str(n.conv), "conv_alpha": f"{alpha:g}"})
+        t = cfg.train
+        meta["ss_network_train_unet_only"] = str(not t.train_text_encoder)   # kohya's record of what trained
+        if t.train_text_encoder:
+            meta["ss_text_encoder_lr"] = str(t.lr if t.text_encoder_lr is None else t.text_encoder_lr)
         if cfg.train.prediction_type == "v_prediction":
             meta["ss_v_parameterization"] = "true"
         if cfg.train.zero_terminal_snr:
@@ -142,16 +152,45 @@ class SDXLFamily(DiffusionFamily):
 
     def training_inputs(self, model, batch, device, train_cfg):
         """x0 = the latents; cond = context and y, y's size embeddings from the batch's per-sample original_size,
-        crop_coords and target_size (image folders), else the latents' size without a crop."""
+        crop_coords and target_size (image folders), else the latents' size without a crop. With trained text
+        encoders the batch holds token ids instead of embeddings: cond = the ids and y's size part
+        (encode_training_text makes context and y from them)."""
         latents = batch["latents"]
         x0 = flame.tensor(latents, dtype=flame.float32, device=device)                   # (B, 4, h, w)
         B = latents.shape[0]
         size = (latents.shape[2] * self.vae_scale_factor, latents.shape[3] * self.vae_scale_factor)
+        sizes = dict(original_size=batch.get("original_size", [size] * B),
+                     crop_coords=batch.get("crop_coords", [(0, 0)] * B),
+                     target_size=batch.get("target_size", [size] * B))
+        if "clip_l_ids" in batch:
+            ids = {k: flame.tensor(np.asarray(batch[k], np.int64), dtype=flame.int64, device=device)
+                   for k in ("clip_l_ids", "clip_g_ids")}                             # (B, n, 77) each
+            return x0, {**ids, "size_embeds": size_embeddings(batch_size=B, size_embed_dim=model.config.size_embed_dim,
+                                                              device=device, **sizes)}
         pooled = flame.tensor(batch["pooled_prompt_embeds"], dtype=flame.float32, device=device)
-        y = make_y(pooled, original_size=batch.get("original_size", [size] * B),
-                   crop_coords=batch.get("crop_coords", [(0, 0)] * B), target_size=batch.get("target_size", [size] * B),
-                   size_embed_dim=model.config.size_embed_dim)                          # (B, adm_in_channels)
+        y = make_y(pooled, size_embed_dim=model.config.size_embed_dim, **sizes)         # (B, adm_in_channels)
         return x0, {"context": flame.tensor(batch["prompt_embeds"], dtype=flame.float32, device=device), "y": y}
+
+    # ------------------------------------------------------------------ trained text encoders
+    def trainable_text_encoders(self, encoders):
+        return [("te1", encoders.clip_l), ("te2", encoders.clip_g)]
+
+    def caption_tokens(self, encoders, captions):
+        """{"clip_l_ids", "clip_g_ids": (N, n, 77) int64} (n 77-token chunks per caption)."""
+        l_ids, g_ids = encoders.tokenize(list(captions))
+        N = len(captions)
+        return {"clip_l_ids": np.asarray(l_ids, np.int64).reshape(N, -1, l_ids.shape[-1]),
+                "clip_g_ids": np.asarray(g_ids, np.int64).reshape(N, -1, g_ids.shape[-1])}
+
+    def encode_training_text(self, encoders, cond):
+        """context (CLIP-L ‖ CLIP-G penultimate states) and y (CLIP-G's projected pooled ‖ the size embeddings),
+        float32 as the cached embeddings are, through the encoders with autograd (SDXLTextEncoders.encode_ids)."""
+        cond = dict(cond)
+        l_ids, g_ids, sizes = cond.pop("clip_l_ids"), cond.pop("clip_g_ids"), cond.pop("size_embeds")
+        B = l_ids.shape[0]
+        context, pooled = encoders.encode_ids(l_ids.reshape(-1, l_ids.shape[-1]), g_ids.reshape(-1, g_ids.shape[-1]),
+                                              B)
+        return {**cond, "context": context.float(), "y": flame.cat([pooled.float(), sizes], dim=1)}
 
     def image_seq_len(self, x0):
         return x0.shape[2] * x0.shape[3]

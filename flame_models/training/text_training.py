@@ -1,0 +1,92 @@
+"""The text encoders trained beside the denoiser (train.train_text_encoder; kohya's default for SDXL LoRAs,
+ai-toolkit's train_text_encoder). Instead of caching embeddings the text stage (image_data.py) loads the encoders,
+tokenises every caption the run can draw once (CaptionTokens stands in for the embedding cache: each sample carries
+its caption's token ids) and keeps the encoders on the training device. TrainedTextEncoders then puts adapters on
+their attention and MLP Linears (the family's text_encoder_targets) at the network's kind, rank and alpha; each
+micro-step encodes the batch's ids through them with autograd inside the captured region (the ids are fixed-shape
+inputs), their parameters train in their own optimizer group (train.text_encoder_lr, else train.lr), checkpoints
+hold them (named '<component>/<module>...'), the LoRA file holds them under kohya's lora_te1_ / lora_te2_ or
+diffusers' text_encoder. / text_encoder_2., and previews encode their prompts with them as they are at that step.
+"""
+import numpy as np
+
+import flame_core as flame
+from flame_core.autograd import no_grad
+from flame_nn import adapters as A
+
+from ..data.errors import DataError
+
+
+class CaptionTokens:
+    """The text-embedding cache's stand-in when the text encoders train: `fill(captions)` tokenises the captions
+    not seen yet (`tokenize(list) -> {key: (N, ...) int64}`); `load(caption)` -> {key: array} per caption."""
+
+    def __init__(self, tokenize):
+        self.tokenize = tokenize
+        self.table = {}
+
+    def missing(self, captions):
+        return [c for c in dict.fromkeys(captions) if c not in self.table]
+
+    def fill(self, captions):
+        todo = self.missing(captions)
+        if todo:
+            ids = self.tokenize(todo)
+            for i, c in enumerate(todo):
+                self.table[c] = {k: np.ascontiguousarray(v[i]) for k, v in ids.items()}
+        return len(todo)
+
+    def load(self, caption):
+        try:
+            return self.table[caption]
+        except KeyError:
+            raise DataError(f"caption {caption!r:.80} was not tokenised before training") from None
+
+
+class TrainedTextEncoders:
+    """The family's text encoders (load_text_encoders' object) with adapters `name` "default" on every Linear of
+    `family.text_encoder_targets`, trainable; see the module docstring."""
+
+    def __init__(self, family, encoders, network, train, *, seed):
+        self.family, self.encoders = family, encoders
+        self.parts = list(family.trainable_text_encoders(encoders))     # [(component, encoder)]
+        n = network
+        self.n_adapted = 0
+        for i, (comp, te) in enumerate(self.parts):
+            made = A.inject_adapters(te, list(family.text_encoder_targets), "lora" if n.type == "locon" else n.type,
+                                     rank=n.linear, alpha=n.linear_alpha, dropout=n.dropout, rslora=n.rslora,
+                                     lokr_factor=n.lokr_factor, lokr_full_rank=n.lokr_full_rank,
+                                     generator=flame.Generator("cpu").manual_seed(seed + 5 + i))
+            self.n_adapted += len(made)
+            te.enable_gradient_checkpointing(train.gradient_checkpointing)
+            te.train()
+        self.params = [p for _, te in self.parts for p in A.adapter_parameters(te)]
+
+    def named_parameters(self):
+        """[('<component>/<adapter parameter name>', Parameter)] (checkpoints)."""
+        return [(f"{comp}/{k}", p) for comp, te in self.parts for k, p in A.named_adapter_parameters(te)]
+
+    def modules(self):
+        """{component: encoder} for save_adapters(text_encoders=...)."""
+        return dict(self.parts)
+
+    def encode(self, cond):
+        """The model's conditioning from the batch's token ids (inside the captured region)."""
+        return self.family.encode_training_text(self.encoders, cond)
+
+    def train(self, mode=True):
+        for _, te in self.parts:
+            te.train(mode)
+
+    def preview_conditioning(self, texts, negative=None):
+        """[{key: array}] per text (the family's encode_prompts, "negative_<key>" from `negative`), encoded by the
+        encoders as they are now (eval mode: no adapter dropout)."""
+        self.train(False)
+        try:
+            with no_grad():
+                enc = self.family.encode_prompts(self.encoders, list(texts))
+                neg = {} if negative is None else {f"negative_{k}": v[0] for k, v in
+                                                   self.family.encode_prompts(self.encoders, [negative]).items()}
+        finally:
+            self.train(True)
+        return [{**{k: v[i] for k, v in enc.items()}, **neg} for i in range(len(texts))]
