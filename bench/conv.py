@@ -12,8 +12,11 @@ Variants (comma-separated, each timed at every shape; the first decides the acce
     igemm:TILE[:sN]       the implicit GEMM with a forced forward / dx tile and N reduction slices (FLAME_CONV_TILE;
                           tiles: TILES in flame_core/kernels/conv.py)
     dwtile:TILE[:sN]      a forced dw tile (FLAME_CONV_DW_TILE)
-    fwd=A, dx=A, dw=A     the algorithm (auto, im2col, igemm) of one pass, e.g. igemm:320x128+dw=im2col
+    wgmma[:TILE]          the forward on the sm_90a wgmma kernel (cuda_src/conv_wgmma.cu; fwd=wgmma, backward
+                          passes auto), optionally with a forced tile (FLAME_CONV_WGMMA_TILE: 128x128, 128x256)
+    fwd=A, dx=A, dw=A     the algorithm (auto, im2col, igemm; fwd also wgmma) of one pass, e.g. igemm:320x128+dw=im2col
 Run: PYTHONPATH=$PWD python3 bench/conv.py [--shapes sdxl_l0,sdxl_l1] [--repeats 20] [--variant auto,im2col]
+     e.g. --variant auto,igemm,wgmma,wgmma:128x128 (wgmma: the 'fwd ms' column is the kernel to compare)
 """
 import argparse
 import os
@@ -25,6 +28,7 @@ import common
 import flame_core as flame
 import flame_nn.functional as F
 from flame_core import backend
+from flame_core.kernels import conv as KC, plans
 from flame_core.ops import conv as C
 
 SHAPES = {  # name: (N, C, H, W, O) - 3x3, padding 1
@@ -35,7 +39,7 @@ SHAPES = {  # name: (N, C, H, W, O) - 3x3, padding 1
     "vae_dec_full": (1, 128, 1024, 1024, 128),
 }
 ACCEPT = ("sdxl_l0", "sdxl_l1", "sdxl_l2")
-VARIANT_ENV = ("FLAME_CONV_ALGO", "FLAME_CONV_TILE", "FLAME_CONV_DW_TILE")
+VARIANT_ENV = ("FLAME_CONV_ALGO", "FLAME_CONV_TILE", "FLAME_CONV_DW_TILE", "FLAME_CONV_WGMMA_TILE")
 
 
 def gpu_ms(fn, repeats, lib="cupy"):
@@ -56,7 +60,11 @@ def set_variant(v):
             os.environ["FLAME_CONV_TILE"] = part[len("igemm:"):]
         elif part.startswith("dwtile:"):
             os.environ["FLAME_CONV_DW_TILE"] = part[len("dwtile:"):]
-        elif kind in C.PASSES and value in ("auto", "im2col", "igemm"):
+        elif part == "wgmma" or part.startswith("wgmma:"):
+            algo["fwd"] = "wgmma"
+            if part != "wgmma":
+                os.environ["FLAME_CONV_WGMMA_TILE"] = part[len("wgmma:"):]
+        elif kind in C.PASSES and value in ("auto", "im2col", "igemm") + (("wgmma",) if kind == "fwd" else ()):
             algo[kind] = value
         else:
             sys.exit(f"unknown variant setting {part!r} in {v!r}")
@@ -77,7 +85,10 @@ def bench_flame(N, Cin, H, W, O, repeats):
     r = dict(fwd_ms=gpu_ms(lambda: F.conv2d(x, w, padding=1), repeats), fwdbwd_ms=gpu_ms(fb, max(5, repeats // 2)),
              dx_ms=gpu_ms(lambda: C.conv2d_backward(ga, xa, wa, g, need_x=True, need_w=False), repeats),
              dw_ms=gpu_ms(lambda: C.conv2d_backward(ga, xa, wa, g, need_x=False, need_w=True), repeats),
-             paths={p: "igemm" if C.use_igemm(xa, g, p) else "im2col" for p in C.PASSES})
+             paths={p: ("wgmma" if p == "fwd" and C.use_wgmma(xa, g) else "igemm") if C.use_igemm(xa, g, p)
+                    else "im2col" for p in C.PASSES})
+    if r["paths"]["fwd"] == "wgmma":  # registers / spills / shared memory of the tile that ran
+        r["wgmma_kernel"] = KC.wgmma_kernel_info(KC.wgmma_tile(O, N * H * W, plans.sm_count()), xa.dtype)
     with flame.no_grad():
         y = F.conv2d(x, w, padding=1)
     return r, (x.detach(), w.detach(), y)

@@ -5,6 +5,7 @@
     pack_weight_dx(w, Op)                       (O, C, KH, KW) -> (C, KH*KW*Op), taps flipped: dx as a conv
     conv_nhwc(xt, wp, out, cg, bias=None)       out (N, O, OH, OW) (+ bias) = conv of xt (N, H*W, Cp) by wp
     conv_dw_nhwc(gt, xt, cg, C, dw=, acc32=)    dw (O, C, KH, KW) = weight gradient of conv_nhwc, gt = dy channel-last
+    conv_nhwc_wgmma(xt, wp, out, cg, bias=None) conv_nhwc on Hopper warpgroup MMAs (cuda_src/conv_wgmma.cu, sm_90a)
 
 `cg` (a `ConvGeom`) describes one conv_nhwc call: input H, W, Cp; output O, OH, OW; taps KH, KW; stride, padding
 (any sign), dilation. The column order k = (kh*KW + kw)*Cp + c makes every 16-byte chunk of the implicit column
@@ -17,6 +18,9 @@ occupancy it runs them with, or the tiles' traffic from L2 when that is longer, 
 slices > 1; its constants are assumptions, not measurements). `FLAME_CONV_TILE=128x128` (or
 `128x128:s3`, a forced split) overrides it, for benchmarks; it also forces the dw tile when that tile serves dw
 (the 320- and 160-row tiles are forward / dx only), else `FLAME_CONV_DW_TILE` does.
+
+The sm_90a forward (`conv_nhwc_wgmma`) has its own tiles (`WGMMA_TILES`: 128 output channels x 128 or 256 pixels,
+no split reduction); `wgmma_tile` picks one, `FLAME_CONV_WGMMA_TILE=128x256` forces it.
 """
 import functools
 import math
@@ -241,3 +245,75 @@ def conv_dw_nhwc(gt, xt, cg, C, dw=None, acc32=None, accumulate=False, budget=51
               i32(NP), i32(K), i32(kps)), shared_mem=smem)
     KL.launch(L.get_function("conv_igemm", "conv_dw_reduce", xt.dtype), (P.cdiv(K, 256), cg.O), (256,),
               (ws, _ptr(acc32), _ptr(dw), i32(S), i32(cg.O), i32(C), i32(cg.Cp), i32(cg.KH * cg.KW), i32(1 if accumulate else 0)))
+
+
+# ----------------------------------------------------------------------------- Hopper forward (sm_90a)
+WGMMA_STEM = "conv_wgmma"
+# name: (BN pixels, STAGES); BM = 128 output channels (two consumer warpgroups of 64), BK = 64, 384 threads
+WGMMA_TILES = {
+    "128x128": (128, 4),
+    "128x256": (256, 4),
+}
+WGMMA_THREADS = 384
+
+
+def wgmma_available():
+    """Whether the current device runs cuda_src/conv_wgmma.cu (compute capability 9.0: sm_90a code)."""
+    return L.arch_available(L.file_arch(WGMMA_STEM))
+
+
+def wgmma_smem(name):
+    bn, st = WGMMA_TILES[name]
+    return 1024 + st * (128 + bn) * BK * 2  # + 1024: the kernel aligns its stages to 1024 bytes itself
+
+
+def wgmma_tile(O, NP, sms):
+    """The wgmma tile for an O x NP output: FLAME_CONV_WGMMA_TILE, else 128x256 when its CTAs fill every SM at
+    least once (the wider tile reads each weight tile half as often), else 128x128 (twice the CTAs)."""
+    forced = os.environ.get("FLAME_CONV_WGMMA_TILE")
+    if forced:
+        if forced not in WGMMA_TILES:
+            raise ValueError(f"FLAME_CONV_WGMMA_TILE={forced!r}: must be one of {sorted(WGMMA_TILES)}")
+        return forced
+    return "128x256" if P.cdiv(O, 128) * P.cdiv(NP, 256) >= sms else "128x128"
+
+
+def _wgmma_kernel(name, dtype):
+    bn, st = WGMMA_TILES[name]
+    fn = L.get_function(WGMMA_STEM, f"conv_fwd_wgmma<{{T}}, {bn}, {st}>", dtype)
+    return fn, wgmma_smem(name)
+
+
+def wgmma_kernel_info(name, dtype):
+    """Registers, local (spilled) bytes per thread and dynamic shared memory of one wgmma tile (benchmarks)."""
+    fn, smem = _wgmma_kernel(name, dtype)
+    drv = backend.cupy.cuda.driver
+    attr = fn._attribute  # an sm_90a kernel (loader._ArchKernel) reads its attributes from the driver
+    return {"kernel": f"conv_fwd_wgmma {name}", "threads": WGMMA_THREADS,
+            "num_regs": int(attr(getattr(drv, "CU_FUNC_ATTRIBUTE_NUM_REGS", 4))),
+            "local_size_bytes": int(attr(getattr(drv, "CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES", 3))), "dynamic_smem": smem}
+
+
+def conv_nhwc_wgmma(xt, wp, out, cg, bias=None):
+    """conv_nhwc on Hopper warpgroup MMAs: out (N, O, OH, OW) = conv of xt (N, H, W, Cp) with packed weights
+    wp (O, KH*KW*Cp) (+ bias (O,)). float16 / bfloat16, compute capability 9.0 only (no split reduction)."""
+    if not wgmma_available():
+        raise RuntimeError("conv_nhwc_wgmma: cuda_src/conv_wgmma.cu runs on compute capability 9.0 (sm_90a) only; "
+                           "this device is not one (use conv_nhwc)")
+    if xt.dtype.itemsize != 2 or wp.dtype != xt.dtype or out.dtype != xt.dtype:
+        raise TypeError(f"conv_nhwc_wgmma: xt, wp and out must share one float16/bfloat16 dtype, got {xt.dtype}, "
+                        f"{wp.dtype}, {out.dtype}")
+    NP = cg.N * cg.OH * cg.OW  # output pixels
+    K = cg.KH * cg.KW * cg.Cp
+    if cg.Cp % 8 or tuple(wp.shape) != (cg.O, K) or xt.size != cg.N * cg.H * cg.W * cg.Cp:
+        raise ValueError(f"conv_nhwc_wgmma: packed weights {tuple(wp.shape)} / input of {xt.size} elements do not "
+                         f"match the geometry {cg} (weights ({cg.O}, {K}), Cp a multiple of 8)")
+    name = wgmma_tile(cg.O, NP, P.sm_count())
+    fn, smem = _wgmma_kernel(name, xt.dtype)
+    bn = WGMMA_TILES[name][0]
+    i32 = KL.i32
+    KL.launch(fn, (P.cdiv(cg.O, 128) * P.cdiv(NP, bn),), (WGMMA_THREADS,),
+              (xt, wp, _ptr(bias), out, i32(cg.H), i32(cg.W), i32(cg.Cp), i32(cg.O), i32(cg.KH), i32(cg.KW),
+               i32(cg.sh), i32(cg.sw), i32(cg.ph), i32(cg.pw), i32(cg.dh), i32(cg.dw), i32(cg.OH), i32(cg.OW),
+               i32(NP), i32(K)), shared_mem=smem)
+    return out

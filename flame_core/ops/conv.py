@@ -11,6 +11,9 @@ chunks whose NHWC copies fit the workspace budget. Per chunk:
 `FLAME_CONV_ALGO=im2col` or `=igemm` forces a path (benchmarks and tests compare the two), for every pass or per
 pass (`fwd=igemm,dx=igemm,dw=im2col`); `auto` (the default) picks im2col + cuBLAS for small column matrices
 (IM2COL_MAX_BYTES, or FLAME_CONV_IM2COL_MAX_MB) and the implicit GEMM above, for each pass.
+`fwd=wgmma` (forward only, opt-in: 'auto' never picks it) runs the forward implicit GEMM on Hopper warpgroup MMAs
+(cuda_src/conv_wgmma.cu) where the implicit GEMM applies; on a CUDA device other than compute capability 9.0 it
+raises RuntimeError, and arrays the kernels do not take (cpu, float32, groups > 1, plain 1x1) keep their usual path.
 
 im2col + GEMM: the batch is cut into chunks whose column matrix cols(C*KH*KW, P) fits a workspace budget
 (`FLAME_CONV_WORKSPACE_MB`, default 512 on cuda, 128 on cpu): a few whole images, or one band of output rows of one
@@ -337,26 +340,32 @@ def _im2col_backward(gy, x, w, g, need_x, need_w):
 IM2COL_MAX_BYTES = 128 << 20
 PASSES = ("fwd", "dx", "dw")
 _ALGOS = ("auto", "im2col", "igemm")
+_FWD_ONLY_ALGOS = ("wgmma",)  # Hopper forward (cuda_src/conv_wgmma.cu): opt-in, never chosen by 'auto'
 
 
 def conv_algo(pass_="fwd"):
-    """The algorithm FLAME_CONV_ALGO asks for one pass (fwd, dx or dw): 'auto' (default), 'im2col' or 'igemm'.
+    """The algorithm FLAME_CONV_ALGO asks for one pass (fwd, dx or dw): 'auto' (default), 'im2col', 'igemm', or for
+    fwd only 'wgmma' (the implicit GEMM on sm_90a warpgroup MMAs).
     The variable holds one name for every pass, or per-pass settings such as 'fwd=igemm,dx=igemm,dw=im2col'
-    (separated by ',', ';', '/' or '+'; passes not named are 'auto')."""
+    (separated by ',', ';', '/' or '+'; passes not named are 'auto'). A bare 'wgmma' is refused: it names no
+    backward algorithm (write 'fwd=wgmma')."""
     spec = os.environ.get("FLAME_CONV_ALGO", "auto").strip().lower()
     if "=" not in spec:
-        algo = spec or "auto"
+        algos = dict.fromkeys(PASSES, spec or "auto")
     else:
-        algo = "auto"
+        algos = dict.fromkeys(PASSES, "auto")
         for item in spec.replace(";", ",").replace("/", ",").replace("+", ",").split(","):
             k, _, v = item.strip().partition("=")
             if k.strip() not in PASSES:
                 raise ValueError(f"FLAME_CONV_ALGO={spec!r}: {k.strip()!r} is not a pass ({', '.join(PASSES)})")
-            if k.strip() == pass_:
-                algo = v.strip()
-    if algo not in _ALGOS:
-        raise ValueError(f"FLAME_CONV_ALGO={spec!r}: the algorithm must be one of {', '.join(_ALGOS)}")
-    return algo
+            algos[k.strip()] = v.strip()
+    for p, algo in algos.items():  # every pass checked, so that a bad backward setting fails at the forward
+        if algo in _FWD_ONLY_ALGOS and p != "fwd":
+            raise ValueError(f"FLAME_CONV_ALGO={spec!r}: {algo!r} is a forward algorithm only (write 'fwd={algo}')")
+        if algo not in _ALGOS + _FWD_ONLY_ALGOS:
+            raise ValueError(f"FLAME_CONV_ALGO={spec!r}: the algorithm must be one of {', '.join(_ALGOS)} "
+                             f"(or for fwd: {', '.join(_FWD_ONLY_ALGOS)})")
+    return algos[pass_]
 
 
 def im2col_max_bytes():
@@ -368,8 +377,9 @@ def im2col_max_bytes():
 def use_igemm(x, g, pass_="fwd"):
     """Whether one pass of conv2d on x (fwd, dx or dw) runs the implicit-GEMM kernels: a CuPy float16/bfloat16
     array, groups 1, not a plain 1x1 (cuBLAS on the input itself is the better GEMM there), sizes within the
-    kernels' int32 indexing and grid limits, kernels enabled, and the pass's FLAME_CONV_ALGO 'igemm', or 'auto'
-    (default) with a column matrix over IM2COL_MAX_BYTES. (dx with stride > 1 takes im2col whatever this says.)"""
+    kernels' int32 indexing and grid limits, kernels enabled, and the pass's FLAME_CONV_ALGO 'igemm' (or 'wgmma'
+    for fwd: see use_wgmma), or 'auto' (default) with a column matrix over IM2COL_MAX_BYTES. (dx with stride > 1
+    takes im2col whatever this says.)"""
     if x.dtype not in _HALF or g.G != 1 or _is_pointwise(g) or not backend.is_cuda_array(x):
         return False
     algo = conv_algo(pass_)
@@ -384,6 +394,18 @@ def use_igemm(x, g, pass_="fwd"):
     return loader.enabled()
 
 
+def use_wgmma(x, g):
+    """Whether the forward of conv2d on x runs cuda_src/conv_wgmma.cu: use_igemm(x, g) and FLAME_CONV_ALGO asks for
+    fwd=wgmma. Raises RuntimeError when it asks on a device that cannot run sm_90a code (compute capability 9.0)."""
+    if conv_algo("fwd") != "wgmma" or not use_igemm(x, g, "fwd"):
+        return False
+    from ..kernels import conv as K
+    if not K.wgmma_available():
+        raise RuntimeError("FLAME_CONV_ALGO=fwd=wgmma: the wgmma conv kernel (cuda_src/conv_wgmma.cu) needs a compute "
+                           "capability 9.0 GPU (H100/H200); this device is not one - unset it or use fwd=igemm")
+    return True
+
+
 def _image_chunks(N, per_image, budget, per_pixel_rows):
     """(n0, k) image ranges whose NHWC copies (per_image bytes each) fit the budget; at least one image each."""
     k = max(1, min(N, 65535, budget // max(1, per_image), (2 ** 31 - 4096) // max(1, per_pixel_rows)))
@@ -396,10 +418,14 @@ def _igemm_forward(x, w, g, bias):
     wp = K.pack_weight(w, Cp)  # (O, KH*KW*Cp)
     y = K.empty((g.N, g.O, g.OH, g.OW), x.dtype)
     budget = workspace_bytes(True)
+    wgmma = use_wgmma(x, g)
     for n0, k in _image_chunks(g.N, g.H * g.W * Cp * x.itemsize, budget, max(g.H * g.W, g.OH * g.OW)):
         xt = K.to_nhwc(x[n0:n0 + k], Cp)  # (k, H*W, Cp)
         cg = K.ConvGeom(k, g.H, g.W, Cp, g.O, g.OH, g.OW, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw)
-        K.conv_nhwc(xt, wp, y[n0:n0 + k], cg, bias, budget)
+        if wgmma:
+            K.conv_nhwc_wgmma(xt, wp, y[n0:n0 + k], cg, bias)
+        else:
+            K.conv_nhwc(xt, wp, y[n0:n0 + k], cg, bias, budget)
         del xt
     return y
 

@@ -1,0 +1,182 @@
+// arch: sm_90a
+// dtypes: float16, bfloat16
+// Implicit-GEMM conv2d forward for Hopper (sm_90a) on warpgroup MMAs: the same inputs and output as conv_fwd_igemm
+// (cuda_src/conv_igemm.cu) without its split reduction - x copied to NHWC with channels padded to Cp (a multiple of
+// 8), weights packed to Wp (O, K), K = KH*KW*Cp, k = (kh*KW + kw)*Cp + c - so flame_core/kernels/conv.py feeds both.
+//
+//   D(O, P) = Wp(O, K) @ X(P, K)^T,   X[p, k] = x_nhwc[n, oh*sh - ph + kh*dh, ow*sw - pw + kw*dw, c]  (0 outside)
+//
+// One CTA per (128 output channels, BN pixels); blockIdx.x = pixel_tile * o_tiles + o_tile (the o-tiles of a pixel
+// tile run together and share its input reads in L2). Warpgroups:
+//   0, 1  consumers: each owns 64 output channels x BN pixels in fp32 registers; per 64-deep k-tile it issues
+//         4 x (BN / 128) wgmma m64n128k16 with A (weights) and B (pixels) both K-major in shared memory
+//   2     producer (setmaxnreg gives its registers to the consumers): gathers the k-tiles into STAGES shared-memory
+//         stages with cp.async - every 16-byte chunk is 8 channels of one input pixel at one tap, zero-filled
+//         (src-size 0) outside the image, past the last pixel / channel row, or past K - and signals each stage on an
+//         mbarrier (full, cp.async.mbarrier.arrive.noinc by its 128 threads); the consumers free a stage (empty, one
+//         arrival per consumer warp) once the wgmma's that read it have completed.
+// A stage holds the weight tile [128][64] then the pixel tile [BN][64]: rows of 128 bytes with the 16-byte chunk c of
+// row r at chunk c ^ (r % 8), every tile 1024-byte aligned - the layout of wgmma.cuh's 128-byte-swizzle descriptors.
+// The pixel rows' image coordinates are computed once per CTA into a shared table, so the producer stays within the
+// few registers setmaxnreg leaves it.
+// Epilogue: y (N, O, OH*OW) = D + bias, straight from the accumulators (as conv_fwd_igemm's).
+#include "flash_attention.cuh"
+#include "wgmma.cuh"
+
+template <typename T, int BN, int STAGES>
+__global__ void __launch_bounds__(384, 1)
+conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
+               int H, int W, int Cp, int O, int KH, int KW, int sh, int sw, int ph, int pw, int dh, int dw, int OH,
+               int OW, int P, int K) {
+    constexpr int BM = 128, BK = 64;
+    constexpr int NB = BN / 128;  // wgmma m64n128 per k16 step and consumer warpgroup
+    constexpr unsigned A_BYTES = BM * BK * 2, STAGE_BYTES = (BM + BN) * BK * 2;
+    static_assert(BN % 128 == 0 && BN <= 256 && STAGES >= 2, "tile shape");
+
+    extern __shared__ unsigned char cw_smem[];
+    __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[S], empty[S]
+    __shared__ int pix_n[BN], pix_h[BN], pix_w[BN];  // n*H, oh*sh - ph, ow*sw - pw of each pixel row of the tile
+    const unsigned base = (fa_smem_addr(cw_smem) + 1023u) & ~1023u;
+    const unsigned bar0 = fa_smem_addr(bars);
+    auto full = [&](int s) { return bar0 + 8u * s; };
+    auto empty = [&](int s) { return bar0 + 8u * (STAGES + s); };
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int o_tiles = (O + BM - 1) / BM;
+    const int o0 = (int)(blockIdx.x % o_tiles) * BM;
+    const int p0 = (int)(blockIdx.x / o_tiles) * BN;
+    const int OHW = OH * OW;
+    const int nkt = (K + BK - 1) / BK;
+
+    for (int r = tid; r < BN; r += 384) {
+        const int p = p0 + r;
+        if (p < P) {
+            const int n = p / OHW, q = p - n * OHW, oh = q / OW, ow = q - oh * OW;
+            pix_n[r] = n * H, pix_h[r] = oh * sh - ph, pix_w[r] = ow * sw - pw;
+        } else {  // past the last pixel: every tap falls outside the image
+            pix_n[r] = 0, pix_h[r] = -(1 << 30), pix_w[r] = 0;
+        }
+    }
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full(s), 128);
+            mbar_init(empty(s), 8);
+        }
+    }
+    __syncthreads();
+
+    // registers: the producer keeps 40, the two consumer warpgroups share the rest (65536 per SM, one CTA)
+    constexpr int REG_P = 40, REG_C = 232;
+    static_assert(128 * REG_P + 256 * REG_C <= 65536, "register budget");
+    if (warp >= 8) {  // ------------------------------------------------------- producer warpgroup
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_P));
+        const int ptid = tid - 256;
+        const int cl = (ptid & 7) * 8, r0 = ptid >> 3;  // this thread's chunk column; rows r0 + 16 i
+        const unsigned sw_off = 2 * fa_swz<64>(r0, cl);  // rows r0 + 16 i share r0's swizzle (16 % 8 == 0)
+        const T* wrow = w + (fa_i64)(o0 + r0) * K + cl;
+        int kc, kh, kw;  // k = kt * BK + cl as (kh, kw, c); kh == KH past the end
+        {
+            const int tap = cl / Cp;
+            kc = cl - tap * Cp, kh = tap / KW, kw = tap - kh * KW;
+        }
+        for (int kt = 0; kt < nkt; ++kt) {
+            const int s = kt % STAGES;
+            if (kt >= STAGES) mbar_wait(empty(s), ((kt / STAGES) - 1) & 1);
+            const unsigned sa = base + s * STAGE_BYTES + sw_off;
+            const int k = kt * BK + cl;
+            const bool kok = k < K;  // K is a multiple of 8: a chunk is wholly in or out
+#pragma unroll 4
+            for (int i = 0; i < BM / 16; ++i) {
+                const bool ok = kok && o0 + r0 + 16 * i < O;
+                const T* src = ok ? wrow + (fa_i64)(16 * i) * K + kt * BK : w;
+                fa_cp_async16(sa + i * 16 * 128, src, ok ? 16 : 0);
+            }
+            const unsigned sb = sa + A_BYTES;
+            const bool tok = kh < KH;
+            const int oh_ = kh * dh, ow_ = kw * dw;
+#pragma unroll 4
+            for (int i = 0; i < BN / 16; ++i) {
+                const int r = r0 + 16 * i;
+                const int ih = pix_h[r] + oh_, iw = pix_w[r] + ow_;
+                const bool ok = tok && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W;
+                const T* src = ok ? x + ((fa_i64)(pix_n[r] + ih) * W + iw) * Cp + kc : x;
+                fa_cp_async16(sb + i * 16 * 128, src, ok ? 16 : 0);
+            }
+            mbar_cp_async_arrive(full(s));
+            kc += BK;
+            while (kc >= Cp) {
+                kc -= Cp;
+                if (++kw == KW) kw = 0, ++kh;
+            }
+        }
+        fa_cp_async_wait_all();
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REG_C));
+
+    // ---------------------------------------------------------------------------- consumer warpgroups
+    const int wg = warp >> 2, wl = warp & 3;
+    float acc[NB][16][4];
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[b][j][e] = 0.f;
+
+    for (int kt = 0; kt < nkt; ++kt) {
+        const int s = kt % STAGES;
+        mbar_wait(full(s), (kt / STAGES) & 1);
+        fence_proxy_async();
+        const unsigned sa = base + s * STAGE_BYTES + wg * 64 * 128;
+        const unsigned sb = base + s * STAGE_BYTES + A_BYTES;
+        wg_fence();
+#pragma unroll
+        for (int b = 0; b < NB; ++b) wg_pin(acc[b]);
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk)
+#pragma unroll
+            for (int b = 0; b < NB; ++b)
+                Wg<T, 128>::template ss<0, 0>(acc[b], wg_desc(sa + kk * 32, 16), wg_desc(sb + b * 128 * 128 + kk * 32, 16),
+                                              1);
+        wg_commit();
+        // the previous k-tile's products are done once at most this one is pending: free its stage
+        wg_wait<1>();
+#pragma unroll
+        for (int b = 0; b < NB; ++b) wg_pin(acc[b]);
+        if (kt > 0 && lane == 0) mbar_arrive(empty((kt - 1) % STAGES));
+    }
+    wg_wait<0>();
+#pragma unroll
+    for (int b = 0; b < NB; ++b) wg_pin(acc[b]);
+
+    // epilogue: acc[b][j][e] is channel row o0 + wg*64 + wl*16 + g + 8*(e/2), pixel p0 + b*128 + 8j + 2*t4 + e%2
+    const int g = lane >> 2, t4 = lane & 3;
+    const bool pair = (OHW & 1) == 0;  // then a pixel pair (2*i, 2*i+1) lies in one image, 4-byte aligned
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int o = o0 + wg * 64 + wl * 16 + g + hh * 8;
+        if (o >= O) continue;
+        const float bv = bias != nullptr ? FaType<T>::to_float(bias[o]) : 0.f;
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+                const int p = p0 + b * 128 + j * 8 + 2 * t4;
+                if (p >= P) continue;
+                const int n = p / OHW, q = p - n * OHW;
+                const float v0 = acc[b][j][2 * hh] + bv, v1 = acc[b][j][2 * hh + 1] + bv;
+                T* dst = y + ((fa_i64)n * O + o) * OHW + q;
+                if (pair) {
+                    *reinterpret_cast<fa_u32*>(dst) = FaType<T>::pack(v0, v1);
+                } else {
+                    *dst = FaType<T>::from_float(v0);
+                    if (p + 1 < P) {
+                        T* d1 = q + 1 < OHW ? dst + 1 : y + ((fa_i64)(n + 1) * O + o) * OHW;
+                        *d1 = FaType<T>::from_float(v1);
+                    }
+                }
+            }
+    }
+}

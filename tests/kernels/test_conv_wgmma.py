@@ -1,0 +1,238 @@
+"""The Hopper implicit-GEMM conv forward (cuda_src/conv_wgmma.cu, flame_core.kernels.conv.conv_nhwc_wgmma) against a
+float64 NumPy reference, its opt-in routing (FLAME_CONV_ALGO=fwd=wgmma), and on the cpu the parsing of that setting
+and the cpu path's indifference to it."""
+import numpy as np
+import pytest
+
+import flame_core as flame
+import flame_nn.functional as F
+from flame_core import backend
+from flame_core.dtypes import dtype as parse_dtype
+from flame_core.kernels import conv as K
+from flame_core.kernels import launching
+from flame_core.ops import conv as C
+
+# (N, C, H, W, O, (KH, KW), (sh, sw), (top, bottom, left, right) padding, (dh, dw)): ragged channels (Cp > C, O not a
+# multiple of 128), odd pixel counts (unpaired stores), several k-tiles and pixel tiles, strides, dilation, taps.
+GEOMS = [
+    (1, 13, 9, 7, 7, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),        # C=13 -> Cp=16, O=7, 63 pixels
+    (3, 40, 11, 13, 64, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),     # batch 3, K = 9*40 (a K tail), P=429
+    (2, 320, 9, 10, 330, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),    # 45 k-tiles (many ring laps), 3 channel tiles
+    (3, 40, 15, 17, 64, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),     # stride 2
+    (1, 64, 16, 16, 24, (3, 3), (2, 2), (0, 1, 0, 1), (1, 1)),     # the VAE downsample's (0, 1, 0, 1) padding
+    (2, 13, 12, 11, 40, (3, 3), (2, 2), (0, 1, 0, 1), (1, 1)),     # the same, odd sizes
+    (1, 40, 9, 9, 330, (1, 1), (1, 1), (1, 1, 1, 1), (1, 1)),      # 1x1 with padding (not a plain pointwise)
+    (2, 40, 9, 9, 64, (1, 1), (2, 2), (0, 0, 0, 0), (1, 1)),       # 1x1 stride 2
+    (1, 24, 13, 12, 20, (3, 3), (1, 1), (2, 2, 2, 2), (2, 2)),     # dilation 2
+    (1, 9, 7, 8, 10, (3, 2), (1, 1), (1, 1, 0, 0), (1, 2)),        # KH != KW, per-axis padding / dilation
+    (2, 24, 10, 12, 16, (5, 5), (2, 2), (2, 2, 2, 2), (1, 1)),     # 5x5 stride 2
+    (1, 16, 33, 35, 64, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),     # 1155 pixels: ragged last pixel tile
+    (1, 8, 6, 6, 130, (3, 3), (1, 1), (3, 3, 3, 3), (1, 1)),       # padding past the kernel reach: empty taps
+]
+
+
+def _case(cfg, dtype, seed=0):
+    """Inputs rounded to `dtype` (as float64), the kernel geometry (top/left padding; the kernel zero-fills past the
+    bottom/right edge, so bottom/right padding is the output size alone) and the float64 reference output."""
+    N, Cc, H, W, O, (KH, KW), (sh, sw), (pt, pb, pl, pr), (dh, dw) = cfg
+    rng = np.random.default_rng(seed)
+    npdt = parse_dtype(dtype).np
+    x = rng.standard_normal((N, Cc, H, W)).astype(npdt).astype(np.float64)
+    w = (rng.standard_normal((O, Cc, KH, KW)) * 0.2).astype(npdt).astype(np.float64)
+    b = rng.standard_normal(O).astype(npdt).astype(np.float64)
+    xpad = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    g = C.geometry(xpad.shape, w.shape, (sh, sw), 0, (dh, dw), 1)
+    want = C._im2col_forward(xpad, w, g)  # the cpu path in float64: the reference
+    return x, w, b, g, want
+
+
+def _run_kernel(cfg, x, w, b, g, dtype):
+    cp = backend.cupy
+    N, Cc, H, W, O, (KH, KW), (sh, sw), (pt, pb, pl, pr), (dh, dw) = cfg
+    npdt = parse_dtype(dtype).np
+    Cp = K.round8(Cc)
+    xd, wd = cp.asarray(x.astype(npdt)), cp.asarray(w.astype(npdt))
+    bd = None if b is None else cp.asarray(b.astype(npdt))
+    xt, wp = K.to_nhwc(xd, Cp), K.pack_weight(wd, Cp)
+    out = cp.full((N, O, g.OH, g.OW), np.nan, dtype=npdt)  # an element the kernel does not write stays NaN
+    cg = K.ConvGeom(N, H, W, Cp, O, g.OH, g.OW, KH, KW, sh, sw, pt, pl, dh, dw)
+    before = launching.launches
+    K.conv_nhwc_wgmma(xt, wp, out, cg, bd)
+    assert launching.launches > before
+    return cp.asnumpy(out).astype(np.float64)
+
+
+def _assert_close(got, want, dtype, what):
+    assert np.isfinite(got).all(), f"{what}: {np.count_nonzero(~np.isfinite(got))} outputs not written / not finite"
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err <= (1e-2 if dtype == "bfloat16" else 2e-3), f"{what}: relative error {err:.3g}"
+
+
+def _need_sm90():
+    if not K.wgmma_available():
+        pytest.skip("conv_wgmma.cu needs a compute capability 9.0 GPU")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("tile", sorted(K.WGMMA_TILES))
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("cfg", GEOMS)
+def test_wgmma_conv_matches_reference(cfg, dtype, tile, bias, monkeypatch):
+    _need_sm90()
+    monkeypatch.setenv("FLAME_CONV_WGMMA_TILE", tile)
+    x, w, b, g, want = _case(cfg, dtype)
+    if bias:
+        want = want + b.reshape(1, -1, 1, 1)
+    got = _run_kernel(cfg, x, w, b if bias else None, g, dtype)
+    _assert_close(got, want, dtype, f"{cfg} {tile} bias={bias}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_wgmma_matches_igemm(dtype, monkeypatch):
+    """The same NHWC copy and packed weights through conv_nhwc (mma.sync) and conv_nhwc_wgmma: the two fp32
+    accumulations differ only in summation order."""
+    _need_sm90()
+    cp = backend.cupy
+    cfg = (2, 64, 20, 18, 96, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
+    x, w, b, g, want = _case(cfg, dtype, seed=5)
+    npdt = parse_dtype(dtype).np
+    got = _run_kernel(cfg, x, w, b, g, dtype)
+    Cp = K.round8(64)
+    ref = cp.empty((2, 96, g.OH, g.OW), dtype=npdt)
+    K.conv_nhwc(K.to_nhwc(cp.asarray(x.astype(npdt)), Cp), K.pack_weight(cp.asarray(w.astype(npdt)), Cp), ref,
+                K.ConvGeom(2, 20, 18, Cp, 96, g.OH, g.OW, 3, 3, 1, 1, 1, 1, 1, 1), cp.asarray(b.astype(npdt)))
+    _assert_close(got, cp.asnumpy(ref).astype(np.float64), dtype, "wgmma vs igemm")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", sorted(K.WGMMA_TILES))
+def test_wgmma_kernel_resources(tile):
+    """No spills, and the dynamic shared memory fits the device's opt-in limit."""
+    _need_sm90()
+    info = K.wgmma_kernel_info(tile, parse_dtype("bfloat16").np)
+    assert info["local_size_bytes"] == 0, info
+    assert info["dynamic_smem"] <= K.max_smem(), info
+
+
+class _Spy:
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *a, **k):
+        self.calls += 1
+        return self.fn(*a, **k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_fwd_wgmma_routes_to_the_kernel_and_auto_does_not(dtype, monkeypatch):
+    _need_sm90()
+    cp = backend.cupy
+    cfg = (3, 40, 11, 13, 64, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
+    x, w, b, g, want = _case(cfg, dtype, seed=1)
+    want = want + b.reshape(1, -1, 1, 1)
+    npdt = parse_dtype(dtype).np
+    xd, wd, bd = (cp.asarray(a.astype(npdt)) for a in (x, w, b))
+    gs = C.geometry(x.shape, w.shape, 1, 1, 1, 1)
+    wg_spy, ig_spy = _Spy(K.conv_nhwc_wgmma), _Spy(K.conv_nhwc)
+    monkeypatch.setattr(K, "conv_nhwc_wgmma", wg_spy)
+    monkeypatch.setattr(K, "conv_nhwc", ig_spy)
+    monkeypatch.setenv("FLAME_CONV_ALGO", "fwd=wgmma")
+    assert C.use_wgmma(xd, gs)
+    _assert_close(cp.asnumpy(C.conv2d_forward(xd, wd, gs, bd)).astype(np.float64), want, dtype, "fwd=wgmma")
+    assert (wg_spy.calls, ig_spy.calls) == (1, 0)
+    # image chunks: one launch per chunk, each writing its own images
+    monkeypatch.setenv("FLAME_CONV_WORKSPACE_MB", "0.005")
+    _assert_close(cp.asnumpy(C.conv2d_forward(xd, wd, gs, bd)).astype(np.float64), want, dtype, "chunked")
+    chunks = C._image_chunks(3, 11 * 13 * 40 * 2, C.workspace_bytes(True), 11 * 13)
+    assert len(chunks) == 3 and wg_spy.calls == 1 + len(chunks)
+    monkeypatch.delenv("FLAME_CONV_WORKSPACE_MB")
+    # 'auto' with the implicit GEMM chosen (threshold 0): the mma.sync kernel, never the wgmma one
+    monkeypatch.setenv("FLAME_CONV_ALGO", "auto")
+    monkeypatch.setenv("FLAME_CONV_IM2COL_MAX_MB", "0")
+    calls = wg_spy.calls
+    assert C.use_igemm(xd, gs) and not C.use_wgmma(xd, gs)
+    _assert_close(cp.asnumpy(C.conv2d_forward(xd, wd, gs, bd)).astype(np.float64), want, dtype, "auto")
+    assert wg_spy.calls == calls and ig_spy.calls == 1
+
+
+@pytest.mark.gpu
+def test_fwd_wgmma_training_step(monkeypatch):
+    """F.conv2d with fwd=wgmma: the forward on the wgmma kernel, dx / dw on their usual paths, all against float64."""
+    _need_sm90()
+    monkeypatch.setenv("FLAME_CONV_ALGO", "fwd=wgmma,dx=igemm,dw=igemm")
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 24, 12, 10))
+    w = rng.standard_normal((40, 24, 3, 3)) * 0.1
+    b = rng.standard_normal(40)
+    gy = rng.standard_normal((2, 40, 6, 5))
+    xr, wr = flame.tensor(x, device="cpu", requires_grad=True), flame.tensor(w, device="cpu", requires_grad=True)
+    yr = F.conv2d(xr, wr, flame.tensor(b, device="cpu"), stride=2, padding=1)
+    yr.backward(flame.tensor(gy, device="cpu"))
+    dt = flame.bfloat16
+    xt = flame.tensor(x, dtype=dt, device="cuda", requires_grad=True)
+    wt = flame.tensor(w, dtype=dt, device="cuda", requires_grad=True)
+    y = F.conv2d(xt, wt, flame.tensor(b, dtype=dt, device="cuda"), stride=2, padding=1)
+    y.backward(flame.tensor(gy, dtype=dt, device="cuda"))
+    for got, ref_, what in ((y, yr, "y"), (xt.grad, xr.grad, "dx"), (wt.grad, wr.grad, "dw")):
+        a, r = got.detach().float().numpy().astype(np.float64), ref_.detach().numpy()
+        assert np.abs(a - r).max() <= 3e-2 * np.abs(r).max(), what
+
+
+@pytest.mark.gpu
+def test_fwd_wgmma_off_hopper_raises(monkeypatch):
+    """On a GPU other than compute capability 9.0 asking for the wgmma forward is an error, not a silent fallback."""
+    if K.wgmma_available():
+        pytest.skip("this GPU runs the wgmma kernel (the test above covers it)")
+    cp = backend.cupy
+    monkeypatch.setenv("FLAME_CONV_ALGO", "fwd=wgmma")
+    x = cp.zeros((1, 8, 6, 6), dtype=np.float16)
+    g = C.geometry(x.shape, (8, 8, 3, 3), 1, 1, 1, 1)
+    with pytest.raises(RuntimeError, match="compute capability 9.0"):
+        C.conv2d_forward(x, cp.zeros((8, 8, 3, 3), dtype=np.float16), g)
+
+
+# ----------------------------------------------------------------------------- cpu
+def test_conv_algo_parses_wgmma(monkeypatch):
+    monkeypatch.setenv("FLAME_CONV_ALGO", "fwd=wgmma")
+    assert [C.conv_algo(p) for p in C.PASSES] == ["wgmma", "auto", "auto"]
+    monkeypatch.setenv("FLAME_CONV_ALGO", "FWD=WGMMA+dx=igemm+dw=im2col")
+    assert [C.conv_algo(p) for p in C.PASSES] == ["wgmma", "igemm", "im2col"]
+    for spec in ("wgmma", "dx=wgmma", "fwd=wgmma,dw=wgmma"):  # no backward algorithm of that name
+        monkeypatch.setenv("FLAME_CONV_ALGO", spec)
+        with pytest.raises(ValueError, match="forward algorithm only"):
+            C.conv_algo("fwd")
+    monkeypatch.setenv("FLAME_CONV_ALGO", "fwd=wgmma,dx=cudnn")  # a bad backward setting fails at the forward
+    with pytest.raises(ValueError, match="must be one of"):
+        C.conv_algo("fwd")
+
+
+def test_fwd_wgmma_on_cpu_keeps_the_cpu_path(monkeypatch):
+    """The setting selects a CUDA kernel: cpu arrays convolve exactly as without it."""
+    rng = np.random.default_rng(0)
+    x = flame.tensor(rng.standard_normal((2, 5, 7, 6)).astype(np.float32), device="cpu")
+    w = flame.tensor(rng.standard_normal((4, 5, 3, 3)).astype(np.float32), device="cpu")
+    b = flame.tensor(rng.standard_normal(4).astype(np.float32), device="cpu")
+    monkeypatch.delenv("FLAME_CONV_ALGO", raising=False)
+    want = F.conv2d(x, w, b, stride=2, padding=1).numpy()
+    monkeypatch.setenv("FLAME_CONV_ALGO", "fwd=wgmma")
+    assert not C.use_wgmma(x.numpy(), C.geometry((2, 5, 7, 6), (4, 5, 3, 3), 2, 1, 1, 1))
+    np.testing.assert_array_equal(F.conv2d(x, w, b, stride=2, padding=1).numpy(), want)
+
+
+def test_wgmma_tile_choice(monkeypatch):
+    monkeypatch.delenv("FLAME_CONV_WGMMA_TILE", raising=False)
+    assert K.wgmma_tile(320, 2 * 128 * 128, 132) == "128x256"   # SDXL 128x128: 3 x 128 CTAs
+    assert K.wgmma_tile(1280, 2 * 32 * 32, 132) == "128x128"    # SDXL 32x32: 10 x 8 CTAs of 128x256
+    monkeypatch.setenv("FLAME_CONV_WGMMA_TILE", "128x128")
+    assert K.wgmma_tile(320, 2 * 128 * 128, 132) == "128x128"
+    monkeypatch.setenv("FLAME_CONV_WGMMA_TILE", "64x64")
+    with pytest.raises(ValueError, match="FLAME_CONV_WGMMA_TILE"):
+        K.wgmma_tile(320, 1000, 132)
+
+
+def test_wgmma_smem_fits_sm90():
+    for name in K.WGMMA_TILES:  # 227 KiB of dynamic shared memory per block on the H100 / H200, 3136 B static
+        assert K.wgmma_smem(name) + 3136 <= 232448, name
