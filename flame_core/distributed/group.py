@@ -12,6 +12,9 @@ backend: "nccl" (GPUs; the default when CuPy sees one) or "store" (the cpu: data
 """
 import atexit
 import datetime
+import faulthandler
+import os
+import sys
 
 from .. import backend as _backend
 from .env import DistributedError, read_env
@@ -146,7 +149,23 @@ def init_process_group(backend=None, init_method=None, timeout=DEFAULT_TIMEOUT, 
         atexit.register(_close_at_exit)
         _atexit_registered = True
     group.barrier()  # everyone joined: nobody runs ahead into collectives of a half-made job
+    _arm_hang_dump(rank)
     return group
+
+
+def _arm_hang_dump(rank):
+    """FLAME_DIST_HANG_DUMP=S: every S seconds, every thread's Python stack to stderr (a hung collective shows
+    where each rank waits; the launcher prefixes the lines with the rank)."""
+    raw = os.environ.get("FLAME_DIST_HANG_DUMP", "")
+    if not raw:
+        return
+    try:
+        every = float(raw)
+    except ValueError:
+        raise DistributedError(f"FLAME_DIST_HANG_DUMP must be a number of seconds, got {raw!r}") from None
+    if every <= 0:
+        raise DistributedError(f"FLAME_DIST_HANG_DUMP must be positive, got {raw!r}")
+    faulthandler.dump_traceback_later(every, repeat=True, file=sys.stderr)
 
 
 def _use_device(index):
@@ -218,3 +237,5 @@ def destroy_process_group(group=None):
     if g is _default:
         _default = None
         g.store.close()
+        if os.environ.get("FLAME_DIST_HANG_DUMP"):
+            faulthandler.cancel_dump_traceback_later()

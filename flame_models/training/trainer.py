@@ -391,6 +391,12 @@ class Trainer:
             failed = (isinstance(e, OutOfMemoryError), f"{type(e).__name__}: {str(e).splitlines()[0]}")
         if failed is not None:
             self.graphed.failure = failed[1]
+            if self.dist.world_size > 1:
+                # the collectives this rank queued in the failed capture never ran, and another rank may have
+                # captured fine: the ranks' collectives would no longer pair up, so stop (the launcher stops all)
+                raise RuntimeError(f"rank {self.dist.rank}: CUDA graph capture of the training step failed "
+                                   f"({failed[1]}); with several ranks a rank cannot fall back to eager steps on "
+                                   f"its own -- set train.cuda_graph: false to train eagerly")
             gc.collect()
             if self.streamer is not None:  # the failed capture recorded loads that never ran
                 self.streamer.invalidate_slots()

@@ -14,7 +14,8 @@ import flame_core as flame
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = os.path.join(ROOT, "tests", "distributed", "scripts")
-ENV = {**os.environ, "PYTHONPATH": ROOT}
+# a rank still running after 60 s prints its threads' stacks (a hung collective shows where each rank waits)
+ENV = {**os.environ, "PYTHONPATH": ROOT, "FLAME_DIST_HANG_DUMP": "60"}
 
 
 def two_gpus():
@@ -24,15 +25,15 @@ def two_gpus():
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not two_gpus(), reason="needs 2 CUDA GPUs")]
 
 
-def launch(world, script, *args, timeout=180):
+def launch(world, script, *args, timeout=180, via_launcher=False):
     cmd = [sys.executable, "-m", "flame_core.distributed.run", "--nproc-per-node", str(world),
            os.path.join(SCRIPTS, script), *args]
-    if world == 1:
+    if world == 1 and not via_launcher:
         cmd = [sys.executable, os.path.join(SCRIPTS, script), *args]
     try:
         r = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:   # a hung collective: fail with what the ranks printed so far
-        tail = lambda b: (b or b"").decode(errors="replace")[-3000:]  # noqa: E731
+        tail = lambda b: (b or b"").decode(errors="replace")[-8000:]  # noqa: E731
         pytest.fail(f"{script} on {world} rank(s) did not finish in {timeout} s\nstdout: {tail(e.stdout)}\n"
                     f"stderr: {tail(e.stderr)}")
     assert r.returncode == 0, (r.stdout.decode()[-2000:], r.stderr.decode()[-4000:])
@@ -70,6 +71,9 @@ def test_lora_step_on_two_ranks_equals_one_rank_with_twice_the_batch(tmp_path):
 def test_trainer_on_two_gpus_equals_one_gpu_with_twice_the_batch(tmp_path):
     one = train(tmp_path, "one", "t1", 1, "--batch", "2", "--steps", "4", "--bf16")[0]
     two = train(tmp_path, "two", "t2", 2, "--batch", "1", "--steps", "4", "--bf16")
+    for r in (one, *two):   # the steps ran as CUDA graphs (the DDP all-reduces captured in them)
+        assert str(r["graph_failure"]) == "" and int(r["graphs_captured"]) == 1, (r["graph_failure"],
+                                                                                r["graphs_captured"])
     np.testing.assert_allclose(two[0]["losses"], one["losses"], rtol=3e-2)
     keys = [k for k in one if k.startswith("p/")]
     diff = np.concatenate([np.abs(two[0][k] - one[k]).ravel() for k in keys])

@@ -11,9 +11,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CHILD = os.path.join(ROOT, "tests", "distributed", "scripts", "child.py")
 
 
-def launch(*args, wait=True, **kw):
+def launch(*args, wait=True, env_extra=None, **kw):
     cmd = [sys.executable, "-m", "flame_core.distributed.run", *args]
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    env = {**os.environ, "PYTHONPATH": ROOT, **(env_extra or {})}
     if not wait:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, timeout=60, **kw)
@@ -90,3 +90,23 @@ def test_bad_arguments_are_refused():
 def test_a_module_target():
     r = launch("--nproc-per-node", "2", "-m", "json.tool", "--help")
     assert r.returncode == 0 and r.stdout.decode().count("[rank1]: usage") == 1
+
+
+def test_hang_dump_prints_every_ranks_stack(tmp_path):
+    """FLAME_DIST_HANG_DUMP=S: a rank still running S seconds after joining prints where each thread is."""
+    script = tmp_path / "stuck.py"
+    script.write_text("import time\nimport flame_core.distributed as dist\ndist.init_process_group('store')\n"
+                      "def waiting_here():\n    time.sleep(2.5)\nwaiting_here()\ndist.destroy_process_group()\n")
+    r = launch("--nproc-per-node", "2", str(script), env_extra={"FLAME_DIST_HANG_DUMP": "1"})
+    assert r.returncode == 0, r.stderr.decode()
+    err = r.stderr.decode()
+    for k in range(2):
+        assert f"[rank{k}]: " in err and "waiting_here" in err, err[-2000:]
+    assert "Timeout (0:00:01)!" in err, err[-2000:]
+
+
+def test_a_bad_hang_dump_value_is_refused(tmp_path):
+    script = tmp_path / "ok.py"
+    script.write_text("import flame_core.distributed as dist\ndist.init_process_group('store')\n")
+    r = launch("--nproc-per-node", "1", str(script), env_extra={"FLAME_DIST_HANG_DUMP": "soon"})
+    assert r.returncode != 0 and "FLAME_DIST_HANG_DUMP must be a number of seconds" in r.stderr.decode()

@@ -56,6 +56,9 @@ def main():
         out["losses"] = np.asarray(result["losses"], dtype=np.float64)
         out["steps"] = result["steps"]
     out.update({"p/" + k: p.detach().float().numpy() for k, p in A.named_adapter_parameters(tr.model)})
+    if tr.graphed is not None:   # CUDA graphs: how many shapes were captured, and why a capture failed
+        out["graphs_captured"] = tr.graphed.captured
+        out["graph_failure"] = str(tr.graphed.failure or "")
     np.savez(f"{a.out}.rank{tr.dist.rank}.npz", **out)
     return 0
 
