@@ -175,10 +175,14 @@ def busy_gpu(lib="cupy", nbytes=1 << 30):
     """A function that queues a memset of `nbytes` (1 GiB: ~0.35 ms on an H100) on the current stream."""
     if lib == "torch":
         import torch
-        buf = _BUSY.get("torch") or _BUSY.setdefault("torch", torch.empty(nbytes, dtype=torch.uint8, device="cuda"))
+        if "torch" not in _BUSY:   # (a tensor's truth value is not its existence)
+            _BUSY["torch"] = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        buf = _BUSY["torch"]
         return lambda: buf.fill_(1)
     import cupy as cp
-    buf = _BUSY.get("cupy") or _BUSY.setdefault("cupy", cp.empty(nbytes, dtype=cp.uint8))
+    if "cupy" not in _BUSY:
+        _BUSY["cupy"] = cp.empty(nbytes, dtype=cp.uint8)
+    buf = _BUSY["cupy"]
     return lambda: cp.cuda.runtime.memsetAsync(buf.data.ptr, 1, buf.nbytes, cp.cuda.get_current_stream().ptr)
 
 
