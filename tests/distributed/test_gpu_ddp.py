@@ -47,7 +47,7 @@ def test_nccl_collectives_and_a_captured_ddp_step(tmp_path):
         assert "exception" not in res, res["exception"]
         bad = {k: v for k, v in res.items() if v is not True}
         assert not bad, (rank, bad)
-        assert "ddp_step4_graph" in res and "all_reduce_AVG_bfloat16" in res
+        assert "ddp_step4_graph" in res and "all_reduce_AVG_flame.bfloat16" in res
 
 
 def train(tmp_path, tag, name, world, *args):
