@@ -23,6 +23,7 @@ blocks are pinned (empty_cache does not release them) while the graph lives. `gr
 before capturing so that the private blocks do not double the step's footprint.
 """
 import gc
+import weakref
 
 from .. import backend
 from ..errors import FlameError
@@ -47,6 +48,31 @@ def is_capturing():
     return s.ptr != 0 and s.is_capturing()
 
 
+_capturing = {}            # stream ptr -> the CUDAGraph capturing on it
+_with_users = weakref.WeakSet()  # graphs holding work of a resource that must outlive them (NCCL communicators)
+
+
+def note_capture_use(owner):
+    """Called by a resource (an NCCL communicator) whose work is being captured on the current stream: the graph
+    that captures it is remembered, so that `release_graphs_of(owner)` can drop it before the resource goes (NCCL
+    does not destroy a communicator while a graph holding its collectives lives)."""
+    g = _capturing.get(backend.cupy.cuda.get_current_stream().ptr) if backend.cuda_available() else None
+    if g is not None:
+        g._users.add(id(owner))
+        _with_users.add(g)
+
+
+def release_graphs_of(owner):
+    """Reset every live graph that captured work of `owner` (it cannot replay once the owner is gone); returns how
+    many. The CUDA graphs' executables are destroyed here, after the device finished their work."""
+    gone = [g for g in list(_with_users) if id(owner) in g._users]
+    if gone:
+        backend.cupy.cuda.Device().synchronize()
+    for g in gone:
+        g.reset()
+    return len(gone)
+
+
 def _pool():
     from ..memory import cuda as mcuda
     if not mcuda.is_installed():
@@ -62,6 +88,7 @@ class CUDAGraph:
         self._stream = None
         self._prev_stream = None
         self._pool = None
+        self._users = set()
 
     def capture_begin(self, stream=None):
         cp = _cp()
@@ -77,11 +104,13 @@ class CUDAGraph:
         self._prev_stream = cp.cuda.get_current_stream()
         self._stream.use()
         self._stream.begin_capture()
+        _capturing[self._stream.ptr] = self
 
     def capture_end(self):
         try:
             self._graph = self._stream.end_capture()
         finally:
+            _capturing.pop(self._stream.ptr, None)
             self._prev_stream.use()
         return self
 
@@ -95,6 +124,7 @@ class CUDAGraph:
         """Drop the graph and give its private memory back (what tensors made during the capture still hold stays
         until they die; it returns to the device at the next empty_cache)."""
         self._graph = None
+        self._users = set()
         if self._pool is not None and self._stream is not None:
             self._pool.unpin_stream(self._stream.ptr)
             self._pool.release_stream(self._stream.ptr)

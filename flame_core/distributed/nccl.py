@@ -11,6 +11,7 @@ The NCCL unique id is made by rank 0 and passed through the store. NVLink multic
 communicator is created with NCCL_NVLS_ENABLE=0 whatever the environment says.
 """
 import ctypes
+import gc
 import importlib.util
 import os
 import platform
@@ -19,7 +20,7 @@ import warnings
 import numpy as np
 
 from .. import backend as _backend
-from ..cuda.graphs import is_capturing
+from ..cuda.graphs import is_capturing, note_capture_use, release_graphs_of
 from ..errors import DTypeError
 from .base import Backend, ReduceOp, Work
 from .env import DistributedError
@@ -154,6 +155,8 @@ class NCCLBackend(Backend):
 
     def _begin(self):
         cp = _backend.cupy
+        if is_capturing():
+            note_capture_use(self)  # the graph must go before the communicator (close)
         ev = cp.cuda.Event(block=False, disable_timing=True)
         ev.record(cp.cuda.get_current_stream())
         self.stream.wait_event(ev)
@@ -221,4 +224,9 @@ class NCCLBackend(Backend):
     def close(self):
         comm, self.comm = getattr(self, "comm", None), None
         if comm is not None:
+            # ncclCommDestroy waits until no CUDA graph holds the communicator's collectives: drop the dead ones
+            # (a trainer kept alive by a reference cycle until exit) and reset the live ones, which cannot
+            # replay without it
+            gc.collect()
+            release_graphs_of(self)
             comm.destroy()

@@ -1,5 +1,6 @@
 """NCCL collectives captured in a CUDA graph and replayed (one rank on one GPU, two ranks on two), through the
-launcher: synchronous and asynchronous forms between compute on the capturing stream, then an eager collective."""
+launcher: synchronous and asynchronous forms between compute on the capturing stream, then an eager collective;
+closing the group while the graph lives releases the graph (ncclCommDestroy would wait for it forever)."""
 import json
 
 import pytest
@@ -24,4 +25,4 @@ def test_captured_collectives_replay_right(tmp_path, world):
         assert "exception" not in res, res["exception"]
         bad = {k: v for k, v in res.items() if v is not True}
         assert not bad, (rank, bad)
-        assert {"replayed_x", "replayed_y", "eager_after"} <= set(res)
+        assert {"replayed_x", "replayed_y", "eager_after", "graph_released_at_close"} <= set(res)

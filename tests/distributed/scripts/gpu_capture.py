@@ -39,21 +39,25 @@ def checks(rank, world, dev):
     dist.all_reduce(z)                   # eager after the replays
     out["eager_after"] = float(z.numpy()[0]) == float(sum(range(world))) or f"{z.numpy()[0]}"
     dist.barrier()
-    return out
+    return out, g
 
 
 def main():
     path = sys.argv[1]
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
-    res = {}
+    res, g = {}, None
     try:
-        res.update(checks(rank, world, flame.default_device()))
+        out, g = checks(rank, world, flame.default_device())
+        res.update(out)
     except Exception:  # noqa: BLE001 - reported to the test
         res["exception"] = traceback.format_exc()
+    # the graph holding collectives is still alive: closing the group releases it (NCCL would wait for it)
+    dist.destroy_process_group()
+    if g is not None:
+        res["graph_released_at_close"] = g._graph is None
     with open(f"{path}.rank{rank}.json", "w") as f:
         json.dump(res, f, indent=1, default=str)
-    dist.destroy_process_group()
     return 0
 
 
