@@ -12,7 +12,7 @@ import numpy as np
 from .. import backend
 from ..autograd.function import Function
 from ..autograd.grad_mode import state
-from ..kernels import activations as _K, gelu_rows as _rows
+from ..kernels import activations as _K, geglu as _geglu, gelu_rows as _rows
 from ..tensor import _wrap
 from .elementwise import erf, exp, sigmoid, tanh, where
 from .promotion import _float_arr
@@ -98,6 +98,47 @@ class Gelu(Function):
             pdf = exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
             return g * (cdf + x * pdf)
         return _wrap(_K.gelu_backward(g._data, x._data, "none"))
+
+
+class Geglu(Function):
+    """a * GELU(gate) of x = [a | gate] (last dimension): one kernel each way (kernels.geglu), saving only x."""
+
+    @staticmethod
+    def forward(ctx, x, approximate="none"):
+        a = _float_arr(x, "geglu")
+        ctx.approximate = approximate
+        ctx.save_for_backward(_saved(x, a))
+        return _wrap(_geglu.geglu_forward(a, approximate))
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        if state.enabled:  # create_graph: the same with Tensor ops
+            a, gate = x.chunk(2, dim=-1)
+            return _geglu_grad_ops(g, a, gate, ctx.approximate), None
+        return _wrap(_geglu.geglu_backward(g._data, x._data, ctx.approximate)), None
+
+
+def _geglu_grad_ops(g, a, gate, approximate):
+    from .shape import cat
+    if approximate == "tanh":
+        t = tanh((gate + gate * gate * gate * 0.044715) * _SQRT_2_OVER_PI)
+        act = 0.5 * gate * (1 + t)
+        d = 0.5 * (1 + t) + 0.5 * gate * (1 - t * t) * ((1 + gate * gate * (3 * 0.044715)) * _SQRT_2_OVER_PI)
+    else:
+        cdf = 0.5 * (1 + erf(gate * (1 / math.sqrt(2))))
+        act = gate * cdf
+        d = cdf + gate * exp(-0.5 * gate * gate) * (1 / math.sqrt(2 * math.pi))
+    return cat([g * act, g * a * d], dim=-1)
+
+
+def geglu(x, approximate="none"):
+    """a * GELU(gate) where x = [a | gate] along the last dimension (diffusers' GEGLU after its projection)."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"geglu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    if x.shape[-1] % 2:
+        raise ValueError(f"geglu: the last dimension holds [a | gate] and must be even, got shape {tuple(x.shape)}")
+    return Geglu.apply(x, approximate)
 
 
 def silu(x):

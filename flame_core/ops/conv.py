@@ -337,7 +337,10 @@ def _im2col_backward(gy, x, w, g, need_x, need_w):
 # Column matrices up to this size take im2col + cuBLAS in "auto" mode. Measured on the H100 (bench/conv.py --variant,
 # 2026-11-23): SDXL 2x640x64x64 (94 MB of columns) im2col 0.57x cuDNN vs implicit GEMM 0.50x; 2x1280x32x32 (47 MB)
 # 0.85x vs 0.46x; 2x320x128x128 (189 MB) 0.39x vs 0.47x; the VAE shapes (600 MB and more) 0.39x vs 0.54x.
-IM2COL_MAX_BYTES = 128 << 20
+# 64 MB since 2026-11-26 (H200, bench/sdxl_lora.py --graph): the 90 MiB column matrix of SDXL's 1x320x128x128 convs
+# was alive at the checkpointed LoRA step's peak; with the implicit GEMM there the step took 145.0 ms instead of
+# 147.6 and peaked 30 MB lower.
+IM2COL_MAX_BYTES = 64 << 20
 PASSES = ("fwd", "dx", "dw")
 _ALGOS = ("auto", "im2col", "igemm")
 _FWD_ONLY_ALGOS = ("wgmma",)  # Hopper forward (cuda_src/conv_wgmma.cu): opt-in, never chosen by 'auto'

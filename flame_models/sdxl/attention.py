@@ -8,7 +8,7 @@ import flame_nn
 import flame_nn.functional as F
 from flame_core.checkpoint import maybe_checkpoint
 
-from ..vae.layers import add_residual, inplace_ok
+from ..vae.layers import add_residual
 
 TRANSFORMER_NORM_EPS = 1e-6   # the GroupNorm in front of proj_in
 LAYER_NORM_EPS = 1e-5
@@ -51,13 +51,7 @@ class GEGLU(flame_nn.Module):
         self.proj = flame_nn.Linear(dim_in, 2 * dim_out, dtype=dtype, device=device)
 
     def forward(self, x):
-        a, gate = self.proj(x).chunk(2, dim=-1)                      # (B, L, inner) each
-        g = F.gelu(gate)
-        del gate
-        if inplace_ok(g, a):
-            g *= a
-            return g
-        return a * g
+        return F.geglu(self.proj(x))             # [a | gate] -> a * gelu(gate): one kernel, only proj's output saved
 
 
 class FeedForward(flame_nn.Module):

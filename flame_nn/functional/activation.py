@@ -13,6 +13,12 @@ def gelu(input, approximate="none"):
     return A.gelu(input, approximate=approximate)
 
 
+def geglu(input, approximate="none"):
+    """a * gelu(gate) where input = [a | gate] along the last dimension (diffusers' GEGLU after its projection);
+    one fused kernel each way, keeping only the input for backward."""
+    return A.geglu(input, approximate=approximate)
+
+
 def silu(input, inplace=False):
     return input.silu_() if inplace else A.silu(input)
 

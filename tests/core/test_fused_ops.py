@@ -1,12 +1,12 @@
 """The fused ops models build on: split / unbind as views in one autograd node, GELU(tanh) read in place from a
-strided view, and linear_cat2 (linear over a concatenation without building it)."""
+strided view, GEGLU in one op, and linear_cat2 (linear over a concatenation without building it)."""
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
 import flame_core as flame
 import flame_nn
 import flame_nn.functional as F
-from flame_core.autograd import gradcheck
+from flame_core.autograd import gradcheck, gradgradcheck
 from flame_core.ops.linear import linear_cat2
 
 
@@ -82,3 +82,41 @@ def test_linear_cat2_matches_linear_over_the_concatenation(device):
     np.testing.assert_allclose(fused(h, w, b).detach().numpy(), composed(h, w, b).detach().numpy(), rtol=1e-12,
                                atol=1e-12)
     assert gradcheck(fused, (h, w, b))
+
+
+def _geglu_composed(x, approximate):
+    a, gate = x.chunk(2, dim=-1)
+    return a * F.gelu(gate, approximate=approximate)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 5), st.integers(1, 9), st.sampled_from(["none", "tanh"]))
+def test_geglu_matches_the_composed_ops_and_passes_gradcheck(b, l, c, approximate):
+    rng = np.random.default_rng(b * 100 + l * 10 + c)
+    x = flame.tensor(rng.standard_normal((b, l, 2 * c)) * 2, dtype=flame.float64, requires_grad=True)
+    np.testing.assert_allclose(F.geglu(x, approximate).detach().numpy(),
+                               _geglu_composed(x, approximate).detach().numpy(), rtol=1e-13, atol=1e-13)
+    assert gradcheck(lambda x: F.geglu(x, approximate), (x,))
+    assert gradgradcheck(lambda x: F.geglu(x, approximate), (x,))   # the create_graph backward
+
+
+def test_geglu_in_low_precision_matches_float64_and_refuses_odd_widths(device):
+    rng = np.random.default_rng(5)
+    x64 = rng.standard_normal((3, 17, 2 * 40)) * 2
+    g64 = rng.standard_normal((3, 17, 40))
+    want = F.geglu(flame.tensor(x64, dtype=flame.float64)).numpy()
+    xr = flame.tensor(x64, dtype=flame.float64, requires_grad=True)
+    _geglu_composed(xr, "none").backward(flame.tensor(g64, dtype=flame.float64))
+    for dt, tol in ((flame.float32, 1e-5), (flame.bfloat16, 2e-2), (flame.float16, 3e-3)):
+        x = flame.tensor(x64, device=device).to(dt).detach().requires_grad_()
+        y = F.geglu(x)
+        assert y.dtype == dt and tuple(y.shape) == (3, 17, 40)
+        y.backward(flame.tensor(g64, device=device).to(dt))
+        np.testing.assert_allclose(y.detach().float().numpy(), want, rtol=tol, atol=tol * np.abs(want).max())
+        np.testing.assert_allclose(x.grad.float().numpy(), xr.grad.numpy(), rtol=tol,
+                                   atol=tol * np.abs(xr.grad.numpy()).max())
+    import pytest
+    with pytest.raises(ValueError, match="must be even"):
+        F.geglu(flame.randn(2, 5, device=device))
+    with pytest.raises(ValueError, match="approximate"):
+        F.geglu(flame.randn(2, 4, device=device), approximate="fast")

@@ -31,8 +31,8 @@ def test_conv_algo_parsing(monkeypatch):
 def test_im2col_threshold_env(monkeypatch):
     monkeypatch.delenv("FLAME_CONV_IM2COL_MAX_MB", raising=False)
     assert C.im2col_max_bytes() == C.IM2COL_MAX_BYTES
-    monkeypatch.setenv("FLAME_CONV_IM2COL_MAX_MB", "64")
-    assert C.im2col_max_bytes() == 64 << 20
+    monkeypatch.setenv("FLAME_CONV_IM2COL_MAX_MB", "32")
+    assert C.im2col_max_bytes() == 32 << 20 != C.IM2COL_MAX_BYTES
 
 
 def test_plan_sdxl_tiles():
