@@ -4,7 +4,9 @@
 //   backward: dx[r, c]         = dy * gelu(g)                           a = x[r, c], g = x[r, cols + c]
 //             dx[r, cols + c]  = dy * a * gelu'(g)                      dx (rows, 2 cols); all contiguous
 // approx: 0 = erf ("none"), 1 = tanh. One block walks whole rows (no index division); 16-byte vectors when cols and
-// the pointers allow.
+// the pointers allow. The backward may run in place (dx == x: the caller's x is a temporary that dies with this
+// backward): each thread reads its pair of x elements before it writes the same two positions, so x and dx are not
+// __restrict__ there.
 #include "activations.cuh"
 
 __device__ __forceinline__ float gelu_of(float v, int approx) { return approx ? gelu_tanh(v) : gelu_erf(v); }
@@ -13,7 +15,7 @@ __device__ __forceinline__ float gelu_grad_of(float v, int approx) {
 }
 
 template <typename T, int N, bool BWD>
-__device__ __forceinline__ void geglu_body(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
+__device__ __forceinline__ void geglu_body(const T* x, const T* __restrict__ dy, T* out,
                                            i64 rows, int cols, int approx) {
     const int nv = cols / N;
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -44,7 +46,7 @@ __device__ __forceinline__ void geglu_body(const T* __restrict__ x, const T* __r
 }
 
 template <typename T, bool BWD>
-__device__ __forceinline__ void geglu(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
+__device__ __forceinline__ void geglu(const T* x, const T* __restrict__ dy, T* out,
                                       i64 rows, int cols, int approx) {
     constexpr int N = VecT<T>::N;
     const bool vec = cols % N == 0 && aligned16(x) && aligned16(out) && (!BWD || aligned16(dy));
@@ -61,7 +63,7 @@ __global__ void __launch_bounds__(256) geglu_fwd(const T* __restrict__ x, T* __r
 }
 
 template <typename T>
-__global__ void __launch_bounds__(256) geglu_bwd(const T* __restrict__ x, const T* __restrict__ dy,
-                                                 T* __restrict__ dx, i64 rows, int cols, int approx) {
+__global__ void __launch_bounds__(256) geglu_bwd(const T* x, const T* __restrict__ dy, T* dx, i64 rows, int cols,
+                                                 int approx) {
     geglu<T, true>(x, dy, dx, rows, cols, approx);
 }

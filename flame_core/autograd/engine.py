@@ -16,6 +16,7 @@ leaf_grad_sink = None
 _callbacks = []
 _depth = 0
 _pass = 0
+_retaining = []  # retain_graph of each running (nested) backward, innermost last
 
 
 def queue_callback(fn):
@@ -32,6 +33,12 @@ def current_pass():
     """A number identifying the outermost backward pass running now (None outside one): hooks that keep state
     across the leaves of one pass tell a new pass from a stale one (an earlier pass that raised)."""
     return _pass if _depth else None
+
+
+def retaining_graph():
+    """Whether the innermost running backward keeps the graph (retain_graph=True or create_graph): a Function's
+    backward may reuse its saved tensors' memory only when it does not (they are freed right after it anyway)."""
+    return bool(_retaining and _retaining[-1])
 
 
 def _zeros(meta):
@@ -164,6 +171,7 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
         _pass += 1
         _callbacks.clear()
     _depth += 1
+    _retaining.append(bool(retain_graph or create_graph))
     prev = state.enabled
     state.enabled = create_graph
     try:
@@ -256,6 +264,7 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
     finally:
         state.enabled = prev
         _depth -= 1
+        _retaining.pop()
         if outermost:
             _callbacks.clear()
     if inputs is not None:

@@ -2,6 +2,8 @@
 
     geglu_forward(x, approximate)        x (..., 2C) -> a * gelu(gate)                        (..., C)
     geglu_backward(dy, x, approximate)   -> dx (..., 2C): [dy * gelu(gate) | dy * a * gelu'(gate)]
+    geglu_backward(dy, x, approximate, inplace=True)   the same written over x (x must be contiguous): for an x
+                                                      that dies with this backward, no second (..., 2C) buffer
 
 SDXL's feed-forward (diffusers' GEGLU) splits its projection into the two halves; done with separate ops, the
 forward keeps GELU(gate) for the product's backward and the backward holds both halves' gradients before joining
@@ -54,18 +56,25 @@ def geglu_forward(x, approximate="none"):
     return y
 
 
-def geglu_backward(dy, x, approximate="none"):
+def geglu_backward(dy, x, approximate="none", inplace=False):
     flag = _approx_flag(approximate)
     c = _halves(x, "geglu backward")
     if tuple(dy.shape) != tuple(x.shape[:-1]) + (c,):
         raise ValueError(f"geglu_backward: gradient shape {tuple(dy.shape)} does not match input {tuple(x.shape)} "
                          f"(expected {tuple(x.shape[:-1]) + (c,)})")
+    if inplace and not x.flags.c_contiguous:
+        raise ValueError("geglu_backward(inplace=True) needs a contiguous x")
     if not (L.use_kernel(x) and x.size):
-        return geglu_grad_reference(dy, x, approximate)
-    x = P.contiguous(x)
+        dx = geglu_grad_reference(dy, x, approximate)
+        if inplace:
+            x[...] = dx
+            return x
+        return dx
+    if not inplace:
+        x = P.contiguous(x)
     dy = P.contiguous(dy.astype(x.dtype, copy=False))
     rows = x.size // (2 * c)
-    dx = backend.xp_of(x).empty(x.shape, dtype=x.dtype)
+    dx = x if inplace else backend.xp_of(x).empty(x.shape, dtype=x.dtype)
     grid, block = _grid(rows)
     KL.launch(L.get_function("geglu", "geglu_bwd", x.dtype), grid, block,
               (x, dy, dx, KL.i64(rows), KL.i32(c), KL.i32(flag)))

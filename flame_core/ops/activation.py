@@ -11,6 +11,7 @@ import numpy as np
 
 from .. import backend
 from ..autograd.function import Function
+from ..autograd.engine import retaining_graph
 from ..autograd.grad_mode import state
 from ..kernels import activations as _K, geglu as _geglu, gelu_rows as _rows
 from ..tensor import _wrap
@@ -104,9 +105,11 @@ class Geglu(Function):
     """a * GELU(gate) of x = [a | gate] (last dimension): one kernel each way (kernels.geglu), saving only x."""
 
     @staticmethod
-    def forward(ctx, x, approximate="none"):
+    def forward(ctx, x, approximate="none", temporary=False):
         a = _float_arr(x, "geglu")
         ctx.approximate = approximate
+        # a temporary input (nobody else holds it) whose memory backward may reuse for the gradient
+        ctx.reuse = temporary and a is x._data and x._base is None and a.flags.c_contiguous
         ctx.save_for_backward(_saved(x, a))
         return _wrap(_geglu.geglu_forward(a, approximate))
 
@@ -115,8 +118,9 @@ class Geglu(Function):
         (x,) = ctx.saved_tensors
         if state.enabled:  # create_graph: the same with Tensor ops
             a, gate = x.chunk(2, dim=-1)
-            return _geglu_grad_ops(g, a, gate, ctx.approximate), None
-        return _wrap(_geglu.geglu_backward(g._data, x._data, ctx.approximate)), None
+            return _geglu_grad_ops(g, a, gate, ctx.approximate), None, None
+        reuse = ctx.reuse and not retaining_graph()   # x dies with this node: the gradient goes over it
+        return _wrap(_geglu.geglu_backward(g._data, x._data, ctx.approximate, inplace=reuse)), None, None
 
 
 def _geglu_grad_ops(g, a, gate, approximate):
@@ -134,11 +138,22 @@ def _geglu_grad_ops(g, a, gate, approximate):
 
 def geglu(x, approximate="none"):
     """a * GELU(gate) where x = [a | gate] along the last dimension (diffusers' GEGLU after its projection)."""
+    return _geglu_checked(x, approximate, False)
+
+
+def geglu_of_temporary(x, approximate="none"):
+    """geglu(x) for an x that the caller creates for this call only and never reads again (a module's projection
+    output): backward writes the gradient over x's memory instead of a second buffer of its size (unless the graph
+    is retained). Reading x after backward gives the gradient, not x."""
+    return _geglu_checked(x, approximate, True)
+
+
+def _geglu_checked(x, approximate, temporary):
     if approximate not in ("none", "tanh"):
         raise ValueError(f"geglu: approximate must be 'none' or 'tanh', got {approximate!r}")
     if x.shape[-1] % 2:
         raise ValueError(f"geglu: the last dimension holds [a | gate] and must be even, got shape {tuple(x.shape)}")
-    return Geglu.apply(x, approximate)
+    return Geglu.apply(x, approximate, temporary)
 
 
 def silu(x):

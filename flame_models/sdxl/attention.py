@@ -7,6 +7,7 @@ recompute), in place when nothing records gradients.
 import flame_nn
 import flame_nn.functional as F
 from flame_core.checkpoint import maybe_checkpoint
+from flame_core.ops.activation import geglu_of_temporary
 
 from ..vae.layers import add_residual
 
@@ -51,7 +52,9 @@ class GEGLU(flame_nn.Module):
         self.proj = flame_nn.Linear(dim_in, 2 * dim_out, dtype=dtype, device=device)
 
     def forward(self, x):
-        return F.geglu(self.proj(x))             # [a | gate] -> a * gelu(gate): one kernel, only proj's output saved
+        # [a | gate] -> a * gelu(gate) in one kernel; only proj's output is saved, and backward writes its
+        # gradient over it (the projection's output is this call's own temporary)
+        return geglu_of_temporary(self.proj(x))
 
 
 class FeedForward(flame_nn.Module):

@@ -120,3 +120,30 @@ def test_geglu_in_low_precision_matches_float64_and_refuses_odd_widths(device):
         F.geglu(flame.randn(2, 5, device=device))
     with pytest.raises(ValueError, match="approximate"):
         F.geglu(flame.randn(2, 4, device=device), approximate="fast")
+
+
+def test_geglu_of_a_temporary_reuses_its_input_for_the_gradient_unless_the_graph_is_kept(device):
+    from flame_core.ops.activation import geglu_of_temporary
+    rng = np.random.default_rng(9)
+    w = flame.tensor(rng.standard_normal((6, 10)), device=device, requires_grad=True)
+    x = flame.tensor(rng.standard_normal((2, 7, 6)), device=device)
+    g = flame.tensor(rng.standard_normal((2, 7, 5)), device=device)
+
+    def run(fn, retain=False):
+        w.grad = None
+        h = x @ w                       # the temporary
+        y = fn(h)
+        y.backward(g, retain_graph=retain)
+        return y.detach().numpy(), w.grad.numpy().copy(), h, y
+    y0, gw0, h0, _ = run(F.geglu)
+    kept = h0.detach().numpy().copy()
+    y1, gw1, h1, _ = run(geglu_of_temporary)
+    np.testing.assert_allclose(y1, y0, rtol=1e-6)
+    np.testing.assert_allclose(gw1, gw0, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(h0.detach().numpy(), kept)            # the plain op leaves its input alone
+    assert not np.allclose(h1.detach().numpy(), kept)                   # the temporary now holds the gradient
+    y2, gw2, h2, y2t = run(geglu_of_temporary, retain=True)             # a kept graph: the input stays
+    np.testing.assert_allclose(h2.detach().numpy(), kept, rtol=1e-6)
+    w.grad = None
+    y2t.backward(g)                                                     # and a second backward is still right
+    np.testing.assert_allclose(w.grad.numpy(), gw0, rtol=1e-5, atol=1e-6)

@@ -42,6 +42,11 @@ def test_geglu_matches_float64(ab, rng, dt, rows, c, approximate):
     assert k.shape == (rows, 2 * c)
     assert_close(k, want, dt, "backward vs float64")
     assert_close(k, r, dt, "backward vs reference path")
+    import cupy as cp
+    xi = cp.asarray(x)                                    # in place: the gradient written over x
+    got = K.geglu_backward(cp.asarray(dy), xi, approximate, inplace=True)
+    assert got is xi
+    assert_close(got, k, dt, "in-place backward vs out of place")
 
 
 def test_geglu_reference_on_the_cpu_and_shape_errors(rng):
