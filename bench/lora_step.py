@@ -104,13 +104,13 @@ def flame_steps(res, model, name_map, configs, make_step, repeats, warmup, graph
                 step()
                 common.synchronize()
                 capture_peak = fmem.max_memory_allocated()
-                res.log(f"flame_step_{t}_capture_peak_allocated_GiB", common.gib(capture_peak))
+                res.log(f"flame_step_{t}_capture_peak_allocated_GiB", common.gib(capture_peak, 3))
                 fmem.reset_peak_memory_stats()
             ms = common.cuda_ms(step, repeats, warmup=0)[0]
             lv = [float(v.item()) for v in losses]
             assert all(np.isfinite(lv)), f"non-finite loss {lv}"
             res.log(f"flame_step_{t}_ms", round(ms, 1))
-            res.log(f"flame_step_{t}_peak_GiB", common.gib(capture_peak if graph else fmem.max_memory_allocated()))
+            res.log(f"flame_step_{t}_peak_GiB", common.gib(capture_peak if graph else fmem.max_memory_allocated(), 3))
             res.log(f"flame_step_{t}_peak_reserved_GiB", common.gib(fmem.max_memory_reserved()))
             res.log(f"flame_step_{t}_loss_first_last", (round(lv[0], 4), round(lv[-1], 4)))
         except flame.OutOfMemoryError as ex:
@@ -180,7 +180,7 @@ def diffusers_steps(res, model, configs, make_inputs, repeats, warmup, prefix=""
             torch.cuda.reset_peak_memory_stats()
             ms = common.cuda_ms(step, repeats, warmup=0, lib="torch")[0]
             res.log(f"diffusers_step_{t}_ms", round(ms, 1))
-            res.log(f"diffusers_step_{t}_peak_GiB", common.gib(torch.cuda.max_memory_allocated()))
+            res.log(f"diffusers_step_{t}_peak_GiB", common.gib(torch.cuda.max_memory_allocated(), 3))
             res.log(f"diffusers_step_{t}_peak_reserved_GiB", common.gib(torch.cuda.max_memory_reserved()))
         except torch.OutOfMemoryError:
             res.log(f"diffusers_step_{t}_ms", "OOM")
