@@ -257,6 +257,8 @@ def main(argv=None):
         print(f"aborted: the steps since the last checkpoint are lost; run `{resume_command(argv, cfg, demo)}` to "
               f"resume from it", file=sys.stderr)
         return 130
+    if trainer.dist.rank != 0:   # under a launcher: rank 0 wrote the files and reports them
+        return 0
     losses = result["losses"]
     print("\nwrote:")
     print(f"  LoRA       {result['lora']}  ({cfg.save.format} layout)")

@@ -152,3 +152,23 @@ def test_the_shipped_configs_parse_and_run_on_a_tiny_model(example, tmp_path, ti
     assert io.load_metadata(str(run / "my_flux_lora.safetensors"))["name"] == "my_flux_lora"   # [name] -> the name
     assert (run / "samples" / "step_000002_1.png").exists()           # both prompts, decoded
     assert (tmp_path / "images" / ".flame_cache" / "latents").is_dir()
+
+
+def test_the_example_under_the_launcher_on_two_ranks_writes_and_reports_once(tmp_path, tiny_model):
+    """`python -m flame_core.distributed.run --nproc-per-node 2 examples/train_flux_lora.py ...` on the cpu ("store"
+    backend): rank 0 writes the LoRA, samples and loss log; the summary is printed once (by rank 0)."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    images = draw_images(tmp_path / "images", 2, 2)
+    cmd = [sys.executable, "-m", "flame_core.distributed.run", "--nproc-per-node", "2", EXAMPLE, "--model",
+           tiny_model, "--data", images, "--trigger", "ohwx", "--resolution", "64", "--steps", "4",
+           "--sample-every", "4", "--output", str(tmp_path / "runs"), "--name", "two", "--device", "cpu"]
+    r = subprocess.run(cmd, cwd=root, env={**os.environ, "PYTHONPATH": root, "OPENBLAS_NUM_THREADS": "1"},
+                       capture_output=True, timeout=300)
+    out = r.stdout.decode()
+    assert r.returncode == 0, (out[-2000:], r.stderr.decode()[-3000:])
+    assert out.count("wrote:") == 1 and "[rank0]:   LoRA" in out, out[-2000:]
+    run = tmp_path / "runs" / "two"
+    assert (run / "two.safetensors").exists() and (run / "samples.png").exists()
+    assert [line.split(",")[0] for line in open(run / "loss.csv").read().split()[1:]] == ["1", "2", "3", "4"]
