@@ -1,10 +1,15 @@
-"""conv2d (3x3, padding 1, bf16) at SDXL UNet / VAE decoder shapes: FLAME side by side with
-torch.nn.functional.conv2d (cuDNN) in the same process.
+"""conv2d at the SDXL UNet and VAE shapes (3x3 stride 1 and 2, the VAE's asymmetric downsample pad, the 1x1 skip
+convs), and whole SDXL ResBlocks: FLAME side by side with PyTorch (cuDNN; diffusers' ResnetBlock2D) in the same
+process (issue 27).
 
 Each call is timed alone between CUDA events with a 1 GiB memset queued before it on both sides, so the interval is
 the GPU's work and not the Python before the first launch (FLAME's conv2d issues 2-4 launches from Python, cuDNN one
 from C++); median after warm-up. fwd+bwd computes dx and dw; 'dx ms' / 'dw ms' time conv2d_backward for one gradient
-alone. FLOP: fwd = 2*N*O*H*W*C*9, fwd+bwd = 3x fwd. Ratio = cuDNN time / FLAME time (target >= 0.5 at the SDXL shapes).
+alone. A shape with an asymmetric pad ("pad 0,1,0,1": the VAE encoder's downsample) times F.pad + conv on both sides,
+as the models run it (the pad is part of the op). FLOP: fwd = 2*N*O*OH*OW*C*k*k, fwd+bwd = 3x fwd. Ratio = torch time
+/ FLAME time (1.0 = parity; the bars: fwd >= 1.0 and fwd+bwd >= 0.9 at every shape, ResBlock fwd+bwd >= 1.0).
+ResBlocks (--resblocks): GroupNorm+SiLU, conv, time-embedding add, GroupNorm+SiLU, conv, skip (1x1 conv when the
+channels change), fwd+bwd with the weights frozen (a LoRA step: dx only) and with their gradients (full training).
 Variants (comma-separated, each timed at every shape; the first decides the acceptance line), settings joined by '+':
     auto                  what conv2d picks (im2col + cuBLAS for column matrices up to IM2COL_MAX_BYTES, else the
                           implicit GEMM of cuda_src/conv_igemm.cu)
@@ -15,8 +20,9 @@ Variants (comma-separated, each timed at every shape; the first decides the acce
     wgmma[:TILE]          the forward on the sm_90a wgmma kernel (cuda_src/conv_wgmma.cu; fwd=wgmma, backward
                           passes auto), optionally with a forced tile (FLAME_CONV_WGMMA_TILE: 128x128, 128x256)
     fwd=A, dx=A, dw=A     the algorithm (auto, im2col, igemm; fwd also wgmma) of one pass, e.g. igemm:320x128+dw=im2col
-Run: PYTHONPATH=$PWD python3 bench/conv.py [--shapes sdxl_l0,sdxl_l1] [--repeats 20] [--variant auto,im2col]
-     e.g. --variant auto,igemm,wgmma,wgmma:128x128 (wgmma: the 'fwd ms' column is the kernel to compare)
+Run: PYTHONPATH=$PWD python3 bench/conv.py [--shapes sdxl_l0,vae_down_1024] [--repeats 20] [--variant auto,im2col]
+     [--resblocks sdxl_rb_320,sdxl_rb_640_1280 | --resblocks none]
+     --cpu-smoke: every shape scaled down, float32 on the cpu with host timers (checks the script, not a figure)
 """
 import argparse
 import os
@@ -31,19 +37,67 @@ from flame_core import backend
 from flame_core.kernels import conv as KC, plans
 from flame_core.ops import conv as C
 
-SHAPES = {  # name: (N, C, H, W, O) - 3x3, padding 1
-    "sdxl_l0": (2, 320, 128, 128, 320),
-    "sdxl_l1": (2, 640, 64, 64, 640),
-    "sdxl_l2": (2, 1280, 32, 32, 1280),
-    "vae_dec_256": (1, 512, 256, 256, 512),
-    "vae_dec_full": (1, 128, 1024, 1024, 128),
+SHAPES = {  # name: (N, C, H, W, O, k, stride, pad); pad an int (both sides) or F.pad's (left, right, top, bottom)
+    # SDXL UNet, batch 2 (a CFG pair or two images), 3x3
+    "sdxl_l0": (2, 320, 128, 128, 320, 3, 1, 1),
+    "sdxl_l1": (2, 640, 64, 64, 640, 3, 1, 1),
+    "sdxl_l2": (2, 1280, 32, 32, 1280, 3, 1, 1),
+    "sdxl_down_128": (2, 320, 128, 128, 320, 3, 2, 1),        # input_blocks.3: 128^2 -> 64^2
+    "sdxl_down_64": (2, 640, 64, 64, 640, 3, 2, 1),           # input_blocks.6: 64^2 -> 32^2
+    # SDXL 1x1 skip convs (channel changes)
+    "sdxl_skip_320_640": (2, 320, 64, 64, 640, 1, 1, 0),     # input_blocks.4
+    "sdxl_skip_2560_1280": (2, 2560, 32, 32, 1280, 1, 1, 0),  # output_blocks.0-1
+    "sdxl_skip_1920_640": (2, 1920, 64, 64, 640, 1, 1, 0),    # output_blocks.3
+    "sdxl_skip_960_320": (2, 960, 128, 128, 320, 1, 1, 0),    # output_blocks.6
+    # VAE (one 1024^2 image), 3x3: encoder and decoder levels
+    "vae_1024_128": (1, 128, 1024, 1024, 128, 3, 1, 1),
+    "vae_512_256": (1, 256, 512, 512, 256, 3, 1, 1),
+    "vae_256_512": (1, 512, 256, 256, 512, 3, 1, 1),
+    "vae_128_512": (1, 512, 128, 128, 512, 3, 1, 1),
+    "vae_dec_512_512_256": (1, 512, 512, 512, 256, 3, 1, 1),  # decoder up_blocks.2 resnet 0 (512 -> 256)
+    "vae_dec_1024_256_128": (1, 256, 1024, 1024, 128, 3, 1, 1),  # decoder up_blocks.3 resnet 0 (256 -> 128)
+    # VAE encoder downsample: pad (0, 1, 0, 1), 3x3 stride 2
+    "vae_down_1024": (1, 128, 1024, 1024, 128, 3, 2, (0, 1, 0, 1)),
+    "vae_down_512": (1, 256, 512, 512, 256, 3, 2, (0, 1, 0, 1)),
+    "vae_down_256": (1, 512, 256, 256, 512, 3, 2, (0, 1, 0, 1)),
 }
-ACCEPT = ("sdxl_l0", "sdxl_l1", "sdxl_l2")
+RESBLOCKS = {  # name: (N, C_in, H, W, C_out, emb channels) - SDXL ResBlocks
+    "sdxl_rb_320": (2, 320, 128, 128, 320, 1280),
+    "sdxl_rb_640": (2, 640, 64, 64, 640, 1280),
+    "sdxl_rb_640_1280": (2, 640, 32, 32, 1280, 1280),        # input_blocks.7: the 1x1 skip conv
+    "sdxl_rb_960_320": (2, 960, 128, 128, 320, 1280),        # output_blocks.6
+}
 VARIANT_ENV = ("FLAME_CONV_ALGO", "FLAME_CONV_TILE", "FLAME_CONV_DW_TILE", "FLAME_CONV_WGMMA_TILE")
+SMOKE = False   # --cpu-smoke
 
 
-def gpu_ms(fn, repeats, lib="cupy"):
-    return common.cuda_ms(fn, repeats, 3, lib=lib, before=common.busy_gpu(lib))[0]
+def out_size(H, W, k, stride, pad):
+    pl, pr, pt, pb = (pad,) * 4 if isinstance(pad, int) else pad
+    return (H + pt + pb - k) // stride + 1, (W + pl + pr - k) // stride + 1
+
+
+def scaled(spec):
+    """--cpu-smoke: the shape at 1/8 of the channels (at least 8, groups of 32 kept whole) and 1/16 of the side."""
+    N, Cin, H, W, O, *rest = spec
+    c = lambda v: max(32, v // 256 * 32)  # noqa: E731  (1/8, a multiple of 32: GroupNorm(32) stays valid)
+    return (1, c(Cin), max(8, H // 16), max(8, W // 16), c(O), *rest)
+
+
+def timer(repeats, lib):
+    """ms per call: CUDA events after a busy-GPU memset on cuda, host time on the cpu (--cpu-smoke)."""
+    def run(fn, reps=repeats):
+        if SMOKE:
+            import statistics
+            import time
+            fn()
+            ts = []
+            for _ in range(max(2, reps // 4)):
+                t = time.perf_counter()
+                fn()
+                ts.append((time.perf_counter() - t) * 1e3)
+            return statistics.median(ts)
+        return common.cuda_ms(fn, reps, 3, lib=lib, before=common.busy_gpu(lib))[0]
+    return run
 
 
 def set_variant(v):
@@ -71,95 +125,230 @@ def set_variant(v):
     os.environ["FLAME_CONV_ALGO"] = ",".join(f"{p}={a}" for p, a in algo.items())
 
 
-def bench_flame(N, Cin, H, W, O, repeats):
+def conv_spec(name):
+    spec = SHAPES[name]
+    return scaled(spec) if SMOKE else spec
+
+
+def flame_conv_op(stride, pad):
+    """The op as a model runs it: F.pad first when the pad is asymmetric."""
+    if isinstance(pad, int):
+        return lambda x, w: F.conv2d(x, w, stride=stride, padding=pad)
+    return lambda x, w: F.conv2d(F.pad(x, pad), w, stride=stride)
+
+
+def bench_flame(N, Cin, H, W, O, k, stride, pad, repeats):
+    dev, dt = ("cpu", flame.float32) if SMOKE else ("cuda", flame.bfloat16)
+    ms = timer(repeats, "cupy")
     flame.manual_seed(0)
-    x = flame.randn(N, Cin, H, W, device="cuda", dtype=flame.bfloat16, requires_grad=True)
-    w = (flame.randn(O, Cin, 3, 3, device="cuda") * 0.02).to(flame.bfloat16).detach().requires_grad_(True)
-    go = flame.randn(N, O, H, W, device="cuda", dtype=flame.bfloat16)
+    OH, OW = out_size(H, W, k, stride, pad)
+    x = flame.randn(N, Cin, H, W, device=dev).to(dt).detach().requires_grad_(True)
+    w = (flame.randn(O, Cin, k, k, device=dev) * 0.02).to(dt).detach().requires_grad_(True)
+    go = flame.randn(N, O, OH, OW, device=dev).to(dt)
+    op = flame_conv_op(stride, pad)
 
     def fb():
         x.grad = w.grad = None
-        F.conv2d(x, w, padding=1).backward(go)
-    g = C.geometry(tuple(x.shape), tuple(w.shape), 1, 1, 1, 1)
-    xa, wa, ga = x.detach()._data, w.detach()._data, go._data
-    r = dict(fwd_ms=gpu_ms(lambda: F.conv2d(x, w, padding=1), repeats), fwdbwd_ms=gpu_ms(fb, max(5, repeats // 2)),
-             dx_ms=gpu_ms(lambda: C.conv2d_backward(ga, xa, wa, g, need_x=True, need_w=False), repeats),
-             dw_ms=gpu_ms(lambda: C.conv2d_backward(ga, xa, wa, g, need_x=False, need_w=True), repeats),
-             paths={p: ("wgmma" if p == "fwd" and C.use_wgmma(xa, g) else "igemm") if C.use_igemm(xa, g, p)
-                    else "im2col" for p in C.PASSES})
+        op(x, w).backward(go)
+    # the backward passes alone, on the conv's own input (after the pad)
+    xc = x.detach() if isinstance(pad, int) else F.pad(x.detach(), pad)
+    p = pad if isinstance(pad, int) else 0
+    g = C.geometry(tuple(xc.shape), tuple(w.shape), stride, p, 1, 1)
+    xa, wa, ga = xc._data, w.detach()._data, go._data
+    r = dict(fwd_ms=ms(lambda: op(x, w)), fwdbwd_ms=ms(fb, max(5, repeats // 2)),
+             dx_ms=ms(lambda: C.conv2d_backward(ga, xa, wa, g, need_x=True, need_w=False)),
+             dw_ms=ms(lambda: C.conv2d_backward(ga, xa, wa, g, need_x=False, need_w=True)),
+             paths={q: ("wgmma" if q == "fwd" and C.use_wgmma(xa, g) else "igemm") if C.use_igemm(xa, g, q)
+                    else ("cublas 1x1" if C._is_pointwise(g) else "im2col") for q in C.PASSES})
     if r["paths"]["fwd"] == "wgmma":  # registers / spills / shared memory of the tile that ran
-        r["wgmma_kernel"] = KC.wgmma_kernel_info(KC.wgmma_tile(O, N * H * W, plans.sm_count()), xa.dtype)
+        r["wgmma_kernel"] = KC.wgmma_kernel_info(KC.wgmma_tile(O, N * OH * OW, plans.sm_count()), xa.dtype)
     with flame.no_grad():
-        y = F.conv2d(x, w, padding=1)
+        y = op(x, w)
     return r, (x.detach(), w.detach(), y)
 
 
-def bench_torch(torch, x, w, repeats):
+def bench_torch(torch, x, w, go_shape, stride, pad, repeats):
     import torch.nn.functional as TF
-    xt = torch.from_numpy(x.float().numpy()).cuda().to(torch.bfloat16).requires_grad_(True)
-    wt = torch.from_numpy(w.float().numpy()).cuda().to(torch.bfloat16).requires_grad_(True)
-    go = torch.randn(xt.shape[0], wt.shape[0], xt.shape[2], xt.shape[3], device="cuda", dtype=torch.bfloat16)
+    dev, dt = ("cpu", torch.float32) if SMOKE else ("cuda", torch.bfloat16)
+    ms = timer(repeats, "torch")
+    xt = torch.from_numpy(x.float().numpy()).to(dev, dt).requires_grad_(True)
+    wt = torch.from_numpy(w.float().numpy()).to(dev, dt).requires_grad_(True)
+    go = torch.randn(*go_shape, device=dev, dtype=dt)
+    if isinstance(pad, int):
+        op = lambda a, b: TF.conv2d(a, b, stride=stride, padding=pad)  # noqa: E731
+    else:
+        op = lambda a, b: TF.conv2d(TF.pad(a, pad), b, stride=stride)  # noqa: E731
 
     def fb():
         xt.grad = wt.grad = None
-        TF.conv2d(xt, wt, padding=1).backward(go)
-    r = dict(fwd_ms=gpu_ms(lambda: TF.conv2d(xt, wt, padding=1), repeats, "torch"),
-             fwdbwd_ms=gpu_ms(fb, max(5, repeats // 2), "torch"))
+        op(xt, wt).backward(go)
+    r = dict(fwd_ms=ms(lambda: op(xt, wt)), fwdbwd_ms=ms(fb, max(5, repeats // 2)))
     with torch.no_grad():
-        y = TF.conv2d(xt, wt, padding=1).float().cpu().numpy()
+        y = op(xt, wt).float().cpu().numpy()
     return r, y
 
 
 def run_shape(res, torch, name, variants, repeats):
-    N, Cin, H, W, O = SHAPES[name]
-    flops = 2 * N * O * H * W * Cin * 9
+    N, Cin, H, W, O, k, stride, pad = conv_spec(name)
+    OH, OW = out_size(H, W, k, stride, pad)
+    flops = 2 * N * O * OH * OW * Cin * k * k
     peer = yt = None
     for vi, variant in enumerate(variants):
         set_variant(variant)
-        f, (x, w, y) = bench_flame(N, Cin, H, W, O, repeats)
+        f, (x, w, y) = bench_flame(N, Cin, H, W, O, k, stride, pad, repeats)
         f.update(fwd_TFLOPs=flops / f["fwd_ms"] / 1e9, fwdbwd_TFLOPs=3 * flops / f["fwdbwd_ms"] / 1e9)
-        r = {"shape": [N, Cin, H, W, O], "variant": variant, "flame": f}
+        r = {"shape": [N, Cin, H, W, O], "kernel": k, "stride": stride, "pad": pad, "variant": variant, "flame": f}
         if torch is not None:
             if peer is None:
-                peer, yt = bench_torch(torch, x, w, repeats)
+                peer, yt = bench_torch(torch, x, w, (N, O, OH, OW), stride, pad, repeats)
             ya = y.float().numpy()
             r.update(torch_cudnn=peer, max_rel_diff_vs_torch=float(np.abs(ya - yt).max() / np.abs(yt).max()),
                      ratio_fwd=peer["fwd_ms"] / f["fwd_ms"], ratio_fwdbwd=peer["fwdbwd_ms"] / f["fwdbwd_ms"])
         res.log(name if vi == 0 else f"{name}[{variant}]", r)
         del x, w, y
-        backend.cupy.get_default_memory_pool().free_all_blocks()
+        if not SMOKE:
+            backend.cupy.get_default_memory_pool().free_all_blocks()
+
+
+# ----------------------------------------------------------------------------- whole ResBlocks
+def flame_resblock(Cin, Cout, E, dev, dt):
+    """FLAME's SDXL ResBlock with random weights: GroupNorm scales near 1, small conv / Linear weights and biases."""
+    from flame_models.sdxl.resblocks import ResBlock
+    flame.manual_seed(0)
+    blk = ResBlock(Cin, E, Cout, device=dev)
+    with flame.no_grad():
+        for n, q in blk.named_parameters():
+            scale = 0.02 if q.ndim > 1 else 0.1
+            q.copy_(flame.randn(*q.shape, device=dev) * scale + (1.0 if q.ndim == 1 and n.endswith("0.weight") else 0))
+    return blk.to(dt)
+
+
+def torch_resblock(torch, blk, Cin, Cout, E, dev, dt):
+    """diffusers' ResnetBlock2D (the SDXL UNet's) with the FLAME block's weights."""
+    from diffusers.models.resnet import ResnetBlock2D
+    ref = ResnetBlock2D(in_channels=Cin, out_channels=Cout, temb_channels=E, groups=32, eps=1e-5)
+    names = {"norm1": "in_layers.0", "conv1": "in_layers.2", "time_emb_proj": "emb_layers.1", "norm2": "out_layers.0",
+             "conv2": "out_layers.3", "conv_shortcut": "skip_connection"}
+    mine = dict(blk.named_parameters())
+    sd = {}
+    for k in ref.state_dict():
+        mod, _, leaf = k.rpartition(".")
+        sd[k] = torch.from_numpy(mine[f"{names[mod]}.{leaf}"].detach().float().numpy())
+    ref.load_state_dict(sd)
+    return ref.to(dev, dt)
+
+
+def run_resblock(res, torch, name, repeats):
+    N, Cin, H, W, Cout, E = RESBLOCKS[name]
+    if SMOKE:
+        N, Cin, H, W, Cout = scaled((N, Cin, H, W, Cout))[:5]
+    dev, dt = ("cpu", flame.float32) if SMOKE else ("cuda", flame.bfloat16)
+    ms = timer(repeats, "cupy")
+    blk = flame_resblock(Cin, Cout, E, dev, dt)
+    x = flame.randn(N, Cin, H, W, device=dev).to(dt).detach().requires_grad_(True)
+    emb = flame.randn(N, E, device=dev).to(dt)
+    go = flame.randn(N, Cout, H, W, device=dev).to(dt)
+    r = {"shape": [N, Cin, H, W, Cout], "emb": E}
+
+    def fb():
+        x.grad = None
+        for q in blk.parameters():
+            q.grad = None
+        blk(x, emb).backward(go)
+    for trained in (False, True):
+        for q in blk.parameters():
+            q.requires_grad_(trained)
+        tag = "trained" if trained else "frozen"
+        r["flame_fwd_ms"] = ms(lambda: blk(x, emb))
+        r[f"flame_fwdbwd_{tag}_ms"] = ms(fb, max(5, repeats // 2))
+    with flame.no_grad():
+        yf = blk(x, emb).float().numpy()
+    if torch is not None:
+        tdev, tdt = ("cpu", torch.float32) if SMOKE else ("cuda", torch.bfloat16)
+        tms = timer(repeats, "torch")
+        ref = torch_resblock(torch, blk, Cin, Cout, E, tdev, tdt)
+        xt = torch.from_numpy(x.detach().float().numpy()).to(tdev, tdt).requires_grad_(True)
+        et = torch.from_numpy(emb.float().numpy()).to(tdev, tdt)
+        gt = torch.from_numpy(go.float().numpy()).to(tdev, tdt)
+
+        def tfb():
+            xt.grad = None
+            ref.zero_grad(set_to_none=True)
+            ref(xt, et).backward(gt)
+        for trained in (False, True):
+            ref.requires_grad_(trained)
+            tag = "trained" if trained else "frozen"
+            r["torch_fwd_ms"] = tms(lambda: ref(xt, et))
+            r[f"torch_fwdbwd_{tag}_ms"] = tms(tfb, max(5, repeats // 2))
+        with torch.no_grad():
+            yt = ref(xt, et).float().cpu().numpy()
+        r["max_rel_diff_vs_torch"] = float(np.abs(yf - yt).max() / np.abs(yt).max())
+        r["ratio_fwd"] = r["torch_fwd_ms"] / r["flame_fwd_ms"]
+        for tag in ("frozen", "trained"):
+            r[f"ratio_fwdbwd_{tag}"] = r[f"torch_fwdbwd_{tag}_ms"] / r[f"flame_fwdbwd_{tag}_ms"]
+    res.log(name, r)
 
 
 def main():
+    global SMOKE
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="conv shapes, or 'none'")
+    ap.add_argument("--resblocks", default=",".join(RESBLOCKS), help="SDXL ResBlocks, or 'none'")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--variant", default="auto", help="comma-separated variants (see the docstring)")
+    ap.add_argument("--cpu-smoke", action="store_true", help="scaled-down shapes in float32 on the cpu")
     args = ap.parse_args()
-    if not backend.cuda_available():
-        sys.exit("bench/conv.py needs a CUDA GPU with CuPy")
+    SMOKE = args.cpu_smoke
+    if not SMOKE and not backend.cuda_available():
+        sys.exit("bench/conv.py needs a CUDA GPU with CuPy (or --cpu-smoke)")
     torch = common.import_torch()
     variants = [v.strip() for v in args.variant.split(",") if v.strip()]
+    shapes = [] if args.shapes == "none" else args.shapes.split(",")
+    blocks = [] if args.resblocks == "none" else args.resblocks.split(",")
+    for n in shapes + blocks:
+        if n not in SHAPES and n not in RESBLOCKS:
+            sys.exit(f"unknown shape {n!r}; conv shapes: {', '.join(SHAPES)}; ResBlocks: {', '.join(RESBLOCKS)}")
     saved = {k: os.environ.get(k) for k in VARIANT_ENV}
     res = common.Results("conv")
     failed = common.run_parts(res, [(name, (lambda n: lambda: run_shape(res, torch, n, variants, args.repeats))(name))
-                                    for name in args.shapes.split(",")])
+                                    for name in shapes])
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+    failed |= common.run_parts(res, [(name, (lambda n: lambda: run_resblock(res, torch, n, args.repeats))(name))
+                                     for name in blocks])
     nan = float("nan")
-    rows = [[key.split("[")[0], round(r["flame"]["fwd_ms"], 3), round(r["flame"]["fwd_TFLOPs"], 1),
-             round(r.get("torch_cudnn", {}).get("fwd_ms", nan), 3), round(r.get("ratio_fwd", nan), 2),
-             round(r["flame"]["fwdbwd_ms"], 3), round(r.get("torch_cudnn", {}).get("fwdbwd_ms", nan), 3),
-             round(r.get("ratio_fwdbwd", nan), 2), round(r["flame"]["dx_ms"], 3), round(r["flame"]["dw_ms"], 3),
-             r["variant"]] for key, r in res.items()]
-    print(common.table(["shape", "FLAME fwd ms", "TFLOP/s", "cuDNN ms", "ratio", "FLAME f+b ms", "cuDNN ms", "ratio",
-                        "dx ms", "dw ms", "variant"], rows, title="\nconv2d 3x3 pad 1, bf16; ratio = cuDNN / FLAME"))
-    ok = [res[n].get("ratio_fwd", 0) >= 0.5 for n in ACCEPT if n in res]
-    print(f"acceptance (fwd >= 0.5x cuDNN at SDXL shapes, variant {variants[0]}): "
-          f"{'PASS' if ok and all(ok) else 'FAIL'}")
+    rows = [[key.split("[")[0], f"{r['kernel']}x{r['kernel']}/{r['stride']}", round(r["flame"]["fwd_ms"], 3),
+             round(r["flame"]["fwd_TFLOPs"], 1), round(r.get("torch_cudnn", {}).get("fwd_ms", nan), 3),
+             round(r.get("ratio_fwd", nan), 2), round(r["flame"]["fwdbwd_ms"], 3),
+             round(r.get("torch_cudnn", {}).get("fwdbwd_ms", nan), 3), round(r.get("ratio_fwdbwd", nan), 2),
+             round(r["flame"]["dx_ms"], 3), round(r["flame"]["dw_ms"], 3), r["variant"]]
+            for key, r in res.items() if "variant" in r]
+    if rows:
+        print(common.table(["shape", "k/s", "FLAME fwd ms", "TFLOP/s", "torch ms", "ratio", "FLAME f+b ms", "torch ms",
+                            "ratio", "dx ms", "dw ms", "variant"], rows,
+                           title="\nconv2d, " + ("float32 cpu smoke" if SMOKE else "bf16") + "; ratio = torch / FLAME"))
+    brows = [[n, round(r["flame_fwd_ms"], 3), round(r.get("torch_fwd_ms", nan), 3), round(r.get("ratio_fwd", nan), 2),
+              round(r["flame_fwdbwd_frozen_ms"], 3), round(r.get("torch_fwdbwd_frozen_ms", nan), 3),
+              round(r.get("ratio_fwdbwd_frozen", nan), 2), round(r["flame_fwdbwd_trained_ms"], 3),
+              round(r.get("torch_fwdbwd_trained_ms", nan), 3), round(r.get("ratio_fwdbwd_trained", nan), 2)]
+             for n, r in res.items() if n in RESBLOCKS]
+    if brows:
+        print(common.table(["ResBlock", "FLAME fwd", "torch fwd", "ratio", "FLAME f+b frozen", "torch", "ratio",
+                            "FLAME f+b trained", "torch", "ratio"], brows,
+                           title="\nSDXL ResBlocks (ms; frozen: dx only, as in a LoRA step); ratio = torch / FLAME"))
+    first = [r for r in res.values() if r.get("variant") == variants[0]]
+    if first and torch is not None:
+        bad_f = [r["shape"] for r in first if r["ratio_fwd"] < 1.0]
+        bad_b = [r["shape"] for r in first if r["ratio_fwdbwd"] < 0.9]
+        print(f"bars (variant {variants[0]}): fwd >= 1.0x torch at every shape: "
+              f"{'PASS' if not bad_f else f'FAIL at {len(bad_f)} of {len(first)}'}; fwd+bwd >= 0.9x: "
+              f"{'PASS' if not bad_b else f'FAIL at {len(bad_b)} of {len(first)}'}")
+    if brows and torch is not None:
+        bad = [r[0] for r in brows if not r[6] >= 1.0 or not r[9] >= 1.0]
+        print(f"bar: ResBlock fwd+bwd >= 1.0x torch: {'PASS' if not bad else 'FAIL at ' + ', '.join(bad)}")
     sys.exit(1 if failed else 0)
 
 
