@@ -17,8 +17,10 @@
 //         arrival per consumer warp) once the wgmma's that read it have completed.
 // A stage holds the weight tile [128][64] then the pixel tile [BN][64]: rows of 128 bytes with the 16-byte chunk c of
 // row r at chunk c ^ (r % 8), every tile 1024-byte aligned - the layout of wgmma.cuh's 128-byte-swizzle descriptors.
-// The pixel rows' image coordinates are computed once per CTA into a shared table, so the producer stays within the
-// few registers setmaxnreg leaves it.
+// The pixel rows are described once per CTA in shared tables - each row's element offset in x at tap (0, 0) and a
+// bit mask of the taps that fall inside the image (KH*KW <= 32) - so that a gathered chunk costs the producer two
+// shared loads, a bit test and one address add (the image coordinates and 64-bit products per chunk had made the
+// producer, not the tensor cores, the limit), within the few registers setmaxnreg leaves it.
 // Epilogue: y (N, O, OH*OW) = D + bias, straight from the accumulators (as conv_fwd_igemm's).
 #include "flash_attention.cuh"
 #include "wgmma.cuh"
@@ -35,7 +37,8 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 
     extern __shared__ unsigned char cw_smem[];
     __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[S], empty[S]
-    __shared__ int pix_n[BN], pix_h[BN], pix_w[BN];  // n*H, oh*sh - ph, ow*sw - pw of each pixel row of the tile
+    __shared__ long long pix_base[BN];  // byte offset in x of each pixel row's tap (0, 0) (may lie outside)
+    __shared__ unsigned pix_mask[BN];   // bit kh*KW + kw: that tap of the row lies inside the image
     const unsigned base = (fa_smem_addr(cw_smem) + 1023u) & ~1023u;
     const unsigned bar0 = fa_smem_addr(bars);
     auto full = [&](int s) { return bar0 + 8u * s; };
@@ -50,12 +53,19 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 
     for (int r = tid; r < BN; r += 384) {
         const int p = p0 + r;
+        long long off = 0;
+        unsigned m = 0;  // past the last pixel: every tap falls outside the image
         if (p < P) {
             const int n = p / OHW, q = p - n * OHW, oh = q / OW, ow = q - oh * OW;
-            pix_n[r] = n * H, pix_h[r] = oh * sh - ph, pix_w[r] = ow * sw - pw;
-        } else {  // past the last pixel: every tap falls outside the image
-            pix_n[r] = 0, pix_h[r] = -(1 << 30), pix_w[r] = 0;
+            const int ih0 = oh * sh - ph, iw0 = ow * sw - pw;
+            off = (((long long)n * H + ih0) * W + iw0) * Cp * (long long)sizeof(T);
+            for (int kh = 0; kh < KH; ++kh)
+                for (int kw = 0; kw < KW; ++kw) {
+                    const int ih = ih0 + kh * dh, iw = iw0 + kw * dw;
+                    if ((unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W) m |= 1u << (kh * KW + kw);
+                }
         }
+        pix_base[r] = off, pix_mask[r] = m;
     }
     if (tid == 0) {
 #pragma unroll
@@ -74,7 +84,9 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         const int ptid = tid - 256;
         const int cl = (ptid & 7) * 8, r0 = ptid >> 3;  // this thread's chunk column; rows r0 + 16 i
         const unsigned sw_off = 2 * fa_swz<64>(r0, cl);  // rows r0 + 16 i share r0's swizzle (16 % 8 == 0)
-        const T* wrow = w + (fa_i64)(o0 + r0) * K + cl;
+        const T* wrow = w + (fa_i64)(o0 + r0) * K + cl;  // this thread's first weight row, at k = cl
+        const fa_i64 wstep = (fa_i64)16 * K;               // to row r0 + 16 (i + 1)
+        const int orows = O - o0 - r0;                     // rows r0 + 16 i < O  <=>  16 i < orows
         int kc, kh, kw;  // k = kt * BK + cl as (kh, kw, c); kh == KH past the end
         {
             const int tap = cl / Cp;
@@ -84,24 +96,24 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             const int s = kt % STAGES;
             if (kt >= STAGES) mbar_wait(empty(s), ((kt / STAGES) - 1) & 1);
             const unsigned sa = base + s * STAGE_BYTES + sw_off;
-            const int k = kt * BK + cl;
-            const bool kok = k < K;  // K is a multiple of 8: a chunk is wholly in or out
-#pragma unroll 4
+            const bool kok = kt * BK + cl < K;  // K is a multiple of 8: a chunk is wholly in or out
+            const T* wsrc = wrow + kt * BK;
+#pragma unroll
             for (int i = 0; i < BM / 16; ++i) {
-                const bool ok = kok && o0 + r0 + 16 * i < O;
-                const T* src = ok ? wrow + (fa_i64)(16 * i) * K + kt * BK : w;
-                fa_cp_async16(sa + i * 16 * 128, src, ok ? 16 : 0);
+                const bool ok = kok && 16 * i < orows;
+                fa_cp_async16(sa + i * 16 * 128, ok ? wsrc : w, ok ? 16 : 0);
+                wsrc += wstep;
             }
             const unsigned sb = sa + A_BYTES;
-            const bool tok = kh < KH;
-            const int oh_ = kh * dh, ow_ = kw * dw;
-#pragma unroll 4
+            // this k-tile's tap for this thread: its bit in the rows' masks, and its element offset from tap (0, 0)
+            const unsigned bit = kh < KH ? 1u << (kh * KW + kw) : 0u;
+            const char* xt = reinterpret_cast<const char*>(x + ((fa_i64)(kh * dh) * W + kw * dw) * Cp + kc);
+#pragma unroll
             for (int i = 0; i < BN / 16; ++i) {
                 const int r = r0 + 16 * i;
-                const int ih = pix_h[r] + oh_, iw = pix_w[r] + ow_;
-                const bool ok = tok && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W;
-                const T* src = ok ? x + ((fa_i64)(pix_n[r] + ih) * W + iw) * Cp + kc : x;
-                fa_cp_async16(sb + i * 16 * 128, src, ok ? 16 : 0);
+                const bool ok = (pix_mask[r] & bit) != 0;
+                const char* src = xt + pix_base[r];  // both loads unconditional: a select, no branch
+                fa_cp_async16(sb + i * 16 * 128, ok ? reinterpret_cast<const T*>(src) : x, ok ? 16 : 0);
             }
             mbar_cp_async_arrive(full(s));
             kc += BK;

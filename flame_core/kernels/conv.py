@@ -294,6 +294,9 @@ def wgmma_kernel_info(name, dtype):
             "local_size_bytes": int(attr(getattr(drv, "CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES", 3))), "dynamic_smem": smem}
 
 
+WGMMA_MAX_TAPS = 32  # KH * KW: each pixel row's in-image taps are one 32-bit mask (cuda_src/conv_wgmma.cu)
+
+
 def conv_nhwc_wgmma(xt, wp, out, cg, bias=None):
     """conv_nhwc on Hopper warpgroup MMAs: out (N, O, OH, OW) = conv of xt (N, H, W, Cp) with packed weights
     wp (O, KH*KW*Cp) (+ bias (O,)). float16 / bfloat16, compute capability 9.0 only (no split reduction)."""
@@ -305,6 +308,9 @@ def conv_nhwc_wgmma(xt, wp, out, cg, bias=None):
                         f"{wp.dtype}, {out.dtype}")
     NP = cg.N * cg.OH * cg.OW  # output pixels
     K = cg.KH * cg.KW * cg.Cp
+    if cg.KH * cg.KW > WGMMA_MAX_TAPS:
+        raise ValueError(f"conv_nhwc_wgmma: a {cg.KH}x{cg.KW} kernel has more than {WGMMA_MAX_TAPS} taps (the rows' "
+                         f"tap masks are 32 bits); use conv_nhwc")
     if cg.Cp % 8 or tuple(wp.shape) != (cg.O, K) or xt.size != cg.N * cg.H * cg.W * cg.Cp:
         raise ValueError(f"conv_nhwc_wgmma: packed weights {tuple(wp.shape)} / input of {xt.size} elements do not "
                          f"match the geometry {cg} (weights ({cg.O}, {K}), Cp a multiple of 8)")

@@ -398,11 +398,12 @@ def use_igemm(x, g, pass_="fwd"):
 
 
 def use_wgmma(x, g):
-    """Whether the forward of conv2d on x runs cuda_src/conv_wgmma.cu: use_igemm(x, g) and FLAME_CONV_ALGO asks for
-    fwd=wgmma. Raises RuntimeError when it asks on a device that cannot run sm_90a code (compute capability 9.0)."""
-    if conv_algo("fwd") != "wgmma" or not use_igemm(x, g, "fwd"):
-        return False
+    """Whether the forward of conv2d on x runs cuda_src/conv_wgmma.cu: use_igemm(x, g), FLAME_CONV_ALGO asks for
+    fwd=wgmma and the kernel has at most 32 taps (larger kernels take the mma.sync implicit GEMM). Raises
+    RuntimeError when it asks on a device that cannot run sm_90a code (compute capability 9.0)."""
     from ..kernels import conv as K
+    if conv_algo("fwd") != "wgmma" or not use_igemm(x, g, "fwd") or g.KH * g.KW > K.WGMMA_MAX_TAPS:
+        return False
     if not K.wgmma_available():
         raise RuntimeError("FLAME_CONV_ALGO=fwd=wgmma: the wgmma conv kernel (cuda_src/conv_wgmma.cu) needs a compute "
                            "capability 9.0 GPU (H100/H200); this device is not one - unset it or use fwd=igemm")

@@ -28,6 +28,7 @@ GEOMS = [
     (2, 24, 10, 12, 16, (5, 5), (2, 2), (2, 2, 2, 2), (1, 1)),     # 5x5 stride 2
     (1, 16, 33, 35, 64, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),     # 1155 pixels: ragged last pixel tile
     (1, 8, 6, 6, 130, (3, 3), (1, 1), (3, 3, 3, 3), (1, 1)),       # padding past the kernel reach: empty taps
+    (2, 16, 12, 11, 24, (6, 5), (1, 1), (2, 3, 2, 2), (1, 1)),     # 30 taps: the rows' tap masks near 32 bits
 ]
 
 
@@ -236,3 +237,24 @@ def test_wgmma_tile_choice(monkeypatch):
 def test_wgmma_smem_fits_sm90():
     for name in K.WGMMA_TILES:  # 227 KiB of dynamic shared memory per block on the H100 / H200, 3136 B static
         assert K.wgmma_smem(name) + 3136 <= 232448, name
+
+
+@pytest.mark.gpu
+def test_kernels_of_more_than_32_taps_take_the_mma_sync_kernel(monkeypatch):
+    """The wgmma kernel keeps each pixel row's in-image taps in a 32-bit mask: a 7x7 conv under fwd=wgmma runs the
+    mma.sync implicit GEMM (right numbers), and the kernel itself refuses it."""
+    _need_sm90()
+    cp = backend.cupy
+    cfg = (1, 16, 12, 12, 24, (7, 7), (1, 1), (3, 3, 3, 3), (1, 1))
+    x, w, b, g, want = _case(cfg, "bfloat16", seed=2)
+    npdt = parse_dtype("bfloat16").np
+    xd, wd = (cp.asarray(a.astype(npdt)) for a in (x, w))
+    gs = C.geometry(x.shape, w.shape, 1, 3, 1, 1)
+    monkeypatch.setenv("FLAME_CONV_ALGO", "fwd=wgmma")
+    assert C.use_igemm(xd, gs) and not C.use_wgmma(xd, gs)
+    _assert_close(cp.asnumpy(C.conv2d_forward(xd, wd, gs)).astype(np.float64), want, "bfloat16", "7x7")
+    Cp = K.round8(16)
+    cg = K.ConvGeom(1, 12, 12, Cp, 24, g.OH, g.OW, 7, 7, 1, 1, 3, 3, 1, 1)
+    out = cp.empty((1, 24, g.OH, g.OW), dtype=npdt)
+    with pytest.raises(ValueError, match="more than 32 taps"):
+        K.conv_nhwc_wgmma(K.to_nhwc(xd, Cp), K.pack_weight(wd, Cp), out, cg)
