@@ -17,8 +17,9 @@ Variants (comma-separated, each timed at every shape; the first decides the acce
     igemm:TILE[:sN]       the implicit GEMM with a forced forward / dx tile and N reduction slices (FLAME_CONV_TILE;
                           tiles: TILES in flame_core/kernels/conv.py)
     dwtile:TILE[:sN]      a forced dw tile (FLAME_CONV_DW_TILE)
-    wgmma[:TILE]          the forward on the sm_90a wgmma kernel (cuda_src/conv_wgmma.cu; fwd=wgmma, backward
-                          passes auto), optionally with a forced tile (FLAME_CONV_WGMMA_TILE: 128x128, 128x256)
+    wgmma[:TILE[:sN]]     the forward on the sm_90a wgmma kernel (cuda_src/conv_wgmma.cu; fwd=wgmma, backward
+                          passes auto), optionally with a forced tile and N slices over K (FLAME_CONV_WGMMA_TILE:
+                          128x128, 128x256, e.g. wgmma:128x256:s3)
     fwd=A, dx=A, dw=A     the algorithm (auto, im2col, igemm; fwd also wgmma) of one pass, e.g. igemm:320x128+dw=im2col
 Run: PYTHONPATH=$PWD python3 bench/conv.py [--shapes sdxl_l0,vae_down_1024] [--repeats 20] [--variant auto,im2col]
      [--resblocks sdxl_rb_320,sdxl_rb_640_1280 | --resblocks none]

@@ -21,15 +21,17 @@
 // bit mask of the taps that fall inside the image (KH*KW <= 32) - so that a gathered chunk costs the producer two
 // shared loads, a bit test and one address add (the image coordinates and 64-bit products per chunk had made the
 // producer, not the tensor cores, the limit), within the few registers setmaxnreg leaves it.
-// Epilogue: y (N, O, OH*OW) = D + bias, straight from the accumulators (as conv_fwd_igemm's).
+// Epilogue: y (N, O, OH*OW) = D + bias, straight from the accumulators (as conv_fwd_igemm's); or, split over K
+// (blockIdx.y = the slice of kt_split k-tiles: more CTAs where the output alone leaves SMs idle), fp32 partials
+// ws[slice] (O, P) that conv_igemm.cu's conv_splitk_reduce sums (+ bias) into y.
 #include "flash_attention.cuh"
 #include "wgmma.cuh"
 
 template <typename T, int BN, int STAGES>
 __global__ void __launch_bounds__(384, 1)
 conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
-               int H, int W, int Cp, int O, int KH, int KW, int sh, int sw, int ph, int pw, int dh, int dw, int OH,
-               int OW, int P, int K) {
+               float* __restrict__ ws, int H, int W, int Cp, int O, int KH, int KW, int sh, int sw, int ph, int pw,
+               int dh, int dw, int OH, int OW, int P, int K, int kt_split) {
     constexpr int BM = 128, BK = 64;
     constexpr int NB = BN / 128;  // wgmma m64n128 per k16 step and consumer warpgroup
     constexpr unsigned A_BYTES = BM * BK * 2, STAGE_BYTES = (BM + BN) * BK * 2;
@@ -49,7 +51,8 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     const int o0 = (int)(blockIdx.x % o_tiles) * BM;
     const int p0 = (int)(blockIdx.x / o_tiles) * BN;
     const int OHW = OH * OW;
-    const int nkt = (K + BK - 1) / BK;
+    const int kt0 = blockIdx.y * kt_split;                         // this CTA's k-tiles: kt0 .. kt0 + nkt - 1
+    const int nkt = min((K + BK - 1) / BK - kt0, kt_split);
 
     for (int r = tid; r < BN; r += 384) {
         const int p = p0 + r;
@@ -87,17 +90,18 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         const T* wrow = w + (fa_i64)(o0 + r0) * K + cl;  // this thread's first weight row, at k = cl
         const fa_i64 wstep = (fa_i64)16 * K;               // to row r0 + 16 (i + 1)
         const int orows = O - o0 - r0;                     // rows r0 + 16 i < O  <=>  16 i < orows
-        int kc, kh, kw;  // k = kt * BK + cl as (kh, kw, c); kh == KH past the end
+        int kc, kh, kw;  // k = (kt0 + kt) * BK + cl as (kh, kw, c); kh == KH past the end
         {
-            const int tap = cl / Cp;
-            kc = cl - tap * Cp, kh = tap / KW, kw = tap - kh * KW;
+            const int k = kt0 * BK + cl, tap = k / Cp;
+            kc = k - tap * Cp, kh = tap / KW, kw = tap - kh * KW;
         }
-        for (int kt = 0; kt < nkt; ++kt) {
+        for (int kt = 0; kt < nkt; ++kt) {  // kt counts this slice's k-tiles: the ring's stage and phase
             const int s = kt % STAGES;
             if (kt >= STAGES) mbar_wait(empty(s), ((kt / STAGES) - 1) & 1);
             const unsigned sa = base + s * STAGE_BYTES + sw_off;
-            const bool kok = kt * BK + cl < K;  // K is a multiple of 8: a chunk is wholly in or out
-            const T* wsrc = wrow + kt * BK;
+            const int kg = kt0 + kt;            // the k-tile in K
+            const bool kok = kg * BK + cl < K;  // K is a multiple of 8: a chunk is wholly in or out
+            const T* wsrc = wrow + kg * BK;
 #pragma unroll
             for (int i = 0; i < BM / 16; ++i) {
                 const bool ok = kok && 16 * i < orows;
@@ -165,6 +169,30 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 
     // epilogue: acc[b][j][e] is channel row o0 + wg*64 + wl*16 + g + 8*(e/2), pixel p0 + b*128 + 8j + 2*t4 + e%2
     const int g = lane >> 2, t4 = lane & 3;
+    if (ws != nullptr) {  // split over K: this slice's fp32 partial sums, ws[slice] (O, P)
+        float* part = ws + (fa_i64)blockIdx.y * O * P;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int o = o0 + wg * 64 + wl * 16 + g + hh * 8;
+            if (o >= O) continue;
+#pragma unroll
+            for (int b = 0; b < NB; ++b)
+#pragma unroll
+                for (int j = 0; j < 16; ++j) {
+                    const int p = p0 + b * 128 + j * 8 + 2 * t4;
+                    float* dst = part + (fa_i64)o * P + p;
+                    if (p + 1 < P && (P & 1) == 0) {  // 8-byte aligned pair
+                        float2 v;
+                        v.x = acc[b][j][2 * hh], v.y = acc[b][j][2 * hh + 1];
+                        *reinterpret_cast<float2*>(dst) = v;
+                    } else {
+                        if (p < P) dst[0] = acc[b][j][2 * hh];
+                        if (p + 1 < P) dst[1] = acc[b][j][2 * hh + 1];
+                    }
+                }
+        }
+        return;
+    }
     const bool pair = (OHW & 1) == 0;  // then a pixel pair (2*i, 2*i+1) lies in one image, 4-byte aligned
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {

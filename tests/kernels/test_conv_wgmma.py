@@ -76,7 +76,7 @@ def _need_sm90():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("tile", sorted(K.WGMMA_TILES))
+@pytest.mark.parametrize("tile", sorted(K.WGMMA_TILES) + ["128x128:s3", "128x256:s2"])   # and split over K
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("cfg", GEOMS)
 def test_wgmma_conv_matches_reference(cfg, dtype, tile, bias, monkeypatch):
@@ -223,15 +223,23 @@ def test_fwd_wgmma_on_cpu_keeps_the_cpu_path(monkeypatch):
     np.testing.assert_array_equal(F.conv2d(x, w, b, stride=2, padding=1).numpy(), want)
 
 
-def test_wgmma_tile_choice(monkeypatch):
+def test_wgmma_tile_and_split_choice(monkeypatch):
     monkeypatch.delenv("FLAME_CONV_WGMMA_TILE", raising=False)
-    assert K.wgmma_tile(320, 2 * 128 * 128, 132) == "128x256"   # SDXL 128x128: 3 x 128 CTAs
-    assert K.wgmma_tile(1280, 2 * 32 * 32, 132) == "128x128"    # SDXL 32x32: 10 x 8 CTAs of 128x256
+    assert K.wgmma_plan(320, 2 * 128 * 128, 45, 132) == ("128x256", 45, 1)   # SDXL 128^2: 3 waves of 128x256
+    assert K.wgmma_plan(640, 2 * 64 * 64, 90, 132) == ("128x128", 90, 1)     # SDXL 64^2: 320 CTAs of 128x128
+    assert K.wgmma_plan(1280, 2 * 32 * 32, 180, 132) == ("128x256", 60, 3)   # SDXL 32^2: 80 CTAs, split in 3
+    assert K.wgmma_plan(1280, 2 * 32 * 32, 180, 132, ws_budget=1 << 20)[2] == 1  # partials over the budget
+    assert K.wgmma_tile(320, 2 * 128 * 128, 132) == "128x256"
     monkeypatch.setenv("FLAME_CONV_WGMMA_TILE", "128x128")
-    assert K.wgmma_tile(320, 2 * 128 * 128, 132) == "128x128"
-    monkeypatch.setenv("FLAME_CONV_WGMMA_TILE", "64x64")
-    with pytest.raises(ValueError, match="FLAME_CONV_WGMMA_TILE"):
-        K.wgmma_tile(320, 1000, 132)
+    assert K.wgmma_plan(320, 2 * 128 * 128, 45, 132) == ("128x128", 45, 1)
+    monkeypatch.setenv("FLAME_CONV_WGMMA_TILE", "128x128:s4")
+    assert K.wgmma_plan(320, 2 * 128 * 128, 45, 132) == ("128x128", 12, 4)
+    monkeypatch.setenv("FLAME_CONV_WGMMA_TILE", "128x256:s7")
+    assert K.wgmma_plan(320, 1000, 10, 132) == ("128x256", 2, 5)             # no empty slices
+    for bad in ("64x64", "128x128:s0", "128x128:sx"):
+        monkeypatch.setenv("FLAME_CONV_WGMMA_TILE", bad)
+        with pytest.raises(ValueError, match="FLAME_CONV_WGMMA_TILE"):
+            K.wgmma_plan(320, 1000, 10, 132)
 
 
 def test_wgmma_smem_fits_sm90():
