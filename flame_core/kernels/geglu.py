@@ -21,10 +21,6 @@ def _halves(x, what):
     return x.shape[-1] // 2
 
 
-def _grid(rows):
-    return (max(1, min(int(rows), P.sm_count() * 8)),), (256,)
-
-
 def geglu_reference(x, approximate="none"):
     xp = backend.xp_of(x)
     c = _halves(x, "geglu")
@@ -50,7 +46,7 @@ def geglu_forward(x, approximate="none"):
     x = P.contiguous(x)
     rows = x.size // (2 * c)
     y = backend.xp_of(x).empty(x.shape[:-1] + (c,), dtype=x.dtype)
-    grid, block = _grid(rows)
+    grid, block = P.rows_grid(rows)
     KL.launch(L.get_function("geglu", "geglu_fwd", x.dtype), grid, block,
               (x, y, KL.i64(rows), KL.i32(c), KL.i32(flag)))
     return y
@@ -75,7 +71,7 @@ def geglu_backward(dy, x, approximate="none", inplace=False):
     dy = P.contiguous(dy.astype(x.dtype, copy=False))
     rows = x.size // (2 * c)
     dx = x if inplace else backend.xp_of(x).empty(x.shape, dtype=x.dtype)
-    grid, block = _grid(rows)
+    grid, block = P.rows_grid(rows)
     KL.launch(L.get_function("geglu", "geglu_bwd", x.dtype), grid, block,
               (x, dy, dx, KL.i64(rows), KL.i32(c), KL.i32(flag)))
     return dx

@@ -21,17 +21,13 @@ def _strided_rows(x):
     return x.strides[0] // item
 
 
-def _grid(rows):
-    return (max(1, min(int(rows), P.sm_count() * 8)),), (256,)
-
-
 def gelu_tanh_rows_forward(x):
     ldx = _strided_rows(x)
     if ldx is None:
         return _act.gelu_forward(P.contiguous(x) if L.use_kernel(x) else x, "tanh")
     rows, cols = x.shape
     y = backend.xp_of(x).empty((rows, cols), dtype=x.dtype)
-    grid, block = _grid(rows)
+    grid, block = P.rows_grid(rows)
     KL.launch(L.get_function("gelu_rows", "gelu_rows_fwd", x.dtype), grid, block,
               (x, KL.i64(ldx), y, KL.i64(rows), KL.i32(cols)))
     return y
@@ -46,7 +42,7 @@ def gelu_tanh_rows_backward(dy, x):
     rows, cols = x.shape
     dy = P.contiguous(dy.astype(x.dtype, copy=False))
     dx = backend.xp_of(x).empty((rows, cols), dtype=x.dtype)
-    grid, block = _grid(rows)
+    grid, block = P.rows_grid(rows)
     KL.launch(L.get_function("gelu_rows", "gelu_rows_bwd", x.dtype), grid, block,
               (x, KL.i64(ldx), dy, dx, KL.i64(rows), KL.i32(cols)))
     return dx

@@ -99,3 +99,8 @@ def row_plan(stem, name, dtype, rows, cols, vec):
 def elementwise_grid(n, dtype, block=256):
     """Grid for the grid-stride elementwise kernels over n elements read as 16-byte vectors."""
     return (max(1, min(cdiv(cdiv(n, vec_width(dtype)), block), sm_count() * 16)),), (block,)
+
+
+def rows_grid(rows, block=256):
+    """(grid, block) of a kernel whose blocks walk whole rows (grid-stride): up to 8 blocks per SM."""
+    return (max(1, min(int(rows), sm_count() * 8)),), (block,)

@@ -74,8 +74,7 @@ class GeluTanh(Function):
     def backward(ctx, g):
         (x,) = ctx.saved_tensors
         if state.enabled:  # create_graph
-            t = tanh((x + x * x * x * 0.044715) * _SQRT_2_OVER_PI)
-            return g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * ((1 + x * x * (3 * 0.044715)) * _SQRT_2_OVER_PI))
+            return g * _gelu_grad_ops(x, "tanh")
         rows = _row_view(x._data)
         if rows is not None:
             return _wrap(_rows.gelu_tanh_rows_backward(g._data.reshape(rows.shape), rows).reshape(x.shape))
@@ -95,10 +94,17 @@ class Gelu(Function):
     def backward(ctx, g):
         (x,) = ctx.saved_tensors
         if state.enabled:  # create_graph
-            cdf = 0.5 * (1 + erf(x * (1 / math.sqrt(2))))
-            pdf = exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
-            return g * (cdf + x * pdf)
+            return g * _gelu_grad_ops(x, "none")
         return _wrap(_K.gelu_backward(g._data, x._data, "none"))
+
+
+def _gelu_grad_ops(x, approximate):
+    """GELU'(x) with Tensor ops (differentiable again: the create_graph backwards)."""
+    if approximate == "tanh":
+        t = tanh((x + x * x * x * 0.044715) * _SQRT_2_OVER_PI)
+        return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * ((1 + x * x * (3 * 0.044715)) * _SQRT_2_OVER_PI)
+    cdf = 0.5 * (1 + erf(x * (1 / math.sqrt(2))))
+    return cdf + x * exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
 
 
 class Geglu(Function):
@@ -117,23 +123,12 @@ class Geglu(Function):
     def backward(ctx, g):
         (x,) = ctx.saved_tensors
         if state.enabled:  # create_graph: the same with Tensor ops
+            from .shape import cat
             a, gate = x.chunk(2, dim=-1)
-            return _geglu_grad_ops(g, a, gate, ctx.approximate), None, None
+            return cat([g * gelu(gate, ctx.approximate), g * a * _gelu_grad_ops(gate, ctx.approximate)],
+                       dim=-1), None, None
         reuse = ctx.reuse and not retaining_graph()   # x dies with this node: the gradient goes over it
         return _wrap(_geglu.geglu_backward(g._data, x._data, ctx.approximate, inplace=reuse)), None, None
-
-
-def _geglu_grad_ops(g, a, gate, approximate):
-    from .shape import cat
-    if approximate == "tanh":
-        t = tanh((gate + gate * gate * gate * 0.044715) * _SQRT_2_OVER_PI)
-        act = 0.5 * gate * (1 + t)
-        d = 0.5 * (1 + t) + 0.5 * gate * (1 - t * t) * ((1 + gate * gate * (3 * 0.044715)) * _SQRT_2_OVER_PI)
-    else:
-        cdf = 0.5 * (1 + erf(gate * (1 / math.sqrt(2))))
-        act = gate * cdf
-        d = cdf + gate * exp(-0.5 * gate * gate) * (1 / math.sqrt(2 * math.pi))
-    return cat([g * act, g * a * d], dim=-1)
 
 
 def geglu(x, approximate="none"):

@@ -27,14 +27,20 @@ class LoRA(Adapter):
             raise AdapterError(f"LoRA dropout must be in [0, 1), got {dropout}")
         self.rank, self.rslora, self.dropout = int(rank), bool(rslora), float(dropout)
         self.alpha = float(rank if alpha is None else alpha)
-        self.lora_A = Parameter(flame.empty(self.rank, self.in_features, device=device, dtype=dtype))
-        self.lora_B = Parameter(flame.zeros(self.out_features, self.rank, device=device, dtype=dtype))
+        self.lora_A = Parameter(flame.empty(*self._down_shape(), device=device, dtype=dtype))
+        self.lora_B = Parameter(flame.zeros(*self._up_shape(), device=device, dtype=dtype))
         if init_weights == "kaiming":
             init.kaiming_uniform_(self.lora_A, a=math.sqrt(5), generator=generator)
         elif init_weights == "gaussian":
             init.normal_(self.lora_A, std=1.0 / self.rank, generator=generator)
         else:
             raise AdapterError(f"init_weights must be 'kaiming' or 'gaussian', got {init_weights!r}")
+
+    def _down_shape(self):
+        return (self.rank, self.in_features)
+
+    def _up_shape(self):
+        return (self.out_features, self.rank)
 
     @property
     def scale(self):
@@ -57,8 +63,7 @@ class LoRA(Adapter):
         return AdapterPart(self.kind, t, self.scale * self.rank, rows)   # kohya alpha: s = alpha / r
 
     def load_part(self, part):
-        self._check_load(part, {"lora_down.weight": (self.rank, self.in_features),
-                                "lora_up.weight": (self.out_features, self.rank)})
+        self._check_load(part, {"lora_down.weight": self._down_shape(), "lora_up.weight": self._up_shape()})
         self._assign(self.lora_A, part.tensors["lora_down.weight"])
         self._assign(self.lora_B, part.tensors["lora_up.weight"])
         s = part.scale

@@ -1,4 +1,7 @@
 """Shared pieces of the trainer tests: a tiny Flux checkpoint file, folders of precomputed samples, a small config."""
+import importlib.util
+import os
+
 import numpy as np
 import pytest
 
@@ -83,3 +86,14 @@ def image_config(tmp_path, name, model_path, images, steps=4, train=None, **top)
         else:
             d[k] = v
     return config_from_dict(d)
+
+
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
+
+
+def fixture_script(name):
+    """The module tests/fixtures/<name>.py (a fixture-making script), imported by path."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(FIXTURES, f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

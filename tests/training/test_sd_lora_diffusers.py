@@ -4,7 +4,6 @@ in tests/fixtures/make_sd_lora_diffusers.py (StableDiffusion3Pipeline / StableDi
 and load_lora_into_*), and FLAME, loading the same files, computes the same outputs. Which layouts diffusers reads
 is recorded there: SD3 PEFT, SDXL PEFT and SDXL kohya (SAI names); SD3's kohya names (lora_unet_joint_blocks_...)
 are ComfyUI's and kohya's, which diffusers 0.42 does not convert."""
-import importlib.util
 import json
 import os
 
@@ -15,16 +14,9 @@ import flame_core as flame
 import flame_nn.adapters as A
 from flame_core import io
 
-FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
+from .conftest import FIXTURES, fixture_script
+
 OUT = os.path.join(FIXTURES, "sd_lora")
-
-
-def _maker():
-    spec = importlib.util.spec_from_file_location("make_sd_lora_flame_files",
-                                                  os.path.join(FIXTURES, "make_sd_lora_flame_files.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _run(arch, model, x):
@@ -46,7 +38,7 @@ def test_diffusers_computes_flames_lora_outputs(arch):
         report = json.load(f)
     golden = {k: v.numpy() for k, v in io.load_file(os.path.join(OUT, "diffusers_outputs.safetensors")).items()}
     x = {k: v.numpy() for k, v in io.load_file(os.path.join(OUT, f"{arch}_inputs.safetensors")).items()}
-    maker = _maker()
+    maker = fixture_script("make_sd_lora_flame_files")
     _close(_run(arch, maker.base_model(arch), x), golden[f"{arch}_base"], f"{arch} base")
     read = [fmt for fmt in ("peft", "kohya") if report[f"{arch}_{fmt}"].startswith("loaded")]
     assert read == (["peft"] if arch == "sd3" else ["peft", "kohya"]), report
@@ -62,7 +54,7 @@ def test_diffusers_computes_flames_lora_outputs(arch):
 def test_the_fixture_files_are_what_flame_writes(arch, tmp_path):
     """The committed LoRA files are FLAME's output for the generator's seed (so the check above is about FLAME's
     files, not stale ones)."""
-    maker = _maker()
+    maker = fixture_script("make_sd_lora_flame_files")
     model = maker.with_lora(arch, {"sd3": 1, "sdxl": 2}[arch])
     for fmt in ("peft", "kohya"):
         path = str(tmp_path / f"{fmt}.safetensors")

@@ -3,7 +3,6 @@ token ids (no text-embedding cache), LoRA on CLIP-L / CLIP-G's attention and MLP
 optimizer group, the LoRA file's lora_te1_ / lora_te2_ (kohya) or text_encoder. / text_encoder_2. (PEFT) parts
 loaded by the SDXL generator's load_text_encoders giving the trained encoders' embeddings, previews encoded by the
 trained encoders, exact resume, and the config errors."""
-import importlib.util
 import json
 import os
 
@@ -18,10 +17,9 @@ from flame_models.training.config import ConfigError
 from flame_models.training.data import SyntheticDataset
 from flame_models.training.trainer import Trainer
 
-from .conftest import image_config
+from .conftest import FIXTURES, fixture_script, image_config
 from .test_sd_families import PROMPTS, SD3_MODEL, images, sdxl_config, sdxl_model  # noqa: F401 (fixtures)
 
-FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
 TE_TRAIN = {"train_text_encoder": True, "text_encoder_lr": 5e-3}
 
 
@@ -156,14 +154,6 @@ def test_text_encoder_config_errors(tmp_path, images, sdxl_model):
 
 
 # ----------------------------------------------------------------------------- diffusers reads the same files
-def _maker():
-    spec = importlib.util.spec_from_file_location("make_te_lora_flame_files",
-                                                  os.path.join(FIXTURES, "make_te_lora_flame_files.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.parametrize("fmt", ["peft", "kohya"])
 def test_diffusers_load_lora_weights_reads_the_text_encoder_parts_as_flame_means_them(fmt):
     """tests/fixtures/make_te_lora_flame_files.py wrote the files with save_adapters(text_encoders=...) as the trainer
@@ -174,7 +164,7 @@ def test_diffusers_load_lora_weights_reads_the_text_encoder_parts_as_flame_means
         report = json.load(f)
     assert report["files"][fmt] == {"loaded": {"text_encoder": 12, "text_encoder_2": 18, "unet": 17}}, report
     golden = {k: v.numpy() for k, v in io.load_file(os.path.join(out, "diffusers_outputs.safetensors")).items()}
-    files = _maker().pipeline_files()
+    files = fixture_script("make_te_lora_flame_files").pipeline_files()
     with load_text_encoders(files, dtype=flame.float32, device="cpu") as enc:
         base = {k: v.numpy() for k, v in enc.encode(report["prompts"]).items()}
     with load_text_encoders(files, dtype=flame.float32, device="cpu",
