@@ -12,15 +12,17 @@ ResBlocks (--resblocks): GroupNorm+SiLU, conv, time-embedding add, GroupNorm+SiL
 channels change), fwd+bwd with the weights frozen (a LoRA step: dx only) and with their gradients (full training).
 Variants (comma-separated, each timed at every shape; the first decides the acceptance line), settings joined by '+':
     auto                  what conv2d picks (im2col + cuBLAS for column matrices up to IM2COL_MAX_BYTES, else the
-                          implicit GEMM of cuda_src/conv_igemm.cu)
+                          implicit GEMM: on sm_90 cuda_src/conv_wgmma.cu for fwd and stride-1 dx, conv_igemm.cu's
+                          mma.sync kernels for the rest; plain 1x1: one batched cuBLAS GEMM)
     im2col / igemm        that path for every pass (FLAME_CONV_ALGO)
-    igemm:TILE[:sN]       the implicit GEMM with a forced forward / dx tile and N reduction slices (FLAME_CONV_TILE;
+    igemm:TILE[:sN]       the mma.sync implicit GEMM with a forced forward / dx tile and N reduction slices (FLAME_CONV_TILE;
                           tiles: TILES in flame_core/kernels/conv.py)
     dwtile:TILE[:sN]      a forced dw tile (FLAME_CONV_DW_TILE)
-    wgmma[:TILE[:sN]]     the forward on the sm_90a wgmma kernel (cuda_src/conv_wgmma.cu; fwd=wgmma, backward
-                          passes auto), optionally with a forced tile and N slices over K (FLAME_CONV_WGMMA_TILE:
+    wgmma[:TILE[:sN]]     fwd and dx on the sm_90a wgmma kernel (cuda_src/conv_wgmma.cu; fwd=wgmma,dx=wgmma, dw
+                          auto), optionally with a forced tile and N slices over K (FLAME_CONV_WGMMA_TILE:
                           128x128, 128x256, e.g. wgmma:128x256:s3)
-    fwd=A, dx=A, dw=A     the algorithm (auto, im2col, igemm; fwd also wgmma) of one pass, e.g. igemm:320x128+dw=im2col
+    fwd=A, dx=A, dw=A     the algorithm (auto, im2col, igemm; fwd and dx also wgmma) of one pass, e.g.
+                          igemm:320x128+dw=im2col
 Run: PYTHONPATH=$PWD python3 bench/conv.py [--shapes sdxl_l0,vae_down_1024] [--repeats 20] [--variant auto,im2col]
      [--resblocks sdxl_rb_320,sdxl_rb_640_1280 | --resblocks none]
      --cpu-smoke: every shape scaled down, float32 on the cpu with host timers (checks the script, not a figure)
@@ -116,10 +118,10 @@ def set_variant(v):
         elif part.startswith("dwtile:"):
             os.environ["FLAME_CONV_DW_TILE"] = part[len("dwtile:"):]
         elif part == "wgmma" or part.startswith("wgmma:"):
-            algo["fwd"] = "wgmma"
+            algo["fwd"] = algo["dx"] = "wgmma"
             if part != "wgmma":
                 os.environ["FLAME_CONV_WGMMA_TILE"] = part[len("wgmma:"):]
-        elif kind in C.PASSES and value in ("auto", "im2col", "igemm") + (("wgmma",) if kind == "fwd" else ()):
+        elif kind in C.PASSES and value in ("auto", "im2col", "igemm") + (("wgmma",) if kind in ("fwd", "dx") else ()):
             algo[kind] = value
         else:
             sys.exit(f"unknown variant setting {part!r} in {v!r}")
@@ -159,7 +161,8 @@ def bench_flame(N, Cin, H, W, O, k, stride, pad, repeats):
     r = dict(fwd_ms=ms(lambda: op(x, w)), fwdbwd_ms=ms(fb, max(5, repeats // 2)),
              dx_ms=ms(lambda: C.conv2d_backward(ga, xa, wa, g, need_x=True, need_w=False)),
              dw_ms=ms(lambda: C.conv2d_backward(ga, xa, wa, g, need_x=False, need_w=True)),
-             paths={q: ("wgmma" if q == "fwd" and C.use_wgmma(xa, g) else "igemm") if C.use_igemm(xa, g, q)
+             paths={q: ("wgmma" if q != "dw" and C.use_wgmma(xa, g, q) else "igemm")
+                    if C.use_igemm(xa, g, q) and (q != "dx" or g.sh == g.sw == 1)
                     else ("cublas 1x1" if C._is_pointwise(g) else "im2col") for q in C.PASSES})
     if r["paths"]["fwd"] == "wgmma":  # registers / spills / shared memory of the tile that ran
         r["wgmma_kernel"] = KC.wgmma_kernel_info(KC.wgmma_tile(O, N * OH * OW, plans.sm_count()), xa.dtype)

@@ -39,8 +39,6 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 
     extern __shared__ unsigned char cw_smem[];
     __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[S], empty[S]
-    __shared__ long long pix_base[BN];  // byte offset in x of each pixel row's tap (0, 0) (may lie outside)
-    __shared__ unsigned pix_mask[BN];   // bit kh*KW + kw: that tap of the row lies inside the image
     const unsigned base = (fa_smem_addr(cw_smem) + 1023u) & ~1023u;
     const unsigned bar0 = fa_smem_addr(bars);
     auto full = [&](int s) { return bar0 + 8u * s; };
@@ -54,22 +52,6 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     const int kt0 = blockIdx.y * kt_split;                         // this CTA's k-tiles: kt0 .. kt0 + nkt - 1
     const int nkt = min((K + BK - 1) / BK - kt0, kt_split);
 
-    for (int r = tid; r < BN; r += 384) {
-        const int p = p0 + r;
-        long long off = 0;
-        unsigned m = 0;  // past the last pixel: every tap falls outside the image
-        if (p < P) {
-            const int n = p / OHW, q = p - n * OHW, oh = q / OW, ow = q - oh * OW;
-            const int ih0 = oh * sh - ph, iw0 = ow * sw - pw;
-            off = (((long long)n * H + ih0) * W + iw0) * Cp * (long long)sizeof(T);
-            for (int kh = 0; kh < KH; ++kh)
-                for (int kw = 0; kw < KW; ++kw) {
-                    const int ih = ih0 + kh * dh, iw = iw0 + kw * dw;
-                    if ((unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W) m |= 1u << (kh * KW + kw);
-                }
-        }
-        pix_base[r] = off, pix_mask[r] = m;
-    }
     if (tid == 0) {
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
@@ -79,16 +61,37 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     }
     __syncthreads();
 
-    // registers: the producer keeps 40, the two consumer warpgroups share the rest (65536 per SM, one CTA)
-    constexpr int REG_P = 40, REG_C = 232;
+    // registers: the producer keeps REG_P (its rows' offsets and tap masks live in registers), the two consumer
+    // warpgroups share the rest (65536 per SM, one CTA)
+    constexpr int REG_P = 80, REG_C = 216;
     static_assert(128 * REG_P + 256 * REG_C <= 65536, "register budget");
     if (warp >= 8) {  // ------------------------------------------------------- producer warpgroup
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_P));
         const int ptid = tid - 256;
         const int cl = (ptid & 7) * 8, r0 = ptid >> 3;  // this thread's chunk column; rows r0 + 16 i
         const unsigned sw_off = 2 * fa_swz<64>(r0, cl);  // rows r0 + 16 i share r0's swizzle (16 % 8 == 0)
+        constexpr int NR = BN / 16;                      // pixel rows per thread
+        // each pixel row's byte offset in x at tap (0, 0) (may lie outside x: only read where the tap is inside)
+        // and the bits kh*KW + kw of its in-image taps (0 past the last pixel: every chunk zero-filled)
+        int roff[NR];
+        unsigned rmask[NR];
+#pragma unroll
+        for (int i = 0; i < NR; ++i) {
+            const int p = p0 + r0 + 16 * i;
+            roff[i] = 0, rmask[i] = 0;
+            if (p < P) {
+                const int n = p / OHW, q = p - n * OHW, oh = q / OW, ow = q - oh * OW;
+                const int ih0 = oh * sh - ph, iw0 = ow * sw - pw;
+                roff[i] = ((n * H + ih0) * W + iw0) * Cp * (int)sizeof(T);  // x is under 2 GiB (conv.py checks)
+                for (int kh = 0; kh < KH; ++kh)
+                    for (int kw = 0; kw < KW; ++kw) {
+                        const int ih = ih0 + kh * dh, iw = iw0 + kw * dw;
+                        if ((unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W) rmask[i] |= 1u << (kh * KW + kw);
+                    }
+            }
+        }
         const T* wrow = w + (fa_i64)(o0 + r0) * K + cl;  // this thread's first weight row, at k = cl
-        const fa_i64 wstep = (fa_i64)16 * K;               // to row r0 + 16 (i + 1)
+        const int wstep = 16 * K;                          // to row r0 + 16 (i + 1) (w is under 2^31 elements)
         const int orows = O - o0 - r0;                     // rows r0 + 16 i < O  <=>  16 i < orows
         int kc, kh, kw;  // k = (kt0 + kt) * BK + cl as (kh, kw, c); kh == KH past the end
         {
@@ -103,21 +106,18 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             const bool kok = kg * BK + cl < K;  // K is a multiple of 8: a chunk is wholly in or out
             const T* wsrc = wrow + kg * BK;
 #pragma unroll
-            for (int i = 0; i < BM / 16; ++i) {
+            for (int i = 0; i < BM / 16; ++i) {  // a zero-filled chunk (src-size 0) points at w itself
                 const bool ok = kok && 16 * i < orows;
-                fa_cp_async16(sa + i * 16 * 128, ok ? wsrc : w, ok ? 16 : 0);
-                wsrc += wstep;
+                fa_cp_async16(sa + i * 16 * 128, ok ? wsrc + i * wstep : w, ok ? 16 : 0);
             }
             const unsigned sb = sa + A_BYTES;
-            // this k-tile's tap for this thread: its bit in the rows' masks, and its element offset from tap (0, 0)
+            // this k-tile's tap for this thread: its bit in the rows' masks, and its x address at row offset 0
             const unsigned bit = kh < KH ? 1u << (kh * KW + kw) : 0u;
             const char* xt = reinterpret_cast<const char*>(x + ((fa_i64)(kh * dh) * W + kw * dw) * Cp + kc);
 #pragma unroll
-            for (int i = 0; i < BN / 16; ++i) {
-                const int r = r0 + 16 * i;
-                const bool ok = (pix_mask[r] & bit) != 0;
-                const char* src = xt + pix_base[r];  // both loads unconditional: a select, no branch
-                fa_cp_async16(sb + i * 16 * 128, ok ? reinterpret_cast<const T*>(src) : x, ok ? 16 : 0);
+            for (int i = 0; i < NR; ++i) {
+                const bool ok = (rmask[i] & bit) != 0;
+                fa_cp_async16(sb + i * 16 * 128, ok ? (const void*)(xt + roff[i]) : (const void*)x, ok ? 16 : 0);
             }
             mbar_cp_async_arrive(full(s));
             kc += BK;
@@ -193,30 +193,38 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         }
         return;
     }
-    const bool pair = (OHW & 1) == 0;  // then a pixel pair (2*i, 2*i+1) lies in one image, 4-byte aligned
+    // the output tile goes through shared memory (the stages are free once both consumer warpgroups are done
+    // reading them): rows of BN outputs (+ bias) at a stride of BN + 8 elements (conflict-free pair stores), then
+    // each row of y's (N, O, OH*OW) out in coalesced 16-byte pieces of 8 pixels
+    constexpr int LDT = BN + 8;
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    T* tile = reinterpret_cast<T*>(cw_smem + (base - fa_smem_addr(cw_smem)));
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-        const int o = o0 + wg * 64 + wl * 16 + g + hh * 8;
-        if (o >= O) continue;
-        const float bv = bias != nullptr ? FaType<T>::to_float(bias[o]) : 0.f;
+        const int r = wg * 64 + wl * 16 + g + hh * 8;
+        const float bv = bias != nullptr && o0 + r < O ? FaType<T>::to_float(bias[o0 + r]) : 0.f;
 #pragma unroll
         for (int b = 0; b < NB; ++b)
 #pragma unroll
-            for (int j = 0; j < 16; ++j) {
-                const int p = p0 + b * 128 + j * 8 + 2 * t4;
-                if (p >= P) continue;
-                const int n = p / OHW, q = p - n * OHW;
-                const float v0 = acc[b][j][2 * hh] + bv, v1 = acc[b][j][2 * hh + 1] + bv;
-                T* dst = y + ((fa_i64)n * O + o) * OHW + q;
-                if (pair) {
-                    *reinterpret_cast<fa_u32*>(dst) = FaType<T>::pack(v0, v1);
-                } else {
-                    *dst = FaType<T>::from_float(v0);
-                    if (p + 1 < P) {
-                        T* d1 = q + 1 < OHW ? dst + 1 : y + ((fa_i64)(n + 1) * O + o) * OHW;
-                        *d1 = FaType<T>::from_float(v1);
-                    }
-                }
+            for (int j = 0; j < 16; ++j)
+                *reinterpret_cast<fa_u32*>(tile + r * LDT + b * 128 + j * 8 + 2 * t4) =
+                    FaType<T>::pack(acc[b][j][2 * hh] + bv, acc[b][j][2 * hh + 1] + bv);
+    }
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    constexpr int VPR = BN / 8;  // 16-byte pieces per row
+    const bool vec = (OHW & 7) == 0;  // then 8 pixels from a multiple of 8 lie in one image, 16-byte aligned
+    for (int v = tid; v < BM * VPR; v += 256) {
+        const int r = v / VPR, c = (v - r * VPR) * 8, o = o0 + r, p = p0 + c;
+        if (o >= O || p >= P) continue;
+        const T* src = tile + r * LDT + c;
+        int n = p / OHW, q = p - n * OHW;
+        if (vec && p + 8 <= P) {
+            *reinterpret_cast<uint4*>(y + ((fa_i64)n * O + o) * OHW + q) = *reinterpret_cast<const uint4*>(src);
+        } else {
+            for (int e = 0; e < 8 && p + e < P; ++e) {
+                y[((fa_i64)n * O + o) * OHW + q] = src[e];
+                if (++q == OHW) q = 0, ++n;
             }
+        }
     }
 }

@@ -1,5 +1,6 @@
-"""The Hopper implicit-GEMM conv forward (cuda_src/conv_wgmma.cu, flame_core.kernels.conv.conv_nhwc_wgmma) against a
-float64 NumPy reference, its opt-in routing (FLAME_CONV_ALGO=fwd=wgmma), and on the cpu the parsing of that setting
+"""The Hopper implicit-GEMM conv (cuda_src/conv_wgmma.cu, flame_core.kernels.conv.conv_nhwc_wgmma) against a float64
+NumPy reference, as the forward and as the stride-1 input gradient; its routing ('auto' on compute capability 9.0,
+FLAME_CONV_ALGO=fwd=wgmma / dx=wgmma, 'igemm' for the mma.sync kernel), and on the cpu the parsing of that setting
 and the cpu path's indifference to it."""
 import numpy as np
 import pytest
@@ -128,7 +129,8 @@ class _Spy:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_fwd_wgmma_routes_to_the_kernel_and_auto_does_not(dtype, monkeypatch):
+def test_wgmma_routing_fwd(dtype, monkeypatch):
+    """fwd=wgmma and 'auto' (where it takes the implicit GEMM) run the wgmma kernel; 'igemm' the mma.sync one."""
     _need_sm90()
     cp = backend.cupy
     cfg = (3, 40, 11, 13, 64, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
@@ -150,32 +152,101 @@ def test_fwd_wgmma_routes_to_the_kernel_and_auto_does_not(dtype, monkeypatch):
     chunks = C._image_chunks(3, 11 * 13 * 40 * 2, C.workspace_bytes(True), 11 * 13)
     assert len(chunks) == 3 and wg_spy.calls == 1 + len(chunks)
     monkeypatch.delenv("FLAME_CONV_WORKSPACE_MB")
-    # 'auto' with the implicit GEMM chosen (threshold 0): the mma.sync kernel, never the wgmma one
+    # 'auto' with the implicit GEMM chosen (threshold 0): the wgmma kernel on this device
     monkeypatch.setenv("FLAME_CONV_ALGO", "auto")
     monkeypatch.setenv("FLAME_CONV_IM2COL_MAX_MB", "0")
     calls = wg_spy.calls
-    assert C.use_igemm(xd, gs) and not C.use_wgmma(xd, gs)
+    assert C.use_igemm(xd, gs) and C.use_wgmma(xd, gs)
     _assert_close(cp.asnumpy(C.conv2d_forward(xd, wd, gs, bd)).astype(np.float64), want, dtype, "auto")
-    assert wg_spy.calls == calls and ig_spy.calls == 1
+    assert (wg_spy.calls, ig_spy.calls) == (calls + 1, 0)
+    # 'igemm', or 'auto' with WGMMA_AUTO off: the mma.sync kernel
+    monkeypatch.setenv("FLAME_CONV_ALGO", "igemm")
+    assert C.use_igemm(xd, gs) and not C.use_wgmma(xd, gs)
+    _assert_close(cp.asnumpy(C.conv2d_forward(xd, wd, gs, bd)).astype(np.float64), want, dtype, "igemm")
+    monkeypatch.setenv("FLAME_CONV_ALGO", "auto")
+    monkeypatch.setattr(C, "WGMMA_AUTO", False)
+    assert not C.use_wgmma(xd, gs)
+    _assert_close(cp.asnumpy(C.conv2d_forward(xd, wd, gs, bd)).astype(np.float64), want, dtype, "auto, off")
+    assert (wg_spy.calls, ig_spy.calls) == (calls + 1, 2)
+
+
+# dx as a conv of dy: stride 1 geometries (N, C, H, W, O, k, padding, dilation): ragged channels, batch 3, odd sizes,
+# a 1x1 with padding, dilation, padding past the kernel's reach (dx's own padding negative)
+DX_GEOMS = [
+    (1, 13, 9, 7, 7, 3, 1, 1),
+    (3, 40, 11, 13, 64, 3, 1, 1),
+    (2, 330, 9, 10, 200, 3, 1, 1),
+    (1, 24, 13, 12, 20, 3, 2, 2),
+    (1, 40, 9, 9, 130, 1, 1, 1),
+    (2, 16, 12, 11, 24, 5, 2, 1),
+    (1, 8, 8, 8, 16, 3, 3, 1),
+]
 
 
 @pytest.mark.gpu
-def test_fwd_wgmma_training_step(monkeypatch):
-    """F.conv2d with fwd=wgmma: the forward on the wgmma kernel, dx / dw on their usual paths, all against float64."""
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("cfg", DX_GEOMS)
+def test_wgmma_dx_matches_reference(cfg, dtype, monkeypatch):
+    """conv2d_backward's input gradient on the wgmma kernel (dx=wgmma) against the float64 cpu path."""
     _need_sm90()
-    monkeypatch.setenv("FLAME_CONV_ALGO", "fwd=wgmma,dx=igemm,dw=igemm")
+    cp = backend.cupy
+    N, Cc, H, W, O, k, p, d = cfg
+    rng = np.random.default_rng(3)
+    npdt = parse_dtype(dtype).np
+    x = rng.standard_normal((N, Cc, H, W)).astype(npdt).astype(np.float64)
+    w = (rng.standard_normal((O, Cc, k, k)) * 0.2).astype(npdt).astype(np.float64)
+    g = C.geometry(x.shape, w.shape, 1, p, d, 1)
+    gy = rng.standard_normal((N, O, g.OH, g.OW)).astype(npdt).astype(np.float64)
+    want, _ = C._im2col_backward(gy, x, w, g, True, False)
+    spy = _Spy(K.conv_nhwc_wgmma)
+    monkeypatch.setattr(K, "conv_nhwc_wgmma", spy)
+    monkeypatch.setenv("FLAME_CONV_ALGO", "dx=wgmma")
+    xd, wd, gd = (cp.asarray(a.astype(npdt)) for a in (x, w, gy))
+    assert C.use_wgmma(xd, g, "dx")
+    dx, dw = C.conv2d_backward(gd, xd, wd, g, need_x=True, need_w=False)
+    assert dw is None and spy.calls == 1
+    _assert_close(cp.asnumpy(dx).astype(np.float64), want, dtype, f"dx {cfg}")
+
+
+@pytest.mark.gpu
+def test_wgmma_dx_strided_takes_im2col(monkeypatch):
+    """A strided dx is a transposed conv, not a conv: dx=wgmma leaves it to im2col (right numbers, no wgmma call)."""
+    _need_sm90()
+    cp = backend.cupy
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 24, 11, 10)).astype(np.float16).astype(np.float64)
+    w = (rng.standard_normal((32, 24, 3, 3)) * 0.2).astype(np.float16).astype(np.float64)
+    g = C.geometry(x.shape, w.shape, 2, 1, 1, 1)
+    gy = rng.standard_normal((2, 32, g.OH, g.OW)).astype(np.float16).astype(np.float64)
+    want, _ = C._im2col_backward(gy, x, w, g, True, False)
+    spy = _Spy(K.conv_nhwc_wgmma)
+    monkeypatch.setattr(K, "conv_nhwc_wgmma", spy)
+    monkeypatch.setenv("FLAME_CONV_ALGO", "dx=wgmma")
+    xd, wd, gd = (cp.asarray(a.astype(np.float16)) for a in (x, w, gy))
+    assert not C.use_wgmma(xd, g, "dx")
+    dx, _ = C.conv2d_backward(gd, xd, wd, g, need_x=True, need_w=False)
+    assert spy.calls == 0
+    _assert_close(cp.asnumpy(dx).astype(np.float64), want, "float16", "strided dx")
+
+
+@pytest.mark.gpu
+def test_wgmma_training_step(monkeypatch):
+    """F.conv2d with fwd=wgmma,dx=wgmma: forward and input gradient on the wgmma kernel, dw on the mma.sync one, all
+    against float64 (stride 1; the strided case is the test above)."""
+    _need_sm90()
+    monkeypatch.setenv("FLAME_CONV_ALGO", "fwd=wgmma,dx=wgmma,dw=igemm")
     rng = np.random.default_rng(2)
     x = rng.standard_normal((2, 24, 12, 10))
     w = rng.standard_normal((40, 24, 3, 3)) * 0.1
     b = rng.standard_normal(40)
-    gy = rng.standard_normal((2, 40, 6, 5))
+    gy = rng.standard_normal((2, 40, 12, 10))
     xr, wr = flame.tensor(x, device="cpu", requires_grad=True), flame.tensor(w, device="cpu", requires_grad=True)
-    yr = F.conv2d(xr, wr, flame.tensor(b, device="cpu"), stride=2, padding=1)
+    yr = F.conv2d(xr, wr, flame.tensor(b, device="cpu"), stride=1, padding=1)
     yr.backward(flame.tensor(gy, device="cpu"))
     dt = flame.bfloat16
     xt = flame.tensor(x, dtype=dt, device="cuda", requires_grad=True)
     wt = flame.tensor(w, dtype=dt, device="cuda", requires_grad=True)
-    y = F.conv2d(xt, wt, flame.tensor(b, dtype=dt, device="cuda"), stride=2, padding=1)
+    y = F.conv2d(xt, wt, flame.tensor(b, dtype=dt, device="cuda"), stride=1, padding=1)
     y.backward(flame.tensor(gy, dtype=dt, device="cuda"))
     for got, ref_, what in ((y, yr, "y"), (xt.grad, xr.grad, "dx"), (wt.grad, wr.grad, "dw")):
         a, r = got.detach().float().numpy().astype(np.float64), ref_.detach().numpy()
@@ -201,9 +272,11 @@ def test_conv_algo_parses_wgmma(monkeypatch):
     assert [C.conv_algo(p) for p in C.PASSES] == ["wgmma", "auto", "auto"]
     monkeypatch.setenv("FLAME_CONV_ALGO", "FWD=WGMMA+dx=igemm+dw=im2col")
     assert [C.conv_algo(p) for p in C.PASSES] == ["wgmma", "igemm", "im2col"]
-    for spec in ("wgmma", "dx=wgmma", "fwd=wgmma,dw=wgmma"):  # no backward algorithm of that name
+    monkeypatch.setenv("FLAME_CONV_ALGO", "fwd=wgmma,dx=wgmma")
+    assert [C.conv_algo(p) for p in C.PASSES] == ["wgmma", "wgmma", "auto"]
+    for spec in ("wgmma", "dw=wgmma", "fwd=wgmma,dw=wgmma"):  # no weight-gradient algorithm of that name
         monkeypatch.setenv("FLAME_CONV_ALGO", spec)
-        with pytest.raises(ValueError, match="forward algorithm only"):
+        with pytest.raises(ValueError, match="forward / input-gradient algorithm only"):
             C.conv_algo("fwd")
     monkeypatch.setenv("FLAME_CONV_ALGO", "fwd=wgmma,dx=cudnn")  # a bad backward setting fails at the forward
     with pytest.raises(ValueError, match="must be one of"):
