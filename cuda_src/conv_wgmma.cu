@@ -62,9 +62,11 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     __syncthreads();
 
     // registers: the producer keeps REG_P (its rows' offsets and tap masks live in registers), the two consumer
-    // warpgroups share the rest (65536 per SM, one CTA)
-    constexpr int REG_P = 80, REG_C = 216;
-    static_assert(128 * REG_P + 256 * REG_C <= 65536, "register budget");
+    // warpgroups take what it gives up. setmaxnreg moves registers within the CTA's launch allocation (168 per thread
+    // under __launch_bounds__(384, 1): conv.py checks the kernel's count), so the sum must fit it exactly or the
+    // consumers' increase waits forever
+    constexpr int REG_P = 72, REG_C = 216;
+    static_assert(128 * REG_P + 256 * REG_C <= 168 * 384, "register budget");
     if (warp >= 8) {  // ------------------------------------------------------- producer warpgroup
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_P));
         const int ptid = tid - 256;

@@ -311,9 +311,16 @@ def wgmma_plan(O, NP, KT, sms, ws_budget=512 << 20):
     return best[1], best[2], best[3]
 
 
+WGMMA_LAUNCH_REGS = 168  # registers per thread the kernel's setmaxnreg split (72 producer, 216 consumer) moves within
+
+
 def _wgmma_kernel(name, dtype):
     bn, st = WGMMA_TILES[name]
     fn = L.get_function(WGMMA_STEM, f"conv_fwd_wgmma<{{T}}, {bn}, {st}>", dtype)
+    regs = int(fn._attribute(getattr(backend.cupy.cuda.driver, "CU_FUNC_ATTRIBUTE_NUM_REGS", 4)))
+    if regs != WGMMA_LAUNCH_REGS:  # fewer: the consumers' setmaxnreg.inc would wait forever (a hang, not an error)
+        raise RuntimeError(f"conv_fwd_wgmma {name}: compiled with {regs} registers per thread, not "
+                           f"{WGMMA_LAUNCH_REGS}: its setmaxnreg split (cuda_src/conv_wgmma.cu) would not fit")
     return fn, wgmma_smem(name)
 
 
