@@ -230,3 +230,176 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------- weight gradient
+// Weight gradient of the forward above on warpgroup MMAs: the same inputs and fp32 partial sums as conv_dw_igemm
+// (cuda_src/conv_igemm.cu), so that conv_dw_reduce sums them into dw (O, C, KH, KW):
+//
+//   ws[slice](O, K) = sum over this slice's pixels p of  dY[p, o] * X[p, k],   X[p, k] as in the forward (0 outside)
+//
+// with dY channel-last (P, Op) (Op = O rounded up to 8, channels >= O zero) and x NHWC (N, H, W, Cp). The reduction
+// runs over pixels, so both operands are MN-major in shared memory: a stage holds, per 64 pixels, the dY tile as two
+// 64-channel slabs [64 pixels][64 o] (one per consumer warpgroup) and the X tile as BN / 64 slabs [64 pixels][64 k],
+// rows of 128 bytes swizzled as the forward's (wgmma.cuh's MN-major descriptors, slab stride LBO = 64 * 128 bytes).
+// One CTA per (128 output channels, BN columns of K) and slice of kt_split 64-pixel k-tiles (blockIdx.y).
+// Producer: thread t gathers pixel row t / 2 of each stage, half of its chunks (dY: 8 of 16, X: BN / 16 of BN / 8);
+// its columns' taps (offset in x, kh*dh, kw*dw) are fixed for the CTA and kept in registers, the row's pixel walks
+// on by 64 per stage.
+template <typename T, int BN, int STAGES>
+__global__ void __launch_bounds__(384, 1)
+conv_dw_wgmma(const T* __restrict__ gt, const T* __restrict__ x, float* __restrict__ ws, int H, int W, int Cp, int O,
+              int Op, int KH, int KW, int sh, int sw, int ph, int pw, int dh, int dw, int OH, int OW, int P, int K,
+              int kt_split) {
+    constexpr int BM = 128, BK = 64;
+    constexpr int NB = BN / 128;  // wgmma m64n128 per k16 step and consumer warpgroup
+    constexpr unsigned SLAB = BK * 128;  // one [64 pixels][64 channels] slab
+    constexpr unsigned A_BYTES = 2 * SLAB, STAGE_BYTES = A_BYTES + (BN / 64) * SLAB;
+    constexpr int CB = BN / 16;  // X chunks per producer thread and stage
+    static_assert(BN % 128 == 0 && BN <= 256 && STAGES >= 2, "tile shape");
+
+    extern __shared__ unsigned char cw_smem[];
+    __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[S], empty[S]
+    const unsigned base = (fa_smem_addr(cw_smem) + 1023u) & ~1023u;
+    const unsigned bar0 = fa_smem_addr(bars);
+    auto full = [&](int s) { return bar0 + 8u * s; };
+    auto empty = [&](int s) { return bar0 + 8u * (STAGES + s); };
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int o_tiles = (O + BM - 1) / BM;
+    const int o0 = (int)(blockIdx.x % o_tiles) * BM;
+    const int k0 = (int)(blockIdx.x / o_tiles) * BN;
+    const int kt0 = blockIdx.y * kt_split;  // this CTA's pixel k-tiles: kt0 .. kt0 + nkt - 1
+    const int nkt = min((P + BK - 1) / BK - kt0, kt_split);
+
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full(s), 128);
+            mbar_init(empty(s), 8);
+        }
+    }
+    __syncthreads();
+
+    constexpr int REG_P = 72, REG_C = 216;  // as the forward's (within the 168-register launch allocation)
+    static_assert(128 * REG_P + 256 * REG_C <= 168 * 384, "register budget");
+    if (warp >= 8) {  // ------------------------------------------------------- producer warpgroup
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_P));
+        const int ptid = tid - 256;
+        const int r = ptid >> 1, half = ptid & 1;  // this thread's pixel row of every stage, and which half of it
+        const unsigned rsw = r & 7;                // the row's swizzle
+        // this thread's X columns k0 + 8 (half * CB + j): the offset of (tap, channel) in x, times 32, plus the tap
+        // t = kh*KW + kw (conv.py checks that the offsets fit 26 bits); a column past K gets tap 31 (never inside)
+        unsigned col[CB];
+#pragma unroll
+        for (int j = 0; j < CB; ++j) {
+            const int k = k0 + 8 * (half * CB + j);
+            const int t = k / Cp, c = k - t * Cp, kh = t / KW, kw = t - kh * KW;
+            col[j] = k < K ? ((unsigned)(((kh * dh) * W + kw * dw) * Cp + c) << 5) | (unsigned)t : 31u;
+        }
+        const T* arow = gt + o0 + 8 * (half * 8);      // dY chunks o0 + 8 (half * 8 + j), j < 8
+        const int ochunks = (Op - o0) / 8 - half * 8;  // of those, j < ochunks lie inside dY's rows
+        // the row's pixel at k-tile kt0: p = (kt0 + kt) * 64 + r, as (n, oh, ow)
+        int p = kt0 * BK + r, n, oh, ow;
+        {
+            const int OHW = OH * OW;
+            n = p / OHW;
+            const int q = p - n * OHW;
+            oh = q / OW, ow = q - oh * OW;
+        }
+        for (int kt = 0; kt < nkt; ++kt) {
+            const int s = kt % STAGES;
+            if (kt >= STAGES) mbar_wait(empty(s), ((kt / STAGES) - 1) & 1);
+            const unsigned st = base + s * STAGE_BYTES;
+            const bool pok = p < P;
+            // dY: slab `half` (output channels o0 + 64 half ..), row r
+            const unsigned sa = st + half * SLAB + r * 128;
+            const T* asrc = arow + (fa_i64)p * Op;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const bool ok = pok && j < ochunks;
+                fa_cp_async16(sa + ((j ^ rsw) << 4), ok ? (const void*)(asrc + 8 * j) : (const void*)gt, ok ? 16 : 0);
+            }
+            // X: this row's pixel at each of the thread's columns' taps; bit t of `in` says tap t lies in the image
+            const int ih0 = oh * sh - ph, iw0 = ow * sw - pw;
+            unsigned in = 0;
+            if (pok)
+                for (int kh = 0; kh < KH; ++kh)
+                    for (int kw = 0; kw < KW; ++kw)
+                        if ((unsigned)(ih0 + kh * dh) < (unsigned)H && (unsigned)(iw0 + kw * dw) < (unsigned)W)
+                            in |= 1u << (kh * KW + kw);
+            const T* xrow = x + (((fa_i64)n * H + ih0) * W + iw0) * Cp;
+#pragma unroll
+            for (int j = 0; j < CB; ++j) {
+                const int cc = half * CB + j;  // the chunk's column within the tile: slab cc / 8, chunk cc % 8
+                const bool ok = (in >> (col[j] & 31u)) & 1u;
+                fa_cp_async16(st + A_BYTES + (cc >> 3) * SLAB + r * 128 + (((cc & 7) ^ rsw) << 4),
+                              ok ? (const void*)(xrow + (col[j] >> 5)) : (const void*)x, ok ? 16 : 0);
+            }
+            mbar_cp_async_arrive(full(s));
+            p += BK, ow += BK;
+            while (ow >= OW) {
+                ow -= OW;
+                if (++oh == OH) oh = 0, ++n;
+            }
+        }
+        fa_cp_async_wait_all();
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REG_C));
+
+    // ---------------------------------------------------------------------------- consumer warpgroups
+    const int wg = warp >> 2, wl = warp & 3;
+    float acc[NB][16][4];
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[b][j][e] = 0.f;
+
+    for (int kt = 0; kt < nkt; ++kt) {
+        const int s = kt % STAGES;
+        mbar_wait(full(s), (kt / STAGES) & 1);
+        fence_proxy_async();
+        const unsigned sa = base + s * STAGE_BYTES + wg * SLAB;
+        const unsigned sb = base + s * STAGE_BYTES + A_BYTES;
+        wg_fence();
+#pragma unroll
+        for (int b = 0; b < NB; ++b) wg_pin(acc[b]);
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk)
+#pragma unroll
+            for (int b = 0; b < NB; ++b)
+                Wg<T, 128>::template ss<1, 1>(acc[b], wg_desc(sa + kk * 16 * 128, SLAB),
+                                              wg_desc(sb + 2 * b * SLAB + kk * 16 * 128, SLAB), 1);
+        wg_commit();
+        wg_wait<1>();
+#pragma unroll
+        for (int b = 0; b < NB; ++b) wg_pin(acc[b]);
+        if (kt > 0 && lane == 0) mbar_arrive(empty((kt - 1) % STAGES));
+    }
+    wg_wait<0>();
+#pragma unroll
+    for (int b = 0; b < NB; ++b) wg_pin(acc[b]);
+
+    // epilogue: acc[b][j][e] is output channel o0 + wg*64 + wl*16 + g + 8*(e/2), column k0 + b*128 + 8j + 2*t4 + e%2;
+    // K is a multiple of 8, so an even column inside K has its pair inside too
+    const int g = lane >> 2, t4 = lane & 3;
+    float* part = ws + (fa_i64)blockIdx.y * O * K;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int o = o0 + wg * 64 + wl * 16 + g + hh * 8;
+        if (o >= O) continue;
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+                const int k = k0 + b * 128 + j * 8 + 2 * t4;
+                if (k < K) {
+                    float2 v;
+                    v.x = acc[b][j][2 * hh], v.y = acc[b][j][2 * hh + 1];
+                    *reinterpret_cast<float2*>(part + (fa_i64)o * K + k) = v;
+                }
+            }
+    }
+}

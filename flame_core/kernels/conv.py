@@ -282,17 +282,18 @@ _WGMMA_UNIT_BYTES = 1.26e6
 _WGMMA_KTILE_COST = {"128x128": 1.0, "128x256": 1.7}
 
 
-def wgmma_plan(O, NP, KT, sms, ws_budget=512 << 20):
-    """(tile, k-tiles per slice, slices) of the wgmma forward. FLAME_CONV_WGMMA_TILE='TILE' or 'TILE:sN' forces the
-    tile (and N slices over K). Otherwise the tile and split that a simple model says finish first: waves of CTAs
+def wgmma_plan(O, NP, KT, sms, ws_budget=512 << 20, env="FLAME_CONV_WGMMA_TILE"):
+    """(tile, k-tiles per slice, slices) of a wgmma kernel with an O x NP output (the forward: channels x pixels; the
+    weight gradient: channels x K) and KT k-tiles. $FLAME_CONV_WGMMA_TILE (dw: $FLAME_CONV_WGMMA_DW_TILE) = 'TILE' or
+    'TILE:sN' forces the tile (and N slices over K). Otherwise the tile and split that a simple model says finish first: waves of CTAs
     (ceil(CTAs * slices / SMs)) times k-tiles per slice times the tile's width, plus the split's fp32 partials
     written and summed (conv_splitk_reduce). A model, not a measured table (issue 27: measure and replace)."""
-    forced = os.environ.get("FLAME_CONV_WGMMA_TILE")
+    forced = os.environ.get(env)
     names, splits = sorted(WGMMA_TILES), None
     if forced:
         name, _, sn = forced.partition(":s")
         if name not in WGMMA_TILES or (sn and not sn.isdigit()) or sn == "0":
-            raise ValueError(f"FLAME_CONV_WGMMA_TILE={forced!r}: must be one of {sorted(WGMMA_TILES)}, optionally "
+            raise ValueError(f"{env}={forced!r}: must be one of {sorted(WGMMA_TILES)}, optionally "
                              f"with ':s<N>' (N >= 1 slices over K)")
         names, splits = [name], ([int(sn)] if sn else None)
     max_s = max(1, min(KT, WGMMA_MAX_SPLITS, ws_budget // max(1, O * NP * 4)))
@@ -314,12 +315,12 @@ def wgmma_plan(O, NP, KT, sms, ws_budget=512 << 20):
 WGMMA_LAUNCH_REGS = 168  # registers per thread the kernel's setmaxnreg split (72 producer, 216 consumer) moves within
 
 
-def _wgmma_kernel(name, dtype):
+def _wgmma_kernel(name, dtype, kernel="conv_fwd_wgmma"):
     bn, st = WGMMA_TILES[name]
-    fn = L.get_function(WGMMA_STEM, f"conv_fwd_wgmma<{{T}}, {bn}, {st}>", dtype)
+    fn = L.get_function(WGMMA_STEM, f"{kernel}<{{T}}, {bn}, {st}>", dtype)
     regs = int(fn._attribute(getattr(backend.cupy.cuda.driver, "CU_FUNC_ATTRIBUTE_NUM_REGS", 4)))
     if regs != WGMMA_LAUNCH_REGS:  # fewer: the consumers' setmaxnreg.inc would wait forever (a hang, not an error)
-        raise RuntimeError(f"conv_fwd_wgmma {name}: compiled with {regs} registers per thread, not "
+        raise RuntimeError(f"{kernel} {name}: compiled with {regs} registers per thread, not "
                            f"{WGMMA_LAUNCH_REGS}: its setmaxnreg split (cuda_src/conv_wgmma.cu) would not fit")
     return fn, wgmma_smem(name)
 
@@ -335,6 +336,13 @@ def wgmma_kernel_info(name, dtype):
 
 
 WGMMA_MAX_TAPS = 32  # KH * KW: each pixel row's in-image taps are one 32-bit mask (cuda_src/conv_wgmma.cu)
+WGMMA_DW_MAX_TAPS = 31  # the weight gradient marks a column past K with tap 31
+WGMMA_DW_MAX_COL_OFFSET = 1 << 26  # its columns' offsets in x share 32 bits with the tap (5 bits)
+
+
+def wgmma_dw_fits(H, W, Cp, KH, KW, dh, dw):
+    """Whether conv_dw_nhwc_wgmma takes this geometry (taps, and its columns' offsets in x within 26 bits)."""
+    return KH * KW <= WGMMA_DW_MAX_TAPS and ((KH - 1) * dh * W + (KW - 1) * dw + 1) * Cp < WGMMA_DW_MAX_COL_OFFSET
 
 
 def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20):
@@ -369,3 +377,37 @@ def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20):
         KL.launch(L.get_function("conv_igemm", "conv_splitk_reduce", out.dtype), (P.cdiv(OHW, 256), cg.O, cg.N),
                   (256,), (ws, _ptr(bias), out, i32(S), i32(cg.O), i32(OHW), KL.i64(NP)))
     return out
+
+
+def conv_dw_nhwc_wgmma(gt, xt, cg, C, dw=None, acc32=None, accumulate=False, budget=512 << 20):
+    """conv_dw_nhwc on Hopper warpgroup MMAs (cuda_src/conv_wgmma.cu, compute capability 9.0): the weight gradient
+    of conv_nhwc from gt = dy channel-last (N, OH*OW, Op) and xt (N, H*W, Cp), summed over pixels in slices of fp32
+    partials that conv_dw_reduce adds up into dw (O, C, KH, KW) (the weights' dtype) and/or acc32 (float32;
+    accumulate=True adds acc32's previous value)."""
+    if not wgmma_available():
+        raise RuntimeError("conv_dw_nhwc_wgmma: cuda_src/conv_wgmma.cu runs on compute capability 9.0 (sm_90a) only; "
+                           "this device is not one (use conv_dw_nhwc)")
+    if xt.dtype.itemsize != 2 or gt.dtype != xt.dtype:
+        raise TypeError(f"conv_dw_nhwc_wgmma: gt and xt must share one float16/bfloat16 dtype, got {gt.dtype}, "
+                        f"{xt.dtype}")
+    NP = cg.N * cg.OH * cg.OW  # output pixels: the reduction
+    K = cg.KH * cg.KW * cg.Cp
+    Op = gt.shape[-1]
+    if not wgmma_dw_fits(cg.H, cg.W, cg.Cp, cg.KH, cg.KW, cg.dh, cg.dw):
+        raise ValueError(f"conv_dw_nhwc_wgmma: the geometry {cg} has more than {WGMMA_DW_MAX_TAPS} taps or column "
+                         f"offsets past {WGMMA_DW_MAX_COL_OFFSET} elements; use conv_dw_nhwc")
+    if cg.Cp % 8 or Op % 8 or Op < cg.O or gt.size != NP * Op or xt.size != cg.N * cg.H * cg.W * cg.Cp:
+        raise ValueError(f"conv_dw_nhwc_wgmma: dy of {gt.size} elements ({Op} channels) / input of {xt.size} do not "
+                         f"match the geometry {cg}")
+    name, kps, S = wgmma_plan(cg.O, K, P.cdiv(NP, BK), P.sm_count(), budget, env="FLAME_CONV_WGMMA_DW_TILE")
+    fn, smem = _wgmma_kernel(name, xt.dtype, "conv_dw_wgmma")
+    bn = WGMMA_TILES[name][0]
+    ws = empty((S, cg.O, K), np.float32)
+    i32 = KL.i32
+    KL.launch(fn, (P.cdiv(cg.O, 128) * P.cdiv(K, bn), S), (WGMMA_THREADS,),
+              (gt, xt, ws, i32(cg.H), i32(cg.W), i32(cg.Cp), i32(cg.O), i32(Op), i32(cg.KH), i32(cg.KW), i32(cg.sh),
+               i32(cg.sw), i32(cg.ph), i32(cg.pw), i32(cg.dh), i32(cg.dw), i32(cg.OH), i32(cg.OW), i32(NP), i32(K),
+               i32(kps)), shared_mem=smem)
+    KL.launch(L.get_function("conv_igemm", "conv_dw_reduce", xt.dtype), (P.cdiv(K, 256), cg.O), (256,),
+              (ws, _ptr(acc32), _ptr(dw), i32(S), i32(cg.O), i32(C), i32(cg.Cp), i32(cg.KH * cg.KW),
+               i32(1 if accumulate else 0)))

@@ -11,9 +11,9 @@ chunks whose NHWC copies fit the workspace budget. Per chunk:
 `FLAME_CONV_ALGO=im2col` or `=igemm` forces a path (benchmarks and tests compare the two), for every pass or per
 pass (`fwd=igemm,dx=igemm,dw=im2col`); `auto` (the default) picks im2col + cuBLAS for small column matrices
 (IM2COL_MAX_BYTES, or FLAME_CONV_IM2COL_MAX_MB) and the implicit GEMM above, for each pass.
-On a compute capability 9.0 device (H100/H200) the forward and the stride-1 input gradient run that implicit GEMM on
-warpgroup MMAs (cuda_src/conv_wgmma.cu) instead of mma.sync wherever 'auto' takes the implicit GEMM (WGMMA_AUTO);
-`fwd=wgmma` / `dx=wgmma` ask for it (RuntimeError on other devices), `igemm` keeps the mma.sync kernel, and arrays the
+On a compute capability 9.0 device (H100/H200) the three passes (dx at stride 1) run that implicit GEMM on warpgroup
+MMAs (cuda_src/conv_wgmma.cu) instead of mma.sync wherever 'auto' takes the implicit GEMM (WGMMA_AUTO); `wgmma` (or
+`fwd=wgmma` etc.) asks for it (RuntimeError on other devices), `igemm` keeps the mma.sync kernels, and arrays the
 kernels do not take (cpu, float32, groups > 1, plain 1x1) keep their usual path.
 
 im2col + GEMM: the batch is cut into chunks whose column matrix cols(C*KH*KW, P) fits a workspace budget
@@ -374,18 +374,17 @@ def _im2col_backward(gy, x, w, g, need_x, need_w):
 IM2COL_MAX_BYTES = 64 << 20
 PASSES = ("fwd", "dx", "dw")
 _ALGOS = ("auto", "im2col", "igemm")
-_GATHER_ALGOS = ("wgmma",)  # Hopper implicit GEMM (cuda_src/conv_wgmma.cu): forward and input gradient
-_GATHER_PASSES = ("fwd", "dx")
+_GATHER_ALGOS = ("wgmma",)  # Hopper implicit GEMM (cuda_src/conv_wgmma.cu): every pass
+_GATHER_PASSES = PASSES
 # 'auto' runs the wgmma kernel wherever it runs the implicit GEMM on a compute capability 9.0 device
 WGMMA_AUTO = True
 
 
 def conv_algo(pass_="fwd"):
     """The algorithm FLAME_CONV_ALGO asks for one pass (fwd, dx or dw): 'auto' (default), 'im2col', 'igemm', or for
-    fwd and dx 'wgmma' (the implicit GEMM on sm_90a warpgroup MMAs).
+    'wgmma' (the implicit GEMM on sm_90a warpgroup MMAs).
     The variable holds one name for every pass, or per-pass settings such as 'fwd=igemm,dx=igemm,dw=im2col'
-    (separated by ',', ';', '/' or '+'; passes not named are 'auto'). A bare 'wgmma' is refused: it names no
-    weight-gradient algorithm (write 'fwd=wgmma,dx=wgmma')."""
+    (separated by ',', ';', '/' or '+'; passes not named are 'auto')."""
     spec = os.environ.get("FLAME_CONV_ALGO", "auto").strip().lower()
     if "=" not in spec:
         algos = dict.fromkeys(PASSES, spec or "auto")
@@ -397,12 +396,9 @@ def conv_algo(pass_="fwd"):
                 raise ValueError(f"FLAME_CONV_ALGO={spec!r}: {k.strip()!r} is not a pass ({', '.join(PASSES)})")
             algos[k.strip()] = v.strip()
     for p, algo in algos.items():  # every pass checked, so that a bad backward setting fails at the forward
-        if algo in _GATHER_ALGOS and p not in _GATHER_PASSES:
-            raise ValueError(f"FLAME_CONV_ALGO={spec!r}: {algo!r} is a forward / input-gradient algorithm only "
-                             f"(write 'fwd={algo},dx={algo}')")
         if algo not in _ALGOS + _GATHER_ALGOS:
-            raise ValueError(f"FLAME_CONV_ALGO={spec!r}: the algorithm must be one of {', '.join(_ALGOS)} "
-                             f"(or for fwd and dx: {', '.join(_GATHER_ALGOS)})")
+            raise ValueError(f"FLAME_CONV_ALGO={spec!r}: the algorithm must be one of "
+                             f"{', '.join(_ALGOS + _GATHER_ALGOS)}")
     return algos[pass_]
 
 
@@ -433,11 +429,12 @@ def use_igemm(x, g, pass_="fwd"):
 
 
 def use_wgmma(x, g, pass_="fwd"):
-    """Whether the forward (pass_='fwd') or the input gradient ('dx', stride 1: a conv of dy) of conv2d on x runs
-    cuda_src/conv_wgmma.cu: use_igemm(x, g, pass_), a kernel of at most 32 taps (larger ones take the mma.sync
-    implicit GEMM), one image's NHWC copy under 2 GiB (the kernel's 32-bit row offsets), and FLAME_CONV_ALGO's
-    'wgmma' for the pass, or 'auto' on a compute capability 9.0 device (WGMMA_AUTO). Raises RuntimeError when
-    'wgmma' is asked for on a device that cannot run sm_90a code."""
+    """Whether one pass of conv2d on x runs cuda_src/conv_wgmma.cu - the forward ('fwd'), the input gradient ('dx',
+    stride 1: a conv of dy) or the weight gradient ('dw'): use_igemm(x, g, pass_), a kernel of at most 32 taps (dw:
+    31, and its column offsets within 26 bits; larger ones take the mma.sync implicit GEMM), for fwd / dx one image's
+    NHWC copy under 2 GiB (32-bit row offsets), and FLAME_CONV_ALGO's 'wgmma' for the pass, or 'auto' on a compute
+    capability 9.0 device (WGMMA_AUTO). Raises RuntimeError when 'wgmma' is asked for on a device that cannot run
+    sm_90a code."""
     from ..kernels import conv as K
     algo = conv_algo(pass_)
     if algo not in ("wgmma", "auto") or (algo == "auto" and not WGMMA_AUTO):
@@ -446,9 +443,13 @@ def use_wgmma(x, g, pass_="fwd"):
         return False
     if not use_igemm(x, g, pass_) or g.KH * g.KW > K.WGMMA_MAX_TAPS:
         return False
-    src_pixels, src_channels = (g.H * g.W, g.C) if pass_ == "fwd" else (g.OH * g.OW, g.O)
-    if src_pixels * K.round8(src_channels) * x.itemsize >= 2 ** 31 - 2 ** 20:
-        return False
+    if pass_ == "dw":
+        if not K.wgmma_dw_fits(g.H, g.W, K.round8(g.C), g.KH, g.KW, g.dh, g.dw):
+            return False
+    else:
+        src_pixels, src_channels = (g.H * g.W, g.C) if pass_ == "fwd" else (g.OH * g.OW, g.O)
+        if src_pixels * K.round8(src_channels) * x.itemsize >= 2 ** 31 - 2 ** 20:
+            return False
     if not K.wgmma_available():
         if algo == "auto":
             return False
@@ -492,6 +493,7 @@ def _igemm_backward(gy, x, w, g, need_x, need_w):
     dx = K.empty(x.shape, x.dtype) if need_x else None
     wd = K.pack_weight_dx(w, Op) if need_x else None  # (C, KH*KW*Op)
     wgmma_x = need_x and use_wgmma(x, g, "dx")
+    wgmma_w = need_w and use_wgmma(x, g, "dw")
     dw = K.empty(w.shape, w.dtype) if need_w else None
     acc32 = K.empty(w.shape, np.float32) if need_w and len(chunks) > 1 else None  # dw summed over chunks
     for i, (n0, k) in enumerate(chunks):
@@ -506,8 +508,9 @@ def _igemm_backward(gy, x, w, g, need_x, need_w):
         if need_w:
             xt = K.to_nhwc(x[n0:n0 + k], Cp)  # (k, H*W, Cp)
             cg = K.ConvGeom(k, g.H, g.W, Cp, g.O, g.OH, g.OW, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw)
-            K.conv_dw_nhwc(gt, xt, cg, g.C, dw=dw if i == len(chunks) - 1 else None, acc32=acc32,
-                           accumulate=i > 0, budget=budget)
+            (K.conv_dw_nhwc_wgmma if wgmma_w else K.conv_dw_nhwc)(
+                gt, xt, cg, g.C, dw=dw if i == len(chunks) - 1 else None, acc32=acc32, accumulate=i > 0,
+                budget=budget)
             del xt
         del gt
     return dx, dw

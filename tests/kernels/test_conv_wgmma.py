@@ -1,7 +1,7 @@
-"""The Hopper implicit-GEMM conv (cuda_src/conv_wgmma.cu, flame_core.kernels.conv.conv_nhwc_wgmma) against a float64
-NumPy reference, as the forward and as the stride-1 input gradient; its routing ('auto' on compute capability 9.0,
-FLAME_CONV_ALGO=fwd=wgmma / dx=wgmma, 'igemm' for the mma.sync kernel), and on the cpu the parsing of that setting
-and the cpu path's indifference to it."""
+"""The Hopper implicit-GEMM conv (cuda_src/conv_wgmma.cu: conv_nhwc_wgmma, conv_dw_nhwc_wgmma) against a float64
+NumPy reference, as the forward, the stride-1 input gradient and the weight gradient; its routing ('auto' on compute
+capability 9.0, FLAME_CONV_ALGO=wgmma / fwd=wgmma / dx=wgmma / dw=wgmma, 'igemm' for the mma.sync kernels), and on
+the cpu the parsing of that setting and the cpu path's indifference to it."""
 import numpy as np
 import pytest
 
@@ -229,12 +229,77 @@ def test_wgmma_dx_strided_takes_im2col(monkeypatch):
     _assert_close(cp.asnumpy(dx).astype(np.float64), want, "float16", "strided dx")
 
 
+# dw geometries (N, C, H, W, O, (KH, KW), (sh, sw), padding, (dh, dw)): ragged channels, batch 3, strides, dilation,
+# a 1x1 with padding, 5x5, pixel counts not a multiple of the 64-pixel k-tile, rows narrower than a k-tile
+DW_GEOMS = [
+    (1, 13, 9, 7, 7, (3, 3), (1, 1), (1, 1), (1, 1)),
+    (3, 40, 11, 13, 64, (3, 3), (1, 1), (1, 1), (1, 1)),
+    (2, 330, 9, 10, 200, (3, 3), (1, 1), (1, 1), (1, 1)),
+    (3, 40, 15, 17, 136, (3, 3), (2, 2), (1, 1), (1, 1)),
+    (1, 24, 13, 12, 20, (3, 3), (1, 1), (2, 2), (2, 2)),
+    (1, 40, 9, 9, 130, (1, 1), (1, 1), (1, 1), (1, 1)),
+    (2, 24, 10, 12, 16, (5, 5), (2, 2), (2, 2), (1, 1)),
+    (1, 9, 7, 8, 10, (3, 2), (1, 1), (1, 0), (1, 2)),
+    (2, 64, 20, 70, 72, (3, 3), (1, 1), (1, 1), (1, 1)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", [None, "128x128", "128x256:s3", "128x128:s7"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("cfg", DW_GEOMS)
+def test_wgmma_dw_matches_reference(cfg, dtype, tile, monkeypatch):
+    """conv2d_backward's weight gradient on the wgmma kernel (dw=wgmma) against the float64 cpu path, with the
+    planned tile and forced tiles / splits over the pixels."""
+    _need_sm90()
+    cp = backend.cupy
+    N, Cc, H, W, O, k, s, p, d = cfg
+    rng = np.random.default_rng(5)
+    npdt = parse_dtype(dtype).np
+    x = rng.standard_normal((N, Cc, H, W)).astype(npdt).astype(np.float64)
+    w = (rng.standard_normal((O, Cc) + k) * 0.2).astype(npdt).astype(np.float64)
+    g = C.geometry(x.shape, w.shape, s, p, d, 1)
+    gy = rng.standard_normal((N, O, g.OH, g.OW)).astype(npdt).astype(np.float64)
+    _, want = C._im2col_backward(gy, x, w, g, False, True)
+    spy = _Spy(K.conv_dw_nhwc_wgmma)
+    monkeypatch.setattr(K, "conv_dw_nhwc_wgmma", spy)
+    monkeypatch.setenv("FLAME_CONV_ALGO", "dw=wgmma")
+    if tile:
+        monkeypatch.setenv("FLAME_CONV_WGMMA_DW_TILE", tile)
+    xd, wd, gd = (cp.asarray(a.astype(npdt)) for a in (x, w, gy))
+    assert C.use_wgmma(xd, g, "dw")
+    dx, dw = C.conv2d_backward(gd, xd, wd, g, need_x=False, need_w=True)
+    assert dx is None and spy.calls == 1 and dw.dtype == npdt
+    _assert_close(cp.asnumpy(dw).astype(np.float64), want, dtype, f"dw {cfg} {tile}")
+
+
+@pytest.mark.gpu
+def test_wgmma_dw_image_chunks_accumulate(monkeypatch):
+    """Image chunks (a small workspace): each chunk's partials are added into one float32 sum, then rounded once."""
+    _need_sm90()
+    cp = backend.cupy
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((3, 40, 11, 13)).astype(np.float16).astype(np.float64)
+    w = (rng.standard_normal((64, 40, 3, 3)) * 0.2).astype(np.float16).astype(np.float64)
+    g = C.geometry(x.shape, w.shape, 1, 1, 1, 1)
+    gy = rng.standard_normal((3, 64, 11, 13)).astype(np.float16).astype(np.float64)
+    _, want = C._im2col_backward(gy, x, w, g, False, True)
+    spy = _Spy(K.conv_dw_nhwc_wgmma)
+    monkeypatch.setattr(K, "conv_dw_nhwc_wgmma", spy)
+    monkeypatch.setenv("FLAME_CONV_ALGO", "wgmma")
+    monkeypatch.setenv("FLAME_CONV_WORKSPACE_MB", "0.03")
+    xd, wd, gd = (cp.asarray(a.astype(np.float16)) for a in (x, w, gy))
+    _, dw = C.conv2d_backward(gd, xd, wd, g, need_x=False, need_w=True)
+    assert spy.calls == 3
+    _assert_close(cp.asnumpy(dw).astype(np.float64), want, "float16", "chunked dw")
+
+
 @pytest.mark.gpu
 def test_wgmma_training_step(monkeypatch):
-    """F.conv2d with fwd=wgmma,dx=wgmma: forward and input gradient on the wgmma kernel, dw on the mma.sync one, all
-    against float64 (stride 1; the strided case is the test above)."""
+    """F.conv2d with FLAME_CONV_ALGO=wgmma: the three passes on the wgmma kernels, against float64 (stride 1; the
+    strided dx is the test above)."""
     _need_sm90()
-    monkeypatch.setenv("FLAME_CONV_ALGO", "fwd=wgmma,dx=wgmma,dw=igemm")
+    monkeypatch.setenv("FLAME_CONV_ALGO", "wgmma")
     rng = np.random.default_rng(2)
     x = rng.standard_normal((2, 24, 12, 10))
     w = rng.standard_normal((40, 24, 3, 3)) * 0.1
@@ -274,10 +339,8 @@ def test_conv_algo_parses_wgmma(monkeypatch):
     assert [C.conv_algo(p) for p in C.PASSES] == ["wgmma", "igemm", "im2col"]
     monkeypatch.setenv("FLAME_CONV_ALGO", "fwd=wgmma,dx=wgmma")
     assert [C.conv_algo(p) for p in C.PASSES] == ["wgmma", "wgmma", "auto"]
-    for spec in ("wgmma", "dw=wgmma", "fwd=wgmma,dw=wgmma"):  # no weight-gradient algorithm of that name
-        monkeypatch.setenv("FLAME_CONV_ALGO", spec)
-        with pytest.raises(ValueError, match="forward / input-gradient algorithm only"):
-            C.conv_algo("fwd")
+    monkeypatch.setenv("FLAME_CONV_ALGO", "wgmma")
+    assert [C.conv_algo(p) for p in C.PASSES] == ["wgmma", "wgmma", "wgmma"]
     monkeypatch.setenv("FLAME_CONV_ALGO", "fwd=wgmma,dx=cudnn")  # a bad backward setting fails at the forward
     with pytest.raises(ValueError, match="must be one of"):
         C.conv_algo("fwd")
