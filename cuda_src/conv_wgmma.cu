@@ -242,9 +242,9 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 // 64-channel slabs [64 pixels][64 o] (one per consumer warpgroup) and the X tile as BN / 64 slabs [64 pixels][64 k],
 // rows of 128 bytes swizzled as the forward's (wgmma.cuh's MN-major descriptors, slab stride LBO = 64 * 128 bytes).
 // One CTA per (128 output channels, BN columns of K) and slice of kt_split 64-pixel k-tiles (blockIdx.y).
-// Producer: thread t gathers pixel row t / 2 of each stage, half of its chunks (dY: 8 of 16, X: BN / 16 of BN / 8);
-// its columns' taps (offset in x, kh*dh, kw*dw) are fixed for the CTA and kept in registers, the row's pixel walks
-// on by 64 per stage.
+// Producer: thread (c8, r0) gathers 16-byte chunk c8 of every slab's rows r0 + 16 i (i < 4) of each stage - eight
+// threads read a row's 128 contiguous bytes; its columns' taps (offset in x, kh*dh, kw*dw: one column per slab) are
+// fixed for the CTA and kept in registers, its rows' pixels walk on by 64 per stage.
 template <typename T, int BN, int STAGES>
 __global__ void __launch_bounds__(384, 1)
 conv_dw_wgmma(const T* __restrict__ gt, const T* __restrict__ x, float* __restrict__ ws, int H, int W, int Cp, int O,
@@ -254,7 +254,7 @@ conv_dw_wgmma(const T* __restrict__ gt, const T* __restrict__ x, float* __restri
     constexpr int NB = BN / 128;  // wgmma m64n128 per k16 step and consumer warpgroup
     constexpr unsigned SLAB = BK * 128;  // one [64 pixels][64 channels] slab
     constexpr unsigned A_BYTES = 2 * SLAB, STAGE_BYTES = A_BYTES + (BN / 64) * SLAB;
-    constexpr int CB = BN / 16;  // X chunks per producer thread and stage
+    constexpr int NQ = BN / 64;  // X slabs of a stage
     static_assert(BN % 128 == 0 && BN <= 256 && STAGES >= 2, "tile shape");
 
     extern __shared__ unsigned char cw_smem[];
@@ -285,61 +285,63 @@ conv_dw_wgmma(const T* __restrict__ gt, const T* __restrict__ x, float* __restri
     if (warp >= 8) {  // ------------------------------------------------------- producer warpgroup
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_P));
         const int ptid = tid - 256;
-        const int r = ptid >> 1, half = ptid & 1;  // this thread's pixel row of every stage, and which half of it
-        const unsigned rsw = r & 7;                // the row's swizzle
-        // this thread's X columns k0 + 8 (half * CB + j): the offset of (tap, channel) in x, times 32, plus the tap
-        // t = kh*KW + kw (conv.py checks that the offsets fit 26 bits); a column past K gets tap 31 (never inside)
-        unsigned col[CB];
+        // thread (c8, r0) copies chunk c8 of every slab's 128-byte rows r0 + 16 i: eight threads cover a row's 128
+        // bytes (whole sectors), and the thread's X columns are one per slab
+        const int c8 = ptid & 7, r0 = ptid >> 3;
+        const unsigned swz = (unsigned)((c8 ^ (r0 & 7)) << 4);  // rows r0 + 16 i share the swizzle
+        // X columns k0 + 64 q + 8 c8: the offset of (tap, channel) in x, and the tap's (kh*dh, kw*dw); a column past
+        // K is never read (offset -1)
+        int coff[NQ], ckh[NQ], ckw[NQ];
 #pragma unroll
-        for (int j = 0; j < CB; ++j) {
-            const int k = k0 + 8 * (half * CB + j);
+        for (int q = 0; q < NQ; ++q) {
+            const int k = k0 + 64 * q + 8 * c8;
             const int t = k / Cp, c = k - t * Cp, kh = t / KW, kw = t - kh * KW;
-            col[j] = k < K ? ((unsigned)(((kh * dh) * W + kw * dw) * Cp + c) << 5) | (unsigned)t : 31u;
+            coff[q] = k < K ? ((kh * dh) * W + kw * dw) * Cp + c : -1;
+            ckh[q] = kh * dh, ckw[q] = kw * dw;
         }
-        const T* arow = gt + o0 + 8 * (half * 8);      // dY chunks o0 + 8 (half * 8 + j), j < 8
-        const int ochunks = (Op - o0) / 8 - half * 8;  // of those, j < ochunks lie inside dY's rows
-        // the row's pixel at k-tile kt0: p = (kt0 + kt) * 64 + r, as (n, oh, ow)
-        int p = kt0 * BK + r, n, oh, ow;
-        {
-            const int OHW = OH * OW;
-            n = p / OHW;
-            const int q = p - n * OHW;
-            oh = q / OW, ow = q - oh * OW;
+        const bool aok0 = o0 + 8 * c8 < Op, aok1 = o0 + 64 + 8 * c8 < Op;  // dY channel chunks inside dY's rows
+        const T* acol = gt + o0 + 8 * c8;
+        // the rows' pixels at k-tile kt0: p = (kt0 + kt) * 64 + r0 + 16 i, as (n, oh, ow)
+        int pn[4], poh[4], pow_[4];
+        const int OHW = OH * OW;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int p = kt0 * BK + r0 + 16 * i, n = p / OHW, q = p - n * OHW;
+            pn[i] = n, poh[i] = q / OW, pow_[i] = q - poh[i] * OW;
         }
+        int pb = kt0 * BK + r0;  // row i's pixel is pb + 16 i
         for (int kt = 0; kt < nkt; ++kt) {
             const int s = kt % STAGES;
             if (kt >= STAGES) mbar_wait(empty(s), ((kt / STAGES) - 1) & 1);
-            const unsigned st = base + s * STAGE_BYTES;
-            const bool pok = p < P;
-            // dY: slab `half` (output channels o0 + 64 half ..), row r
-            const unsigned sa = st + half * SLAB + r * 128;
-            const T* asrc = arow + (fa_i64)p * Op;
+            const unsigned st = base + s * STAGE_BYTES + r0 * 128 + swz;
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const bool ok = pok && j < ochunks;
-                fa_cp_async16(sa + ((j ^ rsw) << 4), ok ? (const void*)(asrc + 8 * j) : (const void*)gt, ok ? 16 : 0);
-            }
-            // X: this row's pixel at each of the thread's columns' taps; bit t of `in` says tap t lies in the image
-            const int ih0 = oh * sh - ph, iw0 = ow * sw - pw;
-            unsigned in = 0;
-            if (pok)
-                for (int kh = 0; kh < KH; ++kh)
-                    for (int kw = 0; kw < KW; ++kw)
-                        if ((unsigned)(ih0 + kh * dh) < (unsigned)H && (unsigned)(iw0 + kw * dw) < (unsigned)W)
-                            in |= 1u << (kh * KW + kw);
-            const T* xrow = x + (((fa_i64)n * H + ih0) * W + iw0) * Cp;
+            for (int i = 0; i < 4; ++i) {
+                const int p = pb + 16 * i;
+                const bool pok = p < P;
+                const unsigned row = st + i * 16 * 128;
+                const T* asrc = acol + (fa_i64)p * Op;
+                fa_cp_async16(row, pok && aok0 ? (const void*)asrc : (const void*)gt, pok && aok0 ? 16 : 0);
+                fa_cp_async16(row + SLAB, pok && aok1 ? (const void*)(asrc + 64) : (const void*)gt,
+                              pok && aok1 ? 16 : 0);
+                const int ih0 = poh[i] * sh - ph, iw0 = pow_[i] * sw - pw;
+                const T* xrow = x + (((fa_i64)pn[i] * H + ih0) * W + iw0) * Cp;
 #pragma unroll
-            for (int j = 0; j < CB; ++j) {
-                const int cc = half * CB + j;  // the chunk's column within the tile: slab cc / 8, chunk cc % 8
-                const bool ok = (in >> (col[j] & 31u)) & 1u;
-                fa_cp_async16(st + A_BYTES + (cc >> 3) * SLAB + r * 128 + (((cc & 7) ^ rsw) << 4),
-                              ok ? (const void*)(xrow + (col[j] >> 5)) : (const void*)x, ok ? 16 : 0);
+                for (int q = 0; q < NQ; ++q) {
+                    const bool ok = pok && coff[q] >= 0 && (unsigned)(ih0 + ckh[q]) < (unsigned)H &&
+                                    (unsigned)(iw0 + ckw[q]) < (unsigned)W;
+                    fa_cp_async16(row + A_BYTES + q * SLAB, ok ? (const void*)(xrow + coff[q]) : (const void*)x,
+                                  ok ? 16 : 0);
+                }
             }
             mbar_cp_async_arrive(full(s));
-            p += BK, ow += BK;
-            while (ow >= OW) {
-                ow -= OW;
-                if (++oh == OH) oh = 0, ++n;
+            pb += BK;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                pow_[i] += BK;
+                while (pow_[i] >= OW) {
+                    pow_[i] -= OW;
+                    if (++poh[i] == OH) poh[i] = 0, ++pn[i];
+                }
             }
         }
         fa_cp_async_wait_all();

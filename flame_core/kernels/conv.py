@@ -282,7 +282,7 @@ _WGMMA_UNIT_BYTES = 1.26e6
 _WGMMA_KTILE_COST = {"128x128": 1.0, "128x256": 1.7}
 
 
-def wgmma_plan(O, NP, KT, sms, ws_budget=512 << 20, env="FLAME_CONV_WGMMA_TILE"):
+def wgmma_plan(O, NP, KT, sms, ws_budget=512 << 20, env="FLAME_CONV_WGMMA_TILE", max_splits=WGMMA_MAX_SPLITS):
     """(tile, k-tiles per slice, slices) of a wgmma kernel with an O x NP output (the forward: channels x pixels; the
     weight gradient: channels x K) and KT k-tiles. $FLAME_CONV_WGMMA_TILE (dw: $FLAME_CONV_WGMMA_DW_TILE) = 'TILE' or
     'TILE:sN' forces the tile (and N slices over K). Otherwise the tile and split that a simple model says finish first: waves of CTAs
@@ -296,7 +296,7 @@ def wgmma_plan(O, NP, KT, sms, ws_budget=512 << 20, env="FLAME_CONV_WGMMA_TILE")
             raise ValueError(f"{env}={forced!r}: must be one of {sorted(WGMMA_TILES)}, optionally "
                              f"with ':s<N>' (N >= 1 slices over K)")
         names, splits = [name], ([int(sn)] if sn else None)
-    max_s = max(1, min(KT, WGMMA_MAX_SPLITS, ws_budget // max(1, O * NP * 4)))
+    max_s = max(1, min(KT, max_splits, ws_budget // max(1, O * NP * 4)))
     best = None
     for name in names:
         bn = WGMMA_TILES[name][0]
@@ -336,13 +336,12 @@ def wgmma_kernel_info(name, dtype):
 
 
 WGMMA_MAX_TAPS = 32  # KH * KW: each pixel row's in-image taps are one 32-bit mask (cuda_src/conv_wgmma.cu)
-WGMMA_DW_MAX_TAPS = 31  # the weight gradient marks a column past K with tap 31
-WGMMA_DW_MAX_COL_OFFSET = 1 << 26  # its columns' offsets in x share 32 bits with the tap (5 bits)
+WGMMA_DW_MAX_SPLITS = 64  # dw reduces over every pixel into a small output: many slices keep the SMs busy
 
 
 def wgmma_dw_fits(H, W, Cp, KH, KW, dh, dw):
-    """Whether conv_dw_nhwc_wgmma takes this geometry (taps, and its columns' offsets in x within 26 bits)."""
-    return KH * KW <= WGMMA_DW_MAX_TAPS and ((KH - 1) * dh * W + (KW - 1) * dw + 1) * Cp < WGMMA_DW_MAX_COL_OFFSET
+    """Whether conv_dw_nhwc_wgmma takes this geometry (its columns' offsets in x are 32-bit)."""
+    return ((KH - 1) * dh * W + (KW - 1) * dw + 1) * Cp < 2 ** 31 - 1
 
 
 def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20):
@@ -394,12 +393,13 @@ def conv_dw_nhwc_wgmma(gt, xt, cg, C, dw=None, acc32=None, accumulate=False, bud
     K = cg.KH * cg.KW * cg.Cp
     Op = gt.shape[-1]
     if not wgmma_dw_fits(cg.H, cg.W, cg.Cp, cg.KH, cg.KW, cg.dh, cg.dw):
-        raise ValueError(f"conv_dw_nhwc_wgmma: the geometry {cg} has more than {WGMMA_DW_MAX_TAPS} taps or column "
-                         f"offsets past {WGMMA_DW_MAX_COL_OFFSET} elements; use conv_dw_nhwc")
+        raise ValueError(f"conv_dw_nhwc_wgmma: the geometry {cg} has column offsets past 2^31 elements; use "
+                         f"conv_dw_nhwc")
     if cg.Cp % 8 or Op % 8 or Op < cg.O or gt.size != NP * Op or xt.size != cg.N * cg.H * cg.W * cg.Cp:
         raise ValueError(f"conv_dw_nhwc_wgmma: dy of {gt.size} elements ({Op} channels) / input of {xt.size} do not "
                          f"match the geometry {cg}")
-    name, kps, S = wgmma_plan(cg.O, K, P.cdiv(NP, BK), P.sm_count(), budget, env="FLAME_CONV_WGMMA_DW_TILE")
+    name, kps, S = wgmma_plan(cg.O, K, P.cdiv(NP, BK), P.sm_count(), budget, env="FLAME_CONV_WGMMA_DW_TILE",
+                              max_splits=WGMMA_DW_MAX_SPLITS)
     fn, smem = _wgmma_kernel(name, xt.dtype, "conv_dw_wgmma")
     bn = WGMMA_TILES[name][0]
     ws = empty((S, cg.O, K), np.float32)

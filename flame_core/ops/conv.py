@@ -430,9 +430,9 @@ def use_igemm(x, g, pass_="fwd"):
 
 def use_wgmma(x, g, pass_="fwd"):
     """Whether one pass of conv2d on x runs cuda_src/conv_wgmma.cu - the forward ('fwd'), the input gradient ('dx',
-    stride 1: a conv of dy) or the weight gradient ('dw'): use_igemm(x, g, pass_), a kernel of at most 32 taps (dw:
-    31, and its column offsets within 26 bits; larger ones take the mma.sync implicit GEMM), for fwd / dx one image's
-    NHWC copy under 2 GiB (32-bit row offsets), and FLAME_CONV_ALGO's 'wgmma' for the pass, or 'auto' on a compute
+    stride 1: a conv of dy) or the weight gradient ('dw'): use_igemm(x, g, pass_), for fwd / dx a kernel of at most
+    32 taps (larger ones take the mma.sync implicit GEMM) and one image's NHWC copy under 2 GiB (32-bit row offsets),
+    for dw 32-bit column offsets, and FLAME_CONV_ALGO's 'wgmma' for the pass, or 'auto' on a compute
     capability 9.0 device (WGMMA_AUTO). Raises RuntimeError when 'wgmma' is asked for on a device that cannot run
     sm_90a code."""
     from ..kernels import conv as K
@@ -441,7 +441,7 @@ def use_wgmma(x, g, pass_="fwd"):
         return False
     if pass_ == "dx" and not g.sh == g.sw == 1:
         return False
-    if not use_igemm(x, g, pass_) or g.KH * g.KW > K.WGMMA_MAX_TAPS:
+    if not use_igemm(x, g, pass_) or (pass_ != "dw" and g.KH * g.KW > K.WGMMA_MAX_TAPS):
         return False
     if pass_ == "dw":
         if not K.wgmma_dw_fits(g.H, g.W, K.round8(g.C), g.KH, g.KW, g.dh, g.dw):
