@@ -12,14 +12,18 @@ ResBlocks (--resblocks): GroupNorm+SiLU, conv, time-embedding add, GroupNorm+SiL
 channels change), fwd+bwd with the weights frozen (a LoRA step: dx only) and with their gradients (full training).
 Variants (comma-separated, each timed at every shape; the first decides the acceptance line), settings joined by '+':
     auto                  what conv2d picks (im2col + cuBLAS for column matrices up to IM2COL_MAX_BYTES, else the
-                          implicit GEMM of cuda_src/conv_igemm.cu)
+                          implicit GEMM: on sm_90 cuda_src/conv_wgmma.cu (dx at stride 1; a strided dx takes
+                          im2col), elsewhere conv_igemm.cu's mma.sync kernels; plain 1x1: one batched cuBLAS GEMM)
     im2col / igemm        that path for every pass (FLAME_CONV_ALGO)
-    igemm:TILE[:sN]       the implicit GEMM with a forced forward / dx tile and N reduction slices (FLAME_CONV_TILE;
+    igemm:TILE[:sN]       the mma.sync implicit GEMM with a forced forward / dx tile and N reduction slices (FLAME_CONV_TILE;
                           tiles: TILES in flame_core/kernels/conv.py)
     dwtile:TILE[:sN]      a forced dw tile (FLAME_CONV_DW_TILE)
-    wgmma[:TILE]          the forward on the sm_90a wgmma kernel (cuda_src/conv_wgmma.cu; fwd=wgmma, backward
-                          passes auto), optionally with a forced tile (FLAME_CONV_WGMMA_TILE: 128x128, 128x256)
-    fwd=A, dx=A, dw=A     the algorithm (auto, im2col, igemm; fwd also wgmma) of one pass, e.g. igemm:320x128+dw=im2col
+    wgmma[:TILE[:sN]]     every pass on the sm_90a wgmma kernels (cuda_src/conv_wgmma.cu; FLAME_CONV_ALGO=wgmma),
+                          optionally with a forced fwd / dx tile and N slices over K (FLAME_CONV_WGMMA_TILE:
+                          128x128, 128x256, e.g. wgmma:128x256:s3)
+    wgmmadw:TILE[:sN]     a forced wgmma dw tile and N slices over the pixels (FLAME_CONV_WGMMA_DW_TILE)
+    fwd=A, dx=A, dw=A     the algorithm (auto, im2col, igemm; fwd and dx also wgmma) of one pass, e.g.
+                          igemm:320x128+dw=im2col
 Run: PYTHONPATH=$PWD python3 bench/conv.py [--shapes sdxl_l0,vae_down_1024] [--repeats 20] [--variant auto,im2col]
      [--resblocks sdxl_rb_320,sdxl_rb_640_1280 | --resblocks none]
      --cpu-smoke: every shape scaled down, float32 on the cpu with host timers (checks the script, not a figure)
@@ -67,7 +71,8 @@ RESBLOCKS = {  # name: (N, C_in, H, W, C_out, emb channels) - SDXL ResBlocks
     "sdxl_rb_640_1280": (2, 640, 32, 32, 1280, 1280),        # input_blocks.7: the 1x1 skip conv
     "sdxl_rb_960_320": (2, 960, 128, 128, 320, 1280),        # output_blocks.6
 }
-VARIANT_ENV = ("FLAME_CONV_ALGO", "FLAME_CONV_TILE", "FLAME_CONV_DW_TILE", "FLAME_CONV_WGMMA_TILE")
+VARIANT_ENV = ("FLAME_CONV_ALGO", "FLAME_CONV_TILE", "FLAME_CONV_DW_TILE", "FLAME_CONV_WGMMA_TILE",
+               "FLAME_CONV_WGMMA_DW_TILE")
 SMOKE = False   # --cpu-smoke
 
 
@@ -84,7 +89,10 @@ def scaled(spec):
 
 
 def timer(repeats, lib):
-    """ms per call: CUDA events after a busy-GPU memset on cuda, host time on the cpu (--cpu-smoke)."""
+    """ms per call: CUDA events after a busy-GPU head start on cuda, host time on the cpu (--cpu-smoke). The head
+    start is 1 GiB memsets queued ahead of the interval, enough of them to outlast the host's issuing of the calls
+    (measured first; FLAME issues a ResBlock's fwd+bwd from Python, op by op), so that the interval holds the GPU's
+    work alone on both sides - the time a graphed training step spends."""
     def run(fn, reps=repeats):
         if SMOKE:
             import statistics
@@ -96,7 +104,11 @@ def timer(repeats, lib):
                 fn()
                 ts.append((time.perf_counter() - t) * 1e3)
             return statistics.median(ts)
-        return common.cuda_ms(fn, reps, 3, lib=lib, before=common.busy_gpu(lib))[0]
+        busy = common.busy_gpu(lib)
+        _, host_ms, _ = common.cuda_ms(fn, 3, 2, lib=lib)
+        per_busy = common.cuda_ms(busy, 3, 1, lib=lib)[0]
+        k = max(1, min(64, int(2 * host_ms / max(per_busy, 1e-3)) + 1))
+        return common.cuda_ms(fn, reps, 1, lib=lib, before=lambda: [busy() for _ in range(k)])[0]
     return run
 
 
@@ -112,13 +124,15 @@ def set_variant(v):
         elif part.startswith("igemm:"):
             algo = {p: "igemm" for p in C.PASSES}
             os.environ["FLAME_CONV_TILE"] = part[len("igemm:"):]
+        elif part.startswith("wgmmadw:"):
+            os.environ["FLAME_CONV_WGMMA_DW_TILE"] = part[len("wgmmadw:"):]
         elif part.startswith("dwtile:"):
             os.environ["FLAME_CONV_DW_TILE"] = part[len("dwtile:"):]
         elif part == "wgmma" or part.startswith("wgmma:"):
-            algo["fwd"] = "wgmma"
+            algo = {p: "wgmma" for p in C.PASSES}
             if part != "wgmma":
                 os.environ["FLAME_CONV_WGMMA_TILE"] = part[len("wgmma:"):]
-        elif kind in C.PASSES and value in ("auto", "im2col", "igemm") + (("wgmma",) if kind == "fwd" else ()):
+        elif kind in C.PASSES and value in ("auto", "im2col", "igemm", "wgmma"):
             algo[kind] = value
         else:
             sys.exit(f"unknown variant setting {part!r} in {v!r}")
@@ -158,7 +172,8 @@ def bench_flame(N, Cin, H, W, O, k, stride, pad, repeats):
     r = dict(fwd_ms=ms(lambda: op(x, w)), fwdbwd_ms=ms(fb, max(5, repeats // 2)),
              dx_ms=ms(lambda: C.conv2d_backward(ga, xa, wa, g, need_x=True, need_w=False)),
              dw_ms=ms(lambda: C.conv2d_backward(ga, xa, wa, g, need_x=False, need_w=True)),
-             paths={q: ("wgmma" if q == "fwd" and C.use_wgmma(xa, g) else "igemm") if C.use_igemm(xa, g, q)
+             paths={q: ("wgmma" if C.use_wgmma(xa, g, q) else "igemm")
+                    if C.use_igemm(xa, g, q) and (q != "dx" or g.sh == g.sw == 1)
                     else ("cublas 1x1" if C._is_pointwise(g) else "im2col") for q in C.PASSES})
     if r["paths"]["fwd"] == "wgmma":  # registers / spills / shared memory of the tile that ran
         r["wgmma_kernel"] = KC.wgmma_kernel_info(KC.wgmma_tile(O, N * OH * OW, plans.sm_count()), xa.dtype)

@@ -17,17 +17,21 @@
 //         arrival per consumer warp) once the wgmma's that read it have completed.
 // A stage holds the weight tile [128][64] then the pixel tile [BN][64]: rows of 128 bytes with the 16-byte chunk c of
 // row r at chunk c ^ (r % 8), every tile 1024-byte aligned - the layout of wgmma.cuh's 128-byte-swizzle descriptors.
-// The pixel rows' image coordinates are computed once per CTA into a shared table, so the producer stays within the
-// few registers setmaxnreg leaves it.
-// Epilogue: y (N, O, OH*OW) = D + bias, straight from the accumulators (as conv_fwd_igemm's).
+// The pixel rows are described once per CTA in shared tables - each row's element offset in x at tap (0, 0) and a
+// bit mask of the taps that fall inside the image (KH*KW <= 32) - so that a gathered chunk costs the producer two
+// shared loads, a bit test and one address add (the image coordinates and 64-bit products per chunk had made the
+// producer, not the tensor cores, the limit), within the few registers setmaxnreg leaves it.
+// Epilogue: y (N, O, OH*OW) = D + bias, straight from the accumulators (as conv_fwd_igemm's); or, split over K
+// (blockIdx.y = the slice of kt_split k-tiles: more CTAs where the output alone leaves SMs idle), fp32 partials
+// ws[slice] (O, P) that conv_igemm.cu's conv_splitk_reduce sums (+ bias) into y.
 #include "flash_attention.cuh"
 #include "wgmma.cuh"
 
 template <typename T, int BN, int STAGES>
 __global__ void __launch_bounds__(384, 1)
 conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
-               int H, int W, int Cp, int O, int KH, int KW, int sh, int sw, int ph, int pw, int dh, int dw, int OH,
-               int OW, int P, int K) {
+               float* __restrict__ ws, int H, int W, int Cp, int O, int KH, int KW, int sh, int sw, int ph, int pw,
+               int dh, int dw, int OH, int OW, int P, int K, int kt_split) {
     constexpr int BM = 128, BK = 64;
     constexpr int NB = BN / 128;  // wgmma m64n128 per k16 step and consumer warpgroup
     constexpr unsigned A_BYTES = BM * BK * 2, STAGE_BYTES = (BM + BN) * BK * 2;
@@ -35,7 +39,6 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 
     extern __shared__ unsigned char cw_smem[];
     __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[S], empty[S]
-    __shared__ int pix_n[BN], pix_h[BN], pix_w[BN];  // n*H, oh*sh - ph, ow*sw - pw of each pixel row of the tile
     const unsigned base = (fa_smem_addr(cw_smem) + 1023u) & ~1023u;
     const unsigned bar0 = fa_smem_addr(bars);
     auto full = [&](int s) { return bar0 + 8u * s; };
@@ -46,17 +49,9 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     const int o0 = (int)(blockIdx.x % o_tiles) * BM;
     const int p0 = (int)(blockIdx.x / o_tiles) * BN;
     const int OHW = OH * OW;
-    const int nkt = (K + BK - 1) / BK;
+    const int kt0 = blockIdx.y * kt_split;                         // this CTA's k-tiles: kt0 .. kt0 + nkt - 1
+    const int nkt = min((K + BK - 1) / BK - kt0, kt_split);
 
-    for (int r = tid; r < BN; r += 384) {
-        const int p = p0 + r;
-        if (p < P) {
-            const int n = p / OHW, q = p - n * OHW, oh = q / OW, ow = q - oh * OW;
-            pix_n[r] = n * H, pix_h[r] = oh * sh - ph, pix_w[r] = ow * sw - pw;
-        } else {  // past the last pixel: every tap falls outside the image
-            pix_n[r] = 0, pix_h[r] = -(1 << 30), pix_w[r] = 0;
-        }
-    }
     if (tid == 0) {
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
@@ -66,42 +61,65 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     }
     __syncthreads();
 
-    // registers: the producer keeps 40, the two consumer warpgroups share the rest (65536 per SM, one CTA)
-    constexpr int REG_P = 40, REG_C = 232;
-    static_assert(128 * REG_P + 256 * REG_C <= 65536, "register budget");
+    // registers: the producer keeps REG_P (its rows' offsets and tap masks live in registers), the two consumer
+    // warpgroups take what it gives up. setmaxnreg moves registers within the CTA's launch allocation (168 per thread
+    // under __launch_bounds__(384, 1): conv.py checks the kernel's count), so the sum must fit it exactly or the
+    // consumers' increase waits forever
+    constexpr int REG_P = 72, REG_C = 216;
+    static_assert(128 * REG_P + 256 * REG_C <= 168 * 384, "register budget");
     if (warp >= 8) {  // ------------------------------------------------------- producer warpgroup
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_P));
         const int ptid = tid - 256;
         const int cl = (ptid & 7) * 8, r0 = ptid >> 3;  // this thread's chunk column; rows r0 + 16 i
         const unsigned sw_off = 2 * fa_swz<64>(r0, cl);  // rows r0 + 16 i share r0's swizzle (16 % 8 == 0)
-        const T* wrow = w + (fa_i64)(o0 + r0) * K + cl;
-        int kc, kh, kw;  // k = kt * BK + cl as (kh, kw, c); kh == KH past the end
-        {
-            const int tap = cl / Cp;
-            kc = cl - tap * Cp, kh = tap / KW, kw = tap - kh * KW;
+        constexpr int NR = BN / 16;                      // pixel rows per thread
+        // each pixel row's byte offset in x at tap (0, 0) (may lie outside x: only read where the tap is inside)
+        // and the bits kh*KW + kw of its in-image taps (0 past the last pixel: every chunk zero-filled)
+        int roff[NR];
+        unsigned rmask[NR];
+#pragma unroll
+        for (int i = 0; i < NR; ++i) {
+            const int p = p0 + r0 + 16 * i;
+            roff[i] = 0, rmask[i] = 0;
+            if (p < P) {
+                const int n = p / OHW, q = p - n * OHW, oh = q / OW, ow = q - oh * OW;
+                const int ih0 = oh * sh - ph, iw0 = ow * sw - pw;
+                roff[i] = ((n * H + ih0) * W + iw0) * Cp * (int)sizeof(T);  // x is under 2 GiB (conv.py checks)
+                for (int kh = 0; kh < KH; ++kh)
+                    for (int kw = 0; kw < KW; ++kw) {
+                        const int ih = ih0 + kh * dh, iw = iw0 + kw * dw;
+                        if ((unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W) rmask[i] |= 1u << (kh * KW + kw);
+                    }
+            }
         }
-        for (int kt = 0; kt < nkt; ++kt) {
+        const T* wrow = w + (fa_i64)(o0 + r0) * K + cl;  // this thread's first weight row, at k = cl
+        const int wstep = 16 * K;                          // to row r0 + 16 (i + 1) (w is under 2^31 elements)
+        const int orows = O - o0 - r0;                     // rows r0 + 16 i < O  <=>  16 i < orows
+        int kc, kh, kw;  // k = (kt0 + kt) * BK + cl as (kh, kw, c); kh == KH past the end
+        {
+            const int k = kt0 * BK + cl, tap = k / Cp;
+            kc = k - tap * Cp, kh = tap / KW, kw = tap - kh * KW;
+        }
+        for (int kt = 0; kt < nkt; ++kt) {  // kt counts this slice's k-tiles: the ring's stage and phase
             const int s = kt % STAGES;
             if (kt >= STAGES) mbar_wait(empty(s), ((kt / STAGES) - 1) & 1);
             const unsigned sa = base + s * STAGE_BYTES + sw_off;
-            const int k = kt * BK + cl;
-            const bool kok = k < K;  // K is a multiple of 8: a chunk is wholly in or out
-#pragma unroll 4
-            for (int i = 0; i < BM / 16; ++i) {
-                const bool ok = kok && o0 + r0 + 16 * i < O;
-                const T* src = ok ? wrow + (fa_i64)(16 * i) * K + kt * BK : w;
-                fa_cp_async16(sa + i * 16 * 128, src, ok ? 16 : 0);
+            const int kg = kt0 + kt;            // the k-tile in K
+            const bool kok = kg * BK + cl < K;  // K is a multiple of 8: a chunk is wholly in or out
+            const T* wsrc = wrow + kg * BK;
+#pragma unroll
+            for (int i = 0; i < BM / 16; ++i) {  // a zero-filled chunk (src-size 0) points at w itself
+                const bool ok = kok && 16 * i < orows;
+                fa_cp_async16(sa + i * 16 * 128, ok ? wsrc + i * wstep : w, ok ? 16 : 0);
             }
             const unsigned sb = sa + A_BYTES;
-            const bool tok = kh < KH;
-            const int oh_ = kh * dh, ow_ = kw * dw;
-#pragma unroll 4
-            for (int i = 0; i < BN / 16; ++i) {
-                const int r = r0 + 16 * i;
-                const int ih = pix_h[r] + oh_, iw = pix_w[r] + ow_;
-                const bool ok = tok && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W;
-                const T* src = ok ? x + ((fa_i64)(pix_n[r] + ih) * W + iw) * Cp + kc : x;
-                fa_cp_async16(sb + i * 16 * 128, src, ok ? 16 : 0);
+            // this k-tile's tap for this thread: its bit in the rows' masks, and its x address at row offset 0
+            const unsigned bit = kh < KH ? 1u << (kh * KW + kw) : 0u;
+            const char* xt = reinterpret_cast<const char*>(x + ((fa_i64)(kh * dh) * W + kw * dw) * Cp + kc);
+#pragma unroll
+            for (int i = 0; i < NR; ++i) {
+                const bool ok = (rmask[i] & bit) != 0;
+                fa_cp_async16(sb + i * 16 * 128, ok ? (const void*)(xt + roff[i]) : (const void*)x, ok ? 16 : 0);
             }
             mbar_cp_async_arrive(full(s));
             kc += BK;
@@ -153,29 +171,236 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 
     // epilogue: acc[b][j][e] is channel row o0 + wg*64 + wl*16 + g + 8*(e/2), pixel p0 + b*128 + 8j + 2*t4 + e%2
     const int g = lane >> 2, t4 = lane & 3;
-    const bool pair = (OHW & 1) == 0;  // then a pixel pair (2*i, 2*i+1) lies in one image, 4-byte aligned
+    if (ws != nullptr) {  // split over K: this slice's fp32 partial sums, ws[slice] (O, P)
+        float* part = ws + (fa_i64)blockIdx.y * O * P;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int o = o0 + wg * 64 + wl * 16 + g + hh * 8;
+            if (o >= O) continue;
+#pragma unroll
+            for (int b = 0; b < NB; ++b)
+#pragma unroll
+                for (int j = 0; j < 16; ++j) {
+                    const int p = p0 + b * 128 + j * 8 + 2 * t4;
+                    float* dst = part + (fa_i64)o * P + p;
+                    if (p + 1 < P && (P & 1) == 0) {  // 8-byte aligned pair
+                        float2 v;
+                        v.x = acc[b][j][2 * hh], v.y = acc[b][j][2 * hh + 1];
+                        *reinterpret_cast<float2*>(dst) = v;
+                    } else {
+                        if (p < P) dst[0] = acc[b][j][2 * hh];
+                        if (p + 1 < P) dst[1] = acc[b][j][2 * hh + 1];
+                    }
+                }
+        }
+        return;
+    }
+    // the output tile goes through shared memory (the stages are free once both consumer warpgroups are done
+    // reading them): rows of BN outputs (+ bias) at a stride of BN + 8 elements (conflict-free pair stores), then
+    // each row of y's (N, O, OH*OW) out in coalesced 16-byte pieces of 8 pixels
+    constexpr int LDT = BN + 8;
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    T* tile = reinterpret_cast<T*>(cw_smem + (base - fa_smem_addr(cw_smem)));
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int r = wg * 64 + wl * 16 + g + hh * 8;
+        const float bv = bias != nullptr && o0 + r < O ? FaType<T>::to_float(bias[o0 + r]) : 0.f;
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+                *reinterpret_cast<fa_u32*>(tile + r * LDT + b * 128 + j * 8 + 2 * t4) =
+                    FaType<T>::pack(acc[b][j][2 * hh] + bv, acc[b][j][2 * hh + 1] + bv);
+    }
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    constexpr int VPR = BN / 8;  // 16-byte pieces per row
+    const bool vec = (OHW & 7) == 0;  // then 8 pixels from a multiple of 8 lie in one image, 16-byte aligned
+    for (int v = tid; v < BM * VPR; v += 256) {
+        const int r = v / VPR, c = (v - r * VPR) * 8, o = o0 + r, p = p0 + c;
+        if (o >= O || p >= P) continue;
+        const T* src = tile + r * LDT + c;
+        int n = p / OHW, q = p - n * OHW;
+        if (vec && p + 8 <= P) {
+            *reinterpret_cast<uint4*>(y + ((fa_i64)n * O + o) * OHW + q) = *reinterpret_cast<const uint4*>(src);
+        } else {
+            for (int e = 0; e < 8 && p + e < P; ++e) {
+                y[((fa_i64)n * O + o) * OHW + q] = src[e];
+                if (++q == OHW) q = 0, ++n;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------- weight gradient
+// Weight gradient of the forward above on warpgroup MMAs: the same inputs and fp32 partial sums as conv_dw_igemm
+// (cuda_src/conv_igemm.cu), so that conv_dw_reduce sums them into dw (O, C, KH, KW):
+//
+//   ws[slice](O, K) = sum over this slice's pixels p of  dY[p, o] * X[p, k],   X[p, k] as in the forward (0 outside)
+//
+// with dY channel-last (P, Op) (Op = O rounded up to 8, channels >= O zero) and x NHWC (N, H, W, Cp). The reduction
+// runs over pixels, so both operands are MN-major in shared memory: a stage holds, per 64 pixels, the dY tile as two
+// 64-channel slabs [64 pixels][64 o] (one per consumer warpgroup) and the X tile as BN / 64 slabs [64 pixels][64 k],
+// rows of 128 bytes swizzled as the forward's (wgmma.cuh's MN-major descriptors, slab stride LBO = 64 * 128 bytes).
+// One CTA per (128 output channels, BN columns of K) and slice of kt_split 64-pixel k-tiles (blockIdx.y).
+// Producer: thread (c8, r0) gathers 16-byte chunk c8 of every slab's rows r0 + 16 i (i < 4) of each stage - eight
+// threads read a row's 128 contiguous bytes; its columns' taps (offset in x, kh*dh, kw*dw: one column per slab) are
+// fixed for the CTA and kept in registers, its rows' pixels walk on by 64 per stage.
+template <typename T, int BN, int STAGES>
+__global__ void __launch_bounds__(384, 1)
+conv_dw_wgmma(const T* __restrict__ gt, const T* __restrict__ x, float* __restrict__ ws, int H, int W, int Cp, int O,
+              int Op, int KH, int KW, int sh, int sw, int ph, int pw, int dh, int dw, int OH, int OW, int P, int K,
+              int kt_split) {
+    constexpr int BM = 128, BK = 64;
+    constexpr int NB = BN / 128;  // wgmma m64n128 per k16 step and consumer warpgroup
+    constexpr unsigned SLAB = BK * 128;  // one [64 pixels][64 channels] slab
+    constexpr unsigned A_BYTES = 2 * SLAB, STAGE_BYTES = A_BYTES + (BN / 64) * SLAB;
+    constexpr int NQ = BN / 64;  // X slabs of a stage
+    static_assert(BN % 128 == 0 && BN <= 256 && STAGES >= 2, "tile shape");
+
+    extern __shared__ unsigned char cw_smem[];
+    __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[S], empty[S]
+    const unsigned base = (fa_smem_addr(cw_smem) + 1023u) & ~1023u;
+    const unsigned bar0 = fa_smem_addr(bars);
+    auto full = [&](int s) { return bar0 + 8u * s; };
+    auto empty = [&](int s) { return bar0 + 8u * (STAGES + s); };
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int o_tiles = (O + BM - 1) / BM;
+    const int o0 = (int)(blockIdx.x % o_tiles) * BM;
+    const int k0 = (int)(blockIdx.x / o_tiles) * BN;
+    const int kt0 = blockIdx.y * kt_split;  // this CTA's pixel k-tiles: kt0 .. kt0 + nkt - 1
+    const int nkt = min((P + BK - 1) / BK - kt0, kt_split);
+
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full(s), 128);
+            mbar_init(empty(s), 8);
+        }
+    }
+    __syncthreads();
+
+    constexpr int REG_P = 72, REG_C = 216;  // as the forward's (within the 168-register launch allocation)
+    static_assert(128 * REG_P + 256 * REG_C <= 168 * 384, "register budget");
+    if (warp >= 8) {  // ------------------------------------------------------- producer warpgroup
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_P));
+        const int ptid = tid - 256;
+        // thread (c8, r0) copies chunk c8 of every slab's 128-byte rows r0 + 16 i: eight threads cover a row's 128
+        // bytes (whole sectors), and the thread's X columns are one per slab
+        const int c8 = ptid & 7, r0 = ptid >> 3;
+        const unsigned swz = (unsigned)((c8 ^ (r0 & 7)) << 4);  // rows r0 + 16 i share the swizzle
+        // X columns k0 + 64 q + 8 c8: the offset of (tap, channel) in x, and the tap's (kh*dh, kw*dw); a column past
+        // K is never read (offset -1)
+        int coff[NQ], ckh[NQ], ckw[NQ];
+#pragma unroll
+        for (int q = 0; q < NQ; ++q) {
+            const int k = k0 + 64 * q + 8 * c8;
+            const int t = k / Cp, c = k - t * Cp, kh = t / KW, kw = t - kh * KW;
+            coff[q] = k < K ? ((kh * dh) * W + kw * dw) * Cp + c : -1;
+            ckh[q] = kh * dh, ckw[q] = kw * dw;
+        }
+        const bool aok0 = o0 + 8 * c8 < Op, aok1 = o0 + 64 + 8 * c8 < Op;  // dY channel chunks inside dY's rows
+        const T* acol = gt + o0 + 8 * c8;
+        // the rows' pixels at k-tile kt0: p = (kt0 + kt) * 64 + r0 + 16 i, as (n, oh, ow)
+        int pn[4], poh[4], pow_[4];
+        const int OHW = OH * OW;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int p = kt0 * BK + r0 + 16 * i, n = p / OHW, q = p - n * OHW;
+            pn[i] = n, poh[i] = q / OW, pow_[i] = q - poh[i] * OW;
+        }
+        int pb = kt0 * BK + r0;  // row i's pixel is pb + 16 i
+        for (int kt = 0; kt < nkt; ++kt) {
+            const int s = kt % STAGES;
+            if (kt >= STAGES) mbar_wait(empty(s), ((kt / STAGES) - 1) & 1);
+            const unsigned st = base + s * STAGE_BYTES + r0 * 128 + swz;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int p = pb + 16 * i;
+                const bool pok = p < P;
+                const unsigned row = st + i * 16 * 128;
+                const T* asrc = acol + (fa_i64)p * Op;
+                fa_cp_async16(row, pok && aok0 ? (const void*)asrc : (const void*)gt, pok && aok0 ? 16 : 0);
+                fa_cp_async16(row + SLAB, pok && aok1 ? (const void*)(asrc + 64) : (const void*)gt,
+                              pok && aok1 ? 16 : 0);
+                const int ih0 = poh[i] * sh - ph, iw0 = pow_[i] * sw - pw;
+                const T* xrow = x + (((fa_i64)pn[i] * H + ih0) * W + iw0) * Cp;
+#pragma unroll
+                for (int q = 0; q < NQ; ++q) {
+                    const bool ok = pok && coff[q] >= 0 && (unsigned)(ih0 + ckh[q]) < (unsigned)H &&
+                                    (unsigned)(iw0 + ckw[q]) < (unsigned)W;
+                    fa_cp_async16(row + A_BYTES + q * SLAB, ok ? (const void*)(xrow + coff[q]) : (const void*)x,
+                                  ok ? 16 : 0);
+                }
+            }
+            mbar_cp_async_arrive(full(s));
+            pb += BK;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                pow_[i] += BK;
+                while (pow_[i] >= OW) {
+                    pow_[i] -= OW;
+                    if (++poh[i] == OH) poh[i] = 0, ++pn[i];
+                }
+            }
+        }
+        fa_cp_async_wait_all();
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REG_C));
+
+    // ---------------------------------------------------------------------------- consumer warpgroups
+    const int wg = warp >> 2, wl = warp & 3;
+    float acc[NB][16][4];
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[b][j][e] = 0.f;
+
+    for (int kt = 0; kt < nkt; ++kt) {
+        const int s = kt % STAGES;
+        mbar_wait(full(s), (kt / STAGES) & 1);
+        fence_proxy_async();
+        const unsigned sa = base + s * STAGE_BYTES + wg * SLAB;
+        const unsigned sb = base + s * STAGE_BYTES + A_BYTES;
+        wg_fence();
+#pragma unroll
+        for (int b = 0; b < NB; ++b) wg_pin(acc[b]);
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk)
+#pragma unroll
+            for (int b = 0; b < NB; ++b)
+                Wg<T, 128>::template ss<1, 1>(acc[b], wg_desc(sa + kk * 16 * 128, SLAB),
+                                              wg_desc(sb + 2 * b * SLAB + kk * 16 * 128, SLAB), 1);
+        wg_commit();
+        wg_wait<1>();
+#pragma unroll
+        for (int b = 0; b < NB; ++b) wg_pin(acc[b]);
+        if (kt > 0 && lane == 0) mbar_arrive(empty((kt - 1) % STAGES));
+    }
+    wg_wait<0>();
+#pragma unroll
+    for (int b = 0; b < NB; ++b) wg_pin(acc[b]);
+
+    // epilogue: acc[b][j][e] is output channel o0 + wg*64 + wl*16 + g + 8*(e/2), column k0 + b*128 + 8j + 2*t4 + e%2;
+    // K is a multiple of 8, so an even column inside K has its pair inside too
+    const int g = lane >> 2, t4 = lane & 3;
+    float* part = ws + (fa_i64)blockIdx.y * O * K;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
         const int o = o0 + wg * 64 + wl * 16 + g + hh * 8;
         if (o >= O) continue;
-        const float bv = bias != nullptr ? FaType<T>::to_float(bias[o]) : 0.f;
 #pragma unroll
         for (int b = 0; b < NB; ++b)
 #pragma unroll
             for (int j = 0; j < 16; ++j) {
-                const int p = p0 + b * 128 + j * 8 + 2 * t4;
-                if (p >= P) continue;
-                const int n = p / OHW, q = p - n * OHW;
-                const float v0 = acc[b][j][2 * hh] + bv, v1 = acc[b][j][2 * hh + 1] + bv;
-                T* dst = y + ((fa_i64)n * O + o) * OHW + q;
-                if (pair) {
-                    *reinterpret_cast<fa_u32*>(dst) = FaType<T>::pack(v0, v1);
-                } else {
-                    *dst = FaType<T>::from_float(v0);
-                    if (p + 1 < P) {
-                        T* d1 = q + 1 < OHW ? dst + 1 : y + ((fa_i64)(n + 1) * O + o) * OHW;
-                        *d1 = FaType<T>::from_float(v1);
-                    }
+                const int k = k0 + b * 128 + j * 8 + 2 * t4;
+                if (k < K) {
+                    float2 v;
+                    v.x = acc[b][j][2 * hh], v.y = acc[b][j][2 * hh + 1];
+                    *reinterpret_cast<float2*>(part + (fa_i64)o * K + k) = v;
                 }
             }
     }

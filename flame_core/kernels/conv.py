@@ -19,8 +19,9 @@ slices > 1; its constants are assumptions, not measurements). `FLAME_CONV_TILE=1
 `128x128:s3`, a forced split) overrides it, for benchmarks; it also forces the dw tile when that tile serves dw
 (the 320- and 160-row tiles are forward / dx only), else `FLAME_CONV_DW_TILE` does.
 
-The sm_90a forward (`conv_nhwc_wgmma`) has its own tiles (`WGMMA_TILES`: 128 output channels x 128 or 256 pixels,
-no split reduction); `wgmma_tile` picks one, `FLAME_CONV_WGMMA_TILE=128x256` forces it.
+The sm_90a forward (`conv_nhwc_wgmma`) has its own tiles (`WGMMA_TILES`: 128 output channels x 128 or 256 pixels),
+split over K where the output alone leaves SMs idle; `wgmma_plan` picks both, `FLAME_CONV_WGMMA_TILE=128x256` or
+`=128x128:s3` forces them.
 """
 import functools
 import math
@@ -268,19 +269,59 @@ def wgmma_smem(name):
 
 
 def wgmma_tile(O, NP, sms):
-    """The wgmma tile for an O x NP output: FLAME_CONV_WGMMA_TILE, else 128x256 when its CTAs fill every SM at
-    least once (the wider tile reads each weight tile half as often), else 128x128 (twice the CTAs)."""
-    forced = os.environ.get("FLAME_CONV_WGMMA_TILE")
+    """The wgmma tile wgmma_plan picks for an O x NP output (K long enough not to matter)."""
+    return wgmma_plan(O, NP, 1, sms)[0]
+
+
+WGMMA_MAX_SPLITS = 8
+# the model's units: one 64-deep k-tile of a 128x128 CTA (2.1 MFLOP: ~0.42 us at 5 TFLOP/s per SM); fp32 partials
+# written and read back, and the output written, at ~3 TB/s: 1.26 MB per unit
+_WGMMA_UNIT_BYTES = 1.26e6
+# a k-tile's time per tile in those units: 128x256 did twice the work in 1.69x the time of 128x128 (SDXL 2x320x128^2
+# on an H200 at 243fd45: 0.358 vs 0.423 ms)
+_WGMMA_KTILE_COST = {"128x128": 1.0, "128x256": 1.7}
+
+
+def wgmma_plan(O, NP, KT, sms, ws_budget=512 << 20, env="FLAME_CONV_WGMMA_TILE", max_splits=WGMMA_MAX_SPLITS):
+    """(tile, k-tiles per slice, slices) of a wgmma kernel with an O x NP output (the forward: channels x pixels; the
+    weight gradient: channels x K) and KT k-tiles. $FLAME_CONV_WGMMA_TILE (dw: $FLAME_CONV_WGMMA_DW_TILE) = 'TILE' or
+    'TILE:sN' forces the tile (and N slices over K). Otherwise the tile and split that a simple model says finish first: waves of CTAs
+    (ceil(CTAs * slices / SMs)) times k-tiles per slice times the tile's width, plus the split's fp32 partials
+    written and summed (conv_splitk_reduce). A model, not a measured table (issue 27: measure and replace)."""
+    forced = os.environ.get(env)
+    names, splits = sorted(WGMMA_TILES), None
     if forced:
-        if forced not in WGMMA_TILES:
-            raise ValueError(f"FLAME_CONV_WGMMA_TILE={forced!r}: must be one of {sorted(WGMMA_TILES)}")
-        return forced
-    return "128x256" if P.cdiv(O, 128) * P.cdiv(NP, 256) >= sms else "128x128"
+        name, _, sn = forced.partition(":s")
+        if name not in WGMMA_TILES or (sn and not sn.isdigit()) or sn == "0":
+            raise ValueError(f"{env}={forced!r}: must be one of {sorted(WGMMA_TILES)}, optionally "
+                             f"with ':s<N>' (N >= 1 slices over K)")
+        names, splits = [name], ([int(sn)] if sn else None)
+    max_s = max(1, min(KT, max_splits, ws_budget // max(1, O * NP * 4)))
+    best = None
+    for name in names:
+        bn = WGMMA_TILES[name][0]
+        ctas = P.cdiv(O, 128) * P.cdiv(NP, bn)
+        for S in splits or range(1, max_s + 1):
+            kps = P.cdiv(KT, min(S, KT))
+            S = P.cdiv(KT, kps)  # no empty slices
+            t = P.cdiv(ctas * S, sms) * kps * _WGMMA_KTILE_COST[name]
+            if S > 1:
+                t += (2 * S * 4 + 2) * O * NP / _WGMMA_UNIT_BYTES
+            if best is None or t < best[0] * 0.999:
+                best = (t, name, kps, S)
+    return best[1], best[2], best[3]
 
 
-def _wgmma_kernel(name, dtype):
+WGMMA_LAUNCH_REGS = 168  # registers per thread the kernel's setmaxnreg split (72 producer, 216 consumer) moves within
+
+
+def _wgmma_kernel(name, dtype, kernel="conv_fwd_wgmma"):
     bn, st = WGMMA_TILES[name]
-    fn = L.get_function(WGMMA_STEM, f"conv_fwd_wgmma<{{T}}, {bn}, {st}>", dtype)
+    fn = L.get_function(WGMMA_STEM, f"{kernel}<{{T}}, {bn}, {st}>", dtype)
+    regs = int(fn._attribute(getattr(backend.cupy.cuda.driver, "CU_FUNC_ATTRIBUTE_NUM_REGS", 4)))
+    if regs != WGMMA_LAUNCH_REGS:  # fewer: the consumers' setmaxnreg.inc would wait forever (a hang, not an error)
+        raise RuntimeError(f"{kernel} {name}: compiled with {regs} registers per thread, not "
+                           f"{WGMMA_LAUNCH_REGS}: its setmaxnreg split (cuda_src/conv_wgmma.cu) would not fit")
     return fn, wgmma_smem(name)
 
 
@@ -294,9 +335,19 @@ def wgmma_kernel_info(name, dtype):
             "local_size_bytes": int(attr(getattr(drv, "CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES", 3))), "dynamic_smem": smem}
 
 
-def conv_nhwc_wgmma(xt, wp, out, cg, bias=None):
+WGMMA_MAX_TAPS = 32  # KH * KW: each pixel row's in-image taps are one 32-bit mask (cuda_src/conv_wgmma.cu)
+WGMMA_DW_MAX_SPLITS = 64  # dw reduces over every pixel into a small output: many slices keep the SMs busy
+
+
+def wgmma_dw_fits(H, W, Cp, KH, KW, dh, dw):
+    """Whether conv_dw_nhwc_wgmma takes this geometry (its columns' offsets in x are 32-bit)."""
+    return ((KH - 1) * dh * W + (KW - 1) * dw + 1) * Cp < 2 ** 31 - 1
+
+
+def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20):
     """conv_nhwc on Hopper warpgroup MMAs: out (N, O, OH, OW) = conv of xt (N, H, W, Cp) with packed weights
-    wp (O, KH*KW*Cp) (+ bias (O,)). float16 / bfloat16, compute capability 9.0 only (no split reduction)."""
+    wp (O, KH*KW*Cp) (+ bias (O,)). float16 / bfloat16, compute capability 9.0 only. Split over K (fp32 partials,
+    then conv_splitk_reduce) when the output alone gives fewer CTAs than SMs (wgmma_plan)."""
     if not wgmma_available():
         raise RuntimeError("conv_nhwc_wgmma: cuda_src/conv_wgmma.cu runs on compute capability 9.0 (sm_90a) only; "
                            "this device is not one (use conv_nhwc)")
@@ -305,15 +356,58 @@ def conv_nhwc_wgmma(xt, wp, out, cg, bias=None):
                         f"{wp.dtype}, {out.dtype}")
     NP = cg.N * cg.OH * cg.OW  # output pixels
     K = cg.KH * cg.KW * cg.Cp
+    if cg.KH * cg.KW > WGMMA_MAX_TAPS:
+        raise ValueError(f"conv_nhwc_wgmma: a {cg.KH}x{cg.KW} kernel has more than {WGMMA_MAX_TAPS} taps (the rows' "
+                         f"tap masks are 32 bits); use conv_nhwc")
     if cg.Cp % 8 or tuple(wp.shape) != (cg.O, K) or xt.size != cg.N * cg.H * cg.W * cg.Cp:
         raise ValueError(f"conv_nhwc_wgmma: packed weights {tuple(wp.shape)} / input of {xt.size} elements do not "
                          f"match the geometry {cg} (weights ({cg.O}, {K}), Cp a multiple of 8)")
-    name = wgmma_tile(cg.O, NP, P.sm_count())
+    name, kps, S = wgmma_plan(cg.O, NP, P.cdiv(K, BK), P.sm_count(), budget)
     fn, smem = _wgmma_kernel(name, xt.dtype)
     bn = WGMMA_TILES[name][0]
+    ws = empty((S, cg.O, NP), np.float32) if S > 1 else None
     i32 = KL.i32
-    KL.launch(fn, (P.cdiv(cg.O, 128) * P.cdiv(NP, bn),), (WGMMA_THREADS,),
-              (xt, wp, _ptr(bias), out, i32(cg.H), i32(cg.W), i32(cg.Cp), i32(cg.O), i32(cg.KH), i32(cg.KW),
-               i32(cg.sh), i32(cg.sw), i32(cg.ph), i32(cg.pw), i32(cg.dh), i32(cg.dw), i32(cg.OH), i32(cg.OW),
-               i32(NP), i32(K)), shared_mem=smem)
+    KL.launch(fn, (P.cdiv(cg.O, 128) * P.cdiv(NP, bn), S), (WGMMA_THREADS,),
+              (xt, wp, _ptr(bias) if S == 1 else KL.null(), out, _ptr(ws), i32(cg.H), i32(cg.W), i32(cg.Cp),
+               i32(cg.O), i32(cg.KH), i32(cg.KW), i32(cg.sh), i32(cg.sw), i32(cg.ph), i32(cg.pw), i32(cg.dh),
+               i32(cg.dw), i32(cg.OH), i32(cg.OW), i32(NP), i32(K), i32(kps)), shared_mem=smem)
+    if S > 1:
+        OHW = cg.OH * cg.OW
+        KL.launch(L.get_function("conv_igemm", "conv_splitk_reduce", out.dtype), (P.cdiv(OHW, 256), cg.O, cg.N),
+                  (256,), (ws, _ptr(bias), out, i32(S), i32(cg.O), i32(OHW), KL.i64(NP)))
     return out
+
+
+def conv_dw_nhwc_wgmma(gt, xt, cg, C, dw=None, acc32=None, accumulate=False, budget=512 << 20):
+    """conv_dw_nhwc on Hopper warpgroup MMAs (cuda_src/conv_wgmma.cu, compute capability 9.0): the weight gradient
+    of conv_nhwc from gt = dy channel-last (N, OH*OW, Op) and xt (N, H*W, Cp), summed over pixels in slices of fp32
+    partials that conv_dw_reduce adds up into dw (O, C, KH, KW) (the weights' dtype) and/or acc32 (float32;
+    accumulate=True adds acc32's previous value)."""
+    if not wgmma_available():
+        raise RuntimeError("conv_dw_nhwc_wgmma: cuda_src/conv_wgmma.cu runs on compute capability 9.0 (sm_90a) only; "
+                           "this device is not one (use conv_dw_nhwc)")
+    if xt.dtype.itemsize != 2 or gt.dtype != xt.dtype:
+        raise TypeError(f"conv_dw_nhwc_wgmma: gt and xt must share one float16/bfloat16 dtype, got {gt.dtype}, "
+                        f"{xt.dtype}")
+    NP = cg.N * cg.OH * cg.OW  # output pixels: the reduction
+    K = cg.KH * cg.KW * cg.Cp
+    Op = gt.shape[-1]
+    if not wgmma_dw_fits(cg.H, cg.W, cg.Cp, cg.KH, cg.KW, cg.dh, cg.dw):
+        raise ValueError(f"conv_dw_nhwc_wgmma: the geometry {cg} has column offsets past 2^31 elements; use "
+                         f"conv_dw_nhwc")
+    if cg.Cp % 8 or Op % 8 or Op < cg.O or gt.size != NP * Op or xt.size != cg.N * cg.H * cg.W * cg.Cp:
+        raise ValueError(f"conv_dw_nhwc_wgmma: dy of {gt.size} elements ({Op} channels) / input of {xt.size} do not "
+                         f"match the geometry {cg}")
+    name, kps, S = wgmma_plan(cg.O, K, P.cdiv(NP, BK), P.sm_count(), budget, env="FLAME_CONV_WGMMA_DW_TILE",
+                              max_splits=WGMMA_DW_MAX_SPLITS)
+    fn, smem = _wgmma_kernel(name, xt.dtype, "conv_dw_wgmma")
+    bn = WGMMA_TILES[name][0]
+    ws = empty((S, cg.O, K), np.float32)
+    i32 = KL.i32
+    KL.launch(fn, (P.cdiv(cg.O, 128) * P.cdiv(K, bn), S), (WGMMA_THREADS,),
+              (gt, xt, ws, i32(cg.H), i32(cg.W), i32(cg.Cp), i32(cg.O), i32(Op), i32(cg.KH), i32(cg.KW), i32(cg.sh),
+               i32(cg.sw), i32(cg.ph), i32(cg.pw), i32(cg.dh), i32(cg.dw), i32(cg.OH), i32(cg.OW), i32(NP), i32(K),
+               i32(kps)), shared_mem=smem)
+    KL.launch(L.get_function("conv_igemm", "conv_dw_reduce", xt.dtype), (P.cdiv(K, 256), cg.O), (256,),
+              (ws, _ptr(acc32), _ptr(dw), i32(S), i32(cg.O), i32(C), i32(cg.Cp), i32(cg.KH * cg.KW),
+               i32(1 if accumulate else 0)))

@@ -11,9 +11,10 @@ chunks whose NHWC copies fit the workspace budget. Per chunk:
 `FLAME_CONV_ALGO=im2col` or `=igemm` forces a path (benchmarks and tests compare the two), for every pass or per
 pass (`fwd=igemm,dx=igemm,dw=im2col`); `auto` (the default) picks im2col + cuBLAS for small column matrices
 (IM2COL_MAX_BYTES, or FLAME_CONV_IM2COL_MAX_MB) and the implicit GEMM above, for each pass.
-`fwd=wgmma` (forward only, opt-in: 'auto' never picks it) runs the forward implicit GEMM on Hopper warpgroup MMAs
-(cuda_src/conv_wgmma.cu) where the implicit GEMM applies; on a CUDA device other than compute capability 9.0 it
-raises RuntimeError, and arrays the kernels do not take (cpu, float32, groups > 1, plain 1x1) keep their usual path.
+On a compute capability 9.0 device (H100/H200) the three passes (dx at stride 1) run that implicit GEMM on warpgroup
+MMAs (cuda_src/conv_wgmma.cu) instead of mma.sync wherever 'auto' takes the implicit GEMM (WGMMA_AUTO); `wgmma` (or
+`fwd=wgmma` etc.) asks for it (RuntimeError on other devices), `igemm` keeps the mma.sync kernels, and arrays the
+kernels do not take (cpu, float32, groups > 1, plain 1x1) keep their usual path.
 
 im2col + GEMM: the batch is cut into chunks whose column matrix cols(C*KH*KW, P) fits a workspace budget
 (`FLAME_CONV_WORKSPACE_MB`, default 512 on cuda, 128 on cpu): a few whole images, or one band of output rows of one
@@ -239,10 +240,38 @@ def conv2d_forward(x, w, g, bias=None):
     w = xp.ascontiguousarray(w)
     if use_igemm(x, g):
         return _igemm_forward(x, w, g, None if bias is None else xp.ascontiguousarray(bias))
-    y = _im2col_forward(x, w, g)
+    y = _pointwise_forward(x, w, g) if _is_pointwise(g) and g.G == 1 else _im2col_forward(x, w, g)
     if bias is not None:
         y += bias.reshape(1, -1, 1, 1)
     return y
+
+
+def _pointwise_forward(x, w, g):
+    """A plain 1x1 conv: y[n] (O, H*W) = W (O, C) @ x[n] (C, H*W), one GEMM batched over the images (the weight
+    broadcast), no copies."""
+    y = backend.xp_of(x).empty((g.N, g.O, g.OH, g.OW), dtype=x.dtype)
+    _mm(w.reshape(g.O, g.C), x.reshape(g.N, g.C, g.H * g.W), y.reshape(g.N, g.O, g.H * g.W))
+    return y
+
+
+def _pointwise_backward(gy, x, w, g, need_x, need_w):
+    """(dx, dw) of a plain 1x1 conv: dx[n] = W^T @ dy[n] (one batched GEMM); dw = sum_n dy[n] @ x[n]^T (one GEMM per
+    batch of images, summed in float32 when there are several)."""
+    xp = backend.xp_of(x)
+    gy3 = gy.reshape(g.N, g.O, g.H * g.W)
+    dx = dw = None
+    if need_x:
+        dx = xp.empty(x.shape, dtype=x.dtype)
+        _mm(w.reshape(g.O, g.C).T, gy3, dx.reshape(g.N, g.C, g.H * g.W))
+    if need_w:
+        x3 = x.reshape(g.N, g.C, g.H * g.W)
+        if g.N == 1:
+            dw = _mm(gy3[0], x3[0].T)
+        else:
+            acc = np.float32 if w.dtype in _HALF else w.dtype
+            dw = _mm(gy3, x3.transpose(0, 2, 1)).sum(axis=0, dtype=acc).astype(w.dtype, copy=False)
+        dw = dw.reshape(w.shape)
+    return dx, dw
 
 
 def _im2col_forward(x, w, g):
@@ -284,6 +313,8 @@ def conv2d_backward(gy, x, w, g, need_x=True, need_w=True):
     gy = xp.ascontiguousarray(gy)
     x = xp.ascontiguousarray(x)
     w = xp.ascontiguousarray(w)
+    if _is_pointwise(g) and g.G == 1:
+        return _pointwise_backward(gy, x, w, g, need_x, need_w)
     ig_x = need_x and g.sh == g.sw == 1 and use_igemm(x, g, "dx")  # the transposed conv is a conv at stride 1
     ig_w = need_w and use_igemm(x, g, "dw")
     dx = dw = None
@@ -343,15 +374,17 @@ def _im2col_backward(gy, x, w, g, need_x, need_w):
 IM2COL_MAX_BYTES = 64 << 20
 PASSES = ("fwd", "dx", "dw")
 _ALGOS = ("auto", "im2col", "igemm")
-_FWD_ONLY_ALGOS = ("wgmma",)  # Hopper forward (cuda_src/conv_wgmma.cu): opt-in, never chosen by 'auto'
+_GATHER_ALGOS = ("wgmma",)  # Hopper implicit GEMM (cuda_src/conv_wgmma.cu): every pass
+_GATHER_PASSES = PASSES
+# 'auto' runs the wgmma kernel wherever it runs the implicit GEMM on a compute capability 9.0 device
+WGMMA_AUTO = True
 
 
 def conv_algo(pass_="fwd"):
     """The algorithm FLAME_CONV_ALGO asks for one pass (fwd, dx or dw): 'auto' (default), 'im2col', 'igemm', or for
-    fwd only 'wgmma' (the implicit GEMM on sm_90a warpgroup MMAs).
+    'wgmma' (the implicit GEMM on sm_90a warpgroup MMAs).
     The variable holds one name for every pass, or per-pass settings such as 'fwd=igemm,dx=igemm,dw=im2col'
-    (separated by ',', ';', '/' or '+'; passes not named are 'auto'). A bare 'wgmma' is refused: it names no
-    backward algorithm (write 'fwd=wgmma')."""
+    (separated by ',', ';', '/' or '+'; passes not named are 'auto')."""
     spec = os.environ.get("FLAME_CONV_ALGO", "auto").strip().lower()
     if "=" not in spec:
         algos = dict.fromkeys(PASSES, spec or "auto")
@@ -363,11 +396,9 @@ def conv_algo(pass_="fwd"):
                 raise ValueError(f"FLAME_CONV_ALGO={spec!r}: {k.strip()!r} is not a pass ({', '.join(PASSES)})")
             algos[k.strip()] = v.strip()
     for p, algo in algos.items():  # every pass checked, so that a bad backward setting fails at the forward
-        if algo in _FWD_ONLY_ALGOS and p != "fwd":
-            raise ValueError(f"FLAME_CONV_ALGO={spec!r}: {algo!r} is a forward algorithm only (write 'fwd={algo}')")
-        if algo not in _ALGOS + _FWD_ONLY_ALGOS:
-            raise ValueError(f"FLAME_CONV_ALGO={spec!r}: the algorithm must be one of {', '.join(_ALGOS)} "
-                             f"(or for fwd: {', '.join(_FWD_ONLY_ALGOS)})")
+        if algo not in _ALGOS + _GATHER_ALGOS:
+            raise ValueError(f"FLAME_CONV_ALGO={spec!r}: the algorithm must be one of "
+                             f"{', '.join(_ALGOS + _GATHER_ALGOS)}")
     return algos[pass_]
 
 
@@ -397,15 +428,34 @@ def use_igemm(x, g, pass_="fwd"):
     return loader.enabled()
 
 
-def use_wgmma(x, g):
-    """Whether the forward of conv2d on x runs cuda_src/conv_wgmma.cu: use_igemm(x, g) and FLAME_CONV_ALGO asks for
-    fwd=wgmma. Raises RuntimeError when it asks on a device that cannot run sm_90a code (compute capability 9.0)."""
-    if conv_algo("fwd") != "wgmma" or not use_igemm(x, g, "fwd"):
-        return False
+def use_wgmma(x, g, pass_="fwd"):
+    """Whether one pass of conv2d on x runs cuda_src/conv_wgmma.cu - the forward ('fwd'), the input gradient ('dx',
+    stride 1: a conv of dy) or the weight gradient ('dw'): use_igemm(x, g, pass_), for fwd / dx a kernel of at most
+    32 taps (larger ones take the mma.sync implicit GEMM) and one image's NHWC copy under 2 GiB (32-bit row offsets),
+    for dw 32-bit column offsets, and FLAME_CONV_ALGO's 'wgmma' for the pass, or 'auto' on a compute
+    capability 9.0 device (WGMMA_AUTO). Raises RuntimeError when 'wgmma' is asked for on a device that cannot run
+    sm_90a code."""
     from ..kernels import conv as K
+    algo = conv_algo(pass_)
+    if algo not in ("wgmma", "auto") or (algo == "auto" and not WGMMA_AUTO):
+        return False
+    if pass_ == "dx" and not g.sh == g.sw == 1:
+        return False
+    if not use_igemm(x, g, pass_) or (pass_ != "dw" and g.KH * g.KW > K.WGMMA_MAX_TAPS):
+        return False
+    if pass_ == "dw":
+        if not K.wgmma_dw_fits(g.H, g.W, K.round8(g.C), g.KH, g.KW, g.dh, g.dw):
+            return False
+    else:
+        src_pixels, src_channels = (g.H * g.W, g.C) if pass_ == "fwd" else (g.OH * g.OW, g.O)
+        if src_pixels * K.round8(src_channels) * x.itemsize >= 2 ** 31 - 2 ** 20:
+            return False
     if not K.wgmma_available():
-        raise RuntimeError("FLAME_CONV_ALGO=fwd=wgmma: the wgmma conv kernel (cuda_src/conv_wgmma.cu) needs a compute "
-                           "capability 9.0 GPU (H100/H200); this device is not one - unset it or use fwd=igemm")
+        if algo == "auto":
+            return False
+        raise RuntimeError(f"FLAME_CONV_ALGO={pass_}=wgmma: the wgmma conv kernel (cuda_src/conv_wgmma.cu) needs a "
+                           f"compute capability 9.0 GPU (H100/H200); this device is not one - unset it or use "
+                           f"{pass_}=igemm")
     return True
 
 
@@ -442,6 +492,8 @@ def _igemm_backward(gy, x, w, g, need_x, need_w):
     chunks = _image_chunks(g.N, per_image, budget, max(g.H * g.W, g.OH * g.OW))
     dx = K.empty(x.shape, x.dtype) if need_x else None
     wd = K.pack_weight_dx(w, Op) if need_x else None  # (C, KH*KW*Op)
+    wgmma_x = need_x and use_wgmma(x, g, "dx")
+    wgmma_w = need_w and use_wgmma(x, g, "dw")
     dw = K.empty(w.shape, w.dtype) if need_w else None
     acc32 = K.empty(w.shape, np.float32) if need_w and len(chunks) > 1 else None  # dw summed over chunks
     for i, (n0, k) in enumerate(chunks):
@@ -449,12 +501,16 @@ def _igemm_backward(gy, x, w, g, need_x, need_w):
         if need_x:  # dx = conv(dy, w flipped), stride 1, padding d*(K-1) - p
             cg = K.ConvGeom(k, g.OH, g.OW, Op, g.C, g.H, g.W, g.KH, g.KW, 1, 1,
                             g.dh * (g.KH - 1) - g.ph, g.dw * (g.KW - 1) - g.pw, g.dh, g.dw)
-            K.conv_nhwc(gt, wd, dx[n0:n0 + k], cg, None, budget)
+            if wgmma_x:
+                K.conv_nhwc_wgmma(gt, wd, dx[n0:n0 + k], cg, None, budget)
+            else:
+                K.conv_nhwc(gt, wd, dx[n0:n0 + k], cg, None, budget)
         if need_w:
             xt = K.to_nhwc(x[n0:n0 + k], Cp)  # (k, H*W, Cp)
             cg = K.ConvGeom(k, g.H, g.W, Cp, g.O, g.OH, g.OW, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw)
-            K.conv_dw_nhwc(gt, xt, cg, g.C, dw=dw if i == len(chunks) - 1 else None, acc32=acc32,
-                           accumulate=i > 0, budget=budget)
+            (K.conv_dw_nhwc_wgmma if wgmma_w else K.conv_dw_nhwc)(
+                gt, xt, cg, g.C, dw=dw if i == len(chunks) - 1 else None, acc32=acc32, accumulate=i > 0,
+                budget=budget)
             del xt
         del gt
     return dx, dw

@@ -1,6 +1,7 @@
-"""The Hopper implicit-GEMM conv forward (cuda_src/conv_wgmma.cu, flame_core.kernels.conv.conv_nhwc_wgmma) against a
-float64 NumPy reference, its opt-in routing (FLAME_CONV_ALGO=fwd=wgmma), and on the cpu the parsing of that setting
-and the cpu path's indifference to it."""
+"""The Hopper implicit-GEMM conv (cuda_src/conv_wgmma.cu: conv_nhwc_wgmma, conv_dw_nhwc_wgmma) against a float64
+NumPy reference, as the forward, the stride-1 input gradient and the weight gradient; its routing ('auto' on compute
+capability 9.0, FLAME_CONV_ALGO=wgmma / fwd=wgmma / dx=wgmma / dw=wgmma, 'igemm' for the mma.sync kernels), and on
+the cpu the parsing of that setting and the cpu path's indifference to it."""
 import numpy as np
 import pytest
 
@@ -28,6 +29,7 @@ GEOMS = [
     (2, 24, 10, 12, 16, (5, 5), (2, 2), (2, 2, 2, 2), (1, 1)),     # 5x5 stride 2
     (1, 16, 33, 35, 64, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),     # 1155 pixels: ragged last pixel tile
     (1, 8, 6, 6, 130, (3, 3), (1, 1), (3, 3, 3, 3), (1, 1)),       # padding past the kernel reach: empty taps
+    (2, 16, 12, 11, 24, (6, 5), (1, 1), (2, 3, 2, 2), (1, 1)),     # 30 taps: the rows' tap masks near 32 bits
 ]
 
 
@@ -75,7 +77,7 @@ def _need_sm90():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("tile", sorted(K.WGMMA_TILES))
+@pytest.mark.parametrize("tile", sorted(K.WGMMA_TILES) + ["128x128:s3", "128x256:s2"])   # and split over K
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("cfg", GEOMS)
 def test_wgmma_conv_matches_reference(cfg, dtype, tile, bias, monkeypatch):
@@ -127,7 +129,8 @@ class _Spy:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_fwd_wgmma_routes_to_the_kernel_and_auto_does_not(dtype, monkeypatch):
+def test_wgmma_routing_fwd(dtype, monkeypatch):
+    """fwd=wgmma and 'auto' (where it takes the implicit GEMM) run the wgmma kernel; 'igemm' the mma.sync one."""
     _need_sm90()
     cp = backend.cupy
     cfg = (3, 40, 11, 13, 64, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
@@ -149,32 +152,167 @@ def test_fwd_wgmma_routes_to_the_kernel_and_auto_does_not(dtype, monkeypatch):
     chunks = C._image_chunks(3, 11 * 13 * 40 * 2, C.workspace_bytes(True), 11 * 13)
     assert len(chunks) == 3 and wg_spy.calls == 1 + len(chunks)
     monkeypatch.delenv("FLAME_CONV_WORKSPACE_MB")
-    # 'auto' with the implicit GEMM chosen (threshold 0): the mma.sync kernel, never the wgmma one
+    # 'auto' with the implicit GEMM chosen (threshold 0): the wgmma kernel on this device
     monkeypatch.setenv("FLAME_CONV_ALGO", "auto")
     monkeypatch.setenv("FLAME_CONV_IM2COL_MAX_MB", "0")
     calls = wg_spy.calls
-    assert C.use_igemm(xd, gs) and not C.use_wgmma(xd, gs)
+    assert C.use_igemm(xd, gs) and C.use_wgmma(xd, gs)
     _assert_close(cp.asnumpy(C.conv2d_forward(xd, wd, gs, bd)).astype(np.float64), want, dtype, "auto")
-    assert wg_spy.calls == calls and ig_spy.calls == 1
+    assert (wg_spy.calls, ig_spy.calls) == (calls + 1, 0)
+    # 'igemm', or 'auto' with WGMMA_AUTO off: the mma.sync kernel
+    monkeypatch.setenv("FLAME_CONV_ALGO", "igemm")
+    assert C.use_igemm(xd, gs) and not C.use_wgmma(xd, gs)
+    _assert_close(cp.asnumpy(C.conv2d_forward(xd, wd, gs, bd)).astype(np.float64), want, dtype, "igemm")
+    monkeypatch.setenv("FLAME_CONV_ALGO", "auto")
+    monkeypatch.setattr(C, "WGMMA_AUTO", False)
+    assert not C.use_wgmma(xd, gs)
+    _assert_close(cp.asnumpy(C.conv2d_forward(xd, wd, gs, bd)).astype(np.float64), want, dtype, "auto, off")
+    assert (wg_spy.calls, ig_spy.calls) == (calls + 1, 2)
+
+
+# dx as a conv of dy: stride 1 geometries (N, C, H, W, O, k, padding, dilation): ragged channels, batch 3, odd sizes,
+# a 1x1 with padding, dilation, padding past the kernel's reach (dx's own padding negative)
+DX_GEOMS = [
+    (1, 13, 9, 7, 7, 3, 1, 1),
+    (3, 40, 11, 13, 64, 3, 1, 1),
+    (2, 330, 9, 10, 200, 3, 1, 1),
+    (1, 24, 13, 12, 20, 3, 2, 2),
+    (1, 40, 9, 9, 130, 1, 1, 1),
+    (2, 16, 12, 11, 24, 5, 2, 1),
+    (1, 8, 8, 8, 16, 3, 3, 1),
+]
 
 
 @pytest.mark.gpu
-def test_fwd_wgmma_training_step(monkeypatch):
-    """F.conv2d with fwd=wgmma: the forward on the wgmma kernel, dx / dw on their usual paths, all against float64."""
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("cfg", DX_GEOMS)
+def test_wgmma_dx_matches_reference(cfg, dtype, monkeypatch):
+    """conv2d_backward's input gradient on the wgmma kernel (dx=wgmma) against the float64 cpu path."""
     _need_sm90()
-    monkeypatch.setenv("FLAME_CONV_ALGO", "fwd=wgmma,dx=igemm,dw=igemm")
+    cp = backend.cupy
+    N, Cc, H, W, O, k, p, d = cfg
+    rng = np.random.default_rng(3)
+    npdt = parse_dtype(dtype).np
+    x = rng.standard_normal((N, Cc, H, W)).astype(npdt).astype(np.float64)
+    w = (rng.standard_normal((O, Cc, k, k)) * 0.2).astype(npdt).astype(np.float64)
+    g = C.geometry(x.shape, w.shape, 1, p, d, 1)
+    gy = rng.standard_normal((N, O, g.OH, g.OW)).astype(npdt).astype(np.float64)
+    want, _ = C._im2col_backward(gy, x, w, g, True, False)
+    spy = _Spy(K.conv_nhwc_wgmma)
+    monkeypatch.setattr(K, "conv_nhwc_wgmma", spy)
+    monkeypatch.setenv("FLAME_CONV_ALGO", "dx=wgmma")
+    xd, wd, gd = (cp.asarray(a.astype(npdt)) for a in (x, w, gy))
+    assert C.use_wgmma(xd, g, "dx")
+    dx, dw = C.conv2d_backward(gd, xd, wd, g, need_x=True, need_w=False)
+    assert dw is None and spy.calls == 1
+    _assert_close(cp.asnumpy(dx).astype(np.float64), want, dtype, f"dx {cfg}")
+
+
+@pytest.mark.gpu
+def test_wgmma_dx_strided_takes_im2col(monkeypatch):
+    """A strided dx is a transposed conv, not a conv: dx=wgmma leaves it to im2col (right numbers, no wgmma call)."""
+    _need_sm90()
+    cp = backend.cupy
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 24, 11, 10)).astype(np.float16).astype(np.float64)
+    w = (rng.standard_normal((32, 24, 3, 3)) * 0.2).astype(np.float16).astype(np.float64)
+    g = C.geometry(x.shape, w.shape, 2, 1, 1, 1)
+    gy = rng.standard_normal((2, 32, g.OH, g.OW)).astype(np.float16).astype(np.float64)
+    want, _ = C._im2col_backward(gy, x, w, g, True, False)
+    spy = _Spy(K.conv_nhwc_wgmma)
+    monkeypatch.setattr(K, "conv_nhwc_wgmma", spy)
+    monkeypatch.setenv("FLAME_CONV_ALGO", "dx=wgmma")
+    xd, wd, gd = (cp.asarray(a.astype(np.float16)) for a in (x, w, gy))
+    assert not C.use_wgmma(xd, g, "dx")
+    dx, _ = C.conv2d_backward(gd, xd, wd, g, need_x=True, need_w=False)
+    assert spy.calls == 0
+    _assert_close(cp.asnumpy(dx).astype(np.float64), want, "float16", "strided dx")
+
+
+# dw geometries (N, C, H, W, O, (KH, KW), (sh, sw), padding, (dh, dw)): ragged channels, batch 3, strides, dilation,
+# a 1x1 with padding, 5x5, pixel counts not a multiple of the 64-pixel k-tile, rows narrower than a k-tile
+DW_GEOMS = [
+    (1, 13, 9, 7, 7, (3, 3), (1, 1), (1, 1), (1, 1)),
+    (3, 40, 11, 13, 64, (3, 3), (1, 1), (1, 1), (1, 1)),
+    (2, 330, 9, 10, 200, (3, 3), (1, 1), (1, 1), (1, 1)),
+    (3, 40, 15, 17, 136, (3, 3), (2, 2), (1, 1), (1, 1)),
+    (1, 24, 13, 12, 20, (3, 3), (1, 1), (2, 2), (2, 2)),
+    (1, 40, 9, 9, 130, (1, 1), (1, 1), (1, 1), (1, 1)),
+    (2, 24, 10, 12, 16, (5, 5), (2, 2), (2, 2), (1, 1)),
+    (1, 9, 7, 8, 10, (3, 2), (1, 1), (1, 0), (1, 2)),
+    (2, 64, 20, 70, 72, (3, 3), (1, 1), (1, 1), (1, 1)),
+    (1, 8, 12, 12, 16, (7, 7), (1, 1), (3, 3), (1, 1)),      # 49 taps (dw keeps no tap masks)
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", [None, "128x128", "128x256:s3", "128x128:s7"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("cfg", DW_GEOMS)
+def test_wgmma_dw_matches_reference(cfg, dtype, tile, monkeypatch):
+    """conv2d_backward's weight gradient on the wgmma kernel (dw=wgmma) against the float64 cpu path, with the
+    planned tile and forced tiles / splits over the pixels."""
+    _need_sm90()
+    cp = backend.cupy
+    N, Cc, H, W, O, k, s, p, d = cfg
+    rng = np.random.default_rng(5)
+    npdt = parse_dtype(dtype).np
+    x = rng.standard_normal((N, Cc, H, W)).astype(npdt).astype(np.float64)
+    w = (rng.standard_normal((O, Cc) + k) * 0.2).astype(npdt).astype(np.float64)
+    g = C.geometry(x.shape, w.shape, s, p, d, 1)
+    gy = rng.standard_normal((N, O, g.OH, g.OW)).astype(npdt).astype(np.float64)
+    _, want = C._im2col_backward(gy, x, w, g, False, True)
+    spy = _Spy(K.conv_dw_nhwc_wgmma)
+    monkeypatch.setattr(K, "conv_dw_nhwc_wgmma", spy)
+    monkeypatch.setenv("FLAME_CONV_ALGO", "dw=wgmma")
+    if tile:
+        monkeypatch.setenv("FLAME_CONV_WGMMA_DW_TILE", tile)
+    xd, wd, gd = (cp.asarray(a.astype(npdt)) for a in (x, w, gy))
+    assert C.use_wgmma(xd, g, "dw")
+    dx, dw = C.conv2d_backward(gd, xd, wd, g, need_x=False, need_w=True)
+    assert dx is None and spy.calls == 1 and dw.dtype == npdt
+    _assert_close(cp.asnumpy(dw).astype(np.float64), want, dtype, f"dw {cfg} {tile}")
+
+
+@pytest.mark.gpu
+def test_wgmma_dw_image_chunks_accumulate(monkeypatch):
+    """Image chunks (a small workspace): each chunk's partials are added into one float32 sum, then rounded once."""
+    _need_sm90()
+    cp = backend.cupy
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((3, 40, 11, 13)).astype(np.float16).astype(np.float64)
+    w = (rng.standard_normal((64, 40, 3, 3)) * 0.2).astype(np.float16).astype(np.float64)
+    g = C.geometry(x.shape, w.shape, 1, 1, 1, 1)
+    gy = rng.standard_normal((3, 64, 11, 13)).astype(np.float16).astype(np.float64)
+    _, want = C._im2col_backward(gy, x, w, g, False, True)
+    spy = _Spy(K.conv_dw_nhwc_wgmma)
+    monkeypatch.setattr(K, "conv_dw_nhwc_wgmma", spy)
+    monkeypatch.setenv("FLAME_CONV_ALGO", "wgmma")
+    monkeypatch.setenv("FLAME_CONV_WORKSPACE_MB", "0.03")
+    xd, wd, gd = (cp.asarray(a.astype(np.float16)) for a in (x, w, gy))
+    _, dw = C.conv2d_backward(gd, xd, wd, g, need_x=False, need_w=True)
+    assert spy.calls == 3
+    _assert_close(cp.asnumpy(dw).astype(np.float64), want, "float16", "chunked dw")
+
+
+@pytest.mark.gpu
+def test_wgmma_training_step(monkeypatch):
+    """F.conv2d with FLAME_CONV_ALGO=wgmma: the three passes on the wgmma kernels, against float64 (stride 1; the
+    strided dx is the test above)."""
+    _need_sm90()
+    monkeypatch.setenv("FLAME_CONV_ALGO", "wgmma")
     rng = np.random.default_rng(2)
     x = rng.standard_normal((2, 24, 12, 10))
     w = rng.standard_normal((40, 24, 3, 3)) * 0.1
     b = rng.standard_normal(40)
-    gy = rng.standard_normal((2, 40, 6, 5))
+    gy = rng.standard_normal((2, 40, 12, 10))
     xr, wr = flame.tensor(x, device="cpu", requires_grad=True), flame.tensor(w, device="cpu", requires_grad=True)
-    yr = F.conv2d(xr, wr, flame.tensor(b, device="cpu"), stride=2, padding=1)
+    yr = F.conv2d(xr, wr, flame.tensor(b, device="cpu"), stride=1, padding=1)
     yr.backward(flame.tensor(gy, device="cpu"))
     dt = flame.bfloat16
     xt = flame.tensor(x, dtype=dt, device="cuda", requires_grad=True)
     wt = flame.tensor(w, dtype=dt, device="cuda", requires_grad=True)
-    y = F.conv2d(xt, wt, flame.tensor(b, dtype=dt, device="cuda"), stride=2, padding=1)
+    y = F.conv2d(xt, wt, flame.tensor(b, dtype=dt, device="cuda"), stride=1, padding=1)
     y.backward(flame.tensor(gy, dtype=dt, device="cuda"))
     for got, ref_, what in ((y, yr, "y"), (xt.grad, xr.grad, "dx"), (wt.grad, wr.grad, "dw")):
         a, r = got.detach().float().numpy().astype(np.float64), ref_.detach().numpy()
@@ -200,10 +338,10 @@ def test_conv_algo_parses_wgmma(monkeypatch):
     assert [C.conv_algo(p) for p in C.PASSES] == ["wgmma", "auto", "auto"]
     monkeypatch.setenv("FLAME_CONV_ALGO", "FWD=WGMMA+dx=igemm+dw=im2col")
     assert [C.conv_algo(p) for p in C.PASSES] == ["wgmma", "igemm", "im2col"]
-    for spec in ("wgmma", "dx=wgmma", "fwd=wgmma,dw=wgmma"):  # no backward algorithm of that name
-        monkeypatch.setenv("FLAME_CONV_ALGO", spec)
-        with pytest.raises(ValueError, match="forward algorithm only"):
-            C.conv_algo("fwd")
+    monkeypatch.setenv("FLAME_CONV_ALGO", "fwd=wgmma,dx=wgmma")
+    assert [C.conv_algo(p) for p in C.PASSES] == ["wgmma", "wgmma", "auto"]
+    monkeypatch.setenv("FLAME_CONV_ALGO", "wgmma")
+    assert [C.conv_algo(p) for p in C.PASSES] == ["wgmma", "wgmma", "wgmma"]
     monkeypatch.setenv("FLAME_CONV_ALGO", "fwd=wgmma,dx=cudnn")  # a bad backward setting fails at the forward
     with pytest.raises(ValueError, match="must be one of"):
         C.conv_algo("fwd")
@@ -222,17 +360,46 @@ def test_fwd_wgmma_on_cpu_keeps_the_cpu_path(monkeypatch):
     np.testing.assert_array_equal(F.conv2d(x, w, b, stride=2, padding=1).numpy(), want)
 
 
-def test_wgmma_tile_choice(monkeypatch):
+def test_wgmma_tile_and_split_choice(monkeypatch):
     monkeypatch.delenv("FLAME_CONV_WGMMA_TILE", raising=False)
-    assert K.wgmma_tile(320, 2 * 128 * 128, 132) == "128x256"   # SDXL 128x128: 3 x 128 CTAs
-    assert K.wgmma_tile(1280, 2 * 32 * 32, 132) == "128x128"    # SDXL 32x32: 10 x 8 CTAs of 128x256
+    assert K.wgmma_plan(320, 2 * 128 * 128, 45, 132) == ("128x256", 45, 1)   # SDXL 128^2: 3 waves of 128x256
+    assert K.wgmma_plan(640, 2 * 64 * 64, 90, 132) == ("128x128", 90, 1)     # SDXL 64^2: 320 CTAs of 128x128
+    assert K.wgmma_plan(1280, 2 * 32 * 32, 180, 132) == ("128x256", 60, 3)   # SDXL 32^2: 80 CTAs, split in 3
+    assert K.wgmma_plan(1280, 2 * 32 * 32, 180, 132, ws_budget=1 << 20)[2] == 1  # partials over the budget
+    assert K.wgmma_tile(320, 2 * 128 * 128, 132) == "128x256"
     monkeypatch.setenv("FLAME_CONV_WGMMA_TILE", "128x128")
-    assert K.wgmma_tile(320, 2 * 128 * 128, 132) == "128x128"
-    monkeypatch.setenv("FLAME_CONV_WGMMA_TILE", "64x64")
-    with pytest.raises(ValueError, match="FLAME_CONV_WGMMA_TILE"):
-        K.wgmma_tile(320, 1000, 132)
+    assert K.wgmma_plan(320, 2 * 128 * 128, 45, 132) == ("128x128", 45, 1)
+    monkeypatch.setenv("FLAME_CONV_WGMMA_TILE", "128x128:s4")
+    assert K.wgmma_plan(320, 2 * 128 * 128, 45, 132) == ("128x128", 12, 4)
+    monkeypatch.setenv("FLAME_CONV_WGMMA_TILE", "128x256:s7")
+    assert K.wgmma_plan(320, 1000, 10, 132) == ("128x256", 2, 5)             # no empty slices
+    for bad in ("64x64", "128x128:s0", "128x128:sx"):
+        monkeypatch.setenv("FLAME_CONV_WGMMA_TILE", bad)
+        with pytest.raises(ValueError, match="FLAME_CONV_WGMMA_TILE"):
+            K.wgmma_plan(320, 1000, 10, 132)
 
 
 def test_wgmma_smem_fits_sm90():
     for name in K.WGMMA_TILES:  # 227 KiB of dynamic shared memory per block on the H100 / H200, 3136 B static
         assert K.wgmma_smem(name) + 3136 <= 232448, name
+
+
+@pytest.mark.gpu
+def test_kernels_of_more_than_32_taps_take_the_mma_sync_kernel(monkeypatch):
+    """The wgmma kernel keeps each pixel row's in-image taps in a 32-bit mask: a 7x7 conv under fwd=wgmma runs the
+    mma.sync implicit GEMM (right numbers), and the kernel itself refuses it."""
+    _need_sm90()
+    cp = backend.cupy
+    cfg = (1, 16, 12, 12, 24, (7, 7), (1, 1), (3, 3, 3, 3), (1, 1))
+    x, w, b, g, want = _case(cfg, "bfloat16", seed=2)
+    npdt = parse_dtype("bfloat16").np
+    xd, wd = (cp.asarray(a.astype(npdt)) for a in (x, w))
+    gs = C.geometry(x.shape, w.shape, 1, 3, 1, 1)
+    monkeypatch.setenv("FLAME_CONV_ALGO", "fwd=wgmma")
+    assert C.use_igemm(xd, gs) and not C.use_wgmma(xd, gs)
+    _assert_close(cp.asnumpy(C.conv2d_forward(xd, wd, gs)).astype(np.float64), want, "bfloat16", "7x7")
+    Cp = K.round8(16)
+    cg = K.ConvGeom(1, 12, 12, Cp, 24, g.OH, g.OW, 7, 7, 1, 1, 3, 3, 1, 1)
+    out = cp.empty((1, 24, g.OH, g.OW), dtype=npdt)
+    with pytest.raises(ValueError, match="more than 32 taps"):
+        K.conv_nhwc_wgmma(K.to_nhwc(xd, Cp), K.pack_weight(wd, Cp), out, cg)
