@@ -27,6 +27,46 @@
 #include "flash_attention.cuh"
 #include "wgmma.cuh"
 
+// The consumer warpgroups' main loop of both kernels: acc (this warpgroup's 64 rows x NB*128 columns, fp32) = the sum
+// over nkt k-tiles of the ring's stages (full barriers at bar0, empty ones STAGES on; stage s at base + s*stage_bytes)
+// of A (64 rows at a_off in the stage) times B (NB*128 columns at b_off, 128x128-element blocks 16384 bytes apart),
+// 64 deep per stage: four k16 steps KK_STEP bytes apart, both operands K-major (TRANS 0) or MN-major (TRANS 1) with
+// leading byte offset LBO. A stage is freed (one arrival per warp) once the wgmma's that read it have completed.
+template <typename T, int NB, int STAGES, int TRANS, unsigned KK_STEP, unsigned LBO>
+__device__ __forceinline__ void cw_consume(float (&acc)[NB][16][4], int nkt, unsigned base, unsigned stage_bytes,
+                                           unsigned a_off, unsigned b_off, unsigned bar0, int lane) {
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[b][j][e] = 0.f;
+    for (int kt = 0; kt < nkt; ++kt) {
+        const int s = kt % STAGES;
+        mbar_wait(bar0 + 8u * s, (kt / STAGES) & 1);
+        fence_proxy_async();
+        const unsigned sa = base + s * stage_bytes + a_off, sb = base + s * stage_bytes + b_off;
+        wg_fence();
+#pragma unroll
+        for (int b = 0; b < NB; ++b) wg_pin(acc[b]);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int b = 0; b < NB; ++b)
+                Wg<T, 128>::template ss<TRANS, TRANS>(acc[b], wg_desc(sa + kk * KK_STEP, LBO),
+                                                      wg_desc(sb + b * 16384 + kk * KK_STEP, LBO), 1);
+        wg_commit();
+        // the previous k-tile's products are done once at most this one is pending: free its stage
+        wg_wait<1>();
+#pragma unroll
+        for (int b = 0; b < NB; ++b) wg_pin(acc[b]);
+        if (kt > 0 && lane == 0) mbar_arrive(bar0 + 8u * (STAGES + (kt - 1) % STAGES));
+    }
+    wg_wait<0>();
+#pragma unroll
+    for (int b = 0; b < NB; ++b) wg_pin(acc[b]);
+}
+
 template <typename T, int BN, int STAGES>
 __global__ void __launch_bounds__(384, 1)
 conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
@@ -136,38 +176,8 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     // ---------------------------------------------------------------------------- consumer warpgroups
     const int wg = warp >> 2, wl = warp & 3;
     float acc[NB][16][4];
-#pragma unroll
-    for (int b = 0; b < NB; ++b)
-#pragma unroll
-        for (int j = 0; j < 16; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[b][j][e] = 0.f;
-
-    for (int kt = 0; kt < nkt; ++kt) {
-        const int s = kt % STAGES;
-        mbar_wait(full(s), (kt / STAGES) & 1);
-        fence_proxy_async();
-        const unsigned sa = base + s * STAGE_BYTES + wg * 64 * 128;
-        const unsigned sb = base + s * STAGE_BYTES + A_BYTES;
-        wg_fence();
-#pragma unroll
-        for (int b = 0; b < NB; ++b) wg_pin(acc[b]);
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk)
-#pragma unroll
-            for (int b = 0; b < NB; ++b)
-                Wg<T, 128>::template ss<0, 0>(acc[b], wg_desc(sa + kk * 32, 16), wg_desc(sb + b * 128 * 128 + kk * 32, 16),
-                                              1);
-        wg_commit();
-        // the previous k-tile's products are done once at most this one is pending: free its stage
-        wg_wait<1>();
-#pragma unroll
-        for (int b = 0; b < NB; ++b) wg_pin(acc[b]);
-        if (kt > 0 && lane == 0) mbar_arrive(empty((kt - 1) % STAGES));
-    }
-    wg_wait<0>();
-#pragma unroll
-    for (int b = 0; b < NB; ++b) wg_pin(acc[b]);
+    // K-major tiles: a k16 step is 32 bytes along the rows
+    cw_consume<T, NB, STAGES, 0, 32, 16>(acc, nkt, base, STAGE_BYTES, wg * 64 * 128, A_BYTES, bar0, lane);
 
     // epilogue: acc[b][j][e] is channel row o0 + wg*64 + wl*16 + g + 8*(e/2), pixel p0 + b*128 + 8j + 2*t4 + e%2
     const int g = lane >> 2, t4 = lane & 3;
@@ -352,37 +362,8 @@ conv_dw_wgmma(const T* __restrict__ gt, const T* __restrict__ x, float* __restri
     // ---------------------------------------------------------------------------- consumer warpgroups
     const int wg = warp >> 2, wl = warp & 3;
     float acc[NB][16][4];
-#pragma unroll
-    for (int b = 0; b < NB; ++b)
-#pragma unroll
-        for (int j = 0; j < 16; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[b][j][e] = 0.f;
-
-    for (int kt = 0; kt < nkt; ++kt) {
-        const int s = kt % STAGES;
-        mbar_wait(full(s), (kt / STAGES) & 1);
-        fence_proxy_async();
-        const unsigned sa = base + s * STAGE_BYTES + wg * SLAB;
-        const unsigned sb = base + s * STAGE_BYTES + A_BYTES;
-        wg_fence();
-#pragma unroll
-        for (int b = 0; b < NB; ++b) wg_pin(acc[b]);
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk)
-#pragma unroll
-            for (int b = 0; b < NB; ++b)
-                Wg<T, 128>::template ss<1, 1>(acc[b], wg_desc(sa + kk * 16 * 128, SLAB),
-                                              wg_desc(sb + 2 * b * SLAB + kk * 16 * 128, SLAB), 1);
-        wg_commit();
-        wg_wait<1>();
-#pragma unroll
-        for (int b = 0; b < NB; ++b) wg_pin(acc[b]);
-        if (kt > 0 && lane == 0) mbar_arrive(empty((kt - 1) % STAGES));
-    }
-    wg_wait<0>();
-#pragma unroll
-    for (int b = 0; b < NB; ++b) wg_pin(acc[b]);
+    // MN-major slabs: a k16 step is 16 rows of 128 bytes, the next 64 columns a slab on
+    cw_consume<T, NB, STAGES, 1, 16 * 128, SLAB>(acc, nkt, base, STAGE_BYTES, wg * SLAB, A_BYTES, bar0, lane);
 
     // epilogue: acc[b][j][e] is output channel o0 + wg*64 + wl*16 + g + 8*(e/2), column k0 + b*128 + 8j + 2*t4 + e%2;
     // K is a multiple of 8, so an even column inside K has its pair inside too
