@@ -15,8 +15,8 @@ Variants (comma-separated, each timed at every shape; the first decides the acce
                           implicit GEMM: on sm_90 cuda_src/conv_wgmma.cu (dx at stride 1; a strided dx takes
                           im2col), elsewhere conv_igemm.cu's mma.sync kernels; plain 1x1: one batched cuBLAS GEMM)
     im2col / igemm        that path for every pass (FLAME_CONV_ALGO)
-    igemm:TILE[:sN]       the mma.sync implicit GEMM with a forced forward / dx tile and N reduction slices (FLAME_CONV_TILE;
-                          tiles: TILES in flame_core/kernels/conv.py)
+    igemm:TILE[:sN]       the mma.sync implicit GEMM with a forced forward / dx tile and N reduction slices
+                          (FLAME_CONV_TILE; tiles: TILES in flame_core/kernels/conv.py)
     dwtile:TILE[:sN]      a forced dw tile (FLAME_CONV_DW_TILE)
     wgmma[:TILE[:sN]]     every pass on the sm_90a wgmma kernels (cuda_src/conv_wgmma.cu; FLAME_CONV_ALGO=wgmma),
                           optionally with a forced fwd / dx tile and N slices over K (FLAME_CONV_WGMMA_TILE:

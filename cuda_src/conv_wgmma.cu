@@ -27,6 +27,20 @@
 #include "flash_attention.cuh"
 #include "wgmma.cuh"
 
+// The stage ring's barriers at bar0: full[s] (s < STAGES) completes once the producer's 128 threads' copies into
+// stage s have landed, empty[s] (bar0 + 8 * (STAGES + s)) once the 8 consumer warps are done reading it.
+template <int STAGES>
+__device__ __forceinline__ void cw_ring_init(unsigned bar0, int tid) {
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(bar0 + 8u * s, 128);
+            mbar_init(bar0 + 8u * (STAGES + s), 8);
+        }
+    }
+    __syncthreads();
+}
+
 // The consumer warpgroups' main loop of both kernels: acc (this warpgroup's 64 rows x NB*128 columns, fp32) = the sum
 // over nkt k-tiles of the ring's stages (full barriers at bar0, empty ones STAGES on; stage s at base + s*stage_bytes)
 // of A (64 rows at a_off in the stage) times B (NB*128 columns at b_off, 128x128-element blocks 16384 bytes apart),
@@ -92,14 +106,7 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     const int kt0 = blockIdx.y * kt_split;                         // this CTA's k-tiles: kt0 .. kt0 + nkt - 1
     const int nkt = min((K + BK - 1) / BK - kt0, kt_split);
 
-    if (tid == 0) {
-#pragma unroll
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(full(s), 128);
-            mbar_init(empty(s), 8);
-        }
-    }
-    __syncthreads();
+    cw_ring_init<STAGES>(bar0, tid);
 
     // registers: the producer keeps REG_P (its rows' offsets and tap masks live in registers), the two consumer
     // warpgroups take what it gives up. setmaxnreg moves registers within the CTA's launch allocation (168 per thread
@@ -281,14 +288,7 @@ conv_dw_wgmma(const T* __restrict__ gt, const T* __restrict__ x, float* __restri
     const int kt0 = blockIdx.y * kt_split;  // this CTA's pixel k-tiles: kt0 .. kt0 + nkt - 1
     const int nkt = min((P + BK - 1) / BK - kt0, kt_split);
 
-    if (tid == 0) {
-#pragma unroll
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(full(s), 128);
-            mbar_init(empty(s), 8);
-        }
-    }
-    __syncthreads();
+    cw_ring_init<STAGES>(bar0, tid);
 
     constexpr int REG_P = 72, REG_C = 216;  // as the forward's (within the 168-register launch allocation)
     static_assert(128 * REG_P + 256 * REG_C <= 168 * 384, "register budget");

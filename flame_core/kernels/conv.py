@@ -222,9 +222,7 @@ def conv_nhwc(xt, wp, out, cg, bias=None, budget=512 << 20):
               i32(cg.KH), i32(cg.KW), i32(cg.sh), i32(cg.sw), i32(cg.ph), i32(cg.pw), i32(cg.dh), i32(cg.dw),
               i32(cg.OH), i32(cg.OW), i32(NP), i32(K), i32(kps)), shared_mem=smem)
     if S > 1:
-        OHW = cg.OH * cg.OW
-        KL.launch(L.get_function("conv_igemm", "conv_splitk_reduce", out.dtype), (P.cdiv(OHW, 256), cg.O, cg.N),
-                  (256,), (ws, _ptr(bias), out, i32(S), i32(cg.O), i32(OHW), KL.i64(NP)))
+        _splitk_reduce(ws, bias, out, cg)
     return out
 
 
@@ -244,8 +242,24 @@ def conv_dw_nhwc(gt, xt, cg, C, dw=None, acc32=None, accumulate=False, budget=51
               (gt, xt, ws, i32(cg.H), i32(cg.W), i32(cg.Cp), i32(cg.O), i32(Op), i32(cg.KH), i32(cg.KW),
               i32(cg.sh), i32(cg.sw), i32(cg.ph), i32(cg.pw), i32(cg.dh), i32(cg.dw), i32(cg.OH), i32(cg.OW),
               i32(NP), i32(K), i32(kps)), shared_mem=smem)
-    KL.launch(L.get_function("conv_igemm", "conv_dw_reduce", xt.dtype), (P.cdiv(K, 256), cg.O), (256,),
-              (ws, _ptr(acc32), _ptr(dw), i32(S), i32(cg.O), i32(C), i32(cg.Cp), i32(cg.KH * cg.KW), i32(1 if accumulate else 0)))
+    _dw_reduce(ws, acc32, dw, cg, C, accumulate, xt.dtype)
+
+
+def _splitk_reduce(ws, bias, out, cg):
+    """out (N, O, OH, OW) = the sum of the fp32 partials ws (S, O, N*OH*OW) (+ bias): conv_igemm.cu's
+    conv_splitk_reduce, after a split forward of either kernel."""
+    OHW = cg.OH * cg.OW
+    KL.launch(L.get_function("conv_igemm", "conv_splitk_reduce", out.dtype), (P.cdiv(OHW, 256), cg.O, cg.N), (256,),
+              (ws, _ptr(bias), out, KL.i32(ws.shape[0]), KL.i32(cg.O), KL.i32(OHW), KL.i64(ws.shape[2])))
+
+
+def _dw_reduce(ws, acc32, dw, cg, C, accumulate, dtype):
+    """dw (O, C, KH, KW) of `dtype` (the weights') and/or acc32 (+= when accumulate) = the sum of the fp32 partials
+    ws (S, O, KH*KW*Cp): conv_igemm.cu's conv_dw_reduce, after either weight-gradient kernel."""
+    K, i32 = ws.shape[2], KL.i32
+    KL.launch(L.get_function("conv_igemm", "conv_dw_reduce", dtype),
+              (P.cdiv(K, 256), cg.O), (256,), (ws, _ptr(acc32), _ptr(dw), i32(ws.shape[0]), i32(cg.O), i32(C),
+                                               i32(cg.Cp), i32(cg.KH * cg.KW), i32(1 if accumulate else 0)))
 
 
 # ----------------------------------------------------------------------------- Hopper forward (sm_90a)
@@ -285,9 +299,9 @@ _WGMMA_KTILE_COST = {"128x128": 1.0, "128x256": 1.7}
 def wgmma_plan(O, NP, KT, sms, ws_budget=512 << 20, env="FLAME_CONV_WGMMA_TILE", max_splits=WGMMA_MAX_SPLITS):
     """(tile, k-tiles per slice, slices) of a wgmma kernel with an O x NP output (the forward: channels x pixels; the
     weight gradient: channels x K) and KT k-tiles. $FLAME_CONV_WGMMA_TILE (dw: $FLAME_CONV_WGMMA_DW_TILE) = 'TILE' or
-    'TILE:sN' forces the tile (and N slices over K). Otherwise the tile and split that a simple model says finish first: waves of CTAs
-    (ceil(CTAs * slices / SMs)) times k-tiles per slice times the tile's width, plus the split's fp32 partials
-    written and summed (conv_splitk_reduce). A model, not a measured table (issue 27: measure and replace)."""
+    'TILE:sN' forces the tile (and N slices over K). Otherwise the tile and split that a simple model says finish
+    first: waves of CTAs (ceil(CTAs * slices / SMs)) times k-tiles per slice times the tile's width, plus the split's
+    fp32 partials written and summed. A model, not a measured table (issue 27: measure and replace)."""
     forced = os.environ.get(env)
     names, splits = sorted(WGMMA_TILES), None
     if forced:
@@ -315,13 +329,18 @@ def wgmma_plan(O, NP, KT, sms, ws_budget=512 << 20, env="FLAME_CONV_WGMMA_TILE",
 WGMMA_LAUNCH_REGS = 168  # registers per thread the kernel's setmaxnreg split (72 producer, 216 consumer) moves within
 
 
+_wgmma_checked = set()  # ids of the kernel functions whose register count was checked (loader caches them)
+
+
 def _wgmma_kernel(name, dtype, kernel="conv_fwd_wgmma"):
     bn, st = WGMMA_TILES[name]
     fn = L.get_function(WGMMA_STEM, f"{kernel}<{{T}}, {bn}, {st}>", dtype)
-    regs = int(fn._attribute(getattr(backend.cupy.cuda.driver, "CU_FUNC_ATTRIBUTE_NUM_REGS", 4)))
-    if regs != WGMMA_LAUNCH_REGS:  # fewer: the consumers' setmaxnreg.inc would wait forever (a hang, not an error)
-        raise RuntimeError(f"{kernel} {name}: compiled with {regs} registers per thread, not "
-                           f"{WGMMA_LAUNCH_REGS}: its setmaxnreg split (cuda_src/conv_wgmma.cu) would not fit")
+    if id(fn) not in _wgmma_checked:  # once per compiled function, not per launch (a driver call)
+        regs = int(fn._attribute(getattr(backend.cupy.cuda.driver, "CU_FUNC_ATTRIBUTE_NUM_REGS", 4)))
+        if regs != WGMMA_LAUNCH_REGS:  # fewer: the consumers' setmaxnreg.inc would wait forever (a hang)
+            raise RuntimeError(f"{kernel} {name}: compiled with {regs} registers per thread, not "
+                               f"{WGMMA_LAUNCH_REGS}: its setmaxnreg split (cuda_src/conv_wgmma.cu) would not fit")
+        _wgmma_checked.add(id(fn))
     return fn, wgmma_smem(name)
 
 
@@ -372,9 +391,7 @@ def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20):
                i32(cg.O), i32(cg.KH), i32(cg.KW), i32(cg.sh), i32(cg.sw), i32(cg.ph), i32(cg.pw), i32(cg.dh),
                i32(cg.dw), i32(cg.OH), i32(cg.OW), i32(NP), i32(K), i32(kps)), shared_mem=smem)
     if S > 1:
-        OHW = cg.OH * cg.OW
-        KL.launch(L.get_function("conv_igemm", "conv_splitk_reduce", out.dtype), (P.cdiv(OHW, 256), cg.O, cg.N),
-                  (256,), (ws, _ptr(bias), out, i32(S), i32(cg.O), i32(OHW), KL.i64(NP)))
+        _splitk_reduce(ws, bias, out, cg)
     return out
 
 
@@ -408,6 +425,4 @@ def conv_dw_nhwc_wgmma(gt, xt, cg, C, dw=None, acc32=None, accumulate=False, bud
               (gt, xt, ws, i32(cg.H), i32(cg.W), i32(cg.Cp), i32(cg.O), i32(Op), i32(cg.KH), i32(cg.KW), i32(cg.sh),
                i32(cg.sw), i32(cg.ph), i32(cg.pw), i32(cg.dh), i32(cg.dw), i32(cg.OH), i32(cg.OW), i32(NP), i32(K),
                i32(kps)), shared_mem=smem)
-    KL.launch(L.get_function("conv_igemm", "conv_dw_reduce", xt.dtype), (P.cdiv(K, 256), cg.O), (256,),
-              (ws, _ptr(acc32), _ptr(dw), i32(S), i32(cg.O), i32(C), i32(cg.Cp), i32(cg.KH * cg.KW),
-               i32(1 if accumulate else 0)))
+    _dw_reduce(ws, acc32, dw, cg, C, accumulate, xt.dtype)

@@ -255,8 +255,8 @@ def _pointwise_forward(x, w, g):
 
 
 def _pointwise_backward(gy, x, w, g, need_x, need_w):
-    """(dx, dw) of a plain 1x1 conv: dx[n] = W^T @ dy[n] (one batched GEMM); dw = sum_n dy[n] @ x[n]^T (one GEMM per
-    batch of images, summed in float32 when there are several)."""
+    """(dx, dw) of a plain 1x1 conv: dx[n] = W^T @ dy[n] (one batched GEMM); dw = sum_n dy[n] @ x[n]^T (one GEMM for
+    a single image, else one batched GEMM whose per-image products are summed in float32)."""
     xp = backend.xp_of(x)
     gy3 = gy.reshape(g.N, g.O, g.H * g.W)
     dx = dw = None
@@ -373,16 +373,14 @@ def _im2col_backward(gy, x, w, g, need_x, need_w):
 # 147.6 and peaked 30 MB lower.
 IM2COL_MAX_BYTES = 64 << 20
 PASSES = ("fwd", "dx", "dw")
-_ALGOS = ("auto", "im2col", "igemm")
-_GATHER_ALGOS = ("wgmma",)  # Hopper implicit GEMM (cuda_src/conv_wgmma.cu): every pass
-_GATHER_PASSES = PASSES
+_ALGOS = ("auto", "im2col", "igemm", "wgmma")  # wgmma: the Hopper implicit GEMM (cuda_src/conv_wgmma.cu)
 # 'auto' runs the wgmma kernel wherever it runs the implicit GEMM on a compute capability 9.0 device
 WGMMA_AUTO = True
 
 
 def conv_algo(pass_="fwd"):
-    """The algorithm FLAME_CONV_ALGO asks for one pass (fwd, dx or dw): 'auto' (default), 'im2col', 'igemm', or for
-    'wgmma' (the implicit GEMM on sm_90a warpgroup MMAs).
+    """The algorithm FLAME_CONV_ALGO asks for one pass (fwd, dx or dw): 'auto' (default), 'im2col', 'igemm' (the
+    mma.sync implicit GEMM) or 'wgmma' (the implicit GEMM on sm_90a warpgroup MMAs).
     The variable holds one name for every pass, or per-pass settings such as 'fwd=igemm,dx=igemm,dw=im2col'
     (separated by ',', ';', '/' or '+'; passes not named are 'auto')."""
     spec = os.environ.get("FLAME_CONV_ALGO", "auto").strip().lower()
@@ -396,9 +394,8 @@ def conv_algo(pass_="fwd"):
                 raise ValueError(f"FLAME_CONV_ALGO={spec!r}: {k.strip()!r} is not a pass ({', '.join(PASSES)})")
             algos[k.strip()] = v.strip()
     for p, algo in algos.items():  # every pass checked, so that a bad backward setting fails at the forward
-        if algo not in _ALGOS + _GATHER_ALGOS:
-            raise ValueError(f"FLAME_CONV_ALGO={spec!r}: the algorithm must be one of "
-                             f"{', '.join(_ALGOS + _GATHER_ALGOS)}")
+        if algo not in _ALGOS:
+            raise ValueError(f"FLAME_CONV_ALGO={spec!r}: the algorithm must be one of {', '.join(_ALGOS)}")
     return algos[pass_]
 
 
@@ -501,10 +498,7 @@ def _igemm_backward(gy, x, w, g, need_x, need_w):
         if need_x:  # dx = conv(dy, w flipped), stride 1, padding d*(K-1) - p
             cg = K.ConvGeom(k, g.OH, g.OW, Op, g.C, g.H, g.W, g.KH, g.KW, 1, 1,
                             g.dh * (g.KH - 1) - g.ph, g.dw * (g.KW - 1) - g.pw, g.dh, g.dw)
-            if wgmma_x:
-                K.conv_nhwc_wgmma(gt, wd, dx[n0:n0 + k], cg, None, budget)
-            else:
-                K.conv_nhwc(gt, wd, dx[n0:n0 + k], cg, None, budget)
+            (K.conv_nhwc_wgmma if wgmma_x else K.conv_nhwc)(gt, wd, dx[n0:n0 + k], cg, None, budget)
         if need_w:
             xt = K.to_nhwc(x[n0:n0 + k], Cp)  # (k, H*W, Cp)
             cg = K.ConvGeom(k, g.H, g.W, Cp, g.O, g.OH, g.OW, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw)

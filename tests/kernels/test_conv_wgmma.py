@@ -70,6 +70,17 @@ def _assert_close(got, want, dtype, what):
     assert err <= (1e-2 if dtype == "bfloat16" else 2e-3), f"{what}: relative error {err:.3g}"
 
 
+def _grad_case(xshape, wshape, stride, pad, dil, dtype, seed):
+    """x, w (scaled 0.2), the geometry and an output gradient, all rounded to `dtype` and held in float64."""
+    rng = np.random.default_rng(seed)
+    npdt = parse_dtype(dtype).np
+    x = rng.standard_normal(xshape).astype(npdt).astype(np.float64)
+    w = (rng.standard_normal(wshape) * 0.2).astype(npdt).astype(np.float64)
+    g = C.geometry(x.shape, w.shape, stride, pad, dil, 1)
+    gy = rng.standard_normal((xshape[0], wshape[0], g.OH, g.OW)).astype(npdt).astype(np.float64)
+    return x, w, g, gy
+
+
 def _need_sm90():
     if not K.wgmma_available():
         pytest.skip("conv_wgmma.cu needs a compute capability 9.0 GPU")
@@ -191,12 +202,8 @@ def test_wgmma_dx_matches_reference(cfg, dtype, monkeypatch):
     _need_sm90()
     cp = backend.cupy
     N, Cc, H, W, O, k, p, d = cfg
-    rng = np.random.default_rng(3)
     npdt = parse_dtype(dtype).np
-    x = rng.standard_normal((N, Cc, H, W)).astype(npdt).astype(np.float64)
-    w = (rng.standard_normal((O, Cc, k, k)) * 0.2).astype(npdt).astype(np.float64)
-    g = C.geometry(x.shape, w.shape, 1, p, d, 1)
-    gy = rng.standard_normal((N, O, g.OH, g.OW)).astype(npdt).astype(np.float64)
+    x, w, g, gy = _grad_case((N, Cc, H, W), (O, Cc, k, k), 1, p, d, dtype, 3)
     want, _ = C._im2col_backward(gy, x, w, g, True, False)
     spy = _Spy(K.conv_nhwc_wgmma)
     monkeypatch.setattr(K, "conv_nhwc_wgmma", spy)
@@ -213,11 +220,7 @@ def test_wgmma_dx_strided_takes_im2col(monkeypatch):
     """A strided dx is a transposed conv, not a conv: dx=wgmma leaves it to im2col (right numbers, no wgmma call)."""
     _need_sm90()
     cp = backend.cupy
-    rng = np.random.default_rng(4)
-    x = rng.standard_normal((2, 24, 11, 10)).astype(np.float16).astype(np.float64)
-    w = (rng.standard_normal((32, 24, 3, 3)) * 0.2).astype(np.float16).astype(np.float64)
-    g = C.geometry(x.shape, w.shape, 2, 1, 1, 1)
-    gy = rng.standard_normal((2, 32, g.OH, g.OW)).astype(np.float16).astype(np.float64)
+    x, w, g, gy = _grad_case((2, 24, 11, 10), (32, 24, 3, 3), 2, 1, 1, "float16", 4)
     want, _ = C._im2col_backward(gy, x, w, g, True, False)
     spy = _Spy(K.conv_nhwc_wgmma)
     monkeypatch.setattr(K, "conv_nhwc_wgmma", spy)
@@ -255,12 +258,8 @@ def test_wgmma_dw_matches_reference(cfg, dtype, tile, monkeypatch):
     _need_sm90()
     cp = backend.cupy
     N, Cc, H, W, O, k, s, p, d = cfg
-    rng = np.random.default_rng(5)
     npdt = parse_dtype(dtype).np
-    x = rng.standard_normal((N, Cc, H, W)).astype(npdt).astype(np.float64)
-    w = (rng.standard_normal((O, Cc) + k) * 0.2).astype(npdt).astype(np.float64)
-    g = C.geometry(x.shape, w.shape, s, p, d, 1)
-    gy = rng.standard_normal((N, O, g.OH, g.OW)).astype(npdt).astype(np.float64)
+    x, w, g, gy = _grad_case((N, Cc, H, W), (O, Cc) + k, s, p, d, dtype, 5)
     _, want = C._im2col_backward(gy, x, w, g, False, True)
     spy = _Spy(K.conv_dw_nhwc_wgmma)
     monkeypatch.setattr(K, "conv_dw_nhwc_wgmma", spy)
@@ -279,11 +278,7 @@ def test_wgmma_dw_image_chunks_accumulate(monkeypatch):
     """Image chunks (a small workspace): each chunk's partials are added into one float32 sum, then rounded once."""
     _need_sm90()
     cp = backend.cupy
-    rng = np.random.default_rng(6)
-    x = rng.standard_normal((3, 40, 11, 13)).astype(np.float16).astype(np.float64)
-    w = (rng.standard_normal((64, 40, 3, 3)) * 0.2).astype(np.float16).astype(np.float64)
-    g = C.geometry(x.shape, w.shape, 1, 1, 1, 1)
-    gy = rng.standard_normal((3, 64, 11, 13)).astype(np.float16).astype(np.float64)
+    x, w, g, gy = _grad_case((3, 40, 11, 13), (64, 40, 3, 3), 1, 1, 1, "float16", 6)
     _, want = C._im2col_backward(gy, x, w, g, False, True)
     spy = _Spy(K.conv_dw_nhwc_wgmma)
     monkeypatch.setattr(K, "conv_dw_nhwc_wgmma", spy)
