@@ -12,8 +12,9 @@ ResBlocks (--resblocks): GroupNorm+SiLU, conv, time-embedding add, GroupNorm+SiL
 channels change), fwd+bwd with the weights frozen (a LoRA step: dx only) and with their gradients (full training).
 Variants (comma-separated, each timed at every shape; the first decides the acceptance line), settings joined by '+':
     auto                  what conv2d picks (im2col + cuBLAS for column matrices up to IM2COL_MAX_BYTES, else the
-                          implicit GEMM: on sm_90 cuda_src/conv_wgmma.cu (dx at stride 1; a strided dx takes
-                          im2col), elsewhere conv_igemm.cu's mma.sync kernels; plain 1x1: one batched cuBLAS GEMM)
+                          implicit GEMM: on sm_90 cuda_src/conv_wgmma.cu (a strided dx as one stride-1 conv per
+                          phase of dx), elsewhere conv_igemm.cu's mma.sync kernels; plain 1x1: one batched cuBLAS
+                          GEMM)
     im2col / igemm        that path for every pass (FLAME_CONV_ALGO)
     igemm:TILE[:sN]       the mma.sync implicit GEMM with a forced forward / dx tile and N reduction slices
                           (FLAME_CONV_TILE; tiles: TILES in flame_core/kernels/conv.py)
@@ -173,7 +174,7 @@ def bench_flame(N, Cin, H, W, O, k, stride, pad, repeats):
              dx_ms=ms(lambda: C.conv2d_backward(ga, xa, wa, g, need_x=True, need_w=False)),
              dw_ms=ms(lambda: C.conv2d_backward(ga, xa, wa, g, need_x=False, need_w=True)),
              paths={q: ("wgmma" if C.use_wgmma(xa, g, q) else "igemm")
-                    if C.use_igemm(xa, g, q) and (q != "dx" or g.sh == g.sw == 1)
+                    if C.use_igemm(xa, g, q) and (q != "dx" or g.sh == g.sw == 1 or C.strided_dx(g))
                     else ("cublas 1x1" if C._is_pointwise(g) else "im2col") for q in C.PASSES})
     if r["paths"]["fwd"] == "wgmma":  # registers / spills / shared memory of the tile that ran
         r["wgmma_kernel"] = KC.wgmma_kernel_info(KC.wgmma_tile(O, N * OH * OW, plans.sm_count()), xa.dtype)

@@ -6,7 +6,9 @@ plain 1x1: x is copied to NHWC with channels padded to a multiple of 8 and the w
 gathers the column matrix tile by tile into shared memory, so nothing 9x the input exists. Batches are cut into image
 chunks whose NHWC copies fit the workspace budget. Per chunk:
     forward     y = conv(x_nhwc, Wp) (+ bias), written NCHW by the kernel's epilogue
-    backward    dX = conv(dY_nhwc, W flipped and transposed) (stride 1; a strided dX takes the im2col path)
+    backward    dX = conv(dY_nhwc, W flipped and transposed) at stride 1; strided (dilation 1): one stride-1 conv of
+                dY_nhwc per phase of dX (rows a::sh, columns b::sw; dx_phases), no col2im
+                (dilation > 1 with stride > 1 takes the im2col path)
                 dW = dY^T @ X_cols, reduced over pixels in slices of fp32 partials (deterministic, no atomics)
 `FLAME_CONV_ALGO=im2col` or `=igemm` forces a path (benchmarks and tests compare the two), for every pass or per
 pass (`fwd=igemm,dx=igemm,dw=im2col`); `auto` (the default) picks im2col + cuBLAS for small column matrices
@@ -315,7 +317,8 @@ def conv2d_backward(gy, x, w, g, need_x=True, need_w=True):
     w = xp.ascontiguousarray(w)
     if _is_pointwise(g) and g.G == 1:
         return _pointwise_backward(gy, x, w, g, need_x, need_w)
-    ig_x = need_x and g.sh == g.sw == 1 and use_igemm(x, g, "dx")  # the transposed conv is a conv at stride 1
+    # the transposed conv is a conv at stride 1, and one conv per phase of dx when strided (dilation 1)
+    ig_x = need_x and (g.sh == g.sw == 1 or strided_dx(g)) and use_igemm(x, g, "dx")
     ig_w = need_w and use_igemm(x, g, "dw")
     dx = dw = None
     if ig_x or ig_w:
@@ -410,7 +413,7 @@ def use_igemm(x, g, pass_="fwd"):
     array, groups 1, not a plain 1x1 (cuBLAS on the input itself is the better GEMM there), sizes within the
     kernels' int32 indexing and grid limits, kernels enabled, and the pass's FLAME_CONV_ALGO 'igemm' (or 'wgmma'
     for fwd: see use_wgmma), or 'auto' (default) with a column matrix over IM2COL_MAX_BYTES. (dx with stride > 1
-    takes im2col whatever this says.)"""
+    and dilation > 1 takes im2col whatever this says.)"""
     if x.dtype not in _HALF or g.G != 1 or _is_pointwise(g) or not backend.is_cuda_array(x):
         return False
     algo = conv_algo(pass_)
@@ -436,7 +439,7 @@ def use_wgmma(x, g, pass_="fwd"):
     algo = conv_algo(pass_)
     if algo not in ("wgmma", "auto") or (algo == "auto" and not WGMMA_AUTO):
         return False
-    if pass_ == "dx" and not g.sh == g.sw == 1:
+    if pass_ == "dx" and not (g.sh == g.sw == 1 or strided_dx(g)):
         return False
     if not use_igemm(x, g, pass_) or (pass_ != "dw" and g.KH * g.KW > K.WGMMA_MAX_TAPS):
         return False
@@ -480,22 +483,86 @@ def _igemm_forward(x, w, g, bias):
     return y
 
 
+DxPhase = namedtuple("DxPhase", "a b kh kw ph pw OH OW")
+
+
+def strided_dx(g):
+    """Whether the input gradient of a strided conv goes through dx_phases (dilation 1, groups 1)."""
+    return (g.sh > 1 or g.sw > 1) and g.dh == g.dw == 1 and g.G == 1
+
+
+def dx_phases(g):
+    """The input gradient of a strided conv (dilation 1) as stride-1 convs of dy, one per phase (a, b) of dx: rows
+    a::sh and columns b::sw of dx come from the taps kh = a + ph (mod sh) and kw = b + pw (mod sw), taken largest
+    first. A stride-1 conv reads its input at i - p + j for tap j; phase row i reads dy row i + (a + ph - kh_j) / sh,
+    so its taps are those kh in that order and its padding p = -(a + ph - kh_0) / sh (any sign: the kernels zero-fill
+    outside dy). Phases with no tap or no rows are left out: their part of dx is zero."""
+    def axis(stride, pad, taps, size):
+        out = []
+        for a in range(stride):
+            T = [k for k in range(taps - 1, -1, -1) if (a + pad - k) % stride == 0]
+            rows = -(-(size - a) // stride)
+            if T and rows > 0:
+                out.append((a, tuple(T), -((a + pad - T[0]) // stride), rows))
+        return out
+    return [DxPhase(a, b, ta, tb, pa, pb, ra, rb)
+            for a, ta, pa, ra in axis(g.sh, g.ph, g.KH, g.H) for b, tb, pb, rb in axis(g.sw, g.pw, g.KW, g.W)]
+
+
+def pack_phase_weight(w, ph, sh, sw, Op):
+    """The packed (C, len(kh)*len(kw)*Op) weights of one dx phase of a conv of stride (sh, sw): out[c, (i*len(kw) +
+    j)*Op + o] = w[o, c, ph.kh[i], ph.kw[j]] (o < O, else 0). The taps are strided slices (views, no index arrays:
+    no host-to-device copy, so a CUDA graph can capture it)."""
+    xp = backend.xp_of(w)
+    O, C = w.shape[:2]
+    sub = w[:, :, ph.kh[0]::-sh, ph.kw[0]::-sw].transpose(1, 2, 3, 0)  # (C, ka, kb, O): taps largest first
+    out = xp.zeros((C, len(ph.kh), len(ph.kw), Op), dtype=w.dtype)
+    out[..., :O] = sub
+    return out.reshape(C, -1)
+
+
+def phase_dx(gt, w, g, dx, Op, conv):
+    """dx (k images) of a strided conv from gt = dy channel-last (k, OH*OW, Op): one stride-1 conv per phase of
+    dx_phases, `conv(gt, wp, out, cg)` (the kernels' conv_nhwc signature) into a (k, C, rows, cols) temporary
+    written to dx[:, :, a::sh, b::sw]. dx must be zero where no phase writes."""
+    from ..kernels import conv as K
+    xp = backend.xp_of(gt)
+    k = gt.shape[0]
+    for ph in dx_phases(g):
+        wp = pack_phase_weight(w, ph, g.sh, g.sw, Op)
+        cg = K.ConvGeom(k, g.OH, g.OW, Op, g.C, ph.OH, ph.OW, len(ph.kh), len(ph.kw), 1, 1, ph.ph, ph.pw, 1, 1)
+        out = xp.empty((k, g.C, ph.OH, ph.OW), dtype=dx.dtype)
+        conv(gt, wp, out, cg)
+        dx[:, :, ph.a::g.sh, ph.b::g.sw] = out
+        del wp, out
+
+
 def _igemm_backward(gy, x, w, g, need_x, need_w):
-    """dx (stride 1 only: the transposed conv is then a conv) and dw by the implicit-GEMM kernels."""
+    """dx and dw by the implicit-GEMM kernels. dx at stride 1 is one conv of dy (the transposed conv is then a
+    conv); a strided dx (dilation 1) is one stride-1 conv per phase of dx (phase_dx)."""
     from ..kernels import conv as K
     Cp, Op = K.round8(g.C), K.round8(g.O)
     budget = workspace_bytes(True)
     per_image = ((g.H * g.W * Cp if need_w else 0) + g.OH * g.OW * Op) * x.itemsize
     chunks = _image_chunks(g.N, per_image, budget, max(g.H * g.W, g.OH * g.OW))
-    dx = K.empty(x.shape, x.dtype) if need_x else None
-    wd = K.pack_weight_dx(w, Op) if need_x else None  # (C, KH*KW*Op)
+    phased = need_x and strided_dx(g)
+    if phased:  # the phases cover dx only where they have taps
+        dx = K.empty(x.shape, x.dtype)
+        if len(dx_phases(g)) < g.sh * g.sw:
+            dx.fill(0)
+    else:
+        dx = K.empty(x.shape, x.dtype) if need_x else None
+    wd = K.pack_weight_dx(w, Op) if need_x and not phased else None  # (C, KH*KW*Op)
     wgmma_x = need_x and use_wgmma(x, g, "dx")
     wgmma_w = need_w and use_wgmma(x, g, "dw")
     dw = K.empty(w.shape, w.dtype) if need_w else None
     acc32 = K.empty(w.shape, np.float32) if need_w and len(chunks) > 1 else None  # dw summed over chunks
     for i, (n0, k) in enumerate(chunks):
         gt = K.to_nhwc(gy[n0:n0 + k], Op)  # (k, OH*OW, Op)
-        if need_x:  # dx = conv(dy, w flipped), stride 1, padding d*(K-1) - p
+        if phased:
+            conv = K.conv_nhwc_wgmma if wgmma_x else K.conv_nhwc
+            phase_dx(gt, w, g, dx[n0:n0 + k], Op, lambda a, b, c, d: conv(a, b, c, d, None, budget))
+        elif need_x:  # dx = conv(dy, w flipped), stride 1, padding d*(K-1) - p
             cg = K.ConvGeom(k, g.OH, g.OW, Op, g.C, g.H, g.W, g.KH, g.KW, 1, 1,
                             g.dh * (g.KH - 1) - g.ph, g.dw * (g.KW - 1) - g.pw, g.dh, g.dw)
             (K.conv_nhwc_wgmma if wgmma_x else K.conv_nhwc)(gt, wd, dx[n0:n0 + k], cg, None, budget)

@@ -216,11 +216,12 @@ def test_wgmma_dx_matches_reference(cfg, dtype, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_wgmma_dx_strided_takes_im2col(monkeypatch):
-    """A strided dx is a transposed conv, not a conv: dx=wgmma leaves it to im2col (right numbers, no wgmma call)."""
+def test_wgmma_dx_strided_and_dilated_takes_im2col(monkeypatch):
+    """A strided and dilated dx is neither a conv nor a set of phase convs: dx=wgmma leaves it to im2col (right
+    numbers, no wgmma call). (A strided dx at dilation 1 runs per phase: tests/nn/test_conv_dx_phases.py.)"""
     _need_sm90()
     cp = backend.cupy
-    x, w, g, gy = _grad_case((2, 24, 11, 10), (32, 24, 3, 3), 2, 1, 1, "float16", 4)
+    x, w, g, gy = _grad_case((2, 24, 11, 10), (32, 24, 3, 3), 2, 2, 2, "float16", 4)
     want, _ = C._im2col_backward(gy, x, w, g, True, False)
     spy = _Spy(K.conv_nhwc_wgmma)
     monkeypatch.setattr(K, "conv_nhwc_wgmma", spy)
@@ -229,7 +230,7 @@ def test_wgmma_dx_strided_takes_im2col(monkeypatch):
     assert not C.use_wgmma(xd, g, "dx")
     dx, _ = C.conv2d_backward(gd, xd, wd, g, need_x=True, need_w=False)
     assert spy.calls == 0
-    _assert_close(cp.asnumpy(dx).astype(np.float64), want, "float16", "strided dx")
+    _assert_close(cp.asnumpy(dx).astype(np.float64), want, "float16", "strided dilated dx")
 
 
 # dw geometries (N, C, H, W, O, (KH, KW), (sh, sw), padding, (dh, dw)): ragged channels, batch 3, strides, dilation,
@@ -293,7 +294,7 @@ def test_wgmma_dw_image_chunks_accumulate(monkeypatch):
 @pytest.mark.gpu
 def test_wgmma_training_step(monkeypatch):
     """F.conv2d with FLAME_CONV_ALGO=wgmma: the three passes on the wgmma kernels, against float64 (stride 1; the
-    strided dx is the test above)."""
+    strided dx is tests/nn/test_conv_dx_phases.py)."""
     _need_sm90()
     monkeypatch.setenv("FLAME_CONV_ALGO", "wgmma")
     rng = np.random.default_rng(2)
