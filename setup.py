@@ -14,6 +14,7 @@ class BuildPy(build_py):
 setup(
     packages=find_packages(include=["flame_core*", "flame_nn*", "flame_models*"]) + ["flame_core.cuda_src"],
     package_dir={"flame_core.cuda_src": "cuda_src"},
-    package_data={"": ["*.md"], "flame_core.cuda_src": ["*.cu", "*.cuh"], "flame_models.tokenization": ["vocab/*"]},
+    package_data={"": ["*.md"], "flame_core.cuda_src": ["*.cu", "*.cuh"], "flame_models.tokenization": ["vocab/*"],
+                  "flame_core.kernels": ["conv_tuned.json"]},  # the measured conv table (bench/conv_tune.py)
     cmdclass={"build_py": BuildPy},
 )

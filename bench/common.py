@@ -69,6 +69,7 @@ class Results(dict):
         return value
 
     def save(self):
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         with open(self.path, "w") as f:
             json.dump({"bench": self.name, "context": context(), "results": dict(self)}, f, indent=1, default=str)
         return self.path

@@ -35,6 +35,31 @@ def is_cuda_array(a):
     return cupy is not None and isinstance(a, _cupy_ndarray)
 
 
+def copy_array(a):
+    """A C-contiguous copy of array `a`. A C-contiguous CUDA array is copied with one cudaMemcpyAsync on the current
+    stream (capturable in a CUDA graph): CuPy's elementwise copy kernel moves bfloat16 at about a fifth of the
+    memory bandwidth."""
+    if cupy is not None and isinstance(a, _cupy_ndarray) and a.flags.c_contiguous:
+        with a.device:
+            out = cupy.empty(a.shape, dtype=a.dtype)
+            if a.nbytes:
+                out.data.copy_from_device_async(a.data, a.nbytes)
+        return out
+    return a.copy()
+
+
+def copy_into(dst, src):
+    """dst[...] = src; one cudaMemcpyAsync where both are C-contiguous CUDA arrays of one shape, dtype and device."""
+    if (cupy is not None and isinstance(dst, _cupy_ndarray) and isinstance(src, _cupy_ndarray)
+            and dst.shape == src.shape and dst.dtype == src.dtype and dst.flags.c_contiguous
+            and src.flags.c_contiguous and dst.device == src.device):
+        if dst.nbytes:
+            with dst.device:
+                dst.data.copy_from_device_async(src.data, src.nbytes)
+        return
+    dst[...] = src
+
+
 def xp_of(a):
     """Array module (numpy or cupy) of an array."""
     return cupy if (cupy is not None and isinstance(a, _cupy_ndarray)) else np

@@ -119,7 +119,7 @@ def _sink(leaf, g):
     if gd.shape != view._data.shape:
         return False
     if cur is None:
-        view._data[...] = gd
+        backend.copy_into(view._data, gd)
         leaf._grad = view
     elif cur is view:
         view._data += gd

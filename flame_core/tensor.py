@@ -167,7 +167,7 @@ class Tensor(D.FloatCasts):
     @staticmethod
     def _from_array_copy(arr):
         """A tensor owning a C-contiguous copy of `arr`."""
-        return _wrap(arr.copy())
+        return _wrap(backend.copy_array(arr))
 
     def detach(self):
         t = self._alias()

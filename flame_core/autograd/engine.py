@@ -1,4 +1,6 @@
 """Backward: walk the recorded graph in reverse topological order, without recursion, freeing as it goes."""
+import sys as _sys
+
 import numpy as _np
 
 from ..errors import AutogradError, ShapeError, fmt_shape
@@ -67,6 +69,29 @@ def _load_fast_binary():
     return fast_binary
 
 
+_refs = _sys.getrefcount
+
+
+def _sole_holder(g):
+    """Whether gradient tensor `g` is the only holder of its memory, so that a leaf's .grad may keep it without a
+    copy (PyTorch's AccumulateGrad steals a gradient whose use count is 1). Counted references: g is held by the
+    engine's slot list, _accumulate_leaf's argument, this function's argument and getrefcount's; its array by g and
+    the local name and getrefcount's argument; a view's base array by the view alone (plus the same two). Any other
+    holder - a second leaf handed the same gradient (Add), a Function that kept it, the caller's own grad_tensors, a
+    view of it elsewhere - makes the count higher and the gradient is copied."""
+    if _refs(g) > 4 or g._base is not None:
+        return False
+    a = g._data
+    if _refs(a) > 3 or not a.flags.c_contiguous:
+        return False
+    b = a.base
+    if b is None:
+        return True
+    if type(b) is not type(a) or b.base is not None:  # foreign memory (a buffer, mmap, DLPack): never kept
+        return False
+    return _refs(b) <= 3  # a.base, the name b, getrefcount's argument
+
+
 def _accumulate_leaf(leaf, g, create_graph, owned):
     if leaf_grad_sink is not None and leaf_grad_sink(leaf, g):
         return
@@ -75,12 +100,14 @@ def _accumulate_leaf(leaf, g, create_graph, owned):
         owned = True
     if leaf._grad is None:
         # .grad owns its storage: a gradient the engine did not make itself may be a broadcast view or shared with
-        # another leaf (Add passes one gradient to both inputs), so it is copied unless the engine owns it
+        # another leaf (Add passes one gradient to both inputs), so it is copied unless the engine owns it or it is
+        # the sole holder of a contiguous array (a Function's freshly computed gradient)
         if create_graph:
             leaf._grad = g
+        elif (owned and g._data.flags.c_contiguous) or _sole_holder(g):
+            leaf._grad = g._detached_owned()
         else:
-            leaf._grad = g._detached_owned() if owned and g._data.flags.c_contiguous else \
-                type(g)._from_array_copy(g._data)
+            leaf._grad = type(g)._from_array_copy(g._data)
     elif create_graph:
         leaf._grad = leaf._grad + g
     else:

@@ -296,13 +296,15 @@ _WGMMA_UNIT_BYTES = 1.26e6
 _WGMMA_KTILE_COST = {"128x128": 1.0, "128x256": 1.7}
 
 
-def wgmma_plan(O, NP, KT, sms, ws_budget=512 << 20, env="FLAME_CONV_WGMMA_TILE", max_splits=WGMMA_MAX_SPLITS):
+def wgmma_plan(O, NP, KT, sms, ws_budget=512 << 20, env="FLAME_CONV_WGMMA_TILE", max_splits=WGMMA_MAX_SPLITS,
+               forced=None):
     """(tile, k-tiles per slice, slices) of a wgmma kernel with an O x NP output (the forward: channels x pixels; the
     weight gradient: channels x K) and KT k-tiles. $FLAME_CONV_WGMMA_TILE (dw: $FLAME_CONV_WGMMA_DW_TILE) = 'TILE' or
-    'TILE:sN' forces the tile (and N slices over K). Otherwise the tile and split that a simple model says finish
+    'TILE:sN' forces the tile (and N slices over K); `forced` (the same form: the measured table's plan,
+    flame_core/kernels/conv_table.py) does when the variable is unset. Otherwise the tile and split that a simple model says finish
     first: waves of CTAs (ceil(CTAs * slices / SMs)) times k-tiles per slice times the tile's width, plus the split's
-    fp32 partials written and summed. A model, not a measured table (issue 27: measure and replace)."""
-    forced = os.environ.get(env)
+    fp32 partials written and summed: what geometries the table does not hold get."""
+    forced = os.environ.get(env) or forced
     names, splits = sorted(WGMMA_TILES), None
     if forced:
         name, _, sn = forced.partition(":s")
@@ -363,10 +365,11 @@ def wgmma_dw_fits(H, W, Cp, KH, KW, dh, dw):
     return ((KH - 1) * dh * W + (KW - 1) * dw + 1) * Cp < 2 ** 31 - 1
 
 
-def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20):
+def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20, plan=None):
     """conv_nhwc on Hopper warpgroup MMAs: out (N, O, OH, OW) = conv of xt (N, H, W, Cp) with packed weights
     wp (O, KH*KW*Cp) (+ bias (O,)). float16 / bfloat16, compute capability 9.0 only. Split over K (fp32 partials,
-    then conv_splitk_reduce) when the output alone gives fewer CTAs than SMs (wgmma_plan)."""
+    then conv_splitk_reduce) when the output alone gives fewer CTAs than SMs (wgmma_plan; `plan` 'TILE:sN' forces
+    one)."""
     if not wgmma_available():
         raise RuntimeError("conv_nhwc_wgmma: cuda_src/conv_wgmma.cu runs on compute capability 9.0 (sm_90a) only; "
                            "this device is not one (use conv_nhwc)")
@@ -381,7 +384,7 @@ def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20):
     if cg.Cp % 8 or tuple(wp.shape) != (cg.O, K) or xt.size != cg.N * cg.H * cg.W * cg.Cp:
         raise ValueError(f"conv_nhwc_wgmma: packed weights {tuple(wp.shape)} / input of {xt.size} elements do not "
                          f"match the geometry {cg} (weights ({cg.O}, {K}), Cp a multiple of 8)")
-    name, kps, S = wgmma_plan(cg.O, NP, P.cdiv(K, BK), P.sm_count(), budget)
+    name, kps, S = wgmma_plan(cg.O, NP, P.cdiv(K, BK), P.sm_count(), budget, forced=plan)
     fn, smem = _wgmma_kernel(name, xt.dtype)
     bn = WGMMA_TILES[name][0]
     ws = empty((S, cg.O, NP), np.float32) if S > 1 else None
@@ -395,11 +398,11 @@ def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20):
     return out
 
 
-def conv_dw_nhwc_wgmma(gt, xt, cg, C, dw=None, acc32=None, accumulate=False, budget=512 << 20):
+def conv_dw_nhwc_wgmma(gt, xt, cg, C, dw=None, acc32=None, accumulate=False, budget=512 << 20, plan=None):
     """conv_dw_nhwc on Hopper warpgroup MMAs (cuda_src/conv_wgmma.cu, compute capability 9.0): the weight gradient
     of conv_nhwc from gt = dy channel-last (N, OH*OW, Op) and xt (N, H*W, Cp), summed over pixels in slices of fp32
     partials that conv_dw_reduce adds up into dw (O, C, KH, KW) (the weights' dtype) and/or acc32 (float32;
-    accumulate=True adds acc32's previous value)."""
+    accumulate=True adds acc32's previous value). `plan` 'TILE:sN' forces the tile and the slices (wgmma_plan)."""
     if not wgmma_available():
         raise RuntimeError("conv_dw_nhwc_wgmma: cuda_src/conv_wgmma.cu runs on compute capability 9.0 (sm_90a) only; "
                            "this device is not one (use conv_dw_nhwc)")
@@ -416,7 +419,7 @@ def conv_dw_nhwc_wgmma(gt, xt, cg, C, dw=None, acc32=None, accumulate=False, bud
         raise ValueError(f"conv_dw_nhwc_wgmma: dy of {gt.size} elements ({Op} channels) / input of {xt.size} do not "
                          f"match the geometry {cg}")
     name, kps, S = wgmma_plan(cg.O, K, P.cdiv(NP, BK), P.sm_count(), budget, env="FLAME_CONV_WGMMA_DW_TILE",
-                              max_splits=WGMMA_DW_MAX_SPLITS)
+                              max_splits=WGMMA_DW_MAX_SPLITS, forced=plan)
     fn, smem = _wgmma_kernel(name, xt.dtype, "conv_dw_wgmma")
     bn = WGMMA_TILES[name][0]
     ws = empty((S, cg.O, K), np.float32)

@@ -408,6 +408,22 @@ def im2col_max_bytes():
     return int(float(mb) * 2 ** 20) if mb else IM2COL_MAX_BYTES
 
 
+def tuned(g, pass_):
+    """The measured table's entry for one pass of geometry g (flame_core/kernels/conv_table.py: {'algo': 'im2col' or
+    'wgmma', 'plan': 'TILE:sN'}) when FLAME_CONV_ALGO leaves the pass 'auto'; None otherwise or when the geometry
+    was not measured on this kind of GPU."""
+    if conv_algo(pass_) != "auto":
+        return None
+    from ..kernels import conv_table
+    return conv_table.lookup(pass_, g)
+
+
+def tuned_plan(g, pass_):
+    """The measured wgmma plan ('TILE' or 'TILE:sN') of one pass, or None (the waves model of wgmma_plan picks)."""
+    e = tuned(g, pass_)
+    return e.get("plan") if e is not None and e["algo"] == "wgmma" else None
+
+
 def use_igemm(x, g, pass_="fwd"):
     """Whether one pass of conv2d on x (fwd, dx or dw) runs the implicit-GEMM kernels: a CuPy float16/bfloat16
     array, groups 1, not a plain 1x1 (cuBLAS on the input itself is the better GEMM there), sizes within the
@@ -419,8 +435,13 @@ def use_igemm(x, g, pass_="fwd"):
     algo = conv_algo(pass_)
     if algo == "im2col":
         return False
-    if algo == "auto" and g.N * g.OH * g.OW * g.C * g.KH * g.KW * x.itemsize <= im2col_max_bytes():
-        return False  # a small column matrix: im2col + cuBLAS measured faster (SDXL 64x64 / 32x32 layers)
+    if algo == "auto":
+        entry = tuned(g, pass_)
+        if entry is not None:
+            if entry["algo"] == "im2col":
+                return False
+        elif g.N * g.OH * g.OW * g.C * g.KH * g.KW * x.itemsize <= im2col_max_bytes():
+            return False  # a small column matrix: im2col + cuBLAS measured faster (SDXL 64x64 / 32x32 layers)
     if max(g.C, g.O) > 65535 or g.KH * g.KW * (max(g.C, g.O) + 8) >= 2 ** 31 \
             or max(g.H * g.W, g.OH * g.OW) >= 2 ** 31 - 4096:
         return False
@@ -472,11 +493,12 @@ def _igemm_forward(x, w, g, bias):
     y = K.empty((g.N, g.O, g.OH, g.OW), x.dtype)
     budget = workspace_bytes(True)
     wgmma = use_wgmma(x, g)
+    plan = tuned_plan(g, "fwd") if wgmma else None
     for n0, k in _image_chunks(g.N, g.H * g.W * Cp * x.itemsize, budget, max(g.H * g.W, g.OH * g.OW)):
         xt = K.to_nhwc(x[n0:n0 + k], Cp)  # (k, H*W, Cp)
         cg = K.ConvGeom(k, g.H, g.W, Cp, g.O, g.OH, g.OW, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw)
         if wgmma:
-            K.conv_nhwc_wgmma(xt, wp, y[n0:n0 + k], cg, bias)
+            K.conv_nhwc_wgmma(xt, wp, y[n0:n0 + k], cg, bias, plan=plan)
         else:
             K.conv_nhwc(xt, wp, y[n0:n0 + k], cg, bias, budget)
         del xt
@@ -557,21 +579,26 @@ def _igemm_backward(gy, x, w, g, need_x, need_w):
     wgmma_w = need_w and use_wgmma(x, g, "dw")
     dw = K.empty(w.shape, w.dtype) if need_w else None
     acc32 = K.empty(w.shape, np.float32) if need_w and len(chunks) > 1 else None  # dw summed over chunks
+    # dx: the wgmma kernel with the measured plan, else the mma.sync kernel
+    conv_x = (lambda a, b, c, d: K.conv_nhwc_wgmma(a, b, c, d, None, budget, plan=tuned_plan(g, "dx"))) \
+        if wgmma_x else (lambda a, b, c, d: K.conv_nhwc(a, b, c, d, None, budget))
     for i, (n0, k) in enumerate(chunks):
         gt = K.to_nhwc(gy[n0:n0 + k], Op)  # (k, OH*OW, Op)
         if phased:
-            conv = K.conv_nhwc_wgmma if wgmma_x else K.conv_nhwc
-            phase_dx(gt, w, g, dx[n0:n0 + k], Op, lambda a, b, c, d: conv(a, b, c, d, None, budget))
+            phase_dx(gt, w, g, dx[n0:n0 + k], Op, conv_x)
         elif need_x:  # dx = conv(dy, w flipped), stride 1, padding d*(K-1) - p
             cg = K.ConvGeom(k, g.OH, g.OW, Op, g.C, g.H, g.W, g.KH, g.KW, 1, 1,
                             g.dh * (g.KH - 1) - g.ph, g.dw * (g.KW - 1) - g.pw, g.dh, g.dw)
-            (K.conv_nhwc_wgmma if wgmma_x else K.conv_nhwc)(gt, wd, dx[n0:n0 + k], cg, None, budget)
+            conv_x(gt, wd, dx[n0:n0 + k], cg)
         if need_w:
             xt = K.to_nhwc(x[n0:n0 + k], Cp)  # (k, H*W, Cp)
             cg = K.ConvGeom(k, g.H, g.W, Cp, g.O, g.OH, g.OW, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw)
-            (K.conv_dw_nhwc_wgmma if wgmma_w else K.conv_dw_nhwc)(
-                gt, xt, cg, g.C, dw=dw if i == len(chunks) - 1 else None, acc32=acc32, accumulate=i > 0,
-                budget=budget)
+            if wgmma_w:
+                K.conv_dw_nhwc_wgmma(gt, xt, cg, g.C, dw=dw if i == len(chunks) - 1 else None, acc32=acc32,
+                                     accumulate=i > 0, budget=budget, plan=tuned_plan(g, "dw"))
+            else:
+                K.conv_dw_nhwc(gt, xt, cg, g.C, dw=dw if i == len(chunks) - 1 else None, acc32=acc32,
+                               accumulate=i > 0, budget=budget)
             del xt
         del gt
     return dx, dw

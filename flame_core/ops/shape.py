@@ -434,7 +434,7 @@ def contiguous(x):
 class Clone(Function):
     @staticmethod
     def forward(ctx, x):
-        out = _wrap(x._data.copy())
+        out = _wrap(backend.copy_array(x._data))
         out._f8 = x._f8
         return out
 
