@@ -5,8 +5,8 @@ process (issue 27).
 Each call is timed alone between CUDA events with a 1 GiB memset queued before it on both sides, so the interval is
 the GPU's work and not the Python before the first launch (FLAME's conv2d issues 2-4 launches from Python, cuDNN one
 from C++); median after warm-up. fwd+bwd computes dx and dw; 'dx ms' / 'dw ms' time conv2d_backward for one gradient
-alone. A shape with an asymmetric pad ("pad 0,1,0,1": the VAE encoder's downsample) times F.pad + conv on both sides,
-as the models run it (the pad is part of the op). FLOP: fwd = 2*N*O*OH*OW*C*k*k, fwd+bwd = 3x fwd. Ratio = torch time
+alone. A shape with an asymmetric pad ("pad 0,1,0,1": the VAE encoder's downsample) times the op as each side's model
+runs it: F.pad + conv in torch (diffusers' Downsample2D), F.pad_conv2d in FLAME (the pad folded into the conv). FLOP: fwd = 2*N*O*OH*OW*C*k*k, fwd+bwd = 3x fwd. Ratio = torch time
 / FLAME time (1.0 = parity; the bars: fwd >= 1.0 and fwd+bwd >= 0.9 at every shape, ResBlock fwd+bwd >= 1.0).
 ResBlocks (--resblocks): GroupNorm+SiLU, conv, time-embedding add, GroupNorm+SiLU, conv, skip (1x1 conv when the
 channels change), fwd+bwd with the weights frozen (a LoRA step: dx only) and with their gradients (full training).
@@ -146,10 +146,18 @@ def conv_spec(name):
 
 
 def flame_conv_op(stride, pad):
-    """The op as a model runs it: F.pad first when the pad is asymmetric."""
+    """The op as a model runs it: an asymmetric pad folded into the conv (F.pad_conv2d, as the VAE's Downsample)."""
     if isinstance(pad, int):
         return lambda x, w: F.conv2d(x, w, stride=stride, padding=pad)
-    return lambda x, w: F.conv2d(F.pad(x, pad), w, stride=stride)
+    return lambda x, w: F.pad_conv2d(x, w, None, pad, stride=stride)
+
+
+def flame_geometry(x_shape, w_shape, stride, pad):
+    """The conv geometry of a shape: an asymmetric pad (F.pad's order) is the leading padding plus the output size."""
+    if isinstance(pad, int):
+        return C.geometry(x_shape, w_shape, stride, pad, 1, 1)
+    pl, pr, pt, pb = pad
+    return C.geometry(x_shape, w_shape, stride, (pt, pl), 1, 1, pad_end=(pb, pr))
 
 
 def bench_flame(N, Cin, H, W, O, k, stride, pad, repeats):
@@ -165,11 +173,9 @@ def bench_flame(N, Cin, H, W, O, k, stride, pad, repeats):
     def fb():
         x.grad = w.grad = None
         op(x, w).backward(go)
-    # the backward passes alone, on the conv's own input (after the pad)
-    xc = x.detach() if isinstance(pad, int) else F.pad(x.detach(), pad)
-    p = pad if isinstance(pad, int) else 0
-    g = C.geometry(tuple(xc.shape), tuple(w.shape), stride, p, 1, 1)
-    xa, wa, ga = xc._data, w.detach()._data, go._data
+    # the backward passes alone
+    g = flame_geometry(tuple(x.shape), tuple(w.shape), stride, pad)
+    xa, wa, ga = x.detach()._data, w.detach()._data, go._data
     r = dict(fwd_ms=ms(lambda: op(x, w)), fwdbwd_ms=ms(fb, max(5, repeats // 2)),
              dx_ms=ms(lambda: C.conv2d_backward(ga, xa, wa, g, need_x=True, need_w=False)),
              dw_ms=ms(lambda: C.conv2d_backward(ga, xa, wa, g, need_x=False, need_w=True)),

@@ -2,10 +2,12 @@
 SDXL ResBlocks' convolutions, and write the fastest into the measured table flame_core/kernels/conv_tuned.json
 (flame_core/kernels/conv_table.py), which F.conv2d's 'auto' follows on a GPU of the same compute capability.
 
-Candidates per pass: im2col + cuBLAS, and the wgmma implicit GEMM with each tile and 1, 2, 3, 4, 6 or 8 slices over K
-(the weight gradient: 1 to 64 slices over the pixels); a strided dx runs the wgmma kernel once per phase of dx. Each
+Candidates per pass: im2col + cuBLAS, and the wgmma implicit GEMM with each tile and 1, 2, 3, 4, 6 or 8 slices over K,
+or a tail split (fwd / dx: the whole waves of tiles, then the last partial wave's tiles split over K in 2, 3 or 4;
+flame_core.kernels.conv.tail_plan) (the weight gradient: 1 to 64 slices over the pixels); a strided dx runs the wgmma kernel once per phase of dx. Each
 is checked against im2col (max relative difference 2e-2) before it counts, then timed between CUDA events behind a
-busy-GPU head start, median of --repeats. Geometries are those after any F.pad (the VAE's (0,1,0,1) downsample).
+busy-GPU head start, median of --repeats. The VAE's (0,1,0,1) downsample is tuned as the model runs it: the pad folded
+into the conv (F.pad_conv2d).
 The table is written atomically (temp file, fsync, rename) into its compute capability's section, merged with the
 geometries already there.
 Run: PYTHONPATH=$PWD python3 bench/conv_tune.py [--shapes sdxl_l0,...] [--repeats 15] [--out PATH]
@@ -30,6 +32,7 @@ from flame_core.kernels import conv as KC, conv_table, plans
 from flame_core.ops import conv as C
 
 WGMMA_SPLITS = (1, 2, 3, 4, 6, 8)
+TAIL_SPLITS = (2, 3, 4)
 DW_SLICES = (1, 2, 4, 8, 16, 32, 64)
 ENV = ("FLAME_CONV_ALGO", "FLAME_CONV_WGMMA_TILE", "FLAME_CONV_WGMMA_DW_TILE", "FLAME_CONV_TABLE")
 
@@ -62,6 +65,9 @@ def candidates(pass_, g):
             if pass_ != "dw" and s > 1 and s * out_elems * 4 > WS_BUDGET:
                 continue
             out.append((f"wgmma:{tile}:s{s}", {"FLAME_CONV_ALGO": f"{pass_}=wgmma", var: f"{tile}:s{s}"}))
+        if pass_ != "dw":  # a tail split: whole waves as they are, the last partial wave split over K
+            for t in TAIL_SPLITS:
+                out.append((f"wgmma:{tile}:t{t}", {"FLAME_CONV_ALGO": f"{pass_}=wgmma", var: f"{tile}:t{t}"}))
     return out
 
 
@@ -90,13 +96,13 @@ def tune_geometry(label, spec, repeats, smoke):
     dev, dt = ("cpu", flame.float32) if smoke else ("cuda", flame.bfloat16)
     flame.manual_seed(0)
     x = flame.randn(N, Cin, H, W, device=dev).to(dt)
-    if not isinstance(pad, int):
-        from flame_nn import functional as F
-        x, pad = F.pad(x, pad), 0
     w = (flame.randn(O, Cin, k, k, device=dev) * 0.02).to(dt)
-    g = C.geometry(tuple(x.shape), tuple(w.shape), stride, pad, 1, 1)
+    g = B.flame_geometry(tuple(x.shape), tuple(w.shape), stride, pad)  # an asymmetric pad folded in (pad_conv2d)
     go = flame.randn(N, O, g.OH, g.OW, device=dev).to(dt)
     xa, wa, ga = x._data, w._data, go._data
+    if C._is_pointwise(g):  # a plain 1x1 is one batched cuBLAS GEMM whatever the algorithm: nothing to choose
+        print(f"{label}: a plain 1x1 (one batched GEMM on every path): not tuned", flush=True)
+        return {}
     ms = B.timer(repeats, "cupy")
     found = {}
     for pass_ in C.PASSES:

@@ -82,15 +82,19 @@ __global__ void __launch_bounds__(256) conv_pack_weight(const T* __restrict__ w,
 }
 
 // ------------------------------------------------------------------------------------------ split reductions
-// y[n, o, q] = sum_s ws[s, o, n*OHW + q] (+ bias[o]). grid (ceil(OHW/256), O, N), 256 threads.
+// y[n, o, q] = sum_s ws[s, o, n*OHW + q - p_first] (+ bias[o]) for the pixels n*OHW + q >= p_first (a tail
+// launch's: ws (S, O, P) holds pixels p_first .. p_first + P - 1, P the pitch). grid (ceil(OHW/256), O, images from
+// n_first = p_first / OHW on), 256 threads.
 template <typename T>
 __global__ void __launch_bounds__(256) conv_splitk_reduce(const float* __restrict__ ws, const T* __restrict__ bias,
-                                                          T* __restrict__ y, int S, int O, int OHW, fa_i64 P) {
+                                                          T* __restrict__ y, int S, int O, int OHW, fa_i64 P,
+                                                          fa_i64 p_first) {
     const int q = blockIdx.x * 256 + threadIdx.x;
     if (q >= OHW) return;
     const int o = blockIdx.y;
-    const fa_i64 n = blockIdx.z;
-    const float* src = ws + (fa_i64)o * P + n * OHW + q;
+    const fa_i64 n = p_first / OHW + blockIdx.z;
+    if (n * OHW + q < p_first) return;
+    const float* src = ws + (fa_i64)o * P + n * OHW + q - p_first;
     const fa_i64 slice = (fa_i64)O * P;
     float s = 0.f;
     for (int z = 0; z < S; ++z) s += src[z * slice];

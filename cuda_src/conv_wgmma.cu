@@ -17,10 +17,12 @@
 //         arrival per consumer warp) once the wgmma's that read it have completed.
 // A stage holds the weight tile [128][64] then the pixel tile [BN][64]: rows of 128 bytes with the 16-byte chunk c of
 // row r at chunk c ^ (r % 8), every tile 1024-byte aligned - the layout of wgmma.cuh's 128-byte-swizzle descriptors.
-// The pixel rows are described once per CTA in shared tables - each row's element offset in x at tap (0, 0) and a
-// bit mask of the taps that fall inside the image (KH*KW <= 32) - so that a gathered chunk costs the producer two
-// shared loads, a bit test and one address add (the image coordinates and 64-bit products per chunk had made the
+// The pixel rows are described once per CTA in the producer's registers - each row's byte offset in x at tap (0, 0)
+// and a bit mask of the taps that fall inside the image (KH*KW <= 32) - so that a gathered chunk costs the producer a
+// bit test and one address add (the image coordinates and 64-bit products per chunk had made the
 // producer, not the tensor cores, the limit), within the few registers setmaxnreg leaves it.
+// Tiles: CTA x of a launch is tile tile0 + x, channel-tile fastest. A "tail split" (conv.py) runs the tiles of the
+// last partial wave as a second launch split over K, so that they fill the SMs: its ws holds pixels pw0 on.
 // Epilogue: y (N, O, OH*OW) = D + bias, straight from the accumulators (as conv_fwd_igemm's); or, split over K
 // (blockIdx.y = the slice of kt_split k-tiles: more CTAs where the output alone leaves SMs idle), fp32 partials
 // ws[slice] (O, P) that conv_igemm.cu's conv_splitk_reduce sums (+ bias) into y.
@@ -85,7 +87,7 @@ template <typename T, int BN, int STAGES>
 __global__ void __launch_bounds__(384, 1)
 conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
                float* __restrict__ ws, int H, int W, int Cp, int O, int KH, int KW, int sh, int sw, int ph, int pw,
-               int dh, int dw, int OH, int OW, int P, int K, int kt_split) {
+               int dh, int dw, int OH, int OW, int P, int K, int kt_split, int tile0, int pw0) {
     constexpr int BM = 128, BK = 64;
     constexpr int NB = BN / 128;  // wgmma m64n128 per k16 step and consumer warpgroup
     constexpr unsigned A_BYTES = BM * BK * 2, STAGE_BYTES = (BM + BN) * BK * 2;
@@ -100,8 +102,9 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int o_tiles = (O + BM - 1) / BM;
-    const int o0 = (int)(blockIdx.x % o_tiles) * BM;
-    const int p0 = (int)(blockIdx.x / o_tiles) * BN;
+    const int ti = tile0 + (int)blockIdx.x;  // a tail launch starts past the tiles a first launch wrote
+    const int o0 = (ti % o_tiles) * BM;
+    const int p0 = (ti / o_tiles) * BN;
     const int OHW = OH * OW;
     const int kt0 = blockIdx.y * kt_split;                         // this CTA's k-tiles: kt0 .. kt0 + nkt - 1
     const int nkt = min((K + BK - 1) / BK - kt0, kt_split);
@@ -188,8 +191,9 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 
     // epilogue: acc[b][j][e] is channel row o0 + wg*64 + wl*16 + g + 8*(e/2), pixel p0 + b*128 + 8j + 2*t4 + e%2
     const int g = lane >> 2, t4 = lane & 3;
-    if (ws != nullptr) {  // split over K: this slice's fp32 partial sums, ws[slice] (O, P)
-        float* part = ws + (fa_i64)blockIdx.y * O * P;
+    if (ws != nullptr) {  // split over K: this slice's fp32 partial sums, ws[slice] (O, P - pw0) from pixel pw0
+        const int PWs = P - pw0;
+        float* part = ws + (fa_i64)blockIdx.y * O * PWs;
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             const int o = o0 + wg * 64 + wl * 16 + g + hh * 8;
@@ -199,8 +203,8 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 #pragma unroll
                 for (int j = 0; j < 16; ++j) {
                     const int p = p0 + b * 128 + j * 8 + 2 * t4;
-                    float* dst = part + (fa_i64)o * P + p;
-                    if (p + 1 < P && (P & 1) == 0) {  // 8-byte aligned pair
+                    float* dst = part + (fa_i64)o * PWs + (p - pw0);
+                    if (p + 1 < P && (PWs & 1) == 0) {  // 8-byte aligned pair (pw0 is a multiple of BN)
                         float2 v;
                         v.x = acc[b][j][2 * hh], v.y = acc[b][j][2 * hh + 1];
                         *reinterpret_cast<float2*>(dst) = v;

@@ -245,12 +245,16 @@ def conv_dw_nhwc(gt, xt, cg, C, dw=None, acc32=None, accumulate=False, budget=51
     _dw_reduce(ws, acc32, dw, cg, C, accumulate, xt.dtype)
 
 
-def _splitk_reduce(ws, bias, out, cg):
-    """out (N, O, OH, OW) = the sum of the fp32 partials ws (S, O, N*OH*OW) (+ bias): conv_igemm.cu's
-    conv_splitk_reduce, after a split forward of either kernel."""
+def _splitk_reduce(ws, bias, out, cg, p_first=0):
+    """out (N, O, OH, OW) = the sum of the fp32 partials ws (S, O, N*OH*OW - p_first) (+ bias) at the pixels from
+    p_first on (a tail split's; 0: every pixel): conv_igemm.cu's conv_splitk_reduce, after a split forward of either
+    kernel."""
     OHW = cg.OH * cg.OW
-    KL.launch(L.get_function("conv_igemm", "conv_splitk_reduce", out.dtype), (P.cdiv(OHW, 256), cg.O, cg.N), (256,),
-              (ws, _ptr(bias), out, KL.i32(ws.shape[0]), KL.i32(cg.O), KL.i32(OHW), KL.i64(ws.shape[2])))
+    n_first = p_first // OHW
+    KL.launch(L.get_function("conv_igemm", "conv_splitk_reduce", out.dtype),
+              (P.cdiv(OHW, 256), cg.O, cg.N - n_first), (256,),
+              (ws, _ptr(bias), out, KL.i32(ws.shape[0]), KL.i32(cg.O), KL.i32(OHW), KL.i64(ws.shape[2]),
+               KL.i64(p_first)))
 
 
 def _dw_reduce(ws, acc32, dw, cg, C, accumulate, dtype):
@@ -300,16 +304,18 @@ def wgmma_plan(O, NP, KT, sms, ws_budget=512 << 20, env="FLAME_CONV_WGMMA_TILE",
                forced=None):
     """(tile, k-tiles per slice, slices) of a wgmma kernel with an O x NP output (the forward: channels x pixels; the
     weight gradient: channels x K) and KT k-tiles. $FLAME_CONV_WGMMA_TILE (dw: $FLAME_CONV_WGMMA_DW_TILE) = 'TILE' or
-    'TILE:sN' forces the tile (and N slices over K); `forced` (the same form: the measured table's plan,
+    'TILE:sN' forces the tile (and N slices over K; the forward's 'TILE:tN', a tail split, is conv_nhwc_wgmma's);
+    `forced` (the same form: the measured table's plan,
     flame_core/kernels/conv_table.py) does when the variable is unset. Otherwise the tile and split that a simple model says finish
     first: waves of CTAs (ceil(CTAs * slices / SMs)) times k-tiles per slice times the tile's width, plus the split's
     fp32 partials written and summed: what geometries the table does not hold get."""
-    forced = os.environ.get(env) or forced
+    label = env if env and os.environ.get(env) else "plan"
+    forced = (os.environ.get(env) if env else None) or forced
     names, splits = sorted(WGMMA_TILES), None
     if forced:
         name, _, sn = forced.partition(":s")
         if name not in WGMMA_TILES or (sn and not sn.isdigit()) or sn == "0":
-            raise ValueError(f"{env}={forced!r}: must be one of {sorted(WGMMA_TILES)}, optionally "
+            raise ValueError(f"{label}={forced!r}: must be one of {sorted(WGMMA_TILES)}, optionally "
                              f"with ':s<N>' (N >= 1 slices over K)")
         names, splits = [name], ([int(sn)] if sn else None)
     max_s = max(1, min(KT, max_splits, ws_budget // max(1, O * NP * 4)))
@@ -384,18 +390,55 @@ def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20, plan=None):
     if cg.Cp % 8 or tuple(wp.shape) != (cg.O, K) or xt.size != cg.N * cg.H * cg.W * cg.Cp:
         raise ValueError(f"conv_nhwc_wgmma: packed weights {tuple(wp.shape)} / input of {xt.size} elements do not "
                          f"match the geometry {cg} (weights ({cg.O}, {K}), Cp a multiple of 8)")
-    name, kps, S = wgmma_plan(cg.O, NP, P.cdiv(K, BK), P.sm_count(), budget, forced=plan)
+    KT = P.cdiv(K, BK)
+    forced, tail = split_tail(os.environ.get("FLAME_CONV_WGMMA_TILE") or plan)
+    name, kps, S = wgmma_plan(cg.O, NP, KT, P.sm_count(), budget, env=None, forced=forced)
     fn, smem = _wgmma_kernel(name, xt.dtype)
     bn = WGMMA_TILES[name][0]
-    ws = empty((S, cg.O, NP), np.float32) if S > 1 else None
+    o_tiles, p_tiles = P.cdiv(cg.O, 128), P.cdiv(NP, bn)
     i32 = KL.i32
-    KL.launch(fn, (P.cdiv(cg.O, 128) * P.cdiv(NP, bn), S), (WGMMA_THREADS,),
-              (xt, wp, _ptr(bias) if S == 1 else KL.null(), out, _ptr(ws), i32(cg.H), i32(cg.W), i32(cg.Cp),
-               i32(cg.O), i32(cg.KH), i32(cg.KW), i32(cg.sh), i32(cg.sw), i32(cg.ph), i32(cg.pw), i32(cg.dh),
-               i32(cg.dw), i32(cg.OH), i32(cg.OW), i32(NP), i32(K), i32(kps)), shared_mem=smem)
+
+    def launch(tile0, ntiles, S, kps, ws, pw0):
+        KL.launch(fn, (ntiles, S), (WGMMA_THREADS,),
+                  (xt, wp, _ptr(bias) if ws is None else KL.null(), out, _ptr(ws), i32(cg.H), i32(cg.W), i32(cg.Cp),
+                   i32(cg.O), i32(cg.KH), i32(cg.KW), i32(cg.sh), i32(cg.sw), i32(cg.ph), i32(cg.pw), i32(cg.dh),
+                   i32(cg.dw), i32(cg.OH), i32(cg.OW), i32(NP), i32(K), i32(kps), i32(tile0), i32(pw0)),
+                  shared_mem=smem)
+    dp = tail_plan(o_tiles, p_tiles, P.sm_count()) if tail > 1 and S == 1 else 0
+    if dp:  # whole waves as they are, then the last partial wave's pixel tiles split over K in `tail` slices
+        launch(0, dp * o_tiles, 1, KT, None, 0)
+        kps = P.cdiv(KT, min(tail, KT))
+        S = P.cdiv(KT, kps)
+        pw0 = dp * bn
+        ws = empty((S, cg.O, NP - pw0), np.float32)
+        launch(dp * o_tiles, (p_tiles - dp) * o_tiles, S, kps, ws, pw0)
+        _splitk_reduce(ws, bias, out, cg, pw0)
+        return out
+    ws = empty((S, cg.O, NP), np.float32) if S > 1 else None
+    launch(0, o_tiles * p_tiles, S, kps, ws, 0)
     if S > 1:
         _splitk_reduce(ws, bias, out, cg)
     return out
+
+
+def split_tail(plan):
+    """('TILE' or 'TILE:sN' or None, tail slices) of a wgmma plan string: 'TILE:tN' asks for a tail split in N (0:
+    none)."""
+    if plan and ":t" in plan:
+        name, _, n = plan.partition(":t")
+        if not n.isdigit() or int(n) < 2:
+            raise ValueError(f"wgmma plan {plan!r}: ':t<N>' needs N >= 2 slices for the tail")
+        return name, int(n)
+    return plan, 0
+
+
+def tail_plan(o_tiles, p_tiles, sms):
+    """Pixel tiles of a tail split's first launch: the whole waves of CTAs rounded down to whole pixel tiles (every
+    channel tile), so that the second launch covers pixels from one point on; 0 when there is no whole wave or no
+    tail (the split would not pay)."""
+    tiles = o_tiles * p_tiles
+    dp = (tiles // sms) * sms // o_tiles
+    return dp if 0 < dp < p_tiles else 0
 
 
 def conv_dw_nhwc_wgmma(gt, xt, cg, C, dw=None, acc32=None, accumulate=False, budget=512 << 20, plan=None):

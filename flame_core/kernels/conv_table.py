@@ -3,10 +3,11 @@ fastest algorithm of each pass (fwd, dx, dw) - im2col + cuBLAS, or the wgmma imp
 over K - kept in conv_tuned.json next to this file, one section per compute capability.
 
     {"sm90": {"device": "NVIDIA H200", "commit": "...", "date": "...",
-              "entries": {"fwd 2,320,128,128,320,3,3,1,1,1,1,1,1": {"algo": "wgmma", "plan": "128x256:s1",
+              "entries": {"fwd 2,320,128,128,320,3,3,1,1,1,1,1,1,128,128": {"algo": "wgmma", "plan": "128x256:s1",
                                                                       "ms": 0.159, "timed": {...}}, ...}}}
 
-A key is the pass and the geometry N,C,H,W,O,KH,KW,sh,sw,ph,pw,dh,dw (after any F.pad). `lookup` answers only for
+A key is the pass and the geometry N,C,H,W,O,KH,KW,sh,sw,ph,pw,dh,dw,OH,OW (ph, pw: the top and left padding; the
+output size carries the bottom and right padding). `lookup` answers only for
 geometries in the table; everything else keeps the size rule and the waves model of flame_core.ops.conv and
 flame_core.kernels.conv. FLAME_CONV_ALGO / FLAME_CONV_WGMMA_TILE set by hand win over the table;
 FLAME_CONV_TABLE=0 turns it off, FLAME_CONV_TABLE=<path> reads another file (the tuner's own runs).
@@ -27,7 +28,7 @@ _cache = {}  # (path, section) -> {key: entry}
 def key(pass_, g):
     """The table key of one pass of a convolution geometry (flame_core.ops.conv.geometry)."""
     return f"{pass_} " + ",".join(str(int(v)) for v in (g.N, g.C, g.H, g.W, g.O, g.KH, g.KW, g.sh, g.sw, g.ph,
-                                                          g.pw, g.dh, g.dw))
+                                                          g.pw, g.dh, g.dw, g.OH, g.OW))
 
 
 def table_path():
@@ -70,23 +71,25 @@ def load(path, section):
 
 
 def check_entry(path, k, e):
-    """One entry, checked: its key names a pass and 13 integers, its algo is one of ALGOS, a wgmma plan is 'TILE' or
-    'TILE:sN' of a known tile."""
+    """One entry, checked: its key names a pass and 15 integers, its algo is one of ALGOS, a wgmma plan is 'TILE',
+    'TILE:sN' or (fwd / dx) 'TILE:tN' of a known tile."""
     from .conv import WGMMA_TILES
     p, _, dims = k.partition(" ")
     parts = dims.split(",")
-    if p not in PASSES or len(parts) != 13 or not all(s.lstrip("-").isdigit() for s in parts):
-        raise ValueError(f"{path}: key {k!r} must be a pass ({', '.join(PASSES)}) and 13 integers "
-                         f"N,C,H,W,O,KH,KW,sh,sw,ph,pw,dh,dw")
+    if p not in PASSES or len(parts) != 15 or not all(s.lstrip("-").isdigit() for s in parts):
+        raise ValueError(f"{path}: key {k!r} must be a pass ({', '.join(PASSES)}) and 15 integers "
+                         f"N,C,H,W,O,KH,KW,sh,sw,ph,pw,dh,dw,OH,OW")
     if not isinstance(e, dict) or e.get("algo") not in ALGOS:
         raise ValueError(f"{path}: {k!r}: field 'algo' must be one of {', '.join(ALGOS)}, got "
                          f"{e.get('algo') if isinstance(e, dict) else e!r}")
     plan = e.get("plan")
     if e["algo"] == "wgmma" and plan is not None:
-        name, _, sn = str(plan).partition(":s")
-        if name not in WGMMA_TILES or (sn and (not sn.isdigit() or sn == "0")):
+        plan = str(plan)
+        sep = ":t" if ":t" in plan and p != "dw" else ":s"  # a tail split: fwd / dx only
+        name, _, sn = plan.partition(sep)
+        if name not in WGMMA_TILES or (sn and (not sn.isdigit() or int(sn) < (2 if sep == ":t" else 1))):
             raise ValueError(f"{path}: {k!r}: field 'plan' must be one of {sorted(WGMMA_TILES)}, optionally with "
-                             f"':s<N>', got {plan!r}")
+                             f"':s<N>' (N >= 1){'' if p == 'dw' else ' or :t<N> (N >= 2)'}, got {plan!r}")
     return e
 
 

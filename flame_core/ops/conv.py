@@ -58,8 +58,10 @@ def _pair(v, name):
     return v
 
 
-def geometry(x_shape, w_shape, stride, padding, dilation, groups):
-    """Checked conv2d geometry (padding numeric, symmetric)."""
+def geometry(x_shape, w_shape, stride, padding, dilation, groups, pad_end=None):
+    """Checked conv2d geometry. padding (numeric) is the top / left padding and, unless pad_end (bottom, right)
+    says otherwise, the bottom / right one too. ph / pw are the leading padding; the output size (OH, OW) carries the
+    trailing one (every path reads zeros past the input's last row and column)."""
     if len(x_shape) != 4 or len(w_shape) != 4:
         raise ShapeError(f"conv2d expects input (N, C, H, W) and weight (O, C/groups, KH, KW), got "
                          f"{fmt_shape(x_shape)} and {fmt_shape(w_shape)}")
@@ -73,10 +75,12 @@ def geometry(x_shape, w_shape, stride, padding, dilation, groups):
     if Cg * groups != C:
         raise ShapeError(f"conv2d: weight {fmt_shape(w_shape)} expects {Cg * groups} input channels "
                          f"(C/groups={Cg}, groups={groups}) but the input {fmt_shape(x_shape)} has {C}")
-    if min(sh, sw, dh, dw) < 1 or min(ph, pw) < 0:
-        raise ValueError(f"conv2d: stride {sh, sw} and dilation {dh, dw} must be >= 1, padding {ph, pw} >= 0")
-    OH = (H + 2 * ph - dh * (KH - 1) - 1) // sh + 1
-    OW = (W + 2 * pw - dw * (KW - 1) - 1) // sw + 1
+    pb, pr = (ph, pw) if pad_end is None else (int(pad_end[0]), int(pad_end[1]))
+    if min(sh, sw, dh, dw) < 1 or min(ph, pw, pb, pr) < 0:
+        raise ValueError(f"conv2d: stride {sh, sw} and dilation {dh, dw} must be >= 1, padding {ph, pw} "
+                         f"(and at the end {pb, pr}) >= 0")
+    OH = (H + ph + pb - dh * (KH - 1) - 1) // sh + 1
+    OW = (W + pw + pr - dw * (KW - 1) - 1) // sw + 1
     if OH < 1 or OW < 1:
         raise ShapeError(f"conv2d: input {fmt_shape(x_shape)} (padded by {ph, pw}) is smaller than the dilated "
                          f"kernel {(dh * (KH - 1) + 1, dw * (KW - 1) + 1)}")
@@ -108,7 +112,13 @@ def _use_kernel(a):
 
 
 def _is_pointwise(g):
-    return g.KH == g.KW == 1 and g.sh == g.sw == 1 and g.ph == g.pw == 0
+    return g.KH == g.KW == 1 and g.sh == g.sw == 1 and g.ph == g.pw == 0 and (g.OH, g.OW) == (g.H, g.W)
+
+
+def _pad_end(g):
+    """(bottom, right) padding the output reaches past the input: rows / columns of zeros the references add."""
+    return (max(0, (g.OH - 1) * g.sh + g.dh * (g.KH - 1) + 1 - g.H - g.ph),
+            max(0, (g.OW - 1) * g.sw + g.dw * (g.KW - 1) + 1 - g.W - g.pw))
 
 
 # ----------------------------------------------------------------------------- im2col / col2im
@@ -124,7 +134,8 @@ def im2col(x, g, n0, nimg, oh0, nrows):
 
 def im2col_reference(x, g, n0, nimg, oh0, nrows):
     xp = backend.xp_of(x)
-    xpad = xp.pad(x[n0:n0 + nimg], ((0, 0), (0, 0), (g.ph, g.ph), (g.pw, g.pw)))
+    pb, pr = _pad_end(g)
+    xpad = xp.pad(x[n0:n0 + nimg], ((0, 0), (0, 0), (g.ph, pb), (g.pw, pr)))
     s0, s1, s2, s3 = xpad.strides
     base = xpad[:, :, oh0 * g.sh:, :]
     view = xp.lib.stride_tricks.as_strided(
@@ -150,7 +161,8 @@ def col2im(dcols, dx, g, n0, nimg, oh0, nrows, accumulate):
 def col2im_reference(dcols, dx, g, n0, nimg, oh0, nrows, accumulate):
     xp = backend.xp_of(dcols)
     acc_dt = np.float32 if dx.dtype in _HALF else dx.dtype
-    dpad = xp.zeros((nimg, g.C, g.H + 2 * g.ph, g.W + 2 * g.pw), dtype=acc_dt)
+    pb, pr = _pad_end(g)
+    dpad = xp.zeros((nimg, g.C, g.ph + g.H + pb, g.pw + g.W + pr), dtype=acc_dt)
     d6 = dcols.reshape(g.C, g.KH, g.KW, nimg, nrows, g.OW)
     for kh in range(g.KH):
         h0 = oh0 * g.sh + kh * g.dh
@@ -661,6 +673,22 @@ def checked_inputs(op, input, weight, bias):
                          + (f" and bias ({bias.dtype})" if bias is not None else "") + " must have the same dtype")
     unbatched = input.ndim == 3
     return (input.unsqueeze(0) if unbatched else input), weight, bias, unbatched
+
+
+def pad_conv2d(input, weight, bias=None, pad=(0, 0, 0, 0), stride=1, dilation=1, groups=1):
+    """conv2d(F.pad(input, pad), weight, bias, stride, 0, dilation, groups) with the zero padding folded into the
+    convolution: `pad` in F.pad's order (left, right, top, bottom), each >= 0. Nothing padded is made - every path
+    reads zeros outside the input - and the input gradient has the input's shape. The LDM VAE encoder's downsample
+    is pad (0, 1, 0, 1) at stride 2."""
+    if len(pad) != 4 or any(int(p) != p or p < 0 for p in pad):
+        raise ValueError(f"pad_conv2d: pad must be four integers >= 0 (left, right, top, bottom), got {tuple(pad)}")
+    input, weight, bias, unbatched = checked_inputs("pad_conv2d", input, weight, bias)
+    pl, pr, pt, pb = (int(p) for p in pad)
+    g = geometry(tuple(input.shape), tuple(weight.shape), stride, (pt, pl), dilation, int(groups), pad_end=(pb, pr))
+    if bias is not None and tuple(bias.shape) != (g.O,):
+        raise ShapeError(f"pad_conv2d: bias of shape {fmt_shape(bias.shape)} for {g.O} output channels")
+    y = Conv2d.apply(input, weight, bias, g)
+    return y.squeeze(0) if unbatched else y
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):

@@ -96,15 +96,20 @@ class AttnBlock(flame_nn.Module):
 
 
 class Downsample(flame_nn.Module):
-    """Zero pad one pixel right and bottom, then a 3x3 stride-2 conv (LDM's asymmetric padding)."""
+    """Zero pad one pixel right and bottom, then a 3x3 stride-2 conv (LDM's asymmetric padding). The plain layer
+    folds the padding into the convolution (F.pad_conv2d: no padded copy of the activation); a conv with adapters
+    or hooks gets the padded input, as its adapters' own convolutions expect."""
 
     def __init__(self, channels, dtype=None, device=None):
         super().__init__()
         self.conv = flame_nn.Conv2d(channels, channels, 3, stride=2, padding=0, dtype=dtype, device=device)
 
     def forward(self, x):
-        x = F.pad(x, (0, 1, 0, 1))
-        return self.conv(x)
+        c = self.conv
+        if type(c) is flame_nn.Conv2d and not (c._forward_pre_hooks or c._forward_hooks or c._backward_hooks
+                                                or c._backward_pre_hooks):
+            return F.pad_conv2d(x, c.weight, c.bias, (0, 1, 0, 1), stride=c.stride)
+        return c(F.pad(x, (0, 1, 0, 1)))
 
 
 class Upsample(flame_nn.Module):

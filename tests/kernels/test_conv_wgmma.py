@@ -195,6 +195,41 @@ DX_GEOMS = [
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tile", ["128x128:t2", "128x256:t3"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("cfg", GEOMS)
+def test_wgmma_tail_split_matches_reference(cfg, dtype, tile, monkeypatch):
+    """A tail split (whole waves, then the last partial wave's pixel tiles split over K; its partials reduced from
+    a pixel inside an image on): a GPU of 3 SMs as far as the planner knows, so the tiny geometries have tails."""
+    _need_sm90()
+    monkeypatch.setattr(K.P, "sm_count", lambda: 3)
+    monkeypatch.setenv("FLAME_CONV_WGMMA_TILE", tile)
+    x, w, b, g, want = _case(cfg, dtype)
+    want = want + b.reshape(1, -1, 1, 1)
+    name, n = K.split_tail(tile)
+    NP = cfg[0] * g.OH * g.OW
+    dp = K.tail_plan(-(-cfg[4] // 128), -(-NP // K.WGMMA_TILES[name][0]), 3)
+    before = launching.launches
+    got = _run_kernel(cfg, x, w, b, g, dtype)
+    assert launching.launches - before == (3 if dp else 1)   # first launch, tail launch, reduction
+    _assert_close(got, want, dtype, f"{cfg} {tile}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_wgmma_tail_split_at_full_size(dtype, monkeypatch):
+    """The same on the device's own SM count: 3 images of 57x57 (an odd pixel count), 130 channels (two channel
+    tiles, the second ragged): more than one wave of 128x128 tiles."""
+    _need_sm90()
+    cfg = (3, 24, 57, 57, 130, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
+    monkeypatch.setenv("FLAME_CONV_WGMMA_TILE", "128x128:t2")
+    x, w, b, g, want = _case(cfg, dtype, seed=5)
+    want = want + b.reshape(1, -1, 1, 1)
+    assert K.tail_plan(2, -(-3 * 57 * 57 // 128), K.P.sm_count())
+    _assert_close(_run_kernel(cfg, x, w, b, g, dtype), want, dtype, "tail split, full size")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("cfg", DX_GEOMS)
 def test_wgmma_dx_matches_reference(cfg, dtype, monkeypatch):
@@ -373,6 +408,18 @@ def test_wgmma_tile_and_split_choice(monkeypatch):
         monkeypatch.setenv("FLAME_CONV_WGMMA_TILE", bad)
         with pytest.raises(ValueError, match="FLAME_CONV_WGMMA_TILE"):
             K.wgmma_plan(320, 1000, 10, 132)
+
+
+def test_tail_split_plan():
+    assert K.split_tail("128x128:t3") == ("128x128", 3)
+    assert K.split_tail("128x256:s2") == ("128x256:s2", 0) and K.split_tail(None) == (None, 0)
+    for bad in ("128x128:t1", "128x128:tx"):
+        with pytest.raises(ValueError, match="tail"):
+            K.split_tail(bad)
+    assert K.tail_plan(5, 64, 132) == 52      # SDXL 2x640x64^2, 128x128: 320 tiles, 260 in two waves, 60 in the tail
+    assert K.tail_plan(5, 20, 132) == 0       # under one wave: nothing to split off
+    assert K.tail_plan(1, 264, 132) == 0      # whole waves: no tail
+    assert K.tail_plan(3, 100, 132) == 88     # 300 tiles: 264 -> 88 whole pixel tiles of 3 channel tiles
 
 
 def test_wgmma_smem_fits_sm90():

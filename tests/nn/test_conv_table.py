@@ -33,13 +33,14 @@ def _write(path, entries, section="sm90"):
 
 
 def test_key_names_pass_and_geometry():
-    assert T.key("fwd", G) == "fwd 2,64,16,16,96,3,3,1,1,1,1,1,1"
+    assert T.key("fwd", G) == "fwd 2,64,16,16,96,3,3,1,1,1,1,1,1,16,16"
     g2 = C.geometry((1, 8, 9, 9), (4, 8, 3, 3), 2, 0, 1, 1)
-    assert T.key("dx", g2) == "dx 1,8,9,9,4,3,3,2,2,0,0,1,1"
+    assert T.key("dx", g2) == "dx 1,8,9,9,4,3,3,2,2,0,0,1,1,4,4"
 
 
 def test_load_reads_a_section(tmp_path):
     p = _write(tmp_path / "t.json", {T.key("fwd", G): {"algo": "wgmma", "plan": "128x128:s2", "ms": 0.1},
+                                     T.key("dx", G): {"algo": "wgmma", "plan": "128x256:t3"},
                                      T.key("dw", G): {"algo": "im2col"}})
     got = T.load(p, "sm90")
     assert got[T.key("fwd", G)]["plan"] == "128x128:s2" and got[T.key("dw", G)]["algo"] == "im2col"
@@ -48,11 +49,13 @@ def test_load_reads_a_section(tmp_path):
 
 
 @pytest.mark.parametrize("entries, match", [
-    ({"fwd 1,2,3": {"algo": "wgmma"}}, "13 integers"),
-    ({"bwd 2,64,16,16,96,3,3,1,1,1,1,1,1": {"algo": "wgmma"}}, "must be a pass"),
-    ({"fwd 2,64,16,16,96,3,3,1,1,1,1,1,1": {"algo": "cudnn"}}, "field 'algo'"),
-    ({"fwd 2,64,16,16,96,3,3,1,1,1,1,1,1": {"algo": "wgmma", "plan": "64x64"}}, "field 'plan'"),
-    ({"fwd 2,64,16,16,96,3,3,1,1,1,1,1,1": {"algo": "wgmma", "plan": "128x128:s0"}}, "field 'plan'"),
+    ({"fwd 1,2,3": {"algo": "wgmma"}}, "15 integers"),
+    ({"bwd 2,64,16,16,96,3,3,1,1,1,1,1,1,16,16": {"algo": "wgmma"}}, "must be a pass"),
+    ({"fwd 2,64,16,16,96,3,3,1,1,1,1,1,1,16,16": {"algo": "cudnn"}}, "field 'algo'"),
+    ({"fwd 2,64,16,16,96,3,3,1,1,1,1,1,1,16,16": {"algo": "wgmma", "plan": "64x64"}}, "field 'plan'"),
+    ({"fwd 2,64,16,16,96,3,3,1,1,1,1,1,1,16,16": {"algo": "wgmma", "plan": "128x128:s0"}}, "field 'plan'"),
+    ({"fwd 2,64,16,16,96,3,3,1,1,1,1,1,1,16,16": {"algo": "wgmma", "plan": "128x128:t1"}}, "field 'plan'"),
+    ({"dw 2,64,16,16,96,3,3,1,1,1,1,1,1,16,16": {"algo": "wgmma", "plan": "128x128:t2"}}, "field 'plan'"),
 ])
 def test_bad_entries_name_the_file_key_and_field(tmp_path, entries, match):
     p = _write(tmp_path / "bad.json", entries)
@@ -123,8 +126,8 @@ def test_tuner_smoke_writes_a_table_that_reads_back(tmp_path):
                        timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     got = T.load(out, "smoke")
-    # both geometries (the downsample after its F.pad: pad 0), every pass
-    g1 = C.geometry((1, 64, 17, 17), (64, 64, 3, 3), 2, 0, 1, 1)   # 1x512x256^2 at 1/8 channels, 1/16 side
+    # both geometries (the downsample with its pad folded in: pad_conv2d's), every pass
+    g1 = C.geometry((1, 64, 16, 16), (64, 64, 3, 3), 2, 0, 1, 1, pad_end=(1, 1))   # 1x512x256^2 at 1/8, 1/16
     g2 = C.geometry((1, 32, 8, 8), (32, 32, 3, 3), 1, 1, 1, 1)
     assert {T.key(p, g) for p in C.PASSES for g in (g1, g2)} == set(got)
     for e in got.values():
