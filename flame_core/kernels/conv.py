@@ -404,7 +404,7 @@ def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20, plan=None):
                    i32(cg.O), i32(cg.KH), i32(cg.KW), i32(cg.sh), i32(cg.sw), i32(cg.ph), i32(cg.pw), i32(cg.dh),
                    i32(cg.dw), i32(cg.OH), i32(cg.OW), i32(NP), i32(K), i32(kps), i32(tile0), i32(pw0)),
                   shared_mem=smem)
-    dp = tail_plan(o_tiles, p_tiles, P.sm_count()) if tail > 1 and S == 1 else 0
+    dp = tail_plan(o_tiles, p_tiles, P.sm_count()) if tail else 0
     if dp:  # whole waves as they are, then the last partial wave's pixel tiles split over K in `tail` slices
         launch(0, dp * o_tiles, 1, KT, None, 0)
         kps = P.cdiv(KT, min(tail, KT))
@@ -422,13 +422,13 @@ def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20, plan=None):
 
 
 def split_tail(plan):
-    """('TILE' or 'TILE:sN' or None, tail slices) of a wgmma plan string: 'TILE:tN' asks for a tail split in N (0:
-    none)."""
+    """(the plan for wgmma_plan, tail slices) of a wgmma plan string: 'TILE:tN' asks for a tail split in N - the
+    tile unsplit ('TILE:s1') and N; anything else is itself with 0 (no tail)."""
     if plan and ":t" in plan:
         name, _, n = plan.partition(":t")
         if not n.isdigit() or int(n) < 2:
             raise ValueError(f"wgmma plan {plan!r}: ':t<N>' needs N >= 2 slices for the tail")
-        return name, int(n)
+        return f"{name}:s1", int(n)
     return plan, 0
 
 

@@ -206,7 +206,7 @@ def test_wgmma_tail_split_matches_reference(cfg, dtype, tile, monkeypatch):
     monkeypatch.setenv("FLAME_CONV_WGMMA_TILE", tile)
     x, w, b, g, want = _case(cfg, dtype)
     want = want + b.reshape(1, -1, 1, 1)
-    name, n = K.split_tail(tile)
+    name = tile.partition(":")[0]
     NP = cfg[0] * g.OH * g.OW
     dp = K.tail_plan(-(-cfg[4] // 128), -(-NP // K.WGMMA_TILES[name][0]), 3)
     firsts = []
@@ -413,7 +413,7 @@ def test_wgmma_tile_and_split_choice(monkeypatch):
 
 
 def test_tail_split_plan():
-    assert K.split_tail("128x128:t3") == ("128x128", 3)
+    assert K.split_tail("128x128:t3") == ("128x128:s1", 3)
     assert K.split_tail("128x256:s2") == ("128x256:s2", 0) and K.split_tail(None) == (None, 0)
     for bad in ("128x128:t1", "128x128:tx"):
         with pytest.raises(ValueError, match="tail"):
