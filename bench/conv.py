@@ -5,9 +5,11 @@ process (issue 27).
 Each call is timed alone between CUDA events with a 1 GiB memset queued before it on both sides, so the interval is
 the GPU's work and not the Python before the first launch (FLAME's conv2d issues 2-4 launches from Python, cuDNN one
 from C++); median after warm-up. fwd+bwd computes dx and dw; 'dx ms' / 'dw ms' time conv2d_backward for one gradient
-alone. A shape with an asymmetric pad ("pad 0,1,0,1": the VAE encoder's downsample) times the op as each side's model
-runs it: F.pad + conv in torch (diffusers' Downsample2D), F.pad_conv2d in FLAME (the pad folded into the conv). FLOP: fwd = 2*N*O*OH*OW*C*k*k, fwd+bwd = 3x fwd. Ratio = torch time
-/ FLAME time (1.0 = parity; the bars: fwd >= 1.0 and fwd+bwd >= 0.9 at every shape, ResBlock fwd+bwd >= 1.0).
+alone (cuDNN's: aten.convolution_backward with one output asked for). A shape with an asymmetric pad ("pad 0,1,0,1":
+the VAE encoder's downsample) times the op as each side's model runs it: F.pad + conv in torch (diffusers'
+Downsample2D), F.pad_conv2d in FLAME (the pad folded into the conv). FLOP: fwd = 2*N*O*OH*OW*C*k*k, fwd+bwd =
+3x fwd. Ratio = torch time / FLAME time (1.0 = parity; the bars: fwd >= 1.0 and fwd+bwd >= 0.9 at every shape,
+ResBlock fwd+bwd >= 1.0).
 ResBlocks (--resblocks): GroupNorm+SiLU, conv, time-embedding add, GroupNorm+SiLU, conv, skip (1x1 conv when the
 channels change), fwd+bwd with the weights frozen (a LoRA step: dx only) and with their gradients (full training).
 Variants (comma-separated, each timed at every shape; the first decides the acceptance line), settings joined by '+':
@@ -205,6 +207,12 @@ def bench_torch(torch, x, w, go_shape, stride, pad, repeats):
         xt.grad = wt.grad = None
         op(xt, wt).backward(go)
     r = dict(fwd_ms=ms(lambda: op(xt, wt)), fwdbwd_ms=ms(fb, max(5, repeats // 2)))
+    # cuDNN's two backward passes alone (aten.convolution_backward on the conv's own input, after any pad)
+    xc = xt.detach() if isinstance(pad, int) else TF.pad(xt.detach(), pad)
+    p = pad if isinstance(pad, int) else 0
+    bw = torch.ops.aten.convolution_backward
+    for q, mask in (("dx_ms", [True, False, False]), ("dw_ms", [False, True, False])):
+        r[q] = ms(lambda m=mask: bw(go, xc, wt.detach(), None, [stride] * 2, [p] * 2, [1, 1], False, [0, 0], 1, m))
     with torch.no_grad():
         y = op(xt, wt).float().cpu().numpy()
     return r, y
@@ -346,11 +354,12 @@ def main():
              round(r["flame"]["fwd_TFLOPs"], 1), round(r.get("torch_cudnn", {}).get("fwd_ms", nan), 3),
              round(r.get("ratio_fwd", nan), 2), round(r["flame"]["fwdbwd_ms"], 3),
              round(r.get("torch_cudnn", {}).get("fwdbwd_ms", nan), 3), round(r.get("ratio_fwdbwd", nan), 2),
-             round(r["flame"]["dx_ms"], 3), round(r["flame"]["dw_ms"], 3), r["variant"]]
+             f'{r["flame"]["dx_ms"]:.3f} / {r.get("torch_cudnn", {}).get("dx_ms", nan):.3f}',
+             f'{r["flame"]["dw_ms"]:.3f} / {r.get("torch_cudnn", {}).get("dw_ms", nan):.3f}', r["variant"]]
             for key, r in res.items() if "variant" in r]
     if rows:
         print(common.table(["shape", "k/s", "FLAME fwd ms", "TFLOP/s", "torch ms", "ratio", "FLAME f+b ms", "torch ms",
-                            "ratio", "dx ms", "dw ms", "variant"], rows,
+                            "ratio", "dx ms FLAME / cuDNN", "dw ms FLAME / cuDNN", "variant"], rows,
                            title="\nconv2d, " + ("float32 cpu smoke" if SMOKE else "bf16") + "; ratio = torch / FLAME"))
     brows = [[n, round(r["flame_fwd_ms"], 3), round(r.get("torch_fwd_ms", nan), 3), round(r.get("ratio_fwd", nan), 2),
               round(r["flame_fwdbwd_frozen_ms"], 3), round(r.get("torch_fwdbwd_frozen_ms", nan), 3),

@@ -4,10 +4,10 @@ SDXL ResBlocks' convolutions, and write the fastest into the measured table flam
 
 Candidates per pass: im2col + cuBLAS, and the wgmma implicit GEMM with each tile and 1, 2, 3, 4, 6 or 8 slices over K,
 or a tail split (fwd / dx: the whole waves of tiles, then the last partial wave's tiles split over K in 2, 3 or 4;
-flame_core.kernels.conv.tail_plan) (the weight gradient: 1 to 64 slices over the pixels); a strided dx runs the wgmma kernel once per phase of dx. Each
-is checked against im2col (max relative difference 2e-2) before it counts, then timed between CUDA events behind a
-busy-GPU head start, median of --repeats. The VAE's (0,1,0,1) downsample is tuned as the model runs it: the pad folded
-into the conv (F.pad_conv2d).
+flame_core.kernels.conv.tail_plan) (the weight gradient: DW_SLICES slices over the pixels); a strided dx runs the
+wgmma kernel once per phase of dx. Each is checked against im2col (max relative difference 2e-2) before it counts,
+then timed between CUDA events behind a busy-GPU head start, median of --repeats. The VAE's (0,1,0,1) downsample
+is tuned as the model runs it: the pad folded into the conv (F.pad_conv2d).
 The table is written atomically (temp file, fsync, rename) into its compute capability's section, merged with the
 geometries already there.
 Run: PYTHONPATH=$PWD python3 bench/conv_tune.py [--shapes sdxl_l0,...] [--repeats 15] [--out PATH]
@@ -33,7 +33,7 @@ from flame_core.ops import conv as C
 
 WGMMA_SPLITS = (1, 2, 3, 4, 6, 8)
 TAIL_SPLITS = (2, 3, 4)
-DW_SLICES = (1, 2, 4, 8, 16, 32, 64)
+DW_SLICES = tuple(range(1, 17)) + (20, 24, 32, 48, 64)  # every count to 16: the one that fills whole waves
 ENV = ("FLAME_CONV_ALGO", "FLAME_CONV_WGMMA_TILE", "FLAME_CONV_WGMMA_DW_TILE", "FLAME_CONV_TABLE")
 
 

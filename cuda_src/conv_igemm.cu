@@ -82,13 +82,14 @@ __global__ void __launch_bounds__(256) conv_pack_weight(const T* __restrict__ w,
 }
 
 // ------------------------------------------------------------------------------------------ split reductions
-// y[n, o, q] = sum_s ws[s, o, n*OHW + q - p_first] (+ bias[o]) for the pixels n*OHW + q >= p_first (a tail
-// launch's: ws (S, O, P) holds pixels p_first .. p_first + P - 1, P the pitch). grid (ceil(OHW/256), O, images from
-// n_first = p_first / OHW on), 256 threads.
+// y[n, o, q] = sum_s ws[s, o, n*OHW + q - p_first] (+ bias[o]) (+ emb[n, o]) (+ res[n, o, q]) for the pixels
+// n*OHW + q >= p_first (a tail launch's: ws (S, O, P) holds pixels p_first .. p_first + P - 1, P the pitch).
+// grid (ceil(OHW/256), O, images from n_first = p_first / OHW on), 256 threads.
 template <typename T>
 __global__ void __launch_bounds__(256) conv_splitk_reduce(const float* __restrict__ ws, const T* __restrict__ bias,
                                                           T* __restrict__ y, int S, int O, int OHW, fa_i64 P,
-                                                          fa_i64 p_first) {
+                                                          fa_i64 p_first, const T* __restrict__ emb,
+                                                          const T* __restrict__ res) {
     const int q = blockIdx.x * 256 + threadIdx.x;
     if (q >= OHW) return;
     const int o = blockIdx.y;
@@ -99,6 +100,8 @@ __global__ void __launch_bounds__(256) conv_splitk_reduce(const float* __restric
     float s = 0.f;
     for (int z = 0; z < S; ++z) s += src[z * slice];
     if (bias != nullptr) s += to_f32(bias[o]);
+    if (emb != nullptr) s += to_f32(emb[n * O + o]);
+    if (res != nullptr) s += to_f32(res[(n * O + o) * OHW + q]);
     y[(n * O + o) * OHW + q] = from_f32<T>(s);
 }
 

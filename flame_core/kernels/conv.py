@@ -245,16 +245,16 @@ def conv_dw_nhwc(gt, xt, cg, C, dw=None, acc32=None, accumulate=False, budget=51
     _dw_reduce(ws, acc32, dw, cg, C, accumulate, xt.dtype)
 
 
-def _splitk_reduce(ws, bias, out, cg, p_first=0):
-    """out (N, O, OH, OW) = the sum of the fp32 partials ws (S, O, N*OH*OW - p_first) (+ bias) at the pixels from
-    p_first on (a tail split's; 0: every pixel): conv_igemm.cu's conv_splitk_reduce, after a split forward of either
-    kernel."""
+def _splitk_reduce(ws, bias, out, cg, p_first=0, emb=None, res=None):
+    """out (N, O, OH, OW) = the sum of the fp32 partials ws (S, O, N*OH*OW - p_first) (+ bias (O,)) (+ emb (N, O))
+    (+ res, out's shape) at the pixels from p_first on (a tail split's; 0: every pixel): conv_igemm.cu's
+    conv_splitk_reduce, after a split forward of either kernel."""
     OHW = cg.OH * cg.OW
     n_first = p_first // OHW
     KL.launch(L.get_function("conv_igemm", "conv_splitk_reduce", out.dtype),
               (P.cdiv(OHW, 256), cg.O, cg.N - n_first), (256,),
               (ws, _ptr(bias), out, KL.i32(ws.shape[0]), KL.i32(cg.O), KL.i32(OHW), KL.i64(ws.shape[2]),
-               KL.i64(p_first)))
+               KL.i64(p_first), _ptr(emb), _ptr(res)))
 
 
 def _dw_reduce(ws, acc32, dw, cg, C, accumulate, dtype):
@@ -305,10 +305,10 @@ def wgmma_plan(O, NP, KT, sms, ws_budget=512 << 20, env="FLAME_CONV_WGMMA_TILE",
     """(tile, k-tiles per slice, slices) of a wgmma kernel with an O x NP output (the forward: channels x pixels; the
     weight gradient: channels x K) and KT k-tiles. $FLAME_CONV_WGMMA_TILE (dw: $FLAME_CONV_WGMMA_DW_TILE) = 'TILE' or
     'TILE:sN' forces the tile (and N slices over K; the forward's 'TILE:tN', a tail split, is conv_nhwc_wgmma's);
-    `forced` (the same form: the measured table's plan,
-    flame_core/kernels/conv_table.py) does when the variable is unset. Otherwise the tile and split that a simple model says finish
-    first: waves of CTAs (ceil(CTAs * slices / SMs)) times k-tiles per slice times the tile's width, plus the split's
-    fp32 partials written and summed: what geometries the table does not hold get."""
+    `forced` (the same form: the measured table's plan, flame_core/kernels/conv_table.py) does when the variable is
+    unset. Otherwise the tile and split that a simple model says finish first: waves of CTAs (ceil(CTAs * slices /
+    SMs)) times k-tiles per slice times the tile's width, plus the split's fp32 partials written and summed: what
+    geometries the table does not hold get."""
     label = env if env and os.environ.get(env) else "plan"
     forced = (os.environ.get(env) if env else None) or forced
     names, splits = sorted(WGMMA_TILES), None
@@ -371,11 +371,13 @@ def wgmma_dw_fits(H, W, Cp, KH, KW, dh, dw):
     return ((KH - 1) * dh * W + (KW - 1) * dw + 1) * Cp < 2 ** 31 - 1
 
 
-def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20, plan=None):
+def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20, plan=None, emb=None, res=None, dst=None):
     """conv_nhwc on Hopper warpgroup MMAs: out (N, O, OH, OW) = conv of xt (N, H, W, Cp) with packed weights
-    wp (O, KH*KW*Cp) (+ bias (O,)). float16 / bfloat16, compute capability 9.0 only. Split over K (fp32 partials,
-    then conv_splitk_reduce) when the output alone gives fewer CTAs than SMs (wgmma_plan; `plan` 'TILE:sN' forces
-    one)."""
+    wp (O, KH*KW*Cp) (+ bias (O,)) (+ emb (N, O): a per-image bias) (+ res: a residual of out's shape), the adds in
+    the epilogue. float16 / bfloat16, compute capability 9.0 only. Split over K (fp32 partials, then
+    conv_splitk_reduce) when the output alone gives fewer CTAs than SMs (wgmma_plan; `plan` 'TILE:sN' or 'TILE:tN'
+    forces one). dst = (a, b, sh, sw): `out` is a larger (N, O, H2, W2) array and the result goes to its rows a::sh,
+    columns b::sw (a strided input gradient's phase) - written there by the epilogue when the plan is unsplit."""
     if not wgmma_available():
         raise RuntimeError("conv_nhwc_wgmma: cuda_src/conv_wgmma.cu runs on compute capability 9.0 (sm_90a) only; "
                            "this device is not one (use conv_nhwc)")
@@ -396,15 +398,31 @@ def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20, plan=None):
     fn, smem = _wgmma_kernel(name, xt.dtype)
     bn = WGMMA_TILES[name][0]
     o_tiles, p_tiles = P.cdiv(cg.O, 128), P.cdiv(NP, bn)
+    dp = tail_plan(o_tiles, p_tiles, P.sm_count()) if tail else 0
+    if dst is not None:
+        a, b, sh, sw = dst
+        if S > 1 or dp:  # the split reductions write dense outputs: through a temporary
+            tmp = empty((cg.N, cg.O, cg.OH, cg.OW), out.dtype)
+            conv_nhwc_wgmma(xt, wp, tmp, cg, bias, budget, plan)
+            out[:, :, a::sh, b::sw] = tmp
+            return out
+        H2, W2 = out.shape[2:]
+        if not out.flags.c_contiguous:
+            raise ValueError("conv_nhwc_wgmma: dst needs a C-contiguous out")
+        y_ptr = np.uint64(out.data.ptr + (a * W2 + b) * out.itemsize)  # out[0, 0, a, b]
+        strides = (H2 * W2, sh * W2, sw)
+    else:
+        y_ptr, strides = out, (cg.OH * cg.OW, cg.OW, 1)
     i32 = KL.i32
 
     def launch(tile0, ntiles, S, kps, ws, pw0):
         KL.launch(fn, (ntiles, S), (WGMMA_THREADS,),
-                  (xt, wp, _ptr(bias) if ws is None else KL.null(), out, _ptr(ws), i32(cg.H), i32(cg.W), i32(cg.Cp),
-                   i32(cg.O), i32(cg.KH), i32(cg.KW), i32(cg.sh), i32(cg.sw), i32(cg.ph), i32(cg.pw), i32(cg.dh),
-                   i32(cg.dw), i32(cg.OH), i32(cg.OW), i32(NP), i32(K), i32(kps), i32(tile0), i32(pw0)),
+                  (xt, wp, _ptr(bias) if ws is None else KL.null(), y_ptr, _ptr(ws), i32(cg.H), i32(cg.W),
+                   i32(cg.Cp), i32(cg.O), i32(cg.KH), i32(cg.KW), i32(cg.sh), i32(cg.sw), i32(cg.ph), i32(cg.pw),
+                   i32(cg.dh), i32(cg.dw), i32(cg.OH), i32(cg.OW), i32(NP), i32(K), i32(kps), i32(tile0), i32(pw0),
+                   _ptr(emb if ws is None else None), _ptr(res if ws is None else None), KL.i64(strides[0]),
+                   i32(strides[1]), i32(strides[2])),
                   shared_mem=smem)
-    dp = tail_plan(o_tiles, p_tiles, P.sm_count()) if tail else 0
     if dp:  # whole waves as they are, then the last partial wave's pixel tiles split over K in `tail` slices
         launch(0, dp * o_tiles, 1, KT, None, 0)
         kps = P.cdiv(KT, min(tail, KT))
@@ -412,12 +430,12 @@ def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20, plan=None):
         pw0 = dp * bn
         ws = empty((S, cg.O, NP - pw0), np.float32)
         launch(dp * o_tiles, (p_tiles - dp) * o_tiles, S, kps, ws, pw0)
-        _splitk_reduce(ws, bias, out, cg, pw0)
+        _splitk_reduce(ws, bias, out, cg, pw0, emb, res)
         return out
     ws = empty((S, cg.O, NP), np.float32) if S > 1 else None
     launch(0, o_tiles * p_tiles, S, kps, ws, 0)
     if S > 1:
-        _splitk_reduce(ws, bias, out, cg)
+        _splitk_reduce(ws, bias, out, cg, 0, emb, res)
     return out
 
 

@@ -247,16 +247,25 @@ def _forward_chunk(w3, cols, out, g):
         _mm(w3, cols.reshape(g.G, -1, cols.shape[1]), out.reshape(g.G, -1, cols.shape[1]))
 
 
-def conv2d_forward(x, w, g, bias=None):
-    """y (N, O, OH, OW) = conv2d(x, w) (+ bias), on arrays."""
+def conv2d_forward(x, w, g, bias=None, emb=None, res=None):
+    """y (N, O, OH, OW) = conv2d(x, w) (+ bias (O,)) (+ emb (N, O) over every pixel) (+ res, y's shape), on arrays.
+    The wgmma kernel adds emb and res in its epilogue; the other paths add them to the fresh output after."""
     xp = backend.xp_of(x)
     x = xp.ascontiguousarray(x)
     w = xp.ascontiguousarray(w)
+    c = (lambda a: None if a is None else xp.ascontiguousarray(a))
     if use_igemm(x, g):
-        return _igemm_forward(x, w, g, None if bias is None else xp.ascontiguousarray(bias))
-    y = _pointwise_forward(x, w, g) if _is_pointwise(g) and g.G == 1 else _im2col_forward(x, w, g)
-    if bias is not None:
-        y += bias.reshape(1, -1, 1, 1)
+        if use_wgmma(x, g):
+            return _igemm_forward(x, w, g, c(bias), c(emb), c(res))
+        y = _igemm_forward(x, w, g, c(bias))
+    else:
+        y = _pointwise_forward(x, w, g) if _is_pointwise(g) and g.G == 1 else _im2col_forward(x, w, g)
+        if bias is not None:
+            y += bias.reshape(1, -1, 1, 1)
+    if emb is not None:
+        y += emb.reshape(g.N, g.O, 1, 1)
+    if res is not None:
+        y += res
     return y
 
 
@@ -498,7 +507,8 @@ def _image_chunks(N, per_image, budget, per_pixel_rows):
     return [(n0, min(k, N - n0)) for n0 in range(0, N, k)]
 
 
-def _igemm_forward(x, w, g, bias):
+def _igemm_forward(x, w, g, bias, emb=None, res=None):
+    """The implicit-GEMM forward, image chunk by chunk; emb / res (the wgmma kernel's epilogue adds) chunked too."""
     from ..kernels import conv as K
     Cp = K.round8(g.C)
     wp = K.pack_weight(w, Cp)  # (O, KH*KW*Cp)
@@ -510,7 +520,8 @@ def _igemm_forward(x, w, g, bias):
         xt = K.to_nhwc(x[n0:n0 + k], Cp)  # (k, H*W, Cp)
         cg = K.ConvGeom(k, g.H, g.W, Cp, g.O, g.OH, g.OW, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw)
         if wgmma:
-            K.conv_nhwc_wgmma(xt, wp, y[n0:n0 + k], cg, bias, plan=plan)
+            K.conv_nhwc_wgmma(xt, wp, y[n0:n0 + k], cg, bias, plan=plan, emb=None if emb is None else emb[n0:n0 + k],
+                              res=None if res is None else res[n0:n0 + k])
         else:
             K.conv_nhwc(xt, wp, y[n0:n0 + k], cg, bias, budget)
         del xt
@@ -555,16 +566,21 @@ def pack_phase_weight(w, ph, sh, sw, Op):
     return out.reshape(C, -1)
 
 
-def phase_dx(gt, w, g, dx, Op, conv):
+def phase_dx(gt, w, g, dx, Op, conv, direct=False):
     """dx (k images) of a strided conv from gt = dy channel-last (k, OH*OW, Op): one stride-1 conv per phase of
     dx_phases, `conv(gt, wp, out, cg)` (the kernels' conv_nhwc signature) into a (k, C, rows, cols) temporary
-    written to dx[:, :, a::sh, b::sw]. dx must be zero where no phase writes."""
+    written to dx[:, :, a::sh, b::sw] - or, `direct`, `conv(gt, wp, dx, cg, dst=(a, b, sh, sw))` writing those rows
+    and columns itself (conv_nhwc_wgmma's strided epilogue). dx must be zero where no phase writes."""
     from ..kernels import conv as K
     xp = backend.xp_of(gt)
     k = gt.shape[0]
     for ph in dx_phases(g):
         wp = pack_phase_weight(w, ph, g.sh, g.sw, Op)
         cg = K.ConvGeom(k, g.OH, g.OW, Op, g.C, ph.OH, ph.OW, len(ph.kh), len(ph.kw), 1, 1, ph.ph, ph.pw, 1, 1)
+        if direct:
+            conv(gt, wp, dx, cg, dst=(ph.a, ph.b, g.sh, g.sw))
+            del wp
+            continue
         out = xp.empty((k, g.C, ph.OH, ph.OW), dtype=dx.dtype)
         conv(gt, wp, out, cg)
         dx[:, :, ph.a::g.sh, ph.b::g.sw] = out
@@ -592,12 +608,13 @@ def _igemm_backward(gy, x, w, g, need_x, need_w):
     dw = K.empty(w.shape, w.dtype) if need_w else None
     acc32 = K.empty(w.shape, np.float32) if need_w and len(chunks) > 1 else None  # dw summed over chunks
     # dx: the wgmma kernel with the measured plan, else the mma.sync kernel
-    conv_x = (lambda a, b, c, d: K.conv_nhwc_wgmma(a, b, c, d, None, budget, plan=tuned_plan(g, "dx"))) \
+    conv_x = (lambda a, b, c, d, dst=None: K.conv_nhwc_wgmma(a, b, c, d, None, budget, plan=tuned_plan(g, "dx"),
+                                                            dst=dst)) \
         if wgmma_x else (lambda a, b, c, d: K.conv_nhwc(a, b, c, d, None, budget))
     for i, (n0, k) in enumerate(chunks):
         gt = K.to_nhwc(gy[n0:n0 + k], Op)  # (k, OH*OW, Op)
         if phased:
-            phase_dx(gt, w, g, dx[n0:n0 + k], Op, conv_x)
+            phase_dx(gt, w, g, dx[n0:n0 + k], Op, conv_x, direct=wgmma_x)
         elif need_x:  # dx = conv(dy, w flipped), stride 1, padding d*(K-1) - p
             cg = K.ConvGeom(k, g.OH, g.OW, Op, g.C, g.H, g.W, g.KH, g.KW, 1, 1,
                             g.dh * (g.KH - 1) - g.ph, g.dw * (g.KW - 1) - g.pw, g.dh, g.dw)
@@ -623,11 +640,20 @@ def bias_grad(gy):
     return gy.sum(axis=(0, 2, 3))
 
 
+def image_bias_grad(gy):
+    """Sum of gy over (OH, OW) per image and channel (N, O), accumulated in float32 for half types."""
+    if gy.dtype in _HALF:
+        return gy.sum(axis=(2, 3), dtype=np.float32).astype(gy.dtype)
+    return gy.sum(axis=(2, 3))
+
+
 # ----------------------------------------------------------------------------- autograd
 class Conv2d(Function):
+    """y = conv(x, w) (+ b[o]) (+ e[n, o]) (+ r): conv2d and pad_conv2d (e, r None) and conv2d_add."""
     @staticmethod
-    def forward(ctx, x, w, b, g):
-        y = conv2d_forward(x._data, w._data, g, None if b is None else b._data)
+    def forward(ctx, x, w, b, e, r, g):
+        d = (lambda t: None if t is None else t._data)
+        y = conv2d_forward(x._data, w._data, g, d(b), d(e), d(r))
         ctx.save_for_backward(x, w)
         ctx.g = g
         return _wrap(y)
@@ -638,11 +664,12 @@ class Conv2d(Function):
             raise AutogradError("conv2d has no double backward (its backward runs on raw arrays); "
                                 "create_graph=True through a convolution is not supported")
         x, w = ctx.saved_tensors
-        nx, nw, nb = ctx.needs_input_grad[:3]
+        nx, nw, nb, ne, nr = ctx.needs_input_grad[:5]
         dx, dw = conv2d_backward(gy._data, x._data, w._data, ctx.g, need_x=nx, need_w=nw)
         db = bias_grad(gy._data) if nb else None
-        return (None if dx is None else _wrap(dx), None if dw is None else _wrap(dw),
-                None if db is None else _wrap(db), None)
+        de = image_bias_grad(gy._data) if ne else None
+        w_ = (lambda a: None if a is None else _wrap(a))
+        return w_(dx), w_(dw), w_(db), w_(de), (gy if nr else None), None
 
 
 def _same_padding(x, w, stride, dilation):
@@ -687,23 +714,58 @@ def pad_conv2d(input, weight, bias=None, pad=(0, 0, 0, 0), stride=1, dilation=1,
     g = geometry(tuple(input.shape), tuple(weight.shape), stride, (pt, pl), dilation, int(groups), pad_end=(pb, pr))
     if bias is not None and tuple(bias.shape) != (g.O,):
         raise ShapeError(f"pad_conv2d: bias of shape {fmt_shape(bias.shape)} for {g.O} output channels")
-    y = Conv2d.apply(input, weight, bias, g)
+    y = Conv2d.apply(input, weight, bias, None, None, g)
     return y.squeeze(0) if unbatched else y
+
+
+def _padding(op, input, weight, stride, padding, dilation):
+    """(input, numeric padding) for conv2d's padding: an int, a pair, 'valid' or 'same'."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return input, 0
+        if padding == "same":
+            return _same_padding(input, weight, stride, dilation)
+        raise ValueError(f"{op}: padding must be an int, a pair, 'valid' or 'same', got {padding!r}")
+    return input, padding
+
+
+def conv2d_add(input, weight, bias=None, add=None, residual=None, stride=1, padding=0, dilation=1, groups=1):
+    """conv2d(input, weight, bias, stride, padding, dilation, groups) + add[:, :, None, None] + residual, the two
+    adds made by the convolution's epilogue where the wgmma kernel runs (one pass over the output instead of three)
+    and on the fresh output elsewhere. add: (N, O), a per-image bias (the UNet ResBlock's time embedding);
+    residual: the output's shape (a skip connection); either may be None. Gradients: add's is the output gradient
+    summed over the pixels, residual's the output gradient itself. An add or residual of another dtype than the
+    convolution's (autocast) is added after it with the usual type promotion."""
+    input, weight, bias, unbatched = checked_inputs("conv2d_add", input, weight, bias)
+    if unbatched:
+        raise ShapeError(f"conv2d_add: input must be (N, C, H, W), got {fmt_shape(input.shape[1:])}")
+    input, padding = _padding("conv2d_add", input, weight, stride, padding, dilation)
+    g = geometry(tuple(input.shape), tuple(weight.shape), stride, padding, dilation, int(groups))
+    if bias is not None and tuple(bias.shape) != (g.O,):
+        raise ShapeError(f"conv2d_add: bias of shape {fmt_shape(bias.shape)} for {g.O} output channels")
+    check_same_device("conv2d_add", input, add, residual)
+    if add is not None and tuple(add.shape) != (g.N, g.O):
+        raise ShapeError(f"conv2d_add: add of shape {fmt_shape(add.shape)}; it must be (N, O) = ({g.N}, {g.O})")
+    if residual is not None and tuple(residual.shape) != (g.N, g.O, g.OH, g.OW):
+        raise ShapeError(f"conv2d_add: residual of shape {fmt_shape(residual.shape)} for an output of shape "
+                         f"{fmt_shape((g.N, g.O, g.OH, g.OW))}")
+    e = add if add is None or add.dtype == input.dtype else None
+    r = residual if residual is None or residual.dtype == input.dtype else None
+    y = Conv2d.apply(input, weight, bias, e, r, g)
+    if add is not None and e is None:
+        y = y + add[:, :, None, None]
+    if residual is not None and r is None:
+        y = y + residual
+    return y
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """2-D convolution (cross-correlation), PyTorch's F.conv2d: input (N, C, H, W) or (C, H, W),
     weight (O, C/groups, KH, KW); padding an int, a pair, 'valid' or 'same'."""
     input, weight, bias, unbatched = checked_inputs("conv2d", input, weight, bias)
-    if isinstance(padding, str):
-        if padding == "valid":
-            padding = 0
-        elif padding == "same":
-            input, padding = _same_padding(input, weight, stride, dilation)
-        else:
-            raise ValueError(f"conv2d: padding must be an int, a pair, 'valid' or 'same', got {padding!r}")
+    input, padding = _padding("conv2d", input, weight, stride, padding, dilation)
     g = geometry(tuple(input.shape), tuple(weight.shape), stride, padding, dilation, int(groups))
     if bias is not None and tuple(bias.shape) != (g.O,):
         raise ShapeError(f"conv2d: bias of shape {fmt_shape(bias.shape)} for {g.O} output channels")
-    y = Conv2d.apply(input, weight, bias, g)
+    y = Conv2d.apply(input, weight, bias, None, None, g)
     return y.squeeze(0) if unbatched else y

@@ -11,7 +11,7 @@ import flame_nn
 import flame_nn.functional as F
 from flame_core.checkpoint import maybe_checkpoint
 
-from ..vae.layers import inplace_ok, norm_silu
+from ..vae.layers import conv_add, norm_silu
 
 RESBLOCK_EPS = 1e-5
 
@@ -42,20 +42,11 @@ class ResBlock(flame_nn.Module):
 
     def forward(self, x, emb, context=None):                         # x (B, C, H, W), emb (B, E)
         h = norm_silu(self.in_layers[0], x)                         # in_layers.0 GroupNorm, .1 SiLU
-        h = self.in_layers[2](h)                                     # (B, C_out, H, W)
-        e = self.emb_layers[1](F.silu(emb)).to(h.dtype)[:, :, None, None]
-        if inplace_ok(h, e):
-            h += e
-        else:
-            h = h + e
+        e = self.emb_layers[1](F.silu(emb)).to(h.dtype)             # (B, C_out)
+        h = conv_add(self.in_layers[2], h, add=e)                    # conv + emb over every pixel: one pass
         del e
         h = norm_silu(self.out_layers[0], h)                         # out_layers.0 GroupNorm, .1 SiLU
-        h = self.out_layers[3](h)
-        skip = self.skip_connection(x)
-        if inplace_ok(h, skip):
-            h += skip
-            return h
-        return h + skip
+        return conv_add(self.out_layers[3], h, residual=self.skip_connection(x))   # conv + skip: one pass
 
 
 class Downsample(flame_nn.Module):

@@ -25,6 +25,29 @@ def add_residual(h, x):
     return h + x
 
 
+def plain_conv(conv):
+    """Whether `conv` is a plain flame_nn.Conv2d - no adapters mixed in, no hooks, zero padding - whose weights a
+    fused functional (F.conv2d_add, F.pad_conv2d) may take in its place."""
+    return type(conv) is flame_nn.Conv2d and conv.padding_mode == "zeros" and not (
+        conv._forward_pre_hooks or conv._forward_hooks or conv._backward_hooks or conv._backward_pre_hooks)
+
+
+def conv_add(conv, x, add=None, residual=None):
+    """conv(x) (+ add[:, :, None, None]) (+ residual): for a plain conv one F.conv2d_add (the adds in the
+    convolution's epilogue on the wgmma path), else the layer (its adapters see x) and then the adds."""
+    if plain_conv(conv):
+        return F.conv2d_add(x, conv.weight, conv.bias, add, residual, conv.stride, conv.padding, conv.dilation,
+                            conv.groups)
+    h = conv(x)
+    if add is not None:
+        e = add[:, :, None, None]
+        if inplace_ok(h, e):
+            h += e
+        else:
+            h = h + e
+    return h if residual is None else add_residual(h, residual)
+
+
 def group_norm(num_channels, config, dtype=None, device=None):
     return flame_nn.GroupNorm(config.norm_num_groups, num_channels, eps=config.norm_eps, affine=True,
                               dtype=dtype, device=device)
@@ -56,10 +79,10 @@ class ResnetBlock(flame_nn.Module):
         h = norm_silu(self.norm1, x)
         h = self.conv1(h)
         h = norm_silu(self.norm2, h)
-        h = self.conv2(h)                                        # (B, C_out, H, W)
-        if self.in_channels != self.out_channels:
-            x = self.nin_shortcut(x)
-        return add_residual(h, x)
+        if self.in_channels == self.out_channels:               # the residual added by conv2 (F.conv2d_add)
+            return conv_add(self.conv2, h, residual=x)
+        h = self.conv2(h)                                        # (B, C_out, H, W); the shortcut after, so that
+        return add_residual(h, self.nin_shortcut(x))             # conv2's input is gone before it exists
 
 
 class AttnBlock(flame_nn.Module):
@@ -106,8 +129,7 @@ class Downsample(flame_nn.Module):
 
     def forward(self, x):
         c = self.conv
-        if type(c) is flame_nn.Conv2d and not (c._forward_pre_hooks or c._forward_hooks or c._backward_hooks
-                                                or c._backward_pre_hooks):
+        if plain_conv(c):
             return F.pad_conv2d(x, c.weight, c.bias, (0, 1, 0, 1), stride=c.stride)
         return c(F.pad(x, (0, 1, 0, 1)))
 
