@@ -81,6 +81,41 @@ __global__ void __launch_bounds__(256) conv_pack_weight(const T* __restrict__ w,
     }
 }
 
+// dx (planes, H, W) of a strided conv (stride sh, sw <= 2) from its phases' outputs: phase (a, b) (rows a::sh,
+// columns b::sw) is p[a * 2 + b] (planes, ceil((H - a) / sh), ceil((W - b) / sw)), or null where the phase has no
+// tap (zeros). One pass writing every element of dx once, in 16-byte pieces of 8 when W is a multiple of 8 - the
+// phases' strided scatters had each rewritten dx's sectors in part. grid (ceil(planes * H * ceil(W/8) / 256)), 256.
+template <typename T>
+__global__ void __launch_bounds__(256) conv_dx_interleave(const T* __restrict__ p00, const T* __restrict__ p01,
+                                                          const T* __restrict__ p10, const T* __restrict__ p11,
+                                                          T* __restrict__ dx, fa_i64 planes, int H, int W, int sh,
+                                                          int sw) {
+    const int W8 = (W + 7) / 8;
+    const fa_i64 idx = (fa_i64)blockIdx.x * 256 + threadIdx.x;
+    if (idx >= planes * H * W8) return;
+    const int w0 = (int)(idx % W8) * 8;
+    const fa_i64 row = idx / W8;  // plane * H + h
+    const int h = (int)(row % H);
+    const fa_i64 plane = row / H;
+    const int a = h % sh, i = h / sh, Ra = (H - a + sh - 1) / sh;
+    const T* pb0 = a ? p10 : p00;
+    const T* pb1 = a ? p11 : p01;
+    const T zero = from_f32<T>(0.f);
+    T v[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        const int w = w0 + e, b = w % sw, j = w / sw, Cb = (W - b + sw - 1) / sw;
+        const T* src = b ? pb1 : pb0;
+        v[e] = (w < W && src != nullptr) ? src[(plane * Ra + i) * Cb + j] : zero;
+    }
+    T* dst = dx + row * W + w0;
+    if ((W & 7) == 0) {
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(v);
+    } else {
+        for (int e = 0; e < 8 && w0 + e < W; ++e) dst[e] = v[e];
+    }
+}
+
 // ------------------------------------------------------------------------------------------ split reductions
 // y[n, o, q] = sum_s ws[s, o, n*OHW + q - p_first] (+ bias[o]) (+ emb[n, o]) (+ res[n, o, q]) for the pixels
 // n*OHW + q >= p_first (a tail launch's: ws (S, O, P) holds pixels p_first .. p_first + P - 1, P the pitch).

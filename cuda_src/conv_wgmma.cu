@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(384, 1)
 conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
                float* __restrict__ ws, int H, int W, int Cp, int O, int KH, int KW, int sh, int sw, int ph, int pw,
                int dh, int dw, int OH, int OW, int P, int K, int kt_split, int tile0, int pw0,
-               const T* __restrict__ emb, const T* __restrict__ res, fa_i64 y_plane, int y_row, int y_col) {
+               const T* __restrict__ emb, const T* __restrict__ res) {
     constexpr int BM = 128, BK = 64;
     constexpr int NB = BN / 128;  // wgmma m64n128 per k16 step and consumer warpgroup
     constexpr unsigned A_BYTES = BM * BK * 2, STAGE_BYTES = (BM + BN) * BK * 2;
@@ -235,12 +235,10 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                     FaType<T>::pack(acc[b][j][2 * hh] + bv, acc[b][j][2 * hh + 1] + bv);
     }
     asm volatile("bar.sync 1, 256;\n" ::: "memory");
-    // out to y: dense NCHW (y_plane = OH*OW, y_row = OW, y_col = 1) in 16-byte pieces, or any plane / row / column
-    // strides (a strided input gradient's phase writes rows a::sh, columns b::sw of dx) one element at a time; plus
-    // emb[n, o] (a per-image bias: the time embedding) and res (the residual, dense like y), added in fp32
+    // out to y (N, O, OH*OW) in 16-byte pieces, plus emb[n, o] (a per-image bias: the time embedding) and res (the
+    // residual, y's layout), added in fp32
     constexpr int VPR = BN / 8;  // 16-byte pieces per row
-    const bool dense = y_col == 1 && y_row == OW && y_plane == (fa_i64)OHW;
-    const bool vec = dense && (OHW & 7) == 0;  // then 8 pixels from a multiple of 8 lie in one image, 16-byte aligned
+    const bool vec = (OHW & 7) == 0;  // then 8 pixels from a multiple of 8 lie in one image, 16-byte aligned
     for (int v = tid; v < BM * VPR; v += 256) {
         const int r = v / VPR, c = (v - r * VPR) * 8, o = o0 + r, p = p0 + c;
         if (o >= O || p >= P) continue;
@@ -264,17 +262,17 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             }
             *reinterpret_cast<uint4*>(y + at) = pk;
         } else {
-            int oh = q / OW, ow = q - oh * OW;
             for (int e = 0; e < 8 && p + e < P; ++e) {
-                const fa_i64 plane = (fa_i64)n * O + o;
-                float val = FaType<T>::to_float(src[e]);
-                if (emb != nullptr) val += FaType<T>::to_float(emb[plane]);
-                if (res != nullptr) val += FaType<T>::to_float(res[plane * OHW + oh * OW + ow]);
-                y[plane * y_plane + (fa_i64)oh * y_row + (fa_i64)ow * y_col] = FaType<T>::from_float(val);
-                if (++ow == OW) {
-                    ow = 0;
-                    if (++oh == OH) oh = 0, ++n;
+                const fa_i64 at = ((fa_i64)n * O + o) * OHW + q;
+                if (emb == nullptr && res == nullptr) {
+                    y[at] = src[e];
+                } else {
+                    float val = FaType<T>::to_float(src[e]);
+                    if (emb != nullptr) val += FaType<T>::to_float(emb[(fa_i64)n * O + o]);
+                    if (res != nullptr) val += FaType<T>::to_float(res[at]);
+                    y[at] = FaType<T>::from_float(val);
                 }
+                if (++q == OHW) q = 0, ++n;
             }
         }
     }

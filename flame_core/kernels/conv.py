@@ -186,6 +186,19 @@ def to_nhwc(x, Rp, flip_group=0):
     return out
 
 
+def dx_interleave(outs, dx, sh, sw):
+    """dx (N, C, H, W) of a strided conv (sh, sw <= 2) from its phases' outputs outs[(a, b)] = rows a::sh, columns
+    b::sw (a phase missing: zeros), in one pass (cuda_src/conv_igemm.cu: conv_dx_interleave)."""
+    if sh > 2 or sw > 2 or not dx.flags.c_contiguous:
+        raise ValueError(f"dx_interleave: strides {sh, sw} must be at most 2 and dx C-contiguous")
+    N, C, H, W = dx.shape
+    ptr = (lambda a, b: _ptr(outs.get((a, b))))
+    total = N * C * H * P.cdiv(W, 8)
+    KL.launch(L.get_function("conv_igemm", "conv_dx_interleave", dx.dtype), (P.cdiv(total, 256),), (256,),
+              (ptr(0, 0), ptr(0, 1), ptr(1, 0), ptr(1, 1), dx, KL.i64(N * C), KL.i32(H), KL.i32(W), KL.i32(sh),
+               KL.i32(sw)))
+
+
 def pack_weight(w, Cp):
     """(O, C, KH, KW) -> (O, KH*KW*Cp) with k = (kh*KW + kw)*Cp + c, channels >= C zero."""
     O, C, KH, KW = w.shape
@@ -371,13 +384,12 @@ def wgmma_dw_fits(H, W, Cp, KH, KW, dh, dw):
     return ((KH - 1) * dh * W + (KW - 1) * dw + 1) * Cp < 2 ** 31 - 1
 
 
-def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20, plan=None, emb=None, res=None, dst=None):
+def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20, plan=None, emb=None, res=None):
     """conv_nhwc on Hopper warpgroup MMAs: out (N, O, OH, OW) = conv of xt (N, H, W, Cp) with packed weights
     wp (O, KH*KW*Cp) (+ bias (O,)) (+ emb (N, O): a per-image bias) (+ res: a residual of out's shape), the adds in
     the epilogue. float16 / bfloat16, compute capability 9.0 only. Split over K (fp32 partials, then
     conv_splitk_reduce) when the output alone gives fewer CTAs than SMs (wgmma_plan; `plan` 'TILE:sN' or 'TILE:tN'
-    forces one). dst = (a, b, sh, sw): `out` is a larger (N, O, H2, W2) array and the result goes to its rows a::sh,
-    columns b::sw (a strided input gradient's phase) - written there by the epilogue when the plan is unsplit."""
+    forces one)."""
     if not wgmma_available():
         raise RuntimeError("conv_nhwc_wgmma: cuda_src/conv_wgmma.cu runs on compute capability 9.0 (sm_90a) only; "
                            "this device is not one (use conv_nhwc)")
@@ -399,29 +411,14 @@ def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20, plan=None, emb
     bn = WGMMA_TILES[name][0]
     o_tiles, p_tiles = P.cdiv(cg.O, 128), P.cdiv(NP, bn)
     dp = tail_plan(o_tiles, p_tiles, P.sm_count()) if tail else 0
-    if dst is not None:
-        a, b, sh, sw = dst
-        if S > 1 or dp:  # the split reductions write dense outputs: through a temporary
-            tmp = empty((cg.N, cg.O, cg.OH, cg.OW), out.dtype)
-            conv_nhwc_wgmma(xt, wp, tmp, cg, bias, budget, plan)
-            out[:, :, a::sh, b::sw] = tmp
-            return out
-        H2, W2 = out.shape[2:]
-        if not out.flags.c_contiguous:
-            raise ValueError("conv_nhwc_wgmma: dst needs a C-contiguous out")
-        y_ptr = np.uint64(out.data.ptr + (a * W2 + b) * out.itemsize)  # out[0, 0, a, b]
-        strides = (H2 * W2, sh * W2, sw)
-    else:
-        y_ptr, strides = out, (cg.OH * cg.OW, cg.OW, 1)
     i32 = KL.i32
 
     def launch(tile0, ntiles, S, kps, ws, pw0):
         KL.launch(fn, (ntiles, S), (WGMMA_THREADS,),
-                  (xt, wp, _ptr(bias) if ws is None else KL.null(), y_ptr, _ptr(ws), i32(cg.H), i32(cg.W),
+                  (xt, wp, _ptr(bias) if ws is None else KL.null(), out, _ptr(ws), i32(cg.H), i32(cg.W),
                    i32(cg.Cp), i32(cg.O), i32(cg.KH), i32(cg.KW), i32(cg.sh), i32(cg.sw), i32(cg.ph), i32(cg.pw),
                    i32(cg.dh), i32(cg.dw), i32(cg.OH), i32(cg.OW), i32(NP), i32(K), i32(kps), i32(tile0), i32(pw0),
-                   _ptr(emb if ws is None else None), _ptr(res if ws is None else None), KL.i64(strides[0]),
-                   i32(strides[1]), i32(strides[2])),
+                   _ptr(emb if ws is None else None), _ptr(res if ws is None else None)),
                   shared_mem=smem)
     if dp:  # whole waves as they are, then the last partial wave's pixel tiles split over K in `tail` slices
         launch(0, dp * o_tiles, 1, KT, None, 0)

@@ -566,25 +566,30 @@ def pack_phase_weight(w, ph, sh, sw, Op):
     return out.reshape(C, -1)
 
 
-def phase_dx(gt, w, g, dx, Op, conv, direct=False):
+def phase_dx(gt, w, g, dx, Op, conv):
     """dx (k images) of a strided conv from gt = dy channel-last (k, OH*OW, Op): one stride-1 conv per phase of
-    dx_phases, `conv(gt, wp, out, cg)` (the kernels' conv_nhwc signature) into a (k, C, rows, cols) temporary
-    written to dx[:, :, a::sh, b::sw] - or, `direct`, `conv(gt, wp, dx, cg, dst=(a, b, sh, sw))` writing those rows
-    and columns itself (conv_nhwc_wgmma's strided epilogue). dx must be zero where no phase writes."""
+    dx_phases, `conv(gt, wp, out, cg)` (the kernels' conv_nhwc signature) into a (k, C, rows, cols) temporary.
+    On a GPU with strides up to 2 the temporaries are woven into dx by one pass (conv_dx_interleave, zeros where a
+    phase has no tap); otherwise each is written to dx[:, :, a::sh, b::sw], and dx must be zero where no phase
+    writes."""
     from ..kernels import conv as K
     xp = backend.xp_of(gt)
     k = gt.shape[0]
+    weave = backend.is_cuda_array(dx) and g.sh <= 2 and g.sw <= 2
+    outs = {}
     for ph in dx_phases(g):
         wp = pack_phase_weight(w, ph, g.sh, g.sw, Op)
         cg = K.ConvGeom(k, g.OH, g.OW, Op, g.C, ph.OH, ph.OW, len(ph.kh), len(ph.kw), 1, 1, ph.ph, ph.pw, 1, 1)
-        if direct:
-            conv(gt, wp, dx, cg, dst=(ph.a, ph.b, g.sh, g.sw))
-            del wp
-            continue
         out = xp.empty((k, g.C, ph.OH, ph.OW), dtype=dx.dtype)
         conv(gt, wp, out, cg)
-        dx[:, :, ph.a::g.sh, ph.b::g.sw] = out
-        del wp, out
+        del wp
+        if weave:
+            outs[ph.a, ph.b] = out
+        else:
+            dx[:, :, ph.a::g.sh, ph.b::g.sw] = out
+        del out
+    if weave:
+        K.dx_interleave(outs, dx, g.sh, g.sw)
 
 
 def _igemm_backward(gy, x, w, g, need_x, need_w):
@@ -608,13 +613,12 @@ def _igemm_backward(gy, x, w, g, need_x, need_w):
     dw = K.empty(w.shape, w.dtype) if need_w else None
     acc32 = K.empty(w.shape, np.float32) if need_w and len(chunks) > 1 else None  # dw summed over chunks
     # dx: the wgmma kernel with the measured plan, else the mma.sync kernel
-    conv_x = (lambda a, b, c, d, dst=None: K.conv_nhwc_wgmma(a, b, c, d, None, budget, plan=tuned_plan(g, "dx"),
-                                                            dst=dst)) \
+    conv_x = (lambda a, b, c, d: K.conv_nhwc_wgmma(a, b, c, d, None, budget, plan=tuned_plan(g, "dx"))) \
         if wgmma_x else (lambda a, b, c, d: K.conv_nhwc(a, b, c, d, None, budget))
     for i, (n0, k) in enumerate(chunks):
         gt = K.to_nhwc(gy[n0:n0 + k], Op)  # (k, OH*OW, Op)
         if phased:
-            phase_dx(gt, w, g, dx[n0:n0 + k], Op, conv_x, direct=wgmma_x)
+            phase_dx(gt, w, g, dx[n0:n0 + k], Op, conv_x)
         elif need_x:  # dx = conv(dy, w flipped), stride 1, padding d*(K-1) - p
             cg = K.ConvGeom(k, g.OH, g.OW, Op, g.C, g.H, g.W, g.KH, g.KW, 1, 1,
                             g.dh * (g.KH - 1) - g.ph, g.dw * (g.KW - 1) - g.pw, g.dh, g.dw)
