@@ -83,7 +83,7 @@ __device__ __forceinline__ void cw_consume(float (&acc)[NB][16][4], int nkt, uns
     for (int b = 0; b < NB; ++b) wg_pin(acc[b]);
 }
 
-template <typename T, int BN, int STAGES>
+template <typename T, int BN, int STAGES, bool ADDS>
 __global__ void __launch_bounds__(384, 1)
 conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
                float* __restrict__ ws, int H, int W, int Cp, int O, int KH, int KW, int sh, int sw, int ph, int pw,
@@ -235,8 +235,9 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                     FaType<T>::pack(acc[b][j][2 * hh] + bv, acc[b][j][2 * hh + 1] + bv);
     }
     asm volatile("bar.sync 1, 256;\n" ::: "memory");
-    // out to y (N, O, OH*OW) in 16-byte pieces, plus emb[n, o] (a per-image bias: the time embedding) and res (the
-    // residual, y's layout), added in fp32
+    // out to y (N, O, OH*OW) in 16-byte pieces; ADDS (a separate instantiation: the extra epilogue code cost the
+    // plain convolution 0.5-2.5 %) adds emb[n, o] (a per-image bias: the time embedding) and res (the residual, y's
+    // layout), either may be null, in fp32
     constexpr int VPR = BN / 8;  // 16-byte pieces per row
     const bool vec = (OHW & 7) == 0;  // then 8 pixels from a multiple of 8 lie in one image, 16-byte aligned
     for (int v = tid; v < BM * VPR; v += 256) {
@@ -247,7 +248,7 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         if (vec && p + 8 <= P) {
             const fa_i64 at = ((fa_i64)n * O + o) * OHW + q;
             uint4 pk = *reinterpret_cast<const uint4*>(src);
-            if (emb != nullptr || res != nullptr) {
+            if constexpr (ADDS) {
                 const float e = emb != nullptr ? FaType<T>::to_float(emb[(fa_i64)n * O + o]) : 0.f;
                 const uint4 rk = res != nullptr ? *reinterpret_cast<const uint4*>(res + at) : make_uint4(0, 0, 0, 0);
                 const T* a = reinterpret_cast<const T*>(&pk);
@@ -264,7 +265,7 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         } else {
             for (int e = 0; e < 8 && p + e < P; ++e) {
                 const fa_i64 at = ((fa_i64)n * O + o) * OHW + q;
-                if (emb == nullptr && res == nullptr) {
+                if constexpr (!ADDS) {
                     y[at] = src[e];
                 } else {
                     float val = FaType<T>::to_float(src[e]);

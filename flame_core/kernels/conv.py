@@ -353,9 +353,12 @@ WGMMA_LAUNCH_REGS = 168  # registers per thread the kernel's setmaxnreg split (7
 _wgmma_checked = set()  # ids of the kernel functions whose register count was checked (loader caches them)
 
 
-def _wgmma_kernel(name, dtype, kernel="conv_fwd_wgmma"):
+def _wgmma_kernel(name, dtype, kernel="conv_fwd_wgmma", adds=None):
+    """(function, dynamic smem) of a wgmma kernel's tile; the forward's `adds` picks the instantiation whose epilogue
+    adds emb / res (conv_fwd_wgmma<..., ADDS>)."""
     bn, st = WGMMA_TILES[name]
-    fn = L.get_function(WGMMA_STEM, f"{kernel}<{{T}}, {bn}, {st}>", dtype)
+    tail = "" if adds is None else (", true" if adds else ", false")
+    fn = L.get_function(WGMMA_STEM, f"{kernel}<{{T}}, {bn}, {st}{tail}>", dtype)
     if id(fn) not in _wgmma_checked:  # once per compiled function, not per launch (a driver call)
         regs = int(fn._attribute(getattr(backend.cupy.cuda.driver, "CU_FUNC_ATTRIBUTE_NUM_REGS", 4)))
         if regs != WGMMA_LAUNCH_REGS:  # fewer: the consumers' setmaxnreg.inc would wait forever (a hang)
@@ -367,7 +370,7 @@ def _wgmma_kernel(name, dtype, kernel="conv_fwd_wgmma"):
 
 def wgmma_kernel_info(name, dtype):
     """Registers, local (spilled) bytes per thread and dynamic shared memory of one wgmma tile (benchmarks)."""
-    fn, smem = _wgmma_kernel(name, dtype)
+    fn, smem = _wgmma_kernel(name, dtype, adds=False)
     drv = backend.cupy.cuda.driver
     attr = fn._attribute  # an sm_90a kernel (loader._ArchKernel) reads its attributes from the driver
     return {"kernel": f"conv_fwd_wgmma {name}", "threads": WGMMA_THREADS,
@@ -407,7 +410,7 @@ def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20, plan=None, emb
     KT = P.cdiv(K, BK)
     forced, tail = split_tail(os.environ.get("FLAME_CONV_WGMMA_TILE") or plan)
     name, kps, S = wgmma_plan(cg.O, NP, KT, P.sm_count(), budget, env=None, forced=forced)
-    fn, smem = _wgmma_kernel(name, xt.dtype)
+    fn, smem = _wgmma_kernel(name, xt.dtype, adds=emb is not None or res is not None)
     bn = WGMMA_TILES[name][0]
     o_tiles, p_tiles = P.cdiv(cg.O, 128), P.cdiv(NP, bn)
     dp = tail_plan(o_tiles, p_tiles, P.sm_count()) if tail else 0
