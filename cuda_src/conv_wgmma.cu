@@ -341,31 +341,35 @@ conv_dw_wgmma(const T* __restrict__ gt, const T* __restrict__ x, float* __restri
             ckh[q] = kh * dh, ckw[q] = kw * dw;
         }
         const bool aok0 = o0 + 8 * c8 < Op, aok1 = o0 + 64 + 8 * c8 < Op;  // dY channel chunks inside dY's rows
-        const T* acol = gt + o0 + 8 * c8;
-        // the rows' pixels at k-tile kt0: p = (kt0 + kt) * 64 + r0 + 16 i, as (n, oh, ow)
-        int pn[4], poh[4], pow_[4];
+        // the rows' pixels at k-tile kt0: p = (kt0 + kt) * 64 + r0 + 16 i, kept as (oh, ow) and the element offset
+        // in x of the pixel's window corner (ih0, iw0), which walks on by additions alone (32-bit: conv.py keeps x
+        // and dY under 2^31 elements); row i's dY offset is ao + 16 i Op. The address arithmetic per k-tile is what
+        // bounds this producer: a 64-bit multiply chain per row had made it, not the tensor cores, the limit.
+        int poh[4], pow_[4], xo[4];
         const int OHW = OH * OW;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int p = kt0 * BK + r0 + 16 * i, n = p / OHW, q = p - n * OHW;
-            pn[i] = n, poh[i] = q / OW, pow_[i] = q - poh[i] * OW;
+            poh[i] = q / OW, pow_[i] = q - poh[i] * OW;
+            xo[i] = ((n * H + poh[i] * sh - ph) * W + pow_[i] * sw - pw) * Cp;
         }
+        int ao = (kt0 * BK + r0) * Op + o0 + 8 * c8;
         int pb = kt0 * BK + r0;  // row i's pixel is pb + 16 i
+        const int row_step = BK * sw * Cp, wrap_step = (sh * W - OW * sw) * Cp, img_step = (H - OH * sh) * W * Cp;
         for (int kt = 0; kt < nkt; ++kt) {
             const int s = kt % STAGES;
             if (kt >= STAGES) mbar_wait(empty(s), ((kt / STAGES) - 1) & 1);
             const unsigned st = base + s * STAGE_BYTES + r0 * 128 + swz;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const int p = pb + 16 * i;
-                const bool pok = p < P;
+                const bool pok = pb + 16 * i < P;
                 const unsigned row = st + i * 16 * 128;
-                const T* asrc = acol + (fa_i64)p * Op;
+                const T* asrc = gt + (ao + 16 * i * Op);
                 fa_cp_async16(row, pok && aok0 ? (const void*)asrc : (const void*)gt, pok && aok0 ? 16 : 0);
                 fa_cp_async16(row + SLAB, pok && aok1 ? (const void*)(asrc + 64) : (const void*)gt,
                               pok && aok1 ? 16 : 0);
                 const int ih0 = poh[i] * sh - ph, iw0 = pow_[i] * sw - pw;
-                const T* xrow = x + (((fa_i64)pn[i] * H + ih0) * W + iw0) * Cp;
+                const T* xrow = x + xo[i];
 #pragma unroll
                 for (int q = 0; q < NQ; ++q) {
                     const bool ok = pok && coff[q] >= 0 && (unsigned)(ih0 + ckh[q]) < (unsigned)H &&
@@ -376,12 +380,15 @@ conv_dw_wgmma(const T* __restrict__ gt, const T* __restrict__ x, float* __restri
             }
             mbar_cp_async_arrive(full(s));
             pb += BK;
+            ao += BK * Op;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 pow_[i] += BK;
+                xo[i] += row_step;
                 while (pow_[i] >= OW) {
                     pow_[i] -= OW;
-                    if (++poh[i] == OH) poh[i] = 0, ++pn[i];
+                    xo[i] += wrap_step;
+                    if (++poh[i] == OH) poh[i] = 0, xo[i] += img_step;
                 }
             }
         }

@@ -479,6 +479,9 @@ def conv_dw_nhwc_wgmma(gt, xt, cg, C, dw=None, acc32=None, accumulate=False, bud
     if cg.Cp % 8 or Op % 8 or Op < cg.O or gt.size != NP * Op or xt.size != cg.N * cg.H * cg.W * cg.Cp:
         raise ValueError(f"conv_dw_nhwc_wgmma: dy of {gt.size} elements ({Op} channels) / input of {xt.size} do not "
                          f"match the geometry {cg}")
+    if max(gt.size, xt.size) >= 2 ** 31:
+        raise ValueError(f"conv_dw_nhwc_wgmma: dy ({gt.size}) and x ({xt.size}) must be under 2^31 elements (its "
+                         f"producer's offsets are 32-bit); convolve fewer images at a time")
     name, kps, S = wgmma_plan(cg.O, K, P.cdiv(NP, BK), P.sm_count(), budget, env="FLAME_CONV_WGMMA_DW_TILE",
                               max_splits=WGMMA_DW_MAX_SPLITS, forced=plan)
     fn, smem = _wgmma_kernel(name, xt.dtype, "conv_dw_wgmma")

@@ -486,8 +486,9 @@ def use_wgmma(x, g, pass_="fwd"):
     if not use_igemm(x, g, pass_) or (pass_ != "dw" and g.KH * g.KW > K.WGMMA_MAX_TAPS):
         return False
     if pass_ == "dw":
-        if not K.wgmma_dw_fits(g.H, g.W, K.round8(g.C), g.KH, g.KW, g.dh, g.dw):
-            return False
+        if not K.wgmma_dw_fits(g.H, g.W, K.round8(g.C), g.KH, g.KW, g.dh, g.dw) \
+                or max(g.H * g.W * K.round8(g.C), g.OH * g.OW * K.round8(g.O)) >= 2 ** 31:
+            return False  # one image's x or dY past 32-bit element offsets
     else:
         src_pixels, src_channels = (g.H * g.W, g.C) if pass_ == "fwd" else (g.OH * g.OW, g.O)
         if src_pixels * K.round8(src_channels) * x.itemsize >= 2 ** 31 - 2 ** 20:
@@ -599,7 +600,9 @@ def _igemm_backward(gy, x, w, g, need_x, need_w):
     Cp, Op = K.round8(g.C), K.round8(g.O)
     budget = workspace_bytes(True)
     per_image = ((g.H * g.W * Cp if need_w else 0) + g.OH * g.OW * Op) * x.itemsize
-    chunks = _image_chunks(g.N, per_image, budget, max(g.H * g.W, g.OH * g.OW))
+    wgmma_w = need_w and use_wgmma(x, g, "dw")
+    # the wgmma dw kernel's offsets in a chunk's x and dY copies are 32-bit: chunks of at most 2 GiB keep them so
+    chunks = _image_chunks(g.N, per_image, min(budget, 2 << 30) if wgmma_w else budget, max(g.H * g.W, g.OH * g.OW))
     phased = need_x and strided_dx(g)
     if phased:  # the phases cover dx only where they have taps
         dx = K.empty(x.shape, x.dtype)
@@ -609,7 +612,6 @@ def _igemm_backward(gy, x, w, g, need_x, need_w):
         dx = K.empty(x.shape, x.dtype) if need_x else None
     wd = K.pack_weight_dx(w, Op) if need_x and not phased else None  # (C, KH*KW*Op)
     wgmma_x = need_x and use_wgmma(x, g, "dx")
-    wgmma_w = need_w and use_wgmma(x, g, "dw")
     dw = K.empty(w.shape, w.dtype) if need_w else None
     acc32 = K.empty(w.shape, np.float32) if need_w and len(chunks) > 1 else None  # dw summed over chunks
     # dx: the wgmma kernel with the measured plan, else the mma.sync kernel
