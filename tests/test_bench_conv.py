@@ -13,7 +13,8 @@ def test_the_conv_bench_runs_every_kind_of_shape_on_the_cpu(tmp_path):
     shapes = "sdxl_l0,sdxl_down_64,sdxl_skip_960_320,vae_down_256"
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "conv.py"), "--cpu-smoke", "--repeats", "2",
                         "--shapes", shapes, "--resblocks", "sdxl_rb_640_1280"], cwd=tmp_path, capture_output=True,
-                       env={**os.environ, "PYTHONPATH": ROOT, "OUT": str(tmp_path), "OPENBLAS_NUM_THREADS": "1"},
+                       env={**os.environ, "OUT": str(tmp_path), "OPENBLAS_NUM_THREADS": "1",
+                            "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)},
                        timeout=300)
     assert r.returncode == 0, (r.stdout.decode()[-3000:], r.stderr.decode()[-3000:])
     res = json.load(open(tmp_path / "conv.json"))["results"]
