@@ -34,6 +34,9 @@ def test_the_built_package_carries_every_cuda_source(built):
     have = sorted(p.name for p in (built / "flame_core" / "cuda_src").iterdir())
     assert want and have == want  # the generator script wgmma_gen.py stays out (it rewrites wgmma.cuh when run)
     assert (built / "flame_core" / "amp" / "README.md").is_file()
+    # the measured convolution table F.conv2d follows on a GPU (flame_core/kernels/conv_table.py)
+    assert (built / "flame_core" / "kernels" / "conv_tuned.json").read_bytes() == \
+        (REPO / "flame_core" / "kernels" / "conv_tuned.json").read_bytes()
 
 
 def test_the_loader_reads_the_installed_copy_first_then_the_repo_then_the_override(built, tmp_path):
