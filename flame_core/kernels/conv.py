@@ -357,8 +357,8 @@ def _wgmma_kernel(name, dtype, kernel="conv_fwd_wgmma", adds=None):
     """(function, dynamic smem) of a wgmma kernel's tile; the forward's `adds` picks the instantiation whose epilogue
     adds emb / res (conv_fwd_wgmma<..., ADDS>)."""
     bn, st = WGMMA_TILES[name]
-    tail = "" if adds is None else (", true" if adds else ", false")
-    fn = L.get_function(WGMMA_STEM, f"{kernel}<{{T}}, {bn}, {st}{tail}>", dtype)
+    flag = "" if adds is None else (", true" if adds else ", false")
+    fn = L.get_function(WGMMA_STEM, f"{kernel}<{{T}}, {bn}, {st}{flag}>", dtype)
     if id(fn) not in _wgmma_checked:  # once per compiled function, not per launch (a driver call)
         regs = int(fn._attribute(getattr(backend.cupy.cuda.driver, "CU_FUNC_ATTRIBUTE_NUM_REGS", 4)))
         if regs != WGMMA_LAUNCH_REGS:  # fewer: the consumers' setmaxnreg.inc would wait forever (a hang)

@@ -23,6 +23,7 @@ ALGOS = ("im2col", "wgmma")
 PASSES = ("fwd", "dx", "dw")
 
 _cache = {}  # (path, section) -> {key: entry}
+_found = {}  # (path, section, pass, geometry) -> entry or None: what lookup answered (it runs per conv call)
 
 
 def key(pass_, g):
@@ -99,8 +100,12 @@ def lookup(pass_, g):
     path = table_path()
     if path is None or not backend.cuda_available():
         return None
-    return load(path, section_name()).get(key(pass_, g))
+    ck = (path, section_name(), pass_, g)
+    if ck not in _found:
+        _found[ck] = load(path, ck[1]).get(key(pass_, g))
+    return _found[ck]
 
 
 def clear_cache():
     _cache.clear()
+    _found.clear()

@@ -256,8 +256,8 @@ def conv2d_forward(x, w, g, bias=None, emb=None, res=None):
     c = (lambda a: None if a is None else xp.ascontiguousarray(a))
     if use_igemm(x, g):
         if use_wgmma(x, g):
-            return _igemm_forward(x, w, g, c(bias), c(emb), c(res))
-        y = _igemm_forward(x, w, g, c(bias))
+            return _igemm_forward(x, w, g, c(bias), c(emb), c(res), wgmma=True)
+        y = _igemm_forward(x, w, g, c(bias), wgmma=False)
     else:
         y = _pointwise_forward(x, w, g) if _is_pointwise(g) and g.G == 1 else _im2col_forward(x, w, g)
         if bias is not None:
@@ -508,14 +508,14 @@ def _image_chunks(N, per_image, budget, per_pixel_rows):
     return [(n0, min(k, N - n0)) for n0 in range(0, N, k)]
 
 
-def _igemm_forward(x, w, g, bias, emb=None, res=None):
-    """The implicit-GEMM forward, image chunk by chunk; emb / res (the wgmma kernel's epilogue adds) chunked too."""
+def _igemm_forward(x, w, g, bias, emb=None, res=None, wgmma=False):
+    """The implicit-GEMM forward, image chunk by chunk, on the wgmma kernel (`wgmma`: use_wgmma's answer) or the
+    mma.sync one; emb / res (the wgmma kernel's epilogue adds) chunked too."""
     from ..kernels import conv as K
     Cp = K.round8(g.C)
     wp = K.pack_weight(w, Cp)  # (O, KH*KW*Cp)
     y = K.empty((g.N, g.O, g.OH, g.OW), x.dtype)
     budget = workspace_bytes(True)
-    wgmma = use_wgmma(x, g)
     plan = tuned_plan(g, "fwd") if wgmma else None
     for n0, k in _image_chunks(g.N, g.H * g.W * Cp * x.itemsize, budget, max(g.H * g.W, g.OH * g.OW)):
         xt = K.to_nhwc(x[n0:n0 + k], Cp)  # (k, H*W, Cp)
@@ -571,12 +571,14 @@ def phase_dx(gt, w, g, dx, Op, conv):
     """dx (k images) of a strided conv from gt = dy channel-last (k, OH*OW, Op): one stride-1 conv per phase of
     dx_phases, `conv(gt, wp, out, cg)` (the kernels' conv_nhwc signature) into a (k, C, rows, cols) temporary.
     On a GPU with strides up to 2 the temporaries are woven into dx by one pass (conv_dx_interleave, zeros where a
-    phase has no tap); otherwise each is written to dx[:, :, a::sh, b::sw], and dx must be zero where no phase
-    writes."""
+    phase has no tap); otherwise each is written to dx[:, :, a::sh, b::sw], after zeroing dx when a phase has no
+    tap. Every element of dx is written either way."""
     from ..kernels import conv as K
     xp = backend.xp_of(gt)
     k = gt.shape[0]
     weave = backend.is_cuda_array(dx) and g.sh <= 2 and g.sw <= 2
+    if not weave and len(dx_phases(g)) < g.sh * g.sw:
+        dx[...] = 0
     outs = {}
     for ph in dx_phases(g):
         wp = pack_phase_weight(w, ph, g.sh, g.sw, Op)
@@ -604,12 +606,7 @@ def _igemm_backward(gy, x, w, g, need_x, need_w):
     # the wgmma dw kernel's offsets in a chunk's x and dY copies are 32-bit: chunks of at most 2 GiB keep them so
     chunks = _image_chunks(g.N, per_image, min(budget, 2 << 30) if wgmma_w else budget, max(g.H * g.W, g.OH * g.OW))
     phased = need_x and strided_dx(g)
-    if phased:  # the phases cover dx only where they have taps
-        dx = K.empty(x.shape, x.dtype)
-        if len(dx_phases(g)) < g.sh * g.sw:
-            dx.fill(0)
-    else:
-        dx = K.empty(x.shape, x.dtype) if need_x else None
+    dx = K.empty(x.shape, x.dtype) if need_x else None
     wd = K.pack_weight_dx(w, Op) if need_x and not phased else None  # (C, KH*KW*Op)
     wgmma_x = need_x and use_wgmma(x, g, "dx")
     dw = K.empty(w.shape, w.dtype) if need_w else None

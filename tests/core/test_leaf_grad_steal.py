@@ -18,33 +18,22 @@ def _addr(a):
 
 
 class _Fresh(Function):
-    """y = 2x; the backward's gradient is a new array whose address is recorded (the array itself is not kept)."""
+    """y = 2x; the backward's gradient is a new array (view=True: a reshaped view of one that nothing else holds)
+    whose address is recorded (the array itself is not kept)."""
     seen = []
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, view=False):
+        ctx.view = view
         return _wrap(x._data * 2)
 
     @staticmethod
     def backward(ctx, gy):
         g = gy._data * 2
+        if ctx.view:
+            g = g.reshape(-1).reshape(gy.shape)
         _Fresh.seen.append(_addr(g))
-        return _wrap(g)
-
-
-class _FreshView(Function):
-    """As _Fresh, the gradient a reshaped view of a fresh array that nothing else holds."""
-    seen = []
-
-    @staticmethod
-    def forward(ctx, x):
-        return _wrap(x._data * 2)
-
-    @staticmethod
-    def backward(ctx, gy):
-        g = (gy._data * 2).reshape(-1).reshape(gy.shape)
-        _FreshView.seen.append(_addr(g))
-        return _wrap(g)
+        return _wrap(g), None
 
 
 class _Keeps(Function):
@@ -75,9 +64,9 @@ def test_fresh_gradient_is_kept_without_a_copy(device):
 
 def test_fresh_view_gradient_is_kept_without_a_copy(device):
     x = _leaf(device)
-    _FreshView.seen.clear()
-    _FreshView.apply(x).sum().backward()
-    assert _addr(x.grad._data) == _FreshView.seen[-1]
+    _Fresh.seen.clear()
+    _Fresh.apply(x, True).sum().backward()
+    assert _addr(x.grad._data) == _Fresh.seen[-1]
     np.testing.assert_allclose(x.grad.numpy(), 2.0)
 
 

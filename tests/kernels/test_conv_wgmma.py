@@ -2,6 +2,8 @@
 NumPy reference, as the forward, the stride-1 input gradient and the weight gradient; its routing ('auto' on compute
 capability 9.0, FLAME_CONV_ALGO=wgmma / fwd=wgmma / dx=wgmma / dw=wgmma, 'igemm' for the mma.sync kernels), and on
 the cpu the parsing of that setting and the cpu path's indifference to it."""
+from unittest import mock
+
 import numpy as np
 import pytest
 
@@ -129,14 +131,6 @@ def test_wgmma_kernel_resources(tile):
     assert info["dynamic_smem"] <= K.max_smem(), info
 
 
-class _Spy:
-    def __init__(self, fn):
-        self.fn, self.calls = fn, 0
-
-    def __call__(self, *a, **k):
-        self.calls += 1
-        return self.fn(*a, **k)
-
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -150,26 +144,26 @@ def test_wgmma_routing_fwd(dtype, monkeypatch):
     npdt = parse_dtype(dtype).np
     xd, wd, bd = (cp.asarray(a.astype(npdt)) for a in (x, w, b))
     gs = C.geometry(x.shape, w.shape, 1, 1, 1, 1)
-    wg_spy, ig_spy = _Spy(K.conv_nhwc_wgmma), _Spy(K.conv_nhwc)
+    wg_spy, ig_spy = mock.Mock(wraps=K.conv_nhwc_wgmma), mock.Mock(wraps=K.conv_nhwc)
     monkeypatch.setattr(K, "conv_nhwc_wgmma", wg_spy)
     monkeypatch.setattr(K, "conv_nhwc", ig_spy)
     monkeypatch.setenv("FLAME_CONV_ALGO", "fwd=wgmma")
     assert C.use_wgmma(xd, gs)
     _assert_close(cp.asnumpy(C.conv2d_forward(xd, wd, gs, bd)).astype(np.float64), want, dtype, "fwd=wgmma")
-    assert (wg_spy.calls, ig_spy.calls) == (1, 0)
+    assert (wg_spy.call_count, ig_spy.call_count) == (1, 0)
     # image chunks: one launch per chunk, each writing its own images
     monkeypatch.setenv("FLAME_CONV_WORKSPACE_MB", "0.005")
     _assert_close(cp.asnumpy(C.conv2d_forward(xd, wd, gs, bd)).astype(np.float64), want, dtype, "chunked")
     chunks = C._image_chunks(3, 11 * 13 * 40 * 2, C.workspace_bytes(True), 11 * 13)
-    assert len(chunks) == 3 and wg_spy.calls == 1 + len(chunks)
+    assert len(chunks) == 3 and wg_spy.call_count == 1 + len(chunks)
     monkeypatch.delenv("FLAME_CONV_WORKSPACE_MB")
     # 'auto' with the implicit GEMM chosen (threshold 0): the wgmma kernel on this device
     monkeypatch.setenv("FLAME_CONV_ALGO", "auto")
     monkeypatch.setenv("FLAME_CONV_IM2COL_MAX_MB", "0")
-    calls = wg_spy.calls
+    calls = wg_spy.call_count
     assert C.use_igemm(xd, gs) and C.use_wgmma(xd, gs)
     _assert_close(cp.asnumpy(C.conv2d_forward(xd, wd, gs, bd)).astype(np.float64), want, dtype, "auto")
-    assert (wg_spy.calls, ig_spy.calls) == (calls + 1, 0)
+    assert (wg_spy.call_count, ig_spy.call_count) == (calls + 1, 0)
     # 'igemm', or 'auto' with WGMMA_AUTO off: the mma.sync kernel
     monkeypatch.setenv("FLAME_CONV_ALGO", "igemm")
     assert C.use_igemm(xd, gs) and not C.use_wgmma(xd, gs)
@@ -178,7 +172,7 @@ def test_wgmma_routing_fwd(dtype, monkeypatch):
     monkeypatch.setattr(C, "WGMMA_AUTO", False)
     assert not C.use_wgmma(xd, gs)
     _assert_close(cp.asnumpy(C.conv2d_forward(xd, wd, gs, bd)).astype(np.float64), want, dtype, "auto, off")
-    assert (wg_spy.calls, ig_spy.calls) == (calls + 1, 2)
+    assert (wg_spy.call_count, ig_spy.call_count) == (calls + 1, 2)
 
 
 # dx as a conv of dy: stride 1 geometries (N, C, H, W, O, k, padding, dilation): ragged channels, batch 3, odd sizes,
@@ -242,13 +236,13 @@ def test_wgmma_dx_matches_reference(cfg, dtype, monkeypatch):
     npdt = parse_dtype(dtype).np
     x, w, g, gy = _grad_case((N, Cc, H, W), (O, Cc, k, k), 1, p, d, dtype, 3)
     want, _ = C._im2col_backward(gy, x, w, g, True, False)
-    spy = _Spy(K.conv_nhwc_wgmma)
+    spy = mock.Mock(wraps=K.conv_nhwc_wgmma)
     monkeypatch.setattr(K, "conv_nhwc_wgmma", spy)
     monkeypatch.setenv("FLAME_CONV_ALGO", "dx=wgmma")
     xd, wd, gd = (cp.asarray(a.astype(npdt)) for a in (x, w, gy))
     assert C.use_wgmma(xd, g, "dx")
     dx, dw = C.conv2d_backward(gd, xd, wd, g, need_x=True, need_w=False)
-    assert dw is None and spy.calls == 1
+    assert dw is None and spy.call_count == 1
     _assert_close(cp.asnumpy(dx).astype(np.float64), want, dtype, f"dx {cfg}")
 
 
@@ -260,13 +254,13 @@ def test_wgmma_dx_strided_and_dilated_takes_im2col(monkeypatch):
     cp = backend.cupy
     x, w, g, gy = _grad_case((2, 24, 11, 10), (32, 24, 3, 3), 2, 2, 2, "float16", 4)
     want, _ = C._im2col_backward(gy, x, w, g, True, False)
-    spy = _Spy(K.conv_nhwc_wgmma)
+    spy = mock.Mock(wraps=K.conv_nhwc_wgmma)
     monkeypatch.setattr(K, "conv_nhwc_wgmma", spy)
     monkeypatch.setenv("FLAME_CONV_ALGO", "dx=wgmma")
     xd, wd, gd = (cp.asarray(a.astype(np.float16)) for a in (x, w, gy))
     assert not C.use_wgmma(xd, g, "dx")
     dx, _ = C.conv2d_backward(gd, xd, wd, g, need_x=True, need_w=False)
-    assert spy.calls == 0
+    assert spy.call_count == 0
     _assert_close(cp.asnumpy(dx).astype(np.float64), want, "float16", "strided dilated dx")
 
 
@@ -299,7 +293,7 @@ def test_wgmma_dw_matches_reference(cfg, dtype, tile, monkeypatch):
     npdt = parse_dtype(dtype).np
     x, w, g, gy = _grad_case((N, Cc, H, W), (O, Cc) + k, s, p, d, dtype, 5)
     _, want = C._im2col_backward(gy, x, w, g, False, True)
-    spy = _Spy(K.conv_dw_nhwc_wgmma)
+    spy = mock.Mock(wraps=K.conv_dw_nhwc_wgmma)
     monkeypatch.setattr(K, "conv_dw_nhwc_wgmma", spy)
     monkeypatch.setenv("FLAME_CONV_ALGO", "dw=wgmma")
     if tile:
@@ -307,7 +301,7 @@ def test_wgmma_dw_matches_reference(cfg, dtype, tile, monkeypatch):
     xd, wd, gd = (cp.asarray(a.astype(npdt)) for a in (x, w, gy))
     assert C.use_wgmma(xd, g, "dw")
     dx, dw = C.conv2d_backward(gd, xd, wd, g, need_x=False, need_w=True)
-    assert dx is None and spy.calls == 1 and dw.dtype == npdt
+    assert dx is None and spy.call_count == 1 and dw.dtype == npdt
     _assert_close(cp.asnumpy(dw).astype(np.float64), want, dtype, f"dw {cfg} {tile}")
 
 
@@ -318,13 +312,13 @@ def test_wgmma_dw_image_chunks_accumulate(monkeypatch):
     cp = backend.cupy
     x, w, g, gy = _grad_case((3, 40, 11, 13), (64, 40, 3, 3), 1, 1, 1, "float16", 6)
     _, want = C._im2col_backward(gy, x, w, g, False, True)
-    spy = _Spy(K.conv_dw_nhwc_wgmma)
+    spy = mock.Mock(wraps=K.conv_dw_nhwc_wgmma)
     monkeypatch.setattr(K, "conv_dw_nhwc_wgmma", spy)
     monkeypatch.setenv("FLAME_CONV_ALGO", "wgmma")
     monkeypatch.setenv("FLAME_CONV_WORKSPACE_MB", "0.03")
     xd, wd, gd = (cp.asarray(a.astype(np.float16)) for a in (x, w, gy))
     _, dw = C.conv2d_backward(gd, xd, wd, g, need_x=False, need_w=True)
-    assert spy.calls == 3
+    assert spy.call_count == 3
     _assert_close(cp.asnumpy(dw).astype(np.float64), want, "float16", "chunked dw")
 
 

@@ -81,8 +81,6 @@ def test_table_switch(monkeypatch, tmp_path):
 
 def test_shipped_table_is_valid():
     """Whatever the tuner last wrote: every section and entry passes the checks."""
-    if not T.TABLE_FILE.exists():
-        pytest.skip("no measured table shipped")
     doc = json.loads(T.TABLE_FILE.read_text())
     assert doc and all(sec.get("entries") for sec in doc.values())
     for section in doc:
