@@ -187,6 +187,109 @@ __global__ void gn_apply(const T* __restrict__ x, const float* __restrict__ a, c
     }
 }
 
+// Channels-last output: y (N, hw, C) = act(x (N, C, hw) * a + b) with a = rstd[n, g] w[c], b = bias[c] - mean[n, g] a
+// (w / bias may be null) - the affine fused with the NCHW -> NHWC transpose that a channels-last consumer (the
+// implicit-GEMM convolution) would otherwise make; the statistics come from any forward path (the cluster kernels
+// with y null, or gn_partials + gn_fwd_finalize). A tiled transpose of 64 channels x 64 pixels per block: VEC (2-byte
+// T, hw and C multiples of 8, 16-byte aligned x and y) reads 8 pixels and writes 8 channels per 16-byte access, else
+// one element per access. grid (ceil(hw / 64), ceil(C / 64), N), 256 threads.
+template <typename T>
+__host__ __device__ constexpr int gn_cl_ld() { return 64 + (sizeof(T) == 2 ? 2 : 1); }  // 2-byte rows of 33 words
+
+template <typename T, int ACT, bool VEC>
+__device__ __forceinline__ void apply_cl_body(const T* __restrict__ x, const float* __restrict__ mean,
+                                              const float* __restrict__ rstd, const float* __restrict__ w,
+                                              const float* __restrict__ bias, T* __restrict__ y, int C, int G,
+                                              i64 hw, T* __restrict__ tile) {
+    constexpr int LD = gn_cl_ld<T>();
+    const i64 l0 = (i64)blockIdx.x * 64;
+    const int c0 = blockIdx.y * 64, cpg = C / G;
+    const i64 n = blockIdx.z;
+    const T* src = x + n * C * hw;
+    T* dst = y + n * hw * C;
+    auto coef = [&](int c, float& a, float& b) {
+        const i64 ng = n * G + c / cpg;
+        a = w ? rstd[ng] * w[c] : rstd[ng];
+        b = (bias ? bias[c] : 0.f) - mean[ng] * a;
+    };
+    if constexpr (VEC) {
+        constexpr int N = VecT<T>::N;  // 8
+        unsigned* t32 = reinterpret_cast<unsigned*>(tile);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {  // 64 channels x 8 vectors of 8 pixels; 8 threads read a channel's 128 bytes
+            const int i = threadIdx.x + j * 256, cc = i >> 3, v = i & 7, c = c0 + cc;
+            const i64 l = l0 + 8 * v;
+            if (c < C && l < hw) {
+                float a, b, f[N];
+                coef(c, a, b);
+                load_f32<T, N>(src + (i64)c * hw + l, f);
+#pragma unroll
+                for (int e = 0; e < N; e += 2) {
+                    const T lo_ = from_f32<T>(gn_act<ACT>(f[e] * a + b));
+                    const T hi_ = from_f32<T>(gn_act<ACT>(f[e + 1] * a + b));
+                    t32[(cc * LD + 8 * v + e) >> 1] = (unsigned)*reinterpret_cast<const unsigned short*>(&lo_) |
+                                                      ((unsigned)*reinterpret_cast<const unsigned short*>(&hi_) << 16);
+                }
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {  // 64 pixels x 8 vectors of 8 channels; 8 threads write a pixel's 128 bytes
+            const int i = threadIdx.x + j * 256, p = i >> 3, cg = i & 7, c = c0 + 8 * cg;
+            const i64 l = l0 + p;
+            if (c < C && l < hw) {
+                unsigned u[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const T lo_ = tile[(8 * cg + 2 * e) * LD + p], hi_ = tile[(8 * cg + 2 * e + 1) * LD + p];
+                    u[e] = (unsigned)*reinterpret_cast<const unsigned short*>(&lo_) |
+                           ((unsigned)*reinterpret_cast<const unsigned short*>(&hi_) << 16);
+                }
+                *reinterpret_cast<uint4*>(dst + l * C + c) = make_uint4(u[0], u[1], u[2], u[3]);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {  // all 16 loads in flight at once
+            const int i = threadIdx.x + j * 256, cc = i >> 6, ll = i & 63, c = c0 + cc;
+            const i64 l = l0 + ll;
+            if (c < C && l < hw) {
+                float a, b;
+                coef(c, a, b);
+                tile[cc * LD + ll] = from_f32<T>(gn_act<ACT>(to_f32(src[(i64)c * hw + l]) * a + b));
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const int i = threadIdx.x + j * 256, ll = i >> 6, cc = i & 63, c = c0 + cc;
+            const i64 l = l0 + ll;
+            if (c < C && l < hw) dst[l * C + c] = tile[cc * LD + ll];
+        }
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256) gn_apply_cl(const T* __restrict__ x, const float* __restrict__ mean,
+                                                   const float* __restrict__ rstd, const float* __restrict__ w,
+                                                   const float* __restrict__ bias, T* __restrict__ y, int C, int G,
+                                                   i64 hw, int act, int vec) {
+    __shared__ __align__(16) T tile[64 * gn_cl_ld<T>()];
+    if constexpr (sizeof(T) == 2) {
+        if (vec) {
+            if (act == 1)
+                apply_cl_body<T, 1, true>(x, mean, rstd, w, bias, y, C, G, hw, tile);
+            else
+                apply_cl_body<T, 0, true>(x, mean, rstd, w, bias, y, C, G, hw, tile);
+            return;
+        }
+    }
+    if (act == 1)
+        apply_cl_body<T, 1, false>(x, mean, rstd, w, bias, y, C, G, hw, tile);
+    else
+        apply_cl_body<T, 0, false>(x, mean, rstd, w, bias, y, C, G, hw, tile);
+}
+
 __device__ __forceinline__ void gn_bwd_finalize_one(const float* __restrict__ p0, const float* __restrict__ p1,
                                                     const float* __restrict__ w, const float* __restrict__ mean,
                                                     const float* __restrict__ rstd, float* __restrict__ p_out,
@@ -607,6 +710,10 @@ __device__ __forceinline__ void gn_fwd_cluster_body(const T* __restrict__ x, con
         mean_out[grp] = mean;
         rstd_out[grp] = rs;
     }
+    if (y == nullptr) {  // statistics only (a channels-last output is written by gn_apply_cl)
+        cluster_wait();
+        return;
+    }
     T* ys = y + grp * m + lo;
     const int c0 = (int)(lo / hw), c1 = cnt > 0 ? (int)((hi - 1) / hw) : c0 - 1;
     for (int cl = c0; cl <= c1; ++cl) {  // channel by channel: y = x * a + b
@@ -812,6 +919,10 @@ __device__ __forceinline__ void gn_fwd_reg_body(const T* __restrict__ x, const f
     if (r == 0 && threadIdx.x == 0) {
         mean_out[grp] = mean;
         rstd_out[grp] = rs;
+    }
+    if (y == nullptr) {  // statistics only
+        cluster_wait();
+        return;
     }
     T* ys = y + grp * m + lo;
 #pragma unroll

@@ -9,6 +9,7 @@ from .dtypes import int as int  # noqa: PLC0414
 from .dtypes import bool_ as bool  # noqa: PLC0414
 from .device import Device, device, default_device, set_default_device, cuda_is_available
 from .tensor import Tensor, Size
+from .memory_formats import memory_format, contiguous_format, channels_last, preserve_format
 from . import autograd
 from .autograd import no_grad, enable_grad, set_grad_enabled, inference_mode, is_grad_enabled, Function
 from . import ops
@@ -25,7 +26,7 @@ from .ops.reduction import (sum, mean, var, std, var_mean, max, min, amax, amin,
                             logsumexp, all, any, cumsum, cumprod, softmax, log_softmax, count_nonzero)
 from .ops.shape import (reshape, flatten, unflatten, permute, transpose, swapaxes, squeeze, unsqueeze, expand,
                         broadcast_to, broadcast_shapes, repeat_interleave, chunk, split, tensor_split, unbind,
-                        narrow, select, flip, roll, tril, triu, cat, concat, concatenate, stack, movedim)
+                        narrow, select, flip, roll, tril, triu, cat, concat, concatenate, stack, movedim, clone)
 from .ops.indexing import gather, scatter_add, index_select, masked_fill, nonzero, pad, one_hot
 from .ops.linalg import matmul, mm, bmm, outer, dot, einsum
 from .ops.sorting import sort, argsort, msort, topk, unique

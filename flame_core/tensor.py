@@ -131,9 +131,6 @@ class Tensor(D.FloatCasts):
     def element_size(self):
         return self._data.itemsize
 
-    def is_contiguous(self):
-        return bool(self._data.flags.c_contiguous)
-
     def is_floating_point(self):
         return self.dtype.is_floating_point
 

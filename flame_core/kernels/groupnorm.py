@@ -14,6 +14,7 @@ import numpy as np
 
 from . import column_sum as CS, launching as KL, loader as L, norms as N, plans as P
 from .. import backend
+from .. import memory_formats as MF
 from ..errors import ShapeError
 from .activations import _sigmoid_pair
 
@@ -141,22 +142,37 @@ def _gn_cluster_smem(x, cpg, hw, arrays):
     return smem if smem <= N._device_props()[3] - 1024 else None
 
 
-def _gn_fwd_cluster(x, g, weight, bias, eps, smem, act):
+def _gn_fwd_cluster(x, g, weight, bias, eps, smem, act, write=True):
+    """(y, mean, rstd) by the one-pass cluster kernels; write=False: the statistics only (y None)."""
     xp = backend.xp_of(x)
     n, c = x.shape[:2]
     hw = x.size // (n * c)
-    y = xp.empty_like(x)
+    y = xp.empty_like(x) if write else None
     mean = xp.empty((n, g), dtype=np.float32)
     rstd = xp.empty((n, g), dtype=np.float32)
-    v = _gn_reg_v(x, c // g, hw, y)
+    v = _gn_reg_v(x, c // g, hw, *(() if y is None else (y,)))
     v = v if v is not None and v <= GN_REG_FWD_MAX_V else None
     name = (f"gn_fwd_cluster<{{T}}, 8, {gn_one_pass}, {act}>" if v is None
             else f"gn_fwd_cluster_reg<{{T}}, {v}, {act}>")
     smem = smem if v is None else GN_HEAD
     KL.launch(L.get_function("groupnorm", name, x.dtype), (n * g * GN_CL,), (GN_THREADS,),
-              (x, _f32_or_null(weight), _f32_or_null(bias), y, mean, rstd, KL.i32(g), KL.i32(c // g), KL.i64(hw),
-              KL.f32(eps)), shared_mem=smem)
+              (x, _f32_or_null(weight), _f32_or_null(bias), KL.null() if y is None else y, mean, rstd, KL.i32(g),
+               KL.i32(c // g), KL.i64(hw), KL.f32(eps)), shared_mem=smem)
     return y, mean, rstd
+
+
+def _gn_apply_cl(x, g, weight, bias, mean, rstd, act):
+    """y (shape of x, memory N, H, W, C) = act(group-normalised x * w + b) from the statistics mean / rstd (N, G):
+    the affine fused with the NCHW -> NHWC transpose (gn_apply_cl; 16-byte accesses where the sizes allow)."""
+    xp = backend.xp_of(x)
+    n, c = x.shape[:2]
+    hw = x.size // (n * c)
+    y = MF.empty(x.shape, x.dtype, xp, MF.channels_last)
+    vec = x.dtype.itemsize == 2 and hw % 8 == 0 and c % 8 == 0 and x.data.ptr % 16 == 0 and y.data.ptr % 16 == 0
+    KL.launch(L.get_function("groupnorm", "gn_apply_cl", x.dtype), (P.cdiv(hw, 64), P.cdiv(c, 64), n), (256,),
+              (x, mean, rstd, _f32_or_null(weight), _f32_or_null(bias), y, KL.i32(c), KL.i32(g), KL.i64(hw),
+               KL.i32(act), KL.i32(vec)))
+    return y
 
 
 def _gn_bwd_cluster(dy, x, g, weight, mean, rstd, bias, smem, act):
@@ -194,14 +210,16 @@ def _gn_bwd_cluster(dy, x, g, weight, mean, rstd, bias, smem, act):
     return dx, dw, db
 
 
-def _gn_fwd_kernel(x, g, weight, bias, eps, act):
+def _gn_fwd_kernel(x, g, weight, bias, eps, act, channels_last=False):
+    """channels_last: the statistics by either path below, then y written channels-last by _gn_apply_cl."""
     xp = backend.xp_of(x)
     x = P.contiguous(x)
     n, c = x.shape[:2]
     hw = x.size // (n * c)
     smem = _gn_cluster_smem(x, c // g, hw, 1)
     if smem is not None:
-        return _gn_fwd_cluster(x, g, weight, bias, eps, smem, act)
+        y, mean, rstd = _gn_fwd_cluster(x, g, weight, bias, eps, smem, act, write=not channels_last)
+        return (_gn_apply_cl(x, g, weight, bias, mean, rstd, act) if channels_last else y), mean, rstd
     rows, splits = n * c, _gn_splits(n * c, hw)
     p0, p1 = _gn_partials(x, None, rows, hw, splits)
     mean = xp.empty((n, g), dtype=np.float32)
@@ -211,6 +229,8 @@ def _gn_fwd_kernel(x, g, weight, bias, eps, act):
     KL.launch(L.get_function("groupnorm", "gn_fwd_finalize"), (P.cdiv(n * g, 128),), (128,),
               (p0, p1, _f32_or_null(weight), _f32_or_null(bias), mean, rstd, a, b, KL.i32(n), KL.i32(c), KL.i32(g),
               KL.i64(hw), KL.i32(splits), KL.i32(P.vec_width(x.dtype)), KL.f32(eps)))
+    if channels_last:
+        return _gn_apply_cl(x, g, weight, bias, mean, rstd, act), mean, rstd
     y = xp.empty_like(x)
     grid, block = P.elementwise_grid(x.size, x.dtype)
     KL.launch(L.get_function("groupnorm", "gn_apply", x.dtype), grid, block,
@@ -259,12 +279,17 @@ def _gn_bwd_kernel(dy, x, g, weight, mean, rstd, bias, act):
     return dx, dw, db
 
 
-def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5, act=None):
+def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5, act=None, channels_last=False):
+    """(y, mean, rstd); channels_last (x 4-D): y is written channels-last (memory N, H, W, C; shape as x's)."""
     code = _act_code(act)
     _gn_check(x, num_groups, weight, bias)
+    if channels_last and x.ndim != 4:
+        raise ShapeError(f"group_norm: a channels-last output needs a 4-D (N, C, H, W) input, got shape "
+                         f"{tuple(x.shape)}")
     if L.use_kernel(x) and x.size:
-        return _gn_fwd_kernel(x, num_groups, weight, bias, eps, code)
-    return _gn_ref(x, num_groups, weight, bias, eps, act)
+        return _gn_fwd_kernel(x, num_groups, weight, bias, eps, code, channels_last)
+    y, mean, rstd = _gn_ref(x, num_groups, weight, bias, eps, act)
+    return (MF.to_format(y, MF.channels_last) if channels_last else y), mean, rstd
 
 
 def group_norm_backward(dy, x, num_groups, weight, mean, rstd, bias=None, act=None):

@@ -68,7 +68,8 @@ def _install():
         unsqueeze=S.unsqueeze, expand=S.expand, expand_as=S.expand_as, broadcast_to=S.broadcast_to,
         repeat=S.repeat, repeat_interleave=S.repeat_interleave, chunk=S.chunk, split=S.split,
         tensor_split=S.tensor_split, unbind=S.unbind, narrow=S.narrow, select=S.select, flip=S.flip,
-        roll=S.roll, tril=S.tril, triu=S.triu, contiguous=S.contiguous, clone=S.clone, movedim=S.movedim,
+        roll=S.roll, tril=S.tril, triu=S.triu, contiguous=S.contiguous, is_contiguous=S.is_contiguous,
+        clone=S.clone, movedim=S.movedim,
         gather=I.gather, scatter_add=I.scatter_add, index_select=I.index_select, masked_fill=I.masked_fill,
         nonzero=I.nonzero, matmul=L.matmul, mm=L.mm, bmm=L.bmm, outer=L.outer, dot=L.dot,
     )

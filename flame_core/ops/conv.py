@@ -35,6 +35,7 @@ import numpy as np
 
 from .. import backend
 from .. import dtypes as D
+from .. import memory_formats as MF
 from .. import threads as _threads
 from ..amp import autocast_mode as _amp  # autocast hook: a flag test when off
 from ..autograd.function import Function
@@ -251,10 +252,12 @@ def conv2d_forward(x, w, g, bias=None, emb=None, res=None):
     """y (N, O, OH, OW) = conv2d(x, w) (+ bias (O,)) (+ emb (N, O) over every pixel) (+ res, y's shape), on arrays.
     The wgmma kernel adds emb and res in its epilogue; the other paths add them to the fresh output after."""
     xp = backend.xp_of(x)
-    x = xp.ascontiguousarray(x)
+    ig = use_igemm(x, g)
+    if not (ig and _reads_in_place(x, g.C)):  # the implicit GEMM reads a channels-last x as its NHWC operand
+        x = xp.ascontiguousarray(x)
     w = xp.ascontiguousarray(w)
     c = (lambda a: None if a is None else xp.ascontiguousarray(a))
-    if use_igemm(x, g):
+    if ig:
         if use_wgmma(x, g):
             return _igemm_forward(x, w, g, c(bias), c(emb), c(res), wgmma=True)
         y = _igemm_forward(x, w, g, c(bias), wgmma=False)
@@ -333,19 +336,20 @@ def conv2d_backward(gy, x, w, g, need_x=True, need_w=True):
     if not (need_x or need_w):
         return None, None
     xp = backend.xp_of(x)
-    gy = xp.ascontiguousarray(gy)
-    x = xp.ascontiguousarray(x)
     w = xp.ascontiguousarray(w)
     if _is_pointwise(g) and g.G == 1:
-        return _pointwise_backward(gy, x, w, g, need_x, need_w)
+        return _pointwise_backward(xp.ascontiguousarray(gy), xp.ascontiguousarray(x), w, g, need_x, need_w)
     # the transposed conv is a conv at stride 1, and one conv per phase of dx when strided (dilation 1)
     ig_x = need_x and (g.sh == g.sw == 1 or strided_dx(g)) and use_igemm(x, g, "dx")
     ig_w = need_w and use_igemm(x, g, "dw")
     dx = dw = None
-    if ig_x or ig_w:
-        dx, dw = _igemm_backward(gy, x, w, g, ig_x, ig_w)
+    if ig_x or ig_w:  # channels-last x / dy are read in place as the kernels' NHWC operands
+        dx, dw = _igemm_backward(gy if _reads_in_place(gy, g.O) else xp.ascontiguousarray(gy),
+                                 x if not ig_w or _reads_in_place(x, g.C) else xp.ascontiguousarray(x), w, g, ig_x,
+                                 ig_w)
     if (need_x and not ig_x) or (need_w and not ig_w):
-        dx2, dw2 = _im2col_backward(gy, x, w, g, need_x and not ig_x, need_w and not ig_w)
+        dx2, dw2 = _im2col_backward(xp.ascontiguousarray(gy), xp.ascontiguousarray(x), w, g, need_x and not ig_x,
+                                    need_w and not ig_w)
         dx = dx2 if dx is None else dx
         dw = dw2 if dw is None else dw
     return dx, dw
@@ -508,6 +512,28 @@ def _image_chunks(N, per_image, budget, per_pixel_rows):
     return [(n0, min(k, N - n0)) for n0 in range(0, N, k)]
 
 
+def nhwc_view(a, Rp):
+    """The (N, H*W, Rp) channel-last operand of the implicit-GEMM kernels as a view of `a` when `a` is channels-last
+    (memory N, H, W, C) with C = Rp channels, else None."""
+    if a.ndim == 4 and a.shape[1] == Rp and MF.is_channels_last(a):
+        N, C, H, W = a.shape
+        return a.transpose(0, 2, 3, 1).reshape(N, H * W, C)
+    return None
+
+
+def _nhwc(a, Rp):
+    """The kernels' (N, H*W, Rp) operand: a view of a channels-last `a` (nhwc_view), else K.to_nhwc's copy."""
+    from ..kernels import conv as K
+    v = nhwc_view(a, Rp)
+    return K.to_nhwc(a, Rp) if v is None else v
+
+
+def _reads_in_place(a, channels):
+    """Whether the implicit-GEMM kernels read array `a` (channels-last, `channels` a multiple of 8) without a copy."""
+    from ..kernels import conv as K
+    return K.round8(channels) == channels and MF.is_channels_last(a)
+
+
 def _igemm_forward(x, w, g, bias, emb=None, res=None, wgmma=False):
     """The implicit-GEMM forward, image chunk by chunk, on the wgmma kernel (`wgmma`: use_wgmma's answer) or the
     mma.sync one; emb / res (the wgmma kernel's epilogue adds) chunked too."""
@@ -518,7 +544,7 @@ def _igemm_forward(x, w, g, bias, emb=None, res=None, wgmma=False):
     budget = workspace_bytes(True)
     plan = tuned_plan(g, "fwd") if wgmma else None
     for n0, k in _image_chunks(g.N, g.H * g.W * Cp * x.itemsize, budget, max(g.H * g.W, g.OH * g.OW)):
-        xt = K.to_nhwc(x[n0:n0 + k], Cp)  # (k, H*W, Cp)
+        xt = _nhwc(x[n0:n0 + k], Cp)  # (k, H*W, Cp): a view of a channels-last x
         cg = K.ConvGeom(k, g.H, g.W, Cp, g.O, g.OH, g.OW, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw)
         if wgmma:
             K.conv_nhwc_wgmma(xt, wp, y[n0:n0 + k], cg, bias, plan=plan, emb=None if emb is None else emb[n0:n0 + k],
@@ -615,7 +641,7 @@ def _igemm_backward(gy, x, w, g, need_x, need_w):
     conv_x = (lambda a, b, c, d: K.conv_nhwc_wgmma(a, b, c, d, None, budget, plan=tuned_plan(g, "dx"))) \
         if wgmma_x else (lambda a, b, c, d: K.conv_nhwc(a, b, c, d, None, budget))
     for i, (n0, k) in enumerate(chunks):
-        gt = K.to_nhwc(gy[n0:n0 + k], Op)  # (k, OH*OW, Op)
+        gt = _nhwc(gy[n0:n0 + k], Op)  # (k, OH*OW, Op)
         if phased:
             phase_dx(gt, w, g, dx[n0:n0 + k], Op, conv_x)
         elif need_x:  # dx = conv(dy, w flipped), stride 1, padding d*(K-1) - p
@@ -623,7 +649,7 @@ def _igemm_backward(gy, x, w, g, need_x, need_w):
                             g.dh * (g.KH - 1) - g.ph, g.dw * (g.KW - 1) - g.pw, g.dh, g.dw)
             conv_x(gt, wd, dx[n0:n0 + k], cg)
         if need_w:
-            xt = K.to_nhwc(x[n0:n0 + k], Cp)  # (k, H*W, Cp)
+            xt = _nhwc(x[n0:n0 + k], Cp)  # (k, H*W, Cp)
             cg = K.ConvGeom(k, g.H, g.W, Cp, g.O, g.OH, g.OW, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw)
             if wgmma_w:
                 K.conv_dw_nhwc_wgmma(gt, xt, cg, g.C, dw=dw if i == len(chunks) - 1 else None, acc32=acc32,
@@ -772,3 +798,20 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         raise ShapeError(f"conv2d: bias of shape {fmt_shape(bias.shape)} for {g.O} output channels")
     y = Conv2d.apply(input, weight, bias, None, None, g)
     return y.squeeze(0) if unbatched else y
+
+
+def conv2d_memory_format(input, weight, stride=1, padding=0, dilation=1, groups=1):
+    """The memory format in which conv2d(input, weight, ...) reads `input` without copying it: flame.channels_last
+    where the forward - and, when weight requires grad under grad mode, the weight gradient - runs the
+    implicit-GEMM kernels on a channel count that is a multiple of 8 (their operand is NHWC; a channels-last input
+    is one already), else flame.contiguous_format. Whoever makes the input can write it so in the same pass
+    (F.group_norm_silu(..., memory_format=...)): no transpose then sits between the two."""
+    from .. import autograd
+    if input.ndim != 4 or not isinstance(padding, (int, tuple, list)):
+        return MF.contiguous_format
+    g = geometry(tuple(input.shape), tuple(weight.shape), stride, padding, dilation, int(groups))
+    x = input._data
+    train_w = weight.requires_grad and autograd.is_grad_enabled()
+    if g.C % 8 or input.dtype != weight.dtype or not use_igemm(x, g) or (train_w and not use_igemm(x, g, "dw")):
+        return MF.contiguous_format
+    return MF.channels_last

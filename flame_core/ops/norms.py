@@ -6,9 +6,10 @@ written with Tensor ops instead (slower, but twice differentiable).
 """
 import ml_dtypes
 
+from .. import memory_formats as MF
 from ..autograd.function import Function
 from ..autograd.grad_mode import state
-from ..errors import ShapeError
+from ..errors import ShapeError, fmt_shape
 from ..kernels import groupnorm as GN, norms as K
 from ..tensor import _wrap, check_same_device
 
@@ -119,8 +120,9 @@ class GroupNorm(Function):
     """y = group_norm(x) w + b, or with act="silu" silu of that (the activation fused into the same kernels)."""
 
     @staticmethod
-    def forward(ctx, x, num_groups, weight, bias, eps, act=None):
-        y, mean, rstd = GN.group_norm_forward(x._data, num_groups, _flat(weight), _flat(bias), eps, act)
+    def forward(ctx, x, num_groups, weight, bias, eps, act=None, channels_last=False):
+        y, mean, rstd = GN.group_norm_forward(x._data, num_groups, _flat(weight), _flat(bias), eps, act,
+                                              channels_last)
         ctx.save_for_backward(x, weight, bias)
         ctx.mean, ctx.rstd, ctx.g, ctx.eps, ctx.act = mean, rstd, num_groups, eps, act
         return _wrap(y)
@@ -146,24 +148,41 @@ class GroupNorm(Function):
                 dw = (g.to(xh.dtype) * xh).sum(red).to(weight.dtype)
             if bias is not None:
                 db = g.sum(red).to(bias.dtype)
-            return dxg.reshape(x.shape), None, dw, db, None, None
+            return dxg.reshape(x.shape), None, dw, db, None, None, None
         want_b = bias is not None and ctx.needs_input_grad[3]
         # with the activation, bias enters z (the kernels then return its gradient too)
         dxa, dwa, dba = GN.group_norm_backward(g._data, x._data, ctx.g, _flat(weight), ctx.mean, ctx.rstd,
                                               _flat(bias) if want_b or act is not None else None, act)
         dba = dba if want_b else None
         return (_wrap(dxa), None, _wrap(dwa) if dwa is not None else None,
-                _wrap(dba) if dba is not None else None, None, None)
+                _wrap(dba) if dba is not None else None, None, None, None)
 
 
-def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
-    """GroupNorm over (N, C, *): statistics per (sample, group of C/num_groups channels), per-channel affine."""
+def _channels_last_out(input, memory_format, op):
+    """Whether a norm writes its output channels-last: memory_format flame.channels_last (4-D input), or
+    flame.preserve_format (the default) with a channels-last input."""
+    fmt = MF.check(memory_format, op)
+    if fmt is MF.channels_last and input.ndim != 4:
+        raise ShapeError(f"{op}: memory_format=flame.channels_last needs a 4-D (N, C, H, W) input, got "
+                         f"{fmt_shape(input.shape)}")
+    return fmt is MF.channels_last or (fmt is MF.preserve_format and input.ndim == 4
+                                       and MF.suggested(input._data) is MF.channels_last)
+
+
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5, *, memory_format=MF.preserve_format):
+    """GroupNorm over (N, C, *): statistics per (sample, group of C/num_groups channels), per-channel affine.
+    memory_format (a FLAME extension): the output's memory layout - flame.preserve_format (the input's: channels-last
+    stays so), flame.contiguous_format, or flame.channels_last, written by the same pass (a channels-last conv
+    then reads it without a copy)."""
     check_same_device("group_norm", input, weight, bias)
-    return GroupNorm.apply(input, int(num_groups), weight, bias, float(eps), None)
+    cl = _channels_last_out(input, memory_format, "group_norm")
+    return GroupNorm.apply(input, int(num_groups), weight, bias, float(eps), None, cl)
 
 
-def group_norm_silu(input, num_groups, weight=None, bias=None, eps=1e-5):
+def group_norm_silu(input, num_groups, weight=None, bias=None, eps=1e-5, *, memory_format=MF.preserve_format):
     """silu(group_norm(input, num_groups, weight, bias, eps)) in one pass forward and backward: the normalised
-    pre-activation is kept in fp32 inside the kernel (never rounded to the input dtype nor stored)."""
+    pre-activation is kept in fp32 inside the kernel (never rounded to the input dtype nor stored). memory_format as
+    group_norm's."""
     check_same_device("group_norm_silu", input, weight, bias)
-    return GroupNorm.apply(input, int(num_groups), weight, bias, float(eps), "silu")
+    cl = _channels_last_out(input, memory_format, "group_norm_silu")
+    return GroupNorm.apply(input, int(num_groups), weight, bias, float(eps), "silu", cl)

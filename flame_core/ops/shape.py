@@ -4,6 +4,7 @@ import builtins
 import numpy as np
 
 from .. import backend
+from .. import memory_formats as MF
 from ..autograd.function import Function
 from ..errors import ShapeError, fmt_shape
 from ..tensor import Tensor, _wrap, _view_of
@@ -416,35 +417,35 @@ def triu(x, diagonal=0):
 
 
 class Contiguous(Function):
+    """A copy of x in memory format fmt (x's values and shape; only the strides differ). The gradient passes as is."""
     @staticmethod
-    def forward(ctx, x):
-        out = _wrap(backend.xp_of(x._data).ascontiguousarray(x._data))
+    def forward(ctx, x, fmt):
+        out = _wrap(MF.to_format(x._data, fmt, copy=True))
         out._f8 = x._f8
         return out
 
     @staticmethod
     def backward(ctx, g):
-        return g
+        return g, None
 
 
-def contiguous(x):
-    return x if x._data.flags.c_contiguous else Contiguous.apply(x)
+def contiguous(x, memory_format=MF.contiguous_format):
+    """x when it is already contiguous in memory_format (flame.contiguous_format or flame.channels_last, 4-D), else a
+    copy that is."""
+    fmt = MF.check(memory_format, "contiguous", allow_preserve=False)
+    return x if MF.is_contiguous(x._data, fmt) else Contiguous.apply(x, fmt)
 
 
-class Clone(Function):
-    @staticmethod
-    def forward(ctx, x):
-        out = _wrap(backend.copy_array(x._data))
-        out._f8 = x._f8
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        return g
+def is_contiguous(x, memory_format=MF.contiguous_format):
+    """Whether x lies in memory contiguously in memory_format (flame.contiguous_format or flame.channels_last)."""
+    return MF.is_contiguous(x._data, MF.check(memory_format, "is_contiguous", allow_preserve=False))
 
 
-def clone(x, memory_format=None):
-    return Clone.apply(x)
+def clone(x, memory_format=MF.preserve_format):
+    """A copy of x. memory_format: flame.preserve_format (the default: channels-last stays channels-last, anything
+    else becomes contiguous), flame.contiguous_format or flame.channels_last (4-D)."""
+    fmt = MF.check(memory_format, "clone")
+    return Contiguous.apply(x, MF.suggested(x._data) if fmt is MF.preserve_format else fmt)
 
 
 _CAT_DIRECT = 8  # arrays one xp.concatenate joins (see Cat.forward)

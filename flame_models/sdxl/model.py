@@ -153,4 +153,4 @@ class SDXLUNet(flame_nn.GradientCheckpointingMixin, flame_nn.Module):
             h = run_block(self.middle_block, i, h, emb, context)
         for i in range(len(self.output_blocks)):
             h = run_block(self.output_blocks, i, h, emb, context, hs.pop())   # [h | skip] inside the block
-        return self.out[2](norm_silu(self.out[0], h))                         # out.0 GroupNorm, out.1 SiLU
+        return self.out[2](norm_silu(self.out[0], h, self.out[2]))            # out.0 GroupNorm, out.1 SiLU

@@ -41,11 +41,11 @@ class ResBlock(flame_nn.Module):
             self.skip_connection = flame_nn.Identity()
 
     def forward(self, x, emb, context=None):                         # x (B, C, H, W), emb (B, E)
-        h = norm_silu(self.in_layers[0], x)                         # in_layers.0 GroupNorm, .1 SiLU
+        h = norm_silu(self.in_layers[0], x, self.in_layers[2])      # in_layers.0 GroupNorm, .1 SiLU
         e = self.emb_layers[1](F.silu(emb)).to(h.dtype)             # (B, C_out)
         h = conv_add(self.in_layers[2], h, add=e)                    # conv + emb over every pixel: one pass
         del e
-        h = norm_silu(self.out_layers[0], h)                         # out_layers.0 GroupNorm, .1 SiLU
+        h = norm_silu(self.out_layers[0], h, self.out_layers[3])    # out_layers.0 GroupNorm, .1 SiLU
         return conv_add(self.out_layers[3], h, residual=self.skip_connection(x))   # conv + skip: one pass
 
 

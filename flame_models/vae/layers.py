@@ -53,11 +53,16 @@ def group_norm(num_channels, config, dtype=None, device=None):
                               dtype=dtype, device=device)
 
 
-def norm_silu(norm, x):
+def norm_silu(norm, x, conv=None):
     """silu(norm(x)) for a flame_nn.GroupNorm `norm`, as one fused op with its parameters, group count and eps (one
     pass over the activation instead of two; the norm stays a module, so checkpoint keys do not change). The SDXL
-    UNet's blocks use this too."""
-    return F.group_norm_silu(x, norm.num_groups, norm.weight, norm.bias, norm.eps)
+    UNet's blocks use this too. `conv`: the plain conv that reads the result next - the result is then written in
+    the memory format that conv reads in place (F.conv2d_memory_format: channels-last for the implicit GEMM), so no
+    transpose sits between the norm and the conv."""
+    fmt = flame.contiguous_format
+    if conv is not None and plain_conv(conv):
+        fmt = F.conv2d_memory_format(x, conv.weight, conv.stride, conv.padding, conv.dilation, conv.groups)
+    return F.group_norm_silu(x, norm.num_groups, norm.weight, norm.bias, norm.eps, memory_format=fmt)
 
 
 class ResnetBlock(flame_nn.Module):
@@ -76,9 +81,9 @@ class ResnetBlock(flame_nn.Module):
             self.nin_shortcut = flame_nn.Conv2d(in_channels, out_channels, 1, **kw)
 
     def forward(self, x):                                        # (B, C_in, H, W)
-        h = norm_silu(self.norm1, x)
+        h = norm_silu(self.norm1, x, self.conv1)
         h = self.conv1(h)
-        h = norm_silu(self.norm2, h)
+        h = norm_silu(self.norm2, h, self.conv2)
         if self.in_channels == self.out_channels:               # the residual added by conv2 (F.conv2d_add)
             return conv_add(self.conv2, h, residual=x)
         h = self.conv2(h)                                        # (B, C_out, H, W); the shortcut after, so that

@@ -63,7 +63,7 @@ class Encoder(flame_nn.Module):
             if level.has_downsample:
                 h = level.downsample(h)
         h = self.mid(h)
-        h = norm_silu(self.norm_out, h)
+        h = norm_silu(self.norm_out, h, self.conv_out)
         return self.conv_out(h)
 
 
@@ -95,7 +95,7 @@ class Decoder(flame_nn.Module):
                 h = block(h)
             if level.has_upsample:
                 h = level.upsample(h)
-        h = norm_silu(self.norm_out, h)
+        h = norm_silu(self.norm_out, h, self.conv_out)
         return self.conv_out(h)
 
 

@@ -8,6 +8,7 @@ are. (PyTorch casts half inputs of its norms to float32 and returns float32: the
 from flame_core import dtypes as D
 from flame_core.autograd import no_grad
 from flame_core.errors import ShapeError, fmt_shape
+from flame_core.memory_formats import preserve_format
 from flame_core.ops import elementwise as E
 from flame_core.ops import norms as _N
 
@@ -21,14 +22,17 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     return _N.rms_norm(input, normalized_shape, weight, eps)
 
 
-def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
-    return _N.group_norm(input, num_groups, weight, bias, eps)
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5, *, memory_format=preserve_format):
+    """memory_format (a FLAME extension): the output's layout, written by the same pass - flame.preserve_format (the
+    input's), flame.contiguous_format or flame.channels_last (what the implicit-GEMM conv reads in place)."""
+    return _N.group_norm(input, num_groups, weight, bias, eps, memory_format=memory_format)
 
 
-def group_norm_silu(input, num_groups, weight=None, bias=None, eps=1e-5):
+def group_norm_silu(input, num_groups, weight=None, bias=None, eps=1e-5, *, memory_format=preserve_format):
     """silu(group_norm(input, num_groups, weight, bias, eps)) as one fused op (one pass over memory forward, one
-    backward); the pre-activation stays in fp32 (the two ops in sequence round it to the input dtype between them)."""
-    return _N.group_norm_silu(input, num_groups, weight, bias, eps)
+    backward); the pre-activation stays in fp32 (the two ops in sequence round it to the input dtype between them).
+    memory_format as group_norm's."""
+    return _N.group_norm_silu(input, num_groups, weight, bias, eps, memory_format=memory_format)
 
 
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
