@@ -8,6 +8,10 @@ act="silu" fuses SiLU after the affine: y = silu(z), z = group_norm(x) * weight 
 stored); the backward takes dy of y and recomputes z from x and the saved mean / rstd. With act, `bias` (when given)
 enters z and its gradient is returned; without, `bias` is passed only when its gradient is wanted.
 
+channels_last=True (4-D x) writes y channels-last (memory N, H, W, C; the implicit-GEMM conv's operand): the
+statistics by the cluster kernels (y not written) or the split path, then gn_apply_cl applies the affine and the
+activation on the way through a tiled NCHW -> NHWC transpose. The backward is the same either way.
+
 The switches shared with the layer / rms norms (single_launch_sums, the device properties) live in norms.py.
 """
 import numpy as np

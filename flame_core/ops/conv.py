@@ -4,7 +4,9 @@ flame_core.kernels.gemm on cuda, BLAS on cpu) in bounded-memory chunks.
 Implicit GEMM (flame_core/kernels/conv.py, cuda_src/conv_igemm.cu), for groups=1 and every kernel size other than a
 plain 1x1: x is copied to NHWC with channels padded to a multiple of 8 and the weights to (O, KH*KW*Cp); the kernel
 gathers the column matrix tile by tile into shared memory, so nothing 9x the input exists. Batches are cut into image
-chunks whose NHWC copies fit the workspace budget. Per chunk:
+chunks whose NHWC copies fit the workspace budget. A channels-last x (flame.channels_last: memory N, H, W, C, with C
+a multiple of 8) is that copy already, and so is a channels-last dY: the kernels read them in place
+(conv2d_memory_format tells a producer such as F.group_norm_silu which format to write). Per chunk:
     forward     y = conv(x_nhwc, Wp) (+ bias), written NCHW by the kernel's epilogue
     backward    dX = conv(dY_nhwc, W flipped and transposed) at stride 1; strided (dilation 1): one stride-1 conv of
                 dY_nhwc per phase of dX (rows a::sh, columns b::sw; dx_phases), no col2im

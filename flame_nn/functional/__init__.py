@@ -18,7 +18,8 @@ from .norm import layer_norm, group_norm, group_norm_silu, rms_norm, batch_norm
 from .pixel_shuffle import pixel_shuffle, pixel_unshuffle
 from .upsample import interpolate
 
-__all__ = ["conv2d", "conv2d_add", "conv2d_memory_format", "pad_conv2d", "conv1d", "conv_transpose2d", "pad", "one_hot", "relu", "gelu", "geglu", "silu", "tanh", "sigmoid",
+__all__ = ["conv2d", "conv2d_add", "conv2d_memory_format", "pad_conv2d", "conv1d", "conv_transpose2d", "pad",
+           "one_hot", "relu", "gelu", "geglu", "silu", "tanh", "sigmoid",
            "softmax", "log_softmax", "leaky_relu", "elu", "softplus", "mish", "hardswish",
            "scaled_dot_product_attention", "bilinear", "normalize", "cosine_similarity", "dropout", "embedding",
            "linear", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",

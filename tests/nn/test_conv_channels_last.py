@@ -10,7 +10,6 @@ import pytest
 import flame_core as flame
 import flame_nn
 import flame_nn.functional as F
-from flame_core.ops import conv as C
 
 
 def _run(x, w, gy, **kw):
