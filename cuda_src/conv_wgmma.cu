@@ -29,14 +29,14 @@
 #include "flash_attention.cuh"
 #include "wgmma.cuh"
 
-// The stage ring's barriers at bar0: full[s] (s < STAGES) completes once the producer's 128 threads' copies into
+// The stage ring's barriers at bar0: full[s] (s < STAGES) completes once the PRODUCERS threads' copies into
 // stage s have landed, empty[s] (bar0 + 8 * (STAGES + s)) once the 8 consumer warps are done reading it.
-template <int STAGES>
+template <int STAGES, int PRODUCERS = 128>
 __device__ __forceinline__ void cw_ring_init(unsigned bar0, int tid) {
     if (tid == 0) {
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init(bar0 + 8u * s, 128);
+            mbar_init(bar0 + 8u * s, PRODUCERS);
             mbar_init(bar0 + 8u * (STAGES + s), 8);
         }
     }
@@ -290,11 +290,13 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 // 64-channel slabs [64 pixels][64 o] (one per consumer warpgroup) and the X tile as BN / 64 slabs [64 pixels][64 k],
 // rows of 128 bytes swizzled as the forward's (wgmma.cuh's MN-major descriptors, slab stride LBO = 64 * 128 bytes).
 // One CTA per (128 output channels, BN columns of K) and slice of kt_split 64-pixel k-tiles (blockIdx.y).
-// Producer: thread (c8, r0) gathers 16-byte chunk c8 of every slab's rows r0 + 16 i (i < 4) of each stage - eight
-// threads read a row's 128 contiguous bytes; its columns' taps (offset in x, kh*dh, kw*dw: one column per slab) are
-// fixed for the CTA and kept in registers, its rows' pixels walk on by 64 per stage.
-template <typename T, int BN, int STAGES>
-__global__ void __launch_bounds__(384, 1)
+// Producer (PW warpgroups, 1 or 2): thread (c8, r0) gathers 16-byte chunk c8 of every slab's rows r0 + 16 PW i
+// (i < 4 / PW) of each stage - eight threads read a row's 128 contiguous bytes; its columns' taps (offset in x,
+// kh*dh, kw*dw: one column per slab) are fixed for the CTA and kept in registers, its rows' pixels walk on by 64 per
+// stage. Two producer warpgroups halve each thread's rows: the gather's address arithmetic, not the tensor cores,
+// bounds this kernel with one.
+template <typename T, int BN, int STAGES, int PW>
+__global__ void __launch_bounds__(256 + 128 * PW, 1)
 conv_dw_wgmma(const T* __restrict__ gt, const T* __restrict__ x, float* __restrict__ ws, int H, int W, int Cp, int O,
               int Op, int KH, int KW, int sh, int sw, int ph, int pw, int dh, int dw, int OH, int OW, int P, int K,
               int kt_split) {
@@ -319,17 +321,20 @@ conv_dw_wgmma(const T* __restrict__ gt, const T* __restrict__ x, float* __restri
     const int kt0 = blockIdx.y * kt_split;  // this CTA's pixel k-tiles: kt0 .. kt0 + nkt - 1
     const int nkt = min((P + BK - 1) / BK - kt0, kt_split);
 
-    cw_ring_init<STAGES>(bar0, tid);
+    cw_ring_init<STAGES, 128 * PW>(bar0, tid);
 
-    constexpr int REG_P = 72, REG_C = 216;  // as the forward's (within the 168-register launch allocation)
-    static_assert(128 * REG_P + 256 * REG_C <= 168 * 384, "register budget");
-    if (warp >= 8) {  // ------------------------------------------------------- producer warpgroup
+    // PW producer warpgroups: 1 as the forward (72 / 216 registers within 168 x 384), 2 (56 / 200 within 128 x 512:
+    // no spills at either tile; 48 / 208 spilled at 128x256)
+    constexpr int REG_P = PW == 1 ? 72 : 56, REG_C = PW == 1 ? 216 : 200, LAUNCH = PW == 1 ? 168 : 128;
+    static_assert(128 * PW * REG_P + 256 * REG_C <= LAUNCH * (256 + 128 * PW), "register budget");
+    constexpr int RSTEP = 16 * PW, NI = 4 / PW;  // a producer thread's rows: r0 + RSTEP i, i < NI
+    if (warp >= 8) {  // ------------------------------------------------------- producer warpgroup(s)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_P));
         const int ptid = tid - 256;
-        // thread (c8, r0) copies chunk c8 of every slab's 128-byte rows r0 + 16 i: eight threads cover a row's 128
-        // bytes (whole sectors), and the thread's X columns are one per slab
+        // thread (c8, r0) copies chunk c8 of every slab's 128-byte rows r0 + RSTEP i: eight threads cover a row's
+        // 128 bytes (whole sectors), and the thread's X columns are one per slab
         const int c8 = ptid & 7, r0 = ptid >> 3;
-        const unsigned swz = (unsigned)((c8 ^ (r0 & 7)) << 4);  // rows r0 + 16 i share the swizzle
+        const unsigned swz = (unsigned)((c8 ^ (r0 & 7)) << 4);  // rows r0 + RSTEP i share the swizzle
         // X columns k0 + 64 q + 8 c8: the offset of (tap, channel) in x, and the tap's (kh*dh, kw*dw); a column past
         // K is never read (offset -1)
         int coff[NQ], ckh[NQ], ckw[NQ];
@@ -341,30 +346,30 @@ conv_dw_wgmma(const T* __restrict__ gt, const T* __restrict__ x, float* __restri
             ckh[q] = kh * dh, ckw[q] = kw * dw;
         }
         const bool aok0 = o0 + 8 * c8 < Op, aok1 = o0 + 64 + 8 * c8 < Op;  // dY channel chunks inside dY's rows
-        // the rows' pixels at k-tile kt0: p = (kt0 + kt) * 64 + r0 + 16 i, kept as (oh, ow) and the element offset
+        // the rows' pixels at k-tile kt0: p = (kt0 + kt) * 64 + r0 + RSTEP i, kept as (oh, ow) and the element offset
         // in x of the pixel's window corner (ih0, iw0), which walks on by additions alone (32-bit: conv.py keeps x
-        // and dY under 2^31 elements); row i's dY offset is ao + 16 i Op. The address arithmetic per k-tile is what
+        // and dY under 2^31 elements); row i's dY offset is ao + RSTEP i Op. The address arithmetic per k-tile is what
         // bounds this producer: a 64-bit multiply chain per row had made it, not the tensor cores, the limit.
-        int poh[4], pow_[4], xo[4];
+        int poh[NI], pow_[NI], xo[NI];
         const int OHW = OH * OW;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int p = kt0 * BK + r0 + 16 * i, n = p / OHW, q = p - n * OHW;
+        for (int i = 0; i < NI; ++i) {
+            const int p = kt0 * BK + r0 + RSTEP * i, n = p / OHW, q = p - n * OHW;
             poh[i] = q / OW, pow_[i] = q - poh[i] * OW;
             xo[i] = ((n * H + poh[i] * sh - ph) * W + pow_[i] * sw - pw) * Cp;
         }
         int ao = (kt0 * BK + r0) * Op + o0 + 8 * c8;
-        int pb = kt0 * BK + r0;  // row i's pixel is pb + 16 i
+        int pb = kt0 * BK + r0;  // row i's pixel is pb + RSTEP i
         const int row_step = BK * sw * Cp, wrap_step = (sh * W - OW * sw) * Cp, img_step = (H - OH * sh) * W * Cp;
         for (int kt = 0; kt < nkt; ++kt) {
             const int s = kt % STAGES;
             if (kt >= STAGES) mbar_wait(empty(s), ((kt / STAGES) - 1) & 1);
             const unsigned st = base + s * STAGE_BYTES + r0 * 128 + swz;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const bool pok = pb + 16 * i < P;
-                const unsigned row = st + i * 16 * 128;
-                const T* asrc = gt + (ao + 16 * i * Op);
+            for (int i = 0; i < NI; ++i) {
+                const bool pok = pb + RSTEP * i < P;
+                const unsigned row = st + i * RSTEP * 128;
+                const T* asrc = gt + (ao + RSTEP * i * Op);
                 fa_cp_async16(row, pok && aok0 ? (const void*)asrc : (const void*)gt, pok && aok0 ? 16 : 0);
                 fa_cp_async16(row + SLAB, pok && aok1 ? (const void*)(asrc + 64) : (const void*)gt,
                               pok && aok1 ? 16 : 0);
@@ -382,7 +387,7 @@ conv_dw_wgmma(const T* __restrict__ gt, const T* __restrict__ x, float* __restri
             pb += BK;
             ao += BK * Op;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
+            for (int i = 0; i < NI; ++i) {
                 pow_[i] += BK;
                 xo[i] += row_step;
                 while (pow_[i] >= OW) {

@@ -353,17 +353,20 @@ WGMMA_LAUNCH_REGS = 168  # registers per thread the kernel's setmaxnreg split (7
 _wgmma_checked = set()  # ids of the kernel functions whose register count was checked (loader caches them)
 
 
-def _wgmma_kernel(name, dtype, kernel="conv_fwd_wgmma", adds=None):
+def _wgmma_kernel(name, dtype, kernel="conv_fwd_wgmma", adds=None, producers=1):
     """(function, dynamic smem) of a wgmma kernel's tile; the forward's `adds` picks the instantiation whose epilogue
-    adds emb / res (conv_fwd_wgmma<..., ADDS>)."""
+    adds emb / res (conv_fwd_wgmma<..., ADDS>); the weight gradient's `producers` its producer warpgroups
+    (conv_dw_wgmma<..., PW>: 256 + 128 PW threads)."""
     bn, st = WGMMA_TILES[name]
     flag = "" if adds is None else (", true" if adds else ", false")
+    flag += f", {producers}" if kernel == "conv_dw_wgmma" else ""
     fn = L.get_function(WGMMA_STEM, f"{kernel}<{{T}}, {bn}, {st}{flag}>", dtype)
     if id(fn) not in _wgmma_checked:  # once per compiled function, not per launch (a driver call)
         regs = int(fn._attribute(getattr(backend.cupy.cuda.driver, "CU_FUNC_ATTRIBUTE_NUM_REGS", 4)))
-        if regs != WGMMA_LAUNCH_REGS:  # fewer: the consumers' setmaxnreg.inc would wait forever (a hang)
+        want = WGMMA_LAUNCH_REGS if producers == 1 else 128  # 65536 registers over 512 threads
+        if regs != want:  # fewer: the consumers' setmaxnreg.inc would wait forever (a hang)
             raise RuntimeError(f"{kernel} {name}: compiled with {regs} registers per thread, not "
-                               f"{WGMMA_LAUNCH_REGS}: its setmaxnreg split (cuda_src/conv_wgmma.cu) would not fit")
+                               f"{want}: its setmaxnreg split (cuda_src/conv_wgmma.cu) would not fit")
         _wgmma_checked.add(id(fn))
     return fn, wgmma_smem(name)
 
@@ -379,6 +382,19 @@ def wgmma_kernel_info(name, dtype):
 
 
 WGMMA_MAX_TAPS = 32  # KH * KW: each pixel row's in-image taps are one 32-bit mask (cuda_src/conv_wgmma.cu)
+WGMMA_DW_PRODUCERS = 2  # the weight gradient kernel's producer warpgroups: two halve each thread's gather
+
+
+def dw_producers():
+    """The weight gradient kernel's producer warpgroups: FLAME_CONV_DW_PRODUCERS (1 or 2), else WGMMA_DW_PRODUCERS."""
+    v = os.environ.get("FLAME_CONV_DW_PRODUCERS")
+    if v is None:
+        return WGMMA_DW_PRODUCERS
+    if v not in ("1", "2"):
+        raise ValueError(f"FLAME_CONV_DW_PRODUCERS must be 1 or 2, got {v!r}")
+    return int(v)
+
+
 WGMMA_DW_MAX_SPLITS = 64  # dw reduces over every pixel into a small output: many slices keep the SMs busy
 
 
@@ -484,11 +500,12 @@ def conv_dw_nhwc_wgmma(gt, xt, cg, C, dw=None, acc32=None, accumulate=False, bud
                          f"producer's offsets are 32-bit); convolve fewer images at a time")
     name, kps, S = wgmma_plan(cg.O, K, P.cdiv(NP, BK), P.sm_count(), budget, env="FLAME_CONV_WGMMA_DW_TILE",
                               max_splits=WGMMA_DW_MAX_SPLITS, forced=plan)
-    fn, smem = _wgmma_kernel(name, xt.dtype, "conv_dw_wgmma")
+    pw = dw_producers()
+    fn, smem = _wgmma_kernel(name, xt.dtype, "conv_dw_wgmma", producers=pw)
     bn = WGMMA_TILES[name][0]
     ws = empty((S, cg.O, K), np.float32)
     i32 = KL.i32
-    KL.launch(fn, (P.cdiv(cg.O, 128) * P.cdiv(K, bn), S), (WGMMA_THREADS,),
+    KL.launch(fn, (P.cdiv(cg.O, 128) * P.cdiv(K, bn), S), (256 + 128 * pw,),
               (gt, xt, ws, i32(cg.H), i32(cg.W), i32(cg.Cp), i32(cg.O), i32(Op), i32(cg.KH), i32(cg.KW), i32(cg.sh),
                i32(cg.sw), i32(cg.ph), i32(cg.pw), i32(cg.dh), i32(cg.dw), i32(cg.OH), i32(cg.OW), i32(NP), i32(K),
                i32(kps)), shared_mem=smem)

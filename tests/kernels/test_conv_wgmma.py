@@ -281,13 +281,15 @@ DW_GEOMS = [
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("producers", ["1", "2"])
 @pytest.mark.parametrize("tile", [None, "128x128", "128x256:s3", "128x128:s7"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("cfg", DW_GEOMS)
-def test_wgmma_dw_matches_reference(cfg, dtype, tile, monkeypatch):
+def test_wgmma_dw_matches_reference(cfg, dtype, tile, producers, monkeypatch):
     """conv2d_backward's weight gradient on the wgmma kernel (dw=wgmma) against the float64 cpu path, with the
-    planned tile and forced tiles / splits over the pixels."""
+    planned tile and forced tiles / splits over the pixels, with one and two producer warpgroups."""
     _need_sm90()
+    monkeypatch.setenv("FLAME_CONV_DW_PRODUCERS", producers)
     cp = backend.cupy
     N, Cc, H, W, O, k, s, p, d = cfg
     npdt = parse_dtype(dtype).np

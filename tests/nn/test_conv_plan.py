@@ -70,3 +70,16 @@ def test_smem_fits_sm90():
     for name in K.TILES:
         assert K.tile_smem(name) <= 232448, name
     assert K.tile_smem("320x128") == 4 * 448 * 128
+
+
+def test_dw_producers_switch(monkeypatch):
+    """FLAME_CONV_DW_PRODUCERS picks the weight gradient kernel's producer warpgroups (1 or 2); anything else is
+    refused by name."""
+    from flame_core.kernels import conv as K
+    monkeypatch.delenv("FLAME_CONV_DW_PRODUCERS", raising=False)
+    assert K.dw_producers() == K.WGMMA_DW_PRODUCERS
+    monkeypatch.setenv("FLAME_CONV_DW_PRODUCERS", "2")
+    assert K.dw_producers() == 2
+    monkeypatch.setenv("FLAME_CONV_DW_PRODUCERS", "3")
+    with pytest.raises(ValueError, match="FLAME_CONV_DW_PRODUCERS must be 1 or 2, got '3'"):
+        K.dw_producers()
