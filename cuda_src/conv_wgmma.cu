@@ -10,11 +10,12 @@
 // tile run together and share its input reads in L2). Warpgroups:
 //   0, 1  consumers: each owns 64 output channels x BN pixels in fp32 registers; per 64-deep k-tile it issues
 //         4 x (BN / 128) wgmma m64n128k16 with A (weights) and B (pixels) both K-major in shared memory
-//   2     producer (setmaxnreg gives its registers to the consumers): gathers the k-tiles into STAGES shared-memory
-//         stages with cp.async - every 16-byte chunk is 8 channels of one input pixel at one tap, zero-filled
-//         (src-size 0) outside the image, past the last pixel / channel row, or past K - and signals each stage on an
-//         mbarrier (full, cp.async.mbarrier.arrive.noinc by its 128 threads); the consumers free a stage (empty, one
-//         arrival per consumer warp) once the wgmma's that read it have completed.
+//   2, 3  the PW producers (1 or 2; setmaxnreg gives their registers to the consumers): gather the k-tiles into
+//         STAGES shared-memory stages with cp.async - every 16-byte chunk is 8 channels of one input pixel at one
+//         tap, zero-filled (src-size 0) outside the image, past the last pixel / channel row, or past K - and signal
+//         each stage on an mbarrier (full, cp.async.mbarrier.arrive.noinc by their 128 PW threads); the consumers
+//         free a stage (empty, one arrival per consumer warp) once the wgmma's that read it have completed. Two
+//         producer warpgroups halve each thread's rows: the gather's issue rate had bounded the ring with one.
 // A stage holds the weight tile [128][64] then the pixel tile [BN][64]: rows of 128 bytes with the 16-byte chunk c of
 // row r at chunk c ^ (r % 8), every tile 1024-byte aligned - the layout of wgmma.cuh's 128-byte-swizzle descriptors.
 // The pixel rows are described once per CTA in the producer's registers - each row's byte offset in x at tap (0, 0)
@@ -83,8 +84,8 @@ __device__ __forceinline__ void cw_consume(float (&acc)[NB][16][4], int nkt, uns
     for (int b = 0; b < NB; ++b) wg_pin(acc[b]);
 }
 
-template <typename T, int BN, int STAGES, bool ADDS>
-__global__ void __launch_bounds__(384, 1)
+template <typename T, int BN, int STAGES, bool ADDS, int PW>
+__global__ void __launch_bounds__(256 + 128 * PW, 1)
 conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
                float* __restrict__ ws, int H, int W, int Cp, int O, int KH, int KW, int sh, int sw, int ph, int pw,
                int dh, int dw, int OH, int OW, int P, int K, int kt_split, int tile0, int pw0,
@@ -110,27 +111,28 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     const int kt0 = blockIdx.y * kt_split;                         // this CTA's k-tiles: kt0 .. kt0 + nkt - 1
     const int nkt = min((K + BK - 1) / BK - kt0, kt_split);
 
-    cw_ring_init<STAGES>(bar0, tid);
+    cw_ring_init<STAGES, 128 * PW>(bar0, tid);
 
     // registers: the producer keeps REG_P (its rows' offsets and tap masks live in registers), the two consumer
     // warpgroups take what it gives up. setmaxnreg moves registers within the CTA's launch allocation (168 per thread
-    // under __launch_bounds__(384, 1): conv.py checks the kernel's count), so the sum must fit it exactly or the
-    // consumers' increase waits forever
-    constexpr int REG_P = 72, REG_C = 216;
-    static_assert(128 * REG_P + 256 * REG_C <= 168 * 384, "register budget");
-    if (warp >= 8) {  // ------------------------------------------------------- producer warpgroup
+    // under __launch_bounds__(384, 1), 128 under (512, 1) with PW = 2 producer warpgroups: conv.py checks the
+    // kernel's count), so the sum must fit it exactly or the consumers' increase waits forever
+    constexpr int REG_P = PW == 1 ? 72 : 56, REG_C = PW == 1 ? 216 : 200, LAUNCH = PW == 1 ? 168 : 128;
+    static_assert(128 * PW * REG_P + 256 * REG_C <= LAUNCH * (256 + 128 * PW), "register budget");
+    constexpr int RS = 16 * PW;  // a producer thread's rows are r0 + RS i
+    if (warp >= 8) {  // ------------------------------------------------------- producer warpgroup(s)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_P));
         const int ptid = tid - 256;
-        const int cl = (ptid & 7) * 8, r0 = ptid >> 3;  // this thread's chunk column; rows r0 + 16 i
-        const unsigned sw_off = 2 * fa_swz<64>(r0, cl);  // rows r0 + 16 i share r0's swizzle (16 % 8 == 0)
-        constexpr int NR = BN / 16;                      // pixel rows per thread
+        const int cl = (ptid & 7) * 8, r0 = ptid >> 3;  // this thread's chunk column; rows r0 + RS i
+        const unsigned sw_off = 2 * fa_swz<64>(r0, cl);  // rows r0 + RS i share r0's swizzle (RS % 8 == 0)
+        constexpr int NR = BN / RS;                      // pixel rows per thread
         // each pixel row's byte offset in x at tap (0, 0) (may lie outside x: only read where the tap is inside)
         // and the bits kh*KW + kw of its in-image taps (0 past the last pixel: every chunk zero-filled)
         int roff[NR];
         unsigned rmask[NR];
 #pragma unroll
         for (int i = 0; i < NR; ++i) {
-            const int p = p0 + r0 + 16 * i;
+            const int p = p0 + r0 + RS * i;
             roff[i] = 0, rmask[i] = 0;
             if (p < P) {
                 const int n = p / OHW, q = p - n * OHW, oh = q / OW, ow = q - oh * OW;
@@ -144,8 +146,8 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             }
         }
         const T* wrow = w + (fa_i64)(o0 + r0) * K + cl;  // this thread's first weight row, at k = cl
-        const int wstep = 16 * K;                          // to row r0 + 16 (i + 1) (w is under 2^31 elements)
-        const int orows = O - o0 - r0;                     // rows r0 + 16 i < O  <=>  16 i < orows
+        const int wstep = RS * K;                          // to row r0 + RS (i + 1) (w is under 2^31 elements)
+        const int orows = O - o0 - r0;                     // rows r0 + RS i < O  <=>  RS i < orows
         int kc, kh, kw;  // k = (kt0 + kt) * BK + cl as (kh, kw, c); kh == KH past the end
         {
             const int k = kt0 * BK + cl, tap = k / Cp;
@@ -159,9 +161,9 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             const bool kok = kg * BK + cl < K;  // K is a multiple of 8: a chunk is wholly in or out
             const T* wsrc = wrow + kg * BK;
 #pragma unroll
-            for (int i = 0; i < BM / 16; ++i) {  // a zero-filled chunk (src-size 0) points at w itself
-                const bool ok = kok && 16 * i < orows;
-                fa_cp_async16(sa + i * 16 * 128, ok ? wsrc + i * wstep : w, ok ? 16 : 0);
+            for (int i = 0; i < BM / RS; ++i) {  // a zero-filled chunk (src-size 0) points at w itself
+                const bool ok = kok && RS * i < orows;
+                fa_cp_async16(sa + i * RS * 128, ok ? wsrc + i * wstep : w, ok ? 16 : 0);
             }
             const unsigned sb = sa + A_BYTES;
             // this k-tile's tap for this thread: its bit in the rows' masks, and its x address at row offset 0
@@ -170,7 +172,7 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 #pragma unroll
             for (int i = 0; i < NR; ++i) {
                 const bool ok = (rmask[i] & bit) != 0;
-                fa_cp_async16(sb + i * 16 * 128, ok ? (const void*)(xt + roff[i]) : (const void*)x, ok ? 16 : 0);
+                fa_cp_async16(sb + i * RS * 128, ok ? (const void*)(xt + roff[i]) : (const void*)x, ok ? 16 : 0);
             }
             mbar_cp_async_arrive(full(s));
             kc += BK;

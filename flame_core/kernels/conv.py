@@ -281,12 +281,11 @@ def _dw_reduce(ws, acc32, dw, cg, C, accumulate, dtype):
 
 # ----------------------------------------------------------------------------- Hopper forward (sm_90a)
 WGMMA_STEM = "conv_wgmma"
-# name: (BN pixels, STAGES); BM = 128 output channels (two consumer warpgroups of 64), BK = 64, 384 threads
+# name: (BN pixels, STAGES); BM = 128 output channels (two consumer warpgroups of 64), BK = 64, 256 + 128 PW threads
 WGMMA_TILES = {
     "128x128": (128, 4),
     "128x256": (256, 4),
 }
-WGMMA_THREADS = 384
 
 
 def wgmma_available():
@@ -355,11 +354,10 @@ _wgmma_checked = set()  # ids of the kernel functions whose register count was c
 
 def _wgmma_kernel(name, dtype, kernel="conv_fwd_wgmma", adds=None, producers=1):
     """(function, dynamic smem) of a wgmma kernel's tile; the forward's `adds` picks the instantiation whose epilogue
-    adds emb / res (conv_fwd_wgmma<..., ADDS>); the weight gradient's `producers` its producer warpgroups
-    (conv_dw_wgmma<..., PW>: 256 + 128 PW threads)."""
+    adds emb / res (conv_fwd_wgmma<..., ADDS, PW>); `producers` (PW) its producer warpgroups: 256 + 128 PW
+    threads."""
     bn, st = WGMMA_TILES[name]
-    flag = "" if adds is None else (", true" if adds else ", false")
-    flag += f", {producers}" if kernel == "conv_dw_wgmma" else ""
+    flag = ("" if adds is None else (", true" if adds else ", false")) + f", {producers}"
     fn = L.get_function(WGMMA_STEM, f"{kernel}<{{T}}, {bn}, {st}{flag}>", dtype)
     if id(fn) not in _wgmma_checked:  # once per compiled function, not per launch (a driver call)
         regs = int(fn._attribute(getattr(backend.cupy.cuda.driver, "CU_FUNC_ATTRIBUTE_NUM_REGS", 4)))
@@ -373,26 +371,40 @@ def _wgmma_kernel(name, dtype, kernel="conv_fwd_wgmma", adds=None, producers=1):
 
 def wgmma_kernel_info(name, dtype):
     """Registers, local (spilled) bytes per thread and dynamic shared memory of one wgmma tile (benchmarks)."""
-    fn, smem = _wgmma_kernel(name, dtype, adds=False)
+    pw = fwd_producers()
+    fn, smem = _wgmma_kernel(name, dtype, adds=False, producers=pw)
     drv = backend.cupy.cuda.driver
     attr = fn._attribute  # an sm_90a kernel (loader._ArchKernel) reads its attributes from the driver
-    return {"kernel": f"conv_fwd_wgmma {name}", "threads": WGMMA_THREADS,
+    return {"kernel": f"conv_fwd_wgmma {name}", "threads": 256 + 128 * pw,
             "num_regs": int(attr(getattr(drv, "CU_FUNC_ATTRIBUTE_NUM_REGS", 4))),
             "local_size_bytes": int(attr(getattr(drv, "CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES", 3))), "dynamic_smem": smem}
 
 
 WGMMA_MAX_TAPS = 32  # KH * KW: each pixel row's in-image taps are one 32-bit mask (cuda_src/conv_wgmma.cu)
+WGMMA_FWD_PRODUCERS = 2  # the forward / dx kernel's producer warpgroups: two halve each thread's gather
+
+
+def fwd_producers():
+    """The forward (and dx) kernel's producer warpgroups: FLAME_CONV_FWD_PRODUCERS (1 or 2), else
+    WGMMA_FWD_PRODUCERS."""
+    return _producers("FLAME_CONV_FWD_PRODUCERS", WGMMA_FWD_PRODUCERS)
+
+
+def _producers(var, default):
+    v = os.environ.get(var)
+    if v is None:
+        return default
+    if v not in ("1", "2"):
+        raise ValueError(f"{var} must be 1 or 2, got {v!r}")
+    return int(v)
+
+
 WGMMA_DW_PRODUCERS = 2  # the weight gradient kernel's producer warpgroups: two halve each thread's gather
 
 
 def dw_producers():
     """The weight gradient kernel's producer warpgroups: FLAME_CONV_DW_PRODUCERS (1 or 2), else WGMMA_DW_PRODUCERS."""
-    v = os.environ.get("FLAME_CONV_DW_PRODUCERS")
-    if v is None:
-        return WGMMA_DW_PRODUCERS
-    if v not in ("1", "2"):
-        raise ValueError(f"FLAME_CONV_DW_PRODUCERS must be 1 or 2, got {v!r}")
-    return int(v)
+    return _producers("FLAME_CONV_DW_PRODUCERS", WGMMA_DW_PRODUCERS)
 
 
 WGMMA_DW_MAX_SPLITS = 64  # dw reduces over every pixel into a small output: many slices keep the SMs busy
@@ -426,14 +438,15 @@ def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20, plan=None, emb
     KT = P.cdiv(K, BK)
     forced, tail = split_tail(os.environ.get("FLAME_CONV_WGMMA_TILE") or plan)
     name, kps, S = wgmma_plan(cg.O, NP, KT, P.sm_count(), budget, env=None, forced=forced)
-    fn, smem = _wgmma_kernel(name, xt.dtype, adds=emb is not None or res is not None)
+    pw = fwd_producers()
+    fn, smem = _wgmma_kernel(name, xt.dtype, adds=emb is not None or res is not None, producers=pw)
     bn = WGMMA_TILES[name][0]
     o_tiles, p_tiles = P.cdiv(cg.O, 128), P.cdiv(NP, bn)
     dp = tail_plan(o_tiles, p_tiles, P.sm_count()) if tail else 0
     i32 = KL.i32
 
     def launch(tile0, ntiles, S, kps, ws, pw0):
-        KL.launch(fn, (ntiles, S), (WGMMA_THREADS,),
+        KL.launch(fn, (ntiles, S), (256 + 128 * pw,),
                   (xt, wp, _ptr(bias) if ws is None else KL.null(), out, _ptr(ws), i32(cg.H), i32(cg.W),
                    i32(cg.Cp), i32(cg.O), i32(cg.KH), i32(cg.KW), i32(cg.sh), i32(cg.sw), i32(cg.ph), i32(cg.pw),
                    i32(cg.dh), i32(cg.dw), i32(cg.OH), i32(cg.OW), i32(NP), i32(K), i32(kps), i32(tile0), i32(pw0),

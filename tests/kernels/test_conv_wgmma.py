@@ -89,13 +89,16 @@ def _need_sm90():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("producers", ["1", "2"])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("tile", sorted(K.WGMMA_TILES) + ["128x128:s3", "128x256:s2"])   # and split over K
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("cfg", GEOMS)
-def test_wgmma_conv_matches_reference(cfg, dtype, tile, bias, monkeypatch):
+def test_wgmma_conv_matches_reference(cfg, dtype, tile, bias, producers, monkeypatch):
+    """The forward against float64 with each tile and split, one and two producer warpgroups."""
     _need_sm90()
     monkeypatch.setenv("FLAME_CONV_WGMMA_TILE", tile)
+    monkeypatch.setenv("FLAME_CONV_FWD_PRODUCERS", producers)
     x, w, b, g, want = _case(cfg, dtype)
     if bias:
         want = want + b.reshape(1, -1, 1, 1)
@@ -189,13 +192,15 @@ DX_GEOMS = [
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("producers", ["1", "2"])
 @pytest.mark.parametrize("tile", ["128x128:t2", "128x256:t3"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("cfg", GEOMS)
-def test_wgmma_tail_split_matches_reference(cfg, dtype, tile, monkeypatch):
+def test_wgmma_tail_split_matches_reference(cfg, dtype, tile, producers, monkeypatch):
     """A tail split (whole waves, then the last partial wave's pixel tiles split over K; its partials reduced from
     a pixel inside an image on): a GPU of 3 SMs as far as the planner knows, so the tiny geometries have tails."""
     _need_sm90()
+    monkeypatch.setenv("FLAME_CONV_FWD_PRODUCERS", producers)
     monkeypatch.setattr(K.P, "sm_count", lambda: 3)
     monkeypatch.setenv("FLAME_CONV_WGMMA_TILE", tile)
     x, w, b, g, want = _case(cfg, dtype)

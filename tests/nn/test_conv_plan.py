@@ -72,14 +72,18 @@ def test_smem_fits_sm90():
     assert K.tile_smem("320x128") == 4 * 448 * 128
 
 
-def test_dw_producers_switch(monkeypatch):
-    """FLAME_CONV_DW_PRODUCERS picks the weight gradient kernel's producer warpgroups (1 or 2); anything else is
-    refused by name."""
+@pytest.mark.parametrize("var, fn", [("FLAME_CONV_DW_PRODUCERS", "dw_producers"),
+                                     ("FLAME_CONV_FWD_PRODUCERS", "fwd_producers")])
+def test_producers_switch(monkeypatch, var, fn):
+    """FLAME_CONV_DW_PRODUCERS / FLAME_CONV_FWD_PRODUCERS pick the wgmma kernels' producer warpgroups (1 or 2);
+    anything else is refused by name."""
     from flame_core.kernels import conv as K
-    monkeypatch.delenv("FLAME_CONV_DW_PRODUCERS", raising=False)
-    assert K.dw_producers() == K.WGMMA_DW_PRODUCERS
-    monkeypatch.setenv("FLAME_CONV_DW_PRODUCERS", "2")
-    assert K.dw_producers() == 2
-    monkeypatch.setenv("FLAME_CONV_DW_PRODUCERS", "3")
-    with pytest.raises(ValueError, match="FLAME_CONV_DW_PRODUCERS must be 1 or 2, got '3'"):
-        K.dw_producers()
+    get = getattr(K, fn)
+    monkeypatch.delenv(var, raising=False)
+    assert get() == (K.WGMMA_DW_PRODUCERS if fn == "dw_producers" else K.WGMMA_FWD_PRODUCERS)
+    for v in ("1", "2"):
+        monkeypatch.setenv(var, v)
+        assert get() == int(v)
+    monkeypatch.setenv(var, "3")
+    with pytest.raises(ValueError, match=f"{var} must be 1 or 2, got '3'"):
+        get()
