@@ -135,7 +135,8 @@ def _out_layout(out, shape, dtype):
 def matmul(a, b, out=None, beta=0.0):
     """a @ b for cupy float32/float16/bfloat16 arrays of one dtype, NumPy matmul semantics (1-D promotion, batch
     broadcasting). With `out` (2-D: any row stride; batched: contiguous) the product is written there, scaled
-    sums included: out = a @ b + beta * out (beta=1 accumulates)."""
+    sums included: out = a @ b + beta * out (beta=1 accumulates); `out` may be float32 for float16 / bfloat16
+    operands (the fp32 accumulator is then stored as it is: sums over several products lose nothing to rounding)."""
     cp = backend.cupy
     if b.ndim == 1 or a.ndim == 1:
         if out is not None:
@@ -150,7 +151,8 @@ def matmul(a, b, out=None, beta=0.0):
         out = cp.empty(batch + (M, N), dtype=a.dtype)
         ldc = N
     else:
-        ldc = _out_layout(out, batch + (M, N), a.dtype)
+        wide = out.dtype == np.float32 and a.dtype in (np.float16, BF16)
+        ldc = _out_layout(out, batch + (M, N), out.dtype if wide else a.dtype)
     if out.size == 0:
         return out
     if K == 0:
@@ -163,17 +165,17 @@ def matmul(a, b, out=None, beta=0.0):
     A, opA, lda, sA = _prepare(cp.broadcast_to(a, batch + (M, K)), nb)
     B, opB, ldb, sB = _prepare(cp.broadcast_to(b, batch + (K, N)), nb)
     count = int(np.prod(batch)) if batch else 1
-    t = _CUDA_TYPE[a.dtype]
+    t, tc = _CUDA_TYPE[a.dtype], _CUDA_TYPE[out.dtype]
     lib, h = _handle()
     one = ctypes.byref(_ONE)
     bet = ctypes.byref(_ZERO) if beta == 0.0 else ctypes.byref(ctypes.c_float(beta))
     # row-major C = A @ B  <=>  column-major C^T = B^T A^T: B's memory is the first operand
     if count == 1:
         _check(lib.cublasGemmEx(h, opB, opA, N, M, K, one, B.data.ptr, t, ldb, A.data.ptr, t, lda, bet,
-                                out.data.ptr, t, ldc, _COMPUTE_32F, _GEMM_DEFAULT), "GemmEx")
+                                out.data.ptr, tc, ldc, _COMPUTE_32F, _GEMM_DEFAULT), "GemmEx")
     else:
         _check(lib.cublasGemmStridedBatchedEx(h, opB, opA, N, M, K, one, B.data.ptr, t, ldb, sB, A.data.ptr, t,
-                                              lda, sA, bet, out.data.ptr, t, ldc, M * N, count, _COMPUTE_32F,
+                                              lda, sA, bet, out.data.ptr, tc, ldc, M * N, count, _COMPUTE_32F,
                                               _GEMM_DEFAULT), "GemmStridedBatchedEx")
     return out
 

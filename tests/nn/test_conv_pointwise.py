@@ -30,9 +30,11 @@ def test_pointwise_matches_im2col_cpu(N):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("acc_min", [0, 1 << 40])  # the weight gradient image by image into float32, or batched
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("N", [1, 3])
-def test_pointwise_cuda_matches_reference(N, dtype):
+def test_pointwise_cuda_matches_reference(N, dtype, acc_min, monkeypatch):
+    monkeypatch.setattr(C, "POINTWISE_DW_ACC_MIN", acc_min)
     cp = backend.cupy
     rng = np.random.default_rng(7)
     npdt = parse_dtype(dtype).np
@@ -49,3 +51,24 @@ def test_pointwise_cuda_matches_reference(N, dtype):
     for got, want, what in ((y, want_y, "y"), (dx, want_dx, "dx"), (dw, want_dw, "dw")):
         assert got.shape == want.shape, what
         assert np.abs(got - want).max() <= tol * np.abs(want).max(), what
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gemm_into_a_float32_accumulator(dtype):
+    """flame_core.kernels.gemm.matmul of half operands into a float32 `out` (the 1x1 weight gradient's per-image
+    sum): out = a @ b, then += a2 @ b2 with beta 1, against float64; a half `out` of another dtype is refused."""
+    from flame_core.kernels import gemm
+    cp = backend.cupy
+    rng = np.random.default_rng(3)
+    npdt = parse_dtype(dtype).np
+    a, b, a2, b2 = (rng.standard_normal(s).astype(npdt) for s in ((33, 70), (70, 45), (33, 70), (70, 45)))
+    acc = cp.empty((33, 45), dtype=np.float32)
+    gemm.matmul(cp.asarray(a), cp.asarray(b), out=acc)
+    gemm.matmul(cp.asarray(a2), cp.asarray(b2).T.copy().T, out=acc, beta=1.0)
+    f = (lambda t: t.astype(np.float64))
+    want = f(a) @ f(b) + f(a2) @ f(b2)
+    assert np.abs(cp.asnumpy(acc) - want).max() <= 1e-4 * np.abs(want).max()
+    other = np.float16 if dtype == "bfloat16" else parse_dtype("bfloat16").np
+    with pytest.raises(ValueError, match="out has shape"):
+        gemm.matmul(cp.asarray(a), cp.asarray(b), out=cp.empty((33, 45), dtype=other))
