@@ -441,11 +441,15 @@ def is_contiguous(x, memory_format=MF.contiguous_format):
     return MF.is_contiguous(x._data, MF.check(memory_format, "is_contiguous", allow_preserve=False))
 
 
+class Clone(Contiguous):
+    """clone's node (the copy Contiguous makes, under torch's name)."""
+
+
 def clone(x, memory_format=MF.preserve_format):
     """A copy of x. memory_format: flame.preserve_format (the default: channels-last stays channels-last, anything
     else becomes contiguous), flame.contiguous_format or flame.channels_last (4-D)."""
     fmt = MF.check(memory_format, "clone")
-    return Contiguous.apply(x, MF.suggested(x._data) if fmt is MF.preserve_format else fmt)
+    return Clone.apply(x, MF.suggested(x._data) if fmt is MF.preserve_format else fmt)
 
 
 _CAT_DIRECT = 8  # arrays one xp.concatenate joins (see Cat.forward)

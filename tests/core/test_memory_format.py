@@ -47,6 +47,7 @@ def test_gradient_passes_through(device, rng):
     ((x.contiguous(memory_format=flame.channels_last) * w).sum() + (x.clone(memory_format=flame.channels_last)
                                                                     * w).sum()).backward()
     np.testing.assert_allclose(x.grad.numpy(), 2 * w.numpy(), rtol=1e-6)
+    assert "Clone" in x.clone().grad_fn.name() and "Contiguous" in x.permute(0, 2, 1, 3).contiguous().grad_fn.name()
 
 
 def test_channels_last_and_contiguous_at_once():
