@@ -4,8 +4,8 @@ SDXL ResBlocks' convolutions, and write the fastest into the measured table flam
 
 Candidates per pass: im2col + cuBLAS, and the wgmma implicit GEMM with each tile and 1, 2, 3, 4, 6 or 8 slices over K,
 or a tail split (fwd / dx: the whole waves of tiles, then the last partial wave's tiles split over K in 2, 3 or 4;
-flame_core.kernels.conv.tail_plan) (the weight gradient: DW_SLICES slices over the pixels); a strided dx runs the
-wgmma kernel once per phase of dx. Each is checked against im2col (max relative difference 2e-2) before it counts,
+flame_core.kernels.conv.tail_plan) (the weight gradient: DW_SLICES slices over the pixels); a strided dx (stride 2)
+runs every phase of dx in one launch of the wgmma kernel: its candidates are the tiles alone. Each is checked against im2col (max relative difference 2e-2) before it counts,
 then timed between CUDA events behind a busy-GPU head start, median of --repeats. The VAE's (0,1,0,1) downsample
 is tuned as the model runs it: the pad folded into the conv (F.pad_conv2d).
 The table is written atomically (temp file, fsync, rename) into its compute capability's section, merged with the
@@ -60,6 +60,8 @@ def candidates(pass_, g):
         return out
     var = "FLAME_CONV_WGMMA_DW_TILE" if pass_ == "dw" else "FLAME_CONV_WGMMA_TILE"
     out_elems = g.N * g.O * g.OH * g.OW if pass_ == "fwd" else g.N * g.C * g.H * g.W
+    if pass_ == "dx" and C.one_launch_dx(g):  # every phase of dx in one launch: a tile, never split
+        return out + [(f"wgmma:{tile}", {"FLAME_CONV_ALGO": "dx=wgmma", var: tile}) for tile in sorted(KC.WGMMA_TILES)]
     for tile in sorted(KC.WGMMA_TILES):
         for s in (DW_SLICES if pass_ == "dw" else WGMMA_SPLITS):
             if pass_ != "dw" and s > 1 and s * out_elems * 4 > WS_BUDGET:

@@ -84,12 +84,58 @@ __device__ __forceinline__ void cw_consume(float (&acc)[NB][16][4], int nkt, uns
     for (int b = 0; b < NB; ++b) wg_pin(acc[b]);
 }
 
-template <typename T, int BN, int STAGES, bool ADDS, int PW>
+// EPI: the epilogue of the instantiation - 0 plain (+ bias), 1 with the per-image bias emb and the residual res
+// (EPI_ADDS), 2 the phases of a strided conv's input gradient in one launch (EPI_PHASED, below).
+constexpr int EPI_PLAIN = 0, EPI_ADDS = 1, EPI_PHASED = 2;
+
+// EPI_PHASED: y = dx (nimg, O, OH, OW) of a conv of stride (sh, sw) <= 2, padding (ph, pw), taps KH x KW (dilation 1)
+// from x = its output gradient dY channel-last (nimg, H, W, Cp) and w = the flipped packed weights of dx
+// (O, KH*KW*Cp) (kernels/conv.py pack_weight_dx: column ((KH-1-kh)*KW + KW-1-kw)*Cp + c holds tap (kh, kw)).
+// Phase (a, b) of dx - rows a::sh, columns b::sw - is a stride-1 conv of dY by the taps kh = a + ph (mod sh), largest
+// first (ops/conv.py dx_phases); every CTA computes one tile of one phase. `phases` lists them: its low 4 bits the
+// count, then 4 bits a*4 + b each, the most taps first. CTA u (past its channel tile) is phase q, pixel tile t of
+// groups of ptg pixel tiles: group by group, the group's tiles of each phase in that order - the long ones first,
+// and each group's pieces of dx's sectors (a phase writes every sw-th element of a row) written close in time.
+template <int EPI>
+__device__ __forceinline__ bool cw_phase(int& ti, int o_tiles, int BN, int phases, int ptg, int nimg, int& pa, int& pb,
+                                         int& KH, int& KW, int& sh, int& sw, int& ph, int& pw, int& dh,
+                                         int& dw, int& OH, int& OW, int& P, int& K, int& wt0, int& wt_h, int& wt_w,
+                                         int Cp) {
+    if constexpr (EPI != EPI_PHASED) {
+        wt0 = 0, wt_h = KW * Cp, wt_w = Cp;
+        return true;
+    } else {
+        const int nph = phases & 15;
+        const int tpmax = (nimg * ((OH + sh - 1) / sh) * ((OW + sw - 1) / sw) + BN - 1) / BN;  // phase (0, 0)'s
+        const int u = ti / o_tiles, grp = u / (nph * ptg), rem = u - grp * nph * ptg;
+        const int tg = min(ptg, tpmax - grp * ptg);  // the last group may be short
+        const int q = rem / tg, t = grp * ptg + (rem - q * tg);
+        const int code = (phases >> (4 + 4 * q)) & 15;
+        pa = code >> 2, pb = code & 3;
+        int t0h = -1, nh = 0, t0w = -1, nw = 0;
+        for (int k = KH - 1; k >= 0; --k)
+            if (((pa + ph - k) % sh + sh) % sh == 0) t0h = t0h < 0 ? k : t0h, ++nh;
+        for (int k = KW - 1; k >= 0; --k)
+            if (((pb + pw - k) % sw + sw) % sw == 0) t0w = t0w < 0 ? k : t0w, ++nw;
+        // phase tap (i, j) is tap (t0h - i*sh, t0w - j*sw): flipped column ((KH-1-t0h + i*sh)*KW + KW-1-t0w + j*sw)*Cp
+        wt0 = ((KH - 1 - t0h) * KW + KW - 1 - t0w) * Cp, wt_h = sh * KW * Cp, wt_w = sw * Cp;
+        const int rows = (OH - pa + sh - 1) / sh, cols = (OW - pb + sw - 1) / sw;
+        ph = -((pa + ph - t0h) / sh), pw = -((pb + pw - t0w) / sw);  // exact divisions
+        KH = nh, KW = nw, sh = sw = dh = dw = 1, OH = rows, OW = cols;
+        P = nimg * rows * cols, K = nh * nw * Cp;
+        if (t * BN >= P) return false;
+        ti = t * o_tiles + ti % o_tiles;
+        return true;
+    }
+}
+
+template <typename T, int BN, int STAGES, int EPI, int PW>
 __global__ void __launch_bounds__(256 + 128 * PW, 1)
 conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
                float* __restrict__ ws, int H, int W, int Cp, int O, int KH, int KW, int sh, int sw, int ph, int pw,
                int dh, int dw, int OH, int OW, int P, int K, int kt_split, int tile0, int pw0,
-               const T* __restrict__ emb, const T* __restrict__ res) {
+               const T* __restrict__ emb, const T* __restrict__ res, int phases, int ptg, int nimg) {
+    constexpr bool ADDS = EPI == EPI_ADDS, PHASED = EPI == EPI_PHASED;
     constexpr int BM = 128, BK = 64;
     constexpr int NB = BN / 128;  // wgmma m64n128 per k16 step and consumer warpgroup
     constexpr unsigned A_BYTES = BM * BK * 2, STAGE_BYTES = (BM + BN) * BK * 2;
@@ -104,7 +150,14 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int o_tiles = (O + BM - 1) / BM;
-    const int ti = tile0 + (int)blockIdx.x;  // a tail launch starts past the tiles a first launch wrote
+    int ti = tile0 + (int)blockIdx.x;  // a tail launch starts past the tiles a first launch wrote
+    // the weight row stride and the column of tap (kh, kw), channel c: wt0 + kh*wt_h + kw*wt_w + c (phased: of dx's
+    // full flipped weights); a phased CTA's phase (pa, pb) of y's YH x YW pixels, its geometry a stride-1 conv
+    const int wld = K, YH = OH, YW = OW, ysh = sh, ysw = sw;
+    int pa = 0, pb = 0, wt0, wt_h, wt_w;
+    if (!cw_phase<EPI>(ti, o_tiles, BN, phases, ptg, nimg, pa, pb, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, P, K,
+                       wt0, wt_h, wt_w, Cp))
+        return;  // a pixel tile past this phase's pixels (phases of fewer rows / columns): the whole CTA
     const int o0 = (ti % o_tiles) * BM;
     const int p0 = (ti / o_tiles) * BN;
     const int OHW = OH * OW;
@@ -145,8 +198,8 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                     }
             }
         }
-        const T* wrow = w + (fa_i64)(o0 + r0) * K + cl;  // this thread's first weight row, at k = cl
-        const int wstep = RS * K;                          // to row r0 + RS (i + 1) (w is under 2^31 elements)
+        const T* wrow = w + (fa_i64)(o0 + r0) * wld + cl;  // this thread's first weight row, at k = cl
+        const int wstep = RS * wld;                          // to row r0 + RS (i + 1) (w is under 2^31 elements)
         const int orows = O - o0 - r0;                     // rows r0 + RS i < O  <=>  RS i < orows
         int kc, kh, kw;  // k = (kt0 + kt) * BK + cl as (kh, kw, c); kh == KH past the end
         {
@@ -159,7 +212,8 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             const unsigned sa = base + s * STAGE_BYTES + sw_off;
             const int kg = kt0 + kt;            // the k-tile in K
             const bool kok = kg * BK + cl < K;  // K is a multiple of 8: a chunk is wholly in or out
-            const T* wsrc = wrow + kg * BK;
+            // k = kg*BK + cl is tap (kh, kw), channel kc: its weight column (the plain packing's is k itself)
+            const T* wsrc = PHASED ? wrow - cl + wt0 + kh * wt_h + kw * wt_w + kc : wrow + kg * BK;
 #pragma unroll
             for (int i = 0; i < BM / RS; ++i) {  // a zero-filled chunk (src-size 0) points at w itself
                 const bool ok = kok && RS * i < orows;
@@ -237,6 +291,16 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                     FaType<T>::pack(acc[b][j][2 * hh] + bv, acc[b][j][2 * hh + 1] + bv);
     }
     asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    if constexpr (PHASED) {  // thread -> one pixel (n, i, j) of the tile, i.e. y[n, :, pa + ysh*i, pb + ysw*j]
+        const int c = tid % BN, p = p0 + c;
+        if (p < P) {
+            const int n = p / OHW, q = p - n * OHW, i = q / OW, j = q - i * OW;
+            const fa_i64 plane = (fa_i64)YH * YW;
+            T* dst = y + ((fa_i64)n * O * YH + pa + ysh * i) * YW + pb + ysw * j;
+            for (int r = tid / BN; r < BM && o0 + r < O; r += 256 / BN) dst[(o0 + r) * plane] = tile[r * LDT + c];
+        }
+        return;
+    }
     // out to y (N, O, OH*OW) in 16-byte pieces; ADDS (a separate instantiation: the extra epilogue code cost the
     // plain convolution 0.5-2.5 %) adds emb[n, o] (a per-image bias: the time embedding) and res (the residual, y's
     // layout), either may be null, in fp32

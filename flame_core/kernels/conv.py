@@ -6,6 +6,7 @@
     conv_nhwc(xt, wp, out, cg, bias=None)       out (N, O, OH, OW) (+ bias) = conv of xt (N, H*W, Cp) by wp
     conv_dw_nhwc(gt, xt, cg, C, dw=, acc32=)    dw (O, C, KH, KW) = weight gradient of conv_nhwc, gt = dy channel-last
     conv_nhwc_wgmma(xt, wp, out, cg, bias=None) conv_nhwc on Hopper warpgroup MMAs (cuda_src/conv_wgmma.cu, sm_90a)
+    conv_dx_phased_wgmma(gt, wd, dx, cg, phases) a strided conv's dx (stride <= 2), every phase in one launch
 
 `cg` (a `ConvGeom`) describes one conv_nhwc call: input H, W, Cp; output O, OH, OW; taps KH, KW; stride, padding
 (any sign), dilation. The column order k = (kh*KW + kw)*Cp + c makes every 16-byte chunk of the implicit column
@@ -352,12 +353,15 @@ WGMMA_LAUNCH_REGS = 168  # registers per thread the kernel's setmaxnreg split (7
 _wgmma_checked = set()  # ids of the kernel functions whose register count was checked (loader caches them)
 
 
-def _wgmma_kernel(name, dtype, kernel="conv_fwd_wgmma", adds=None, producers=1):
-    """(function, dynamic smem) of a wgmma kernel's tile; the forward's `adds` picks the instantiation whose epilogue
-    adds emb / res (conv_fwd_wgmma<..., ADDS, PW>); `producers` (PW) its producer warpgroups: 256 + 128 PW
-    threads."""
+EPI_PLAIN, EPI_ADDS, EPI_PHASED = 0, 1, 2  # conv_fwd_wgmma's epilogues (cuda_src/conv_wgmma.cu)
+
+
+def _wgmma_kernel(name, dtype, kernel="conv_fwd_wgmma", epi=None, producers=1):
+    """(function, dynamic smem) of a wgmma kernel's tile; the forward's `epi` picks its epilogue's instantiation
+    (conv_fwd_wgmma<..., EPI, PW>: EPI_PLAIN, EPI_ADDS adding emb / res, EPI_PHASED a strided conv's dx);
+    `producers` (PW) its producer warpgroups: 256 + 128 PW threads."""
     bn, st = WGMMA_TILES[name]
-    flag = ("" if adds is None else (", true" if adds else ", false")) + f", {producers}"
+    flag = ("" if epi is None else f", {epi}") + f", {producers}"
     fn = L.get_function(WGMMA_STEM, f"{kernel}<{{T}}, {bn}, {st}{flag}>", dtype)
     if id(fn) not in _wgmma_checked:  # once per compiled function, not per launch (a driver call)
         regs = int(fn._attribute(getattr(backend.cupy.cuda.driver, "CU_FUNC_ATTRIBUTE_NUM_REGS", 4)))
@@ -372,7 +376,7 @@ def _wgmma_kernel(name, dtype, kernel="conv_fwd_wgmma", adds=None, producers=1):
 def wgmma_kernel_info(name, dtype):
     """Registers, local (spilled) bytes per thread and dynamic shared memory of one wgmma tile (benchmarks)."""
     pw = fwd_producers()
-    fn, smem = _wgmma_kernel(name, dtype, adds=False, producers=pw)
+    fn, smem = _wgmma_kernel(name, dtype, epi=EPI_PLAIN, producers=pw)
     drv = backend.cupy.cuda.driver
     attr = fn._attribute  # an sm_90a kernel (loader._ArchKernel) reads its attributes from the driver
     return {"kernel": f"conv_fwd_wgmma {name}", "threads": 256 + 128 * pw,
@@ -439,7 +443,8 @@ def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20, plan=None, emb
     forced, tail = split_tail(os.environ.get("FLAME_CONV_WGMMA_TILE") or plan)
     name, kps, S = wgmma_plan(cg.O, NP, KT, P.sm_count(), budget, env=None, forced=forced)
     pw = fwd_producers()
-    fn, smem = _wgmma_kernel(name, xt.dtype, adds=emb is not None or res is not None, producers=pw)
+    fn, smem = _wgmma_kernel(name, xt.dtype, epi=EPI_PLAIN if emb is None and res is None else EPI_ADDS,
+                             producers=pw)
     bn = WGMMA_TILES[name][0]
     o_tiles, p_tiles = P.cdiv(cg.O, 128), P.cdiv(NP, bn)
     dp = tail_plan(o_tiles, p_tiles, P.sm_count()) if tail else 0
@@ -450,7 +455,7 @@ def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20, plan=None, emb
                   (xt, wp, _ptr(bias) if ws is None else KL.null(), out, _ptr(ws), i32(cg.H), i32(cg.W),
                    i32(cg.Cp), i32(cg.O), i32(cg.KH), i32(cg.KW), i32(cg.sh), i32(cg.sw), i32(cg.ph), i32(cg.pw),
                    i32(cg.dh), i32(cg.dw), i32(cg.OH), i32(cg.OW), i32(NP), i32(K), i32(kps), i32(tile0), i32(pw0),
-                   _ptr(emb if ws is None else None), _ptr(res if ws is None else None)),
+                   _ptr(emb if ws is None else None), _ptr(res if ws is None else None), i32(0), i32(1), i32(0)),
                   shared_mem=smem)
     if dp:  # whole waves as they are, then the last partial wave's pixel tiles split over K in `tail` slices
         launch(0, dp * o_tiles, 1, KT, None, 0)
@@ -466,6 +471,69 @@ def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20, plan=None, emb
     if S > 1:
         _splitk_reduce(ws, bias, out, cg, 0, emb, res)
     return out
+
+
+# a phased dx's groups of pixel tiles write at most about this much of dx each (L2-resident: a phase writes every
+# other element of dx's rows, the phase beside it the rest). Measured on the H200 (per-phase tiles of 128x256): one
+# group beat two at the SDXL 2x320x128^2 downsample (0.075 vs 0.078 ms); at the VAE's 1x128x1024^2 groups of 64
+# pixel tiles (16 MiB) beat one group (0.523 vs 0.554 ms)
+DX_GROUP_BYTES = 24 << 20
+
+
+def conv_dx_phased_wgmma(gt, wd, dx, cg, phases, plan=None, group=None):
+    """dx (N, C, H, W) of a strided conv (stride up to 2, dilation 1) in one launch of conv_fwd_wgmma's EPI_PHASED
+    instantiation: every phase (a, b) of dx (rows a::sh, columns b::sw) is a stride-1 conv of gt = dy channel-last
+    (N, OH*OW, Op) by its taps of wd = pack_weight_dx(w, Op) (C, KH*KW*Op), written into dx's rows and columns from
+    the accumulators - no per-phase weights, temporaries or interleave pass. cg: ConvGeom(N, OH, OW, Op, C, H, W, KH,
+    KW, sh, sw, ph, pw, 1, 1) (dy's size as the input, dx's as the output, the strided conv's taps, stride and
+    leading padding). phases: (a, b, taps) of the phases with taps (ops/conv.py dx_phases); dx elements of other
+    phases must be zeroed by the caller. `plan` 'TILE' picks the tile (else wgmma_plan's model); `group` the pixel
+    tiles per group ($FLAME_CONV_DX_GROUP; 0: one group; else equal groups of at most about DX_GROUP_BYTES of dx):
+    CTAs run group by group, each group's phases the most taps first."""
+    if not wgmma_available():
+        raise RuntimeError("conv_dx_phased_wgmma: cuda_src/conv_wgmma.cu runs on compute capability 9.0 (sm_90a) only")
+    if gt.dtype.itemsize != 2 or wd.dtype != gt.dtype or dx.dtype != gt.dtype:
+        raise TypeError(f"conv_dx_phased_wgmma: gt, wd and dx must share one float16/bfloat16 dtype, got {gt.dtype}, "
+                        f"{wd.dtype}, {dx.dtype}")
+    N, C, H, W = dx.shape
+    Kf = cg.KH * cg.KW * cg.Cp
+    if not (1 <= cg.sh <= 2 and 1 <= cg.sw <= 2) or cg.dh != 1 or cg.dw != 1 or not phases or len(phases) > 4:
+        raise ValueError(f"conv_dx_phased_wgmma: strides {cg.sh, cg.sw} must be 1 or 2, dilation 1, and 1-4 phases "
+                         f"given (got {len(phases)})")
+    if (N, C, H, W) != (cg.N, cg.O, cg.OH, cg.OW) or tuple(wd.shape) != (C, Kf) or cg.Cp % 8 \
+            or gt.size != cg.N * cg.H * cg.W * cg.Cp or not dx.flags.c_contiguous:
+        raise ValueError(f"conv_dx_phased_wgmma: dx {tuple(dx.shape)}, weights {tuple(wd.shape)} or dy of {gt.size} "
+                         f"elements do not match the geometry {cg} (dx C-contiguous, weights ({C}, {Kf}))")
+    if cg.KH * cg.KW > WGMMA_MAX_TAPS:
+        raise ValueError(f"conv_dx_phased_wgmma: a {cg.KH}x{cg.KW} kernel has more than {WGMMA_MAX_TAPS} taps")
+    forced = os.environ.get("FLAME_CONV_WGMMA_TILE") or plan
+    NP = N * P.cdiv(H, cg.sh) * P.cdiv(W, cg.sw)  # phase (0, 0)'s pixels: the most
+    name, _, split = (forced or wgmma_tile(C, NP, P.sm_count())).partition(":")
+    if name not in WGMMA_TILES or split not in ("", "s1"):
+        raise ValueError(f"conv_dx_phased_wgmma: plan {forced!r} must be one of {sorted(WGMMA_TILES)}, optionally "
+                         f"with ':s1' (a phased dx is not split over K)")
+    bn = WGMMA_TILES[name][0]
+    order = sorted(phases, key=lambda ph: -ph[2])
+    code = len(order)
+    for i, (a, b, _) in enumerate(order):
+        code |= (a * 4 + b) << (4 + 4 * i)
+    o_tiles, tpmax = P.cdiv(C, 128), P.cdiv(NP, bn)
+    env = os.environ.get("FLAME_CONV_DX_GROUP")
+    if env is not None and not env.isdigit():
+        raise ValueError(f"FLAME_CONV_DX_GROUP={env!r}: must be a whole number of pixel tiles (0: one group)")
+    group = int(env) if env is not None else group
+    if group is None:
+        group = P.cdiv(tpmax, P.cdiv(dx.nbytes, DX_GROUP_BYTES))
+    group = min(tpmax, group) if group > 0 else tpmax
+    pw = fwd_producers()
+    fn, smem = _wgmma_kernel(name, gt.dtype, epi=EPI_PHASED, producers=pw)
+    i32 = KL.i32
+    KL.launch(fn, (o_tiles * len(order) * tpmax, 1), (256 + 128 * pw,),
+              (gt, wd, KL.null(), dx, KL.null(), i32(cg.H), i32(cg.W), i32(cg.Cp), i32(C), i32(cg.KH), i32(cg.KW),
+               i32(cg.sh), i32(cg.sw), i32(cg.ph), i32(cg.pw), i32(1), i32(1), i32(H), i32(W), i32(N * H * W),
+               i32(Kf), i32(P.cdiv(Kf, BK)), i32(0), i32(0), KL.null(), KL.null(), i32(code), i32(group), i32(N)),
+              shared_mem=smem)
+    return dx
 
 
 def split_tail(plan):

@@ -9,13 +9,14 @@ a multiple of 8) is that copy already, and so is a channels-last dY: the kernels
 (conv2d_memory_format tells a producer such as F.group_norm_silu which format to write). Per chunk:
     forward     y = conv(x_nhwc, Wp) (+ bias), written NCHW by the kernel's epilogue
     backward    dX = conv(dY_nhwc, W flipped and transposed) at stride 1; strided (dilation 1): one stride-1 conv of
-                dY_nhwc per phase of dX (rows a::sh, columns b::sw; dx_phases), no col2im
+                dY_nhwc per phase of dX (rows a::sh, columns b::sw; dx_phases), no col2im - on the wgmma kernel
+                (strides up to 2) every phase in one launch that writes dX itself (one_launch_dx)
                 (dilation > 1 with stride > 1 takes the im2col path)
                 dW = dY^T @ X_cols, reduced over pixels in slices of fp32 partials (deterministic, no atomics)
 `FLAME_CONV_ALGO=im2col` or `=igemm` forces a path (benchmarks and tests compare the two), for every pass or per
 pass (`fwd=igemm,dx=igemm,dw=im2col`); `auto` (the default) picks im2col + cuBLAS for small column matrices
 (IM2COL_MAX_BYTES, or FLAME_CONV_IM2COL_MAX_MB) and the implicit GEMM above, for each pass.
-On a compute capability 9.0 device (H100/H200) the three passes (dx at stride 1) run that implicit GEMM on warpgroup
+On a compute capability 9.0 device (H100/H200) the three passes run that implicit GEMM on warpgroup
 MMAs (cuda_src/conv_wgmma.cu) instead of mma.sync wherever 'auto' takes the implicit GEMM (WGMMA_AUTO); `wgmma` (or
 `fwd=wgmma` etc.) asks for it (RuntimeError on other devices), `igemm` keeps the mma.sync kernels, and arrays the
 kernels do not take (cpu, float32, groups > 1, plain 1x1) keep their usual path.
@@ -580,6 +581,12 @@ def strided_dx(g):
     return (g.sh > 1 or g.sw > 1) and g.dh == g.dw == 1 and g.G == 1
 
 
+def one_launch_dx(g):
+    """Whether a strided conv's dx on the wgmma kernel runs every phase in one launch (conv_dx_phased_wgmma: strides
+    up to 2) rather than one launch per phase (phase_dx)."""
+    return strided_dx(g) and g.sh <= 2 and g.sw <= 2
+
+
 def dx_phases(g):
     """The input gradient of a strided conv (dilation 1) as stride-1 convs of dy, one per phase (a, b) of dx: rows
     a::sh and columns b::sw of dx come from the taps kh = a + ph (mod sh) and kw = b + pw (mod sw), taken largest
@@ -638,9 +645,18 @@ def phase_dx(gt, w, g, dx, Op, conv):
         K.dx_interleave(outs, dx, g.sh, g.sw)
 
 
+def phased_tile(g):
+    """The tile of a strided conv's one-launch dx (conv_dx_phased_wgmma, never split over K): the measured table's
+    dx plan's tile (the table's entries from before the one-launch dx may carry a split or tail that the per-phase
+    launches ran), else None (wgmma_plan's model picks)."""
+    plan = tuned_plan(g, "dx")
+    return plan.partition(":")[0] if plan else None
+
+
 def _igemm_backward(gy, x, w, g, need_x, need_w):
     """dx and dw by the implicit-GEMM kernels. dx at stride 1 is one conv of dy (the transposed conv is then a
-    conv); a strided dx (dilation 1) is one stride-1 conv per phase of dx (phase_dx)."""
+    conv); a strided dx (dilation 1) is one stride-1 conv per phase of dx: on the wgmma kernel (strides up to 2) all
+    phases in one launch writing dx directly (conv_dx_phased_wgmma), else one launch each (phase_dx)."""
     from ..kernels import conv as K
     Cp, Op = K.round8(g.C), K.round8(g.O)
     budget = workspace_bytes(True)
@@ -649,9 +665,14 @@ def _igemm_backward(gy, x, w, g, need_x, need_w):
     # the wgmma dw kernel's offsets in a chunk's x and dY copies are 32-bit: chunks of at most 2 GiB keep them so
     chunks = _image_chunks(g.N, per_image, min(budget, 2 << 30) if wgmma_w else budget, max(g.H * g.W, g.OH * g.OW))
     phased = need_x and strided_dx(g)
-    dx = K.empty(x.shape, x.dtype) if need_x else None
-    wd = K.pack_weight_dx(w, Op) if need_x and not phased else None  # (C, KH*KW*Op)
     wgmma_x = need_x and use_wgmma(x, g, "dx")
+    fused = wgmma_x and one_launch_dx(g)  # every phase in one launch (conv_dx_phased_wgmma)
+    dx = K.empty(x.shape, x.dtype) if need_x else None
+    wd = K.pack_weight_dx(w, Op) if need_x and (fused or not phased) else None  # (C, KH*KW*Op)
+    if fused:
+        phases = [(ph.a, ph.b, len(ph.kh) * len(ph.kw)) for ph in dx_phases(g)]
+        if len(phases) < g.sh * g.sw:  # a phase with no tap: its part of dx is zero
+            dx[...] = 0
     dw = K.empty(w.shape, w.dtype) if need_w else None
     acc32 = K.empty(w.shape, np.float32) if need_w and len(chunks) > 1 else None  # dw summed over chunks
     # dx: the wgmma kernel with the measured plan, else the mma.sync kernel
@@ -659,7 +680,10 @@ def _igemm_backward(gy, x, w, g, need_x, need_w):
         if wgmma_x else (lambda a, b, c, d: K.conv_nhwc(a, b, c, d, None, budget))
     for i, (n0, k) in enumerate(chunks):
         gt = _nhwc(gy[n0:n0 + k], Op)  # (k, OH*OW, Op)
-        if phased:
+        if fused:
+            cg = K.ConvGeom(k, g.OH, g.OW, Op, g.C, g.H, g.W, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, 1, 1)
+            K.conv_dx_phased_wgmma(gt, wd, dx[n0:n0 + k], cg, phases, plan=phased_tile(g))
+        elif phased:
             phase_dx(gt, w, g, dx[n0:n0 + k], Op, conv_x)
         elif need_x:  # dx = conv(dy, w flipped), stride 1, padding d*(K-1) - p
             cg = K.ConvGeom(k, g.OH, g.OW, Op, g.C, g.H, g.W, g.KH, g.KW, 1, 1,

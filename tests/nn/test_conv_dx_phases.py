@@ -1,6 +1,7 @@
 """The input gradient of a strided convolution as one stride-1 conv of dy per phase of dx (flame_core.ops.conv:
 dx_phases, pack_phase_weight, phase_dx): on the cpu with a float64 NumPy stand-in for the kernels' conv_nhwc
-against the im2col path's dx; on cuda through conv2d_backward (wgmma and mma.sync kernels) against float64."""
+against the im2col path's dx; on cuda through conv2d_backward (wgmma - all phases in one launch, strides up to 2 -
+and mma.sync kernels) against float64."""
 from unittest import mock
 
 import numpy as np
@@ -89,6 +90,29 @@ def test_dilated_strided_conv_keeps_im2col():
 
 
 
+def _strided_dx_check(x, w, g, gy, dtype, algo, monkeypatch):
+    """dx of conv2d_backward on the kernels (FLAME_CONV_ALGO dx=algo) against float64 im2col: on wgmma with strides
+    up to 2 every phase in one launch (conv_dx_phased_wgmma), else one conv per phase (phase_dx)."""
+    cp = backend.cupy
+    npdt = parse_dtype(dtype).np
+    x, w, gy = (a.astype(npdt).astype(np.float64) for a in (x, w, gy))
+    want, _ = C._im2col_backward(gy, x, w, g, True, False)
+    phase_spy = mock.Mock(wraps=C.phase_dx)
+    fused_spy = mock.Mock(wraps=K.conv_dx_phased_wgmma)
+    monkeypatch.setattr(C, "phase_dx", phase_spy)
+    monkeypatch.setattr(K, "conv_dx_phased_wgmma", fused_spy)
+    monkeypatch.setenv("FLAME_CONV_ALGO", f"dx={algo}")
+    xd, wd, gd = (cp.asarray(a.astype(npdt)) for a in (x, w, gy))
+    assert C.use_igemm(xd, g, "dx") and C.use_wgmma(xd, g, "dx") == (algo == "wgmma")
+    dx, dw = C.conv2d_backward(gd, xd, wd, g, need_x=True, need_w=False)
+    fused = algo == "wgmma" and g.sh <= 2 and g.sw <= 2
+    assert dw is None and (fused_spy.call_count >= 1) == fused and (phase_spy.call_count >= 1) == (not fused)
+    got = cp.asnumpy(dx).astype(np.float64)
+    assert np.isfinite(got).all()
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err <= (1e-2 if dtype == "bfloat16" else 2e-3), err
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("algo", ["wgmma", "igemm"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -96,18 +120,46 @@ def test_dilated_strided_conv_keeps_im2col():
 def test_strided_dx_on_the_kernels(cfg, dtype, algo, monkeypatch):
     if algo == "wgmma" and not K.wgmma_available():
         pytest.skip("conv_wgmma.cu needs a compute capability 9.0 GPU")
+    _strided_dx_check(*_case(cfg, 1), dtype, algo, monkeypatch)
+
+
+# the one-launch phased dx over several channel tiles (C = 200: two, the second ragged) and many pixel tiles, in
+# groups of 1, 2 and 3 pixel tiles (the last group short) and one group (0), with both tiles; and the VAE's
+# downsample geometry (pad (0, 1, 0, 1) folded into the conv: a trailing pad)
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", ["128x128", "128x256"])
+@pytest.mark.parametrize("group", ["1", "2", "3", "0"])
+@pytest.mark.parametrize("cfg", [(3, 200, 33, 31, 24, (3, 3), (2, 2), (1, 1)),
+                                 (1, 136, 29, 36, 40, (3, 3), (2, 2), (0, 0), (1, 1)),
+                                 (2, 24, 20, 21, 16, (3, 3), (1, 2), (1, 1))])
+def test_phased_dx_tiles_and_groups(cfg, group, tile, monkeypatch):
+    if not K.wgmma_available():
+        pytest.skip("conv_wgmma.cu needs a compute capability 9.0 GPU")
+    monkeypatch.setenv("FLAME_CONV_DX_GROUP", group)
+    monkeypatch.setenv("FLAME_CONV_WGMMA_TILE", tile)
+    N, Cc, H, W, O, (KH, KW), stride, pad = cfg[:8]
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((N, Cc, H, W))
+    w = rng.standard_normal((O, Cc, KH, KW))
+    g = C.geometry(x.shape, w.shape, stride, pad, 1, 1, pad_end=cfg[8] if len(cfg) > 8 else None)
+    gy = rng.standard_normal((N, O, g.OH, g.OW))
+    _strided_dx_check(x, w, g, gy, "bfloat16", "wgmma", monkeypatch)
+
+
+def test_phased_dx_rejects_what_it_cannot_run(monkeypatch):
+    """conv_dx_phased_wgmma's checks run before any launch (the cpu reaches them only without a device: the first
+    check is the device's, so here the argument checks are asserted on a GPU only)."""
+    if not K.wgmma_available():
+        with pytest.raises(RuntimeError, match="sm_90a"):
+            K.conv_dx_phased_wgmma(None, None, None, None, [(0, 0, 1)])
+        return
     cp = backend.cupy
-    npdt = parse_dtype(dtype).np
-    x, w, g, gy = (a if not isinstance(a, np.ndarray) else a.astype(npdt).astype(np.float64) for a in _case(cfg, 1))
-    want, _ = C._im2col_backward(gy, x, w, g, True, False)
-    spy = mock.Mock(wraps=C.phase_dx)
-    monkeypatch.setattr(C, "phase_dx", spy)
-    monkeypatch.setenv("FLAME_CONV_ALGO", f"dx={algo}")
-    xd, wd, gd = (cp.asarray(a.astype(npdt)) for a in (x, w, gy))
-    assert C.use_igemm(xd, g, "dx") and C.use_wgmma(xd, g, "dx") == (algo == "wgmma")
-    dx, dw = C.conv2d_backward(gd, xd, wd, g, need_x=True, need_w=False)
-    assert dw is None and spy.call_count >= 1
-    got = cp.asnumpy(dx).astype(np.float64)
-    assert np.isfinite(got).all()
-    err = np.abs(got - want).max() / np.abs(want).max()
-    assert err <= (1e-2 if dtype == "bfloat16" else 2e-3), err
+    cg = K.ConvGeom(1, 4, 4, 8, 8, 8, 8, 3, 3, 2, 2, 1, 1, 1, 1)
+    gt, wd = cp.zeros((1, 16, 8), cp.float16), cp.zeros((8, 72), cp.float16)
+    dx = cp.zeros((1, 8, 8, 8), cp.float16)
+    with pytest.raises(ValueError, match="not split over K"):
+        K.conv_dx_phased_wgmma(gt, wd, dx, cg, [(0, 0, 1)], plan="128x256:s2")
+    with pytest.raises(ValueError, match="strides"):
+        K.conv_dx_phased_wgmma(gt, wd, dx, cg._replace(sh=3), [(0, 0, 1)])
+    with pytest.raises(ValueError, match="do not match"):
+        K.conv_dx_phased_wgmma(gt, wd[:, :64], dx, cg, [(0, 0, 1)])
