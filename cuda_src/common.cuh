@@ -146,6 +146,15 @@ __device__ __forceinline__ uint4 pack_f32(const float (&v)[VecT<T>::N]) {
     return u.q;
 }
 
+// Two 2-byte values as one 32-bit word (lo in the low half): 4-byte stores of pairs.
+template <typename T>
+__device__ __forceinline__ unsigned pack2(T lo, T hi) {
+    static_assert(sizeof(T) == 2, "pack2: a 2-byte type");
+    union { T t[2]; unsigned u; } v;
+    v.t[0] = lo, v.t[1] = hi;
+    return v.u;
+}
+
 // Hides values from the optimiser: raw words are unpacked again in each pass (instead of keeping 2x as many fp32
 // registers alive through the reductions), and weight loads stay in the loop (instead of being hoisted out of it and
 // held in registers). Emits no instruction.

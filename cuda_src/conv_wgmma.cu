@@ -30,8 +30,55 @@
 #include "flash_attention.cuh"
 #include "wgmma.cuh"
 
+// Both kernels' shared memory: the stages in the dynamic part from `base` (aligned to 1024 bytes: the swizzled tiles'
+// alignment), the stage ring's barriers (static) from bar0 (cw_ring_init below).
+extern __shared__ unsigned char cw_smem[];
+template <int STAGES>
+struct CwRing {
+    unsigned base, bar0;
+    __device__ __forceinline__ unsigned full(int s) const { return bar0 + 8u * s; }
+    __device__ __forceinline__ unsigned empty(int s) const { return bar0 + 8u * (STAGES + s); }
+};
+template <int STAGES>
+__device__ __forceinline__ CwRing<STAGES> cw_ring() {
+    __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[S], empty[S]
+    return {(fa_smem_addr(cw_smem) + 1023u) & ~1023u, fa_smem_addr(bars)};
+}
+
+// Registers per thread of PW producer warpgroups and the two consumer warpgroups after setmaxnreg: 72 / 216 within
+// the 168 of __launch_bounds__(384, 1), 56 / 200 within the 128 of (512, 1) (conv.py checks the compiled count). The
+// sum must fit the launch allocation exactly, or the consumers' setmaxnreg.inc waits forever.
+template <int PW>
+struct CwRegs {
+    static constexpr int PRODUCER = PW == 1 ? 72 : 56, CONSUMER = PW == 1 ? 216 : 200, LAUNCH = PW == 1 ? 168 : 128;
+    static_assert(128 * PW * PRODUCER + 256 * CONSUMER <= LAUNCH * (256 + 128 * PW), "register budget");
+};
+
+// A TMA tensor map (CUtensorMap: kernels/tma.py encodes it), passed by value as a __grid_constant__ parameter.
+struct alignas(64) CwTmap {
+    unsigned long long v[16];
+};
+// The tensor-memory-accelerator loads of the TMA producer: a box of a 2-D tiled map at (c0 innermost, c1), and the
+// im2col box of a 4-D (c, w, h, n) map at filter offsets (ow, oh); each signals `bar` with its bytes (complete_tx).
+__device__ __forceinline__ void cw_tma_2d(unsigned dst, const CwTmap* map, int c0, int c1, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+                 "[%4];\n" ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void cw_tma_im2col(unsigned dst, const CwTmap* map, int c, int w, int h, int n,
+                                              unsigned short ow, unsigned short oh, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%2, %3, %4, %5}], [%6], {%7, %8};\n"
+                 ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c), "r"(w), "r"(h), "r"(n),
+                 "r"(bar), "h"(ow), "h"(oh) : "memory");
+}
+__device__ __forceinline__ void cw_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
 // The stage ring's barriers at bar0: full[s] (s < STAGES) completes once the PRODUCERS threads' copies into
 // stage s have landed, empty[s] (bar0 + 8 * (STAGES + s)) once the 8 consumer warps are done reading it.
+// With TMA loads (PRODUCERS 1: the one thread's expect_tx) the initialisation is fenced for the async proxy.
 template <int STAGES, int PRODUCERS = 128>
 __device__ __forceinline__ void cw_ring_init(unsigned bar0, int tid) {
     if (tid == 0) {
@@ -40,6 +87,7 @@ __device__ __forceinline__ void cw_ring_init(unsigned bar0, int tid) {
             mbar_init(bar0 + 8u * s, PRODUCERS);
             mbar_init(bar0 + 8u * (STAGES + s), 8);
         }
+        if (PRODUCERS == 1) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 }
@@ -129,24 +177,25 @@ __device__ __forceinline__ bool cw_phase(int& ti, int o_tiles, int BN, int phase
     }
 }
 
-template <typename T, int BN, int STAGES, int EPI, int PW>
+// TMA (PW 1): the producer warpgroup's first thread loads each stage with two tensor-memory-accelerator copies -
+// the weight tile by tm_w (tiled, w (O, K)) and the pixel tile by tm_x (im2col of x (N, H, W, Cp)) - instead of the
+// cp.async gather: Cp a multiple of 64, so that a k-tile is 64 channels of one tap (conv.py checks).
+template <typename T, int BN, int STAGES, int EPI, int PW, bool TMA = false>
 __global__ void __launch_bounds__(256 + 128 * PW, 1)
 conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
                float* __restrict__ ws, int H, int W, int Cp, int O, int KH, int KW, int sh, int sw, int ph, int pw,
                int dh, int dw, int OH, int OW, int P, int K, int kt_split, int tile0, int pw0,
-               const T* __restrict__ emb, const T* __restrict__ res, int phases, int ptg, int nimg) {
+               const T* __restrict__ emb, const T* __restrict__ res, int phases, int ptg, int nimg,
+               const __grid_constant__ CwTmap tm_w, const __grid_constant__ CwTmap tm_x) {
+    static_assert(!TMA || (PW == 1 && EPI != EPI_PHASED), "TMA: one producer warpgroup, not the phased dx");
     constexpr bool ADDS = EPI == EPI_ADDS, PHASED = EPI == EPI_PHASED;
     constexpr int BM = 128, BK = 64;
     constexpr int NB = BN / 128;  // wgmma m64n128 per k16 step and consumer warpgroup
     constexpr unsigned A_BYTES = BM * BK * 2, STAGE_BYTES = (BM + BN) * BK * 2;
     static_assert(BN % 128 == 0 && BN <= 256 && STAGES >= 2, "tile shape");
 
-    extern __shared__ unsigned char cw_smem[];
-    __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[S], empty[S]
-    const unsigned base = (fa_smem_addr(cw_smem) + 1023u) & ~1023u;
-    const unsigned bar0 = fa_smem_addr(bars);
-    auto full = [&](int s) { return bar0 + 8u * s; };
-    auto empty = [&](int s) { return bar0 + 8u * (STAGES + s); };
+    const CwRing<STAGES> ring = cw_ring<STAGES>();
+    const unsigned base = ring.base, bar0 = ring.bar0;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int o_tiles = (O + BM - 1) / BM;
@@ -164,17 +213,36 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     const int kt0 = blockIdx.y * kt_split;                         // this CTA's k-tiles: kt0 .. kt0 + nkt - 1
     const int nkt = min((K + BK - 1) / BK - kt0, kt_split);
 
-    cw_ring_init<STAGES, 128 * PW>(bar0, tid);
+    cw_ring_init<STAGES, TMA ? 1 : 128 * PW>(bar0, tid);
 
-    // registers: the producer keeps REG_P (its rows' offsets and tap masks live in registers), the two consumer
-    // warpgroups take what it gives up. setmaxnreg moves registers within the CTA's launch allocation (168 per thread
-    // under __launch_bounds__(384, 1), 128 under (512, 1) with PW = 2 producer warpgroups: conv.py checks the
-    // kernel's count), so the sum must fit it exactly or the consumers' increase waits forever
-    constexpr int REG_P = PW == 1 ? 72 : 56, REG_C = PW == 1 ? 216 : 200, LAUNCH = PW == 1 ? 168 : 128;
-    static_assert(128 * PW * REG_P + 256 * REG_C <= LAUNCH * (256 + 128 * PW), "register budget");
+    // registers (CwRegs): the producer keeps REG_P (its rows' offsets and tap masks live in registers), the two
+    // consumer warpgroups take what it gives up
+    constexpr int REG_P = CwRegs<PW>::PRODUCER, REG_C = CwRegs<PW>::CONSUMER;
     constexpr int RS = 16 * PW;  // a producer thread's rows are r0 + RS i
     if (warp >= 8) {  // ------------------------------------------------------- producer warpgroup(s)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_P));
+        if constexpr (TMA) {
+            if (tid != 256) return;
+            // the tile's first pixel: its tap-(0, 0) input position is where the im2col walk starts
+            const int n = p0 / OHW, q = p0 - n * OHW, oh = q / OW, ow = q - oh * OW;
+            const int bw = ow * sw - pw, bh = oh * sh - ph;
+            const int tap0 = kt0 * BK / Cp;
+            int kc = kt0 * BK - tap0 * Cp, kh = tap0 / KW, kw = tap0 - kh * KW;
+            for (int kt = 0; kt < nkt; ++kt) {
+                const int s = kt % STAGES;
+                if (kt >= STAGES) mbar_wait(ring.empty(s), ((kt / STAGES) - 1) & 1);
+                const unsigned sa = base + s * STAGE_BYTES;
+                cw_expect_tx(ring.full(s), STAGE_BYTES);
+                cw_tma_2d(sa, &tm_w, (kt0 + kt) * BK, o0, ring.full(s));
+                cw_tma_im2col(sa + A_BYTES, &tm_x, kc, bw, bh, n, (unsigned short)(kw * dw),
+                              (unsigned short)(kh * dh), ring.full(s));
+                if ((kc += BK) == Cp) {
+                    kc = 0;
+                    if (++kw == KW) kw = 0, ++kh;
+                }
+            }
+            return;
+        }
         const int ptid = tid - 256;
         const int cl = (ptid & 7) * 8, r0 = ptid >> 3;  // this thread's chunk column; rows r0 + RS i
         const unsigned sw_off = 2 * fa_swz<64>(r0, cl);  // rows r0 + RS i share r0's swizzle (RS % 8 == 0)
@@ -208,7 +276,7 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
         }
         for (int kt = 0; kt < nkt; ++kt) {  // kt counts this slice's k-tiles: the ring's stage and phase
             const int s = kt % STAGES;
-            if (kt >= STAGES) mbar_wait(empty(s), ((kt / STAGES) - 1) & 1);
+            if (kt >= STAGES) mbar_wait(ring.empty(s), ((kt / STAGES) - 1) & 1);
             const unsigned sa = base + s * STAGE_BYTES + sw_off;
             const int kg = kt0 + kt;            // the k-tile in K
             const bool kok = kg * BK + cl < K;  // K is a multiple of 8: a chunk is wholly in or out
@@ -228,7 +296,7 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                 const bool ok = (rmask[i] & bit) != 0;
                 fa_cp_async16(sb + i * RS * 128, ok ? (const void*)(xt + roff[i]) : (const void*)x, ok ? 16 : 0);
             }
-            mbar_cp_async_arrive(full(s));
+            mbar_cp_async_arrive(ring.full(s));
             kc += BK;
             while (kc >= Cp) {
                 kc -= Cp;
@@ -373,12 +441,8 @@ conv_dw_wgmma(const T* __restrict__ gt, const T* __restrict__ x, float* __restri
     constexpr int NQ = BN / 64;  // X slabs of a stage
     static_assert(BN % 128 == 0 && BN <= 256 && STAGES >= 2, "tile shape");
 
-    extern __shared__ unsigned char cw_smem[];
-    __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[S], empty[S]
-    const unsigned base = (fa_smem_addr(cw_smem) + 1023u) & ~1023u;
-    const unsigned bar0 = fa_smem_addr(bars);
-    auto full = [&](int s) { return bar0 + 8u * s; };
-    auto empty = [&](int s) { return bar0 + 8u * (STAGES + s); };
+    const CwRing<STAGES> ring = cw_ring<STAGES>();
+    const unsigned base = ring.base, bar0 = ring.bar0;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int o_tiles = (O + BM - 1) / BM;
@@ -391,8 +455,7 @@ conv_dw_wgmma(const T* __restrict__ gt, const T* __restrict__ x, float* __restri
 
     // PW producer warpgroups: 1 as the forward (72 / 216 registers within 168 x 384), 2 (56 / 200 within 128 x 512:
     // no spills at either tile; 48 / 208 spilled at 128x256)
-    constexpr int REG_P = PW == 1 ? 72 : 56, REG_C = PW == 1 ? 216 : 200, LAUNCH = PW == 1 ? 168 : 128;
-    static_assert(128 * PW * REG_P + 256 * REG_C <= LAUNCH * (256 + 128 * PW), "register budget");
+    constexpr int REG_P = CwRegs<PW>::PRODUCER, REG_C = CwRegs<PW>::CONSUMER;
     constexpr int RSTEP = 16 * PW, NI = 4 / PW;  // a producer thread's rows: r0 + RSTEP i, i < NI
     if (warp >= 8) {  // ------------------------------------------------------- producer warpgroup(s)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_P));
@@ -429,7 +492,7 @@ conv_dw_wgmma(const T* __restrict__ gt, const T* __restrict__ x, float* __restri
         const int row_step = BK * sw * Cp, wrap_step = (sh * W - OW * sw) * Cp, img_step = (H - OH * sh) * W * Cp;
         for (int kt = 0; kt < nkt; ++kt) {
             const int s = kt % STAGES;
-            if (kt >= STAGES) mbar_wait(empty(s), ((kt / STAGES) - 1) & 1);
+            if (kt >= STAGES) mbar_wait(ring.empty(s), ((kt / STAGES) - 1) & 1);
             const unsigned st = base + s * STAGE_BYTES + r0 * 128 + swz;
 #pragma unroll
             for (int i = 0; i < NI; ++i) {
@@ -449,7 +512,7 @@ conv_dw_wgmma(const T* __restrict__ gt, const T* __restrict__ x, float* __restri
                                   ok ? 16 : 0);
                 }
             }
-            mbar_cp_async_arrive(full(s));
+            mbar_cp_async_arrive(ring.full(s));
             pb += BK;
             ao += BK * Op;
 #pragma unroll

@@ -224,12 +224,9 @@ __device__ __forceinline__ void apply_cl_body(const T* __restrict__ x, const flo
                 coef(c, a, b);
                 load_f32<T, N>(src + (i64)c * hw + l, f);
 #pragma unroll
-                for (int e = 0; e < N; e += 2) {
-                    const T lo_ = from_f32<T>(gn_act<ACT>(f[e] * a + b));
-                    const T hi_ = from_f32<T>(gn_act<ACT>(f[e + 1] * a + b));
-                    t32[(cc * LD + 8 * v + e) >> 1] = (unsigned)*reinterpret_cast<const unsigned short*>(&lo_) |
-                                                      ((unsigned)*reinterpret_cast<const unsigned short*>(&hi_) << 16);
-                }
+                for (int e = 0; e < N; e += 2)
+                    t32[(cc * LD + 8 * v + e) >> 1] = pack2<T>(from_f32<T>(gn_act<ACT>(f[e] * a + b)),
+                                                               from_f32<T>(gn_act<ACT>(f[e + 1] * a + b)));
             }
         }
         __syncthreads();
@@ -240,11 +237,8 @@ __device__ __forceinline__ void apply_cl_body(const T* __restrict__ x, const flo
             if (c < C && l < hw) {
                 unsigned u[4];
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const T lo_ = tile[(8 * cg + 2 * e) * LD + p], hi_ = tile[(8 * cg + 2 * e + 1) * LD + p];
-                    u[e] = (unsigned)*reinterpret_cast<const unsigned short*>(&lo_) |
-                           ((unsigned)*reinterpret_cast<const unsigned short*>(&hi_) << 16);
-                }
+                for (int e = 0; e < 4; ++e)
+                    u[e] = pack2<T>(tile[(8 * cg + 2 * e) * LD + p], tile[(8 * cg + 2 * e + 1) * LD + p]);
                 *reinterpret_cast<uint4*>(dst + l * C + c) = make_uint4(u[0], u[1], u[2], u[3]);
             }
         }

@@ -31,7 +31,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from . import launching as KL, loader as L, plans as P
+from . import launching as KL, loader as L, plans as P, tma as TMA
 from .. import backend
 
 ConvGeom = namedtuple("ConvGeom", "N H W Cp O OH OW KH KW sh sw ph pw dh dw")
@@ -356,12 +356,13 @@ _wgmma_checked = set()  # ids of the kernel functions whose register count was c
 EPI_PLAIN, EPI_ADDS, EPI_PHASED = 0, 1, 2  # conv_fwd_wgmma's epilogues (cuda_src/conv_wgmma.cu)
 
 
-def _wgmma_kernel(name, dtype, kernel="conv_fwd_wgmma", epi=None, producers=1):
+def _wgmma_kernel(name, dtype, kernel="conv_fwd_wgmma", epi=None, producers=1, tma=False):
     """(function, dynamic smem) of a wgmma kernel's tile; the forward's `epi` picks its epilogue's instantiation
-    (conv_fwd_wgmma<..., EPI, PW>: EPI_PLAIN, EPI_ADDS adding emb / res, EPI_PHASED a strided conv's dx);
-    `producers` (PW) its producer warpgroups: 256 + 128 PW threads."""
+    (conv_fwd_wgmma<..., EPI, PW, TMA>: EPI_PLAIN, EPI_ADDS adding emb / res, EPI_PHASED a strided conv's dx) and
+    `tma` its TMA producer (one producer warpgroup); `producers` (PW) its producer warpgroups: 256 + 128 PW
+    threads."""
     bn, st = WGMMA_TILES[name]
-    flag = ("" if epi is None else f", {epi}") + f", {producers}"
+    flag = ("" if epi is None else f", {epi}") + f", {producers}" + (", true" if tma else "")
     fn = L.get_function(WGMMA_STEM, f"{kernel}<{{T}}, {bn}, {st}{flag}>", dtype)
     if id(fn) not in _wgmma_checked:  # once per compiled function, not per launch (a driver call)
         regs = int(fn._attribute(getattr(backend.cupy.cuda.driver, "CU_FUNC_ATTRIBUTE_NUM_REGS", 4)))
@@ -419,6 +420,35 @@ def wgmma_dw_fits(H, W, Cp, KH, KW, dh, dw):
     return ((KH - 1) * dh * W + (KW - 1) * dw + 1) * Cp < 2 ** 31 - 1
 
 
+def tma_enabled():
+    """Whether the wgmma forward loads its operands by TMA where the geometry allows (tma_maps): FLAME_CONV_TMA=1 or 0,
+    else WGMMA_TMA."""
+    v = os.environ.get("FLAME_CONV_TMA")
+    if v is None:
+        return WGMMA_TMA
+    if v not in ("0", "1"):
+        raise ValueError(f"FLAME_CONV_TMA must be 0 or 1, got {v!r}")
+    return v == "1"
+
+
+WGMMA_TMA = True
+
+
+def tma_maps(xt, wp, cg, bn):
+    """(weight map, im2col map of xt) for conv_fwd_wgmma's TMA producer, or None where it does not apply: TMA off
+    (tma_enabled), Cp not a multiple of 64 (a k-tile must be 64 channels of one tap), or a bounding box past the
+    4-D im2col map's corner range. The box of tap-(0, 0) positions runs from (-pw, -ph) to the last output pixel's
+    ((OW-1)*sw - pw, (OH-1)*sh - ph), i.e. upper corners relative to (W-1, H-1)."""
+    if not tma_enabled() or cg.Cp % BK:
+        return None
+    lower = (-cg.pw, -cg.ph)
+    upper = ((cg.OW - 1) * cg.sw - cg.pw - (cg.W - 1), (cg.OH - 1) * cg.sh - cg.ph - (cg.H - 1))
+    if not all(-128 <= v <= 127 for v in lower + upper) or max((cg.KH - 1) * cg.dh, (cg.KW - 1) * cg.dw) >= 2 ** 16:
+        return None
+    return (TMA.tiled_2d(wp, 128, BK),
+            TMA.im2col_nhwc(xt, cg.N, cg.H, cg.W, cg.Cp, lower, upper, (cg.sw, cg.sh), BK, bn))
+
+
 def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20, plan=None, emb=None, res=None):
     """conv_nhwc on Hopper warpgroup MMAs: out (N, O, OH, OW) = conv of xt (N, H, W, Cp) with packed weights
     wp (O, KH*KW*Cp) (+ bias (O,)) (+ emb (N, O): a per-image bias) (+ res: a residual of out's shape), the adds in
@@ -442,10 +472,12 @@ def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20, plan=None, emb
     KT = P.cdiv(K, BK)
     forced, tail = split_tail(os.environ.get("FLAME_CONV_WGMMA_TILE") or plan)
     name, kps, S = wgmma_plan(cg.O, NP, KT, P.sm_count(), budget, env=None, forced=forced)
-    pw = fwd_producers()
-    fn, smem = _wgmma_kernel(name, xt.dtype, epi=EPI_PLAIN if emb is None and res is None else EPI_ADDS,
-                             producers=pw)
     bn = WGMMA_TILES[name][0]
+    maps = tma_maps(xt, wp, cg, bn)
+    pw = 1 if maps else fwd_producers()
+    fn, smem = _wgmma_kernel(name, xt.dtype, epi=EPI_PLAIN if emb is None and res is None else EPI_ADDS,
+                             producers=pw, tma=maps is not None)
+    tm_w, tm_x = maps or (TMA.ZERO, TMA.ZERO)
     o_tiles, p_tiles = P.cdiv(cg.O, 128), P.cdiv(NP, bn)
     dp = tail_plan(o_tiles, p_tiles, P.sm_count()) if tail else 0
     i32 = KL.i32
@@ -455,7 +487,8 @@ def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20, plan=None, emb
                   (xt, wp, _ptr(bias) if ws is None else KL.null(), out, _ptr(ws), i32(cg.H), i32(cg.W),
                    i32(cg.Cp), i32(cg.O), i32(cg.KH), i32(cg.KW), i32(cg.sh), i32(cg.sw), i32(cg.ph), i32(cg.pw),
                    i32(cg.dh), i32(cg.dw), i32(cg.OH), i32(cg.OW), i32(NP), i32(K), i32(kps), i32(tile0), i32(pw0),
-                   _ptr(emb if ws is None else None), _ptr(res if ws is None else None), i32(0), i32(1), i32(0)),
+                   _ptr(emb if ws is None else None), _ptr(res if ws is None else None), i32(0), i32(1), i32(0),
+                   tm_w, tm_x),
                   shared_mem=smem)
     if dp:  # whole waves as they are, then the last partial wave's pixel tiles split over K in `tail` slices
         launch(0, dp * o_tiles, 1, KT, None, 0)
@@ -531,7 +564,8 @@ def conv_dx_phased_wgmma(gt, wd, dx, cg, phases, plan=None, group=None):
     KL.launch(fn, (o_tiles * len(order) * tpmax, 1), (256 + 128 * pw,),
               (gt, wd, KL.null(), dx, KL.null(), i32(cg.H), i32(cg.W), i32(cg.Cp), i32(C), i32(cg.KH), i32(cg.KW),
                i32(cg.sh), i32(cg.sw), i32(cg.ph), i32(cg.pw), i32(1), i32(1), i32(H), i32(W), i32(N * H * W),
-               i32(Kf), i32(P.cdiv(Kf, BK)), i32(0), i32(0), KL.null(), KL.null(), i32(code), i32(group), i32(N)),
+               i32(Kf), i32(P.cdiv(Kf, BK)), i32(0), i32(0), KL.null(), KL.null(), i32(code), i32(group), i32(N),
+               TMA.ZERO, TMA.ZERO),
               shared_mem=smem)
     return dx
 

@@ -218,6 +218,8 @@ def _gn_fwd_kernel(x, g, weight, bias, eps, act, channels_last=False):
     """channels_last: the statistics by either path below, then y written channels-last by _gn_apply_cl."""
     xp = backend.xp_of(x)
     x = P.contiguous(x)
+    # the kernels read float32 weights: converted once here (the statistics and the channels-last apply both read them)
+    weight, bias = (None if p is None else P.contiguous(p.astype(np.float32, copy=False)) for p in (weight, bias))
     n, c = x.shape[:2]
     hw = x.size // (n * c)
     smem = _gn_cluster_smem(x, c // g, hw, 1)

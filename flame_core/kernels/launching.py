@@ -2,7 +2,8 @@
 arguments are converted once (hot paths with many fixed scalars).
 
 ``launch(kernel, grid, block, args, shared_mem=0, stream=None)``
-    Launches; ints in ``grid``/``block`` become 1-tuples; dynamic shared memory over 48 KiB is opted into.
+    Launches; ints in ``grid``/``block`` become 1-tuples; dynamic shared memory over 48 KiB is opted into; a
+    ``tma.TensorMap`` argument is passed by value (128 bytes: a ``__grid_constant__`` tensor map).
 ``launch_dependent(...)``, ``PackedLaunch(kernel, grid, block, args, n_pointers, ...)``
     See their docstrings.
 ``f32(v)``, ``i32(v)``, ``i64(v)``, ``null()``, ``f32_bits(v)``
@@ -17,6 +18,7 @@ import numpy as np
 from .. import backend
 from . import plans
 from .loader import _ArchKernel
+from .tma import TensorMap
 
 
 def _dims(d):
@@ -60,11 +62,32 @@ def launch(kernel, grid, block, args, shared_mem=0, stream=None):
     if type(args) is not tuple:
         args = tuple(args)
     shared_mem = allow_dynamic_smem(kernel, shared_mem) if shared_mem else 0
+    if any(type(a) is TensorMap for a in args):
+        return _launch_by_value(kernel, grid, block, args, shared_mem, stream)
     if stream is not None:
         with stream:
             kernel(grid, block, args, shared_mem=shared_mem)
     else:
         kernel(grid, block, args, shared_mem=shared_mem)
+
+
+def _launch_by_value(kernel, grid, block, args, shared_mem, stream):
+    """A launch through the driver with our own parameter array: what CuPy's argument conversion has no type for
+    (a TensorMap: 128 bytes passed by value) is copied from its host address, the rest as `launch` passes it."""
+    keep, ptrs = [], (ctypes.c_void_p * len(args))()
+    for i, a in enumerate(args):
+        if type(a) is TensorMap:
+            ptrs[i] = a.address
+            continue
+        b = ctypes.create_string_buffer(
+            int(a.data.ptr).to_bytes(8, "little") if backend.is_cuda_array(a) else np.asarray(a).tobytes())
+        keep.append(b)
+        ptrs[i] = ctypes.addressof(b)
+    g, b = grid + (1,) * (3 - len(grid)), block + (1,) * (3 - len(block))
+    cuda = backend.cupy.cuda
+    st = stream.ptr if stream is not None else cuda.get_current_stream().ptr
+    cuda.driver.launchKernel(_driver_function(kernel).ptr, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, st,
+                             ctypes.addressof(ptrs), 0)
 
 
 class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute (cuda.h): id, padding to 8 bytes, a 64-byte union

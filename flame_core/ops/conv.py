@@ -530,20 +530,14 @@ def _image_chunks(N, per_image, budget, per_pixel_rows):
     return [(n0, min(k, N - n0)) for n0 in range(0, N, k)]
 
 
-def nhwc_view(a, Rp):
-    """The (N, H*W, Rp) channel-last operand of the implicit-GEMM kernels as a view of `a` when `a` is channels-last
-    (memory N, H, W, C) with C = Rp channels, else None."""
+def _nhwc(a, Rp):
+    """The kernels' (N, H*W, Rp) channel-last operand of `a` (N, C, H, W): a view when `a` is channels-last (memory
+    N, H, W, C) with C = Rp, else K.to_nhwc's copy (channels C..Rp-1 zero)."""
+    from ..kernels import conv as K
     if a.ndim == 4 and a.shape[1] == Rp and MF.is_channels_last(a):
         N, C, H, W = a.shape
         return a.transpose(0, 2, 3, 1).reshape(N, H * W, C)
-    return None
-
-
-def _nhwc(a, Rp):
-    """The kernels' (N, H*W, Rp) operand: a view of a channels-last `a` (nhwc_view), else K.to_nhwc's copy."""
-    from ..kernels import conv as K
-    v = nhwc_view(a, Rp)
-    return K.to_nhwc(a, Rp) if v is None else v
+    return K.to_nhwc(a, Rp)
 
 
 def _reads_in_place(a, channels):

@@ -106,6 +106,55 @@ def test_wgmma_conv_matches_reference(cfg, dtype, tile, bias, producers, monkeyp
     _assert_close(got, want, dtype, f"{cfg} {tile} bias={bias}")
 
 
+# geometries the TMA producer takes (input channels a multiple of 64): ragged O, odd sizes and batch 3 (the im2col walk
+# crosses rows and images inside a tile), strides, the VAE's (0, 1, 0, 1) padding, dilation, a 1x1 with padding, a
+# 5x5 at stride 2, padding past the kernel's reach, and many pixel tiles
+TMA_GEOMS = [
+    (3, 64, 11, 13, 70, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    (2, 128, 17, 15, 130, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),
+    (1, 64, 16, 16, 24, (3, 3), (2, 2), (0, 1, 0, 1), (1, 1)),
+    (2, 64, 13, 11, 40, (3, 3), (2, 2), (0, 1, 0, 1), (1, 1)),
+    (1, 192, 13, 12, 20, (3, 3), (1, 1), (2, 2, 2, 2), (2, 2)),
+    (1, 64, 9, 9, 200, (1, 1), (1, 1), (1, 1, 1, 1), (1, 1)),
+    (2, 64, 10, 12, 16, (5, 5), (2, 2), (2, 2, 2, 2), (1, 1)),
+    (1, 64, 6, 6, 130, (3, 3), (1, 1), (3, 3, 3, 3), (1, 1)),
+    (1, 320, 37, 35, 320, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", sorted(K.WGMMA_TILES) + ["128x128:s3", "128x256:t2"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("cfg", TMA_GEOMS)
+def test_wgmma_tma_producer_matches_reference(cfg, dtype, tile, monkeypatch):
+    """The TMA producer (a tiled weight map, an im2col map of x) against float64, with each tile, a split over K and
+    a tail split (a GPU of 3 SMs as far as the planner knows); and equal to the cp.async gather's output."""
+    _need_sm90()
+    monkeypatch.setattr(K.P, "sm_count", lambda: 3)
+    monkeypatch.setenv("FLAME_CONV_WGMMA_TILE", tile)
+    x, w, b, g, want = _case(cfg, dtype, seed=4)
+    want = want + b.reshape(1, -1, 1, 1)
+    spy = mock.Mock(wraps=K.TMA.im2col_nhwc)
+    monkeypatch.setattr(K.TMA, "im2col_nhwc", spy)
+    monkeypatch.setenv("FLAME_CONV_TMA", "1")
+    got = _run_kernel(cfg, x, w, b, g, dtype)
+    assert spy.call_count == 1  # one map per call (a tail split's two launches share it)
+    _assert_close(got, want, dtype, f"{cfg} {tile} TMA")
+    monkeypatch.setenv("FLAME_CONV_TMA", "0")
+    gathered = _run_kernel(cfg, x, w, b, g, dtype)
+    assert spy.call_count == 1  # the gather: no map
+    np.testing.assert_allclose(got, gathered, rtol=0, atol=np.abs(want).max() * 2e-3)
+
+
+def test_tma_setting_is_checked(monkeypatch):
+    monkeypatch.setenv("FLAME_CONV_TMA", "yes")
+    with pytest.raises(ValueError, match="FLAME_CONV_TMA"):
+        K.tma_enabled()
+    monkeypatch.setenv("FLAME_CONV_TMA", "0")
+    assert K.tma_enabled() is False
+    assert K.tma_maps(None, None, K.ConvGeom(1, 8, 8, 64, 64, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1), 128) is None
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_wgmma_matches_igemm(dtype, monkeypatch):

@@ -1,0 +1,111 @@
+"""TMA tensor maps (CUtensorMap: 128 opaque bytes) for sm_90 kernels: encoded on the host by the driver
+(cuTensorMapEncodeTiled / cuTensorMapEncodeIm2col of libcuda, through ctypes) and passed by value as a kernel's
+`const __grid_constant__` parameter (launching.launch accepts a TensorMap among the arguments). A map holds the
+tensor's address, so it is encoded per call; encoding is a host computation of a few microseconds, and a CUDA graph
+captures the parameter's bytes with the launch.
+
+    tiled_2d(a, box_rows, box_cols)        rows x cols boxes of a 2-D row-major array (128-byte swizzle)
+    im2col_nhwc(a, N, H, W, C, ...)        the im2col boxes of an (N, H, W, C) activation for an implicit-GEMM conv
+    ZERO                                   an all-zero map: the parameter of an instantiation that reads none
+"""
+import ctypes
+
+import numpy as np
+
+MAP_BYTES = 128
+_SWIZZLE_128B = 3           # CU_TENSOR_MAP_SWIZZLE_128B: chunk c of row r at c ^ (r % 8), 1024-byte aligned tiles
+_L2_PROMOTION_128B = 2      # CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+_DTYPES = {"float16": 6, "bfloat16": 9, "float32": 7}  # CUtensorMapDataType
+
+
+class TensorMap:
+    """128 bytes, 64-byte aligned (the driver's requirement) in host memory: `address` is what a kernel launch
+    copies into the parameter."""
+    __slots__ = ("_buf", "address")
+
+    def __init__(self):
+        self._buf = ctypes.create_string_buffer(MAP_BYTES + 64)
+        self.address = (ctypes.addressof(self._buf) + 63) & ~63
+
+    def raw(self):
+        return ctypes.string_at(self.address, MAP_BYTES)
+
+
+ZERO = TensorMap()
+
+_lib = []
+
+
+def _driver():
+    if not _lib:
+        lib = ctypes.CDLL("libcuda.so.1")
+        u64p, u32p, i32p = (ctypes.POINTER(t) for t in (ctypes.c_uint64, ctypes.c_uint32, ctypes.c_int))
+        tiled = lib.cuTensorMapEncodeTiled
+        tiled.restype = ctypes.c_int
+        tiled.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
+                          ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        im2col = lib.cuTensorMapEncodeIm2col
+        im2col.restype = ctypes.c_int
+        im2col.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, i32p, i32p,
+                           ctypes.c_uint32, ctypes.c_uint32, u32p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                           ctypes.c_int]
+        _lib.append((tiled, im2col))
+    return _lib[0]
+
+
+def _arr(ctype, values):
+    return (ctype * len(values))(*values)
+
+
+def _dtype(a):
+    name = np.dtype(a.dtype).name
+    if name not in _DTYPES:
+        raise TypeError(f"tma: no tensor map data type for {name} (float16, bfloat16, float32)")
+    return _DTYPES[name]
+
+
+def _check(err, what):
+    if err:
+        raise RuntimeError(f"tma: {what} failed (CUresult {err})")
+
+
+def tiled_2d(a, box_rows, box_cols):
+    """Boxes of box_rows x box_cols elements of the row-major 2-D array `a` (rows, cols), stored in shared memory as
+    rows of box_cols elements with the 128-byte swizzle (box_cols * itemsize must be 128); rows or columns past the
+    array are zero-filled."""
+    rows, cols = a.shape
+    if box_cols * a.itemsize != 128 or not 1 <= box_rows <= 256 or a.strides[1] != a.itemsize \
+            or a.strides[0] % 16 or a.data.ptr % 16:
+        raise ValueError(f"tma.tiled_2d: box {box_rows}x{box_cols} of a {a.shape} array with strides {a.strides}: "
+                         f"needs 128-byte box rows, at most 256 of them, and 16-byte aligned rows")
+    m = TensorMap()
+    _check(_driver()[0](m.address, _dtype(a), 2, a.data.ptr, _arr(ctypes.c_uint64, [cols, rows]),
+                        _arr(ctypes.c_uint64, [a.strides[0]]), _arr(ctypes.c_uint32, [box_cols, box_rows]),
+                        _arr(ctypes.c_uint32, [1, 1]), 0, _SWIZZLE_128B, _L2_PROMOTION_128B, 0),
+           f"cuTensorMapEncodeTiled of a {a.shape} array, box {box_rows}x{box_cols}")
+    return m
+
+
+def im2col_nhwc(a, N, H, W, C, lower, upper, strides, channels, pixels):
+    """The im2col map of activation `a` (N, H, W, C contiguous, channel-last) for a convolution: a load at tensor
+    coordinates (c, w, h, n) and filter offsets (kw*dw, kh*dh) fetches `pixels` rows of `channels` channels from c
+    on - the input pixels (w, h) + offsets of consecutive output pixels, walking the bounding box of tap-(0, 0)
+    positions (w from lower[0] to W - 1 + upper[0] in steps of strides[0], then h, then n) - stored as rows of
+    `channels` elements with the 128-byte swizzle; pixels outside the image are zero-filled (the padding).
+    lower / upper / strides are (w, h)."""
+    if channels * a.itemsize != 128 or not 1 <= pixels <= 256 or C % 8 or a.size != N * H * W * C \
+            or a.data.ptr % 16:
+        raise ValueError(f"tma.im2col_nhwc: {channels} channels x {pixels} pixels of a ({N}, {H}, {W}, {C}) "
+                         f"activation: needs 128-byte rows, at most 256 pixels, C a multiple of 8, 16-byte alignment")
+    if not all(-128 <= v <= 127 for v in tuple(lower) + tuple(upper)):
+        raise ValueError(f"tma.im2col_nhwc: bounding box corners {lower} / {upper} outside [-128, 127] (4-D maps)")
+    e = a.itemsize
+    m = TensorMap()
+    _check(_driver()[1](m.address, _dtype(a), 4, a.data.ptr, _arr(ctypes.c_uint64, [C, W, H, N]),
+                        _arr(ctypes.c_uint64, [C * e, W * C * e, H * W * C * e]),
+                        _arr(ctypes.c_int, list(lower)), _arr(ctypes.c_int, list(upper)), channels, pixels,
+                        _arr(ctypes.c_uint32, [1, strides[0], strides[1], 1]), 0, _SWIZZLE_128B,
+                        _L2_PROMOTION_128B, 0),
+           f"cuTensorMapEncodeIm2col of a ({N}, {H}, {W}, {C}) activation, box corners {lower} / {upper}, strides "
+           f"{strides}, {channels} channels x {pixels} pixels")
+    return m
