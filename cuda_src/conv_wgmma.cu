@@ -428,12 +428,15 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
 // (i < 4 / PW) of each stage - eight threads read a row's 128 contiguous bytes; its columns' taps (offset in x,
 // kh*dh, kw*dw: one column per slab) are fixed for the CTA and kept in registers, its rows' pixels walk on by 64 per
 // stage. Two producer warpgroups halve each thread's rows: the gather's address arithmetic, not the tensor cores,
-// bounds this kernel with one.
-template <typename T, int BN, int STAGES, int PW>
+// bounds this kernel with one. TMA (PW 1, Cp a multiple of 64): the producer's first thread loads each stage with
+// tensor-memory-accelerator copies instead - the dY slabs by tm_a (tiled, dY (P, Op)), each X slab by tm_x (the
+// forward's im2col map of x, 64 pixels: slab q is 64 channels of one tap, its filter offsets fixed for the CTA).
+template <typename T, int BN, int STAGES, int PW, bool TMA = false>
 __global__ void __launch_bounds__(256 + 128 * PW, 1)
 conv_dw_wgmma(const T* __restrict__ gt, const T* __restrict__ x, float* __restrict__ ws, int H, int W, int Cp, int O,
               int Op, int KH, int KW, int sh, int sw, int ph, int pw, int dh, int dw, int OH, int OW, int P, int K,
-              int kt_split) {
+              int kt_split, const __grid_constant__ CwTmap tm_a, const __grid_constant__ CwTmap tm_x) {
+    static_assert(!TMA || PW == 1, "TMA: one producer warpgroup");
     constexpr int BM = 128, BK = 64;
     constexpr int NB = BN / 128;  // wgmma m64n128 per k16 step and consumer warpgroup
     constexpr unsigned SLAB = BK * 128;  // one [64 pixels][64 channels] slab
@@ -451,7 +454,7 @@ conv_dw_wgmma(const T* __restrict__ gt, const T* __restrict__ x, float* __restri
     const int kt0 = blockIdx.y * kt_split;  // this CTA's pixel k-tiles: kt0 .. kt0 + nkt - 1
     const int nkt = min((P + BK - 1) / BK - kt0, kt_split);
 
-    cw_ring_init<STAGES, 128 * PW>(bar0, tid);
+    cw_ring_init<STAGES, TMA ? 1 : 128 * PW>(bar0, tid);
 
     // PW producer warpgroups: 1 as the forward (72 / 216 registers within 168 x 384), 2 (56 / 200 within 128 x 512:
     // no spills at either tile; 48 / 208 spilled at 128x256)
@@ -459,6 +462,38 @@ conv_dw_wgmma(const T* __restrict__ gt, const T* __restrict__ x, float* __restri
     constexpr int RSTEP = 16 * PW, NI = 4 / PW;  // a producer thread's rows: r0 + RSTEP i, i < NI
     if (warp >= 8) {  // ------------------------------------------------------- producer warpgroup(s)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_P));
+        if constexpr (TMA) {
+            if (tid != 256) return;
+            // slab q's channel block and filter offsets; slabs wholly past K are not loaded
+            const int nq = min(NQ, (K - k0 + 63) / 64);
+            int qc[NQ], qw[NQ], qh[NQ];
+#pragma unroll
+            for (int q = 0; q < NQ; ++q) {
+                const int k = k0 + 64 * q, t = k / Cp, kh = t / KW;
+                qc[q] = k - t * Cp, qw[q] = (t - kh * KW) * dw, qh[q] = kh * dh;
+            }
+            const int OHW = OH * OW;
+            int p = kt0 * BK, n = p / OHW, oh = (p - n * OHW) / OW, ow = p - n * OHW - oh * OW;
+            for (int kt = 0; kt < nkt; ++kt) {
+                const int s = kt % STAGES;
+                if (kt >= STAGES) mbar_wait(ring.empty(s), ((kt / STAGES) - 1) & 1);
+                const unsigned sa = base + s * STAGE_BYTES;
+                cw_expect_tx(ring.full(s), A_BYTES + nq * SLAB);
+                cw_tma_2d(sa, &tm_a, o0, p, ring.full(s));
+                cw_tma_2d(sa + SLAB, &tm_a, o0 + 64, p, ring.full(s));
+#pragma unroll
+                for (int q = 0; q < NQ; ++q)
+                    if (q < nq)
+                        cw_tma_im2col(sa + A_BYTES + q * SLAB, &tm_x, qc[q], ow * sw - pw, oh * sh - ph, n,
+                                      (unsigned short)qw[q], (unsigned short)qh[q], ring.full(s));
+                p += BK, ow += BK;
+                while (ow >= OW) {
+                    ow -= OW;
+                    if (++oh == OH) oh = 0, ++n;
+                }
+            }
+            return;
+        }
         const int ptid = tid - 256;
         // thread (c8, r0) copies chunk c8 of every slab's 128-byte rows r0 + RSTEP i: eight threads cover a row's
         // 128 bytes (whole sectors), and the thread's X columns are one per slab

@@ -434,19 +434,26 @@ def tma_enabled():
 WGMMA_TMA = True
 
 
-def tma_maps(xt, wp, cg, bn):
-    """(weight map, im2col map of xt) for conv_fwd_wgmma's TMA producer, or None where it does not apply: TMA off
-    (tma_enabled), Cp not a multiple of 64 (a k-tile must be 64 channels of one tap), or a bounding box past the
-    4-D im2col map's corner range. The box of tap-(0, 0) positions runs from (-pw, -ph) to the last output pixel's
-    ((OW-1)*sw - pw, (OH-1)*sh - ph), i.e. upper corners relative to (W-1, H-1)."""
+def _im2col_map(xt, cg, pixels):
+    """The im2col map of xt (N, H*W, Cp) for the TMA producers (tma.im2col_nhwc: 64 channels x `pixels` per load),
+    or None where TMA does not apply: TMA off (tma_enabled), Cp not a multiple of 64 (a 64-deep k-tile / slab must
+    be 64 channels of one tap), or a bounding box past the 4-D map's corner range. The box of tap-(0, 0) positions
+    runs from (-pw, -ph) to the last output pixel's ((OW-1)*sw - pw, (OH-1)*sh - ph), i.e. upper corners relative
+    to (W-1, H-1)."""
     if not tma_enabled() or cg.Cp % BK:
         return None
     lower = (-cg.pw, -cg.ph)
     upper = ((cg.OW - 1) * cg.sw - cg.pw - (cg.W - 1), (cg.OH - 1) * cg.sh - cg.ph - (cg.H - 1))
     if not all(-128 <= v <= 127 for v in lower + upper) or max((cg.KH - 1) * cg.dh, (cg.KW - 1) * cg.dw) >= 2 ** 16:
         return None
-    return (TMA.tiled_2d(wp, 128, BK),
-            TMA.im2col_nhwc(xt, cg.N, cg.H, cg.W, cg.Cp, lower, upper, (cg.sw, cg.sh), BK, bn))
+    return TMA.im2col_nhwc(xt, cg.N, cg.H, cg.W, cg.Cp, lower, upper, (cg.sw, cg.sh), BK, pixels)
+
+
+def tma_maps(xt, wp, cg, bn):
+    """(weight map, im2col map of xt) for conv_fwd_wgmma's TMA producer (BN-pixel loads), or None where TMA does not
+    apply (_im2col_map)."""
+    xmap = _im2col_map(xt, cg, bn)
+    return xmap and (TMA.tiled_2d(wp, 128, BK), xmap)
 
 
 def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20, plan=None, emb=None, res=None):
@@ -615,13 +622,15 @@ def conv_dw_nhwc_wgmma(gt, xt, cg, C, dw=None, acc32=None, accumulate=False, bud
                          f"producer's offsets are 32-bit); convolve fewer images at a time")
     name, kps, S = wgmma_plan(cg.O, K, P.cdiv(NP, BK), P.sm_count(), budget, env="FLAME_CONV_WGMMA_DW_TILE",
                               max_splits=WGMMA_DW_MAX_SPLITS, forced=plan)
-    pw = dw_producers()
-    fn, smem = _wgmma_kernel(name, xt.dtype, "conv_dw_wgmma", producers=pw)
+    maps = _im2col_map(xt, cg, BK)
+    maps = maps and (TMA.tiled_2d(gt.reshape(NP, Op), BK, BK), maps)
+    pw = 1 if maps else dw_producers()
+    fn, smem = _wgmma_kernel(name, xt.dtype, "conv_dw_wgmma", producers=pw, tma=maps is not None)
     bn = WGMMA_TILES[name][0]
     ws = empty((S, cg.O, K), np.float32)
     i32 = KL.i32
     KL.launch(fn, (P.cdiv(cg.O, 128) * P.cdiv(K, bn), S), (256 + 128 * pw,),
               (gt, xt, ws, i32(cg.H), i32(cg.W), i32(cg.Cp), i32(cg.O), i32(Op), i32(cg.KH), i32(cg.KW), i32(cg.sh),
                i32(cg.sw), i32(cg.ph), i32(cg.pw), i32(cg.dh), i32(cg.dw), i32(cg.OH), i32(cg.OW), i32(NP), i32(K),
-               i32(kps)), shared_mem=smem)
+               i32(kps)) + (maps or (TMA.ZERO, TMA.ZERO)), shared_mem=smem)
     _dw_reduce(ws, acc32, dw, cg, C, accumulate, xt.dtype)

@@ -361,6 +361,48 @@ def test_wgmma_dw_matches_reference(cfg, dtype, tile, producers, monkeypatch):
     _assert_close(cp.asnumpy(dw).astype(np.float64), want, dtype, f"dw {cfg} {tile}")
 
 
+# weight-gradient geometries the TMA producer takes (input channels a multiple of 64; padding as (ph, pw)): ragged O
+# (the second dY slab partly or wholly past Op), a K not a multiple of the tile (slabs past K skipped), odd sizes,
+# batch 3, stride 2, dilation 2, a 1x1 with padding, a 5x5 at stride 2 and many pixel k-tiles
+DW_TMA_GEOMS = [
+    (3, 64, 11, 13, 70, (3, 3), (1, 1), (1, 1), (1, 1)),
+    (2, 128, 17, 15, 130, (3, 3), (2, 2), (1, 1), (1, 1)),
+    (1, 192, 13, 12, 20, (3, 3), (1, 1), (2, 2), (2, 2)),
+    (1, 64, 9, 9, 200, (1, 1), (1, 1), (1, 1), (1, 1)),
+    (2, 64, 10, 12, 16, (5, 5), (2, 2), (2, 2), (1, 1)),
+    (2, 320, 33, 31, 320, (3, 3), (1, 1), (1, 1), (1, 1)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", [None, "128x128", "128x256:s3", "128x128:s7"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("cfg", DW_TMA_GEOMS)
+def test_wgmma_dw_tma_producer_matches_reference(cfg, dtype, tile, monkeypatch):
+    """The weight gradient with the TMA producer (a tiled map of dY, an im2col map of x) against float64, with the
+    planned and forced tiles / splits; and equal to the cp.async gather's."""
+    _need_sm90()
+    cp = backend.cupy
+    N, Cc, H, W, O, k, s, p, d = cfg
+    npdt = parse_dtype(dtype).np
+    x, w, g, gy = _grad_case((N, Cc, H, W), (O, Cc) + k, s, p, d, dtype, 7)
+    _, want = C._im2col_backward(gy, x, w, g, False, True)
+    monkeypatch.setenv("FLAME_CONV_ALGO", "dw=wgmma")
+    if tile:
+        monkeypatch.setenv("FLAME_CONV_WGMMA_DW_TILE", tile)
+    spy = mock.Mock(wraps=K.TMA.im2col_nhwc)
+    monkeypatch.setattr(K.TMA, "im2col_nhwc", spy)
+    xd, wd, gd = (cp.asarray(a.astype(npdt)) for a in (x, w, gy))
+    got = {}
+    for tma in ("1", "0"):
+        monkeypatch.setenv("FLAME_CONV_TMA", tma)
+        _, dw = C.conv2d_backward(gd, xd, wd, g, need_x=False, need_w=True)
+        got[tma] = cp.asnumpy(dw).astype(np.float64)
+        assert spy.call_count == 1  # the TMA run's map; the gather's run makes none
+    _assert_close(got["1"], want, dtype, f"dw TMA {cfg} {tile}")
+    np.testing.assert_allclose(got["1"], got["0"], rtol=0, atol=np.abs(want).max() * 2e-3)
+
+
 @pytest.mark.gpu
 def test_wgmma_dw_image_chunks_accumulate(monkeypatch):
     """Image chunks (a small workspace): each chunk's partials are added into one float32 sum, then rounded once."""
