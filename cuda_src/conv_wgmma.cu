@@ -58,6 +58,9 @@ struct CwRegs {
 struct alignas(64) CwTmap {
     unsigned long long v[16];
 };
+struct CwTmap4 {  // the im2col maps of the phased dx's phases (in its `phases` order), or one map in m[0]
+    CwTmap m[4];
+};
 // The tensor-memory-accelerator loads of the TMA producer: a box of a 2-D tiled map at (c0 innermost, c1), and the
 // im2col box of a 4-D (c, w, h, n) map at filter offsets (ow, oh); each signals `bar` with its bytes (complete_tx).
 __device__ __forceinline__ void cw_tma_2d(unsigned dst, const CwTmap* map, int c0, int c1, unsigned bar) {
@@ -145,8 +148,8 @@ constexpr int EPI_PLAIN = 0, EPI_ADDS = 1, EPI_PHASED = 2;
 // groups of ptg pixel tiles: group by group, the group's tiles of each phase in that order - the long ones first,
 // and each group's pieces of dx's sectors (a phase writes every sw-th element of a row) written close in time.
 template <int EPI>
-__device__ __forceinline__ bool cw_phase(int& ti, int o_tiles, int BN, int phases, int ptg, int nimg, int& pa, int& pb,
-                                         int& KH, int& KW, int& sh, int& sw, int& ph, int& pw, int& dh,
+__device__ __forceinline__ bool cw_phase(int& ti, int o_tiles, int BN, int phases, int ptg, int nimg, int& pq,
+                                         int& pa, int& pb, int& KH, int& KW, int& sh, int& sw, int& ph, int& pw, int& dh,
                                          int& dw, int& OH, int& OW, int& P, int& K, int& wt0, int& wt_h, int& wt_w,
                                          int Cp) {
     if constexpr (EPI != EPI_PHASED) {
@@ -159,6 +162,7 @@ __device__ __forceinline__ bool cw_phase(int& ti, int o_tiles, int BN, int phase
         const int tg = min(ptg, tpmax - grp * ptg);  // the last group may be short
         const int q = rem / tg, t = grp * ptg + (rem - q * tg);
         const int code = (phases >> (4 + 4 * q)) & 15;
+        pq = q;
         pa = code >> 2, pb = code & 3;
         int t0h = -1, nh = 0, t0w = -1, nw = 0;
         for (int k = KH - 1; k >= 0; --k)
@@ -178,16 +182,17 @@ __device__ __forceinline__ bool cw_phase(int& ti, int o_tiles, int BN, int phase
 }
 
 // TMA (PW 1): the producer warpgroup's first thread loads each stage with two tensor-memory-accelerator copies -
-// the weight tile by tm_w (tiled, w (O, K)) and the pixel tile by tm_x (im2col of x (N, H, W, Cp)) - instead of the
-// cp.async gather: Cp a multiple of 64, so that a k-tile is 64 channels of one tap (conv.py checks).
+// the weight tile by tm_w (tiled, w (O, K): the columns of the k-tile's tap) and the pixel tile by tm_x.m[0] (im2col
+// of x (N, H, W, Cp); EPI_PHASED: m[q], the CTA's phase's own) - instead of the cp.async gather: Cp a multiple of
+// 64, so that a k-tile is 64 channels of one tap (conv.py checks).
 template <typename T, int BN, int STAGES, int EPI, int PW, bool TMA = false>
 __global__ void __launch_bounds__(256 + 128 * PW, 1)
 conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
                float* __restrict__ ws, int H, int W, int Cp, int O, int KH, int KW, int sh, int sw, int ph, int pw,
                int dh, int dw, int OH, int OW, int P, int K, int kt_split, int tile0, int pw0,
                const T* __restrict__ emb, const T* __restrict__ res, int phases, int ptg, int nimg,
-               const __grid_constant__ CwTmap tm_w, const __grid_constant__ CwTmap tm_x) {
-    static_assert(!TMA || (PW == 1 && EPI != EPI_PHASED), "TMA: one producer warpgroup, not the phased dx");
+               const __grid_constant__ CwTmap tm_w, const __grid_constant__ CwTmap4 tm_x) {
+    static_assert(!TMA || PW == 1, "TMA: one producer warpgroup");
     constexpr bool ADDS = EPI == EPI_ADDS, PHASED = EPI == EPI_PHASED;
     constexpr int BM = 128, BK = 64;
     constexpr int NB = BN / 128;  // wgmma m64n128 per k16 step and consumer warpgroup
@@ -203,8 +208,8 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     // the weight row stride and the column of tap (kh, kw), channel c: wt0 + kh*wt_h + kw*wt_w + c (phased: of dx's
     // full flipped weights); a phased CTA's phase (pa, pb) of y's YH x YW pixels, its geometry a stride-1 conv
     const int wld = K, YH = OH, YW = OW, ysh = sh, ysw = sw;
-    int pa = 0, pb = 0, wt0, wt_h, wt_w;
-    if (!cw_phase<EPI>(ti, o_tiles, BN, phases, ptg, nimg, pa, pb, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, P, K,
+    int pq = 0, pa = 0, pb = 0, wt0, wt_h, wt_w;
+    if (!cw_phase<EPI>(ti, o_tiles, BN, phases, ptg, nimg, pq, pa, pb, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, P, K,
                        wt0, wt_h, wt_w, Cp))
         return;  // a pixel tile past this phase's pixels (phases of fewer rows / columns): the whole CTA
     const int o0 = (ti % o_tiles) * BM;
@@ -228,13 +233,14 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             const int bw = ow * sw - pw, bh = oh * sh - ph;
             const int tap0 = kt0 * BK / Cp;
             int kc = kt0 * BK - tap0 * Cp, kh = tap0 / KW, kw = tap0 - kh * KW;
+            const CwTmap* xmap = &tm_x.m[pq];
             for (int kt = 0; kt < nkt; ++kt) {
                 const int s = kt % STAGES;
                 if (kt >= STAGES) mbar_wait(ring.empty(s), ((kt / STAGES) - 1) & 1);
                 const unsigned sa = base + s * STAGE_BYTES;
                 cw_expect_tx(ring.full(s), STAGE_BYTES);
-                cw_tma_2d(sa, &tm_w, (kt0 + kt) * BK, o0, ring.full(s));
-                cw_tma_im2col(sa + A_BYTES, &tm_x, kc, bw, bh, n, (unsigned short)(kw * dw),
+                cw_tma_2d(sa, &tm_w, wt0 + kh * wt_h + kw * wt_w + kc, o0, ring.full(s));
+                cw_tma_im2col(sa + A_BYTES, xmap, kc, bw, bh, n, (unsigned short)(kw * dw),
                               (unsigned short)(kh * dh), ring.full(s));
                 if ((kc += BK) == Cp) {
                     kc = 0;

@@ -421,14 +421,12 @@ def wgmma_dw_fits(H, W, Cp, KH, KW, dh, dw):
 
 
 def tma_enabled():
-    """Whether the wgmma forward loads its operands by TMA where the geometry allows (tma_maps): FLAME_CONV_TMA=1 or 0,
-    else WGMMA_TMA."""
+    """Whether the wgmma kernels load their operands by TMA where the geometry allows (_im2col_map): FLAME_CONV_TMA=1
+    or 0, else WGMMA_TMA - and the driver encodes tensor maps (tma.available)."""
     v = os.environ.get("FLAME_CONV_TMA")
-    if v is None:
-        return WGMMA_TMA
-    if v not in ("0", "1"):
+    if v is not None and v not in ("0", "1"):
         raise ValueError(f"FLAME_CONV_TMA must be 0 or 1, got {v!r}")
-    return v == "1"
+    return (WGMMA_TMA if v is None else v == "1") and TMA.available()
 
 
 WGMMA_TMA = True
@@ -484,7 +482,7 @@ def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20, plan=None, emb
     pw = 1 if maps else fwd_producers()
     fn, smem = _wgmma_kernel(name, xt.dtype, epi=EPI_PLAIN if emb is None and res is None else EPI_ADDS,
                              producers=pw, tma=maps is not None)
-    tm_w, tm_x = maps or (TMA.ZERO, TMA.ZERO)
+    tm_w, tm_x = (maps[0], TMA.pack(maps[1:], 4)) if maps else (TMA.ZERO, TMA.ZERO4)
     o_tiles, p_tiles = P.cdiv(cg.O, 128), P.cdiv(NP, bn)
     dp = tail_plan(o_tiles, p_tiles, P.sm_count()) if tail else 0
     i32 = KL.i32
@@ -526,10 +524,12 @@ def conv_dx_phased_wgmma(gt, wd, dx, cg, phases, plan=None, group=None):
     (N, OH*OW, Op) by its taps of wd = pack_weight_dx(w, Op) (C, KH*KW*Op), written into dx's rows and columns from
     the accumulators - no per-phase weights, temporaries or interleave pass. cg: ConvGeom(N, OH, OW, Op, C, H, W, KH,
     KW, sh, sw, ph, pw, 1, 1) (dy's size as the input, dx's as the output, the strided conv's taps, stride and
-    leading padding). phases: (a, b, taps) of the phases with taps (ops/conv.py dx_phases); dx elements of other
-    phases must be zeroed by the caller. `plan` 'TILE' picks the tile (else wgmma_plan's model); `group` the pixel
-    tiles per group ($FLAME_CONV_DX_GROUP; 0: one group; else equal groups of at most about DX_GROUP_BYTES of dx):
-    CTAs run group by group, each group's phases the most taps first."""
+    leading padding). phases: the phases with taps (ops/conv.py dx_phases: a, b, kh, kw, ph, pw, OH, OW); dx
+    elements of other phases must be zeroed by the caller. `plan` 'TILE' picks the tile (else wgmma_plan's model);
+    `group` the pixel tiles per group ($FLAME_CONV_DX_GROUP; 0: one group; else equal groups of at most about
+    DX_GROUP_BYTES of dx): CTAs run group by group, each group's phases the most taps first. With TMA (Op a multiple
+    of 64, _im2col_map) the weight tiles come from a tiled map of wd and each phase's pixel tiles from its own
+    im2col map of gt (its padding and output grid)."""
     if not wgmma_available():
         raise RuntimeError("conv_dx_phased_wgmma: cuda_src/conv_wgmma.cu runs on compute capability 9.0 (sm_90a) only")
     if gt.dtype.itemsize != 2 or wd.dtype != gt.dtype or dx.dtype != gt.dtype:
@@ -553,10 +553,10 @@ def conv_dx_phased_wgmma(gt, wd, dx, cg, phases, plan=None, group=None):
         raise ValueError(f"conv_dx_phased_wgmma: plan {forced!r} must be one of {sorted(WGMMA_TILES)}, optionally "
                          f"with ':s1' (a phased dx is not split over K)")
     bn = WGMMA_TILES[name][0]
-    order = sorted(phases, key=lambda ph: -ph[2])
+    order = sorted(phases, key=lambda ph: -len(ph.kh) * len(ph.kw))
     code = len(order)
-    for i, (a, b, _) in enumerate(order):
-        code |= (a * 4 + b) << (4 + 4 * i)
+    for i, ph in enumerate(order):
+        code |= (ph.a * 4 + ph.b) << (4 + 4 * i)
     o_tiles, tpmax = P.cdiv(C, 128), P.cdiv(NP, bn)
     env = os.environ.get("FLAME_CONV_DX_GROUP")
     if env is not None and not env.isdigit():
@@ -565,14 +565,18 @@ def conv_dx_phased_wgmma(gt, wd, dx, cg, phases, plan=None, group=None):
     if group is None:
         group = P.cdiv(tpmax, P.cdiv(dx.nbytes, DX_GROUP_BYTES))
     group = min(tpmax, group) if group > 0 else tpmax
-    pw = fwd_producers()
-    fn, smem = _wgmma_kernel(name, gt.dtype, epi=EPI_PHASED, producers=pw)
+    xmaps = [_im2col_map(gt, cg._replace(N=N, KH=len(ph.kh), KW=len(ph.kw), sh=1, sw=1, ph=ph.ph, pw=ph.pw,
+                                         OH=ph.OH, OW=ph.OW), bn) for ph in order]
+    tma = all(m is not None for m in xmaps)
+    tm_w, tm_x = (TMA.tiled_2d(wd, 128, BK), TMA.pack(xmaps, 4)) if tma else (TMA.ZERO, TMA.ZERO4)
+    pw = 1 if tma else fwd_producers()
+    fn, smem = _wgmma_kernel(name, gt.dtype, epi=EPI_PHASED, producers=pw, tma=tma)
     i32 = KL.i32
     KL.launch(fn, (o_tiles * len(order) * tpmax, 1), (256 + 128 * pw,),
               (gt, wd, KL.null(), dx, KL.null(), i32(cg.H), i32(cg.W), i32(cg.Cp), i32(C), i32(cg.KH), i32(cg.KW),
                i32(cg.sh), i32(cg.sw), i32(cg.ph), i32(cg.pw), i32(1), i32(1), i32(H), i32(W), i32(N * H * W),
                i32(Kf), i32(P.cdiv(Kf, BK)), i32(0), i32(0), KL.null(), KL.null(), i32(code), i32(group), i32(N),
-               TMA.ZERO, TMA.ZERO),
+               tm_w, tm_x),
               shared_mem=smem)
     return dx
 

@@ -73,7 +73,8 @@ def launch(kernel, grid, block, args, shared_mem=0, stream=None):
 
 def _launch_by_value(kernel, grid, block, args, shared_mem, stream):
     """A launch through the driver with our own parameter array: what CuPy's argument conversion has no type for
-    (a TensorMap: 128 bytes passed by value) is copied from its host address, the rest as `launch` passes it."""
+    (a TensorMap: 128 bytes or a struct of several maps, passed by value) is copied from its host address, the rest
+    as `launch` passes it."""
     keep, ptrs = [], (ctypes.c_void_p * len(args))()
     for i, a in enumerate(args):
         if type(a) is TensorMap:

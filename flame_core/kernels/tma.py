@@ -6,7 +6,8 @@ captures the parameter's bytes with the launch.
 
     tiled_2d(a, box_rows, box_cols)        rows x cols boxes of a 2-D row-major array (128-byte swizzle)
     im2col_nhwc(a, N, H, W, C, ...)        the im2col boxes of an (N, H, W, C) activation for an implicit-GEMM conv
-    ZERO                                   an all-zero map: the parameter of an instantiation that reads none
+    pack(maps, count)                      several maps as one parameter (a struct of `count` maps)
+    ZERO, ZERO4                            all-zero parameters: those of an instantiation that reads none
 """
 import ctypes
 
@@ -19,21 +20,42 @@ _DTYPES = {"float16": 6, "bfloat16": 9, "float32": 7}  # CUtensorMapDataType
 
 
 class TensorMap:
-    """128 bytes, 64-byte aligned (the driver's requirement) in host memory: `address` is what a kernel launch
-    copies into the parameter."""
-    __slots__ = ("_buf", "address")
+    """`count` maps of 128 bytes back to back, 64-byte aligned (the driver's requirement) in host memory: `address` is
+    what a kernel launch copies into the parameter (a CUtensorMap, or a struct of `count` of them)."""
+    __slots__ = ("_buf", "address", "count")
 
-    def __init__(self):
-        self._buf = ctypes.create_string_buffer(MAP_BYTES + 64)
+    def __init__(self, count=1):
+        self.count = count
+        self._buf = ctypes.create_string_buffer(MAP_BYTES * count + 64)
         self.address = (ctypes.addressof(self._buf) + 63) & ~63
 
     def raw(self):
-        return ctypes.string_at(self.address, MAP_BYTES)
+        return ctypes.string_at(self.address, MAP_BYTES * self.count)
+
+
+def pack(maps, count):
+    """One parameter of `count` maps: `maps` in order, the rest zero."""
+    if len(maps) > count:
+        raise ValueError(f"tma.pack: {len(maps)} maps into a parameter of {count}")
+    out = TensorMap(count)
+    for i, m in enumerate(maps):
+        ctypes.memmove(out.address + i * MAP_BYTES, m.address, MAP_BYTES)
+    return out
 
 
 ZERO = TensorMap()
+ZERO4 = TensorMap(4)
 
 _lib = []
+
+
+def available():
+    """Whether the driver encodes tensor maps (libcuda with cuTensorMapEncodeTiled / Im2col: CUDA 12 drivers on)."""
+    try:
+        _driver()
+        return True
+    except (OSError, AttributeError):
+        return False
 
 
 def _driver():

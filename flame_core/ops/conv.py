@@ -664,7 +664,7 @@ def _igemm_backward(gy, x, w, g, need_x, need_w):
     dx = K.empty(x.shape, x.dtype) if need_x else None
     wd = K.pack_weight_dx(w, Op) if need_x and (fused or not phased) else None  # (C, KH*KW*Op)
     if fused:
-        phases = [(ph.a, ph.b, len(ph.kh) * len(ph.kw)) for ph in dx_phases(g)]
+        phases = dx_phases(g)
         if len(phases) < g.sh * g.sw:  # a phase with no tap: its part of dx is zero
             dx[...] = 0
     dw = K.empty(w.shape, w.dtype) if need_w else None

@@ -131,7 +131,12 @@ def test_strided_dx_on_the_kernels(cfg, dtype, algo, monkeypatch):
 @pytest.mark.parametrize("group", ["1", "2", "3", "0"])
 @pytest.mark.parametrize("cfg", [(3, 200, 33, 31, 24, (3, 3), (2, 2), (1, 1)),
                                  (1, 136, 29, 36, 40, (3, 3), (2, 2), (0, 0), (1, 1)),
-                                 (2, 24, 20, 21, 16, (3, 3), (1, 2), (1, 1))])
+                                 (2, 24, 20, 21, 16, (3, 3), (1, 2), (1, 1)),
+                                 # dy channels a multiple of 64: the TMA producer (per-phase im2col maps)
+                                 (3, 200, 33, 31, 64, (3, 3), (2, 2), (1, 1)),
+                                 (1, 136, 29, 36, 128, (3, 3), (2, 2), (0, 0), (1, 1)),
+                                 (2, 72, 20, 21, 64, (3, 3), (1, 2), (1, 1)),
+                                 (2, 40, 21, 19, 192, (5, 5), (2, 2), (2, 2))])
 def test_phased_dx_tiles_and_groups(cfg, group, tile, monkeypatch):
     if not K.wgmma_available():
         pytest.skip("conv_wgmma.cu needs a compute capability 9.0 GPU")
@@ -143,23 +148,27 @@ def test_phased_dx_tiles_and_groups(cfg, group, tile, monkeypatch):
     w = rng.standard_normal((O, Cc, KH, KW))
     g = C.geometry(x.shape, w.shape, stride, pad, 1, 1, pad_end=cfg[8] if len(cfg) > 8 else None)
     gy = rng.standard_normal((N, O, g.OH, g.OW))
+    tiled = mock.Mock(wraps=K.TMA.tiled_2d)
+    monkeypatch.setattr(K.TMA, "tiled_2d", tiled)
     _strided_dx_check(x, w, g, gy, "bfloat16", "wgmma", monkeypatch)
+    assert (tiled.call_count > 0) == (O % 64 == 0 and K.tma_enabled())  # the TMA producer where it applies
 
 
 def test_phased_dx_rejects_what_it_cannot_run(monkeypatch):
     """conv_dx_phased_wgmma's checks run before any launch (the cpu reaches them only without a device: the first
     check is the device's, so here the argument checks are asserted on a GPU only)."""
+    ph = C.dx_phases(C.geometry((1, 8, 8, 8), (8, 8, 3, 3), 2, 1, 1, 1))
     if not K.wgmma_available():
         with pytest.raises(RuntimeError, match="sm_90a"):
-            K.conv_dx_phased_wgmma(None, None, None, None, [(0, 0, 1)])
+            K.conv_dx_phased_wgmma(None, None, None, None, ph)
         return
     cp = backend.cupy
     cg = K.ConvGeom(1, 4, 4, 8, 8, 8, 8, 3, 3, 2, 2, 1, 1, 1, 1)
     gt, wd = cp.zeros((1, 16, 8), cp.float16), cp.zeros((8, 72), cp.float16)
     dx = cp.zeros((1, 8, 8, 8), cp.float16)
     with pytest.raises(ValueError, match="not split over K"):
-        K.conv_dx_phased_wgmma(gt, wd, dx, cg, [(0, 0, 1)], plan="128x256:s2")
+        K.conv_dx_phased_wgmma(gt, wd, dx, cg, ph, plan="128x256:s2")
     with pytest.raises(ValueError, match="strides"):
-        K.conv_dx_phased_wgmma(gt, wd, dx, cg._replace(sh=3), [(0, 0, 1)])
+        K.conv_dx_phased_wgmma(gt, wd, dx, cg._replace(sh=3), ph)
     with pytest.raises(ValueError, match="do not match"):
-        K.conv_dx_phased_wgmma(gt, wd[:, :64], dx, cg, [(0, 0, 1)])
+        K.conv_dx_phased_wgmma(gt, wd[:, :64], dx, cg, ph)
