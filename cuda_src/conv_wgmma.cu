@@ -22,6 +22,10 @@
 // and a bit mask of the taps that fall inside the image (KH*KW <= 32) - so that a gathered chunk costs the producer a
 // bit test and one address add (the image coordinates and 64-bit products per chunk had made the
 // producer, not the tensor cores, the limit), within the few registers setmaxnreg leaves it.
+// With TMA (the TMA instantiations, Cp a multiple of 64) one producer thread replaces the gather: per stage a tiled
+// tensor-map load of the weight tile and an im2col tensor-map load of the pixel tile (the map walks the output
+// pixels' tap-(0, 0) positions with the conv's stride; the k-tile's tap is the load's filter offset; the padding is
+// the TMA's zero fill), both landing in the same swizzled layout and completing the stage's barrier by byte count.
 // Tiles: CTA x of a launch is tile tile0 + x, channel-tile fastest. A "tail split" (conv.py) runs the tiles of the
 // last partial wave as a second launch split over K, so that they fill the SMs: its ws holds pixels pw0 on.
 // Epilogue: y (N, O, OH*OW) = D + bias, straight from the accumulators (as conv_fwd_igemm's); or, split over K
