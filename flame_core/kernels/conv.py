@@ -390,8 +390,8 @@ WGMMA_FWD_PRODUCERS = 2  # the forward / dx kernel's producer warpgroups: two ha
 
 
 def fwd_producers():
-    """The forward (and dx) kernel's producer warpgroups: FLAME_CONV_FWD_PRODUCERS (1 or 2), else
-    WGMMA_FWD_PRODUCERS."""
+    """The forward (and dx) kernel's producer warpgroups where it gathers with cp.async (not the TMA producer's
+    geometries: _im2col_map): FLAME_CONV_FWD_PRODUCERS (1 or 2), else WGMMA_FWD_PRODUCERS."""
     return _producers("FLAME_CONV_FWD_PRODUCERS", WGMMA_FWD_PRODUCERS)
 
 
@@ -408,7 +408,8 @@ WGMMA_DW_PRODUCERS = 2  # the weight gradient kernel's producer warpgroups: two 
 
 
 def dw_producers():
-    """The weight gradient kernel's producer warpgroups: FLAME_CONV_DW_PRODUCERS (1 or 2), else WGMMA_DW_PRODUCERS."""
+    """The weight gradient kernel's producer warpgroups where it gathers with cp.async (not the TMA producer's
+    geometries: _im2col_map): FLAME_CONV_DW_PRODUCERS (1 or 2), else WGMMA_DW_PRODUCERS."""
     return _producers("FLAME_CONV_DW_PRODUCERS", WGMMA_DW_PRODUCERS)
 
 
@@ -447,12 +448,6 @@ def _im2col_map(xt, cg, pixels):
     return TMA.im2col_nhwc(xt, cg.N, cg.H, cg.W, cg.Cp, lower, upper, (cg.sw, cg.sh), BK, pixels)
 
 
-def tma_maps(xt, wp, cg, bn):
-    """(weight map, im2col map of xt) for conv_fwd_wgmma's TMA producer (BN-pixel loads), or None where TMA does not
-    apply (_im2col_map)."""
-    xmap = _im2col_map(xt, cg, bn)
-    return xmap and (TMA.tiled_2d(wp, 128, BK), xmap)
-
 
 def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20, plan=None, emb=None, res=None):
     """conv_nhwc on Hopper warpgroup MMAs: out (N, O, OH, OW) = conv of xt (N, H, W, Cp) with packed weights
@@ -478,11 +473,11 @@ def conv_nhwc_wgmma(xt, wp, out, cg, bias=None, budget=512 << 20, plan=None, emb
     forced, tail = split_tail(os.environ.get("FLAME_CONV_WGMMA_TILE") or plan)
     name, kps, S = wgmma_plan(cg.O, NP, KT, P.sm_count(), budget, env=None, forced=forced)
     bn = WGMMA_TILES[name][0]
-    maps = tma_maps(xt, wp, cg, bn)
-    pw = 1 if maps else fwd_producers()
+    xmap = _im2col_map(xt, cg, bn)  # the TMA producer's (BN-pixel loads), or None: the cp.async gather
+    pw = 1 if xmap else fwd_producers()
     fn, smem = _wgmma_kernel(name, xt.dtype, epi=EPI_PLAIN if emb is None and res is None else EPI_ADDS,
-                             producers=pw, tma=maps is not None)
-    tm_w, tm_x = (maps[0], TMA.pack(maps[1:], 4)) if maps else (TMA.ZERO, TMA.ZERO4)
+                             producers=pw, tma=xmap is not None)
+    tm_w, tm_x = (TMA.tiled_2d(wp, 128, BK), TMA.pack([xmap], 4)) if xmap else (TMA.ZERO, TMA.ZERO4)
     o_tiles, p_tiles = P.cdiv(cg.O, 128), P.cdiv(NP, bn)
     dp = tail_plan(o_tiles, p_tiles, P.sm_count()) if tail else 0
     i32 = KL.i32
@@ -565,7 +560,7 @@ def conv_dx_phased_wgmma(gt, wd, dx, cg, phases, plan=None, group=None):
     if group is None:
         group = P.cdiv(tpmax, P.cdiv(dx.nbytes, DX_GROUP_BYTES))
     group = min(tpmax, group) if group > 0 else tpmax
-    xmaps = [_im2col_map(gt, cg._replace(N=N, KH=len(ph.kh), KW=len(ph.kw), sh=1, sw=1, ph=ph.ph, pw=ph.pw,
+    xmaps = [_im2col_map(gt, cg._replace(KH=len(ph.kh), KW=len(ph.kw), sh=1, sw=1, ph=ph.ph, pw=ph.pw,
                                          OH=ph.OH, OW=ph.OW), bn) for ph in order]
     tma = all(m is not None for m in xmaps)
     tm_w, tm_x = (TMA.tiled_2d(wd, 128, BK), TMA.pack(xmaps, 4)) if tma else (TMA.ZERO, TMA.ZERO4)

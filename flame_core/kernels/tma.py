@@ -29,9 +29,6 @@ class TensorMap:
         self._buf = ctypes.create_string_buffer(MAP_BYTES * count + 64)
         self.address = (ctypes.addressof(self._buf) + 63) & ~63
 
-    def raw(self):
-        return ctypes.string_at(self.address, MAP_BYTES * self.count)
-
 
 def pack(maps, count):
     """One parameter of `count` maps: `maps` in order, the rest zero."""

@@ -639,14 +639,6 @@ def phase_dx(gt, w, g, dx, Op, conv):
         K.dx_interleave(outs, dx, g.sh, g.sw)
 
 
-def phased_tile(g):
-    """The tile of a strided conv's one-launch dx (conv_dx_phased_wgmma, never split over K): the measured table's
-    dx plan's tile (the table's entries from before the one-launch dx may carry a split or tail that the per-phase
-    launches ran), else None (wgmma_plan's model picks)."""
-    plan = tuned_plan(g, "dx")
-    return plan.partition(":")[0] if plan else None
-
-
 def _igemm_backward(gy, x, w, g, need_x, need_w):
     """dx and dw by the implicit-GEMM kernels. dx at stride 1 is one conv of dy (the transposed conv is then a
     conv); a strided dx (dilation 1) is one stride-1 conv per phase of dx: on the wgmma kernel (strides up to 2) all
@@ -676,7 +668,7 @@ def _igemm_backward(gy, x, w, g, need_x, need_w):
         gt = _nhwc(gy[n0:n0 + k], Op)  # (k, OH*OW, Op)
         if fused:
             cg = K.ConvGeom(k, g.OH, g.OW, Op, g.C, g.H, g.W, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, 1, 1)
-            K.conv_dx_phased_wgmma(gt, wd, dx[n0:n0 + k], cg, phases, plan=phased_tile(g))
+            K.conv_dx_phased_wgmma(gt, wd, dx[n0:n0 + k], cg, phases, plan=tuned_plan(g, "dx"))
         elif phased:
             phase_dx(gt, w, g, dx[n0:n0 + k], Op, conv_x)
         elif need_x:  # dx = conv(dy, w flipped), stride 1, padding d*(K-1) - p

@@ -99,6 +99,7 @@ def test_wgmma_conv_matches_reference(cfg, dtype, tile, bias, producers, monkeyp
     _need_sm90()
     monkeypatch.setenv("FLAME_CONV_WGMMA_TILE", tile)
     monkeypatch.setenv("FLAME_CONV_FWD_PRODUCERS", producers)
+    monkeypatch.setenv("FLAME_CONV_TMA", "0")  # the cp.async gather (the TMA producer: its own test below)
     x, w, b, g, want = _case(cfg, dtype)
     if bias:
         want = want + b.reshape(1, -1, 1, 1)
@@ -152,7 +153,7 @@ def test_tma_setting_is_checked(monkeypatch):
         K.tma_enabled()
     monkeypatch.setenv("FLAME_CONV_TMA", "0")
     assert K.tma_enabled() is False
-    assert K.tma_maps(None, None, K.ConvGeom(1, 8, 8, 64, 64, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1), 128) is None
+    assert K._im2col_map(None, K.ConvGeom(1, 8, 8, 64, 64, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1), 128) is None
 
 
 @pytest.mark.gpu
@@ -250,6 +251,7 @@ def test_wgmma_tail_split_matches_reference(cfg, dtype, tile, producers, monkeyp
     a pixel inside an image on): a GPU of 3 SMs as far as the planner knows, so the tiny geometries have tails."""
     _need_sm90()
     monkeypatch.setenv("FLAME_CONV_FWD_PRODUCERS", producers)
+    monkeypatch.setenv("FLAME_CONV_TMA", "0")  # the cp.async gather
     monkeypatch.setattr(K.P, "sm_count", lambda: 3)
     monkeypatch.setenv("FLAME_CONV_WGMMA_TILE", tile)
     x, w, b, g, want = _case(cfg, dtype)
@@ -344,6 +346,7 @@ def test_wgmma_dw_matches_reference(cfg, dtype, tile, producers, monkeypatch):
     planned tile and forced tiles / splits over the pixels, with one and two producer warpgroups."""
     _need_sm90()
     monkeypatch.setenv("FLAME_CONV_DW_PRODUCERS", producers)
+    monkeypatch.setenv("FLAME_CONV_TMA", "0")  # the cp.async gather (the TMA producer: its own test)
     cp = backend.cupy
     N, Cc, H, W, O, k, s, p, d = cfg
     npdt = parse_dtype(dtype).np

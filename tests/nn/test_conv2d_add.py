@@ -75,8 +75,8 @@ def test_unbatched_input_is_refused():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("plan", [None, "128x128:s3", "128x128:t2"])
-@pytest.mark.parametrize("algo", ["wgmma", "igemm", "im2col"])
+@pytest.mark.parametrize("algo, plan", [("wgmma", None), ("wgmma", "128x128:s3"), ("wgmma", "128x128:t2"),
+                                        ("igemm", None), ("im2col", None)])   # plans are the wgmma kernel's
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_gpu_paths_match_float64(dtype, algo, plan, monkeypatch):
     """Every CUDA path with the adds (wgmma: in its epilogue, or its split reduction; the others after), bf16 / fp16
@@ -84,8 +84,6 @@ def test_gpu_paths_match_float64(dtype, algo, plan, monkeypatch):
     from flame_core.kernels import conv as K
     if algo == "wgmma" and not K.wgmma_available():
         pytest.skip("needs compute capability 9.0")
-    if plan is not None and algo != "wgmma":
-        pytest.skip("plans are the wgmma kernel's")
     monkeypatch.setenv("FLAME_CONV_ALGO", algo)
     if plan:
         monkeypatch.setenv("FLAME_CONV_WGMMA_TILE", plan)
