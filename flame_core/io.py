@@ -1,5 +1,6 @@
-"""safetensors files: `save_file` (atomic: temp file + os.replace), `load_file`, and `safe_open` for lazy reads;
-`atomic_write`, the atomic writing of any file.
+"""safetensors files: `save_file` (atomic), `load_file`, and `safe_open` for lazy reads; `atomic_write`, the one
+way FLAME writes any file (temp file beside it, fsync, rename, fsync of the folder: a crash or power cut leaves the
+old file or the new one, never half of one), and `write_json` on top of it.
 
 The format (https://github.com/huggingface/safetensors): 8-byte little-endian header length N, N bytes of JSON
 `{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}}` padded with spaces, then the
@@ -124,8 +125,8 @@ def save_file(tensors, filename, metadata=None):
 @contextlib.contextmanager
 def atomic_write(path, mode="wb", **open_kwargs):
     """A temporary file beside `path`, opened in `mode` (and `open_kwargs`, e.g. encoding) with the permissions
-    open() would give it; on a clean exit it is flushed, fsynced and renamed over `path`, on an exception removed:
-    `path` is never left half-written."""
+    open() would give it; on a clean exit it is flushed, fsynced and renamed over `path` and the folder is fsynced,
+    on an exception removed: `path` is never left half-written."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=folder)
@@ -141,6 +142,30 @@ def atomic_write(path, mode="wb", **open_kwargs):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    fsync_dir(folder)  # the rename itself is only durable once the folder's entry is on disk
+
+
+def fsync_dir(folder):
+    """Make a rename or a new entry in `folder` durable (a no-op where folders cannot be opened, e.g. Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_json(path, obj, *, indent=2, **json_kwargs):
+    """`obj` as JSON (json.dumps with `indent` and `json_kwargs`) written to `path` through atomic_write; returns
+    `path`. The whole text is made first: an object JSON cannot encode leaves `path` untouched."""
+    text = json.dumps(obj, indent=indent, **json_kwargs)
+    with atomic_write(path) as f:
+        f.write(text.encode("utf-8"))
+    return os.fspath(path)
 
 
 def _umask():

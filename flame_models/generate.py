@@ -31,9 +31,9 @@ import time
 import flame_core as flame
 from flame_core import memory
 from flame_core.errors import FlameError
+from flame_core.io import atomic_write
 from flame_core.memory.stats import fmt_bytes, parse_size
 
-from .checkpoint_io import atomic_open
 from .flux import pipeline as P
 from .flux.components import FluxFiles, FluxFilesError, find_flux_files
 
@@ -127,7 +127,7 @@ def save_png(image, path, info):
     meta = PngInfo()
     for k, v in info.items():
         meta.add_text(k, v)
-    with atomic_open(path, "wb") as f:
+    with atomic_write(path) as f:
         image.save(f, format="PNG", pnginfo=meta)
     return path
 

@@ -21,7 +21,7 @@ from .loading import (COMPUTE_DTYPES, PROGRESS_BYTES, check_mismatch, compute_dt
                       fill_, layout_plan, listing, load_planned_, mismatch_message, planned_mismatches,
                       planned_reader, preset)
 from .reading import SafetensorsCheckpoint, block_indices, count_indices, describe_keys, keys_under
-from .saving import atomic_open, save_shards, save_weights, shard_groups, write_json
+from .saving import save_shards, save_weights, shard_groups, write_json
 
 __all__ = [
     "CheckpointError",
@@ -34,5 +34,5 @@ __all__ = [
     "COMPUTE_DTYPES", "PROGRESS_BYTES", "check_mismatch", "compute_dtype", "config_argument", "empty_model", "fill_",
     "layout_plan", "listing", "load_planned_", "mismatch_message", "planned_mismatches", "planned_reader", "preset",
     # saving
-    "atomic_open", "save_shards", "save_weights", "shard_groups", "write_json",
+    "save_shards", "save_weights", "shard_groups", "write_json",
 ]

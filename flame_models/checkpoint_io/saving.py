@@ -1,25 +1,11 @@
-"""Writing checkpoints so that an interrupted save never leaves a half-written file: JSON and safetensors files go
-to a temporary name in the same folder, are fsynced and renamed; large state dicts split into shards with an index
-JSON as diffusers and transformers write them."""
-import json
+"""Writing checkpoints so that an interrupted save never leaves a half-written file: JSON and safetensors files are
+written through flame_core.io.atomic_write (temporary name in the same folder, fsync, rename, fsync of the folder);
+large state dicts split into shards with an index JSON as diffusers and transformers write them."""
 import os
 
-from flame_core.io import atomic_write, save_file
+from flame_core.io import save_file, write_json
 
 from .finding import INDEX_SUFFIX
-
-
-def atomic_open(path, mode="w"):
-    """Open a temporary file next to `path` for writing; on a clean exit it is fsynced and renamed over `path`, on
-    an exception removed: `path` is never left half-written (flame_core.io.atomic_write, text mode by default)."""
-    return atomic_write(path, mode)
-
-
-def write_json(path, obj, *, indent=2, sort_keys=False):
-    """Write `obj` as JSON to `path` atomically (atomic_open); returns `path`."""
-    with atomic_open(path) as f:
-        json.dump(obj, f, indent=indent, sort_keys=sort_keys)
-    return os.fspath(path)
 
 
 def shard_groups(items, max_shard_size):

@@ -2,7 +2,7 @@
 
 A checkpoint is a folder <run>/checkpoints/step_NNNNNN/ with the files the trainer gives (safetensors of the adapter,
 optimizer and EMA state, state.json) and manifest.json: each file's size and SHA-256. It is written into
-step_NNNNNN.tmp/ -- every file fsynced (flame_core.io.save_file and files.py do) -- then the manifest, then the
+step_NNNNNN.tmp/ -- every file fsynced (flame_core.io.atomic_write does) -- then the manifest, then the
 folder is fsynced and renamed, and the parent folder fsynced. A process killed at any point leaves either the
 complete folder or a .tmp folder that no reader takes for a checkpoint (the next save removes it).
 `latest_valid(run)` checks the manifests from the newest checkpoint down and returns the first intact one with
@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 
-from .files import atomic_write_json, fsync_dir
+from flame_core.io import fsync_dir, write_json as atomic_write_json
 
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"

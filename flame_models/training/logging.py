@@ -11,7 +11,7 @@ import io
 import json
 import os
 
-from .files import atomic_write_bytes, atomic_write_json, atomic_write_text
+from flame_core.io import atomic_write, write_json
 
 FIELDS = ("step", "loss", "lr", "timestep", "seconds")
 
@@ -43,8 +43,9 @@ class LossLog:
         w = csv.DictWriter(buf, fieldnames=FIELDS)
         w.writeheader()
         w.writerows(self.rows)
-        atomic_write_text(self.csv_path, buf.getvalue())
-        atomic_write_json(self.json_path, {"fields": list(FIELDS), "rows": self.rows})
+        with atomic_write(self.csv_path) as f:
+            f.write(buf.getvalue().encode("utf-8"))
+        write_json(self.json_path, {"fields": list(FIELDS), "rows": self.rows}, indent=None)
 
     def load(self):
         """Rows from the JSON (or CSV) a previous run left (for resume)."""
@@ -92,7 +93,9 @@ def plot_losses(rows, path, title="training loss", ylabel="loss"):
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     plt.close(fig)
-    return atomic_write_bytes(path, buf.getvalue())
+    with atomic_write(path) as f:
+        f.write(buf.getvalue())
+    return path
 
 
 def _plot_pillow(steps, losses, sm, path, title):
@@ -111,5 +114,5 @@ def _plot_pillow(steps, losses, sm, path, title):
     d.line([xy(s, v) for s, v in zip(steps, losses)], fill=(160, 190, 230), width=1)
     d.line([xy(s, v) for s, v in zip(steps, sm)], fill=(31, 119, 180), width=3)
     d.text((pad, 10), f"{title}  (steps {s0}-{steps[-1]}, loss {lo:.3g}-{hi:.3g})", fill="black")
-    from .files import save_image
+    from .preview import save_image
     return save_image(img, path)

@@ -10,6 +10,8 @@ import textwrap
 
 import numpy as np
 
+from flame_core.io import atomic_write
+
 _PROJ = {}
 PROJECTION_TITLE = ("latent projection (no VAE in this run): a fixed mix of the latent channels, not the decoded "
                     "image")
@@ -57,13 +59,19 @@ def _font(size):
         return ImageFont.load_default()
 
 
+def save_image(img, path):
+    """A PIL image as a PNG, written atomically (flame_core.io.atomic_write). Returns `path`."""
+    with atomic_write(path) as f:
+        img.save(f, format="PNG")
+    return path
+
+
 def save_image_grid(rows, path, col_labels=None, row_labels=None, title=None, gap=4):
     """Write a labelled PNG grid (atomically). rows: list of rows, each a list of (H, W, 3) uint8 arrays (one
     size; shorter rows leave blanks); col_labels above the columns, row_labels (wrapped) left of the rows, an
     optional title line on top."""
     from PIL import Image, ImageDraw
 
-    from .files import save_image
     h, w = rows[0][0].shape[:2]
     n_rows, n_cols = len(rows), max(len(r) for r in rows)
     font = _font(13)

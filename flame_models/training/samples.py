@@ -9,8 +9,7 @@ import numpy as np
 
 from flame_core import io
 
-from .files import save_image
-from .preview import projection_images, save_image_grid, to_uint8, PROJECTION_TITLE
+from .preview import projection_images, save_image, save_image_grid, to_uint8, PROJECTION_TITLE
 
 
 class PreviewPrompt(NamedTuple):

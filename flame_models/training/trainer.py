@@ -34,6 +34,7 @@ import numpy as np
 import flame_core as flame
 import flame_nn
 from flame_core import io
+from flame_core.io import write_json
 from flame_core.amp import autocast
 from flame_core.autograd import no_grad
 from flame_core.errors import OutOfMemoryError
@@ -46,7 +47,6 @@ from .data import ConcatDataset, FolderDataset, Loader, SyntheticDataset
 from .distributed import TrainerGroup, main_rank_only, on_main_rank  # ddp
 from .ema import EMA
 from .family import get_family
-from .files import atomic_write_json
 from .interrupt import StopRequest
 from .logging import LossLog, plot_losses
 from .progress import Progress
@@ -257,7 +257,7 @@ class Trainer:
         self._window = {"steps": 0, "loss": 0.0, "timestep": 0.0}  # steps since the last loss-log row
         if checkpoint is not None:
             resume.load_checkpoint(self, checkpoint, state)
-        atomic_write_json(os.path.join(self.out, "config.json"), config_dict(c), indent=1, default=str)
+        write_json(os.path.join(self.out, "config.json"), config_dict(c), indent=1, default=str)
 
     def _batch_shapes(self):
         """How many batch shapes the run draws (one per bucket that fills a batch; 1 for sample data)."""

@@ -208,3 +208,44 @@ def test_fp8_on_cuda_roundtrip_and_conversion(tmp_path):
     as_bf16 = io.load_file(path, device="cuda", dtype=flame.bfloat16)["q"]
     assert as_bf16.dtype == flame.bfloat16
     np.testing.assert_array_equal(as_bf16.float().numpy(), vals)
+
+
+def test_atomic_write_fsyncs_the_file_and_then_its_folder(tmp_path, monkeypatch):
+    # the rename is durable only once the folder's entry is on disk: the folder is fsynced after os.replace
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", "dir" if os.path.isdir(os.readlink(f"/proc/self/fd/{fd}")) else "file"))
+        return real_fsync(fd)
+
+    def replace(a, b):
+        events.append(("replace", os.path.basename(b)))
+        return real_replace(a, b)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    with io.atomic_write(tmp_path / "out.bin") as f:
+        f.write(b"whole")
+    assert events == [("fsync", "file"), ("replace", "out.bin"), ("fsync", "dir")]
+    assert (tmp_path / "out.bin").read_bytes() == b"whole"
+    events.clear()
+    assert io.write_json(tmp_path / "a.json", {"v": 1}) == str(tmp_path / "a.json")
+    assert events == [("fsync", "file"), ("replace", "a.json"), ("fsync", "dir")]
+
+
+def test_atomic_write_leaves_nothing_when_the_writer_raises(tmp_path):
+    path = tmp_path / "state.json"
+    path.write_text("old")
+    with pytest.raises(RuntimeError, match="half-way"):
+        with io.atomic_write(path) as f:
+            f.write(b"partial")
+            raise RuntimeError("half-way")
+    assert path.read_text() == "old" and sorted(os.listdir(tmp_path)) == ["state.json"]
+    with pytest.raises(RuntimeError):
+        with io.atomic_write(tmp_path / "new.bin") as f:
+            f.write(b"partial")
+            raise RuntimeError("half-way")
+    assert sorted(os.listdir(tmp_path)) == ["state.json"]  # no temp file, no half-written new file
+    with pytest.raises(TypeError):
+        io.write_json(path, {"v": object()})
+    assert path.read_text() == "old" and sorted(os.listdir(tmp_path)) == ["state.json"]
