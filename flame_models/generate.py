@@ -32,7 +32,7 @@ import flame_core as flame
 from flame_core import memory
 from flame_core.errors import FlameError
 from flame_core.io import atomic_write
-from flame_core.memory.stats import fmt_bytes, parse_size
+from flame_core.memory.stats import fmt_bytes, parse_budget
 
 from .flux import pipeline as P
 from .flux.components import FluxFiles, FluxFilesError, find_flux_files
@@ -96,16 +96,11 @@ def _dtype(dtype, dev):
 
 
 def _budget(max_gpu_memory):
-    if max_gpu_memory is None:
-        return None
+    """Bytes of --max-gpu-memory (flame_core.memory.stats.parse_budget: a bare number is GiB, as in the trainer's config)."""
     try:
-        n = (int(max_gpu_memory * 2 ** 30) if isinstance(max_gpu_memory, (int, float))
-             else parse_size(max_gpu_memory))
-    except (TypeError, ValueError) as e:
-        raise GenerateError(f"--max-gpu-memory {max_gpu_memory!r}: {e}") from None
-    if n is None or n <= 0:
-        raise GenerateError(f"--max-gpu-memory {max_gpu_memory!r}: a size such as 12GiB")
-    return n
+        return parse_budget(max_gpu_memory, "--max-gpu-memory")
+    except ValueError as e:
+        raise GenerateError(str(e)) from None
 
 
 # ----------------------------------------------------------------------------- PNG files
@@ -387,7 +382,8 @@ def build_parser():
     r.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     r.add_argument("--dtype", choices=sorted(DTYPES), help="default bf16 on cuda, fp32 on cpu")
     r.add_argument("--fp8", action="store_true", help="fp8 (e4m3) storage of the transformer blocks and T5")
-    r.add_argument("--max-gpu-memory", help="a budget such as 12GiB: stream blocks through the GPU within it")
+    r.add_argument("--max-gpu-memory", help="a budget such as 12GiB (a bare number is GiB): stream blocks through "
+                                            "the GPU within it")
     r.add_argument("--max-length", type=int, help="T5 tokens per prompt (default Flux-dev 512, schnell 256, SD3 256)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p

@@ -32,6 +32,28 @@ def parse_size(x):
     return int(x)
 
 
+def parse_budget(x, what="max_gpu_memory"):
+    """Bytes of a memory budget as people write one -- the trainer's `max_gpu_memory` and the `--max-gpu-memory`
+    flags, through this one function: a number with a unit ('12GiB', '24 GB', '512MiB'; KiB / MiB / GiB are powers
+    of 1024, KB / MB / GB of 1000) or a bare number, which means GiB ('12' and 12 are 12 GiB, as in ai-toolkit's
+    configs). It must be more than 0. ValueError naming `what` and the value otherwise (None stays None).
+    (parse_size, under it, is the byte-level API: there a bare number means bytes, as in torch.cuda.)"""
+    if x is None:
+        return None
+    bad = ValueError(f"{what}: a size such as '12GiB' or '24 GB', or a number of GiB, more than 0; got {x!r}")
+    if isinstance(x, bool) or not isinstance(x, (int, float, str)):
+        raise bad
+    if isinstance(x, str) and re.fullmatch(r"\s*[0-9]*\.?[0-9]+\s*", x):
+        x = float(x)
+    try:
+        n = int(x * (1 << 30)) if isinstance(x, (int, float)) else parse_size(x)
+    except (TypeError, ValueError, OverflowError):
+        raise bad from None
+    if not n > 0:
+        raise bad
+    return n
+
+
 def stats_dict(acct):
     """PyTorch-style flat dict (`allocated_bytes.all.current`, ...) plus FLAME's cache counters."""
     d = {

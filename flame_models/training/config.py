@@ -172,8 +172,9 @@ class TrainConfig:
     type: str = "sd_trainer"             # ai-toolkit's process type: sd_trainer / diffusion_trainer
     device: typing.Optional[str] = None  # None: cuda when available, else cpu
     trigger_word: typing.Optional[str] = None  # replaces [trigger] in captions (prepended when missing) and prompts
-    max_gpu_memory: typing.Any = None    # e.g. '12GiB' (or a number of GiB): stream the transformer blocks from
-                                         # pinned host memory, keeping as many resident as this budget allows
+    max_gpu_memory: typing.Any = None    # e.g. '12GiB' (a bare number is GiB; flame_core.memory.stats.parse_budget):
+                                         # stream the transformer blocks from pinned host memory, keeping as many
+                                         # resident as this budget allows
     network: NetworkConfig = field(default_factory=NetworkConfig)
     save: SaveConfig = field(default_factory=SaveConfig)
     datasets: typing.List[DatasetConfig] = field(default_factory=list)
@@ -480,18 +481,6 @@ def config_dict(cfg):
     for k in _INTERNAL:
         d.pop(k, None)
     return d
-
-
-def max_gpu_memory_bytes(value):
-    """Bytes of a max_gpu_memory setting: a size string ('12GiB', '24 GB', '512MiB') or a number of GiB."""
-    from flame_core.memory.stats import parse_size
-    if isinstance(value, bool):
-        raise TypeError("max_gpu_memory: expected a size, got a boolean")
-    if isinstance(value, (int, float)):
-        return int(value * 2 ** 30)
-    if isinstance(value, str) and value.strip().replace(".", "", 1).isdigit():
-        return int(float(value) * 2 ** 30)
-    return parse_size(value)
 
 
 def dtype_name(name):

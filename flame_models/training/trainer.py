@@ -38,11 +38,12 @@ from flame_core.io import write_json
 from flame_core.amp import autocast
 from flame_core.autograd import no_grad
 from flame_core.errors import OutOfMemoryError
+from flame_core.memory.stats import parse_budget
 from flame_nn import adapters as A
 
 from . import checkpoint as ckpt
 from . import image_data
-from .config import ConfigError, config_dict, dtype_name, max_gpu_memory_bytes
+from .config import ConfigError, config_dict, dtype_name
 from .data import ConcatDataset, FolderDataset, Loader, SyntheticDataset
 from .distributed import TrainerGroup, main_rank_only, on_main_rank  # ddp
 from .ema import EMA
@@ -97,7 +98,7 @@ class Trainer:
             c.network.target = fam.default_target
         if c.model.name_or_path is None and c.model.size is None and self._model is None:
             c.model.size = fam.default_size
-        self.budget = max_gpu_memory_bytes(c.max_gpu_memory) if c.max_gpu_memory is not None else None
+        self.budget = parse_budget(c.max_gpu_memory)  # bytes, or None
         if self.budget is not None and self.device.type == "cuda":
             gc.collect()                            # a budget counts the whole GPU: what this process's pool
             flame.memory.empty_cache(self.device)   # caches from earlier work goes back to the driver first

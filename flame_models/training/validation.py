@@ -5,8 +5,9 @@ import os
 
 from ..data.config import validate_dataset_config
 from ..samplers import PREDICTION_TYPES
-from .config import (DTYPES, FILE_FORMATS, NETWORK_TYPES, OPTIMIZERS, PROCESS_TYPES, SCHEDULERS,
-                     max_gpu_memory_bytes)
+from flame_core.memory.stats import parse_budget
+
+from .config import DTYPES, FILE_FORMATS, NETWORK_TYPES, OPTIMIZERS, PROCESS_TYPES, SCHEDULERS
 from .objective import DENSITY_SCHEMES, WEIGHTING_SCHEMES
 from .timesteps import MODE_SCALE_RANGE
 
@@ -182,11 +183,9 @@ def validate(cfg, prefix="", check_files=True):
     _at_least(e, f"{p}log_every", cfg.log_every)
     if cfg.max_gpu_memory is not None:
         try:
-            if max_gpu_memory_bytes(cfg.max_gpu_memory) <= 0:
-                raise ValueError
-        except (TypeError, ValueError):
-            e.append(f"{p}max_gpu_memory: a size such as '12GiB' or '24 GB', or a number of GiB, got "
-                     f"{cfg.max_gpu_memory!r}")
+            parse_budget(cfg.max_gpu_memory, f"{p}max_gpu_memory")
+        except ValueError as err:
+            e.append(str(err))
     if cfg.device is not None:
         dev = str(cfg.device)
         if not (dev == "cpu" or dev == "cuda" or (dev.startswith("cuda:") and dev[5:].isdigit())):

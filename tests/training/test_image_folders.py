@@ -261,7 +261,8 @@ def test_random_init_fills_empty_parameters_on_their_device(tmp_path):
     ("10GiB", False, "fp8"), ("12GiB", True, "fp8"), ("6GiB", False, "fp8+stream")])
 def test_t5_is_stored_in_fp8_or_streamed_when_the_budget_asks_for_it(budget, quantize_te, want):
     # T5-XXL: 4.76e9 parameters, 9.5 GB in bfloat16, 4.8 GB in fp8, plus 2 GiB for CLIP-L and the activations
-    from flame_models.training.config import ModelConfig, max_gpu_memory_bytes
+    from flame_core.memory.stats import parse_budget as max_gpu_memory_bytes
+    from flame_models.training.config import ModelConfig
     from flame_models.training.families import flux_parts
     m = ModelConfig(size="flux-dev", quantize_te=quantize_te)
     b = None if budget is None else max_gpu_memory_bytes(budget)
@@ -274,7 +275,8 @@ def test_t5_is_stored_in_fp8_or_streamed_when_the_budget_asks_for_it(budget, qua
 def test_sd3_counts_clip_g_and_clip_l_beside_t5(budget, quantize_te, want):
     # SD3 holds CLIP-L + CLIP-G (818e6 parameters, 1.6 GB in bfloat16) beside T5 while captions are encoded: 7.5 GiB
     # holds T5 in fp8 beside a CLIP-L (Flux) but not beside both
-    from flame_models.training.config import ModelConfig, max_gpu_memory_bytes
+    from flame_core.memory.stats import parse_budget as max_gpu_memory_bytes
+    from flame_models.training.config import ModelConfig
     from flame_models.training.families import flux_parts, sd3_parts
     m = ModelConfig(arch="sd3", size="sd3.5-large", quantize_te=quantize_te)
     assert sd3_parts._clip_params(m) == 818_310_144
