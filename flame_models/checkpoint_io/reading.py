@@ -125,11 +125,35 @@ def count_indices(keys, pattern):
     return n
 
 
-def describe_keys(keys, kinds, default="no model this loader knows"):
-    """A few words on what a file with these tensor names holds, for errors: the first (substrings, words) of
-    `kinds` one of whose substrings is in some key, else `default`."""
+# (kind, words, fragments): the first row one of whose fragments is in some key name tells what a file holds.
+# Adapters come first (their keys name the model they adapt), whole checkpoints' denoisers before the VAE and text
+# encoders they carry, SD3's bundled text encoders before the CLIP keys inside them.
+KEY_KINDS = (
+    ("lora", "a LoRA / adapter file", ("lora_unet_", "lora_te", "lora_transformer_", ".lora_down.", ".lora_up.",
+                                       ".lora_A.", ".lora_B.", ".lora_magnitude_vector", ".hada_w1_a", ".lokr_w1",
+                                       ".lokr_w2")),
+    ("flux", "a Flux transformer (BFL layout)", ("double_blocks.", "single_blocks.")),
+    ("flux", "a Flux transformer (diffusers layout)", ("single_transformer_blocks.",)),
+    ("sd3", "an SD3 (MMDiT) transformer", ("joint_blocks.", "pos_embed.proj.")),
+    ("unet", "a Stable Diffusion / SDXL UNet", ("input_blocks.", "middle_block.", "time_embedding.linear_1.")),
+    ("transformer", "a diffusion transformer (diffusers layout)", ("context_embedder.",)),
+    ("vae", "a VAE (autoencoder)", ("decoder.conv_in.", "encoder.conv_in.", "encoder.down.", "decoder.up.",
+                                    "encoder.down_blocks.", "decoder.up_blocks.", "first_stage_model.")),
+    ("text_encoders", "the text encoders of an SD3 checkpoint", ("text_encoders.",)),
+    # (transformers 5 saves CLIPTextModel without the text_model. prefix; OpenCLIP names its layers resblocks)
+    ("clip", "a CLIP text encoder", ("text_model.", "transformer.resblocks.", "encoder.layers.0.self_attn.q_proj.",
+                                     "embeddings.token_embedding.", "text_projection")),
+    ("t5", "a T5 text encoder", (".SelfAttention.", ".DenseReluDense.", "encoder.block.")),
+)
+
+
+def describe_keys(keys):
+    """(kind, words, an example key) for a file's tensor names, from their names alone (no tensor read): kind is
+    one of lora, flux, sd3, unet, transformer, vae, text_encoders, clip, t5 (KEY_KINDS), or unknown ('an unknown
+    model'; example None when there are no keys)."""
     keys = list(keys)
-    for subs, words in kinds:
-        if any(s in k for k in keys for s in subs):
-            return words
-    return default
+    for kind, words, fragments in KEY_KINDS:
+        for k in keys:
+            if any(f in k for f in fragments):
+                return kind, words, k
+    return "unknown", "an unknown model", keys[0] if keys else None

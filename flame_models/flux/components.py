@@ -19,7 +19,7 @@ from .params import FluxParams
 # diffusers FluxPipeline's subfolders
 SUBFOLDERS = {"transformer": "transformer", "vae": "vae", "clip_l": "text_encoder", "t5": "text_encoder_2",
               "clip_tokenizer": "tokenizer", "t5_tokenizer": "tokenizer_2"}
-# what each part is, in the words of training.model_files.describe_keys, and the option that names it
+# what each part is, in the words of checkpoint_io.describe_keys, and the option that names it
 _WANT = {"transformer": ("flux", "a Flux transformer", "--model"),
          "vae": ("vae", "a VAE (autoencoder)", "--vae"),
          "clip_l": ("clip", "a CLIP text encoder (CLIP-L)", "--clip-l"),
@@ -96,7 +96,7 @@ def find_flux_files(path, *, vae=None, clip_l=None, t5=None, tokenizer=None):
     `transformer/`); `vae`, `clip_l`, `t5` name the parts a single file lacks (or replace a folder's);
     `tokenizer` a folder holding tokenizer/ (CLIP) and tokenizer_2/ (T5) -- default: the model folder's, else the
     vocabularies packaged with FLAME. Reads headers only; raises FluxFilesError listing every problem."""
-    from ..training.model_files import describe_keys  # (lazy: training imports flux)
+    from ..checkpoint_io import describe_keys
     path = os.fspath(path)
     root = path if os.path.isdir(path) and os.path.isdir(os.path.join(path, "transformer")) else None
     given = {"transformer": os.path.join(root, "transformer") if root else path, "vae": vae, "clip_l": clip_l,

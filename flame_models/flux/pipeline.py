@@ -99,7 +99,7 @@ def check_loras(loras, params, *, probe=None, model_class=None, error=FluxFilesE
     None, 'te2': ...} when the generator applies the text encoders' parts of the files too (SDXL's CLIP-L /
     CLIP-G): each part is checked against its model (built under empty_init), or, for None, when the encoder is
     loaded (check_lora_part); without it a file with text-encoder weights is refused."""
-    from ..training.model_files import describe_keys
+    from ..checkpoint_io import describe_keys
     out = []
     if not loras:
         return out

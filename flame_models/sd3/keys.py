@@ -6,6 +6,7 @@ A plan maps each SAI key to (diffusers keys, how): "copy", "cat" (SAI's fused qk
 adaLN and the last block's pre-only context adaLN have their two halves exchanged).
 """
 # the tensor-level conversions are Flux's (combine and separate are used as sd3.keys' too)
+from ..checkpoint_io import describe_keys
 from ..flux.keys import combine, join_by_plan, separate, split_by_plan  # noqa: F401
 from .params import sd3_params
 
@@ -148,28 +149,11 @@ def detect_layout(keys, where="checkpoint"):
                      f"{DIFFUSERS_PROBE!r} with {DIFFUSERS_SD3_MARK!r} (diffusers) is present")
 
 
-# what other checkpoints look like: (description, a key prefix or suffix that marks them)
-_LOOKS_LIKE = (
-    ("SD3 text encoders only", "text_encoders."),
-    ("a VAE (in a full checkpoint)", "first_stage_model."),
-    ("a Flux transformer (BFL layout)", "double_blocks."),
-    ("a Flux transformer (diffusers layout)", "single_transformer_blocks."),
-    ("an SDXL / SD1 UNet (LDM layout)", "input_blocks."),
-    ("a UNet (diffusers layout)", "down_blocks."),
-    ("a LoRA / adapter file", "lora_"),
-    ("a LoRA / adapter file (PEFT)", ".lora_A."),
-    ("a VAE", "decoder.conv_in."),
-    ("a CLIP text encoder", "text_model."),
-    ("a T5 encoder", "encoder.block."),
-)
-
-
 def describe(keys):
     """A one-line guess at what a checkpoint is, from its key names."""
     keys = list(keys)
-    for what, mark in _LOOKS_LIKE:
-        if any(k.startswith(mark) or mark in k for k in keys):
-            return f"it looks like {what}; {len(keys)} tensors, e.g. {', '.join(sorted(keys)[:3])}"
     if not keys:
         return "it holds no tensors"
-    return f"{len(keys)} tensors, e.g. {', '.join(sorted(keys)[:3])}"
+    kind, words, _ = describe_keys(keys)
+    return (f"it looks like {words}; " if kind != "unknown" else "") + \
+        f"{len(keys)} tensors, e.g. {', '.join(sorted(keys)[:3])}"

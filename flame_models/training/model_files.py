@@ -1,38 +1,11 @@
-"""What a safetensors file holds, from its key names alone: a Flux / SD3 transformer, a UNet, a VAE, a CLIP or T5
-text encoder, a LoRA, or unknown. Used to turn "a LoRA given as the model" into one line that says so, before any
-weight is read."""
+"""What a safetensors file holds, from its key names alone (checkpoint_io.describe_keys): used to turn "a LoRA given
+as the model" into one line that says so, before any weight is read."""
 import os
 
 from flame_core import io
 
+from ..checkpoint_io import describe_keys
 from .family import ModelFileError
-
-# (kind, words, key suffixes or fragments that identify it); the first match wins, so adapters come before models
-_KINDS = (
-    ("lora", "a LoRA / adapter file", (".lora_down.weight", ".lora_up.weight", ".lora_A.weight", ".lora_B.weight",
-                                        ".lora_magnitude_vector", ".hada_w1_a", ".lokr_w1", ".lokr_w2")),
-    ("flux", "a Flux transformer", ("double_blocks.0.img_attn.qkv.weight",
-                                    "single_transformer_blocks.0.attn.to_q.weight")),
-    ("sd3", "an SD3 (MMDiT) transformer", ("joint_blocks.0.x_block.attn.qkv.weight", "pos_embed.proj.weight")),
-    # (diffusers' VAE has down_blocks.0.resnets too: the time embedding tells a UNet)
-    ("unet", "a Stable Diffusion / SDXL UNet", ("input_blocks.0.0.weight", "time_embedding.linear_1.weight")),
-    ("vae", "a VAE (autoencoder)", ("decoder.conv_in.weight", "encoder.conv_in.weight")),
-    # (transformers 5 saves CLIPTextModel without the text_model. prefix)
-    ("clip", "a CLIP text encoder", ("encoder.layers.0.self_attn.q_proj.weight", "embeddings.token_embedding.weight")),
-    ("t5", "a T5 text encoder", ("encoder.block.0.layer.0.SelfAttention.q.weight",)),
-)
-
-
-def describe_keys(keys):
-    """(kind, words, an example key) for a file's tensor names; kind is one of lora, flux, sd3, unet, vae, clip,
-    t5, unknown."""
-    keys = list(keys)
-    for kind, words, marks in _KINDS:
-        for k in keys:
-            if k.endswith(marks):
-                return kind, words, k
-    return "unknown", "an unknown model", keys[0] if keys else None
-
 
 def file_keys(path):
     """The tensor names of one safetensors file (its header only). ModelFileError when it is not readable."""

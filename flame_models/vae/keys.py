@@ -88,19 +88,6 @@ def has_old_attention(keys):
 
 
 # ----------------------------------------------------------------------------- what a non-VAE file looks like
-_KINDS = (  # (substrings, what): the first kind one of whose substrings is in some key names the file
-    (("lora_", ".lora.", "lokr_", "hada_"), "a LoRA / adapter file"),
-    (("double_blocks.", "single_blocks."), "a Flux transformer (BFL layout)"),
-    (("single_transformer_blocks.",), "a Flux transformer (diffusers layout)"),
-    (("joint_blocks.",), "an SD3 MMDiT transformer"),
-    (("context_embedder.",), "a diffusion transformer (diffusers layout)"),
-    (("input_blocks.", "middle_block."), "an SD / SDXL UNet (LDM layout)"),
-    (("down_blocks.", "mid_block."), "a UNet (diffusers layout)"),
-    (("text_model.", "transformer.resblocks."), "a CLIP text encoder"),
-    ((".SelfAttention.", ".DenseReluDense.", "shared.weight"), "a T5 text encoder"),
-)
-
-
 def describe(keys):
     """A few words on what a file with these tensor names is, for errors ('a Flux transformer (BFL layout)')."""
-    return CIO.describe_keys(keys, _KINDS)
+    return CIO.describe_keys(keys)[1]

@@ -108,3 +108,38 @@ def test_gradient_checkpointing_switches(make):
     model.disable_gradient_checkpointing()
     assert not any(b.gradient_checkpointing or b.checkpoint_offload for b in blocks)
     assert model.dtype == flame.float32 and model.device == model.get_input_embeddings().weight.device
+
+
+@pytest.mark.parametrize("keys, kind", [
+    (["lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight"], "lora"),
+    (["transformer.single_transformer_blocks.0.attn.to_q.lora_A.weight"], "lora"),
+    (["model.diffusion_model.double_blocks.0.img_attn.qkv.weight"], "flux"),
+    (["single_transformer_blocks.0.attn.to_q.weight"], "flux"),
+    (["model.diffusion_model.joint_blocks.0.x_block.attn.qkv.weight", "first_stage_model.decoder.conv_in.weight"],
+     "sd3"),
+    (["model.diffusion_model.input_blocks.0.0.weight", "first_stage_model.decoder.conv_in.weight"], "unet"),
+    (["time_embedding.linear_1.weight", "down_blocks.0.resnets.0.conv1.weight"], "unet"),
+    (["encoder.down_blocks.0.resnets.0.conv1.weight", "encoder.mid_block.attentions.0.to_q.weight"], "vae"),
+    (["text_encoders.clip_l.transformer.text_model.final_layer_norm.weight"], "text_encoders"),
+    (["encoder.layers.0.self_attn.q_proj.weight"], "clip"),
+    (["transformer.resblocks.0.attn.in_proj_weight"], "clip"),
+    (["encoder.block.0.layer.0.SelfAttention.q.weight"], "t5"),
+    (["weights.0"], "unknown")])
+def test_one_description_of_what_a_file_holds(keys, kind):
+    got, words, example = CIO.describe_keys(keys)
+    assert got == kind and words and (example in keys)
+    assert CIO.describe_keys([]) == ("unknown", "an unknown model", None)
+
+
+def test_every_loader_describes_files_with_the_one_table(monkeypatch):
+    # the model files check, the SDXL, VAE and SD3 loaders all read checkpoint_io.KEY_KINDS: no table of their own
+    from flame_models.checkpoint_io import reading
+    from flame_models.sd3 import keys as sd3_keys
+    from flame_models.sdxl import keys as sdxl_keys
+    from flame_models.training import model_files
+    from flame_models.vae import keys as vae_keys
+    monkeypatch.setattr(reading, "KEY_KINDS", (("odd", "an odd file", ("odd.",)),))
+    keys = ["odd.weight"]
+    assert model_files.describe_keys(keys) == ("odd", "an odd file", "odd.weight")
+    assert sdxl_keys.describe(keys) == vae_keys.describe(keys) == "an odd file"
+    assert sd3_keys.describe(keys).startswith("it looks like an odd file;")

@@ -9,7 +9,8 @@ from ...flux import sampling as flux_sampling
 from ...flux.loading import FluxCheckpointError, checkpoint_files
 from ...flux.lora_keys import TARGET_PRESETS, name_map_for
 from ..family import FLOW_FIELDS, ModelFileError
-from ..model_files import describe_keys, file_keys
+from ...checkpoint_io import describe_keys
+from ..model_files import file_keys
 from . import flux_parts
 from .base import FlowMatchingFamily, first_line
 

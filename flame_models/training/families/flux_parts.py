@@ -54,7 +54,7 @@ def problems(cfg, *, vae, text, prefix=""):
                 return [f"{p}model: {S.fields_text(str(e).splitlines()[0])}"]
         return []
     try:  # precomputed samples decoded with model.vae_path: only the VAE matters
-        from ..model_files import describe_keys
+        from ...checkpoint_io import describe_keys
         kind, words, key = describe_keys(read_headers(part_files(m.vae_path, "vae")))
     except FluxFilesError as e:
         return [f"{p}model.vae_path: {e}"]
