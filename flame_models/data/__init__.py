@@ -1,5 +1,7 @@
-"""Image datasets for training: folders of images and captions (ai-toolkit's `datasets:`), aspect-ratio buckets,
-per-epoch caption rules, disk caches of VAE latents and text embeddings, and batches of one bucket.
+"""Training data, the one pipeline: folders of images and captions (ai-toolkit's `datasets:`), aspect-ratio buckets,
+per-epoch caption rules, disk caches of VAE latents and text embeddings, and batches of one bucket; folders of
+precomputed samples and synthetic samples with their loader (samples.py); each rank's share of the batches
+(sharding.py).
 
 The trainer drives it in three stages, so that only one model is in memory at a time:
     ds = ImageDataset(configs, seed=seed, trigger_word=trigger)        # checks every file; no model yet
@@ -17,3 +19,6 @@ from .dataset import ImageDataset, LatentSpec, Sample
 from .sampler import BucketBatchSampler
 from .cache import LatentCache, TextEmbeddingCache
 from .loader import TrainingDataset, BucketLoader
+from .samples import (ConcatDataset, FolderDataset, SampleLoader, SyntheticDataset, dataset_kind, scan_folder,
+                      write_sample)
+from .sharding import ShardedBucketLoader, ShardedLoader, shard_loader

@@ -6,7 +6,7 @@
 The Trainer holds a `TrainerGroup` (`trainer.dist`); with one process every method below passes straight through,
 so the trainer has one code path. With N ranks:
 - each rank trains on cuda:LOCAL_RANK (the config's device is recorded as written, rank-independent);
-- data: each rank takes its B rows of the global batch of N·B (sharding.py); the timestep and noise draws are made
+- data: each rank takes its B rows of the global batch of N·B (flame_models.data.sharding); the timestep and noise draws are made
   for the whole global batch from the same generators on every rank, and each rank keeps its rows -- so a step is
   the step one process with batch N·B would take (up to the reduction order of float sums);
 - the trainable parameters are wrapped in flame_nn.parallel.DistributedDataParallel at the first optimizer step
@@ -29,7 +29,7 @@ import json
 import flame_core as flame
 from flame_core import distributed as dist
 
-from . import sharding
+from ..data import sharding
 
 MAIN_FIRST_TIMEOUT = 24 * 3600.0  # seconds the other ranks wait for rank 0's caches
 

@@ -41,10 +41,10 @@ from flame_core.errors import OutOfMemoryError
 from flame_core.memory.stats import parse_budget
 from flame_nn import adapters as A
 
+from ..data import ConcatDataset, FolderDataset, SampleLoader, SyntheticDataset
 from . import checkpoint as ckpt
 from . import image_data
 from .config import ConfigError, config_dict, dtype_name
-from .data import ConcatDataset, FolderDataset, Loader, SyntheticDataset
 from .distributed import TrainerGroup, main_rank_only, on_main_rank  # ddp
 from .ema import EMA
 from .family import get_family
@@ -233,8 +233,8 @@ class Trainer:
         if self.prepared is not None and self.prepared.loader is not None:
             self.loader = self.prepared.loader       # batches of one bucket, from the caches
         else:
-            self.loader = Loader(self.dataset, t.batch_size, seed=t.seed,
-                                 shuffle=[d.shuffle for d in c.datasets] if c.datasets else True)
+            self.loader = SampleLoader(self.dataset, t.batch_size, seed=t.seed,
+                                       shuffle=[d.shuffle for d in c.datasets] if c.datasets else True)
         self.loader = self.dist.shard_loader(self.loader)  # ddp: this rank's rows of the global batch
         self.objective = fam.objective(t)
         self.sigma_gen = flame.Generator("cpu").manual_seed(t.seed + 1)

@@ -242,7 +242,7 @@ SAMPLE_FOLDER_FIELDS = ("folder_path", "num_repeats", "shuffle")
 
 def dataset_kinds(cfg):
     """['images' | 'samples' | None per datasets entry] (data.dataset_kind of each folder)."""
-    from .data import dataset_kind
+    from ..data.samples import dataset_kind
     return [dataset_kind(d.folder_path) if d.folder_path else None for d in cfg.datasets]
 
 
@@ -258,7 +258,7 @@ def file_problems(cfg, family, p=""):
     shapes are checked against it): the model, each dataset folder (image folders: that it holds images --
     every image is decoded by the trainer before any model is loaded; sample folders: every file's header), and
     the other parts the run needs (VAE, text encoders, tokenizers)."""
-    from .data import scan_folder
+    from ..data.samples import scan_folder
     from .family import ModelFileError
     e, spec = [], None
     path = cfg.model.name_or_path

@@ -6,8 +6,8 @@ import pytest
 
 from flame_models.data import BucketLoader
 from flame_models.data.errors import DataError
-from flame_models.training.data import ConcatDataset, DatasetError, Loader
-from flame_models.training.sharding import ShardedBucketLoader, ShardedLoader, shard_loader
+from flame_models.data import ConcatDataset, DataError as DatasetError, SampleLoader as Loader
+from flame_models.data.sharding import ShardedBucketLoader, ShardedLoader, shard_loader
 
 
 class Items:

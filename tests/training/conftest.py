@@ -7,7 +7,7 @@ import pytest
 
 from flame_models.flux import Flux, save_flux
 from flame_models.training.config import config_from_dict
-from flame_models.training.data import write_sample
+from flame_models.data import write_sample
 
 # flux-tiny: context_in_dim 32, vec_in_dim 16
 

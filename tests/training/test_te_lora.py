@@ -14,7 +14,7 @@ import flame_nn.adapters as A
 from flame_core import io
 from flame_models.sdxl.conditioning import load_text_encoders
 from flame_models.training.config import ConfigError
-from flame_models.training.data import SyntheticDataset
+from flame_models.data import SyntheticDataset
 from flame_models.training.trainer import Trainer
 
 from .conftest import FIXTURES, fixture_script, image_config

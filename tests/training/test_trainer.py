@@ -160,7 +160,7 @@ def test_a_capture_over_the_budget_streams_more_blocks_and_captures_again(tmp_pa
 
 # ---------------------------------------------------------------------------------------------- model-agnostic
 def test_the_loop_imports_no_model_and_no_private_surface():
-    loop = ("trainer.py", "checkpoint.py", "resume.py", "samples.py", "data.py", "config.py", "validation.py",
+    loop = ("trainer.py", "checkpoint.py", "resume.py", "samples.py", "config.py", "validation.py",
             "logging.py", "progress.py", "ema.py", "preview.py", "interrupt.py", "run_folder.py",
             "objective.py", "timesteps.py", "family.py", "model_files.py")
     private = re.compile(r"\._data\b|\b_wrap\b|_view_of|\._version\b|\._generation\b|grad_mode\.|kernels\.\w+\._")

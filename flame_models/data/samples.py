@@ -1,29 +1,27 @@
-"""Training data as precomputed samples (latents + conditioning arrays) and a reproducible loader.
+"""Training data as precomputed samples (latents + conditioning arrays) and a reproducible loader (image folders:
+dataset.py, loader.py).
 
 A sample is a dict of NumPy arrays whose keys are the model family's `sample_keys`: "latents" (C, h, w) -- VAE
 latents already normalised as the model trains on them -- then the conditioning (Flux: prompt_embeds (L, 4096),
 pooled_prompt_embeds (768,)). `FolderDataset` reads one .safetensors file per sample and checks every file's header
 up front (`scan_folder`, which config validation runs before any model is built); `SyntheticDataset` makes samples
 from a seed: smooth latent patterns per class, each class with its own conditioning, so a model can learn which
-conditioning goes with which picture. `Loader` yields batches in an order that depends only on (seed, epoch): its
-state (epoch, index) is all a checkpoint needs to continue with exactly the same batches.
+conditioning goes with which picture. `SampleLoader` yields batches in an order that depends only on (seed, epoch):
+its state (epoch, index) is all a checkpoint needs to continue with exactly the same batches.
 """
 import os
 
 import numpy as np
 
 from flame_core import io
-from flame_core.errors import FlameError
 
-
-class DatasetError(FlameError, ValueError):
-    """A dataset folder or file that cannot be used (the message names the files and keys)."""
+from .config import IMAGE_EXTENSIONS
+from .errors import DataError
 
 
 def dataset_kind(folder):
     """'images' for a folder with images (searched as ImageDataset does), 'samples' for one of precomputed
     .safetensors samples only, None when it is neither (or missing)."""
-    from ..data.config import IMAGE_EXTENSIONS
     if not os.path.isdir(folder):
         return None
     samples = False
@@ -75,7 +73,7 @@ class FolderDataset:
     def __init__(self, folder, keys, check=None, num_repeats=1):
         files, shapes, problems = scan_folder(folder, keys, check)
         if problems:
-            raise DatasetError(_listing(folder, problems))
+            raise DataError(_listing(folder, problems))
         self.folder, self.keys = folder, tuple(keys)
         self.files = files * int(num_repeats)
         self.shapes = shapes * int(num_repeats)
@@ -106,7 +104,7 @@ class SyntheticDataset:
                  vae_scale_factor=8, num_classes=4, seed=0, noise=0.1):
         f = vae_scale_factor
         if height % (2 * f) or width % (2 * f):
-            raise DatasetError(f"synthetic image size must be a multiple of {2 * f}, got {height}x{width}")
+            raise DataError(f"synthetic image size must be a multiple of {2 * f}, got {height}x{width}")
         conditioning = dict(conditioning or {})
         rng = np.random.default_rng(seed)
         h, w = height // f, width // f
@@ -163,7 +161,7 @@ class ConcatDataset:
         return self.parts[i][j]
 
 
-class Loader:
+class SampleLoader:
     """Batches of `batch_size` samples; iterating never ends; `state_dict()` = {epoch, index} restores the exact
     position. Samples in a batch must share their shapes.
 
@@ -174,12 +172,12 @@ class Loader:
 
     def __init__(self, dataset, batch_size=1, shuffle=True, seed=0):
         if len(dataset) < batch_size:
-            raise DatasetError(f"the dataset has {len(dataset)} samples, fewer than batch_size {batch_size}")
+            raise DataError(f"the dataset has {len(dataset)} samples, fewer than batch_size {batch_size}")
         parts = getattr(dataset, "parts", None)
         self.sizes = [len(p) for p in parts] if parts else [len(dataset)]
         flags = list(shuffle) if isinstance(shuffle, (list, tuple)) else [bool(shuffle)] * len(self.sizes)
         if len(flags) != len(self.sizes):
-            raise DatasetError(f"{len(flags)} shuffle flags for {len(self.sizes)} datasets")
+            raise DataError(f"{len(flags)} shuffle flags for {len(self.sizes)} datasets")
         self.dataset, self.batch_size, self.shuffle, self.seed = dataset, int(batch_size), flags, int(seed)
         self.epoch, self.index = 0, 0
         self._order = None
@@ -230,7 +228,7 @@ class Loader:
         for k in keys:
             shapes = sorted({tuple(it[k].shape) for it in items})
             if len(shapes) > 1:
-                raise DatasetError(f"a batch mixes {k} shapes {shapes} (samples {list(map(int, idx))}); use "
+                raise DataError(f"a batch mixes {k} shapes {shapes} (samples {list(map(int, idx))}); use "
                                    f"batch_size 1 for datasets of several resolutions")
         batch = {k: np.stack([it[k] for it in items]) for k in keys}
         batch["indices"] = np.asarray(idx)

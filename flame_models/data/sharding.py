@@ -3,7 +3,7 @@ process with batch_size N·B would draw at that step -- the same samples in the 
 buckets the same bucket on every rank at every step. So N ranks train on exactly what one process with an N× batch
 would, and the position in the data is that of the global batch:
 
-    loader = shard_loader(Loader(dataset, B, seed=s), rank, world)       # or a flame_models.data.BucketLoader
+    loader = shard_loader(SampleLoader(dataset, B, seed=s), rank, world)   # or a BucketLoader
     batch = loader.next_batch()          # B samples: this rank's slice; only those are read from disk
     state = loader.state_dict()          # the global position + world_size and global_batch
 
@@ -13,22 +13,22 @@ different global batch is a different run (the trainer refuses it, as it refuses
 """
 import numpy as np
 
-from ..data.errors import DataError
-from ..data.sampler import BucketBatchSampler
-from .data import DatasetError, Loader
+from .errors import DataError
+from .samples import SampleLoader
+from .sampler import BucketBatchSampler
 
 
 class ShardedLoader:
-    """A rank's slice of a `Loader`'s global batches (see the module docstring)."""
+    """A rank's slice of a `SampleLoader`'s global batches (see the module docstring)."""
 
     def __init__(self, loader, rank, world_size):
         self.rank, self.world_size, self.batch_size = int(rank), int(world_size), loader.batch_size
         self.global_batch = self.batch_size * self.world_size
         if len(loader.dataset) < self.global_batch:
-            raise DatasetError(f"the dataset has {len(loader.dataset)} samples, fewer than one global batch: "
+            raise DataError(f"the dataset has {len(loader.dataset)} samples, fewer than one global batch: "
                                f"batch_size {self.batch_size} x {self.world_size} ranks = {self.global_batch}")
         self.dataset = loader.dataset
-        self.glob = Loader(loader.dataset, self.global_batch, shuffle=loader.shuffle, seed=loader.seed)
+        self.glob = SampleLoader(loader.dataset, self.global_batch, shuffle=loader.shuffle, seed=loader.seed)
 
     def next_batch(self):
         idx = self.glob.next_indices()
@@ -87,12 +87,12 @@ def _check_global_batch(state, mine):
 
 
 def shard_loader(loader, rank, world_size):
-    """The rank's sharded view of a Loader or BucketLoader (the loader itself when world_size is 1 or it is sharded
-    already)."""
+    """The rank's sharded view of a SampleLoader or BucketLoader (the loader itself when world_size is 1 or it is
+    sharded already)."""
     if world_size == 1 or isinstance(loader, (ShardedLoader, ShardedBucketLoader)):
         return loader
-    if isinstance(loader, Loader):
+    if isinstance(loader, SampleLoader):
         return ShardedLoader(loader, rank, world_size)
     if hasattr(loader, "sampler") and hasattr(loader, "dataset"):
         return ShardedBucketLoader(loader, rank, world_size)
-    raise TypeError(f"cannot shard a {type(loader).__name__}: expected a training Loader or a BucketLoader")
+    raise TypeError(f"cannot shard a {type(loader).__name__}: expected a SampleLoader or a BucketLoader")
