@@ -6,9 +6,9 @@
 The Trainer holds a `TrainerGroup` (`trainer.dist`); with one process every method below passes straight through,
 so the trainer has one code path. With N ranks:
 - each rank trains on cuda:LOCAL_RANK (the config's device is recorded as written, rank-independent);
-- data: each rank takes its B rows of the global batch of N·B (flame_models.data.sharding); the timestep and noise draws are made
-  for the whole global batch from the same generators on every rank, and each rank keeps its rows -- so a step is
-  the step one process with batch N·B would take (up to the reduction order of float sums);
+- data: each rank takes its B rows of the global batch of N·B (flame_models.data.sharding); the timestep and noise
+  draws are made for the whole global batch from the same generators on every rank, and each rank keeps its rows --
+  so a step is the step one process with batch N·B would take (up to the reduction order of float sums);
 - the trainable parameters are wrapped in flame_nn.parallel.DistributedDataParallel at the first optimizer step
   (after auto-fit's measured steps, which stay local): gradients are averaged while backward runs; with gradient
   accumulation the micro-steps accumulate locally (no_sync) and are averaged once after the last;
@@ -98,17 +98,18 @@ class TrainerGroup:
         b = t.shape[0] // self.world_size
         return t[self.rank * b:(self.rank + 1) * b].contiguous()
 
-    def before_step(self, trainer):
-        """At each optimizer step: the DDP wrap the first time; the stop request made collective."""
+    def before_step(self, model, stop):
+        """At each optimizer step: `model`'s adapters wrapped in DistributedDataParallel the first time; returns the
+        stop request (None or the trainer's StopRequest) as the step should hold it: made collective (AgreedStop)
+        with several ranks."""
         if self.world_size == 1:
-            return
+            return stop
         if self.ddp is None:
             from flame_nn import adapters
             from flame_nn.parallel import DistributedDataParallel
-            self.ddp = DistributedDataParallel(trainer.model, broadcast_buffers=False, process_group=self.group,
-                                               parameters=adapters.named_adapter_parameters(trainer.model))
-        if trainer.stop is not None and not isinstance(trainer.stop, AgreedStop):
-            trainer.stop = AgreedStop(trainer.stop)
+            self.ddp = DistributedDataParallel(model, broadcast_buffers=False, process_group=self.group,
+                                               parameters=adapters.named_adapter_parameters(model))
+        return stop if stop is None or isinstance(stop, AgreedStop) else AgreedStop(stop)
 
     def accumulation(self, micro_steps):
         """Around a step's micro-steps: with several micro-steps, local accumulation then one average."""
@@ -116,17 +117,18 @@ class TrainerGroup:
             return contextlib.nullcontext()
         return _Accumulate(self.ddp)
 
-    def reduce_step(self, trainer, loss, timestep):
-        """The step's loss and timestep averaged over the ranks; every rank learns whether any asked to stop."""
+    def reduce_step(self, stop, loss, timestep):
+        """The step's loss and timestep averaged over the ranks; every rank learns whether any asked to stop (`stop`,
+        the AgreedStop before_step returned, is told)."""
         if self.world_size == 1:
             return float(loss), float(timestep)
-        stop = trainer.stop.inner.requested if isinstance(trainer.stop, AgreedStop) else None
+        agreed, stop = stop, stop.inner.requested if isinstance(stop, AgreedStop) else None
         v = flame.tensor([float(loss), float(timestep), 1.0 if stop else 0.0], dtype=flame.float64,
                          device=self.device)
         dist.all_reduce(v, group=self.group)
         loss, timestep, stops = (float(x) for x in v.numpy())
-        if isinstance(trainer.stop, AgreedStop) and stops > 0:
-            trainer.stop.agreed = stop or "SIGTERM (on another rank)"
+        if isinstance(agreed, AgreedStop) and stops > 0:
+            agreed.agreed = stop or "SIGTERM (on another rank)"
         return loss / self.world_size, timestep / self.world_size
 
     # ------------------------------------------------------------------ rank 0's work

@@ -7,7 +7,10 @@ max_gpu_memory, where auto-fit sized the resident blocks for a single step's act
 otherwise: graphs for many buckets would multiply that memory, and a shape seen rarely would not earn back its
 capture. Single-resolution square datasets (the common case) and the synthetic / precomputed data have one shape.
 """
+import gc
+
 from flame_core.cuda import graphed
+from flame_core.errors import OutOfMemoryError
 
 MAX_SHAPES = 3
 
@@ -25,9 +28,9 @@ def graph_plan(num_shapes, budget, enabled, cuda):
 
 
 class StepGraphs:
-    """A GraphedFunction of `fn` per argument-shape signature (eager for the first `warmup` calls of each).
-    `failure`: why the last capture that failed did (the exception's type and first line; set by the trainer, which
-    then trains eagerly and logs it only when verbose), or None."""
+    """A GraphedFunction of `fn` per argument-shape signature (eager for the first `warmup` calls of each): the CUDA
+    graph part of the training step (`step`). `failure`: why the last capture that failed did (the exception's type
+    and first line), or None."""
 
     def __init__(self, fn, warmup=2):
         self.fn, self.warmup = fn, int(warmup)
@@ -58,3 +61,39 @@ class StepGraphs:
     def reset(self):
         for g in self.graphs.values():
             g.reset()
+
+    def step(self, args, eager, streaming, rank=0, world_size=1, log=print):
+        """One forward + backward through this shape's graph (eager while it warms up). A capture that fails falls
+        back to `eager(*args)`, said once through `log`: after a capture over the budget `streaming` (the step's
+        streaming part) may demote blocks and the next step captures again, otherwise the run trains eagerly from
+        here. With several ranks a failed capture stops the run. Returns the loss."""
+        g = self.for_args(args)  # this batch shape's graph
+        failed = None
+        try:
+            loss = g(*args)
+        except Exception as e:  # noqa: BLE001 - a capture that fails falls back to eager steps, said once
+            if g.graph is not None or g.calls <= g.warmup:
+                raise
+            # the message only: the exception's frames hold the failed capture's tensors
+            failed = (isinstance(e, OutOfMemoryError), f"{type(e).__name__}: {str(e).splitlines()[0]}")
+        if failed is not None:
+            self.failure = failed[1]
+            if world_size > 1:
+                # the collectives this rank queued in the failed capture never ran, and another rank may have
+                # captured fine: the ranks' collectives would no longer pair up, so stop (the launcher stops all)
+                raise RuntimeError(f"rank {rank}: CUDA graph capture of the training step failed ({failed[1]}); "
+                                   f"with several ranks a rank cannot fall back to eager steps on its own -- set "
+                                   f"train.cuda_graph: false to train eagerly")
+            gc.collect()
+            demoted = streaming.capture_failed(failed[0])
+            if demoted:
+                self.reset()
+                g.calls = g.warmup  # capture again at the next step of this shape
+                log(f"CUDA graph capture did not fit the memory budget ({failed[1]}); {demoted}, capturing again "
+                    f"next step")
+            else:
+                self.enabled = False
+                log(f"CUDA graph capture failed ({failed[1]}); training continues eagerly")
+            loss = eager(*args)
+        streaming.after_graph_step(self)
+        return loss

@@ -84,10 +84,14 @@ class Prepared:
         self.encoded = {"latents": 0, "text": 0}
 
 
-def prepare(tr, dataset, previews_on):
-    """Run the latent and text stages for trainer `tr` (its cfg, family, device, budget, meter); `dataset` an
-    ImageDataset, or None for precomputed samples with sample.prompts / model.vae_path. Returns Prepared."""
-    c, fam, dev = tr.cfg, tr.family, tr.device
+def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, verbose=True,
+            shard_loader=lambda loader: loader):
+    """Run the latent and text stages of the run `cfg` of model `family` on `device` within `budget` (bytes or
+    None), each timed by `meter` (stages.StageMeter); `dataset` an ImageDataset, or None for precomputed samples with
+    sample.prompts / model.vae_path; previews_on: whether previews will be decoded (the VAE is kept for them). `log`
+    takes the notes, `verbose` shows progress bars; `shard_loader(loader)` gives this rank's share of the batches
+    (ddp). Returns Prepared."""
+    c, fam, dev = cfg, family, device
     out = Prepared()
     prompts = sample_prompts(c, dataset)
     loader = None
@@ -95,32 +99,33 @@ def prepare(tr, dataset, previews_on):
     if dataset is not None:
         latents = LatentCache(fam.vae_id(c.model, dev))
         texts = CaptionTokens(None) if train_te else TextEmbeddingCache(text_cache_folder(c),
-                                                                        fam.text_encoder_id(c.model, dev, tr.budget))
+                                                                        fam.text_encoder_id(c.model, dev, budget))
         loader = BucketLoader(TrainingDataset(dataset, latents, texts), c.train.batch_size,
                               shuffle=all(d.shuffle for d in c.datasets), seed=c.train.seed)
-        loader = tr.dist.shard_loader(loader)  # ddp: global batches of batch_size x ranks (more epochs per run)
+        loader = shard_loader(loader)  # ddp: global batches of batch_size x ranks (more epochs per run)
         epochs = range(loader.sampler.epochs_needed(c.train.steps * c.train.gradient_accumulation_steps))
         captions = dataset.prompts(epochs) + [r.dropout_caption for r in dataset.rules]
     else:
         latents, captions = None, []
-        texts = TextEmbeddingCache(None, fam.text_encoder_id(c.model, dev, tr.budget)) if prompts else None
+        texts = TextEmbeddingCache(None, fam.text_encoder_id(c.model, dev, budget)) if prompts else None
 
     # ---- latents
     decode_vae = previews_on and (dataset is not None or c.model.vae_path is not None)
     if dataset is not None or decode_vae:
-        with tr.meter.stage("latents"):
-            vae, out.encoded["latents"] = _cache_latents(tr, dataset, latents, decode_vae)
+        with meter.stage("latents"):
+            vae, out.encoded["latents"] = _cache_latents(c, fam, dataset, latents, decode_vae, device=dev,
+                                                         budget=budget, log=log, verbose=verbose)
             if vae is not None:
-                out.decode, out.decode_bytes = _decoder(tr, vae)
+                out.decode, out.decode_bytes = _decoder(fam, vae, (c.sample.height, c.sample.width), dev, meter)
             del vae
 
     # ---- text
     negative = fam.negative_prompt(c) if prompts else None
     if train_te:
-        with tr.meter.stage("text"):
-            tr.log(f"text encoders: {fam.describe_text_encoders(c.model, dev, tr.budget)}, kept on {dev} to train "
-                   f"(train.train_text_encoder); tokenising {len(set(captions))} captions")
-            enc = fam.load_text_encoders(c.model, dev, tr.budget)
+        with meter.stage("text"):
+            log(f"text encoders: {fam.describe_text_encoders(c.model, dev, budget)}, kept on {dev} to train "
+                f"(train.train_text_encoder); tokenising {len(set(captions))} captions")
+            enc = fam.load_text_encoders(c.model, dev, budget)
             texts.tokenize = lambda ps: fam.caption_tokens(enc, ps)
             texts.fill(captions + [""])
         loader.dataset.check(epochs)
@@ -133,22 +138,22 @@ def prepare(tr, dataset, previews_on):
     wanted = list(dict.fromkeys(captions + [p for p, _ in prompts] + ([""] if captions else [])
                                 + ([negative] if negative is not None else [])))
     if wanted:
-        with tr.meter.stage("text"):
+        with meter.stage("text"):
             missing = texts.missing(wanted)
             if missing:
-                tr.log(f"text encoders: {fam.describe_text_encoders(c.model, dev, tr.budget)}; encoding "
-                       f"{len(missing)} of {len(wanted)} captions and prompts")
-                with _limit(dev, tr.budget):
-                    enc = fam.load_text_encoders(c.model, dev, tr.budget)
+                log(f"text encoders: {fam.describe_text_encoders(c.model, dev, budget)}; encoding "
+                    f"{len(missing)} of {len(wanted)} captions and prompts")
+                with _limit(dev, budget):
+                    enc = fam.load_text_encoders(c.model, dev, budget)
                     try:
                         out.encoded["text"] = texts.fill(wanted, lambda ps: fam.encode_prompts(enc, ps),
-                                                         progress=tr.verbose)
+                                                         progress=verbose)
                     finally:
                         enc.free()
                         del enc
                         _release(dev)
             else:
-                tr.log(f"text embeddings: all {len(wanted)} cached; text encoders not loaded")
+                log(f"text embeddings: all {len(wanted)} cached; text encoders not loaded")
     if loader is not None:
         loader.dataset.check(epochs)
     neg = {} if negative is None else {f"negative_{k}": v for k, v in texts.load(negative).items()}
@@ -158,25 +163,26 @@ def prepare(tr, dataset, previews_on):
     return out
 
 
-def _cache_latents(tr, dataset, latents, keep_for_previews):
-    c, fam, dev = tr.cfg, tr.family, tr.device
+def _cache_latents(cfg, fam, dataset, latents, keep_for_previews, *, device, budget, log, verbose):
+    """(the VAE when kept for previews else None, how many latents were encoded)."""
+    dev = device
     specs = dataset.latent_specs() if dataset is not None else []
     missing = latents.missing(specs) if dataset is not None else []
     if not missing and not keep_for_previews:
-        tr.log(f"latents: all {len(specs)} cached; VAE not loaded")
+        log(f"latents: all {len(specs)} cached; VAE not loaded")
         return None, 0
     done = 0
-    with _limit(dev, tr.budget):
-        vae = fam.load_vae(c.model, dev)
-        if tr.budget is not None:
+    with _limit(dev, budget):
+        vae = fam.load_vae(cfg.model, dev)
+        if budget is not None:
             vae.enable_tiling(PREVIEW_TILE)
         if missing:
-            tr.log(f"latents: encoding {len(missing)} of {len(specs)} (image, bucket) pairs")
-            batch = 1 if tr.budget is not None else 4
+            log(f"latents: encoding {len(missing)} of {len(specs)} (image, bucket) pairs")
+            batch = 1 if budget is not None else 4
             done = latents.fill(specs, lambda px: fam.encode_images(vae, px), batch_size=batch,
-                                progress=tr.verbose)
+                                progress=verbose)
         elif specs:
-            tr.log(f"latents: all {len(specs)} cached")
+            log(f"latents: all {len(specs)} cached")
     if not keep_for_previews:
         del vae
         _release(dev)
@@ -184,16 +190,15 @@ def _cache_latents(tr, dataset, latents, keep_for_previews):
     return vae, done
 
 
-def _decoder(tr, vae):
-    """(PreviewDecoder, device bytes one preview decode needs: its measured peak, plus the VAE's weights when they
-    come from host memory)."""
-    fam, dev = tr.family, tr.device
-    h, w = tr.cfg.sample.height, tr.cfg.sample.width
+def _decoder(fam, vae, size, dev, meter):
+    """(PreviewDecoder, device bytes one preview decode at `size` (h, w) needs: its measured peak, plus the VAE's
+    weights when they come from host memory)."""
+    h, w = size
     f = fam.vae_scale_factor
     probe = np.zeros((1, fam.latent_channels, h // f, w // f), np.float32)
     _release(dev)
     base = memory.memory_allocated(dev)
-    tr.meter.reset_peaks()
+    meter.reset_peaks()
     fam.decode(vae, probe)
     peak = memory.max_memory_allocated(dev) - base
     weights = sum(p.numel() * p.dtype.itemsize for p in vae.parameters())

@@ -6,7 +6,9 @@ streams) -- are an error naming the fields. Everything else applies from the res
 optimizer settings, the step count and schedule, timestep sampling, sample / save / log cadence, ...) and is listed
 as a warning.
 """
+import hashlib
 import os
+from typing import NamedTuple
 
 import flame_core as flame
 from flame_core import io
@@ -78,81 +80,113 @@ def _short(v):
     return s if len(s) <= 60 else s[:57] + "..."
 
 
-# ----------------------------------------------------------------------------- the trainer's side
-def choose_checkpoint(self):
-    """For Trainer `self`: (path, state) of the checkpoint to resume from, or (None, None) for a fresh start; refuses a config
-    that cannot continue it, and a folder with another run's outputs but no checkpoint."""
-    c = self.cfg
-    if self.fresh:
-        gone = self.dist.run_on_main(run_folder.clear, self.out, c.name)  # ddp
+# ----------------------------------------------------------------------------- the trainer's stages
+def choose_checkpoint(cfg, out, *, fresh, fingerprint, dist, log):
+    """(path, state) of the checkpoint in run folder `out` to resume from, or (None, None) for a fresh start
+    (`fresh`: the run's earlier outputs removed first). Refuses a config that cannot continue it (`fingerprint`: this
+    run's data, data_fingerprint), and a folder with another run's outputs but no checkpoint. `dist`: the
+    TrainerGroup (rank 0 clears, the global batch is compared); `log`: where notes go."""
+    if fresh:
+        gone = dist.run_on_main(run_folder.clear, out, cfg.name)  # ddp
         if gone:
-            self.log(f"--fresh: removed {len(gone)} earlier output(s) of {self.out}: "
-                     + ", ".join(os.path.basename(g) for g in gone))
+            log(f"--fresh: removed {len(gone)} earlier output(s) of {out}: "
+                + ", ".join(os.path.basename(g) for g in gone))
         return None, None
-    path, step, skipped = ckpt.latest_valid(self.out)
+    path, step, skipped = ckpt.latest_valid(out)
     for p, why in skipped:
-        self.log(f"skipping checkpoint {p}: {why}")
+        log(f"skipping checkpoint {p}: {why}")
     if path is None:
-        found = run_folder.outputs(self.out, c.name)
+        found = run_folder.outputs(out, cfg.name)
         if found:
             raise run_folder.RunFolderError(
-                f"{self.out} holds outputs of an earlier run ({', '.join(os.path.basename(f) for f in found)}) "
+                f"{out} holds outputs of an earlier run ({', '.join(os.path.basename(f) for f in found)}) "
                 f"but no intact checkpoint to resume from"
                 + (f" ({len(skipped)} damaged: {'; '.join(w for _, w in skipped)})" if skipped else "")
                 + "; start over with --fresh (removes them) or choose another name")
         return None, None
     state = ckpt.read_state(path)
-    breaking, applied = compare(*self.dist.comparable(state, config_dict(c)))  # ddp: global batch
-    if state.get("data") is not None and state["data"] != self.data_fingerprint:
+    breaking, applied = compare(*dist.comparable(state, config_dict(cfg)))  # ddp: global batch
+    if state.get("data") is not None and state["data"] != fingerprint:
         breaking.append(("datasets (their samples)", f"{state['data']['count']} samples",
-                         f"{self.data_fingerprint['count']} samples, other files"))
+                         f"{fingerprint['count']} samples, other files"))
     if breaking:
         raise ResumeError(f"{path}: the config changed in ways that cannot continue this run: "
                           f"{describe(breaking)}. Start over with --fresh (removes the run's checkpoints and "
                           f"outputs), choose another name, or restore those settings")
     if applied:
-        self.log(f"resuming with changed settings, applied from step {step} on: {describe(applied)}")
+        log(f"resuming with changed settings, applied from step {step} on: {describe(applied)}")
     return path, state
 
-def load_checkpoint(self, path, state):
-    """Trainer `self` takes the checkpoint at `path` (its state.json `state`): adapters, optimizer moments with this
-    config's hyper-parameters, schedule, data position, random streams, EMA, step, training time, logs, samples."""
+
+def finished_lora(out, name, steps, state):
+    """The final LoRA (`out`/`name`.safetensors) of a run whose checkpoint `state` has reached `steps` and that
+    wrote it at that checkpoint's step -- nothing left to train or to write -- else None (its header only is read)."""
+    if state is None or int(state["step"]) < steps:
+        return None
+    path = os.path.join(out, f"{name}.safetensors")
+    try:
+        with io.safe_open(path) as f:
+            written_at = (f.metadata() or {}).get("flame.steps")
+    except Exception:  # noqa: BLE001 - missing or unreadable: the run writes it again
+        return None
+    return path if written_at == str(int(state["step"])) else None
+
+
+class Restored(NamedTuple):
+    """What a checkpoint gives back besides the objects it loads into: the step, the schedule's position, the
+    training time so far and the loss log's open window."""
+    step: int
+    scheduler_epoch: int
+    active_time: float
+    log_window: dict
+
+
+def restore(path, state, named_params, *, optimizer, loader, generators, ema, ema_decay, device):
+    """Load the checkpoint at `path` (its state.json `state`) into what the trainer built: the adapter parameters
+    (`named_params`, [(name, Parameter)]), the optimizer's moments (with its own, this config's, hyper-parameters),
+    the loader's position, the random streams (`generators`: {"sigma": ..., "noise": ...}, and the default cpu and
+    `device` ones) and the EMA (its decay this config's `ema_decay`). Returns Restored."""
     saved = io.load_file(os.path.join(path, "adapter.safetensors"))
-    named = self.named_adapter_parameters()
-    if sorted(saved) != sorted(k for k, _ in named):
+    if sorted(saved) != sorted(k for k, _ in named_params):
         raise A.AdapterFormatError(f"checkpoint {path} holds other adapter parameters than this config makes: "
-                                   f"e.g. {sorted(set(saved) ^ {k for k, _ in named})[:4]}")
+                                   f"e.g. {sorted(set(saved) ^ {k for k, _ in named_params})[:4]}")
     with no_grad():
-        for k, p in named:
+        for k, p in named_params:
             if tuple(saved[k].shape) != tuple(p.shape):
                 raise A.AdapterFormatError(f"checkpoint {path}: {k} has shape {tuple(saved[k].shape)}, the "
                                            f"model's is {tuple(p.shape)}")
             p.copy_(saved[k])
     opt_path = os.path.join(path, "optimizer.safetensors")
-    opt_tensors = io.load_file(opt_path, device=self.device) if os.path.exists(opt_path) else {}
+    opt_tensors = io.load_file(opt_path, device=device) if os.path.exists(opt_path) else {}
     st = {}
     for k, v in list(opt_tensors.items()) + list(state["optimizer"]["scalars"].items()):
         i, name = k.split(".", 1)
         st.setdefault(int(i), {})[name] = v
     # the optimizer's hyper-parameters are this config's (an applied change), its moments the checkpoint's
     groups = [{**theirs, **{k: v for k, v in mine.items() if k != "params"}}
-              for theirs, mine in zip(state["optimizer"]["param_groups"], self.optimizer.param_groups)]
-    self.optimizer.load_state_dict({"state": st, "param_groups": groups})
-    self.scheduler = self._make_scheduler(at_step=int(state["scheduler_epoch"]))
-    self.loader.load_state_dict(state["loader"])
-    self.sigma_gen.set_state(state["rng"]["sigma"])
-    self.noise_gen.set_state(state["rng"]["noise"])
+              for theirs, mine in zip(state["optimizer"]["param_groups"], optimizer.param_groups)]
+    optimizer.load_state_dict({"state": st, "param_groups": groups})
+    loader.load_state_dict(state["loader"])
+    for name, gen in generators.items():
+        gen.set_state(state["rng"][name])
     flame.set_rng_state(state["rng"]["default_cpu"], "cpu")
-    flame.set_rng_state(state["rng"]["default_device"], self.device)
-    if self.ema is not None:
-        shadow = io.load_file(os.path.join(path, "ema.safetensors"), device=self.device)
-        self.ema.load_state_dict({**state["ema"], "shadow": [shadow[str(i)] for i in range(len(shadow))]})
-        self.ema.decay = self.cfg.train.ema_config.ema_decay
-    self.step = int(state["step"])
-    self.active_time = float(state.get("active_time", 0.0))
-    self._window = dict(state.get("log_window") or self._window)
-    self.loss_log.load()
-    self.loss_log.truncate(self.step)
-    self.previews.restore(self.step)
-    self.resumed_from = path
-    self.log(f"resumed from {path} (step {self.step}, {self.active_time:.0f} s of training so far)")
+    flame.set_rng_state(state["rng"]["default_device"], device)
+    if ema is not None:
+        shadow = io.load_file(os.path.join(path, "ema.safetensors"), device=device)
+        ema.load_state_dict({**state["ema"], "shadow": [shadow[str(i)] for i in range(len(shadow))]})
+        ema.decay = ema_decay
+    return Restored(int(state["step"]), int(state["scheduler_epoch"]), float(state.get("active_time", 0.0)),
+                    state.get("log_window"))
+
+
+def data_fingerprint(dataset):
+    """What identifies the samples a run draws from: their count and, for folders, the files' names and sizes (image
+    datasets: the hash of their images, captions, buckets and settings)."""
+    if hasattr(dataset, "fingerprint"):
+        return {"count": len(dataset), "files": dataset.fingerprint()}
+    parts = getattr(dataset, "parts", None) or [dataset]
+    h = hashlib.sha256()
+    for p in parts:
+        for f in getattr(p, "files", []):
+            h.update(f"{os.path.basename(f)}:{os.path.getsize(f)}\n".encode())
+    return {"count": len(dataset), "files": h.hexdigest()[:16]}

@@ -19,11 +19,16 @@ the optimizer, the LR schedule, EMA. Every `save_every` steps a checkpoint (adap
 states, step, data position, EMA, training time, config) is written whole or not at all (checkpoint.py), and a
 restart with the same config resumes from the newest intact one exactly:
 the next step's loss and parameters equal those of a run that never stopped. A changed config either applies from
-there on or is refused, and the checkpoint is chosen and loaded (resume.py). Every `sample_every` steps the preview sampler runs while the progress clock is
-paused. Ctrl-C / SIGTERM stop after the current step with a checkpoint (interrupt.py).
+there on or is refused, and the checkpoint is chosen and loaded (resume.py). A run whose checkpoint has reached
+train.steps and whose final LoRA is written says so before any cache or model is touched. Every `sample_every`
+steps the preview sampler runs while the progress clock is paused. Ctrl-C / SIGTERM stop after the current step
+with a checkpoint (interrupt.py).
+
+The trainer owns its stages: each (image_data.prepare, resume.choose_checkpoint / restore, ...) is given what it
+needs and returns what it made, and the trainer keeps it. Streaming (streaming.py), CUDA graphs (graphs.py) and data
+parallelism (distributed.py) are parts the step calls at named points, not branches through it.
 """
 import gc
-import hashlib
 import json
 import os
 import time
@@ -37,7 +42,6 @@ from flame_core import io
 from flame_core.io import write_json
 from flame_core.amp import autocast
 from flame_core.autograd import no_grad
-from flame_core.errors import OutOfMemoryError
 from flame_core.memory.stats import parse_budget
 from flame_nn import adapters as A
 
@@ -51,10 +55,11 @@ from .family import get_family
 from .interrupt import StopRequest
 from .logging import LossLog, plot_losses
 from .progress import Progress
-from . import resume
+from . import resume, run_folder
 from .graphs import StepGraphs, graph_plan
 from .samples import PreviewPrompt, Previews
 from .stages import StageMeter
+from .streaming import NoStreaming, StreamedBlocks
 from .text_training import TrainedTextEncoders
 from .validation import dataset_kinds, parts_needed
 
@@ -77,6 +82,17 @@ class Trainer:
         self.stop = None
         self.prepared = None
         self.text_encoders = None
+        self.finished_lora = None  # a finished run's final LoRA (nothing to train): setup stops at the check
+        self.streaming = NoStreaming()  # the step's streaming part (max_gpu_memory: StreamedBlocks)
+
+    @property
+    def streamer(self):
+        """The BlockStreamer of the transformer's blocks under max_gpu_memory, else None."""
+        return self.streaming.streamer
+
+    @property
+    def _graph_demotions(self):
+        return self.streaming.demotions
 
     def log(self, msg):
         if self.verbose:
@@ -105,7 +121,42 @@ class Trainer:
         self.meter = StageMeter(self.device, log=self.log)
         flame.manual_seed(t.seed)
 
-        # what the model is (its header; nothing loaded yet), then every image / sample, checked against it
+        kinds = self._check_inputs()  # the model's header and every image / sample: nothing loaded yet
+
+        # the run's folder: start over, resume from its newest intact checkpoint, or refuse to mix two runs
+        checkpoint, state = resume.choose_checkpoint(c, self.out, fresh=self.fresh, fingerprint=self.data_fingerprint,
+                                                     dist=self.dist, log=self.log)
+        self.finished_lora = resume.finished_lora(self.out, c.name, t.steps, state)
+        if self.finished_lora is not None:  # nothing to encode, build or train
+            self.step = int(state["step"])
+            return self
+
+        # image folders and text prompts: latents and text embeddings cached, their encoders freed
+        previews_on = bool(c.sample.sample_every) and not t.disable_sampling
+        vae_needed, text_needed = parts_needed(c, kinds)
+        if vae_needed or text_needed:
+            # ddp: rank 0 fills the caches first, the others then find them; only rank 0 decodes previews
+            self.prepared = self.dist.main_first(
+                image_data.prepare, c, fam, self.dataset if self.image_data else None,
+                previews_on and self.dist.is_main, device=self.device, budget=self.budget, meter=self.meter,
+                log=self.log, verbose=self.verbose, shard_loader=self.dist.shard_loader)
+        self.previews = self._make_previews()
+
+        with self.meter.stage("build"):  # (with max_gpu_memory: the resident blocks chosen by measured steps)
+            self._build(checkpoint, state)
+            if self.streamer is not None:
+                n_params = sum(p.numel() for p in self.params)
+                state_bytes = (2 if t.optimizer == "adamw8bit" else 8) * n_params  # moments made at the first step
+                decode_bytes = self.prepared.decode_bytes if self.prepared is not None and previews_on else 0
+                self.fit = self.streamer.auto_fit(self.budget, self._measure_step,
+                                                  extra_bytes=state_bytes + decode_bytes)
+                self.log(str(self.fit))
+        return self
+
+    def _check_inputs(self):
+        """What the model is (its header; nothing loaded yet), then every image / sample, checked against it (stage
+        'check'); the sample size defaults to the data's. Returns the datasets' kinds (validation.dataset_kinds)."""
+        c, t, fam = self.cfg, self.cfg.train, self.family
         self.spec = fam.spec_of(self._model) if self._model is not None else fam.describe_model(c.model)
         problems = fam.spec_problems(c, self.spec)
         if problems:
@@ -122,7 +173,7 @@ class Trainer:
         if self.image_data:
             for line in self.dataset.summary():
                 self.log(f"data: {line}")
-        self.data_fingerprint = _fingerprint(self.dataset)
+        self.data_fingerprint = resume.data_fingerprint(self.dataset)
         if c.sample.height is None or c.sample.width is None:  # the dataset's resolution
             if self.image_data:
                 h, w = image_data.default_sample_size(c)
@@ -130,29 +181,7 @@ class Trainer:
                 lat = self.dataset.latent_shape(0)
                 h, w = lat[1] * fam.vae_scale_factor, lat[2] * fam.vae_scale_factor
             c.sample.height, c.sample.width = c.sample.height or h, c.sample.width or w
-
-        # the run's folder: start over, resume from its newest intact checkpoint, or refuse to mix two runs
-        checkpoint, state = resume.choose_checkpoint(self)
-
-        # image folders and text prompts: latents and text embeddings cached, their encoders freed
-        previews_on = bool(c.sample.sample_every) and not t.disable_sampling
-        vae_needed, text_needed = parts_needed(c, kinds)
-        if vae_needed or text_needed:
-            # ddp: rank 0 fills the caches first, the others then find them; only rank 0 decodes previews
-            self.prepared = self.dist.main_first(image_data.prepare, self, self.dataset if self.image_data else None,
-                                                 previews_on and self.dist.is_main)
-        self.previews = self._make_previews()
-
-        with self.meter.stage("build"):  # (with max_gpu_memory: the resident blocks chosen by measured steps)
-            self._build(checkpoint, state)
-            if self.streamer is not None:
-                n_params = sum(p.numel() for p in self.params)
-                state_bytes = (2 if t.optimizer == "adamw8bit" else 8) * n_params  # moments made at the first step
-                decode_bytes = self.prepared.decode_bytes if self.prepared is not None and previews_on else 0
-                self.fit = self.streamer.auto_fit(self.budget, self._measure_step,
-                                                  extra_bytes=state_bytes + decode_bytes)
-                self.log(str(self.fit))
-        return self
+        return kinds
 
     def _make_previews(self):
         c, fam = self.cfg, self.family
@@ -180,51 +209,21 @@ class Trainer:
         c, t, fam = self.cfg, self.cfg.train, self.family
         # the frozen model and its adapters
         base_dtype = flame.dtypes.dtype(dtype_name(c.model.dtype))
-        stream = c.max_gpu_memory is not None  # a budget: the blocks stream from host memory
+        stream = self.budget is not None  # a budget: the blocks stream from host memory
         self.model = self._model if self._model is not None else fam.build_model(
             c.model, self.spec, base_dtype, self.device, **({"stream": True} if stream else {}))
         self.name_map = fam.lora_name_map(self.model)
-        n = c.network
-        targets = fam.target_presets.get(n.target, n.target) if isinstance(n.target, str) else n.target
-        filters = dict(only_if_contains=n.network_kwargs.get("only_if_contains"),
-                       ignore_if_contains=n.network_kwargs.get("ignore_if_contains"))
-        if n.conv:  # LoCon (kohya's conv_dim): what comes with the convolutions at the linear rank
-            targets = ([targets] if isinstance(targets, str) else list(targets)) + list(fam.conv_linear_targets)
-        made = A.inject_adapters(self.model, targets, "lora" if n.type == "locon" else n.type, rank=n.linear,
-                                 alpha=n.linear_alpha, dropout=n.dropout, rslora=n.rslora, lokr_factor=n.lokr_factor,
-                                 lokr_full_rank=n.lokr_full_rank, name_map=self.name_map, **filters,
-                                 generator=flame.Generator("cpu").manual_seed(t.seed + 3))
-        if n.conv:  # the convolutions the targets left, at the conv rank (alpha: conv_alpha, else conv)
-            done = {m for m, _ in made}
-            convs = [m for m, _, _ in A.find_targets(self.model, fam.conv_targets, self.name_map, **filters)
-                     if m not in done]
-            if convs:
-                made += A.inject_adapters(self.model, convs, "lora", rank=n.conv,
-                                          alpha=n.conv if n.conv_alpha is None else n.conv_alpha, dropout=n.dropout,
-                                          rslora=n.rslora, name_map=self.name_map,
-                                          generator=flame.Generator("cpu").manual_seed(t.seed + 4))
+        self.n_adapted = self._add_adapters()
         self.params = A.adapter_parameters(self.model)
-        self.n_adapted = len(made)
         self.text_encoders = None   # train.train_text_encoder: adapters on the encoders image_data kept loaded
         if self.prepared is not None and self.prepared.text_encoders is not None:
             if self.dist.world_size > 1:
                 raise ConfigError("train.train_text_encoder: not available with several processes (ddp) yet")
-            self.text_encoders = TrainedTextEncoders(fam, self.prepared.text_encoders, n, t, seed=t.seed)
+            self.text_encoders = TrainedTextEncoders(fam, self.prepared.text_encoders, c.network, t, seed=t.seed)
             self.params = self.params + self.text_encoders.params
         self.model.enable_gradient_checkpointing(t.gradient_checkpointing)
         self.model.train()
-        self.streamer = self.fit = None
-        stacks = fam.block_stacks(self.model)
-        # model.quantize: the blocks' frozen Linear weights stored as fp8 (e4m3, a scale per output channel; the
-        # adapters keep their dtype), dequantised per layer on the fly (flame_nn.offload.fp8)
-        quantize = "fp8" if c.model.quantize else None
-        if c.max_gpu_memory is not None:  # every block streamed for now; auto_fit chooses the resident ones below
-            self.streamer = flame_nn.offload.BlockStreamer.for_model(self.model, stacks, device=self.device,
-                                                                     quantize=quantize,
-                                                                     prepare=fam.block_initializer(self.model))
-        elif quantize:
-            n_q = sum(len(flame_nn.offload.quantize_linear_weights_(self.model.get_submodule(s))) for s in stacks)
-            self.log(f"model.quantize: {n_q} frozen Linear weights of the blocks stored as fp8 (e4m3)")
+        self.streaming, self.fit = self._place_blocks(), None
 
         # optimisation
         self.optimizer = self._make_optimizer()
@@ -246,19 +245,73 @@ class Trainer:
         # schedule is cyclic: flame_nn.offload.streamer); not on the cpu
         self._loss_scale = 1.0 / t.gradient_accumulation_steps
         self._cond_keys = None
-        use_graph, why = graph_plan(self._batch_shapes(), c.max_gpu_memory, t.cuda_graph, self.device.type == "cuda")
+        use_graph, why = graph_plan(self._batch_shapes(), self.budget, t.cuda_graph, self.device.type == "cuda")
         if why:
             self.log(why)
         self.graphed = StepGraphs(self._forward_backward, warmup=2) if use_graph else None
-        self._graph_generation = None  # the streamer's placement the graph was captured with
-        self._graph_demotions = 0  # times a capture did not fit max_gpu_memory and blocks were demoted
 
         os.makedirs(self.out, exist_ok=True)
         self.loss_log = LossLog(self.out)
         self._window = {"steps": 0, "loss": 0.0, "timestep": 0.0}  # steps since the last loss-log row
         if checkpoint is not None:
-            resume.load_checkpoint(self, checkpoint, state)
+            self._resume(checkpoint, state)
         write_json(os.path.join(self.out, "config.json"), config_dict(c), indent=1, default=str)
+
+    def _add_adapters(self):
+        """The config's adapters injected into the model (LoCon: the convolutions too); returns how many."""
+        c, t, fam = self.cfg, self.cfg.train, self.family
+        n = c.network
+        targets = fam.target_presets.get(n.target, n.target) if isinstance(n.target, str) else n.target
+        filters = dict(only_if_contains=n.network_kwargs.get("only_if_contains"),
+                       ignore_if_contains=n.network_kwargs.get("ignore_if_contains"))
+        if n.conv:  # LoCon (kohya's conv_dim): what comes with the convolutions at the linear rank
+            targets = ([targets] if isinstance(targets, str) else list(targets)) + list(fam.conv_linear_targets)
+        made = A.inject_adapters(self.model, targets, "lora" if n.type == "locon" else n.type, rank=n.linear,
+                                 alpha=n.linear_alpha, dropout=n.dropout, rslora=n.rslora, lokr_factor=n.lokr_factor,
+                                 lokr_full_rank=n.lokr_full_rank, name_map=self.name_map, **filters,
+                                 generator=flame.Generator("cpu").manual_seed(t.seed + 3))
+        if n.conv:  # the convolutions the targets left, at the conv rank (alpha: conv_alpha, else conv)
+            done = {m for m, _ in made}
+            convs = [m for m, _, _ in A.find_targets(self.model, fam.conv_targets, self.name_map, **filters)
+                     if m not in done]
+            if convs:
+                made += A.inject_adapters(self.model, convs, "lora", rank=n.conv,
+                                          alpha=n.conv if n.conv_alpha is None else n.conv_alpha, dropout=n.dropout,
+                                          rslora=n.rslora, name_map=self.name_map,
+                                          generator=flame.Generator("cpu").manual_seed(t.seed + 4))
+        return len(made)
+
+    def _place_blocks(self):
+        """The step's streaming part: under max_gpu_memory every block streamed from host memory for now (setup's
+        auto_fit chooses the resident ones); else NoStreaming, with model.quantize's fp8 blocks stored in place."""
+        c, fam = self.cfg, self.family
+        stacks = fam.block_stacks(self.model)
+        # model.quantize: the blocks' frozen Linear weights stored as fp8 (e4m3, a scale per output channel; the
+        # adapters keep their dtype), dequantised per layer on the fly (flame_nn.offload.fp8)
+        quantize = "fp8" if c.model.quantize else None
+        if self.budget is not None:
+            return StreamedBlocks(flame_nn.offload.BlockStreamer.for_model(
+                self.model, stacks, device=self.device, quantize=quantize,
+                prepare=fam.block_initializer(self.model)), self.device)
+        if quantize:
+            n_q = sum(len(flame_nn.offload.quantize_linear_weights_(self.model.get_submodule(s))) for s in stacks)
+            self.log(f"model.quantize: {n_q} frozen Linear weights of the blocks stored as fp8 (e4m3)")
+        return NoStreaming()
+
+    def _resume(self, path, state):
+        """The checkpoint at `path` loaded into what _build made (resume.restore); the step, schedule, training
+        time, loss log and samples continue from it."""
+        got = resume.restore(path, state, self.named_adapter_parameters(), optimizer=self.optimizer,
+                             loader=self.loader, generators={"sigma": self.sigma_gen, "noise": self.noise_gen},
+                             ema=self.ema, ema_decay=self.cfg.train.ema_config.ema_decay, device=self.device)
+        self.scheduler = self._make_scheduler(at_step=got.scheduler_epoch)
+        self.step, self.active_time = got.step, got.active_time
+        self._window = dict(got.log_window or self._window)
+        self.loss_log.load()
+        self.loss_log.truncate(self.step)
+        self.previews.restore(self.step)
+        self.resumed_from = path
+        self.log(f"resumed from {path} (step {self.step}, {self.active_time:.0f} s of training so far)")
 
     def _batch_shapes(self):
         """How many batch shapes the run draws (one per bucket that fills a batch; 1 for sample data)."""
@@ -359,73 +412,28 @@ class Trainer:
         loss = self.objective.loss(pred, self.objective.target(x0, noise, t), t)
         scale = self._loss_scale
         (loss * scale).backward() if scale != 1.0 else loss.backward()
-        if self.streamer is not None:
-            self.streamer.join()  # in a capture: the copy stream's branch joins back before the capture ends
+        self.streaming.after_backward()  # in a capture: the copy stream's branch joins back before it ends
         return loss.detach()
 
     def _micro_step(self, batch, scale, graph=True):
+        """One micro-batch's forward + backward, through the step's CUDA graph part when it has one (graph=False:
+        eager, never a graph's warm-up or capture). Returns (loss, mean timestep)."""
         args, t = self._prepare(batch)
         self._loss_scale = scale
-        if self.streamer is not None:
-            if self.graphed is not None and self.graphed.graph is not None \
-                    and self._graph_generation != self.streamer.generation:
-                self.graphed.reset()  # the blocks were placed anew (set_resident): the captured slots are gone
-                self._graph_generation = None
-            # the slots as every step starts (and ends): sampling or an evaluation in between may have moved them;
-            # a replayed step assumes them (one event when nothing moved)
-            self.streamer.prime()
-        if not graph or self.graphed is None or not self.graphed.enabled:
-            loss = self._forward_backward(*args)
+        self.streaming.before_micro_step(self.graphed)
+        if graph and self.graphed is not None and self.graphed.enabled:
+            loss = self.graphed.step(args, self._forward_backward, self.streaming, rank=self.dist.rank,
+                                     world_size=self.dist.world_size, log=self.log)
         else:
-            loss = self._graphed_step(args)
-        return loss.item(), float(t.float().mean().item())
-
-    def _graphed_step(self, args):
-        g = self.graphed.for_args(args)  # this batch shape's graph
-        failed = None
-        try:
-            loss = g(*args)
-        except Exception as e:  # noqa: BLE001 - a capture that fails falls back to eager steps, said once
-            if g.graph is not None or g.calls <= g.warmup:
-                raise
-            # the message only: the exception's frames hold the failed capture's tensors
-            failed = (isinstance(e, OutOfMemoryError), f"{type(e).__name__}: {str(e).splitlines()[0]}")
-        if failed is not None:
-            self.graphed.failure = failed[1]
-            if self.dist.world_size > 1:
-                # the collectives this rank queued in the failed capture never ran, and another rank may have
-                # captured fine: the ranks' collectives would no longer pair up, so stop (the launcher stops all)
-                raise RuntimeError(f"rank {self.dist.rank}: CUDA graph capture of the training step failed "
-                                   f"({failed[1]}); with several ranks a rank cannot fall back to eager steps on "
-                                   f"its own -- set train.cuda_graph: false to train eagerly")
-            gc.collect()
-            if self.streamer is not None:  # the failed capture recorded loads that never ran
-                self.streamer.invalidate_slots()
-            gone = []
-            if failed[0] and self.streamer is not None and self._graph_demotions < 3:
-                gone = flame_nn.offload.demote(self.streamer)  # a graph needs a little more than an eager step
-            if gone:
-                self._graph_demotions += 1
-                self.graphed.reset()
-                g.calls = g.warmup  # capture again at the next step of this shape
-                self.log(f"CUDA graph capture did not fit the memory budget ({failed[1]}); {len(gone)} more "
-                         f"blocks streamed ({len(self.streamer.resident)} resident), capturing again next step")
-            else:
-                self.graphed.enabled = False
-                self.log(f"CUDA graph capture failed ({failed[1]}); training continues eagerly")
-            if self.streamer is not None:
-                self.streamer.prime()
             loss = self._forward_backward(*args)
-        if self.streamer is not None and self.graphed.graph is not None and self._graph_generation is None:
-            self._graph_generation = self.streamer.generation
-        return loss
+        return loss.item(), float(t.float().mean().item())
 
     def train_step(self):
         """One optimizer step; returns (loss, lr, mean timestep)."""
         t = self.cfg.train
         lr = self.scheduler.get_last_lr()[0]
         losses, ts = [], []
-        self.dist.before_step(self)  # ddp: wraps the adapters in DistributedDataParallel at the first step
+        self.stop = self.dist.before_step(self.model, self.stop)  # ddp: the adapters wrapped at the first step
         with self.dist.accumulation(t.gradient_accumulation_steps):  # ddp: local micro-steps, then one average
             for _ in range(t.gradient_accumulation_steps):
                 loss, s = self._micro_step(self.loader.next_batch(), 1.0 / t.gradient_accumulation_steps)
@@ -440,7 +448,7 @@ class Trainer:
         if self.ema is not None:
             self.ema.update()
         self.step += 1
-        loss, mean_t = self.dist.reduce_step(self, np.mean(losses), np.mean(ts))  # ddp: means over the ranks
+        loss, mean_t = self.dist.reduce_step(self.stop, np.mean(losses), np.mean(ts))  # ddp: means over the ranks
         return loss, lr, mean_t
 
     # ------------------------------------------------------------------------------------------ the loop
@@ -454,8 +462,10 @@ class Trainer:
         return step % every == 0 or step == c.train.steps
 
     def train(self):
-        if not hasattr(self, "model"):
+        if not hasattr(self, "model") and self.finished_lora is None:
             self.setup()
+        if self.finished_lora is not None:
+            return self._finished_before()
         c, t = self.cfg, self.cfg.train
         te = "" if self.text_encoders is None else f" and {self.text_encoders.n_adapted} of its text encoders'"
         self.log(f"training {c.network.type} r{c.network.linear} on {self.n_adapted} Linear parts of a "
@@ -532,18 +542,21 @@ class Trainer:
                      f"{ckpt.checkpoint_dir(self.out, self.step)}, LoRA {lora}; run the same command again to resume")
         return result
 
+    def _finished_before(self):
+        """A run that had finished before this call: its files as they are (nothing encoded, built or trained)."""
+        result = run_folder.finished_outputs(self.out, self.finished_lora, self.step)
+        result["stages"] = self.meter.report()
+        self.log(f"this run already finished: step {self.step} of {self.cfg.train.steps}, LoRA {self.finished_lora}; "
+                 f"nothing to train (a larger train.steps continues it, --fresh starts over)")
+        return result
+
     # ------------------------------------------------------------------------------------------ sampling
     @on_main_rank  # ddp
     def sample(self):
         """Sample every prompt with the current (EMA, if on) adapters; returns the step's files."""
         if not self.previews.prompts:
             return None
-        if self.streamer is not None and self.graphed is not None and self.graphed.captured:
-            # under max_gpu_memory a step's graph holds its activations' memory (private to the graph) while it
-            # lives; sampling needs that room: the graphs go, and the next steps capture them again
-            self.graphed.reset()
-            self._graph_generation = None
-            flame.memory.empty_cache(self.device)
+        self.streaming.before_sample(self.graphed)  # streamed blocks: a captured step's memory is given back
         self.model.eval()
         try:
             with (self.ema.swapped() if self.ema is not None else nullcontext()), no_grad(), \
@@ -603,19 +616,3 @@ class Trainer:
         self.save_lora(self._step_lora(self.step))
         ckpt.prune(self.out, self.cfg.save.max_step_saves_to_keep, also=lambda s: [self._step_lora(s)])
         return path
-
-    # ------------------------------------------------------------------------------------------ resuming
-
-
-def _fingerprint(dataset):
-    """What identifies the samples a run draws from: their count and, for folders, the files' names and sizes (image
-    datasets: the hash of their images, captions, buckets and settings)."""
-    if hasattr(dataset, "fingerprint"):
-        return {"count": len(dataset), "files": dataset.fingerprint()}
-    parts = getattr(dataset, "parts", None) or [dataset]
-    h = hashlib.sha256()
-    for p in parts:
-        for f in getattr(p, "files", []):
-            h.update(f"{os.path.basename(f)}:{os.path.getsize(f)}\n".encode())
-    return {"count": len(dataset), "files": h.hexdigest()[:16]}
-

@@ -46,9 +46,9 @@ def main():
     out = {"world": tr.dist.world_size}
     if a.grads:
         tr.setup()
-        tr.dist.before_step(tr)
+        tr.stop = tr.dist.before_step(tr.model, tr.stop)
         loss, ts = tr._micro_step(tr.loader.next_batch(), 1.0, graph=False)
-        loss, _ = tr.dist.reduce_step(tr, loss, ts)
+        loss, _ = tr.dist.reduce_step(tr.stop, loss, ts)
         out["losses"] = np.asarray([loss])
         out.update({"g/" + k: p.grad.float().numpy() for k, p in A.named_adapter_parameters(tr.model)})
     else:
