@@ -94,6 +94,7 @@ class StepGraphs:
             else:
                 self.enabled = False
                 log(f"CUDA graph capture failed ({failed[1]}); training continues eagerly")
+            streaming.before_micro_step(None)  # the slots primed again for the eager step instead
             loss = eager(*args)
         streaming.after_graph_step(self)
         return loss

@@ -8,8 +8,7 @@ streaming branches.
     after_backward()            in a capture, the copy stream's branch joins back before the capture ends
     after_graph_step(graphs)    remembers the placement a graph was captured with
     capture_failed(oom)         the failed capture's recorded loads never ran: the slots are invalid; a capture over
-                                the budget demotes resident blocks (at most MAX_DEMOTIONS times); the slots are
-                                primed again for the eager step instead
+                                the budget demotes resident blocks (at most MAX_DEMOTIONS times)
     before_sample(graphs)       a captured step holds its activations' memory: sampling needs that room
 """
 import flame_core as flame
@@ -68,7 +67,6 @@ class StreamedBlocks(NoStreaming):
         gone = []
         if out_of_memory and self.demotions < MAX_DEMOTIONS:
             gone = flame_nn.offload.demote(self.streamer)
-        self.streamer.prime()  # for the eager step that runs instead
         if not gone:
             return None
         self.demotions += 1
