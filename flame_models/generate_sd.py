@@ -25,8 +25,8 @@ import sys
 from flame_core import memory
 
 from . import generate as G
-from .conditioning.files import detect_family
-from .flux.pipeline import free_model
+from .registry import detect_family
+from .pipeline import free_model
 
 # generate()'s keyword arguments that only SD3 / SDXL take
 SD_OPTIONS = ("negative_prompt", "clip_g", "cfg", "sampler", "karras", "slg_scale", "slg_layers", "no_t5",

@@ -127,7 +127,7 @@ def load_text_encoders(files, *, dtype=flame.bfloat16, device=None, max_token_le
                        projection=True, **kw)
     if loras:
         from flame_nn.adapters.formats import IDENTITY
-        from ..flux.pipeline import apply_loras, check_lora_part
+        from ..pipeline import apply_loras, check_lora_part
         for component, clip in (("te1", clip_l), ("te2", clip_g)):
             for path, _ in loras:
                 check_lora_part(path, clip, IDENTITY, component, SDXLFilesError)
