@@ -1,5 +1,10 @@
 """LoRA files at sampling time: each file read and checked against the model it will change (names, shapes,
-kinds) before anything big is loaded, then loaded as adapters and merged."""
+kinds) before anything big is loaded, then loaded as adapters and merged.
+
+A file applies to each part of the model it has keys for (flame_nn.adapters.formats.component_of: the denoiser --
+transformer or UNet --, and SDXL's text encoders 'te1' / 'te2'): a UNet-only SDXL file (the trainer's default)
+changes the UNet and leaves CLIP-L / CLIP-G as they are; a text-encoder-only file changes only them. A file with
+keys for no part of the model is refused, naming it."""
 import os
 
 import numpy as np
@@ -71,11 +76,29 @@ def check_loras(loras, params, *, probe=None, model_class=None, error=ModelFiles
             raise error(f"--lora {path}: holds weights for a text encoder this model does not have (keys such as "
                         f"{te[0]}); its text encoders take lora_te1_ / lora_te2_ (kohya) or text_encoder. / "
                         f"text_encoder_2. (diffusers) keys")
-        for component, (model, name_map) in targets.items():
+        parts = lora_parts(keys)
+        if not parts & set(targets):
+            raise error(f"--lora {path}: holds no adapter weights for any part of this model (keys such as "
+                        f"{keys[0]})")
+        for component in sorted(parts):
+            model, name_map = targets[component]
             if model is not None:
                 check_lora_part(path, model, name_map, component, error)
         out.append((path, weight))
     return out
+
+
+def lora_parts(keys):
+    """The parts of a model ('denoiser', 'te1', 'te2'; formats.component_of) that a LoRA file's tensor names have
+    adapters for; `keys` may be the file's path (its header is read)."""
+    if isinstance(keys, (str, os.PathLike)):
+        keys = _cf.read_headers([os.fspath(keys)])
+    return {A.formats.component_of(k) for k in keys}
+
+
+def loras_for(loras, component):
+    """The [(path, weight)] of `loras` whose files have adapters for `component` (lora_parts)."""
+    return [(path, weight) for path, weight in loras if component in lora_parts(path)]
 
 
 def check_lora_part(path, model, name_map, component, error):
@@ -110,7 +133,9 @@ def apply_loras(model, loras, *, merge=True, dtype=flame.float32, error=ModelFil
     the changes add up. merge=True folds them into the base weights (summed, rounded once) and drops the adapters
     (no cost per step, and no copy of the original weights kept: inference never unmerges); merge=False keeps them
     as adapters beside the weights (fp8 storage and streamed blocks need that). `error` names the file. component:
-    the part of each file to apply ('denoiser'; 'te1' / 'te2' when `model` is that text encoder)."""
+    the part of each file to apply ('denoiser'; 'te1' / 'te2' when `model` is that text encoder): files without
+    adapters for it leave `model` as it is (lora_parts)."""
+    loras = loras_for(loras, component)
     for i, (path, weight) in enumerate(loras):
         try:
             A.load_adapters(model, path, name=f"lora_{i}", weight=weight, dtype=dtype, component=component)

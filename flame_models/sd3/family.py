@@ -45,6 +45,14 @@ class SD3Family(FlowMatchingFamily):
     spec_errors = (SD3CheckpointError, KeyError, ValueError, OSError)
 
     # ------------------------------------------------------------------ before anything is loaded
+    def apply_defaults(self, cfg):
+        """The family's defaults, and the LoRA file's layout: PEFT unless save.format is given (diffusers 0.42 loads
+        nothing from SD3 kohya files, lora_unet_joint_blocks_...; ComfyUI reads both), kohya for LoKr / LoHa, which
+        PEFT files cannot hold."""
+        super().apply_defaults(cfg)
+        if "save.format" not in cfg.given and cfg.network.type not in ("lokr", "loha"):
+            cfg.save.format = "peft"
+
     def preset(self, size):
         return sd3_params(size)
 

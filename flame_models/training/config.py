@@ -57,7 +57,8 @@ class SaveConfig:
     dtype: str = "bf16"                  # dtype of the written LoRA file (checkpoints keep float32)
     save_every: int = 250
     max_step_saves_to_keep: int = 4      # checkpoints (and their step LoRA files) kept; older ones are removed
-    format: str = "kohya"                # kohya (ComfyUI, kohya, diffusers read it) | peft (diffusers)
+    format: str = "kohya"                # kohya | peft; the default is one ComfyUI and diffusers both read: kohya
+                                         # for Flux and SDXL, peft for SD3 (docs/ARCHITECTURES.md: LoRA layouts)
 
 
 @dataclass
