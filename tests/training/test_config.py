@@ -166,6 +166,7 @@ def test_the_lora_layout_defaults_to_one_comfyui_and_diffusers_both_read(files):
     # SD3: PEFT (diffusers 0.42 loads nothing from SD3 kohya files); Flux and SDXL: kohya (ComfyUI maps no SDXL PEFT
     # attention key); LoKr / LoHa: kohya, the one layout that holds them; a given format is kept
     tmp, data, model = files
+
     def fmt(arch, network=None, save=None):
         d = {"datasets": [{"folder_path": data}], "model": {"arch": arch}, "network": network or {},
              "save": save or {}}
