@@ -70,7 +70,7 @@ def test_fused_equals_general_path_float64(geometry):
     lin.weight.requires_grad_(train_base)
     if lin.bias is not None:
         lin.bias.requires_grad_(train_base)
-    x = flame.tensor(rng.standard_normal(lead + (n_in,)), dtype=flame.float64)
+    x = flame.tensor(rng.standard_normal(lead + (n_in,)), dtype=flame.float64, device="cpu")
     fy, fdx, fg = _run(lin, x, fused=True)
     gy, gdx, gg = _run(lin, x, fused=False)
     np.testing.assert_allclose(fy, gy, rtol=1e-12, atol=1e-12)
@@ -99,7 +99,7 @@ def test_fused_equals_general_path_float32(geometry, rng, device):
 
 def test_fused_path_is_taken_and_forms_no_delta(rng):
     lin = _layer(rng, 6, 9, [(0, 3), (6, 9)], 2, True, "cpu")
-    x = flame.tensor(rng.standard_normal((4, 6)), dtype=flame.float64)
+    x = flame.tensor(rng.standard_normal((4, 6)), dtype=flame.float64, device="cpu")
     with mock.patch.object(core_linear.LinearLowRank, "apply", wraps=core_linear.LinearLowRank.apply) as fused, \
             mock.patch("flame_nn.adapters.layer.add_rows") as add_rows:
         lin(x)
@@ -167,7 +167,7 @@ def test_dropout_and_other_adapters_take_the_general_path(rng):
 
 def test_double_backward_is_refused_clearly(rng):
     lin = _layer(rng, 4, 4, [(0, 4)], 2, False, "cpu")
-    x = flame.tensor(rng.standard_normal((2, 4)), dtype=flame.float64, requires_grad=True)
+    x = flame.tensor(rng.standard_normal((2, 4)), dtype=flame.float64, requires_grad=True, device="cpu")
     y = lin(x).sum()
     with pytest.raises(RuntimeError, match="double backward"):
         flame.autograd.grad(y, x, create_graph=True)
