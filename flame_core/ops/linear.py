@@ -199,7 +199,8 @@ class LinearLowRank(Function):
             grads += [None if da is None else _wrap(da), None if db is None else _wrap(db)]
             off += r
         dw = _wrap(_gemm(gd.T, xd)) if nw else None
-        dbias = _wrap(gd.sum(0, dtype=xp.float32).astype(gd.dtype)) if nb else None
+        acc = xp.float32 if gd.dtype in (_np.float16, _cublas.BF16) else gd.dtype   # half types sum in float32
+        dbias = _wrap(gd.sum(0, dtype=acc).astype(gd.dtype, copy=False)) if nb else None
         dx = _wrap(dx.reshape(ctx.x_shape)) if nx else None
         return (dx, dw, dbias, None, *grads)
 
