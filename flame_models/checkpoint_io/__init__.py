@@ -20,7 +20,7 @@ from .finding import (INDEX_SUFFIX, PICKLE_SUFFIXES, check_not_pickle, folder_we
 from .loading import (COMPUTE_DTYPES, PROGRESS_BYTES, check_mismatch, compute_dtype, config_argument, empty_model,
                       fill_, layout_plan, listing, load_planned_, mismatch_message, planned_mismatches,
                       planned_reader, preset)
-from .reading import KEY_KINDS, SafetensorsCheckpoint, block_indices, count_indices, describe_keys, keys_under
+from .reading import SafetensorsCheckpoint, block_indices, count_indices, describe_keys, key_kinds, keys_under
 from .saving import save_shards, save_weights, shard_groups, write_json
 
 __all__ = [
@@ -29,7 +29,7 @@ __all__ = [
     "INDEX_SUFFIX", "PICKLE_SUFFIXES", "check_not_pickle", "folder_weights", "index_files", "pipeline_subfolder",
     "read_config_json", "read_json", "safetensors_files",
     # reading
-    "KEY_KINDS", "SafetensorsCheckpoint", "block_indices", "count_indices", "describe_keys", "keys_under",
+    "SafetensorsCheckpoint", "block_indices", "count_indices", "describe_keys", "key_kinds", "keys_under",
     # loading into a model
     "COMPUTE_DTYPES", "PROGRESS_BYTES", "check_mismatch", "compute_dtype", "config_argument", "empty_model", "fill_",
     "layout_plan", "listing", "load_planned_", "mismatch_message", "planned_mismatches", "planned_reader", "preset",

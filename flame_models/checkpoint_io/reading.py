@@ -126,16 +126,15 @@ def count_indices(keys, pattern):
 
 
 # (kind, words, fragments): the first row one of whose fragments is in some key name tells what a file holds.
-# Adapters come first (their keys name the model they adapt), whole checkpoints' denoisers before the VAE and text
-# encoders they carry, SD3's bundled text encoders before the CLIP keys inside them.
-KEY_KINDS = (
+# Adapters come first (their keys name the model they adapt), then the families' denoisers (registry.key_kinds: each
+# family's about.py names its marks), then the parts whole checkpoints carry besides them -- SD3's bundled text
+# encoders before the CLIP keys inside them.
+ADAPTER_KINDS = (
     ("lora", "a LoRA / adapter file", ("lora_unet_", "lora_te", "lora_transformer_", ".lora_down.", ".lora_up.",
                                        ".lora_A.", ".lora_B.", ".lora_magnitude_vector", ".hada_w1_a", ".lokr_w1",
                                        ".lokr_w2")),
-    ("flux", "a Flux transformer (BFL layout)", ("double_blocks.", "single_blocks.")),
-    ("flux", "a Flux transformer (diffusers layout)", ("single_transformer_blocks.",)),
-    ("sd3", "an SD3 (MMDiT) transformer", ("joint_blocks.", "pos_embed.proj.")),
-    ("unet", "a Stable Diffusion / SDXL UNet", ("input_blocks.", "middle_block.", "time_embedding.linear_1.")),
+)
+PART_KINDS = (
     ("transformer", "a diffusion transformer (diffusers layout)", ("context_embedder.",)),
     ("vae", "a VAE (autoencoder)", ("decoder.conv_in.", "encoder.conv_in.", "encoder.down.", "decoder.up.",
                                     "encoder.down_blocks.", "decoder.up_blocks.", "first_stage_model.")),
@@ -147,12 +146,18 @@ KEY_KINDS = (
 )
 
 
+def key_kinds():
+    """[(kind, words, fragments)] in the order describe_keys tries them."""
+    from .. import registry  # (lazy: the registry imports each family's about.py)
+    return [*ADAPTER_KINDS, *registry.key_kinds(), *PART_KINDS]
+
+
 def describe_keys(keys):
     """(kind, words, an example key) for a file's tensor names, from their names alone (no tensor read): kind is
-    one of lora, flux, sd3, unet, transformer, vae, text_encoders, clip, t5 (KEY_KINDS), or unknown ('an unknown
-    model'; example None when there are no keys)."""
+    lora, a family's header_kind (flux, sd3, unet), transformer, vae, text_encoders, clip, t5 (key_kinds), or
+    unknown ('an unknown model'; example None when there are no keys)."""
     keys = list(keys)
-    for kind, words, fragments in KEY_KINDS:
+    for kind, words, fragments in key_kinds():
         for k in keys:
             if any(f in k for f in fragments):
                 return kind, words, k

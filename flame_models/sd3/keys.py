@@ -7,7 +7,7 @@ adaLN and the last block's pre-only context adaLN have their two halves exchange
 """
 # the tensor-level conversions are Flux's (combine and separate are used as sd3.keys' too)
 from ..checkpoint_io import describe_keys
-from ..flux.keys import combine, join_by_plan, separate, split_by_plan  # noqa: F401
+from ..checkpoint_io.plans import combine, join_by_plan, separate, split_by_plan  # noqa: F401
 from .params import sd3_params
 
 SAI_PREFIXES = ("model.diffusion_model.", "diffusion_model.")

@@ -8,16 +8,16 @@ comes from the folder's config; by kind it is `<|endoftext|>` for CLIP-L and `!`
 `tokenizer_2`, SD3's second CLIP). As in transformers, the pad token is a special token, so a `!` typed in a
 caption becomes id 0 under CLIP-G's rules.
 """
-import json
 from pathlib import Path
 
+from flame_core.io import atomic_write, write_json
 from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
 
 from .backends import TokenizersBackend
 from .base import TextTokenizer
 from .bpe_training import learn_bpe_merges, pretokenized_words
-from .files import find_tokenizer_folder, first_given, read_json, read_tokenizer_config, write_atomic
+from .files import find_tokenizer_folder, first_given, read_json, read_tokenizer_config
 from .packaged import CLIP_MERGES, read_packaged
 
 BOS, EOS = "<|startoftext|>", "<|endoftext|>"
@@ -165,12 +165,13 @@ class CLIPTokenizer(TextTokenizer):
         """Write vocab.json, merges.txt and tokenizer_config.json (each atomically) into `folder`."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        write_atomic(folder / "vocab.json", json.dumps(self.vocab, ensure_ascii=False).encode("utf-8"))
+        write_json(folder / "vocab.json", self.vocab, indent=None, ensure_ascii=False)
         merges = "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in self.merges)
-        write_atomic(folder / "merges.txt", merges.encode("utf-8"))
+        with atomic_write(folder / "merges.txt") as f:
+            f.write(merges.encode("utf-8"))
         config = {"tokenizer_class": "CLIPTokenizer", "bos_token": self.bos_token, "eos_token": self.eos_token,
                   "unk_token": self.unk_token, "pad_token": self.pad_token, "model_max_length": self.model_max_length}
-        write_atomic(folder / "tokenizer_config.json", json.dumps(config, indent=2).encode("utf-8"))
+        write_json(folder / "tokenizer_config.json", config)
         return folder
 
     def decode(self, token_ids, skip_special_tokens=False):

@@ -9,7 +9,6 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flame_core.io import atomic_write
 
 from .errors import TokenizerFilesError
 
@@ -134,9 +133,3 @@ def read_tokenizer_config(folder):
 def first_given(*values):
     """The first value that is not None (explicit argument, then the folder's config, then the default)."""
     return next((v for v in values if v is not None), None)
-
-
-def write_atomic(path, data):
-    """Write bytes to `path` through a temporary file in the same folder, fsync, then rename: never half-written."""
-    with atomic_write(path) as f:
-        f.write(data)

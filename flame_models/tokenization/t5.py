@@ -12,12 +12,13 @@ import io
 import json
 from pathlib import Path
 
+from flame_core.io import atomic_write, write_json
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import Unigram
 
 from .backends import SentencePieceBackend, TokenizersBackend, import_sentencepiece
 from .base import TextTokenizer
-from .files import find_tokenizer_folder, first_given, read_json, read_tokenizer_config, write_atomic
+from .files import find_tokenizer_folder, first_given, read_json, read_tokenizer_config
 from .packaged import T5_TOKENIZER_JSON, read_packaged
 
 EOS, PAD, UNK = "</s>", "<pad>", "<unk>"
@@ -150,13 +151,15 @@ class T5Tokenizer(TextTokenizer):
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         if isinstance(self.backend, SentencePieceBackend):
-            write_atomic(folder / "spiece.model", self.backend.model_proto)
+            with atomic_write(folder / "spiece.model") as f:
+                f.write(self.backend.model_proto)
             extra_ids = len(self.backend) - self.backend.sp.get_piece_size()
         else:
-            write_atomic(folder / "tokenizer.json", self.backend.tokenizer.to_str().encode("utf-8"))
+            with atomic_write(folder / "tokenizer.json") as f:
+                f.write(self.backend.tokenizer.to_str().encode("utf-8"))
             extra_ids = sum(1 for i in self.backend.special_ids
                             if (self.backend.id_to_token(i) or "").startswith("<extra_id_"))
         config = {"tokenizer_class": "T5Tokenizer", "eos_token": self.eos_token, "pad_token": self.pad_token,
                   "unk_token": self.unk_token, "extra_ids": extra_ids, "model_max_length": self.model_max_length}
-        write_atomic(folder / "tokenizer_config.json", json.dumps(config, indent=2).encode("utf-8"))
+        write_json(folder / "tokenizer_config.json", config)
         return folder

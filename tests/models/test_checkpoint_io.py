@@ -132,13 +132,13 @@ def test_one_description_of_what_a_file_holds(keys, kind):
 
 
 def test_every_loader_describes_files_with_the_one_table(monkeypatch):
-    # the model files check, the SDXL, VAE and SD3 loaders all read checkpoint_io.KEY_KINDS: no table of their own
+    # the model files check, the SDXL, VAE and SD3 loaders all read checkpoint_io.key_kinds: no table of their own
     from flame_models.checkpoint_io import reading
     from flame_models.sd3 import keys as sd3_keys
     from flame_models.sdxl import keys as sdxl_keys
     from flame_models.training import model_files
     from flame_models.vae import keys as vae_keys
-    monkeypatch.setattr(reading, "KEY_KINDS", (("odd", "an odd file", ("odd.",)),))
+    monkeypatch.setattr(reading, "key_kinds", lambda: (("odd", "an odd file", ("odd.",)),))
     keys = ["odd.weight"]
     assert model_files.describe_keys(keys) == ("odd", "an odd file", "odd.weight")
     assert sdxl_keys.describe(keys) == vae_keys.describe(keys) == "an odd file"
