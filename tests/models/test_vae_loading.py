@@ -130,9 +130,9 @@ def test_explicit_config_replaces_the_inferred_one(tmp_path):
 # ----------------------------------------------------------------------------- files that are not VAEs
 NOT_VAES = {
     "flux_bfl": ({"model.diffusion_model.double_blocks.0.img_attn.qkv.weight": (6, 2),
-                  "model.diffusion_model.single_blocks.0.linear1.weight": (4, 2)}, "Flux transformer (BFL"),
+                  "model.diffusion_model.single_blocks.0.linear1.weight": (4, 2)}, "a Flux transformer"),
     "flux_diffusers": ({"transformer_blocks.0.attn.to_q.weight": (2, 2),
-                        "single_transformer_blocks.0.attn.to_q.weight": (2, 2)}, "Flux transformer (diffusers"),
+                        "single_transformer_blocks.0.attn.to_q.weight": (2, 2)}, "a Flux transformer"),
     "lora_kohya": ({"lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight": (4, 2),
                     "lora_unet_double_blocks_0_img_attn_qkv.alpha": ()}, "LoRA"),
     "lora_peft": ({"transformer.single_transformer_blocks.0.attn.to_q.lora_A.weight": (4, 2)}, "LoRA"),
