@@ -177,7 +177,7 @@ def bench_flame(N, Cin, H, W, O, k, stride, pad, repeats):
         op(x, w).backward(go)
     # the backward passes alone
     g = flame_geometry(tuple(x.shape), tuple(w.shape), stride, pad)
-    xa, wa, ga = x.detach()._data, w.detach()._data, go._data
+    xa, wa, ga = x.detach().array, w.detach().array, go.array
     r = dict(fwd_ms=ms(lambda: op(x, w)), fwdbwd_ms=ms(fb, max(5, repeats // 2)),
              dx_ms=ms(lambda: C.conv2d_backward(ga, xa, wa, g, need_x=True, need_w=False)),
              dw_ms=ms(lambda: C.conv2d_backward(ga, xa, wa, g, need_x=False, need_w=True)),

@@ -101,7 +101,7 @@ def tune_geometry(label, spec, repeats, smoke):
     w = (flame.randn(O, Cin, k, k, device=dev) * 0.02).to(dt)
     g = B.flame_geometry(tuple(x.shape), tuple(w.shape), stride, pad)  # an asymmetric pad folded in (pad_conv2d)
     go = flame.randn(N, O, g.OH, g.OW, device=dev).to(dt)
-    xa, wa, ga = x._data, w._data, go._data
+    xa, wa, ga = x.array, w.array, go.array
     if C._is_pointwise(g):  # a plain 1x1 is one batched cuBLAS GEMM whatever the algorithm: nothing to choose
         print(f"{label}: a plain 1x1 (one batched GEMM on every path): not tuned", flush=True)
         return {}

@@ -47,7 +47,7 @@ def train_step(ws, x, lr=1e-3):
     del h
     loss.backward()
     for w in ws:
-        w._data -= lr * w.grad._data
+        w.array[...] -= lr * w.grad.array
     grad_pool.zero_grad(ws)
 
 

@@ -126,13 +126,13 @@ def load_weights_(module, files, *, strict=True, device=None, dtype=None, key_ma
 def _assign(t, arr, f8=False):
     """Put `arr` (already converted) into tensor `t`: new storage for placeholders / dtype changes, else in place."""
     from flame_core import backend
-    if getattr(t, "_meta_device", None) is not None or arr.dtype != t._data.dtype or f8 != t._f8 or \
-            backend.is_cuda_array(arr) != backend.is_cuda_array(t._data):
+    if getattr(t, "_meta_device", None) is not None or arr.dtype != t.array.dtype or f8 != t._f8 or \
+            backend.is_cuda_array(arr) != backend.is_cuda_array(t.array):
         if isinstance(t, Parameter):
             t.materialize_(arr, f8)
         else:
-            t._data, t._f8 = arr, f8
+            t.set_array_(arr, f8)
             t._version[0] += 1
     else:
-        t._data[...] = arr
+        t.array[...] = arr
         t._version[0] += 1

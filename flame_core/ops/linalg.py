@@ -14,9 +14,10 @@ _HALF = (np.dtype(np.float16), D.bfloat16.np)
 _BF16 = np.dtype(D.bfloat16.np)
 
 
-def _mm_arrays(a, b):
-    """a @ b on arrays: cuBLAS directly on cuda (flame_core.kernels.gemm.mm); on NumPy half types are multiplied in
-    float32 (no half BLAS) and rounded back."""
+def mm_arrays(a, b):
+    """a @ b of two 2-D arrays (NumPy or CuPy, e.g. tensors' `.array`), outside autograd: cuBLAS directly on cuda
+    (flame_core.kernels.gemm.mm); on NumPy half types are multiplied in float32 (no half BLAS) and rounded back.
+    Public for layers that compute on arrays inside their own Function (flame_nn's fp8 Linear)."""
     if backend.xp_of(a) is np:
         if a.dtype in _HALF:
             return _threads.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
@@ -34,7 +35,7 @@ class Matmul(Function):
         na, nb = ctx.needs_input_grad
         ctx.save_for_backward(a if nb else None, b if na else None)  # dA needs B, dB needs A (as PyTorch)
         ctx.shapes = (a.shape, b.shape)
-        return _wrap(_mm_arrays(xa, xb))
+        return _wrap(mm_arrays(xa, xb))
 
     @staticmethod
     def backward(ctx, g):

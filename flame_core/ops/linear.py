@@ -6,7 +6,7 @@ from ..autograd.function import Function
 from ..errors import DTypeError, ShapeError, fmt_shape
 from ..kernels import gemm as _cublas
 from ..tensor import _wrap, check_same_device
-from .linalg import _mm_arrays
+from .linalg import mm_arrays
 from .shape import cat
 
 
@@ -15,7 +15,7 @@ class Linear(Function):
     def forward(ctx, x, w, b):
         a = x._data
         lead = a.shape[:-1]
-        y = _mm_arrays(a.reshape(-1, a.shape[-1]), w._data.T)  # (M, in) @ (in, out)
+        y = mm_arrays(a.reshape(-1, a.shape[-1]), w._data.T)  # (M, in) @ (in, out)
         if b is not None:
             y += b._data
         # keep only what the wanted gradients use (as PyTorch): a frozen weight's Linear keeps no input
@@ -71,8 +71,8 @@ class LinearCat2(Function):
             y = _cublas.matmul(a2, wd[:, :ha].T)
             _cublas.matmul(b2, wd[:, ha:].T, out=y, beta=1.0)
         else:
-            y = _mm_arrays(a2, wd[:, :ha].T)
-            y += _mm_arrays(b2, wd[:, ha:].T)
+            y = mm_arrays(a2, wd[:, :ha].T)
+            y += mm_arrays(b2, wd[:, ha:].T)
         if bias is not None:
             y += bias._data
         na, nb, nw, _ = ctx.needs_input_grad
