@@ -183,7 +183,7 @@ def bench_flame(N, Cin, H, W, O, k, stride, pad, repeats):
              dw_ms=ms(lambda: C.conv2d_backward(ga, xa, wa, g, need_x=False, need_w=True)),
              paths={q: ("wgmma" if C.use_wgmma(xa, g, q) else "igemm")
                     if C.use_igemm(xa, g, q) and (q != "dx" or g.sh == g.sw == 1 or C.strided_dx(g))
-                    else ("cublas 1x1" if C._is_pointwise(g) else "im2col") for q in C.PASSES})
+                    else ("cublas 1x1" if C.is_pointwise(g) else "im2col") for q in C.PASSES})
     if r["paths"]["fwd"] == "wgmma":  # registers / spills / shared memory of the tile that ran
         r["wgmma_kernel"] = KC.wgmma_kernel_info(KC.wgmma_tile(O, N * OH * OW, plans.sm_count()), xa.dtype)
     with flame.no_grad():

@@ -102,7 +102,7 @@ def tune_geometry(label, spec, repeats, smoke):
     g = B.flame_geometry(tuple(x.shape), tuple(w.shape), stride, pad)  # an asymmetric pad folded in (pad_conv2d)
     go = flame.randn(N, O, g.OH, g.OW, device=dev).to(dt)
     xa, wa, ga = x.array, w.array, go.array
-    if C._is_pointwise(g):  # a plain 1x1 is one batched cuBLAS GEMM whatever the algorithm: nothing to choose
+    if C.is_pointwise(g):  # a plain 1x1 is one batched cuBLAS GEMM whatever the algorithm: nothing to choose
         print(f"{label}: a plain 1x1 (one batched GEMM on every path): not tuned", flush=True)
         return {}
     ms = B.timer(repeats, "cupy")
