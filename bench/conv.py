@@ -35,13 +35,14 @@ import argparse
 import os
 import sys
 
+import common
 import numpy as np
 
-import common
 import flame_core as flame
 import flame_nn.functional as F
 from flame_core import backend
-from flame_core.kernels import conv as KC, plans
+from flame_core.kernels import conv as KC
+from flame_core.kernels import plans
 from flame_core.ops import conv as C
 
 SHAPES = {  # name: (N, C, H, W, O, k, stride, pad); pad an int (both sides) or F.pad's (left, right, top, bottom)

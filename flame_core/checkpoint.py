@@ -31,12 +31,13 @@ import sys
 import types
 
 from . import backend
+from . import random as _random
 from .amp import autocast_mode as _amp
 from .autograd.engine import run_backward
 from .autograd.function import Function
-from .autograd.grad_mode import state as _grad_state, enable_grad
+from .autograd.grad_mode import enable_grad
+from .autograd.grad_mode import state as _grad_state
 from .errors import AutogradError, fmt_shape
-from . import random as _random
 from .tensor import Tensor, _wrap
 
 _DUMMY = []  # one leaf that requires grad: makes the node record even when no input requires grad

@@ -3,7 +3,8 @@ import numpy as np
 
 from . import backend
 from . import dtypes as D
-from .device import device as _parse_device, device_of_array, CPU
+from .device import CPU, device_of_array
+from .device import device as _parse_device
 from .errors import AutogradError, DeviceError, DTypeError, fmt_shape
 
 _ndarray = np.ndarray

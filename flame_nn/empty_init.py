@@ -80,6 +80,7 @@ def load_weights_(module, files, *, strict=True, device=None, dtype=None, key_ma
     Returns `(missing_keys, unexpected_keys)`; with `strict=True` raises listing missing, unexpected and misshaped keys.
     """
     from flame_core.io import safe_open
+
     from .module import StateDictError, _format_load_errors
     files = [files] if isinstance(files, (str, bytes)) or hasattr(files, "__fspath__") else list(files)
     expected = dict(module._state_items())

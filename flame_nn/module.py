@@ -15,9 +15,9 @@ from flame_core.device import device as _parse_device
 from flame_core.errors import FlameError, fmt_shape
 from flame_core.tensor import Tensor
 
-from .parameter import Parameter, MetaTensorError, empty_storage, meta_array
 from . import backward_hooks as _bw
 from . import empty_init as _ei
+from .parameter import MetaTensorError, Parameter, empty_storage, meta_array
 
 
 class StateDictError(FlameError, RuntimeError):
@@ -452,6 +452,7 @@ class Module(D.FloatCasts):
         if dt is not None and not dt.is_floating_point:
             raise TypeError(f"Module.to only accepts floating point dtypes, got {dt}")
         from flame_core.io import convert
+
         from .utils import _pool
         moved = []
 

@@ -3,7 +3,8 @@ import numpy as np
 
 from flame_core import backend
 from flame_core import dtypes as D
-from flame_core.device import device as _parse_device, device_of_array
+from flame_core.device import device as _parse_device
+from flame_core.device import device_of_array
 from flame_core.errors import FlameError
 from flame_core.tensor import Tensor
 

@@ -4,10 +4,9 @@ import math
 
 import numpy as np
 
-from flame_core import backend
+from flame_core import as_tensor, backend
 from flame_core.autograd import no_grad
 from flame_core.errors import DeviceError, NonFiniteError
-from flame_core import as_tensor
 from flame_core.tensor import Tensor
 
 try:

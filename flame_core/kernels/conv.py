@@ -31,8 +31,11 @@ from collections import namedtuple
 
 import numpy as np
 
-from . import launching as KL, loader as L, plans as P, tma as TMA
 from .. import backend
+from . import launching as KL
+from . import loader as L
+from . import plans as P
+from . import tma as TMA
 
 ConvGeom = namedtuple("ConvGeom", "N H W Cp O OH OW KH KW sh sw ph pw dh dw")
 

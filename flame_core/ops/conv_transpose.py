@@ -11,7 +11,7 @@ from ..autograd.function import Function
 from ..autograd.grad_mode import state
 from ..errors import AutogradError, ShapeError, fmt_shape
 from ..tensor import _wrap
-from .conv import pair, bias_grad, checked_inputs, conv2d_backward, conv2d_forward, geometry
+from .conv import bias_grad, checked_inputs, conv2d_backward, conv2d_forward, geometry, pair
 from .indexing import pad
 
 

@@ -5,10 +5,11 @@ import numpy as np
 
 from .. import backend
 from .. import dtypes as D
-from ..device import device as _parse_device, default_device
+from .. import random as _random
+from ..device import default_device
+from ..device import device as _parse_device
 from ..errors import DTypeError
 from ..tensor import Tensor, _cupy_ndarray, _wrap
-from .. import random as _random
 
 
 def _shape(size):

@@ -4,11 +4,11 @@ import numpy as np
 from .. import backend
 from .. import dtypes as D
 from .. import threads as _threads
+from ..amp import autocast_mode as _amp  # autocast hook (flame_core.amp): one line per op, a flag test when off
 from ..autograd.function import Function
 from ..errors import DTypeError, ShapeError, fmt_shape
-from ..tensor import _wrap, check_same_device
-from ..amp import autocast_mode as _amp  # autocast hook (flame_core.amp): one line per op, a flag test when off
 from ..kernels import gemm as _cublas
+from ..tensor import _wrap, check_same_device
 
 _HALF = (np.dtype(np.float16), D.bfloat16.np)
 _BF16 = np.dtype(D.bfloat16.np)
@@ -79,7 +79,8 @@ def matmul(a, b):
     if ka != kb:
         raise ShapeError(f"matmul: shapes {fmt_shape(a.shape)} and {fmt_shape(b.shape)} cannot be multiplied "
                          f"({ka} != {kb})")
-    if _amp.active: a, b = _amp.cast_inputs("lower", a, b)  # autocast hook
+    if _amp.active:  # autocast hook
+        a, b = _amp.cast_inputs("lower", a, b)
     if a._data.dtype != b._data.dtype and D.float8_e4m3fn not in (a.dtype, b.dtype):  # fp8: Matmul's own error
         raise DTypeError(f"matmul: expected both operands to have the same dtype, got {a.dtype.name} and "
                          f"{b.dtype.name} (as PyTorch, no promotion: cast one with .to(), or compute under "
@@ -237,5 +238,6 @@ def einsum(equation, *operands):
         operands = tuple(operands[0])
     check_same_device("einsum", *operands)
     spec = _parse_einsum(equation, operands)
-    if _amp.active: operands = _amp.cast_inputs("lower", *operands)  # autocast hook
+    if _amp.active:  # autocast hook
+        operands = _amp.cast_inputs("lower", *operands)
     return Einsum.apply(spec, *operands)

@@ -7,7 +7,7 @@ from .. import backend
 from .. import memory_formats as MF
 from ..autograd.function import Function
 from ..errors import ShapeError, fmt_shape
-from ..tensor import Tensor, _wrap, _view_of
+from ..tensor import Tensor, _view_of, _wrap
 from .dtype_view import view_dtype
 
 

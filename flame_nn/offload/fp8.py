@@ -25,7 +25,7 @@ dtype.
 """
 import numpy as np
 
-from flame_core import backend
+from flame_core import as_tensor, backend
 from flame_core import dtypes as D
 from flame_core.amp import autocast_mode as _amp
 from flame_core.autograd import Function, no_grad
@@ -34,12 +34,10 @@ from flame_core.kernels import fp8 as _K
 from flame_core.kernels.loader import dtype_name as _dtype_name
 from flame_core.ops.fp8 import quantize_fp8
 from flame_core.ops.linalg import mm_arrays
-from flame_core import as_tensor
 
 from ..layers.linear import Linear
 from ..parameter import Parameter
 from .host import OffloadError
-
 
 # ----------------------------------------------------------------------------- the dequantisation scratch
 _scratch = {}    # (device key, dtype name) -> Tensor (1-D) the dequantised weights are written into
@@ -91,7 +89,9 @@ def _dequantize_into_scratch(q, scales, dtype):
     out = buf.array[:n].reshape(q.shape)
     if backend.is_cuda_array(q):
         qb = q if q.dtype == np.uint8 else q.view(np.uint8)
-        from flame_core.kernels import launching as KL, loader as L, plans as P
+        from flame_core.kernels import launching as KL
+        from flame_core.kernels import loader as L
+        from flame_core.kernels import plans as P
         if L.use_kernel(scales) and n and _dtype_name(dtype) in ("float32", "float16", "bfloat16"):
             qb = P.contiguous(qb)
             grid = (max(1, min(P.cdiv(P.cdiv(n, 8), 256), P.sm_count() * 16)),)  # as kernels/fp8.py

@@ -52,7 +52,8 @@ import itertools
 from flame_core import memory as _memory
 from flame_core.autograd.grad_mode import state as _grad_state
 from flame_core.checkpoint import CheckpointFunction, maybe_checkpoint
-from flame_core.device import device as _parse_device, default_device
+from flame_core.device import default_device
+from flame_core.device import device as _parse_device
 from flame_core.io import convert
 
 from ..module import Module

@@ -3,8 +3,7 @@
     g += weight_decay * p ;  clr = lr / (1 + (t - 1) lr_decay) ;  s += g^2 ;  p -= clr g / (sqrt(s) + eps)
 with s starting at initial_accumulator_value (the state is created with the optimizer, as PyTorch does).
 """
-from flame_core import backend
-from flame_core import as_tensor
+from flame_core import as_tensor, backend
 
 from .optimizer import Optimizer, _closure_loss, grads_of
 

@@ -13,9 +13,8 @@ import math
 
 import numpy as np
 
-from flame_core import backend
+from flame_core import as_tensor, backend
 from flame_core.io import convert
-from flame_core import as_tensor
 
 from .optimizer import Optimizer, _closure_loss, grads_of, pool
 

@@ -11,8 +11,7 @@ import math
 
 import numpy as np
 
-from flame_core import backend
-from flame_core import as_tensor
+from flame_core import as_tensor, backend
 
 from .adam import _check
 from .optimizer import Optimizer, _closure_loss, grads_of

@@ -4,8 +4,7 @@
     centered: m = alpha m + (1 - alpha) g ;  avg = sqrt(v - m^2) + eps      else avg = sqrt(v) + eps
     momentum: b = momentum b + g / avg ;  p -= lr b                          else p -= lr g / avg
 """
-from flame_core import backend
-from flame_core import as_tensor
+from flame_core import as_tensor, backend
 
 from .optimizer import Optimizer, _closure_loss, grads_of
 

@@ -119,6 +119,7 @@ def test_conv_gemms_of_cuda_arrays_go_through_flame_cublas(monkeypatch):
     matmul refuses to run while a CUDA graph is captured, so a graphed SDXL step fell back to eager. Checked on the
     CPU with a stand-in array module for CUDA."""
     import types
+
     from flame_core.kernels import gemm
     from flame_core.ops.conv import matmul as conv
     calls = []

@@ -1,16 +1,15 @@
 """conv2d's raw CUDA kernels (cuda_src/im2col.cu, cuda_src/conv_igemm.cu) against the xp reference, and the GPU conv
 against float64."""
+import nn_reference as ref
 import numpy as np
 import pytest
 
 import flame_core as flame
-from flame_core.dtypes import dtype as parse_dtype
 import flame_nn.functional as F
 from flame_core import backend
+from flame_core.dtypes import dtype as parse_dtype
 from flame_core.kernels import launching
 from flame_core.ops import conv as C
-
-import nn_reference as ref
 
 pytestmark = pytest.mark.gpu
 

@@ -37,12 +37,21 @@ package re-exports their public names; monkeypatch a name in the file that reads
 """
 from .columns import col2im, col2im_cuda, col2im_reference, im2col, im2col_cuda, im2col_reference
 from .dispatch import bias_grad, conv2d_backward, conv2d_forward, image_bias_grad
-from .phases import DxPhase, dx_phases, one_launch_dx, pack_phase_weight, phase_dx, strided_dx
 from .function import Conv2d, checked_inputs, conv2d, conv2d_add, conv2d_memory_format, pad_conv2d
-from .planning import HALF, Geom, end_padding, geometry, image_chunks, is_pointwise, pair, plan, workspace_bytes
 from .im2col_gemm import im2col_backward, im2col_forward
 from .implicit_gemm import igemm_backward, igemm_forward, nhwc, reads_in_place
 from .matmul import mm
+from .phases import DxPhase, dx_phases, one_launch_dx, pack_phase_weight, phase_dx, strided_dx
+from .planning import HALF, Geom, end_padding, geometry, image_chunks, is_pointwise, pair, plan, workspace_bytes
 from .pointwise import POINTWISE_DW_ACC_MIN, pointwise_backward, pointwise_forward
-from .routing import (IM2COL_MAX_BYTES, PASSES, WGMMA_AUTO, conv_algo, im2col_max_bytes, tuned, tuned_plan,
-                      use_igemm, use_wgmma)
+from .routing import (
+                      IM2COL_MAX_BYTES,
+                      PASSES,
+                      WGMMA_AUTO,
+                      conv_algo,
+                      im2col_max_bytes,
+                      tuned,
+                      tuned_plan,
+                      use_igemm,
+                      use_wgmma,
+)

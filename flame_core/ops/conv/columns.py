@@ -5,7 +5,6 @@ import numpy as np
 from ... import backend
 from .planning import HALF, end_padding, is_pointwise
 
-
 _KERNEL_DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 

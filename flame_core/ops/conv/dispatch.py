@@ -3,10 +3,10 @@ GEMM - and the bias gradients."""
 import numpy as np
 
 from ... import backend
-from .phases import strided_dx
-from .planning import HALF, is_pointwise
 from .im2col_gemm import im2col_backward, im2col_forward
 from .implicit_gemm import igemm_backward, igemm_forward, reads_in_place
+from .phases import strided_dx
+from .planning import HALF, is_pointwise
 from .pointwise import pointwise_backward, pointwise_forward
 from .routing import use_igemm, use_wgmma
 

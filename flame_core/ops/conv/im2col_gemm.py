@@ -7,8 +7,8 @@ import numpy as np
 
 from ... import backend
 from .columns import col2im, im2col
-from .planning import HALF, plan, workspace_bytes
 from .matmul import mm
+from .planning import HALF, plan, workspace_bytes
 
 
 def _forward_chunk(w3, cols, out, g):

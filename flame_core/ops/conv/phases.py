@@ -4,7 +4,6 @@ from collections import namedtuple
 
 from ... import backend
 
-
 DxPhase = namedtuple("DxPhase", "a b kh kw ph pw OH OW")
 
 

@@ -9,7 +9,6 @@ import numpy as np
 from ... import dtypes as D
 from ...errors import ShapeError, fmt_shape
 
-
 Geom = namedtuple("Geom", "N C H W O KH KW sh sw ph pw dh dw OH OW G")
 HALF = (np.dtype(np.float16), D.bfloat16.np)
 _TARGET_COLS = 8192  # whole images are batched into one GEMM until it has this many columns

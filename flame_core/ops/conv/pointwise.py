@@ -3,8 +3,8 @@ import numpy as np
 
 from ... import backend
 from ...kernels import gemm as _gemm
-from .planning import HALF
 from .matmul import mm
+from .planning import HALF
 
 
 def pointwise_forward(x, w, g):

@@ -12,7 +12,6 @@ from ... import backend
 from .phases import strided_dx
 from .planning import HALF, is_pointwise
 
-
 # Column matrices up to this size take im2col + cuBLAS in "auto" mode. Measured on the H100 (bench/conv.py --variant,
 # 2026-11-23): SDXL 2x640x64x64 (94 MB of columns) im2col 0.57x cuDNN vs implicit GEMM 0.50x; 2x1280x32x32 (47 MB)
 # 0.85x vs 0.46x; 2x320x128x128 (189 MB) 0.39x vs 0.47x; the VAE shapes (600 MB and more) 0.39x vs 0.54x.
