@@ -29,8 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import flame_core as flame  # noqa: E402
 from flame_core.errors import FlameError  # noqa: E402
 from flame_models.training import Trainer, config_from_dict  # noqa: E402
-from flame_models.training.config import (ConfigError, NetworkConfig, SaveConfig, TrainConfig,  # noqa: E402
-                                          TrainSection, read_yaml)
+from flame_models.training.config import ConfigError, NetworkConfig, SaveConfig, TrainConfig, TrainSection, read_yaml  # noqa: E402
 from flame_models.training.family import available_families  # noqa: E402
 from flame_models.training.timesteps import TIMESTEP_TYPES  # noqa: E402
 

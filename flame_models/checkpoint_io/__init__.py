@@ -15,11 +15,33 @@ between models -- key names, layouts, configs -- stays in each family's package.
                  max_shard_size=5 << 30, folder_config=diffusers_config)
 """
 from .errors import CheckpointError
-from .finding import (INDEX_SUFFIX, PICKLE_SUFFIXES, check_not_pickle, folder_weights, index_files,
-                      pipeline_subfolder, read_config_json, read_json, safetensors_files)
-from .loading import (COMPUTE_DTYPES, PROGRESS_BYTES, check_mismatch, compute_dtype, config_argument, empty_model,
-                      fill_, layout_plan, listing, load_planned_, mismatch_message, planned_mismatches,
-                      planned_reader, preset)
+from .finding import (
+                      INDEX_SUFFIX,
+                      PICKLE_SUFFIXES,
+                      check_not_pickle,
+                      folder_weights,
+                      index_files,
+                      pipeline_subfolder,
+                      read_config_json,
+                      read_json,
+                      safetensors_files,
+)
+from .loading import (
+                      COMPUTE_DTYPES,
+                      PROGRESS_BYTES,
+                      check_mismatch,
+                      compute_dtype,
+                      config_argument,
+                      empty_model,
+                      fill_,
+                      layout_plan,
+                      listing,
+                      load_planned_,
+                      mismatch_message,
+                      planned_mismatches,
+                      planned_reader,
+                      preset,
+)
 from .reading import SafetensorsCheckpoint, block_indices, count_indices, describe_keys, key_kinds, keys_under
 from .saving import save_shards, save_weights, shard_groups, write_json
 

@@ -81,8 +81,8 @@ def shown(path, files):
 def kind_of(keys):
     """(kind, words, an example key) of a file's tensor names: checkpoint_io.describe_keys' kinds, with
     text encoders in any layout flame_models.text_encoders reads (OpenCLIP's CLIP-G included)."""
-    from ..text_encoders.layouts import find_encoders
     from ..checkpoint_io import describe_keys
+    from ..text_encoders.layouts import find_encoders
     kind, words, example = describe_keys(keys)
     if kind == "unknown":
         enc = find_encoders(keys)

@@ -10,15 +10,22 @@ The trainer drives it in three stages, so that only one model is in memory at a 
     (b) texts.fill(ds.prompts(range(loader.sampler.epochs_needed(n))) + prompts, encode_prompts)   # TEs, freed
     (c) loader.next_batch() ...                                         # transformer; caches only
 """
-from .errors import DataError
-from .config import DatasetConfig, validate_dataset_config, resolutions, IMAGE_EXTENSIONS
-from .images import ImageRecord, list_images, load_image, probe_image, image_array, BACKGROUND
-from .captions import CaptionRule, apply_trigger, read_caption, shuffle_tags, split_tags
-from .buckets import Bucket, Placement, make_buckets, closest_bucket, place, MAX_ASPECT
-from .dataset import ImageDataset, LatentSpec, Sample
-from .sampler import BucketBatchSampler
+from .buckets import MAX_ASPECT, Bucket, Placement, closest_bucket, make_buckets, place
 from .cache import LatentCache, TextEmbeddingCache
-from .loader import TrainingDataset, BucketLoader
-from .samples import (ConcatDataset, FolderDataset, SampleLoader, SyntheticDataset, dataset_kind, scan_folder,
-                      write_sample)
+from .captions import CaptionRule, apply_trigger, read_caption, shuffle_tags, split_tags
+from .config import IMAGE_EXTENSIONS, DatasetConfig, resolutions, validate_dataset_config
+from .dataset import ImageDataset, LatentSpec, Sample
+from .errors import DataError
+from .images import BACKGROUND, ImageRecord, image_array, list_images, load_image, probe_image
+from .loader import BucketLoader, TrainingDataset
+from .sampler import BucketBatchSampler
+from .samples import (
+                      ConcatDataset,
+                      FolderDataset,
+                      SampleLoader,
+                      SyntheticDataset,
+                      dataset_kind,
+                      scan_folder,
+                      write_sample,
+)
 from .sharding import ShardedBucketLoader, ShardedLoader, shard_loader

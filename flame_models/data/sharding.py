@@ -14,8 +14,8 @@ different global batch is a different run (the trainer refuses it, as it refuses
 import numpy as np
 
 from .errors import DataError
-from .samples import SampleLoader
 from .sampler import BucketBatchSampler
+from .samples import SampleLoader
 
 
 class ShardedLoader:

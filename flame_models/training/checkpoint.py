@@ -13,7 +13,8 @@ import json
 import os
 import shutil
 
-from flame_core.io import fsync_dir, write_json as atomic_write_json
+from flame_core.io import fsync_dir
+from flame_core.io import write_json as atomic_write_json
 
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"

@@ -47,7 +47,7 @@ class NetworkConfig:
     lokr_factor: int = -1                # LoKr: -1 the most balanced factorisation
     lokr_full_rank: bool = False         # LoKr: full w2 instead of w2_a @ w2_b
     target: typing.Any = None            # preset name or list of patterns; None: the family's default preset
-    conv: typing.Optional[int] = None    # LoCon: rank of LoRAs on the convolutions (kohya's conv_dim; SDXL); 0 / null off
+    conv: typing.Optional[int] = None    # LoCon: the convolutions' LoRA rank (kohya's conv_dim; SDXL); 0 / null off
     conv_alpha: typing.Optional[float] = None  # their alpha (kohya's conv_alpha); null: = conv (ai-toolkit's default)
     network_kwargs: dict = field(default_factory=dict)  # ai-toolkit: only_if_contains / ignore_if_contains
 

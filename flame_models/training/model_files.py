@@ -7,6 +7,7 @@ from flame_core import io
 from ..checkpoint_io import describe_keys
 from .family import ModelFileError
 
+
 def file_keys(path):
     """The tensor names of one safetensors file (its header only). ModelFileError when it is not readable."""
     try:

@@ -9,7 +9,7 @@ import numpy as np
 
 from flame_core import io
 
-from .preview import projection_images, save_image, save_image_grid, to_uint8, PROJECTION_TITLE
+from .preview import PROJECTION_TITLE, projection_images, save_image, save_image_grid, to_uint8
 
 
 class PreviewPrompt(NamedTuple):

@@ -39,24 +39,23 @@ import numpy as np
 import flame_core as flame
 import flame_nn
 from flame_core import io
-from flame_core.io import write_json
 from flame_core.amp import autocast
 from flame_core.autograd import no_grad
+from flame_core.io import write_json
 from flame_core.memory.stats import parse_budget
 from flame_nn import adapters as A
 
 from ..data import ConcatDataset, FolderDataset, SampleLoader, SyntheticDataset
 from . import checkpoint as ckpt
-from . import image_data
+from . import image_data, resume, run_folder
 from .config import ConfigError, config_dict, dtype_name
 from .distributed import TrainerGroup, main_rank_only, on_main_rank  # ddp
 from .ema import EMA
 from .family import get_family
+from .graphs import StepGraphs, graph_plan
 from .interrupt import StopRequest
 from .logging import LossLog, plot_losses
 from .progress import Progress
-from . import resume, run_folder
-from .graphs import StepGraphs, graph_plan
 from .samples import PreviewPrompt, Previews
 from .stages import StageMeter
 from .streaming import NoStreaming, StreamedBlocks

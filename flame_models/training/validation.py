@@ -3,10 +3,10 @@ model family's own checks, and (check_files) the model file's and the dataset fi
 import difflib
 import os
 
-from ..data.config import validate_dataset_config
-from ..samplers import PREDICTION_TYPES
 from flame_core.memory.stats import parse_budget
 
+from ..data.config import validate_dataset_config
+from ..samplers import PREDICTION_TYPES
 from .config import DTYPES, FILE_FORMATS, NETWORK_TYPES, OPTIMIZERS, PROCESS_TYPES, SCHEDULERS
 from .objective import DENSITY_SCHEMES, WEIGHTING_SCHEMES
 from .timesteps import MODE_SCALE_RANGE

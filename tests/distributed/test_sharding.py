@@ -4,9 +4,10 @@ resumes under another with the same global batch."""
 import numpy as np
 import pytest
 
-from flame_models.data import BucketLoader
+from flame_models.data import BucketLoader, ConcatDataset
+from flame_models.data import DataError as DatasetError
+from flame_models.data import SampleLoader as Loader
 from flame_models.data.errors import DataError
-from flame_models.data import ConcatDataset, DataError as DatasetError, SampleLoader as Loader
 from flame_models.data.sharding import ShardedBucketLoader, ShardedLoader, shard_loader
 
 

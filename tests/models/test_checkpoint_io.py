@@ -12,8 +12,13 @@ from flame_models import checkpoint_io as CIO
 from flame_models.flux import FluxCheckpointError
 from flame_models.sd3 import SD3CheckpointError
 from flame_models.sdxl import UNetCheckpointError
-from flame_models.text_encoders import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel, \
-    TextEncoderCheckpointError
+from flame_models.text_encoders import (
+    CLIPTextConfig,
+    CLIPTextModel,
+    T5Config,
+    T5EncoderModel,
+    TextEncoderCheckpointError,
+)
 from flame_models.vae import VAECheckpointError
 
 

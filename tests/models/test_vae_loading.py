@@ -6,13 +6,19 @@ import shutil
 
 import numpy as np
 import pytest
+import vae_fixtures as VF
 
 import flame_core as flame
 from flame_core.io import safe_open, save_file
-from flame_models.vae import (AutoencoderKL, VAECheckpoint, VAECheckpointError, VAEConfig, infer_config,
-                              load_vae, save_vae)
-
-import vae_fixtures as VF
+from flame_models.vae import (
+    AutoencoderKL,
+    VAECheckpoint,
+    VAECheckpointError,
+    VAEConfig,
+    infer_config,
+    load_vae,
+    save_vae,
+)
 
 
 def tensors(path):

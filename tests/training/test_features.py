@@ -5,9 +5,10 @@ import pytest
 
 import flame_core as flame
 from flame_core import io
+from flame_models.data import ConcatDataset, SyntheticDataset
+from flame_models.data import SampleLoader as Loader
 from flame_models.training import progress as P
 from flame_models.training import trainer as T
-from flame_models.data import ConcatDataset, SampleLoader as Loader, SyntheticDataset
 from flame_models.training.trainer import Trainer
 
 from .conftest import make_samples, tiny_config

@@ -365,9 +365,9 @@ def test_precomputed_samples_with_text_prompts_and_an_optional_vae_for_previews(
 
 def test_random_text_encoders_of_a_released_size_use_the_packaged_tokenizers(monkeypatch):
     # flux-schnell's widths (CLIP 768, T5 4096) with one small layer each instead of the released depths
+    from flame_models.flux import family_parts as flux_parts
     from flame_models.text_encoders import configs as C
     from flame_models.training.config import ModelConfig
-    from flame_models.flux import family_parts as flux_parts
     monkeypatch.setitem(C.CLIP_PRESETS, "clip-l", C.CLIP_PRESETS["clip-l"].__class__(**{
         **C.CLIP_PRESETS["clip-l"].to_dict(), "num_hidden_layers": 1, "intermediate_size": 64}))
     monkeypatch.setitem(C.T5_PRESETS, "t5-xxl", C.T5Config(vocab_size=32128, d_model=4096, d_kv=8, d_ff=32,

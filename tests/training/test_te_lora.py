@@ -12,9 +12,9 @@ import pytest
 import flame_core as flame
 import flame_nn.adapters as A
 from flame_core import io
+from flame_models.data import SyntheticDataset
 from flame_models.sdxl.conditioning import load_text_encoders
 from flame_models.training.config import ConfigError
-from flame_models.data import SyntheticDataset
 from flame_models.training.trainer import Trainer
 
 from .conftest import FIXTURES, fixture_script, image_config
