@@ -10,6 +10,7 @@ from dataclasses import dataclass
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp")
 CACHE_FOLDER = ".flame_cache"        # inside a dataset folder; hidden, so the image scan never enters it
 BUCKET_MULTIPLE = 32                 # bucket sides must be multiples of this: SDXL's UNet needs latents divisible by 4
+MAX_PIXELS = 8192 * 8192             # 64 megapixels: larger images are refused from their header, before decoding
 
 
 @dataclass
@@ -32,6 +33,7 @@ class DatasetConfig:
     allow_upscale: bool = False          # FLAME (kohya's bucket_no_upscale, inverted): upscale small images
     cache_latents_to_disk: bool = False  # latents in <folder_path>/.flame_cache/latents (else in host memory)
     shuffle: bool = True                 # shuffle batches every epoch
+    max_pixels: int = MAX_PIXELS         # FLAME: width x height above this is refused before decoding (bomb guard)
 
 
 def resolutions(cfg):
@@ -82,6 +84,8 @@ def validate_dataset_config(cfg, path_prefix="datasets[0]", check_files=True):
                  f"{cfg.shuffle_variants!r}")
     if not _is_int(cfg.num_repeats) or cfg.num_repeats < 1:
         e.append(f"{p}.num_repeats: an integer >= 1, got {cfg.num_repeats!r}")
+    if not _is_int(cfg.max_pixels) or cfg.max_pixels < 1:
+        e.append(f"{p}.max_pixels: a positive integer (width x height), got {cfg.max_pixels!r}")
 
     step = cfg.bucket_tolerance
     if not _is_int(step) or step < BUCKET_MULTIPLE or step % BUCKET_MULTIPLE:
