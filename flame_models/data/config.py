@@ -7,6 +7,8 @@ import os
 import typing
 from dataclasses import dataclass
 
+from .walk import walk_files
+
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp")
 CACHE_FOLDER = ".flame_cache"        # inside a dataset folder; hidden, so the image scan never enters it
 BUCKET_MULTIPLE = 32                 # bucket sides must be multiples of this: SDXL's UNet needs latents divisible by 4
@@ -117,8 +119,4 @@ def validate_dataset_config(cfg, path_prefix="datasets[0]", check_files=True):
 
 
 def _has_image(folder):
-    for root, dirs, files in os.walk(folder):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        if any(f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith(".") for f in files):
-            return True
-    return False
+    return any(p.lower().endswith(IMAGE_EXTENSIONS) for p in walk_files(folder))

@@ -29,6 +29,7 @@ from .buckets import Bucket, closest_bucket, make_buckets, place
 from .captions import CaptionRule, caption_path, read_caption, stable_seed
 from .config import CACHE_FOLDER, caption_extension, resolutions, validate_dataset_config
 from .errors import DataError
+from .walk import link_problem
 
 PREPROCESS_VERSION = 1        # bump when the pixels a placement produces change (resize filter, background, ...)
 RESIZE_FILTER = "lanczos"
@@ -132,12 +133,18 @@ class ImageDataset:
         jobs, missing = [], []
         for ci, c in enumerate(self.configs):
             ext = caption_extension(c)
-            for path in I.list_images(c.folder_path):
+            for path in I.list_images(c.folder_path, self.warnings.append):
                 cap = caption_path(path, ext)
-                if os.path.isfile(cap):
+                refused = link_problem(cap, c.folder_path)    # a caption is read under the images' link policy
+                if refused is None and os.path.isfile(cap):
                     jobs.append((ci, path, cap))
                 elif c.default_caption is not None:
                     jobs.append((ci, path, None))
+                    if refused:
+                        self.warnings.append(f"{cap}: {refused}: not read (default_caption used)")
+                elif refused:
+                    missing.append(f"{cap}: {refused}: not read (captions are read from inside the data folder "
+                                   f"only: copy the file in, or set default_caption)")
                 else:
                     missing.append(f"{path}: no caption file {os.path.basename(cap)} (add it, or set "
                                    f"default_caption for the folder)")

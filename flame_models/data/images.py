@@ -24,6 +24,7 @@ from flame_core.io import atomic_write
 
 from .config import IMAGE_EXTENSIONS, MAX_PIXELS
 from .errors import DataError
+from .walk import walk_files
 
 # warnings.catch_warnings swaps process-wide state: images opened by several threads (the latent cache's) take turns
 _PILLOW_WARNINGS = threading.Lock()
@@ -40,14 +41,10 @@ class ImageRecord:
     height: int
 
 
-def list_images(folder):
-    """Sorted image files under `folder` (recursive; names and folders starting with '.' skipped)."""
-    found = []
-    for root, dirs, files in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        found += [os.path.join(root, f) for f in files
-                  if f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith(".")]
-    return sorted(found, key=lambda p: os.path.relpath(p, folder).replace(os.sep, "/"))
+def list_images(folder, warn=None):
+    """Sorted image files under `folder` (recursive; names and folders starting with '.' skipped; symbolic links
+    followed only inside the folder, others skipped with warn(message): walk.py)."""
+    return [p for p in walk_files(folder, warn) if p.lower().endswith(IMAGE_EXTENSIONS)]
 
 
 def _to_rgb(im):
