@@ -25,7 +25,7 @@ MAX_PATTERN_CHARS = 512
 MAX_NAME_CHARS = 1024
 MAX_STATES = 1000
 MAX_VISITS = 4_000_000            # automaton states visited and characters read while matching, per Budget
-_MAX_DFA_STATES = 4096            # cached subsets per pattern; past it, steps are computed and not kept
+_MAX_DFA_STEPS = 4096             # cached steps per pattern; past it, steps are computed and not kept
 _CATEGORIES = {_C.CATEGORY_DIGIT: r"\d", _C.CATEGORY_NOT_DIGIT: r"\D", _C.CATEGORY_SPACE: r"\s",
                _C.CATEGORY_NOT_SPACE: r"\S", _C.CATEGORY_WORD: r"\w", _C.CATEGORY_NOT_WORD: r"\W"}
 _STARTS = (_C.AT_BEGINNING, _C.AT_BEGINNING_STRING)
@@ -177,7 +177,7 @@ class SuffixPattern:
                                  if self.states[s][0] == _CHAR and self.states[s][1](ch)], False)
             if ch == ".":            # a suffix may start after any dot
                 got = got | self._after_dot
-            if len(self._steps) < _MAX_DFA_STATES:
+            if len(self._steps) < _MAX_DFA_STEPS:
                 self._steps[(current, ch)] = got
         return got
 
@@ -201,6 +201,7 @@ class SuffixPattern:
         if len(name) > MAX_NAME_CHARS:
             raise PatternError(f"the module name is {len(name)} characters long, more than {MAX_NAME_CHARS}")
         if self._re is not None:
+            self.budget.spend(1)    # (a pattern without choices: linear in C; counted so that many add up)
             return self._re.match(name) is not None
         self.budget.spend(len(name))
         current = self._first
