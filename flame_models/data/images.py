@@ -10,8 +10,8 @@ anything is decoded; Pillow's own decompression-bomb warning and error become th
 (PNG modes I;16, I;16B, I) is scaled by its bit depth (÷ 65535), never guessed from the values.
 """
 import hashlib
-import json
 import io as _io
+import json
 import os
 import re
 import threading

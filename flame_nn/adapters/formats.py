@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flame_core.errors import FlameError, fmt_shape
 from flame_core import io as _io
+from flame_core.errors import FlameError, fmt_shape
 
 from . import patterns as _patterns
 

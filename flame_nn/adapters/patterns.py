@@ -16,7 +16,8 @@ share the bound: matching them all takes a few seconds at most, against millisec
 import re
 
 try:
-    from re import _constants as _C, _parser as _P
+    from re import _constants as _C
+    from re import _parser as _P
 except ImportError:  # Python 3.10 names them sre_*
     import sre_constants as _C
     import sre_parse as _P

@@ -5,12 +5,11 @@ import warnings
 
 import numpy as np
 import pytest
+from make_images import png_bytes, write_caption, write_image
 from PIL import Image, ImageFile
 
 from flame_models.data import DataError, DatasetConfig, ImageDataset, image_array, list_images, load_image, probe_image
 from flame_models.data import images as I
-
-from make_images import png_bytes, write_caption, write_image
 
 
 def halves(width, height, left, right):

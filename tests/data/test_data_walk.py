@@ -4,12 +4,11 @@ import os
 
 import numpy as np
 import pytest
+from make_images import write_caption, write_image
 
 from flame_models.data import DataError, DatasetConfig, ImageDataset, list_images, validate_dataset_config
 from flame_models.data.walk import walk_files
 from flame_models.training.data import FolderDataset, dataset_kind, write_sample
-
-from make_images import write_caption, write_image
 
 
 def _link(target, path):
