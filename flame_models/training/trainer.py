@@ -55,7 +55,7 @@ from .graphs import StepGraphs, graph_plan
 from .samples import PreviewPrompt, Previews
 from .stages import StageMeter
 from .text_training import TrainedTextEncoders
-from .validation import dataset_kinds, parts_needed
+from .validation import dataset_kinds, image_size_problems, parts_needed
 
 
 class Trainer:
@@ -95,8 +95,10 @@ class Trainer:
         self.device = self.dist.join(c.device)  # ddp: cuda:LOCAL_RANK, the process group joined
         if c.network.target is None:
             c.network.target = fam.default_target
-        if c.model.name_or_path is None and c.model.size is None and self._model is None:
-            c.model.size = fam.default_size
+        if c.model.name_or_path is None and self._model is None:
+            c.model.size = c.model.size or fam.default_size
+            self.log(f"WARNING: no model file given (--model / model.name_or_path): training a RANDOM "
+                     f"{c.model.size} ({fam.name}), for trying the tool only -- its LoRA is useless on a real model")
         self.budget = max_gpu_memory_bytes(c.max_gpu_memory) if c.max_gpu_memory is not None else None
         if self.budget is not None and self.device.type == "cuda":
             gc.collect()                            # a budget counts the whole GPU: what this process's pool
@@ -129,6 +131,10 @@ class Trainer:
                 lat = self.dataset.latent_shape(0)
                 h, w = lat[1] * fam.vae_scale_factor, lat[2] * fam.vae_scale_factor
             c.sample.height, c.sample.width = c.sample.height or h, c.sample.width or w
+
+        problems = image_size_problems(c, fam, self.spec, self.dataset if self.image_data else None)
+        if problems:  # before any encoding and before the run's folder is touched
+            raise ConfigError("; ".join(problems))
 
         # the run's folder: start over, resume from its newest intact checkpoint, or refuse to mix two runs
         checkpoint, state = resume.choose_checkpoint(self)
@@ -528,7 +534,8 @@ class Trainer:
             result["encoded"] = dict(self.prepared.encoded)
         if interrupted:
             self.log(f"stopped by {interrupted} at step {self.step}: checkpoint "
-                     f"{ckpt.checkpoint_dir(self.out, self.step)}, LoRA {lora}; run the same command again to resume")
+                     f"{ckpt.checkpoint_dir(self.out, self.step)}, LoRA {lora}; run the same command again"
+                     + (" without --fresh" if self.fresh else "") + " to resume")
         return result
 
     # ------------------------------------------------------------------------------------------ sampling
