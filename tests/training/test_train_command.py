@@ -146,3 +146,23 @@ def test_the_demo_pretraining_takes_the_graph_path_with_the_same_losses(tmp_path
     monkeypatch.setattr(graphs, "StepGraphs", Recorded)
     assert losses() == eager and used == [5] * 4
     assert np.isfinite(eager).all()
+
+
+def test_the_demo_bullseye_keeps_its_three_rings_as_the_vae_sees_it(tmp_path):
+    """The analytic VAE averages 8x8 pixels (analytic_vae.py): each concept image, pooled so, must still read red
+    centre, white ring, red ring along every ray from its centre -- rings narrower than that pooling leave the
+    samples only the bullseye's colours."""
+    import itertools
+
+    from flame_models.training.demo import DEMO_SIZE, draw_dataset
+    folder = draw_dataset(str(tmp_path / "images"), n_concept=12, n_other=0, size=DEMO_SIZE)
+    n = DEMO_SIZE // 8
+    for name in sorted(f for f in os.listdir(folder) if f.endswith(".png")):
+        px = np.asarray(Image.open(os.path.join(folder, name)), dtype=np.float64)
+        lat = px.reshape(n, 8, n, 8, 3).mean(axis=(1, 3))
+        red = (lat[..., 0] > 170) & (lat[..., 1] < 90) & (lat[..., 2] < 90)
+        label = np.where(lat.min(axis=-1) > 200, "W", np.where(red, "R", "."))
+        c = n // 2
+        for ray in (label[c, c:], label[c, c - 1::-1], label[c:, c], label[c - 1::-1, c]):
+            bands = [k for k, _ in itertools.groupby(x for x in ray if x != ".")]
+            assert bands[:3] == ["R", "W", "R"], (name, "".join(ray))
