@@ -28,10 +28,9 @@ import time
 
 import flame_core as flame
 from flame_core.errors import FlameError
+from flame_models import registry
 from flame_models.training import Trainer, config_from_dict
-from flame_models.training.config import (ConfigError, NetworkConfig, SaveConfig, TrainConfig, TrainSection,
-                                          read_yaml)
-from flame_models.training.demo import DEMO_BASE_STEPS, DEMO_SIZE, DEMO_STEPS, demo_config, demo_inputs
+from flame_models.training.config import ConfigError, NetworkConfig, SaveConfig, TrainConfig, TrainSection, read_yaml
 from flame_models.training.family import available_families, get_family
 from flame_models.training.timesteps import TIMESTEP_TYPES
 
@@ -52,6 +51,11 @@ Ctrl-C (or SIGTERM) stops after the current step and writes a checkpoint, the Lo
 130); press it twice to abort at once. Exit codes: 0 done, 2 bad input (nothing was trained), 130 interrupted."""
 
 
+def _demo():
+    """The demo's module: its inputs and config live in the Flux family's folder (reached through the registry)."""
+    return registry.module("flux", "demo")
+
+
 class _Formatter(argparse.RawDescriptionHelpFormatter):
     pass
 
@@ -65,7 +69,7 @@ def _random_models():
 
 
 def parser():
-    t, n, s = TrainSection(), NetworkConfig(), SaveConfig()
+    t, n, s, demo = TrainSection(), NetworkConfig(), SaveConfig(), _demo()
     cmd = launch_command()
     prog = " ".join(["python", *cmd[1:]]) if cmd[0] == sys.executable else os.path.basename(cmd[0])
     p = argparse.ArgumentParser(prog=prog,
@@ -93,7 +97,7 @@ def parser():
     add("--output", metavar="FOLDER", help=f"training folder the run's folder goes into (default "
                                            f"{TrainConfig().training_folder})")
     add("--device", help="cpu, cuda or cuda:N (default: cuda when a GPU is visible, else cpu)")
-    add("--steps", type=int, help=f"optimizer steps (default {t.steps}; the demo {DEMO_STEPS}); a warm-up longer "
+    add("--steps", type=int, help=f"optimizer steps (default {t.steps}; the demo {demo.DEMO_STEPS}); a warm-up longer "
                                   f"than the run is shortened, with a note")
     add("--batch-size", type=int, help=f"samples per micro-batch (default {t.batch_size}; the demo 4)")
     add("--lr", type=float, help=f"learning rate (default {t.lr:g}; the demo 5e-3)")
@@ -114,7 +118,7 @@ def parser():
     add("--gradient-checkpointing", choices=["on", "off"], help="recompute activations in backward (default on; "
                                                                 "the demo off)")
     add("--demo-base-steps", type=int, metavar="N", help=f"demo only: steps of the tiny base model's pretraining "
-                                                         f"(default {DEMO_BASE_STEPS})")
+                                                         f"(default {demo.DEMO_BASE_STEPS})")
     add("--fresh", action="store_true", help="remove this run's checkpoints and outputs and start over (default: "
                                              "resume from the newest intact checkpoint)")
     return p
@@ -147,8 +151,10 @@ def build_config(a):
         folder = a.output or TrainConfig().training_folder
         name = a.name or _fresh_demo_name(folder, "flux_lora_tiny")
         run_dir = os.path.join(folder, name)
-        demo_inputs(run_dir, device, DEMO_BASE_STEPS if a.demo_base_steps is None else a.demo_base_steps)
-        data = proc = demo_config(device, run_dir)
+        inputs = _demo()
+        inputs.demo_inputs(run_dir, device, inputs.DEMO_BASE_STEPS if a.demo_base_steps is None else
+                           a.demo_base_steps)
+        data = proc = inputs.demo_config(device, run_dir)
     else:
         data = proc = {"device": device}  # (the run's name defaults per family: flux_lora, sd3_lora, sdxl_lora)
     if a.demo_base_steps is not None and not demo:
@@ -283,8 +289,9 @@ def main(argv=None):
         print(f"loss: mean of the first {k} rows {first:.3f} -> last {k} rows {last:.3f} "
               f"({loss_change(first, last)})")
     if demo:
+        size = _demo().DEMO_SIZE
         print(f"generate with the LoRA: python -m flame_models.generate --model {cfg.model.name_or_path} --lora "
-              f"{result['lora']} --prompt \"ohwx on a green background\" --width {DEMO_SIZE} --height {DEMO_SIZE} "
+              f"{result['lora']} --prompt \"ohwx on a green background\" --width {size} --height {size} "
               f"--guidance 1 --max-length 16 --seed 1 --output {os.path.join(cfg.output_dir, 'generated')}")
     print(f"done in {time.perf_counter() - t0:.1f} s")
     return 0

@@ -111,6 +111,7 @@ def test_an_sd3_bucket_beyond_the_position_table_is_refused_before_any_work(tmp_
 def test_sd3_previews_larger_than_the_position_table_are_refused(tmp_path):
     from flame_models.training.config import ConfigError
     from flame_models.training.trainer import Trainer
+
     from .conftest import make_samples
     samples = make_samples(tmp_path / "samples", txt=(8, 32), pooled=16)
     cfg = tiny_config(tmp_path, "sd3", model={"arch": "sd3", "size": "sd3.5-tiny"}, synthetic=None,
@@ -123,8 +124,9 @@ def test_sd3_previews_larger_than_the_position_table_are_refused(tmp_path):
 def test_the_demo_pretraining_takes_the_graph_path_with_the_same_losses(tmp_path, monkeypatch):
     """On cuda the pretraining step goes through StepGraphs (graphs.py) as the trainer's does; on the cpu its
     graphs run eagerly, so the path (StepGraphs, gradients zeroed in place) must give the eager losses exactly."""
+    from flame_models.flux import demo
     from flame_models.flux.tiny import tiny_flux_parts
-    from flame_models.training import demo, graphs
+    from flame_models.training import graphs
     from flame_models.training.analytic_vae import analytic_vae
     images = draw_images(tmp_path / "images", n_concept=1, n_other=4, size=32)
 
@@ -154,7 +156,7 @@ def test_the_demo_bullseye_keeps_its_three_rings_as_the_vae_sees_it(tmp_path):
     samples only the bullseye's colours."""
     import itertools
 
-    from flame_models.training.demo import DEMO_SIZE, draw_dataset
+    from flame_models.flux.demo import DEMO_SIZE, draw_dataset
     folder = draw_dataset(str(tmp_path / "images"), n_concept=12, n_other=0, size=DEMO_SIZE)
     n = DEMO_SIZE // 8
     for name in sorted(f for f in os.listdir(folder) if f.endswith(".png")):
