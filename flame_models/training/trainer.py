@@ -47,6 +47,7 @@ from .distributed import TrainerGroup, main_rank_only, on_main_rank  # ddp
 from .ema import EMA
 from .family import get_family
 from .files import atomic_write_json
+from .finite import FiniteGuard
 from .interrupt import StopRequest
 from .logging import LossLog, plot_losses
 from .progress import Progress
@@ -228,6 +229,7 @@ class Trainer:
         # optimisation
         self.optimizer = self._make_optimizer()
         self.scheduler = self._make_scheduler()
+        self.guard = FiniteGuard(self.params, self.device)  # NaN / inf loss or gradients stop the run (finite.py)
         self.ema = EMA(self.params, t.ema_config.ema_decay) if t.ema_config.use_ema else None
         if self.prepared is not None and self.prepared.loader is not None:
             self.loader = self.prepared.loader       # batches of one bucket, from the caches
@@ -358,6 +360,7 @@ class Trainer:
         loss = self.objective.loss(pred, self.objective.target(x0, noise, t), t)
         scale = self._loss_scale
         (loss * scale).backward() if scale != 1.0 else loss.backward()
+        self.guard.watch_loss(loss)  # a device flag (captured with the step), read at the next check
         if self.streamer is not None:
             self.streamer.join()  # in a capture: the copy stream's branch joins back before the capture ends
         return loss.detach()
@@ -423,13 +426,17 @@ class Trainer:
         """One optimizer step; returns (loss, lr, mean timestep)."""
         t = self.cfg.train
         lr = self.scheduler.get_last_lr()[0]
-        losses, ts = [], []
+        losses, ts, indices, captions = [], [], [], []
         self.dist.before_step(self)  # ddp: wraps the adapters in DistributedDataParallel at the first step
         with self.dist.accumulation(t.gradient_accumulation_steps):  # ddp: local micro-steps, then one average
             for _ in range(t.gradient_accumulation_steps):
-                loss, s = self._micro_step(self.loader.next_batch(), 1.0 / t.gradient_accumulation_steps)
+                batch = self.loader.next_batch()
+                indices += list(batch.get("indices", ()))
+                captions += list(batch.get("captions", ()))
+                loss, s = self._micro_step(batch, 1.0 / t.gradient_accumulation_steps)
                 losses.append(loss)
                 ts.append(s)
+        self.guard.after_backward(self.step + 1, indices, captions)  # queued on the device: no sync here
         if t.max_grad_norm > 0:
             flame_nn.utils.clip_grad_norm_(self.params, t.max_grad_norm)
         self.optimizer.step()
@@ -472,6 +479,8 @@ class Trainer:
                 self.progress.start()
                 while self.step < t.steps:
                     loss, lr, ts = self.train_step()
+                    if self._results_due():  # a NaN / inf step stops the run before anything of it is kept
+                        self.guard.check(self.dataset)
                     self.progress.update(1, loss=loss, lr=lr)
                     self.active_time = self.progress.active_time
                     self._log_step(loss, lr, ts)
@@ -491,6 +500,12 @@ class Trainer:
             self.progress.close()
         stopped = self.stop.requested if self.stop is not None and self.step < t.steps else None
         return self.finish(interrupted=stopped)
+
+    def _results_due(self):
+        """Whether this step writes something (a loss-log row, previews, a checkpoint, the end, a stop)."""
+        c = self.cfg
+        return (self.step % c.log_every == 0 or self.step == c.train.steps or self._sample_due(self.step)
+                or self.step % c.save.save_every == 0 or (self.stop is not None and self.stop.requested))
 
     @main_rank_only  # ddp
     def _log_step(self, loss, lr, ts):
@@ -559,6 +574,8 @@ class Trainer:
     @on_main_rank  # ddp
     def save_lora(self, path):
         c = self.cfg
+        self.guard.check(self.dataset)  # never a LoRA of NaN / inf weights
+        self.guard.check_parameters(self.step)
         meta = dict(self.family.lora_metadata(c, self.model))
         meta.update({"flame.steps": self.step, "ss_output_name": c.name})
         for k, v in c.meta.items():  # ai-toolkit's `meta`, with [name] replaced by the run's name
@@ -576,7 +593,10 @@ class Trainer:
     @on_main_rank  # ddp
     def save_checkpoint(self):
         """Everything needed to continue exactly (checkpoint.py writes it whole or not at all), the step's LoRA
-        and the loss log; then only the newest save.max_step_saves_to_keep checkpoints are kept."""
+        and the loss log; then only the newest save.max_step_saves_to_keep checkpoints are kept. Nothing
+        non-finite is saved (finite.py)."""
+        self.guard.check(self.dataset)
+        self.guard.check_parameters(self.step)
         opt = self.optimizer.state_dict()
         tensors, scalars = {}, {}
         for i, st in opt["state"].items():
