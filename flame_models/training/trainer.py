@@ -40,7 +40,7 @@ from flame_core.errors import OutOfMemoryError
 from flame_nn import adapters as A
 
 from . import checkpoint as ckpt
-from . import image_data
+from . import image_data, run_folder
 from .config import ConfigError, config_dict, dtype_name, max_gpu_memory_bytes
 from .data import ConcatDataset, FolderDataset, Loader, SyntheticDataset
 from .distributed import TrainerGroup, main_rank_only, on_main_rank  # ddp
@@ -104,6 +104,7 @@ class Trainer:
             flame.memory.empty_cache(self.device)   # caches from earlier work goes back to the driver first
         self.meter = StageMeter(self.device, log=self.log)
         flame.manual_seed(t.seed)
+        run_folder.check_writable(self.out)  # before anything is checked, cached or loaded
 
         # what the model is (its header; nothing loaded yet), then every image / sample, checked against it
         self.spec = fam.spec_of(self._model) if self._model is not None else fam.describe_model(c.model)
