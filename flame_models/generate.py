@@ -36,6 +36,7 @@ from flame_core.memory.stats import fmt_bytes, parse_size
 from .checkpoint_io import atomic_open
 from .flux import pipeline as P
 from .flux.components import FluxFiles, FluxFilesError, find_flux_files
+from .training.limits import image_problem
 
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "fp32": "float32",
           "float32": "float32"}
@@ -59,6 +60,13 @@ def _check_args(prompts, width, height, steps, num_images, batch_size, seed, mul
             raise GenerateError(f"--{name} {v}: must be a whole number >= 1")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63):
         raise GenerateError(f"--seed {seed}: must be a whole number in [0, 2^63)")
+
+
+def _check_size(width, height, batch_size, dev, budget):
+    """GenerateError for an image larger than the stated limit or than the device's memory (before any loading)."""
+    problem = image_problem(width, height, batch_size or 1, dev, budget)
+    if problem:
+        raise GenerateError(problem)
 
 
 def _check_output(output):
@@ -227,6 +235,7 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     dev = _device(device)
     dtype = _dtype(dtype, dev)
     budget = _budget(max_gpu_memory)
+    _check_size(width, height, batch_size, dev, budget)
     files = model if isinstance(model, FluxFiles) else find_flux_files(model, vae=vae, clip_l=clip_l, t5=t5,
                                                                          tokenizer=tokenizer)
     is_dev = files.is_dev

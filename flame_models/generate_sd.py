@@ -147,6 +147,7 @@ def generate_sd(family, model, prompts, *, negative_prompt=None, vae=None, clip_
     dev = G._device(device)
     dtype = G._dtype(dtype, dev)
     budget = G._budget(max_gpu_memory)
+    G._check_size(width, height, batch_size, dev, budget)
 
     # settings, checked before anything is loaded
     if sd3:

@@ -49,6 +49,7 @@ from .family import get_family
 from .files import atomic_write_json
 from .finite import FiniteGuard
 from .interrupt import StopRequest
+from .limits import adapter_problems
 from .logging import LossLog, plot_losses
 from .progress import Progress
 from . import resume
@@ -191,6 +192,8 @@ class Trainer:
                        ignore_if_contains=n.network_kwargs.get("ignore_if_contains"))
         if n.conv:  # LoCon (kohya's conv_dim): what comes with the convolutions at the linear rank
             targets = ([targets] if isinstance(targets, str) else list(targets)) + list(fam.conv_linear_targets)
+        self._check_adapter_size(A.find_targets(self.model, targets, self.name_map, **filters), n.linear, n.type,
+                                 "network.linear")
         made = A.inject_adapters(self.model, targets, "lora" if n.type == "locon" else n.type, rank=n.linear,
                                  alpha=n.linear_alpha, dropout=n.dropout, rslora=n.rslora, lokr_factor=n.lokr_factor,
                                  lokr_full_rank=n.lokr_full_rank, name_map=self.name_map, **filters,
@@ -200,6 +203,8 @@ class Trainer:
             convs = [m for m, _, _ in A.find_targets(self.model, fam.conv_targets, self.name_map, **filters)
                      if m not in done]
             if convs:
+                self._check_adapter_size([(m, self.model.get_submodule(m), None) for m in convs], n.conv, "lora",
+                                         "network.conv")
                 made += A.inject_adapters(self.model, convs, "lora", rank=n.conv,
                                           alpha=n.conv if n.conv_alpha is None else n.conv_alpha, dropout=n.dropout,
                                           rslora=n.rslora, name_map=self.name_map,
@@ -261,6 +266,12 @@ class Trainer:
         if checkpoint is not None:
             resume.load_checkpoint(self, checkpoint, state)
         atomic_write_json(os.path.join(self.out, "config.json"), config_dict(c), indent=1, default=str)
+
+    def _check_adapter_size(self, found, rank, kind, setting):
+        """ConfigError before adapters are made that exceed their layers' dimensions or the device (limits.py)."""
+        problems = adapter_problems(found, rank, kind, setting, self.device, self.budget, self.cfg.train.optimizer)
+        if problems:
+            raise ConfigError("; ".join(problems))
 
     def _batch_shapes(self):
         """How many batch shapes the run draws (one per bucket that fills a batch; 1 for sample data)."""
