@@ -629,8 +629,8 @@ class Trainer:
                  "ema": None if self.ema is None else {"decay": self.ema.decay, "num_updates": self.ema.num_updates},
                  "active_time": self.active_time, "log_window": self._window, "time": time.time(),
                  "data": self.data_fingerprint, "config": config_dict(self.cfg)}
+        self.loss_log.flush()  # first: a checkpoint promoted after a kill finds its steps' rows (resume truncates)
         path = ckpt.write_checkpoint(self.out, self.step, writers, state)
-        self.loss_log.flush()
         self.save_lora(self._step_lora(self.step))
         ckpt.prune(self.out, self.cfg.save.max_step_saves_to_keep, also=lambda s: [self._step_lora(s)])
         return path

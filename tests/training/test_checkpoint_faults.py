@@ -1,5 +1,6 @@
 """Fault injection: a training process killed (SIGKILL) at each point of a checkpoint save -- a new step, and a step
-saved again -- then run again, ends with exactly the parameters and optimizer state of a run that never stopped.
+saved again -- then run again, ends with exactly the parameters and optimizer state of a run that never stopped, and
+a loss log with every step once.
 
 The killed run is a forked child (no Python clean-up runs after SIGKILL, as with a real kill); the crash point is
 `checkpoint.crash_point`, replaced in the child only. `kill_and_resume` is also what the kill-point table in the
@@ -123,6 +124,7 @@ def kill_and_resume(tmp_path, reference, scenario, point):
         for k in opt)
     after = disk(c.output_dir)
     assert all(v == "intact" for v in after.values()), after  # no leftovers, nothing damaged kept
+    exact = exact and [r["step"] for r in tr.loss_log.rows] == list(range(1, STEPS + 1))  # the loss log whole too
     return killed, on_disk, recovered, resumed_at, exact
 
 
