@@ -29,6 +29,10 @@ class OutOfMemoryError(FlameError, RuntimeError):
     """An allocation would exceed the memory limit or the device's memory."""
 
 
+class SafetensorsError(FlameError, ValueError):
+    """A file that is not valid safetensors, or a request it cannot satisfy (the message names the file and key)."""
+
+
 class KernelCompileError(FlameError, RuntimeError):
     """A cuda_src kernel failed to compile; the message names the file and line."""
 

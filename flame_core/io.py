@@ -7,6 +7,11 @@ raw little-endian C-order bytes of every tensor, back to back. We read and write
 bfloat16 / float8 work with any `safetensors` version and big files stream one tensor at a time: a read maps the file
 and copies only the selected tensors, converting each to the target dtype and device on load.
 
+Files from elsewhere are untrusted: opening one checks its header as the reference library does (header size, JSON,
+dtypes, integer shapes and offsets, 64-bit overflow, offsets matching shape x dtype, tensors tiling the data section
+with no gap, overlap or trailing byte) and refuses it as `SafetensorsError` naming the file and the key. Stricter than
+the reference: a key repeated in a JSON object (it keeps the last) and dtypes FLAME has no array type for.
+
 `flame_core.save` / `flame_core.load` (serialization.py) are the torch.save / torch.load-shaped entry points on top
 of this: nested containers and state dicts, the structure kept in the metadata.
 """
@@ -22,9 +27,10 @@ import numpy as np
 from . import backend
 from . import dtypes as D
 from .device import device as _parse_device
-from .errors import FlameError, DTypeError
+from .errors import DTypeError, SafetensorsError
 
-MAX_HEADER = 100 * 1024 * 1024
+MAX_HEADER = 100_000_000  # bytes of JSON header, the reference library's limit
+_U64 = 1 << 64  # sizes and offsets are u64 in the reference implementation
 
 _TO_NP = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
           "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2, "I64": np.int64, "I32": np.int32,
@@ -33,9 +39,7 @@ _TO_NP = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dt
 _TO_NP = {k: np.dtype(v) for k, v in _TO_NP.items()}
 _TO_ST = {v: k for k, v in _TO_NP.items()}
 
-
-class SafetensorsError(FlameError, ValueError):
-    """A file that is not valid safetensors, or a request it cannot satisfy (the message names the file)."""
+__all__ = ["SafetensorsError", "atomic_write", "convert", "load_file", "load_metadata", "safe_open", "save_file"]
 
 
 # ----------------------------------------------------------------------------- array conversion
@@ -159,6 +163,92 @@ def _umask():
 
 
 # ----------------------------------------------------------------------------- reading
+def _no_duplicates(pairs):
+    d = {}
+    for k, v in pairs:
+        if k in d:
+            raise _Duplicate(k)
+        d[k] = v
+    return d
+
+
+class _Duplicate(Exception):
+    pass
+
+
+def _reject_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _u64(x):
+    return type(x) is int and 0 <= x < _U64  # not bool, not float: the reference reads usize
+
+
+def parse_header(raw, data_len, err):
+    """(metadata or None, {name: (st_dtype, shape, begin, end)}) from the JSON header bytes `raw` of a file whose
+    data section has `data_len` bytes; anything the reference library rejects raises err(message) (the message
+    names the key). Also refused, stricter than the reference: a key repeated in any JSON object (the reference
+    keeps the last tensor entry of a repeated name), and dtypes FLAME has no array type for."""
+    try:
+        h = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+    except _Duplicate as e:
+        raise err(f"corrupt header: the key {e.args[0]!r} appears twice in one JSON object") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise err(f"corrupt header: not valid JSON ({str(e)[:200]})") from None
+    if not isinstance(h, dict):
+        raise err(f"corrupt header: the JSON is a {type(h).__name__}, not an object")
+    meta = h.pop("__metadata__", None)
+    if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+        raise err("corrupt header: __metadata__ must map str -> str")
+    entries = {}
+    for k, e in h.items():
+        entries[k] = _entry(k, e, err)
+    # the tensors tile the data section: sorted by offsets, each begins where the previous ended, the last ends at
+    # the end of the file (no gap, no overlap, no trailing bytes)
+    end, prev = 0, None
+    for b, e, k in sorted((b, e, k) for k, (_, _, b, e) in entries.items()):
+        if b != end:
+            what = (f"a gap of {b - end} bytes after {prev!r}" if prev and b > end else
+                    f"it overlaps {prev!r}" if prev else f"the first tensor must begin at 0, not {b}")
+            raise err(f"corrupt header: tensor {k!r} begins at byte {b} of the data section: {what}")
+        end, prev = e, k
+    if end != data_len:
+        if end > data_len:
+            raise err(f"truncated file: tensor {prev!r} ends at byte {end} of the data section, which has only "
+                      f"{data_len} bytes")
+        raise err(f"corrupt file: {data_len - end} bytes after the last tensor"
+                  + (f" ({prev!r}, ending at byte {end})" if prev else "") + " that no tensor covers")
+    return meta, entries
+
+
+def _entry(key, e, err):
+    """(st_dtype, shape, begin, end) of the header entry `e` of tensor `key`, checked as the reference checks it."""
+    if not isinstance(e, dict) or not all(f in e for f in ("dtype", "shape", "data_offsets")):
+        raise err(f"corrupt header entry for {key!r}: {str(e)[:200]} (needs dtype, shape and data_offsets)")
+    st, shape, offsets = e["dtype"], e["shape"], e["data_offsets"]
+    if not isinstance(st, str) or st not in _TO_NP:
+        raise err(f"tensor {key!r} has unknown dtype {st!r} (known: {', '.join(_TO_NP)})")
+    if not (isinstance(shape, list) and all(_u64(s) for s in shape)):
+        raise err(f"tensor {key!r}: shape {str(shape)[:200]} is not a list of non-negative integers")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_u64(o) for o in offsets)):
+        raise err(f"tensor {key!r}: data_offsets {str(offsets)[:200]} are not two non-negative integers")
+    count = 1
+    for s in shape:  # in order, as the reference's checked multiplication
+        count *= s
+        if count >= _U64:
+            raise err(f"tensor {key!r}: shape {shape} has more elements than a 64-bit count holds")
+    want = count * _TO_NP[st].itemsize
+    if want >= _U64:
+        raise err(f"tensor {key!r}: shape {shape} of {st} needs more bytes than a 64-bit size holds")
+    b, end = offsets
+    if end < b:
+        raise err(f"tensor {key!r}: data_offsets [{b}, {end}] end before they begin")
+    if end - b != want:
+        raise err(f"tensor {key!r}: shape {shape} of {st} needs {want} bytes but its offsets [{b}, {end}] span "
+                  f"{end - b}")
+    return st, tuple(shape), b, end
+
+
 class safe_open:
     """Lazy reader: `with safe_open(path) as f: f.keys(); f.get_tensor(k, dtype=..., device=...)`.
 
@@ -187,45 +277,16 @@ class safe_open:
         if size < 8:
             raise self._err(f"not a safetensors file: {size} bytes, shorter than the 8-byte header length")
         n = int.from_bytes(self._file.read(8), "little")
-        if n > MAX_HEADER or 8 + n > size:
+        if n > MAX_HEADER:
+            raise self._err(f"corrupt header: it claims {n} bytes, more than the {MAX_HEADER} safetensors allows "
+                            f"(not a safetensors file?)")
+        if 8 + n > size:
             raise self._err(f"corrupt header: it claims {n} bytes but the file has {size - 8} after the length "
                             f"field (truncated or not a safetensors file)")
-        raw = self._file.read(n)
-        try:
-            h = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise self._err(f"corrupt header: not valid JSON ({e})") from None
-        if not isinstance(h, dict):
-            raise self._err("corrupt header: the JSON is not an object")
-        meta = h.pop("__metadata__", None)
-        if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
-            raise self._err("corrupt header: __metadata__ must map str -> str")
-        self._metadata = meta
         self._start = 8 + n
-        data_len = size - self._start
-        self._entries, ranges = {}, []
-        for k, e in h.items():
-            try:
-                st, shape, (b, end) = e["dtype"], tuple(int(s) for s in e["shape"]), e["data_offsets"]
-            except (KeyError, TypeError, ValueError):
-                raise self._err(f"corrupt header entry for {k!r}: {e!r}") from None
-            if st not in _TO_NP:
-                raise self._err(f"tensor {k!r} has unknown dtype {st!r}")
-            want = int(np.prod(shape, dtype=np.int64)) * _TO_NP[st].itemsize
-            if any(s < 0 for s in shape) or end - b != want or b < 0:
-                raise self._err(f"tensor {k!r}: shape {list(shape)} of {st} needs {want} bytes but its offsets "
-                                f"[{b}, {end}] span {end - b}")
-            if end > data_len:
-                raise self._err(f"truncated file: tensor {k!r} ends at byte {end} of the data section, which has only "
-                                f"{data_len} bytes")
-            self._entries[k] = (st, shape, b, end)
-            ranges.append((b, end, k))
-        ranges.sort()
-        for (b0, e0, k0), (b1, e1, k1) in zip(ranges, ranges[1:]):
-            if b1 < e0:
-                raise self._err(f"corrupt header: tensors {k0!r} and {k1!r} overlap")
+        self._metadata, self._entries = parse_header(self._file.read(n), size - self._start, self._err)
 
-    # --- queries
+    # --- queries    # --- queries
     def keys(self):
         return list(self._entries)
 

@@ -10,7 +10,10 @@ state dict whose entry names are its keys, readable by any safetensors tool.
 
 `load(path, map_location=None)` gives the saved object back. A safetensors file not written by `save` (or of an
 unknown structure version) loads as a plain dict {name: tensor}. A pickle file (a torch.save .pt / .pth / .ckpt)
-is refused with an explanation of how to convert it.
+is refused with an explanation of how to convert it. The structure of a file from elsewhere is untrusted: load
+accepts the aliasing save writes and no more (a tensor referenced many times loads once and is shared; an array
+referenced twice, or a scalar of a non-numeric dtype, is refused), so a small file cannot make it allocate more than
+its own tensors.
 """
 import collections
 import json
@@ -157,10 +160,15 @@ def _target(map_location, saved):
 
 
 class _Decoder:
+    """Rebuilds the saved object. Aliasing is what `save` writes and no more: a tensor name ("t") may be referenced
+    many times and loads as one shared Tensor (the same object saved twice), a NumPy array name ("a") once, and no
+    name as both -- a crafted structure referencing one entry thousands of times cannot multiply memory."""
+
     def __init__(self, reader, path, map_location):
         self.f, self.path, self.map_location = reader, path, map_location
         self.names = set(reader.keys())
-        self.loaded = {}
+        self.loaded = {}  # "t" name -> (Tensor, the node that loaded it)
+        self.arrays = set()  # "a" names already given out
 
     def _bad(self, msg):
         return SafetensorsError(f"{self.path}: {msg}")
@@ -170,17 +178,13 @@ class _Decoder:
             return node
         if isinstance(node, dict) and len(node) >= 1:
             if "t" in node:
-                name = node["t"]
-                t = self.loaded.get(name)
-                if t is None:
-                    t = self.loaded[name] = self._tensor(name, node)
-                return t
+                return self._shared_tensor(node)
             if "a" in node:
-                return self._entry(node["a"], lambda: self.f.get_array(node["a"], device="cpu"))
+                return self._array(node["a"])
             if "f" in node:
                 return float(node["f"])
             if "n" in node:
-                return np.dtype(node["n"]).type(self.decode(node["v"]))
+                return self._scalar(node)
             if "dt" in node:
                 return D.dtype(node["dt"])
             if "dv" in node:
@@ -193,6 +197,46 @@ class _Decoder:
             if "U" in node:
                 return tuple(self.decode(v) for v in node["U"])
         raise self._bad(f"corrupt {STRUCTURE_KEY} metadata: unexpected node {str(node)[:80]}")
+
+    def _shared_tensor(self, node):
+        name = node["t"]
+        if name in self.arrays:
+            raise self._bad(f"the {STRUCTURE_KEY} metadata refers to {name!r} both as an array and as a tensor "
+                            f"(save never writes that)")
+        if name not in self.loaded:
+            self.loaded[name] = (self._tensor(name, node), node)
+        t, first = self.loaded[name]
+        if (node.get("d"), node.get("g")) != (first.get("d"), first.get("g")):
+            raise self._bad(f"the {STRUCTURE_KEY} metadata refers to tensor {name!r} twice with different devices "
+                            f"or requires_grad (save never writes that)")
+        return t
+
+    def _array(self, name):
+        if not isinstance(name, str):
+            raise self._bad(f"corrupt {STRUCTURE_KEY} metadata: array name {str(name)[:80]}")
+        if name in self.loaded:
+            raise self._bad(f"the {STRUCTURE_KEY} metadata refers to {name!r} both as an array and as a tensor "
+                            f"(save never writes that)")
+        if name in self.arrays:
+            raise self._bad(f"the {STRUCTURE_KEY} metadata refers to the array {name!r} more than once (save writes "
+                            f"each NumPy array once; a repeated reference would copy it again)")
+        self.arrays.add(name)
+        return self._entry(name, lambda: self.f.get_array(name, device="cpu"))
+
+    def _scalar(self, node):
+        """A NumPy scalar of a numeric dtype, as save writes (a void or string dtype could allocate what the file
+        says, e.g. np.void(10**9))."""
+        try:
+            dt = np.dtype(node["n"])
+        except (TypeError, ValueError):
+            dt = None
+        if dt is None or dt.kind not in "biuf":
+            raise self._bad(f"corrupt {STRUCTURE_KEY} metadata: NumPy scalar of dtype {str(node['n'])[:40]!r} (save "
+                            f"writes bool, int, uint and float scalars only)")
+        value = self.decode(node.get("v"))
+        if not isinstance(value, (bool, int, float)):
+            raise self._bad(f"corrupt {STRUCTURE_KEY} metadata: NumPy {dt} scalar of value {str(value)[:40]!r}")
+        return dt.type(value)
 
     def _entry(self, name, read):
         if name not in self.names:
@@ -242,6 +286,10 @@ def load(f, map_location=None, *, weights_only=True):
             return {k: _Decoder(reader, path, map_location)._tensor(k, {}) for k in reader.keys()}
         try:
             structure = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise SafetensorsError(f"{path}: corrupt {STRUCTURE_KEY} metadata ({e})") from None
-        return _Decoder(reader, path, map_location).decode(structure)
+            return _Decoder(reader, path, map_location).decode(structure)
+        except SafetensorsError:
+            raise
+        except (json.JSONDecodeError, RecursionError, TypeError, ValueError, KeyError) as e:
+            # malformed nodes (a pair that is not one, an unhashable key, nesting deeper than Python's stack)
+            raise SafetensorsError(f"{path}: corrupt {STRUCTURE_KEY} metadata ({type(e).__name__}: "
+                                   f"{str(e)[:200]})") from None

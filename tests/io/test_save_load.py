@@ -211,3 +211,47 @@ def test_save_is_atomic(tmp_path, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         np.testing.assert_array_equal(flame.load(path)["a"].numpy(), [1.0, 1.0, 1.0])
+
+
+def _crafted(path, structure, tensors=None):
+    """A file whose structure metadata was written by hand (not by save): what an untrusted file may hold."""
+    io.save_file(tensors or {"x": np.zeros(1 << 16, np.float32)}, path,  # 256 KiB
+                 metadata={"flame.serialization": "1",
+                           "flame.structure": structure if isinstance(structure, str) else json.dumps(structure)})
+
+
+def test_load_of_one_tensor_referenced_many_times_shares_it(tmp_path):
+    """1000 references to one 256 KiB tensor load as one Tensor (one array), not 1000 copies (256 MB)."""
+    import tracemalloc
+    path = tmp_path / "many.safetensors"
+    _crafted(path, {"L": [{"t": "x"}] * 1000})
+    tracemalloc.start()
+    try:
+        back = flame.load(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(back) == 1000 and len({id(t) for t in back}) == 1
+    assert peak < 8 * (1 << 18), peak  # a few copies of the tensor at most, not one per reference
+
+
+def test_load_refuses_aliasing_that_save_never_writes(tmp_path):
+    cases = {
+        "array_twice": ({"L": [{"a": "x"}] * 1000}, "refers to the array 'x' more than once"),
+        "array_and_tensor": ({"L": [{"t": "x"}, {"a": "x"}]}, "both as an array and as a tensor"),
+        "tensor_two_ways": ({"L": [{"t": "x"}, {"t": "x", "g": 1}]}, "twice with different devices"),
+        "void_scalar": ({"n": "|V8", "v": 10 ** 9}, "NumPy scalar of dtype '|V8'"),  # np.void(10**9): 1 GB
+        "bad_pairs": ({"D": [[1, 2, 3]]}, "corrupt flame.structure metadata"),
+        "unhashable_key": ({"D": [[{"L": []}, 1]]}, "corrupt flame.structure metadata"),
+        "deep": ('{"L": [' * 5000 + "]}" * 5000, "corrupt flame.structure metadata"),  # past the stack
+    }
+    for name, (structure, pattern) in cases.items():
+        path = tmp_path / f"{name}.safetensors"
+        _crafted(path, structure)
+        with pytest.raises(io.SafetensorsError, match=pattern) as e:
+            flame.load(path)
+        assert str(path) in str(e.value), name
+    ok = tmp_path / "ok.safetensors"  # one reference to an array, as save writes it, still loads
+    _crafted(ok, {"L": [{"a": "x"}, {"n": "<f4", "v": 1.5}]})
+    arr, scalar = flame.load(ok)
+    assert arr.shape == (1 << 16,) and scalar == np.float32(1.5) and type(scalar) is np.float32
