@@ -32,6 +32,7 @@ from flame_models import registry
 from flame_models.training import Trainer, config_from_dict
 from flame_models.training.config import ConfigError, NetworkConfig, SaveConfig, TrainConfig, TrainSection, read_yaml
 from flame_models.training.family import available_families, get_family
+from flame_models.training.finite import NonFiniteError
 from flame_models.training.timesteps import TIMESTEP_TYPES
 
 EPILOG = """\
@@ -48,7 +49,8 @@ type, targets, model, data, batch size, seed) is an error. --fresh removes the r
 starts over; nothing is ever deleted without it (except checkpoints beyond save.max_step_saves_to_keep).
 
 Ctrl-C (or SIGTERM) stops after the current step and writes a checkpoint, the LoRA, the loss log and plot (exit
-130); press it twice to abort at once. Exit codes: 0 done, 2 bad input (nothing was trained), 130 interrupted."""
+130); press it twice to abort at once. Exit codes: 0 done, 2 bad input (nothing was trained) or a NaN / inf loss
+or gradient (training stopped, nothing of that step saved), 130 interrupted."""
 
 
 def _demo():
@@ -263,6 +265,9 @@ def main(argv=None):
         return 130
     try:
         result = trainer.train()
+    except NonFiniteError as e:  # NaN / inf loss or gradients: stopped, nothing of the bad step saved
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"aborted: the steps since the last checkpoint are lost; run `{resume_command(argv, cfg, demo)}` to "
               f"resume from it", file=sys.stderr)

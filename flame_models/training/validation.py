@@ -7,6 +7,7 @@ from ..data.config import validate_dataset_config
 from ..samplers import PREDICTION_TYPES
 from .config import (DTYPES, FILE_FORMATS, NETWORK_TYPES, OPTIMIZERS, PROCESS_TYPES, SCHEDULERS,
                      max_gpu_memory_bytes)
+from .limits import steps_problems
 from .objective import DENSITY_SCHEMES, WEIGHTING_SCHEMES
 from .timesteps import MODE_SCALE_RANGE
 
@@ -80,6 +81,7 @@ def validate(cfg, prefix="", check_files=True):
     _at_least(e, f"{p}save.max_step_saves_to_keep", s.max_step_saves_to_keep)
 
     _at_least(e, f"{p}train.steps", t.steps)
+    e += steps_problems(t.steps, t.gradient_accumulation_steps, p)  # before anything is laid out for them
     _at_least(e, f"{p}train.batch_size", t.batch_size)
     _at_least(e, f"{p}train.gradient_accumulation_steps", t.gradient_accumulation_steps)
     if t.lr <= 0:
