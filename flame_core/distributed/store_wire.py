@@ -133,18 +133,23 @@ def client_handshake(sock, secret, where):
 
 
 # ----------------------------------------------------------------------------- where to listen
+_LOOPBACK_NAMES = ("localhost", "ip6-localhost", "ip6-loopback")
+
+
 def loopback_address(host):
-    """The loopback address `host` names ("localhost", 127.x.y.z, ::1), or None when it names another machine's
-    (or an address that does not resolve)."""
+    """The loopback address `host` names (a literal 127.x.y.z or ::1, or "localhost"), or None. Only these: a host
+    name that happens to resolve to loopback on node 0 (Debian's 127.0.1.1 for the machine's own name) is the
+    name other nodes reach it by, so the store must listen on every interface then."""
     try:
-        return str(ipaddress.ip_address(host)) if ipaddress.ip_address(host).is_loopback else None
+        ip = ipaddress.ip_address(host)
+        return str(ip) if ip.is_loopback else None
     except ValueError:
         pass
+    if host.lower().rstrip(".") not in _LOOPBACK_NAMES:
+        return None
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except OSError:
         return None
-    addresses = [info[4][0] for info in infos]
-    if addresses and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses):
-        return addresses[0]
-    return None
+    addresses = [info[4][0] for info in infos if ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback]
+    return addresses[0] if addresses else None

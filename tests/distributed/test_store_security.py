@@ -171,3 +171,4 @@ def test_loopback_addresses():
     assert wire.loopback_address("localhost") and wire.loopback_address("127.0.0.1") == "127.0.0.1"
     assert wire.loopback_address("::1") == "::1"
     assert wire.loopback_address("192.0.2.1") is None and wire.loopback_address("10.0.0.7") is None
+    assert wire.loopback_address(socket.gethostname()) is None  # a machine name is how other nodes reach it
