@@ -27,14 +27,14 @@ def flame_part(res, configs, repeats, warmup, blocks=None, graph=False):
     lora_step.release_flame()
 
 
-def diffusers_part(res, configs, repeats, warmup, blocks=None):
+def diffusers_part(res, configs, repeats, warmup, blocks=None, peers=("eager",)):
     import torch
     model = common.diffusers_flux(blocks)
 
     def make_inputs(size):
         kw = common.diffusers_inputs(size, guidance=1.0)
         return (lambda: model(**kw)[0]), torch.randn_like(kw["hidden_states"])
-    lora_step.diffusers_steps(res, model, configs, make_inputs, repeats, warmup)
+    lora_step.diffusers_steps(res, model, configs, make_inputs, repeats, warmup, peers=peers)
 
 
 def main():
@@ -45,7 +45,7 @@ def main():
     blocks = tuple(int(v) for v in a.blocks.split(",")) if a.blocks else None
     res = common.Results("flux_lora")
     lora_step.run(res, a, [("FLAME", lambda: flame_part(res, configs, a.repeats, a.warmup, blocks, a.graph))],
-                  [("diffusers+PEFT", lambda: diffusers_part(res, configs, a.repeats, a.warmup, blocks))],
+                  [("diffusers+PEFT", lambda: diffusers_part(res, configs, a.repeats, a.warmup, blocks, a.peer))],
                   [lambda: lora_step.report(res, configs, "\nFlux-dev LoRA r16 (attention) training step, bf16 "
                                                           "autocast, batch 1, T5 512 (median ms; peak allocated GiB)"
                                             + lora_step.graph_note(a))])

@@ -145,9 +145,25 @@ def flame_loss(model_call):
     return fwd_bwd
 
 
-def diffusers_steps(res, model, configs, make_inputs, repeats, warmup, prefix=""):
-    """PEFT LoRA on `model` (a frozen bf16 diffusers model), then time steps for each (size, ckpt).
+def compile_regionally(model):
+    """diffusers' regional compilation, what SimpleTuner / musubi / OneTrainer users switch on: the repeated blocks
+    compiled in place (`compile_repeated_blocks(fullgraph=True)` where the model declares them: Flux, the SDXL UNet),
+    else every `transformer_blocks[i].compile()` (SD3). Returns what it did."""
+    if getattr(model, "_repeated_blocks", None) and hasattr(model, "compile_repeated_blocks"):
+        model.compile_repeated_blocks(fullgraph=True)
+        return "compile_repeated_blocks(fullgraph=True)"
+    for block in model.transformer_blocks:
+        block.compile()
+    return "transformer_blocks[i].compile()"
+
+
+def diffusers_steps(res, model, configs, make_inputs, repeats, warmup, prefix="", peers=("eager",)):
+    """PEFT LoRA on `model` (a frozen bf16 diffusers model), then time steps for each (size, ckpt) and each peer
+    of `peers`: "eager" (AdamW, as PEFT's examples) and "compiled" (regional torch.compile, fused AdamW: the strongest
+    peer; its compile time is the warm-up's, reported apart and not counted in the step).
     make_inputs(size) -> (call, target): call() runs the model's forward and returns its prediction."""
+    import time
+
     import torch
     import torch.nn.functional as F
     from peft import LoraConfig
@@ -158,35 +174,43 @@ def diffusers_steps(res, model, configs, make_inputs, repeats, warmup, prefix=""
         q.data = q.data.float()
     res.log(f"diffusers_{prefix}params", sum(q.numel() for q in model.parameters()))
     res.log(f"diffusers_{prefix}lora_params", sum(q.numel() for q in lora))
-    opt = torch.optim.AdamW(lora, lr=1e-4)
-    for size, ckpt in configs:
-        t = tag(size, ckpt, prefix)
-        if ckpt:
-            model.enable_gradient_checkpointing()
-        else:
-            model.disable_gradient_checkpointing()
-        call, target = make_inputs(size)
+    for peer in peers:  # eager first: compilation changes the model in place
+        key = "diffusers" if peer == "eager" else "compiled"
+        if peer == "compiled":
+            res.log(f"compiled_{prefix}how", compile_regionally(model))
+        opt = torch.optim.AdamW(lora, lr=1e-4, fused=peer == "compiled")
+        for size, ckpt in configs:
+            t = tag(size, ckpt, prefix)
+            if ckpt:
+                model.enable_gradient_checkpointing()
+            else:
+                model.disable_gradient_checkpointing()
+            call, target = make_inputs(size)
 
-        def step():
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                out = call()
-            F.mse_loss(out.float(), target.float()).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        try:
-            for _ in range(warmup):
-                step()
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            ms = common.cuda_ms(step, repeats, warmup=0, lib="torch")[0]
-            res.log(f"diffusers_step_{t}_ms", round(ms, 1))
-            res.log(f"diffusers_step_{t}_peak_GiB", common.gib(torch.cuda.max_memory_allocated(), 3))
-            res.log(f"diffusers_step_{t}_peak_reserved_GiB", common.gib(torch.cuda.max_memory_reserved()))
-        except torch.OutOfMemoryError:
-            res.log(f"diffusers_step_{t}_ms", "OOM")
-            opt.zero_grad(set_to_none=True)
-            torch.cuda.empty_cache()
-    del model, opt, lora
+            def step():
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    out = call()
+                F.mse_loss(out.float(), target.float()).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            try:
+                t0 = time.perf_counter()
+                for _ in range(max(warmup, 3 if peer == "compiled" else 0)):
+                    step()
+                torch.cuda.synchronize()
+                if peer == "compiled":
+                    res.log(f"compiled_step_{t}_warmup_s", round(time.perf_counter() - t0, 1))
+                torch.cuda.reset_peak_memory_stats()
+                ms = common.cuda_ms(step, repeats, warmup=0, lib="torch")[0]
+                res.log(f"{key}_step_{t}_ms", round(ms, 1))
+                res.log(f"{key}_step_{t}_peak_GiB", common.gib(torch.cuda.max_memory_allocated(), 3))
+                res.log(f"{key}_step_{t}_peak_reserved_GiB", common.gib(torch.cuda.max_memory_reserved()))
+            except torch.OutOfMemoryError:
+                res.log(f"{key}_step_{t}_ms", "OOM")
+                opt.zero_grad(set_to_none=True)
+                torch.cuda.empty_cache()
+        del opt
+    del model, lora
     gc.collect()
     torch.cuda.empty_cache()
 
@@ -205,16 +229,16 @@ def build_torch(cls, **config):
 
 
 def report(res, configs, title, prefix=""):
+    """The table: FLAME against the eager peer and the compiled one (regional torch.compile), times and peaks."""
     rows = []
     for size, ckpt in configs:
         t = tag(size, ckpt, prefix)
-        f, d = res.get(f"flame_step_{t}_ms"), res.get(f"diffusers_step_{t}_ms")
-        fm, dm = res.get(f"flame_step_{t}_peak_GiB"), res.get(f"diffusers_step_{t}_peak_GiB")
-        fr, dr = res.get(f"flame_step_{t}_peak_reserved_GiB"), res.get(f"diffusers_step_{t}_peak_reserved_GiB")
-        rows.append([f"{size}x{size}", "on" if ckpt else "off", f, d, common.ratio(f, d), fm, dm,
-                     common.ratio(fm, dm), f"{fr} / {dr}"])
-    return common.table(["size", "ckpt", "FLAME ms", "diffusers ms", "ratio", "FLAME GiB", "diffusers GiB", "ratio",
-                         "reserved GiB"], rows, title=title)
+        f, d, c = (res.get(f"{k}_step_{t}_ms") for k in ("flame", "diffusers", "compiled"))
+        fm, dm, cm = (res.get(f"{k}_step_{t}_peak_GiB") for k in ("flame", "diffusers", "compiled"))
+        rows.append([f"{size}x{size}", "on" if ckpt else "off", f, d, c, common.ratio(f, d), common.ratio(f, c),
+                     fm, dm, cm, common.ratio(fm, cm if cm is not None else dm)])
+    return common.table(["size", "ckpt", "FLAME ms", "eager ms", "compiled ms", "÷ eager", "÷ compiled",
+                         "FLAME GiB", "eager GiB", "compiled GiB", "peak ÷ compiled"], rows, title=title)
 
 
 def configs_from(sizes, ckpt):
@@ -229,6 +253,8 @@ def parser(doc, sizes="1024"):
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--skip-diffusers", action="store_true")
+    ap.add_argument("--peer", default="eager,compiled", type=lambda v: tuple(v.split(",")),
+                    help="diffusers + PEFT peers to time: eager, compiled (regional torch.compile) or both")
     ap.add_argument("--graph", action="store_true", help="FLAME: forward+backward as a CUDA graph")
     return ap
 

@@ -64,7 +64,8 @@ def diffusers_part(res, which, configs, a):
         t = torch.tensor([500.0], device="cuda")
         return (lambda: model(hidden_states=x, encoder_hidden_states=ctx, pooled_projections=pooled, timestep=t,
                               return_dict=False)[0]), torch.randn_like(x)
-    lora_step.diffusers_steps(res, model, configs, make_inputs, a.repeats, a.warmup, prefix=f"{which}_")
+    lora_step.diffusers_steps(res, model, configs, make_inputs, a.repeats, a.warmup, prefix=f"{which}_",
+                              peers=a.peer)
 
 
 def budget_part(res, a):

@@ -53,7 +53,7 @@ def diffusers_part(res, configs, a):
         return (lambda: model(x, t, encoder_hidden_states=ctx,
                               added_cond_kwargs={"text_embeds": pooled, "time_ids": time_ids}, return_dict=False)[0]), \
             torch.randn_like(x)
-    lora_step.diffusers_steps(res, model, configs, make_inputs, a.repeats, a.warmup)
+    lora_step.diffusers_steps(res, model, configs, make_inputs, a.repeats, a.warmup, peers=a.peer)
 
 
 def main():

@@ -132,18 +132,19 @@ def _out_layout(out, shape, dtype):
     raise ValueError(f"matmul: out must be row-major (strides {out.strides})")
 
 
-def matmul(a, b, out=None, beta=0.0):
-    """a @ b for cupy float32/float16/bfloat16 arrays of one dtype, NumPy matmul semantics (1-D promotion, batch
-    broadcasting). With `out` (2-D: any row stride; batched: contiguous) the product is written there, scaled
-    sums included: out = a @ b + beta * out (beta=1 accumulates); `out` may be float32 for float16 / bfloat16
-    operands (the fp32 accumulator is then stored as it is: sums over several products lose nothing to rounding)."""
+def matmul(a, b, out=None, beta=0.0, alpha=1.0):
+    """alpha * (a @ b) for cupy float32/float16/bfloat16 arrays of one dtype, NumPy matmul semantics (1-D promotion,
+    batch broadcasting). With `out` (2-D: any row stride; batched: contiguous) the product is written there, scaled
+    sums included: out = alpha * (a @ b) + beta * out (beta=1 accumulates); `out` may be float32 for float16 /
+    bfloat16 operands (the fp32 accumulator is then stored as it is: sums over several products lose nothing to
+    rounding)."""
     cp = backend.cupy
     if b.ndim == 1 or a.ndim == 1:
         if out is not None:
             raise ValueError("matmul: out= needs 2-D operands or more")
         if b.ndim == 1:
-            return matmul(a, b[:, None])[..., 0]
-        return matmul(a[None, :], b)[..., 0, :]
+            return matmul(a, b[:, None], alpha=alpha)[..., 0]
+        return matmul(a[None, :], b, alpha=alpha)[..., 0, :]
     M, K = a.shape[-2:]
     N = b.shape[-1]
     batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
@@ -167,7 +168,7 @@ def matmul(a, b, out=None, beta=0.0):
     count = int(np.prod(batch)) if batch else 1
     t, tc = _CUDA_TYPE[a.dtype], _CUDA_TYPE[out.dtype]
     lib, h = _handle()
-    one = ctypes.byref(_ONE)
+    one = ctypes.byref(_ONE) if alpha == 1.0 else ctypes.byref(ctypes.c_float(alpha))
     bet = ctypes.byref(_ZERO) if beta == 0.0 else ctypes.byref(ctypes.c_float(beta))
     # row-major C = A @ B  <=>  column-major C^T = B^T A^T: B's memory is the first operand
     if count == 1:

@@ -1,13 +1,31 @@
-"""linear: y = x @ W^T + b as one 2-D GEMM over all leading dimensions (cuBLAS reads W^T in place, no copy), and
-linear_cat2: linear(cat((a, b), -1), W, b) without building the concatenation."""
+"""linear: y = x @ W^T + b as one 2-D GEMM over all leading dimensions (cuBLAS reads W^T in place, no copy);
+linear_cat2: linear(cat((a, b), -1), W, b) without building the concatenation; linear_low_rank: linear with LoRA
+updates of row blocks accumulated inside the GEMMs (no delta tensors, no adds)."""
+import numpy as _np
+
 from .. import backend
 from ..amp import autocast_mode as _amp
 from ..autograd.function import Function
+from ..autograd.grad_mode import is_grad_enabled
 from ..errors import DTypeError, ShapeError, fmt_shape
 from ..kernels import gemm as _cublas
+from ..kernels import gemm_lt as _cublas_lt
 from ..tensor import _wrap, check_same_device
 from .linalg import _mm_arrays
 from .shape import cat
+
+
+def _linear_arrays(a, w, b):
+    """a (M, in) @ w^T + b on arrays: on cuda with the bias added by the GEMM's epilogue (cuBLASLt), else a GEMM
+    and an add."""
+    if b is not None and backend.is_cuda_array(a):
+        y = _cublas_lt.matmul_bias(a, w.T, b)
+        if y is not None:
+            return y
+    y = _mm_arrays(a, w.T)
+    if b is not None:
+        y += b
+    return y
 
 
 class Linear(Function):
@@ -15,9 +33,7 @@ class Linear(Function):
     def forward(ctx, x, w, b):
         a = x._data
         lead = a.shape[:-1]
-        y = _mm_arrays(a.reshape(-1, a.shape[-1]), w._data.T)  # (M, in) @ (in, out)
-        if b is not None:
-            y += b._data
+        y = _linear_arrays(a.reshape(-1, a.shape[-1]), w._data, None if b is None else b._data)  # (M, out)
         # keep only what the wanted gradients use (as PyTorch): a frozen weight's Linear keeps no input
         nx, nw, _ = ctx.needs_input_grad
         ctx.save_for_backward(x if nw else None, w if nx else None)
@@ -105,3 +121,112 @@ def linear_cat2(a, b, weight, bias=None):
         raise ShapeError(f"linear_cat2: inputs {tuple(a.shape)} and {tuple(b.shape)} do not fit a weight of shape "
                          f"{tuple(weight.shape)}")
     return LinearCat2.apply(a, b, weight, bias)
+
+
+def _gemm(a, b, out=None, alpha=1.0, beta=0.0):
+    """out = alpha * (a @ b) + beta * out on 2-D arrays (out may be a column block of a wider row-major matrix):
+    cuBLAS on cuda, so a product accumulates into `out` without a temporary; NumPy (half types in float32)."""
+    if backend.is_cuda_array(a) and a.dtype == b.dtype and _cublas.supported(a.dtype):
+        return _cublas.matmul(a, b, out=out, alpha=alpha, beta=beta)
+    wide = _np.float32 if a.dtype in (_np.float16, _cublas.BF16) else a.dtype   # half types sum in float32 (cuBLAS)
+    p = _mm_arrays(a.astype(wide, copy=False), b.astype(wide, copy=False))
+    if alpha != 1.0:
+        p *= alpha
+    if out is None:
+        return p.astype(a.dtype, copy=False)
+    out[...] = p if beta == 0.0 else out.astype(wide) * beta + p
+    return out
+
+
+class LinearLowRank(Function):
+    """linear(x, W, b) plus low-rank updates of output-row blocks, as one node (LoRA on a Linear or on row blocks of
+    a fused qkv projection):
+
+        y = x W^T + b;   y[..., lo_i:hi_i] += s_i · (x A_i^T) B_i^T        A_i (r_i, in), B_i (hi_i - lo_i, r_i)
+
+    The rank-r products accumulate into y's row blocks inside the GEMM (cuBLAS beta = 1, the scale as its alpha), so
+    no (N, out) delta is formed or added; backward likewise accumulates x's gradient from the adapters into the base
+    product's (dx = g W + Σ s_i (g_i B_i) A_i) and reads each g_i as a column block of g in place. Saved: x when a
+    factor trains, the (N, Σr) intermediates x A_i^T, the weights. Inputs: x, W, b, then A_1, B_1, A_2, B_2, ...;
+    `blocks` = ((lo, hi, s), ...) per adapter."""
+
+    @staticmethod
+    def forward(ctx, x, w, bias, blocks, *factors):
+        a = x._data.reshape(-1, x.shape[-1])
+        y = _linear_arrays(a, w._data, None if bias is None else bias._data)
+        xp = backend.xp_of(a)
+        ranks = [factors[2 * i]._data.shape[0] for i in range(len(blocks))]
+        h = xp.empty((a.shape[0], sum(ranks)), dtype=a.dtype)          # (N, Σr): every x A_i^T side by side
+        off = 0
+        for (lo, hi, s), r, i in zip(blocks, ranks, range(len(blocks))):
+            hi_ = h[:, off:off + r]
+            _gemm(a, factors[2 * i]._data.T, out=hi_)
+            _gemm(hi_, factors[2 * i + 1]._data.T, out=y[:, lo:hi], alpha=s, beta=1.0)
+            off += r
+        need = ctx.needs_input_grad
+        nx, nw = need[0], need[1]
+        train = any(need[4:])
+        ctx.save_for_backward(x if (nw or train) else None, w if nx else None, *factors)
+        ctx.h = h if train else None
+        ctx.blocks, ctx.ranks, ctx.x_shape = blocks, ranks, x.shape
+        return _wrap(y.reshape(x.shape[:-1] + (w.shape[0],)))
+
+    @staticmethod
+    def backward(ctx, g):
+        if is_grad_enabled():
+            raise RuntimeError("linear_low_rank: double backward (create_graph=True) through fused low-rank adapters "
+                               "is not supported; set `fuse_lora = False` on the adapted layers")
+        x, w, *factors = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        nx, nw, nb = need[0], need[1], need[2]
+        gd = g._data.reshape(-1, g.shape[-1])                            # (N, out)
+        xp = backend.xp_of(gd)
+        xd = None if x is None else x._data.reshape(-1, x.shape[-1])
+        dx = _gemm(gd, w._data) if nx else None                          # (N, in)
+        grads, off = [], 0
+        for (lo, hi, s), r, i in zip(ctx.blocks, ctx.ranks, range(len(ctx.blocks))):
+            ad, bd = factors[2 * i]._data, factors[2 * i + 1]._data
+            gi = gd[:, lo:hi]                                            # a column block of g, read in place
+            da = db = None
+            if nx or need[3 + 2 * i + 1]:
+                dh = _gemm(gi, bd, alpha=s)                              # (N, r): s · g_i B_i
+                if nx:
+                    _gemm(dh, ad, out=dx, beta=1.0)                      # dx += dh A_i
+                if need[3 + 2 * i + 1]:
+                    da = _gemm(dh.T, xd)                                 # (r, in)
+            if need[3 + 2 * i + 2]:
+                db = _gemm(gi.T, ctx.h[:, off:off + r], alpha=s)         # (rows, r)
+            grads += [None if da is None else _wrap(da), None if db is None else _wrap(db)]
+            off += r
+        dw = _wrap(_gemm(gd.T, xd)) if nw else None
+        acc = xp.float32 if gd.dtype in (_np.float16, _cublas.BF16) else gd.dtype   # half types sum in float32
+        dbias = _wrap(gd.sum(0, dtype=acc).astype(gd.dtype, copy=False)) if nb else None
+        dx = _wrap(dx.reshape(ctx.x_shape)) if nx else None
+        return (dx, dw, dbias, None, *grads)
+
+
+def linear_low_rank(input, weight, bias, factors):
+    """linear(input, weight, bias) with low-rank updates on output-row blocks as one fused op (see LinearLowRank):
+    `factors` = [(A (r, in), B (hi - lo, r), lo, hi, scale), ...]; autocast-aware like `linear` (the factors are
+    cast with the weight, so float32 adapter parameters run in bf16 under bf16 autocast, as PEFT's)."""
+    tensors = [input, weight, bias] + [t for f in factors for t in f[:2]]
+    if _amp.active:
+        tensors = list(_amp.cast_inputs("lower", *tensors))
+    input, weight, bias, *ab = tensors
+    n_in, n_out = weight.shape[1], weight.shape[0]
+    if weight.ndim != 2 or input.shape[-1] != n_in:
+        raise ShapeError(f"linear_low_rank: input {fmt_shape(input.shape)} and weight {fmt_shape(weight.shape)} "
+                         f"do not fit")
+    blocks = []
+    for i, (_, _, lo, hi, s) in enumerate(factors):
+        a, b = ab[2 * i], ab[2 * i + 1]
+        if not (0 <= lo < hi <= n_out and a.ndim == 2 and b.ndim == 2 and a.shape[1] == n_in
+                and tuple(b.shape) == (hi - lo, a.shape[0])):
+            raise ShapeError(f"linear_low_rank: factors A {fmt_shape(a.shape)}, B {fmt_shape(b.shape)} do not fit "
+                             f"rows [{lo}:{hi}] of a weight {fmt_shape(weight.shape)}")
+        blocks.append((int(lo), int(hi), float(s)))
+    dts = {t.dtype for t in tensors if t is not None}
+    if len(dts) != 1:
+        raise DTypeError(f"linear_low_rank: input, weight, bias and factors must share one dtype, got "
+                         f"{sorted(str(d) for d in dts)} (cast them, or use flame.amp.autocast)")
+    return LinearLowRank.apply(input, weight, bias, tuple(blocks), *ab)

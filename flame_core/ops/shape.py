@@ -7,6 +7,8 @@ from .. import backend
 from .. import memory_formats as MF
 from ..autograd.function import Function
 from ..errors import ShapeError, fmt_shape
+from ..kernels import copy_rows as _copy_rows
+from ..kernels import loader as _kernels
 from ..tensor import Tensor, _wrap, _view_of
 from .dtype_view import view_dtype
 
@@ -473,7 +475,9 @@ class Cat(Function):
         ctx.sizes = [a.shape[dim] for a in arrs]
         ctx.dim = dim
         xp = backend.xp_of(arrs[0])
-        if len(arrs) <= _CAT_DIRECT:
+        if xp is not np and _kernels.enabled():  # row-block copies (kernels/copy_rows.py)
+            out = _wrap(_copy_rows.cat(arrs, dim))
+        elif len(arrs) <= _CAT_DIRECT:
             out = _wrap(xp.concatenate(arrs, axis=dim))
         else:  # CuPy joins more arrays through an address table copied from host memory, which a CUDA graph
             # capture refuses (a split's backward into 9+ pieces is such a join): each piece is copied into its slice

@@ -17,6 +17,7 @@ from flame_core import dtypes as flame_dtypes
 from flame_core.amp import autocast_mode as _amp
 from flame_core.autograd import Function, no_grad
 from flame_core.errors import FlameError, ShapeError, fmt_shape
+from flame_core.ops.linear import linear_low_rank
 from flame_core.tensor import Tensor
 
 from ..module import Module
@@ -208,13 +209,39 @@ class AdaptedMixin:
 
 
 class AdaptedLinearMixin(AdaptedMixin):
-    """The adapted Linear: y = base(x), then every active adapter's output added into its rows."""
+    """The adapted Linear: y = base(x), then every active adapter's output added into its rows.
+
+    Plain LoRAs on a plain Linear (no dropout while training, the layer's own F.linear forward, a float weight, one
+    dtype for the adapter's arithmetic) run as one fused op instead (flame_core.ops.linear.linear_low_rank): their
+    rank-r products accumulate into the output rows and into the input's gradient inside the GEMMs, so no (N, out)
+    delta is formed, added, or copied back out of the output gradient. `fuse_lora = False` (on the class or a layer)
+    keeps the general path."""
+
+    fuse_lora = True
+
+    def _fused_factors(self, input, active):
+        """[(A, B, lo, hi, scale)] when every active adapter can run fused (see the class docstring), else None."""
+        from ..layers.linear import Linear
+        from .lora import LoRA
+        if not self.fuse_lora or self._base_class is not Linear or self.weight.dtype not in _FUSED_DTYPES:
+            return None
+        factors = []
+        for lo, hi, ad, mult in active:
+            if type(ad) is not LoRA or (ad.dropout and ad.training):
+                return None
+            if not autocast_on(input) and not input.dtype == self.weight.dtype == ad.lora_A.dtype:
+                return None   # outside autocast the adapter computes in its own dtype (adapter_input)
+            factors.append((ad.lora_A, ad.lora_B, lo, hi, ad.scale * mult))
+        return factors
 
     def forward(self, input):
-        y = super().forward(input)
         active = self._active()
         if not active:
-            return y
+            return super().forward(input)
+        factors = self._fused_factors(input, active)
+        if factors is not None:
+            return linear_low_rank(input, self.weight, self.bias, factors)
+        y = super().forward(input)
         deltas = []
         for lo, hi, ad, mult in active:
             base = w = None
@@ -235,6 +262,7 @@ class AdaptedLinearMixin(AdaptedMixin):
                                f"[{lo}:{hi}] of a Linear ({self.out_features} x {self.in_features})")
 
 
+_FUSED_DTYPES = (flame.float32, flame.float16, flame.bfloat16, flame.float64)
 _CLASSES = {}
 
 

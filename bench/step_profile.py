@@ -1,0 +1,226 @@
+"""Where a LoRA training step spends its GPU time: FLAME's graphed step and the compiled diffusers + PEFT peer's,
+kernel by kernel, grouped the same way for both.
+
+Both sides are traced by CUPTI through torch.profiler in the same process (it records every kernel of the process,
+CuPy's and the ones a CUDA graph replays included). FLAME is traced twice: the LoRA step (forward + backward replayed
+as one CUDA graph, then AdamW), and the same forward + backward with the input requiring a gradient instead of any
+adapter (every activation gradient, no LoRA): the difference is what the adapters cost. Groups: GEMM, attention,
+norm + modulation + elementwise, casts / copies / layout, optimizer, other. Protocol otherwise bench/lora_step.py's
+(1024², LoRA r16 on to_q / to_k / to_v / to_out.0, bf16 autocast, batch 1, random weights).
+
+Run: PYTHONPATH=$PWD python3 bench/step_profile.py [--model flux|sd35l] [--ckpt off|on] [--steps 2]
+"""
+import argparse
+import collections
+import gc
+import json
+import os
+import tempfile
+import traceback
+
+import common
+import lora_step
+
+GROUPS = ["GEMM", "attention", "norm + modulation + elementwise", "casts / copies / layout", "optimizer", "other"]
+
+
+def group(name):
+    """The group of a kernel from its name (cuBLAS / cuBLASLt, FLAME's NVRTC kernels, CuPy's elementwise kernels,
+    torch's and Triton's)."""
+    n = name.lower()
+    if any(s in n for s in ("flash", "fmha", "attn", "attention", "sdpa")):
+        return "attention"
+    if any(s in n for s in ("gemm", "nvjet", "xmma", "cutlass", "matmul", "gemv", "cublas", "splitk")):
+        return "GEMM"
+    if "adam" in n:
+        return "optimizer"
+    if any(s in n for s in ("copy", "memcpy", "memset", "cast", "convert", "transpose", "fp8", "cat_", "concat",
+                            "fill", "contiguous", "gather", "scatter")):
+        return "casts / copies / layout"
+    if any(s in n for s in ("norm", "modulate", "gated", "gelu", "silu", "rope", "softmax", "pws_", "column_sum",
+                            "triton", "elementwise", "reduce", "cupy_", "mul", "add", "sum", "mean", "pow")):
+        return "norm + modulation + elementwise"
+    return "other"
+
+
+def trace(step, steps):
+    """(kernel ms per step by group, top kernels) of `steps` calls of step(), from a CUPTI trace."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        common.synchronize()
+        torch.cuda.synchronize()
+    path = os.path.join(tempfile.mkdtemp(), "trace.json")
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    by_group, by_kernel = collections.Counter(), collections.Counter()
+    count = collections.Counter()
+    for e in events:
+        if e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
+            continue
+        ms = e.get("dur", 0) / 1e3 / steps
+        name = e.get("name", "")
+        by_group[group(name) if e["cat"] == "kernel" else "casts / copies / layout"] += ms
+        by_kernel[name[:90]] += ms
+        count[name[:90]] += 1
+    top = [(k, round(v, 2), count[k] // steps) for k, v in by_kernel.most_common(12)]
+    return {g: round(by_group.get(g, 0.0), 1) for g in GROUPS}, top, sum(count.values()) // steps
+
+
+def nolora(res, a, base, args):
+    import flame_core as flame
+    args[0] = args[0].detach().requires_grad_(True)
+    run = flame.cuda.graphed(base, warmup=2)
+    for _ in range(4):
+        run(*args)
+    common.synchronize()
+    res.log("flame_nolora_ms", round(common.cuda_ms(lambda: run(*args), 3, warmup=0)[0], 1))
+    groups, _, n = trace(lambda: run(*args), a.steps)
+    res.log("flame_nolora_groups", groups)
+    res.log("flame_nolora_kernels_per_step", n)
+    run.reset()
+
+
+def flame_part(res, a):
+    import flame_core as flame
+    import flame_nn
+    from flame_nn import adapters as A
+    if a.model == "flux":
+        from flame_models.flux.lora_keys import name_map_for
+        from flame_models.flux.params import configs as presets
+        model = common.random_flux(presets["flux-dev"])
+        name_map = name_map_for(presets["flux-dev"])
+        kw, target = common.flame_flux_inputs(a.size, guidance=1.0)
+        base = common.flame_flux_loss_step(model, kw)
+        args = [kw["img"], kw["txt"], kw["y"], target]
+    else:
+        model, name_map = lora_step.family_model("sd3", "sd3.5-large")
+        g = flame.Generator("cuda").manual_seed(1)
+        lat = a.size // 8
+        x = flame.randn(1, 16, lat, lat, generator=g, device="cuda").to(flame.bfloat16)
+        ctx = flame.randn(1, 333, 4096, generator=g, device="cuda").to(flame.bfloat16)
+        y = flame.randn(1, 2048, generator=g, device="cuda").to(flame.bfloat16)
+        t = flame.tensor([500.0], device="cuda")
+        base = lora_step.flame_loss(model)
+        args = [x, t, y, ctx, flame.randn(1, 16, lat, lat, generator=g, device="cuda")]
+    model.enable_gradient_checkpointing(a.ckpt == "on")
+
+    # the same forward + backward without adapters: the input carries the gradient through every block
+    try:
+        nolora(res, a, base, args)
+    except Exception:  # noqa: BLE001 (a failure here leaves the LoRA step's profile to run)
+        traceback.print_exc()
+    args[0] = args[0].detach()
+    gc.collect()
+
+    A.inject_adapters(model, lora_step.TARGETS, "lora", rank=16, alpha=16, name_map=name_map,
+                      generator=flame.Generator("cuda").manual_seed(1))
+    opt = flame_nn.optim.AdamW(A.adapter_parameters(model), lr=1e-4)
+    model.train()
+    run = flame.cuda.graphed(base, warmup=2)
+
+    def step():
+        run(*args)
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+    for _ in range(4):
+        step()
+    common.synchronize()
+    res.log("flame_step_ms", round(common.cuda_ms(step, 3, warmup=0)[0], 1))
+    groups, top, n = trace(step, a.steps)
+    res.log("flame_groups", groups)
+    res.log("flame_kernels_per_step", n)
+    res.log("flame_top", top)
+    run.reset()
+
+
+def peer_part(res, a):
+    import torch
+    import torch.nn.functional as F
+    from peft import LoraConfig
+    if a.model == "flux":
+        model = common.diffusers_flux()
+        kw = common.diffusers_inputs(a.size, guidance=1.0)
+        target = torch.randn_like(kw["hidden_states"])
+    else:
+        import sd3_lora
+        from diffusers import SD3Transformer2DModel
+        model = lora_step.build_torch(SD3Transformer2DModel, **sd3_lora.diffusers_config("large"))
+        b = dict(device="cuda", dtype=torch.bfloat16)
+        lat = a.size // 8
+        kw = dict(hidden_states=torch.randn(1, 16, lat, lat, **b), encoder_hidden_states=torch.randn(1, 333, 4096, **b),
+                  pooled_projections=torch.randn(1, 2048, **b), timestep=torch.tensor([500.0], device="cuda"),
+                  return_dict=False)
+        target = torch.randn_like(kw["hidden_states"])
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    model.add_adapter(LoraConfig(r=16, lora_alpha=16, init_lora_weights="gaussian", target_modules=lora_step.TARGETS))
+    lora = [q for q in model.parameters() if q.requires_grad]
+    for q in lora:
+        q.data = q.data.float()
+    opt = torch.optim.AdamW(lora, lr=1e-4, fused=True)
+    res.log("compiled_how", lora_step.compile_regionally(model))
+    if a.ckpt == "on":
+        model.enable_gradient_checkpointing()
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(**kw)[0]
+        F.mse_loss(out.float(), target.float()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    res.log("compiled_step_ms", round(common.cuda_ms(step, 3, warmup=0, lib="torch")[0], 1))
+    groups, top, n = trace(step, a.steps)
+    res.log("compiled_groups", groups)
+    res.log("compiled_kernels_per_step", n)
+    res.log("compiled_top", top)
+
+
+def report(res, a):
+    f, c, b = res.get("flame_groups") or {}, res.get("compiled_groups") or {}, res.get("flame_nolora_groups") or {}
+    rows = []
+    for g in GROUPS:
+        rows.append([g, f.get(g), b.get(g), c.get(g), common.ratio(f.get(g), c.get(g))])
+    tot = [sum(d.values()) if d else None for d in (f, b, c)]
+    rows.append(["kernel total", *[round(t, 1) if t is not None else None for t in tot], common.ratio(tot[0], tot[2])])
+    out = [a for g, a in zip(GROUPS, f.values()) if g != "attention"]
+    pc = [v for g, v in c.items() if g != "attention"]
+    rows.append(["outside attention", round(sum(out), 1) if out else None, None, round(sum(pc), 1) if pc else None,
+                 common.ratio(sum(out) if out else None, sum(pc) if pc else None)])
+    rows.append(["step (CUDA events)", res.get("flame_step_ms"), res.get("flame_nolora_ms"), res.get("compiled_step_ms"),
+                 common.ratio(res.get("flame_step_ms"), res.get("compiled_step_ms"))])
+    rows.append(["kernels per step", res.get("flame_kernels_per_step"), res.get("flame_nolora_kernels_per_step"),
+                 res.get("compiled_kernels_per_step"), "-"])
+    return common.table(["group (ms per step)", "FLAME LoRA step", "FLAME no adapters", "compiled peer",
+                         "FLAME ÷ peer"], rows,
+                        title=f"\n{a.model} {a.size}² LoRA step, checkpointing {a.ckpt}: GPU kernel time by group")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="flux", choices=["flux", "sd35l"])
+    ap.add_argument("--ckpt", default="off", choices=["off", "on"])
+    ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--skip-diffusers", action="store_true")
+    a = ap.parse_args()
+    res = common.Results(f"step_profile_{a.model}_{a.ckpt}")
+    parts = [("FLAME", lambda: (flame_part(res, a), lora_step.release_flame()))]  # its model freed on return
+    if not a.skip_diffusers:
+        parts.append(("compiled peer", lambda: peer_part(res, a)))
+    failed = common.run_parts(res, parts)
+    for k in ("flame_top", "compiled_top"):
+        print(f"\n{k}:")
+        for name, ms, n in res.get(k) or []:
+            print(f"  {ms:8.2f} ms {n:5d}x  {name}")
+    print(report(res, a), flush=True)
+    raise SystemExit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""y = a @ b + bias in one cuBLASLt matmul whose epilogue adds the bias (CUBLASLT_EPILOGUE_BIAS): no separate pass
+over the (M, N) output, as PyTorch's addmm does for nn.Linear.
+
+Reached through ctypes in the libcublasLt CuPy's cuBLAS already loaded, as `gemm` reaches cuBLAS. One matmul
+descriptor, operand layouts and the heuristic's first algorithm are kept per problem (shape, leading dimensions,
+transposes, dtype): a call only sets the bias pointer and launches on the current CuPy stream, with a workspace from
+FLAME's pool allocated once per device (cuBLASLt allocates nothing itself, so the call can be captured in a CUDA
+graph). Where cuBLASLt offers no algorithm the caller gets None and falls back to GEMM + add.
+"""
+import ctypes
+import os
+
+import numpy as np
+
+from .. import backend
+from . import gemm
+
+_DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER, _DESC_BIAS_DATA_TYPE = 3, 4, 7, 8, 26
+_EPILOGUE_BIAS = 4
+_PREF_MAX_WORKSPACE_BYTES = 1
+_PREF_MIN_ALIGNMENT = (5, 6, 7, 8)   # A, B, C, D bytes (cuBLASLt assumes 256 unless told)
+_CUDA_R_32F = 0
+WORKSPACE_BYTES = 32 << 20
+
+
+class _Heuristic(ctypes.Structure):
+    _fields_ = [("algo", ctypes.c_uint64 * 8), ("workspace_size", ctypes.c_size_t), ("state", ctypes.c_int),
+                ("waves", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
+
+
+ENABLED = os.environ.get("FLAME_GEMM_BIAS_EPILOGUE", "1") != "0"   # 0: GEMM then a separate bias add (A/B runs)
+_lib = None
+_handles = {}      # device id -> (cublasLt handle, workspace array)
+_plans = {}        # problem key -> (matmul desc, layouts (a, b, c), algorithm) or None when there is none
+
+
+def _library():
+    global _lib
+    if _lib is not None:
+        return _lib
+    gemm._libcublas()  # makes CuPy load cuBLAS, which loads cuBLASLt
+    path = None
+    with open("/proc/self/maps") as f:
+        for line in f:
+            name = line.rsplit(None, 1)[-1]
+            if "/libcublasLt.so" in name:
+                path = name
+                break
+    lib = ctypes.CDLL(path or "libcublasLt.so", mode=ctypes.RTLD_GLOBAL)
+    vp, i, u64, i64, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_int64, ctypes.c_size_t
+    pvp = ctypes.POINTER(vp)
+    lib.cublasLtCreate.argtypes = [pvp]
+    lib.cublasLtMatmulDescCreate.argtypes = [pvp, i, i]
+    lib.cublasLtMatmulDescSetAttribute.argtypes = [vp, i, vp, sz]
+    lib.cublasLtMatrixLayoutCreate.argtypes = [pvp, i, u64, u64, i64]
+    lib.cublasLtMatmulPreferenceCreate.argtypes = [pvp]
+    lib.cublasLtMatmulPreferenceSetAttribute.argtypes = [vp, i, vp, sz]
+    lib.cublasLtMatmulAlgoGetHeuristic.argtypes = [vp, vp, vp, vp, vp, vp, vp, i, ctypes.POINTER(_Heuristic),
+                                                   ctypes.POINTER(i)]
+    lib.cublasLtMatmul.argtypes = [vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, sz, vp]
+    for fn in (lib.cublasLtCreate, lib.cublasLtMatmulDescCreate, lib.cublasLtMatmulDescSetAttribute,
+               lib.cublasLtMatrixLayoutCreate, lib.cublasLtMatmulPreferenceCreate,
+               lib.cublasLtMatmulPreferenceSetAttribute, lib.cublasLtMatmulAlgoGetHeuristic, lib.cublasLtMatmul):
+        fn.restype = ctypes.c_int
+    _lib = lib
+    return lib
+
+
+def _check(status, what):
+    if status != 0:
+        raise RuntimeError(f"cuBLASLt {what} failed with status {status}")
+
+
+def _handle():
+    cp = backend.cupy
+    dev = cp.cuda.Device().id
+    if dev not in _handles:
+        lib = _library()
+        h = ctypes.c_void_p()
+        _check(lib.cublasLtCreate(ctypes.byref(h)), "Create")
+        _handles[dev] = (h, cp.empty(WORKSPACE_BYTES, dtype=np.uint8))
+    return _handles[dev]
+
+
+def _set(lib, desc, attr, value):
+    _check(lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(value), ctypes.sizeof(value)), "DescSet")
+
+
+def _plan(key, h):
+    """(desc, (la, lb, lc), algo) for the problem `key`, or None when cuBLASLt has no algorithm for it."""
+    if key in _plans:
+        return _plans[key]
+    lib = _library()
+    dev, t, opB, opA, N, M, K, ldb, lda, ldc, aligns = key
+    desc = ctypes.c_void_p()
+    _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), gemm._COMPUTE_32F, _CUDA_R_32F), "DescCreate")
+    _set(lib, desc, _DESC_TRANSA, ctypes.c_int(opB))
+    _set(lib, desc, _DESC_TRANSB, ctypes.c_int(opA))
+    _set(lib, desc, _DESC_EPILOGUE, ctypes.c_int(_EPILOGUE_BIAS))
+    _set(lib, desc, _DESC_BIAS_DATA_TYPE, ctypes.c_int(t))
+    layouts = []
+    # column-major view of row-major C = A @ B: C^T (N, M) = B^T (N, K) A^T (K, M); stored shapes follow the ops
+    for rows, cols, ld in ((N, K, ldb) if opB == gemm.OP_N else (K, N, ldb),
+                           (K, M, lda) if opA == gemm.OP_N else (M, K, lda),
+                           (N, M, ldc)):
+        lay = ctypes.c_void_p()
+        _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), t, rows, cols, ld), "LayoutCreate")
+        layouts.append(lay)
+    pref = ctypes.c_void_p()
+    _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "PreferenceCreate")
+    ws = ctypes.c_size_t(WORKSPACE_BYTES)
+    _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MAX_WORKSPACE_BYTES, ctypes.byref(ws),
+                                                    ctypes.sizeof(ws)), "PreferenceSet")
+    for attr, align in zip(_PREF_MIN_ALIGNMENT, aligns):
+        al = ctypes.c_uint32(align)
+        _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, attr, ctypes.byref(al), ctypes.sizeof(al)),
+               "PreferenceSet")
+    result, count = _Heuristic(), ctypes.c_int(0)
+    status = lib.cublasLtMatmulAlgoGetHeuristic(h, desc, layouts[0], layouts[1], layouts[2], layouts[2], pref, 1,
+                                                ctypes.byref(result), ctypes.byref(count))
+    plan = (desc, layouts, result) if status == 0 and count.value > 0 and result.state == 0 else None
+    _plans[key] = plan
+    return plan
+
+
+def _alignment(ptr):
+    """The largest power of two up to 256 that divides the address."""
+    return min(256, ptr & -ptr) if ptr else 256
+
+
+def matmul_bias(a, b, bias):
+    """a (M, K) @ b (K, N) + bias (N,) for 2-D cupy arrays of one supported dtype (each operand row- or column-major),
+    as a new (M, N) array; None when this problem has no cuBLASLt algorithm (the caller does GEMM + add)."""
+    cp = backend.cupy
+    M, K = a.shape
+    N = b.shape[1]
+    if not ENABLED or M == 0 or N == 0 or K == 0 or not gemm.supported(a.dtype) or b.dtype != a.dtype or bias.dtype != a.dtype:
+        return None
+    la, lb = gemm._layout(a), gemm._layout(b)
+    if la is None or lb is None or not bias.flags.c_contiguous or bias.data.ptr % 16:
+        return None
+    (opA, lda), (opB, ldb) = la, lb
+    t = gemm._CUDA_TYPE[np.dtype(a.dtype)]
+    h, ws = _handle()
+    out = cp.empty((M, N), dtype=a.dtype)
+    aligns = tuple(_alignment(x.data.ptr) for x in (b, a, out, out))   # cuBLASLt's A is b's memory (see _plan)
+    plan = _plan((cp.cuda.Device().id, t, opB, opA, N, M, K, ldb, lda, N, aligns), h)
+    if plan is None:
+        return None
+    desc, (l_b, l_a, l_c), algo = plan
+    lib = _library()
+    _set(lib, desc, _DESC_BIAS_POINTER, ctypes.c_void_p(bias.data.ptr))
+    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+    _check(lib.cublasLtMatmul(h, desc, ctypes.byref(one), b.data.ptr, l_b, a.data.ptr, l_a, ctypes.byref(zero),
+                              out.data.ptr, l_c, out.data.ptr, l_c, ctypes.byref(algo.algo), ws.data.ptr,
+                              WORKSPACE_BYTES, cp.cuda.get_current_stream().ptr), "Matmul")
+    return out

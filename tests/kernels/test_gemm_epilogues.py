@@ -1,0 +1,89 @@
+"""GEMM epilogues on cuda: cuBLASLt's bias epilogue (gemm_lt.matmul_bias) and cuBLAS's alpha / beta accumulation into
+a column block of a wider output (gemm.matmul(out=, alpha=, beta=)) against float64 NumPy references, on ragged
+shapes in float32 / float16 / bfloat16, with transposed and offset (unaligned) operands; linear() takes the epilogue
+and gives the GEMM-then-add numbers; both run inside a CUDA graph capture."""
+from unittest import mock
+
+import numpy as np
+import pytest
+
+import flame_core as flame
+from flame_core import backend, dtypes as D
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [(np.float32, 1e-5), (np.float16, 2e-3), (D.bfloat16.np, 1.6e-2)]
+SHAPES = [(1, 1, 1), (7, 13, 5), (77, 96, 64), (130, 33, 300), (513, 257, 129)]
+
+
+def _dev(x, dtype):
+    return backend.cupy.asarray(x.astype(dtype))
+
+
+def _host(x):
+    return backend.cupy.asnumpy(x).astype(np.float64)
+
+
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("M,N,K", SHAPES)
+@pytest.mark.parametrize("layout", ["nn", "nt", "offset"])
+def test_matmul_bias_matches_reference(M, N, K, dtype, tol, layout, rng):
+    from flame_core.kernels import gemm_lt
+    a = rng.standard_normal((M, K + 1))
+    b = rng.standard_normal((K, N)) if layout != "nt" else rng.standard_normal((N, K))
+    bias = rng.standard_normal(N)
+    ad = _dev(a, dtype)
+    ad = ad[:, 1:] if layout == "offset" else ad[:, :K]        # a view at an odd element offset / a row stride > K
+    bd = _dev(b, dtype) if layout != "nt" else _dev(b, dtype).T  # column-major b
+    y = gemm_lt.matmul_bias(ad, bd, _dev(bias, dtype))
+    if y is None:   # cuBLASLt offered no algorithm: the caller falls back (allowed only for unaligned views)
+        assert layout == "offset"
+        return
+    ref = _host(ad) @ _host(bd) + _host(_dev(bias, dtype))
+    scale = np.abs(ref).max() + 1
+    assert y.shape == (M, N) and y.dtype == np.dtype(dtype)
+    assert np.abs(_host(y) - ref).max() <= tol * scale * max(1, np.sqrt(K) / 4)
+
+
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("alpha,beta", [(1.0, 0.0), (0.37, 1.0), (2.0, 0.5)])
+def test_matmul_alpha_beta_into_a_column_block(dtype, tol, alpha, beta, rng):
+    from flame_core.kernels import gemm
+    M, N, K, W, lo = 45, 19, 16, 64, 21
+    a, b, c = rng.standard_normal((M, K)), rng.standard_normal((K, N)), rng.standard_normal((M, W))
+    out = _dev(c, dtype)
+    before = _host(out)
+    gemm.matmul(_dev(a, dtype), _dev(b, dtype), out=out[:, lo:lo + N], alpha=alpha, beta=beta)
+    ref = before.copy()
+    ref[:, lo:lo + N] = alpha * (_host(_dev(a, dtype)) @ _host(_dev(b, dtype))) + beta * before[:, lo:lo + N]
+    got = _host(out)
+    np.testing.assert_array_equal(np.delete(got, np.s_[lo:lo + N], 1), np.delete(before, np.s_[lo:lo + N], 1))
+    assert np.abs(got - ref).max() <= tol * (np.abs(ref).max() + 1) * 2
+
+
+def test_linear_uses_the_epilogue_and_matches_gemm_then_add(rng):
+    from flame_core.kernels import gemm_lt
+    x = flame.tensor(rng.standard_normal((3, 50, 64)), dtype=flame.bfloat16, device="cuda")
+    w = flame.tensor(rng.standard_normal((96, 64)) * 0.1, dtype=flame.bfloat16, device="cuda")
+    b = flame.tensor(rng.standard_normal(96), dtype=flame.bfloat16, device="cuda")
+    from flame_core.ops.linear import linear
+    with mock.patch.object(gemm_lt, "matmul_bias", wraps=gemm_lt.matmul_bias) as spy:
+        y = linear(x, w, b)
+    assert spy.call_count == 1
+    with mock.patch.object(gemm_lt, "ENABLED", False):
+        y0 = linear(x, w, b)
+    ref = (_host(x._data).reshape(-1, 64) @ _host(w._data).T + _host(b._data)).reshape(3, 50, 96)
+    e1, e0 = np.abs(_host(y._data) - ref).max(), np.abs(_host(y0._data) - ref).max()
+    assert e1 <= e0 + 1e-6 * np.abs(ref).max()   # one rounding instead of two: never worse
+
+
+def test_the_epilogue_runs_inside_a_graph_capture(rng):
+    from flame_core.ops.linear import linear
+    x = flame.tensor(rng.standard_normal((64, 32)), dtype=flame.bfloat16, device="cuda")
+    w = flame.tensor(rng.standard_normal((48, 32)), dtype=flame.bfloat16, device="cuda")
+    b = flame.tensor(rng.standard_normal(48), dtype=flame.bfloat16, device="cuda")
+    run = flame.cuda.graphed(lambda x: linear(x, w, b), warmup=1)
+    eager = _host(linear(x, w, b)._data)
+    for _ in range(3):
+        out = run(x)
+    np.testing.assert_array_equal(_host(out._data), eager)
