@@ -79,7 +79,7 @@ def _value(v):
 
 
 # ----------------------------------------------------------------------------- requests
-_ARITY = {b"set": (2, 2), b"get": (2, 2), b"add": (2, 2), b"check": (1, None), b"wait": (2, None),
+_ARITY = {b"set": (2, 2), b"get": (2, 2), b"add": (2, 2), b"check": (0, None), b"wait": (1, None),
           b"delete": (1, 1), b"num_keys": (0, 0)}
 _NUMBER_AT = {b"get": 1, b"add": 1, b"wait": 0}  # the argument that is a decimal integer (timeout ms, amount)
 _VALUE_AT = {b"set": 1}  # the argument that is a value; every other one is a key

@@ -172,3 +172,30 @@ def test_loopback_addresses():
     assert wire.loopback_address("::1") == "::1"
     assert wire.loopback_address("192.0.2.1") is None and wire.loopback_address("10.0.0.7") is None
     assert wire.loopback_address(socket.gethostname()) is None  # a machine name is how other nodes reach it
+
+
+def test_waiting_for_or_checking_no_keys_is_still_allowed(master):
+    master.wait([], timeout=1)
+    assert master.check([])
+    assert _alive(master)
+
+
+def test_connections_still_authenticating_are_bounded(monkeypatch, caplog):
+    """A flood of connections that never authenticate does not make the master spawn threads without end: past
+    MAX_PENDING they are dropped at once, and the store serves again when the silent ones time out."""
+    caplog.set_level(logging.WARNING, logger=LOG)
+    monkeypatch.setattr(store_mod, "MAX_PENDING", 2)
+    monkeypatch.setattr(store_mod, "HANDSHAKE_TIMEOUT", 5.0)
+    m = TCPStore("localhost", 0, is_master=True, timeout=5, secret=SECRET)  # its own client's slot is free again
+    silent = [_raw(m.port) for _ in range(2)]
+    time.sleep(0.2)
+    extra = _raw(m.port)
+    assert _closed_by_server(extra, timeout=4)  # dropped at once, not after the silent ones' handshake timeout
+    assert "2 others are still authenticating" in caplog.text
+    for s in silent + [extra]:
+        s.close()  # the server sees them go and frees their slots
+    c = TCPStore("localhost", m.port, timeout=5, secret=SECRET)
+    c.set("k", b"v")
+    assert m.get("k") == b"v"
+    c.close()
+    m.close()
