@@ -208,7 +208,7 @@ def run_part():
     peak and driver-observed peak come from the trainer's stage meter."""
     import flame_core as flame
     from flame_models.training import Trainer, config_from_dict
-    from flame_models.training.demo import draw_dataset
+    from flame_models.flux.demo import draw_dataset
     side = 64 if ARGS.tiny else 1024
     work = tempfile.mkdtemp(prefix="pipeline_run_")
     images = draw_dataset(os.path.join(work, "images"), 4, 4, size=side)

@@ -57,7 +57,7 @@ DEMO_SIZE = 128
 
 def demo_config(device, run_dir):
     """The no-argument run: the demo's images and tiny model (made by demo_inputs) in `run_dir`/demo_inputs."""
-    from flame_models.training.demo import PROMPTS, TRIGGER
+    from flame_models.flux.demo import PROMPTS, TRIGGER
     gpu = device.startswith("cuda")
     inputs = os.path.join(run_dir, "demo_inputs")
     return {
@@ -79,7 +79,7 @@ def demo_config(device, run_dir):
 
 def demo_inputs(run_dir, device, base_steps):
     """Draw the demo's images and build its tiny model folder (once per run folder: a resumed demo reuses them)."""
-    from flame_models.training.demo import draw_dataset, tiny_model_folder
+    from flame_models.flux.demo import draw_dataset, tiny_model_folder
     inputs = os.path.join(run_dir, "demo_inputs")
     images, model = os.path.join(inputs, "images"), os.path.join(inputs, "model")
     if os.path.isfile(os.path.join(model, "model_index.json")):

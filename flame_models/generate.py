@@ -1,7 +1,17 @@
 """Text-to-image with Flux, SD3 / SD3.5 and SDXL: `python -m flame_models.generate` and the `generate(...)` function it
 wraps. The model's family comes from its files (a diffusers folder's model_index.json, else the transformer / UNet
-header) or --arch; SD3 and SDXL run in flame_models/generate_sd.py (CFG with a negative prompt, samplers, size
-conditioning), Flux below.
+header; flame_models.registry.detect_family) or --arch, and the family's generate part runs: flame_models/flux/
+generate.py (embedded guidance), sd3/generate.py (CFG with a negative prompt, skip-layer guidance), sdxl/generate.py
+(CFG, samplers, size conditioning). This module holds what they share: the checks of common arguments, the stages
+(run_stages), the PNG files, and the command line.
+
+A family's generate part provides
+    FILES            its Files class (a model argument already found)
+    OPTIONS          {keyword: words or None}: generate()'s keywords that only it (and maybe other families) takes;
+                     words name the option when another family refuses it (None: "an <owners> option")
+    NOTES            {keyword of another family: what this family does instead} (optional; in the refusal)
+    generate(model, prompts, *, vae, clip_l, t5, tokenizer, loras, width, height, steps, seed, num_images,
+             batch_size, output, device, dtype, fp8, max_gpu_memory, progress, stats, log, **its OPTIONS)
 
     python -m flame_models.generate --model FLUX.1-dev/ --prompt "a photo of a cat" --lora my_lora.safetensors:0.8 \\
         --width 1024 --height 1024 --steps 28 --guidance 3.5 --seed 42 --output out/
@@ -12,21 +22,20 @@ conditioning), Flux below.
         --cfg 7 --steps 30
 
 Stages run one after the other, each freed before the next, so the peak is the largest stage's: the text encoders
-(every prompt encoded once), the transformer (LoRAs merged into the weights, or kept beside fp8 / streamed weights),
-the VAE. Under --max-gpu-memory the transformer's (and T5's) blocks live in pinned host memory and stream through
-the GPU; as many as fit the budget stay resident (measured, flame_nn.offload.auto_fit). Every input is checked
+(every prompt encoded once), the transformer or UNet (LoRAs merged into the weights, or kept beside fp8 / streamed
+weights), the VAE. Under --max-gpu-memory the denoiser's (and T5's) blocks live in pinned host memory and stream
+through the GPU; as many as fit the budget stay resident (measured, flame_nn.offload.auto_fit). Every input is checked
 before anything is loaded: a bad one ends the command with one message naming the file, exit status 2.
 
 Each PNG is written atomically and carries the parameters: an A1111-style `parameters` text chunk (prompt, steps,
 guidance, seed, size, model, LoRAs with weights) and the same as JSON under `flame`.
 """
 import argparse
-import json
-import math
 import os
-import random
 import sys
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import flame_core as flame
 from flame_core import memory
@@ -34,13 +43,10 @@ from flame_core.errors import FlameError
 from flame_core.memory.stats import fmt_bytes, parse_size
 
 from .checkpoint_io import atomic_open
-from .flux import pipeline as P
-from .flux.components import FluxFiles, FluxFilesError, find_flux_files
+from .pipeline import free_model, to_pil
 
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "fp32": "float32",
           "float32": "float32"}
-DEV_DEFAULTS = {"steps": 28, "guidance": 3.5}   # diffusers' FluxPipeline defaults for flux-dev
-SCHNELL_STEPS = 4
 
 
 class GenerateError(FlameError, ValueError):
@@ -109,16 +115,16 @@ def _budget(max_gpu_memory):
 
 
 # ----------------------------------------------------------------------------- PNG files
-def png_parameters(prompt, *, seed, steps, guidance, width, height, model, loras):
-    """The A1111-style `parameters` text: the prompt, then 'Key: value' pairs."""
-    fields = [("Steps", steps), ("Sampler", "Euler"), ("Schedule type", "Simple"), ("CFG scale", 1)]
-    if guidance is not None:
-        fields.append(("Distilled CFG Scale", f"{guidance:g}"))
-    fields += [("Seed", seed), ("Size", f"{width}x{height}"), ("Model", model)]
-    if loras:
-        fields.append(("Loras", ", ".join(f"{os.path.basename(p)}:{w:g}" for p, w in loras)))
-    fields.append(("Version", "FLAME"))
-    return prompt + "\n" + ", ".join(f"{k}: {v}" for k, v in fields)
+def parameters_text(prompt, negative, fields):
+    """The A1111-style `parameters` text: the prompt, the negative prompt (when there is one), then 'Key: value'
+    pairs (those whose value is None left out)."""
+    text = prompt + ("" if negative is None else f"\nNegative prompt: {negative}")
+    return text + "\n" + ", ".join(f"{k}: {v}" for k, v in fields if v is not None)
+
+
+def lora_field(loras):
+    """The `Loras` field of the parameters text: [("Loras", "name:weight, ...")], or [] without LoRAs."""
+    return [("Loras", ", ".join(f"{os.path.basename(p)}:{w:g}" for p, w in loras))] if loras else []
 
 
 def save_png(image, path, info):
@@ -142,6 +148,26 @@ def _next_index(folder):
 
 
 # ----------------------------------------------------------------------------- the stages
+@dataclass
+class Stages:
+    """What a family's generate part hands run_stages (closures over its files and settings).
+
+    encode(unique prompts)           the conditioning, as host arrays (the encoders loaded and freed inside)
+    denoiser                         the denoising stage's name ("transformer", "unet")
+    load()                           the denoiser on the device, LoRAs applied
+    fit(net, cond, batch_size)       under a memory budget: the streamed blocks fitted to it; a report to log
+    sample(net, cond, seeds, rows, callback)   the model-space latents (B, C, h, w) of one batch
+    load_vae(), decode(vae, z)       the VAE, and model-space latents (1, C, h, w) -> images in [-1, 1]
+    """
+    encode: Callable
+    denoiser: str
+    load: Callable
+    fit: Callable
+    sample: Callable
+    load_vae: Callable
+    decode: Callable
+
+
 class _Stage:
     """Times a stage and records its device peak (FLAME's pool) into stats[name]."""
 
@@ -187,133 +213,134 @@ def _limited(dev, budget):
 def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, loras=(), width=1024, height=1024,
              steps=None, guidance=None, seed=None, num_images=1, batch_size=1, output=None, device=None, dtype=None,
              fp8=False, max_gpu_memory=None, max_length=None, progress=True, stats=None, log=None, arch=None,
-             **sd_options):
+             **options):
     """Text-to-image: a list of PIL images, prompt by prompt, `num_images` each (image j of a prompt starts from
     seed + j, so one seed gives the same picture whatever the batch: exactly on the cpu; on cuda up to the rounding
-    of GEMMs, whose kernels cuBLAS picks by shape, so more in bfloat16 than in float32). SD3 / SDXL models (found from the
-    files, or `arch` "flux" | "sd3" | "sdxl") go to flame_models.generate_sd.generate_sd with `sd_options`
-    (negative_prompt, clip_g, cfg, sampler, karras, slg_scale, slg_layers, no_t5, original_size, crop, target_size,
-    max_token_length, configs); the rest of this docstring is Flux's.
+    of GEMMs, whose kernels cuBLAS picks by shape, so more in bfloat16 than in float32). The family comes from the
+    files (registry.detect_family), a family's Files object, or `arch` ("flux" | "sd3" | "sdxl"); its generate part
+    (flame_models/<family>/generate.py) runs with the family's own `options` -- Flux: guidance, max_length; SD3:
+    negative_prompt, clip_g, cfg, slg_scale, slg_layers, no_t5, max_length, configs; SDXL: negative_prompt, clip_g,
+    cfg, sampler, karras, original_size, crop, target_size, max_token_length, configs. An option of another family
+    is refused, naming it.
 
-    model: a diffusers Flux folder, a transformer file (with vae=, clip_l=, t5=) or FluxFiles. loras: ["path",
-    "path:weight", (path, weight)], added together. steps / guidance: default 28 / 3.5 for dev, 4 / none for
-    schnell. seed: default a random one (written into each PNG). output: a folder to write the PNGs into.
-    dtype: default bfloat16 on cuda, float32 on cpu. fp8: fp8 storage of the transformer's blocks and T5's layers.
-    max_gpu_memory ('12GiB'): stream blocks through the device within this budget (the device's whole use: what
-    the CUDA context and libraries hold outside FLAME's pool counts). max_length: T5 tokens (512 dev, 256 schnell).
-    stats: a dict filled with each stage's seconds and device peak. log: a print function."""
-    from .generate_sd import SD_OPTIONS, family_of, generate_sd
-    unknown = sorted(set(sd_options) - set(SD_OPTIONS))
+    model: a diffusers folder, a transformer / UNet / SAI single file (with vae=, clip_l=, t5= where it does not
+    hold them) or a family's Files. loras: ["path", "path:weight", (path, weight)], added together. steps, guidance
+    / cfg: the family's defaults (Flux-dev 28 / 3.5, schnell 4 / none; see the families' modules). seed: default a
+    random one (written into each PNG). output: a folder to write the PNGs into. dtype: default bfloat16 on cuda,
+    float32 on cpu. fp8: fp8 storage of the denoiser's blocks and T5's layers. max_gpu_memory ('12GiB'): stream
+    blocks through the device within this budget (the device's whole use: what the CUDA context and libraries hold
+    outside FLAME's pool counts). max_length: T5 tokens (Flux-dev 512, schnell 256, SD3 256). stats: a dict filled
+    with each stage's seconds and device peak. log: a print function."""
+    from . import registry
+    options = dict(options, guidance=guidance, max_length=max_length)
+    parts = {name: registry.module(name, "generate") for name in registry.names()}
+    known = {k for part in parts.values() for k in part.OPTIONS}
+    unknown = sorted(set(options) - known)
     if unknown:
         raise TypeError(f"generate() got unexpected keyword argument(s) {unknown}")
-    family = family_of(model, arch)
-    if family != "flux":
-        if guidance is not None:
-            raise GenerateError(f"--guidance: Flux's embedded guidance; {family.upper()} uses classifier-free "
-                                f"guidance (--cfg)")
-        return generate_sd(family, model, prompts, vae=vae, clip_l=clip_l, t5=t5, tokenizer=tokenizer, loras=loras,
-                           width=width, height=height, steps=steps, seed=seed, num_images=num_images,
-                           batch_size=batch_size, output=output, device=device, dtype=dtype, fp8=fp8,
-                           max_gpu_memory=max_gpu_memory, max_length=max_length, progress=progress, stats=stats,
-                           log=log, **sd_options)
-    given = sorted(k for k, v in sd_options.items() if v not in (None, False))
-    if given:
-        raise GenerateError(f"--{given[0].replace('_', '-')}: an SD3 / SDXL option; this model is Flux"
-                            + (" (its guidance is embedded: --guidance)" if given[0] == "cfg" else ""))
-    log = log or (lambda *a: print(*a, file=sys.stderr))
-    stats = {} if stats is None else stats
-    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-    _check_args(prompts, width, height, steps, num_images, batch_size, seed)
-    dev = _device(device)
-    dtype = _dtype(dtype, dev)
-    budget = _budget(max_gpu_memory)
-    files = model if isinstance(model, FluxFiles) else find_flux_files(model, vae=vae, clip_l=clip_l, t5=t5,
-                                                                         tokenizer=tokenizer)
-    is_dev = files.is_dev
-    if not is_dev and guidance is not None:
-        raise GenerateError(f"--guidance: {files.transformer} is schnell-like (no guidance embedding); leave it out")
-    steps = steps if steps is not None else (DEV_DEFAULTS["steps"] if is_dev else SCHNELL_STEPS)
-    guidance = (float(guidance) if guidance is not None else DEV_DEFAULTS["guidance"]) if is_dev else None
-    if guidance is not None and not math.isfinite(guidance):
-        raise GenerateError(f"--guidance {guidance}: not a finite number")
-    loras = P.check_loras(loras, files.params)
-    output = _check_output(output)
-    clip_tok, t5_tok = P.load_tokenizers(files, max_length=max_length)
-    P.check_vocabularies(files, clip_tok, t5_tok)
-    seed = random.randrange(2 ** 32) if seed is None else seed
-    jobs = [(i, seed + j) for i in range(len(prompts)) for j in range(num_images)]     # (prompt row, seed)
+    family = family_of(model, arch, parts)
+    part = parts[family]
+    for name in sorted(k for k, v in options.items() if v not in (None, False) and k not in part.OPTIONS):
+        raise GenerateError(_refusal(name, family, parts))
+    mine = {k: v for k, v in options.items() if k in part.OPTIONS}
+    return part.generate(model, prompts, vae=vae, clip_l=clip_l, t5=t5, tokenizer=tokenizer, loras=loras,
+                         width=width, height=height, steps=steps, seed=seed, num_images=num_images,
+                         batch_size=batch_size, output=output, device=device, dtype=dtype, fp8=fp8,
+                         max_gpu_memory=max_gpu_memory, progress=progress, stats=stats,
+                         log=log or (lambda *a: print(*a, file=sys.stderr)), **mine)
 
-    # 1. the text encoders: every distinct prompt once, then freed
+
+def family_of(model, arch=None, parts=None):
+    """The family ("flux", "sd3", "sdxl") of a model argument: a path (registry.detect_family), or a family's Files
+    object (its generate part's FILES)."""
+    from . import registry
+    parts = parts or {name: registry.module(name, "generate") for name in registry.names()}
+    for name, part in parts.items():
+        if isinstance(model, part.FILES):
+            if arch is not None and arch != name:
+                raise GenerateError(f"--arch {arch}: the model given is {name}")
+            return name
+    # files of no family go to Flux's checks, which say what they are instead
+    return registry.detect_family(model, arch, error=GenerateError, default="flux")[0]
+
+
+def _refusal(option, family, parts):
+    """The message for `option` given to a model of `family`: whose option it is, and what this family does
+    instead (its generate part's NOTES)."""
+    from . import registry
+    owners = [name for name, part in parts.items() if option in part.OPTIONS]
+    words = next((parts[o].OPTIONS[option] for o in owners if parts[o].OPTIONS[option]), None)
+    if words is None:
+        labels = " / ".join(registry.about(o).label for o in owners)
+        words = f"{'an' if labels[0] in 'AEFHILMNORSX' else 'a'} {labels} option"
+    note = getattr(parts[family], "NOTES", {}).get(option)
+    return (f"--{option.replace('_', '-')}: {words}; this model is {registry.about(family).label}"
+            + (f": {note}" if note else ""))
+
+
+def run_stages(stages, prompts, jobs, *, dev, budget, batch_size, steps, progress, stats, log):
+    """The three stages of text-to-image, each loaded, run and freed before the next (each under the memory budget,
+    timed into stats): the text encoders -- every distinct prompt once --, the denoiser -- every job's latents,
+    kept on the host --, the VAE -- one image at a time, tiled when a whole one does not fit the budget. `jobs`:
+    [(prompt index, seed)]; `stages`: the family's Stages. Returns PIL images, one per job."""
     unique = list(dict.fromkeys(prompts))
     prev = _limited(dev, budget)
     try:
         with _Stage("text encoders", dev, stats, log):
-            with P.load_text_encoders(files, dtype=dtype, device=dev, t5_quantize="fp8" if fp8 else "auto",
-                                      t5_stream=budget is not None, max_length=max_length) as enc:
-                if budget is not None:
-                    log("T5 " + str(enc.t5.streamer.auto_fit(budget, lambda: enc.encode(unique[:1]))))
-                out = enc.encode(unique)
-                cond = {k: v.float().cpu().numpy() for k, v in out.items()}
-                del out
+            cond = stages.encode(unique)
     finally:
         memory.set_memory_limit(prev, dev)
     rows = [unique.index(p) for p in prompts]
 
-    # 2. the transformer: every image's latents, kept on the host
     latents = []
     prev = _limited(dev, budget)
     try:
-        with _Stage("transformer", dev, stats, log):
-            model = P.load_transformer(files, dtype=dtype, device=dev, loras=loras, fp8=fp8,
-                                       stream=budget is not None)
+        with _Stage(stages.denoiser, dev, stats, log):
+            net = stages.load()
             if budget is not None:
-                report = P.fit_transformer(model, cond, budget, height=height, width=width,
-                                           batch_size=min(batch_size, len(jobs)), guidance=guidance)
-                log(str(report))
+                log(str(stages.fit(net, cond, min(batch_size, len(jobs)))))
             bar = _bar(len(jobs) * steps, progress, "denoising")
             try:
                 for lo in range(0, len(jobs), batch_size):
                     batch = jobs[lo:lo + batch_size]
-                    z = P.sample_latents(model, cond, height=height, width=width, steps=steps, guidance=guidance,
-                                         seeds=[s for _, s in batch], rows=[rows[i] for i, _ in batch],
-                                         callback=lambda i, n, k=len(batch): bar.update(k) if bar else None)
+                    z = stages.sample(net, cond, [s for _, s in batch], [rows[i] for i, _ in batch],
+                                      lambda i, n, k=len(batch): bar.update(k) if bar else None)
                     latents.extend(z.cpu().numpy())
             finally:
                 if bar:
                     bar.close()
-            P.free_model(model, dev)
-            del model
+            free_model(net, dev)
+            del net
     finally:
         memory.set_memory_limit(prev, dev)
 
-    # 3. the VAE: one image at a time (tiled when a whole one does not fit the budget)
     prev = _limited(dev, budget)
     try:
         with _Stage("vae", dev, stats, log):
-            vae_model = P.load_vae_for_flux(files, dtype=dtype, device=dev)
-            images = _decode_images(vae_model, latents, P.decode_latents, dev, log)
+            vae_model = stages.load_vae()
+            images = _decode_images(vae_model, latents, stages.decode, dev, log)
             del vae_model
             memory.empty_cache(dev)
     finally:
         memory.set_memory_limit(prev, dev)
-
-    if output is not None:
-        model_name = os.path.basename(os.path.normpath(files.transformer))
-        if model_name == "transformer":  # a diffusers folder: its name
-            model_name = os.path.basename(os.path.dirname(os.path.normpath(files.transformer)))
-        model_name = model_name[:-len(".safetensors")] if model_name.endswith(".safetensors") else model_name
-        n0 = _next_index(output)
-        for k, ((i, s), img) in enumerate(zip(jobs, images)):
-            info = {"prompt": prompts[i], "seed": s, "steps": steps, "guidance": guidance, "width": width,
-                    "height": height, "model": files.transformer, "vae": files.vae, "clip_l": files.clip_l,
-                    "t5": files.t5, "loras": [[p, w] for p, w in loras], "sampler": "euler",
-                    "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8)}
-            text = {"parameters": png_parameters(prompts[i], seed=s, steps=steps, guidance=guidance, width=width,
-                                                 height=height, model=model_name, loras=loras),
-                    "flame": json.dumps(info)}
-            path = save_png(img, os.path.join(output, f"{n0 + k:05d}-{s}.png"), text)
-            log(f"wrote {path}")
     return images
+
+
+def write_pngs(output, jobs, images, text_of, log):
+    """Each job's image as <index>-<seed>.png in `output`, numbered after the PNGs already there, with the text
+    chunks text_of(prompt index, seed) {key: str}."""
+    n0 = _next_index(output)
+    for k, ((i, s), img) in enumerate(zip(jobs, images)):
+        path = save_png(img, os.path.join(output, f"{n0 + k:05d}-{s}.png"), text_of(i, s))
+        log(f"wrote {path}")
+
+
+def model_name(path):
+    """A model's name for the PNG's parameters: its file's name without .safetensors, or its diffusers folder's."""
+    name = os.path.basename(os.path.normpath(path))
+    if name in ("transformer", "unet"):  # a diffusers folder: its name
+        name = os.path.basename(os.path.dirname(os.path.normpath(path)))
+    return name[:-len(".safetensors")] if name.endswith(".safetensors") else name
 
 
 def _decode_images(vae, latents, decode, dev, log):
@@ -330,7 +357,7 @@ def _decode_images(vae, latents, decode, dev, log):
             log("vae: the whole image does not fit the budget; decoding in tiles")
             vae.enable_tiling()
             x = decode(vae, zt)
-        images.extend(P.to_pil(x))
+        images.extend(to_pil(x))
     return images
 
 
@@ -343,12 +370,13 @@ def _bar(total, progress, desc):
 
 # ----------------------------------------------------------------------------- the command
 def build_parser():
+    from . import registry
     p = argparse.ArgumentParser(prog="python -m flame_models.generate", description=(
         "Generate images with a Flux, SD3 / SD3.5 or SDXL model (diffusers folder, SAI / BFL / ComfyUI single files) "
         "and optional LoRAs."))
     m = p.add_argument_group("model")
     m.add_argument("--model", required=True, help="a diffusers folder, or a transformer / UNet / SAI .safetensors file")
-    m.add_argument("--arch", choices=("flux", "sd3", "sdxl"), help="the model family (default: from the files)")
+    m.add_argument("--arch", choices=registry.names(), help="the model family (default: from the files)")
     m.add_argument("--vae", help="the VAE (ae.safetensors) when --model is a single file")
     m.add_argument("--clip-l", help="CLIP-L (clip_l.safetensors) when --model is a single file")
     m.add_argument("--clip-g", help="CLIP-G (clip_g.safetensors; SD3 / SDXL) when --model does not hold it")
@@ -356,7 +384,8 @@ def build_parser():
     m.add_argument("--tokenizer", help="a folder with tokenizer/ and tokenizer_2/ (SD3: and tokenizer_3/) (default: "
                                        "the model folder's, else the vocabularies packaged with FLAME)")
     m.add_argument("--lora", action="append", default=[], metavar="PATH[:WEIGHT]",
-                   help="a Flux LoRA (FLAME, diffusers, kohya, ai-toolkit); repeatable, weights add up")
+                   help="a LoRA for the model (FLAME, diffusers, kohya, ai-toolkit; an SDXL file's text-encoder "
+                        "parts go into CLIP-L / CLIP-G); repeatable, weights add up")
     g = p.add_argument_group("what to generate")
     g.add_argument("--prompt", action="append", default=[], help="repeatable")
     g.add_argument("--prompts-file", help="a text file, one prompt per non-empty line")
@@ -404,9 +433,9 @@ def _read_prompts(args):
     return prompts
 
 
-def _sd_options(args):
-    """The SD3 / SDXL options given on the command line (left out when not given, so Flux runs refuse them only
-    when they are)."""
+def _family_options(args):
+    """The options only some families take, given on the command line (left out when not given, so a family
+    refuses another's only when it is given)."""
     opts = dict(negative_prompt=args.negative_prompt, clip_g=args.clip_g, cfg=args.cfg, sampler=args.sampler,
                 karras=args.karras, original_size=args.original_size, crop=args.crop, target_size=args.target_size,
                 max_token_length=args.max_token_length, slg_scale=args.slg_scale, slg_layers=args.slg_layers,
@@ -427,7 +456,7 @@ def main(argv=None):
                           steps=args.steps, guidance=args.guidance, seed=args.seed, num_images=args.num_images,
                           batch_size=args.batch_size, output=args.output, device=args.device, dtype=args.dtype,
                           fp8=args.fp8, max_gpu_memory=args.max_gpu_memory, max_length=args.max_length,
-                          progress=not args.no_progress, stats=stats, arch=args.arch, **_sd_options(args))
+                          progress=not args.no_progress, stats=stats, arch=args.arch, **_family_options(args))
     except _USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -6,7 +6,6 @@ single file that holds several models (SAI / ComfyUI checkpoints: `first_stage_m
 transformer.` (SD3), `conditioner.embedders.1.model.` (SDXL's OpenCLIP CLIP-G), ...). Used by the Flux, SD3 and SDXL
 pipelines' find_*_files.
 """
-import json
 import os
 from dataclasses import dataclass
 
@@ -17,11 +16,6 @@ from ..checkpoint_io import INDEX_SUFFIX, index_files
 
 _PREFERRED = ("diffusion_pytorch_model.safetensors", "model.safetensors")
 _PICKLES = (".ckpt", ".pt", ".pth", ".bin", ".pkl")
-FAMILIES = ("flux", "sd3", "sdxl")
-# a diffusers model_index.json's pipeline class -> family
-_PIPELINE_CLASSES = {"Flux": "flux", "StableDiffusion3": "sd3", "StableDiffusionXL": "sdxl"}
-# a header's kind (describe_keys) -> family
-_KIND_FAMILY = {"flux": "flux", "sd3": "sd3", "unet": "sdxl"}
 
 
 class ModelFilesError(FlameError, ValueError):
@@ -219,50 +213,6 @@ def report(problems, what, path, error=ModelFilesError):
     if problems:
         raise error(f"the {what} {path} is incomplete or mixes parts ({len(problems)} problems):\n  "
                     + "\n  ".join(problems))
-
-
-def detect_family(path, arch=None, error=ModelFilesError, default=None):
-    """("flux" | "sd3" | "sdxl", what the files look like) of a model path: a diffusers folder (its model_index.json,
-    else its transformer/ or unet/ subfolder) or a transformer / UNet file (its header). With `arch` given, the
-    files must agree with it. Files of none of the families: (default, words) when a default is given (its loader
-    then names what they are), else `error` naming the path."""
-    if arch is not None and arch not in FAMILIES:
-        raise error(f"--arch {arch!r}: one of {', '.join(FAMILIES)}")
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise error(f"{path} does not exist")
-    family, words, header = None, None, path
-    if os.path.isdir(path):
-        index = os.path.join(path, "model_index.json")
-        if os.path.isfile(index):
-            try:
-                with open(index) as f:
-                    cls = str(json.load(f).get("_class_name", ""))
-            except (OSError, ValueError, AttributeError) as e:
-                raise error(f"{index}: not a readable model_index.json ({e})") from None
-            family = next((fam for name, fam in _PIPELINE_CLASSES.items() if cls.startswith(name)), None)
-            words = f"a diffusers {cls or 'pipeline'} folder"
-        header = next((os.path.join(path, s) for s in ("transformer", "unet") if os.path.isdir(os.path.join(path, s))),
-                      path)
-    if family is None:
-        kind, words = _header_kind(header, error)
-        family = _KIND_FAMILY.get(kind)
-    if family is None and arch is None and default is not None:
-        return default, words
-    if family is None:
-        raise error(f"{path} is not a Flux, SD3 or SDXL model: it looks like {words}"
-                    + ("" if arch is None else f" (--arch {arch})"))
-    if arch is not None and arch != family:
-        names = {"flux": "a Flux transformer", "sd3": "an SD3 / SD3.5 MMDiT", "sdxl": "an SDXL UNet"}
-        raise error(f"--arch {arch}: {path} is not {names[arch]}: it looks like {words}")
-    return family, words
-
-
-def _header_kind(path, error):
-    files = part_files(path, "model", error=error)
-    keys = list(read_headers(files, error=error))
-    kind, words, example = kind_of(keys)
-    return kind, words + (f" (keys such as {example})" if example else " (no tensors)")
 
 
 # ----------------------------------------------------------------------------- locating every part

@@ -13,26 +13,25 @@ largest stage's, not the sum: prompt encoding (conditioning.py), the transformer
 Latents in "model space" are what the transformer sees (VAE latents z as (z - 0.1159) * 0.3611, unpacked to
 (B, 16, H/8, W/8)); decode_latents / encode_images convert to and from images in [-1, 1].
 """
-import gc
 import os
 
 import numpy as np
 
 import flame_core as flame
-import flame_nn
-from flame_core import memory
-from flame_nn import adapters as A
-from flame_nn.offload import BlockStreamer, OffloadError, quantize_linear_weights_
 
-from ..conditioning import files as _cf
 from ..conditioning import prompt_rows
-from ..vae import FLUX, decode_model_latents, encode_model_latents, load_family_vae
+from ..pipeline import (apply_loras, check_lora_part, free_model, load_for_sampling, parse_lora,  # noqa: F401
+                        place_for_inference, to_pil)
+from ..pipeline import check_loras as _check_loras
+from ..vae import decode_model_latents, encode_model_latents, load_family_vae
+from .about import ABOUT
 from .components import FluxFiles, FluxFilesError, find_flux_files
 from .conditioning import (FluxTextEncoders, check_vocabularies, encode_prompts, load_text_encoders,
                            load_tokenizers)
 from .loading import load_flux
 from .sampling import LATENT_CHANNELS, denoise, get_noise, get_schedule, image_ids, pack, text_ids, unpack
 
+LATENT_FORMAT = ABOUT.latent_format
 STACKS = ("double_blocks", "single_blocks")
 
 
@@ -47,158 +46,21 @@ def load_vae_for_flux(files, *, dtype=flame.bfloat16, device=None):
 def decode_latents(vae, latents):
     """Model-space latents (B, 16, H/8, W/8) -> images (B, 3, H, W) in [-1, 1] (nominally; not clamped), in the
     VAE's dtype, on its device: z = latents / 0.3611 + 0.1159, then the decoder."""
-    return decode_model_latents(vae, latents, FLUX, hint=" (unpack packed tokens first: flux.unpack)")
+    return decode_model_latents(vae, latents, LATENT_FORMAT, hint=" (unpack packed tokens first: flux.unpack)")
 
 
 def encode_images(vae, images):
     """Images (B, 3, H, W) in [-1, 1] -> model-space latents (B, 16, H/8, W/8) float32: the posterior mean z, then
     (z - 0.1159) * 0.3611."""
-    return encode_model_latents(vae, images, FLUX)
-
-
-def to_pil(images):
-    """Images (B, 3, H, W) (a Tensor or NumPy array) in [-1, 1] -> list of RGB PIL images, as diffusers'
-    VaeImageProcessor.postprocess: (x / 2 + 0.5) clamped to [0, 1] in the images' dtype, then x * 255 rounded."""
-    from PIL import Image
-    if isinstance(images, flame.Tensor):
-        with flame.no_grad():
-            x = (images / 2 + 0.5).clamp(0, 1)
-            arr = x.float().cpu().numpy()
-    else:
-        arr = np.clip(np.asarray(images) / 2 + 0.5, 0, 1).astype(np.float32)
-    if arr.ndim != 4 or arr.shape[1] not in (1, 3):
-        raise ValueError(f"to_pil expects images (B, 3, H, W), got shape {arr.shape}")
-    arr = (arr.transpose(0, 2, 3, 1) * 255).round().astype(np.uint8)
-    if arr.shape[-1] == 1:
-        return [Image.fromarray(a[..., 0], mode="L") for a in arr]
-    return [Image.fromarray(a, mode="RGB") for a in arr]
+    return encode_model_latents(vae, images, LATENT_FORMAT)
 
 
 # ----------------------------------------------------------------------------- LoRA files
-def parse_lora(spec):
-    """"path[:weight]" -> (path, weight); weight 1.0 when absent. A colon whose tail is not a number belongs to
-    the path (C:\\loras\\a.safetensors)."""
-    if isinstance(spec, (tuple, list)):
-        path, weight = spec
-        return os.fspath(path), float(weight)
-    spec = os.fspath(spec)
-    head, sep, tail = spec.rpartition(":")
-    if sep and head:
-        try:
-            return head, float(tail)
-        except ValueError:
-            pass
-    return spec, 1.0
-
-
-def check_loras(loras, params, *, probe=None, model_class=None, error=FluxFilesError, text_encoders=None):
-    """Read each LoRA file and check it against a Flux of `params` (names, shapes, kind) before anything big is
-    loaded. Returns [(path, weight)]. `error` (FluxFilesError) names the file. model_class: another model to
-    check against instead, built from `params` under flame_nn.empty_init (its adapter_name_map() maps diffusers'
-    names), e.g. an SD3 MMDiT or an SDXL UNet; probe: such a model already built. text_encoders: {'te1': model or
-    None, 'te2': ...} when the generator applies the text encoders' parts of the files too (SDXL's CLIP-L /
-    CLIP-G): each part is checked against its model (built under empty_init), or, for None, when the encoder is
-    loaded (check_lora_part); without it a file with text-encoder weights is refused."""
-    from ..training.model_files import describe_keys
-    out = []
-    if not loras:
-        return out
-    if probe is None:
-        if model_class is None:
-            from .model import Flux as model_class
-        with flame_nn.empty_init(device="cpu"):
-            probe = model_class(params)
-    targets = {"denoiser": (probe, probe.adapter_name_map()),
-               **{c: (m, A.formats.IDENTITY) for c, m in (text_encoders or {}).items()}}
-    for spec in loras:
-        path, weight = parse_lora(spec)
-        if not os.path.isfile(path):
-            raise error(f"--lora {path}: no such file")
-        if not np.isfinite(weight):
-            raise error(f"--lora {path}: the weight {weight} is not a finite number")
-        try:
-            keys = list(_cf.read_headers(_cf.part_files(path, "lora", error=error), error=error))
-        except error as e:
-            raise error(f"--lora {e}") from None
-        kind, words, example = describe_keys(keys)
-        if kind != "lora":
-            raise error(f"--lora {path}: not a LoRA file: it looks like {words}"
-                        + (f" (keys such as {example})" if example else " (no tensors)"))
-        te = [k for k in keys if k.startswith(("lora_te", "text_encoder", "te_"))
-              or A.formats.component_of(k) != "denoiser"]
-        if te and not text_encoders:
-            raise error(f"--lora {path}: holds text-encoder LoRA weights ({len(te)} tensors such as "
-                        f"{te[0]}); this generator applies transformer LoRAs only")
-        other = sorted({A.formats.component_of(k) for k in te} - set(targets))
-        if other or any(A.formats.component_of(k) == "denoiser" for k in te):
-            raise error(f"--lora {path}: holds weights for a text encoder this model does not have (keys such as "
-                        f"{te[0]}); its text encoders take lora_te1_ / lora_te2_ (kohya) or text_encoder. / "
-                        f"text_encoder_2. (diffusers) keys")
-        for component, (model, name_map) in targets.items():
-            if model is not None:
-                check_lora_part(path, model, name_map, component, error)
-        out.append((path, weight))
-    return out
-
-
-def check_lora_part(path, model, name_map, component, error):
-    """The adapters of one part of a LoRA file (formats.load's component) fit `model`'s layers (names, shapes,
-    kinds); `error` names the file."""
-    layers = (flame_nn.Linear, flame_nn.Conv2d)   # (SDXL's LoCon files adapt its convolutions)
-    shapes = {n: tuple(m.weight.shape) for n, m in model.named_modules() if isinstance(m, layers)}
-    try:
-        modules, _ = A.formats.load(path, set(shapes), name_map=name_map, component=component)
-    except A.AdapterFormatError as e:
-        raise error(f"--lora {path}: {str(e).splitlines()[0]}") from None
-    for mod, parts in modules.items():
-        out_f, in_f, kernel = shapes[mod][0], shapes[mod][1], shapes[mod][2:]
-        for p in parts:
-            lo, hi = p.rows if p.rows is not None else (0, out_f)
-            if p.shape != (hi - lo, in_f):
-                raise error(f"--lora {path}: the adapter on {mod} is {p.shape[0]}x{p.shape[1]} but "
-                            f"this {type(model).__name__}'s {'Conv2d' if kernel else 'Linear'} (rows {lo}:{hi}) "
-                            f"is {hi - lo}x{in_f}: a LoRA for another model size?")
-            down = p.tensors.get("lora_down.weight")
-            if kernel and p.kind != "lora":
-                raise error(f"--lora {path}: a {p.kind} adapter on the convolution {mod}; convolutions take "
-                            f"LoRA only")
-            if kernel and down is not None and tuple(down.shape[2:]) not in (kernel, () if kernel == (1, 1)
-                                                                              else kernel):
-                raise error(f"--lora {path}: the adapter on {mod} has a {tuple(down.shape[2:])} kernel, the "
-                            f"convolution's is {kernel}")
-
-
-def apply_loras(model, loras, *, merge=True, dtype=flame.float32, error=FluxFilesError, component="denoiser"):
-    """Load each (path, weight) into `model` as its own adapter ("lora_0", "lora_1", ...), scaled by its weight;
-    the changes add up. merge=True folds them into the base weights (summed, rounded once) and drops the adapters
-    (no cost per step, and no copy of the original weights kept: inference never unmerges); merge=False keeps them
-    as adapters beside the weights (fp8 storage and streamed blocks need that). `error` names the file. component:
-    the part of each file to apply ('denoiser'; 'te1' / 'te2' when `model` is that text encoder)."""
-    for i, (path, weight) in enumerate(loras):
-        try:
-            A.load_adapters(model, path, name=f"lora_{i}", weight=weight, dtype=dtype, component=component)
-        except A.AdapterFormatError as e:
-            raise error(f"--lora {path}: {str(e).splitlines()[0]}") from None
-    if loras and merge:
-        # Linear by Linear: the LoRAs' changes (each times its weight, each against the base weight, as the adapters
-        # compute them unmerged) summed in float32, then added and rounded to the weight's dtype once. Merging one
-        # LoRA after the other would round a bf16 weight once per LoRA: two LoRAs at 0.5 would not be one at 1.
-        changes = {}
-        for i, (_, weight) in enumerate(loras):
-            for module, rows, ad in A.adapter_modules(model, f"lora_{i}"):
-                changes.setdefault(module, []).append((rows, ad, weight))
-        with flame.no_grad():
-            for module, entries in changes.items():
-                w = model.get_submodule(module).weight
-                w0 = w.to(flame.float64 if w.dtype == flame.float64 else flame.float32)
-                delta = flame.zeros_like(w0)
-                for rows, ad, weight in entries:
-                    lo, hi = rows if rows is not None else (0, w.shape[0])
-                    new = ad.merged_weight(w[lo:hi]).to(w0.dtype)   # W + ΔW (DoRA: renormalised rows)
-                    delta[lo:hi].add_((new - w0[lo:hi]) * weight)
-                w.copy_((w0 + delta).to(w.dtype))
-        A.remove_adapters(model)
-    return model
+def check_loras(loras, params):
+    """Read each "path[:weight]" LoRA file and check it against a Flux of `params` (names, shapes, kinds) before
+    anything big is loaded: [(path, weight)]; FluxFilesError names the file (flame_models.pipeline.check_loras)."""
+    from .model import Flux
+    return _check_loras(loras, params, model_class=Flux, error=FluxFilesError)
 
 
 # ----------------------------------------------------------------------------- the transformer
@@ -214,63 +76,6 @@ def load_transformer(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=
     loras = check_loras(loras, files.params)
     return load_for_sampling(lambda dev: load_flux(files.transformer, dtype=dtype, device=dev), files.transformer,
                              loras, STACKS, device, fp8=fp8, stream=stream, slots=slots, error=FluxFilesError)
-
-
-def load_for_sampling(load, path, loras, stacks, device=None, *, fp8=False, stream=False, slots=2,
-                      error=FluxFilesError):
-    """The model `load(device)` reads from `path`, frozen, in eval mode, with the checked `loras` (check_loras)
-    applied -- merged into the weights unless fp8 or stream keep them as adapters -- and placed on `device` for
-    sampling (place_for_inference). With fp8 or stream the model is read into host memory and moved block by block,
-    so that it is never whole on the device in its dtype. A placement that cannot be done is `error` naming
-    `path`."""
-    dev = flame.device(device) if device is not None else flame.default_device()
-    model = load("cpu" if (stream or fp8) else dev)
-    model.requires_grad_(False)
-    model.eval()
-    apply_loras(model, loras, merge=not (fp8 or stream), error=error)
-    try:
-        place_for_inference(model, stacks, dev, fp8=fp8, stream=stream, slots=slots)
-    except OffloadError as e:
-        raise error(f"{path}: {str(e).splitlines()[0]}") from None
-    return model
-
-
-def place_for_inference(model, stacks, device, *, fp8=False, stream=False, slots=2):
-    """Put a model read into host memory (for fp8 or streaming) on `device`: stream: the blocks of the ModuleLists
-    `stacks` in pinned host memory through `slots` device buffers (`model.streamer`, in fp8 with fp8); fp8 alone:
-    each block moved and its Linear weights quantised in turn (the whole model is never on the device in its
-    dtype); adapters follow. Neither: nothing to do (the model was loaded on the device)."""
-    if stream:
-        model.streamer = BlockStreamer.for_model(model, stacks, device=device, quantize="fp8" if fp8 else None,
-                                                 slots=slots)
-    elif fp8:
-        dev = flame.device(device)
-        for t in (*model.parameters(recurse=False), *model.buffers(recurse=False)):  # the model's own (SD3's
-            if t.device != dev:                                                       # position table)
-                t.data = t.data.to(dev)
-        for name, child in model.named_children():
-            if name not in stacks:
-                child.to(device)
-        for s in stacks:
-            for block in model.get_submodule(s):
-                block.to(device)
-                quantize_linear_weights_(block)
-        for name in A.adapter_names(model):  # adapters sit beside the module tree
-            for _, _, ad in A.adapter_modules(model, name):
-                ad.to(device)
-    return model
-
-
-def free_model(model, device=None):
-    """Release a model now (its streamer too): device pool and pinned host buffers."""
-    streamer = getattr(model, "streamer", None)
-    if streamer is not None:
-        streamer.synchronize()
-        model.streamer = None
-    del streamer, model
-    gc.collect()
-    memory.empty_cache(device)
-    memory.empty_pinned_cache()
 
 
 def _model_dtype(model):
@@ -338,6 +143,7 @@ def fit_transformer(model, cond, max_gpu_memory, *, height, width, batch_size=1,
 
 
 __all__ = ["FluxFiles", "FluxFilesError", "find_flux_files", "FluxTextEncoders", "load_text_encoders",
-           "load_tokenizers", "check_vocabularies", "encode_prompts", "load_vae_for_flux", "decode_latents", "encode_images", "to_pil",
-           "parse_lora", "check_loras", "check_lora_part", "apply_loras", "load_transformer", "load_for_sampling", "place_for_inference", "free_model",
-           "sample_latents", "fit_transformer"]
+           "load_tokenizers", "check_vocabularies", "encode_prompts", "load_vae_for_flux", "decode_latents",
+           "encode_images", "to_pil", "parse_lora", "check_loras", "check_lora_part", "apply_loras",
+           "load_transformer", "load_for_sampling", "place_for_inference", "free_model", "sample_latents",
+           "fit_transformer"]

@@ -4,6 +4,8 @@ import math
 import flame_core as flame
 from flame_nn.offload import streamer_of
 
+from ..samplers import noise
+
 LATENT_CHANNELS = 16
 # the autoencoder's latent statistics: decode z = latent / SCALE + SHIFT
 LATENT_SCALE = 0.3611
@@ -83,11 +85,7 @@ def get_schedule(num_steps, image_seq_len, base_shift=0.5, max_shift=1.15, shift
 def get_noise(batch_size, height, width, *, seed, device=None, dtype=flame.float32):
     """Gaussian latents (B, 16, H/8, W/8) from a seeded generator on `device`: same seed, same noise."""
     _check_size(height, width)
-    dev = flame.device(device)
-    g = flame.Generator(dev).manual_seed(seed)
-    z = flame.randn(batch_size, LATENT_CHANNELS, height // 8, width // 8, generator=g, dtype=flame.float32,
-                    device=dev)
-    return z.to(dtype)
+    return noise.get_noise(batch_size, height, width, seed=seed, channels=LATENT_CHANNELS, device=device, dtype=dtype)
 
 
 def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda_graph=None, callback=None):

@@ -18,20 +18,13 @@ import flame_core as flame
 from ..checkpoint_io import write_json
 from ..text_encoders import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 from ..tokenization import CLIPTokenizer, T5Tokenizer
+from ..tokenization.tiny_corpus import TINY_CORPUS
 from ..vae import AutoencoderKL, VAEConfig, save_vae
 from .components import find_flux_files
 from .loading import save_flux
 from .model import Flux
 from .params import configs
 
-TINY_CORPUS = [
-    "a photo of a red square on a white background", "a blue circle in the middle of a green field",
-    "a yellow triangle next to a black dot", "a small orange star above a purple line",
-    "two red squares and one blue circle", "a drawing of a cat sitting on a chair",
-    "a painting of a house by a lake at sunset", "an ohwx toy on a wooden table",
-    "the quick brown fox jumps over the lazy dog", "a portrait of a woman with long hair",
-    "a close up photo of a flower, soft light", "a city street at night with neon signs",
-]
 CLIP_WIDTH = 32
 T5_WIDTH = 32
 TINY_VAE = VAEConfig(ch=8, ch_mult=(1, 2, 4, 4), num_res_blocks=1, z_channels=16, norm_num_groups=4, sample_size=64)

@@ -6,7 +6,7 @@ A plan maps each SAI key to (diffusers keys, how): "copy", "cat" (SAI's fused qk
 adaLN and the last block's pre-only context adaLN have their two halves exchanged).
 """
 # the tensor-level conversions are Flux's (combine and separate are used as sd3.keys' too)
-from ..flux.keys import combine, join_by_plan, separate, split_by_plan  # noqa: F401
+from ..checkpoint_io.plans import combine, join_by_plan, separate, split_by_plan  # noqa: F401
 from .params import sd3_params
 
 SAI_PREFIXES = ("model.diffusion_model.", "diffusion_model.")

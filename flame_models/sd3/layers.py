@@ -3,7 +3,7 @@ import flame_core as flame
 import flame_nn
 import flame_nn.functional as F
 
-from ..flux.layers import modulation_chunks, timestep_embedding
+from ..blocks.layers import modulation_chunks, timestep_embedding
 from . import ops
 
 

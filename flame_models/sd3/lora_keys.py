@@ -7,6 +7,9 @@ in MMDiT-X) or add_q_proj / add_k_proj / add_v_proj (context stream), so one FLA
 Linears, each a third of its output rows (PEFT files: `transformer.transformer_blocks.N.attn.to_q.lora_A.weight`).
 The final layer's adaLN and the last block's pre-only context adaLN are the permutations: diffusers chunks them
 (scale, shift), SAI (shift, scale).
+
+Which client reads which: ComfyUI reads both layouts; diffusers 0.42 loads nothing from the kohya layout (it has no
+conversion for `lora_unet_joint_blocks_…`), so the trainer writes PEFT files for SD3 by default (save.format).
 """
 from flame_nn.adapters.formats import NameMap
 

@@ -3,7 +3,7 @@ whose first joint blocks add an image-only attention)."""
 import flame_nn
 from flame_nn.offload import run_block
 
-from ..flux.layers import LastLayer
+from ..blocks.layers import LastLayer
 from . import ops
 from .layers import Embedder, JointBlock, PatchEmbed, timestep_features
 from .params import sd3_params

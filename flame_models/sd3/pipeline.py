@@ -21,14 +21,17 @@ import numpy as np
 import flame_core as flame
 
 from ..conditioning import prompt_rows
-from ..flux.pipeline import check_loras as _check_loras, free_model, load_for_sampling, to_pil
-from ..vae import SD3, decode_model_latents, encode_model_latents, load_family_vae
+from ..pipeline import check_loras as _check_loras, free_model, load_for_sampling, to_pil
+from ..vae import decode_model_latents, encode_model_latents, load_family_vae
+from .about import ABOUT
 from .components import SD3Files, SD3FilesError, find_sd3_files
 from .conditioning import SD3TextEncoders, encode_prompts, load_text_encoders
 from .loading import load_sd3
 from .sampling import LATENT_CHANNELS, SHIFT, SkipLayerGuidance, denoise, get_noise, get_sigmas
 
 STACKS = ("joint_blocks",)
+
+LATENT_FORMAT = ABOUT.latent_format
 
 
 # ----------------------------------------------------------------------------- the VAE
@@ -46,14 +49,14 @@ def load_vae_for_sd3(files, *, dtype=flame.bfloat16, device=None, config=None):
 def decode_latents(vae, latents):
     """Model-space latents (B, 16, H/8, W/8) -> images (B, 3, H, W) in [-1, 1] (nominally; not clamped), in the
     VAE's dtype, on its device: z = latents / 1.5305 + 0.0609, then the decoder."""
-    return decode_model_latents(vae, latents, SD3)
+    return decode_model_latents(vae, latents, LATENT_FORMAT)
 
 
 def encode_images(vae, images, generator=None):
     """Images (B, 3, H, W) in [-1, 1] -> model-space latents (B, 16, H/8, W/8) float32: (z - 0.0609) * 1.5305 of
     the posterior mean, or of a posterior sample drawn from `generator` (what SAI's reference and diffusers'
     img2img do)."""
-    return encode_model_latents(vae, images, SD3, generator)
+    return encode_model_latents(vae, images, LATENT_FORMAT, generator)
 
 
 # ----------------------------------------------------------------------------- the MMDiT

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import flame_core as flame
 from flame_nn.offload import streamer_of
 
-from ..flux.sampling import get_noise  # noqa: F401  (same latent noise: 16 channels at 1/8 resolution, seeded)
+from ..samplers.noise import get_noise  # noqa: F401  (16 channels at 1/8 resolution, seeded)
 
 SHIFT = 3.0
 NUM_TRAIN_TIMESTEPS = 1000

@@ -115,7 +115,7 @@ def load_text_encoders(files, *, dtype=flame.bfloat16, device=None, max_token_le
     """CLIP-L and CLIP-G of `files` (SDXLFiles or a path for find_sdxl_files) with their tokenizers, frozen, in
     `dtype` on `device`, as SDXLTextEncoders. loras: checked [(path, weight)] (pipeline.check_loras) whose
     text-encoder parts (kohya lora_te1_ / lora_te2_, diffusers text_encoder. / text_encoder_2.) are merged into
-    CLIP-L / CLIP-G."""
+    CLIP-L / CLIP-G; files without them (the trainer's default, UNet-only) leave the encoders as they are."""
     files = files if isinstance(files, SDXLFiles) else find_sdxl_files(files)
     l_tok, g_tok = load_tokenizers(files)
     check_vocabularies(files, l_tok, g_tok)
@@ -127,11 +127,12 @@ def load_text_encoders(files, *, dtype=flame.bfloat16, device=None, max_token_le
                        projection=True, **kw)
     if loras:
         from flame_nn.adapters.formats import IDENTITY
-        from ..flux.pipeline import apply_loras, check_lora_part
+        from ..pipeline import apply_loras, check_lora_part, loras_for
         for component, clip in (("te1", clip_l), ("te2", clip_g)):
-            for path, _ in loras:
+            mine = loras_for(loras, component)   # (a UNet-only file leaves the encoder as it is)
+            for path, _ in mine:
                 check_lora_part(path, clip, IDENTITY, component, SDXLFilesError)
-            apply_loras(clip, loras, merge=True, error=SDXLFilesError, component=component)
+            apply_loras(clip, mine, merge=True, error=SDXLFilesError, component=component)
     return SDXLTextEncoders(clip_l, clip_g, l_tok, g_tok, max_token_length=max_token_length,
                             force_zeros_for_empty_prompt=force_zeros_for_empty_prompt)
 

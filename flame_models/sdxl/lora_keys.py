@@ -3,7 +3,10 @@ that use diffusers' module names.
 
 kohya sd-scripts trains SDXL on its own SAI-named UNet (library/sdxl_original_unet.py), so its files -- and FLAME's
 kohya output -- name modules `lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q`; diffusers writes PEFT
-files `unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q.lora_A.weight`. ComfyUI reads both, and also
+files `unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q.lora_A.weight`. Which client reads which:
+ComfyUI and diffusers (load_lora_weights) both read the kohya layout, so the trainer writes it by default; diffusers
+reads the PEFT layout, but ComfyUI's key map does not read its attention keys (it maps `unet.….attn1.processor.to_q`,
+not `unet.….attn1.to_q`: those adapters are left out and the attention stays at base). ComfyUI also reads
 kohya-style keys built from diffusers names (`lora_unet_down_blocks_1_attentions_0_...`, what diffusers' own kohya
 conversion writes); `kohya_diffusers_to_sai` renames those to the first form.
 

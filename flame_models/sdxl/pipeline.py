@@ -24,14 +24,16 @@ import numpy as np
 import flame_core as flame
 
 from ..conditioning import prompt_rows
-from ..flux.pipeline import check_loras as _check_loras, free_model, load_for_sampling, to_pil
-from ..vae import SDXL, check_latents, decode_model_latents, encode_model_latents, load_family_vae
+from ..pipeline import check_loras as _check_loras, free_model, load_for_sampling, to_pil
+from ..vae import check_latents, decode_model_latents, encode_model_latents, load_family_vae
+from .about import ABOUT
 from .components import SDXLFiles, SDXLFilesError, find_sdxl_files
 from .conditioning import SDXLTextEncoders, encode_prompts, load_text_encoders
 from .embeddings import make_y
 from .loading import load_unet
 from .sampling import sample
 
+LATENT_FORMAT = ABOUT.latent_format
 STACKS = ("input_blocks", "middle_block", "output_blocks")
 LATENT_CHANNELS = 4
 SAMPLERS = ("euler", "euler_ancestral", "dpmpp_2m", "ddim")
@@ -63,13 +65,13 @@ def decode_latents(vae, latents):
     device: z = latents / 0.13025, then the decoder in the VAE's dtype (float32 for a float16 VAE: the SDXL VAE
     overflows in float16; the VAE is cast for the call and back)."""
     check_latents(vae, latents)  # before the VAE is cast
-    return _upcast_call(vae, lambda: decode_model_latents(vae, latents, SDXL))
+    return _upcast_call(vae, lambda: decode_model_latents(vae, latents, LATENT_FORMAT))
 
 
 def encode_images(vae, images, generator=None):
     """Images (B, 3, H, W) in [-1, 1] -> model-space latents (B, 4, H/8, W/8) float32: 0.13025 times the posterior
     mean, or a posterior sample drawn from `generator` (as diffusers' img2img and training scripts)."""
-    return _upcast_call(vae, lambda: encode_model_latents(vae, images, SDXL, generator))
+    return _upcast_call(vae, lambda: encode_model_latents(vae, images, LATENT_FORMAT, generator))
 
 
 def _upcast_call(vae, fn):

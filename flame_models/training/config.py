@@ -57,7 +57,8 @@ class SaveConfig:
     dtype: str = "bf16"                  # dtype of the written LoRA file (checkpoints keep float32)
     save_every: int = 250
     max_step_saves_to_keep: int = 4      # checkpoints (and their step LoRA files) kept; older ones are removed
-    format: str = "kohya"                # kohya (ComfyUI, kohya, diffusers read it) | peft (diffusers)
+    format: str = "kohya"                # kohya | peft; the default is one ComfyUI and diffusers both read: kohya
+                                         # for Flux and SDXL, peft for SD3 (docs/ARCHITECTURES.md: LoRA layouts)
 
 
 @dataclass
@@ -420,24 +421,23 @@ def config_from_dict(data, source="<dict>", check_files=True):
     return cfg
 
 
-ARCH_FLAGS = {"is_flux": "flux", "is_v3": "sd3", "is_xl": "sdxl"}
-
-
 def _resolve_family(cfg, p, errors):
     """ai-toolkit's family flags and v-prediction flag, then the family's defaults for the fields the input left
     out (family.ModelFamily.apply_defaults)."""
+    from .. import registry
     from .family import get_family
+    arch_flags = registry.toolkit_flags()  # {"is_flux": "flux", "is_v3": "sd3", "is_xl": "sdxl"}
     m, given = cfg.model, cfg.given
-    flags = {k: getattr(m, k) for k in ARCH_FLAGS if getattr(m, k) is not None}
+    flags = {k: getattr(m, k, None) for k in arch_flags if getattr(m, k, None) is not None}
     if "model.arch" not in given:
-        chosen = [ARCH_FLAGS[k] for k, v in flags.items() if v]
+        chosen = [arch_flags[k] for k, v in flags.items() if v]
         if len(chosen) > 1:
             errors.append(f"{p}model: {' and '.join(k for k, v in flags.items() if v)} are all true; one model "
                           f"family (or give model.arch)")
         elif chosen:
             m.arch = chosen[0]
     for k, v in flags.items():
-        if v != (m.arch == ARCH_FLAGS[k]):
+        if v != (m.arch == arch_flags[k]):
             errors.append(f"{p}model.{k}: {str(v).lower()} contradicts model.arch {m.arch!r}")
     if m.is_v_pred is not None:
         want = "v_prediction" if m.is_v_pred else "epsilon"

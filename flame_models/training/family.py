@@ -2,7 +2,8 @@
 
 The training loop (trainer.py), its checkpoints, exact resume, samples, logging and progress know no architecture.
 A `ModelFamily` supplies what differs between models; `get_family(cfg.model.arch)` finds it. Flux is the first
-family (families/flux.py); SD3 / SD3.5 (families/sd3.py) and SDXL (families/sdxl.py) plug in the same way.
+family (flame_models/flux/family.py); SD3 / SD3.5 (sd3/family.py) and SDXL (sdxl/family.py) plug in the same way,
+each named by flame_models/registry.py.
 
 What the loop calls, and when
 -----------------------------
@@ -56,7 +57,7 @@ Building (Trainer.setup, after the data has been checked and cached):
                                         comes with them at the linear rank; None: the model has no convolutions
     lora_name_map(model)                flame_nn.adapters NameMap: the model's Linear names <-> diffusers names
     lora_metadata(cfg, model)           safetensors metadata of the written LoRA file (architecture, base model)
-Trained text encoders (train.train_text_encoder; families/sdxl.py; text_training.py holds them for the trainer):
+Trained text encoders (train.train_text_encoder; sdxl/family.py; text_training.py holds them for the trainer):
     text_encoder_targets                the patterns of the text encoders' Linears that get adapters (kohya's
                                         CLIPAttention / CLIPMLP set); None: the family cannot train them
     trainable_text_encoders(encoders)   [(component, encoder)] of load_text_encoders' object: 'te1' / 'te2', the
@@ -95,15 +96,15 @@ and model_sizes (random-init presets).
 
 The families
 ------------
-The three below share one implementation (families/base.py: DiffusionFamily, and FlowMatchingFamily for Flux and SD3):
+The three below share one implementation (family_base.py: DiffusionFamily, and FlowMatchingFamily for Flux and SD3):
 each states what differs -- its model class and words for it, its parts and pipeline modules, its spec's
 conditioning widths, its noise schedulers and samplers -- and overrides only what its model does otherwise.
-Flux (families/flux.py): rectified flow on 2x2-packed 16-channel latents, T5 states + CLIP-L pooled, a guidance
+Flux (flux/family.py): rectified flow on 2x2-packed 16-channel latents, T5 states + CLIP-L pooled, a guidance
     embedding for flux-dev.
-SD3 / SD3.5 (families/sd3.py): the same FlowMatching objective (logit_normal timesteps by default, SD3's loss
+SD3 / SD3.5 (sd3/family.py): the same FlowMatching objective (logit_normal timesteps by default, SD3's loss
     weightings), 16 unpacked latent channels, latent_scale 1.5305 / shift 0.0609; cond = context (CLIP-L + CLIP-G
     penultimate states ++ T5) and y (pooled, 2048); forward passes timestep = 1000·σ; previews with CFG.
-SDXL (families/sdxl.py): the DDPM objective (ε or v, zero-terminal SNR, min-SNR-γ, a timestep range), 4 latent
+SDXL (sdxl/family.py): the DDPM objective (ε or v, zero-terminal SNR, min-SNR-γ, a timestep range), 4 latent
     channels, latent_scale 0.13025; cond = context (77 × 2048) and y (CLIP-G pooled ‖ the size embeddings of the
     batch's original_size, crop_coords, target_size); previews with its samplers and CFG.
 A family without a VAE or text encoders leaves those methods out and trains from precomputed samples only
@@ -217,29 +218,32 @@ class ModelFamily:
         return f"<{type(self).__name__} {self.name!r}>"
 
 
-# arch -> "module:Class", imported when first asked for: the registry itself imports no model code
-_REGISTRY = {"flux": "flame_models.training.families.flux:FluxFamily",
-             "sd3": "flame_models.training.families.sd3:SD3Family",
-             "sdxl": "flame_models.training.families.sdxl:SDXLFamily"}
+# families registered here (register_family: a toy model in a test, a family outside flame_models), over the
+# registry's (flame_models/registry.py); each imported when first asked for
+_REGISTERED = {}
 _LOADED = {}
 
 
 def register_family(arch, family):
     """Make `family` (a ModelFamily instance, or "module:Class") the one `get_family(arch)` returns."""
-    _REGISTRY[arch] = family
+    _REGISTERED[arch] = family
     _LOADED.pop(arch, None)
 
 
 def available_families():
-    return sorted(_REGISTRY)
+    from .. import registry
+    return sorted({*registry.names(), *_REGISTERED})
 
 
 def get_family(arch):
-    """The ModelFamily for a `model.arch` value ('flux', 'sd3', 'sdxl'); a ValueError naming the known ones
-    otherwise."""
+    """The ModelFamily for a `model.arch` value ('flux', 'sd3', 'sdxl', or one registered here); a ValueError
+    naming the known ones otherwise."""
+    from .. import registry
     if arch in _LOADED:
         return _LOADED[arch]
-    entry = _REGISTRY.get(arch)
+    entry = _REGISTERED.get(arch)
+    if entry is None and arch in registry.names():
+        entry = registry.trainer_class(arch)()
     if entry is None:
         raise ValueError(f"unknown model arch {arch!r}; available: {', '.join(available_families())}")
     if isinstance(entry, str):

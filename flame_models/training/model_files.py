@@ -7,15 +7,13 @@ from flame_core import io
 
 from .family import ModelFileError
 
-# (kind, words, key suffixes or fragments that identify it); the first match wins, so adapters come before models
-_KINDS = (
+# (kind, words, key suffixes or fragments that identify it); the first match wins, so adapters come before models,
+# and the families' denoisers (registry.key_kinds) before the parts they share
+_ADAPTERS = (
     ("lora", "a LoRA / adapter file", (".lora_down.weight", ".lora_up.weight", ".lora_A.weight", ".lora_B.weight",
                                         ".lora_magnitude_vector", ".hada_w1_a", ".lokr_w1", ".lokr_w2")),
-    ("flux", "a Flux transformer", ("double_blocks.0.img_attn.qkv.weight",
-                                    "single_transformer_blocks.0.attn.to_q.weight")),
-    ("sd3", "an SD3 (MMDiT) transformer", ("joint_blocks.0.x_block.attn.qkv.weight", "pos_embed.proj.weight")),
-    # (diffusers' VAE has down_blocks.0.resnets too: the time embedding tells a UNet)
-    ("unet", "a Stable Diffusion / SDXL UNet", ("input_blocks.0.0.weight", "time_embedding.linear_1.weight")),
+)
+_PARTS = (
     ("vae", "a VAE (autoencoder)", ("decoder.conv_in.weight", "encoder.conv_in.weight")),
     # (transformers 5 saves CLIPTextModel without the text_model. prefix)
     ("clip", "a CLIP text encoder", ("encoder.layers.0.self_attn.q_proj.weight", "embeddings.token_embedding.weight")),
@@ -24,10 +22,11 @@ _KINDS = (
 
 
 def describe_keys(keys):
-    """(kind, words, an example key) for a file's tensor names; kind is one of lora, flux, sd3, unet, vae, clip,
-    t5, unknown."""
+    """(kind, words, an example key) for a file's tensor names; kind is one of lora, a family's header_kind (flux,
+    sd3, unet), vae, clip, t5, unknown."""
+    from .. import registry
     keys = list(keys)
-    for kind, words, marks in _KINDS:
+    for kind, words, marks in (*_ADAPTERS, *registry.key_kinds(), *_PARTS):
         for k in keys:
             if k.endswith(marks):
                 return kind, words, k

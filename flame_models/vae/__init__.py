@@ -3,11 +3,11 @@
     vae = load_vae("ae.safetensors", dtype=flame.bfloat16, device="cuda")
     z = vae.encode(images)              # (B, 16, H/8, W/8) unscaled posterior mean; images in [-1, 1]
     x = vae.decode(z)                   # (B, 3, H, W), nominally [-1, 1]
-    z_model = FLUX.to_model(z)          # what the transformer sees
+    z_model = registry.latent_format("flux").to_model(z)   # what the transformer sees (flame_models.registry)
 """
 from .config import VAEConfig, AutoencoderKLConfig, VAEConfigError, configs, vae_config
 from .distribution import DiagonalGaussianDistribution
-from .latent_format import LatentFormat, FLUX, SD3, SDXL, latent_formats
+from .latent_format import LatentFormat
 from .layers import AttnBlock, Downsample, MidBlock, ResnetBlock, Upsample
 from .model import AutoencoderKL, Decoder, Encoder
 from .loading import VAECheckpointError, VAECheckpoint, infer_config, load_vae, load_vae_state_
@@ -16,7 +16,7 @@ from .family import check_latents, decode_model_latents, encode_model_latents, l
 from .tiling import blend_h, blend_v, tiled_decode, tiled_encode
 
 __all__ = ["VAEConfig", "AutoencoderKLConfig", "VAEConfigError", "configs", "vae_config",
-           "DiagonalGaussianDistribution", "LatentFormat", "FLUX", "SD3", "SDXL", "latent_formats", "AttnBlock",
+           "DiagonalGaussianDistribution", "LatentFormat", "AttnBlock",
            "Downsample", "MidBlock", "ResnetBlock", "Upsample", "AutoencoderKL", "Decoder", "Encoder",
            "VAECheckpointError", "VAECheckpoint", "infer_config", "load_vae", "load_vae_state_", "save_vae",
            "load_family_vae", "check_latents", "decode_model_latents", "encode_model_latents", "blend_h", "blend_v",

@@ -1,4 +1,5 @@
-"""LatentFormat: how a model family scales the VAE's latents (the VAE itself works on unscaled latents).
+"""LatentFormat: how a model family scales the VAE's latents (the VAE itself works on unscaled latents). Each family
+states its own (its about.py; flame_models.registry.latent_format(name)).
 
     to_model(z)   = (z - shift_factor) * scaling_factor      what the diffusion model sees
     from_model(z) = z / scaling_factor + shift_factor        what the VAE decodes
@@ -37,9 +38,3 @@ class LatentFormat:
             raise KeyError("LatentFormat.from_diffusers_config: the config has no 'scaling_factor'")
         return cls(float(config["scaling_factor"]), float(config.get("shift_factor") or 0.0))
 
-
-FLUX = LatentFormat(scaling_factor=0.3611, shift_factor=0.1159)
-SD3 = LatentFormat(scaling_factor=1.5305, shift_factor=0.0609)
-SDXL = LatentFormat(scaling_factor=0.13025, shift_factor=0.0)
-
-latent_formats = {"flux": FLUX, "sd3": SD3, "sdxl": SDXL}

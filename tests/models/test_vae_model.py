@@ -5,8 +5,8 @@ import pytest
 
 import flame_core as flame
 import flame_nn
-from flame_models.vae import (FLUX, SD3, SDXL, AutoencoderKL, LatentFormat, VAEConfig, VAEConfigError, blend_h,
-                              blend_v, latent_formats, load_vae)
+from flame_models import registry
+from flame_models.vae import AutoencoderKL, LatentFormat, VAEConfig, VAEConfigError, blend_h, blend_v, load_vae
 
 from flame_models.vae.attention import single_head_attention
 
@@ -230,10 +230,11 @@ def test_bad_inputs_are_named():
 
 # ----------------------------------------------------------------------------- latent formats
 def test_latent_formats():
+    FLUX, SD3, SDXL = (registry.latent_format(name) for name in ("flux", "sd3", "sdxl"))
     assert (FLUX.scaling_factor, FLUX.shift_factor) == (0.3611, 0.1159)
     assert (SD3.scaling_factor, SD3.shift_factor) == (1.5305, 0.0609)
     assert (SDXL.scaling_factor, SDXL.shift_factor) == (0.13025, 0.0)
-    assert latent_formats["flux"] is FLUX
+    assert registry.about("flux").latent_format is FLUX
     z = flame.tensor([[-1.0, 0.5, 2.0]])
     np.testing.assert_allclose(FLUX.to_model(z).numpy(), (np.array([[-1.0, 0.5, 2.0]]) - 0.1159) * 0.3611,
                                rtol=1e-6)

@@ -53,7 +53,7 @@ def tiny_config(tmp_path, name, steps=6, train=None, **top):
 def tiny_model(tmp_path_factory):
     """A tiny Flux model folder (diffusers layout): random transformer, CLIP and T5, learned tokenizers, and the
     analytic pooling VAE (no pretraining: the tests need the stages, not pictures)."""
-    from flame_models.training.demo import tiny_model_folder
+    from flame_models.flux.demo import tiny_model_folder
     folder = tmp_path_factory.mktemp("tiny_model") / "model"
     tiny_model_folder(str(folder), base_steps=0)
     return str(folder)
@@ -62,7 +62,7 @@ def tiny_model(tmp_path_factory):
 def draw_images(folder, n_concept=3, n_other=3, size=64, wide=0):
     """The demo's drawings at `size` px, plus `wide` 3:1 images (192x64, captioned) for a second bucket."""
     from PIL import Image
-    from flame_models.training.demo import draw_dataset
+    from flame_models.flux.demo import draw_dataset
     draw_dataset(str(folder), n_concept=n_concept, n_other=n_other, size=size)
     for i in range(wide):
         Image.new("RGB", (3 * size, size), (30 + 40 * i, 90, 200)).save(str(folder / f"wide_{i}.png"))

@@ -162,6 +162,20 @@ def test_image_and_text_settings_on_a_run_without_them_are_errors(files, change,
     assert cfg.datasets[0].folder_path == data
 
 
+def test_the_lora_layout_defaults_to_one_comfyui_and_diffusers_both_read(files):
+    # SD3: PEFT (diffusers 0.42 loads nothing from SD3 kohya files); Flux and SDXL: kohya (ComfyUI maps no SDXL PEFT
+    # attention key); LoKr / LoHa: kohya, the one layout that holds them; a given format is kept
+    tmp, data, model = files
+
+    def fmt(arch, network=None, save=None):
+        d = {"datasets": [{"folder_path": data}], "model": {"arch": arch}, "network": network or {},
+             "save": save or {}}
+        return config_from_dict(d, check_files=False).save.format
+    assert (fmt("flux"), fmt("sd3"), fmt("sdxl")) == ("kohya", "peft", "kohya")
+    assert fmt("sd3", network={"type": "lokr"}) == "kohya"
+    assert fmt("sd3", save={"format": "kohya"}) == "kohya" and fmt("sdxl", save={"format": "peft"}) == "peft"
+
+
 def test_ai_toolkit_keys_that_mean_something_are_checked(files):
     tmp, data, model = files
     base = {"datasets": [{"folder_path": data}]}

@@ -400,7 +400,7 @@ def test_random_t5_with_quantize_te_holds_its_block_linears_in_fp8(stream):
     # the random-weights T5 (model.size without files) quantises each block as drawn: with the blocks still
     # trainable the fp8 conversion would skip them and a real-size T5 would sit in bfloat16
     from flame_models.text_encoders import T5Config
-    from flame_models.training.families import sd_parts as S
+    from flame_models.training import family_parts as S
     from flame_nn.offload import is_fp8_linear
     cfg = T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4)
     t5 = S.random_t5(cfg, "cpu", flame.Generator(flame.device("cpu")).manual_seed(0), True, stream)

@@ -21,11 +21,11 @@ import functools
 import flame_core as flame
 import flame_nn
 
-from ...sd3.components import SUBFOLDERS, T5_MAX_LENGTH, find_sd3_files
-from ...sd3.conditioning import SD3TextEncoders, check_vocabularies, load_text_encoders, load_tokenizers
-from ...sd3.params import sd3_params
-from ...sd3.pipeline import load_vae_for_sd3
-from . import sd_parts as S
+from .components import SUBFOLDERS, T5_MAX_LENGTH, find_sd3_files
+from .conditioning import SD3TextEncoders, check_vocabularies, load_text_encoders, load_tokenizers
+from .params import sd3_params
+from .pipeline import load_vae_for_sd3
+from ..training import family_parts as S
 
 PATH_FIELDS = ("vae_path", "clip_l_path", "clip_g_path", "t5_path", "tokenizer_path")
 WHAT = "SD3 model"
@@ -76,7 +76,7 @@ def load_vae(model_cfg, device):
 # ----------------------------------------------------------------------------- the text encoders
 def _t5_params(model_cfg):
     if model_cfg.name_or_path is None:
-        from ...text_encoders import T5_PRESETS
+        from ..text_encoders import T5_PRESETS
         return 0 if _size(model_cfg) == TINY else S.t5_params_count(T5_PRESETS["t5-xxl"])
     f = sd3_files(model_cfg)
     if f.t5 is None or not model_cfg.use_t5:
@@ -86,7 +86,7 @@ def _t5_params(model_cfg):
 
 @functools.lru_cache(maxsize=None)
 def _released_clip_params():
-    from ...text_encoders import CLIPTextModelWithProjection
+    from ..text_encoders import CLIPTextModelWithProjection
     n = 0
     for kind in ("clip_l", "clip_g"):
         with flame_nn.empty_init(device="cpu"):   # shapes only

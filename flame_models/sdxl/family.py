@@ -18,20 +18,20 @@ import flame_core as flame
 import flame_nn
 from flame_nn.offload import streamer_of
 
-from ...samplers import SAMPLERS
-from ...sdxl import SDXLUNet, load_unet, make_y, size_embeddings, unet_config
-from ...sdxl import pipeline as sdxl_pipeline
-from ...sdxl.config import UNetConfigError
-from ...sdxl.loading import UNetCheckpoint, UNetCheckpointError, infer_config
-from ...sdxl.lora_keys import (CONV_TARGETS, KOHYA_METADATA, RESNET_LINEAR_TARGETS, TARGET_PRESETS,
+from ..samplers import SAMPLERS
+from .about import ABOUT
+from . import SDXLUNet, load_unet, make_y, size_embeddings, unet_config
+from . import pipeline as sdxl_pipeline
+from .config import UNetConfigError
+from .loading import UNetCheckpoint, UNetCheckpointError, infer_config
+from .lora_keys import (CONV_TARGETS, KOHYA_METADATA, RESNET_LINEAR_TARGETS, TARGET_PRESETS,
                                 TEXT_ENCODER_TARGETS, unet_name_map)
-from ...sdxl.sampling import sample as sdxl_sample
-from ...vae.latent_format import SDXL
-from ..ddpm_objective import DDPM
-from ..family import DDPM_FIELDS, FLOW_FIELDS
-from ..validation import choice
-from . import sdxl_parts
-from .base import DiffusionFamily
+from .sampling import sample as sdxl_sample
+from ..training.ddpm_objective import DDPM
+from ..training.family import DDPM_FIELDS, FLOW_FIELDS
+from ..training.validation import choice
+from . import family_parts as sdxl_parts
+from ..training.family_base import DiffusionFamily
 
 SAMPLER_ALIASES = {"euler_a": "euler_ancestral"}  # ai-toolkit's name
 _FLOW_NOTE = "SDXL trains with the DDPM objective (train.prediction_type, min_snr_gamma, min/max_timestep)"
@@ -48,7 +48,7 @@ class SDXLFamily(DiffusionFamily):
     parts, pipeline = sdxl_parts, sdxl_pipeline
     latent_channels = 4
     pixel_multiple = 32                  # 8 px per latent; the UNet halves the latents twice
-    latent_scale, latent_shift = SDXL.scaling_factor, SDXL.shift_factor
+    latent_scale, latent_shift = ABOUT.latent_format.scaling_factor, ABOUT.latent_format.shift_factor
     noise_schedulers = ("ddpm",)
     scheduler_words = "'ddpm' (epsilon or v-prediction)"
     samplers = tuple(SAMPLERS) + tuple(SAMPLER_ALIASES)

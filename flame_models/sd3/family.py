@@ -12,16 +12,16 @@ import numpy as np
 import flame_core as flame
 import flame_nn
 
-from ...sd3 import MMDiT, load_sd3, sd3_params
-from ...sd3 import ops as sd3_ops
-from ...sd3 import pipeline as sd3_pipeline
-from ...sd3 import sampling as sd3_sampling
-from ...sd3.components import read_sd3_params
-from ...sd3.loading import SD3CheckpointError
-from ...sd3.lora_keys import TARGET_PRESETS, name_map_for
-from ..family import DDPM_FIELDS, FLOW_FIELDS
-from . import sd3_parts
-from .base import FlowMatchingFamily
+from . import MMDiT, load_sd3, sd3_params
+from . import ops as sd3_ops
+from . import pipeline as sd3_pipeline
+from . import sampling as sd3_sampling
+from .components import read_sd3_params
+from .loading import SD3CheckpointError
+from .lora_keys import TARGET_PRESETS, name_map_for
+from ..training.family import DDPM_FIELDS, FLOW_FIELDS
+from . import family_parts as sd3_parts
+from ..training.family_base import FlowMatchingFamily
 
 _DDPM_NOTE = "SD3 trains with flow matching (train.timestep_type, train.weighting_scheme); this is for sdxl's DDPM"
 
@@ -45,6 +45,14 @@ class SD3Family(FlowMatchingFamily):
     spec_errors = (SD3CheckpointError, KeyError, ValueError, OSError)
 
     # ------------------------------------------------------------------ before anything is loaded
+    def apply_defaults(self, cfg):
+        """The family's defaults, and the LoRA file's layout: PEFT unless save.format is given (diffusers 0.42 loads
+        nothing from SD3 kohya files, lora_unet_joint_blocks_...; ComfyUI reads both), kohya for LoKr / LoHa, which
+        PEFT files cannot hold."""
+        super().apply_defaults(cfg)
+        if "save.format" not in cfg.given and cfg.network.type not in ("lokr", "loha"):
+            cfg.save.format = "peft"
+
     def preset(self, size):
         return sd3_params(size)
 

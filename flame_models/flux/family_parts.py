@@ -9,17 +9,17 @@ else the folder's, else the vocabularies packaged with FLAME). Only headers are 
 Random parts (model.size, no name_or_path): flux-dev / flux-schnell: the Flux VAE, CLIP-L and T5-XXL at their
 released sizes with random weights drawn on the device (random_init), the packaged tokenizers; flux-tiny: the
 analytic pooling VAE (analytic_vae.py: its decoded previews mean something), a 2-layer CLIP and T5 as wide as the
-preset's vec_in_dim / context_in_dim, tokenizers learned from flame_models.flux.tiny.TINY_CORPUS.
+preset's vec_in_dim / context_in_dim, tokenizers learned from tokenization.tiny_corpus.TINY_CORPUS.
 
 Memory: T5 is stored in fp8 when model.quantize_te asks, or when max_gpu_memory cannot hold it in bfloat16 beside
 CLIP with a margin; its blocks are streamed from host memory when even fp8 does not fit.
 """
 import flame_core as flame
 
-from ...flux.components import SUBFOLDERS, FluxFilesError, find_flux_files, part_files, read_headers
-from ...flux.conditioning import FluxTextEncoders, check_vocabularies, load_tokenizers
-from ...flux.pipeline import load_text_encoders, load_vae_for_flux
-from . import sd_parts as S
+from .components import SUBFOLDERS, FluxFilesError, find_flux_files, part_files, read_headers
+from .conditioning import FluxTextEncoders, check_vocabularies, load_tokenizers
+from .pipeline import load_text_encoders, load_vae_for_flux
+from ..training import family_parts as S
 
 _PARTS = {"vae": ("vae",), "text": ("clip_l", "t5", "clip_tokenizer", "t5_tokenizer")}
 PATH_FIELDS = ("vae_path", "clip_l_path", "t5_path", "tokenizer_path")
@@ -54,7 +54,7 @@ def problems(cfg, *, vae, text, prefix=""):
                 return [f"{p}model: {S.fields_text(str(e).splitlines()[0])}"]
         return []
     try:  # precomputed samples decoded with model.vae_path: only the VAE matters
-        from ..model_files import describe_keys
+        from ..training.model_files import describe_keys
         kind, words, key = describe_keys(read_headers(part_files(m.vae_path, "vae")))
     except FluxFilesError as e:
         return [f"{p}model.vae_path: {e}"]
@@ -86,7 +86,7 @@ def load_vae(model_cfg, device):
 
 # ----------------------------------------------------------------------------- the text encoders
 def text_id(model_cfg, device, budget):
-    from ...flux.params import flux_params
+    from .params import flux_params
     m = model_cfg
 
     def files_key():
@@ -100,7 +100,7 @@ def text_id(model_cfg, device, budget):
 
 def _t5_params(model_cfg):
     if model_cfg.name_or_path is None:
-        from ...text_encoders import T5_PRESETS
+        from ..text_encoders import T5_PRESETS
         return 0 if _size(model_cfg) == TINY else S.t5_params_count(T5_PRESETS["t5-xxl"])
     return S.parameter_count(flux_files(model_cfg).t5, "t5", subfolders=SUBFOLDERS, error=FluxFilesError)
 
@@ -131,7 +131,7 @@ def t5_max_length(model_cfg, is_dev):
 
 
 def _random_text_encoders(model_cfg, device, fp8, stream):
-    from ...flux.params import flux_params
+    from .params import flux_params
     size = _size(model_cfg)
     spec = flux_params(size)
     max_length = t5_max_length(model_cfg, spec.guidance_embed)

@@ -1,7 +1,7 @@
-"""What the built-in families (flux.py, sd3.py, sdxl.py) share, written once: each family states what differs in
-class attributes (the model's class and words for it, its parts and pipeline modules, the spec's conditioning widths,
-the accepted noise schedulers and samplers) and a few small methods (the size preset, reading a file's spec, loading
-the model), and overrides a member only where its model really works otherwise.
+"""What the built-in families (flux/family.py, sd3/family.py, sdxl/family.py) share, written once: each family
+states what differs in class attributes (the model's class and words for it, its parts and pipeline modules, the
+spec's conditioning widths, the accepted noise schedulers and samplers) and a few small methods (the size preset,
+reading a file's spec, loading the model), and overrides a member only where its model really works otherwise.
 
 DiffusionFamily: the config's noise scheduler and size preset, the model file's kind and spec, sample shapes, the
 frozen model (loaded, or random: drawn on the GPU, its streamed blocks left empty for block_initializer), spec_of,
@@ -17,13 +17,14 @@ import numpy as np
 import flame_core as flame
 import flame_nn
 
-from ...conditioning.files import FAMILIES, ModelFilesError, detect_family
-from ..family import ModelFamily, ModelFileError
-from ..objective import FlowMatching
-from ..random_init import init_random_
-from ..timesteps import TIMESTEP_TYPES
-from ..validation import choice
-from .sd_parts import RANDOM_SEED
+from .. import registry
+from ..conditioning.files import ModelFilesError
+from .family import ModelFamily, ModelFileError
+from .objective import FlowMatching
+from .random_init import init_random_
+from .timesteps import TIMESTEP_TYPES
+from .validation import choice
+from .family_parts import RANDOM_SEED
 
 
 class DiffusionFamily(ModelFamily):
@@ -35,7 +36,7 @@ class DiffusionFamily(ModelFamily):
     model_noun = "model"           # check_sample's "for this <noun>"
     cond_dims = ("context_in_dim", "pooled_in_dim")  # the spec's widths of prompt_embeds and pooled_prompt_embeds
     scheduler_words = None         # config_problems' "<label> trains with <scheduler_words>"
-    parts = None                   # the module of the VAE and text encoders (sd3_parts.py)
+    parts = None                   # the module of the VAE and text encoders (sd3/family_parts.py)
     pipeline = None                # the module with encode_images / decode_latents (flame_models.sd3.pipeline)
     vae_scale_factor = 8
     sample_keys = ("latents", "prompt_embeds", "pooled_prompt_embeds")
@@ -87,12 +88,12 @@ class DiffusionFamily(ModelFamily):
         """ModelFileError with one line when `path` is not this family's model (what its files look like, and the
         model.arch that trains them)."""
         try:
-            family, words = detect_family(path, error=ModelFileError, default="other")
+            family, words = registry.detect_family(path, error=ModelFileError, default="other")
         except ModelFilesError as e:
             raise ModelFileError(first_line(e)) from None
         if family != self.name:
             raise ModelFileError(f"{path} is not {self.model_words}: it looks like {words}"
-                                 + (f" (model.arch: {family} trains it)" if family in FAMILIES else ""))
+                                 + (f" (model.arch: {family} trains it)" if family in registry.names() else ""))
 
     def latent_multiple(self, spec):
         """What the latents' sides must be multiples of (2: 2x2 patches or packing)."""

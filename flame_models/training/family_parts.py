@@ -1,8 +1,8 @@
-"""What the families' parts share (flux_parts.py, sd3_parts.py, sdxl_parts.py): the config's fields in place of the
+"""What the families' parts share (flux/family_parts.py, sd3/..., sdxl/...): the config's fields in place of the
 generator's options in the find_*_files messages, the problems of SD3's and SDXL's files, cache identities of files,
 the dtypes the stages run in, how T5 is held, and random parts -- VAEs, CLIP towers, T5 and tokenizers -- at the
 released sizes (benchmarks without files) or tiny (the `-tiny` presets: the analytic pooling VAE, so decoded previews
-mean something, and tokenizers learned from flame_models.flux.tiny.TINY_CORPUS).
+mean something, and tokenizers learned from tokenization.tiny_corpus.TINY_CORPUS).
 """
 import gc
 import os
@@ -10,8 +10,8 @@ import os
 import flame_core as flame
 import flame_nn
 
-from ...conditioning import files as F
-from ..random_init import init_random_
+from ..conditioning import files as F
+from .random_init import init_random_
 
 RANDOM_SEED = 0             # random parts are the same in every run (their cache entries stay valid)
 ENCODER_MARGIN = 2 << 30    # a CLIP-L, a batch of captions' activations and the CUDA context, beside T5
@@ -167,9 +167,9 @@ def load_vae(kind, model_cfg, tiny, z_channels, device, load, where):
 def random_vae(kind, tiny, z_channels, device):
     """The analytic pooling VAE with `z_channels` (tiny), else an AutoencoderKL(kind) ('sd3', 'sdxl') with random
     weights drawn on `device`."""
-    from ...vae import AutoencoderKL
+    from ..vae import AutoencoderKL
     if tiny:
-        from ..analytic_vae import analytic_vae
+        from .analytic_vae import analytic_vae
         return analytic_vae(device=device, z_channels=z_channels)
     dt = flame.bfloat16 if flame.device(device).type == "cuda" else flame.float32
     with flame_nn.empty_init(device=device, dtype=dt):
@@ -183,9 +183,9 @@ def random_vae(kind, tiny, z_channels, device):
 def tiny_clip(kind, hidden, projection_dim):
     """(CLIPTextConfig, tokenizer) of a 2-layer CLIP `hidden` wide with a tokenizer learned from the tiny corpus
     (kind 'clip_l' pads with EOS, 'clip_g' with '!', as the released tokenizers)."""
-    from ...flux.tiny import TINY_CORPUS
-    from ...text_encoders import CLIPTextConfig
-    from ...tokenization import CLIPTokenizer
+    from ..tokenization.tiny_corpus import TINY_CORPUS
+    from ..text_encoders import CLIPTextConfig
+    from ..tokenization import CLIPTokenizer
     tok = CLIPTokenizer.train_tiny(TINY_CORPUS, vocab_size=600, kind=kind)
     cfg = CLIPTextConfig(vocab_size=tok.vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
                          projection_dim=projection_dim, num_hidden_layers=2, num_attention_heads=2,
@@ -196,8 +196,8 @@ def tiny_clip(kind, hidden, projection_dim):
 
 def released_clip(kind):
     """(CLIPTextConfig, packaged tokenizer) of the released CLIP-L / CLIP-G text towers."""
-    from ...text_encoders import CLIP_PRESETS, CLIPTextConfig
-    from ...tokenization import load_tokenizer
+    from ..text_encoders import CLIP_PRESETS, CLIPTextConfig
+    from ..tokenization import load_tokenizer
     tok = load_tokenizer(kind)
     c = CLIP_PRESETS["clip-l" if kind == "clip_l" else "clip-g"]
     return CLIPTextConfig(**{**c.to_dict(), "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
@@ -206,7 +206,7 @@ def released_clip(kind):
 
 def random_clip(config, projection, device, generator):
     """A frozen CLIPTextModel[WithProjection] of `config` with random weights drawn on `device`."""
-    from ...text_encoders import CLIPTextModel, CLIPTextModelWithProjection
+    from ..text_encoders import CLIPTextModel, CLIPTextModelWithProjection
     cls = CLIPTextModelWithProjection if projection else CLIPTextModel
     with flame_nn.empty_init(device=flame.device(device), dtype=te_dtype(device)):
         model = cls(config)
@@ -218,9 +218,9 @@ def random_clip(config, projection, device, generator):
 
 def tiny_t5(d_model):
     """(T5Config, tokenizer) of a 2-layer T5 `d_model` wide with a tokenizer learned from the tiny corpus."""
-    from ...flux.tiny import TINY_CORPUS
-    from ...text_encoders import T5Config
-    from ...tokenization import T5Tokenizer
+    from ..tokenization.tiny_corpus import TINY_CORPUS
+    from ..text_encoders import T5Config
+    from ..tokenization import T5Tokenizer
     tok = T5Tokenizer.train_tiny(TINY_CORPUS, vocab_size=120, model_max_length=512)
     return T5Config(vocab_size=tok.vocab_size, d_model=d_model, d_kv=8, d_ff=48, num_layers=2, num_heads=4,
                     relative_attention_num_buckets=8, relative_attention_max_distance=16), tok
@@ -228,15 +228,15 @@ def tiny_t5(d_model):
 
 def released_t5(max_length):
     """(T5Config, packaged tokenizer) of the released T5-XXL encoder."""
-    from ...text_encoders import T5_PRESETS
-    from ...tokenization import load_tokenizer
+    from ..text_encoders import T5_PRESETS
+    from ..tokenization import load_tokenizer
     return T5_PRESETS["t5-xxl"], load_tokenizer("t5", max_length=max_length)
 
 
 def random_t5(config, device, generator, fp8, stream):
     """A frozen T5EncoderModel of `config` with random weights drawn on `device` (its Linear weights stored in fp8
     with `fp8`); with `stream`, its blocks stay empty and a BlockStreamer fills each as it packs it."""
-    from ...text_encoders import T5EncoderModel
+    from ..text_encoders import T5EncoderModel
     dev = flame.device(device)
     with flame_nn.empty_init(device=dev, dtype=te_dtype(dev)):
         t5 = T5EncoderModel(config)

@@ -75,7 +75,7 @@ def draw_dataset(folder, n_concept=12, n_other=12, size=128, seed=0):
 
 def corpus():
     """Text for the tiny tokenizers: flux.tiny's corpus plus every word the demo's captions and prompts use."""
-    from ..flux.tiny import TINY_CORPUS
+    from .tiny import TINY_CORPUS
     words = [f"{TRIGGER} on a {bg} background" for bg in BACKGROUNDS]
     words += [f"a {c} {s} on a {bg} background" for c in SHAPE_COLOURS for s in SHAPES for bg in BACKGROUNDS]
     return list(TINY_CORPUS) + words
@@ -85,8 +85,8 @@ def tiny_model_folder(folder, images=None, *, base_steps=300, device="cpu", seed
     """A tiny Flux model folder (diffusers layout): random CLIP / T5, tokenizers learned from corpus(), the analytic
     pooling VAE, and the transformer pretrained for `base_steps` on the shape images of `images` (the images'
     folder; None or 0 steps: random). Returns its FluxFiles."""
-    from ..flux.tiny import save_flux_folder, tiny_flux_parts
-    from .analytic_vae import analytic_vae
+    from .tiny import save_flux_folder, tiny_flux_parts
+    from ..training.analytic_vae import analytic_vae
     parts = tiny_flux_parts(seed, corpus=corpus())
     parts["vae"] = analytic_vae()
     if images is not None and base_steps:
@@ -104,11 +104,11 @@ def pretrain_base(parts, images, *, steps=300, batch_size=8, lr=2e-3, device="cp
     import flame_nn
     from tqdm import tqdm
 
-    from ..flux import pack
-    from ..flux.conditioning import FluxTextEncoders
-    from ..flux.pipeline import encode_images
-    from ..flux.sampling import image_ids, text_ids
-    from .objective import FlowMatching
+    from . import pack
+    from .conditioning import FluxTextEncoders
+    from .pipeline import encode_images
+    from .sampling import image_ids, text_ids
+    from ..training.objective import FlowMatching
     names = sorted(f for f in os.listdir(images) if f.startswith("shape_") and f.endswith(".png"))
     pixels, captions = [], []
     from ..data import image_array, load_image

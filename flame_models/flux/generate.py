@@ -1,0 +1,81 @@
+"""Flux's part of `python -m flame_models.generate` (flame_models/generate.py runs it for Flux files): the rectified
+flow Euler sampler with the embedded guidance of flux-dev (default 28 steps, guidance 3.5; schnell: 4 steps, no
+guidance), T5's max_length (dev 512, schnell 256), the LoRAs on the transformer."""
+import json
+import math
+import random
+
+from .. import generate as G
+from . import pipeline as P
+from .components import FluxFiles, find_flux_files
+
+FILES = FluxFiles
+OPTIONS = {"guidance": "Flux's embedded guidance", "max_length": None}
+NOTES = {"cfg": "its guidance is embedded (--guidance)"}
+DEV_DEFAULTS = {"steps": 28, "guidance": 3.5}   # diffusers' FluxPipeline defaults for flux-dev
+SCHNELL_STEPS = 4
+
+
+def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, loras=(), width=1024, height=1024,
+             steps=None, guidance=None, seed=None, num_images=1, batch_size=1, output=None, device=None, dtype=None,
+             fp8=False, max_gpu_memory=None, max_length=None, progress=True, stats=None, log=print):
+    """Flux text-to-image (flame_models.generate.generate says what the arguments mean). model: a diffusers Flux
+    folder, a transformer file (with vae=, clip_l=, t5=) or FluxFiles."""
+    stats = {} if stats is None else stats
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    G._check_args(prompts, width, height, steps, num_images, batch_size, seed)
+    dev = G._device(device)
+    dtype = G._dtype(dtype, dev)
+    budget = G._budget(max_gpu_memory)
+    files = model if isinstance(model, FluxFiles) else find_flux_files(model, vae=vae, clip_l=clip_l, t5=t5,
+                                                                         tokenizer=tokenizer)
+    is_dev = files.is_dev
+    if not is_dev and guidance is not None:
+        raise G.GenerateError(f"--guidance: {files.transformer} is schnell-like (no guidance embedding); leave it out")
+    steps = steps if steps is not None else (DEV_DEFAULTS["steps"] if is_dev else SCHNELL_STEPS)
+    guidance = (float(guidance) if guidance is not None else DEV_DEFAULTS["guidance"]) if is_dev else None
+    if guidance is not None and not math.isfinite(guidance):
+        raise G.GenerateError(f"--guidance {guidance}: not a finite number")
+    loras = P.check_loras(loras, files.params)
+    output = G._check_output(output)
+    clip_tok, t5_tok = P.load_tokenizers(files, max_length=max_length)
+    P.check_vocabularies(files, clip_tok, t5_tok)
+    seed = random.randrange(2 ** 32) if seed is None else seed
+    jobs = [(i, seed + j) for i in range(len(prompts)) for j in range(num_images)]     # (prompt row, seed)
+
+    def encode(unique):
+        with P.load_text_encoders(files, dtype=dtype, device=dev, t5_quantize="fp8" if fp8 else "auto",
+                                  t5_stream=budget is not None, max_length=max_length) as enc:
+            if budget is not None:
+                log("T5 " + str(enc.t5.streamer.auto_fit(budget, lambda: enc.encode(unique[:1]))))
+            out = enc.encode(unique)
+            return {k: v.float().cpu().numpy() for k, v in out.items()}
+
+    stages = G.Stages(
+        encode=encode, denoiser="transformer",
+        load=lambda: P.load_transformer(files, dtype=dtype, device=dev, loras=loras, fp8=fp8,
+                                        stream=budget is not None),
+        fit=lambda net, cond, n: P.fit_transformer(net, cond, budget, height=height, width=width, batch_size=n,
+                                                   guidance=guidance),
+        sample=lambda net, cond, seeds, rows, callback: P.sample_latents(
+            net, cond, height=height, width=width, steps=steps, guidance=guidance, seeds=seeds, rows=rows,
+            callback=callback),
+        load_vae=lambda: P.load_vae_for_flux(files, dtype=dtype, device=dev), decode=P.decode_latents)
+    images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps,
+                          progress=progress, stats=stats, log=log)
+
+    if output is not None:
+        name = G.model_name(files.transformer)
+
+        def text_of(i, s):
+            info = {"prompt": prompts[i], "seed": s, "steps": steps, "guidance": guidance, "width": width,
+                    "height": height, "model": files.transformer, "vae": files.vae, "clip_l": files.clip_l,
+                    "t5": files.t5, "loras": [[p, w] for p, w in loras], "sampler": "euler",
+                    "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8)}
+            fields = [("Steps", steps), ("Sampler", "Euler"), ("Schedule type", "Simple"), ("CFG scale", 1),
+                      ("Distilled CFG Scale", None if guidance is None else f"{guidance:g}"), ("Seed", s),
+                      ("Size", f"{width}x{height}"), ("Model", name), *G.lora_field(loras), ("Version", "FLAME")]
+            return {"parameters": G.parameters_text(prompts[i], None, fields), "flame": json.dumps(info)}
+
+        G.write_pngs(output, jobs, images, text_of, log)
+    return images

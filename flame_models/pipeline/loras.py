@@ -1,0 +1,163 @@
+"""LoRA files at sampling time: each file read and checked against the model it will change (names, shapes,
+kinds) before anything big is loaded, then loaded as adapters and merged.
+
+A file applies to each part of the model it has keys for (flame_nn.adapters.formats.component_of: the denoiser --
+transformer or UNet --, and SDXL's text encoders 'te1' / 'te2'): a UNet-only SDXL file (the trainer's default)
+changes the UNet and leaves CLIP-L / CLIP-G as they are; a text-encoder-only file changes only them. A file with
+keys for no part of the model is refused, naming it."""
+import os
+
+import numpy as np
+
+import flame_core as flame
+import flame_nn
+from flame_nn import adapters as A
+
+from ..conditioning import files as _cf
+from ..conditioning.files import ModelFilesError
+
+
+def parse_lora(spec):
+    """"path[:weight]" -> (path, weight); weight 1.0 when absent. A colon whose tail is not a number belongs to
+    the path (C:\\loras\\a.safetensors)."""
+    if isinstance(spec, (tuple, list)):
+        path, weight = spec
+        return os.fspath(path), float(weight)
+    spec = os.fspath(spec)
+    head, sep, tail = spec.rpartition(":")
+    if sep and head:
+        try:
+            return head, float(tail)
+        except ValueError:
+            pass
+    return spec, 1.0
+
+
+def check_loras(loras, params, *, probe=None, model_class=None, error=ModelFilesError, text_encoders=None):
+    """Read each LoRA file and check it against the model it will change (names, shapes, kind) before anything big
+    is loaded. Returns [(path, weight)]. `error` (the family's files error) names the file. model_class: the model
+    to check against, built from `params` under flame_nn.empty_init (its adapter_name_map() maps diffusers'
+    names), e.g. a Flux, an SD3 MMDiT or an SDXL UNet; probe: such a model already built. text_encoders: {'te1':
+    model or None, 'te2': ...} when the generator applies the text encoders' parts of the files too (SDXL's CLIP-L /
+    CLIP-G): each part is checked against its model (built under empty_init), or, for None, when the encoder is
+    loaded (check_lora_part); without it a file with text-encoder weights is refused."""
+    from ..training.model_files import describe_keys
+    out = []
+    if not loras:
+        return out
+    if probe is None:
+        if model_class is None:
+            raise TypeError("check_loras: give the model to check against (model_class or probe)")
+        with flame_nn.empty_init(device="cpu"):
+            probe = model_class(params)
+    targets = {"denoiser": (probe, probe.adapter_name_map()),
+               **{c: (m, A.formats.IDENTITY) for c, m in (text_encoders or {}).items()}}
+    for spec in loras:
+        path, weight = parse_lora(spec)
+        if not os.path.isfile(path):
+            raise error(f"--lora {path}: no such file")
+        if not np.isfinite(weight):
+            raise error(f"--lora {path}: the weight {weight} is not a finite number")
+        try:
+            keys = list(_cf.read_headers(_cf.part_files(path, "lora", error=error), error=error))
+        except error as e:
+            raise error(f"--lora {e}") from None
+        kind, words, example = describe_keys(keys)
+        if kind != "lora":
+            raise error(f"--lora {path}: not a LoRA file: it looks like {words}"
+                        + (f" (keys such as {example})" if example else " (no tensors)"))
+        te = [k for k in keys if k.startswith(("lora_te", "text_encoder", "te_"))
+              or A.formats.component_of(k) != "denoiser"]
+        if te and not text_encoders:
+            raise error(f"--lora {path}: holds text-encoder LoRA weights ({len(te)} tensors such as "
+                        f"{te[0]}); this generator applies transformer LoRAs only")
+        other = sorted({A.formats.component_of(k) for k in te} - set(targets))
+        if other or any(A.formats.component_of(k) == "denoiser" for k in te):
+            raise error(f"--lora {path}: holds weights for a text encoder this model does not have (keys such as "
+                        f"{te[0]}); its text encoders take lora_te1_ / lora_te2_ (kohya) or text_encoder. / "
+                        f"text_encoder_2. (diffusers) keys")
+        parts = lora_parts(keys)
+        if not parts & set(targets):
+            raise error(f"--lora {path}: holds no adapter weights for any part of this model (keys such as "
+                        f"{keys[0]})")
+        for component in sorted(parts):
+            model, name_map = targets[component]
+            if model is not None:
+                check_lora_part(path, model, name_map, component, error)
+        out.append((path, weight))
+    return out
+
+
+def lora_parts(keys):
+    """The parts of a model ('denoiser', 'te1', 'te2'; formats.component_of) that a LoRA file's tensor names have
+    adapters for; `keys` may be the file's path (its header is read)."""
+    if isinstance(keys, (str, os.PathLike)):
+        keys = _cf.read_headers([os.fspath(keys)])
+    return {A.formats.component_of(k) for k in keys}
+
+
+def loras_for(loras, component):
+    """The [(path, weight)] of `loras` whose files have adapters for `component` (lora_parts)."""
+    return [(path, weight) for path, weight in loras if component in lora_parts(path)]
+
+
+def check_lora_part(path, model, name_map, component, error):
+    """The adapters of one part of a LoRA file (formats.load's component) fit `model`'s layers (names, shapes,
+    kinds); `error` names the file."""
+    layers = (flame_nn.Linear, flame_nn.Conv2d)   # (SDXL's LoCon files adapt its convolutions)
+    shapes = {n: tuple(m.weight.shape) for n, m in model.named_modules() if isinstance(m, layers)}
+    try:
+        modules, _ = A.formats.load(path, set(shapes), name_map=name_map, component=component)
+    except A.AdapterFormatError as e:
+        raise error(f"--lora {path}: {str(e).splitlines()[0]}") from None
+    for mod, parts in modules.items():
+        out_f, in_f, kernel = shapes[mod][0], shapes[mod][1], shapes[mod][2:]
+        for p in parts:
+            lo, hi = p.rows if p.rows is not None else (0, out_f)
+            if p.shape != (hi - lo, in_f):
+                raise error(f"--lora {path}: the adapter on {mod} is {p.shape[0]}x{p.shape[1]} but "
+                            f"this {type(model).__name__}'s {'Conv2d' if kernel else 'Linear'} (rows {lo}:{hi}) "
+                            f"is {hi - lo}x{in_f}: a LoRA for another model size?")
+            down = p.tensors.get("lora_down.weight")
+            if kernel and p.kind != "lora":
+                raise error(f"--lora {path}: a {p.kind} adapter on the convolution {mod}; convolutions take "
+                            f"LoRA only")
+            if kernel and down is not None and tuple(down.shape[2:]) not in (kernel, () if kernel == (1, 1)
+                                                                              else kernel):
+                raise error(f"--lora {path}: the adapter on {mod} has a {tuple(down.shape[2:])} kernel, the "
+                            f"convolution's is {kernel}")
+
+
+def apply_loras(model, loras, *, merge=True, dtype=flame.float32, error=ModelFilesError, component="denoiser"):
+    """Load each (path, weight) into `model` as its own adapter ("lora_0", "lora_1", ...), scaled by its weight;
+    the changes add up. merge=True folds them into the base weights (summed, rounded once) and drops the adapters
+    (no cost per step, and no copy of the original weights kept: inference never unmerges); merge=False keeps them
+    as adapters beside the weights (fp8 storage and streamed blocks need that). `error` names the file. component:
+    the part of each file to apply ('denoiser'; 'te1' / 'te2' when `model` is that text encoder): files without
+    adapters for it leave `model` as it is (lora_parts)."""
+    loras = loras_for(loras, component)
+    for i, (path, weight) in enumerate(loras):
+        try:
+            A.load_adapters(model, path, name=f"lora_{i}", weight=weight, dtype=dtype, component=component)
+        except A.AdapterFormatError as e:
+            raise error(f"--lora {path}: {str(e).splitlines()[0]}") from None
+    if loras and merge:
+        # Linear by Linear: the LoRAs' changes (each times its weight, each against the base weight, as the adapters
+        # compute them unmerged) summed in float32, then added and rounded to the weight's dtype once. Merging one
+        # LoRA after the other would round a bf16 weight once per LoRA: two LoRAs at 0.5 would not be one at 1.
+        changes = {}
+        for i, (_, weight) in enumerate(loras):
+            for module, rows, ad in A.adapter_modules(model, f"lora_{i}"):
+                changes.setdefault(module, []).append((rows, ad, weight))
+        with flame.no_grad():
+            for module, entries in changes.items():
+                w = model.get_submodule(module).weight
+                w0 = w.to(flame.float64 if w.dtype == flame.float64 else flame.float32)
+                delta = flame.zeros_like(w0)
+                for rows, ad, weight in entries:
+                    lo, hi = rows if rows is not None else (0, w.shape[0])
+                    new = ad.merged_weight(w[lo:hi]).to(w0.dtype)   # W + ΔW (DoRA: renormalised rows)
+                    delta[lo:hi].add_((new - w0[lo:hi]) * weight)
+                w.copy_((w0 + delta).to(w.dtype))
+        A.remove_adapters(model)
+    return model
