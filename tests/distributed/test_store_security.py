@@ -186,7 +186,10 @@ def test_connections_still_authenticating_are_bounded(monkeypatch, caplog):
     caplog.set_level(logging.WARNING, logger=LOG)
     monkeypatch.setattr(store_mod, "MAX_PENDING", 2)
     monkeypatch.setattr(store_mod, "HANDSHAKE_TIMEOUT", 5.0)
-    m = TCPStore("localhost", 0, is_master=True, timeout=5, secret=SECRET)  # its own client's slot is free again
+    m = TCPStore("localhost", 0, is_master=True, timeout=5, secret=SECRET)
+    deadline = time.monotonic() + 5  # its own client's slot is freed by the server thread just after the handshake
+    while m._server.pending._value < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     silent = [_raw(m.port) for _ in range(2)]
     time.sleep(0.2)
     extra = _raw(m.port)
