@@ -4,12 +4,11 @@ import time
 
 import numpy as np
 import pytest
+from make_images import write_image
 from PIL import Image
 
 from flame_models.data import DataError, image_array, list_images, load_image, probe_image
 from flame_models.data import images as I
-
-from make_images import write_image
 
 
 def halves(width, height, left, right):
