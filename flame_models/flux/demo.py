@@ -85,8 +85,8 @@ def tiny_model_folder(folder, images=None, *, base_steps=300, device="cpu", seed
     """A tiny Flux model folder (diffusers layout): random CLIP / T5, tokenizers learned from corpus(), the analytic
     pooling VAE, and the transformer pretrained for `base_steps` on the shape images of `images` (the images'
     folder; None or 0 steps: random). Returns its FluxFiles."""
-    from .tiny import save_flux_folder, tiny_flux_parts
     from ..training.analytic_vae import analytic_vae
+    from .tiny import save_flux_folder, tiny_flux_parts
     parts = tiny_flux_parts(seed, corpus=corpus())
     parts["vae"] = analytic_vae()
     if images is not None and base_steps:
@@ -100,15 +100,16 @@ def pretrain_base(parts, images, *, steps=300, batch_size=8, lr=2e-3, device="cp
     """Train every weight of parts["transformer"] with the flow-matching loss on the `shape_*` images of the folder
     `images` (their captions), as a base model is trained before anyone fine-tunes it. In place; returns the
     losses."""
-    import flame_core as flame
-    import flame_nn
     from tqdm import tqdm
 
+    import flame_core as flame
+    import flame_nn
+
+    from ..training.objective import FlowMatching
     from . import pack
     from .conditioning import FluxTextEncoders
     from .pipeline import encode_images
     from .sampling import image_ids, text_ids
-    from ..training.objective import FlowMatching
     names = sorted(f for f in os.listdir(images) if f.startswith("shape_") and f.endswith(".png"))
     pixels, captions = [], []
     from ..data import image_array, load_image
