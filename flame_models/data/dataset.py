@@ -29,6 +29,7 @@ from .buckets import Bucket, closest_bucket, make_buckets, place
 from .captions import CaptionRule, caption_path, read_caption, stable_seed
 from .config import CACHE_FOLDER, caption_extension, resolutions, validate_dataset_config
 from .errors import DataError
+from .walk import link_problem
 
 PREPROCESS_VERSION = 1        # bump when the pixels a placement produces change (resize filter, background, ...)
 RESIZE_FILTER = "lanczos"
@@ -69,6 +70,7 @@ class LatentSpec:
     flip_x: bool
     flip_y: bool
     folder: str = None
+    max_pixels: int = I.MAX_PIXELS   # the dataset's limit (the file is read again here: it is checked again)
 
     def params(self):
         """Everything besides the file's bytes that decides the pixels (part of the cache key)."""
@@ -79,7 +81,7 @@ class LatentSpec:
     def pixels(self):
         """(3, bucket height, bucket width) float32 in [-1, 1]."""
         from PIL import Image
-        im = I.load_image(self.path)
+        im = I.load_image(self.path, self.max_pixels)
         im = im.resize(self.resized, Image.Resampling.LANCZOS)
         top, left = self.crop
         im = im.crop((left, top, left + self.bucket.width, top + self.bucket.height))
@@ -131,12 +133,18 @@ class ImageDataset:
         jobs, missing = [], []
         for ci, c in enumerate(self.configs):
             ext = caption_extension(c)
-            for path in I.list_images(c.folder_path):
+            for path in I.list_images(c.folder_path, self.warnings.append):
                 cap = caption_path(path, ext)
-                if os.path.isfile(cap):
+                refused = link_problem(cap, c.folder_path)    # a caption is read under the images' link policy
+                if refused is None and os.path.isfile(cap):
                     jobs.append((ci, path, cap))
                 elif c.default_caption is not None:
                     jobs.append((ci, path, None))
+                    if refused:
+                        self.warnings.append(f"{cap}: {refused}: not read (default_caption used)")
+                elif refused:
+                    missing.append(f"{cap}: {refused}: not read (captions are read from inside the data folder "
+                                   f"only: copy the file in, or set default_caption)")
                 else:
                     missing.append(f"{path}: no caption file {os.path.basename(cap)} (add it, or set "
                                    f"default_caption for the folder)")
@@ -150,9 +158,11 @@ class ImageDataset:
                 rec = index.lookup(path, folder) if index is not None else None
                 if rec is None:
                     t0 = time.time_ns()
-                    rec = I.probe_image(path, folder)
+                    rec = I.probe_image(path, folder, self.configs[ci].max_pixels)
                     if index is not None:
                         index.add(rec, t0)
+                else:   # probed by an earlier run, perhaps under a larger limit
+                    I.check_pixels(path, rec.width, rec.height, self.configs[ci].max_pixels)
                 text = read_caption(cap) if cap else None
             except DataError as ex:
                 bad.append(str(ex))
@@ -265,7 +275,7 @@ class ImageDataset:
         rec = self.records[s.record]
         p = s.placement
         return LatentSpec(rec.path, rec.sha256, p.bucket, p.resized, p.crop, s.flip_x, s.flip_y,
-                          self.latent_folders[s.config])
+                          self.latent_folders[s.config], self.configs[s.config].max_pixels)
 
     def latent_specs(self):
         return [self.latent_spec(i) for i in range(len(self))]
@@ -274,7 +284,9 @@ class ImageDataset:
         """A hash of the settings, samples, buckets, crops and captions: equal across runs on the same data and
         settings, different when anything that changes the batches changes."""
         if self._fingerprint is None:
-            h = hashlib.sha256(json.dumps([self.seed, [asdict(c) for c in self.configs],
+            # (max_pixels refuses files but changes no batch: runs saved before it existed still resume)
+            configs = [{k: v for k, v in asdict(c).items() if k != "max_pixels"} for c in self.configs]
+            h = hashlib.sha256(json.dumps([self.seed, configs,
                                            [r.trigger for r in self.rules]], sort_keys=True).encode("utf-8"))
             for s in self.samples:
                 rec = self.records[s.record]
