@@ -3,16 +3,16 @@ conditioning, a guidance embedding for flux-dev (1.0 while training), the Euler 
 the diffusers name map for PEFT files."""
 import flame_core as flame
 
+from ..checkpoint_io import describe_keys
+from ..training.family import FLOW_FIELDS, ModelFileError
+from ..training.family_base import FlowMatchingFamily, first_line
+from ..training.model_files import file_keys
 from . import Flux, flux_params, load_flux, pack, read_flux_params
+from . import family_parts as flux_parts
 from . import pipeline as flux_pipeline
 from . import sampling as flux_sampling
 from .loading import FluxCheckpointError, checkpoint_files
 from .lora_keys import TARGET_PRESETS, name_map_for
-from ..training.family import FLOW_FIELDS, ModelFileError
-from ..checkpoint_io import describe_keys
-from ..training.model_files import file_keys
-from . import family_parts as flux_parts
-from ..training.family_base import FlowMatchingFamily, first_line
 
 
 class FluxFamily(FlowMatchingFamily):

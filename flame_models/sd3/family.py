@@ -12,16 +12,16 @@ import numpy as np
 import flame_core as flame
 import flame_nn
 
+from ..training.family import DDPM_FIELDS, FLOW_FIELDS
+from ..training.family_base import FlowMatchingFamily
 from . import MMDiT, load_sd3, sd3_params
+from . import family_parts as sd3_parts
 from . import ops as sd3_ops
 from . import pipeline as sd3_pipeline
 from . import sampling as sd3_sampling
 from .components import read_sd3_params
 from .loading import SD3CheckpointError
 from .lora_keys import TARGET_PRESETS, name_map_for
-from ..training.family import DDPM_FIELDS, FLOW_FIELDS
-from . import family_parts as sd3_parts
-from ..training.family_base import FlowMatchingFamily
 
 _DDPM_NOTE = "SD3 trains with flow matching (train.timestep_type, train.weighting_scheme); this is for sdxl's DDPM"
 
@@ -67,6 +67,12 @@ class SD3Family(FlowMatchingFamily):
         with flame_nn.empty_init(device="cpu"):
             probe = MMDiT(spec)
         return e + self.target_problems(probe, cfg, name_map_for(spec), prefix)
+
+    def image_size_limit(self, spec):
+        # the stored position table has pos_embed_max_size patches a side, cropped to the latent grid
+        side = spec.pos_embed_max_size * spec.patch_size * self.vae_scale_factor
+        return side, (f"its position table holds {spec.pos_embed_max_size}x{spec.pos_embed_max_size} patches "
+                      f"(pos_embed_max_size) of {spec.patch_size * self.vae_scale_factor} px")
 
     # ------------------------------------------------------------------ building
     def load_model(self, path, spec, dtype, device):

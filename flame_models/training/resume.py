@@ -92,6 +92,8 @@ def choose_checkpoint(cfg, out, *, fresh, fingerprint, dist, log):
             log(f"--fresh: removed {len(gone)} earlier output(s) of {out}: "
                 + ", ".join(os.path.basename(g) for g in gone))
         return None, None
+    for what, p in dist.run_on_main(ckpt.recover, out):  # ddp: a save killed half way, finished or undone
+        log(f"checkpoint save interrupted earlier: {what} {p}")
     path, step, skipped = ckpt.latest_valid(out)
     for p, why in skipped:
         log(f"skipping checkpoint {p}: {why}")
@@ -162,8 +164,10 @@ def restore(path, state, named_params, *, optimizer, loader, generators, ema, em
     for k, v in list(opt_tensors.items()) + list(state["optimizer"]["scalars"].items()):
         i, name = k.split(".", 1)
         st.setdefault(int(i), {})[name] = v
-    # the optimizer's hyper-parameters are this config's (an applied change), its moments the checkpoint's
-    groups = [{**theirs, **{k: v for k, v in mine.items() if k != "params"}}
+    # the optimizer's hyper-parameters are this config's (an applied change), its moments and the running state it
+    # keeps in its groups (Prodigy's D estimate, schedule-free's weight sum: `running_keys`) the checkpoint's
+    running = getattr(optimizer, "running_keys", ())
+    groups = [{**theirs, **{k: v for k, v in mine.items() if k != "params" and not (k in running and k in theirs)}}
               for theirs, mine in zip(state["optimizer"]["param_groups"], optimizer.param_groups)]
     optimizer.load_state_dict({"state": st, "param_groups": groups})
     loader.load_state_dict(state["loader"])

@@ -47,20 +47,22 @@ from flame_nn import adapters as A
 
 from ..data import ConcatDataset, FolderDataset, SampleLoader, SyntheticDataset
 from . import checkpoint as ckpt
-from . import image_data, resume, run_folder
+from . import image_data, optimizers, resume, run_folder
 from .config import ConfigError, config_dict, dtype_name
 from .distributed import TrainerGroup, main_rank_only, on_main_rank  # ddp
 from .ema import EMA
 from .family import get_family
+from .finite import FiniteGuard
 from .graphs import StepGraphs, graph_plan
 from .interrupt import StopRequest
+from .limits import adapter_problems
 from .logging import LossLog, plot_losses
 from .progress import Progress
 from .samples import PreviewPrompt, Previews
 from .stages import StageMeter
 from .streaming import NoStreaming, StreamedBlocks
 from .text_training import TrainedTextEncoders
-from .validation import dataset_kinds, parts_needed
+from .validation import dataset_kinds, image_size_problems, parts_needed
 
 
 class Trainer:
@@ -111,14 +113,17 @@ class Trainer:
         self.device = self.dist.join(c.device)  # ddp: cuda:LOCAL_RANK, the process group joined
         if c.network.target is None:
             c.network.target = fam.default_target
-        if c.model.name_or_path is None and c.model.size is None and self._model is None:
-            c.model.size = fam.default_size
+        if c.model.name_or_path is None and self._model is None:
+            c.model.size = c.model.size or fam.default_size
+            self.log(f"WARNING: no model file given (--model / model.name_or_path): training a RANDOM "
+                     f"{c.model.size} ({fam.name}), for trying the tool only -- its LoRA is useless on a real model")
         self.budget = parse_budget(c.max_gpu_memory)  # bytes, or None
         if self.budget is not None and self.device.type == "cuda":
             gc.collect()                            # a budget counts the whole GPU: what this process's pool
             flame.memory.empty_cache(self.device)   # caches from earlier work goes back to the driver first
         self.meter = StageMeter(self.device, log=self.log)
         flame.manual_seed(t.seed)
+        run_folder.check_writable(self.out)  # before anything is checked, cached or loaded
 
         kinds = self._check_inputs()  # the model's header and every image / sample: nothing loaded yet
 
@@ -145,7 +150,7 @@ class Trainer:
             self._build(checkpoint, state)
             if self.streamer is not None:
                 n_params = sum(p.numel() for p in self.params)
-                state_bytes = (2 if t.optimizer == "adamw8bit" else 8) * n_params  # moments made at the first step
+                state_bytes = optimizers.STATE_BYTES[t.optimizer] * n_params  # state made at the first step
                 decode_bytes = self.prepared.decode_bytes if self.prepared is not None and previews_on else 0
                 self.fit = self.streamer.auto_fit(self.budget, self._measure_step,
                                                   extra_bytes=state_bytes + decode_bytes)
@@ -180,6 +185,9 @@ class Trainer:
                 lat = self.dataset.latent_shape(0)
                 h, w = lat[1] * fam.vae_scale_factor, lat[2] * fam.vae_scale_factor
             c.sample.height, c.sample.width = c.sample.height or h, c.sample.width or w
+        problems = image_size_problems(c, fam, self.spec, self.dataset if self.image_data else None)
+        if problems:  # before any encoding and before the run's folder is touched
+            raise ConfigError("; ".join(problems))
         return kinds
 
     def _make_previews(self):
@@ -227,6 +235,7 @@ class Trainer:
         # optimisation
         self.optimizer = self._make_optimizer()
         self.scheduler = self._make_scheduler()
+        self.guard = FiniteGuard(self.params, self.device)  # NaN / inf loss or gradients stop the run (finite.py)
         self.ema = EMA(self.params, t.ema_config.ema_decay) if t.ema_config.use_ema else None
         if self.prepared is not None and self.prepared.loader is not None:
             self.loader = self.prepared.loader       # batches of one bucket, from the caches
@@ -265,6 +274,8 @@ class Trainer:
                        ignore_if_contains=n.network_kwargs.get("ignore_if_contains"))
         if n.conv:  # LoCon (kohya's conv_dim): what comes with the convolutions at the linear rank
             targets = ([targets] if isinstance(targets, str) else list(targets)) + list(fam.conv_linear_targets)
+        self._check_adapter_size(A.find_targets(self.model, targets, self.name_map, **filters), n.linear, n.type,
+                                 "network.linear")
         made = A.inject_adapters(self.model, targets, "lora" if n.type == "locon" else n.type, rank=n.linear,
                                  alpha=n.linear_alpha, dropout=n.dropout, rslora=n.rslora, lokr_factor=n.lokr_factor,
                                  lokr_full_rank=n.lokr_full_rank, name_map=self.name_map, **filters,
@@ -274,11 +285,19 @@ class Trainer:
             convs = [m for m, _, _ in A.find_targets(self.model, fam.conv_targets, self.name_map, **filters)
                      if m not in done]
             if convs:
+                self._check_adapter_size([(m, self.model.get_submodule(m), None) for m in convs], n.conv, "lora",
+                                         "network.conv")
                 made += A.inject_adapters(self.model, convs, "lora", rank=n.conv,
                                           alpha=n.conv if n.conv_alpha is None else n.conv_alpha, dropout=n.dropout,
                                           rslora=n.rslora, name_map=self.name_map,
                                           generator=flame.Generator("cpu").manual_seed(t.seed + 4))
         return len(made)
+
+    def _check_adapter_size(self, found, rank, kind, setting):
+        """ConfigError before adapters are made that exceed their layers' dimensions or the device (limits.py)."""
+        problems = adapter_problems(found, rank, kind, setting, self.device, self.budget, self.cfg.train.optimizer)
+        if problems:
+            raise ConfigError("; ".join(problems))
 
     def _place_blocks(self):
         """The step's streaming part: under max_gpu_memory every block streamed from host memory for now (setup's
@@ -334,9 +353,8 @@ class Trainer:
 
     def _make_optimizer(self):
         t = self.cfg.train
-        kw = dict(lr=t.lr, **{k: (tuple(v) if k == "betas" else float(v)) for k, v in t.optimizer_params.items()})
-        cls = flame_nn.optim.AdamW8bit if t.optimizer == "adamw8bit" else flame_nn.optim.AdamW
-        return cls([{"params": ps, "lr": lr} for ps, lr in self._param_groups()], **kw)
+        return optimizers.make(t.optimizer, [{"params": ps, "lr": lr} for ps, lr in self._param_groups()], t.lr,
+                               t.optimizer_params)
 
     def _param_groups(self):
         """[(parameters, lr)]: the denoiser's adapters at train.lr; trained text encoders' at text_encoder_lr."""
@@ -364,6 +382,12 @@ class Trainer:
             return S.get_constant_schedule_with_warmup(self.optimizer, t.lr_warmup_steps, last_epoch=last)
         if t.lr_scheduler == "linear":
             return S.get_linear_schedule_with_warmup(self.optimizer, t.lr_warmup_steps, t.steps, last_epoch=last)
+        if t.lr_scheduler == "cosine_with_restarts":
+            return S.get_cosine_with_hard_restarts_schedule_with_warmup(
+                self.optimizer, t.lr_warmup_steps, t.steps, last_epoch=last, **t.lr_scheduler_params)
+        if t.lr_scheduler == "polynomial":
+            return S.get_polynomial_decay_schedule_with_warmup(self.optimizer, t.lr_warmup_steps, t.steps,
+                                                               last_epoch=last, **t.lr_scheduler_params)
         return S.get_cosine_schedule_with_warmup(self.optimizer, t.lr_warmup_steps, t.steps, last_epoch=last)
 
     def _measure_step(self):
@@ -411,6 +435,7 @@ class Trainer:
         loss = self.objective.loss(pred, self.objective.target(x0, noise, t), t)
         scale = self._loss_scale
         (loss * scale).backward() if scale != 1.0 else loss.backward()
+        self.guard.watch_loss(loss)  # a device flag (captured with the step), read at the next check
         self.streaming.after_backward()  # in a capture: the copy stream's branch joins back before it ends
         return loss.detach()
 
@@ -431,13 +456,17 @@ class Trainer:
         """One optimizer step; returns (loss, lr, mean timestep)."""
         t = self.cfg.train
         lr = self.scheduler.get_last_lr()[0]
-        losses, ts = [], []
+        losses, ts, indices, captions = [], [], [], []
         self.stop = self.dist.before_step(self.model, self.stop)  # ddp: the adapters wrapped at the first step
         with self.dist.accumulation(t.gradient_accumulation_steps):  # ddp: local micro-steps, then one average
             for _ in range(t.gradient_accumulation_steps):
-                loss, s = self._micro_step(self.loader.next_batch(), 1.0 / t.gradient_accumulation_steps)
+                batch = self.loader.next_batch()
+                indices += list(batch.get("indices", ()))
+                captions += list(batch.get("captions", ()))
+                loss, s = self._micro_step(batch, 1.0 / t.gradient_accumulation_steps)
                 losses.append(loss)
                 ts.append(s)
+        self.guard.after_backward(self.step + 1, indices, captions)  # queued on the device: no sync here
         if t.max_grad_norm > 0:
             flame_nn.utils.clip_grad_norm_(self.params, t.max_grad_norm)
         self.optimizer.step()
@@ -482,6 +511,8 @@ class Trainer:
                 self.progress.start()
                 while self.step < t.steps:
                     loss, lr, ts = self.train_step()
+                    if self._results_due():  # a NaN / inf step stops the run before anything of it is kept
+                        self.guard.check(self.dataset)
                     self.progress.update(1, loss=loss, lr=lr)
                     self.active_time = self.progress.active_time
                     self._log_step(loss, lr, ts)
@@ -501,6 +532,12 @@ class Trainer:
             self.progress.close()
         stopped = self.stop.requested if self.stop is not None and self.step < t.steps else None
         return self.finish(interrupted=stopped)
+
+    def _results_due(self):
+        """Whether this step writes something (a loss-log row, previews, a checkpoint, the end, a stop)."""
+        c = self.cfg
+        return (self.step % c.log_every == 0 or self.step == c.train.steps or self._sample_due(self.step)
+                or self.step % c.save.save_every == 0 or (self.stop is not None and self.stop.requested))
 
     @main_rank_only  # ddp
     def _log_step(self, loss, lr, ts):
@@ -538,7 +575,8 @@ class Trainer:
             result["encoded"] = dict(self.prepared.encoded)
         if interrupted:
             self.log(f"stopped by {interrupted} at step {self.step}: checkpoint "
-                     f"{ckpt.checkpoint_dir(self.out, self.step)}, LoRA {lora}; run the same command again to resume")
+                     f"{ckpt.checkpoint_dir(self.out, self.step)}, LoRA {lora}; run the same command again"
+                     + (" without --fresh" if self.fresh else "") + " to resume")
         return result
 
     def _finished_before(self):
@@ -558,7 +596,7 @@ class Trainer:
         self.streaming.before_sample(self.graphed)  # streamed blocks: a captured step's memory is given back
         self.model.eval()
         try:
-            with (self.ema.swapped() if self.ema is not None else nullcontext()), no_grad(), \
+            with self._averaged(), (self.ema.swapped() if self.ema is not None else nullcontext()), no_grad(), \
                     self.meter.stage("samples", quiet=True):
                 if self.text_encoders is not None:  # the prompts as the trained encoders read them now
                     conds = self.text_encoders.preview_conditioning(self.prepared.prompt_texts,
@@ -572,16 +610,24 @@ class Trainer:
     @on_main_rank  # ddp
     def save_lora(self, path):
         c = self.cfg
+        self.guard.check(self.dataset)  # never a LoRA of NaN / inf weights
+        self.guard.check_parameters(self.step)
         meta = dict(self.family.lora_metadata(c, self.model))
         meta.update({"flame.steps": self.step, "ss_output_name": c.name})
         for k, v in c.meta.items():  # ai-toolkit's `meta`, with [name] replaced by the run's name
             v = v if isinstance(v, str) else json.dumps(v)
             meta[str(k)] = v.replace("[name]", c.name)
-        with (self.ema.swapped() if self.ema is not None else nullcontext()):
+        with self._averaged(), (self.ema.swapped() if self.ema is not None else nullcontext()):
             A.save_adapters(self.model, path, c.save.format, name_map=self.name_map, dtype=dtype_name(c.save.dtype),
                             metadata=meta,
                             text_encoders=None if self.text_encoders is None else self.text_encoders.modules())
         return path
+
+    def _averaged(self):
+        """Schedule-free AdamW: the adapters at its averaged point x while sampling and saving a LoRA (training and
+        checkpoints stay at y); other optimizers: nothing."""
+        averaged = getattr(self.optimizer, "averaged", None)
+        return averaged() if averaged is not None else nullcontext()
 
     def _step_lora(self, step):
         return os.path.join(self.out, f"{self.cfg.name}_{step:06d}.safetensors")
@@ -589,7 +635,10 @@ class Trainer:
     @on_main_rank  # ddp
     def save_checkpoint(self):
         """Everything needed to continue exactly (checkpoint.py writes it whole or not at all), the step's LoRA
-        and the loss log; then only the newest save.max_step_saves_to_keep checkpoints are kept."""
+        and the loss log; then only the newest save.max_step_saves_to_keep checkpoints are kept. Nothing
+        non-finite is saved (finite.py)."""
+        self.guard.check(self.dataset)
+        self.guard.check_parameters(self.step)
         opt = self.optimizer.state_dict()
         tensors, scalars = {}, {}
         for i, st in opt["state"].items():
@@ -610,8 +659,8 @@ class Trainer:
                  "ema": None if self.ema is None else {"decay": self.ema.decay, "num_updates": self.ema.num_updates},
                  "active_time": self.active_time, "log_window": self._window, "time": time.time(),
                  "data": self.data_fingerprint, "config": config_dict(self.cfg)}
+        self.loss_log.flush()  # first: a checkpoint promoted after a kill finds its steps' rows (resume truncates)
         path = ckpt.write_checkpoint(self.out, self.step, writers, state)
-        self.loss_log.flush()
         self.save_lora(self._step_lora(self.step))
         ckpt.prune(self.out, self.cfg.save.max_step_saves_to_keep, also=lambda s: [self._step_lora(s)])
         return path
