@@ -120,20 +120,6 @@ def choose_checkpoint(cfg, out, *, fresh, fingerprint, dist, log):
     return path, state
 
 
-def finished_lora(out, name, steps, state):
-    """The final LoRA (`out`/`name`.safetensors) of a run whose checkpoint `state` has reached `steps` and that
-    wrote it at that checkpoint's step -- nothing left to train or to write -- else None (its header only is read)."""
-    if state is None or int(state["step"]) < steps:
-        return None
-    path = os.path.join(out, f"{name}.safetensors")
-    try:
-        with io.safe_open(path) as f:
-            written_at = (f.metadata() or {}).get("flame.steps")
-    except Exception:  # noqa: BLE001 - missing or unreadable: the run writes it again
-        return None
-    return path if written_at == str(int(state["step"])) else None
-
-
 class Restored(NamedTuple):
     """What a checkpoint gives back besides the objects it loads into: the step, the schedule's position, the
     training time so far and the loss log's open window."""

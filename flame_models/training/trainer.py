@@ -19,10 +19,9 @@ the optimizer, the LR schedule, EMA. Every `save_every` steps a checkpoint (adap
 states, step, data position, EMA, training time, config) is written whole or not at all (checkpoint.py), and a
 restart with the same config resumes from the newest intact one exactly:
 the next step's loss and parameters equal those of a run that never stopped. A changed config either applies from
-there on or is refused, and the checkpoint is chosen and loaded (resume.py). A run whose checkpoint has reached
-train.steps and whose final LoRA is written says so before any cache or model is touched. Every `sample_every`
-steps the preview sampler runs while the progress clock is paused. Ctrl-C / SIGTERM stop after the current step
-with a checkpoint (interrupt.py).
+there on or is refused, and the checkpoint is chosen and loaded (resume.py). Every `sample_every` steps the
+preview sampler runs while the progress clock is paused. Ctrl-C / SIGTERM stop after the current step with a
+checkpoint (interrupt.py).
 
 The trainer owns its stages: each (image_data.prepare, resume.choose_checkpoint / restore, ...) is given what it
 needs and returns what it made, and the trainer keeps it. Streaming (streaming.py), CUDA graphs (graphs.py) and data
@@ -83,7 +82,6 @@ class Trainer:
         self.stop = None
         self.prepared = None
         self.text_encoders = None
-        self.finished_lora = None  # a finished run's final LoRA (nothing to train): setup stops at the check
         self.streaming = NoStreaming()  # the step's streaming part (max_gpu_memory: StreamedBlocks)
 
     @property
@@ -130,10 +128,6 @@ class Trainer:
         # the run's folder: start over, resume from its newest intact checkpoint, or refuse to mix two runs
         checkpoint, state = resume.choose_checkpoint(c, self.out, fresh=self.fresh, fingerprint=self.data_fingerprint,
                                                      dist=self.dist, log=self.log)
-        self.finished_lora = resume.finished_lora(self.out, c.name, t.steps, state)
-        if self.finished_lora is not None:  # nothing to encode, build or train
-            self.step = int(state["step"])
-            return self
 
         # image folders and text prompts: latents and text embeddings cached, their encoders freed
         previews_on = bool(c.sample.sample_every) and not t.disable_sampling
@@ -490,10 +484,8 @@ class Trainer:
         return step % every == 0 or step == c.train.steps
 
     def train(self):
-        if not hasattr(self, "model") and self.finished_lora is None:
+        if not hasattr(self, "model"):
             self.setup()
-        if self.finished_lora is not None:
-            return self._finished_before()
         c, t = self.cfg, self.cfg.train
         te = "" if self.text_encoders is None else f" and {self.text_encoders.n_adapted} of its text encoders'"
         self.log(f"training {c.network.type} r{c.network.linear} on {self.n_adapted} Linear parts of a "
@@ -577,14 +569,6 @@ class Trainer:
             self.log(f"stopped by {interrupted} at step {self.step}: checkpoint "
                      f"{ckpt.checkpoint_dir(self.out, self.step)}, LoRA {lora}; run the same command again"
                      + (" without --fresh" if self.fresh else "") + " to resume")
-        return result
-
-    def _finished_before(self):
-        """A run that had finished before this call: its files as they are (nothing encoded, built or trained)."""
-        result = run_folder.finished_outputs(self.out, self.finished_lora, self.step)
-        result["stages"] = self.meter.report()
-        self.log(f"this run already finished: step {self.step} of {self.cfg.train.steps}, LoRA {self.finished_lora}; "
-                 f"nothing to train (a larger train.steps continues it, --fresh starts over)")
         return result
 
     # ------------------------------------------------------------------------------------------ sampling

@@ -112,30 +112,6 @@ def test_a_second_run_reuses_the_caches_without_loading_an_encoder(tmp_path, tin
     assert third.prepared.encoded == {"latents": 0, "text": 1}
 
 
-def test_rerunning_a_finished_run_says_so_before_caching_anything(tmp_path, tiny_model, images, monkeypatch, capsys):
-    # before: a finished run's rerun loaded the VAE and the text encoders and encoded every latent and caption again
-    # (caches in host memory), then built the transformer, only to find there was no step left
-    cfg = lambda steps: image_config(tmp_path, "done", tiny_model, images, steps=steps,  # noqa: E731
-                                     sample={"sample_every": 2, "sample_steps": 1, "prompts": PROMPTS})
-    first = Trainer(cfg(2), verbose=False).train()
-    lora = os.path.join(tmp_path, "done", "done.safetensors")
-    assert first["lora"] == lora and not first.get("finished_before")
-    written = os.path.getmtime(lora)
-    _before_any_model(monkeypatch)
-    import flame_models.training.image_data as ID
-    monkeypatch.setattr(ID, "prepare", lambda *a, **k: pytest.fail("caching was entered on a finished run"))
-    again = Trainer(cfg(2), verbose=True).train()
-    assert "this run already finished: step 2 of 2" in capsys.readouterr().out
-    assert again["finished_before"] and again["lora"] == lora and again["steps"] == 2
-    assert again["losses"] == first["losses"] and again["samples"] == first["samples"]
-    assert again["samples_decoded"] and again["loss_plot"] == first["loss_plot"]
-    assert [s["stage"] for s in again["stages"]] == ["check"] and os.path.getmtime(lora) == written
-    # a larger train.steps continues the run (the caches and the model are needed again)
-    monkeypatch.undo()
-    more = Trainer(cfg(4), verbose=False).train()
-    assert more["steps"] == 4 and not more.get("finished_before") and more["encoded"]["latents"] == 8
-
-
 def _before_any_model(monkeypatch):
     """Make loading any model part fail loudly: a check that should fire first must not get there."""
     fam = get_family("flux")
