@@ -1,12 +1,16 @@
-"""FLUX.1 transformer: model, checkpoint loading/saving (BFL and diffusers layouts) and sampling."""
-from .params import FluxParams, configs, flux_params
-from .layers import (EmbedND, timestep_embedding, MLPEmbedder, RMSNorm, QKNorm, SelfAttention, Modulation,
-                     DoubleStreamBlock, SingleStreamBlock, LastLayer)
-from .model import Flux
-from .loading import load_flux, load_flux_state_, save_flux, read_flux_params, FluxCheckpointError
-from .sampling import pack, unpack, image_ids, text_ids, get_schedule, get_noise, denoise, sample
+"""FLUX.1 transformer: model, checkpoint loading/saving (BFL and diffusers layouts) and sampling.
 
-__all__ = ["FluxParams", "configs", "flux_params", "EmbedND", "timestep_embedding", "MLPEmbedder", "RMSNorm",
-           "QKNorm", "SelfAttention", "Modulation", "DoubleStreamBlock", "SingleStreamBlock", "LastLayer", "Flux",
-           "load_flux", "load_flux_state_", "save_flux", "read_flux_params", "FluxCheckpointError", "pack", "unpack",
-           "image_ids", "text_ids", "get_schedule", "get_noise", "denoise", "sample"]
+The transformer and its pipeline parts are shared with the Flux-derived families (Kontext, Chroma), so they live in
+flame_models/bfl; this family's modules of the same names are those modules (flame_models.flux.layers is
+flame_models.bfl.layers), so code written against flame_models.flux.<module> keeps working."""
+import sys
+
+from ..bfl import (components, conditioning, family_parts, keys, layers, loading, lora_keys, model, ops, params,
+                   sampling, tiny)
+from ..bfl import *  # noqa: F401,F403
+from ..bfl import __all__
+
+for _m in (components, conditioning, family_parts, keys, layers, loading, lora_keys, model, ops, params, sampling,
+           tiny):
+    sys.modules[f"{__name__}.{_m.__name__.rpartition('.')[2]}"] = _m
+del _m

@@ -1,0 +1,36 @@
+"""Flux Kontext as a trainer family: Flux's (flame_models.bfl.family.FluxFamily) with each sample's control image
+-- encoded beside its target, "control_latents" -- appended as reference tokens with ids (1, r, c); the loss sees
+the target tokens' prediction only. Samples without control latents train as plain FLUX.1-dev."""
+import flame_core as flame
+
+from ..bfl.family import FluxFamily
+from ..bfl.sampling import pack
+from .reference import reference_ids, target_velocity, with_reference
+
+
+class FluxKontextFamily(FluxFamily):
+    name = "flux_kontext"
+    label = "Flux Kontext"
+    model_words = "a Flux Kontext transformer"
+    default_size = "flux-tiny"
+
+    def training_inputs(self, model, batch, device, train_cfg):
+        x0, cond = super().training_inputs(model, batch, device, train_cfg)
+        control = batch.get("control_latents")
+        if control is not None:
+            ref = pack(flame.tensor(control, dtype=flame.float32, device=device))
+            f = self.vae_scale_factor
+            cond["ref"] = ref
+            cond["ref_ids"] = reference_ids(control.shape[2] * f, control.shape[3] * f, ref.shape[0], device=device)
+        return x0, cond
+
+    def forward(self, model, x_t, t, cond):
+        if "ref" not in cond:
+            return super().forward(model, x_t, t, cond)
+        x, ids = with_reference(x_t, cond["img_ids"], cond["ref"], cond["ref_ids"])
+        v = model(img=x, img_ids=ids, txt=cond["txt"], txt_ids=cond["txt_ids"], timesteps=t, y=cond["y"],
+                  guidance=cond.get("guidance"))
+        return target_velocity(v, x_t.shape[1])
+
+    def lora_metadata(self, cfg, model):
+        return {**super().lora_metadata(cfg, model), "modelspec.architecture": "flux-1-kontext-dev/lora"}
