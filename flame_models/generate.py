@@ -274,7 +274,9 @@ def _refusal(option, family, parts):
     words = next((parts[o].OPTIONS[option] for o in owners if parts[o].OPTIONS[option]), None)
     if words is None:
         labels = " / ".join(registry.about(o).label for o in owners)
-        words = f"{'an' if labels[0] in 'AEFHILMNORSX' else 'a'} {labels} option"
+        first = labels.split()[0]          # "an SD3", "an SDXL" (spelled out), "a Flux Kontext"
+        an = first[0] in "AEIOU" or (first.isupper() and first[0] in "AEFHILMNORSX")
+        words = f"{'an' if an else 'a'} {labels} option"
     note = getattr(parts[family], "NOTES", {}).get(option)
     return (f"--{option.replace('_', '-')}: {words}; this model is {registry.about(family).label}"
             + (f": {note}" if note else ""))

@@ -19,6 +19,7 @@ FAMILIES = {
     "sd3": "flame_models.sd3",
     "sdxl": "flame_models.sdxl",
     "flux_kontext": "flame_models.flux_kontext",
+    "chroma": "flame_models.chroma",
 }
 
 

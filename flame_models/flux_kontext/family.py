@@ -13,6 +13,7 @@ class FluxKontextFamily(FluxFamily):
     label = "Flux Kontext"
     model_words = "a Flux Kontext transformer"
     default_size = "flux-tiny"
+    control_images = True
 
     def training_inputs(self, model, batch, device, train_cfg):
         x0, cond = super().training_inputs(model, batch, device, train_cfg)

@@ -1,0 +1,163 @@
+"""Flux Kontext and Chroma as trainer families, end to end on the CPU with tiny models: Kontext's edit pairs
+(datasets' control_path: same-name control images placed, encoded and cached with their targets, appended as
+reference tokens, the loss on the target's prediction), Chroma from an image folder (random preset and a diffusers
+folder on disk) with CFG previews, and the LoRA files each writes -- their names, and `generate` applying them."""
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from flame_core import io
+from flame_models.chroma.tiny import tiny_chroma_files
+from flame_models.data import DatasetConfig
+from flame_models.data.dataset import ImageDataset
+from flame_models.data.errors import DataError
+from flame_models.generate import generate
+from flame_models.training.config import ConfigError
+from flame_models.training.family import get_family
+from flame_models.training.trainer import Trainer
+
+from .conftest import draw_images, image_config
+
+PROMPTS = ["[trigger] on a blue background"]
+
+
+@pytest.fixture
+def pairs(tmp_path):
+    """The demo's drawings as targets, their negatives as same-name control images (.jpg), one of another size."""
+    images = draw_images(tmp_path / "img")
+    ctl = tmp_path / "ctl"
+    ctl.mkdir()
+    names = sorted(f for f in os.listdir(images) if f.endswith(".png"))
+    for k, f in enumerate(names):
+        im = np.asarray(Image.open(os.path.join(images, f)).convert("RGB"))
+        out = Image.fromarray(255 - im)
+        if k == 0:
+            out = out.resize((96, 80))                      # another size: cover-resized into the target's bucket
+        out.save(ctl / f.replace(".png", ".jpg"))
+    return images, str(ctl), names
+
+
+def _kontext_config(tmp_path, images, ctl, **top):
+    top.setdefault("datasets", [{"folder_path": images, "control_path": ctl, "resolution": 64,
+                                 "bucket_tolerance": 32}])
+    return image_config(tmp_path, "k", None, images, steps=2,
+                        model={"arch": "flux_kontext", "size": None, "name_or_path": None, "t5_max_length": 8},
+                        **top)
+
+
+def test_control_images_are_placed_like_their_targets(pairs):
+    images, ctl, names = pairs
+    ds = ImageDataset([DatasetConfig(folder_path=images, control_path=ctl, resolution=64, bucket_tolerance=32,
+                                     flip_x=True)], progress=False)
+    assert ds.has_controls and len(ds.latent_specs()) == 2 * len(ds)
+    for i in range(len(ds)):
+        t, c = ds.latent_spec(i), ds.control_spec(i)
+        assert c.path.endswith(os.path.basename(t.path).replace(".png", ".jpg"))
+        assert (c.bucket, c.flip_x, c.flip_y) == (t.bucket, t.flip_x, t.flip_y)
+        if os.path.basename(t.path) == names[0]:
+            assert c.resized != t.resized                   # 96x80 cover-resized to the 64x64 bucket
+        else:
+            assert (c.resized, c.crop) == (t.resized, t.crop)
+        assert c.pixels().shape == t.pixels().shape
+    os.remove(os.path.join(ctl, names[1].replace(".png", ".jpg")))
+    with pytest.raises(DataError, match=f"{names[1]}: no control image {names[1][:-4]}.* in control_path"):
+        ImageDataset([DatasetConfig(folder_path=images, control_path=ctl, resolution=64, bucket_tolerance=32)],
+                     progress=False)
+
+
+def test_kontext_trains_on_pairs_with_the_loss_on_the_target(tmp_path, pairs, monkeypatch):
+    images, ctl, _ = pairs
+    fam = get_family("flux_kontext")
+    seen = []
+    inputs, forward = fam.training_inputs, fam.forward
+
+    def spy_inputs(model, batch, device, train_cfg):
+        x0, cond = inputs(model, batch, device, train_cfg)
+        seen.append((batch["latents"].shape, batch["control_latents"].shape, tuple(cond["ref"].shape),
+                     cond["ref_ids"].numpy()[0, :, 0].tolist()))
+        return x0, cond
+
+    def spy_forward(model, x_t, t, cond):
+        v = forward(model, x_t, t, cond)
+        assert tuple(v.shape) == tuple(x_t.shape)          # the target tokens' prediction only
+        return v
+    monkeypatch.setattr(fam, "training_inputs", spy_inputs)
+    monkeypatch.setattr(fam, "forward", spy_forward)
+    cfg = _kontext_config(tmp_path, images, ctl, sample={"sample_every": 2, "sample_steps": 2, "prompts": PROMPTS})
+    result = Trainer(cfg, verbose=False).train()
+    assert len(result["losses"]) == 2 and np.isfinite(result["losses"]).all()
+    assert result["encoded"]["latents"] == 12                # 6 targets and their 6 control images
+    lat, ctl_shape, ref, index = seen[0]
+    assert lat == ctl_shape == (2, 16, 8, 8) and ref == (2, 16, 64) and index == [1] * 16
+    keys = set(io.load_file(result["lora"]))
+    assert "lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight" in keys
+
+
+def test_control_path_is_checked_before_anything_loads(tmp_path, pairs):
+    images, ctl, _ = pairs
+    with pytest.raises(ConfigError, match=r"datasets\[0\].control_path: the flux family takes no control images"):
+        image_config(tmp_path, "x", None, images, model={"arch": "flux", "size": None, "name_or_path": None},
+                     datasets=[{"folder_path": images, "control_path": ctl, "resolution": 64}])
+    with pytest.raises(ConfigError, match=r"datasets\[1\].control_path: missing"):
+        _kontext_config(tmp_path, images, ctl, datasets=[
+            {"folder_path": images, "control_path": ctl, "resolution": 64, "bucket_tolerance": 32},
+            {"folder_path": images, "resolution": 64, "bucket_tolerance": 32}])
+    with pytest.raises(DataError, match=r"datasets\[0\].control_path: no such folder"):   # (when the folders
+        ImageDataset([DatasetConfig(folder_path=images, control_path=str(tmp_path / "nowhere"))])  # are read)
+
+
+def test_chroma_random_preset_trains_from_an_image_folder_with_cfg_previews(tmp_path):
+    images = draw_images(tmp_path / "img")
+    cfg = image_config(tmp_path, "chroma", None, images, steps=2,
+                       model={"arch": "chroma", "size": None, "name_or_path": None, "t5_max_length": 8},
+                       sample={"sample_every": 2, "sample_steps": 2, "prompts": PROMPTS, "neg": "blurry"})
+    result = Trainer(cfg, verbose=False).train()
+    assert result["samples_decoded"] and np.isfinite(result["losses"]).all()
+    lat = io.load_file(os.path.join(tmp_path, "chroma", "samples", "step_000002.safetensors"))["latents"].numpy()
+    assert lat.shape == (1, 16, 8, 8)
+    with pytest.raises(ConfigError, match="train.guidance: not available: Chroma has no guidance embedding"):
+        image_config(tmp_path, "x", None, images, model={"arch": "chroma", "size": None, "name_or_path": None},
+                     train={"guidance": 3.5})
+
+
+@pytest.fixture(scope="module")
+def chroma_folder(tmp_path_factory):
+    return tiny_chroma_files(tmp_path_factory.mktemp("chroma") / "Chroma-tiny", seed=4)
+
+
+@pytest.mark.parametrize("fmt", ["kohya", "peft"])
+def test_chroma_loras_from_files_have_comfyui_and_diffusers_names_and_generate_applies_them(tmp_path, chroma_folder,
+                                                                                          fmt):
+    images = draw_images(tmp_path / "img")
+    folder = os.path.dirname(chroma_folder.transformer)
+    cfg = image_config(tmp_path, "c", folder, images, steps=2, model={"arch": "chroma", "t5_max_length": 8},
+                       save={"format": fmt}, network={"target": "all_linear"}, train={"lr": 0.05})
+    result = Trainer(cfg, verbose=False).train()
+    keys = set(io.load_file(result["lora"]))
+    if fmt == "kohya":         # ComfyUI's lora_unet_<BFL name>; diffusers' FluxLoraLoaderMixin converts them too
+        assert {"lora_unet_double_blocks_1_txt_attn_qkv.lora_down.weight",
+                "lora_unet_single_blocks_0_linear1.lora_up.weight", "lora_unet_single_blocks_1_linear2.alpha"} <= keys
+    else:                      # diffusers' / PEFT names, split like ChromaTransformer2DModel's Linears
+        assert {"transformer.transformer_blocks.0.attn.add_k_proj.lora_A.weight",
+                "transformer.single_transformer_blocks.1.proj_mlp.lora_B.weight",
+                "transformer.single_transformer_blocks.0.proj_out.lora_A.weight"} <= keys
+    assert not any("_mod" in k or "modulation" in k or "norm1" in k for k in keys)
+    kw = dict(width=32, height=32, steps=2, seed=3, device="cpu", progress=False, log=lambda *a: None)
+    base = np.asarray(generate(folder, "a red square", **kw)[0], np.int16)
+    tuned = np.asarray(generate(folder, "a red square", loras=[result["lora"]], **kw)[0], np.int16)
+    assert np.abs(base - tuned).max() > 0
+
+
+def test_chroma_generate_uses_the_negative_prompt_and_refuses_flux_options(chroma_folder):
+    kw = dict(width=32, height=32, steps=2, seed=3, device="cpu", progress=False, log=lambda *a: None)
+    folder = os.path.dirname(chroma_folder.transformer)
+    plain = np.asarray(generate(folder, "a red square", **kw)[0], np.int16)
+    neg = np.asarray(generate(folder, "a red square", negative_prompt="blue", **kw)[0], np.int16)
+    nocfg = np.asarray(generate(folder, "a red square", cfg=1.0, negative_prompt="blue", **kw)[0], np.int16)
+    assert np.abs(plain - neg).max() > 0 and np.abs(plain - nocfg).max() > 0
+    with pytest.raises(ValueError, match="--guidance: .*this model is Chroma: it has no guidance embedding"):
+        generate(folder, "a red square", guidance=3.5, **kw)
+    with pytest.raises(ValueError, match="--image: a Flux Kontext option; this model is Chroma"):
+        generate(folder, "a red square", image="x.png", **kw)
