@@ -5,10 +5,15 @@
     python examples/train_flux_lora.py --model FLUX.1-dev/ --data my_images/ --trigger ohwx --steps 2000
     python examples/train_flux_lora.py --arch sdxl --model sd_xl_base_1.0.safetensors --data my_images/
     python examples/train_flux_lora.py --config examples/configs/sd35_large_24gb.yaml     # SD3.5 (model.arch: sd3)
+    python examples/train_flux_lora.py --arch flux_kontext --model FLUX.1-Kontext-dev/ --data edited/ --control src/
+    python examples/train_flux_lora.py --arch chroma --model Chroma1-HD/ --data my_images/
 
 The same script trains SD3 / SD3.5 and SDXL LoRAs: --arch sd3 | sdxl, or model.arch (ai-toolkit: is_v3 / is_xl)
 in the config; their files are an SAI single file or a diffusers folder (or separate part files: model.vae_path,
-clip_l_path, clip_g_path, t5_path). The no-argument demo is Flux's.
+clip_l_path, clip_g_path, t5_path). Flux Kontext (--arch flux_kontext) trains on edit pairs: --data the edited
+images with their captions (the edit instructions), --control the source images of the same names (ai-toolkit's
+datasets' control_path). Chroma (--arch chroma): T5 only, previews with CFG and sample.neg. Without --model, each
+family trains a random tiny preset. The no-argument demo is Flux's.
 
 A real run needs a Flux model -- a diffusers folder, or a transformer file with the VAE, CLIP-L and T5 files (config
 fields model.vae_path, clip_l_path, t5_path) -- and a folder of images with same-name .txt captions (or of
@@ -108,10 +113,13 @@ def parser():
                                          "it (default: none, the flags alone; no arguments at all: the demo)")
     add("--model", metavar="PATH", help="checkpoint: .safetensors file or diffusers folder (default: a random "
                                         "flux-tiny)")
-    add("--arch", choices=available_families(), help="model family: flux, sd3 (SD3 / SD3.5) or sdxl (default: the "
+    add("--arch", choices=available_families(), help="model family: flux, sd3 (SD3 / SD3.5), sdxl, flux_kontext "
+                                                     "(Flux Kontext: edit pairs, --control) or chroma (default: the "
                                                      "config's model.arch, else flux)")
     add("--data", metavar="FOLDER", help="folder of images with same-name .txt captions, or of precomputed samples "
                                          "(default: none; the demo: drawn images)")
+    add("--control", metavar="FOLDER", help="Flux Kontext: control (source) images with the same names as --data's "
+                                           "targets (datasets' control_path; default: none)")
     add("--trigger", metavar="WORD", help="trigger word: replaces [trigger] in captions and sample prompts, and is "
                                           "put in front of captions that lack it (default: none; the demo: ohwx)")
     add("--resolution", type=int, help="bucket resolution of --data images (default 512; the demo 128)")
@@ -189,8 +197,12 @@ def build_config(a):
         entry = {"folder_path": a.data}
         if a.resolution is not None:
             entry["resolution"] = a.resolution
+        if a.control is not None:
+            entry["control_path"] = a.control
         proc["datasets"] = [entry]
         proc.pop("synthetic", None)
+    elif a.control is not None:
+        raise ConfigError("--control: give the target images' folder too (--data)")
     elif a.resolution is not None:
         if not (isinstance(proc.get("datasets"), list) and proc["datasets"]):
             raise ConfigError("--resolution: needs an image dataset (--data or the config's datasets)")

@@ -14,6 +14,7 @@ class FluxKontextFamily(FluxFamily):
     model_words = "a Flux Kontext transformer"
     default_size = "flux-tiny"
     control_images = True
+    config_defaults = {**FluxFamily.config_defaults, "name": "flux_kontext_lora"}
 
     def training_inputs(self, model, batch, device, train_cfg):
         x0, cond = super().training_inputs(model, batch, device, train_cfg)

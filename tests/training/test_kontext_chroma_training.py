@@ -161,3 +161,19 @@ def test_chroma_generate_uses_the_negative_prompt_and_refuses_flux_options(chrom
         generate(folder, "a red square", guidance=3.5, **kw)
     with pytest.raises(ValueError, match="--image: a Flux Kontext option; this model is Chroma"):
         generate(folder, "a red square", image="x.png", **kw)
+
+
+def test_the_example_script_takes_kontext_control_images(pairs):
+    import importlib.util
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train_flux_lora.py")
+    spec = importlib.util.spec_from_file_location("train_flux_lora_kc", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    images, ctl, _ = pairs
+    cfg, demo, _ = example.build_config(example.parser().parse_args(
+        ["--arch", "flux_kontext", "--data", images, "--control", ctl, "--resolution", "64", "--device", "cpu"]))
+    assert not demo and cfg.model.arch == "flux_kontext" and cfg.name == "flux_kontext_lora"
+    assert cfg.datasets[0].control_path == ctl and cfg.model.name_or_path is None
+    with pytest.raises(ConfigError, match="--control: give the target images' folder too"):
+        example.build_config(example.parser().parse_args(["--arch", "flux_kontext", "--control", ctl,
+                                                          "--model", images]))
