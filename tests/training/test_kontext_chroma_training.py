@@ -177,3 +177,43 @@ def test_the_example_script_takes_kontext_control_images(pairs):
     with pytest.raises(ConfigError, match="--control: give the target images' folder too"):
         example.build_config(example.parser().parse_args(["--arch", "flux_kontext", "--control", ctl,
                                                           "--model", images]))
+
+
+def test_chroma_and_kontext_blocks_stream_and_store_in_fp8_as_fluxs(chroma_folder, tmp_path):
+    import flame_core as flame
+    from flame_core import memory
+    from flame_models.bfl.tiny import tiny_flux_files
+    from flame_models.chroma import conditioning as CC
+    from flame_models.chroma import pipeline as CP
+    from flame_models.flux_kontext import pipeline as KP
+    with CC.load_text_encoders(chroma_folder, dtype=flame.float32, device="cpu", max_length=8) as enc:
+        cond = {k: v.numpy() for k, v in enc.encode(["a red square"]).items()}
+        neg = {k: v.numpy() for k, v in enc.encode([""]).items()}
+    kw = dict(height=32, width=32, steps=2, seeds=[1])
+    want = CP.sample_latents(CP.load_transformer(chroma_folder, dtype=flame.float32, device="cpu"), cond, neg,
+                             cfg=4.0, **kw).numpy()
+    streamed = CP.load_transformer(chroma_folder, dtype=flame.float32, device="cpu", stream=True)
+    assert "4 streamed" in str(streamed.streamer)
+    try:
+        report = CP.fit_transformer(streamed, cond, 64 * 2 ** 20, height=32, width=32)
+    finally:
+        memory.set_memory_limit(None, "cpu")
+    assert "auto-fit" in str(report)
+    np.testing.assert_array_equal(CP.sample_latents(streamed, cond, neg, cfg=4.0, **kw).numpy(), want)
+    fp8 = CP.sample_latents(CP.load_transformer(chroma_folder, dtype=flame.float32, device="cpu", fp8=True,
+                                                stream=True), cond, neg, cfg=4.0, **kw).numpy()
+    assert 0 < np.abs(fp8 - want).max() < 0.2 * np.abs(want).max()
+    # Kontext: the same transformer loading, the reference tokens through streamed blocks
+    files = tiny_flux_files(tmp_path / "flux", seed=5)
+    rng = np.random.default_rng(0)
+    kcond = {"prompt_embeds": rng.normal(size=(1, 8, 32)).astype(np.float32),
+             "pooled_prompt_embeds": rng.normal(size=(1, 32)).astype(np.float32),
+             "ref_latents": rng.normal(size=(1, 6, 64)).astype(np.float32), "ref_height": 32, "ref_width": 48}
+    want = KP.sample_latents(KP.load_transformer(files, dtype=flame.float32, device="cpu"), kcond, guidance=2.5,
+                             **kw).numpy()
+    streamed = KP.load_transformer(files, dtype=flame.float32, device="cpu", stream=True)
+    try:
+        KP.fit_transformer(streamed, kcond, 64 * 2 ** 20, height=32, width=32, guidance=2.5)
+    finally:
+        memory.set_memory_limit(None, "cpu")
+    np.testing.assert_array_equal(KP.sample_latents(streamed, kcond, guidance=2.5, **kw).numpy(), want)
