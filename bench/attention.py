@@ -13,9 +13,8 @@ Run: PYTHONPATH=$PWD python3 bench/attention.py [--reps 25] [--only flux-1024,sd
 import argparse
 import sys
 
-import numpy as np
-
 import common
+import numpy as np
 
 SHAPES = [  # name, B, H, Lq, Lk, D
     ("flux-1024", 1, 24, 4608, 4608, 128),
@@ -31,6 +30,7 @@ def flame_fns(B, H, Lq, Lk, D):
     """(forward, forward+backward, inputs q, k, v, dout) on CuPy bf16 arrays."""
     import cupy as cp
     import ml_dtypes
+
     from flame_core.kernels import attention as A
     rng = cp.random.default_rng(0)
     inputs = tuple(rng.standard_normal(s, dtype=cp.float32).astype(ml_dtypes.bfloat16)

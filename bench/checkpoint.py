@@ -12,9 +12,9 @@ import math
 import statistics
 import time
 
+import common
 import numpy as np
 
-import common
 import flame_core as flame
 from flame_core import amp
 from flame_core import memory as M

@@ -247,9 +247,10 @@ def diffusers_inputs(size, guidance):
 def random_flux(params="flux-dev", device="cuda", seed=0, std=0.02):
     """A random-init Flux (N(0, std) bf16 weights, QK-norm scales 1) filled without fragmenting FLAME's pool
     (lora_step.random_init_)."""
+    import lora_step
+
     import flame_core as flame
     import flame_nn
-    import lora_step
     from flame_models.flux import Flux
     from flame_models.flux.params import flux_params
     with flame_nn.empty_init(device=device, dtype=flame.bfloat16):

@@ -35,13 +35,14 @@ import argparse
 import os
 import sys
 
+import common
 import numpy as np
 
-import common
 import flame_core as flame
 import flame_nn.functional as F
 from flame_core import backend
-from flame_core.kernels import conv as KC, plans
+from flame_core.kernels import conv as KC
+from flame_core.kernels import plans
 from flame_core.ops import conv as C
 
 SHAPES = {  # name: (N, C, H, W, O, k, stride, pad); pad an int (both sides) or F.pad's (left, right, top, bottom)
@@ -177,13 +178,13 @@ def bench_flame(N, Cin, H, W, O, k, stride, pad, repeats):
         op(x, w).backward(go)
     # the backward passes alone
     g = flame_geometry(tuple(x.shape), tuple(w.shape), stride, pad)
-    xa, wa, ga = x.detach()._data, w.detach()._data, go._data
+    xa, wa, ga = x.detach().array, w.detach().array, go.array
     r = dict(fwd_ms=ms(lambda: op(x, w)), fwdbwd_ms=ms(fb, max(5, repeats // 2)),
              dx_ms=ms(lambda: C.conv2d_backward(ga, xa, wa, g, need_x=True, need_w=False)),
              dw_ms=ms(lambda: C.conv2d_backward(ga, xa, wa, g, need_x=False, need_w=True)),
              paths={q: ("wgmma" if C.use_wgmma(xa, g, q) else "igemm")
                     if C.use_igemm(xa, g, q) and (q != "dx" or g.sh == g.sw == 1 or C.strided_dx(g))
-                    else ("cublas 1x1" if C._is_pointwise(g) else "im2col") for q in C.PASSES})
+                    else ("cublas 1x1" if C.is_pointwise(g) else "im2col") for q in C.PASSES})
     if r["paths"]["fwd"] == "wgmma":  # registers / spills / shared memory of the tile that ran
         r["wgmma_kernel"] = KC.wgmma_kernel_info(KC.wgmma_tile(O, N * OH * OW, plans.sm_count()), xa.dtype)
     with flame.no_grad():

@@ -5,9 +5,10 @@ SDXL ResBlocks' convolutions, and write the fastest into the measured table flam
 Candidates per pass: im2col + cuBLAS, and the wgmma implicit GEMM with each tile and 1, 2, 3, 4, 6 or 8 slices over K,
 or a tail split (fwd / dx: the whole waves of tiles, then the last partial wave's tiles split over K in 2, 3 or 4;
 flame_core.kernels.conv.tail_plan) (the weight gradient: DW_SLICES slices over the pixels); a strided dx (stride 2)
-runs every phase of dx in one launch of the wgmma kernel: its candidates are the tiles alone. Each is checked against im2col (max relative difference 2e-2) before it counts,
-then timed between CUDA events behind a busy-GPU head start, median of --repeats. The VAE's (0,1,0,1) downsample
-is tuned as the model runs it: the pad folded into the conv (F.pad_conv2d).
+runs every phase of dx in one launch of the wgmma kernel: its candidates are the tiles alone. Each is checked against
+im2col (max relative difference 2e-2) before it counts, then timed between CUDA events behind a busy-GPU head start,
+median of --repeats. The VAE's (0,1,0,1) downsample is tuned as the model runs it: the pad folded into the conv
+(F.pad_conv2d).
 The table is written atomically (temp file, fsync, rename) into its compute capability's section, merged with the
 geometries already there.
 Run: PYTHONPATH=$PWD python3 bench/conv_tune.py [--shapes sdxl_l0,...] [--repeats 15] [--out PATH]
@@ -22,13 +23,14 @@ import pathlib
 import sys
 import tempfile
 
-import numpy as np
-
 import common
 import conv as B  # bench/conv.py: the shapes
+import numpy as np
+
 import flame_core as flame
 from flame_core import backend
-from flame_core.kernels import conv as KC, conv_table, plans
+from flame_core.kernels import conv as KC
+from flame_core.kernels import conv_table, plans
 from flame_core.ops import conv as C
 
 WGMMA_SPLITS = (1, 2, 3, 4, 6, 8)
@@ -101,8 +103,8 @@ def tune_geometry(label, spec, repeats, smoke):
     w = (flame.randn(O, Cin, k, k, device=dev) * 0.02).to(dt)
     g = B.flame_geometry(tuple(x.shape), tuple(w.shape), stride, pad)  # an asymmetric pad folded in (pad_conv2d)
     go = flame.randn(N, O, g.OH, g.OW, device=dev).to(dt)
-    xa, wa, ga = x._data, w._data, go._data
-    if C._is_pointwise(g):  # a plain 1x1 is one batched cuBLAS GEMM whatever the algorithm: nothing to choose
+    xa, wa, ga = x.array, w.array, go.array
+    if C.is_pointwise(g):  # a plain 1x1 is one batched cuBLAS GEMM whatever the algorithm: nothing to choose
         print(f"{label}: a plain 1x1 (one batched GEMM on every path): not tuned", flush=True)
         return {}
     ms = B.timer(repeats, "cupy")

@@ -94,9 +94,9 @@ def worker_flux(a):
     import flame_core.distributed as dist
     import flame_core.memory as fmem
     import flame_nn
-    from flame_nn import adapters as A
     from flame_models.flux.lora_keys import name_map_for
     from flame_models.flux.params import configs as presets
+    from flame_nn import adapters as A
     rank, world = _rank()
     if world > 1:
         dist.init_process_group("nccl")
@@ -219,8 +219,8 @@ def report(res, a):
         f, t = res.get(f"flame_allreduce_{mib}MiB_busbw_GBps"), res.get(f"torch_allreduce_{mib}MiB_busbw_GBps")
         rows.append([mib, res.get(f"flame_allreduce_{mib}MiB_ms"), f, res.get(f"torch_allreduce_{mib}MiB_ms"), t,
                      common.ratio(f, t)])
-    lines = [] if a.skip_allreduce else [common.table(["MiB", "FLAME ms", "FLAME busbw GB/s", "torch ms", "torch busbw GB/s",
-                           "busbw FLAME/torch"], rows,
+    lines = [] if a.skip_allreduce else [common.table(["MiB", "FLAME ms", "FLAME busbw GB/s", "torch ms",
+                                                       "torch busbw GB/s", "busbw FLAME/torch"], rows,
                           title=f"\nall-reduce {a.dtype} SUM on {a.gpus} GPUs (NCCL_NVLS_ENABLE=0); FLAME started by "
                                 f"flame_core.distributed.run, torch by torchrun")]
     if "flux_1gpu_images_per_s" in res:

@@ -12,9 +12,8 @@ import argparse
 import gc
 import sys
 
-import numpy as np
-
 import common
+import numpy as np
 
 
 def flame_part(res, sizes, repeats, warmup):
@@ -47,9 +46,9 @@ def flame_part(res, sizes, repeats, warmup):
             res.log(f"flame_fwd_{size}_graph_ms", round(common.cuda_ms(call, repeats, warmup)[0], 1))
             res.log(f"flame_fwd_{size}_graph_peak_reserved_GiB", common.gib(fmem.max_memory_reserved(), 3))
             fwd.reset()
-            del fwd, call
+            fwd = call = None  # frees the graph (rebound, not deleted: closures use the names)
             flame_blocks(res, model, size, repeats, warmup)
-    del model
+    model = None  # frees the weights (rebound, not deleted: closures use the name)
     gc.collect()
     fmem.empty_cache()
 
@@ -57,7 +56,8 @@ def flame_part(res, sizes, repeats, warmup):
 def flame_blocks(res, model, size, repeats, warmup):
     """One double and one single block: (as launched, GPU alone) ms."""
     import flame_core as flame
-    from flame_models.flux import ops, sampling as S
+    from flame_models.flux import ops
+    from flame_models.flux import sampling as S
     n_img, H = (size // 16) ** 2, 3072
     g = flame.Generator("cuda").manual_seed(7)
 

@@ -58,7 +58,8 @@ def _fill(shapes, pool):
     out = {}
     for k, s in shapes.items():
         if k.endswith(("norm.weight", "layer_norm.weight", "_norm.scale", "norm1.weight", "norm2.weight",
-                       "final_layer_norm.weight")) or (len(s) == 1 and "norm" in k and k.endswith((".weight", "scale"))):
+                       "final_layer_norm.weight")) or \
+                (len(s) == 1 and "norm" in k and k.endswith((".weight", "scale"))):
             out[k] = pool.tensor(s, 1.0)
         elif k.endswith("bias") or len(s) == 1:
             out[k] = pool.tensor(s, 0)
@@ -101,12 +102,12 @@ def t5_shapes(d=4096, layers=24, heads=64, d_kv=64, d_ff=10240, vocab=32128):
 
 def write_random_model(folder, tiny):
     """The four files (skipped when present); returns their paths."""
-    from flame_core.io import save_file
     import flame_core as flame
+    from flame_core.io import save_file
     from flame_models.flux.keys import bfl_shapes
     from flame_models.flux.params import configs
-    from flame_models.vae import AutoencoderKL, save_vae
     from flame_models.flux.tiny import TINY_VAE
+    from flame_models.vae import AutoencoderKL, save_vae
     os.makedirs(folder, exist_ok=True)
     paths = {k: os.path.join(folder, n) for k, n in (("transformer", "flux1-dev.safetensors"),
                                                      ("vae", "ae.safetensors"), ("clip_l", "clip_l.safetensors"),

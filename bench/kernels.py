@@ -17,11 +17,11 @@ import argparse
 import math
 import statistics
 
+import common
 import cupy as cp
 import ml_dtypes
 import numpy as np
 
-import common
 from flame_core.kernels import activations, adamw, fp8, groupnorm, loader, modulate, norms, rope, softmax
 
 torch = common.import_torch()

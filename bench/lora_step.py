@@ -13,9 +13,8 @@ import argparse
 import gc
 import sys
 
-import numpy as np
-
 import common
+import numpy as np
 
 TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
 

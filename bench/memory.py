@@ -20,6 +20,7 @@ import time
 import traceback
 
 import common
+
 import flame_core as flame
 import flame_core.memory as M
 from flame_core import grad_pool
@@ -47,7 +48,7 @@ def train_step(ws, x, lr=1e-3):
     del h
     loss.backward()
     for w in ws:
-        w._data -= lr * w.grad._data
+        w.array[...] -= lr * w.grad.array
     grad_pool.zero_grad(ws)
 
 
@@ -150,7 +151,7 @@ def torch_step_figures(layers, width, tokens, reps):
     ms = common.cuda_ms(step, reps, warmup=0, lib="torch")[2]
     out = {"step_ms": statistics.median(ms), "max_allocated": torch.cuda.max_memory_allocated(),
            "max_reserved": torch.cuda.max_memory_reserved()}
-    del ws, x
+    ws = x = None  # frees them (rebound, not deleted: the closures above use the names)
     torch.cuda.empty_cache()
     return out
 
@@ -171,7 +172,7 @@ def oom_demo(limit, layers=24, width=8192, tokens=49152):
         allocated_at_oom = M.memory_allocated()
     finally:
         M.set_tracking(False)
-    del ws, x
+    ws = x = None  # frees them (rebound, not deleted: the closures above use the names)
     return {"need_bytes": need, "limit": limit, "raised": report is not None, "report": report,
             "allocated_at_oom": allocated_at_oom}
 
@@ -206,7 +207,7 @@ def main():
     # baseline: CUDA context, cuBLAS handle/workspace and every kernel of the step loaded, pool empty
     ws, x = make_mlp(1, W, T)
     train_step(ws, x)
-    del ws, x
+    ws = x = None  # frees them (rebound, not deleted: the closures above use the names)
     M.empty_cache()
     cupy.cuda.runtime.deviceSynchronize()
     base_driver = driver_used()
@@ -273,7 +274,7 @@ def main():
                 "cupy_empty_del_us_flame_pool": flame_us, "cupy_empty_del_us_cupy_pool": cupy_us,
                 "added_over_cupy_pool_us": flame_us - cupy_us}
     res["overhead"] = guarded(overhead)
-    del ws, x
+    ws = x = None  # frees them (rebound, not deleted: the closures above use the names)
     M.empty_cache()
 
     # PyTorch, same step, same process (FLAME's cache released)

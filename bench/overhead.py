@@ -21,6 +21,7 @@ import statistics
 import time
 
 import common
+
 import flame_core as flame
 
 N_OPS = 200

@@ -192,8 +192,8 @@ def report(res, a):
     pc = [v for g, v in c.items() if g != "attention"]
     rows.append(["outside attention", round(sum(out), 1) if out else None, None, round(sum(pc), 1) if pc else None,
                  common.ratio(sum(out) if out else None, sum(pc) if pc else None)])
-    rows.append(["step (CUDA events)", res.get("flame_step_ms"), res.get("flame_nolora_ms"), res.get("compiled_step_ms"),
-                 common.ratio(res.get("flame_step_ms"), res.get("compiled_step_ms"))])
+    step, peer = res.get("flame_step_ms"), res.get("compiled_step_ms")
+    rows.append(["step (CUDA events)", step, res.get("flame_nolora_ms"), peer, common.ratio(step, peer)])
     rows.append(["kernels per step", res.get("flame_kernels_per_step"), res.get("flame_nolora_kernels_per_step"),
                  res.get("compiled_kernels_per_step"), "-"])
     return common.table(["group (ms per step)", "FLAME LoRA step", "FLAME no adapters", "compiled peer",

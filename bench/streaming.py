@@ -24,9 +24,8 @@ import threading
 import time
 import traceback
 
-import numpy as np
-
 import common
+import numpy as np
 
 CEILING_GBS = 54.9  # pinned host->device copies measured on the H100 (cupy, 1 GiB)
 GiB = 2 ** 30
@@ -100,9 +99,9 @@ class Run:
         import flame_core as flame
         import flame_core.memory as M
         import flame_nn
-        from flame_nn import adapters as A
         from flame_models.flux import FluxParams
         from flame_models.flux.lora_keys import TARGET_PRESETS, name_map_for
+        from flame_nn import adapters as A
         self.res, self.storage = res, storage
 
         def add_lora(model):  # fp32 adapters on the GPU; base frozen
@@ -315,7 +314,7 @@ def layerwise_part(res, depth, single, budget, a):
         res.log(f"{tag}_driver_peak_GiB", common.gib(dp.peak, 3))
     finally:
         M.set_memory_limit(None)
-        del model, streamer, lw, rest
+        model = streamer = lw = rest = None  # frees them (rebound, not deleted: step() uses the names)
         gc.collect()
         M.empty_cache()
         M.empty_pinned_cache()

@@ -1,4 +1,4 @@
-// Implicit-GEMM conv2d on tensor cores (flame_core/ops/conv.py): bf16/fp16 operands, fp32 accumulation, no column
+// Implicit-GEMM conv2d on tensor cores (flame_core/ops/conv/implicit_gemm.py): bf16/fp16 operands, fp32 accumulation, no column
 // matrix. The input is first copied to NHWC with its channels zero-padded to Cp (a multiple of 8), so that every
 // 16-byte chunk of the implicit column matrix is 8 channels of one input pixel at one kernel tap: one cp.async each.
 //

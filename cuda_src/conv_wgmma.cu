@@ -147,7 +147,7 @@ constexpr int EPI_PLAIN = 0, EPI_ADDS = 1, EPI_PHASED = 2;
 // from x = its output gradient dY channel-last (nimg, H, W, Cp) and w = the flipped packed weights of dx
 // (O, KH*KW*Cp) (kernels/conv.py pack_weight_dx: column ((KH-1-kh)*KW + KW-1-kw)*Cp + c holds tap (kh, kw)).
 // Phase (a, b) of dx - rows a::sh, columns b::sw - is a stride-1 conv of dY by the taps kh = a + ph (mod sh), largest
-// first (ops/conv.py dx_phases); every CTA computes one tile of one phase. `phases` lists them: its low 4 bits the
+// first (ops/conv/phases.py dx_phases); every CTA computes one tile of one phase. `phases` lists them: its low 4 bits the
 // count, then 4 bits a*4 + b each, the most taps first. CTA u (past its channel tile) is phase q, pixel tile t of
 // groups of ptg pixel tiles: group by group, the group's tiles of each phase in that order - the long ones first,
 // and each group's pieces of dx's sectors (a phase writes every sw-th element of a row) written close in time.

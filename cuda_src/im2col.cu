@@ -1,4 +1,4 @@
-// im2col / col2im for conv2d as GEMM (flame_core/ops/conv.py), NCHW, templated on float/__half/__nv_bfloat16/double.
+// im2col / col2im for conv2d as GEMM (flame_core/ops/conv/columns.py), NCHW, templated on float/__half/__nv_bfloat16/double.
 //
 // A chunk of the convolution covers `nimg` whole images starting at image n0 (x points at it), or one band of
 // `nrows` output rows starting at row oh0 of one image. Its column matrix is cols[r, p] with

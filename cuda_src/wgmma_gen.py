@@ -1,6 +1,7 @@
 """Writes cuda_src/wgmma.cuh: the wgmma wrappers' operand lists are long and mechanical (one accumulator register per
 operand). Run: python3 cuda_src/wgmma_gen.py  (rewrites cuda_src/wgmma.cuh next to it)."""
 import pathlib
+
 TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
 NS = [32, 64, 128]
 out = []

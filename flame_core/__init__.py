@@ -1,52 +1,181 @@
 """flame_core: Tensor on NumPy/CuPy arrays with tape-based autograd. Import as `import flame_core as flame`."""
-from . import errors
-from .errors import FlameError, ShapeError, DTypeError, DeviceError, AutogradError, OutOfMemoryError
-from .dtypes import (DType, bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64,
-                     float8_e4m3fn, half, double, long, get_default_dtype, set_default_dtype, promote_types,
-                     result_type)
+from . import amp, autograd, checkpoint, cuda, errors, linalg, memory, ops
+from .autograd import Function, enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
+from .device import Device, cuda_is_available, default_device, device, set_default_device
+from .dtypes import (
+    DType,
+    bfloat16,
+    bool_,
+    double,
+    float8_e4m3fn,
+    float16,
+    float32,
+    float64,
+    get_default_dtype,
+    half,
+    int8,
+    int16,
+    int32,
+    int64,
+    long,
+    promote_types,
+    result_type,
+    set_default_dtype,
+    uint8,
+)
+from .dtypes import bool_ as bool  # noqa: PLC0414
 from .dtypes import float as float  # noqa: PLC0414  (flame.float is float32, as torch.float)
 from .dtypes import int as int  # noqa: PLC0414
-from .dtypes import bool_ as bool  # noqa: PLC0414
-from .device import Device, device, default_device, set_default_device, cuda_is_available
-from .tensor import Tensor, Size
-from .memory_formats import memory_format, contiguous_format, channels_last, preserve_format
-from . import autograd
-from .autograd import no_grad, enable_grad, set_grad_enabled, inference_mode, is_grad_enabled, Function
-from . import ops
-from .ops.creation import (tensor, as_tensor, from_numpy, zeros, ones, full, empty, arange, linspace, eye, randn,
-                           rand, randint, randperm, zeros_like, ones_like, full_like, randn_like, rand_like,
-                           empty_like)
-from .ops.elementwise import (add, sub, mul, div, true_divide, floor_divide, remainder, fmod, pow, maximum,
-                              minimum, neg, exp, log, log1p, sqrt, rsqrt, sin, cos, tanh, sigmoid, relu, abs, sign,
-                              floor, ceil, round, trunc, erf, reciprocal, square, clamp, clip, where, lerp, eq, ne,
-                              lt, le, gt, ge, logical_and, logical_or, logical_xor, logical_not, isnan, isinf,
-                              isfinite, allclose, equal)
-from .ops.activation import silu, gelu, softplus
-from .ops.reduction import (sum, mean, var, std, var_mean, max, min, amax, amin, argmax, argmin, prod, norm,
-                            logsumexp, all, any, cumsum, cumprod, softmax, log_softmax, count_nonzero)
-from .ops.shape import (reshape, flatten, unflatten, permute, transpose, swapaxes, squeeze, unsqueeze, expand,
-                        broadcast_to, broadcast_shapes, repeat_interleave, chunk, split, tensor_split, unbind,
-                        narrow, select, flip, roll, tril, triu, cat, concat, concatenate, stack, movedim, clone)
-from .ops.indexing import gather, scatter_add, index_select, masked_fill, nonzero, pad, one_hot
-from .ops.linalg import matmul, mm, bmm, outer, dot, einsum
-from .ops.sorting import sort, argsort, msort, topk, unique
-from .ops.indexing import masked_select
-from .ops.elementwise import isclose, clamp_min, clamp_max
-from .ops.scatter import scatter, scatter_reduce, index_add
-from .ops.matrix import addmm, baddbmm, diag, diagonal, diag_embed, trace
+from .errors import AutogradError, DeviceError, DTypeError, FlameError, OutOfMemoryError, ShapeError
+from .memory_formats import channels_last, contiguous_format, memory_format, preserve_format
+from .ops.activation import gelu, silu, softplus
+from .ops.creation import (
+    arange,
+    as_tensor,
+    empty,
+    empty_like,
+    eye,
+    from_numpy,
+    full,
+    full_like,
+    linspace,
+    ones,
+    ones_like,
+    rand,
+    rand_like,
+    randint,
+    randn,
+    randn_like,
+    randperm,
+    tensor,
+    zeros,
+    zeros_like,
+)
 from .ops.distance import cdist
+from .ops.elementwise import (
+    abs,
+    add,
+    allclose,
+    ceil,
+    clamp,
+    clamp_max,
+    clamp_min,
+    clip,
+    cos,
+    div,
+    eq,
+    equal,
+    erf,
+    exp,
+    floor,
+    floor_divide,
+    fmod,
+    ge,
+    gt,
+    isclose,
+    isfinite,
+    isinf,
+    isnan,
+    le,
+    lerp,
+    log,
+    log1p,
+    logical_and,
+    logical_not,
+    logical_or,
+    logical_xor,
+    lt,
+    maximum,
+    minimum,
+    mul,
+    ne,
+    neg,
+    pow,
+    reciprocal,
+    relu,
+    remainder,
+    round,
+    rsqrt,
+    sigmoid,
+    sign,
+    sin,
+    sqrt,
+    square,
+    sub,
+    tanh,
+    true_divide,
+    trunc,
+    where,
+)
+from .ops.indexing import gather, index_select, masked_fill, masked_select, nonzero, one_hot, pad, scatter_add
 from .ops.info import is_tensor, numel
-from .ops.numpy_names import NAMES as _NUMPY_NAMED, with_numpy_names as _with_numpy_names
-globals().update({_n: _with_numpy_names(globals()[_n]) for _n in _NUMPY_NAMED})  # axis= / keepdims=, as torch.X
-from . import linalg
-from .serialization import save, load
-from . import amp
-from . import checkpoint
-from . import cuda
-from . import memory  # installs FLAME's pool as CuPy's allocator on a GPU (FLAME_CUDA_POOL=0 opts out) and the
-                      # cpu storage accounting: stats, limits and OOM reports work without an explicit import
-from .random import Generator, manual_seed, seed, get_rng_state, set_rng_state, default_generator
+from .ops.linalg import bmm, dot, einsum, matmul, mm, outer
+from .ops.matrix import addmm, baddbmm, diag, diag_embed, diagonal, trace
+from .ops.numpy_names import NAMES as _NUMPY_NAMED
+from .ops.numpy_names import with_numpy_names as _with_numpy_names
+from .ops.reduction import (
+    all,
+    amax,
+    amin,
+    any,
+    argmax,
+    argmin,
+    count_nonzero,
+    cumprod,
+    cumsum,
+    log_softmax,
+    logsumexp,
+    max,
+    mean,
+    min,
+    norm,
+    prod,
+    softmax,
+    std,
+    sum,
+    var,
+    var_mean,
+)
+from .ops.scatter import index_add, scatter, scatter_reduce
+from .ops.shape import (
+    broadcast_shapes,
+    broadcast_to,
+    cat,
+    chunk,
+    clone,
+    concat,
+    concatenate,
+    expand,
+    flatten,
+    flip,
+    movedim,
+    narrow,
+    permute,
+    repeat_interleave,
+    reshape,
+    roll,
+    select,
+    split,
+    squeeze,
+    stack,
+    swapaxes,
+    tensor_split,
+    transpose,
+    tril,
+    triu,
+    unbind,
+    unflatten,
+    unsqueeze,
+)
+from .ops.sorting import argsort, msort, sort, topk, unique
+from .random import Generator, default_generator, get_rng_state, manual_seed, seed, set_rng_state
+from .serialization import load, save
+from .tensor import Size, Tensor
 from .threads import get_num_threads, set_num_threads  # the BLAS sized at import (flame_core/threads.py)
+
+# memory (imported above) installs FLAME's pool as CuPy's allocator on a GPU (FLAME_CUDA_POOL=0 opts out) and the cpu
+# storage accounting: stats, limits and OOM reports work without an explicit import
+globals().update({_n: _with_numpy_names(globals()[_n]) for _n in _NUMPY_NAMED})  # axis= / keepdims=, as torch.X
 
 __version__ = "0.1.0"
 

@@ -31,12 +31,13 @@ import sys
 import types
 
 from . import backend
+from . import random as _random
 from .amp import autocast_mode as _amp
 from .autograd.engine import run_backward
 from .autograd.function import Function
-from .autograd.grad_mode import state as _grad_state, enable_grad
+from .autograd.grad_mode import enable_grad
+from .autograd.grad_mode import state as _grad_state
 from .errors import AutogradError, fmt_shape
-from . import random as _random
 from .tensor import Tensor, _wrap
 
 _DUMMY = []  # one leaf that requires grad: makes the node record even when no input requires grad
@@ -127,7 +128,17 @@ def _as_outputs(out):
                     f"{type(out).__name__}")
 
 
-class _Checkpoint(Function):
+class CheckpointFunction(Function):
+    """The recompute node (PyTorch's reentrant `CheckpointFunction`). Subclass it to act around a region's
+    backward (flame_nn's BlockStreamer brings a streamed block's weights back) and start it with `run`."""
+
+    @classmethod
+    def run(cls, function, args, kwargs, preserve_rng_state=True, offload=False):
+        """`function(*args, **kwargs)` as one checkpointed region recorded as this class's node, whatever the grad
+        mode (`checkpoint` is the call that falls back to a plain one without grad)."""
+        return cls.apply(_dummy(), function, len(args), tuple(kwargs), bool(preserve_rng_state), bool(offload),
+                         *args, *kwargs.values())
+
     @staticmethod
     def forward(ctx, _dummy_leaf, run, n_args, kw_names, preserve_rng, offload, *flat):
         ctx.run, ctx.n_args, ctx.kw_names = run, n_args, kw_names
@@ -211,10 +222,7 @@ def checkpoint(function, *args, use_reentrant=None, preserve_rng_state=True, off
     """
     if not _grad_state.enabled:
         return function(*args, **kwargs)
-    kw_names = tuple(kwargs)
-    flat = (*args, *kwargs.values())
-    return _Checkpoint.apply(_dummy(), function, len(args), kw_names, bool(preserve_rng_state), bool(offload),
-                             *flat)
+    return CheckpointFunction.run(function, args, kwargs, preserve_rng_state, offload)
 
 
 def checkpoint_sequential(functions, segments, input, use_reentrant=None, preserve_rng_state=True,
@@ -262,4 +270,4 @@ class _CallableModule(types.ModuleType):
 
 sys.modules[__name__].__class__ = _CallableModule
 
-__all__ = ["checkpoint", "checkpoint_sequential", "maybe_checkpoint"]
+__all__ = ["CheckpointFunction", "checkpoint", "checkpoint_sequential", "maybe_checkpoint"]

@@ -1,8 +1,8 @@
 """dtypes: thin named wrappers over NumPy dtypes (bfloat16 and float8 come from ml_dtypes), with PyTorch promotion."""
 import builtins
 
-import numpy as np
 import ml_dtypes
+import numpy as np
 
 from .errors import DTypeError
 

@@ -3,8 +3,9 @@ import numpy as np
 
 from . import backend
 from . import dtypes as D
-from .device import device as _parse_device, device_of_array, CPU
-from .errors import AutogradError, DeviceError, fmt_shape
+from .device import CPU, device_of_array
+from .device import device as _parse_device
+from .errors import AutogradError, DeviceError, DTypeError, fmt_shape
 
 _ndarray = np.ndarray
 _memory_hook = None  # set by flame_core.memory: called with every array a tensor is born with
@@ -70,13 +71,35 @@ class Tensor(D.FloatCasts):
 
     @property
     def data(self):
-        return self.detach()
+        return self.detach()  # PyTorch's `.data`: a tensor sharing the storage, outside autograd (see `.array`)
 
     @data.setter
     def data(self, value):
         if not isinstance(value, Tensor):
             raise TypeError(f"data must be a Tensor, got {type(value).__name__}")
         self._data = value._data
+
+    @property
+    def array(self):
+        """The NumPy (cpu) or CuPy (cuda) array holding this tensor's elements: the storage itself, no copy.
+
+        For code below the autograd (optimizers, kernels, offload): reads and in-place writes through it are not
+        recorded and do not bump the version counter, like writes through PyTorch's `.data`. A cuda
+        float8_e4m3fn tensor's array is its raw bytes (uint8: CuPy has no fp8 dtype); a cpu one's is an ml_dtypes
+        float8 array. `flame_core.as_tensor(array)` is the way back (no copy)."""
+        return self._data
+
+    def set_array_(self, array, f8=None):
+        """Make `array` (NumPy or CuPy, used as it is: no copy, no check) this tensor's storage, in place: the
+        tensor keeps its identity, grad, hooks and version counter (as assigning PyTorch's `.data`). `f8` True
+        marks a uint8 CuPy array as float8_e4m3fn bytes, False as its own dtype; None keeps the current marking
+        (a storage swapped for one of the same kind). Returns self."""
+        if f8 is not None:
+            if f8 and array.dtype != np.uint8:
+                raise DTypeError(f"set_array_: float8 bytes must be a uint8 array, got {array.dtype}")
+            self._f8 = bool(f8)
+        self._data = array
+        return self
 
     @property
     def requires_grad(self):

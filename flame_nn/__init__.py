@@ -1,17 +1,58 @@
 """flame_nn: modules, layers, functional ops, initialisation, optimizers (`import flame_nn as nn`)."""
-from . import functional, init, optim, utils
-from .containers import Sequential, ModuleList, ModuleDict, ParameterList, ParameterDict
+from . import functional, init, offload, optim, parallel, utils
+from .containers import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
 from .empty_init import empty_init, init_empty_weights, is_empty_init, load_weights_
 from .gradient_checkpointing import GradientCheckpointingMixin
-from .layers import (ReLU, GELU, SiLU, Tanh, Sigmoid, Softmax, LeakyReLU, ELU, Softplus, Mish, Hardswish,
-                     MultiheadAttention, BatchNorm1d, BatchNorm2d, Conv1d, Conv2d, ConvTranspose2d, Dropout,
-                     Embedding, Identity, Linear, Bilinear, Flatten, Unflatten, L1Loss, MSELoss, SmoothL1Loss,
-                     HuberLoss, NLLLoss, CrossEntropyLoss, BCELoss, BCEWithLogitsLoss, KLDivLoss, LayerNorm,
-                     GroupNorm, RMSNorm, PixelShuffle, PixelUnshuffle, MaxPool2d, AvgPool2d, AdaptiveAvgPool2d,
-                     Upsample, LSTM, GRU, TransformerEncoderLayer, TransformerEncoder)
-from .module import Module, StateDictError, IncompatibleKeys, RemovableHandle
-from .parameter import Parameter, MetaTensorError
-from . import offload, parallel
+from .layers import (
+                     ELU,
+                     GELU,
+                     GRU,
+                     LSTM,
+                     AdaptiveAvgPool2d,
+                     AvgPool2d,
+                     BatchNorm1d,
+                     BatchNorm2d,
+                     BCELoss,
+                     BCEWithLogitsLoss,
+                     Bilinear,
+                     Conv1d,
+                     Conv2d,
+                     ConvTranspose2d,
+                     CrossEntropyLoss,
+                     Dropout,
+                     Embedding,
+                     Flatten,
+                     GroupNorm,
+                     Hardswish,
+                     HuberLoss,
+                     Identity,
+                     KLDivLoss,
+                     L1Loss,
+                     LayerNorm,
+                     LeakyReLU,
+                     Linear,
+                     MaxPool2d,
+                     Mish,
+                     MSELoss,
+                     MultiheadAttention,
+                     NLLLoss,
+                     PixelShuffle,
+                     PixelUnshuffle,
+                     ReLU,
+                     RMSNorm,
+                     Sigmoid,
+                     SiLU,
+                     SmoothL1Loss,
+                     Softmax,
+                     Softplus,
+                     Tanh,
+                     TransformerEncoder,
+                     TransformerEncoderLayer,
+                     Unflatten,
+                     Upsample,
+)
+from .module import IncompatibleKeys, Module, RemovableHandle, StateDictError
+from .parameter import MetaTensorError, Parameter
 
 __all__ = ["functional", "init", "optim", "utils", "offload", "Module", "Parameter", "Sequential", "ModuleList",
            "ModuleDict", "ParameterList", "ParameterDict", "empty_init", "init_empty_weights", "is_empty_init",
@@ -21,5 +62,6 @@ __all__ = ["functional", "init", "optim", "utils", "offload", "Module", "Paramet
            "Embedding", "Identity", "Linear", "Bilinear", "Flatten", "Unflatten", "L1Loss", "MSELoss",
            "SmoothL1Loss", "HuberLoss", "NLLLoss", "CrossEntropyLoss", "BCELoss", "BCEWithLogitsLoss", "KLDivLoss",
            "LayerNorm", "GroupNorm", "RMSNorm", "PixelShuffle", "PixelUnshuffle", "MaxPool2d", "AvgPool2d",
-           "AdaptiveAvgPool2d", "Upsample", "LSTM", "GRU", "TransformerEncoderLayer", "TransformerEncoder", "GradientCheckpointingMixin",
+           "AdaptiveAvgPool2d", "Upsample", "LSTM", "GRU", "TransformerEncoderLayer", "TransformerEncoder",
+           "GradientCheckpointingMixin",
            "parallel"]

@@ -80,6 +80,7 @@ def load_weights_(module, files, *, strict=True, device=None, dtype=None, key_ma
     Returns `(missing_keys, unexpected_keys)`; with `strict=True` raises listing missing, unexpected and misshaped keys.
     """
     from flame_core.io import safe_open
+
     from .module import StateDictError, _format_load_errors
     files = [files] if isinstance(files, (str, bytes)) or hasattr(files, "__fspath__") else list(files)
     expected = dict(module._state_items())
@@ -126,13 +127,13 @@ def load_weights_(module, files, *, strict=True, device=None, dtype=None, key_ma
 def _assign(t, arr, f8=False):
     """Put `arr` (already converted) into tensor `t`: new storage for placeholders / dtype changes, else in place."""
     from flame_core import backend
-    if getattr(t, "_meta_device", None) is not None or arr.dtype != t._data.dtype or f8 != t._f8 or \
-            backend.is_cuda_array(arr) != backend.is_cuda_array(t._data):
+    if getattr(t, "_meta_device", None) is not None or arr.dtype != t.array.dtype or f8 != t._f8 or \
+            backend.is_cuda_array(arr) != backend.is_cuda_array(t.array):
         if isinstance(t, Parameter):
             t.materialize_(arr, f8)
         else:
-            t._data, t._f8 = arr, f8
+            t.set_array_(arr, f8)
             t._version[0] += 1
     else:
-        t._data[...] = arr
+        t.array[...] = arr
         t._version[0] += 1

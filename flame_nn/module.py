@@ -15,9 +15,9 @@ from flame_core.device import device as _parse_device
 from flame_core.errors import FlameError, fmt_shape
 from flame_core.tensor import Tensor
 
-from .parameter import Parameter, MetaTensorError, empty_storage, meta_array
 from . import backward_hooks as _bw
 from . import empty_init as _ei
+from .parameter import MetaTensorError, Parameter, empty_storage, meta_array
 
 
 class StateDictError(FlameError, RuntimeError):
@@ -77,7 +77,7 @@ def _addindent(s, n):
 def _array_of(v):
     """(array, is_fp8_bytes) of a state_dict value: a Tensor, or a NumPy / CuPy array."""
     if isinstance(v, Tensor):
-        return v._data, v._f8
+        return v.array, v._f8
     if backend.is_cuda_array(v):
         return v, False
     if hasattr(v, "__array__"):
@@ -452,6 +452,7 @@ class Module(D.FloatCasts):
         if dt is not None and not dt.is_floating_point:
             raise TypeError(f"Module.to only accepts floating point dtypes, got {dt}")
         from flame_core.io import convert
+
         from .utils import _pool
         moved = []
 
@@ -461,21 +462,21 @@ class Module(D.FloatCasts):
                 if dev is not None:
                     t._meta_device = dev
                 if want is not None:
-                    t._data = meta_array(t._data.shape, want)
+                    t.set_array_(meta_array(t.array.shape, want))
                 return
-            arr, f8 = convert(t._data, want, dev, t._f8)
-            if arr is t._data:
+            arr, f8 = convert(t.array, want, dev, t._f8)
+            if arr is t.array:
                 return
             if _pool is not None and isinstance(t, Parameter) and _pool.is_registered(t):
                 _pool.unregister([t])  # its pooled gradient storage has the old device/dtype
                 moved.append(t)
-            t._data, t._f8 = arr, f8
+            t.set_array_(arr, f8)
             g = t._grad
             if g is not None:
-                garr, gf8 = convert(g._data, want, dev, g._f8)
-                if garr is not g._data:
+                garr, gf8 = convert(g.array, want, dev, g._f8)
+                if garr is not g.array:
                     t._grad = g = g._detached_owned()  # a pooled .grad is a view: detach it from the old buffer
-                    g._data, g._f8 = garr, gf8
+                    g.set_array_(garr, gf8)
         self._convert_(conv)
         if moved:
             _pool.register(moved)
@@ -492,7 +493,7 @@ class Module(D.FloatCasts):
         for p in self.parameters():
             if p.is_meta:
                 dev = _parse_device(device) if device is not None else p._meta_device
-                p.materialize_(*empty_storage(p._data.shape, p._data.dtype, dev))
+                p.materialize_(*empty_storage(p.array.shape, p.array.dtype, dev))
         if device is not None:
             self.to(device)
         return self
@@ -548,7 +549,7 @@ class Module(D.FloatCasts):
                     if isinstance(t, Parameter):
                         t.materialize_(src, src_f8)
                     else:
-                        t._data, t._f8 = src, src_f8
+                        t.set_array_(src, src_f8)
                         t._version[0] += 1
                     continue
                 arr, f8 = convert(src, t.dtype.np, t.device, src_f8)
@@ -557,7 +558,7 @@ class Module(D.FloatCasts):
                         arr = arr.copy()  # never alias the caller's array
                     t.materialize_(arr, f8)
                 else:
-                    t._data[...] = arr
+                    t.array[...] = arr
                     t._version[0] += 1
         for m in self.modules():
             if m._meta_check:

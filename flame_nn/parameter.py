@@ -3,7 +3,8 @@ import numpy as np
 
 from flame_core import backend
 from flame_core import dtypes as D
-from flame_core.device import device as _parse_device, device_of_array
+from flame_core.device import device as _parse_device
+from flame_core.device import device_of_array
 from flame_core.errors import FlameError
 from flame_core.tensor import Tensor
 
@@ -34,12 +35,12 @@ class Parameter(Tensor):
     def __new__(cls, data=None, requires_grad=True):
         p = _new(cls)
         if data is None:
-            p._data = np.empty((0,), dtype=D.get_default_dtype().np)
+            p.set_array_(np.empty((0,), dtype=D.get_default_dtype().np))
             p._version = [0]
         else:
             if not isinstance(data, Tensor):
                 raise TypeError(f"Parameter expects a Tensor, got {type(data).__name__}")
-            p._data = data._data
+            p.set_array_(data.array)
             p._version = data._version
             if data._f8:
                 p._f8 = True
@@ -58,7 +59,7 @@ class Parameter(Tensor):
         """A placeholder of `shape`/`dtype` for `device`, allocating nothing."""
         dt = D.dtype(dtype) if dtype is not None else D.get_default_dtype()
         p = _new(cls)
-        p._data = meta_array(shape, dt.np)
+        p.set_array_(meta_array(shape, dt.np))
         p._version = [0]
         p._meta_device = _parse_device(device)
         p._requires_grad = bool(requires_grad) and dt.is_floating_point
@@ -71,23 +72,22 @@ class Parameter(Tensor):
     @property
     def device(self):
         md = self._meta_device
-        return md if md is not None else device_of_array(self._data)
+        return md if md is not None else device_of_array(self.array)
 
     def materialize_(self, array, f8=False):
         """Give a meta (or any) parameter new storage `array` (already of the wanted dtype and device); `f8` marks
         float8 held as raw bytes in a uint8 CuPy array (the core's convention)."""
-        if tuple(array.shape) != tuple(self._data.shape):
+        if tuple(array.shape) != tuple(self.array.shape):
             raise MetaTensorError(f"materialize_: array of shape {tuple(array.shape)} for a parameter of shape "
-                                  f"{tuple(self._data.shape)}")
-        self._data = array
+                                  f"{tuple(self.array.shape)}")
+        self.set_array_(array, bool(f8))
         self._version = [0]
         self._meta_device = None
-        self._f8 = bool(f8)
         return self
 
     def copy_(self, src, non_blocking=False):
         if self._meta_device is not None:  # loading into a placeholder allocates it first
-            self.materialize_(*empty_storage(self._data.shape, self._data.dtype, self._meta_device))
+            self.materialize_(*empty_storage(self.array.shape, self.array.dtype, self._meta_device))
         return Tensor.copy_(self, src, non_blocking)
 
     def __repr__(self):
@@ -99,7 +99,7 @@ class Parameter(Tensor):
     def __reduce__(self):
         if self._meta_device is not None:  # copies and pickles of a placeholder stay placeholders
             return (_rebuild_meta, (tuple(self.shape), self.dtype.name, str(self._meta_device), self._requires_grad))
-        return (_rebuild_parameter, (backend.to_numpy(self._data), str(self.device), self._requires_grad))
+        return (_rebuild_parameter, (backend.to_numpy(self.array), str(self.device), self._requires_grad))
 
 
 def _rebuild_parameter(arr, dev, requires_grad):

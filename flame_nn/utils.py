@@ -4,10 +4,10 @@ import math
 
 import numpy as np
 
-from flame_core import backend
+from flame_core import as_tensor, backend
 from flame_core.autograd import no_grad
 from flame_core.errors import DeviceError, NonFiniteError
-from flame_core.tensor import Tensor, _wrap
+from flame_core.tensor import Tensor
 
 try:
     from flame_core import grad_pool as _pool
@@ -34,7 +34,7 @@ def zero_grads(parameters, set_to_none=True):
             p._grad = None
         else:
             g = p._grad
-            g._data.fill(0)
+            g.array.fill(0)
             g._version[0] += 1
             g._grad_fn = None
 
@@ -43,7 +43,7 @@ def grad_arrays(params):
     """The gradient arrays of `params` (all with a .grad), as few as possible: a gradient-pool flat buffer whose every
     live parameter is among them (each .grad being its pooled view) stands in for all of their gradients."""
     if _pool is None:
-        return [p._grad._data for p in params]
+        return [p._grad.array for p in params]
     arrays, by_buf = [], {}
     for p in params:
         g = p._grad
@@ -53,14 +53,14 @@ def grad_arrays(params):
             if g.numel() == n and g.data_ptr() == flat.data_ptr() + off * flat.itemsize:
                 by_buf.setdefault(id(flat), (flat, []))[1].append(p)
                 continue
-        arrays.append(g._data)
+        arrays.append(g.array)
     if by_buf:
         live = {id(b.tensor): len(b.live_slots()) for b in _pool.buffers()}
         for flat, members in by_buf.values():
             if live.get(id(flat)) == len(members):
-                arrays.append(flat._data)  # gaps between slices are zero: the norm is unchanged
+                arrays.append(flat.array)  # gaps between slices are zero: the norm is unchanged
             else:
-                arrays.extend(p._grad._data for p in members)
+                arrays.extend(p._grad.array for p in members)
     return arrays
 
 
@@ -85,7 +85,7 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
     norm_type = float(norm_type)
     params = [p for p in _params(parameters) if p._grad is not None]
     if not params:
-        return _wrap(np.zeros((), dtype=np.float32))
+        return as_tensor(np.zeros((), dtype=np.float32))
     grads = [p._grad for p in params]
     arrays = grad_arrays(params)
     devices = {backend.is_cuda_array(a) and a.device.id for a in arrays}
@@ -104,7 +104,7 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
             a *= coef.astype(a.dtype)
         for g in grads:
             g._version[0] += 1
-    return _wrap(total)
+    return as_tensor(xp.asarray(total))
 
 
 def clip_grad_value_(parameters, clip_value, foreach=None):

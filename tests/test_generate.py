@@ -234,6 +234,24 @@ def test_bad_inputs_exit_2_naming_the_file(tiny, loras, tmp_path, capsys):
     assert not out.exists() or not os.listdir(out)
 
 
+def test_a_lora_with_non_finite_weights_exits_2_naming_the_file_and_key(tiny, loras, tmp_path, capsys):
+    """A NaN in a LoRA file made black images and exit 0; it is refused before any model is loaded."""
+    with safe_open(loras["kohya"]) as f:
+        sd = {k: f.get_array(k) for k in f.keys()}
+    key = "lora_unet_single_blocks_0_linear1.lora_up.weight"
+    sd[key] = sd[key].copy()
+    sd[key][0, 0] = np.nan
+    bad = str(tmp_path / "nan.safetensors")
+    save_file(sd, bad)
+    root = os.path.dirname(tiny.transformer)
+    out = tmp_path / "out"
+    err = _fails(capsys, ["--model", root, "--lora", bad, "--prompt", "x", "--width", "32", "--height", "32",
+                          "--output", str(out)], key, "1 of", "not finite")
+    line = next(l for l in err.splitlines() if l.startswith("error:"))
+    assert line.count(bad) == 1, line
+    assert not out.exists() or not os.listdir(out)
+
+
 def test_guidance_on_a_schnell_like_model_is_refused(tmp_path, capsys):
     files = tiny_flux_files(tmp_path / "schnell", guidance_embed=False)
     root = os.path.dirname(files.transformer)

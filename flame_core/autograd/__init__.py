@@ -1,14 +1,20 @@
 """Tape-based autograd: Function, backward/grad, grad modes, gradient checking."""
-from .function import Function, Node, AccumulateGrad
-from .grad_mode import (no_grad, enable_grad, set_grad_enabled, inference_mode, is_grad_enabled,
-                        is_inference_mode_enabled)
-from .engine import run_backward, queue_callback, current_pass
+from .engine import current_pass, queue_callback, run_backward
+from .function import AccumulateGrad, Function, Node
+from .grad_mode import (
+    enable_grad,
+    inference_mode,
+    is_grad_enabled,
+    is_inference_mode_enabled,
+    no_grad,
+    set_grad_enabled,
+)
 from .gradcheck import gradcheck, gradgradcheck
 
 
 def _make_grads(outputs, grad_outputs):
-    from ..tensor import Tensor, _wrap
     from ..errors import AutogradError, ShapeError, fmt_shape
+    from ..tensor import Tensor, _wrap
     grads = []
     for k, o in enumerate(outputs):
         g = grad_outputs[k] if grad_outputs is not None else None

@@ -4,7 +4,7 @@ import sys as _sys
 import numpy as _np
 
 from ..errors import AutogradError, ShapeError, fmt_shape
-from .function import AccumulateGrad, Node, edge_of, _FLOAT_NP
+from .function import _FLOAT_NP, AccumulateGrad, Node, edge_of
 from .grad_mode import state
 
 _np_ndarray = _np.ndarray
@@ -45,9 +45,10 @@ def retaining_graph():
 
 def _zeros(meta):
     shape, dt, arr_type = meta
-    from ..tensor import _wrap
     import numpy as np
+
     from .. import backend
+    from ..tensor import _wrap
     xp = backend.cupy if arr_type is not np.ndarray else np
     return _wrap(xp.zeros(shape, dtype=dt))
 

@@ -1,6 +1,9 @@
 """The tape: every differentiable op is a `Function`; applying it records one `Node` (which is also its `ctx`)."""
 import weakref
 
+import ml_dtypes as _ml
+import numpy as _np
+
 from ..errors import AutogradError, FlameError, ShapeError, fmt_shape
 from .grad_mode import state
 
@@ -110,9 +113,6 @@ def edge_of(t):
         return (accumulator_of(t), 0)
     return None
 
-
-import numpy as _np
-import ml_dtypes as _ml
 
 _FLOAT_NP = frozenset(_np.dtype(d) for d in (_np.float16, _np.float32, _np.float64, _ml.bfloat16, _ml.float8_e4m3fn))
 _tensor_cls = [None]  # filled in by flame_core.tensor (avoids an import on every op)

@@ -41,8 +41,8 @@ def _numerical(fn, inputs, idx, eps):
 
 def _analytic(fn, inputs, diff_idx):
     """Full Jacobians through backward: one vector-Jacobian product per output element."""
-    from . import grad as autograd_grad
     from ..tensor import _wrap
+    from . import grad as autograd_grad
     outs = _outputs(fn, inputs)
     xs = [inputs[i] for i in diff_idx]
     jac = {(j, i): np.zeros((o.numel(), inputs[i].numel())) for j, o in enumerate(outs) for i in diff_idx}
@@ -85,8 +85,8 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=True, 
 
 def gradgradcheck(fn, inputs, grad_outputs=None, eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=True):
     """Checks second derivatives: gradcheck of (inputs, v) -> grad(fn(inputs), inputs, v, create_graph=True)."""
-    from . import grad as autograd_grad
     from .. import ops
+    from . import grad as autograd_grad
     inputs = _as_tuple(inputs)
     diff_idx = _diff_inputs(inputs)
     outs = _outputs(fn, inputs)

@@ -1,7 +1,7 @@
 """CUDA-specific helpers with PyTorch's names: `flame_core.cuda.CUDAGraph`, `flame_core.cuda.graph`,
 `flame_core.cuda.graphed` (a function replayed as a CUDA graph), `is_available`, `synchronize`, `mem_get_info`."""
 from .. import backend as _backend
-from .graphs import CUDAGraph, graph, graphed, GraphedFunction, is_capturing
+from .graphs import CUDAGraph, GraphedFunction, graph, graphed, is_capturing
 
 
 def is_available():

@@ -11,11 +11,28 @@ flame_nn.parallel.DistributedDataParallel all-reduces gradients on top of this. 
 launch (this launcher, torchrun, srun) and what a run across machines needs.
 """
 from .base import ReduceOp, Work
-from .collectives import (all_gather, all_gather_into_tensor, all_reduce, broadcast, reduce_scatter,
-                          reduce_scatter_tensor)
+from .collectives import (
+                          all_gather,
+                          all_gather_into_tensor,
+                          all_reduce,
+                          broadcast,
+                          reduce_scatter,
+                          reduce_scatter_tensor,
+)
 from .env import DistEnv, DistributedError, read_env, world_from_env
-from .group import (ProcessGroup, barrier, default_group, destroy_process_group, get_backend, get_rank,
-                    get_world_size, init_process_group, is_available, is_initialized, is_nccl_available)
+from .group import (
+                          ProcessGroup,
+                          barrier,
+                          default_group,
+                          destroy_process_group,
+                          get_backend,
+                          get_rank,
+                          get_world_size,
+                          init_process_group,
+                          is_available,
+                          is_initialized,
+                          is_nccl_available,
+)
 from .store import StoreError, StoreTimeoutError, TCPStore
 
 __all__ = ["ReduceOp", "Work", "all_gather", "all_gather_into_tensor", "all_reduce", "broadcast", "reduce_scatter",

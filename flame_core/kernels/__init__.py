@@ -15,9 +15,10 @@ forward allocates its outputs (`flame.empty_like`, ...) and launches a kernel on
         k = kernels.get_function("activations", "silu_fwd<{T}, 1>", x.dtype)
         kernels.launch(k, kernels.grid_1d(x.numel(), 256), (256,), (x, y, kernels.i64(x.numel())))
 """
+from . import launching as _launching
+from . import loader as _loader
 from .launching import PackedLaunch, f32, i32, i64, null
 from .loader import ctype, enabled, load_module, reference
-from . import loader as _loader, launching as _launching
 from .plans import cdiv, grid_1d
 
 __all__ = ["cdiv", "ctype", "enabled", "f32", "get_function", "grid_1d", "i32", "i64", "launch", "load_module", "null",

@@ -6,8 +6,10 @@ import math
 
 import numpy as np
 
-from . import launching as KL, loader as L, plans as P
 from .. import backend
+from . import launching as KL
+from . import loader as L
+from . import plans as P
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
@@ -111,7 +113,8 @@ def _grid(n, dtype, unroll, block):
 
 def _step_split(name, approx, n, itemsize):
     """(U, block, whole-vector elements, grid) of the one-step kernel for n elements of this item size, or None where
-    the loop kernel does it all. The n - whole-vector elements (< 4) past the last 8-byte vector go to the loop kernel."""
+    the loop kernel does it all. The n - whole-vector elements (< 4) past the last 8-byte vector go to the loop
+    kernel."""
     plan = _STEP_PLANS.get((name, approx)) if use_step and plan_override is None and itemsize == 2 else None
     if plan is None:
         return None

@@ -16,9 +16,10 @@ import math
 
 import numpy as np
 
-from . import launching as KL, loader as L
 from .. import backend
 from ..errors import DTypeError, ShapeError
+from . import launching as KL
+from . import loader as L
 
 CHUNK = 16384  # elements per block
 _GRAD_KIND = {"float32": 0, "float16": 1, "bfloat16": 2}

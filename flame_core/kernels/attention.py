@@ -19,10 +19,12 @@ import threading
 
 import numpy as np
 
-from . import gemm as _gemm
-from . import launching as KL, loader as L, plans as P
 from .. import backend
 from ..errors import DTypeError, ShapeError, fmt_shape
+from . import gemm as _gemm
+from . import launching as KL
+from . import loader as L
+from . import plans as P
 
 CHUNK_BYTES = 64 << 20  # bound on the scores (and their same-size temporaries) the reference holds at once
 LOG2E = 1.4426950408889634

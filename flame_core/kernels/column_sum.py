@@ -3,8 +3,9 @@ zeroed counters of the kernels that sum their partial rows in the same launch.""
 import numpy as np
 
 from .. import backend
-from . import launching as KL, loader as L, plans as P
-
+from . import launching as KL
+from . import loader as L
+from . import plans as P
 
 column_sum_rows = 32  # threads per column in column_sum's blocks of (32, column_sum_rows) (1 .. 32)
 # The 16-byte form (common.cuh, column_sum_vec4) where cols % 4 == 0: blocks of (4, column_sum_vec_rows), 16 columns

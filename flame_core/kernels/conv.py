@@ -31,8 +31,11 @@ from collections import namedtuple
 
 import numpy as np
 
-from . import launching as KL, loader as L, plans as P, tma as TMA
 from .. import backend
+from . import launching as KL
+from . import loader as L
+from . import plans as P
+from . import tma as TMA
 
 ConvGeom = namedtuple("ConvGeom", "N H W Cp O OH OW KH KW sh sw ph pw dh dw")
 
@@ -519,7 +522,7 @@ def conv_dx_phased_wgmma(gt, wd, dx, cg, phases, plan=None, group=None):
     (N, OH*OW, Op) by its taps of wd = pack_weight_dx(w, Op) (C, KH*KW*Op), written into dx's rows and columns from
     the accumulators - no per-phase weights, temporaries or interleave pass. cg: ConvGeom(N, OH, OW, Op, C, H, W, KH,
     KW, sh, sw, ph, pw, 1, 1) (dy's size as the input, dx's as the output, the strided conv's taps, stride and
-    leading padding). phases: the phases with taps (ops/conv.py dx_phases: a, b, kh, kw, ph, pw, OH, OW); dx
+    leading padding). phases: the phases with taps (ops/conv/phases.py dx_phases: a, b, kh, kw, ph, pw, OH, OW); dx
     elements of other phases must be zeroed by the caller. `plan` 'TILE' picks the tile (else wgmma_plan's model);
     `group` the pixel tiles per group ($FLAME_CONV_DX_GROUP; 0: one group; else equal groups of at most about
     DX_GROUP_BYTES of dx): CTAs run group by group, each group's phases the most taps first. With TMA (Op a multiple

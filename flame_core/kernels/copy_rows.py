@@ -6,7 +6,9 @@ than a few arrays through an address table copied from host memory, which a CUDA
 import numpy as np
 
 from .. import backend
-from . import launching as KL, loader as L, plans as P
+from . import launching as KL
+from . import loader as L
+from . import plans as P
 
 _BLOCK = 256
 
@@ -71,3 +73,17 @@ def cat(arrs, dim):
                           rows, row)
         start += n
     return out
+
+
+def contiguous(a):
+    """A C-contiguous copy of cupy array `a` by row-block copies when some split of its dims makes it (rows, row)
+    blocks -- e.g. q of a fused qkv projection, (B, L, heads, D) rows of heads*D elements L*3*heads*D apart -- else
+    None (the caller copies otherwise)."""
+    for d in range(a.ndim):
+        blocks = _row_blocks(a, d)
+        if blocks is not None:
+            rows, row, stride = blocks
+            out = backend.cupy.empty(a.shape, dtype=a.dtype)
+            copy_rows(a.data.ptr, stride, out.data.ptr, row, rows, row)
+            return out
+    return None

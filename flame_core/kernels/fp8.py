@@ -10,9 +10,11 @@ scale = amax(|row|) / 448 (1 for an all-zero row); q = e4m3(x * (448 / amax)), r
 import ml_dtypes
 import numpy as np
 
-from . import launching as KL, loader as L, plans as P
 from .. import backend
 from ..errors import DTypeError, ShapeError
+from . import launching as KL
+from . import loader as L
+from . import plans as P
 
 FP8_MAX = np.float32(448.0)
 

@@ -10,9 +10,11 @@ forward keeps GELU(gate) for the product's backward and the backward holds both 
 them: at the 64x64 level of a 1024^2 step that is 60 MB more at the step's peak. The kernels store neither. The
 reference (and non-CUDA path) computes in float32 (float64 for float64) and rounds once, as the kernels do.
 """
-from . import launching as KL, loader as L, plans as P
-from .activations import _approx_flag, _gelu_grad_ref, _gelu_ref
 from .. import backend
+from . import launching as KL
+from . import loader as L
+from . import plans as P
+from .activations import _approx_flag, _gelu_grad_ref, _gelu_ref
 
 
 def _halves(x, what):

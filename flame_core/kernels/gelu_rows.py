@@ -6,9 +6,11 @@
 Flux's single-stream block applies GELU to the MLP half of linear1's output: reading that half in place saves the
 copy that a contiguous-input kernel needs. The reference (and non-CUDA path) is flame_core.kernels.activations'.
 """
-from . import activations as _act
-from . import launching as KL, loader as L, plans as P
 from .. import backend
+from . import activations as _act
+from . import launching as KL
+from . import loader as L
+from . import plans as P
 
 
 def _strided_rows(x):

@@ -134,7 +134,7 @@ def matmul_bias(a, b, bias):
     cp = backend.cupy
     M, K = a.shape
     N = b.shape[1]
-    if not ENABLED or M == 0 or N == 0 or K == 0 or not gemm.supported(a.dtype) or b.dtype != a.dtype or bias.dtype != a.dtype:
+    if not ENABLED or M == 0 or N == 0 or K == 0 or not gemm.supported(a.dtype) or not a.dtype == b.dtype == bias.dtype:
         return None
     la, lb = gemm._layout(a), gemm._layout(b)
     if la is None or lb is None or not bias.flags.c_contiguous or bias.data.ptr % 16:

@@ -16,10 +16,14 @@ The switches shared with the layer / rms norms (single_launch_sums, the device p
 """
 import numpy as np
 
-from . import column_sum as CS, launching as KL, loader as L, norms as N, plans as P
 from .. import backend
 from .. import memory_formats as MF
 from ..errors import ShapeError
+from . import column_sum as CS
+from . import launching as KL
+from . import loader as L
+from . import norms as N
+from . import plans as P
 from .activations import _sigmoid_pair
 
 _ACTS = {None: 0, "silu": 1}  # the kernels' act / ACT argument

@@ -47,6 +47,7 @@ import numpy as np
 from .. import backend
 from ..errors import DTypeError, KernelCompileError
 
+
 def _find_cuda_src():
     """The folder holding the .cu/.cuh files: $FLAME_CUDA_SRC overrides; else the copy a wheel ships
     (flame_core/cuda_src), else the source tree's cuda_src/."""
@@ -65,7 +66,8 @@ _modules = {}     # (stem, name_expressions) -> RawModule
 _sources = {}     # stem -> expanded source text
 
 _CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "float64": "double"}
-_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[ \t]*(?://[^\n]*)?$', re.M)  # a trailing // comment allowed
+# a trailing // comment allowed
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[ \t]*(?://[^\n]*)?$', re.M)
 _TEMPLATE_KERNEL = re.compile(
     r"template\s*<\s*typename\s+\w+\s*>\s*__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+"
     r"(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(")
@@ -297,8 +299,8 @@ class _ArchModule:
         if not arch_available(arch):
             raise KernelCompileError(f"cuda_src/{stem}.cu is built for {arch} only; this device cannot run it")
         cp = backend.cupy
-        from cupy.cuda import compiler
         from cupy._core import core
+        from cupy.cuda import compiler
         num = arch[3:]
         orig = compiler._get_arch_for_options_for_nvrtc
 

@@ -10,9 +10,12 @@ scale / gate have shape (B, 1, H), (B, H), (1, H) or (H,) and broadcast over L:
 """
 import numpy as np
 
-from . import column_sum as CS, launching as KL, loader as L, plans as P
 from .. import backend
 from ..errors import ShapeError
+from . import column_sum as CS
+from . import launching as KL
+from . import loader as L
+from . import plans as P
 
 
 def _bld(x, name):

@@ -12,9 +12,12 @@ import math
 
 import numpy as np
 
-from . import column_sum as CS, launching as KL, loader as L, plans as P
 from .. import backend
 from ..errors import KernelCompileError, ShapeError
+from . import column_sum as CS
+from . import launching as KL
+from . import loader as L
+from . import plans as P
 
 
 def _check_affine(name, p, size, what):

@@ -40,6 +40,13 @@ def contiguous(a):
     """C-contiguous and, on the GPU, 16-byte aligned (kernels read 16-byte vectors when the base address allows it;
     a copy is cheaper than the scalar path for the large arrays that matter)."""
     if not a.flags.c_contiguous:
+        if backend.is_cuda_array(a) and a.size:
+            from .copy_rows import (
+                contiguous as rows_copy,  # row-block views (a qkv split): 16-byte copies
+            )
+            out = rows_copy(a)
+            if out is not None:
+                return out
         return backend.xp_of(a).ascontiguousarray(a)
     if backend.is_cuda_array(a) and a.data.ptr % 16:
         return a.copy()

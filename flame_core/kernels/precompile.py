@@ -58,6 +58,7 @@ def precompile(stems=None, dtypes=("float32", "float16", "bfloat16"), processes=
 
 if __name__ == "__main__":
     import sys
+
     from flame_core.kernels import precompile as _pre  # workers must unpickle the importable module's function
     for stem_, dt_, sec_, err_ in _pre.precompile(sys.argv[1:] or None):
         print(f"{stem_:24s} {str(dt_):10s} {sec_:6.2f} s  {err_ or 'ok'}", flush=True)

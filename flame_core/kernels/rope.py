@@ -11,9 +11,11 @@ in fp32 (float64 for float64 x on the reference path), cast back to x's dtype.
 """
 import numpy as np
 
-from . import launching as KL, loader as L, plans as P
 from .. import backend
 from ..errors import ShapeError
+from . import launching as KL
+from . import loader as L
+from . import plans as P
 
 
 def _check(x, freqs):

@@ -3,8 +3,10 @@
 `softmax_forward(x, scale=1.0, log=False)` -> y of x's dtype; `softmax_backward(dy, y, scale=1.0, log=False)` -> dx
 (the gradient with respect to x, so it includes `scale`). float16 / bfloat16 compute in float32.
 """
-from . import launching as KL, loader as L, plans as P
 from .. import backend
+from . import launching as KL
+from . import loader as L
+from . import plans as P
 
 
 def _rows(a):

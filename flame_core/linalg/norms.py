@@ -5,8 +5,8 @@ import numpy as np
 
 from .. import dtypes as D
 from ..errors import DTypeError, ShapeError, fmt_shape
-from ..tensor import Tensor
 from ..ops.reduction import Norm, _dims, amax, amin
+from ..tensor import Tensor
 from .svd import svdvals
 
 

@@ -21,11 +21,12 @@ import sys
 from .. import backend as _backend
 from ..device import device as _parse_device
 from ..errors import DeviceError, OutOfMemoryError
-from . import cpu_tracking, stats as _stats
-from .pool import DevicePool, round_size
+from . import cpu_tracking
+from . import stats as _stats
 from .pinned import pinned_pool
+from .pool import DevicePool, round_size
 from .profiler import MemoryProfiler
-from .tracking import set_tracking, is_tracking
+from .tracking import is_tracking, set_tracking
 
 _tensor = sys.modules["flame_core.tensor"]  # the module: the attribute flame_core.tensor is the function
 _tensor._memory_hook = cpu_tracking.on_birth

@@ -7,7 +7,7 @@ through CuPy) then comes from the pool; CuPy calls the free function when the la
 """
 from .. import backend as _backend
 from . import cpu_tracking, tracking
-from .pool import DevicePool, DeviceOutOfMemory
+from .pool import DeviceOutOfMemory, DevicePool
 
 pools = {}  # device id -> DevicePool
 _allocator = None

@@ -31,8 +31,8 @@ def _op_codes():
 
 class MemoryProfiler:
     def __init__(self, device=None, json_path=None, plot_path=None, top=10):
-        from . import _accountant
         from ..device import device as parse_device
+        from . import _accountant
         self.device = parse_device(device)
         self._acct = _accountant(self.device)
         self.json_path, self.plot_path, self.top = json_path, plot_path, top

@@ -1,9 +1,29 @@
 """Tensor-level ops. Importing this package installs the Tensor methods and operators."""
-from . import creation, conversion, elementwise, activation, reduction, shape, indexing, linalg, inplace
-from . import sorting, scatter, matrix, distance, info
-from . import activation as A, elementwise as E, reduction as R, shape as S, indexing as I, linalg as L
-from .numpy_names import NAMES as _NUMPY_NAMED, with_numpy_names
 from ..tensor import Tensor
+from . import (
+    activation,
+    conversion,
+    creation,
+    distance,
+    elementwise,
+    indexing,
+    info,
+    inplace,
+    linalg,
+    matrix,
+    reduction,
+    scatter,
+    shape,
+    sorting,
+)
+from . import activation as A
+from . import elementwise as E
+from . import indexing as I
+from . import linalg as L
+from . import reduction as R
+from . import shape as S
+from .numpy_names import NAMES as _NUMPY_NAMED
+from .numpy_names import with_numpy_names
 
 
 def _install():
@@ -95,8 +115,9 @@ def _install():
 
 def _install_torch_names(T):
     """Sorting, the scatter family, matrix helpers, Tensor.type (issue 31)."""
+    from . import matrix as M
+    from . import sorting as SO
     from .inplace import apply_inplace
-    from . import matrix as M, sorting as SO
     methods = dict(
         sort=SO.sort, argsort=SO.argsort, msort=SO.msort, topk=SO.topk, unique=SO.unique,
         masked_select=I.masked_select, isclose=E.isclose, clamp_min=E.clamp_min, clamp_max=E.clamp_max,

@@ -10,10 +10,12 @@ import math
 import numpy as np
 
 from .. import backend
-from ..autograd.function import Function
 from ..autograd.engine import retaining_graph
+from ..autograd.function import Function
 from ..autograd.grad_mode import state
-from ..kernels import activations as _K, geglu as _geglu, gelu_rows as _rows
+from ..kernels import activations as _K
+from ..kernels import geglu as _geglu
+from ..kernels import gelu_rows as _rows
 from ..tensor import _wrap
 from .elementwise import erf, exp, sigmoid, tanh, where
 from .promotion import _float_arr

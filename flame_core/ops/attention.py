@@ -89,7 +89,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                          "(as torch)")
     check_same_device("scaled_dot_product_attention", query, key, value,
                       *(() if attn_mask is None else (attn_mask,)))
-    if _amp.active: query, key, value = _amp.cast_inputs("lower", query, key, value)  # autocast hook
+    if _amp.active:  # autocast hook
+        query, key, value = _amp.cast_inputs("lower", query, key, value)
     if not (query.dtype == key.dtype == value.dtype):
         raise DTypeError(f"scaled_dot_product_attention: query, key and value must share a dtype, got "
                          f"{query.dtype}, {key.dtype}, {value.dtype}")

@@ -11,7 +11,7 @@ from ..autograd.function import Function
 from ..autograd.grad_mode import state
 from ..errors import AutogradError, ShapeError, fmt_shape
 from ..tensor import _wrap
-from .conv import _pair, bias_grad, checked_inputs, conv2d_backward, conv2d_forward, geometry
+from .conv import bias_grad, checked_inputs, conv2d_backward, conv2d_forward, geometry, pair
 from .indexing import pad
 
 
@@ -60,8 +60,8 @@ def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_paddi
     groups = int(groups)
     if groups < 1 or Cin % groups:
         raise ShapeError(f"conv_transpose2d: groups={groups} must divide the input channels {Cin}")
-    (sh, sw), (ph, pw) = _pair(stride, "stride"), _pair(padding, "padding")
-    (oph, opw), (dh, dw) = _pair(output_padding, "output_padding"), _pair(dilation, "dilation")
+    (sh, sw), (ph, pw) = pair(stride, "stride"), pair(padding, "padding")
+    (oph, opw), (dh, dw) = pair(output_padding, "output_padding"), pair(dilation, "dilation")
     if min(sh, sw, dh, dw) < 1 or min(ph, pw, oph, opw) < 0:
         raise ValueError(f"conv_transpose2d: stride {sh, sw} and dilation {dh, dw} must be >= 1, padding {ph, pw} "
                          f"and output_padding {oph, opw} >= 0")

@@ -6,7 +6,6 @@ from .. import dtypes as D
 from ..autograd.function import Function
 from ..tensor import _wrap
 
-
 F8 = np.dtype(D.float8_e4m3fn.np)
 
 

@@ -5,10 +5,11 @@ import numpy as np
 
 from .. import backend
 from .. import dtypes as D
-from ..device import device as _parse_device, default_device
-from ..errors import DTypeError
-from ..tensor import Tensor, _wrap
 from .. import random as _random
+from ..device import default_device
+from ..device import device as _parse_device
+from ..errors import DTypeError
+from ..tensor import Tensor, _cupy_ndarray, _wrap
 
 
 def _shape(size):
@@ -78,7 +79,10 @@ def tensor(data, *, dtype=None, device=None, requires_grad=False):
 
 
 def as_tensor(data, dtype=None, device=None):
-    """Like tensor, but shares memory with a NumPy/CuPy array (or tensor) when dtype and device already match."""
+    """Like tensor, but shares memory with a NumPy/CuPy array (or tensor) when dtype and device already match: for
+    an array with neither given, a tensor over that very array (`Tensor.array` is the way back)."""
+    if dtype is None and device is None and (type(data) is np.ndarray or type(data) is _cupy_ndarray):
+        return _wrap(data)  # the common case, without the device parsing below
     if isinstance(data, Tensor):
         if (dtype is None or D.dtype(dtype) == data.dtype) and (device is None or
                                                                _parse_device(device) == data.device):

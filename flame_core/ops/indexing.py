@@ -4,10 +4,10 @@ scatter.py)."""
 import numpy as np
 
 from .. import backend
-from ..autograd.function import Function
 from .. import dtypes as D
-from ..errors import DTypeError, ShapeError, DeviceError, fmt_shape
-from ..tensor import Tensor, _wrap, _view_of, check_same_device
+from ..autograd.function import Function
+from ..errors import DeviceError, DTypeError, ShapeError, fmt_shape
+from ..tensor import Tensor, _view_of, _wrap, check_same_device
 
 
 def _index_arrays(idx, xp, op="index"):

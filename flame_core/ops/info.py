@@ -1,7 +1,8 @@
 """Questions about tensors with PyTorch's names: is_tensor, numel, and Tensor.type (the legacy type string, or a
 conversion given a type string or dtype)."""
 from .. import dtypes as D
-from ..device import device as _device, CPU
+from ..device import CPU
+from ..device import device as _device
 from ..errors import DTypeError
 from ..tensor import Tensor
 

@@ -187,7 +187,8 @@ def normal_(self, mean=0.0, std=1.0, generator=None):
 
 def install_methods(T, plain):
     """Install the in-place Tensor methods; `plain` maps method names to their out-of-place ops."""
-    from . import elementwise as E, indexing as I
+    from . import elementwise as E
+    from . import indexing as I
     T.add_ = _inplace("add", lambda t, o, alpha=1: E.add(t, o, alpha=alpha))
     T.sub_ = _inplace("subtract", lambda t, o, alpha=1: E.sub(t, o, alpha=alpha))
     T.mul_ = _inplace("multiply", E.mul)

@@ -4,19 +4,20 @@ import numpy as np
 from .. import backend
 from .. import dtypes as D
 from .. import threads as _threads
+from ..amp import autocast_mode as _amp  # autocast hook (flame_core.amp): one line per op, a flag test when off
 from ..autograd.function import Function
 from ..errors import DTypeError, ShapeError, fmt_shape
-from ..tensor import _wrap, check_same_device
-from ..amp import autocast_mode as _amp  # autocast hook (flame_core.amp): one line per op, a flag test when off
 from ..kernels import gemm as _cublas
+from ..tensor import _wrap, check_same_device
 
 _HALF = (np.dtype(np.float16), D.bfloat16.np)
 _BF16 = np.dtype(D.bfloat16.np)
 
 
-def _mm_arrays(a, b):
-    """a @ b on arrays: cuBLAS directly on cuda (flame_core.kernels.gemm.mm); on NumPy half types are multiplied in
-    float32 (no half BLAS) and rounded back."""
+def mm_arrays(a, b):
+    """a @ b of two 2-D arrays (NumPy or CuPy, e.g. tensors' `.array`), outside autograd: cuBLAS directly on cuda
+    (flame_core.kernels.gemm.mm); on NumPy half types are multiplied in float32 (no half BLAS) and rounded back.
+    Public for layers that compute on arrays inside their own Function (flame_nn's fp8 Linear)."""
     if backend.xp_of(a) is np:
         if a.dtype in _HALF:
             return _threads.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
@@ -34,7 +35,7 @@ class Matmul(Function):
         na, nb = ctx.needs_input_grad
         ctx.save_for_backward(a if nb else None, b if na else None)  # dA needs B, dB needs A (as PyTorch)
         ctx.shapes = (a.shape, b.shape)
-        return _wrap(_mm_arrays(xa, xb))
+        return _wrap(mm_arrays(xa, xb))
 
     @staticmethod
     def backward(ctx, g):
@@ -78,7 +79,8 @@ def matmul(a, b):
     if ka != kb:
         raise ShapeError(f"matmul: shapes {fmt_shape(a.shape)} and {fmt_shape(b.shape)} cannot be multiplied "
                          f"({ka} != {kb})")
-    if _amp.active: a, b = _amp.cast_inputs("lower", a, b)  # autocast hook
+    if _amp.active:  # autocast hook
+        a, b = _amp.cast_inputs("lower", a, b)
     if a._data.dtype != b._data.dtype and D.float8_e4m3fn not in (a.dtype, b.dtype):  # fp8: Matmul's own error
         raise DTypeError(f"matmul: expected both operands to have the same dtype, got {a.dtype.name} and "
                          f"{b.dtype.name} (as PyTorch, no promotion: cast one with .to(), or compute under "
@@ -236,5 +238,6 @@ def einsum(equation, *operands):
         operands = tuple(operands[0])
     check_same_device("einsum", *operands)
     spec = _parse_einsum(equation, operands)
-    if _amp.active: operands = _amp.cast_inputs("lower", *operands)  # autocast hook
+    if _amp.active:  # autocast hook
+        operands = _amp.cast_inputs("lower", *operands)
     return Einsum.apply(spec, *operands)

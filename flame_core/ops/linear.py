@@ -11,7 +11,7 @@ from ..errors import DTypeError, ShapeError, fmt_shape
 from ..kernels import gemm as _cublas
 from ..kernels import gemm_lt as _cublas_lt
 from ..tensor import _wrap, check_same_device
-from .linalg import _mm_arrays
+from .linalg import mm_arrays
 from .shape import cat
 
 
@@ -22,7 +22,7 @@ def _linear_arrays(a, w, b):
         y = _cublas_lt.matmul_bias(a, w.T, b)
         if y is not None:
             return y
-    y = _mm_arrays(a, w.T)
+    y = mm_arrays(a, w.T)
     if b is not None:
         y += b
     return y
@@ -87,8 +87,8 @@ class LinearCat2(Function):
             y = _cublas.matmul(a2, wd[:, :ha].T)
             _cublas.matmul(b2, wd[:, ha:].T, out=y, beta=1.0)
         else:
-            y = _mm_arrays(a2, wd[:, :ha].T)
-            y += _mm_arrays(b2, wd[:, ha:].T)
+            y = mm_arrays(a2, wd[:, :ha].T)
+            y += mm_arrays(b2, wd[:, ha:].T)
         if bias is not None:
             y += bias._data
         na, nb, nw, _ = ctx.needs_input_grad
@@ -129,7 +129,7 @@ def _gemm(a, b, out=None, alpha=1.0, beta=0.0):
     if backend.is_cuda_array(a) and a.dtype == b.dtype and _cublas.supported(a.dtype):
         return _cublas.matmul(a, b, out=out, alpha=alpha, beta=beta)
     wide = _np.float32 if a.dtype in (_np.float16, _cublas.BF16) else a.dtype   # half types sum in float32 (cuBLAS)
-    p = _mm_arrays(a.astype(wide, copy=False), b.astype(wide, copy=False))
+    p = mm_arrays(a.astype(wide, copy=False), b.astype(wide, copy=False))
     if alpha != 1.0:
         p *= alpha
     if out is None:

@@ -10,7 +10,8 @@ from .. import memory_formats as MF
 from ..autograd.function import Function
 from ..autograd.grad_mode import state
 from ..errors import ShapeError, fmt_shape
-from ..kernels import groupnorm as GN, norms as K
+from ..kernels import groupnorm as GN
+from ..kernels import norms as K
 from ..tensor import _wrap, check_same_device
 
 

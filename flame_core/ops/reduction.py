@@ -6,12 +6,12 @@ import numpy as np
 
 from .. import backend
 from .. import dtypes as D
+from ..amp import autocast_mode as _amp  # autocast hook (flame_core.amp): one line per op, a flag test when off
 from ..autograd.function import Function
 from ..autograd.grad_mode import state
 from ..errors import ShapeError, fmt_shape
 from ..tensor import Tensor, _wrap
 from .promotion import no_fp8
-from ..amp import autocast_mode as _amp  # autocast hook (flame_core.amp): one line per op, a flag test when off
 
 values_indices = collections.namedtuple("values_indices", ["values", "indices"])
 
@@ -74,14 +74,16 @@ class Sum(Function):
 
 
 def sum(x, dim=None, keepdim=False, *, dtype=None):
-    if _amp.active: (x,) = _amp.cast_inputs("fp32", x)  # autocast hook
+    if _amp.active:  # autocast hook
+        (x,) = _amp.cast_inputs("fp32", x)
     return Sum.apply(x, _dims(dim, x.ndim, "sum"), keepdim, dtype)
 
 
 def mean(x, dim=None, keepdim=False, *, dtype=None):
     if not (x.dtype.is_floating_point or dtype is not None):
         raise TypeError(f"mean(): could not infer output dtype; input dtype {x.dtype} is not floating point")
-    if _amp.active: (x,) = _amp.cast_inputs("fp32", x)  # autocast hook
+    if _amp.active:  # autocast hook
+        (x,) = _amp.cast_inputs("fp32", x)
     axes = _dims(dim, x.ndim, "mean")
     n = _count(x.shape, axes)
     s = Sum.apply(x, axes, keepdim, dtype)
@@ -472,14 +474,16 @@ class Softmax(Function):
 
 
 def softmax(x, dim=-1, dtype=None):
-    if _amp.active: (x,) = _amp.cast_inputs("fp32", x)  # autocast hook
+    if _amp.active:  # autocast hook
+        (x,) = _amp.cast_inputs("fp32", x)
     if dtype is not None:
         x = x.to(D.dtype(dtype))
     return Softmax.apply(x, _dims(dim, x.ndim, "softmax")[0] if x.ndim else 0, False)
 
 
 def log_softmax(x, dim=-1, dtype=None):
-    if _amp.active: (x,) = _amp.cast_inputs("fp32", x)  # autocast hook
+    if _amp.active:  # autocast hook
+        (x,) = _amp.cast_inputs("fp32", x)
     if dtype is not None:
         x = x.to(D.dtype(dtype))
     return Softmax.apply(x, _dims(dim, x.ndim, "log_softmax")[0] if x.ndim else 0, True)

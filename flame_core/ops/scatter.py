@@ -12,7 +12,7 @@ from .. import dtypes as D
 from ..autograd.function import Function
 from ..errors import DTypeError, ShapeError, fmt_shape
 from ..tensor import Tensor, _wrap, check_same_device
-from .indexing import _add_at, _along_axis_index, gather, ScatterInto, index_select
+from .indexing import ScatterInto, _add_at, _along_axis_index, gather, index_select
 from .promotion import no_fp8
 
 REDUCES = ("sum", "prod", "mean", "amax", "amin")
@@ -282,8 +282,8 @@ def index_add(input, dim, index, source, *, alpha=1):
 
 # ----------------------------------------------------------------------------- in-place Tensor methods
 def install_methods(T):
-    from .inplace import apply_inplace
     from .indexing import scatter_add
+    from .inplace import apply_inplace
     from .numpy_names import with_numpy_names
 
     def scatter_(self, dim, index, src=None, value=None, *, reduce=None):

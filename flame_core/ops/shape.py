@@ -9,7 +9,7 @@ from ..autograd.function import Function
 from ..errors import ShapeError, fmt_shape
 from ..kernels import copy_rows as _copy_rows
 from ..kernels import loader as _kernels
-from ..tensor import Tensor, _wrap, _view_of
+from ..tensor import Tensor, _view_of, _wrap
 from .dtype_view import view_dtype
 
 

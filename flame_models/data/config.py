@@ -7,9 +7,12 @@ import os
 import typing
 from dataclasses import dataclass
 
+from .walk import walk_files
+
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp")
 CACHE_FOLDER = ".flame_cache"        # inside a dataset folder; hidden, so the image scan never enters it
 BUCKET_MULTIPLE = 32                 # bucket sides must be multiples of this: SDXL's UNet needs latents divisible by 4
+MAX_PIXELS = 8192 * 8192             # 64 megapixels: larger images are refused from their header, before decoding
 
 
 @dataclass
@@ -32,6 +35,7 @@ class DatasetConfig:
     allow_upscale: bool = False          # FLAME (kohya's bucket_no_upscale, inverted): upscale small images
     cache_latents_to_disk: bool = False  # latents in <folder_path>/.flame_cache/latents (else in host memory)
     shuffle: bool = True                 # shuffle batches every epoch
+    max_pixels: int = MAX_PIXELS         # FLAME: width x height above this is refused before decoding (bomb guard)
     control_path: str = None             # ai-toolkit: a folder of control (source) images, one per image of
                                          # folder_path with the same name (Flux Kontext's edit pairs)
 
@@ -84,6 +88,8 @@ def validate_dataset_config(cfg, path_prefix="datasets[0]", check_files=True):
                  f"{cfg.shuffle_variants!r}")
     if not _is_int(cfg.num_repeats) or cfg.num_repeats < 1:
         e.append(f"{p}.num_repeats: an integer >= 1, got {cfg.num_repeats!r}")
+    if not _is_int(cfg.max_pixels) or cfg.max_pixels < 1:
+        e.append(f"{p}.max_pixels: a positive integer (width x height), got {cfg.max_pixels!r}")
 
     step = cfg.bucket_tolerance
     if not _is_int(step) or step < BUCKET_MULTIPLE or step % BUCKET_MULTIPLE:
@@ -121,8 +127,4 @@ def validate_dataset_config(cfg, path_prefix="datasets[0]", check_files=True):
 
 
 def _has_image(folder):
-    for root, dirs, files in os.walk(folder):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        if any(f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith(".") for f in files):
-            return True
-    return False
+    return any(p.lower().endswith(IMAGE_EXTENSIONS) for p in walk_files(folder))

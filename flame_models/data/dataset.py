@@ -35,6 +35,7 @@ from .buckets import Bucket, closest_bucket, make_buckets, place
 from .captions import CaptionRule, caption_path, read_caption, stable_seed
 from .config import CACHE_FOLDER, caption_extension, resolutions, validate_dataset_config
 from .errors import DataError
+from .walk import link_problem
 
 PREPROCESS_VERSION = 1        # bump when the pixels a placement produces change (resize filter, background, ...)
 RESIZE_FILTER = "lanczos"
@@ -75,6 +76,7 @@ class LatentSpec:
     flip_x: bool
     flip_y: bool
     folder: str = None
+    max_pixels: int = I.MAX_PIXELS   # the dataset's limit (the file is read again here: it is checked again)
 
     def params(self):
         """Everything besides the file's bytes that decides the pixels (part of the cache key)."""
@@ -85,7 +87,7 @@ class LatentSpec:
     def pixels(self):
         """(3, bucket height, bucket width) float32 in [-1, 1]."""
         from PIL import Image
-        im = I.load_image(self.path)
+        im = I.load_image(self.path, self.max_pixels)
         im = im.resize(self.resized, Image.Resampling.LANCZOS)
         top, left = self.crop
         im = im.crop((left, top, left + self.bucket.width, top + self.bucket.height))
@@ -138,12 +140,18 @@ class ImageDataset:
         jobs, missing = [], []
         for ci, c in enumerate(self.configs):
             ext = caption_extension(c)
-            for path in I.list_images(c.folder_path):
+            for path in I.list_images(c.folder_path, self.warnings.append):
                 cap = caption_path(path, ext)
-                if os.path.isfile(cap):
+                refused = link_problem(cap, c.folder_path)    # a caption is read under the images' link policy
+                if refused is None and os.path.isfile(cap):
                     jobs.append((ci, path, cap))
                 elif c.default_caption is not None:
                     jobs.append((ci, path, None))
+                    if refused:
+                        self.warnings.append(f"{cap}: {refused}: not read (default_caption used)")
+                elif refused:
+                    missing.append(f"{cap}: {refused}: not read (captions are read from inside the data folder "
+                                   f"only: copy the file in, or set default_caption)")
                 else:
                     missing.append(f"{path}: no caption file {os.path.basename(cap)} (add it, or set "
                                    f"default_caption for the folder)")
@@ -157,9 +165,11 @@ class ImageDataset:
                 rec = index.lookup(path, folder) if index is not None else None
                 if rec is None:
                     t0 = time.time_ns()
-                    rec = I.probe_image(path, folder)
+                    rec = I.probe_image(path, folder, self.configs[ci].max_pixels)
                     if index is not None:
                         index.add(rec, t0)
+                else:   # probed by an earlier run, perhaps under a larger limit
+                    I.check_pixels(path, rec.width, rec.height, self.configs[ci].max_pixels)
                 text = read_caption(cap) if cap else None
             except DataError as ex:
                 bad.append(str(ex))
@@ -169,7 +179,7 @@ class ImageDataset:
             control = None
             if self.configs[ci].control_path is not None:
                 try:
-                    control = _control_record(rec, self.configs[ci].control_path)
+                    control = _control_record(rec, self.configs[ci].control_path, self.configs[ci].max_pixels)
                 except DataError as ex:
                     bad.append(str(ex))
                     continue
@@ -280,7 +290,7 @@ class ImageDataset:
         rec = self.records[s.record]
         p = s.placement
         return LatentSpec(rec.path, rec.sha256, p.bucket, p.resized, p.crop, s.flip_x, s.flip_y,
-                          self.latent_folders[s.config])
+                          self.latent_folders[s.config], self.configs[s.config].max_pixels)
 
     @property
     def has_controls(self):
@@ -298,7 +308,7 @@ class ImageDataset:
         if (ctl.width, ctl.height) != (rec.width, rec.height):
             p = place(ctl.width, ctl.height, p.bucket)
         return LatentSpec(ctl.path, ctl.sha256, p.bucket, p.resized, p.crop, s.flip_x, s.flip_y,
-                          self.latent_folders[s.config])
+                          self.latent_folders[s.config], self.configs[s.config].max_pixels)
 
     def latent_specs(self):
         """Every encoding to cache: each sample's image, then its control image (when it has one)."""
@@ -310,7 +320,11 @@ class ImageDataset:
         """A hash of the settings, samples, buckets, crops and captions: equal across runs on the same data and
         settings, different when anything that changes the batches changes."""
         if self._fingerprint is None:
-            h = hashlib.sha256(json.dumps([self.seed, [asdict(c) for c in self.configs],
+            # (max_pixels refuses files but changes no batch: runs saved before it existed still resume)
+            # (nor does an absent control_path: the runs saved before control images existed resume too)
+            configs = [{k: v for k, v in asdict(c).items()
+                        if k != "max_pixels" and not (k == "control_path" and v is None)} for c in self.configs]
+            h = hashlib.sha256(json.dumps([self.seed, configs,
                                            [r.trigger for r in self.rules]], sort_keys=True).encode("utf-8"))
             for s in self.samples:
                 rec = self.records[s.record]
@@ -329,7 +343,7 @@ class ImageDataset:
         return lines
 
 
-def _control_record(rec, control_path):
+def _control_record(rec, control_path, max_pixels):
     """The ImageRecord of the control image of `rec` in `control_path` (the same relative name, any image
     extension); DataError naming what is missing."""
     stem = os.path.splitext(rec.relpath)[0]
@@ -341,7 +355,7 @@ def _control_record(rec, control_path):
     if len(found) > 1 and len({os.path.normcase(os.path.realpath(f)) for f in found}) > 1:
         raise DataError(f"{rec.path}: several control images in {control_path}: "
                         f"{', '.join(os.path.basename(f) for f in found)}; keep one")
-    return I.probe_image(found[0], control_path)
+    return I.probe_image(found[0], control_path, max_pixels)
 
 
 def _progress(items, enabled, desc):

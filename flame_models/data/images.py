@@ -3,19 +3,31 @@ probe that checks each image decodes and records its size and content hash befor
 
 Transparent pixels become white (255, 255, 255): the colour of a page behind a cut-out, and what most viewers show;
 PIL's plain convert("RGB") would instead expose whatever colour the transparent pixels happen to store.
+
+Images are untrusted: a small PNG can declare 12000 x 12000 pixels (gigabytes once decoded), so the size in the
+header is checked against `max_pixels` (default config.MAX_PIXELS, 64 megapixels; the dataset's `max_pixels`) before
+anything is decoded; Pillow's own decompression-bomb warning and error become that same DataError. 16-bit greyscale
+(PNG modes I;16, I;16B, I) is scaled by its bit depth (÷ 65535), never guessed from the values.
 """
 import hashlib
-import json
 import io as _io
+import json
 import os
+import re
+import threading
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
 from flame_core.io import atomic_write
 
-from .config import IMAGE_EXTENSIONS
+from .config import IMAGE_EXTENSIONS, MAX_PIXELS
 from .errors import DataError
+from .walk import walk_files
+
+# warnings.catch_warnings swaps process-wide state: images opened by several threads (the latent cache's) take turns
+_PILLOW_WARNINGS = threading.Lock()
 
 BACKGROUND = (255, 255, 255)
 
@@ -29,14 +41,10 @@ class ImageRecord:
     height: int
 
 
-def list_images(folder):
-    """Sorted image files under `folder` (recursive; names and folders starting with '.' skipped)."""
-    found = []
-    for root, dirs, files in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        found += [os.path.join(root, f) for f in files
-                  if f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith(".")]
-    return sorted(found, key=lambda p: os.path.relpath(p, folder).replace(os.sep, "/"))
+def list_images(folder, warn=None):
+    """Sorted image files under `folder` (recursive; names and folders starting with '.' skipped; symbolic links
+    followed only inside the folder, others skipped with warn(message): walk.py)."""
+    return [p for p in walk_files(folder, warn) if p.lower().endswith(IMAGE_EXTENSIONS)]
 
 
 def _to_rgb(im):
@@ -50,21 +58,53 @@ def _to_rgb(im):
         out = Image.new("RGBA", rgba.size, BACKGROUND + (255,))
         out.alpha_composite(rgba)
         return out.convert("RGB")
-    if im.mode in ("I;16", "I;16B", "I;16L", "I"):  # 16-bit grey: scale to 8 bits instead of clipping
-        a = np.asarray(im, dtype=np.float64)
-        top = 65535.0 if a.max() > 255 else 255.0
-        return Image.fromarray(np.round(a * (255.0 / top)).astype(np.uint8), "L").convert("RGB")
+    if im.mode in ("I;16", "I;16B", "I;16L", "I"):  # 16-bit grey (PNG's; Pillow once opened it as I): by bit depth
+        a = np.clip(np.asarray(im, dtype=np.float64), 0, 65535)
+        return Image.fromarray(np.round(a * (255.0 / 65535.0)).astype(np.uint8), "L").convert("RGB")
     return im.convert("RGB")
 
 
-def decode_image(data, name):
-    """An RGB PIL image from the bytes of an image file; DataError naming `name` when it does not decode."""
+def _too_large(name, pixels, max_pixels, size=None):
+    dims = f"{size[0]}x{size[1]} = " if size else ""
+    return DataError(f"{name}: the image is {dims}{pixels} pixels ({pixels / 1e6:.1f} megapixels), more than "
+                     f"max_pixels {max_pixels} ({max_pixels / 1e6:.1f} megapixels); refused before decoding (raise "
+                     f"the dataset's max_pixels to use it)")
+
+
+def check_pixels(name, width, height, max_pixels=MAX_PIXELS):
+    """DataError naming `name` and its size when width x height is over `max_pixels`."""
+    if width * height > max_pixels:
+        raise _too_large(name, width * height, max_pixels, (width, height))
+
+
+def open_image(data, name, max_pixels=MAX_PIXELS):
+    """A PIL image of the bytes of an image file with only its header read, its size checked against max_pixels
+    (Pillow's decompression-bomb warning and error turned into the same DataError); nothing is decoded yet."""
+    from PIL import Image
+    with _PILLOW_WARNINGS, warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)    # the check below decides
+        try:
+            im = Image.open(_io.BytesIO(data))
+        except Image.DecompressionBombError as ex:   # over twice Pillow's MAX_IMAGE_PIXELS: the size is in the text
+            found = re.search(r"\((\d+) pixels\)", str(ex))
+            if found is None:
+                raise DataError(f"{name}: the image is too large to open ({ex}); refused before decoding") from None
+            raise _too_large(name, int(found.group(1)), max_pixels) from None
+    check_pixels(name, im.width, im.height, max_pixels)
+    return im
+
+
+def decode_image(data, name, max_pixels=MAX_PIXELS):
+    """An RGB PIL image from the bytes of an image file; DataError naming `name` when it does not decode or is
+    larger than `max_pixels` (checked from the header, before decoding)."""
     from PIL import Image
     try:
-        im = Image.open(_io.BytesIO(data))
+        im = open_image(data, name, max_pixels)
         im.load()
         return _to_rgb(im)
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as ex:
+        if isinstance(ex, DataError):
+            raise
         raise DataError(f"{name}: cannot read the image ({type(ex).__name__}: {ex})") from None
 
 
@@ -76,15 +116,15 @@ def read_bytes(path):
         raise DataError(f"{path}: cannot read the file ({ex.strerror or ex})") from None
 
 
-def load_image(path):
+def load_image(path, max_pixels=MAX_PIXELS):
     """An RGB PIL image of the file at `path` (EXIF orientation applied, alpha composited on white)."""
-    return decode_image(read_bytes(path), path)
+    return decode_image(read_bytes(path), path, max_pixels)
 
 
-def probe_image(path, folder):
+def probe_image(path, folder, max_pixels=MAX_PIXELS):
     """An ImageRecord for `path`: the whole file is decoded (a corrupt or truncated image fails here, naming it)."""
     data = read_bytes(path)
-    im = decode_image(data, path)
+    im = decode_image(data, path, max_pixels)
     return ImageRecord(os.path.abspath(path), os.path.relpath(path, folder).replace(os.sep, "/"),
                        hashlib.sha256(data).hexdigest(), im.width, im.height)
 

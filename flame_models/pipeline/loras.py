@@ -109,7 +109,7 @@ def check_lora_part(path, model, name_map, component, error):
     try:
         modules, _ = A.formats.load(path, set(shapes), name_map=name_map, component=component)
     except A.AdapterFormatError as e:
-        raise error(f"--lora {path}: {str(e).splitlines()[0]}") from None
+        raise error(f"--lora {path}: {_reason(e, path)}") from None
     for mod, parts in modules.items():
         out_f, in_f, kernel = shapes[mod][0], shapes[mod][1], shapes[mod][2:]
         for p in parts:
@@ -128,6 +128,12 @@ def check_lora_part(path, model, name_map, component, error):
                             f"convolution's is {kernel}")
 
 
+def _reason(e, path):
+    """The first line of a LoRA file error, without the file name that the --lora message already gives."""
+    line = str(e).splitlines()[0]
+    return line[len(f"{path}: "):] if line.startswith(f"{path}: ") else line
+
+
 def apply_loras(model, loras, *, merge=True, dtype=flame.float32, error=ModelFilesError, component="denoiser"):
     """Load each (path, weight) into `model` as its own adapter ("lora_0", "lora_1", ...), scaled by its weight;
     the changes add up. merge=True folds them into the base weights (summed, rounded once) and drops the adapters
@@ -140,7 +146,7 @@ def apply_loras(model, loras, *, merge=True, dtype=flame.float32, error=ModelFil
         try:
             A.load_adapters(model, path, name=f"lora_{i}", weight=weight, dtype=dtype, component=component)
         except A.AdapterFormatError as e:
-            raise error(f"--lora {path}: {str(e).splitlines()[0]}") from None
+            raise error(f"--lora {path}: {_reason(e, path)}") from None
     if loras and merge:
         # Linear by Linear: the LoRAs' changes (each times its weight, each against the base weight, as the adapters
         # compute them unmerged) summed in float32, then added and rounded to the weight's dtype once. Merging one

@@ -24,23 +24,22 @@ def dataset_kind(folder):
     """'images' for a folder with images (searched as ImageDataset does), 'samples' for one of precomputed
     .safetensors samples only, None when it is neither (or missing)."""
     from ..data.config import IMAGE_EXTENSIONS
+    from ..data.walk import walk_files
     if not os.path.isdir(folder):
         return None
-    samples = False
-    for root, dirs, files in os.walk(folder):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        if any(f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith(".") for f in files):
-            return "images"
-        samples = samples or (root == folder and any(f.endswith(".safetensors") for f in files))
-    return "samples" if samples else None
+    if any(f.lower().endswith(IMAGE_EXTENSIONS) for f in walk_files(folder)):   # (links: the data walk's policy)
+        return "images"
+    return "samples" if any(f.endswith(".safetensors") for f in walk_files(folder, recursive=False)) else None
 
 
-def scan_folder(folder, keys, check=None):
+def scan_folder(folder, keys, check=None, warn=None):
     """(files, shapes, problems) of a folder of per-sample .safetensors: every file's header is read (no tensor),
-    its `keys` must be present, and `check(shapes)` (None or a message) must accept their shapes."""
+    its `keys` must be present, and `check(shapes)` (None or a message) must accept their shapes. Symbolic links:
+    the data walk's policy (flame_models/data/walk.py; links skipped go to warn(message))."""
+    from ..data.walk import walk_files
     if not os.path.isdir(folder):
         return [], [], [f"no such folder: {folder}"]
-    files = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".safetensors"))
+    files = [f for f in walk_files(folder, warn, recursive=False) if f.endswith(".safetensors")]
     if not files:
         return [], [], [f"{folder} holds no .safetensors files (one per sample, with keys {', '.join(keys)})"]
     problems, shapes = [], []
@@ -73,7 +72,8 @@ class FolderDataset:
     """One sample per .safetensors file of `folder` (each with `keys`), repeated `num_repeats` times."""
 
     def __init__(self, folder, keys, check=None, num_repeats=1):
-        files, shapes, problems = scan_folder(folder, keys, check)
+        self.warnings = []
+        files, shapes, problems = scan_folder(folder, keys, check, self.warnings.append)
         if problems:
             raise DatasetError(_listing(folder, problems))
         self.folder, self.keys = folder, tuple(keys)
@@ -149,6 +149,7 @@ class ConcatDataset:
 
     def __init__(self, parts):
         self.parts = list(parts)
+        self.warnings = [w for p in self.parts for w in getattr(p, "warnings", [])]
         self._index = [(i, j) for i, p in enumerate(self.parts) for j in range(len(p))]
 
     def __len__(self):

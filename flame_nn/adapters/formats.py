@@ -19,21 +19,27 @@ writes s folded into lora_B (exact whenever s is a power of two, e.g. α = r) an
 metadata so that its own loader restores them. Reading, s comes from (first found): a per-module `.alpha` key (the
 kohya alpha, as ComfyUI reads it), FLAME's recorded alphas, the PEFT LoraConfig that diffusers' save_lora_weights
 stores as JSON under the metadata key `lora_adapter_metadata` (`transformer.r`, `.lora_alpha`, `.rank_pattern`,
-`.alpha_pattern`, `.use_rslora`, `.use_dora`; patterns matched as PEFT does), else s = 1 (diffusers' own default
+`.alpha_pattern`, `.use_rslora`, `.use_dora`; patterns matched as PEFT does, by a bounded matcher: patterns.py), else
+s = 1 (diffusers' own default
 when a file has no metadata: lora_alpha = r). Fused FLAME/BFL Linears map to several diffusers Linears through a
 `NameMap` (for Flux: flame_models/flux/lora_keys.py), e.g. img_attn.qkv rows [0:H] / [H:2H] / [2H:3H] -> to_q / to_k /
 to_v. A LoRA on a fused Linear splits exactly into one LoRA per part (same down, rows of up); the reverse joins them
 again when their downs are equal.
+
+Files are untrusted: every part read is checked (check_part) before use -- shapes that form the adapter (2-D or
+conv 4-D, ranks that agree and are >= 1), floating-point values that are all finite, an alpha with one finite value
+(0-d as kohya writes it, or [1]: ComfyUI reads any one-element alpha with .item()) -- and the error names the key.
 """
 import json
 import math
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
-from flame_core.errors import FlameError, fmt_shape
 from flame_core import io as _io
+from flame_core.errors import FlameError, fmt_shape
+
+from . import patterns as _patterns
 
 KINDS = ("lora", "dora", "lokr", "loha")
 KOHYA_PREFIX = "lora_unet_"
@@ -128,6 +134,77 @@ def kind_of(suffixes, where=""):
     raise AdapterFormatError(f"{where}: cannot tell the adapter kind from the keys {sorted(s)} (expected "
                              f"lora_down/lora_up [+ dora_scale], hada_w1_a/b + hada_w2_a/b, or lokr_w1 + lokr_w2 "
                              f"[_a/_b]; LoKr with a factorised w1 (lokr_w1_a/b) or Tucker (lokr_t2) is not supported)")
+
+
+def alpha_value(value, where):
+    """The float of a file's alpha: one finite value (0-d, or any one-element shape such as [1])."""
+    a = np.asarray(value)
+    if a.size != 1:
+        raise AdapterFormatError(f"{where}: alpha has shape {fmt_shape(a.shape)}; one value expected")
+    try:
+        v = float(a.reshape(()).astype(np.float64))
+    except (TypeError, ValueError):
+        raise AdapterFormatError(f"{where}: alpha {a.reshape(())!r} is not a number") from None
+    if not math.isfinite(v):
+        raise AdapterFormatError(f"{where}: alpha is {v}, not a finite number")
+    return v
+
+
+def _ranked(a, b, where, ka, kb):
+    """The rank that a (.., r) and b (r, ..) share; an error naming both keys when they disagree or it is 0."""
+    if a.shape[1] != b.shape[0]:
+        raise AdapterFormatError(f"{where}: {ka} {fmt_shape(a.shape)} and {kb} {fmt_shape(b.shape)} do not share "
+                                 f"a rank ({a.shape[1]} != {b.shape[0]})")
+    if a.shape[1] == 0:
+        raise AdapterFormatError(f"{where}: {ka} {fmt_shape(a.shape)} and {kb} {fmt_shape(b.shape)} have rank 0")
+    return a.shape[1]
+
+
+def check_part(kind, tensors, where, key_names=None):
+    """Refuse a part whose tensors do not form one `kind` adapter (dimensions, ranks) or hold non-finite values;
+    `where` (the key prefix) and the key are named (`key_names`: the file's name of a suffix, e.g. PEFT's)."""
+    def nm(suffix):
+        return (key_names or {}).get(suffix, suffix)
+
+    for k, v in tensors.items():
+        v = np.asarray(v)
+        if v.dtype.kind not in "fV":          # (V: bfloat16 / float8 from ml_dtypes)
+            raise AdapterFormatError(f"{where}.{nm(k)}: dtype {v.dtype}; LoRA tensors are floating point")
+        if 0 in v.shape:
+            raise AdapterFormatError(f"{where}.{nm(k)}: shape {fmt_shape(v.shape)} is empty (rank 0?)")
+        bad = v.size - int(np.count_nonzero(np.isfinite(v)))
+        if bad:
+            raise AdapterFormatError(f"{where}.{nm(k)}: {bad} of {v.size} values are not finite (NaN or inf)")
+    t = {k: np.asarray(v) for k, v in tensors.items()}
+    if kind in ("lora", "dora"):
+        down, up = t["lora_down.weight"], t["lora_up.weight"]
+        conv = down.ndim == 4 and (up.ndim == 2 or (up.ndim == 4 and up.shape[2:] == (1, 1)))
+        if not (conv or (down.ndim == 2 and up.ndim == 2)):
+            raise AdapterFormatError(f"{where}: {nm('lora_down.weight')} {fmt_shape(down.shape)} and "
+                                     f"{nm('lora_up.weight')} {fmt_shape(up.shape)} do not form a LoRA (2-D (rank, "
+                                     f"in) and (out, rank), or a convolution's (rank, in, kh, kw) and (out, rank, 1, "
+                                     f"1))")
+        _ranked(up, down, where, nm("lora_up.weight"), nm("lora_down.weight"))
+        if kind == "dora":
+            m = t["dora_scale"]
+            if m.shape not in ((up.shape[0], 1), (up.shape[0],)):
+                raise AdapterFormatError(f"{where}.{nm('dora_scale')}: shape {fmt_shape(m.shape)}, expected "
+                                         f"({up.shape[0]}, 1) (one magnitude per output row; a decomposition over "
+                                         f"the input dimension is not supported)")
+        return
+    bad2d = [k for k, v in t.items() if v.ndim != 2]
+    if bad2d:
+        raise AdapterFormatError(f"{where}: {', '.join(f'{k} {fmt_shape(t[k].shape)}' for k in bad2d)}: a {kind} "
+                                 f"takes 2-D tensors (convolutions take LoRA only)")
+    if kind == "loha":
+        r1 = _ranked(t["hada_w1_a"], t["hada_w1_b"], where, "hada_w1_a", "hada_w1_b")
+        r2 = _ranked(t["hada_w2_a"], t["hada_w2_b"], where, "hada_w2_a", "hada_w2_b")
+        if r1 != r2 or t["hada_w1_a"].shape[0] != t["hada_w2_a"].shape[0] or \
+                t["hada_w1_b"].shape[1] != t["hada_w2_b"].shape[1]:
+            raise AdapterFormatError(f"{where}: the two Hadamard factors differ in shape: "
+                                     + ", ".join(f"{k} {fmt_shape(t[k].shape)}" for k in _LOHA))
+    elif "lokr_w2_a" in t:
+        _ranked(t["lokr_w2_a"], t["lokr_w2_b"], where, "lokr_w2_a", "lokr_w2_b")
 
 
 # ----------------------------------------------------------------------------- name maps
@@ -249,10 +326,12 @@ def from_kohya(sd, module_names, prefix=KOHYA_PREFIX):
                                  f"{unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
     out = {}
     for module, t in grouped.items():
+        where = kohya_name(module, prefix)
         alpha = t.pop("alpha", None)
-        kind = kind_of(t, kohya_name(module, prefix))
-        out[module] = [AdapterPart(kind, {k: np.asarray(v) for k, v in t.items()},
-                                   None if alpha is None else float(np.asarray(alpha, dtype=np.float64)), None)]
+        kind = kind_of(t, where)
+        t = {k: np.asarray(v) for k, v in t.items()}
+        check_part(kind, t, where)
+        out[module] = [AdapterPart(kind, t, None if alpha is None else alpha_value(alpha, where + ".alpha"), None)]
     return out
 
 
@@ -323,35 +402,86 @@ def peft_config_of(meta, prefix=PEFT_PREFIX):
                                  f"{sorted(config)[:12]}")
     if config.get("lora_bias"):
         raise AdapterFormatError("the LoRA has lora_bias=True (a bias on lora_B): not supported")
+    where = f"metadata {PEFT_METADATA_KEY!r} ({comp or 'the model'})"
+    _rank_value(config["r"], f"{where}: r")
+    _alpha_number(config["lora_alpha"], f"{where}: lora_alpha")
+    budget = _patterns.Budget()     # one bound for all of the file's patterns
+    config["_rank_pattern"] = _compiled(config, "rank_pattern", where, budget, _rank_value)
+    config["_alpha_pattern"] = _compiled(config, "alpha_pattern", where, budget, _alpha_number)
     return config
 
 
-def _pattern_value(patterns, name, default):
-    """PEFT's get_pattern_key: the first pattern that matches a dotted suffix of `name` (regex, full match)."""
-    for key, value in (patterns or {}).items():
-        if re.match(rf"(.*\.)?({key})$", name):
-            return value
+MAX_PATTERNS = 4096    # per rank_pattern / alpha_pattern (diffusers writes at most one per module)
+
+
+def _rank_value(v, where):
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise AdapterFormatError(f"{where}: a rank is a positive integer, got {v!r}")
+    return v
+
+
+def _alpha_number(v, where):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise AdapterFormatError(f"{where}: an alpha is a finite number, got {v!r}")
+    return v
+
+
+def _compiled(config, field, where, budget, check_value):
+    """[(SuffixPattern, value)] of a LoraConfig's rank_pattern / alpha_pattern; AdapterFormatError naming the
+    pattern when one is refused (patterns.py) or its value is not a rank / alpha."""
+    raw = config.get(field) or {}
+    if not isinstance(raw, dict):
+        raise AdapterFormatError(f"{where}: {field} is {type(raw).__name__}, not an object of pattern: value")
+    if len(raw) > MAX_PATTERNS:
+        raise AdapterFormatError(f"{where}: {field} has {len(raw)} patterns, more than {MAX_PATTERNS}")
+    out = []
+    for key, value in raw.items():
+        try:
+            out.append((_patterns.SuffixPattern(key, budget), check_value(value, f"{where}: {field}[{key!r}]")))
+        except _patterns.PatternError as e:
+            raise AdapterFormatError(f"{where}: {field} pattern {_short(key)}: {e}") from None
+    return out
+
+
+def _short(key, n=80):
+    return repr(key) if len(key) <= n else repr(key[:n]) + f"... ({len(key)} characters)"
+
+
+def _pattern_value(compiled, name, default, field):
+    """PEFT's get_pattern_key: the value of the first pattern that matches `name` or a dotted suffix of it."""
+    for pattern, value in compiled:
+        try:
+            if pattern.matches(name):
+                return value
+        except _patterns.PatternError as e:
+            raise AdapterFormatError(f"metadata {PEFT_METADATA_KEY!r}: {field} pattern {_short(pattern.key)} "
+                                     f"against {name!r}: {e}") from None
     return default
 
 
 def _alpha_from_config(config, name, rank, where, has_magnitude):
     """The kohya alpha (s·rank) of module `name` under a PEFT LoraConfig, after checking the file agrees with it."""
-    want_rank = _pattern_value(config.get("rank_pattern"), name, config["r"])
+    want_rank = _pattern_value(config["_rank_pattern"], name, config["r"], "rank_pattern")
     if int(want_rank) != rank:
         raise AdapterFormatError(f"{where}: lora_A has rank {rank} but the file's LoraConfig gives {name} rank "
                                  f"{want_rank} (r={config['r']}, rank_pattern={config.get('rank_pattern')})")
     if bool(config.get("use_dora")) != has_magnitude:
         raise AdapterFormatError(f"{where}: the file's LoraConfig has use_dora={bool(config.get('use_dora'))} but "
                                  f"this module {'has' if has_magnitude else 'has no'} lora_magnitude_vector")
-    alpha = float(_pattern_value(config.get("alpha_pattern"), name, config["lora_alpha"]))
+    alpha = float(_pattern_value(config["_alpha_pattern"], name, config["lora_alpha"], "alpha_pattern"))
     s = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
     return s * rank
 
 
-def from_peft(sd, name_map=IDENTITY, prefix=PEFT_PREFIX, alphas=None, peft_config=None):
+_PEFT_KEY_NAMES = {"lora_down.weight": "lora_A.weight", "lora_up.weight": "lora_B.weight",
+                   "dora_scale": "lora_magnitude_vector"}
+
+
+def from_peft(sd, name_map=IDENTITY, prefix=PEFT_PREFIX, alphas=None, peft_config=None, module_names=None):
     """PEFT/diffusers state dict -> canonical: one part per diffusers Linear (rows = its FLAME rows). Parts whose rows
     are permuted (several ranges) are put back in FLAME row order. `alphas` (from FLAME's metadata) unfolds s;
-    `peft_config` (`peft_config_of(metadata)`) gives s as PEFT computes it."""
+    `peft_config` (`peft_config_of(metadata)`) gives s as PEFT computes it. module_names: when given, adapters on
+    other modules are refused before any pattern is matched against their names."""
     grouped, unexpected = {}, []
     for key, v in sd.items():
         suffix = next((s for s in _PEFT_SUFFIXES if key.endswith(s)), None)
@@ -362,6 +492,11 @@ def from_peft(sd, name_map=IDENTITY, prefix=PEFT_PREFIX, alphas=None, peft_confi
     if unexpected:
         raise AdapterFormatError(f"{len(unexpected)} key(s) are not PEFT LoRA keys under {prefix!r}: "
                                  f"{unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
+    if module_names is not None:
+        known = set(module_names)
+        unknown = [prefix + n for n in grouped if name_map.module_of(n)[0] not in known]
+        if unknown:
+            raise AdapterFormatError(f"{len(unknown)} adapter(s) name no module of the model: {unknown[:8]}")
     out = {}
     for name, t in grouped.items():
         if ".lora_A.weight" not in t or ".lora_B.weight" not in t:
@@ -369,14 +504,16 @@ def from_peft(sd, name_map=IDENTITY, prefix=PEFT_PREFIX, alphas=None, peft_confi
                                      f"{sorted(t)}")
         module, ranges = name_map.module_of(name)
         down, up = t[".lora_A.weight"], t[".lora_B.weight"]
-        conv = down.ndim == 4 and up.ndim == 4 and up.shape[2:] == (1, 1)   # a convolution's LoRA
-        if not (conv or (down.ndim == 2 and up.ndim == 2)) or down.shape[0] != up.shape[1]:
-            raise AdapterFormatError(f"{prefix}{name}: lora_A {fmt_shape(down.shape)} and lora_B "
-                                     f"{fmt_shape(up.shape)} do not form a LoRA")
         mag = t.get(".lora_magnitude_vector")
-        alpha = float(np.asarray(t[".alpha"], dtype=np.float64)) if ".alpha" in t else None
+        check_part("lora" if mag is None else "dora",
+                   {"lora_down.weight": down, "lora_up.weight": up, **({} if mag is None else {"dora_scale": mag})},
+                   prefix + name, _PEFT_KEY_NAMES)
+        if down.ndim == 4 and up.ndim == 2:
+            raise AdapterFormatError(f"{prefix}{name}: lora_A {fmt_shape(down.shape)} is a convolution's but "
+                                     f"lora_B {fmt_shape(up.shape)} is not (PEFT writes (out, rank, 1, 1))")
+        alpha = alpha_value(t[".alpha"], f"{prefix}{name}.alpha") if ".alpha" in t else None
         if alphas is not None and name in alphas and ".alpha" not in t:
-            alpha, rank = alphas[name]
+            alpha, rank = _recorded_alpha(alphas[name], f"{prefix}{name}", down.shape[0])
             s = 1.0 if alpha is None else float(alpha) / rank
             if s != 1.0:
                 up = (up.astype(np.float64) / s).astype(up.dtype)
@@ -406,6 +543,31 @@ def from_peft(sd, name_map=IDENTITY, prefix=PEFT_PREFIX, alphas=None, peft_confi
         if len(parts) == 1 and parts[0].rows is not None and full is not None and parts[0].rows == (0, full):
             parts[0].rows = None
     return out
+
+
+def _recorded_alpha(entry, where, rank):
+    """(alpha or None, rank) FLAME recorded for one module in its metadata (flame.alphas), checked: s = alpha / rank
+    was folded into lora_B, so alpha 0 or another rank than the tensors' cannot be unfolded."""
+    ok = isinstance(entry, list) and len(entry) == 2 and (entry[0] is None or (
+        not isinstance(entry[0], bool) and isinstance(entry[0], (int, float)) and math.isfinite(entry[0])
+        and entry[0] != 0)) and entry[1] == rank and not isinstance(entry[1], bool)
+    if not ok:
+        raise AdapterFormatError(f"{where}: the metadata flame.alphas entry {entry!r} is not [alpha (finite, not 0) "
+                                 f"or null, rank {rank}]")
+    return entry[0], rank
+
+
+def _recorded_alphas(meta, key):
+    """The metadata's flame.alphas[.component] object, or None."""
+    if key not in meta:
+        return None
+    try:
+        alphas = json.loads(meta[key])
+    except ValueError as e:
+        raise AdapterFormatError(f"metadata {key!r} is not JSON: {e}") from None
+    if not isinstance(alphas, dict):
+        raise AdapterFormatError(f"metadata {key!r} is not a JSON object")
+    return alphas
 
 
 # ----------------------------------------------------------------------------- fitting a file to a model's adapters
@@ -538,26 +700,27 @@ def load(path, module_names, *, name_map=IDENTITY, component="denoiser"):
         meta = f.metadata() or {}
     if not sd:
         return {}, meta
+    try:
+        return _parse(sd, meta, list(module_names), name_map, component), meta
+    except AdapterFormatError as e:
+        raise AdapterFormatError(f"{path}: {e}") from None
+
+
+def _parse(sd, meta, module_names, name_map, component):
     fmt = detect_format(sd)
     if component != "denoiser":
         kohya, peft = TEXT_ENCODER_PREFIXES[component][:-1], TEXT_ENCODER_PREFIXES[component][-1]
         if fmt == "kohya":
             prefix = next(p for p in kohya if any(k.startswith(p) for k in sd))
-            return from_kohya(sd, module_names, prefix), meta
-        alphas = json.loads(meta[f"flame.alphas.{component}"]) if f"flame.alphas.{component}" in meta else None
-        modules = from_peft(sd, IDENTITY, peft, alphas, peft_config_of(meta, peft))
-    elif fmt == "kohya":
+            return from_kohya(sd, module_names, prefix)
+        return from_peft(sd, IDENTITY, peft, _recorded_alphas(meta, f"flame.alphas.{component}"),
+                         peft_config_of(meta, peft), module_names)
+    if fmt == "kohya":
         prefix = next((p for p in KOHYA_PREFIXES if any(k.startswith(p) for k in sd)), KOHYA_PREFIX)
-        return from_kohya(sd, module_names, prefix), meta
-    else:
-        alphas = json.loads(meta["flame.alphas"]) if "flame.alphas" in meta else None
-        prefix = next((p for p in PEFT_PREFIXES if all(k.startswith(p) for k in sd)), "")
-        modules = from_peft(sd, name_map, prefix, alphas, peft_config_of(meta, prefix))
-    names = set(module_names)
-    unknown = [m for m in modules if m not in names]
-    if unknown:
-        raise AdapterFormatError(f"{path}: {len(unknown)} adapter(s) name no module of the model: {unknown[:8]}")
-    return modules, meta
+        return from_kohya(sd, module_names, prefix)
+    prefix = next((p for p in PEFT_PREFIXES if all(k.startswith(p) for k in sd)), "")
+    return from_peft(sd, name_map, prefix, _recorded_alphas(meta, "flame.alphas"), peft_config_of(meta, prefix),
+                     module_names)
 
 
 def describe(modules):

@@ -1,20 +1,42 @@
 """flame_nn.functional: stateless ops with PyTorch's names and signatures (`import flame_nn.functional as F`)."""
 from flame_core.ops.conv import conv2d, conv2d_add, conv2d_memory_format, pad_conv2d
 from flame_core.ops.embedding import embedding
-from flame_core.ops.indexing import pad, one_hot
+from flame_core.ops.indexing import one_hot, pad
 from flame_core.ops.linear import linear
-from flame_core.ops.pooling import max_pool2d, avg_pool2d, adaptive_avg_pool2d
+from flame_core.ops.pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d
 
-from .activation import (relu, gelu, geglu, silu, tanh, sigmoid, softmax, log_softmax, leaky_relu, elu, softplus, mish,
-                         hardswish)
+from .activation import (
+                         elu,
+                         geglu,
+                         gelu,
+                         hardswish,
+                         leaky_relu,
+                         log_softmax,
+                         mish,
+                         relu,
+                         sigmoid,
+                         silu,
+                         softmax,
+                         softplus,
+                         tanh,
+)
 from .attention import scaled_dot_product_attention
 from .bilinear import bilinear
 from .conv import conv1d, conv_transpose2d
-from .distance import normalize, cosine_similarity
+from .distance import cosine_similarity, normalize
 from .dropout import dropout
-from .loss import (mse_loss, l1_loss, smooth_l1_loss, huber_loss, binary_cross_entropy,
-                   binary_cross_entropy_with_logits, kl_div, nll_loss, cross_entropy)
-from .norm import layer_norm, group_norm, group_norm_silu, rms_norm, batch_norm
+from .loss import (
+                         binary_cross_entropy,
+                         binary_cross_entropy_with_logits,
+                         cross_entropy,
+                         huber_loss,
+                         kl_div,
+                         l1_loss,
+                         mse_loss,
+                         nll_loss,
+                         smooth_l1_loss,
+)
+from .norm import batch_norm, group_norm, group_norm_silu, layer_norm, rms_norm
 from .pixel_shuffle import pixel_shuffle, pixel_unshuffle
 from .upsample import interpolate
 

@@ -1,7 +1,8 @@
 """Activations and softmax (PyTorch names); the elementwise ops themselves live in flame_core. The activations
 without a kernel of their own are compositions of differentiable Tensor ops (so they also have double backward)."""
 from flame_core.autograd import is_grad_enabled, no_grad
-from flame_core.ops import activation as A, elementwise as E
+from flame_core.ops import activation as A
+from flame_core.ops import elementwise as E
 from flame_core.ops import reduction as R
 
 

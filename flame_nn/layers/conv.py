@@ -1,4 +1,4 @@
-"""Conv2d (im2col + GEMM, see flame_core/ops/conv.py) and Conv1d (the same convolution over a height of one), with
+"""Conv2d (im2col + GEMM, see flame_core/ops/conv/) and Conv1d (the same convolution over a height of one), with
 their base _ConvNd (ConvTranspose2d's too)."""
 import math
 

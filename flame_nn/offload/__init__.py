@@ -15,5 +15,6 @@ from .host import OffloadError, safetensors_views
 from .layerwise import LayerwiseAdamW
 from .streamer import BlockStreamer, run_block, streamer_of
 
-__all__ = ["BlockStreamer", "run_block", "streamer_of", "auto_fit", "demote", "FitReport", "MemoryBudgetError", "quantize_linear_weights_",
-           "set_fp8_weight_", "Float8LinearMixin", "is_fp8_linear", "LayerwiseAdamW", "safetensors_views", "OffloadError"]
+__all__ = ["BlockStreamer", "run_block", "streamer_of", "auto_fit", "demote", "FitReport", "MemoryBudgetError",
+           "quantize_linear_weights_", "set_fp8_weight_", "Float8LinearMixin", "is_fp8_linear", "LayerwiseAdamW",
+           "safetensors_views", "OffloadError"]

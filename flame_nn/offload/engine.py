@@ -150,8 +150,8 @@ def copy_engine(device, profile=False):
 
 def device_bytes(nbytes, device):
     """An uninitialised uint8 device buffer as a Tensor (so the memory accounting sees it), and its array."""
-    from flame_core.tensor import _wrap
+    from flame_core import as_tensor
     xp = backend.xp_for(device)
     with device.context():
         arr = xp.empty(int(nbytes), dtype=np.uint8)
-    return _wrap(arr), arr
+    return as_tensor(arr), arr

@@ -25,7 +25,7 @@ dtype.
 """
 import numpy as np
 
-from flame_core import backend
+from flame_core import as_tensor, backend
 from flame_core import dtypes as D
 from flame_core.amp import autocast_mode as _amp
 from flame_core.autograd import Function, no_grad
@@ -33,13 +33,11 @@ from flame_core.errors import DTypeError, ShapeError, fmt_shape
 from flame_core.kernels import fp8 as _K
 from flame_core.kernels.loader import dtype_name as _dtype_name
 from flame_core.ops.fp8 import quantize_fp8
-from flame_core.ops.linalg import _mm_arrays
-from flame_core.tensor import _wrap
+from flame_core.ops.linalg import mm_arrays
 
 from ..layers.linear import Linear
 from ..parameter import Parameter
 from .host import OffloadError
-
 
 # ----------------------------------------------------------------------------- the dequantisation scratch
 _scratch = {}    # (device key, dtype name) -> Tensor (1-D) the dequantised weights are written into
@@ -58,7 +56,7 @@ def _note_size(arr):
 
 def scratch_buffers():
     """{(device, dtype name): bytes} of the dequantisation scratch buffers (one per device and compute dtype)."""
-    return {(f"{k[0][0]}:{k[0][1]}" if k[0][0] == "cuda" else "cpu", k[1]): t._data.nbytes
+    return {(f"{k[0][0]}:{k[0][1]}" if k[0][0] == "cuda" else "cpu", k[1]): t.array.nbytes
             for k, t in _scratch.items()}
 
 
@@ -77,7 +75,7 @@ def _dequantize_into_scratch(q, scales, dtype):
     key = (_device_key(q), _dtype_name(dtype))
     n = int(q.size)
     buf = _scratch.get(key)
-    if buf is None or buf._data.size < n:
+    if buf is None or buf.array.size < n:
         size = max(n, _largest.get(key[0], 0))
         xp = backend.xp_of(q)
         if backend.is_cuda_array(q):
@@ -87,11 +85,13 @@ def _dequantize_into_scratch(q, scales, dtype):
             arr = np.empty(size, dtype=dtype)
         if buf is not None:
             _retired.append(buf)
-        buf = _scratch[key] = _wrap(arr)  # a Tensor: the memory accounting counts it
-    out = buf._data[:n].reshape(q.shape)
+        buf = _scratch[key] = as_tensor(arr)  # a Tensor: the memory accounting counts it
+    out = buf.array[:n].reshape(q.shape)
     if backend.is_cuda_array(q):
         qb = q if q.dtype == np.uint8 else q.view(np.uint8)
-        from flame_core.kernels import launching as KL, loader as L, plans as P
+        from flame_core.kernels import launching as KL
+        from flame_core.kernels import loader as L
+        from flame_core.kernels import plans as P
         if L.use_kernel(scales) and n and _dtype_name(dtype) in ("float32", "float16", "bfloat16"):
             qb = P.contiguous(qb)
             grid = (max(1, min(P.cdiv(P.cdiv(n, 8), 256), P.sm_count() * 16)),)  # as kernels/fp8.py
@@ -111,15 +111,15 @@ class Float8Linear(Function):
 
     @staticmethod
     def forward(ctx, x, q, scales, b, dtype):
-        a = x._data
-        w = _dequantize_into_scratch(q._data, scales._data, dtype)
-        y = _mm_arrays(a.reshape(-1, a.shape[-1]), w.T)  # enqueued before the next layer overwrites the scratch
+        a = x.array
+        w = _dequantize_into_scratch(q.array, scales.array, dtype)
+        y = mm_arrays(a.reshape(-1, a.shape[-1]), w.T)  # enqueued before the next layer overwrites the scratch
         if b is not None:
-            y += b._data
+            y += b.array
         if ctx.needs_input_grad[0]:
             ctx.save_for_backward(q, scales)
         ctx.x_shape, ctx.dtype = x.shape, dtype
-        return _wrap(y.reshape(tuple(x.shape[:-1]) + (q.shape[0],)))
+        return as_tensor(y.reshape(tuple(x.shape[:-1]) + (q.shape[0],)))
 
     @staticmethod
     def backward(ctx, g):
@@ -128,9 +128,9 @@ class Float8Linear(Function):
         dx = db = None
         if nx:
             q, scales = ctx.saved_tensors
-            w = _dequantize_into_scratch(q._data, scales._data, ctx.dtype)
-            ga = g2._data if g2._data.dtype == w.dtype else g2._data.astype(w.dtype)
-            dx = _wrap(_mm_arrays(ga, w).reshape(tuple(ctx.x_shape)))
+            w = _dequantize_into_scratch(q.array, scales.array, ctx.dtype)
+            ga = g2.array if g2.array.dtype == w.dtype else g2.array.astype(w.dtype)
+            dx = as_tensor(mm_arrays(ga, w).reshape(tuple(ctx.x_shape)))
         if nb:
             db = g2.sum(0)
         return dx, None, None, db, None
@@ -144,7 +144,7 @@ class Float8LinearMixin:
         differentiable. (The layer's own forward does not call this: it dequantises into a shared scratch.)"""
         dt = D.dtype(dtype) if dtype is not None else self.compute_dtype
         w = self.weight
-        return _wrap(_K.dequantize_per_row(w._data, self.weight_scale._data, dt.np))
+        return as_tensor(_K.dequantize_per_row(w.array, self.weight_scale.array, dt.np))
 
     def forward(self, input):
         dt = self.compute_dtype
@@ -201,7 +201,7 @@ def set_fp8_weight_(linear, q, scales, compute_dtype):
     compute_dtype = D.dtype(compute_dtype)
     if not compute_dtype.is_floating_point or compute_dtype is D.float8_e4m3fn:
         raise OffloadError(f"set_fp8_weight_: compute_dtype must be a float dtype, got {compute_dtype}")
-    _note_size(q._data)
+    _note_size(q.array)
     linear.__dict__["compute_dtype"] = compute_dtype
     linear.__class__ = _fp8_class(type(linear))
     linear.weight = Parameter(q, requires_grad=False)
@@ -241,7 +241,7 @@ def quantize_linear_weights_(module, dtype="float8_e4m3fn", *, include_trainable
                             raise OffloadError(f"{name}: a {ad.kind} adapter needs the base weight's rows; fp8 "
                                                f"storage supports LoRA, LoKr and LoHa adapters")
             q, scales = quantize_fp8(w)
-            _note_size(q._data)
+            _note_size(q.array)
             d = m.__dict__
             d["compute_dtype"] = w.dtype
             if adapted:

@@ -30,7 +30,7 @@ class Entry:
 
     def __init__(self, name, tensor, dtype):
         self.name, self.tensor = name, tensor
-        self.shape = tuple(tensor._data.shape)
+        self.shape = tuple(tensor.array.shape)
         self.dtype = np.dtype(dtype)  # the array dtype on the device (uint8 for cuda fp8 bytes)
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         self.trainable = bool(tensor.requires_grad)
@@ -102,18 +102,18 @@ class HostBlock:
         for name, t in tensors:
             src = None if sources is None else sources.get(prefix + name)
             if src is not None:
-                want = t._data.dtype if not t._f8 else D.float8_e4m3fn.np
+                want = t.array.dtype if not t._f8 else D.float8_e4m3fn.np
                 if tuple(src.shape) != tuple(t.shape) or np.dtype(src.dtype) != np.dtype(want):
                     raise OffloadError(f"block {index}: {prefix + name} is {np.dtype(src.dtype).name} "
                                        f"{tuple(src.shape)} in the mapped file but {np.dtype(want).name} "
                                        f"{tuple(t.shape)} in the model; memory-mapped weights stream as stored "
                                        f"(load them instead, or build the model in the file's dtype)")
-                mapped.append((Entry(name, t, np.uint8 if t._f8 else t._data.dtype), src))
+                mapped.append((Entry(name, t, np.uint8 if t._f8 else t.array.dtype), src))
             else:
                 if getattr(t, "_meta_device", None) is not None:
                     raise OffloadError(f"block {index}: {prefix + name} was created under empty_init and has no "
                                        f"data: load the block's weights before streaming it (or pass sources=)")
-                pinned.append(Entry(name, t, t._data.dtype))
+                pinned.append(Entry(name, t, t.array.dtype))
         off = 0
         for e in pinned:
             e.offset = off
@@ -129,7 +129,7 @@ class HostBlock:
         if pinned:
             self.host = pinned_pool().empty((self.pinned_bytes,), np.uint8)
             for e in pinned:
-                arr = e.tensor._data
+                arr = e.tensor.array
                 if backend.is_cuda_array(arr):
                     arr = backend.cupy.ascontiguousarray(arr)
                 self.host[e.offset:e.offset + e.nbytes] = backend.to_numpy(arr).reshape(-1).view(np.uint8)
@@ -156,7 +156,7 @@ class HostBlock:
                 views[id(dst)] = arrays
         for e, a in zip(self.entries, arrays):
             t = e.tensor
-            t._data = a
+            t.set_array_(a)
             t._version[0] += 1  # new contents: nothing may use a cast or a saved view of the old ones
             if getattr(t, "_meta_device", None) is not None:
                 t._meta_device = None
@@ -166,7 +166,7 @@ class HostBlock:
         for e in self.entries:
             if e.empty is None:
                 e.empty = placeholder(e.shape, e.dtype, self.device)
-            e.tensor._data = e.empty
+            e.tensor.set_array_(e.empty)
             e.tensor._version[0] += 1
             if getattr(e.tensor, "_meta_device", None) is not None:
                 e.tensor._meta_device = None  # the streamer gives it data now (a file-mapped source)

@@ -127,11 +127,11 @@ class LayerwiseAdamW:
         g = g8.view(dt)[:st.numel]
         for e, off in zip(st.entries, st.offsets):
             t = e.tensor
-            n = t._data.size
+            n = t.array.size
             if t._grad is None:
                 g[off:off + n] = 0
             else:
-                g[off:off + n] = t._grad._data.reshape(-1)
+                g[off:off + n] = t._grad.array.reshape(-1)
                 t._grad = None
         eng = streamer.engine
         eng.compute_waits(st.loaded)
@@ -142,7 +142,7 @@ class LayerwiseAdamW:
         key = ("bound", id(hb.bound))
         plan = st.plans.get(key)
         if plan is None:
-            plan = st.plans[key] = adamw_plan([e.tensor._data for e in st.entries], st.offsets)
+            plan = st.plans[key] = adamw_plan([e.tensor.array for e in st.entries], st.offsets)
         grp = self.param_groups[0]
         m, v = m8.view(np.float32)[:st.numel], v8.view(np.float32)[:st.numel]
         master = w8.view(np.float32)[:st.numel] if st.master is not None else None

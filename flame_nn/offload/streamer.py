@@ -51,8 +51,9 @@ import itertools
 
 from flame_core import memory as _memory
 from flame_core.autograd.grad_mode import state as _grad_state
-from flame_core.checkpoint import _Checkpoint, _dummy, maybe_checkpoint
-from flame_core.device import device as _parse_device, default_device
+from flame_core.checkpoint import CheckpointFunction, maybe_checkpoint
+from flame_core.device import default_device
+from flame_core.device import device as _parse_device
 from flame_core.io import convert
 
 from ..module import Module
@@ -93,21 +94,20 @@ class _BlockCall:
         return self.block(*args, **kwargs)
 
 
-class _BlockCheckpoint(_Checkpoint):
+class _BlockCheckpoint(CheckpointFunction):
     """flame_core's checkpoint with the streamer told when the block's backward starts and ends."""
 
     @staticmethod
     def backward(ctx, *grads):
         call = ctx.run
         call.streamer._before_backward(call.index)
-        out = _Checkpoint.backward(ctx, *grads)
+        out = CheckpointFunction.backward(ctx, *grads)
         call.streamer._after_backward(call.index)
         return out
 
 
 def _checkpointed(call, args, kwargs, offload):
-    kw_names = tuple(kwargs)
-    return _BlockCheckpoint.apply(_dummy(), call, len(args), kw_names, True, bool(offload), *args, *kwargs.values())
+    return _BlockCheckpoint.run(call, args, kwargs, preserve_rng_state=True, offload=offload)
 
 
 class _Slot:
@@ -521,12 +521,12 @@ class BlockStreamer:
 
     def state_dict(self):
         """{'<prefix>.<j>.<name>': cpu Tensor} of every streamed tensor (copies of the host weights)."""
-        from flame_core.tensor import _wrap
+        from flame_core import as_tensor
         self.synchronize()
         out = {}
         for name, hb in zip(self.names, self._host):
             for k, arr in hb.host_arrays().items():
-                out[f"{name}.{k}"] = _wrap(arr.copy())
+                out[f"{name}.{k}"] = as_tensor(arr.copy())
         return out
 
     def close(self, device=None):
@@ -540,7 +540,7 @@ class BlockStreamer:
                 arr, f8 = convert(arrays[e.name], None, dev)
                 if arr is arrays[e.name] or getattr(arr, "base", None) is not None:
                     arr = arr.copy()
-                e.tensor._data, e.tensor._f8 = arr, f8
+                e.tensor.set_array_(arr, f8)
                 e.tensor._version[0] += 1
         self._free_slots()
         self._own.clear()
@@ -574,7 +574,7 @@ def _move(t, device):
     registered = grad_pool.is_registered(t)
     if registered:
         grad_pool.unregister([t])
-    t._data, t._f8 = convert(t._data, None, device, t._f8)
+    t.set_array_(*convert(t.array, None, device, t._f8))
     t._version[0] += 1
     if t._grad is not None:
         t._grad = None

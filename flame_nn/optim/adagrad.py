@@ -3,8 +3,7 @@
     g += weight_decay * p ;  clr = lr / (1 + (t - 1) lr_decay) ;  s += g^2 ;  p -= clr g / (sqrt(s) + eps)
 with s starting at initial_accumulator_value (the state is created with the optimizer, as PyTorch does).
 """
-from flame_core import backend
-from flame_core.tensor import _wrap
+from flame_core import as_tensor, backend
 
 from .optimizer import Optimizer, _closure_loss, grads_of
 
@@ -23,9 +22,9 @@ class Adagrad(Optimizer):
                 self._init_state(p, group)
 
     def _init_state(self, p, group):
-        xp = backend.xp_of(p._data)
-        st = {"step": 0, "sum": _wrap(xp.full(p._data.shape, group["initial_accumulator_value"],
-                                              dtype=p._data.dtype))}
+        xp = backend.xp_of(p.array)
+        st = {"step": 0, "sum": as_tensor(xp.full(p.array.shape, group["initial_accumulator_value"],
+                                              dtype=p.array.dtype))}
         self.state[p] = st
         return st
 
@@ -35,10 +34,10 @@ class Adagrad(Optimizer):
             lr, lr_decay, eps = group["lr"], group["lr_decay"], group["eps"]
             for p, g in grads_of(group):
                 st, g = self._prepare(p, g, group)
-                w = p._data
+                w = p.array
                 xp = backend.xp_of(w)
                 clr = lr / (1 + (st["step"] - 1) * lr_decay)
-                s = st["sum"]._data
+                s = st["sum"].array
                 s += g * g
                 w -= (clr * g / (xp.sqrt(s) + eps)).astype(w.dtype, copy=False)
                 p._version[0] += 1

@@ -13,9 +13,8 @@ import math
 
 import numpy as np
 
-from flame_core import backend
+from flame_core import as_tensor, backend
 from flame_core.io import convert
-from flame_core.tensor import _wrap
 
 from .optimizer import Optimizer, _closure_loss, grads_of, pool
 
@@ -42,10 +41,10 @@ class Adam(Optimizer):
                                       amsgrad=amsgrad, maximize=maximize))
 
     def _init_state(self, p, group):
-        xp = backend.xp_of(p._data)
-        st = {"step": 0, "exp_avg": _wrap(xp.zeros_like(p._data)), "exp_avg_sq": _wrap(xp.zeros_like(p._data))}
+        xp = backend.xp_of(p.array)
+        st = {"step": 0, "exp_avg": as_tensor(xp.zeros_like(p.array)), "exp_avg_sq": as_tensor(xp.zeros_like(p.array))}
         if group["amsgrad"]:
-            st["max_exp_avg_sq"] = _wrap(xp.zeros_like(p._data))
+            st["max_exp_avg_sq"] = as_tensor(xp.zeros_like(p.array))
         self.state[p] = st
         return st
 
@@ -63,19 +62,19 @@ class Adam(Optimizer):
                 if id(p) in done:
                     continue
                 st, g = self._prepare(p, g, group, l2=not self._decoupled)
-                w = p._data
+                w = p.array
                 xp = backend.xp_of(w)
                 t = st["step"]
                 if wd and self._decoupled:
                     w *= 1 - lr * wd
-                m, v = st["exp_avg"]._data, st["exp_avg_sq"]._data
+                m, v = st["exp_avg"].array, st["exp_avg_sq"].array
                 m *= b1
                 m += (1 - b1) * g
                 v *= b2
                 v += (1 - b2) * (g * g)
                 bc1, bc2_sqrt = 1 - b1 ** t, math.sqrt(1 - b2 ** t)
                 if amsgrad:
-                    vmax = st["max_exp_avg_sq"]._data
+                    vmax = st["max_exp_avg_sq"].array
                     xp.maximum(vmax, v, out=vmax)
                     v = vmax
                 denom = xp.sqrt(v) / bc2_sqrt + eps
@@ -93,25 +92,25 @@ class Adam(Optimizer):
         buckets = {}
         for p in group["params"]:
             g = p._grad
-            a = p._data
+            a = p.array
             if g is None or not backend.is_cuda_array(a) or a.dtype != np.float32 or not a.flags.c_contiguous \
                     or not pool.is_registered(p):
                 continue
             flat = pool.flat_buffer_of(p)
             off, _ = pool.slice_of(p)
-            if g._data.data.ptr != flat._data.data.ptr + off * flat._data.itemsize:
+            if g.array.data.ptr != flat.array.data.ptr + off * flat.array.itemsize:
                 continue  # .grad was replaced by the user: not the pooled view
             st = self.state.get(p)
             step = st["step"] if st is not None else 0
             buckets.setdefault((id(flat), step), (flat, step, []))[2].append((p, off))
         done = set()
         for flat, step, items in buckets.values():
-            if not _loader.use_kernel(flat._data):
+            if not _loader.use_kernel(flat.array):
                 return done
             m, v = self._flat_moments(flat, items)
             plan = self._plan(flat, items)
             t = step + 1
-            _fused.adamw_step(plan, flat._data, m, v, lr=group["lr"], beta1=group["betas"][0],
+            _fused.adamw_step(plan, flat.array, m, v, lr=group["lr"], beta1=group["betas"][0],
                               beta2=group["betas"][1], eps=group["eps"], weight_decay=group["weight_decay"], step=t)
             for p, _ in items:
                 self.state[p]["step"] = t
@@ -124,37 +123,37 @@ class Adam(Optimizer):
         cache = self.__dict__.setdefault("_flat", {})
         entry = cache.get(id(flat))
         if entry is None or entry[0] is not flat:
-            xp = backend.xp_of(flat._data)
+            xp = backend.xp_of(flat.array)
             with flat.device.context():
-                entry = cache[id(flat)] = (flat, xp.zeros(flat._data.size, np.float32),
-                                           xp.zeros(flat._data.size, np.float32), {})
+                entry = cache[id(flat)] = (flat, xp.zeros(flat.array.size, np.float32),
+                                           xp.zeros(flat.array.size, np.float32), {})
         _, m, v, plans = entry
         for p, off in items:
-            n = p._data.size
+            n = p.array.size
             st = self.state.get(p)
             if st is None:
-                st = self.state[p] = {"step": 0, "exp_avg": _wrap(m[off:off + n].reshape(p._data.shape)),
-                                      "exp_avg_sq": _wrap(v[off:off + n].reshape(p._data.shape))}
+                st = self.state[p] = {"step": 0, "exp_avg": as_tensor(m[off:off + n].reshape(p.array.shape)),
+                                      "exp_avg_sq": as_tensor(v[off:off + n].reshape(p.array.shape))}
                 m[off:off + n] = 0
                 v[off:off + n] = 0
                 continue
             for key, buf in (("exp_avg", m), ("exp_avg_sq", v)):
-                cur = st[key]._data
+                cur = st[key].array
                 if backend.is_cuda_array(cur) and cur.data.ptr == buf.data.ptr + off * 4:
                     continue
                 view = buf[off:off + n]
                 view[...] = convert(cur, np.float32, p.device)[0].reshape(-1)
-                st[key] = _wrap(view.reshape(p._data.shape))
+                st[key] = as_tensor(view.reshape(p.array.shape))
         return m, v
 
     def _plan(self, flat, items):
         """The kernel's chunk table for these parameters (rebuilt when a parameter's storage moved)."""
         plans = self._flat[id(flat)][3]
         key = tuple(id(p) for p, _ in items)
-        ptrs = tuple(p._data.data.ptr for p, _ in items)
+        ptrs = tuple(p.array.data.ptr for p, _ in items)
         hit = plans.get(key)
         if hit is None or hit[0] != ptrs:
-            hit = plans[key] = (ptrs, _fused.adamw_plan([p._data for p, _ in items], [o for _, o in items]))
+            hit = plans[key] = (ptrs, _fused.adamw_plan([p.array for p, _ in items], [o for _, o in items]))
         return hit[1]
 
 

@@ -11,8 +11,7 @@ import math
 
 import numpy as np
 
-from flame_core import backend
-from flame_core.tensor import _wrap
+from flame_core import as_tensor, backend
 
 from .adam import _check
 from .optimizer import Optimizer, _closure_loss, grads_of
@@ -83,20 +82,20 @@ class AdamW8bit(Optimizer):
                                       block_size=block_size, min_8bit_size=min_8bit_size))
 
     def _init_state(self, p, group):
-        xp = backend.xp_of(p._data)
-        n = p._data.size
+        xp = backend.xp_of(p.array)
+        n = p.array.size
         st = {"step": 0}
         if n >= group["min_8bit_size"]:
             nb = -(-n // group["block_size"])
             zero_code_s = int(np.argmin(np.abs(dynamic_map(True))))
             zero_code_u = int(np.argmin(np.abs(dynamic_map(False))))
-            st["exp_avg"] = _wrap(xp.full(n, zero_code_s, dtype=np.uint8))
-            st["exp_avg_absmax"] = _wrap(xp.zeros(nb, dtype=np.float32))
-            st["exp_avg_sq"] = _wrap(xp.full(n, zero_code_u, dtype=np.uint8))
-            st["exp_avg_sq_absmax"] = _wrap(xp.zeros(nb, dtype=np.float32))
+            st["exp_avg"] = as_tensor(xp.full(n, zero_code_s, dtype=np.uint8))
+            st["exp_avg_absmax"] = as_tensor(xp.zeros(nb, dtype=np.float32))
+            st["exp_avg_sq"] = as_tensor(xp.full(n, zero_code_u, dtype=np.uint8))
+            st["exp_avg_sq_absmax"] = as_tensor(xp.zeros(nb, dtype=np.float32))
         else:
-            st["exp_avg"] = _wrap(xp.zeros(n, dtype=np.float32))
-            st["exp_avg_sq"] = _wrap(xp.zeros(n, dtype=np.float32))
+            st["exp_avg"] = as_tensor(xp.zeros(n, dtype=np.float32))
+            st["exp_avg_sq"] = as_tensor(xp.zeros(n, dtype=np.float32))
         self.state[p] = st
         return st
 
@@ -107,15 +106,15 @@ class AdamW8bit(Optimizer):
                 group["block_size"]
             for p, g in grads_of(group):
                 st, g = self._prepare(p, g, group, l2=False)  # AdamW's decay is decoupled (below)
-                w = p._data
+                w = p.array
                 xp = backend.xp_of(w)
                 quantized = "exp_avg_absmax" in st
                 sbook, ubook = _code_book(xp, True), _code_book(xp, False)
                 if quantized:
-                    m = dequantize_blockwise(st["exp_avg"]._data, st["exp_avg_absmax"]._data, sbook, bs)
-                    v = dequantize_blockwise(st["exp_avg_sq"]._data, st["exp_avg_sq_absmax"]._data, ubook, bs)
+                    m = dequantize_blockwise(st["exp_avg"].array, st["exp_avg_absmax"].array, sbook, bs)
+                    v = dequantize_blockwise(st["exp_avg_sq"].array, st["exp_avg_sq_absmax"].array, ubook, bs)
                 else:
-                    m, v = st["exp_avg"]._data, st["exp_avg_sq"]._data
+                    m, v = st["exp_avg"].array, st["exp_avg_sq"].array
                 gf = g.reshape(-1).astype(np.float32)
                 t = st["step"]
                 m *= b1
@@ -128,6 +127,8 @@ class AdamW8bit(Optimizer):
                 w -= ((lr / (1 - b1 ** t)) * m / denom).reshape(w.shape).astype(w.dtype, copy=False)
                 p._version[0] += 1
                 if quantized:
-                    st["exp_avg"]._data, st["exp_avg_absmax"]._data = quantize_blockwise(m, sbook, bs)
-                    st["exp_avg_sq"]._data, st["exp_avg_sq_absmax"]._data = quantize_blockwise(v, ubook, bs)
+                    for name, arr, book in (("exp_avg", m, sbook), ("exp_avg_sq", v, ubook)):
+                        codes, absmax = quantize_blockwise(arr, book, bs)
+                        st[name].set_array_(codes)
+                        st[name + "_absmax"].set_array_(absmax)
         return loss

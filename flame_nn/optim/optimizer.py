@@ -107,7 +107,7 @@ class Optimizer:
         if group.get("maximize"):
             g = -g
         if l2 and group["weight_decay"]:
-            g = g + group["weight_decay"] * p._data
+            g = g + group["weight_decay"] * p.array
         st["step"] += 1
         return st, g
 
@@ -144,13 +144,13 @@ def grads_of(group):
     for p in group["params"]:
         g = p._grad
         if g is not None:
-            yield p, g._data
+            yield p, g.array
 
 
 def state_on_device(st, p):
     """The state dict of `p` with its arrays moved to p's device (after `Module.to` moved the parameter)."""
-    want_cuda = backend.is_cuda_array(p._data)
+    want_cuda = backend.is_cuda_array(p.array)
     for k, v in st.items():
-        if isinstance(v, Tensor) and backend.is_cuda_array(v._data) != want_cuda:
-            v._data, v._f8 = convert(v._data, None, p.device, v._f8)
+        if isinstance(v, Tensor) and backend.is_cuda_array(v.array) != want_cuda:
+            v.set_array_(*convert(v.array, None, p.device, v._f8))
     return st

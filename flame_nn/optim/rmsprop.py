@@ -4,8 +4,7 @@
     centered: m = alpha m + (1 - alpha) g ;  avg = sqrt(v - m^2) + eps      else avg = sqrt(v) + eps
     momentum: b = momentum b + g / avg ;  p -= lr b                          else p -= lr g / avg
 """
-from flame_core import backend
-from flame_core.tensor import _wrap
+from flame_core import as_tensor, backend
 
 from .optimizer import Optimizer, _closure_loss, grads_of
 
@@ -20,12 +19,12 @@ class RMSprop(Optimizer):
                                       centered=centered, maximize=maximize))
 
     def _init_state(self, p, group):
-        xp = backend.xp_of(p._data)
-        st = {"step": 0, "square_avg": _wrap(xp.zeros_like(p._data))}
+        xp = backend.xp_of(p.array)
+        st = {"step": 0, "square_avg": as_tensor(xp.zeros_like(p.array))}
         if group["momentum"] > 0:
-            st["momentum_buffer"] = _wrap(xp.zeros_like(p._data))
+            st["momentum_buffer"] = as_tensor(xp.zeros_like(p.array))
         if group["centered"]:
-            st["grad_avg"] = _wrap(xp.zeros_like(p._data))
+            st["grad_avg"] = as_tensor(xp.zeros_like(p.array))
         self.state[p] = st
         return st
 
@@ -36,20 +35,20 @@ class RMSprop(Optimizer):
                 group["centered"]
             for p, g in grads_of(group):
                 st, g = self._prepare(p, g, group)
-                w = p._data
+                w = p.array
                 xp = backend.xp_of(w)
-                v = st["square_avg"]._data
+                v = st["square_avg"].array
                 v *= alpha
                 v += (1 - alpha) * (g * g)
                 if centered:
-                    m = st["grad_avg"]._data
+                    m = st["grad_avg"].array
                     m *= alpha
                     m += (1 - alpha) * g
                     avg = xp.sqrt(v - m * m) + eps
                 else:
                     avg = xp.sqrt(v) + eps
                 if mom > 0:
-                    b = st["momentum_buffer"]._data
+                    b = st["momentum_buffer"].array
                     b *= mom
                     b += g / avg
                     w -= (lr * b).astype(w.dtype, copy=False)

@@ -1,5 +1,5 @@
 """SGD with momentum, dampening, Nesterov momentum and (L2) weight decay - PyTorch's update rule."""
-from flame_core.tensor import _wrap
+from flame_core import as_tensor
 
 from .optimizer import Optimizer, _closure_loss, grads_of, state_on_device
 
@@ -20,7 +20,7 @@ class SGD(Optimizer):
             lr, mom, damp = group["lr"], group["momentum"], group["dampening"]
             wd, nesterov, maximize = group["weight_decay"], group["nesterov"], group["maximize"]
             for p, g in grads_of(group):
-                w = p._data
+                w = p.array
                 if maximize:
                     g = -g
                 if wd:
@@ -29,12 +29,12 @@ class SGD(Optimizer):
                     st = state_on_device(self.state.setdefault(p, {}), p)
                     buf = st.get("momentum_buffer")
                     if buf is None:
-                        buf = st["momentum_buffer"] = _wrap(g.copy())
+                        buf = st["momentum_buffer"] = as_tensor(g.copy())
                     else:
-                        b = buf._data
+                        b = buf.array
                         b *= mom
                         b += (1 - damp) * g
-                    g = g + mom * buf._data if nesterov else buf._data
+                    g = g + mom * buf.array if nesterov else buf.array
                 w -= (lr * g).astype(w.dtype, copy=False)
                 p._version[0] += 1
         return loss

@@ -8,7 +8,7 @@ import pytest
 
 import flame_core as flame
 from flame_core import amp
-from flame_core.errors import DTypeError, DeviceError
+from flame_core.errors import DeviceError, DTypeError
 
 LOW = [flame.bfloat16, flame.float16]
 

@@ -1,15 +1,21 @@
 """Fixes from the API audit: DeviceError without a GPU, randint(high, size), grad-mode decorators with and without
 parentheses, ShapeError naming shapes on broadcast failures, a custom backward returning the wrong number of
 gradients, float8 tensors being storage only."""
-import functools
 
 import numpy as np
 import pytest
 
 import flame_core as flame
 from flame_core import backend
-from flame_core.autograd import (Function, enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled,
-                                 no_grad, set_grad_enabled)
+from flame_core.autograd import (
+    Function,
+    enable_grad,
+    inference_mode,
+    is_grad_enabled,
+    is_inference_mode_enabled,
+    no_grad,
+    set_grad_enabled,
+)
 from flame_core.errors import AutogradError, DeviceError, DTypeError, ShapeError
 
 

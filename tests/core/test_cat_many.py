@@ -1,7 +1,8 @@
 """cat / stack of more than 8 tensors: joined piece by piece (CuPy's one-call join of more arrays reads a host
 table, which a CUDA graph capture refuses), with the same values and gradients as a plain concatenation."""
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import flame_core as flame
 from flame_core.ops.shape import _CAT_DIRECT

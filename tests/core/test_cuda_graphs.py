@@ -119,8 +119,9 @@ def test_conv_gemms_of_cuda_arrays_go_through_flame_cublas(monkeypatch):
     matmul refuses to run while a CUDA graph is captured, so a graphed SDXL step fell back to eager. Checked on the
     CPU with a stand-in array module for CUDA."""
     import types
+
     from flame_core.kernels import gemm
-    from flame_core.ops import conv
+    from flame_core.ops.conv import matmul as conv
     calls = []
 
     def flame_matmul(a, b, out=None, beta=0.0):
@@ -141,12 +142,12 @@ def test_conv_gemms_of_cuda_arrays_go_through_flame_cublas(monkeypatch):
     for dt in (np.float32, np.float16, flame.bfloat16.np):
         a, b = rng.standard_normal((2, 6, 5)).astype(dt), rng.standard_normal((2, 5, 7)).astype(dt)
         out = np.empty((2, 6, 7), dt)
-        assert conv._mm(a, b, out) is out and conv._mm(a[0], b[0]).shape == (6, 7)
+        assert conv.mm(a, b, out) is out and conv.mm(a[0], b[0]).shape == (6, 7)
         np.testing.assert_allclose(out.astype(np.float32), np.matmul(a.astype(np.float32), b.astype(np.float32)),
                                    rtol=1e-2, atol=1e-2)
     assert [c[0] for c in calls] == [np.float32] * 2 + [np.float16] * 2 + [flame.bfloat16.np] * 2
     with pytest.raises(RuntimeError, match="cuBLAS"):  # float64: CuPy's matmul (training runs in float32 or lower)
-        conv._mm(rng.standard_normal((3, 3)), rng.standard_normal((3, 3)))
+        conv.mm(rng.standard_normal((3, 3)), rng.standard_normal((3, 3)))
 
 
 @pytest.mark.gpu

@@ -14,9 +14,23 @@ import pytest
 import flame_core as flame
 from flame_core import backend
 from flame_core.memory.pinned import pinned_pool
-from flame_core.utils.data import (BatchSampler, ConcatDataset, DataLoader, Dataset, IterableDataset, RandomSampler,
-                                   SequentialSampler, Subset, SubsetRandomSampler, TensorDataset, default_collate,
-                                   default_convert, get_worker_info, pin_memory, random_split)
+from flame_core.utils.data import (
+    BatchSampler,
+    ConcatDataset,
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    Subset,
+    SubsetRandomSampler,
+    TensorDataset,
+    default_collate,
+    default_convert,
+    get_worker_info,
+    pin_memory,
+    random_split,
+)
 
 
 class Squares(Dataset):

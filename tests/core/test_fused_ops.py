@@ -1,7 +1,8 @@
 """The fused ops models build on: split / unbind as views in one autograd node, GELU(tanh) read in place from a
 strided view, GEGLU in one op, and linear_cat2 (linear over a concatenation without building it)."""
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import flame_core as flame
 import flame_nn

@@ -2,7 +2,8 @@
 random shapes including 0-d and size-1 dims, broadcasting, and non-contiguous inputs."""
 import numpy as np
 import pytest
-from hypothesis import assume, given, strategies as st
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 import flame_core as flame
 from flame_core.autograd import gradcheck, gradgradcheck

@@ -4,7 +4,8 @@ checks (float64 central differences) over random view chains (slices with steps,
 transposes, reshapes) of contiguous and non-contiguous bases."""
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 import flame_core as flame
 from flame_core.autograd import gradcheck, gradgradcheck

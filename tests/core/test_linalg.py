@@ -2,7 +2,8 @@
 float64 gradient checks, and the errors bad input gets."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import flame_core as flame
 from flame_core import linalg

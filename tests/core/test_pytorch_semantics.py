@@ -3,10 +3,11 @@
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 import flame_core as flame
-from flame_core import amp, backend
+from flame_core import amp
 from flame_core.autograd import gradcheck, gradgradcheck
 from flame_core.errors import AutogradError, DTypeError, ShapeError
 

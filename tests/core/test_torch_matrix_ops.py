@@ -2,7 +2,8 @@
 diagonal / diag_embed / trace, each against NumPy on random shapes, with float64 gradient checks and named errors."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import flame_core as flame
 from flame_core.autograd import gradcheck, gradgradcheck

@@ -3,7 +3,8 @@ shapes with negative dims and ties, float64 gradient checks, in-place variants a
 the errors bad input gets."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import flame_core as flame
 from flame_core.autograd import gradcheck, gradgradcheck

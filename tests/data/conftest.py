@@ -1,6 +1,5 @@
 """Fixtures of the image-data tests."""
 import pytest
-
 from make_images import write_caption, write_image
 
 

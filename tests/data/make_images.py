@@ -21,3 +21,17 @@ def write_caption(image_path, text, ext=".txt", encoding="utf-8"):
     with open(path, "wb") as f:
         f.write(text.encode(encoding) if isinstance(text, str) else text)
     return path
+
+
+def png_bytes(width, height, bit_depth, colour_type, rows=None):
+    """A PNG written by hand: any declared size (`rows`: the filtered scanlines, None for a few bytes of IDAT that
+    decode to nothing useful), so a test can declare 12000 x 12000 pixels in a few hundred bytes."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    ihdr = struct.pack(">IIBBBBB", width, height, bit_depth, colour_type, 0, 0, 0)
+    idat = zlib.compress(rows if rows is not None else b"\0" * 64)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")

@@ -3,13 +3,13 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
+from make_images import write_caption, write_image
 from PIL import Image
 
 from flame_models.data import DataError, DatasetConfig, ImageDataset
 from flame_models.data.buckets import MAX_ASPECT, Bucket, closest_bucket, cover_scale, make_buckets, place
-
-from make_images import write_caption, write_image
 
 resolutions = st.sampled_from([64, 128, 256, 320, 512, 640, 768, 1024, 1536, 2048])
 sides = st.integers(16, 6000)

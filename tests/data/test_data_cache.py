@@ -8,11 +8,17 @@ import time
 import ml_dtypes
 import numpy as np
 import pytest
-
-from flame_models.data import (BucketLoader, DataError, DatasetConfig, ImageDataset, LatentCache,
-                               TextEmbeddingCache, TrainingDataset)
-
 from make_images import write_caption, write_image
+
+from flame_models.data import (
+    BucketLoader,
+    DataError,
+    DatasetConfig,
+    ImageDataset,
+    LatentCache,
+    TextEmbeddingCache,
+    TrainingDataset,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -40,7 +46,6 @@ class CountingTE:
 
     def __call__(self, prompts):
         self.prompts += prompts
-        n = len(prompts)
         codes = np.array([[sum(map(ord, p)) % 97, len(p)] for p in prompts], np.float32)
         return {"prompt_embeds": np.repeat(codes[:, None, :], 6, axis=1), "pooled_prompt_embeds": codes * 2}
 

@@ -1,12 +1,12 @@
 """Caption rules: trigger word, dropout (rate and determinism), tag shuffling with keep_tokens, caption files."""
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
+from make_images import write_caption, write_image
 
 from flame_models.data import DataError, DatasetConfig, ImageDataset, apply_trigger, read_caption, split_tags
 from flame_models.data.captions import CaptionRule, shuffle_tags
-
-from make_images import write_caption, write_image
 
 
 def rule(seed=0, trigger=None, **kw):

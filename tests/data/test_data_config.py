@@ -2,10 +2,10 @@
 import typing
 from dataclasses import fields
 
+from make_images import write_image
+
 from flame_models.data import DatasetConfig, resolutions, validate_dataset_config
 from flame_models.data.config import caption_extension
-
-from make_images import write_image
 
 
 def test_defaults_are_valid_and_ai_toolkit_names(folder):

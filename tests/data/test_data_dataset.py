@@ -4,11 +4,10 @@ import os
 
 import numpy as np
 import pytest
+from make_images import write_caption, write_image
 from PIL import Image
 
 from flame_models.data import Bucket, DataError, DatasetConfig, ImageDataset, image_array, load_image
-
-from make_images import write_caption, write_image
 
 
 def test_several_folders_with_their_own_settings(tmp_path, folder):

@@ -1,15 +1,15 @@
 """Reading images: EXIF orientation, alpha compositing, formats, corrupt files, the folder walk, the probe index."""
 import os
 import time
+import warnings
 
 import numpy as np
 import pytest
-from PIL import Image
+from make_images import png_bytes, write_caption, write_image
+from PIL import Image, ImageFile
 
-from flame_models.data import DataError, image_array, list_images, load_image, probe_image
+from flame_models.data import DataError, DatasetConfig, ImageDataset, image_array, list_images, load_image, probe_image
 from flame_models.data import images as I
-
-from make_images import write_image
 
 
 def halves(width, height, left, right):
@@ -110,3 +110,66 @@ def test_probe_index_skips_unchanged_images_and_rechecks_fresh_ones(tmp_path, mo
     assert fresh.lookup(path, str(tmp_path)) is None
     (tmp_path / "idx" / "images.json").write_text("{not json")
     assert I.ProbeIndex(str(tmp_path / "idx" / "images.json")).entries == {}
+
+
+# ----------------------------------------------------------------------------- bit depth
+def test_16bit_grey_is_scaled_by_its_mode_not_its_values(tmp_path):
+    """A 16-bit PNG whose values are all <= 255 is a very dark image, not an 8-bit one (it was 257x too bright)."""
+    a = np.array([[0, 200, 255, 32896, 65535]], np.uint16)
+    path = str(tmp_path / "dark16.png")
+    Image.fromarray(a).save(path)
+    assert Image.open(path).mode == "I;16"
+    got = np.asarray(load_image(path))[0, :, 0]
+    np.testing.assert_array_equal(got, [0, 1, 1, 128, 255])
+    rows = b"".join(b"\0" + r.astype(">u2").tobytes() for r in np.full((2, 3), 255, np.uint16))   # by hand, too
+    (tmp_path / "hand16.png").write_bytes(png_bytes(3, 2, 16, 0, rows))
+    assert (np.asarray(load_image(str(tmp_path / "hand16.png"))) == 1).all()
+    for mode in ("I;16B", "I"):     # Pillow's other 16-bit grey modes (I: how older Pillows opened 16-bit PNGs)
+        im = Image.fromarray(np.array([[255, 65535]], np.int32)).convert(mode) if mode == "I" else \
+            Image.frombytes("I;16B", (2, 1), np.array([255, 65535], ">u2").tobytes())
+        np.testing.assert_array_equal(np.asarray(I._to_rgb(im))[0, :, 0], [1, 255])
+
+
+# ----------------------------------------------------------------------------- decompression bombs
+@pytest.fixture
+def no_decoding(monkeypatch):
+    """Decoding pixels fails the test: a refused image must be refused from its header alone."""
+    def load(self):
+        raise AssertionError(f"{self.size} image decoded")
+    monkeypatch.setattr(ImageFile.ImageFile, "load", load)
+
+
+@pytest.mark.parametrize("side", [9000, 12000, 20000])   # over the limit; over Pillow's warning; over its error
+def test_a_png_declaring_a_huge_size_is_refused_before_decoding(tmp_path, no_decoding, side):
+    path = tmp_path / f"bomb{side}.png"
+    path.write_bytes(png_bytes(side, side, 1, 0))       # 1-bit grey: a few hundred bytes
+    assert path.stat().st_size < 1000
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                  # Pillow's DecompressionBombWarning must not escape either
+        with pytest.raises(DataError) as e:
+            probe_image(str(path), str(tmp_path))
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: the image is ") and f"{side * side} pixels" in msg, msg
+    assert f"max_pixels {8192 * 8192}" in msg and "refused before decoding" in msg, msg
+    if side < 20000:
+        assert f"{side}x{side}" in msg
+
+
+def test_the_pixel_limit_is_a_dataset_setting(tmp_path):
+    root = tmp_path / "imgs"
+    rows = b"".join(b"\0" + b"\xff" * 38 for _ in range(300))  # a valid 300 x 300 1-bit PNG: 90000 pixels
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "big.png").write_bytes(png_bytes(300, 300, 1, 0, rows))
+    write_caption(str(root / "sub" / "big.png"), "white")
+    cfg = dict(folder_path=str(root), resolution=256, cache_latents_to_disk=True)
+    old = time.time() - 60
+    os.utime(root / "sub" / "big.png", (old, old))
+    assert len(ImageDataset([DatasetConfig(**cfg)], progress=False).records) == 1   # and its probe is indexed
+    for cached in (False, True):   # probed again; and the probe of the first run, from its index
+        with pytest.raises(DataError, match=r"big\.png: the image is 300x300 = 90000 pixels .* max_pixels 50000"):
+            ImageDataset([DatasetConfig(**dict(cfg, cache_latents_to_disk=cached), max_pixels=50000)],
+                         progress=False)
+    with pytest.raises(DataError, match=r"datasets\[0\]\.max_pixels: a positive integer"):
+        ImageDataset([DatasetConfig(**cfg, max_pixels=0)], progress=False)
+    with pytest.raises(DataError, match="90000 pixels"):
+        load_image(str(root / "sub" / "big.png"), max_pixels=89999)

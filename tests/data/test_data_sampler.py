@@ -1,12 +1,20 @@
 """Batches of one bucket, shuffled per (seed, epoch), drop-last per bucket, exact resume."""
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
-
-from flame_models.data import (BucketBatchSampler, BucketLoader, DataError, DatasetConfig, ImageDataset,
-                               LatentCache, TextEmbeddingCache, TrainingDataset)
-
+from hypothesis import given
+from hypothesis import strategies as st
 from make_images import write_caption
+
+from flame_models.data import (
+    BucketBatchSampler,
+    BucketLoader,
+    DataError,
+    DatasetConfig,
+    ImageDataset,
+    LatentCache,
+    TextEmbeddingCache,
+    TrainingDataset,
+)
 
 
 def buckets_from(sizes):

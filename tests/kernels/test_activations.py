@@ -3,13 +3,13 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kernel_utils import DTYPES, assert_close, rand
 
 import flame_core as flame
 from flame_core.autograd import gradcheck
 from flame_core.kernels import activations as K
-
-from kernel_utils import DTYPES, assert_close, rand
 
 POINTS = np.array([-6.0, -3.0, -1.0, -0.5, 0.0, 0.25, 1.0, 2.5, 8.0])
 
@@ -56,7 +56,8 @@ def test_bad_approximate_names_the_value():
         K.gelu_forward(np.zeros(3, np.float32), "exact")
 
 
-@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple), approximate=st.sampled_from(["none", "tanh"]))
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple),
+       approximate=st.sampled_from(["none", "tanh"]))
 def test_gelu_gradcheck(shape, approximate):
     x = flame.tensor(np.random.default_rng(0).uniform(-3, 3, shape), dtype=flame.float64, requires_grad=True)
     assert gradcheck(lambda t: flame.gelu(t, approximate=approximate), (x,))
@@ -189,6 +190,7 @@ def test_step_kernels_match_the_loop_kernels_bit_for_bit(rng, monkeypatch, dt, n
     """The one-step 8-byte backwards (plus the loop kernel on the < 4 trailing elements), under each plan, give the
     loop kernels' bits."""
     import cupy as cp
+
     from flame_core.kernels import launching
     monkeypatch.setattr(K, "_STEP_PLANS", {k: plan for k in STEP_KERNELS})
     x, dy = (cp.asarray(rand(rng, (n,), DTYPES[dt], scale=3.0)) for _ in range(2))
@@ -253,6 +255,7 @@ def test_bulk_kernel_matches_the_loop_kernel_bit_for_bit(rng, monkeypatch, dt, n
     plan (chunks of one or more vectors per thread, the last one partial), gives the loop kernel's bits; before sm_90
     it does not run."""
     import cupy as cp
+
     from flame_core.kernels import launching, plans
     monkeypatch.setattr(K, "_BULK_PLANS", {("silu_fwd", -1): plan})
     x = cp.asarray(rand(rng, (n,), DTYPES[dt], scale=3.0))

@@ -1,11 +1,10 @@
 """Fused multi-tensor AdamW over flat buffers: reference vs a per-tensor float64 AdamW, kernel vs reference."""
 import numpy as np
 import pytest
+from kernel_utils import DTYPES
 
 from flame_core.errors import DTypeError, ShapeError
 from flame_core.kernels import adamw as K
-
-from kernel_utils import DTYPES
 
 HP = dict(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1)
 
@@ -83,6 +82,7 @@ def test_errors():
 @pytest.mark.parametrize("gdt", ["float32", "bfloat16"])
 def test_kernel_matches_reference(rng, pdt, gdt):
     import cupy as cp
+
     from flame_core.kernels import launching, loader
     sizes = [1, 7, 16384, 16385, 50000, 3, 3072 * 4 + 5]
     offsets, total = _layout(rng, sizes)

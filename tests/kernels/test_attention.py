@@ -7,7 +7,8 @@ import tracemalloc
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 import flame_core as flame
 from flame_core import backend

@@ -6,10 +6,11 @@ block's columns), one and two batches, in fp32 / fp16 / bf16, and the same bits 
 of form: the 16-byte one only where the scalar form's blocks would not all fit on the GPU at once."""
 import numpy as np
 import pytest
-
-from flame_core.kernels import column_sum as CS, launching as KL, plans as P
-
 from kernel_utils import DTYPES, assert_close
+
+from flame_core.kernels import column_sum as CS
+from flame_core.kernels import launching as KL
+from flame_core.kernels import plans as P
 
 pytestmark = pytest.mark.gpu
 

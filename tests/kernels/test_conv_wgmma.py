@@ -46,7 +46,7 @@ def _case(cfg, dtype, seed=0):
     b = rng.standard_normal(O).astype(npdt).astype(np.float64)
     xpad = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
     g = C.geometry(xpad.shape, w.shape, (sh, sw), 0, (dh, dw), 1)
-    want = C._im2col_forward(xpad, w, g)  # the cpu path in float64: the reference
+    want = C.im2col_forward(xpad, w, g)  # the cpu path in float64: the reference
     return x, w, b, g, want
 
 
@@ -207,7 +207,7 @@ def test_wgmma_routing_fwd(dtype, monkeypatch):
     # image chunks: one launch per chunk, each writing its own images
     monkeypatch.setenv("FLAME_CONV_WORKSPACE_MB", "0.005")
     _assert_close(cp.asnumpy(C.conv2d_forward(xd, wd, gs, bd)).astype(np.float64), want, dtype, "chunked")
-    chunks = C._image_chunks(3, 11 * 13 * 40 * 2, C.workspace_bytes(True), 11 * 13)
+    chunks = C.image_chunks(3, 11 * 13 * 40 * 2, C.workspace_bytes(True), 11 * 13)
     assert len(chunks) == 3 and wg_spy.call_count == 1 + len(chunks)
     monkeypatch.delenv("FLAME_CONV_WORKSPACE_MB")
     # 'auto' with the implicit GEMM chosen (threshold 0): the wgmma kernel on this device
@@ -222,7 +222,7 @@ def test_wgmma_routing_fwd(dtype, monkeypatch):
     assert C.use_igemm(xd, gs) and not C.use_wgmma(xd, gs)
     _assert_close(cp.asnumpy(C.conv2d_forward(xd, wd, gs, bd)).astype(np.float64), want, dtype, "igemm")
     monkeypatch.setenv("FLAME_CONV_ALGO", "auto")
-    monkeypatch.setattr(C, "WGMMA_AUTO", False)
+    monkeypatch.setattr(C.routing, "WGMMA_AUTO", False)
     assert not C.use_wgmma(xd, gs)
     _assert_close(cp.asnumpy(C.conv2d_forward(xd, wd, gs, bd)).astype(np.float64), want, dtype, "auto, off")
     assert (wg_spy.call_count, ig_spy.call_count) == (calls + 1, 2)
@@ -291,7 +291,7 @@ def test_wgmma_dx_matches_reference(cfg, dtype, monkeypatch):
     N, Cc, H, W, O, k, p, d = cfg
     npdt = parse_dtype(dtype).np
     x, w, g, gy = _grad_case((N, Cc, H, W), (O, Cc, k, k), 1, p, d, dtype, 3)
-    want, _ = C._im2col_backward(gy, x, w, g, True, False)
+    want, _ = C.im2col_backward(gy, x, w, g, True, False)
     spy = mock.Mock(wraps=K.conv_nhwc_wgmma)
     monkeypatch.setattr(K, "conv_nhwc_wgmma", spy)
     monkeypatch.setenv("FLAME_CONV_ALGO", "dx=wgmma")
@@ -309,7 +309,7 @@ def test_wgmma_dx_strided_and_dilated_takes_im2col(monkeypatch):
     _need_sm90()
     cp = backend.cupy
     x, w, g, gy = _grad_case((2, 24, 11, 10), (32, 24, 3, 3), 2, 2, 2, "float16", 4)
-    want, _ = C._im2col_backward(gy, x, w, g, True, False)
+    want, _ = C.im2col_backward(gy, x, w, g, True, False)
     spy = mock.Mock(wraps=K.conv_nhwc_wgmma)
     monkeypatch.setattr(K, "conv_nhwc_wgmma", spy)
     monkeypatch.setenv("FLAME_CONV_ALGO", "dx=wgmma")
@@ -351,7 +351,7 @@ def test_wgmma_dw_matches_reference(cfg, dtype, tile, producers, monkeypatch):
     N, Cc, H, W, O, k, s, p, d = cfg
     npdt = parse_dtype(dtype).np
     x, w, g, gy = _grad_case((N, Cc, H, W), (O, Cc) + k, s, p, d, dtype, 5)
-    _, want = C._im2col_backward(gy, x, w, g, False, True)
+    _, want = C.im2col_backward(gy, x, w, g, False, True)
     spy = mock.Mock(wraps=K.conv_dw_nhwc_wgmma)
     monkeypatch.setattr(K, "conv_dw_nhwc_wgmma", spy)
     monkeypatch.setenv("FLAME_CONV_ALGO", "dw=wgmma")
@@ -389,7 +389,7 @@ def test_wgmma_dw_tma_producer_matches_reference(cfg, dtype, tile, monkeypatch):
     N, Cc, H, W, O, k, s, p, d = cfg
     npdt = parse_dtype(dtype).np
     x, w, g, gy = _grad_case((N, Cc, H, W), (O, Cc) + k, s, p, d, dtype, 7)
-    _, want = C._im2col_backward(gy, x, w, g, False, True)
+    _, want = C.im2col_backward(gy, x, w, g, False, True)
     monkeypatch.setenv("FLAME_CONV_ALGO", "dw=wgmma")
     if tile:
         monkeypatch.setenv("FLAME_CONV_WGMMA_DW_TILE", tile)
@@ -412,7 +412,7 @@ def test_wgmma_dw_image_chunks_accumulate(monkeypatch):
     _need_sm90()
     cp = backend.cupy
     x, w, g, gy = _grad_case((3, 40, 11, 13), (64, 40, 3, 3), 1, 1, 1, "float16", 6)
-    _, want = C._im2col_backward(gy, x, w, g, False, True)
+    _, want = C.im2col_backward(gy, x, w, g, False, True)
     spy = mock.Mock(wraps=K.conv_dw_nhwc_wgmma)
     monkeypatch.setattr(K, "conv_dw_nhwc_wgmma", spy)
     monkeypatch.setenv("FLAME_CONV_ALGO", "wgmma")

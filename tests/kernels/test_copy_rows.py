@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 import flame_core as flame
-from flame_core import backend, dtypes as D
+from flame_core import backend
+from flame_core import dtypes as D
 from flame_core.kernels.copy_rows import _row_blocks
 
 
@@ -69,3 +70,30 @@ def test_stack_and_its_backward_and_a_graph_capture(rng):
     for _ in range(3):
         out = run(*parts)
     np.testing.assert_array_equal(backend.cupy.asnumpy(out._data), eager)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, D.bfloat16.np, np.float16])
+def test_contiguous_copies_of_row_block_views(rng, dtype):
+    """plans.contiguous (what kernels call on their operands): a q / k view of a fused qkv output goes through the
+    row-block copy; a transposed array does not (CuPy's copy); both equal NumPy's."""
+    from flame_core.kernels import copy_rows as CR
+    from flame_core.kernels import plans as P
+    cp = backend.cupy
+    qkv = cp.asarray(rng.standard_normal((2, 37, 3, 5, 16)).astype(dtype))
+    for i in range(3):
+        view = qkv[:, :, i]                                     # (B, L, heads, D), rows 3*heads*D apart
+        assert not view.flags.c_contiguous
+        assert CR.contiguous(view) is not None
+        out = P.contiguous(view)
+        assert out.flags.c_contiguous
+        np.testing.assert_array_equal(cp.asnumpy(out), cp.asnumpy(qkv)[:, :, i])
+    t = cp.asarray(rng.standard_normal((33, 20)).astype(dtype)).T
+    assert CR.contiguous(t) is None
+    np.testing.assert_array_equal(cp.asnumpy(P.contiguous(t)), cp.asnumpy(t))
+    x = flame.as_tensor(qkv)[:, :, 1]
+    w = flame.tensor(rng.standard_normal(16), dtype=flame.float32, device="cuda").to(x.dtype)
+    from flame_core.ops.norms import rms_norm
+    got = rms_norm(x, (16,), w, eps=1e-6)
+    ref = rms_norm(x.contiguous(), (16,), w, eps=1e-6)
+    np.testing.assert_array_equal(cp.asnumpy(got._data), cp.asnumpy(ref._data))

@@ -2,12 +2,11 @@
 import ml_dtypes
 import numpy as np
 import pytest
+from kernel_utils import DTYPES, rand
 
 import flame_core as flame
 from flame_core.kernels import fp8 as K
 from flame_core.ops.fp8 import dequantize_fp8, quantize_fp8
-
-from kernel_utils import DTYPES, rand
 
 E4M3_VALUES = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
 E4M3_FINITE = np.unique(E4M3_VALUES[np.isfinite(E4M3_VALUES)])

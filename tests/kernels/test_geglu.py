@@ -2,10 +2,9 @@
 shapes (odd widths take the scalar path), in float32 / float16 / bfloat16, both GELU forms."""
 import numpy as np
 import pytest
+from kernel_utils import DTYPES, assert_close, rand, to64
 
 from flame_core.kernels import geglu as K
-
-from kernel_utils import DTYPES, assert_close, rand, to64
 
 SHAPES = [(1, 8), (7, 13), (33, 640), (5, 2560), (300, 24), (2, 4096 * 3 + 5)]  # rows, C (x is rows x 2C)
 

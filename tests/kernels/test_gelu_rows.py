@@ -1,11 +1,9 @@
 """GELU(tanh) read from a column block of a wider matrix (cuda_src/gelu_rows.cu) against the contiguous reference."""
-import numpy as np
 import pytest
+from kernel_utils import DTYPES, assert_close, rand
 
 from flame_core.kernels import activations as A
 from flame_core.kernels import gelu_rows as K
-
-from kernel_utils import DTYPES, assert_close, rand
 
 SHAPES = [(1, 8, 8, 0), (7, 24, 40, 16), (33, 12288, 21504, 9216), (5, 13, 29, 3), (300, 64, 64, 0)]  # rows, cols,
 # width of the full matrix, first column of the block

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import flame_core as flame
-from flame_core import backend, dtypes as D
+from flame_core import backend
+from flame_core import dtypes as D
 
 pytestmark = pytest.mark.gpu
 

@@ -1,15 +1,16 @@
 """GroupNorm on (N, C, *spatial): reference vs float64, gradients, kernels vs reference."""
 import numpy as np
 import pytest
-from hypothesis import assume, given, strategies as st
+from hypothesis import assume, given
+from hypothesis import strategies as st
+from kernel_utils import DTYPES, assert_close, grad_mag, rand
 
 import flame_core as flame
 from flame_core.autograd import gradcheck
 from flame_core.errors import ShapeError
-from flame_core.kernels import groupnorm as K, norms as N
+from flame_core.kernels import groupnorm as K
+from flame_core.kernels import norms as N
 from flame_core.ops.norms import group_norm
-
-from kernel_utils import DTYPES, assert_close, grad_mag, rand
 
 
 def _gn64(x, g, w, b, eps):
@@ -109,6 +110,7 @@ def test_cluster_path_is_one_launch_per_pass(rng, monkeypatch):
     """On sm_90+ a group that fits the cluster's shared memory is normalised in one kernel (the backward too, its
     dweight / dbias column sums included); without clusters (use_cluster False) the split path takes three."""
     import cupy as cp
+
     from flame_core.kernels import launching
     if int(cp.cuda.Device().compute_capability) < 90:
         pytest.skip("thread-block clusters need compute capability 9.0")

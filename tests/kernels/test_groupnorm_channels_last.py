@@ -3,15 +3,15 @@ statistics with the apply pass fused into an NCHW -> NHWC transpose (cuda_src/gr
 gradients equal the contiguous output's; the layout is N, H, W, C."""
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from kernel_utils import DTYPES, assert_close, rand
 
 import flame_core as flame
 import flame_nn.functional as F
 from flame_core.autograd import gradcheck
 from flame_core.errors import ShapeError
 from flame_core.kernels import groupnorm as K
-
-from kernel_utils import DTYPES, assert_close, rand
 
 
 def test_reference_path_channels_last(rng):

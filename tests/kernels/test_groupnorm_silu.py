@@ -2,16 +2,17 @@
 NumPy, the op against the two ops in sequence, gradients (float64 gradcheck, create_graph), kernels vs reference."""
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from kernel_utils import DTYPES, assert_close, grad_mag, rand
 
 import flame_core as flame
 import flame_nn.functional as F
 from flame_core.autograd import gradcheck, gradgradcheck
 from flame_core.errors import ShapeError
-from flame_core.kernels import groupnorm as K, norms as N
+from flame_core.kernels import groupnorm as K
+from flame_core.kernels import norms as N
 from flame_core.ops.norms import group_norm, group_norm_silu
-
-from kernel_utils import DTYPES, assert_close, grad_mag, rand
 
 
 def _gn_silu64(x, g, w, b, eps):
@@ -185,6 +186,7 @@ def test_group_norm_silu_kernel(ab, rng, monkeypatch, dt, shape, g, params, path
 def test_fused_is_one_launch_on_the_cluster_path(rng, monkeypatch):
     """On sm_90+ the fused forward is the one cluster kernel the plain GroupNorm takes (silu costs no pass)."""
     import cupy as cp
+
     from flame_core.kernels import launching
     if int(cp.cuda.Device().compute_capability) < 90:
         pytest.skip("thread-block clusters need compute capability 9.0")

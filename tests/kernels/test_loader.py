@@ -3,7 +3,8 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flame_core import backend
 from flame_core.errors import DTypeError, KernelCompileError
@@ -203,6 +204,7 @@ def test_arch_kernel_reads_its_shared_memory_attributes_from_the_driver():
     if not loader.arch_available("sm_90a"):
         pytest.skip("sm_90a kernels need a compute capability 9.0 GPU")
     import ml_dtypes
+
     from flame_core.kernels import attention
     drv = backend.cupy.cuda.driver
     bn, nwg, stages = attention.FWD_SM90_TILES[64]

@@ -1,15 +1,15 @@
 """Fused modulate x*(1+scale)+shift and gated residual x+gate*y: reference, gradients, kernels vs reference."""
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
+from kernel_utils import DTYPES, assert_close, rand
 
 import flame_core as flame
 from flame_core.autograd import gradcheck
 from flame_core.errors import ShapeError
 from flame_core.kernels import modulate as K
 from flame_core.ops.modulation import gated_residual, modulate
-
-from kernel_utils import DTYPES, assert_close, rand
 
 
 def test_reference_matches_broadcast_formula(rng):

@@ -4,15 +4,15 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kernel_utils import DTYPES, assert_close, grad_mag, rand
 
 import flame_core as flame
 from flame_core.autograd import gradcheck
 from flame_core.errors import ShapeError
 from flame_core.kernels import norms as K
 from flame_core.ops.norms import layer_norm, rms_norm
-
-from kernel_utils import DTYPES, assert_close, grad_mag, rand
 
 
 def _ln64(x, w, b, eps):

@@ -2,13 +2,12 @@
 CuPy's ufuncs and the pointwise_grad.cu rules, and a Tensor-level op chain against the reference path."""
 import numpy as np
 import pytest
+from kernel_utils import DTYPES, TOL, rand
 
 import flame_core as flame
 from flame_core import backend
 from flame_core.kernels import launching, loader, plans
 from flame_core.kernels import pointwise_small as PS
-
-from kernel_utils import DTYPES, TOL, rand
 
 SIZES = (1, 7, 1000, 65536)
 MANT = {"float32": 23, "float16": 10, "bfloat16": 7}

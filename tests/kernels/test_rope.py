@@ -1,15 +1,15 @@
 """RoPE in the Flux layout: reference vs a per-element float64 loop, gradients, kernels vs reference."""
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
+from kernel_utils import DTYPES, assert_close, rand
 
 import flame_core as flame
 from flame_core.autograd import gradcheck
 from flame_core.errors import ShapeError
 from flame_core.kernels import rope as K
 from flame_core.ops.rope import apply_rope
-
-from kernel_utils import DTYPES, assert_close, rand
 
 
 def flux_freqs(pos, dim, theta=10000.0):

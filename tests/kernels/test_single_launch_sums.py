@@ -5,11 +5,14 @@ deterministic and with the counters back at zero after every call, and inside a 
 new inputs) equal to the eager result."""
 import numpy as np
 import pytest
-
-from flame_core.kernels import column_sum as CS, groupnorm as G, launching as KL, loader as L
-from flame_core.kernels import modulate as M, norms as K
-
 from kernel_utils import DTYPES, assert_close, rand
+
+from flame_core.kernels import column_sum as CS
+from flame_core.kernels import groupnorm as G
+from flame_core.kernels import launching as KL
+from flame_core.kernels import loader as L
+from flame_core.kernels import modulate as M
+from flame_core.kernels import norms as K
 
 pytestmark = pytest.mark.gpu
 

@@ -1,13 +1,13 @@
 """Softmax / log-softmax over the last dim with a scale: reference, gradients, kernels vs reference."""
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
+from kernel_utils import DTYPES, assert_close, rand
 
 import flame_core as flame
 from flame_core.autograd import gradcheck
 from flame_core.kernels import softmax as K
-
-from kernel_utils import DTYPES, assert_close, rand
 
 
 def _softmax64(x, scale):

@@ -4,7 +4,7 @@ import pytest
 
 import flame_core as flame
 import flame_core.memory as M
-from flame_core.memory.pinned import PinnedPool, PageableBackend, round_pinned
+from flame_core.memory.pinned import PageableBackend, PinnedPool, round_pinned
 
 
 def test_round_pinned():

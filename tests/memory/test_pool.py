@@ -1,9 +1,10 @@
 """DevicePool logic (size classes, reuse, split/coalesce, streams, limit, OOM report) under a fake device backend."""
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flame_core.errors import OutOfMemoryError
-from flame_core.memory.pool import (DevicePool, round_size, SMALL, MEDIUM, LARGE, HUGE, KiB, MiB, GiB)
+from flame_core.memory.pool import HUGE, LARGE, MEDIUM, SMALL, DevicePool, GiB, KiB, MiB, round_size
 
 from .fake_backend import FakeBackend
 

@@ -3,7 +3,8 @@ GPU): values and every gradient against the unfused ops in float64, a hypothesis
 dtype-mismatch fallback; on the GPU every path and plan (unsplit, split over K, tail split) in bf16 / fp16."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import flame_core as flame
 import flame_nn.functional as F

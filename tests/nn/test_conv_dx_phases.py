@@ -65,7 +65,7 @@ def _case(cfg, seed=0):
 @pytest.mark.parametrize("cfg", GEOMS)
 def test_phases_reproduce_the_strided_dx(cfg):
     x, w, g, gy = _case(cfg)
-    want, _ = C._im2col_backward(gy, x, w, g, True, False)
+    want, _ = C.im2col_backward(gy, x, w, g, True, False)
     assert C.strided_dx(g)
     phases = C.dx_phases(g)
     # every tap is used exactly once over the phases, and the phases' rows / columns tile dx
@@ -96,10 +96,10 @@ def _strided_dx_check(x, w, g, gy, dtype, algo, monkeypatch):
     cp = backend.cupy
     npdt = parse_dtype(dtype).np
     x, w, gy = (a.astype(npdt).astype(np.float64) for a in (x, w, gy))
-    want, _ = C._im2col_backward(gy, x, w, g, True, False)
+    want, _ = C.im2col_backward(gy, x, w, g, True, False)
     phase_spy = mock.Mock(wraps=C.phase_dx)
     fused_spy = mock.Mock(wraps=K.conv_dx_phased_wgmma)
-    monkeypatch.setattr(C, "phase_dx", phase_spy)
+    monkeypatch.setattr(C.implicit_gemm, "phase_dx", phase_spy)  # igemm_backward calls it
     monkeypatch.setattr(K, "conv_dx_phased_wgmma", fused_spy)
     monkeypatch.setenv("FLAME_CONV_ALGO", f"dx={algo}")
     xd, wd, gd = (cp.asarray(a.astype(npdt)) for a in (x, w, gy))

@@ -1,16 +1,15 @@
 """conv2d's raw CUDA kernels (cuda_src/im2col.cu, cuda_src/conv_igemm.cu) against the xp reference, and the GPU conv
 against float64."""
+import nn_reference as ref
 import numpy as np
 import pytest
 
 import flame_core as flame
-from flame_core.dtypes import dtype as parse_dtype
 import flame_nn.functional as F
 from flame_core import backend
+from flame_core.dtypes import dtype as parse_dtype
 from flame_core.kernels import launching
 from flame_core.ops import conv as C
-
-import nn_reference as ref
 
 pytestmark = pytest.mark.gpu
 
@@ -43,7 +42,7 @@ def test_im2col_kernel_matches_reference(dtype, cfg):
     g = _geom(cfg)
     x = cp.asarray(np.random.default_rng(0).standard_normal((g.N, g.C, g.H, g.W))).astype(parse_dtype(dtype).np)
     for chunk in _chunks(g):
-        got = C._im2col_cuda(x, g, *chunk)
+        got = C.im2col_cuda(x, g, *chunk)
         want = C.im2col_reference(x, g, *chunk)
         assert got.shape == want.shape
         np.testing.assert_array_equal(cp.asnumpy(got).view(np.uint8), cp.asnumpy(want).view(np.uint8))
@@ -63,7 +62,7 @@ def test_col2im_kernel_matches_reference(dtype, cfg):
         base = cp.asarray(rng.standard_normal((g.N, g.C, g.H, g.W))).astype(npdt)
         for accumulate in (False, True):
             got, want = base.copy(), base.copy()
-            C._col2im_cuda(dcols, got, g, n0, nimg, oh0, nrows, accumulate)
+            C.col2im_cuda(dcols, got, g, n0, nimg, oh0, nrows, accumulate)
             C.col2im_reference(dcols, want, g, n0, nimg, oh0, nrows, accumulate)
             np.testing.assert_allclose(cp.asnumpy(got).astype(np.float64), cp.asnumpy(want).astype(np.float64),
                                        **tol)
@@ -152,8 +151,8 @@ def test_igemm_conv_matches_reference(cfg, dtype, tile, monkeypatch):
     y = C.conv2d_forward(xd, wd, g, bd)
     dx, dw = C.conv2d_backward(gyd, xd, wd, g)
     assert launching.launches > before
-    want_y = C._im2col_forward(x, w, g) + b.reshape(1, -1, 1, 1)
-    want_dx, want_dw = C._im2col_backward(gy, x, w, g, True, True)
+    want_y = C.im2col_forward(x, w, g) + b.reshape(1, -1, 1, 1)
+    want_dx, want_dw = C.im2col_backward(gy, x, w, g, True, True)
     _assert_close(y, want_y, dtype, "y")
     _assert_close(dx, want_dx, dtype, "dx")
     _assert_close(dw, want_dw, dtype, "dw")
@@ -176,11 +175,11 @@ def test_igemm_conv_image_chunks(dtype, monkeypatch):
         g, x, w, b, gy = _igemm_case(cfg, dtype, seed=3)
         npdt = parse_dtype(dtype).np
         xd, wd, bd, gyd = (cp.asarray(a.astype(npdt)) for a in (x, w, b, gy))
-        assert len(C._image_chunks(g.N, g.H * g.W * 16 * 2, C.workspace_bytes(True), g.H * g.W)) > 1
+        assert len(C.image_chunks(g.N, g.H * g.W * 16 * 2, C.workspace_bytes(True), g.H * g.W)) > 1
         y = C.conv2d_forward(xd, wd, g, bd)
         dx, dw = C.conv2d_backward(gyd, xd, wd, g)
-        want_dx, want_dw = C._im2col_backward(gy, x, w, g, True, True)
-        _assert_close(y, C._im2col_forward(x, w, g) + b.reshape(1, -1, 1, 1), dtype, "y")
+        want_dx, want_dw = C.im2col_backward(gy, x, w, g, True, True)
+        _assert_close(y, C.im2col_forward(x, w, g) + b.reshape(1, -1, 1, 1), dtype, "y")
         _assert_close(dx, want_dx, dtype, "dx")
         _assert_close(dw, want_dw, dtype, "dw")
 
@@ -223,8 +222,8 @@ def test_conv_mixed_passes(algo, dtype, monkeypatch):
     xd, wd, bd, gyd = (cp.asarray(a.astype(npdt)) for a in (x, w, b, gy))
     y = C.conv2d_forward(xd, wd, g, bd)
     dx, dw = C.conv2d_backward(gyd, xd, wd, g)
-    want_dx, want_dw = C._im2col_backward(gy, x, w, g, True, True)
-    _assert_close(y, C._im2col_forward(x, w, g) + b.reshape(1, -1, 1, 1), dtype, "y")
+    want_dx, want_dw = C.im2col_backward(gy, x, w, g, True, True)
+    _assert_close(y, C.im2col_forward(x, w, g) + b.reshape(1, -1, 1, 1), dtype, "y")
     _assert_close(dx, want_dx, dtype, "dx")
     _assert_close(dw, want_dw, dtype, "dw")
 

@@ -16,11 +16,11 @@ def test_pointwise_matches_im2col_cpu(N):
     w = rng.standard_normal((9, 7, 1, 1))
     b = rng.standard_normal(9)
     g = C.geometry(x.shape, w.shape, 1, 0, 1, 1)
-    assert C._is_pointwise(g)
-    want = C._im2col_forward(x, w, g) + b.reshape(1, -1, 1, 1)
+    assert C.is_pointwise(g)
+    want = C.im2col_forward(x, w, g) + b.reshape(1, -1, 1, 1)
     np.testing.assert_allclose(C.conv2d_forward(x, w, g, b), want, rtol=1e-12, atol=1e-12)
     gy = rng.standard_normal((N, 9, 5, 6))
-    dx_ref, dw_ref = C._im2col_backward(gy, x, w, g, True, True)
+    dx_ref, dw_ref = C.im2col_backward(gy, x, w, g, True, True)
     dx, dw = C.conv2d_backward(gy, x, w, g)
     np.testing.assert_allclose(dx, dx_ref, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(dw, dw_ref, rtol=1e-12, atol=1e-12)
@@ -34,7 +34,7 @@ def test_pointwise_matches_im2col_cpu(N):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("N", [1, 3])
 def test_pointwise_cuda_matches_reference(N, dtype, acc_min, monkeypatch):
-    monkeypatch.setattr(C, "POINTWISE_DW_ACC_MIN", acc_min)
+    monkeypatch.setattr(C.pointwise, "POINTWISE_DW_ACC_MIN", acc_min)  # read by pointwise_backward
     cp = backend.cupy
     rng = np.random.default_rng(7)
     npdt = parse_dtype(dtype).np
@@ -42,8 +42,8 @@ def test_pointwise_cuda_matches_reference(N, dtype, acc_min, monkeypatch):
     w = (rng.standard_normal((24, 40, 1, 1)) * 0.2).astype(npdt).astype(np.float64)
     gy = rng.standard_normal((N, 24, 9, 11)).astype(npdt).astype(np.float64)
     g = C.geometry(x.shape, w.shape, 1, 0, 1, 1)
-    want_y = C._im2col_forward(x, w, g)
-    want_dx, want_dw = C._im2col_backward(gy, x, w, g, True, True)
+    want_y = C.im2col_forward(x, w, g)
+    want_dx, want_dw = C.im2col_backward(gy, x, w, g, True, True)
     xd, wd, gd = (cp.asarray(a.astype(npdt)) for a in (x, w, gy))
     y = cp.asnumpy(C.conv2d_forward(xd, wd, g)).astype(np.float64)
     dx, dw = (cp.asnumpy(a).astype(np.float64) for a in C.conv2d_backward(gd, xd, wd, g))

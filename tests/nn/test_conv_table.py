@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from flame_core import backend
-from flame_core.kernels import conv as K, conv_table as T
+from flame_core.kernels import conv as K
+from flame_core.kernels import conv_table as T
 from flame_core.ops import conv as C
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

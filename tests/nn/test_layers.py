@@ -1,6 +1,7 @@
 """Every layer against a direct NumPy float64 reference, plus float64 gradient checks."""
 import math
 
+import nn_reference as ref
 import numpy as np
 import pytest
 
@@ -8,8 +9,6 @@ import flame_core as flame
 import flame_nn as nn
 import flame_nn.functional as F
 from flame_core.autograd import gradcheck
-
-import nn_reference as ref
 
 
 def npa(t):

@@ -3,7 +3,8 @@ input's shape), weight and bias gradients - on ragged shapes, strides, dilation 
 gradcheck; bad pads and biases are refused before any work; the VAE encoder's Downsample runs it."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import flame_core as flame
 import flame_nn.functional as F

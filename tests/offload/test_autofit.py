@@ -1,15 +1,13 @@
 """auto_fit: measures a step, keeps as many blocks resident as the budget allows, enforces the budget, and fails
 early with the minimum in the message."""
-import numpy as np
 import pytest
+from offload_helpers import Stack, assert_same, npy, stack_pair
 
 import flame_core as flame
 import flame_core.memory as M
 import flame_nn as nn
 from flame_nn.offload import BlockStreamer, MemoryBudgetError, auto_fit
 from flame_nn.offload.autofit import fmt_bytes
-
-from offload_helpers import Stack, assert_same, npy, stack_pair
 
 D, N = 256, 8  # blocks of ~1 MiB (fp32), activations of a few hundred KiB
 

@@ -7,9 +7,10 @@ of the pool were free. The pool's layout is not the same from one step to the ne
 coalescing start from whatever the previous step left), and the old fp8 path made it drift: every fp8 Linear
 dequantised its weight into a new tensor -- several sizes from 18 to 126 MiB -- and a block's recompute kept those
 saved for the input gradient alive through its backward. Replaying the trace below with such temporaries reproduces
-it: one verified step, then an OOM under the same limit. The fixes, each checked here: the fp8 path now dequantises into one reused scratch
-buffer and keeps nothing weight-sized (the trace without temporaries does not drift); and auto_fit verifies several
-steps under a limit a margin below the budget (it catches the drift and demotes blocks until it fits).
+it: one verified step, then an OOM under the same limit. The fixes, each checked here: the fp8 path now dequantises
+into one reused scratch buffer and keeps nothing weight-sized (the trace without temporaries does not drift); and
+auto_fit verifies several steps under a limit a margin below the budget (it catches the drift and demotes blocks until
+it fits).
 
 TRACE: the large-class (>= 10 MiB) allocations and frees of one forward + backward of Flux-dev at 1024x1024 with
 LoRA on the attention and gradient checkpointing (bench/alloc_trace.py at commit 44193a7, on an H100), gzip + base64 of
@@ -20,7 +21,6 @@ import base64
 import gzip
 import json
 from types import SimpleNamespace
-
 
 from flame_core.errors import OutOfMemoryError
 from flame_core.memory.pool import DevicePool, round_size

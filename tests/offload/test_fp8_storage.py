@@ -2,14 +2,13 @@
 tiny Flux), adapters on top, streaming the fp8 bytes (half the transfer)."""
 import numpy as np
 import pytest
+from offload_helpers import assert_same, flux_inputs, npy, tiny_flux
 
 import flame_core as flame
 import flame_nn as nn
 from flame_core.amp import autocast
 from flame_nn import adapters as A
 from flame_nn.offload import BlockStreamer, OffloadError, is_fp8_linear, quantize_linear_weights_
-
-from offload_helpers import assert_same, flux_inputs, npy, tiny_flux
 
 
 def rel(a, b):

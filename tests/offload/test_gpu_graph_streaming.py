@@ -4,13 +4,12 @@ runs for them); prime() keeps replays right after other work moved the slots. Th
 (test_graph_streaming.py) checks the schedule's cyclicity and the capture rules on a model of stream capture."""
 import numpy as np
 import pytest
+from offload_helpers import flux_inputs, npy, stack_pair, tiny_flux
 
 import flame_core as flame
 import flame_nn
 from flame_core.amp import autocast
 from flame_nn.offload import BlockStreamer
-
-from offload_helpers import flux_inputs, npy, stack_pair, tiny_flux
 
 pytestmark = pytest.mark.gpu
 

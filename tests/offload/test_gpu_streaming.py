@@ -2,13 +2,12 @@
 results equal the resident model's over many steps (the CPU suite runs the same schedule with immediate copies)."""
 import numpy as np
 import pytest
+from offload_helpers import npy, stack_pair
 
 import flame_core as flame
 import flame_core.memory as M
 import flame_nn as nn
 from flame_nn.offload import BlockStreamer, run_block
-
-from offload_helpers import npy, stack_pair
 
 pytestmark = pytest.mark.gpu
 

@@ -8,13 +8,11 @@ event crossing the capture boundary); CaptureCheckEngine models those rules on t
 (test_gpu_graph_streaming.py) replay real graphs."""
 import numpy as np
 import pytest
+from offload_helpers import CaptureCheckEngine, CaptureViolation, assert_same, flux_inputs, npy, stack_pair, tiny_flux
 
 import flame_core as flame
 import flame_nn
 from flame_nn.offload import BlockStreamer, OffloadError
-
-from offload_helpers import (CaptureCheckEngine, CaptureViolation, assert_same, flux_inputs, npy, stack_pair,
-                             tiny_flux)
 
 
 def frozen_pair(device, d=16, n=6):

@@ -2,12 +2,11 @@
 step over the whole model; gradients are freed block by block; bf16 weights keep fp32 masters."""
 import numpy as np
 import pytest
+from offload_helpers import LazyCopyEngine, npy, stack_pair
 
 import flame_core as flame
 import flame_nn as nn
 from flame_nn.offload import BlockStreamer, LayerwiseAdamW, OffloadError
-
-from offload_helpers import LazyCopyEngine, npy, stack_pair
 
 HP = dict(lr=3e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
 

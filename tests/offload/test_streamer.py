@@ -2,6 +2,7 @@
 schedule, slot reuse without new allocations, the budget, inference from memory-mapped files, close()."""
 import numpy as np
 import pytest
+from offload_helpers import LazyCopyEngine, assert_same, flux_inputs, npy, stack_pair, tiny_flux
 
 import flame_core as flame
 import flame_core.memory as M
@@ -10,8 +11,6 @@ from flame_core.amp import autocast
 from flame_nn import adapters as A
 from flame_nn.offload import BlockStreamer, OffloadError, safetensors_views
 from flame_nn.offload import streamer as streamer_mod
-
-from offload_helpers import LazyCopyEngine, assert_same, flux_inputs, npy, stack_pair, tiny_flux
 
 
 def frozen_pair(device, d=16, n=5, trainable_gain=True):

@@ -4,8 +4,7 @@ import json
 import pytest
 
 from flame_core.errors import FlameError
-from flame_models.tokenization import CLIPTokenizer, T5Tokenizer, TokenizerFilesError, load_tokenizer
-from flame_models.tokenization import packaged
+from flame_models.tokenization import CLIPTokenizer, T5Tokenizer, TokenizerFilesError, load_tokenizer, packaged
 
 
 @pytest.fixture

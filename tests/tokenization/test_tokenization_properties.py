@@ -2,7 +2,8 @@
 max_length ids with the special tokens in place, and the same ids one at a time as in a batch."""
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 captions = st.lists(st.text(max_size=400) | st.text(alphabet=" \t\n!<|>/sendoftxa_0123", max_size=60),
                     min_size=1, max_size=4)

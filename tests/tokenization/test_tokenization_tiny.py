@@ -7,11 +7,10 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import TINY_CORPUS
 
 from flame_models.tokenization import CLIPTokenizer, T5Tokenizer
 from flame_models.tokenization.bpe_training import learn_bpe_merges
-
-from conftest import TINY_CORPUS
 
 ROOT = Path(__file__).resolve().parents[2]
 

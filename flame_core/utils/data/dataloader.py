@@ -22,8 +22,16 @@ from .collate import default_collate, default_convert
 from .dataset import IterableDataset
 from .pin_memory import pin_memory as _pin
 from .sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
-from .worker import (POLL_INTERVAL, STATUS_INTERVAL, ExceptionWrapper, IterableFetcher, IterableStop, MapFetcher,
-                     ResumeIteration, worker_loop)
+from .worker import (
+    POLL_INTERVAL,
+    STATUS_INTERVAL,
+    ExceptionWrapper,
+    IterableFetcher,
+    IterableStop,
+    MapFetcher,
+    ResumeIteration,
+    worker_loop,
+)
 
 
 class _InfiniteConstantSampler(Sampler):
