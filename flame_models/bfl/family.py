@@ -3,18 +3,17 @@ conditioning, a guidance embedding for flux-dev (1.0 while training), the Euler 
 the diffusers name map for PEFT files."""
 import flame_core as flame
 
-from .loading import load_flux, read_flux_params
+from ..training.family import FLOW_FIELDS, ModelFileError
+from ..training.family_base import FlowMatchingFamily, first_line
+from ..training.model_files import describe_keys, file_keys
+from . import family_parts as flux_parts
+from . import sampling as flux_sampling
+from . import vae as flux_pipeline
+from .loading import FluxCheckpointError, checkpoint_files, load_flux, read_flux_params
+from .lora_keys import TARGET_PRESETS, name_map_for
 from .model import Flux
 from .params import flux_params
 from .sampling import pack
-from . import vae as flux_pipeline
-from . import sampling as flux_sampling
-from .loading import FluxCheckpointError, checkpoint_files
-from .lora_keys import TARGET_PRESETS, name_map_for
-from ..training.family import FLOW_FIELDS, ModelFileError
-from ..training.model_files import describe_keys, file_keys
-from . import family_parts as flux_parts
-from ..training.family_base import FlowMatchingFamily, first_line
 
 
 class FluxFamily(FlowMatchingFamily):

@@ -16,11 +16,10 @@ CLIP with a margin; its blocks are streamed from host memory when even fp8 does 
 """
 import flame_core as flame
 
-from .components import SUBFOLDERS, FluxFilesError, find_flux_files, part_files, read_headers
-from .conditioning import FluxTextEncoders, check_vocabularies, load_tokenizers
-from .conditioning import load_text_encoders
-from .vae import load_vae_for_flux
 from ..training import family_parts as S
+from .components import SUBFOLDERS, FluxFilesError, find_flux_files, part_files, read_headers
+from .conditioning import FluxTextEncoders, check_vocabularies, load_text_encoders, load_tokenizers
+from .vae import load_vae_for_flux
 
 _PARTS = {"vae": ("vae",), "text": ("clip_l", "t5", "clip_tokenizer", "t5_tokenizer")}
 PATH_FIELDS = ("vae_path", "clip_l_path", "t5_path", "tokenizer_path")

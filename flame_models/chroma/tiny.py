@@ -7,7 +7,7 @@ import os
 
 import flame_core as flame
 
-from ..bfl.tiny import TINY_VAE, T5_WIDTH
+from ..bfl.tiny import T5_WIDTH, TINY_VAE
 from ..checkpoint_io import write_json
 from ..text_encoders import T5Config, T5EncoderModel
 from ..tokenization import T5Tokenizer

@@ -5,10 +5,22 @@ flame_models/bfl; this family's modules of the same names are those modules (fla
 flame_models.bfl.layers), so code written against flame_models.flux.<module> keeps working."""
 import sys
 
-from ..bfl import (components, conditioning, family_parts, keys, layers, loading, lora_keys, model, ops, params,
-                   sampling, tiny)
 from ..bfl import *  # noqa: F401,F403
-from ..bfl import __all__
+from ..bfl import (
+    __all__,
+    components,
+    conditioning,
+    family_parts,
+    keys,
+    layers,
+    loading,
+    lora_keys,
+    model,
+    ops,
+    params,
+    sampling,
+    tiny,
+)
 
 for _m in (components, conditioning, family_parts, keys, layers, loading, lora_keys, model, ops, params, sampling,
            tiny):

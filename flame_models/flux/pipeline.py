@@ -13,8 +13,6 @@ largest stage's, not the sum: prompt encoding (conditioning.py), the transformer
 Latents in "model space" are what the transformer sees (VAE latents z as (z - 0.1159) * 0.3611, unpacked to
 (B, 16, H/8, W/8)); decode_latents / encode_images convert to and from images in [-1, 1].
 """
-import os
-
 import numpy as np
 
 import flame_core as flame

@@ -33,9 +33,9 @@ def find_files(model, **parts):
     return KontextFiles(**{k: getattr(files, k) for k in FluxFiles.__dataclass_fields__})
 
 
-def generate(model, prompts, *, image=None, keep_image_size=False, vae=None, clip_l=None, t5=None, tokenizer=None, loras=(), width=1024,
-             height=1024, steps=None, guidance=None, seed=None, num_images=1, batch_size=1, output=None, device=None,
-             dtype=None, fp8=False, max_gpu_memory=None, max_length=None, progress=True, stats=None, log=print):
+def generate(model, prompts, *, image=None, keep_image_size=False, vae=None, clip_l=None, t5=None, tokenizer=None,
+             loras=(), width=1024, height=1024, steps=None, guidance=None, seed=None, num_images=1, batch_size=1,
+             output=None, device=None, dtype=None, fp8=False, max_gpu_memory=None, max_length=None, progress=True, stats=None, log=print):
     """Flux Kontext image editing (flame_models.generate.generate says what the arguments mean); image: the
     reference image's path (required), resized to Kontext's resolution list (diffusers' default) or, with
     keep_image_size, kept at its own size floored to 16 (diffusers' `_auto_resize=False`)."""
@@ -88,7 +88,8 @@ def generate(model, prompts, *, image=None, keep_image_size=False, vae=None, cli
         name = G.model_name(files.transformer)
 
         def text_of(i, s):
-            info = {"prompt": prompts[i], "image": str(image), "reference_size": list(pixels.shape[:1:-1]), "seed": s, "steps": steps, "guidance": guidance,
+            info = {"prompt": prompts[i], "image": str(image), "reference_size": list(pixels.shape[:1:-1]),
+                    "seed": s, "steps": steps, "guidance": guidance,
                     "width": width, "height": height, "model": files.transformer, "vae": files.vae,
                     "loras": [[p, w] for p, w in loras], "sampler": "euler", "dtype": str(dtype).replace("flame.", ""),
                     "fp8": bool(fp8)}

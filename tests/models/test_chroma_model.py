@@ -9,11 +9,18 @@ import pytest
 import flame_core as flame
 import flame_nn
 from flame_models.bfl import image_ids, text_ids
-from flame_models.chroma import (Chroma, ChromaCheckpointError, attended_text, chroma_params, load_chroma,
-                                 read_chroma_params, save_chroma)
+from flame_models.checkpoint_io import save_weights
+from flame_models.chroma import (
+    Chroma,
+    ChromaCheckpointError,
+    attended_text,
+    chroma_params,
+    load_chroma,
+    read_chroma_params,
+    save_chroma,
+)
 from flame_models.chroma import keys as K
 from flame_models.chroma.layers import approximator_input
-from flame_models.checkpoint_io import save_weights
 
 
 def test_the_released_config_has_chromas_size_and_keys():

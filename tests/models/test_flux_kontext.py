@@ -12,8 +12,13 @@ import flame_core as flame
 from flame_models import registry
 from flame_models.bfl import Flux, image_ids, text_ids
 from flame_models.bfl.tiny import tiny_flux_files
-from flame_models.flux_kontext import (PREFERRED_KONTEXT_RESOLUTIONS, kontext_size, reference_ids,
-                                       target_velocity, with_reference)
+from flame_models.flux_kontext import (
+    PREFERRED_KONTEXT_RESOLUTIONS,
+    kontext_size,
+    reference_ids,
+    target_velocity,
+    with_reference,
+)
 from flame_models.flux_kontext.sampling import WithReference
 from flame_models.generate import family_of, generate
 from flame_models.training.family import get_family
