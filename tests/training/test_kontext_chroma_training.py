@@ -83,10 +83,19 @@ def test_kontext_trains_on_pairs_with_the_loss_on_the_target(tmp_path, pairs, mo
         v = forward(model, x_t, t, cond)
         assert tuple(v.shape) == tuple(x_t.shape)          # the target tokens' prediction only
         return v
+    previews = []
+    sample = fam.sample
+
+    def spy_sample(model, cond, **kw):
+        previews.append(np.shape(cond.get("control_latents")))
+        return sample(model, cond, **kw)
     monkeypatch.setattr(fam, "training_inputs", spy_inputs)
     monkeypatch.setattr(fam, "forward", spy_forward)
-    cfg = _kontext_config(tmp_path, images, ctl, sample={"sample_every": 2, "sample_steps": 2, "prompts": PROMPTS})
+    monkeypatch.setattr(fam, "sample", spy_sample)
+    # previews of the dataset's captions (no sample.prompts) edit their images' control images
+    cfg = _kontext_config(tmp_path, images, ctl, sample={"sample_every": 2, "sample_steps": 2, "num_samples": 2})
     result = Trainer(cfg, verbose=False).train()
+    assert result["samples_decoded"] and len(previews) >= 2 and set(previews) == {(16, 8, 8)}
     assert len(result["losses"]) == 2 and np.isfinite(result["losses"]).all()
     assert result["encoded"]["latents"] == 12                # 6 targets and their 6 control images
     lat, ctl_shape, ref, index = seen[0]
