@@ -226,3 +226,11 @@ def test_chroma_and_kontext_blocks_stream_and_store_in_fp8_as_fluxs(chroma_folde
     finally:
         memory.set_memory_limit(None, "cpu")
     np.testing.assert_array_equal(KP.sample_latents(streamed, kcond, guidance=2.5, **kw).numpy(), want)
+
+
+@pytest.mark.parametrize("name, arch", [("flux_kontext", "flux_kontext"), ("chroma", "chroma")])
+def test_the_example_configs_read(name, arch):
+    from flame_models.training.config import config_from_dict, read_yaml
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "configs", f"{name}.yaml")
+    cfg = config_from_dict(read_yaml(path), check_files=False)
+    assert cfg.model.arch == arch and (cfg.datasets[0].control_path is not None) == (arch == "flux_kontext")
