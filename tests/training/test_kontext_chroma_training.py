@@ -234,3 +234,20 @@ def test_the_example_configs_read(name, arch):
     path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "configs", f"{name}.yaml")
     cfg = config_from_dict(read_yaml(path), check_files=False)
     assert cfg.model.arch == arch and (cfg.datasets[0].control_path is not None) == (arch == "flux_kontext")
+
+
+def test_chroma_t5_sees_the_real_tokens_and_one_padding_token(chroma_folder):
+    from flame_models.chroma import conditioning as CC
+    out = {}
+    for n in (8, 16):
+        with CC.load_text_encoders(chroma_folder, dtype=CC.flame.float32, device="cpu", max_length=n) as enc:
+            ids, mask = enc.tokenize(["a red square"])
+            out[n] = {k: v.numpy() for k, v in enc.encode(["a red square"]).items()}
+            real = int(mask.sum())
+            with CC.flame.no_grad():     # T5 on the real tokens and the first padding token alone, no mask
+                alone = enc.t5(ids[:, :real + 1]).last_hidden_state.numpy()
+    assert 1 < real < 8 and out[16]["prompt_mask"].tolist() == [[1.0] * real + [0.0] * (16 - real)]
+    # the states of the real tokens and the first padding token do not depend on how much padding follows
+    np.testing.assert_allclose(out[8]["prompt_embeds"][:, :real + 1], out[16]["prompt_embeds"][:, :real + 1],
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out[16]["prompt_embeds"][:, :real + 1], alone, rtol=1e-5, atol=1e-6)
