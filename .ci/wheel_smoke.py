@@ -4,7 +4,8 @@
 
 The packages must import from site-packages; flame_core.kernels.loader must find, inside the installed package,
 exactly the CUDA sources the repo has, every local #include of each .cu must resolve there, and every kernel file the
-kernel families name must exist; the other package data must be there. --compile (on a GPU) compiles every
+kernel families name must exist; the other package data must be there; `python -m flame_models.train --help` and the
+flame-train console script must run (flame-generate must be installed). --compile (on a GPU) compiles every
 (file, dtype) module through NVRTC from the installed sources."""
 import pathlib
 import re
@@ -43,6 +44,14 @@ def main(argv):
     missing = sorted(n for n in named if n not in stems)
     assert named and not missing, f"kernel families name sources the wheel lacks: {missing}"
     assert (pkg / "amp" / "README.md").is_file(), "package data flame_core/amp/README.md is missing"
+
+    # the training command and the console scripts (the base install: --help works without the train extra)
+    import subprocess
+    bindir = pathlib.Path(sys.executable).parent
+    for cmd in ([sys.executable, "-m", "flame_models.train", "--help"], [str(bindir / "flame-train"), "--help"]):
+        r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        assert r.returncode == 0 and "--model" in r.stdout, f"{' '.join(cmd)} failed: {r.stderr[-2000:]}"
+    assert (bindir / "flame-generate").is_file(), f"console script flame-generate missing from {bindir}"
 
     x = flame_core.randn(4, 8, requires_grad=True)
     (x @ x.T).sum().backward()

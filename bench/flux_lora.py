@@ -23,7 +23,7 @@ def flame_part(res, configs, repeats, warmup, blocks=None, graph=False):
         kw, target = common.flame_flux_inputs(size, guidance=1.0)
         return common.flame_flux_loss_step(model, kw), (kw["img"], kw["txt"], kw["y"], target)
     lora_step.flame_steps(res, model, name_map_for(p), configs, make_step, repeats, warmup, graph)
-    del model
+    model = None  # rebound, not deleted: closures above use the names
     lora_step.release_flame()
 
 

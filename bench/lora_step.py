@@ -115,10 +115,10 @@ def flame_steps(res, model, name_map, configs, make_step, repeats, warmup, graph
         except flame.OutOfMemoryError as ex:
             res.log(f"flame_step_{t}_ms", f"OOM: {str(ex).splitlines()[0]}")
         run.reset()
-        del args, losses, run, step, fwd_bwd
+        args = losses = run = step = fwd_bwd = None  # rebound, not deleted: closures above use the names
         opt.zero_grad()
         gc.collect()
-    del opt, lora
+    opt = lora = None  # rebound, not deleted: closures above use the names
     gc.collect()
 
 
@@ -208,8 +208,8 @@ def diffusers_steps(res, model, configs, make_inputs, repeats, warmup, prefix=""
                 res.log(f"{key}_step_{t}_ms", "OOM")
                 opt.zero_grad(set_to_none=True)
                 torch.cuda.empty_cache()
-        del opt
-    del model, lora
+        opt = None  # rebound, not deleted: closures above use the names
+    model = lora = None  # rebound, not deleted: closures above use the names
     gc.collect()
     torch.cuda.empty_cache()
 

@@ -21,9 +21,8 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-
 import common
+import numpy as np
 
 # bench/ is first on sys.path and holds a kernels.py that transformers would import as the `kernels` package
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -111,6 +110,7 @@ def row(part, peer, mine, err):
 def vae_part():
     import torch
     from diffusers import AutoencoderKL as PeerVAE
+
     import flame_core as flame
     from flame_models.vae import load_vae
     side = 64 if ARGS.tiny else 1024
@@ -134,7 +134,7 @@ def vae_part():
         want_z, want_img = z_np, img_ref.float().cpu().numpy()
         with tempfile.TemporaryDirectory(prefix="vae_") as folder:
             peer.save_pretrained(folder)
-            del peer, x, z_ref, img_ref
+            peer = x = z_ref = img_ref = None  # rebound, not deleted: closures above use the names
             free_torch()
             cfg_kw = {"norm_num_groups": 8} if ARGS.tiny else None
             vae = load_vae(folder, dtype=fdt, device=dev(), config=cfg_kw)
@@ -147,7 +147,7 @@ def vae_part():
             dec_f = timed(lambda: vae.decode(zf), "cupy")
         row(f"{name} encode {side}^2", enc, enc_f, err_z)
         row(f"{name} decode {side // 8}^2 latents", dec, dec_f, err_img)
-        del vae, xf, zf
+        vae = xf = zf = None  # rebound, not deleted: closures above use the names
         free_flame()
 
 
@@ -155,6 +155,7 @@ def vae_part():
 def text_part():
     import torch
     import transformers
+
     import flame_core as flame
     from flame_models.text_encoders import GraphedEncoder, load_clip, load_t5
     tdt = torch.float32 if ARGS.tiny else torch.bfloat16
@@ -180,7 +181,7 @@ def text_part():
             ms = timed(lambda: peer(input_ids=x, output_hidden_states=True), "torch")
         with tempfile.TemporaryDirectory(prefix=f"{name}_") as folder:
             peer.save_pretrained(folder)
-            del peer, x
+            peer = x = None  # rebound, not deleted: closures above use the names
             free_torch()
             variants = [("", {}, False), (" graphed", {}, True)]
             if t5:
@@ -196,7 +197,7 @@ def text_part():
                 row(f"{name} {tokens} tokens{tag}", ms, mine, err)
                 if graph and not ARGS.tiny:
                     run.reset()
-                del model, run
+                model = run = None  # rebound, not deleted: closures above use the names
                 free_flame()
 
 
@@ -206,9 +207,8 @@ def run_part():
     transformer's blocks drawn on the GPU one at a time as the streamer packs them; VAE, CLIP-L, T5-XXL random; the
     packaged tokenizers), under max_gpu_memory: 8 images cached, 20 steps, 2 sample images. Each stage's time, pool
     peak and driver-observed peak come from the trainer's stage meter."""
-    import flame_core as flame
-    from flame_models.training import Trainer, config_from_dict
     from flame_models.flux.demo import draw_dataset
+    from flame_models.training import Trainer, config_from_dict
     side = 64 if ARGS.tiny else 1024
     work = tempfile.mkdtemp(prefix="pipeline_run_")
     images = draw_dataset(os.path.join(work, "images"), 4, 4, size=side)
@@ -254,7 +254,8 @@ def main():
                        title="\nFLAME vs diffusers / transformers (ratio = FLAME / peer; <= 1.0 is better)"))
     if STAGES:
         print(common.table(["stage", "seconds", "pool peak GiB", "driver peak GiB"], STAGES,
-                           title=f"\nwhole Flux-dev run (random weights, max_gpu_memory {ARGS.budget}, fp8 {ARGS.fp8})"))
+                           title=f"\nwhole Flux-dev run (random weights, max_gpu_memory {ARGS.budget}, "
+                                 f"fp8 {ARGS.fp8})"))
     return 1 if failed else 0
 
 

@@ -37,7 +37,7 @@ def flame_part(res, which, configs, a):
         target = flame.randn(1, 16, side, side, generator=g, device="cuda")
         return lora_step.flame_loss(model), (x, t, y, ctx, target)
     lora_step.flame_steps(res, model, name_map, configs, make_step, a.repeats, a.warmup, a.graph, prefix=f"{which}_")
-    del model
+    model = None  # rebound, not deleted: closures above use the name
     lora_step.release_flame()
 
 

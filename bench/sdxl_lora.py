@@ -25,7 +25,7 @@ def flame_part(res, configs, a):
         target = flame.randn(1, 4, side, side, generator=g, device="cuda")
         return lora_step.flame_loss(model), (x, t, ctx, y, target)
     lora_step.flame_steps(res, model, name_map, configs, make_step, a.repeats, a.warmup, a.graph)
-    del model
+    model = None  # rebound, not deleted: closures above use the names
     lora_step.release_flame()
 
 

@@ -25,7 +25,8 @@ import numpy as np
 
 from . import backend
 from . import dtypes as D
-from .device import Device, device as _parse_device
+from .device import Device
+from .device import device as _parse_device
 from .errors import DeviceError, FlameError
 from .io import SafetensorsError, safe_open, save_file
 from .tensor import Tensor

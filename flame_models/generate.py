@@ -44,6 +44,7 @@ from flame_core.memory.stats import fmt_bytes, parse_size
 
 from .checkpoint_io import atomic_open
 from .pipeline import free_model, to_pil
+from .training.limits import image_problem
 
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "fp32": "float32",
           "float32": "float32"}
@@ -65,6 +66,16 @@ def _check_args(prompts, width, height, steps, num_images, batch_size, seed, mul
             raise GenerateError(f"--{name} {v}: must be a whole number >= 1")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63):
         raise GenerateError(f"--seed {seed}: must be a whole number in [0, 2^63)")
+
+
+def _check_size(width, height, batch_size, dev, budget):
+    """GenerateError for an image larger than the stated limit or than the device's memory (before any loading)."""
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (width, height)):
+        return  # the family's _check_args names a bad value
+    batch = batch_size if isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size > 0 else 1
+    problem = image_problem(width, height, batch, dev, budget)
+    if problem:
+        raise GenerateError(problem)
 
 
 def _check_output(output):
@@ -243,6 +254,7 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     for name in sorted(k for k, v in options.items() if v not in (None, False) and k not in part.OPTIONS):
         raise GenerateError(_refusal(name, family, parts))
     mine = {k: v for k, v in options.items() if k in part.OPTIONS}
+    _check_size(width, height, batch_size, _device(device), _budget(max_gpu_memory))  # before any file is read
     return part.generate(model, prompts, vae=vae, clip_l=clip_l, t5=t5, tokenizer=tokenizer, loras=loras,
                          width=width, height=height, steps=steps, seed=seed, num_images=num_images,
                          batch_size=batch_size, output=output, device=device, dtype=dtype, fp8=fp8,

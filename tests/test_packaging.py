@@ -48,3 +48,22 @@ def test_the_loader_reads_the_installed_copy_first_then_the_repo_then_the_overri
 def test_the_distribution_name_is_not_an_unrelated_pypi_project():
     name = re.search(r'^name = "([^"]+)"$', (REPO / "pyproject.toml").read_text(), re.M).group(1)
     assert name == "flame-diffusion"  # "flame" and "flame-core" are other projects on PyPI
+
+
+def test_the_training_command_runs_from_the_built_package_and_both_console_scripts_resolve(built, tmp_path):
+    """`python -m flame_models.train --help` from the package as installed (outside the repo), and the console
+    scripts pyproject.toml declares (flame-train, flame-generate) name importable mains. .ci/wheel_smoke.py runs
+    both scripts from the real wheel."""
+    env = {"PATH": "/usr/bin:/bin", "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": str(built)}
+    r = subprocess.run([sys.executable, "-m", "flame_models.train", "--help"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("usage: python -m flame_models.train") and "--allow-upscale" in r.stdout
+    import configparser
+    entry_points = configparser.ConfigParser()
+    entry_points.read(built.parent / "flame_diffusion.egg-info" / "entry_points.txt")
+    scripts = dict(entry_points["console_scripts"])
+    assert scripts == {"flame-train": "flame_models.train:main", "flame-generate": "flame_models.generate:main"}
+    code = "; ".join(f"import {v.split(':')[0]} as m; assert callable(m.main) and m.__file__.startswith("
+                     f"{str(built)!r})" for v in scripts.values())
+    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, check=True, timeout=120)

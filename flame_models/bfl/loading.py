@@ -136,7 +136,8 @@ def _diffusers_config(p):
 def save_flux(model, path, layout="bfl", *, max_shard_size=None):
     """Save `model` in BFL ("bfl") or diffusers ("diffusers") layout. `path` ending in .safetensors: one file (or
     shards `<stem>-0000i-of-0000n.safetensors` plus `<path>.index.json` with max_shard_size bytes). Otherwise a folder
-    (diffusers: diffusion_pytorch_model*.safetensors + config.json; bfl: flux*.safetensors). Returns the files written."""
+    (diffusers: diffusion_pytorch_model*.safetensors + config.json; bfl: flux*.safetensors). Returns the files
+    written."""
     if layout not in ("bfl", "diffusers"):
         raise ValueError(f"layout must be 'bfl' or 'diffusers', got {layout!r}")
     p = model.params

@@ -3,7 +3,8 @@ target presets.
 
 FLAME's Flux follows the BFL checkpoint (fused img_attn.qkv, single-block linear1 = q|k|v|mlp). diffusers splits
 those Linears, so one FLAME Linear maps to several diffusers Linears, each a range of its output rows
-(docs/ARCHITECTURES.md). The final layer's adaLN is the one permutation: diffusers chunks it (scale, shift), BFL (shift, scale).
+(docs/ARCHITECTURES.md). The final layer's adaLN is the one permutation: diffusers chunks it (scale, shift), BFL
+(shift, scale).
 """
 from flame_nn.adapters.formats import NameMap
 

@@ -14,7 +14,11 @@ what the callables return, verbatim.
 Latent key = sha256(encoder_id, the image file's sha256, the placement: bucket, resize, crop, flips, resize filter,
 background). Text key = sha256(encoder_id, the caption string). A folder of None keeps entries in host memory
 (for the run only). Each file is written temp -> fsync -> rename (flame_core.io.save_file), right after its batch
-is encoded: an interrupted fill leaves only whole files, and the next fill encodes only what is missing. Files
+is encoded: an interrupted fill leaves only whole files, and the next fill encodes only what is missing. Each file
+carries the SHA-256 of its arrays (metadata "sha256"): an entry whose arrays do not match it (a damaged or edited
+file), hold NaN / inf, or have no checksum (written by an older FLAME) counts as missing and is encoded again; one
+damaged after the fill is refused when read, naming the file. An encoder that returns NaN / inf is an error naming
+the image or caption (nothing non-finite is cached). Files
 that no current entry uses (an edited image's old latents, another model's) are left where they are: switching
 back costs nothing; `prune(...)` deletes them on request.
 """
@@ -35,6 +39,43 @@ _TMP = re.compile(r"^[0-9a-f]{64}\.safetensors\..*\.tmp$")
 
 def _digest(obj):
     return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def checksum(arrays):
+    """SHA-256 (hex) of {name: array}: names, dtypes, shapes and bytes, in name order."""
+    h = hashlib.sha256()
+    for k in sorted(arrays):
+        a = np.ascontiguousarray(arrays[k])
+        h.update(f"{k}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(a.view(np.uint8).reshape(-1) if a.size else b"")
+    return h.hexdigest()
+
+
+def _problem(path):
+    """(arrays, None) of an intact cache file, or (None, why not)."""
+    from flame_core import io
+    try:
+        with io.safe_open(path) as f:
+            want = (f.metadata() or {}).get("sha256")
+            arrays = {k: f.get_array(k) for k in list(f.keys())}
+    except Exception as ex:  # noqa: BLE001 - an unreadable file (e.g. copied in half) is encoded again
+        return None, f"unreadable ({type(ex).__name__}: {str(ex).splitlines()[0] if str(ex) else ''})"
+    if want is None:
+        return None, "no checksum (written by an older FLAME)"
+    if checksum(arrays) != want:
+        return None, "its arrays do not match their SHA-256 (damaged)"
+    for k, a in arrays.items():
+        if a.dtype.kind == "f" and not np.isfinite(a.astype(np.float32) if a.dtype.itemsize < 4 else a).all():
+            return None, f"{k} holds NaN or infinite values"
+    return arrays, None
+
+
+def _finite(arrays, what):
+    for k, a in arrays.items():
+        a = np.asarray(a)
+        if a.dtype.kind == "f" and not np.isfinite(a.astype(np.float32) if a.dtype.itemsize < 4 else a).all():
+            raise DataError(f"{what}: the encoder returned NaN or infinite values in {k!r}; nothing was cached "
+                            f"(check the file, or encode in a wider dtype)")
 
 
 def _numpy(x, what):
@@ -64,20 +105,15 @@ class _Store:
         path = self.path(key)
         if not os.path.isfile(path):
             return False
-        from flame_core import io
-        try:
-            with io.safe_open(path) as f:
-                f.keys()
-            return True
-        except Exception:  # an unreadable file (e.g. copied in half) is encoded again
-            return False
+        return _problem(path)[1] is None  # damaged, non-finite or unchecked: encoded again
 
     def write(self, key, arrays, metadata):
         if self.memory is not None:
             self.memory[key] = {k: np.array(v) for k, v in arrays.items()}
             return
         from flame_core import io
-        io.save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, self.path(key), metadata=metadata)
+        arrays = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+        io.save_file(arrays, self.path(key), metadata={**metadata, "sha256": checksum(arrays)})
 
     def read(self, key, what):
         if self.memory is not None:
@@ -85,14 +121,12 @@ class _Store:
                 raise DataError(f"{what}: not in the in-memory cache; run the caching stage first")
             return self.memory[key]
         path = self.path(key)
-        from flame_core import io
-        try:
-            with io.safe_open(path) as f:
-                return {k: f.get_array(k) for k in f.keys()}
-        except FileNotFoundError:
-            raise DataError(f"{what}: cache file {path} is missing; run the caching stage again") from None
-        except Exception as ex:
-            raise DataError(f"{what}: cache file {path} cannot be read ({ex}); delete it and cache again") from None
+        if not os.path.isfile(path):
+            raise DataError(f"{what}: cache file {path} is missing; run the caching stage again")
+        arrays, why = _problem(path)
+        if why is not None:
+            raise DataError(f"{what}: cache file {path}: {why}; run again to encode it again")
+        return arrays
 
     def prune(self, keep):
         if self.memory is not None:
@@ -200,6 +234,7 @@ class LatentCache:
                     raise DataError(f"encode_images returned shape {tuple(out.shape)} for input "
                                     f"{tuple(pixels.shape)}; expected ({len(chunk)}, C, h, w)")
                 for s, lat in zip(chunk, out):
+                    _finite({"latents": lat}, f"latents of {s.path} ({s.bucket})")
                     self._store(s.folder).write(self.key(s), {"latents": lat}, {
                         "format": "flame-latent-cache/1", "encoder_id": self.encoder_id, "image": s.path,
                         "params": json.dumps(s.params(), sort_keys=True)})
@@ -263,6 +298,7 @@ class TextEmbeddingCache:
                         raise DataError(f"encode_prompts returned {k!r} of shape {tuple(v.shape)} for "
                                         f"{len(chunk)} prompts; expected ({len(chunk)}, ...)")
                 for i, p in enumerate(chunk):
+                    _finite({k: v[i] for k, v in arrays.items()}, f"text embeddings of {p[:60]!r}")
                     self.store.write(self.key(p), {k: v[i] for k, v in arrays.items()}, {
                         "format": "flame-text-cache/1", "encoder_id": self.encoder_id, "prompt": p})
                 done += len(chunk)

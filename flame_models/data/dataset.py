@@ -216,8 +216,8 @@ class ImageDataset:
                 r = resolutions(c)[0]
                 b = closest_bucket(rec.width, rec.height, sets[(r, c.bucket_tolerance)])
                 too_small.append(f"{rec.path}: {rec.width}x{rec.height} is smaller than its {b} bucket at "
-                                 f"resolution {r} (images are never upscaled unless allow_upscale: true; or use a "
-                                 f"smaller resolution)")
+                                 f"resolution {r} (images are never upscaled unless allow_upscale: true, or "
+                                 f"--allow-upscale; or use a smaller resolution)")
                 continue
             flips = [(False, False)] + [(True, False)] * c.flip_x + [(False, True)] * c.flip_y
             for rep in range(c.num_repeats):
@@ -230,7 +230,7 @@ class ImageDataset:
         for r, lst in sorted(partial.items()):
             names = ", ".join(os.path.basename(rec.path) for rec, _ in lst[:5]) + (" ..." if len(lst) > 5 else "")
             self.warnings.append(f"{len(lst)} image(s) smaller than their bucket at resolution {r} are not trained "
-                                 f"at {r} (allow_upscale: true upscales them): {names}")
+                                 f"at {r} (allow_upscale: true or --allow-upscale upscales them): {names}")
         return too_small
 
     # ------------------------------------------------------------------ access

@@ -68,6 +68,12 @@ class SD3Family(FlowMatchingFamily):
             probe = MMDiT(spec)
         return e + self.target_problems(probe, cfg, name_map_for(spec), prefix)
 
+    def image_size_limit(self, spec):
+        # the stored position table has pos_embed_max_size patches a side, cropped to the latent grid
+        side = spec.pos_embed_max_size * spec.patch_size * self.vae_scale_factor
+        return side, (f"its position table holds {spec.pos_embed_max_size}x{spec.pos_embed_max_size} patches "
+                      f"(pos_embed_max_size) of {spec.patch_size * self.vae_scale_factor} px")
+
     # ------------------------------------------------------------------ building
     def load_model(self, path, spec, dtype, device):
         return load_sd3(path, dtype=dtype, device=device, params=spec)

@@ -10,19 +10,26 @@ diffusers folders), the y vector, LoRA names and text-to-image sampling.
 
 The text-to-image pipeline (prompt encoding, VAE, LoRAs, sampling stages) is flame_models.sdxl.pipeline.
 """
-from .config import UNetConfig, UNetConfigError, configs, unet_config
-from .embeddings import timestep_embedding, size_embeddings, make_y
-from .resblocks import ResBlock, Downsample, Upsample, TimestepEmbedSequential
-from .attention import CrossAttention, GEGLU, FeedForward, BasicTransformerBlock, SpatialTransformer
-from .model import SDXLUNet
-from .keys import sai_to_diffusers_key, diffusers_to_sai_key
-from .loading import UNetCheckpointError, UNetCheckpoint, infer_config, load_unet, load_unet_state_
-from .saving import save_unet
-from .lora_keys import (TARGET_PRESETS, CONV_TARGETS, RESNET_LINEAR_TARGETS, PEFT_PREFIX, KOHYA_METADATA,
-                        unet_name_map, kohya_diffusers_to_sai)
-from .sampling import cfg_model, sample
+from .attention import GEGLU, BasicTransformerBlock, CrossAttention, FeedForward, SpatialTransformer
 from .components import SDXLFiles, SDXLFilesError, find_sdxl_files
+from .config import UNetConfig, UNetConfigError, configs, unet_config
+from .embeddings import make_y, size_embeddings, timestep_embedding
+from .keys import diffusers_to_sai_key, sai_to_diffusers_key
+from .loading import UNetCheckpoint, UNetCheckpointError, infer_config, load_unet, load_unet_state_
+from .lora_keys import (
+                        CONV_TARGETS,
+                        KOHYA_METADATA,
+                        PEFT_PREFIX,
+                        RESNET_LINEAR_TARGETS,
+                        TARGET_PRESETS,
+                        kohya_diffusers_to_sai,
+                        unet_name_map,
+)
+from .model import SDXLUNet
 from .parts import SDXLParts, load_sdxl, save_sdxl
+from .resblocks import Downsample, ResBlock, TimestepEmbedSequential, Upsample
+from .sampling import cfg_model, sample
+from .saving import save_unet
 
 UNetModel = SDXLUNet  # SAI's class name
 
@@ -30,6 +37,7 @@ __all__ = ["UNetConfig", "UNetConfigError", "configs", "unet_config", "timestep_
            "make_y", "ResBlock", "Downsample", "Upsample", "TimestepEmbedSequential", "CrossAttention", "GEGLU",
            "FeedForward", "BasicTransformerBlock", "SpatialTransformer", "SDXLUNet", "UNetModel",
            "sai_to_diffusers_key", "diffusers_to_sai_key", "UNetCheckpointError", "UNetCheckpoint", "infer_config",
-           "load_unet", "load_unet_state_", "save_unet", "TARGET_PRESETS", "CONV_TARGETS", "RESNET_LINEAR_TARGETS", "PEFT_PREFIX", "KOHYA_METADATA",
+           "load_unet", "load_unet_state_", "save_unet", "TARGET_PRESETS", "CONV_TARGETS", "RESNET_LINEAR_TARGETS",
+           "PEFT_PREFIX", "KOHYA_METADATA",
            "unet_name_map", "kohya_diffusers_to_sai", "cfg_model", "sample", "SDXLFiles", "SDXLFilesError",
            "find_sdxl_files", "SDXLParts", "load_sdxl", "save_sdxl"]

@@ -213,7 +213,8 @@ def load_unet(path, dtype=None, device=None, *, config=None, strict=True, progre
     unexpected tensors and leaves missing ones unloaded (they raise when used)."""
     from .model import SDXLUNet
     with UNetCheckpoint(path) as ckpt:
-        cfg = CIO.config_argument(config, UNetConfig, lambda overrides: infer_config(ckpt, overrides), caller="load_unet")
+        cfg = CIO.config_argument(config, UNetConfig, lambda overrides: infer_config(ckpt, overrides),
+                                  caller="load_unet")
         if dtype is None:
             dtype = CIO.compute_dtype(ckpt.stored_dtype(K.SAI_PROBE) if ckpt.has(K.SAI_PROBE)
                                       else flame.get_default_dtype())

@@ -30,10 +30,12 @@ from ..checkpoint_io import write_json
 from ..text_encoders import load_clip
 from ..tokenization import load_tokenizer
 from ..vae import load_vae
-from ..vae.saving import CONFIG_METADATA_KEY as VAE_CONFIG_KEY, save_vae
+from ..vae.saving import CONFIG_METADATA_KEY as VAE_CONFIG_KEY
+from ..vae.saving import save_vae
 from .components import TEXT_CONFIGS_METADATA_KEY, SDXLFiles, find_sdxl_files
 from .keys import SAI_PREFIXES
-from .loading import CONFIG_METADATA_KEY as UNET_CONFIG_KEY, load_unet
+from .loading import CONFIG_METADATA_KEY as UNET_CONFIG_KEY
+from .loading import load_unet
 from .saving import save_unet
 
 LAYOUTS = ("sai", "diffusers")

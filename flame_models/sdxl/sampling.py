@@ -7,8 +7,15 @@ generic samplers of flame_models.samplers.
 import math
 
 import flame_core as flame
-from flame_models.samplers import (SAMPLERS, DDPMSchedule, Denoiser, check_prediction_type, ddim_sigmas, dpm_sigmas,
-                                   get_sigmas)
+from flame_models.samplers import (
+    SAMPLERS,
+    DDPMSchedule,
+    Denoiser,
+    check_prediction_type,
+    ddim_sigmas,
+    dpm_sigmas,
+    get_sigmas,
+)
 
 VAE_FACTOR = 8
 

@@ -12,14 +12,21 @@ folders, ComfyUI single files, OpenCLIP layouts and SDXL / SD3 checkpoints (fp8 
                                         num_hidden_layers=2, num_attention_heads=4))   # random weights
     tiny.save_pretrained("tiny_clip/")                        # a transformers folder; load_clip reads it back
 """
-from .configs import (CLIPTextConfig, T5Config, TextEncoderConfigError, CLIP_PRESETS, T5_PRESETS,
-                      infer_clip_config, infer_t5_config)
-from .outputs import ModelOutput, BaseModelOutput, BaseModelOutputWithPooling, CLIPTextModelOutput
 from .clip import CLIPTextModel, CLIPTextModelWithProjection, quick_gelu
-from .t5 import T5EncoderModel, relative_position_bucket
+from .configs import (
+                      CLIP_PRESETS,
+                      T5_PRESETS,
+                      CLIPTextConfig,
+                      T5Config,
+                      TextEncoderConfigError,
+                      infer_clip_config,
+                      infer_t5_config,
+)
 from .files import TextEncoderCheckpointError
-from .loading import load_clip, load_t5
 from .graphed import GraphedEncoder
+from .loading import load_clip, load_t5
+from .outputs import BaseModelOutput, BaseModelOutputWithPooling, CLIPTextModelOutput, ModelOutput
+from .t5 import T5EncoderModel, relative_position_bucket
 
 __all__ = ["CLIPTextConfig", "T5Config", "TextEncoderConfigError", "CLIP_PRESETS", "T5_PRESETS",
            "infer_clip_config", "infer_t5_config", "ModelOutput", "BaseModelOutput", "BaseModelOutputWithPooling",

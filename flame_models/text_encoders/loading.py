@@ -51,7 +51,8 @@ def load_clip(path, dtype=None, device=None, *, prefix=None, subfolder=None, con
     "text_encoders.clip_l.transformer.", "text_encoders.clip_g.transformer."; found by itself when the file holds
     one CLIP). dtype: default the file's (bfloat16 for fp8 files); device: default the default device.
     config: a CLIPTextConfig, dict or config.json path (default: the folder's config.json, else the one
-    save_pretrained wrote into the file, else inferred from the weights). projection: None = as the checkpoint, True = require text_projection, False = leave it out."""
+    save_pretrained wrote into the file, else inferred from the weights). projection: None = as the checkpoint, True =
+    require text_projection, False = leave it out."""
     if projection not in (None, True, False):
         raise ValueError(f"load_clip: projection must be None, True or False, got {projection!r}")
     return _load("clip", path, dtype, device, prefix, subfolder, config, quantize, strict, projection=projection)

@@ -4,8 +4,9 @@ a final RMS norm. Parameter names are transformers' keys (`shared.weight`, `enco
 .weight`, `encoder.block.0.layer.1.DenseReluDense.wi_0.weight`, `encoder.final_layer_norm.weight`).
 
 The position bias is computed once per forward, in block 0 (whose `relative_attention_bias` holds the table), with
-the padding mask folded in (MASKED at padded keys), as one float32 (1 or B, heads, L, L) additive attention mask that every block's fused
-attention reads; the bucket of each (query, key) pair is computed on the host once per length and kept on the device.
+the padding mask folded in (MASKED at padded keys), as one float32 (1 or B, heads, L, L) additive attention mask that
+every block's fused attention reads; the bucket of each (query, key) pair is computed on the host once per length and
+kept on the device.
 
 Blocks run through `flame_nn.offload.run_block`, so a BlockStreamer on `encoder.block` streams them
 (`load_t5(..., stream=True)`). In float16 the residual stream follows transformers: `wo` is loaded in float32 by

@@ -5,7 +5,6 @@ import numpy as np
 from .batch_encoding import BatchEncoding
 
 
-
 def _padding_mode(padding):
     """'max_length', 'longest' or None (no padding), from transformers' padding argument values."""
     if padding is True or padding == "longest":

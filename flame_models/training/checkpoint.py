@@ -3,10 +3,16 @@
 A checkpoint is a folder <run>/checkpoints/step_NNNNNN/ with the files the trainer gives (safetensors of the adapter,
 optimizer and EMA state, state.json) and manifest.json: each file's size and SHA-256. It is written into
 step_NNNNNN.tmp/ -- every file fsynced (flame_core.io.save_file and files.py do) -- then the manifest, then the
-folder is fsynced and renamed, and the parent folder fsynced. A process killed at any point leaves either the
-complete folder or a .tmp folder that no reader takes for a checkpoint (the next save removes it).
+folder is fsynced and renamed, and the parent folder fsynced. Saving a step that exists already (a run resumed
+from an earlier checkpoint reaches it again) moves the old folder to step_NNNNNN.old first, then the new one in, then
+removes the old one. A process killed at any point leaves the complete folder, or a .tmp folder (complete or not),
+or -- between the two renames of a re-save -- a complete .tmp folder and the .old one: `recover(run)`, called
+before a run picks its checkpoint, promotes a .tmp folder that verifies where its step has no intact folder, restores
+an .old folder that verifies where neither does, and removes what is left over.
 `latest_valid(run)` checks the manifests from the newest checkpoint down and returns the first intact one with
-the ones it skipped and why.
+the ones it skipped and why. `prune` counts intact checkpoints only: it never removes one for a damaged newer one.
+`crash_point(name)` marks each step of a save (a no-op; the fault-injection tests replace it to kill the process
+there).
 """
 import hashlib
 import json
@@ -40,38 +46,88 @@ def sha256(path, chunk=1 << 20):
     return h.hexdigest()
 
 
+def crash_point(name):
+    """Called at each step of a save, in order: begin, folder, file:<name> (after each file), state, manifest,
+    synced, old-moved (re-save only), renamed, root-synced, done. A no-op; tests replace it to kill the process."""
+
+
 def write_checkpoint(run_dir, step, writers, state):
     """Write checkpoint `step`: `writers` maps a file name to a function that writes that file (given its path),
     `state` is stored as state.json. Returns the final folder."""
     final = checkpoint_dir(run_dir, step)
     root = os.path.dirname(final)
+    crash_point("begin")
     os.makedirs(root, exist_ok=True)
     tmp = final + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)  # the leftover of a save that was killed
     os.makedirs(tmp)
+    crash_point("folder")
     for name, write in writers.items():
         write(os.path.join(tmp, name))
+        crash_point(f"file:{name}")
     atomic_write_json(os.path.join(tmp, STATE), state, default=_json_default)
+    crash_point("state")
     files = {}
     for name in sorted(os.listdir(tmp)):
         path = os.path.join(tmp, name)
         files[name] = {"size": os.path.getsize(path), "sha256": sha256(path)}
     atomic_write_json(os.path.join(tmp, MANIFEST), {"format": FORMAT, "step": step, "files": files}, indent=1)
+    crash_point("manifest")
     fsync_dir(tmp)
+    crash_point("synced")
     old = None
     if os.path.exists(final):  # the same step saved again (e.g. after resuming from an earlier one)
         old = final + ".old"
         shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
+        os.replace(final, old)  # killed from here to the next rename: recover() promotes the complete .tmp
+        crash_point("old-moved")
     os.replace(tmp, final)
+    crash_point("renamed")
     fsync_dir(root)
+    crash_point("root-synced")
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+    _verified.pop(final, None)
+    _intact(final, known=True)  # just hashed for its manifest
+    crash_point("done")
     return final
+
+
+def recover(run_dir):
+    """Finish or undo the saves a killed process left half done; returns [(what, path)] of what it did. Per step:
+    a .tmp folder that verifies becomes the checkpoint when there is no intact one (a save killed after its
+    manifest: between the renames of a re-save, or before the first); else an intact .old folder comes back when
+    there is no intact checkpoint (a re-save killed between its renames whose new folder is damaged); the leftovers
+    (an incomplete .tmp, an .old next to an intact checkpoint) are removed."""
+    root = checkpoint_root(run_dir)
+    if not os.path.isdir(root):
+        return []
+    done = []
+    for suffix in (".tmp", ".old"):  # the new copy of a step first: an .old one only where no new one verifies
+        for entry in sorted(os.listdir(root)):
+            base = entry[:-len(suffix)]
+            if not (entry.endswith(suffix) and base.startswith("step_") and base[5:].isdigit()):
+                continue
+            path, final = os.path.join(root, entry), os.path.join(root, base)
+            if not os.path.isdir(path):
+                continue
+            if verify(final) is not None and verify(path) is None:
+                if os.path.exists(final):
+                    shutil.rmtree(final)  # damaged: the intact copy of the same step replaces it
+                os.replace(path, final)
+                done.append(("promoted" if suffix == ".tmp" else "restored", final))
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+                done.append(("removed", path))
+    if done:
+        fsync_dir(root)
+    return done
 
 
 def verify(path):
     """None when the checkpoint folder `path` is intact, else the reason it is not."""
+    if not os.path.isdir(path):
+        return "missing"
     mpath = os.path.join(path, MANIFEST)
     if not os.path.isfile(mpath):
         return f"no {MANIFEST} (an incomplete save, or written by an older FLAME)"
@@ -129,12 +185,33 @@ def latest_valid(run_dir):
     return None, None, skipped
 
 
+def _intact(path, known=False):
+    """verify(path) is None, remembered for the folder as it is (the files' names, sizes and times): a save prunes
+    after each checkpoint and would otherwise hash every kept one again."""
+    try:
+        sig = tuple(sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in os.scandir(path)))
+    except OSError:
+        return False
+    hit = _verified.get(path)
+    if hit is not None and hit[0] == sig:
+        return hit[1]
+    ok = True if known else verify(path) is None
+    _verified[path] = (sig, ok)
+    return ok
+
+
+_verified = {}  # path -> (folder signature, intact?)
+
+
 def prune(run_dir, keep, also=None):
-    """Remove all but the newest `keep` checkpoints; also(step) lists more files of a removed step (its LoRA)."""
-    steps = checkpoint_steps(run_dir)
+    """Remove all but the newest `keep` intact checkpoints; also(step) lists more files of a removed step (its LoRA).
+    Only intact checkpoints count and go: a damaged one neither takes the place of an intact one nor is removed
+    here (the next run skips it, saying why)."""
+    steps = [s for s in checkpoint_steps(run_dir) if _intact(checkpoint_dir(run_dir, s))]
     removed = steps[:-keep] if len(steps) > keep else []
     for s in removed:
         shutil.rmtree(checkpoint_dir(run_dir, s), ignore_errors=True)
+        _verified.pop(checkpoint_dir(run_dir, s), None)
         for f in (also(s) if also else []):
             if os.path.exists(f):
                 os.remove(f)

@@ -173,6 +173,9 @@ class ModelFamily:
     def spec_problems(self, cfg, spec, prefix=""):
         return []
 
+    def image_size_limit(self, spec):
+        """(the largest image side in pixels the model of `spec` takes, what sets it), or None: no limit."""
+
     def parts_problems(self, cfg, *, vae, text, prefix=""):
         return [f"{prefix}datasets: the {self.name} family trains from precomputed samples only (it has no VAE or "
                 f"text encoders to cache image folders or encode prompts)"]

@@ -89,6 +89,8 @@ def choose_checkpoint(self):
             self.log(f"--fresh: removed {len(gone)} earlier output(s) of {self.out}: "
                      + ", ".join(os.path.basename(g) for g in gone))
         return None, None
+    for what, p in self.dist.run_on_main(ckpt.recover, self.out):  # ddp: a save killed half way, finished or undone
+        self.log(f"checkpoint save interrupted earlier: {what} {p}")
     path, step, skipped = ckpt.latest_valid(self.out)
     for p, why in skipped:
         self.log(f"skipping checkpoint {p}: {why}")

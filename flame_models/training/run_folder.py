@@ -1,7 +1,9 @@
-"""A run's folder <training_folder>/<name>/: what in it is the trainer's output, and starting over (`--fresh`)."""
+"""A run's folder <training_folder>/<name>/: that it can be written (checked at set-up, before anything is cached or
+loaded), what in it is the trainer's output, and starting over (`--fresh`)."""
 import os
 import re
 import shutil
+import tempfile
 
 from flame_core.errors import FlameError
 
@@ -10,6 +12,37 @@ from .checkpoint import CHECKPOINTS
 
 class RunFolderError(FlameError, ValueError):
     """The run's folder holds another run's outputs that this one would mix with."""
+
+
+def check_writable(run_dir):
+    """Prove that `run_dir` can be made and written: a file is written and removed in it, or where it does not
+    exist yet in its nearest existing parent (nothing is created) -- a real write, not a permission check: root
+    passes those, and a read-only mount only shows on writing. RunFolderError naming the path and why otherwise (a
+    file where a folder should be, no permission, ...)."""
+    where = os.path.abspath(run_dir)
+    for part in [where] + [os.path.join(where, sub) for sub in (CHECKPOINTS, "samples")]:
+        if os.path.lexists(part) and not os.path.isdir(part):
+            raise RunFolderError(f"output folder {where}: {part} is a file, not a folder; choose another "
+                                 f"training_folder (--output) or name")
+    parent = where
+    while not os.path.lexists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    if os.path.lexists(parent) and not os.path.isdir(parent):
+        raise RunFolderError(f"output folder {where}: {parent} is a file, not a folder; choose another "
+                             f"training_folder (--output)")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".flame-write-check-", dir=parent)
+        try:
+            os.write(fd, b"x")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.remove(probe)
+    except OSError as e:
+        raise RunFolderError(f"output folder {where} cannot be written: {e.strerror or e}"
+                             f"{f' ({e.filename})' if e.filename else ''}; choose another training_folder "
+                             f"(--output) or fix its permissions") from None
+    return where
 
 
 def outputs(run_dir, name):

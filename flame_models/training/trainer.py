@@ -40,14 +40,16 @@ from flame_core.errors import OutOfMemoryError
 from flame_nn import adapters as A
 
 from . import checkpoint as ckpt
-from . import image_data
+from . import image_data, run_folder
 from .config import ConfigError, config_dict, dtype_name, max_gpu_memory_bytes
 from .data import ConcatDataset, FolderDataset, Loader, SyntheticDataset
 from .distributed import TrainerGroup, main_rank_only, on_main_rank  # ddp
 from .ema import EMA
 from .family import get_family
 from .files import atomic_write_json
+from .finite import FiniteGuard
 from .interrupt import StopRequest
+from .limits import adapter_problems
 from .logging import LossLog, plot_losses
 from .progress import Progress
 from . import resume
@@ -55,7 +57,7 @@ from .graphs import StepGraphs, graph_plan
 from .samples import PreviewPrompt, Previews
 from .stages import StageMeter
 from .text_training import TrainedTextEncoders
-from .validation import dataset_kinds, parts_needed
+from .validation import dataset_kinds, image_size_problems, parts_needed
 
 
 class Trainer:
@@ -95,14 +97,17 @@ class Trainer:
         self.device = self.dist.join(c.device)  # ddp: cuda:LOCAL_RANK, the process group joined
         if c.network.target is None:
             c.network.target = fam.default_target
-        if c.model.name_or_path is None and c.model.size is None and self._model is None:
-            c.model.size = fam.default_size
+        if c.model.name_or_path is None and self._model is None:
+            c.model.size = c.model.size or fam.default_size
+            self.log(f"WARNING: no model file given (--model / model.name_or_path): training a RANDOM "
+                     f"{c.model.size} ({fam.name}), for trying the tool only -- its LoRA is useless on a real model")
         self.budget = max_gpu_memory_bytes(c.max_gpu_memory) if c.max_gpu_memory is not None else None
         if self.budget is not None and self.device.type == "cuda":
             gc.collect()                            # a budget counts the whole GPU: what this process's pool
             flame.memory.empty_cache(self.device)   # caches from earlier work goes back to the driver first
         self.meter = StageMeter(self.device, log=self.log)
         flame.manual_seed(t.seed)
+        run_folder.check_writable(self.out)  # before anything is checked, cached or loaded
 
         # what the model is (its header; nothing loaded yet), then every image / sample, checked against it
         self.spec = fam.spec_of(self._model) if self._model is not None else fam.describe_model(c.model)
@@ -129,6 +134,10 @@ class Trainer:
                 lat = self.dataset.latent_shape(0)
                 h, w = lat[1] * fam.vae_scale_factor, lat[2] * fam.vae_scale_factor
             c.sample.height, c.sample.width = c.sample.height or h, c.sample.width or w
+
+        problems = image_size_problems(c, fam, self.spec, self.dataset if self.image_data else None)
+        if problems:  # before any encoding and before the run's folder is touched
+            raise ConfigError("; ".join(problems))
 
         # the run's folder: start over, resume from its newest intact checkpoint, or refuse to mix two runs
         checkpoint, state = resume.choose_checkpoint(self)
@@ -189,6 +198,8 @@ class Trainer:
                        ignore_if_contains=n.network_kwargs.get("ignore_if_contains"))
         if n.conv:  # LoCon (kohya's conv_dim): what comes with the convolutions at the linear rank
             targets = ([targets] if isinstance(targets, str) else list(targets)) + list(fam.conv_linear_targets)
+        self._check_adapter_size(A.find_targets(self.model, targets, self.name_map, **filters), n.linear, n.type,
+                                 "network.linear")
         made = A.inject_adapters(self.model, targets, "lora" if n.type == "locon" else n.type, rank=n.linear,
                                  alpha=n.linear_alpha, dropout=n.dropout, rslora=n.rslora, lokr_factor=n.lokr_factor,
                                  lokr_full_rank=n.lokr_full_rank, name_map=self.name_map, **filters,
@@ -198,6 +209,8 @@ class Trainer:
             convs = [m for m, _, _ in A.find_targets(self.model, fam.conv_targets, self.name_map, **filters)
                      if m not in done]
             if convs:
+                self._check_adapter_size([(m, self.model.get_submodule(m), None) for m in convs], n.conv, "lora",
+                                         "network.conv")
                 made += A.inject_adapters(self.model, convs, "lora", rank=n.conv,
                                           alpha=n.conv if n.conv_alpha is None else n.conv_alpha, dropout=n.dropout,
                                           rslora=n.rslora, name_map=self.name_map,
@@ -228,6 +241,7 @@ class Trainer:
         # optimisation
         self.optimizer = self._make_optimizer()
         self.scheduler = self._make_scheduler()
+        self.guard = FiniteGuard(self.params, self.device)  # NaN / inf loss or gradients stop the run (finite.py)
         self.ema = EMA(self.params, t.ema_config.ema_decay) if t.ema_config.use_ema else None
         if self.prepared is not None and self.prepared.loader is not None:
             self.loader = self.prepared.loader       # batches of one bucket, from the caches
@@ -258,6 +272,12 @@ class Trainer:
         if checkpoint is not None:
             resume.load_checkpoint(self, checkpoint, state)
         atomic_write_json(os.path.join(self.out, "config.json"), config_dict(c), indent=1, default=str)
+
+    def _check_adapter_size(self, found, rank, kind, setting):
+        """ConfigError before adapters are made that exceed their layers' dimensions or the device (limits.py)."""
+        problems = adapter_problems(found, rank, kind, setting, self.device, self.budget, self.cfg.train.optimizer)
+        if problems:
+            raise ConfigError("; ".join(problems))
 
     def _batch_shapes(self):
         """How many batch shapes the run draws (one per bucket that fills a batch; 1 for sample data)."""
@@ -358,6 +378,7 @@ class Trainer:
         loss = self.objective.loss(pred, self.objective.target(x0, noise, t), t)
         scale = self._loss_scale
         (loss * scale).backward() if scale != 1.0 else loss.backward()
+        self.guard.watch_loss(loss)  # a device flag (captured with the step), read at the next check
         if self.streamer is not None:
             self.streamer.join()  # in a capture: the copy stream's branch joins back before the capture ends
         return loss.detach()
@@ -423,13 +444,17 @@ class Trainer:
         """One optimizer step; returns (loss, lr, mean timestep)."""
         t = self.cfg.train
         lr = self.scheduler.get_last_lr()[0]
-        losses, ts = [], []
+        losses, ts, indices, captions = [], [], [], []
         self.dist.before_step(self)  # ddp: wraps the adapters in DistributedDataParallel at the first step
         with self.dist.accumulation(t.gradient_accumulation_steps):  # ddp: local micro-steps, then one average
             for _ in range(t.gradient_accumulation_steps):
-                loss, s = self._micro_step(self.loader.next_batch(), 1.0 / t.gradient_accumulation_steps)
+                batch = self.loader.next_batch()
+                indices += list(batch.get("indices", ()))
+                captions += list(batch.get("captions", ()))
+                loss, s = self._micro_step(batch, 1.0 / t.gradient_accumulation_steps)
                 losses.append(loss)
                 ts.append(s)
+        self.guard.after_backward(self.step + 1, indices, captions)  # queued on the device: no sync here
         if t.max_grad_norm > 0:
             flame_nn.utils.clip_grad_norm_(self.params, t.max_grad_norm)
         self.optimizer.step()
@@ -472,6 +497,8 @@ class Trainer:
                 self.progress.start()
                 while self.step < t.steps:
                     loss, lr, ts = self.train_step()
+                    if self._results_due():  # a NaN / inf step stops the run before anything of it is kept
+                        self.guard.check(self.dataset)
                     self.progress.update(1, loss=loss, lr=lr)
                     self.active_time = self.progress.active_time
                     self._log_step(loss, lr, ts)
@@ -491,6 +518,12 @@ class Trainer:
             self.progress.close()
         stopped = self.stop.requested if self.stop is not None and self.step < t.steps else None
         return self.finish(interrupted=stopped)
+
+    def _results_due(self):
+        """Whether this step writes something (a loss-log row, previews, a checkpoint, the end, a stop)."""
+        c = self.cfg
+        return (self.step % c.log_every == 0 or self.step == c.train.steps or self._sample_due(self.step)
+                or self.step % c.save.save_every == 0 or (self.stop is not None and self.stop.requested))
 
     @main_rank_only  # ddp
     def _log_step(self, loss, lr, ts):
@@ -528,7 +561,8 @@ class Trainer:
             result["encoded"] = dict(self.prepared.encoded)
         if interrupted:
             self.log(f"stopped by {interrupted} at step {self.step}: checkpoint "
-                     f"{ckpt.checkpoint_dir(self.out, self.step)}, LoRA {lora}; run the same command again to resume")
+                     f"{ckpt.checkpoint_dir(self.out, self.step)}, LoRA {lora}; run the same command again"
+                     + (" without --fresh" if self.fresh else "") + " to resume")
         return result
 
     # ------------------------------------------------------------------------------------------ sampling
@@ -559,6 +593,8 @@ class Trainer:
     @on_main_rank  # ddp
     def save_lora(self, path):
         c = self.cfg
+        self.guard.check(self.dataset)  # never a LoRA of NaN / inf weights
+        self.guard.check_parameters(self.step)
         meta = dict(self.family.lora_metadata(c, self.model))
         meta.update({"flame.steps": self.step, "ss_output_name": c.name})
         for k, v in c.meta.items():  # ai-toolkit's `meta`, with [name] replaced by the run's name
@@ -576,7 +612,10 @@ class Trainer:
     @on_main_rank  # ddp
     def save_checkpoint(self):
         """Everything needed to continue exactly (checkpoint.py writes it whole or not at all), the step's LoRA
-        and the loss log; then only the newest save.max_step_saves_to_keep checkpoints are kept."""
+        and the loss log; then only the newest save.max_step_saves_to_keep checkpoints are kept. Nothing
+        non-finite is saved (finite.py)."""
+        self.guard.check(self.dataset)
+        self.guard.check_parameters(self.step)
         opt = self.optimizer.state_dict()
         tensors, scalars = {}, {}
         for i, st in opt["state"].items():
@@ -597,8 +636,8 @@ class Trainer:
                  "ema": None if self.ema is None else {"decay": self.ema.decay, "num_updates": self.ema.num_updates},
                  "active_time": self.active_time, "log_window": self._window, "time": time.time(),
                  "data": self.data_fingerprint, "config": config_dict(self.cfg)}
+        self.loss_log.flush()  # first: a checkpoint promoted after a kill finds its steps' rows (resume truncates)
         path = ckpt.write_checkpoint(self.out, self.step, writers, state)
-        self.loss_log.flush()
         self.save_lora(self._step_lora(self.step))
         ckpt.prune(self.out, self.cfg.save.max_step_saves_to_keep, also=lambda s: [self._step_lora(s)])
         return path

@@ -7,6 +7,7 @@ from ..data.config import validate_dataset_config
 from ..samplers import PREDICTION_TYPES
 from .config import (DTYPES, FILE_FORMATS, NETWORK_TYPES, OPTIMIZERS, PROCESS_TYPES, SCHEDULERS,
                      max_gpu_memory_bytes)
+from .limits import steps_problems
 from .objective import DENSITY_SCHEMES, WEIGHTING_SCHEMES
 from .timesteps import MODE_SCALE_RANGE
 
@@ -80,6 +81,7 @@ def validate(cfg, prefix="", check_files=True):
     _at_least(e, f"{p}save.max_step_saves_to_keep", s.max_step_saves_to_keep)
 
     _at_least(e, f"{p}train.steps", t.steps)
+    e += steps_problems(t.steps, t.gradient_accumulation_steps, p)  # before anything is laid out for them
     _at_least(e, f"{p}train.batch_size", t.batch_size)
     _at_least(e, f"{p}train.gradient_accumulation_steps", t.gradient_accumulation_steps)
     if t.lr <= 0:
@@ -352,3 +354,29 @@ def sample_file_problem(path, family, spec):
         return f"{path}: not a readable .safetensors file ({type(ex).__name__}: {ex})"
     err = family.check_sample(shapes, spec)
     return f"{path}: {err}" if err else None
+
+
+def image_size_problems(cfg, family, spec, dataset=None):
+    """The image datasets' buckets, and the previews' size, larger than the model takes (family.image_size_limit):
+    one message per dataset and resolution, naming the limit. dataset: the checked ImageDataset (None: previews
+    only)."""
+    limit = family.image_size_limit(spec)
+    if limit is None:
+        return []
+    side, why = limit
+    over = {}
+    for s in dataset.samples if dataset is not None else ():
+        if max(s.bucket) > side:
+            over.setdefault((s.config, s.resolution), set()).add(s.bucket)
+    e = []
+    for (ci, r), buckets in sorted(over.items()):
+        names = ", ".join(str(b) for b in sorted(buckets, key=max, reverse=True)[:3])
+        what = family.label or family.name
+        e.append(f"datasets[{ci}].resolution {r}: the {names} bucket{'s' if len(buckets) > 1 else ''} exceed"
+                 f"{'' if len(buckets) > 1 else 's'} {side} px a side, the most this {what} model takes ({why}); "
+                 f"use a resolution whose buckets stay within {side} px (--resolution), or a model with a larger table")
+    sm = cfg.sample
+    if sm.height is not None and sm.width is not None and max(sm.height, sm.width) > side:
+        e.append(f"sample.width x height {sm.width}x{sm.height}: exceeds {side} px a side, the most this "
+                 f"{family.label or family.name} model takes ({why})")
+    return e

@@ -5,14 +5,14 @@
     x = vae.decode(z)                   # (B, 3, H, W), nominally [-1, 1]
     z_model = registry.latent_format("flux").to_model(z)   # what the transformer sees (flame_models.registry)
 """
-from .config import VAEConfig, AutoencoderKLConfig, VAEConfigError, configs, vae_config
+from .config import AutoencoderKLConfig, VAEConfig, VAEConfigError, configs, vae_config
 from .distribution import DiagonalGaussianDistribution
+from .family import check_latents, decode_model_latents, encode_model_latents, load_family_vae
 from .latent_format import LatentFormat
 from .layers import AttnBlock, Downsample, MidBlock, ResnetBlock, Upsample
+from .loading import VAECheckpoint, VAECheckpointError, infer_config, load_vae, load_vae_state_
 from .model import AutoencoderKL, Decoder, Encoder
-from .loading import VAECheckpointError, VAECheckpoint, infer_config, load_vae, load_vae_state_
 from .saving import save_vae
-from .family import check_latents, decode_model_latents, encode_model_latents, load_family_vae
 from .tiling import blend_h, blend_v, tiled_decode, tiled_encode
 
 __all__ = ["VAEConfig", "AutoencoderKLConfig", "VAEConfigError", "configs", "vae_config",

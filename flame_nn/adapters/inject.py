@@ -7,10 +7,10 @@
     load_adapters(model, "style.safetensors", name="style", weight=0.8)   # a second adapter, for inference
     set_adapters(model, ["default", "style"], [1.0, 0.8]); merge_adapters(model); unmerge_adapters(model)
 
-A pattern names a Linear or a Conv2d of the model (a Conv2d takes LoRA only: locon.py) or, through `name_map`, one of the diffusers Linears carved out of a fused one
-(Flux's qkv -> to_q/to_k/to_v): the adapter then covers only those output rows. Patterns: "re:<regex>" (full match),
-globs with * ? [ ] (fnmatch), or a plain name matching the whole name or its dotted suffix ("to_q" matches
-"transformer_blocks.3.attn.to_q"), as PEFT's target_modules.
+A pattern names a Linear or a Conv2d of the model (a Conv2d takes LoRA only: locon.py) or, through `name_map`, one
+of the diffusers Linears carved out of a fused one (Flux's qkv -> to_q/to_k/to_v): the adapter then covers only those
+output rows. Patterns: "re:<regex>" (full match), globs with * ? [ ] (fnmatch), or a plain name matching the whole name
+or its dotted suffix ("to_q" matches "transformer_blocks.3.attn.to_q"), as PEFT's target_modules.
 
 A model whose Linears have other names than the PEFT/diffusers files' (Flux: BFL names in the model, diffusers names
 in the files) returns its NameMap from an `adapter_name_map()` method; every function here uses it when no

@@ -1,10 +1,10 @@
-"""A tiny model with the shapes that matter: a fused qkv Linear (split by a NameMap), a plain Linear, a bias-free one."""
-import numpy as np
+"""A tiny model with the shapes that matter: a fused qkv Linear (split by a NameMap), a plain Linear, a bias-free
+one."""
 
 import flame_core as flame
-from flame_nn.module import Module
-from flame_nn.layers.linear import Linear
 from flame_nn.adapters.formats import NameMap
+from flame_nn.layers.linear import Linear
+from flame_nn.module import Module
 
 D_IN, D_QKV = 12, 24
 

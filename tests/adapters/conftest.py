@@ -1,7 +1,7 @@
 import pytest
+from adapter_helpers import Tiny
 
 import flame_core as flame
-from adapter_helpers import Tiny
 
 
 @pytest.fixture

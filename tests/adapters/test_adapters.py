@@ -4,15 +4,24 @@ import math
 
 import numpy as np
 import pytest
+from adapter_helpers import TINY_MAP, Tiny, randomize
 
 import flame_core as flame
 import flame_nn.adapters as A
-from flame_nn.adapters import (AdapterError, adapter_parameters, adapter_state, disable_adapters, enable_adapters,
-                               merge_adapters, remove_adapters, set_adapters, unmerge_adapters,
-                               adapted_modules, adapter_modules)
+from flame_nn.adapters import (
+    AdapterError,
+    adapted_modules,
+    adapter_modules,
+    adapter_parameters,
+    adapter_state,
+    disable_adapters,
+    enable_adapters,
+    merge_adapters,
+    remove_adapters,
+    set_adapters,
+    unmerge_adapters,
+)
 from flame_nn.adapters.lokr import factorization
-
-from adapter_helpers import TINY_MAP, Tiny, randomize
 
 KINDS = ["lora", "dora", "lokr", "loha"]
 
@@ -79,8 +88,8 @@ def test_gradcheck(kind, rng, device):
 def test_dora_gradients_treat_the_norm_as_constant(rng, device):
     """DoRA's rule (PEFT, paper §4.3): ‖W + sBA‖ is detached. Reference gradients in NumPy with the norm fixed."""
     flame.manual_seed(2)
-    from flame_nn.module import Module
     from flame_nn.layers.linear import Linear
+    from flame_nn.module import Module
 
     class One(Module):
         def __init__(self):
@@ -98,7 +107,7 @@ def test_dora_gradients_treat_the_norm_as_constant(rng, device):
     g = rng.standard_normal((4, 5))
     xt = flame.tensor(x, dtype=flame.float64, device=device, requires_grad=True)
     (m(xt) * flame.tensor(g, dtype=flame.float64, device=device)).sum().backward()
-    W, b = _np(m.lin.weight), _np(m.lin.bias)
+    W = _np(m.lin.weight)
     A, B, mag, s = _np(ad.lora_A), _np(ad.lora_B), _np(ad.magnitude), ad.scale
     V = W + s * B @ A
     n = np.linalg.norm(V, axis=1)

@@ -4,9 +4,9 @@ import json
 import numpy as np
 import pytest
 
-from flame_nn.adapters import formats as F
-from flame_nn.adapters.formats import AdapterPart, AdapterFormatError, NameMap
 from flame_core import io
+from flame_nn.adapters import formats as F
+from flame_nn.adapters.formats import AdapterFormatError, AdapterPart, NameMap
 
 OUT, IN, R = 12, 8, 2
 

@@ -3,15 +3,15 @@ dilation, 1x1), float64 gradients (hypothesis over shapes), merge / unmerge, ena
 and the errors (other kinds, grouped convolutions)."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from adapter_helpers import randomize
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import flame_core as flame
 import flame_nn
 import flame_nn.adapters as A
 from flame_nn.adapters import AdapterError, LoRAConv2d, adapter_parameters
 from flame_nn.module import Module
-
-from adapter_helpers import randomize
 
 
 def _np(t):

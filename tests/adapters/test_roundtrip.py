@@ -1,13 +1,12 @@
 """Saving and loading adapters through a model: exact in both layouts, row splits included; errors name the keys."""
 import numpy as np
 import pytest
+from adapter_helpers import TINY_MAP, Tiny, randomize
 
 import flame_core as flame
 import flame_nn.adapters as A
 from flame_core import io
 from flame_nn.adapters.formats import AdapterFormatError
-
-from adapter_helpers import TINY_MAP, Tiny, randomize
 
 
 def _model(seed, device, kind, targets, **kw):

@@ -5,8 +5,10 @@ import _thread
 import collections
 import os
 import random
+import sys
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -349,6 +351,68 @@ def test_a_dead_worker_is_reported():
     with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly"):
         list(DataLoader(Dies(), batch_size=1, num_workers=2))
     assert time.time() - t0 < 10
+
+
+class Exits(Dataset):
+    """Its worker ends by SystemExit (not an Exception) at the first item."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        sys.exit("the dataset gave up")
+
+
+def _fails_to_load():
+    raise ValueError("this dataset's state cannot be loaded here")
+
+
+class Unloadable(Squares):
+    """Pickles fine; unpickling it (in a spawned worker) raises."""
+
+    def __reduce__(self):
+        return _fails_to_load, ()
+
+
+def _only_here():
+    """A dataset whose class lives in a module that exists in this process only: a spawned worker cannot import
+    it."""
+    mod = types.ModuleType("flame_test_module_only_in_the_parent")
+    exec("from flame_core.utils.data import Dataset\n"
+         "class Gone(Dataset):\n"
+         "    def __len__(self):\n        return 4\n"
+         "    def __getitem__(self, i):\n        return i\n", mod.__dict__)
+    sys.modules[mod.__name__] = mod
+    return mod.Gone()
+
+
+def test_a_dead_worker_is_reported_with_its_exit_code():
+    with pytest.raises(RuntimeError, match=r"exited unexpectedly \(\d+: exit code 7\)"):
+        list(DataLoader(Dies(), batch_size=1, num_workers=1))
+
+
+def test_an_exception_that_ends_a_worker_is_shown_with_its_type_message_and_traceback():
+    with pytest.raises(RuntimeError, match=r"(?s)Caught SystemExit in DataLoader worker process \d.*"
+                                         r"Traceback.*in __getitem__.*the dataset gave up"):
+        list(DataLoader(Exits(), batch_size=1, num_workers=2))
+
+
+@pytest.mark.parametrize("case", ["import", "unpickle"])
+def test_a_spawned_worker_that_cannot_rebuild_its_dataset_reports_why(case):
+    try:
+        ds = _only_here() if case == "import" else Unloadable(4)
+        want = (r"(?s)Caught ModuleNotFoundError in DataLoader worker process 0.*Traceback.*"
+                r"No module named 'flame_test_module_only_in_the_parent'" if case == "import" else
+                r"(?s)Caught ValueError in DataLoader worker process 0.*Traceback.*in _fails_to_load.*"
+                r"this dataset's state cannot be loaded here")
+        err = ModuleNotFoundError if case == "import" else ValueError
+        it = iter(DataLoader(ds, batch_size=2, num_workers=1, multiprocessing_context="spawn"))
+        t0 = time.time()
+        with pytest.raises(err, match=want):
+            list(it)
+        assert time.time() - t0 < 30 and it._shutdown and not any(p.is_alive() for p in it._workers)
+    finally:
+        sys.modules.pop("flame_test_module_only_in_the_parent", None)
 
 
 def test_persistent_workers_and_spawn():

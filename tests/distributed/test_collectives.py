@@ -228,6 +228,7 @@ def test_the_nccl_unique_id_reaches_each_cupys_communicator_in_its_form(takes, m
     # CuPy 14 takes the id as bytes; older CuPy as a tuple of C chars (signed on x86)
     import platform
     import types
+
     from flame_core.distributed.nccl import NCCLBackend
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     raw = bytes(range(120, 248))

@@ -5,18 +5,26 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from text_encoder_helpers import CLIP_NAMES, TIGHT, config, copy_folder, folder, io, outputs_close, save, shard, weights
 
 import flame_core as flame
 from flame_core.autograd import gradcheck
 from flame_core.errors import DTypeError, ShapeError
-from flame_models.text_encoders import (CLIP_PRESETS, CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection,
-                                        TextEncoderCheckpointError, TextEncoderConfigError, infer_clip_config,
-                                        load_clip, quick_gelu)
+from flame_models.text_encoders import (
+    CLIP_PRESETS,
+    CLIPTextConfig,
+    CLIPTextModel,
+    CLIPTextModelWithProjection,
+    TextEncoderCheckpointError,
+    TextEncoderConfigError,
+    infer_clip_config,
+    load_clip,
+    quick_gelu,
+)
 from flame_models.text_encoders.clip import CLIPEncoderLayer
 from flame_models.text_encoders.outputs import BaseModelOutputWithPooling
-from text_encoder_helpers import (CLIP_NAMES, TIGHT, config, copy_folder, folder, io, outputs_close, save, shard,
-                                  weights)
 
 SDXL = os.path.join(os.path.dirname(folder("x")), "sdxl_like.safetensors")
 

@@ -6,7 +6,9 @@ import pytest
 
 import flame_core as flame
 import flame_nn
-from flame_models.flux import Flux, flux_params, keys as K, sampling as S
+from flame_models.flux import Flux, flux_params
+from flame_models.flux import keys as K
+from flame_models.flux import sampling as S
 from flame_models.flux.loading import _diffusers_config
 
 torch = pytest.importorskip("torch")

@@ -8,7 +8,8 @@ import pytest
 import flame_core as flame
 import flame_nn
 from flame_core.io import safe_open, save_file
-from flame_models.flux import Flux, FluxCheckpointError, flux_params, load_flux, save_flux, keys as K
+from flame_models.flux import Flux, FluxCheckpointError, flux_params, load_flux, save_flux
+from flame_models.flux import keys as K
 from flame_models.flux import loading as LD
 
 TINY = flux_params("flux-tiny")

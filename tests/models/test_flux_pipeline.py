@@ -11,10 +11,19 @@ import pytest
 import flame_core as flame
 from flame_core.io import load_file, safe_open, save_file
 from flame_models.flux import pack
-from flame_models.flux.pipeline import (FluxFiles, FluxFilesError, decode_latents, encode_images, find_flux_files,
-                                        load_text_encoders, load_transformer, load_vae_for_flux, sample_latents,
-                                        to_pil)
 from flame_models.flux.layers import timestep_embedding
+from flame_models.flux.pipeline import (
+    FluxFiles,
+    FluxFilesError,
+    decode_latents,
+    encode_images,
+    find_flux_files,
+    load_text_encoders,
+    load_transformer,
+    load_vae_for_flux,
+    sample_latents,
+    to_pil,
+)
 from flame_models.flux.tiny import tiny_flux_files
 from flame_models.text_encoders import load_clip, load_t5
 from flame_models.tokenization import load_tokenizer

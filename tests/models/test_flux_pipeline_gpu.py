@@ -10,8 +10,14 @@ import flame_core as flame
 from flame_core import memory
 from flame_core.io import load_file, safe_open
 from flame_models.flux import pack
-from flame_models.flux.pipeline import (decode_latents, find_flux_files, load_text_encoders, load_transformer,
-                                        load_vae_for_flux, sample_latents)
+from flame_models.flux.pipeline import (
+    decode_latents,
+    find_flux_files,
+    load_text_encoders,
+    load_transformer,
+    load_vae_for_flux,
+    sample_latents,
+)
 from flame_models.generate import generate
 
 pytestmark = pytest.mark.gpu

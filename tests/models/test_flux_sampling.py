@@ -6,7 +6,8 @@ import pytest
 
 import flame_core as flame
 import flame_nn
-from flame_models.flux import Flux, flux_params, sampling as S
+from flame_models.flux import Flux, flux_params
+from flame_models.flux import sampling as S
 from flame_models.flux.keys import bfl_shapes
 
 

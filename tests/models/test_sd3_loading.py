@@ -5,14 +5,13 @@ import shutil
 
 import numpy as np
 import pytest
+from sd3_helpers import FIXTURES, diffusers_dir, inputs, io, npy, params, sai_file
 
 import flame_core as flame
 from flame_core.io import safe_open, save_file
 from flame_models.sd3 import MMDiT, SD3CheckpointError, load_sd3, save_sd3
 from flame_models.sd3 import keys as K
 from flame_models.sd3.loading import diffusers_config
-
-from sd3_helpers import FIXTURES, diffusers_dir, inputs, io, npy, params, sai_file
 
 
 def file_tensors(path):

@@ -1,6 +1,7 @@
 """SD3 LoRA names (FLAME/SAI <-> diffusers PEFT, kohya), target presets, and a tiny LoRA forward/backward/save/load."""
 import numpy as np
 import pytest
+from sd3_helpers import diffusers_dir, inputs, io, npy, params
 
 import flame_core as flame
 import flame_nn.adapters as A
@@ -9,8 +10,6 @@ from flame_models.sd3 import KOHYA_METADATA, TARGET_PRESETS, load_sd3, name_map_
 from flame_models.sd3 import keys as K
 from flame_nn.adapters import formats as F
 from flame_nn.optim import AdamW
-
-from sd3_helpers import diffusers_dir, inputs, io, npy, params
 
 
 @pytest.mark.parametrize("preset", ["sd3.5-large", "sd3.5-medium", "sd3.5-tiny"])

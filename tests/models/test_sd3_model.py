@@ -2,15 +2,15 @@
 layouts), checkpoint names and sizes, gradients and gradient checkpointing."""
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
+from sd3_helpers import VARIANTS, diffusers_dir, inputs, io, npy, params, rel_err, sai_file
 
 import flame_core as flame
 import flame_nn
 from flame_models.sd3 import MMDiT, load_sd3, sd3_params
 from flame_models.sd3 import keys as K
 from flame_models.sd3 import ops as O
-
-from sd3_helpers import VARIANTS, diffusers_dir, inputs, io, npy, params, rel_err, sai_file
 
 
 def load(variant, layout, dtype, device):

@@ -1,14 +1,13 @@
 """The SD3 joint blocks under flame_nn.offload: block streaming (the pre-only last block returns no context) with a
 LoRA trained through it, and fp8 storage of the frozen Linears."""
 import numpy as np
+from sd3_helpers import diffusers_dir, inputs, io, npy, rel_err
 
 import flame_core as flame
 import flame_nn.adapters as A
 from flame_models.sd3 import TARGET_PRESETS, load_sd3, name_map_for
 from flame_nn.offload import BlockStreamer
 from flame_nn.offload.fp8 import quantize_linear_weights_
-
-from sd3_helpers import diffusers_dir, inputs, io, npy, rel_err
 
 
 def tiny_with_lora(device):

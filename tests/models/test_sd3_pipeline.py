@@ -10,9 +10,18 @@ import pytest
 import flame_core as flame
 from flame_core.io import load_file, safe_open, save_file
 from flame_models.sd3 import load_sd3, save_sd3
-from flame_models.sd3.pipeline import (SD3Files, SD3FilesError, SkipLayerGuidance, decode_latents, encode_images,
-                                       find_sd3_files, load_text_encoders, load_transformer, load_vae_for_sd3,
-                                       sample_latents)
+from flame_models.sd3.pipeline import (
+    SD3Files,
+    SD3FilesError,
+    SkipLayerGuidance,
+    decode_latents,
+    encode_images,
+    find_sd3_files,
+    load_text_encoders,
+    load_transformer,
+    load_vae_for_sd3,
+    sample_latents,
+)
 from flame_models.text_encoders import load_clip, load_t5
 from flame_models.vae import VAEConfig, load_vae, save_vae
 from flame_nn import adapters as A

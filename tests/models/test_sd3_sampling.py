@@ -4,12 +4,10 @@ import json
 
 import numpy as np
 import pytest
+from sd3_helpers import FIXTURES, diffusers_dir, inputs, io, meta, npy
 
 import flame_core as flame
-from flame_models.sd3 import (SAMPLING_DEFAULTS, SkipLayerGuidance, get_noise, get_sigmas, load_sd3, sample,
-                              shift_sigma)
-
-from sd3_helpers import FIXTURES, diffusers_dir, inputs, io, meta, npy
+from flame_models.sd3 import SAMPLING_DEFAULTS, SkipLayerGuidance, get_noise, get_sigmas, load_sd3, sample, shift_sigma
 
 
 @pytest.mark.parametrize("steps", [1, 2, 4, 28, 40, 50])

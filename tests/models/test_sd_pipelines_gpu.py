@@ -37,8 +37,15 @@ def _sdxl_configs(meta):
 
 @pytest.mark.parametrize("dtype, tol", [(flame.float32, 5e-4), (flame.bfloat16, 6e-2)])
 def test_sd3_fixture_on_cuda(dtype, tol):
-    from flame_models.sd3.pipeline import (SkipLayerGuidance, decode_latents, find_sd3_files, load_text_encoders,
-                                           load_transformer, load_vae_for_sd3, sample_latents)
+    from flame_models.sd3.pipeline import (
+        SkipLayerGuidance,
+        decode_latents,
+        find_sd3_files,
+        load_text_encoders,
+        load_transformer,
+        load_vae_for_sd3,
+        sample_latents,
+    )
     g, meta = _golden(SD3, "prompts.json")
     files = find_sd3_files(os.path.join(SD3, "pipeline"))
     with load_text_encoders(files, dtype=dtype, device="cuda") as enc:
@@ -61,8 +68,14 @@ def test_sd3_fixture_on_cuda(dtype, tol):
 
 @pytest.mark.parametrize("dtype, tol", [(flame.float32, 5e-4), (flame.bfloat16, 6e-2)])
 def test_sdxl_fixture_on_cuda(dtype, tol):
-    from flame_models.sdxl.pipeline import (decode_latents, find_sdxl_files, load_text_encoders,
-                                            load_unet_for_sampling, load_vae_for_sdxl, sample_latents)
+    from flame_models.sdxl.pipeline import (
+        decode_latents,
+        find_sdxl_files,
+        load_text_encoders,
+        load_unet_for_sampling,
+        load_vae_for_sdxl,
+        sample_latents,
+    )
     g, meta = _golden(SDXL, "meta.json")
     files = find_sdxl_files(os.path.join(SDXL, "sdxl_tiny.safetensors"), tokenizer=SDXL, configs=_sdxl_configs(meta))
     with load_text_encoders(files, dtype=dtype, device="cuda") as enc:

@@ -4,6 +4,7 @@ import time
 
 import numpy as np
 import pytest
+from sdxl_fixtures import DIFFUSERS_DIR, SAI_FILE, assert_close, io, t, unet_inputs
 
 import flame_core as flame
 import flame_nn
@@ -12,8 +13,6 @@ from flame_core import memory as M
 from flame_models.sdxl import TARGET_PRESETS, SDXLUNet, load_unet, make_y, sample
 from flame_nn.adapters import adapter_parameters, inject_adapters
 from flame_nn.offload import BlockStreamer
-
-from sdxl_fixtures import DIFFUSERS_DIR, SAI_FILE, assert_close, io, t, unet_inputs
 
 pytestmark = pytest.mark.gpu
 GiB = 2 ** 30

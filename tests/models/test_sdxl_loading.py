@@ -7,15 +7,31 @@ import shutil
 
 import numpy as np
 import pytest
+from sdxl_fixtures import (
+    DIFFUSERS_DIR,
+    SAI_FILE,
+    assert_close,
+    diffusers_config,
+    io,
+    sdxl_base_config,
+    sdxl_base_keys,
+    unet_inputs,
+)
 
 import flame_core as flame
 from flame_core.io import load_file, safe_open, save_file
-from flame_models.sdxl import (SDXLUNet, UNetCheckpointError, UNetConfig, UNetConfigError, configs,
-                               diffusers_to_sai_key, load_unet, sai_to_diffusers_key, save_unet)
+from flame_models.sdxl import (
+    SDXLUNet,
+    UNetCheckpointError,
+    UNetConfig,
+    UNetConfigError,
+    configs,
+    diffusers_to_sai_key,
+    load_unet,
+    sai_to_diffusers_key,
+    save_unet,
+)
 from flame_models.sdxl.keys import diffusers_layout_facts
-
-from sdxl_fixtures import (DIFFUSERS_DIR, SAI_FILE, assert_close, diffusers_config, io, sdxl_base_config,
-                           sdxl_base_keys, unet_inputs)
 
 
 @pytest.fixture(scope="module")

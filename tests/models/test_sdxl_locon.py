@@ -5,16 +5,30 @@ import os
 
 import numpy as np
 import pytest
+from sdxl_fixtures import SAI_FILE, assert_close, io, sdxl_base_keys, unet_inputs
 
 import flame_core as flame
 import flame_nn
 from flame_core.io import load_file, safe_open
-from flame_models.sdxl import (CONV_TARGETS, KOHYA_METADATA, RESNET_LINEAR_TARGETS, TARGET_PRESETS, SDXLUNet,
-                               kohya_diffusers_to_sai, load_unet, unet_name_map)
-from flame_nn.adapters import (AdapterError, adapter_modules, adapter_parameters, find_targets, inject_adapters,
-                               load_adapters, save_adapters)
-
-from sdxl_fixtures import SAI_FILE, assert_close, io, sdxl_base_keys, unet_inputs
+from flame_models.sdxl import (
+    CONV_TARGETS,
+    KOHYA_METADATA,
+    RESNET_LINEAR_TARGETS,
+    TARGET_PRESETS,
+    SDXLUNet,
+    kohya_diffusers_to_sai,
+    load_unet,
+    unet_name_map,
+)
+from flame_nn.adapters import (
+    AdapterError,
+    adapter_modules,
+    adapter_parameters,
+    find_targets,
+    inject_adapters,
+    load_adapters,
+    save_adapters,
+)
 
 LOCON = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "locon")
 

@@ -3,16 +3,22 @@ backward (also with checkpointing and through a BlockStreamer), and kohya / PEFT
 files use."""
 import numpy as np
 import pytest
+from sdxl_fixtures import SAI_FILE, assert_close, io, sdxl_base_keys, t, unet_inputs
 
 import flame_core as flame
 import flame_nn
 from flame_core.io import safe_open
-from flame_models.sdxl import (KOHYA_METADATA, PEFT_PREFIX, TARGET_PRESETS, SDXLUNet, kohya_diffusers_to_sai,
-                               load_unet, unet_name_map)
-from flame_nn.adapters import (adapter_parameters, find_targets, inject_adapters, load_adapters, save_adapters)
+from flame_models.sdxl import (
+    KOHYA_METADATA,
+    PEFT_PREFIX,
+    TARGET_PRESETS,
+    SDXLUNet,
+    kohya_diffusers_to_sai,
+    load_unet,
+    unet_name_map,
+)
+from flame_nn.adapters import adapter_parameters, find_targets, inject_adapters, load_adapters, save_adapters
 from flame_nn.offload import BlockStreamer
-
-from sdxl_fixtures import SAI_FILE, assert_close, io, sdxl_base_keys, t, unet_inputs
 
 
 def _tiny():

@@ -5,14 +5,21 @@ import math
 
 import numpy as np
 import pytest
+from sdxl_fixtures import DIFFUSERS_DIR, SAI_FILE, assert_close, io, sdxl_base_keys, t, unet_inputs
 
 import flame_core as flame
 import flame_nn
-from flame_models.sdxl import (BasicTransformerBlock, ResBlock, SDXLUNet, configs, load_unet, make_y,
-                               size_embeddings, timestep_embedding)
+from flame_models.sdxl import (
+    BasicTransformerBlock,
+    ResBlock,
+    SDXLUNet,
+    configs,
+    load_unet,
+    make_y,
+    size_embeddings,
+    timestep_embedding,
+)
 from flame_nn.offload import BlockStreamer
-
-from sdxl_fixtures import (DIFFUSERS_DIR, SAI_FILE, assert_close, io, sdxl_base_keys, t, unet_inputs)
 
 
 @pytest.fixture(scope="module")

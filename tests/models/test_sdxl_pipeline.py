@@ -11,9 +11,17 @@ import pytest
 import flame_core as flame
 from flame_core.io import load_file, safe_open, save_file
 from flame_models.sdxl import SDXLParts, UNetConfig, load_sdxl, save_sdxl, save_unet
-from flame_models.sdxl.pipeline import (SDXLFilesError, check_loras, decode_latents, encode_images, find_sdxl_files,
-                                        load_text_encoders, load_unet_for_sampling, load_vae_for_sdxl,
-                                        sample_latents)
+from flame_models.sdxl.pipeline import (
+    SDXLFilesError,
+    check_loras,
+    decode_latents,
+    encode_images,
+    find_sdxl_files,
+    load_text_encoders,
+    load_unet_for_sampling,
+    load_vae_for_sdxl,
+    sample_latents,
+)
 from flame_models.vae import VAEConfig
 from flame_nn import adapters as A
 

@@ -5,13 +5,22 @@ import math
 
 import numpy as np
 import pytest
+from sdxl_fixtures import DIFFUSERS_DIR, assert_close, io, schedulers, t
 
 import flame_core as flame
-from flame_models.samplers import (SAMPLERS, DDPMSchedule, Denoiser, ddim_sigmas, dpm_sigmas, get_sigmas, karras_sigmas,
-                                   rescale_zero_terminal_snr, scaled_linear_betas, spaced_timesteps)
+from flame_models.samplers import (
+    SAMPLERS,
+    DDPMSchedule,
+    Denoiser,
+    ddim_sigmas,
+    dpm_sigmas,
+    get_sigmas,
+    karras_sigmas,
+    rescale_zero_terminal_snr,
+    scaled_linear_betas,
+    spaced_timesteps,
+)
 from flame_models.sdxl import load_unet, sample
-
-from sdxl_fixtures import DIFFUSERS_DIR, assert_close, io, schedulers, t
 
 SAMPLER_OF = {"EulerDiscreteScheduler": "euler", "EulerAncestralDiscreteScheduler": "euler_ancestral",
               "DPMSolverMultistepScheduler": "dpmpp_2m", "DDIMScheduler": "ddim"}

@@ -5,16 +5,24 @@ import json
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from text_encoder_helpers import TIGHT, config, copy_folder, folder, io, outputs_close, save, shard, weights
 
 import flame_core as flame
 from flame_core.autograd import gradcheck
-from flame_models.text_encoders import (T5_PRESETS, T5Config, T5EncoderModel, TextEncoderCheckpointError,
-                                        TextEncoderConfigError, infer_t5_config, load_t5,
-                                        relative_position_bucket)
+from flame_models.text_encoders import (
+    T5_PRESETS,
+    T5Config,
+    T5EncoderModel,
+    TextEncoderCheckpointError,
+    TextEncoderConfigError,
+    infer_t5_config,
+    load_t5,
+    relative_position_bucket,
+)
 from flame_models.text_encoders.t5 import T5Block, _clamp_fp16
 from flame_nn.offload import is_fp8_linear
-from text_encoder_helpers import TIGHT, config, copy_folder, folder, io, outputs_close, save, shard, weights
 
 FP8 = folder("t5_fp8")
 

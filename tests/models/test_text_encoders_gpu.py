@@ -3,11 +3,11 @@ position bias (padded keys at -inf, left padding too), CUDA graph replay (Graphe
 forward), fp8 storage's memory, and streamed T5 blocks on the copy stream."""
 import numpy as np
 import pytest
+from text_encoder_helpers import folder, io
 
 import flame_core as flame
 import flame_core.memory as fmem
 from flame_models.text_encoders import GraphedEncoder, load_clip, load_t5
-from text_encoder_helpers import folder, io
 
 pytestmark = pytest.mark.gpu
 

@@ -2,13 +2,12 @@
 (1024^2 against diffusers' peaks, 2048^2 tiled, the mid-block attention without its (H*W)^2 scores)."""
 import numpy as np
 import pytest
+import vae_fixtures as VF
 
 import flame_core as flame
 from flame_core import memory as M
 from flame_models.vae import AutoencoderKL, configs, load_vae
 from flame_models.vae.layers import AttnBlock
-
-import vae_fixtures as VF
 
 pytestmark = pytest.mark.gpu
 GiB = 2 ** 30
@@ -55,7 +54,7 @@ def test_1024_encode_and_decode_within_the_peers_peak(flux_vae):
     assert not flux_vae._tiles(1024, 1024, flux_vae.tile_sample_min_size, 1024 * 1024)  # 1024^2 is not tiled
     z, enc_peak = _peak(lambda: flux_vae.encode(x))
     assert tuple(z.shape) == (1, 16, 128, 128)
-    del x
+    x = None  # rebound, not deleted: closures above use the names
     y, dec_peak = _peak(lambda: flux_vae.decode(z))
     assert tuple(y.shape) == (1, 3, 1024, 1024) and np.isfinite(y.float().numpy()).all()
     print(f"\nVAE 1024^2 bf16: encode peak {enc_peak / GiB:.2f} GiB, decode peak {dec_peak / GiB:.2f} GiB")

@@ -81,6 +81,7 @@ class _FailingCapture:
 
 def test_a_failed_capture_trains_on_eagerly_and_keeps_why(tmp_path, monkeypatch, capsys):
     from flame_models.training import graphs
+
     from .conftest import tiny_config
     monkeypatch.setattr(graphs, "graphed", _FailingCapture)
     runs = {}

@@ -45,7 +45,7 @@ elif hook == "rename":        # sleep between a LoRA file's fsync and its rename
             time.sleep(60)
         return real_replace(a, b)
     os.replace = slow_replace
-sys.exit(example.main(["--config", {config!r}]))
+sys.exit(example.main(["--config", {config!r}] + {args!r}))
 """
 
 
@@ -70,8 +70,8 @@ config:
     return str(path)
 
 
-def _start(tmp_path, steps, save_every, hook=None, arg=None):
-    code = CHILD.format(repo=REPO, hook=hook, arg=arg, config=_config(tmp_path, steps, save_every))
+def _start(tmp_path, steps, save_every, hook=None, arg=None, args=()):
+    code = CHILD.format(repo=REPO, hook=hook, arg=arg, config=_config(tmp_path, steps, save_every), args=list(args))
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     err = open(tmp_path / "stderr.txt", "w")
     return subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err,
@@ -116,16 +116,23 @@ def _no_half_written_file(run_dir):
                     json.load(fh)
 
 
+def _resume_line(text, start):
+    line = next(x for x in text.splitlines() if start in x)
+    return line[line.index(start):]
+
+
 def test_ctrl_c_finishes_the_step_saves_says_how_to_resume_and_exits_130(tmp_path):
     run = tmp_path / "run"
-    proc = _start(tmp_path, steps=100000, save_every=100000)
+    proc = _start(tmp_path, steps=100000, save_every=100000, args=["--fresh"])
     _wait_rows(str(run / "loss.csv"), 3, proc)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     err = (tmp_path / "stderr.txt").read_text()
     assert proc.returncode == 130, (out, err)
     assert "SIGINT: stopping after this step" in err and "Traceback" not in err
-    assert "to resume, run:" in out and "--config" in out
+    resume = _resume_line(out, "to resume, run:")
+    assert "--config" in resume and "--fr" not in resume   # following it must not delete the checkpoint
+    assert "run the same command again without --fresh to resume" in out + err
     path, step, skipped = ckpt.latest_valid(str(run))
     assert path is not None and skipped == []
     rows = open(run / "loss.csv").read().splitlines()[1:]
@@ -140,7 +147,7 @@ def test_ctrl_c_finishes_the_step_saves_says_how_to_resume_and_exits_130(tmp_pat
 
 def test_a_second_ctrl_c_aborts_at_once_even_during_the_save(tmp_path):
     run = tmp_path / "run"
-    proc = _start(tmp_path, steps=100000, save_every=100000, hook="checkpoint", arg=1)
+    proc = _start(tmp_path, steps=100000, save_every=100000, hook="checkpoint", arg=1, args=["--fre"])
     _wait_rows(str(run / "loss.csv"), 2, proc)
     proc.send_signal(signal.SIGINT)
     _wait_line(proc, "SAVING")                                   # the interrupt's save is under way (and slow)
@@ -150,6 +157,8 @@ def test_a_second_ctrl_c_aborts_at_once_even_during_the_save(tmp_path):
     err = (tmp_path / "stderr.txt").read_text()
     assert proc.returncode == 130 and time.time() - t0 < 20, err
     assert "aborting now" in err and "aborted: the steps since the last checkpoint are lost" in err
+    resume = _resume_line(err, "aborted:")
+    assert "--config" in resume and "--fr" not in resume
     assert ckpt.checkpoint_steps(str(run)) == []                  # the save never completed: no checkpoint claimed
     _no_half_written_file(str(run))
 

@@ -5,7 +5,8 @@ prefetch_factor * num_workers batches in flight, hands them out round robin and 
 holding early arrivals (map-style datasets) -- so batches come in the same order as with num_workers=0. With an
 IterableDataset each worker iterates its own copy (split it with get_worker_info()), and batches alternate between
 the workers that are not exhausted. An exception in a worker is raised again in the parent with the worker's
-traceback, after the workers are shut down; so is Ctrl-C; a worker that dies is reported by pid.
+traceback, after the workers are shut down; so is Ctrl-C, and an exception that ends a worker outside a fetch (under
+spawn, a dataset the worker cannot unpickle or import); a worker that dies silently is reported by pid and exit code.
 pin_memory=True copies each batch's cpu tensors into FLAME's pinned host pool (only where CUDA is available, as
 PyTorch) in the parent process, as the batch is handed out.
 """
@@ -30,7 +31,8 @@ from .worker import (
     IterableStop,
     MapFetcher,
     ResumeIteration,
-    worker_loop,
+    WorkerFailed,
+    worker_main,
 )
 
 
@@ -187,14 +189,19 @@ class _MultiProcessIter(_BaseIter):
         self._done_event = ctx.Event()
         self._data_queue = ctx.Queue()
         self._index_queues, self._workers = [], []
+        args = (loader._iterable, loader.dataset, self._auto_collation, loader.collate_fn, loader.drop_last,
+                self._base_seed, loader.worker_init_fn)
+        if ctx.get_start_method() != "fork":
+            try:  # unpickled by the worker itself, which reports what fails there (worker_main)
+                args = pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception:  # noqa: BLE001 - e.g. a multiprocessing object: only the spawning pickler takes it
+                pass
         try:
             for w in range(n):
                 iq = ctx.Queue()
                 iq.cancel_join_thread()  # a dead worker's unread indices must not block our exit
-                p = ctx.Process(target=worker_loop, daemon=True,
-                                args=(loader._iterable, loader.dataset, iq, self._data_queue, self._done_event,
-                                      self._auto_collation, loader.collate_fn, loader.drop_last, self._base_seed,
-                                      loader.worker_init_fn, w, n, os.getpid()))
+                p = ctx.Process(target=worker_main, daemon=True,
+                                args=(args, iq, self._data_queue, self._done_event, w, n, os.getpid()))
                 p.start()
                 self._index_queues.append(iq)
                 self._workers.append(p)
@@ -245,15 +252,28 @@ class _MultiProcessIter(_BaseIter):
         while True:
             step = STATUS_INTERVAL if self._timeout <= 0 else min(STATUS_INTERVAL, self._timeout - waited)
             try:
-                return self._data_queue.get(timeout=step)
+                return self._checked(self._data_queue.get(timeout=step))
             except queue.Empty:
                 waited += step
-                dead = [str(p.pid) for p, alive in zip(self._workers, self._workers_status)
-                        if alive and not p.is_alive()]
+                dead = [p for p, alive in zip(self._workers, self._workers_status) if alive and not p.is_alive()]
                 if dead:
-                    raise RuntimeError(f"DataLoader worker (pid(s) {', '.join(dead)}) exited unexpectedly") from None
+                    try:  # its last words may have arrived since the wait ended
+                        return self._checked(self._data_queue.get(timeout=0.1))
+                    except queue.Empty:
+                        pass
+                    how = ", ".join(f"{p.pid}: " + (f"killed by signal {-p.exitcode}" if p.exitcode < 0 else
+                                                    f"exit code {p.exitcode}") for p in dead)
+                    raise RuntimeError(f"DataLoader worker (pid(s) {', '.join(str(p.pid) for p in dead)}) exited "
+                                       f"unexpectedly ({how}), saying nothing: see its output above") from None
                 if self._timeout > 0 and waited >= self._timeout:
                     raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
+
+    @staticmethod
+    def _checked(result):
+        """A result from the queue; a worker's report that an exception ended it is raised here."""
+        if isinstance(result[0], WorkerFailed):
+            pickle.loads(result[1]).reraise()
+        return result
 
     def __next__(self):
         try:

@@ -52,6 +52,8 @@ class ExceptionWrapper:
         msg = f"Caught {self.exc_type.__name__} {self.where}.\nOriginal {self.exc_msg}"
         if self.exc_type is KeyError:  # KeyError's str() is the repr of its message: keep the lines readable
             msg = _KeyErrorMessage(msg)
+        if not issubclass(self.exc_type, Exception):  # SystemExit and the like: an error here, not an exit
+            raise RuntimeError(msg)
         try:
             exc = self.exc_type(msg)
         except Exception:  # an exception type that does not take one message
@@ -73,6 +75,35 @@ class IterableStop:
 
 class ResumeIteration:
     """Sent to persistent workers at the start of each new epoch."""
+
+
+class WorkerFailed:
+    """A worker's last message: an exception ended it outside any fetch (unpickling its dataset under spawn, an
+    import that fails there, SystemExit from the dataset, ...); the payload is its ExceptionWrapper."""
+
+    def __init__(self, worker_id):
+        self.worker_id = worker_id
+
+
+def worker_main(args, index_queue, data_queue, done_event, worker_id, num_workers, parent_pid):
+    """A worker process's target. `args`: worker_loop's dataset arguments (iterable, dataset, auto_collation,
+    collate_fn, drop_last, base_seed, init_fn), as they are, or pickled (spawn / forkserver): unpickled here, so that
+    a dataset this process cannot rebuild (its module does not import here, its state fails to load) is reported to
+    the parent with its error and traceback instead of the process dying with them on its stderr."""
+    try:
+        if isinstance(args, bytes):
+            args = pickle.loads(args)
+        iterable, dataset, auto_collation, collate_fn, drop_last, base_seed, init_fn = args
+        worker_loop(iterable, dataset, index_queue, data_queue, done_event, auto_collation, collate_fn, drop_last,
+                    base_seed, init_fn, worker_id, num_workers, parent_pid)
+    except KeyboardInterrupt:
+        pass
+    except BaseException:  # noqa: BLE001 - whatever ends the worker is reported, then it ends
+        err = ExceptionWrapper(sys.exc_info(), f"in DataLoader worker process {worker_id}, which it ended")
+        data_queue.put((WorkerFailed(worker_id), _packed(err, worker_id)))
+        data_queue.close()
+        data_queue.join_thread()  # the message is in the pipe before the process ends
+        sys.exit(1)
 
 
 class MapFetcher:

@@ -14,8 +14,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 
-from flame_nn import adapters as A  # noqa: E402
 from flame_models.training.trainer import Trainer  # noqa: E402
+from flame_nn import adapters as A  # noqa: E402
 from tests.training.conftest import image_config  # noqa: E402
 
 
