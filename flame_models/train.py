@@ -28,6 +28,7 @@ import argparse
 import os
 import shlex
 import sys
+import textwrap
 import time
 
 import flame_core as flame
@@ -63,7 +64,9 @@ def _demo():
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
-    pass
+    def _split_lines(self, text, width):
+        # whole words: a preset's name (flux-tiny, sd3.5-tiny) is not broken at its hyphen
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
 
 
 def _random_models():
