@@ -286,9 +286,9 @@ def _refusal(option, family, parts):
     words = next((parts[o].OPTIONS[option] for o in owners if parts[o].OPTIONS[option]), None)
     if words is None:
         labels = " / ".join(registry.about(o).label for o in owners)
-        first = labels.split()[0]          # "an SD3", "an SDXL" (spelled out), "a Flux Kontext"
-        an = first[0] in "AEIOU" or (first.isupper() and first[0] in "AEFHILMNORSX")
-        words = f"{'an' if an else 'a'} {labels} option"
+        # "an SD3", "an SDXL" (an acronym read letter by letter), "a Flux"
+        vowel = labels[0] in "AEIOU" or (labels[:2].isupper() and labels[0] in "FHLMNRSX")
+        words = f"{'an' if vowel else 'a'} {labels} option"
     note = getattr(parts[family], "NOTES", {}).get(option)
     return (f"--{option.replace('_', '-')}: {words}; this model is {registry.about(family).label}"
             + (f": {note}" if note else ""))

@@ -15,10 +15,12 @@ import datetime
 import faulthandler
 import os
 import sys
+import warnings
 
 from .. import backend as _backend
 from .env import DistributedError, read_env
 from .store import StoreTimeoutError, TCPStore, seconds
+from .store_wire import SECRET_ENV
 
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
 BACKENDS = ("nccl", "store")
@@ -138,6 +140,10 @@ def init_process_group(backend=None, init_method=None, timeout=DEFAULT_TIMEOUT, 
                 raise ValueError(f"init_method {init_method!r}: expected tcp://host:port")
             addr, port = addr.strip("[]"), int(p)
         store = TCPStore(addr, port, world_size, is_master=rank == 0, timeout=t)
+        if rank == 0 and world_size > 1 and not os.environ.get(SECRET_ENV):  # (only loopback gets this far)
+            warnings.warn(f"{SECRET_ENV} is not set: the store on {addr}:{store.port} (loopback) admits any process "
+                          f"of this machine; FLAME's launcher sets one per run, otherwise export the same random "
+                          f"value to every rank", stacklevel=2)
         if device_id is not None:
             local = int(device_id)
     if backend == "nccl":

@@ -5,10 +5,11 @@
         --master-addr 10.0.0.1 --master-port 29500 train.py        # on the first of two machines (node-rank 1 on
                                                                      # the other)
 
-Each child gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK (GROUP_RANK), MASTER_ADDR, MASTER_PORT and
-PYTHONUNBUFFERED=1; CUDA_VISIBLE_DEVICES is left as it is (LOCAL_RANK chooses the GPU). On one machine a free port is
-chosen when --master-port is not given. Output lines are prefixed with "[rankN]: " (--no-prefix: the children write
-to this terminal directly).
+Each child gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK (GROUP_RANK), MASTER_ADDR, MASTER_PORT,
+FLAME_STORE_SECRET and PYTHONUNBUFFERED=1; CUDA_VISIBLE_DEVICES is left as it is (LOCAL_RANK chooses the GPU). On one
+machine a free port is chosen when --master-port is not given, and a fresh random secret for the store (unless
+FLAME_STORE_SECRET is set); with several machines, FLAME_STORE_SECRET must be set, the same on every one. Output lines
+are prefixed with "[rankN]: " (--no-prefix: the children write to this terminal directly).
 
 SIGINT and SIGTERM are forwarded to every child (the children run in a session of their own, so a Ctrl-C reaches
 them once, through here); a child exits when this launcher dies (Linux). When a child fails (non-zero exit or killed
@@ -23,6 +24,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from .store_wire import MIN_SECRET, SECRET_ENV, new_secret
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM)
 
@@ -80,17 +83,24 @@ def parse_args(argv):
         ap.error("--master-addr is required with --nnodes > 1 (the address of node 0, reachable from every node)")
     if not a.module and not os.path.exists(a.target):
         ap.error(f"no such script: {a.target}")
+    secret = os.environ.get(SECRET_ENV, "")
+    if a.nnodes > 1 and not secret:
+        ap.error(f"--nnodes > 1 needs {SECRET_ENV} set to the same random value on every node (the ranks prove it "
+                 f"to rank 0's store), e.g. export {SECRET_ENV}=$(python -c 'import secrets; "
+                 f"print(secrets.token_hex(32))')")
+    if secret and len(secret) < MIN_SECRET:
+        ap.error(f"{SECRET_ENV} has {len(secret)} characters; use at least {MIN_SECRET}")
     return a
 
 
-def child_env(a, local_rank, port):
+def child_env(a, local_rank, port, secret):
     env = dict(os.environ)
     env.pop("TORCHELASTIC_USE_AGENT_STORE", None)  # our children host their own store on MASTER_PORT
     env.update({"RANK": str(a.node_rank * a.nproc_per_node + local_rank),
                 "WORLD_SIZE": str(a.nnodes * a.nproc_per_node), "LOCAL_RANK": str(local_rank),
                 "LOCAL_WORLD_SIZE": str(a.nproc_per_node), "NODE_RANK": str(a.node_rank),
                 "GROUP_RANK": str(a.node_rank), "MASTER_ADDR": a.master_addr or "localhost",
-                "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"})
+                "MASTER_PORT": str(port), SECRET_ENV: secret, "PYTHONUNBUFFERED": "1"})
     return env
 
 
@@ -98,6 +108,7 @@ class Launcher:
     def __init__(self, a):
         self.a = a
         self.port = a.master_port or (_free_port() if a.nnodes == 1 else 29500)
+        self.secret = os.environ.get(SECRET_ENV) or new_secret()  # parse_args made sure several nodes have one
         self.procs, self.pumps = [], []
         self.lock = threading.Lock()
         self.signals = []
@@ -116,7 +127,7 @@ class Launcher:
         cmd = [sys.executable, "-u"] + (["-m", a.target] if a.module else [a.target]) + list(a.args)
         pipe = None if a.no_prefix else subprocess.PIPE
         for local in range(a.nproc_per_node):
-            env = child_env(a, local, self.port)
+            env = child_env(a, local, self.port, self.secret)
             p = subprocess.Popen(cmd, env=env, stdout=pipe, stderr=pipe, start_new_session=True,
                                  preexec_fn=_die_with_parent)
             p.rank = int(env["RANK"])

@@ -7,28 +7,33 @@
     store.wait(["a", "b"], timeout=10)         # until every key exists
     store.check(["a"]); store.delete_key("a"); store.num_keys()
 
-The master binds the port on every interface (IPv6 and IPv4 where the system allows both) and serves each client
-connection on a thread of its own; every process, the master included, talks to it as a client. A client connects
-with retries until `timeout`, so the ranks may start in any order. Blocking calls wait on the server; a wait that
-runs out raises StoreTimeoutError naming the keys and the time waited, a connection that breaks raises StoreError
-naming the address. No authentication: the port must only be reachable from the machines of the job (as with
-torch's store).
+Where it listens: when the host is a loopback address ("localhost", 127.0.0.1, ::1: one machine), on loopback only;
+otherwise on every interface (IPv6 and IPv4 where the system allows both), and then only with a secret. Every
+connection first proves the job's secret (`secret=`, else $FLAME_STORE_SECRET; the launcher makes one per run) by an
+HMAC challenge-response (store_wire.py); a connection that fails it, or later breaks the protocol (an unknown
+operation, a size over the limits), is dropped with a logged reason and the store goes on. Without a secret (allowed
+on loopback only) any process of the machine can connect. docs/DISTRIBUTED.md says what this protects and what not.
 
-Wire format: a message is a count of fields (uint32) and each field as a length (uint64) and its bytes. A request's
-first field is the operation; a reply's first field is b"ok", b"timeout" or b"error".
+The master serves each client connection on a thread of its own; every process, the master included, talks to it
+as a client. A client connects with retries until `timeout`, so the ranks may start in any order. Blocking calls
+wait on the server; a wait that runs out raises StoreTimeoutError naming the keys and the time waited, a connection
+that breaks raises StoreError naming the address. A request's first field is the operation; a reply's first field
+is b"ok", b"timeout" or b"error".
 """
 import datetime
+import logging
+import re
 import socket
-import struct
 import threading
 import time
 
 from ..errors import FlameError
+from . import store_wire as wire
 
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=300)
-_COUNT = struct.Struct("!I")
-_LEN = struct.Struct("!Q")
-_MAX_FIELD = 1 << 40
+HANDSHAKE_TIMEOUT = 10.0  # seconds a new connection has to prove the secret
+MAX_PENDING = 64  # connections authenticating at once; more are dropped (a flood does not spawn threads unbounded)
+log = logging.getLogger(__name__)
 
 
 class StoreError(FlameError, RuntimeError):
@@ -52,62 +57,75 @@ def seconds(timeout):
     return timeout
 
 
-# ----------------------------------------------------------------------------- framing
-def _recv_exact(sock, n):
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            raise ConnectionError("connection closed by the peer")
-        got += k
-    return bytes(buf)
-
-
-def _send(sock, fields):
-    parts = [_COUNT.pack(len(fields))]
-    for f in fields:
-        parts.append(_LEN.pack(len(f)))
-        parts.append(f)
-    sock.sendall(b"".join(parts))
-
-
-def _recv(sock):
-    (n,) = _COUNT.unpack(_recv_exact(sock, _COUNT.size))
-    fields = []
-    for _ in range(n):
-        (k,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
-        if k > _MAX_FIELD:
-            raise ConnectionError(f"malformed message (a field of {k} bytes)")
-        fields.append(_recv_exact(sock, k))
-    return fields
-
-
 def _key(k):
     if not isinstance(k, str) or not k:
         raise TypeError(f"store keys are non-empty str, got {k!r}")
-    return k.encode("utf-8")
+    b = k.encode("utf-8")
+    if len(b) > wire.MAX_KEY:
+        raise ValueError(f"store key of {len(b)} bytes (at most {wire.MAX_KEY}): {k[:60]!r}...")
+    return b
 
 
 def _value(v):
     if isinstance(v, str):
-        return v.encode("utf-8")
-    if isinstance(v, (bytes, bytearray, memoryview)):
-        return bytes(v)
-    raise TypeError(f"store values are bytes or str, got {type(v).__name__}")
+        v = v.encode("utf-8")
+    elif isinstance(v, (bytes, bytearray, memoryview)):
+        v = bytes(v)
+    else:
+        raise TypeError(f"store values are bytes or str, got {type(v).__name__}")
+    if len(v) > wire.MAX_VALUE:
+        raise ValueError(f"store value of {len(v)} bytes (at most {wire.MAX_VALUE})")
+    return v
+
+
+# ----------------------------------------------------------------------------- requests
+_ARITY = {b"set": (2, 2), b"get": (2, 2), b"add": (2, 2), b"check": (0, None), b"wait": (1, None),
+          b"delete": (1, 1), b"num_keys": (0, 0)}
+_NUMBER_AT = {b"get": 1, b"add": 1, b"wait": 0}  # the argument that is a decimal integer (timeout ms, amount)
+_VALUE_AT = {b"set": 1}  # the argument that is a value; every other one is a key
+_NUMBER = re.compile(rb"-?[0-9]{1,%d}" % wire.MAX_NUMBER)
+
+
+def _check(req):
+    """(op, args) of a well-formed request; BadFrame otherwise."""
+    op, args = req[0], req[1:]
+    arity = _ARITY.get(op)
+    if arity is None:
+        raise wire.BadFrame(f"unknown operation {op[:32]!r}")
+    if len(args) < arity[0] or (arity[1] is not None and len(args) > arity[1]):
+        raise wire.BadFrame(f"{op.decode()} with {len(args)} arguments")
+    for i, a in enumerate(args):
+        if i == _VALUE_AT.get(op):
+            continue
+        if i == _NUMBER_AT.get(op):
+            if not _NUMBER.fullmatch(a):
+                raise wire.BadFrame(f"{op.decode()}: {a[:32]!r} is not a decimal integer")
+        elif not 0 < len(a) <= wire.MAX_KEY:
+            raise wire.BadFrame(f"{op.decode()}: a key of {len(a)} bytes (1..{wire.MAX_KEY})")
+    return op, args
 
 
 # ----------------------------------------------------------------------------- server
 class _Server:
-    """The master's side: a dict, a condition for waiters, one thread per connection."""
+    """The master's side: a dict, a condition for waiters, one thread per connection. bind: the loopback address to
+    listen on, or None for every interface."""
 
-    def __init__(self, port):
-        if socket.has_dualstack_ipv6():
+    def __init__(self, port, bind, secret):
+        if bind is not None:
+            family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+            self.sock = socket.create_server((bind, port), family=family, backlog=128)
+            self.connect_host = bind
+        elif socket.has_dualstack_ipv6():
             self.sock = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=128,
                                              reuse_port=False)
+            self.connect_host = "localhost"
         else:
             self.sock = socket.create_server(("", port), backlog=128)
+            self.connect_host = "localhost"
         self.port = self.sock.getsockname()[1]
+        self.where = f"{bind or '*'}:{self.port}"
+        self.secret = secret
+        self.pending = threading.BoundedSemaphore(MAX_PENDING)
         self.data = {}
         self.cond = threading.Condition()
         self.conns = set()
@@ -118,23 +136,43 @@ class _Server:
     def _accept(self):
         while not self.closed:
             try:
-                conn, _ = self.sock.accept()
+                conn, addr = self.sock.accept()
             except OSError:
                 return
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if not self.pending.acquire(blocking=False):
+                log.warning("store %s: dropped a connection from %s: %d others are still authenticating", self.where,
+                            addr[0], MAX_PENDING)
+                conn.close()
+                continue
             with self.cond:
                 self.conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn, f"{addr[0]}:{addr[1]}"), daemon=True).start()
 
-    def _serve(self, conn):
+    def _authenticate(self, conn):
         try:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.settimeout(HANDSHAKE_TIMEOUT)
+            wire.server_handshake(conn, self.secret)
+            conn.settimeout(None)
+        except TimeoutError:
+            raise wire.BadFrame(f"no handshake within {HANDSHAKE_TIMEOUT:.0f} s") from None
+
+    def _serve(self, conn, peer):
+        try:
+            try:
+                self._authenticate(conn)
+            finally:
+                self.pending.release()
             while True:
-                req = _recv(conn)
+                op, args = _check(wire.recv(conn))
                 try:
-                    reply = self._handle(req)
-                except Exception as e:  # noqa: BLE001 - a bad request is answered, the server goes on
+                    reply = self._handle(op, args)
+                except ValueError as e:  # e.g. add to a value that is not an integer: answered, the server goes on
                     reply = [b"error", f"{type(e).__name__}: {e}".encode()]
-                _send(conn, reply)
+                wire.send(conn, reply)
+        except wire.BadFrame as e:
+            if not self.closed:
+                log.warning("store %s: dropped the connection from %s: %s", self.where, peer, e)
         except (ConnectionError, OSError):
             pass
         finally:
@@ -152,8 +190,7 @@ class _Server:
                 self.cond.wait(left)
             return True
 
-    def _handle(self, req):
-        op, args = req[0], req[1:]
+    def _handle(self, op, args):
         d = self.data
         if op == b"set":
             with self.cond:
@@ -179,10 +216,8 @@ class _Server:
         if op == b"delete":
             with self.cond:
                 return [b"ok", b"1" if d.pop(args[0], None) is not None else b"0"]
-        if op == b"num_keys":
-            with self.cond:
-                return [b"ok", str(len(d)).encode()]
-        raise ValueError(f"unknown store operation {op!r}")
+        with self.cond:  # num_keys (_check let nothing else through)
+            return [b"ok", str(len(d)).encode()]
 
     def close(self):
         with self.cond:
@@ -203,22 +238,32 @@ class _Server:
 # ----------------------------------------------------------------------------- client
 class TCPStore:
     """A client of the store at host_name:port; with is_master=True this process also hosts it (port 0: a free
-    port, then read `store.port`). timeout: how long blocking calls and the first connection may take."""
+    port, then read `store.port`). timeout: how long blocking calls and the first connection may take. secret: the
+    job's secret (str or bytes, at least 16 characters; default $FLAME_STORE_SECRET), the same in every process;
+    required unless host_name is a loopback address."""
 
-    def __init__(self, host_name, port, world_size=None, is_master=False, timeout=DEFAULT_TIMEOUT):
+    def __init__(self, host_name, port, world_size=None, is_master=False, timeout=DEFAULT_TIMEOUT, secret=None):
         if not isinstance(port, int) or not 0 <= port < 65536 or (port == 0 and not is_master):
             raise ValueError(f"store port must be an int in 1..65535 (0 only for the master: any free port), got "
                              f"{port!r}")
         self.host, self.world_size, self.is_master = str(host_name), world_size, bool(is_master)
         self.timeout = seconds(timeout)
+        self._secret = wire.secret_bytes(secret)
+        loopback = wire.loopback_address(self.host)
+        if loopback is None and not self._secret:
+            raise StoreError(f"the store at {self.host}:{port} would be reachable from other machines without a "
+                             f"secret: set {wire.SECRET_ENV} to the same random value on every node (e.g. "
+                             f"python -c 'import secrets; print(secrets.token_hex(32))'), or use a loopback "
+                             f"MASTER_ADDR (localhost) on one machine")
         self._server = None
+        self._connect_host = self.host
         if self.is_master:
             try:
-                self._server = _Server(port)
+                self._server = _Server(port, loopback, self._secret)
             except OSError as e:
                 raise StoreError(f"cannot host the store on port {port}: {e} (another job or an earlier run still "
                                  f"holds it? choose another MASTER_PORT)") from None
-            port = self._server.port
+            port, self._connect_host = self._server.port, self._server.connect_host
         self.port = port
         self._lock = threading.Lock()
         self._sock = None
@@ -226,20 +271,27 @@ class TCPStore:
 
     def _connect(self):
         deadline = time.monotonic() + self.timeout
-        host = "localhost" if self.is_master else self.host
         delay, last = 0.05, None
         while True:
+            sock = None
             try:
-                sock = socket.create_connection((host, self.port), timeout=min(10.0, self.timeout))
+                sock = socket.create_connection((self._connect_host, self.port), timeout=min(10.0, self.timeout))
+                refused = wire.client_handshake(sock, self._secret, f"{self.host}:{self.port}")
+                if refused is not None:
+                    sock.close()
+                    raise StoreError(refused)
                 break
-            except OSError as e:
+            except (OSError, ConnectionError) as e:  # not up yet, or dropped while authenticating: try again
                 last = e
+                if sock is not None:
+                    sock.close()
             if time.monotonic() + delay > deadline:
                 raise StoreTimeoutError(f"could not reach the store at {self.host}:{self.port} within "
                                         f"{self.timeout:.0f} s ({last}); is MASTER_ADDR reachable from this machine "
                                         f"and is rank 0 running?")
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+        sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock = sock
 
@@ -248,8 +300,7 @@ class TCPStore:
         c = TCPStore.__new__(TCPStore)
         c.host, c.port, c.world_size, c.is_master = self.host, self.port, self.world_size, False
         c.timeout, c._server, c._lock, c._sock = self.timeout, None, threading.Lock(), None
-        if self.is_master:
-            c.host = "localhost"
+        c._secret, c._connect_host = self._secret, self._connect_host
         c._connect()
         return c
 
@@ -259,8 +310,8 @@ class TCPStore:
         with self._lock:
             try:
                 self._sock.settimeout(self.timeout + 30.0 if wait is None else wait + 30.0)
-                _send(self._sock, [op] + fields)
-                reply = _recv(self._sock)
+                wire.send(self._sock, [op] + fields)
+                reply = wire.recv(self._sock)
             except (OSError, ConnectionError) as e:
                 raise StoreError(f"lost the store at {self.host}:{self.port} during {what}: {e} (did rank 0 "
                                  f"exit?)") from None

@@ -18,13 +18,19 @@ import numpy as np
 import flame_core as flame
 
 from ..conditioning import prompt_rows
-from ..pipeline import (apply_loras, check_lora_part, free_model, load_for_sampling, parse_lora,  # noqa: F401
-                        place_for_inference, to_pil)
+from ..pipeline import (  # noqa: F401
+    apply_loras,
+    check_lora_part,
+    free_model,
+    load_for_sampling,
+    parse_lora,
+    place_for_inference,
+    to_pil,
+)
 from ..pipeline import check_loras as _check_loras
 from ..bfl.vae import LATENT_FORMAT, decode_latents, encode_images, load_vae_for_flux  # noqa: F401
 from .components import FluxFiles, FluxFilesError, find_flux_files
-from .conditioning import (FluxTextEncoders, check_vocabularies, encode_prompts, load_text_encoders,
-                           load_tokenizers)
+from .conditioning import FluxTextEncoders, check_vocabularies, encode_prompts, load_text_encoders, load_tokenizers
 from .loading import load_flux
 from .sampling import LATENT_CHANNELS, denoise, get_noise, get_schedule, image_ids, pack, text_ids, unpack
 

@@ -12,16 +12,16 @@ import numpy as np
 import flame_core as flame
 import flame_nn
 
+from ..training.family import DDPM_FIELDS, FLOW_FIELDS
+from ..training.family_base import FlowMatchingFamily
 from . import MMDiT, load_sd3, sd3_params
+from . import family_parts as sd3_parts
 from . import ops as sd3_ops
 from . import pipeline as sd3_pipeline
 from . import sampling as sd3_sampling
 from .components import read_sd3_params
 from .loading import SD3CheckpointError
 from .lora_keys import TARGET_PRESETS, name_map_for
-from ..training.family import DDPM_FIELDS, FLOW_FIELDS
-from . import family_parts as sd3_parts
-from ..training.family_base import FlowMatchingFamily
 
 _DDPM_NOTE = "SD3 trains with flow matching (train.timestep_type, train.weighting_scheme); this is for sdxl's DDPM"
 

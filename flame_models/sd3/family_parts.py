@@ -21,11 +21,11 @@ import functools
 import flame_core as flame
 import flame_nn
 
+from ..training import family_parts as S
 from .components import SUBFOLDERS, T5_MAX_LENGTH, find_sd3_files
 from .conditioning import SD3TextEncoders, check_vocabularies, load_text_encoders, load_tokenizers
 from .params import sd3_params
 from .pipeline import load_vae_for_sd3
-from ..training import family_parts as S
 
 PATH_FIELDS = ("vae_path", "clip_l_path", "clip_g_path", "t5_path", "tokenizer_path")
 WHAT = "SD3 model"

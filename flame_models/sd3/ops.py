@@ -6,9 +6,8 @@ import numpy as np
 import flame_core as flame
 import flame_nn.functional as F
 from flame_core.ops.activation import silu  # noqa: F401
-from flame_core.ops.shape import split, unbind  # noqa: F401
-
 from flame_core.ops.modulation import gated_residual  # noqa: F401
+from flame_core.ops.shape import split, unbind  # noqa: F401
 
 from ..blocks.ops import norm_modulate, qk_norm  # noqa: F401
 

@@ -127,6 +127,7 @@ def load_text_encoders(files, *, dtype=flame.bfloat16, device=None, max_token_le
                        projection=True, **kw)
     if loras:
         from flame_nn.adapters.formats import IDENTITY
+
         from ..pipeline import apply_loras, check_lora_part, loras_for
         for component, clip in (("te1", clip_l), ("te2", clip_g)):
             mine = loras_for(loras, component)   # (a UNet-only file leaves the encoder as it is)

@@ -7,9 +7,9 @@ SDXL samplers (sample.sampler: euler (default), euler_ancestral (ai-toolkit: eul
 free guidance with a negative prompt (sample.neg; default zeros, diffusers' force_zeros_for_empty_prompt), size
 conditioning = the preview's size. Adapters train Linear layers (attention / all_linear presets) and, with
 network.conv (LoCon), kohya's convolution set: the 3x3 convolutions of the ResBlocks, downsamplers and upsamplers at
-the conv rank, with the ResBlocks' emb_layers.1 and 1x1 skip convolutions at the linear rank. LoRA names: SAI's in kohya files
-(lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q, networks.lora, sdxl_base_v1-0), diffusers' in PEFT files
-(unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q)."""
+the conv rank, with the ResBlocks' emb_layers.1 and 1x1 skip convolutions at the linear rank. LoRA names: SAI's in
+kohya files (lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q, networks.lora, sdxl_base_v1-0), diffusers'
+in PEFT files (unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q)."""
 import json
 
 import numpy as np
@@ -19,19 +19,25 @@ import flame_nn
 from flame_nn.offload import streamer_of
 
 from ..samplers import SAMPLERS
-from .about import ABOUT
-from . import SDXLUNet, load_unet, make_y, size_embeddings, unet_config
-from . import pipeline as sdxl_pipeline
-from .config import UNetConfigError
-from .loading import UNetCheckpoint, UNetCheckpointError, infer_config
-from .lora_keys import (CONV_TARGETS, KOHYA_METADATA, RESNET_LINEAR_TARGETS, TARGET_PRESETS,
-                                TEXT_ENCODER_TARGETS, unet_name_map)
-from .sampling import sample as sdxl_sample
 from ..training.ddpm_objective import DDPM
 from ..training.family import DDPM_FIELDS, FLOW_FIELDS
-from ..training.validation import choice
-from . import family_parts as sdxl_parts
 from ..training.family_base import DiffusionFamily
+from ..training.validation import choice
+from . import SDXLUNet, load_unet, make_y, size_embeddings, unet_config
+from . import family_parts as sdxl_parts
+from . import pipeline as sdxl_pipeline
+from .about import ABOUT
+from .config import UNetConfigError
+from .loading import UNetCheckpoint, UNetCheckpointError, infer_config
+from .lora_keys import (
+    CONV_TARGETS,
+    KOHYA_METADATA,
+    RESNET_LINEAR_TARGETS,
+    TARGET_PRESETS,
+    TEXT_ENCODER_TARGETS,
+    unet_name_map,
+)
+from .sampling import sample as sdxl_sample
 
 SAMPLER_ALIASES = {"euler_a": "euler_ancestral"}  # ai-toolkit's name
 _FLOW_NOTE = "SDXL trains with the DDPM objective (train.prediction_type, min_snr_gamma, min/max_timestep)"

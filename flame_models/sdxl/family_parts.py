@@ -16,11 +16,11 @@ width, tokenizers learned from the tiny corpus.
 """
 import flame_core as flame
 
+from ..training import family_parts as S
 from .components import SUBFOLDERS, find_sdxl_files
 from .conditioning import SDXLTextEncoders, check_vocabularies, load_text_encoders, load_tokenizers
 from .config import unet_config
 from .pipeline import load_vae_for_sdxl
-from ..training import family_parts as S
 
 PATH_FIELDS = ("vae_path", "clip_l_path", "clip_g_path", "tokenizer_path")
 WHAT = "SDXL model"

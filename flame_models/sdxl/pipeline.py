@@ -24,7 +24,8 @@ import numpy as np
 import flame_core as flame
 
 from ..conditioning import prompt_rows
-from ..pipeline import check_loras as _check_loras, free_model, load_for_sampling, to_pil
+from ..pipeline import check_loras as _check_loras
+from ..pipeline import free_model, load_for_sampling, to_pil
 from ..vae import check_latents, decode_model_latents, encode_model_latents, load_family_vae
 from .about import ABOUT
 from .components import SDXLFiles, SDXLFilesError, find_sdxl_files

@@ -20,16 +20,18 @@ from flame_core.errors import FlameError
 # a `datasets:` entry: an image folder with captions (every field), or a folder of precomputed samples (one
 # .safetensors each with the family's sample_keys: folder_path, num_repeats, shuffle only)
 from ..data.config import DatasetConfig
+from .optimizers import OPTIMIZERS  # noqa: F401 (validation.py reads the names from here)
+from .optimizers import canonical as _canonical_optimizer
+from .optimizers import check_params as _check_optimizer_params
 
 NETWORK_TYPES = ("lora", "locon", "dora", "lokr", "loha")
-OPTIMIZERS = ("adamw", "adamw8bit")
-SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
+SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial")
+SCHEDULER_PARAMS = {"cosine_with_restarts": ("num_cycles",), "polynomial": ("power", "lr_end")}
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "fp32": "float32",
           "float32": "float32", "float": "float32"}
 FILE_FORMATS = ("kohya", "peft")
 PROCESS_TYPES = ("sd_trainer", "diffusion_trainer")
 JOB_TYPES = ("extension", "train")
-OPTIMIZER_PARAMS = ("weight_decay", "betas", "eps")
 
 
 class ConfigError(FlameError, ValueError):
@@ -103,8 +105,10 @@ class TrainSection:
     noise_offset: float = 0.0            # every family: offset * N(0, 1) per sample and channel added to the noise
     optimizer: str = "adamw8bit"
     lr: float = 1e-4
-    optimizer_params: dict = field(default_factory=dict)  # weight_decay, betas, eps
+    optimizer_params: dict = field(default_factory=dict)  # the optimizer's keyword arguments (optimizers.py)
     lr_scheduler: str = "constant"       # constant and constant_with_warmup both honour lr_warmup_steps
+    lr_scheduler_params: dict = field(default_factory=dict)  # cosine_with_restarts: num_cycles (1); polynomial:
+                                                             # power (1.0), lr_end (1e-7) -- transformers' defaults
     lr_warmup_steps: int = 0
     max_grad_norm: float = 1.0           # 0 disables clipping
     ema_config: EMAConfig = field(default_factory=EMAConfig)
@@ -333,37 +337,40 @@ def _build(cls, data, path, errors, given):
     return cls(**kwargs)
 
 
-def _clean_optimizer_params(params, path, errors):
-    """weight_decay (>= 0), eps (> 0) and betas (two numbers in [0, 1)) with their types checked."""
+def _clean_optimizer(t, where, errors):
+    """train.optimizer by any peer spelling (optimizers.py), its optimizer_params checked against what that
+    optimizer takes, and lr_scheduler_params against the schedule."""
+    name = _canonical_optimizer(t.optimizer)
+    if name is not None:
+        t.optimizer = name
+        if not isinstance(t.optimizer_params, dict):
+            errors.append(f"{where}.optimizer_params: expected a mapping, got {t.optimizer_params!r}")
+            t.optimizer_params = {}
+        t.optimizer_params = _check_optimizer_params(name, t.optimizer_params, f"{where}.optimizer_params", errors,
+                                                     _number)
+        if name == "prodigy" and t.text_encoder_lr is not None and t.text_encoder_lr not in (t.lr, 0):
+            errors.append(f"{where}.text_encoder_lr: prodigy takes one lr for every parameter group (or 0), got "
+                          f"{t.text_encoder_lr} beside lr {t.lr}")
+    params = t.lr_scheduler_params
+    if not isinstance(params, dict):
+        errors.append(f"{where}.lr_scheduler_params: expected a mapping, got {params!r}")
+        t.lr_scheduler_params = {}
+        return
+    known = SCHEDULER_PARAMS.get(t.lr_scheduler, ())
     out = {}
     for k, v in params.items():
-        where = f"{path}.{k}"
-        if k not in OPTIMIZER_PARAMS:
-            near = difflib.get_close_matches(str(k), OPTIMIZER_PARAMS, n=1)
-            errors.append(f"{where}: unknown; supported: {', '.join(OPTIMIZER_PARAMS)}"
-                          + (f"; did you mean '{near[0]}'?" if near else ""))
-        elif k == "betas":
-            if not (isinstance(v, (list, tuple)) and len(v) == 2):
-                errors.append(f"{where}: expected two numbers such as [0.9, 0.999], got {v!r}")
-                continue
-            bs = [_number(b, float, f"{where}[{i}]", errors) for i, b in enumerate(v)]
-            if _BAD in bs:
-                continue
-            if not all(0 <= b < 1 for b in bs):
-                errors.append(f"{where}: each beta must be in [0, 1), got {v!r}")
-            out[k] = bs
-        else:
-            x = v if v is not None else _BAD
-            if x is _BAD:
-                errors.append(f"{where}: expected a number, got null")
-                continue
-            x = _number(v, float, where, errors)
-            if x is _BAD:
-                continue
-            if k == "eps" and x <= 0 or k == "weight_decay" and x < 0:
-                errors.append(f"{where}: must be {'> 0' if k == 'eps' else '>= 0'}, got {x}")
-            out[k] = x
-    return out
+        if k not in known:
+            errors.append(f"{where}.lr_scheduler_params.{k}: unknown for lr_scheduler {t.lr_scheduler}"
+                          + (f"; supported: {', '.join(known)}" if known else "; it takes none"))
+            continue
+        x = _number(v, int if k == "num_cycles" else float, f"{where}.lr_scheduler_params.{k}", errors)
+        if x is _BAD:
+            continue
+        if x <= 0 and k != "lr_end" or x < 0:
+            errors.append(f"{where}.lr_scheduler_params.{k}: must be {'>= 0' if k == 'lr_end' else '> 0'}, got {x}")
+            continue
+        out[k] = x
+    t.lr_scheduler_params = out
 
 
 # ----------------------------------------------------------------------------- entry points
@@ -413,8 +420,7 @@ def config_from_dict(data, source="<dict>", check_files=True):
     cfg.given = frozenset(given)
     p = prefix + "." if prefix else ""
     _resolve_family(cfg, p, errors)
-    cfg.train.optimizer_params = _clean_optimizer_params(cfg.train.optimizer_params, f"{p}train.optimizer_params",
-                                                         errors)
+    _clean_optimizer(cfg.train, f"{p}train", errors)
     errors += validate(cfg, p, check_files)  # a mistyped value kept its default: no follow-up errors
     if errors:
         raise ConfigError(_format(source, errors))

@@ -20,11 +20,11 @@ import flame_nn
 from .. import registry
 from ..conditioning.files import ModelFilesError
 from .family import ModelFamily, ModelFileError
+from .family_parts import RANDOM_SEED
 from .objective import FlowMatching
 from .random_init import init_random_
 from .timesteps import TIMESTEP_TYPES
 from .validation import choice
-from .family_parts import RANDOM_SEED
 
 
 class DiffusionFamily(ModelFamily):

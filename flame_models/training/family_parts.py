@@ -183,9 +183,9 @@ def random_vae(kind, tiny, z_channels, device):
 def tiny_clip(kind, hidden, projection_dim):
     """(CLIPTextConfig, tokenizer) of a 2-layer CLIP `hidden` wide with a tokenizer learned from the tiny corpus
     (kind 'clip_l' pads with EOS, 'clip_g' with '!', as the released tokenizers)."""
-    from ..tokenization.tiny_corpus import TINY_CORPUS
     from ..text_encoders import CLIPTextConfig
     from ..tokenization import CLIPTokenizer
+    from ..tokenization.tiny_corpus import TINY_CORPUS
     tok = CLIPTokenizer.train_tiny(TINY_CORPUS, vocab_size=600, kind=kind)
     cfg = CLIPTextConfig(vocab_size=tok.vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
                          projection_dim=projection_dim, num_hidden_layers=2, num_attention_heads=2,
@@ -218,9 +218,9 @@ def random_clip(config, projection, device, generator):
 
 def tiny_t5(d_model):
     """(T5Config, tokenizer) of a 2-layer T5 `d_model` wide with a tokenizer learned from the tiny corpus."""
-    from ..tokenization.tiny_corpus import TINY_CORPUS
     from ..text_encoders import T5Config
     from ..tokenization import T5Tokenizer
+    from ..tokenization.tiny_corpus import TINY_CORPUS
     tok = T5Tokenizer.train_tiny(TINY_CORPUS, vocab_size=120, model_max_length=512)
     return T5Config(vocab_size=tok.vocab_size, d_model=d_model, d_kv=8, d_ff=48, num_layers=2, num_heads=4,
                     relative_attention_num_buckets=8, relative_attention_max_distance=16), tok

@@ -136,8 +136,10 @@ def load_checkpoint(self, path, state):
     for k, v in list(opt_tensors.items()) + list(state["optimizer"]["scalars"].items()):
         i, name = k.split(".", 1)
         st.setdefault(int(i), {})[name] = v
-    # the optimizer's hyper-parameters are this config's (an applied change), its moments the checkpoint's
-    groups = [{**theirs, **{k: v for k, v in mine.items() if k != "params"}}
+    # the optimizer's hyper-parameters are this config's (an applied change), its moments and the running state it
+    # keeps in its groups (Prodigy's D estimate, schedule-free's weight sum: `running_keys`) the checkpoint's
+    running = getattr(self.optimizer, "running_keys", ())
+    groups = [{**theirs, **{k: v for k, v in mine.items() if k != "params" and not (k in running and k in theirs)}}
               for theirs, mine in zip(state["optimizer"]["param_groups"], self.optimizer.param_groups)]
     self.optimizer.load_state_dict({"state": st, "param_groups": groups})
     self.scheduler = self._make_scheduler(at_step=int(state["scheduler_epoch"]))

@@ -40,7 +40,7 @@ from flame_core.errors import OutOfMemoryError
 from flame_nn import adapters as A
 
 from . import checkpoint as ckpt
-from . import image_data, run_folder
+from . import image_data, optimizers, run_folder
 from .config import ConfigError, config_dict, dtype_name, max_gpu_memory_bytes
 from .data import ConcatDataset, FolderDataset, Loader, SyntheticDataset
 from .distributed import TrainerGroup, main_rank_only, on_main_rank  # ddp
@@ -155,7 +155,7 @@ class Trainer:
             self._build(checkpoint, state)
             if self.streamer is not None:
                 n_params = sum(p.numel() for p in self.params)
-                state_bytes = (2 if t.optimizer == "adamw8bit" else 8) * n_params  # moments made at the first step
+                state_bytes = optimizers.STATE_BYTES[t.optimizer] * n_params  # state made at the first step
                 decode_bytes = self.prepared.decode_bytes if self.prepared is not None and previews_on else 0
                 self.fit = self.streamer.auto_fit(self.budget, self._measure_step,
                                                   extra_bytes=state_bytes + decode_bytes)
@@ -301,9 +301,8 @@ class Trainer:
 
     def _make_optimizer(self):
         t = self.cfg.train
-        kw = dict(lr=t.lr, **{k: (tuple(v) if k == "betas" else float(v)) for k, v in t.optimizer_params.items()})
-        cls = flame_nn.optim.AdamW8bit if t.optimizer == "adamw8bit" else flame_nn.optim.AdamW
-        return cls([{"params": ps, "lr": lr} for ps, lr in self._param_groups()], **kw)
+        return optimizers.make(t.optimizer, [{"params": ps, "lr": lr} for ps, lr in self._param_groups()], t.lr,
+                               t.optimizer_params)
 
     def _param_groups(self):
         """[(parameters, lr)]: the denoiser's adapters at train.lr; trained text encoders' at text_encoder_lr."""
@@ -331,6 +330,12 @@ class Trainer:
             return S.get_constant_schedule_with_warmup(self.optimizer, t.lr_warmup_steps, last_epoch=last)
         if t.lr_scheduler == "linear":
             return S.get_linear_schedule_with_warmup(self.optimizer, t.lr_warmup_steps, t.steps, last_epoch=last)
+        if t.lr_scheduler == "cosine_with_restarts":
+            return S.get_cosine_with_hard_restarts_schedule_with_warmup(
+                self.optimizer, t.lr_warmup_steps, t.steps, last_epoch=last, **t.lr_scheduler_params)
+        if t.lr_scheduler == "polynomial":
+            return S.get_polynomial_decay_schedule_with_warmup(self.optimizer, t.lr_warmup_steps, t.steps,
+                                                               last_epoch=last, **t.lr_scheduler_params)
         return S.get_cosine_schedule_with_warmup(self.optimizer, t.lr_warmup_steps, t.steps, last_epoch=last)
 
     def _measure_step(self):
@@ -579,7 +584,7 @@ class Trainer:
             flame.memory.empty_cache(self.device)
         self.model.eval()
         try:
-            with (self.ema.swapped() if self.ema is not None else nullcontext()), no_grad(), \
+            with self._averaged(), (self.ema.swapped() if self.ema is not None else nullcontext()), no_grad(), \
                     self.meter.stage("samples", quiet=True):
                 if self.text_encoders is not None:  # the prompts as the trained encoders read them now
                     conds = self.text_encoders.preview_conditioning(self.prepared.prompt_texts,
@@ -600,11 +605,17 @@ class Trainer:
         for k, v in c.meta.items():  # ai-toolkit's `meta`, with [name] replaced by the run's name
             v = v if isinstance(v, str) else json.dumps(v)
             meta[str(k)] = v.replace("[name]", c.name)
-        with (self.ema.swapped() if self.ema is not None else nullcontext()):
+        with self._averaged(), (self.ema.swapped() if self.ema is not None else nullcontext()):
             A.save_adapters(self.model, path, c.save.format, name_map=self.name_map, dtype=dtype_name(c.save.dtype),
                             metadata=meta,
                             text_encoders=None if self.text_encoders is None else self.text_encoders.modules())
         return path
+
+    def _averaged(self):
+        """Schedule-free AdamW: the adapters at its averaged point x while sampling and saving a LoRA (training and
+        checkpoints stay at y); other optimizers: nothing."""
+        averaged = getattr(self.optimizer, "averaged", None)
+        return averaged() if averaged is not None else nullcontext()
 
     def _step_lora(self, step):
         return os.path.join(self.out, f"{self.cfg.name}_{step:06d}.safetensors")

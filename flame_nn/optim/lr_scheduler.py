@@ -1,6 +1,7 @@
 """Learning-rate schedules (PyTorch names): LambdaLR, ConstantLR, LinearLR (linear warm-up), CosineAnnealingLR,
 StepLR, MultiStepLR, ExponentialLR, OneCycleLR, ReduceLROnPlateau, SequentialLR, ChainedScheduler, and the
-diffusers-style factories get_{constant,constant_with_warmup,linear,cosine}_schedule(_with_warmup).
+diffusers-style factories get_{constant,constant_with_warmup,linear,cosine}_schedule(_with_warmup),
+get_cosine_with_hard_restarts_schedule_with_warmup and get_polynomial_decay_schedule_with_warmup (transformers).
 
 Every schedule is a closed form of the step count, so `load_state_dict` (which restores `last_epoch`) resumes
 exactly. ChainedScheduler multiplies its schedules' factors (lr = base_lr * prod_i lr_i / base_lr): what PyTorch's
@@ -420,4 +421,36 @@ def get_cosine_schedule_with_warmup(optimizer, num_warmup_steps, num_training_st
             return step / max(1, num_warmup_steps)
         progress = (step - num_warmup_steps) / max(1, num_training_steps - num_warmup_steps)
         return max(0.0, 0.5 * (1.0 + math.cos(math.pi * num_cycles * 2.0 * progress)))
+    return LambdaLR(optimizer, f, last_epoch)
+
+
+def get_cosine_with_hard_restarts_schedule_with_warmup(optimizer, num_warmup_steps, num_training_steps,
+                                                       num_cycles=1, last_epoch=-1):
+    """transformers' `cosine_with_restarts`: `num_cycles` cosine decays from the base lr to 0, each restarting at
+    the base lr, after a linear warm-up; 0 from num_training_steps on."""
+    def f(step):
+        if step < num_warmup_steps:
+            return step / max(1, num_warmup_steps)
+        progress = (step - num_warmup_steps) / max(1, num_training_steps - num_warmup_steps)
+        if progress >= 1.0:
+            return 0.0
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * ((num_cycles * progress) % 1.0))))
+    return LambdaLR(optimizer, f, last_epoch)
+
+
+def get_polynomial_decay_schedule_with_warmup(optimizer, num_warmup_steps, num_training_steps, lr_end=1e-7,
+                                              power=1.0, last_epoch=-1):
+    """transformers' `polynomial`: (lr_init - lr_end) * (1 - progress)^power + lr_end after a linear warm-up, then
+    lr_end; lr_init is the optimizer's default lr, as in transformers."""
+    lr_init = optimizer.defaults["lr"]
+    if lr_init is None or not lr_init > lr_end:
+        raise ValueError(f"polynomial schedule: lr_end ({lr_end}) must be smaller than the initial lr ({lr_init})")
+
+    def f(step):
+        if step < num_warmup_steps:
+            return step / max(1, num_warmup_steps)
+        if step > num_training_steps:
+            return lr_end / lr_init
+        pct_remaining = 1 - (step - num_warmup_steps) / (num_training_steps - num_warmup_steps)
+        return ((lr_init - lr_end) * pct_remaining ** power + lr_end) / lr_init
     return LambdaLR(optimizer, f, last_epoch)

@@ -29,16 +29,25 @@ def test_each_child_gets_its_environment_and_its_output_is_prefixed(tmp_path):
     ports = {e["MASTER_PORT"] for e in envs}
     assert len(ports) == 1 and 0 < int(ports.pop()) < 65536
     assert {e["CUDA_VISIBLE_DEVICES"] for e in envs} == {os.environ.get("CUDA_VISIBLE_DEVICES")}  # untouched
+    secrets = {e["FLAME_STORE_SECRET"] for e in envs}  # one fresh secret per run, the same for its ranks
+    assert len(secrets) == 1 and len(secrets.pop()) == 64
     out, err = r.stdout.decode().splitlines(), r.stderr.decode().splitlines()
     assert sorted(out) == [f"[rank{k}]: out of {k}" for k in range(3)]
     assert sorted(err) == [f"[rank{k}]: err of {k}" for k in range(3)]
 
 
 def test_second_node_of_two_gets_global_ranks_and_the_given_rendezvous(tmp_path):
-    r = launch("--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.7",
-               "--master-port", "29555", CHILD, "env", str(tmp_path))
+    args = ("--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.7",
+            "--master-port", "29555", CHILD, "env", str(tmp_path))
+    r = launch(*args, env_extra={"FLAME_STORE_SECRET": ""})
+    assert r.returncode == 2 and b"--nnodes > 1 needs FLAME_STORE_SECRET set" in r.stderr
+    assert not os.listdir(tmp_path)  # refused before any rank started
+    r = launch(*args, env_extra={"FLAME_STORE_SECRET": "short"})
+    assert r.returncode == 2 and b"FLAME_STORE_SECRET has 5 characters" in r.stderr
+    r = launch(*args, env_extra={"FLAME_STORE_SECRET": "the-same-secret-on-every-node"})
     assert r.returncode == 0, r.stderr.decode()
     envs = {k: json.load(open(tmp_path / f"rank{k}.json")) for k in (2, 3)}
+    assert {e["FLAME_STORE_SECRET"] for e in envs.values()} == {"the-same-secret-on-every-node"}
     assert [envs[k]["LOCAL_RANK"] for k in (2, 3)] == ["0", "1"]
     assert {e["WORLD_SIZE"] for e in envs.values()} == {"4"} and {e["NODE_RANK"] for e in envs.values()} == {"1"}
     assert {(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs.values()} == {("10.0.0.7", "29555")}

@@ -35,13 +35,17 @@ def test_set_get_add_check_delete_and_num_keys(master):
 
 def test_get_blocks_until_another_client_sets_the_key(master):
     c = TCPStore("localhost", master.port, timeout=5)
-    threading.Timer(0.3, lambda: master.set("late", b"v")).start()
+    timer = threading.Timer(0.3, lambda: master.set("late", b"v"))
+    timer.start()
     t = time.monotonic()
     assert c.get("late") == b"v"
+    timer.join()
     assert 0.2 < time.monotonic() - t < 3
-    threading.Timer(0.2, lambda: master.set("w2", b"")).start()
+    timer = threading.Timer(0.2, lambda: master.set("w2", b""))
+    timer.start()
     master.set("w1", b"")
     c.wait(["w1", "w2"], timeout=3)
+    timer.join()  # its set may still be reading the reply: closing the master under it would break that call
     c.close()
 
 

@@ -2,15 +2,13 @@
 and the latent formats."""
 import numpy as np
 import pytest
+import vae_fixtures as VF
 
 import flame_core as flame
 import flame_nn
 from flame_models import registry
 from flame_models.vae import AutoencoderKL, LatentFormat, VAEConfig, VAEConfigError, blend_h, blend_v, load_vae
-
 from flame_models.vae.attention import single_head_attention
-
-import vae_fixtures as VF
 
 
 @pytest.fixture(scope="module", params=VF.NAMES)

@@ -62,6 +62,7 @@ def tiny_model(tmp_path_factory):
 def draw_images(folder, n_concept=3, n_other=3, size=64, wide=0):
     """The demo's drawings at `size` px, plus `wide` 3:1 images (192x64, captioned) for a second bucket."""
     from PIL import Image
+
     from flame_models.flux.demo import draw_dataset
     draw_dataset(str(folder), n_concept=n_concept, n_other=n_other, size=size)
     for i in range(wide):

@@ -261,8 +261,8 @@ def test_random_init_fills_empty_parameters_on_their_device(tmp_path):
     ("10GiB", False, "fp8"), ("12GiB", True, "fp8"), ("6GiB", False, "fp8+stream")])
 def test_t5_is_stored_in_fp8_or_streamed_when_the_budget_asks_for_it(budget, quantize_te, want):
     # T5-XXL: 4.76e9 parameters, 9.5 GB in bfloat16, 4.8 GB in fp8, plus 2 GiB for CLIP-L and the activations
-    from flame_models.training.config import ModelConfig, max_gpu_memory_bytes
     from flame_models.flux import family_parts as flux_parts
+    from flame_models.training.config import ModelConfig, max_gpu_memory_bytes
     m = ModelConfig(size="flux-dev", quantize_te=quantize_te)
     b = None if budget is None else max_gpu_memory_bytes(budget)
     assert flux_parts.t5_storage(m, "cuda", b) == want
@@ -274,9 +274,9 @@ def test_t5_is_stored_in_fp8_or_streamed_when_the_budget_asks_for_it(budget, qua
 def test_sd3_counts_clip_g_and_clip_l_beside_t5(budget, quantize_te, want):
     # SD3 holds CLIP-L + CLIP-G (818e6 parameters, 1.6 GB in bfloat16) beside T5 while captions are encoded: 7.5 GiB
     # holds T5 in fp8 beside a CLIP-L (Flux) but not beside both
-    from flame_models.training.config import ModelConfig, max_gpu_memory_bytes
     from flame_models.flux import family_parts as flux_parts
     from flame_models.sd3 import family_parts as sd3_parts
+    from flame_models.training.config import ModelConfig, max_gpu_memory_bytes
     m = ModelConfig(arch="sd3", size="sd3.5-large", quantize_te=quantize_te)
     assert sd3_parts._clip_params(m) == 818_310_144
     assert sd3_parts.t5_storage(m, "cuda", max_gpu_memory_bytes(budget)) == want
@@ -339,9 +339,9 @@ def test_precomputed_samples_with_text_prompts_and_an_optional_vae_for_previews(
 
 def test_random_text_encoders_of_a_released_size_use_the_packaged_tokenizers(monkeypatch):
     # flux-schnell's widths (CLIP 768, T5 4096) with one small layer each instead of the released depths
+    from flame_models.flux import family_parts as flux_parts
     from flame_models.text_encoders import configs as C
     from flame_models.training.config import ModelConfig
-    from flame_models.flux import family_parts as flux_parts
     monkeypatch.setitem(C.CLIP_PRESETS, "clip-l", C.CLIP_PRESETS["clip-l"].__class__(**{
         **C.CLIP_PRESETS["clip-l"].to_dict(), "num_hidden_layers": 1, "intermediate_size": 64}))
     monkeypatch.setitem(C.T5_PRESETS, "t5-xxl", C.T5Config(vocab_size=32128, d_model=4096, d_kv=8, d_ff=32,

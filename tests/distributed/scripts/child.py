@@ -23,7 +23,7 @@ def touch(name):
 
 if mode == "env":
     keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
-            "PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES")
+            "PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES", "FLAME_STORE_SECRET")
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({k: os.environ.get(k) for k in keys}, f)
     print(f"out of {rank}")

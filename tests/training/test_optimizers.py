@@ -1,0 +1,124 @@
+"""Issue 47 through the trainer: Prodigy, Adafactor, Lion and schedule-free AdamW by the peers' names, their
+optimizer_params checked, the cosine_with_restarts and polynomial schedules, and exact resumes through a checkpoint
+(Prodigy's D estimate and schedule-free's running sums come from the checkpoint, not from the fresh optimizer)."""
+import numpy as np
+import pytest
+
+import flame_nn
+from flame_core import io
+from flame_models.training.config import ConfigError, config_from_dict
+from flame_models.training.trainer import Trainer
+
+from .conftest import tiny_config
+
+
+@pytest.mark.parametrize("given, name, cls", [
+    ("Prodigy", "prodigy", "Prodigy"), ("AdaFactor", "adafactor", "Adafactor"), ("lion", "lion", "Lion"),
+    ("AdamWScheduleFree", "adamw_schedulefree", "AdamWScheduleFree"),
+    ("adamw_schedulefree", "adamw_schedulefree", "AdamWScheduleFree"), ("AdamW8bit", "adamw8bit", "AdamW8bit"),
+    ("adamw", "adamw", "AdamW")])
+def test_peer_names_pick_the_optimizer(tmp_path, given, name, cls):
+    c = tiny_config(tmp_path, "names", train={"optimizer": given, "lr": 1.0 if name == "prodigy" else 1e-3})
+    assert c.train.optimizer == name
+    tr = Trainer(c, verbose=False).setup()
+    assert type(tr.optimizer) is getattr(flame_nn.optim, cls)
+
+
+def test_optimizer_params_are_each_optimizers_own_arguments(tmp_path):
+    ok = tiny_config(tmp_path, "p", train={"optimizer": "prodigy", "lr": 1.0, "optimizer_params": {
+        "d_coef": "2", "use_bias_correction": True, "safeguard_warmup": True, "betas": [0.9, 0.99],
+        "weight_decay": 0.01, "slice_p": 1, "beta3": None}})
+    assert ok.train.optimizer_params["d_coef"] == 2.0
+    tr = Trainer(ok, verbose=False).setup()
+    g = tr.optimizer.param_groups[0]
+    assert (g["d_coef"], g["use_bias_correction"], g["betas"], g["beta3"]) == (2.0, True, (0.9, 0.99), None)
+    af = Trainer(tiny_config(tmp_path, "a", train={"optimizer": "adafactor", "optimizer_params": {"beta1": 0.9}}),
+                 verbose=False).setup()
+    g = af.optimizer.param_groups[0]  # ai-toolkit's defaults: the config's lr, no relative step or scaling
+    assert (g["initial_lr"], g["relative_step"], g["scale_parameter"], g["beta1"]) == (3e-3, False, False, 0.9)
+    with pytest.raises(ConfigError) as ei:
+        tiny_config(tmp_path, "bad", train={"optimizer": "lion", "text_encoder_lr": None, "optimizer_params": {
+            "eps": 1e-8, "decoupled_weight_decay": "yes", "betas": [0.9, 1.5]}})
+    msg = str(ei.value)
+    for piece in ("train.optimizer_params.eps: unknown; supported: betas, weight_decay, decoupled_weight_decay",
+                  "train.optimizer_params.decoupled_weight_decay: expected true or false, got 'yes'",
+                  "train.optimizer_params.betas: each beta must be in [0, 1)"):
+        assert piece in msg, msg
+    with pytest.raises(ConfigError, match="relative_step: true is not supported"):
+        tiny_config(tmp_path, "bad", train={"optimizer": "adafactor", "optimizer_params": {"relative_step": True}})
+    with pytest.raises(ConfigError, match="prodigy takes one lr"):
+        tiny_config(tmp_path, "bad", train={"optimizer": "prodigy", "lr": 1.0, "text_encoder_lr": 0.5})
+    with pytest.raises(ConfigError, match="train.optimizer"):
+        tiny_config(tmp_path, "bad", train={"optimizer": "sophia"})
+
+
+def test_schedules_by_name_with_their_params(tmp_path):
+    with pytest.raises(ConfigError) as ei:
+        tiny_config(tmp_path, "s", train={"lr_scheduler": "polynomial",
+                                          "lr_scheduler_params": {"num_cycles": 2, "power": -1}})
+    assert "lr_scheduler_params.num_cycles: unknown for lr_scheduler polynomial; supported: power, lr_end" in \
+        str(ei.value)
+    assert "lr_scheduler_params.power: must be > 0" in str(ei.value)
+    c = tiny_config(tmp_path, "s", steps=10, train={"lr_scheduler": "cosine_with_restarts", "lr_warmup_steps": 0,
+                                                   "lr_scheduler_params": {"num_cycles": 2}})
+    tr = Trainer(c, verbose=False).setup()
+    lrs = [tr.train_step()[1] for _ in range(6)]
+    np.testing.assert_allclose(lrs, [3e-3 * 0.5 * (1 + np.cos(np.pi * ((2 * s / 10) % 1))) for s in range(6)])
+    c = tiny_config(tmp_path, "p", steps=10, train={"lr_scheduler": "polynomial", "lr_warmup_steps": 0,
+                                                   "lr_scheduler_params": {"power": 2.0, "lr_end": 1e-4}})
+    tr = Trainer(c, verbose=False).setup()
+    lrs = [tr.train_step()[1] for _ in range(3)]
+    np.testing.assert_allclose(lrs, [(3e-3 - 1e-4) * (1 - s / 10) ** 2 + 1e-4 for s in range(3)])
+
+
+@pytest.mark.parametrize("opt, lr, params", [
+    ("prodigy", 1.0, {"weight_decay": 0.01, "d_coef": 10.0}),
+    ("adafactor", 3e-3, {"beta1": 0.9}),
+    ("lion", 3e-4, {"weight_decay": 0.1}),
+    ("adamw_schedulefree", 3e-3, {"warmup_steps": 2}),
+])
+def test_each_optimizer_trains_and_resumes_exactly_through_a_checkpoint(tmp_path, opt, lr, params):
+    def c():
+        return tiny_config(tmp_path, opt, steps=6, train={"optimizer": opt, "lr": lr, "optimizer_params": params,
+                                                          "lr_scheduler": "cosine_with_restarts",
+                                                          "lr_warmup_steps": 0})
+    full = Trainer(c(), verbose=False).setup()
+    before = [p.detach().numpy().copy() for p in full.params]
+    for _ in range(3):
+        full.train_step()
+    assert any(not np.array_equal(a, p.detach().numpy()) for a, p in zip(before, full.params))
+    at3 = [p.detach().numpy().copy() for p in full.params]
+    groups3 = [dict(g, params=None) for g in full.optimizer.param_groups]
+    full.save_checkpoint()
+    # saving leaves the training point untouched (schedule-free saves its average x, then comes back exactly)
+    for a, p in zip(at3, full.params):
+        np.testing.assert_array_equal(a, p.detach().numpy())
+    if opt == "adamw_schedulefree":  # the step's LoRA holds x = lerp(y, z, 1 - 1/beta1), not the training point y
+        lora = io.load_file(str(tmp_path / opt / f"{opt}_000003.safetensors"))
+        checked = 0
+        for name, p in full.named_adapter_parameters():
+            if name.endswith(".lora_A"):
+                y, z = p.detach().numpy(), full.optimizer.state[p]["z"].numpy()
+                x = y + (1 - 1 / 0.9) * (z - y)
+                saved = lora["lora_unet_" + name[:-len(".lora_A")].replace(".", "_") + ".lora_down.weight"].numpy()
+                np.testing.assert_allclose(saved, x, rtol=1e-6, atol=1e-9)
+                checked += not np.allclose(saved, y, rtol=1e-6, atol=1e-9)
+        assert checked > 0
+    want = [full.train_step()[0] for _ in range(3)]
+    want_p = [p.detach().numpy().copy() for p in full.params]
+    again = Trainer(c(), verbose=False).setup()
+    assert again.step == 3
+    running = getattr(again.optimizer, "running_keys", ())
+    for mine, theirs in zip(again.optimizer.param_groups, groups3):
+        assert {k: mine[k] for k in running if k in theirs} == {k: theirs[k] for k in running if k in theirs}
+    if opt == "prodigy":
+        assert groups3[0]["d"] > 1e-6  # the estimate grew: a resume that restarted it at d0 would differ
+    got = [again.train_step()[0] for _ in range(3)]
+    np.testing.assert_array_equal(got, want)
+    for a, b in zip(again.params, want_p):
+        np.testing.assert_array_equal(a.detach().numpy(), b)
+
+
+def test_config_from_dict_keeps_default_optimizer(tmp_path):
+    c = config_from_dict({"synthetic": {"num_samples": 2}, "training_folder": str(tmp_path)})
+    assert c.train.optimizer == "adamw8bit" and c.train.optimizer_params == {}
