@@ -8,8 +8,8 @@
 Each child gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK (GROUP_RANK), MASTER_ADDR, MASTER_PORT,
 FLAME_STORE_SECRET and PYTHONUNBUFFERED=1; CUDA_VISIBLE_DEVICES is left as it is (LOCAL_RANK chooses the GPU). On one
 machine a free port is chosen when --master-port is not given, and a fresh random secret for the store (unless
-FLAME_STORE_SECRET is set); with several machines, FLAME_STORE_SECRET must be set, the same on every one. Output lines are prefixed with "[rankN]: " (--no-prefix: the children write
-to this terminal directly).
+FLAME_STORE_SECRET is set); with several machines, FLAME_STORE_SECRET must be set, the same on every one. Output lines
+are prefixed with "[rankN]: " (--no-prefix: the children write to this terminal directly).
 
 SIGINT and SIGTERM are forwarded to every child (the children run in a session of their own, so a Ctrl-C reaches
 them once, through here); a child exits when this launcher dies (Linux). When a child fails (non-zero exit or killed
