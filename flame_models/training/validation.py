@@ -187,6 +187,16 @@ def validate(cfg, prefix="", check_files=True):
         e.append(f"{p}sample.num_samples: picks dataset items to sample with, but sample.prompts gives the "
                  f"prompts; remove one")
     _at_least(e, f"{p}log_every", cfg.log_every)
+    lg = cfg.logging
+    for name in ("use_tensorboard", "use_wandb", "verbose"):
+        if not isinstance(getattr(lg, name), bool):
+            e.append(f"{p}logging.{name}: expected true or false, got {getattr(lg, name)!r}")
+    for name in ("project_name", "run_name"):
+        v = getattr(lg, name)
+        if v is not None and (not isinstance(v, str) or not v.strip() or any(c in v for c in "/\\")):
+            e.append(f"{p}logging.{name}: expected a name without slashes, got {v!r}")
+    if lg.log_every is not None:
+        _at_least(e, f"{p}logging.log_every", lg.log_every)
     if cfg.max_gpu_memory is not None:
         try:
             if max_gpu_memory_bytes(cfg.max_gpu_memory) <= 0:
