@@ -17,6 +17,7 @@ import numpy as np
 
 import flame_core as flame
 
+from ..bfl.vae import LATENT_FORMAT, decode_latents, encode_images, load_vae_for_flux  # noqa: F401
 from ..conditioning import prompt_rows
 from ..pipeline import (  # noqa: F401
     apply_loras,
@@ -28,7 +29,6 @@ from ..pipeline import (  # noqa: F401
     to_pil,
 )
 from ..pipeline import check_loras as _check_loras
-from ..bfl.vae import LATENT_FORMAT, decode_latents, encode_images, load_vae_for_flux  # noqa: F401
 from .components import FluxFiles, FluxFilesError, find_flux_files
 from .conditioning import FluxTextEncoders, check_vocabularies, encode_prompts, load_text_encoders, load_tokenizers
 from .loading import load_flux

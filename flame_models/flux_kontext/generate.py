@@ -35,7 +35,8 @@ def find_files(model, **parts):
 
 def generate(model, prompts, *, image=None, keep_image_size=False, vae=None, clip_l=None, t5=None, tokenizer=None,
              loras=(), width=1024, height=1024, steps=None, guidance=None, seed=None, num_images=1, batch_size=1,
-             output=None, device=None, dtype=None, fp8=False, max_gpu_memory=None, max_length=None, progress=True, stats=None, log=print):
+             output=None, device=None, dtype=None, fp8=False, max_gpu_memory=None, max_length=None, progress=True,
+             stats=None, log=print):
     """Flux Kontext image editing (flame_models.generate.generate says what the arguments mean); image: the
     reference image's path (required), resized to Kontext's resolution list (diffusers' default) or, with
     keep_image_size, kept at its own size floored to 16 (diffusers' `_auto_resize=False`)."""
