@@ -171,6 +171,19 @@ class SampleConfig:
 
 
 @dataclass
+class LoggingConfig:
+    """ai-toolkit's `logging:` section (plus TensorBoard, which ai-toolkit lacks: kohya's --log_with tensorboard)."""
+    log_every: typing.Optional[int] = None  # same as the top-level log_every (a run gives one of the two)
+    use_tensorboard: bool = False        # event files under <run folder>/tensorboard (needs tensorboardX: the
+                                         # `tensorboard` extra)
+    use_wandb: bool = False              # Weights & Biases (needs wandb installed; WANDB_MODE=offline works without
+                                         # a network and is the default when WANDB_MODE is unset)
+    project_name: str = "flame"          # the wandb project
+    run_name: typing.Optional[str] = None  # wandb's run name and TensorBoard's run folder name; None: the run's name
+    verbose: bool = False                # ai-toolkit's; FLAME's log lines do not depend on it
+
+
+@dataclass
 class TrainConfig:
     name: str = "flux_lora"
     training_folder: str = "runs"
@@ -188,6 +201,7 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
     log_every: int = 1                   # a loss-log row (the mean of the last log_every steps) every log_every steps
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
     meta: dict = field(default_factory=dict)  # ai-toolkit `meta`: written into the LoRA file's metadata
     warnings: list = field(default_factory=list)   # notes for the user (not part of the config)
     given: frozenset = frozenset()                 # dotted paths of the fields the input set (not part of it)
@@ -422,6 +436,11 @@ def config_from_dict(data, source="<dict>", check_files=True):
     p = prefix + "." if prefix else ""
     _resolve_family(cfg, p, errors)
     _clean_optimizer(cfg.train, f"{p}train", errors)
+    if isinstance(cfg.logging.log_every, int) and "logging.log_every" in given:  # ai-toolkit's place for it
+        if "log_every" in given and cfg.log_every != cfg.logging.log_every:
+            errors.append(f"{p}logging.log_every: {cfg.logging.log_every} differs from {p}log_every "
+                          f"{cfg.log_every}; give one")
+        cfg.log_every = cfg.logging.log_every
     errors += validate(cfg, p, check_files)  # a mistyped value kept its default: no follow-up errors
     if errors:
         raise ConfigError(_format(source, errors))

@@ -23,7 +23,8 @@ MAX_SIDE = 16384                    # pixels per side of a generated image
 # float32 (the VAE decodes in tiles above its tile size)
 GENERATE_BYTES_PER_PIXEL = 640
 HOST_BYTES_PER_PIXEL = 16           # the decoded image in float32 on the host, then 8-bit
-OPTIMIZER_BYTES = {"adamw": 8, "adamw8bit": 2}  # per trained parameter: the moments
+OPTIMIZER_BYTES = {"adamw": 8, "adamw8bit": 2, "prodigy": 16, "adafactor": 4, "lion": 4,  # per trained parameter:
+                   "adamw_schedulefree": 8}                                   # the optimizer state
 
 
 def steps_problems(steps, accumulation, prefix=""):

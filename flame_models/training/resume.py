@@ -22,16 +22,17 @@ from .config import config_dict
 
 # the fields that may change on resume (a dotted path, or a prefix ending in '.'); anything else breaks it
 APPLICABLE = (
-    "name", "training_folder", "type", "max_gpu_memory", "log_every", "meta", "sample.", "save.",
+    "name", "training_folder", "type", "max_gpu_memory", "log_every", "logging.", "meta", "sample.", "save.",
     "train.steps", "train.lr", "train.text_encoder_lr", "train.optimizer_params", "train.lr_scheduler",
-    "train.lr_warmup_steps",
+    "train.lr_scheduler_params", "train.lr_warmup_steps",
     "train.max_grad_norm", "train.gradient_accumulation_steps", "train.gradient_checkpointing", "train.cuda_graph",
     "train.timestep_type", "train.shift", "train.sigmoid_scale", "train.logit_mean", "train.logit_std",
     "train.ema_config.ema_decay", "train.dtype", "train.guidance", "train.skip_first_sample",
     "train.disable_sampling",
 )
 # whole values compared as one (a list of datasets, free-form mappings)
-_LEAVES = ("datasets", "meta", "network.target", "network.network_kwargs", "train.optimizer_params")
+_LEAVES = ("datasets", "meta", "network.target", "network.network_kwargs", "train.optimizer_params",
+           "train.lr_scheduler_params")
 
 
 class ResumeError(FlameError, ValueError):

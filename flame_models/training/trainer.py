@@ -46,7 +46,7 @@ from flame_nn import adapters as A
 
 from ..data import ConcatDataset, FolderDataset, SampleLoader, SyntheticDataset
 from . import checkpoint as ckpt
-from . import image_data, optimizers, resume, run_folder
+from . import image_data, optimizers, resume, run_folder, tracking
 from .config import ConfigError, config_dict, dtype_name
 from .distributed import TrainerGroup, main_rank_only, on_main_rank  # ddp
 from .ema import EMA
@@ -76,6 +76,7 @@ class Trainer:
         self.family = get_family(cfg.model.arch)
         self.out = cfg.output_dir
         self.step = 0
+        self.trackers = None  # TensorBoard / wandb (tracking.py), opened by train()
         self.active_time = 0.0
         self.progress = None
         self.resumed_from = None
@@ -122,6 +123,7 @@ class Trainer:
         self.meter = StageMeter(self.device, log=self.log)
         flame.manual_seed(t.seed)
         run_folder.check_writable(self.out)  # before anything is checked, cached or loaded
+        tracking.check_available(c.logging)  # a tracker asked for but not installed: said before any work
 
         kinds = self._check_inputs()  # the model's header and every image / sample: nothing loaded yet
 
@@ -461,8 +463,9 @@ class Trainer:
                 losses.append(loss)
                 ts.append(s)
         self.guard.after_backward(self.step + 1, indices, captions)  # queued on the device: no sync here
-        if t.max_grad_norm > 0:
-            flame_nn.utils.clip_grad_norm_(self.params, t.max_grad_norm)
+        self._step_lrs = [g["lr"] for g in self.optimizer.param_groups]
+        if t.max_grad_norm > 0:  # the norm stays on the device: read only when a tracker logs it
+            self._grad_norm = flame_nn.utils.clip_grad_norm_(self.params, t.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         # a replayed graph accumulates into the .grad buffers it captured: keep them (zeroed), not None
@@ -493,6 +496,7 @@ class Trainer:
                  f"on {self.device}; {len(self.dataset)} samples; output {self.out}"
                  + (f"; resumed at step {self.step}" if self.resumed_from else ""))
         self.progress = Progress(t.steps, initial=self.step, enabled=self.verbose, active_time=self.active_time)
+        self._open_trackers()
         self.stop = StopRequest() if self.handle_signals else None
         saved_at = self.step if self.resumed_from else None
         try:
@@ -522,6 +526,8 @@ class Trainer:
                         break
         finally:
             self.progress.close()
+            if self.trackers is not None:
+                self.trackers.close()
         stopped = self.stop.requested if self.stop is not None and self.step < t.steps else None
         return self.finish(interrupted=stopped)
 
@@ -541,7 +547,28 @@ class Trainer:
             k = w["steps"]
             self.loss_log.append(step=self.step, loss=w["loss"] / k, lr=lr, timestep=w["timestep"] / k,
                                  seconds=self.progress.active_time)
+            if self.trackers is not None and self.trackers.enabled:
+                self._track(w["loss"] / k, w["timestep"] / k, k)
             self._window = {"steps": 0, "loss": 0.0, "timestep": 0.0}
+
+    @main_rank_only  # ddp: rank 0 writes the trackers
+    def _open_trackers(self):
+        self.trackers = tracking.Trackers(self.cfg.logging, self.out, self.cfg.name, config=config_dict(self.cfg),
+                                          resume_step=self.step)
+        self._tracked_time = self.progress.active_time
+
+    def _track(self, loss, timestep, steps):
+        """The log row's scalars to TensorBoard / wandb: loss, lr per group, timestep, grad norm, time, memory."""
+        values = {"train/loss": loss, "train/timestep": timestep,
+                  "train/step_seconds": (self.progress.active_time - self._tracked_time) / steps}
+        self._tracked_time = self.progress.active_time
+        for i, lr in enumerate(getattr(self, "_step_lrs", ())):
+            values[f"train/lr/group{i}"] = lr
+        if getattr(self, "_grad_norm", None) is not None:
+            values["train/grad_norm"] = float(self._grad_norm.item())
+        if self.device.type == "cuda":
+            values["train/memory_gib"] = flame.memory.max_memory_allocated(self.device) / 2 ** 30
+        self.trackers.scalars(self.step, values)
 
     @on_main_rank  # ddp: rank 0 writes, the others wait and return its result
     def finish(self, interrupted=None):
@@ -586,9 +613,15 @@ class Trainer:
                     conds = self.text_encoders.preview_conditioning(self.prepared.prompt_texts,
                                                                     self.prepared.negative)
                     self.previews.prompts = [p._replace(cond=cd) for p, cd in zip(self.previews.prompts, conds)]
-                return self.previews.run(self.model, self.step)
+                written = self.previews.run(self.model, self.step)
         finally:
             self.model.train()
+        if self.trackers is not None and self.trackers.enabled:
+            from PIL import Image
+            for i, path in enumerate(p for p in written or () if str(p).endswith(".png")):
+                with Image.open(path) as im:
+                    self.trackers.image(self.step, f"samples/{i}", np.asarray(im.convert("RGB")))
+        return written
 
     # ------------------------------------------------------------------------------------------ saving
     @on_main_rank  # ddp

@@ -165,6 +165,11 @@ def validate(cfg, prefix="", check_files=True):
         e.append(f"{p}synthetic: given together with datasets; use one")
     for i, d in enumerate(cfg.datasets):
         e += validate_dataset_config(d, f"{p}datasets[{i}]", check_files=False)
+    if any(d.control_path is not None for d in cfg.datasets):
+        for i, d in enumerate(cfg.datasets):
+            if d.control_path is None:
+                e.append(f"{p}datasets[{i}].control_path: missing; another dataset has control images, and every "
+                         f"sample of a run needs one (give this folder's control_path too)")
     if cfg.synthetic is not None:
         sy = cfg.synthetic
         _at_least(e, f"{p}synthetic.num_samples", sy.num_samples)
@@ -183,6 +188,16 @@ def validate(cfg, prefix="", check_files=True):
         e.append(f"{p}sample.num_samples: picks dataset items to sample with, but sample.prompts gives the "
                  f"prompts; remove one")
     _at_least(e, f"{p}log_every", cfg.log_every)
+    lg = cfg.logging
+    for name in ("use_tensorboard", "use_wandb", "verbose"):
+        if not isinstance(getattr(lg, name), bool):
+            e.append(f"{p}logging.{name}: expected true or false, got {getattr(lg, name)!r}")
+    for name in ("project_name", "run_name"):
+        v = getattr(lg, name)
+        if v is not None and (not isinstance(v, str) or not v.strip() or any(c in v for c in "/\\")):
+            e.append(f"{p}logging.{name}: expected a name without slashes, got {v!r}")
+    if lg.log_every is not None:
+        _at_least(e, f"{p}logging.log_every", lg.log_every)
     if cfg.max_gpu_memory is not None:
         try:
             parse_budget(cfg.max_gpu_memory, f"{p}max_gpu_memory")
@@ -219,6 +234,11 @@ def _family_checks(cfg, family, p):
                 e.append(f"{p}{path}: not available: " + family.field_notes.get(
                     path, f"the {family.name} family does not use it"))
     e += family.config_problems(cfg, p)
+    if not family.control_images:
+        for i, d in enumerate(cfg.datasets):
+            if d.control_path is not None:
+                e.append(f"{p}datasets[{i}].control_path: the {family.name} family takes no control images "
+                         f"(model.arch flux_kontext trains on pairs)")
     mult = family.pixel_multiple
     for k in ("width", "height"):
         v = getattr(cfg.sample, k)
