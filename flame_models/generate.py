@@ -267,11 +267,13 @@ def family_of(model, arch=None, parts=None):
     object (its generate part's FILES)."""
     from . import registry
     parts = parts or {name: registry.module(name, "generate") for name in registry.names()}
-    for name, part in parts.items():
-        if isinstance(model, part.FILES):
-            if arch is not None and arch != name:
-                raise GenerateError(f"--arch {arch}: the model given is {name}")
-            return name
+    # the family whose FILES is the object's own class first (Kontext's files are a kind of Flux's)
+    matches = sorted((name for name, part in parts.items() if isinstance(model, part.FILES)),
+                     key=lambda name: type(model) is not parts[name].FILES)
+    for name in matches[:1]:
+        if arch is not None and arch != name:
+            raise GenerateError(f"--arch {arch}: the model given is {name}")
+        return name
     # files of no family go to Flux's checks, which say what they are instead
     return registry.detect_family(model, arch, error=GenerateError, default="flux")[0]
 
@@ -407,9 +409,13 @@ def build_parser():
     g.add_argument("--height", type=int, default=1024)
     g.add_argument("--steps", type=int, help="default 28 (dev), 4 (schnell)")
     g.add_argument("--guidance", type=float, help="embedded guidance, default 3.5 (Flux-dev only)")
-    g.add_argument("--negative-prompt", help="SD3 / SDXL: the negative prompt of classifier-free guidance")
-    g.add_argument("--cfg", type=float, help="SD3 / SDXL: classifier-free guidance scale (default: SD3.5 Large 4.5, "
-                                             "Medium 5, Large Turbo 1; SDXL 5)")
+    g.add_argument("--image", help="Flux Kontext: the reference image to edit (resized to Kontext's resolution "
+                                   "list)")
+    g.add_argument("--keep-image-size", action="store_true", help="Flux Kontext: keep the reference image's size "
+                                                                  "(floored to 16) instead of Kontext's list")
+    g.add_argument("--negative-prompt", help="SD3 / SDXL / Chroma: the negative prompt of classifier-free guidance")
+    g.add_argument("--cfg", type=float, help="SD3 / SDXL / Chroma: classifier-free guidance scale (default: SD3.5 "
+                                             "Large 4.5, Medium 5, Large Turbo 1; SDXL 5; Chroma 5)")
     g.add_argument("--seed", type=int, help="image j of each prompt uses seed + j (default: random)")
     g.add_argument("--num-images", type=int, default=1, help="images per prompt")
     g.add_argument("--batch-size", type=int, default=1, help="images per transformer call")
@@ -450,7 +456,8 @@ def _read_prompts(args):
 def _family_options(args):
     """The options only some families take, given on the command line (left out when not given, so a family
     refuses another's only when it is given)."""
-    opts = dict(negative_prompt=args.negative_prompt, clip_g=args.clip_g, cfg=args.cfg, sampler=args.sampler,
+    opts = dict(image=args.image, keep_image_size=args.keep_image_size, negative_prompt=args.negative_prompt,
+                clip_g=args.clip_g, cfg=args.cfg, sampler=args.sampler,
                 karras=args.karras, original_size=args.original_size, crop=args.crop, target_size=args.target_size,
                 max_token_length=args.max_token_length, slg_scale=args.slg_scale, slg_layers=args.slg_layers,
                 no_t5=args.no_t5)

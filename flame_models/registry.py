@@ -18,6 +18,8 @@ FAMILIES = {
     "flux": "flame_models.flux",
     "sd3": "flame_models.sd3",
     "sdxl": "flame_models.sdxl",
+    "flux_kontext": "flame_models.flux_kontext",
+    "chroma": "flame_models.chroma",
 }
 
 
@@ -35,6 +37,9 @@ class About:
     latent_format     how it scales the VAE's latents (vae.LatentFormat)
     trainer           the ModelFamily class in its family.py
     toolkit_flag      ai-toolkit's model flag that selects it (model.is_flux / is_v3 / is_xl), or None
+    refines           the family whose files its own files also look like (Chroma's carry Flux's block names,
+                      Kontext's are Flux-dev's): its key marks are tried first, and with `--arch` naming it a file
+                      of that family's header kind is accepted
     """
     name: str
     label: str
@@ -46,6 +51,7 @@ class About:
     latent_format: object
     trainer: str
     toolkit_flag: str = None
+    refines: str = None
 
 
 def names():
@@ -84,9 +90,16 @@ def toolkit_flags():
     return {a.toolkit_flag: a.name for a in map(about, FAMILIES) if a.toolkit_flag}
 
 
+def _by_specificity():
+    """The families' About, those refining another first (their marks are the more specific)."""
+    abouts = [about(n) for n in FAMILIES]
+    return [a for a in abouts if a.refines] + [a for a in abouts if not a.refines]
+
+
 def key_kinds():
-    """[(kind, words, key marks)] of every family's denoiser files, for describe_keys."""
-    return [(a.header_kind, a.file_words, a.key_marks) for a in map(about, FAMILIES)]
+    """[(kind, words, key marks)] of every family's denoiser files, for describe_keys (the first match wins: a
+    family refining another comes first; a family without marks of its own is left out)."""
+    return [(a.header_kind, a.file_words, a.key_marks) for a in _by_specificity() if a.key_marks]
 
 
 def detect_family(path, arch=None, error=ValueError, default=None):
@@ -94,7 +107,7 @@ def detect_family(path, arch=None, error=ValueError, default=None):
     class, else its transformer/ or unet/ subfolder's header) or a denoiser file (its header), asked of each
     family in turn. With `arch` given, the files must agree with it. Files of no family: (default, words) when a
     default is given (its loader then names what they are), else `error` naming the path."""
-    abouts = [about(n) for n in FAMILIES]
+    abouts = _by_specificity()
     if arch is not None and arch not in FAMILIES:
         raise error(f"--arch {arch!r}: one of {', '.join(FAMILIES)}")
     path = os.fspath(path)
@@ -109,13 +122,18 @@ def detect_family(path, arch=None, error=ValueError, default=None):
                     cls = str(json.load(f).get("_class_name", ""))
             except (OSError, ValueError, AttributeError) as e:
                 raise error(f"{index}: not a readable model_index.json ({e})") from None
-            family = next((a.name for a in abouts if cls.startswith(a.pipeline_classes)), None)
+            matching = [(max(len(c) for c in a.pipeline_classes if cls.startswith(c)), a.name) for a in abouts
+                        if cls.startswith(a.pipeline_classes)]
+            family = max(matching)[1] if matching else None  # the longest prefix: FluxKontext... is not Flux
             words = f"a diffusers {cls or 'pipeline'} folder"
         header = next((os.path.join(path, s) for s in ("transformer", "unet") if os.path.isdir(os.path.join(path, s))),
                       path)
     if family is None:
         kind, words = _header_kind(header, error)
-        family = next((a.name for a in abouts if a.header_kind == kind), None)
+        family = next((a.name for a in abouts if a.header_kind == kind and a.key_marks), None)
+        if arch is not None and family is not None and about(arch).refines == family \
+                and about(arch).header_kind == kind:
+            family = arch  # (a Kontext file is a Flux-dev file: --arch says which)
     if family is None and arch is None and default is not None:
         return default, words
     if family is None:

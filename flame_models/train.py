@@ -5,11 +5,15 @@
     python -m flame_models.train --model FLUX.1-dev/ --data my_images/ --trigger ohwx --steps 2000
     python -m flame_models.train --arch sdxl --model sd_xl_base_1.0.safetensors --data my_images/
     python -m flame_models.train --config examples/configs/sd35_large_24gb.yaml     # SD3.5 (model.arch: sd3)
+    python -m flame_models.train --arch flux_kontext --model FLUX.1-Kontext-dev/ --data edited/ --control src/
+    python -m flame_models.train --arch chroma --model Chroma1-HD/ --data my_images/
 
-The command trains Flux, SD3 / SD3.5 and SDXL LoRAs (also installed as `flame-train`; `examples/train_flux_lora.py`
-is the same): --arch sd3 | sdxl, or model.arch (ai-toolkit: is_v3 / is_xl) in the config; their files are an SAI
-single file or a diffusers folder (or separate part files: model.vae_path, clip_l_path, clip_g_path, t5_path). The
-no-argument demo is Flux's.
+The command trains Flux, SD3 / SD3.5, SDXL, Flux Kontext and Chroma LoRAs (also installed as `flame-train`;
+`examples/train_flux_lora.py` is the same): --arch sd3 | sdxl, or model.arch (ai-toolkit: is_v3 / is_xl) in the
+config; their files are an SAI single file or a diffusers folder (or separate part files: model.vae_path,
+clip_l_path, clip_g_path, t5_path). Flux Kontext (--arch flux_kontext) trains on edit pairs: --data the edited images
+with their captions (the edit instructions), --control the source images of the same names (ai-toolkit's datasets'
+control_path). Chroma (--arch chroma): T5 only, previews with CFG and sample.neg. The no-argument demo is Flux's.
 
 A real run needs a model -- for Flux a diffusers folder, or a transformer file with the VAE, CLIP-L and T5 files
 (config fields model.vae_path, clip_l_path, t5_path) -- and a folder of images with same-name .txt captions (or of
@@ -24,6 +28,7 @@ import argparse
 import os
 import shlex
 import sys
+import textwrap
 import time
 
 import flame_core as flame
@@ -59,7 +64,9 @@ def _demo():
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
-    pass
+    def _split_lines(self, text, width):
+        # whole words: a preset's name (flux-tiny, sd3.5-tiny) is not broken at its hyphen
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
 
 
 def _random_models():
@@ -83,8 +90,11 @@ def parser():
     add("--model", metavar="PATH", help=f"checkpoint: .safetensors file or diffusers folder (default: none -- then "
                                         f"a tiny RANDOM model per --arch, for trying the tool only, its LoRA useless "
                                         f"on a real model: {_random_models()}; a warning says so at start)")
-    add("--arch", choices=available_families(), help="model family: flux, sd3 (SD3 / SD3.5) or sdxl (default: the "
+    add("--arch", choices=available_families(), help="model family: flux, sd3 (SD3 / SD3.5), sdxl, flux_kontext "
+                                                     "(Flux Kontext: edit pairs, --control) or chroma (default: the "
                                                      "config's model.arch, else flux)")
+    add("--control", metavar="FOLDER", help="Flux Kontext: control (source) images with the same names as --data's "
+                                           "targets (datasets' control_path; default: none)")
     add("--data", metavar="FOLDER", help="folder of images with same-name .txt captions, or of precomputed samples "
                                          "(default: none; the demo: drawn images)")
     add("--trigger", metavar="WORD", help="trigger word: replaces [trigger] in captions and sample prompts, and is "
@@ -169,8 +179,12 @@ def build_config(a):
         entry = {"folder_path": a.data}
         if a.resolution is not None:
             entry["resolution"] = a.resolution
+        if a.control is not None:
+            entry["control_path"] = a.control
         proc["datasets"] = [entry]
         proc.pop("synthetic", None)
+    elif a.control is not None:
+        raise ConfigError("--control: give the target images' folder too (--data)")
     elif a.resolution is not None:
         if not (isinstance(proc.get("datasets"), list) and proc["datasets"]):
             raise ConfigError("--resolution: needs an image dataset (--data or the config's datasets)")

@@ -36,6 +36,8 @@ class DatasetConfig:
     cache_latents_to_disk: bool = False  # latents in <folder_path>/.flame_cache/latents (else in host memory)
     shuffle: bool = True                 # shuffle batches every epoch
     max_pixels: int = MAX_PIXELS         # FLAME: width x height above this is refused before decoding (bomb guard)
+    control_path: str = None             # ai-toolkit: a folder of control (source) images, one per image of
+                                         # folder_path with the same name (Flux Kontext's edit pairs)
 
 
 def resolutions(cfg):
@@ -106,6 +108,12 @@ def validate_dataset_config(cfg, path_prefix="datasets[0]", check_files=True):
                      f"try {max(step, r // step * step)} or {(r // step + 1) * step}")
     if isinstance(res, list) and all(_is_int(r) for r in res) and len(set(res)) != len(res):
         e.append(f"{p}.resolution: {res} lists a resolution twice")
+
+    cp = cfg.control_path
+    if cp is not None and (not isinstance(cp, str) or not cp):
+        e.append(f"{p}.control_path: a folder of control images, got {cp!r}")
+    elif cp is not None and check_files and not os.path.isdir(cp):
+        e.append(f"{p}.control_path: no such folder: {cp}")
 
     fp = cfg.folder_path
     if not fp or not isinstance(fp, str):

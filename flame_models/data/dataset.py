@@ -15,6 +15,12 @@ Each error names the files (all of them, up to a limit), not only the first.
 
 Images smaller than their bucket at some resolutions but not others are kept at the resolutions they cover
 (a warning says how many were left out where); `allow_upscale: true` upscales instead.
+
+Control images (`control_path`, ai-toolkit's name: Flux Kontext's edit pairs): each image of folder_path has one in
+control_path with the same relative name (any image extension); it is placed in its target's bucket with the same
+resize, crop and flip when it has the target's size (as diffusers' paired transform), else cover-resized to the
+bucket and centred, and cached beside its target (`control_spec`). A missing or unreadable control image is an
+error naming it.
 """
 import hashlib
 import json
@@ -118,6 +124,7 @@ class ImageDataset:
                  for c in self.configs]
         self.latent_folders = [r and os.path.join(r, "latents") for r in roots]
         self.records, self.raw_captions, self.record_config = [], [], []
+        self.controls = []        # per record: the control image's ImageRecord, or None
         problems = self._scan(progress, roots)
         self.samples = []
         problems += self._place()
@@ -169,6 +176,14 @@ class ImageDataset:
                 continue
             if text is None or (text == "" and self.configs[ci].default_caption is not None):
                 text = self.configs[ci].default_caption.strip()
+            control = None
+            if self.configs[ci].control_path is not None:
+                try:
+                    control = _control_record(rec, self.configs[ci].control_path, self.configs[ci].max_pixels)
+                except DataError as ex:
+                    bad.append(str(ex))
+                    continue
+            self.controls.append(control)
             self.records.append(rec)
             self.raw_captions.append(text)
             self.record_config.append(ci)
@@ -277,21 +292,45 @@ class ImageDataset:
         return LatentSpec(rec.path, rec.sha256, p.bucket, p.resized, p.crop, s.flip_x, s.flip_y,
                           self.latent_folders[s.config], self.configs[s.config].max_pixels)
 
+    @property
+    def has_controls(self):
+        """Whether the samples have control images (control_path)."""
+        return any(c is not None for c in self.controls)
+
+    def control_spec(self, i):
+        """The LatentSpec of sample i's control image (None without one): its target's placement when the sizes
+        agree, else a cover resize to the bucket, centred; the target's flips."""
+        s = self.samples[i]
+        ctl = self.controls[s.record]
+        if ctl is None:
+            return None
+        rec, p = self.records[s.record], s.placement
+        if (ctl.width, ctl.height) != (rec.width, rec.height):
+            p = place(ctl.width, ctl.height, p.bucket)
+        return LatentSpec(ctl.path, ctl.sha256, p.bucket, p.resized, p.crop, s.flip_x, s.flip_y,
+                          self.latent_folders[s.config], self.configs[s.config].max_pixels)
+
     def latent_specs(self):
-        return [self.latent_spec(i) for i in range(len(self))]
+        """Every encoding to cache: each sample's image, then its control image (when it has one)."""
+        targets = [self.latent_spec(i) for i in range(len(self))]
+        controls = [self.control_spec(i) for i in range(len(self))] if self.has_controls else []
+        return targets + [c for c in controls if c is not None]
 
     def fingerprint(self):
         """A hash of the settings, samples, buckets, crops and captions: equal across runs on the same data and
         settings, different when anything that changes the batches changes."""
         if self._fingerprint is None:
             # (max_pixels refuses files but changes no batch: runs saved before it existed still resume)
-            configs = [{k: v for k, v in asdict(c).items() if k != "max_pixels"} for c in self.configs]
+            # (nor does an absent control_path: the runs saved before control images existed resume too)
+            configs = [{k: v for k, v in asdict(c).items()
+                        if k != "max_pixels" and not (k == "control_path" and v is None)} for c in self.configs]
             h = hashlib.sha256(json.dumps([self.seed, configs,
                                            [r.trigger for r in self.rules]], sort_keys=True).encode("utf-8"))
             for s in self.samples:
                 rec = self.records[s.record]
+                ctl = self.controls[s.record]
                 h.update(json.dumps([s.key, rec.sha256, list(s.bucket), list(s.placement.crop),
-                                     self.raw_captions[s.record]]).encode("utf-8"))
+                                     self.raw_captions[s.record]] + ([ctl.sha256] if ctl else [])).encode("utf-8"))
             self._fingerprint = h.hexdigest()[:16]
         return self._fingerprint
 
@@ -302,6 +341,21 @@ class ImageDataset:
         for b, idx in self.buckets().items():
             lines.append(f"  {b}: {len(idx)}")
         return lines
+
+
+def _control_record(rec, control_path, max_pixels):
+    """The ImageRecord of the control image of `rec` in `control_path` (the same relative name, any image
+    extension); DataError naming what is missing."""
+    stem = os.path.splitext(rec.relpath)[0]
+    found = [os.path.join(control_path, stem + ext) for ext in I.IMAGE_EXTENSIONS + tuple(
+        e.upper() for e in I.IMAGE_EXTENSIONS)]
+    found = [f for f in found if os.path.isfile(f)]
+    if not found:
+        raise DataError(f"{rec.path}: no control image {stem}.* in control_path {control_path}")
+    if len(found) > 1 and len({os.path.normcase(os.path.realpath(f)) for f in found}) > 1:
+        raise DataError(f"{rec.path}: several control images in {control_path}: "
+                        f"{', '.join(os.path.basename(f) for f in found)}; keep one")
+    return I.probe_image(found[0], control_path, max_pixels)
 
 
 def _progress(items, enabled, desc):

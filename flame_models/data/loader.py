@@ -5,7 +5,8 @@ embeddings of the caption it draws that epoch, and the sizes SDXL's conditioning
     train.check(range(loader.sampler.epochs_needed(steps * grad_accum)))   # every entry present, before training
     loader = BucketLoader(train, batch_size=2, shuffle=True, seed=42)
     batch = loader.next_batch()    # {"latents": (B, C, h, w), <embedding names>: (B, ...), "captions": [...],
-                                   #  "original_size", "crop_coords", "target_size": (B, 2) int64, "indices", "epoch"}
+                                   #  "original_size", "crop_coords", "target_size": (B, 2) int64, "indices", "epoch",
+                                   #  "control_latents": (B, C, h, w) when the datasets have control_path}
 """
 import numpy as np
 
@@ -44,6 +45,9 @@ class TrainingDataset:
         if "latents" in item:
             raise DataError("encode_prompts returned a key named 'latents', which the batch uses for the VAE latents")
         item["latents"] = self.latents.load(d.latent_spec(i))
+        control = d.control_spec(i) if d.has_controls else None
+        if control is not None:                     # (Flux Kontext's edit pairs: control_path)
+            item["control_latents"] = self.latents.load(control)
         item["caption"] = caption
         item["original_size"], item["crop_coords"], item["target_size"] = (d.original_size(i), d.crop_coords(i),
                                                                            d.target_size(i))

@@ -1,22 +1,28 @@
-"""FLUX.1 transformer: model, checkpoint loading/saving (BFL and diffusers layouts) and sampling."""
-from .layers import (
-                     DoubleStreamBlock,
-                     EmbedND,
-                     LastLayer,
-                     MLPEmbedder,
-                     Modulation,
-                     QKNorm,
-                     RMSNorm,
-                     SelfAttention,
-                     SingleStreamBlock,
-                     timestep_embedding,
-)
-from .loading import FluxCheckpointError, load_flux, load_flux_state_, read_flux_params, save_flux
-from .model import Flux
-from .params import FluxParams, configs, flux_params
-from .sampling import denoise, get_noise, get_schedule, image_ids, pack, sample, text_ids, unpack
+"""FLUX.1 transformer: model, checkpoint loading/saving (BFL and diffusers layouts) and sampling.
 
-__all__ = ["FluxParams", "configs", "flux_params", "EmbedND", "timestep_embedding", "MLPEmbedder", "RMSNorm",
-           "QKNorm", "SelfAttention", "Modulation", "DoubleStreamBlock", "SingleStreamBlock", "LastLayer", "Flux",
-           "load_flux", "load_flux_state_", "save_flux", "read_flux_params", "FluxCheckpointError", "pack", "unpack",
-           "image_ids", "text_ids", "get_schedule", "get_noise", "denoise", "sample"]
+The transformer and its pipeline parts are shared with the Flux-derived families (Kontext, Chroma), so they live in
+flame_models/bfl; this family's modules of the same names are those modules (flame_models.flux.layers is
+flame_models.bfl.layers), so code written against flame_models.flux.<module> keeps working."""
+import sys
+
+from ..bfl import *  # noqa: F401,F403
+from ..bfl import (
+    __all__,
+    components,
+    conditioning,
+    family_parts,
+    keys,
+    layers,
+    loading,
+    lora_keys,
+    model,
+    ops,
+    params,
+    sampling,
+    tiny,
+)
+
+for _m in (components, conditioning, family_parts, keys, layers, loading, lora_keys, model, ops, params, sampling,
+           tiny):
+    sys.modules[f"{__name__}.{_m.__name__.rpartition('.')[2]}"] = _m
+del _m

@@ -13,12 +13,11 @@ largest stage's, not the sum: prompt encoding (conditioning.py), the transformer
 Latents in "model space" are what the transformer sees (VAE latents z as (z - 0.1159) * 0.3611, unpacked to
 (B, 16, H/8, W/8)); decode_latents / encode_images convert to and from images in [-1, 1].
 """
-import os
-
 import numpy as np
 
 import flame_core as flame
 
+from ..bfl.vae import LATENT_FORMAT, decode_latents, encode_images, load_vae_for_flux  # noqa: F401
 from ..conditioning import prompt_rows
 from ..pipeline import (  # noqa: F401
     apply_loras,
@@ -30,35 +29,12 @@ from ..pipeline import (  # noqa: F401
     to_pil,
 )
 from ..pipeline import check_loras as _check_loras
-from ..vae import decode_model_latents, encode_model_latents, load_family_vae
-from .about import ABOUT
 from .components import FluxFiles, FluxFilesError, find_flux_files
 from .conditioning import FluxTextEncoders, check_vocabularies, encode_prompts, load_text_encoders, load_tokenizers
 from .loading import load_flux
 from .sampling import LATENT_CHANNELS, denoise, get_noise, get_schedule, image_ids, pack, text_ids, unpack
 
-LATENT_FORMAT = ABOUT.latent_format
 STACKS = ("double_blocks", "single_blocks")
-
-
-# ----------------------------------------------------------------------------- the VAE
-def load_vae_for_flux(files, *, dtype=flame.bfloat16, device=None):
-    """The Flux VAE of `files` (FluxFiles, or a path to the VAE itself), frozen, in `dtype` on `device`."""
-    path = files.vae if isinstance(files, FluxFiles) else os.fspath(files)
-    return load_family_vae(path, LATENT_CHANNELS, family="Flux", others="an SD / SDXL", error=FluxFilesError,
-                           dtype=dtype, device=device)
-
-
-def decode_latents(vae, latents):
-    """Model-space latents (B, 16, H/8, W/8) -> images (B, 3, H, W) in [-1, 1] (nominally; not clamped), in the
-    VAE's dtype, on its device: z = latents / 0.3611 + 0.1159, then the decoder."""
-    return decode_model_latents(vae, latents, LATENT_FORMAT, hint=" (unpack packed tokens first: flux.unpack)")
-
-
-def encode_images(vae, images):
-    """Images (B, 3, H, W) in [-1, 1] -> model-space latents (B, 16, H/8, W/8) float32: the posterior mean z, then
-    (z - 0.1159) * 0.3611."""
-    return encode_model_latents(vae, images, LATENT_FORMAT)
 
 
 # ----------------------------------------------------------------------------- LoRA files

@@ -76,7 +76,9 @@ Each micro-batch:
                                         cond: a dict of tensors (ordered, fixed shapes for a fixed batch shape).
                                         `batch` holds the sample_keys arrays (B, ...) and, from image folders, each
                                         sample's "original_size" (h, w), "crop_coords" (top, left) and
-                                        "target_size" (h, w) as (B, 2) int64 (SDXL's size conditioning)
+                                        "target_size" (h, w) as (B, 2) int64 (SDXL's size conditioning), and
+                                        "control_latents" (B, C, h, w) when the datasets have control_path
+                                        images (only families with control_images = True: Flux Kontext)
     image_seq_len(x0)                   tokens per sample, for resolution-dependent timestep shifts
     forward(model, x_t, t, cond)        the prediction, in x0's layout. Runs inside the captured region: no host
                                         synchronisation and no random draws
@@ -147,6 +149,7 @@ class ModelFamily:
     conv_targets = None
     conv_linear_targets = ()
     text_encoder_targets = None
+    control_images = False        # whether it trains on datasets' control_path images ("control_latents")
     config_defaults = {}
     fields = ()
     field_notes = {}

@@ -126,8 +126,8 @@ def prepare(tr, dataset, previews_on):
         loader.dataset.check(epochs)
         out.text_encoders, out.negative = enc, negative
         out.prompt_texts = [text for text, _ in prompts]
-        out.prompts = [PreviewPrompt(text, {}, None if i is None else latents.load(dataset.latent_spec(i)))
-                       for text, i in prompts]
+        out.prompts = [PreviewPrompt(text, _control(fam, dataset, latents, i), None if i is None else latents.load(
+            dataset.latent_spec(i))) for text, i in prompts]
         out.loader, out.latents, out.texts = loader, latents, texts
         return out
     wanted = list(dict.fromkeys(captions + [p for p, _ in prompts] + ([""] if captions else [])
@@ -152,10 +152,19 @@ def prepare(tr, dataset, previews_on):
     if loader is not None:
         loader.dataset.check(epochs)
     neg = {} if negative is None else {f"negative_{k}": v for k, v in texts.load(negative).items()}
-    out.prompts = [PreviewPrompt(text, {**texts.load(text), **neg}, None if i is None else latents.load(
-        dataset.latent_spec(i))) for text, i in prompts]
+    out.prompts = [PreviewPrompt(text, {**texts.load(text), **neg, **_control(fam, dataset, latents, i)},
+                                 None if i is None else latents.load(dataset.latent_spec(i))) for text, i in prompts]
     out.loader, out.latents, out.texts = loader, latents, texts
     return out
+
+
+def _control(fam, dataset, latents, i):
+    """{"control_latents": ...} of dataset item i's control image for a family that edits with one (Flux
+    Kontext's previews of a dataset caption take its control image as the reference), else {}."""
+    if i is None or not fam.control_images or dataset is None or not dataset.has_controls:
+        return {}
+    spec = dataset.control_spec(i)
+    return {} if spec is None else {"control_latents": latents.load(spec)}
 
 
 def _cache_latents(tr, dataset, latents, keep_for_previews):

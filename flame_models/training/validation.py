@@ -164,6 +164,11 @@ def validate(cfg, prefix="", check_files=True):
         e.append(f"{p}synthetic: given together with datasets; use one")
     for i, d in enumerate(cfg.datasets):
         e += validate_dataset_config(d, f"{p}datasets[{i}]", check_files=False)
+    if any(d.control_path is not None for d in cfg.datasets):
+        for i, d in enumerate(cfg.datasets):
+            if d.control_path is None:
+                e.append(f"{p}datasets[{i}].control_path: missing; another dataset has control images, and every "
+                         f"sample of a run needs one (give this folder's control_path too)")
     if cfg.synthetic is not None:
         sy = cfg.synthetic
         _at_least(e, f"{p}synthetic.num_samples", sy.num_samples)
@@ -230,6 +235,11 @@ def _family_checks(cfg, family, p):
                 e.append(f"{p}{path}: not available: " + family.field_notes.get(
                     path, f"the {family.name} family does not use it"))
     e += family.config_problems(cfg, p)
+    if not family.control_images:
+        for i, d in enumerate(cfg.datasets):
+            if d.control_path is not None:
+                e.append(f"{p}datasets[{i}].control_path: the {family.name} family takes no control images "
+                         f"(model.arch flux_kontext trains on pairs)")
     mult = family.pixel_multiple
     for k in ("width", "height"):
         v = getattr(cfg.sample, k)

@@ -38,7 +38,8 @@ def _imports(path):
 
 def test_only_the_registry_imports_a_family_and_no_family_imports_another():
     packages = dict(registry.FAMILIES)
-    assert packages == {"flux": "flame_models.flux", "sd3": "flame_models.sd3", "sdxl": "flame_models.sdxl"}
+    assert packages == {"flux": "flame_models.flux", "sd3": "flame_models.sd3", "sdxl": "flame_models.sdxl",
+                        "flux_kontext": "flame_models.flux_kontext", "chroma": "flame_models.chroma"}
     found = {}
     for path in sorted(ROOT.rglob("*.py")):
         owner = next((name for name, pkg in packages.items() if path.is_relative_to(ROOT / pkg.split(".")[-1])), None)
@@ -55,10 +56,13 @@ def test_every_family_is_found_through_the_registry():
         about = registry.about(name)
         assert about.name == name
         assert training_family.get_family(name).name == name
-        assert registry.module(name, "generate").FILES.__module__.startswith(registry.FAMILIES[name])
-        assert describe_keys(["model.diffusion_model." + about.key_marks[0]])[0] == about.header_kind
+        files = registry.module(name, "generate").FILES    # its own class, or the shared Flux one (flame_models.bfl)
+        assert files.__module__.startswith((registry.FAMILIES[name], "flame_models.bfl"))
+        if about.key_marks:                                # (Kontext's files are Flux-dev's: no marks of its own)
+            assert describe_keys(["model.diffusion_model." + about.key_marks[0]])[0] == about.header_kind
     assert registry.toolkit_flags() == {"is_flux": "flux", "is_v3": "sd3", "is_xl": "sdxl"}
-    with pytest.raises(ValueError, match="unknown model family 'sd2'; available: flux, sd3, sdxl"):
+    with pytest.raises(ValueError,
+                       match="unknown model family 'sd2'; available: flux, sd3, sdxl, flux_kontext, chroma"):
         registry.about("sd2")
 
 
@@ -101,9 +105,11 @@ def test_a_new_family_is_one_folder_and_one_registry_line(tmp_path, monkeypatch)
 def test_generate_refuses_another_familys_option_naming_whose_it_is():
     from flame_models import generate as G
     parts = {name: registry.module(name, "generate") for name in registry.names()}
-    assert G._refusal("max_length", "sdxl", parts) == "--max-length: a Flux / SD3 option; this model is SDXL"
-    assert G._refusal("cfg", "flux", parts) == ("--cfg: an SD3 / SDXL option; this model is Flux: its guidance is "
-                                                "embedded (--guidance)")
+    assert G._refusal("max_length", "sdxl", parts) == ("--max-length: a Flux / SD3 / Flux Kontext / Chroma option; "
+                                                       "this model is SDXL")
+    assert G._refusal("cfg", "flux", parts) == ("--cfg: an SD3 / SDXL / Chroma option; this model is Flux: its "
+                                                "guidance is embedded (--guidance)")
+    assert G._refusal("image", "chroma", parts) == "--image: a Flux Kontext option; this model is Chroma"
     assert G._refusal("guidance", "sd3", parts).startswith("--guidance: Flux's embedded guidance; this model is SD3")
     with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['colour'\]"):
         G.generate("nowhere", "x", colour="red")

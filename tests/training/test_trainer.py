@@ -174,8 +174,9 @@ def test_the_loop_imports_no_model_and_no_private_surface():
     # the families' trainer plug-ins (each in its folder) and what they share
     models = os.path.dirname(TRAINING)
     plugins = [os.path.join(TRAINING, "family_base.py"), os.path.join(TRAINING, "family_parts.py")]
-    plugins += [os.path.join(models, fam, name) for fam in ("flux", "sd3", "sdxl")
-                for name in ("family.py", "family_parts.py")]
+    plugins += [os.path.join(models, fam, name) for fam in ("bfl", "sd3", "sdxl", "chroma")
+                for name in ("family.py", "family_parts.py")]                  # (bfl: Flux's, shared)
+    plugins += [os.path.join(models, "flux", "family.py"), os.path.join(models, "flux_kontext", "family.py")]
     for path in plugins:
         src = open(path).read()
         assert not private.search(src), (path, private.search(src).group(0))

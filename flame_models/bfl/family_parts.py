@@ -1,5 +1,5 @@
 """The parts of a Flux run besides the transformer -- the VAE, CLIP-L and T5 with their tokenizers -- for image
-folders and text prompts: found from the config's files (flame_models.flux.pipeline), or built with random weights
+folders and text prompts: found from the config's files (flame_models.bfl), or built with random weights
 at the real sizes of `model.size` (no files: benchmarks), or, for `flux-tiny`, the tiny demo's parts.
 
 Files: model.name_or_path a diffusers Flux folder (transformer/, vae/, text_encoder/, text_encoder_2/, tokenizer/,
@@ -18,8 +18,8 @@ import flame_core as flame
 
 from ..training import family_parts as S
 from .components import SUBFOLDERS, FluxFilesError, find_flux_files, part_files, read_headers
-from .conditioning import FluxTextEncoders, check_vocabularies, load_tokenizers
-from .pipeline import load_text_encoders, load_vae_for_flux
+from .conditioning import FluxTextEncoders, check_vocabularies, load_text_encoders, load_tokenizers
+from .vae import load_vae_for_flux
 
 _PARTS = {"vae": ("vae",), "text": ("clip_l", "t5", "clip_tokenizer", "t5_tokenizer")}
 PATH_FIELDS = ("vae_path", "clip_l_path", "t5_path", "tokenizer_path")

@@ -99,6 +99,16 @@ class Modulation(flame_nn.Module):
         return ModulationOut(*out[:3]), (ModulationOut(*out[3:]) if self.is_double else None)
 
 
+def given_modulation(mods, n):
+    """Precomputed modulation vectors (B, n, H) (Chroma's approximator rows) as n vectors (B, H), or (H,) for one
+    sample, as Modulation gives them."""
+    if mods.ndim != 3 or mods.shape[1] != n:
+        raise ValueError(f"expected {n} modulation vectors (B, {n}, H), got shape {tuple(mods.shape)}")
+    if mods.shape[0] == 1:
+        return mods[0].unbind(0)
+    return mods.unbind(1)
+
+
 def _mlp(hidden_size, mlp_hidden_dim, dtype, device):
     """BFL's Sequential(Linear, GELU(tanh), Linear) (keys .0 and .2), run by `_run_mlp`."""
     return flame_nn.Sequential(
@@ -118,21 +128,29 @@ class DoubleStreamBlock(flame_nn.Module):
     gradient_checkpointing = False
     checkpoint_offload = False
 
-    def __init__(self, hidden_size, num_heads, mlp_ratio, qkv_bias=False, dtype=None, device=None):
+    def __init__(self, hidden_size, num_heads, mlp_ratio, qkv_bias=False, dtype=None, device=None, *,
+                 modulation=True):
         super().__init__()
         mlp_hidden_dim = int(hidden_size * mlp_ratio)
         self.num_heads, self.hidden_size = num_heads, hidden_size
+        self.has_modulation = modulation      # False: Chroma's, the 12 vectors given (B, 12, H) as `vec`
         kw = dict(dtype=dtype, device=device)
-        self.img_mod = Modulation(hidden_size, double=True, **kw)
+        if modulation:
+            self.img_mod = Modulation(hidden_size, double=True, **kw)
         self.img_attn = SelfAttention(hidden_size, num_heads, qkv_bias=qkv_bias, **kw)
         self.img_mlp = _mlp(hidden_size, mlp_hidden_dim, **kw)
-        self.txt_mod = Modulation(hidden_size, double=True, **kw)
+        if modulation:
+            self.txt_mod = Modulation(hidden_size, double=True, **kw)
         self.txt_attn = SelfAttention(hidden_size, num_heads, qkv_bias=qkv_bias, **kw)
         self.txt_mlp = _mlp(hidden_size, mlp_hidden_dim, **kw)
 
-    def forward(self, img, txt, vec, pe):
-        img_mod1, img_mod2 = self.img_mod(vec)
-        txt_mod1, txt_mod2 = self.txt_mod(vec)
+    def forward(self, img, txt, vec, pe, mask=None):
+        if self.has_modulation:
+            img_mod1, img_mod2 = self.img_mod(vec)
+            txt_mod1, txt_mod2 = self.txt_mod(vec)
+        else:
+            m = given_modulation(vec, 12)                     # image rows 0..5, text rows 6..11
+            img_mod1, img_mod2, txt_mod1, txt_mod2 = (ModulationOut(*m[i:i + 3]) for i in (0, 3, 6, 9))
 
         # prepare image and text for attention
         img_q, img_k, img_v = self.img_attn.qkv_heads(ops.norm_modulate(img, img_mod1.shift, img_mod1.scale))
@@ -143,7 +161,7 @@ class DoubleStreamBlock(flame_nn.Module):
         k = flame.cat((txt_k, img_k), dim=1)
         v = flame.cat((txt_v, img_v), dim=1)
         del img_q, img_k, img_v, txt_q, txt_k, txt_v
-        attn = ops.attention(q, k, v, pe)                                       # (B, L, H)
+        attn = ops.attention(q, k, v, pe, mask)                                 # (B, L, H)
         del q, k, v
         txt_attn, img_attn = attn.split([txt.shape[1], img.shape[1]], dim=1)
 
@@ -165,21 +183,23 @@ class SingleStreamBlock(flame_nn.Module):
     gradient_checkpointing = False
     checkpoint_offload = False
 
-    def __init__(self, hidden_size, num_heads, mlp_ratio=4.0, dtype=None, device=None):
+    def __init__(self, hidden_size, num_heads, mlp_ratio=4.0, dtype=None, device=None, *, modulation=True):
         super().__init__()
         self.hidden_size, self.num_heads = hidden_size, num_heads
+        self.has_modulation = modulation      # False: Chroma's, the 3 vectors given (B, 3, H) as `vec`
         self.mlp_hidden_dim = int(hidden_size * mlp_ratio)
         kw = dict(dtype=dtype, device=device)
         self.linear1 = flame_nn.Linear(hidden_size, hidden_size * 3 + self.mlp_hidden_dim, **kw)  # qkv | mlp in
         self.linear2 = flame_nn.Linear(hidden_size + self.mlp_hidden_dim, hidden_size, **kw)      # attn | mlp out
         self.norm = QKNorm(hidden_size // num_heads, **kw)
-        self.modulation = Modulation(hidden_size, double=False, **kw)
+        if modulation:
+            self.modulation = Modulation(hidden_size, double=False, **kw)
 
-    def forward(self, x, vec, pe):
-        mod, _ = self.modulation(vec)
+    def forward(self, x, vec, pe, mask=None):
+        mod = self.modulation(vec)[0] if self.has_modulation else ModulationOut(*given_modulation(vec, 3))
         qkv, mlp = self.linear1(ops.norm_modulate(x, mod.shift, mod.scale)).split(
             [3 * self.hidden_size, self.mlp_hidden_dim], dim=-1)                   # (B, L, 3H) | (B, L, M)
-        attn = ops.attention(*split_heads(qkv, self.num_heads, self.norm), pe)    # (B, L, H)
+        attn = ops.attention(*split_heads(qkv, self.num_heads, self.norm), pe, mask)  # (B, L, H)
         del qkv
         mlp = F.gelu(mlp, approximate="tanh")                # read in place from linear1's output, (B, L, M)
         if type(self.linear2) is flame_nn.Linear:            # linear2(cat(attn, mlp)) without the concatenation

@@ -59,10 +59,12 @@ def rope(x, freqs):
     return apply_rope(x.reshape(B * L, Hh, 1, D), freqs).reshape(B, L, Hh, D)
 
 
-def attention(q, k, v, freqs):
+def attention(q, k, v, freqs, mask=None):
     """RoPE on q and k, then softmax(q k^T / sqrt(D)) v over the joint sequence: q, k, v (B, L, heads, D) ->
-    (B, L, heads*D)."""
+    (B, L, heads*D). mask: None, or a bool (B, 1, 1, L) of the keys each query may attend to (Chroma's padded
+    text tokens)."""
     B, L, Hh, D = q.shape
     q, k = rope(q, freqs), rope(k, freqs)  # rebinding frees the unrotated copies (when the caller holds none)
-    o = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (B, heads, L, D)
+    o = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                     attn_mask=mask)                                          # (B, heads, L, D)
     return o.transpose(1, 2).reshape(B, L, Hh * D)

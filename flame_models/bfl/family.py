@@ -1,0 +1,107 @@
+"""FLUX.1 as a trainer family: rectified flow on 2x2-packed 16-channel latents, T5 states + CLIP pooled
+conditioning, a guidance embedding for flux-dev (1.0 while training), the Euler sampler for previews, BFL names with
+the diffusers name map for PEFT files."""
+import flame_core as flame
+
+from ..training.family import FLOW_FIELDS, ModelFileError
+from ..training.family_base import FlowMatchingFamily, first_line
+from ..training.model_files import describe_keys, file_keys
+from . import family_parts as flux_parts
+from . import sampling as flux_sampling
+from . import vae as flux_pipeline
+from .loading import FluxCheckpointError, checkpoint_files, load_flux, read_flux_params
+from .lora_keys import TARGET_PRESETS, name_map_for
+from .model import Flux
+from .params import flux_params
+from .sampling import pack
+
+
+class FluxFamily(FlowMatchingFamily):
+    name = "flux"
+    label = "Flux"
+    model_words = "a Flux transformer"
+    model_class = Flux
+    cond_dims = ("context_in_dim", "vec_in_dim")
+    parts, pipeline = flux_parts, flux_pipeline
+    latent_scale, latent_shift = flux_sampling.LATENT_SCALE, flux_sampling.LATENT_SHIFT
+    default_size = "flux-tiny"
+    model_sizes = ("flux-dev", "flux-schnell", "flux-tiny")
+    target_presets = TARGET_PRESETS
+    fields = FLOW_FIELDS + ("train.guidance", "model.t5_path", "model.t5_max_length", "model.quantize_te")
+    field_notes = {"sample.neg": "Flux-dev is guidance-distilled: its previews take no negative prompt",
+                   "model.use_t5": "Flux always encodes with T5",
+                   "model.clip_g_path": "Flux has no CLIP-G (model.arch sd3 or sdxl has)"}
+    spec_errors = (FluxCheckpointError, KeyError, ValueError)
+
+    # ------------------------------------------------------------------ before anything is loaded
+    def preset(self, size):
+        return flux_params(size)
+
+    def check_model_file(self, path):
+        """ModelFileError when the file or folder is not a Flux transformer, saying what it looks like (its keys)."""
+        try:
+            files = checkpoint_files(path)
+        except (FluxCheckpointError, FileNotFoundError, OSError) as e:
+            raise ModelFileError(first_line(e)) from None
+        kind, words, key = describe_keys([k for f in files for k in file_keys(f)])
+        if kind != "flux":
+            shown = files[0] if len(files) == 1 else path
+            raise ModelFileError(f"{shown} is not {self.model_words}: it looks like {words}"
+                                 + (f" (keys such as {key})" if key else " (it holds no tensors)"))
+
+    def read_spec(self, path):
+        return read_flux_params(path)
+
+    def spec_problems(self, cfg, spec, prefix=""):
+        e = []
+        if not spec.guidance_embed:
+            for k in ("train.guidance", "sample.guidance_scale"):
+                if k in cfg.given:
+                    e.append(f"{prefix}{k}: this Flux (schnell-like) has no guidance embedding; remove the key")
+        return e
+
+    # ------------------------------------------------------------------ building
+    def load_model(self, path, spec, dtype, device):
+        return load_flux(path, dtype=dtype, device=device, params=spec)
+
+    def block_stacks(self, model):
+        return ["double_blocks", "single_blocks"]
+
+    def lora_name_map(self, model):
+        return name_map_for(model.params)
+
+    def lora_metadata(self, cfg, model):
+        kind = "dev" if model.params.guidance_embed else "schnell"
+        return {"ss_base_model_version": "flux1", "modelspec.architecture": f"flux-1-{kind}/lora",
+                "flame.base_model": self.base_model_name(cfg)}
+
+    # ------------------------------------------------------------------ training
+    def training_inputs(self, model, batch, device, train_cfg):
+        latents = batch["latents"]
+        x0 = pack(flame.tensor(latents, dtype=flame.float32, device=device))           # (B, L, 64)
+        B = x0.shape[0]
+        height, width = latents.shape[2] * self.vae_scale_factor, latents.shape[3] * self.vae_scale_factor
+        txt = flame.tensor(batch["prompt_embeds"], dtype=flame.float32, device=device)  # (B, L_txt, context)
+        cond = {"txt": txt,
+                "y": flame.tensor(batch["pooled_prompt_embeds"], dtype=flame.float32, device=device),
+                "img_ids": flux_sampling.image_ids(height, width, B, device=device),
+                "txt_ids": flux_sampling.text_ids(txt.shape[1], B, device=device)}
+        if model.params.guidance_embed:
+            cond["guidance"] = flame.full((B,), train_cfg.guidance, device=device)
+        return x0, cond
+
+    def image_seq_len(self, x0):
+        return x0.shape[1]
+
+    def forward(self, model, x_t, t, cond):
+        return model(img=x_t, img_ids=cond["img_ids"], txt=cond["txt"], txt_ids=cond["txt_ids"], timesteps=t,
+                     y=cond["y"], guidance=cond.get("guidance"))
+
+    # ------------------------------------------------------------------ previews
+    def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None):
+        txt = flame.tensor(cond["prompt_embeds"][None], device=device)
+        y = flame.tensor(cond["pooled_prompt_embeds"][None], device=device)
+        return flux_sampling.sample(model, txt, y, height=height, width=width, steps=steps,
+                                    guidance=guidance if model.params.guidance_embed else None, seed=seed,
+                                    callback=callback)
+

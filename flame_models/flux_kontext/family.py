@@ -1,0 +1,58 @@
+"""Flux Kontext as a trainer family: Flux's (flame_models.bfl.family.FluxFamily) with each sample's control image
+-- encoded beside its target, "control_latents" -- appended as reference tokens with ids (1, r, c); the loss sees
+the target tokens' prediction only. Samples without control latents train as plain FLUX.1-dev."""
+import flame_core as flame
+
+from ..bfl.family import FluxFamily
+from ..bfl.sampling import get_noise, image_ids, pack, text_ids, unpack
+from .reference import reference_ids, target_velocity, with_reference
+from .sampling import denoise_with_reference
+
+
+class FluxKontextFamily(FluxFamily):
+    name = "flux_kontext"
+    label = "Flux Kontext"
+    model_words = "a Flux Kontext transformer"
+    default_size = "flux-tiny"
+    control_images = True
+    config_defaults = {**FluxFamily.config_defaults, "name": "flux_kontext_lora"}
+
+    def training_inputs(self, model, batch, device, train_cfg):
+        x0, cond = super().training_inputs(model, batch, device, train_cfg)
+        control = batch.get("control_latents")
+        if control is not None:
+            ref = pack(flame.tensor(control, dtype=flame.float32, device=device))
+            f = self.vae_scale_factor
+            cond["ref"] = ref
+            cond["ref_ids"] = reference_ids(control.shape[2] * f, control.shape[3] * f, ref.shape[0], device=device)
+        return x0, cond
+
+    def forward(self, model, x_t, t, cond):
+        if "ref" not in cond:
+            return super().forward(model, x_t, t, cond)
+        x, ids = with_reference(x_t, cond["img_ids"], cond["ref"], cond["ref_ids"])
+        v = model(img=x, img_ids=ids, txt=cond["txt"], txt_ids=cond["txt_ids"], timesteps=t, y=cond["y"],
+                  guidance=cond.get("guidance"))
+        return target_velocity(v, x_t.shape[1])
+
+    def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None):
+        """A preview: with cond's "control_latents" (a dataset caption's control image) as the reference, else
+        Flux's text-to-image."""
+        control = cond.get("control_latents")
+        if control is None:
+            return super().sample(model, cond, height=height, width=width, steps=steps, guidance=guidance,
+                                  seed=seed, device=device, callback=callback)
+        dtype = model.img_in.weight.dtype
+        txt = flame.tensor(cond["prompt_embeds"][None], device=device).to(dtype)
+        y = flame.tensor(cond["pooled_prompt_embeds"][None], device=device).to(dtype)
+        ref = pack(flame.tensor(control[None], dtype=flame.float32, device=device)).to(dtype)
+        f = self.vae_scale_factor
+        ref_ids = reference_ids(control.shape[1] * f, control.shape[2] * f, 1, device=device)
+        x = pack(get_noise(1, height, width, seed=seed, device=device))
+        out = denoise_with_reference(model, x, image_ids(height, width, 1, device=device), ref, ref_ids, txt,
+                                     text_ids(txt.shape[1], 1, device=device), y, steps, guidance,
+                                     callback=callback)
+        return unpack(out, height, width)
+
+    def lora_metadata(self, cfg, model):
+        return {**super().lora_metadata(cfg, model), "modelspec.architecture": "flux-1-kontext-dev/lora"}

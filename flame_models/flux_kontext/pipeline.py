@@ -1,0 +1,103 @@
+"""Kontext's sampling stages on top of Flux's (flame_models.bfl): the reference image read, resized to Kontext's
+resolution list and encoded by the VAE into packed tokens; the transformer loaded (LoRAs applied, fp8, streaming)
+and run with the reference tokens."""
+import numpy as np
+
+import flame_core as flame
+
+from ..bfl.components import FluxFiles, FluxFilesError, find_flux_files
+from ..bfl.loading import load_flux
+from ..bfl.sampling import LATENT_CHANNELS, get_noise, image_ids, pack, text_ids, unpack
+from ..bfl.vae import encode_images, load_vae_for_flux
+from ..conditioning import prompt_rows
+from ..pipeline import check_loras as _check_loras
+from ..pipeline import load_for_sampling
+from .reference import kontext_size, reference_ids
+from .sampling import WithReference, denoise_with_reference
+
+STACKS = ("double_blocks", "single_blocks")
+
+
+def read_reference(path, *, auto_resize=True):
+    """The reference image at `path` as (1, 3, H, W) float32 in [-1, 1], resized (LANCZOS) to Kontext's resolution
+    for its aspect ratio (auto_resize), else its own size floored to 16."""
+    from PIL import Image, UnidentifiedImageError
+    try:
+        with Image.open(path) as im:
+            im = im.convert("RGB")
+            w, h = kontext_size(*im.size) if auto_resize else (im.size[0] // 16 * 16, im.size[1] // 16 * 16)
+            if w < 16 or h < 16:
+                raise FluxFilesError(f"--image {path}: {im.size[0]}x{im.size[1]} is smaller than 16x16")
+            im = im.resize((w, h), Image.LANCZOS)
+            arr = np.asarray(im, dtype=np.float32) / 127.5 - 1.0
+    except (OSError, UnidentifiedImageError) as e:
+        raise FluxFilesError(f"--image {path}: not a readable image ({e})") from None
+    return arr.transpose(2, 0, 1)[None].copy()
+
+
+def encode_reference(vae, pixels):
+    """Reference pixels (1, 3, H, W) in [-1, 1] -> {"ref_latents": packed (1, L_ref, 64), "ref_height", "ref_width"}
+    (NumPy): the VAE posterior's mean, normalised as Flux's latents."""
+    x = flame.tensor(np.ascontiguousarray(pixels, dtype=np.float32), device=vae.device)
+    z = encode_images(vae, x.to(next(vae.parameters()).dtype))
+    return {"ref_latents": pack(z.float()).numpy(), "ref_height": pixels.shape[2], "ref_width": pixels.shape[3]}
+
+
+def check_loras(loras, params):
+    from ..bfl.model import Flux
+    return _check_loras(loras, params, model_class=Flux, error=FluxFilesError)
+
+
+def load_transformer(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=False, stream=False, slots=2):
+    """The Flux (Kontext) transformer of `files` with LoRAs applied, ready for sampling (see flux.pipeline)."""
+    files = files if isinstance(files, FluxFiles) else find_flux_files(files)
+    loras = check_loras(loras, files.params)
+    return load_for_sampling(lambda dev: load_flux(files.transformer, dtype=dtype, device=dev), files.transformer,
+                             loras, STACKS, device, fp8=fp8, stream=stream, slots=slots, error=FluxFilesError)
+
+
+def _reference(cond, B, dev, dtype):
+    ref = flame.tensor(np.asarray(cond["ref_latents"], dtype=np.float32), device=dev).to(dtype)
+    ids = reference_ids(int(cond["ref_height"]), int(cond["ref_width"]), 1, device=dev)
+    return ref, ids
+
+
+def sample_latents(model, cond, *, height, width, steps, guidance, seeds, rows=None, callback=None,
+                   cuda_graph=None):
+    """Model-space latents (B, 16, H/8, W/8) float32 of the edit: Euler on FLUX.1-dev's schedule with the embedded
+    guidance, the reference tokens of cond["ref_latents"] appended at every step. cond: prompt_embeds,
+    pooled_prompt_embeds (one row per prompt; `rows` picks each image's), ref_latents, ref_height, ref_width."""
+    dev = model.img_in.weight.device
+    dtype = model.img_in.weight.dtype
+    noise = [get_noise(1, height, width, seed=int(s), device=dev) for s in seeds]
+    x = pack(noise[0] if len(noise) == 1 else flame.cat(noise, dim=0))
+    B = x.shape[0]
+    rows = list(range(B)) if rows is None else list(rows)
+    txt, y = prompt_rows(cond, rows, dev, dtype)
+    ref, ref_ids = _reference(cond, B, dev, dtype)
+    out = denoise_with_reference(model, x, image_ids(height, width, B, device=dev), ref, ref_ids, txt,
+                                 text_ids(txt.shape[1], B, device=dev), y, steps, guidance,
+                                 cuda_graph=cuda_graph, callback=callback)
+    return unpack(out, height, width)
+
+
+def fit_transformer(model, cond, max_gpu_memory, *, height, width, batch_size=1, guidance=None):
+    """The streamed blocks resident so that one step with the reference fits `max_gpu_memory` (auto_fit)."""
+    dev = model.streamer.device
+    dtype = model.img_in.weight.dtype
+    txt, y = prompt_rows(cond, [0] * batch_size, dev, dtype)
+    ref, ref_ids = _reference(cond, batch_size, dev, dtype)
+    net = WithReference(model, ref, ref_ids)
+    x = pack(flame.zeros(batch_size, LATENT_CHANNELS, height // 8, width // 8, device=dev)).to(dtype)
+    ids, tids = image_ids(height, width, batch_size, device=dev), text_ids(txt.shape[1], batch_size, device=dev)
+    t = flame.full((batch_size,), 1.0, dtype=dtype, device=dev)
+    g = flame.full((batch_size,), float(guidance or 1.0), dtype=dtype, device=dev)
+
+    def step():
+        with flame.no_grad():
+            net(x, ids, txt, tids, t, y, g)
+    return model.streamer.auto_fit(max_gpu_memory, step)
+
+
+__all__ = ["read_reference", "encode_reference", "check_loras", "load_transformer", "sample_latents",
+           "fit_transformer", "load_vae_for_flux"]

@@ -1,0 +1,249 @@
+"""Flux Kontext and Chroma as trainer families, end to end on the CPU with tiny models: Kontext's edit pairs
+(datasets' control_path: same-name control images placed, encoded and cached with their targets, appended as
+reference tokens, the loss on the target's prediction), Chroma from an image folder (random preset and a diffusers
+folder on disk) with CFG previews, and the LoRA files each writes -- their names, and `generate` applying them."""
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from flame_core import io
+from flame_models.chroma.tiny import tiny_chroma_files
+from flame_models.data import DatasetConfig
+from flame_models.data.dataset import ImageDataset
+from flame_models.data.errors import DataError
+from flame_models.generate import generate
+from flame_models.training.config import ConfigError
+from flame_models.training.family import get_family
+from flame_models.training.trainer import Trainer
+
+from .conftest import draw_images, image_config
+
+PROMPTS = ["[trigger] on a blue background"]
+
+
+@pytest.fixture
+def pairs(tmp_path):
+    """The demo's drawings as targets, their negatives as same-name control images (.jpg), one of another size."""
+    images = draw_images(tmp_path / "img")
+    ctl = tmp_path / "ctl"
+    ctl.mkdir()
+    names = sorted(f for f in os.listdir(images) if f.endswith(".png"))
+    for k, f in enumerate(names):
+        im = np.asarray(Image.open(os.path.join(images, f)).convert("RGB"))
+        out = Image.fromarray(255 - im)
+        if k == 0:
+            out = out.resize((96, 80))                      # another size: cover-resized into the target's bucket
+        out.save(ctl / f.replace(".png", ".jpg"))
+    return images, str(ctl), names
+
+
+def _kontext_config(tmp_path, images, ctl, **top):
+    top.setdefault("datasets", [{"folder_path": images, "control_path": ctl, "resolution": 64,
+                                 "bucket_tolerance": 32}])
+    return image_config(tmp_path, "k", None, images, steps=2,
+                        model={"arch": "flux_kontext", "size": None, "name_or_path": None, "t5_max_length": 8},
+                        **top)
+
+
+def test_control_images_are_placed_like_their_targets(pairs):
+    images, ctl, names = pairs
+    ds = ImageDataset([DatasetConfig(folder_path=images, control_path=ctl, resolution=64, bucket_tolerance=32,
+                                     flip_x=True)], progress=False)
+    assert ds.has_controls and len(ds.latent_specs()) == 2 * len(ds)
+    for i in range(len(ds)):
+        t, c = ds.latent_spec(i), ds.control_spec(i)
+        assert c.path.endswith(os.path.basename(t.path).replace(".png", ".jpg"))
+        assert (c.bucket, c.flip_x, c.flip_y) == (t.bucket, t.flip_x, t.flip_y)
+        if os.path.basename(t.path) == names[0]:
+            assert c.resized != t.resized                   # 96x80 cover-resized to the 64x64 bucket
+        else:
+            assert (c.resized, c.crop) == (t.resized, t.crop)
+        assert c.pixels().shape == t.pixels().shape
+    os.remove(os.path.join(ctl, names[1].replace(".png", ".jpg")))
+    with pytest.raises(DataError, match=f"{names[1]}: no control image {names[1][:-4]}.* in control_path"):
+        ImageDataset([DatasetConfig(folder_path=images, control_path=ctl, resolution=64, bucket_tolerance=32)],
+                     progress=False)
+
+
+def test_kontext_trains_on_pairs_with_the_loss_on_the_target(tmp_path, pairs, monkeypatch):
+    images, ctl, _ = pairs
+    fam = get_family("flux_kontext")
+    seen = []
+    inputs, forward = fam.training_inputs, fam.forward
+
+    def spy_inputs(model, batch, device, train_cfg):
+        x0, cond = inputs(model, batch, device, train_cfg)
+        seen.append((batch["latents"].shape, batch["control_latents"].shape, tuple(cond["ref"].shape),
+                     cond["ref_ids"].numpy()[0, :, 0].tolist()))
+        return x0, cond
+
+    def spy_forward(model, x_t, t, cond):
+        v = forward(model, x_t, t, cond)
+        assert tuple(v.shape) == tuple(x_t.shape)          # the target tokens' prediction only
+        return v
+    previews = []
+    sample = fam.sample
+
+    def spy_sample(model, cond, **kw):
+        previews.append(np.shape(cond.get("control_latents")))
+        return sample(model, cond, **kw)
+    monkeypatch.setattr(fam, "training_inputs", spy_inputs)
+    monkeypatch.setattr(fam, "forward", spy_forward)
+    monkeypatch.setattr(fam, "sample", spy_sample)
+    # previews of the dataset's captions (no sample.prompts) edit their images' control images
+    cfg = _kontext_config(tmp_path, images, ctl, sample={"sample_every": 2, "sample_steps": 2, "num_samples": 2})
+    result = Trainer(cfg, verbose=False).train()
+    assert result["samples_decoded"] and len(previews) >= 2 and set(previews) == {(16, 8, 8)}
+    assert len(result["losses"]) == 2 and np.isfinite(result["losses"]).all()
+    assert result["encoded"]["latents"] == 12                # 6 targets and their 6 control images
+    lat, ctl_shape, ref, index = seen[0]
+    assert lat == ctl_shape == (2, 16, 8, 8) and ref == (2, 16, 64) and index == [1] * 16
+    keys = set(io.load_file(result["lora"]))
+    assert "lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight" in keys
+
+
+def test_control_path_is_checked_before_anything_loads(tmp_path, pairs):
+    images, ctl, _ = pairs
+    with pytest.raises(ConfigError, match=r"datasets\[0\].control_path: the flux family takes no control images"):
+        image_config(tmp_path, "x", None, images, model={"arch": "flux", "size": None, "name_or_path": None},
+                     datasets=[{"folder_path": images, "control_path": ctl, "resolution": 64}])
+    with pytest.raises(ConfigError, match=r"datasets\[1\].control_path: missing"):
+        _kontext_config(tmp_path, images, ctl, datasets=[
+            {"folder_path": images, "control_path": ctl, "resolution": 64, "bucket_tolerance": 32},
+            {"folder_path": images, "resolution": 64, "bucket_tolerance": 32}])
+    with pytest.raises(DataError, match=r"datasets\[0\].control_path: no such folder"):   # (when the folders
+        ImageDataset([DatasetConfig(folder_path=images, control_path=str(tmp_path / "nowhere"))])  # are read)
+
+
+def test_chroma_random_preset_trains_from_an_image_folder_with_cfg_previews(tmp_path):
+    images = draw_images(tmp_path / "img")
+    cfg = image_config(tmp_path, "chroma", None, images, steps=2,
+                       model={"arch": "chroma", "size": None, "name_or_path": None, "t5_max_length": 8},
+                       sample={"sample_every": 2, "sample_steps": 2, "prompts": PROMPTS, "neg": "blurry"})
+    result = Trainer(cfg, verbose=False).train()
+    assert result["samples_decoded"] and np.isfinite(result["losses"]).all()
+    lat = io.load_file(os.path.join(tmp_path, "chroma", "samples", "step_000002.safetensors"))["latents"].numpy()
+    assert lat.shape == (1, 16, 8, 8)
+    with pytest.raises(ConfigError, match="train.guidance: not available: Chroma has no guidance embedding"):
+        image_config(tmp_path, "x", None, images, model={"arch": "chroma", "size": None, "name_or_path": None},
+                     train={"guidance": 3.5})
+
+
+@pytest.fixture(scope="module")
+def chroma_folder(tmp_path_factory):
+    return tiny_chroma_files(tmp_path_factory.mktemp("chroma") / "Chroma-tiny", seed=4)
+
+
+@pytest.mark.parametrize("fmt", ["kohya", "peft"])
+def test_chroma_loras_from_files_have_comfyui_and_diffusers_names_and_generate_applies_them(tmp_path, chroma_folder,
+                                                                                          fmt):
+    images = draw_images(tmp_path / "img")
+    folder = os.path.dirname(chroma_folder.transformer)
+    cfg = image_config(tmp_path, "c", folder, images, steps=2, model={"arch": "chroma", "t5_max_length": 8},
+                       save={"format": fmt}, network={"target": "all_linear"}, train={"lr": 0.05})
+    result = Trainer(cfg, verbose=False).train()
+    keys = set(io.load_file(result["lora"]))
+    if fmt == "kohya":         # ComfyUI's lora_unet_<BFL name>; diffusers' FluxLoraLoaderMixin converts them too
+        assert {"lora_unet_double_blocks_1_txt_attn_qkv.lora_down.weight",
+                "lora_unet_single_blocks_0_linear1.lora_up.weight", "lora_unet_single_blocks_1_linear2.alpha"} <= keys
+    else:                      # diffusers' / PEFT names, split like ChromaTransformer2DModel's Linears
+        assert {"transformer.transformer_blocks.0.attn.add_k_proj.lora_A.weight",
+                "transformer.single_transformer_blocks.1.proj_mlp.lora_B.weight",
+                "transformer.single_transformer_blocks.0.proj_out.lora_A.weight"} <= keys
+    assert not any("_mod" in k or "modulation" in k or "norm1" in k for k in keys)
+    kw = dict(width=32, height=32, steps=2, seed=3, device="cpu", progress=False, log=lambda *a: None)
+    base = np.asarray(generate(folder, "a red square", **kw)[0], np.int16)
+    tuned = np.asarray(generate(folder, "a red square", loras=[result["lora"]], **kw)[0], np.int16)
+    assert np.abs(base - tuned).max() > 0
+
+
+def test_chroma_generate_uses_the_negative_prompt_and_refuses_flux_options(chroma_folder):
+    kw = dict(width=32, height=32, steps=2, seed=3, device="cpu", progress=False, log=lambda *a: None)
+    folder = os.path.dirname(chroma_folder.transformer)
+    plain = np.asarray(generate(folder, "a red square", **kw)[0], np.int16)
+    neg = np.asarray(generate(folder, "a red square", negative_prompt="blue", **kw)[0], np.int16)
+    nocfg = np.asarray(generate(folder, "a red square", cfg=1.0, negative_prompt="blue", **kw)[0], np.int16)
+    assert np.abs(plain - neg).max() > 0 and np.abs(plain - nocfg).max() > 0
+    with pytest.raises(ValueError, match="--guidance: .*this model is Chroma: it has no guidance embedding"):
+        generate(folder, "a red square", guidance=3.5, **kw)
+    with pytest.raises(ValueError, match="--image: a Flux Kontext option; this model is Chroma"):
+        generate(folder, "a red square", image="x.png", **kw)
+
+
+def test_the_training_command_takes_kontext_control_images(pairs):
+    from flame_models import train as example
+    images, ctl, _ = pairs
+    cfg, demo, _ = example.build_config(example.parser().parse_args(
+        ["--arch", "flux_kontext", "--data", images, "--control", ctl, "--resolution", "64", "--device", "cpu"]))
+    assert not demo and cfg.model.arch == "flux_kontext" and cfg.name == "flux_kontext_lora"
+    assert cfg.datasets[0].control_path == ctl and cfg.model.name_or_path is None
+    with pytest.raises(ConfigError, match="--control: give the target images' folder too"):
+        example.build_config(example.parser().parse_args(["--arch", "flux_kontext", "--control", ctl,
+                                                          "--model", images]))
+
+
+def test_chroma_and_kontext_blocks_stream_and_store_in_fp8_as_fluxs(chroma_folder, tmp_path):
+    import flame_core as flame
+    from flame_core import memory
+    from flame_models.bfl.tiny import tiny_flux_files
+    from flame_models.chroma import conditioning as CC
+    from flame_models.chroma import pipeline as CP
+    from flame_models.flux_kontext import pipeline as KP
+    with CC.load_text_encoders(chroma_folder, dtype=flame.float32, device="cpu", max_length=8) as enc:
+        cond = {k: v.numpy() for k, v in enc.encode(["a red square"]).items()}
+        neg = {k: v.numpy() for k, v in enc.encode([""]).items()}
+    kw = dict(height=32, width=32, steps=2, seeds=[1])
+    want = CP.sample_latents(CP.load_transformer(chroma_folder, dtype=flame.float32, device="cpu"), cond, neg,
+                             cfg=4.0, **kw).numpy()
+    streamed = CP.load_transformer(chroma_folder, dtype=flame.float32, device="cpu", stream=True)
+    assert "4 streamed" in str(streamed.streamer)
+    try:
+        report = CP.fit_transformer(streamed, cond, 64 * 2 ** 20, height=32, width=32)
+    finally:
+        memory.set_memory_limit(None, "cpu")
+    assert "auto-fit" in str(report)
+    np.testing.assert_array_equal(CP.sample_latents(streamed, cond, neg, cfg=4.0, **kw).numpy(), want)
+    fp8 = CP.sample_latents(CP.load_transformer(chroma_folder, dtype=flame.float32, device="cpu", fp8=True,
+                                                stream=True), cond, neg, cfg=4.0, **kw).numpy()
+    assert 0 < np.abs(fp8 - want).max() < 0.2 * np.abs(want).max()
+    # Kontext: the same transformer loading, the reference tokens through streamed blocks
+    files = tiny_flux_files(tmp_path / "flux", seed=5)
+    rng = np.random.default_rng(0)
+    kcond = {"prompt_embeds": rng.normal(size=(1, 8, 32)).astype(np.float32),
+             "pooled_prompt_embeds": rng.normal(size=(1, 32)).astype(np.float32),
+             "ref_latents": rng.normal(size=(1, 6, 64)).astype(np.float32), "ref_height": 32, "ref_width": 48}
+    want = KP.sample_latents(KP.load_transformer(files, dtype=flame.float32, device="cpu"), kcond, guidance=2.5,
+                             **kw).numpy()
+    streamed = KP.load_transformer(files, dtype=flame.float32, device="cpu", stream=True)
+    try:
+        KP.fit_transformer(streamed, kcond, 64 * 2 ** 20, height=32, width=32, guidance=2.5)
+    finally:
+        memory.set_memory_limit(None, "cpu")
+    np.testing.assert_array_equal(KP.sample_latents(streamed, kcond, guidance=2.5, **kw).numpy(), want)
+
+
+@pytest.mark.parametrize("name, arch", [("flux_kontext", "flux_kontext"), ("chroma", "chroma")])
+def test_the_example_configs_read(name, arch):
+    from flame_models.training.config import config_from_dict, read_yaml
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "configs", f"{name}.yaml")
+    cfg = config_from_dict(read_yaml(path), check_files=False)
+    assert cfg.model.arch == arch and (cfg.datasets[0].control_path is not None) == (arch == "flux_kontext")
+
+
+def test_chroma_t5_sees_the_real_tokens_and_one_padding_token(chroma_folder):
+    from flame_models.chroma import conditioning as CC
+    out = {}
+    for n in (8, 16):
+        with CC.load_text_encoders(chroma_folder, dtype=CC.flame.float32, device="cpu", max_length=n) as enc:
+            ids, mask = enc.tokenize(["a red square"])
+            out[n] = {k: v.numpy() for k, v in enc.encode(["a red square"]).items()}
+            real = int(mask.sum())
+            with CC.flame.no_grad():     # T5 on the real tokens and the first padding token alone, no mask
+                alone = enc.t5(ids[:, :real + 1]).last_hidden_state.numpy()
+    assert 1 < real < 8 and out[16]["prompt_mask"].tolist() == [[1.0] * real + [0.0] * (16 - real)]
+    # the states of the real tokens and the first padding token do not depend on how much padding follows
+    np.testing.assert_allclose(out[8]["prompt_embeds"][:, :real + 1], out[16]["prompt_embeds"][:, :real + 1],
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out[16]["prompt_embeds"][:, :real + 1], alone, rtol=1e-5, atol=1e-6)
