@@ -9,6 +9,7 @@ discards the events a previous run wrote after the checkpoint's step (purge_step
 """
 import importlib.util
 import os
+import time
 
 import numpy as np
 
@@ -34,7 +35,10 @@ def _tensorboard_writer(folder, purge_step):
     except ImportError as e:
         raise TrackerError("logging.use_tensorboard: tensorboardX is not installed; "
                            "pip install 'flame-diffusion[tensorboard]' (or tensorboardX)") from e
-    return SummaryWriter(logdir=folder, purge_step=purge_step, flush_secs=30)
+    # tensorboardX names the file by the second and the host: a run resumed within the same second (same process)
+    # would open the same name and overwrite the first run's events, so the name also gets the pid and nanoseconds
+    return SummaryWriter(logdir=folder, purge_step=purge_step, flush_secs=30,
+                         filename_suffix=f".{os.getpid()}.{time.time_ns()}")
 
 
 def _wandb_run(project, name, folder, config, resume_step):

@@ -100,7 +100,7 @@ def test_chroma_files_load_in_every_layout(tmp_path, layout, prefix):
     extra = {"vae.decoder.conv_in.weight": flame.zeros(4, 16, 3, 3)} if prefix else {}   # a full checkpoint's
     save_weights([(prefix + k, v) for k, v in {**state}.items()] + list(extra.items()), path, stem="chroma")
     assert read_chroma_params(path) == model.params                   # from the shapes (no FLAME metadata)
-    loaded = load_chroma(path, dtype=flame.float32, device="cpu")
+    loaded = load_chroma(path, dtype=flame.float32, device=img.device)  # the test device (cuda under FLAME_DEVICE)
     with flame.no_grad():
         np.testing.assert_array_equal(loaded(img, ids, txt, tids, t).numpy(), want)
 

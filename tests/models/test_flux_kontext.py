@@ -81,15 +81,16 @@ def test_the_trainer_plugin_appends_the_control_latents_and_predicts_the_target_
 
     class Train:
         guidance = 1.0
-    x0, cond = fam.training_inputs(model, batch, "cpu", Train)
+    dev = next(model.parameters()).device   # the test device (cuda under FLAME_DEVICE=cuda)
+    x0, cond = fam.training_inputs(model, batch, dev, Train)
     assert tuple(x0.shape) == (2, 6, 64) and tuple(cond["ref"].shape) == (2, 4, 64)
     assert cond["ref_ids"].numpy()[0, :, 0].tolist() == [1] * 4
-    t = flame.tensor(np.array([0.5, 0.2], np.float32))
+    t = flame.tensor(np.array([0.5, 0.2], np.float32), device=dev)
     with flame.no_grad():
         v = fam.forward(model, x0, t, cond)
         assert tuple(v.shape) == (2, 6, 64)
         del batch["control_latents"]
-        x0, plain = fam.training_inputs(model, batch, "cpu", Train)
+        x0, plain = fam.training_inputs(model, batch, dev, Train)
         assert "ref" not in plain and np.abs(fam.forward(model, x0, t, plain).numpy() - v.numpy()).max() > 1e-3
 
 

@@ -3,6 +3,7 @@ norm, step time, sample images), a resumed run's events after the checkpoint rep
 section; a tracker asked for but not installed stops set-up with the package to install."""
 import shutil
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -40,7 +41,21 @@ def test_tensorboard_events_hold_the_loss_log_rows_and_more(tmp_path):
     assert "samples/0" in images and [e.step for e in acc.Images("samples/0")] == [0, 2, 4]
 
 
-def test_a_resumed_run_replaces_the_events_after_its_checkpoint(tmp_path):
+class _SameSecond:
+    """tensorboardX's `time` module with time() fixed: both runs' event files get the same second in their name."""
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+    @staticmethod
+    def time():
+        return 1_700_000_000.0
+
+
+def test_a_resumed_run_replaces_the_events_after_its_checkpoint(tmp_path, monkeypatch):
+    import tensorboardX.event_file_writer as efw
+    monkeypatch.setattr(efw, "time", _SameSecond())  # a resume within the same second must not overwrite
+
     def c(steps):
         return tiny_config(tmp_path, "tbr", steps=steps, logging={"use_tensorboard": True, "run_name": "exp1"},
                            save={"save_every": 2})
