@@ -10,9 +10,10 @@ caption becomes id 0 under CLIP-G's rules.
 """
 from pathlib import Path
 
-from flame_core.io import atomic_write, write_json
 from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
+
+from flame_core.io import atomic_write, write_json
 
 from .backends import TokenizersBackend
 from .base import TextTokenizer

@@ -9,7 +9,6 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
 from .errors import TokenizerFilesError
 
 TOKENIZER_SUBFOLDERS = ("tokenizer", "tokenizer_2", "tokenizer_3")

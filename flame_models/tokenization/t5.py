@@ -12,9 +12,10 @@ import io
 import json
 from pathlib import Path
 
-from flame_core.io import atomic_write, write_json
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import Unigram
+
+from flame_core.io import atomic_write, write_json
 
 from .backends import SentencePieceBackend, TokenizersBackend, import_sentencepiece
 from .base import TextTokenizer

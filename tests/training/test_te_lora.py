@@ -17,8 +17,12 @@ from flame_models.sdxl.conditioning import load_text_encoders
 from flame_models.training.config import ConfigError
 from flame_models.training.trainer import Trainer
 
+from . import test_sd_families as _families
 from .conftest import FIXTURES, fixture_script, image_config
-from .test_sd_families import PROMPTS, SD3_MODEL, images, sdxl_config, sdxl_model  # noqa: F401 (fixtures)
+from .test_sd_families import PROMPTS, SD3_MODEL
+
+# that file's fixtures, used here too (bound by assignment: the tests' arguments of the same name are what pytest fills)
+images, sdxl_config, sdxl_model = _families.images, _families.sdxl_config, _families.sdxl_model
 
 TE_TRAIN = {"train_text_encoder": True, "text_encoder_lr": 5e-3}
 
