@@ -106,6 +106,7 @@ def flame_part(res, a):
         t = flame.tensor([500.0], device="cuda")
         base = lora_step.flame_loss(model)
         args = [x, t, y, ctx, flame.randn(1, 16, lat, lat, generator=g, device="cuda")]
+    model.requires_grad_(False)   # a frozen base: without adapters only the input's gradient flows
     model.enable_gradient_checkpointing(a.ckpt == "on")
 
     # the same forward + backward without adapters: the input carries the gradient through every block
