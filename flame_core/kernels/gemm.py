@@ -32,6 +32,19 @@ def supported(dtype):
     return np.dtype(dtype) in _CUDA_TYPE
 
 
+def loaded_library(soname):
+    """ctypes.CDLL of the shared library `soname` (e.g. "libcublas.so") this process already mapped (the one CuPy
+    loaded, found in /proc/self/maps), else the loader's own pick."""
+    path = None
+    with open("/proc/self/maps") as f:
+        for line in f:
+            name = line.rsplit(None, 1)[-1]
+            if f"/{soname}" in name:
+                path = name
+                break
+    return ctypes.CDLL(path or soname, mode=ctypes.RTLD_GLOBAL)
+
+
 def _libcublas():
     """The libcublas CuPy uses (found in this process's mappings), with the signatures FLAME calls."""
     global _lib
@@ -39,14 +52,7 @@ def _libcublas():
         return _lib
     from cupy.cuda import device  # noqa: F401 - makes CuPy load its cuBLAS
     device.get_cublas_handle()
-    path = None
-    with open("/proc/self/maps") as f:
-        for line in f:
-            name = line.rsplit(None, 1)[-1]
-            if "/libcublas.so" in name:
-                path = name
-                break
-    lib = ctypes.CDLL(path or "libcublas.so", mode=ctypes.RTLD_GLOBAL)
+    lib = loaded_library("libcublas.so")
     vp, i, ll, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_size_t
     lib.cublasSetStream_v2.argtypes = [vp, vp]
     lib.cublasSetPointerMode_v2.argtypes = [vp, i]

@@ -39,14 +39,7 @@ def _library():
     if _lib is not None:
         return _lib
     gemm._libcublas()  # makes CuPy load cuBLAS, which loads cuBLASLt
-    path = None
-    with open("/proc/self/maps") as f:
-        for line in f:
-            name = line.rsplit(None, 1)[-1]
-            if "/libcublasLt.so" in name:
-                path = name
-                break
-    lib = ctypes.CDLL(path or "libcublasLt.so", mode=ctypes.RTLD_GLOBAL)
+    lib = gemm.loaded_library("libcublasLt.so")
     vp, i, u64, i64, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_int64, ctypes.c_size_t
     pvp = ctypes.POINTER(vp)
     lib.cublasLtCreate.argtypes = [pvp]
