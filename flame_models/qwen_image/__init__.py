@@ -1,6 +1,8 @@
 """Qwen-Image (Qwen's 20B MMDiT text-to-image model): the transformer (60 dual-stream blocks, 3-axis RoPE with
-centred image positions, the text-padding mask) with diffusers' names and argument names, and loading of diffusers
-folders and ComfyUI files. The Qwen2.5-VL text encoder, the Wan-style VAE and the trainer plug-in are not here yet."""
+centred image positions, the text-padding mask) with diffusers' names and argument names, loading of diffusers
+folders and ComfyUI files, the pipeline's sampler (sampling.py) and the trainer plug-in (family.py: precomputed or
+synthetic samples). Not here yet: the Qwen2.5-VL text encoder and the Wan-style VAE (so no image folders, no
+`generate`)."""
 from .loading import (
     QwenImageCheckpointError,
     load_qwen_image,
