@@ -63,7 +63,8 @@ def test_every_family_is_found_through_the_registry():
             assert describe_keys(["model.diffusion_model." + about.key_marks[0]])[0] == about.header_kind
     assert registry.toolkit_flags() == {"is_flux": "flux", "is_v3": "sd3", "is_xl": "sdxl"}
     with pytest.raises(ValueError,
-                       match="unknown model family 'sd2'; available: flux, sd3, sdxl, flux_kontext, chroma, qwen_image"):
+                       match="unknown model family 'sd2'; available: flux, sd3, sdxl, flux_kontext, chroma, "
+                             "qwen_image"):
         registry.about("sd2")
 
 
