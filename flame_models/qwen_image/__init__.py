@@ -2,8 +2,8 @@
 centred image positions, the text-padding mask) with diffusers' names and argument names, loading of diffusers
 folders and ComfyUI files, the VAE for single images (vae.py: load_vae of a diffusers vae/ folder), the pipeline's
 prompt template (conditioning.py, over flame_models.text_encoders.qwen2_5_vl), its sampler (sampling.py) and the
-trainer plug-in (family.py: precomputed or synthetic samples). Not here yet: a Qwen2 tokenizer, the VAE and text
-encoder as the trainer's caching stages and in `generate`, ComfyUI's / Wan's VAE layout."""
+trainer plug-in (family.py: precomputed or synthetic samples). Not here yet: the tokenizer (tokenization/qwen2.py),
+VAE and text encoder as the trainer's caching stages and in `generate`; ComfyUI's / Wan's VAE layout."""
 from .loading import (
     QwenImageCheckpointError,
     load_qwen_image,

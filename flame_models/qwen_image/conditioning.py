@@ -3,8 +3,8 @@ Qwen2.5-VL language model's last hidden state (after its final norm), each sampl
 (the system turn and `<|im_start|>user\\n`; the closing `<|im_end|>\\n<|im_start|>assistant\\n` tokens are kept),
 re-padded with zeros to the longest, a mask of 1 on the kept tokens, cut to max_sequence_length.
 
-The Qwen2 tokenizer is not in FLAME yet: `encode_prompts` takes a `tokenize(texts) -> (input_ids, attention_mask)`
-(right-padded, as the pipeline's tokenizer with padding=True, truncation at 1024 + 34)."""
+`encode_prompts` takes a `tokenize(texts, max_length) -> (input_ids, attention_mask)`, right-padded, as the
+pipeline's tokenizer with padding=True and truncation at 1024 + 34: flame_models.tokenization.qwen2.Qwen2Tokenizer."""
 import numpy as np
 
 import flame_core as flame
@@ -40,7 +40,7 @@ def encode_prompts(text_encoder, tokenize, prompts, max_sequence_length=MAX_SEQU
     """{"prompt_embeds", "prompt_mask"} of `prompts` (strings) as the pipeline makes them; text_encoder a
     Qwen2_5_VLTextModel, tokenize(texts) -> (input_ids, attention_mask) (B, T) right-padded."""
     texts = [PROMPT_TEMPLATE.format(p) for p in ([prompts] if isinstance(prompts, str) else prompts)]
-    ids, mask = tokenize(texts)
+    ids, mask = tokenize(texts, max_length=TOKENIZER_MAX_LENGTH + DROP_TOKENS)
     with flame.no_grad():
         out = text_encoder(ids, attention_mask=mask, output_hidden_states=True)
     embeds, pmask = prompt_embeds_from_states(out.hidden_states[-1], mask, max_sequence_length)

@@ -6,8 +6,8 @@ scheduler's unshifted training sigmas: its dynamic shift applies only to samplin
 Previews: Qwen-Image's scheduler (dynamic shift for the token count, terminal sigma 0.02), true CFG only with a
 negative prompt (sample.neg; QwenImagePipeline has no default negative) with the per-token norm rescale.
 
-Not yet here: the VAE (qwen_image/vae.py) and the Qwen2.5-VL language model (text_encoders/qwen2_5_vl.py) exist but
-are not wired into the trainer's caching stages, and FLAME has no Qwen2 tokenizer; so this family trains from
+Not yet here: the VAE (qwen_image/vae.py), the Qwen2.5-VL language model (text_encoders/qwen2_5_vl.py)
+and its tokenizer (tokenization/qwen2.py) exist but are not wired into the trainer's caching stages; so it trains from
 precomputed samples (latents already normalised per channel, prompt_embeds and prompt_mask) or synthetic data, and
 its previews are latent projections. LoRA files: PEFT (`transformer.transformer_blocks.0.attn.to_q.lora_A.weight`)
 by default, kohya (`lora_unet_transformer_blocks_0_attn_to_q`) with save.format; both are diffusers' names."""
@@ -27,8 +27,8 @@ from .params import qwen_image_params
 
 _DDPM_NOTE = "Qwen-Image trains with flow matching (train.timestep_type, train.weighting_scheme); this is sdxl's DDPM"
 MISSING_PARTS = ("Qwen-Image trains from precomputed samples (latents, prompt_embeds, prompt_mask) or synthetic data "
-                 "only for now: its VAE (AutoencoderKLQwenImage) and text encoder (Qwen2.5-VL) are not wired into "
-                 "the trainer's caching stages yet, and FLAME has no Qwen2 tokenizer")
+                 "only for now: its VAE (AutoencoderKLQwenImage) and text encoder (Qwen2.5-VL, Qwen2 tokenizer) are "
+                 "not wired into the trainer's caching stages yet")
 
 
 class QwenImageFamily(FlowMatchingFamily):

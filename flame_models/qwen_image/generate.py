@@ -1,6 +1,6 @@
-"""Qwen-Image's part of `python -m flame_models.generate`. Text-to-image needs the Qwen2 tokenizer, which FLAME does
-not have yet (the Qwen2.5-VL language model, text_encoders/qwen2_5_vl.py, and the VAE, qwen_image/vae.py, exist but
-are not wired into these stages): a Qwen-Image model is recognised (its transformer's config is read and checked) and
+"""Qwen-Image's part of `python -m flame_models.generate`. FLAME has the parts (the VAE, qwen_image/vae.py; the
+Qwen2.5-VL language model, text_encoders/qwen2_5_vl.py; its tokenizer, tokenization/qwen2.py) but they are not wired
+into generation's stages yet: a Qwen-Image model is recognised (its transformer's config is read and checked) and
 the command stops with one message saying what is missing, before anything is loaded. The denoising loop itself
 exists (flame_models.qwen_image.sampling: the pipeline's scheduler, CFG with a negative prompt and its norm rescale)
 and is what the trainer's previews use."""
@@ -11,7 +11,7 @@ from .. import generate as G
 from .loading import QwenImageCheckpointError, read_qwen_image_params
 from .params import QwenImageParams
 
-_NOT_YET = "Qwen-Image generation is not available yet (no Qwen2 tokenizer in FLAME; its stages are not wired)"
+_NOT_YET = "Qwen-Image generation is not available yet (its text-encoder and VAE stages are not wired)"
 OPTIONS = {}            # none is taken while generation is refused (NOTES says why to an option's user)
 NOTES = {"guidance": _NOT_YET, "cfg": _NOT_YET, "negative_prompt": _NOT_YET}
 
@@ -36,5 +36,5 @@ def generate(model, prompts, **_options):
         except (QwenImageCheckpointError, KeyError, ValueError, OSError) as e:
             raise G.GenerateError(f"{path}: {str(e).splitlines()[0]}") from None
     raise G.GenerateError(f"{files.transformer}: Qwen-Image generation is not available yet: FLAME has its "
-                          f"transformer, VAE and Qwen2.5-VL language model, but no Qwen2 tokenizer, and the stages "
-                          f"are not wired together")
+                          f"transformer, VAE, Qwen2.5-VL language model and tokenizer, but the stages are not "
+                          f"wired together")

@@ -169,7 +169,8 @@ def test_prompt_embeds_keep_each_samples_valid_tokens_after_the_template_prefix(
         prompt_embeds_from_states(h, m, max_sequence_length=1025)
     seen = []
 
-    def tokenize(texts):                                      # a stand-in tokenizer: 36 + len(prompt) ids
+    def tokenize(texts, max_length):                          # a stand-in tokenizer: 36 + len(prompt) ids
+        assert max_length == 1024 + 34                        # the pipeline's truncation
         seen.extend(texts)
         n = [36 + len(t) - len(PROMPT_TEMPLATE) + 2 for t in texts]
         ids = np.zeros((len(texts), max(n)), np.int64)

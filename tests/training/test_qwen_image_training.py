@@ -98,8 +98,8 @@ def test_precomputed_samples_with_a_padding_mask_train_and_preview(tmp_path, mon
 
 def test_image_folders_are_refused_until_the_vae_and_text_encoder_are_wired_in(tmp_path):
     images = draw_images(tmp_path / "img", n_concept=1, n_other=1)
-    with pytest.raises(ConfigError, match="VAE \\(AutoencoderKLQwenImage\\) and text encoder \\(Qwen2.5-VL\\) are "
-                                          "not wired into the trainer.*no Qwen2 tokenizer"):
+    with pytest.raises(ConfigError, match="VAE \\(AutoencoderKLQwenImage\\) and text encoder \\(Qwen2.5-VL, Qwen2 "
+                                          "tokenizer\\) are not wired into the trainer's caching stages"):
         _qwen(tmp_path, "img", synthetic=None, datasets=[{"folder_path": images, "resolution": 64}])
 
 
