@@ -156,12 +156,13 @@ def test_peft_keys_reach_comfyuis_weights(arch, targets, tmp_path):
         assert problems == []
 
 
-@pytest.mark.parametrize("name", ["kontext_kohya", "kontext_peft", "chroma_kohya", "chroma_peft"])
+@pytest.mark.parametrize("name", ["kontext_kohya", "kontext_peft", "chroma_kohya", "chroma_peft", "kontext_kohya_outer",
+                                  "chroma_kohya_approximator"])
 def test_the_diffusers_fixture_files_reach_comfyuis_weights(name):
     """The files of tests/fixtures/kontext_chroma_lora (which diffusers loads) are read by ComfyUI too, except the
     Chroma PEFT file's approximator layers."""
     maker = fixture_script("make_kontext_chroma_lora_flame_files")
-    arch, fmt = name.split("_")
+    arch, fmt = name.split("_")[:2]
     p = maker.base_model(arch).params
     sd = {k: v.numpy() for k, v in io.load_file(os.path.join(maker.OUT, f"{name}.safetensors")).items()}
     weights = comfy_weights(arch, p)
