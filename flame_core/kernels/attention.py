@@ -42,9 +42,12 @@ _FWD_CTAS_PER_SM = {(64, 128): 2, (64, 64): 4, (128, 128): 2, (128, 64): 3}  # (
 # stages); a CTA holds 64 query rows per warpgroup. SM90_FWD = False keeps every call on the sm_80 kernels (A/B).
 FWD_SM90_TILES = {64: (128, 2, 3), 128: (128, 2, 2)}
 SM90_FWD = True
-# The Hopper forward overlaps a warpgroup's softmax with its own P V product (FA3's intra-warpgroup pipelining) when
-# there is no mask (the masked variants would spill); False: softmax and products in sequence (A/B).
+# The Hopper forward overlaps a warpgroup's softmax with its own P V product (FA3's intra-warpgroup pipelining) at the
+# head dims of FWD_SM90_PIPE_DIMS when there is no mask (the masked variants spill). H200, bf16: SD3.5 1024² (D 64)
+# 0.866 -> 0.771 ms, SDXL self 0.416 -> 0.373; at D 128 (Flux) 0.755 -> 0.946, slower: S, O and two P register sets
+# exceed the consumers' registers there. False: softmax and products in sequence everywhere (A/B).
 SM90_FWD_PIPE = True
+FWD_SM90_PIPE_DIMS = (64,)
 SMALL_LK = 128  # at most this many keys (one key block, e.g. SDXL's 77 text tokens) the forward runs the sm_80
 # kernel's small tiles: 4 CTAs per SM beat the Hopper kernel's one (GPU time 0.019 vs 0.024 ms at SDXL cross, H100)
 # Hopper backward, cuda_src/flash_attention_bwd_sm90.cu: (consumer warpgroups, stages, BM) per padded head dim; a
@@ -53,7 +56,8 @@ BWD_SM90_TILES = {64: (2, 3, 128), 128: (2, 2, 64)}
 SM90_BWD = True
 # The Hopper backward adds each warpgroup's 64 x 64 dQ tile to a tiled fp32 accumulator with one bulk reduction from
 # shared memory (DQB = 1) instead of per-thread vector atomics; False: the atomics (A/B). The stage count drops
-# where the tiles' 16 KB of shared memory per warpgroup would not fit.
+# where the tiles' 16 KB of shared memory per warpgroup would not fit. H200, bf16, backward alone: Flux 1024²
+# 2.153 -> 1.706 ms, SD3.5 1024² 1.866 -> 1.629, SDXL self 0.851 -> 0.734, Flux 512² 0.376 -> 0.312.
 SM90_BWD_BULK_DQ = True
 SM90_SMEM_MAX = 227 * 1024
 
@@ -266,7 +270,7 @@ _F32 = np.dtype(np.float32)
 def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
     if mask is None:  # the repeated call: one dict lookup, two allocations, one packed launch
         key = (q.shape, q.strides, k.shape, k.strides, v.shape, v.strides, q.dtype, is_causal, scale,
-               q.data.device_id, SM90_FWD, SM90_FWD_PIPE, tiles, threading.get_ident())
+               q.data.device_id, SM90_FWD, SM90_FWD_PIPE, FWD_SM90_PIPE_DIMS, tiles, threading.get_ident())
         plan = _fwd_plans.get(key)
         if plan is not None:
             qp, kp, vp = q.data.ptr, k.data.ptr, v.data.ptr
@@ -292,9 +296,10 @@ def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
     if _use_sm90(D, tiles, Lk):
         BN, NWG, STAGES = tiles or FWD_SM90_TILES[D]
         BM = 64 * NWG
+        pipe = int(SM90_FWD_PIPE and kind == 0 and D in FWD_SM90_PIPE_DIMS)
         smem = 1024 + (BM + 2 * STAGES * BN) * D * 2
         fn = _kernel("flash_attention_fwd_sm90",
-                     f"flash_attn_fwd_sm90<{{T}}, {D}, {BN}, {NWG}, {STAGES}, {kind}, {int(SM90_FWD_PIPE and kind == 0)}>",
+                     f"flash_attn_fwd_sm90<{{T}}, {D}, {BN}, {NWG}, {STAGES}, {kind}, {pipe}>",
                      q.dtype, smem)
         block = ((NWG + 1) * 128, 1, 1)
     else:

@@ -264,6 +264,7 @@ def test_flash_kernel_against_float64(rng, monkeypatch, dt, case, fwd):
     monkeypatch.setattr(K, "SM90_BWD", fwd.startswith("sm90"))
     monkeypatch.setattr(K, "SM90_BWD_BULK_DQ", fwd in ("sm90", "sm90-unpiped"))
     monkeypatch.setattr(K, "SM90_FWD_PIPE", fwd in ("sm90", "sm90-atomic-dq"))
+    monkeypatch.setattr(K, "FWD_SM90_PIPE_DIMS", (64, 128))  # the pipelined kernel at every head dim it compiles for
     host, (q, k, v, do), mask, dmask, causal = _gpu_inputs(rng, case, np.dtype(BF16 if dt == "bfloat16" else dt))
     before = launching.launches
     o, lse = K.flash_attention_forward(q, k, v, dmask, causal)
@@ -286,7 +287,7 @@ def test_flash_kernel_against_float64(rng, monkeypatch, dt, case, fwd):
 
 
 @pytest.mark.gpu
-def test_sm90_kernels_are_the_default_on_hopper(rng):
+def test_sm90_kernels_are_the_default_on_hopper(rng, monkeypatch):
     if not loader.arch_available("sm_90a"):
         pytest.skip("needs a compute capability 9.0 GPU")
     cp = backend.cupy
@@ -306,6 +307,16 @@ def test_sm90_kernels_are_the_default_on_hopper(rng):
     bulk = [key[1] for key in K._functions if key[0] == "flash_attention_bwd_sm90" and key[1].endswith(", 1>")]
     assert {x.split(",")[1].strip() for x in bulk} == {"64", "128"}, bulk
     assert any(key[1] == "flash_attn_convert_tiles<{T}>" for key in K._functions)
+
+    # the pipelined forward where it measured faster (D 64), the sequential one elsewhere
+    used = []
+    real = K._kernel
+    monkeypatch.setattr(K, "_kernel", lambda stem, expr, *a: used.append(expr) or real(stem, expr, *a))
+    for e in (64, 128):
+        q = cp.asarray(rng.standard_normal((1, 3, 260, e)).astype(BF16))
+        K.flash_attention_forward(q, q, q)
+    fwd = [x for x in used if x.startswith("flash_attn_fwd_sm90")]
+    assert [(x.split(",")[1].strip(), x.endswith(", 1>")) for x in fwd] == [("64", True), ("128", False)], fwd
 
 
 @pytest.mark.gpu
