@@ -478,7 +478,8 @@ def main(argv=None):
                           tokenizer=args.tokenizer, loras=args.lora, width=args.width, height=args.height,
                           steps=args.steps, guidance=args.guidance, seed=args.seed, num_images=args.num_images,
                           batch_size=args.batch_size, output=args.output, device=args.device, dtype=args.dtype,
-                          fp8="compute" if args.fp8_compute else args.fp8, max_gpu_memory=args.max_gpu_memory, max_length=args.max_length,
+                          fp8="compute" if args.fp8_compute else args.fp8, max_gpu_memory=args.max_gpu_memory,
+                          max_length=args.max_length,
                           progress=not args.no_progress, stats=stats, arch=args.arch, **_family_options(args))
     except _USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
