@@ -347,7 +347,11 @@ class Trainer:
                                    d.num_repeats) for d in c.datasets]
             return parts[0] if len(parts) == 1 else ConcatDataset(parts)
         s = c.synthetic
-        return SyntheticDataset(s.num_samples, s.height, s.width, fam.synthetic_conditioning(self.spec, s.text_length),
+        cond = fam.synthetic_conditioning(self.spec, s.text_length)
+        if fam.control_images:   # (Flux Kontext) a control image of the target's size, as a paired dataset's
+            f = fam.vae_scale_factor
+            cond["control_latents"] = (fam.latent_channels, s.height // f, s.width // f)
+        return SyntheticDataset(s.num_samples, s.height, s.width, cond,
                                 latent_channels=fam.latent_channels, vae_scale_factor=fam.vae_scale_factor,
                                 num_classes=min(4, s.num_samples), seed=s.seed)
 
