@@ -114,7 +114,7 @@ def test_quantize_per_tensor_kernel_bit_exact(ab, rng, dt, shape):
 @pytest.mark.gpu
 def test_quantize_per_tensor_kernel_unaligned_and_zero(rng):
     cp = backend.cupy
-    x = cp.asarray(rand(rng, (1001,), BF16, scale=2.0))[1:]   # 2-byte aligned: the scalar path
+    x = cp.asarray(rand(rng, (1001,), BF16, scale=2.0))[1:]   # an offset view (copied to an aligned buffer)
     q, s = T.quantize_per_tensor(x)
     qr, sr = T._quantize_ref(x)
     assert cp.array_equal(q, qr) and cp.array_equal(s, sr)

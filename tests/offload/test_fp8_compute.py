@@ -154,7 +154,7 @@ def test_tiny_flux_fp8_compute_error_against_bf16_and_streaming_matches_resident
     err = rel(fp8, ref)
     # measured on cpu: fp8 storage alone (row scales) 0.045; fp8 compute adds the activations' rounding
     assert 0.01 < err < 0.12, err
-    assert_same(streamed, fp8, device)
+    assert_same(streamed, fp8, device, cuda_rtol=1e-2)   # cuda: bf16 outputs, another algorithm per address
 
 
 def test_lora_trains_on_top_of_fp8_compute(device):
