@@ -351,3 +351,15 @@ def test_with_trained_text_encoders_the_held_out_captions_go_through_them(tmp_pa
     for p in tr.text_encoders.params:                              # only the text encoders' adapters move
         p.data = p.data + 0.05
     assert tr.validate()["loss"] != first["loss"]
+
+
+def test_the_commands_flags_set_the_validation_section(tmp_path, images, held_out):
+    a = train.parser().parse_args(["--data", images, "--resolution", "64", "--validation-split", "0.25"])
+    cfg, _, _ = train.build_config(a)
+    assert (cfg.validation.split, cfg.validation.folder_path) == (0.25, None)
+    a = train.parser().parse_args(["--data", images, "--resolution", "64", "--validation", held_out])
+    assert train.build_config(a)[0].validation.folder_path == held_out
+    a = train.parser().parse_args(["--data", images, "--resolution", "64", "--validation", held_out,
+                                   "--validation-split", "0.1"])
+    with pytest.raises(ConfigError, match="validation.split: given together with folder_path"):
+        train.build_config(a)
