@@ -40,7 +40,7 @@ __global__ void fp8_amax_scale(const T* __restrict__ x, i64 n, unsigned int* sta
     __syncthreads();
     if (last && threadIdx.x == 0) {
         const float a = __uint_as_float(atomicAdd(state, 0u));  // an atomic read: past the other blocks' fences
-        const bool safe = a > 0.f && isfinite(a);
+        const bool safe = a > 0.f && a < __int_as_float(0x7f800000);  // finite and not NaN
         scale[0] = safe ? a / FP8_MAX : 1.f;
         scale[1] = safe ? FP8_MAX / a : 1.f;
     }

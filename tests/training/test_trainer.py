@@ -143,6 +143,22 @@ def test_fp8_compute_runs_the_block_matmuls_in_fp8_and_trains(tmp_path):
 
 
 @pytest.mark.gpu
+def test_fp8_compute_on_cuda_resident_and_under_a_budget(tmp_path):
+    # bf16 with CUDA graphs (the trainer's defaults on cuda): the blocks' matmuls through cuBLASLt's fp8 GEMM, the
+    # blocks resident, then packed by the streamer under max_gpu_memory; the two runs compute the same numbers
+    from flame_core.kernels import scaled_mm
+    losses = {}
+    for budget in (None, "8GiB"):
+        c = cfg(tmp_path, f"fp8c{budget}", device="cuda", steps=8)
+        c.model.quantize, c.train.fp8_compute, c.max_gpu_memory = True, True, budget
+        scaled_mm.last_path = None
+        losses[budget] = np.array(Trainer(c, verbose=False).train()["losses"])
+        assert scaled_mm.last_path == "cublaslt"
+        assert np.isfinite(losses[budget]).all()
+    np.testing.assert_allclose(losses["8GiB"], losses[None], rtol=2e-2)
+
+
+@pytest.mark.gpu
 def test_a_capture_over_the_budget_streams_more_blocks_and_captures_again(tmp_path):
     # the first capture raises OutOfMemoryError (as a capture over max_gpu_memory does): the trainer demotes resident
     # blocks, runs that step eagerly and captures at the next step; the numbers stay the eager run's
