@@ -2,14 +2,18 @@
 
 N = 4608 tokens (1024x1024 image + T5 512); (in -> out) = 3072->9216 (qkv), 3072->3072 (proj), 3072->12288 (mlp in),
 12288->3072 (mlp out), 15360->3072 (single block linear2), and 3072->21504 (single block linear1).
-Columns, median ms between CUDA events:
+Columns, median GPU ms between CUDA events (a 1 GiB memset queued ahead of each interval keeps the GPU busy while
+the host issues the calls, so the figure is the GPU's work, not Python's launch time: a CUDA-graphed step sees that):
   bf16 fwd        FLAME's cuBLASLt bf16 matmul + bias epilogue (gemm_lt.matmul_bias), y = x @ W^T + b
   fp8 gemm        scaled_mm alone on e4m3 operands (bias epilogue, bf16 out), accurate accumulation
   fp8 gemm fast   the same with CUBLASLT_MATMUL_DESC_FAST_ACCUM
-  fp8 fwd         what the layer runs: x's amax + cast (fp8_tensor.quantize_per_tensor) + scaled_mm
+  quant x         x's amax + cast alone (fp8_tensor.quantize_per_tensor: two kernels)
+  fp8 fwd         what the layer runs: quant x + scaled_mm
+  transpose W     the e4m3 weight's bytes transposed (the K-major operand of the input gradient)
   bf16 dX / fp8 dX  the input gradient dY @ W: bf16 GEMM / dY quantised + W transposed + scaled_mm
   torch bf16      F.linear in bf16;  torch _scaled_mm  on the same e4m3 bytes and scales (use_fast_accum=False)
-and |FLAME fp8 - torch _scaled_mm| / |torch| over the outputs (the same bytes: they should agree to bf16 rounding).
+and |FLAME fp8 - torch _scaled_mm| / |torch| over the outputs (the same bytes: they should agree to bf16 rounding);
+host us: the host's time to issue one fp8 fwd / one bf16 fwd (eager steps hide it only while the GPU runs behind).
 Run: PYTHONPATH=$PWD python3 bench/fp8_gemm.py [--tokens 4608] [--repeats 20]   (writes JSON under $OUT or bench/)
 """
 import argparse
@@ -57,13 +61,18 @@ def main():
             "bf16 fwd": lambda: gemm_lt.matmul_bias(x, w.T, b),
             "fp8 gemm": lambda: S.scaled_mm(qx, qw, sx, sw, bias=b, out_dtype=BF16),
             "fp8 gemm fast": lambda: S.scaled_mm(qx, qw, sx, sw, bias=b, out_dtype=BF16, fast_accum=True),
+            "quant x": lambda: T.quantize_per_tensor(x),
+            "transpose W": lambda: T.transpose_fp8(qw, out=qt),
             "fp8 fwd": fwd_fp8,
             "bf16 dX": lambda: gemm.mm(g, w),
             "fp8 dX": bwd_fp8,
         }
         y = S.scaled_mm(qx, qw, sx, sw, bias=b, out_dtype=BF16)
         assert S.last_path == "cublaslt", f"no cuBLASLt fp8 algorithm for ({M}, {K}) x ({N}, {K})"
-        out = {k: common.cuda_ms(f, a.repeats, 3)[0] for k, f in ms.items()}
+        busy, busy_torch = common.busy_gpu(), common.busy_gpu("torch") if torch is not None else None
+        out = {k: common.cuda_ms(f, a.repeats, 3, before=busy)[0] for k, f in ms.items()}
+        res.log(f"{K}x{N}_fp8_fwd_host_us", round(common.host_us(fwd_fp8), 1))
+        res.log(f"{K}x{N}_bf16_fwd_host_us", round(common.host_us(ms["bf16 fwd"]), 1))
         tr = {}
         if torch is not None:
             tx = torch.as_tensor(qx, device="cuda").view(torch.float8_e4m3fn)
@@ -73,11 +82,11 @@ def main():
             xb = torch.as_tensor(x.astype(np.float32), device="cuda").to(torch.bfloat16)
             wb = torch.as_tensor(w.astype(np.float32), device="cuda").to(torch.bfloat16)
             tr["torch bf16"] = common.cuda_ms(lambda: torch.nn.functional.linear(xb, wb, tb), a.repeats, 3,
-                                              lib="torch")[0]
+                                              lib="torch", before=busy_torch)[0]
 
             def smm():
                 return torch._scaled_mm(tx, tw.t(), scale_a=tsx, scale_b=tsw, bias=tb, out_dtype=torch.bfloat16)
-            tr["torch _scaled_mm"] = common.cuda_ms(smm, a.repeats, 3, lib="torch")[0]
+            tr["torch _scaled_mm"] = common.cuda_ms(smm, a.repeats, 3, lib="torch", before=busy_torch)[0]
             ty = cp.asarray(smm().float())
             diff = float(cp.abs(y.astype(cp.float32) - ty).max() / cp.abs(ty).max())
             res.log(f"{K}x{N}_vs_torch_max_rel", diff)
@@ -88,10 +97,11 @@ def main():
         rows.append([f"{K}->{N}", *(round(out[k], 3) for k in ms), common.ratio(out["fp8 fwd"], out["bf16 fwd"]),
                      common.ratio(out["fp8 dX"], out["bf16 dX"]),
                      *(round(tr[k], 3) if k in tr else None for k in ("torch bf16", "torch _scaled_mm")),
-                     res.get(f"{K}x{N}_vs_torch_max_rel")])
+                     res.get(f"{K}x{N}_vs_torch_max_rel"), res.get(f"{K}x{N}_fp8_fwd_host_us"),
+                     res.get(f"{K}x{N}_bf16_fwd_host_us")])
     res.save()
     print(common.table(["in->out", *ms, "fp8÷bf16 fwd", "fp8÷bf16 dX", "torch bf16", "torch _scaled_mm",
-                        "vs torch"], rows,
+                        "vs torch", "fp8 fwd host us", "bf16 fwd host us"], rows,
                        title=f"\nfp8 vs bf16 GEMM, M = {M} tokens (median ms; fp8 fwd and dX include quantisation)"))
 
 
