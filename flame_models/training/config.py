@@ -132,6 +132,8 @@ class ModelConfig:
     dtype: str = "bf16"                  # dtype of the frozen base weights
     quantize: typing.Any = False         # store the blocks' frozen Linear weights as fp8 (e4m3, per-channel scales):
                                          # true or 'fp8' (also float8 / qfloat8: ai-toolkit's qtype name)
+    qtype: typing.Optional[str] = None   # ai-toolkit's quantisation type: only its fp8 ones (qfloat8, float8, fp8),
+                                         # what model.quantize stores; others are errors
     is_flux: typing.Optional[bool] = None  # ai-toolkit's flags: without arch, the one that is true chooses it;
     is_v3: typing.Optional[bool] = None    # with arch, they must agree with it
     is_xl: typing.Optional[bool] = None
@@ -463,6 +465,10 @@ def _clean_quantize(cfg, p, errors):
     elif not isinstance(q, bool):
         errors.append(f"{p}model.quantize: true, false or 'fp8' (FLAME stores frozen weights in fp8 e4m3), got {q!r}")
         cfg.model.quantize = False
+    qt = cfg.model.qtype
+    if qt is not None and (not isinstance(qt, str) or qt.lower() not in FP8_NAMES):
+        errors.append(f"{p}model.qtype: FLAME quantises the frozen weights to fp8 (e4m3) only: qfloat8, float8 or fp8, "
+                      f"got {qt!r}")
     if cfg.train.fp8_compute and not cfg.model.quantize:
         errors.append(f"{p}train.fp8_compute: computes with the fp8 weights of model.quantize; set model.quantize: "
                       f"fp8 too")
