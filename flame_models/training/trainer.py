@@ -187,7 +187,8 @@ class Trainer:
                 lat = self.dataset.latent_shape(0)
                 h, w = lat[1] * fam.vae_scale_factor, lat[2] * fam.vae_scale_factor
             c.sample.height, c.sample.width = c.sample.height or h, c.sample.width or w
-        problems = image_size_problems(c, fam, self.spec, self.dataset if self.image_data else None)
+        problems = image_size_problems(c, fam, self.spec, self.dataset if self.image_data else None,
+                                       self.validation_images)
         if problems:  # before any encoding and before the run's folder is touched
             raise ConfigError("; ".join(problems))
         return kinds
@@ -665,12 +666,14 @@ class Trainer:
         try:
             with self._averaged(), (self.ema.swapped() if self.ema is not None else nullcontext()), \
                     self.meter.stage("validation", quiet=True):
-                return self.validation.run(self.model, self.step, self.progress.active_time if self.progress
-                                           else self.active_time, self.trackers, self.autocast_dtype)
+                got = self.validation.run(self.model, self.step, self.progress.active_time if self.progress
+                                          else self.active_time, self.trackers, self.autocast_dtype)
         finally:
             self.model.train()
             if self.text_encoders is not None:
                 self.text_encoders.train(True)
+        self.log(f"validation loss {got['loss']:.4f} at step {self.step}")
+        return got
 
     # ------------------------------------------------------------------------------------------ saving
     @on_main_rank  # ddp
