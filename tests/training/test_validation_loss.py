@@ -295,7 +295,8 @@ def test_the_training_command_runs_with_a_validation_loss(tmp_path, tiny_model, 
 
 
 # ----------------------------------------------------------------------------- every family
-FAMILIES = {"sdxl": {"arch": "sdxl", "t5_max_length": None}, "sd3": {"arch": "sd3"}, "chroma": {"arch": "chroma"}}
+FAMILIES = {"sdxl": {"arch": "sdxl", "t5_max_length": None}, "sd3": {"arch": "sd3"}, "chroma": {"arch": "chroma"},
+            "qwen_image": {"arch": "qwen_image", "t5_max_length": None}}
 
 
 @pytest.mark.parametrize("arch", sorted(FAMILIES))
