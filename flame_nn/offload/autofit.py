@@ -205,7 +205,8 @@ def auto_fit(streamer, max_gpu_memory, step_fn, *, extra_bytes=0, headroom=None,
     verify_steps  how many steps the verification runs (the pool's layout drifts from step to step)
     margin        the verification runs under a limit this much below the budget (default headroom // 2)
     count_driver_overhead   on cuda, count the device memory outside the pool (context etc.) against the budget
-    offload_activations     None: turned on only when the budget needs it (or left on if the streamer has it);
+    offload_activations     None: turned on only when the budget needs it (left on when the streamer's owner
+                  turned it on; one an earlier fit turned on is decided again);
                   True / False: on / off whatever the budget
     Returns a FitReport."""
     budget = parse_size(max_gpu_memory)
@@ -220,6 +221,8 @@ def auto_fit(streamer, max_gpu_memory, step_fn, *, extra_bytes=0, headroom=None,
     can_offload = hasattr(streamer, "activations")  # (a stand-in streamer in tests may not offer it)
     if offload_activations is not None and can_offload:
         streamer.offload_activations = bool(offload_activations)
+    elif can_offload and getattr(streamer, "_offload_by_fit", False):
+        streamer.offload_activations = False  # an earlier fit turned it on: this budget decides again
     offloading = can_offload and streamer.offload_activations
     auto_offload = can_offload and offload_activations is None and not offloading
 
@@ -262,6 +265,7 @@ def auto_fit(streamer, max_gpu_memory, step_fn, *, extra_bytes=0, headroom=None,
         if (plan.offload_activations and not offloading) or plan.quantize_outside:
             if can_offload:
                 offloading = streamer.offload_activations = plan.offload_activations
+                streamer._offload_by_fit = offloading
             if plan.quantize_outside:
                 outside_bytes = streamer.quantize_outside_()
                 outside_names = list(streamer.outside_fp8)

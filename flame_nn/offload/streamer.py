@@ -264,6 +264,7 @@ class BlockStreamer:
 
     @offload_activations.setter
     def offload_activations(self, on):
+        self._offload_by_fit = False  # (auto_fit marks the ones it turned on itself)
         if bool(on) != self.offload_activations:
             if self.activations is not None:
                 self.activations.join()

@@ -163,6 +163,11 @@ def test_auto_fit_offloads_only_when_the_budget_needs_it(device):
     assert "offloaded to pinned host memory" in str(rep)
     want = grads_of(ref, x)
     same(grads_of(net, x), want, device)
+    again = auto_fit(st, "64GiB", step, **kw)  # a larger budget decides again: the fit had turned it on
+    assert not again.offload_activations and st.activations is None
+    st.offload_activations = True  # the owner's choice stays
+    assert auto_fit(st, "64GiB", step, **kw).offload_activations
+    st.offload_activations = False
     # forced off, the same budget is refused, naming the minimum
     with pytest.raises(Exception, match="below the minimum"):
         auto_fit(st, budget, step, offload_activations=False, **kw)
