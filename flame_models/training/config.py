@@ -84,6 +84,9 @@ class TrainSection:
     steps: int = 2000
     gradient_accumulation_steps: int = 1
     gradient_checkpointing: bool = True
+    offload_activations: typing.Optional[bool] = None  # under max_gpu_memory: the checkpointed block inputs kept in
+                                         # pinned host memory until backward (None: when the budget needs it;
+                                         # flame_nn.offload.activations)
     cuda_graph: bool = True              # forward + backward replayed as a CUDA graph on cuda (flame_core.cuda)
     noise_scheduler: str = "flowmatch"   # flowmatch (flux, sd3) | ddpm (sdxl; its default)
     # flow matching (flux, sd3): how sigma is drawn, and the loss weight by sigma (objective.py, timesteps.py)
