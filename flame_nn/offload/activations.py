@@ -138,8 +138,9 @@ class ActivationOffload:
         self._last = index
         prev, self._prev = self._prev, {id(t): t for t in tensors}
         items, copies, nbytes = [], [], 0
+        on_device = backend.is_cuda_array if self.device.type == "cuda" else (lambda a: not backend.is_cuda_array(a))
         for k, t in enumerate(tensors):
-            if first or id(t) in prev or t._f8:
+            if first or id(t) in prev or t._f8 or not on_device(t.array):  # (an input elsewhere stays where it is)
                 items.append(("keep", t.detach()))
                 continue
             items.append(("host", k, tuple(t.shape), t.array.dtype))
