@@ -270,6 +270,14 @@ def auto_fit(streamer, max_gpu_memory, step_fn, *, extra_bytes=0, headroom=None,
                 outside_bytes = streamer.quantize_outside_()
                 outside_names = list(streamer.outside_fp8)
             static, peak, overhead = _measure(streamer, step_fn, dev, count_driver_overhead, overhead)
+        if peak + extra + overhead + headroom > budget and outside and not outside_bytes:
+            # the offload saved less than planned: the fp8 outside the blocks is the saver left
+            plan.quantize_outside = True
+            plan.steps.append(("measured" + (" with the block inputs offloaded" if offloading else ""),
+                               peak + extra + overhead))
+            outside_bytes = streamer.quantize_outside_()
+            outside_names = list(streamer.outside_fp8)
+            static, peak, overhead = _measure(streamer, step_fn, dev, count_driver_overhead, overhead)
     except OutOfMemoryError as e:
         if auto_offload and streamer.activations is not None and streamer.activations.count_only:
             streamer.activations = None  # the probe of the measured step
