@@ -28,7 +28,7 @@ APPLICABLE = (
     "train.max_grad_norm", "train.gradient_accumulation_steps", "train.gradient_checkpointing", "train.cuda_graph",
     "train.timestep_type", "train.shift", "train.sigmoid_scale", "train.logit_mean", "train.logit_std",
     "train.ema_config.ema_decay", "train.dtype", "train.guidance", "train.skip_first_sample",
-    "train.disable_sampling",
+    "train.disable_sampling", "train.reg_weight",
 )
 # whole values compared as one (a list of datasets, free-form mappings)
 _LEAVES = ("datasets", "meta", "network.target", "network.network_kwargs", "train.optimizer_params",
@@ -58,6 +58,15 @@ def _norm(v):
     return [_norm(x) for x in v] if isinstance(v, (list, tuple)) else v
 
 
+def _recorded(old, new):
+    """`new` with the keys of its mappings that `old` does not record dropped (fields added to a list's entries --
+    a dataset's -- after the old config was written), where old and new are lists of mappings of one length."""
+    if (isinstance(old, list) and isinstance(new, list) and len(old) == len(new)
+            and all(isinstance(x, dict) for x in old + new)):
+        return [{k: v for k, v in n.items() if k in o} for o, n in zip(old, new)]
+    return new
+
+
 def compare(old, new):
     """(breaking, applied): lists of (path, old value, new value) between two config dicts (config.config_dict).
     Fields the old config does not record (written by an older FLAME) are not compared."""
@@ -66,7 +75,7 @@ def compare(old, new):
     for path in sorted(set(a) | set(b)):
         if path not in a:
             continue
-        va, vb = _norm(a.get(path)), _norm(b.get(path))
+        va, vb = _norm(a.get(path)), _norm(_recorded(a.get(path), b.get(path)))
         if va != vb:
             (applied if _applicable(path) else breaking).append((path, va, vb))
     return breaking, applied

@@ -165,6 +165,7 @@ def validate(cfg, prefix="", check_files=True):
         e.append(f"{p}synthetic: given together with datasets; use one")
     for i, d in enumerate(cfg.datasets):
         e += validate_dataset_config(d, f"{p}datasets[{i}]", check_files=False)
+    e += _reg_problems(cfg, p)
     if any(d.control_path is not None for d in cfg.datasets):
         for i, d in enumerate(cfg.datasets):
             if d.control_path is None:
@@ -220,6 +221,27 @@ def validate(cfg, prefix="", check_files=True):
     e += _family_checks(cfg, family, p)
     if check_files:
         e += file_problems(cfg, family, p)
+    return e
+
+
+def _reg_problems(cfg, p):
+    """Regularisation images (is_reg) and their settings: train.reg_weight / reg_ratio only with such a dataset
+    (never accepted and ignored), and at least one dataset to train on besides them."""
+    e, t = [], cfg.train
+    regs = [d.is_reg is True for d in cfg.datasets]
+    if t.reg_weight < 0:
+        e.append(f"{p}train.reg_weight: the regularisation images' loss weight, >= 0, got {t.reg_weight}")
+    if not 0 < t.reg_ratio < 1:
+        e.append(f"{p}train.reg_ratio: the share of micro-batches drawn from the regularisation images, in (0, 1), "
+                 f"got {t.reg_ratio}")
+    if not any(regs):
+        for k in ("reg_weight", "reg_ratio"):
+            if f"train.{k}" in cfg.given:
+                e.append(f"{p}train.{k}: no dataset has is_reg: true (regularisation images); give one or remove "
+                         f"the key")
+    elif all(regs):
+        e.append(f"{p}datasets: every dataset is is_reg: true; regularisation images go beside the images being "
+                 f"trained (give at least one dataset without is_reg)")
     return e
 
 
