@@ -4,10 +4,12 @@ latent pixel for the loss of each sample, placed exactly as its image is, and ca
     mask_path: masks/      masks/a.png is the mask of images/a.png (the same relative name, any image extension)
     alpha_mask: true       the image's own alpha channel is its mask (an image without alpha: all 1)
 
-A mask is read as grayscale in [0, 1] (8-bit / 255, 16-bit / 65535; colour masks through Pillow's "L" conversion:
-what ai-toolkit does; EXIF orientation applied), `invert_mask` turns m into 1 - m, and it goes through its image's
-placement: resized to the image's cover size (the mask is stretched from its own size, which must have the image's
-aspect ratio), cropped at the image's crop and flipped with it (LANCZOS in float, clipped to [0, 1]). Then each
+A mask is read as 8-bit grayscale (colour masks through Pillow's "L" conversion, as ai-toolkit reads them; 16-bit
+ones scaled by their bit depth, as images are; EXIF orientation applied) and goes through its image's placement in
+the image's own pixel format: resized to the image's cover size with the same LANCZOS filter (the mask is stretched
+from its own size, which must have the image's aspect ratio), cropped at the image's crop and flipped with it -- a
+mask holding an image's gray levels comes out as that image's pixels, exactly. Then m = value / 255 in [0, 1],
+`invert_mask` turns m into 1 - m, and each
 latent pixel takes the mean of the f x f pixels it encodes (f = the VAE's 8: PyTorch's interpolate(mode="area"), as
 kohya resizes its masks; buckets are multiples of 32 px, so the blocks are whole), and the weights are
 mask_min_value + (1 - mask_min_value) * m. The loss (training/loss_weights.py) multiplies each latent element's
@@ -63,14 +65,14 @@ class MaskSpec:
         when asked; before mask_min_value)."""
         from PIL import Image
         m = read_mask(self.path, self.alpha, self.max_pixels)
-        im = Image.fromarray(m, "F").resize(self.resized, Image.Resampling.LANCZOS)
+        im = Image.fromarray(m, "L").resize(self.resized, Image.Resampling.LANCZOS)     # as LatentSpec.pixels
         top, left = self.crop
         im = im.crop((left, top, left + self.bucket.width, top + self.bucket.height))
         if self.flip_x:
             im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         if self.flip_y:
             im = im.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
-        m = np.clip(np.asarray(im, dtype=np.float32), 0.0, 1.0)
+        m = np.asarray(im, dtype=np.float32) / 255.0
         return 1.0 - m if self.invert else m
 
     def weights(self):
@@ -83,8 +85,8 @@ class MaskSpec:
 
 
 def read_mask(path, alpha=False, max_pixels=I.MAX_PIXELS):
-    """(H, W) float32 in [0, 1] of a mask file (EXIF orientation applied): its gray levels, or with `alpha` its
-    alpha channel (all 1 when it has none)."""
+    """(H, W) uint8 of a mask file (EXIF orientation applied): its gray levels, or with `alpha` its alpha channel
+    (all 255 when it has none)."""
     from PIL import Image, ImageOps
     try:
         im = I.open_image(I.read_bytes(path), path, max_pixels)
@@ -98,13 +100,14 @@ def read_mask(path, alpha=False, max_pixels=I.MAX_PIXELS):
         if im.mode == "P" or (im.mode in ("RGB", "L") and "transparency" in im.info):
             im = im.convert("RGBA")
         if im.mode not in ALPHA_MODES:
-            return np.ones((im.height, im.width), np.float32)
-        return np.asarray(im.getchannel("A"), dtype=np.float32) / 255.0
+            return np.full((im.height, im.width), 255, np.uint8)
+        return np.asarray(im.getchannel("A"), dtype=np.uint8)
     if im.mode in ("I;16", "I;16B", "I;16L", "I"):     # 16-bit grey: by bit depth, as images.py reads it
-        return np.clip(np.asarray(im, dtype=np.float32), 0, 65535) / 65535.0
-    if im.mode == "F":
-        return np.clip(np.asarray(im, dtype=np.float32), 0.0, 1.0)
-    return np.asarray(im.convert("L"), dtype=np.float32) / 255.0
+        a = np.clip(np.asarray(im, dtype=np.float64), 0, 65535)
+        return np.round(a * (255.0 / 65535.0)).astype(np.uint8)
+    if im.mode == "F":                                   # a float mask (TIFF): values in [0, 1]
+        return np.round(np.clip(np.asarray(im, dtype=np.float64), 0.0, 1.0) * 255.0).astype(np.uint8)
+    return np.asarray(im.convert("L"), dtype=np.uint8)
 
 
 def find_mask(rec, mask_path, max_pixels):

@@ -124,7 +124,8 @@ def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, ve
             if dataset is not None and masks is not None:
                 specs = dataset.mask_specs(masks.factor)
                 out.encoded["masks"] = masks.fill(specs, progress=verbose)
-                log(f"loss masks: {out.encoded['masks']} of {len(specs)} placed (the others cached)")
+                log(f"loss masks: {out.encoded['masks']} placed on the latent grid ({len(specs)} masked samples; the "
+                    f"rest were cached)")
             if vae is not None:
                 out.decode, out.decode_bytes = _decoder(fam, vae, (c.sample.height, c.sample.width), dev, meter)
             del vae
