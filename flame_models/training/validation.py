@@ -329,6 +329,8 @@ def file_problems(cfg, family, p=""):
         if kind is None:
             e.append(f"{where}.folder_path: {d.folder_path} holds neither images nor precomputed samples "
                      f"(.safetensors)")
+        elif kind == "images" and isinstance(d.mask_path, str) and d.mask_path and not os.path.isdir(d.mask_path):
+            e.append(f"{where}.mask_path: no such folder: {d.mask_path}")
         elif kind == "samples":
             extra = sorted(k.split(".", 1)[1] for k in cfg.given
                            if k.startswith(f"datasets[{i}].") and k.split(".", 1)[1] not in SAMPLE_FOLDER_FIELDS)
