@@ -51,8 +51,9 @@ class TrainingDataset:
         if lat or txt or masks:
             shown = ([f"latents of {s.path} at {s.bucket}" for s in lat[:10]] + [f"text of {p!r}" for p in txt[:10]]
                      + [f"mask {s.path} at {s.bucket}" for s in masks[:10]])
-            raise DataError(f"{len(lat)} latent, {len(txt)} text-embedding and {len(masks)} mask cache entries are "
-                            f"missing (fill the caches first):\n  " + "\n  ".join(shown))
+            counts = (f"{len(lat)} latent, {len(txt)} text-embedding and {len(masks)} mask" if self.masks is not None
+                      else f"{len(lat)} latent and {len(txt)} text-embedding")
+            raise DataError(f"{counts} cache entries are missing (fill the caches first):\n  " + "\n  ".join(shown))
 
     def get(self, i, epoch):
         """One sample as it trains in `epoch`: latents (C, h, w), the caption's embeddings by name, the caption,
