@@ -14,6 +14,10 @@ The DDPM objective of ε / v-prediction models (SDXL) is ddpm_objective.py.
     v   = ε − x0                  (the velocity the transformer predicts)
     L   = mean_b(w(σ_b) · mean((v̂ − v)²))   (MSE in float32; w = 1 unless a loss weighting is chosen)
 
+loss(..., mask=, sample_weights=) also takes a loss mask m (per element: the datasets' masks on the latent grid) and
+further per-sample weights r_b (regularisation images' reg_weight): L = mean_b(w_b · r_b · mean(m · (v̂ − v)²))
+(training/loss_weights.py makes both from a batch).
+
 Loss weightings (train.weighting_scheme; diffusers' compute_loss_weighting_for_sd3 and kohya's names):
     none / uniform  w = 1
     sigma_sqrt      w = σ^-2

@@ -168,3 +168,13 @@ def test_checkpoints_written_before_the_new_dataset_fields_still_resume():
     assert compare(old, cur) == ([], [])
     changed = {**cur, "datasets": [{**cur["datasets"][0], "resolution": 128}]}
     assert [p for p, _, _ in compare(old, changed)[0]] == ["datasets"]
+
+
+def test_the_mask_flag_gives_the_data_folder_its_masks(tmp_path, capsys):
+    images = draw_images(tmp_path / "img", n_concept=1, n_other=1)
+    masks = _half_masks(images, tmp_path / "masks")
+    args = ["--data", images, "--resolution", "64", "--output", str(tmp_path), "--device", "cpu"]
+    cfg, _, _ = train.build_config(train.parser().parse_args(args + ["--mask", masks]))
+    assert cfg.datasets[0].mask_path == masks
+    assert train.main(["--mask", masks, "--output", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == "error: --mask: give the images' folder too (--data)\n"
