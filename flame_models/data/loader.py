@@ -25,7 +25,7 @@ class TrainingDataset:
     def __init__(self, dataset, latents, texts, masks=None, only=None):
         self.dataset, self.latents, self.texts, self.masks = dataset, latents, texts, masks
         self.only = None if only is None else frozenset(int(i) for i in only)
-        if dataset.has_masks and masks is None:
+        if getattr(dataset, "has_masks", False) and masks is None:
             raise DataError("the datasets have masks (mask_path / alpha_mask): give TrainingDataset their MaskCache")
 
     def __len__(self):
@@ -72,7 +72,7 @@ class TrainingDataset:
             lat = item["latents"]
             item["loss_mask"] = (self.masks.load(spec) if spec is not None
                                  else np.ones((1,) + tuple(np.shape(lat)[-2:]), np.float32))
-        if d.has_reg:
+        if getattr(d, "has_reg", False):
             item["is_reg"] = d.is_reg(i)
         item["caption"] = caption
         item["original_size"], item["crop_coords"], item["target_size"] = (d.original_size(i), d.crop_coords(i),
