@@ -26,6 +26,7 @@ Loss masks (`mask_path` / `alpha_mask`, ai-toolkit's names: masks.py) follow the
 (`mask_spec`); an image without a mask file trains with weight 1 (a warning names it). Regularisation images
 (`is_reg: true`) are samples like the others, flagged (`is_reg(i)`); the loader draws them in their own batches.
 """
+import copy
 import hashlib
 import json
 import os
@@ -116,6 +117,7 @@ class ImageDataset:
 
     def __init__(self, configs, seed=0, trigger_word=None, cache_dir=None, progress=True):
         self.configs, self.seed, self.warnings = list(configs), int(seed), []
+        self.trigger_word = trigger_word
         self._fingerprint = None
         if not self.configs:
             raise DataError("datasets: no dataset given")
@@ -256,6 +258,26 @@ class ImageDataset:
             self.warnings.append(f"{len(lst)} image(s) smaller than their bucket at resolution {r} are not trained "
                                  f"at {r} (allow_upscale: true or --allow-upscale upscales them): {names}")
         return too_small
+
+    def select(self, records, configs=None):
+        """A dataset of `records` (indices into self.records) only, placed again -- under `configs` (one per
+        config of this dataset, same folders) when given: a held-out part of the images (holdout.py) without
+        decoding any image again."""
+        out = copy.copy(self)
+        if configs is not None:
+            out.configs = list(configs)
+            out.rules = [CaptionRule(c, self.seed, self.trigger_word) for c in out.configs]
+        records = sorted(records)
+        out.records = [self.records[i] for i in records]
+        out.raw_captions = [self.raw_captions[i] for i in records]
+        out.record_config = [self.record_config[i] for i in records]
+        out.controls = [self.controls[i] for i in records]
+        out.masks = [self.masks[i] for i in records]
+        out.warnings, out.samples, out._fingerprint = [], [], None
+        problems = out._place()
+        if problems:
+            raise DataError(f"{len(problems)} unusable file(s) in the datasets:" + _listing(problems))
+        return out
 
     # ------------------------------------------------------------------ access
     def __len__(self):

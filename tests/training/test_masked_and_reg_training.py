@@ -178,3 +178,27 @@ def test_the_mask_flag_gives_the_data_folder_its_masks(tmp_path, capsys):
     assert cfg.datasets[0].mask_path == masks
     assert train.main(["--mask", masks, "--output", str(tmp_path)]) == 2
     assert capsys.readouterr().err == "error: --mask: give the images' folder too (--data)\n"
+
+
+def test_a_validation_split_keeps_each_image_its_own_mask_and_leaves_regularisation_folders_whole(tmp_path):
+    from flame_models.training.image_data import image_datasets
+    images = draw_images(tmp_path / "img")
+    masks = tmp_path / "masks"
+    masks.mkdir()
+    names = sorted(f for f in os.listdir(images) if f.endswith(".png"))
+    for k, f in enumerate(names):                                     # each mask its own gray level
+        Image.fromarray(np.full((64, 64), 20 * k, np.uint8)).save(masks / f)
+    reg = draw_images(tmp_path / "reg", n_concept=0, n_other=4)
+    ds = [{"folder_path": images, "mask_path": str(masks), "resolution": 64, "bucket_tolerance": 32},
+          {"folder_path": reg, "is_reg": True, "resolution": 64, "bucket_tolerance": 32}]
+    cfg = image_config(tmp_path, "v", None, images, datasets=ds, model=RANDOM, validation={"split": 0.34})
+    train_ds, held = image_datasets(cfg, verbose=False)
+    assert len(held.records) == 2 and all(r.path.startswith(images) for r in held.records)   # none from reg/
+    assert sum(train_ds.is_reg(i) for i in range(len(train_ds))) == 4                       # reg/ stays whole
+    for i in range(len(train_ds)):                                    # the selected records keep their own masks
+        spec = train_ds.mask_spec(i)
+        if not train_ds.is_reg(i):
+            k = names.index(os.path.basename(train_ds.record(i).path))
+            assert os.path.basename(spec.path) == names[k]
+            np.testing.assert_allclose(spec.weights(), 20 * k / 255, rtol=1e-6)
+    assert not held.has_masks and not held.has_reg                    # the validation loss is the plain loss
