@@ -82,7 +82,7 @@ Each micro-batch:
     image_seq_len(x0)                   tokens per sample, for resolution-dependent timestep shifts
     loss_mask(mask, x0)                 a batch's loss masks (B, 1, h, w) float32 on the latent grid (datasets'
                                         mask_path) as a tensor that broadcasts against x0 in its layout (default:
-                                        as is, for (B, C, h, w) latents; Flux / Chroma pack it as their latents)
+                                        as is, for (B, C, h, w) latents; Flux, Chroma, Qwen-Image pack it as theirs)
     forward(model, x_t, t, cond)        the prediction, in x0's layout. Runs inside the captured region: no host
                                         synchronisation and no random draws
 Previews (sample_every steps, the progress clock paused):

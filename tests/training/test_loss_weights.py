@@ -20,7 +20,7 @@ def _numpy_loss(pred, target, mask, w):
 
 @pytest.mark.parametrize("objective", [FlowMatching(), FlowMatching(weighting_scheme="cosmap"),
                                        DDPM(min_snr_gamma=5.0), DDPM()], ids=["flow", "cosmap", "min_snr", "ddpm"])
-@pytest.mark.parametrize("arch", ["flux", "sd3", "sdxl", "chroma", "flux_kontext"])
+@pytest.mark.parametrize("arch", ["flux", "sd3", "sdxl", "chroma", "flux_kontext", "qwen_image"])
 def test_the_masked_and_weighted_loss_is_exact_in_each_familys_layout(arch, objective):
     fam = get_family(arch)
     rng = np.random.default_rng(0)
@@ -31,7 +31,7 @@ def test_the_masked_and_weighted_loss_is_exact_in_each_familys_layout(arch, obje
     batch = {"latents": target, "loss_mask": mask, "is_reg": is_reg}
     t = flame.tensor(np.array([0.2, 0.5, 0.9], np.float32) if isinstance(objective, FlowMatching)
                      else np.array([10.0, 500.0, 990.0], np.float32))
-    packed = arch in ("flux", "chroma", "flux_kontext")            # the layout training_inputs gives x0 in
+    packed = arch in ("flux", "chroma", "flux_kontext", "qwen_image")     # the layout training_inputs gives x0 in
     layout = (lambda a: pack(flame.tensor(a))) if packed else flame.tensor
     x0 = layout(target)
     weights = loss_weights.batch_weights(fam, batch, x0, reg_weight=0.25)

@@ -91,7 +91,7 @@ def test_the_command_trains_with_a_regularisation_dataset(tmp_path, monkeypatch,
     assert all(s["mask"] is None for s in seen)
 
 
-@pytest.mark.parametrize("arch", ["sd3", "sdxl", "chroma", "flux_kontext"])
+@pytest.mark.parametrize("arch", ["sd3", "sdxl", "chroma", "flux_kontext", "qwen_image"])
 def test_every_family_trains_with_masks_and_regularisation_images(tmp_path, monkeypatch, arch):
     images = draw_images(tmp_path / "img", n_concept=2, n_other=2)
     masks = _half_masks(images, tmp_path / "masks", keep="left")
@@ -102,7 +102,8 @@ def test_every_family_trains_with_masks_and_regularisation_images(tmp_path, monk
           {"folder_path": reg, "is_reg": True, "resolution": 64, "bucket_tolerance": 32, **extra}]
     seen = _spy_weights(monkeypatch)
     cfg = image_config(tmp_path, arch, None, images, steps=2, datasets=ds, train={"reg_weight": 0.5},
-                       model={"arch": arch, **RANDOM, "t5_max_length": None if arch == "sdxl" else 8})
+                       model={"arch": arch, **RANDOM, "t5_max_length": None if arch in ("sdxl", "qwen_image")
+                              else 8})
     result = Trainer(cfg, verbose=False).train()
     assert np.isfinite(result["losses"]).all() and result["encoded"]["masks"] == 1    # one mask entry: all alike
     train_mask, reg_mask = seen[0]["mask"], seen[1]["mask"]
