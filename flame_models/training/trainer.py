@@ -153,7 +153,8 @@ class Trainer:
                 state_bytes = optimizers.STATE_BYTES[t.optimizer] * n_params  # state made at the first step
                 decode_bytes = self.prepared.decode_bytes if self.prepared is not None and previews_on else 0
                 self.fit = self.streamer.auto_fit(self.budget, self._measure_step,
-                                                  extra_bytes=state_bytes + decode_bytes)
+                                                  extra_bytes=state_bytes + decode_bytes,
+                                                  offload_activations=t.offload_activations)
                 self.log(str(self.fit))
         return self
 
@@ -187,7 +188,8 @@ class Trainer:
                 lat = self.dataset.latent_shape(0)
                 h, w = lat[1] * fam.vae_scale_factor, lat[2] * fam.vae_scale_factor
             c.sample.height, c.sample.width = c.sample.height or h, c.sample.width or w
-        problems = image_size_problems(c, fam, self.spec, self.dataset if self.image_data else None)
+        problems = image_size_problems(c, fam, self.spec, self.dataset if self.image_data else None,
+                                       self.validation_images)
         if problems:  # before any encoding and before the run's folder is touched
             raise ConfigError("; ".join(problems))
         return kinds
@@ -666,12 +668,14 @@ class Trainer:
         try:
             with self._averaged(), (self.ema.swapped() if self.ema is not None else nullcontext()), \
                     self.meter.stage("validation", quiet=True):
-                return self.validation.run(self.model, self.step, self.progress.active_time if self.progress
-                                           else self.active_time, self.trackers, self.autocast_dtype)
+                got = self.validation.run(self.model, self.step, self.progress.active_time if self.progress
+                                          else self.active_time, self.trackers, self.autocast_dtype)
         finally:
             self.model.train()
             if self.text_encoders is not None:
                 self.text_encoders.train(True)
+        self.log(f"validation loss {got['loss']:.4f} at step {self.step}")
+        return got
 
     # ------------------------------------------------------------------------------------------ saving
     @on_main_rank  # ddp

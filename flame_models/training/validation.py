@@ -201,6 +201,9 @@ def validate(cfg, prefix="", check_files=True):
     if lg.log_every is not None:
         _at_least(e, f"{p}logging.log_every", lg.log_every)
     e += validation_problems(cfg, p)
+    if cfg.train.offload_activations and cfg.max_gpu_memory is None:
+        e.append(f"{p}train.offload_activations: the block inputs are offloaded by the streamed blocks of "
+                 f"max_gpu_memory; set max_gpu_memory (or leave offload_activations null)")
     if cfg.max_gpu_memory is not None:
         try:
             parse_budget(cfg.max_gpu_memory, f"{p}max_gpu_memory")
@@ -454,10 +457,10 @@ def sample_file_problem(path, family, spec):
     return f"{path}: {err}" if err else None
 
 
-def image_size_problems(cfg, family, spec, dataset=None):
+def image_size_problems(cfg, family, spec, dataset=None, validation=None):
     """The image datasets' buckets, and the previews' size, larger than the model takes (family.image_size_limit):
     one message per dataset and resolution, naming the limit. dataset: the checked ImageDataset (None: previews
-    only)."""
+    only); validation: the held-out images' ImageDataset (validation_loss.py), or None."""
     limit = family.image_size_limit(spec)
     if limit is None:
         return []
@@ -466,11 +469,17 @@ def image_size_problems(cfg, family, spec, dataset=None):
     for s in dataset.samples if dataset is not None else ():
         if max(s.bucket) > side:
             over.setdefault((s.config, s.resolution), set()).add(s.bucket)
+    for s in validation.samples if validation is not None else ():
+        if max(s.bucket) > side:
+            over.setdefault((-1 - s.config, s.resolution), set()).add(s.bucket)   # (held out: negative)
     e = []
     for (ci, r), buckets in sorted(over.items()):
         names = ", ".join(str(b) for b in sorted(buckets, key=max, reverse=True)[:3])
         what = family.label or family.name
-        e.append(f"datasets[{ci}].resolution {r}: the {names} bucket{'s' if len(buckets) > 1 else ''} exceed"
+        where = f"datasets[{ci}].resolution {r}" if ci >= 0 else (
+            f"validation.split (held-out images of datasets[{-1 - ci}]) at resolution {r}" if cfg.validation.split
+            else f"validation.folder_path at resolution {r}")
+        e.append(f"{where}: the {names} bucket{'s' if len(buckets) > 1 else ''} exceed"
                  f"{'' if len(buckets) > 1 else 's'} {side} px a side, the most this {what} model takes ({why}); "
                  f"use a resolution whose buckets stay within {side} px (--resolution), or a model with a larger table")
     sm = cfg.sample
