@@ -166,6 +166,7 @@ def validate(cfg, prefix="", check_files=True):
         e.append(f"{p}synthetic: given together with datasets; use one")
     for i, d in enumerate(cfg.datasets):
         e += validate_dataset_config(d, f"{p}datasets[{i}]", check_files=False)
+    e += _reg_problems(cfg, p)
     if any(d.control_path is not None for d in cfg.datasets):
         for i, d in enumerate(cfg.datasets):
             if d.control_path is None:
@@ -225,6 +226,27 @@ def validate(cfg, prefix="", check_files=True):
     e += _family_checks(cfg, family, p)
     if check_files:
         e += file_problems(cfg, family, p)
+    return e
+
+
+def _reg_problems(cfg, p):
+    """Regularisation images (is_reg) and their settings: train.reg_weight / reg_ratio only with such a dataset
+    (never accepted and ignored), and at least one dataset to train on besides them."""
+    e, t = [], cfg.train
+    regs = [d.is_reg is True for d in cfg.datasets]
+    if t.reg_weight < 0:
+        e.append(f"{p}train.reg_weight: the regularisation images' loss weight, >= 0, got {t.reg_weight}")
+    if not 0 < t.reg_ratio < 1:
+        e.append(f"{p}train.reg_ratio: the share of micro-batches drawn from the regularisation images, in (0, 1), "
+                 f"got {t.reg_ratio}")
+    if not any(regs):
+        for k in ("reg_weight", "reg_ratio"):
+            if f"train.{k}" in cfg.given:
+                e.append(f"{p}train.{k}: no dataset has is_reg: true (regularisation images); give one or remove "
+                         f"the key")
+    elif all(regs):
+        e.append(f"{p}datasets: every dataset is is_reg: true; regularisation images go beside the images being "
+                 f"trained (give at least one dataset without is_reg)")
     return e
 
 
@@ -374,6 +396,8 @@ def file_problems(cfg, family, p=""):
         if kind is None:
             e.append(f"{where}.folder_path: {d.folder_path} holds neither images nor precomputed samples "
                      f"(.safetensors)")
+        elif kind == "images" and isinstance(d.mask_path, str) and d.mask_path and not os.path.isdir(d.mask_path):
+            e.append(f"{where}.mask_path: no such folder: {d.mask_path}")
         elif kind == "samples":
             extra = sorted(k.split(".", 1)[1] for k in cfg.given
                            if k.startswith(f"datasets[{i}].") and k.split(".", 1)[1] not in SAMPLE_FOLDER_FIELDS)
