@@ -123,6 +123,20 @@ def choose_checkpoint(cfg, out, *, fresh, fingerprint, dist, log):
     return path, state
 
 
+def finished_lora(out, name, steps, state):
+    """The final LoRA (`out`/`name`.safetensors) of a run whose checkpoint `state` has reached `steps` and that
+    wrote it at that checkpoint's step -- nothing left to train or to write -- else None (its header only is read)."""
+    if state is None or int(state["step"]) < steps:
+        return None
+    path = os.path.join(out, f"{name}.safetensors")
+    try:
+        with io.safe_open(path) as f:
+            written_at = (f.metadata() or {}).get("flame.steps")
+    except Exception:  # noqa: BLE001 - missing or unreadable: the run writes it again
+        return None
+    return path if written_at == str(int(state["step"])) else None
+
+
 def contents(step, named_params, *, optimizer, scheduler, loader, generators, ema, device, active_time, log_window,
              fingerprint, config):
     """What a checkpoint of `step` holds, the inverse of `restore`: ({file name: write(path)}, state) for

@@ -21,7 +21,8 @@ restart with the same config resumes from the newest intact one exactly:
 the next step's loss and parameters equal those of a run that never stopped. A changed config either applies from
 there on or is refused, and the checkpoint is chosen and loaded (resume.py). Every `sample_every` steps the
 preview sampler runs while the progress clock is paused. Ctrl-C / SIGTERM stop after the current step with a
-checkpoint (interrupt.py).
+checkpoint (interrupt.py). A run whose checkpoint has reached train.steps and whose final LoRA is written says
+so and keeps its files: its model is built and restored, nothing is cached, encoded or trained.
 
 The trainer owns its stages: each (image_data.prepare, resume.choose_checkpoint / restore, ...) is given what it
 needs and returns what it made, and the trainer keeps it. Streaming (streaming.py), CUDA graphs (graphs.py) and data
@@ -83,6 +84,7 @@ class Trainer:
         self.stop = None
         self.prepared = None
         self.text_encoders = None
+        self.finished_lora = None  # a finished run's final LoRA: nothing to cache or train (setup, train)
         self.streaming = NoStreaming()  # the step's streaming part (max_gpu_memory: StreamedBlocks)
 
     @property
@@ -130,6 +132,7 @@ class Trainer:
         # the run's folder: start over, resume from its newest intact checkpoint, or refuse to mix two runs
         checkpoint, state = resume.choose_checkpoint(c, self.out, fresh=self.fresh, fingerprint=self.data_fingerprint,
                                                      dist=self.dist, log=self.log)
+        self.finished_lora = resume.finished_lora(self.out, c.name, t.steps, state)
 
         # image folders and text prompts: latents and text embeddings cached, their encoders freed
         previews_on = bool(c.sample.sample_every) and not t.disable_sampling
@@ -139,12 +142,13 @@ class Trainer:
             self.prepared = self.dist.main_first(
                 image_data.prepare, c, fam, self.dataset if self.image_data else None,
                 previews_on and self.dist.is_main, device=self.device, budget=self.budget, meter=self.meter,
-                log=self.log, verbose=self.verbose, shard_loader=self.dist.shard_loader)
+                log=self.log, verbose=self.verbose, shard_loader=self.dist.shard_loader,
+                encode=self.finished_lora is None)
         self.previews = self._make_previews()
 
         with self.meter.stage("build"):  # (with max_gpu_memory: the resident blocks chosen by measured steps)
             self._build(checkpoint, state)
-            if self.streamer is not None:
+            if self.streamer is not None and self.finished_lora is None:  # (auto_fit measures steps)
                 n_params = sum(p.numel() for p in self.params)
                 state_bytes = optimizers.STATE_BYTES[t.optimizer] * n_params  # state made at the first step
                 decode_bytes = self.prepared.decode_bytes if self.prepared is not None and previews_on else 0
@@ -441,6 +445,8 @@ class Trainer:
     def train(self):
         if not hasattr(self, "model"):
             self.setup()
+        if self.finished_lora is not None:
+            return self._finished_before()
         c, t = self.cfg, self.cfg.train
         te = "" if self.text_encoders is None else f" and {self.text_encoders.n_adapted} of its text encoders'"
         self.log(f"training {c.network.type} r{c.network.linear} on {self.n_adapted} Linear parts of a "
@@ -548,6 +554,15 @@ class Trainer:
             self.log(f"stopped by {interrupted} at step {self.step}: checkpoint "
                      f"{ckpt.checkpoint_dir(self.out, self.step)}, LoRA {lora}; run the same command again"
                      + (" without --fresh" if self.fresh else "") + " to resume")
+        return result
+
+    @on_main_rank  # ddp
+    def _finished_before(self):
+        """A run that had finished before this call: its files as they are (nothing cached, trained or written)."""
+        result = run_folder.finished_outputs(self.out, self.finished_lora, self.step)
+        result["stages"] = self.meter.report()
+        self.log(f"this run already finished: step {self.step} of {self.cfg.train.steps}, LoRA {self.finished_lora}; "
+                 f"nothing to train (a larger train.steps continues it, --fresh starts over)")
         return result
 
     # ------------------------------------------------------------------------------------------ sampling
