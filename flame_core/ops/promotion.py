@@ -28,6 +28,7 @@ def _operands(op, a, b):
             dt = D.result_type(a, b).np
         if type(xa) is not type(xb):
             xa, xb = _align_devices(op, a, b)
+            ta, tb = not _is_scalar(xa), not _is_scalar(xb)  # a 0-d cpu tensor joins as a Python scalar
     elif ta:
         xa, xb = a._data, b
         if xa.dtype is _F8:
@@ -70,6 +71,10 @@ def _align_devices(op, a, b):
         return a._data, b._data.item()
     raise DeviceError(f"{op}: expected all tensors on the same device, but found at least two devices, "
                       f"{a.device} and {b.device}")
+
+
+def _is_scalar(x):
+    return isinstance(x, (bool, int, float, complex))
 
 
 def _cast(arr, dt):

@@ -133,6 +133,14 @@ def test_cpu_cuda_roundtrip_and_mixing_error():
     with pytest.raises(flame.DeviceError, match=r"cpu.*cuda:0|cuda:0.*cpu"):
         _ = x + g
     assert (g + flame.tensor(2.0)).device.type == "cuda"  # 0-d cpu tensors may join
+    # ... whatever the op and the dtypes, as in PyTorch (the 0-d cpu tensor ranks below the dimensioned one)
+    c = flame.tensor(2.0, device="cpu")
+    np.testing.assert_allclose((g + c).numpy(), x.numpy() + 2, rtol=1e-6)
+    np.testing.assert_allclose((c * g).numpy(), x.numpy() * 2, rtol=1e-6)
+    h = g.to(flame.bfloat16) * c
+    assert h.dtype == flame.bfloat16 and h.device.type == "cuda"
+    flag = flame.tensor(False, device="cpu") | ~flame.isfinite(flame.tensor(float("inf"), device="cuda"))
+    assert flag.device.type == "cuda" and bool(flag.item()) is True
     y = flame.randn(3, device="cuda", requires_grad=True)
     y.cpu().sum().backward()
     assert y.grad.device.type == "cuda"

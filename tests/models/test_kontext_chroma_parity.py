@@ -8,6 +8,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 
 import flame_core as flame
 from flame_core import io
@@ -17,6 +18,17 @@ from flame_models.flux_kontext import PREFERRED_KONTEXT_RESOLUTIONS, reference_i
 
 HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "kontext_chroma")
 RTOL = 1e-4
+
+
+@pytest.fixture(autouse=True)
+def _on_the_cpu():
+    """Float32 golden checks on the CPU, also in a FLAME_DEVICE=cuda run (its default device is cuda)."""
+    prev = flame.default_device()
+    flame.set_default_device("cpu")
+    try:
+        yield
+    finally:
+        flame.set_default_device(prev)
 
 
 def _read(name):
