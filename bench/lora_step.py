@@ -227,13 +227,16 @@ def build_torch(cls, **config):
     return model.requires_grad_(False)
 
 
-def report(res, configs, title, prefix=""):
-    """The table: FLAME against the eager peer and the compiled one (regional torch.compile), times and peaks."""
+def report(res, configs, title, prefix="", flame_prefix=None):
+    """The table: FLAME against the eager peer and the compiled one (regional torch.compile), times and peaks.
+    flame_prefix: FLAME's results under their own prefix (a variant of FLAME's run, e.g. 'fp8_compute_')."""
     rows = []
     for size, ckpt in configs:
         t = tag(size, ckpt, prefix)
-        f, d, c = (res.get(f"{k}_step_{t}_ms") for k in ("flame", "diffusers", "compiled"))
-        fm, dm, cm = (res.get(f"{k}_step_{t}_peak_GiB") for k in ("flame", "diffusers", "compiled"))
+        ft = tag(size, ckpt, prefix if flame_prefix is None else flame_prefix)
+        f, d, c = (res.get(f"{k}_step_{ft if k == 'flame' else t}_ms") for k in ("flame", "diffusers", "compiled"))
+        fm, dm, cm = (res.get(f"{k}_step_{ft if k == 'flame' else t}_peak_GiB")
+                      for k in ("flame", "diffusers", "compiled"))
         rows.append([f"{size}x{size}", "on" if ckpt else "off", f, d, c, common.ratio(f, d), common.ratio(f, c),
                      fm, dm, cm, common.ratio(fm, cm if cm is not None else dm)])
     return common.table(["size", "ckpt", "FLAME ms", "eager ms", "compiled ms", "÷ eager", "÷ compiled",

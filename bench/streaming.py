@@ -15,7 +15,10 @@ one CUDA graph (copies included; AdamW eager), as the trainer runs on cuda. The 
 checkpointing, bench/flux_lora.py's) runs last when diffusers and peft import. Acceptance: 12 GiB bf16 and 10 GiB fp8
 with peak <= budget and step <= 1.5x the peer. --layerwise D,S,B: full fine-tuning of a Flux-dev-width model of D
 double + S single blocks under a B GiB limit (LayerwiseAdamW, state in pinned memory).
+--fp8c-budgets B,...: the same with fp8 compute too (storage 'fp8c': one scale per weight tensor, the blocks' matmuls
+on the e4m3 tensor cores, flame_nn.offload.fp8_compute); off unless given.
 Run: PYTHONPATH=$PWD python3 bench/streaming.py [--budgets 24,16,12] [--fp8-budgets 24,16,12,10] [--graph]
+     [--fp8c-budgets 24,6]
 """
 import argparse
 import gc
@@ -108,7 +111,8 @@ class Run:
             A.inject_adapters(model, TARGET_PRESETS["attention"], "lora", rank=16, alpha=16.0,
                               name_map=name_map_for(model.params), generator=flame.Generator("cpu").manual_seed(3))
         self.model, self.streamer = streamed_flux(FluxParams(depth=2, depth_single_blocks=4) if small else "flux-dev",
-                                                  add_lora, quantize="fp8" if storage == "fp8" else None, profile=True)
+                                                  add_lora, quantize="fp8" if storage in ("fp8", "fp8c") else None,
+                                                  fp8_compute=storage == "fp8c", profile=True)
         self.lora = A.adapter_parameters(self.model)
         self.opt = flame_nn.optim.AdamW(self.lora, lr=1e-4)
         self.args, self.target = common.flame_flux_inputs(size, guidance=1.0)
@@ -328,11 +332,13 @@ def peer_part(res, a):
     res.log("peer_peak_allocated_GiB", peer.get(f"diffusers_step_{a.size}_ckpt_peak_GiB"))
 
 
-def report(res, budgets, fp8_budgets):
+def report(res, budgets, fp8_budgets, fp8c_budgets=()):
     peer = res.get("peer_step_ms")
     peer = peer if isinstance(peer, float) else None
     rows = []
-    for storage, bs in (("bf16", budgets), ("fp8", fp8_budgets)):
+    for storage, bs in (("bf16", budgets), ("fp8", fp8_budgets), ("fp8c", fp8c_budgets)):
+        if storage == "fp8c" and not bs:
+            continue
         for b in [None] + list(bs):
             tag = f"{storage}_resident" if b is None else f"{storage}_{b}GiB"
             ms, g = res.get(f"{tag}_step_ms"), res.get(f"{tag}_graph_step_ms")
@@ -360,6 +366,8 @@ def report(res, budgets, fp8_budgets):
                               f"{peer} ms)")
     if "fp8_forward_rel_error_vs_bf16" in res:
         text += f"\nfp8 storage: forward relative error vs bf16 weights {res['fp8_forward_rel_error_vs_bf16']}"
+    if "fp8c_forward_rel_error_vs_bf16" in res:
+        text += f"\nfp8 compute: forward relative error vs bf16 {res['fp8c_forward_rel_error_vs_bf16']}"
     return text + f"\nH2D ceiling (pinned): {CEILING_GBS} GB/s; hidden = 1 - (step - resident step) / H2D time"
 
 
@@ -367,6 +375,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--budgets", default="24,16,12", help="bf16 storage budgets, GiB")
     ap.add_argument("--fp8-budgets", default="24,16,12,10", help="fp8 storage budgets, GiB")
+    ap.add_argument("--fp8c-budgets", default=None, help="fp8 storage + fp8 compute budgets, GiB (default: none)")
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
@@ -379,6 +388,7 @@ def main():
     number = (lambda b: float(b) if "." in b else int(b))
     budgets = [number(b) for b in a.budgets.split(",") if b]
     fp8_budgets = [number(b) for b in a.fp8_budgets.split(",") if b]
+    fp8c_budgets = [number(b) for b in a.fp8c_budgets.split(",") if b] if a.fp8c_budgets is not None else []
     res, ref = common.Results("streaming"), []
     parts = []
     if a.layerwise:
@@ -387,12 +397,13 @@ def main():
                       lambda: layerwise_part(res, int(d), int(s), float(b), a)))
     if not a.only_layerwise:
         parts += [(f"FLAME, {st} storage", (lambda st, bs: lambda: flame_part(res, st, bs, a, ref))(st, bs))
-                  for st, bs in (("bf16", budgets), ("fp8", fp8_budgets))]
+                  for st, bs in (("bf16", budgets), ("fp8", fp8_budgets), ("fp8c", fp8c_budgets))
+                  if st != "fp8c" or a.fp8c_budgets is not None]
         if not a.skip_peer:
             parts.append(("diffusers + PEFT (peer)", lambda: peer_part(res, a)))
     failed = common.run_parts(res, parts)
     if not a.only_layerwise:
-        print(report(res, budgets, fp8_budgets), flush=True)
+        print(report(res, budgets, fp8_budgets, fp8c_budgets), flush=True)
     sys.exit(1 if failed else 0)
 
 

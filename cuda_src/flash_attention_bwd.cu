@@ -47,6 +47,31 @@ flash_attn_convert(const float* __restrict__ src, T* __restrict__ dst, int H, in
     }
 }
 
+// flash_attn_convert_tiles: the same from the Hopper backward's tiled dQ accumulator (flash_attention_bwd_sm90.cu,
+// DQB = 1): [B*H][query blocks of BM][NWG parts][64 x 64 tile in wgmma fragment order], a part being 64 query rows
+// of the block (rowsplit, BM = 128) or 64 columns (BM = 64). One thread per pair of columns.
+template <typename T>
+__global__ void __launch_bounds__(256)
+flash_attn_convert_tiles(const float* __restrict__ src, T* __restrict__ dst, int H, int L, int d, int BM, int nwg,
+                         int rowsplit, fa_i64 total_pairs, fa_i64 d_sb, fa_i64 d_sh, fa_i64 d_sl, float scale) {
+    const int m_blocks = (L + BM - 1) / BM, dp = d >> 1;
+    for (fa_i64 i = (fa_i64)blockIdx.x * blockDim.x + threadIdx.x; i < total_pairs;
+         i += (fa_i64)gridDim.x * blockDim.x) {
+        const int col = (int)(i % dp) * 2;
+        const fa_i64 r = i / dp;
+        const int row = (int)(r % L);
+        const fa_i64 bh = r / L;
+        const int mb = row / BM, rr = row - mb * BM;
+        const int part = rowsplit ? rr >> 6 : col >> 6, rl = rowsplit ? rr & 63 : rr, cl = rowsplit ? col : col & 63;
+        // fragment order: [n8 tile j][warp rl/16][lane (rl%8)*4 + (cl%8)/2][rows rl/8%2, columns cl%2]
+        const int idx = (((cl >> 3) * 128 + (rl >> 4) * 32 + (rl & 7) * 4 + ((cl & 7) >> 1)) << 2) + ((rl >> 3) & 1) * 2;
+        const float2 x = *reinterpret_cast<const float2*>(src + ((bh * m_blocks + mb) * nwg + part) * 4096 + idx);
+        const fa_i64 b = bh / H, h = bh % H;
+        *reinterpret_cast<fa_u32*>(dst + b * d_sb + h * d_sh + (fa_i64)row * d_sl + col) =
+            FaType<T>::pack(x.x * scale, x.y * scale);
+    }
+}
+
 // Warp layouts (NW warps): S and dP tiles BM x BN as WMS x (NW/WMS) warps; dK and dV tiles BN x D as
 // WNKV x (NW/WNKV); the dQ tile BM x D as WMQ x (NW/WMQ). OPT bit 1: software-pipelined fragment reads.
 template <typename T, int D, int BM, int BN, int NW, int WMS, int WNKV, int WMQ, int MASK, int OPT>

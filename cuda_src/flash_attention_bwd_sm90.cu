@@ -13,13 +13,17 @@
 //   dV_w += P^T dO, dK_w += dS^T Q           wgmma, A = P^T / dS^T from registers, B = dO / Q (N-major)
 //   dS^T -> shared memory (both warpgroups' halves), then dQ = dS K per warpgroup: the D/NWG column slice w (BM 64)
 //   or the 64 query rows w (BM 128)  (A = dS^T M-major, B = K
-//   N-major) added to the fp32 dQ accumulator with vector atomics (the convert kernel scales it), or, when the keys
-//   are a single block (dq_acc null), stored scaled into dq directly.
+//   N-major) added to the fp32 dQ accumulator (the convert kernel scales it), or, when the keys are a single block
+//   (dq_acc null), stored scaled into dq directly. DQB = 1 (a warpgroup's dQ tile is 64 x 64): the tile goes to
+//   shared memory in the accumulator's fragment order and one thread adds it to its 16 KB chunk of dq_acc with one
+//   bulk reduction (cp.reduce.async.bulk .add.f32, as FA3 does), off the consumers' path; dq_acc is then tiled
+//   [B*H][query blocks][NWG][64 x 64 in fragment order] (flash_attn_convert_tiles reads it). DQB = 0: vector
+//   atomics from registers into a row-major dq_acc.
 // Shared tiles: 64-column slabs [D / 64][rows][64], 16-byte chunk c of row r at c ^ (r % 8) (128-byte swizzle).
 #include "flash_attention.cuh"
 #include "wgmma.cuh"
 
-template <typename T, int D, int NWG, int STAGES, int MASK, int BM>
+template <typename T, int D, int NWG, int STAGES, int MASK, int BM, int DQB>
 __global__ void __launch_bounds__(NWG * 128 + 128, 1)
 flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                     const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
@@ -39,6 +43,8 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
     constexpr int NTQ = NQ / 8;
     static_assert(D % 64 == 0 && D <= 128 && NQ % 32 == 0, "tile shape");
     static_assert(BM == 64 || (BM == 128 && NWG == 2 && D == 64), "BM = 128 fits the registers at D = 64 only");
+    static_assert(!DQB || NQ == 64, "the bulk dQ path moves 64 x 64 tiles");
+    constexpr unsigned DQ_BYTES = DQB ? 64 * 64 * 4 : 0;  // one per consumer warpgroup
     constexpr unsigned KV_BYTES = BN * D * 2, QG_BYTES = BM * D * 2, S_BYTES = BN * BM * 2;
 
     extern __shared__ unsigned char fa_smem[];
@@ -47,6 +53,7 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
     const unsigned sK = base, sV = sK + KV_BYTES, sQ = sV + KV_BYTES, sG = sQ + STAGES * QG_BYTES;
     const unsigned sS = sG + STAGES * QG_BYTES;               // dS^T, two buffers
     const unsigned sLD = sS + 2 * S_BYTES;                    // [STAGES][lse BM | delta BM] floats
+    const unsigned sDQ = sLD + STAGES * 2 * BM * 4;            // [NWG][64 x 64] fp32 dQ tiles (DQB)
     const float* sLDg = reinterpret_cast<const float*>(fa_smem + (sLD - fa_smem_addr(fa_smem)));
     const unsigned bar0 = fa_smem_addr(bars);
     auto full = [&](int s) { return bar0 + 8u * s; };
@@ -250,7 +257,28 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
                 }
             }
         }
-        if (dq_acc != nullptr) {
+        if (DQB && dq_acc != nullptr) {
+            // the tile to shared memory in fragment order ([j][thread][4]: a warp's 16-byte stores are contiguous),
+            // then one bulk reduction into this warpgroup's chunk; the previous one must have read the buffer first
+            const int wtid = tid & 127;
+            const unsigned sdq = sDQ + wg * DQ_BYTES;
+            if (wtid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+            named_bar_sync(2 + wg, 128);
+#pragma unroll
+            for (int j = 0; j < NTQ; ++j)
+                asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(sdq + (j * 128 + wtid) * 16),
+                             "f"(acc_dq[j][0]), "f"(acc_dq[j][1]), "f"(acc_dq[j][2]), "f"(acc_dq[j][3])
+                             : "memory");
+            fence_proxy_async();
+            named_bar_sync(2 + wg, 128);
+            if (wtid == 0) {
+                const int m_blocks = (Lq + BM - 1) / BM;
+                float* dst = dq_acc + ((((fa_i64)b * H + h) * m_blocks + (m_lo + it)) * NWG + wg) * 4096;
+                asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                             ::"l"(dst), "r"(sdq), "r"(DQ_BYTES) : "memory");
+                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+            }
+        } else if (dq_acc != nullptr) {
             // fp32 atomics, four columns at a time: lanes t4 = 2i, 2i+1 swap halves so that the even lane holds
             // row g, columns 4i..4i+3 and the odd lane row g + 8, the same columns
             const bool odd = t4 & 1;
@@ -267,6 +295,8 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
             }
         }
     }
+
+    if (DQB && (tid & 127) == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 
     // dK (scaled), dV: stored, or summed over the CTAs that split the query blocks
     const fa_i64 bhk = ((fa_i64)b * H + h) * Lk;

@@ -63,6 +63,36 @@ __global__ void gated_fwd(const T* __restrict__ x, const void* __restrict__ gate
         gated_body<T, 1>(x, gate, y, out, lh, h, mf32);
 }
 
+// out = g * (coef + off): the input gradient of modulate (off = 1) and of gated_residual's y (off = 0) when the
+// modulation vector needs no gradient (a frozen base's adaLN), so nothing is summed over L.
+template <typename T, int N>
+__device__ __forceinline__ void bscale_body(const T* __restrict__ g, const void* __restrict__ coef, float off,
+                                            T* __restrict__ out, i64 lh, int h, int mf32) {
+    const i64 b = blockIdx.y;
+    g += b * lh;
+    out += b * lh;
+    const i64 nv = lh / N;
+    for (i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x; k < nv; k += (i64)gridDim.x * blockDim.x) {
+        const int c = (int)((k * N) % h);
+        float v[N], cf[N];
+        load_f32<T, N>(g + k * N, v);
+        load_any<T, N>(coef, b * h + c, mf32, cf);
+#pragma unroll
+        for (int j = 0; j < N; ++j) v[j] *= cf[j] + off;
+        store_f32<T, N>(out + k * N, v);
+    }
+}
+
+template <typename T>
+__global__ void bcast_scale(const T* __restrict__ g, const void* __restrict__ coef, T* __restrict__ out, i64 lh,
+                            int h, int mf32, float off) {
+    constexpr int N = VecT<T>::N;
+    if (h % N == 0 && aligned16(g) && aligned16(out) && aligned16(coef))
+        bscale_body<T, N>(g, coef, off, out, lh, h, mf32);
+    else
+        bscale_body<T, 1>(g, coef, off, out, lh, h, mf32);
+}
+
 // Backward of out = a * (coef + off) [+ shift]:  d_a = dout * (coef + off);  partial sums over this block's rows of
 // dout * a (-> dcoef) and dout (-> dshift, when dsum_part is given). Block (32, 8): threadIdx.x owns N columns,
 // threadIdx.y strides over rows of split blockIdx.z (MOD_ROWS rows' loads in flight at once); grid (cdiv(h, 32 N), B,

@@ -234,11 +234,14 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     hold them) or a family's Files. loras: ["path", "path:weight", (path, weight)], added together. steps, guidance
     / cfg: the family's defaults (Flux-dev 28 / 3.5, schnell 4 / none; see the families' modules). seed: default a
     random one (written into each PNG). output: a folder to write the PNGs into. dtype: default bfloat16 on cuda,
-    float32 on cpu. fp8: fp8 storage of the denoiser's blocks and T5's layers. max_gpu_memory ('12GiB'): stream
+    float32 on cpu. fp8: fp8 storage of the denoiser's blocks and T5's layers; fp8="compute": the blocks' matmuls
+    in fp8 too (e4m3 tensor cores; activations quantised per tensor). max_gpu_memory ('12GiB'): stream
     blocks through the device within this budget (the device's whole use: what the CUDA context and libraries hold
     outside FLAME's pool counts). max_length: T5 tokens (Flux-dev 512, schnell 256, SD3 256). stats: a dict filled
     with each stage's seconds and device peak. log: a print function."""
     from . import registry
+    if fp8 not in (False, True, "compute"):
+        raise GenerateError(f"fp8: False, True (fp8 storage) or 'compute' (fp8 storage and fp8 matmuls), got {fp8!r}")
     options = dict(options, guidance=guidance, max_length=max_length)
     parts = {name: registry.module(name, "generate") for name in registry.names()}
     known = {k for part in parts.values() for k in part.OPTIONS}
@@ -432,6 +435,8 @@ def build_parser():
     r.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     r.add_argument("--dtype", choices=sorted(DTYPES), help="default bf16 on cuda, fp32 on cpu")
     r.add_argument("--fp8", action="store_true", help="fp8 (e4m3) storage of the transformer blocks and T5")
+    r.add_argument("--fp8-compute", action="store_true", help="--fp8, and the blocks' matmuls on the fp8 tensor cores "
+                                                              "(activations quantised per tensor)")
     r.add_argument("--max-gpu-memory", help="a budget such as 12GiB (a bare number is GiB): stream blocks through "
                                             "the GPU within it")
     r.add_argument("--max-length", type=int, help="T5 tokens per prompt (default Flux-dev 512, schnell 256, SD3 256)")
@@ -473,7 +478,8 @@ def main(argv=None):
                           tokenizer=args.tokenizer, loras=args.lora, width=args.width, height=args.height,
                           steps=args.steps, guidance=args.guidance, seed=args.seed, num_images=args.num_images,
                           batch_size=args.batch_size, output=args.output, device=args.device, dtype=args.dtype,
-                          fp8=args.fp8, max_gpu_memory=args.max_gpu_memory, max_length=args.max_length,
+                          fp8="compute" if args.fp8_compute else args.fp8, max_gpu_memory=args.max_gpu_memory,
+                          max_length=args.max_length,
                           progress=not args.no_progress, stats=stats, arch=args.arch, **_family_options(args))
     except _USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)

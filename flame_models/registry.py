@@ -20,6 +20,7 @@ FAMILIES = {
     "sdxl": "flame_models.sdxl",
     "flux_kontext": "flame_models.flux_kontext",
     "chroma": "flame_models.chroma",
+    "qwen_image": "flame_models.qwen_image",
 }
 
 

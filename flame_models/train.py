@@ -13,7 +13,8 @@ The command trains Flux, SD3 / SD3.5, SDXL, Flux Kontext and Chroma LoRAs (also 
 config; their files are an SAI single file or a diffusers folder (or separate part files: model.vae_path,
 clip_l_path, clip_g_path, t5_path). Flux Kontext (--arch flux_kontext) trains on edit pairs: --data the edited images
 with their captions (the edit instructions), --control the source images of the same names (ai-toolkit's datasets'
-control_path). Chroma (--arch chroma): T5 only, previews with CFG and sample.neg. The no-argument demo is Flux's.
+control_path). Chroma (--arch chroma): T5 only, previews with CFG and sample.neg. Qwen-Image (--arch qwen_image):
+precomputed or synthetic samples only (its VAE and text encoder are not in FLAME yet). The no-argument demo is Flux's.
 
 A real run needs a model -- for Flux a diffusers folder, or a transformer file with the VAE, CLIP-L and T5 files
 (config fields model.vae_path, clip_l_path, t5_path) -- and a folder of images with same-name .txt captions (or of
@@ -91,7 +92,8 @@ def parser():
                                         f"a tiny RANDOM model per --arch, for trying the tool only, its LoRA useless "
                                         f"on a real model: {_random_models()}; a warning says so at start)")
     add("--arch", choices=available_families(), help="model family: flux, sd3 (SD3 / SD3.5), sdxl, flux_kontext "
-                                                     "(Flux Kontext: edit pairs, --control) or chroma (default: the "
+                                                     "(Flux Kontext: edit pairs, --control), chroma or qwen_image "
+                                                     "(precomputed / synthetic samples only; default: the "
                                                      "config's model.arch, else flux)")
     add("--control", metavar="FOLDER", help="Flux Kontext: control (source) images with the same names as --data's "
                                            "targets (datasets' control_path; default: none)")

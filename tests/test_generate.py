@@ -186,6 +186,23 @@ def test_fp8_and_budget(tiny, loras):
             run(tiny, max_gpu_memory=f"{outside // 2}B")
 
 
+def test_fp8_compute_resident_and_streamed(tiny, loras):
+    from flame_core.kernels import scaled_mm
+    fp8 = run(tiny, fp8=True, loras=[loras["kohya"]])
+    scaled_mm.last_path = None
+    compute = run(tiny, fp8="compute", loras=[loras["kohya"]])
+    assert scaled_mm.last_path is not None                     # the blocks' matmuls went through the fp8 GEMM
+    assert 0 < np.abs(compute - fp8).mean() < 12               # activations rounded to e4m3 too: close, not equal
+    budget = _outside_pool() + _held_in_pool() + 96 * 2 ** 20
+    streamed = run(tiny, fp8="compute", loras=[loras["kohya"]], max_gpu_memory=f"{budget}B")
+    if DEVICE == "cpu":
+        np.testing.assert_array_equal(streamed, compute)       # streaming moves bytes, it does not change numbers
+    else:   # cuBLASLt may pick another fp8 algorithm for a slot's address: bf16 roundings, not other weights
+        assert np.abs(streamed.astype(float) - compute).mean() < 0.5
+    with pytest.raises(GenerateError, match="fp8: False, True"):
+        run(tiny, fp8="int8")
+
+
 def _held_in_pool():
     """Device bytes the pool holds for live tensors of earlier tests in this process (0 on the cpu): they count
     against a budget as the run's own would."""

@@ -169,7 +169,7 @@ class GraphedFunction:
     with static copies of the arguments and replayed: each call copies its tensor arguments into the static inputs,
     replays, and returns the static outputs (the same objects every call: read or clone them before the next call).
     Only top-level tensor arguments are inputs; other arguments (None, numbers) must not change after capture.
-    Without a GPU (or with enabled=False) every call is eager."""
+    Without a GPU (or with enabled=False, or with no cuda tensor among the arguments) every call is eager."""
 
     def __init__(self, fn, warmup=2, enabled=True):
         self.fn, self.warmup, self.calls = fn, int(warmup), 0
@@ -190,6 +190,9 @@ class GraphedFunction:
             return self.fn(*args)
         from ..autograd.grad_mode import no_grad
         if self.graph is None:
+            if not any(a.is_cuda for a in _tensors(args)):  # cpu work (a cpu run on a GPU machine): nothing to record
+                self.enabled = False
+                return self.fn(*args)
             with no_grad():
                 self.static_args = tuple(a.detach().clone() if isinstance(a, Tensor) else a for a in args)
             g = CUDAGraph()

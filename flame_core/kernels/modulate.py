@@ -7,6 +7,9 @@ scale / gate have shape (B, 1, H), (B, H), (1, H) or (H,) and broadcast over L:
     modulate_backward(dy, x, shift, scale)     -> (dx, dshift, dscale)     (dshift / dscale shaped like the inputs)
     gated_residual_forward(x, gate, y)         -> x + gate * y
     gated_residual_backward(dout, gate, y)     -> (dx, dgate, dy)          (dx is dout itself)
+    broadcast_scale(g, coef, off)              -> g * (coef + off)         (the input gradient alone, for a frozen
+                                                                            modulation vector: off 1 for modulate's
+                                                                            x, 0 for gated_residual's y)
 """
 import numpy as np
 
@@ -89,6 +92,13 @@ def _gated_grad_ref(dout, gate, y):
     return dout, dgate, dy
 
 
+def _bscale_ref(g, coef, off):
+    b, l, h = _bld(g, "broadcast_scale")
+    cd = L.compute_dtype(g.dtype)
+    c = _as_bh(coef, b, h, "broadcast_scale", "coef").astype(cd)[:, None]
+    return (g.astype(cd).reshape(b, l, h) * (c + off)).reshape(g.shape).astype(g.dtype)
+
+
 # ----------------------------------------------------------------------------- kernels
 def _fwd_grid(b, lh, dtype):
     block = 256
@@ -168,6 +178,17 @@ def _gated_grad_kernel(dout, gate, y):
     return dout, _sum_to(dgate, gate.shape), dy
 
 
+def _bscale_kernel(g, coef, off):
+    b, l, h = _bld(g, "broadcast_scale")
+    g = P.contiguous(g)
+    (cf,), mf32 = _mod_args(g, _as_bh(coef, b, h, "broadcast_scale", "coef"))
+    out = backend.xp_of(g).empty_like(g)
+    grid, block = _fwd_grid(b, l * h, g.dtype)
+    KL.launch(L.get_function("modulate", "bcast_scale", g.dtype), grid, block,
+              (g, cf, out, KL.i64(l * h), KL.i32(h), KL.i32(mf32), KL.f32(off)))
+    return out
+
+
 def _check_same(name, a, b, what):
     if a.shape != b.shape:
         raise ShapeError(f"{name}: {what} shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
@@ -199,3 +220,9 @@ def gated_residual_backward(dout, gate, y):
     if L.use_kernel(y) and y.size:
         return _gated_grad_kernel(dout, gate, y)
     return _gated_grad_ref(dout, gate, y)
+
+
+def broadcast_scale(g, coef, off):
+    if L.use_kernel(g) and g.size:
+        return _bscale_kernel(g, coef, off)
+    return _bscale_ref(g, coef, off)

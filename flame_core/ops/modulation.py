@@ -36,10 +36,13 @@ class Modulate(Function):
     def backward(ctx, g):
         x, shift, scale = ctx.saved_tensors
         nx, nshift, nscale = ctx.needs_input_grad
-        if state.enabled or x is None:
+        if state.enabled:
             dx = g * (1 + _bcast(scale, g)) if nx else None
             dscale = _sum_like(g * x, scale) if nscale else None
             return dx, (_sum_like(g, shift) if nshift else None), dscale
+        if x is None:  # a frozen scale (no x kept): the input gradient alone, one fused pass
+            return (_wrap(K.broadcast_scale(g._data, scale._data, 1.0)) if nx else None), \
+                (_sum_like(g, shift) if nshift else None), None
         dx, dshift, dscale = K.modulate_backward(g._data, x._data, shift._data, scale._data)
         return _wrap(dx), _wrap(dshift), _wrap(dscale)
 
@@ -60,9 +63,11 @@ class GatedResidual(Function):
     def backward(ctx, g):
         gate, y = ctx.saved_tensors
         nx, ngate, ny = ctx.needs_input_grad
-        if state.enabled or y is None:
+        if state.enabled:
             return (g if nx else None), (_sum_like(g * y, gate) if ngate else None), \
                 (g * _bcast(gate, g) if ny else None)
+        if y is None:  # a frozen gate (no y kept): dy = g * gate in one fused pass
+            return (g if nx else None), None, (_wrap(K.broadcast_scale(g._data, gate._data, 0.0)) if ny else None)
         _, dgate, dy = K.gated_residual_backward(g._data, gate._data, y._data)
         return g, _wrap(dgate), _wrap(dy)
 

@@ -34,7 +34,8 @@ class ChromaFamily(FlowMatchingFamily):
     default_size = "chroma-tiny"
     model_sizes = ("chroma", "chroma-tiny")
     target_presets = TARGET_PRESETS
-    config_defaults = {"name": "chroma_lora", "sample.guidance_scale": 5.0}
+    # its reference trainer's timestep density (training/timesteps.py 'chroma'); ChromaPipeline's CFG 5
+    config_defaults = {"name": "chroma_lora", "train.timestep_type": "chroma", "sample.guidance_scale": 5.0}
     fields = FLOW_FIELDS + ("sample.neg", "model.t5_path", "model.t5_max_length", "model.quantize_te")
     field_notes = {**{k: _DDPM_NOTE for k in DDPM_FIELDS},
                    "train.guidance": "Chroma has no guidance embedding; previews use CFG (sample.guidance_scale)",

@@ -2,7 +2,8 @@
 
 The blocks' Linears are Flux's (flame_models.bfl.lora_keys: fused qkv and linear1 split into to_q / to_k / to_v /
 proj_mlp row ranges) without the modulation Linears Chroma does not have; the approximator's `layers.{l}.in_layer /
-out_layer` are diffusers' `linear_1 / linear_2`. kohya / ComfyUI files use the Chroma names with `lora_unet_`.
+out_layer` are diffusers' `linear_1 / linear_2`, its in_proj / out_proj have the same names in both. kohya / ComfyUI
+files use the Chroma names with `lora_unet_`.
 """
 from flame_nn.adapters.formats import NameMap
 
@@ -18,6 +19,8 @@ def chroma_name_map(depth=19, depth_single_blocks=38, hidden_size=3072, mlp_hidd
     flux = flux_name_map(depth, depth_single_blocks, hidden_size, mlp_hidden, False, out_channels)
     t = {k: v for k, v in flux.targets.items() if not any(s in k for s in _NOT_IN_CHROMA)}
     A, g = approximator_hidden_dim, "distilled_guidance_layer"
+    t[f"{g}.in_proj"] = [(f"{g}.in_proj", [(0, A)])]            # (the same names in diffusers)
+    t[f"{g}.out_proj"] = [(f"{g}.out_proj", [(0, hidden_size)])]
     for l in range(approximator_layers):  # noqa: E741
         t[f"{g}.layers.{l}.in_layer"] = [(f"{g}.layers.{l}.linear_1", [(0, A)])]
         t[f"{g}.layers.{l}.out_layer"] = [(f"{g}.layers.{l}.linear_2", [(0, A)])]

@@ -34,9 +34,12 @@ def place_for_inference(model, stacks, device, *, fp8=False, stream=False, slots
     """Put a model read into host memory (for fp8 or streaming) on `device`: stream: the blocks of the ModuleLists
     `stacks` in pinned host memory through `slots` device buffers (`model.streamer`, in fp8 with fp8); fp8 alone:
     each block moved and its Linear weights quantised in turn (the whole model is never on the device in its
-    dtype); adapters follow. Neither: nothing to do (the model was loaded on the device)."""
+    dtype); adapters follow. Neither: nothing to do (the model was loaded on the device). fp8="compute": fp8
+    storage with one scale per weight tensor and the blocks' matmuls on the e4m3 tensor cores (flame_nn.offload)."""
+    compute = "fp8" if fp8 == "compute" else None
     if stream:
         model.streamer = BlockStreamer.for_model(model, stacks, device=device, quantize="fp8" if fp8 else None,
+                                                 fp8_compute=compute is not None,
                                                  slots=slots)
     elif fp8:
         dev = flame.device(device)
@@ -49,7 +52,7 @@ def place_for_inference(model, stacks, device, *, fp8=False, stream=False, slots
         for s in stacks:
             for block in model.get_submodule(s):
                 block.to(device)
-                quantize_linear_weights_(block)
+                quantize_linear_weights_(block, compute=compute)
         for name in A.adapter_names(model):  # adapters sit beside the module tree
             for _, _, ad in A.adapter_modules(model, name):
                 ad.to(device)

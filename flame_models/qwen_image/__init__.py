@@ -1,6 +1,9 @@
 """Qwen-Image (Qwen's 20B MMDiT text-to-image model): the transformer (60 dual-stream blocks, 3-axis RoPE with
-centred image positions, the text-padding mask) with diffusers' names and argument names, and loading of diffusers
-folders and ComfyUI files. The Qwen2.5-VL text encoder, the Wan-style VAE and the trainer plug-in are not here yet."""
+centred image positions, the text-padding mask) with diffusers' names and argument names, loading of diffusers
+folders and ComfyUI files, the VAE for single images (vae.py: load_vae of a diffusers vae/ folder), the pipeline's
+prompt template (conditioning.py, over flame_models.text_encoders.qwen2_5_vl), its sampler (sampling.py) and the
+trainer plug-in (family.py: precomputed or synthetic samples). Not here yet: the tokenizer (tokenization/qwen2.py),
+VAE and text encoder as the trainer's caching stages and in `generate`; ComfyUI's / Wan's VAE layout."""
 from .loading import (
     QwenImageCheckpointError,
     load_qwen_image,
@@ -12,7 +15,8 @@ from .loading import (
 from .model import QwenImageTransformer2DModel
 from .params import QwenImageParams, configs, qwen_image_params
 from .positions import position_ids
+from .vae import AutoencoderKLQwenImage, QwenImageVAEConfig, load_vae
 
 __all__ = ["QwenImageParams", "configs", "qwen_image_params", "QwenImageTransformer2DModel", "position_ids",
            "QwenImageCheckpointError", "load_qwen_image", "load_qwen_image_state_", "params_from_config",
-           "read_qwen_image_params", "save_qwen_image"]
+           "read_qwen_image_params", "save_qwen_image", "AutoencoderKLQwenImage", "QwenImageVAEConfig", "load_vae"]

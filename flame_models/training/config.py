@@ -84,11 +84,13 @@ class TrainSection:
     steps: int = 2000
     gradient_accumulation_steps: int = 1
     gradient_checkpointing: bool = True
+    fp8_compute: bool = False            # with model.quantize: the fp8 blocks' matmuls on the e4m3 tensor cores
+                                         # (activations and gradients quantised per tensor; flame_nn.offload)
     cuda_graph: bool = True              # forward + backward replayed as a CUDA graph on cuda (flame_core.cuda)
     noise_scheduler: str = "flowmatch"   # flowmatch (flux, sd3) | ddpm (sdxl; its default)
     # flow matching (flux, sd3): how sigma is drawn, and the loss weight by sigma (objective.py, timesteps.py)
-    timestep_type: str = "sigmoid"       # sigmoid | logit_normal | uniform | shift | flux_shift | mode
-                                         # (sd3's default: logit_normal)
+    timestep_type: str = "sigmoid"       # sigmoid | logit_normal | uniform | shift | flux_shift | mode | chroma
+                                         # (sd3's default: logit_normal; chroma's: chroma)
     shift: float = 3.0                   # timestep_type 'shift'
     sigmoid_scale: float = 1.0           # timestep_type sigmoid, shift, flux_shift
     logit_mean: float = 0.0              # timestep_type logit_normal (kohya / diffusers names)
@@ -128,7 +130,8 @@ class ModelConfig:
     arch: str = "flux"                   # the model family (family.py): flux | sd3 | sdxl
     size: typing.Optional[str] = None    # random-init preset when name_or_path is None (default: the family's)
     dtype: str = "bf16"                  # dtype of the frozen base weights
-    quantize: bool = False               # store the blocks' frozen Linear weights as fp8 (e4m3, per-channel scales)
+    quantize: typing.Any = False         # store the blocks' frozen Linear weights as fp8 (e4m3, per-channel scales):
+                                         # true or 'fp8' (also float8 / qfloat8: ai-toolkit's qtype name)
     is_flux: typing.Optional[bool] = None  # ai-toolkit's flags: without arch, the one that is true chooses it;
     is_v3: typing.Optional[bool] = None    # with arch, they must agree with it
     is_xl: typing.Optional[bool] = None
@@ -436,6 +439,7 @@ def config_from_dict(data, source="<dict>", check_files=True):
     p = prefix + "." if prefix else ""
     _resolve_family(cfg, p, errors)
     _clean_optimizer(cfg.train, f"{p}train", errors)
+    _clean_quantize(cfg, p, errors)
     if isinstance(cfg.logging.log_every, int) and "logging.log_every" in given:  # ai-toolkit's place for it
         if "log_every" in given and cfg.log_every != cfg.logging.log_every:
             errors.append(f"{p}logging.log_every: {cfg.logging.log_every} differs from {p}log_every "
@@ -445,6 +449,23 @@ def config_from_dict(data, source="<dict>", check_files=True):
     if errors:
         raise ConfigError(_format(source, errors))
     return cfg
+
+
+FP8_NAMES = ("fp8", "float8", "qfloat8", "float8_e4m3fn", "e4m3")
+
+
+def _clean_quantize(cfg, p, errors):
+    """model.quantize to a bool: true / false, or a name of fp8 storage (ai-toolkit writes quantize: true with
+    qtype: qfloat8; 'fp8' says the same in one key); train.fp8_compute needs it."""
+    q = cfg.model.quantize
+    if isinstance(q, str) and q.lower() in FP8_NAMES:
+        cfg.model.quantize = True
+    elif not isinstance(q, bool):
+        errors.append(f"{p}model.quantize: true, false or 'fp8' (FLAME stores frozen weights in fp8 e4m3), got {q!r}")
+        cfg.model.quantize = False
+    if cfg.train.fp8_compute and not cfg.model.quantize:
+        errors.append(f"{p}train.fp8_compute: computes with the fp8 weights of model.quantize; set model.quantize: "
+                      f"fp8 too")
 
 
 def _resolve_family(cfg, p, errors):

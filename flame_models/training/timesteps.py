@@ -12,6 +12,9 @@ checkpoint that stores the generator's state resumes with exactly the same σ se
     mode          σ = 1 − u − m·(cos²(πu/2) − 1 + u),  u ~ U[0, 1), m = `mode_scale` (1.29): the SD3 paper's
                   mode sampling with heavy tails (diffusers' / kohya's weighting_scheme 'mode'); m in (−1, 1.75)
                   keeps σ in [0, 1] and decreasing in u
+    chroma        σ on the grid linspace(0, 1, 1000) with probability ∝ 2 − 7.7·(σ − 0.5)², the inverse of its CDF
+                  at u ~ U[0, 1), no shift: how Chroma was trained (lodestone-rock/flow, src/trainer/train_chroma*.py:
+                  create_distribution / sample_from_distribution); Chroma's default
 """
 import math
 
@@ -19,7 +22,7 @@ import numpy as np
 
 import flame_core as flame
 
-TIMESTEP_TYPES = ("sigmoid", "logit_normal", "uniform", "shift", "flux_shift", "mode")
+TIMESTEP_TYPES = ("sigmoid", "logit_normal", "uniform", "shift", "flux_shift", "mode", "chroma")
 # mode_scale must lie in (MODE_SCALE_RANGE): outside it σ(u) is not monotone (or leaves [0, 1])
 MODE_SCALE_RANGE = (-1.0, 1.0 / (math.pi / 2 - 1))
 
@@ -55,6 +58,18 @@ def mode_sigmas(u, mode_scale=1.29):
     return 1.0 - u - mode_scale * (np.cos(math.pi * u / 2) ** 2 - 1.0 + u)
 
 
+CHROMA_GRID = np.linspace(0.0, 1.0, 1000)
+_CHROMA_P = 2.0 - 7.7 * (CHROMA_GRID - 0.5) ** 2          # > 0 on the whole grid (0.075 at the ends)
+_CHROMA_CDF = np.cumsum(_CHROMA_P / _CHROMA_P.sum())
+
+
+def chroma_sigmas(u):
+    """Chroma's training σ for uniform draws u in [0, 1): the grid value where the density's CDF first exceeds u
+    (searchsorted right, as the reference; u past the last CDF value, a rounding case, takes the last point)."""
+    i = np.searchsorted(_CHROMA_CDF, np.asarray(u, dtype=np.float64), side="right")
+    return CHROMA_GRID[np.minimum(i, len(CHROMA_GRID) - 1)]
+
+
 def sample_sigmas(kind, batch_size, *, generator=None, num_tokens=None, shift=3.0, sigmoid_scale=1.0,
                   logit_mean=0.0, logit_std=1.0, mode_scale=1.29, device="cpu", dtype=flame.float32):
     """Draw `batch_size` σ values of the distribution `kind` (one of TIMESTEP_TYPES) as a 1-D tensor on `device`.
@@ -69,9 +84,11 @@ def sample_sigmas(kind, batch_size, *, generator=None, num_tokens=None, shift=3.
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if generator is not None and generator.device.type != "cpu":
         raise ValueError(f"timestep sampling draws on the CPU; got a generator on {generator.device}")
-    if kind in ("uniform", "mode"):
+    if kind in ("uniform", "mode", "chroma"):
         s = flame.rand(batch_size, generator=generator, dtype=flame.float64, device="cpu").numpy()
-        if kind == "mode":
+        if kind == "chroma":
+            s = chroma_sigmas(s)
+        elif kind == "mode":
             lo, hi = MODE_SCALE_RANGE
             if not lo < mode_scale < hi:
                 raise ValueError(f"mode_scale must lie in ({lo}, {hi:.4f}), got {mode_scale}")

@@ -273,14 +273,18 @@ class Trainer:
         stacks = fam.block_stacks(self.model)
         # model.quantize: the blocks' frozen Linear weights stored as fp8 (e4m3, a scale per output channel; the
         # adapters keep their dtype), dequantised per layer on the fly (flame_nn.offload.fp8)
+        # train.fp8_compute: one scale per weight tensor and the matmuls on the e4m3 tensor cores (fp8_compute.py)
         quantize = "fp8" if c.model.quantize else None
+        compute = "fp8" if quantize and c.train.fp8_compute else None
         if self.budget is not None:
             return StreamedBlocks(flame_nn.offload.BlockStreamer.for_model(
-                self.model, stacks, device=self.device, quantize=quantize,
+                self.model, stacks, device=self.device, quantize=quantize, fp8_compute=compute is not None,
                 prepare=fam.block_initializer(self.model)), self.device)
         if quantize:
-            n_q = sum(len(flame_nn.offload.quantize_linear_weights_(self.model.get_submodule(s))) for s in stacks)
-            self.log(f"model.quantize: {n_q} frozen Linear weights of the blocks stored as fp8 (e4m3)")
+            n_q = sum(len(flame_nn.offload.quantize_linear_weights_(self.model.get_submodule(s), compute=compute))
+                      for s in stacks)
+            self.log(f"model.quantize: {n_q} frozen Linear weights of the blocks stored as fp8 (e4m3)"
+                     + ("; train.fp8_compute: their matmuls in fp8" if compute else ""))
         return NoStreaming()
 
     def _resume(self, path, state):
@@ -314,7 +318,11 @@ class Trainer:
                                    d.num_repeats) for d in c.datasets]
             return parts[0] if len(parts) == 1 else ConcatDataset(parts)
         s = c.synthetic
-        return SyntheticDataset(s.num_samples, s.height, s.width, fam.synthetic_conditioning(self.spec, s.text_length),
+        cond = fam.synthetic_conditioning(self.spec, s.text_length)
+        if fam.control_images:   # (Flux Kontext) a control image of the target's size, as a paired dataset's
+            f = fam.vae_scale_factor
+            cond["control_latents"] = (fam.latent_channels, s.height // f, s.width // f)
+        return SyntheticDataset(s.num_samples, s.height, s.width, cond,
                                 latent_channels=fam.latent_channels, vae_scale_factor=fam.vae_scale_factor,
                                 num_classes=min(4, s.num_samples), seed=s.seed)
 

@@ -31,13 +31,17 @@ from flame_core.amp import autocast_mode as _amp
 from flame_core.autograd import Function, no_grad
 from flame_core.errors import DTypeError, ShapeError, fmt_shape
 from flame_core.kernels import fp8 as _K
+from flame_core.kernels import fp8_tensor as _KT
 from flame_core.kernels.loader import dtype_name as _dtype_name
-from flame_core.ops.fp8 import quantize_fp8
+from flame_core.ops.fp8 import quantize_fp8, requantize_fp8_per_tensor
 from flame_core.ops.linalg import mm_arrays
 
 from ..layers.linear import Linear
 from ..parameter import Parameter
+from .fp8_compute import Float8ComputeLinear
 from .host import OffloadError
+
+_FP8_COMPUTE_DTYPES = ("bfloat16", "float16", "float32")
 
 # ----------------------------------------------------------------------------- the dequantisation scratch
 _scratch = {}    # (device key, dtype name) -> Tensor (1-D) the dequantised weights are written into
@@ -68,10 +72,8 @@ def release_scratch():
     _largest.clear()
 
 
-def _dequantize_into_scratch(q, scales, dtype):
-    """q (uint8 bytes or float8 values, (out, in)) * scales[:, None] as `dtype`, written into the scratch buffer of
-    q's device: a view valid until the next call on that device (enqueue its reader before the next call)."""
-    dtype = np.dtype(dtype)
+def _scratch_view(q, dtype, shape):
+    """A `shape` view of `dtype` into the scratch buffer of q's device (q.size elements)."""
     key = (_device_key(q), _dtype_name(dtype))
     n = int(q.size)
     buf = _scratch.get(key)
@@ -86,7 +88,25 @@ def _dequantize_into_scratch(q, scales, dtype):
         if buf is not None:
             _retired.append(buf)
         buf = _scratch[key] = as_tensor(arr)  # a Tensor: the memory accounting counts it
-    out = buf.array[:n].reshape(q.shape)
+    return buf.array[:n].reshape(shape)
+
+
+def transposed_into_scratch(q):
+    """q (out, in) e4m3 values transposed to (in, out), written into the byte scratch buffer of q's device (the fp8
+    GEMM's K-major operand for the input gradient): a view valid until the next call on that device."""
+    if not backend.is_cuda_array(q):
+        return np.ascontiguousarray(q.T)
+    qb = q if q.dtype == np.uint8 else q.view(np.uint8)
+    out = _scratch_view(qb, np.dtype(np.uint8), (q.shape[1], q.shape[0]))
+    return _KT.transpose_fp8(qb, out=out)
+
+
+def _dequantize_into_scratch(q, scales, dtype):
+    """q (uint8 bytes or float8 values, (out, in)) * scales[:, None] as `dtype`, written into the scratch buffer of
+    q's device: a view valid until the next call on that device (enqueue its reader before the next call)."""
+    dtype = np.dtype(dtype)
+    n = int(q.size)
+    out = _scratch_view(q, dtype, q.shape)
     if backend.is_cuda_array(q):
         qb = q if q.dtype == np.uint8 else q.view(np.uint8)
         from flame_core.kernels import launching as KL
@@ -137,7 +157,11 @@ class Float8Linear(Function):
 
 
 class Float8LinearMixin:
-    """Mixed in front of a Linear class: `weight` holds float8_e4m3fn values, `weight_scale` the row scales."""
+    """Mixed in front of a Linear class: `weight` holds float8_e4m3fn values, `weight_scale` the row scales. With
+    `fp8_compute` (use_fp8_compute_) the scales are one per tensor and the matmuls run in fp8 (fp8_compute.py) when
+    the compute dtype is bfloat16, float16 or float32 (float64, for gradient checks, keeps the dequantising path)."""
+
+    fp8_compute = False
 
     def dequantized_weight(self, dtype=None):
         """The weight as a new tensor of `dtype` (default: the dtype the layer had before quantisation). Not
@@ -163,9 +187,13 @@ class Float8LinearMixin:
                                                                  else "")
                              + f" must have the dtype of the fp8 layer's compute dtype ({dt}); cast them, or use "
                                f"flame.amp.autocast")
+        if self.fp8_compute and dt.name in _FP8_COMPUTE_DTYPES:
+            return Float8ComputeLinear.apply(input, w, self.weight_scale, bias, dt.np)
         return Float8Linear.apply(input, w, self.weight_scale, bias, dt.np)
 
     def extra_repr(self):
+        if self.fp8_compute:
+            return super().extra_repr() + ", weight=float8_e4m3fn (per-tensor scale), fp8 compute"
         return super().extra_repr() + ", weight=float8_e4m3fn (per-channel scales)"
 
 
@@ -209,18 +237,52 @@ def set_fp8_weight_(linear, q, scales, compute_dtype):
     return linear
 
 
-def quantize_linear_weights_(module, dtype="float8_e4m3fn", *, include_trainable=False):
+def _check_compute(compute, where):
+    if compute not in (None, "fp8"):
+        raise OffloadError(f"{where}: compute must be None (dequantise to the compute dtype) or 'fp8', got "
+                           f"{compute!r}")
+
+
+def use_fp8_compute_(module, enabled=True):
+    """Run the matmuls of every fp8 Linear in `module` (itself included) on the fp8 tensor cores (fp8_compute.py),
+    or, with enabled=False, dequantise again. Row-scaled weights are requantised to one scale per tensor first (once;
+    the storage format is unchanged: `weight_scale` keeps its shape). Returns the names of the layers switched."""
+    done = []
+    with no_grad():
+        for name, m in module.named_modules():
+            if not isinstance(m, Float8LinearMixin):
+                continue
+            if enabled and not m.fp8_compute:
+                if m.weight.is_meta:
+                    raise OffloadError(f"use_fp8_compute_: {name or type(m).__name__}.weight has no data yet "
+                                       f"(empty_init): load the weights first")
+                q, scales = requantize_fp8_per_tensor(m.weight, m.weight_scale)
+                if q is not m.weight:
+                    m.weight = Parameter(q, requires_grad=False)
+                    m.weight_scale = scales
+            m.__dict__["fp8_compute"] = bool(enabled)
+            done.append(name)
+    return done
+
+
+def quantize_linear_weights_(module, dtype="float8_e4m3fn", *, include_trainable=False, compute=None):
     """Store the weight of every frozen `Linear` in `module` (itself included) as fp8 with per-output-channel scales,
     in place, on the weight's device. Returns the names of the converted layers. LoRA/LoKr/LoHa-adapted Linears are
     converted too (their base weight is frozen); DoRA needs the base weight's rows and is refused; layers with
     merged adapters are refused (unmerge first). Quantise the block stacks, where the bytes are, rather than a whole
-    model: a model may read its compute dtype from a Linear's weight (Flux reads `img_in.weight.dtype`)."""
+    model: a model may read its compute dtype from a Linear's weight (Flux reads `img_in.weight.dtype`).
+    compute="fp8": one scale per tensor instead, and the layers' matmuls in fp8 (use_fp8_compute_); fp8 Linears
+    already in `module` are switched too."""
     if D.dtype(dtype) is not D.float8_e4m3fn:
         raise OffloadError(f"quantize_linear_weights_: only float8_e4m3fn storage is available, got {dtype!r}")
+    _check_compute(compute, "quantize_linear_weights_")
     from ..adapters.layer import AdaptedLinearMixin, adapt
     done = []
     with no_grad():
         for name, m in module.named_modules():
+            if isinstance(m, Float8LinearMixin) and compute == "fp8" and not m.fp8_compute:
+                use_fp8_compute_(m)
+                continue
             if not isinstance(m, Linear) or isinstance(m, Float8LinearMixin):
                 continue
             w = m.weight
@@ -240,10 +302,11 @@ def quantize_linear_weights_(module, dtype="float8_e4m3fn", *, include_trainable
                         if ad.needs_base:
                             raise OffloadError(f"{name}: a {ad.kind} adapter needs the base weight's rows; fp8 "
                                                f"storage supports LoRA, LoKr and LoHa adapters")
-            q, scales = quantize_fp8(w)
+            q, scales = quantize_fp8(w, per_tensor=compute == "fp8")
             _note_size(q.array)
             d = m.__dict__
             d["compute_dtype"] = w.dtype
+            d["fp8_compute"] = compute == "fp8"
             if adapted:
                 state = {k: d[k] for k in ("_adapters", "_weights", "_merged", "adapters_enabled")}
                 m.__class__ = _fp8_class(m._base_class)

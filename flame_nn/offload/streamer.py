@@ -127,6 +127,8 @@ class BlockStreamer:
     device          the GPU (or cpu) the blocks compute on; default: the default device
     quantize        "fp8": store each block's frozen Linear weights as float8_e4m3fn with per-output-channel scales
                     (done block by block on `device` before packing; halves memory and transfer)
+    fp8_compute     with quantize="fp8": one scale per weight tensor and the blocks' frozen matmuls on the fp8
+                    tensor cores (flame_nn.offload.fp8_compute)
     prepare         prepare(block) is called on each block before it is packed (e.g. to load or initialise it block
                     by block, so the whole model never has to be on the GPU at once)
     sources         {module key: host NumPy array}, e.g. `safetensors_views(files)`: tensors found there are copied
@@ -140,7 +142,7 @@ class BlockStreamer:
     """
 
     def __init__(self, blocks, *, resident=(), slots=2, device=None, quantize=None, prepare=None, sources=None,
-                 prefixes=None, stream_trainable=False, profile=False):
+                 prefixes=None, stream_trainable=False, profile=False, fp8_compute=False):
         stacks = [blocks] if isinstance(blocks, Module) else list(blocks)
         if not stacks:
             raise OffloadError("BlockStreamer needs at least one stack of blocks")
@@ -148,6 +150,9 @@ class BlockStreamer:
             raise OffloadError(f"BlockStreamer needs at least one slot, got slots={slots}")
         if quantize not in (None, "fp8", "float8_e4m3fn"):
             raise OffloadError(f"quantize must be None or 'fp8', got {quantize!r}")
+        if fp8_compute and quantize is None:
+            raise OffloadError("fp8_compute needs quantize='fp8' (the fp8 GEMM reads the fp8 weights)")
+        self._fp8_compute = bool(fp8_compute)
         if prefixes is not None and len(prefixes) != len(stacks):
             raise OffloadError(f"{len(prefixes)} prefixes for {len(stacks)} stacks")
         self.device = _parse_device(device) if device is not None else default_device()
@@ -229,7 +234,7 @@ class BlockStreamer:
             from .fp8 import quantize_linear_weights_
             if any(p.device != self.device for p in block.parameters() if not p.is_meta):
                 block.to(self.device)  # quantise with the device's kernel, one block at a time
-            quantize_linear_weights_(block)
+            quantize_linear_weights_(block, compute="fp8" if self._fp8_compute else None)
         hb = HostBlock(i, block, self.device, self.stream_trainable, sources, self.names[i] + ".")
         hb.unbind()  # the block's own storage is released here
         for name, p in block.named_parameters():  # parameters that do not stream go to the device

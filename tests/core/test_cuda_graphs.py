@@ -25,6 +25,21 @@ def test_graphed_function_is_eager_without_a_gpu_or_when_disabled():
     assert len(calls) == 3 and g.graph is None
 
 
+def test_graphed_function_on_cpu_tensors_stays_eager_on_a_gpu_machine():
+    """A CUDA graph records GPU work only: with cpu arguments (a cpu run on a machine that has a GPU) every call
+    runs `fn` eagerly, never a capture whose replay would return the first result again."""
+    calls = []
+
+    def fn(x):
+        calls.append(1)
+        return x * 2
+
+    g = graphed(fn, warmup=1)
+    for k in range(4):
+        np.testing.assert_array_equal(g(flame.full((3,), float(k), device="cpu")).numpy(), 2.0 * k)
+    assert len(calls) == 4 and g.graph is None
+
+
 @pytest.mark.gpu
 def test_capture_and_replay_elementwise_matmul_and_kernels():
     rng = np.random.default_rng(0)

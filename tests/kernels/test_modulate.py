@@ -98,3 +98,33 @@ def test_modulate_kernels(ab, rng, dt, shape, mods):
     assert_close(dxk, dxr, dt, "dx")
     assert_close(dyk, dyr, dt, "dy")
     assert_close(dgk, dgr, tol, "dgate", scale=20)
+    for coef, off in ((sc, 1.0), (gt, 0.0)):  # the input gradients alone, for frozen modulation vectors
+        k, r = ab(K.broadcast_scale, g, coef, off)
+        assert k.dtype == g.dtype and k.shape == g.shape
+        assert_close(k, r, dt, "broadcast_scale")
+
+
+def test_broadcast_scale_reference(rng):
+    g, c = rng.standard_normal((2, 5, 8)), rng.standard_normal((2, 1, 8))
+    np.testing.assert_allclose(K.broadcast_scale(g, c, 1.0), g * (1 + c), rtol=1e-15)
+    np.testing.assert_allclose(K.broadcast_scale(g, c[:1, 0], 0.0), g * c[:1], rtol=1e-15)
+
+
+def test_frozen_modulation_vectors_take_the_input_gradient_alone(device, rng, monkeypatch):
+    """A frozen base's adaLN: shift / scale / gate need no gradient, so backward keeps neither x nor y and computes
+    dx = g (1 + scale), dy = g gate in one pass each (broadcast_scale), equal to the composed ops' gradients."""
+    calls = []
+    real = K.broadcast_scale
+    monkeypatch.setattr(K, "broadcast_scale", lambda *a: calls.append(a[2]) or real(*a))
+    t = lambda s, rg: flame.tensor(rng.standard_normal(s), dtype=flame.float32, device=device,  # noqa: E731
+                                   requires_grad=rg)
+    x, y = t((2, 7, 16), True), t((2, 7, 16), True)
+    sh, sc, gt = t((2, 1, 16), False), t((2, 1, 16), False), t((2, 16), False)
+    gout = flame.tensor(rng.standard_normal((2, 7, 16)), dtype=flame.float32, device=device)
+    (gated_residual(x, gt, modulate(y, sh, sc)) * gout).sum().backward()
+    assert sorted(calls) == [0.0, 1.0]
+    fused = [x.grad.numpy().copy(), y.grad.numpy().copy()]
+    x.grad = y.grad = None
+    ((x + gt[:, None] * (y * (1 + sc) + sh)) * gout).sum().backward()
+    np.testing.assert_allclose(fused[0], x.grad.numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(fused[1], y.grad.numpy(), rtol=1e-5, atol=1e-6)

@@ -39,7 +39,8 @@ def _imports(path):
 def test_only_the_registry_imports_a_family_and_no_family_imports_another():
     packages = dict(registry.FAMILIES)
     assert packages == {"flux": "flame_models.flux", "sd3": "flame_models.sd3", "sdxl": "flame_models.sdxl",
-                        "flux_kontext": "flame_models.flux_kontext", "chroma": "flame_models.chroma"}
+                        "flux_kontext": "flame_models.flux_kontext", "chroma": "flame_models.chroma",
+                        "qwen_image": "flame_models.qwen_image"}
     found = {}
     for path in sorted(ROOT.rglob("*.py")):
         owner = next((name for name, pkg in packages.items() if path.is_relative_to(ROOT / pkg.split(".")[-1])), None)
@@ -62,7 +63,8 @@ def test_every_family_is_found_through_the_registry():
             assert describe_keys(["model.diffusion_model." + about.key_marks[0]])[0] == about.header_kind
     assert registry.toolkit_flags() == {"is_flux": "flux", "is_v3": "sd3", "is_xl": "sdxl"}
     with pytest.raises(ValueError,
-                       match="unknown model family 'sd2'; available: flux, sd3, sdxl, flux_kontext, chroma"):
+                       match="unknown model family 'sd2'; available: flux, sd3, sdxl, flux_kontext, chroma, "
+                             "qwen_image"):
         registry.about("sd2")
 
 

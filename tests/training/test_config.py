@@ -326,3 +326,16 @@ def test_aliases_and_flat_layout(files):
 def test_defaults_need_only_a_dataset():
     assert validate(TrainConfig(), check_files=False) == [
         "datasets: no dataset (give datasets: [{folder_path: ...}] or synthetic: {...})"]
+
+
+def test_model_quantize_takes_fp8_names_and_fp8_compute_needs_it(files):
+    tmp, data, model = files
+    base = {"datasets": [{"folder_path": data}]}
+    for value in (True, "fp8", "qfloat8", "FP8"):
+        cfg = config_from_dict({**base, "model": {"quantize": value}, "train": {"fp8_compute": True}})
+        assert cfg.model.quantize is True and cfg.train.fp8_compute is True
+    assert config_from_dict(base).model.quantize is False and config_from_dict(base).train.fp8_compute is False
+    with pytest.raises(ConfigError, match="model.quantize: true, false or 'fp8'.*got 'int8'"):
+        config_from_dict({**base, "model": {"quantize": "int8"}})
+    with pytest.raises(ConfigError, match="train.fp8_compute: computes with the fp8 weights of model.quantize"):
+        config_from_dict({**base, "train": {"fp8_compute": True}})

@@ -91,7 +91,7 @@ def test_the_flags_are_read_only_where_results_are_written(tmp_path, monkeypatch
 def test_non_finite_gradients_are_caught_with_the_step_and_its_samples():
     p = flame_nn.Parameter(flame.ones(4))
     q = flame_nn.Parameter(flame.ones(2))
-    guard = FiniteGuard([p, q], flame.device("cpu"))
+    guard = FiniteGuard([p, q], p.device)  # the parameters' device (cuda in a FLAME_DEVICE=cuda run)
     ((p * 2).sum() + q.sum()).backward()
     guard.watch_loss(flame.tensor(1.0))
     guard.after_backward(1, [0, 1], ["a cat"])

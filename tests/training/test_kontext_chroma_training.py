@@ -247,3 +247,28 @@ def test_chroma_t5_sees_the_real_tokens_and_one_padding_token(chroma_folder):
     np.testing.assert_allclose(out[8]["prompt_embeds"][:, :real + 1], out[16]["prompt_embeds"][:, :real + 1],
                                rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out[16]["prompt_embeds"][:, :real + 1], alone, rtol=1e-5, atol=1e-6)
+
+
+def test_synthetic_kontext_samples_carry_a_control_latent(tmp_path, monkeypatch):
+    """A synthetic Kontext run (the benches' 12 GiB runs) trains with reference tokens, as a paired dataset does:
+    each sample has a control latent of its target's size."""
+    from flame_models.training.config import config_from_dict
+    fam = get_family("flux_kontext")
+    seen = []
+    inputs = fam.training_inputs
+
+    def spy(model, batch, device, train_cfg):
+        x0, cond = inputs(model, batch, device, train_cfg)
+        seen.append((batch["latents"].shape, tuple(cond["ref"].shape)))
+        return x0, cond
+    monkeypatch.setattr(fam, "training_inputs", spy)
+    cfg = config_from_dict({
+        "name": "ks", "training_folder": str(tmp_path), "device": "cpu",
+        "model": {"arch": "flux_kontext", "name_or_path": None, "size": None},
+        "synthetic": {"num_samples": 2, "height": 64, "width": 64, "text_length": 8},
+        "network": {"type": "lora", "linear": 4, "linear_alpha": 4},
+        "train": {"steps": 1, "batch_size": 1, "lr": 1e-4, "optimizer": "adamw", "disable_sampling": True},
+        "sample": {"sample_every": 0}, "save": {"save_every": 10 ** 6}}, check_files=False)
+    result = Trainer(cfg, verbose=False).train()
+    assert np.isfinite(result["losses"]).all()
+    assert seen[0] == ((1, 16, 8, 8), (1, 16, 64))

@@ -382,16 +382,19 @@ def test_ai_toolkit_family_flags(tmp_path, images, sdxl_model):
 
 # ----------------------------------------------------------------------------- memory: fp8 storage of the blocks
 @pytest.mark.parametrize("arch", ["sd3", "sdxl"])
-def test_model_quantize_stores_the_block_linears_in_fp8_and_trains(tmp_path, images, sdxl_model, arch):
+@pytest.mark.parametrize("fp8_compute", [False, True])
+def test_model_quantize_stores_the_block_linears_in_fp8_and_trains(tmp_path, images, sdxl_model, arch, fp8_compute):
     from flame_nn.offload import is_fp8_linear
-    cfg = (sd3_config(tmp_path, arch, images, steps=2, model={"quantize": True}) if arch == "sd3" else
-           sdxl_config(tmp_path, arch, sdxl_model, images, steps=2, model={"quantize": True}))
+    train = {"fp8_compute": True} if fp8_compute else {}
+    cfg = (sd3_config(tmp_path, arch, images, steps=2, model={"quantize": True}, train=train) if arch == "sd3" else
+           sdxl_config(tmp_path, arch, sdxl_model, images, steps=2, model={"quantize": True}, train=train))
     tr = Trainer(cfg, verbose=False)
     result = tr.train()
     stacks = tuple(s + "." for s in get_family(arch).block_stacks(tr.model))
     fp8 = {n for n, m in tr.model.named_modules() if is_fp8_linear(m)}
     linears = {n for n, m in tr.model.named_modules() if n.startswith(stacks) and type(m).__name__.endswith("Linear")}
     assert fp8 and fp8 == linears                                     # every block Linear, nothing outside them
+    assert all(tr.model.get_submodule(n).fp8_compute is fp8_compute for n in fp8)
     assert np.isfinite(result["losses"]).all()
 
 

@@ -125,6 +125,39 @@ def test_model_quantize_stores_the_blocks_in_fp8_and_still_trains(tmp_path):
     assert np.isfinite(losses).all() and losses[:15].mean() > 1.1 * losses[-15:].mean()
 
 
+def test_fp8_compute_runs_the_block_matmuls_in_fp8_and_trains(tmp_path):
+    # the CPU emulates the fp8 GEMM (e4m3 operands, float32 accumulation): the same option as on Hopper's tensor cores
+    from flame_core.kernels import scaled_mm
+    from flame_nn.offload import is_fp8_linear
+    c = cfg(tmp_path, "fp8c", steps=60)
+    c.model.quantize, c.train.fp8_compute = True, True
+    tr = Trainer(c, verbose=False)
+    scaled_mm.last_path = None
+    result = tr.train()
+    fp8 = [m for m in tr.model.modules() if is_fp8_linear(m)]
+    assert fp8 and all(m.fp8_compute for m in fp8)
+    assert all(len(set(m.weight_scale.numpy().tolist())) == 1 for m in fp8)   # one scale per weight tensor
+    assert scaled_mm.last_path == "emulated"                                   # the fp8 GEMM ran
+    losses = np.array(result["losses"])
+    assert np.isfinite(losses).all() and losses[:15].mean() > 1.1 * losses[-15:].mean()
+
+
+@pytest.mark.gpu
+def test_fp8_compute_on_cuda_resident_and_under_a_budget(tmp_path):
+    # bf16 with CUDA graphs (the trainer's defaults on cuda): the blocks' matmuls through cuBLASLt's fp8 GEMM, the
+    # blocks resident, then packed by the streamer under max_gpu_memory; the two runs compute the same numbers
+    from flame_core.kernels import scaled_mm
+    losses = {}
+    for budget in (None, "8GiB"):
+        c = cfg(tmp_path, f"fp8c{budget}", device="cuda", steps=8)
+        c.model.quantize, c.train.fp8_compute, c.max_gpu_memory = True, True, budget
+        scaled_mm.last_path = None
+        losses[budget] = np.array(Trainer(c, verbose=False).train()["losses"])
+        assert scaled_mm.last_path == "cublaslt"
+        assert np.isfinite(losses[budget]).all()
+    np.testing.assert_allclose(losses["8GiB"], losses[None], rtol=2e-2)
+
+
 @pytest.mark.gpu
 def test_a_capture_over_the_budget_streams_more_blocks_and_captures_again(tmp_path):
     # the first capture raises OutOfMemoryError (as a capture over max_gpu_memory does): the trainer demotes resident

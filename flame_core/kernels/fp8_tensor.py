@@ -1,0 +1,77 @@
+"""Per-tensor fp8 (float8_e4m3fn) quantisation with current scaling, and the byte transpose, for the fp8 GEMM
+(kernels: cuda_src/fp8_tensor.cu).
+
+    quantize_per_tensor(x) -> (q, scale)   q: uint8 array of x's shape holding e4m3 bits; scale: float32 (2,) with
+                                           scale[0] = amax(|x|) / 448 (x ~= q * scale[0]; 1 for an all-zero x) and
+                                           scale[1] = 448 / amax, the factor the cast used
+    transpose_fp8(q)                    -> the (cols, rows) C-contiguous copy of a 2-D byte array
+
+"Current" scaling: the amax is this call's, not a history's (delayed scaling), so no state is carried between steps
+and the first step is as exact as the others. On the GPU the amax and the scale never leave the device (two kernels,
+no synchronisation; a CUDA graph captures them). The numbers are fp32 throughout, so the kernels and the NumPy
+reference agree bit for bit (tests/kernels/test_fp8_gemm.py).
+"""
+import ml_dtypes
+import numpy as np
+
+from .. import backend
+from ..errors import DTypeError, ShapeError
+from . import launching as KL
+from . import loader as L
+from . import plans as P
+
+FP8_MAX = np.float32(448.0)
+_FLOATS = ("float16", "bfloat16", "float32")
+
+
+def _quantize_ref(x):
+    xf = backend.to_numpy(x).astype(np.float32)
+    amax = np.float32(np.abs(xf).max()) if xf.size else np.float32(0)
+    safe = bool(amax > 0 and np.isfinite(amax))
+    scale = np.array([amax / FP8_MAX if safe else 1, FP8_MAX / amax if safe else 1], dtype=np.float32)
+    q = np.clip(xf * scale[1], -FP8_MAX, FP8_MAX).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    xp = backend.xp_of(x)
+    return xp.asarray(q), xp.asarray(scale)
+
+
+def quantize_per_tensor(x):
+    """(q, scale) of a float16 / bfloat16 / float32 array (any shape) -- see the module docstring."""
+    if L.dtype_name(x.dtype) not in _FLOATS:
+        raise DTypeError(f"quantize_per_tensor: expects a float16/bfloat16/float32 array, got {x.dtype}")
+    if not (L.use_kernel(x) and x.size):
+        return _quantize_ref(x)
+    cp = backend.cupy
+    x = P.contiguous(x)
+    state = cp.zeros(2, dtype=np.uint32)     # amax bits, blocks done
+    scale = cp.empty(2, dtype=np.float32)
+    q = cp.empty(x.shape, dtype=np.uint8)
+    n = int(x.size)
+    grid = (max(1, min(P.cdiv(P.cdiv(n, 8), 256), P.sm_count() * 4)),)
+    KL.launch(L.get_function("fp8_tensor", "fp8_amax_scale", x.dtype), grid, (256,),
+              (x, KL.i64(n), state, scale))
+    KL.launch(L.get_function("fp8_tensor", "fp8_cast_scaled", x.dtype), grid, (256,), (x, q, scale, KL.i64(n)))
+    return q, scale
+
+
+def transpose_fp8(q, out=None):
+    """q (rows, cols) bytes (uint8, or float8 on the cpu) -> the C-contiguous (cols, rows) transpose, written into
+    `out` (C-contiguous, of that shape and q's dtype) or a new array."""
+    if q.ndim != 2:
+        raise ShapeError(f"transpose_fp8: expects a 2-D array, got shape {tuple(q.shape)}")
+    rows, cols = q.shape
+    if out is not None and (tuple(out.shape) != (cols, rows) or out.dtype != q.dtype or not out.flags.c_contiguous):
+        raise ShapeError(f"transpose_fp8: out must be a C-contiguous {(cols, rows)} array of {q.dtype}, got "
+                         f"{tuple(out.shape)} {out.dtype}")
+    if not backend.is_cuda_array(q) or not L.enabled() or q.size == 0:
+        if out is None:
+            return backend.xp_of(q).ascontiguousarray(q.T)
+        out[...] = q.T
+        return out
+    if q.dtype != np.uint8:
+        raise DTypeError(f"transpose_fp8: expects uint8 bytes on cuda, got {q.dtype}")
+    q = P.contiguous(q)
+    if out is None:
+        out = backend.cupy.empty((cols, rows), dtype=np.uint8)
+    KL.launch(L.get_function("fp8_tensor", "fp8_transpose"), (P.cdiv(cols, 32), P.cdiv(rows, 32)), (32, 8),
+              (q, out, KL.i64(rows), KL.i64(cols)))
+    return out

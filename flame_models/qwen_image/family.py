@@ -1,0 +1,131 @@
+"""Qwen-Image as a trainer family: rectified flow on the VAE's 16 channels normalised per channel, packed 2x2 as
+Flux's; conditioning = the text encoder's states (prompt_embeds, L x 3584 for the release) with their padding mask
+(prompt_mask: padded tokens are masked as keys, as diffusers). Timesteps: sigma uniform by default
+(train.timestep_type 'uniform'), as diffusers' train_dreambooth_lora_qwen_image draws them (weighting 'none' over the
+scheduler's unshifted training sigmas: its dynamic shift applies only to sampling); the model is fed sigma.
+Previews: Qwen-Image's scheduler (dynamic shift for the token count, terminal sigma 0.02), true CFG only with a
+negative prompt (sample.neg; QwenImagePipeline has no default negative) with the per-token norm rescale.
+
+Not yet here: the VAE (qwen_image/vae.py), the Qwen2.5-VL language model (text_encoders/qwen2_5_vl.py)
+and its tokenizer (tokenization/qwen2.py) exist but are not wired into the trainer's caching stages; so it trains from
+precomputed samples (latents already normalised per channel, prompt_embeds and prompt_mask) or synthetic data, and
+its previews are latent projections. LoRA files: PEFT (`transformer.transformer_blocks.0.attn.to_q.lora_A.weight`)
+by default, kohya (`lora_unet_transformer_blocks_0_attn_to_q`) with save.format; both are diffusers' names."""
+import numpy as np
+
+import flame_core as flame
+import flame_nn
+
+from ..bfl.sampling import pack
+from ..training.family import DDPM_FIELDS, FLOW_FIELDS
+from ..training.family_base import FlowMatchingFamily
+from . import sampling as qwen_sampling
+from .loading import QwenImageCheckpointError, load_qwen_image, read_qwen_image_params
+from .lora_keys import NAME_MAP, TARGET_PRESETS
+from .model import QwenImageTransformer2DModel
+from .params import qwen_image_params
+
+_DDPM_NOTE = "Qwen-Image trains with flow matching (train.timestep_type, train.weighting_scheme); this is sdxl's DDPM"
+MISSING_PARTS = ("Qwen-Image trains from precomputed samples (latents, prompt_embeds, prompt_mask) or synthetic data "
+                 "only for now: its VAE (AutoencoderKLQwenImage) and text encoder (Qwen2.5-VL, Qwen2 tokenizer) are "
+                 "not wired into the trainer's caching stages yet")
+
+
+class QwenImageFamily(FlowMatchingFamily):
+    name = "qwen_image"
+    label = "Qwen-Image"
+    model_words = "a Qwen-Image transformer"
+    model_class = QwenImageTransformer2DModel
+    sample_keys = ("latents", "prompt_embeds", "prompt_mask")
+    default_size = "qwen-image-tiny"
+    model_sizes = ("qwen-image", "qwen-image-tiny")
+    target_presets = TARGET_PRESETS
+    config_defaults = {"name": "qwen_image_lora", "train.timestep_type": "uniform",
+                       "sample.guidance_scale": qwen_sampling.DEFAULT_CFG}
+    fields = FLOW_FIELDS + ("sample.neg",)
+    field_notes = {**{k: _DDPM_NOTE for k in DDPM_FIELDS},
+                   "train.guidance": "Qwen-Image has no guidance embedding; previews use CFG with sample.neg",
+                   "model.t5_path": "Qwen-Image's text encoder is Qwen2.5-VL, not T5 (not implemented yet)",
+                   "model.clip_g_path": "Qwen-Image has no CLIP"}
+    spec_errors = (QwenImageCheckpointError, KeyError, ValueError, OSError)
+
+    # ------------------------------------------------------------------ before anything is loaded
+    def apply_defaults(self, cfg):
+        """The family's defaults, and PEFT LoRA files unless save.format is given (diffusers loads them as they are;
+        kohya for LoKr / LoHa, which PEFT files cannot hold)."""
+        super().apply_defaults(cfg)
+        if "save.format" not in cfg.given and cfg.network.type not in ("lokr", "loha"):
+            cfg.save.format = "peft"
+
+    def preset(self, size):
+        return qwen_image_params(size)
+
+    def read_spec(self, path):
+        return read_qwen_image_params(path)
+
+    def spec_problems(self, cfg, spec, prefix=""):
+        with flame_nn.empty_init(device="cpu"):
+            probe = QwenImageTransformer2DModel(spec)
+        return self.target_problems(probe, cfg, NAME_MAP, prefix)
+
+    def parts_problems(self, cfg, *, vae, text, prefix=""):
+        return [f"{prefix}datasets: {MISSING_PARTS}"]
+
+    def check_sample(self, shapes, spec):
+        lat, txt, mask = (shapes.get(k) for k in self.sample_keys)
+        ctx = spec.joint_attention_dim if spec is not None else None
+        if lat is not None and (len(lat) != 3 or lat[0] != self.latent_channels or lat[1] % 2 or lat[2] % 2):
+            return f"latents {lat}: expected ({self.latent_channels}, h, w) with even h and w"
+        if txt is not None and (len(txt) != 2 or (ctx is not None and txt[1] != ctx)):
+            return f"prompt_embeds {txt}: expected (L, {ctx or 'joint_attention_dim'}) for this model"
+        if mask is not None and (len(mask) != 1 or (txt is not None and mask[0] != txt[0])):
+            return f"prompt_mask {mask}: expected (L,), one entry per prompt_embeds token"
+        return None
+
+    def synthetic_conditioning(self, spec, text_length):
+        return {"prompt_embeds": (text_length, spec.joint_attention_dim), "prompt_mask": (text_length,)}
+
+    # ------------------------------------------------------------------ building
+    def load_model(self, path, spec, dtype, device):
+        return load_qwen_image(path, dtype=dtype, device=device, params=spec)
+
+    def block_stacks(self, model):
+        return ["transformer_blocks"]
+
+    def lora_name_map(self, model):
+        return NAME_MAP
+
+    def lora_metadata(self, cfg, model):
+        return {"modelspec.architecture": "qwen-image/lora", "flame.base_model": self.base_model_name(cfg)}
+
+    # ------------------------------------------------------------------ training
+    def training_inputs(self, model, batch, device, train_cfg):
+        latents = batch["latents"]                                      # (B, 16, h, w), normalised per channel
+        x0 = pack(flame.tensor(latents, dtype=flame.float32, device=device))
+        txt = flame.tensor(batch["prompt_embeds"], dtype=flame.float32, device=device)
+        mask = np.asarray(batch["prompt_mask"]) > 0.5    # (1 on valid tokens; a synthetic sample's arrays are
+        mask = np.where(mask.any(axis=1, keepdims=True), mask, True).astype(np.float32)   # noise: > 0.5 of it)
+        # the token grid travels as a tensor's shape (cond holds tensors only; a shape needs no host sync)
+        grid = flame.zeros(latents.shape[2] // 2, latents.shape[3] // 2, device=device)
+        return x0, {"txt": txt, "txt_mask": flame.tensor(mask, device=device), "grid": grid}
+
+    def image_seq_len(self, x0):
+        return x0.shape[1]
+
+    def forward(self, model, x_t, t, cond):
+        rows, cols = cond["grid"].shape
+        return model(x_t, cond["txt"], cond["txt_mask"], t, [[(1, rows, cols)]] * x_t.shape[0])
+
+    # ------------------------------------------------------------------ previews
+    def negative_prompt(self, cfg):
+        """sample.neg, else None: QwenImagePipeline runs CFG only when a negative prompt is given."""
+        neg = cfg.sample.neg
+        return neg if isinstance(neg, str) else None
+
+    def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None):
+        pos = {k: np.asarray(cond[k])[None] for k in self.sample_keys[1:]}
+        neg = None
+        if "negative_prompt_embeds" in cond:
+            neg = {k: np.asarray(cond[f"negative_{k}"])[None] for k in self.sample_keys[1:]}
+        return qwen_sampling.sample_latents(model, pos, neg, height=height, width=width, steps=steps,
+                                            cfg=guidance, seeds=[seed], callback=callback)
