@@ -22,6 +22,7 @@ resize, crop and flip when it has the target's size (as diffusers' paired transf
 bucket and centred, and cached beside its target (`control_spec`). A missing or unreadable control image is an
 error naming it.
 """
+import copy
 import hashlib
 import json
 import os
@@ -111,6 +112,7 @@ class ImageDataset:
 
     def __init__(self, configs, seed=0, trigger_word=None, cache_dir=None, progress=True):
         self.configs, self.seed, self.warnings = list(configs), int(seed), []
+        self.trigger_word = trigger_word
         self._fingerprint = None
         if not self.configs:
             raise DataError("datasets: no dataset given")
@@ -232,6 +234,25 @@ class ImageDataset:
             self.warnings.append(f"{len(lst)} image(s) smaller than their bucket at resolution {r} are not trained "
                                  f"at {r} (allow_upscale: true or --allow-upscale upscales them): {names}")
         return too_small
+
+    def select(self, records, configs=None):
+        """A dataset of `records` (indices into self.records) only, placed again -- under `configs` (one per
+        config of this dataset, same folders) when given: a held-out part of the images (holdout.py) without
+        decoding any image again."""
+        out = copy.copy(self)
+        if configs is not None:
+            out.configs = list(configs)
+            out.rules = [CaptionRule(c, self.seed, self.trigger_word) for c in out.configs]
+        records = sorted(records)
+        out.records = [self.records[i] for i in records]
+        out.raw_captions = [self.raw_captions[i] for i in records]
+        out.record_config = [self.record_config[i] for i in records]
+        out.controls = [self.controls[i] for i in records]
+        out.warnings, out.samples, out._fingerprint = [], [], None
+        problems = out._place()
+        if problems:
+            raise DataError(f"{len(problems)} unusable file(s) in the datasets:" + _listing(problems))
+        return out
 
     # ------------------------------------------------------------------ access
     def __len__(self):

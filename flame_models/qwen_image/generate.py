@@ -34,7 +34,9 @@ def generate(model, prompts, **_options):
         try:
             files = QwenImageFiles(path, read_qwen_image_params(path))
         except (QwenImageCheckpointError, KeyError, ValueError, OSError) as e:
-            raise G.GenerateError(f"{path}: {str(e).splitlines()[0]}") from None
+            msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+            msg = msg.splitlines()[0] if msg else type(e).__name__
+            raise G.GenerateError(msg if msg.startswith(path) else f"{path}: {msg}") from None
     raise G.GenerateError(f"{files.transformer}: Qwen-Image generation is not available yet: FLAME has its "
                           f"transformer, VAE, Qwen2.5-VL language model and tokenizer, but the stages are not "
                           f"wired together")

@@ -4,8 +4,8 @@ resumed run may change: the config a checkpoint was written with against the con
 Changes that break continuing the run -- the adapters' shape or meaning (network), the model, the data and the order
 it is drawn in (datasets, synthetic, batch_size, seed), the optimizer's kind or the EMA switch, the device (its random
 streams) -- are an error naming the fields. Everything else applies from the resumed step on (the learning rate and
-optimizer settings, the step count and schedule, timestep sampling, sample / save / log cadence, ...) and is listed
-as a warning.
+optimizer settings, the step count and schedule, timestep sampling, sample / save / log / validation cadence, ...)
+and is listed as a warning.
 """
 import hashlib
 import os
@@ -30,7 +30,8 @@ APPLICABLE = (
     "train.max_grad_norm", "train.gradient_accumulation_steps", "train.gradient_checkpointing", "train.cuda_graph",
     "train.timestep_type", "train.shift", "train.sigmoid_scale", "train.logit_mean", "train.logit_std",
     "train.ema_config.ema_decay", "train.dtype", "train.guidance", "train.skip_first_sample",
-    "train.disable_sampling",
+    "train.disable_sampling", "validation",
+    "validation.",  # (a split that holds out other images changes the training data: the data check refuses that)
 )
 # whole values compared as one (a list of datasets, free-form mappings)
 _LEAVES = ("datasets", "meta", "network.target", "network.network_kwargs", "train.optimizer_params",

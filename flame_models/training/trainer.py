@@ -20,9 +20,11 @@ states, step, data position, EMA, training time, config) is written whole or not
 restart with the same config resumes from the newest intact one exactly:
 the next step's loss and parameters equal those of a run that never stopped. A changed config either applies from
 there on or is refused, and the checkpoint is chosen and loaded (resume.py). Every `sample_every` steps the
-preview sampler runs while the progress clock is paused. Ctrl-C / SIGTERM stop after the current step with a
-checkpoint (interrupt.py). A run whose checkpoint has reached train.steps and whose final LoRA is written says
-so and keeps its files: its model is built and restored, nothing is cached, encoded or trained.
+preview sampler runs while the progress clock is paused, and every `validation.every` steps the validation loss is
+computed (validation_loss.py: held-out images at fixed timesteps and noise; its own log, drawn in the loss plot).
+Ctrl-C / SIGTERM stop after the current step with a checkpoint (interrupt.py). A run whose checkpoint has
+reached train.steps and whose final LoRA is written says so and keeps its files: its model is built and
+restored, nothing is cached, encoded or trained.
 
 The trainer owns its stages: each (image_data.prepare, resume.choose_checkpoint / restore, ...) is given what it
 needs and returns what it made, and the trainer keeps it. Streaming (streaming.py), CUDA graphs (graphs.py) and data
@@ -63,6 +65,7 @@ from .stages import StageMeter
 from .streaming import NoStreaming, StreamedBlocks
 from .text_training import TrainedTextEncoders
 from .validation import dataset_kinds, image_size_problems, parts_needed
+from .validation_loss import ValidationStage
 
 
 class Trainer:
@@ -85,6 +88,7 @@ class Trainer:
         self.prepared = None
         self.text_encoders = None
         self.finished_lora = None  # a finished run's final LoRA: nothing to cache or train (setup, train)
+        self.validation_images = self.validation = None  # the held-out ImageDataset; its ValidationStage
         self.streaming = NoStreaming()  # the step's streaming part (max_gpu_memory: StreamedBlocks)
 
     @property
@@ -143,7 +147,7 @@ class Trainer:
                 image_data.prepare, c, fam, self.dataset if self.image_data else None,
                 previews_on and self.dist.is_main, device=self.device, budget=self.budget, meter=self.meter,
                 log=self.log, verbose=self.verbose, shard_loader=self.dist.shard_loader,
-                encode=self.finished_lora is None)
+                validation=self.validation_images, encode=self.finished_lora is None)
         self.previews = self._make_previews()
 
         with self.meter.stage("build"):  # (with max_gpu_memory: the resident blocks chosen by measured steps)
@@ -167,6 +171,8 @@ class Trainer:
             raise ConfigError("; ".join(problems))
         kinds = dataset_kinds(c) if self._dataset is None else []
         self.image_data = "images" in kinds
+        if c.validation is not None and not self.image_data:  # (a ready-made dataset has no images to hold out)
+            raise ConfigError("validation: needs image folders (datasets); this run was given precomputed samples")
         if t.train_text_encoder and not self.image_data:  # (config validation refuses the configured other kinds)
             raise ConfigError("train.train_text_encoder: needs image folders with captions; this run was given "
                               "precomputed samples")
@@ -261,6 +267,10 @@ class Trainer:
 
         os.makedirs(self.out, exist_ok=True)
         self.loss_log = LossLog(self.out)
+        if self.prepared is not None and self.prepared.validation is not None:
+            self.validation = ValidationStage(c, self.prepared.validation, fam, self.objective, device=self.device,
+                                              encode=None if self.text_encoders is None else self.text_encoders.encode)
+            self.log(self.validation.describe())
         self._window = {"steps": 0, "loss": 0.0, "timestep": 0.0}  # steps since the last loss-log row
         if checkpoint is not None:
             self._resume(checkpoint, state)
@@ -298,6 +308,8 @@ class Trainer:
         self._window = dict(got.log_window or self._window)
         self.loss_log.load()
         self.loss_log.truncate(self.step)
+        if self.validation is not None:
+            self.validation.resume(self.step)
         self.previews.restore(self.step)
         self.resumed_from = path
         self.log(f"resumed from {path} (step {self.step}, {self.active_time:.0f} s of training so far)")
@@ -312,7 +324,9 @@ class Trainer:
     def _build_dataset(self, kinds):
         c, fam = self.cfg, self.family
         if "images" in kinds:
-            return image_data.image_dataset(c, self.verbose)  # every image decoded, every caption read
+            # every image decoded, every caption read; validation.split: the held-out images leave the training set
+            dataset, self.validation_images = image_data.image_datasets(c, self.verbose)
+            return dataset
         if c.datasets:
             parts = [FolderDataset(d.folder_path, fam.sample_keys, lambda s: fam.check_sample(s, self.spec),
                                    d.num_repeats) for d in c.datasets]
@@ -470,6 +484,9 @@ class Trainer:
                 if self.step == 0 and self._sample_due(0):
                     with self.progress.paused():
                         self.sample()
+                if self.step == 0 and self.validation is not None and self.validation.due(0):
+                    with self.progress.paused():
+                        self.validate()
                 self.progress.start()
                 while self.step < t.steps:
                     loss, lr, ts = self.train_step()
@@ -481,6 +498,9 @@ class Trainer:
                     if self._sample_due(self.step):
                         with self.progress.paused():
                             self.sample()
+                    if self.validation is not None and self.validation.due(self.step):
+                        with self.progress.paused():
+                            self.validate()
                     if self.step % c.save.save_every == 0 or self.step == t.steps:
                         with self.progress.paused():
                             self.save_checkpoint()
@@ -548,9 +568,12 @@ class Trainer:
         self.loss_log.flush()
         result = {"lora": lora, "loss_csv": self.loss_log.csv_path, "loss_json": self.loss_log.json_path,
                   "steps": self.step, "losses": [r["loss"] for r in self.loss_log.rows], "interrupted": interrupted}
+        if self.validation is not None:
+            result.update(self.validation.results())
         if self.loss_log.rows:
             result["loss_plot"] = plot_losses(self.loss_log.rows, os.path.join(self.out, "loss.png"),
-                                              title=f"{c.name}: {self.objective.name} loss")
+                                              title=f"{c.name}: {self.objective.name} loss",
+                                              validation=self.validation.log.rows if self.validation else None)
         grid = self.previews.save_grid(os.path.join(self.out, "samples.png"))
         if grid:
             result["samples"] = grid
@@ -598,6 +621,24 @@ class Trainer:
                     self.trackers.image(self.step, f"samples/{i}", np.asarray(im.convert("RGB")))
         return written
 
+    # ------------------------------------------------------------------------------------------ validation
+    @on_main_rank  # ddp: rank 0 evaluates, as it samples
+    def validate(self):
+        """The validation loss of the adapters the previews use (EMA / averaged, eval mode), logged."""
+        self.streaming.before_sample(self.graphed)  # streamed blocks: a captured step's memory is given back
+        self.model.eval()
+        if self.text_encoders is not None:
+            self.text_encoders.train(False)
+        try:
+            with self._averaged(), (self.ema.swapped() if self.ema is not None else nullcontext()), \
+                    self.meter.stage("validation", quiet=True):
+                return self.validation.run(self.model, self.step, self.progress.active_time if self.progress
+                                           else self.active_time, self.trackers, self.autocast_dtype)
+        finally:
+            self.model.train()
+            if self.text_encoders is not None:
+                self.text_encoders.train(True)
+
     # ------------------------------------------------------------------------------------------ saving
     @on_main_rank  # ddp
     def save_lora(self, path):
@@ -637,6 +678,8 @@ class Trainer:
             device=self.device, active_time=self.active_time, log_window=self._window,
             fingerprint=self.data_fingerprint, config=config_dict(self.cfg))
         self.loss_log.flush()  # first: a checkpoint promoted after a kill finds its steps' rows (resume truncates)
+        if self.validation is not None:
+            self.validation.log.flush()
         path = ckpt.write_checkpoint(self.out, self.step, writers, state)
         self.save_lora(self._step_lora(self.step))
         ckpt.prune(self.out, self.cfg.save.max_step_saves_to_keep, also=lambda s: [self._step_lora(s)])

@@ -11,6 +11,7 @@ from .config import DTYPES, FILE_FORMATS, NETWORK_TYPES, OPTIMIZERS, PROCESS_TYP
 from .limits import steps_problems
 from .objective import DENSITY_SCHEMES, WEIGHTING_SCHEMES
 from .timesteps import MODE_SCALE_RANGE
+from .validation_loss import timestep_problems
 
 NUM_TRAIN_TIMESTEPS = 1000  # the DDPM schedule of SDXL
 
@@ -198,6 +199,7 @@ def validate(cfg, prefix="", check_files=True):
             e.append(f"{p}logging.{name}: expected a name without slashes, got {v!r}")
     if lg.log_every is not None:
         _at_least(e, f"{p}logging.log_every", lg.log_every)
+    e += validation_problems(cfg, p)
     if cfg.max_gpu_memory is not None:
         try:
             parse_budget(cfg.max_gpu_memory, f"{p}max_gpu_memory")
@@ -220,6 +222,68 @@ def validate(cfg, prefix="", check_files=True):
     e += _family_checks(cfg, family, p)
     if check_files:
         e += file_problems(cfg, family, p)
+    return e
+
+
+def validation_problems(cfg, p=""):
+    """What is wrong with `validation:` (the files it names are checked in file_problems)."""
+    v, e = cfg.validation, []
+    if v is None:
+        return e
+    w = f"{p}validation"
+    if v.folder_path is None and not v.split:
+        e.append(f"{w}: give folder_path (a held-out image folder) or split (a fraction of the training images to "
+                 f"hold out, e.g. 0.1)")
+    if v.folder_path is not None and v.split:
+        e.append(f"{w}.split: given together with folder_path; use one")
+    if v.folder_path is not None and (not isinstance(v.folder_path, str) or not v.folder_path):
+        e.append(f"{w}.folder_path: a folder of images with captions, got {v.folder_path!r}")
+    if v.split and not 0 < v.split < 1:
+        e.append(f"{w}.split: a fraction of each training folder's images in (0, 1), got {v.split}")
+    if v.control_path is not None and v.folder_path is None:
+        e.append(f"{w}.control_path: only with folder_path (a split takes its control images from the datasets)")
+    _at_least(e, f"{w}.every", v.every)
+    if v.batch_size is not None:
+        _at_least(e, f"{w}.batch_size", v.batch_size)
+    if v.max_batches is not None:
+        _at_least(e, f"{w}.max_batches", v.max_batches)
+    e += timestep_problems(v.timesteps, f"{w}.timesteps")
+    if cfg.synthetic is not None:
+        e.append(f"{w}: needs image folders (datasets); the synthetic samples have no held-out images")
+    elif cfg.datasets and v.folder_path is not None:
+        mine = os.path.realpath(v.folder_path)
+        for i, d in enumerate(cfg.datasets):
+            if not isinstance(d.folder_path, str) or not d.folder_path:
+                continue
+            theirs = os.path.realpath(d.folder_path)
+            if mine == theirs or mine.startswith(theirs + os.sep) or theirs.startswith(mine + os.sep):
+                e.append(f"{w}.folder_path: {v.folder_path} overlaps datasets[{i}].folder_path {d.folder_path} "
+                         f"(folders are read recursively: its images would be trained on); use a separate folder, "
+                         f"or validation.split")
+    return e
+
+
+def _validation_file_problems(cfg, family, kinds, p):
+    v, e = cfg.validation, []
+    if v is None:
+        return e
+    w = f"{p}validation"
+    if any(k == "samples" for k in kinds):
+        e.append(f"{w}: needs image folders; datasets of precomputed samples have no images to hold out")
+    if v.folder_path is not None and isinstance(v.folder_path, str) and v.folder_path:
+        from ..data.samples import dataset_kind
+        if not os.path.isdir(v.folder_path):
+            e.append(f"{w}.folder_path: no such folder: {v.folder_path}")
+        elif dataset_kind(v.folder_path) != "images":
+            e.append(f"{w}.folder_path: {v.folder_path} holds no images")
+        controls = any(d.control_path is not None for d in cfg.datasets)
+        if v.control_path is not None and not family.control_images:
+            e.append(f"{w}.control_path: the {family.name} family takes no control images")
+        elif v.control_path is None and controls:
+            e.append(f"{w}.control_path: missing; the datasets have control images, and every held-out image needs "
+                     f"one too (give the folder of its control images)")
+        elif v.control_path is not None and not os.path.isdir(v.control_path):
+            e.append(f"{w}.control_path: no such folder: {v.control_path}")
     return e
 
 
@@ -319,6 +383,7 @@ def file_problems(cfg, family, p=""):
             e += [f"{where}.folder_path: {x}" for x in problems[:20]]
             if len(problems) > 20:
                 e.append(f"{where}.folder_path: ... and {len(problems) - 20} more files")
+    e += _validation_file_problems(cfg, family, kinds, p)
     if "images" in kinds and "samples" in kinds:
         e.append(f"{p}datasets: image folders and precomputed-sample folders cannot be mixed in one run "
                  f"(datasets {[i for i, k in enumerate(kinds) if k == 'samples']} hold samples)")

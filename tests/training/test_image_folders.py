@@ -117,7 +117,8 @@ def test_rerunning_a_finished_run_encodes_nothing_and_keeps_its_files(tmp_path, 
     # before: the rerun of a finished run loaded the VAE and the text encoders and encoded every latent and caption
     # again (caches in host memory), decoded the previews' data column, only to find no step left
     cfg = lambda steps: image_config(tmp_path, "done", tiny_model, images, steps=steps,  # noqa: E731
-                                     sample={"sample_every": 2, "sample_steps": 1, "prompts": PROMPTS})
+                                     sample={"sample_every": 2, "sample_steps": 1, "prompts": PROMPTS},
+                                     validation={"split": 0.25, "every": 2})
     first_tr = Trainer(cfg(2), verbose=False)
     first = first_tr.train()
     files = {k: open(first[k], "rb").read() for k in ("lora", "samples")}
@@ -135,6 +136,7 @@ def test_rerunning_a_finished_run_encodes_nothing_and_keeps_its_files(tmp_path, 
     assert again["finished_before"] and again["steps"] == 2 and again["lora"] == first["lora"]
     assert again["losses"] == first["losses"] and again["samples"] == first["samples"]
     assert again["samples_decoded"] and again["loss_plot"] == first["loss_plot"]
+    assert again["validation_losses"] == first["validation_losses"] and len(first["validation_losses"]) == 2
     assert not {"latents", "text", "train"} & {s["stage"] for s in again["stages"]}
     assert {k: open(again[k], "rb").read() for k in files} == files  # the LoRA and the grid as the run left them
     # still built and restored: the model's adapters and the optimizer are the finished run's
