@@ -23,7 +23,7 @@ from . import family_parts as qwen_parts
 from . import sampling as qwen_sampling
 from . import stages as qwen_stages
 from .loading import QwenImageCheckpointError, load_qwen_image, read_qwen_image_params
-from .lora_keys import NAME_MAP, TARGET_PRESETS
+from .lora_keys import TARGET_PRESETS
 from .model import QwenImageTransformer2DModel
 from .params import qwen_image_params
 
@@ -66,7 +66,7 @@ class QwenImageFamily(FlowMatchingFamily):
     def spec_problems(self, cfg, spec, prefix=""):
         with flame_nn.empty_init(device="cpu"):
             probe = QwenImageTransformer2DModel(spec)
-        return self.target_problems(probe, cfg, NAME_MAP, prefix)
+        return self.target_problems(probe, cfg, probe.adapter_name_map(), prefix)
 
     def check_sample(self, shapes, spec):
         lat, txt, mask = (shapes.get(k) for k in self.sample_keys)
@@ -90,7 +90,7 @@ class QwenImageFamily(FlowMatchingFamily):
         return ["transformer_blocks"]
 
     def lora_name_map(self, model):
-        return NAME_MAP
+        return model.adapter_name_map()
 
     def lora_metadata(self, cfg, model):
         return {"modelspec.architecture": "qwen-image/lora", "flame.base_model": self.base_model_name(cfg)}

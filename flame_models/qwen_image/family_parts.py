@@ -24,6 +24,7 @@ from .params import qwen_image_params
 TINY = "qwen-image-tiny"
 TEXT_LENGTH = {TINY: 32}
 DEFAULT_TEXT_LENGTH = 512          # QwenImagePipeline's max_sequence_length
+QWEN_VOCAB = 151643                # Qwen2's BPE vocabulary (the special tokens follow)
 SUBFOLDERS = {"vae": "vae", "text_encoder": "text_encoder", "tokenizer": "tokenizer"}
 
 
@@ -95,9 +96,10 @@ class QwenImageTextEncoders(EncoderBundle):
     encoder_attrs = ("text_encoder",)
     tokenizer_attrs = ("tokenizer",)
 
-    def __init__(self, text_encoder, tokenizer, *, max_length, drop=DROP_TOKENS):
+    def __init__(self, text_encoder, tokenizer, *, max_length, drop=None):
         self.text_encoder, self.tokenizer = text_encoder, tokenizer
-        self.max_length, self.drop = int(max_length), int(drop)
+        self.max_length = int(max_length)
+        self.drop = int(drop) if drop is not None else prefix_drop(tokenizer)
         self._runs = {"text_encoder": text_encoder}        # eager: the padded length changes with the captions
 
     def encode(self, prompts, *, batch_size=None):
@@ -148,6 +150,12 @@ def _sections(head_dim):
     return (half - h - w, h, w)
 
 
+def prefix_drop(tokenizer):
+    """The template tokens dropped before the prompt's: the pipeline's 34 for Qwen's own vocabulary (151643 tokens
+    and up); for a smaller (test) vocabulary, however many tokens it makes of the template's prefix."""
+    return DROP_TOKENS if len(tokenizer) >= QWEN_VOCAB else template_prefix_tokens(tokenizer)
+
+
 def template_prefix_tokens(tokenizer):
     """How many tokens `tokenizer` makes of the template before the prompt (34 for Qwen's own)."""
     return len(tokenizer.encode(PROMPT_TEMPLATE.split("{}")[0]))
@@ -178,15 +186,13 @@ def load_text_encoders_for(model_cfg, device, budget=None):
             config = Qwen2_5_VLTextConfig(vocab_size=len(tok), hidden_size=width, intermediate_size=2 * width,
                                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                           mrope_section=_sections(width // 4))
-            drop = template_prefix_tokens(tok)
         else:
             raise ValueError("model.size qwen-image without files: the released Qwen2.5-VL tokenizer is not "
                              "packaged with FLAME; give model.name_or_path (a QwenImagePipeline folder)")
         with flame_nn.empty_init(device=dev, dtype=S.te_dtype(dev)):
             te = Qwen2_5_VLTextModel(config)
         S.init_random_(te, flame.Generator(dev).manual_seed(S.RANDOM_SEED))
-        return QwenImageTextEncoders(te.requires_grad_(False).eval(), tok, max_length=text_length(model_cfg),
-                                     drop=drop)
+        return QwenImageTextEncoders(te.requires_grad_(False).eval(), tok, max_length=text_length(model_cfg))
     te = load_qwen2_5_vl(_folder(model_cfg, "text_encoder"), dtype=S.te_dtype(dev), device=dev)
     tok = Qwen2Tokenizer.from_folder(_folder(model_cfg, "tokenizer"))
     return QwenImageTextEncoders(te.requires_grad_(False).eval(), tok, max_length=text_length(model_cfg))

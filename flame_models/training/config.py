@@ -86,6 +86,9 @@ class TrainSection:
     gradient_checkpointing: bool = True
     fp8_compute: bool = False            # with model.quantize: the fp8 blocks' matmuls on the e4m3 tensor cores
                                          # (activations and gradients quantised per tensor; flame_nn.offload)
+    offload_activations: typing.Optional[bool] = None  # under max_gpu_memory: the checkpointed block inputs kept in
+                                         # pinned host memory until backward (None: when the budget needs it;
+                                         # flame_nn.offload.activations)
     cuda_graph: bool = True              # forward + backward replayed as a CUDA graph on cuda (flame_core.cuda)
     noise_scheduler: str = "flowmatch"   # flowmatch (flux, sd3) | ddpm (sdxl; its default)
     # flow matching (flux, sd3): how sigma is drawn, and the loss weight by sigma (objective.py, timesteps.py)

@@ -157,7 +157,8 @@ class Trainer:
                 state_bytes = optimizers.STATE_BYTES[t.optimizer] * n_params  # state made at the first step
                 decode_bytes = self.prepared.decode_bytes if self.prepared is not None and previews_on else 0
                 self.fit = self.streamer.auto_fit(self.budget, self._measure_step,
-                                                  extra_bytes=state_bytes + decode_bytes)
+                                                  extra_bytes=state_bytes + decode_bytes,
+                                                  offload_activations=t.offload_activations)
                 self.log(str(self.fit))
         return self
 

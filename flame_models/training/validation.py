@@ -200,6 +200,9 @@ def validate(cfg, prefix="", check_files=True):
     if lg.log_every is not None:
         _at_least(e, f"{p}logging.log_every", lg.log_every)
     e += validation_problems(cfg, p)
+    if cfg.train.offload_activations and cfg.max_gpu_memory is None:
+        e.append(f"{p}train.offload_activations: the block inputs are offloaded by the streamed blocks of "
+                 f"max_gpu_memory; set max_gpu_memory (or leave offload_activations null)")
     if cfg.max_gpu_memory is not None:
         try:
             parse_budget(cfg.max_gpu_memory, f"{p}max_gpu_memory")

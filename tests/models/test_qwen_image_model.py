@@ -316,7 +316,7 @@ def test_bad_files_are_refused_with_their_keys(tmp_path):
 
 
 # ----------------------------------------------------------------------------- recognised by the registry
-def test_files_are_recognised_and_generate_refuses_them_in_one_line(tmp_path, capsys):
+def test_files_are_recognised_and_generate_names_the_missing_parts(tmp_path, capsys):
     from flame_models import registry
     from flame_models.checkpoint_io import describe_keys
     from flame_models.generate import main
@@ -330,15 +330,15 @@ def test_files_are_recognised_and_generate_refuses_them_in_one_line(tmp_path, ca
     assert registry.detect_family(comfy) == ("qwen_image", "a Qwen-Image transformer (keys such as "
                                                            "model.diffusion_model.txt_norm.weight)")
     assert describe_keys(["diffusion_model.transformer_blocks.3.img_mod.1.weight"])[0] == "qwen_image"
-    for path in (str(root), comfy):
-        assert main(["--model", path, "--prompt", "a cat", "--device", "cpu"]) == 2
-        err = capsys.readouterr().err
-        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
-        assert "Qwen-Image generation is not available yet" in err
-    assert main(["--model", comfy, "--prompt", "a cat", "--cfg", "4", "--device", "cpu"]) == 2
-    assert "--cfg: " in capsys.readouterr().err
+    assert main(["--model", str(root), "--prompt", "a cat", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "vae: missing" in err and "text_encoder: missing" in err \
+        and "tokenizer: missing" in err
+    assert main(["--model", comfy, "--prompt", "a cat", "--guidance", "4", "--device", "cpu"]) == 2
+    assert "--guidance: " in capsys.readouterr().err
     odd = str(tmp_path / "odd.safetensors")                           # head dim 16: no preset, no config
     io.save_file({k: v.detach() for k, v in _model().named_parameters()}, odd)
     assert main(["--model", odd, "--prompt", "a cat", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: {odd}: head dim 16 is not Qwen-Image's 128") and err.count(odd) == 1
+    assert f"transformer (--model): {odd}: head dim 16 is not Qwen-Image's 128" in err
+    assert f"{odd}: {odd}" not in err                                   # the file named once per line

@@ -144,6 +144,7 @@ def test_sampling_follows_the_pipelines_schedule_and_rescales_cfg():
     assert s[0] == pytest.approx(1.0) and s[-2] == pytest.approx(0.02) and s[-1] == 0.0
     assert np.all(np.diff(s) < 0)
     assert S.shift_mu(4096) == pytest.approx(0.6935, abs=1e-4)
+    assert S.sigmas(1, 4096).tolist() == [1.0, 0.0]                       # one step: from noise straight to x0
     rng = np.random.default_rng(0)
     pos = flame.tensor(rng.standard_normal((1, 3, 8)).astype(np.float32))
     neg = flame.tensor(rng.standard_normal((1, 3, 8)).astype(np.float32))
@@ -174,3 +175,34 @@ def test_the_preview_sampler_guides_only_with_a_negative_prompt():
     pos2 = {"prompt_embeds": pos["prompt_embeds"].copy(), "prompt_mask": mask}
     pos2["prompt_embeds"][0, 3] = 100.0
     np.testing.assert_allclose(S.sample_latents(model, pos2, None, **kw).numpy(), plain, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def qwen_folder(tmp_path_factory):
+    from flame_models.qwen_image.tiny import tiny_qwen_image_folder
+    return tiny_qwen_image_folder(tmp_path_factory.mktemp("qwen") / "Qwen-Image-tiny", seed=4)
+
+
+def test_a_lora_trained_on_a_pipeline_folder_changes_what_generate_draws(tmp_path, qwen_folder, capsys):
+    from flame_models.generate import generate, main
+    images = draw_images(tmp_path / "img")
+    cfg = _qwen(tmp_path, "f", synthetic=None, model={"arch": "qwen_image", "name_or_path": qwen_folder},
+                datasets=[{"folder_path": images, "resolution": 64, "bucket_tolerance": 32}],
+                network={"target": "all_linear"}, train={"lr": 0.05, "steps": 2})
+    result = Trainer(cfg, verbose=False).train()
+    keys = set(io.load_file(result["lora"]))
+    assert "transformer.transformer_blocks.1.img_mlp.net.0.proj.lora_A.weight" in keys
+    kw = dict(width=32, height=32, steps=2, seed=3, device="cpu", progress=False, log=lambda *a: None)
+    base = np.asarray(generate(qwen_folder, "a red square", **kw)[0], np.int16)
+    assert base.shape == (32, 32, 3)
+    again = np.asarray(generate(qwen_folder, "a red square", **kw)[0], np.int16)
+    np.testing.assert_array_equal(base, again)                                  # same seed, same image
+    tuned = np.asarray(generate(qwen_folder, "a red square", loras=[result["lora"]], **kw)[0], np.int16)
+    assert np.abs(base - tuned).max() > 0
+    guided = np.asarray(generate(qwen_folder, "a red square", negative_prompt="blurry", cfg=4.0, **kw)[0], np.int16)
+    assert np.abs(base - guided).max() > 0                       # CFG runs only with a negative prompt
+    assert np.array_equal(base, np.asarray(generate(qwen_folder, "a red square", cfg=4.0, **kw)[0], np.int16))
+    out = tmp_path / "png"
+    assert main(["--model", qwen_folder, "--prompt", "a cat", "--width", "32", "--height", "32", "--steps", "1",
+                 "--negative-prompt", "", "--output", str(out), "--device", "cpu", "--no-progress"]) == 0
+    assert len(os.listdir(out)) == 1
