@@ -122,6 +122,9 @@ class TrainSection:
     train_text_encoder: bool = False     # sdxl, image folders: LoRA on CLIP-L / CLIP-G too (ai-toolkit's name)
     text_encoder_lr: typing.Optional[float] = None  # their learning rate (kohya --text_encoder_lr); None: lr
     guidance: float = 1.0                # guidance embedding value while training (flux-dev)
+    # regularisation images (datasets with is_reg: true; flame_models/data/reg_mix.py)
+    reg_weight: float = 1.0              # their loss's weight (ai-toolkit's name; alias: kohya's prior_loss_weight)
+    reg_ratio: float = 0.5               # FLAME: the share of micro-batches drawn from them, in (0, 1)
     seed: int = 42
     skip_first_sample: bool = False
     disable_sampling: bool = False
@@ -238,6 +241,7 @@ class TrainConfig:
 
 _INTERNAL = ("warnings", "given")
 _ALIASES = {NetworkConfig: {"rank": "linear", "alpha": "linear_alpha"}, SaveConfig: {"save_dtype": "dtype"},
+            TrainSection: {"prior_loss_weight": "reg_weight"},
             ValidationConfig: {"validation_split": "split", "validate_every_n_steps": "every",
                                "eval_steps_interval": "every", "eval_timesteps": "timesteps",
                                "validation_seed": "seed", "max_validation_steps": "max_batches"}}

@@ -31,7 +31,7 @@ APPLICABLE = (
     "train.offload_activations",
     "train.timestep_type", "train.shift", "train.sigmoid_scale", "train.logit_mean", "train.logit_std",
     "train.ema_config.ema_decay", "train.dtype", "train.guidance", "train.skip_first_sample",
-    "train.disable_sampling", "validation",
+    "train.disable_sampling", "train.reg_weight", "validation",
     "validation.",  # (a split that holds out other images changes the training data: the data check refuses that)
 )
 # whole values compared as one (a list of datasets, free-form mappings)
@@ -62,6 +62,15 @@ def _norm(v):
     return [_norm(x) for x in v] if isinstance(v, (list, tuple)) else v
 
 
+def _recorded(old, new):
+    """`new` with the keys of its mappings that `old` does not record dropped (fields added to a list's entries --
+    a dataset's -- after the old config was written), where old and new are lists of mappings of one length."""
+    if (isinstance(old, list) and isinstance(new, list) and len(old) == len(new)
+            and all(isinstance(x, dict) for x in old + new)):
+        return [{k: v for k, v in n.items() if k in o} for o, n in zip(old, new)]
+    return new
+
+
 def compare(old, new):
     """(breaking, applied): lists of (path, old value, new value) between two config dicts (config.config_dict).
     Fields the old config does not record (written by an older FLAME) are not compared."""
@@ -70,7 +79,7 @@ def compare(old, new):
     for path in sorted(set(a) | set(b)):
         if path not in a:
             continue
-        va, vb = _norm(a.get(path)), _norm(b.get(path))
+        va, vb = _norm(a.get(path)), _norm(_recorded(a.get(path), b.get(path)))
         if va != vb:
             (applied if _applicable(path) else breaking).append((path, va, vb))
     return breaking, applied

@@ -48,7 +48,7 @@ from flame_nn import adapters as A
 
 from ..data import ConcatDataset, FolderDataset, SampleLoader, SyntheticDataset
 from . import checkpoint as ckpt
-from . import image_data, optimizers, resume, run_folder, tracking
+from . import image_data, loss_weights, optimizers, resume, run_folder, tracking
 from .config import ConfigError, config_dict, dtype_name
 from .distributed import TrainerGroup, main_rank_only, on_main_rank  # ddp
 from .ema import EMA
@@ -192,7 +192,8 @@ class Trainer:
                 lat = self.dataset.latent_shape(0)
                 h, w = lat[1] * fam.vae_scale_factor, lat[2] * fam.vae_scale_factor
             c.sample.height, c.sample.width = c.sample.height or h, c.sample.width or w
-        problems = image_size_problems(c, fam, self.spec, self.dataset if self.image_data else None)
+        problems = image_size_problems(c, fam, self.spec, self.dataset if self.image_data else None,
+                                       self.validation_images)
         if problems:  # before any encoding and before the run's folder is touched
             raise ConfigError("; ".join(problems))
         return kinds
@@ -386,6 +387,7 @@ class Trainer:
         timesteps drawn. Returns the argument tuple of `_forward_backward` (fixed shapes for a fixed batch shape)
         and the timesteps."""
         x0, cond = self.family.training_inputs(self.model, batch, self.device, self.cfg.train)
+        cond.update(loss_weights.batch_weights(self.family, batch, x0, self.cfg.train.reg_weight))  # masks, is_reg
         if self._cond_keys is None:
             self._cond_keys = tuple(cond)
         # ddp: drawn for the global batch, this rank's rows kept (one process with the whole batch draws the same)
@@ -400,14 +402,14 @@ class Trainer:
     def _forward_backward(self, x0, noise, t, *cond):
         """The loss of one micro-batch and its backward (gradients accumulate into .grad). No host synchronisation
         and no random draws: this is the region a CUDA graph captures. Returns the loss (detached)."""
-        cond = dict(zip(self._cond_keys, cond))
+        cond, weights = loss_weights.split(dict(zip(self._cond_keys, cond)))
         x_t = self.objective.noisy(x0, noise, t)
         with autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype is not None \
                 else nullcontext():
             if self.text_encoders is not None:  # token ids -> conditioning, through the trained encoders
                 cond = self.text_encoders.encode(cond)
             pred = self.family.forward(self.model, x_t, t, cond)
-        loss = self.objective.loss(pred, self.objective.target(x0, noise, t), t)
+        loss = self.objective.loss(pred, self.objective.target(x0, noise, t), t, **weights)
         scale = self._loss_scale
         (loss * scale).backward() if scale != 1.0 else loss.backward()
         self.guard.watch_loss(loss)  # a device flag (captured with the step), read at the next check
@@ -633,12 +635,14 @@ class Trainer:
         try:
             with self._averaged(), (self.ema.swapped() if self.ema is not None else nullcontext()), \
                     self.meter.stage("validation", quiet=True):
-                return self.validation.run(self.model, self.step, self.progress.active_time if self.progress
-                                           else self.active_time, self.trackers, self.autocast_dtype)
+                got = self.validation.run(self.model, self.step, self.progress.active_time if self.progress
+                                          else self.active_time, self.trackers, self.autocast_dtype)
         finally:
             self.model.train()
             if self.text_encoders is not None:
                 self.text_encoders.train(True)
+        self.log(f"validation loss {got['loss']:.4f} at step {self.step}")
+        return got
 
     # ------------------------------------------------------------------------------------------ saving
     @on_main_rank  # ddp
