@@ -310,7 +310,7 @@ def main(argv=None):
     if trainer.dist.rank != 0:   # under a launcher: rank 0 wrote the files and reports them
         return 0
     losses = result["losses"]
-    print("\nwrote:")
+    print("\nalready finished before this run; its files:" if result.get("finished_before") else "\nwrote:")
     print(f"  LoRA       {result['lora']}  ({cfg.save.format} layout)")
     if "samples" in result:
         how = ("decoded through the VAE; one PNG per prompt and step in samples/" if result.get("samples_decoded")

@@ -115,13 +115,15 @@ class Prepared:
 
 
 def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, verbose=True,
-            shard_loader=lambda loader: loader, validation=None):
+            shard_loader=lambda loader: loader, validation=None, encode=True):
     """Run the latent and text stages of the run `cfg` of model `family` on `device` within `budget` (bytes or
     None), each timed by `meter` (stages.StageMeter); `dataset` an ImageDataset, or None for precomputed samples with
     sample.prompts / model.vae_path; previews_on: whether previews will be decoded (the VAE is kept for them). `log`
     takes the notes, `verbose` shows progress bars; `shard_loader(loader)` gives this rank's share of the batches
-    (ddp); `validation`: the held-out ImageDataset, cached with the training data (Prepared.validation). Returns
-    Prepared."""
+    (ddp); `validation`: the held-out ImageDataset, cached with the training data (Prepared.validation).
+    encode=False (a finished run's rerun: no step left to train): only what the checkpoint is restored into -- the
+    loader and, with train.train_text_encoder, the text encoders (their adapters) -- nothing cached, encoded,
+    tokenised or kept for previews or validation. Returns Prepared."""
     c, fam, dev = cfg, family, device
     out = Prepared()
     prompts = sample_prompts(c, dataset)
@@ -144,6 +146,11 @@ def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, ve
     else:
         latents, masks, captions = None, None, []
         texts = TextEmbeddingCache(None, fam.text_encoder_id(c.model, dev, budget)) if prompts else None
+    if not encode:
+        out.loader, out.latents, out.texts = loader, latents, texts
+        if train_te:
+            out.text_encoders = fam.load_text_encoders(c.model, dev, budget)
+        return out
 
     # ---- latents
     decode_vae = previews_on and (dataset is not None or c.model.vae_path is not None)
