@@ -14,7 +14,8 @@ config; their files are an SAI single file or a diffusers folder (or separate pa
 clip_l_path, clip_g_path, t5_path). Flux Kontext (--arch flux_kontext) trains on edit pairs: --data the edited images
 with their captions (the edit instructions), --control the source images of the same names (ai-toolkit's datasets'
 control_path). Chroma (--arch chroma): T5 only, previews with CFG and sample.neg. Qwen-Image (--arch qwen_image):
-precomputed or synthetic samples only (its VAE and text encoder are not in FLAME yet). The no-argument demo is Flux's.
+a QwenImagePipeline folder (transformer/, vae/, text_encoder/, tokenizer/), previews with CFG and sample.neg. The
+no-argument demo is Flux's.
 
 A real run needs a model -- for Flux a diffusers folder, or a transformer file with the VAE, CLIP-L and T5 files
 (config fields model.vae_path, clip_l_path, t5_path) -- and a folder of images with same-name .txt captions (or of
@@ -93,12 +94,20 @@ def parser():
                                         f"on a real model: {_random_models()}; a warning says so at start)")
     add("--arch", choices=available_families(), help="model family: flux, sd3 (SD3 / SD3.5), sdxl, flux_kontext "
                                                      "(Flux Kontext: edit pairs, --control), chroma or qwen_image "
-                                                     "(precomputed / synthetic samples only; default: the "
+                                                     "(default: the "
                                                      "config's model.arch, else flux)")
     add("--control", metavar="FOLDER", help="Flux Kontext: control (source) images with the same names as --data's "
                                            "targets (datasets' control_path; default: none)")
+    add("--mask", metavar="FOLDER", help="loss masks with the same names as --data's images: white pixels train, black "
+                                        "ones do not (datasets' mask_path; default: none)")
     add("--data", metavar="FOLDER", help="folder of images with same-name .txt captions, or of precomputed samples "
                                          "(default: none; the demo: drawn images)")
+    add("--validation", metavar="FOLDER", help="held-out images with captions: their loss at fixed timesteps and "
+                                               "noise is logged every 250 steps (validation.csv, loss.png; the "
+                                               "config's validation section; default: none)")
+    add("--validation-split", type=float, metavar="FRACTION",
+        help="hold out this fraction of each training folder's images for the validation loss instead "
+             "(never trained on; validation.split, kohya's validation_split; default: none)")
     add("--trigger", metavar="WORD", help="trigger word: replaces [trigger] in captions and sample prompts, and is "
                                           "put in front of captions that lack it (default: none; the demo: ohwx)")
     add("--resolution", type=int, help="bucket resolution of --data images (default 512; the demo 128)")
@@ -152,6 +161,10 @@ def build_config(a):
     device = a.device or ("cuda" if flame.cuda_is_available() else "cpu")
     demo = not (a.config or a.model or a.data)
     notes = []
+    if a.control is not None and not a.data:   # (before the demo builds its inputs)
+        raise ConfigError("--control: give the target images' folder too (--data)")
+    if a.mask is not None and not a.data:
+        raise ConfigError("--mask: give the images' folder too (--data)")
     if demo and a.arch is not None:
         raise ConfigError(f"--arch {a.arch}: give --model (or --config); the no-argument demo trains the tiny Flux")
     if a.config:
@@ -183,10 +196,10 @@ def build_config(a):
             entry["resolution"] = a.resolution
         if a.control is not None:
             entry["control_path"] = a.control
+        if a.mask is not None:
+            entry["mask_path"] = a.mask
         proc["datasets"] = [entry]
         proc.pop("synthetic", None)
-    elif a.control is not None:
-        raise ConfigError("--control: give the target images' folder too (--data)")
     elif a.resolution is not None:
         if not (isinstance(proc.get("datasets"), list) and proc["datasets"]):
             raise ConfigError("--resolution: needs an image dataset (--data or the config's datasets)")
@@ -199,6 +212,12 @@ def build_config(a):
             d["allow_upscale"] = True
     if a.trigger is not None:
         proc["trigger_word"] = a.trigger
+    if a.validation is not None or a.validation_split is not None:
+        if not isinstance(proc.get("validation"), dict):
+            proc["validation"] = {}
+        for k, v in (("folder_path", a.validation), ("split", a.validation_split)):
+            if v is not None:
+                proc["validation"][k] = v
     sections = {"train": {"steps": a.steps, "batch_size": a.batch_size, "lr": a.lr, "optimizer": a.optimizer,
                           "timestep_type": a.timestep_type,
                           "gradient_checkpointing": None if a.gradient_checkpointing is None
@@ -291,7 +310,7 @@ def main(argv=None):
     if trainer.dist.rank != 0:   # under a launcher: rank 0 wrote the files and reports them
         return 0
     losses = result["losses"]
-    print("\nwrote:")
+    print("\nalready finished before this run; its files:" if result.get("finished_before") else "\nwrote:")
     print(f"  LoRA       {result['lora']}  ({cfg.save.format} layout)")
     if "samples" in result:
         how = ("decoded through the VAE; one PNG per prompt and step in samples/" if result.get("samples_decoded")
@@ -300,6 +319,9 @@ def main(argv=None):
     if "loss_plot" in result:
         print(f"  loss plot  {result['loss_plot']}")
     print(f"  loss log   {result['loss_csv']}, {result['loss_json']}")
+    if "validation_csv" in result:
+        step, value = result["validation_losses"][-1]
+        print(f"  validation {result['validation_csv']}  (validation loss {value:.4f} at step {step})")
     if result["interrupted"]:
         print(f"stopped at step {result['steps']} of {cfg.train.steps} ({result['interrupted']}); to resume, run: "
               f"{resume_command(argv, cfg, demo)}")

@@ -166,7 +166,7 @@ def test_bad_inputs_are_named(sdxl, capsys):
            f"--arch sd3: {flux_file} is not an SD3 / SD3.5 MMDiT: it looks like a Flux transformer")
     _fails(capsys, ["--model", sdxl["unet"], "--prompt", "x"], "clip_g: missing", "--clip-g", sdxl["unet"])
     _fails(capsys, ["--model", flux, "--prompt", "x", "--cfg", "3"],
-           "--cfg: an SD3 / SDXL / Chroma option; this model is Flux")
+           "--cfg: an SD3 / SDXL / Chroma / Qwen-Image option; this model is Flux")
     _fails(capsys, ["--model", SD3, "--prompt", "x", "--guidance", "3"], "--guidance: Flux's embedded guidance")
     _fails(capsys, ["--model", SD3, "--prompt", "x", "--sampler", "ddim"], "--sampler: an SDXL option")
     _fails(capsys, ["--model", sdxl["folder"], "--prompt", "x", "--slg-scale", "2"], "--slg-scale: an SD3 option")

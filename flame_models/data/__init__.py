@@ -1,7 +1,7 @@
 """Training data, the one pipeline: folders of images and captions (ai-toolkit's `datasets:`), aspect-ratio buckets,
 per-epoch caption rules, disk caches of VAE latents and text embeddings, and batches of one bucket; folders of
 precomputed samples and synthetic samples with their loader (samples.py); each rank's share of the batches
-(sharding.py).
+(sharding.py); images held out for a validation loss (holdout.py).
 
 The trainer drives it in three stages, so that only one model is in memory at a time:
     ds = ImageDataset(configs, seed=seed, trigger_word=trigger)        # checks every file; no model yet
@@ -16,6 +16,7 @@ from .captions import CaptionRule, apply_trigger, read_caption, shuffle_tags, sp
 from .config import IMAGE_EXTENSIONS, DatasetConfig, resolutions, validate_dataset_config
 from .dataset import ImageDataset, LatentSpec, Sample
 from .errors import DataError
+from .holdout import evaluation_config, split_records
 from .images import BACKGROUND, ImageRecord, image_array, list_images, load_image, probe_image
 from .loader import BucketLoader, TrainingDataset
 from .sampler import BucketBatchSampler

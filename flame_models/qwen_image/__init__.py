@@ -2,8 +2,10 @@
 centred image positions, the text-padding mask) with diffusers' names and argument names, loading of diffusers
 folders and ComfyUI files, the VAE for single images (vae.py: load_vae of a diffusers vae/ folder), the pipeline's
 prompt template (conditioning.py, over flame_models.text_encoders.qwen2_5_vl), its sampler (sampling.py) and the
-trainer plug-in (family.py: precomputed or synthetic samples). Not here yet: the tokenizer (tokenization/qwen2.py),
-VAE and text encoder as the trainer's caching stages and in `generate`; ComfyUI's / Wan's VAE layout."""
+trainer plug-in (family.py, family_parts.py: image folders through the VAE and the Qwen2.5-VL language model with
+its tokenizer, tokenization/qwen2.py), `generate` (generate.py) and a tiny random pipeline folder (tiny.py). Not
+here yet: ComfyUI's / Wan's VAE layout; a text encoder given as a separate single file for a lone transformer file;
+fp8 / streaming of the 7B text encoder."""
 from .loading import (
     QwenImageCheckpointError,
     load_qwen_image,

@@ -1,34 +1,33 @@
 """Qwen-Image as a trainer family: rectified flow on the VAE's 16 channels normalised per channel, packed 2x2 as
-Flux's; conditioning = the text encoder's states (prompt_embeds, L x 3584 for the release) with their padding mask
-(prompt_mask: padded tokens are masked as keys, as diffusers). Timesteps: sigma uniform by default
-(train.timestep_type 'uniform'), as diffusers' train_dreambooth_lora_qwen_image draws them (weighting 'none' over the
-scheduler's unshifted training sigmas: its dynamic shift applies only to sampling); the model is fed sigma.
-Previews: Qwen-Image's scheduler (dynamic shift for the token count, terminal sigma 0.02), true CFG only with a
-negative prompt (sample.neg; QwenImagePipeline has no default negative) with the per-token norm rescale.
+Flux's; conditioning = the Qwen2.5-VL language model's states of the templated caption (prompt_embeds, L x 3584 for
+the release; the pipeline's 34 template tokens dropped) with their padding mask (prompt_mask: padded tokens are
+masked as keys, as diffusers). Timesteps: sigma uniform by default (train.timestep_type 'uniform'), as diffusers'
+train_dreambooth_lora_qwen_image draws them (weighting 'none' over the scheduler's unshifted training sigmas: its
+dynamic shift applies only to sampling); the model is fed sigma. Previews: Qwen-Image's scheduler (dynamic shift for
+the token count, terminal sigma 0.02), true CFG only with a negative prompt (sample.neg; QwenImagePipeline has no
+default negative) with the per-token norm rescale.
 
-Not yet here: the VAE (qwen_image/vae.py), the Qwen2.5-VL language model (text_encoders/qwen2_5_vl.py)
-and its tokenizer (tokenization/qwen2.py) exist but are not wired into the trainer's caching stages; so it trains from
-precomputed samples (latents already normalised per channel, prompt_embeds and prompt_mask) or synthetic data, and
-its previews are latent projections. LoRA files: PEFT (`transformer.transformer_blocks.0.attn.to_q.lora_A.weight`)
-by default, kohya (`lora_unet_transformer_blocks_0_attn_to_q`) with save.format; both are diffusers' names."""
+Data: image folders with captions (the VAE and text encoder of a QwenImagePipeline folder, or the tiny preset's
+random stand-ins: family_parts.py), precomputed samples (latents normalised per channel, prompt_embeds,
+prompt_mask) or synthetic ones. LoRA files: PEFT (`transformer.transformer_blocks.0.attn.to_q.lora_A.weight`) by
+default, kohya (`lora_unet_transformer_blocks_0_attn_to_q`) with save.format; both are diffusers' names."""
 import numpy as np
 
 import flame_core as flame
 import flame_nn
 
-from ..bfl.sampling import pack
+from ..bfl.sampling import pack, pack_mask
 from ..training.family import DDPM_FIELDS, FLOW_FIELDS
 from ..training.family_base import FlowMatchingFamily
+from . import family_parts as qwen_parts
 from . import sampling as qwen_sampling
+from . import stages as qwen_stages
 from .loading import QwenImageCheckpointError, load_qwen_image, read_qwen_image_params
-from .lora_keys import NAME_MAP, TARGET_PRESETS
+from .lora_keys import TARGET_PRESETS
 from .model import QwenImageTransformer2DModel
 from .params import qwen_image_params
 
 _DDPM_NOTE = "Qwen-Image trains with flow matching (train.timestep_type, train.weighting_scheme); this is sdxl's DDPM"
-MISSING_PARTS = ("Qwen-Image trains from precomputed samples (latents, prompt_embeds, prompt_mask) or synthetic data "
-                 "only for now: its VAE (AutoencoderKLQwenImage) and text encoder (Qwen2.5-VL, Qwen2 tokenizer) are "
-                 "not wired into the trainer's caching stages yet")
 
 
 class QwenImageFamily(FlowMatchingFamily):
@@ -36,6 +35,7 @@ class QwenImageFamily(FlowMatchingFamily):
     label = "Qwen-Image"
     model_words = "a Qwen-Image transformer"
     model_class = QwenImageTransformer2DModel
+    parts, pipeline = qwen_parts, qwen_stages
     sample_keys = ("latents", "prompt_embeds", "prompt_mask")
     default_size = "qwen-image-tiny"
     model_sizes = ("qwen-image", "qwen-image-tiny")
@@ -66,10 +66,7 @@ class QwenImageFamily(FlowMatchingFamily):
     def spec_problems(self, cfg, spec, prefix=""):
         with flame_nn.empty_init(device="cpu"):
             probe = QwenImageTransformer2DModel(spec)
-        return self.target_problems(probe, cfg, NAME_MAP, prefix)
-
-    def parts_problems(self, cfg, *, vae, text, prefix=""):
-        return [f"{prefix}datasets: {MISSING_PARTS}"]
+        return self.target_problems(probe, cfg, probe.adapter_name_map(), prefix)
 
     def check_sample(self, shapes, spec):
         lat, txt, mask = (shapes.get(k) for k in self.sample_keys)
@@ -93,7 +90,7 @@ class QwenImageFamily(FlowMatchingFamily):
         return ["transformer_blocks"]
 
     def lora_name_map(self, model):
-        return NAME_MAP
+        return model.adapter_name_map()
 
     def lora_metadata(self, cfg, model):
         return {"modelspec.architecture": "qwen-image/lora", "flame.base_model": self.base_model_name(cfg)}
@@ -111,6 +108,9 @@ class QwenImageFamily(FlowMatchingFamily):
 
     def image_seq_len(self, x0):
         return x0.shape[1]
+
+    def loss_mask(self, mask, x0):
+        return pack_mask(mask, self.latent_channels, x0.device)
 
     def forward(self, model, x_t, t, cond):
         rows, cols = cond["grid"].shape

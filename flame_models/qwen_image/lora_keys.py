@@ -1,11 +1,7 @@
-"""Qwen-Image LoRA names and target presets. FLAME's module names are diffusers' (= the release's), so the PEFT
-names are the module names under `transformer.` (diffusers' QwenImagePipeline.load_lora_weights reads them as they
-are; ComfyUI maps `transformer.<name>`), and kohya files name `lora_unet_<name with '_'>` (diffusers converts those,
-ComfyUI reads them)."""
-from flame_nn.adapters.formats import NameMap
-
-NAME_MAP = NameMap()
-
+"""Qwen-Image LoRA target presets. FLAME's module names are diffusers' (= the release's), so the PEFT names are the
+module names under `transformer.` (the model's adapter_name_map maps each Linear to itself; diffusers'
+QwenImagePipeline.load_lora_weights reads them as they are, ComfyUI maps `transformer.<name>`), and kohya files name
+`lora_unet_<name with '_'>` (diffusers converts those, ComfyUI reads them)."""
 TARGET_PRESETS = {
     # diffusers' train_dreambooth_lora_qwen_image default: the image stream's attention projections
     "attention": ["to_q", "to_k", "to_v", "to_out.0"],

@@ -38,6 +38,12 @@ class QwenImageTransformer2DModel(flame_nn.GradientCheckpointingMixin, flame_nn.
         from .loading import load_qwen_image
         return load_qwen_image(path, dtype=dtype, device=device, **kwargs)
 
+    def adapter_name_map(self):
+        """The Linears' names <-> diffusers' (PEFT files): the same names, each Linear whole."""
+        from flame_nn.adapters.formats import NameMap
+        return NameMap({n: [(n, [(0, m.weight.shape[0])])] for n, m in self.named_modules()
+                        if isinstance(m, flame_nn.Linear)})
+
     def checkpointed_blocks(self):
         return list(self.transformer_blocks)
 

@@ -32,7 +32,8 @@ def sigmas(steps, image_seq_len):
     e = math.exp(shift_mu(image_seq_len))
     s = e / (e + (1.0 / s - 1.0))
     one_minus = 1.0 - s
-    s = 1.0 - one_minus / (one_minus[-1] / (1.0 - SHIFT_TERMINAL))
+    if one_minus[-1] > 0:       # one step: the stretch is 0 / 0 (diffusers' sigmas are NaN); the one sigma is 1
+        s = 1.0 - one_minus / (one_minus[-1] / (1.0 - SHIFT_TERMINAL))
     return np.concatenate([s, [0.0]])
 
 

@@ -86,6 +86,9 @@ class TrainSection:
     gradient_checkpointing: bool = True
     fp8_compute: bool = False            # with model.quantize: the fp8 blocks' matmuls on the e4m3 tensor cores
                                          # (activations and gradients quantised per tensor; flame_nn.offload)
+    offload_activations: typing.Optional[bool] = None  # under max_gpu_memory: the checkpointed block inputs kept in
+                                         # pinned host memory until backward (None: when the budget needs it;
+                                         # flame_nn.offload.activations)
     cuda_graph: bool = True              # forward + backward replayed as a CUDA graph on cuda (flame_core.cuda)
     noise_scheduler: str = "flowmatch"   # flowmatch (flux, sd3) | ddpm (sdxl; its default)
     # flow matching (flux, sd3): how sigma is drawn, and the loss weight by sigma (objective.py, timesteps.py)
@@ -119,6 +122,9 @@ class TrainSection:
     train_text_encoder: bool = False     # sdxl, image folders: LoRA on CLIP-L / CLIP-G too (ai-toolkit's name)
     text_encoder_lr: typing.Optional[float] = None  # their learning rate (kohya --text_encoder_lr); None: lr
     guidance: float = 1.0                # guidance embedding value while training (flux-dev)
+    # regularisation images (datasets with is_reg: true; flame_models/data/reg_mix.py)
+    reg_weight: float = 1.0              # their loss's weight (ai-toolkit's name; alias: kohya's prior_loss_weight)
+    reg_ratio: float = 0.5               # FLAME: the share of micro-batches drawn from them, in (0, 1)
     seed: int = 42
     skip_first_sample: bool = False
     disable_sampling: bool = False
@@ -189,6 +195,24 @@ class LoggingConfig:
 
 
 @dataclass
+class ValidationConfig:
+    """A validation loss (validation_loss.py): the loss of held-out images at fixed timesteps and fixed noise, every
+    `every` steps. Peers' names are aliases: kohya's validation_split, validate_every_n_steps, validation_seed,
+    max_validation_steps; SimpleTuner's eval_steps_interval, eval_timesteps."""
+    folder_path: typing.Optional[str] = None  # a held-out image folder (captions, resolutions and buckets as
+                                              # datasets[0]'s); or:
+    split: float = 0.0                   # this fraction of each training folder's images held out (never trained on)
+    control_path: typing.Optional[str] = None  # flux_kontext: folder_path's control images (same names)
+    every: int = 250                     # steps between evaluations (also before the first step and after the last)
+    timesteps: typing.Any = field(default_factory=lambda: [10, 350, 500, 650, 990])  # on the 0-1000 scale (flow
+                                         # matching: sigma = t / 1000); a list, or a count N: N evenly spaced
+                                         # (t = 1000 (i + 0.5) / N); default kohya's five
+    seed: int = 42                       # the noise (and which images split holds out); not train.seed
+    batch_size: typing.Optional[int] = None  # images per forward; None: train.batch_size
+    max_batches: typing.Optional[int] = None  # at most this many batches per evaluation; None: every image
+
+
+@dataclass
 class TrainConfig:
     name: str = "flux_lora"
     training_folder: str = "runs"
@@ -207,6 +231,7 @@ class TrainConfig:
     sample: SampleConfig = field(default_factory=SampleConfig)
     log_every: int = 1                   # a loss-log row (the mean of the last log_every steps) every log_every steps
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    validation: typing.Optional[ValidationConfig] = None  # a validation loss (off when absent)
     meta: dict = field(default_factory=dict)  # ai-toolkit `meta`: written into the LoRA file's metadata
     warnings: list = field(default_factory=list)   # notes for the user (not part of the config)
     given: frozenset = frozenset()                 # dotted paths of the fields the input set (not part of it)
@@ -217,7 +242,11 @@ class TrainConfig:
 
 
 _INTERNAL = ("warnings", "given")
-_ALIASES = {NetworkConfig: {"rank": "linear", "alpha": "linear_alpha"}, SaveConfig: {"save_dtype": "dtype"}}
+_ALIASES = {NetworkConfig: {"rank": "linear", "alpha": "linear_alpha"}, SaveConfig: {"save_dtype": "dtype"},
+            TrainSection: {"prior_loss_weight": "reg_weight"},
+            ValidationConfig: {"validation_split": "split", "validate_every_n_steps": "every",
+                               "eval_steps_interval": "every", "eval_timesteps": "timesteps",
+                               "validation_seed": "seed", "max_validation_steps": "max_batches"}}
 
 # ai-toolkit keys of features FLAME does not have yet: accepted only with a value that asks for nothing
 _WAITS_FOR = {

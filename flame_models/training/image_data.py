@@ -5,6 +5,7 @@ latents  the VAE is loaded (only when a latent is missing from the cache or prev
          (image, bucket) latent not cached yet is encoded, then the VAE leaves the device: with previews its weights
          wait in host memory (moved to the device for each decode and back; under max_gpu_memory the decode is tiled
          and its measured peak is reserved when the transformer's resident blocks are chosen), else it is dropped.
+         Loss masks (mask_path / alpha_mask) are placed on the latent grid and cached here too (no model needed).
 text     the text encoders are loaded (only when something is missing from the cache), every caption variant the run
          can draw (the tag orders of the epochs it covers, the dropout captions), the sample prompts, the previews'
          negative prompt (the family's negative_prompt) and the empty caption are encoded, then the encoders are
@@ -12,9 +13,9 @@ text     the text encoders are loaded (only when something is missing from the c
          every caption the run can draw is tokenised once (each sample then carries its token ids), and the encoders
          stay on the device to train; the preview prompts are encoded with them at each preview.
 
-Caches: latents in each image folder's .flame_cache/latents when its cache_latents_to_disk is on (else host
-memory); text embeddings in .flame_cache/text of the first folder that caches to disk (else host memory). Their
-keys hash the content and the encoder's identity: nothing unchanged is encoded twice.
+Caches: latents (and masks) in each image folder's .flame_cache/latents (masks) when its cache_latents_to_disk is
+on (else host memory); text embeddings in .flame_cache/text of the first folder that caches to disk (else host
+memory). Their keys hash the content and the encoder's identity: nothing unchanged is encoded twice.
 """
 import gc
 import os
@@ -23,9 +24,19 @@ import numpy as np
 
 from flame_core import memory
 
-from ..data import BucketLoader, ImageDataset, LatentCache, TextEmbeddingCache, TrainingDataset
+from ..data import (
+                    BucketLoader,
+                    ImageDataset,
+                    LatentCache,
+                    TextEmbeddingCache,
+                    TrainingDataset,
+                    evaluation_config,
+                    split_records,
+)
 from ..data.captions import apply_trigger
 from ..data.config import CACHE_FOLDER, resolutions
+from ..data.masks import MaskCache
+from ..data.reg_mix import RegMixLoader
 from .samples import PreviewPrompt
 from .text_training import CaptionTokens
 
@@ -35,6 +46,24 @@ PREVIEW_TILE = 512  # pixels: previews are decoded in tiles of this size under m
 def image_dataset(cfg, verbose=True):
     """Every image and caption checked (stage 'check', before any model)."""
     return ImageDataset(cfg.datasets, seed=cfg.train.seed, trigger_word=cfg.trigger_word, progress=verbose)
+
+
+def image_datasets(cfg, verbose=True):
+    """(training ImageDataset, validation ImageDataset or None), every image of both checked: with
+    `validation.split` the held-out images leave the training set (flame_models/data/holdout.py); with
+    `validation.folder_path` that folder is read with datasets[0]'s captions, resolutions and buckets. The
+    validation set is read without augmentation (holdout.evaluation_config)."""
+    full = image_dataset(cfg, verbose)
+    v = cfg.validation
+    if v is None:
+        return full, None
+    if v.split:
+        train, held = split_records(full, v.split, v.seed)
+        train_ds = full.select(train)
+        train_ds.warnings = full.warnings
+        return train_ds, full.select(held, [evaluation_config(c) for c in full.configs])
+    val_cfg = evaluation_config(cfg.datasets[0], folder_path=v.folder_path, control_path=v.control_path)
+    return full, ImageDataset([val_cfg], seed=cfg.train.seed, trigger_word=cfg.trigger_word, progress=verbose)
 
 
 def default_sample_size(cfg):
@@ -52,7 +81,7 @@ def text_cache_folder(cfg):
 
 def sample_prompts(cfg, dataset):
     """[(prompt text, dataset index or None)]: sample.prompts ([trigger] replaced), else the captions of the first
-    sample.num_samples distinct images of the dataset."""
+    sample.num_samples distinct images of the dataset (not of its regularisation images)."""
     if cfg.sample.prompts:
         return [(apply_trigger(p, cfg.trigger_word, add_if_missing=False), None) for p in cfg.sample.prompts]
     if dataset is None:
@@ -60,7 +89,7 @@ def sample_prompts(cfg, dataset):
     out, seen = [], set()
     for i in range(len(dataset)):
         rec = dataset.samples[i].record
-        if rec in seen:
+        if rec in seen or dataset.is_reg(i):
             continue
         seen.add(rec)
         out.append((dataset.base_caption(i), i))
@@ -72,10 +101,11 @@ def sample_prompts(cfg, dataset):
 class Prepared:
     """What the stages leave for training: the loader (image data), the preview prompts, the preview decoder
     and the device bytes a preview decode needs; with train.train_text_encoder the loaded text encoders, the
-    prompts' texts and the negative prompt (the prompts' conditioning is encoded at each preview)."""
+    prompts' texts and the negative prompt (the prompts' conditioning is encoded at each preview); the held-out
+    images over the caches (validation: a TrainingDataset) when the run has a validation loss."""
 
     def __init__(self):
-        self.loader = self.latents = self.texts = None
+        self.loader = self.latents = self.texts = self.validation = None
         self.text_encoders = self.negative = None
         self.prompt_texts = []
         self.prompts = []
@@ -85,12 +115,15 @@ class Prepared:
 
 
 def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, verbose=True,
-            shard_loader=lambda loader: loader):
+            shard_loader=lambda loader: loader, validation=None, encode=True):
     """Run the latent and text stages of the run `cfg` of model `family` on `device` within `budget` (bytes or
     None), each timed by `meter` (stages.StageMeter); `dataset` an ImageDataset, or None for precomputed samples with
     sample.prompts / model.vae_path; previews_on: whether previews will be decoded (the VAE is kept for them). `log`
     takes the notes, `verbose` shows progress bars; `shard_loader(loader)` gives this rank's share of the batches
-    (ddp). Returns Prepared."""
+    (ddp); `validation`: the held-out ImageDataset, cached with the training data (Prepared.validation).
+    encode=False (a finished run's rerun: no step left to train): only what the checkpoint is restored into -- the
+    loader and, with train.train_text_encoder, the text encoders (their adapters) -- nothing cached, encoded,
+    tokenised or kept for previews or validation. Returns Prepared."""
     c, fam, dev = cfg, family, device
     out = Prepared()
     prompts = sample_prompts(c, dataset)
@@ -100,21 +133,37 @@ def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, ve
         latents = LatentCache(fam.vae_id(c.model, dev))
         texts = CaptionTokens(None) if train_te else TextEmbeddingCache(text_cache_folder(c),
                                                                         fam.text_encoder_id(c.model, dev, budget))
-        loader = BucketLoader(TrainingDataset(dataset, latents, texts), c.train.batch_size,
-                              shuffle=all(d.shuffle for d in c.datasets), seed=c.train.seed)
+        masks = MaskCache(fam.vae_scale_factor) if dataset.has_masks else None
+        data = TrainingDataset(dataset, latents, texts, masks)
+        shuffle = all(d.shuffle for d in c.datasets)
+        loader = (RegMixLoader.build(data, c.train.batch_size, shuffle, c.train.seed, c.train.reg_ratio)
+                  if dataset.has_reg else BucketLoader(data, c.train.batch_size, shuffle=shuffle, seed=c.train.seed))
         loader = shard_loader(loader)  # ddp: global batches of batch_size x ranks (more epochs per run)
         epochs = range(loader.sampler.epochs_needed(c.train.steps * c.train.gradient_accumulation_steps))
         captions = dataset.prompts(epochs) + [r.dropout_caption for r in dataset.rules]
+        if validation is not None:
+            captions += validation.prompts([0])
     else:
-        latents, captions = None, []
+        latents, masks, captions = None, None, []
         texts = TextEmbeddingCache(None, fam.text_encoder_id(c.model, dev, budget)) if prompts else None
+    if not encode:
+        out.loader, out.latents, out.texts = loader, latents, texts
+        if train_te:
+            out.text_encoders = fam.load_text_encoders(c.model, dev, budget)
+        return out
 
     # ---- latents
     decode_vae = previews_on and (dataset is not None or c.model.vae_path is not None)
     if dataset is not None or decode_vae:
         with meter.stage("latents"):
             vae, out.encoded["latents"] = _cache_latents(c, fam, dataset, latents, decode_vae, device=dev,
-                                                         budget=budget, log=log, verbose=verbose)
+                                                         budget=budget, log=log, verbose=verbose,
+                                                         validation=validation)
+            if dataset is not None and masks is not None:
+                specs = dataset.mask_specs(masks.factor)
+                out.encoded["masks"] = masks.fill(specs, progress=verbose)
+                log(f"loss masks: {out.encoded['masks']} placed on the latent grid ({len(specs)} masked samples; the "
+                    f"rest were cached)")
             if vae is not None:
                 out.decode, out.decode_bytes = _decoder(fam, vae, (c.sample.height, c.sample.width), dev, meter)
             del vae
@@ -129,6 +178,7 @@ def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, ve
             texts.tokenize = lambda ps: fam.caption_tokens(enc, ps)
             texts.fill(captions + [""])
         loader.dataset.check(epochs)
+        out.validation = _validation_data(validation, latents, texts)
         out.text_encoders, out.negative = enc, negative
         out.prompt_texts = [text for text, _ in prompts]
         out.prompts = [PreviewPrompt(text, _control(fam, dataset, latents, i), None if i is None else latents.load(
@@ -156,11 +206,21 @@ def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, ve
                 log(f"text embeddings: all {len(wanted)} cached; text encoders not loaded")
     if loader is not None:
         loader.dataset.check(epochs)
+    out.validation = _validation_data(validation, latents, texts)
     neg = {} if negative is None else {f"negative_{k}": v for k, v in texts.load(negative).items()}
     out.prompts = [PreviewPrompt(text, {**texts.load(text), **neg, **_control(fam, dataset, latents, i)},
                                  None if i is None else latents.load(dataset.latent_spec(i))) for text, i in prompts]
     out.loader, out.latents, out.texts = loader, latents, texts
     return out
+
+
+def _validation_data(validation, latents, texts):
+    """The held-out images over the filled caches (every entry checked present), or None."""
+    if validation is None:
+        return None
+    data = TrainingDataset(validation, latents, texts)
+    data.check([0])
+    return data
 
 
 def _control(fam, dataset, latents, i):
@@ -172,10 +232,11 @@ def _control(fam, dataset, latents, i):
     return {} if spec is None else {"control_latents": latents.load(spec)}
 
 
-def _cache_latents(cfg, fam, dataset, latents, keep_for_previews, *, device, budget, log, verbose):
+def _cache_latents(cfg, fam, dataset, latents, keep_for_previews, *, device, budget, log, verbose, validation=None):
     """(the VAE when kept for previews else None, how many latents were encoded)."""
     dev = device
     specs = dataset.latent_specs() if dataset is not None else []
+    specs += validation.latent_specs() if validation is not None else []
     missing = latents.missing(specs) if dataset is not None else []
     if not missing and not keep_for_previews:
         log(f"latents: all {len(specs)} cached; VAE not loaded")

@@ -4,7 +4,9 @@ Columns: step, loss (the mean over the steps since the previous row -- `log_ever
 step's mean over its micro-batches), lr (at the row's step), timestep (the mean timestep drawn: σ for flow
 matching), seconds (training time so far, pauses excluded, earlier runs of a resumed one included). On resume the
 log is cut back to the checkpoint's step, so a curve never holds two versions of one step. The JSON and the plot are
-written atomically; the plot uses matplotlib when it is installed, else a small Pillow drawing.
+written atomically; the plot uses matplotlib when it is installed, else a small Pillow drawing. A validation loss
+(validation_loss.py) has its own log, validation.csv / .json (step, loss, the loss at each of its timesteps,
+seconds), and its curve is drawn in the same plot.
 """
 import csv
 import io
@@ -17,18 +19,19 @@ FIELDS = ("step", "loss", "lr", "timestep", "seconds")
 
 
 class LossLog:
-    def __init__(self, folder, name="loss"):
+    def __init__(self, folder, name="loss", fields=FIELDS):
         os.makedirs(folder, exist_ok=True)
+        self.fields = tuple(fields)
         self.csv_path = os.path.join(folder, f"{name}.csv")
         self.json_path = os.path.join(folder, f"{name}.json")
         self.rows = []
 
     def append(self, **row):
-        row = {k: row.get(k) for k in FIELDS}
+        row = {k: row.get(k) for k in self.fields}
         self.rows.append(row)
         new = not os.path.exists(self.csv_path)
         with open(self.csv_path, "a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=FIELDS)
+            w = csv.DictWriter(f, fieldnames=self.fields)
             if new:
                 w.writeheader()
             w.writerow(row)
@@ -40,12 +43,12 @@ class LossLog:
 
     def flush(self):
         buf = io.StringIO(newline="")
-        w = csv.DictWriter(buf, fieldnames=FIELDS)
+        w = csv.DictWriter(buf, fieldnames=self.fields)
         w.writeheader()
         w.writerows(self.rows)
         with atomic_write(self.csv_path) as f:
             f.write(buf.getvalue().encode("utf-8"))
-        write_json(self.json_path, {"fields": list(FIELDS), "rows": self.rows}, indent=None)
+        write_json(self.json_path, {"fields": list(self.fields), "rows": self.rows}, indent=None)
 
     def load(self):
         """Rows from the JSON (or CSV) a previous run left (for resume)."""
@@ -56,6 +59,8 @@ class LossLog:
             with open(self.csv_path, newline="") as f:
                 self.rows = [{k: (int(v) if k == "step" else float(v)) if v not in ("", None) else None
                               for k, v in r.items()} for r in csv.DictReader(f)]
+        # (a resumed run may log other columns -- validation timesteps changed: the old rows keep what they share)
+        self.rows = [{k: r.get(k) for k in self.fields} for r in self.rows]
         return self.rows
 
 
@@ -68,22 +73,26 @@ def smooth(values, beta=0.9):
     return out
 
 
-def plot_losses(rows, path, title="training loss", ylabel="loss"):
-    """Loss per step (faint) and its smoothed curve (bold), as a PNG."""
+def plot_losses(rows, path, title="training loss", ylabel="loss", validation=None):
+    """Loss per step (faint) and its smoothed curve (bold), as a PNG; `validation`: rows of a validation loss,
+    drawn beside it (points joined by a line)."""
     steps = [r["step"] for r in rows]
     losses = [r["loss"] for r in rows]
     if not steps:
         raise ValueError("plot_losses: no rows to plot")
+    val = [(r["step"], r["loss"]) for r in validation or () if r.get("loss") is not None]
     sm = smooth(losses)
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return _plot_pillow(steps, losses, sm, path, title)
+        return _plot_pillow(steps, losses, sm, path, title, val)
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     ax.plot(steps, losses, color="tab:blue", alpha=0.3, lw=0.8, label="loss")
     ax.plot(steps, sm, color="tab:blue", lw=2, label="smoothed")
+    if val:
+        ax.plot(*zip(*val), color="tab:orange", lw=1.5, marker="o", ms=4, label="validation")
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -98,14 +107,15 @@ def plot_losses(rows, path, title="training loss", ylabel="loss"):
     return path
 
 
-def _plot_pillow(steps, losses, sm, path, title):
+def _plot_pillow(steps, losses, sm, path, title, val=()):
     from PIL import Image, ImageDraw
     W, H, pad = 700, 400, 40
     img = Image.new("RGB", (W, H), "white")
     d = ImageDraw.Draw(img)
-    lo, hi = min(losses), max(losses)
+    lo, hi = min(losses + [v for _, v in val]), max(losses + [v for _, v in val])
     hi = hi if hi > lo else lo + 1.0
-    s0, s1 = steps[0], steps[-1] if steps[-1] > steps[0] else steps[0] + 1
+    first, last = min(steps + [s for s, _ in val]), max(steps + [s for s, _ in val])
+    s0, s1 = first, last if last > first else first + 1
 
     def xy(s, v):
         return pad + (s - s0) / (s1 - s0) * (W - 2 * pad), H - pad - (v - lo) / (hi - lo) * (H - 2 * pad)
@@ -113,6 +123,13 @@ def _plot_pillow(steps, losses, sm, path, title):
     d.rectangle([pad, pad, W - pad, H - pad], outline="black")
     d.line([xy(s, v) for s, v in zip(steps, losses)], fill=(160, 190, 230), width=1)
     d.line([xy(s, v) for s, v in zip(steps, sm)], fill=(31, 119, 180), width=3)
-    d.text((pad, 10), f"{title}  (steps {s0}-{steps[-1]}, loss {lo:.3g}-{hi:.3g})", fill="black")
+    orange = (255, 127, 14)
+    if len(val) > 1:
+        d.line([xy(s, v) for s, v in val], fill=orange, width=2)
+    for s, v in val:
+        x, y = xy(s, v)
+        d.ellipse([x - 3, y - 3, x + 3, y + 3], fill=orange)
+    d.text((pad, 10), f"{title}  (steps {s0}-{last}, loss {lo:.3g}-{hi:.3g})"
+           + ("; orange: validation" if val else ""), fill="black")
     from .preview import save_image
     return save_image(img, path)

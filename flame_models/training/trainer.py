@@ -20,8 +20,11 @@ states, step, data position, EMA, training time, config) is written whole or not
 restart with the same config resumes from the newest intact one exactly:
 the next step's loss and parameters equal those of a run that never stopped. A changed config either applies from
 there on or is refused, and the checkpoint is chosen and loaded (resume.py). Every `sample_every` steps the
-preview sampler runs while the progress clock is paused. Ctrl-C / SIGTERM stop after the current step with a
-checkpoint (interrupt.py).
+preview sampler runs while the progress clock is paused, and every `validation.every` steps the validation loss is
+computed (validation_loss.py: held-out images at fixed timesteps and noise; its own log, drawn in the loss plot).
+Ctrl-C / SIGTERM stop after the current step with a checkpoint (interrupt.py). A run whose checkpoint has
+reached train.steps and whose final LoRA is written says so and keeps its files: its model is built and
+restored, nothing is cached, encoded or trained.
 
 The trainer owns its stages: each (image_data.prepare, resume.choose_checkpoint / restore, ...) is given what it
 needs and returns what it made, and the trainer keeps it. Streaming (streaming.py), CUDA graphs (graphs.py) and data
@@ -30,7 +33,6 @@ parallelism (distributed.py) are parts the step calls at named points, not branc
 import gc
 import json
 import os
-import time
 from contextlib import nullcontext
 
 import numpy as np
@@ -46,7 +48,7 @@ from flame_nn import adapters as A
 
 from ..data import ConcatDataset, FolderDataset, SampleLoader, SyntheticDataset
 from . import checkpoint as ckpt
-from . import image_data, optimizers, resume, run_folder, tracking
+from . import image_data, loss_weights, optimizers, resume, run_folder, tracking
 from .config import ConfigError, config_dict, dtype_name
 from .distributed import TrainerGroup, main_rank_only, on_main_rank  # ddp
 from .ema import EMA
@@ -54,14 +56,16 @@ from .family import get_family
 from .finite import FiniteGuard
 from .graphs import StepGraphs, graph_plan
 from .interrupt import StopRequest
-from .limits import adapter_problems
 from .logging import LossLog, plot_losses
+from .lr_schedule import make_scheduler
+from .network import add_network
 from .progress import Progress
 from .samples import PreviewPrompt, Previews
 from .stages import StageMeter
 from .streaming import NoStreaming, StreamedBlocks
 from .text_training import TrainedTextEncoders
 from .validation import dataset_kinds, image_size_problems, parts_needed
+from .validation_loss import ValidationStage
 
 
 class Trainer:
@@ -83,6 +87,8 @@ class Trainer:
         self.stop = None
         self.prepared = None
         self.text_encoders = None
+        self.finished_lora = None  # a finished run's final LoRA: nothing to cache or train (setup, train)
+        self.validation_images = self.validation = None  # the held-out ImageDataset; its ValidationStage
         self.streaming = NoStreaming()  # the step's streaming part (max_gpu_memory: StreamedBlocks)
 
     @property
@@ -130,6 +136,7 @@ class Trainer:
         # the run's folder: start over, resume from its newest intact checkpoint, or refuse to mix two runs
         checkpoint, state = resume.choose_checkpoint(c, self.out, fresh=self.fresh, fingerprint=self.data_fingerprint,
                                                      dist=self.dist, log=self.log)
+        self.finished_lora = resume.finished_lora(self.out, c.name, t.steps, state)
 
         # image folders and text prompts: latents and text embeddings cached, their encoders freed
         previews_on = bool(c.sample.sample_every) and not t.disable_sampling
@@ -139,17 +146,19 @@ class Trainer:
             self.prepared = self.dist.main_first(
                 image_data.prepare, c, fam, self.dataset if self.image_data else None,
                 previews_on and self.dist.is_main, device=self.device, budget=self.budget, meter=self.meter,
-                log=self.log, verbose=self.verbose, shard_loader=self.dist.shard_loader)
+                log=self.log, verbose=self.verbose, shard_loader=self.dist.shard_loader,
+                validation=self.validation_images, encode=self.finished_lora is None)
         self.previews = self._make_previews()
 
         with self.meter.stage("build"):  # (with max_gpu_memory: the resident blocks chosen by measured steps)
             self._build(checkpoint, state)
-            if self.streamer is not None:
+            if self.streamer is not None and self.finished_lora is None:  # (auto_fit measures steps)
                 n_params = sum(p.numel() for p in self.params)
                 state_bytes = optimizers.STATE_BYTES[t.optimizer] * n_params  # state made at the first step
                 decode_bytes = self.prepared.decode_bytes if self.prepared is not None and previews_on else 0
                 self.fit = self.streamer.auto_fit(self.budget, self._measure_step,
-                                                  extra_bytes=state_bytes + decode_bytes)
+                                                  extra_bytes=state_bytes + decode_bytes,
+                                                  offload_activations=t.offload_activations)
                 self.log(str(self.fit))
         return self
 
@@ -163,6 +172,8 @@ class Trainer:
             raise ConfigError("; ".join(problems))
         kinds = dataset_kinds(c) if self._dataset is None else []
         self.image_data = "images" in kinds
+        if c.validation is not None and not self.image_data:  # (a ready-made dataset has no images to hold out)
+            raise ConfigError("validation: needs image folders (datasets); this run was given precomputed samples")
         if t.train_text_encoder and not self.image_data:  # (config validation refuses the configured other kinds)
             raise ConfigError("train.train_text_encoder: needs image folders with captions; this run was given "
                               "precomputed samples")
@@ -181,7 +192,8 @@ class Trainer:
                 lat = self.dataset.latent_shape(0)
                 h, w = lat[1] * fam.vae_scale_factor, lat[2] * fam.vae_scale_factor
             c.sample.height, c.sample.width = c.sample.height or h, c.sample.width or w
-        problems = image_size_problems(c, fam, self.spec, self.dataset if self.image_data else None)
+        problems = image_size_problems(c, fam, self.spec, self.dataset if self.image_data else None,
+                                       self.validation_images)
         if problems:  # before any encoding and before the run's folder is touched
             raise ConfigError("; ".join(problems))
         return kinds
@@ -216,7 +228,8 @@ class Trainer:
         self.model = self._model if self._model is not None else fam.build_model(
             c.model, self.spec, base_dtype, self.device, **({"stream": True} if stream else {}))
         self.name_map = fam.lora_name_map(self.model)
-        self.n_adapted = self._add_adapters()
+        self.n_adapted = add_network(self.model, c.network, fam, self.name_map, seed=t.seed, device=self.device,
+                                     budget=self.budget, optimizer=t.optimizer)
         self.params = A.adapter_parameters(self.model)
         self.text_encoders = None   # train.train_text_encoder: adapters on the encoders image_data kept loaded
         if self.prepared is not None and self.prepared.text_encoders is not None:
@@ -256,44 +269,14 @@ class Trainer:
 
         os.makedirs(self.out, exist_ok=True)
         self.loss_log = LossLog(self.out)
+        if self.prepared is not None and self.prepared.validation is not None:
+            self.validation = ValidationStage(c, self.prepared.validation, fam, self.objective, device=self.device,
+                                              encode=None if self.text_encoders is None else self.text_encoders.encode)
+            self.log(self.validation.describe())
         self._window = {"steps": 0, "loss": 0.0, "timestep": 0.0}  # steps since the last loss-log row
         if checkpoint is not None:
             self._resume(checkpoint, state)
         write_json(os.path.join(self.out, "config.json"), config_dict(c), indent=1, default=str)
-
-    def _add_adapters(self):
-        """The config's adapters injected into the model (LoCon: the convolutions too); returns how many."""
-        c, t, fam = self.cfg, self.cfg.train, self.family
-        n = c.network
-        targets = fam.target_presets.get(n.target, n.target) if isinstance(n.target, str) else n.target
-        filters = dict(only_if_contains=n.network_kwargs.get("only_if_contains"),
-                       ignore_if_contains=n.network_kwargs.get("ignore_if_contains"))
-        if n.conv:  # LoCon (kohya's conv_dim): what comes with the convolutions at the linear rank
-            targets = ([targets] if isinstance(targets, str) else list(targets)) + list(fam.conv_linear_targets)
-        self._check_adapter_size(A.find_targets(self.model, targets, self.name_map, **filters), n.linear, n.type,
-                                 "network.linear")
-        made = A.inject_adapters(self.model, targets, "lora" if n.type == "locon" else n.type, rank=n.linear,
-                                 alpha=n.linear_alpha, dropout=n.dropout, rslora=n.rslora, lokr_factor=n.lokr_factor,
-                                 lokr_full_rank=n.lokr_full_rank, name_map=self.name_map, **filters,
-                                 generator=flame.Generator("cpu").manual_seed(t.seed + 3))
-        if n.conv:  # the convolutions the targets left, at the conv rank (alpha: conv_alpha, else conv)
-            done = {m for m, _ in made}
-            convs = [m for m, _, _ in A.find_targets(self.model, fam.conv_targets, self.name_map, **filters)
-                     if m not in done]
-            if convs:
-                self._check_adapter_size([(m, self.model.get_submodule(m), None) for m in convs], n.conv, "lora",
-                                         "network.conv")
-                made += A.inject_adapters(self.model, convs, "lora", rank=n.conv,
-                                          alpha=n.conv if n.conv_alpha is None else n.conv_alpha, dropout=n.dropout,
-                                          rslora=n.rslora, name_map=self.name_map,
-                                          generator=flame.Generator("cpu").manual_seed(t.seed + 4))
-        return len(made)
-
-    def _check_adapter_size(self, found, rank, kind, setting):
-        """ConfigError before adapters are made that exceed their layers' dimensions or the device (limits.py)."""
-        problems = adapter_problems(found, rank, kind, setting, self.device, self.budget, self.cfg.train.optimizer)
-        if problems:
-            raise ConfigError("; ".join(problems))
 
     def _place_blocks(self):
         """The step's streaming part: under max_gpu_memory every block streamed from host memory for now (setup's
@@ -327,6 +310,8 @@ class Trainer:
         self._window = dict(got.log_window or self._window)
         self.loss_log.load()
         self.loss_log.truncate(self.step)
+        if self.validation is not None:
+            self.validation.resume(self.step)
         self.previews.restore(self.step)
         self.resumed_from = path
         self.log(f"resumed from {path} (step {self.step}, {self.active_time:.0f} s of training so far)")
@@ -341,7 +326,9 @@ class Trainer:
     def _build_dataset(self, kinds):
         c, fam = self.cfg, self.family
         if "images" in kinds:
-            return image_data.image_dataset(c, self.verbose)  # every image decoded, every caption read
+            # every image decoded, every caption read; validation.split: the held-out images leave the training set
+            dataset, self.validation_images = image_data.image_datasets(c, self.verbose)
+            return dataset
         if c.datasets:
             parts = [FolderDataset(d.folder_path, fam.sample_keys, lambda s: fam.check_sample(s, self.spec),
                                    d.num_repeats) for d in c.datasets]
@@ -376,23 +363,8 @@ class Trainer:
                                                          if self.text_encoders is not None else [])
 
     def _make_scheduler(self, at_step=None):
-        """The LR schedule of the config; at_step: positioned there (resume) -- every schedule is a closed form
-        of the step, so this is the same as having stepped it that far."""
-        t, S = self.cfg.train, flame_nn.optim.lr_scheduler
-        for g, (_, lr) in zip(self.optimizer.param_groups, self._param_groups()):
-            g["initial_lr"] = lr
-        last = -1 if at_step is None else at_step - 1
-        if t.lr_scheduler in ("constant", "constant_with_warmup"):
-            return S.get_constant_schedule_with_warmup(self.optimizer, t.lr_warmup_steps, last_epoch=last)
-        if t.lr_scheduler == "linear":
-            return S.get_linear_schedule_with_warmup(self.optimizer, t.lr_warmup_steps, t.steps, last_epoch=last)
-        if t.lr_scheduler == "cosine_with_restarts":
-            return S.get_cosine_with_hard_restarts_schedule_with_warmup(
-                self.optimizer, t.lr_warmup_steps, t.steps, last_epoch=last, **t.lr_scheduler_params)
-        if t.lr_scheduler == "polynomial":
-            return S.get_polynomial_decay_schedule_with_warmup(self.optimizer, t.lr_warmup_steps, t.steps,
-                                                               last_epoch=last, **t.lr_scheduler_params)
-        return S.get_cosine_schedule_with_warmup(self.optimizer, t.lr_warmup_steps, t.steps, last_epoch=last)
+        """The config's LR schedule over the groups' rates; at_step: positioned there (resume)."""
+        return make_scheduler(self.optimizer, self.cfg.train, [lr for _, lr in self._param_groups()], at_step)
 
     def _measure_step(self):
         """One forward + backward on the next batch for auto-fit, leaving no trace: the data position, the random
@@ -415,6 +387,7 @@ class Trainer:
         timesteps drawn. Returns the argument tuple of `_forward_backward` (fixed shapes for a fixed batch shape)
         and the timesteps."""
         x0, cond = self.family.training_inputs(self.model, batch, self.device, self.cfg.train)
+        cond.update(loss_weights.batch_weights(self.family, batch, x0, self.cfg.train.reg_weight))  # masks, is_reg
         if self._cond_keys is None:
             self._cond_keys = tuple(cond)
         # ddp: drawn for the global batch, this rank's rows kept (one process with the whole batch draws the same)
@@ -429,14 +402,14 @@ class Trainer:
     def _forward_backward(self, x0, noise, t, *cond):
         """The loss of one micro-batch and its backward (gradients accumulate into .grad). No host synchronisation
         and no random draws: this is the region a CUDA graph captures. Returns the loss (detached)."""
-        cond = dict(zip(self._cond_keys, cond))
+        cond, weights = loss_weights.split(dict(zip(self._cond_keys, cond)))
         x_t = self.objective.noisy(x0, noise, t)
         with autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype is not None \
                 else nullcontext():
             if self.text_encoders is not None:  # token ids -> conditioning, through the trained encoders
                 cond = self.text_encoders.encode(cond)
             pred = self.family.forward(self.model, x_t, t, cond)
-        loss = self.objective.loss(pred, self.objective.target(x0, noise, t), t)
+        loss = self.objective.loss(pred, self.objective.target(x0, noise, t), t, **weights)
         scale = self._loss_scale
         (loss * scale).backward() if scale != 1.0 else loss.backward()
         self.guard.watch_loss(loss)  # a device flag (captured with the step), read at the next check
@@ -497,6 +470,8 @@ class Trainer:
     def train(self):
         if not hasattr(self, "model"):
             self.setup()
+        if self.finished_lora is not None:
+            return self._finished_before()
         c, t = self.cfg, self.cfg.train
         te = "" if self.text_encoders is None else f" and {self.text_encoders.n_adapted} of its text encoders'"
         self.log(f"training {c.network.type} r{c.network.linear} on {self.n_adapted} Linear parts of a "
@@ -512,6 +487,9 @@ class Trainer:
                 if self.step == 0 and self._sample_due(0):
                     with self.progress.paused():
                         self.sample()
+                if self.step == 0 and self.validation is not None and self.validation.due(0):
+                    with self.progress.paused():
+                        self.validate()
                 self.progress.start()
                 while self.step < t.steps:
                     loss, lr, ts = self.train_step()
@@ -523,6 +501,9 @@ class Trainer:
                     if self._sample_due(self.step):
                         with self.progress.paused():
                             self.sample()
+                    if self.validation is not None and self.validation.due(self.step):
+                        with self.progress.paused():
+                            self.validate()
                     if self.step % c.save.save_every == 0 or self.step == t.steps:
                         with self.progress.paused():
                             self.save_checkpoint()
@@ -590,9 +571,12 @@ class Trainer:
         self.loss_log.flush()
         result = {"lora": lora, "loss_csv": self.loss_log.csv_path, "loss_json": self.loss_log.json_path,
                   "steps": self.step, "losses": [r["loss"] for r in self.loss_log.rows], "interrupted": interrupted}
+        if self.validation is not None:
+            result.update(self.validation.results())
         if self.loss_log.rows:
             result["loss_plot"] = plot_losses(self.loss_log.rows, os.path.join(self.out, "loss.png"),
-                                              title=f"{c.name}: {self.objective.name} loss")
+                                              title=f"{c.name}: {self.objective.name} loss",
+                                              validation=self.validation.log.rows if self.validation else None)
         grid = self.previews.save_grid(os.path.join(self.out, "samples.png"))
         if grid:
             result["samples"] = grid
@@ -604,6 +588,15 @@ class Trainer:
             self.log(f"stopped by {interrupted} at step {self.step}: checkpoint "
                      f"{ckpt.checkpoint_dir(self.out, self.step)}, LoRA {lora}; run the same command again"
                      + (" without --fresh" if self.fresh else "") + " to resume")
+        return result
+
+    @on_main_rank  # ddp
+    def _finished_before(self):
+        """A run that had finished before this call: its files as they are (nothing cached, trained or written)."""
+        result = run_folder.finished_outputs(self.out, self.finished_lora, self.step)
+        result["stages"] = self.meter.report()
+        self.log(f"this run already finished: step {self.step} of {self.cfg.train.steps}, LoRA {self.finished_lora}; "
+                 f"nothing to train (a larger train.steps continues it, --fresh starts over)")
         return result
 
     # ------------------------------------------------------------------------------------------ sampling
@@ -630,6 +623,26 @@ class Trainer:
                 with Image.open(path) as im:
                     self.trackers.image(self.step, f"samples/{i}", np.asarray(im.convert("RGB")))
         return written
+
+    # ------------------------------------------------------------------------------------------ validation
+    @on_main_rank  # ddp: rank 0 evaluates, as it samples
+    def validate(self):
+        """The validation loss of the adapters the previews use (EMA / averaged, eval mode), logged."""
+        self.streaming.before_sample(self.graphed)  # streamed blocks: a captured step's memory is given back
+        self.model.eval()
+        if self.text_encoders is not None:
+            self.text_encoders.train(False)
+        try:
+            with self._averaged(), (self.ema.swapped() if self.ema is not None else nullcontext()), \
+                    self.meter.stage("validation", quiet=True):
+                got = self.validation.run(self.model, self.step, self.progress.active_time if self.progress
+                                          else self.active_time, self.trackers, self.autocast_dtype)
+        finally:
+            self.model.train()
+            if self.text_encoders is not None:
+                self.text_encoders.train(True)
+        self.log(f"validation loss {got['loss']:.4f} at step {self.step}")
+        return got
 
     # ------------------------------------------------------------------------------------------ saving
     @on_main_rank  # ddp
@@ -664,27 +677,14 @@ class Trainer:
         non-finite is saved (finite.py)."""
         self.guard.check(self.dataset)
         self.guard.check_parameters(self.step)
-        opt = self.optimizer.state_dict()
-        tensors, scalars = {}, {}
-        for i, st in opt["state"].items():
-            for k, v in st.items():
-                (tensors if isinstance(v, flame.Tensor) else scalars)[f"{i}.{k}"] = v
-        adapter = dict(self.named_adapter_parameters())
-        writers = {"adapter.safetensors": lambda p: io.save_file(adapter, p)}
-        if tensors:
-            writers["optimizer.safetensors"] = lambda p: io.save_file(tensors, p)
-        if self.ema is not None:
-            shadow = {str(i): s for i, s in enumerate(self.ema.shadow)}
-            writers["ema.safetensors"] = lambda p: io.save_file(shadow, p)
-        state = {"step": self.step, "loader": self.loader.state_dict(), "scheduler_epoch": self.scheduler.last_epoch,
-                 "optimizer": {"scalars": scalars, "param_groups": opt["param_groups"]},
-                 "rng": {"sigma": self.sigma_gen.get_state(), "noise": self.noise_gen.get_state(),
-                         "default_cpu": flame.get_rng_state("cpu"),
-                         "default_device": flame.get_rng_state(self.device)},
-                 "ema": None if self.ema is None else {"decay": self.ema.decay, "num_updates": self.ema.num_updates},
-                 "active_time": self.active_time, "log_window": self._window, "time": time.time(),
-                 "data": self.data_fingerprint, "config": config_dict(self.cfg)}
+        writers, state = resume.contents(
+            self.step, self.named_adapter_parameters(), optimizer=self.optimizer, scheduler=self.scheduler,
+            loader=self.loader, generators={"sigma": self.sigma_gen, "noise": self.noise_gen}, ema=self.ema,
+            device=self.device, active_time=self.active_time, log_window=self._window,
+            fingerprint=self.data_fingerprint, config=config_dict(self.cfg))
         self.loss_log.flush()  # first: a checkpoint promoted after a kill finds its steps' rows (resume truncates)
+        if self.validation is not None:
+            self.validation.log.flush()
         path = ckpt.write_checkpoint(self.out, self.step, writers, state)
         self.save_lora(self._step_lora(self.step))
         ckpt.prune(self.out, self.cfg.save.max_step_saves_to_keep, also=lambda s: [self._step_lora(s)])

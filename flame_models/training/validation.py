@@ -11,6 +11,7 @@ from .config import DTYPES, FILE_FORMATS, NETWORK_TYPES, OPTIMIZERS, PROCESS_TYP
 from .limits import steps_problems
 from .objective import DENSITY_SCHEMES, WEIGHTING_SCHEMES
 from .timesteps import MODE_SCALE_RANGE
+from .validation_loss import timestep_problems
 
 NUM_TRAIN_TIMESTEPS = 1000  # the DDPM schedule of SDXL
 
@@ -165,6 +166,7 @@ def validate(cfg, prefix="", check_files=True):
         e.append(f"{p}synthetic: given together with datasets; use one")
     for i, d in enumerate(cfg.datasets):
         e += validate_dataset_config(d, f"{p}datasets[{i}]", check_files=False)
+    e += _reg_problems(cfg, p)
     if any(d.control_path is not None for d in cfg.datasets):
         for i, d in enumerate(cfg.datasets):
             if d.control_path is None:
@@ -198,6 +200,10 @@ def validate(cfg, prefix="", check_files=True):
             e.append(f"{p}logging.{name}: expected a name without slashes, got {v!r}")
     if lg.log_every is not None:
         _at_least(e, f"{p}logging.log_every", lg.log_every)
+    e += validation_problems(cfg, p)
+    if cfg.train.offload_activations and cfg.max_gpu_memory is None:
+        e.append(f"{p}train.offload_activations: the block inputs are offloaded by the streamed blocks of "
+                 f"max_gpu_memory; set max_gpu_memory (or leave offload_activations null)")
     if cfg.max_gpu_memory is not None:
         try:
             parse_budget(cfg.max_gpu_memory, f"{p}max_gpu_memory")
@@ -220,6 +226,89 @@ def validate(cfg, prefix="", check_files=True):
     e += _family_checks(cfg, family, p)
     if check_files:
         e += file_problems(cfg, family, p)
+    return e
+
+
+def _reg_problems(cfg, p):
+    """Regularisation images (is_reg) and their settings: train.reg_weight / reg_ratio only with such a dataset
+    (never accepted and ignored), and at least one dataset to train on besides them."""
+    e, t = [], cfg.train
+    regs = [d.is_reg is True for d in cfg.datasets]
+    if t.reg_weight < 0:
+        e.append(f"{p}train.reg_weight: the regularisation images' loss weight, >= 0, got {t.reg_weight}")
+    if not 0 < t.reg_ratio < 1:
+        e.append(f"{p}train.reg_ratio: the share of micro-batches drawn from the regularisation images, in (0, 1), "
+                 f"got {t.reg_ratio}")
+    if not any(regs):
+        for k in ("reg_weight", "reg_ratio"):
+            if f"train.{k}" in cfg.given:
+                e.append(f"{p}train.{k}: no dataset has is_reg: true (regularisation images); give one or remove "
+                         f"the key")
+    elif all(regs):
+        e.append(f"{p}datasets: every dataset is is_reg: true; regularisation images go beside the images being "
+                 f"trained (give at least one dataset without is_reg)")
+    return e
+
+
+def validation_problems(cfg, p=""):
+    """What is wrong with `validation:` (the files it names are checked in file_problems)."""
+    v, e = cfg.validation, []
+    if v is None:
+        return e
+    w = f"{p}validation"
+    if v.folder_path is None and not v.split:
+        e.append(f"{w}: give folder_path (a held-out image folder) or split (a fraction of the training images to "
+                 f"hold out, e.g. 0.1)")
+    if v.folder_path is not None and v.split:
+        e.append(f"{w}.split: given together with folder_path; use one")
+    if v.folder_path is not None and (not isinstance(v.folder_path, str) or not v.folder_path):
+        e.append(f"{w}.folder_path: a folder of images with captions, got {v.folder_path!r}")
+    if v.split and not 0 < v.split < 1:
+        e.append(f"{w}.split: a fraction of each training folder's images in (0, 1), got {v.split}")
+    if v.control_path is not None and v.folder_path is None:
+        e.append(f"{w}.control_path: only with folder_path (a split takes its control images from the datasets)")
+    _at_least(e, f"{w}.every", v.every)
+    if v.batch_size is not None:
+        _at_least(e, f"{w}.batch_size", v.batch_size)
+    if v.max_batches is not None:
+        _at_least(e, f"{w}.max_batches", v.max_batches)
+    e += timestep_problems(v.timesteps, f"{w}.timesteps")
+    if cfg.synthetic is not None:
+        e.append(f"{w}: needs image folders (datasets); the synthetic samples have no held-out images")
+    elif cfg.datasets and v.folder_path is not None:
+        mine = os.path.realpath(v.folder_path)
+        for i, d in enumerate(cfg.datasets):
+            if not isinstance(d.folder_path, str) or not d.folder_path:
+                continue
+            theirs = os.path.realpath(d.folder_path)
+            if mine == theirs or mine.startswith(theirs + os.sep) or theirs.startswith(mine + os.sep):
+                e.append(f"{w}.folder_path: {v.folder_path} overlaps datasets[{i}].folder_path {d.folder_path} "
+                         f"(folders are read recursively: its images would be trained on); use a separate folder, "
+                         f"or validation.split")
+    return e
+
+
+def _validation_file_problems(cfg, family, kinds, p):
+    v, e = cfg.validation, []
+    if v is None:
+        return e
+    w = f"{p}validation"
+    if any(k == "samples" for k in kinds):
+        e.append(f"{w}: needs image folders; datasets of precomputed samples have no images to hold out")
+    if v.folder_path is not None and isinstance(v.folder_path, str) and v.folder_path:
+        from ..data.samples import dataset_kind
+        if not os.path.isdir(v.folder_path):
+            e.append(f"{w}.folder_path: no such folder: {v.folder_path}")
+        elif dataset_kind(v.folder_path) != "images":
+            e.append(f"{w}.folder_path: {v.folder_path} holds no images")
+        controls = any(d.control_path is not None for d in cfg.datasets)
+        if v.control_path is not None and not family.control_images:
+            e.append(f"{w}.control_path: the {family.name} family takes no control images")
+        elif v.control_path is None and controls:
+            e.append(f"{w}.control_path: missing; the datasets have control images, and every held-out image needs "
+                     f"one too (give the folder of its control images)")
+        elif v.control_path is not None and not os.path.isdir(v.control_path):
+            e.append(f"{w}.control_path: no such folder: {v.control_path}")
     return e
 
 
@@ -307,6 +396,8 @@ def file_problems(cfg, family, p=""):
         if kind is None:
             e.append(f"{where}.folder_path: {d.folder_path} holds neither images nor precomputed samples "
                      f"(.safetensors)")
+        elif kind == "images" and isinstance(d.mask_path, str) and d.mask_path and not os.path.isdir(d.mask_path):
+            e.append(f"{where}.mask_path: no such folder: {d.mask_path}")
         elif kind == "samples":
             extra = sorted(k.split(".", 1)[1] for k in cfg.given
                            if k.startswith(f"datasets[{i}].") and k.split(".", 1)[1] not in SAMPLE_FOLDER_FIELDS)
@@ -319,6 +410,7 @@ def file_problems(cfg, family, p=""):
             e += [f"{where}.folder_path: {x}" for x in problems[:20]]
             if len(problems) > 20:
                 e.append(f"{where}.folder_path: ... and {len(problems) - 20} more files")
+    e += _validation_file_problems(cfg, family, kinds, p)
     if "images" in kinds and "samples" in kinds:
         e.append(f"{p}datasets: image folders and precomputed-sample folders cannot be mixed in one run "
                  f"(datasets {[i for i, k in enumerate(kinds) if k == 'samples']} hold samples)")
@@ -365,10 +457,10 @@ def sample_file_problem(path, family, spec):
     return f"{path}: {err}" if err else None
 
 
-def image_size_problems(cfg, family, spec, dataset=None):
+def image_size_problems(cfg, family, spec, dataset=None, validation=None):
     """The image datasets' buckets, and the previews' size, larger than the model takes (family.image_size_limit):
     one message per dataset and resolution, naming the limit. dataset: the checked ImageDataset (None: previews
-    only)."""
+    only); validation: the held-out images' ImageDataset (validation_loss.py), or None."""
     limit = family.image_size_limit(spec)
     if limit is None:
         return []
@@ -377,11 +469,17 @@ def image_size_problems(cfg, family, spec, dataset=None):
     for s in dataset.samples if dataset is not None else ():
         if max(s.bucket) > side:
             over.setdefault((s.config, s.resolution), set()).add(s.bucket)
+    for s in validation.samples if validation is not None else ():
+        if max(s.bucket) > side:
+            over.setdefault((-1 - s.config, s.resolution), set()).add(s.bucket)   # (held out: negative)
     e = []
     for (ci, r), buckets in sorted(over.items()):
         names = ", ".join(str(b) for b in sorted(buckets, key=max, reverse=True)[:3])
         what = family.label or family.name
-        e.append(f"datasets[{ci}].resolution {r}: the {names} bucket{'s' if len(buckets) > 1 else ''} exceed"
+        where = f"datasets[{ci}].resolution {r}" if ci >= 0 else (
+            f"validation.split (held-out images of datasets[{-1 - ci}]) at resolution {r}" if cfg.validation.split
+            else f"validation.folder_path at resolution {r}")
+        e.append(f"{where}: the {names} bucket{'s' if len(buckets) > 1 else ''} exceed"
                  f"{'' if len(buckets) > 1 else 's'} {side} px a side, the most this {what} model takes ({why}); "
                  f"use a resolution whose buckets stay within {side} px (--resolution), or a model with a larger table")
     sm = cfg.sample

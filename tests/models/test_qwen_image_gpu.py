@@ -116,3 +116,16 @@ def test_a_tiny_lora_run_on_cuda(tmp_path):
         "model": {"arch": "qwen_image"}, "sample": {"sample_every": 0}, "save": {"save_every": 4}})
     Trainer(cfg, verbose=False).train()
     assert os.path.exists(os.path.join(str(tmp_path), "q", "q.safetensors"))
+
+
+@pytest.mark.parametrize("kw", [{}, {"fp8": True}, {"max_gpu_memory": "4GiB"}])
+def test_generate_on_cuda_with_fp8_and_streamed_blocks(tmp_path, kw):
+    from flame_models.generate import generate
+    from flame_models.qwen_image.tiny import tiny_qwen_image_folder
+    folder = tiny_qwen_image_folder(tmp_path / "Qwen-Image-tiny", seed=1)
+    common = dict(width=64, height=48, steps=3, seed=2, negative_prompt="blurry", cfg=3.0, progress=False,
+                  log=lambda *a: None)
+    cpu = np.asarray(generate(folder, "a red square", device="cpu", **common)[0], np.float32)
+    gpu = np.asarray(generate(folder, "a red square", device="cuda", dtype="float32", **common, **kw)[0], np.float32)
+    assert gpu.shape == cpu.shape == (48, 64, 3)
+    assert np.abs(gpu - cpu).mean() <= (8.0 if kw.get("fp8") else 1.0)      # 8-bit images; fp8 weights differ

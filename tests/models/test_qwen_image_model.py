@@ -313,3 +313,32 @@ def test_bad_files_are_refused_with_their_keys(tmp_path):
     io.save_file(state, str(folder / "diffusion_pytorch_model.safetensors"))           # without FLAME's metadata
     with pytest.raises(QwenImageCheckpointError, match="zero_cond_t=true"):
         load_qwen_image(str(folder), device="cpu")
+
+
+# ----------------------------------------------------------------------------- recognised by the registry
+def test_files_are_recognised_and_generate_names_the_missing_parts(tmp_path, capsys):
+    from flame_models import registry
+    from flame_models.checkpoint_io import describe_keys
+    from flame_models.generate import main
+    model = _model(p=qwen_image_params("qwen-image-tiny"))       # a preset's head dim: its RoPE axes are known
+    root = tmp_path / "Qwen-Image"
+    save_qwen_image(model, str(root / "transformer"))
+    (root / "model_index.json").write_text(json.dumps({"_class_name": "QwenImagePipeline"}))
+    comfy = str(tmp_path / "qwen_image_bf16.safetensors")
+    io.save_file({"model.diffusion_model." + k: v.detach() for k, v in model.named_parameters()}, comfy)
+    assert registry.detect_family(str(root))[0] == "qwen_image"
+    assert registry.detect_family(comfy) == ("qwen_image", "a Qwen-Image transformer (keys such as "
+                                                           "model.diffusion_model.txt_norm.weight)")
+    assert describe_keys(["diffusion_model.transformer_blocks.3.img_mod.1.weight"])[0] == "qwen_image"
+    assert main(["--model", str(root), "--prompt", "a cat", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "vae: missing" in err and "text_encoder: missing" in err \
+        and "tokenizer: missing" in err
+    assert main(["--model", comfy, "--prompt", "a cat", "--guidance", "4", "--device", "cpu"]) == 2
+    assert "--guidance: " in capsys.readouterr().err
+    odd = str(tmp_path / "odd.safetensors")                           # head dim 16: no preset, no config
+    io.save_file({k: v.detach() for k, v in _model().named_parameters()}, odd)
+    assert main(["--model", odd, "--prompt", "a cat", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert f"transformer (--model): {odd}: head dim 16 is not Qwen-Image's 128" in err
+    assert f"{odd}: {odd}" not in err                                   # the file named once per line

@@ -107,10 +107,10 @@ def test_a_new_family_is_one_folder_and_one_registry_line(tmp_path, monkeypatch)
 def test_generate_refuses_another_familys_option_naming_whose_it_is():
     from flame_models import generate as G
     parts = {name: registry.module(name, "generate") for name in registry.names()}
-    assert G._refusal("max_length", "sdxl", parts) == ("--max-length: a Flux / SD3 / Flux Kontext / Chroma option; "
-                                                       "this model is SDXL")
-    assert G._refusal("cfg", "flux", parts) == ("--cfg: an SD3 / SDXL / Chroma option; this model is Flux: its "
-                                                "guidance is embedded (--guidance)")
+    assert G._refusal("max_length", "sdxl", parts) == ("--max-length: a Flux / SD3 / Flux Kontext / Chroma / "
+                                                       "Qwen-Image option; this model is SDXL")
+    assert G._refusal("cfg", "flux", parts) == ("--cfg: an SD3 / SDXL / Chroma / Qwen-Image option; this model is "
+                                                "Flux: its guidance is embedded (--guidance)")
     assert G._refusal("image", "chroma", parts) == "--image: a Flux Kontext option; this model is Chroma"
     assert G._refusal("guidance", "sd3", parts).startswith("--guidance: Flux's embedded guidance; this model is SD3")
     with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['colour'\]"):

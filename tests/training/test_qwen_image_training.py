@@ -1,8 +1,8 @@
 """Qwen-Image as a trainer family on the CPU with its tiny random preset: a LoRA run through `python -m
-flame_models.train` on synthetic samples (random latents and text states: the VAE and the Qwen2.5-VL encoder are not
-in FLAME yet), a run on precomputed sample files with a padding mask and a preview, the preview sampler with CFG, the
-PEFT and kohya files' names (diffusers' QwenImagePipeline.load_lora_weights names), and the refusal of image folders
-while the VAE and text encoder are missing."""
+flame_models.train` on synthetic samples (random latents and text states), a run on precomputed sample files with a
+padding mask and a preview, the preview sampler with CFG, the PEFT and kohya files' names (diffusers'
+QwenImagePipeline.load_lora_weights names), an image-folder run with the tiny preset's random stand-in VAE / text
+encoder / tokenizer and CFG previews, and the parts a lone file lacks."""
 import os
 
 import numpy as np
@@ -96,12 +96,38 @@ def test_precomputed_samples_with_a_padding_mask_train_and_preview(tmp_path, mon
     assert os.path.exists(os.path.join(str(tmp_path), "pre", "pre.safetensors"))
 
 
-def test_image_folders_are_refused_until_the_vae_and_text_encoder_are_wired_in(tmp_path):
-    images = draw_images(tmp_path / "img", n_concept=1, n_other=1)
-    with pytest.raises(ConfigError, match="VAE \\(AutoencoderKLQwenImage\\) and text encoder \\(Qwen2.5-VL, Qwen2 "
-                                          "tokenizer\\) are not wired into the trainer's caching stages"):
-        _qwen(tmp_path, "img", synthetic=None, datasets=[{"folder_path": images, "resolution": 64}])
+def test_the_tiny_preset_trains_from_an_image_folder_with_cfg_previews(tmp_path, monkeypatch):
+    from flame_models.qwen_image import family_parts as P
+    images = draw_images(tmp_path / "img")
+    seen, encode = [], P.QwenImageTextEncoders.encode
 
+    def spy(self, prompts, **kw):
+        out = encode(self, prompts, **kw)
+        seen.append((len(prompts), tuple(out["prompt_embeds"].shape), out["prompt_mask"].numpy().sum(axis=1)))
+        return out
+    monkeypatch.setattr(P.QwenImageTextEncoders, "encode", spy)
+    cfg = _qwen(tmp_path, "img", synthetic=None, trigger_word="ohwx",
+                datasets=[{"folder_path": images, "resolution": 64, "bucket_tolerance": 32}],
+                sample={"sample_every": 3, "sample_steps": 2, "prompts": ["[trigger] on a blue background"],
+                        "neg": "blurry"})
+    result = Trainer(cfg, verbose=False).train()
+    assert result["samples_decoded"] and np.isfinite(result["losses"]).all()
+    assert seen and all(shape[1:] == (32, 48) for _, shape, _ in seen)        # TEXT_LENGTH tokens, 48 wide
+    assert all(0 < n < 32 for _, _, counts in seen for n in counts)          # the template prefix dropped
+    lat = io.load_file(os.path.join(str(tmp_path), "img", "samples", "step_000003.safetensors"))["latents"].numpy()
+    assert lat.shape == (1, 16, 8, 8)
+
+
+def test_a_file_without_its_pipeline_folder_names_the_missing_parts(tmp_path):
+    from flame_models.qwen_image import QwenImageTransformer2DModel, save_qwen_image
+    flame.manual_seed(0)
+    path = str(tmp_path / "qwen.safetensors")
+    save_qwen_image(QwenImageTransformer2DModel("qwen-image-tiny", dtype=flame.float32, device="cpu"), path)
+    images = draw_images(tmp_path / "img", n_concept=1, n_other=1)
+    with pytest.raises(ConfigError, match="the VAE: .* set model.vae_path(.|\n)*the text encoder: (.|\n)*the "
+                                          "tokenizer: "):
+        _qwen(tmp_path, "f", synthetic=None, model={"arch": "qwen_image", "name_or_path": path},
+              datasets=[{"folder_path": images, "resolution": 64}])
 
 def test_the_family_defaults_and_a_kohya_file(tmp_path):
     cfg = _qwen(tmp_path, "k", save={"format": "kohya"}, network={"target": "attention_all"})
@@ -118,6 +144,7 @@ def test_sampling_follows_the_pipelines_schedule_and_rescales_cfg():
     assert s[0] == pytest.approx(1.0) and s[-2] == pytest.approx(0.02) and s[-1] == 0.0
     assert np.all(np.diff(s) < 0)
     assert S.shift_mu(4096) == pytest.approx(0.6935, abs=1e-4)
+    assert S.sigmas(1, 4096).tolist() == [1.0, 0.0]                       # one step: from noise straight to x0
     rng = np.random.default_rng(0)
     pos = flame.tensor(rng.standard_normal((1, 3, 8)).astype(np.float32))
     neg = flame.tensor(rng.standard_normal((1, 3, 8)).astype(np.float32))
@@ -148,3 +175,34 @@ def test_the_preview_sampler_guides_only_with_a_negative_prompt():
     pos2 = {"prompt_embeds": pos["prompt_embeds"].copy(), "prompt_mask": mask}
     pos2["prompt_embeds"][0, 3] = 100.0
     np.testing.assert_allclose(S.sample_latents(model, pos2, None, **kw).numpy(), plain, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def qwen_folder(tmp_path_factory):
+    from flame_models.qwen_image.tiny import tiny_qwen_image_folder
+    return tiny_qwen_image_folder(tmp_path_factory.mktemp("qwen") / "Qwen-Image-tiny", seed=4)
+
+
+def test_a_lora_trained_on_a_pipeline_folder_changes_what_generate_draws(tmp_path, qwen_folder, capsys):
+    from flame_models.generate import generate, main
+    images = draw_images(tmp_path / "img")
+    cfg = _qwen(tmp_path, "f", synthetic=None, model={"arch": "qwen_image", "name_or_path": qwen_folder},
+                datasets=[{"folder_path": images, "resolution": 64, "bucket_tolerance": 32}],
+                network={"target": "all_linear"}, train={"lr": 0.05, "steps": 2})
+    result = Trainer(cfg, verbose=False).train()
+    keys = set(io.load_file(result["lora"]))
+    assert "transformer.transformer_blocks.1.img_mlp.net.0.proj.lora_A.weight" in keys
+    kw = dict(width=32, height=32, steps=2, seed=3, device="cpu", progress=False, log=lambda *a: None)
+    base = np.asarray(generate(qwen_folder, "a red square", **kw)[0], np.int16)
+    assert base.shape == (32, 32, 3)
+    again = np.asarray(generate(qwen_folder, "a red square", **kw)[0], np.int16)
+    np.testing.assert_array_equal(base, again)                                  # same seed, same image
+    tuned = np.asarray(generate(qwen_folder, "a red square", loras=[result["lora"]], **kw)[0], np.int16)
+    assert np.abs(base - tuned).max() > 0
+    guided = np.asarray(generate(qwen_folder, "a red square", negative_prompt="blurry", cfg=4.0, **kw)[0], np.int16)
+    assert np.abs(base - guided).max() > 0                       # CFG runs only with a negative prompt
+    assert np.array_equal(base, np.asarray(generate(qwen_folder, "a red square", cfg=4.0, **kw)[0], np.int16))
+    out = tmp_path / "png"
+    assert main(["--model", qwen_folder, "--prompt", "a cat", "--width", "32", "--height", "32", "--steps", "1",
+                 "--negative-prompt", "", "--output", str(out), "--device", "cpu", "--no-progress"]) == 0
+    assert len(os.listdir(out)) == 1
