@@ -83,8 +83,9 @@ def test_the_validation_loss_equals_a_direct_computation(tmp_path, tiny_model, i
                 eps = flame.randn(*x0.shape, generator=flame.Generator("cpu").manual_seed(noise_seed(7, key, k)),
                                   dtype=flame.float32, device="cpu").numpy().astype(np.float64)
                 x = x0.numpy().astype(np.float64)
-                x_t = flame.tensor(((1 - sigma) * x + sigma * eps).astype(np.float32))
-                pred = fam.forward(model, x_t, flame.tensor(np.full(1, sigma, np.float32)), cond).numpy()
+                x_t = flame.tensor(((1 - sigma) * x + sigma * eps).astype(np.float32), device=tr.device)
+                pred = fam.forward(model, x_t, flame.tensor(np.full(1, sigma, np.float32), device=tr.device),
+                                   cond).numpy()
                 want[i, k] = np.mean((pred.astype(np.float64) - (eps - x)) ** 2)
     model.train()
     np.testing.assert_allclose(got["per_timestep"], want.mean(axis=0), rtol=1e-5)
