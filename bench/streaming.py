@@ -98,7 +98,7 @@ def streamed_flux(params, before_stream=None, **streamer_kw):
 class Run:
     """One storage's model, streamer, optimizer and step functions."""
 
-    def __init__(self, res, storage, size, small, graph):
+    def __init__(self, res, storage, size, small, graph, offload=None):
         import flame_core as flame
         import flame_core.memory as M
         import flame_nn
@@ -106,6 +106,7 @@ class Run:
         from flame_models.flux.lora_keys import TARGET_PRESETS, name_map_for
         from flame_nn import adapters as A
         self.res, self.storage = res, storage
+        self.offload = offload  # auto_fit's offload_activations: None (as the budget needs), True, False
 
         def add_lora(model):  # fp32 adapters on the GPU; base frozen
             A.inject_adapters(model, TARGET_PRESETS["attention"], "lora", rank=16, alpha=16.0,
@@ -182,7 +183,8 @@ class Run:
             # AdamW moments are made at the first optimizer step: count them unless they exist already
             extra = 0 if self.opt.state else 8 * sum(q.numel() for q in self.lora)
             try:
-                rep = self.streamer.auto_fit(f"{budget}GiB", self.measure, extra_bytes=extra)
+                rep = self.streamer.auto_fit(f"{budget}GiB", self.measure, extra_bytes=extra,
+                                             offload_activations=self.offload)
             except MemoryBudgetError as e:
                 res.log(f"{tag}_fit", f"does not fit: {e}")
                 return None, None
@@ -191,11 +193,16 @@ class Run:
             res.log(f"{tag}_streamed_blocks", len(rep.streamed))
             res.log(f"{tag}_minimum_GiB", common.gib(rep.minimum, 3))
             res.log(f"{tag}_fit_verify_peaks_GiB", [common.gib(p, 3) for p in rep.verify_peaks])
+            res.log(f"{tag}_offload_activations", rep.offload_activations)
+            res.log(f"{tag}_offloaded_GiB_per_step", common.gib(rep.offloaded_bytes, 3))
+            res.log(f"{tag}_outside_fp8", len(rep.outside_fp8))
+            res.log(f"{tag}_fit_plan", str(rep.plan))
         self.streamer.reset_stats()
         ms = self.timed(tag, self.step, warmup)
         copies = self.streamer.transfer_log()
         nbytes, secs = sum(n for _, n in copies) / repeats, sum(s for s, _ in copies) / repeats
         res.log(f"{tag}_h2d_GB_per_step", round(nbytes / 1e9, 2))
+        res.log(f"{tag}_h2d_s_per_step", round(secs, 4))
         if secs > 0:
             res.log(f"{tag}_h2d_GBps", round(nbytes / secs / 1e9, 1))
             if resident is not None:

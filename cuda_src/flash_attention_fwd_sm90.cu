@@ -14,14 +14,10 @@
 // Shared tiles are stored as 64-column slabs [D / 64][rows][64] with the 16-byte chunk c of row r at c ^ (r % 8),
 // which is the layout the 128-byte-swizzle descriptors describe (every slab 1024-byte aligned).
 // Output O / rowsum and the row logsumexp (natural log; +inf for a row that attends nothing), as flash_attn_fwd.
-// PIPE = 1 overlaps a warpgroup's softmax with its own tensor-core work (FA3's intra-warpgroup pipelining): the
-// product S_{j+1} = Q K_{j+1}^T and O += P_j V_j are issued together, the softmax of S_{j+1} runs while O += P_j V_j
-// is still on the tensor cores, and O is rescaled once that product is done. A stage's K is released as soon as its
-// S is computed and its V after its P V (empty_k / empty_v), so the producer refills K a whole iteration early.
 #include "flash_attention.cuh"
 #include "wgmma.cuh"
 
-template <typename T, int D, int BN, int NWG, int STAGES, int MASK, int PIPE>
+template <typename T, int D, int BN, int NWG, int STAGES, int MASK>
 __global__ void __launch_bounds__(NWG * 128 + 128, 1)
 flash_attn_fwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
                     float* __restrict__ lse, const void* __restrict__ mask, int H, int Lq, int Lk, int d,
@@ -37,14 +33,13 @@ flash_attn_fwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
     constexpr unsigned Q_BYTES = BM * D * 2, KV_BYTES = BN * D * 2;
 
     extern __shared__ unsigned char fa_smem[];
-    __shared__ __align__(8) unsigned long long bars[4 * STAGES];  // full_k[S], full_v[S], empty_k[S], empty_v[S]
+    __shared__ __align__(8) unsigned long long bars[3 * STAGES];  // full_k[S], full_v[S], empty[S]
     const unsigned base = (fa_smem_addr(fa_smem) + 1023u) & ~1023u;
     const unsigned sQ = base, sK = sQ + Q_BYTES, sV = sK + STAGES * KV_BYTES;
     const unsigned bar0 = fa_smem_addr(bars);
     auto full_k = [&](int s) { return bar0 + 8u * s; };
     auto full_v = [&](int s) { return bar0 + 8u * (STAGES + s); };
-    auto empty_k = [&](int s) { return bar0 + 8u * (2 * STAGES + s); };
-    auto empty_v = [&](int s) { return bar0 + 8u * (3 * STAGES + s); };
+    auto empty = [&](int s) { return bar0 + 8u * (2 * STAGES + s); };
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int m_block = gridDim.x - 1 - blockIdx.x;  // under a causal mask the longest blocks start first
@@ -61,8 +56,7 @@ flash_attn_fwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(full_k(s), 32);
             mbar_init(full_v(s), 32);
-            mbar_init(empty_k(s), NWG * 4);
-            mbar_init(empty_v(s), NWG * 4);
+            mbar_init(empty(s), NWG * 4);
         }
     }
     __syncthreads();
@@ -78,7 +72,7 @@ flash_attn_fwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
             const unsigned dst = pw == 0 ? sK : sV;
             for (int it = 0; it < n_blocks; ++it) {
                 const int n0 = (n_blocks - 1 - it) * BN, s = it % STAGES;
-                if (it >= STAGES) mbar_wait(pw == 0 ? empty_k(s) : empty_v(s), ((it / STAGES) - 1) & 1);
+                if (it >= STAGES) mbar_wait(empty(s), ((it / STAGES) - 1) & 1);
                 fa_load_slabs<BN, SLABS>(dst + s * KV_BYTES, src + (fa_i64)n0 * ld, ld, Lk - n0, d, lane);
                 mbar_cp_async_arrive(pw == 0 ? full_k(s) : full_v(s));
             }
@@ -114,162 +108,82 @@ flash_attn_fwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
         for (int e = 0; e < 4; ++e) acc_o[j][e] = 0.f;
     float row_m[2] = {FA_NEG_INF, FA_NEG_INF}, row_l[2] = {0.f, 0.f};
 
-    constexpr int KT = BN / 16;  // k16 steps of P V
-    // Waits for key tile `it`'s K (V) in shared memory.
-    auto wait_k = [&](int it) { mbar_wait(full_k(it % STAGES), (it / STAGES) & 1); };
-    auto wait_v = [&](int it) { mbar_wait(full_v(it % STAGES), (it / STAGES) & 1); };
-    // S = Q K^T / O += P V for key tile `it`, issued (one commit group each). Before the first issue the callers
-    // wait for the tiles, fence, then pin the accumulators: a loop, or an asm that "defines" a wgmma's registers,
-    // between the fence and the products (or while one is in flight) makes ptxas serialize the wgmmas.
-    auto issue_qk = [&](int it) {
-        wg_gemm_kmajor<T, BN, D>(s_acc, sQ + wg * 64 * 128, BM, sK + (it % STAGES) * KV_BYTES, BN);
+    for (int it = 0; it < n_blocks; ++it) {
+        const int n0 = (n_blocks - 1 - it) * BN, s = it % STAGES;
+        const unsigned phase = (it / STAGES) & 1;
+
+        // S = Q K^T
+        mbar_wait(full_k(s), phase);
+        fence_proxy_async();
+        wg_fence();
+        wg_pin(s_acc);
+        wg_gemm_kmajor<T, BN, D>(s_acc, sQ + wg * 64 * 128, BM, sK + s * KV_BYTES, BN);
         wg_commit();
-    };
-    auto issue_pv = [&](int it, fa_u32 (&pa)[KT][4]) {
-        const int s = it % STAGES;
+        wg_wait<0>();
+        wg_pin(s_acc);
+
+        // mask: key padding, causal, user mask (uniform per warp)
+        if (MASK != FA_MASK_NONE || n0 + BN > Lk || (causal && n0 + BN - 1 > wrow)) {
 #pragma unroll
-        for (int kk = 0; kk < KT; ++kk)
-            Wg<T, D>::template rs<1>(acc_o, pa[kk], wg_desc(sV + s * KV_BYTES + kk * 16 * 128, BN * 128), 1);
-        wg_commit();
-    };
-    // the finished S of key tile `it`: mask, online softmax (running max and sum), P packed into `pa`; `corr` is
-    // the factor the running O must be rescaled by. S is only read (masked values are recomputed where needed):
-    // writing the accumulator registers while the P V product is in flight would serialize the wgmmas.
-    auto softmax = [&](int it, fa_u32 (&pa)[KT][4], float (&corr)[2]) {
-        const int n0 = (n_blocks - 1 - it) * BN;
-        const bool need_mask = MASK != FA_MASK_NONE || n0 + BN > Lk || (causal && n0 + BN - 1 > wrow);
-        auto sv = [&](int nt, int e) {
-            float x = s_acc[nt][e];
-            if (need_mask) {
-                const int row = wrow + g + (e >> 1) * 8;
-                const int col = n0 + nt * 8 + t4 * 2 + (e & 1);
-                float add;
-                const bool keep = fa_keep<MASK>(row, col, Lq, Lk, causal, mask, moff, m_sq, m_sk, add);
-                if (PRESCALED) x = fmaf(x, scale_log2, add);
-                x = keep ? x : FA_NEG_INF;
-            }
-            return x;
-        };
-        float ms[2];
+            for (int nt = 0; nt < NTS; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int row = wrow + g + (e >> 1) * 8;
+                    const int col = n0 + nt * 8 + t4 * 2 + (e & 1);
+                    float add;
+                    const bool keep = fa_keep<MASK>(row, col, Lq, Lk, causal, mask, moff, m_sq, m_sk, add);
+                    float x = s_acc[nt][e];
+                    if (PRESCALED) x = fmaf(x, scale_log2, add);
+                    s_acc[nt][e] = keep ? x : FA_NEG_INF;
+                }
+        }
+
+        // online softmax: rescale the running output, P = exp2(S - rowmax)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             float mx = FA_NEG_INF;
 #pragma unroll
-            for (int nt = 0; nt < NTS; ++nt) mx = fmaxf(mx, fmaxf(sv(nt, 2 * hh), sv(nt, 2 * hh + 1)));
+            for (int nt = 0; nt < NTS; ++nt) mx = fmaxf(mx, fmaxf(s_acc[nt][2 * hh], s_acc[nt][2 * hh + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float m_new = fmaxf(row_m[hh], mx);
-            ms[hh] = m_new == FA_NEG_INF ? 0.f : m_new * sl2;
-            corr[hh] = fa_exp2(row_m[hh] * sl2 - ms[hh]);
+            const float ms = m_new == FA_NEG_INF ? 0.f : m_new * sl2;
+            const float corr = fa_exp2(row_m[hh] * sl2 - ms);
             row_m[hh] = m_new;
-            row_l[hh] *= corr[hh];
-        }
+            float l = row_l[hh] * corr;
 #pragma unroll
-        for (int kk = 0; kk < KT; ++kk) {
-            float p[2][4];
+            for (int dt = 0; dt < NTO; ++dt) acc_o[dt][2 * hh] *= corr, acc_o[dt][2 * hh + 1] *= corr;
 #pragma unroll
-            for (int h2 = 0; h2 < 2; ++h2)
+            for (int nt = 0; nt < NTS; ++nt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    p[h2][e] = fa_exp2(fmaf(sv(2 * kk + h2, e), sl2, -ms[e >> 1]));
-                    row_l[e >> 1] += p[h2][e];
+                for (int e = 0; e < 2; ++e) {
+                    const float p = fa_exp2(fmaf(s_acc[nt][2 * hh + e], sl2, -ms));
+                    s_acc[nt][2 * hh + e] = p;
+                    l += p;
                 }
-            pa[kk][0] = FaType<T>::pack(p[0][0], p[0][1]);
-            pa[kk][1] = FaType<T>::pack(p[0][2], p[0][3]);
-            pa[kk][2] = FaType<T>::pack(p[1][0], p[1][1]);
-            pa[kk][3] = FaType<T>::pack(p[1][2], p[1][3]);
+            row_l[hh] = l;
         }
-    };
-    auto rescale = [&](const float (&corr)[2]) {
+        fa_u32 pa[BN / 16][4];
 #pragma unroll
-        for (int dt = 0; dt < NTO; ++dt) {
-            acc_o[dt][0] *= corr[0], acc_o[dt][1] *= corr[0];
-            acc_o[dt][2] *= corr[1], acc_o[dt][3] *= corr[1];
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            pa[kk][0] = FaType<T>::pack(s_acc[2 * kk][0], s_acc[2 * kk][1]);
+            pa[kk][1] = FaType<T>::pack(s_acc[2 * kk][2], s_acc[2 * kk][3]);
+            pa[kk][2] = FaType<T>::pack(s_acc[2 * kk + 1][0], s_acc[2 * kk + 1][1]);
+            pa[kk][3] = FaType<T>::pack(s_acc[2 * kk + 1][2], s_acc[2 * kk + 1][3]);
         }
-    };
-    auto release = [&](unsigned bar) {
-        if (lane == 0) mbar_arrive(bar);
-    };
 
-    fa_u32 pa[KT][4];
-    float corr[2];
-    if (!PIPE) {
-        for (int it = 0; it < n_blocks; ++it) {
-            wait_k(it);
-            fence_proxy_async();
-            wg_fence();
-            wg_pin(s_acc);
-            issue_qk(it);
-            wg_wait<0>();
-            wg_pin(s_acc);
-            release(empty_k(it % STAGES));
-            softmax(it, pa, corr);
-            rescale(corr);
-            wait_v(it);
-            fence_proxy_async();
-            wg_fence();
-            wg_pin(acc_o);
-            issue_pv(it, pa);
-            wg_wait<0>();
-            wg_pin(acc_o);
-            wg_pin(pa);
-            release(empty_v(it % STAGES));
-        }
-    } else if (n_blocks > 0) {
-        wait_k(0);
+        // O += P V
+        mbar_wait(full_v(s), phase);
         fence_proxy_async();
         wg_fence();
-        wg_pin(s_acc);
-        issue_qk(0);
+        wg_pin(acc_o);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+            Wg<T, D>::template rs<1>(acc_o, pa[kk], wg_desc(sV + s * KV_BYTES + kk * 16 * 128, BN * 128), 1);
+        wg_commit();
         wg_wait<0>();
-        wg_pin(s_acc);
-        release(empty_k(0));
-        softmax(0, pa, corr);  // O is still zero: nothing to rescale
-        // one step: S of tile it and P V of tile it - 1 (P in `cur`) in flight together, the softmax of tile it
-        // into `nxt` while P V runs. Unrolled by two so that P's registers alternate without a copy (a copy into
-        // registers a later wgmma reads makes ptxas serialize the wgmmas).
-        fa_u32 pn[KT][4];
-        auto step = [&](int it, fa_u32 (&cur)[KT][4], fa_u32 (&nxt)[KT][4]) {
-            wait_k(it);
-            wait_v(it - 1);
-            fence_proxy_async();
-            wg_fence();
-            wg_pin(s_acc);
-            wg_pin(acc_o);
-            issue_qk(it);
-            issue_pv(it - 1, cur);
-            wg_wait<1>();  // S of tile it is done; P V of tile it - 1 may still run
-            wg_use(s_acc);
-            release(empty_k(it % STAGES));
-            softmax(it, nxt, corr);
-            wg_wait<0>();
-            wg_pin(acc_o);
-            wg_pin(cur);
-            release(empty_v((it - 1) % STAGES));
-            rescale(corr);
-        };
-        auto last = [&](int it, fa_u32 (&cur)[KT][4]) {
-            wait_v(it);
-            fence_proxy_async();
-            wg_fence();
-            wg_pin(acc_o);
-            issue_pv(it, cur);
-            wg_wait<0>();
-            wg_pin(acc_o);
-            wg_pin(cur);
-            release(empty_v(it % STAGES));
-        };
-        int it = 1;
-        for (; it + 1 < n_blocks; it += 2) {
-            step(it, pa, pn);
-            step(it + 1, pn, pa);
-        }
-        if (it < n_blocks) {
-            step(it, pa, pn);
-            last(n_blocks - 1, pn);
-        } else {
-            last(n_blocks - 1, pa);
-        }
+        wg_pin(acc_o);
+        if (lane == 0) mbar_arrive(empty(s));
     }
 
     // O /= rowsum; logsumexp

@@ -17,23 +17,6 @@ __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.
 
 // Pins accumulator registers at this point of the program (the compiler must not move their reads or writes across
 // an issued-but-unfinished wgmma).
-// Orders a use of accumulator registers after this point without "defining" them (a pin does): for reading one
-// group's results while a later group is still in flight.
-template <int NT>
-__device__ __forceinline__ void wg_use(float (&acc)[NT][4]) {
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) asm volatile("" ::"f"(acc[j][e]) : "memory");
-}
-// ... and register A operands (packed halves) of an issued wgmma: their registers must not be reused before it ends.
-template <int NT>
-__device__ __forceinline__ void wg_pin(unsigned (&a)[NT][4]) {
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[j][e])::"memory");
-}
 template <int NT>
 __device__ __forceinline__ void wg_pin(float (&acc)[NT][4]) {
 #pragma unroll

@@ -24,7 +24,9 @@ Block stacks opt in through an attribute, the way PyTorch/diffusers models do:
 Limitations (as PyTorch's reentrant checkpoint): the region's gradients flow through `backward()`; with
 `autograd.grad(outputs, inputs)` the parameters inside a region are not reported and get `.grad` instead; no
 double backward (create_graph=True) through a region; tensors nested inside lists/dicts of arguments are treated
-as constants. `offload` applies to cuda tensors (cpu tensors already live in host memory).
+as constants. `offload=True` applies to cuda tensors (cpu tensors already live in host memory); `offload` may also
+be an object with `pack(tensors)` / `unpack(packed)` that keeps the inputs itself (flame_nn.offload's activation
+offload: pinned buffers and a copy stream).
 """
 import collections
 import sys
@@ -118,6 +120,12 @@ class _Offloaded:
             _in_flight.append((event, host))
 
 
+def _is_hooks(offload):
+    """An `offload` object that keeps the region's tensor inputs itself: `pack(tensors) -> packed` in forward,
+    `unpack(packed) -> tensors` in backward (PyTorch's saved-tensor hooks, for the region's inputs)."""
+    return hasattr(offload, "pack") and hasattr(offload, "unpack")
+
+
 # ----------------------------------------------------------------------------- the recompute Function
 def _as_outputs(out):
     if isinstance(out, Tensor):
@@ -136,7 +144,8 @@ class CheckpointFunction(Function):
     def run(cls, function, args, kwargs, preserve_rng_state=True, offload=False):
         """`function(*args, **kwargs)` as one checkpointed region recorded as this class's node, whatever the grad
         mode (`checkpoint` is the call that falls back to a plain one without grad)."""
-        return cls.apply(_dummy(), function, len(args), tuple(kwargs), bool(preserve_rng_state), bool(offload),
+        offload = offload if _is_hooks(offload) else bool(offload)
+        return cls.apply(_dummy(), function, len(args), tuple(kwargs), bool(preserve_rng_state), offload,
                          *args, *kwargs.values())
 
     @staticmethod
@@ -149,8 +158,10 @@ class CheckpointFunction(Function):
         ctx.constants = [None if isinstance(a, Tensor) else a for a in flat]
         ctx.rng = _get_rng(_rng_devices(tensors)) if preserve_rng else None
         ctx.amp = _amp.get_autocast_state()
-        ctx.offloaded = None
-        if offload and any(backend.is_cuda_array(t._data) for t in tensors):
+        ctx.offloaded = ctx.packed = None
+        if _is_hooks(offload):  # the caller keeps the inputs (flame_nn's activation offload)
+            ctx.hooks, ctx.packed = offload, offload.pack(tensors)
+        elif offload and any(backend.is_cuda_array(t._data) for t in tensors):
             ctx.offloaded = [(_Offloaded(t._data) if backend.is_cuda_array(t._data) else t.detach())
                              for t in tensors]
         else:
@@ -170,7 +181,10 @@ class CheckpointFunction(Function):
         if _grad_state.enabled:
             raise AutogradError("checkpoint: backward with create_graph=True (double backward) through a "
                                 "checkpointed region is not supported; call the function without checkpoint")
-        if ctx.offloaded is not None:
+        if ctx.packed is not None:
+            saved = ctx.hooks.unpack(ctx.packed)
+            ctx.packed = None
+        elif ctx.offloaded is not None:
             saved = [_wrap(o.restore()) if isinstance(o, _Offloaded) else o for o in ctx.offloaded]
         else:
             saved = ctx.saved_tensors

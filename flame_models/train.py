@@ -98,6 +98,8 @@ def parser():
                                                      "config's model.arch, else flux)")
     add("--control", metavar="FOLDER", help="Flux Kontext: control (source) images with the same names as --data's "
                                            "targets (datasets' control_path; default: none)")
+    add("--mask", metavar="FOLDER", help="loss masks with the same names as --data's images: white pixels train, black "
+                                        "ones do not (datasets' mask_path; default: none)")
     add("--data", metavar="FOLDER", help="folder of images with same-name .txt captions, or of precomputed samples "
                                          "(default: none; the demo: drawn images)")
     add("--validation", metavar="FOLDER", help="held-out images with captions: their loss at fixed timesteps and "
@@ -159,6 +161,10 @@ def build_config(a):
     device = a.device or ("cuda" if flame.cuda_is_available() else "cpu")
     demo = not (a.config or a.model or a.data)
     notes = []
+    if a.control is not None and not a.data:   # (before the demo builds its inputs)
+        raise ConfigError("--control: give the target images' folder too (--data)")
+    if a.mask is not None and not a.data:
+        raise ConfigError("--mask: give the images' folder too (--data)")
     if demo and a.arch is not None:
         raise ConfigError(f"--arch {a.arch}: give --model (or --config); the no-argument demo trains the tiny Flux")
     if a.config:
@@ -190,10 +196,10 @@ def build_config(a):
             entry["resolution"] = a.resolution
         if a.control is not None:
             entry["control_path"] = a.control
+        if a.mask is not None:
+            entry["mask_path"] = a.mask
         proc["datasets"] = [entry]
         proc.pop("synthetic", None)
-    elif a.control is not None:
-        raise ConfigError("--control: give the target images' folder too (--data)")
     elif a.resolution is not None:
         if not (isinstance(proc.get("datasets"), list) and proc["datasets"]):
             raise ConfigError("--resolution: needs an image dataset (--data or the config's datasets)")
@@ -304,7 +310,7 @@ def main(argv=None):
     if trainer.dist.rank != 0:   # under a launcher: rank 0 wrote the files and reports them
         return 0
     losses = result["losses"]
-    print("\nwrote:")
+    print("\nalready finished before this run; its files:" if result.get("finished_before") else "\nwrote:")
     print(f"  LoRA       {result['lora']}  ({cfg.save.format} layout)")
     if "samples" in result:
         how = ("decoded through the VAE; one PNG per prompt and step in samples/" if result.get("samples_decoded")

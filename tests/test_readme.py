@@ -23,15 +23,15 @@ def test_readme_snippet_runs(i, capsys):
     assert capsys.readouterr().out  # every snippet prints what it shows
 
 
-def _training_commands():
-    """The README's training command lines: their arguments after the command."""
+def _training_commands(starts=(("-m", "flame_models.train"), ("examples/train_flux_lora.py",))):
+    """The README's command lines that run one of `starts`: their arguments after the command."""
     import shlex
     with open(README, encoding="utf-8") as f:
         blocks = re.findall(r"```bash\n(.*?)```", f.read(), re.S)
     out = []
     for line in "\n".join(blocks).replace("\\\n", " ").splitlines():
         words = shlex.split(line, comments=True)
-        for start in (("-m", "flame_models.train"), ("examples/train_flux_lora.py",)):
+        for start in starts:
             for i in range(len(words) - len(start) + 1):
                 if tuple(words[i:i + len(start)]) == start:
                     out.append(words[i + len(start):])
@@ -65,3 +65,28 @@ def test_the_readme_states_what_the_samples_grid_and_a_run_without_model_are():
     assert "a first `data` column shows each caption's training image" in text
     assert "Without `--model`" in text and "tiny RANDOM one" in text and "`sd3.5-tiny` (`--arch sd3`)" in text
     assert "edit its paths to yours" in text
+    # the SDXL LoRA sentence agrees with the text-encoder training above it (it said such files were refused)
+    assert "refused for now" not in text and "SDXL also trains the text encoders' LoRA" in text
+    assert "the trainer's UNet-only file and one with text-encoder parts both apply" in text
+
+
+def test_the_readmes_generate_examples_read_the_lora_where_its_training_command_writes_it(monkeypatch):
+    # before: the README generated with output/my_lora/my_lora.safetensors; the trainer writes runs/flux_lora/...
+    from flame_models import train
+    from flame_models.training import config as config_module
+    monkeypatch.setattr(train, "config_from_dict", lambda d, src: config_module.config_from_dict(d, src, False))
+    written = {}   # the model a README training command trains -> the LoRA it writes
+    for args in _training_commands():
+        a = train.parser().parse_args(args)
+        if a.model and not a.config:
+            cfg = train.build_config(a)[0]
+            written[a.model] = os.path.join(cfg.output_dir, f"{cfg.name}.safetensors")
+    checked = 0
+    for args in _training_commands(starts=(("-m", "flame_models.generate"),)):
+        model = args[args.index("--model") + 1]
+        loras = [args[i + 1].rsplit(":", 1)[0] if re.search(r":[\d.]+$", args[i + 1]) else args[i + 1]
+                 for i, w in enumerate(args) if w == "--lora"]
+        if model in written:
+            assert loras and all(p == os.path.relpath(written[model]) for p in loras), (loras, written[model])
+            checked += 1
+    assert written and checked >= 2

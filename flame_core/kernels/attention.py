@@ -42,12 +42,6 @@ _FWD_CTAS_PER_SM = {(64, 128): 2, (64, 64): 4, (128, 128): 2, (128, 64): 3}  # (
 # stages); a CTA holds 64 query rows per warpgroup. SM90_FWD = False keeps every call on the sm_80 kernels (A/B).
 FWD_SM90_TILES = {64: (128, 2, 3), 128: (128, 2, 2)}
 SM90_FWD = True
-# The Hopper forward overlaps a warpgroup's softmax with its own P V product (FA3's intra-warpgroup pipelining) at the
-# head dims of FWD_SM90_PIPE_DIMS when there is no mask (the masked variants spill). H200, bf16: SD3.5 1024² (D 64)
-# 0.866 -> 0.771 ms, SDXL self 0.416 -> 0.373; at D 128 (Flux) 0.755 -> 0.946, slower: S, O and two P register sets
-# exceed the consumers' registers there. False: softmax and products in sequence everywhere (A/B).
-SM90_FWD_PIPE = True
-FWD_SM90_PIPE_DIMS = (64,)
 SMALL_LK = 128  # at most this many keys (one key block, e.g. SDXL's 77 text tokens) the forward runs the sm_80
 # kernel's small tiles: 4 CTAs per SM beat the Hopper kernel's one (GPU time 0.019 vs 0.024 ms at SDXL cross, H100)
 # Hopper backward, cuda_src/flash_attention_bwd_sm90.cu: (consumer warpgroups, stages, BM) per padded head dim; a
@@ -270,7 +264,7 @@ _F32 = np.dtype(np.float32)
 def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
     if mask is None:  # the repeated call: one dict lookup, two allocations, one packed launch
         key = (q.shape, q.strides, k.shape, k.strides, v.shape, v.strides, q.dtype, is_causal, scale,
-               q.data.device_id, SM90_FWD, SM90_FWD_PIPE, FWD_SM90_PIPE_DIMS, tiles, threading.get_ident())
+               q.data.device_id, SM90_FWD, tiles, threading.get_ident())
         plan = _fwd_plans.get(key)
         if plan is not None:
             qp, kp, vp = q.data.ptr, k.data.ptr, v.data.ptr
@@ -296,11 +290,9 @@ def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
     if _use_sm90(D, tiles, Lk):
         BN, NWG, STAGES = tiles or FWD_SM90_TILES[D]
         BM = 64 * NWG
-        pipe = int(SM90_FWD_PIPE and kind == 0 and D in FWD_SM90_PIPE_DIMS)
         smem = 1024 + (BM + 2 * STAGES * BN) * D * 2
         fn = _kernel("flash_attention_fwd_sm90",
-                     f"flash_attn_fwd_sm90<{{T}}, {D}, {BN}, {NWG}, {STAGES}, {kind}, {pipe}>",
-                     q.dtype, smem)
+                     f"flash_attn_fwd_sm90<{{T}}, {D}, {BN}, {NWG}, {STAGES}, {kind}>", q.dtype, smem)
         block = ((NWG + 1) * 128, 1, 1)
     else:
         BM, BN, NW, OPT = tiles or _fwd_tiles(D, B, H, Lq, mask is not None, Lk)

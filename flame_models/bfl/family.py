@@ -93,6 +93,9 @@ class FluxFamily(FlowMatchingFamily):
     def image_seq_len(self, x0):
         return x0.shape[1]
 
+    def loss_mask(self, mask, x0):
+        return flux_sampling.pack_mask(mask, self.latent_channels, x0.device)
+
     def forward(self, model, x_t, t, cond):
         return model(img=x_t, img_ids=cond["img_ids"], txt=cond["txt"], txt_ids=cond["txt_ids"], timesteps=t,
                      y=cond["y"], guidance=cond.get("guidance"))

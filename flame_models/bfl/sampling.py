@@ -28,6 +28,15 @@ def pack(z):
     return x.reshape(B, h * w, C * 4)
 
 
+def pack_mask(mask, channels, device):
+    """Loss masks (B, 1, h, w) on the latent grid (numpy) -> (B, h/2 * w/2, 4·channels) in `pack`'s layout: each
+    latent element's weight is its pixel's."""
+    import numpy as np
+    B, _, h, w = mask.shape
+    full = np.ascontiguousarray(np.broadcast_to(np.asarray(mask, np.float32), (B, channels, h, w)))
+    return pack(flame.tensor(full, device=device))
+
+
 def unpack(x, height, width):
     """Inverse of `pack`: tokens (B, L, 4C) of an image of height x width pixels -> latents (B, C, H/8, W/8)."""
     _check_size(height, width)

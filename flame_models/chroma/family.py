@@ -10,7 +10,7 @@ import flame_core as flame
 import flame_nn
 
 from ..bfl import vae as flux_vae
-from ..bfl.sampling import LATENT_SCALE, LATENT_SHIFT, image_ids, pack, text_ids
+from ..bfl.sampling import LATENT_SCALE, LATENT_SHIFT, image_ids, pack, pack_mask, text_ids
 from ..training.family import DDPM_FIELDS, FLOW_FIELDS
 from ..training.family_base import FlowMatchingFamily
 from . import family_parts as chroma_parts
@@ -99,6 +99,9 @@ class ChromaFamily(FlowMatchingFamily):
 
     def image_seq_len(self, x0):
         return x0.shape[1]
+
+    def loss_mask(self, mask, x0):
+        return pack_mask(mask, self.latent_channels, x0.device)
 
     def forward(self, model, x_t, t, cond):
         return model(x_t, cond["img_ids"], cond["txt"], cond["txt_ids"], t, txt_mask=cond["txt_mask"])

@@ -191,12 +191,13 @@ class LatentCache:
         return _digest({"encoder": self.encoder_id, "image": spec.sha256, "params": spec.params()})
 
     def missing(self, specs):
-        """The specs (one per distinct key) that have no cached entry."""
+        """The specs (one per distinct key and cache folder) that have no cached entry. The same image in two
+        datasets has one key but an entry in each dataset's folder (or in memory)."""
         seen, out = set(), []
         for s in specs:
             k = self.key(s)
-            if k not in seen:
-                seen.add(k)
+            if (s.folder, k) not in seen:
+                seen.add((s.folder, k))
                 if not self._store(s.folder).has(k):
                     out.append(s)
         return out

@@ -38,6 +38,18 @@ class DatasetConfig:
     max_pixels: int = MAX_PIXELS         # FLAME: width x height above this is refused before decoding (bomb guard)
     control_path: str = None             # ai-toolkit: a folder of control (source) images, one per image of
                                          # folder_path with the same name (Flux Kontext's edit pairs)
+    # loss masks (ai-toolkit's names; masks.py): the loss of each latent pixel is weighted by the mask there
+    mask_path: str = None                # a folder of grayscale masks, one per image with the same name (white:
+                                         # full weight, black: mask_min_value); an image without one: weight 1
+    alpha_mask: bool = False             # the image's own alpha channel is its mask (kohya's alpha_mask too)
+    invert_mask: bool = False            # weight by 1 - mask
+    mask_min_value: float = 0.0          # mask values [0, 1] map to weights [mask_min_value, 1]
+    is_reg: bool = False                 # ai-toolkit: regularisation (prior-preservation) images, drawn in their
+                                         # own batches at train.reg_ratio, their loss scaled by train.reg_weight
+
+# the fields added after runs were first saved: at their defaults they leave a run's fingerprint as it was
+LATER_FIELDS = {"control_path": None, "mask_path": None, "alpha_mask": False, "invert_mask": False,
+                "mask_min_value": 0.0, "is_reg": False}
 
 
 def resolutions(cfg):
@@ -66,7 +78,7 @@ def validate_dataset_config(cfg, path_prefix="datasets[0]", check_files=True):
     With `check_files`, also that the folder exists and holds at least one image (cheap: a directory walk)."""
     e, p = [], path_prefix
     for name in ("shuffle_tokens", "random_crop", "flip_x", "flip_y", "allow_upscale", "cache_latents_to_disk",
-                 "shuffle"):
+                 "shuffle", "alpha_mask", "invert_mask", "is_reg"):
         if not isinstance(getattr(cfg, name), bool):
             e.append(f"{p}.{name}: expected true or false, got {getattr(cfg, name)!r}")
     for name in ("caption_ext", "caption_separator"):
@@ -115,6 +127,8 @@ def validate_dataset_config(cfg, path_prefix="datasets[0]", check_files=True):
     elif cp is not None and check_files and not os.path.isdir(cp):
         e.append(f"{p}.control_path: no such folder: {cp}")
 
+    e += _mask_problems(cfg, p, check_files)
+
     fp = cfg.folder_path
     if not fp or not isinstance(fp, str):
         e.append(f"{p}.folder_path: required (a folder of images with same-name caption files)")
@@ -123,6 +137,25 @@ def validate_dataset_config(cfg, path_prefix="datasets[0]", check_files=True):
             e.append(f"{p}.folder_path: no such folder: {fp}")
         elif not _has_image(fp):
             e.append(f"{p}.folder_path: {fp} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
+    return e
+
+
+def _mask_problems(cfg, p, check_files):
+    e, mp = [], cfg.mask_path
+    if mp is not None and (not isinstance(mp, str) or not mp):
+        e.append(f"{p}.mask_path: a folder of mask images, got {mp!r}")
+    elif mp is not None and check_files and not os.path.isdir(mp):
+        e.append(f"{p}.mask_path: no such folder: {mp}")
+    if mp is not None and cfg.alpha_mask is True:
+        e.append(f"{p}.alpha_mask: given together with mask_path; the mask comes from one of them")
+    masked = mp is not None or cfg.alpha_mask is True
+    v = cfg.mask_min_value
+    if not _is_number(v) or not 0 <= v < 1:
+        e.append(f"{p}.mask_min_value: a weight in [0, 1) for the mask's black, got {v!r}")
+    elif v and not masked:
+        e.append(f"{p}.mask_min_value: {v} but the dataset has no masks (give mask_path or alpha_mask: true)")
+    if cfg.invert_mask is True and not masked:
+        e.append(f"{p}.invert_mask: true but the dataset has no masks (give mask_path or alpha_mask: true)")
     return e
 
 

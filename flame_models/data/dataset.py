@@ -21,6 +21,10 @@ control_path with the same relative name (any image extension); it is placed in 
 resize, crop and flip when it has the target's size (as diffusers' paired transform), else cover-resized to the
 bucket and centred, and cached beside its target (`control_spec`). A missing or unreadable control image is an
 error naming it.
+
+Loss masks (`mask_path` / `alpha_mask`, ai-toolkit's names: masks.py) follow their image's placement and flips
+(`mask_spec`); an image without a mask file trains with weight 1 (a warning names it). Regularisation images
+(`is_reg: true`) are samples like the others, flagged (`is_reg(i)`); the loader draws them in their own batches.
 """
 import copy
 import hashlib
@@ -34,8 +38,9 @@ import numpy as np
 from . import images as I
 from .buckets import Bucket, closest_bucket, make_buckets, place
 from .captions import CaptionRule, caption_path, read_caption, stable_seed
-from .config import CACHE_FOLDER, caption_extension, resolutions, validate_dataset_config
+from .config import CACHE_FOLDER, LATER_FIELDS, caption_extension, resolutions, validate_dataset_config
 from .errors import DataError
+from .masks import MaskSpec, find_mask
 from .walk import link_problem
 
 PREPROCESS_VERSION = 1        # bump when the pixels a placement produces change (resize filter, background, ...)
@@ -119,14 +124,19 @@ class ImageDataset:
         problems = []
         for i, c in enumerate(self.configs):
             problems += validate_dataset_config(c, f"datasets[{i}]")
+        if all(c.is_reg is True for c in self.configs):
+            problems.append("datasets: every dataset is is_reg: true; regularisation images go beside the images "
+                            "being trained (give at least one dataset without is_reg)")
         if problems:
             raise DataError(f"{len(problems)} problem(s) in the datasets:" + _listing(problems))
         self.rules = [CaptionRule(c, seed, trigger_word) for c in self.configs]
         roots = [None if not c.cache_latents_to_disk else (cache_dir or os.path.join(c.folder_path, CACHE_FOLDER))
                  for c in self.configs]
         self.latent_folders = [r and os.path.join(r, "latents") for r in roots]
+        self.mask_folders = [r and os.path.join(r, "masks") for r in roots]
         self.records, self.raw_captions, self.record_config = [], [], []
         self.controls = []        # per record: the control image's ImageRecord, or None
+        self.masks = []           # per record: the mask file's ImageRecord (mask_path), or None
         problems = self._scan(progress, roots)
         self.samples = []
         problems += self._place()
@@ -159,7 +169,7 @@ class ImageDataset:
                                    f"default_caption for the folder)")
         # images whose folder may hold a cache (cache_latents_to_disk) keep their probes there between runs
         indexes = {r: I.ProbeIndex(os.path.join(r, "images.json")) for r in set(roots) if r is not None}
-        bad = []
+        bad, unmasked = [], {}
         for ci, path, cap in _progress(jobs, progress, "Checking images"):
             index = indexes.get(roots[ci])
             folder = self.configs[ci].folder_path
@@ -185,10 +195,24 @@ class ImageDataset:
                 except DataError as ex:
                     bad.append(str(ex))
                     continue
+            mask = None
+            if self.configs[ci].mask_path is not None:
+                try:
+                    mask = find_mask(rec, self.configs[ci].mask_path, self.configs[ci].max_pixels)
+                except DataError as ex:
+                    bad.append(str(ex))
+                    continue
+                if mask is None:
+                    unmasked.setdefault(ci, []).append(rec.relpath)
+            self.masks.append(mask)
             self.controls.append(control)
             self.records.append(rec)
             self.raw_captions.append(text)
             self.record_config.append(ci)
+        for ci, names in sorted(unmasked.items()):  # ai-toolkit's rule: no mask file, no mask
+            shown = ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
+            self.warnings.append(f"datasets[{ci}].mask_path: {len(names)} image(s) have no mask in "
+                                 f"{self.configs[ci].mask_path} and train with weight 1 everywhere: {shown}")
         for index in indexes.values():
             try:
                 index.save()
@@ -248,6 +272,7 @@ class ImageDataset:
         out.raw_captions = [self.raw_captions[i] for i in records]
         out.record_config = [self.record_config[i] for i in records]
         out.controls = [self.controls[i] for i in records]
+        out.masks = [self.masks[i] for i in records]
         out.warnings, out.samples, out._fingerprint = [], [], None
         problems = out._place()
         if problems:
@@ -331,6 +356,36 @@ class ImageDataset:
         return LatentSpec(ctl.path, ctl.sha256, p.bucket, p.resized, p.crop, s.flip_x, s.flip_y,
                           self.latent_folders[s.config], self.configs[s.config].max_pixels)
 
+    @property
+    def has_masks(self):
+        """Whether any dataset weights its loss by masks (mask_path or alpha_mask)."""
+        return any(c.mask_path is not None or c.alpha_mask for c in self.configs)
+
+    def mask_spec(self, i, factor=8):
+        """The MaskSpec of sample i at `factor` pixels per latent pixel (its image's placement and flips), or None
+        when it has no mask (weight 1)."""
+        s = self.samples[i]
+        c, rec = self.configs[s.config], self.records[s.record]
+        src = rec if c.alpha_mask else self.masks[s.record]
+        if src is None:
+            return None
+        p = s.placement
+        return MaskSpec(src.path, src.sha256, bool(c.alpha_mask), bool(c.invert_mask), float(c.mask_min_value),
+                        p.bucket, p.resized, p.crop, s.flip_x, s.flip_y, int(factor), self.mask_folders[s.config],
+                        c.max_pixels)
+
+    def mask_specs(self, factor=8):
+        """Every sample's MaskSpec (those with a mask)."""
+        return [m for m in (self.mask_spec(i, factor) for i in range(len(self))) if m is not None]
+
+    def is_reg(self, i):
+        """Whether sample i is a regularisation image (its dataset's is_reg)."""
+        return bool(self.configs[self.samples[i].config].is_reg)
+
+    @property
+    def has_reg(self):
+        return any(c.is_reg for c in self.configs)
+
     def latent_specs(self):
         """Every encoding to cache: each sample's image, then its control image (when it has one)."""
         targets = [self.latent_spec(i) for i in range(len(self))]
@@ -342,16 +397,18 @@ class ImageDataset:
         settings, different when anything that changes the batches changes."""
         if self._fingerprint is None:
             # (max_pixels refuses files but changes no batch: runs saved before it existed still resume)
-            # (nor does an absent control_path: the runs saved before control images existed resume too)
+            # (nor do the fields added later, at their defaults: the runs saved before them resume too)
             configs = [{k: v for k, v in asdict(c).items()
-                        if k != "max_pixels" and not (k == "control_path" and v is None)} for c in self.configs]
+                        if k != "max_pixels" and not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
+                       for c in self.configs]
             h = hashlib.sha256(json.dumps([self.seed, configs,
                                            [r.trigger for r in self.rules]], sort_keys=True).encode("utf-8"))
             for s in self.samples:
                 rec = self.records[s.record]
-                ctl = self.controls[s.record]
+                ctl, mask = self.controls[s.record], self.masks[s.record]
                 h.update(json.dumps([s.key, rec.sha256, list(s.bucket), list(s.placement.crop),
-                                     self.raw_captions[s.record]] + ([ctl.sha256] if ctl else [])).encode("utf-8"))
+                                     self.raw_captions[s.record]] + ([ctl.sha256] if ctl else [])
+                                    + (["mask", mask.sha256] if mask else [])).encode("utf-8"))
             self._fingerprint = h.hexdigest()[:16]
         return self._fingerprint
 
@@ -359,6 +416,9 @@ class ImageDataset:
         """Lines describing the images, samples and buckets (for the trainer's log)."""
         lines = [f"{len(self.records)} images, {len(self.samples)} samples per epoch in "
                  f"{len(self.buckets())} buckets"]
+        n_reg = sum(self.is_reg(i) for i in range(len(self)))
+        if n_reg:
+            lines[0] += f" ({n_reg} of the samples regularisation images, is_reg)"
         for b, idx in self.buckets().items():
             lines.append(f"  {b}: {len(idx)}")
         return lines

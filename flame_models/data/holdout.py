@@ -13,7 +13,8 @@ resolution of training.
 
 An evaluation set is read once per evaluation and the same way every time: `evaluation_config` keeps a folder's
 captions, trigger word, resolutions and buckets, and turns off what varies a sample between epochs or makes copies
-(caption dropout, tag shuffling, random crops, flips, repeats).
+(caption dropout, tag shuffling, random crops, flips, repeats), and reads no loss masks and no regularisation flag:
+the validation loss is the plain loss. Regularisation folders (is_reg) hold nothing out: they stay whole in training.
 """
 from dataclasses import replace
 
@@ -31,6 +32,9 @@ def split_records(dataset, fraction, seed):
         by_config.setdefault(ci, []).append(ri)
     train, held = [], []
     for ci, recs in sorted(by_config.items()):
+        if dataset.configs[ci].is_reg:    # regularisation images are not what the validation loss measures
+            train += recs
+            continue
         n = len(recs)
         k = max(1, round(fraction * n))
         if k >= n:
@@ -45,6 +49,7 @@ def split_records(dataset, fraction, seed):
 
 def evaluation_config(cfg, **fields):
     """A DatasetConfig read the same way at every evaluation: `cfg` (with `fields` replaced) without caption
-    dropout, tag shuffling, random crops, flips or repeats."""
+    dropout, tag shuffling, random crops, flips or repeats, and without loss masks or the regularisation flag."""
     return replace(cfg, **fields, caption_dropout_rate=0.0, shuffle_tokens=False, random_crop=False, flip_x=False,
-                   flip_y=False, num_repeats=1)
+                   flip_y=False, num_repeats=1, mask_path=None, alpha_mask=False, invert_mask=False,
+                   mask_min_value=0.0, is_reg=False)

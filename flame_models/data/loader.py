@@ -6,7 +6,9 @@ embeddings of the caption it draws that epoch, and the sizes SDXL's conditioning
     loader = BucketLoader(train, batch_size=2, shuffle=True, seed=42)
     batch = loader.next_batch()    # {"latents": (B, C, h, w), <embedding names>: (B, ...), "captions": [...],
                                    #  "original_size", "crop_coords", "target_size": (B, 2) int64, "indices", "epoch",
-                                   #  "control_latents": (B, C, h, w) when the datasets have control_path}
+                                   #  "control_latents": (B, C, h, w) when the datasets have control_path,
+                                   #  "loss_mask": (B, 1, h, w) float32 when they have masks (masks.py),
+                                   #  "is_reg": (B,) bool when they have regularisation images (reg_mix.py)}
 """
 import numpy as np
 
@@ -17,24 +19,41 @@ SIZE_KEYS = ("original_size", "crop_coords", "target_size")
 
 
 class TrainingDataset:
-    def __init__(self, dataset, latents, texts):
-        self.dataset, self.latents, self.texts = dataset, latents, texts
+    """`masks`: the MaskCache when the datasets have masks; `only`: the sample indices this view draws (None: all;
+    the regularisation mix draws its training and its regularisation samples through two views)."""
+
+    def __init__(self, dataset, latents, texts, masks=None, only=None):
+        self.dataset, self.latents, self.texts, self.masks = dataset, latents, texts, masks
+        self.only = None if only is None else frozenset(int(i) for i in only)
+        if getattr(dataset, "has_masks", False) and masks is None:
+            raise DataError("the datasets have masks (mask_path / alpha_mask): give TrainingDataset their MaskCache")
 
     def __len__(self):
-        return len(self.dataset)
+        return len(self.dataset) if self.only is None else len(self.only)
+
+    def subset(self, indices):
+        """A view drawing only the samples `indices` (the same caches)."""
+        return TrainingDataset(self.dataset, self.latents, self.texts, self.masks, indices)
 
     def buckets(self):
-        return self.dataset.buckets()
+        out = self.dataset.buckets()
+        if self.only is None:
+            return out
+        out = {b: [i for i in idx if i in self.only] for b, idx in out.items()}
+        return {b: idx for b, idx in out.items() if idx}
 
     def check(self, epochs):
         """DataError listing the cache entries that epochs `epochs` would need but that are missing."""
         epochs = list(epochs)
         lat = self.latents.missing(self.dataset.latent_specs())
         txt = self.texts.missing(self.dataset.prompts(epochs))
-        if lat or txt:
-            shown = [f"latents of {s.path} at {s.bucket}" for s in lat[:10]] + [f"text of {p!r}" for p in txt[:10]]
-            raise DataError(f"{len(lat)} latent and {len(txt)} text-embedding cache entries are missing (fill the "
-                            f"caches first):\n  " + "\n  ".join(shown))
+        masks = self.masks.missing(self.dataset.mask_specs(self.masks.factor)) if self.masks is not None else []
+        if lat or txt or masks:
+            shown = ([f"latents of {s.path} at {s.bucket}" for s in lat[:10]] + [f"text of {p!r}" for p in txt[:10]]
+                     + [f"mask {s.path} at {s.bucket}" for s in masks[:10]])
+            counts = (f"{len(lat)} latent, {len(txt)} text-embedding and {len(masks)} mask" if self.masks is not None
+                      else f"{len(lat)} latent and {len(txt)} text-embedding")
+            raise DataError(f"{counts} cache entries are missing (fill the caches first):\n  " + "\n  ".join(shown))
 
     def get(self, i, epoch):
         """One sample as it trains in `epoch`: latents (C, h, w), the caption's embeddings by name, the caption,
@@ -48,6 +67,13 @@ class TrainingDataset:
         control = d.control_spec(i) if d.has_controls else None
         if control is not None:                     # (Flux Kontext's edit pairs: control_path)
             item["control_latents"] = self.latents.load(control)
+        if self.masks is not None:                  # (loss masks: mask_path / alpha_mask)
+            spec = d.mask_spec(i, self.masks.factor)
+            lat = item["latents"]
+            item["loss_mask"] = (self.masks.load(spec) if spec is not None
+                                 else np.ones((1,) + tuple(np.shape(lat)[-2:]), np.float32))
+        if getattr(d, "has_reg", False):
+            item["is_reg"] = d.is_reg(i)
         item["caption"] = caption
         item["original_size"], item["crop_coords"], item["target_size"] = (d.original_size(i), d.crop_coords(i),
                                                                            d.target_size(i))
@@ -61,6 +87,9 @@ class TrainingDataset:
                 continue
             if k in SIZE_KEYS:
                 batch[k] = np.asarray([it[k] for it in items], dtype=np.int64)
+                continue
+            if k == "is_reg":
+                batch[k] = np.asarray([it[k] for it in items], dtype=bool)
                 continue
             shapes = {tuple(np.shape(it[k])) for it in items}
             if len(shapes) > 1:

@@ -91,6 +91,8 @@ def shard_loader(loader, rank, world_size):
     sharded already)."""
     if world_size == 1 or isinstance(loader, (ShardedLoader, ShardedBucketLoader)):
         return loader
+    if hasattr(loader, "map_loaders"):  # the regularisation mix: each of its streams sharded
+        return loader.map_loaders(lambda part: shard_loader(part, rank, world_size))
     if isinstance(loader, SampleLoader):
         return ShardedLoader(loader, rank, world_size)
     if hasattr(loader, "sampler") and hasattr(loader, "dataset"):

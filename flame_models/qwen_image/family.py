@@ -16,7 +16,7 @@ import numpy as np
 import flame_core as flame
 import flame_nn
 
-from ..bfl.sampling import pack
+from ..bfl.sampling import pack, pack_mask
 from ..training.family import DDPM_FIELDS, FLOW_FIELDS
 from ..training.family_base import FlowMatchingFamily
 from . import family_parts as qwen_parts
@@ -108,6 +108,9 @@ class QwenImageFamily(FlowMatchingFamily):
 
     def image_seq_len(self, x0):
         return x0.shape[1]
+
+    def loss_mask(self, mask, x0):
+        return pack_mask(mask, self.latent_channels, x0.device)
 
     def forward(self, model, x_t, t, cond):
         rows, cols = cond["grid"].shape

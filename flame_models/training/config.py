@@ -86,6 +86,9 @@ class TrainSection:
     gradient_checkpointing: bool = True
     fp8_compute: bool = False            # with model.quantize: the fp8 blocks' matmuls on the e4m3 tensor cores
                                          # (activations and gradients quantised per tensor; flame_nn.offload)
+    offload_activations: typing.Optional[bool] = None  # under max_gpu_memory: the checkpointed block inputs kept in
+                                         # pinned host memory until backward (None: when the budget needs it;
+                                         # flame_nn.offload.activations)
     cuda_graph: bool = True              # forward + backward replayed as a CUDA graph on cuda (flame_core.cuda)
     noise_scheduler: str = "flowmatch"   # flowmatch (flux, sd3) | ddpm (sdxl; its default)
     # flow matching (flux, sd3): how sigma is drawn, and the loss weight by sigma (objective.py, timesteps.py)
@@ -119,6 +122,9 @@ class TrainSection:
     train_text_encoder: bool = False     # sdxl, image folders: LoRA on CLIP-L / CLIP-G too (ai-toolkit's name)
     text_encoder_lr: typing.Optional[float] = None  # their learning rate (kohya --text_encoder_lr); None: lr
     guidance: float = 1.0                # guidance embedding value while training (flux-dev)
+    # regularisation images (datasets with is_reg: true; flame_models/data/reg_mix.py)
+    reg_weight: float = 1.0              # their loss's weight (ai-toolkit's name; alias: kohya's prior_loss_weight)
+    reg_ratio: float = 0.5               # FLAME: the share of micro-batches drawn from them, in (0, 1)
     seed: int = 42
     skip_first_sample: bool = False
     disable_sampling: bool = False
@@ -132,6 +138,8 @@ class ModelConfig:
     dtype: str = "bf16"                  # dtype of the frozen base weights
     quantize: typing.Any = False         # store the blocks' frozen Linear weights as fp8 (e4m3, per-channel scales):
                                          # true or 'fp8' (also float8 / qfloat8: ai-toolkit's qtype name)
+    qtype: typing.Optional[str] = None   # ai-toolkit's quantisation type: only its fp8 ones (qfloat8, float8, fp8),
+                                         # what model.quantize stores; others are errors
     is_flux: typing.Optional[bool] = None  # ai-toolkit's flags: without arch, the one that is true chooses it;
     is_v3: typing.Optional[bool] = None    # with arch, they must agree with it
     is_xl: typing.Optional[bool] = None
@@ -235,6 +243,7 @@ class TrainConfig:
 
 _INTERNAL = ("warnings", "given")
 _ALIASES = {NetworkConfig: {"rank": "linear", "alpha": "linear_alpha"}, SaveConfig: {"save_dtype": "dtype"},
+            TrainSection: {"prior_loss_weight": "reg_weight"},
             ValidationConfig: {"validation_split": "split", "validate_every_n_steps": "every",
                                "eval_steps_interval": "every", "eval_timesteps": "timesteps",
                                "validation_seed": "seed", "max_validation_steps": "max_batches"}}
@@ -485,6 +494,10 @@ def _clean_quantize(cfg, p, errors):
     elif not isinstance(q, bool):
         errors.append(f"{p}model.quantize: true, false or 'fp8' (FLAME stores frozen weights in fp8 e4m3), got {q!r}")
         cfg.model.quantize = False
+    qt = cfg.model.qtype
+    if qt is not None and (not isinstance(qt, str) or qt.lower() not in FP8_NAMES):
+        errors.append(f"{p}model.qtype: FLAME quantises the frozen weights to fp8 (e4m3) only: qfloat8, float8 or fp8, "
+                      f"got {qt!r}")
     if cfg.train.fp8_compute and not cfg.model.quantize:
         errors.append(f"{p}train.fp8_compute: computes with the fp8 weights of model.quantize; set model.quantize: "
                       f"fp8 too")

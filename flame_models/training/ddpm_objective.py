@@ -15,7 +15,7 @@ import numpy as np
 import flame_core as flame
 from flame_models.samplers import DDPMSchedule, check_prediction_type
 
-from .objective import Objective, weighted_mse
+from .objective import Objective, combined_weights, weighted_mse
 
 
 class DDPM(Objective):
@@ -67,7 +67,9 @@ class DDPM(Objective):
             table = self._weight_tables[key] = flame.tensor(w, device=t.device)
         return flame.index_select(table, 0, t.reshape(-1).long())
 
-    def loss(self, pred, target, t=None):
+    def loss(self, pred, target, t=None, *, mask=None, sample_weights=None):
+        """The (min-SNR-weighted) MSE; mask and sample_weights as FlowMatching.loss takes them."""
         if t is None and self.min_snr_gamma is not None:
             raise ValueError("min-SNR weighting needs the timesteps: loss(pred, target, t)")
-        return weighted_mse(pred, target, None if t is None else self.weights(t))
+        w = None if t is None else self.weights(t)
+        return weighted_mse(pred, target, combined_weights(w, sample_weights), mask)

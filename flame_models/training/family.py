@@ -80,6 +80,9 @@ Each micro-batch:
                                         "control_latents" (B, C, h, w) when the datasets have control_path
                                         images (only families with control_images = True: Flux Kontext)
     image_seq_len(x0)                   tokens per sample, for resolution-dependent timestep shifts
+    loss_mask(mask, x0)                 a batch's loss masks (B, 1, h, w) float32 on the latent grid (datasets'
+                                        mask_path) as a tensor that broadcasts against x0 in its layout (default:
+                                        as is, for (B, C, h, w) latents; Flux, Chroma, Qwen-Image pack it as theirs)
     forward(model, x_t, t, cond)        the prediction, in x0's layout. Runs inside the captured region: no host
                                         synchronisation and no random draws
 Previews (sample_every steps, the progress clock paused):
@@ -172,6 +175,12 @@ class ModelFamily:
 
     def spec_problems(self, cfg, spec, prefix=""):
         return []
+
+    def loss_mask(self, mask, x0):
+        import numpy as np
+
+        import flame_core as flame
+        return flame.tensor(np.ascontiguousarray(mask, dtype=np.float32), device=x0.device)
 
     def image_size_limit(self, spec):
         """(the largest image side in pixels the model of `spec` takes, what sets it), or None: no limit."""

@@ -5,6 +5,7 @@ latents  the VAE is loaded (only when a latent is missing from the cache or prev
          (image, bucket) latent not cached yet is encoded, then the VAE leaves the device: with previews its weights
          wait in host memory (moved to the device for each decode and back; under max_gpu_memory the decode is tiled
          and its measured peak is reserved when the transformer's resident blocks are chosen), else it is dropped.
+         Loss masks (mask_path / alpha_mask) are placed on the latent grid and cached here too (no model needed).
 text     the text encoders are loaded (only when something is missing from the cache), every caption variant the run
          can draw (the tag orders of the epochs it covers, the dropout captions), the sample prompts, the previews'
          negative prompt (the family's negative_prompt) and the empty caption are encoded, then the encoders are
@@ -12,9 +13,9 @@ text     the text encoders are loaded (only when something is missing from the c
          every caption the run can draw is tokenised once (each sample then carries its token ids), and the encoders
          stay on the device to train; the preview prompts are encoded with them at each preview.
 
-Caches: latents in each image folder's .flame_cache/latents when its cache_latents_to_disk is on (else host
-memory); text embeddings in .flame_cache/text of the first folder that caches to disk (else host memory). Their
-keys hash the content and the encoder's identity: nothing unchanged is encoded twice.
+Caches: latents (and masks) in each image folder's .flame_cache/latents (masks) when its cache_latents_to_disk is
+on (else host memory); text embeddings in .flame_cache/text of the first folder that caches to disk (else host
+memory). Their keys hash the content and the encoder's identity: nothing unchanged is encoded twice.
 """
 import gc
 import os
@@ -34,6 +35,8 @@ from ..data import (
 )
 from ..data.captions import apply_trigger
 from ..data.config import CACHE_FOLDER, resolutions
+from ..data.masks import MaskCache
+from ..data.reg_mix import RegMixLoader
 from .samples import PreviewPrompt
 from .text_training import CaptionTokens
 
@@ -78,7 +81,7 @@ def text_cache_folder(cfg):
 
 def sample_prompts(cfg, dataset):
     """[(prompt text, dataset index or None)]: sample.prompts ([trigger] replaced), else the captions of the first
-    sample.num_samples distinct images of the dataset."""
+    sample.num_samples distinct images of the dataset (not of its regularisation images)."""
     if cfg.sample.prompts:
         return [(apply_trigger(p, cfg.trigger_word, add_if_missing=False), None) for p in cfg.sample.prompts]
     if dataset is None:
@@ -86,7 +89,7 @@ def sample_prompts(cfg, dataset):
     out, seen = [], set()
     for i in range(len(dataset)):
         rec = dataset.samples[i].record
-        if rec in seen:
+        if rec in seen or dataset.is_reg(i):
             continue
         seen.add(rec)
         out.append((dataset.base_caption(i), i))
@@ -112,13 +115,15 @@ class Prepared:
 
 
 def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, verbose=True,
-            shard_loader=lambda loader: loader, validation=None):
+            shard_loader=lambda loader: loader, validation=None, encode=True):
     """Run the latent and text stages of the run `cfg` of model `family` on `device` within `budget` (bytes or
     None), each timed by `meter` (stages.StageMeter); `dataset` an ImageDataset, or None for precomputed samples with
     sample.prompts / model.vae_path; previews_on: whether previews will be decoded (the VAE is kept for them). `log`
     takes the notes, `verbose` shows progress bars; `shard_loader(loader)` gives this rank's share of the batches
-    (ddp); `validation`: the held-out ImageDataset, cached with the training data (Prepared.validation). Returns
-    Prepared."""
+    (ddp); `validation`: the held-out ImageDataset, cached with the training data (Prepared.validation).
+    encode=False (a finished run's rerun: no step left to train): only what the checkpoint is restored into -- the
+    loader and, with train.train_text_encoder, the text encoders (their adapters) -- nothing cached, encoded,
+    tokenised or kept for previews or validation. Returns Prepared."""
     c, fam, dev = cfg, family, device
     out = Prepared()
     prompts = sample_prompts(c, dataset)
@@ -128,16 +133,24 @@ def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, ve
         latents = LatentCache(fam.vae_id(c.model, dev))
         texts = CaptionTokens(None) if train_te else TextEmbeddingCache(text_cache_folder(c),
                                                                         fam.text_encoder_id(c.model, dev, budget))
-        loader = BucketLoader(TrainingDataset(dataset, latents, texts), c.train.batch_size,
-                              shuffle=all(d.shuffle for d in c.datasets), seed=c.train.seed)
+        masks = MaskCache(fam.vae_scale_factor) if dataset.has_masks else None
+        data = TrainingDataset(dataset, latents, texts, masks)
+        shuffle = all(d.shuffle for d in c.datasets)
+        loader = (RegMixLoader.build(data, c.train.batch_size, shuffle, c.train.seed, c.train.reg_ratio)
+                  if dataset.has_reg else BucketLoader(data, c.train.batch_size, shuffle=shuffle, seed=c.train.seed))
         loader = shard_loader(loader)  # ddp: global batches of batch_size x ranks (more epochs per run)
         epochs = range(loader.sampler.epochs_needed(c.train.steps * c.train.gradient_accumulation_steps))
         captions = dataset.prompts(epochs) + [r.dropout_caption for r in dataset.rules]
         if validation is not None:
             captions += validation.prompts([0])
     else:
-        latents, captions = None, []
+        latents, masks, captions = None, None, []
         texts = TextEmbeddingCache(None, fam.text_encoder_id(c.model, dev, budget)) if prompts else None
+    if not encode:
+        out.loader, out.latents, out.texts = loader, latents, texts
+        if train_te:
+            out.text_encoders = fam.load_text_encoders(c.model, dev, budget)
+        return out
 
     # ---- latents
     decode_vae = previews_on and (dataset is not None or c.model.vae_path is not None)
@@ -146,6 +159,11 @@ def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, ve
             vae, out.encoded["latents"] = _cache_latents(c, fam, dataset, latents, decode_vae, device=dev,
                                                          budget=budget, log=log, verbose=verbose,
                                                          validation=validation)
+            if dataset is not None and masks is not None:
+                specs = dataset.mask_specs(masks.factor)
+                out.encoded["masks"] = masks.fill(specs, progress=verbose)
+                log(f"loss masks: {out.encoded['masks']} placed on the latent grid ({len(specs)} masked samples; the "
+                    f"rest were cached)")
             if vae is not None:
                 out.decode, out.decode_bytes = _decoder(fam, vae, (c.sample.height, c.sample.width), dev, meter)
             del vae

@@ -15,6 +15,8 @@ import os
 
 from flame_core.memory.stats import fmt_bytes
 
+from .optimizers import STATE_BYTES  # the optimizer's state per trained parameter
+
 MAX_STEPS = 10 ** 6
 MAX_MICRO_STEPS = 10 ** 7
 MAX_SIDE = 16384                    # pixels per side of a generated image
@@ -23,8 +25,6 @@ MAX_SIDE = 16384                    # pixels per side of a generated image
 # float32 (the VAE decodes in tiles above its tile size)
 GENERATE_BYTES_PER_PIXEL = 640
 HOST_BYTES_PER_PIXEL = 16           # the decoded image in float32 on the host, then 8-bit
-OPTIMIZER_BYTES = {"adamw": 8, "adamw8bit": 2, "prodigy": 16, "adafactor": 4, "lion": 4,  # per trained parameter:
-                   "adamw_schedulefree": 8}                                   # the optimizer state
 
 
 def steps_problems(steps, accumulation, prefix=""):
@@ -76,7 +76,7 @@ def adapter_problems(found, rank, kind, setting, device, budget=None, optimizer=
             return [(f"{setting}: rank {rank:,} exceeds min(in, out) of {len(over)} of the {len(dims)} targeted layers "
                     f"(e.g. {n}: {i} in, {o} out); at most {min(min(i, o) for _, i, o in dims):,} for these targets "
                     f"(a higher rank adds parameters, not capacity)")]
-    per_param = 2 * dtype_bytes + OPTIMIZER_BYTES.get(optimizer, 8)       # value, gradient, moments
+    per_param = 2 * dtype_bytes + STATE_BYTES.get(optimizer, 8)       # value, gradient, moments
     factor = 2 if kind == "loha" else 1
     count = sum(factor * rank * (i + o) for _, i, o in dims) if kind != "lokr" else 0
     need = count * per_param

@@ -14,6 +14,10 @@ The DDPM objective of ε / v-prediction models (SDXL) is ddpm_objective.py.
     v   = ε − x0                  (the velocity the transformer predicts)
     L   = mean_b(w(σ_b) · mean((v̂ − v)²))   (MSE in float32; w = 1 unless a loss weighting is chosen)
 
+loss(..., mask=, sample_weights=) also takes a loss mask m (per element: the datasets' masks on the latent grid) and
+further per-sample weights r_b (regularisation images' reg_weight): L = mean_b(w_b · r_b · mean(m · (v̂ − v)²))
+(training/loss_weights.py makes both from a batch).
+
 Loss weightings (train.weighting_scheme; diffusers' compute_loss_weighting_for_sd3 and kohya's names):
     none / uniform  w = 1
     sigma_sqrt      w = σ^-2
@@ -60,15 +64,29 @@ def flow_matching_loss(pred, target):
     return (d * d).mean()
 
 
-def weighted_mse(pred, target, weights):
-    """mean_b(w_b · mean over sample b's elements of (pred − target)²), in float32; weights (B,) or None (= 1)."""
-    if weights is None:
+def weighted_mse(pred, target, weights, mask=None):
+    """mean_b(w_b · mean over sample b's elements of m · (pred − target)²), in float32; weights (B,) or None (= 1);
+    mask: per-element weights m broadcastable to pred (a loss mask on the latent grid), or None (= 1)."""
+    if weights is None and mask is None:
         return flow_matching_loss(pred, target)
     if pred.shape != target.shape:
         raise ShapeError(f"prediction {fmt_shape(pred.shape)} and target {fmt_shape(target.shape)} differ in shape")
     d = pred.float() - target.float()
-    per_sample = (d * d).reshape(d.shape[0], -1).mean(dim=1)                      # (B,)
-    return (per_sample * weights.float()).mean()
+    sq = d * d
+    if mask is not None:
+        if mask.ndim != sq.ndim or any(m not in (1, s) for m, s in zip(mask.shape, sq.shape)):
+            raise ShapeError(f"loss mask {fmt_shape(mask.shape)} does not broadcast to the prediction "
+                             f"{fmt_shape(sq.shape)}")
+        sq = sq * mask.float()
+    per_sample = sq.reshape(d.shape[0], -1).mean(dim=1)                            # (B,)
+    return (per_sample * weights.float()).mean() if weights is not None else per_sample.mean()
+
+
+def combined_weights(weights, sample_weights):
+    """An objective's per-sample weights (B,) or None times further per-sample weights (B,) or None."""
+    if sample_weights is None:
+        return weights
+    return sample_weights.float() if weights is None else weights.float() * sample_weights.float()
 
 
 def sd3_loss_weights(scheme, sigma):
@@ -140,14 +158,15 @@ class FlowMatching(Objective):
         """(B,) loss weights at σ = t, or None (all 1)."""
         return sd3_loss_weights(self.weighting_scheme, t)
 
-    def loss(self, pred, target, t=None):
-        """The weighted MSE; `t` (the σ of each sample) is needed by the weighting schemes that depend on σ."""
+    def loss(self, pred, target, t=None, *, mask=None, sample_weights=None):
+        """The weighted MSE; `t` (the σ of each sample) is needed by the weighting schemes that depend on σ.
+        mask: per-element loss weights broadcastable to pred; sample_weights: (B,), times the scheme's."""
         if t is None:
             if self.weights_depend_on_t:
                 raise ValueError(f"weighting scheme {self.weighting_scheme!r} needs the timesteps: "
                                  f"loss(pred, target, t)")
-            return weighted_mse(pred, target, None)
-        return weighted_mse(pred, target, self.weights(t))
+            return weighted_mse(pred, target, combined_weights(None, sample_weights), mask)
+        return weighted_mse(pred, target, combined_weights(self.weights(t), sample_weights), mask)
 
     @property
     def weights_depend_on_t(self):

@@ -1,4 +1,5 @@
-"""What a resumed run may change: the config a checkpoint was written with against the config it resumes with.
+"""What a checkpoint holds (`contents`, `restore`), which one a run resumes from (`choose_checkpoint`), and what a
+resumed run may change: the config a checkpoint was written with against the config it resumes with.
 
 Changes that break continuing the run -- the adapters' shape or meaning (network), the model, the data and the order
 it is drawn in (datasets, synthetic, batch_size, seed), the optimizer's kind or the EMA switch, the device (its random
@@ -8,6 +9,7 @@ and is listed as a warning.
 """
 import hashlib
 import os
+import time
 from typing import NamedTuple
 
 import flame_core as flame
@@ -26,9 +28,10 @@ APPLICABLE = (
     "train.steps", "train.lr", "train.text_encoder_lr", "train.optimizer_params", "train.lr_scheduler",
     "train.lr_scheduler_params", "train.lr_warmup_steps",
     "train.max_grad_norm", "train.gradient_accumulation_steps", "train.gradient_checkpointing", "train.cuda_graph",
+    "train.offload_activations",
     "train.timestep_type", "train.shift", "train.sigmoid_scale", "train.logit_mean", "train.logit_std",
     "train.ema_config.ema_decay", "train.dtype", "train.guidance", "train.skip_first_sample",
-    "train.disable_sampling", "validation",
+    "train.disable_sampling", "train.reg_weight", "validation",
     "validation.",  # (a split that holds out other images changes the training data: the data check refuses that)
 )
 # whole values compared as one (a list of datasets, free-form mappings)
@@ -59,6 +62,15 @@ def _norm(v):
     return [_norm(x) for x in v] if isinstance(v, (list, tuple)) else v
 
 
+def _recorded(old, new):
+    """`new` with the keys of its mappings that `old` does not record dropped (fields added to a list's entries --
+    a dataset's -- after the old config was written), where old and new are lists of mappings of one length."""
+    if (isinstance(old, list) and isinstance(new, list) and len(old) == len(new)
+            and all(isinstance(x, dict) for x in old + new)):
+        return [{k: v for k, v in n.items() if k in o} for o, n in zip(old, new)]
+    return new
+
+
 def compare(old, new):
     """(breaking, applied): lists of (path, old value, new value) between two config dicts (config.config_dict).
     Fields the old config does not record (written by an older FLAME) are not compared."""
@@ -67,7 +79,7 @@ def compare(old, new):
     for path in sorted(set(a) | set(b)):
         if path not in a:
             continue
-        va, vb = _norm(a.get(path)), _norm(b.get(path))
+        va, vb = _norm(a.get(path)), _norm(_recorded(a.get(path), b.get(path)))
         if va != vb:
             (applied if _applicable(path) else breaking).append((path, va, vb))
     return breaking, applied
@@ -120,6 +132,49 @@ def choose_checkpoint(cfg, out, *, fresh, fingerprint, dist, log):
     if applied:
         log(f"resuming with changed settings, applied from step {step} on: {describe(applied)}")
     return path, state
+
+
+def finished_lora(out, name, steps, state):
+    """The final LoRA (`out`/`name`.safetensors) of a run whose checkpoint `state` has reached `steps` and that
+    wrote it at that checkpoint's step -- nothing left to train or to write -- else None (its header only is read)."""
+    if state is None or int(state["step"]) < steps:
+        return None
+    path = os.path.join(out, f"{name}.safetensors")
+    try:
+        with io.safe_open(path) as f:
+            written_at = (f.metadata() or {}).get("flame.steps")
+    except Exception:  # noqa: BLE001 - missing or unreadable: the run writes it again
+        return None
+    return path if written_at == str(int(state["step"])) else None
+
+
+def contents(step, named_params, *, optimizer, scheduler, loader, generators, ema, device, active_time, log_window,
+             fingerprint, config):
+    """What a checkpoint of `step` holds, the inverse of `restore`: ({file name: write(path)}, state) for
+    checkpoint.write_checkpoint -- the adapter parameters (`named_params`), the optimizer's tensors (its scalars and
+    groups go into the state), the EMA's shadow; the schedule's and the loader's positions, the random streams
+    (`generators` and the default cpu and `device` ones), the training time and the loss log's open window, the
+    data's fingerprint and the config (a dict)."""
+    opt = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for i, st in opt["state"].items():
+        for k, v in st.items():
+            (tensors if isinstance(v, flame.Tensor) else scalars)[f"{i}.{k}"] = v
+    adapter = dict(named_params)
+    writers = {"adapter.safetensors": lambda p: io.save_file(adapter, p)}
+    if tensors:
+        writers["optimizer.safetensors"] = lambda p: io.save_file(tensors, p)
+    if ema is not None:
+        shadow = {str(i): s for i, s in enumerate(ema.shadow)}
+        writers["ema.safetensors"] = lambda p: io.save_file(shadow, p)
+    state = {"step": step, "loader": loader.state_dict(), "scheduler_epoch": scheduler.last_epoch,
+             "optimizer": {"scalars": scalars, "param_groups": opt["param_groups"]},
+             "rng": {**{name: gen.get_state() for name, gen in generators.items()},
+                     "default_cpu": flame.get_rng_state("cpu"), "default_device": flame.get_rng_state(device)},
+             "ema": None if ema is None else {"decay": ema.decay, "num_updates": ema.num_updates},
+             "active_time": active_time, "log_window": log_window, "time": time.time(),
+             "data": fingerprint, "config": config}
+    return writers, state
 
 
 class Restored(NamedTuple):

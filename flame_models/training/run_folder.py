@@ -8,6 +8,7 @@ import tempfile
 from flame_core.errors import FlameError
 
 from .checkpoint import CHECKPOINTS
+from .logging import LossLog
 
 
 class RunFolderError(FlameError, ValueError):
@@ -59,6 +60,27 @@ def outputs(run_dir, name):
         elif entry in ("loss.csv", "loss.json", "loss.png", "samples.png") or lora.fullmatch(entry):
             found.append(path)
     return found
+
+
+def finished_outputs(run_dir, lora, steps):
+    """The result of a run that had finished before (its final LoRA `lora`, at step `steps`): its files as they
+    are -- the loss log and plot, the samples grid, the validation log -- in Trainer.train's result keys;
+    `finished_before` True."""
+    rows = LossLog(run_dir).load()
+    result = {"lora": lora, "loss_csv": os.path.join(run_dir, "loss.csv"),
+              "loss_json": os.path.join(run_dir, "loss.json"),
+              "steps": steps, "losses": [r["loss"] for r in rows], "interrupted": None, "finished_before": True}
+    for key, name in (("loss_plot", "loss.png"), ("samples", "samples.png")):
+        if os.path.isfile(os.path.join(run_dir, name)):
+            result[key] = os.path.join(run_dir, name)
+    if "samples" in result:  # a decoded run wrote a PNG per prompt and sampling step
+        folder = os.path.join(run_dir, "samples")
+        result["samples_decoded"] = os.path.isdir(folder) and any(f.endswith("_0.png") for f in os.listdir(folder))
+    validation = LossLog(run_dir, "validation")
+    if os.path.isfile(validation.json_path):  # (validation_loss.ValidationStage.results' entries)
+        result.update({"validation_csv": validation.csv_path, "validation_json": validation.json_path,
+                       "validation_losses": [(r["step"], r["loss"]) for r in validation.load()]})
+    return result
 
 
 def clear(run_dir, name):

@@ -22,7 +22,9 @@ the next step's loss and parameters equal those of a run that never stopped. A c
 there on or is refused, and the checkpoint is chosen and loaded (resume.py). Every `sample_every` steps the
 preview sampler runs while the progress clock is paused, and every `validation.every` steps the validation loss is
 computed (validation_loss.py: held-out images at fixed timesteps and noise; its own log, drawn in the loss plot).
-Ctrl-C / SIGTERM stop after the current step with a checkpoint (interrupt.py).
+Ctrl-C / SIGTERM stop after the current step with a checkpoint (interrupt.py). A run whose checkpoint has
+reached train.steps and whose final LoRA is written says so and keeps its files: its model is built and
+restored, nothing is cached, encoded or trained.
 
 The trainer owns its stages: each (image_data.prepare, resume.choose_checkpoint / restore, ...) is given what it
 needs and returns what it made, and the trainer keeps it. Streaming (streaming.py), CUDA graphs (graphs.py) and data
@@ -31,7 +33,6 @@ parallelism (distributed.py) are parts the step calls at named points, not branc
 import gc
 import json
 import os
-import time
 from contextlib import nullcontext
 
 import numpy as np
@@ -47,7 +48,7 @@ from flame_nn import adapters as A
 
 from ..data import ConcatDataset, FolderDataset, SampleLoader, SyntheticDataset
 from . import checkpoint as ckpt
-from . import image_data, optimizers, resume, run_folder, tracking
+from . import image_data, loss_weights, optimizers, resume, run_folder, tracking
 from .config import ConfigError, config_dict, dtype_name
 from .distributed import TrainerGroup, main_rank_only, on_main_rank  # ddp
 from .ema import EMA
@@ -55,8 +56,9 @@ from .family import get_family
 from .finite import FiniteGuard
 from .graphs import StepGraphs, graph_plan
 from .interrupt import StopRequest
-from .limits import adapter_problems
 from .logging import LossLog, plot_losses
+from .lr_schedule import make_scheduler
+from .network import add_network
 from .progress import Progress
 from .samples import PreviewPrompt, Previews
 from .stages import StageMeter
@@ -85,6 +87,7 @@ class Trainer:
         self.stop = None
         self.prepared = None
         self.text_encoders = None
+        self.finished_lora = None  # a finished run's final LoRA: nothing to cache or train (setup, train)
         self.validation_images = self.validation = None  # the held-out ImageDataset; its ValidationStage
         self.streaming = NoStreaming()  # the step's streaming part (max_gpu_memory: StreamedBlocks)
 
@@ -133,6 +136,7 @@ class Trainer:
         # the run's folder: start over, resume from its newest intact checkpoint, or refuse to mix two runs
         checkpoint, state = resume.choose_checkpoint(c, self.out, fresh=self.fresh, fingerprint=self.data_fingerprint,
                                                      dist=self.dist, log=self.log)
+        self.finished_lora = resume.finished_lora(self.out, c.name, t.steps, state)
 
         # image folders and text prompts: latents and text embeddings cached, their encoders freed
         previews_on = bool(c.sample.sample_every) and not t.disable_sampling
@@ -143,17 +147,18 @@ class Trainer:
                 image_data.prepare, c, fam, self.dataset if self.image_data else None,
                 previews_on and self.dist.is_main, device=self.device, budget=self.budget, meter=self.meter,
                 log=self.log, verbose=self.verbose, shard_loader=self.dist.shard_loader,
-                validation=self.validation_images)
+                validation=self.validation_images, encode=self.finished_lora is None)
         self.previews = self._make_previews()
 
         with self.meter.stage("build"):  # (with max_gpu_memory: the resident blocks chosen by measured steps)
             self._build(checkpoint, state)
-            if self.streamer is not None:
+            if self.streamer is not None and self.finished_lora is None:  # (auto_fit measures steps)
                 n_params = sum(p.numel() for p in self.params)
                 state_bytes = optimizers.STATE_BYTES[t.optimizer] * n_params  # state made at the first step
                 decode_bytes = self.prepared.decode_bytes if self.prepared is not None and previews_on else 0
                 self.fit = self.streamer.auto_fit(self.budget, self._measure_step,
-                                                  extra_bytes=state_bytes + decode_bytes)
+                                                  extra_bytes=state_bytes + decode_bytes,
+                                                  offload_activations=t.offload_activations)
                 self.log(str(self.fit))
         return self
 
@@ -187,7 +192,8 @@ class Trainer:
                 lat = self.dataset.latent_shape(0)
                 h, w = lat[1] * fam.vae_scale_factor, lat[2] * fam.vae_scale_factor
             c.sample.height, c.sample.width = c.sample.height or h, c.sample.width or w
-        problems = image_size_problems(c, fam, self.spec, self.dataset if self.image_data else None)
+        problems = image_size_problems(c, fam, self.spec, self.dataset if self.image_data else None,
+                                       self.validation_images)
         if problems:  # before any encoding and before the run's folder is touched
             raise ConfigError("; ".join(problems))
         return kinds
@@ -222,7 +228,8 @@ class Trainer:
         self.model = self._model if self._model is not None else fam.build_model(
             c.model, self.spec, base_dtype, self.device, **({"stream": True} if stream else {}))
         self.name_map = fam.lora_name_map(self.model)
-        self.n_adapted = self._add_adapters()
+        self.n_adapted = add_network(self.model, c.network, fam, self.name_map, seed=t.seed, device=self.device,
+                                     budget=self.budget, optimizer=t.optimizer)
         self.params = A.adapter_parameters(self.model)
         self.text_encoders = None   # train.train_text_encoder: adapters on the encoders image_data kept loaded
         if self.prepared is not None and self.prepared.text_encoders is not None:
@@ -270,40 +277,6 @@ class Trainer:
         if checkpoint is not None:
             self._resume(checkpoint, state)
         write_json(os.path.join(self.out, "config.json"), config_dict(c), indent=1, default=str)
-
-    def _add_adapters(self):
-        """The config's adapters injected into the model (LoCon: the convolutions too); returns how many."""
-        c, t, fam = self.cfg, self.cfg.train, self.family
-        n = c.network
-        targets = fam.target_presets.get(n.target, n.target) if isinstance(n.target, str) else n.target
-        filters = dict(only_if_contains=n.network_kwargs.get("only_if_contains"),
-                       ignore_if_contains=n.network_kwargs.get("ignore_if_contains"))
-        if n.conv:  # LoCon (kohya's conv_dim): what comes with the convolutions at the linear rank
-            targets = ([targets] if isinstance(targets, str) else list(targets)) + list(fam.conv_linear_targets)
-        self._check_adapter_size(A.find_targets(self.model, targets, self.name_map, **filters), n.linear, n.type,
-                                 "network.linear")
-        made = A.inject_adapters(self.model, targets, "lora" if n.type == "locon" else n.type, rank=n.linear,
-                                 alpha=n.linear_alpha, dropout=n.dropout, rslora=n.rslora, lokr_factor=n.lokr_factor,
-                                 lokr_full_rank=n.lokr_full_rank, name_map=self.name_map, **filters,
-                                 generator=flame.Generator("cpu").manual_seed(t.seed + 3))
-        if n.conv:  # the convolutions the targets left, at the conv rank (alpha: conv_alpha, else conv)
-            done = {m for m, _ in made}
-            convs = [m for m, _, _ in A.find_targets(self.model, fam.conv_targets, self.name_map, **filters)
-                     if m not in done]
-            if convs:
-                self._check_adapter_size([(m, self.model.get_submodule(m), None) for m in convs], n.conv, "lora",
-                                         "network.conv")
-                made += A.inject_adapters(self.model, convs, "lora", rank=n.conv,
-                                          alpha=n.conv if n.conv_alpha is None else n.conv_alpha, dropout=n.dropout,
-                                          rslora=n.rslora, name_map=self.name_map,
-                                          generator=flame.Generator("cpu").manual_seed(t.seed + 4))
-        return len(made)
-
-    def _check_adapter_size(self, found, rank, kind, setting):
-        """ConfigError before adapters are made that exceed their layers' dimensions or the device (limits.py)."""
-        problems = adapter_problems(found, rank, kind, setting, self.device, self.budget, self.cfg.train.optimizer)
-        if problems:
-            raise ConfigError("; ".join(problems))
 
     def _place_blocks(self):
         """The step's streaming part: under max_gpu_memory every block streamed from host memory for now (setup's
@@ -390,23 +363,8 @@ class Trainer:
                                                          if self.text_encoders is not None else [])
 
     def _make_scheduler(self, at_step=None):
-        """The LR schedule of the config; at_step: positioned there (resume) -- every schedule is a closed form
-        of the step, so this is the same as having stepped it that far."""
-        t, S = self.cfg.train, flame_nn.optim.lr_scheduler
-        for g, (_, lr) in zip(self.optimizer.param_groups, self._param_groups()):
-            g["initial_lr"] = lr
-        last = -1 if at_step is None else at_step - 1
-        if t.lr_scheduler in ("constant", "constant_with_warmup"):
-            return S.get_constant_schedule_with_warmup(self.optimizer, t.lr_warmup_steps, last_epoch=last)
-        if t.lr_scheduler == "linear":
-            return S.get_linear_schedule_with_warmup(self.optimizer, t.lr_warmup_steps, t.steps, last_epoch=last)
-        if t.lr_scheduler == "cosine_with_restarts":
-            return S.get_cosine_with_hard_restarts_schedule_with_warmup(
-                self.optimizer, t.lr_warmup_steps, t.steps, last_epoch=last, **t.lr_scheduler_params)
-        if t.lr_scheduler == "polynomial":
-            return S.get_polynomial_decay_schedule_with_warmup(self.optimizer, t.lr_warmup_steps, t.steps,
-                                                               last_epoch=last, **t.lr_scheduler_params)
-        return S.get_cosine_schedule_with_warmup(self.optimizer, t.lr_warmup_steps, t.steps, last_epoch=last)
+        """The config's LR schedule over the groups' rates; at_step: positioned there (resume)."""
+        return make_scheduler(self.optimizer, self.cfg.train, [lr for _, lr in self._param_groups()], at_step)
 
     def _measure_step(self):
         """One forward + backward on the next batch for auto-fit, leaving no trace: the data position, the random
@@ -429,6 +387,7 @@ class Trainer:
         timesteps drawn. Returns the argument tuple of `_forward_backward` (fixed shapes for a fixed batch shape)
         and the timesteps."""
         x0, cond = self.family.training_inputs(self.model, batch, self.device, self.cfg.train)
+        cond.update(loss_weights.batch_weights(self.family, batch, x0, self.cfg.train.reg_weight))  # masks, is_reg
         if self._cond_keys is None:
             self._cond_keys = tuple(cond)
         # ddp: drawn for the global batch, this rank's rows kept (one process with the whole batch draws the same)
@@ -443,14 +402,14 @@ class Trainer:
     def _forward_backward(self, x0, noise, t, *cond):
         """The loss of one micro-batch and its backward (gradients accumulate into .grad). No host synchronisation
         and no random draws: this is the region a CUDA graph captures. Returns the loss (detached)."""
-        cond = dict(zip(self._cond_keys, cond))
+        cond, weights = loss_weights.split(dict(zip(self._cond_keys, cond)))
         x_t = self.objective.noisy(x0, noise, t)
         with autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype is not None \
                 else nullcontext():
             if self.text_encoders is not None:  # token ids -> conditioning, through the trained encoders
                 cond = self.text_encoders.encode(cond)
             pred = self.family.forward(self.model, x_t, t, cond)
-        loss = self.objective.loss(pred, self.objective.target(x0, noise, t), t)
+        loss = self.objective.loss(pred, self.objective.target(x0, noise, t), t, **weights)
         scale = self._loss_scale
         (loss * scale).backward() if scale != 1.0 else loss.backward()
         self.guard.watch_loss(loss)  # a device flag (captured with the step), read at the next check
@@ -511,6 +470,8 @@ class Trainer:
     def train(self):
         if not hasattr(self, "model"):
             self.setup()
+        if self.finished_lora is not None:
+            return self._finished_before()
         c, t = self.cfg, self.cfg.train
         te = "" if self.text_encoders is None else f" and {self.text_encoders.n_adapted} of its text encoders'"
         self.log(f"training {c.network.type} r{c.network.linear} on {self.n_adapted} Linear parts of a "
@@ -629,6 +590,15 @@ class Trainer:
                      + (" without --fresh" if self.fresh else "") + " to resume")
         return result
 
+    @on_main_rank  # ddp
+    def _finished_before(self):
+        """A run that had finished before this call: its files as they are (nothing cached, trained or written)."""
+        result = run_folder.finished_outputs(self.out, self.finished_lora, self.step)
+        result["stages"] = self.meter.report()
+        self.log(f"this run already finished: step {self.step} of {self.cfg.train.steps}, LoRA {self.finished_lora}; "
+                 f"nothing to train (a larger train.steps continues it, --fresh starts over)")
+        return result
+
     # ------------------------------------------------------------------------------------------ sampling
     @on_main_rank  # ddp
     def sample(self):
@@ -665,12 +635,14 @@ class Trainer:
         try:
             with self._averaged(), (self.ema.swapped() if self.ema is not None else nullcontext()), \
                     self.meter.stage("validation", quiet=True):
-                return self.validation.run(self.model, self.step, self.progress.active_time if self.progress
-                                           else self.active_time, self.trackers, self.autocast_dtype)
+                got = self.validation.run(self.model, self.step, self.progress.active_time if self.progress
+                                          else self.active_time, self.trackers, self.autocast_dtype)
         finally:
             self.model.train()
             if self.text_encoders is not None:
                 self.text_encoders.train(True)
+        self.log(f"validation loss {got['loss']:.4f} at step {self.step}")
+        return got
 
     # ------------------------------------------------------------------------------------------ saving
     @on_main_rank  # ddp
@@ -705,26 +677,11 @@ class Trainer:
         non-finite is saved (finite.py)."""
         self.guard.check(self.dataset)
         self.guard.check_parameters(self.step)
-        opt = self.optimizer.state_dict()
-        tensors, scalars = {}, {}
-        for i, st in opt["state"].items():
-            for k, v in st.items():
-                (tensors if isinstance(v, flame.Tensor) else scalars)[f"{i}.{k}"] = v
-        adapter = dict(self.named_adapter_parameters())
-        writers = {"adapter.safetensors": lambda p: io.save_file(adapter, p)}
-        if tensors:
-            writers["optimizer.safetensors"] = lambda p: io.save_file(tensors, p)
-        if self.ema is not None:
-            shadow = {str(i): s for i, s in enumerate(self.ema.shadow)}
-            writers["ema.safetensors"] = lambda p: io.save_file(shadow, p)
-        state = {"step": self.step, "loader": self.loader.state_dict(), "scheduler_epoch": self.scheduler.last_epoch,
-                 "optimizer": {"scalars": scalars, "param_groups": opt["param_groups"]},
-                 "rng": {"sigma": self.sigma_gen.get_state(), "noise": self.noise_gen.get_state(),
-                         "default_cpu": flame.get_rng_state("cpu"),
-                         "default_device": flame.get_rng_state(self.device)},
-                 "ema": None if self.ema is None else {"decay": self.ema.decay, "num_updates": self.ema.num_updates},
-                 "active_time": self.active_time, "log_window": self._window, "time": time.time(),
-                 "data": self.data_fingerprint, "config": config_dict(self.cfg)}
+        writers, state = resume.contents(
+            self.step, self.named_adapter_parameters(), optimizer=self.optimizer, scheduler=self.scheduler,
+            loader=self.loader, generators={"sigma": self.sigma_gen, "noise": self.noise_gen}, ema=self.ema,
+            device=self.device, active_time=self.active_time, log_window=self._window,
+            fingerprint=self.data_fingerprint, config=config_dict(self.cfg))
         self.loss_log.flush()  # first: a checkpoint promoted after a kill finds its steps' rows (resume truncates)
         if self.validation is not None:
             self.validation.log.flush()

@@ -166,6 +166,7 @@ def validate(cfg, prefix="", check_files=True):
         e.append(f"{p}synthetic: given together with datasets; use one")
     for i, d in enumerate(cfg.datasets):
         e += validate_dataset_config(d, f"{p}datasets[{i}]", check_files=False)
+    e += _reg_problems(cfg, p)
     if any(d.control_path is not None for d in cfg.datasets):
         for i, d in enumerate(cfg.datasets):
             if d.control_path is None:
@@ -200,6 +201,9 @@ def validate(cfg, prefix="", check_files=True):
     if lg.log_every is not None:
         _at_least(e, f"{p}logging.log_every", lg.log_every)
     e += validation_problems(cfg, p)
+    if cfg.train.offload_activations and cfg.max_gpu_memory is None:
+        e.append(f"{p}train.offload_activations: the block inputs are offloaded by the streamed blocks of "
+                 f"max_gpu_memory; set max_gpu_memory (or leave offload_activations null)")
     if cfg.max_gpu_memory is not None:
         try:
             parse_budget(cfg.max_gpu_memory, f"{p}max_gpu_memory")
@@ -222,6 +226,27 @@ def validate(cfg, prefix="", check_files=True):
     e += _family_checks(cfg, family, p)
     if check_files:
         e += file_problems(cfg, family, p)
+    return e
+
+
+def _reg_problems(cfg, p):
+    """Regularisation images (is_reg) and their settings: train.reg_weight / reg_ratio only with such a dataset
+    (never accepted and ignored), and at least one dataset to train on besides them."""
+    e, t = [], cfg.train
+    regs = [d.is_reg is True for d in cfg.datasets]
+    if t.reg_weight < 0:
+        e.append(f"{p}train.reg_weight: the regularisation images' loss weight, >= 0, got {t.reg_weight}")
+    if not 0 < t.reg_ratio < 1:
+        e.append(f"{p}train.reg_ratio: the share of micro-batches drawn from the regularisation images, in (0, 1), "
+                 f"got {t.reg_ratio}")
+    if not any(regs):
+        for k in ("reg_weight", "reg_ratio"):
+            if f"train.{k}" in cfg.given:
+                e.append(f"{p}train.{k}: no dataset has is_reg: true (regularisation images); give one or remove "
+                         f"the key")
+    elif all(regs):
+        e.append(f"{p}datasets: every dataset is is_reg: true; regularisation images go beside the images being "
+                 f"trained (give at least one dataset without is_reg)")
     return e
 
 
@@ -371,6 +396,8 @@ def file_problems(cfg, family, p=""):
         if kind is None:
             e.append(f"{where}.folder_path: {d.folder_path} holds neither images nor precomputed samples "
                      f"(.safetensors)")
+        elif kind == "images" and isinstance(d.mask_path, str) and d.mask_path and not os.path.isdir(d.mask_path):
+            e.append(f"{where}.mask_path: no such folder: {d.mask_path}")
         elif kind == "samples":
             extra = sorted(k.split(".", 1)[1] for k in cfg.given
                            if k.startswith(f"datasets[{i}].") and k.split(".", 1)[1] not in SAMPLE_FOLDER_FIELDS)
@@ -430,10 +457,10 @@ def sample_file_problem(path, family, spec):
     return f"{path}: {err}" if err else None
 
 
-def image_size_problems(cfg, family, spec, dataset=None):
+def image_size_problems(cfg, family, spec, dataset=None, validation=None):
     """The image datasets' buckets, and the previews' size, larger than the model takes (family.image_size_limit):
     one message per dataset and resolution, naming the limit. dataset: the checked ImageDataset (None: previews
-    only)."""
+    only); validation: the held-out images' ImageDataset (validation_loss.py), or None."""
     limit = family.image_size_limit(spec)
     if limit is None:
         return []
@@ -442,11 +469,17 @@ def image_size_problems(cfg, family, spec, dataset=None):
     for s in dataset.samples if dataset is not None else ():
         if max(s.bucket) > side:
             over.setdefault((s.config, s.resolution), set()).add(s.bucket)
+    for s in validation.samples if validation is not None else ():
+        if max(s.bucket) > side:
+            over.setdefault((-1 - s.config, s.resolution), set()).add(s.bucket)   # (held out: negative)
     e = []
     for (ci, r), buckets in sorted(over.items()):
         names = ", ".join(str(b) for b in sorted(buckets, key=max, reverse=True)[:3])
         what = family.label or family.name
-        e.append(f"datasets[{ci}].resolution {r}: the {names} bucket{'s' if len(buckets) > 1 else ''} exceed"
+        where = f"datasets[{ci}].resolution {r}" if ci >= 0 else (
+            f"validation.split (held-out images of datasets[{-1 - ci}]) at resolution {r}" if cfg.validation.split
+            else f"validation.folder_path at resolution {r}")
+        e.append(f"{where}: the {names} bucket{'s' if len(buckets) > 1 else ''} exceed"
                  f"{'' if len(buckets) > 1 else 's'} {side} px a side, the most this {what} model takes ({why}); "
                  f"use a resolution whose buckets stay within {side} px (--resolution), or a model with a larger table")
     sm = cfg.sample

@@ -9,7 +9,11 @@
    bytes, plus `extra_bytes` (state created later, e.g. optimizer moments) plus, on cuda, the driver's memory outside
    the pool (CUDA context, libraries; measured before and after the step, the larger counts: the first step loads
    kernels and cuBLAS workspaces) is the MINIMUM. A budget below minimum + headroom fails with a message that
-   states the minimum and what it is made of.
+   states the minimum and what it is made of. When it is over, the plan (flame_nn.offload.plan) turns on what the
+   budget needs, in order -- the checkpointed block inputs offloaded to pinned host memory (`offload_activations`;
+   the measured step counted their bytes), then, when the blocks are fp8 already, the large weights outside the
+   blocks stored in fp8 -- and the step is measured again with them: that measurement is the minimum. A budget that
+   fits without them leaves them off (no copies added).
 3. The remaining bytes are filled with resident blocks, largest first (each resident byte is a byte not copied twice
    per step); when the largest streamed block becomes resident the slots shrink, which is accounted for. The cache
    is emptied first, so the resident buffers and slots get segments of their own instead of being carved out of
@@ -29,6 +33,8 @@ from flame_core import backend
 from flame_core import memory as M
 from flame_core.errors import FlameError, OutOfMemoryError
 from flame_core.memory.stats import fmt_bytes, parse_size
+
+from .plan import plan_budget
 
 GiB = 2 ** 30
 
@@ -58,6 +64,12 @@ class FitReport:
     demoted: int = 0               # blocks given back to streaming after a verification step did not fit
     verify_peaks: list = field(default_factory=list)  # pool peak (reserved) of each verification step
     verify_limit: int = None       # the pool limit the verification steps ran under (budget - overhead - margin)
+    offload_activations: bool = False  # block inputs carried in pinned host memory between forward and backward
+    offloaded_bytes: int = 0       # of them per step (counted by the measured step)
+    activation_host_bytes: int = 0  # pinned host memory they take
+    outside_fp8: list = field(default_factory=list)  # weights outside the blocks stored in fp8 (names)
+    outside_fp8_bytes: int = 0     # device bytes that saved
+    plan: object = None            # the BudgetPlan made from the first measured step (before the savers)
 
     @property
     def pool_budget(self):
@@ -77,6 +89,14 @@ class FitReport:
                          + (f" (verified under {g(self.verify_limit)})" if self.verify_limit is not None
                             and self.verify_limit < self.pool_budget else "")
                          + (f" ({self.demoted} blocks demoted after a try did not fit)" if self.demoted else ""))
+        lines.append("  activations: " + (f"block inputs offloaded to pinned host memory ({g(self.offloaded_bytes)} "
+                                          f"per step, {g(self.activation_host_bytes)} pinned)"
+                                          if self.offload_activations else "kept on the device"))
+        if self.outside_fp8:
+            lines.append(f"  weights outside the blocks: {len(self.outside_fp8)} Linear weights stored in fp8 "
+                         f"({g(self.outside_fp8_bytes)} saved)")
+        if self.plan is not None and len(self.plan.steps) > 1:
+            lines.append("  planned from the first step: " + "; ".join(f"{w}: {g(m)}" for w, m in self.plan.steps))
         return "\n".join(lines)
 
 
@@ -136,7 +156,7 @@ def _optional_parts(extra, extra_words, overhead, headroom):
             + (f", {g(headroom)} headroom" if headroom else ""))
 
 
-def _minimum_message(budget, overhead, static, peak, extra, slots, nslots, headroom):
+def _minimum_message(budget, overhead, static, peak, extra, slots, nslots, headroom, savers=""):
     g = fmt_bytes
     minimum = peak + extra + overhead
     return (f"max_gpu_memory {g(budget)} is below the minimum of {g(minimum + headroom)} this model needs for one "
@@ -144,12 +164,36 @@ def _minimum_message(budget, overhead, static, peak, extra, slots, nslots, headr
             f"trainable parameters and their gradients), {nslots} streaming slots of {g(slots / max(nslots, 1))}, "
             f"{g(peak - static)} of activations and workspace at the step's peak"
             + _optional_parts(extra, "state allocated later (optimizer)", overhead, headroom)
-            + ". Raise max_gpu_memory, store the frozen weights in fp8 (quantize), enable gradient checkpointing, "
-              "or lower the resolution / batch size.")
+            + savers + ". Raise max_gpu_memory, store the frozen weights in fp8 (quantize), enable gradient "
+                       "checkpointing, or lower the resolution / batch size.")
+
+
+def _measure(streamer, step_fn, dev, count_driver_overhead, overhead):
+    """One step with every block streamed, from an emptied cache: (static, peak, overhead) in bytes."""
+    streamer.set_resident([])
+    gc.collect()
+    M.empty_cache(dev)
+    static = M.memory_reserved(dev)
+    M.reset_peak_memory_stats(dev)
+    step_fn()
+    peak = max(M.max_memory_reserved(dev), static)
+    if count_driver_overhead:  # the first step may load kernels and make library workspaces outside the pool
+        overhead = max(overhead, _driver_overhead(dev))
+    return static, peak, overhead
+
+
+def _outside_saving(streamer):
+    """Bytes fp8 storage of the weights outside the blocks would save, or None where it is not offered: only when
+    the blocks are fp8 already (the user chose fp8's numbers) and the streamer knows the model (for_model)."""
+    if getattr(streamer, "quantize", None) not in ("fp8", "float8_e4m3fn") or not getattr(streamer, "outside_modules",
+                                                                                        None):
+        return None
+    from .outside import outside_fp8_candidates
+    return sum(saved for _, _, saved in outside_fp8_candidates(streamer.outside_modules)) or None
 
 
 def auto_fit(streamer, max_gpu_memory, step_fn, *, extra_bytes=0, headroom=None, enforce=True, verify=True,
-             verify_steps=3, margin=None, count_driver_overhead=True):
+             verify_steps=3, margin=None, count_driver_overhead=True, offload_activations=None):
     """Choose `streamer`'s resident blocks so that a step (`step_fn()`, forward + backward) fits `max_gpu_memory`
     (bytes or a string such as '12GiB'); raise MemoryBudgetError naming the minimum when it cannot.
 
@@ -161,6 +205,9 @@ def auto_fit(streamer, max_gpu_memory, step_fn, *, extra_bytes=0, headroom=None,
     verify_steps  how many steps the verification runs (the pool's layout drifts from step to step)
     margin        the verification runs under a limit this much below the budget (default headroom // 2)
     count_driver_overhead   on cuda, count the device memory outside the pool (context etc.) against the budget
+    offload_activations     None: turned on only when the budget needs it (left on when the streamer's owner
+                  turned it on; one an earlier fit turned on is decided again);
+                  True / False: on / off whatever the budget
     Returns a FitReport."""
     budget = parse_size(max_gpu_memory)
     if budget is None or budget <= 0:
@@ -171,6 +218,13 @@ def auto_fit(streamer, max_gpu_memory, step_fn, *, extra_bytes=0, headroom=None,
     extra = int(extra_bytes)
     prev_limit = M.get_memory_limit(dev)
     M.set_memory_limit(None, dev)
+    can_offload = hasattr(streamer, "activations")  # (a stand-in streamer in tests may not offer it)
+    if offload_activations is not None and can_offload:
+        streamer.offload_activations = bool(offload_activations)
+    elif can_offload and getattr(streamer, "_offload_by_fit", False):
+        streamer.offload_activations = False  # an earlier fit turned it on: this budget decides again
+    offloading = can_offload and streamer.offload_activations
+    auto_offload = can_offload and offload_activations is None and not offloading
 
     # 1. everything streamed; what is held now
     streamer.set_resident([])
@@ -179,7 +233,8 @@ def auto_fit(streamer, max_gpu_memory, step_fn, *, extra_bytes=0, headroom=None,
     overhead = _driver_overhead(dev) if count_driver_overhead else 0
     static = M.memory_reserved(dev)
     slots = streamer.slot_bytes * (streamer.num_slots if streamer.streamed else 0)
-    if static + extra + overhead + headroom > budget:
+    outside = _outside_saving(streamer)
+    if static - (outside or 0) + extra + overhead + headroom > budget:
         M.set_memory_limit(prev_limit, dev)
         g = fmt_bytes
         raise MemoryBudgetError(
@@ -190,27 +245,60 @@ def auto_fit(streamer, max_gpu_memory, step_fn, *, extra_bytes=0, headroom=None,
             + "), and a step's activations come on top. Raise max_gpu_memory or store the frozen weights in fp8.",
             minimum=static + extra + overhead + headroom)
 
-    # 2. one measured step
-    M.reset_peak_memory_stats(dev)
+    # 2. one measured step (counting the block inputs activation offload would move), then the plan
+    from .activations import ActivationOffload
+    if auto_offload:
+        streamer.activations = ActivationOffload(dev, count_only=True)
+    elif offloading:
+        streamer.activations.reset_stats()
     try:
-        step_fn()
+        static, peak, overhead = _measure(streamer, step_fn, dev, count_driver_overhead, overhead)
+        counted = dict(streamer.activations.stats) if (auto_offload or offloading) else {}
+        if auto_offload:
+            streamer.activations = None
+        plan = plan_budget(budget, held=static - slots + extra, slots=slots, activations=peak - static,
+                           overhead=overhead, headroom=headroom, offloadable=counted.get("bytes_step", 0),
+                           offload_block=counted.get("block_max", 0), outside_fp8=outside,
+                           offload_activations=None if auto_offload else offloading,
+                           measured_offloaded=offloading)
+        outside_names, outside_bytes = [], 0
+        if (plan.offload_activations and not offloading) or plan.quantize_outside:
+            if can_offload:
+                offloading = streamer.offload_activations = plan.offload_activations
+                streamer._offload_by_fit = offloading
+            if plan.quantize_outside:
+                outside_bytes = streamer.quantize_outside_()
+                outside_names = list(streamer.outside_fp8)
+            static, peak, overhead = _measure(streamer, step_fn, dev, count_driver_overhead, overhead)
+        if peak + extra + overhead + headroom > budget and outside and not outside_bytes:
+            # the offload saved less than planned: the fp8 outside the blocks is the saver left
+            plan.quantize_outside = True
+            plan.steps.append(("measured" + (" with the block inputs offloaded" if offloading else ""),
+                               peak + extra + overhead))
+            outside_bytes = streamer.quantize_outside_()
+            outside_names = list(streamer.outside_fp8)
+            static, peak, overhead = _measure(streamer, step_fn, dev, count_driver_overhead, overhead)
     except OutOfMemoryError as e:
+        if auto_offload and streamer.activations is not None and streamer.activations.count_only:
+            streamer.activations = None  # the probe of the measured step
         M.set_memory_limit(prev_limit, dev)
         raise MemoryBudgetError(f"one step does not fit in the device's memory even with every block streamed "
                                 f"(static part {fmt_bytes(static)}); {e}", minimum=static) from e
-    peak = max(M.max_memory_reserved(dev), static)
-    if count_driver_overhead:  # the first step may load kernels and make library workspaces outside the pool
-        overhead = max(overhead, _driver_overhead(dev))
     minimum = peak + extra + overhead
     if minimum + headroom > budget:
         M.set_memory_limit(prev_limit, dev)
+        savers = ((f" (with {fmt_bytes(plan.offloadable)} of block inputs offloaded to host memory"
+                   + (f" and {fmt_bytes(outside_bytes)} of the weights outside the blocks in fp8" if outside_bytes
+                      else "") + ")") if offloading else "")
         raise MemoryBudgetError(_minimum_message(budget, overhead, static, peak, extra, slots, streamer.num_slots,
-                                                 headroom), minimum=minimum + headroom)
+                                                 headroom, savers), minimum=minimum + headroom)
 
     # 3. fill the rest with resident blocks
     chosen = _choose(streamer, budget - headroom - minimum, dev)
     _place(streamer, chosen, dev)
-    report = FitReport(budget=budget, overhead=overhead, minimum=minimum, static=static)
+    report = FitReport(budget=budget, overhead=overhead, minimum=minimum, static=static, plan=plan,
+                       offload_activations=offloading, outside_fp8=outside_names,
+                       outside_fp8_bytes=outside_bytes)
 
     # 4. verify under the budget less the margin, then the budget as the pool's limit
     if verify:
@@ -251,4 +339,7 @@ def auto_fit(streamer, max_gpu_memory, step_fn, *, extra_bytes=0, headroom=None,
     report.streamed_bytes = sum(streamer.block_bytes(i) for i in report.streamed)
     report.slot_bytes = streamer.slot_bytes if report.streamed else 0
     report.num_slots = streamer.num_slots if report.streamed else 0
+    if offloading:
+        report.offloaded_bytes = streamer.activations.stats["bytes_step"]
+        report.activation_host_bytes = streamer.activations.host_bytes
     return report

@@ -22,6 +22,9 @@ moves by about that (tests/offload/test_fp8_storage.py). Scales that minimise th
 (4.3% -> 3.6% output error on a tiny Flux) would cost 3.2 of Flux-dev's 11.9 B parameters in bf16: neither is done.
 BlockStreamer(quantize='fp8') quantises the blocks only: the embedders and the final layer, outside them, keep their
 dtype.
+
+fp8 compute (opt-in: `quantize_linear_weights_(module, compute="fp8")`, `use_fp8_compute_`): one scale per weight
+tensor and the matmuls on the e4m3 tensor cores, the activations quantised too (fp8_compute.py).
 """
 import numpy as np
 

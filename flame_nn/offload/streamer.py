@@ -28,7 +28,9 @@ K-1..0) in the state the next one starts from -- the first K streamed blocks in 
 Training: a streamed block always runs under gradient checkpointing (whatever `gradient_checkpointing` says): its
 backward recomputes it, so it needs its weights once more, in reverse order, and no saved tensor outlives the slot
 it points into. The checkpoint node tells the streamer when block i's backward starts (load i, prefetch i-1) and
-ends (layer-wise updates). Resident blocks follow their own `gradient_checkpointing` attribute.
+ends (layer-wise updates). Resident blocks follow their own `gradient_checkpointing` attribute, except under
+`offload_activations`: then every block is checkpointed and the inputs carried from block to block wait in pinned host
+memory for the backward, copied out and back on a copy stream of their own (flame_nn.offload.activations).
 
 CUDA graphs: a streamed training step (forward + backward) can be captured and replayed as one graph
 (flame_core.cuda.graphed; the trainer does it with `cuda_graph` on). The copies from pinned memory and the events
@@ -57,6 +59,7 @@ from flame_core.device import device as _parse_device
 from flame_core.io import convert
 
 from ..module import Module
+from .activations import ActivationOffload
 from .engine import copy_engine, device_bytes
 from .host import HostBlock, OffloadError
 
@@ -136,13 +139,16 @@ class BlockStreamer:
     prefixes        the stacks' names in the model (default: "0", "1", ...), for `sources` keys and `state_dict`
     stream_trainable  stream trainable block parameters too (layer-wise full fine-tuning, see LayerwiseAdamW)
     profile         time every host->device copy (`transfer_log()`)
+    offload_activations  keep the checkpointed block inputs carried from block to block in pinned host memory
+                    between forward and backward (flame_nn.offload.activations; every block is then checkpointed);
+                    auto_fit turns it on when the budget needs it
 
     The weights of a streamed block read as NaN outside the streamer. Do not call `.to()` on the model afterwards
     (it would copy placeholders); move the other modules yourself, or build the streamer after moving the model.
     """
 
     def __init__(self, blocks, *, resident=(), slots=2, device=None, quantize=None, prepare=None, sources=None,
-                 prefixes=None, stream_trainable=False, profile=False, fp8_compute=False):
+                 prefixes=None, stream_trainable=False, profile=False, fp8_compute=False, offload_activations=False):
         stacks = [blocks] if isinstance(blocks, Module) else list(blocks)
         if not stacks:
             raise OffloadError("BlockStreamer needs at least one stack of blocks")
@@ -156,6 +162,9 @@ class BlockStreamer:
         if prefixes is not None and len(prefixes) != len(stacks):
             raise OffloadError(f"{len(prefixes)} prefixes for {len(stacks)} stacks")
         self.device = _parse_device(device) if device is not None else default_device()
+        self.quantize = quantize
+        self.outside_modules = {}  # {name: module} of the model outside the stacks (for_model), for outside fp8
+        self.outside_fp8 = []      # the names of those Linears stored in fp8 (quantize_outside_)
         self.num_slots = int(slots)
         self.engine = copy_engine(self.device, profile)
         self.blocks, self.names, self._stacks = [], [], []
@@ -198,6 +207,8 @@ class BlockStreamer:
         self._capture_start = None
         self._forked = False  # the copy stream has joined the current capture
         self.graph_stats = None  # the last capture: {"loads", "bytes_h2d", "start", "end"} (what each replay copies)
+        self.activations = None  # the ActivationOffload while offload_activations is on
+        self.offload_activations = offload_activations
         self.set_resident(resident)
 
     @classmethod
@@ -212,6 +223,7 @@ class BlockStreamer:
             raise OffloadError(f"{type(model).__name__} has no ModuleList of blocks to stream; name the stacks")
         dev = _parse_device(device) if device is not None else default_device()
         streamer = cls([model.get_submodule(n) for n in names], device=dev, prefixes=names, **kwargs)
+        streamer.outside_modules = {n: m for n, m in model.named_children() if n not in names}
         streamed = {id(m) for b in streamer.blocks for m in b.modules()}
         for m in model.modules():
             if id(m) in streamed:
@@ -251,6 +263,26 @@ class BlockStreamer:
         self._stacks = []
 
     # ------------------------------------------------------------------ placement
+    @property
+    def offload_activations(self):
+        return self.activations is not None and not self.activations.count_only
+
+    @offload_activations.setter
+    def offload_activations(self, on):
+        self._offload_by_fit = False  # (auto_fit marks the ones it turned on itself)
+        if bool(on) != self.offload_activations:
+            if self.activations is not None:
+                self.activations.join()
+            self.activations = ActivationOffload(self.device) if on else None
+
+    def quantize_outside_(self):
+        """Store the large frozen Linear weights outside the stacks (for_model's model) in fp8; returns the bytes
+        saved (flame_nn.offload.outside). auto_fit calls it when the blocks are fp8 and the budget needs the room."""
+        from .outside import quantize_outside_
+        names, saved = quantize_outside_(self.outside_modules)
+        self.outside_fp8 += names
+        return saved
+
     @property
     def resident(self):
         return sorted(self._resident)
@@ -335,13 +367,17 @@ class BlockStreamer:
         grad = _grad_state.enabled
         self._begin(i, backward=False, cyclic=not grad)
         block = self.blocks[i]
-        if grad and (i not in self._resident or self._layerwise is not None
+        acts = self.activations
+        if grad and (i not in self._resident or self._layerwise is not None or self.offload_activations
                      or getattr(block, "gradient_checkpointing", False)):
-            return _checkpointed(_BlockCall(self, i, block), args, kwargs, getattr(block, "checkpoint_offload", False))
+            offload = acts.hooks(i) if acts is not None else getattr(block, "checkpoint_offload", False)
+            return _checkpointed(_BlockCall(self, i, block), args, kwargs, offload)
         return block(*args, **kwargs)
 
     def _before_backward(self, i):
         self._begin(i, backward=True, cyclic=False)
+        if self.activations is not None:
+            self.activations.prefetch(i)  # block i's inputs, and the next backward's, on the activations' stream
         if self._layerwise is not None:
             self._layerwise._before_backward(i)
 
@@ -459,6 +495,8 @@ class BlockStreamer:
             eng.compute_waits(eng.record_copy())
         for s in self._slots:
             s.ready = None  # complete before anything the compute stream runs from here on
+        if self.activations is not None:
+            self.activations.join()
         if cap is not None and self.graph_stats is not None:
             end = self.slot_state()
             self.graph_stats["end"] = end
@@ -549,6 +587,8 @@ class BlockStreamer:
                 e.tensor._version[0] += 1
         self._free_slots()
         self._own.clear()
+        self.offload_activations = False
+        self.activations = None
         self._resident, self._streamed = set(), []
         self._host = []
         if self._layerwise is not None:

@@ -250,3 +250,37 @@ def test_offload_to_pinned_host_keeps_gradients_and_frees_device_memory(tiny, de
     np.testing.assert_allclose(gx1, gx0, rtol=1e-5, atol=1e-7)
     # the 5 inner block inputs (x itself stays alive either way) left the device
     assert live[False] - live[True] >= 5 * B * L * D * 4 * 0.9, live
+
+
+def test_an_offload_object_keeps_the_inputs_and_gets_the_gradients_right(device):
+    # `offload` may be an object that keeps the region's tensor inputs itself (flame_nn's activation offload): the
+    # node saves nothing of them, calls pack in forward and unpack in backward, and the gradients are the plain ones
+    class Keeper:
+        def __init__(self):
+            self.calls = []
+
+        def pack(self, tensors):
+            self.calls.append("pack")
+            return [t.detach().cpu().numpy().copy() for t in tensors]  # a copy: the originals are not used again
+
+        def unpack(self, packed):
+            self.calls.append("unpack")
+            return [flame.tensor(a, device=device) for a in packed]
+
+    w = flame.randn(8, 8, device=device, requires_grad=True)
+    x = flame.randn(4, 8, device=device, requires_grad=True)
+
+    def region(a, scale):
+        return (a @ w).tanh() * scale
+
+    keeper = Keeper()
+    y = checkpoint(region, x, 2.0, offload=keeper)
+    assert keeper.calls == ["pack"]
+    (y * y).sum().backward()
+    assert keeper.calls == ["pack", "unpack"]
+    got = (w.grad.numpy(), x.grad.numpy())
+    w.grad = x.grad = None
+    y = region(x, 2.0)
+    (y * y).sum().backward()
+    np.testing.assert_allclose(got[0], w.grad.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(got[1], x.grad.numpy(), rtol=1e-6)

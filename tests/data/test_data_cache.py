@@ -88,6 +88,24 @@ def test_latents_are_encoded_once_and_only_what_changed(folder):
     assert LatentCache("vae-A|bf16").fill(ds2.latent_specs(), vae, progress=False) == 0
 
 
+def test_the_same_image_in_two_cache_folders_is_cached_in_each(tmp_path, folder):
+    """An image whose bytes another dataset also holds (a held-out copy, a second folder) has the same cache key, but
+    its entry lives in its own dataset's cache folder (or in memory): each folder gets it. Deduplicating by key alone
+    left the second one missing (a validation folder beside a disk-cached training folder)."""
+    import shutil
+    twin = tmp_path / "twin"
+    shutil.copytree(folder, twin)
+    on_disk = make(folder)                                   # .flame_cache in the folder
+    in_memory = make(str(twin), cache_latents_to_disk=False)  # the same bytes, cached in host memory
+    specs = on_disk.latent_specs() + in_memory.latent_specs()
+    cache, vae = LatentCache("vae-A|bf16"), CountingVAE()
+    assert cache.missing(specs) == specs[:len(on_disk.latent_specs())] + specs[len(on_disk.latent_specs()):]
+    cache.fill(specs, vae, progress=False)
+    assert cache.missing(specs) == []
+    for s in specs:
+        assert cache.load(s).shape[0] == 4
+
+
 def test_cached_latents_keep_values_and_dtype(tmp_path, folder):
     vae = CountingVAE(dtype=ml_dtypes.bfloat16)
     for store in (True, False):                                # on disk, and in memory

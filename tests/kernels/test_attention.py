@@ -233,8 +233,8 @@ CASES = [
     (1, 1, 66, 90, 256, "bool", False, "bhld"),
     (1, 2, 50, 70, 20, None, False, "bhld"),          # E not a multiple of 8
     (1, 2, 4096, 77, 64, None, False, "bhld"),        # few key blocks: the backward splits the query blocks
-    (1, 2, 333, 1000, 128, None, False, "bhld"),      # many key blocks, even and odd counts (the pipelined forward
-    (1, 2, 520, 640, 64, None, False, "blhd"),        # alternates its P registers two tiles at a time)
+    (1, 2, 333, 1000, 128, None, False, "bhld"),      # many key blocks, even and odd counts
+    (1, 2, 520, 640, 64, None, False, "blhd"),
 ]
 
 
@@ -252,9 +252,9 @@ def _gpu_inputs(rng, case, dt):
 
 
 @pytest.mark.gpu
-# the Hopper kernels (forward and backward; the forward's softmax overlapping P V or in sequence, the backward's dQ
-# through bulk reductions or through atomics) or the sm_80 ones
-@pytest.mark.parametrize("fwd", ["sm90", "sm90-atomic-dq", "sm90-unpiped", "sm80"])
+# the Hopper kernels (forward and backward; the backward's dQ through bulk reductions or through atomics) or the
+# sm_80 ones
+@pytest.mark.parametrize("fwd", ["sm90", "sm90-atomic-dq", "sm80"])
 @pytest.mark.parametrize("dt", ["bfloat16", "float16"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:5])) + f"-{c[5]}-{'causal' * c[6]}{c[7]}")
 def test_flash_kernel_against_float64(rng, monkeypatch, dt, case, fwd):
@@ -262,9 +262,7 @@ def test_flash_kernel_against_float64(rng, monkeypatch, dt, case, fwd):
         pytest.skip("the sm_90a forward needs a compute capability 9.0 GPU")
     monkeypatch.setattr(K, "SM90_FWD", fwd.startswith("sm90"))
     monkeypatch.setattr(K, "SM90_BWD", fwd.startswith("sm90"))
-    monkeypatch.setattr(K, "SM90_BWD_BULK_DQ", fwd in ("sm90", "sm90-unpiped"))
-    monkeypatch.setattr(K, "SM90_FWD_PIPE", fwd in ("sm90", "sm90-atomic-dq"))
-    monkeypatch.setattr(K, "FWD_SM90_PIPE_DIMS", (64, 128))  # the pipelined kernel at every head dim it compiles for
+    monkeypatch.setattr(K, "SM90_BWD_BULK_DQ", fwd == "sm90")
     host, (q, k, v, do), mask, dmask, causal = _gpu_inputs(rng, case, np.dtype(BF16 if dt == "bfloat16" else dt))
     before = launching.launches
     o, lse = K.flash_attention_forward(q, k, v, dmask, causal)
@@ -287,7 +285,7 @@ def test_flash_kernel_against_float64(rng, monkeypatch, dt, case, fwd):
 
 
 @pytest.mark.gpu
-def test_sm90_kernels_are_the_default_on_hopper(rng, monkeypatch):
+def test_sm90_kernels_are_the_default_on_hopper(rng):
     if not loader.arch_available("sm_90a"):
         pytest.skip("needs a compute capability 9.0 GPU")
     cp = backend.cupy
@@ -308,15 +306,6 @@ def test_sm90_kernels_are_the_default_on_hopper(rng, monkeypatch):
     assert {x.split(",")[1].strip() for x in bulk} == {"64", "128"}, bulk
     assert any(key[1] == "flash_attn_convert_tiles<{T}>" for key in K._functions)
 
-    # the pipelined forward where it measured faster (D 64), the sequential one elsewhere
-    used = []
-    real = K._kernel
-    monkeypatch.setattr(K, "_kernel", lambda stem, expr, *a: used.append(expr) or real(stem, expr, *a))
-    for e in (64, 128):
-        q = cp.asarray(rng.standard_normal((1, 3, 260, e)).astype(BF16))
-        K.flash_attention_forward(q, q, q)
-    fwd = [x for x in used if x.startswith("flash_attn_fwd_sm90")]
-    assert [(x.split(",")[1].strip(), x.endswith(", 1>")) for x in fwd] == [("64", True), ("128", False)], fwd
 
 
 @pytest.mark.gpu

@@ -46,7 +46,7 @@ def test_budget_below_the_minimum_fails_with_the_minimum_in_the_message(setup, d
     assert big.minimum > big.static > 0
     budget = big.minimum - 4096
     with pytest.raises(MemoryBudgetError) as e:
-        auto_fit(st, budget, step, headroom=0, count_driver_overhead=False)
+        auto_fit(st, budget, step, headroom=0, count_driver_overhead=False, offload_activations=False)
     assert e.value.minimum == big.minimum
     msg = str(e.value)
     assert f"below the minimum of {fmt_bytes(big.minimum)}" in msg

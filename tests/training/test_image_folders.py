@@ -112,6 +112,45 @@ def test_a_second_run_reuses_the_caches_without_loading_an_encoder(tmp_path, tin
     assert third.prepared.encoded == {"latents": 0, "text": 1}
 
 
+def test_rerunning_a_finished_run_encodes_nothing_and_keeps_its_files(tmp_path, tiny_model, images, monkeypatch,
+                                                                      capsys):
+    # before: the rerun of a finished run loaded the VAE and the text encoders and encoded every latent and caption
+    # again (caches in host memory), decoded the previews' data column, only to find no step left
+    cfg = lambda steps: image_config(tmp_path, "done", tiny_model, images, steps=steps,  # noqa: E731
+                                     sample={"sample_every": 2, "sample_steps": 1, "prompts": PROMPTS},
+                                     validation={"split": 0.25, "every": 2})
+    first_tr = Trainer(cfg(2), verbose=False)
+    first = first_tr.train()
+    files = {k: open(first[k], "rb").read() for k in ("lora", "samples")}
+    fam = get_family("flux")
+
+    def called(name):
+        def fail(*a, **k):
+            raise AssertionError(f"{name} was called on a finished run's rerun")
+        return fail
+    for name in ("load_vae", "load_text_encoders", "encode_images", "encode_prompts", "decode"):
+        monkeypatch.setattr(fam, name, called(name))  # no encoder loaded, nothing encoded or decoded
+    tr = Trainer(cfg(2), verbose=True)
+    again = tr.train()
+    assert "this run already finished: step 2 of 2" in capsys.readouterr().out
+    assert again["finished_before"] and again["steps"] == 2 and again["lora"] == first["lora"]
+    assert again["losses"] == first["losses"] and again["samples"] == first["samples"]
+    assert again["samples_decoded"] and again["loss_plot"] == first["loss_plot"]
+    assert again["validation_losses"] == first["validation_losses"] and len(first["validation_losses"]) == 2
+    assert not {"latents", "text", "train"} & {s["stage"] for s in again["stages"]}
+    assert {k: open(again[k], "rb").read() for k in files} == files  # the LoRA and the grid as the run left them
+    # still built and restored: the model's adapters and the optimizer are the finished run's
+    got, want = dict(tr.named_adapter_parameters()), dict(first_tr.named_adapter_parameters())
+    assert sorted(got) == sorted(want)
+    for k in want:
+        np.testing.assert_array_equal(got[k].detach().numpy(), want[k].detach().numpy())
+    assert tr.step == 2 and tr.optimizer.state_dict()["state"]
+    # a larger train.steps continues the run: the caches are needed (host memory: encoded again)
+    monkeypatch.undo()
+    more = Trainer(cfg(4), verbose=False).train()
+    assert more["steps"] == 4 and not more.get("finished_before") and more["encoded"]["latents"] == 8
+
+
 def _before_any_model(monkeypatch):
     """Make loading any model part fail loudly: a check that should fire first must not get there."""
     fam = get_family("flux")

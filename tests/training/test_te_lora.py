@@ -127,6 +127,28 @@ def test_sdxl_text_encoder_lora_resumes_exactly_with_gradient_checkpointing(tmp_
         np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-6, atol=1e-7)
 
 
+def test_a_finished_text_encoder_run_reruns_with_its_adapters_and_nothing_encoded(tmp_path, images, sdxl_model,
+                                                                                  monkeypatch):
+    cfg = lambda: sdxl_config(tmp_path, "done", sdxl_model, images, steps=1, train=TE_TRAIN)  # noqa: E731
+    first = Trainer(cfg(), verbose=False)
+    first.train()
+    fam = first.family
+
+    def called(name):
+        def fail(*a, **k):
+            raise AssertionError(f"{name} was called on a finished run's rerun")
+        return fail
+    for name in ("load_vae", "encode_images", "caption_tokens", "encode_prompts", "decode"):
+        monkeypatch.setattr(fam, name, called(name))
+    again = Trainer(cfg(), verbose=False)
+    assert again.train()["finished_before"]
+    # the encoders are loaded for their adapters (the checkpoint's), nothing is tokenised
+    got, want = dict(again.named_adapter_parameters()), dict(first.named_adapter_parameters())
+    assert sorted(got) == sorted(want) and any(k.startswith("te2/") for k in got)
+    for k in want:
+        np.testing.assert_array_equal(got[k].detach().numpy(), want[k].detach().numpy())
+
+
 def test_default_keeps_the_text_embedding_cache(tmp_path, images, sdxl_model):
     tr = Trainer(sdxl_config(tmp_path, "off", sdxl_model, images, steps=1), verbose=False).setup()
     assert tr.text_encoders is None and tr.prepared.text_encoders is None and tr.prepared.encoded["text"] > 0

@@ -89,6 +89,19 @@ def test_allow_upscale_without_image_data_is_one_line_and_exit_2(tmp_path, capsy
                                       "datasets)\n"
 
 
+# ----------------------------------------------------------------------------- a finished run, run again
+def test_running_a_finished_run_again_says_so_without_encoding(tmp_path, capsys):
+    images = draw_images(tmp_path / "images", n_concept=2, n_other=2, size=64)
+    argv = ["--data", images, "--resolution", "64", "--output", str(tmp_path), "--device", "cpu", "--steps", "1",
+            "--name", "done", "--rank", "2", "--sample-every", "0"]
+    assert train.main(argv) == 0
+    assert "latents: encoding 4 of 4" in capsys.readouterr().out
+    assert train.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "this run already finished: step 1 of 1" in out and "already finished before this run; its files:" in out
+    assert "encoding" not in out and "text encoders:" not in out and "\nwrote:" not in out
+
+
 # ----------------------------------------------------------------------------- SD3's position table
 def test_an_sd3_bucket_beyond_the_position_table_is_refused_before_any_work(tmp_path, capsys):
     images = draw_images(tmp_path / "images", n_concept=1, n_other=1, size=256)

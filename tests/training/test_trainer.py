@@ -195,7 +195,7 @@ def test_a_capture_over_the_budget_streams_more_blocks_and_captures_again(tmp_pa
 def test_the_loop_imports_no_model_and_no_private_surface():
     loop = ("trainer.py", "checkpoint.py", "resume.py", "samples.py", "config.py", "validation.py",
             "logging.py", "progress.py", "ema.py", "preview.py", "interrupt.py", "run_folder.py",
-            "objective.py", "timesteps.py", "family.py", "model_files.py")
+            "objective.py", "timesteps.py", "family.py", "model_files.py", "network.py", "lr_schedule.py")
     private = re.compile(r"\._data\b|\b_wrap\b|_view_of|\._version\b|\._generation\b|grad_mode\.|kernels\.\w+\._")
     for name in loop:
         src = open(os.path.join(TRAINING, name)).read()

@@ -83,8 +83,9 @@ def test_the_validation_loss_equals_a_direct_computation(tmp_path, tiny_model, i
                 eps = flame.randn(*x0.shape, generator=flame.Generator("cpu").manual_seed(noise_seed(7, key, k)),
                                   dtype=flame.float32, device="cpu").numpy().astype(np.float64)
                 x = x0.numpy().astype(np.float64)
-                x_t = flame.tensor(((1 - sigma) * x + sigma * eps).astype(np.float32))
-                pred = fam.forward(model, x_t, flame.tensor(np.full(1, sigma, np.float32)), cond).numpy()
+                x_t = flame.tensor(((1 - sigma) * x + sigma * eps).astype(np.float32), device=tr.device)
+                pred = fam.forward(model, x_t, flame.tensor(np.full(1, sigma, np.float32), device=tr.device),
+                                   cond).numpy()
                 want[i, k] = np.mean((pred.astype(np.float64) - (eps - x)) ** 2)
     model.train()
     np.testing.assert_allclose(got["per_timestep"], want.mean(axis=0), rtol=1e-5)
@@ -283,16 +284,20 @@ def test_the_training_command_runs_with_a_validation_loss(tmp_path, tiny_model, 
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     assert train.main(["--config", str(path)]) == 0
-    out = capsys.readouterr().out
+    got = capsys.readouterr()
+    out = got.out
     run = tmp_path / "out" / f"cmd_{how}"
     assert f"validation {run / 'validation.csv'}" in " ".join(out.split())
+    said = got.out + got.err                                               # (the progress bar's writes)
+    assert "validation loss" in said and "at step 2" in said               # each evaluation said as it comes
     with open(run / "validation.csv", newline="") as f:
         assert [int(r["step"]) for r in csv.DictReader(f)] == [0, 2, 3]
     assert (run / "loss.png").is_file()
 
 
 # ----------------------------------------------------------------------------- every family
-FAMILIES = {"sdxl": {"arch": "sdxl", "t5_max_length": None}, "sd3": {"arch": "sd3"}, "chroma": {"arch": "chroma"}}
+FAMILIES = {"sdxl": {"arch": "sdxl", "t5_max_length": None}, "sd3": {"arch": "sd3"}, "chroma": {"arch": "chroma"},
+            "qwen_image": {"arch": "qwen_image", "t5_max_length": None}}
 
 
 @pytest.mark.parametrize("arch", sorted(FAMILIES))
@@ -363,3 +368,23 @@ def test_the_commands_flags_set_the_validation_section(tmp_path, images, held_ou
                                    "--validation-split", "0.1"])
     with pytest.raises(ConfigError, match="validation.split: given together with folder_path"):
         train.build_config(a)
+
+
+def test_held_out_buckets_larger_than_the_model_takes_are_refused_before_any_model(tmp_path, monkeypatch):
+    from flame_models.training.family import get_family
+    images = draw_images(tmp_path / "img", n_concept=2, n_other=2)    # squares: 256x256 buckets, within sd3-tiny's
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    Image.new("RGB", (768, 256), (30, 90, 200)).save(wide / "band.png")
+    (wide / "band.txt").write_text("a wide blue band")
+    fam = get_family("sd3")
+
+    def loaded(*a, **k):
+        raise AssertionError("a model was loaded before the bad input was found")
+    monkeypatch.setattr(fam, "load_vae", loaded)
+    ds = [{"folder_path": images, "resolution": 256, "bucket_tolerance": 32, "allow_upscale": True}]
+    cfg = image_config(tmp_path, "wide", None, images, datasets=ds, validation={"folder_path": str(wide)},
+                       model={"arch": "sd3", "size": None, "name_or_path": None, "t5_max_length": 8})
+    with pytest.raises(ConfigError, match=r"validation.folder_path at resolution 256: the \d+x\d+ bucket exceeds "
+                                          r"256 px a side"):
+        Trainer(cfg, verbose=False).setup()

