@@ -1,7 +1,8 @@
 """Qwen-Image on a GPU: the transformer (float32 against the CPU, bfloat16 with flash attention at head dim 128 and
 the text mask), its gradients with and without checkpointing, the VAE and the Qwen2.5-VL language model against the
 CPU, a LoRA run of the tiny family through the trainer (CUDA graphs) on cuda, generate's stages against the CPU from
-the same noise (the transformer resident, streamed, in fp8) and generate with fp8 / a budget against its resident run."""
+the same noise (the transformer resident, streamed, in fp8) and generate with fp8 / a budget against its resident
+run."""
 import os
 
 import numpy as np
