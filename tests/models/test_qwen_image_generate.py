@@ -61,3 +61,35 @@ def test_given_latents_are_the_seeds_noise_and_are_checked(folder):
         S.sample_latents(model, pos, seeds=[5], latents=noise, **kw)
     with pytest.raises(ValueError, match="do not fit a 48x64 image"):
         S.sample_latents(model, pos, latents=np.zeros((1, 16, 8, 8), np.float32), **kw)
+
+
+def test_generate_runs_its_stages_one_after_another_under_a_budget(folder, monkeypatch):
+    """--max-gpu-memory: the text encoder's layers streamed and fitted (auto_fit), then the transformer's (here
+    every block streamed: the budget holds none resident), then the VAE; each stage's pool peak within the budget,
+    the picture the unconstrained run's; --fp8 with it stores both stacks in fp8."""
+    from flame_models.generate import generate
+    from flame_models.text_encoders import qwen2_5_vl
+    common = dict(width=64, height=48, steps=3, seed=2, negative_prompt="blurry", cfg=3.0, progress=False,
+                  device="cpu")
+    want = np.asarray(generate(folder, "a red square", log=lambda *a: None, **common)[0])
+    lines, stats = [], {}
+    budget = 5 * 2 ** 20
+    got = np.asarray(generate(folder, "a red square", max_gpu_memory=f"{budget}B", stats=stats, log=lines.append,
+                              **common)[0])
+    np.testing.assert_array_equal(got, want)
+    text = "\n".join(map(str, lines))
+    assert "text encoder auto-fit for max_gpu_memory 5.00 MiB" in text
+    assert "auto-fit for max_gpu_memory 5.00 MiB: 0 blocks resident (0 B), 2 streamed" in text
+    assert list(stats) == ["text encoders", "transformer", "vae"]
+    assert all(0 < s["peak_bytes"] <= budget for s in stats.values()), stats
+    placed = []
+    load = qwen2_5_vl.load_qwen2_5_vl
+
+    def spy(*a, **kw):
+        placed.append((kw.get("quantize"), kw.get("stream")))
+        return load(*a, **kw)
+    monkeypatch.setattr(qwen2_5_vl, "load_qwen2_5_vl", spy)
+    fp8 = np.asarray(generate(folder, "a red square", fp8=True, max_gpu_memory=f"{budget}B", log=lambda *a: None,
+                              **common)[0], np.float32)
+    assert placed == [("fp8", True)]
+    assert np.abs(fp8 - want).mean() < 2.0
