@@ -10,11 +10,18 @@ The peer: diffusers 0.42.1's QwenImageTransformer2DModel + PEFT, eager, then com
 repeated blocks, fused AdamW; its compile time reported apart). FLAME runs first and gives its memory back before the
 peer builds its model: the two 41 GB models never share the GPU.
 
+--budget B[,B...] (GiB; default none): the released size through FLAME's trainer under each max_gpu_memory with fp8
+block storage (model.quantize), random weights, synthetic 1024² samples with 512-token text and its mask, the
+attention LoRA, gradient checkpointing, as bench/kontext_chroma_lora.py's budget runs: whole train_step calls timed
+(median, after the trainer's warm-up and CUDA-graph capture), the driver's device-memory peak (cudaMemGetInfo,
+polled) over setup and steps. --only-budget runs those alone.
 --blocks N: N blocks instead of 60 (a short smoke run; the bench has no CPU mode: it times CUDA events).
 Run: PYTHONPATH=$PWD python3 bench/qwen_image_lora.py [--sizes 1024] [--ckpt on,off] [--repeats 5]
                                                      [--peer eager,compiled] [--graph] [--blocks N]
+                                                     [--budget 24,12] [--only-budget]
 """
 import dataclasses
+import tempfile
 
 import common
 import lora_step
@@ -80,20 +87,83 @@ def diffusers_part(res, configs, a):
     model = None  # rebound, not deleted: the closure above uses the name
 
 
+def budget_part(res, budget, a):
+    """The released size through FLAME's trainer under max_gpu_memory `budget` GiB with fp8 block storage."""
+    import flame_core as flame
+    from flame_models.training.config import config_from_dict
+    from flame_models.training.stages import _DevicePoll
+    from flame_models.training.trainer import Trainer
+    key = f"budget_{budget}GiB_fp8"
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = config_from_dict({
+            "name": "qwen_budget", "training_folder": tmp, "device": "cuda", "max_gpu_memory": f"{budget}GiB",
+            "model": {"arch": "qwen_image", "name_or_path": None, "size": "qwen-image", "quantize": True},
+            "synthetic": {"num_samples": 8, "height": 1024, "width": 1024, "text_length": TXT_LEN},
+            "network": {"type": "lora", "linear": 16, "linear_alpha": 16, "target": "attention"},
+            "train": {"steps": 1000, "batch_size": 1, "lr": 1e-4, "optimizer": "adamw", "dtype": "bf16",
+                      "gradient_checkpointing": True, "disable_sampling": True},
+            "sample": {"sample_every": 0}, "save": {"save_every": 10 ** 6}}, check_files=False)
+        poll = _DevicePoll(flame.device("cuda"))
+        tr = Trainer(cfg, verbose=False).setup()
+        res.log(f"{key}_resident_blocks", f"{len(tr.streamer.resident)} of {len(tr.streamer.names)}"
+                if tr.streamer is not None else "all")
+        for _ in range(max(a.warmup, 3)):   # the first steps capture the CUDA graph
+            tr.train_step()
+        ms = common.cuda_ms(tr.train_step, a.repeats, warmup=0)[0]
+        peak = poll.stop()
+        res.log(f"{key}_graphed", bool(tr.graphed is not None and tr.graphed.captured))
+        res.log(f"{key}_step_ms", round(ms, 1))
+        res.log(f"{key}_driver_peak_GiB", common.gib(peak))
+        res.log(f"{key}_pool_peak_reserved_GiB", common.gib(flame.memory.max_memory_reserved()))
+        del tr
+    lora_step.release_flame()
+
+
+def budget_report(res, budgets):
+    rows = []
+    for b in budgets:
+        key = f"budget_{b}GiB_fp8"
+        f, p = res.get(f"{key}_step_ms"), res.get("compiled_step_1024_ckpt_ms")
+        rows.append([f"max_gpu_memory {b} GiB, fp8", res.get(f"{key}_resident_blocks"), f,
+                     res.get(f"{key}_driver_peak_GiB"), p, common.ratio(f, p)])
+    return common.table(["setting", "resident blocks", "FLAME ms", "driver peak GiB", "compiled peer ckpt ms",
+                         "ratio"], rows, title="\nQwen-Image through FLAME's trainer under a budget (1024², batch 1)")
+
+
+def _budgets(v):
+    out = []
+    for x in (v or "").split(","):
+        if x.strip():
+            g = float(x)
+            out.append(int(g) if g == int(g) else g)
+    return tuple(out)
+
+
 def main():
     ap = lora_step.parser(__doc__)
     ap.add_argument("--blocks", type=int, default=None, help="transformer blocks (default: the real 60)")
+    ap.add_argument("--budget", type=_budgets, default=(), help="GiB, comma-separated: trainer runs with fp8 blocks")
+    ap.add_argument("--only-budget", action="store_true", help="run the --budget trainer runs alone")
     a = ap.parse_args()
     if a.blocks is not None and not 1 <= a.blocks <= 60:
         ap.error(f"--blocks: 1 to 60, got {a.blocks}")
+    if a.only_budget and not a.budget:
+        ap.error("--only-budget needs --budget")
+    if any(b <= 0 for b in a.budget):
+        ap.error(f"--budget: positive GiB, got {','.join(map(str, a.budget))}")
     configs = lora_step.configs_from(a.sizes, a.ckpt)
-    res = common.Results("qwen_image_lora" + (f"_{a.blocks}blocks" if a.blocks else ""))
+    res = common.Results("qwen_image_lora" + (f"_{a.blocks}blocks" if a.blocks else "")
+                         + ("_budget" if a.only_budget else ""))
     blocks = f"{a.blocks} of 60 blocks" if a.blocks else "60 blocks, 20.4B"
     title = (f"\nQwen-Image ({blocks}) LoRA r16 (attention) training step, bf16 autocast, batch 1, {TXT_LEN} text "
              f"tokens (median ms; peak allocated GiB)" + lora_step.graph_note(a))
-    lora_step.run(res, a, [("FLAME", lambda: flame_part(res, configs, a))],
-                  [("diffusers+PEFT", lambda: diffusers_part(res, configs, a))],
-                  [lambda: lora_step.report(res, configs, title)])
+    ours = [] if a.only_budget else [("FLAME", lambda: flame_part(res, configs, a))]
+    ours += [(f"FLAME trainer, {b} GiB, fp8", lambda b=b: budget_part(res, b, a)) for b in a.budget]
+    reports = [] if a.only_budget else [lambda: lora_step.report(res, configs, title)]
+    if a.budget:
+        reports.append(lambda: budget_report(res, a.budget))
+    peers = [] if a.only_budget else [("diffusers+PEFT", lambda: diffusers_part(res, configs, a))]
+    lora_step.run(res, a, ours, peers, reports)
 
 
 if __name__ == "__main__":
