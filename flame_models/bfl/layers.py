@@ -210,10 +210,15 @@ class SingleStreamBlock(flame_nn.Module):
 
     def forward(self, x, vec, pe, mask=None):
         mod = self.modulation(vec)[0] if self.has_modulation else ModulationOut(*given_modulation(vec, 3))
-        qkv, mlp = self.linear1(ops.norm_modulate(x, mod.shift, mod.scale)).split(
-            [3 * self.hidden_size, self.mlp_hidden_dim], dim=-1)                   # (B, L, 3H) | (B, L, M)
-        attn = ops.attention(*split_heads(qkv, self.num_heads, self.norm), pe, mask)  # (B, L, H)
-        del qkv
+        H, heads = self.hidden_size, self.num_heads
+        # q | k | v | mlp as views of linear1's one GEMM; its backward takes the four gradients without joining them
+        q, k, v, mlp = self.linear1.forward_split(ops.norm_modulate(x, mod.shift, mod.scale),
+                                                  (H, H, H, self.mlp_hidden_dim))     # (B, L, H) x 3 | (B, L, M)
+        B, L = x.shape[0], x.shape[1]
+        q, k, v = (t.reshape(B, L, heads, H // heads) for t in (q, k, v))
+        q, k = self.norm(q, k, v)
+        attn = ops.attention(q, k, v, pe, mask)                                       # (B, L, H)
+        del q, k, v
         mlp = F.gelu(mlp, approximate="tanh")                # read in place from linear1's output, (B, L, M)
         if type(self.linear2) is flame_nn.Linear:            # linear2(cat(attn, mlp)) without the concatenation
             out = linear_cat2(attn, mlp, self.linear2.weight, self.linear2.bias)
