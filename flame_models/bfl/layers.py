@@ -25,6 +25,19 @@ class EmbedND(flame_nn.Module):
     def forward(self, ids):
         return ops.rope_freqs(ids, self.axes_dim, self.theta)
 
+    def joint(self, txt_ids, img_ids, batch_size):
+        """The rotations of the joint sequence, text first, as one table per token row (ops.rope_rows): ids (B, L, 3)
+        or (L, 3), the one with batch 1 broadcast to the other's."""
+        img_ids, txt_ids = _batched(img_ids), _batched(txt_ids)
+        if img_ids.shape[0] != txt_ids.shape[0]:
+            img_ids, txt_ids = (i.expand(max(img_ids.shape[0], txt_ids.shape[0]), *i.shape[1:])
+                                for i in (img_ids, txt_ids))
+        return ops.rope_rows(self(flame.cat((txt_ids, img_ids), dim=1)), batch_size)
+
+
+def _batched(ids):
+    return ids[None] if ids.ndim == 2 else ids
+
 
 class MLPEmbedder(flame_nn.Module):
     def __init__(self, in_dim, hidden_dim, dtype=None, device=None):
@@ -214,3 +227,14 @@ class SingleStreamBlock(flame_nn.Module):
         return ops.gated_residual(x, mod.gate, out)
 
 
+
+
+def stream_blocks(p, *, qkv_bias=True, modulation=True, dtype=None, device=None):
+    """(double_blocks, single_blocks): the ModuleLists of a Flux-derived transformer with params `p`; Chroma's
+    (`modulation=False`) take their modulation vectors from the approximator."""
+    kw = dict(modulation=modulation, dtype=dtype, device=device)
+    double = flame_nn.ModuleList(DoubleStreamBlock(p.hidden_size, p.num_heads, p.mlp_ratio, qkv_bias=qkv_bias, **kw)
+                                 for _ in range(p.depth))
+    single = flame_nn.ModuleList(SingleStreamBlock(p.hidden_size, p.num_heads, p.mlp_ratio, **kw)
+                                 for _ in range(p.depth_single_blocks))
+    return double, single
