@@ -232,6 +232,22 @@ def test_the_example_configs_read(name, arch):
     assert cfg.model.arch == arch and (cfg.datasets[0].control_path is not None) == (arch == "flux_kontext")
 
 
+@pytest.mark.parametrize("arch", ["flux_kontext", "chroma"])
+def test_ai_toolkits_is_flux_beside_a_flux_derived_arch_reads(arch):
+    """ai-toolkit takes model.arch over its flags: a Flux config's is_flux: true (or false) beside arch: flux_kontext
+    / chroma trains that family; the flag of an unrelated family still contradicts it."""
+    from flame_models.training.config import config_from_dict
+    base = {"name": "x", "training_folder": "/tmp/unused", "device": "cpu",
+            "synthetic": {"num_samples": 2, "height": 64, "width": 64}, "train": {"steps": 1}}
+    for flag in (True, False):
+        cfg = config_from_dict({**base, "model": {"arch": arch, "is_flux": flag}}, check_files=False)
+        assert cfg.model.arch == arch
+    with pytest.raises(ConfigError, match=f"model.is_v3: true contradicts model.arch '{arch}'"):
+        config_from_dict({**base, "model": {"arch": arch, "is_v3": True}}, check_files=False)
+    with pytest.raises(ConfigError, match="model.is_flux: false contradicts model.arch 'flux'"):
+        config_from_dict({**base, "model": {"arch": "flux", "is_flux": False}}, check_files=False)
+
+
 def test_chroma_t5_sees_the_real_tokens_and_one_padding_token(chroma_folder):
     from flame_models.chroma import conditioning as CC
     out = {}
