@@ -81,21 +81,17 @@ class SelfAttention(flame_nn.Module):
         self.proj = flame_nn.Linear(dim, dim, dtype=dtype, device=device)
 
     def qkv_heads(self, x):
-        """Normalised q, k and v (B, L, heads, D) of tokens x (B, L, H)."""
-        return split_heads(self.qkv(x), self.num_heads, self.norm)
+        """Normalised q, k and v (B, L, heads, D) of tokens x (B, L, H): views of one GEMM's q | k | v whose backward
+        takes dq, dk and dv as they come (Linear.forward_split), not stacked into one (B, L, 3H) gradient first."""
+        H = self.qkv.weight.shape[0] // 3
+        B, L = x.shape[0], x.shape[1]
+        q, k, v = (t.reshape(B, L, self.num_heads, H // self.num_heads) for t in self.qkv.forward_split(x, (H, H, H)))
+        q, k = self.norm(q, k, v)
+        return q, k, v
 
     def forward(self, x, pe):
         q, k, v = self.qkv_heads(x)
         return self.proj(ops.attention(q, k, v, pe))
-
-
-def split_heads(qkv, num_heads, norm):
-    """(B, L, 3H) -> q, k, v (B, L, heads, D) with QK-norm applied: the q/k/v index is outermost, then heads.
-    q and k come out of the norm contiguous; v stays a view of qkv."""
-    B, L, three_h = qkv.shape
-    q, k, v = qkv.reshape(B, L, 3, num_heads, three_h // (3 * num_heads)).unbind(2)
-    q, k = norm(q, k, v)
-    return q, k, v
 
 
 class Modulation(flame_nn.Module):
