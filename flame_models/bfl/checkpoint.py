@@ -78,6 +78,17 @@ def diffusers_config(class_name, p, **extra):
     return cfg
 
 
+def params_from_diffusers_config(params_class, c, **extra):
+    """`params_class` of a diffusers transformer config (config.json's dict, the inverse of diffusers_config):
+    the shared fields, and `extra`, the family's own read from it by the caller. diffusers' Flux-derived blocks have
+    an MLP 4 x wide (FLUX.1's mlp_ratio, the params' default)."""
+    return params_class(in_channels=c["in_channels"], out_channels=c.get("out_channels") or c["in_channels"],
+                        context_in_dim=c["joint_attention_dim"],
+                        hidden_size=c["num_attention_heads"] * c["attention_head_dim"],
+                        num_heads=c["num_attention_heads"], depth=c["num_layers"],
+                        depth_single_blocks=c["num_single_layers"], axes_dim=tuple(c["axes_dims_rope"]), **extra)
+
+
 def save_layout(model, path, layout, *, to_diffusers, metadata_key, stem, folder_config, max_shard_size=None):
     """Save `model` in BFL's layout ("bfl", files `<stem>*.safetensors`) or diffusers' ("diffusers",
     `to_diffusers(state, params)`, diffusion_pytorch_model*.safetensors + `folder_config` as config.json in a folder),

@@ -3,7 +3,7 @@ files or folders (sharded, with their index JSON). Loading reads one tensor at a
 dtype and device, into a model built under `flame_nn.empty_init` (no random initialisation, no second copy)."""
 from .. import checkpoint_io as CIO
 from . import keys as K
-from .checkpoint import BflCheckpoint, diffusers_config, save_layout
+from .checkpoint import BflCheckpoint, diffusers_config, params_from_diffusers_config, save_layout
 from .params import FluxParams, configs
 
 INDEX_SUFFIX = CIO.INDEX_SUFFIX
@@ -99,6 +99,12 @@ def load_flux(path, dtype=None, device=None, *, params=None, strict=True):
 def _diffusers_config(p):
     return diffusers_config("FluxTransformer2DModel", p, pooled_projection_dim=p.vec_in_dim,
                             guidance_embeds=p.guidance_embed, axes_dims_rope=list(p.axes_dim))
+
+
+def flux_params_from_config(config):
+    """FluxParams of a diffusers FluxTransformer2DModel config (config.json's dict)."""
+    return params_from_diffusers_config(FluxParams, config, vec_in_dim=config["pooled_projection_dim"],
+                                        guidance_embed=config["guidance_embeds"])
 
 
 def save_flux(model, path, layout="bfl", *, max_shard_size=None):

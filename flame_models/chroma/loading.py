@@ -2,7 +2,7 @@
 prefixed as ComfyUI writes them) and diffusers files or folders (ChromaTransformer2DModel, sharded with their index
 JSON), one tensor at a time into a model built under `flame_nn.empty_init`."""
 from .. import checkpoint_io as CIO
-from ..bfl.checkpoint import BflCheckpoint, diffusers_config, save_layout
+from ..bfl.checkpoint import BflCheckpoint, diffusers_config, params_from_diffusers_config, save_layout
 from . import keys as K
 from .params import ChromaParams, configs
 
@@ -93,6 +93,13 @@ def _diffusers_config(p):
                             approximator_num_channels=p.approximator_in_dim,
                             approximator_hidden_dim=p.approximator_hidden_dim,
                             approximator_layers=p.approximator_layers)
+
+
+def chroma_params_from_config(config):
+    """ChromaParams of a diffusers ChromaTransformer2DModel config (config.json's dict)."""
+    return params_from_diffusers_config(ChromaParams, config, approximator_in_dim=config["approximator_num_channels"],
+                                        approximator_hidden_dim=config["approximator_hidden_dim"],
+                                        approximator_layers=config["approximator_layers"])
 
 
 def save_chroma(model, path, layout="bfl", *, max_shard_size=None):
