@@ -19,7 +19,8 @@
    is emptied first, so the resident buffers and slots get segments of their own instead of being carved out of
    the measured step's cached activation segments (holes that later activations would have to fit around).
 4. The step runs `verify_steps` times (default 3) under a pool limit `margin` below the budget (default half the
-   headroom); if any of them does not fit, blocks are demoted and the steps run again. Then the budget itself is set
+   headroom) less `extra_bytes` (not allocated by those steps); if any of them does not fit, blocks are demoted and
+   the steps run again. Then the budget itself is set
    as the pool's limit (`flame_core.memory.set_memory_limit`; over it allocations fail instead of growing past it).
    Several steps, because the pool's layout is not the same from one step to the next: a step can fit where a later
    one does not (bench/streaming.py saw fp8 budgets verified by one step fail two steps later, the pool full of
@@ -302,7 +303,9 @@ def auto_fit(streamer, max_gpu_memory, step_fn, *, extra_bytes=0, headroom=None,
 
     # 4. verify under the budget less the margin, then the budget as the pool's limit
     if verify:
-        report.verify_limit = budget - overhead - max(0, margin)
+        # `extra` (state made later, e.g. at the first optimizer step) is not allocated by the verification steps:
+        # they leave room for it, or the first real step after them is the one that does not fit
+        report.verify_limit = budget - overhead - max(0, margin) - extra
         M.set_memory_limit(report.verify_limit, dev)
         n_steps = max(1, int(verify_steps))
         while True:
@@ -324,7 +327,8 @@ def auto_fit(streamer, max_gpu_memory, step_fn, *, extra_bytes=0, headroom=None,
                 raise MemoryBudgetError(
                     f"max_gpu_memory {fmt_bytes(budget)}: with every block streamed one step fitted (pool peak "
                     f"{fmt_bytes(peak)}) but {n_steps} steps in a row do not fit under {fmt_bytes(report.verify_limit)}"
-                    f" (the budget less the overhead outside the pool and a margin of {fmt_bytes(max(0, margin))}): "
+                    f" (the budget less the overhead outside the pool, a margin of {fmt_bytes(max(0, margin))}"
+                    + (f" and {fmt_bytes(extra)} of state allocated later" if extra else "") + "): "
                     f"the pool's layout drifts from step to step. Raise max_gpu_memory or the headroom. {failed}",
                     minimum=minimum + headroom + max(0, margin))
             report.demoted += len(demote(streamer))
