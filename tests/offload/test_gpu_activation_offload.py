@@ -112,12 +112,17 @@ def test_auto_fit_turns_offload_on_for_a_budget_that_needs_it():
         net.zero_grad()
     # the pool's bytes only: the driver's memory outside the pool moves with what earlier tests left behind (the
     # H200 run: 1.99 GiB counted by the first fit, 1.35 GiB by the second, so a budget made from the first fitted
-    # without offload in the second -- the test's arithmetic was wrong, not the plan)
+    # without offload in the second -- the test's arithmetic was wrong, not the plan). And from steady steps: the
+    # next H200 run measured the model's first step 28 MiB above the later ones (more than the quarter of the
+    # saving the budget was below it)
     kw = dict(headroom=0, count_driver_overhead=False)
-    plain = auto_fit(st, "64GiB", step, enforce=False, **kw)
-    assert not plain.offload_activations
+    for _ in range(2):
+        step()
+    fits = [auto_fit(st, "64GiB", step, enforce=False, **kw) for _ in range(2)]
+    assert not any(f.offload_activations for f in fits)
+    plain = fits[-1]
     saving = plain.plan.offloadable - 2 * plain.plan.offload_block
-    budget = plain.minimum - saving // 4  # needs a quarter of what offload saves
+    budget = min(f.minimum for f in fits) - saving // 2  # needs half of what the offload saves
     rep = auto_fit(st, budget, step, **kw)
     print(rep)
     assert rep.offload_activations and rep.measured_peak <= budget
