@@ -167,11 +167,19 @@ def trainer_run(res, spec):
         if st is not None:  # every block has its host copy (pinned), resident ones too
             res.log(f"{spec['storage']}_block_GiB_total", common.gib(sum(st.block_bytes(i) for i in range(len(st))),
                                                                       3))
-        for _ in range(max(spec["warmup"], 3 if spec["graph"] else 1)):  # the first steps capture the graph
+        # warm up until the step's graph is captured (the first steps are eager; a capture over the budget demotes
+        # blocks and captures again at the next step), or it gave up, or a few tries
+        want, steps, g = max(spec["warmup"], 3 if spec["graph"] else 1), 0, tr.graphed
+        while steps < want or (g is not None and g.enabled and not g.captured and steps < want + 4):
             tr.train_step()
+            steps += 1
+        res.log(f"{tag}_warmup_steps", steps)
+        if g is not None and g.failure:
+            res.log(f"{tag}_graph_error", g.failure)
         if st is not None:
+            res.log(f"{tag}_graph_demotions", tr.streaming.demotions)
             st.reset_stats()
-        graphed = bool(tr.graphed is not None and tr.graphed.captured)
+        graphed = bool(g is not None and g.captured)
         key = f"{tag}_graph" if graphed else tag
         if cuda:
             import streaming
