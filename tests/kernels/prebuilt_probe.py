@@ -51,7 +51,7 @@ def main(out):
                 results[f"{name}.{i}"] = h.view(np.uint16) if h.dtype.itemsize == 2 else h.view(np.uint32) \
                     if h.dtype.itemsize == 4 else h
 
-    for dt in (np.float32, np.float16, ml_dtypes.bfloat16):
+    for dt in (np.float32, ml_dtypes.bfloat16):  # (the NVRTC side compiles each module: kept to what proves the point)
         n = np.dtype(dt).name
         x, w, b, dy = arr((64, 320), dt), arr((320,), np.float32), arr((320,), np.float32), arr((64, 320), dt)
         y, mean, rstd = norms.layer_norm_forward(x, w, b)
@@ -62,7 +62,7 @@ def main(out):
         keep(f"silu.{n}", activations.silu_forward(x), activations.silu_backward(dy, x))
         xg = arr((2, 64, 8, 8), dt)
         keep(f"groupnorm.{n}", *groupnorm.group_norm_forward(xg, 32, w[:64], b[:64]))
-    for dt in (np.float16, ml_dtypes.bfloat16):
+    for dt in (ml_dtypes.bfloat16,):
         n = np.dtype(dt).name
         q, k, v = (arr((1, 2, 256, 64), dt) for _ in range(3))
         o, lse = attention.flash_attention_forward(q, k, v, is_causal=True)
@@ -73,7 +73,8 @@ def main(out):
         keep(f"rope.{n}", rope.rope_forward(xr, freqs))
     cp.cuda.runtime.deviceSynchronize()
     np.savez(out, **results)
-    print(json.dumps({"stats": loader.stats, "nvrtc_log": [[s, list(e)] for s, e in loader.nvrtc_log],
+    print(json.dumps({"nvrtc_version": list(cp.cuda.nvrtc.getVersion()), "stats": loader.stats,
+                      "nvrtc_log": [[s, list(e)] for s, e in loader.nvrtc_log],
                       "compiles": compiles, "outputs": len(results)}))
 
 

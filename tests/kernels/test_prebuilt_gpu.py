@@ -41,6 +41,6 @@ def test_prebuilt_kernels_match_nvrtc_bit_for_bit_and_compile_nothing(tmp_path):
     assert pre["compiles"] == [] and pre["stats"]["nvrtc_compiles"] == 0, pre["nvrtc_log"]
     assert pre["stats"]["prebuilt_loads"] > 0
     assert nv["stats"]["prebuilt_loads"] == 0 and nv["stats"]["nvrtc_compiles"] > 0 and nv["compiles"]
-    assert sorted(pre_out) == sorted(nv_out) and len(pre_out) == pre["outputs"] > 20
+    assert sorted(pre_out) == sorted(nv_out) and len(pre_out) == pre["outputs"] > 15
     differ = [k for k in pre_out if not np.array_equal(pre_out[k], nv_out[k])]
     assert not differ, f"prebuilt and NVRTC kernels differ on {differ}"
