@@ -34,6 +34,7 @@ import cupy
 cupy.cuda.runtime.deviceSynchronize()
 t2 = time.perf_counter()
 print("COLD_START " + json.dumps({"rc": rc, "import_s": t1 - t0, "run_s": t2 - t1, "stats": loader.stats,
+                                  "nvrtc_version": list(cupy.cuda.nvrtc.getVersion()),
                                   "nvrtc_log": [[s, list(e)] for s, e in loader.nvrtc_log]}))
 """
 
