@@ -7,8 +7,9 @@ tiny base model and one LoRA step (`python -m flame_models.train --device cuda -
 `prebuilt`: FLAME_PREBUILT_KERNELS=1 (the shipped binaries where they run); `nvrtc`: =0 (every kernel compiled
 through NVRTC, as before them). Reported per trial: seconds to import flame_core and flame_models; seconds of the
 whole demo run after the import; the time FLAME's kernel loader spent preparing kernels (NVRTC compiles, and loads of
-shipped binaries) with their counts; the NVRTC-compiled modules by file (what the binaries lack); how many files
-CuPy's cache holds at the end (its own elementwise/reduction kernels compile there too, in both modes).
+shipped binaries) with their counts; the NVRTC-compiled modules by file (what the binaries lack); every module CuPy
+compiled (FLAME's through NVRTC and CuPy's own elementwise / reduction kernels, which compile in both modes) with its
+time, and how many files CuPy's cache holds at the end.
 
 Run: PYTHONPATH=$PWD python3 bench/cold_start.py [--modes prebuilt,nvrtc] [--rounds 1] [--json OUT.json]
 """
@@ -29,12 +30,27 @@ t0 = time.perf_counter()
 import flame_core, flame_models.train as T
 from flame_core.kernels import loader
 t1 = time.perf_counter()
+compile_s = []  # every module CuPy builds or loads from its cache (FLAME's NVRTC path and CuPy's own kernels)
+try:
+    from cupy.cuda import compiler as _cc
+    _orig = _cc._compile_module_with_cache
+    def _timed(*a, **k):
+        t = time.perf_counter()
+        try:
+            return _orig(*a, **k)
+        finally:
+            compile_s.append(time.perf_counter() - t)
+    _cc._compile_module_with_cache = _timed
+except (ImportError, AttributeError):
+    compile_s = None
 rc = T.main(["--device", "cuda", "--demo-base-steps", "1", "--steps", "1"])
 import cupy
 cupy.cuda.runtime.deviceSynchronize()
 t2 = time.perf_counter()
 print("COLD_START " + json.dumps({"rc": rc, "import_s": t1 - t0, "run_s": t2 - t1, "stats": loader.stats,
                                   "nvrtc_version": list(cupy.cuda.nvrtc.getVersion()),
+                                  "cupy_compiles": None if compile_s is None else len(compile_s),
+                                  "cupy_compile_s": None if compile_s is None else sum(compile_s),
                                   "nvrtc_log": [[s, list(e)] for s, e in loader.nvrtc_log]}))
 """
 
@@ -52,6 +68,8 @@ def trial(mode):
         if r.returncode != 0 or line is None:
             return {"mode": mode, "error": (r.stderr or r.stdout)[-3000:]}
         res = json.loads(line[len("COLD_START "):])
+        if res["rc"]:
+            return {"mode": mode, "error": f"the demo exited {res['rc']}: {(r.stderr or r.stdout)[-3000:]}"}
         res.update(mode=mode, process_s=wall,
                    cupy_cache_files=sum(len(f) for _, _, f in os.walk(cache)) if os.path.isdir(cache) else 0,
                    nvrtc_by_file=dict(Counter(s for s, _ in res["nvrtc_log"])))
@@ -81,7 +99,8 @@ def main(argv=None):
             print(f"{mode:8s} import {r['import_s']:5.2f} s  demo (1+1 steps) {r['run_s']:6.2f} s  "
                   f"kernels prepared {s['nvrtc_seconds'] + s['prebuilt_seconds']:6.2f} s "
                   f"(NVRTC {s['nvrtc_compiles']} modules {s['nvrtc_seconds']:.2f} s, prebuilt {s['prebuilt_loads']} "
-                  f"{s['prebuilt_seconds']:.2f} s)  CuPy cache files {r['cupy_cache_files']}  "
+                  f"{s['prebuilt_seconds']:.2f} s)  all CuPy compiles {r['cupy_compiles']} "
+                  f"{r['cupy_compile_s'] or 0:.2f} s  CuPy cache files {r['cupy_cache_files']}  "
                   f"NVRTC by file {r['nvrtc_by_file']}", flush=True)
     if a.json:
         with open(a.json, "w") as f:
