@@ -1,7 +1,7 @@
 """Builds the prebuilt kernel binaries (flame_core/kernels/binaries/: one fatbin per unit and architecture, and
 manifest.json; flame_core/kernels/prebuilt.py says what a unit is and how the loader picks one) with nvcc:
 
-    python tools/build_kernels.py [--archs sm_80,sm_90] [--jobs 2] [--nvcc PATH] [stem ...]
+    python tools/build_kernels.py [--archs sm_80,sm_90,sm_100,sm_120,compute_120] [--jobs 2] [--nvcc PATH] [stem ...]
     python tools/build_kernels.py --check        # exit 1 when a binary is stale or missing (no nvcc needed)
 
 Each unit gets exactly what NVRTC gets at run time: the loader's expanded source (local headers inlined with #line
@@ -31,7 +31,8 @@ from flame_core.kernels import loader as L  # noqa: E402
 from flame_core.kernels import prebuilt as PB  # noqa: E402
 from flame_core.kernels import precompile  # noqa: E402
 
-DEFAULT_ARCHS = ("sm_80", "sm_90")
+# sm_80 code also runs on sm_86 / sm_89, sm_120's on sm_121; compute_120 PTX: newer GPUs (the driver compiles it)
+DEFAULT_ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120", "compute_120")
 DTYPES = ("float32", "float16", "bfloat16")
 _ENTRY = re.compile(r"^\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+([\w$]+)\s*\(", re.M)
 
@@ -148,13 +149,13 @@ def units(stems=None):
 
 def arch_exprs(exprs, arch):
     """The expressions of a unit compiled for `arch` (those whose lowest sm it reaches)."""
-    num = int(arch[3:].rstrip("a"))
+    num = int(arch.split("_")[1].rstrip("a"))
     return [e for e, sm in exprs if num >= sm]
 
 
 def unit_archs(stem, archs):
     exact = L.file_arch(stem)
-    if exact is not None:
+    if exact is not None:  # (no PTX for these: compute_90a code runs on 9.0 only, as the cubin does)
         return [exact] if f"sm_{exact[3:].rstrip('a')}" in archs else []
     return list(archs)
 
@@ -225,8 +226,9 @@ def lowered_names(entries, exprs):
 
 
 def _gencode(arch):
-    num = arch[3:]
-    return f"arch=compute_{num},code=sm_{num}"
+    """sm_XY: machine code; compute_XY: PTX only (the forward fallback for newer GPUs)."""
+    num = arch.split("_")[1]
+    return f"arch=compute_{num},code={arch}"
 
 
 def compile_unit(nvcc, stem, dtype, exprs, arch, out_path):
@@ -322,9 +324,9 @@ def main(argv=None):
         print(f"{len(problems)} problem(s); rebuild with: python tools/build_kernels.py" if problems else "ok")
         return 1 if problems else 0
     archs = [s.strip() for s in a.archs.split(",") if s.strip()]
-    bad = [s for s in archs if not re.fullmatch(r"sm_\d+", s)]
+    bad = [s for s in archs if not re.fullmatch(r"(sm|compute)_\d+", s)]
     if bad:
-        print(f"build_kernels: --archs: {bad} are not sm_XY names", file=sys.stderr)
+        print(f"build_kernels: --archs: {bad} are not sm_XY / compute_XY names", file=sys.stderr)
         return 2
     if not Path(a.nvcc).is_file():
         print(f"build_kernels: nvcc not found at {a.nvcc} (--nvcc or $NVCC)", file=sys.stderr)

@@ -13,9 +13,10 @@ templates (dtype None). `manifest.json` records per unit:
     name expression -> lowered (mangled) name, as NVRTC's ``nvrtcGetLoweredName`` gives it; ``c_names`` the
     ``extern "C"`` kernels.
 ``files``
-    arch -> {path, sha256}: one fatbin per architecture (``sm_90a`` for the files whose ``// arch:`` line asks for
-    it). A cubin for ``sm_XY`` runs on every device ``XZ`` with ``Z >= Y`` of the same major (``sm_80`` on 8.6 and
-    8.9), an ``sm_XYa`` one on ``XY`` only; devices the manifest has no binary for compile through NVRTC.
+    arch -> {path, sha256, names, c_names}: one fatbin per architecture (``sm_90a`` for the files whose ``// arch:``
+    line asks for it; ``compute_XY``: PTX, which the driver compiles for newer devices when it loads it). A cubin for
+    ``sm_XY`` runs on every device ``XZ`` with ``Z >= Y`` of the same major (``sm_80`` on 8.6 and 8.9), an ``sm_XYa``
+    one on ``XY`` only; devices the manifest has no binary for compile through NVRTC.
 
 ``FLAME_PREBUILT_KERNELS=0`` turns the binaries off (everything compiles through NVRTC, as before they existed).
 """
@@ -65,13 +66,18 @@ def manifest():
 
 
 def arch_for(archs, cc, exact=None):
-    """The architecture among `archs` (e.g. {"sm_80", "sm_90"}) whose code runs on a device of compute capability
-    `cc` ("86"): an exact match first, else the newest sm_XY of the same major with Y <= the device's minor; an
-    `exact` arch ("sm_90a") only on its own device. None when none runs there."""
+    """The architecture among `archs` (e.g. {"sm_80", "sm_90", "compute_120"}) whose code runs on a device of compute
+    capability `cc` ("86"): an exact match first, else the newest sm_XY of the same major with Y <= the device's
+    minor, else the newest PTX (compute_XY, XY <= cc: the driver compiles it at load); an `exact` arch ("sm_90a")
+    only on its own device. None when none runs there."""
     if exact is not None:
         return exact if exact in archs and exact[3:].rstrip("a") == cc else None
     if f"sm_{cc}" in archs:
         return f"sm_{cc}"
     major, minor = cc[:-1], int(cc[-1])
-    ok = [a for a in archs if not a.endswith("a") and a[3:-1] == major and int(a[-1]) <= minor]
-    return max(ok, key=lambda a: int(a[-1])) if ok else None
+    ok = [a for a in archs if a.startswith("sm_") and not a.endswith("a") and a[3:-1] == major
+          and int(a[-1]) <= minor]
+    if ok:
+        return max(ok, key=lambda a: int(a[-1]))
+    ptx = [a for a in archs if a.startswith("compute_") and not a.endswith("a") and int(a[8:]) <= int(cc)]
+    return max(ptx, key=lambda a: int(a[8:])) if ptx else None

@@ -58,7 +58,7 @@ def test_the_shipped_binaries_match_the_sources(build):
     assert {"sm_80", "sm_90", "sm_90a"} <= archs
     for name, u in m["units"].items():  # the single-parameter templates are in every arch's binary
         for arch, f in u["files"].items():
-            want = [e for e, sm in u["expressions"] if int(arch[3:].rstrip("a")) >= sm]
+            want = [e for e, sm in u["expressions"] if int(arch.split("_")[1].rstrip("a")) >= sm]
             assert sorted(f["names"]) == sorted(want), (name, arch)
             assert all(v.startswith("_Z") for v in f["names"].values())
 
@@ -122,6 +122,10 @@ def test_an_exact_arch_binary_runs_on_its_own_device_only(monkeypatch):
     assert prebuilt.arch_for({"sm_90a", "sm_90"}, "90") == "sm_90"
     assert prebuilt.arch_for({"sm_80", "sm_86"}, "89") == "sm_86"
     assert prebuilt.arch_for({"sm_120"}, "121") == "sm_120"
+    assert prebuilt.arch_for({"sm_90", "sm_120", "compute_120"}, "130") == "compute_120"  # PTX: the driver compiles
+    assert prebuilt.arch_for({"sm_90", "compute_120"}, "120") == "compute_120"
+    assert prebuilt.arch_for({"sm_90", "compute_120"}, "100") is None
+    assert prebuilt.arch_for({"compute_120"}, "90", exact="sm_90a") is None
 
 
 def test_the_switch_and_a_damaged_manifest_turn_the_binaries_off(monkeypatch, tmp_path):
