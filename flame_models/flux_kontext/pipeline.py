@@ -5,17 +5,13 @@ import numpy as np
 
 import flame_core as flame
 
-from ..bfl.components import FluxFiles, FluxFilesError, find_flux_files
-from ..bfl.loading import load_flux
+from ..bfl.components import FluxFilesError
 from ..bfl.sampling import LATENT_CHANNELS, get_noise, image_ids, pack, text_ids, unpack
+from ..bfl.transformer import STACKS, check_loras, load_transformer  # noqa: F401
 from ..bfl.vae import encode_images, load_vae_for_flux
 from ..conditioning import prompt_rows
-from ..pipeline import check_loras as _check_loras
-from ..pipeline import load_for_sampling
 from .reference import kontext_size, reference_ids
 from .sampling import WithReference, denoise_with_reference
-
-STACKS = ("double_blocks", "single_blocks")
 
 
 def read_reference(path, *, auto_resize=True):
@@ -41,19 +37,6 @@ def encode_reference(vae, pixels):
     x = flame.tensor(np.ascontiguousarray(pixels, dtype=np.float32), device=vae.device)
     z = encode_images(vae, x.to(next(vae.parameters()).dtype))
     return {"ref_latents": pack(z.float()).numpy(), "ref_height": pixels.shape[2], "ref_width": pixels.shape[3]}
-
-
-def check_loras(loras, params):
-    from ..bfl.model import Flux
-    return _check_loras(loras, params, model_class=Flux, error=FluxFilesError)
-
-
-def load_transformer(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=False, stream=False, slots=2):
-    """The Flux (Kontext) transformer of `files` with LoRAs applied, ready for sampling (see flux.pipeline)."""
-    files = files if isinstance(files, FluxFiles) else find_flux_files(files)
-    loras = check_loras(loras, files.params)
-    return load_for_sampling(lambda dev: load_flux(files.transformer, dtype=dtype, device=dev), files.transformer,
-                             loras, STACKS, device, fp8=fp8, stream=stream, slots=slots, error=FluxFilesError)
 
 
 def _reference(cond, B, dev, dtype):
