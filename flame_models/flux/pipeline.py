@@ -32,7 +32,7 @@ from ..pipeline import (  # noqa: F401
 from .components import FluxFiles, FluxFilesError, find_flux_files  # noqa: F401
 from .conditioning import FluxTextEncoders, check_vocabularies, encode_prompts, load_text_encoders, load_tokenizers
 from .loading import load_flux  # noqa: F401
-from .sampling import LATENT_CHANNELS, denoise, get_noise, get_schedule, image_ids, pack, text_ids, unpack
+from .sampling import LATENT_CHANNELS, denoise, get_schedule, image_ids, pack, seeded_noise, text_ids, unpack
 
 
 def _model_dtype(model):
@@ -58,8 +58,7 @@ def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=No
     if (seeds is None) == (latents is None):
         raise ValueError("pass exactly one of seeds= (one per image) and latents=")
     if latents is None:
-        noise = [get_noise(1, height, width, seed=int(s), device=dev) for s in seeds]
-        x = pack(noise[0] if len(noise) == 1 else flame.cat(noise, dim=0))
+        x = seeded_noise(seeds, height, width, device=dev)
     else:
         x = latents if isinstance(latents, flame.Tensor) else flame.tensor(np.asarray(latents))
         x = x.to(dev).float()

@@ -6,7 +6,7 @@ import numpy as np
 import flame_core as flame
 
 from ..bfl.components import FluxFilesError
-from ..bfl.sampling import LATENT_CHANNELS, get_noise, image_ids, pack, text_ids, unpack
+from ..bfl.sampling import LATENT_CHANNELS, image_ids, pack, seeded_noise, text_ids, unpack
 from ..bfl.transformer import STACKS, check_loras, load_transformer  # noqa: F401
 from ..bfl.vae import encode_images, load_vae_for_flux
 from ..conditioning import prompt_rows
@@ -52,8 +52,7 @@ def sample_latents(model, cond, *, height, width, steps, guidance, seeds, rows=N
     pooled_prompt_embeds (one row per prompt; `rows` picks each image's), ref_latents, ref_height, ref_width."""
     dev = model.img_in.weight.device
     dtype = model.img_in.weight.dtype
-    noise = [get_noise(1, height, width, seed=int(s), device=dev) for s in seeds]
-    x = pack(noise[0] if len(noise) == 1 else flame.cat(noise, dim=0))
+    x = seeded_noise(seeds, height, width, device=dev)
     B = x.shape[0]
     rows = list(range(B)) if rows is None else list(rows)
     txt, y = prompt_rows(cond, rows, dev, dtype)
