@@ -2,6 +2,7 @@
 (datasets' control_path: same-name control images placed, encoded and cached with their targets, appended as
 reference tokens, the loss on the target's prediction), Chroma from an image folder (random preset and a diffusers
 folder on disk) with CFG previews, and the LoRA files each writes -- their names, and `generate` applying them."""
+import json
 import os
 
 import numpy as np
@@ -226,6 +227,44 @@ def test_the_training_command_takes_kontext_control_images(pairs):
     with pytest.raises(ConfigError, match="--control: give the target images' folder too"):
         example.build_config(example.parser().parse_args(["--arch", "flux_kontext", "--control", ctl,
                                                           "--model", images]))
+
+
+@pytest.mark.parametrize("arch", ["chroma", "flux_kontext"])
+def test_each_family_end_to_end_through_the_training_command_and_generate(tmp_path, pairs, chroma_folder, arch,
+                                                                         capsys):
+    """`python -m flame_models.train --arch <family> --model <tiny folder> ...` writes a LoRA, and
+    `python -m flame_models.generate` applies it (Chroma with a negative prompt and CFG, Kontext editing --image):
+    the LoRA changes the image, each command exits 0."""
+    from flame_models import generate as gen
+    from flame_models import train
+    from flame_models.bfl.tiny import tiny_flux_files
+    images, ctl, names = pairs
+    if arch == "chroma":
+        model = os.path.dirname(chroma_folder.transformer)
+        extra, sample = [], ["--negative-prompt", "blurry", "--cfg", "3"]
+    else:
+        model = os.path.dirname(tiny_flux_files(tmp_path / "kontext", seed=5).transformer)
+        index = os.path.join(model, "model_index.json")       # a FluxKontextPipeline folder: Flux-dev's tensors
+        with open(index) as f:
+            meta = json.load(f)
+        with open(index, "w") as f:
+            json.dump({**meta, "_class_name": "FluxKontextPipeline"}, f)
+        extra, sample = ["--control", ctl], ["--image", os.path.join(ctl, names[0].replace(".png", ".jpg")),
+                                             "--keep-image-size"]              # 96x80: a small reference
+    out = tmp_path / "runs"
+    assert train.main(["--arch", arch, "--model", model, "--data", images, *extra, "--resolution", "64", "--output",
+                       str(out), "--name", "e2e", "--steps", "2", "--rank", "4", "--lr", "0.05", "--device", "cpu",
+                       "--sample-every", "0", "--save-every", "2"]) == 0
+    lora = os.path.join(out, "e2e", "e2e.safetensors")
+    assert os.path.isfile(lora), os.listdir(os.path.join(out, "e2e"))
+    base = ["--model", model, "--arch", arch, "--prompt", "a red square", "--width", "32", "--height", "32",
+            "--steps", "2", "--seed", "3", "--device", "cpu", *sample]
+    for name, more in (("plain", []), ("lora", ["--lora", lora])):
+        assert gen.main(base + more + ["--output", str(tmp_path / name)]) == 0
+    capsys.readouterr()
+    plain, tuned = (np.asarray(Image.open(os.path.join(tmp_path, n, sorted(os.listdir(tmp_path / n))[0])))
+                    for n in ("plain", "lora"))
+    assert plain.shape == tuned.shape == (32, 32, 3) and not np.array_equal(plain, tuned)
 
 
 def test_chroma_and_kontext_blocks_stream_and_store_in_fp8_as_fluxs(chroma_folder, tmp_path):
