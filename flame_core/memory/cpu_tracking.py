@@ -76,29 +76,39 @@ cuda_birth = None  # set by flame_core.memory.cuda when its pool is installed: t
 def _gone(ref):
     _live.pop(ref.key, None)
     n = ref.nbytes
-    T.allocated -= n
-    T.num_free += 1
-    T.bytes_freed_total += n
-    if T.observer is not None:
-        T.observer("free", T, ref)
+    t = T
+    t.allocated -= n
+    t.num_free += 1
+    t.bytes_freed_total += n
+    if t.observer is not None:
+        t.observer("free", t, ref)
 
 
 def on_birth(arr):
     """Called by `_wrap` with the array of every new tensor."""
-    if type(arr) is not _nd and not isinstance(arr, _nd):
+    if type(arr) is _nd:
+        base = arr
+        b = arr.base
+        if b is not None:  # a view: the storage is its base's (a fresh op output has no base: the common case)
+            while b is not None and (type(b) is _nd or isinstance(b, _nd)):
+                base = b
+                b = b.base
+    elif isinstance(arr, _nd):
+        base = arr
+        b = arr.base
+        while b is not None and (type(b) is _nd or isinstance(b, _nd)):
+            base = b
+            b = b.base
+    else:
         if cuda_birth is not None:
             cuda_birth(arr)
         return
-    base = arr
-    b = arr.base
-    while b is not None and (type(b) is _nd or isinstance(b, _nd)):
-        base = b
-        b = b.base
     k = id(base)
     if k in _live:
         return
     n = base.nbytes
-    if T.limit is not None and T.allocated + n > T.limit:
+    t = T
+    if t.limit is not None and t.allocated + n > t.limit:
         _oom(base)
     r = _Ref(base, _gone)
     r.key = k
@@ -106,11 +116,11 @@ def on_birth(arr):
     if tracking._enabled:
         r.origin = tracking.origin()
     _live[k] = r
-    T.allocated += n  # one statement: a weakref callback cannot run between its read and write
-    if T.allocated > T.peak_allocated:
-        T.peak_allocated = T.allocated
-    if T.observer is not None:
-        T.observer("alloc", T, r)
+    t.allocated += n  # one statement: a weakref callback cannot run between its read and write
+    if t.allocated > t.peak_allocated:
+        t.peak_allocated = t.allocated
+    if t.observer is not None:
+        t.observer("alloc", t, r)
 
 
 def _oom(base):

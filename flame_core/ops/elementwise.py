@@ -13,6 +13,8 @@ from ..errors import DTypeError
 from ..tensor import Tensor, _wrap
 from .promotion import _F32_64, _cast, _cupy_ndarray, _default_float, _float_arr, _operands, _shape, no_fp8, sum_to
 
+_np_ndarray = np.ndarray
+
 # ----------------------------------------------------------------------------- small cuda arrays
 _ps = None  # flame_core.kernels.pointwise_small, imported at first use
 
@@ -45,20 +47,28 @@ class Add(Function):
     @staticmethod
     def forward(ctx, a, b, alpha=1):
         xa, xb, dt = _operands("add", a, b)
-        ctx.shapes, ctx.alpha = (_shape(a), _shape(b)), alpha
+        ctx.shapes = (a._data.shape if isinstance(a, Tensor) else None,  # _shape, inlined
+                      b._data.shape if isinstance(b, Tensor) else None)
+        ctx.alpha = alpha
         if alpha == 1 and _cupy_ndarray is not None:
             r = _fast_arith("add", xa, xb)
             if r is not None:
                 return _wrap(_cast(r, dt))
-        return _wrap(_cast(xa + xb if alpha == 1 else xa + xb * alpha, dt))
+        r = xa + xb if alpha == 1 else xa + xb * alpha
+        return _wrap(r if type(r) is _np_ndarray and r.dtype is dt else _cast(r, dt))
 
     @staticmethod
     def backward(ctx, g):
         sa, sb = ctx.shapes
         gb = None
-        if ctx.needs_input_grad[1]:
-            gb = sum_to(g if ctx.alpha == 1 else g * ctx.alpha, sb)
-        return sum_to(g, sa) if ctx.needs_input_grad[0] else None, gb, None
+        needs = ctx.needs_input_grad
+        if needs[1]:
+            gb = g if ctx.alpha == 1 else g * ctx.alpha
+            if gb._data.shape != sb:
+                gb = sum_to(gb, sb)
+        if not needs[0]:
+            return None, gb, None
+        return (g if g._data.shape == sa else sum_to(g, sa)), gb, None
 
 
 class Sub(Function):
@@ -67,19 +77,28 @@ class Sub(Function):
         xa, xb, dt = _operands("sub", a, b)
         if dt == np.bool_:
             raise DTypeError("subtraction of bool tensors is not supported; use logical_xor or ~")
-        ctx.shapes, ctx.alpha = (_shape(a), _shape(b)), alpha
+        ctx.shapes = (a._data.shape if isinstance(a, Tensor) else None,  # _shape, inlined
+                      b._data.shape if isinstance(b, Tensor) else None)
+        ctx.alpha = alpha
         if alpha == 1 and _cupy_ndarray is not None:
             r = _fast_arith("sub", xa, xb)
             if r is not None:
                 return _wrap(_cast(r, dt))
-        return _wrap(_cast(xa - xb if alpha == 1 else xa - xb * alpha, dt))
+        r = xa - xb if alpha == 1 else xa - xb * alpha
+        return _wrap(r if type(r) is _np_ndarray and r.dtype is dt else _cast(r, dt))
 
     @staticmethod
     def backward(ctx, g):
         sa, sb = ctx.shapes
-        return (sum_to(g, sa) if ctx.needs_input_grad[0] else None,
-                sum_to(_grad_neg(g) if ctx.alpha == 1 else g * (-ctx.alpha), sb) if ctx.needs_input_grad[1] else None,
-                None)
+        needs = ctx.needs_input_grad
+        ga = gb = None
+        if needs[0]:
+            ga = g if g._data.shape == sa else sum_to(g, sa)
+        if needs[1]:
+            gb = _grad_neg(g) if ctx.alpha == 1 else g * (-ctx.alpha)
+            if gb._data.shape != sb:
+                gb = sum_to(gb, sb)
+        return ga, gb, None
 
 
 class Mul(Function):
@@ -92,17 +111,23 @@ class Mul(Function):
             r = _fast_arith("mul", xa, xb)
             if r is not None:
                 return _wrap(_cast(r, dt))
-        return _wrap(_cast(xa * xb, dt))
+        r = xa * xb
+        return _wrap(r if type(r) is _np_ndarray and r.dtype is dt else _cast(r, dt))
 
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.saved_tensors
         sa, sb = ctx.scalars
+        needs = ctx.needs_input_grad
         ga = gb = None
-        if ctx.needs_input_grad[0]:
-            ga = sum_to(_grad_mul(g, b if b is not None else sb), a._data.shape)
-        if ctx.needs_input_grad[1]:
-            gb = sum_to(_grad_mul(g, a if a is not None else sa), b._data.shape)
+        if needs[0]:
+            ga = _grad_mul(g, b if b is not None else sb)
+            if ga._data.shape != a._data.shape:
+                ga = sum_to(ga, a._data.shape)
+        if needs[1]:
+            gb = _grad_mul(g, a if a is not None else sa)
+            if gb._data.shape != b._data.shape:
+                gb = sum_to(gb, b._data.shape)
         return ga, gb
 
 
