@@ -61,6 +61,23 @@ class Node:
             out.append(t)
         return tuple(out)
 
+    def saved_values(self):
+        """`saved_tensors` for a backward rule that records nothing (grad mode off, a first-order backward): the same
+        checks, but a saved output comes back as the detached alias it is stored as, without the new alias
+        re-attached to this node that double backward needs (one tensor fewer per saved output)."""
+        if self._freed:
+            raise AutogradError(_FREED)
+        out = []
+        for item in self._saved or ():
+            if item is None:
+                out.append(None)
+                continue
+            t = item[0]
+            if t._version[0] != item[1]:
+                return self.saved_tensors  # raises the version error
+            out.append(t)
+        return out
+
     def mark_non_differentiable(self, *tensors):
         self._non_diff = {id(t) for t in tensors}
 

@@ -403,8 +403,10 @@ def _unary(name, compute, grad, saves="x", differentiable=True, fused=None, plai
     save_x, save_y = "x" in saves, "y" in saves
 
     def forward(ctx, x):
-        a = _float_arr(x)
-        y = _wrap(compute(np if type(a) is np.ndarray else backend.xp_of(a), a))
+        a = x._data
+        if a.dtype not in _F32_64 or x._f8:  # _float_arr's checks, skipped for float32/float64
+            a = _float_arr(x)
+        y = _wrap(compute(np if type(a) is _np_ndarray else backend.xp_of(a), a))
         if differentiable:
             xs = None
             if save_x:
@@ -413,19 +415,21 @@ def _unary(name, compute, grad, saves="x", differentiable=True, fused=None, plai
         return y
 
     def backward(ctx, g):
-        x, y = ctx.saved_tensors
-        if not state.enabled:
-            gd = g._data
-            if fused is not None and type(gd) is not np.ndarray and backend.is_cuda_array(gd):
-                r = _pointwise_grad(fused, gd, (y if save_y else x)._data)
-                if r is not None:
-                    return r
-            if plain and gd.dtype in _F32_64:
-                xd = x._data if x is not None else None
-                yd = y._data if y is not None else None
-                s = yd if save_y else xd
-                if s is None or (s.dtype is gd.dtype and type(s) is type(gd)):
-                    return _wrap(grad(gd, xd, yd))
+        if state.enabled:  # double backward: the rule's Tensor ops are recorded
+            x, y = ctx.saved_tensors
+            return grad(g, x, y)
+        x, y = ctx.saved_values()
+        gd = g._data
+        if fused is not None and type(gd) is not np.ndarray and backend.is_cuda_array(gd):
+            r = _pointwise_grad(fused, gd, (y if save_y else x)._data)
+            if r is not None:
+                return r
+        if plain and gd.dtype in _F32_64:
+            xd = x._data if x is not None else None
+            yd = y._data if y is not None else None
+            s = yd if save_y else xd
+            if s is None or (s.dtype is gd.dtype and type(s) is type(gd)):
+                return _wrap(grad(gd, xd, yd))
         return grad(g, x, y)
 
     return type(name, (Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)})
@@ -467,11 +471,10 @@ _tanh_ref = _in_f32(lambda xp, a: xp.tanh(a))
 
 
 def _tanh_arr(xp, a):
-    if xp is not np:
-        r = (_ps or _load_ps()).fast_unary("tanh", a)  # small cuda arrays: tanhf in fp32, as _in_f32 computes
-        if r is not None:
-            return r
-    return _tanh_ref(xp, a)
+    if xp is np:
+        return np.tanh(a) if a.dtype.itemsize >= 4 else _tanh_ref(np, a)
+    r = (_ps or _load_ps()).fast_unary("tanh", a)  # small cuda arrays: tanhf in fp32, as _in_f32 computes
+    return r if r is not None else _tanh_ref(xp, a)
 
 
 Neg = _unary("Neg", _neg_arr, lambda g, x, y: -g, saves="", plain=True)
