@@ -52,8 +52,8 @@ class Add(Function):
         ctx.alpha = alpha
         if alpha == 1 and _cupy_ndarray is not None:
             r = _fast_arith("add", xa, xb)
-            if r is not None:
-                return _wrap(_cast(r, dt))
+            if r is not None:  # the array's dtype: dt (_operands cast to it)
+                return _wrap(r if r.dtype is dt else _cast(r, dt))
         r = xa + xb if alpha == 1 else xa + xb * alpha
         return _wrap(r if type(r) is _np_ndarray and r.dtype is dt else _cast(r, dt))
 
@@ -83,7 +83,7 @@ class Sub(Function):
         if alpha == 1 and _cupy_ndarray is not None:
             r = _fast_arith("sub", xa, xb)
             if r is not None:
-                return _wrap(_cast(r, dt))
+                return _wrap(r if r.dtype is dt else _cast(r, dt))
         r = xa - xb if alpha == 1 else xa - xb * alpha
         return _wrap(r if type(r) is _np_ndarray and r.dtype is dt else _cast(r, dt))
 
@@ -110,7 +110,7 @@ class Mul(Function):
         if _cupy_ndarray is not None:
             r = _fast_arith("mul", xa, xb)
             if r is not None:
-                return _wrap(_cast(r, dt))
+                return _wrap(r if r.dtype is dt else _cast(r, dt))
         r = xa * xb
         return _wrap(r if type(r) is _np_ndarray and r.dtype is dt else _cast(r, dt))
 
