@@ -11,7 +11,7 @@ from ..autograd.grad_mode import is_grad_enabled
 from ..errors import DTypeError, ShapeError, fmt_shape
 from ..kernels import gemm as _cublas
 from ..kernels import gemm_lt as _cublas_lt
-from ..tensor import _wrap, check_same_device
+from ..tensor import Tensor, _wrap, check_same_device
 from .linalg import mm_arrays
 from .shape import cat
 
@@ -58,14 +58,15 @@ _LINEAR_DTYPES = frozenset(_np.dtype(d) for d in (_np.float16, _np.float32, _np.
 
 def linear(input, weight, bias=None):
     """PyTorch's F.linear: input (*, in), weight (out, in), bias (out,) -> (*, out)."""
-    if not _amp.active:  # the common case's checks on the arrays (no Size, dtype or device objects): see below
+    if not _amp.active and isinstance(input, Tensor) and isinstance(weight, Tensor):
+        # the common case's checks on the arrays (no Size, dtype or device objects); anything else: see below
         xd, wd = input._data, weight._data
         ws = wd.shape
         if (len(ws) == 2 and xd.ndim and xd.shape[-1] == ws[1] and type(xd) is type(wd)
                 and xd.dtype is wd.dtype and xd.dtype in _LINEAR_DTYPES and not (input._f8 or weight._f8)):
             if bias is None:
                 return Linear.apply(input, weight, None)
-            bd = bias._data
+            bd = bias._data if isinstance(bias, Tensor) else None
             if type(bd) is type(wd) and bd.dtype is wd.dtype and bd.shape == ws[:1] and not bias._f8:
                 return Linear.apply(input, weight, bias)
     check_same_device("linear", input, weight, bias)
