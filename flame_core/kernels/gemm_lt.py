@@ -64,9 +64,11 @@ def _check(status, what):
         raise RuntimeError(f"cuBLASLt {what} failed with status {status}")
 
 
-def _handle():
+def _handle(dev=None):
+    """(cuBLASLt handle, workspace) of the current device (`dev`: its id, when the caller has it)."""
     cp = backend.cupy
-    dev = cp.cuda.Device().id
+    if dev is None:
+        dev = cp.cuda.runtime.getDevice()
     if dev not in _handles:
         lib = _library()
         h = ctypes.c_void_p()
@@ -134,10 +136,12 @@ def matmul_bias(a, b, bias):
         return None
     (opA, lda), (opB, ldb) = la, lb
     t = gemm._CUDA_TYPE[np.dtype(a.dtype)]
-    h, ws = _handle()
+    dev = cp.cuda.runtime.getDevice()  # as cp.cuda.Device().id, without building a Device per call
+    h, ws = _handle(dev)
     out = cp.empty((M, N), dtype=a.dtype)
-    aligns = tuple(_alignment(x.data.ptr) for x in (b, a, out, out))   # cuBLASLt's A is b's memory (see _plan)
-    plan = _plan((cp.cuda.Device().id, t, opB, opA, N, M, K, ldb, lda, N, aligns), h)
+    o = _alignment(out.data.ptr)
+    aligns = (_alignment(b.data.ptr), _alignment(a.data.ptr), o, o)   # cuBLASLt's A is b's memory (see _plan)
+    plan = _plan((dev, t, opB, opA, N, M, K, ldb, lda, N, aligns), h)
     if plan is None:
         return None
     desc, (l_b, l_a, l_c), algo = plan
