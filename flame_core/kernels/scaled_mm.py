@@ -36,6 +36,7 @@ CANDIDATES = 8     # the heuristic's best few algorithms, timed once per problem
                    # choice at some of Flux's shapes, bench/fp8_gemm.py)
 TUNE_REPEATS = 5
 last_path = None   # 'cublaslt' | 'emulated': the path of the latest call (tests and benches read it)
+last_plan = None   # the _Plan of the latest cuBLASLt call (benches report its candidates' times)
 
 
 def _as_f32(q):
@@ -177,7 +178,7 @@ def _check_args(a, b, scale_a, scale_b, bias, out_dtype):
 
 def scaled_mm(a, b, scale_a, scale_b, bias=None, out_dtype=BF16, fast_accum=False):
     """See the module docstring."""
-    global last_path
+    global last_path, last_plan
     out_dtype = np.dtype(out_dtype)
     _check_args(a, b, scale_a, scale_b, bias, out_dtype)
     M, K = a.shape
@@ -216,5 +217,5 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, out_dtype=BF16, fast_accum=Fals
 
     algo = plan.algo if plan.algo is not None else _tune(plan, launch)
     gemm_lt._check(launch(algo), "Matmul")   # the result: written by the chosen algorithm last
-    last_path = "cublaslt"
+    last_path, last_plan = "cublaslt", plan
     return out
