@@ -148,10 +148,16 @@ class LinearLowRank(Function):
     no (N, out) delta is formed or added; backward likewise accumulates x's gradient from the adapters into the base
     product's (dx = g W + Σ s_i (g_i B_i) A_i) and reads each g_i as a column block of g in place. Saved: x when a
     factor trains, the (N, Σr) intermediates x A_i^T, the weights. Inputs: x, W, b, then A_1, B_1, A_2, B_2, ...;
-    `blocks` = ((lo, hi, s), ...) per adapter."""
+    `blocks` = ((lo, hi, s), ...) per adapter.
+
+    `splits` (sizes summing to out, or None): the output comes back as that many column-block views of one GEMM's
+    result instead of one tensor (a fused projection whose parts feed different ops: Flux's single-block linear1 as
+    q | k | v | mlp). Backward then takes the parts' gradients as they come, dx = Σ_p g_p W_p (each GEMM after the
+    first accumulating into dx), instead of concatenating them into one (N, out) gradient first: a Split node's
+    backward copies every part and briefly holds both the parts and their concatenation."""
 
     @staticmethod
-    def forward(ctx, x, w, bias, blocks, *factors):
+    def forward(ctx, x, w, bias, blocks, splits, *factors):
         a = x._data.reshape(-1, x.shape[-1])
         y = _linear_arrays(a, w._data, None if bias is None else bias._data)
         xp = backend.xp_of(a)
@@ -165,50 +171,103 @@ class LinearLowRank(Function):
             off += r
         need = ctx.needs_input_grad
         nx, nw = need[0], need[1]
-        train = any(need[4:])
+        train = any(need[5:])
         ctx.save_for_backward(x if (nw or train) else None, w if nx else None, *factors)
         ctx.h = h if train else None
-        ctx.blocks, ctx.ranks, ctx.x_shape = blocks, ranks, x.shape
-        return _wrap(y.reshape(x.shape[:-1] + (w.shape[0],)))
+        ctx.blocks, ctx.ranks, ctx.x_shape, ctx.splits = blocks, ranks, x.shape, splits
+        if splits is None:
+            return _wrap(y.reshape(x.shape[:-1] + (w.shape[0],)))
+        lead, parts, lo = x.shape[:-1], [], 0
+        for n in splits:
+            parts.append(_wrap(y[:, lo:lo + n].reshape(lead + (n,))))   # column blocks: views of y
+            lo += n
+        return tuple(parts)
 
     @staticmethod
-    def backward(ctx, g):
+    def backward(ctx, *gs):
         if is_grad_enabled():
             raise RuntimeError("linear_low_rank: double backward (create_graph=True) through fused low-rank adapters "
                                "is not supported; set `fuse_lora = False` on the adapted layers")
         x, w, *factors = ctx.saved_tensors
         need = ctx.needs_input_grad
         nx, nw, nb = need[0], need[1], need[2]
-        gd = g._data.reshape(-1, g.shape[-1])                            # (N, out)
-        xp = backend.xp_of(gd)
+        wd = w._data if w is not None else None
+        sizes = ctx.splits or (None,)
+        # the output gradient as column parts (lo, (N, n) array); a part whose output got no gradient is zero
+        parts, lo, xp = [], 0, None
+        for g, n in zip(gs, sizes):
+            if g is not None:
+                gd = g._data.reshape(-1, g.shape[-1])
+                xp = backend.xp_of(gd)
+                parts.append((lo, gd))
+            lo += g.shape[-1] if n is None else n
+        n_out = lo
         xd = None if x is None else x._data.reshape(-1, x.shape[-1])
-        dx = _gemm(gd, w._data) if nx else None                          # (N, in)
+        rows = int(_np.prod(ctx.x_shape[:-1]))
+        dt = parts[0][1].dtype if parts else None
+        dx = None
+        if nx:
+            if parts:
+                for k, (p0, gd) in enumerate(parts):                     # dx = Σ g_p W_p
+                    dx = _gemm(gd, wd[p0:p0 + gd.shape[1]], out=dx, beta=1.0 if k else 0.0)
+            else:
+                dx = backend.xp_of(wd).zeros((rows, ctx.x_shape[-1]), dtype=wd.dtype)
+
+        def cols(lo_, hi_):
+            """Column block [lo_, hi_) of the output gradient, read in place from the part holding it (None: zero)."""
+            for p0, gd in parts:
+                if p0 <= lo_ and hi_ <= p0 + gd.shape[1]:
+                    return gd[:, lo_ - p0:hi_ - p0]
+            return None
         grads, off = [], 0
         for (lo, hi, s), r, i in zip(ctx.blocks, ctx.ranks, range(len(ctx.blocks))):
             ad, bd = factors[2 * i]._data, factors[2 * i + 1]._data
-            gi = gd[:, lo:hi]                                            # a column block of g, read in place
+            gi = cols(lo, hi)                                            # a column block of g, read in place
             da = db = None
-            if nx or need[3 + 2 * i + 1]:
+            if gi is None:                                               # its rows got no gradient
+                grads += [_wrap(backend.xp_of(ad).zeros_like(ad)) if need[4 + 2 * i + 1] else None,
+                          _wrap(backend.xp_of(bd).zeros_like(bd)) if need[4 + 2 * i + 2] else None]
+                off += r
+                continue
+            if nx or need[4 + 2 * i + 1]:
                 dh = _gemm(gi, bd, alpha=s)                              # (N, r): s · g_i B_i
                 if nx:
                     _gemm(dh, ad, out=dx, beta=1.0)                      # dx += dh A_i
-                if need[3 + 2 * i + 1]:
+                if need[4 + 2 * i + 1]:
                     da = _gemm(dh.T, xd)                                 # (r, in)
-            if need[3 + 2 * i + 2]:
+            if need[4 + 2 * i + 2]:
                 db = _gemm(gi.T, ctx.h[:, off:off + r], alpha=s)         # (rows, r)
             grads += [None if da is None else _wrap(da), None if db is None else _wrap(db)]
             off += r
-        dw = _wrap(_gemm(gd.T, xd)) if nw else None
-        acc = xp.float32 if gd.dtype in (_np.float16, _cublas.BF16) else gd.dtype   # half types sum in float32
-        dbias = _wrap(gd.sum(0, dtype=acc).astype(gd.dtype, copy=False)) if nb else None
+        dw = dbias = None
+        if nw or nb:
+            xp = xp or backend.xp_of(xd if xd is not None else wd)
+            full = ctx.splits is None and len(parts) == 1
+            if nw:
+                if full:
+                    dw = _gemm(parts[0][1].T, xd)
+                else:
+                    dw = xp.zeros((n_out, ctx.x_shape[-1]), dtype=dt or xd.dtype)
+                    for p0, gd in parts:
+                        _gemm(gd.T, xd, out=dw[p0:p0 + gd.shape[1]])
+                dw = _wrap(dw)
+            if nb:
+                bdt = dt or x.dtype.np
+                acc = xp.float32 if bdt in (_np.float16, _cublas.BF16) else bdt   # half types sum in float32
+                dbias = xp.zeros((n_out,), dtype=bdt)
+                for p0, gd in parts:
+                    dbias[p0:p0 + gd.shape[1]] = gd.sum(0, dtype=acc).astype(bdt, copy=False)
+                dbias = _wrap(dbias)
         dx = _wrap(dx.reshape(ctx.x_shape)) if nx else None
-        return (dx, dw, dbias, None, *grads)
+        return (dx, dw, dbias, None, None, *grads)
 
 
-def linear_low_rank(input, weight, bias, factors):
+def linear_low_rank(input, weight, bias, factors, splits=None):
     """linear(input, weight, bias) with low-rank updates on output-row blocks as one fused op (see LinearLowRank):
     `factors` = [(A (r, in), B (hi - lo, r), lo, hi, scale), ...]; autocast-aware like `linear` (the factors are
-    cast with the weight, so float32 adapter parameters run in bf16 under bf16 autocast, as PEFT's)."""
+    cast with the weight, so float32 adapter parameters run in bf16 under bf16 autocast, as PEFT's). `splits`:
+    output sizes summing to out_features -> a tuple of column-block views, as `.split(splits, -1)` of the output
+    but without the split's concatenating backward (see LinearLowRank)."""
     tensors = [input, weight, bias] + [t for f in factors for t in f[:2]]
     if _amp.active:
         tensors = list(_amp.cast_inputs("lower", *tensors))
@@ -229,4 +288,9 @@ def linear_low_rank(input, weight, bias, factors):
     if len(dts) != 1:
         raise DTypeError(f"linear_low_rank: input, weight, bias and factors must share one dtype, got "
                          f"{sorted(str(d) for d in dts)} (cast them, or use flame.amp.autocast)")
-    return LinearLowRank.apply(input, weight, bias, tuple(blocks), *ab)
+    if splits is not None:
+        splits = tuple(int(n) for n in splits)
+        if any(n <= 0 for n in splits) or sum(splits) != n_out:
+            raise ShapeError(f"linear_low_rank: splits {splits} must be positive and sum to the {n_out} output "
+                             f"features")
+    return LinearLowRank.apply(input, weight, bias, tuple(blocks), splits, *ab)

@@ -68,12 +68,14 @@ class LayerNorm(Function):
             lead = a.shape[:a.ndim - n]
             a2, g2 = a.reshape(lead + (-1,)), g._data.reshape(lead + (-1,))
             w = _flat(weight)
+            want_w = weight is not None and ctx.needs_input_grad[1]
             if rms:
-                dxa, dwa = K.rms_norm_backward(g2, a2, w, ctx.rstd)
+                dxa, dwa = K.rms_norm_backward(g2, a2, w, ctx.rstd, weight_grad=want_w)
                 dba = None
             else:
                 want_b = bias is not None and ctx.needs_input_grad[2]
-                dxa, dwa, dba = K.layer_norm_backward(g2, a2, w, ctx.mean, ctx.rstd, _flat(bias) if want_b else None)
+                dxa, dwa, dba = K.layer_norm_backward(g2, a2, w, ctx.mean, ctx.rstd, _flat(bias) if want_b else None,
+                                                      weight_grad=want_w)
             dx = _wrap(dxa.reshape(a.shape))
             dw = _wrap(dwa.reshape(weight.shape)) if dwa is not None else None
             db = _wrap(dba.reshape(bias.shape)) if dba is not None else None

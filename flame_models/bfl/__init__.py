@@ -15,12 +15,20 @@ from .layers import (
                      SingleStreamBlock,
                      timestep_embedding,
 )
-from .loading import FluxCheckpointError, load_flux, load_flux_state_, read_flux_params, save_flux
+from .loading import (
+                     FluxCheckpointError,
+                     flux_params_from_config,
+                     load_flux,
+                     load_flux_state_,
+                     read_flux_params,
+                     save_flux,
+)
 from .model import Flux
 from .params import FluxParams, configs, flux_params
 from .sampling import denoise, get_noise, get_schedule, image_ids, pack, sample, text_ids, unpack
 
 __all__ = ["FluxParams", "configs", "flux_params", "EmbedND", "timestep_embedding", "MLPEmbedder", "RMSNorm",
            "QKNorm", "SelfAttention", "Modulation", "DoubleStreamBlock", "SingleStreamBlock", "LastLayer", "Flux",
-           "load_flux", "load_flux_state_", "save_flux", "read_flux_params", "FluxCheckpointError", "pack", "unpack",
-           "image_ids", "text_ids", "get_schedule", "get_noise", "denoise", "sample"]
+           "load_flux", "load_flux_state_", "save_flux", "read_flux_params", "flux_params_from_config",
+           "FluxCheckpointError", "pack", "unpack", "image_ids", "text_ids", "get_schedule", "get_noise", "denoise",
+           "sample"]

@@ -67,26 +67,73 @@ def read_headers(files):
     return _files.read_headers(files, error=FluxFilesError)
 
 
-def _shown(path, files):
-    return files[0] if len(files) == 1 else os.fspath(path)
-
-
 def _find(shapes, suffix):
     return next((s for k, s in shapes.items() if k.endswith(suffix)), None)
 
 
-def _widths(part, shapes):
-    """The widths of a part that must agree with the transformer, from its header."""
-    if part == "clip_l":
-        emb = _find(shapes, "token_embedding.weight")
-        return {"width": emb[1]} if emb else {}
-    if part == "t5":
-        q = _find(shapes, ".SelfAttention.q.weight")
-        return {"width": q[1]} if q else {}
-    if part == "vae":
-        conv = _find(shapes, "decoder.conv_in.weight")
-        return {"latent_channels": conv[1]} if conv else {}
-    return {}
+def part_width(part, shapes):
+    """The width of a part that must agree with a Flux-derived transformer, from its header: CLIP's and T5's model
+    width, the VAE's latent channels; None when the header does not show it."""
+    key = {"clip_l": "token_embedding.weight", "t5": ".SelfAttention.q.weight", "vae": "decoder.conv_in.weight"}
+    shape = _find(shapes, key[part]) if part in key else None
+    return shape[1] if shape else None
+
+
+# ----------------------------------------------------------------------------- the parts of a Flux-derived model
+def locate_separate_parts(path, given, want, *, subfolders, error, read_params, param_errors):
+    """Find the separate files of a Flux-derived model (Flux, Kontext, Chroma): `path` a diffusers folder or the
+    transformer's file / folder, `given` {part: path or None} for the other parts, `want` {part: (describe_keys
+    kind, words, option)} with the transformer first. A part not given comes from the folder's subfolder. Each is
+    checked to be what it should be (headers only); the transformer's params are read with `read_params` (its
+    errors, `param_errors`, become problems). Returns (root folder or None, {part: path}, {part: (shown name,
+    width)}, params or None, problems)."""
+    from ..checkpoint_io import describe_keys
+    path = os.fspath(path)
+    root = path if os.path.isdir(path) and os.path.isdir(os.path.join(path, "transformer")) else None
+    given = dict(given, transformer=os.path.join(root, "transformer") if root else path)
+    problems, found, widths = [], {}, {}
+    for part, (kind, words, option) in want.items():
+        where = given.get(part)
+        if where is None:
+            sub = os.path.join(root, subfolders[part]) if root else None
+            if sub is None or not os.path.isdir(sub):
+                problems.append(f"{part}: missing -- " + (f"{root} has no {subfolders[part]}/ folder; " if root else
+                                f"{path} is a single transformer file; ") + f"pass {option} ({words})")
+                continue
+            where = sub
+        try:
+            files = _files.part_files(where, part, subfolders=subfolders, error=error)
+            shapes = _files.read_headers(files, error=error)
+        except error as e:
+            problems.append(f"{part} ({option}): {e}")
+            continue
+        got, got_words, example = describe_keys(shapes)
+        if got != kind:
+            what = got_words + (f" (keys such as {example})" if example else " (no tensors)")
+            problems.append(f"{part} ({option}): {_files.shown(where, files)} is not {words}: it looks like {what}")
+            continue
+        found[part] = os.fspath(where)
+        widths[part] = (_files.shown(where, files), part_width(part, shapes))
+    if "transformer" not in found:  # the parts it lacks are beside the point until the model itself is right
+        problems = [p for p in problems if ": missing -- " not in p]
+    params = None
+    if "transformer" in found:
+        try:
+            params = read_params(found["transformer"])
+        except param_errors as e:
+            problems.append(f"transformer (--model): {found['transformer']}: {str(e).splitlines()[0]}")
+    return root, found, widths, params, problems
+
+
+def fit_problems(fits, widths, want, transformer):
+    """The problems of parts whose width does not fit the transformer: `fits` {part: (width wanted, what, the
+    transformer's field)}, `widths` as locate_separate_parts returns them, `want` its {part: (.., .., option)}."""
+    problems = []
+    for part, (expected, what, name) in fits.items():
+        if part in widths and widths[part][1] is not None and widths[part][1] != expected:
+            problems.append(f"{part} ({want[part][2]}): {widths[part][0]} has {what} {widths[part][1]}, but the "
+                            f"transformer {transformer} expects {expected} ({name})")
+    return problems
 
 
 # ----------------------------------------------------------------------------- the whole model
@@ -96,63 +143,19 @@ def find_flux_files(path, *, vae=None, clip_l=None, t5=None, tokenizer=None):
     `transformer/`); `vae`, `clip_l`, `t5` name the parts a single file lacks (or replace a folder's);
     `tokenizer` a folder holding tokenizer/ (CLIP) and tokenizer_2/ (T5) -- default: the model folder's, else the
     vocabularies packaged with FLAME. Reads headers only; raises FluxFilesError listing every problem."""
-    from ..checkpoint_io import describe_keys
-    path = os.fspath(path)
-    root = path if os.path.isdir(path) and os.path.isdir(os.path.join(path, "transformer")) else None
-    given = {"transformer": os.path.join(root, "transformer") if root else path, "vae": vae, "clip_l": clip_l,
-             "t5": t5}
-    problems, found, widths = [], {}, {}
-    for part, where in given.items():
-        kind, words, option = _WANT[part]
-        if where is None:
-            sub = os.path.join(root, SUBFOLDERS[part]) if root else None
-            if sub is None or not os.path.isdir(sub):
-                problems.append(f"{part}: missing -- " + (f"{root} has no {SUBFOLDERS[part]}/ folder; " if root else
-                                f"{path} is a single transformer file; ") + f"pass {option} ({words})")
-                continue
-            where = sub
-        try:
-            files = part_files(where, part)
-            shapes = read_headers(files)
-        except FluxFilesError as e:
-            problems.append(f"{part} ({option}): {e}")
-            continue
-        got, got_words, example = describe_keys(shapes)
-        if got != kind:
-            what = got_words + (f" (keys such as {example})" if example else " (no tensors)")
-            problems.append(f"{part} ({option}): {_shown(where, files)} is not {words}: it looks like {what}")
-            continue
-        found[part] = os.fspath(where)
-        widths[part] = (_shown(where, files), _widths(part, shapes))
-
-    if "transformer" not in found:  # the parts it lacks are beside the point until the model itself is right
-        problems = [p for p in problems if ": missing -- " not in p]
-    params = None
-    if "transformer" in found:
-        try:
-            params = read_flux_params(found["transformer"])
-        except (FluxCheckpointError, KeyError, ValueError, OSError) as e:
-            problems.append(f"transformer (--model): {found['transformer']}: {str(e).splitlines()[0]}")
+    root, found, widths, params, problems = locate_separate_parts(
+        path, {"vae": vae, "clip_l": clip_l, "t5": t5}, _WANT, subfolders=SUBFOLDERS, error=FluxFilesError,
+        read_params=read_flux_params, param_errors=(FluxCheckpointError, KeyError, ValueError, OSError))
     if params is not None:
-        fits = {"clip_l": ("width", params.vec_in_dim, "CLIP width", "vec_in_dim"),
-                "t5": ("width", params.context_in_dim, "T5 width (d_model)", "context_in_dim"),
-                "vae": ("latent_channels", params.in_channels // 4, "VAE latent channels", "in_channels / 4")}
-        for part, (field, want, what, name) in fits.items():
-            if part in widths:
-                shown, w = widths[part]
-                if field in w and w[field] != want:
-                    problems.append(f"{part} ({_WANT[part][2]}): {shown} has {what} {w[field]}, but the transformer "
-                                    f"{found['transformer']} expects {want} ({name})")
-
+        problems += fit_problems({"clip_l": (params.vec_in_dim, "CLIP width", "vec_in_dim"),
+                                  "t5": (params.context_in_dim, "T5 width (d_model)", "context_in_dim"),
+                                  "vae": (params.in_channels // 4, "VAE latent channels", "in_channels / 4")},
+                                 widths, _WANT, found["transformer"])
     toks = {}
     for part, want in (("clip_tokenizer", "bpe"), ("t5_tokenizer", "unigram")):
         toks[part] = _tokenizer_folder(tokenizer if tokenizer is not None else root, part, want,
                                        tokenizer is not None, problems)
-    if len(problems) == 1:
-        raise FluxFilesError(f"the Flux model {path}: {problems[0]}")
-    if problems:
-        raise FluxFilesError(f"the Flux model {path} is incomplete or mixes parts ({len(problems)} problems):\n  "
-                             + "\n  ".join(problems))
+    _files.report(problems, "Flux model", os.fspath(path), FluxFilesError)
     return FluxFiles(found["transformer"], found["vae"], found["clip_l"], found["t5"], toks["clip_tokenizer"],
                      toks["t5_tokenizer"], params)
 

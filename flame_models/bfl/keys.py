@@ -14,47 +14,60 @@ BFL_PROBE = "double_blocks.0.img_attn.qkv.weight"
 DIFFUSERS_PROBE = "transformer_blocks.0.attn.to_q.weight"
 
 
+def linear_shapes(shapes, name, n_in, n_out):
+    """Add a Linear's weight and bias shapes to `shapes` (BFL's names)."""
+    shapes[f"{name}.weight"] = (n_out, n_in)
+    shapes[f"{name}.bias"] = (n_out,)
+
+
+def add_block_shapes(shapes, p, *, modulation=True, qkv_bias=True):
+    """Add the double and single blocks' {BFL key: shape} of a Flux-derived model with params `p` to `shapes`, in
+    module order: Flux's blocks carry their modulation Linears; Chroma's (`modulation=False`) take theirs from the
+    approximator."""
+    H, M, D = p.hidden_size, p.mlp_hidden_dim, p.head_dim
+    for i in range(p.depth):
+        b = f"double_blocks.{i}"
+        for s in ("img", "txt"):
+            if modulation:
+                linear_shapes(shapes, f"{b}.{s}_mod.lin", H, 6 * H)
+            shapes[f"{b}.{s}_attn.qkv.weight"] = (3 * H, H)
+            if qkv_bias:
+                shapes[f"{b}.{s}_attn.qkv.bias"] = (3 * H,)
+            shapes[f"{b}.{s}_attn.norm.query_norm.scale"] = (D,)
+            shapes[f"{b}.{s}_attn.norm.key_norm.scale"] = (D,)
+            linear_shapes(shapes, f"{b}.{s}_attn.proj", H, H)
+            linear_shapes(shapes, f"{b}.{s}_mlp.0", H, M)
+            linear_shapes(shapes, f"{b}.{s}_mlp.2", M, H)
+    for i in range(p.depth_single_blocks):
+        b = f"single_blocks.{i}"
+        linear_shapes(shapes, f"{b}.linear1", H, 3 * H + M)
+        linear_shapes(shapes, f"{b}.linear2", H + M, H)
+        shapes[f"{b}.norm.query_norm.scale"] = (D,)
+        shapes[f"{b}.norm.key_norm.scale"] = (D,)
+        if modulation:
+            linear_shapes(shapes, f"{b}.modulation.lin", H, 3 * H)
+    return shapes
+
+
 def bfl_shapes(params):
     """{BFL key: shape} of every tensor of a Flux model with these params, in module order."""
     p = flux_params(params)
-    H, M, D = p.hidden_size, p.mlp_hidden_dim, p.head_dim
+    H = p.hidden_size
     shapes = {}
 
-    def linear(name, n_in, n_out):
-        shapes[f"{name}.weight"] = (n_out, n_in)
-        shapes[f"{name}.bias"] = (n_out,)
-
     def mlp_embedder(name, n_in):
-        linear(f"{name}.in_layer", n_in, H)
-        linear(f"{name}.out_layer", H, H)
+        linear_shapes(shapes, f"{name}.in_layer", n_in, H)
+        linear_shapes(shapes, f"{name}.out_layer", H, H)
 
-    linear("img_in", p.in_channels, H)
+    linear_shapes(shapes, "img_in", p.in_channels, H)
     mlp_embedder("time_in", 256)
     mlp_embedder("vector_in", p.vec_in_dim)
     if p.guidance_embed:
         mlp_embedder("guidance_in", 256)
-    linear("txt_in", p.context_in_dim, H)
-    for i in range(p.depth):
-        b = f"double_blocks.{i}"
-        for s in ("img", "txt"):
-            linear(f"{b}.{s}_mod.lin", H, 6 * H)
-            shapes[f"{b}.{s}_attn.qkv.weight"] = (3 * H, H)
-            if p.qkv_bias:
-                shapes[f"{b}.{s}_attn.qkv.bias"] = (3 * H,)
-            shapes[f"{b}.{s}_attn.norm.query_norm.scale"] = (D,)
-            shapes[f"{b}.{s}_attn.norm.key_norm.scale"] = (D,)
-            linear(f"{b}.{s}_attn.proj", H, H)
-            linear(f"{b}.{s}_mlp.0", H, M)
-            linear(f"{b}.{s}_mlp.2", M, H)
-    for i in range(p.depth_single_blocks):
-        b = f"single_blocks.{i}"
-        linear(f"{b}.linear1", H, 3 * H + M)
-        linear(f"{b}.linear2", H + M, H)
-        shapes[f"{b}.norm.query_norm.scale"] = (D,)
-        shapes[f"{b}.norm.key_norm.scale"] = (D,)
-        linear(f"{b}.modulation.lin", H, 3 * H)
-    linear("final_layer.linear", H, p.out_channels)
-    linear("final_layer.adaLN_modulation.1", H, 2 * H)
+    linear_shapes(shapes, "txt_in", p.context_in_dim, H)
+    add_block_shapes(shapes, p, qkv_bias=p.qkv_bias)
+    linear_shapes(shapes, "final_layer.linear", H, p.out_channels)
+    linear_shapes(shapes, "final_layer.adaLN_modulation.1", H, 2 * H)
     return shapes
 
 
@@ -125,14 +138,17 @@ def diffusers_plan(params):
     """{BFL key: (diffusers keys, how, row sizes)} for every tensor of a model with these params.
     Row sizes are the dim-0 lengths of the diffusers pieces (what a "cat" splits into when saving)."""
     p = flux_params(params)
+    return plan_of(bfl_shapes(p), bfl_to_diffusers_key, p)
+
+
+def plan_of(shapes, to_diffusers_key, p):
+    """The diffusers plan of a Flux-derived model's {BFL key: shape}: `to_diffusers_key(key)` -> (diffusers keys,
+    how); a "cat" of three is a fused qkv (H rows each), of four a single block's linear1 (q | k | v | mlp)."""
     H, M = p.hidden_size, p.mlp_hidden_dim
     plan = {}
-    for key, shape in bfl_shapes(p).items():
-        dkeys, how = bfl_to_diffusers_key(key)
-        if how == "cat":
-            sizes = (H, H, H) if len(dkeys) == 3 else (H, H, H, M)
-        else:
-            sizes = (shape[0],)
+    for key, shape in shapes.items():
+        dkeys, how = to_diffusers_key(key)
+        sizes = ((H, H, H) if len(dkeys) == 3 else (H, H, H, M)) if how == "cat" else (shape[0],)
         if sum(sizes) != shape[0]:
             raise AssertionError(f"plan for {key}: pieces {sizes} do not add up to {shape}")
         plan[key] = (dkeys, how, sizes)

@@ -25,6 +25,19 @@ class EmbedND(flame_nn.Module):
     def forward(self, ids):
         return ops.rope_freqs(ids, self.axes_dim, self.theta)
 
+    def joint(self, txt_ids, img_ids, batch_size):
+        """The rotations of the joint sequence, text first, as one table per token row (ops.rope_rows): ids (B, L, 3)
+        or (L, 3), the one with batch 1 broadcast to the other's."""
+        img_ids, txt_ids = _batched(img_ids), _batched(txt_ids)
+        if img_ids.shape[0] != txt_ids.shape[0]:
+            img_ids, txt_ids = (i.expand(max(img_ids.shape[0], txt_ids.shape[0]), *i.shape[1:])
+                                for i in (img_ids, txt_ids))
+        return ops.rope_rows(self(flame.cat((txt_ids, img_ids), dim=1)), batch_size)
+
+
+def _batched(ids):
+    return ids[None] if ids.ndim == 2 else ids
+
 
 class MLPEmbedder(flame_nn.Module):
     def __init__(self, in_dim, hidden_dim, dtype=None, device=None):
@@ -68,21 +81,17 @@ class SelfAttention(flame_nn.Module):
         self.proj = flame_nn.Linear(dim, dim, dtype=dtype, device=device)
 
     def qkv_heads(self, x):
-        """Normalised q, k and v (B, L, heads, D) of tokens x (B, L, H)."""
-        return split_heads(self.qkv(x), self.num_heads, self.norm)
+        """Normalised q, k and v (B, L, heads, D) of tokens x (B, L, H): views of one GEMM's q | k | v whose backward
+        takes dq, dk and dv as they come (Linear.forward_split), not stacked into one (B, L, 3H) gradient first."""
+        H = self.qkv.weight.shape[0] // 3
+        B, L = x.shape[0], x.shape[1]
+        q, k, v = (t.reshape(B, L, self.num_heads, H // self.num_heads) for t in self.qkv.forward_split(x, (H, H, H)))
+        q, k = self.norm(q, k, v)
+        return q, k, v
 
     def forward(self, x, pe):
         q, k, v = self.qkv_heads(x)
         return self.proj(ops.attention(q, k, v, pe))
-
-
-def split_heads(qkv, num_heads, norm):
-    """(B, L, 3H) -> q, k, v (B, L, heads, D) with QK-norm applied: the q/k/v index is outermost, then heads.
-    q and k come out of the norm contiguous; v stays a view of qkv."""
-    B, L, three_h = qkv.shape
-    q, k, v = qkv.reshape(B, L, 3, num_heads, three_h // (3 * num_heads)).unbind(2)
-    q, k = norm(q, k, v)
-    return q, k, v
 
 
 class Modulation(flame_nn.Module):
@@ -197,10 +206,15 @@ class SingleStreamBlock(flame_nn.Module):
 
     def forward(self, x, vec, pe, mask=None):
         mod = self.modulation(vec)[0] if self.has_modulation else ModulationOut(*given_modulation(vec, 3))
-        qkv, mlp = self.linear1(ops.norm_modulate(x, mod.shift, mod.scale)).split(
-            [3 * self.hidden_size, self.mlp_hidden_dim], dim=-1)                   # (B, L, 3H) | (B, L, M)
-        attn = ops.attention(*split_heads(qkv, self.num_heads, self.norm), pe, mask)  # (B, L, H)
-        del qkv
+        H, heads = self.hidden_size, self.num_heads
+        # q | k | v | mlp as views of linear1's one GEMM; its backward takes the four gradients without joining them
+        q, k, v, mlp = self.linear1.forward_split(ops.norm_modulate(x, mod.shift, mod.scale),
+                                                  (H, H, H, self.mlp_hidden_dim))     # (B, L, H) x 3 | (B, L, M)
+        B, L = x.shape[0], x.shape[1]
+        q, k, v = (t.reshape(B, L, heads, H // heads) for t in (q, k, v))
+        q, k = self.norm(q, k, v)
+        attn = ops.attention(q, k, v, pe, mask)                                       # (B, L, H)
+        del q, k, v
         mlp = F.gelu(mlp, approximate="tanh")                # read in place from linear1's output, (B, L, M)
         if type(self.linear2) is flame_nn.Linear:            # linear2(cat(attn, mlp)) without the concatenation
             out = linear_cat2(attn, mlp, self.linear2.weight, self.linear2.bias)
@@ -209,3 +223,14 @@ class SingleStreamBlock(flame_nn.Module):
         return ops.gated_residual(x, mod.gate, out)
 
 
+
+
+def stream_blocks(p, *, qkv_bias=True, modulation=True, dtype=None, device=None):
+    """(double_blocks, single_blocks): the ModuleLists of a Flux-derived transformer with params `p`; Chroma's
+    (`modulation=False`) take their modulation vectors from the approximator."""
+    kw = dict(modulation=modulation, dtype=dtype, device=device)
+    double = flame_nn.ModuleList(DoubleStreamBlock(p.hidden_size, p.num_heads, p.mlp_ratio, qkv_bias=qkv_bias, **kw)
+                                 for _ in range(p.depth))
+    single = flame_nn.ModuleList(SingleStreamBlock(p.hidden_size, p.num_heads, p.mlp_ratio, **kw)
+                                 for _ in range(p.depth_single_blocks))
+    return double, single

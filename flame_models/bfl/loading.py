@@ -1,14 +1,9 @@
 """Load and save Flux transformers: BFL single files (optionally `model.diffusion_model.`-prefixed) and diffusers
 files or folders (sharded, with their index JSON). Loading reads one tensor at a time straight into the target
 dtype and device, into a model built under `flame_nn.empty_init` (no random initialisation, no second copy)."""
-import dataclasses
-import json
-import os
-
-import flame_core as flame
-
 from .. import checkpoint_io as CIO
 from . import keys as K
+from .checkpoint import BflCheckpoint, diffusers_config, params_from_diffusers_config, save_layout
 from .params import FluxParams, configs
 
 INDEX_SUFFIX = CIO.INDEX_SUFFIX
@@ -19,28 +14,17 @@ class FluxCheckpointError(CIO.CheckpointError, RuntimeError):
     """A Flux checkpoint with missing, unexpected or misshaped tensors, or an unreadable layout."""
 
 
-# ----------------------------------------------------------------------------- finding the files
-def checkpoint_files(path):
-    """The safetensors files of a checkpoint: a file, an index JSON, or a folder (diffusers `transformer/` too)."""
-    return CIO.safetensors_files(path, what="Flux", error=FluxCheckpointError, subfolder="transformer")
-
-
-class _Checkpoint(CIO.SafetensorsCheckpoint):
-    """Open safetensors handles of one checkpoint; its keys (`index`, prefix stripped) and layout."""
+class _Checkpoint(BflCheckpoint):
+    """Open safetensors handles of one Flux checkpoint; its keys (`index`, prefix stripped) and layout."""
 
     error = FluxCheckpointError
+    what = "Flux"
+    key_layout = K
+    params_class = FluxParams
+    metadata_key = PARAMS_METADATA_KEY
 
-    def __init__(self, path):
-        self.path = os.fspath(path)
-        super().__init__(checkpoint_files(path), label=self.path)
 
-    def scan_keys(self):
-        self.prefix, self.index = K.strip_prefix(self.handle_of)
-        self.layout = K.detect_layout(self.index)
-
-    def metadata_params(self):
-        meta = self.metadata(PARAMS_METADATA_KEY)
-        return None if meta is None else FluxParams(**json.loads(meta))
+checkpoint_files = _Checkpoint.checkpoint_files
 
 
 # ----------------------------------------------------------------------------- the config from the weights
@@ -63,41 +47,28 @@ def infer_params(ckpt):
     p = ckpt.metadata_params()
     if p is not None:
         return p
-    col = 0 if ckpt.layout == "bfl" else 1
-    try:
-        f = {name: ckpt.shape(keys[col])[keys[2]] for name, keys in _SHAPE_FIELDS.items()}
-    except KeyError as e:
-        raise FluxCheckpointError(f"{ckpt.path}: cannot infer the Flux config, missing {e}") from None
+    f = ckpt.shape_fields(_SHAPE_FIELDS)
     if ckpt.layout == "bfl":
-        depth = _count(ckpt.index, "double_blocks.", ".img_attn.qkv.weight")
-        single = _count(ckpt.index, "single_blocks.", ".linear1.weight")
+        depth = ckpt.count("double_blocks.", ".img_attn.qkv.weight")
+        single = ckpt.count("single_blocks.", ".linear1.weight")
         guidance = "guidance_in.in_layer.weight" in ckpt.index
         qkv_bias = "double_blocks.0.img_attn.qkv.bias" in ckpt.index
     else:
-        depth = _count(ckpt.index, "transformer_blocks.", ".attn.to_q.weight")
-        single = _count(ckpt.index, "single_transformer_blocks.", ".attn.to_q.weight")
+        depth = ckpt.count("transformer_blocks.", ".attn.to_q.weight")
+        single = ckpt.count("single_transformer_blocks.", ".attn.to_q.weight")
         guidance = "time_text_embed.guidance_embedder.linear_1.weight" in ckpt.index
         qkv_bias = "transformer_blocks.0.attn.to_q.bias" in ckpt.index
     H, D = f["hidden_size"], f["head_dim"]
-    axes = (16, 56, 56) if D == 128 else next(
-        (c.axes_dim for c in configs.values() if c.head_dim == D and c.hidden_size == H), None)
-    if axes is None:
-        raise FluxCheckpointError(f"{ckpt.path}: head dim {D} is not Flux's 128 and matches no preset, so the RoPE "
-                                  f"axes are unknown; pass params=FluxParams(...)")
     return FluxParams(in_channels=f["in_channels"], out_channels=f["out_channels"], vec_in_dim=f["vec_in_dim"],
                       context_in_dim=f["context_in_dim"], hidden_size=H, mlp_ratio=f["mlp_hidden"] / H,
-                      num_heads=H // D, depth=depth, depth_single_blocks=single, axes_dim=axes,
-                      qkv_bias=qkv_bias, guidance_embed=guidance)
+                      num_heads=H // D, depth=depth, depth_single_blocks=single,
+                      axes_dim=ckpt.rope_axes(H, D, configs), qkv_bias=qkv_bias, guidance_embed=guidance)
 
 
 def read_flux_params(path):
     """FluxParams of a checkpoint (file, folder or index JSON) from its headers alone: no tensor is read."""
     with _Checkpoint(path) as ckpt:
         return infer_params(ckpt)
-
-
-def _count(keys, prefix, suffix):
-    return len(CIO.block_indices(keys, prefix, suffix))
 
 
 # ----------------------------------------------------------------------------- loading
@@ -126,11 +97,14 @@ def load_flux(path, dtype=None, device=None, *, params=None, strict=True):
 
 # ----------------------------------------------------------------------------- saving
 def _diffusers_config(p):
-    return {"_class_name": "FluxTransformer2DModel", "patch_size": 1, "in_channels": p.in_channels,
-            "out_channels": p.out_channels, "num_layers": p.depth, "num_single_layers": p.depth_single_blocks,
-            "attention_head_dim": p.head_dim, "num_attention_heads": p.num_heads,
-            "joint_attention_dim": p.context_in_dim, "pooled_projection_dim": p.vec_in_dim,
-            "guidance_embeds": p.guidance_embed, "axes_dims_rope": list(p.axes_dim)}
+    return diffusers_config("FluxTransformer2DModel", p, pooled_projection_dim=p.vec_in_dim,
+                            guidance_embeds=p.guidance_embed, axes_dims_rope=list(p.axes_dim))
+
+
+def flux_params_from_config(config):
+    """FluxParams of a diffusers FluxTransformer2DModel config (config.json's dict)."""
+    return params_from_diffusers_config(FluxParams, config, vec_in_dim=config["pooled_projection_dim"],
+                                        guidance_embed=config["guidance_embeds"])
 
 
 def save_flux(model, path, layout="bfl", *, max_shard_size=None):
@@ -138,16 +112,5 @@ def save_flux(model, path, layout="bfl", *, max_shard_size=None):
     shards `<stem>-0000i-of-0000n.safetensors` plus `<path>.index.json` with max_shard_size bytes). Otherwise a folder
     (diffusers: diffusion_pytorch_model*.safetensors + config.json; bfl: flux*.safetensors). Returns the files
     written."""
-    if layout not in ("bfl", "diffusers"):
-        raise ValueError(f"layout must be 'bfl' or 'diffusers', got {layout!r}")
-    p = model.params
-    state = {k: t for k, t in model.named_parameters()}
-    with flame.no_grad():
-        state = {k: t.detach() for k, t in state.items()}
-        if layout == "diffusers":
-            state = K.bfl_to_diffusers(state, p)
-    metadata = {"format": "pt", PARAMS_METADATA_KEY: json.dumps(dataclasses.asdict(p))}  # tuples: JSON lists
-    diffusers = layout == "diffusers"
-    return CIO.save_weights(state.items(), path, stem="diffusion_pytorch_model" if diffusers else "flux",
-                            metadata=metadata, max_shard_size=max_shard_size,
-                            folder_config=_diffusers_config(p) if diffusers else None)
+    return save_layout(model, path, layout, to_diffusers=K.bfl_to_diffusers, metadata_key=PARAMS_METADATA_KEY,
+                       stem="flux", folder_config=_diffusers_config(model.params), max_shard_size=max_shard_size)

@@ -3,9 +3,8 @@ import flame_core as flame
 import flame_nn
 from flame_nn.offload import run_block
 
-from .layers import DoubleStreamBlock, EmbedND, LastLayer, MLPEmbedder, SingleStreamBlock, timestep_embedding
+from .layers import EmbedND, LastLayer, MLPEmbedder, stream_blocks, timestep_embedding
 from .lora_keys import name_map_for
-from .ops import rope_rows
 from .params import flux_params
 
 
@@ -28,11 +27,7 @@ class Flux(flame_nn.GradientCheckpointingMixin, flame_nn.Module):
         self.vector_in = MLPEmbedder(p.vec_in_dim, p.hidden_size, **kw)
         self.guidance_in = MLPEmbedder(256, p.hidden_size, **kw) if p.guidance_embed else flame_nn.Identity()
         self.txt_in = flame_nn.Linear(p.context_in_dim, p.hidden_size, **kw)
-        self.double_blocks = flame_nn.ModuleList(
-            DoubleStreamBlock(p.hidden_size, p.num_heads, p.mlp_ratio, qkv_bias=p.qkv_bias, **kw)
-            for _ in range(p.depth))
-        self.single_blocks = flame_nn.ModuleList(
-            SingleStreamBlock(p.hidden_size, p.num_heads, p.mlp_ratio, **kw) for _ in range(p.depth_single_blocks))
+        self.double_blocks, self.single_blocks = stream_blocks(p, qkv_bias=p.qkv_bias, **kw)
         self.final_layer = LastLayer(p.hidden_size, 1, p.out_channels, **kw)
 
     @classmethod
@@ -71,12 +66,7 @@ class Flux(flame_nn.GradientCheckpointingMixin, flame_nn.Module):
         txt = self.txt_in(txt)
 
         # rotary positions of the joint sequence, text first
-        img_ids, txt_ids = _batched(img_ids), _batched(txt_ids)
-        if img_ids.shape[0] != txt_ids.shape[0]:
-            img_ids, txt_ids = (i.expand(max(img_ids.shape[0], txt_ids.shape[0]), *i.shape[1:])
-                                for i in (img_ids, txt_ids))
-        pe = self.pe_embedder(flame.cat((txt_ids, img_ids), dim=1))          # (B, 1, L, D/2, 2, 2)
-        pe = rope_rows(pe, img.shape[0])                                     # one table per token row
+        pe = self.pe_embedder.joint(txt_ids, img_ids, img.shape[0])          # one table per token row
 
         # each block through run_block: checkpointed per its flag, or streamed by a BlockStreamer (flame_nn.offload)
         for i in range(len(self.double_blocks)):
@@ -87,7 +77,3 @@ class Flux(flame_nn.GradientCheckpointingMixin, flame_nn.Module):
         for i in range(len(self.single_blocks)):
             x = run_block(self.single_blocks, i, x, vec, pe)
         return self.final_layer(x[:, n_txt:], vec)
-
-
-def _batched(ids):
-    return ids[None] if ids.ndim == 2 else ids

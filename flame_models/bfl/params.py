@@ -4,8 +4,37 @@ from dataclasses import dataclass, replace
 from ..checkpoint_io import preset
 
 
+class BlockShape:
+    """What the params of every Flux-derived transformer (FluxParams, ChromaParams) share: the head and MLP widths
+    derived from hidden_size / num_heads / mlp_ratio, and replace()."""
+
+    @property
+    def head_dim(self):
+        return self.hidden_size // self.num_heads
+
+    @property
+    def mlp_hidden_dim(self):
+        return int(self.hidden_size * self.mlp_ratio)
+
+    def replace(self, **changes):
+        return replace(self, **changes)
+
+
+def check_shape(p):
+    """ValueError unless `p` (a frozen BlockShape dataclass) splits into whole heads whose RoPE axes (even dims) sum
+    to the head dim; its axes_dim becomes a tuple (a JSON list when read from a file's metadata)."""
+    if p.hidden_size % p.num_heads:
+        raise ValueError(f"hidden_size {p.hidden_size} is not divisible by num_heads {p.num_heads}")
+    if sum(p.axes_dim) != p.head_dim:
+        raise ValueError(f"axes_dim {tuple(p.axes_dim)} sums to {sum(p.axes_dim)}, but the head dim is "
+                         f"{p.head_dim} (hidden_size {p.hidden_size} / num_heads {p.num_heads})")
+    if any(d % 2 for d in p.axes_dim):
+        raise ValueError(f"every RoPE axis dim must be even, got axes_dim {tuple(p.axes_dim)}")
+    object.__setattr__(p, "axes_dim", tuple(p.axes_dim))
+
+
 @dataclass(frozen=True)
-class FluxParams:
+class FluxParams(BlockShape):
     in_channels: int = 64               # packed latent channels (16 VAE channels x 2 x 2)
     out_channels: int = 64
     vec_in_dim: int = 768               # CLIP-L pooled embedding
@@ -21,25 +50,7 @@ class FluxParams:
     guidance_embed: bool = True         # flux-dev embeds the guidance value; schnell does not
 
     def __post_init__(self):
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
-        if sum(self.axes_dim) != self.head_dim:
-            raise ValueError(f"axes_dim {tuple(self.axes_dim)} sums to {sum(self.axes_dim)}, but the head dim is "
-                             f"{self.head_dim} (hidden_size {self.hidden_size} / num_heads {self.num_heads})")
-        if any(d % 2 for d in self.axes_dim):
-            raise ValueError(f"every RoPE axis dim must be even, got axes_dim {tuple(self.axes_dim)}")
-        object.__setattr__(self, "axes_dim", tuple(self.axes_dim))
-
-    @property
-    def head_dim(self):
-        return self.hidden_size // self.num_heads
-
-    @property
-    def mlp_hidden_dim(self):
-        return int(self.hidden_size * self.mlp_ratio)
-
-    def replace(self, **changes):
-        return replace(self, **changes)
+        check_shape(self)
 
 
 configs = {

@@ -30,6 +30,23 @@ T5_WIDTH = 32
 TINY_VAE = VAEConfig(ch=8, ch_mult=(1, 2, 4, 4), num_res_blocks=1, z_channels=16, norm_num_groups=4, sample_size=64)
 
 
+def tiny_t5(tokenizer):
+    """A 2-layer T5 encoder T5_WIDTH wide for `tokenizer`'s vocabulary (random: draws from the global generator)."""
+    return T5EncoderModel(T5Config(vocab_size=tokenizer.vocab_size, d_model=T5_WIDTH, d_kv=8, d_ff=48, num_layers=2,
+                                   num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16),
+                          device="cpu")
+
+
+def save_vae_folder(vae, vae_dir):
+    """Write the Flux-shaped `vae` as a diffusers vae/ folder with Flux's latent scale and shift in its config.json
+    (what diffusers' FluxPipeline / ChromaPipeline read)."""
+    save_vae(vae, vae_dir, layout="diffusers")
+    with open(os.path.join(vae_dir, "config.json")) as f:
+        vae_cfg = json.load(f)
+    vae_cfg.update(scaling_factor=0.3611, shift_factor=0.1159)
+    write_json(os.path.join(vae_dir, "config.json"), vae_cfg, sort_keys=True)
+
+
 def tiny_flux_parts(seed=0, *, corpus=None, guidance_embed=True):
     """The tiny parts in memory: {"transformer", "vae", "clip_l", "t5", "clip_tokenizer", "t5_tokenizer"}, random
     weights from `seed` (float32, cpu). The global random state is left as it was."""
@@ -44,9 +61,7 @@ def tiny_flux_parts(seed=0, *, corpus=None, guidance_embed=True):
             projection_dim=CLIP_WIDTH, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=77,
             hidden_act="quick_gelu", bos_token_id=clip_tok.bos_token_id, eos_token_id=clip_tok.eos_token_id,
             pad_token_id=clip_tok.pad_token_id), device="cpu")
-        t5 = T5EncoderModel(T5Config(vocab_size=t5_tok.vocab_size, d_model=T5_WIDTH, d_kv=8, d_ff=48, num_layers=2,
-                                     num_heads=4, relative_attention_num_buckets=8,
-                                     relative_attention_max_distance=16), device="cpu")
+        t5 = tiny_t5(t5_tok)
         params = configs["flux-tiny"].replace(vec_in_dim=CLIP_WIDTH, context_in_dim=T5_WIDTH,
                                               guidance_embed=guidance_embed)
         transformer = Flux(params, device="cpu")
@@ -65,12 +80,7 @@ def save_flux_folder(folder, parts):
     folder = os.fspath(folder)
     os.makedirs(folder, exist_ok=True)
     save_flux(parts["transformer"], os.path.join(folder, "transformer"), layout="diffusers")
-    vae_dir = os.path.join(folder, "vae")
-    save_vae(parts["vae"], vae_dir, layout="diffusers")
-    with open(os.path.join(vae_dir, "config.json")) as f:
-        vae_cfg = json.load(f)
-    vae_cfg.update(scaling_factor=0.3611, shift_factor=0.1159)  # what diffusers' FluxPipeline reads
-    write_json(os.path.join(vae_dir, "config.json"), vae_cfg, sort_keys=True)
+    save_vae_folder(parts["vae"], os.path.join(folder, "vae"))
     parts["clip_l"].save_pretrained(os.path.join(folder, "text_encoder"))
     parts["t5"].save_pretrained(os.path.join(folder, "text_encoder_2"))
     parts["clip_tokenizer"].save_pretrained(os.path.join(folder, "tokenizer"))

@@ -2,7 +2,7 @@
 ChromaTransformer2DModel names (the block tensors as Flux's, flame_models.bfl.keys; the approximator's
 `layers.{l}.in_layer / out_layer` and `norms.{l}.scale` are diffusers' `linear_1 / linear_2` and `norms.{l}.weight`).
 """
-from ..bfl.keys import bfl_to_diffusers_key
+from ..bfl.keys import add_block_shapes, bfl_to_diffusers_key, linear_shapes, plan_of
 from ..checkpoint_io.plans import combine, join_by_plan, split_by_plan  # noqa: F401
 from .params import chroma_params
 
@@ -15,39 +15,20 @@ DIFFUSERS_BLOCK = "transformer_blocks.0.attn.to_q.weight"
 def bfl_shapes(params):
     """{Chroma key: shape} of every tensor of a Chroma model with these params, in module order."""
     p = chroma_params(params)
-    H, M, D, A = p.hidden_size, p.mlp_hidden_dim, p.head_dim, p.approximator_hidden_dim
+    H, A = p.hidden_size, p.approximator_hidden_dim
     shapes = {}
-
-    def linear(name, n_in, n_out):
-        shapes[f"{name}.weight"] = (n_out, n_in)
-        shapes[f"{name}.bias"] = (n_out,)
-
-    linear("img_in", p.in_channels, H)
-    linear("txt_in", p.context_in_dim, H)
+    linear_shapes(shapes, "img_in", p.in_channels, H)
+    linear_shapes(shapes, "txt_in", p.context_in_dim, H)
     g = "distilled_guidance_layer"
-    linear(f"{g}.in_proj", p.approximator_in_dim, A)
+    linear_shapes(shapes, f"{g}.in_proj", p.approximator_in_dim, A)
     for l in range(p.approximator_layers):  # noqa: E741
-        linear(f"{g}.layers.{l}.in_layer", A, A)
-        linear(f"{g}.layers.{l}.out_layer", A, A)
+        linear_shapes(shapes, f"{g}.layers.{l}.in_layer", A, A)
+        linear_shapes(shapes, f"{g}.layers.{l}.out_layer", A, A)
     for l in range(p.approximator_layers):  # noqa: E741
         shapes[f"{g}.norms.{l}.scale"] = (A,)
-    linear(f"{g}.out_proj", A, H)
-    for i in range(p.depth):
-        b = f"double_blocks.{i}"
-        for s in ("img", "txt"):
-            linear(f"{b}.{s}_attn.qkv", H, 3 * H)
-            shapes[f"{b}.{s}_attn.norm.query_norm.scale"] = (D,)
-            shapes[f"{b}.{s}_attn.norm.key_norm.scale"] = (D,)
-            linear(f"{b}.{s}_attn.proj", H, H)
-            linear(f"{b}.{s}_mlp.0", H, M)
-            linear(f"{b}.{s}_mlp.2", M, H)
-    for i in range(p.depth_single_blocks):
-        b = f"single_blocks.{i}"
-        linear(f"{b}.linear1", H, 3 * H + M)
-        linear(f"{b}.linear2", H + M, H)
-        shapes[f"{b}.norm.query_norm.scale"] = (D,)
-        shapes[f"{b}.norm.key_norm.scale"] = (D,)
-    linear("final_layer.linear", H, p.out_channels)
+    linear_shapes(shapes, f"{g}.out_proj", A, H)
+    add_block_shapes(shapes, p, modulation=False)
+    linear_shapes(shapes, "final_layer.linear", H, p.out_channels)
     return shapes
 
 
@@ -71,13 +52,7 @@ def to_diffusers_key(key):
 def diffusers_plan(params):
     """{Chroma key: (diffusers keys, how, row sizes)} for every tensor of a model with these params."""
     p = chroma_params(params)
-    H, M = p.hidden_size, p.mlp_hidden_dim
-    plan = {}
-    for key, shape in bfl_shapes(p).items():
-        dkeys, how = to_diffusers_key(key)
-        sizes = ((H, H, H) if len(dkeys) == 3 else (H, H, H, M)) if how == "cat" else (shape[0],)
-        plan[key] = (dkeys, how, sizes)
-    return plan
+    return plan_of(bfl_shapes(p), to_diffusers_key, p)
 
 
 def strip_prefix(keys):

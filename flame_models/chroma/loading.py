@@ -1,13 +1,8 @@
 """Load and save Chroma transformers: Chroma's single files (lodestones' names, also `model.diffusion_model.`-
 prefixed as ComfyUI writes them) and diffusers files or folders (ChromaTransformer2DModel, sharded with their index
 JSON), one tensor at a time into a model built under `flame_nn.empty_init`."""
-import dataclasses
-import json
-import os
-
-import flame_core as flame
-
 from .. import checkpoint_io as CIO
+from ..bfl.checkpoint import BflCheckpoint, diffusers_config, params_from_diffusers_config, save_layout
 from . import keys as K
 from .params import ChromaParams, configs
 
@@ -18,28 +13,15 @@ class ChromaCheckpointError(CIO.CheckpointError, RuntimeError):
     """A Chroma checkpoint with missing, unexpected or misshaped tensors, or an unreadable layout."""
 
 
-def checkpoint_files(path):
-    """The safetensors files of a checkpoint: a file, an index JSON, or a folder (diffusers `transformer/` too)."""
-    return CIO.safetensors_files(path, what="Chroma", error=ChromaCheckpointError, subfolder="transformer")
-
-
-class _Checkpoint(CIO.SafetensorsCheckpoint):
+class _Checkpoint(BflCheckpoint):
     error = ChromaCheckpointError
+    what = "Chroma"
+    key_layout = K
+    params_class = ChromaParams
+    metadata_key = PARAMS_METADATA_KEY
 
-    def __init__(self, path):
-        self.path = os.fspath(path)
-        super().__init__(checkpoint_files(path), label=self.path)
 
-    def scan_keys(self):
-        self.prefix, self.index = K.strip_prefix(self.handle_of)
-        try:
-            self.layout = K.detect_layout(self.index)
-        except KeyError as e:
-            raise ChromaCheckpointError(f"{self.path}: {e.args[0]}") from None
-
-    def metadata_params(self):
-        meta = self.metadata(PARAMS_METADATA_KEY)
-        return None if meta is None else ChromaParams(**json.loads(meta))
+checkpoint_files = _Checkpoint.checkpoint_files
 
 
 # what each field is read from: (Chroma key, diffusers key, dim)
@@ -61,29 +43,20 @@ def infer_params(ckpt):
     p = ckpt.metadata_params()
     if p is not None:
         return p
-    col = 0 if ckpt.layout == "bfl" else 1
-    try:
-        f = {name: ckpt.shape(keys[col])[keys[2]] for name, keys in _SHAPE_FIELDS.items()}
-    except KeyError as e:
-        raise ChromaCheckpointError(f"{ckpt.path}: cannot infer the Chroma config, missing {e}") from None
+    f = ckpt.shape_fields(_SHAPE_FIELDS)
     if ckpt.layout == "bfl":
-        depth = len(CIO.block_indices(ckpt.index, "double_blocks.", ".img_attn.qkv.weight"))
-        single = len(CIO.block_indices(ckpt.index, "single_blocks.", ".linear1.weight"))
-        layers = len(CIO.block_indices(ckpt.index, "distilled_guidance_layer.layers.", ".in_layer.weight"))
+        depth = ckpt.count("double_blocks.", ".img_attn.qkv.weight")
+        single = ckpt.count("single_blocks.", ".linear1.weight")
+        layers = ckpt.count("distilled_guidance_layer.layers.", ".in_layer.weight")
     else:
-        depth = len(CIO.block_indices(ckpt.index, "transformer_blocks.", ".attn.to_q.weight"))
-        single = len(CIO.block_indices(ckpt.index, "single_transformer_blocks.", ".attn.to_q.weight"))
-        layers = len(CIO.block_indices(ckpt.index, "distilled_guidance_layer.layers.", ".linear_1.weight"))
+        depth = ckpt.count("transformer_blocks.", ".attn.to_q.weight")
+        single = ckpt.count("single_transformer_blocks.", ".attn.to_q.weight")
+        layers = ckpt.count("distilled_guidance_layer.layers.", ".linear_1.weight")
     H, D = f["hidden_size"], f["head_dim"]
-    axes = (16, 56, 56) if D == 128 else next(
-        (c.axes_dim for c in configs.values() if c.head_dim == D and c.hidden_size == H), None)
-    if axes is None:
-        raise ChromaCheckpointError(f"{ckpt.path}: head dim {D} is not Chroma's 128 and matches no preset, so the "
-                                    f"RoPE axes are unknown; pass params=ChromaParams(...)")
     return ChromaParams(in_channels=f["in_channels"], out_channels=f["out_channels"],
                         context_in_dim=f["context_in_dim"], hidden_size=H, mlp_ratio=f["mlp_hidden"] / H,
-                        num_heads=H // D, depth=depth, depth_single_blocks=single, axes_dim=axes,
-                        approximator_in_dim=f["approximator_in_dim"],
+                        num_heads=H // D, depth=depth, depth_single_blocks=single,
+                        axes_dim=ckpt.rope_axes(H, D, configs), approximator_in_dim=f["approximator_in_dim"],
                         approximator_hidden_dim=f["approximator_hidden_dim"], approximator_layers=layers)
 
 
@@ -116,26 +89,21 @@ def load_chroma(path, dtype=None, device=None, *, params=None, strict=True):
 
 
 def _diffusers_config(p):
-    return {"_class_name": "ChromaTransformer2DModel", "patch_size": 1, "in_channels": p.in_channels,
-            "out_channels": p.out_channels, "num_layers": p.depth, "num_single_layers": p.depth_single_blocks,
-            "attention_head_dim": p.head_dim, "num_attention_heads": p.num_heads,
-            "joint_attention_dim": p.context_in_dim, "axes_dims_rope": list(p.axes_dim),
-            "approximator_num_channels": p.approximator_in_dim,
-            "approximator_hidden_dim": p.approximator_hidden_dim, "approximator_layers": p.approximator_layers}
+    return diffusers_config("ChromaTransformer2DModel", p, axes_dims_rope=list(p.axes_dim),
+                            approximator_num_channels=p.approximator_in_dim,
+                            approximator_hidden_dim=p.approximator_hidden_dim,
+                            approximator_layers=p.approximator_layers)
+
+
+def chroma_params_from_config(config):
+    """ChromaParams of a diffusers ChromaTransformer2DModel config (config.json's dict)."""
+    return params_from_diffusers_config(ChromaParams, config, approximator_in_dim=config["approximator_num_channels"],
+                                        approximator_hidden_dim=config["approximator_hidden_dim"],
+                                        approximator_layers=config["approximator_layers"])
 
 
 def save_chroma(model, path, layout="bfl", *, max_shard_size=None):
     """Save `model` in Chroma's own ("bfl") or diffusers ("diffusers") layout: a .safetensors path (or shards) or a
     folder (diffusers: diffusion_pytorch_model*.safetensors + config.json). Returns the files written."""
-    if layout not in ("bfl", "diffusers"):
-        raise ValueError(f"layout must be 'bfl' or 'diffusers', got {layout!r}")
-    p = model.params
-    with flame.no_grad():
-        state = {k: t.detach() for k, t in model.named_parameters()}
-        if layout == "diffusers":
-            state = K.to_diffusers(state, p)
-    metadata = {"format": "pt", PARAMS_METADATA_KEY: json.dumps(dataclasses.asdict(p))}
-    diffusers = layout == "diffusers"
-    return CIO.save_weights(state.items(), path, stem="diffusion_pytorch_model" if diffusers else "chroma",
-                            metadata=metadata, max_shard_size=max_shard_size,
-                            folder_config=_diffusers_config(p) if diffusers else None)
+    return save_layout(model, path, layout, to_diffusers=K.to_diffusers, metadata_key=PARAMS_METADATA_KEY,
+                       stem="chroma", folder_config=_diffusers_config(model.params), max_shard_size=max_shard_size)

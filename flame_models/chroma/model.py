@@ -4,8 +4,7 @@ import flame_core as flame
 import flame_nn
 from flame_nn.offload import run_block
 
-from ..bfl.layers import DoubleStreamBlock, EmbedND, SingleStreamBlock
-from ..bfl.ops import rope_rows
+from ..bfl.layers import EmbedND, stream_blocks
 from .layers import Approximator, ChromaLastLayer, approximator_input
 from .lora_keys import name_map_for
 from .params import chroma_params
@@ -40,12 +39,7 @@ class Chroma(flame_nn.GradientCheckpointingMixin, flame_nn.Module):
         self.txt_in = flame_nn.Linear(p.context_in_dim, p.hidden_size, bias=True, **kw)
         self.distilled_guidance_layer = Approximator(p.approximator_in_dim, p.approximator_hidden_dim,
                                                      p.hidden_size, p.approximator_layers, **kw)
-        self.double_blocks = flame_nn.ModuleList(
-            DoubleStreamBlock(p.hidden_size, p.num_heads, p.mlp_ratio, qkv_bias=True, modulation=False, **kw)
-            for _ in range(p.depth))
-        self.single_blocks = flame_nn.ModuleList(
-            SingleStreamBlock(p.hidden_size, p.num_heads, p.mlp_ratio, modulation=False, **kw)
-            for _ in range(p.depth_single_blocks))
+        self.double_blocks, self.single_blocks = stream_blocks(p, modulation=False, **kw)
         self.final_layer = ChromaLastLayer(p.hidden_size, p.out_channels, **kw)
 
     @classmethod
@@ -82,11 +76,7 @@ class Chroma(flame_nn.GradientCheckpointingMixin, flame_nn.Module):
         img, txt = self.img_in(img.to(dtype)), self.txt_in(txt.to(dtype))
         mods = self.modulations(timesteps.to(dtype), guidance)                     # (B, 344, H)
 
-        img_ids, txt_ids = _batched(img_ids), _batched(txt_ids)
-        if img_ids.shape[0] != txt_ids.shape[0]:
-            img_ids, txt_ids = (i.expand(max(img_ids.shape[0], txt_ids.shape[0]), *i.shape[1:])
-                                for i in (img_ids, txt_ids))
-        pe = rope_rows(self.pe_embedder(flame.cat((txt_ids, img_ids), dim=1)), B)
+        pe = self.pe_embedder.joint(txt_ids, img_ids, B)
         mask = None
         if txt_mask is not None:
             if tuple(txt_mask.shape) != (B, n_txt):
@@ -105,7 +95,3 @@ class Chroma(flame_nn.GradientCheckpointingMixin, flame_nn.Module):
         for i in range(p.depth_single_blocks):
             x = run_block(self.single_blocks, i, x, mods[:, 3 * i:3 * i + 3], pe, mask)
         return self.final_layer(x[:, n_txt:], mods[:, -2:])
-
-
-def _batched(ids):
-    return ids[None] if ids.ndim == 2 else ids

@@ -1,12 +1,13 @@
 """ChromaParams: the hyper-parameters of a Chroma transformer (lodestones' Chroma1, FLUX.1-schnell-derived), with the
 released preset and a tiny test config."""
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
+from ..bfl.params import BlockShape, check_shape
 from ..checkpoint_io import preset
 
 
 @dataclass(frozen=True)
-class ChromaParams:
+class ChromaParams(BlockShape):
     in_channels: int = 64               # packed latent channels (16 VAE channels x 2 x 2)
     out_channels: int = 64
     context_in_dim: int = 4096          # T5-XXL hidden size
@@ -22,32 +23,14 @@ class ChromaParams:
     approximator_layers: int = 5
 
     def __post_init__(self):
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
-        if sum(self.axes_dim) != self.head_dim:
-            raise ValueError(f"axes_dim {tuple(self.axes_dim)} sums to {sum(self.axes_dim)}, but the head dim is "
-                             f"{self.head_dim} (hidden_size {self.hidden_size} / num_heads {self.num_heads})")
-        if any(d % 2 for d in self.axes_dim):
-            raise ValueError(f"every RoPE axis dim must be even, got axes_dim {tuple(self.axes_dim)}")
+        check_shape(self)
         if self.approximator_in_dim % 4:
             raise ValueError(f"approximator_in_dim {self.approximator_in_dim} must be a multiple of 4")
-        object.__setattr__(self, "axes_dim", tuple(self.axes_dim))
-
-    @property
-    def head_dim(self):
-        return self.hidden_size // self.num_heads
-
-    @property
-    def mlp_hidden_dim(self):
-        return int(self.hidden_size * self.mlp_ratio)
 
     @property
     def mod_index_length(self):
         """Modulation vectors the approximator makes: 3 per single block, 6 + 6 per double block, 2 for the end."""
         return 3 * self.depth_single_blocks + 2 * 6 * self.depth + 2
-
-    def replace(self, **changes):
-        return replace(self, **changes)
 
 
 configs = {

@@ -2,17 +2,15 @@
 of Chroma1: model_index.json (ChromaPipeline), transformer/ (ChromaTransformer2DModel names, the chroma-tiny preset
 32 wide in text), vae/ (the tiny Flux-shaped VAE), text_encoder/ (a 2-layer T5 32 wide), tokenizer/ (T5
 SentencePiece learned from the tiny corpus). Same seed, same files."""
-import json
 import os
 
 import flame_core as flame
 
-from ..bfl.tiny import T5_WIDTH, TINY_VAE
+from ..bfl.tiny import T5_WIDTH, TINY_VAE, save_vae_folder, tiny_t5
 from ..checkpoint_io import write_json
-from ..text_encoders import T5Config, T5EncoderModel
 from ..tokenization import T5Tokenizer
 from ..tokenization.tiny_corpus import TINY_CORPUS
-from ..vae import AutoencoderKL, save_vae
+from ..vae import AutoencoderKL
 from .components import find_chroma_files
 from .loading import save_chroma
 from .model import Chroma
@@ -27,9 +25,7 @@ def tiny_chroma_parts(seed=0, *, corpus=None):
     state = flame.random.get_rng_state("cpu")
     try:
         flame.manual_seed(seed)
-        t5 = T5EncoderModel(T5Config(vocab_size=tok.vocab_size, d_model=T5_WIDTH, d_kv=8, d_ff=48, num_layers=2,
-                                     num_heads=4, relative_attention_num_buckets=8,
-                                     relative_attention_max_distance=16), device="cpu")
+        t5 = tiny_t5(tok)
         transformer = Chroma(configs["chroma-tiny"].replace(context_in_dim=T5_WIDTH), device="cpu")
         vae = AutoencoderKL(TINY_VAE, device="cpu")
     finally:
@@ -46,12 +42,7 @@ def tiny_chroma_files(folder, seed=0, *, corpus=None):
     folder = os.fspath(folder)
     os.makedirs(folder, exist_ok=True)
     save_chroma(parts["transformer"], os.path.join(folder, "transformer"), layout="diffusers")
-    vae_dir = os.path.join(folder, "vae")
-    save_vae(parts["vae"], vae_dir, layout="diffusers")
-    with open(os.path.join(vae_dir, "config.json")) as f:
-        vae_cfg = json.load(f)
-    vae_cfg.update(scaling_factor=0.3611, shift_factor=0.1159)
-    write_json(os.path.join(vae_dir, "config.json"), vae_cfg, sort_keys=True)
+    save_vae_folder(parts["vae"], os.path.join(folder, "vae"))
     parts["t5"].save_pretrained(os.path.join(folder, "text_encoder"))
     parts["t5_tokenizer"].save_pretrained(os.path.join(folder, "tokenizer"))
     write_json(os.path.join(folder, "model_index.json"), {

@@ -15,6 +15,7 @@ import numpy as np
 import flame_core as flame
 import flame_nn
 
+from ..conditioning import files as F
 from ..conditioning.encoders import EncoderBundle, prompt_list
 from ..tokenization.qwen2 import Qwen2Tokenizer
 from ..training import family_parts as S
@@ -118,10 +119,11 @@ class QwenImageTextEncoders(EncoderBundle):
         return {"prompt_embeds": flame.tensor(full, device=dev), "prompt_mask": flame.tensor(full_mask, device=dev)}
 
     def free(self):
+        """Drop the text encoder and return its memory now (device pool, a streamer's pinned buffers)."""
         if self._runs is None:
             return
-        self.text_encoder = self.tokenizer = None
-        self._runs = None
+        self._runs = {}                                  # (eager: no CUDA graph to reset)
+        super().free()
 
 
 def tiny_tokenizer():
@@ -161,23 +163,59 @@ def template_prefix_tokens(tokenizer):
     return len(tokenizer.encode(PROMPT_TEMPLATE.split("{}")[0]))
 
 
+def _te_params(model_cfg):
+    """Parameters of the language model that encodes (embeddings, layers, norm; not the vision tower nor lm_head):
+    from the folder's headers, or the random preset's size."""
+    if model_cfg.name_or_path is None:
+        return 0                                     # the tiny preset's stand-in
+    shapes = F.read_headers(F.part_files(model_cfg.name_or_path, "text_encoder", subfolders=SUBFOLDERS))
+    n = 0
+    for k, shape in shapes.items():
+        if "visual." in k or k.startswith("lm_head."):
+            continue
+        c = 1
+        for d in shape:
+            c *= d
+        n += c
+    return n
+
+
+def te_storage(model_cfg, device, budget):
+    """'bf16' | 'fp8' | 'fp8+stream' ('float32' / 'fp8' on the cpu): how Qwen2.5-VL is held while captions are
+    encoded -- as T5's (training.family_parts.t5_storage): fp8 when model.quantize_te asks or when max_gpu_memory
+    cannot hold it in bfloat16 with a margin, its layers streamed when even fp8 does not fit."""
+    return S.t5_storage(lambda: _te_params(model_cfg), model_cfg.quantize_te, device, budget)
+
+
+def te_loading(storage):
+    """(quantize, stream) for load_qwen2_5_vl / place_qwen2_5_vl from a te_storage answer."""
+    return ("fp8" if storage.startswith("fp8") else None), storage.endswith("stream")
+
+
 def text_id(model_cfg, device, budget=None):
     m = model_cfg
-    how = f"{S.te_dtype(device)}|qwen2.5-vl|{text_length(m)}"
+    storage = te_storage(m, device, budget)
+    how = f"{S.te_dtype(device)}|qwen2.5-vl|{text_length(m)}" + ("|fp8" if storage.startswith("fp8") else "")
     return S.cache_id("qwen-image-te", m, _size(m), how,
                       lambda: f"{S.identity(_folder(m, 'text_encoder'), 'text_encoder')}|tok:"
                               f"{os.path.abspath(_folder(m, 'tokenizer'))}")
 
 
 def describe(model_cfg, device, budget=None):
-    return f"Qwen2.5-VL ({S.te_dtype(device)}, {text_length(model_cfg)} tokens, padding masked)"
+    return f"Qwen2.5-VL ({te_storage(model_cfg, device, budget)}, {text_length(model_cfg)} tokens, padding masked)"
 
 
 def load_text_encoders_for(model_cfg, device, budget=None):
     """QwenImageTextEncoders: random stand-ins without files (see the module docstring), else the folder's
-    text_encoder/ and tokenizer/."""
-    from ..text_encoders.qwen2_5_vl import Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel, load_qwen2_5_vl
+    text_encoder/ and tokenizer/; the language model held as te_storage says (fp8 layers, streamed layers)."""
+    from ..text_encoders.qwen2_5_vl import (
+        Qwen2_5_VLTextConfig,
+        Qwen2_5_VLTextModel,
+        load_qwen2_5_vl,
+        place_qwen2_5_vl,
+    )
     dev = flame.device(device)
+    quantize, stream = te_loading(te_storage(model_cfg, dev, budget))
     if model_cfg.name_or_path is None:
         size = _size(model_cfg)
         if size == TINY:
@@ -192,7 +230,10 @@ def load_text_encoders_for(model_cfg, device, budget=None):
         with flame_nn.empty_init(device=dev, dtype=S.te_dtype(dev)):
             te = Qwen2_5_VLTextModel(config)
         S.init_random_(te, flame.Generator(dev).manual_seed(S.RANDOM_SEED))
+        if quantize or stream:
+            place_qwen2_5_vl(te.requires_grad_(False), dev, quantize=quantize, stream=stream)
         return QwenImageTextEncoders(te.requires_grad_(False).eval(), tok, max_length=text_length(model_cfg))
-    te = load_qwen2_5_vl(_folder(model_cfg, "text_encoder"), dtype=S.te_dtype(dev), device=dev)
+    te = load_qwen2_5_vl(_folder(model_cfg, "text_encoder"), dtype=S.te_dtype(dev), device=dev, quantize=quantize,
+                         stream=stream)
     tok = Qwen2Tokenizer.from_folder(_folder(model_cfg, "tokenizer"))
     return QwenImageTextEncoders(te.requires_grad_(False).eval(), tok, max_length=text_length(model_cfg))

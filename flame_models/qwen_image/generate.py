@@ -2,7 +2,9 @@
 templated prompt (--max-length tokens at most, default 512), the pipeline's scheduler (dynamic shift, terminal sigma
 0.02; 50 steps), true CFG (--cfg, default 4.0) only when a --negative-prompt is given, with the per-token norm
 rescale, the VAE; the LoRAs on the transformer. Files: a diffusers QwenImagePipeline folder (transformer/, vae/,
-text_encoder/, tokenizer/); --vae may name another VAE folder, --tokenizer another tokenizer folder."""
+text_encoder/, tokenizer/); --vae may name another VAE folder, --tokenizer another tokenizer folder. --fp8 stores
+the Qwen2.5-VL layers' and the transformer blocks' Linear weights in fp8; --max-gpu-memory streams both stacks and
+fits each stage (text encoder, transformer, VAE -- one after another) to the budget with auto_fit."""
 import json
 import math
 import os
@@ -104,9 +106,14 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, max_length=None,
     def encode(unique):
         from ..text_encoders.qwen2_5_vl import load_qwen2_5_vl
         from ..tokenization.qwen2 import Qwen2Tokenizer
-        te = load_qwen2_5_vl(files.text_encoder, dtype=dtype, device=dev).requires_grad_(False).eval()
+        # as T5 in Flux's generate: the layers in fp8 with --fp8, streamed under a budget (auto_fit keeps as many
+        # resident as it allows)
+        te = load_qwen2_5_vl(files.text_encoder, dtype=dtype, device=dev, quantize="fp8" if fp8 else None,
+                             stream=budget is not None).eval()
         enc = QwenImageTextEncoders(te, Qwen2Tokenizer.from_folder(files.tokenizer), max_length=max_length)
         try:
+            if budget is not None:
+                log("text encoder " + str(te.streamer.auto_fit(budget, lambda: enc.encode(unique[:1]))))
             out = {k: v.float().cpu().numpy() for k, v in enc.encode(unique).items()}
             if guided:
                 out.update({f"negative_{k}": v.float().cpu().numpy()

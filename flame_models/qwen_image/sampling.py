@@ -53,17 +53,32 @@ def _rows(cond, rows, device, dtype):
     return txt, mask
 
 
-def sample_latents(model, cond, neg=None, *, height, width, steps=DEFAULT_STEPS, cfg=DEFAULT_CFG, seeds, rows=None,
-                   callback=None):
+def sample_latents(model, cond, neg=None, *, height, width, steps=DEFAULT_STEPS, cfg=DEFAULT_CFG, seeds=None,
+                   latents=None, rows=None, callback=None):
     """Model-space latents (B, 16, H/8, W/8) float32 (normalised per channel). cond: {"prompt_embeds" (N, L, J),
-    "prompt_mask" (N, L)}, `rows` picking each image's row (default: one per seed in order); neg: the negative
-    prompt's arrays (one row, or one per prompt) -- CFG runs only when it is given and cfg > 1, as the pipeline."""
+    "prompt_mask" (N, L)}, `rows` picking each image's row (default: one per image in order); neg: the negative
+    prompt's arrays (one row, or one per prompt) -- CFG runs only when it is given and cfg > 1, as the pipeline.
+    Noise: one seed per image (`seeds`: get_noise(seed) drawn on the model's device -- the cpu's generator and
+    cuda's are different streams, so one seed gives another picture on each device), or `latents` given, packed
+    (B, L, 64) or unpacked (B, 16, H/8, W/8): the same start on any device."""
     dev = model.img_in.weight.device
     dtype = model.img_in.weight.dtype
-    noise = [get_noise(1, height, width, seed=int(s), device=dev) for s in seeds]
-    x = pack(noise[0] if len(noise) == 1 else flame.cat(noise, dim=0))                  # (B, L, 64) float32
+    if (seeds is None) == (latents is None):
+        raise ValueError("pass exactly one of seeds= (one per image) and latents=")
+    if latents is None:
+        noise = [get_noise(1, height, width, seed=int(s), device=dev) for s in seeds]
+        x = pack(noise[0] if len(noise) == 1 else flame.cat(noise, dim=0))              # (B, L, 64) float32
+    else:
+        x = latents if isinstance(latents, flame.Tensor) else flame.tensor(np.asarray(latents))
+        x = x.to(dev).float()
+        x = pack(x) if x.ndim == 4 else x
+        if x.ndim != 3 or x.shape[1] != (height // 16) * (width // 16):
+            raise ValueError(f"latents {tuple(x.shape)} do not fit a {height}x{width} image: (B, 16, {height // 8}, "
+                             f"{width // 8}) or packed (B, {(height // 16) * (width // 16)}, 64)")
     B, n_img = x.shape[:2]
     rows = list(range(B)) if rows is None else list(rows)
+    if len(rows) != B:
+        raise ValueError(f"{len(rows)} prompt rows for {B} images")
     txt, mask = _rows(cond, rows, dev, dtype)
     guided = neg is not None and cfg is not None and cfg > 1.0
     if guided:

@@ -72,10 +72,11 @@ class SelfAttention(flame_nn.Module):
 
     def qkv_heads(self, x):
         """q, k, v (B, L, heads, D) of tokens x (B, L, H): the q/k/v index is outermost, then heads; q and k
-        normalised. v (and q, k without QK-norm) stay views of the projection."""
-        qkv = self.qkv(x)
-        B, L, _ = qkv.shape
-        q, k, v = ops.unbind(qkv.reshape(B, L, 3, self.num_heads, self.head_dim), dim=2)
+        normalised. v (and q, k without QK-norm) stay views of the projection: one GEMM whose backward takes dq, dk
+        and dv as they come (Linear.forward_split), not stacked into one (B, L, 3H) gradient first."""
+        H = self.num_heads * self.head_dim
+        B, L = x.shape[0], x.shape[1]
+        q, k, v = (t.reshape(B, L, self.num_heads, self.head_dim) for t in self.qkv.forward_split(x, (H, H, H)))
         if self.ln_q is not None:
             q, k = self.ln_q(q).to(v.dtype), self.ln_k(k).to(v.dtype)
         return q, k, v

@@ -11,6 +11,15 @@ the padded keys; with right padding (the tokenizer's) the valid tokens never see
     te = load_qwen2_5_vl("Qwen-Image/", dtype=flame.bfloat16, device="cuda")     # its text_encoder/ folder
     out = te(input_ids, attention_mask=mask, output_hidden_states=True)
     out.hidden_states[-1]        # after the final norm: what QwenImagePipeline takes (= out.last_hidden_state)
+
+    te = load_qwen2_5_vl("Qwen-Image/", device="cuda", quantize="fp8", stream=True)  # the 7B in fp8, streamed
+
+Memory, as T5's (text_encoders.loading): quantize="fp8" stores the decoder layers' Linear weights in fp8 (per-row
+float32 scales, dequantised right before each matmul: flame_nn.offload), the embeddings and norms in `dtype`
+(≈ 7.6 GB for the 7B instead of 14.1 in bfloat16); stream=True keeps the layers in pinned host memory and streams
+them through 2 device slots (`model.streamer`, a BlockStreamer: `.auto_fit(budget, step)` keeps as many resident as
+a budget allows). With either, the model is read into host memory and moved (and quantised) one layer at a time, so
+it is never whole on the device in its dtype.
 """
 import dataclasses
 import json
@@ -24,11 +33,14 @@ import flame_core as flame
 import flame_nn
 import flame_nn.functional as F
 from flame_nn.empty_init import new_parameter
+from flame_nn.offload import BlockStreamer, quantize_linear_weights_, run_block
 
 from .. import checkpoint_io as CIO
 from .outputs import BaseModelOutput
 
 PREFIXES = ("model.language_model.", "model.", "language_model.", "")     # transformers 5 / 4 and ComfyUI / bare
+QUANTIZE = (None, "fp8")
+STACKS = ("layers",)
 CONFIG_METADATA_KEY = "flame.qwen2_5_vl_config"
 
 
@@ -170,6 +182,11 @@ class Qwen2_5_VLTextModel(flame_nn.Module):
         self.layers = flame_nn.ModuleList(DecoderLayer(c, **kw) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, **kw)
 
+    @property
+    def device(self):
+        """Where it computes: its embeddings' device (streamed layers come to it)."""
+        return self.embed_tokens.weight.device
+
     def forward(self, input_ids, attention_mask=None, output_hidden_states=False):
         """input_ids (B, L) int; attention_mask (B, L) 1 on tokens, 0 on (right) padding -> BaseModelOutput:
         last_hidden_state (B, L, hidden) after the final norm; hidden_states (with output_hidden_states) as
@@ -195,8 +212,8 @@ class Qwen2_5_VLTextModel(flame_nn.Module):
         cos, sin = (t.to(dev) for t in rope_tables(np.arange(L), self.config.head_dim, self.config.rope_theta,
                                                    x.dtype))
         states = [x] if output_hidden_states else None
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, mask)
+        for i in range(len(self.layers)):
+            x = run_block(self.layers, i, x, cos, sin, mask)       # through model.streamer when it streams them
             if output_hidden_states and i < len(self.layers) - 1:
                 states.append(x)
         x = self.norm(x)
@@ -205,11 +222,46 @@ class Qwen2_5_VLTextModel(flame_nn.Module):
         return BaseModelOutput(last_hidden_state=x, hidden_states=None if states is None else tuple(states))
 
 
-def load_qwen2_5_vl(path, dtype=None, device=None, *, config=None, strict=True):
+def load_qwen2_5_vl(path, dtype=None, device=None, *, config=None, strict=True, quantize=None, stream=False):
     """The Qwen2.5-VL language model from a transformers folder (Qwen-Image's text_encoder/, config.json + sharded
     safetensors), a pipeline folder, or a single file (ComfyUI's qwen_2.5_vl_7b, transformers' names under
     `model.` / `model.language_model.`); the vision tower and lm_head tensors are left unread. config: a
-    Qwen2_5_VLTextConfig, else FLAME's metadata, the folder's config.json, or the 7B preset for a 3584-wide file."""
+    Qwen2_5_VLTextConfig, else FLAME's metadata, the folder's config.json, or the 7B preset for a 3584-wide file.
+    quantize (None | "fp8") and stream (False | True): the layers' storage (see the module docstring); the model
+    comes back frozen."""
+    if quantize not in QUANTIZE:
+        raise ValueError(f"load_qwen2_5_vl: quantize must be one of {QUANTIZE}, got {quantize!r}")
+    if stream not in (True, False):
+        raise ValueError(f"load_qwen2_5_vl: stream must be True or False, got {stream!r}")
+    placed = quantize is not None or stream
+    dev = flame.device(device) if device is not None else flame.default_device()
+    model = _load(path, dtype, "cpu" if placed else dev, config, strict)
+    model.requires_grad_(False)
+    return place_qwen2_5_vl(model, dev, quantize=quantize, stream=stream) if placed else model
+
+
+def place_qwen2_5_vl(model, device, *, quantize=None, stream=False, slots=2):
+    """Put a frozen Qwen2_5_VLTextModel (in host memory, or anywhere) on `device` with its layers' Linear weights in
+    fp8 (quantize="fp8") and / or its layers streamed (stream=True: `model.streamer`, `slots` device buffers), one
+    layer at a time; the embeddings and the final norm go to `device` in their dtype. Returns the model."""
+    if quantize not in QUANTIZE:
+        raise ValueError(f"place_qwen2_5_vl: quantize must be one of {QUANTIZE}, got {quantize!r}")
+    dev = flame.device(device)
+    model.requires_grad_(False)       # fp8 storage converts frozen Linears; a streamer holds frozen tensors only
+    if stream:
+        model.streamer = BlockStreamer.for_model(model, STACKS, device=dev, quantize="fp8" if quantize else None,
+                                                 slots=slots)
+        return model
+    model.embed_tokens.to(dev)
+    model.norm.to(dev)
+    for layer in model.layers:
+        layer.to(dev)
+        if quantize:
+            quantize_linear_weights_(layer)
+    return model
+
+
+def _load(path, dtype, device, config, strict):
     files = CIO.safetensors_files(path, what="Qwen2.5-VL", error=Qwen2_5_VLCheckpointError,
                                   subfolder="text_encoder")
     with CIO.SafetensorsCheckpoint(files, label=os.fspath(path)) as ckpt:

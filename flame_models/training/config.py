@@ -152,7 +152,7 @@ class ModelConfig:
     t5_path: typing.Optional[str] = None         # e.g. t5xxl_fp16.safetensors, a text_encoder_2/ folder
     tokenizer_path: typing.Optional[str] = None  # a folder with tokenizer/ and tokenizer_2/ (default: the model
                                                  # folder's, else the vocabularies packaged with FLAME)
-    quantize_te: bool = False                    # T5's Linear weights in fp8 (e4m3) while captions are encoded
+    quantize_te: bool = False                    # T5's (Qwen-Image: Qwen2.5-VL's) Linear weights in fp8 (e4m3)
     t5_max_length: typing.Optional[int] = None   # T5 tokens per caption (kohya's t5xxl_max_token_length); default
                                                  # 512 for flux-dev, 256 for schnell and sd3
     use_t5: bool = True                          # sd3: false encodes without T5 (its tokens are zeros, as the

@@ -255,6 +255,21 @@ class AdaptedLinearMixin(AdaptedMixin):
             y = add_rows(y, d, lo, hi)
         return y
 
+    def forward_split(self, input, split_sizes):
+        """Linear.forward_split with the adapters: fused (one node, no concatenating backward) when every active
+        adapter runs fused and lies inside one part, else the adapted forward's output split."""
+        from ..layers.linear import Linear
+        active = self._active()
+        factors = self._fused_factors(input, active) if active else []
+        if factors is not None and self._base_class is Linear and self.weight.dtype in _FUSED_DTYPES:
+            bounds, lo = [], 0
+            for n in split_sizes:
+                bounds.append((lo, lo + n))
+                lo += n
+            if all(any(p0 <= f[2] and f[3] <= p1 for p0, p1 in bounds) for f in factors):
+                return linear_low_rank(input, self.weight, self.bias, factors, splits=split_sizes)
+        return self(input).split(list(split_sizes), dim=-1)
+
     def _check_fit(self, adapter, lo, hi):
         if not 0 <= lo < hi <= self.out_features or adapter.out_features != hi - lo or \
                 adapter.in_features != self.in_features:

@@ -1,6 +1,8 @@
 """Identity, Linear, Bilinear, Flatten, Unflatten."""
 import math
 
+from flame_core.ops.linear import linear_low_rank
+
 from .. import functional as F
 from .. import init
 from ..empty_init import new_parameter
@@ -33,6 +35,15 @@ class Linear(Module):
 
     def forward(self, input):
         return F.linear(input, self.weight, self.bias)
+
+    def forward_split(self, input, split_sizes):
+        """self(input).split(split_sizes, -1) for a fused projection whose output parts feed different ops (Flux's
+        single-block linear1: q | k | v | mlp): one GEMM whose parts come back as views, and whose backward takes
+        the parts' gradients as they are instead of concatenating them first (a copy of the whole output gradient,
+        held next to the parts). Subclasses with their own forward (fp8, streamed, adapted) keep that forward."""
+        if type(self) is Linear:
+            return linear_low_rank(input, self.weight, self.bias, [], splits=split_sizes)
+        return self(input).split(list(split_sizes), dim=-1)
 
     def extra_repr(self):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

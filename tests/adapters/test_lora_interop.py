@@ -14,7 +14,7 @@ from safetensors.numpy import save_file
 
 import flame_core as flame
 import flame_nn.adapters as A
-from flame_models.flux import FluxParams, image_ids, load_flux
+from flame_models.flux import flux_params_from_config, image_ids, load_flux
 from flame_models.flux.lora_keys import name_map_for
 from flame_nn.adapters import AdapterFormatError, NameMap
 
@@ -29,13 +29,7 @@ def _read(path):
 
 @pytest.fixture(scope="module")
 def params():
-    c = json.loads((FIX / "flux_config.json").read_text())
-    H = c["num_attention_heads"] * c["attention_head_dim"]
-    return FluxParams(in_channels=c["in_channels"], out_channels=c["out_channels"],
-                      vec_in_dim=c["pooled_projection_dim"], context_in_dim=c["joint_attention_dim"], hidden_size=H,
-                      mlp_ratio=4.0, num_heads=c["num_attention_heads"], depth=c["num_layers"],
-                      depth_single_blocks=c["num_single_layers"], axes_dim=tuple(c["axes_dims_rope"]),
-                      guidance_embed=c["guidance_embeds"])
+    return flux_params_from_config(json.loads((FIX / "flux_config.json").read_text()))
 
 
 @pytest.fixture(scope="module")

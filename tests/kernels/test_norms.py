@@ -186,6 +186,26 @@ def test_rms_norm_kernel(ab, rng, dt, shape, weight):
         assert_close(dwk, dwr, dt, "dweight", scale=20)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("shape", SHAPES + [(300, 3072), (4608, 128)])
+@pytest.mark.parametrize("rms", [False, True])
+def test_frozen_weight_backward_kernel(ab, rng, dt, shape, rms):
+    """weight_grad=False (a frozen weight, adaLN's 1 + scale): the dx-only kernel, dx as the reference's, no dw."""
+    d = DTYPES[dt]
+    x, dy = rand(rng, shape, d, loc=2.0, scale=3.0), rand(rng, shape, d)
+    w = rand(rng, shape[-1:], d, loc=1.0)
+    if rms:
+        _, rr = K.rms_norm_forward(x, w, 1e-6)
+        (dxk, dwk), (dxr, _) = ab(lambda g, a: K.rms_norm_backward(g, a, _cp(w), rr, weight_grad=False), dy, x)
+    else:
+        _, mr, rr = K.layer_norm_forward(x, w, None, 1e-5)
+        (dxk, dwk, _), (dxr, _, _) = ab(
+            lambda g, a: K.layer_norm_backward(g, a, _cp(w), mr, rr, None, weight_grad=False), dy, x)
+    assert dwk is None
+    assert_close(dxk, dxr, dt, "dx", scale=2, mag=grad_mag(dy, rr, w))
+
+
 def _cp(a):
     from flame_core import backend
     return backend.cupy.asarray(a)
@@ -471,3 +491,28 @@ def test_forward_plan_respects_limits(cols, dt, regs):
             assert vpt <= 16
         else:
             assert tpr % 32 == 0 and block == tpr and grid == 4608
+
+
+@pytest.mark.parametrize("rms", [False, True])
+def test_a_frozen_weight_asks_for_no_weight_gradient(monkeypatch, rng, rms):
+    """The op tells the kernel when the weight needs no gradient (LoRA training's frozen norms and adaLN's 1 + scale):
+    no dw partials, no column sums; dx unchanged."""
+    seen = []
+    name = "rms_norm_backward" if rms else "layer_norm_backward"
+    orig = getattr(K, name)
+
+    def spy(*a, **kw):
+        seen.append(kw.get("weight_grad", True))
+        return orig(*a, **kw)
+    monkeypatch.setattr(K, name, spy)
+    x = flame.tensor(rng.standard_normal((3, 8)), requires_grad=True)
+    dxs = []
+    for trains in (True, False):
+        w = flame.tensor(rng.standard_normal(8) * 0 + 1.5, requires_grad=trains)
+        x.grad = None
+        y = rms_norm(x, (8,), w) if rms else layer_norm(x, (8,), w)
+        (y * flame.arange(8.0)).sum().backward()
+        dxs.append(x.grad.numpy())
+        assert (w.grad is not None) == trains
+    assert seen == [True, False]
+    np.testing.assert_allclose(dxs[0], dxs[1], rtol=1e-6, atol=1e-6)

@@ -155,3 +155,13 @@ def test_errors_name_missing_unexpected_and_misshaped_keys(tmp_path):
     os.makedirs(tmp_path / "empty")
     with pytest.raises(FluxCheckpointError, match="found 0 safetensors"):
         load_flux(tmp_path / "empty")
+
+
+def test_a_file_without_a_flux_transformer_raises_the_flux_error_naming_it(tmp_path):
+    """load_flux / read_flux_params on a file of other tensors: FluxCheckpointError naming the file and the probes
+    (not a bare KeyError that the callers' `except FluxCheckpointError` lets through)."""
+    path = str(tmp_path / "other.safetensors")
+    save_file({"decoder.conv_in.weight": flame.zeros(4, 16, 3, 3)}, path)
+    for call in (load_flux, LD.read_flux_params):
+        with pytest.raises(FluxCheckpointError, match=f"{path}: not a Flux transformer checkpoint"):
+            call(path)

@@ -12,8 +12,8 @@ import pytest
 
 import flame_core as flame
 from flame_core import io
-from flame_models.bfl import FluxParams, image_ids, load_flux
-from flame_models.chroma import ChromaParams, load_chroma
+from flame_models.bfl import flux_params_from_config, image_ids, load_flux
+from flame_models.chroma import chroma_params_from_config, load_chroma
 from flame_models.flux_kontext import PREFERRED_KONTEXT_RESOLUTIONS, reference_ids, target_velocity, with_reference
 
 HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "kontext_chroma")
@@ -51,11 +51,7 @@ def test_kontext_inputs_through_flames_flux_match_diffusers():
     _, meta = _read("kontext_weights.safetensors")
     io_, io_meta = _read("kontext_io.safetensors")
     c = json.loads(meta["config"])
-    p = FluxParams(in_channels=c["in_channels"], out_channels=c["out_channels"] or c["in_channels"],
-                   vec_in_dim=c["pooled_projection_dim"], context_in_dim=c["joint_attention_dim"],
-                   hidden_size=c["num_attention_heads"] * c["attention_head_dim"], num_heads=c["num_attention_heads"],
-                   depth=c["num_layers"], depth_single_blocks=c["num_single_layers"],
-                   axes_dim=tuple(c["axes_dims_rope"]), guidance_embed=c["guidance_embeds"])
+    p = flux_params_from_config(c)
     model = load_flux(os.path.join(HERE, "kontext_weights.safetensors"), dtype=flame.float32, device="cpu", params=p)
     # the joint sequence as FLAME's Kontext builds it equals the fixture's (diffusers' pipeline layout)
     n_tgt = int(io_meta["L_tgt"])
@@ -81,14 +77,7 @@ def test_chroma_matches_diffusers_without_a_mask():
     _, meta = _read("chroma_weights.safetensors")
     io_, _ = _read("chroma_io.safetensors")
     c = json.loads(meta["config"])
-    p = ChromaParams(in_channels=c["in_channels"], out_channels=c["out_channels"] or c["in_channels"],
-                     context_in_dim=c["joint_attention_dim"],
-                     hidden_size=c["num_attention_heads"] * c["attention_head_dim"],
-                     num_heads=c["num_attention_heads"], depth=c["num_layers"],
-                     depth_single_blocks=c["num_single_layers"], axes_dim=tuple(c["axes_dims_rope"]),
-                     approximator_in_dim=c["approximator_num_channels"],
-                     approximator_hidden_dim=c["approximator_hidden_dim"],
-                     approximator_layers=c["approximator_layers"])
+    p = chroma_params_from_config(c)
     model = load_chroma(os.path.join(HERE, "chroma_weights.safetensors"), dtype=flame.float32, device="cpu",
                         params=p)
     with flame.no_grad():
@@ -96,3 +85,16 @@ def test_chroma_matches_diffusers_without_a_mask():
                     _t(io_["txt_ids"]), _t(io_["timestep"])).numpy()
     assert _rel(out, io_["out_f64"]) <= RTOL, _rel(out, io_["out_f64"])
     assert _rel(out, io_["out"]) <= RTOL
+
+
+def test_params_read_from_a_diffusers_config_are_the_ones_it_was_written_from():
+    """flux_params_from_config / chroma_params_from_config invert the config.json save_flux / save_chroma write (the
+    released presets, schnell without guidance, the tiny ones with their RoPE axes)."""
+    from flame_models.bfl import configs as flux_configs
+    from flame_models.bfl.loading import _diffusers_config as flux_config
+    from flame_models.chroma import configs as chroma_configs
+    from flame_models.chroma.loading import _diffusers_config as chroma_config
+    for p in flux_configs.values():
+        assert flux_params_from_config(json.loads(json.dumps(flux_config(p)))) == p
+    for p in chroma_configs.values():
+        assert chroma_params_from_config(json.loads(json.dumps(chroma_config(p)))) == p

@@ -152,6 +152,43 @@ def test_bad_text_encoder_files_are_named(tmp_path):
         load_qwen2_5_vl(other, device="cpu")
 
 
+def test_fp8_storage_and_streamed_layers_encode_as_the_resident_model(tmp_path, device):
+    """quantize="fp8" / stream=True as T5's: the layers' Linear weights in fp8 (the embeddings and norms not), the
+    layers streamed through a BlockStreamer (every one: 0 resident) -- on the test device, the states as the plain
+    model's (fp8: up to its rounding)."""
+    from flame_nn.offload.fp8 import is_fp8_linear
+    model = _model()
+    path = str(tmp_path / "te.safetensors")
+    io.save_file({"model." + k: v.detach() for k, v in model.named_parameters()}, path)
+    ids, mask = _ids()
+
+    def states(m):
+        with flame.no_grad():
+            out = m(flame.tensor(ids), flame.tensor(mask), output_hidden_states=True)
+        return out.last_hidden_state.float().cpu().numpy(), out.hidden_states[1].float().cpu().numpy()
+    plain = load_qwen2_5_vl(path, dtype=flame.float32, device=device, config=TINY)
+    want = states(plain)
+    streamed = load_qwen2_5_vl(path, dtype=flame.float32, device=device, config=TINY, stream=True)
+    assert "0 resident" in str(streamed.streamer) and "2 streamed" in str(streamed.streamer)
+    assert streamed.embed_tokens.weight.device == flame.device(device)
+    for a, b in zip(states(streamed), want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    fp8 = load_qwen2_5_vl(path, dtype=flame.float32, device=device, config=TINY, quantize="fp8")
+    assert all(is_fp8_linear(m) for n, m in fp8.named_modules() if n.endswith(("_proj", "o_proj")))
+    assert not is_fp8_linear(fp8.embed_tokens) and fp8.embed_tokens.weight.dtype == flame.float32
+    assert fp8.layers[0].self_attn.q_proj.weight.device == flame.device(device)
+    got = states(fp8)
+    for a, b in zip(got, want):
+        assert 0 < np.abs(a - b).max() < 0.05 * np.abs(b).max()
+    both = load_qwen2_5_vl(path, dtype=flame.float32, device=device, config=TINY, quantize="fp8", stream=True)
+    for a, b in zip(states(both), got):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="quantize must be one of"):
+        load_qwen2_5_vl(path, device="cpu", config=TINY, quantize="int8")
+    with pytest.raises(ValueError, match="stream must be True or False"):
+        load_qwen2_5_vl(path, device="cpu", config=TINY, stream="yes")
+
+
 def test_prompt_embeds_keep_each_samples_valid_tokens_after_the_template_prefix():
     from flame_models.qwen_image.conditioning import PROMPT_TEMPLATE, encode_prompts, prompt_embeds_from_states
     rng = np.random.default_rng(3)

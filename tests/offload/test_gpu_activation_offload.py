@@ -78,9 +78,10 @@ def test_offload_lowers_the_pool_peak_by_about_the_offloaded_bytes():
         del net, st
     carried = (N - 1) * ACT
     saved = peaks[False] - peaks[True]
-    # about three blocks' inputs stay on the device at the peak (the one being restored, the one prefetched, the
-    # last one copied out): the H200 run at 2048 rows saved 32 of 56 MiB
-    assert saved >= carried - 4 * ACT, (peaks, carried)
+    # two blocks' inputs stay on the device at the peak (the one being restored, the one fetched ahead), as the plan
+    # counts (plan.offload_saving); the H200 run at 2048 rows saved 32 of 56 MiB while the last forward block's
+    # inputs were also held through the backward (fixed; test_activation_offload.py checks it on the cpu)
+    assert saved >= carried - 2 * ACT - ACT // 4, (peaks, carried)
 
 
 def test_tiny_flux_offloaded_gradients_on_the_gpu():
@@ -109,7 +110,9 @@ def test_auto_fit_turns_offload_on_for_a_budget_that_needs_it():
     def step():
         fwd_bwd(net, st, x)
         net.zero_grad()
-    # the pool's bytes only: the driver's memory outside the pool moves with what earlier tests left behind
+    # the pool's bytes only: the driver's memory outside the pool moves with what earlier tests left behind (the
+    # H200 run: 1.99 GiB counted by the first fit, 1.35 GiB by the second, so a budget made from the first fitted
+    # without offload in the second -- the test's arithmetic was wrong, not the plan)
     kw = dict(headroom=0, count_driver_overhead=False)
     plain = auto_fit(st, "64GiB", step, enforce=False, **kw)
     assert not plain.offload_activations

@@ -77,3 +77,56 @@ def test_offload_activations_is_validated(tmp_path):
         cfg(tmp_path, "bad", "4GiB", offload_activations="yes")
     with pytest.raises(ConfigError, match="offload_activations: the block inputs are offloaded by the streamed"):
         cfg(tmp_path, "nobudget", offload_activations=True)
+
+
+def _family_model(arch):
+    """SD3 with 8 joint blocks (sd3.5-tiny has 3: too few to offload) or the SDXL tiny UNet, the same weights each
+    call."""
+    import dataclasses
+
+    import flame_core as flame
+    from flame_models.training.family import get_family
+    fam = get_family(arch)
+    flame.manual_seed(0)
+    if arch == "sd3":
+        from flame_models.sd3.params import sd3_params
+        spec = dataclasses.replace(sd3_params("sd3.5-tiny"), depth=8)
+    else:
+        spec = fam.preset("sdxl-tiny")
+    m = fam.model_class(spec)
+    m.requires_grad_(False)
+    return m
+
+
+def family_cfg(tmp_path, name, arch, max_gpu_memory):
+    return config_from_dict({
+        "name": name, "training_folder": str(tmp_path), "device": "cpu", "max_gpu_memory": max_gpu_memory,
+        "network": {"type": "lora", "linear": 4, "linear_alpha": 4},
+        "synthetic": {"num_samples": 4, "height": 64, "width": 64, "text_length": 8},
+        "train": {"steps": 3, "batch_size": 1, "optimizer": "adamw", "lr": 1e-3, "dtype": "fp32",
+                  "gradient_checkpointing": True},
+        "model": {"arch": arch, "dtype": "fp32"}, "sample": {"sample_every": 0}, "save": {"save_every": 1000}})
+
+
+@pytest.mark.parametrize("arch", ["sd3", "sdxl"])
+def test_auto_fit_offloads_the_trainer_families_activations_when_the_budget_needs_it(tmp_path, device, arch):
+    # SD3.5's joint blocks carry (context, x); SDXL's output blocks take the encoder's skip tensors too (offloaded
+    # twice: as an input block's input and as an output block's skip): the same losses, under a budget that needs it
+    if device.type != "cpu":
+        pytest.skip("the trainer's device comes from the config; this test pins cpu")
+    plain = Trainer(family_cfg(tmp_path, "plain", arch, "4GiB"), model=_family_model(arch), verbose=False).setup()
+    assert not plain.fit.offload_activations
+    want = [plain.train_step()[0] for _ in range(3)]
+    plan, minimum = plain.fit.plan, plain.fit.minimum
+    saving = plan.offloadable - 2 * plan.offload_block
+    assert saving > 0
+    del plain
+    M.set_memory_limit(None, device)
+    budget = int((minimum - saving // 4) / 0.98)  # (2% headroom) over the minimum with the inputs kept
+    tr = Trainer(family_cfg(tmp_path, "offloaded", arch, f"{budget}B"), model=_family_model(arch),
+                 verbose=False).setup()
+    assert tr.fit.offload_activations and tr.fit.minimum <= 0.98 * budget
+    got = [tr.train_step()[0] for _ in range(3)]
+    assert tr.streamer.activations.stats["bytes_d2h"] > 0
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    M.set_memory_limit(None, device)

@@ -118,6 +118,44 @@ def test_the_tiny_preset_trains_from_an_image_folder_with_cfg_previews(tmp_path,
     assert lat.shape == (1, 16, 8, 8)
 
 
+def test_the_text_encoder_is_held_in_fp8_and_streamed_as_t5(tmp_path, monkeypatch):
+    """Qwen2.5-VL while captions are encoded, as T5 (training.family_parts.t5_storage): bfloat16, fp8 when
+    model.quantize_te asks or the budget needs it, its layers streamed when even fp8 does not fit; the cache key
+    and the description say which; the stand-in encodes the same states streamed as resident."""
+    from flame_models.qwen_image import family_parts as P
+    from flame_nn.offload.fp8 import is_fp8_linear
+    GiB = 2 ** 30
+    model = _qwen(tmp_path, "te").model
+    monkeypatch.setattr(P, "_te_params", lambda m: 7_070_000_000)            # the released 7B's language model
+    assert P.te_storage(model, "cuda", None) == "bf16"
+    assert P.te_storage(model, "cuda", 24 * GiB) == "bf16"
+    assert P.te_storage(model, "cuda", 12 * GiB) == "fp8"
+    assert P.te_storage(model, "cuda", 8 * GiB) == "fp8+stream"
+    assert P.te_loading("fp8+stream") == ("fp8", True) and P.te_loading("bf16") == (None, False)
+    assert "fp8+stream" in P.describe(model, "cuda", 8 * GiB)
+    monkeypatch.undo()
+    assert P.te_storage(model, "cpu", None) == "float32"
+    plain = P.load_text_encoders_for(model, "cpu")
+    want = plain.encode(["a red square", "a cat"])
+    model.quantize_te = True
+    assert P.te_storage(model, "cpu", None) == "fp8"
+    assert P.text_id(model, "cpu") != P.text_id(_qwen(tmp_path, "te").model, "cpu")      # fp8 states: own cache
+    fp8 = P.load_text_encoders_for(model, "cpu")
+    assert all(is_fp8_linear(layer.mlp.up_proj) for layer in fp8.text_encoder.layers)
+    got = fp8.encode(["a red square", "a cat"])
+    np.testing.assert_array_equal(got["prompt_mask"].numpy(), want["prompt_mask"].numpy())
+    a, b = got["prompt_embeds"].numpy(), want["prompt_embeds"].numpy()
+    assert 0 < np.abs(a - b).max() < 0.1 * np.abs(b).max()
+    monkeypatch.setattr(P, "te_storage", lambda m, d, b: "fp8+stream")
+    streamed = P.load_text_encoders_for(model, "cpu")
+    assert "2 streamed" in str(streamed.text_encoder.streamer)
+    np.testing.assert_allclose(streamed.encode(["a red square", "a cat"])["prompt_embeds"].numpy(), a, rtol=1e-6,
+                               atol=1e-6)
+    streamed.free()
+    with pytest.raises(RuntimeError, match="were freed"):
+        streamed.encode(["a cat"])
+
+
 def test_a_file_without_its_pipeline_folder_names_the_missing_parts(tmp_path):
     from flame_models.qwen_image import QwenImageTransformer2DModel, save_qwen_image
     flame.manual_seed(0)
