@@ -56,7 +56,8 @@ def _build(p, a, mode):
     from flame_models.flux.lora_keys import name_map_for
     from flame_nn import adapters as A
     from flame_nn.offload import quantize_linear_weights_
-    model = common.random_flux(p, device=a.device, seed=0)
+    chunk = 1 << 26 if flame.device(a.device).type == "cuda" else 1 << 16   # cpu: each parameter draws a chunk
+    model = common.random_flux(p, device=a.device, seed=0, chunk=chunk)
     model.requires_grad_(False)
     if mode != "bf16":
         for stack in (model.double_blocks, model.single_blocks):
@@ -153,7 +154,7 @@ def _train(model, lora, train, targets, a, res, mode):
     return losses
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="flux-dev", help="the Flux preset whose widths the model has")
     ap.add_argument("--blocks", default="2,4", help="double,single block counts")
@@ -170,7 +171,7 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--no-graph", dest="graph", action="store_false",
                     help="eager training steps (default: forward + backward as a CUDA graph after 2 eager steps)")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if not a.modes or set(a.modes) - set(MODES) or a.modes[0] != "bf16":
         ap.error(f"--modes: bf16 first, then any of {', '.join(MODES[1:])}; got {','.join(a.modes)}")
     if min(a.steps, a.samples, a.held_out, a.every, a.rank) < 1 or a.size % 16:
@@ -233,7 +234,7 @@ def main():
                      round(1 - mse / base_mse, 4), f"{own[mode]:.4g}", round(1 - own[mode] / base_mse, 4),
                      round(ce, 4), round(re, 4), round(cw, 4), round(rw, 4)])
     for mode in a.modes:
-        res.log(f"{mode}_loss_curve", [round(v, 6) for v in curves[mode]])
+        res.log(f"{mode}_loss_curve", [float(f"{v:.6g}") for v in curves[mode]])
     res.log("total_s", round(time.perf_counter() - t_start, 1))
     res.save()
 
