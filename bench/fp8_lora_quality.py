@@ -19,7 +19,7 @@ targets and the fraction of the truth's effect it recovers, 1 - MSE(lora) / MSE(
 fp8 base with the default accumulation); the fp8 base's floor (the truth LoRA itself on the fp8 base); and the LoRAs
 compared with the bf16-trained one: the cosine and relative distance of their effects (output minus the base's
 output, held out) and of their weight deltas s*B@A (all layers concatenated).
-Run: PYTHONPATH=$PWD python3 bench/fp8_lora_quality.py [--steps 150] [--modes bf16,fp8_compute,fp8_compute_precise]
+Run: PYTHONPATH=$PWD python3 bench/fp8_lora_quality.py [--steps 300] [--modes bf16,fp8_compute,fp8_compute_precise]
      (cpu smoke run: --preset flux-tiny --device cpu --size 64 --txt 8 --steps 20; fp8 compute is emulated there)
 """
 import argparse
@@ -162,7 +162,7 @@ def main(argv=None):
     ap.add_argument("--txt", type=int, default=128, help="text tokens")
     ap.add_argument("--samples", type=int, default=6, help="training samples (fixed inputs)")
     ap.add_argument("--held-out", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--truth-std", type=float, default=0.1, help="std of the truth LoRA's B")
