@@ -19,6 +19,9 @@ _callbacks = []
 _depth = 0
 _pass = 0
 _retaining = []  # retain_graph of each running (nested) backward, innermost last
+# (node, buffers, sums) of the backward the engine is calling now (Node.take_pending_grad reads it); None under
+# create_graph and between calls
+_running = None
 
 
 def queue_callback(fn):
@@ -193,7 +196,7 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
 
     results = [None] * len(inputs) if inputs is not None else None
     ready = [n for n in dict.fromkeys(e[0] for e, _ in root_edges) if n not in deps]
-    global _depth, _pass
+    global _depth, _pass, _running
     outermost = _depth == 0
     if outermost:
         _pass += 1
@@ -240,6 +243,7 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
                 raise AutogradError("Trying to backward through the graph a second time (or to access saved tensors "
                                     "after they were freed). Pass retain_graph=True to the first backward if you "
                                     "need to backward twice.")
+            _running = None if create_graph else (node, buffers, sums)
             if len(grads) == 1 and grads[0] is not None:
                 in_grads = node._fn.backward(node, grads[0])
             else:
@@ -248,6 +252,7 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
                     if g is None:
                         grads[i] = _zeros(meta[i]) if meta[i] is not None else None
                 in_grads = node._fn.backward(node, *grads)
+            _running = None
             del grads
             if type(in_grads) is not tuple:
                 in_grads = (in_grads,) if not isinstance(in_grads, tuple) else in_grads
@@ -290,6 +295,7 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
             while _callbacks:
                 _callbacks.pop(0)()
     finally:
+        _running = None
         state.enabled = prev
         _depth -= 1
         _retaining.pop()
