@@ -19,6 +19,9 @@ _callbacks = []
 _depth = 0
 _pass = 0
 _retaining = []  # retain_graph of each running (nested) backward, innermost last
+# (node, buffers, sums) of the backward the engine is calling now (Node.take_pending_grad reads it); None under
+# create_graph and between calls
+_running = None
 
 
 def queue_callback(fn):
@@ -193,7 +196,7 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
 
     results = [None] * len(inputs) if inputs is not None else None
     ready = [n for n in dict.fromkeys(e[0] for e, _ in root_edges) if n not in deps]
-    global _depth, _pass
+    global _depth, _pass, _running
     outermost = _depth == 0
     if outermost:
         _pass += 1
@@ -240,6 +243,7 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
                 raise AutogradError("Trying to backward through the graph a second time (or to access saved tensors "
                                     "after they were freed). Pass retain_graph=True to the first backward if you "
                                     "need to backward twice.")
+            _running = None if create_graph else (node, buffers, sums)
             if len(grads) == 1 and grads[0] is not None:
                 in_grads = node._fn.backward(node, grads[0])
             else:
@@ -248,6 +252,7 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
                     if g is None:
                         grads[i] = _zeros(meta[i]) if meta[i] is not None else None
                 in_grads = node._fn.backward(node, *grads)
+            _running = None
             del grads
             if type(in_grads) is not tuple:
                 in_grads = (in_grads,) if not isinstance(in_grads, tuple) else in_grads
@@ -281,18 +286,22 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
                         # add_grad's accumulation into a one-output slot, inlined (the gradients of a tensor used
                         # several times: a leaf's, a residual stream's)
                         cur = slot[0]
-                        flags = sums.get(child)
                         if cur is None:
                             slot[0] = g
-                        elif flags is not None:
-                            cd = cur._data
-                            if cd.dtype == gd.dtype and cd.shape == gd.shape:
-                                _iadd(cd, gd)
+                        else:
+                            flags = sums.get(child)
+                            if flags is not None and flags[0]:  # a sum the engine made and holds only here
+                                cd = cur._data
+                                if cd.dtype == gd.dtype and cd.shape == gd.shape:
+                                    _iadd(cd, gd)
+                                else:
+                                    slot[0] = cur + g
                             else:
                                 slot[0] = cur + g
-                        else:
-                            slot[0] = cur + g
-                            sums[child] = [True]
+                                if flags is None:
+                                    sums[child] = [True]
+                                else:  # emptied by take_pending_grad, refilled since: the new sum is the engine's
+                                    flags[0] = True
                     else:
                         add_grad(child, idx, g)
                 d = deps[child] - 1
@@ -316,6 +325,7 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
             while _callbacks:
                 _callbacks.pop(0)()
     finally:
+        _running = None
         state.enabled = prev
         _depth -= 1
         _retaining.pop()

@@ -78,6 +78,39 @@ class Node:
             out.append(t)
         return out
 
+    def take_pending_grad(self, i):
+        """Inside this node's backward: the gradient another consumer already sent to input i (a residual
+        connection's, say), taken out of the engine's slot so that the backward adds it into its own gradient for
+        input i in the same pass; the engine then stores that gradient instead of adding the two. The backward MUST
+        return a gradient for input i that includes it. None when nothing is waiting, outside the engine's walk, or
+        under create_graph (where the sum must stay differentiable)."""
+        from . import engine
+        cur = engine._running
+        if cur is None or cur[0] is not self:
+            return None
+        e = self.next_functions[i]
+        if e is None:
+            return None
+        slot = cur[1].get(e[0])
+        if slot is None or slot[e[1]] is None:
+            return None
+        g = slot[e[1]]
+        slot[e[1]] = None
+        owned = cur[2].get(e[0])
+        if owned is not None:
+            owned[e[1]] = False
+        return g
+
+    def pending_grad(self, i):
+        """The gradient take_pending_grad(i) would take, left in place (to check its layout first)."""
+        from . import engine
+        cur = engine._running
+        if cur is None or cur[0] is not self:
+            return None
+        e = self.next_functions[i]
+        slot = cur[1].get(e[0]) if e is not None else None
+        return None if slot is None else slot[e[1]]
+
     def mark_non_differentiable(self, *tensors):
         self._non_diff = {id(t) for t in tensors}
 

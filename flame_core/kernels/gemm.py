@@ -86,6 +86,18 @@ def _handle():
     return lib, h
 
 
+def workspace():
+    """The workspace of the current thread's cuBLAS handle (allocated with it). cuBLASLt's calls (gemm_lt,
+    scaled_mm) use it too: calls on a stream run one after another, so one workspace serves both libraries, as in
+    PyTorch (32 MiB of the pool instead of 64)."""
+    from cupy.cuda import device
+    ws = _workspaces.get(device.get_cublas_handle())
+    if ws is None:
+        _handle()
+        ws = _workspaces[device.get_cublas_handle()]
+    return ws
+
+
 def _batch_stride(x, nbatch):
     """One element stride for the leading `nbatch` dims of x, or None if they don't collapse."""
     if nbatch == 0:

@@ -20,7 +20,7 @@ _EPILOGUE_BIAS = 4
 _PREF_MAX_WORKSPACE_BYTES = 1
 _PREF_MIN_ALIGNMENT = (5, 6, 7, 8)   # A, B, C, D bytes (cuBLASLt assumes 256 unless told)
 _CUDA_R_32F = 0
-WORKSPACE_BYTES = 32 << 20
+WORKSPACE_BYTES = gemm.WORKSPACE_BYTES  # the shared workspace's size (gemm.workspace)
 
 
 class _Heuristic(ctypes.Structure):
@@ -30,7 +30,7 @@ class _Heuristic(ctypes.Structure):
 
 ENABLED = os.environ.get("FLAME_GEMM_BIAS_EPILOGUE", "1") != "0"   # 0: GEMM then a separate bias add (A/B runs)
 _lib = None
-_handles = {}      # device id -> (cublasLt handle, workspace array)
+_handles = {}      # device id -> cublasLt handle
 _plans = {}        # problem key -> (matmul desc, layouts (a, b, c), algorithm) or None when there is none
 
 
@@ -64,17 +64,17 @@ def _check(status, what):
         raise RuntimeError(f"cuBLASLt {what} failed with status {status}")
 
 
-def _handle(dev=None):
-    """(cuBLASLt handle, workspace) of the current device (`dev`: its id, when the caller has it)."""
+def _handle():
+    """(cuBLASLt handle of the current device, the workspace: the current thread's cuBLAS one, gemm.workspace())."""
     cp = backend.cupy
-    if dev is None:
-        dev = cp.cuda.runtime.getDevice()
-    if dev not in _handles:
+    dev = cp.cuda.Device().id
+    h = _handles.get(dev)
+    if h is None:
         lib = _library()
         h = ctypes.c_void_p()
         _check(lib.cublasLtCreate(ctypes.byref(h)), "Create")
-        _handles[dev] = (h, cp.empty(WORKSPACE_BYTES, dtype=np.uint8))
-    return _handles[dev]
+        _handles[dev] = h
+    return h, gemm.workspace()
 
 
 def _set(lib, desc, attr, value):
@@ -136,12 +136,10 @@ def matmul_bias(a, b, bias):
         return None
     (opA, lda), (opB, ldb) = la, lb
     t = gemm._CUDA_TYPE[np.dtype(a.dtype)]
-    dev = cp.cuda.runtime.getDevice()  # as cp.cuda.Device().id, without building a Device per call
-    h, ws = _handle(dev)
+    h, ws = _handle()
     out = cp.empty((M, N), dtype=a.dtype)
-    o = _alignment(out.data.ptr)
-    aligns = (_alignment(b.data.ptr), _alignment(a.data.ptr), o, o)   # cuBLASLt's A is b's memory (see _plan)
-    plan = _plan((dev, t, opB, opA, N, M, K, ldb, lda, N, aligns), h)
+    aligns = tuple(_alignment(x.data.ptr) for x in (b, a, out, out))   # cuBLASLt's A is b's memory (see _plan)
+    plan = _plan((cp.cuda.Device().id, t, opB, opA, N, M, K, ldb, lda, N, aligns), h)
     if plan is None:
         return None
     desc, (l_b, l_a, l_c), algo = plan

@@ -44,6 +44,21 @@ def _composed_norm_backward(g, x, weight, bias, n, eps, rms):
     return dx.to(x.dtype), dw, db
 
 
+def _residual(ctx, a, shape2):
+    """x's gradient from its other consumers (a pre-norm block's residual path), when the engine holds one in x's
+    layout: the kernel adds it into dx in the same pass instead of the engine adding the two afterwards (a full read
+    and write of an activation-sized gradient per norm)."""
+    if not ctx.needs_input_grad[0]:
+        return None
+    p = ctx.pending_grad(0)
+    if p is None:
+        return None
+    pd = p._data
+    if type(pd) is not type(a) or pd.shape != a.shape or pd.dtype != a.dtype or not pd.flags.c_contiguous:
+        return None
+    return ctx.take_pending_grad(0)._data.reshape(shape2)
+
+
 class LayerNorm(Function):
     @staticmethod
     def forward(ctx, x, weight, bias, n, eps, rms):
@@ -68,12 +83,15 @@ class LayerNorm(Function):
             lead = a.shape[:a.ndim - n]
             a2, g2 = a.reshape(lead + (-1,)), g._data.reshape(lead + (-1,))
             w = _flat(weight)
+            want_w = weight is not None and ctx.needs_input_grad[1]
+            res = _residual(ctx, a, a2.shape)
             if rms:
-                dxa, dwa = K.rms_norm_backward(g2, a2, w, ctx.rstd)
+                dxa, dwa = K.rms_norm_backward(g2, a2, w, ctx.rstd, weight_grad=want_w, residual=res)
                 dba = None
             else:
                 want_b = bias is not None and ctx.needs_input_grad[2]
-                dxa, dwa, dba = K.layer_norm_backward(g2, a2, w, ctx.mean, ctx.rstd, _flat(bias) if want_b else None)
+                dxa, dwa, dba = K.layer_norm_backward(g2, a2, w, ctx.mean, ctx.rstd, _flat(bias) if want_b else None,
+                                                      weight_grad=want_w, residual=res)
             dx = _wrap(dxa.reshape(a.shape))
             dw = _wrap(dwa.reshape(weight.shape)) if dwa is not None else None
             db = _wrap(dba.reshape(bias.shape)) if dba is not None else None
