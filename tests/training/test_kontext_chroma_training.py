@@ -162,6 +162,31 @@ def test_control_path_is_checked_before_anything_loads(tmp_path, pairs):
         ImageDataset([DatasetConfig(folder_path=images, control_path=str(tmp_path / "nowhere"))])  # are read)
 
 
+def test_a_flux_pipeline_folder_is_not_a_kontext_model_as_generate_says(tmp_path, pairs):
+    """model.arch flux_kontext with a diffusers FluxPipeline folder (FLUX.1-dev) is refused before anything loads,
+    as `generate --arch flux_kontext` refuses it; the same folder named FluxKontextPipeline trains."""
+    from flame_models.bfl.tiny import tiny_flux_files
+    images, ctl, _ = pairs
+    model = os.path.dirname(tiny_flux_files(tmp_path / "dev", seed=1).transformer)
+    with pytest.raises(ConfigError, match=f"model.name_or_path: {model} is not a Flux Kontext transformer: it looks "
+                                          f"like a diffusers FluxPipeline folder \\(model.arch: flux trains it\\)"):
+        _kontext_on(tmp_path, images, ctl, model)
+    with pytest.raises(ValueError, match=f"--arch flux_kontext: {model} is not a Flux Kontext transformer"):
+        generate(model, "x", arch="flux_kontext", image=os.path.join(ctl, os.listdir(ctl)[0]), device="cpu")
+    index = os.path.join(model, "model_index.json")
+    with open(index) as f:
+        meta = json.load(f)
+    with open(index, "w") as f:
+        json.dump({**meta, "_class_name": "FluxKontextPipeline"}, f)
+    assert _kontext_on(tmp_path, images, ctl, model).model.arch == "flux_kontext"
+
+
+def _kontext_on(tmp_path, images, ctl, model):
+    return image_config(tmp_path, "k", model, images, steps=2, model={"arch": "flux_kontext", "t5_max_length": 8},
+                        datasets=[{"folder_path": images, "control_path": ctl, "resolution": 64,
+                                   "bucket_tolerance": 32}])
+
+
 def test_chroma_random_preset_trains_from_an_image_folder_with_cfg_previews(tmp_path):
     images = draw_images(tmp_path / "img")
     cfg = image_config(tmp_path, "chroma", None, images, steps=2,
