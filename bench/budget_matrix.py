@@ -9,9 +9,10 @@ storage) -- written by hand, no plotting library needed.
 
 A row: family, storage, budget (GiB or None: unconstrained), offload_mode, step_ms, graph_step_ms, driver_peak_GiB,
 graph_driver_peak_GiB, pool_peak_GiB, host_peak_rss_GiB, resident, streamed, offload_activations, offloaded_GiB,
-outside_fp8, h2d_GB, h2d_s (copy seconds per step; `h2d_s_estimated` when it is bytes / H2D_GBPS), error, commit,
-date. The hidden copy share is computed here, against the unconstrained row of the same family and storage,
-whichever call measured it: 1 - max(0, step - unconstrained step) / copy time.
+outside_fp8, h2d_GB, h2d_s (copy seconds per step; `h2d_s_estimated` when it is bytes / H2D_GBPS),
+host_blocks_GiB and activation_host_GiB (pinned host memory), error, commit, date. The hidden copy share is
+computed here, against the unconstrained row of the same family and storage, whichever call measured it:
+1 - max(0, step - unconstrained step) / copy time.
 """
 import json
 import math
@@ -113,6 +114,13 @@ def _cell(v, fmt="{}"):
     return "–" if v is None else fmt.format(v)
 
 
+def _pinned(r):
+    blocks, acts = r.get("host_blocks_GiB"), r.get("activation_host_GiB")
+    if blocks is None:
+        return "–"
+    return f"{blocks + (acts or 0):.2f}" if r.get("streamed") else "–"  # (resident only: no host copies needed)
+
+
 def _pct(h):
     return "–" if h is None else f"{100 * h:.0f}%"
 
@@ -159,10 +167,11 @@ def markdown(rows, title="LoRA step at 1024² under GPU memory budgets"):
               "res/str: resident / streamed blocks; offload: activation offload (the checkpointed block inputs in "
               "pinned host memory); hidden: the share of the host->device copy time hidden behind compute, 1 - "
               "max(0, step - unconstrained step) / copy time (copy time estimated from bytes where marked *); "
-              "host RSS: the run's peak resident host memory (pinned buffers included).", "",
+              "host RSS: the run's peak resident host memory (pinned buffers included); pinned: the blocks' host "
+              "copies + the offloaded activations' buffers (the host memory streaming needs at least).", "",
               "| family | storage | budget | offload mode | res/str | offload | eager ms | graph ms | driver GiB e / g "
-              "| pool GiB | host RSS GiB | H2D GB/step | hidden e / g | commit | note |",
-              "|---|---|---|---|---|---|---:|---:|---|---:|---:|---:|---|---|---|"]
+              "| pool GiB | host RSS GiB | pinned GiB | H2D GB/step | hidden e / g | commit | note |",
+              "|---|---|---|---|---|---|---:|---:|---|---:|---:|---:|---:|---|---|---|"]
     for r in rows:
         est = "*" if r.get("h2d_s_estimated") else ""
         note = str(r.get("error") or r.get("last_error") or "").replace("|", "/")[:90]
@@ -172,7 +181,7 @@ def markdown(rows, title="LoRA step at 1024² under GPU memory budgets"):
             f"{'yes' if r.get('offload_activations') else 'no'} | {_cell(r.get('step_ms'))} | "
             f"{_cell(r.get('graph_step_ms'))} | {_cell(r.get('driver_peak_GiB'))} / "
             f"{_cell(r.get('graph_driver_peak_GiB'))} | {_cell(r.get('pool_peak_GiB'))} | "
-            f"{_cell(r.get('host_peak_rss_GiB'))} | {_cell(r.get('h2d_GB'))} | "
+            f"{_cell(r.get('host_peak_rss_GiB'))} | {_pinned(r)} | {_cell(r.get('h2d_GB'))} | "
             f"{_pct(r.get('hidden'))} / {_pct(r.get('graph_hidden'))}{est} | {r.get('commit') or ''} | {note} |")
     return "\n".join(lines) + "\n"
 

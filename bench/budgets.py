@@ -159,10 +159,14 @@ def trainer_run(res, spec):
             res.log(f"{tag}_offloaded_GiB_per_step", common.gib(fit.offloaded_bytes, 3))
             res.log(f"{tag}_outside_fp8", len(fit.outside_fp8))
             res.log(f"{tag}_fit_plan", str(fit.plan))
+            res.log(f"{tag}_activation_host_GiB", common.gib(fit.activation_host_bytes, 3))
         else:
             n = sum(len(tr.model.get_submodule(s)) for s in tr.family.block_stacks(tr.model))
             res.log(f"{tag}_resident_blocks", n)
             res.log(f"{tag}_streamed_blocks", 0)
+        if st is not None:  # every block has its host copy (pinned), resident ones too
+            res.log(f"{spec['storage']}_block_GiB_total", common.gib(sum(st.block_bytes(i) for i in range(len(st))),
+                                                                      3))
         for _ in range(max(spec["warmup"], 3 if spec["graph"] else 1)):  # the first steps capture the graph
             tr.train_step()
         if st is not None:
@@ -266,6 +270,8 @@ def rows_of(runs, context=None):
             h2d_GB=res.get(f"{t}_graph_h2d_GB_per_step", res.get(f"{t}_h2d_GB_per_step")),
             h2d_s=res.get(f"{t}_h2d_s_per_step"), h2d_s_estimated=bool(res.get(f"{t}_h2d_s_estimated")),
             minimum_GiB=res.get(f"{t}_minimum_GiB"), wall_s=r.get("wall_s"),
+            host_blocks_GiB=res.get(f"{s['storage']}_block_GiB_total"),
+            activation_host_GiB=res.get(f"{t}_activation_host_GiB"),
             error=r.get("error") or res.get(f"{t}_fit") or res.get(f"{t}_error") or res.get(f"{t}_graph_error"),
             commit=ctx.get("commit"), date=ctx.get("date")))
     return rows

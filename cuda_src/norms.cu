@@ -19,10 +19,11 @@
     int rms, int wf32
 #define NORM_FWD_ARGS x, w, b, y, mean, rstd, rows, cols, eps, tpr, rms, wf32
 #define NORM_BWD_PARAMS const T* __restrict__ dy, const T* __restrict__ x, const void* __restrict__ w, \
-    const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx, float* __restrict__ dw_part, \
+    const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx, \
+    const T* __restrict__ dres, float* __restrict__ dw_part, \
     float* __restrict__ db_part, i64 rows, int cols, int tpr, int rms, int wf32, void* __restrict__ dw_out, \
     void* __restrict__ db_out, unsigned* __restrict__ counters, int group, int of32
-#define NORM_BWD_ARGS dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, dw_out, db_out, \
+#define NORM_BWD_ARGS dy, x, w, mean, rstd, dx, dres, dw_part, db_part, rows, cols, tpr, rms, wf32, dw_out, db_out, \
     counters, group, of32
 
 // ---------------------------------------------------------------------------------------------- row-group sums
@@ -675,8 +676,9 @@ template <typename T, int VPT, int ACC, int CL = 0, bool SM = false>
 __device__ __forceinline__ void norm_bwd_vec(const T* __restrict__ dy, const T* __restrict__ x,
                                              const void* __restrict__ w, const float* __restrict__ mean,
                                              const float* __restrict__ rstd, T* __restrict__ dx,
-                                             float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows,
-                                             int cols, int tpr, int rms, int wf32, float* smem, float* acc) {
+                                             const T* __restrict__ dres, float* __restrict__ dw_part,
+                                             float* __restrict__ db_part, i64 rows, int cols, int tpr, int rms,
+                                             int wf32, float* smem, float* acc) {
     constexpr int N = VecT<T>::N;
     const int lane = threadIdx.x % tpr, rg = threadIdx.x / tpr, rpb = blockDim.x / tpr, nvec = cols / N;
     const i64 nblk = (rows + rpb - 1) / rpb;
@@ -769,6 +771,12 @@ __device__ __forceinline__ void norm_bwd_vec(const T* __restrict__ dy, const T* 
                     const float g = wp ? dv[j] * wv[j] : dv[j];
                     xv[j] = rs * (g - mg - xh * mgx);
                 }
+                if (dres) {  // another consumer's gradient of x, added before the one rounding
+                    float rv[N];
+                    unpack_f32<T>(*reinterpret_cast<const uint4*>(dres + row * cols + (i64)k * N), rv);
+#pragma unroll
+                    for (int j = 0; j < N; ++j) xv[j] += rv[j];
+                }
                 *reinterpret_cast<uint4*>(dx + row * cols + (i64)k * N) = pack_f32<T>(xv);
             }
         }
@@ -787,8 +795,9 @@ template <typename T, int N, int VPT, int ACC>
 __device__ __forceinline__ void norm_bwd_any(const T* __restrict__ dy, const T* __restrict__ x,
                                              const void* __restrict__ w, const float* __restrict__ mean,
                                              const float* __restrict__ rstd, T* __restrict__ dx,
-                                             float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows,
-                                             int cols, int tpr, int rms, int wf32, float* smem, float* acc) {
+                                             const T* __restrict__ dres, float* __restrict__ dw_part,
+                                             float* __restrict__ db_part, i64 rows, int cols, int tpr, int rms,
+                                             int wf32, float* smem, float* acc) {
     const int lane = threadIdx.x % tpr, rg = threadIdx.x / tpr, rpb = blockDim.x / tpr;
     const int nvec = cols / N;
     const float inv_cols = 1.f / cols;
@@ -828,9 +837,10 @@ __device__ __forceinline__ void norm_bwd_any(const T* __restrict__ dy, const T* 
             for (int i = 0; i < VPT; ++i) {
                 const int k = i * tpr + lane;
                 if (valid && k < nvec) {
-                    float o[N];
+                    float o[N], rv[N];
+                    if (dres) load_f32<T, N>(dres + r * cols + (i64)k * N, rv);
 #pragma unroll
-                    for (int j = 0; j < N; ++j) o[j] = rs * (gv[i][j] - mg - xv[i][j] * mgx);
+                    for (int j = 0; j < N; ++j) o[j] = rs * (gv[i][j] - mg - xv[i][j] * mgx) + (dres ? rv[j] : 0.f);
                     store_f32<T, N>(dx + r * cols + (i64)k * N, o);
                 }
             }
@@ -866,7 +876,8 @@ __device__ __forceinline__ void norm_bwd_any(const T* __restrict__ dy, const T* 
                 for (int k = lane; k < cols; k += tpr) {
                     const float d = to_f32(dyr[k]), xh = (to_f32(xr[k]) - mu) * rs;
                     const float g = w ? d * load_any1<T>(w, k, wf32) : d;
-                    dx[r * cols + k] = from_f32<T>(rs * (g - mg - xh * mgx));
+                    const float res = dres ? to_f32(dres[r * cols + k]) : 0.f;
+                    dx[r * cols + k] = from_f32<T>(rs * (g - mg - xh * mgx) + res);
                 }
         }
     }
@@ -876,23 +887,24 @@ template <typename T, int VPT, int ACC>
 __device__ __forceinline__ void norm_bwd_impl(const T* __restrict__ dy, const T* __restrict__ x,
                                               const void* __restrict__ w, const float* __restrict__ mean,
                                               const float* __restrict__ rstd, T* __restrict__ dx,
-                                              float* __restrict__ dw_part, float* __restrict__ db_part, i64 rows,
+                                              const T* __restrict__ dres, float* __restrict__ dw_part,
+                                              float* __restrict__ db_part, i64 rows,
                                               int cols, int tpr, int rms, int wf32, void* __restrict__ dw_out,
                                               void* __restrict__ db_out, unsigned* __restrict__ counters, int group,
                                               int of32) {
     __shared__ float smem[NORM_MAX_RPB * 64];
     extern __shared__ __align__(16) float norm_acc[];  // ACC * rpb * cols floats where used (see parts_add)
     constexpr int N = VecT<T>::N;
-    if (cols % N == 0 && aligned16(x) && aligned16(dy) && aligned16(dx)) {
+    if (cols % N == 0 && aligned16(x) && aligned16(dy) && aligned16(dx) && (!dres || aligned16(dres))) {
         if (cols / N <= tpr * VPT)
-            norm_bwd_vec<T, VPT, ACC>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, smem,
-                                      norm_acc);
+            norm_bwd_vec<T, VPT, ACC>(dy, x, w, mean, rstd, dx, dres, dw_part, db_part, rows, cols, tpr, rms, wf32,
+                                      smem, norm_acc);
         else
-            norm_bwd_any<T, N, VPT, ACC>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, smem,
-                                         norm_acc);
+            norm_bwd_any<T, N, VPT, ACC>(dy, x, w, mean, rstd, dx, dres, dw_part, db_part, rows, cols, tpr, rms, wf32,
+                                         smem, norm_acc);
     } else {
-        norm_bwd_any<T, 1, VPT, ACC>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32, smem,
-                                     norm_acc);
+        norm_bwd_any<T, 1, VPT, ACC>(dy, x, w, mean, rstd, dx, dres, dw_part, db_part, rows, cols, tpr, rms, wf32,
+                                     smem, norm_acc);
     }
     if constexpr (ACC > 0)
         if (counters)
@@ -935,7 +947,8 @@ __global__ void __cluster_dims__(CL, 1, 1) __maxnreg__(REGS) norm_bwd_cl(NORM_BW
     static_assert((SM || VPT <= 2) && ACC >= 1 && ACC <= 2, "dw (and db); register partials for VPT <= 2");
     __shared__ float smem[NORM_MAX_RPB * 64];
     extern __shared__ __align__(16) float norm_acc[];
-    norm_bwd_vec<T, VPT, ACC, CL, SM != 0>(dy, x, w, mean, rstd, dx, dw_part, db_part, rows, cols, tpr, rms, wf32,
+    norm_bwd_vec<T, VPT, ACC, CL, SM != 0>(dy, x, w, mean, rstd, dx, dres, dw_part, db_part, rows, cols, tpr, rms,
+                                           wf32,
                                            smem, norm_acc);
 }
 #endif

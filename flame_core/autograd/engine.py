@@ -19,6 +19,9 @@ _callbacks = []
 _depth = 0
 _pass = 0
 _retaining = []  # retain_graph of each running (nested) backward, innermost last
+# (node, buffers, sums) of the backward the engine is calling now (Node.take_pending_grad reads it); None under
+# create_graph and between calls
+_running = None
 
 
 def queue_callback(fn):
@@ -193,7 +196,7 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
 
     results = [None] * len(inputs) if inputs is not None else None
     ready = [n for n in dict.fromkeys(e[0] for e, _ in root_edges) if n not in deps]
-    global _depth, _pass
+    global _depth, _pass, _running
     outermost = _depth == 0
     if outermost:
         _pass += 1
@@ -240,6 +243,7 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
                 raise AutogradError("Trying to backward through the graph a second time (or to access saved tensors "
                                     "after they were freed). Pass retain_graph=True to the first backward if you "
                                     "need to backward twice.")
+            _running = None if create_graph else (node, buffers, sums)
             if len(grads) == 1 and grads[0] is not None:
                 in_grads = node._fn.backward(node, grads[0])
             else:
@@ -248,6 +252,7 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
                     if g is None:
                         grads[i] = _zeros(meta[i]) if meta[i] is not None else None
                 in_grads = node._fn.backward(node, *grads)
+            _running = None
             del grads
             if type(in_grads) is not tuple:
                 in_grads = (in_grads,) if not isinstance(in_grads, tuple) else in_grads
@@ -259,15 +264,44 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
                     continue
                 child, idx = e
                 if g is not None:
-                    # _validate_grad's common case inlined: a non-leaf output of the gradient's shape and dtype
+                    # _validate_grad's common cases inlined: a gradient of the shape and dtype of the non-leaf output
+                    # (or of the leaf, for an AccumulateGrad: the only node without output metadata) it flows into
                     meta = child._out_meta
-                    m = meta[idx] if meta is not None else None
                     gd = g._data
-                    if m is None or gd.shape != m[0] or (gd.dtype is not m[1] and gd.dtype != m[1]):
-                        g = _validate_grad(node, child, idx, g)
+                    if meta is None:
+                        vd = child.variable._data
+                        if gd.shape != vd.shape or (gd.dtype is not vd.dtype and gd.dtype != vd.dtype):
+                            g = _validate_grad(node, child, idx, g)
+                    else:
+                        m = meta[idx]
+                        if m is None or gd.shape != m[0] or (gd.dtype is not m[1] and gd.dtype != m[1]):
+                            g = _validate_grad(node, child, idx, g)
                     slot = buffers.get(child)
-                    if slot is None and (meta is None or len(meta) == 1):
-                        buffers[child] = [g]
+                    if slot is None:
+                        if meta is None or len(meta) == 1:
+                            buffers[child] = [g]
+                        else:
+                            add_grad(child, idx, g)
+                    elif len(slot) == 1 and not create_graph:
+                        # add_grad's accumulation into a one-output slot, inlined (the gradients of a tensor used
+                        # several times: a leaf's, a residual stream's)
+                        cur = slot[0]
+                        if cur is None:
+                            slot[0] = g
+                        else:
+                            flags = sums.get(child)
+                            if flags is not None and flags[0]:  # a sum the engine made and holds only here
+                                cd = cur._data
+                                if cd.dtype == gd.dtype and cd.shape == gd.shape:
+                                    _iadd(cd, gd)
+                                else:
+                                    slot[0] = cur + g
+                            else:
+                                slot[0] = cur + g
+                                if flags is None:
+                                    sums[child] = [True]
+                                else:  # emptied by take_pending_grad, refilled since: the new sum is the engine's
+                                    flags[0] = True
                     else:
                         add_grad(child, idx, g)
                 d = deps[child] - 1
@@ -285,11 +319,13 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
                 else:
                     node.release()
             del in_grads
-            g = gd = slot = None  # these names must not keep the last gradient alive while later nodes run
+            # these names must not keep the last gradient alive while later nodes run
+            g = gd = slot = cur = cd = vd = None
         if outermost:
             while _callbacks:
                 _callbacks.pop(0)()
     finally:
+        _running = None
         state.enabled = prev
         _depth -= 1
         _retaining.pop()

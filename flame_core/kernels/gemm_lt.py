@@ -20,7 +20,7 @@ _EPILOGUE_BIAS = 4
 _PREF_MAX_WORKSPACE_BYTES = 1
 _PREF_MIN_ALIGNMENT = (5, 6, 7, 8)   # A, B, C, D bytes (cuBLASLt assumes 256 unless told)
 _CUDA_R_32F = 0
-WORKSPACE_BYTES = 32 << 20
+WORKSPACE_BYTES = gemm.WORKSPACE_BYTES  # the shared workspace's size (gemm.workspace)
 
 
 class _Heuristic(ctypes.Structure):
@@ -30,7 +30,7 @@ class _Heuristic(ctypes.Structure):
 
 ENABLED = os.environ.get("FLAME_GEMM_BIAS_EPILOGUE", "1") != "0"   # 0: GEMM then a separate bias add (A/B runs)
 _lib = None
-_handles = {}      # device id -> (cublasLt handle, workspace array)
+_handles = {}      # device id -> cublasLt handle
 _plans = {}        # problem key -> (matmul desc, layouts (a, b, c), algorithm) or None when there is none
 
 
@@ -65,14 +65,16 @@ def _check(status, what):
 
 
 def _handle():
+    """(cuBLASLt handle of the current device, the workspace: the current thread's cuBLAS one, gemm.workspace())."""
     cp = backend.cupy
     dev = cp.cuda.Device().id
-    if dev not in _handles:
+    h = _handles.get(dev)
+    if h is None:
         lib = _library()
         h = ctypes.c_void_p()
         _check(lib.cublasLtCreate(ctypes.byref(h)), "Create")
-        _handles[dev] = (h, cp.empty(WORKSPACE_BYTES, dtype=np.uint8))
-    return _handles[dev]
+        _handles[dev] = h
+    return h, gemm.workspace()
 
 
 def _set(lib, desc, attr, value):

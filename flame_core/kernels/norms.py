@@ -391,7 +391,7 @@ def _layer_bwd_tma(plan, dy, x, w, wf32, mean_arg, rstd, weight, bias, rows, col
     return dx, dw, db
 
 
-def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms, weight_grad=True):
+def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms, weight_grad=True, residual=None):
     xp = backend.xp_of(x)
     x = P.contiguous(x)
     dy = P.contiguous(dy.astype(x.dtype, copy=False))
@@ -402,11 +402,12 @@ def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms, weight_grad=True):
     mean_arg = KL.null() if rms else P.contiguous(mean.astype(np.float32, copy=False))
     rstd = P.contiguous(rstd.astype(np.float32, copy=False))
     aligned = x.data.ptr % 16 == 0 and dy.data.ptr % 16 == 0  # the memory pool's dx is 256-byte aligned
-    tma = _bwd_tma_plan(x.dtype, rows, cols, acc, aligned) if acc and not single_launch_sums else None
+    tma = (_bwd_tma_plan(x.dtype, rows, cols, acc, aligned) if acc and not single_launch_sums and residual is None
+           else None)
     if tma is not None:
         return _layer_bwd_tma(tma, dy, x, w, wf32, mean_arg, rstd, weight, bias, rows, cols, rms)
     dx = xp.empty_like(x)
-    aligned = aligned and dx.data.ptr % 16 == 0
+    aligned = aligned and dx.data.ptr % 16 == 0 and (residual is None or residual.data.ptr % 16 == 0)
     fused = acc and single_launch_sums
     kernel, grid, block, tpr, smem, parts = _bwd_plan(x.dtype, rows, cols, acc, aligned, fused)
     dw_part = xp.empty((parts, cols), dtype=np.float32) if weight is not None and acc else None
@@ -422,7 +423,7 @@ def _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, rms, weight_grad=True):
     else:
         fin = (KL.null(), KL.null(), KL.null(), KL.i32(1), KL.i32(0))
     KL.launch(kernel, grid, block,
-              (dy, x, w, mean_arg, rstd, dx,
+              (dy, x, w, mean_arg, rstd, dx, KL.null() if residual is None else residual,
               KL.null() if dw_part is None else dw_part, KL.null() if db_part is None else db_part,
               KL.i64(rows), KL.i32(cols), KL.i32(tpr), KL.i32(rms), KL.i32(wf32)) + fin, shared_mem=smem)
     if fused:
@@ -452,13 +453,16 @@ def layer_norm_forward(x, weight=None, bias=None, eps=1e-5):
     return _layer_ref(x, weight, bias, eps, False)
 
 
-def layer_norm_backward(dy, x, weight, mean, rstd, bias=None, weight_grad=True):
+def layer_norm_backward(dy, x, weight, mean, rstd, bias=None, weight_grad=True, residual=None):
     """weight_grad=False: the weight (a frozen one, or adaLN's 1 + scale of a frozen modulation) only scales dy; its
-    gradient is neither accumulated nor returned (dw None): the dx-only kernel."""
+    gradient is neither accumulated nor returned (dw None): the dx-only kernel. residual: another gradient of x (a
+    C-contiguous array of x's shape and dtype, e.g. a residual connection's), added to dx in the same pass (one
+    rounding, no separate add)."""
+    residual = _check_residual(residual, x)
     if L.use_kernel(x) and x.size:
-        return _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, 0, weight_grad)
+        return _layer_bwd_kernel(dy, x, weight, mean, rstd, bias, 0, weight_grad, residual)
     dx, dw, db = _layer_grad_ref(dy, x, weight, mean, rstd, bias, False)
-    return dx, dw if weight_grad else None, db
+    return _plus(dx, residual), dw if weight_grad else None, db
 
 
 def rms_norm_forward(x, weight=None, eps=1e-6):
@@ -470,9 +474,27 @@ def rms_norm_forward(x, weight=None, eps=1e-6):
     return y, rstd
 
 
-def rms_norm_backward(dy, x, weight, rstd, weight_grad=True):
+def rms_norm_backward(dy, x, weight, rstd, weight_grad=True, residual=None):
+    residual = _check_residual(residual, x)
     if L.use_kernel(x) and x.size:
-        dx, dw, _ = _layer_bwd_kernel(dy, x, weight, None, rstd, None, 1, weight_grad)
+        dx, dw, _ = _layer_bwd_kernel(dy, x, weight, None, rstd, None, 1, weight_grad, residual)
     else:
         dx, dw, _ = _layer_grad_ref(dy, x, weight, None, rstd, None, True)
+        dx = _plus(dx, residual)
     return dx, dw if weight_grad else None
+
+
+def _check_residual(residual, x):
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype
+                                 or not residual.flags.c_contiguous):
+        raise ValueError(f"norm backward: residual gradient {residual.shape} {residual.dtype} must be a C-contiguous "
+                         f"array of x's shape {x.shape} and dtype {x.dtype}")
+    return residual
+
+
+def _plus(dx, residual):
+    """The reference path's dx + residual, summed in float32 (or wider) and rounded once, as the kernels do."""
+    if residual is None:
+        return dx
+    wide = np.promote_types(dx.dtype, np.float32)
+    return (dx.astype(wide) + residual.astype(wide)).astype(dx.dtype, copy=False)

@@ -45,7 +45,7 @@ class QwenImageFamily(FlowMatchingFamily):
     fields = FLOW_FIELDS + ("sample.neg",)
     field_notes = {**{k: _DDPM_NOTE for k in DDPM_FIELDS},
                    "train.guidance": "Qwen-Image has no guidance embedding; previews use CFG with sample.neg",
-                   "model.t5_path": "Qwen-Image's text encoder is Qwen2.5-VL, not T5 (not implemented yet)",
+                   "model.t5_path": "Qwen-Image's text encoder is Qwen2.5-VL (its pipeline folder's text_encoder/)",
                    "model.clip_g_path": "Qwen-Image has no CLIP"}
     spec_errors = (QwenImageCheckpointError, KeyError, ValueError, OSError)
 

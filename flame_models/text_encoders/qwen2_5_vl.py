@@ -36,6 +36,7 @@ from flame_nn.empty_init import new_parameter
 from flame_nn.offload import BlockStreamer, quantize_linear_weights_, run_block
 
 from .. import checkpoint_io as CIO
+from . import layouts as LY
 from .outputs import BaseModelOutput
 
 PREFIXES = ("model.language_model.", "model.", "language_model.", "")     # transformers 5 / 4 and ComfyUI / bare
@@ -225,7 +226,8 @@ class Qwen2_5_VLTextModel(flame_nn.Module):
 def load_qwen2_5_vl(path, dtype=None, device=None, *, config=None, strict=True, quantize=None, stream=False):
     """The Qwen2.5-VL language model from a transformers folder (Qwen-Image's text_encoder/, config.json + sharded
     safetensors), a pipeline folder, or a single file (ComfyUI's qwen_2.5_vl_7b, transformers' names under
-    `model.` / `model.language_model.`); the vision tower and lm_head tensors are left unread. config: a
+    `model.` / `model.language_model.`; ComfyUI's fp8_scaled file too: w = fp8 * `<layer>.scale_weight`, per tensor
+    or per row, dequantised to `dtype`); the vision tower and lm_head tensors are left unread. config: a
     Qwen2_5_VLTextConfig, else FLAME's metadata, the folder's config.json, or the 7B preset for a 3584-wide file.
     quantize (None | "fp8") and stream (False | True): the layers' storage (see the module docstring); the model
     comes back frozen."""
@@ -288,12 +290,54 @@ def _load(path, dtype, device, config, strict):
             model = Qwen2_5_VLTextModel(config)
         targets = dict(model.named_parameters())
         under = [k[len(prefix):] for k in ckpt.keys() if k.startswith(prefix)]
-        ours = [k for k in under if not k.startswith(("visual.", "lm_head.", "model.", "language_model."))]
+        scales = _scale_keys(ckpt, targets)
+        known = set(scales.values()) | {k for k in under if k.endswith(LY.INPUT_SCALE_SUFFIXES + (LY.QUANT_SUFFIX,))
+                                        or k == "scaled_fp8"}
+        ours = [k for k in under if not k.startswith(("visual.", "lm_head.", "model.", "language_model."))
+                and k not in known]
         missing = [k for k in targets if not ckpt.has(k)]
         unexpected = [k for k in ours if k not in targets]
         misshaped = [f"{k}: {ckpt.shape(k)} in the file, {tuple(t.shape)} in the model" for k, t in targets.items()
                      if ckpt.has(k) and ckpt.shape(k) != tuple(t.shape)]
         CIO.check_mismatch(Qwen2_5_VLCheckpointError, f"cannot load the Qwen2.5-VL text model {ckpt.describe()}:",
                            missing, unexpected, misshaped, strict=strict)
-        return CIO.fill_(model, lambda k, t: ckpt.get_like(k, t), {k: t for k, t in targets.items() if ckpt.has(k)},
-                         desc="loading Qwen2.5-VL")
+        _check_quant_formats(ckpt, under, path)
+
+        def read(k, t):
+            if k not in scales:
+                return ckpt.get_like(k, t)
+            w = ckpt.get(k, dtype=flame.float32, device=t.device)
+            sc = ckpt.get(scales[k], dtype=flame.float32, device=t.device).reshape(-1)
+            if sc.numel() not in (1, w.shape[0]):
+                raise Qwen2_5_VLCheckpointError(f"{path}: scale {scales[k]} has {sc.numel()} values for a weight of "
+                                                f"{w.shape[0]} rows")
+            return (w * sc.reshape(-1, 1)).to(t.dtype)        # ComfyUI's fp8_scaled: w = fp8 * scale
+        return CIO.fill_(model, read, {k: t for k, t in targets.items() if ckpt.has(k)}, desc="loading Qwen2.5-VL")
+
+
+def _scale_keys(ckpt, targets):
+    """{Linear weight key: its ComfyUI scale key (`<layer>.scale_weight` / `.weight_scale`)} of the file."""
+    out = {}
+    for k in targets:
+        if k.endswith(".weight"):
+            for suffix in LY.SCALE_SUFFIXES:
+                sk = k[:-len(".weight")] + suffix
+                if ckpt.has(sk):
+                    out[k] = sk
+                    break
+    return out
+
+
+def _check_quant_formats(ckpt, keys, path):
+    """A `<layer>.comfy_quant` description must say float8_e4m3fn (per tensor or per row): nothing else is read."""
+    for k in keys:
+        if not k.endswith(LY.QUANT_SUFFIX) or k.startswith(("visual.", "lm_head.")):
+            continue
+        raw = bytes(ckpt.get(k).numpy().astype("uint8").reshape(-1).tolist())
+        try:
+            fmt = json.loads(raw.decode("utf-8")).get("format")
+        except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            raise Qwen2_5_VLCheckpointError(f"{path}: {k} is not a JSON description of a quantisation") from None
+        if fmt not in ("float8_e4m3fn", "float8_e4m3fn_rowwise"):
+            raise Qwen2_5_VLCheckpointError(f"{path}: {k[:-len(LY.QUANT_SUFFIX)]} is quantised as {fmt!r}; only "
+                                            f"float8_e4m3fn weights with per-tensor or per-row scales can be read")

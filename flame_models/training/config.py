@@ -141,7 +141,8 @@ class ModelConfig:
     qtype: typing.Optional[str] = None   # ai-toolkit's quantisation type: only its fp8 ones (qfloat8, float8, fp8),
                                          # what model.quantize stores; others are errors
     is_flux: typing.Optional[bool] = None  # ai-toolkit's flags: without arch, the one that is true chooses it;
-    is_v3: typing.Optional[bool] = None    # with arch, they must agree with it
+    is_v3: typing.Optional[bool] = None    # with arch, they must agree with it (is_flux either way with a
+                                           # Flux-derived arch: flux_kontext, chroma)
     is_xl: typing.Optional[bool] = None
     is_v_pred: typing.Optional[bool] = None  # ai-toolkit: a v-prediction model (= train.prediction_type v_prediction)
     # the other parts, for image folders and text prompts (default: found in name_or_path's folder, or the random
@@ -519,7 +520,11 @@ def _resolve_family(cfg, p, errors):
         elif chosen:
             m.arch = chosen[0]
     for k, v in flags.items():
-        if v != (m.arch == arch_flags[k]):
+        family = arch_flags[k]
+        # a family refining the flag's (flux_kontext, chroma: Flux-derived) takes it either way, as ai-toolkit does
+        # with arch given (a Flux config's is_flux: true beside arch: flux_kontext)
+        derived = m.arch in registry.FAMILIES and registry.about(m.arch).refines == family
+        if not derived and v != (m.arch == family):
             errors.append(f"{p}model.{k}: {str(v).lower()} contradicts model.arch {m.arch!r}")
     if m.is_v_pred is not None:
         want = "v_prediction" if m.is_v_pred else "epsilon"

@@ -33,11 +33,14 @@ from ..data import (
                     evaluation_config,
                     split_records,
 )
+from ..data.buckets import Bucket, place
 from ..data.captions import apply_trigger
 from ..data.config import CACHE_FOLDER, resolutions
+from ..data.dataset import LatentSpec
+from ..data.images import probe_image
 from ..data.masks import MaskCache
 from ..data.reg_mix import RegMixLoader
-from .samples import PreviewPrompt
+from .samples import PreviewPrompt, split_ctrl_img
 from .text_training import CaptionTokens
 
 PREVIEW_TILE = 512  # pixels: previews are decoded in tiles of this size under max_gpu_memory
@@ -80,10 +83,12 @@ def text_cache_folder(cfg):
 
 
 def sample_prompts(cfg, dataset):
-    """[(prompt text, dataset index or None)]: sample.prompts ([trigger] replaced), else the captions of the first
-    sample.num_samples distinct images of the dataset (not of its regularisation images)."""
+    """[(prompt text, dataset index or None)]: sample.prompts ([trigger] replaced, a `--ctrl_img <path>` taken out:
+    preview_controls), else the captions of the first sample.num_samples distinct images of the dataset (not of its
+    regularisation images)."""
     if cfg.sample.prompts:
-        return [(apply_trigger(p, cfg.trigger_word, add_if_missing=False), None) for p in cfg.sample.prompts]
+        return [(apply_trigger(split_ctrl_img(p)[0], cfg.trigger_word, add_if_missing=False), None)
+                for p in cfg.sample.prompts]
     if dataset is None:
         return []
     out, seen = [], set()
@@ -96,6 +101,27 @@ def sample_prompts(cfg, dataset):
         if len(out) == cfg.sample.num_samples:
             break
     return out
+
+
+def preview_controls(cfg, family):
+    """[LatentSpec or None per sample prompt]: for a family that edits with a control image (Flux Kontext), the
+    `--ctrl_img <path>` of each of sample.prompts (ai-toolkit's flag), cover-resized and centred to the previews'
+    size (sample.width x sample.height), kept in host memory; [] without such prompts."""
+    if not family.control_images or not cfg.sample.prompts:
+        return []
+    paths = [split_ctrl_img(p)[1] for p in cfg.sample.prompts]
+    if not any(paths):
+        return []
+    bucket = Bucket(cfg.sample.width, cfg.sample.height)
+    specs = []
+    for path in paths:
+        if not path:
+            specs.append(None)
+            continue
+        rec = probe_image(path, os.path.dirname(path) or ".")     # decoded whole: a broken file fails here, named
+        p = place(rec.width, rec.height, bucket)
+        specs.append(LatentSpec(rec.path, rec.sha256, bucket, p.resized, p.crop, False, False))
+    return specs
 
 
 class Prepared:
@@ -127,6 +153,7 @@ def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, ve
     c, fam, dev = cfg, family, device
     out = Prepared()
     prompts = sample_prompts(c, dataset)
+    controls = preview_controls(c, fam) if encode else []
     loader = None
     train_te = c.train.train_text_encoder and dataset is not None
     if dataset is not None:
@@ -154,11 +181,13 @@ def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, ve
 
     # ---- latents
     decode_vae = previews_on and (dataset is not None or c.model.vae_path is not None)
-    if dataset is not None or decode_vae:
+    if controls and latents is None:
+        latents = LatentCache(fam.vae_id(c.model, dev))
+    if dataset is not None or decode_vae or controls:
         with meter.stage("latents"):
             vae, out.encoded["latents"] = _cache_latents(c, fam, dataset, latents, decode_vae, device=dev,
                                                          budget=budget, log=log, verbose=verbose,
-                                                         validation=validation)
+                                                         validation=validation, extra=[s for s in controls if s])
             if dataset is not None and masks is not None:
                 specs = dataset.mask_specs(masks.factor)
                 out.encoded["masks"] = masks.fill(specs, progress=verbose)
@@ -181,8 +210,9 @@ def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, ve
         out.validation = _validation_data(validation, latents, texts)
         out.text_encoders, out.negative = enc, negative
         out.prompt_texts = [text for text, _ in prompts]
-        out.prompts = [PreviewPrompt(text, _control(fam, dataset, latents, i), None if i is None else latents.load(
-            dataset.latent_spec(i))) for text, i in prompts]
+        out.prompts = [PreviewPrompt(text, _control(fam, dataset, latents, i, controls, k),
+                                     None if i is None else latents.load(dataset.latent_spec(i)))
+                       for k, (text, i) in enumerate(prompts)]
         out.loader, out.latents, out.texts = loader, latents, texts
         return out
     wanted = list(dict.fromkeys(captions + [p for p, _ in prompts] + ([""] if captions else [])
@@ -208,8 +238,9 @@ def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, ve
         loader.dataset.check(epochs)
     out.validation = _validation_data(validation, latents, texts)
     neg = {} if negative is None else {f"negative_{k}": v for k, v in texts.load(negative).items()}
-    out.prompts = [PreviewPrompt(text, {**texts.load(text), **neg, **_control(fam, dataset, latents, i)},
-                                 None if i is None else latents.load(dataset.latent_spec(i))) for text, i in prompts]
+    out.prompts = [PreviewPrompt(text, {**texts.load(text), **neg, **_control(fam, dataset, latents, i, controls, k)},
+                                 None if i is None else latents.load(dataset.latent_spec(i)))
+                   for k, (text, i) in enumerate(prompts)]
     out.loader, out.latents, out.texts = loader, latents, texts
     return out
 
@@ -223,21 +254,27 @@ def _validation_data(validation, latents, texts):
     return data
 
 
-def _control(fam, dataset, latents, i):
-    """{"control_latents": ...} of dataset item i's control image for a family that edits with one (Flux
-    Kontext's previews of a dataset caption take its control image as the reference), else {}."""
+def _control(fam, dataset, latents, i, controls=(), k=None):
+    """{"control_latents": ...} for a family that edits with a control image (Flux Kontext): sample prompt k's
+    `--ctrl_img` (controls[k], preview_controls), else dataset item i's control image (its previews of a dataset
+    caption take that as the reference), else {}."""
+    if k is not None and k < len(controls) and controls[k] is not None:
+        return {"control_latents": latents.load(controls[k])}
     if i is None or not fam.control_images or dataset is None or not dataset.has_controls:
         return {}
     spec = dataset.control_spec(i)
     return {} if spec is None else {"control_latents": latents.load(spec)}
 
 
-def _cache_latents(cfg, fam, dataset, latents, keep_for_previews, *, device, budget, log, verbose, validation=None):
-    """(the VAE when kept for previews else None, how many latents were encoded)."""
+def _cache_latents(cfg, fam, dataset, latents, keep_for_previews, *, device, budget, log, verbose, validation=None,
+                   extra=()):
+    """(the VAE when kept for previews else None, how many latents were encoded). `extra`: more LatentSpecs to
+    encode (the sample prompts' --ctrl_img images)."""
     dev = device
     specs = dataset.latent_specs() if dataset is not None else []
     specs += validation.latent_specs() if validation is not None else []
-    missing = latents.missing(specs) if dataset is not None else []
+    specs += list(extra)
+    missing = latents.missing(specs) if specs else []
     if not missing and not keep_for_previews:
         log(f"latents: all {len(specs)} cached; VAE not loaded")
         return None, 0

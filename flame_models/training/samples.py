@@ -12,6 +12,19 @@ from flame_core import io
 from .preview import PROJECTION_TITLE, projection_images, save_image, save_image_grid, to_uint8
 
 
+def split_ctrl_img(prompt):
+    """(text, control image path or None) of a sample prompt: ai-toolkit's `--ctrl_img <path>` (Flux Kontext's
+    previews: the image the prompt edits) taken out; the path runs to the next ` --` or the end (a path with spaces
+    reads, as in ai-toolkit). '' when the flag has no path."""
+    m = re.search(r"(?:^|\s)--ctrl_img(?=\s|$)", prompt)
+    if m is None:
+        return prompt, None
+    rest = prompt[m.end():]
+    nxt = re.search(r"\s--\S", rest)
+    path = (rest[:nxt.start()] if nxt else rest).strip()
+    return (prompt[:m.start()] + (rest[nxt.start():] if nxt else "")).strip(), path
+
+
 class PreviewPrompt(NamedTuple):
     label: str          # the row's label: the prompt text, or where the conditioning came from
     cond: dict          # the family's conditioning arrays (sample_keys[1:])

@@ -328,6 +328,12 @@ def _family_checks(cfg, family, p):
             if d.control_path is not None:
                 e.append(f"{p}datasets[{i}].control_path: the {family.name} family takes no control images "
                          f"(model.arch flux_kontext trains on pairs)")
+    for i, path in _ctrl_imgs(cfg):
+        if not family.control_images:
+            e.append(f"{p}sample.prompts[{i}]: --ctrl_img: the {family.name} family takes no control image "
+                     f"(model.arch flux_kontext previews an edit of one)")
+        elif not path:
+            e.append(f"{p}sample.prompts[{i}]: --ctrl_img without a path (--ctrl_img <image file>)")
     mult = family.pixel_multiple
     for k in ("width", "height"):
         v = getattr(cfg.sample, k)
@@ -349,6 +355,13 @@ def _family_checks(cfg, family, p):
 
 # the fields a folder of precomputed samples uses; every other dataset field is for image folders
 SAMPLE_FOLDER_FIELDS = ("folder_path", "num_repeats", "shuffle")
+
+
+def _ctrl_imgs(cfg):
+    """[(i, path)] of the sample prompts with ai-toolkit's `--ctrl_img <path>` ('' when it has no path)."""
+    from .samples import split_ctrl_img
+    return [(i, split_ctrl_img(x)[1]) for i, x in enumerate(cfg.sample.prompts)
+            if isinstance(x, str) and split_ctrl_img(x)[1] is not None]
 
 
 def dataset_kinds(cfg):
@@ -431,6 +444,13 @@ def file_problems(cfg, family, p=""):
                          f"sample.prompts)")
     if (vae or text) and spec is not None:
         e += family.parts_problems(cfg, vae=vae, text=text, prefix=p)
+    for i, path in _ctrl_imgs(cfg):
+        if not family.control_images or not path:
+            continue  # reported with the fields
+        if not vae:
+            e.append(f"{p}sample.prompts[{i}]: --ctrl_img needs a VAE to encode it: image folders, or model.vae_path")
+        elif not os.path.isfile(path):
+            e.append(f"{p}sample.prompts[{i}]: --ctrl_img: no such file: {path}")
     for i, f in enumerate(cfg.sample.prompt_embeds):
         msg = sample_file_problem(f, family, spec)
         if msg:

@@ -88,3 +88,20 @@ def test_the_epilogue_runs_inside_a_graph_capture(rng):
     for _ in range(3):
         out = run(x)
     np.testing.assert_array_equal(_host(out._data), eager)
+
+
+def test_cublas_and_cublaslt_share_one_workspace():
+    """cuBLASLt (bias epilogue, fp8) runs in the current cuBLAS handle's workspace: one 32 MiB block of the pool, as
+    PyTorch's, not one per library; interleaved calls on one stream still give the references."""
+    from flame_core.kernels import gemm, gemm_lt
+    rng = np.random.default_rng(3)
+    a, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((300, 200), (170, 200), (170,)))
+    A, W, B = (backend.cupy.asarray(v) for v in (a, w, b))
+    for _ in range(3):
+        y = gemm_lt.matmul_bias(A, W.T, B)
+        z = gemm.matmul(A, W.T)
+        assert y is not None
+        np.testing.assert_allclose(_host(y), a @ w.T + b, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(_host(z), a @ w.T, rtol=1e-4, atol=1e-4)
+    assert gemm_lt._handle()[1] is gemm.workspace()
+    assert gemm.workspace().nbytes == gemm.WORKSPACE_BYTES == gemm_lt.WORKSPACE_BYTES

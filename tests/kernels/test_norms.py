@@ -196,10 +196,10 @@ def test_frozen_weight_backward_kernel(ab, rng, dt, shape, rms):
     x, dy = rand(rng, shape, d, loc=2.0, scale=3.0), rand(rng, shape, d)
     w = rand(rng, shape[-1:], d, loc=1.0)
     if rms:
-        _, rr = K.rms_norm_forward(x, w, 1e-6)
+        _, rr = K.rms_norm_forward(_cp(x), _cp(w), 1e-6)
         (dxk, dwk), (dxr, _) = ab(lambda g, a: K.rms_norm_backward(g, a, _cp(w), rr, weight_grad=False), dy, x)
     else:
-        _, mr, rr = K.layer_norm_forward(x, w, None, 1e-5)
+        _, mr, rr = K.layer_norm_forward(_cp(x), _cp(w), None, 1e-5)
         (dxk, dwk, _), (dxr, _, _) = ab(
             lambda g, a: K.layer_norm_backward(g, a, _cp(w), mr, rr, None, weight_grad=False), dy, x)
     assert dwk is None
@@ -512,7 +512,72 @@ def test_a_frozen_weight_asks_for_no_weight_gradient(monkeypatch, rng, rms):
         x.grad = None
         y = rms_norm(x, (8,), w) if rms else layer_norm(x, (8,), w)
         (y * flame.arange(8.0)).sum().backward()
-        dxs.append(x.grad.numpy())
+        dxs.append(x.grad.detach().cpu().numpy())
         assert (w.grad is not None) == trains
     assert seen == [True, False]
     np.testing.assert_allclose(dxs[0], dxs[1], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("rms", [False, True])
+@pytest.mark.parametrize("leaf", [False, True])
+def test_the_residual_gradient_is_added_inside_the_norm_backward(monkeypatch, rng, rms, leaf):
+    """A pre-norm residual block y = x + f(norm(x)): the residual path's gradient of x reaches x's slot first; the
+    norm's backward takes it (Node.take_pending_grad) and its kernel adds it into dx, so the engine adds nothing.
+    Gradients equal the composed float64 ones; a hook on x sees the sum once."""
+    seen = []
+    name = "rms_norm_backward" if rms else "layer_norm_backward"
+    orig = getattr(K, name)
+
+    def spy(*a, **kw):
+        seen.append(kw.get("residual") is not None)
+        return orig(*a, **kw)
+    monkeypatch.setattr(K, name, spy)
+    x0 = flame.tensor(rng.standard_normal((4, 6)), requires_grad=True)
+    w = flame.tensor(rng.standard_normal(6) + 2.0)
+    r = flame.tensor(rng.standard_normal((4, 6)))
+
+    t = flame.tensor(rng.standard_normal((4, 6)))
+
+    def block(x):  # the loss weighs y by t: a contiguous gradient (a bare sum's is a broadcast view, left alone)
+        h = rms_norm(x, (6,), w) if rms else layer_norm(x, (6,), w)
+        return (x + (h * h * r)) * t
+    x = x0 if leaf else x0 * 1.5
+    hooked = []
+    if not leaf:
+        x.register_hook(lambda g: hooked.append(g.detach().cpu().numpy().copy()))
+    block(x).sum().backward()
+    assert seen == [True]
+    got = x0.grad.detach().cpu().numpy().copy()
+    # the same through create_graph (composed ops, nothing taken) as the reference
+    x0.grad = None
+    x = x0 if leaf else x0 * 1.5
+    (g,) = flame.autograd.grad(block(x).sum(), [x0], create_graph=True)
+    np.testing.assert_allclose(got, g.detach().detach().cpu().numpy(), rtol=1e-10, atol=1e-12)
+    assert seen == [True]                                  # create_graph: the composed backward, no kernel call
+    if not leaf:
+        assert len(hooked) == 1 and np.allclose(hooked[0] * 1.5, got)
+
+
+def test_a_pending_gradient_is_taken_only_by_the_running_node():
+    from flame_core.autograd import engine
+    x = flame.tensor([1.0, 2.0], requires_grad=True)
+    y = layer_norm(x * 2, (2,))
+    assert engine._running is None
+    assert y.grad_fn.take_pending_grad(0) is None and y.grad_fn.pending_grad(0) is None
+
+
+def test_a_broadcast_pending_gradient_is_left_to_the_engine(monkeypatch, rng):
+    """A pending gradient that is not a C-contiguous array of x's layout (a bare sum's broadcast ones) stays in the
+    engine's slot and is added there, as before."""
+    seen = []
+    orig = K.layer_norm_backward
+    monkeypatch.setattr(K, "layer_norm_backward", lambda *a, **kw: seen.append(kw.get("residual")) or orig(*a, **kw))
+    x = flame.tensor(rng.standard_normal((3, 5)), requires_grad=True)
+    (x + layer_norm(x, (5,)) ** 2).sum().backward()
+    assert seen == [None]
+    xd = x.detach().detach().cpu().numpy()
+    m, v = xd.mean(-1, keepdims=True), xd.var(-1, keepdims=True)
+    xh = (xd - m) / np.sqrt(v + 1e-5)
+    g = 2 * xh                                             # d(sum h^2)/dh
+    dx = (g - g.mean(-1, keepdims=True) - xh * (g * xh).mean(-1, keepdims=True)) / np.sqrt(v + 1e-5)
+    np.testing.assert_allclose(x.grad.detach().cpu().numpy(), 1 + dx, rtol=1e-4, atol=1e-5)

@@ -189,6 +189,55 @@ def test_fp8_storage_and_streamed_layers_encode_as_the_resident_model(tmp_path, 
         load_qwen2_5_vl(path, device="cpu", config=TINY, stream="yes")
 
 
+def test_comfyuis_fp8_scaled_file_is_read_with_its_scales(tmp_path, device):
+    """ComfyUI's qwen_2.5_vl_7b_fp8_scaled layout: the layers' Linear weights in float8_e4m3fn with a per-tensor
+    `scale_weight` (amax / 448), `scale_input`, the `scaled_fp8` marker: each weight is fp8 * scale (it was refused
+    for its unexpected scale keys, and strict=False read it without the scales); a bad scale or format is named."""
+    import ml_dtypes
+    model = _model()
+    ids, mask = _ids()
+    state, want = {}, {}
+    for k, v in model.named_parameters():
+        a = v.detach().numpy()
+        if ".layers." in "." + k and k.endswith("_proj.weight"):
+            s = np.float32(np.abs(a).max() / 448.0)
+            q = (a / s).astype(ml_dtypes.float8_e4m3fn)
+            state["model." + k], want[k] = q, q.astype(np.float32) * s
+            state["model." + k[:-len("weight")] + "scale_weight"] = np.array(s, np.float32)
+            state["model." + k[:-len("weight")] + "scale_input"] = np.array(1.0, np.float32)
+        else:
+            state["model." + k], want[k] = a.astype(ml_dtypes.bfloat16), a.astype(ml_dtypes.bfloat16).astype(np.float32)
+    state["scaled_fp8"] = np.zeros(0, ml_dtypes.float8_e4m3fn)
+    path = str(tmp_path / "qwen_2.5_vl_fp8_scaled.safetensors")
+    io.save_file(state, path)
+    loaded = load_qwen2_5_vl(path, dtype=flame.float32, device=device, config=TINY)
+    got = {k: v.detach().float().cpu().numpy() for k, v in loaded.named_parameters()}
+    assert set(got) == set(want)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    ref = Qwen2_5_VLTextModel(TINY, dtype=flame.float32, device="cpu")
+    ref.load_state_dict({k: flame.tensor(v) for k, v in want.items()})
+    with flame.no_grad():
+        a = loaded(flame.tensor(ids), flame.tensor(mask)).last_hidden_state.float().cpu().numpy()
+        b = ref(flame.tensor(ids), flame.tensor(mask)).last_hidden_state.numpy()
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    fp8 = load_qwen2_5_vl(path, dtype=flame.float32, device=device, config=TINY, quantize="fp8")
+    with flame.no_grad():
+        c = fp8(flame.tensor(ids), flame.tensor(mask)).last_hidden_state.float().cpu().numpy()
+    assert np.abs(c - b).max() < 0.05 * np.abs(b).max()
+    bad = dict(state)
+    bad["model.layers.0.mlp.up_proj.scale_weight"] = np.ones(5, np.float32)
+    io.save_file(bad, str(tmp_path / "bad.safetensors"))
+    with pytest.raises(Qwen2_5_VLCheckpointError, match="has 5 values for a weight of 48 rows"):
+        load_qwen2_5_vl(str(tmp_path / "bad.safetensors"), device="cpu", config=TINY)
+    quant = dict(state)
+    quant["model.layers.0.mlp.up_proj.comfy_quant"] = np.frombuffer(json.dumps({"format": "nvfp4"}).encode(),
+                                                                    np.uint8).copy()
+    io.save_file(quant, str(tmp_path / "quant.safetensors"))
+    with pytest.raises(Qwen2_5_VLCheckpointError, match="quantised as 'nvfp4'"):
+        load_qwen2_5_vl(str(tmp_path / "quant.safetensors"), device="cpu", config=TINY)
+
+
 def test_prompt_embeds_keep_each_samples_valid_tokens_after_the_template_prefix():
     from flame_models.qwen_image.conditioning import PROMPT_TEMPLATE, encode_prompts, prompt_embeds_from_states
     rng = np.random.default_rng(3)

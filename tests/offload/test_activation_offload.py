@@ -310,3 +310,28 @@ def test_the_flux_dev_4gib_plan_is_feasible_on_paper():
     assert plan4.feasible and plan4.offload_activations and not plan4.quantize_outside
     assert 3.4 * 1024 * MiB < plan4.minimum < 3.5 * 1024 * MiB
     assert "fits" in str(plan4) and "offloaded to pinned host memory" in str(plan4)
+
+
+def test_the_plan_turns_the_savers_on_in_order_and_only_while_needed():
+    parts = dict(held=100 * MiB, slots=200 * MiB, activations=500 * MiB, overhead=0, headroom=0,
+                 offloadable=300 * MiB, offload_block=50 * MiB, outside_fp8=60 * MiB)
+    base = 800 * MiB
+    fits = plan_budget(base, **parts)
+    assert fits.feasible and not fits.offload_activations and not fits.quantize_outside and fits.minimum == base
+    # short of 100 MiB: the offload saves 300 - 2 x 50 = 200 MiB, the outside stays as it is
+    p = plan_budget(base - 100 * MiB, **parts)
+    assert p.offload_activations and not p.quantize_outside and p.minimum == base - 200 * MiB and p.spare == 100 * MiB
+    # short of 230 MiB: the offload is not enough, the fp8 outside the blocks comes next
+    p = plan_budget(base - 230 * MiB, **parts)
+    assert p.offload_activations and p.quantize_outside and p.minimum == base - 260 * MiB and p.feasible
+    assert [w for w, _ in p.steps] == ["everything streamed, nothing offloaded", "with the block inputs offloaded",
+                                       "with the weights outside the blocks in fp8"]
+    # the fp8 outside the blocks is not offered (bf16 blocks: None): the plan says it does not fit
+    p = plan_budget(base - 230 * MiB, **{**parts, "outside_fp8": None})
+    assert not p.feasible and not p.quantize_outside and "does NOT fit" in str(p)
+    # an offload that keeps as much as it moves (two blocks' worth) is not turned on
+    p = plan_budget(base - 10 * MiB, **{**parts, "offloadable": 100 * MiB})
+    assert not p.offload_activations and p.quantize_outside
+    # measured with the inputs offloaded already: nothing is subtracted twice
+    p = plan_budget(base, **parts, measured_offloaded=True)
+    assert p.offload_activations and p.offload_saving == 0 and p.minimum == base

@@ -2,6 +2,7 @@
 (datasets' control_path: same-name control images placed, encoded and cached with their targets, appended as
 reference tokens, the loss on the target's prediction), Chroma from an image folder (random preset and a diffusers
 folder on disk) with CFG previews, and the LoRA files each writes -- their names, and `generate` applying them."""
+import json
 import os
 
 import numpy as np
@@ -104,6 +105,50 @@ def test_kontext_trains_on_pairs_with_the_loss_on_the_target(tmp_path, pairs, mo
     assert "lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight" in keys
 
 
+def test_kontext_previews_edit_a_sample_prompts_ctrl_img(tmp_path, pairs, monkeypatch):
+    """ai-toolkit's `--ctrl_img <path>` in sample.prompts: the prompt is encoded without it and its preview edits
+    that image (VAE-encoded at the previews' size, cover-resized and centred); a prompt without it samples text to
+    image. The image of a dataset pair at the previews' size is the same encoding as the pair's control latent."""
+    images, ctl, names = pairs
+    fam = get_family("flux_kontext")
+    seen = []
+    sample = fam.sample
+
+    def spy_sample(model, cond, **kw):
+        seen.append(cond)
+        return sample(model, cond, **kw)
+    monkeypatch.setattr(fam, "sample", spy_sample)
+    same = os.path.join(ctl, names[1].replace(".png", ".jpg"))     # 64x64, as the previews
+    other = os.path.join(ctl, names[0].replace(".png", ".jpg"))    # 96x80: cover-resized to 64x64
+    cfg = _kontext_config(tmp_path, images, ctl, sample={
+        "sample_every": 2, "sample_steps": 1, "width": 64, "height": 64,
+        "prompts": [f"[trigger] make it red  --ctrl_img {same}", f"make it blue --ctrl_img {other}", "a square"]})
+    tr = Trainer(cfg, verbose=False)
+    result = tr.train()
+    assert result["samples_decoded"] and len(seen) >= 3 and len(seen) % 3 == 0     # 3 prompts per preview
+    assert [p.label for p in tr.prepared.prompts] == ["ohwx make it red", "make it blue", "a square"]
+    assert seen[0]["control_latents"].shape == seen[1]["control_latents"].shape == (16, 8, 8)
+    assert "control_latents" not in seen[2]
+    assert not np.array_equal(seen[0]["control_latents"], seen[1]["control_latents"])
+    i = next(k for k in range(len(tr.dataset)) if tr.dataset.latent_spec(k).path.endswith(names[1]))
+    pair = tr.prepared.latents.load(tr.dataset.control_spec(i))
+    np.testing.assert_array_equal(seen[0]["control_latents"], pair)
+    # the text without the flag: the caption cache holds "ohwx make it red", not the flag
+    np.testing.assert_array_equal(seen[0]["prompt_embeds"],
+                                  tr.prepared.texts.load("ohwx make it red")["prompt_embeds"])
+
+
+def test_ctrl_img_is_checked_before_anything_loads(tmp_path, pairs):
+    images, ctl, names = pairs
+    with pytest.raises(ConfigError, match=r"sample.prompts\[0\]: --ctrl_img: the flux family takes no control"):
+        image_config(tmp_path, "x", None, images, model={"arch": "flux", "size": None, "name_or_path": None},
+                     sample={"prompts": [f"a --ctrl_img {images}/{names[0]}"]})
+    with pytest.raises(ConfigError, match=r"sample.prompts\[1\]: --ctrl_img: no such file: /nowhere/x.png"):
+        _kontext_config(tmp_path, images, ctl, sample={"prompts": ["a", "b --ctrl_img /nowhere/x.png"]})
+    with pytest.raises(ConfigError, match=r"sample.prompts\[0\]: --ctrl_img without a path"):
+        _kontext_config(tmp_path, images, ctl, sample={"prompts": ["b --ctrl_img"]})
+
+
 def test_control_path_is_checked_before_anything_loads(tmp_path, pairs):
     images, ctl, _ = pairs
     with pytest.raises(ConfigError, match=r"datasets\[0\].control_path: the flux family takes no control images"):
@@ -115,6 +160,31 @@ def test_control_path_is_checked_before_anything_loads(tmp_path, pairs):
             {"folder_path": images, "resolution": 64, "bucket_tolerance": 32}])
     with pytest.raises(DataError, match=r"datasets\[0\].control_path: no such folder"):   # (when the folders
         ImageDataset([DatasetConfig(folder_path=images, control_path=str(tmp_path / "nowhere"))])  # are read)
+
+
+def test_a_flux_pipeline_folder_is_not_a_kontext_model_as_generate_says(tmp_path, pairs):
+    """model.arch flux_kontext with a diffusers FluxPipeline folder (FLUX.1-dev) is refused before anything loads,
+    as `generate --arch flux_kontext` refuses it; the same folder named FluxKontextPipeline trains."""
+    from flame_models.bfl.tiny import tiny_flux_files
+    images, ctl, _ = pairs
+    model = os.path.dirname(tiny_flux_files(tmp_path / "dev", seed=1).transformer)
+    with pytest.raises(ConfigError, match=f"model.name_or_path: {model} is not a Flux Kontext transformer: it looks "
+                                          f"like a diffusers FluxPipeline folder \\(model.arch: flux trains it\\)"):
+        _kontext_on(tmp_path, images, ctl, model)
+    with pytest.raises(ValueError, match=f"--arch flux_kontext: {model} is not a Flux Kontext transformer"):
+        generate(model, "x", arch="flux_kontext", image=os.path.join(ctl, os.listdir(ctl)[0]), device="cpu")
+    index = os.path.join(model, "model_index.json")
+    with open(index) as f:
+        meta = json.load(f)
+    with open(index, "w") as f:
+        json.dump({**meta, "_class_name": "FluxKontextPipeline"}, f)
+    assert _kontext_on(tmp_path, images, ctl, model).model.arch == "flux_kontext"
+
+
+def _kontext_on(tmp_path, images, ctl, model):
+    return image_config(tmp_path, "k", model, images, steps=2, model={"arch": "flux_kontext", "t5_max_length": 8},
+                        datasets=[{"folder_path": images, "control_path": ctl, "resolution": 64,
+                                   "bucket_tolerance": 32}])
 
 
 def test_chroma_random_preset_trains_from_an_image_folder_with_cfg_previews(tmp_path):
@@ -184,6 +254,44 @@ def test_the_training_command_takes_kontext_control_images(pairs):
                                                           "--model", images]))
 
 
+@pytest.mark.parametrize("arch", ["chroma", "flux_kontext"])
+def test_each_family_end_to_end_through_the_training_command_and_generate(tmp_path, pairs, chroma_folder, arch,
+                                                                         capsys):
+    """`python -m flame_models.train --arch <family> --model <tiny folder> ...` writes a LoRA, and
+    `python -m flame_models.generate` applies it (Chroma with a negative prompt and CFG, Kontext editing --image):
+    the LoRA changes the image, each command exits 0."""
+    from flame_models import generate as gen
+    from flame_models import train
+    from flame_models.bfl.tiny import tiny_flux_files
+    images, ctl, names = pairs
+    if arch == "chroma":
+        model = os.path.dirname(chroma_folder.transformer)
+        extra, sample = [], ["--negative-prompt", "blurry", "--cfg", "3"]
+    else:
+        model = os.path.dirname(tiny_flux_files(tmp_path / "kontext", seed=5).transformer)
+        index = os.path.join(model, "model_index.json")       # a FluxKontextPipeline folder: Flux-dev's tensors
+        with open(index) as f:
+            meta = json.load(f)
+        with open(index, "w") as f:
+            json.dump({**meta, "_class_name": "FluxKontextPipeline"}, f)
+        extra, sample = ["--control", ctl], ["--image", os.path.join(ctl, names[0].replace(".png", ".jpg")),
+                                             "--keep-image-size"]              # 96x80: a small reference
+    out = tmp_path / "runs"
+    assert train.main(["--arch", arch, "--model", model, "--data", images, *extra, "--resolution", "64", "--output",
+                       str(out), "--name", "e2e", "--steps", "2", "--rank", "4", "--lr", "0.05", "--device", "cpu",
+                       "--sample-every", "0", "--save-every", "2"]) == 0
+    lora = os.path.join(out, "e2e", "e2e.safetensors")
+    assert os.path.isfile(lora), os.listdir(os.path.join(out, "e2e"))
+    base = ["--model", model, "--arch", arch, "--prompt", "a red square", "--width", "32", "--height", "32",
+            "--steps", "2", "--seed", "3", "--device", "cpu", *sample]
+    for name, more in (("plain", []), ("lora", ["--lora", lora])):
+        assert gen.main(base + more + ["--output", str(tmp_path / name)]) == 0
+    capsys.readouterr()
+    plain, tuned = (np.asarray(Image.open(os.path.join(tmp_path, n, sorted(os.listdir(tmp_path / n))[0])))
+                    for n in ("plain", "lora"))
+    assert plain.shape == tuned.shape == (32, 32, 3) and not np.array_equal(plain, tuned)
+
+
 def test_chroma_and_kontext_blocks_stream_and_store_in_fp8_as_fluxs(chroma_folder, tmp_path):
     import flame_core as flame
     from flame_core import memory
@@ -230,6 +338,22 @@ def test_the_example_configs_read(name, arch):
     path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "configs", f"{name}.yaml")
     cfg = config_from_dict(read_yaml(path), check_files=False)
     assert cfg.model.arch == arch and (cfg.datasets[0].control_path is not None) == (arch == "flux_kontext")
+
+
+@pytest.mark.parametrize("arch", ["flux_kontext", "chroma"])
+def test_ai_toolkits_is_flux_beside_a_flux_derived_arch_reads(arch):
+    """ai-toolkit takes model.arch over its flags: a Flux config's is_flux: true (or false) beside arch: flux_kontext
+    / chroma trains that family; the flag of an unrelated family still contradicts it."""
+    from flame_models.training.config import config_from_dict
+    base = {"name": "x", "training_folder": "/tmp/unused", "device": "cpu",
+            "synthetic": {"num_samples": 2, "height": 64, "width": 64}, "train": {"steps": 1}}
+    for flag in (True, False):
+        cfg = config_from_dict({**base, "model": {"arch": arch, "is_flux": flag}}, check_files=False)
+        assert cfg.model.arch == arch
+    with pytest.raises(ConfigError, match=f"model.is_v3: true contradicts model.arch '{arch}'"):
+        config_from_dict({**base, "model": {"arch": arch, "is_v3": True}}, check_files=False)
+    with pytest.raises(ConfigError, match="model.is_flux: false contradicts model.arch 'flux'"):
+        config_from_dict({**base, "model": {"arch": "flux", "is_flux": False}}, check_files=False)
 
 
 def test_chroma_t5_sees_the_real_tokens_and_one_padding_token(chroma_folder):
