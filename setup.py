@@ -1,5 +1,6 @@
 """What pyproject.toml cannot say: the top-level cuda_src/ folder (the kernels' CUDA C, read and compiled at run
-time) ships inside the wheel as package data at flame_core/cuda_src/, where flame_core.kernels.loader looks first.
+time) ships inside the wheel as package data at flame_core/cuda_src/, where flame_core.kernels.loader looks first;
+the prebuilt kernel binaries (flame_core/kernels/binaries/) ship beside the loader.
 Everything else about the distribution is in pyproject.toml."""
 from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
@@ -15,6 +16,7 @@ setup(
     packages=find_packages(include=["flame_core*", "flame_nn*", "flame_models*"]) + ["flame_core.cuda_src"],
     package_dir={"flame_core.cuda_src": "cuda_src"},
     package_data={"": ["*.md"], "flame_core.cuda_src": ["*.cu", "*.cuh"], "flame_models.tokenization": ["vocab/*"],
-                  "flame_core.kernels": ["conv_tuned.json"]},  # the measured conv table (bench/conv_tune.py)
+                  # the measured conv table (bench/conv_tune.py); the prebuilt kernel binaries (tools/build_kernels.py)
+                  "flame_core.kernels": ["conv_tuned.json", "binaries/manifest.json", "binaries/*/*.fatbin"]},
     cmdclass={"build_py": BuildPy},
 )

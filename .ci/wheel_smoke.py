@@ -4,7 +4,8 @@
 
 The packages must import from site-packages; flame_core.kernels.loader must find, inside the installed package,
 exactly the CUDA sources the repo has, every local #include of each .cu must resolve there, and every kernel file the
-kernel families name must exist; the other package data must be there; `python -m flame_models.train --help` and the
+kernel families name must exist; the prebuilt kernel binaries the manifest lists and the other package data must be
+there; `python -m flame_models.train --help` and the
 flame-train console script must run (flame-generate must be installed). --compile (on a GPU) compiles every
 (file, dtype) module through NVRTC from the installed sources."""
 import pathlib
@@ -44,6 +45,10 @@ def main(argv):
     missing = sorted(n for n in named if n not in stems)
     assert named and not missing, f"kernel families name sources the wheel lacks: {missing}"
     assert (pkg / "amp" / "README.md").is_file(), "package data flame_core/amp/README.md is missing"
+    from flame_core.kernels import prebuilt  # the prebuilt kernel binaries and their manifest (issue 48)
+    shipped = [f["path"] for u in prebuilt.manifest().get("units", {}).values() for f in u["files"].values()]
+    missing_bin = [p for p in shipped if not (prebuilt.DIR / p).is_file()]
+    assert shipped and not missing_bin, f"prebuilt kernel binaries: manifest {prebuilt.MANIFEST}, missing {missing_bin}"
 
     # the training command and the console scripts (the base install: --help works without the train extra)
     import subprocess

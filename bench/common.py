@@ -244,9 +244,9 @@ def diffusers_inputs(size, guidance):
 
 
 # ----------------------------------------------------------------------------- FLAME's Flux-dev
-def random_flux(params="flux-dev", device="cuda", seed=0, std=0.02):
+def random_flux(params="flux-dev", device="cuda", seed=0, std=0.02, chunk=1 << 26):
     """A random-init Flux (N(0, std) bf16 weights, QK-norm scales 1) filled without fragmenting FLAME's pool
-    (lora_step.random_init_)."""
+    (lora_step.random_init_, drawing `chunk` values at a time)."""
     import lora_step
 
     import flame_core as flame
@@ -255,7 +255,7 @@ def random_flux(params="flux-dev", device="cuda", seed=0, std=0.02):
     from flame_models.flux.params import flux_params
     with flame_nn.empty_init(device=device, dtype=flame.bfloat16):
         model = Flux(flux_params(params))
-    return lora_step.random_init_(model, seed=seed, std=std, device=device)
+    return lora_step.random_init_(model, seed=seed, std=std, device=device, chunk=chunk)
 
 
 def flame_flux_inputs(size, guidance, seed=1, device="cuda"):

@@ -11,7 +11,9 @@ the same block in float32) says how far bf16 itself is from exact, for scale. Th
 sum(out * G) for a fixed random G (for the double block: of txt and img together). The residual stream carries x and
 G through unchanged and dominates both at this init, so the block's own part is compared too: out - x and dX - G
 (bf16's rounding of the residual sum is in those). First, two single Linears (qkv's width -> 3x, the MLP's 4x ->
-width) over the same tokens, x ~ N(0, 1): the matmul's own error without a residual stream.
+width) over the same tokens, x ~ N(0, 1): the matmul's own error without a residual stream, with the forward's
+accumulation as configured (fp8_compute.FAST_ACCUM_FORWARD) and both ways ("precise": partial sums promoted to fp32;
+"fast": not), and fast against precise (what the accumulation alone changes).
 Run: PYTHONPATH=$PWD python3 bench/fp8_quality.py [--tokens 4096] [--txt 512] [--device cuda]
      (on the cpu: --width 256 --heads 2 --tokens 256 --txt 32 runs in seconds)
 """
@@ -91,27 +93,34 @@ def run_linear(a, res, n_in, n_out):
     import flame_core as flame
     import flame_nn
     from flame_core.amp import autocast
+    from flame_nn.offload import fp8_compute as FC
     from flame_nn.offload import quantize_linear_weights_
     rng = np.random.default_rng(2)
     tokens = (int(round(a.tokens ** 0.5))) ** 2 + a.txt
     w, b = 0.02 * rng.standard_normal((n_out, n_in)), rng.standard_normal(n_out) * 0.1
     x_np, g_np = rng.standard_normal((tokens, n_in)), rng.standard_normal((tokens, n_out))
     outs = {}
-    for mode in ("fp32", "bf16", "fp8 storage", "fp8 compute"):
+    fast = FC.FAST_ACCUM_FORWARD
+    for mode in ("fp32", "bf16", "fp8 storage", "fp8 compute", "fp8 compute precise", "fp8 compute fast"):
         dtype = flame.float32 if mode == "fp32" else flame.bfloat16
+        # the forward's accumulation: the default (FAST_ACCUM_FORWARD), promoted ("precise") or unpromoted ("fast")
+        FC.FAST_ACCUM_FORWARD = {"fp8 compute precise": False, "fp8 compute fast": True}.get(mode, fast)
         lin = flame_nn.Linear(n_in, n_out, dtype=dtype, device=a.device)
         lin.load_state_dict({"weight": flame.tensor(w, dtype=dtype, device=a.device),
                              "bias": flame.tensor(b, dtype=dtype, device=a.device)})
         lin.requires_grad_(False)
         if mode.startswith("fp8"):
-            quantize_linear_weights_(lin, compute="fp8" if mode == "fp8 compute" else None)
+            quantize_linear_weights_(lin, compute="fp8" if mode.startswith("fp8 compute") else None)
         x = flame.tensor(x_np, dtype=dtype, device=a.device, requires_grad=True)
         with autocast(flame.device(a.device).type, dtype=flame.bfloat16, enabled=mode != "fp32"):
             y = lin(x)
         (y.float() * flame.tensor(g_np, dtype=flame.float32, device=a.device)).sum().backward()
         outs[mode] = (y.detach().float().cpu().numpy(), x.grad.float().cpu().numpy())
+    FC.FAST_ACCUM_FORWARD = fast
     rows = []
-    for mode, ref in (("bf16", "fp32"), ("fp8 storage", "fp32"), ("fp8 compute", "fp32"), ("fp8 compute", "bf16")):
+    for mode, ref in (("bf16", "fp32"), ("fp8 storage", "fp32"), ("fp8 compute", "fp32"), ("fp8 compute", "bf16"),
+                      ("fp8 compute precise", "fp32"), ("fp8 compute fast", "fp32"),
+                      ("fp8 compute fast", "fp8 compute precise")):
         errs = [_rel(m, r) for m, r in zip(outs[mode], outs[ref])]
         key = f"linear_{n_in}x{n_out}_{mode.replace(' ', '_')}_vs_{ref}"
         res.log(f"{key}_out_rel", round(errs[0], 5))

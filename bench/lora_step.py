@@ -19,14 +19,15 @@ import numpy as np
 TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
 
 
-def random_init_(model, seed=0, std=0.02, device="cuda"):
+def random_init_(model, seed=0, std=0.02, device="cuda", chunk=1 << 26):
     """Fill a model built under flame_nn.empty_init without fragmenting FLAME's pool: each parameter is allocated
     once in its dtype and filled from fixed-size float32 draws (N(0, std); normalisation gains 1, their biases 0),
-    so the temporaries are the same size every time and leave no holes between the weights."""
+    so the temporaries are the same size every time and leave no holes between the weights. `chunk`: the draws'
+    size (a cpu smoke run of a tiny model takes a small one: every parameter draws at least one chunk)."""
     import flame_core as flame
     from flame_models.training.random_init import _is_norm
     g = flame.Generator(device).manual_seed(seed)
-    chunk, state = 1 << 26, {}
+    state = {}
     with flame.no_grad():
         for mname, mod in model.named_modules():
             for pname, prm in mod.named_parameters(recurse=False):

@@ -11,7 +11,7 @@ relative error of FLAME's output is reported beside its time. Time: CUDA events 
 --repeats after warm-up. Peak: each framework's allocator peak over the timed calls, weights included (torch
 max_memory_allocated; FLAME's pool max_memory_allocated), reset right before them.
 
-    PYTHONPATH=$PWD python3 bench/pipeline.py [vae text run] [--repeats 10] [--tiny]
+    PYTHONPATH=$PWD python3 bench/pipeline.py [vae text run] [--repeats 10] [--tiny] [--text-models clip_l,clip_g]
 --tiny: tiny configs in float32 on the cpu (a smoke test of the script). Writes $OUT/pipeline.json, table last.
 """
 import argparse
@@ -161,7 +161,7 @@ def text_part():
     tdt = torch.float32 if ARGS.tiny else torch.bfloat16
     fdt = flame.float32 if ARGS.tiny else flame.bfloat16
     rng = np.random.default_rng(0)
-    for name, (cls, cfg, tokens) in TEXT.items():
+    for name, (cls, cfg, tokens) in ((n, TEXT[n]) for n in ARGS.text_models):
         cfg = dict(cfg, **(TINY_TEXT[name] if ARGS.tiny else {}))
         t5 = name == "t5xxl"
         config = (transformers.T5Config if t5 else transformers.CLIPTextConfig)(**cfg)
@@ -246,7 +246,13 @@ def main():
     ap.add_argument("--tiny", action="store_true", help="tiny configs in float32 on the cpu (smoke test)")
     ap.add_argument("--budget", default="12GiB", help="max_gpu_memory of the whole run")
     ap.add_argument("--fp8", action="store_true", help="the whole run with fp8 storage of the blocks")
+    ap.add_argument("--text-models", default=",".join(TEXT),
+                    help=f"the text part's encoders, comma-separated (of {', '.join(TEXT)})")
     ARGS = ap.parse_args()
+    ARGS.text_models = [n.strip() for n in ARGS.text_models.split(",") if n.strip()]
+    unknown = [n for n in ARGS.text_models if n not in TEXT]
+    if unknown or not ARGS.text_models:
+        ap.error(f"--text-models: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(TEXT)}")
     failed = common.run_parts(RES, [(p, PARTS[p]) for p in ARGS.parts])
     print(common.table(["part", "peer ms", "peer GiB", "FLAME ms", "FLAME GiB", "ms ratio", "GiB ratio",
                         "rel err"],

@@ -6,7 +6,11 @@
 // One CTA per (NWG * 64 query rows, head, batch): NWG consumer warpgroups of 128 threads each own 64 query rows; a
 // producer warpgroup (warp 0: K, warp 1: V; it gives its registers to the consumers with setmaxnreg) streams K and V
 // tiles of BN keys through STAGES shared-memory buffers with cp.async and signals each tile on an mbarrier (full_k /
-// full_v); the consumers release a stage (empty) when both products that read it are done. The warpgroups are not in lock-step with each other, so one's softmax overlaps the other's tensor-core work.
+// full_v); the consumers release a stage (empty) when both products that read it are done. PP = 0: the warpgroups
+// are not in lock-step with each other, so one's softmax overlaps the other's tensor-core work when they drift apart.
+// PP = 1 (two consumer warpgroups): FA3's ping-pong, enforced with two named barriers -- a warpgroup issues each of
+// its products (S, then P V) only after the other issued its previous one, so the tensor cores alternate between
+// them: S(wg0), S(wg1) while wg0 runs its softmax, P V(wg0) while wg1 runs its softmax, P V(wg1), S(wg0) ...
 // Per key tile, a consumer warpgroup:
 //   S = Q K^T        wgmma, A = Q and B = K from shared memory (both K-major, 128-byte swizzle), fp32 in registers
 //   mask, online softmax in log2 units (scale folded in), P = exp2(S - rowmax) packed to bf16/fp16 registers
@@ -17,7 +21,7 @@
 #include "flash_attention.cuh"
 #include "wgmma.cuh"
 
-template <typename T, int D, int BN, int NWG, int STAGES, int MASK>
+template <typename T, int D, int BN, int NWG, int STAGES, int MASK, int PP = 0>
 __global__ void __launch_bounds__(NWG * 128 + 128, 1)
 flash_attn_fwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
                     float* __restrict__ lse, const void* __restrict__ mask, int H, int Lq, int Lk, int d,
@@ -30,6 +34,8 @@ flash_attn_fwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
     constexpr int NTO = D / 8;    // n8 tiles of O
     constexpr bool PRESCALED = MASK == FA_MASK_FLOAT;
     static_assert(D % 64 == 0 && BN % 64 == 0 && BN <= 256 && D <= 256, "tile shape");
+    static_assert(!PP || NWG == 2, "ping-pong takes two consumer warpgroups");
+    constexpr int PP_BAR = 3;     // named barriers PP_BAR + wg: "wg may issue its next product" (1, 2: the Q loads)
     constexpr unsigned Q_BYTES = BM * D * 2, KV_BYTES = BN * D * 2;
 
     extern __shared__ unsigned char fa_smem[];
@@ -107,6 +113,8 @@ flash_attn_fwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc_o[j][e] = 0.f;
     float row_m[2] = {FA_NEG_INF, FA_NEG_INF}, row_l[2] = {0.f, 0.f};
+    if constexpr (PP)
+        if (wg == 1) named_bar_arrive(PP_BAR, 256);  // warpgroup 0 issues first
 
     for (int it = 0; it < n_blocks; ++it) {
         const int n0 = (n_blocks - 1 - it) * BN, s = it % STAGES;
@@ -115,10 +123,12 @@ flash_attn_fwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
         // S = Q K^T
         mbar_wait(full_k(s), phase);
         fence_proxy_async();
+        if constexpr (PP) named_bar_sync(PP_BAR + wg, 256);
         wg_fence();
         wg_pin(s_acc);
         wg_gemm_kmajor<T, BN, D>(s_acc, sQ + wg * 64 * 128, BM, sK + s * KV_BYTES, BN);
         wg_commit();
+        if constexpr (PP) named_bar_arrive(PP_BAR + (wg ^ 1), 256);
         wg_wait<0>();
         wg_pin(s_acc);
 
@@ -175,16 +185,21 @@ flash_attn_fwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
         // O += P V
         mbar_wait(full_v(s), phase);
         fence_proxy_async();
+        if constexpr (PP) named_bar_sync(PP_BAR + wg, 256);
         wg_fence();
         wg_pin(acc_o);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk)
             Wg<T, D>::template rs<1>(acc_o, pa[kk], wg_desc(sV + s * KV_BYTES + kk * 16 * 128, BN * 128), 1);
         wg_commit();
+        if constexpr (PP) named_bar_arrive(PP_BAR + (wg ^ 1), 256);
         wg_wait<0>();
         wg_pin(acc_o);
         if (lane == 0) mbar_arrive(empty(s));
     }
+
+    if constexpr (PP)
+        if (wg == 0) named_bar_sync(PP_BAR, 256);  // warpgroup 1's last arrival (every arrival is matched)
 
     // O /= rowsum; logsumexp
 #pragma unroll

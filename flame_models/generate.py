@@ -121,6 +121,20 @@ def _budget(max_gpu_memory):
         raise GenerateError(str(e)) from None
 
 
+# ----------------------------------------------------------------------------- the text stage
+def host_arrays(tensors):
+    """{name: float32 NumPy array} of {name: Tensor}: a stage's output, off the device."""
+    return {k: v.float().cpu().numpy() for k, v in tensors.items()}
+
+
+def encode_prompts(enc, prompts, budget, log):
+    """The conditioning of `prompts` as host arrays through the open text encoders `enc` (a family's bundle: encode,
+    and t5 when it has one); under a budget T5's streamed blocks are fitted first on one prompt (logged)."""
+    if budget is not None and getattr(enc, "t5", None) is not None:
+        log("T5 " + str(enc.t5.streamer.auto_fit(budget, lambda: enc.encode(prompts[:1]))))
+    return host_arrays(enc.encode(prompts))
+
+
 # ----------------------------------------------------------------------------- PNG files
 def parameters_text(prompt, negative, fields):
     """The A1111-style `parameters` text: the prompt, the negative prompt (when there is one), then 'Key: value'

@@ -39,6 +39,17 @@ def test_the_built_package_carries_every_cuda_source(built):
         (REPO / "flame_core" / "kernels" / "conv_tuned.json").read_bytes()
 
 
+def test_the_built_package_carries_the_prebuilt_kernel_binaries(built):
+    """Every binary the manifest names, byte for byte (the loader uses them instead of compiling: issue 48)."""
+    import json
+    src, dst = REPO / "flame_core" / "kernels" / "binaries", built / "flame_core" / "kernels" / "binaries"
+    m = json.loads((src / "manifest.json").read_text())
+    assert (dst / "manifest.json").read_bytes() == (src / "manifest.json").read_bytes()
+    paths = sorted(f["path"] for u in m["units"].values() for f in u["files"].values())
+    assert paths and sorted(str(p.relative_to(dst)) for p in dst.glob("*/*.fatbin")) == paths
+    assert all((dst / p).read_bytes() == (src / p).read_bytes() for p in paths)
+
+
 def test_the_loader_reads_the_installed_copy_first_then_the_repo_then_the_override(built, tmp_path):
     assert _loader_dir(tmp_path, pythonpath=built) == built / "flame_core" / "cuda_src"
     assert _loader_dir(REPO) == REPO / "cuda_src"

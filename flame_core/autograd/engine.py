@@ -264,15 +264,44 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
                     continue
                 child, idx = e
                 if g is not None:
-                    # _validate_grad's common case inlined: a non-leaf output of the gradient's shape and dtype
+                    # _validate_grad's common cases inlined: a gradient of the shape and dtype of the non-leaf output
+                    # (or of the leaf, for an AccumulateGrad: the only node without output metadata) it flows into
                     meta = child._out_meta
-                    m = meta[idx] if meta is not None else None
                     gd = g._data
-                    if m is None or gd.shape != m[0] or (gd.dtype is not m[1] and gd.dtype != m[1]):
-                        g = _validate_grad(node, child, idx, g)
+                    if meta is None:
+                        vd = child.variable._data
+                        if gd.shape != vd.shape or (gd.dtype is not vd.dtype and gd.dtype != vd.dtype):
+                            g = _validate_grad(node, child, idx, g)
+                    else:
+                        m = meta[idx]
+                        if m is None or gd.shape != m[0] or (gd.dtype is not m[1] and gd.dtype != m[1]):
+                            g = _validate_grad(node, child, idx, g)
                     slot = buffers.get(child)
-                    if slot is None and (meta is None or len(meta) == 1):
-                        buffers[child] = [g]
+                    if slot is None:
+                        if meta is None or len(meta) == 1:
+                            buffers[child] = [g]
+                        else:
+                            add_grad(child, idx, g)
+                    elif len(slot) == 1 and not create_graph:
+                        # add_grad's accumulation into a one-output slot, inlined (the gradients of a tensor used
+                        # several times: a leaf's, a residual stream's)
+                        cur = slot[0]
+                        if cur is None:
+                            slot[0] = g
+                        else:
+                            flags = sums.get(child)
+                            if flags is not None and flags[0]:  # a sum the engine made and holds only here
+                                cd = cur._data
+                                if cd.dtype == gd.dtype and cd.shape == gd.shape:
+                                    _iadd(cd, gd)
+                                else:
+                                    slot[0] = cur + g
+                            else:
+                                slot[0] = cur + g
+                                if flags is None:
+                                    sums[child] = [True]
+                                else:  # emptied by take_pending_grad, refilled since: the new sum is the engine's
+                                    flags[0] = True
                     else:
                         add_grad(child, idx, g)
                 d = deps[child] - 1
@@ -290,7 +319,8 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
                 else:
                     node.release()
             del in_grads
-            g = gd = slot = None  # these names must not keep the last gradient alive while later nodes run
+            # these names must not keep the last gradient alive while later nodes run
+            g = gd = slot = cur = cd = vd = None
         if outermost:
             while _callbacks:
                 _callbacks.pop(0)()

@@ -35,7 +35,10 @@ class Node:
 
     # --- ctx API used inside Function.forward / backward ---
     def save_for_backward(self, *tensors):
-        self._saved = [None if t is None else (t, t._version[0], None) for t in tensors]
+        saved = []
+        for t in tensors:  # a loop, not a comprehension: one frame fewer on every recorded op
+            saved.append(None if t is None else (t, t._version[0], None))
+        self._saved = saved
 
     @property
     def saved_tensors(self):
@@ -57,6 +60,23 @@ class Node:
                 t._grad_fn, t._out_idx = self, out_idx
             out.append(t)
         return tuple(out)
+
+    def saved_values(self):
+        """`saved_tensors` for a backward rule that records nothing (grad mode off, a first-order backward): the same
+        checks, but a saved output comes back as the detached alias it is stored as, without the new alias
+        re-attached to this node that double backward needs (one tensor fewer per saved output)."""
+        if self._freed:
+            raise AutogradError(_FREED)
+        out = []
+        for item in self._saved or ():
+            if item is None:
+                out.append(None)
+                continue
+            t = item[0]
+            if t._version[0] != item[1]:
+                return self.saved_tensors  # raises the version error
+            out.append(t)
+        return out
 
     def take_pending_grad(self, i):
         """Inside this node's backward: the gradient another consumer already sent to input i (a residual
@@ -177,32 +197,44 @@ class Function(metaclass=FunctionMeta):
 
     @classmethod
     def apply(cls, *args, **kwargs):
-        # the per-op path of every op: one pass over the arguments finds the edges (a tensor that requires grad is
-        # exactly one with an edge); an op that records nothing (no_grad -- every op a backward rule runs --, or no
-        # input requiring grad) gets a light ctx that keeps nothing, and a single Tensor output skips the tuple
-        # bookkeeping. `cls` keeps its name: the memory profiler reads it from this frame.
-        if state.enabled:
-            Tensor = _tensor_cls[0]
-            edges = []
-            needs = []
-            record = False
-            for a in args:  # edge_of, inlined
-                if isinstance(a, Tensor):
-                    fn = a._grad_fn
-                    if fn is not None:
-                        edges.append((fn, a._out_idx))
-                        needs.append(True)
-                        record = True
-                        continue
-                    if a._requires_grad:
-                        edges.append((accumulator_of(a), 0))
-                        needs.append(True)
-                        record = True
-                        continue
-                edges.append(None)
-                needs.append(False)
-            if record:
-                return _record(cls, args, kwargs, tuple(edges), tuple(needs))
+        # the per-op path of every op, in one frame: one pass over the arguments finds the edges (a tensor that
+        # requires grad is exactly one with an edge); an op that records nothing (no_grad -- every op a backward rule
+        # runs --, or no input requiring grad) gets a light ctx that keeps nothing, and a single Tensor output skips
+        # the tuple bookkeeping. `cls` keeps its name: the memory profiler reads it from this frame.
+        if not state.enabled:
+            # grad mode is off: nothing to record and no mode to switch (a forward that switches it restores it)
+            ctx = _new(_Ctx)
+            ctx._fn = cls
+            n = len(args)
+            ctx.needs_input_grad = _NO_GRAD[n] if n < 8 else (False,) * n
+            try:
+                return cls.forward(ctx, *args, **kwargs)
+            except ValueError as e:
+                if isinstance(e, FlameError) or "broadcast" not in str(e):
+                    raise
+                raise broadcast_error(cls.__name__.lower(), args, e) from e
+            finally:
+                state.enabled = False
+        Tensor = _tensor_cls[0]
+        edges = []
+        needs = []
+        record = False
+        for a in args:  # edge_of, inlined
+            if isinstance(a, Tensor):
+                fn = a._grad_fn
+                if fn is not None:
+                    edges.append((fn, a._out_idx))
+                    needs.append(True)
+                    record = True
+                    continue
+                if a._requires_grad:
+                    edges.append((accumulator_of(a), 0))
+                    needs.append(True)
+                    record = True
+                    continue
+            edges.append(None)
+            needs.append(False)
+        if not record:
             ctx = _new(_Ctx)
             ctx._fn = cls
             ctx.needs_input_grad = _NO_GRAD[len(needs)] if len(needs) < 8 else tuple(needs)
@@ -215,41 +247,24 @@ class Function(metaclass=FunctionMeta):
                 raise broadcast_error(cls.__name__.lower(), args, e) from e
             finally:
                 state.enabled = True
-        # grad mode is off: nothing to record and no mode to switch (a forward that switches it restores it itself)
-        ctx = _new(_Ctx)
-        ctx._fn = cls
-        n = len(args)
-        ctx.needs_input_grad = _NO_GRAD[n] if n < 8 else (False,) * n
+        # at least one input requires grad: run forward, record one Node (Node.__init__ inlined)
+        node = _new(Node)
+        node._fn = cls
+        node._saved = node._hooks = node._non_diff = None
+        node._freed = False
+        node.next_functions = tuple(edges)
+        node.needs_input_grad = tuple(needs)
+        state.enabled = False
         try:
-            return cls.forward(ctx, *args, **kwargs)
+            out = cls.forward(node, *args, **kwargs)
         except ValueError as e:
             if isinstance(e, FlameError) or "broadcast" not in str(e):
                 raise
             raise broadcast_error(cls.__name__.lower(), args, e) from e
         finally:
-            state.enabled = False
-
-
-def _record(cls, args, kwargs, edges, needs):
-    """Function.apply for an op with at least one input that requires grad: run forward, record one Node."""
-    node = _new(Node)  # Node.__init__, inlined
-    node._fn = cls
-    node._saved = node._hooks = node._non_diff = None
-    node._freed = False
-    node.next_functions = edges
-    node.needs_input_grad = needs
-    state.enabled = False
-    try:
-        out = cls.forward(node, *args, **kwargs)
-    except ValueError as e:
-        if isinstance(e, FlameError) or "broadcast" not in str(e):
-            raise
-        raise broadcast_error(cls.__name__.lower(), args, e) from e
-    finally:
-        state.enabled = True
-    non_diff = node._non_diff
-    saved = node._saved
-    if not isinstance(out, tuple):
+            state.enabled = True
+        if isinstance(out, tuple):
+            return _record_outputs(node, out)
         if out is None:
             node._out_meta = [None]
             return out
@@ -257,15 +272,21 @@ def _record(cls, args, kwargs, edges, needs):
         dt = d.dtype
         # keep only shape/dtype/module of outputs for zero-filling missing gradients (not the arrays themselves)
         node._out_meta = [(d.shape, dt, type(d))]
+        non_diff = node._non_diff
         if (non_diff is None or id(out) not in non_diff) and (dt in _FLOAT_NP or out._f8):
             out._grad_fn = node
             out._out_idx = 0
+        saved = node._saved
         if saved:  # saved outputs are kept as detached aliases: no reference cycle output -> node -> output
             for k, item in enumerate(saved):
                 if item is not None and item[0] is out:
                     saved[k] = (out._alias(), item[1], 0)
         return out
-    outs = out
+
+
+def _record_outputs(node, outs):
+    """The recording of a Function whose forward returned a tuple of outputs."""
+    non_diff = node._non_diff
     meta = []
     for i, o in enumerate(outs):
         if o is None:
@@ -278,6 +299,7 @@ def _record(cls, args, kwargs, edges, needs):
         if d.dtype in _FLOAT_NP or o._f8:
             o._grad_fn = node
             o._out_idx = i
+    saved = node._saved
     if saved:  # saved outputs are kept as detached aliases: no reference cycle output -> node -> output
         for k, item in enumerate(saved):
             if item is not None:
@@ -286,7 +308,7 @@ def _record(cls, args, kwargs, edges, needs):
                         saved[k] = (o._alias(), item[1], i)
                         break
     node._out_meta = meta
-    return out
+    return outs
 
 
 class _Ctx(Node):

@@ -42,6 +42,10 @@ _FWD_CTAS_PER_SM = {(64, 128): 2, (64, 64): 4, (128, 128): 2, (128, 64): 3}  # (
 # stages); a CTA holds 64 query rows per warpgroup. SM90_FWD = False keeps every call on the sm_80 kernels (A/B).
 FWD_SM90_TILES = {64: (128, 2, 3), 128: (128, 2, 2)}
 SM90_FWD = True
+# FA3's ping-pong between the sm90 forward's two consumer warpgroups (named barriers: each issues its next product
+# only after the other issued its previous one, so one's softmax runs while the other's products use the tensor
+# cores). False: the warpgroups run unsynchronised (A/B).
+SM90_FWD_PINGPONG = True
 SMALL_LK = 128  # at most this many keys (one key block, e.g. SDXL's 77 text tokens) the forward runs the sm_80
 # kernel's small tiles: 4 CTAs per SM beat the Hopper kernel's one (GPU time 0.019 vs 0.024 ms at SDXL cross, H100)
 # Hopper backward, cuda_src/flash_attention_bwd_sm90.cu: (consumer warpgroups, stages, BM) per padded head dim; a
@@ -264,7 +268,7 @@ _F32 = np.dtype(np.float32)
 def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
     if mask is None:  # the repeated call: one dict lookup, two allocations, one packed launch
         key = (q.shape, q.strides, k.shape, k.strides, v.shape, v.strides, q.dtype, is_causal, scale,
-               q.data.device_id, SM90_FWD, tiles, threading.get_ident())
+               q.data.device_id, SM90_FWD, SM90_FWD_PINGPONG, tiles, threading.get_ident())
         plan = _fwd_plans.get(key)
         if plan is not None:
             qp, kp, vp = q.data.ptr, k.data.ptr, v.data.ptr
@@ -291,8 +295,9 @@ def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
         BN, NWG, STAGES = tiles or FWD_SM90_TILES[D]
         BM = 64 * NWG
         smem = 1024 + (BM + 2 * STAGES * BN) * D * 2
+        pp = int(SM90_FWD_PINGPONG and NWG == 2)
         fn = _kernel("flash_attention_fwd_sm90",
-                     f"flash_attn_fwd_sm90<{{T}}, {D}, {BN}, {NWG}, {STAGES}, {kind}>", q.dtype, smem)
+                     f"flash_attn_fwd_sm90<{{T}}, {D}, {BN}, {NWG}, {STAGES}, {kind}, {pp}>", q.dtype, smem)
         block = ((NWG + 1) * 128, 1, 1)
     else:
         BM, BN, NW, OPT = tiles or _fwd_tiles(D, B, H, Lq, mask is not None, Lk)

@@ -7,9 +7,10 @@
     transpose_fp8(q)                    -> the (cols, rows) C-contiguous copy of a 2-D byte array
 
 "Current" scaling: the amax is this call's, not a history's (delayed scaling), so no state is carried between steps
-and the first step is as exact as the others. On the GPU the amax and the scale never leave the device (two kernels,
-no synchronisation; a CUDA graph captures them). The numbers are fp32 throughout, so the kernels and the NumPy
-reference agree bit for bit (tests/kernels/test_fp8_gemm.py).
+and the first step is as exact as the others. On the GPU it is one launch (fp8_quantize_tensor: the amax, a grid-wide
+barrier, the cast), and the amax and the scale never leave the device (no synchronisation; a CUDA graph captures it).
+One quantisation at a time per device. The numbers are fp32 throughout, so the kernel and the NumPy reference agree bit
+for bit (tests/kernels/test_fp8_gemm.py).
 """
 import ml_dtypes
 import numpy as np
@@ -21,6 +22,7 @@ from . import loader as L
 from . import plans as P
 
 FP8_MAX = np.float32(448.0)
+GRID_BLOCKS_PER_SM = 4   # fp8_quantize_tensor's __launch_bounds__(256, 4): a quarter of an SM's threads per block
 _FLOATS = ("float16", "bfloat16", "float32")
 
 
@@ -34,6 +36,18 @@ def _quantize_ref(x):
     return xp.asarray(q), xp.asarray(scale)
 
 
+_resident = {}   # kernel -> blocks the whole GPU holds at once
+
+
+def _resident_blocks(fn):
+    """The grid fp8_quantize_tensor may use: every block resident at once (its grid barrier waits for all of them),
+    at most GRID_BLOCKS_PER_SM per SM, fewer if the occupancy calculator says so."""
+    if fn not in _resident:
+        per_sm = min(GRID_BLOCKS_PER_SM, KL.max_active_blocks(fn, 256))
+        _resident[fn] = max(1, per_sm) * P.sm_count()
+    return _resident[fn]
+
+
 def quantize_per_tensor(x):
     """(q, scale) of a float16 / bfloat16 / float32 array (any shape) -- see the module docstring."""
     if L.dtype_name(x.dtype) not in _FLOATS:
@@ -42,14 +56,12 @@ def quantize_per_tensor(x):
         return _quantize_ref(x)
     cp = backend.cupy
     x = P.contiguous(x)
-    state = cp.zeros(2, dtype=np.uint32)     # amax bits, blocks done
     scale = cp.empty(2, dtype=np.float32)
     q = cp.empty(x.shape, dtype=np.uint8)
     n = int(x.size)
-    grid = (max(1, min(P.cdiv(P.cdiv(n, 8), 256), P.sm_count() * 4)),)
-    KL.launch(L.get_function("fp8_tensor", "fp8_amax_scale", x.dtype), grid, (256,),
-              (x, KL.i64(n), state, scale))
-    KL.launch(L.get_function("fp8_tensor", "fp8_cast_scaled", x.dtype), grid, (256,), (x, q, scale, KL.i64(n)))
+    fn = L.get_function("fp8_tensor", "fp8_quantize_tensor", x.dtype)
+    grid = (max(1, min(P.cdiv(P.cdiv(n, 8), 256), _resident_blocks(fn))),)
+    KL.launch(fn, grid, (256,), (x, q, scale, KL.i64(n)))
     return q, scale
 
 

@@ -165,7 +165,10 @@ def matmul(a, b, out=None, beta=0.0, alpha=1.0):
         return matmul(a[None, :], b, alpha=alpha)[..., 0, :]
     M, K = a.shape[-2:]
     N = b.shape[-1]
-    batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    # the common case (every linear): 2-D operands that fit, no batch to broadcast (a misfit takes the general path,
+    # whose broadcast_to raises)
+    plain = a.ndim == 2 and b.ndim == 2 and b.shape[0] == K
+    batch = () if plain else tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
     if out is None:
         out = cp.empty(batch + (M, N), dtype=a.dtype)
         ldc = N
@@ -181,8 +184,12 @@ def matmul(a, b, out=None, beta=0.0, alpha=1.0):
             out *= beta
         return out
     nb = len(batch)
-    A, opA, lda, sA = _prepare(cp.broadcast_to(a, batch + (M, K)), nb)
-    B, opB, ldb, sB = _prepare(cp.broadcast_to(b, batch + (K, N)), nb)
+    if plain:  # broadcast_to(a, a.shape) would be a view of a with its own strides: a itself
+        A, opA, lda, sA = _prepare(a, 0)
+        B, opB, ldb, sB = _prepare(b, 0)
+    else:
+        A, opA, lda, sA = _prepare(cp.broadcast_to(a, batch + (M, K)), nb)
+        B, opB, ldb, sB = _prepare(cp.broadcast_to(b, batch + (K, N)), nb)
     count = int(np.prod(batch)) if batch else 1
     t, tc = _CUDA_TYPE[a.dtype], _CUDA_TYPE[out.dtype]
     lib, h = _handle()

@@ -144,7 +144,7 @@ class PackedLaunch:
     per argument). For hot paths with many fixed scalars; one per thread (the buffer is rewritten at each call).
     dependent: launched as a programmatic dependent of the stream's previous kernel (see launch_dependent, which
     checks that the device and driver allow it)."""
-    __slots__ = ("_fn", "_grid", "_block", "_smem", "_vals", "_ptrs", "_cv", "_slots", "_pa", "_dep")
+    __slots__ = ("_fn", "_grid", "_block", "_smem", "_vals", "_ptrs", "_cv", "_slots", "_pa", "_dep", "_lead")
 
     def __init__(self, kernel, grid, block, args, n_pointers, shared_mem=0, dependent=False):
         self._fn = _driver_function(kernel).ptr
@@ -168,6 +168,8 @@ class PackedLaunch:
         self._cv = (ctypes.c_uint64 * len(args)).from_address(self._vals.ctypes.data)
         self._pa = int(self._ptrs.ctypes.data)
         self._slots = tuple(range(n_pointers)) if type(n_pointers) is int else tuple(int(i) for i in n_pointers)
+        # the dynamic slots are the first k (every per-op launch): one slice store writes them all
+        self._lead = len(self._slots) if self._slots == tuple(range(len(self._slots))) else -1
 
     def __call__(self, values):
         """Launch with these raw 8-byte values (ints, one per dynamic slot, in order) in the dynamic slots: a device
@@ -175,24 +177,37 @@ class PackedLaunch:
         global launches
         launches += 1
         cv = self._cv
-        for i, v in zip(self._slots, values):
-            cv[i] = v
-        g, b = self._grid, self._block
-        cuda = backend.cupy.cuda
+        lead = self._lead
+        if lead >= 0 and len(values) == lead:
+            cv[:lead] = values
+        else:
+            for i, v in zip(self._slots, values):
+                cv[i] = v
         if self._dep:
-            attr = _LaunchAttribute()
-            attr.id = _PROGRAMMATIC_STREAM_SERIALIZATION
-            attr.value[0] = 1
-            cfg = _LaunchConfig(g[0], g[1], g[2], b[0], b[1], b[2], self._smem, cuda.get_current_stream().ptr,
-                                ctypes.pointer(attr), 1)
-            err = _cu_launch_ex()(ctypes.byref(cfg), self._fn, self._pa, None)
-            if err:
-                raise cuda.driver.CUDADriverError(err)
+            self._launch_dependent()
             return
-        cuda.driver.launchKernel(self._fn, g[0], g[1], g[2], b[0], b[1], b[2], self._smem,
-                                 cuda.get_current_stream().ptr, self._pa, 0)
+        g0, g1, g2 = self._grid
+        b0, b1, b2 = self._block
+        _driver_launch(self._fn, g0, g1, g2, b0, b1, b2, self._smem, _current_stream().ptr, self._pa, 0)
 
     launch_raw = __call__
+
+    def _launch_dependent(self):
+        g, b = self._grid, self._block
+        cuda = backend.cupy.cuda
+        attr = _LaunchAttribute()
+        attr.id = _PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value[0] = 1
+        cfg = _LaunchConfig(g[0], g[1], g[2], b[0], b[1], b[2], self._smem, cuda.get_current_stream().ptr,
+                            ctypes.pointer(attr), 1)
+        err = _cu_launch_ex()(ctypes.byref(cfg), self._fn, self._pa, None)
+        if err:
+            raise cuda.driver.CUDADriverError(err)
+
+
+# bound once: the per-launch path reads no module attributes of CuPy
+_driver_launch = backend.cupy.cuda.driver.launchKernel if backend.cupy is not None else None
+_current_stream = backend.cupy.cuda.get_current_stream if backend.cupy is not None else None
 
 
 def f32(v):

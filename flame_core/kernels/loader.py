@@ -34,11 +34,21 @@ the full source, options and name expressions) sees header edits. Every ``templa
 file is instantiated at once for a dtype: one NVRTC compile per (file, dtype). Templates with more parameters (or
 declared through macros) compile per expression. Compile errors raise ``flame_core.errors.KernelCompileError``
 naming the file and line.
+
+Prebuilt binaries
+-----------------
+Before compiling, ``load_module`` looks for a shipped nvcc-built binary holding the module's kernels
+(flame_core/kernels/prebuilt.py: built by tools/build_kernels.py with NVRTC's options, one fatbin per (file, dtype)
+and architecture, carrying the families' default multi-parameter instantiations too). It is used only when the
+sources' key (a hash of the expanded source and options) equals the one recorded at build time and a binary runs on
+the device; otherwise, and with ``FLAME_PREBUILT_KERNELS=0``, NVRTC compiles as above. ``stats`` and ``nvrtc_log``
+count what preparing kernels cost this process (bench/cold_start.py).
 """
 import contextlib
 import os
 import re
 import threading
+import time
 from pathlib import Path
 
 import ml_dtypes
@@ -213,17 +223,124 @@ def load_module(stem, name_expressions=()):
     with _lock:
         mod = _modules.get(key)
         if mod is None:
-            arch = file_arch(stem)
-            if arch is not None:
-                mod = _ArchModule(stem, arch, name_expressions)
+            t = time.perf_counter()
+            mod = _prebuilt_module(stem, key[1])
+            if mod is not None:
+                stats["prebuilt_loads"] += 1
+                stats["prebuilt_seconds"] += time.perf_counter() - t
             else:
-                mod = cp.RawModule(code=source(stem), options=NVRTC_OPTIONS,
-                                   name_expressions=list(name_expressions) or None)
-                try:
-                    mod.compile()
-                except cp.cuda.compiler.CompileException as e:
-                    raise _compile_error(stem, e) from None
+                mod = _nvrtc_module(cp, stem, name_expressions)
+                stats["nvrtc_compiles"] += 1
+                stats["nvrtc_seconds"] += time.perf_counter() - t
+                nvrtc_log.append((stem, key[1]))
             _modules[key] = mod
+    return mod
+
+
+def _nvrtc_module(cp, stem, name_expressions):
+    arch = file_arch(stem)
+    if arch is not None:
+        return _ArchModule(stem, arch, name_expressions)
+    mod = cp.RawModule(code=source(stem), options=NVRTC_OPTIONS, name_expressions=list(name_expressions) or None)
+    try:
+        mod.compile()
+    except cp.cuda.compiler.CompileException as e:
+        raise _compile_error(stem, e) from None
+    return mod
+
+
+# ----------------------------------------------------------------------------- prebuilt binaries
+# what preparing kernels cost this process (bench/cold_start.py reads it): NVRTC compiles (or CuPy disk-cache loads of
+# earlier compiles) and loads of shipped binaries (flame_core/kernels/prebuilt.py)
+stats = {"nvrtc_compiles": 0, "nvrtc_seconds": 0.0, "prebuilt_loads": 0, "prebuilt_seconds": 0.0}
+nvrtc_log = []     # [(stem, name expressions)] of every module that went through NVRTC
+_prebuilt_by_stem = {}  # stem -> [unit dicts of the manifest] (built once)
+_prebuilt_loaded = {}   # (unit name, arch) -> _PrebuiltModule
+_stem_keys = {}
+
+
+class _PrebuiltModule:
+    """A shipped fatbin loaded for this device, used like the RawModule NVRTC makes: get_function takes a name
+    expression (or an extern "C" name). Files built for an exact arch (sm_90a) hand out _ArchKernels, as
+    _ArchModule does."""
+
+    def __init__(self, raw, names, exact, stem):
+        self._raw, self._names, self._exact, self._stem = raw, names, exact, stem
+
+    def compile(self):
+        pass
+
+    def get_function(self, name):
+        try:
+            fn = self._raw.get_function(self._names.get(name, name))
+        except Exception:  # not in the binary (a damaged or mismatched file): this kernel through NVRTC after all
+            cp = backend.cupy
+            exprs = (name,) if name in self._names else ()
+            with _lock:
+                mod = _nvrtc_module(cp, self._stem, exprs)
+                stats["nvrtc_compiles"] += 1
+                nvrtc_log.append((self._stem, exprs))
+            return mod.get_function(name)
+        return _ArchKernel(fn) if self._exact else fn
+
+
+def _device_cc():
+    cp = backend.cupy
+    return str(cp.cuda.Device(cp.cuda.runtime.getDevice()).compute_capability)
+
+
+def _prebuilt_choice(stem, name_expressions, cc):
+    """(unit name, arch, file entry) of the shipped binary of `stem` that holds every expression and runs on a device
+    of compute capability `cc` ("90"), or None: no manifest entry for it, no binary for this device, or the unit's
+    key differs from the sources' (cuda_src edited since the build: a stale binary is never used)."""
+    from . import prebuilt
+    m = prebuilt.manifest()
+    if not m:
+        return None
+    if not _prebuilt_by_stem:
+        for name, u in m["units"].items():
+            if isinstance(u, dict) and isinstance(u.get("files"), dict):
+                _prebuilt_by_stem.setdefault(u.get("stem"), []).append((name, u))
+    exact = file_arch(stem)
+    for name, u in _prebuilt_by_stem.get(stem, ()):
+        arch = prebuilt.arch_for(set(u["files"]), cc, exact)
+        if arch is None:
+            continue
+        f = u["files"][arch]
+        names, c_names = f.get("names") or {}, f.get("c_names") or []
+        if not all(e in names or e in c_names for e in name_expressions):
+            continue
+        k = _stem_keys.get(stem)
+        if k is None:
+            k = _stem_keys[stem] = prebuilt.key(source(stem), NVRTC_OPTIONS + prebuilt.EXTRA_OPTIONS)
+        return (name, arch, f) if u.get("key") == k else None
+    return None
+
+
+def _prebuilt_module(stem, name_expressions):
+    """The shipped binary of a unit of `stem` holding every expression, loaded for this device (a _PrebuiltModule),
+    or None (see _prebuilt_choice; also when the driver refuses the file: then NVRTC compiles, as without it)."""
+    from . import prebuilt
+    if not prebuilt.manifest():
+        return None
+    choice = _prebuilt_choice(stem, name_expressions, _device_cc())
+    if choice is None:
+        return None
+    name, arch, f = choice
+    mod = _prebuilt_loaded.get((name, arch))
+    if mod is None:
+        path, exact = str(prebuilt.DIR / f["path"]), file_arch(stem) is not None
+        cp = backend.cupy
+        try:
+            if exact:
+                raw = cp.cuda.function.Module()
+                raw.load_file(path)
+            else:
+                raw = cp.RawModule(path=path)
+                raw.compile()  # loads it now (cuModuleLoad), as NVRTC's path compiles and loads at once
+        except Exception:  # a file the driver cannot load here (a damaged install, an older driver): NVRTC
+            return None
+        mod = _prebuilt_loaded[(name, arch)] = _PrebuiltModule(raw, f.get("names") or {}, exact, stem)
     return mod
 
 

@@ -83,8 +83,9 @@ def _launcher(name, kind, n, dev, n_dynamic):
     """The cached PackedLaunch of kernel `name` for this dtype kind, element count and device (this thread's): its
     first `n_dynamic` arguments change per call, the last is n (int32 in pointwise_small.cu, int64 in
     pointwise_grad.cu, whose kernels loop over a grid of at most 8192 blocks)."""
-    cache = getattr(_local, "launches", None)
-    if cache is None:
+    try:
+        cache = _local.launches
+    except AttributeError:  # this thread's first launch
         cache = _local.launches = {}
     key = (name, kind, n, dev)
     pl = cache.get(key)
@@ -102,27 +103,28 @@ def _launcher(name, kind, n, dev, n_dynamic):
 
 def _ready(x, *others):
     """(dtype kind, device) when x and `others` are small C-contiguous cuda arrays of x's shape and dtype on the
-    current device and kernels are enabled; None otherwise (the caller's own path runs)."""
-    if type(x) is not _nd or x.size > MAX_NUMEL or not _contiguous(x):
+    current device and kernels are enabled; None otherwise (the caller's own path runs). The per-op hot path: the
+    checks are inlined (no helper frames)."""
+    if type(x) is not _nd or x.size > MAX_NUMEL or not (x._c_contiguous if _CUPY_FLAG_ATTR else _contiguous(x)):
         return None
     dt = x.dtype
     for o in others:
-        if type(o) is not _nd or o.shape != x.shape or (o.dtype is not dt and o.dtype != dt) or not _contiguous(o):
+        if (type(o) is not _nd or o.shape != x.shape or (o.dtype is not dt and o.dtype != dt)
+                or not (o._c_contiguous if _CUPY_FLAG_ATTR else _contiguous(o))):
             return None
     kind = _KIND.get(dt.num)
     if kind is None or not loader.enabled():
         return None
-    dev = _device(x, *others)
-    return None if dev is None else (kind, dev)
-
-
-def _device(*arrays):
-    """The current device when every array lives on it, else None."""
-    dev = backend.cupy.cuda.runtime.getDevice()
-    for a in arrays:
-        if a.data.device_id != dev:
+    dev = _get_device()  # the current device: every array must live on it
+    if x.data.device_id != dev:
+        return None
+    for o in others:
+        if o.data.device_id != dev:
             return None
-    return dev
+    return kind, dev
+
+
+_get_device = backend.cupy.cuda.runtime.getDevice if backend.cupy is not None else None
 
 
 def fast_scalar(op, x, s):

@@ -11,7 +11,9 @@ scale_a / scale_b: float32 arrays whose first element is the per-tensor dequanti
 
 cuda: one cuBLASLt matmul (CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER, fp32 accumulation -- with the tensor cores' partial
 sums promoted to fp32 unless fast_accum --, bias in the epilogue, out_dtype written directly), through ctypes and the
-handle, workspace and plan cache of gemm_lt. Where cuBLASLt has no fp8 algorithm for the problem (K or a leading
+handle and workspace of gemm_lt. The algorithm: the fastest of the heuristic's first CANDIDATES, timed once per problem
+(shape, dtypes, bias, fast_accum, alignments) on the first eager call's operands and cached; a call during CUDA graph
+capture before that takes the heuristic's first. Where cuBLASLt has no fp8 algorithm for the problem (K or a leading
 dimension not a multiple of 16, a misaligned pointer, a GPU before sm_89) the same numbers are computed by emulation.
 cpu (and that fallback): emulation -- the operands widened to float32, multiplied with float32 accumulation, scaled,
 the bias added, rounded once to out_dtype. `last_path` says which ran ('cublaslt' | 'emulated').
@@ -29,8 +31,12 @@ _DESC_A_SCALE_POINTER, _DESC_B_SCALE_POINTER, _DESC_FAST_ACCUM = 17, 18, 25
 _EPILOGUE_DEFAULT = 1
 _CUDA_R_8F_E4M3 = 28
 BF16 = np.dtype(ml_dtypes.bfloat16)
-_plans = {}        # problem key -> (matmul desc, layouts (b, a, out), algorithm) or None when there is none
+_plans = {}        # problem key -> _Plan, or None when cuBLASLt has no algorithm for it
+CANDIDATES = 8     # the heuristic's best few algorithms, timed once per problem (its first is 1.15-1.34x torch's
+                   # choice at some of Flux's shapes, bench/fp8_gemm.py)
+TUNE_REPEATS = 5
 last_path = None   # 'cublaslt' | 'emulated': the path of the latest call (tests and benches read it)
+last_plan = None   # the _Plan of the latest cuBLASLt call (benches report its candidates' times)
 
 
 def _as_f32(q):
@@ -65,6 +71,16 @@ def _emulated(a, b, scale_a, scale_b, bias, out_dtype):
     return y.astype(out_dtype)
 
 
+class _Plan:
+    """One problem's matmul descriptor, operand layouts (b, a, out), the heuristic's candidate algorithms (best
+    first) and the one chosen by timing them (None until timed: see _tune)."""
+    __slots__ = ("desc", "layouts", "candidates", "algo", "times_ms")
+
+    def __init__(self, desc, layouts, candidates):
+        self.desc, self.layouts, self.candidates = desc, layouts, candidates
+        self.algo, self.times_ms = None, None
+
+
 def _plan(key, h):
     if key in _plans:
         return _plans[key]
@@ -95,12 +111,52 @@ def _plan(key, h):
         al = ctypes.c_uint32(align)
         gemm_lt._check(lib.cublasLtMatmulPreferenceSetAttribute(pref, attr, ctypes.byref(al), ctypes.sizeof(al)),
                        "PreferenceSet")
-    result, count = gemm_lt._Heuristic(), ctypes.c_int(0)
-    status = lib.cublasLtMatmulAlgoGetHeuristic(h, desc, layouts[0], layouts[1], layouts[2], layouts[2], pref, 1,
-                                                ctypes.byref(result), ctypes.byref(count))
-    plan = (desc, layouts, result) if status == 0 and count.value > 0 and result.state == 0 else None
+    results, count = (gemm_lt._Heuristic * CANDIDATES)(), ctypes.c_int(0)
+    status = lib.cublasLtMatmulAlgoGetHeuristic(h, desc, layouts[0], layouts[1], layouts[2], layouts[2], pref,
+                                                CANDIDATES, results, ctypes.byref(count))
+    found = [results[i] for i in range(count.value)] if status == 0 else []
+    found = [r for r in found if r.state == 0]
+    plan = _Plan(desc, layouts, found) if found else None
     _plans[key] = plan
     return plan
+
+
+def pick_fastest(candidates, time_ms):
+    """(index of the fastest candidate, the times): time_ms(candidate) -> milliseconds, or None where the candidate
+    failed to run; the first candidate (the heuristic's own choice) wins ties and is kept when none ran."""
+    times = [time_ms(c) for c in candidates]
+    ran = [i for i, t in enumerate(times) if t is not None]
+    if not ran:
+        return 0, times
+    return min(ran, key=lambda i: (times[i], i)), times
+
+
+def _tune(plan, launch):
+    """Choose plan.algo among plan.candidates by timing each on this call's operands (TUNE_REPEATS launches between
+    CUDA events, after one untimed): once per problem, outside CUDA graph capture (a capture takes the heuristic's
+    first answer and leaves the choice to the next eager call). launch(algo) -> cuBLASLt's status."""
+    cp = backend.cupy
+    stream = cp.cuda.get_current_stream()
+    if len(plan.candidates) == 1 or (stream.ptr and stream.is_capturing()):
+        if len(plan.candidates) == 1:
+            plan.algo, plan.times_ms = plan.candidates[0], [None]
+        return plan.candidates[0]
+
+    def time_ms(cand):
+        if launch(cand) != 0:
+            return None
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record(stream)
+        for _ in range(TUNE_REPEATS):
+            if launch(cand) != 0:
+                return None
+        end.record(stream)
+        end.synchronize()
+        return cp.cuda.get_elapsed_time(start, end) / TUNE_REPEATS
+
+    best, plan.times_ms = pick_fastest(plan.candidates, time_ms)
+    plan.algo = plan.candidates[best]
+    return plan.algo
 
 
 def _check_args(a, b, scale_a, scale_b, bias, out_dtype):
@@ -122,7 +178,7 @@ def _check_args(a, b, scale_a, scale_b, bias, out_dtype):
 
 def scaled_mm(a, b, scale_a, scale_b, bias=None, out_dtype=BF16, fast_accum=False):
     """See the module docstring."""
-    global last_path
+    global last_path, last_plan
     out_dtype = np.dtype(out_dtype)
     _check_args(a, b, scale_a, scale_b, bias, out_dtype)
     M, K = a.shape
@@ -144,7 +200,7 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, out_dtype=BF16, fast_accum=Fals
     if plan is None:
         last_path = "emulated"
         return _emulated(a, b, scale_a, scale_b, bias, out_dtype)
-    desc, (l_b, l_a, l_c), algo = plan
+    desc, (l_b, l_a, l_c) = plan.desc, plan.layouts
     lib = gemm_lt._library()
     # the scales are read on the device when the matmul runs: the pointers are set per call (a plan is shared)
     gemm_lt._set(lib, desc, _DESC_A_SCALE_POINTER, ctypes.c_void_p(scale_b.data.ptr))
@@ -152,8 +208,14 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, out_dtype=BF16, fast_accum=Fals
     if bias is not None:
         gemm_lt._set(lib, desc, gemm_lt._DESC_BIAS_POINTER, ctypes.c_void_p(bias.data.ptr))
     one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
-    gemm_lt._check(lib.cublasLtMatmul(h, desc, ctypes.byref(one), b.data.ptr, l_b, a.data.ptr, l_a, ctypes.byref(zero),
-                                      out.data.ptr, l_c, out.data.ptr, l_c, ctypes.byref(algo.algo), ws.data.ptr,
-                                      gemm_lt.WORKSPACE_BYTES, cp.cuda.get_current_stream().ptr), "Matmul")
-    last_path = "cublaslt"
+    stream = cp.cuda.get_current_stream().ptr
+
+    def launch(cand):
+        return lib.cublasLtMatmul(h, desc, ctypes.byref(one), b.data.ptr, l_b, a.data.ptr, l_a, ctypes.byref(zero),
+                                  out.data.ptr, l_c, out.data.ptr, l_c, ctypes.byref(cand.algo), ws.data.ptr,
+                                  gemm_lt.WORKSPACE_BYTES, stream)
+
+    algo = plan.algo if plan.algo is not None else _tune(plan, launch)
+    gemm_lt._check(launch(algo), "Matmul")   # the result: written by the chosen algorithm last
+    last_path, last_plan = "cublaslt", plan
     return out

@@ -7,6 +7,7 @@ gradient buffer therefore count nothing extra. What is counted: the storage of a
 for as long as the owning array lives (also when a NumPy array shared with `from_numpy` outlives the tensor).
 Temporaries inside an op that never become a tensor are not counted. Reserved equals allocated (no cache).
 Cost: about 0.55 us per new storage (its weakref callback included), 0.2 us per view (2-core dev box).
+Deaths are accounted lazily, at the next birth or counter read (see `_dead`): the same figures.
 
 The limit applies at birth: a tensor whose storage would take allocated bytes over it raises OutOfMemoryError
 (NumPy had already made the array; it is released as the exception unwinds) and the process goes on.
@@ -39,14 +40,33 @@ class CpuTracker:
 
     def __init__(self):
         self._live = {}  # id(owning array) -> _Ref
-        self.allocated = self.peak_allocated = 0
-        self.num_free = self.num_ooms = 0
-        self.bytes_freed_total = 0
+        self._allocated = self.peak_allocated = 0
+        self._num_free = self.num_ooms = 0
+        self._freed = 0
         self.limit = None
         self.observer = None
 
+    # the counters a death changes are read through _settle (deaths are accounted lazily, see on_birth)
+    @property
+    def allocated(self):
+        if _dead:
+            _settle()
+        return self._allocated
+
+    @property
+    def num_free(self):
+        if _dead:
+            _settle()
+        return self._num_free
+
+    @property
+    def bytes_freed_total(self):
+        if _dead:
+            _settle()
+        return self._freed
+
     # derived so that the birth hook updates only `allocated` and the peak
-    num_alloc = property(lambda self: len(self._live) + self.num_free)
+    num_alloc = property(lambda self: len(self._live) + self.num_free)  # num_free first: it settles
     bytes_allocated_total = property(lambda self: self.allocated + self.bytes_freed_total)
     # cpu storage is never cached: reserved == allocated, and every storage is one host allocation
     reserved = property(lambda self: self.allocated)
@@ -56,6 +76,8 @@ class CpuTracker:
     num_device_free = property(lambda self: self.num_free)
 
     def live_items(self):
+        if _dead:
+            _settle()
         return [r.info for r in list(self._live.values())]
 
     def reset_peak(self):
@@ -71,46 +93,92 @@ class CpuTracker:
 T = CpuTracker()
 _live = T._live
 cuda_birth = None  # set by flame_core.memory.cuda when its pool is installed: tags device blocks with tensor info
+# Deaths are accounted lazily: a storage's weakref callback is `_dead.append` (C: no Python frame while NumPy frees
+# the array), and `_settle` subtracts what died before the next birth and before any counter is read, so every figure
+# is what immediate accounting gives (the peak included: it only moves at births). While an observer (the memory
+# profiler) is installed, new storages report their death at once through `_gone`.
+_dead = []
+_note_death = _dead.append
+
+
+def _settle():
+    """Account the storages that died since the last birth or read (on_birth runs the same loop inline)."""
+    t = T
+    while _dead:
+        r = _dead.pop()
+        k = r.key
+        if _live.get(k) is r:
+            del _live[k]
+        n = r.nbytes
+        t._allocated -= n
+        t._num_free += 1
+        t._freed += n
+        if t.observer is not None:
+            t.observer("free", t, r)
 
 
 def _gone(ref):
-    _live.pop(ref.key, None)
+    k = ref.key
+    if _live.get(k) is ref:
+        del _live[k]
     n = ref.nbytes
-    T.allocated -= n
-    T.num_free += 1
-    T.bytes_freed_total += n
-    if T.observer is not None:
-        T.observer("free", T, ref)
+    t = T
+    t._allocated -= n
+    t._num_free += 1
+    t._freed += n
+    if t.observer is not None:
+        t.observer("free", t, ref)
 
 
 def on_birth(arr):
     """Called by `_wrap` with the array of every new tensor."""
-    if type(arr) is not _nd and not isinstance(arr, _nd):
+    t = T
+    while _dead:  # _settle, inlined (one frame fewer per death); before the id check: a dead storage's id may be ours
+        r = _dead.pop()
+        k = r.key
+        if _live.get(k) is r:
+            del _live[k]
+        n = r.nbytes
+        t._allocated -= n
+        t._num_free += 1
+        t._freed += n
+        if t.observer is not None:
+            t.observer("free", t, r)
+    if type(arr) is _nd:
+        base = arr
+        b = arr.base
+        if b is not None:  # a view: the storage is its base's (a fresh op output has no base: the common case)
+            while b is not None and (type(b) is _nd or isinstance(b, _nd)):
+                base = b
+                b = b.base
+    elif isinstance(arr, _nd):
+        base = arr
+        b = arr.base
+        while b is not None and (type(b) is _nd or isinstance(b, _nd)):
+            base = b
+            b = b.base
+    else:
         if cuda_birth is not None:
             cuda_birth(arr)
         return
-    base = arr
-    b = arr.base
-    while b is not None and (type(b) is _nd or isinstance(b, _nd)):
-        base = b
-        b = b.base
     k = id(base)
     if k in _live:
         return
     n = base.nbytes
-    if T.limit is not None and T.allocated + n > T.limit:
+    if t.limit is not None and t._allocated + n > t.limit:
         _oom(base)
-    r = _Ref(base, _gone)
+    observer = t.observer
+    r = _Ref(base, _note_death if observer is None else _gone)
     r.key = k
     r.nbytes = n
     if tracking._enabled:
         r.origin = tracking.origin()
     _live[k] = r
-    T.allocated += n  # one statement: a weakref callback cannot run between its read and write
-    if T.allocated > T.peak_allocated:
-        T.peak_allocated = T.allocated
-    if T.observer is not None:
-        T.observer("alloc", T, r)
+    t._allocated += n  # one statement: a weakref callback cannot run between its read and write
+    if t._allocated > t.peak_allocated:
+        t.peak_allocated = t._allocated
+    if observer is not None:
+        observer("alloc", t, r)
 
 
 def _oom(base):

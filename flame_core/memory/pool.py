@@ -115,7 +115,7 @@ class DevicePool:
         self.num_splits = self.num_merges = self.num_device_alloc = self.num_device_free = 0
         self.num_alloc_retries = self.num_ooms = 0
         self.num_adopted = 0  # blocks lent to a CUDA graph's capture from another stream's cache under the limit
-        self.bytes_allocated_total = self.bytes_freed_total = 0
+        self.bytes_freed_total = 0  # bytes_allocated_total is derived (a property): one update fewer per malloc
 
     # ------------------------------------------------------------------ hot path
     def malloc(self, nbytes):
@@ -147,7 +147,6 @@ class DevicePool:
             blk.requested = nbytes
             self._live[blk.ptr] = blk
             self.requested += nbytes
-            self.bytes_allocated_total += r
             a = self.allocated = self.allocated + r
             if a > self.peak_allocated:
                 self.peak_allocated = a
@@ -162,6 +161,11 @@ class DevicePool:
     @property
     def num_alloc(self):
         return self.cache_hits + self.cache_misses
+
+    @property
+    def bytes_allocated_total(self):
+        # every block handed out is either live (`allocated`, its rounded size) or freed since (`bytes_freed_total`)
+        return self.allocated + self.bytes_freed_total
 
     def free(self, ptr):
         lock = self._lock

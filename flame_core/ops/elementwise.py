@@ -13,6 +13,8 @@ from ..errors import DTypeError
 from ..tensor import Tensor, _wrap
 from .promotion import _F32_64, _cast, _cupy_ndarray, _default_float, _float_arr, _operands, _shape, no_fp8, sum_to
 
+_np_ndarray = np.ndarray
+
 # ----------------------------------------------------------------------------- small cuda arrays
 _ps = None  # flame_core.kernels.pointwise_small, imported at first use
 
@@ -45,20 +47,28 @@ class Add(Function):
     @staticmethod
     def forward(ctx, a, b, alpha=1):
         xa, xb, dt = _operands("add", a, b)
-        ctx.shapes, ctx.alpha = (_shape(a), _shape(b)), alpha
+        ctx.shapes = (a._data.shape if isinstance(a, Tensor) else None,  # _shape, inlined
+                      b._data.shape if isinstance(b, Tensor) else None)
+        ctx.alpha = alpha
         if alpha == 1 and _cupy_ndarray is not None:
             r = _fast_arith("add", xa, xb)
-            if r is not None:
-                return _wrap(_cast(r, dt))
-        return _wrap(_cast(xa + xb if alpha == 1 else xa + xb * alpha, dt))
+            if r is not None:  # the array's dtype: dt (_operands cast to it)
+                return _wrap(r if r.dtype is dt else _cast(r, dt))
+        r = xa + xb if alpha == 1 else xa + xb * alpha
+        return _wrap(r if type(r) is _np_ndarray and r.dtype is dt else _cast(r, dt))
 
     @staticmethod
     def backward(ctx, g):
         sa, sb = ctx.shapes
         gb = None
-        if ctx.needs_input_grad[1]:
-            gb = sum_to(g if ctx.alpha == 1 else g * ctx.alpha, sb)
-        return sum_to(g, sa) if ctx.needs_input_grad[0] else None, gb, None
+        needs = ctx.needs_input_grad
+        if needs[1]:
+            gb = g if ctx.alpha == 1 else g * ctx.alpha
+            if gb._data.shape != sb:
+                gb = sum_to(gb, sb)
+        if not needs[0]:
+            return None, gb, None
+        return (g if g._data.shape == sa else sum_to(g, sa)), gb, None
 
 
 class Sub(Function):
@@ -67,19 +77,28 @@ class Sub(Function):
         xa, xb, dt = _operands("sub", a, b)
         if dt == np.bool_:
             raise DTypeError("subtraction of bool tensors is not supported; use logical_xor or ~")
-        ctx.shapes, ctx.alpha = (_shape(a), _shape(b)), alpha
+        ctx.shapes = (a._data.shape if isinstance(a, Tensor) else None,  # _shape, inlined
+                      b._data.shape if isinstance(b, Tensor) else None)
+        ctx.alpha = alpha
         if alpha == 1 and _cupy_ndarray is not None:
             r = _fast_arith("sub", xa, xb)
             if r is not None:
-                return _wrap(_cast(r, dt))
-        return _wrap(_cast(xa - xb if alpha == 1 else xa - xb * alpha, dt))
+                return _wrap(r if r.dtype is dt else _cast(r, dt))
+        r = xa - xb if alpha == 1 else xa - xb * alpha
+        return _wrap(r if type(r) is _np_ndarray and r.dtype is dt else _cast(r, dt))
 
     @staticmethod
     def backward(ctx, g):
         sa, sb = ctx.shapes
-        return (sum_to(g, sa) if ctx.needs_input_grad[0] else None,
-                sum_to(_grad_neg(g) if ctx.alpha == 1 else g * (-ctx.alpha), sb) if ctx.needs_input_grad[1] else None,
-                None)
+        needs = ctx.needs_input_grad
+        ga = gb = None
+        if needs[0]:
+            ga = g if g._data.shape == sa else sum_to(g, sa)
+        if needs[1]:
+            gb = _grad_neg(g) if ctx.alpha == 1 else g * (-ctx.alpha)
+            if gb._data.shape != sb:
+                gb = sum_to(gb, sb)
+        return ga, gb, None
 
 
 class Mul(Function):
@@ -91,18 +110,24 @@ class Mul(Function):
         if _cupy_ndarray is not None:
             r = _fast_arith("mul", xa, xb)
             if r is not None:
-                return _wrap(_cast(r, dt))
-        return _wrap(_cast(xa * xb, dt))
+                return _wrap(r if r.dtype is dt else _cast(r, dt))
+        r = xa * xb
+        return _wrap(r if type(r) is _np_ndarray and r.dtype is dt else _cast(r, dt))
 
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.saved_tensors
         sa, sb = ctx.scalars
+        needs = ctx.needs_input_grad
         ga = gb = None
-        if ctx.needs_input_grad[0]:
-            ga = sum_to(_grad_mul(g, b if b is not None else sb), a._data.shape)
-        if ctx.needs_input_grad[1]:
-            gb = sum_to(_grad_mul(g, a if a is not None else sa), b._data.shape)
+        if needs[0]:
+            ga = _grad_mul(g, b if b is not None else sb)
+            if ga._data.shape != a._data.shape:
+                ga = sum_to(ga, a._data.shape)
+        if needs[1]:
+            gb = _grad_mul(g, a if a is not None else sa)
+            if gb._data.shape != b._data.shape:
+                gb = sum_to(gb, b._data.shape)
         return ga, gb
 
 
@@ -378,8 +403,10 @@ def _unary(name, compute, grad, saves="x", differentiable=True, fused=None, plai
     save_x, save_y = "x" in saves, "y" in saves
 
     def forward(ctx, x):
-        a = _float_arr(x)
-        y = _wrap(compute(np if type(a) is np.ndarray else backend.xp_of(a), a))
+        a = x._data
+        if a.dtype not in _F32_64 or x._f8:  # _float_arr's checks, skipped for float32/float64
+            a = _float_arr(x)
+        y = _wrap(compute(np if type(a) is _np_ndarray else backend.xp_of(a), a))
         if differentiable:
             xs = None
             if save_x:
@@ -388,19 +415,21 @@ def _unary(name, compute, grad, saves="x", differentiable=True, fused=None, plai
         return y
 
     def backward(ctx, g):
-        x, y = ctx.saved_tensors
-        if not state.enabled:
-            gd = g._data
-            if fused is not None and type(gd) is not np.ndarray and backend.is_cuda_array(gd):
-                r = _pointwise_grad(fused, gd, (y if save_y else x)._data)
-                if r is not None:
-                    return r
-            if plain and gd.dtype in _F32_64:
-                xd = x._data if x is not None else None
-                yd = y._data if y is not None else None
-                s = yd if save_y else xd
-                if s is None or (s.dtype is gd.dtype and type(s) is type(gd)):
-                    return _wrap(grad(gd, xd, yd))
+        if state.enabled:  # double backward: the rule's Tensor ops are recorded
+            x, y = ctx.saved_tensors
+            return grad(g, x, y)
+        x, y = ctx.saved_values()
+        gd = g._data
+        if fused is not None and type(gd) is not np.ndarray and backend.is_cuda_array(gd):
+            r = _pointwise_grad(fused, gd, (y if save_y else x)._data)
+            if r is not None:
+                return r
+        if plain and gd.dtype in _F32_64:
+            xd = x._data if x is not None else None
+            yd = y._data if y is not None else None
+            s = yd if save_y else xd
+            if s is None or (s.dtype is gd.dtype and type(s) is type(gd)):
+                return _wrap(grad(gd, xd, yd))
         return grad(g, x, y)
 
     return type(name, (Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)})
@@ -442,11 +471,10 @@ _tanh_ref = _in_f32(lambda xp, a: xp.tanh(a))
 
 
 def _tanh_arr(xp, a):
-    if xp is not np:
-        r = (_ps or _load_ps()).fast_unary("tanh", a)  # small cuda arrays: tanhf in fp32, as _in_f32 computes
-        if r is not None:
-            return r
-    return _tanh_ref(xp, a)
+    if xp is np:
+        return np.tanh(a) if a.dtype.itemsize >= 4 else _tanh_ref(np, a)
+    r = (_ps or _load_ps()).fast_unary("tanh", a)  # small cuda arrays: tanhf in fp32, as _in_f32 computes
+    return r if r is not None else _tanh_ref(xp, a)
 
 
 Neg = _unary("Neg", _neg_arr, lambda g, x, y: -g, saves="", plain=True)

@@ -1,6 +1,7 @@
 """linear: y = x @ W^T + b as one 2-D GEMM over all leading dimensions (cuBLAS reads W^T in place, no copy);
 linear_cat2: linear(cat((a, b), -1), W, b) without building the concatenation; linear_low_rank: linear with LoRA
 updates of row blocks accumulated inside the GEMMs (no delta tensors, no adds)."""
+import ml_dtypes as _ml
 import numpy as _np
 
 from .. import backend
@@ -10,7 +11,7 @@ from ..autograd.grad_mode import is_grad_enabled
 from ..errors import DTypeError, ShapeError, fmt_shape
 from ..kernels import gemm as _cublas
 from ..kernels import gemm_lt as _cublas_lt
-from ..tensor import _wrap, check_same_device
+from ..tensor import Tensor, _wrap, check_same_device
 from .linalg import mm_arrays
 from .shape import cat
 
@@ -52,8 +53,22 @@ class Linear(Function):
         return dx, dw, db
 
 
+_LINEAR_DTYPES = frozenset(_np.dtype(d) for d in (_np.float16, _np.float32, _np.float64, _ml.bfloat16))
+
+
 def linear(input, weight, bias=None):
     """PyTorch's F.linear: input (*, in), weight (out, in), bias (out,) -> (*, out)."""
+    if not _amp.active and isinstance(input, Tensor) and isinstance(weight, Tensor):
+        # the common case's checks on the arrays (no Size, dtype or device objects); anything else: see below
+        xd, wd = input._data, weight._data
+        ws = wd.shape
+        if (len(ws) == 2 and xd.ndim and xd.shape[-1] == ws[1] and type(xd) is type(wd)
+                and xd.dtype is wd.dtype and xd.dtype in _LINEAR_DTYPES and not (input._f8 or weight._f8)):
+            if bias is None:
+                return Linear.apply(input, weight, None)
+            bd = bias._data if isinstance(bias, Tensor) else None
+            if type(bd) is type(wd) and bd.dtype is wd.dtype and bd.shape == ws[:1] and not bias._f8:
+                return Linear.apply(input, weight, bias)
     check_same_device("linear", input, weight, bias)
     if weight.ndim != 2 or input.ndim < 1 or input.shape[-1] != weight.shape[1]:
         raise ShapeError(f"linear: input {fmt_shape(input.shape)} and weight {fmt_shape(weight.shape)} do not fit "

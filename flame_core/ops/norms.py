@@ -12,7 +12,7 @@ from ..autograd.grad_mode import state
 from ..errors import ShapeError, fmt_shape
 from ..kernels import groupnorm as GN
 from ..kernels import norms as K
-from ..tensor import _wrap, check_same_device
+from ..tensor import Tensor, _wrap, check_same_device
 
 
 def _normalized_dims(x, normalized_shape, op):
@@ -100,6 +100,13 @@ class LayerNorm(Function):
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     """LayerNorm over the trailing `normalized_shape` dims (fp32 statistics), optional elementwise affine."""
+    if (type(normalized_shape) is tuple and len(normalized_shape) == 1 and isinstance(input, Tensor)
+            and isinstance(weight, Tensor) and isinstance(bias, Tensor)):
+        # the common case's checks on the arrays (flame_nn.LayerNorm: one dim, weight and bias): see below
+        xd, wd, bd = input._data, weight._data, bias._data
+        if (xd.shape[-1:] == normalized_shape and wd.shape == normalized_shape and bd.shape == normalized_shape
+                and type(wd) is type(xd) and type(bd) is type(xd) and type(normalized_shape[0]) is int):
+            return LayerNorm.apply(input, weight, bias, 1, float(eps), False)
     ns = _normalized_dims(input, normalized_shape, "layer_norm")
     check_same_device("layer_norm", input, weight, bias)
     for p, what in ((weight, "weight"), (bias, "bias")):

@@ -31,14 +31,22 @@ def _operands(op, a, b):
             ta, tb = not _is_scalar(xa), not _is_scalar(xb)  # a 0-d cpu tensor joins as a Python scalar
     elif ta:
         xa, xb = a._data, b
-        if xa.dtype is _F8:
+        dt = xa.dtype
+        if dt is _F8:
             _fp8_storage_only(op)
-        dt = xa.dtype if _keeps_dtype(xa.dtype, b) else D.result_type(a, b).np
+        if type(b) is float and dt in _FLOAT_NP:  # _keeps_dtype's commonest case, inlined
+            return xa, b, dt
+        if not _keeps_dtype(dt, b):
+            dt = D.result_type(a, b).np
     else:
         xa, xb = a, b._data
-        if xb.dtype is _F8:
+        dt = xb.dtype
+        if dt is _F8:
             _fp8_storage_only(op)
-        dt = xb.dtype if _keeps_dtype(xb.dtype, a) else D.result_type(a, b).np
+        if type(a) is float and dt in _FLOAT_NP:
+            return a, xb, dt
+        if not _keeps_dtype(dt, a):
+            dt = D.result_type(a, b).np
     if ta and xa.dtype is not dt and xa.dtype != dt:
         xa = xa.astype(dt)
     if tb and xb.dtype is not dt and xb.dtype != dt:

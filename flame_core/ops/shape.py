@@ -22,10 +22,19 @@ def _norm_dim(d, ndim, op):
 def _size_arg(shape):
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
-    return tuple(int(s) for s in shape)
+    for s in shape:  # a tuple of ints (the common case) is used as it is
+        if type(s) is not int:
+            return tuple(int(s) for s in shape)
+    return shape if type(shape) is tuple else tuple(shape)
 
 
 def _infer(shape, numel, op, in_shape):
+    if -1 not in shape:  # the common case: every size given; their product must be numel
+        n = 1
+        for s in shape:
+            n *= s
+        if n == numel:
+            return shape
     shape = list(shape)
     if shape.count(-1) > 1:
         raise ShapeError(f"{op}: only one dimension can be inferred, got {shape}")
@@ -74,7 +83,7 @@ class Reshape(Function):
 
 
 def reshape(x, *shape):
-    shape = _infer(_size_arg(shape), x.numel(), "reshape", x.shape)
+    shape = _infer(_size_arg(shape), x._data.size, "reshape", x._data.shape)
     if shape == x._data.shape:
         return Reshape.apply(x, shape, False) if x.requires_grad else _view_of(x._data, x)
     return Reshape.apply(x, shape, False)

@@ -10,6 +10,16 @@ import flame_core as flame
 
 from .. import checkpoint_io as CIO
 
+# the config fields every Flux-derived transformer's shapes give: (BFL key, diffusers key, dim)
+SHAPE_FIELDS = {
+    "hidden_size": ("img_in.weight", "x_embedder.weight", 0),
+    "in_channels": ("img_in.weight", "x_embedder.weight", 1),
+    "context_in_dim": ("txt_in.weight", "context_embedder.weight", 1),
+    "out_channels": ("final_layer.linear.weight", "proj_out.weight", 0),
+    "head_dim": ("double_blocks.0.img_attn.norm.query_norm.scale", "transformer_blocks.0.attn.norm_q.weight", 0),
+    "mlp_hidden": ("double_blocks.0.img_mlp.0.weight", "transformer_blocks.0.ff.net.0.proj.weight", 0),
+}
+
 
 class BflCheckpoint(CIO.SafetensorsCheckpoint):
     """Open safetensors handles of one checkpoint; its keys (`index`, prefix stripped) and `layout` ("bfl" or

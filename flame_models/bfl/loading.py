@@ -3,7 +3,7 @@ files or folders (sharded, with their index JSON). Loading reads one tensor at a
 dtype and device, into a model built under `flame_nn.empty_init` (no random initialisation, no second copy)."""
 from .. import checkpoint_io as CIO
 from . import keys as K
-from .checkpoint import BflCheckpoint, diffusers_config, params_from_diffusers_config, save_layout
+from .checkpoint import SHAPE_FIELDS, BflCheckpoint, diffusers_config, params_from_diffusers_config, save_layout
 from .params import FluxParams, configs
 
 INDEX_SUFFIX = CIO.INDEX_SUFFIX
@@ -29,15 +29,8 @@ checkpoint_files = _Checkpoint.checkpoint_files
 
 # ----------------------------------------------------------------------------- the config from the weights
 # what each field is read from: (BFL key, diffusers key, dim)
-_SHAPE_FIELDS = {
-    "hidden_size": ("img_in.weight", "x_embedder.weight", 0),
-    "in_channels": ("img_in.weight", "x_embedder.weight", 1),
-    "context_in_dim": ("txt_in.weight", "context_embedder.weight", 1),
-    "vec_in_dim": ("vector_in.in_layer.weight", "time_text_embed.text_embedder.linear_1.weight", 1),
-    "out_channels": ("final_layer.linear.weight", "proj_out.weight", 0),
-    "head_dim": ("double_blocks.0.img_attn.norm.query_norm.scale", "transformer_blocks.0.attn.norm_q.weight", 0),
-    "mlp_hidden": ("double_blocks.0.img_mlp.0.weight", "transformer_blocks.0.ff.net.0.proj.weight", 0),
-}
+_SHAPE_FIELDS = {**SHAPE_FIELDS,
+                 "vec_in_dim": ("vector_in.in_layer.weight", "time_text_embed.text_embedder.linear_1.weight", 1)}
 
 
 def infer_params(ckpt):

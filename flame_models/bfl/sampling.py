@@ -97,6 +97,13 @@ def get_noise(batch_size, height, width, *, seed, device=None, dtype=flame.float
     return noise.get_noise(batch_size, height, width, seed=seed, channels=LATENT_CHANNELS, device=device, dtype=dtype)
 
 
+def seeded_noise(seeds, height, width, *, device=None):
+    """Packed noise (B, h*w, 64) float32 for one image per seed: image i is get_noise(seed=seeds[i]), the same
+    whatever the batch it is drawn in."""
+    noise = [get_noise(1, height, width, seed=int(s), device=device) for s in seeds]
+    return pack(noise[0] if len(noise) == 1 else flame.cat(noise, dim=0))
+
+
 def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda_graph=None, callback=None):
     """Euler steps x <- x + (t_next - t) * v(x, t) along `timesteps`. The state stays in float32; the model sees
     its own dtype. Returns the final packed latents (float32).

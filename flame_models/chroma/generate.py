@@ -48,11 +48,9 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, vae=None, clip_l
     def encode(unique):
         with C.load_text_encoders(files, dtype=dtype, device=dev, t5_quantize="fp8" if fp8 else "auto",
                                   t5_stream=budget is not None, max_length=max_length) as enc:
-            if budget is not None:
-                log("T5 " + str(enc.t5.streamer.auto_fit(budget, lambda: enc.encode(unique[:1]))))
-            out = {k: v.float().cpu().numpy() for k, v in enc.encode(unique).items()}
+            out = G.encode_prompts(enc, unique, budget, log)
             if guided:
-                out.update({f"negative_{k}": v.float().cpu().numpy() for k, v in enc.encode([negative]).items()})
+                out.update({f"negative_{k}": v for k, v in G.host_arrays(enc.encode([negative])).items()})
             return out
 
     def negative_of(cond):

@@ -2,7 +2,7 @@
 prefixed as ComfyUI writes them) and diffusers files or folders (ChromaTransformer2DModel, sharded with their index
 JSON), one tensor at a time into a model built under `flame_nn.empty_init`."""
 from .. import checkpoint_io as CIO
-from ..bfl.checkpoint import BflCheckpoint, diffusers_config, params_from_diffusers_config, save_layout
+from ..bfl.checkpoint import SHAPE_FIELDS, BflCheckpoint, diffusers_config, params_from_diffusers_config, save_layout
 from . import keys as K
 from .params import ChromaParams, configs
 
@@ -25,16 +25,9 @@ checkpoint_files = _Checkpoint.checkpoint_files
 
 
 # what each field is read from: (Chroma key, diffusers key, dim)
-_SHAPE_FIELDS = {
-    "hidden_size": ("img_in.weight", "x_embedder.weight", 0),
-    "in_channels": ("img_in.weight", "x_embedder.weight", 1),
-    "context_in_dim": ("txt_in.weight", "context_embedder.weight", 1),
-    "out_channels": ("final_layer.linear.weight", "proj_out.weight", 0),
-    "head_dim": ("double_blocks.0.img_attn.norm.query_norm.scale", "transformer_blocks.0.attn.norm_q.weight", 0),
-    "mlp_hidden": ("double_blocks.0.img_mlp.0.weight", "transformer_blocks.0.ff.net.0.proj.weight", 0),
-    "approximator_in_dim": ("distilled_guidance_layer.in_proj.weight",) * 2 + (1,),
-    "approximator_hidden_dim": ("distilled_guidance_layer.in_proj.weight",) * 2 + (0,),
-}
+_SHAPE_FIELDS = {**SHAPE_FIELDS,
+                 "approximator_in_dim": ("distilled_guidance_layer.in_proj.weight",) * 2 + (1,),
+                 "approximator_hidden_dim": ("distilled_guidance_layer.in_proj.weight",) * 2 + (0,)}
 
 
 def infer_params(ckpt):

@@ -13,7 +13,7 @@ import numpy as np
 import flame_core as flame
 import flame_nn
 
-from ..bfl.sampling import LATENT_CHANNELS, denoise, get_noise, get_schedule, image_ids, pack, text_ids, unpack
+from ..bfl.sampling import LATENT_CHANNELS, denoise, get_schedule, image_ids, pack, seeded_noise, text_ids, unpack
 from ..bfl.vae import decode_latents, encode_images, load_vae_for_flux  # noqa: F401
 from ..pipeline import check_loras as _check_loras
 from ..pipeline import load_for_sampling
@@ -75,8 +75,7 @@ def sample_latents(model, cond, neg=None, *, height, width, steps, cfg=1.0, seed
     {"prompt_embeds", "prompt_mask"} rows, `rows` picking each image's; seeds: one per image."""
     dev = model.img_in.weight.device
     dtype = model.img_in.weight.dtype
-    noise = [get_noise(1, height, width, seed=int(s), device=dev) for s in seeds]
-    x = pack(noise[0] if len(noise) == 1 else flame.cat(noise, dim=0))
+    x = seeded_noise(seeds, height, width, device=dev)
     B = x.shape[0]
     rows = list(range(B)) if rows is None else list(rows)
     txt, mask = _rows(cond, rows, dev, dtype)

@@ -46,10 +46,7 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     def encode(unique):
         with P.load_text_encoders(files, dtype=dtype, device=dev, t5_quantize="fp8" if fp8 else "auto",
                                   t5_stream=budget is not None, max_length=max_length) as enc:
-            if budget is not None:
-                log("T5 " + str(enc.t5.streamer.auto_fit(budget, lambda: enc.encode(unique[:1]))))
-            out = enc.encode(unique)
-            return {k: v.float().cpu().numpy() for k, v in out.items()}
+            return G.encode_prompts(enc, unique, budget, log)
 
     stages = G.Stages(
         encode=encode, denoiser="transformer",

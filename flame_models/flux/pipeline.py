@@ -17,6 +17,7 @@ import numpy as np
 
 import flame_core as flame
 
+from ..bfl.transformer import STACKS, check_loras, load_transformer  # noqa: F401
 from ..bfl.vae import LATENT_FORMAT, decode_latents, encode_images, load_vae_for_flux  # noqa: F401
 from ..conditioning import prompt_rows
 from ..pipeline import (  # noqa: F401
@@ -28,36 +29,10 @@ from ..pipeline import (  # noqa: F401
     place_for_inference,
     to_pil,
 )
-from ..pipeline import check_loras as _check_loras
-from .components import FluxFiles, FluxFilesError, find_flux_files
+from .components import FluxFiles, FluxFilesError, find_flux_files  # noqa: F401
 from .conditioning import FluxTextEncoders, check_vocabularies, encode_prompts, load_text_encoders, load_tokenizers
-from .loading import load_flux
-from .sampling import LATENT_CHANNELS, denoise, get_noise, get_schedule, image_ids, pack, text_ids, unpack
-
-STACKS = ("double_blocks", "single_blocks")
-
-
-# ----------------------------------------------------------------------------- LoRA files
-def check_loras(loras, params):
-    """Read each "path[:weight]" LoRA file and check it against a Flux of `params` (names, shapes, kinds) before
-    anything big is loaded: [(path, weight)]; FluxFilesError names the file (flame_models.pipeline.check_loras)."""
-    from .model import Flux
-    return _check_loras(loras, params, model_class=Flux, error=FluxFilesError)
-
-
-# ----------------------------------------------------------------------------- the transformer
-def load_transformer(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=False, stream=False,
-                     slots=2):
-    """The Flux transformer of `files` with LoRAs applied, ready for sampling.
-
-    fp8: the blocks' Linear weights in fp8 storage (e4m3, a scale per row), LoRAs kept as adapters beside them.
-    stream: the blocks' weights in pinned host memory, streamed through `slots` device buffers
-    (flame_nn.offload.BlockStreamer, `model.streamer`; choose resident blocks with `fit_transformer`); the model is
-    read into host memory first. Without either, LoRAs are merged into the weights."""
-    files = files if isinstance(files, FluxFiles) else find_flux_files(files)
-    loras = check_loras(loras, files.params)
-    return load_for_sampling(lambda dev: load_flux(files.transformer, dtype=dtype, device=dev), files.transformer,
-                             loras, STACKS, device, fp8=fp8, stream=stream, slots=slots, error=FluxFilesError)
+from .loading import load_flux  # noqa: F401
+from .sampling import LATENT_CHANNELS, denoise, get_schedule, image_ids, pack, seeded_noise, text_ids, unpack
 
 
 def _model_dtype(model):
@@ -83,8 +58,7 @@ def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=No
     if (seeds is None) == (latents is None):
         raise ValueError("pass exactly one of seeds= (one per image) and latents=")
     if latents is None:
-        noise = [get_noise(1, height, width, seed=int(s), device=dev) for s in seeds]
-        x = pack(noise[0] if len(noise) == 1 else flame.cat(noise, dim=0))
+        x = seeded_noise(seeds, height, width, device=dev)
     else:
         x = latents if isinstance(latents, flame.Tensor) else flame.tensor(np.asarray(latents))
         x = x.to(dev).float()

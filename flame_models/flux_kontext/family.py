@@ -1,10 +1,14 @@
 """Flux Kontext as a trainer family: Flux's (flame_models.bfl.family.FluxFamily) with each sample's control image
 -- encoded beside its target, "control_latents" -- appended as reference tokens with ids (1, r, c); the loss sees
 the target tokens' prediction only. Samples without control latents train as plain FLUX.1-dev."""
+import os
+
 import flame_core as flame
 
+from .. import registry
 from ..bfl.family import FluxFamily
 from ..bfl.sampling import get_noise, image_ids, pack, text_ids, unpack
+from ..training.family import ModelFileError
 from .reference import reference_ids, target_velocity, with_reference
 from .sampling import denoise_with_reference
 
@@ -16,6 +20,17 @@ class FluxKontextFamily(FluxFamily):
     default_size = "flux-tiny"
     control_images = True
     config_defaults = {**FluxFamily.config_defaults, "name": "flux_kontext_lora"}
+
+    def check_model_file(self, path):
+        """Flux's check (a Flux transformer's files), and a diffusers pipeline folder must be Kontext's: a FluxPipeline
+        folder holds FLUX.1-dev (the same tensors), which `generate --arch flux_kontext` refuses too. A single file
+        cannot tell them apart: model.arch says which."""
+        super().check_model_file(path)
+        if os.path.isfile(os.path.join(path, "model_index.json")):
+            family, words = registry.detect_family(path, error=ModelFileError, default="other")
+            if family != self.name:
+                raise ModelFileError(f"{path} is not {self.model_words}: it looks like {words}"
+                                     + (f" (model.arch: {family} trains it)" if family in registry.names() else ""))
 
     def training_inputs(self, model, batch, device, train_cfg):
         x0, cond = super().training_inputs(model, batch, device, train_cfg)

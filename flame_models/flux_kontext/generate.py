@@ -64,9 +64,7 @@ def generate(model, prompts, *, image=None, keep_image_size=False, vae=None, cli
     def encode(unique):
         with C.load_text_encoders(files, dtype=dtype, device=dev, t5_quantize="fp8" if fp8 else "auto",
                                   t5_stream=budget is not None, max_length=max_length) as enc:
-            if budget is not None:
-                log("T5 " + str(enc.t5.streamer.auto_fit(budget, lambda: enc.encode(unique[:1]))))
-            out = {k: v.float().cpu().numpy() for k, v in enc.encode(unique).items()}
+            out = G.encode_prompts(enc, unique, budget, log)
         vae_model = P.load_vae_for_flux(files, dtype=dtype, device=dev)
         out.update(P.encode_reference(vae_model, pixels))
         del vae_model

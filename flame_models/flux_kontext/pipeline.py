@@ -5,17 +5,13 @@ import numpy as np
 
 import flame_core as flame
 
-from ..bfl.components import FluxFiles, FluxFilesError, find_flux_files
-from ..bfl.loading import load_flux
-from ..bfl.sampling import LATENT_CHANNELS, get_noise, image_ids, pack, text_ids, unpack
+from ..bfl.components import FluxFilesError
+from ..bfl.sampling import LATENT_CHANNELS, image_ids, pack, seeded_noise, text_ids, unpack
+from ..bfl.transformer import STACKS, check_loras, load_transformer  # noqa: F401
 from ..bfl.vae import encode_images, load_vae_for_flux
 from ..conditioning import prompt_rows
-from ..pipeline import check_loras as _check_loras
-from ..pipeline import load_for_sampling
 from .reference import kontext_size, reference_ids
 from .sampling import WithReference, denoise_with_reference
-
-STACKS = ("double_blocks", "single_blocks")
 
 
 def read_reference(path, *, auto_resize=True):
@@ -43,19 +39,6 @@ def encode_reference(vae, pixels):
     return {"ref_latents": pack(z.float()).numpy(), "ref_height": pixels.shape[2], "ref_width": pixels.shape[3]}
 
 
-def check_loras(loras, params):
-    from ..bfl.model import Flux
-    return _check_loras(loras, params, model_class=Flux, error=FluxFilesError)
-
-
-def load_transformer(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=False, stream=False, slots=2):
-    """The Flux (Kontext) transformer of `files` with LoRAs applied, ready for sampling (see flux.pipeline)."""
-    files = files if isinstance(files, FluxFiles) else find_flux_files(files)
-    loras = check_loras(loras, files.params)
-    return load_for_sampling(lambda dev: load_flux(files.transformer, dtype=dtype, device=dev), files.transformer,
-                             loras, STACKS, device, fp8=fp8, stream=stream, slots=slots, error=FluxFilesError)
-
-
 def _reference(cond, B, dev, dtype):
     ref = flame.tensor(np.asarray(cond["ref_latents"], dtype=np.float32), device=dev).to(dtype)
     ids = reference_ids(int(cond["ref_height"]), int(cond["ref_width"]), 1, device=dev)
@@ -69,8 +52,7 @@ def sample_latents(model, cond, *, height, width, steps, guidance, seeds, rows=N
     pooled_prompt_embeds (one row per prompt; `rows` picks each image's), ref_latents, ref_height, ref_width."""
     dev = model.img_in.weight.device
     dtype = model.img_in.weight.dtype
-    noise = [get_noise(1, height, width, seed=int(s), device=dev) for s in seeds]
-    x = pack(noise[0] if len(noise) == 1 else flame.cat(noise, dim=0))
+    x = seeded_noise(seeds, height, width, device=dev)
     B = x.shape[0]
     rows = list(range(B)) if rows is None else list(rows)
     txt, y = prompt_rows(cond, rows, dev, dtype)

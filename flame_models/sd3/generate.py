@@ -96,14 +96,10 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
 
     def encode(unique):
         """(cond, neg): the prompts' conditioning and, under CFG, the negative prompt's, as host arrays."""
-        def host(d):
-            return {k: v.float().cpu().numpy() for k, v in d.items()}
         with P.load_text_encoders(files, dtype=dtype, device=dev, t5=use_t5, t5_quantize="fp8" if fp8 else "auto",
                                   t5_stream=budget is not None and use_t5, max_length=max_length) as enc:
-            if budget is not None and getattr(enc, "t5", None) is not None:
-                log("T5 " + str(enc.t5.streamer.auto_fit(budget, lambda: enc.encode(unique[:1]))))
-            cond = host(enc.encode(unique))
-            neg = host(enc.encode(["" if negative_prompt is None else negative_prompt])) if guided else None
+            cond = G.encode_prompts(enc, unique, budget, log)
+            neg = G.host_arrays(enc.encode(["" if negative_prompt is None else negative_prompt])) if guided else None
             return cond, neg
 
     stages = G.Stages(

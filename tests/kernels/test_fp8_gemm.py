@@ -90,6 +90,13 @@ def test_scaled_mm_emulation_matches_float64_of_the_quantised_operands(rng, shap
     _assert_product(y, *_reference(qa, qb, sa, sb, bias), BF16)
 
 
+def test_pick_fastest_takes_the_quickest_that_ran_and_the_first_on_ties():
+    assert S.pick_fastest(["a", "b", "c"], {"a": 0.3, "b": 0.1, "c": 0.2}.get) == (1, [0.3, 0.1, 0.2])
+    assert S.pick_fastest(["a", "b", "c"], {"a": 0.2, "b": None, "c": 0.2}.get)[0] == 0   # a tie: the heuristic's
+    assert S.pick_fastest(["a", "b"], {"a": None, "b": 0.5}.get)[0] == 1                   # a failed one never wins
+    assert S.pick_fastest(["a", "b"], lambda c: None) == (0, [None, None])                 # none ran: the first
+
+
 def test_scaled_mm_rejects_bad_operands(rng):
     q = np.zeros((4, 8), np.uint8)
     s = np.ones(2, np.float32)
@@ -104,7 +111,8 @@ def test_scaled_mm_rejects_bad_operands(rng):
 
 
 # ----------------------------------------------------------------------------- GPU
-SHAPES = [(1, 7), (5, 33), (257, 64), (130, 1000), (3, 3072), (2, 20001)]
+SHAPES = [(1, 7), (5, 33), (257, 64), (130, 1000), (3, 3072), (2, 20001), (1024, 3072)]   # the last: every block
+                                                                                          # loops (grid-wide barrier)
 
 
 @pytest.mark.gpu
@@ -126,6 +134,31 @@ def test_quantize_per_tensor_kernel_unaligned_and_zero(rng):
     assert cp.array_equal(q, qr) and cp.array_equal(s, sr)
     q, s = T.quantize_per_tensor(cp.zeros((4, 16), BF16))
     assert int(q.sum()) == 0 and backend.to_numpy(s).tolist() == [1.0, 1.0]
+
+
+@pytest.mark.gpu
+def test_quantize_per_tensor_kernel_leaves_its_barrier_ready_for_the_next_call(rng):
+    """The kernel keeps its amax and barrier counters in module memory and zeroes them itself: a call after one with
+    a larger amax gets its own scale (a stale amax would shrink it), in eager calls and in a replayed CUDA graph."""
+    from flame_core.cuda import CUDAGraph, graph
+    cp = backend.cupy
+    big = cp.asarray(rand(rng, (512, 3072), BF16, scale=100.0))
+    small = cp.asarray(rand(rng, (700, 1000), BF16, scale=0.01))
+    for x in (big, small, big, small):
+        q, s = T.quantize_per_tensor(x)
+        qr, sr = T._quantize_ref(x)
+        assert cp.array_equal(s, sr) and cp.array_equal(q, qr)
+    g = CUDAGraph()
+    with graph(g):
+        q_big, s_big = T.quantize_per_tensor(big)
+        q_small, s_small = T.quantize_per_tensor(small)
+    small[...] = cp.asarray(rand(rng, (700, 1000), BF16, scale=0.5))
+    for _ in range(2):
+        g.replay()
+        cp.cuda.Device().synchronize()
+        for x, q, s in ((big, q_big, s_big), (small, q_small, s_small)):
+            qr, sr = T._quantize_ref(x)
+            assert cp.array_equal(s, sr) and cp.array_equal(q, qr)
 
 
 @pytest.mark.gpu
@@ -167,3 +200,56 @@ def test_scaled_mm_falls_back_to_emulation_when_k_is_unaligned(rng):
     y = S.scaled_mm(qa, qb, sa, sb, out_dtype=BF16)
     assert S.last_path == "emulated"
     _assert_product(y, *_reference(qa, qb, sa, sb, None), BF16)
+
+
+@pytest.mark.gpu
+def test_scaled_mm_times_the_heuristics_candidates_once_per_problem(rng):
+    """The algorithm is the fastest of the heuristic's candidates, timed on the first eager call and cached; inside a
+    CUDA graph capture an untimed problem takes the heuristic's first and stays untimed."""
+    from flame_core.cuda import CUDAGraph, graph
+    cp = backend.cupy
+    M, N, K = 4608, 3072, 3072
+    qa, sa = T.quantize_per_tensor(cp.asarray(rand(rng, (M, K), BF16)))
+    qb, sb = T.quantize_per_tensor(cp.asarray(rand(rng, (N, K), BF16, scale=0.02)))
+    S.scaled_mm(qa[:16], qb[:16], sa, sb, out_dtype=BF16)   # cuBLASLt's handle and workspace: made outside capture
+    S._plans.clear()
+    g = CUDAGraph()
+    with graph(g):
+        y_graph = S.scaled_mm(qa, qb, sa, sb, out_dtype=BF16)
+    (plan,) = S._plans.values()
+    assert plan.algo is None and plan.times_ms is None
+    g.replay()
+    y = S.scaled_mm(qa, qb, sa, sb, out_dtype=BF16)
+    assert S.last_path == "cublaslt" and plan.algo is not None
+    times = plan.times_ms
+    assert len(times) == len(plan.candidates) >= 1
+    ran = [t for t in times if t is not None]
+    if len(plan.candidates) > 1:
+        assert ran and min(ran) == times[plan.candidates.index(plan.algo)]
+    print("candidates ms:", [None if t is None else round(t, 4) for t in times])
+    S.scaled_mm(qa, qb, sa, sb, out_dtype=BF16)
+    assert plan.times_ms is times                     # not timed again
+    cp.cuda.Device().synchronize()
+    _assert_product(y, *_reference(qa, qb, sa, sb, None), BF16, HOPPER_ACCUMULATION)
+    _assert_product(y_graph, *_reference(qa, qb, sa, sb, None), BF16, HOPPER_ACCUMULATION)
+
+
+# Fast accumulation (no promotion of the tensor cores' partial sums): bounded by the worst case of ~14-bit partial
+# sums over K / 32 additions; bench/fp8_quality.py measures its effect on the output's error.
+FAST_ACCUMULATION = 2.0 ** -8
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(100, 40, 64), (4608 // 9, 3072, 3072), (64, 3072, 12288), (128, 3072, 15360)])
+def test_scaled_mm_fast_accumulation_within_its_bound(rng, shape):
+    cp = backend.cupy
+    M, N, K = shape
+    qa, sa = T.quantize_per_tensor(cp.asarray(rand(rng, (M, K), BF16, scale=3.0)))
+    qb, sb = T.quantize_per_tensor(cp.asarray(rand(rng, (N, K), BF16, scale=0.02)))
+    bias = cp.asarray(rand(rng, (N,), BF16))
+    y = S.scaled_mm(qa, qb, sa, sb, bias=bias, out_dtype=BF16, fast_accum=True)
+    assert S.last_path == "cublaslt"
+    want, mag = _reference(qa, qb, sa, sb, bias)
+    err = np.abs(backend.to_numpy(y).astype(np.float64) - want) - 2.0 ** -8 * np.abs(want)
+    print(f"fast accumulation {shape}: worst 2^{np.log2(max(float(np.max(err / mag)), 1e-30)):.1f} of the terms")
+    _assert_product(y, want, mag, BF16, FAST_ACCUMULATION)

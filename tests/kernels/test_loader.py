@@ -164,7 +164,7 @@ def test_nvrtc_error_reports_file_and_line(monkeypatch, tmp_path):
 @pytest.mark.gpu
 def test_every_family_compiles_for_every_dtype():
     import ml_dtypes
-    for stem in ("activations", "softmax", "norms", "groupnorm", "modulate", "rope", "adamw", "fp8"):
+    for stem in ("activations", "softmax", "norms", "groupnorm", "modulate", "rope", "adamw", "fp8", "fp8_tensor"):
         for dt in (np.float32, np.float16, ml_dtypes.bfloat16):
             for name in loader.template_kernels(stem):
                 assert loader.get_function(stem, name, dt) is not None

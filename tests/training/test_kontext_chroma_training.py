@@ -2,6 +2,7 @@
 (datasets' control_path: same-name control images placed, encoded and cached with their targets, appended as
 reference tokens, the loss on the target's prediction), Chroma from an image folder (random preset and a diffusers
 folder on disk) with CFG previews, and the LoRA files each writes -- their names, and `generate` applying them."""
+import json
 import os
 
 import numpy as np
@@ -161,6 +162,31 @@ def test_control_path_is_checked_before_anything_loads(tmp_path, pairs):
         ImageDataset([DatasetConfig(folder_path=images, control_path=str(tmp_path / "nowhere"))])  # are read)
 
 
+def test_a_flux_pipeline_folder_is_not_a_kontext_model_as_generate_says(tmp_path, pairs):
+    """model.arch flux_kontext with a diffusers FluxPipeline folder (FLUX.1-dev) is refused before anything loads,
+    as `generate --arch flux_kontext` refuses it; the same folder named FluxKontextPipeline trains."""
+    from flame_models.bfl.tiny import tiny_flux_files
+    images, ctl, _ = pairs
+    model = os.path.dirname(tiny_flux_files(tmp_path / "dev", seed=1).transformer)
+    with pytest.raises(ConfigError, match=f"model.name_or_path: {model} is not a Flux Kontext transformer: it looks "
+                                          f"like a diffusers FluxPipeline folder \\(model.arch: flux trains it\\)"):
+        _kontext_on(tmp_path, images, ctl, model)
+    with pytest.raises(ValueError, match=f"--arch flux_kontext: {model} is not a Flux Kontext transformer"):
+        generate(model, "x", arch="flux_kontext", image=os.path.join(ctl, os.listdir(ctl)[0]), device="cpu")
+    index = os.path.join(model, "model_index.json")
+    with open(index) as f:
+        meta = json.load(f)
+    with open(index, "w") as f:
+        json.dump({**meta, "_class_name": "FluxKontextPipeline"}, f)
+    assert _kontext_on(tmp_path, images, ctl, model).model.arch == "flux_kontext"
+
+
+def _kontext_on(tmp_path, images, ctl, model):
+    return image_config(tmp_path, "k", model, images, steps=2, model={"arch": "flux_kontext", "t5_max_length": 8},
+                        datasets=[{"folder_path": images, "control_path": ctl, "resolution": 64,
+                                   "bucket_tolerance": 32}])
+
+
 def test_chroma_random_preset_trains_from_an_image_folder_with_cfg_previews(tmp_path):
     images = draw_images(tmp_path / "img")
     cfg = image_config(tmp_path, "chroma", None, images, steps=2,
@@ -226,6 +252,44 @@ def test_the_training_command_takes_kontext_control_images(pairs):
     with pytest.raises(ConfigError, match="--control: give the target images' folder too"):
         example.build_config(example.parser().parse_args(["--arch", "flux_kontext", "--control", ctl,
                                                           "--model", images]))
+
+
+@pytest.mark.parametrize("arch", ["chroma", "flux_kontext"])
+def test_each_family_end_to_end_through_the_training_command_and_generate(tmp_path, pairs, chroma_folder, arch,
+                                                                         capsys):
+    """`python -m flame_models.train --arch <family> --model <tiny folder> ...` writes a LoRA, and
+    `python -m flame_models.generate` applies it (Chroma with a negative prompt and CFG, Kontext editing --image):
+    the LoRA changes the image, each command exits 0."""
+    from flame_models import generate as gen
+    from flame_models import train
+    from flame_models.bfl.tiny import tiny_flux_files
+    images, ctl, names = pairs
+    if arch == "chroma":
+        model = os.path.dirname(chroma_folder.transformer)
+        extra, sample = [], ["--negative-prompt", "blurry", "--cfg", "3"]
+    else:
+        model = os.path.dirname(tiny_flux_files(tmp_path / "kontext", seed=5).transformer)
+        index = os.path.join(model, "model_index.json")       # a FluxKontextPipeline folder: Flux-dev's tensors
+        with open(index) as f:
+            meta = json.load(f)
+        with open(index, "w") as f:
+            json.dump({**meta, "_class_name": "FluxKontextPipeline"}, f)
+        extra, sample = ["--control", ctl], ["--image", os.path.join(ctl, names[0].replace(".png", ".jpg")),
+                                             "--keep-image-size"]              # 96x80: a small reference
+    out = tmp_path / "runs"
+    assert train.main(["--arch", arch, "--model", model, "--data", images, *extra, "--resolution", "64", "--output",
+                       str(out), "--name", "e2e", "--steps", "2", "--rank", "4", "--lr", "0.05", "--device", "cpu",
+                       "--sample-every", "0", "--save-every", "2"]) == 0
+    lora = os.path.join(out, "e2e", "e2e.safetensors")
+    assert os.path.isfile(lora), os.listdir(os.path.join(out, "e2e"))
+    base = ["--model", model, "--arch", arch, "--prompt", "a red square", "--width", "32", "--height", "32",
+            "--steps", "2", "--seed", "3", "--device", "cpu", *sample]
+    for name, more in (("plain", []), ("lora", ["--lora", lora])):
+        assert gen.main(base + more + ["--output", str(tmp_path / name)]) == 0
+    capsys.readouterr()
+    plain, tuned = (np.asarray(Image.open(os.path.join(tmp_path, n, sorted(os.listdir(tmp_path / n))[0])))
+                    for n in ("plain", "lora"))
+    assert plain.shape == tuned.shape == (32, 32, 3) and not np.array_equal(plain, tuned)
 
 
 def test_chroma_and_kontext_blocks_stream_and_store_in_fp8_as_fluxs(chroma_folder, tmp_path):

@@ -1,0 +1,83 @@
+"""The eager per-op fast paths (issue 48) keep the checks and results of the general paths they skip: linear's and
+layer_norm's argument checks on the arrays, reshape's size inference, the lazily settled cpu storage accounting, and
+the one-frame Function.apply."""
+import gc
+
+import numpy as np
+import pytest
+
+import flame_core as flame
+import flame_core.memory as M
+import flame_nn.functional as F
+from flame_core.errors import DTypeError, ShapeError
+
+
+def test_linear_fast_path_matches_the_composed_result():
+    x = flame.randn(2, 3, 4)
+    w, b = flame.randn(5, 4), flame.randn(5)
+    want = x.numpy() @ w.numpy().T + b.numpy()
+    np.testing.assert_allclose(F.linear(x, w, b).numpy(), want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(F.linear(x, w).numpy(), x.numpy() @ w.numpy().T, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad, err", [
+    (lambda: F.linear(flame.randn(2, 4), flame.randn(5, 3)), ShapeError),
+    (lambda: F.linear(flame.randn(2, 4), flame.randn(5, 4), flame.randn(4)), ShapeError),
+    (lambda: F.linear(flame.randn(2, 4), flame.randn(5, 4), flame.randn(5, dtype=flame.float64)), DTypeError),
+    (lambda: F.linear(flame.randn(2, 4, dtype=flame.float64), flame.randn(5, 4)), DTypeError),
+    (lambda: F.linear(flame.ones(2, 4, dtype=flame.int64), flame.ones(5, 4, dtype=flame.int64)), DTypeError),
+    (lambda: F.linear(flame.randn(()), flame.randn(5, 4)), ShapeError),
+])
+def test_linear_checks_still_raise(bad, err):
+    with pytest.raises(err):
+        bad()
+
+
+def test_layer_norm_fast_path_and_its_checks():
+    x = flame.randn(3, 6)
+    w, b = flame.randn(6), flame.randn(6)
+    xn = x.numpy()
+    mu, var = xn.mean(-1, keepdims=True), xn.var(-1, keepdims=True)
+    want = (xn - mu) / np.sqrt(var + 1e-5) * w.numpy() + b.numpy()
+    np.testing.assert_allclose(F.layer_norm(x, (6,), w, b).numpy(), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(F.layer_norm(x, 6, w, b).numpy(), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ShapeError):
+        F.layer_norm(x, (6,), flame.randn(5), b)
+    with pytest.raises(ShapeError):
+        F.layer_norm(x, (5,), flame.randn(5), flame.randn(5))
+
+
+def test_reshape_sizes():
+    x = flame.arange(24)
+    assert tuple(x.reshape(2, 3, 4).shape) == (2, 3, 4)
+    assert tuple(x.reshape((4, -1)).shape) == (4, 6)
+    assert tuple(x.reshape(np.int64(6), 4).shape) == (6, 4)
+    with pytest.raises(ShapeError):
+        x.reshape(5, 5)
+    with pytest.raises(ShapeError):
+        x.reshape(-1, -1)
+
+
+def test_cpu_accounting_settles_deaths_before_any_read():
+    flame.manual_seed(0)
+    base = M.memory_allocated("cpu")
+    t = flame.randn(1000)  # 4000 bytes
+    assert M.memory_allocated("cpu") == base + 4000
+    peak = M.max_memory_allocated("cpu")
+    del t
+    gc.collect()
+    assert M.memory_allocated("cpu") == base  # the death is accounted at the read, not at the next birth
+    assert M.max_memory_allocated("cpu") == peak
+    u = flame.randn(1000)
+    assert M.memory_allocated("cpu") == base + 4000
+    del u
+
+
+def test_a_recorded_op_and_its_backward_through_one_frame_apply():
+    x = flame.randn(4, requires_grad=True)
+    y = ((x * 2.0 + 1.0).tanh() - x).sum()
+    y.backward()
+    xn = x.detach().numpy()
+    want = 2.0 * (1 - np.tanh(xn * 2 + 1) ** 2) - 1
+    np.testing.assert_allclose(x.grad.numpy(), want, rtol=1e-5, atol=1e-6)
+    assert y.grad_fn is not None and x.grad_fn is None
