@@ -44,8 +44,10 @@ FWD_SM90_TILES = {64: (128, 2, 3), 128: (128, 2, 2)}
 SM90_FWD = True
 # FA3's ping-pong between the sm90 forward's two consumer warpgroups (named barriers: each issues its next product
 # only after the other issued its previous one, so one's softmax runs while the other's products use the tensor
-# cores). False: the warpgroups run unsynchronised (A/B).
-SM90_FWD_PINGPONG = True
+# cores). Off: measured slower on the H200 (2026-12-02, bit-equal outputs): Flux 1024² 0.632 vs 0.630 ms, SD3.5
+# 0.520 vs 0.492, SDXL self 0.248 vs 0.236 -- without intra-warpgroup overlap each warpgroup's softmax is shorter
+# than the other's two products, so the forced alternation only adds barrier waits. True: for A/B.
+SM90_FWD_PINGPONG = False
 SMALL_LK = 128  # at most this many keys (one key block, e.g. SDXL's 77 text tokens) the forward runs the sm_80
 # kernel's small tiles: 4 CTAs per SM beat the Hopper kernel's one (GPU time 0.019 vs 0.024 ms at SDXL cross, H100)
 # Hopper backward, cuda_src/flash_attention_bwd_sm90.cu: (consumer warpgroups, stages, BM) per padded head dim; a
