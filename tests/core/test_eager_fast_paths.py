@@ -61,14 +61,14 @@ def test_reshape_sizes():
 def test_cpu_accounting_settles_deaths_before_any_read():
     flame.manual_seed(0)
     base = M.memory_allocated("cpu")
-    t = flame.randn(1000)  # 4000 bytes
+    t = flame.randn(1000, device="cpu")  # 4000 bytes of cpu storage (the default device may be cuda)
     assert M.memory_allocated("cpu") == base + 4000
     peak = M.max_memory_allocated("cpu")
     del t
     gc.collect()
     assert M.memory_allocated("cpu") == base  # the death is accounted at the read, not at the next birth
     assert M.max_memory_allocated("cpu") == peak
-    u = flame.randn(1000)
+    u = flame.randn(1000, device="cpu")
     assert M.memory_allocated("cpu") == base + 4000
     del u
 
