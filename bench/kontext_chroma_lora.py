@@ -29,7 +29,6 @@ Run: PYTHONPATH=$PWD python3 bench/kontext_chroma_lora.py [--models kontext,chro
 import dataclasses
 import json
 import os
-import tempfile
 
 import common
 import lora_step
@@ -127,35 +126,9 @@ def diffusers_part(res, which, configs, a):
 # ----------------------------------------------------------------------------- FLAME's trainer under a budget
 def budget_part(res, which, a):
     """The model through FLAME's trainer under max_gpu_memory with fp8 storage."""
-    import flame_core as flame
-    from flame_models.training.config import config_from_dict
-    from flame_models.training.stages import _DevicePoll
-    from flame_models.training.trainer import Trainer
     arch, size = PRESETS[which]
-    key = f"{which}_budget_{a.budget}GiB_fp8"
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = config_from_dict({
-            "name": f"{which}_budget", "training_folder": tmp, "device": "cuda", "max_gpu_memory": f"{a.budget}GiB",
-            "model": {"arch": arch, "name_or_path": None, "size": size, "quantize": True},
-            "synthetic": {"num_samples": 8, "height": 1024, "width": 1024, "text_length": T5},
-            "network": {"type": "lora", "linear": 16, "linear_alpha": 16, "target": "attention"},
-            "train": {"steps": 1000, "batch_size": 1, "lr": 1e-4, "optimizer": "adamw", "dtype": "bf16",
-                      "gradient_checkpointing": True, "disable_sampling": True},
-            "sample": {"sample_every": 0}, "save": {"save_every": 10 ** 6}}, check_files=False)
-        poll = _DevicePoll(flame.device("cuda"))
-        tr = Trainer(cfg, verbose=False).setup()
-        res.log(f"{key}_resident_blocks", f"{len(tr.streamer.resident)} of {len(tr.streamer.names)}"
-                if tr.streamer is not None else "all")
-        for _ in range(max(a.warmup, 3)):   # the first steps capture the CUDA graph
-            tr.train_step()
-        ms = common.cuda_ms(tr.train_step, a.repeats, warmup=0)[0]
-        peak = poll.stop()
-        res.log(f"{key}_graphed", bool(tr.graphed is not None and tr.graphed.captured))
-        res.log(f"{key}_step_ms", round(ms, 1))
-        res.log(f"{key}_driver_peak_GiB", common.gib(peak))
-        res.log(f"{key}_pool_peak_reserved_GiB", common.gib(flame.memory.max_memory_reserved()))
-        del tr
-    lora_step.release_flame()
+    lora_step.trainer_budget_run(res, f"{which}_budget_{a.budget}GiB_fp8", f"{which}_budget", arch, size, a.budget,
+                                 T5, a.warmup, a.repeats)
 
 
 def peer_ms(res, which):

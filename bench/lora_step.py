@@ -123,6 +123,41 @@ def flame_steps(res, model, name_map, configs, make_step, repeats, warmup, graph
     gc.collect()
 
 
+def trainer_budget_run(res, key, name, arch, size, budget_gib, text_length, warmup, repeats):
+    """One family through FLAME's trainer under max_gpu_memory `budget_gib` GiB with fp8 block storage (synthetic
+    1024² samples, LoRA r16 on attention, AdamW, checkpointing): logs `{key}_resident_blocks`, `{key}_graphed`,
+    `{key}_step_ms`, `{key}_driver_peak_GiB` (polled from the driver) and `{key}_pool_peak_reserved_GiB`."""
+    import tempfile
+
+    import flame_core as flame
+    from flame_models.training.config import config_from_dict
+    from flame_models.training.stages import _DevicePoll
+    from flame_models.training.trainer import Trainer
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = config_from_dict({
+            "name": name, "training_folder": tmp, "device": "cuda", "max_gpu_memory": f"{budget_gib}GiB",
+            "model": {"arch": arch, "name_or_path": None, "size": size, "quantize": True},
+            "synthetic": {"num_samples": 8, "height": 1024, "width": 1024, "text_length": text_length},
+            "network": {"type": "lora", "linear": 16, "linear_alpha": 16, "target": "attention"},
+            "train": {"steps": 1000, "batch_size": 1, "lr": 1e-4, "optimizer": "adamw", "dtype": "bf16",
+                      "gradient_checkpointing": True, "disable_sampling": True},
+            "sample": {"sample_every": 0}, "save": {"save_every": 10 ** 6}}, check_files=False)
+        poll = _DevicePoll(flame.device("cuda"))
+        tr = Trainer(cfg, verbose=False).setup()
+        res.log(f"{key}_resident_blocks", f"{len(tr.streamer.resident)} of {len(tr.streamer.names)}"
+                if tr.streamer is not None else "all")
+        for _ in range(max(warmup, 3)):   # the first steps capture the CUDA graph
+            tr.train_step()
+        ms = common.cuda_ms(tr.train_step, repeats, warmup=0)[0]
+        peak = poll.stop()
+        res.log(f"{key}_graphed", bool(tr.graphed is not None and tr.graphed.captured))
+        res.log(f"{key}_step_ms", round(ms, 1))
+        res.log(f"{key}_driver_peak_GiB", common.gib(peak))
+        res.log(f"{key}_pool_peak_reserved_GiB", common.gib(flame.memory.max_memory_reserved()))
+        del tr
+    release_flame()
+
+
 def release_flame():
     """Give FLAME's cached device memory back (after the caller dropped its model)."""
     import flame_core.memory as fmem

@@ -21,7 +21,6 @@ Run: PYTHONPATH=$PWD python3 bench/qwen_image_lora.py [--sizes 1024] [--ckpt on,
                                                      [--budget 24,12] [--only-budget]
 """
 import dataclasses
-import tempfile
 
 import common
 import lora_step
@@ -89,34 +88,8 @@ def diffusers_part(res, configs, a):
 
 def budget_part(res, budget, a):
     """The released size through FLAME's trainer under max_gpu_memory `budget` GiB with fp8 block storage."""
-    import flame_core as flame
-    from flame_models.training.config import config_from_dict
-    from flame_models.training.stages import _DevicePoll
-    from flame_models.training.trainer import Trainer
-    key = f"budget_{budget}GiB_fp8"
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = config_from_dict({
-            "name": "qwen_budget", "training_folder": tmp, "device": "cuda", "max_gpu_memory": f"{budget}GiB",
-            "model": {"arch": "qwen_image", "name_or_path": None, "size": "qwen-image", "quantize": True},
-            "synthetic": {"num_samples": 8, "height": 1024, "width": 1024, "text_length": TXT_LEN},
-            "network": {"type": "lora", "linear": 16, "linear_alpha": 16, "target": "attention"},
-            "train": {"steps": 1000, "batch_size": 1, "lr": 1e-4, "optimizer": "adamw", "dtype": "bf16",
-                      "gradient_checkpointing": True, "disable_sampling": True},
-            "sample": {"sample_every": 0}, "save": {"save_every": 10 ** 6}}, check_files=False)
-        poll = _DevicePoll(flame.device("cuda"))
-        tr = Trainer(cfg, verbose=False).setup()
-        res.log(f"{key}_resident_blocks", f"{len(tr.streamer.resident)} of {len(tr.streamer.names)}"
-                if tr.streamer is not None else "all")
-        for _ in range(max(a.warmup, 3)):   # the first steps capture the CUDA graph
-            tr.train_step()
-        ms = common.cuda_ms(tr.train_step, a.repeats, warmup=0)[0]
-        peak = poll.stop()
-        res.log(f"{key}_graphed", bool(tr.graphed is not None and tr.graphed.captured))
-        res.log(f"{key}_step_ms", round(ms, 1))
-        res.log(f"{key}_driver_peak_GiB", common.gib(peak))
-        res.log(f"{key}_pool_peak_reserved_GiB", common.gib(flame.memory.max_memory_reserved()))
-        del tr
-    lora_step.release_flame()
+    lora_step.trainer_budget_run(res, f"budget_{budget}GiB_fp8", "qwen_budget", "qwen_image", "qwen-image", budget,
+                                 TXT_LEN, a.warmup, a.repeats)
 
 
 def budget_report(res, budgets):

@@ -13,7 +13,6 @@ over setup and steps. Compared with the peer's checkpointing step (acceptance: p
 Run: PYTHONPATH=$PWD python3 bench/sd3_lora.py [--models large,medium] [--ckpt on,off] [--repeats 5] [--graph]
                                                 [--budget 10] [--skip-diffusers]
 """
-import tempfile
 
 import common
 import lora_step
@@ -70,33 +69,8 @@ def diffusers_part(res, which, configs, a):
 
 def budget_part(res, a):
     """SD3.5 Large through the trainer under max_gpu_memory with fp8 storage."""
-    import flame_core as flame
-    from flame_models.training.config import config_from_dict
-    from flame_models.training.stages import _DevicePoll
-    from flame_models.training.trainer import Trainer
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = config_from_dict({
-            "name": "sd35l_budget", "training_folder": tmp, "device": "cuda", "max_gpu_memory": f"{a.budget}GiB",
-            "model": {"arch": "sd3", "name_or_path": None, "size": "sd3.5-large", "quantize": True},
-            "synthetic": {"num_samples": 8, "height": 1024, "width": 1024, "text_length": CTX},
-            "network": {"type": "lora", "linear": 16, "linear_alpha": 16, "target": "attention"},
-            "train": {"steps": 1000, "batch_size": 1, "lr": 1e-4, "optimizer": "adamw", "dtype": "bf16",
-                      "gradient_checkpointing": True, "disable_sampling": True},
-            "sample": {"sample_every": 0}, "save": {"save_every": 10 ** 6}}, check_files=False)
-        poll = _DevicePoll(flame.device("cuda"))
-        tr = Trainer(cfg, verbose=False).setup()
-        res.log("budget_resident_blocks", f"{len(tr.streamer.resident)} of {len(tr.streamer.names)}"
-                if tr.streamer is not None else "all")
-        for _ in range(max(a.warmup, 3)):   # the first steps capture the CUDA graph
-            tr.train_step()
-        ms = common.cuda_ms(tr.train_step, a.repeats, warmup=0)[0]
-        peak = poll.stop()
-        res.log("budget_graphed", bool(tr.graphed is not None and tr.graphed.captured))
-        res.log(f"budget_{a.budget}GiB_fp8_step_ms", round(ms, 1))
-        res.log(f"budget_{a.budget}GiB_fp8_driver_peak_GiB", common.gib(peak))
-        res.log(f"budget_{a.budget}GiB_fp8_pool_peak_reserved_GiB", common.gib(flame.memory.max_memory_reserved()))
-        del tr
-    lora_step.release_flame()
+    lora_step.trainer_budget_run(res, f"budget_{a.budget}GiB_fp8", "sd35l_budget", "sd3", "sd3.5-large", a.budget,
+                                 CTX, a.warmup, a.repeats)
 
 
 def budget_report(res, a):
