@@ -102,19 +102,9 @@ _note_death = _dead.append
 
 
 def _settle():
-    """Account the storages that died since the last birth or read (on_birth runs the same loop inline)."""
-    t = T
+    """Account the storages that died since the last birth or read (on_birth runs the same loop inline: hot path)."""
     while _dead:
-        r = _dead.pop()
-        k = r.key
-        if _live.get(k) is r:
-            del _live[k]
-        n = r.nbytes
-        t._allocated -= n
-        t._num_free += 1
-        t._freed += n
-        if t.observer is not None:
-            t.observer("free", t, r)
+        _gone(_dead.pop())
 
 
 def _gone(ref):
