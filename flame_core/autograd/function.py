@@ -84,32 +84,32 @@ class Node:
         input i in the same pass; the engine then stores that gradient instead of adding the two. The backward MUST
         return a gradient for input i that includes it. None when nothing is waiting, outside the engine's walk, or
         under create_graph (where the sum must stay differentiable)."""
-        from . import engine
-        cur = engine._running
-        if cur is None or cur[0] is not self:
+        found = self._pending_slot(i)
+        if found is None:
             return None
-        e = self.next_functions[i]
-        if e is None:
-            return None
-        slot = cur[1].get(e[0])
-        if slot is None or slot[e[1]] is None:
-            return None
-        g = slot[e[1]]
-        slot[e[1]] = None
-        owned = cur[2].get(e[0])
+        slot, child, idx, sums = found
+        g, slot[idx] = slot[idx], None
+        owned = sums.get(child)
         if owned is not None:
-            owned[e[1]] = False
+            owned[idx] = False
         return g
 
     def pending_grad(self, i):
         """The gradient take_pending_grad(i) would take, left in place (to check its layout first)."""
+        found = self._pending_slot(i)
+        return None if found is None else found[0][found[2]]
+
+    def _pending_slot(self, i):
+        """(engine slot, child node, output index, the engine's sums flags) holding a gradient for input i, or None."""
         from . import engine
         cur = engine._running
         if cur is None or cur[0] is not self:
             return None
         e = self.next_functions[i]
         slot = cur[1].get(e[0]) if e is not None else None
-        return None if slot is None else slot[e[1]]
+        if slot is None or slot[e[1]] is None:
+            return None
+        return slot, e[0], e[1], cur[2]
 
     def mark_non_differentiable(self, *tensors):
         self._non_diff = {id(t) for t in tensors}
