@@ -287,6 +287,7 @@ def linear_low_rank(input, weight, bias, factors, splits=None):
     if _amp.active:
         tensors = list(_amp.cast_inputs("lower", *tensors))
     input, weight, bias, *ab = tensors
+    check_same_device("linear_low_rank", *tensors)
     n_in, n_out = weight.shape[1], weight.shape[0]
     if weight.ndim != 2 or input.shape[-1] != n_in:
         raise ShapeError(f"linear_low_rank: input {fmt_shape(input.shape)} and weight {fmt_shape(weight.shape)} "

@@ -28,3 +28,15 @@ def test_messages_name_shapes_dtypes(device):
         a.sum(dim=5)
     with pytest.raises(errors.DeviceError, match="cuda:x"):
         flame.device("cuda:x")
+
+
+@pytest.mark.skipif(not flame.cuda.is_available(), reason="mixing devices needs a GPU")
+def test_linear_ops_name_both_devices():
+    from flame_core.ops.linear import linear, linear_low_rank
+    x = flame.randn(3, 4, device="cuda")
+    w, b = flame.randn(5, 4, device="cpu"), flame.randn(5, device="cpu")
+    with pytest.raises(errors.DeviceError, match="linear: .*cuda:0 and cpu"):
+        linear(x, w, b)
+    a_, b_ = flame.randn(2, 4, device="cuda"), flame.randn(5, 2, device="cuda")
+    with pytest.raises(errors.DeviceError, match="linear_low_rank: .*cuda:0 and cpu"):
+        linear_low_rank(x, w, b, [(a_, b_, 0, 5, 1.0)])

@@ -13,6 +13,7 @@ import pytest
 import flame_core as flame
 import flame_nn
 from flame_core import io
+from flame_core.device import default_device
 from flame_models.qwen_image import (
     QwenImageCheckpointError,
     QwenImageParams,
@@ -152,7 +153,7 @@ def reference_forward(sd, p, hidden, txt, mask, sigma, grid):
 
 def _model(seed=0, p=TINY):
     flame.manual_seed(seed)
-    model = QwenImageTransformer2DModel(p, dtype=flame.float32, device="cpu")
+    model = QwenImageTransformer2DModel(p, dtype=flame.float32, device=default_device())   # the test device
     rng = np.random.default_rng(seed + 100)
     with flame.no_grad():
         for _, t in model.named_parameters():          # non-trivial gains and biases: a swapped tensor shows
@@ -268,7 +269,7 @@ def test_a_diffusers_folder_sharded_round_trips(tmp_path):
     hidden, txt, mask, sigma = _inputs()
     want = _run(model, hidden, txt, mask, sigma)
     for where in (folder, tmp_path / "pipe", folder / "diffusion_pytorch_model.safetensors.index.json"):
-        loaded = load_qwen_image(str(where), dtype=flame.float32, device="cpu")
+        loaded = load_qwen_image(str(where), dtype=flame.float32, device=default_device())
         assert loaded.params == TINY
         assert np.array_equal(_run(loaded, hidden, txt, mask, sigma), want)
     assert read_qwen_image_params(str(folder)) == TINY
@@ -288,7 +289,7 @@ def test_a_comfyui_file_and_a_config_free_file_load(tmp_path):
         path = str(tmp_path / f"comfy{len(prefix)}.safetensors")
         extra = {"vae.decoder.conv_in.weight": flame.zeros(2, 2)} if prefix else {}
         io.save_file({**{prefix + k: v for k, v in state.items()}, **extra}, path)   # no metadata, no config.json
-        loaded = load_qwen_image(path, device="cpu")
+        loaded = load_qwen_image(path, device=default_device())
         assert loaded.params == model.params and loaded.img_in.weight.dtype == flame.float32
         assert np.array_equal(_run(loaded, hidden, txt, mask, sigma), want)
 

@@ -12,6 +12,7 @@ import pytest
 
 import flame_core as flame
 from flame_core import io
+from flame_core.device import default_device
 from flame_models.bfl.sampling import pack
 from flame_models.qwen_image import load_qwen_image, params_from_config
 from flame_models.qwen_image import sampling as S
@@ -37,8 +38,8 @@ def _rel(ours, theirs):
 def fixture():
     _, meta = _read("qwen_image_weights.safetensors")
     params = params_from_config(json.loads(meta["config"]))
-    model = load_qwen_image(os.path.join(HERE, "qwen_image_weights.safetensors"), dtype=flame.float32, device="cpu",
-                            params=params)
+    model = load_qwen_image(os.path.join(HERE, "qwen_image_weights.safetensors"), dtype=flame.float32,
+                            device=default_device(), params=params)              # the test device
     arrays, io_meta = _read("qwen_image_io.safetensors")
     return model, arrays, io_meta
 
