@@ -10,7 +10,10 @@ batch 1, MSE against a random target), gradient checkpointing on and off:
            training scripts do
   chroma   Chroma1 (8.9B; no CLIP, the approximator's modulations): T5 512 with its padding mask (REAL_TOKENS real
            tokens; FLAME attends them and the first padding token; the peer gets ChromaPipeline's mask, the same
-           tokens plus every image token, which diffusers 0.42.1 hands to SDPA as a float bias)
+           tokens plus every image token, which diffusers 0.42.1 hands to SDPA as a float bias). FLAME's input is
+           what its trainer feeds the model (--text-cut on, the default): the tokens no attention sees cut
+           (flame_models/data/text_trim.py; a run whose captions all have REAL_TOKENS tokens keeps 129, unmasked);
+           --text-cut off gives it the 512 tokens and the mask
 The peer: diffusers' FluxTransformer2DModel / ChromaTransformer2DModel + PEFT, eager, then compiled (regional:
 compile_repeated_blocks(fullgraph=True), fused AdamW), as bench/flux_lora.py and ../shared/peers/compiled_peer.py.
 
@@ -74,7 +77,16 @@ def flame_part(res, which, configs, a):
                 v = model(img=x, img_ids=xids, txt=txt, txt_ids=tids, timesteps=t, y=y, guidance=guidance)
                 return target_velocity(v, n)
             return lora_step.flame_loss(call), (img, ref, txt, y, target)
-        mask = flame.tensor((np.arange(T5) < REAL_TOKENS).astype(np.float32)[None], device="cuda")
+        mask, keep = (np.arange(T5) < REAL_TOKENS).astype(np.float32), T5
+        if a.text_cut == "on":      # as FLAME's trainer cuts a run whose captions all hold REAL_TOKENS tokens
+            from flame_models.data.text_trim import TextTrim
+            from flame_models.training.family import get_family
+            trim = TextTrim()
+            keep = trim.plan([get_family("chroma").attended_text_length(mask)], T5)
+            mask = mask[:keep] if trim.keep_mask else None
+            txt, tids = txt[:, :keep].contiguous(), text_ids(keep, 1, device="cuda")
+        res[f"flame_chroma_text_tokens_{px}"] = keep
+        mask = None if mask is None else flame.tensor(mask[None], device="cuda")
 
         def call(img, txt):
             return model(img, ids, txt, tids, t, txt_mask=mask)
@@ -162,6 +174,8 @@ def main():
     ap.add_argument("--blocks", default=None, type=lambda v: tuple(int(x) for x in v.split(",")),
                     help="double,single block counts (default: the real 19,38)")
     ap.add_argument("--only-budget", action="store_true", help="run the --budget trainer runs alone")
+    ap.add_argument("--text-cut", choices=("on", "off"), default="on",
+                    help="Chroma: FLAME gets the T5 tokens its trainer keeps (on) or all 512 with the mask (off)")
     a = ap.parse_args()
     if a.budget == int(a.budget):
         a.budget = int(a.budget)
@@ -178,7 +192,8 @@ def main():
     if a.budget:
         ours += [(f"FLAME trainer, {LABELS[m]}, {a.budget} GiB, fp8", lambda m=m: budget_part(res, m, a))
                  for m in models]
-    ctx = {"kontext": f"{T5} T5 tokens, 1024² reference appended", "chroma": f"{T5} T5 tokens ({REAL_TOKENS} real)"}
+    ctx = {"kontext": f"{T5} T5 tokens, 1024² reference appended", "chroma": f"{T5} T5 tokens ({REAL_TOKENS} real"
+           + (f"; FLAME: the {REAL_TOKENS + 1} its trainer keeps)" if a.text_cut == "on" else ")")}
 
     def step_report(m):
         return lora_step.report(res, configs, f"\n{LABELS[m]} LoRA r16 (attention) step, bf16 autocast, batch 1, "

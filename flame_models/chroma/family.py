@@ -17,7 +17,7 @@ from . import family_parts as chroma_parts
 from . import pipeline as chroma_pipeline
 from .loading import ChromaCheckpointError, load_chroma, read_chroma_params
 from .lora_keys import TARGET_PRESETS, name_map_for
-from .model import Chroma
+from .model import ATTN_PADDING, Chroma
 from .params import chroma_params
 
 _DDPM_NOTE = "Chroma trains with flow matching (train.timestep_type, train.weighting_scheme); this is for sdxl's DDPM"
@@ -90,12 +90,19 @@ class ChromaFamily(FlowMatchingFamily):
         B = x0.shape[0]
         height, width = latents.shape[2] * self.vae_scale_factor, latents.shape[3] * self.vae_scale_factor
         txt = flame.tensor(batch["prompt_embeds"], dtype=flame.float32, device=device)
-        mask = np.asarray(batch["prompt_mask"]) > 0.5    # (1 on real tokens; a synthetic sample's arrays are
-        mask = np.where(mask.any(axis=1, keepdims=True), mask, True).astype(np.float32)   # noise: > 0.5 of it)
-        cond = {"txt": txt, "txt_mask": flame.tensor(mask, device=device),
-                "img_ids": image_ids(height, width, B, device=device),
+        cond = {"txt": txt, "img_ids": image_ids(height, width, B, device=device),
                 "txt_ids": text_ids(txt.shape[1], B, device=device)}
+        if "prompt_mask" in batch:   # (absent: the run's text was cut to what every caption attends, text_trim.py)
+            mask = np.asarray(batch["prompt_mask"]) > 0.5    # (1 on real tokens; a synthetic sample's arrays are
+            mask = np.where(mask.any(axis=1, keepdims=True), mask, True).astype(np.float32)   # noise: > 0.5 of it)
+            cond["txt_mask"] = flame.tensor(mask, device=device)
         return x0, cond
+
+    def attended_text_length(self, prompt_mask):
+        """The real tokens and the first padding token (Chroma.forward's attn_padding); a mask without a real token
+        attends all (as training_inputs reads it)."""
+        m = np.asarray(prompt_mask) > 0.5
+        return m.shape[0] if not m.any() else min(m.shape[0], int(m.sum()) + ATTN_PADDING)
 
     def image_seq_len(self, x0):
         return x0.shape[1]
@@ -104,7 +111,8 @@ class ChromaFamily(FlowMatchingFamily):
         return pack_mask(mask, self.latent_channels, x0.device)
 
     def forward(self, model, x_t, t, cond):
-        return model(x_t, cond["img_ids"], cond["txt"], cond["txt_ids"], t, txt_mask=cond["txt_mask"])
+        return model(x_t, cond["img_ids"], cond["txt"], cond["txt_ids"], t, txt_mask=cond.get("txt_mask"),
+                     attn_padding=ATTN_PADDING)
 
     # ------------------------------------------------------------------ previews
     def negative_prompt(self, cfg):

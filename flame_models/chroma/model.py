@@ -9,8 +9,10 @@ from .layers import Approximator, ChromaLastLayer, approximator_input
 from .lora_keys import name_map_for
 from .params import chroma_params
 
+ATTN_PADDING = 1   # padding tokens attended after the real ones (lodestone's modify_mask_to_attend_padding)
 
-def attended_text(txt_mask, attn_padding=1):
+
+def attended_text(txt_mask, attn_padding=ATTN_PADDING):
     """Which text tokens are attended (B, L) bool, from T5's attention mask (B, L) (1 on real tokens, right-padded):
     the real tokens plus the first `attn_padding` padding tokens (lodestone's modify_mask_to_attend_padding; the
     model was trained so)."""
@@ -61,7 +63,7 @@ class Chroma(flame_nn.GradientCheckpointingMixin, flame_nn.Module):
         x = approximator_input(timesteps, p.mod_index_length, p.approximator_in_dim, guidance)
         return self.distilled_guidance_layer(x)
 
-    def forward(self, img, img_ids, txt, txt_ids, timesteps, txt_mask=None, guidance=None, attn_padding=1):
+    def forward(self, img, img_ids, txt, txt_ids, timesteps, txt_mask=None, guidance=None, attn_padding=ATTN_PADDING):
         """img (B, L_img, in_channels) packed latents, txt (B, L_txt, context_in_dim) T5 states, ids (B, L, 3) or
         (L, 3), timesteps (B,) in [0, 1], txt_mask (B, L_txt) T5's attention mask (1 on real tokens; the real
         tokens and the first `attn_padding` padding tokens are attended, the rest masked from every attention;

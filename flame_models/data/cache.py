@@ -128,6 +128,22 @@ class _Store:
             raise DataError(f"{what}: cache file {path}: {why}; run again to encode it again")
         return arrays
 
+    def read_array(self, key, name, what):
+        """One array of an entry, or None when the entry has no `name` (a file: read alone, unchecked -- `read`
+        checks the whole entry when a batch loads it)."""
+        if self.memory is not None:
+            if key not in self.memory:
+                raise DataError(f"{what}: not in the in-memory cache; run the caching stage first")
+            return self.memory[key].get(name)
+        from flame_core import io
+        path = self.path(key)
+        try:
+            with io.safe_open(path) as f:
+                return f.get_array(name) if name in f.keys() else None
+        except (OSError, ValueError) as ex:
+            raise DataError(f"{what}: cache file {path} is unreadable ({type(ex).__name__}: {ex}); run the caching "
+                            f"stage again") from ex
+
     def prune(self, keep):
         if self.memory is not None:
             for k in [k for k in self.memory if k not in keep]:
@@ -313,6 +329,11 @@ class TextEmbeddingCache:
         """{name: array} of `prompt` (each without the batch dimension)."""
         shown = prompt if len(prompt) <= 60 else prompt[:57] + "..."
         return self.store.read(self.key(prompt), f"text embeddings of {shown!r}")
+
+    def load_array(self, prompt, name):
+        """The array `name` of `prompt`'s entry alone (None when the encoder made none of that name)."""
+        shown = prompt if len(prompt) <= 60 else prompt[:57] + "..."
+        return self.store.read_array(self.key(prompt), name, f"text embeddings of {shown!r}")
 
     def prune(self, prompts):
         return self.store.prune({self.key(p) for p in prompts})

@@ -14,17 +14,20 @@ import numpy as np
 
 from .errors import DataError
 from .sampler import BucketBatchSampler
+from .text_trim import TextTrim
 
 SIZE_KEYS = ("original_size", "crop_coords", "target_size")
 
 
 class TrainingDataset:
     """`masks`: the MaskCache when the datasets have masks; `only`: the sample indices this view draws (None: all;
-    the regularisation mix draws its training and its regularisation samples through two views)."""
+    the regularisation mix draws its training and its regularisation samples through two views); `text_trim`: the
+    run's TextTrim (text_trim.py; planned after the text cache is filled), shared by every view."""
 
-    def __init__(self, dataset, latents, texts, masks=None, only=None):
+    def __init__(self, dataset, latents, texts, masks=None, only=None, text_trim=None):
         self.dataset, self.latents, self.texts, self.masks = dataset, latents, texts, masks
         self.only = None if only is None else frozenset(int(i) for i in only)
+        self.text_trim = TextTrim() if text_trim is None else text_trim   # shared with the views (subset)
         if getattr(dataset, "has_masks", False) and masks is None:
             raise DataError("the datasets have masks (mask_path / alpha_mask): give TrainingDataset their MaskCache")
 
@@ -33,7 +36,7 @@ class TrainingDataset:
 
     def subset(self, indices):
         """A view drawing only the samples `indices` (the same caches)."""
-        return TrainingDataset(self.dataset, self.latents, self.texts, self.masks, indices)
+        return TrainingDataset(self.dataset, self.latents, self.texts, self.masks, indices, self.text_trim)
 
     def buckets(self):
         out = self.dataset.buckets()
@@ -60,7 +63,7 @@ class TrainingDataset:
         original_size (h, w), crop_coords (top, left), target_size (h, w)."""
         d = self.dataset
         caption = d.caption(i, epoch)
-        item = dict(self.texts.load(caption))
+        item = self.text_trim.apply(dict(self.texts.load(caption)))   # (the tokens no attention sees cut)
         if "latents" in item:
             raise DataError("encode_prompts returned a key named 'latents', which the batch uses for the VAE latents")
         item["latents"] = self.latents.load(d.latent_spec(i))

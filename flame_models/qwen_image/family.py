@@ -100,11 +100,23 @@ class QwenImageFamily(FlowMatchingFamily):
         latents = batch["latents"]                                      # (B, 16, h, w), normalised per channel
         x0 = pack(flame.tensor(latents, dtype=flame.float32, device=device))
         txt = flame.tensor(batch["prompt_embeds"], dtype=flame.float32, device=device)
-        mask = np.asarray(batch["prompt_mask"]) > 0.5    # (1 on valid tokens; a synthetic sample's arrays are
-        mask = np.where(mask.any(axis=1, keepdims=True), mask, True).astype(np.float32)   # noise: > 0.5 of it)
         # the token grid travels as a tensor's shape (cond holds tensors only; a shape needs no host sync)
         grid = flame.zeros(latents.shape[2] // 2, latents.shape[3] // 2, device=device)
-        return x0, {"txt": txt, "txt_mask": flame.tensor(mask, device=device), "grid": grid}
+        cond = {"txt": txt, "grid": grid}
+        if "prompt_mask" in batch:   # (absent: the run's text was cut to what every caption attends, text_trim.py)
+            mask = np.asarray(batch["prompt_mask"]) > 0.5    # (1 on valid tokens; a synthetic sample's arrays are
+            mask = np.where(mask.any(axis=1, keepdims=True), mask, True).astype(np.float32)   # noise: > 0.5 of it)
+            cond["txt_mask"] = flame.tensor(mask, device=device)
+        return x0, cond
+
+    def attended_text_length(self, prompt_mask):
+        """The valid tokens when they lead (the pipeline's padding trails them); None for a mask with holes. A mask
+        without a valid token attends all (as training_inputs reads it)."""
+        m = np.asarray(prompt_mask) > 0.5
+        n = int(m.sum())
+        if n == 0:
+            return m.shape[0]
+        return n if m[:n].all() else None
 
     def image_seq_len(self, x0):
         return x0.shape[1]
@@ -114,7 +126,7 @@ class QwenImageFamily(FlowMatchingFamily):
 
     def forward(self, model, x_t, t, cond):
         rows, cols = cond["grid"].shape
-        return model(x_t, cond["txt"], cond["txt_mask"], t, [[(1, rows, cols)]] * x_t.shape[0])
+        return model(x_t, cond["txt"], cond.get("txt_mask"), t, [[(1, rows, cols)]] * x_t.shape[0])
 
     # ------------------------------------------------------------------ previews
     def negative_prompt(self, cfg):

@@ -42,6 +42,9 @@ stage loading its model, running it and freeing it before the next:
     load_text_encoders(model_cfg, device, budget)   an object with .free(); budget: max_gpu_memory in bytes or None
                                         (Flux: T5 in fp8 and/or streamed when it asks for that)
     encode_prompts(encoders, prompts)   {key: (B, ...) float32} for sample_keys[1:] (padded to one length)
+    attended_text_length(prompt_mask)   the leading text tokens of one cached caption some attention sees (the rest
+                                        masked from every query), or None; the run's batches are cut to the longest
+                                        (data/text_trim.py: Chroma's T5, Qwen-Image's padding)
     negative_prompt(cfg)                the text encoded as the previews' negative prompt (CFG), or None (none, or
                                         the family's own unconditional input); its arrays join each preview
                                         prompt's conditioning as "negative_<key>"

@@ -115,6 +115,12 @@ class DiffusionFamily(ModelFamily):
             return f"pooled_prompt_embeds {pooled}: expected ({pooled_dim or pooled_name},) for this {self.model_noun}"
         return None
 
+    def attended_text_length(self, prompt_mask):
+        """How many leading text tokens of one caption some attention sees -- exactly those, every later one masked
+        from every query -- from its cached prompt_mask (L,); None: this family attends all of its text (no cut,
+        see flame_models/data/text_trim.py)."""
+        return None
+
     def synthetic_conditioning(self, spec, text_length):
         ctx_name, pooled_name = self.cond_dims
         return {"prompt_embeds": (text_length, getattr(spec, ctx_name)),

@@ -25,13 +25,13 @@ import numpy as np
 from flame_core import memory
 
 from ..data import (
-                    BucketLoader,
-                    ImageDataset,
-                    LatentCache,
-                    TextEmbeddingCache,
-                    TrainingDataset,
-                    evaluation_config,
-                    split_records,
+    BucketLoader,
+    ImageDataset,
+    LatentCache,
+    TextEmbeddingCache,
+    TrainingDataset,
+    evaluation_config,
+    split_records,
 )
 from ..data.buckets import Bucket, place
 from ..data.captions import apply_trigger
@@ -40,6 +40,7 @@ from ..data.dataset import LatentSpec
 from ..data.images import probe_image
 from ..data.masks import MaskCache
 from ..data.reg_mix import RegMixLoader
+from ..data.text_trim import MASK_KEY
 from .samples import PreviewPrompt, split_ctrl_img
 from .text_training import CaptionTokens
 
@@ -162,6 +163,7 @@ def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, ve
                                                                         fam.text_encoder_id(c.model, dev, budget))
         masks = MaskCache(fam.vae_scale_factor) if dataset.has_masks else None
         data = TrainingDataset(dataset, latents, texts, masks)
+        trim = data.text_trim                    # planned once the text cache is filled (below); views share it
         shuffle = all(d.shuffle for d in c.datasets)
         loader = (RegMixLoader.build(data, c.train.batch_size, shuffle, c.train.seed, c.train.reg_ratio)
                   if dataset.has_reg else BucketLoader(data, c.train.batch_size, shuffle=shuffle, seed=c.train.seed))
@@ -171,7 +173,7 @@ def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, ve
         if validation is not None:
             captions += validation.prompts([0])
     else:
-        latents, masks, captions = None, None, []
+        latents, masks, captions, trim = None, None, [], None
         texts = TextEmbeddingCache(None, fam.text_encoder_id(c.model, dev, budget)) if prompts else None
     if not encode:
         out.loader, out.latents, out.texts = loader, latents, texts
@@ -236,7 +238,9 @@ def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, ve
                 log(f"text embeddings: all {len(wanted)} cached; text encoders not loaded")
     if loader is not None:
         loader.dataset.check(epochs)
-    out.validation = _validation_data(validation, latents, texts)
+        if _plan_text_trim(fam, texts, captions, trim):
+            log(trim.describe())
+    out.validation = _validation_data(validation, latents, texts, trim)
     neg = {} if negative is None else {f"negative_{k}": v for k, v in texts.load(negative).items()}
     out.prompts = [PreviewPrompt(text, {**texts.load(text), **neg, **_control(fam, dataset, latents, i, controls, k)},
                                  None if i is None else latents.load(dataset.latent_spec(i)))
@@ -245,11 +249,31 @@ def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, ve
     return out
 
 
-def _validation_data(validation, latents, texts):
-    """The held-out images over the filled caches (every entry checked present), or None."""
+def _plan_text_trim(fam, texts, captions, trim):
+    """Plan `trim` (data/text_trim.py) from every caption's cached mask and the family's attended prefix of it
+    (attended_text_length); True when the batches' text is cut. Nothing is cut for a family without one, for
+    trained text encoders (token ids, not embeddings) or when a caption's mask is not a prefix."""
+    if trim is None or not isinstance(texts, TextEmbeddingCache) or not captions:
+        return False
+    prefixes, full = [], None
+    for p in dict.fromkeys(captions):
+        mask = texts.load_array(p, MASK_KEY)
+        if mask is None or mask.ndim != 1 or (full is not None and mask.shape[0] != full):
+            return False
+        full = mask.shape[0]
+        k = fam.attended_text_length(mask)
+        if k is None:
+            return False
+        prefixes.append(k)
+    return trim.plan(prefixes, full) is not None
+
+
+def _validation_data(validation, latents, texts, trim=None):
+    """The held-out images over the filled caches (every entry checked present), or None. `trim`: the training
+    data's TextTrim (the held-out captions are among those it was planned from)."""
     if validation is None:
         return None
-    data = TrainingDataset(validation, latents, texts)
+    data = TrainingDataset(validation, latents, texts, text_trim=trim)
     data.check([0])
     return data
 

@@ -396,3 +396,23 @@ def test_synthetic_kontext_samples_carry_a_control_latent(tmp_path, monkeypatch)
     result = Trainer(cfg, verbose=False).train()
     assert np.isfinite(result["losses"]).all()
     assert seen[0] == ((1, 16, 8, 8), (1, 16, 64))
+
+
+def test_chroma_trains_on_the_text_its_attention_sees(tmp_path, monkeypatch):
+    """The run's T5 tokens are cut after the longest caption's real tokens + the first padding token (the rest are
+    masked from every attention): the same losses as the masked full text, with fewer tokens."""
+    from flame_models.chroma.family import ChromaFamily
+    images = draw_images(tmp_path / "img")
+    model = {"arch": "chroma", "size": None, "name_or_path": None, "t5_max_length": 32}
+
+    def run(name):
+        trainer = Trainer(image_config(tmp_path, name, None, images, steps=2, model=model), verbose=False)
+        return trainer, trainer.train()
+
+    cut, cut_result = run("cut")
+    width = cut.loader.next_batch()["prompt_embeds"].shape[1]
+    assert 1 < width < 32
+    monkeypatch.setattr(ChromaFamily, "attended_text_length", lambda self, mask: None)   # no cut: masked 32 tokens
+    full, full_result = run("full")
+    assert full.loader.next_batch()["prompt_embeds"].shape[1] == 32
+    np.testing.assert_allclose(cut_result["losses"], full_result["losses"], rtol=1e-6)   # (a cut 1 short: 5e-6)
