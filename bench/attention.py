@@ -9,6 +9,7 @@ over FLAME's (above 1: FLAME is faster). Each FLAME output is checked against to
 the GPU time alone of the forward and of forward+backward (a 1 GiB memset queued first, so the host has issued every
 call before the first starts) and the host microseconds per call, FLAME and torch FA2.
 Run: PYTHONPATH=$PWD python3 bench/attention.py [--reps 25] [--only flux-1024,sdxl-cross]
+     PYTHONPATH=$PWD python3 bench/attention.py --only flux-1024 --key-mask 129   (Chroma's masked T5 padding)
 """
 import argparse
 import sys
@@ -26,8 +27,8 @@ SHAPES = [  # name, B, H, Lq, Lk, D
 BACKENDS = ("FA2", "cuDNN", "mem-eff")
 
 
-def flame_fns(B, H, Lq, Lk, D):
-    """(forward, forward+backward, inputs q, k, v, dout) on CuPy bf16 arrays."""
+def flame_fns(B, H, Lq, Lk, D, mask=None):
+    """(forward, forward+backward, inputs q, k, v, dout) on CuPy bf16 arrays; `mask`: a bool key mask for FLAME."""
     import cupy as cp
     import ml_dtypes
 
@@ -39,11 +40,11 @@ def flame_fns(B, H, Lq, Lk, D):
     scale = 1.0 / np.sqrt(D)
 
     def fwd():
-        return A._kernel_forward(q, k, v, None, False, scale)
+        return A._kernel_forward(q, k, v, mask, False, scale)
 
     def fwd_bwd():
         o, lse = fwd()
-        return o, A._kernel_backward(g, q, k, v, o, lse, None, False, scale)
+        return o, A._kernel_backward(g, q, k, v, o, lse, mask, False, scale)
     return fwd, fwd_bwd, inputs
 
 
@@ -113,6 +114,51 @@ def measure(res, torch, name, B, H, Lq, Lk, D, reps, inner):
     torch.cuda.empty_cache()
 
 
+def measure_key_mask(res, torch, name, B, H, Lq, Lk, D, reps, inner, kept, text=512):
+    """Chroma's key-padding mask (B, 1, 1, Lk): of the first `text` keys (the T5 tokens) only `kept` attended. FLAME
+    masked against FLAME unmasked, and torch's memory-efficient SDPA with the same mask (the peers' path; cuDNN and
+    FA2 take no boolean mask), outputs checked against it."""
+    import cupy as cp
+    from torch.nn.attention import SDPBackend
+    keep = np.ones((B, 1, 1, Lk), bool)
+    keep[..., kept:text] = False
+    fwd, fwd_bwd, inputs = flame_fns(B, H, Lq, Lk, D, cp.asarray(keep))
+    plain_f, plain_fb, _ = flame_fns(B, H, Lq, Lk, D)
+    as_torch = (lambda a: torch.as_tensor(a.view(cp.uint16), device="cuda").view(torch.bfloat16))
+    q, k, v, g = (as_torch(a) for a in inputs)
+    tmask = torch.as_tensor(keep, device="cuda")
+    F = torch.nn.functional
+    from torch.nn.attention import sdpa_kernel
+    qr, kr, vr = (t.detach().requires_grad_() for t in (q, k, v))
+
+    def t_fwd():
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION), torch.no_grad():
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=tmask)
+
+    def t_fwd_bwd():
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+            o = F.scaled_dot_product_attention(qr, kr, vr, attn_mask=tmask)
+        o.backward(g)
+        return o
+    o, _ = fwd()
+    row = {"shape": (B, H, Lq, Lk, D), "kept": kept, "text": text, "check_o": rel(as_torch(o), t_fwd()),
+           "flame_masked_fwd_ms": common.cuda_ms(fwd, reps, 5, inner=inner)[0],
+           "flame_masked_fwd_bwd_ms": common.cuda_ms(fwd_bwd, reps, 5, inner=inner)[0],
+           "flame_fwd_ms": common.cuda_ms(plain_f, reps, 5, inner=inner)[0],
+           "flame_fwd_bwd_ms": common.cuda_ms(plain_fb, reps, 5, inner=inner)[0],
+           "memeff_masked_fwd_ms": common.cuda_ms(t_fwd, reps, 5, lib="torch", inner=inner)[0],
+           "memeff_masked_fwd_bwd_ms": common.cuda_ms(t_fwd_bwd, reps, 5, lib="torch", inner=inner)[0]}
+    res.log(name + "-keymask", row)
+    print(f"{name}, key mask ({kept} of the first {text} keys attended): FLAME masked fwd "
+          f"{row['flame_masked_fwd_ms']:.3f} / fwd+bwd {row['flame_masked_fwd_bwd_ms']:.3f} ms; unmasked "
+          f"{row['flame_fwd_ms']:.3f} / {row['flame_fwd_bwd_ms']:.3f}; torch mem-eff masked "
+          f"{row['memeff_masked_fwd_ms']:.3f} / {row['memeff_masked_fwd_bwd_ms']:.3f}; rel. error vs mem-eff "
+          f"{row['check_o']:.2e}", flush=True)
+    del inputs, o
+    cp.get_default_memory_pool().free_all_blocks()
+    torch.cuda.empty_cache()
+
+
 def report(res, shapes):
     rows = []
     for name, *_ in shapes:
@@ -140,11 +186,19 @@ def main():
     ap.add_argument("--reps", type=int, default=25)
     ap.add_argument("--inner", type=int, default=5, help="back-to-back calls per timed interval")
     ap.add_argument("--only", default=None, help="comma-separated shape names")
+    ap.add_argument("--key-mask", type=int, default=None, metavar="KEPT",
+                    help="instead: FLAME with Chroma's key-padding mask (KEPT of the first 512 keys attended) "
+                         "against itself unmasked and torch's mem-efficient SDPA with the mask")
     args = ap.parse_args()
     torch = common.import_torch()
     if torch is None:
         sys.exit("bench/attention.py compares with torch SDPA: torch is not importable")
     shapes = [sh for sh in SHAPES if args.only is None or sh[0] in args.only.split(",")]
+    if args.key_mask is not None:
+        res = common.Results("attention_key_mask")
+        failed = common.run_parts(res, [(sh[0], (lambda sh: lambda: measure_key_mask(
+            res, torch, *sh, args.reps, args.inner, args.key_mask))(sh)) for sh in shapes])
+        sys.exit(1 if failed else 0)
     res = common.Results("attention")
     failed = common.run_parts(res, [(sh[0], (lambda sh: lambda: measure(res, torch, *sh, args.reps, args.inner))(sh))
                                     for sh in shapes])
