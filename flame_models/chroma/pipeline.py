@@ -19,6 +19,7 @@ from ..pipeline import check_loras as _check_loras
 from ..pipeline import load_for_sampling
 from .components import ChromaFiles, ChromaFilesError, find_chroma_files
 from .loading import load_chroma
+from .model import ATTN_PADDING
 
 STACKS = ("double_blocks", "single_blocks")
 
@@ -36,14 +37,37 @@ def load_transformer(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=
                              loras, STACKS, device, fp8=fp8, stream=stream, slots=slots, error=ChromaFilesError)
 
 
-def _rows(cond, rows, dev, dtype):
-    """(prompt_embeds (B, L, D), prompt_mask (B, L)) of the prompt rows `rows` of a conditioning dict."""
+def _host_rows(cond, rows):
+    """(prompt_embeds (B, L, D), prompt_mask (B, L)) float32 host arrays of the prompt rows `rows` of a
+    conditioning dict."""
     out = []
-    for key, dt in (("prompt_embeds", dtype), ("prompt_mask", flame.float32)):
+    for key in ("prompt_embeds", "prompt_mask"):
         t = cond[key]
         arr = t.float().cpu().numpy() if isinstance(t, flame.Tensor) else np.asarray(t, np.float32)
-        out.append(flame.tensor(np.ascontiguousarray(arr[list(rows)]), device=dev).to(dt))
+        out.append(arr[list(rows)])
     return tuple(out)
+
+
+def _device_rows(embeds, mask, dev, dtype):
+    return (flame.tensor(np.ascontiguousarray(embeds), device=dev).to(dtype),
+            None if mask is None else flame.tensor(np.ascontiguousarray(mask), device=dev))
+
+
+def _rows(cond, rows, dev, dtype):
+    """(prompt_embeds (B, L, D), prompt_mask (B, L)) device tensors of the prompt rows `rows`."""
+    return _device_rows(*_host_rows(cond, rows), dev, dtype)
+
+
+def cut_text(*pairs):
+    """(embeds (B, L, D), mask (B, L)) pairs cut after the longest prefix any row attends (its real tokens and the
+    first padding token, Chroma.forward's rule): the tokens after it are masked from every attention, so the
+    images are the same with fewer tokens (as data/text_trim.py cuts a training run's text). The masks become None
+    when every row attends all that is left."""
+    L = pairs[0][1].shape[1]
+    prefixes = [min(L, int(row.sum()) + ATTN_PADDING) for _, m in pairs for row in m]
+    n = max(prefixes)
+    keep = any(p != n for p in prefixes)
+    return [(e[:, :n], m[:, :n] if keep else None) for e, m in pairs]
 
 
 class Guided(flame_nn.Module):
@@ -60,8 +84,9 @@ class Guided(flame_nn.Module):
         if self.neg is None:
             return self.model(img, img_ids, txt, txt_ids, timesteps, txt_mask=self.mask)
         two = lambda a, b: flame.cat([a, b], dim=0)  # noqa: E731
+        mask = None if self.mask is None else two(self.mask, self.neg_mask)   # (cut_text drops both or neither)
         v = self.model(two(img, img), two(img_ids, img_ids), two(txt, self.neg), two(txt_ids, txt_ids),
-                       two(timesteps, timesteps), txt_mask=two(self.mask, self.neg_mask))
+                       two(timesteps, timesteps), txt_mask=mask)
         B = img.shape[0]
         v_pos, v_neg = v[:B], v[B:]
         return v_neg + self.cfg * (v_pos - v_neg)
@@ -78,15 +103,19 @@ def sample_latents(model, cond, neg=None, *, height, width, steps, cfg=1.0, seed
     x = seeded_noise(seeds, height, width, device=dev)
     B = x.shape[0]
     rows = list(range(B)) if rows is None else list(rows)
-    txt, mask = _rows(cond, rows, dev, dtype)
+    pos = _host_rows(cond, rows)
     guided = cfg is not None and cfg > 1.0 and neg is not None
     if guided:
         n = np.asarray(neg["prompt_mask"]).shape[0]
-        neg_txt, neg_mask = _rows(neg, [r if n > 1 else 0 for r in rows], dev, dtype)
-        if neg_txt.shape[1] != txt.shape[1]:
-            raise ValueError(f"the negative prompt has {neg_txt.shape[1]} tokens, the prompt {txt.shape[1]}")
-        net = Guided(model, mask, neg_txt, neg_mask, cfg)
+        neg_rows = _host_rows(neg, [r if n > 1 else 0 for r in rows])
+        if neg_rows[0].shape[1] != pos[0].shape[1]:
+            raise ValueError(f"the negative prompt has {neg_rows[0].shape[1]} tokens, the prompt {pos[0].shape[1]}")
+        pos, neg_rows = cut_text(pos, neg_rows)
+        txt, mask = _device_rows(*pos, dev, dtype)
+        net = Guided(model, mask, *_device_rows(*neg_rows, dev, dtype), cfg)
     else:
+        (pos,) = cut_text(pos)
+        txt, mask = _device_rows(*pos, dev, dtype)
         net = Guided(model, mask)
     timesteps = get_schedule(steps, x.shape[1], shift=True)
     out = denoise(net, x, image_ids(height, width, B, device=dev), txt, text_ids(txt.shape[1], B, device=dev),

@@ -416,3 +416,27 @@ def test_chroma_trains_on_the_text_its_attention_sees(tmp_path, monkeypatch):
     full, full_result = run("full")
     assert full.loader.next_batch()["prompt_embeds"].shape[1] == 32
     np.testing.assert_allclose(cut_result["losses"], full_result["losses"], rtol=1e-6)   # (a cut 1 short: 5e-6)
+
+
+def test_chroma_sampling_cuts_the_text_no_attention_sees(chroma_folder, monkeypatch):
+    """The prompt's and the negative prompt's T5 tokens are cut after the longer attended prefix (real tokens + one
+    padding token): the same latents as the full masked text; equal prefixes leave no mask."""
+    import flame_core as flame
+    from flame_models.chroma import conditioning as CC
+    from flame_models.chroma import pipeline as CP
+    with CC.load_text_encoders(chroma_folder, dtype=flame.float32, device="cpu", max_length=24) as enc:
+        cond = {k: v.numpy() for k, v in enc.encode(["a red square on a blue ground"]).items()}
+        neg = {k: v.numpy() for k, v in enc.encode([""]).items()}
+    n_pos, n_neg = int(cond["prompt_mask"].sum()), int(neg["prompt_mask"].sum())
+    assert n_neg < n_pos < 23
+    (p, q) = CP.cut_text((cond["prompt_embeds"], cond["prompt_mask"]), (neg["prompt_embeds"], neg["prompt_mask"]))
+    assert p[0].shape[1] == q[0].shape[1] == n_pos + 1 and p[1].shape == (1, n_pos + 1)
+    ((e, m),) = CP.cut_text((cond["prompt_embeds"], cond["prompt_mask"]))
+    assert e.shape[1] == n_pos + 1 and m is None                      # one prompt: nothing left to mask
+    model = CP.load_transformer(chroma_folder, dtype=flame.float32, device="cpu")
+    kw = dict(height=32, width=32, steps=2, seeds=[1])
+    cut = {c: CP.sample_latents(model, cond, neg, cfg=c, **kw).numpy() for c in (1.0, 4.0)}
+    monkeypatch.setattr(CP, "cut_text", lambda *pairs: list(pairs))   # the full 24 tokens, masked
+    for c, want in cut.items():
+        full = CP.sample_latents(model, cond, neg, cfg=c, **kw).numpy()
+        assert np.abs(full - want).max() <= 1e-5 * np.abs(want).max()
