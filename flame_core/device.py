@@ -66,7 +66,23 @@ def device(d=None):
     dev = _cache.get(d)
     if dev is None:
         dev = _cache[d] = Device(d)
+        if dev.type == "cuda":
+            _first_cuda_use(dev)
     return dev
+
+
+def _first_cuda_use(dev):
+    """A cuda device named for the first time: start preparing CuPy's own kernels on a side pool (once per process;
+    flame_core/kernels/cupy_warmup.py, FLAME_CUPY_WARMUP=0 turns it off). Never fails the caller."""
+    if backend.cupy is None or not backend.cuda_available():
+        return
+    try:
+        from .kernels import cupy_warmup
+        cupy_warmup.start(dev.index)
+    except Exception as e:  # a warm-up that cannot start leaves CuPy compiling on demand, as without it
+        import warnings
+        warnings.warn(f"FLAME could not start preparing CuPy's kernels ({type(e).__name__}: {e}); "
+                      f"they compile on first use", RuntimeWarning, stacklevel=3)
 
 
 _default = None

@@ -1,0 +1,424 @@
+"""CuPy's own kernels ready without a compile wait: replaying a recorded list of CuPy's compiles on a thread pool.
+
+FLAME's kernels load from shipped binaries (`prebuilt`), but CuPy's own (ufuncs, reductions, `astype`, copies, ...)
+compile through NVRTC on first use into CuPy's disk cache: on an H200 the demo's first steps waited 23.9 s for 95 of
+them (BENCHMARKS.md, "Cold start"). CuPy generates each kernel's source from the op, the dtypes and the arrays' layout
+(dimensions after merging, contiguity, index width), so no version-independent (op, dtype) list names them without
+CuPy's internals, and running the ops on a side thread would allocate from FLAME's pool and launch work behind the
+user's back. What is stable is the compile request itself: a *manifest* records the exact requests CuPy made in a
+recorded run (source, options, name expressions; `FLAME_CUPY_KERNELS_RECORD=PATH` or `bench/cold_start.py
+--record-cupy-kernels`), and at the first use of a `cuda` device (`flame_core.device`) a pool of threads replays them
+through CuPy's own compile-and-cache function, in the recorded order, while the model loads. NVRTC releases the GIL
+while it compiles (`nvrtcCompileProgram` runs `with nogil` in cupy_backends/cuda/libs/nvrtc.pyx), so the compiles run in
+parallel. When the process then asks for a kernel, CuPy finds it in its cache; a request still compiling on the pool
+is waited for rather than compiled twice, and one still queued is taken off the queue and compiled by the caller.
+
+Results cannot change: the pool compiles exactly what CuPy would (same source and options, so the same cache key and
+binary), and nothing runs on the GPU. A manifest is used only by the CuPy version that recorded it with the same
+bundled headers; with any other, or none (`cupy_kernels/cupy-<version>.json.gz`), nothing is replayed and CuPy
+compiles on demand as before. A request that no longer matches costs only CPU time.
+
+Environment: ``FLAME_CUPY_WARMUP=0`` turns the warm-up off; ``FLAME_CUPY_WARMUP_THREADS=n`` sizes the pool (default:
+the physical cores less one, at most 8 - each NVRTC compile holds a few hundred MB of host memory while it runs);
+``FLAME_CUPY_KERNELS_RECORD=PATH`` records this process's CuPy compile requests into PATH at exit (merged with what the
+file holds for the same CuPy version). ``stats`` counts what the warm-up did (bench/cold_start.py reads it).
+"""
+import gzip
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .. import backend
+
+FORMAT = 1
+DIR = Path(__file__).resolve().parent / "cupy_kernels"
+MAX_THREADS = 8
+
+stats = {"entries": 0, "compiled": 0, "failed": 0, "taken": 0, "waits": 0, "wait_seconds": 0.0,
+         "pool_seconds": 0.0, "started": None, "finished": None, "reason": "not started"}
+
+_state_lock = threading.Lock()
+_pool = None       # the running WarmPool (None: none started)
+_started = False   # start() ran once in this process (whatever it decided)
+_recorder = None   # the Recorder while one is active
+_orig = None       # CuPy's _compile_module_with_cache, once the hook is installed
+
+
+def enabled():
+    """False when FLAME_CUPY_WARMUP is 0 / false / no / off."""
+    return backend.env_flag("FLAME_CUPY_WARMUP", True)
+
+
+def num_threads(cores=None):
+    """The pool's size: FLAME_CUPY_WARMUP_THREADS, else the physical cores less one (at least 1, at most 8)."""
+    raw = os.environ.get("FLAME_CUPY_WARMUP_THREADS")
+    if raw is not None and raw.strip():
+        try:
+            n = int(raw)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ValueError(f"FLAME_CUPY_WARMUP_THREADS must be a positive integer, got {raw!r}")
+        return n
+    if cores is None:
+        from ..threads import physical_cores
+        cores = physical_cores()
+    return max(1, min(MAX_THREADS, cores - 1))
+
+
+def manifest_path(cupy_version):
+    return DIR / f"cupy-{cupy_version}.json.gz"
+
+
+# ----------------------------------------------------------------------------- requests, as CuPy makes them and as stored
+def request_key(source, options, kw):
+    """What identifies a compile request of CuPy's _compile_module_with_cache (all that enters its cache key, less
+    the bundled headers, which one process holds once)."""
+    ne = kw.get("name_expressions")
+    return (source, tuple(options), kw.get("arch"), kw.get("backend", "nvrtc"), None if ne is None else tuple(ne),
+            bool(kw.get("jitify", False)), bool(kw.get("enable_cooperative_groups", False)),
+            bool(kw.get("to_ltoir", False)))
+
+
+def normalize_options(options, ref):
+    """Options with the machine's paths taken out: an option equal to one of `ref` (what CuPy adds to every compile
+    here: its header and CUDA include folders, the C++ standard) is stored as {"ref": index}."""
+    pos = {o: i for i, o in enumerate(ref)}
+    return [{"ref": pos[o]} if o in pos else o for o in options]
+
+
+def expand_options(stored, ref):
+    """The inverse of normalize_options with this machine's `ref`; None when a reference points past it."""
+    out = []
+    for o in stored:
+        if isinstance(o, dict):
+            i = o.get("ref")
+            if not isinstance(i, int) or not 0 <= i < len(ref):
+                return None
+            out.append(ref[i])
+        else:
+            out.append(o)
+    return tuple(out)
+
+
+def header_sha1(header_source):
+    return hashlib.sha1(header_source.encode()).hexdigest()
+
+
+def read_manifest(path, cupy_version, header_sha):
+    """The entries of the manifest at `path` when it was recorded by this CuPy version with these headers, else
+    (None, why)."""
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return None, f"no manifest for CuPy {cupy_version} ({path.name})"
+    except (OSError, ValueError) as e:
+        return None, f"unreadable manifest {path}: {e}"
+    if data.get("format") != FORMAT:
+        return None, f"manifest format {data.get('format')} (this FLAME reads {FORMAT})"
+    if data.get("cupy") != cupy_version:
+        return None, f"manifest recorded with CuPy {data.get('cupy')}, this is {cupy_version}"
+    if data.get("header_sha1") != header_sha:
+        return None, "CuPy's bundled headers differ from the recording's"
+    return list(data.get("entries", [])), None
+
+
+def write_manifest(path, cupy_version, header_sha, entries, info=None):
+    """Write (merge into) the manifest at `path`: entries already there for the same CuPy version and headers keep
+    their place, new ones follow in the order given. Returns the number of entries written."""
+    from ..io import atomic_write
+    old, _ = read_manifest(Path(path), cupy_version, header_sha)
+    merged, seen = [], set()
+    for e in (old or []) + list(entries):
+        k = json.dumps(e, sort_keys=True)
+        if k not in seen:
+            seen.add(k)
+            merged.append(e)
+    data = {"format": FORMAT, "cupy": cupy_version, "header_sha1": header_sha, "recorded": info or {},
+            "entries": merged}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with atomic_write(path, "wb") as f:
+        f.write(gzip.compress(json.dumps(data, indent=0).encode(), mtime=0))
+    return len(merged)
+
+
+class Recorder:
+    """Collects CuPy's compile requests, in order, once each, as manifest entries. FLAME's own modules (the loader's
+    NVRTC fallback) are left out: they have shipped binaries, and their sources are FLAME's to prepare."""
+
+    def __init__(self, ref, header_source):
+        self.ref, self.header = tuple(ref), header_source
+        self.entries, self._seen, self._lock = [], set(), threading.Lock()
+
+    def note(self, source, options, kw):
+        extra = kw.get("extra_source")
+        if kw.get("log_stream") is not None or kw.get("to_ltoir") or kw.get("arch") is not None:
+            return
+        if extra is not None and extra is not self.header and extra != self.header:
+            return
+        key = request_key(source, options, kw)
+        with self._lock:
+            if key in self._seen:
+                return
+            self._seen.add(key)
+            ne = kw.get("name_expressions")
+            self.entries.append({"source": source, "options": normalize_options(options, self.ref),
+                                 "backend": kw.get("backend", "nvrtc"),
+                                 "name_expressions": None if ne is None else list(ne),
+                                 "jitify": bool(kw.get("jitify", False)),
+                                 "enable_cooperative_groups": bool(kw.get("enable_cooperative_groups", False)),
+                                 "extra_source": None if extra is None else "headers"})
+
+
+# ----------------------------------------------------------------------------- the pool
+_QUEUED, _RUNNING, _DONE, _TAKEN = range(4)
+
+
+class _Job:
+    __slots__ = ("key", "payload", "state", "done")
+
+    def __init__(self, key, payload):
+        self.key, self.payload, self.state, self.done = key, payload, _QUEUED, threading.Event()
+
+
+class WarmPool:
+    """Compiles `jobs` ([(key, payload)], in order, the first of equal keys kept) with `compile_fn(payload)` on
+    `threads` threads. `claim(key)` is what a caller does before compiling `key` itself: a queued job leaves the
+    queue (the caller compiles it), a running one is waited for; either way the caller then compiles or finds the
+    result in the cache. A failing compile is counted, never raised: the caller's own compile reports it. Workers stop
+    taking jobs once the main thread has finished (the interpreter is exiting) or `stop()` was called."""
+
+    def __init__(self, jobs, compile_fn, threads, thread_init=None, counters=None):
+        self._compile, self._init = compile_fn, thread_init
+        self.stats = counters if counters is not None else dict(stats)
+        self._jobs, self._order = {}, []
+        for key, payload in jobs:
+            if key not in self._jobs:
+                self._jobs[key] = job = _Job(key, payload)
+                self._order.append(job)
+        self.stats.update(entries=len(self._order), compiled=0, failed=0, taken=0, waits=0, wait_seconds=0.0,
+                          pool_seconds=0.0, started=time.perf_counter(), finished=None, reason="running")
+        self._lock = threading.Lock()
+        self._next = 0
+        self._stop = False
+        self._local = threading.local()
+        self._live = max(1, min(int(threads), len(self._order))) if self._order else 0
+        self.threads = [threading.Thread(target=self._work, name=f"flame-cupy-warmup-{i}", daemon=False)
+                        for i in range(self._live)]
+        if not self._order:
+            self._finish("nothing to compile")
+        for t in self.threads:
+            t.start()
+
+    def is_worker(self):
+        return getattr(self._local, "worker", False)
+
+    def _take(self):
+        with self._lock:
+            while not self._stop and self._next < len(self._order):
+                job = self._order[self._next]
+                self._next += 1
+                if job.state == _QUEUED:
+                    job.state = _RUNNING
+                    return job
+            return None
+
+    def _work(self):
+        self._local.worker = True
+        try:
+            if self._init is not None:
+                self._init()
+        except Exception:  # a thread that cannot set up compiles nothing; the callers compile on demand
+            self._stop = True
+        main = threading.main_thread()
+        while main.is_alive():
+            job = self._take()
+            if job is None:
+                break
+            t = time.perf_counter()
+            try:
+                self._compile(job.payload)
+                ok = True
+            except Exception:  # the caller's own compile raises it (with CuPy's message) if it matters
+                ok = False
+            with self._lock:
+                self.stats["pool_seconds"] += time.perf_counter() - t
+                self.stats["compiled" if ok else "failed"] += 1
+                job.state = _DONE
+            job.done.set()
+        with self._lock:
+            self._live -= 1
+            last = self._live == 0
+        if last:
+            self._finish("stopped" if self._stop or not main.is_alive() else "done")
+
+    def _finish(self, reason):
+        self.stats["finished"] = time.perf_counter()
+        self.stats["reason"] = reason
+
+    def claim(self, key):
+        job = self._jobs.get(key)
+        if job is None:
+            return
+        with self._lock:
+            if job.state == _QUEUED:
+                job.state = _TAKEN
+                self.stats["taken"] += 1
+                return
+            if job.state != _RUNNING:
+                return
+        t = time.perf_counter()
+        job.done.wait()
+        with self._lock:
+            self.stats["waits"] += 1
+            self.stats["wait_seconds"] += time.perf_counter() - t
+
+    def stop(self):
+        """Take no further jobs (the running ones finish)."""
+        self._stop = True
+
+    def join(self, timeout=None):
+        for t in self.threads:
+            t.join(timeout)
+
+
+# ----------------------------------------------------------------------------- CuPy's side
+def _cupy_parts():
+    """(compiler module, core module, version string, header source, reference options), or None where this CuPy
+    lacks what the warm-up uses (then it does nothing)."""
+    cp = backend.cupy
+    try:
+        from cupy._core import core
+        from cupy.cuda import compiler
+        if cp.cuda.runtime.is_hip or not callable(getattr(compiler, "_compile_module_with_cache", None)):
+            return None
+        return compiler, core, cp.__version__, core._get_header_source(), tuple(core.assemble_cupy_compiler_options(()))
+    except Exception:  # another CuPy layout (or no CUDA headers): nothing to replay
+        return None
+
+
+def _flame_module_compile():
+    """True inside FLAME's loader compiling one of its own modules (kept out of the manifest)."""
+    from . import loader
+    codes = {loader._nvrtc_module.__code__, loader._ArchModule.__init__.__code__}
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code in codes:
+            return True
+        f = f.f_back
+    return False
+
+
+def _hooked(source, options=(), **kw):
+    """CuPy's _compile_module_with_cache behind FLAME's hook: records the request while a Recorder runs, and claims
+    it from the warm-up pool (waiting if it is compiling there) before CuPy compiles it or loads it from its cache."""
+    rec = _recorder
+    if rec is not None and not _flame_module_compile():
+        rec.note(source, options, kw)
+    pool = _pool
+    if pool is not None and not pool.is_worker():
+        pool.claim(request_key(source, options, kw))
+    return _orig(source, options, **kw)
+
+
+def install_hook():
+    """Put _hooked in front of CuPy's _compile_module_with_cache (once). False where CuPy is absent or differs."""
+    global _orig
+    with _state_lock:
+        if _orig is not None:
+            return True
+        parts = _cupy_parts() if backend.cupy is not None else None
+        if parts is None:
+            return False
+        compiler = parts[0]
+        _orig = compiler._compile_module_with_cache
+        compiler._compile_module_with_cache = _hooked
+        return True
+
+
+def record(path=None):
+    """Start recording CuPy's compile requests; returns a function that writes them into `path` (default: the
+    shipped manifest of this CuPy version) and returns the entry count. None without CuPy (or with a CuPy whose
+    internals differ)."""
+    global _recorder
+    parts = _cupy_parts() if backend.cupy is not None else None
+    if parts is None or not install_hook():
+        return None
+    _, _, version, header, ref = parts
+    rec = _recorder = Recorder(ref, header)
+    target = Path(path) if path else manifest_path(version)
+
+    def write():
+        info = {"python": sys.version.split()[0]}
+        try:
+            info["nvrtc"] = list(backend.cupy.cuda.nvrtc.getVersion())
+            info["cuda_build"] = backend.cupy.cuda.driver.get_build_version()
+        except Exception:  # informational only
+            pass
+        return write_manifest(target, version, header_sha1(header), rec.entries, info)
+    return write
+
+
+def start(device_index=0):
+    """Start the warm-up for the GPU `device_index` (once per process; later calls return the same pool). None on
+    the CPU, without CuPy, with FLAME_CUPY_WARMUP=0 or without a manifest for this CuPy (stats["reason"] says why)."""
+    global _pool, _started
+    with _state_lock:
+        if _started:
+            return _pool
+        _started = True
+    rec_path = os.environ.get("FLAME_CUPY_KERNELS_RECORD")
+    if rec_path and backend.cupy is not None and backend.cuda_available():
+        writer = record(rec_path)
+        if writer is not None:
+            import atexit
+            atexit.register(writer)
+    if not enabled():
+        stats["reason"] = "off (FLAME_CUPY_WARMUP=0)"
+        return None
+    if backend.cupy is None or not backend.cuda_available():
+        stats["reason"] = "no GPU"
+        return None
+    parts = _cupy_parts()
+    if parts is None:
+        stats["reason"] = "this CuPy's compile path differs from the one FLAME hooks"
+        return None
+    _, _, version, header, ref = parts
+    entries, why = read_manifest(manifest_path(version), version, header_sha1(header))
+    if entries is None:
+        stats["reason"] = why
+        return None
+    if not install_hook():
+        stats["reason"] = "cannot hook CuPy's compile path"
+        return None
+    jobs = []
+    for e in entries:
+        options = expand_options(e.get("options", []), ref)
+        if options is None or e.get("extra_source") not in (None, "headers"):
+            continue
+        kw = {"backend": e.get("backend", "nvrtc"), "name_expressions": e.get("name_expressions"),
+              "jitify": e.get("jitify", False), "enable_cooperative_groups": e.get("enable_cooperative_groups", False),
+              "extra_source": header if e.get("extra_source") == "headers" else None}
+        jobs.append((request_key(e["source"], options, kw), (e["source"], options, kw)))
+    orig = _orig
+    cp = backend.cupy
+
+    def init():  # the worker's current device (CuPy's arch lookup reads it; the module loads into its context)
+        cp.cuda.runtime.setDevice(device_index)
+
+    def compile_one(payload):
+        source, options, kw = payload
+        orig(source, options, **kw)
+
+    _pool = WarmPool(jobs, compile_one, num_threads(), thread_init=init, counters=stats)
+    return _pool
+
+
+def pool():
+    """The running WarmPool, or None."""
+    return _pool
