@@ -74,7 +74,7 @@ def manifest_path(cupy_version):
     return DIR / f"cupy-{cupy_version}.json.gz"
 
 
-# ----------------------------------------------------------------------------- requests, as CuPy makes them and as stored
+# ------------------------------------------------------------------ requests, as CuPy makes them and as stored
 def request_key(source, options, kw):
     """What identifies a compile request of CuPy's _compile_module_with_cache (all that enters its cache key, less
     the bundled headers, which one process holds once)."""
