@@ -16,7 +16,9 @@ setup(
     packages=find_packages(include=["flame_core*", "flame_nn*", "flame_models*"]) + ["flame_core.cuda_src"],
     package_dir={"flame_core.cuda_src": "cuda_src"},
     package_data={"": ["*.md"], "flame_core.cuda_src": ["*.cu", "*.cuh"], "flame_models.tokenization": ["vocab/*"],
-                  # the measured conv table (bench/conv_tune.py); the prebuilt kernel binaries (tools/build_kernels.py)
-                  "flame_core.kernels": ["conv_tuned.json", "binaries/manifest.json", "binaries/*/*.fatbin"]},
+                  # the measured conv table (bench/conv_tune.py); the prebuilt kernel binaries (tools/build_kernels.py);
+                  # the recorded CuPy compile requests the warm-up replays (flame_core/kernels/cupy_warmup.py)
+                  "flame_core.kernels": ["conv_tuned.json", "binaries/manifest.json", "binaries/*/*.fatbin",
+                                         "cupy_kernels/*.json.gz"]},
     cmdclass={"build_py": BuildPy},
 )

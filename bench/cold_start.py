@@ -1,17 +1,26 @@
 """Cold start: a fresh machine's first run, from `import` to the demo's first training steps, with and without the
-prebuilt kernel binaries (flame_core/kernels/binaries/).
+prebuilt kernel binaries (flame_core/kernels/binaries/) and the warm-up of CuPy's own kernels
+(flame_core/kernels/cupy_warmup.py).
 
 Each trial is a fresh process with an empty CuPy cache (CUPY_CACHE_DIR in a new temporary folder, so that neither
 FLAME's kernels nor CuPy's own are cached) in a new working folder, running the demo with one pretraining step of the
-tiny base model and one LoRA step (`python -m flame_models.train --device cuda --demo-base-steps 1 --steps 1`). Mode
-`prebuilt`: FLAME_PREBUILT_KERNELS=1 (the shipped binaries where they run); `nvrtc`: =0 (every kernel compiled
-through NVRTC, as before them). Reported per trial: seconds to import flame_core and flame_models; seconds of the
-whole demo run after the import; the time FLAME's kernel loader spent preparing kernels (NVRTC compiles, and loads of
-shipped binaries) with their counts; the NVRTC-compiled modules by file (what the binaries lack); every module CuPy
-compiled (FLAME's through NVRTC and CuPy's own elementwise / reduction kernels, which compile in both modes) with its
-time, and how many files CuPy's cache holds at the end.
+tiny base model and one LoRA step (`python -m flame_models.train --device cuda --demo-base-steps 1 --steps 1`). Modes:
+`prebuilt`: the shipped binaries and the CuPy warm-up (the defaults); `nowarm`: the binaries, FLAME_CUPY_WARMUP=0;
+`nvrtc`: neither (FLAME_PREBUILT_KERNELS=0, FLAME_CUPY_WARMUP=0: every kernel compiled through NVRTC on demand, as
+before both). Reported per trial: seconds to import flame_core and flame_models; seconds of the whole demo run after
+the import; the time FLAME's kernel loader spent preparing kernels (NVRTC compiles, and loads of shipped binaries) with
+their counts; the wall time the main thread spent inside CuPy's compile-or-load function (`wait`: what the process
+waited for kernels, FLAME's NVRTC compiles included) and its request count; the NVRTC compiles CuPy ran in any thread
+(count and summed seconds, how many on the warm-up pool, and how many were CuPy's own rather than FLAME's); what the
+warm-up did (manifest entries, compiled, taken back by the process, waits, seconds from its start to its end); and
+how many files CuPy's cache holds at the end.
 
-Run: PYTHONPATH=$PWD python3 bench/cold_start.py [--modes prebuilt,nvrtc] [--rounds 1] [--json OUT.json]
+`--record-cupy-kernels` makes every trial record the CuPy compile requests it made into the manifest the warm-up
+reads (flame_core/kernels/cupy_kernels/cupy-<version>.json.gz, merged): run `nowarm` first so that a later
+`prebuilt` trial finds it.
+
+Run: PYTHONPATH=$PWD python3 bench/cold_start.py [--modes nowarm,prebuilt,nvrtc] [--rounds 1] [--record-cupy-kernels]
+     [--json OUT.json]
 """
 import argparse
 import json
@@ -23,43 +32,69 @@ import time
 from collections import Counter
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODES = {"prebuilt": {"FLAME_PREBUILT_KERNELS": "1", "FLAME_CUPY_WARMUP": "1"},
+         "nowarm": {"FLAME_PREBUILT_KERNELS": "1", "FLAME_CUPY_WARMUP": "0"},
+         "nvrtc": {"FLAME_PREBUILT_KERNELS": "0", "FLAME_CUPY_WARMUP": "0"}}
 
 _CHILD = r"""
-import json, os, sys, time
+import json, os, sys, threading, time
 t0 = time.perf_counter()
 import flame_core, flame_models.train as T
-from flame_core.kernels import loader
+from flame_core.kernels import cupy_warmup, loader
 t1 = time.perf_counter()
-compile_s = []  # every module CuPy builds or loads from its cache (FLAME's NVRTC path and CuPy's own kernels)
-try:
-    from cupy.cuda import compiler as _cc
-    _orig = _cc._compile_module_with_cache
-    def _timed(*a, **k):
-        t = time.perf_counter()
-        try:
-            return _orig(*a, **k)
-        finally:
-            compile_s.append(time.perf_counter() - t)
-    _cc._compile_module_with_cache = _timed
-except (ImportError, AttributeError):
-    compile_s = None
+write_record = cupy_warmup.record() if os.environ.get("COLD_START_RECORD") == "1" else None
+cupy_warmup.install_hook()  # FLAME's hook innermost, so that the timing below includes the waits it makes
+main = threading.get_ident()
+req = {"n": 0, "s": 0.0}
+nvrtc = {"n": 0, "s": 0.0, "pool": 0}
+from cupy.cuda import compiler as _cc
+_orig_req, _orig_nvrtc = _cc._compile_module_with_cache, _cc._compile_using_nvrtc_no_warning
+def _timed_req(*a, **k):
+    if threading.get_ident() != main:
+        return _orig_req(*a, **k)
+    t = time.perf_counter()
+    try:
+        return _orig_req(*a, **k)
+    finally:
+        req["n"] += 1
+        req["s"] += time.perf_counter() - t
+def _timed_nvrtc(*a, **k):
+    t = time.perf_counter()
+    try:
+        return _orig_nvrtc(*a, **k)
+    finally:
+        nvrtc["n"] += 1
+        nvrtc["s"] += time.perf_counter() - t
+        nvrtc["pool"] += threading.current_thread().name.startswith("flame-cupy-warmup")
+_cc._compile_module_with_cache, _cc._compile_using_nvrtc_no_warning = _timed_req, _timed_nvrtc
 rc = T.main(["--device", "cuda", "--demo-base-steps", "1", "--steps", "1"])
 import cupy
 cupy.cuda.runtime.deviceSynchronize()
 t2 = time.perf_counter()
+p = cupy_warmup.pool()
+if p is not None:
+    p.join(60)
+w = dict(cupy_warmup.stats)
+w["span_s"] = None if w["started"] is None or w["finished"] is None else w["finished"] - w["started"]
+w["start_after_import_s"] = None if w["started"] is None else w["started"] - t1
+del w["started"], w["finished"]
 print("COLD_START " + json.dumps({"rc": rc, "import_s": t1 - t0, "run_s": t2 - t1, "stats": loader.stats,
-                                  "nvrtc_version": list(cupy.cuda.nvrtc.getVersion()),
-                                  "cupy_compiles": None if compile_s is None else len(compile_s),
-                                  "cupy_compile_s": None if compile_s is None else sum(compile_s),
+                                  "nvrtc_version": list(cupy.cuda.nvrtc.getVersion()), "cupy": cupy.__version__,
+                                  "cupy_requests": req["n"], "cupy_wait_s": req["s"],
+                                  "nvrtc_compiles": nvrtc["n"], "nvrtc_compile_s": nvrtc["s"],
+                                  "nvrtc_on_pool": nvrtc["pool"],
+                                  "cupy_own_compiles": nvrtc["n"] - loader.stats["nvrtc_compiles"],
+                                  "warmup": w, "recorded": write_record() if write_record else None,
                                   "nvrtc_log": [[s, list(e)] for s, e in loader.nvrtc_log]}))
 """
 
 
-def trial(mode):
+def trial(mode, record=False):
     with tempfile.TemporaryDirectory(prefix="flame-cold-") as tmp:
         cache = os.path.join(tmp, "cupy_cache")
-        env = dict(os.environ, CUPY_CACHE_DIR=cache, FLAME_PREBUILT_KERNELS="1" if mode == "prebuilt" else "0",
+        env = dict(os.environ, CUPY_CACHE_DIR=cache, **MODES[mode], COLD_START_RECORD="1" if record else "0",
                    PYTHONPATH=os.pathsep.join([REPO] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+        env.pop("FLAME_CUPY_KERNELS_RECORD", None)  # recording is --record-cupy-kernels' (COLD_START_RECORD)
         t = time.perf_counter()
         r = subprocess.run([sys.executable, "-c", _CHILD], cwd=tmp, env=env, capture_output=True, text=True,
                            timeout=900, check=False)
@@ -76,32 +111,42 @@ def trial(mode):
         return res
 
 
+def line(r):
+    """One trial as a line of text."""
+    s, w = r["stats"], r["warmup"]
+    span = "-" if w["span_s"] is None else f"{w['span_s']:.2f} s"
+    return (f"{r['mode']:8s} import {r['import_s']:5.2f} s  demo (1+1 steps) {r['run_s']:6.2f} s  "
+            f"FLAME kernels prepared {s['nvrtc_seconds'] + s['prebuilt_seconds']:6.2f} s "
+            f"(NVRTC {s['nvrtc_compiles']} modules {s['nvrtc_seconds']:.2f} s, prebuilt {s['prebuilt_loads']} "
+            f"{s['prebuilt_seconds']:.2f} s)  waited on CuPy compile/load {r['cupy_wait_s']:6.2f} s "
+            f"({r['cupy_requests']} requests)  NVRTC compiles {r['nvrtc_compiles']} "
+            f"({r['cupy_own_compiles']} CuPy's own, "
+            f"{r['nvrtc_on_pool']} on the warm-up pool) summing {r['nvrtc_compile_s']:.2f} s  "
+            f"warm-up: {w['reason']}, {w['entries']} entries, {w['compiled']} compiled, {w['failed']} failed, "
+            f"{w['taken']} taken back, {w['waits']} waits {w['wait_seconds']:.2f} s, span {span}  "
+            f"CuPy cache files {r['cupy_cache_files']}  NVRTC by file {r['nvrtc_by_file']}"
+            + ("" if r.get("recorded") is None else f"  manifest entries now {r['recorded']}"))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--modes", default="prebuilt,nvrtc")
+    ap.add_argument("--modes", default="nowarm,prebuilt,nvrtc", help=f"comma-separated, of {', '.join(MODES)}")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--record-cupy-kernels", action="store_true",
+                    help="each trial records its CuPy compile requests into the warm-up's manifest (merged)")
     ap.add_argument("--json", help="write every trial's record here")
     a = ap.parse_args(argv)
     modes = [m for m in a.modes.split(",") if m]
-    bad = [m for m in modes if m not in ("prebuilt", "nvrtc")]
+    bad = [m for m in modes if m not in MODES]
     if bad:
-        print(f"cold_start: --modes: {bad} (choose from prebuilt, nvrtc)", file=sys.stderr)
+        print(f"cold_start: --modes: {bad} (choose from {', '.join(MODES)})", file=sys.stderr)
         return 2
     records = []
     for _ in range(a.rounds):
         for mode in modes:
-            r = trial(mode)
+            r = trial(mode, record=a.record_cupy_kernels)
             records.append(r)
-            if "error" in r:
-                print(f"{mode:8s} FAILED: {r['error']}", flush=True)
-                continue
-            s = r["stats"]
-            print(f"{mode:8s} import {r['import_s']:5.2f} s  demo (1+1 steps) {r['run_s']:6.2f} s  "
-                  f"kernels prepared {s['nvrtc_seconds'] + s['prebuilt_seconds']:6.2f} s "
-                  f"(NVRTC {s['nvrtc_compiles']} modules {s['nvrtc_seconds']:.2f} s, prebuilt {s['prebuilt_loads']} "
-                  f"{s['prebuilt_seconds']:.2f} s)  all CuPy compiles {r['cupy_compiles']} "
-                  f"{r['cupy_compile_s'] or 0:.2f} s  CuPy cache files {r['cupy_cache_files']}  "
-                  f"NVRTC by file {r['nvrtc_by_file']}", flush=True)
+            print(f"{mode:8s} FAILED: {r['error']}" if "error" in r else line(r), flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(records, f, indent=1)

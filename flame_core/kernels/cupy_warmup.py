@@ -306,7 +306,7 @@ def _flame_module_compile():
     """True inside FLAME's loader compiling one of its own modules (kept out of the manifest)."""
     from . import loader
     codes = {loader._nvrtc_module.__code__, loader._ArchModule.__init__.__code__}
-    f = sys._getframe(2)
+    f = sys._getframe(1)
     while f is not None:
         if f.f_code in codes:
             return True
@@ -314,16 +314,18 @@ def _flame_module_compile():
     return False
 
 
-def _hooked(source, options=(), **kw):
+def _hooked(source, options=(), *args, **kw):
     """CuPy's _compile_module_with_cache behind FLAME's hook: records the request while a Recorder runs, and claims
-    it from the warm-up pool (waiting if it is compiling there) before CuPy compiles it or loads it from its cache."""
-    rec = _recorder
-    if rec is not None and not _flame_module_compile():
-        rec.note(source, options, kw)
-    pool = _pool
-    if pool is not None and not pool.is_worker():
-        pool.claim(request_key(source, options, kw))
-    return _orig(source, options, **kw)
+    it from the warm-up pool (waiting if it is compiling there) before CuPy compiles it or loads it from its cache.
+    A call in another form than CuPy 14's (more positional arguments) passes straight through."""
+    if not args:
+        rec = _recorder
+        if rec is not None and not _flame_module_compile():
+            rec.note(source, options, kw)
+        pool = _pool
+        if pool is not None and not pool.is_worker():
+            pool.claim(request_key(source, options, kw))
+    return _orig(source, options, *args, **kw)
 
 
 def install_hook():

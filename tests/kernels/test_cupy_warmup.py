@@ -345,3 +345,25 @@ def test_the_process_waits_for_a_request_the_pool_is_compiling_instead_of_compil
     threading.Timer(0.05, gate.set).start()
     assert compiler._compile_module_with_cache(src, opts, **kw)[0] == "loaded"
     assert len(compiler.compiles) == 1 and W.stats["waits"] == 1
+
+
+def test_flames_own_modules_stay_out_of_the_recording(fresh, tmp_path):
+    from flame_core.kernels import loader
+    compiler, _ = _fake_cupy(fresh, tmp_path, REF_A)
+    W.record()
+    fresh.setattr(loader, "source", lambda stem: f"// flame {stem}")
+
+    class _Raw:  # the loader's RawModule: its compile goes through CuPy's compile-and-cache function
+        def __init__(self, code, options, name_expressions):
+            self.code, self.options = code, options
+
+        def compile(self):
+            compiler._compile_module_with_cache(self.code, self.options, extra_source=HEADER)
+
+    cp = types.SimpleNamespace(RawModule=_Raw, cuda=types.SimpleNamespace(compiler=types.SimpleNamespace(
+        CompileException=RuntimeError)))
+    fresh.setattr(loader, "file_arch", lambda stem: None)
+    loader._nvrtc_module(cp, "norms", ())
+    compiler._compile_module_with_cache("cupy kernel", REF_A, extra_source=HEADER)
+    assert [e["source"] for e in W._recorder.entries] == ["cupy kernel"]
+    assert len(compiler.compiles) == 2  # both compiled all the same
