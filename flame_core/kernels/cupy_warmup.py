@@ -19,7 +19,7 @@ bundled headers; with any other, or none (`cupy_kernels/cupy-<version>.json.gz`)
 compiles on demand as before. A request that no longer matches costs only CPU time.
 
 Environment: ``FLAME_CUPY_WARMUP=0`` turns the warm-up off; ``FLAME_CUPY_WARMUP_THREADS=n`` sizes the pool (default:
-the physical cores less one, at most 8 - each NVRTC compile holds a few hundred MB of host memory while it runs);
+the physical cores less one, at most 8: each NVRTC compile holds its working memory while it runs);
 ``FLAME_CUPY_KERNELS_RECORD=PATH`` records this process's CuPy compile requests into PATH at exit (merged with what the
 file holds for the same CuPy version). ``stats`` counts what the warm-up did (bench/cold_start.py reads it).
 """

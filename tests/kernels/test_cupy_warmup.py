@@ -367,3 +367,22 @@ def test_flames_own_modules_stay_out_of_the_recording(fresh, tmp_path):
     compiler._compile_module_with_cache("cupy kernel", REF_A, extra_source=HEADER)
     assert [e["source"] for e in W._recorder.entries] == ["cupy kernel"]
     assert len(compiler.compiles) == 2  # both compiled all the same
+
+
+_SHIPPED = sorted(W.DIR.glob("cupy-*.json.gz"))
+
+
+@pytest.mark.parametrize("path", _SHIPPED or [None], ids=[p.name for p in _SHIPPED] or ["none shipped"])
+def test_a_shipped_manifest_names_its_cupy_and_holds_no_machines_paths(path):
+    if path is None:
+        pytest.skip("no CuPy manifest shipped yet (bench/cold_start.py --record-cupy-kernels on a GPU writes one)")
+    import gzip
+    import json
+    data = json.loads(gzip.decompress(path.read_bytes()))
+    assert data["format"] == W.FORMAT and path.name == f"cupy-{data['cupy']}.json.gz"
+    assert data["entries"] and len(data["header_sha1"]) == 40
+    for e in data["entries"]:
+        assert isinstance(e["source"], str) and e["source"]
+        assert e["extra_source"] in (None, "headers") and e["backend"] == "nvrtc"
+        # what CuPy adds from this machine (include folders) is stored as a reference, never as a path
+        assert not [o for o in e["options"] if isinstance(o, str) and (o.startswith("-I") or "/" in o)]
