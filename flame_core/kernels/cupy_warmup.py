@@ -16,7 +16,8 @@ is waited for rather than compiled twice, and one still queued is taken off the 
 Results cannot change: the pool compiles exactly what CuPy would (same source and options, so the same cache key and
 binary), and nothing runs on the GPU. A manifest is used only by the CuPy version that recorded it with the same
 bundled headers; with any other, or none (`cupy_kernels/cupy-<version>.json.gz`), nothing is replayed and CuPy
-compiles on demand as before. A request that no longer matches costs only CPU time.
+compiles on demand as before. A request that no longer matches costs only CPU time. At exit the workers take no new
+request, but one compiling finishes first (an exit can wait for it).
 
 Environment: ``FLAME_CUPY_WARMUP=0`` turns the warm-up off; ``FLAME_CUPY_WARMUP_THREADS=n`` sizes the pool (default:
 the physical cores less one, at most 8: each NVRTC compile holds its working memory while it runs);
@@ -385,6 +386,9 @@ def start(device_index=0):
         return None
     if backend.cupy is None or not backend.cuda_available():
         stats["reason"] = "no GPU"
+        return None
+    if backend.env_flag("CUPY_CACHE_IN_MEMORY", False):
+        stats["reason"] = "CuPy keeps compiled kernels in memory only (CUPY_CACHE_IN_MEMORY): nothing to share"
         return None
     parts = _cupy_parts()
     if parts is None:

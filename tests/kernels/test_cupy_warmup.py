@@ -314,6 +314,12 @@ def test_a_recorded_run_is_replayed_on_another_machine_and_the_process_finds_it_
     assert len(compiler.compiles) == 6 and W.stats["compiled"] == 6 and W.stats["reason"] == "done"
 
 
+def test_no_warm_up_when_cupy_caches_in_memory_only(fresh, tmp_path):
+    _fake_cupy(fresh, tmp_path, REF_A)
+    fresh.setenv("CUPY_CACHE_IN_MEMORY", "1")
+    assert W.start() is None and "CUPY_CACHE_IN_MEMORY" in W.stats["reason"]
+
+
 def test_another_cupy_version_replays_nothing(fresh, tmp_path):
     compiler, _ = _fake_cupy(fresh, tmp_path, REF_A)
     write = W.record()
