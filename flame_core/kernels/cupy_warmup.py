@@ -20,7 +20,7 @@ compiles on demand as before. A request that no longer matches costs only CPU ti
 request, but one compiling finishes first (an exit can wait for it).
 
 Environment: ``FLAME_CUPY_WARMUP=0`` turns the warm-up off; ``FLAME_CUPY_WARMUP_THREADS=n`` sizes the pool (default:
-the physical cores less one, at most 8: each NVRTC compile holds its working memory while it runs);
+the CPUs this process may run on less one, at most 8: each NVRTC compile holds its working memory while it runs);
 ``FLAME_CUPY_KERNELS_RECORD=PATH`` records this process's CuPy compile requests into PATH at exit (merged with what the
 file holds for the same CuPy version). ``stats`` counts what the warm-up did (bench/cold_start.py reads it).
 """
@@ -55,7 +55,8 @@ def enabled():
 
 
 def num_threads(cores=None):
-    """The pool's size: FLAME_CUPY_WARMUP_THREADS, else the physical cores less one (at least 1, at most 8)."""
+    """The pool's size: FLAME_CUPY_WARMUP_THREADS, else the CPUs this process may run on less one (at least 1, at
+    most 8)."""
     raw = os.environ.get("FLAME_CUPY_WARMUP_THREADS")
     if raw is not None and raw.strip():
         try:
@@ -66,8 +67,10 @@ def num_threads(cores=None):
             raise ValueError(f"FLAME_CUPY_WARMUP_THREADS must be a positive integer, got {raw!r}")
         return n
     if cores is None:
-        from ..threads import physical_cores
-        cores = physical_cores()
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # pragma: no cover - not Linux
+            cores = os.cpu_count() or 1
     return max(1, min(MAX_THREADS, cores - 1))
 
 

@@ -205,6 +205,7 @@ def test_the_switches(fresh):
     fresh.setenv("FLAME_CUPY_WARMUP", "0")
     assert not W.enabled()
     assert W.num_threads(cores=16) == 8 and W.num_threads(cores=4) == 3 and W.num_threads(cores=1) == 1
+    assert 1 <= W.num_threads() <= W.MAX_THREADS
     fresh.setenv("FLAME_CUPY_WARMUP_THREADS", "12")
     assert W.num_threads(cores=4) == 12
     fresh.setenv("FLAME_CUPY_WARMUP_THREADS", "zero")
@@ -392,3 +393,19 @@ def test_a_shipped_manifest_names_its_cupy_and_holds_no_machines_paths(path):
         assert e["extra_source"] in (None, "headers") and e["backend"] == "nvrtc"
         # what CuPy adds from this machine (include folders) is stored as a reference, never as a path
         assert not [o for o in e["options"] if isinstance(o, str) and (o.startswith("-I") or "/" in o)]
+
+
+def test_flame_cupy_kernels_record_writes_the_requests_at_exit(fresh, tmp_path):
+    import atexit
+    compiler, _ = _fake_cupy(fresh, tmp_path, REF_A)
+    at_exit = []
+    fresh.setattr(atexit, "register", at_exit.append)
+    out = tmp_path / "mine" / "requests.json.gz"
+    fresh.setenv("FLAME_CUPY_KERNELS_RECORD", str(out))
+    fresh.setenv("FLAME_CUPY_WARMUP", "0")
+    assert W.start() is None and W.stats["reason"].startswith("off")  # recording does not need the warm-up
+    for src, opts, kw in _requests(REF_A)[:3]:
+        compiler._compile_module_with_cache(src, opts, **kw)
+    assert len(at_exit) == 1 and at_exit[0]() == 3
+    assert [e["source"] for e in W.read_manifest(out, "14.2.0", W.header_sha1(HEADER))[0]] == \
+        [src for src, _, _ in _requests(REF_A)[:3]]
