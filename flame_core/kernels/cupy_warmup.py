@@ -420,9 +420,11 @@ def start(device_index=0):
     def init():  # the worker's current device (CuPy's arch lookup reads it; the module loads into its context)
         cp.cuda.runtime.setDevice(device_index)
 
+    kept = []  # the modules the pool loaded stay loaded: no module unload from a side thread mid-run
+
     def compile_one(payload):
         source, options, kw = payload
-        orig(source, options, **kw)
+        kept.append(orig(source, options, **kw))
 
     _pool = WarmPool(jobs, compile_one, num_threads(), thread_init=init, counters=stats)
     return _pool
