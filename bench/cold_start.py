@@ -122,7 +122,8 @@ def line(r):
             f"({r['cupy_requests']} requests)  NVRTC compiles {r['nvrtc_compiles']} "
             f"({r['cupy_own_compiles']} CuPy's own, "
             f"{r['nvrtc_on_pool']} on the warm-up pool) summing {r['nvrtc_compile_s']:.2f} s  "
-            f"warm-up: {w['reason']}, {w['entries']} entries, {w['compiled']} compiled, {w['failed']} failed, "
+            f"warm-up: {w['reason']}, {w['threads']} threads, {w['entries']} entries, {w['compiled']} compiled, "
+            f"{w['failed']} failed, "
             f"{w['taken']} taken back, {w['waits']} waits {w['wait_seconds']:.2f} s, span {span}  "
             f"CuPy cache files {r['cupy_cache_files']}  NVRTC by file {r['nvrtc_by_file']}"
             + ("" if r.get("recorded") is None else f"  manifest entries now {r['recorded']}"))

@@ -39,7 +39,7 @@ FORMAT = 1
 DIR = Path(__file__).resolve().parent / "cupy_kernels"
 MAX_THREADS = 8
 
-stats = {"entries": 0, "compiled": 0, "failed": 0, "taken": 0, "waits": 0, "wait_seconds": 0.0,
+stats = {"threads": 0, "entries": 0, "compiled": 0, "failed": 0, "taken": 0, "waits": 0, "wait_seconds": 0.0,
          "pool_seconds": 0.0, "started": None, "finished": None, "reason": "not started"}
 
 _state_lock = threading.Lock()
@@ -212,6 +212,7 @@ class WarmPool:
         self._stop = False
         self._local = threading.local()
         self._live = max(1, min(int(threads), len(self._order))) if self._order else 0
+        self.stats["threads"] = self._live
         self.threads = [threading.Thread(target=self._work, name=f"flame-cupy-warmup-{i}", daemon=False)
                         for i in range(self._live)]
         if not self._order:

@@ -121,7 +121,7 @@ def test_the_pool_runs_at_most_threads_compiles_at_once_and_in_parallel():
             now[0] -= 1
 
     p = W.WarmPool([(i, i) for i in range(12)], compile_fn, threads=3)
-    assert len(p.threads) == 3
+    assert len(p.threads) == 3 and p.stats["threads"] == 3
     p.join(10)
     assert peak[0] == 3 and p.stats["compiled"] == 12
     assert len(W.WarmPool([(0, 0)], compile_fn, threads=8).threads) == 1  # no more threads than jobs
