@@ -116,8 +116,9 @@ def measure(res, torch, name, B, H, Lq, Lk, D, reps, inner):
 
 def measure_key_mask(res, torch, name, B, H, Lq, Lk, D, reps, inner, kept, text=512):
     """Chroma's key-padding mask (B, 1, 1, Lk): of the first `text` keys (the T5 tokens) only `kept` attended. FLAME
-    masked against FLAME unmasked, and torch's memory-efficient SDPA with the same mask (the peers' path; cuDNN and
-    FA2 take no boolean mask), outputs checked against it."""
+    masked (its key-padding kernels, and the element-wise bool mask they replace) against FLAME unmasked, and
+    torch's memory-efficient SDPA with the same mask (the peers' path; cuDNN and FA2 take no boolean mask), the
+    output checked against it."""
     import cupy as cp
     from torch.nn.attention import SDPBackend
     keep = np.ones((B, 1, 1, Lk), bool)
@@ -140,17 +141,27 @@ def measure_key_mask(res, torch, name, B, H, Lq, Lk, D, reps, inner, kept, text=
             o = F.scaled_dot_product_attention(qr, kr, vr, attn_mask=tmask)
         o.backward(g)
         return o
+    from flame_core.kernels import attention as A
     o, _ = fwd()
+    keypad = A.SM90_KEYPAD
+    try:  # the element-wise bool mask (kind 1) the key-padding kernels replace
+        A.SM90_KEYPAD = False
+        elementwise = {"flame_elementwise_fwd_ms": common.cuda_ms(fwd, reps, 5, inner=inner)[0],
+                       "flame_elementwise_fwd_bwd_ms": common.cuda_ms(fwd_bwd, reps, 5, inner=inner)[0]}
+    finally:
+        A.SM90_KEYPAD = keypad
     row = {"shape": (B, H, Lq, Lk, D), "kept": kept, "text": text, "check_o": rel(as_torch(o), t_fwd()),
            "flame_masked_fwd_ms": common.cuda_ms(fwd, reps, 5, inner=inner)[0],
-           "flame_masked_fwd_bwd_ms": common.cuda_ms(fwd_bwd, reps, 5, inner=inner)[0],
+           "flame_masked_fwd_bwd_ms": common.cuda_ms(fwd_bwd, reps, 5, inner=inner)[0], **elementwise,
            "flame_fwd_ms": common.cuda_ms(plain_f, reps, 5, inner=inner)[0],
            "flame_fwd_bwd_ms": common.cuda_ms(plain_fb, reps, 5, inner=inner)[0],
            "memeff_masked_fwd_ms": common.cuda_ms(t_fwd, reps, 5, lib="torch", inner=inner)[0],
            "memeff_masked_fwd_bwd_ms": common.cuda_ms(t_fwd_bwd, reps, 5, lib="torch", inner=inner)[0]}
     res.log(name + "-keymask", row)
     print(f"{name}, key mask ({kept} of the first {text} keys attended): FLAME masked fwd "
-          f"{row['flame_masked_fwd_ms']:.3f} / fwd+bwd {row['flame_masked_fwd_bwd_ms']:.3f} ms; unmasked "
+          f"{row['flame_masked_fwd_ms']:.3f} / fwd+bwd {row['flame_masked_fwd_bwd_ms']:.3f} ms (SM90_KEYPAD="
+          f"{keypad}; element-wise mask {row['flame_elementwise_fwd_ms']:.3f} / "
+          f"{row['flame_elementwise_fwd_bwd_ms']:.3f}); unmasked "
           f"{row['flame_fwd_ms']:.3f} / {row['flame_fwd_bwd_ms']:.3f}; torch mem-eff masked "
           f"{row['memeff_masked_fwd_ms']:.3f} / {row['memeff_masked_fwd_bwd_ms']:.3f}; rel. error vs mem-eff "
           f"{row['check_o']:.2e}", flush=True)

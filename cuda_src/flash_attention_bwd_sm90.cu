@@ -21,6 +21,7 @@
 //   atomics from registers into a row-major dq_acc.
 // Shared tiles: 64-column slabs [D / 64][rows][64], 16-byte chunk c of row r at c ^ (r % 8) (128-byte swizzle).
 #include "flash_attention.cuh"
+#include "flash_attention_keypad.cuh"
 #include "wgmma.cuh"
 
 template <typename T, int D, int NWG, int STAGES, int MASK, int BM, int DQB>
@@ -131,6 +132,21 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
         named_bar_sync(1, NWG * 128);
     }
     const fa_i64 moff = b * m_sb + h * m_sh;
+    // FA_MASK_KEYPAD: the mask is the same for every query, so this thread's two keys are read once (key_bits bit
+    // e2: key n0 + krow + g + 8 e2 kept); a warp whose keys are all kept applies no mask
+    constexpr bool KEYPAD = MASK == FA_MASK_KEYPAD;
+    unsigned key_bits = 3u;
+    bool warp_masked = MASK != FA_MASK_NONE;
+    if constexpr (KEYPAD) {
+        key_bits = 0u;
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+            const int key = n0 + krow + g + e2 * 8;
+            if (key < Lk && static_cast<const unsigned char*>(mask)[moff + (fa_i64)key * m_sk] != 0)
+                key_bits |= 1u << e2;
+        }
+        warp_masked = !__all_sync(0xffffffffu, key_bits == 3u);
+    }
 
     float acc_dk[NTD][4], acc_dv[NTD][4];
 #pragma unroll
@@ -158,8 +174,7 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
 
         // P^T (rows: keys, columns: queries)
         const float* sL = sLDg + s * 2 * BM;
-        const bool need_mask = MASK != FA_MASK_NONE || n0 + BN > Lk || r0 + BM > Lq ||
-                               (causal && n0 + krow + 15 > r0);
+        const bool need_mask = warp_masked || n0 + BN > Lk || r0 + BM > Lq || (causal && n0 + krow + 15 > r0);
 #pragma unroll
         for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
@@ -170,8 +185,12 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
                 if (need_mask) {
                     const int key = n0 + krow + g + (e >> 1) * 8, qrow = r0 + qc;
                     float add;
-                    const bool keep = qrow < Lq &&
-                                      fa_keep<MASK>(qrow, key, Lq, Lk, causal, mask, moff, m_sq, m_sk, add);
+                    bool keep;
+                    if constexpr (KEYPAD)
+                        keep = qrow < Lq && ((key_bits >> (e >> 1)) & 1u) &&
+                               fa_keep<FA_MASK_NONE>(qrow, key, Lq, Lk, causal, mask, moff, m_sq, m_sk, add);
+                    else
+                        keep = qrow < Lq && fa_keep<MASK>(qrow, key, Lq, Lk, causal, mask, moff, m_sq, m_sk, add);
                     x = keep ? fa_exp2(fmaf(x, scale_log2, add) - lse2) : 0.f;
                 } else {
                     x = fa_exp2(fmaf(x, scale_log2, -lse2));

@@ -19,6 +19,7 @@
 // which is the layout the 128-byte-swizzle descriptors describe (every slab 1024-byte aligned).
 // Output O / rowsum and the row logsumexp (natural log; +inf for a row that attends nothing), as flash_attn_fwd.
 #include "flash_attention.cuh"
+#include "flash_attention_keypad.cuh"
 #include "wgmma.cuh"
 
 template <typename T, int D, int BN, int NWG, int STAGES, int MASK, int PP = 0>
@@ -33,6 +34,8 @@ flash_attn_fwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
     constexpr int NTS = BN / 8;   // n8 tiles of S
     constexpr int NTO = D / 8;    // n8 tiles of O
     constexpr bool PRESCALED = MASK == FA_MASK_FLOAT;
+    constexpr bool KEYPAD = MASK == FA_MASK_KEYPAD;
+    constexpr int EMASK = KEYPAD ? FA_MASK_BOOL : MASK;  // a mixed tile's element-wise rule
     static_assert(D % 64 == 0 && BN % 64 == 0 && BN <= 256 && D <= 256, "tile shape");
     static_assert(!PP || NWG == 2, "ping-pong takes two consumer warpgroups");
     constexpr int PP_BAR = 3;     // named barriers PP_BAR + wg: "wg may issue its next product" (1, 2: the Q loads)
@@ -40,6 +43,7 @@ flash_attn_fwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
 
     extern __shared__ unsigned char fa_smem[];
     __shared__ __align__(8) unsigned long long bars[3 * STAGES];  // full_k[S], full_v[S], empty[S]
+    __shared__ unsigned char kpad[KEYPAD ? FA_KEYPAD_GRANULES : 1];  // FA_MASK_KEYPAD: each granule's kind
     const unsigned base = (fa_smem_addr(fa_smem) + 1023u) & ~1023u;
     const unsigned sQ = base, sK = sQ + Q_BYTES, sV = sK + STAGES * KV_BYTES;
     const unsigned bar0 = fa_smem_addr(bars);
@@ -63,6 +67,19 @@ flash_attn_fwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
             mbar_init(full_k(s), 32);
             mbar_init(full_v(s), 32);
             mbar_init(empty(s), NWG * 4);
+        }
+    }
+    if constexpr (KEYPAD) {  // Lk <= 64 * FA_KEYPAD_GRANULES (the caller's rule)
+        const unsigned char* mrow = static_cast<const unsigned char*>(mask) + b * m_sb + h * m_sh;
+        for (int gi = tid; gi < (Lk + 63) / 64; gi += blockDim.x) {
+            const int hi = min(Lk, gi * 64 + 64);
+            bool any = false, all = true;
+            for (int c = gi * 64; c < hi; ++c) {
+                const bool kept = mrow[(fa_i64)c * m_sk] != 0;
+                any |= kept;
+                all &= kept;
+            }
+            kpad[gi] = all ? FA_KEYPAD_KEPT : (any ? FA_KEYPAD_MIXED : FA_KEYPAD_MASKED);
         }
     }
     __syncthreads();
@@ -132,8 +149,25 @@ flash_attn_fwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
         wg_wait<0>();
         wg_pin(s_acc);
 
-        // mask: key padding, causal, user mask (uniform per warp)
-        if (MASK != FA_MASK_NONE || n0 + BN > Lk || (causal && n0 + BN - 1 > wrow)) {
+        // mask: key padding, causal, user mask (uniform per warp); under FA_MASK_KEYPAD a tile of kept keys reads no
+        // mask, a tile of masked keys is -inf
+        int tile = FA_KEYPAD_MIXED;
+        if constexpr (KEYPAD) {
+            bool any = false, all = true;
+            for (int gi = n0 / 64; gi < min((Lk + 63) / 64, (n0 + BN) / 64); ++gi) {
+                any |= kpad[gi] != FA_KEYPAD_MASKED;
+                all &= kpad[gi] == FA_KEYPAD_KEPT;
+            }
+            tile = all ? FA_KEYPAD_KEPT : (any ? FA_KEYPAD_MIXED : FA_KEYPAD_MASKED);
+        }
+        if (KEYPAD && tile == FA_KEYPAD_MASKED) {
+#pragma unroll
+            for (int nt = 0; nt < NTS; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s_acc[nt][e] = FA_NEG_INF;
+        } else if ((MASK != FA_MASK_NONE && tile == FA_KEYPAD_MIXED) || n0 + BN > Lk ||
+                   (causal && n0 + BN - 1 > wrow)) {
+            const bool elementwise = MASK != FA_MASK_NONE && tile == FA_KEYPAD_MIXED;
 #pragma unroll
             for (int nt = 0; nt < NTS; ++nt)
 #pragma unroll
@@ -141,7 +175,9 @@ flash_attn_fwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
                     const int row = wrow + g + (e >> 1) * 8;
                     const int col = n0 + nt * 8 + t4 * 2 + (e & 1);
                     float add;
-                    const bool keep = fa_keep<MASK>(row, col, Lq, Lk, causal, mask, moff, m_sq, m_sk, add);
+                    const bool keep =
+                        elementwise ? fa_keep<EMASK>(row, col, Lq, Lk, causal, mask, moff, m_sq, m_sk, add)
+                                    : fa_keep<FA_MASK_NONE>(row, col, Lq, Lk, causal, mask, moff, m_sq, m_sk, add);
                     float x = s_acc[nt][e];
                     if (PRESCALED) x = fmaf(x, scale_log2, add);
                     s_acc[nt][e] = keep ? x : FA_NEG_INF;

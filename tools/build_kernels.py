@@ -65,12 +65,12 @@ def _extra_expressions():
         add("activations", f"{name}_bulk<{{T}}, {chunk}>", half, 90)
     add("activations", "silu_fwd<{T}, 1>")
 
-    for kind in (0, 1, 2):  # no mask, boolean mask, additive mask
-        for D, tiles in sorted(AT.FWD_TILES.items()):
+    for kind in (0, 1, 2, AT.MASK_KEYPAD):  # no mask, boolean mask, additive mask, key padding (Hopper only)
+        for D, tiles in sorted(AT.FWD_TILES.items()) if kind != AT.MASK_KEYPAD else ():
             for t in sorted({tiles["mask"]} if kind else {tiles["large"], tiles["small"]}):
                 add("flash_attention_fwd", "flash_attn_fwd<{T}, %d, %d, %d, %d, %d, %d>" % ((D,) + t[:3] + (kind,)
                                                                                           + t[3:]), half)
-        for D, (BM, BN, NW, WMS, WNKV, WMQ, OPT) in sorted(AT.BWD_TILES.items()):
+        for D, (BM, BN, NW, WMS, WNKV, WMQ, OPT) in sorted(AT.BWD_TILES.items()) if kind != AT.MASK_KEYPAD else ():
             add("flash_attention_bwd", f"flash_attn_bwd<{{T}}, {D}, {BM}, {BN}, {NW}, {WMS}, {WNKV}, {WMQ}, {kind}, "
                                        f"{OPT}>", half)
         for D, (BN, NWG, ST) in sorted(AT.FWD_SM90_TILES.items()):

@@ -60,6 +60,13 @@ SM90_BWD = True
 # 2.153 -> 1.706 ms, SD3.5 1024² 1.866 -> 1.629, SDXL self 0.851 -> 0.734, Flux 512² 0.376 -> 0.312.
 SM90_BWD_BULK_DQ = True
 SM90_SMEM_MAX = 227 * 1024
+# A boolean mask the same for every query row (B or 1, H or 1, 1, Lk) -- padded text tokens, Chroma's and
+# Qwen-Image's -- runs the Hopper kernels' FA_MASK_KEYPAD (kind 3): the forward classifies the keys per 64 once per
+# CTA and reads the mask only in a tile that mixes kept and masked keys, the backward reads each thread's two keys
+# once; FA_MASK_BOOL reads one mask byte per score. False: kind 1 (A/B).
+SM90_KEYPAD = True
+KEYPAD_MAX_LK = 64 * 256  # FA_KEYPAD_GRANULES: the forward's shared table of key granules
+MASK_KEYPAD = 3
 
 
 # ----------------------------------------------------------------------------- checks
@@ -215,6 +222,12 @@ def _mask_arg(mask, shape4):
     return m, kind, tuple(KL.i64(s // m.itemsize) for s in m.strides)
 
 
+def _keypad(kind, ms):
+    """Whether a mask of kind `kind` with element strides `ms` (b, h, q, k) is a key-padding mask: boolean, the
+    same for every query row."""
+    return SM90_KEYPAD and kind == 1 and int(ms[2]) == 0
+
+
 def _tile_dim(e_pad):
     return 64 if e_pad <= 64 else (128 if e_pad <= 128 else 256)
 
@@ -298,6 +311,8 @@ def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
         BM = 64 * NWG
         smem = 1024 + (BM + 2 * STAGES * BN) * D * 2
         pp = int(SM90_FWD_PINGPONG and NWG == 2)
+        if _keypad(kind, ms) and Lk <= KEYPAD_MAX_LK:
+            kind = MASK_KEYPAD
         fn = _kernel("flash_attention_fwd_sm90",
                      f"flash_attn_fwd_sm90<{{T}}, {D}, {BN}, {NWG}, {STAGES}, {kind}, {pp}>", q.dtype, smem)
         block = ((NWG + 1) * 128, 1, 1)
@@ -432,6 +447,8 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
     dvs = tuple(KL.i64(s // dv.itemsize) for s in dv.strides[:3])
     if sm90:
         smem = _bwd_sm90_smem(D, NWG, STAGES, BM, dqb)
+        if _keypad(kind, ms):
+            kind = MASK_KEYPAD
         fn = _kernel("flash_attention_bwd_sm90",
                      f"flash_attn_bwd_sm90<{{T}}, {D}, {NWG}, {STAGES}, {kind}, {BM}, {dqb}>", T, smem)
         block = ((NWG + 1) * 128,)

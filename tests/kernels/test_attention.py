@@ -67,6 +67,12 @@ def make_mask(rng, kind, b, h, lq, lk):
         m = np.ones((b, 1, 1, lk), bool)
         m[0, ..., max(1, lk // 2):] = False
         return m
+    if kind == "keypad-text":  # Chroma's padded text: runs of masked keys across granules of 64 (the Hopper kernels'
+        m = np.ones((b, 1, 1, lk), bool)  # FA_MASK_KEYPAD: kept, masked and mixed key tiles)
+        m[0, ..., 70:300] = False
+        if b > 1:
+            m[1, ..., 128:256] = False
+        return m
     if kind == "float":
         return rng.standard_normal((1, h, lq, lk)) * 2.0
     raise ValueError(kind)
@@ -235,6 +241,9 @@ CASES = [
     (1, 2, 4096, 77, 64, None, False, "bhld"),        # few key blocks: the backward splits the query blocks
     (1, 2, 333, 1000, 128, None, False, "bhld"),      # many key blocks, even and odd counts
     (1, 2, 520, 640, 64, None, False, "blhd"),
+    (2, 2, 300, 700, 128, "keypad-text", False, "bhld"),
+    (2, 3, 200, 600, 64, "keypad-text", False, "blhd"),
+    (1, 2, 400, 450, 128, "keypad-text", True, "bhld"),
 ]
 
 
@@ -282,6 +291,35 @@ def test_flash_kernel_against_float64(rng, monkeypatch, dt, case, fwd):
         assert g.shape == w.shape and g.dtype == q.dtype and g2.strides == g.strides
         assert rel_err(g, w) < tol, f"{name}: {rel_err(g, w)}"
         assert rel_err(g2, w) < tol, f"{name} (second call): {rel_err(g2, w)}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("keypad", [True, False])
+def test_a_key_padding_mask_runs_the_keypad_kernels_on_hopper(rng, monkeypatch, keypad):
+    """A bool mask the same for every query takes FA_MASK_KEYPAD (kind 3) in both Hopper kernels (SM90_KEYPAD), the
+    same numbers as the element-wise kind 1 within rounding; a mask that varies by query keeps kind 1."""
+    if not loader.arch_available("sm_90a"):
+        pytest.skip("needs a compute capability 9.0 GPU")
+    cp = backend.cupy
+    monkeypatch.setattr(K, "SM90_KEYPAD", keypad)
+    monkeypatch.setattr(K, "_functions", {})
+    host, (q, k, v, do), mask, dmask, _ = _gpu_inputs(rng, (2, 2, 260, 700, 128, "keypad-text", False, "bhld"),
+                                                       np.dtype(BF16))
+    o, lse = K.flash_attention_forward(q, k, v, dmask)
+    dq, dk, dv = K.flash_attention_backward(do, q, k, v, o, lse, dmask)
+    kinds = {key[0]: key[1].split(",")[5 if key[0].startswith("flash_attention_fwd") else 4].strip()
+             for key in K._functions if key[0].endswith("_sm90")}
+    assert kinds == {"flash_attention_fwd_sm90": "3" if keypad else "1",
+                     "flash_attention_bwd_sm90": "3" if keypad else "1"}
+    want_o, _, grads = dense(*host[:3], mask, do=host[3])
+    assert rel_err(o, want_o) < REL_TOL["bfloat16"]
+    for g, w in zip((dq, dk, dv), grads):
+        assert rel_err(g, w) < REL_TOL["bfloat16"]
+    per_query = cp.asarray(np.broadcast_to(mask, (2, 1, 260, 700)).copy())   # (B, 1, Lq, Lk): kind 1
+    monkeypatch.setattr(K, "_functions", {})
+    o2, _ = K.flash_attention_forward(q, k, v, per_query)
+    assert all(key[1].split(",")[5].strip() == "1" for key in K._functions if key[0] == "flash_attention_fwd_sm90")
+    assert rel_err(o2, want_o) < REL_TOL["bfloat16"]
 
 
 @pytest.mark.gpu
