@@ -1,7 +1,8 @@
 """FLAME memory: the caching device pool (CuPy's allocator on cuda), cpu tensor-storage accounting, a limit,
 a pinned host pool and a memory profiler. PyTorch's names:
 
-    memory_allocated(device=None)      bytes in live blocks (cuda) / live tensor storage (cpu)
+    memory_allocated(device=None)      bytes in live blocks (cuda) / live tensor storage (cpu: accounted from the
+                                       first use of any of these functions for cpu on, see memory.cpu_tracking)
     memory_reserved(device=None)       bytes the pool holds from the device (cpu: == allocated)
     max_memory_allocated / max_memory_reserved / reset_peak_memory_stats
     memory_stats(device=None)          dict: allocated/reserved current+peak, alloc/free counts, cache hits/misses,
@@ -29,7 +30,7 @@ from .profiler import MemoryProfiler
 from .tracking import is_tracking, set_tracking
 
 _tensor = sys.modules["flame_core.tensor"]  # the module: the attribute flame_core.tensor is the function
-_tensor._memory_hook = cpu_tracking.on_birth
+cpu_tracking._install_hook()  # cpu storage is accounted from the first read of its figures on (cpu_tracking.enable)
 
 _cuda_pool_enabled = os.environ.get("FLAME_CUDA_POOL", "1").strip().lower() not in ("0", "false", "no", "off")
 if _cuda_pool_enabled and _backend.cuda_available():
@@ -40,6 +41,8 @@ if _cuda_pool_enabled and _backend.cuda_available():
 def _accountant(device=None):
     dev = _parse_device(device)
     if dev.type == "cpu":
+        if not cpu_tracking._on:
+            cpu_tracking.enable()
         return cpu_tracking.T
     if not _backend.cuda_available():
         raise DeviceError(f"memory statistics for {dev} requested but CuPy does not see a GPU")

@@ -89,14 +89,14 @@ def install():
     if _allocator is None:
         _allocator = cp.cuda.memory.PythonFunctionAllocator(_malloc, _free)
     cp.cuda.set_allocator(_allocator.malloc)
-    cpu_tracking.cuda_birth = _birth
+    cpu_tracking.set_cuda_birth(_birth)
 
 
 def uninstall():
     """Give allocation back to CuPy's default pool (blocks already handed out still return to FLAME's)."""
     cp = _backend.cupy
     cp.cuda.set_allocator(cp.get_default_memory_pool().malloc)
-    cpu_tracking.cuda_birth = None
+    cpu_tracking.set_cuda_birth(None)
 
 
 def is_installed():
