@@ -244,6 +244,7 @@ def enable():
     if _on:
         return
     _on = True
+    _settle()  # (nothing is pending unless on_birth was called by hand): a dead storage's id may be reused below
     _install_hook()  # first: a tensor born during the walk below is counted by the hook (a storage counts once)
     tensor_cls = sys.modules["flame_core.tensor"].Tensor
     t = T
