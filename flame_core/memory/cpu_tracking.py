@@ -250,7 +250,7 @@ def enable():
     t = T
     for o in gc.get_objects():
         if isinstance(o, tensor_cls):
-            arr = o.__dict__.get("_data")
+            arr = getattr(o, "_data", None)
             if isinstance(arr, _nd):
                 base = arr
                 b = arr.base
