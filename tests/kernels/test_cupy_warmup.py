@@ -226,7 +226,7 @@ def test_start_is_a_no_op_on_the_cpu_and_when_switched_off(fresh):
 def test_the_first_cuda_device_starts_the_warm_up_once(fresh):
     calls = []
     fresh.setattr(W, "start", lambda index=0: calls.append(index))
-    fresh.setattr(device_mod, "_cache", dict(device_mod._cache))
+    fresh.setattr(device_mod, "_cache", {})   # (an earlier test in this process may have parsed "cuda:1")
     fresh.setattr(backend, "cupy", types.SimpleNamespace())
     fresh.setattr(backend, "cuda_available", lambda: True)
     device_mod.device("cpu")
@@ -243,7 +243,7 @@ def test_a_warm_up_that_cannot_start_warns_and_the_device_still_parses(fresh):
     def boom(index=0):
         raise ValueError("FLAME_CUPY_WARMUP_THREADS must be a positive integer, got 'x'")
     fresh.setattr(W, "start", boom)
-    fresh.setattr(device_mod, "_cache", dict(device_mod._cache))
+    fresh.setattr(device_mod, "_cache", {})
     fresh.setattr(backend, "cupy", types.SimpleNamespace())
     fresh.setattr(backend, "cuda_available", lambda: True)
     with pytest.warns(RuntimeWarning, match="compile on first use"):
