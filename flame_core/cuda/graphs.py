@@ -49,6 +49,13 @@ def is_capturing():
 
 
 _capturing = {}            # stream ptr -> the CUDAGraph capturing on it
+
+
+def capturing_graph():
+    """The CUDAGraph capturing on the current stream, or None."""
+    if not backend.cuda_available() or not _capturing:
+        return None
+    return _capturing.get(backend.cupy.cuda.get_current_stream().ptr)
 _with_users = weakref.WeakSet()  # graphs holding work of a resource that must outlive them (NCCL communicators)
 
 
@@ -113,6 +120,11 @@ class CUDAGraph:
             _capturing.pop(self._stream.ptr, None)
             self._prev_stream.use()
         return self
+
+    @property
+    def is_live(self):
+        """Capturing, or holding a capture: its work may still write into the memory it was captured with."""
+        return self._graph is not None or (self._stream is not None and _capturing.get(self._stream.ptr) is self)
 
     def replay(self):
         """Launch the captured work on the current stream (ordered after the work already queued there)."""

@@ -96,19 +96,23 @@ class Adam(Optimizer):
             if g is None or not backend.is_cuda_array(a) or a.dtype != np.float32 or not a.flags.c_contiguous \
                     or not pool.is_registered(p):
                 continue
-            flat = pool.flat_buffer_of(p)
+            buf = pool.buffer_of(p)
+            if not buf.resident:
+                continue  # a lazy buffer without storage: .grad was set by the user, not the pooled view
+            flat = buf.tensor
             off, _ = pool.slice_of(p)
             if g.array.data.ptr != flat.array.data.ptr + off * flat.array.itemsize:
                 continue  # .grad was replaced by the user: not the pooled view
             st = self.state.get(p)
             step = st["step"] if st is not None else 0
-            buckets.setdefault((id(flat), step), (flat, step, []))[2].append((p, off))
+            buckets.setdefault((id(buf), step), (buf, step, []))[2].append((p, off))
         done = set()
-        for flat, step, items in buckets.values():
+        for buf, step, items in buckets.values():
+            flat = buf.tensor
             if not _loader.use_kernel(flat.array):
                 return done
-            m, v = self._flat_moments(flat, items)
-            plan = self._plan(flat, items)
+            m, v = self._flat_moments(buf, items)
+            plan = self._plan(buf, items)
             t = step + 1
             _fused.adamw_step(plan, flat.array, m, v, lr=group["lr"], beta1=group["betas"][0],
                               beta2=group["betas"][1], eps=group["eps"], weight_decay=group["weight_decay"], step=t)
@@ -118,15 +122,15 @@ class Adam(Optimizer):
                 done.add(id(p))
         return done
 
-    def _flat_moments(self, flat, items):
-        """Flat fp32 moments parallel to gradient buffer `flat`; each parameter's state becomes views into them."""
+    def _flat_moments(self, buf, items):
+        """Flat fp32 moments parallel to gradient buffer `buf` (a grad_pool FlatBuffer: keyed by it, not by its
+        storage, which a lazy buffer allocates afresh each step); each parameter's state becomes views into them."""
         cache = self.__dict__.setdefault("_flat", {})
-        entry = cache.get(id(flat))
-        if entry is None or entry[0] is not flat:
-            xp = backend.xp_of(flat.array)
-            with flat.device.context():
-                entry = cache[id(flat)] = (flat, xp.zeros(flat.array.size, np.float32),
-                                           xp.zeros(flat.array.size, np.float32), {})
+        entry = cache.get(id(buf))
+        if entry is None or entry[0] is not buf:
+            xp = backend.xp_of(buf.tensor.array)
+            with buf.device.context():
+                entry = cache[id(buf)] = (buf, xp.zeros(buf.numel, np.float32), xp.zeros(buf.numel, np.float32), {})
         _, m, v, plans = entry
         for p, off in items:
             n = p.array.size
@@ -137,18 +141,18 @@ class Adam(Optimizer):
                 m[off:off + n] = 0
                 v[off:off + n] = 0
                 continue
-            for key, buf in (("exp_avg", m), ("exp_avg_sq", v)):
+            for key, moment in (("exp_avg", m), ("exp_avg_sq", v)):
                 cur = st[key].array
-                if backend.is_cuda_array(cur) and cur.data.ptr == buf.data.ptr + off * 4:
+                if backend.is_cuda_array(cur) and cur.data.ptr == moment.data.ptr + off * 4:
                     continue
-                view = buf[off:off + n]
+                view = moment[off:off + n]
                 view[...] = convert(cur, np.float32, p.device)[0].reshape(-1)
                 st[key] = as_tensor(view.reshape(p.array.shape))
         return m, v
 
-    def _plan(self, flat, items):
+    def _plan(self, buf, items):
         """The kernel's chunk table for these parameters (rebuilt when a parameter's storage moved)."""
-        plans = self._flat[id(flat)][3]
+        plans = self._flat[id(buf)][3]
         key = tuple(id(p) for p, _ in items)
         ptrs = tuple(p.array.data.ptr for p, _ in items)
         hit = plans.get(key)

@@ -102,6 +102,56 @@ def test_graphed_training_step_matches_eager_steps():
 
 
 @pytest.mark.gpu
+def test_graphed_step_allocates_lazy_gradient_buffers_inside_the_capture(monkeypatch):
+    """grad_pool.register(..., lazy=True): no gradient storage before the capture (the warm-up's was released by
+    zero_grad(set_to_none=True)); the capture allocates it from the graph's private memory, each replay rewrites it,
+    set_to_none keeps it while the graph lives. Same numbers as eager steps with eager buffers."""
+    from flame_core import grad_pool
+    monkeypatch.setattr(grad_pool, "LAZY_CHUNK_BYTES", 4096)  # one buffer per weight, several per step
+    rng = np.random.default_rng(2)
+    data = [(flame.tensor(rng.standard_normal((16, 32)), device="cuda", dtype=flame.float32),
+             flame.tensor(rng.standard_normal((16, 32)), device="cuda", dtype=flame.float32)) for _ in range(6)]
+
+    def run(lazy):
+        flame.manual_seed(0)
+        model = flame_nn.Sequential(flame_nn.Linear(32, 64), flame_nn.GELU("tanh"), flame_nn.Linear(64, 32))
+        model = model.to("cuda")
+        bufs = grad_pool.register(model.parameters(), lazy=True) if lazy else []
+        opt = flame_nn.optim.AdamW(model.parameters(), lr=1e-2)
+
+        def fwd_bwd(x, y):
+            with amp.autocast("cuda", dtype=flame.bfloat16):
+                out = model(x)
+            loss = ((out.float() - y) ** 2).mean()
+            loss.backward()
+            return loss.detach()
+        step = graphed(fwd_bwd, warmup=2, enabled=lazy)
+        losses = []
+        for i, (x, y) in enumerate(data):
+            if lazy and i == 2:  # the capture step
+                assert not any(b.resident for b in bufs)
+            loss = step(x, y)
+            opt.step()
+            opt.zero_grad(set_to_none=step.graph is None)
+            losses.append(loss.item())
+            if lazy and step.graph is not None:
+                assert all(b.resident and b._graph() is step.graph for b in bufs)
+        if lazy:
+            opt.zero_grad(set_to_none=True)  # the graph lives: its gradient memory stays
+            assert all(b.resident for b in bufs)
+            step.reset()
+            opt.zero_grad(set_to_none=True)
+            assert not any(b.resident for b in bufs)
+        return losses, [p.detach().float().numpy() for p in model.parameters()], len(bufs)
+    eager_l, eager_p, _ = run(False)
+    graph_l, graph_p, n_bufs = run(True)
+    assert n_bufs >= 3
+    np.testing.assert_allclose(graph_l, eager_l, rtol=1e-5)
+    for a, b in zip(graph_p, eager_p):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
 def test_random_draws_are_refused_while_capturing():
     g = CUDAGraph()
     with pytest.raises(GraphCaptureError, match="random numbers"):

@@ -1,0 +1,126 @@
+"""Lazy gradient buffers (grad_pool.register(params, lazy=True)): PyTorch's memory behaviour at the flat buffers'
+speed -- no gradient storage before backward, storage of a chunk only from the first gradient written into it,
+released by zero_grad(set_to_none=True); the same numbers as the eager buffers."""
+import numpy as np
+import pytest
+
+import flame_core as flame
+import flame_core.memory as M
+import flame_nn as nn
+from flame_core import grad_pool
+
+from .conftest import storage
+
+
+def npa(t):
+    return t.detach().double().numpy()
+
+
+def chain(device, rng, n=4, width=16):
+    """n float32 (width, width) weights used one after another: backward reaches the last one first."""
+    return [flame.tensor(rng.standard_normal((width, width)) / width ** 0.5, dtype=flame.float32, device=device,
+                         requires_grad=True) for _ in range(n)]
+
+
+def forward(x, ws):
+    h = x
+    hs = []
+    for w in ws:
+        h = (h @ w).tanh()
+        hs.append(h)
+    return h.square().sum(), hs
+
+
+def test_no_gradient_storage_before_backward_and_none_after_set_to_none(device, rng, no_gc):
+    ws = chain(device, rng)
+    x = flame.tensor(rng.standard_normal((3, 16)), dtype=flame.float32, device=device)
+    a0 = M.memory_allocated(device)
+    bufs = grad_pool.register(ws, lazy=True)
+    assert M.memory_allocated(device) == a0  # registration allocates nothing
+    assert bufs and not any(b.resident for b in bufs) and all(w.grad is None for w in ws)
+    for step in range(2):
+        forward(x, ws)[0].backward()  # the activations die with the graph
+        assert all(b.resident for b in bufs)
+        assert M.memory_allocated(device) == a0 + sum(storage(b.numel * 4, device) for b in bufs)
+        grad_pool.zero_grad(ws, set_to_none=True)
+        assert all(w.grad is None for w in ws) and not any(b.resident for b in bufs)
+        assert M.memory_allocated(device) == a0  # the gradients are gone between steps, as PyTorch's
+
+
+def test_same_gradients_as_eager_buffers_and_chunks_in_registration_order(device, rng, monkeypatch):
+    monkeypatch.setattr(grad_pool, "LAZY_CHUNK_BYTES", 2 * 16 * 16 * 4)  # two weights per buffer
+    ws = chain(device, rng, n=5)
+    ref = [w.detach().clone().requires_grad_(True) for w in ws]
+    x = flame.tensor(rng.standard_normal((3, 16)), dtype=flame.float32, device=device)
+    bufs = grad_pool.register(ws, lazy=True)
+    grad_pool.register(ref)
+    assert [len(b.slots) for b in bufs] == [2, 2, 1]
+    assert [grad_pool.buffer_of(w) for w in ws] == [bufs[0], bufs[0], bufs[1], bufs[1], bufs[2]]
+    for _ in range(2):  # accumulation: the second backward adds into the resident buffers
+        forward(x, ws)[0].backward()
+        forward(x, ref)[0].backward()
+    for w, r in zip(ws, ref):
+        np.testing.assert_array_equal(npa(w.grad), npa(r.grad))
+        assert w.grad.data_ptr() == grad_pool.pooled_grad(w).data_ptr()
+    grad_pool.zero_grad(ws)  # set_to_none=False: zeroed in place, the storage stays
+    assert all(b.resident for b in bufs) and not any(npa(w.grad).any() for w in ws)
+
+
+def test_backward_makes_a_chunk_resident_only_when_it_reaches_its_parameters(device, rng, monkeypatch):
+    monkeypatch.setattr(grad_pool, "LAZY_CHUNK_BYTES", 16 * 16 * 4)  # one weight per buffer
+    ws = chain(device, rng)
+    x = flame.tensor(rng.standard_normal((3, 16)), dtype=flame.float32, device=device)
+    bufs = grad_pool.register(ws, lazy=True)
+    loss, hs = forward(x, ws)
+    seen = {}
+
+    def at(i):
+        def hook(g):  # the gradient of hs[i]: backward has passed ws[i + 1:], not yet ws[:i + 1]
+            seen[i] = [b.resident for b in bufs]
+        return hook
+    for i in range(len(ws)):
+        hs[i].register_hook(at(i))
+    loss.backward()
+    for i in range(len(ws)):  # hs[-1] first: no gradient storage at all when backward starts
+        assert seen[i] == [False] * (i + 1) + [True] * (len(ws) - i - 1)
+    assert all(b.resident for b in bufs)
+
+
+def test_set_to_none_on_part_of_a_buffer_keeps_its_storage(device, rng, monkeypatch):
+    ws = chain(device, rng, n=3)
+    (buf,) = grad_pool.register(ws, lazy=True)
+    x = flame.tensor(rng.standard_normal((3, 16)), dtype=flame.float32, device=device)
+    forward(x, ws)[0].backward()
+    keep = npa(ws[2].grad)
+    grad_pool.zero_grad(ws[:2], set_to_none=True)
+    assert buf.resident and ws[0].grad is None and ws[1].grad is None
+    np.testing.assert_array_equal(npa(ws[2].grad), keep)
+    grad_pool.zero_grad([ws[2]], set_to_none=True)
+    assert not buf.resident
+    flat = grad_pool.flat_buffer_of(ws[0])  # a consumer asking for the buffer gets it, zeroed
+    assert buf.resident and flat.shape == (buf.numel,) and not npa(flat).any()
+
+
+def test_an_existing_gradient_is_kept_at_registration(device, rng):
+    (w,) = chain(device, rng, n=1)
+    w.grad = flame.ones(16, 16, device=device)
+    (buf,) = grad_pool.register([w], lazy=True)
+    assert buf.resident and w.grad.data_ptr() == buf.tensor.data_ptr()
+    np.testing.assert_array_equal(npa(w.grad), np.ones((16, 16)))
+
+
+@pytest.mark.parametrize("opt_name", ["AdamW", "SGD"])
+def test_training_with_lazy_buffers_matches_eager_buffers(device, rng, opt_name):
+    ws = chain(device, rng, n=3)
+    ref = [w.detach().clone().requires_grad_(True) for w in ws]
+    grad_pool.register(ws, lazy=True)
+    make = getattr(nn.optim, opt_name)
+    opts = [make(ws, lr=1e-2), make(ref, lr=1e-2)]
+    xs = [flame.tensor(rng.standard_normal((3, 16)), dtype=flame.float32, device=device) for _ in range(3)]
+    for x in xs:
+        for params, opt in zip((ws, ref), opts):
+            forward(x, params)[0].backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    for w, r in zip(ws, ref):
+        np.testing.assert_array_equal(npa(w), npa(r))
