@@ -7,7 +7,10 @@ bf16 autocast; batch 1; MSE against a random target. CUDA events around whole st
 step, zero_grad) after warm-up, median of repeats. Peak: the framework's max allocated bytes over the timed steps
 (weights included); with --graph FLAME's over the capture step (a replay allocates nothing: its buffers are allocated
 and freed once, at capture). Max reserved bytes (FLAME's pool / torch's caching allocator) beside them. FLAME runs
-first and releases its memory before diffusers builds its model.
+first and releases its memory before diffusers builds its model. FLAME's adapter gradients live in lazy flat buffers
+(grad_pool.register(lazy=True)): allocated as backward reaches them and released by zero_grad(set_to_none=True), as
+the peer's (PEFT + torch: AccumulateGrad allocates, set_to_none frees); with --graph the capture allocates them from
+the graph's private memory, where they share addresses with activations freed earlier in the step.
 """
 import argparse
 import gc
@@ -71,11 +74,13 @@ def flame_steps(res, model, name_map, configs, make_step, repeats, warmup, graph
     import flame_core as flame
     import flame_core.memory as fmem
     import flame_nn
+    from flame_core import grad_pool
     from flame_nn import adapters as A
     made = A.inject_adapters(model, TARGETS, "lora", rank=16, alpha=16, name_map=name_map,
                              generator=flame.Generator("cuda").manual_seed(1))
     lora = A.adapter_parameters(model)
     model.train()
+    grad_pool.register(lora, lazy=True)  # gradients resident only from backward to zero_grad, as the peer's
     opt = flame_nn.optim.AdamW(lora, lr=1e-4)
     res.log(f"flame_{prefix}params", sum(q.numel() for q in model.parameters()))
     res.log(f"flame_{prefix}lora_params", sum(q.numel() for q in lora))
@@ -92,7 +97,9 @@ def flame_steps(res, model, name_map, configs, make_step, repeats, warmup, graph
         def step():
             loss = run(*args)
             opt.step()
-            opt.zero_grad(set_to_none=not graph)
+            # until the capture the gradients go (the capture allocates them in the graph's memory); then they stay:
+            # every replay writes them there
+            opt.zero_grad(set_to_none=run.graph is None)
             losses.append(loss.clone() if graph else loss)
         try:
             for _ in range(max(warmup, 2)):
