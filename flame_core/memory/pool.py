@@ -7,9 +7,13 @@ The pool knows nothing about CUDA: a backend object gives it raw memory (`malloc
 Size classes (request -> rounded block size, where the block comes from):
   small   request <  1 MiB   512 B steps          carved from 2 MiB segments
   medium  1 MiB .. < 10 MiB  64 KiB steps         carved from 20 MiB segments
-  large   >= 10 MiB          2 MiB steps          a segment of exactly the rounded size (may be split later)
-  huge    rounded >= 1 GiB   2 MiB steps          allocated directly: its own segment, reused only by a request
-                                                  of the same rounded size, never split
+  large   >= 10 MiB          512 B steps          carved from a free block, else from a new segment of the request
+                                                  rounded to 2 MiB (the tail stays free in the class's cache)
+  huge    2 MiB-rounded      2 MiB steps          allocated directly: its own segment, reused only by a request
+          >= 1 GiB                                of the same rounded size, never split
+A large block is the request rounded to 512 B, as torch's caching allocator rounds: a 27 MiB activation (Flux's
+4608 x 3072 bf16 tokens) carved out of a freed 189 MiB one holds 27 MiB, not 28 -- one MiB per live tensor that
+neither the step nor the statistics would get back otherwise.
 Fragmentation: blocks are split on demand (best fit within the class) and adjacent free blocks are coalesced
 lazily -- when a request finds no free block large enough and a free has left neighbours free ("dirty"), and
 before any segment is released -- not on every free. In a training loop the same sizes recur each step, so the
@@ -55,7 +59,7 @@ def round_size(nbytes, huge_min=HUGE_MIN):
     if nbytes < MEDIUM_MAX:
         return (nbytes + MEDIUM_STEP - 1) & -MEDIUM_STEP, MEDIUM
     r = (nbytes + LARGE_STEP - 1) & -LARGE_STEP
-    return r, (HUGE if r >= huge_min else LARGE)
+    return (r, HUGE) if r >= huge_min else ((nbytes + SMALL_STEP - 1) & -SMALL_STEP, LARGE)
 
 
 class Block:
@@ -127,7 +131,11 @@ class DevicePool:
             kind = 1
         else:
             r = (nbytes + LARGE_STEP - 1) & -LARGE_STEP
-            kind = 3 if r >= self.huge_min else 2
+            if r >= self.huge_min:
+                kind = 3
+            else:
+                r = (nbytes + 511) & -512
+                kind = 2
         stream = self._stream_key()
         lock = self._lock
         lock.acquire()
@@ -327,8 +335,10 @@ class DevicePool:
     # ------------------------------------------------------------------ segments
     def _new_segment(self, sub, r, nbytes):
         kind = sub.kind
-        full = SMALL_SEGMENT if kind == SMALL else MEDIUM_SEGMENT if kind == MEDIUM else r
-        sizes = (full, r) if full != r else (r,)
+        if kind >= LARGE:  # whole 2 MiB pages, as the device maps them: what `reserved` says is what it holds
+            sizes = ((r + LARGE_STEP - 1) & -LARGE_STEP,)
+        else:
+            sizes = (SMALL_SEGMENT if kind == SMALL else MEDIUM_SEGMENT, r)
         freed_cache = 0
         for attempt in (0, 1):
             for size in sizes:

@@ -17,7 +17,8 @@ def make(capacity=1 << 40, **kw):
 @pytest.mark.parametrize("n, rounded, kind", [
     (1, 512, SMALL), (512, 512, SMALL), (513, 1024, SMALL), (MiB - 1, MiB, SMALL),
     (MiB, MiB, MEDIUM), (MiB + 1, MiB + 64 * KiB, MEDIUM), (10 * MiB - 1, 10 * MiB, MEDIUM),
-    (10 * MiB, 10 * MiB, LARGE), (10 * MiB + 1, 12 * MiB, LARGE), (GiB - 1, GiB, HUGE), (GiB + 1, GiB + 2 * MiB, HUGE),
+    (10 * MiB, 10 * MiB, LARGE), (10 * MiB + 1, 10 * MiB + 512, LARGE), (GiB - 2 * MiB - 1, GiB - 2 * MiB, LARGE),
+    (GiB - 1, GiB, HUGE), (GiB + 1, GiB + 2 * MiB, HUGE),
 ])
 def test_round_size_classes(n, rounded, kind):
     assert round_size(n) == (rounded, kind)
@@ -45,9 +46,32 @@ def test_freed_block_is_reused_without_device_malloc():
     p = pool.malloc(64 * MiB)
     pool.free(p)
     assert pool.allocated == 0 and pool.reserved == 64 * MiB
-    q = pool.malloc(63 * MiB + 1)  # same rounded size
+    q = pool.malloc(64 * MiB - 100)  # same rounded size
     assert q == p and be.mallocs == 1
     assert (pool.cache_hits, pool.cache_misses) == (1, 1)
+
+
+def test_large_blocks_are_the_request_rounded_to_512_bytes():
+    """As torch's allocator: a 27 MiB activation carved from a freed larger block holds 27 MiB, not 28; a new segment
+    is whole 2 MiB pages, its tail free in the cache (and merged back when the block is freed)."""
+    pool, be = make()
+    n = 4608 * 3072 * 2  # Flux's joint tokens, bf16: 27 MiB
+    big = pool.malloc(190 * MiB)
+    pool.free(big)
+    a = pool.malloc(n + 1)
+    assert a == big and pool.allocated == n + 512 and be.mallocs == 1  # carved: the rest stays free
+    b = pool.malloc(192 * MiB)  # a new segment
+    assert list(be.live.values()) == [190 * MiB, 192 * MiB] and pool.allocated == n + 512 + 192 * MiB
+    pool.free(b)
+    c = pool.malloc(n)  # best fit: what the first segment has left (163 MiB), no device call
+    assert c == big + n + 512 and be.mallocs == 2 and pool.allocated == 2 * n + 512
+    pool.free(a)
+    pool.free(c)
+    assert pool.allocated == 0 and pool.empty_cache() == 382 * MiB  # the pieces merged back into whole segments
+    d = pool.malloc(n + 1)  # an empty cache: a new segment of 28 MiB, the block 27 MiB + 512 B
+    assert list(be.live.values()) == [28 * MiB] and pool.allocated == n + 512 and pool.reserved == 28 * MiB
+    pool.free(d)
+    assert pool.malloc(28 * MiB) == d  # freed, its tail merges back: the whole segment serves a 28 MiB request
 
 
 def test_split_then_lazy_coalesce_serves_a_larger_request_from_the_same_segment():
