@@ -90,9 +90,9 @@ def flame_steps(res, model, name_map, configs, make_step, repeats, warmup, graph
         model.enable_gradient_checkpointing(ckpt)
         fwd_bwd, args = make_step(size)
         losses = []
-        # --graph: forward + backward captured as a CUDA graph after 2 eager steps; AdamW runs eagerly on the
-        # gradients the replay accumulated (one fused launch)
-        run = flame.cuda.graphed(fwd_bwd, warmup=2, enabled=graph)
+        # --graph: forward + backward captured as a CUDA graph after 2 eager steps, on `args` themselves (no second
+        # copy of the inputs); AdamW runs eagerly on the gradients the replay wrote (one fused launch per buffer)
+        run = flame.cuda.graphed(fwd_bwd, warmup=2, enabled=graph, alias_inputs=True)  # args: the same every call
 
         def step():
             loss = run(*args)

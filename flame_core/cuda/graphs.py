@@ -181,10 +181,14 @@ class GraphedFunction:
     with static copies of the arguments and replayed: each call copies its tensor arguments into the static inputs,
     replays, and returns the static outputs (the same objects every call: read or clone them before the next call).
     Only top-level tensor arguments are inputs; other arguments (None, numbers) must not change after capture.
-    Without a GPU (or with enabled=False, or with no cuda tensor among the arguments) every call is eager."""
+    Without a GPU (or with enabled=False, or with no cuda tensor among the arguments) every call is eager.
+    alias_inputs: the capture call's own tensors become the static inputs instead of copies of them (as
+    torch.cuda.make_graphed_callables' sample_args): no second copy of the inputs, but a later call with other
+    tensors overwrites those (a loop that passes the same tensors every call, or fresh ones, loses nothing)."""
 
-    def __init__(self, fn, warmup=2, enabled=True):
+    def __init__(self, fn, warmup=2, enabled=True, alias_inputs=False):
         self.fn, self.warmup, self.calls = fn, int(warmup), 0
+        self.alias_inputs = bool(alias_inputs)
         self.enabled = bool(enabled) and backend.cuda_available()
         self.graph = None
         self.static_args = self.static_out = None
@@ -206,7 +210,8 @@ class GraphedFunction:
                 self.enabled = False
                 return self.fn(*args)
             with no_grad():
-                self.static_args = tuple(a.detach().clone() if isinstance(a, Tensor) else a for a in args)
+                self.static_args = tuple((a.detach() if self.alias_inputs else a.detach().clone())
+                                         if isinstance(a, Tensor) else a for a in args)
             g = CUDAGraph()
             with graph(g):
                 self.static_out = self.fn(*self.static_args)
@@ -215,7 +220,7 @@ class GraphedFunction:
             self._check(args)
             with no_grad():
                 for s, a in zip(_tensors(self.static_args), _tensors(args)):
-                    if s is not a:
+                    if s is not a and s.data_ptr() != a.data_ptr():  # (an aliased input passed again: in place)
                         s.copy_(a)
         self.graph.replay()
         return self.static_out
@@ -227,6 +232,6 @@ class GraphedFunction:
         self.calls = 0
 
 
-def graphed(fn, warmup=2, enabled=True):
+def graphed(fn, warmup=2, enabled=True, alias_inputs=False):
     """A callable that replays `fn` as a CUDA graph after `warmup` eager calls (see GraphedFunction)."""
-    return GraphedFunction(fn, warmup=warmup, enabled=enabled)
+    return GraphedFunction(fn, warmup=warmup, enabled=enabled, alias_inputs=alias_inputs)

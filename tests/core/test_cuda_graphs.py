@@ -152,6 +152,25 @@ def test_graphed_step_allocates_lazy_gradient_buffers_inside_the_capture(monkeyp
 
 
 @pytest.mark.gpu
+def test_graphed_alias_inputs_captures_on_the_callers_tensors():
+    x = flame.randn(64, 64, device="cuda")
+    w = flame.randn(64, 64, device="cuda")
+    step = graphed(lambda a: (a @ w).relu().sum(0), warmup=1, alias_inputs=True)
+    step(x)
+    from flame_core import memory
+    before = memory.memory_allocated("cuda")
+    out = step(x)  # the capture: no copy of x
+    assert step.static_args[0].data_ptr() == x.data_ptr()
+    assert memory.memory_allocated("cuda") - before < x.numel() * 4
+    np.testing.assert_allclose(out.numpy(), (x @ w).relu().sum(0).numpy(), rtol=1e-5, atol=1e-5)
+    y = flame.randn(64, 64, device="cuda")
+    out = step(y)  # copied into x's storage, then replayed
+    np.testing.assert_allclose(out.numpy(), (y @ w).relu().sum(0).numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(x.numpy(), y.numpy())
+    step.reset()
+
+
+@pytest.mark.gpu
 def test_random_draws_are_refused_while_capturing():
     g = CUDAGraph()
     with pytest.raises(GraphCaptureError, match="random numbers"):
