@@ -84,6 +84,17 @@ class FlatBuffer:
         return [s for s in self.slots if s.ref() is not None]
 
 
+def forget_capture(cuda_graph):
+    """A capture of `cuda_graph` failed: its work never ran, so the lazy buffers it allocated hold no gradient (not
+    even the zeros their `.grad` were set to). Drop them: their parameters' `.grad` become None again."""
+    for buf in list(_buffers):
+        if buf._graph is not None and buf._graph() is cuda_graph:
+            for s in buf.live_slots():
+                s.ref()._grad = None
+            buf._graph = None
+            buf._release()
+
+
 def _capturing_graph(arr):
     """A weakref to the CUDAGraph capturing on the current stream when `arr` is a CUDA array made during a capture."""
     if not backend.is_cuda_array(arr):

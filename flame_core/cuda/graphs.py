@@ -168,6 +168,8 @@ class graph:
         except Exception:  # noqa: BLE001 - the original error is the one to report
             pass
         self.cuda_graph.reset()
+        from .. import grad_pool
+        grad_pool.forget_capture(self.cuda_graph)  # gradient storage it allocated never received its values
         return False
 
 

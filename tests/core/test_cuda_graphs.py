@@ -152,6 +152,28 @@ def test_graphed_step_allocates_lazy_gradient_buffers_inside_the_capture(monkeyp
 
 
 @pytest.mark.gpu
+def test_a_failed_capture_leaves_lazy_gradients_none():
+    """The capture's work never ran: lazy gradient storage it allocated (and the .grad set to its views) is dropped,
+    and an eager backward after it gives the true gradient."""
+    from flame_core import grad_pool
+    w = flame_nn.Parameter(flame.randn(64, 64, device="cuda"))
+    (buf,) = grad_pool.register([w], lazy=True)
+    x = flame.randn(8, 64, device="cuda")
+
+    def fwd_bwd(a):
+        (a @ w).square().sum().backward()
+        raise RuntimeError("after backward")
+    g = CUDAGraph()
+    with pytest.raises(RuntimeError, match="after backward"):
+        with graph(g):
+            fwd_bwd(x)
+    assert w.grad is None and not buf.resident
+    (x @ w).square().sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), 2 * x.numpy().T @ (x.numpy() @ w.detach().numpy()), rtol=1e-4,
+                               atol=1e-3)
+
+
+@pytest.mark.gpu
 def test_graphed_alias_inputs_captures_on_the_callers_tensors():
     x = flame.randn(64, 64, device="cuda")
     w = flame.randn(64, 64, device="cuda")

@@ -124,3 +124,26 @@ def test_training_with_lazy_buffers_matches_eager_buffers(device, rng, opt_name)
             opt.zero_grad(set_to_none=True)
     for w, r in zip(ws, ref):
         np.testing.assert_array_equal(npa(w), npa(r))
+
+
+def test_a_steps_peak_holds_only_the_gradients_backward_has_reached(device, rng, monkeypatch, no_gc):
+    """The bench's question on the cpu accountant: a step whose peak comes early in backward (activations at their
+    largest) holds every gradient with eager buffers, at most the chunks reached so far with lazy ones."""
+    width, n = 64, 8
+    monkeypatch.setattr(grad_pool, "LAZY_CHUNK_BYTES", width * width * 4)  # one weight per chunk
+    x = flame.tensor(rng.standard_normal((512, width)), dtype=flame.float32, device=device)
+
+    def peak(lazy):
+        ws = chain(device, rng, n=n, width=width)
+        base = M.memory_allocated(device)  # the weights (and x)
+        grad_pool.register(ws, lazy=lazy)
+        opt = nn.optim.SGD(ws, lr=1e-3)
+        for _ in range(2):
+            M.reset_peak_memory_stats(device)
+            forward(x, ws)[0].backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return M.max_memory_allocated(device) - base
+    grads = n * width * width * 4
+    eager, lazy = peak(False), peak(True)
+    assert eager - lazy >= grads - 2 * width * width * 4
