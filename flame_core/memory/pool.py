@@ -11,9 +11,10 @@ Size classes (request -> rounded block size, where the block comes from):
                                                   rounded to 2 MiB (the tail stays free in the class's cache)
   huge    2 MiB-rounded      2 MiB steps          allocated directly: its own segment, reused only by a request
           >= 1 GiB                                of the same rounded size, never split
-A large block is the request rounded to 512 B, as torch's caching allocator rounds: a 27 MiB activation (Flux's
-4608 x 3072 bf16 tokens) carved out of a freed 189 MiB one holds 27 MiB, not 28 -- one MiB per live tensor that
-neither the step nor the statistics would get back otherwise.
+A large block is the request rounded to 512 B, split off a larger free block only when more than 1 MiB would be
+left (a smaller tail could serve no large request): torch's caching allocator's rule, so that `allocated` means the
+same in both. A 27 MiB activation (Flux's 4608 x 3072 bf16 tokens) carved out of a freed 189 MiB one holds 27 MiB,
+not 28; one that gets a 28 MiB block or segment holds all of it.
 Fragmentation: blocks are split on demand (best fit within the class) and adjacent free blocks are coalesced
 lazily -- when a request finds no free block large enough and a free has left neighbours free ("dirty"), and
 before any segment is released -- not on every free. In a training loop the same sizes recur each step, so the
@@ -53,7 +54,7 @@ class DeviceOutOfMemory(Exception):
 
 
 def round_size(nbytes, huge_min=HUGE_MIN):
-    """(rounded block size, size class) of a request of `nbytes` bytes."""
+    """(rounded block size, size class) of a request of `nbytes` bytes (a large block may hold up to 1 MiB more)."""
     if nbytes < SMALL_MAX:
         return max(SMALL_STEP, (nbytes + SMALL_STEP - 1) & -SMALL_STEP), SMALL
     if nbytes < MEDIUM_MAX:
@@ -155,7 +156,7 @@ class DevicePool:
             blk.requested = nbytes
             self._live[blk.ptr] = blk
             self.requested += nbytes
-            a = self.allocated = self.allocated + r
+            a = self.allocated = self.allocated + blk.size  # r, or up to 1 MiB more for a large block (_fit)
             if a > self.peak_allocated:
                 self.peak_allocated = a
             if self._pending:  # frees deferred while the lock was held (GC inside this malloc)
@@ -229,9 +230,13 @@ class DevicePool:
                 blk = self._best_fit(sub, r)
         if blk is None:
             blk = self._new_segment(sub, r, nbytes)
-        if blk.size > r:
-            self._split(blk, r)
+        self._fit(blk, r)
         return blk
+
+    def _fit(self, blk, r):
+        """Cut free block `blk` down to `r` bytes; a large block keeps a tail of 1 MiB or less (torch's rule)."""
+        if blk.size > r and (blk.sub.kind != LARGE or blk.size - r > SMALL_MAX):
+            self._split(blk, r)
 
     @staticmethod
     def _best_fit(sub, r):
@@ -324,8 +329,7 @@ class DevicePool:
                 blk = self._best_fit(other, r)
             if blk is None:
                 continue
-            if blk.size > r:
-                self._split(blk, r)  # the rest stays with its owner
+            self._fit(blk, r)  # the rest stays with its owner
             blk.sub = sub
             sub.lent[blk.seg] = None
             self.num_adopted += 1

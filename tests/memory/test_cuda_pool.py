@@ -6,7 +6,7 @@ import pytest
 import flame_core as flame
 import flame_core.memory as M
 from flame_core.memory import cuda as mcuda
-from flame_core.memory.pool import round_size
+from flame_core.memory.pool import LARGE, round_size
 
 pytestmark = pytest.mark.gpu
 
@@ -85,7 +85,9 @@ def test_pool_rounding_matches_the_stats_helper():
     for n in (1, 777, MiB + 3, 11 * MiB):
         a0 = pool.allocated
         x = cupy.empty(n, dtype=cupy.uint8)
-        assert pool.allocated - a0 == round_size(n)[0]
+        r, kind = round_size(n)
+        # a large block keeps a tail of at most 1 MiB that it is not worth splitting off (torch's rule)
+        assert r <= pool.allocated - a0 <= r + (MiB if kind == LARGE else 0)
         del x
 
 
