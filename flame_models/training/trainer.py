@@ -39,7 +39,7 @@ import numpy as np
 
 import flame_core as flame
 import flame_nn
-from flame_core import io
+from flame_core import grad_pool, io
 from flame_core.amp import autocast
 from flame_core.autograd import no_grad
 from flame_core.io import write_json
@@ -242,6 +242,12 @@ class Trainer:
         self.streaming, self.fit = self._place_blocks(), None
 
         # optimisation
+        # the adapters' gradients resident only from backward to zero_grad, as PyTorch's (grad_pool lazy buffers;
+        # in a graphed step allocated inside the capture). Not where gradients must outlive one backward: several
+        # micro-steps accumulate into them, or ddp's all-reduce buckets are views of the flat buffers
+        self._lazy_grads = self.dist.world_size == 1 and t.gradient_accumulation_steps == 1
+        if self._lazy_grads:
+            grad_pool.register(self.params, lazy=True)
         self.optimizer = self._make_optimizer()
         self.scheduler = self._make_scheduler()
         self.guard = FiniteGuard(self.params, self.device)  # NaN / inf loss or gradients stop the run (finite.py)
@@ -449,8 +455,10 @@ class Trainer:
             self._grad_norm = flame_nn.utils.clip_grad_norm_(self.params, t.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
-        # a replayed graph accumulates into the .grad buffers it captured: keep them (zeroed), not None
-        self.optimizer.zero_grad(set_to_none=self.graphed is None or not self.graphed.enabled)
+        # a replayed graph writes the .grad buffers it captured: keep them (zeroed), not None; lazy ones go until the
+        # first capture, which allocates them in the graph's memory
+        graphs = self.graphed is not None and self.graphed.enabled
+        self.optimizer.zero_grad(set_to_none=not graphs or (self._lazy_grads and not self.graphed.captured))
         if self.ema is not None:
             self.ema.update()
         self.step += 1

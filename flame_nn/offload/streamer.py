@@ -618,13 +618,14 @@ def _move(t, device):
     from flame_core import grad_pool
     registered = grad_pool.is_registered(t)
     if registered:
+        lazy = grad_pool.buffer_of(t).lazy
         grad_pool.unregister([t])
     t.set_array_(*convert(t.array, None, device, t._f8))
     t._version[0] += 1
     if t._grad is not None:
         t._grad = None
     if registered:
-        grad_pool.register([t])
+        grad_pool.register([t], lazy=lazy)
 
 
 def _own_copy(hb, engine, device):
