@@ -62,12 +62,12 @@ def test_adapter_gradients_are_resident_only_from_backward_to_zero_grad(tmp_path
     """One micro-step per step, one process: lazy gradient buffers (PyTorch's memory behaviour), so no gradient
     storage sits under the next step's activations; with accumulation the buffers stay (they sum micro-steps)."""
     from flame_core import grad_pool
-    tr = Trainer(cfg(tmp_path, "lazy", steps=2), verbose=False).setup()
+    tr = Trainer(cfg(tmp_path, "lazy"), verbose=False).setup()
     bufs = {id(grad_pool.buffer_of(p)): grad_pool.buffer_of(p) for p in tr.params}.values()
     assert all(b.lazy for b in bufs) and not any(b.resident for b in bufs)
     tr.train_step()
     assert all(p.grad is None for p in tr.params) and not any(b.resident for b in bufs)
-    acc = Trainer(cfg(tmp_path, "accumulate", steps=2, gradient_accumulation_steps=2), verbose=False).setup()
+    acc = Trainer(cfg(tmp_path, "accumulate", gradient_accumulation_steps=2), verbose=False).setup()
     assert not any(grad_pool.buffer_of(p).lazy for p in acc.params)
 
 
