@@ -23,12 +23,15 @@ def _params(parameters):
 
 def zero_grads(parameters, set_to_none=True):
     """Reset gradients: `.grad = None`, or zero them in place (pooled gradients: one fill per flat buffer)."""
-    params = [p for p in _params(parameters) if p._grad is not None]
-    if not params:
-        return
+    params = list(_params(parameters))
     if _pool is not None and hasattr(_pool, "zero_grad"):
-        _pool.zero_grad(params, set_to_none=set_to_none)
+        # set_to_none: every parameter, with a .grad or not -- a lazy gradient buffer kept while a CUDA graph wrote
+        # into it (its .grad already None) is released here once that graph is gone
+        params = params if set_to_none else [p for p in params if p._grad is not None]
+        if params:
+            _pool.zero_grad(params, set_to_none=set_to_none)
         return
+    params = [p for p in params if p._grad is not None]
     for p in params:
         if set_to_none:
             p._grad = None

@@ -147,3 +147,25 @@ def test_a_steps_peak_holds_only_the_gradients_backward_has_reached(device, rng,
     grads = n * width * width * 4
     eager, lazy = peak(False), peak(True)
     assert eager - lazy >= grads - 2 * width * width * 4
+
+
+def test_a_buffer_kept_for_a_live_graph_is_released_by_the_next_set_to_none_after_the_graph_died(device, rng):
+    """While a CUDA graph writes into a lazy buffer, set_to_none keeps its storage (the .grad become None); once the
+    graph is gone, the optimizer's next zero_grad(set_to_none=True) -- every .grad already None -- releases it."""
+    import weakref
+
+    class FakeGraph:                        # what _release asks of the graph that allocated the storage
+        is_live = True
+    ws = chain(device, rng, n=2)
+    bufs = grad_pool.register(ws, lazy=True)
+    opt = nn.optim.SGD(ws, lr=0.1)
+    forward(flame.tensor(rng.standard_normal((3, 16)), dtype=flame.float32, device=device), ws)[0].backward()
+    graph = FakeGraph()
+    for b in bufs:
+        b._graph = weakref.ref(graph)
+    opt.zero_grad(set_to_none=True)
+    assert all(w.grad is None for w in ws) and all(b.resident for b in bufs)   # the graph lives: kept
+    graph.is_live = False
+    opt.zero_grad(set_to_none=True)
+    assert not any(b.resident for b in bufs)
+    grad_pool.unregister(ws)
