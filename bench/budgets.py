@@ -160,6 +160,7 @@ def trainer_run(res, spec):
             res.log(f"{tag}_outside_fp8", len(fit.outside_fp8))
             res.log(f"{tag}_fit_plan", str(fit.plan))
             res.log(f"{tag}_activation_host_GiB", common.gib(fit.activation_host_bytes, 3))
+            res.log(f"{tag}_host_pinned_GiB", common.gib(fit.host_pinned_bytes, 3))   # the least host RAM
         else:
             n = sum(len(tr.model.get_submodule(s)) for s in tr.family.block_stacks(tr.model))
             res.log(f"{tag}_resident_blocks", n)

@@ -197,6 +197,7 @@ class Run:
             res.log(f"{tag}_offloaded_GiB_per_step", common.gib(rep.offloaded_bytes, 3))
             res.log(f"{tag}_outside_fp8", len(rep.outside_fp8))
             res.log(f"{tag}_activation_host_GiB", common.gib(rep.activation_host_bytes, 3))
+            res.log(f"{tag}_host_pinned_GiB", common.gib(rep.host_pinned_bytes, 3))   # the least host RAM
             res.log(f"{tag}_fit_plan", str(rep.plan))
         self.streamer.reset_stats()
         ms = self.timed(tag, self.step, warmup)

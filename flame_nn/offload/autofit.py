@@ -68,6 +68,8 @@ class FitReport:
     offload_activations: bool = False  # block inputs carried in pinned host memory between forward and backward
     offloaded_bytes: int = 0       # of them per step (counted by the measured step)
     activation_host_bytes: int = 0  # pinned host memory they take
+    host_pinned_bytes: int = 0     # pinned host memory of the blocks' weights (every block's copy) and activations
+    host_mapped_bytes: int = 0     # block weights read from memory-mapped files instead (reclaimable page cache)
     outside_fp8: list = field(default_factory=list)  # weights outside the blocks stored in fp8 (names)
     outside_fp8_bytes: int = 0     # device bytes that saved
     plan: object = None            # the BudgetPlan made from the first measured step (before the savers)
@@ -93,6 +95,10 @@ class FitReport:
         lines.append("  activations: " + (f"block inputs offloaded to pinned host memory ({g(self.offloaded_bytes)} "
                                           f"per step, {g(self.activation_host_bytes)} pinned)"
                                           if self.offload_activations else "kept on the device"))
+        lines.append(f"  host memory: {g(self.host_pinned_bytes)} pinned (the least host RAM this run needs: the "
+                     f"blocks' weights" + (" and the offloaded activations" if self.offload_activations else "") + ")"
+                     + (f", {g(self.host_mapped_bytes)} of weights memory-mapped from their files"
+                        if self.host_mapped_bytes else ""))
         if self.outside_fp8:
             lines.append(f"  weights outside the blocks: {len(self.outside_fp8)} Linear weights stored in fp8 "
                          f"({g(self.outside_fp8_bytes)} saved)")
@@ -346,4 +352,7 @@ def auto_fit(streamer, max_gpu_memory, step_fn, *, extra_bytes=0, headroom=None,
     if offloading:
         report.offloaded_bytes = streamer.activations.stats["bytes_step"]
         report.activation_host_bytes = streamer.activations.host_bytes
+    # (a streamer without host copies of its blocks -- the tests' stand-ins -- has none to report)
+    report.host_pinned_bytes = getattr(streamer, "host_pinned_bytes", 0) + report.activation_host_bytes
+    report.host_mapped_bytes = getattr(streamer, "host_mapped_bytes", 0)
     return report

@@ -122,6 +122,7 @@ class HostBlock:
         for e, _ in mapped:
             e.offset = off
             off += _aligned(e.nbytes)
+        self.mapped_bytes = sum(e.nbytes for e, _ in mapped)   # read from memory-mapped files (page cache)
         self.nbytes = max(off, ALIGN)
         self.entries = pinned + [e for e, _ in mapped]
         self.host = None

@@ -305,6 +305,17 @@ class BlockStreamer:
     def slot_bytes(self):
         return self._slot_bytes
 
+    @property
+    def host_pinned_bytes(self):
+        """Pinned host memory the blocks' weights take (every block keeps its copy: a resident one can be demoted);
+        page-locked, so the host RAM a run needs at least."""
+        return sum(hb.pinned_bytes for hb in self._host)
+
+    @property
+    def host_mapped_bytes(self):
+        """Block weights read from memory-mapped files instead (sources=): page cache the OS may reclaim."""
+        return sum(hb.mapped_bytes for hb in self._host)
+
     def set_resident(self, indices, fresh=False):
         """Keep the blocks `indices` (indices across the stacks, or "all") on the GPU and stream the others.
         fresh: empty the device cache once the old buffers are dropped, so that the slots and the new resident

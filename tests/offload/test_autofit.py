@@ -84,6 +84,10 @@ def test_auto_fit_keeps_as_many_blocks_resident_as_fit_and_the_peak_stays_under_
         del y
     assert M.max_memory_allocated(device) <= budget
     assert "3 blocks resident" in str(rep)
+    # every block keeps its pinned host copy (a resident one can be demoted): the least host RAM of the run
+    assert rep.host_pinned_bytes == st.host_pinned_bytes == sum(st.block_bytes(i) for i in range(N))
+    assert rep.host_mapped_bytes == 0
+    assert f"host memory: {fmt_bytes(rep.host_pinned_bytes)} pinned" in str(rep) and "memory-mapped" not in str(rep)
 
 
 def test_verification_demotes_blocks_whose_activations_do_not_fit(setup, device):

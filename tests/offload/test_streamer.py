@@ -255,6 +255,9 @@ def test_inference_from_memory_mapped_safetensors(device, tmp_path):
     assert isinstance(views["double_blocks.0.img_attn.qkv.weight"], np.memmap)
     st = BlockStreamer.for_model(model, device=device, sources=views)
     assert st._host[0].host is None  # nothing copied to pinned memory: the file's pages are the source
+    assert st.host_pinned_bytes == 0
+    assert st.host_mapped_bytes == sum(int(v.nbytes) for k, v in views.items()
+                                       if k.startswith(("double_blocks.", "single_blocks.")))
     with flame.no_grad():
         for _ in range(2):
             assert_same(npy(model(**args)), want, device)
