@@ -49,24 +49,22 @@ req = {"n": 0, "s": 0.0}
 nvrtc = {"n": 0, "s": 0.0, "pool": 0}
 from cupy.cuda import compiler as _cc
 _orig_req, _orig_nvrtc = _cc._compile_module_with_cache, _cc._compile_using_nvrtc_no_warning
-def _timed_req(*a, **k):
-    if threading.get_ident() != main:
-        return _orig_req(*a, **k)
-    t = time.perf_counter()
-    try:
-        return _orig_req(*a, **k)
-    finally:
-        req["n"] += 1
-        req["s"] += time.perf_counter() - t
-def _timed_nvrtc(*a, **k):
-    t = time.perf_counter()
-    try:
-        return _orig_nvrtc(*a, **k)
-    finally:
-        nvrtc["n"] += 1
-        nvrtc["s"] += time.perf_counter() - t
-        nvrtc["pool"] += threading.current_thread().name.startswith("flame-cupy-warmup")
-_cc._compile_module_with_cache, _cc._compile_using_nvrtc_no_warning = _timed_req, _timed_nvrtc
+def _timed(fn, acc, main_only):  # fn counting its calls and seconds into acc (main_only: the main thread's alone;
+                                  # else also how many ran on the warm-up pool)
+    def wrapped(*a, **k):
+        if main_only and threading.get_ident() != main:
+            return fn(*a, **k)
+        t = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            acc["n"] += 1
+            acc["s"] += time.perf_counter() - t
+            if not main_only:
+                acc["pool"] += threading.current_thread().name.startswith("flame-cupy-warmup")
+    return wrapped
+_cc._compile_module_with_cache = _timed(_orig_req, req, True)
+_cc._compile_using_nvrtc_no_warning = _timed(_orig_nvrtc, nvrtc, False)
 rc = T.main(["--device", "cuda", "--demo-base-steps", "1", "--steps", "1"])
 import cupy
 cupy.cuda.runtime.deviceSynchronize()

@@ -88,3 +88,18 @@ def env_flag(name, default=True):
     if v is None:
         return default
     return v.strip().lower() not in ("0", "false", "no", "off", "")
+
+
+def env_positive_int(name):
+    """The positive integer in environment variable `name`, or None when it is unset or blank; ValueError naming
+    the variable for anything else."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"{name} must be a positive integer, got {raw!r}")
+    return n

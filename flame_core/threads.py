@@ -16,6 +16,8 @@ import warnings
 
 import numpy as np
 
+from . import backend
+
 PARALLEL_MACS = 1 << 27  # ~ 512³: below it the threads' synchronisation costs more than it saves (BENCHMARKS.md)
 _BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -41,16 +43,7 @@ def physical_cores():
 
 
 def _env_threads():
-    raw = os.environ.get("FLAME_NUM_THREADS")
-    if raw is None:
-        return None
-    try:
-        n = int(raw)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ValueError(f"FLAME_NUM_THREADS must be a positive integer, got {raw!r}")
-    return n
+    return backend.env_positive_int("FLAME_NUM_THREADS")
 
 
 def _controller():

@@ -57,14 +57,8 @@ def enabled():
 def num_threads(cores=None):
     """The pool's size: FLAME_CUPY_WARMUP_THREADS, else the CPUs this process may run on less one (at least 1, at
     most 8)."""
-    raw = os.environ.get("FLAME_CUPY_WARMUP_THREADS")
-    if raw is not None and raw.strip():
-        try:
-            n = int(raw)
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise ValueError(f"FLAME_CUPY_WARMUP_THREADS must be a positive integer, got {raw!r}")
+    n = backend.env_positive_int("FLAME_CUPY_WARMUP_THREADS")
+    if n is not None:
         return n
     if cores is None:
         try:

@@ -11,6 +11,7 @@ import flame_nn
 
 from ..bfl import vae as flux_vae
 from ..bfl.sampling import LATENT_SCALE, LATENT_SHIFT, image_ids, pack, pack_mask, text_ids
+from ..data.text_trim import batch_text_mask, valid_tokens
 from ..training.family import DDPM_FIELDS, FLOW_FIELDS
 from ..training.family_base import FlowMatchingFamily
 from . import family_parts as chroma_parts
@@ -92,17 +93,15 @@ class ChromaFamily(FlowMatchingFamily):
         txt = flame.tensor(batch["prompt_embeds"], dtype=flame.float32, device=device)
         cond = {"txt": txt, "img_ids": image_ids(height, width, B, device=device),
                 "txt_ids": text_ids(txt.shape[1], B, device=device)}
-        if "prompt_mask" in batch:   # (absent: the run's text was cut to what every caption attends, text_trim.py)
-            mask = np.asarray(batch["prompt_mask"]) > 0.5    # (1 on real tokens; a synthetic sample's arrays are
-            mask = np.where(mask.any(axis=1, keepdims=True), mask, True).astype(np.float32)   # noise: > 0.5 of it)
+        mask = batch_text_mask(batch)
+        if mask is not None:
             cond["txt_mask"] = flame.tensor(mask, device=device)
         return x0, cond
 
     def attended_text_length(self, prompt_mask):
-        """The real tokens and the first padding token (Chroma.forward's attn_padding); a mask without a real token
-        attends all (as training_inputs reads it)."""
-        m = np.asarray(prompt_mask) > 0.5
-        return m.shape[0] if not m.any() else min(m.shape[0], int(m.sum()) + ATTN_PADDING)
+        """The real tokens and the first padding token (Chroma.forward's attn_padding)."""
+        m = valid_tokens(prompt_mask)
+        return min(m.shape[0], int(m.sum()) + ATTN_PADDING)
 
     def image_seq_len(self, x0):
         return x0.shape[1]

@@ -19,6 +19,19 @@ from .errors import DataError
 TEXT_KEY, MASK_KEY = "prompt_embeds", "prompt_mask"
 
 
+def valid_tokens(prompt_mask):
+    """The tokens a family's training reads as valid, from cached prompt_mask rows (..., L): > 0.5, and a row
+    without any all valid (a synthetic sample's arrays are noise)."""
+    m = np.asarray(prompt_mask) > 0.5
+    return np.where(m.any(axis=-1, keepdims=True), m, True)
+
+
+def batch_text_mask(batch):
+    """A batch's prompt_mask as the model takes it -- float32 (B, L), valid_tokens -- or None when the batch has
+    none (the run's text was cut to what every caption attends: nothing left to mask)."""
+    return None if MASK_KEY not in batch else valid_tokens(batch[MASK_KEY]).astype(np.float32)
+
+
 class TextTrim:
     """length: the text tokens kept (None: no cut); keep_mask: whether the batches still carry prompt_mask."""
 

@@ -17,6 +17,7 @@ import flame_core as flame
 import flame_nn
 
 from ..bfl.sampling import pack, pack_mask
+from ..data.text_trim import batch_text_mask, valid_tokens
 from ..training.family import DDPM_FIELDS, FLOW_FIELDS
 from ..training.family_base import FlowMatchingFamily
 from . import family_parts as qwen_parts
@@ -103,19 +104,15 @@ class QwenImageFamily(FlowMatchingFamily):
         # the token grid travels as a tensor's shape (cond holds tensors only; a shape needs no host sync)
         grid = flame.zeros(latents.shape[2] // 2, latents.shape[3] // 2, device=device)
         cond = {"txt": txt, "grid": grid}
-        if "prompt_mask" in batch:   # (absent: the run's text was cut to what every caption attends, text_trim.py)
-            mask = np.asarray(batch["prompt_mask"]) > 0.5    # (1 on valid tokens; a synthetic sample's arrays are
-            mask = np.where(mask.any(axis=1, keepdims=True), mask, True).astype(np.float32)   # noise: > 0.5 of it)
+        mask = batch_text_mask(batch)
+        if mask is not None:
             cond["txt_mask"] = flame.tensor(mask, device=device)
         return x0, cond
 
     def attended_text_length(self, prompt_mask):
-        """The valid tokens when they lead (the pipeline's padding trails them); None for a mask with holes. A mask
-        without a valid token attends all (as training_inputs reads it)."""
-        m = np.asarray(prompt_mask) > 0.5
+        """The valid tokens when they lead (the pipeline's padding trails them); None for a mask with holes."""
+        m = valid_tokens(prompt_mask)
         n = int(m.sum())
-        if n == 0:
-            return m.shape[0]
         return n if m[:n].all() else None
 
     def image_seq_len(self, x0):

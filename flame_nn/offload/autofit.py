@@ -352,7 +352,6 @@ def auto_fit(streamer, max_gpu_memory, step_fn, *, extra_bytes=0, headroom=None,
     if offloading:
         report.offloaded_bytes = streamer.activations.stats["bytes_step"]
         report.activation_host_bytes = streamer.activations.host_bytes
-    # (a streamer without host copies of its blocks -- the tests' stand-ins -- has none to report)
-    report.host_pinned_bytes = getattr(streamer, "host_pinned_bytes", 0) + report.activation_host_bytes
-    report.host_mapped_bytes = getattr(streamer, "host_mapped_bytes", 0)
+    report.host_pinned_bytes = streamer.host_pinned_bytes + report.activation_host_bytes
+    report.host_mapped_bytes = streamer.host_mapped_bytes
     return report

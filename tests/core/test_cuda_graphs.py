@@ -63,29 +63,39 @@ def test_capture_and_replay_elementwise_matmul_and_kernels():
     assert not np.allclose(ref, ref2)
 
 
+def _mlp_on_cuda():
+    flame.manual_seed(0)
+    model = flame_nn.Sequential(flame_nn.Linear(32, 64), flame_nn.GELU("tanh"), flame_nn.Linear(64, 32))
+    return model.to("cuda")
+
+
+def _batches(seed, n=6):
+    rng = np.random.default_rng(seed)
+    return [(flame.tensor(rng.standard_normal((16, 32)), device="cuda", dtype=flame.float32),
+             flame.tensor(rng.standard_normal((16, 32)), device="cuda", dtype=flame.float32)) for _ in range(n)]
+
+
+def _mse_fwd_bwd(model):
+    """forward under bf16 autocast, an MSE loss, backward: the function a graphed training step captures."""
+    def fwd_bwd(x, y):
+        with amp.autocast("cuda", dtype=flame.bfloat16):
+            out = model(x)
+        loss = ((out.float() - y) ** 2).mean()
+        loss.backward()
+        return loss.detach()
+    return fwd_bwd
+
+
 @pytest.mark.gpu
 def test_graphed_training_step_matches_eager_steps():
     """forward + loss + backward captured (autocast, bf16 weights, fp32 LoRA-like params); the optimizer runs eagerly
     between replays on the gradients the graph accumulated. Same numbers as the eager run."""
-    def make():
-        flame.manual_seed(0)
-        model = flame_nn.Sequential(flame_nn.Linear(32, 64), flame_nn.GELU("tanh"), flame_nn.Linear(64, 32))
-        return model.to("cuda")
-    rng = np.random.default_rng(1)
-    data = [(flame.tensor(rng.standard_normal((16, 32)), device="cuda", dtype=flame.float32),
-             flame.tensor(rng.standard_normal((16, 32)), device="cuda", dtype=flame.float32)) for _ in range(6)]
+    data = _batches(1)
 
     def run(use_graph):
-        model = make()
+        model = _mlp_on_cuda()
         opt = flame_nn.optim.AdamW(model.parameters(), lr=1e-2)
-
-        def fwd_bwd(x, y):
-            with amp.autocast("cuda", dtype=flame.bfloat16):
-                out = model(x)
-            loss = ((out.float() - y) ** 2).mean()
-            loss.backward()
-            return loss.detach()
-        step = graphed(fwd_bwd, warmup=2, enabled=use_graph)
+        step = graphed(_mse_fwd_bwd(model), warmup=2, enabled=use_graph)
         losses = []
         for x, y in data:
             loss = step(x, y)
@@ -108,24 +118,13 @@ def test_graphed_step_allocates_lazy_gradient_buffers_inside_the_capture(monkeyp
     set_to_none keeps it while the graph lives. Same numbers as eager steps with eager buffers."""
     from flame_core import grad_pool
     monkeypatch.setattr(grad_pool, "LAZY_CHUNK_BYTES", 4096)  # one buffer per weight, several per step
-    rng = np.random.default_rng(2)
-    data = [(flame.tensor(rng.standard_normal((16, 32)), device="cuda", dtype=flame.float32),
-             flame.tensor(rng.standard_normal((16, 32)), device="cuda", dtype=flame.float32)) for _ in range(6)]
+    data = _batches(2)
 
     def run(lazy):
-        flame.manual_seed(0)
-        model = flame_nn.Sequential(flame_nn.Linear(32, 64), flame_nn.GELU("tanh"), flame_nn.Linear(64, 32))
-        model = model.to("cuda")
+        model = _mlp_on_cuda()
         bufs = grad_pool.register(model.parameters(), lazy=True) if lazy else []
         opt = flame_nn.optim.AdamW(model.parameters(), lr=1e-2)
-
-        def fwd_bwd(x, y):
-            with amp.autocast("cuda", dtype=flame.bfloat16):
-                out = model(x)
-            loss = ((out.float() - y) ** 2).mean()
-            loss.backward()
-            return loss.detach()
-        step = graphed(fwd_bwd, warmup=2, enabled=lazy)
+        step = graphed(_mse_fwd_bwd(model), warmup=2, enabled=lazy)
         losses = []
         for i, (x, y) in enumerate(data):
             if lazy and i == 2:  # the capture step

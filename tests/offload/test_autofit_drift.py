@@ -116,6 +116,12 @@ class PoolStreamer:
         return self.blocks[i]
 
     @property
+    def host_pinned_bytes(self):  # every block's pinned host copy, as BlockStreamer's
+        return sum(self.blocks)
+
+    host_mapped_bytes = 0
+
+    @property
     def resident(self):
         return sorted(self._resident)
 
