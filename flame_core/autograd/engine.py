@@ -96,6 +96,32 @@ def _sole_holder(g):
     return _refs(b) <= 3  # a.base, the name b, getrefcount's argument
 
 
+def grad_is_exclusive(node, g, frames=1):
+    """Inside `node`'s backward (with the gradient it was handed; `frames`: the function arguments that hold g from
+    the backward's call to this one, 1 when the backward calls this directly): whether nothing but the engine's
+    walk holds gradient `g`'s memory, so that the backward may write its input's gradient into it (an element-wise
+    backward saves a new buffer of the gradient's size at the moment memory peaks in backward). Counted references
+    to g: the engine's gradient list, the backward's argument, the `frames` arguments and getrefcount's (and the engine's
+    note of a sum it made itself, which it holds alone); its array as in _sole_holder. Anything else -- the same
+    gradient sent to two inputs (Add), a hook or retain_grad that kept it, the caller's grad_tensors, a view of it --
+    makes the count higher and the answer False; so does create_graph (the gradient is part of a graph then)."""
+    cur = _running
+    if cur is None or cur[0] is not node:
+        return False
+    limit = 3 + frames + (cur[3] is g)
+    if _refs(g) > limit or g._base is not None:
+        return False
+    a = g._data
+    if _refs(a) > 3 or not a.flags.c_contiguous:
+        return False
+    b = a.base
+    if b is None:
+        return True
+    if type(b) is not type(a) or b.base is not None:
+        return False
+    return _refs(b) <= 3
+
+
 def _accumulate_leaf(leaf, g, create_graph, owned):
     if leaf_grad_sink is not None and leaf_grad_sink(leaf, g):
         return
@@ -243,7 +269,7 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
                 raise AutogradError("Trying to backward through the graph a second time (or to access saved tensors "
                                     "after they were freed). Pass retain_graph=True to the first backward if you "
                                     "need to backward twice.")
-            _running = None if create_graph else (node, buffers, sums)
+            _running = None if create_graph else (node, buffers, sums, own0)
             if len(grads) == 1 and grads[0] is not None:
                 in_grads = node._fn.backward(node, grads[0])
             else:

@@ -94,6 +94,13 @@ class Node:
             owned[idx] = False
         return g
 
+    def grad_is_exclusive(self, g):
+        """Inside this node's backward: whether the gradient `g` it was handed is held by nothing else, so that the
+        backward may write its result into g's memory (engine.grad_is_exclusive says what is counted). Pass the
+        argument itself, before making views of it."""
+        from . import engine
+        return engine.grad_is_exclusive(self, g, frames=2)
+
     def pending_grad(self, i):
         """The gradient take_pending_grad(i) would take, left in place (to check its layout first)."""
         found = self._pending_slot(i)

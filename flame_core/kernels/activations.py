@@ -195,11 +195,24 @@ def gelu_forward(x, approximate="none"):
     return _gelu_ref(x, approximate)
 
 
-def gelu_backward(dy, x, approximate="none"):
+def gelu_backward(dy, x, approximate="none", out=None):
+    """dy * gelu'(x). out: None, or dy itself (contiguous, x's shape and dtype) to write the result over dy: the
+    kernels read each element before the same thread writes it."""
     flag = _approx_flag(approximate)
+    if out is not None and (out is not dy or dy.dtype != x.dtype or dy.shape != x.shape
+                            or not dy.flags.c_contiguous):
+        raise ValueError("gelu_backward: out must be dy itself, contiguous, of x's shape and dtype "
+                         f"(got {out.dtype} {out.shape} for dy {dy.dtype} {dy.shape}, x {x.dtype} {x.shape})")
     if L.use_kernel(x) and x.size:
-        return _binary("gelu_bwd", dy, x, flag)
-    return _gelu_grad_ref(dy, x, approximate)
+        if out is None or dy.data.ptr % 16:  # the kernels' vectors need a 16-byte aligned output
+            return _binary("gelu_bwd", dy, x, flag)
+        _run("gelu_bwd", (dy, P.contiguous(x)), out, flag)
+        return out
+    dx = _gelu_grad_ref(dy, x, approximate)
+    if out is None:
+        return dx
+    out[...] = dx
+    return out
 
 
 def silu_forward(x):

@@ -1,7 +1,7 @@
 """GELU(tanh) of a column block of a wider row-major matrix, written contiguous (kernel: cuda_src/gelu_rows.cu).
 
     gelu_tanh_rows_forward(x)        x: 2-D view (rows, cols) with unit column stride -> y (rows, cols) contiguous
-    gelu_tanh_rows_backward(dy, x)   -> dx (rows, cols) contiguous
+    gelu_tanh_rows_backward(dy, x, out=None)   -> dx (rows, cols) contiguous; out=dy writes it over dy
 
 Flux's single-stream block applies GELU to the MLP half of linear1's output: reading that half in place saves the
 copy that a contiguous-input kernel needs. The reference (and non-CUDA path) is flame_core.kernels.activations'.
@@ -35,15 +35,24 @@ def gelu_tanh_rows_forward(x):
     return y
 
 
-def gelu_tanh_rows_backward(dy, x):
+def gelu_tanh_rows_backward(dy, x, out=None):
+    """out: None, or dy itself (contiguous, x's dtype) to write the gradient over dy (each element is read before
+    it is written, by the same thread)."""
     if dy.shape != x.shape:
         raise ValueError(f"gelu_tanh_rows_backward: gradient shape {dy.shape} differs from input shape {x.shape}")
+    if out is not None and (out is not dy or dy.dtype != x.dtype or not dy.flags.c_contiguous):
+        raise ValueError("gelu_tanh_rows_backward: out must be dy itself, contiguous, of x's dtype "
+                         f"(got {out.dtype} {out.shape} for dy {dy.dtype} {dy.shape}, x {x.dtype})")
     ldx = _strided_rows(x)
     if ldx is None:
-        return _act.gelu_backward(dy, P.contiguous(x) if L.use_kernel(x) else x, "tanh")
+        dx = _act.gelu_backward(dy, P.contiguous(x) if L.use_kernel(x) else x, "tanh")
+        if out is None:
+            return dx
+        out[...] = dx
+        return out
     rows, cols = x.shape
     dy = P.contiguous(dy.astype(x.dtype, copy=False))
-    dx = backend.xp_of(x).empty((rows, cols), dtype=x.dtype)
+    dx = out if out is not None else backend.xp_of(x).empty((rows, cols), dtype=x.dtype)
     grid, block = P.rows_grid(rows)
     KL.launch(L.get_function("gelu_rows", "gelu_rows_bwd", x.dtype), grid, block,
               (x, KL.i64(ldx), dy, dx, KL.i64(rows), KL.i32(cols)))

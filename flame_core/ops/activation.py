@@ -77,10 +77,14 @@ class GeluTanh(Function):
         (x,) = ctx.saved_tensors
         if state.enabled:  # create_graph
             return g * _gelu_grad_ops(x, "tanh")
+        # the MLP's widest gradient: written into the incoming one when nothing else holds it (one buffer of the
+        # hidden width fewer at the backward's peak)
+        own = ctx.grad_is_exclusive(g) and g._data.dtype == x._data.dtype and g.shape == x.shape
         rows = _row_view(x._data)
         if rows is not None:
-            return _wrap(_rows.gelu_tanh_rows_backward(g._data.reshape(rows.shape), rows).reshape(x.shape))
-        return _wrap(_K.gelu_backward(g._data, x._data, "tanh"))
+            gd = g._data.reshape(rows.shape)
+            return _wrap(_rows.gelu_tanh_rows_backward(gd, rows, out=gd if own else None).reshape(x.shape))
+        return _wrap(_K.gelu_backward(g._data, x._data, "tanh", out=g._data if own else None))
 
 
 class Gelu(Function):
