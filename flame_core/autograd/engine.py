@@ -102,9 +102,10 @@ def grad_is_exclusive(node, g, frames=1):
     walk holds gradient `g`'s memory, so that the backward may write its input's gradient into it (an element-wise
     backward saves a new buffer of the gradient's size at the moment memory peaks in backward). Counted references
     to g: the engine's gradient list, the backward's argument, the `frames` arguments and getrefcount's (and the
-    engine's note of a sum it made itself, which it holds alone); its array as in _sole_holder. Anything else -- the same
-    gradient sent to two inputs (Add), a hook or retain_grad that kept it, the caller's grad_tensors, a view of it --
-    makes the count higher and the answer False; so does create_graph (the gradient is part of a graph then)."""
+    engine's note of a sum it made itself, which it holds alone); its array as in _sole_holder. Anything else --
+    the same gradient sent to two inputs (Add), a hook or retain_grad that kept it, the caller's grad_tensors, a view
+    of it -- makes the count higher and the answer False; so does create_graph (the gradient is part of a graph
+    then)."""
     cur = _running
     if cur is None or cur[0] is not node:
         return False
