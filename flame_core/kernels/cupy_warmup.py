@@ -7,20 +7,25 @@ them (BENCHMARKS.md, "Cold start"). CuPy generates each kernel's source from the
 CuPy's internals, and running the ops on a side thread would allocate from FLAME's pool and launch work behind the
 user's back. What is stable is the compile request itself: a *manifest* records the exact requests CuPy made in a
 recorded run (source, options, name expressions; `FLAME_CUPY_KERNELS_RECORD=PATH` or `bench/cold_start.py
---record-cupy-kernels`), and at the first use of a `cuda` device (`flame_core.device`) a pool of threads replays them
-through CuPy's own compile-and-cache function, in the recorded order, while the model loads. NVRTC releases the GIL
-while it compiles (`nvrtcCompileProgram` runs `with nogil` in cupy_backends/cuda/libs/nvrtc.pyx), so the compiles run in
-parallel. When the process then asks for a kernel, CuPy finds it in its cache; a request still compiling on the pool
+--record-cupy-kernels`), and at the first use of a `cuda` device (`flame_core.device`) a pool replays them through
+CuPy's own compile-and-cache function, in the recorded order, while the model loads. The pool's threads each drive a
+worker process (cupy_compile_procs.py: one process's compiles serialise -- on the H200 94 compiles took 117 s summed
+on 8 threads against 24.8 s one at a time -- while processes have an NVRTC each) that writes into this process's CuPy
+disk cache; or, with FLAME_CUPY_WARMUP_PROCESSES=0, compile in this process (NVRTC releases the GIL while it
+compiles). When the process then asks for a kernel, CuPy finds it in its cache; a request still compiling on the pool
 is waited for rather than compiled twice, and one still queued is taken off the queue and compiled by the caller.
 
 Results cannot change: the pool compiles exactly what CuPy would (same source and options, so the same cache key and
-binary), and nothing runs on the GPU. A manifest is used only by the CuPy version that recorded it with the same
-bundled headers; with any other, or none (`cupy_kernels/cupy-<version>.json.gz`), nothing is replayed and CuPy
-compiles on demand as before. A request that no longer matches costs only CPU time. At exit the workers take no new
-request, but one compiling finishes first (an exit can wait for it).
+binary), and nothing runs on the GPU (a worker process has no CUDA context). A manifest is used only by the CuPy
+version that recorded it with the same bundled headers; with any other, or none (`cupy_kernels/cupy-<version>.json.gz`),
+nothing is replayed and CuPy compiles on demand as before. A request that no longer matches costs only CPU time. At
+exit the pool takes no new request; a thread compiling in this process finishes first (an exit can wait for it), a
+worker process finishes its request on its own while the process exits.
 
-Environment: ``FLAME_CUPY_WARMUP=0`` turns the warm-up off; ``FLAME_CUPY_WARMUP_THREADS=n`` sizes the pool (default:
-the CPUs this process may run on less one, at most 8: each NVRTC compile holds its working memory while it runs);
+Environment: ``FLAME_CUPY_WARMUP=0`` turns the warm-up off; ``FLAME_CUPY_WARMUP_PROCESSES=n`` runs n worker
+processes, ``=0`` the thread pool, which ``FLAME_CUPY_WARMUP_THREADS=n`` sizes (set alone, it selects the thread pool);
+by default DEFAULT_POOL ("processes") of the CPUs this process may run on less one, at most 8 (`pool_kind`; each
+compile holds a CPU and NVRTC's working memory while it runs, and a worker process an interpreter with CuPy besides);
 ``FLAME_CUPY_KERNELS_RECORD=PATH`` records this process's CuPy compile requests into PATH at exit (merged with what the
 file holds for the same CuPy version). ``stats`` counts what the warm-up did (bench/cold_start.py reads it).
 """
@@ -38,9 +43,10 @@ from .. import backend
 FORMAT = 1
 DIR = Path(__file__).resolve().parent / "cupy_kernels"
 MAX_THREADS = 8
+DEFAULT_POOL = "processes"  # or "threads"; FLAME_CUPY_WARMUP_PROCESSES overrides (pool_kind)
 
-stats = {"threads": 0, "entries": 0, "compiled": 0, "failed": 0, "taken": 0, "waits": 0, "wait_seconds": 0.0,
-         "pool_seconds": 0.0, "started": None, "finished": None, "reason": "not started"}
+stats = {"pool": None, "threads": 0, "entries": 0, "compiled": 0, "failed": 0, "taken": 0, "waits": 0,
+         "wait_seconds": 0.0, "pool_seconds": 0.0, "started": None, "finished": None, "reason": "not started"}
 
 _state_lock = threading.Lock()
 _pool = None       # the running WarmPool (None: none started)
@@ -54,18 +60,44 @@ def enabled():
     return backend.env_flag("FLAME_CUPY_WARMUP", True)
 
 
-def num_threads(cores=None):
-    """The pool's size: FLAME_CUPY_WARMUP_THREADS, else the CPUs this process may run on less one (at least 1, at
-    most 8)."""
-    n = backend.env_positive_int("FLAME_CUPY_WARMUP_THREADS")
-    if n is not None:
-        return n
+def default_size(cores=None):
+    """The CPUs this process may run on less one (at least 1, at most 8): each compile holds one CPU and NVRTC's
+    working memory while it runs, and the process itself keeps going meanwhile."""
     if cores is None:
         try:
             cores = len(os.sched_getaffinity(0))
         except AttributeError:  # pragma: no cover - not Linux
             cores = os.cpu_count() or 1
     return max(1, min(MAX_THREADS, cores - 1))
+
+
+def num_threads(cores=None):
+    """The thread pool's size: FLAME_CUPY_WARMUP_THREADS, else default_size()."""
+    n = backend.env_positive_int("FLAME_CUPY_WARMUP_THREADS")
+    return default_size(cores) if n is None else n
+
+
+def pool_kind(cores=None):
+    """("processes", n) or ("threads", n): what the warm-up compiles on. FLAME_CUPY_WARMUP_PROCESSES=n (n > 0) asks
+    for n worker processes, =0 for the thread pool (sized by FLAME_CUPY_WARMUP_THREADS, else default_size()).
+    Unset: FLAME_CUPY_WARMUP_THREADS alone asks for the thread pool as it always did; with neither, DEFAULT_POOL of
+    default_size(). Both set, with processes: ValueError (one of them would be ignored)."""
+    raw = os.environ.get("FLAME_CUPY_WARMUP_PROCESSES")
+    procs = None
+    if raw is not None and raw.strip():
+        try:
+            procs = int(raw)
+        except ValueError:
+            procs = -1
+        if procs < 0:
+            raise ValueError(f"FLAME_CUPY_WARMUP_PROCESSES must be 0 (threads) or a positive integer, got {raw!r}")
+    threads = backend.env_positive_int("FLAME_CUPY_WARMUP_THREADS")
+    if procs == 0 or (procs is None and (threads is not None or DEFAULT_POOL == "threads")):
+        return "threads", num_threads(cores)
+    if threads is not None:
+        raise ValueError(f"FLAME_CUPY_WARMUP_PROCESSES={raw} and FLAME_CUPY_WARMUP_THREADS={threads}: set one "
+                         f"(FLAME_CUPY_WARMUP_PROCESSES=0 selects the thread pool)")
+    return "processes", default_size(cores) if procs is None else procs
 
 
 def manifest_path(cupy_version):
@@ -186,13 +218,14 @@ class _Job:
 
 class WarmPool:
     """Compiles `jobs` ([(key, payload)], in order, the first of equal keys kept) with `compile_fn(payload)` on
-    `threads` threads. `claim(key)` is what a caller does before compiling `key` itself: a queued job leaves the
-    queue (the caller compiles it), a running one is waited for; either way the caller then compiles or finds the
-    result in the cache. A failing compile is counted, never raised: the caller's own compile reports it. Workers stop
-    taking jobs once the main thread has finished (the interpreter is exiting) or `stop()` was called."""
+    `threads` threads (each runs `thread_init()` first and `thread_exit()` last). `claim(key)` is what a caller does
+    before compiling `key` itself: a queued job leaves the queue (the caller compiles it), a running one is waited
+    for; either way the caller then compiles or finds the result in the cache. A failing compile is counted, never
+    raised: the caller's own compile reports it. Workers stop taking jobs once the main thread has finished (the
+    interpreter is exiting) or `stop()` was called."""
 
-    def __init__(self, jobs, compile_fn, threads, thread_init=None, counters=None):
-        self._compile, self._init = compile_fn, thread_init
+    def __init__(self, jobs, compile_fn, threads, thread_init=None, counters=None, thread_exit=None):
+        self._compile, self._init, self._exit = compile_fn, thread_init, thread_exit
         self.stats = counters if counters is not None else dict(stats)
         self._jobs, self._order = {}, []
         for key, payload in jobs:
@@ -234,6 +267,18 @@ class WarmPool:
                 self._init()
         except Exception:  # a thread that cannot set up compiles nothing; the callers compile on demand
             self._stop = True
+        try:
+            self._jobs_loop()
+        finally:
+            if self._exit is not None:
+                self._exit()
+        with self._lock:
+            self._live -= 1
+            last = self._live == 0
+        if last:
+            self._finish("stopped" if self._stop or not threading.main_thread().is_alive() else "done")
+
+    def _jobs_loop(self):
         main = threading.main_thread()
         while main.is_alive():
             job = self._take()
@@ -250,11 +295,6 @@ class WarmPool:
                 self.stats["compiled" if ok else "failed"] += 1
                 job.state = _DONE
             job.done.set()
-        with self._lock:
-            self._live -= 1
-            last = self._live == 0
-        if last:
-            self._finish("stopped" if self._stop or not main.is_alive() else "done")
 
     def _finish(self, reason):
         self.stats["finished"] = time.perf_counter()
@@ -365,6 +405,22 @@ def record(path=None):
     return write
 
 
+def replay_jobs(entries, header, ref):
+    """[(request key, (source, options, keyword arguments))]: the manifest's entries as CuPy's compile-and-cache
+    function takes them on this machine (its header source and reference options); entries that do not fit are
+    left out."""
+    jobs = []
+    for e in entries:
+        options = expand_options(e.get("options", []), ref)
+        if options is None or e.get("extra_source") not in (None, "headers"):
+            continue
+        kw = {"backend": e.get("backend", "nvrtc"), "name_expressions": e.get("name_expressions"),
+              "jitify": e.get("jitify", False), "enable_cooperative_groups": e.get("enable_cooperative_groups", False),
+              "extra_source": header if e.get("extra_source") == "headers" else None}
+        jobs.append((request_key(e["source"], options, kw), (e["source"], options, kw)))
+    return jobs
+
+
 def start(device_index=0):
     """Start the warm-up for the GPU `device_index` (once per process; later calls return the same pool). None on
     the CPU, without CuPy, with FLAME_CUPY_WARMUP=0 or without a manifest for this CuPy (stats["reason"] says why)."""
@@ -400,19 +456,18 @@ def start(device_index=0):
     if not install_hook():
         stats["reason"] = "cannot hook CuPy's compile path"
         return None
-    jobs = []
-    for e in entries:
-        options = expand_options(e.get("options", []), ref)
-        if options is None or e.get("extra_source") not in (None, "headers"):
-            continue
-        kw = {"backend": e.get("backend", "nvrtc"), "name_expressions": e.get("name_expressions"),
-              "jitify": e.get("jitify", False), "enable_cooperative_groups": e.get("enable_cooperative_groups", False),
-              "extra_source": header if e.get("extra_source") == "headers" else None}
-        jobs.append((request_key(e["source"], options, kw), (e["source"], options, kw)))
+    jobs = replay_jobs(entries, header, ref)
     orig = _orig
     cp = backend.cupy
+    compiler = parts[0]
+    kind, size = pool_kind()
+    cache = cache_dir(compiler) if kind == "processes" else None
+    stats["pool"] = kind
+    if kind == "processes" and cache is None:  # a cache the workers cannot write into: compile in this process
+        kind, size = "threads", num_threads()
+        stats["pool"] = "threads (CuPy's cache is not a folder worker processes can share)"
 
-    def init():  # the worker's current device (CuPy's arch lookup reads it; the module loads into its context)
+    def init():  # the thread's current device (CuPy's arch lookup reads it; the module loads into its context)
         cp.cuda.runtime.setDevice(device_index)
 
     kept = []  # the modules the pool loaded stay loaded: no module unload from a side thread mid-run
@@ -421,8 +476,30 @@ def start(device_index=0):
         source, options, kw = payload
         kept.append(orig(source, options, **kw))
 
-    _pool = WarmPool(jobs, compile_one, num_threads(), thread_init=init, counters=stats)
+    if kind == "threads":
+        _pool = WarmPool(jobs, compile_one, size, thread_init=init, counters=stats)
+        return _pool
+    from . import cupy_compile_procs
+
+    def worker_init():  # (on a pool thread, after init(): the arch of device_index, as CuPy computes it here)
+        return {"compiler": "cupy", "cupy": version, "header_sha1": header_sha1(header), "arch": compiler._get_arch()}
+
+    env = dict(os.environ, CUPY_CACHE_DIR=cache)
+    slots = cupy_compile_procs.ProcessSlots(worker_init, compile_one, stats, setup=init, env=env)
+    _pool = WarmPool(jobs, slots.compile, size, thread_init=slots.thread_init, counters=stats,
+                     thread_exit=slots.thread_exit)
     return _pool
+
+
+def cache_dir(compiler):
+    """The folder of CuPy's disk cache in this process (where worker processes must write), or None where CuPy's
+    cache is not a plain folder (a custom cache backend)."""
+    be = getattr(compiler, "_kernel_cache_backend", None)
+    if be is not None:  # CuPy 14: a pluggable backend; the disk one holds its folder
+        d = getattr(be, "_cache_dir", None) if type(be).__name__ == "DiskKernelCacheBackend" else None
+        return d if isinstance(d, str) else None
+    get = getattr(compiler, "get_cache_dir", None)
+    return get() if callable(get) else None
 
 
 def pool():
