@@ -102,25 +102,37 @@ def grad_is_exclusive(node, g, frames=1):
     walk holds gradient `g`'s memory, so that the backward may write its input's gradient into it (an element-wise
     backward saves a new buffer of the gradient's size at the moment memory peaks in backward). Counted references
     to g: the engine's gradient list, the backward's argument, the `frames` arguments and getrefcount's (and the
-    engine's note of a sum it made itself, which it holds alone); its array as in _sole_holder. Anything else --
-    the same gradient sent to two inputs (Add), a hook or retain_grad that kept it, the caller's grad_tensors, a view
-    of it -- makes the count higher and the answer False; so does create_graph (the gradient is part of a graph
-    then)."""
+    engine's note of a sum it made itself, which it holds alone). g may be a view (a Linear's input gradient is the
+    GEMM's 2-D result reshaped) of a base tensor that only g holds; its array chain is counted as in _sole_holder.
+    Anything else -- the same gradient sent to two inputs (Add), a hook or retain_grad that kept it, the caller's
+    grad_tensors, another view of it -- makes a count higher and the answer False; so does create_graph (the
+    gradient is part of a graph then)."""
     cur = _running
     if cur is None or cur[0] is not node:
         return False
-    limit = 3 + frames + (cur[3] is g)
-    if _refs(g) > limit or g._base is not None:
+    if _refs(g) > 3 + frames + (cur[3] is g):
+        return False
+    base = g._base
+    if base is not None and (base._base is not None or _refs(base) > 3):  # g._base, the name, getrefcount's
         return False
     a = g._data
     if _refs(a) > 3 or not a.flags.c_contiguous:
         return False
-    b = a.base
+    b = a.base  # the array that owns a's memory (NumPy and CuPy collapse view chains to it)
     if b is None:
-        return True
-    if type(b) is not type(a) or b.base is not None:
+        return base is None
+    if type(b) is not type(a) or b.base is not None:  # foreign memory (a buffer, mmap, DLPack): never written
         return False
-    return _refs(b) <= 3
+    held = 3  # a.base, the name b, getrefcount's
+    if base is not None:  # and the base tensor's array: b itself, or a view of b held by the base tensor alone
+        bd = base._data
+        if bd is b:
+            held = 5  # + base._data and the name bd
+        elif bd.base is b and _refs(bd) <= 3:  # base._data, the name bd, getrefcount's
+            held = 4  # + bd.base
+        else:
+            return False
+    return _refs(b) <= held
 
 
 def _accumulate_leaf(leaf, g, create_graph, owned):

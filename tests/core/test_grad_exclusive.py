@@ -92,3 +92,29 @@ def test_create_graph_keeps_a_differentiable_gradient(device, rng):
     (g,) = flame.autograd.grad(u.sum(), x, create_graph=True)
     g.sum().backward()  # second order through gelu': runs only if the first-order gradient stayed in the graph
     assert x.grad is not None and np.isfinite(x.grad.numpy()).all()
+
+
+def test_an_mlp_writes_gelus_gradient_over_the_linears(device, rng):
+    """Linear -> GELU(tanh) -> Linear: fc2's input gradient is its GEMM's result reshaped (a view of a tensor only
+    it holds); GELU writes into it, and the numbers equal the backward with that gradient held elsewhere."""
+    import flame_nn as nn
+    flame.manual_seed(0)
+    fc1, fc2 = nn.Linear(16, 64).to(device), nn.Linear(64, 16).to(device)
+    x0 = rng.standard_normal((2, 8, 16))
+    out = []
+    for keep in (False, True):
+        x = flame.tensor(x0, dtype=flame.float32, device=device, requires_grad=True)
+        h = fc1(x)
+        u = F.gelu(h, approximate="tanh")
+        seen, held = {}, []
+        u.register_hook(lambda g: held.append(g) if keep else seen.__setitem__("u", g.data_ptr()))
+        h.register_hook(lambda g: seen.__setitem__("h", g.data_ptr()))
+        fc2(u).square().sum().backward()
+        if not keep:
+            assert seen["h"] == seen["u"]
+        else:
+            assert seen["h"] != held[0].data_ptr()
+        out.append((x.grad.numpy().copy(), fc1.weight.grad.numpy().copy()))
+        fc1.zero_grad(), fc2.zero_grad()
+    for a, b in zip(*out):
+        np.testing.assert_array_equal(a, b)
