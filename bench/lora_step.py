@@ -14,6 +14,7 @@ the graph's private memory, where they share addresses with activations freed ea
 """
 import argparse
 import gc
+import os
 import sys
 
 import common
@@ -162,6 +163,62 @@ def trainer_budget_run(res, key, name, arch, size, budget_gib, text_length, warm
         res.log(f"{key}_driver_peak_GiB", common.gib(peak))
         res.log(f"{key}_pool_peak_reserved_GiB", common.gib(flame.memory.max_memory_reserved()))
         del tr
+    release_flame()
+
+
+def trainer_whole_run(res, key, name, arch, size, budget_gib, steps=20, images=8, prompts=2, px=1024, neg=None,
+                      device="cuda", dtype="bf16"):
+    """A whole run of one family through FLAME's trainer under max_gpu_memory `budget_gib` GiB, random weights at
+    `size` (model.size without files: every part drawn at its released size), fp8 block storage: `images` drawn
+    images with captions cached (latents and text states), `steps` LoRA r16 (attention) steps with checkpointing
+    (CUDA graph after the first), then `prompts` samples at px x px (20 steps; CFG with the negative prompt `neg`
+    where the family takes one). Logs `{key}_stages` (seconds, pool peak, driver-observed peak per stage),
+    `{key}_driver_peak_GiB` (polled from the driver over the whole run), `{key}_step_ms` (median wall time of the
+    steps after the warm-up, from the loss log's clock: the log reads each step's loss, so a step's time includes
+    its completion), `{key}_losses`. device "cpu" with a tiny size and budget None: the script's smoke test."""
+    import tempfile
+    import time
+
+    import flame_core as flame
+    from flame_models.flux.demo import draw_dataset
+    from flame_models.training.config import config_from_dict
+    from flame_models.training.stages import _DevicePoll
+    from flame_models.training.trainer import Trainer
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = draw_dataset(os.path.join(tmp, "images"), images // 2, images - images // 2, size=px)
+        sample = {"sample_every": steps, "sample_steps": 20, "width": px, "height": px,
+                  "prompts": ["a photo of a red square", "a photo of a blue circle"][:prompts]}
+        if neg is not None:
+            sample["neg"] = neg
+        d = {"name": name, "training_folder": os.path.join(tmp, "runs"), "device": device, "log_every": 1,
+             "model": {"arch": arch, "name_or_path": None, "size": size, "quantize": True, "dtype": dtype},
+             "datasets": [{"folder_path": folder, "resolution": px}],
+             "network": {"type": "lora", "linear": 16, "linear_alpha": 16, "target": "attention"},
+             "train": {"steps": steps, "batch_size": 1, "lr": 1e-4, "optimizer": "adamw", "dtype": dtype,
+                       "gradient_checkpointing": True, "skip_first_sample": True},
+             "sample": sample, "save": {"save_every": steps}}
+        if budget_gib is not None:
+            d["max_gpu_memory"] = f"{budget_gib}GiB"
+        cfg = config_from_dict(d, "bench/lora_step.py")
+        poll = _DevicePoll(flame.device(device)) if device == "cuda" else None
+        t0 = time.perf_counter()
+        result = Trainer(cfg, verbose=False).train()
+        res.log(f"{key}_seconds", round(time.perf_counter() - t0, 1))
+        res.log(f"{key}_driver_peak_GiB", common.gib(poll.stop()) if poll is not None else None)
+        res.log(f"{key}_stages", [{"stage": st["stage"], "seconds": round(st["seconds"], 1),
+                                   "pool_peak_GiB": common.gib(st.get("peak_allocated"), 2),
+                                   "driver_peak_GiB": common.gib(st.get("device_peak"), 2)}
+                                  for st in result["stages"]])
+        import json
+        with open(result["loss_json"]) as f:
+            rows = json.load(f)
+        rows = rows.get("rows", rows) if isinstance(rows, dict) else rows
+        clock = [r["seconds"] for r in rows]
+        per_step = [1e3 * (b - a) for a, b in zip(clock, clock[1:])]
+        timed = per_step[2:-1]  # after the eager steps and the capture; the last row's step ends with the samples
+        res.log(f"{key}_step_ms", round(float(np.median(timed)), 1) if timed else None)
+        res.log(f"{key}_losses", [round(r["loss"], 4) for r in rows])
+        res.log(f"{key}_samples", bool(result.get("samples")))
     release_flame()
 
 

@@ -10,6 +10,10 @@ The peer: diffusers 0.42.1's QwenImageTransformer2DModel + PEFT, eager, then com
 repeated blocks, fused AdamW; its compile time reported apart). FLAME runs first and gives its memory back before the
 peer builds its model: the two 41 GB models never share the GPU.
 
+--run B[,B...] (GiB; default none): the whole run (cache -> train -> samples) under each max_gpu_memory, random
+released-size parts (the transformer in fp8 blocks, the VAE, the Qwen2.5-VL-7B language model with the stand-in
+tokenizer), 8 drawn 1024² images with captions, 20 steps, 2 CFG samples: the driver-observed peak over the run, each
+stage's time and peak, the step's median time (lora_step.trainer_whole_run).
 --budget B[,B...] (GiB; default none): the released size through FLAME's trainer under each max_gpu_memory with fp8
 block storage (model.quantize), random weights, synthetic 1024² samples with 512-token text and its mask, the
 attention LoRA, gradient checkpointing, as bench/kontext_chroma_lora.py's budget runs: whole train_step calls timed
@@ -18,7 +22,7 @@ polled) over setup and steps. --only-budget runs those alone.
 --blocks N: N blocks instead of 60 (a short smoke run; the bench has no CPU mode: it times CUDA events).
 Run: PYTHONPATH=$PWD python3 bench/qwen_image_lora.py [--sizes 1024] [--ckpt on,off] [--repeats 5]
                                                      [--peer eager,compiled] [--graph] [--blocks N]
-                                                     [--budget 24,12] [--only-budget]
+                                                     [--budget 24,12] [--run 24,12] [--only-budget]
 """
 import dataclasses
 
@@ -92,6 +96,28 @@ def budget_part(res, budget, a):
                                  TXT_LEN, a.warmup, a.repeats)
 
 
+def run_part(res, budget):
+    """The whole run (cache -> train -> samples) under max_gpu_memory `budget` GiB: random released-size parts (the
+    20B transformer in fp8 blocks, the VAE, the Qwen2.5-VL-7B language model with the stand-in tokenizer: see
+    qwen_image.family_parts), 8 drawn 1024² images with captions, 20 steps, 2 samples with CFG (negative prompt "")."""
+    lora_step.trainer_whole_run(res, f"run_{budget}GiB", "qwen_run", "qwen_image", "qwen-image", budget, neg="")
+
+
+def run_report(res, budgets):
+    rows = []
+    for b in budgets:
+        key = f"run_{b}GiB"
+        f, p = res.get(f"{key}_step_ms"), res.get("compiled_step_1024_ckpt_ms")
+        stages = res.get(f"{key}_stages") or []
+        rows.append([f"{b} GiB", res.get(f"{key}_driver_peak_GiB"), f, p, common.ratio(f, p),
+                     ", ".join(f"{st['stage']} {st['seconds']} s / {st['driver_peak_GiB']} GiB" for st in stages),
+                     res.get(f"{key}_samples")])
+    return common.table(["max_gpu_memory", "driver peak GiB", "step ms", "compiled peer ckpt ms", "ratio",
+                         "stages (seconds / driver peak)", "samples"], rows,
+                        title="\nQwen-Image whole run (cache -> 20 steps -> 2 samples at 1024², fp8 blocks, random "
+                              "released-size parts)")
+
+
 def budget_report(res, budgets):
     rows = []
     for b in budgets:
@@ -116,14 +142,17 @@ def main():
     ap = lora_step.parser(__doc__)
     ap.add_argument("--blocks", type=int, default=None, help="transformer blocks (default: the real 60)")
     ap.add_argument("--budget", type=_budgets, default=(), help="GiB, comma-separated: trainer runs with fp8 blocks")
-    ap.add_argument("--only-budget", action="store_true", help="run the --budget trainer runs alone")
+    ap.add_argument("--only-budget", action="store_true", help="run the --budget / --run trainer runs alone")
+    ap.add_argument("--run", type=_budgets, default=(),
+                    help="GiB, comma-separated: whole runs (cache -> train -> samples) under each budget")
     a = ap.parse_args()
     if a.blocks is not None and not 1 <= a.blocks <= 60:
         ap.error(f"--blocks: 1 to 60, got {a.blocks}")
-    if a.only_budget and not a.budget:
-        ap.error("--only-budget needs --budget")
-    if any(b <= 0 for b in a.budget):
-        ap.error(f"--budget: positive GiB, got {','.join(map(str, a.budget))}")
+    if a.only_budget and not (a.budget or a.run):
+        ap.error("--only-budget needs --budget or --run")
+    for opt, vals in (("--budget", a.budget), ("--run", a.run)):
+        if any(b <= 0 for b in vals):
+            ap.error(f"{opt}: positive GiB, got {','.join(map(str, vals))}")
     configs = lora_step.configs_from(a.sizes, a.ckpt)
     res = common.Results("qwen_image_lora" + (f"_{a.blocks}blocks" if a.blocks else "")
                          + ("_budget" if a.only_budget else ""))
@@ -132,9 +161,12 @@ def main():
              f"tokens (median ms; peak allocated GiB)" + lora_step.graph_note(a))
     ours = [] if a.only_budget else [("FLAME", lambda: flame_part(res, configs, a))]
     ours += [(f"FLAME trainer, {b} GiB, fp8", lambda b=b: budget_part(res, b, a)) for b in a.budget]
+    ours += [(f"FLAME whole run, {b} GiB, fp8", lambda b=b: run_part(res, b)) for b in a.run]
     reports = [] if a.only_budget else [lambda: lora_step.report(res, configs, title)]
     if a.budget:
         reports.append(lambda: budget_report(res, a.budget))
+    if a.run:
+        reports.append(lambda: run_report(res, a.run))
     peers = [] if a.only_budget else [("diffusers+PEFT", lambda: diffusers_part(res, configs, a))]
     lora_step.run(res, a, ours, peers, reports)
 

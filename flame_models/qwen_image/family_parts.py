@@ -4,6 +4,10 @@ tokenizer/; model.vae_path may name another VAE), or random at the sizes of `mod
 tiny preset is explicit stand-ins, not the model: the analytic pooling VAE (16 channels), a 2-layer Qwen2.5-VL text
 model as wide as the preset's joint_attention_dim, and a byte-level BPE tokenizer learned from the tiny corpus and
 the prompt template (its template prefix is however many tokens that tokenizer makes; the released one's is 34).
+`model.size: qwen-image` without files (benchmarks of the released sizes: memory, time) draws the released
+AutoencoderKLQwenImage and the released Qwen2.5-VL-7B language model (28 layers, 3584 wide) at random, with that same
+stand-in tokenizer: Qwen's own 151k-token vocabulary is not packaged with FLAME, and the stand-in's ids are valid rows
+of the released embedding. Such a run measures the real model's cost, not its text understanding.
 
 Captions become TEXT_LENGTH tokens per sample (the valid ones after the template prefix, zero-padded, the mask
 saying which): one shape for the caches and batches, and the same velocity as the pipeline's longest-in-batch
@@ -166,8 +170,8 @@ def template_prefix_tokens(tokenizer):
 def _te_params(model_cfg):
     """Parameters of the language model that encodes (embeddings, layers, norm; not the vision tower nor lm_head):
     from the folder's headers, or the random preset's size."""
-    if model_cfg.name_or_path is None:
-        return 0                                     # the tiny preset's stand-in
+    if model_cfg.name_or_path is None:  # the tiny preset's stand-in is small; the released size's is the 7B model
+        return 0 if _size(model_cfg) == TINY else released_te_params()
     shapes = F.read_headers(F.part_files(model_cfg.name_or_path, "text_encoder", subfolders=SUBFOLDERS))
     n = 0
     for k, shape in shapes.items():
@@ -178,6 +182,16 @@ def _te_params(model_cfg):
             c *= d
         n += c
     return n
+
+
+def released_te_params():
+    """Parameters of the released Qwen2.5-VL-7B language model (embeddings, 28 layers, final norm): 7.07e9."""
+    from ..text_encoders.qwen2_5_vl import Qwen2_5_VLTextConfig
+    c = Qwen2_5_VLTextConfig()
+    kv = c.num_key_value_heads * c.head_dim
+    attn = 2 * c.hidden_size * c.hidden_size + 2 * c.hidden_size * kv + c.hidden_size + 2 * kv  # q, o; k, v; biases
+    layer = attn + 3 * c.hidden_size * c.intermediate_size + 2 * c.hidden_size
+    return c.vocab_size * c.hidden_size + c.num_hidden_layers * layer + c.hidden_size
 
 
 def te_storage(model_cfg, device, budget):
@@ -224,9 +238,9 @@ def load_text_encoders_for(model_cfg, device, budget=None):
             config = Qwen2_5_VLTextConfig(vocab_size=len(tok), hidden_size=width, intermediate_size=2 * width,
                                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                           mrope_section=_sections(width // 4))
-        else:
-            raise ValueError("model.size qwen-image without files: the released Qwen2.5-VL tokenizer is not "
-                             "packaged with FLAME; give model.name_or_path (a QwenImagePipeline folder)")
+        else:  # the released language model at random, the stand-in tokenizer (see the module docstring)
+            tok = tiny_tokenizer()
+            config = Qwen2_5_VLTextConfig()
         with flame_nn.empty_init(device=dev, dtype=S.te_dtype(dev)):
             te = Qwen2_5_VLTextModel(config)
         S.init_random_(te, flame.Generator(dev).manual_seed(S.RANDOM_SEED))

@@ -244,3 +244,32 @@ def test_a_lora_trained_on_a_pipeline_folder_changes_what_generate_draws(tmp_pat
     assert main(["--model", qwen_folder, "--prompt", "a cat", "--width", "32", "--height", "32", "--steps", "1",
                  "--negative-prompt", "", "--output", str(out), "--device", "cpu", "--no-progress"]) == 0
     assert len(os.listdir(out)) == 1
+
+
+def test_the_released_size_without_files_draws_the_released_language_model(tmp_path, monkeypatch):
+    """model.size qwen-image without files (the benches' real-size runs): the released Qwen2.5-VL-7B language model at
+    random with the stand-in tokenizer; its parameter count (7.07e9) decides the storage under a budget."""
+    import dataclasses
+
+    from flame_models.qwen_image import family_parts as P
+    from flame_models.text_encoders import qwen2_5_vl as Q
+    GiB = 2 ** 30
+    model = dataclasses.replace(_qwen(tmp_path, "rel").model, size="qwen-image")
+    assert P._te_params(model) == P.released_te_params() == 7_070_619_136
+    assert P.te_storage(model, "cuda", 24 * GiB) == "bf16" and P.te_storage(model, "cuda", 12 * GiB) == "fp8"
+    assert P.text_length(model) == 512
+    REAL = Q.Qwen2_5_VLTextConfig
+
+    @dataclasses.dataclass(frozen=True)
+    class Small(REAL):  # the released config's defaults, narrowed so that the cpu test holds the model
+        hidden_size: int = 64
+        intermediate_size: int = 96
+        num_hidden_layers: int = 2
+        num_attention_heads: int = 4
+        num_key_value_heads: int = 2
+        mrope_section: tuple = (2, 3, 3)
+    monkeypatch.setattr(Q, "Qwen2_5_VLTextConfig", Small)
+    enc = P.load_text_encoders_for(model, "cpu")
+    assert enc.text_encoder.embed_tokens.weight.shape == (REAL().vocab_size, 64)  # the released vocabulary
+    out = enc.encode(["a red square"])
+    assert out["prompt_embeds"].shape == (1, 512, 64) and 0 < out["prompt_mask"].numpy().sum() < 512
