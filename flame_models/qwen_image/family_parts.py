@@ -219,6 +219,25 @@ def describe(model_cfg, device, budget=None):
     return f"Qwen2.5-VL ({te_storage(model_cfg, device, budget)}, {text_length(model_cfg)} tokens, padding masked)"
 
 
+def _draw_layerwise(te, dev, quantize, stream, place):
+    """Random values for an empty_init language model, one layer at a time on `dev`, each layer stored as it will be
+    held before the next is drawn (fp8 in place; moved to host memory for the streamer): the released 7B model in
+    bfloat16 (14 GB) never has to fit the budget whole."""
+    from flame_nn.offload import quantize_linear_weights_
+    g = flame.Generator(dev).manual_seed(S.RANDOM_SEED)
+    S.init_random_(te.embed_tokens, g)
+    S.init_random_(te.norm, g)
+    for layer in te.layers:
+        S.init_random_(layer, g)
+        if stream:
+            layer.to("cpu")
+        elif quantize:
+            quantize_linear_weights_(layer)
+    if stream:
+        place(te, dev, quantize=quantize, stream=True)
+    return te
+
+
 def load_text_encoders_for(model_cfg, device, budget=None):
     """QwenImageTextEncoders: random stand-ins without files (see the module docstring), else the folder's
     text_encoder/ and tokenizer/; the language model held as te_storage says (fp8 layers, streamed layers)."""
@@ -243,10 +262,8 @@ def load_text_encoders_for(model_cfg, device, budget=None):
             config = Qwen2_5_VLTextConfig()
         with flame_nn.empty_init(device=dev, dtype=S.te_dtype(dev)):
             te = Qwen2_5_VLTextModel(config)
-        S.init_random_(te, flame.Generator(dev).manual_seed(S.RANDOM_SEED))
-        if quantize or stream:
-            place_qwen2_5_vl(te.requires_grad_(False), dev, quantize=quantize, stream=stream)
-        return QwenImageTextEncoders(te.requires_grad_(False).eval(), tok, max_length=text_length(model_cfg))
+        _draw_layerwise(te.requires_grad_(False), dev, quantize, stream, place_qwen2_5_vl)
+        return QwenImageTextEncoders(te.eval(), tok, max_length=text_length(model_cfg))
     te = load_qwen2_5_vl(_folder(model_cfg, "text_encoder"), dtype=S.te_dtype(dev), device=dev, quantize=quantize,
                          stream=stream)
     tok = Qwen2Tokenizer.from_folder(_folder(model_cfg, "tokenizer"))
