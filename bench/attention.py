@@ -10,8 +10,11 @@ the GPU time alone of the forward and of forward+backward (a 1 GiB memset queued
 call before the first starts) and the host microseconds per call, FLAME and torch FA2.
 Run: PYTHONPATH=$PWD python3 bench/attention.py [--reps 25] [--only flux-1024,sdxl-cross]
      PYTHONPATH=$PWD python3 bench/attention.py --only flux-1024 --key-mask 129   (Chroma's masked T5 padding)
+     PYTHONPATH=$PWD python3 bench/attention.py --fwd-variants plain,overlap   (the sm90 forward's schedules, A/B;
+     no torch needed: plain, pingpong = SM90_FWD_PINGPONG, overlap = SM90_FWD_OVERLAP)
 """
 import argparse
+import statistics
 import sys
 
 import common
@@ -170,6 +173,65 @@ def measure_key_mask(res, torch, name, B, H, Lq, Lk, D, reps, inner, kept, text=
     torch.cuda.empty_cache()
 
 
+FWD_VARIANTS = {"plain": (False, False), "pingpong": (True, False), "overlap": (False, True)}  # (PINGPONG, OVERLAP)
+
+
+def measure_fwd_variants(res, name, B, H, Lq, Lk, D, reps, inner, variants, rounds=3):
+    """FLAME's sm90 forward under each schedule of `variants` in one process: the rounds alternate the variants
+    (clock drift hits all alike), each variant's figure is the median of all its samples; its output is compared
+    with the first variant's (bit-equal or the largest difference)."""
+    import cupy as cp
+
+    from flame_core.kernels import attention as A
+    if not A._use_sm90(D, None, Lk):
+        res.log(name + "-fwd-variants", {"skipped": "this shape does not run the sm90 forward here"})
+        return
+    fwd, _, inputs = flame_fns(B, H, Lq, Lk, D)
+    saved = A.SM90_FWD_PINGPONG, A.SM90_FWD_OVERLAP
+    samples, gpu, outs = {v: [] for v in variants}, {v: [] for v in variants}, {}
+    try:
+        for r in range(rounds):
+            for v in variants:
+                A.SM90_FWD_PINGPONG, A.SM90_FWD_OVERLAP = FWD_VARIANTS[v]
+                if r == 0:
+                    o, lse = fwd()
+                    outs[v] = (o.copy(), lse.copy())
+                samples[v] += common.cuda_ms(fwd, reps, 5, inner=inner)[2]
+                gpu[v] += common.cuda_ms(fwd, 5, 1, before=common.busy_gpu(), inner=inner)[2]
+    finally:
+        A.SM90_FWD_PINGPONG, A.SM90_FWD_OVERLAP = saved
+    flops = 4.0 * B * H * Lq * Lk * D
+    row = {"shape": (B, H, Lq, Lk, D), "flops": flops}
+    o0, lse0 = outs[variants[0]]
+    for v in variants:
+        o, lse = outs[v]
+        ms = statistics.median(samples[v])
+        row[v] = {"ms": ms, "tflops": flops / ms / 1e9, "gpu_ms": statistics.median(gpu[v]),
+                  "equal": bool((o == o0).all()) and bool((lse == lse0).all()),
+                  "max_abs_o": float(cp.abs(o.astype(cp.float32) - o0.astype(cp.float32)).max()),
+                  "max_abs_lse": float(cp.abs(lse - lse0).max())}
+    res.log(name + "-fwd-variants", row)
+    del inputs, outs
+    cp.get_default_memory_pool().free_all_blocks()
+
+
+def report_fwd_variants(res, shapes, variants):
+    rows = []
+    for name, *_ in shapes:
+        r = res.get(name + "-fwd-variants")
+        if not r or "skipped" in r:
+            continue
+        base = r[variants[0]]["ms"]
+        for v in variants:
+            c = r[v]
+            rows.append([name if v == variants[0] else "", v, f"{c['ms']:.4f} ({c['tflops']:.0f})",
+                         f"{c['gpu_ms']:.4f}", common.ratio(base, c["ms"], 3), "yes" if c["equal"] else "no",
+                         f"{c['max_abs_o']:.2e} / {c['max_abs_lse']:.2e}"])
+    return common.table(["shape", "schedule", "ms (TFLOP/s)", "GPU ms", f"x {variants[0]}", "bit-equal",
+                         f"max |diff| O / lse vs {variants[0]}"], rows,
+                        title=f"\nsm90 attention forward schedules, bf16, non-causal; x = {variants[0]} time / time")
+
+
 def report(res, shapes):
     rows = []
     for name, *_ in shapes:
@@ -200,7 +262,21 @@ def main():
     ap.add_argument("--key-mask", type=int, default=None, metavar="KEPT",
                     help="instead: FLAME with Chroma's key-padding mask (KEPT of the first 512 keys attended) "
                          "against itself unmasked and torch's mem-efficient SDPA with the mask")
+    ap.add_argument("--fwd-variants", default=None, metavar="LIST",
+                    help="instead: FLAME's sm90 forward under these schedules (comma-separated, first = baseline: "
+                         + ", ".join(FWD_VARIANTS) + "), timed in alternating rounds, outputs compared")
     args = ap.parse_args()
+    if args.fwd_variants is not None:
+        variants = [v.strip() for v in args.fwd_variants.split(",") if v.strip()]
+        bad = [v for v in variants if v not in FWD_VARIANTS]
+        if bad or len(variants) < 2:
+            sys.exit(f"--fwd-variants: give two or more of {', '.join(FWD_VARIANTS)} (got {args.fwd_variants!r})")
+        shapes = [sh for sh in SHAPES if args.only is None or sh[0] in args.only.split(",")]
+        res = common.Results("attention_fwd_variants")
+        failed = common.run_parts(res, [(sh[0], (lambda sh: lambda: measure_fwd_variants(
+            res, *sh, args.reps, args.inner, variants))(sh)) for sh in shapes])
+        print(report_fwd_variants(res, shapes, variants), flush=True)
+        sys.exit(1 if failed else 0)
     torch = common.import_torch()
     if torch is None:
         sys.exit("bench/attention.py compares with torch SDPA: torch is not importable")
