@@ -9,6 +9,7 @@
 //                        call (a memset): three launches and two full reads of x per GEMM operand. Pass 2 walks x
 //                        backwards, so it starts on the lines pass 1 left in L2 last (an activation up to ~40 MB is
 //                        read from HBM once). No host synchronisation: a CUDA graph captures it.
+//   fp8_quantize_parts   the same over the column concatenation of up to 4 (rows, c_p) parts, without forming it.
 //   fp8_transpose        (rows, cols) bytes -> (cols, rows): the weight's K-major copy for the input gradient
 //                        (Hopper's fp8 tensor cores take both operands K-major only).
 //
@@ -30,27 +31,11 @@ __device__ __forceinline__ unsigned char e4m3_sat(float v) {
 
 __device__ __forceinline__ bool finite_positive(float a) { return a > 0.f && a < __int_as_float(0x7f800000); }
 
-template <typename T>
-__global__ void __launch_bounds__(256, 4)
-fp8_quantize_tensor(const T* __restrict__ x, unsigned char* __restrict__ q, float* __restrict__ scale, i64 n) {
-    __shared__ float smem[32];
-    __shared__ float s_inv;
+// The grid-wide barrier of one quantisation: every block's amax in (thread 0's counts), the cast factor 448 / amax of
+// the whole grid out (to every thread of the block). The last block to arrive publishes scale[] and opens the next
+// generation.
+__device__ __forceinline__ float fp8_grid_inv(float amax, float* __restrict__ scale, float* s_inv) {
     unsigned int* state = g_fp8_state;
-    const i64 tid = (i64)blockIdx.x * blockDim.x + threadIdx.x, stride = (i64)gridDim.x * blockDim.x;
-    const bool vec = aligned16(x) && aligned16(q);
-    constexpr int N = 8;   // 8 elements: 16 bytes of bf16 / fp16 in, 8 bytes of e4m3 out (fp32: two 16-byte loads)
-    const i64 nv = vec ? n / N : 0;
-    float amax = 0.f;
-    for (i64 k = tid; k < nv; k += stride) {
-        float v[N];
-        load_f32<T, N>(x + k * N, v);
-#pragma unroll
-        for (int j = 0; j < N; ++j) amax = fmaxf(amax, fabsf(v[j]));
-    }
-    for (i64 i = nv * N + tid; i < n; i += stride) amax = fmaxf(amax, fabsf(to_f32(x[i])));
-    amax = block_max(amax, smem);
-
-    // grid barrier: the last block to arrive publishes the scale and opens the next generation
     if (threadIdx.x == 0) {
         volatile unsigned int* gen = state + 2;
         const unsigned int g = *gen;
@@ -68,10 +53,43 @@ fp8_quantize_tensor(const T* __restrict__ x, unsigned char* __restrict__ q, floa
             __threadfence();
         }
         const float a = __uint_as_float(atomicAdd(state, 0u));
-        s_inv = finite_positive(a) ? FP8_MAX / a : 1.f;  // the same fp32 division as scale[1]: the same bits
+        *s_inv = finite_positive(a) ? FP8_MAX / a : 1.f;  // the same fp32 division as scale[1]: the same bits
     }
     __syncthreads();
-    const float inv = s_inv;
+    return *s_inv;
+}
+
+// Every block has read the amax once all have counted here: the last one leaves the state zero for the next call.
+__device__ __forceinline__ void fp8_grid_done() {
+    unsigned int* state = g_fp8_state;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(state + 3, 1u) == gridDim.x - 1) {
+            atomicExch(state, 0u);
+            atomicExch(state + 3, 0u);
+        }
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256, 4)
+fp8_quantize_tensor(const T* __restrict__ x, unsigned char* __restrict__ q, float* __restrict__ scale, i64 n) {
+    __shared__ float smem[32];
+    __shared__ float s_inv;
+    const i64 tid = (i64)blockIdx.x * blockDim.x + threadIdx.x, stride = (i64)gridDim.x * blockDim.x;
+    const bool vec = aligned16(x) && aligned16(q);
+    constexpr int N = 8;   // 8 elements: 16 bytes of bf16 / fp16 in, 8 bytes of e4m3 out (fp32: two 16-byte loads)
+    const i64 nv = vec ? n / N : 0;
+    float amax = 0.f;
+    for (i64 k = tid; k < nv; k += stride) {
+        float v[N];
+        load_f32<T, N>(x + k * N, v);
+#pragma unroll
+        for (int j = 0; j < N; ++j) amax = fmaxf(amax, fabsf(v[j]));
+    }
+    for (i64 i = nv * N + tid; i < n; i += stride) amax = fmaxf(amax, fabsf(to_f32(x[i])));
+    amax = block_max(amax, smem);
+    const float inv = fp8_grid_inv(amax, scale, &s_inv);
     for (i64 k = nv - 1 - tid; k >= 0; k -= stride) {   // backwards: L2 still holds the end of pass 1
         float v[N];
         load_f32<T, N>(x + k * N, v);
@@ -81,16 +99,77 @@ fp8_quantize_tensor(const T* __restrict__ x, unsigned char* __restrict__ q, floa
         *reinterpret_cast<uint2*>(q + k * N) = o.u;
     }
     for (i64 i = nv * N + tid; i < n; i += stride) q[i] = e4m3_sat(to_f32(x[i]) * inv);
+    fp8_grid_done();
+}
 
-    // every block has read the amax once all have counted here: the last one leaves the state zero for the next call
-    if (threadIdx.x == 0) {
-        __threadfence();
-        if (atomicAdd(state + 3, 1u) == gridDim.x - 1) {
-            atomicExch(state, 0u);
-            atomicExch(state + 3, 0u);
-        }
+// fp8_quantize_parts: fp8_quantize_tensor of the column concatenation of up to 4 parts x_p (rows, c_p), each
+// C-contiguous, written into q (rows, W = c_0 + ... + c_3) at column offsets 0, c_0, c_0 + c_1, ... (c_p = 0: no
+// part; its pointer is not read) without forming the concatenation: one amax over all the parts, one launch. For
+// a fused projection's output gradient, whose parts (q | k | v | mlp) come back as separate tensors. The same fp32
+// numbers as fp8_quantize_tensor of the concatenation: the same bits.
+template <typename T>
+__device__ __forceinline__ float fp8_part_amax(const T* __restrict__ x, i64 n, i64 tid, i64 stride, float amax) {
+    constexpr int N = 8;
+    const i64 nv = aligned16(x) ? n / N : 0;
+    for (i64 k = tid; k < nv; k += stride) {
+        float v[N];
+        load_f32<T, N>(x + k * N, v);
+#pragma unroll
+        for (int j = 0; j < N; ++j) amax = fmaxf(amax, fabsf(v[j]));
+    }
+    for (i64 i = nv * N + tid; i < n; i += stride) amax = fmaxf(amax, fabsf(to_f32(x[i])));
+    return amax;
+}
+
+template <typename T>
+__device__ __forceinline__ void fp8_part_cast(const T* __restrict__ x, i64 rows, i64 c, i64 off, i64 W,
+                                              unsigned char* __restrict__ q, float inv, i64 tid, i64 stride) {
+    constexpr int N = 8;   // a chunk of 8 never straddles a row when c % 8 == 0; its 8 bytes land 8-aligned
+    const i64 n = rows * c;
+    const bool vec = aligned16(x) && c % N == 0 && off % N == 0 && W % N == 0 &&
+                     (reinterpret_cast<unsigned long long>(q) & 7ull) == 0;
+    const i64 nv = vec ? n / N : 0;
+    for (i64 k = nv - 1 - tid; k >= 0; k -= stride) {   // backwards: L2 still holds the end of pass 1
+        const i64 e = k * N, r = e / c, col = e - r * c;
+        float v[N];
+        load_f32<T, N>(x + e, v);
+        union { uint2 u; unsigned char b[N]; } o;
+#pragma unroll
+        for (int j = 0; j < N; ++j) o.b[j] = e4m3_sat(v[j] * inv);
+        *reinterpret_cast<uint2*>(q + r * W + off + col) = o.u;
+    }
+    for (i64 i = nv * N + tid; i < n; i += stride) {
+        const i64 r = i / c, col = i - r * c;
+        q[r * W + off + col] = e4m3_sat(to_f32(x[i]) * inv);
     }
 }
+
+template <typename T>
+__global__ void __launch_bounds__(256, 4)
+fp8_quantize_parts(const T* __restrict__ x0, const T* __restrict__ x1, const T* __restrict__ x2,
+                   const T* __restrict__ x3, i64 c0, i64 c1, i64 c2, i64 c3, i64 rows,
+                   unsigned char* __restrict__ q, float* __restrict__ scale) {
+    __shared__ float smem[32];
+    __shared__ float s_inv;
+    const i64 tid = (i64)blockIdx.x * blockDim.x + threadIdx.x, stride = (i64)gridDim.x * blockDim.x;
+    const T* xs[4] = {x0, x1, x2, x3};
+    const i64 cs[4] = {c0, c1, c2, c3};
+    const i64 W = c0 + c1 + c2 + c3;
+    float amax = 0.f;
+#pragma unroll
+    for (int p = 0; p < 4; ++p)
+        if (cs[p] > 0) amax = fp8_part_amax<T>(xs[p], rows * cs[p], tid, stride, amax);
+    amax = block_max(amax, smem);
+    const float inv = fp8_grid_inv(amax, scale, &s_inv);
+    i64 off = W;
+#pragma unroll
+    for (int p = 3; p >= 0; --p) {   // the parts in reverse: the last one read in pass 1 first
+        off -= cs[p];
+        if (cs[p] > 0) fp8_part_cast<T>(xs[p], rows, cs[p], off, W, q, inv, tid, stride);
+    }
+    fp8_grid_done();
+}
+
 // 32x32 byte tiles through shared memory (a padded row avoids bank conflicts on the transposed read); block (32, 8).
 extern "C" __global__ void fp8_transpose(const unsigned char* __restrict__ src, unsigned char* __restrict__ dst,
                                          i64 rows, i64 cols) {

@@ -4,6 +4,8 @@
     quantize_per_tensor(x) -> (q, scale)   q: uint8 array of x's shape holding e4m3 bits; scale: float32 (2,) with
                                            scale[0] = amax(|x|) / 448 (x ~= q * scale[0]; 1 for an all-zero x) and
                                            scale[1] = 448 / amax, the factor the cast used
+    quantize_parts_per_tensor(parts)    -> (q, scale) of the column concatenation of (rows, c_p) arrays, without
+                                           forming it (q (rows, sum c_p)); the same bits as quantize_per_tensor of it
     transpose_fp8(q)                    -> the (cols, rows) C-contiguous copy of a 2-D byte array
 
 "Current" scaling: the amax is this call's, not a history's (delayed scaling), so no state is carried between steps
@@ -12,6 +14,8 @@ barrier, the cast), and the amax and the scale never leave the device (no synchr
 One quantisation at a time per device. The numbers are fp32 throughout, so the kernel and the NumPy reference agree bit
 for bit (tests/kernels/test_fp8_gemm.py).
 """
+import os
+
 import ml_dtypes
 import numpy as np
 
@@ -24,6 +28,11 @@ from . import plans as P
 FP8_MAX = np.float32(448.0)
 GRID_BLOCKS_PER_SM = 4   # fp8_quantize_tensor's __launch_bounds__(256, 4): a quarter of an SM's threads per block
 _FLOATS = ("float16", "bfloat16", "float32")
+MAX_PARTS = 4            # fp8_quantize_parts' pointer arguments
+# quantize_parts_per_tensor on cuda: the one-launch kernel (True) or the parts copied into one array and
+# quantize_per_tensor of it (False: the same bits, one more write and read of the concatenation). The kernel is the
+# default once a GPU run has checked it (FLAME_FP8_PARTS_KERNEL=1 turns it on before).
+PARTS_KERNEL = os.environ.get("FLAME_FP8_PARTS_KERNEL", "0") == "1"
 
 
 def _quantize_ref(x):
@@ -63,6 +72,41 @@ def quantize_per_tensor(x):
     grid = (max(1, min(P.cdiv(P.cdiv(n, 8), 256), _resident_blocks(fn))),)
     KL.launch(fn, grid, (256,), (x, q, scale, KL.i64(n)))
     return q, scale
+
+def quantize_parts_per_tensor(parts):
+    """(q, scale) of the column concatenation of `parts` -- 2-D (rows, c_p) arrays of one float16 / bfloat16 /
+    float32 dtype and one row count -- as quantize_per_tensor of it (one amax over all the parts, the same bits):
+    q (rows, sum c_p) bytes. On cuda one launch reads the parts in place (fp8_quantize_parts, up to MAX_PARTS parts,
+    when PARTS_KERNEL is on); otherwise they are copied into one array first."""
+    if not parts or any(p.ndim != 2 or p.shape[0] != parts[0].shape[0] for p in parts):
+        raise ShapeError(f"quantize_parts_per_tensor: expects 2-D parts with one row count, got "
+                         f"{[tuple(p.shape) for p in parts]}")
+    dt = parts[0].dtype
+    if any(p.dtype != dt for p in parts) or L.dtype_name(dt) not in _FLOATS:
+        raise DTypeError(f"quantize_parts_per_tensor: expects parts of one float16/bfloat16/float32 dtype, got "
+                         f"{[str(p.dtype) for p in parts]}")
+    if len(parts) == 1:
+        return quantize_per_tensor(parts[0])
+    rows, width = parts[0].shape[0], sum(int(p.shape[1]) for p in parts)
+    x0 = parts[0]
+    if PARTS_KERNEL and len(parts) <= MAX_PARTS and L.use_kernel(x0) and rows * width:
+        cp = backend.cupy
+        parts = [P.contiguous(p) for p in parts]
+        scale = cp.empty(2, dtype=np.float32)
+        q = cp.empty((rows, width), dtype=np.uint8)
+        fn = L.get_function("fp8_tensor", "fp8_quantize_parts", dt)
+        grid = (max(1, min(P.cdiv(P.cdiv(rows * width, 8), 256), _resident_blocks(fn))),)
+        xs = parts + [parts[0]] * (MAX_PARTS - len(parts))
+        cs = [int(p.shape[1]) for p in parts] + [0] * (MAX_PARTS - len(parts))
+        KL.launch(fn, grid, (256,), (*xs, *(KL.i64(c) for c in cs), KL.i64(rows), q, scale))
+        return q, scale
+    whole = backend.xp_of(x0).empty((rows, width), dtype=dt)
+    lo = 0
+    for p in parts:                                  # column-block copies (a CUDA graph captures them)
+        whole[:, lo:lo + p.shape[1]] = p
+        lo += p.shape[1]
+    return quantize_per_tensor(whole)
+
 
 
 def transpose_fp8(q, out=None):

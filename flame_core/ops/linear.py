@@ -153,6 +153,92 @@ def _gemm(a, b, out=None, alpha=1.0, beta=0.0):
     return out
 
 
+
+# ----------------------------------------------------------------------------- the low-rank parts, on arrays
+# (shared by LinearLowRank and the fp8-compute base's fused op, flame_nn.offload.fp8_compute)
+def low_rank_forward(a, y, factors, blocks):
+    """y[:, lo_i:hi_i] += s_i · (a A_i^T) B_i^T for every block, accumulated inside the GEMMs (y (N, out), written
+    in place; factors = [A_1, B_1, A_2, B_2, ...] arrays of a's dtype). Returns h (N, Σr): every a A_i^T side by side
+    (what B_i's gradient reads)."""
+    ranks = [factors[2 * i].shape[0] for i in range(len(blocks))]
+    h = backend.xp_of(a).empty((a.shape[0], sum(ranks)), dtype=a.dtype)
+    off = 0
+    for i, (lo, hi, s) in enumerate(blocks):
+        r = ranks[i]
+        hi_ = h[:, off:off + r]
+        _gemm(a, factors[2 * i].T, out=hi_)
+        _gemm(hi_, factors[2 * i + 1].T, out=y[:, lo:hi], alpha=s, beta=1.0)
+        off += r
+    return h
+
+
+def output_parts(y, lead, splits):
+    """y (N, out) as one tensor of shape lead + (out,), or (splits) as that many column-block views of it."""
+    if splits is None:
+        return _wrap(y.reshape(tuple(lead) + (y.shape[1],)))
+    parts, lo = [], 0
+    for n in splits:
+        parts.append(_wrap(y[:, lo:lo + n].reshape(tuple(lead) + (n,))))   # column blocks: views of y
+        lo += n
+    return tuple(parts)
+
+
+def gradient_parts(gs, splits):
+    """([(lo, (N, n) array)], out features) of the output gradients `gs` (one per split part, or one); a part whose
+    output got no gradient (None) is left out (it is zero)."""
+    parts, lo = [], 0
+    for g, n in zip(gs, splits or (None,)):
+        if g is not None:
+            parts.append((lo, g._data.reshape(-1, g.shape[-1])))
+        lo += g.shape[-1] if n is None else n
+    return parts, lo
+
+
+def low_rank_backward(parts, xd, dx, factors, blocks, h, needs):
+    """The adapters' part of the backward, on arrays: dx (N, in) += Σ s_i (g_i B_i) A_i in place (dx None: not
+    wanted), g_i the column block [lo_i, hi_i) of the output gradient read in place from `parts` (gradient_parts).
+    needs: [need A_1, need B_1, ...]; xd (N, in) the input and h the forward's (N, Σr) where the factors train.
+    Returns [dA_1, dB_1, ...] arrays (None where not needed; zeros where the block got no gradient)."""
+
+    def cols(lo_, hi_):
+        for p0, gd in parts:
+            if p0 <= lo_ and hi_ <= p0 + gd.shape[1]:
+                return gd[:, lo_ - p0:hi_ - p0]
+        return None
+    grads, off = [], 0
+    for i, (lo, hi, s) in enumerate(blocks):
+        ad, bd = factors[2 * i], factors[2 * i + 1]
+        r = ad.shape[0]
+        need_a, need_b = needs[2 * i], needs[2 * i + 1]
+        gi = cols(lo, hi)                                                # a column block of g, read in place
+        da = db = None
+        if gi is None:                                                   # its rows got no gradient
+            grads += [backend.xp_of(ad).zeros_like(ad) if need_a else None,
+                      backend.xp_of(bd).zeros_like(bd) if need_b else None]
+            off += r
+            continue
+        if dx is not None or need_a:
+            dh = _gemm(gi, bd, alpha=s)                                  # (N, r): s · g_i B_i
+            if dx is not None:
+                _gemm(dh, ad, out=dx, beta=1.0)                          # dx += dh A_i
+            if need_a:
+                da = _gemm(dh.T, xd)                                     # (r, in)
+        if need_b:
+            db = _gemm(gi.T, h[:, off:off + r], alpha=s)                 # (rows, r)
+        grads += [da, db]
+        off += r
+    return grads
+
+
+def bias_grad(parts, n_out, dtype, xp):
+    """The bias gradient (n_out,) of `dtype` from the output gradient's parts (half types summed in float32)."""
+    acc = xp.float32 if dtype in (_np.float16, _cublas.BF16) else dtype
+    db = xp.zeros((n_out,), dtype=dtype)
+    for p0, gd in parts:
+        db[p0:p0 + gd.shape[1]] = gd.sum(0, dtype=acc).astype(dtype, copy=False)
+    return db
+
+
 class LinearLowRank(Function):
     """linear(x, W, b) plus low-rank updates of output-row blocks, as one node (LoRA on a Linear or on row blocks of
     a fused qkv projection):
@@ -175,28 +261,14 @@ class LinearLowRank(Function):
     def forward(ctx, x, w, bias, blocks, splits, *factors):
         a = x._data.reshape(-1, x.shape[-1])
         y = _linear_arrays(a, w._data, None if bias is None else bias._data)
-        xp = backend.xp_of(a)
-        ranks = [factors[2 * i]._data.shape[0] for i in range(len(blocks))]
-        h = xp.empty((a.shape[0], sum(ranks)), dtype=a.dtype)          # (N, Σr): every x A_i^T side by side
-        off = 0
-        for (lo, hi, s), r, i in zip(blocks, ranks, range(len(blocks))):
-            hi_ = h[:, off:off + r]
-            _gemm(a, factors[2 * i]._data.T, out=hi_)
-            _gemm(hi_, factors[2 * i + 1]._data.T, out=y[:, lo:hi], alpha=s, beta=1.0)
-            off += r
+        h = low_rank_forward(a, y, [f._data for f in factors], blocks)
         need = ctx.needs_input_grad
         nx, nw = need[0], need[1]
         train = any(need[5:])
         ctx.save_for_backward(x if (nw or train) else None, w if nx else None, *factors)
         ctx.h = h if train else None
-        ctx.blocks, ctx.ranks, ctx.x_shape, ctx.splits = blocks, ranks, x.shape, splits
-        if splits is None:
-            return _wrap(y.reshape(x.shape[:-1] + (w.shape[0],)))
-        lead, parts, lo = x.shape[:-1], [], 0
-        for n in splits:
-            parts.append(_wrap(y[:, lo:lo + n].reshape(lead + (n,))))   # column blocks: views of y
-            lo += n
-        return tuple(parts)
+        ctx.blocks, ctx.x_shape, ctx.splits = blocks, x.shape, splits
+        return output_parts(y, x.shape[:-1], splits)
 
     @staticmethod
     def backward(ctx, *gs):
@@ -207,16 +279,8 @@ class LinearLowRank(Function):
         need = ctx.needs_input_grad
         nx, nw, nb = need[0], need[1], need[2]
         wd = w._data if w is not None else None
-        sizes = ctx.splits or (None,)
-        # the output gradient as column parts (lo, (N, n) array); a part whose output got no gradient is zero
-        parts, lo, xp = [], 0, None
-        for g, n in zip(gs, sizes):
-            if g is not None:
-                gd = g._data.reshape(-1, g.shape[-1])
-                xp = backend.xp_of(gd)
-                parts.append((lo, gd))
-            lo += g.shape[-1] if n is None else n
-        n_out = lo
+        parts, n_out = gradient_parts(gs, ctx.splits)
+        xp = backend.xp_of(parts[0][1]) if parts else None
         xd = None if x is None else x._data.reshape(-1, x.shape[-1])
         rows = int(_np.prod(ctx.x_shape[:-1]))
         dt = parts[0][1].dtype if parts else None
@@ -227,33 +291,8 @@ class LinearLowRank(Function):
                     dx = _gemm(gd, wd[p0:p0 + gd.shape[1]], out=dx, beta=1.0 if k else 0.0)
             else:
                 dx = backend.xp_of(wd).zeros((rows, ctx.x_shape[-1]), dtype=wd.dtype)
-
-        def cols(lo_, hi_):
-            """Column block [lo_, hi_) of the output gradient, read in place from the part holding it (None: zero)."""
-            for p0, gd in parts:
-                if p0 <= lo_ and hi_ <= p0 + gd.shape[1]:
-                    return gd[:, lo_ - p0:hi_ - p0]
-            return None
-        grads, off = [], 0
-        for (lo, hi, s), r, i in zip(ctx.blocks, ctx.ranks, range(len(ctx.blocks))):
-            ad, bd = factors[2 * i]._data, factors[2 * i + 1]._data
-            gi = cols(lo, hi)                                            # a column block of g, read in place
-            da = db = None
-            if gi is None:                                               # its rows got no gradient
-                grads += [_wrap(backend.xp_of(ad).zeros_like(ad)) if need[4 + 2 * i + 1] else None,
-                          _wrap(backend.xp_of(bd).zeros_like(bd)) if need[4 + 2 * i + 2] else None]
-                off += r
-                continue
-            if nx or need[4 + 2 * i + 1]:
-                dh = _gemm(gi, bd, alpha=s)                              # (N, r): s · g_i B_i
-                if nx:
-                    _gemm(dh, ad, out=dx, beta=1.0)                      # dx += dh A_i
-                if need[4 + 2 * i + 1]:
-                    da = _gemm(dh.T, xd)                                 # (r, in)
-            if need[4 + 2 * i + 2]:
-                db = _gemm(gi.T, ctx.h[:, off:off + r], alpha=s)         # (rows, r)
-            grads += [None if da is None else _wrap(da), None if db is None else _wrap(db)]
-            off += r
+        grads = low_rank_backward(parts, xd, dx if nx else None, [f._data for f in factors], ctx.blocks, ctx.h,
+                                  need[5:])
         dw = dbias = None
         if nw or nb:
             xp = xp or backend.xp_of(xd if xd is not None else wd)
@@ -267,14 +306,9 @@ class LinearLowRank(Function):
                         _gemm(gd.T, xd, out=dw[p0:p0 + gd.shape[1]])
                 dw = _wrap(dw)
             if nb:
-                bdt = dt or x.dtype.np
-                acc = xp.float32 if bdt in (_np.float16, _cublas.BF16) else bdt   # half types sum in float32
-                dbias = xp.zeros((n_out,), dtype=bdt)
-                for p0, gd in parts:
-                    dbias[p0:p0 + gd.shape[1]] = gd.sum(0, dtype=acc).astype(bdt, copy=False)
-                dbias = _wrap(dbias)
+                dbias = _wrap(bias_grad(parts, n_out, dt or x.dtype.np, xp))
         dx = _wrap(dx.reshape(ctx.x_shape)) if nx else None
-        return (dx, dw, dbias, None, None, *grads)
+        return (dx, dw, dbias, None, None, *(None if g is None else _wrap(g) for g in grads))
 
 
 def linear_low_rank(input, weight, bias, factors, splits=None):
@@ -288,25 +322,32 @@ def linear_low_rank(input, weight, bias, factors, splits=None):
         tensors = list(_amp.cast_inputs("lower", *tensors))
     input, weight, bias, *ab = tensors
     check_same_device("linear_low_rank", *tensors)
-    n_in, n_out = weight.shape[1], weight.shape[0]
+    n_in = weight.shape[1]
     if weight.ndim != 2 or input.shape[-1] != n_in:
         raise ShapeError(f"linear_low_rank: input {fmt_shape(input.shape)} and weight {fmt_shape(weight.shape)} "
                          f"do not fit")
+    blocks, splits = low_rank_blocks("linear_low_rank", factors, ab, tuple(weight.shape), splits)
+    dts = {t.dtype for t in tensors if t is not None}
+    if len(dts) != 1:
+        raise DTypeError(f"linear_low_rank: input, weight, bias and factors must share one dtype, got "
+                         f"{sorted(str(d) for d in dts)} (cast them, or use flame.amp.autocast)")
+    return LinearLowRank.apply(input, weight, bias, blocks, splits, *ab)
+
+
+def low_rank_blocks(op, factors, ab, weight_shape, splits):
+    """(blocks ((lo, hi, scale), ...), splits as a tuple or None) of a fused low-rank op's arguments, checked against
+    a weight of `weight_shape` (out, in): `factors` [(A, B, lo, hi, scale)], `ab` the A and B tensors to use."""
+    n_out, n_in = weight_shape
     blocks = []
     for i, (_, _, lo, hi, s) in enumerate(factors):
         a, b = ab[2 * i], ab[2 * i + 1]
         if not (0 <= lo < hi <= n_out and a.ndim == 2 and b.ndim == 2 and a.shape[1] == n_in
                 and tuple(b.shape) == (hi - lo, a.shape[0])):
-            raise ShapeError(f"linear_low_rank: factors A {fmt_shape(a.shape)}, B {fmt_shape(b.shape)} do not fit "
-                             f"rows [{lo}:{hi}] of a weight {fmt_shape(weight.shape)}")
+            raise ShapeError(f"{op}: factors A {fmt_shape(a.shape)}, B {fmt_shape(b.shape)} do not fit "
+                             f"rows [{lo}:{hi}] of a weight {fmt_shape(weight_shape)}")
         blocks.append((int(lo), int(hi), float(s)))
-    dts = {t.dtype for t in tensors if t is not None}
-    if len(dts) != 1:
-        raise DTypeError(f"linear_low_rank: input, weight, bias and factors must share one dtype, got "
-                         f"{sorted(str(d) for d in dts)} (cast them, or use flame.amp.autocast)")
     if splits is not None:
         splits = tuple(int(n) for n in splits)
         if any(n <= 0 for n in splits) or sum(splits) != n_out:
-            raise ShapeError(f"linear_low_rank: splits {splits} must be positive and sum to the {n_out} output "
-                             f"features")
-    return LinearLowRank.apply(input, weight, bias, tuple(blocks), splits, *ab)
+            raise ShapeError(f"{op}: splits {splits} must be positive and sum to the {n_out} output features")
+    return tuple(blocks), splits

@@ -17,7 +17,6 @@ from flame_core import dtypes as flame_dtypes
 from flame_core.amp import autocast_mode as _amp
 from flame_core.autograd import Function, no_grad
 from flame_core.errors import FlameError, ShapeError, fmt_shape
-from flame_core.ops.linear import linear_low_rank
 from flame_core.tensor import Tensor
 
 from ..module import Module
@@ -211,25 +210,26 @@ class AdaptedMixin:
 class AdaptedLinearMixin(AdaptedMixin):
     """The adapted Linear: y = base(x), then every active adapter's output added into its rows.
 
-    Plain LoRAs on a plain Linear (no dropout while training, the layer's own F.linear forward, a float weight, one
-    dtype for the adapter's arithmetic) run as one fused op instead (flame_core.ops.linear.linear_low_rank): their
-    rank-r products accumulate into the output rows and into the input's gradient inside the GEMMs, so no (N, out)
-    delta is formed, added, or copied back out of the output gradient. `fuse_lora = False` (on the class or a layer)
-    keeps the general path."""
+    Plain LoRAs (no dropout while training, one dtype for the adapter's arithmetic) on a layer with a fused form
+    (Linear.fused_low_rank: a plain Linear with a float weight -- flame_core.ops.linear.linear_low_rank --, or an
+    fp8-compute Linear -- flame_nn.offload.fp8_compute) run as one fused op instead: their rank-r products
+    accumulate into the output rows and into the input's gradient inside the GEMMs, so no (N, out) delta is formed,
+    added, or copied back out of the output gradient. `fuse_lora = False` (on the class or a layer) keeps the
+    general path."""
 
     fuse_lora = True
 
     def _fused_factors(self, input, active):
         """[(A, B, lo, hi, scale)] when every active adapter can run fused (see the class docstring), else None."""
-        from ..layers.linear import Linear
         from .lora import LoRA
-        if not self.fuse_lora or self._base_class is not Linear or self.weight.dtype not in _FUSED_DTYPES:
+        if not self.fuse_lora:
             return None
+        base_dtype = getattr(self, "compute_dtype", self.weight.dtype)   # an fp8 layer's: what its GEMMs output
         factors = []
         for lo, hi, ad, mult in active:
             if type(ad) is not LoRA or (ad.dropout and ad.training):
                 return None
-            if not autocast_on(input) and not input.dtype == self.weight.dtype == ad.lora_A.dtype:
+            if not autocast_on(input) and not input.dtype == base_dtype == ad.lora_A.dtype:
                 return None   # outside autocast the adapter computes in its own dtype (adapter_input)
             factors.append((ad.lora_A, ad.lora_B, lo, hi, ad.scale * mult))
         return factors
@@ -240,7 +240,9 @@ class AdaptedLinearMixin(AdaptedMixin):
             return super().forward(input)
         factors = self._fused_factors(input, active)
         if factors is not None:
-            return linear_low_rank(input, self.weight, self.bias, factors)
+            out = self.fused_low_rank(input, factors)
+            if out is not None:
+                return out
         y = super().forward(input)
         deltas = []
         for lo, hi, ad, mult in active:
@@ -258,16 +260,17 @@ class AdaptedLinearMixin(AdaptedMixin):
     def forward_split(self, input, split_sizes):
         """Linear.forward_split with the adapters: fused (one node, no concatenating backward) when every active
         adapter runs fused and lies inside one part, else the adapted forward's output split."""
-        from ..layers.linear import Linear
         active = self._active()
         factors = self._fused_factors(input, active) if active else []
-        if factors is not None and self._base_class is Linear and self.weight.dtype in _FUSED_DTYPES:
+        if factors is not None:
             bounds, lo = [], 0
             for n in split_sizes:
                 bounds.append((lo, lo + n))
                 lo += n
             if all(any(p0 <= f[2] and f[3] <= p1 for p0, p1 in bounds) for f in factors):
-                return linear_low_rank(input, self.weight, self.bias, factors, splits=split_sizes)
+                out = self.fused_low_rank(input, factors, split_sizes)
+                if out is not None:
+                    return out
         return self(input).split(list(split_sizes), dim=-1)
 
     def _check_fit(self, adapter, lo, hi):
@@ -277,7 +280,6 @@ class AdaptedLinearMixin(AdaptedMixin):
                                f"[{lo}:{hi}] of a Linear ({self.out_features} x {self.in_features})")
 
 
-_FUSED_DTYPES = (flame.float32, flame.float16, flame.bfloat16, flame.float64)
 _CLASSES = {}
 
 

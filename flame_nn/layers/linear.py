@@ -1,12 +1,15 @@
 """Identity, Linear, Bilinear, Flatten, Unflatten."""
 import math
 
+import flame_core as flame
 from flame_core.ops.linear import linear_low_rank
 
 from .. import functional as F
 from .. import init
 from ..empty_init import new_parameter
 from ..module import Module
+
+FUSED_DTYPES = (flame.float32, flame.float16, flame.bfloat16, flame.float64)   # the fused GEMM paths' weight dtypes
 
 
 class Identity(Module):
@@ -40,10 +43,19 @@ class Linear(Module):
         """self(input).split(split_sizes, -1) for a fused projection whose output parts feed different ops (Flux's
         single-block linear1: q | k | v | mlp): one GEMM whose parts come back as views, and whose backward takes
         the parts' gradients as they are instead of concatenating them first (a copy of the whole output gradient,
-        held next to the parts). Subclasses with their own forward (fp8, streamed, adapted) keep that forward."""
-        if type(self) is Linear:
-            return linear_low_rank(input, self.weight, self.bias, [], splits=split_sizes)
-        return self(input).split(list(split_sizes), dim=-1)
+        held next to the parts). Subclasses with their own forward and no fused form (fused_low_rank) keep that
+        forward."""
+        out = self.fused_low_rank(input, [], split_sizes)
+        return out if out is not None else self(input).split(list(split_sizes), dim=-1)
+
+    def fused_low_rank(self, input, factors, splits=None):
+        """This layer's product with low-rank updates of output-row blocks (`factors` [(A, B, lo, hi, scale)]) and /
+        or its output as column-block views (`splits`), as one fused node (flame_core.ops.linear.linear_low_rank),
+        or None where the layer has no fused form: a subclass with its own forward (streamed...), or a weight
+        dtype the GEMMs do not take. fp8 Linears define their own (flame_nn.offload.fp8)."""
+        if getattr(self, "_base_class", type(self)) is Linear and self.weight.dtype in FUSED_DTYPES:
+            return linear_low_rank(input, self.weight, self.bias, factors, splits=splits)
+        return None
 
     def extra_repr(self):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

@@ -173,10 +173,12 @@ class Float8LinearMixin:
         w = self.weight
         return as_tensor(_K.dequantize_per_row(w.array, self.weight_scale.array, dt.np))
 
-    def forward(self, input):
+    def _compute_inputs(self, input):
+        """(compute dtype, input, bias) as the matmul takes them: under autocast its dtype (the dequantised weight
+        would be cast to it anyway), the input and bias cast to it; checked against the weight."""
         dt = self.compute_dtype
         bias = self.bias
-        if _amp.active:  # dequantise straight to the autocast dtype (the matmul would cast to it anyway)
+        if _amp.active:
             dev = "cuda" if input.is_cuda else "cpu"
             if _amp.is_autocast_enabled(dev):
                 dt = _amp.get_autocast_dtype(dev)
@@ -190,9 +192,24 @@ class Float8LinearMixin:
                                                                  else "")
                              + f" must have the dtype of the fp8 layer's compute dtype ({dt}); cast them, or use "
                                f"flame.amp.autocast")
+        return dt, input, bias
+
+    def forward(self, input):
+        dt, input, bias = self._compute_inputs(input)
         if self.fp8_compute and dt.name in _FP8_COMPUTE_DTYPES:
-            return Float8ComputeLinear.apply(input, w, self.weight_scale, bias, dt.np)
-        return Float8Linear.apply(input, w, self.weight_scale, bias, dt.np)
+            return Float8ComputeLinear.apply(input, self.weight, self.weight_scale, bias, dt.np)
+        return Float8Linear.apply(input, self.weight, self.weight_scale, bias, dt.np)
+
+    def fused_low_rank(self, input, factors, splits=None):
+        """Linear.fused_low_rank for fp8 compute (fp8_compute.Float8ComputeLowRank, when fp8_compute.FUSED), else
+        None (the dequantising path has no fused form: the caller runs forward and adds / splits)."""
+        from . import fp8_compute as FC
+        if not (self.fp8_compute and FC.FUSED):
+            return None
+        dt, input, bias = self._compute_inputs(input)
+        if dt.name not in _FP8_COMPUTE_DTYPES:
+            return None
+        return FC.fp8_linear_low_rank(input, self.weight, self.weight_scale, bias, dt.np, factors, splits)
 
     def extra_repr(self):
         if self.fp8_compute:

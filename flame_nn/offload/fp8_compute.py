@@ -16,6 +16,19 @@ Backward: dX = scaled_mm(e4m3(dY / s_g), W_q^T, s_g, s_w)    -- dY quantised the
           weight, cheaper than the bf16 path's dequantisation, which writes 2): no second weight copy stays resident.
           No weight gradient (the base is frozen); the bias gets one when it requires grad.
 
+Fused paths (FUSED, on by default; FLAME_FP8_FUSED=0 turns them off for an A/B): as bf16 Linears do
+(flame_core.ops.linear.linear_low_rank), `Linear.forward_split` and plain LoRAs on an fp8-compute layer run as one node,
+Float8ComputeLowRank: the LoRAs' rank-r products accumulate into the fp8 GEMM's bf16 output rows and into its dX
+inside cuBLAS GEMMs (beta = 1), so no (N, out) delta is formed and added and dX gets no second add; a split
+projection's parts (Flux's single-block linear1 as q | k | v | mlp, the double blocks' qkv) are views of the one fp8
+GEMM's output, and backward takes the parts' gradients as they come into ONE quantisation (one amax over all parts,
+fp8_tensor.quantize_parts_per_tensor: the same bits as quantising their concatenation) and ONE fp8 GEMM. Why one
+GEMM and not dX = sum_p scaled_mm(e4m3(g_p), W_p^T) accumulated: the per-part GEMMs (K = 3072 x 3 + 12288 on linear1)
+run below the whole one's rate, each after the first reads and writes dX again, and each part needs its own weight
+slice transposed; the one-GEMM form only needs the parts quantised side by side, which costs what quantising any
+gradient of that size costs. The unfused path (FUSED False) splits / adds through the autograd graph: the Split
+node's backward concatenates the parts' gradients (a bf16 copy of the whole output gradient) before quantising it.
+
 Weight scales: cuBLASLt on Hopper takes one scale per operand (CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER), so an fp8
 compute layer holds a per-tensor scale -- stored, as fp8 storage always is, as the `weight_scale` row vector, every
 entry equal. A per-channel scale cannot be applied inside the GEMM and would cost a pass over the output after it;
@@ -23,12 +36,28 @@ e4m3's rounding error is relative, so one scale for the tensor loses precision o
 ~2^6 below the tensor's (they reach the subnormals). Weights already stored per row are requantised once
 (dequantise, quantise per tensor: a second rounding, bounded by half an e4m3 step).
 """
-from flame_core import as_tensor
+import os
+
+import numpy as np
+
+from flame_core import as_tensor, backend
+from flame_core.amp import autocast_mode as _amp
 from flame_core.autograd import Function
+from flame_core.autograd.grad_mode import is_grad_enabled
+from flame_core.errors import DTypeError
 from flame_core.kernels import fp8_tensor as _T
 from flame_core.kernels import scaled_mm as _S
+from flame_core.ops.linear import (
+    bias_grad,
+    gradient_parts,
+    low_rank_backward,
+    low_rank_blocks,
+    low_rank_forward,
+    output_parts,
+)
 
 FAST_ACCUM_FORWARD = True
+FUSED = os.environ.get("FLAME_FP8_FUSED", "1") != "0"   # the fused split / LoRA paths (see the module docstring)
 
 
 def _as(arr, dtype):
@@ -66,3 +95,78 @@ class Float8ComputeLinear(Function):
         if nb:
             db = g2.sum(0)
         return dx, None, None, db, None
+
+
+class Float8ComputeLowRank(Function):
+    """Float8ComputeLinear plus low-rank updates of output-row blocks, and / or its output as column-block views, as
+    one node (the fp8-compute form of flame_core.ops.linear.LinearLowRank; see the module docstring):
+
+        y = scaled_mm(e4m3(x), W_q) + b;   y[..., lo_i:hi_i] += s_i (x A_i^T) B_i^T      (x unquantised, dtype)
+        dx = scaled_mm(e4m3([g_1 | g_2 | ...]), W_q^T) + sum_i s_i (g_i B_i) A_i
+
+    Inputs: x, q, scales, b, then A_1, B_1, ...; `blocks` ((lo, hi, s), ...), `splits` (sizes) or None. The factors
+    are in the compute dtype `dtype`, as x. Saved: x and the (N, sum r) x A_i^T when a factor trains, the fp8 weight
+    when x needs its gradient. No double backward."""
+
+    @staticmethod
+    def forward(ctx, x, q, scales, b, dtype, blocks, splits, *factors):
+        a = x.array.reshape(-1, x.shape[-1])
+        qx, sx = _T.quantize_per_tensor(a)
+        bias = _as(b.array, dtype) if b is not None else None
+        y = _S.scaled_mm(qx, q.array, sx, scales.array, bias=bias, out_dtype=dtype, fast_accum=FAST_ACCUM_FORWARD)
+        h = low_rank_forward(a, y, [f.array for f in factors], blocks)
+        need = ctx.needs_input_grad
+        train = any(need[7:])
+        ctx.save_for_backward(x if train else None, q if need[0] else None, scales if need[0] else None, *factors)
+        ctx.h = h if train else None
+        ctx.blocks, ctx.splits, ctx.x_shape, ctx.dtype = blocks, splits, tuple(x.shape), np.dtype(dtype)
+        return output_parts(y, x.shape[:-1], splits)
+
+    @staticmethod
+    def backward(ctx, *gs):
+        if is_grad_enabled():
+            raise RuntimeError("fp8 compute: double backward (create_graph=True) is not supported")
+        x, q, scales, *factors = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dt = ctx.dtype
+        parts, n_out = gradient_parts(gs, ctx.splits)
+        parts = [(lo, gd if gd.dtype == dt else gd.astype(dt)) for lo, gd in parts]   # e.g. float64 from a test
+        rows = int(np.prod(ctx.x_shape[:-1]))
+        dx = None
+        if need[0]:
+            xp = backend.xp_of(q.array)
+            if parts:
+                cols, lo = [], 0
+                for p0, gd in parts:                 # the output gradient's column blocks, zeros where none came
+                    if p0 > lo:
+                        cols.append(xp.zeros((rows, p0 - lo), dtype=dt))
+                    cols.append(gd)
+                    lo = p0 + gd.shape[1]
+                if lo < n_out:
+                    cols.append(xp.zeros((rows, n_out - lo), dtype=dt))
+                from .fp8 import transposed_into_scratch
+                qg, sg = _T.quantize_parts_per_tensor(cols)
+                dx = _S.scaled_mm(qg, transposed_into_scratch(q.array), sg, scales.array, out_dtype=dt)
+            else:
+                dx = xp.zeros((rows, ctx.x_shape[-1]), dtype=dt)
+        xd = None if x is None else x.array.reshape(-1, x.shape[-1])
+        grads = low_rank_backward(parts, xd, dx, [f.array for f in factors], ctx.blocks, ctx.h, need[7:])
+        dbias = None
+        if need[3]:
+            dbias = as_tensor(bias_grad(parts, n_out, dt, backend.xp_of(q.array)))
+        dx = as_tensor(dx.reshape(ctx.x_shape)) if need[0] else None
+        return (dx, None, None, dbias, None, None, None, *(None if g is None else as_tensor(g) for g in grads))
+
+
+def fp8_linear_low_rank(input, q, scales, bias, dtype, factors, splits=None):
+    """The fp8-compute Linear (q e4m3 (out, in), scales its per-tensor scale) with low-rank updates `factors`
+    [(A, B, lo, hi, scale)] and / or `splits`, as Float8ComputeLowRank; input and bias in the compute dtype `dtype`
+    (the caller's checks), the factors cast to it under autocast (as linear_low_rank), else of that dtype."""
+    ab = [t for f in factors for t in f[:2]]
+    if _amp.active and ab:
+        ab = list(_amp.cast_inputs("lower", *ab))
+    blocks, splits = low_rank_blocks("fp8 linear", factors, ab, tuple(q.shape), splits)
+    if any(t.dtype.np != np.dtype(dtype) for t in ab):
+        raise DTypeError(f"fp8 linear: the low-rank factors must have the compute dtype {np.dtype(dtype)}, got "
+                         f"{sorted({str(t.dtype) for t in ab})} (cast them, or use flame.amp.autocast)")
+    return Float8ComputeLowRank.apply(input, q, scales, bias, np.dtype(dtype), blocks, splits, *ab)
