@@ -4,7 +4,6 @@ from collections import namedtuple
 import flame_core as flame
 import flame_nn
 import flame_nn.functional as F
-from flame_core.ops.linear import linear_cat2
 from flame_nn.empty_init import new_parameter
 
 from ..blocks.layers import LastLayer, modulation_chunks, timestep_embedding  # noqa: F401
@@ -216,10 +215,7 @@ class SingleStreamBlock(flame_nn.Module):
         attn = ops.attention(q, k, v, pe, mask)                                       # (B, L, H)
         del q, k, v
         mlp = F.gelu(mlp, approximate="tanh")                # read in place from linear1's output, (B, L, M)
-        if type(self.linear2) is flame_nn.Linear:            # linear2(cat(attn, mlp)) without the concatenation
-            out = linear_cat2(attn, mlp, self.linear2.weight, self.linear2.bias)
-        else:                                                # an adapter wraps linear2: through the module
-            out = self.linear2(flame.cat((attn, mlp), dim=2))
+        out = self.linear2.forward_cat2(attn, mlp)          # without the concatenation where linear2 has a fused form
         return ops.gated_residual(x, mod.gate, out)
 
 

@@ -2,7 +2,7 @@
 import math
 
 import flame_core as flame
-from flame_core.ops.linear import linear_low_rank
+from flame_core.ops.linear import linear_cat2, linear_low_rank
 
 from .. import functional as F
 from .. import init
@@ -47,6 +47,20 @@ class Linear(Module):
         forward."""
         out = self.fused_low_rank(input, [], split_sizes)
         return out if out is not None else self(input).split(list(split_sizes), dim=-1)
+
+    def forward_cat2(self, a, b):
+        """self(cat((a, b), -1)) without building the concatenation where the layer has a fused form (a plain Linear:
+        flame_core.ops.linear.linear_cat2; an fp8-compute Linear: flame_nn.offload.fp8_compute), else through the
+        layer's own forward (adapted, streamed...)."""
+        out = self.fused_cat2(a, b)
+        return out if out is not None else self(flame.cat((a, b), dim=-1))
+
+    def fused_cat2(self, a, b):
+        """forward_cat2's fused node, or None where this layer's class has none (any subclass with its own forward,
+        adapted layers included: their adapters need the joined input)."""
+        if type(self) is Linear and self.weight.dtype in FUSED_DTYPES:
+            return linear_cat2(a, b, self.weight, self.bias)
+        return None
 
     def fused_low_rank(self, input, factors, splits=None):
         """This layer's product with low-rank updates of output-row blocks (`factors` [(A, B, lo, hi, scale)]) and /

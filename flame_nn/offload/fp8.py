@@ -211,6 +211,24 @@ class Float8LinearMixin:
             return None
         return FC.fp8_linear_low_rank(input, self.weight, self.weight_scale, bias, dt.np, factors, splits)
 
+    def fused_cat2(self, a, b):
+        """Linear.fused_cat2 for fp8 compute (fp8_compute.Float8ComputeCat2, when fp8_compute.FUSED and the layer is
+        not adapted), else None (forward_cat2 then runs forward on the concatenation, with its checks)."""
+        from ..adapters.layer import AdaptedMixin
+        from . import fp8_compute as FC
+        if not (self.fp8_compute and FC.FUSED) or isinstance(self, AdaptedMixin):
+            return None
+        dt, bias = self.compute_dtype, self.bias
+        if _amp.active:
+            dev = "cuda" if a.is_cuda else "cpu"
+            if _amp.is_autocast_enabled(dev):
+                dt = _amp.get_autocast_dtype(dev)
+                a, b, bias = _amp.cast_inputs("lower", a, b, bias)
+        if dt.name not in _FP8_COMPUTE_DTYPES or a.dtype != dt or b.dtype != dt or (bias is not None
+                                                                                  and bias.dtype != dt):
+            return None
+        return FC.fp8_linear_cat2(a, b, self.weight, self.weight_scale, bias, dt.np)
+
     def extra_repr(self):
         if self.fp8_compute:
             return super().extra_repr() + ", weight=float8_e4m3fn (per-tensor scale), fp8 compute"

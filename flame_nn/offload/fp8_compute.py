@@ -26,8 +26,11 @@ fp8_tensor.quantize_parts_per_tensor: the same bits as quantising their concaten
 GEMM and not dX = sum_p scaled_mm(e4m3(g_p), W_p^T) accumulated: the per-part GEMMs (K = 3072 x 3 + 12288 on linear1)
 run below the whole one's rate, each after the first reads and writes dX again, and each part needs its own weight
 slice transposed; the one-GEMM form only needs the parts quantised side by side, which costs what quantising any
-gradient of that size costs. The unfused path (FUSED False) splits / adds through the autograd graph: the Split
-node's backward concatenates the parts' gradients (a bf16 copy of the whole output gradient) before quantising it.
+gradient of that size costs. `Linear.forward_cat2` (Flux's single-block linear2 over attention | MLP) likewise,
+Float8ComputeCat2: the two inputs quantised side by side into one e4m3 operand (no bf16 concatenation) and their
+gradients from two GEMMs on W^T's row blocks (contiguous, no split of a joined gradient). The unfused path (FUSED
+False) splits / adds / concatenates through the autograd graph: e.g. the Split node's backward concatenates the
+parts' gradients (a bf16 copy of the whole output gradient) before quantising it.
 
 Weight scales: cuBLASLt on Hopper takes one scale per operand (CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER), so an fp8
 compute layer holds a per-tensor scale -- stored, as fp8 storage always is, as the `weight_scale` row vector, every
@@ -44,7 +47,7 @@ from flame_core import as_tensor, backend
 from flame_core.amp import autocast_mode as _amp
 from flame_core.autograd import Function
 from flame_core.autograd.grad_mode import is_grad_enabled
-from flame_core.errors import DTypeError
+from flame_core.errors import DTypeError, ShapeError
 from flame_core.kernels import fp8_tensor as _T
 from flame_core.kernels import scaled_mm as _S
 from flame_core.ops.linear import (
@@ -170,3 +173,51 @@ def fp8_linear_low_rank(input, q, scales, bias, dtype, factors, splits=None):
         raise DTypeError(f"fp8 linear: the low-rank factors must have the compute dtype {np.dtype(dtype)}, got "
                          f"{sorted({str(t.dtype) for t in ab})} (cast them, or use flame.amp.autocast)")
     return Float8ComputeLowRank.apply(input, q, scales, bias, np.dtype(dtype), blocks, splits, *ab)
+
+
+class Float8ComputeCat2(Function):
+    """Float8ComputeLinear of cat((a, b), -1) without the bf16 concatenation (Flux's single-block linear2 over
+    attention | MLP): a and b quantised side by side into one e4m3 operand with one amax (the same bits as
+    quantising the concatenation), one fp8 GEMM; backward: the output gradient quantised once and two fp8 GEMMs on
+    the row blocks of W^T, so da and db come out as separate contiguous arrays (no split of a joined gradient)."""
+
+    @staticmethod
+    def forward(ctx, a, b, q, scales, bias, dtype):
+        a2, b2 = a.array.reshape(-1, a.shape[-1]), b.array.reshape(-1, b.shape[-1])
+        qx, sx = _T.quantize_parts_per_tensor([a2, b2])
+        y = _S.scaled_mm(qx, q.array, sx, scales.array, bias=None if bias is None else _as(bias.array, dtype),
+                         out_dtype=dtype, fast_accum=FAST_ACCUM_FORWARD)
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+            ctx.save_for_backward(q, scales)
+        ctx.shapes, ctx.dtype = (tuple(a.shape), tuple(b.shape)), np.dtype(dtype)
+        return as_tensor(y.reshape(tuple(a.shape[:-1]) + (q.shape[0],)))
+
+    @staticmethod
+    def backward(ctx, g):
+        na, nb, _, _, nbias, _ = ctx.needs_input_grad
+        (sa, sb), dt = ctx.shapes, ctx.dtype
+        g2 = g.reshape(-1, g.shape[-1])
+        da = db = dbias = None
+        if na or nb:
+            from .fp8 import transposed_into_scratch
+            q, scales = ctx.saved_tensors
+            ga = g2.array if g2.array.dtype.itemsize <= 4 else g2.array.astype(dt)   # float64: no kernel
+            qg, sg = _T.quantize_per_tensor(ga)
+            wt = transposed_into_scratch(q.array)          # (in, out); both GEMMs enqueued before its next use
+            ha = sa[-1]
+            if na:
+                da = as_tensor(_S.scaled_mm(qg, wt[:ha], sg, scales.array, out_dtype=dt).reshape(sa))
+            if nb:
+                db = as_tensor(_S.scaled_mm(qg, wt[ha:], sg, scales.array, out_dtype=dt).reshape(sb))
+        if nbias:
+            dbias = g2.sum(0)
+        return da, db, None, None, dbias, None
+
+
+def fp8_linear_cat2(a, b, q, scales, bias, dtype):
+    """The fp8-compute Linear (q e4m3 (out, in), scales its per-tensor scale) of cat((a, b), -1), as
+    Float8ComputeCat2; a, b and bias in the compute dtype `dtype` (the caller's checks)."""
+    if a.shape[:-1] != b.shape[:-1] or a.shape[-1] + b.shape[-1] != q.shape[1]:
+        raise ShapeError(f"fp8 linear_cat2: inputs {tuple(a.shape)} and {tuple(b.shape)} do not fit a weight of "
+                         f"shape {tuple(q.shape)}")
+    return Float8ComputeCat2.apply(a, b, q, scales, bias, np.dtype(dtype))

@@ -266,7 +266,7 @@ def test_fused_against_float64_of_the_quantised_operands(geometry):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16])
 @pytest.mark.parametrize("widths", [(16, 16, 16, 48), (24, 8), (5, 11, 3), (32,)])
-@pytest.mark.parametrize("kernel", [False, True])
+@pytest.mark.parametrize("kernel", [False, True], ids=["gather", "parts_kernel"])
 def test_quantize_parts_equals_quantizing_the_concatenation(device, rng, dtype, widths, kernel, monkeypatch):
     monkeypatch.setattr(T, "PARTS_KERNEL", kernel)
     xp = backend.xp_of(flame.zeros(1, device=device).array)
@@ -318,3 +318,70 @@ def test_tiny_flux_lora_step_fused_equals_unfused(device, amp):
     assert len(g_f) == len(g_u) > 0
     cos = [float((a * b).sum() / np.linalg.norm(a) / np.linalg.norm(b)) for a, b in zip(g_f, g_u)]
     assert min(cos) > cos_min, cos
+
+
+def _run_cat2(lin, a, b, fused, bias_grad=False, amp=False):
+    FC.FUSED = fused
+    if lin.bias is not None:
+        lin.bias.grad = None
+        lin.bias.requires_grad_(bias_grad)
+    a = a.detach().requires_grad_(True)
+    b = b.detach().requires_grad_(True)
+    try:
+        with autocast(flame.device(a.device).type, dtype=flame.bfloat16, enabled=amp):
+            y = lin.forward_cat2(a, b)
+    finally:
+        FC.FUSED = True
+    r = flame.tensor(np.random.default_rng(3).standard_normal(tuple(y.shape)), dtype=y.dtype, device=y.device)
+    (y.float() * r.float()).sum().backward()
+    db = npy(lin.bias.grad).astype(np.float64) if bias_grad else None
+    return (npy(y).astype(np.float64), npy(a.grad).astype(np.float64), npy(b.grad).astype(np.float64), db,
+            y.grad_fn.name())
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("amp", [False, True])
+def test_forward_cat2_equals_unfused(device, rng, bias, amp):
+    """linear2(cat(attn, mlp)) of an fp8-compute layer: the inputs quantised side by side with one amax (the same
+    bits as quantising the concatenation), the input gradients from two GEMMs on W^T's row blocks: the unfused
+    node's numbers (cpu: bit for bit; cuda: each GEMM may take another algorithm, so to the accumulation)."""
+    lin = _fp8_layer(device, 48 + 80, 32, bias, flame.float32)
+    a = flame.tensor(rng.standard_normal((2, 5, 48)), dtype=flame.float32, device=device)
+    b = flame.tensor(3 * rng.standard_normal((2, 5, 80)), dtype=flame.float32, device=device)
+    fused = _run_cat2(lin, a, b, True, bias, amp)
+    unfused = _run_cat2(lin, a, b, False, bias, amp)
+    assert fused[-1] == "Float8ComputeCat2Backward" and unfused[-1] != fused[-1]
+    tol = dict(rtol=2e-2, atol=2e-2) if _cuda(device) and amp else dict(rtol=1e-5, atol=1e-5)
+    for x, y in zip(fused[:3], unfused[:3]):
+        if _cuda(device):
+            np.testing.assert_allclose(x, y, **tol)
+        else:
+            np.testing.assert_array_equal(x, y)
+    if bias:
+        np.testing.assert_allclose(fused[3], unfused[3], rtol=1e-5, atol=1e-5)
+
+
+def test_forward_cat2_against_float64_and_its_fallbacks(device, rng):
+    lin = _fp8_layer(device, 32 + 16, 24, True, flame.float32)
+    a = flame.tensor(rng.standard_normal((7, 32)), dtype=flame.float32, device=device)
+    b = flame.tensor(rng.standard_normal((7, 16)), dtype=flame.float32, device=device)
+    y, da, db, _, kind = _run_cat2(lin, a, b, True)
+    assert kind == "Float8ComputeCat2Backward"
+    w = _e4m3(lin.weight.array) * float(npy(lin.weight_scale)[0])
+    xq = _quantised(np.concatenate([npy(a), npy(b)], axis=1).astype(np.float32))
+    want = xq @ w.T + npy(lin.bias)
+    acc = 2.0 ** -8 if _cuda(device) else 1e-5
+    assert np.all(np.abs(y - want) <= 1e-6 * np.abs(want) + acc * (np.abs(xq) @ np.abs(w).T) + 1e-6)
+    r = np.random.default_rng(3).standard_normal((7, 24)).astype(np.float32)
+    gq = _quantised(r)
+    dx = gq @ w
+    acc = 2.0 ** -12 if _cuda(device) else 1e-5
+    got = np.concatenate([da, db], axis=1)
+    assert np.all(np.abs(got - dx) <= 1e-6 * np.abs(dx) + acc * (np.abs(gq) @ np.abs(w)) + 1e-6)
+    with pytest.raises(ShapeError, match="do not fit"):
+        FC.fp8_linear_cat2(a, b[:, :8], lin.weight, lin.weight_scale, None, np.float32)
+    # an adapted linear2 runs its adapters on the concatenation (no fused form)
+    A.adapt(lin)
+    lin.add_adapter("default", A.LoRA(48, 24, rank=2, dtype=flame.float32, device=device))
+    assert lin.fused_cat2(a, b) is None
+    assert lin.forward_cat2(a, b).grad_fn is not None
