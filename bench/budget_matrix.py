@@ -196,7 +196,7 @@ def _esc(s):
 
 def svg(rows, width=720, height=420):
     """Step time (ms, the matrix's cells) against budget (GiB, the budgets in order, 'none' last): a polyline per
-    family and storage (fp8 solid, bf16 dashed), a marker per measured point."""
+    family and storage (fp8 solid, bf16 and fp8c dashed), a marker per measured point."""
     pick = _chosen(with_hidden(rows))
     series = {}
     for (fam, st, b), r in pick.items():

@@ -1,6 +1,7 @@
 """Budget matrix: a family's LoRA training step at 1024² under a list of GPU memory budgets (auto_fit plans each:
 resident / streamed blocks, activation offload, fp8 outside the blocks) and unconstrained (every block resident), in
-bf16 and fp8 storage of the frozen weights -- each run in a subprocess of its own, so every peak is that run's.
+bf16 and fp8 storage of the frozen weights, and fp8c (fp8 storage whose matmuls run on the e4m3 tensor cores:
+train.fp8_compute) -- each run in a subprocess of its own, so every peak is that run's.
 
 Per run: step ms (CUDA events, median of --repeats after --warmup; with --graph also forward + backward replayed as
 a CUDA graph), the driver-observed device peak (cudaMemGetInfo sampled every ~1 ms during the timed steps, as
@@ -12,8 +13,8 @@ Families: flux (Flux-dev; bench/streaming.py's step: LoRA r16 on attention, Adam
 checkpointing; eager, and with --graph also the graphed step); sd3.5-large and sdxl through FLAME's trainer (random
 weights of the preset drawn block by block, synthetic 1024² latents with 333 / 77 text tokens, LoRA r16 on
 attention, --optimizer (the trainer's default adamw8bit), bf16, checkpointing, max_gpu_memory = the budget,
-model.quantize for fp8; the trainer's own step: graphed with --graph, else eager; the copy time of a trainer run is
-estimated from its bytes at H2D_GBPS). --offload auto,off runs each budget both ways (auto: as auto_fit plans; on /
+model.quantize for fp8 (and train.fp8_compute for fp8c); the trainer's own step: graphed with --graph, else eager;
+the copy time of a trainer run is estimated from its bytes at H2D_GBPS). --offload auto,off runs each budget both ways (auto: as auto_fit plans; on /
 off: forced).
 
 The matrix fills over several GPU calls: each call's runs are MERGED into --matrix (default
@@ -22,7 +23,7 @@ and SVG plot (bench/budget_matrix.py) to --matrix-out (default $OUT, else docs/)
 docs/ to keep them. --render-only re-renders a matrix file with no run (no GPU needed).
 
 Run: PYTHONPATH=$PWD python3 bench/budgets.py [--families flux,sd3.5-large,sdxl] [--budgets 4,6,8,12,16,24,none]
-        [--storages bf16,fp8] [--offload auto[,on,off]] [--graph] [--repeats 5] [--warmup 2] [--matrix PATH]
+        [--storages bf16,fp8,fp8c] [--offload auto[,on,off]] [--graph] [--repeats 5] [--warmup 2] [--matrix PATH]
         [--matrix-out DIR] [--render-only]
 """
 import argparse
@@ -42,7 +43,7 @@ TRAINER_FAMILIES = {"sd3.5-large": dict(arch="sd3", size="sd3.5-large", small="s
                     "sdxl": dict(arch="sdxl", size="sdxl-base", small="sdxl-tiny", text=77)}
 FAMILIES = ("flux",) + tuple(TRAINER_FAMILIES)
 H2D_GBPS = 54.6  # pinned host->device copies in a Flux-dev streamed step on the H200 (budgets.py, 4 GiB fp8)
-STORAGES = ("bf16", "fp8")
+STORAGES = ("bf16", "fp8", "fp8c")
 OFFLOAD = {"auto": None, "on": True, "off": False}
 DEFAULT_BUDGETS = "4,6,8,12,16,24,none"
 
@@ -62,7 +63,8 @@ def parse_args(argv=None):
                                                        "(default: $OUT, else the --matrix file's folder)")
     ap.add_argument("--render-only", action="store_true", help="render --matrix into --matrix-out, run nothing")
     ap.add_argument("--budgets", default=DEFAULT_BUDGETS, help="GiB, comma-separated; 'none': unconstrained")
-    ap.add_argument("--storages", default="bf16,fp8", help="bf16, fp8 or both")
+    ap.add_argument("--storages", default="bf16,fp8",
+                    help="comma-separated, of: bf16, fp8 (storage), fp8c (fp8 storage and fp8 compute)")
     ap.add_argument("--offload", default="auto", help="activation offload, comma-separated modes of auto (as the "
                                                       "budget needs), on, off; each budget runs once per mode")
     ap.add_argument("--size", type=int, default=1024)
@@ -132,13 +134,13 @@ def trainer_run(res, spec):
     dtype = "bf16" if cuda else "fp32"  # (the cpu smoke run: fp32 numbers)
     train = {"steps": 10 ** 6, "batch_size": 1, "lr": 1e-4, "optimizer": spec.get("optimizer", "adamw8bit"),
              "dtype": dtype, "gradient_checkpointing": True, "disable_sampling": True,
-             "cuda_graph": bool(spec["graph"])}
+             "cuda_graph": bool(spec["graph"]), "fp8_compute": spec["storage"] == "fp8c"}
     if budget is not None:
         train["offload_activations"] = OFFLOAD[spec["offload"]]
     with tempfile.TemporaryDirectory() as tmp:
         d = {"name": "budget", "training_folder": tmp, "device": spec.get("device", "cuda"),
              "model": {"arch": fam["arch"], "size": fam["small"] if spec["small"] else fam["size"],
-                       "quantize": spec["storage"] == "fp8", "dtype": dtype},
+                       "quantize": spec["storage"] in ("fp8", "fp8c"), "dtype": dtype},
              "synthetic": {"num_samples": 4, "height": spec["size"], "width": spec["size"], "text_length": fam["text"]},
              "network": {"type": "lora", "linear": 4 if spec["small"] else 16, "linear_alpha": 4 if spec["small"]
                          else 16, "target": "attention"},

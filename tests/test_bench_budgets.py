@@ -130,3 +130,16 @@ def test_the_trainer_families_run_and_fill_the_matrix_on_tiny_presets(tmp_path):
         assert row["error"] is None and row["step_ms"] > 0 and row["resident"] > 0, row
         assert row["host_peak_rss_GiB"] > 0 and row["host_blocks_GiB"] is not None
     assert "| sdxl | fp8 |" in (tmp_path / "budget_matrix.md").read_text()
+
+
+def test_the_trainer_families_take_fp8_compute_as_storage_fp8c(tmp_path):
+    """--storages fp8c: fp8 block storage with the blocks' matmuls on the e4m3 tensor cores (train.fp8_compute); the
+    tiny presets on the cpu run it through the trainer and the row says fp8c."""
+    matrix = tmp_path / "budget_matrix.json"
+    r = cli("--families", "sd3.5-large", "--small", "--device", "cpu", "--size", "64", "--budgets", "1",
+            "--storages", "fp8c", "--repeats", "1", "--warmup", "1", "--matrix", str(matrix),
+            "--matrix-out", str(tmp_path), out=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    row = {budget_matrix.key_of(x): x for x in budget_matrix.load(str(matrix))}[("sd3.5-large", "fp8c", 1, "auto")]
+    assert row["error"] is None and row["step_ms"] > 0, row
+    assert "| sd3.5-large | fp8c |" in (tmp_path / "budget_matrix.md").read_text()
