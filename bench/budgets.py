@@ -14,8 +14,8 @@ checkpointing; eager, and with --graph also the graphed step); sd3.5-large and s
 weights of the preset drawn block by block, synthetic 1024² latents with 333 / 77 text tokens, LoRA r16 on
 attention, --optimizer (the trainer's default adamw8bit), bf16, checkpointing, max_gpu_memory = the budget,
 model.quantize for fp8 (and train.fp8_compute for fp8c); the trainer's own step: graphed with --graph, else eager;
-the copy time of a trainer run is estimated from its bytes at H2D_GBPS). --offload auto,off runs each budget both ways (auto: as auto_fit plans; on /
-off: forced).
+the copy time of a trainer run is estimated from its bytes at H2D_GBPS). --offload auto,off runs each budget both
+ways (auto: as auto_fit plans; on / off: forced).
 
 The matrix fills over several GPU calls: each call's runs are MERGED into --matrix (default
 docs/budget_matrix.json; a run replaces the row of its key), and the merged rows are written with their markdown page
