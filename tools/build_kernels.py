@@ -74,9 +74,8 @@ def _extra_expressions():
             add("flash_attention_bwd", f"flash_attn_bwd<{{T}}, {D}, {BM}, {BN}, {NW}, {WMS}, {WNKV}, {WMQ}, {kind}, "
                                        f"{OPT}>", half)
         for D, (BN, NWG, ST) in sorted(AT.FWD_SM90_TILES.items()):
-            # the schedule switches either way: plain, ping-pong (SM90_FWD_PINGPONG), overlap (SM90_FWD_OVERLAP)
-            for pp, ov in ((0, 0), (1, 0), (0, 1)) if NWG == 2 else ((0, 0), (0, 1)):
-                add("flash_attention_fwd_sm90", AT.sm90_fwd_expression(D, BN, NWG, ST, kind, pp, ov), half, 90)
+            for pp in (0, 1) if NWG == 2 else (0,):  # the ping-pong switch (SM90_FWD_PINGPONG) either way
+                add("flash_attention_fwd_sm90", AT.sm90_fwd_expression(D, BN, NWG, ST, kind, pp), half, 90)
         for D, (NWG, ST, BM) in sorted(AT.BWD_SM90_TILES.items()):
             dqbs = {0} | ({1} if AT.SM90_BWD_BULK_DQ and (D if BM == 128 else D // NWG) == 64 else set())
             for dqb in sorted(dqbs):

@@ -76,24 +76,41 @@ def _load_fast_binary():
 _refs = _sys.getrefcount
 
 
-def _sole_holder(g):
-    """Whether gradient tensor `g` is the only holder of its memory, so that a leaf's .grad may keep it without a
-    copy (PyTorch's AccumulateGrad steals a gradient whose use count is 1). Counted references: g is held by the
-    engine's slot list, _accumulate_leaf's argument, this function's argument and getrefcount's; its array by g and
-    the local name and getrefcount's argument; a view's base array by the view alone (plus the same two). Any other
-    holder - a second leaf handed the same gradient (Add), a Function that kept it, the caller's own grad_tensors, a
-    view of it elsewhere - makes the count higher and the gradient is copied."""
-    if _refs(g) > 4 or g._base is not None:
-        return False
+def _owns_memory(g, base=None):
+    """Whether nothing but gradient tensor `g` (and, for a view g of the tensor `base`, base) holds g's memory: its
+    array is held by g alone (g._data, the local name, getrefcount's argument) and C-contiguous; the array owning
+    the memory (NumPy and CuPy collapse view chains to it) by that array alone, or also by base's array (base._data
+    itself, or a view of it that base alone holds). Foreign memory (a buffer, mmap, DLPack) never counts as owned.
+    The callers count the references to g and base themselves."""
     a = g._data
     if _refs(a) > 3 or not a.flags.c_contiguous:
         return False
     b = a.base
     if b is None:
-        return True
-    if type(b) is not type(a) or b.base is not None:  # foreign memory (a buffer, mmap, DLPack): never kept
+        return base is None
+    if type(b) is not type(a) or b.base is not None:
         return False
-    return _refs(b) <= 3  # a.base, the name b, getrefcount's argument
+    held = 3  # a.base, the name b, getrefcount's argument
+    if base is not None:
+        bd = base._data
+        if bd is b:
+            held = 5  # + base._data and the name bd
+        elif bd.base is b and _refs(bd) <= 3:  # base._data, the name bd, getrefcount's
+            held = 4  # + bd.base
+        else:
+            return False
+    return _refs(b) <= held
+
+
+def _sole_holder(g):
+    """Whether gradient tensor `g` is the only holder of its memory, so that a leaf's .grad may keep it without a
+    copy (PyTorch's AccumulateGrad steals a gradient whose use count is 1). Counted references to g: the engine's
+    slot list, _accumulate_leaf's argument, this function's argument and getrefcount's; its memory as
+    _owns_memory counts it. Any other holder - a second leaf handed the same gradient (Add), a Function that kept
+    it, the caller's own grad_tensors, a view of it elsewhere - makes the count higher and the gradient is copied."""
+    if _refs(g) > 4 or g._base is not None:
+        return False
+    return _owns_memory(g)
 
 
 def grad_is_exclusive(node, g, frames=1):
@@ -103,7 +120,7 @@ def grad_is_exclusive(node, g, frames=1):
     backward saves a new buffer of the gradient's size at the moment memory peaks in backward). Counted references
     to g: the engine's gradient list, the backward's argument, the `frames` arguments and getrefcount's (and the
     engine's note of a sum it made itself, which it holds alone). g may be a view (a Linear's input gradient is the
-    GEMM's 2-D result reshaped) of a base tensor that only g holds; its array chain is counted as in _sole_holder.
+    GEMM's 2-D result reshaped) of a base tensor that only g holds; the memory is counted by _owns_memory.
     Anything else -- the same gradient sent to two inputs (Add), a hook or retain_grad that kept it, the caller's
     grad_tensors, another view of it -- makes a count higher and the answer False; so does create_graph (the
     gradient is part of a graph then)."""
@@ -115,24 +132,7 @@ def grad_is_exclusive(node, g, frames=1):
     base = g._base
     if base is not None and (base._base is not None or _refs(base) > 3):  # g._base, the name, getrefcount's
         return False
-    a = g._data
-    if _refs(a) > 3 or not a.flags.c_contiguous:
-        return False
-    b = a.base  # the array that owns a's memory (NumPy and CuPy collapse view chains to it)
-    if b is None:
-        return base is None
-    if type(b) is not type(a) or b.base is not None:  # foreign memory (a buffer, mmap, DLPack): never written
-        return False
-    held = 3  # a.base, the name b, getrefcount's
-    if base is not None:  # and the base tensor's array: b itself, or a view of b held by the base tensor alone
-        bd = base._data
-        if bd is b:
-            held = 5  # + base._data and the name bd
-        elif bd.base is b and _refs(bd) <= 3:  # base._data, the name bd, getrefcount's
-            held = 4  # + bd.base
-        else:
-            return False
-    return _refs(b) <= held
+    return _owns_memory(g, base)
 
 
 def _accumulate_leaf(leaf, g, create_graph, owned):

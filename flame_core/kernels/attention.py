@@ -20,7 +20,7 @@ import threading
 import numpy as np
 
 from .. import backend
-from ..errors import DTypeError, FlameError, ShapeError, fmt_shape
+from ..errors import DTypeError, ShapeError, fmt_shape
 from . import gemm as _gemm
 from . import launching as KL
 from . import loader as L
@@ -48,12 +48,8 @@ SM90_FWD = True
 # 0.520 vs 0.492, SDXL self 0.248 vs 0.236 -- without intra-warpgroup overlap each warpgroup's softmax is shorter
 # than the other's two products, so the forced alternation only adds barrier waits. True: for A/B.
 SM90_FWD_PINGPONG = False
-# FA3's intra-warpgroup overlap in the sm90 forward (OV = 1 in the kernel): each warpgroup issues S of a key tile and
-# P V of the previous one back to back and runs the softmax while P V is on the tensor cores (a tile that reads the
-# mask element by element waits for P V first). Off until the H200 has timed it (A/B: the outputs agree within fp32
-# rounding; the rescale of O moves from after to before each P V). Not with SM90_FWD_PINGPONG: one schedule or the
-# other.
-SM90_FWD_OVERLAP = False
+# FA3's intra-warpgroup overlap (S of the next key tile issued before this tile's softmax and P V) was built and timed
+# on the H200 (commit 1b5d93b, BENCHMARKS "Flash attention"): bit-equal but 1.6-5.4% slower on every shape; removed.
 SMALL_LK = 128  # at most this many keys (one key block, e.g. SDXL's 77 text tokens) the forward runs the sm_80
 # kernel's small tiles: 4 CTAs per SM beat the Hopper kernel's one (GPU time 0.019 vs 0.024 ms at SDXL cross, H100)
 # Hopper backward, cuda_src/flash_attention_bwd_sm90.cu: (consumer warpgroups, stages, BM) per padded head dim; a
@@ -272,19 +268,10 @@ def _kernel(stem, expr, dtype, shared_mem=0):
     return fn
 
 
-def sm90_fwd_schedule():
-    """(pp, ov): the sm90 forward's schedule flags from SM90_FWD_PINGPONG and SM90_FWD_OVERLAP (the ping-pong needs
-    two consumer warpgroups; the launch clears pp where there is one)."""
-    if SM90_FWD_PINGPONG and SM90_FWD_OVERLAP:
-        raise FlameError("flash attention: SM90_FWD_PINGPONG and SM90_FWD_OVERLAP are two schedules of the sm90 "
-                         "forward; turn one of them off")
-    return int(bool(SM90_FWD_PINGPONG)), int(bool(SM90_FWD_OVERLAP))
-
-
-def sm90_fwd_expression(D, BN, NWG, STAGES, kind, pp, ov):
+def sm90_fwd_expression(D, BN, NWG, STAGES, kind, pp):
     """The name expression of one sm90 forward instantiation (the launch and tools/build_kernels.py share it, so
     that every default one is prebuilt)."""
-    return f"flash_attn_fwd_sm90<{{T}}, {D}, {BN}, {NWG}, {STAGES}, {kind}, {pp}, {ov}>"
+    return f"flash_attn_fwd_sm90<{{T}}, {D}, {BN}, {NWG}, {STAGES}, {kind}, {pp}>"
 
 
 def _use_sm90(D, tiles, Lk=SMALL_LK + 1):
@@ -304,7 +291,7 @@ _F32 = np.dtype(np.float32)
 def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
     if mask is None:  # the repeated call: one dict lookup, two allocations, one packed launch
         key = (q.shape, q.strides, k.shape, k.strides, v.shape, v.strides, q.dtype, is_causal, scale,
-               q.data.device_id, SM90_FWD, SM90_FWD_PINGPONG, SM90_FWD_OVERLAP, tiles, threading.get_ident())
+               q.data.device_id, SM90_FWD, SM90_FWD_PINGPONG, tiles, threading.get_ident())
         plan = _fwd_plans.get(key)
         if plan is not None:
             qp, kp, vp = q.data.ptr, k.data.ptr, v.data.ptr
@@ -331,11 +318,10 @@ def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
         BN, NWG, STAGES = tiles or FWD_SM90_TILES[D]
         BM = 64 * NWG
         smem = 1024 + (BM + 2 * STAGES * BN) * D * 2
-        pp, ov = sm90_fwd_schedule()
-        pp &= NWG == 2
+        pp = int(SM90_FWD_PINGPONG and NWG == 2)
         if _keypad(kind, ms) and Lk <= KEYPAD_MAX_LK:
             kind = MASK_KEYPAD
-        fn = _kernel("flash_attention_fwd_sm90", sm90_fwd_expression(D, BN, NWG, STAGES, kind, pp, ov), q.dtype,
+        fn = _kernel("flash_attention_fwd_sm90", sm90_fwd_expression(D, BN, NWG, STAGES, kind, pp), q.dtype,
                      smem)
         block = ((NWG + 1) * 128, 1, 1)
     else:

@@ -15,7 +15,7 @@ from flame_core import backend
 from flame_core.autograd import gradcheck
 from flame_core.errors import DTypeError, FlameError, ShapeError
 from flame_core.kernels import attention as K
-from flame_core.kernels import launching, loader, prebuilt
+from flame_core.kernels import launching, loader
 from flame_core.ops.attention import scaled_dot_product_attention as sdpa
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -75,13 +75,6 @@ def make_mask(rng, kind, b, h, lq, lk):
         return m
     if kind == "float":
         return rng.standard_normal((1, h, lq, lk)) * 2.0
-    if kind == "bool-empty-rows":  # rows that attend nothing, and one whose only key is the last (the padded tail)
-        m = rng.random((b, 1, lq, lk)) > 0.3
-        m[..., 0] = True
-        m[..., [0, lq // 2, lq - 1], :] = False
-        m[..., 1, :] = False
-        m[..., 1, lk - 1] = True
-        return m
     raise ValueError(kind)
 
 
@@ -327,71 +320,6 @@ def test_a_key_padding_mask_runs_the_keypad_kernels_on_hopper(rng, monkeypatch, 
     o2, _ = K.flash_attention_forward(q, k, v, per_query)
     assert all(key[1].split(",")[5].strip() == "1" for key in K._functions if key[0] == "flash_attention_fwd_sm90")
     assert rel_err(o2, want_o) < REL_TOL["bfloat16"]
-
-
-# the sm90 forward's intra-warpgroup overlap (SM90_FWD_OVERLAP): every CASES shape the Hopper forward serves (head
-# dims up to 128), run on the sm90 kernel even where the default would pick the sm_80 one (Lk <= SMALL_LK: one key
-# block, the schedule's prologue and epilogue only), plus empty rows, odd and even key block counts, causal over many
-# blocks and a key-padding mask whose last block holds one key
-OVERLAP_CASES = [c for c in CASES if c[4] <= 128] + [
-    (1, 2, 140, 300, 64, "bool-empty-rows", False, "bhld"),
-    (1, 2, 333, 1100, 64, None, False, "bhld"),
-    (2, 1, 257, 1000, 128, None, True, "bhld"),
-    (1, 3, 130, 129, 128, "keypad", False, "bhld"),
-]
-_SM90_KIND = {None: "0", "bool": "1", "bool-empty-rows": "1", "float": "2", "keypad": "3", "keypad-text": "3"}
-
-
-def _sm90_fwd_ran(functions):
-    """The (mask kind, pp, ov) template arguments of the sm90 forward kernels in K._functions."""
-    return {tuple(a.strip() for a in key[1].rstrip(">").split(",")[5:]) for key in functions
-            if key[0] == "flash_attention_fwd_sm90"}
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dt", ["bfloat16", "float16"])
-@pytest.mark.parametrize("case", OVERLAP_CASES,
-                         ids=lambda c: "x".join(map(str, c[:5])) + f"-{c[5]}-{'causal' * c[6]}{c[7]}")
-def test_sm90_forward_overlap_against_float64(rng, monkeypatch, dt, case):
-    """The overlapped schedule against the float64 formula, and against the plain schedule (the same arithmetic in
-    the same order: equal up to fp32 contraction)."""
-    if not loader.arch_available("sm_90a"):
-        pytest.skip("the sm_90a forward needs a compute capability 9.0 GPU")
-    host, (q, k, v, _), mask, dmask, causal = _gpu_inputs(rng, case, np.dtype(BF16 if dt == "bfloat16" else dt))
-    tiles = K.FWD_SM90_TILES[K._tile_dim(-(-case[4] // 8) * 8)]
-    scale = case[4] ** -0.5
-    monkeypatch.setattr(K, "SM90_FWD_PINGPONG", False)
-    runs = {}
-    for ov in (1, 0):
-        monkeypatch.setattr(K, "SM90_FWD_OVERLAP", bool(ov))
-        monkeypatch.setattr(K, "_functions", {})
-        monkeypatch.setattr(K, "_fwd_plans", {})  # (a cached launch plan would skip the kernel lookup)
-        runs[ov] = K._kernel_forward(q, k, v, dmask, causal, scale, tiles=tiles)
-        assert _sm90_fwd_ran(K._functions) == {(_SM90_KIND[case[5]], "0", str(ov))}
-    (o, lse), (o0, lse0) = runs[1], runs[0]
-    want_o, want_lse = dense(*host[:3], mask, causal, scale)
-    assert o.dtype == q.dtype and o.shape == q.shape
-    assert rel_err(o, want_o) < REL_TOL[dt], f"o: {rel_err(o, want_o)}"
-    np.testing.assert_allclose(backend.to_numpy(lse), want_lse, rtol=2e-3, atol=2e-3)
-    empty = np.isinf(want_lse)  # rows that attend nothing: output 0, lse +inf
-    assert np.all(np.isinf(backend.to_numpy(lse)[empty])) and np.all(backend.to_numpy(o).astype(np.float32)[empty] == 0)
-    assert rel_err(o, backend.to_numpy(o0).astype(np.float64)) < 1e-3
-    np.testing.assert_allclose(backend.to_numpy(lse), backend.to_numpy(lse0), rtol=1e-6, atol=1e-6)
-    if prebuilt.manifest():  # the default tiles' overlap kernels are shipped: loading them compiles nothing
-        compiled = [e for stem, exprs in loader.nvrtc_log if stem == "flash_attention_fwd_sm90" for e in exprs]
-        assert not [e for e in compiled if e.endswith(", 0, 1>")], compiled
-
-
-def test_sm90_forward_schedules_are_exclusive(monkeypatch):
-    monkeypatch.setattr(K, "SM90_FWD_PINGPONG", False)
-    monkeypatch.setattr(K, "SM90_FWD_OVERLAP", True)
-    assert K.sm90_fwd_schedule() == (0, 1)
-    assert K.sm90_fwd_expression(128, 128, 2, 2, 3, 0, 1) == "flash_attn_fwd_sm90<{T}, 128, 128, 2, 2, 3, 0, 1>"
-    monkeypatch.setattr(K, "SM90_FWD_PINGPONG", True)
-    with pytest.raises(FlameError, match="SM90_FWD_PINGPONG and SM90_FWD_OVERLAP"):
-        K.sm90_fwd_schedule()
-    monkeypatch.setattr(K, "SM90_FWD_OVERLAP", False)
-    assert K.sm90_fwd_schedule() == (1, 0)
 
 
 @pytest.mark.gpu
