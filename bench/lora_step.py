@@ -14,6 +14,7 @@ the graph's private memory, where they share addresses with activations freed ea
 """
 import argparse
 import gc
+import json
 import os
 import sys
 
@@ -209,10 +210,8 @@ def trainer_whole_run(res, key, name, arch, size, budget_gib, steps=20, images=8
                                    "pool_peak_GiB": common.gib(st.get("peak_allocated"), 2),
                                    "driver_peak_GiB": common.gib(st.get("device_peak"), 2)}
                                   for st in result["stages"]])
-        import json
         with open(result["loss_json"]) as f:
-            rows = json.load(f)
-        rows = rows.get("rows", rows) if isinstance(rows, dict) else rows
+            rows = json.load(f)["rows"]  # the trainer's loss log: {"fields": [...], "rows": [...]}
         clock = [r["seconds"] for r in rows]
         per_step = [1e3 * (b - a) for a, b in zip(clock, clock[1:])]
         timed = per_step[2:-1]  # after the eager steps and the capture; the last row's step ends with the samples
