@@ -10,8 +10,8 @@ the GPU time alone of the forward and of forward+backward (a 1 GiB memset queued
 call before the first starts) and the host microseconds per call, FLAME and torch FA2.
 Run: PYTHONPATH=$PWD python3 bench/attention.py [--reps 25] [--only flux-1024,sdxl-cross]
      PYTHONPATH=$PWD python3 bench/attention.py --only flux-1024 --key-mask 129   (Chroma's masked T5 padding)
-     PYTHONPATH=$PWD python3 bench/attention.py --fwd-variants plain,pingpong   (the sm90 forward's schedules, A/B;
-     no torch needed: pingpong = SM90_FWD_PINGPONG)
+     PYTHONPATH=$PWD python3 bench/attention.py --fwd-variants plain,cpasync   (the sm90 forward's variants, A/B;
+     no torch needed: pingpong = SM90_FWD_PINGPONG, cpasync = SM90_FWD_TMA off)
 """
 import argparse
 import statistics
@@ -173,7 +173,9 @@ def measure_key_mask(res, torch, name, B, H, Lq, Lk, D, reps, inner, kept, text=
     torch.cuda.empty_cache()
 
 
-FWD_VARIANTS = {"plain": False, "pingpong": True}  # SM90_FWD_PINGPONG
+# the sm90 forward's variants: (SM90_FWD_PINGPONG, SM90_FWD_TMA) -- the schedule and how K / V are loaded
+FWD_VARIANTS = {"plain": (False, True), "pingpong": (True, True), "cpasync": (False, False),
+                "pingpong-cpasync": (True, False)}
 
 
 def measure_fwd_variants(res, name, B, H, Lq, Lk, D, reps, inner, variants, rounds=3):
@@ -187,19 +189,19 @@ def measure_fwd_variants(res, name, B, H, Lq, Lk, D, reps, inner, variants, roun
         res.log(name + "-fwd-variants", {"skipped": "this shape does not run the sm90 forward here"})
         return
     fwd, _, inputs = flame_fns(B, H, Lq, Lk, D)
-    saved = A.SM90_FWD_PINGPONG
+    saved = A.SM90_FWD_PINGPONG, A.SM90_FWD_TMA
     samples, gpu, outs = {v: [] for v in variants}, {v: [] for v in variants}, {}
     try:
         for r in range(rounds):
             for v in variants:
-                A.SM90_FWD_PINGPONG = FWD_VARIANTS[v]
+                A.SM90_FWD_PINGPONG, A.SM90_FWD_TMA = FWD_VARIANTS[v]
                 if r == 0:
                     o, lse = fwd()
                     outs[v] = (o.copy(), lse.copy())
                 samples[v] += common.cuda_ms(fwd, reps, 5, inner=inner)[2]
                 gpu[v] += common.cuda_ms(fwd, 5, 1, before=common.busy_gpu(), inner=inner)[2]
     finally:
-        A.SM90_FWD_PINGPONG = saved
+        A.SM90_FWD_PINGPONG, A.SM90_FWD_TMA = saved
     flops = 4.0 * B * H * Lq * Lk * D
     row = {"shape": (B, H, Lq, Lk, D), "flops": flops}
     o0, lse0 = outs[variants[0]]

@@ -304,6 +304,18 @@ __device__ __forceinline__ void mbar_arrive(unsigned addr) {
 __device__ __forceinline__ void mbar_cp_async_arrive(unsigned addr) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(addr) : "memory");
 }
+// One arrival on the barrier that also expects `bytes` of asynchronous (TMA) copies before the phase completes.
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned addr, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(addr), "r"(bytes) : "memory");
+}
+// A TMA load of the box at tensor coordinates (c0 innermost .. c3) of a 4-D tiled map (a __grid_constant__ parameter
+// or a pointer into one) into shared memory at dst; its bytes complete on the barrier at bar.
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const void* map, int c0, int c1, int c2, int c3,
+                                            unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
+                 "%4, %5}], [%6];\n" ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1),
+                 "r"(c2), "r"(c3), "r"(bar) : "memory");
+}
 // Makes shared memory written through the generic proxy (st.shared, cp.async) visible to wgmma's async proxy.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void named_bar_sync(int id, int count) {

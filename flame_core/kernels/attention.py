@@ -25,6 +25,7 @@ from . import gemm as _gemm
 from . import launching as KL
 from . import loader as L
 from . import plans as P
+from . import tma
 
 CHUNK_BYTES = 64 << 20  # bound on the scores (and their same-size temporaries) the reference holds at once
 LOG2E = 1.4426950408889634
@@ -48,6 +49,11 @@ SM90_FWD = True
 # 0.520 vs 0.492, SDXL self 0.248 vs 0.236 -- without intra-warpgroup overlap each warpgroup's softmax is shorter
 # than the other's two products, so the forced alternation only adds barrier waits. True: for A/B.
 SM90_FWD_PINGPONG = False
+# The sm90 forward's producer loads K and V by TMA (flash_attn_fwd_sm90_tma: one thread issues each tile's boxes from
+# 4-D tensor maps encoded per call) wherever TMA can describe their strides, else by cp.async from two warps. The
+# cp.async producer bounded the forward: H200, Flux 1024², 0.629 ms, or 0.464 with its copies left out (a probe, not
+# a result). False: cp.async everywhere (A/B).
+SM90_FWD_TMA = True
 # FA3's intra-warpgroup overlap (S of the next key tile issued before this tile's softmax and P V) was built and timed
 # on the H200 (commit 1b5d93b, BENCHMARKS "Flash attention"): bit-equal but 1.6-5.4% slower on every shape; removed.
 SMALL_LK = 128  # at most this many keys (one key block, e.g. SDXL's 77 text tokens) the forward runs the sm_80
@@ -268,10 +274,38 @@ def _kernel(stem, expr, dtype, shared_mem=0):
     return fn
 
 
-def sm90_fwd_expression(D, BN, NWG, STAGES, kind, pp):
+def sm90_fwd_expression(D, BN, NWG, STAGES, kind, pp, tma=False):
     """The name expression of one sm90 forward instantiation (the launch and tools/build_kernels.py share it, so
-    that every default one is prebuilt)."""
-    return f"flash_attn_fwd_sm90<{{T}}, {D}, {BN}, {NWG}, {STAGES}, {kind}, {pp}>"
+    that every default one is prebuilt); tma: the kernel whose producer loads by TMA."""
+    name = "flash_attn_fwd_sm90_tma" if tma else "flash_attn_fwd_sm90"
+    return f"{name}<{{T}}, {D}, {BN}, {NWG}, {STAGES}, {kind}, {pp}>"
+
+
+def _kv_maps(k, v, e_pad, BN):
+    """(the kernel's K / V tensor-map parameter, its two TiledMap encoders, already encoded for k and v), or None
+    where TMA cannot describe them (a broadcast dimension's stride 0, a stride not a multiple of 16 bytes) or the
+    driver cannot encode: the cp.async kernel serves those. Each map is k or v as a 4-D (e_pad, L, H, B) tensor, the
+    box 64 columns x BN rows (past the keys and the columns: zeros, as the cp.async copies fill)."""
+    if not SM90_FWD_TMA or not tma.available():
+        return None
+    out = tma.TensorMap(2)
+    encoders = []
+    try:
+        for slot, a in enumerate((k, v)):
+            B, H, Lk, _ = a.shape
+            dims = [e_pad, Lk, H, B]
+            strides = [a.strides[2], a.strides[1], a.strides[0]]
+            inner = e_pad * a.itemsize
+            for i, n in enumerate((Lk, H, B)):  # a size-1 dimension's stride is never used: any valid one
+                if n == 1:
+                    strides[i] = max(16, -(-inner // 16) * 16)
+                inner = strides[i] * n
+            m = tma.TiledMap(a.dtype, dims, strides, (64, BN, 1, 1), out, slot)
+            m.encode(a.data.ptr)
+            encoders.append(m)
+    except (ValueError, RuntimeError, TypeError):
+        return None
+    return out, tuple(encoders)
 
 
 def _use_sm90(D, tiles, Lk=SMALL_LK + 1):
@@ -291,12 +325,15 @@ _F32 = np.dtype(np.float32)
 def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
     if mask is None:  # the repeated call: one dict lookup, two allocations, one packed launch
         key = (q.shape, q.strides, k.shape, k.strides, v.shape, v.strides, q.dtype, is_causal, scale,
-               q.data.device_id, SM90_FWD, SM90_FWD_PINGPONG, tiles, threading.get_ident())
+               q.data.device_id, SM90_FWD, SM90_FWD_PINGPONG, SM90_FWD_TMA, tiles, threading.get_ident())
         plan = _fwd_plans.get(key)
         if plan is not None:
             qp, kp, vp = q.data.ptr, k.data.ptr, v.data.ptr
             if not (qp | kp | vp) & 15:
-                launch, like_q, o_shape, lse_shape = plan
+                launch, like_q, o_shape, lse_shape, maps = plan
+                if maps is not None:
+                    maps[0].encode(kp)
+                    maps[1].encode(vp)
                 nd = type(q)  # cupy.ndarray: its constructor is the cheapest allocation
                 o = backend.xp_of(q).empty_like(q) if like_q else nd(o_shape, q.dtype)
                 lse = nd(lse_shape, _F32)
@@ -314,6 +351,7 @@ def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
     os_ = tuple(KL.i64(s // o.itemsize) for s in o.strides[:3])
     lse = xp.empty((B, H, Lq), dtype=np.float32)
     marg, kind, ms = _mask_arg(mask, (B, H, Lq, Lk))
+    maps = None
     if _use_sm90(D, tiles, Lk):
         BN, NWG, STAGES = tiles or FWD_SM90_TILES[D]
         BM = 64 * NWG
@@ -321,8 +359,9 @@ def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
         pp = int(SM90_FWD_PINGPONG and NWG == 2)
         if _keypad(kind, ms) and Lk <= KEYPAD_MAX_LK:
             kind = MASK_KEYPAD
-        fn = _kernel("flash_attention_fwd_sm90", sm90_fwd_expression(D, BN, NWG, STAGES, kind, pp), q.dtype,
-                     smem)
+        maps = _kv_maps(ka, va, e_pad, BN)
+        fn = _kernel("flash_attention_fwd_sm90", sm90_fwd_expression(D, BN, NWG, STAGES, kind, pp, maps is not None),
+                     q.dtype, smem)
         block = ((NWG + 1) * 128, 1, 1)
     else:
         BM, BN, NW, OPT = tiles or _fwd_tiles(D, B, H, Lq, mask is not None, Lk)
@@ -332,7 +371,7 @@ def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
         block = (NW * 32, 1, 1)
     grid = (P.cdiv(Lq, BM), H, B)
     tail = (marg, KL.i32(H), KL.i32(Lq), KL.i32(Lk), KL.i32(e_pad), *qs, *ks, *vs, *os_, *ms, KL.f32(scale * LOG2E),
-            KL.i32(bool(is_causal)))
+            KL.i32(bool(is_causal))) + (() if maps is None else (maps[0],))
     KL.launch(fn, grid, block, (qa, ka, va, o, lse) + tail, shared_mem=smem)
     if mask is None and qa is q and ka is k and va is v and e_pad == E:
         contiguous = o.strides == xp.empty(o.shape, dtype=o.dtype).strides
@@ -340,7 +379,7 @@ def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
             if len(_fwd_plans) >= MAX_PLANS:  # many distinct shapes (variable lengths): rebuild on demand
                 _fwd_plans.clear()
             _fwd_plans[key] = (KL.PackedLaunch(fn, grid, block, (q, k, v, o, lse) + tail, 5, smem), not contiguous,
-                               o.shape, lse.shape)
+                               o.shape, lse.shape, None if maps is None else maps[1])
     return (o if e_pad == E else o[..., :E]), lse
 
 

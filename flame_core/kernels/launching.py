@@ -142,9 +142,12 @@ class PackedLaunch:
     call to call (device addresses; the first `n_pointers` arguments, or those at the indices `n_pointers` lists)
     into the packed buffer and launches through the driver, skipping CuPy's per-argument conversion (about 0.5 us
     per argument). For hot paths with many fixed scalars; one per thread (the buffer is rewritten at each call).
+    A TensorMap argument is passed by value from its own host buffer, read at each launch: whoever holds it may
+    re-encode it between calls (tma.TiledMap.encode) for the call's addresses.
     dependent: launched as a programmatic dependent of the stream's previous kernel (see launch_dependent, which
     checks that the device and driver allow it)."""
-    __slots__ = ("_fn", "_grid", "_block", "_smem", "_vals", "_ptrs", "_cv", "_slots", "_pa", "_dep", "_lead")
+    __slots__ = ("_fn", "_grid", "_block", "_smem", "_vals", "_ptrs", "_cv", "_slots", "_pa", "_dep", "_lead",
+                 "_maps")
 
     def __init__(self, kernel, grid, block, args, n_pointers, shared_mem=0, dependent=False):
         self._fn = _driver_function(kernel).ptr
@@ -154,15 +157,20 @@ class PackedLaunch:
         self._smem = int(shared_mem)
         self._vals = np.zeros(len(args), dtype=np.uint64)  # one 8-byte slot per argument, value in its low bytes
         raw = self._vals.view(np.uint8)
+        self._maps = {}
         for i, a in enumerate(args):
             if a is None:  # a dynamic slot
                 continue
-            if backend.is_cuda_array(a):
+            if type(a) is TensorMap:
+                self._maps[i] = a
+            elif backend.is_cuda_array(a):
                 self._vals[i] = a.data.ptr
             else:
                 b = np.asarray(a).tobytes()
                 raw[8 * i:8 * i + len(b)] = np.frombuffer(b, dtype=np.uint8)
         self._ptrs = self._vals.ctypes.data + 8 * np.arange(len(args), dtype=np.uint64)
+        for i, m in self._maps.items():
+            self._ptrs[i] = m.address
         # a ctypes view of the slots (cheaper to write than a NumPy slice) and the parameter array's address, read
         # once (`ndarray.ctypes` costs over a microsecond per access)
         self._cv = (ctypes.c_uint64 * len(args)).from_address(self._vals.ctypes.data)

@@ -5,6 +5,8 @@ tensor's address, so it is encoded per call; encoding is a host computation of a
 captures the parameter's bytes with the launch.
 
     tiled_2d(a, box_rows, box_cols)        rows x cols boxes of a 2-D row-major array (128-byte swizzle)
+    TiledMap(dtype, dims, strides, box, out, slot)
+                                           a map of fixed shape and strides re-encoded for each call's address
     im2col_nhwc(a, N, H, W, C, ...)        the im2col boxes of an (N, H, W, C) activation for an implicit-GEMM conv
     pack(maps, count)                      several maps as one parameter (a struct of `count` maps)
     ZERO, ZERO4                            all-zero parameters: those of an instantiation that reads none
@@ -77,7 +79,11 @@ def _arr(ctype, values):
 
 
 def _dtype(a):
-    name = np.dtype(a.dtype).name
+    return _dtype_code(a.dtype)
+
+
+def _dtype_code(dtype):
+    name = np.dtype(dtype).name
     if name not in _DTYPES:
         raise TypeError(f"tma: no tensor map data type for {name} (float16, bfloat16, float32)")
     return _DTYPES[name]
@@ -128,3 +134,41 @@ def im2col_nhwc(a, N, H, W, C, lower, upper, strides, channels, pixels):
            f"cuTensorMapEncodeIm2col of a ({N}, {H}, {W}, {C}) activation, box corners {lower} / {upper}, strides "
            f"{strides}, {channels} channels x {pixels} pixels")
     return m
+
+
+class TiledMap:
+    """A tiled map (128-byte swizzle) of fixed dtype, shape, strides and box whose array changes from call to call:
+    `encode(ptr)` writes the map of the array at device address `ptr` into map `slot` of `out` (a TensorMap, e.g. the
+    parameter a PackedLaunch passes), skipping the driver when `ptr` is the address encoded last. dims: elements per
+    dimension, innermost first (that one contiguous); strides: bytes of the outer dimensions; box: elements per
+    dimension (box[0] * itemsize = 128). Raises ValueError for what TMA cannot describe (checked here, before any
+    encoding): strides not multiples of 16 or from 2**40 on, dims of 0 or over 2**32, boxes over 256."""
+    __slots__ = ("_args", "_dst", "_ptr", "_what")
+
+    def __init__(self, dtype, dims, strides, box, out, slot=0):
+        dims, strides, box = [int(v) for v in dims], [int(v) for v in strides], [int(v) for v in box]
+        itemsize = np.dtype(dtype).itemsize
+        self._what = f"a tiled map of dims {dims}, strides {strides} bytes, box {box}"
+        if not 1 <= len(dims) <= 5 or len(box) != len(dims) or len(strides) != len(dims) - 1:
+            raise ValueError(f"tma.TiledMap: {self._what}: ranks disagree (1 to 5 dims)")
+        if box[0] * itemsize != 128 or not all(1 <= b <= 256 for b in box):
+            raise ValueError(f"tma.TiledMap: {self._what}: needs 128-byte box rows and at most 256 per box dim")
+        if not all(1 <= d <= 2 ** 32 for d in dims) or not all(0 < st < 2 ** 40 and st % 16 == 0 for st in strides):
+            raise ValueError(f"tma.TiledMap: {self._what}: strides must be positive multiples of 16 below 2**40")
+        if not 0 <= slot < out.count:
+            raise ValueError(f"tma.TiledMap: slot {slot} of a parameter of {out.count} maps")
+        self._args = (_dtype_code(dtype), len(dims), _arr(ctypes.c_uint64, dims), _arr(ctypes.c_uint64, strides),
+                      _arr(ctypes.c_uint32, box), _arr(ctypes.c_uint32, [1] * len(dims)))
+        self._dst = out.address + slot * MAP_BYTES
+        self._ptr = None
+
+    def encode(self, ptr):
+        if ptr == self._ptr:
+            return
+        if ptr % 16:
+            raise ValueError(f"tma.TiledMap: {self._what}: address {ptr:#x} is not 16-byte aligned")
+        t, rank, dims, strides, box, ones = self._args
+        self._ptr = None
+        _check(_driver()[0](self._dst, t, rank, ptr, dims, strides, box, ones, 0, _SWIZZLE_128B, _L2_PROMOTION_128B,
+                            0), f"cuTensorMapEncodeTiled of {self._what}")
+        self._ptr = ptr

@@ -263,7 +263,7 @@ def _gpu_inputs(rng, case, dt):
 @pytest.mark.gpu
 # the Hopper kernels (forward and backward; the backward's dQ through bulk reductions or through atomics) or the
 # sm_80 ones
-@pytest.mark.parametrize("fwd", ["sm90", "sm90-atomic-dq", "sm80"])
+@pytest.mark.parametrize("fwd", ["sm90", "sm90-atomic-dq", "sm90-cp-async", "sm80"])
 @pytest.mark.parametrize("dt", ["bfloat16", "float16"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:5])) + f"-{c[5]}-{'causal' * c[6]}{c[7]}")
 def test_flash_kernel_against_float64(rng, monkeypatch, dt, case, fwd):
@@ -271,7 +271,8 @@ def test_flash_kernel_against_float64(rng, monkeypatch, dt, case, fwd):
         pytest.skip("the sm_90a forward needs a compute capability 9.0 GPU")
     monkeypatch.setattr(K, "SM90_FWD", fwd.startswith("sm90"))
     monkeypatch.setattr(K, "SM90_BWD", fwd.startswith("sm90"))
-    monkeypatch.setattr(K, "SM90_BWD_BULK_DQ", fwd == "sm90")
+    monkeypatch.setattr(K, "SM90_BWD_BULK_DQ", fwd != "sm90-atomic-dq")
+    monkeypatch.setattr(K, "SM90_FWD_TMA", fwd != "sm90-cp-async")
     host, (q, k, v, do), mask, dmask, causal = _gpu_inputs(rng, case, np.dtype(BF16 if dt == "bfloat16" else dt))
     before = launching.launches
     o, lse = K.flash_attention_forward(q, k, v, dmask, causal)
@@ -320,6 +321,70 @@ def test_a_key_padding_mask_runs_the_keypad_kernels_on_hopper(rng, monkeypatch, 
     o2, _ = K.flash_attention_forward(q, k, v, per_query)
     assert all(key[1].split(",")[5].strip() == "1" for key in K._functions if key[0] == "flash_attention_fwd_sm90")
     assert rel_err(o2, want_o) < REL_TOL["bfloat16"]
+
+
+def _forward_kernels():
+    return {key[1].split("<")[0] for key in K._functions if key[0] == "flash_attention_fwd_sm90"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [c for c in CASES if c[3] > K.SMALL_LK and c[4] <= 128],
+                         ids=lambda c: "x".join(map(str, c[:5])) + f"-{c[5]}-{'causal' * c[6]}{c[7]}")
+def test_tma_forward_is_bit_equal_to_the_cp_async_forward(rng, monkeypatch, case):
+    """The Hopper forward's TMA producer changes only how K and V reach shared memory (zero-filled past the keys and
+    the head dim, as the cp.async copies): outputs and logsumexp bit-equal, on ragged shapes, masks, causal, padded head
+    dims and (B, L, H, D) memory; the TMA kernel is the default wherever the strides allow."""
+    if not loader.arch_available("sm_90a"):
+        pytest.skip("needs a compute capability 9.0 GPU")
+    if not K.tma.available():
+        pytest.skip("the driver encodes no tensor maps")
+    _, (q, k, v, _), _, dmask, causal = _gpu_inputs(rng, case, BF16)
+    monkeypatch.setattr(K, "_functions", {})
+    monkeypatch.setattr(K, "_fwd_plans", {})  # no plan of an earlier test: the launch goes through _kernel
+    o_t, lse_t = K.flash_attention_forward(q, k, v, dmask, causal)
+    assert _forward_kernels() == {"flash_attn_fwd_sm90_tma"}
+    monkeypatch.setattr(K, "SM90_FWD_TMA", False)
+    monkeypatch.setattr(K, "_functions", {})
+    o_c, lse_c = K.flash_attention_forward(q, k, v, dmask, causal)
+    assert _forward_kernels() == {"flash_attn_fwd_sm90"}
+    assert bool((o_t == o_c).all()) and bool((lse_t == lse_c).all())
+
+
+@pytest.mark.gpu
+def test_tma_forward_plan_re_encodes_the_maps_for_new_arrays(rng, monkeypatch):
+    """The cached launch plan re-encodes its K / V maps when the arrays move: a second pair of inputs of the same
+    shape gives their own result (not the first pair's), equal to the cp.async kernel's."""
+    if not loader.arch_available("sm_90a") or not K.tma.available():
+        pytest.skip("needs a compute capability 9.0 GPU and tensor maps")
+    cp = backend.cupy
+    q, k1, v1, k2, v2 = (cp.asarray(rng.standard_normal((1, 3, 300, 128)).astype(BF16)) for _ in range(5))
+    K.flash_attention_forward(q, k1, v1)
+    o1, _ = K.flash_attention_forward(q, k1, v1)  # the plan
+    o2, lse2 = K.flash_attention_forward(q, k2, v2)  # the plan, other addresses
+    o1b, _ = K.flash_attention_forward(q, k1, v1)  # back to the first
+    monkeypatch.setattr(K, "SM90_FWD_TMA", False)
+    want2, want_lse2 = K.flash_attention_forward(q, k2, v2)
+    assert bool((o2 == want2).all()) and bool((lse2 == want_lse2).all())
+    assert bool((o1b == o1).all()) and not bool((o1 == o2).all())
+
+
+@pytest.mark.gpu
+def test_keys_broadcast_over_heads_take_the_cp_async_forward(rng, monkeypatch):
+    """A key / value broadcast over the heads (stride 0) is outside what a tensor map describes: the cp.async kernel
+    runs it, with the dense result."""
+    if not loader.arch_available("sm_90a") or not K.tma.available():
+        pytest.skip("needs a compute capability 9.0 GPU and tensor maps")
+    cp = backend.cupy
+    hq = rng.standard_normal((1, 4, 200, 64)).astype(BF16)
+    hk, hv = (rng.standard_normal((1, 1, 260, 64)).astype(BF16) for _ in range(2))
+    k = cp.broadcast_to(cp.asarray(hk), (1, 4, 260, 64))
+    v = cp.broadcast_to(cp.asarray(hv), (1, 4, 260, 64))
+    monkeypatch.setattr(K, "_functions", {})
+    monkeypatch.setattr(K, "_fwd_plans", {})
+    o, _ = K.flash_attention_forward(cp.asarray(hq), k, v)
+    assert _forward_kernels() == {"flash_attn_fwd_sm90"}
+    want, _ = dense(hq, np.broadcast_to(hk, (1, 4, 260, 64)), np.broadcast_to(hv, (1, 4, 260, 64)))
+    assert rel_err(o, want) < REL_TOL["bfloat16"]
 
 
 @pytest.mark.gpu

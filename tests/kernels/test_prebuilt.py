@@ -57,8 +57,9 @@ def test_every_sm90_forward_schedule_is_prebuilt(build):
         for D, (BN, NWG, ST) in AT.FWD_SM90_TILES.items():
             for kind in (0, 1, 2, AT.MASK_KEYPAD):
                 for pp in (0, 1):
-                    expr = AT.sm90_fwd_expression(D, BN, NWG, ST, kind, pp).replace("{T}", t)
-                    assert expr in units["flash_attention_fwd_sm90", d], expr
+                    for tma in (True, False):
+                        expr = AT.sm90_fwd_expression(D, BN, NWG, ST, kind, pp, tma).replace("{T}", t)
+                        assert expr in units["flash_attention_fwd_sm90", d], expr
 
 
 def test_the_shipped_binaries_match_the_sources(build):
