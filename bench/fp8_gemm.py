@@ -11,6 +11,7 @@ the host issues the calls, so the figure is the GPU's work, not Python's launch 
   quant x         x's amax + cast alone (fp8_tensor.quantize_per_tensor: one kernel)
   fp8 fwd         what the layer runs: quant x + scaled_mm (fast accumulation as fp8_compute.FAST_ACCUM_FORWARD)
   transpose W     the e4m3 weight's bytes transposed (the K-major operand of the input gradient)
+  transpose W bytes  the same through the byte-wise kernel (fp8_tensor.TRANSPOSE_64 off: the A/B of the 64x64 one)
   bf16 dX / fp8 dX  the input gradient dY @ W: bf16 GEMM / dY quantised + W transposed + scaled_mm
   torch bf16      F.linear in bf16;  torch _scaled_mm  on the same e4m3 bytes and scales (use_fast_accum=False)
 and |FLAME fp8 - torch _scaled_mm| / |torch| over the outputs (the same bytes: they should agree to bf16 rounding);
@@ -25,6 +26,14 @@ import numpy as np
 
 SHAPES = [(3072, 9216), (3072, 3072), (3072, 12288), (12288, 3072), (15360, 3072), (3072, 21504)]
 BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _byte_transpose(T, qw, qt):
+    saved, T.TRANSPOSE_64 = T.TRANSPOSE_64, False
+    try:
+        return T.transpose_fp8(qw, out=qt)
+    finally:
+        T.TRANSPOSE_64 = saved
 
 
 def main():
@@ -65,6 +74,7 @@ def main():
             "fp8 gemm fast": lambda: S.scaled_mm(qx, qw, sx, sw, bias=b, out_dtype=BF16, fast_accum=True),
             "quant x": lambda: T.quantize_per_tensor(x),
             "transpose W": lambda: T.transpose_fp8(qw, out=qt),
+            "transpose W bytes": lambda: _byte_transpose(T, qw, qt),
             "fp8 fwd": fwd_fp8,
             "bf16 dX": lambda: gemm.mm(g, w),
             "fp8 dX": bwd_fp8,

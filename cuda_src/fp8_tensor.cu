@@ -11,7 +11,8 @@
 //                        read from HBM once). No host synchronisation: a CUDA graph captures it.
 //   fp8_quantize_parts   the same over the column concatenation of up to 4 (rows, c_p) parts, without forming it.
 //   fp8_transpose        (rows, cols) bytes -> (cols, rows): the weight's K-major copy for the input gradient
-//                        (Hopper's fp8 tensor cores take both operands K-major only).
+//                        (Hopper's fp8 tensor cores take both operands K-major only). fp8_transpose_64: the same
+//                        for rows and cols multiples of 64 (every weight of the families), 16-byte loads and stores.
 //
 // The barrier's counters live in module memory (g_fp8_state: zero at load, every launch leaves them zero again), so
 // nothing is allocated or zeroed per call. Its conditions: all blocks resident at once (the host caps the grid at 4
@@ -184,4 +185,36 @@ extern "C" __global__ void fp8_transpose(const unsigned char* __restrict__ src, 
         const i64 c = c0 + k, r = r0 + threadIdx.x;  // dst row c, column r
         if (c < cols && r < rows) dst[c * rows + r] = tile[threadIdx.x][k];
     }
+}
+
+// 64x64 byte tiles, block 256: each thread loads 16 bytes of a source row into shared memory (as 16 words per row,
+// one pad word), then gathers 16 source rows' bytes of one column -- 16 words, 4 bytes picked by __byte_perm per 4
+// rows -- and stores them as 16 bytes of a destination row. rows and cols multiples of 64, both pointers 16-byte
+// aligned (the host checks).
+extern "C" __global__ void __launch_bounds__(256) fp8_transpose_64(const unsigned char* __restrict__ src,
+                                                                   unsigned char* __restrict__ dst, i64 rows, i64 cols) {
+    __shared__ unsigned int tile[64][17];
+    const i64 c0 = (i64)blockIdx.x * 64, r0 = (i64)blockIdx.y * 64;
+    const int t = threadIdx.x;
+    {
+        const int r = t >> 2, ch = t & 3;
+        const uint4 v = *reinterpret_cast<const uint4*>(src + (r0 + r) * cols + c0 + ch * 16);
+        tile[r][ch * 4 + 0] = v.x;
+        tile[r][ch * 4 + 1] = v.y;
+        tile[r][ch * 4 + 2] = v.z;
+        tile[r][ch * 4 + 3] = v.w;
+    }
+    __syncthreads();
+    const int c = t >> 2, rq = (t & 3) * 16;  // destination row c (source column), its bytes rq .. rq + 15
+    const int w = c >> 2;
+    const unsigned sel = (unsigned)(c & 3) | ((unsigned)(4 + (c & 3)) << 4);  // byte c%4 of a, then of b
+    unsigned out[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const int rr = rq + 4 * k;
+        const unsigned lo = __byte_perm(tile[rr][w], tile[rr + 1][w], sel);
+        const unsigned hi = __byte_perm(tile[rr + 2][w], tile[rr + 3][w], sel);
+        out[k] = __byte_perm(lo, hi, 0x5410);
+    }
+    *reinterpret_cast<uint4*>(dst + (c0 + c) * rows + r0 + rq) = make_uint4(out[0], out[1], out[2], out[3]);
 }

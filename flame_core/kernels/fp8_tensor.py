@@ -26,6 +26,9 @@ from . import loader as L
 from . import plans as P
 
 FP8_MAX = np.float32(448.0)
+# fp8_transpose_64 (16-byte loads and stores through a 64x64 tile) for weights whose sides are multiples of 64; False:
+# the byte-wise fp8_transpose everywhere (A/B)
+TRANSPOSE_64 = True
 GRID_BLOCKS_PER_SM = 4   # fp8_quantize_tensor's __launch_bounds__(256, 4): a quarter of an SM's threads per block
 _FLOATS = ("float16", "bfloat16", "float32")
 MAX_PARTS = 4            # fp8_quantize_parts' pointer arguments
@@ -129,6 +132,10 @@ def transpose_fp8(q, out=None):
     q = P.contiguous(q)
     if out is None:
         out = backend.cupy.empty((cols, rows), dtype=np.uint8)
-    KL.launch(L.get_function("fp8_tensor", "fp8_transpose"), (P.cdiv(cols, 32), P.cdiv(rows, 32)), (32, 8),
-              (q, out, KL.i64(rows), KL.i64(cols)))
+    if TRANSPOSE_64 and rows % 64 == 0 and cols % 64 == 0 and not (q.data.ptr | out.data.ptr) % 16:
+        KL.launch(L.get_function("fp8_tensor", "fp8_transpose_64"), (cols // 64, rows // 64), (256,),
+                  (q, out, KL.i64(rows), KL.i64(cols)))
+    else:
+        KL.launch(L.get_function("fp8_tensor", "fp8_transpose"), (P.cdiv(cols, 32), P.cdiv(rows, 32)), (32, 8),
+                  (q, out, KL.i64(rows), KL.i64(cols)))
     return out

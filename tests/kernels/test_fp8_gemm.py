@@ -170,6 +170,32 @@ def test_transpose_fp8_kernel(ab, rng, shape):
     np.testing.assert_array_equal(backend.to_numpy(r), q.T)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(64, 64), (128, 3072), (3072, 9216), (192, 320)])
+def test_transpose_fp8_64_kernel(rng, monkeypatch, shape):
+    """Sides multiples of 64: the 16-byte tile kernel, the exact transpose (also into an out whose rows start 16
+    bytes apart, and with the switch off: the byte kernel); an out not 16-byte aligned takes the byte kernel."""
+    cp = backend.cupy
+    from flame_core.kernels import loader as L
+    used = []
+    get = L.get_function
+    monkeypatch.setattr(L, "get_function", lambda stem, name, *a: used.append(name) or get(stem, name, *a))
+    q = rng.integers(0, 256, shape, dtype=np.uint8)
+    d = cp.asarray(q)
+    np.testing.assert_array_equal(backend.to_numpy(T.transpose_fp8(d)), q.T)
+    assert used[-1] == "fp8_transpose_64"
+    buf = cp.zeros(shape[0] * shape[1] + 16, dtype=np.uint8)
+    out = buf[16:].reshape(shape[1], shape[0])
+    assert T.transpose_fp8(d, out=out) is out and np.array_equal(backend.to_numpy(out), q.T)
+    assert used[-1] == "fp8_transpose_64" and int(buf[:16].sum()) == 0
+    odd = buf[1:1 + shape[0] * shape[1]].reshape(shape[1], shape[0])
+    np.testing.assert_array_equal(backend.to_numpy(T.transpose_fp8(d, out=odd)), q.T)
+    assert used[-1] == "fp8_transpose"
+    monkeypatch.setattr(T, "TRANSPOSE_64", False)
+    np.testing.assert_array_equal(backend.to_numpy(T.transpose_fp8(d)), q.T)
+    assert used[-1] == "fp8_transpose"
+
+
 # (M, N, K): ragged M and N, K a multiple of 16 (cuBLASLt's fp8 requirement); Flux's widths at the end
 GEMM_SHAPES = [(1, 16, 16), (7, 24, 48), (100, 40, 64), (333, 136, 272), (4608 // 9, 3072, 3072),
                (77, 9216, 3072), (64, 3072, 12288)]
