@@ -12,7 +12,6 @@ Run: PYTHONPATH=$PWD python3 bench/attention.py [--reps 25] [--only flux-1024,sd
      PYTHONPATH=$PWD python3 bench/attention.py --only flux-1024 --key-mask 129   (Chroma's masked T5 padding)
      PYTHONPATH=$PWD python3 bench/attention.py --fwd-variants plain,cpasync   (the sm90 forward's variants, A/B;
      no torch needed: pingpong = SM90_FWD_PINGPONG, cpasync = SM90_FWD_TMA off)
-     PYTHONPATH=$PWD python3 bench/attention.py --bwd-variants defer,barrier   (the sm90 backward's dQ schedule, A/B)
 """
 import argparse
 import statistics
@@ -235,67 +234,6 @@ def report_fwd_variants(res, shapes, variants):
                         title=f"\nsm90 attention forward schedules, bf16, non-causal; x = {variants[0]} time / time")
 
 
-# the sm90 backward's variants: SM90_BWD_DEFER (dQ deferred one query block, or a barrier of both warpgroups per block)
-BWD_VARIANTS = {"defer": True, "barrier": False}
-
-
-def measure_bwd_variants(res, name, B, H, Lq, Lk, D, reps, inner, variants, rounds=3):
-    """FLAME's sm90 backward alone (one forward's o and lse) under each variant, in alternating rounds; dK / dV
-    compared with the first variant's (bit-equal expected: the same products per warpgroup), dQ by its largest
-    difference (the fp32 reductions of the key blocks add in any order)."""
-    import cupy as cp
-
-    from flame_core.kernels import attention as A
-    fwd, _, inputs = flame_fns(B, H, Lq, Lk, D)
-    q, k, v, g = inputs
-    o, lse = fwd()
-    scale = 1.0 / np.sqrt(D)
-
-    def bwd():
-        return A._kernel_backward(g, q, k, v, o, lse, None, False, scale)
-    saved = A.SM90_BWD_DEFER
-    samples, outs = {v: [] for v in variants}, {}
-    try:
-        for r in range(rounds):
-            for v in variants:
-                A.SM90_BWD_DEFER = BWD_VARIANTS[v]
-                if r == 0:
-                    outs[v] = tuple(x.copy() for x in bwd())
-                samples[v] += common.cuda_ms(bwd, reps, 5, inner=inner)[2]
-    finally:
-        A.SM90_BWD_DEFER = saved
-    flops = 2.5 * 4.0 * B * H * Lq * Lk * D
-    row = {"shape": (B, H, Lq, Lk, D), "flops": flops}
-    ref = outs[variants[0]]
-    for v in variants:
-        dq, dk, dv = outs[v]
-        ms = statistics.median(samples[v])
-        row[v] = {"ms": ms, "tflops": flops / ms / 1e9, "dk_dv_equal": bool((dk == ref[1]).all()) and
-                  bool((dv == ref[2]).all()),
-                  "max_rel_dq": float(cp.abs(dq.astype(cp.float32) - ref[0].astype(cp.float32)).max()
-                                      / cp.abs(ref[0].astype(cp.float32)).max())}
-    res.log(name + "-bwd-variants", row)
-    del inputs, outs
-    cp.get_default_memory_pool().free_all_blocks()
-
-
-def report_bwd_variants(res, shapes, variants):
-    rows = []
-    for name, *_ in shapes:
-        r = res.get(name + "-bwd-variants")
-        if not r:
-            continue
-        base = r[variants[0]]["ms"]
-        for v in variants:
-            c = r[v]
-            rows.append([name if v == variants[0] else "", v, f"{c['ms']:.4f} ({c['tflops']:.0f})",
-                         common.ratio(base, c["ms"], 3), "yes" if c["dk_dv_equal"] else "no",
-                         f"{c['max_rel_dq']:.1e}"])
-    return common.table(["shape", "variant", "bwd ms (TFLOP/s)", f"x {variants[0]}", "dK, dV bit-equal",
-                         "max |diff| dQ / max |dQ|"], rows,
-                        title=f"\nsm90 attention backward variants, bf16, non-causal; x = {variants[0]} time / time")
-
-
 def report(res, shapes):
     rows = []
     for name, *_ in shapes:
@@ -329,20 +267,7 @@ def main():
     ap.add_argument("--fwd-variants", default=None, metavar="LIST",
                     help="instead: FLAME's sm90 forward under these schedules (comma-separated, first = baseline: "
                          + ", ".join(FWD_VARIANTS) + "), timed in alternating rounds, outputs compared")
-    ap.add_argument("--bwd-variants", default=None, metavar="LIST",
-                    help="instead: FLAME's sm90 backward under these variants (comma-separated, first = baseline: "
-                         + ", ".join(BWD_VARIANTS) + "), timed in alternating rounds, outputs compared")
     args = ap.parse_args()
-    if args.bwd_variants is not None:
-        variants = [v.strip() for v in args.bwd_variants.split(",") if v.strip()]
-        if [v for v in variants if v not in BWD_VARIANTS] or len(variants) < 2:
-            sys.exit(f"--bwd-variants: give two or more of {', '.join(BWD_VARIANTS)} (got {args.bwd_variants!r})")
-        shapes = [sh for sh in SHAPES if (args.only is None or sh[0] in args.only.split(",")) and sh[4] > 128]
-        res = common.Results("attention_bwd_variants")
-        failed = common.run_parts(res, [(sh[0], (lambda sh: lambda: measure_bwd_variants(
-            res, *sh, args.reps, args.inner, variants))(sh)) for sh in shapes])
-        print(report_bwd_variants(res, shapes, variants), flush=True)
-        sys.exit(1 if failed else 0)
     if args.fwd_variants is not None:
         variants = [v.strip() for v in args.fwd_variants.split(",") if v.strip()]
         bad = [v for v in variants if v not in FWD_VARIANTS]

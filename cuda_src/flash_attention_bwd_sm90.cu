@@ -24,7 +24,7 @@
 #include "flash_attention_keypad.cuh"
 #include "wgmma.cuh"
 
-template <typename T, int D, int NWG, int STAGES, int MASK, int BM, int DQB, int DEFER = 0>
+template <typename T, int D, int NWG, int STAGES, int MASK, int BM, int DQB>
 __global__ void __launch_bounds__(NWG * 128 + 128, 1)
 flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                     const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
@@ -48,21 +48,17 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
     constexpr unsigned DQ_BYTES = DQB ? 64 * 64 * 4 : 0;  // one per consumer warpgroup
     constexpr unsigned KV_BYTES = BN * D * 2, QG_BYTES = BM * D * 2, S_BYTES = BN * BM * 2;
 
-    constexpr int NSB = DEFER ? 3 : 2;  // dS^T buffers
     extern __shared__ unsigned char fa_smem[];
-    // full[S], empty[S]; DEFER: ds_ready[NSB], ds_free[NSB]
-    __shared__ __align__(8) unsigned long long bars[2 * STAGES + (DEFER ? 2 * NSB : 0)];
+    __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[S], empty[S]
     const unsigned base = (fa_smem_addr(fa_smem) + 1023u) & ~1023u;
     const unsigned sK = base, sV = sK + KV_BYTES, sQ = sV + KV_BYTES, sG = sQ + STAGES * QG_BYTES;
-    const unsigned sS = sG + STAGES * QG_BYTES;               // dS^T, NSB buffers
-    const unsigned sLD = sS + NSB * S_BYTES;                  // [STAGES][lse BM | delta BM] floats
+    const unsigned sS = sG + STAGES * QG_BYTES;               // dS^T, two buffers
+    const unsigned sLD = sS + 2 * S_BYTES;                    // [STAGES][lse BM | delta BM] floats
     const unsigned sDQ = sLD + STAGES * 2 * BM * 4;            // [NWG][64 x 64] fp32 dQ tiles (DQB)
     const float* sLDg = reinterpret_cast<const float*>(fa_smem + (sLD - fa_smem_addr(fa_smem)));
     const unsigned bar0 = fa_smem_addr(bars);
     auto full = [&](int s) { return bar0 + 8u * s; };
     auto empty = [&](int s) { return bar0 + 8u * (STAGES + s); };
-    auto ds_ready = [&](int i) { return bar0 + 8u * (2 * STAGES + i); };  // both warpgroups' halves of dS^T written
-    auto ds_free = [&](int i) { return bar0 + 8u * (2 * STAGES + NSB + i); };  // both warpgroups' dQ read them
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const FaBwdWork work = fa_bwd_work(n_blocks, m_per_split, BN, BM, Lq, causal);
@@ -78,11 +74,6 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(full(s), 96);
             mbar_init(empty(s), NWG * 4);
-        }
-#pragma unroll
-        for (int i = 0; i < (DEFER ? NSB : 0); ++i) {
-            mbar_init(ds_ready(i), NWG * 4);
-            mbar_init(ds_free(i), NWG * 4);
         }
     }
     __syncthreads();
@@ -163,79 +154,9 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc_dk[j][e] = 0.f, acc_dv[j][e] = 0.f;
 
-    // dQ of one query block (this warpgroup's NQ columns / 64 rows) from the dS^T buffer at sSbuf: issued, committed
-    const int c0 = ROWSPLIT ? 0 : wg * NQ, q0 = ROWSPLIT ? wg * 64 : 0;  // this warpgroup's dQ columns / rows
-    auto fa_bwd_dq_issue = [&](float (&acc_dq)[NTQ][4], unsigned sSbuf) {
-        wg_pin(acc_dq);
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk)
-            Wg<T, NQ>::template ss<1, 1>(acc_dq, wg_desc(sSbuf + (ROWSPLIT ? wg * BN * 128 : 0) + kk * 16 * 128, 16),
-                                         wg_desc(sK + (c0 / 64) * BN * 128 + (c0 % 64) * 2 + kk * 16 * 128, BN * 128),
-                                         kk > 0);
-        wg_commit();
-    };
-    // ... and its completed tile for query block m_lo + itq: stored, reduced in bulk or by atomics
-    auto fa_bwd_dq_store = [&](float (&acc_dq)[NTQ][4], int itq) {
-        const int r0 = (m_lo + itq) * BM;
-#pragma unroll
-        for (int hh = 0; hh < 2 && dq_acc == nullptr; ++hh) {
-            const int row = r0 + q0 + wl * 16 + g + hh * 8;
-            if (row < Lq) {
-                {  // a single key block: this CTA's dQ rows are complete, stored scaled
-                    T* dst = dq + b * dq_sb + h * dq_sh + (fa_i64)row * dq_sl;
-#pragma unroll
-                    for (int j = 0; j < NTQ; ++j) {
-                        const int col = c0 + j * 8 + t4 * 2;
-                        if (col < d)
-                            *reinterpret_cast<fa_u32*>(dst + col) =
-                                FaType<T>::pack(acc_dq[j][2 * hh] * scale, acc_dq[j][2 * hh + 1] * scale);
-                    }
-                }
-            }
-        }
-        if (DQB && dq_acc != nullptr) {
-            // the tile to shared memory in fragment order ([j][thread][4]: a warp's 16-byte stores are contiguous),
-            // then one bulk reduction into this warpgroup's chunk; the previous one must have read the buffer first
-            const int wtid = tid & 127;
-            const unsigned sdq = sDQ + wg * DQ_BYTES;
-            if (wtid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-            named_bar_sync(2 + wg, 128);
-#pragma unroll
-            for (int j = 0; j < NTQ; ++j)
-                asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(sdq + (j * 128 + wtid) * 16),
-                             "f"(acc_dq[j][0]), "f"(acc_dq[j][1]), "f"(acc_dq[j][2]), "f"(acc_dq[j][3])
-                             : "memory");
-            fence_proxy_async();
-            named_bar_sync(2 + wg, 128);
-            if (wtid == 0) {
-                const int m_blocks = (Lq + BM - 1) / BM;
-                float* dst = dq_acc + ((((fa_i64)b * H + h) * m_blocks + (m_lo + itq)) * NWG + wg) * 4096;
-                asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-                             ::"l"(dst), "r"(sdq), "r"(DQ_BYTES) : "memory");
-                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-            }
-        } else if (dq_acc != nullptr) {
-            // fp32 atomics, four columns at a time: lanes t4 = 2i, 2i+1 swap halves so that the even lane holds
-            // row g, columns 4i..4i+3 and the odd lane row g + 8, the same columns
-            const bool odd = t4 & 1;
-            const int row = r0 + q0 + wl * 16 + g + (odd ? 8 : 0);
-            float* dst = dq_acc + (bhq + row) * d + c0 + (t4 >> 1) * 4;
-#pragma unroll
-            for (int j = 0; j < NTQ; ++j) {
-                const float x0 = __shfl_xor_sync(0xffffffffu, odd ? acc_dq[j][0] : acc_dq[j][2], 1);
-                const float x1 = __shfl_xor_sync(0xffffffffu, odd ? acc_dq[j][1] : acc_dq[j][3], 1);
-                if (row < Lq && c0 + j * 8 + (t4 >> 1) * 4 < d) {
-                    if (odd) fa_red_add4(dst + j * 8, x0, x1, acc_dq[j][2], acc_dq[j][3]);
-                    else fa_red_add4(dst + j * 8, acc_dq[j][0], acc_dq[j][1], x0, x1);
-                }
-            }
-        }
-    };
-
     for (int it = 0; it < n_it; ++it) {
         const int r0 = (m_lo + it) * BM, s = it % STAGES;
-        const int bi = DEFER ? it % NSB : it & 1;
-        const unsigned sQs = sQ + s * QG_BYTES, sGs = sG + s * QG_BYTES, sSb = sS + bi * S_BYTES;
+        const unsigned sQs = sQ + s * QG_BYTES, sGs = sG + s * QG_BYTES, sSb = sS + (it & 1) * S_BYTES;
         mbar_wait(full(s), (it / STAGES) & 1);
         fence_proxy_async();
 
@@ -295,7 +216,6 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
             sa[kk][2] = FaType<T>::pack(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
             sa[kk][3] = FaType<T>::pack(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
         }
-        if (DEFER && it >= NSB) mbar_wait(ds_free(bi), ((it / NSB) - 1) & 1);  // dQ(it - NSB) read it
         {
             unsigned char* sp = fa_smem + (sSb - fa_smem_addr(fa_smem));
 #pragma unroll
@@ -322,53 +242,77 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
             Wg<T, D>::template rs<1>(acc_dk, sa[kk], wg_desc(sQs + kk * 16 * 128, BM * 128), 1);
         wg_commit();
 
-        // dQ[:, NQ slice of this warpgroup] = dS K, once both halves of dS^T are in shared memory: at once
-        // (DEFER = 0: a barrier of both warpgroups) or one iteration later (DEFER = 1: the other warpgroup's half of
-        // dS^T(it - 1) is long written, so the warpgroups drift apart and one's softmax overlaps the other's products)
+        // dQ[:, NQ slice of this warpgroup] = dS K, once both halves of dS^T are in shared memory
         fence_proxy_async();
-        if constexpr (!DEFER) {
-            named_bar_sync(1, NWG * 128);
-            float acc_dq[NTQ][4];
-            fa_bwd_dq_issue(acc_dq, sSb);
-            wg_wait<0>();
-            wg_pin(acc_dv);
-            wg_pin(acc_dk);
-            wg_pin(acc_dq);
-            if (lane == 0) mbar_arrive(empty(s));
-            fa_bwd_dq_store(acc_dq, it);
-        } else {
-            __syncwarp();
-            if (lane == 0) mbar_arrive(ds_ready(bi));
-            if (it > 0) {
-                const int pb = (it - 1) % NSB;
-                mbar_wait(ds_ready(pb), ((it - 1) / NSB) & 1);
-                float acc_dq[NTQ][4];
-                fa_bwd_dq_issue(acc_dq, sS + pb * S_BYTES);
-                wg_wait<0>();
-                wg_pin(acc_dv);
-                wg_pin(acc_dk);
-                wg_pin(acc_dq);
-                if (lane == 0) {
-                    mbar_arrive(empty(s));
-                    mbar_arrive(ds_free(pb));
+        named_bar_sync(1, NWG * 128);
+        float acc_dq[NTQ][4];
+        wg_pin(acc_dq);
+        const int c0 = ROWSPLIT ? 0 : wg * NQ, q0 = ROWSPLIT ? wg * 64 : 0;  // this warpgroup's dQ columns / rows
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+            Wg<T, NQ>::template ss<1, 1>(acc_dq, wg_desc(sSb + (ROWSPLIT ? wg * BN * 128 : 0) + kk * 16 * 128, 16),
+                                         wg_desc(sK + (c0 / 64) * BN * 128 + (c0 % 64) * 2 + kk * 16 * 128, BN * 128),
+                                         kk > 0);
+        wg_commit();
+        wg_wait<0>();
+        wg_pin(acc_dv);
+        wg_pin(acc_dk);
+        wg_pin(acc_dq);
+        if (lane == 0) mbar_arrive(empty(s));
+
+#pragma unroll
+        for (int hh = 0; hh < 2 && dq_acc == nullptr; ++hh) {
+            const int row = r0 + q0 + wl * 16 + g + hh * 8;
+            if (row < Lq) {
+                {  // a single key block: this CTA's dQ rows are complete, stored scaled
+                    T* dst = dq + b * dq_sb + h * dq_sh + (fa_i64)row * dq_sl;
+#pragma unroll
+                    for (int j = 0; j < NTQ; ++j) {
+                        const int col = c0 + j * 8 + t4 * 2;
+                        if (col < d)
+                            *reinterpret_cast<fa_u32*>(dst + col) =
+                                FaType<T>::pack(acc_dq[j][2 * hh] * scale, acc_dq[j][2 * hh + 1] * scale);
+                    }
                 }
-                fa_bwd_dq_store(acc_dq, it - 1);
-            } else {
-                wg_wait<0>();
-                wg_pin(acc_dv);
-                wg_pin(acc_dk);
-                if (lane == 0) mbar_arrive(empty(s));
             }
         }
-    }
-    if (DEFER && n_it > 0) {  // the last query block's dQ
-        const int pb = (n_it - 1) % NSB;
-        mbar_wait(ds_ready(pb), ((n_it - 1) / NSB) & 1);
-        float acc_dq[NTQ][4];
-        fa_bwd_dq_issue(acc_dq, sS + pb * S_BYTES);
-        wg_wait<0>();
-        wg_pin(acc_dq);
-        fa_bwd_dq_store(acc_dq, n_it - 1);
+        if (DQB && dq_acc != nullptr) {
+            // the tile to shared memory in fragment order ([j][thread][4]: a warp's 16-byte stores are contiguous),
+            // then one bulk reduction into this warpgroup's chunk; the previous one must have read the buffer first
+            const int wtid = tid & 127;
+            const unsigned sdq = sDQ + wg * DQ_BYTES;
+            if (wtid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+            named_bar_sync(2 + wg, 128);
+#pragma unroll
+            for (int j = 0; j < NTQ; ++j)
+                asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(sdq + (j * 128 + wtid) * 16),
+                             "f"(acc_dq[j][0]), "f"(acc_dq[j][1]), "f"(acc_dq[j][2]), "f"(acc_dq[j][3])
+                             : "memory");
+            fence_proxy_async();
+            named_bar_sync(2 + wg, 128);
+            if (wtid == 0) {
+                const int m_blocks = (Lq + BM - 1) / BM;
+                float* dst = dq_acc + ((((fa_i64)b * H + h) * m_blocks + (m_lo + it)) * NWG + wg) * 4096;
+                asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                             ::"l"(dst), "r"(sdq), "r"(DQ_BYTES) : "memory");
+                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+            }
+        } else if (dq_acc != nullptr) {
+            // fp32 atomics, four columns at a time: lanes t4 = 2i, 2i+1 swap halves so that the even lane holds
+            // row g, columns 4i..4i+3 and the odd lane row g + 8, the same columns
+            const bool odd = t4 & 1;
+            const int row = r0 + q0 + wl * 16 + g + (odd ? 8 : 0);
+            float* dst = dq_acc + (bhq + row) * d + c0 + (t4 >> 1) * 4;
+#pragma unroll
+            for (int j = 0; j < NTQ; ++j) {
+                const float x0 = __shfl_xor_sync(0xffffffffu, odd ? acc_dq[j][0] : acc_dq[j][2], 1);
+                const float x1 = __shfl_xor_sync(0xffffffffu, odd ? acc_dq[j][1] : acc_dq[j][3], 1);
+                if (row < Lq && c0 + j * 8 + (t4 >> 1) * 4 < d) {
+                    if (odd) fa_red_add4(dst + j * 8, x0, x1, acc_dq[j][2], acc_dq[j][3]);
+                    else fa_red_add4(dst + j * 8, acc_dq[j][0], acc_dq[j][1], x0, x1);
+                }
+            }
+        }
     }
 
     if (DQB && (tid & 127) == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");

@@ -80,13 +80,11 @@ def _extra_expressions():
         for D, (NWG, ST, BM) in sorted(AT.BWD_SM90_TILES.items()):
             dqbs = {0} | ({1} if AT.SM90_BWD_BULK_DQ and (D if BM == 128 else D // NWG) == 64 else set())
             for dqb in sorted(dqbs):
-                for defer in (True, False):  # the deferred dQ and the per-block barrier (SM90_BWD_DEFER)
-                    saved, AT.SM90_BWD_DEFER = AT.SM90_BWD_DEFER, defer
-                    try:
-                        st, d = AT.bwd_sm90_schedule(D, NWG, ST, BM, dqb)
-                    finally:
-                        AT.SM90_BWD_DEFER = saved
-                    add("flash_attention_bwd_sm90", AT.sm90_bwd_expression(D, NWG, st, kind, BM, dqb, d), half, 90)
+                st = ST
+                while dqb and st > 2 and AT._bwd_sm90_smem(D, NWG, st, BM, dqb) > AT.SM90_SMEM_MAX:
+                    st -= 1
+                add("flash_attention_bwd_sm90", f"flash_attn_bwd_sm90<{{T}}, {D}, {NWG}, {st}, {kind}, {BM}, {dqb}>",
+                    half, 90)
 
     for name, (bm, bn, wm, wn, st, minb, pipe, serves) in sorted(C.TILES.items()):
         for kern, role in (("conv_fwd_igemm", C.FWD), ("conv_dw_igemm", C.DW)):

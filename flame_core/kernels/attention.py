@@ -67,11 +67,6 @@ SM90_BWD = True
 # where the tiles' 16 KB of shared memory per warpgroup would not fit. H200, bf16, backward alone: Flux 1024²
 # 2.153 -> 1.706 ms, SD3.5 1024² 1.866 -> 1.629, SDXL self 0.851 -> 0.734, Flux 512² 0.376 -> 0.312.
 SM90_BWD_BULK_DQ = True
-# The Hopper backward computes a query block's dQ one iteration later (DEFER = 1): a warpgroup's dQ waits for the
-# other's half of dS^T of the previous block, written long before, instead of a barrier of both warpgroups per block,
-# so the two drift apart and one's softmax overlaps the other's products (three dS^T buffers, mbarriers). False: the
-# barrier per block (A/B).
-SM90_BWD_DEFER = True
 SM90_SMEM_MAX = 227 * 1024
 # A boolean mask the same for every query row (B or 1, H or 1, 1, Lk) -- padded text tokens, Chroma's and
 # Qwen-Image's -- runs the Hopper kernels' FA_MASK_KEYPAD (kind 3): the forward classifies the keys per 64 once per
@@ -432,34 +427,17 @@ def _run_bwd_plan(plan, do, q, k, v, o, lse):
     return tuple(outs)
 
 
-def _bwd_sm90_smem(D, NWG, STAGES, BM, dqb, defer=0):
+def _bwd_sm90_smem(D, NWG, STAGES, BM, dqb):
     BN = 64 * NWG
-    return (1024 + (2 * BN * D + 2 * STAGES * BM * D + (3 if defer else 2) * BN * BM) * 2 + 2 * STAGES * BM * 4
+    return (1024 + (2 * BN * D + 2 * STAGES * BM * D + 2 * BN * BM) * 2 + 2 * STAGES * BM * 4
             + dqb * NWG * 64 * 64 * 4)
-
-
-def bwd_sm90_schedule(D, NWG, STAGES, BM, dqb):
-    """(stages, defer) of an sm90 backward launch (the launch and tools/build_kernels.py share it): the deferred dQ
-    where SM90_BWD_DEFER asks for it and its third dS^T buffer fits, the stages dropped (not below 2) where the
-    shared memory would not fit them."""
-    for defer in ((1, 0) if SM90_BWD_DEFER else (0,)):
-        st = STAGES
-        while st > 2 and _bwd_sm90_smem(D, NWG, st, BM, dqb, defer) > SM90_SMEM_MAX:
-            st -= 1
-        if _bwd_sm90_smem(D, NWG, st, BM, dqb, defer) <= SM90_SMEM_MAX or not defer:
-            return st, defer
-    return STAGES, 0
-
-
-def sm90_bwd_expression(D, NWG, STAGES, kind, BM, dqb, defer):
-    return f"flash_attn_bwd_sm90<{{T}}, {D}, {NWG}, {STAGES}, {kind}, {BM}, {dqb}, {defer}>"
 
 
 def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
     if mask is None:  # the repeated call: one dict lookup, the allocations, packed launches
         key = (q.shape, q.strides, k.shape, k.strides, v.shape, v.strides, o.shape, o.strides, do.strides,
                lse.strides, q.dtype, o.dtype, do.dtype, lse.dtype, is_causal, scale, q.data.device_id, SM90_BWD,
-               SM90_BWD_BULK_DQ, SM90_BWD_DEFER, tiles, threading.get_ident())
+               SM90_BWD_BULK_DQ, tiles, threading.get_ident())
         plan = _bwd_plans.get(key)
         if plan is not None and not (q.data.ptr | k.data.ptr | v.data.ptr | o.data.ptr | do.data.ptr) & 15:
             return _run_bwd_plan(plan, do, q, k, v, o, lse)
@@ -494,9 +472,9 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
     dq_direct = sm90 and n_blocks == 1  # one key block: each CTA's dQ rows are complete (no fp32 accumulator)
     # the bulk dQ path: a warpgroup's dQ tile is 64 x 64 (BM = 128: 64 rows x D = 64; BM = 64: D / NWG = 64 columns)
     dqb = int(sm90 and SM90_BWD_BULK_DQ and not dq_direct and (D if BM == 128 else D // NWG) == 64)
-    defer = 0
     if sm90:
-        STAGES, defer = bwd_sm90_schedule(D, NWG, STAGES, BM, dqb)
+        while dqb and STAGES > 2 and _bwd_sm90_smem(D, NWG, STAGES, BM, dqb) > SM90_SMEM_MAX:
+            STAGES -= 1
     if dq_direct:
         dq_acc = KL.null()
     elif dqb:
@@ -515,10 +493,11 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
     dks = tuple(KL.i64(s // dk.itemsize) for s in dk.strides[:3])
     dvs = tuple(KL.i64(s // dv.itemsize) for s in dv.strides[:3])
     if sm90:
-        smem = _bwd_sm90_smem(D, NWG, STAGES, BM, dqb, defer)
+        smem = _bwd_sm90_smem(D, NWG, STAGES, BM, dqb)
         if _keypad(kind, ms):
             kind = MASK_KEYPAD
-        fn = _kernel("flash_attention_bwd_sm90", sm90_bwd_expression(D, NWG, STAGES, kind, BM, dqb, defer), T, smem)
+        fn = _kernel("flash_attention_bwd_sm90",
+                     f"flash_attn_bwd_sm90<{{T}}, {D}, {NWG}, {STAGES}, {kind}, {BM}, {dqb}>", T, smem)
         block = ((NWG + 1) * 128,)
     else:
         smem = (2 * BN * D + 4 * BM * D + 2 * BM * BN) * 2 + 2 * BM * 4

@@ -261,9 +261,9 @@ def _gpu_inputs(rng, case, dt):
 
 
 @pytest.mark.gpu
-# the Hopper kernels (forward and backward; the forward's K / V by TMA or cp.async; the backward's dQ through bulk
-# reductions or through atomics, deferred one query block or behind a barrier per block) or the sm_80 ones
-@pytest.mark.parametrize("fwd", ["sm90", "sm90-atomic-dq", "sm90-cp-async", "sm90-barrier", "sm80"])
+# the Hopper kernels (forward and backward; the backward's dQ through bulk reductions or through atomics) or the
+# sm_80 ones
+@pytest.mark.parametrize("fwd", ["sm90", "sm90-atomic-dq", "sm90-cp-async", "sm80"])
 @pytest.mark.parametrize("dt", ["bfloat16", "float16"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:5])) + f"-{c[5]}-{'causal' * c[6]}{c[7]}")
 def test_flash_kernel_against_float64(rng, monkeypatch, dt, case, fwd):
@@ -273,7 +273,6 @@ def test_flash_kernel_against_float64(rng, monkeypatch, dt, case, fwd):
     monkeypatch.setattr(K, "SM90_BWD", fwd.startswith("sm90"))
     monkeypatch.setattr(K, "SM90_BWD_BULK_DQ", fwd != "sm90-atomic-dq")
     monkeypatch.setattr(K, "SM90_FWD_TMA", fwd != "sm90-cp-async")
-    monkeypatch.setattr(K, "SM90_BWD_DEFER", fwd != "sm90-barrier")
     host, (q, k, v, do), mask, dmask, causal = _gpu_inputs(rng, case, np.dtype(BF16 if dt == "bfloat16" else dt))
     before = launching.launches
     o, lse = K.flash_attention_forward(q, k, v, dmask, causal)
@@ -399,9 +398,6 @@ def test_sm90_kernels_are_the_default_on_hopper(rng):
     K.flash_attention_backward(o, q, k, v, o, lse)
     assert any(key[0] == "flash_attention_fwd_sm90" for key in K._functions)
     assert any(key[0] == "flash_attention_bwd_sm90" for key in K._functions)
-    # the deferred-dQ backward (the last template argument) is the default
-    assert all(key[1].rstrip(">").split(",")[-1].strip() == "1" for key in K._functions
-               if key[0] == "flash_attention_bwd_sm90")
     assert K._use_sm90(64, None) and K._use_sm90(128, None) and not K._use_sm90(256, None)
     assert not K._use_sm90(64, None, Lk=77) and K._fwd_tiles(64, 2, 10, 4096, False, 77) == K.FWD_TILES[64]["small"]
     # several key blocks at both head dims: dQ through the bulk reductions and the tiled accumulator's convert
