@@ -2,6 +2,7 @@
 train the same adapters as one process of batch 2; a run resumes across world sizes when batch_size x ranks stays
 the same, and is refused otherwise; only rank 0 writes."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -44,6 +45,14 @@ def single(tmp_path_factory):
     return train(tmp_path_factory.mktemp("single"), "one", "one", 1, 6, 2)[0]
 
 
+@pytest.fixture(scope="module")
+def two_ranks_to_3(tmp_path_factory):
+    """2 ranks of batch 1 to step 3, where the run ends (its folder: each test resumes a copy of it)."""
+    folder = tmp_path_factory.mktemp("two_ranks_to_3")
+    train(folder, "a", "r", 2, 3, 1)
+    return folder / "runs" / "r"
+
+
 def test_two_ranks_of_one_train_what_one_process_of_two_trains(tmp_path, single):
     two = train(tmp_path, "two", "two", 2, 6, 1)
     for r in two:
@@ -64,8 +73,8 @@ def test_gradient_accumulation_and_checkpointing_on_two_ranks(tmp_path):
     assert_same(two[1], one)
 
 
-def test_resume_across_world_sizes_with_the_same_global_batch(tmp_path, single):
-    train(tmp_path, "a", "r", 2, 3, 1)            # 2 ranks x 1 to step 3 ...
+def test_resume_across_world_sizes_with_the_same_global_batch(tmp_path, single, two_ranks_to_3):
+    shutil.copytree(two_ranks_to_3, tmp_path / "runs" / "r")   # 2 ranks x 1 to step 3 ...
     resumed = train(tmp_path, "b", "r", 1, 6, 2)   # ... one process x 2 on to 6
     np.testing.assert_allclose(resumed[0]["losses"], single["losses"], rtol=1e-5)
     assert_same(resumed[0], single)
@@ -74,9 +83,9 @@ def test_resume_across_world_sizes_with_the_same_global_batch(tmp_path, single):
     assert_same(resumed[1], single)
 
 
-def test_another_global_batch_is_refused(tmp_path):
-    train(tmp_path, "a", "g", 2, 3, 1)
-    r = train(tmp_path, "b", "g", 2, 6, 2, ok=False)
+def test_another_global_batch_is_refused(tmp_path, two_ranks_to_3):
+    shutil.copytree(two_ranks_to_3, tmp_path / "runs" / "r")   # 2 ranks x 1 to step 3
+    r = train(tmp_path, "b", "r", 2, 6, 2, ok=False)
     assert r.returncode != 0
     err = r.stderr.decode()
     assert "cannot continue this run" in err and "train.global_batch_size 2 -> 4" in err
