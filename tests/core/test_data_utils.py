@@ -3,6 +3,7 @@ reproducible from its generator with and without worker processes, worker seedin
 parent with every worker shut down, persistent workers, pinned batches."""
 import _thread
 import collections
+import gc
 import os
 import random
 import sys
@@ -326,6 +327,12 @@ def test_worker_error_is_raised_in_the_parent_and_workers_stop():
 
 
 def test_keyboard_interrupt_shuts_the_workers_down():
+    # The simulated Ctrl-C runs its handler at the main thread's next bytecode; should that be inside a finalizer
+    # run by a garbage collection of earlier tests' garbage, the KeyboardInterrupt is reported as "ignored" there and
+    # lost. The likely cause of this test's "DID NOT RAISE" in 2 of 6 full-suite runs (never alone; not reproduced):
+    # no collection while the interrupt is pending.
+    gc.collect()
+    gc.disable()
     it = iter(DataLoader(Slow(), batch_size=1, num_workers=2))
     next(it)
     timer = threading.Timer(0.2, _thread.interrupt_main)
@@ -336,6 +343,7 @@ def test_keyboard_interrupt_shuts_the_workers_down():
                 pass
     finally:
         timer.cancel()
+        gc.enable()
     assert it._shutdown and not any(p.is_alive() for p in it._workers)
 
 
