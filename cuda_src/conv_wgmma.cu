@@ -58,29 +58,22 @@ struct CwRegs {
     static_assert(128 * PW * PRODUCER + 256 * CONSUMER <= LAUNCH * (256 + 128 * PW), "register budget");
 };
 
-// A TMA tensor map (CUtensorMap: kernels/tma.py encodes it), passed by value as a __grid_constant__ parameter.
-struct alignas(64) CwTmap {
-    unsigned long long v[16];
-};
 struct CwTmap4 {  // the im2col maps of the phased dx's phases (in its `phases` order), or one map in m[0]
-    CwTmap m[4];
+    TmaMap m[4];
 };
 // The tensor-memory-accelerator loads of the TMA producer: a box of a 2-D tiled map at (c0 innermost, c1), and the
 // im2col box of a 4-D (c, w, h, n) map at filter offsets (ow, oh); each signals `bar` with its bytes (complete_tx).
-__device__ __forceinline__ void cw_tma_2d(unsigned dst, const CwTmap* map, int c0, int c1, unsigned bar) {
+__device__ __forceinline__ void cw_tma_2d(unsigned dst, const TmaMap* map, int c0, int c1, unsigned bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
                  "[%4];\n" ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar)
                  : "memory");
 }
-__device__ __forceinline__ void cw_tma_im2col(unsigned dst, const CwTmap* map, int c, int w, int h, int n,
+__device__ __forceinline__ void cw_tma_im2col(unsigned dst, const TmaMap* map, int c, int w, int h, int n,
                                               unsigned short ow, unsigned short oh, unsigned bar) {
     asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes "
                  "[%0], [%1, {%2, %3, %4, %5}], [%6], {%7, %8};\n"
                  ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c), "r"(w), "r"(h), "r"(n),
                  "r"(bar), "h"(ow), "h"(oh) : "memory");
-}
-__device__ __forceinline__ void cw_expect_tx(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 
 // The stage ring's barriers at bar0: full[s] (s < STAGES) completes once the PRODUCERS threads' copies into
@@ -195,7 +188,7 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
                float* __restrict__ ws, int H, int W, int Cp, int O, int KH, int KW, int sh, int sw, int ph, int pw,
                int dh, int dw, int OH, int OW, int P, int K, int kt_split, int tile0, int pw0,
                const T* __restrict__ emb, const T* __restrict__ res, int phases, int ptg, int nimg,
-               const __grid_constant__ CwTmap tm_w, const __grid_constant__ CwTmap4 tm_x) {
+               const __grid_constant__ TmaMap tm_w, const __grid_constant__ CwTmap4 tm_x) {
     static_assert(!TMA || PW == 1, "TMA: one producer warpgroup");
     constexpr bool ADDS = EPI == EPI_ADDS, PHASED = EPI == EPI_PHASED;
     constexpr int BM = 128, BK = 64;
@@ -237,12 +230,12 @@ conv_fwd_wgmma(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
             const int bw = ow * sw - pw, bh = oh * sh - ph;
             const int tap0 = kt0 * BK / Cp;
             int kc = kt0 * BK - tap0 * Cp, kh = tap0 / KW, kw = tap0 - kh * KW;
-            const CwTmap* xmap = &tm_x.m[pq];
+            const TmaMap* xmap = &tm_x.m[pq];
             for (int kt = 0; kt < nkt; ++kt) {
                 const int s = kt % STAGES;
                 if (kt >= STAGES) mbar_wait(ring.empty(s), ((kt / STAGES) - 1) & 1);
                 const unsigned sa = base + s * STAGE_BYTES;
-                cw_expect_tx(ring.full(s), STAGE_BYTES);
+                mbar_arrive_expect_tx(ring.full(s), STAGE_BYTES);
                 cw_tma_2d(sa, &tm_w, wt0 + kh * wt_h + kw * wt_w + kc, o0, ring.full(s));
                 cw_tma_im2col(sa + A_BYTES, xmap, kc, bw, bh, n, (unsigned short)(kw * dw),
                               (unsigned short)(kh * dh), ring.full(s));
@@ -445,7 +438,7 @@ template <typename T, int BN, int STAGES, int PW, bool TMA = false>
 __global__ void __launch_bounds__(256 + 128 * PW, 1)
 conv_dw_wgmma(const T* __restrict__ gt, const T* __restrict__ x, float* __restrict__ ws, int H, int W, int Cp, int O,
               int Op, int KH, int KW, int sh, int sw, int ph, int pw, int dh, int dw, int OH, int OW, int P, int K,
-              int kt_split, const __grid_constant__ CwTmap tm_a, const __grid_constant__ CwTmap tm_x) {
+              int kt_split, const __grid_constant__ TmaMap tm_a, const __grid_constant__ TmaMap tm_x) {
     static_assert(!TMA || PW == 1, "TMA: one producer warpgroup");
     constexpr int BM = 128, BK = 64;
     constexpr int NB = BN / 128;  // wgmma m64n128 per k16 step and consumer warpgroup
@@ -488,7 +481,7 @@ conv_dw_wgmma(const T* __restrict__ gt, const T* __restrict__ x, float* __restri
                 const int s = kt % STAGES;
                 if (kt >= STAGES) mbar_wait(ring.empty(s), ((kt / STAGES) - 1) & 1);
                 const unsigned sa = base + s * STAGE_BYTES;
-                cw_expect_tx(ring.full(s), A_BYTES + nq * SLAB);
+                mbar_arrive_expect_tx(ring.full(s), A_BYTES + nq * SLAB);
                 cw_tma_2d(sa, &tm_a, o0, p, ring.full(s));
                 cw_tma_2d(sa + SLAB, &tm_a, o0 + 64, p, ring.full(s));
 #pragma unroll

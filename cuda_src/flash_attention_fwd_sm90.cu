@@ -25,12 +25,9 @@
 #include "flash_attention_keypad.cuh"
 #include "wgmma.cuh"
 
-// A TMA tensor map (CUtensorMap, encoded by kernels/tma.py) and the K / V pair the TMA kernel takes by value.
-struct alignas(64) FaTmap {
-    unsigned long long v[16];
-};
+// The K / V tensor maps (wgmma.cuh's TmaMap) the TMA kernel takes by value.
 struct FaTmaps {
-    FaTmap k, v;
+    TmaMap k, v;
 };
 
 #define FA_FWD_SM90_PARAMS                                                                                          \

@@ -304,6 +304,11 @@ __device__ __forceinline__ void mbar_arrive(unsigned addr) {
 __device__ __forceinline__ void mbar_cp_async_arrive(unsigned addr) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(addr) : "memory");
 }
+// A TMA tensor map (CUtensorMap, 128 opaque bytes: kernels/tma.py encodes it on the host), passed to a kernel by value
+// as a __grid_constant__ parameter (or in a struct of several).
+struct alignas(64) TmaMap {
+    unsigned long long v[16];
+};
 // One arrival on the barrier that also expects `bytes` of asynchronous (TMA) copies before the phase completes.
 __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned addr, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(addr), "r"(bytes) : "memory");

@@ -104,10 +104,7 @@ def tiled_2d(a, box_rows, box_cols):
         raise ValueError(f"tma.tiled_2d: box {box_rows}x{box_cols} of a {a.shape} array with strides {a.strides}: "
                          f"needs 128-byte box rows, at most 256 of them, and 16-byte aligned rows")
     m = TensorMap()
-    _check(_driver()[0](m.address, _dtype(a), 2, a.data.ptr, _arr(ctypes.c_uint64, [cols, rows]),
-                        _arr(ctypes.c_uint64, [a.strides[0]]), _arr(ctypes.c_uint32, [box_cols, box_rows]),
-                        _arr(ctypes.c_uint32, [1, 1]), 0, _SWIZZLE_128B, _L2_PROMOTION_128B, 0),
-           f"cuTensorMapEncodeTiled of a {a.shape} array, box {box_rows}x{box_cols}")
+    TiledMap(a.dtype, [cols, rows], [a.strides[0]], (box_cols, box_rows), m).encode(a.data.ptr)
     return m
 
 
