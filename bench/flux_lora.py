@@ -18,20 +18,17 @@ import lora_step
 def flame_part(res, configs, repeats, warmup, blocks=None, graph=False, quantize="bf16"):
     from flame_models.flux.lora_keys import name_map_for
     from flame_models.flux.params import configs as presets
-    from flame_nn.offload import quantize_linear_weights_
     p = presets["flux-dev"] if not blocks else presets["flux-dev"].replace(depth=blocks[0],
                                                                             depth_single_blocks=blocks[1])
     model = common.random_flux(p)
     model.requires_grad_(False)
-    if quantize != "bf16":
-        for stack in (model.double_blocks, model.single_blocks):
-            quantize_linear_weights_(stack, compute="fp8" if quantize == "fp8_compute" else None)
+    lora_step.quantize_blocks((model.double_blocks, model.single_blocks), quantize)
 
     def make_step(size):
         kw, target = common.flame_flux_inputs(size, guidance=1.0)
         return common.flame_flux_loss_step(model, kw), (kw["img"], kw["txt"], kw["y"], target)
     lora_step.flame_steps(res, model, name_map_for(p), configs, make_step, repeats, warmup, graph,
-                          prefix="" if quantize == "bf16" else quantize + "_")
+                          prefix=lora_step.variant_prefix(quantize))
     model = None  # rebound, not deleted: closures above use the names
     lora_step.release_flame()
 
@@ -49,11 +46,7 @@ def diffusers_part(res, configs, repeats, warmup, blocks=None, peers=("eager",))
 def main():
     ap = lora_step.parser(__doc__, sizes="512,1024")
     ap.add_argument("--blocks", default=None, help="double,single block counts (default: flux-dev's 19,38)")
-    ap.add_argument("--quantize", default="bf16", type=lambda v: tuple(v.split(",")),
-                    help="FLAME variants: bf16, fp8 (storage), fp8_compute (comma-separated)")
     a = ap.parse_args()
-    if set(a.quantize) - {"bf16", "fp8", "fp8_compute"}:
-        ap.error(f"--quantize: bf16, fp8 or fp8_compute, got {','.join(a.quantize)}")
     configs = lora_step.configs_from(a.sizes, a.ckpt)
     blocks = tuple(int(v) for v in a.blocks.split(",")) if a.blocks else None
     res = common.Results("flux_lora")
@@ -61,8 +54,8 @@ def main():
             for q in a.quantize]
     title = ("\nFlux-dev LoRA r16 (attention) training step, bf16 autocast, batch 1, T5 512 (median ms; peak "
              "allocated GiB)" + lora_step.graph_note(a))
-    reports = [lambda q=q: lora_step.report(res, configs, title + ("" if q == "bf16" else f"; FLAME: {q}"),
-                                            flame_prefix="" if q == "bf16" else q + "_") for q in a.quantize]
+    reports = [lambda q=q: lora_step.report(res, configs, title + lora_step.variant_note(q),
+                                            flame_prefix=lora_step.variant_prefix(q)) for q in a.quantize]
     lora_step.run(res, a, ours,
                   [("diffusers+PEFT", lambda: diffusers_part(res, configs, a.repeats, a.warmup, blocks, a.peer))],
                   reports)

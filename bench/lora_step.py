@@ -51,16 +51,41 @@ def random_init_(model, seed=0, std=0.02, device="cuda", chunk=1 << 26):
     return model
 
 
-def family_model(arch, size, device="cuda"):
-    """(model, name map) of a trainer family's preset (`arch` 'sd3' / 'sdxl', `size` e.g. 'sd3.5-large'), random
-    bf16 weights on `device`, frozen."""
+def family_model(arch, size, device="cuda", quantize="bf16"):
+    """(model, name map) of a trainer family's preset (`arch` 'sd3' / 'sdxl', `size` e.g. 'sd3.5-large' or its
+    params), random bf16 weights on `device`, frozen; `quantize` (QUANTIZE) applied to its block stacks as the
+    trainer's model.quantize / train.fp8_compute do."""
     import flame_core as flame
     from flame_models.training.family import get_family
     fam = get_family(arch)
     model = fam.empty_model(fam.preset(size), flame.bfloat16, device)
     random_init_(model, device=device)
     model.requires_grad_(False)
+    quantize_blocks([model.get_submodule(s) for s in fam.block_stacks(model)], quantize)
     return model, fam.lora_name_map(model)
+
+
+QUANTIZE = ("bf16", "fp8", "fp8_compute")
+
+
+def quantize_blocks(stacks, quantize):
+    """The frozen Linears of `stacks` as --quantize names: bf16 (as they are), fp8 (e4m3 storage, dequantised per
+    matmul) or fp8_compute (e4m3 storage, the matmuls on the fp8 tensor cores)."""
+    from flame_nn.offload import quantize_linear_weights_
+    if quantize not in QUANTIZE:
+        raise ValueError(f"quantize: one of {', '.join(QUANTIZE)}, got {quantize!r}")
+    if quantize != "bf16":
+        for stack in stacks:
+            quantize_linear_weights_(stack, compute="fp8" if quantize == "fp8_compute" else None)
+
+
+def variant_prefix(quantize):
+    """The results' key prefix of FLAME's --quantize variant ('' for bf16)."""
+    return "" if quantize == "bf16" else quantize + "_"
+
+
+def variant_note(quantize):
+    return "" if quantize == "bf16" else f"; FLAME: {quantize}"
 
 
 def tag(size, ckpt, prefix=""):
@@ -357,7 +382,18 @@ def parser(doc, sizes="1024"):
     ap.add_argument("--peer", default="eager,compiled", type=lambda v: tuple(v.split(",")),
                     help="diffusers + PEFT peers to time: eager, compiled (regional torch.compile) or both")
     ap.add_argument("--graph", action="store_true", help="FLAME: forward+backward as a CUDA graph")
+    ap.add_argument("--quantize", default=("bf16",), type=_quantize,
+                    help="FLAME variants, comma-separated: bf16 (the frozen blocks as they are), fp8 (e4m3 storage, "
+                         "dequantised per matmul), fp8_compute (e4m3 storage and fp8 tensor-core matmuls); one FLAME "
+                         "row per variant")
     return ap
+
+
+def _quantize(v):
+    got = tuple(q for q in v.split(",") if q)
+    if not got or set(got) - set(QUANTIZE):
+        raise argparse.ArgumentTypeError(f"one or more of {', '.join(QUANTIZE)}, got {v!r}")
+    return got
 
 
 def run(res, a, flame_parts, peer_parts, reports):

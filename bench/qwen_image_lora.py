@@ -59,10 +59,10 @@ def flame_inputs(model, px, device="cuda", seed=1):
     return lora_step.flame_loss(call), (img, txt, target)
 
 
-def flame_part(res, configs, a):
-    model, name_map = lora_step.family_model("qwen_image", _params(a.blocks))
+def flame_part(res, configs, a, quantize="bf16"):
+    model, name_map = lora_step.family_model("qwen_image", _params(a.blocks), quantize=quantize)
     lora_step.flame_steps(res, model, name_map, configs, lambda px: flame_inputs(model, px), a.repeats, a.warmup,
-                          a.graph)
+                          a.graph, prefix=lora_step.variant_prefix(quantize))
     model = None  # rebound, not deleted: the closure above uses the name
     lora_step.release_flame()
 
@@ -159,10 +159,12 @@ def main():
     blocks = f"{a.blocks} of 60 blocks" if a.blocks else "60 blocks, 20.4B"
     title = (f"\nQwen-Image ({blocks}) LoRA r16 (attention) training step, bf16 autocast, batch 1, {TXT_LEN} text "
              f"tokens (median ms; peak allocated GiB)" + lora_step.graph_note(a))
-    ours = [] if a.only_budget else [("FLAME", lambda: flame_part(res, configs, a))]
+    ours = [] if a.only_budget else [(f"FLAME {q}", lambda q=q: flame_part(res, configs, a, q)) for q in a.quantize]
     ours += [(f"FLAME trainer, {b} GiB, fp8", lambda b=b: budget_part(res, b, a)) for b in a.budget]
     ours += [(f"FLAME whole run, {b} GiB, fp8", lambda b=b: run_part(res, b)) for b in a.run]
-    reports = [] if a.only_budget else [lambda: lora_step.report(res, configs, title)]
+    reports = [] if a.only_budget else [
+        lambda q=q: lora_step.report(res, configs, title + lora_step.variant_note(q),
+                                     flame_prefix=lora_step.variant_prefix(q)) for q in a.quantize]
     if a.budget:
         reports.append(lambda: budget_report(res, a.budget))
     if a.run:

@@ -10,8 +10,10 @@ gradient checkpointing on and off.
 chooses, gradient checkpointing, CUDA-graph steps, synthetic 1024² latents and 333-token text. Timed: whole
 train_step calls (median, after the trainer's own warm-up), the driver's device-memory peak (cudaMemGetInfo, polled)
 over setup and steps. Compared with the peer's checkpointing step (acceptance: peak <= B, step <= 1.3x).
+--quantize bf16,fp8,fp8_compute: FLAME's frozen blocks as they are, in fp8 storage, or in fp8 with fp8 compute; one
+FLAME row per variant (bench/lora_step.py).
 Run: PYTHONPATH=$PWD python3 bench/sd3_lora.py [--models large,medium] [--ckpt on,off] [--repeats 5] [--graph]
-                                                [--budget 10] [--skip-diffusers]
+                                                [--budget 10] [--skip-diffusers] [--quantize bf16,fp8_compute]
 """
 
 import common
@@ -21,9 +23,9 @@ CTX = 77 + 256
 SIZES = {"large": "sd3.5-large", "medium": "sd3.5-medium"}
 
 
-def flame_part(res, which, configs, a):
+def flame_part(res, which, configs, a, quantize="bf16"):
     import flame_core as flame
-    model, name_map = lora_step.family_model("sd3", SIZES[which])
+    model, name_map = lora_step.family_model("sd3", SIZES[which], quantize=quantize)
     bf16 = dict(dtype=flame.bfloat16)
 
     def make_step(px):
@@ -35,7 +37,8 @@ def flame_part(res, which, configs, a):
         t = flame.tensor([500.0], device="cuda")
         target = flame.randn(1, 16, side, side, generator=g, device="cuda")
         return lora_step.flame_loss(model), (x, t, y, ctx, target)
-    lora_step.flame_steps(res, model, name_map, configs, make_step, a.repeats, a.warmup, a.graph, prefix=f"{which}_")
+    lora_step.flame_steps(res, model, name_map, configs, make_step, a.repeats, a.warmup, a.graph,
+                          prefix=f"{which}_{lora_step.variant_prefix(quantize)}")
     model = None  # rebound, not deleted: closures above use the name
     lora_step.release_flame()
 
@@ -89,13 +92,15 @@ def main():
     configs = lora_step.configs_from(a.sizes, a.ckpt)
     models = [m for m in a.models.split(",") if m]
     res = common.Results("sd3_lora")
-    ours = [(f"FLAME {m}", lambda m=m: flame_part(res, m, configs, a)) for m in models]
+    ours = [(f"FLAME {m} {q}", lambda m=m, q=q: flame_part(res, m, configs, a, q)) for m in models
+            for q in a.quantize]
     if a.budget:
         ours.append((f"FLAME trainer, SD3.5 Large, {a.budget} GiB, fp8", lambda: budget_part(res, a)))
-    reports = [lambda m=m: lora_step.report(res, configs, f"\nSD3.5 {m} LoRA r16 (attention) step, bf16 autocast, "
-                                                          f"batch 1, {CTX} context tokens (median ms; peak allocated "
-                                                          f"GiB)" + lora_step.graph_note(a), prefix=f"{m}_")
-               for m in models] + ([lambda: budget_report(res, a)] if a.budget else [])
+    reports = [lambda m=m, q=q: lora_step.report(
+        res, configs, f"\nSD3.5 {m} LoRA r16 (attention) step, bf16 autocast, batch 1, {CTX} context tokens (median "
+                      f"ms; peak allocated GiB)" + lora_step.graph_note(a) + lora_step.variant_note(q),
+        prefix=f"{m}_", flame_prefix=f"{m}_{lora_step.variant_prefix(q)}") for m in models for q in a.quantize]
+    reports += [lambda: budget_report(res, a)] if a.budget else []
     lora_step.run(res, a, ours, [(f"diffusers+PEFT {m}", lambda m=m: diffusers_part(res, m, configs, a))
                                  for m in models], reports)
 

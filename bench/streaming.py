@@ -336,9 +336,12 @@ def layerwise_part(res, depth, single, budget, a):
 def peer_part(res, a):
     import flux_lora
     peer = common.Results("flux_lora_peer")
-    flux_lora.diffusers_part(peer, [(a.size, True)], a.repeats, a.warmup, blocks=(2, 4) if a.small else None)
-    res.log("peer_step_ms", peer.get(f"diffusers_step_{a.size}_ckpt_ms"))
-    res.log("peer_peak_allocated_GiB", peer.get(f"diffusers_step_{a.size}_ckpt_peak_GiB"))
+    flux_lora.diffusers_part(peer, [(a.size, True)], a.repeats, a.warmup, blocks=(2, 4) if a.small else None,
+                             peers=(a.peer,))
+    key = "diffusers" if a.peer == "eager" else "compiled"
+    res.log("peer", f"diffusers+PEFT {a.peer}, checkpointing, unconstrained")
+    res.log("peer_step_ms", peer.get(f"{key}_step_{a.size}_ckpt_ms"))
+    res.log("peer_peak_allocated_GiB", peer.get(f"{key}_step_{a.size}_ckpt_peak_GiB"))
 
 
 def report(res, budgets, fp8_budgets, fp8c_budgets=()):
@@ -371,7 +374,7 @@ def report(res, budgets, fp8_budgets, fp8c_budgets=()):
                          " / ".join("-" if h is None else f"{100 * h:.0f}%" for h in hid), accept])
     text = common.table(["storage", "budget", "res/str", "eager ms (x peer)", "graph ms (x peer)", "pool GiB e/g",
                          "driver GiB e/g", "H2D GB", "GB/s", "hidden e/g", "accept e/g"], rows,
-                        title=f"\nFlux-dev LoRA step, streamed blocks (peer: diffusers+PEFT with checkpointing, "
+                        title=f"\nFlux-dev LoRA step, streamed blocks (peer: {res.get('peer', 'diffusers+PEFT')}, "
                               f"{peer} ms)")
     if "fp8_forward_rel_error_vs_bf16" in res:
         text += f"\nfp8 storage: forward relative error vs bf16 weights {res['fp8_forward_rel_error_vs_bf16']}"
@@ -390,6 +393,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--small", action="store_true", help="2 double + 4 single blocks (a smoke run)")
     ap.add_argument("--skip-peer", action="store_true")
+    ap.add_argument("--peer", default="eager", choices=("eager", "compiled"),
+                    help="the peer's step: diffusers+PEFT eager or under regional torch.compile (checkpointing on)")
     ap.add_argument("--graph", action="store_true", help="also replay forward+backward as a CUDA graph per config")
     ap.add_argument("--layerwise", default="", help="D,S,B: full fine-tuning of D double + S single blocks under B GiB")
     ap.add_argument("--only-layerwise", action="store_true")
