@@ -6,6 +6,11 @@ dynamic tree map: a decimal exponent and a fraction whose precision grows with t
 to 1 of the block maximum stay representable. The signed book holds m, the unsigned one v. Per step: dequantise
 to float32, run the AdamW update, requantise. State memory: ~2 bytes per parameter instead of 8.
 Parameters with fewer than `min_8bit_size` elements keep float32 moments (as bitsandbytes does).
+
+On the GPU, float32 parameters with block_size 256 are updated by ONE fused launch per parameter group and step
+count (flame_core.kernels.adamw8bit): dequantise, update, reduce each block's absmax and requantise in registers,
+with the same roundings as the per-operation path below, which everything else takes (the CPU, other block sizes
+and parameter dtypes).
 """
 import math
 
@@ -15,6 +20,12 @@ from flame_core import as_tensor, backend
 
 from .adam import _check
 from .optimizer import Optimizer, _closure_loss, grads_of
+
+try:
+    from flame_core.kernels import adamw8bit as _fused
+    from flame_core.kernels import loader as _loader
+except ImportError:  # fused kernels not in this build
+    _fused = None
 
 
 def dynamic_map(signed=True, max_exponent_bits=7, total_bits=8):
@@ -104,7 +115,10 @@ class AdamW8bit(Optimizer):
         for group in self.param_groups:
             lr, (b1, b2), eps, wd, bs = group["lr"], group["betas"], group["eps"], group["weight_decay"], \
                 group["block_size"]
+            done = self._fused_step(group)
             for p, g in grads_of(group):
+                if id(p) in done:
+                    continue
                 st, g = self._prepare(p, g, group, l2=False)  # AdamW's decay is decoupled (below)
                 w = p.array
                 xp = backend.xp_of(w)
@@ -132,3 +146,70 @@ class AdamW8bit(Optimizer):
                         st[name].set_array_(codes)
                         st[name + "_absmax"].set_array_(absmax)
         return loss
+
+    # ------------------------------------------------------------------ fused GPU path
+    def _fusable(self, p, g, group):
+        """Whether the fused kernel can update `p` with gradient array `g` (its state, if any, in the layout
+        _init_state makes, on the GPU)."""
+        a = p.array
+        if not (backend.is_cuda_array(a) and a.dtype == np.float32 and a.flags.c_contiguous
+                and backend.is_cuda_array(g) and g.flags.c_contiguous and g.size == a.size
+                and _loader.dtype_name(g.dtype) in ("float32", "float16", "bfloat16")):
+            return False
+        st = self.state.get(p)
+        if st is None:
+            return True
+        quantized = a.size >= group["min_8bit_size"]
+        if quantized != ("exp_avg_absmax" in st):
+            return False  # state loaded from another setting: the per-operation path copes with it
+        nb = -(-a.size // _fused.BLOCK)
+        want = [("exp_avg", np.uint8 if quantized else np.float32, a.size),
+                ("exp_avg_sq", np.uint8 if quantized else np.float32, a.size)]
+        if quantized:
+            want += [("exp_avg_absmax", np.float32, nb), ("exp_avg_sq_absmax", np.float32, nb)]
+        for key, dt, n in want:
+            v = st.get(key)
+            arr = getattr(v, "array", None)
+            if arr is None or not backend.is_cuda_array(arr) or arr.dtype != dt or arr.size != n \
+                    or not arr.flags.c_contiguous:
+                return False
+        return True
+
+    def _fused_step(self, group):
+        """One fused launch per step count for the group's fusable parameters; returns the ids it updated."""
+        if _fused is None or group["block_size"] != _fused.BLOCK or not _loader.enabled():
+            return ()
+        buckets = {}
+        for p, g in grads_of(group):
+            if not self._fusable(p, g, group):
+                continue
+            st, _ = self._prepare(p, g, group, l2=False)
+            q = "exp_avg_absmax" in st
+            row = (p.array, g, st["exp_avg"].array, st["exp_avg_sq"].array,
+                   st["exp_avg_absmax"].array if q else None, st["exp_avg_sq_absmax"].array if q else None)
+            buckets.setdefault(st["step"], []).append((p, row))
+        done = set()
+        if not buckets:
+            return done
+        xp = backend.cupy
+        sbook, ubook = _code_book(xp, True), _code_book(xp, False)
+        for t, items in buckets.items():
+            _fused.adamw8bit_step(self._plan([row for _, row in items]), sbook, ubook, lr=group["lr"],
+                                  beta1=group["betas"][0], beta2=group["betas"][1], eps=group["eps"],
+                                  weight_decay=group["weight_decay"], step=t)
+            for p, _ in items:
+                p._version[0] += 1
+                done.add(id(p))
+        return done
+
+    def _plan(self, rows):
+        """The kernel's tables for these arrays (cached by their addresses, sizes and dtypes: the gradients of a lazy
+        pool buffer move between steps, a graph's stay)."""
+        key = tuple((a.data.ptr, a.size, a.dtype.char) if a is not None else None for row in rows for a in row)
+        plans = self.__dict__.setdefault("_plans", {})
+        plan = plans.get(key)
+        if plan is None:
+            if len(plans) >= 8:  # addresses that keep moving: keep the newest few
+                plans.pop(next(iter(plans)))
+            plan = plans[key] = _fused.adamw8bit_plan(rows)
+        return plan

@@ -1,0 +1,142 @@
+"""Optimizer step time over a LoRA's parameters: FLAME's optimizers against PyTorch's in the same process.
+
+The parameter set is the LoRA r16 on the attention projections of a real model (float32 adapters, one down and one up
+matrix per adapted Linear): `sdxl` (70 transformer blocks, attn1 q/k/v/out and attn2 q/k/v/out at 640 / 1280
+channels, 2048-wide text keys: 1120 tensors), `flux` (57 blocks, q/k/v/out at 3072: 456 tensors), `sd3.5-large`
+(38 joint blocks, q/k/v/out of both streams at 2432: 608 tensors). Gradients are random (the same every step), the
+learning rate 1e-4.
+Timed per optimizer: one `step()` between CUDA events after --warmup steps, median of --repeats, and the host's time
+of issuing it. FLAME: AdamW (fused, on pooled gradients as the trainer registers them), AdamW8bit (fused; and its
+per-operation path inside loader.reference() with --per-op), Lion, Prodigy, AdamWScheduleFree, Adafactor. torch:
+torch.optim.AdamW (fused=True), and prodigyopt.Prodigy / lion_pytorch.Lion / schedulefree.AdamWScheduleFree where
+importable (bitsandbytes' 8-bit AdamW is not on the lent image).
+Run: PYTHONPATH=$PWD python3 bench/optimizers.py [--sets sdxl,flux] [--repeats 10] [--warmup 3] [--per-op]
+"""
+import argparse
+
+import common
+import numpy as np
+
+R = 16
+
+
+def lora_shapes(which):
+    """[(rows, cols)] of the LoRA's down and up matrices for the adapted Linears (in, out) of `which`."""
+    lin = []
+    if which == "sdxl":
+        for width, n in ((640, 10), (1280, 60)):  # 10 blocks at 640 channels, 60 at 1280: 70 in all
+            for _ in range(n):
+                lin += [(width, width)] * 4 + [(width, width), (2048, width), (2048, width), (width, width)]
+    elif which == "flux":
+        lin = [(3072, 3072)] * (4 * 57)
+    elif which == "sd3.5-large":
+        lin = [(2432, 2432)] * (8 * 38)
+    else:
+        raise ValueError(f"--sets: sdxl, flux or sd3.5-large, got {which!r}")
+    return [s for i, o in lin for s in ((R, i), (o, R))]
+
+
+def flame_part(res, which, a):
+    import flame_core as flame
+    import flame_nn as nn
+    from flame_core import grad_pool
+    from flame_core.kernels import loader
+    shapes = lora_shapes(which)
+    res.log(f"{which}_tensors", len(shapes))
+    res.log(f"{which}_params", int(sum(r * c for r, c in shapes)))
+    rng = np.random.default_rng(0)
+    kinds = [("AdamW", lambda ps: nn.optim.AdamW(ps, lr=1e-4), False),
+             ("AdamW8bit", lambda ps: nn.optim.AdamW8bit(ps, lr=1e-4), False)]
+    if a.per_op:
+        kinds.append(("AdamW8bit per-op", lambda ps: nn.optim.AdamW8bit(ps, lr=1e-4), True))
+    kinds += [("Lion", lambda ps: nn.optim.Lion(ps, lr=1e-5), False),
+              ("Prodigy", lambda ps: nn.optim.Prodigy(ps, lr=1.0), False),
+              ("AdamWScheduleFree", lambda ps: nn.optim.AdamWScheduleFree(ps, lr=1e-4), False),
+              ("Adafactor", lambda ps: nn.optim.Adafactor(ps, lr=1e-4, relative_step=False, scale_parameter=False),
+               False)]
+    grads = [rng.standard_normal(s).astype(np.float32) * 1e-2 for s in shapes]
+    for name, make, reference in kinds:
+        params = [nn.Parameter(flame.tensor(rng.standard_normal(s).astype(np.float32) * 0.02, device="cuda"))
+                  for s in shapes]
+        grad_pool.register(params)  # as the trainer does: the gradients are views of flat buffers
+        for p, g in zip(params, grads):
+            view = grad_pool.pooled_grad(p)
+            view.array[...] = flame.tensor(g, device="cuda").array
+            p.grad = view
+        opt = make(params)
+        step = opt.step
+        try:
+            if reference:
+                with loader.reference():
+                    ms, host, _ = common.cuda_ms(step, a.repeats, a.warmup)
+            else:
+                ms, host, _ = common.cuda_ms(step, a.repeats, a.warmup)
+            res.log(f"flame_{which}_{name}_ms", round(ms, 3))
+            res.log(f"flame_{which}_{name}_host_ms", round(host, 3))
+        except Exception as e:  # an optimizer that fails is reported, the others still run
+            res.log(f"flame_{which}_{name}_ms", f"error: {str(e).splitlines()[0]}")
+        grad_pool.unregister(params)
+        opt = params = step = None
+
+
+def torch_part(res, which, a):
+    import torch
+    shapes = lora_shapes(which)
+    rng = np.random.default_rng(0)
+    kinds = [("AdamW", lambda ps: torch.optim.AdamW(ps, lr=1e-4, fused=True))]
+    for mod, cls, name, kw in (("lion_pytorch", "Lion", "Lion", dict(lr=1e-5)),
+                               ("prodigyopt", "Prodigy", "Prodigy", dict(lr=1.0)),
+                               ("schedulefree", "AdamWScheduleFree", "AdamWScheduleFree", dict(lr=1e-4))):
+        try:
+            kinds.append((name, lambda ps, c=getattr(__import__(mod), cls), kw=kw: c(ps, **kw)))
+        except ImportError:
+            res.log(f"torch_{which}_{name}_ms", f"{mod} not importable")
+    grads = [torch.from_numpy(rng.standard_normal(s).astype(np.float32) * 1e-2).cuda() for s in shapes]
+    for name, make in kinds:
+        params = [torch.nn.Parameter(torch.randn(s, device="cuda") * 0.02) for s in shapes]
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        opt = make(params)
+        if name == "AdamWScheduleFree":
+            opt.train()
+        ms, host, _ = common.cuda_ms(opt.step, a.repeats, a.warmup, lib="torch")
+        res.log(f"torch_{which}_{name}_ms", round(ms, 3))
+        res.log(f"torch_{which}_{name}_host_ms", round(host, 3))
+        opt = params = None
+
+
+def report(res, sets):
+    rows = []
+    for which in sets:
+        for name in ("AdamW", "AdamW8bit", "AdamW8bit per-op", "Lion", "Prodigy", "AdamWScheduleFree", "Adafactor"):
+            f, t = res.get(f"flame_{which}_{name}_ms"), res.get(f"torch_{which}_{name}_ms")
+            if f is None and t is None:
+                continue
+            rows.append([which, name, f, res.get(f"flame_{which}_{name}_host_ms"), t,
+                         common.ratio(f, t if isinstance(t, float) else res.get(f"torch_{which}_AdamW_ms"))])
+    return common.table(["set", "optimizer", "FLAME ms", "FLAME host ms", "torch ms", "÷ torch (AdamW where none)"],
+                        rows, title="\nOptimizer step over a LoRA r16's float32 parameters (median ms between CUDA "
+                                    "events; host ms: issuing the step)")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sets", default="sdxl,flux")
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--per-op", action="store_true", help="also AdamW8bit's per-operation path (slow)")
+    a = ap.parse_args()
+    sets = [s for s in a.sets.split(",") if s]
+    for s in sets:
+        lora_shapes(s)
+    res = common.Results("optimizers")
+    parts = [(f"FLAME {s}", lambda s=s: flame_part(res, s, a)) for s in sets]
+    if common.import_torch() is not None:
+        parts += [(f"torch {s}", lambda s=s: torch_part(res, s, a)) for s in sets]
+    failed = common.run_parts(res, parts)
+    print(report(res, sets), flush=True)
+    raise SystemExit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Fused multi-tensor AdamW8bit (flame_core.kernels.adamw8bit): the optimizer's fused step against its
+per-operation path (the same class inside loader.reference()), bit for bit, and the plan's argument errors."""
+import numpy as np
+import pytest
+from kernel_utils import DTYPES
+
+from flame_core.errors import DTypeError, ShapeError
+from flame_core.kernels import adamw8bit as K
+
+# sizes around the 256-element blocks; 4095 stays below min_8bit_size (float32 moments), the rest are quantised
+SIZES = [1, 255, 256, 257, 4095, 5000, 70001]
+
+
+def _run(gdt, wd, steps, rng_seed=3):
+    import flame_core as flame
+    import flame_nn as nn
+    rng = np.random.default_rng(rng_seed)
+    inits = [rng.standard_normal(n).astype(np.float32) for n in SIZES]
+    params = [nn.Parameter(flame.tensor(a.reshape(1, -1) if n % 2 else a, device="cuda"))
+              for a, n in zip(inits, SIZES)]
+    opt = nn.optim.AdamW8bit(params, lr=3e-3, betas=(0.9, 0.99), weight_decay=wd, min_8bit_size=4096)
+    for _ in range(steps):
+        for p in params:
+            g = rng.standard_normal(p.shape) * rng.choice([1e-3, 1.0, 30.0])
+            p.grad = flame.tensor(g.astype(DTYPES[gdt]), device="cuda")
+        opt.step()
+    state = [{k: v.numpy() for k, v in opt.state[p].items() if k != "step"} for p in params]
+    return [p.numpy() for p in params], state, [opt.state[p]["step"] for p in params]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gdt", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("wd", [0.0, 0.05])
+def test_fused_step_equals_the_per_operation_path(gdt, wd):
+    from flame_core.kernels import launching, loader
+    before = launching.launches
+    wk, sk, tk = _run(gdt, wd, steps=3)
+    assert launching.launches - before >= 3  # the fused kernel ran (once per step)
+    with loader.reference():
+        before = launching.launches
+        wr, sr, tr = _run(gdt, wd, steps=3)
+        assert launching.launches == before, "the reference path launched a kernel"
+    assert tk == tr == [3] * len(SIZES)
+    for n, a, b, s, r in zip(SIZES, wk, wr, sk, sr):
+        assert set(s) == set(r) == ({"exp_avg", "exp_avg_sq"} | ({"exp_avg_absmax", "exp_avg_sq_absmax"}
+                                                               if n >= 4096 else set()))
+        np.testing.assert_array_equal(a, b, err_msg=f"weights of the {n}-element tensor")
+        for k in s:
+            np.testing.assert_array_equal(s[k], r[k], err_msg=f"{k} of the {n}-element tensor")
+
+
+@pytest.mark.gpu
+def test_one_launch_per_step_for_every_tensor():
+    import flame_core as flame
+    import flame_nn as nn
+    from flame_core.kernels import launching
+    params = [nn.Parameter(flame.randn(n, device="cuda")) for n in SIZES]
+    opt = nn.optim.AdamW8bit(params, lr=1e-3)
+    for p in params:
+        p.grad = flame.randn(*p.shape, device="cuda")
+    opt.step()  # first step: the state is made (its fills launch kernels of their own)
+    before = launching.launches
+    opt.step()
+    assert launching.launches - before == 1
+
+
+def test_plan_errors_name_the_tensor_and_field():
+    p = np.zeros(300, np.float32)
+    with pytest.raises(ShapeError, match="no tensors"):
+        K.adamw8bit_plan([])
+    with pytest.raises(DTypeError, match="tensor 0's parameter must be float32"):
+        K.adamw8bit_plan([(p.astype(np.float16), p, p, p, None, None)])
+    with pytest.raises(ShapeError, match="tensor 0's gradient must be contiguous with 300"):
+        K.adamw8bit_plan([(p, p[:299], p, p, None, None)])
+    with pytest.raises(DTypeError, match="tensor 0's exp_avg must be uint8"):
+        K.adamw8bit_plan([(p, p, p, p, np.zeros(2, np.float32), np.zeros(2, np.float32))])
+    q = np.zeros(300, np.uint8)
+    with pytest.raises(ShapeError, match="exp_avg_sq_absmax must be contiguous with 2"):
+        K.adamw8bit_plan([(p, p, q, q, np.zeros(2, np.float32), np.zeros(3, np.float32))])
+    with pytest.raises(ShapeError, match="on the GPU"):
+        K.adamw8bit_plan([(p, p, q, q, np.zeros(2, np.float32), np.zeros(2, np.float32))])
