@@ -64,6 +64,8 @@ def flame_part(res, which, a):
             view.array[...] = flame.tensor(g, device="cuda").array
             p.grad = view
         opt = make(params)
+        if hasattr(opt, "train"):  # schedule-free: train mode for stepping
+            opt.train()
         step = opt.step
         try:
             if reference:

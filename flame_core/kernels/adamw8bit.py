@@ -4,6 +4,7 @@ the weights, and their moments stored as 8-bit codes of the dynamic code books w
 per-operation path computes.
 
     plan = adamw8bit_plan(rows)   # rows: (param, grad, exp_avg, exp_avg_sq, exp_avg_absmax, exp_avg_sq_absmax)
+    plan.set_grads(grads)         # later steps: the gradients' arrays, wherever they are now (same sizes)
     adamw8bit_step(plan, signed_book, unsigned_book, lr=..., beta1=..., beta2=..., eps=..., weight_decay=...,
                    step=t)        # one launch for every tensor
 
@@ -57,8 +58,28 @@ class AdamW8bitPlan:
             table[t] = (p.data.ptr, g.data.ptr, m.data.ptr, v.data.ptr, ma.data.ptr if quantised else 0,
                         va.data.ptr if quantised else 0, n, _GRAD_KIND[L.dtype_name(g.dtype)] | (4 if quantised else 0))
         self.rows = len(rows)
+        self.host = table
         self.tables = (backend.cupy.asarray(table),) + _blocks(tuple(int(r[0].size) for r in rows))
         self.n_blocks = int(self.tables[1].size)
+
+    def set_grads(self, grads):
+        """Point the tensors at these gradient arrays (one per row, in order; each the row's size, contiguous, on
+        the GPU): the device table is written only when an address or a dtype changed."""
+        if len(grads) != self.rows:
+            raise ShapeError(f"adamw8bit_plan.set_grads: {len(grads)} gradients for {self.rows} tensors")
+        ptr = np.fromiter((g.data.ptr for g in grads), np.int64, self.rows)
+        kind = np.fromiter((_GRAD_KIND.get(g.dtype.name, -1) for g in grads), np.int64, self.rows)
+        size = np.fromiter((g.size for g in grads), np.int64, self.rows)
+        bad = np.flatnonzero((kind < 0) | (size != self.host[:, 6]))
+        bad = bad if bad.size else [t for t, g in enumerate(grads) if not g.flags.c_contiguous]
+        if len(bad):
+            t = int(bad[0])
+            _contiguous_1d(grads[t], int(self.host[t, 6]), f"tensor {t}'s gradient", tuple(_GRAD_KIND))
+        flags = (self.host[:, 7] & ~3) | kind
+        if not (np.array_equal(ptr, self.host[:, 1]) and np.array_equal(flags, self.host[:, 7])):
+            self.host[:, 1] = ptr
+            self.host[:, 7] = flags
+            self.tables[0].set(self.host)
 
 
 _BLOCK_TABLES = {}  # tensor sizes -> (chunk_tensor, chunk_block) on the device: the same sizes every step

@@ -21,6 +21,8 @@ from flame_core import as_tensor, backend
 from .adam import _check
 from .optimizer import Optimizer, _closure_loss, grads_of
 
+_GRAD_DTYPES = ("float32", "float16", "bfloat16")
+
 try:
     from flame_core.kernels import adamw8bit as _fused
     from flame_core.kernels import loader as _loader
@@ -154,7 +156,7 @@ class AdamW8bit(Optimizer):
         a = p.array
         if not (backend.is_cuda_array(a) and a.dtype == np.float32 and a.flags.c_contiguous
                 and backend.is_cuda_array(g) and g.flags.c_contiguous and g.size == a.size
-                and _loader.dtype_name(g.dtype) in ("float32", "float16", "bfloat16")):
+                and _loader.dtype_name(g.dtype) in _GRAD_DTYPES):
             return False
         st = self.state.get(p)
         if st is None:
@@ -176,40 +178,59 @@ class AdamW8bit(Optimizer):
         return True
 
     def _fused_step(self, group):
-        """One fused launch per step count for the group's fusable parameters; returns the ids it updated."""
+        """One fused launch per step count for the group's fusable parameters; returns the ids it updated. A
+        parameter whose array, state and state arrays are the very objects seen at its last fused step skips the
+        checks (`_rows`: id(param) -> what that step saw; the per-operation path replaces the state arrays, so a
+        parameter it updated is checked afresh)."""
         if _fused is None or group["block_size"] != _fused.BLOCK or not _loader.enabled():
             return ()
+        seen = self.__dict__.setdefault("_rows", {})
         buckets = {}
         for p, g in grads_of(group):
-            if not self._fusable(p, g, group):
-                continue
-            st, _ = self._prepare(p, g, group, l2=False)
-            q = "exp_avg_absmax" in st
-            row = (p.array, g, st["exp_avg"].array, st["exp_avg_sq"].array,
-                   st["exp_avg_absmax"].array if q else None, st["exp_avg_sq_absmax"].array if q else None)
-            buckets.setdefault(st["step"], []).append((p, row))
+            a, st = p.array, self.state.get(p)
+            hit = seen.get(id(p))
+            if hit is not None and hit[0] is a and hit[1] is st \
+                    and all(st.get(k) is t and t.array is arr for k, t, arr in hit[2]) \
+                    and g.size == a.size and g.flags.c_contiguous and g.dtype.name in _GRAD_DTYPES \
+                    and backend.is_cuda_array(g):
+                st["step"] += 1
+            else:
+                seen.pop(id(p), None)
+                if not self._fusable(p, g, group):
+                    continue
+                st, _ = self._prepare(p, g, group, l2=False)
+                keys = ("exp_avg", "exp_avg_sq") + (("exp_avg_absmax", "exp_avg_sq_absmax")
+                                                    if "exp_avg_absmax" in st else ())
+                hit = seen[id(p)] = (a, st, tuple((k, st[k], st[k].array) for k in keys))
+            buckets.setdefault(st["step"], []).append((p, g, hit))
         done = set()
         if not buckets:
             return done
         xp = backend.cupy
         sbook, ubook = _code_book(xp, True), _code_book(xp, False)
         for t, items in buckets.items():
-            _fused.adamw8bit_step(self._plan([row for _, row in items]), sbook, ubook, lr=group["lr"],
-                                  beta1=group["betas"][0], beta2=group["betas"][1], eps=group["eps"],
-                                  weight_decay=group["weight_decay"], step=t)
-            for p, _ in items:
+            _fused.adamw8bit_step(self._plan(items), sbook, ubook, lr=group["lr"], beta1=group["betas"][0],
+                                  beta2=group["betas"][1], eps=group["eps"], weight_decay=group["weight_decay"],
+                                  step=t)
+            for p, _, _ in items:
                 p._version[0] += 1
                 done.add(id(p))
         return done
 
-    def _plan(self, rows):
-        """The kernel's tables for these arrays (cached by their addresses, sizes and dtypes: the gradients of a lazy
-        pool buffer move between steps, a graph's stay)."""
-        key = tuple((a.data.ptr, a.size, a.dtype.char) if a is not None else None for row in rows for a in row)
+    def _plan(self, items):
+        """The kernel's tables for these (param, grad, seen) items: cached by the parameters' and states' arrays
+        (the same objects every step); the gradients' addresses are re-pointed each step (a lazy pool buffer's
+        move, a graph's stay)."""
+        key = tuple(id(hit) for _, _, hit in items)
         plans = self.__dict__.setdefault("_plans", {})
-        plan = plans.get(key)
-        if plan is None:
-            if len(plans) >= 8:  # addresses that keep moving: keep the newest few
+        got = plans.get(key)
+        grads = [g for _, g, _ in items]
+        if got is None or any(a is not b for a, b in zip(got[0], (hit for _, _, hit in items))):
+            if len(plans) >= 8:  # parameter sets that keep changing: keep the newest few
                 plans.pop(next(iter(plans)))
-            plan = plans[key] = _fused.adamw8bit_plan(rows)
-        return plan
+            rows = [(hit[0], g) + tuple(arr for _, _, arr in hit[2]) + ((None, None) if len(hit[2]) == 2 else ())
+                    for _, g, hit in items]
+            got = plans[key] = ([hit for _, _, hit in items], _fused.adamw8bit_plan(rows))
+        else:
+            got[1].set_grads(grads)
+        return got[1]
