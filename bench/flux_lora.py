@@ -44,7 +44,7 @@ def diffusers_part(res, configs, repeats, warmup, blocks=None, peers=("eager",))
 
 
 def main():
-    ap = lora_step.parser(__doc__, sizes="512,1024")
+    ap = lora_step.parser(__doc__, sizes="512,1024", quantize=True)
     ap.add_argument("--blocks", default=None, help="double,single block counts (default: flux-dev's 19,38)")
     a = ap.parse_args()
     configs = lora_step.configs_from(a.sizes, a.ckpt)

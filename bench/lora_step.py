@@ -371,8 +371,9 @@ def configs_from(sizes, ckpt):
     return [(int(s), c == "on") for s in sizes.split(",") for c in ckpt.split(",")]
 
 
-def parser(doc, sizes="1024"):
-    """The options every LoRA-step bench takes (a script adds its own)."""
+def parser(doc, sizes="1024", quantize=False):
+    """The options every LoRA-step bench takes (a script adds its own); `quantize`: the script builds FLAME's
+    --quantize variants (quantize_blocks, variant_prefix)."""
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--sizes", default=sizes)
     ap.add_argument("--ckpt", default="on,off")
@@ -382,10 +383,11 @@ def parser(doc, sizes="1024"):
     ap.add_argument("--peer", default="eager,compiled", type=lambda v: tuple(v.split(",")),
                     help="diffusers + PEFT peers to time: eager, compiled (regional torch.compile) or both")
     ap.add_argument("--graph", action="store_true", help="FLAME: forward+backward as a CUDA graph")
-    ap.add_argument("--quantize", default=("bf16",), type=_quantize,
-                    help="FLAME variants, comma-separated: bf16 (the frozen blocks as they are), fp8 (e4m3 storage, "
-                         "dequantised per matmul), fp8_compute (e4m3 storage and fp8 tensor-core matmuls); one FLAME "
-                         "row per variant")
+    if quantize:
+        ap.add_argument("--quantize", default=("bf16",), type=_quantize,
+                        help="FLAME variants, comma-separated: bf16 (the frozen blocks as they are), fp8 (e4m3 "
+                             "storage, dequantised per matmul), fp8_compute (e4m3 storage and fp8 tensor-core "
+                             "matmuls); one FLAME row per variant")
     return ap
 
 

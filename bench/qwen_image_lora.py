@@ -139,7 +139,7 @@ def _budgets(v):
 
 
 def main():
-    ap = lora_step.parser(__doc__)
+    ap = lora_step.parser(__doc__, quantize=True)
     ap.add_argument("--blocks", type=int, default=None, help="transformer blocks (default: the real 60)")
     ap.add_argument("--budget", type=_budgets, default=(), help="GiB, comma-separated: trainer runs with fp8 blocks")
     ap.add_argument("--only-budget", action="store_true", help="run the --budget / --run trainer runs alone")

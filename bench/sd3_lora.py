@@ -85,7 +85,7 @@ def budget_report(res, a):
 
 
 def main():
-    ap = lora_step.parser(__doc__)
+    ap = lora_step.parser(__doc__, quantize=True)
     ap.add_argument("--models", default="large,medium")
     ap.add_argument("--budget", type=float, default=10, help="GiB for the fp8 trainer run (0: skip it)")
     a = ap.parse_args()
