@@ -96,7 +96,5 @@ class StepGraphs:
                 log(f"CUDA graph capture failed ({failed[1]}); training continues eagerly")
             streaming.before_micro_step(None)  # the slots primed again for the eager step instead
             loss = eager(*args)
-        said = streaming.after_graph_step(self)
-        if said:
-            log(said)
+        streaming.after_graph_step(self)
         return loss
