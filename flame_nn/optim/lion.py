@@ -3,9 +3,13 @@
     p *= 1 - lr * wd                      (wd / initial lr with decoupled_weight_decay)
     p -= lr * sign(b1 m + (1 - b1) g)
     m  = b2 m + (1 - b2) g
+
+On the GPU the float32 parameters of a group take one launch per step (flame_core.kernels.optim_multi, the same
+roundings); the rest the per-operation path below.
 """
 from flame_core import as_tensor, backend
 
+from . import multi_tensor as MT
 from .optimizer import Optimizer, _closure_loss, grads_of, state_on_device
 
 
@@ -27,7 +31,10 @@ class Lion(Optimizer):
             lr, (b1, b2), wd = group["lr"], group["betas"], group["weight_decay"]
             if self.decoupled_wd:
                 wd = wd / self._init_lr
+            done = self._fused_step(group, lr, b1, b2, wd)
             for p, g in grads_of(group):
+                if id(p) in done:
+                    continue
                 w = p.array
                 xp = backend.xp_of(w)
                 st = self.state.get(p)
@@ -42,3 +49,27 @@ class Lion(Optimizer):
                 m += (1 - b2) * g
                 p._version[0] += 1
         return loss
+
+    def _fused_step(self, group, lr, b1, b2, wd):
+        """One launch for the group's float32 GPU parameters; returns the ids it updated."""
+        if not MT.enabled():
+            return ()
+        rows, params = [], []
+        for p, g in grads_of(group):
+            a = p.array
+            if not MT.fusable(a, g):
+                continue
+            st = self.state.get(p)
+            if st is None:
+                st = self.state[p] = {"exp_avg": as_tensor(backend.xp_of(a).zeros_like(a))}
+            m = state_on_device(st, p)["exp_avg"].array
+            if MT.fusable_state(m, a):
+                rows.append((a, g, m))
+                params.append(p)
+        if not rows:
+            return ()
+        MT.kernels.lion_step(self.__dict__.setdefault("_tables", MT.Tables()).get(rows), lr=lr, beta1=b1, beta2=b2,
+                             decay=1 - lr * wd if wd else 1.0)
+        for p in params:
+            p._version[0] += 1
+        return {id(p) for p in params}

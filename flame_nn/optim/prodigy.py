@@ -8,11 +8,15 @@ With dlr = d * lr * bias_correction and, per parameter, p0 its initial value and
     p -= dlr * m / (sqrt(v) + d eps)        (p *= 1 - decay dlr first with decoupled weight decay)
 The estimate (d, d_max, d_numerator, k, ...) lives in the parameter groups, as in the reference. Sharded (fsdp)
 estimates are not supported here: FLAME's data-parallel ranks hold whole parameters.
+On the GPU a step whose parameters are all float32 in one group (slice_p 1, beta1 > 0, decoupled or no weight
+decay) takes two launches (flame_core.kernels.optim_multi: the moments and the two sums, then the weights) and one
+synchronisation for the sums; everything else the per-operation path below.
 """
 import math
 
 from flame_core import as_tensor, backend
 
+from . import multi_tensor as MT
 from .optimizer import Optimizer, _closure_loss, grads_of, state_on_device
 
 RUNNING_KEYS = ("d", "d_max", "d_numerator", "d_denom", "d_hat", "k")
@@ -45,6 +49,61 @@ class Prodigy(Optimizer):
                                       slice_p=int(slice_p)))
         self.d0 = d0
 
+    def _fused_rows(self, b1):
+        """The kernel rows (param, grad, p0 or None, exp_avg, exp_avg_sq, s) of a step the kernels can take whole,
+        with the params, or None."""
+        if not MT.enabled() or len(self.param_groups) != 1:
+            return None
+        group = self.param_groups[0]
+        if group["slice_p"] != 1 or b1 <= 0 or (group["weight_decay"] != 0 and not group["decouple"]) \
+                or group["lr"] <= 0:
+            return None
+        rows, params = [], []
+        for p, g in grads_of(group):
+            a = p.array
+            if not MT.fusable(a, g):
+                return None
+            st = self.state.get(p)
+            st = self._init_state(p, b1, 1) if st is None else state_on_device(st, p)
+            p0 = st["p0"].array
+            p0 = None if p0.ndim == 0 else p0  # an all-zero initial point: the kernel reads zeros
+            m, v, sg = st["exp_avg"].array, st["exp_avg_sq"].array, st["s"].array
+            if not all(MT.fusable_state(x, a) for x in (m, v, sg)) or not (p0 is None or MT.fusable_state(p0, a)):
+                return None
+            rows.append((a, g, p0, m, v, sg))
+            params.append(p)
+        return (rows, params) if rows else None
+
+    def _fused_step(self, b1, b2, beta3, d, dlr, d_numerator):
+        """The whole step through the kernels when they can take it (returns True), else False (nothing done)."""
+        got = self._fused_rows(b1)
+        if got is None:
+            return False
+        rows, params = got
+        group = self.param_groups[0]
+        d0 = group["d0"]
+        table = self.__dict__.setdefault("_tables", MT.Tables()).get(rows)
+        dot, d_denom = MT.kernels.prodigy_stats(table, beta1=b1, m_coef=d * (1 - b1), beta2=b2,
+                                                v_coef=d * d * (1 - b2), beta3=beta3,
+                                                s_coef=(d / d0) * (d if group["safeguard_warmup"] else dlr))
+        if d_denom == 0:  # no gradient (or an all-zero one): the reference returns without a step
+            return True
+        global_d_numerator = d_numerator + (d / d0) * dlr * dot
+        d_hat = group["d_coef"] * global_d_numerator / d_denom
+        d_max = group["d_max"]
+        if d == d0:
+            d = max(d, d_hat)
+        d_max = max(d_max, d_hat)
+        d = min(d_max, d * group["growth_rate"])
+        group.update(d_numerator=global_d_numerator, d_denom=d_denom, d=d, d_max=d_max, d_hat=d_hat)
+        decay = group["weight_decay"]
+        MT.kernels.prodigy_update(table, dlr=dlr, d_eps=d * group["eps"], decay=1 - decay * dlr if decay else 1.0)
+        for p in params:
+            self.state[p]["step"] += 1
+            p._version[0] += 1
+        group["k"] = group["k"] + 1
+        return True
+
     def _init_state(self, p, b1, slice_p):
         w = p.array
         xp = backend.xp_of(w)
@@ -69,6 +128,8 @@ class Prodigy(Optimizer):
         dlr = d * lr * bias_correction
         growth_rate = group["growth_rate"]
         d_numerator = group["d_numerator"] * beta3
+        if self._fused_step(b1, b2, beta3, d, dlr, d_numerator):
+            return loss
         delta_numerator, d_denom = 0.0, 0.0
         grads = {}
         for group in self.param_groups:

@@ -7,12 +7,15 @@ reference. Per step k (0-based), with sched = (k+1)/warmup_steps during warm-up 
     lr_max = max(lr_max, lr) ; w = (k+1)^r lr_max^weight_lr_power ; c = w / (weight_sum += w)
     y = lerp(y, z, c) + lr (b1 (1 - c) - 1) u ;  z -= lr u
 The running scalars (k, weight_sum, lr_max, train_mode) live in the parameter groups, as in the reference.
+On the GPU the float32 parameters of a group take one launch per step (flame_core.kernels.optim_multi, the same
+roundings); the rest the per-operation path.
 """
 from contextlib import contextmanager
 
 from flame_core import as_tensor, backend
 from flame_core.autograd import no_grad
 
+from . import multi_tensor as MT
 from .optimizer import Optimizer, _closure_loss, grads_of, state_on_device
 
 # group entries that are running state, not hyper-parameters (a resume keeps the checkpoint's)
@@ -74,7 +77,10 @@ class AdamWScheduleFree(Optimizer):
             weight = ((k + 1) ** r) * (lr_max ** group["weight_lr_power"])
             weight_sum = group["weight_sum"] = group["weight_sum"] + weight
             ckp1 = weight / weight_sum if weight_sum else 0.0
+            done = self._fused_step(group, b2, bc2, eps, decay, ckp1, lr * (b1 * (1 - ckp1) - 1), lr)
             for p, g in grads_of(group):
+                if id(p) in done:
+                    continue
                 y = p.array
                 xp = backend.xp_of(y)
                 st = self.state.get(p)
@@ -93,6 +99,31 @@ class AdamWScheduleFree(Optimizer):
                 p._version[0] += 1
             group["k"] = k + 1
         return loss
+
+    def _fused_step(self, group, b2, bc2, eps, decay, ckp1, y_coef, lr):
+        """One launch for the group's float32 GPU parameters; returns the ids it updated."""
+        if not MT.enabled():
+            return ()
+        rows, params = [], []
+        for p, g in grads_of(group):
+            y = p.array
+            if not MT.fusable(y, g):
+                continue
+            st = self.state.get(p)
+            if st is None:
+                st = self.state[p] = {"z": as_tensor(y.copy()), "exp_avg_sq": as_tensor(backend.xp_of(y).zeros_like(y))}
+            st = state_on_device(st, p)
+            z, v = st["z"].array, st["exp_avg_sq"].array
+            if MT.fusable_state(z, y) and MT.fusable_state(v, y):
+                rows.append((y, g, z, v))
+                params.append(p)
+        if not rows:
+            return ()
+        MT.kernels.sfadamw_step(self.__dict__.setdefault("_tables", MT.Tables()).get(rows), beta2=b2, bc2=bc2,
+                                eps=eps, decay=decay, ckp1=ckp1, y_coef=y_coef, lr=lr)
+        for p in params:
+            p._version[0] += 1
+        return {id(p) for p in params}
 
     @contextmanager
     def averaged(self):

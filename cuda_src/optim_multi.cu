@@ -1,0 +1,141 @@
+// One-launch multi-tensor steps of the elementwise optimizers (flame_nn.optim: Lion, AdamWScheduleFree, Prodigy),
+// each computing what the optimizer's per-operation path computes, with every product, sum, quotient and root
+// rounded on its own (__f*_rn: no FMA contraction) so that fp32 gradients give the same bits.
+//
+// tensors: int64 [T, 8] rows: param (float*), grad, up to four float* state arrays (0 where absent), numel, the
+//          gradient's dtype (0 fp32 / 1 fp16 / 2 bf16). chunk_tensor / chunk_start: the tensor and first element of
+//          each block's OM_CHUNK elements.
+#include "common.cuh"
+
+#define OM_THREADS 256
+#define OM_CHUNK 4096
+
+struct OmRow {
+    float* p;
+    const void* g;
+    float* a;
+    float* b;
+    float* c;
+    float* d;
+    i64 start, n;
+    int kind;
+};
+
+__device__ __forceinline__ OmRow om_row(const i64* __restrict__ tensors, const int* __restrict__ chunk_tensor,
+                                        const i64* __restrict__ chunk_start) {
+    const i64* r = tensors + 8 * (i64)chunk_tensor[blockIdx.x];
+    OmRow row;
+    row.p = reinterpret_cast<float*>(r[0]);
+    row.g = reinterpret_cast<const void*>(r[1]);
+    row.a = reinterpret_cast<float*>(r[2]);
+    row.b = reinterpret_cast<float*>(r[3]);
+    row.c = reinterpret_cast<float*>(r[4]);
+    row.d = reinterpret_cast<float*>(r[5]);
+    row.start = chunk_start[blockIdx.x];
+    row.n = min((i64)OM_CHUNK, r[6] - row.start);
+    row.kind = (int)r[7];
+    return row;
+}
+
+__device__ __forceinline__ float om_grad(const void* g, i64 i, int kind) {
+    if (kind == 0) return static_cast<const float*>(g)[i];
+    if (kind == 1) return __half2float(static_cast<const __half*>(g)[i]);
+    return __bfloat162float(static_cast<const __nv_bfloat16*>(g)[i]);
+}
+
+// Lion: a = exp_avg.  p *= decay;  p -= lr sign(b1 m + (1 - b1) g);  m = b2 m + (1 - b2) g
+extern "C" __global__ void __launch_bounds__(OM_THREADS) lion_multi(
+        const i64* __restrict__ tensors, const int* __restrict__ chunk_tensor, const i64* __restrict__ chunk_start,
+        float lr, float beta1, float one_minus_beta1, float beta2, float one_minus_beta2, float decay,
+        int apply_decay) {
+    const OmRow r = om_row(tensors, chunk_tensor, chunk_start);
+    for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS) {
+        const i64 i = r.start + j;
+        const float g = om_grad(r.g, i, r.kind);
+        float m = r.a[i], w = r.p[i];
+        if (apply_decay) w = __fmul_rn(w, decay);
+        const float c = __fadd_rn(__fmul_rn(m, beta1), __fmul_rn(g, one_minus_beta1));
+        const float sgn = c > 0.f ? 1.f : (c < 0.f ? -1.f : c);  // sign: 0 stays 0, NaN stays NaN
+        r.p[i] = __fsub_rn(w, __fmul_rn(lr, sgn));
+        r.a[i] = __fadd_rn(__fmul_rn(m, beta2), __fmul_rn(one_minus_beta2, g));
+    }
+}
+
+// AdamWScheduleFree (train mode, p = y): a = z, b = exp_avg_sq.
+//   v = b2 v + (1 - b2) g^2;  u = g / (sqrt(v / bc2) + eps) (+ decay y);  y += ckp1 (z - y);  y += y_coef u;
+//   z -= lr u
+extern "C" __global__ void __launch_bounds__(OM_THREADS) sfadamw_multi(
+        const i64* __restrict__ tensors, const int* __restrict__ chunk_tensor, const i64* __restrict__ chunk_start,
+        float beta2, float one_minus_beta2, float bc2, float eps, float decay, int apply_decay, float ckp1,
+        float y_coef, float lr) {
+    const OmRow r = om_row(tensors, chunk_tensor, chunk_start);
+    for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS) {
+        const i64 i = r.start + j;
+        const float g = om_grad(r.g, i, r.kind);
+        float y = r.p[i], z = r.a[i], v = r.b[i];
+        v = __fadd_rn(__fmul_rn(v, beta2), __fmul_rn(one_minus_beta2, __fmul_rn(g, g)));
+        float u = __fdiv_rn(g, __fadd_rn(__fsqrt_rn(__fdiv_rn(v, bc2)), eps));
+        if (apply_decay) u = __fadd_rn(u, __fmul_rn(decay, y));
+        y = __fadd_rn(y, __fmul_rn(ckp1, __fsub_rn(z, y)));
+        y = __fadd_rn(y, __fmul_rn(y_coef, u));
+        r.p[i] = y;
+        r.a[i] = __fsub_rn(z, __fmul_rn(lr, u));
+        r.b[i] = v;
+    }
+}
+
+__device__ __forceinline__ float om_block_sum(float x, float* red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    __syncthreads();  // `red` may still be read by the previous sum
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;
+    __syncthreads();
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < OM_THREADS / 32; ++w) s += red[w];
+    return s;
+}
+
+// Prodigy, first pass (lr > 0): a = p0 (0: an all-zero initial point), b = exp_avg (0 when beta1 = 0),
+// c = exp_avg_sq, d = s.  m = b1 m + m_coef g;  v = b2 v + v_coef g^2;  s = beta3 s + s_coef g; and per block the
+// partial sums of g (p0 - p) and |s| (the new s) into partials[2 block], partials[2 block + 1].
+extern "C" __global__ void __launch_bounds__(OM_THREADS) prodigy_stats_multi(
+        const i64* __restrict__ tensors, const int* __restrict__ chunk_tensor, const i64* __restrict__ chunk_start,
+        float* __restrict__ partials, float beta1, float m_coef, float beta2, float v_coef, float beta3,
+        float s_coef) {
+    __shared__ float red[OM_THREADS / 32];
+    const OmRow r = om_row(tensors, chunk_tensor, chunk_start);
+    float dot = 0.f, abs_s = 0.f;
+    for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS) {
+        const i64 i = r.start + j;
+        const float g = om_grad(r.g, i, r.kind), w = r.p[i];
+        const float p0 = r.a ? r.a[i] : 0.f;
+        dot += __fmul_rn(g, __fsub_rn(p0, w));
+        if (r.b) r.b[i] = __fadd_rn(__fmul_rn(r.b[i], beta1), __fmul_rn(m_coef, g));
+        r.c[i] = __fadd_rn(__fmul_rn(r.c[i], beta2), __fmul_rn(v_coef, __fmul_rn(g, g)));
+        const float s = __fadd_rn(__fmul_rn(r.d[i], beta3), __fmul_rn(s_coef, g));
+        r.d[i] = s;
+        abs_s += fabsf(s);
+    }
+    dot = om_block_sum(dot, red);
+    abs_s = om_block_sum(abs_s, red);
+    if (threadIdx.x == 0) {
+        partials[2 * (i64)blockIdx.x] = dot;
+        partials[2 * (i64)blockIdx.x + 1] = abs_s;
+    }
+}
+
+// Prodigy, second pass: b = exp_avg (beta1 > 0), c = exp_avg_sq.
+//   p *= decay (decoupled);  p -= (dlr m) / (sqrt(v) + d_eps)
+extern "C" __global__ void __launch_bounds__(OM_THREADS) prodigy_update_multi(
+        const i64* __restrict__ tensors, const int* __restrict__ chunk_tensor, const i64* __restrict__ chunk_start,
+        float dlr, float d_eps, float decay, int apply_decay) {
+    const OmRow r = om_row(tensors, chunk_tensor, chunk_start);
+    for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS) {
+        const i64 i = r.start + j;
+        float w = r.p[i];
+        const float denom = __fadd_rn(__fsqrt_rn(r.c[i]), d_eps);
+        if (apply_decay) w = __fmul_rn(w, decay);
+        r.p[i] = __fsub_rn(w, __fdiv_rn(__fmul_rn(dlr, r.b[i]), denom));
+    }
+}

@@ -1,0 +1,49 @@
+"""What the optimizers' one-launch GPU paths share (kernels: flame_core.kernels.optim_multi): which parameters a
+multi-tensor kernel can take, and the kernel tables of an optimizer's parameter sets."""
+import numpy as np
+
+from flame_core import backend
+
+try:
+    from flame_core.kernels import loader as _loader
+    from flame_core.kernels import optim_multi as kernels
+except ImportError:  # fused kernels not in this build
+    kernels = None
+
+_GRAD_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def enabled():
+    """Whether the multi-tensor kernels can run at all (built, and kernels not switched off)."""
+    return kernels is not None and _loader.enabled()
+
+
+def fusable(a, g):
+    """Whether a float32 parameter array `a` with gradient array `g` can take a multi-tensor kernel."""
+    return (backend.is_cuda_array(a) and a.dtype == np.float32 and a.flags.c_contiguous and backend.is_cuda_array(g)
+            and g.flags.c_contiguous and g.size == a.size and g.dtype.name in _GRAD_DTYPES)
+
+
+def fusable_state(s, a):
+    """Whether state array `s` can be a kernel row's state beside parameter array `a`."""
+    return (s is not None and backend.is_cuda_array(s) and s.dtype == np.float32 and s.size == a.size
+            and s.flags.c_contiguous)
+
+
+class Tables:
+    """The kernel tables of an optimizer's parameter sets, cached by the addresses of the parameters and states (the
+    same every step); the gradients are re-pointed at each use (a lazy gradient pool moves them)."""
+
+    def __init__(self, keep=8):
+        self.keep, self.tables = keep, {}
+
+    def get(self, rows):
+        key = tuple((a.data.ptr, a.size) if a is not None else None for row in rows for a in row[:1] + row[2:])
+        table = self.tables.get(key)
+        if table is None:
+            if len(self.tables) >= self.keep:
+                self.tables.pop(next(iter(self.tables)))
+            table = self.tables[key] = kernels.TensorTable(rows)
+        else:
+            table.set_grads([row[1] for row in rows])
+        return table

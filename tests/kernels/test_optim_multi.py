@@ -1,0 +1,110 @@
+"""One-launch Lion / AdamWScheduleFree / Prodigy steps (flame_core.kernels.optim_multi): each optimizer's fused GPU
+step against its per-operation path (the same class inside loader.reference()), and the table's argument errors."""
+import numpy as np
+import pytest
+
+from flame_core.errors import ShapeError
+from flame_core.kernels import optim_multi as K
+
+SIZES = [1, 255, 4096, 4097, 9000, 70001]
+
+
+def _run(make, steps, zero_every=3, seed=3):
+    """Parameters of SIZES (every `zero_every`-th all zero, as a LoRA's up matrices), `steps` steps with random
+    fp32 gradients; returns the weights, the states and the param groups' scalars."""
+    import flame_core as flame
+    import flame_nn as nn
+    rng = np.random.default_rng(seed)
+    params = []
+    for i, n in enumerate(SIZES):
+        a = np.zeros(n, np.float32) if i % zero_every == 1 else rng.standard_normal(n).astype(np.float32)
+        params.append(nn.Parameter(flame.tensor(a.reshape(1, -1) if n % 2 else a, device="cuda")))
+    opt = make(params)
+    if hasattr(opt, "train"):
+        opt.train()
+    for _ in range(steps):
+        for p in params:
+            p.grad = flame.tensor((rng.standard_normal(p.shape) * rng.choice([1e-3, 1.0])).astype(np.float32),
+                                  device="cuda")
+        opt.step()
+    states = [{k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in opt.state[p].items()} for p in params]
+    scalars = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+    return [p.detach().numpy() for p in params], states, scalars
+
+
+def _both(make, steps=3):
+    from flame_core.kernels import launching, loader
+    before = launching.launches
+    fused = _run(make, steps)
+    launched = launching.launches - before
+    with loader.reference():
+        before = launching.launches
+        ref = _run(make, steps)
+        assert launching.launches == before, "the reference path launched a kernel"
+    return fused, ref, launched
+
+
+OPTIMIZERS = {
+    "lion": lambda ps: __import__("flame_nn").optim.Lion(ps, lr=1e-3, weight_decay=0.1),
+    "lion_decoupled": lambda ps: __import__("flame_nn").optim.Lion(ps, lr=1e-3, weight_decay=1e-4,
+                                                                    decoupled_weight_decay=True),
+    "schedulefree": lambda ps: __import__("flame_nn").optim.AdamWScheduleFree(ps, lr=1e-2, warmup_steps=2,
+                                                                              weight_decay=0.01),
+    "schedulefree_r": lambda ps: __import__("flame_nn").optim.AdamWScheduleFree(ps, lr=1e-2, r=0.5),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_elementwise_fused_steps_equal_the_per_operation_path(name):
+    (wk, sk, gk), (wr, sr, gr), launched = _both(OPTIMIZERS[name])
+    assert launched >= 3  # the kernel ran each step
+    assert gk == gr
+    for n, a, b, s, r in zip(SIZES, wk, wr, sk, sr):
+        np.testing.assert_array_equal(a, b, err_msg=f"{name}: weights of the {n}-element tensor")
+        assert set(s) == set(r)
+        for k in s:
+            np.testing.assert_array_equal(s[k], r[k], err_msg=f"{name}: {k} of the {n}-element tensor")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kw", [{}, {"weight_decay": 0.01}, {"safeguard_warmup": True, "use_bias_correction": True}])
+def test_prodigy_fused_step_matches_the_per_operation_path(kw):
+    import flame_nn as nn
+    (wk, sk, gk), (wr, sr, gr), launched = _both(lambda ps: nn.optim.Prodigy(ps, lr=1.0, **kw), steps=4)
+    assert launched == 2 * 4  # two launches a step
+    # d comes from two sums over every element, reduced in another order than the per-tensor dots: close, not equal
+    for k in ("d", "d_max", "d_numerator", "d_denom", "d_hat"):
+        np.testing.assert_allclose(gk[0][k], gr[0][k], rtol=1e-4, err_msg=k)
+    assert gk[0]["k"] == gr[0]["k"] == 4
+    for n, a, b, s, r in zip(SIZES, wk, wr, sk, sr):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=f"weights of the {n}-element tensor")
+        assert set(s) == set(r) and s["step"] == r["step"] == 4
+        for k in ("exp_avg", "exp_avg_sq", "s"):
+            np.testing.assert_allclose(s[k], r[k], rtol=1e-4, atol=1e-12, err_msg=f"{k} of the {n}-element tensor")
+
+
+@pytest.mark.gpu
+def test_one_launch_per_step_and_cached_tables():
+    import flame_core as flame
+    import flame_nn as nn
+    from flame_core.kernels import launching
+    params = [nn.Parameter(flame.randn(n, device="cuda")) for n in SIZES]
+    opt = nn.optim.Lion(params, lr=1e-4)
+    for _ in range(3):
+        for p in params:
+            p.grad = flame.randn(*p.shape, device="cuda")  # new gradient arrays: the table re-points them
+        before = launching.launches
+        opt.step()
+        assert launching.launches - before == 1
+    assert len(opt._tables.tables) == 1
+
+
+def test_table_errors_name_the_tensor_and_field():
+    p = np.zeros(300, np.float32)
+    with pytest.raises(ShapeError, match="no tensors"):
+        K.TensorTable([])
+    with pytest.raises(ShapeError, match="tensor 0's parameter must be on the GPU"):
+        K.TensorTable([(p, p, p)])
+    with pytest.raises(ShapeError, match="at most 4"):
+        K.TensorTable([(p, p, p, p, p, p, p)])
