@@ -6,10 +6,10 @@
 // Every product, sum, quotient and root is rounded on its own (__f*_rn: no FMA contraction), so the result equals
 // the per-operation NumPy path of AdamW8bit bit for bit on normal floats.
 //
-// tensors: int64 [T, 8] rows: param (float*), grad, exp_avg, exp_avg_sq (uint8 codes, or float* when unquantised),
-//          exp_avg_absmax, exp_avg_sq_absmax (float*, one per 256 elements; unused when unquantised), numel, flags
-//          (bits 0-1: the gradient's dtype, 0 fp32 / 1 fp16 / 2 bf16; bit 2: quantised moments)
-// chunk_tensor / chunk_block: the tensor and the quantisation block of each CUDA block
+// tensors: int64 [T, 8] rows (flame_core.kernels.tensor_table): param (float*), grad, exp_avg, exp_avg_sq (uint8
+//          codes, or float* when unquantised), exp_avg_absmax, exp_avg_sq_absmax (float*, one per 256 elements; 0 when
+//          unquantised), numel, the gradient's dtype (0 fp32 / 1 fp16 / 2 bf16)
+// chunk_tensor / chunk_start: the tensor and the first element (a multiple of 256) of each CUDA block
 #include "common.cuh"
 
 #define Q8_BLOCK 256
@@ -47,7 +47,7 @@ __device__ __forceinline__ float q8_block_max(float x, float* red) {
 }
 
 extern "C" __global__ void __launch_bounds__(Q8_BLOCK) adamw8bit_multi(
-        const i64* __restrict__ tensors, const int* __restrict__ chunk_tensor, const int* __restrict__ chunk_block,
+        const i64* __restrict__ tensors, const int* __restrict__ chunk_tensor, const i64* __restrict__ chunk_start,
         const float* __restrict__ signed_book, const float* __restrict__ unsigned_book, float lr_bc1, float beta1,
         float one_minus_beta1, float beta2, float one_minus_beta2, float eps, float sqrt_bc2, float decay,
         int apply_decay) {
@@ -59,9 +59,9 @@ extern "C" __global__ void __launch_bounds__(Q8_BLOCK) adamw8bit_multi(
     float* __restrict__ w = reinterpret_cast<float*>(row[0]);
     const void* g = reinterpret_cast<const void*>(row[1]);
     const i64 n = row[6];
-    const int flags = (int)row[7], kind = flags & 3;
-    const bool quantised = flags & 4;
-    const i64 blk = chunk_block[blockIdx.x];
+    const int kind = (int)row[7];
+    const bool quantised = row[4] != 0;
+    const i64 blk = chunk_start[blockIdx.x] / Q8_BLOCK;
     const i64 i = blk * Q8_BLOCK + tid;
     const bool in = i < n;
     __syncthreads();

@@ -230,7 +230,7 @@ class AdamW8bit(Optimizer):
                 plans.pop(next(iter(plans)))
             rows = [(hit[0], g) + tuple(arr for _, _, arr in hit[2]) + ((None, None) if len(hit[2]) == 2 else ())
                     for _, g, hit in items]
-            got = plans[key] = ([hit for _, _, hit in items], _fused.adamw8bit_plan(rows))
+            got = plans[key] = ([hit for _, _, hit in items], _fused.adamw8bit_table(rows))
         else:
             got[1].set_grads(grads)
         return got[1]

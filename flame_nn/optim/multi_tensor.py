@@ -43,7 +43,7 @@ class Tables:
         if table is None:
             if len(self.tables) >= self.keep:
                 self.tables.pop(next(iter(self.tables)))
-            table = self.tables[key] = kernels.TensorTable(rows)
+            table = self.tables[key] = kernels.optim_table(rows)
         else:
             table.set_grads([row[1] for row in rows])
         return table

@@ -103,8 +103,8 @@ def test_one_launch_per_step_and_cached_tables():
 def test_table_errors_name_the_tensor_and_field():
     p = np.zeros(300, np.float32)
     with pytest.raises(ShapeError, match="no tensors"):
-        K.TensorTable([])
+        K.optim_table([])
     with pytest.raises(ShapeError, match="tensor 0's parameter must be on the GPU"):
-        K.TensorTable([(p, p, p)])
+        K.optim_table([(p, p, p)])
     with pytest.raises(ShapeError, match="at most 4"):
-        K.TensorTable([(p, p, p, p, p, p, p)])
+        K.optim_table([(p, p, p, p, p, p, p)])
