@@ -297,7 +297,7 @@ class Trainer:
         if self.budget is not None:
             return StreamedBlocks(flame_nn.offload.BlockStreamer.for_model(
                 self.model, stacks, device=self.device, quantize=quantize, fp8_compute=compute is not None,
-                prepare=fam.block_initializer(self.model)), self.device)
+                prepare=fam.block_initializer(self.model)), self.device, budget=self.budget)
         if quantize:
             n_q = sum(len(flame_nn.offload.quantize_linear_weights_(self.model.get_submodule(s), compute=compute))
                       for s in stacks)
