@@ -96,5 +96,7 @@ class StepGraphs:
                 log(f"CUDA graph capture failed ({failed[1]}); training continues eagerly")
             streaming.before_micro_step(None)  # the slots primed again for the eager step instead
             loss = eager(*args)
-        streaming.after_graph_step(self)
+        said = streaming.after_graph_step(self)
+        if said:
+            log(said)
         return loss

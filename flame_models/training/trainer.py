@@ -297,7 +297,7 @@ class Trainer:
         if self.budget is not None:
             return StreamedBlocks(flame_nn.offload.BlockStreamer.for_model(
                 self.model, stacks, device=self.device, quantize=quantize, fp8_compute=compute is not None,
-                prepare=fam.block_initializer(self.model)), self.device)
+                prepare=fam.block_initializer(self.model)), self.device, budget=self.budget)
         if quantize:
             n_q = sum(len(flame_nn.offload.quantize_linear_weights_(self.model.get_submodule(s), compute=compute))
                       for s in stacks)
@@ -424,7 +424,10 @@ class Trainer:
 
     def _micro_step(self, batch, scale, graph=True):
         """One micro-batch's forward + backward, through the step's CUDA graph part when it has one (graph=False:
-        eager, never a graph's warm-up or capture). Returns (loss, mean timestep)."""
+        eager, never a graph's warm-up or capture). Returns (loss, mean timestep) as device scalars: read (float)
+        at the end of the step, so the host issues the clipping, optimizer and EMA work while the GPU still runs this
+        forward + backward (a read here would leave the GPU idle for all of it). A graph's loss is its output
+        buffer, which the next replay writes: copied."""
         args, t = self._prepare(batch)
         self._loss_scale = scale
         self.streaming.before_micro_step(self.graphed)
@@ -433,7 +436,7 @@ class Trainer:
                                      world_size=self.dist.world_size, log=self.log)
         else:
             loss = self._forward_backward(*args)
-        return loss.item(), float(t.float().mean().item())
+        return loss.detach().clone(), t.float().mean()
 
     def train_step(self):
         """One optimizer step; returns (loss, lr, mean timestep)."""
@@ -462,7 +465,9 @@ class Trainer:
         if self.ema is not None:
             self.ema.update()
         self.step += 1
-        loss, mean_t = self.dist.reduce_step(self.stop, np.mean(losses), np.mean(ts))  # ddp: means over the ranks
+        # the one synchronisation of the step, after its work is queued; ddp: means over the ranks
+        loss, mean_t = self.dist.reduce_step(self.stop, np.mean([float(v) for v in losses]),
+                                             np.mean([float(v) for v in ts]))
         return loss, lr, mean_t
 
     # ------------------------------------------------------------------------------------------ the loop

@@ -85,3 +85,95 @@ def test_demotions_stop_after_the_limit(monkeypatch):
     said = [part.capture_failed(True) for _ in range(MAX_DEMOTIONS + 1)]
     assert all(said[:MAX_DEMOTIONS]) and said[-1] is None and part.demotions == MAX_DEMOTIONS
     assert part.capture_failed(False) is None        # only a capture over the budget demotes
+
+
+class _Memory:
+    """flame.memory stand-in on a 'cuda' device: a pool of `reserved` bytes under `limit`, freeing what demotions
+    and empty_cache release."""
+
+    def __init__(self, reserved, limit, cached=0, per_block=0):
+        self.reserved, self.limit, self.cached, self.per_block = reserved, limit, cached, per_block
+
+    def get_memory_limit(self, dev):
+        return self.limit
+
+    def set_memory_limit(self, n, dev):
+        self.limit = n
+
+    def memory_reserved(self, dev):
+        return self.reserved
+
+    def empty_cache(self, dev):
+        self.reserved -= self.cached
+        self.cached = 0
+
+
+def _cuda_part(monkeypatch, mem, used):
+    """StreamedBlocks under a 1000-byte budget on a stand-in cuda device whose driver reports `used()` bytes."""
+    import flame_core as flame
+    from flame_models.training import streaming
+
+    class Dev:
+        type = "cuda"
+    monkeypatch.setattr(streaming.flame, "device", lambda d: Dev())
+    monkeypatch.setattr(streaming.flame, "memory", mem)
+    monkeypatch.setattr(streaming, "_mem_info", lambda dev: (10_000 - used(), 10_000))
+    demoted = []
+
+    def demote(s):
+        if not s.resident:
+            return []
+        demoted.append(s.resident.pop())
+        mem.cached += mem.per_block
+        return [demoted[-1]]
+    monkeypatch.setattr("flame_nn.offload.demote", demote)
+    assert flame.memory is mem
+    return StreamedBlocks(_Streamer(), "cuda", budget=1000), demoted
+
+
+class _Graphs:
+    graph = "captured"
+
+    def __init__(self):
+        self.graphs = {"shape": _Capture(lambda x: x, warmup=2)}
+        self.graphs["shape"].calls = 5
+
+    def reset(self):
+        self.graph = None
+        for g in self.graphs.values():
+            g.reset()
+            g.calls = 0
+
+
+def test_growth_outside_the_pool_after_a_capture_lowers_the_limit(monkeypatch):
+    mem = _Memory(reserved=800, limit=900)          # 100 bytes outside at the fit: limit + outside = budget
+    part, demoted = _cuda_part(monkeypatch, mem, lambda: mem.reserved + 130)   # the capture: 30 more outside
+    said = part.after_graph_step(_Graphs())
+    assert mem.limit == 870 and demoted == [] and part.captured_with == 0
+    assert said == "0.0 MiB outside FLAME's pool after the CUDA graph capture: the pool's limit lowered by 0.0 MiB " \
+                   "to keep max_gpu_memory"
+    assert part.after_graph_step(_Graphs()) is None   # only right after a capture
+
+
+def test_a_pool_over_its_lowered_limit_demotes_blocks(monkeypatch):
+    mem = _Memory(reserved=900, limit=900, per_block=40)
+    part, demoted = _cuda_part(monkeypatch, mem, lambda: mem.reserved + 150)   # 50 over the budget
+    graphs_ = _Graphs()
+    said = part.after_graph_step(graphs_)
+    assert mem.limit == 850 and demoted == [2, 1] and mem.reserved == 820 and part.demotions == 2
+    assert said.endswith("2 more blocks streamed (1 resident), capturing again next step")
+    # the graph captured with the old placement is gone; the next call captures (no eager warm-up again)
+    assert graphs_.graph is None and part.captured_with is None and graphs_.graphs["shape"].calls == 2
+
+
+def test_growth_beyond_a_quarter_of_the_limit_is_said_and_left_alone(monkeypatch):
+    mem = _Memory(reserved=800, limit=900)
+    part, demoted = _cuda_part(monkeypatch, mem, lambda: mem.reserved + 100 + 300)   # 300 past the budget
+    said = part.after_graph_step(_Graphs())
+    assert mem.limit == 900 and demoted == [] and "another process on the device?" in said
+
+
+def test_within_the_budget_nothing_changes(monkeypatch):
+    mem = _Memory(reserved=700, limit=900)
+    part, demoted = _cuda_part(monkeypatch, mem, lambda: mem.reserved + 100)
+    assert part.after_graph_step(_Graphs()) is None and mem.limit == 900 and demoted == []
