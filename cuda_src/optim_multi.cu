@@ -139,3 +139,141 @@ extern "C" __global__ void __launch_bounds__(OM_THREADS) prodigy_update_multi(
         r.p[i] = __fsub_rn(w, __fdiv_rn(__fmul_rn(dlr, r.b[i]), denom));
     }
 }
+
+// Adafactor, factored 2-D parameters (R x C) in four launches over a table whose rows are: param, grad, a = exp_avg
+// (0 without beta1), b = exp_avg_sq_row (R), c = exp_avg_sq_col (C), d = the tensor's scratch: [0] rms(w), [1] the
+// sum of u^2, [2] the mean of the new row, [3] lr_t, then R row sums and C column sums of g^2 + eps1 (zero between
+// steps). cols[t]: C of tensor t.
+//   1 adafactor_sums_multi (per OM_CHUNK): row and column sums of g^2 + eps1 (shared-memory partials, then one
+//     global atomic per touched row / column)
+//   2 adafactor_factors_multi (one block per tensor): rms(w); row = b2t row + (1 - b2t) rowsum / C, col likewise
+//     over R; mean(row); lr_t = (scale ? max(eps2, rms) : 1) rel; the sums and the sum of u^2 zeroed
+//   3 adafactor_rms_multi (per OM_CHUNK): the sum of u^2, u = g rsqrt(row_i / mean) rsqrt(col_j)
+//   4 adafactor_update_multi (per OM_CHUNK): u / max(rms(u) / clip, 1) lr_t; m = b1 m + (1 - b1) u, u = m (beta1);
+//     w = w (1 - wd lr_t) - u
+#define AF_HEAD 4
+
+struct AfRow {
+    OmRow r;
+    i64 total, C, R;
+    float* rowsum;
+    float* colsum;
+};
+
+__device__ __forceinline__ AfRow af_row(const i64* __restrict__ tensors, const int* __restrict__ chunk_tensor,
+                                        const i64* __restrict__ chunk_start, const i64* __restrict__ cols) {
+    AfRow a;
+    a.r = om_row(tensors, chunk_tensor, chunk_start);
+    const int t = chunk_tensor[blockIdx.x];
+    a.total = tensors[8 * (i64)t + 6];
+    a.C = cols[t];
+    a.R = a.total / a.C;
+    a.rowsum = a.r.d + AF_HEAD;
+    a.colsum = a.rowsum + a.R;
+    return a;
+}
+
+__device__ __forceinline__ float af_u(const AfRow& a, i64 i, float g, float inv_mean) {
+    const float rf = rsqrtf(__fmul_rn(a.r.b[i / a.C], inv_mean)), cf = rsqrtf(a.r.c[i % a.C]);
+    return __fmul_rn(__fmul_rn(rf, cf), g);
+}
+
+extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_sums_multi(
+        const i64* __restrict__ tensors, const int* __restrict__ chunk_tensor, const i64* __restrict__ chunk_start,
+        const i64* __restrict__ cols, float eps1) {
+    __shared__ float acc[OM_CHUNK + 2 * OM_THREADS];  // the chunk's row partials, then its column partials
+    const AfRow a = af_row(tensors, chunk_tensor, chunk_start, cols);
+    const OmRow& r = a.r;
+    const i64 row0 = r.start / a.C;
+    const int nrows = (int)((r.start + r.n - 1) / a.C - row0 + 1);   // <= OM_CHUNK / C + 2
+    const int ncols = (int)min(a.C, (i64)OM_CHUNK);
+    const i64 col0 = a.C <= OM_CHUNK ? 0 : r.start % a.C;          // wider rows: the chunk's run of columns
+    float* racc = acc;
+    float* cacc = acc + nrows;
+    for (int k = threadIdx.x; k < nrows + ncols; k += OM_THREADS) acc[k] = 0.f;
+    __syncthreads();
+    for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS) {
+        const i64 i = r.start + j;
+        const float g = om_grad(r.g, i, r.kind);
+        const float ue = __fadd_rn(__fmul_rn(g, g), eps1);
+        atomicAdd(&racc[i / a.C - row0], ue);
+        atomicAdd(&cacc[(i % a.C - col0 + a.C) % a.C], ue);
+    }
+    __syncthreads();
+    for (int k = threadIdx.x; k < nrows; k += OM_THREADS) atomicAdd(&a.rowsum[row0 + k], racc[k]);
+    for (int k = threadIdx.x; k < ncols; k += OM_THREADS) atomicAdd(&a.colsum[(col0 + k) % a.C], cacc[k]);
+}
+
+extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_factors_multi(
+        const i64* __restrict__ tensors, const i64* __restrict__ cols, float beta2t, float eps2, float rel,
+        int scale_parameter) {
+    __shared__ float red[OM_THREADS / 32];
+    const i64* row = tensors + 8 * (i64)blockIdx.x;
+    const float* w = reinterpret_cast<const float*>(row[0]);
+    float* vr = reinterpret_cast<float*>(row[3]);
+    float* vc = reinterpret_cast<float*>(row[4]);
+    float* scratch = reinterpret_cast<float*>(row[5]);
+    const i64 n = row[6], C = cols[blockIdx.x], R = n / C;
+    float* rowsum = scratch + AF_HEAD;
+    float* colsum = rowsum + R;
+    float sw = 0.f;
+    for (i64 i = threadIdx.x; i < n; i += OM_THREADS) sw += __fmul_rn(w[i], w[i]);
+    sw = om_block_sum(sw, red);
+    const float one_minus = 1.f - beta2t;
+    float sr = 0.f;
+    for (i64 i = threadIdx.x; i < R; i += OM_THREADS) {
+        const float v = __fadd_rn(__fmul_rn(vr[i], beta2t), __fmul_rn(one_minus, rowsum[i] / (float)C));
+        vr[i] = v;
+        sr += v;
+        rowsum[i] = 0.f;
+    }
+    for (i64 j = threadIdx.x; j < C; j += OM_THREADS) {
+        vc[j] = __fadd_rn(__fmul_rn(vc[j], beta2t), __fmul_rn(one_minus, colsum[j] / (float)R));
+        colsum[j] = 0.f;
+    }
+    sr = om_block_sum(sr, red);
+    if (threadIdx.x == 0) {
+        const float rms = sqrtf(sw / (float)n);
+        scratch[0] = rms;
+        scratch[1] = 0.f;
+        scratch[2] = sr / (float)R;
+        scratch[3] = (scale_parameter ? fmaxf(eps2, rms) : 1.f) * rel;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_rms_multi(
+        const i64* __restrict__ tensors, const int* __restrict__ chunk_tensor, const i64* __restrict__ chunk_start,
+        const i64* __restrict__ cols) {
+    __shared__ float red[OM_THREADS / 32];
+    const AfRow a = af_row(tensors, chunk_tensor, chunk_start, cols);
+    const float inv_mean = 1.f / a.r.d[2];
+    float su = 0.f;
+    for (i64 j = threadIdx.x; j < a.r.n; j += OM_THREADS) {
+        const i64 i = a.r.start + j;
+        const float u = af_u(a, i, om_grad(a.r.g, i, a.r.kind), inv_mean);
+        su += __fmul_rn(u, u);
+    }
+    su = om_block_sum(su, red);
+    if (threadIdx.x == 0) atomicAdd(&a.r.d[1], su);
+}
+
+extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_update_multi(
+        const i64* __restrict__ tensors, const int* __restrict__ chunk_tensor, const i64* __restrict__ chunk_start,
+        const i64* __restrict__ cols, float clip_threshold, float beta1, int use_beta1, float weight_decay) {
+    const AfRow a = af_row(tensors, chunk_tensor, chunk_start, cols);
+    const OmRow& r = a.r;
+    const float inv_mean = 1.f / r.d[2];
+    const float lr_t = r.d[3];
+    const float clip = fmaxf(sqrtf(r.d[1] / (float)a.total) / clip_threshold, 1.f);
+    const float decay = 1.f - weight_decay * lr_t;
+    for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS) {
+        const i64 i = r.start + j;
+        float u = __fmul_rn(af_u(a, i, om_grad(r.g, i, r.kind), inv_mean) / clip, lr_t);
+        if (use_beta1) {
+            u = __fadd_rn(__fmul_rn(r.a[i], beta1), __fmul_rn(1.f - beta1, u));
+            r.a[i] = u;
+        }
+        const float w = r.p[i];
+        r.p[i] = __fsub_rn(weight_decay != 0.f ? __fmul_rn(w, decay) : w, u);
+    }
+}

@@ -8,6 +8,9 @@ flame_nn.optim compute (bit for bit with float32 gradients; Prodigy's two sums a
     sfadamw_step(table, beta2=..., bc2=..., eps=..., decay=..., ckp1=..., y_coef=..., lr=...)   # a = z, b = v
     dot, abs_s = prodigy_stats(table, beta1=..., m_coef=..., beta2=..., v_coef=..., beta3=..., s_coef=...)
     prodigy_update(table, dlr=..., d_eps=..., decay=...)          # a = p0, b = exp_avg, c = exp_avg_sq, d = s
+    table = adafactor_table(rows)   # rows: (param (R, C), grad, exp_avg or None, row (R,), col (C,))
+    adafactor_step(table, eps1=..., beta2t=..., eps2=..., rel=..., scale_parameter=..., clip_threshold=...,
+                   beta1=..., weight_decay=...)                   # four launches; table.rms(t): rms(w) of tensor t
 
 Parameters and states: contiguous float32 on the GPU, of the parameter's size (Prodigy's p0 may be absent: an
 all-zero initial point); gradients of that size in float32 / float16 / bfloat16.
@@ -15,9 +18,10 @@ all-zero initial point); gradients of that size in float32 / float16 / bfloat16.
 import numpy as np
 
 from .. import backend
+from ..errors import ShapeError
 from . import launching as KL
 from . import loader as L
-from .tensor_table import TensorTable
+from .tensor_table import TensorTable, check_array
 
 CHUNK = 4096   # elements per block (OM_CHUNK)
 THREADS = 256  # OM_THREADS
@@ -61,3 +65,56 @@ def prodigy_update(table, *, dlr, d_eps, decay):
     """Prodigy's second pass (states: b exp_avg, c exp_avg_sq); decay: the factor the weights are scaled by
     (1 - weight_decay dlr with decoupled decay), 1 for none."""
     _launch("prodigy_update_multi", table, KL.f32(dlr), KL.f32(d_eps), KL.f32(decay), KL.i32(0 if decay == 1 else 1))
+
+
+AF_HEAD = 4  # scratch floats before a tensor's row and column sums: rms(w), sum u^2, mean(row), lr_t
+
+
+class AdafactorTable(TensorTable):
+    """A TensorTable of factored 2-D parameters with their row / column states, each tensor's scratch (zeroed once;
+    the kernels leave the sums zero between steps) and its column count."""
+
+    def __init__(self, rows):
+        cp = backend.cupy
+        shapes = [tuple(r[0].shape) for r in rows]
+        for t, (shape, row) in enumerate(zip(shapes, rows)):
+            if len(shape) != 2:
+                raise ShapeError(f"adafactor_table: tensor {t} is {len(shape)}-D; the kernels take 2-D parameters")
+            if len(row) != 5:
+                raise ShapeError(f"adafactor_table: tensor {t}: rows are (param, grad, exp_avg, row, col)")
+        offsets = np.cumsum([0] + [AF_HEAD + r + c for r, c in shapes])
+        self.scratch = cp.zeros(int(offsets[-1]), dtype=np.float32)
+        full = [tuple(row) + (self.scratch[o:o + AF_HEAD + r + c],) for row, o, (r, c) in zip(rows, offsets, shapes)]
+
+        def check_state(t, k, s, n, shapes=shapes):
+            R, C = shapes[t]
+            want = (n, R, C, AF_HEAD + R + C)[k]
+            check_array(s, want, f"tensor {t}'s {('exp_avg', 'exp_avg_sq_row', 'exp_avg_sq_col', 'scratch')[k]}",
+                        ("float32",))
+        super().__init__(full, CHUNK, check_state)
+        self.cols = cp.asarray(np.array([c for _, c in shapes], dtype=np.int64))
+        self.offsets = offsets
+
+    def rms(self, t):
+        """A 0-d view of tensor t's rms(w) at the last step (the scratch's first float: it changes every step)."""
+        o = int(self.offsets[t])
+        return self.scratch[o:o + 1].reshape(())
+
+
+def adafactor_table(rows):
+    return AdafactorTable(rows)
+
+
+def adafactor_step(table, *, eps1, beta2t, eps2, rel, scale_parameter, clip_threshold, beta1, weight_decay):
+    """One Adafactor step over every factored tensor of `table` (AdafactorTable): rel is the step's relative step
+    size (lr, or the relative-step schedule's), scaled per tensor by max(eps2, rms(w)) when scale_parameter."""
+    tensors, chunk_t, chunk_s = table.tables
+    KL.launch(L.get_function("optim_multi", "adafactor_sums_multi"), (table.n_blocks,), (THREADS,),
+              (tensors, chunk_t, chunk_s, table.cols, KL.f32(eps1)))
+    KL.launch(L.get_function("optim_multi", "adafactor_factors_multi"), (table.rows,), (THREADS,),
+              (tensors, table.cols, KL.f32(beta2t), KL.f32(eps2), KL.f32(rel), KL.i32(1 if scale_parameter else 0)))
+    KL.launch(L.get_function("optim_multi", "adafactor_rms_multi"), (table.n_blocks,), (THREADS,),
+              (tensors, chunk_t, chunk_s, table.cols))
+    KL.launch(L.get_function("optim_multi", "adafactor_update_multi"), (table.n_blocks,), (THREADS,),
+              (tensors, chunk_t, chunk_s, table.cols, KL.f32(clip_threshold), KL.f32(beta1 or 0.0),
+               KL.i32(0 if beta1 is None else 1), KL.f32(weight_decay)))

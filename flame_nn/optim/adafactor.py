@@ -7,6 +7,9 @@ step size when `relative_step`.
     u /= max(1, rms(u) / clip_threshold) ;  u *= lr_t ;  m = b1 m + (1 - b1) u (with beta1) ;  p -= lr_t wd p + u
 lr_t = max(eps2, rms(p)) * (min(1e-2 or 1e-6 step, 1/sqrt(step)) when relative_step, else lr); without
 scale_parameter the max(eps2, rms(p)) factor is 1. Use an external schedule with relative_step=False and lr set.
+On the GPU the float32 2-D parameters of a group take four launches per step (flame_core.kernels.optim_multi: the
+row / column sums, the factors, the update's RMS, the update; the sums in another order than the per-operation path,
+and rsqrt for 1 / sqrt); the rest the per-operation path. There the state's "RMS" is a 0-d tensor on the GPU.
 """
 import math
 
@@ -14,6 +17,7 @@ import numpy as np
 
 from flame_core import as_tensor, backend
 
+from . import multi_tensor as MT
 from .optimizer import Optimizer, _closure_loss, grads_of, state_on_device
 
 
@@ -48,7 +52,10 @@ class Adafactor(Optimizer):
     def step(self, closure=None):
         loss = _closure_loss(closure)
         for group in self.param_groups:
+            done = self._fused_step(group)
             for p, g in grads_of(group):
+                if id(p) in done:
+                    continue
                 w = p.array
                 xp = backend.xp_of(w)
                 # half gradients and parameters are computed in float32, as the reference does
@@ -98,3 +105,48 @@ class Adafactor(Optimizer):
                 w[...] = new.astype(w.dtype, copy=False)
                 p._version[0] += 1
         return loss
+
+    def _fused_step(self, group):
+        """Four launches per step count for the group's float32 2-D GPU parameters; returns the ids it updated."""
+        if not MT.enabled():
+            return ()
+        first = group["beta1"] is not None
+        buckets = {}
+        for p, g in grads_of(group):
+            a = p.array
+            if a.ndim != 2 or not MT.fusable(a, g):
+                continue
+            R, C = a.shape
+            xp = backend.xp_of(a)
+            st = self.state.get(p)
+            if st is None:
+                st = self.state[p] = {"step": 0, "RMS": 0.0, "exp_avg_sq_row": as_tensor(xp.zeros(R, np.float32)),
+                                      "exp_avg_sq_col": as_tensor(xp.zeros(C, np.float32))}
+                if first:
+                    st["exp_avg"] = as_tensor(xp.zeros(a.shape, np.float32))
+            st = state_on_device(st, p)
+            row, col = st.get("exp_avg_sq_row"), st.get("exp_avg_sq_col")
+            m = st.get("exp_avg")
+            arrays = [x.array if x is not None else None for x in (m, row, col)]
+            if (first and not MT.usable(arrays[0], a.size)) or not MT.usable(arrays[1], R) \
+                    or not MT.usable(arrays[2], C):
+                continue
+            buckets.setdefault(st["step"] + 1, []).append((p, (a, g, arrays[0] if first else None) + tuple(arrays[1:])))
+        done = set()
+        for step, items in buckets.items():
+            table = self.__dict__.setdefault("_tables", MT.Tables()).get([row for _, row in items],
+                                                                         MT.kernels.adafactor_table)
+            rel = group["lr"]
+            if group["relative_step"]:
+                rel = min(1e-6 * step if group["warmup_init"] else 1e-2, 1.0 / math.sqrt(step))
+            MT.kernels.adafactor_step(table, eps1=group["eps"][0], beta2t=1.0 - math.pow(step, group["decay_rate"]),
+                                      eps2=group["eps"][1], rel=rel, scale_parameter=group["scale_parameter"],
+                                      clip_threshold=group["clip_threshold"], beta1=group["beta1"],
+                                      weight_decay=group["weight_decay"])
+            for t, (p, _) in enumerate(items):
+                st = self.state[p]
+                st["step"] = step
+                st["RMS"] = as_tensor(table.rms(t))
+                p._version[0] += 1
+                done.add(id(p))
+        return done

@@ -26,7 +26,12 @@ def fusable(a, g):
 
 def fusable_state(s, a):
     """Whether state array `s` can be a kernel row's state beside parameter array `a`."""
-    return (s is not None and backend.is_cuda_array(s) and s.dtype == np.float32 and s.size == a.size
+    return usable(s, a.size)
+
+
+def usable(s, size):
+    """Whether `s` is a contiguous float32 GPU array of `size` elements (a kernel row's state)."""
+    return (s is not None and backend.is_cuda_array(s) and s.dtype == np.float32 and s.size == size
             and s.flags.c_contiguous)
 
 
@@ -37,13 +42,15 @@ class Tables:
     def __init__(self, keep=8):
         self.keep, self.tables = keep, {}
 
-    def get(self, rows):
+    def get(self, rows, make=None):
+        """The table of `rows` (param, grad, *states): made by `make(rows)` (default kernels.optim_table) the first
+        time, its gradients re-pointed after."""
         key = tuple((a.data.ptr, a.size) if a is not None else None for row in rows for a in row[:1] + row[2:])
         table = self.tables.get(key)
         if table is None:
             if len(self.tables) >= self.keep:
                 self.tables.pop(next(iter(self.tables)))
-            table = self.tables[key] = kernels.optim_table(rows)
+            table = self.tables[key] = (make or kernels.optim_table)(rows)
         else:
             table.set_grads([row[1] for row in rows])
         return table

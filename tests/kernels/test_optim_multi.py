@@ -108,3 +108,39 @@ def test_table_errors_name_the_tensor_and_field():
         K.optim_table([(p, p, p)])
     with pytest.raises(ShapeError, match="at most 4"):
         K.optim_table([(p, p, p, p, p, p, p)])
+
+
+AF_SHAPES = [(16, 300), (300, 16), (1, 255), (64,), (16, 5000), (33, 70)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kw", [{}, {"lr": 1e-3, "relative_step": False, "scale_parameter": False, "beta1": 0.9,
+                                     "weight_decay": 0.01}])
+def test_adafactor_fused_step_matches_the_per_operation_path(kw):
+    """Row / column sums by atomics and rsqrt: close to the per-operation path, not equal. (16, 5000): rows wider
+    than a block's chunk (the chunk's columns are a run that wraps)."""
+    import flame_core as flame
+    import flame_nn as nn
+    from flame_core.kernels import launching, loader
+
+    def run():
+        rng = np.random.default_rng(5)
+        params = [nn.Parameter(flame.tensor(rng.standard_normal(s).astype(np.float32), device="cuda"))
+                  for s in AF_SHAPES]
+        opt = nn.optim.Adafactor(params, **kw)
+        for _ in range(4):
+            for p in params:
+                p.grad = flame.tensor(rng.standard_normal(p.shape).astype(np.float32), device="cuda")
+            opt.step()
+        return [p.detach().numpy() for p in params], [opt.state[p] for p in params]
+    before = launching.launches
+    fw, fs = run()
+    assert launching.launches - before >= 4 * 4
+    with loader.reference():
+        rw, rs = run()
+    for shape, a, b, s, r in zip(AF_SHAPES, fw, rw, fs, rs):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7, err_msg=f"weights {shape}")
+        assert s["step"] == r["step"] == 4
+        np.testing.assert_allclose(float(s["RMS"]), float(r["RMS"]), rtol=1e-5)
+        for k in set(s) - {"step", "RMS"}:
+            np.testing.assert_allclose(s[k].numpy(), r[k].numpy(), rtol=1e-4, atol=1e-9, err_msg=f"{k} {shape}")

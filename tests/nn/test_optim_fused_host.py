@@ -69,22 +69,49 @@ def _prodigy_update(table, *, dlr, d_eps, decay):
         w -= (F(dlr) * _flat(m)) / denom
 
 
+class _AfTable(_Table):
+    def rms(self, t):
+        return self.rms_values[t]
+
+
+def _adafactor_step(table, *, eps1, beta2t, eps2, rel, scale_parameter, clip_threshold, beta1, weight_decay):
+    table.rms_values = []
+    for p, g, m, row, col in table.rows:
+        g = g.astype(F)
+        R, C = p.shape
+        u = g * g + F(eps1)
+        rms = np.sqrt(np.sum(p * p) / F(p.size))
+        table.rms_values.append(np.asarray(rms, F))
+        row[...] = row * F(beta2t) + F(1 - beta2t) * (u.sum(axis=1) / F(C))
+        col[...] = col * F(beta2t) + F(1 - beta2t) * (u.sum(axis=0) / F(R))
+        mean = row.sum() / F(R)
+        uu = (F(1) / np.sqrt(row * (F(1) / mean)))[:, None] * (F(1) / np.sqrt(col))[None, :] * g
+        lr_t = F((max(eps2, float(rms)) if scale_parameter else 1.0) * rel)
+        uu = uu / max(np.sqrt(np.sum(uu * uu) / F(p.size)) / F(clip_threshold), F(1)) * lr_t
+        if beta1 is not None:
+            m[...] = m * F(beta1) + F(1 - beta1) * uu
+            uu = m
+        p[...] = (p * (F(1) - F(weight_decay) * lr_t) if weight_decay else p) - uu
+
+
 @pytest.fixture
 def emulated(monkeypatch):
     """MT's kernels replaced by the emulation, and NumPy arrays taken as the GPU's."""
     fake = types.SimpleNamespace(optim_table=_Table, lion_step=_lion, sfadamw_step=_sfadamw,
-                                 prodigy_stats=_prodigy_stats, prodigy_update=_prodigy_update, calls=[])
-    for name in ("lion_step", "sfadamw_step", "prodigy_stats", "prodigy_update"):
+                                 prodigy_stats=_prodigy_stats, prodigy_update=_prodigy_update,
+                                 adafactor_table=_AfTable, adafactor_step=_adafactor_step, calls=[])
+    for name in ("lion_step", "sfadamw_step", "prodigy_stats", "prodigy_update", "adafactor_step"):
         f = getattr(fake, name)
         setattr(fake, name, lambda *a, _f=f, _n=name, **k: (fake.calls.append(_n), _f(*a, **k))[1])
     monkeypatch.setattr(MT, "kernels", fake)
     monkeypatch.setattr(MT, "enabled", lambda: True)
     monkeypatch.setattr(MT, "fusable", lambda a, g: a.dtype == np.float32 and g.size == a.size)
     monkeypatch.setattr(MT, "fusable_state", lambda s, a: s is not None and s.dtype == np.float32 and s.size == a.size)
+    monkeypatch.setattr(MT, "usable", lambda s, n: s is not None and s.dtype == np.float32 and s.size == n)
 
     class Tables:
-        def get(self, rows):
-            return _Table(rows)
+        def get(self, rows, make=None):
+            return (make or _Table)(rows)
     monkeypatch.setattr(MT, "Tables", Tables)
     return fake
 
@@ -143,3 +170,34 @@ def test_fused_host_path_matches_the_per_operation_path(emulated, monkeypatch, n
         same(a, b, f"weights of the {n}-element tensor")
         for k in s:
             same(s[k], r[k], f"{k} of the {n}-element tensor")
+
+
+AF_SHAPES = [(16, 300), (300, 16), (1, 255), (64,), (33, 70)]
+AF_CASES = {
+    "relative_step": dict(),
+    "lr_beta1_decay": dict(lr=1e-3, relative_step=False, scale_parameter=False, beta1=0.9, weight_decay=0.01),
+    "warmup_init": dict(warmup_init=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(AF_CASES))
+def test_adafactor_fused_host_path_matches_the_per_operation_path(emulated, monkeypatch, name):
+    def run():
+        rng = np.random.default_rng(5)
+        params = [nn.Parameter(flame.tensor(rng.standard_normal(s).astype(np.float32))) for s in AF_SHAPES]
+        opt = nn.optim.Adafactor(params, **AF_CASES[name])
+        for _ in range(4):
+            for p in params:
+                p.grad = flame.tensor(rng.standard_normal(p.shape).astype(np.float32))
+            opt.step()
+        return [p.detach().numpy() for p in params], [opt.state[p] for p in params]
+    fw, fs = run()
+    assert emulated.calls == ["adafactor_step"] * 4  # the 2-D tensors, one launch group a step; (64,) per operation
+    monkeypatch.setattr(MT, "enabled", lambda: False)
+    rw, rs = run()
+    for shape, a, b, s, r in zip(AF_SHAPES, fw, rw, fs, rs):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7, err_msg=f"weights {shape}")
+        assert set(s) == set(r) and s["step"] == r["step"] == 4
+        np.testing.assert_allclose(float(s["RMS"]), r["RMS"], rtol=1e-5)
+        for k in set(s) - {"step", "RMS"}:
+            np.testing.assert_allclose(s[k].numpy(), r[k].numpy(), rtol=1e-4, atol=1e-9, err_msg=f"{k} {shape}")
