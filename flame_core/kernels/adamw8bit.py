@@ -19,9 +19,9 @@ from .. import backend
 from ..errors import DTypeError, ShapeError
 from . import launching as KL
 from . import loader as L
+from .adamw import GRAD_KIND as _GRAD_KIND
 
 BLOCK = 256  # elements per quantisation block: the kernel's block size
-_GRAD_KIND = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 
 def _contiguous_1d(a, size, what, dtypes):
