@@ -2,8 +2,10 @@
 
 The parameter set is the LoRA r16 on the attention projections of a real model (float32 adapters, one down and one up
 matrix per adapted Linear): `sdxl` (70 transformer blocks, attn1 q/k/v/out and attn2 q/k/v/out at 640 / 1280
-channels, 2048-wide text keys: 1120 tensors), `flux` (57 blocks, q/k/v/out at 3072: 456 tensors), `sd3.5-large`
-(38 joint blocks, q/k/v/out of both streams at 2432: 608 tensors). Gradients are random (the same every step), the
+channels, 2048-wide text keys: 1120 tensors, 23.2 M), `flux` (to_q / to_k / to_v / to_out.0 of the 19 double
+blocks' image stream and to_q / to_k / to_v of the 38 single blocks, at 3072: 380 tensors, 18.7 M), `sd3.5-large`
+(to_q / to_k / to_v / to_out.0 of the 38 joint blocks' image stream, at 2432: 304 tensors, 11.8 M) -- the
+parameter counts of the LoRA-step benches' adapters. Gradients are random (the same every step), the
 learning rate 1e-4.
 Timed per optimizer: one `step()` between CUDA events after --warmup steps, median of --repeats, and the host's time
 of issuing it. FLAME: AdamW (fused, on pooled gradients as the trainer registers them), AdamW8bit (fused; and its
@@ -28,9 +30,9 @@ def lora_shapes(which):
             for _ in range(n):
                 lin += [(width, width)] * 4 + [(width, width), (2048, width), (2048, width), (width, width)]
     elif which == "flux":
-        lin = [(3072, 3072)] * (4 * 57)
+        lin = [(3072, 3072)] * (4 * 19 + 3 * 38)
     elif which == "sd3.5-large":
-        lin = [(2432, 2432)] * (8 * 38)
+        lin = [(2432, 2432)] * (4 * 38)
     else:
         raise ValueError(f"--sets: sdxl, flux or sd3.5-large, got {which!r}")
     return [s for i, o in lin for s in ((R, i), (o, R))]

@@ -8,7 +8,10 @@ adapter (every activation gradient, no LoRA): the difference is what the adapter
 norm + modulation + elementwise, casts / copies / layout, optimizer, other. Protocol otherwise bench/lora_step.py's
 (1024², LoRA r16 on to_q / to_k / to_v / to_out.0, bf16 autocast, batch 1, random weights).
 
+--quantize fp8_compute: FLAME's frozen blocks in fp8 with fp8 tensor-core matmuls (bench/lora_step.py's variants;
+the peer stays bf16); the activations' fp8 quantisation and the weights' byte transposes are their own group.
 Run: PYTHONPATH=$PWD python3 bench/step_profile.py [--model flux|sd35l] [--ckpt off|on] [--steps 2]
+                                                   [--quantize bf16|fp8|fp8_compute]
 """
 import argparse
 import collections
@@ -21,7 +24,8 @@ import traceback
 import common
 import lora_step
 
-GROUPS = ["GEMM", "attention", "norm + modulation + elementwise", "casts / copies / layout", "optimizer", "other"]
+GROUPS = ["GEMM", "attention", "norm + modulation + elementwise", "fp8 quantise / transpose", "casts / copies / layout",
+          "optimizer", "other"]
 
 
 def group(name):
@@ -34,7 +38,9 @@ def group(name):
         return "GEMM"
     if "adam" in n:
         return "optimizer"
-    if any(s in n for s in ("copy", "memcpy", "memset", "cast", "convert", "transpose", "fp8", "cat_", "concat",
+    if "fp8" in n or "e4m3" in n:
+        return "fp8 quantise / transpose"
+    if any(s in n for s in ("copy", "memcpy", "memset", "cast", "convert", "transpose", "cat_", "concat",
                             "fill", "contiguous", "gather", "scatter")):
         return "casts / copies / layout"
     if any(s in n for s in ("norm", "modulate", "gated", "gelu", "silu", "rope", "softmax", "pws_", "column_sum",
@@ -93,12 +99,16 @@ def flame_part(res, a):
         from flame_models.flux.lora_keys import name_map_for
         from flame_models.flux.params import configs as presets
         model = common.random_flux(presets["flux-dev"])
+        # a frozen base (family_model's is too): without adapters only the input's gradient flows, and fp8
+        # quantises frozen weights only
+        model.requires_grad_(False)
+        lora_step.quantize_blocks((model.double_blocks, model.single_blocks), a.quantize)
         name_map = name_map_for(presets["flux-dev"])
         kw, target = common.flame_flux_inputs(a.size, guidance=1.0)
         base = common.flame_flux_loss_step(model, kw)
         args = [kw["img"], kw["txt"], kw["y"], target]
     else:
-        model, name_map = lora_step.family_model("sd3", "sd3.5-large")
+        model, name_map = lora_step.family_model("sd3", "sd3.5-large", quantize=a.quantize)
         g = flame.Generator("cuda").manual_seed(1)
         lat = a.size // 8
         x = flame.randn(1, 16, lat, lat, generator=g, device="cuda").to(flame.bfloat16)
@@ -107,7 +117,6 @@ def flame_part(res, a):
         t = flame.tensor([500.0], device="cuda")
         base = lora_step.flame_loss(model)
         args = [x, t, y, ctx, flame.randn(1, 16, lat, lat, generator=g, device="cuda")]
-    model.requires_grad_(False)   # a frozen base: without adapters only the input's gradient flows
     model.enable_gradient_checkpointing(a.ckpt == "on")
 
     # the same forward + backward without adapters: the input carries the gradient through every block
@@ -200,7 +209,9 @@ def report(res, a):
                  res.get("compiled_kernels_per_step"), "-"])
     return common.table(["group (ms per step)", "FLAME LoRA step", "FLAME no adapters", "compiled peer",
                          "FLAME ÷ peer"], rows,
-                        title=f"\n{a.model} {a.size}² LoRA step, checkpointing {a.ckpt}: GPU kernel time by group")
+                        title=f"\n{a.model} {a.size}² LoRA step, checkpointing {a.ckpt}"
+                              + ("" if a.quantize == "bf16" else f", FLAME {a.quantize}")
+                              + ": GPU kernel time by group")
 
 
 def main():
@@ -210,8 +221,9 @@ def main():
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--skip-diffusers", action="store_true")
+    ap.add_argument("--quantize", default="bf16", choices=lora_step.QUANTIZE)
     a = ap.parse_args()
-    res = common.Results(f"step_profile_{a.model}_{a.ckpt}")
+    res = common.Results(f"step_profile_{a.model}_{a.ckpt}" + ("" if a.quantize == "bf16" else f"_{a.quantize}"))
     parts = [("FLAME", lambda: (flame_part(res, a), lora_step.release_flame()))]  # its model freed on return
     if not a.skip_diffusers:
         parts.append(("compiled peer", lambda: peer_part(res, a)))
