@@ -99,6 +99,8 @@ def flame_part(res, a):
         from flame_models.flux.lora_keys import name_map_for
         from flame_models.flux.params import configs as presets
         model = common.random_flux(presets["flux-dev"])
+        # a frozen base (family_model's is too): without adapters only the input's gradient flows, and fp8
+        # quantises frozen weights only
         model.requires_grad_(False)
         lora_step.quantize_blocks((model.double_blocks, model.single_blocks), a.quantize)
         name_map = name_map_for(presets["flux-dev"])
@@ -115,7 +117,6 @@ def flame_part(res, a):
         t = flame.tensor([500.0], device="cuda")
         base = lora_step.flame_loss(model)
         args = [x, t, y, ctx, flame.randn(1, 16, lat, lat, generator=g, device="cuda")]
-    model.requires_grad_(False)   # a frozen base: without adapters only the input's gradient flows
     model.enable_gradient_checkpointing(a.ckpt == "on")
 
     # the same forward + backward without adapters: the input carries the gradient through every block

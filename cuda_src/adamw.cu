@@ -8,13 +8,7 @@
 //   w  -= (lr / bc1) * m / (sqrt(v) / sqrt_bc2 + eps)
 //   master[o] = w (if any); param[i] = P(w)
 // grad_kind: 0 fp32, 1 fp16, 2 bf16 gradients.
-#include "common.cuh"
-
-__device__ __forceinline__ float load_grad(const void* g, i64 i, int kind) {
-    if (kind == 0) return static_cast<const float*>(g)[i];
-    if (kind == 1) return __half2float(static_cast<const __half*>(g)[i]);
-    return __bfloat162float(static_cast<const __nv_bfloat16*>(g)[i]);
-}
+#include "optim_grads.cuh"
 
 #define ADAMW_ILP 4
 

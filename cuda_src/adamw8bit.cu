@@ -10,15 +10,9 @@
 //          codes, or float* when unquantised), exp_avg_absmax, exp_avg_sq_absmax (float*, one per 256 elements; 0 when
 //          unquantised), numel, the gradient's dtype (0 fp32 / 1 fp16 / 2 bf16)
 // chunk_tensor / chunk_start: the tensor and the first element (a multiple of 256) of each CUDA block
-#include "common.cuh"
+#include "optim_grads.cuh"
 
 #define Q8_BLOCK 256
-
-__device__ __forceinline__ float q8_grad(const void* g, i64 i, int kind) {
-    if (kind == 0) return static_cast<const float*>(g)[i];
-    if (kind == 1) return __half2float(static_cast<const __half*>(g)[i]);
-    return __bfloat162float(static_cast<const __nv_bfloat16*>(g)[i]);
-}
 
 // NumPy's nearest code: hi = first index with book[hi] >= u (clipped to 255), lo = hi - 1 (clipped to 0); lo when
 // |u - book[lo]| <= |book[hi] - u|, else hi
@@ -76,7 +70,7 @@ extern "C" __global__ void __launch_bounds__(Q8_BLOCK) adamw8bit_multi(
             m = reinterpret_cast<const float*>(row[2])[i];
             v = reinterpret_cast<const float*>(row[3])[i];
         }
-        const float gf = q8_grad(g, i, kind);
+        const float gf = load_grad(g, i, kind);
         m = __fadd_rn(__fmul_rn(m, beta1), __fmul_rn(one_minus_beta1, gf));
         v = __fadd_rn(__fmul_rn(v, beta2), __fmul_rn(one_minus_beta2, __fmul_rn(gf, gf)));
         float wi = w[i];

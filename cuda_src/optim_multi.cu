@@ -5,7 +5,7 @@
 // tensors: int64 [T, 8] rows: param (float*), grad, up to four float* state arrays (0 where absent), numel, the
 //          gradient's dtype (0 fp32 / 1 fp16 / 2 bf16). chunk_tensor / chunk_start: the tensor and first element of
 //          each block's OM_CHUNK elements.
-#include "common.cuh"
+#include "optim_grads.cuh"
 
 #define OM_THREADS 256
 #define OM_CHUNK 4096
@@ -37,11 +37,6 @@ __device__ __forceinline__ OmRow om_row(const i64* __restrict__ tensors, const i
     return row;
 }
 
-__device__ __forceinline__ float om_grad(const void* g, i64 i, int kind) {
-    if (kind == 0) return static_cast<const float*>(g)[i];
-    if (kind == 1) return __half2float(static_cast<const __half*>(g)[i]);
-    return __bfloat162float(static_cast<const __nv_bfloat16*>(g)[i]);
-}
 
 // Lion: a = exp_avg.  p *= decay;  p -= lr sign(b1 m + (1 - b1) g);  m = b2 m + (1 - b2) g
 extern "C" __global__ void __launch_bounds__(OM_THREADS) lion_multi(
@@ -51,7 +46,7 @@ extern "C" __global__ void __launch_bounds__(OM_THREADS) lion_multi(
     const OmRow r = om_row(tensors, chunk_tensor, chunk_start);
     for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS) {
         const i64 i = r.start + j;
-        const float g = om_grad(r.g, i, r.kind);
+        const float g = load_grad(r.g, i, r.kind);
         float m = r.a[i], w = r.p[i];
         if (apply_decay) w = __fmul_rn(w, decay);
         const float c = __fadd_rn(__fmul_rn(m, beta1), __fmul_rn(g, one_minus_beta1));
@@ -71,7 +66,7 @@ extern "C" __global__ void __launch_bounds__(OM_THREADS) sfadamw_multi(
     const OmRow r = om_row(tensors, chunk_tensor, chunk_start);
     for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS) {
         const i64 i = r.start + j;
-        const float g = om_grad(r.g, i, r.kind);
+        const float g = load_grad(r.g, i, r.kind);
         float y = r.p[i], z = r.a[i], v = r.b[i];
         v = __fadd_rn(__fmul_rn(v, beta2), __fmul_rn(one_minus_beta2, __fmul_rn(g, g)));
         float u = __fdiv_rn(g, __fadd_rn(__fsqrt_rn(__fdiv_rn(v, bc2)), eps));
@@ -108,7 +103,7 @@ extern "C" __global__ void __launch_bounds__(OM_THREADS) prodigy_stats_multi(
     float dot = 0.f, abs_s = 0.f;
     for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS) {
         const i64 i = r.start + j;
-        const float g = om_grad(r.g, i, r.kind), w = r.p[i];
+        const float g = load_grad(r.g, i, r.kind), w = r.p[i];
         const float p0 = r.a ? r.a[i] : 0.f;
         dot += __fmul_rn(g, __fsub_rn(p0, w));
         if (r.b) r.b[i] = __fadd_rn(__fmul_rn(r.b[i], beta1), __fmul_rn(m_coef, g));
@@ -194,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_sums_multi(
     __syncthreads();
     for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS) {
         const i64 i = r.start + j;
-        const float g = om_grad(r.g, i, r.kind);
+        const float g = load_grad(r.g, i, r.kind);
         const float ue = __fadd_rn(__fmul_rn(g, g), eps1);
         atomicAdd(&racc[i / a.C - row0], ue);
         atomicAdd(&cacc[(i % a.C - col0 + a.C) % a.C], ue);
@@ -250,7 +245,7 @@ extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_rms_multi(
     float su = 0.f;
     for (i64 j = threadIdx.x; j < a.r.n; j += OM_THREADS) {
         const i64 i = a.r.start + j;
-        const float u = af_u(a, i, om_grad(a.r.g, i, a.r.kind), inv_mean);
+        const float u = af_u(a, i, load_grad(a.r.g, i, a.r.kind), inv_mean);
         su += __fmul_rn(u, u);
     }
     su = om_block_sum(su, red);
@@ -268,7 +263,7 @@ extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_update_multi(
     const float decay = 1.f - weight_decay * lr_t;
     for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS) {
         const i64 i = r.start + j;
-        float u = __fmul_rn(af_u(a, i, om_grad(r.g, i, r.kind), inv_mean) / clip, lr_t);
+        float u = __fmul_rn(af_u(a, i, load_grad(r.g, i, r.kind), inv_mean) / clip, lr_t);
         if (use_beta1) {
             u = __fadd_rn(__fmul_rn(r.a[i], beta1), __fmul_rn(1.f - beta1, u));
             r.a[i] = u;

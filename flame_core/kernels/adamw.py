@@ -20,9 +20,9 @@ from .. import backend
 from ..errors import DTypeError, ShapeError
 from . import launching as KL
 from . import loader as L
+from .tensor_table import GRAD_KIND, block_rows
 
 CHUNK = 16384  # elements per block
-_GRAD_KIND = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 
 class AdamWPlan:
@@ -48,16 +48,11 @@ class AdamWPlan:
         self.on_gpu = all(backend.is_cuda_array(p) for p in params)
         if self.on_gpu:
             cp = backend.cupy
-            chunk_t, chunk_s = [], []
-            for t, n in enumerate(self.sizes):
-                for s in range(0, n, CHUNK):
-                    chunk_t.append(t)
-                    chunk_s.append(s)
+            chunk_t, chunk_s = block_rows(self.sizes, CHUNK)
             self.tables = (cp.asarray(np.array([p.data.ptr for p in params], dtype=np.int64)),
                            cp.asarray(np.array(self.sizes, dtype=np.int64)),
                            cp.asarray(np.array(self.offsets, dtype=np.int64)),
-                           cp.asarray(np.array(chunk_t, dtype=np.int32)),
-                           cp.asarray(np.array(chunk_s, dtype=np.int64)))
+                           cp.asarray(chunk_t), cp.asarray(chunk_s))
             self.n_chunks = len(chunk_t)
 
 
@@ -90,7 +85,7 @@ def _step_ref(plan, grad, m, v, master, lr, b1, b2, eps, wd, bc1, sqrt_bc2, grad
 def adamw_step(plan, grad, exp_avg, exp_avg_sq, *, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=1e-2, step,
                master=None, grad_scale=1.0):
     """One AdamW step (step counts from 1) over every tensor of `plan`; updates params, moments and master in place."""
-    _check_flat(plan, "grad", grad, tuple(_GRAD_KIND))
+    _check_flat(plan, "grad", grad, tuple(GRAD_KIND))
     _check_flat(plan, "exp_avg", exp_avg)
     _check_flat(plan, "exp_avg_sq", exp_avg_sq)
     if master is not None:
@@ -105,7 +100,7 @@ def adamw_step(plan, grad, exp_avg, exp_avg_sq, *, lr, beta1=0.9, beta2=0.999, e
         ptrs, sizes, offsets, chunk_t, chunk_s = plan.tables
         KL.launch(L.get_function("adamw", "adamw_multi", plan.dtype), (plan.n_chunks,), (256,),
                   (ptrs, sizes, offsets, chunk_t, chunk_s, KL.i32(CHUNK), grad,
-                  KL.i32(_GRAD_KIND[L.dtype_name(grad.dtype)]),
+                  KL.i32(GRAD_KIND[L.dtype_name(grad.dtype)]),
                   exp_avg, exp_avg_sq, KL.null() if master is None else master, KL.f32(lr), KL.f32(beta1),
                   KL.f32(beta2), KL.f32(eps), KL.f32(weight_decay), KL.f32(bc1), KL.f32(sqrt_bc2), KL.f32(grad_scale)))
         return

@@ -17,7 +17,7 @@ from ..errors import DTypeError, ShapeError
 from . import loader as L
 
 STATES = 4
-GRAD_KIND = {"float32": 0, "float16": 1, "bfloat16": 2}
+GRAD_KIND = {"float32": 0, "float16": 1, "bfloat16": 2}  # the kernels' gradient-dtype argument (adamw.cu's too)
 
 
 def check_array(a, size, what, dtypes):
@@ -54,7 +54,7 @@ class TensorTable:
             host[t, 6] = n
             host[t, 7] = GRAD_KIND[L.dtype_name(g.dtype)]
         self.rows, self.chunk, self.host = len(rows), int(chunk), host
-        self.tables = (backend.cupy.asarray(host),) + _chunks(tuple(int(n) for n in host[:, 6]), self.chunk)
+        self.tables = (backend.cupy.asarray(host),) + block_table(tuple(int(n) for n in host[:, 6]), self.chunk)
         self.n_blocks = int(self.tables[1].size)
 
     def set_grads(self, grads):
@@ -77,18 +77,25 @@ class TensorTable:
 _CHUNKS = {}  # (device, chunk, sizes) -> (chunk_tensor int32, chunk_start int64) on the device
 
 
-def _chunks(sizes, chunk):
-    key = (backend.cupy.cuda.runtime.getDevice(), chunk) + sizes
+def block_rows(sizes, chunk):
+    """(chunk_tensor int32, chunk_start int64) as NumPy arrays: the tensor and first element of every block of
+    `chunk` elements over tensors of `sizes` elements, tensor by tensor."""
+    nb = np.array([-(-int(n) // chunk) for n in sizes], dtype=np.int64)
+    total = int(nb.sum())
+    if total >= 2 ** 31:
+        raise ShapeError(f"tensor table: {total} blocks exceed the grid's limit")
+    chunk_t = np.repeat(np.arange(len(nb), dtype=np.int32), nb)
+    chunk_s = (np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(nb) - nb, nb)) * chunk
+    return chunk_t, chunk_s
+
+
+def block_table(sizes, chunk):
+    """block_rows on the current GPU, cached (the same parameter sets every step)."""
+    key = (backend.cupy.cuda.runtime.getDevice(), chunk) + tuple(sizes)
     hit = _CHUNKS.get(key)
     if hit is None:
-        nb = np.array([-(-n // chunk) for n in sizes], dtype=np.int64)
-        total = int(nb.sum())
-        if total >= 2 ** 31:
-            raise ShapeError(f"tensor table: {total} blocks exceed the grid's limit")
-        chunk_t = np.repeat(np.arange(len(sizes), dtype=np.int32), nb)
-        chunk_s = (np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(nb) - nb, nb)) * chunk
         if len(_CHUNKS) >= 16:
             _CHUNKS.pop(next(iter(_CHUNKS)))
         cp = backend.cupy
-        hit = _CHUNKS[key] = (cp.asarray(chunk_t), cp.asarray(chunk_s))
+        hit = _CHUNKS[key] = tuple(cp.asarray(x) for x in block_rows(sizes, chunk))
     return hit

@@ -221,16 +221,15 @@ class AdamW8bit(Optimizer):
         """The kernel's tables for these (param, grad, seen) items: cached by the parameters' and states' arrays
         (the same objects every step); the gradients' addresses are re-pointed each step (a lazy pool buffer's
         move, a graph's stay)."""
-        key = tuple(id(hit) for _, _, hit in items)
+        key = tuple(id(hit) for _, _, hit in items)  # a cached plan keeps its hits alive: their ids stay unique
         plans = self.__dict__.setdefault("_plans", {})
         got = plans.get(key)
-        grads = [g for _, g, _ in items]
-        if got is None or any(a is not b for a, b in zip(got[0], (hit for _, _, hit in items))):
+        if got is None:
             if len(plans) >= 8:  # parameter sets that keep changing: keep the newest few
                 plans.pop(next(iter(plans)))
             rows = [(hit[0], g) + tuple(arr for _, _, arr in hit[2]) + ((None, None) if len(hit[2]) == 2 else ())
                     for _, g, hit in items]
             got = plans[key] = ([hit for _, _, hit in items], _fused.adamw8bit_table(rows))
         else:
-            got[1].set_grads(grads)
+            got[1].set_grads([g for _, g, _ in items])
         return got[1]

@@ -144,3 +144,17 @@ def test_adafactor_fused_step_matches_the_per_operation_path(kw):
         np.testing.assert_allclose(float(s["RMS"]), float(r["RMS"]), rtol=1e-5)
         for k in set(s) - {"step", "RMS"}:
             np.testing.assert_allclose(s[k].numpy(), r[k].numpy(), rtol=1e-4, atol=1e-9, err_msg=f"{k} {shape}")
+
+
+def test_block_rows_list_every_chunk_of_every_tensor_in_order():
+    from flame_core.kernels.tensor_table import block_rows
+    sizes, chunk = [1, 0, 4096, 4097, 9000, 3], 4096
+    want_t, want_s = [], []
+    for t, n in enumerate(sizes):
+        for s in range(0, n, chunk):
+            want_t.append(t)
+            want_s.append(s)
+    got_t, got_s = block_rows(sizes, chunk)
+    assert got_t.dtype == np.int32 and got_s.dtype == np.int64
+    np.testing.assert_array_equal(got_t, want_t)
+    np.testing.assert_array_equal(got_s, want_s)
