@@ -81,7 +81,7 @@ def _adafactor_step(table, *, eps1, beta2t, eps2, rel, scale_parameter, clip_thr
         R, C = p.shape
         u = g * g + F(eps1)
         rms = np.sqrt(np.sum(p * p) / F(p.size))
-        table.rms_values.append(np.asarray(rms, F))
+        table.rms_values.append(np.asarray(float(rms), F))
         row[...] = row * F(beta2t) + F(1 - beta2t) * (u.sum(axis=1) / F(C))
         col[...] = col * F(beta2t) + F(1 - beta2t) * (u.sum(axis=0) / F(R))
         mean = row.sum() / F(R)
