@@ -18,6 +18,8 @@ import json
 import math
 import os
 
+from common import SLOWDOWN_EVENTS
+
 KEY = ("family", "storage", "budget", "offload_mode")
 FIGURES = ("step_ms", "graph_step_ms")
 
@@ -174,7 +176,8 @@ def markdown(rows, title="LoRA step at 1024² under GPU memory budgets"):
               "|---|---|---|---|---|---|---:|---:|---|---:|---:|---:|---:|---|---|---|"]
     for r in rows:
         est = "*" if r.get("h2d_s_estimated") else ""
-        note = str(r.get("error") or r.get("last_error") or "").replace("|", "/")[:90]
+        note = "; ".join(n for n in (str(r.get("error") or r.get("last_error") or "").replace("|", "/")[:90],
+                                      clock_note(r.get("clocks"))) if n)
         lines.append(
             f"| {r['family']} | {r['storage']} | {_budget_label(r.get('budget'))} | {r.get('offload_mode') or ''} | "
             f"{_cell(r.get('resident'))}/{_cell(r.get('streamed'))} | "
@@ -184,6 +187,18 @@ def markdown(rows, title="LoRA step at 1024² under GPU memory budgets"):
             f"{_cell(r.get('host_peak_rss_GiB'))} | {_pinned(r)} | {_cell(r.get('h2d_GB'))} | "
             f"{_pct(r.get('hidden'))} / {_pct(r.get('graph_hidden'))}{est} | {r.get('commit') or ''} | {note} |")
     return "\n".join(lines) + "\n"
+
+
+def clock_note(clocks):
+    """'' or what held the GPU's clock down during the run's timed steps (bench/common.GpuClocks' summary): a power
+    or thermal cap, or hardware slowdown, with the lowest SM clock seen against the rated one."""
+    if not isinstance(clocks, dict):
+        return ""
+    capped = [e for e in clocks.get("clock_events") or () if e in SLOWDOWN_EVENTS]
+    if not capped:
+        return ""
+    return (f"clock capped ({', '.join(capped)}): SM {clocks.get('sm_mhz_min')}-{clocks.get('sm_mhz_median')} of "
+            f"{clocks.get('sm_mhz_rated')} MHz, {clocks.get('power_w_max')} W, {clocks.get('temp_c_max')} C")
 
 
 # ----------------------------------------------------------------------------- the plot

@@ -10,8 +10,10 @@ resident / streamed blocks, activation offload, the host->device bytes per step 
 1 - max(0, step - unconstrained step) / copy time (against the unconstrained run of the same family and storage,
 whichever call measured it).
 Families: flux (Flux-dev; bench/streaming.py's step: LoRA r16 on attention, AdamW, bf16 autocast, T5 512,
-checkpointing; eager, and with --graph also the graphed step); sd3.5-large and sdxl through FLAME's trainer (random
-weights of the preset drawn block by block, synthetic 1024² latents with 333 / 77 text tokens, LoRA r16 on
+checkpointing; eager, and with --graph also the graphed step); sd3.5-large, sdxl, qwen-image, chroma and
+flux-kontext through FLAME's trainer (random weights of the preset drawn block by block, synthetic 1024² latents with
+333 / 77 / 512 / 129 / 512 text tokens -- Chroma's 129: the attended length its LoRA bench cuts T5 to -- and for
+Kontext a 1024² control image's reference tokens beside the target's, LoRA r16 on
 attention, --optimizer (the trainer's default adamw8bit), bf16, checkpointing, max_gpu_memory = the budget,
 model.quantize for fp8 (and train.fp8_compute for fp8c); the trainer's own step: graphed with --graph, else eager;
 the copy time of a trainer run is estimated from its bytes at H2D_GBPS). --offload auto,off runs each budget both
@@ -38,9 +40,13 @@ import budget_matrix
 import common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# the trainer families: arch, the size preset (and --small's), text tokens of a sample
+# the trainer families: arch, the size preset (and --small's), text tokens of a sample (Qwen-Image: the LoRA
+# bench's 512; Chroma: the 129 attended tokens its bench cuts T5 to)
 TRAINER_FAMILIES = {"sd3.5-large": dict(arch="sd3", size="sd3.5-large", small="sd3.5-tiny", text=77 + 256),
-                    "sdxl": dict(arch="sdxl", size="sdxl-base", small="sdxl-tiny", text=77)}
+                    "sdxl": dict(arch="sdxl", size="sdxl-base", small="sdxl-tiny", text=77),
+                    "qwen-image": dict(arch="qwen_image", size="qwen-image", small="qwen-image-tiny", text=512),
+                    "chroma": dict(arch="chroma", size="chroma", small="chroma-tiny", text=129),
+                    "flux-kontext": dict(arch="flux_kontext", size="flux-dev", small="flux-tiny", text=512)}
 FAMILIES = ("flux",) + tuple(TRAINER_FAMILIES)
 H2D_GBPS = 54.6  # pinned host->device copies in a Flux-dev streamed step on the H200 (budgets.py, 4 GiB fp8)
 STORAGES = ("bf16", "fp8", "fp8c")
@@ -188,9 +194,10 @@ def trainer_run(res, spec):
             import streaming
             common.synchronize()
             M.reset_peak_memory_stats()
-            with streaming.DevicePeak() as dp:
+            with streaming.DevicePeak() as dp, common.GpuClocks() as clk:
                 ms, _, all_ms = common.cuda_ms(tr.train_step, spec["repeats"], warmup=0)
             res.log(f"{key}_driver_peak_GiB", common.gib(dp.peak, 3))
+            res.log(f"{key}_clocks", clk.summary)
         else:
             all_ms = []
             for _ in range(spec["repeats"]):
@@ -283,6 +290,7 @@ def rows_of(runs, context=None):
             minimum_GiB=res.get(f"{t}_minimum_GiB"), wall_s=r.get("wall_s"),
             host_blocks_GiB=res.get(f"{s['storage']}_block_GiB_total"),
             activation_host_GiB=res.get(f"{t}_activation_host_GiB"),
+            clocks=res.get(f"{t}_graph_clocks", res.get(f"{t}_clocks")),
             error=r.get("error") or res.get(f"{t}_fit") or res.get(f"{t}_error") or res.get(f"{t}_graph_error"),
             commit=ctx.get("commit"), date=ctx.get("date")))
     return rows
@@ -295,7 +303,8 @@ def report(rows):
               f"{r['resident']}/{r['streamed']}", "yes" if r["offload_activations"] else "no", r["step_ms"],
               r["graph_step_ms"], f"{r['driver_peak_GiB']} / {r['graph_driver_peak_GiB']}", r["pool_peak_GiB"],
               r["host_peak_rss_GiB"], r["h2d_GB"], f"{pct(r.get('hidden'))} / {pct(r.get('graph_hidden'))}",
-              (str(r["error"])[:70] if r["error"] else "")] for r in rows]
+              "; ".join(n for n in ((str(r["error"])[:70] if r["error"] else ""),
+                                    budget_matrix.clock_note(r.get("clocks"))) if n)] for r in rows]
     return common.table(["family", "storage", "budget", "mode", "res/str", "offload", "eager ms", "graph ms",
                          "driver GiB e/g", "pool GiB", "host RSS GiB", "H2D GB", "hidden e/g", "note"], table,
                         title="\nLoRA step at 1024² under GPU memory budgets (driver-observed peaks; each run its own "

@@ -169,6 +169,85 @@ def cuda_ms(fn, repeats=5, warmup=2, lib="cupy", before=None, inner=1):
     return statistics.median(ms), statistics.median(host), ms
 
 
+# ----------------------------------------------------------------------------- GPU clocks during a measurement
+# nvidia-smi's clocks_event_reasons bits (NVML's clocksEventReasons): what held the SM clock down
+CLOCK_EVENTS = {0x1: "idle", 0x2: "app_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x10: "sync_boost",
+                0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake", 0x100: "display_clocks"}
+SLOWDOWN_EVENTS = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
+_SMI_FIELDS = "clocks.sm,clocks.max.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
+
+
+def parse_clock_samples(lines):
+    """nvidia-smi CSV lines (noheader, nounits) of _SMI_FIELDS -> a summary dict: SM clock min / median / rated max
+    (MHz), peak power (W) and temperature (C), the clock events seen (names), how many samples; None without any."""
+    rows = []
+    for line in lines:
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 5:
+            continue
+        try:
+            sm, smax, power, temp = int(float(parts[0])), int(float(parts[1])), float(parts[2]), float(parts[3])
+            events = int(parts[4], 16)
+        except ValueError:
+            continue
+        rows.append((sm, smax, power, temp, events))
+    if not rows:
+        return None
+    mask = 0
+    for r in rows:
+        mask |= r[4]
+    sms = sorted(r[0] for r in rows)
+    return {"sm_mhz_min": sms[0], "sm_mhz_median": sms[len(sms) // 2], "sm_mhz_rated": max(r[1] for r in rows),
+            "power_w_max": max(r[2] for r in rows), "temp_c_max": max(r[3] for r in rows),
+            "clock_events": [name for bit, name in CLOCK_EVENTS.items() if mask & bit], "samples": len(rows)}
+
+
+def slowed(summary):
+    """The clock events in `summary` that lower the SM clock (power or thermal caps, hardware slowdown); [] if none."""
+    return [] if not summary else [e for e in summary["clock_events"] if e in SLOWDOWN_EVENTS]
+
+
+class GpuClocks:
+    """The GPU's SM clock, power, temperature and clock-event reasons sampled by `nvidia-smi -lms` while the block
+    runs: a step timed while the clock was capped (power, thermal) is not comparable with one that was not.
+    `.summary` after the block (parse_clock_samples); None where nvidia-smi is missing or printed nothing.
+
+        with common.GpuClocks() as clk:
+            ms, _, _ = common.cuda_ms(step, 5)
+        res.log("step_clocks", clk.summary)
+    """
+
+    def __init__(self, interval_ms=100, device=0):
+        self.interval_ms, self.device, self.summary, self._proc = int(interval_ms), device, None, None
+
+    def _target(self):
+        try:
+            import cupy
+            return cupy.cuda.Device(self.device).pci_bus_id  # the physical GPU whatever CUDA_VISIBLE_DEVICES says
+        except Exception:
+            return str(self.device)
+
+    def __enter__(self):
+        try:
+            self._proc = subprocess.Popen(["nvidia-smi", "-i", self._target(), f"--query-gpu={_SMI_FIELDS}",
+                                           "--format=csv,noheader,nounits", f"--loop-ms={self.interval_ms}"],
+                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            self._proc = None
+        return self
+
+    def __exit__(self, *exc):
+        if self._proc is None:
+            return
+        self._proc.terminate()
+        try:
+            out, _ = self._proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            out, _ = self._proc.communicate()
+        self.summary = parse_clock_samples((out or "").splitlines())
+
+
 _BUSY = {}
 
 

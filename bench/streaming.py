@@ -161,8 +161,9 @@ class Run:
             step()
         common.synchronize()
         M.reset_peak_memory_stats()
-        with DevicePeak() as dp:
+        with DevicePeak() as dp, common.GpuClocks() as clk:
             ms, _, all_ms = common.cuda_ms(step, self.repeats, warmup=0)
+        self.res.log(f"{tag}_clocks", clk.summary)
         self.res.log(f"{tag}_step_ms", round(ms, 1))
         self.res.log(f"{tag}_step_ms_all", [round(x, 1) for x in all_ms])
         self.res.log(f"{tag}_pool_peak_reserved_GiB", common.gib(M.max_memory_reserved(), 3))
@@ -242,6 +243,7 @@ class Run:
             g = self.streamer.graph_stats
             moved = g is not None and self.streamer.streamed
             self.res.log(f"{tag}_graph_h2d_GB_per_step", round(g["bytes_h2d"] / 1e9, 2) if moved else 0.0)
+            self.res.log(f"{tag}_graph_capture_loads", None if g is None else g["loads"])
             if moved and resident is not None and resident[1] is not None and h2d_secs > 0:
                 self.res.log(f"{tag}_graph_hidden_share",
                              round(max(0.0, 1 - max(0.0, ms - resident[1]) / 1e3 / h2d_secs), 3))

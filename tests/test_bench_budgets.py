@@ -105,6 +105,34 @@ def test_the_matrix_renders_a_page_and_a_plot(tmp_path):
     assert budget_matrix.load(paths[0]) == rows
 
 
+def test_the_gpu_clock_samples_are_summarised_and_a_capped_run_says_so_in_its_note(tmp_path):
+    import common
+    lines = ["1980, 1980, 512.31, 51, 0x0000000000000000", "garbage", "1755, 1980, 699.80, 63, 0x0000000000000004",
+             "1830, 1980, 690.1, 62, 0x0000000000000004", "345, 1980, 80.0, 40, 0x0000000000000001"]
+    got = common.parse_clock_samples(lines)
+    assert got == {"sm_mhz_min": 345, "sm_mhz_median": 1830, "sm_mhz_rated": 1980, "power_w_max": 699.8,
+                   "temp_c_max": 63.0, "clock_events": ["idle", "sw_power_cap"], "samples": 4}
+    assert common.slowed(got) == ["sw_power_cap"] and common.parse_clock_samples(["", "x, y"]) is None
+    assert common.slowed(common.parse_clock_samples(lines[:1])) == []
+    rows = budgets.rows_of([run(4, 900.0, copy_s=0.5, gms=700.0, graph_clocks=got),
+                            run(6, 800.0, copy_s=0.2, clocks=common.parse_clock_samples(lines[:1]))])
+    assert rows[0]["clocks"] == got and rows[1]["clocks"]["clock_events"] == []
+    note = budget_matrix.clock_note(rows[0]["clocks"])
+    assert note.startswith("clock capped (sw_power_cap): SM 345-1830 of 1980 MHz") and budget_matrix.clock_note(
+        rows[1]["clocks"]) == "" and budget_matrix.clock_note(None) == ""
+    assert note in budgets.report(rows)
+    md = open(budget_matrix.write_all(rows, str(tmp_path))[1]).read()
+    assert "clock capped (sw_power_cap)" in md and md.count("clock capped") == 1
+
+
+def test_the_clock_sampler_is_a_no_op_without_nvidia_smi(monkeypatch):
+    import common
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with common.GpuClocks(interval_ms=50) as clk:
+        pass
+    assert clk.summary is None
+
+
 def test_a_damaged_matrix_is_refused_before_any_run(tmp_path):
     bad = tmp_path / "m.json"
     bad.write_text('{"rows": [{"family": "flux", "storage": "fp8", "budget": -1}]}')
@@ -130,6 +158,23 @@ def test_the_trainer_families_run_and_fill_the_matrix_on_tiny_presets(tmp_path):
         assert row["error"] is None and row["step_ms"] > 0 and row["resident"] > 0, row
         assert row["host_peak_rss_GiB"] > 0 and row["host_blocks_GiB"] is not None
     assert "| sdxl | fp8 |" in (tmp_path / "budget_matrix.md").read_text()
+
+
+def test_the_new_families_run_through_the_trainer_on_tiny_presets(tmp_path):
+    """qwen-image, chroma and flux-kontext (with its control image's reference tokens) through the trainer under a
+    budget and unconstrained; their rows land in the matrix."""
+    matrix = tmp_path / "budget_matrix.json"
+    r = cli("--families", "qwen-image,chroma,flux-kontext", "--small", "--device", "cpu", "--size", "64", "--budgets",
+            "1,none", "--storages", "fp8", "--repeats", "1", "--warmup", "1", "--matrix", str(matrix),
+            "--matrix-out", str(tmp_path), out=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rows = {budget_matrix.key_of(x): x for x in budget_matrix.load(str(matrix))}
+    for fam in ("qwen-image", "chroma", "flux-kontext"):
+        for budget in (1, None):
+            row = rows[(fam, "fp8", budget, "auto")]
+            assert row["error"] is None and row["step_ms"] > 0 and row["resident"] > 0, row
+    md = (tmp_path / "budget_matrix.md").read_text()
+    assert "| qwen-image | fp8 |" in md and "| flux-kontext | fp8 |" in md
 
 
 def test_the_trainer_families_take_fp8_compute_as_storage_fp8c(tmp_path):
