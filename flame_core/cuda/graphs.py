@@ -178,12 +178,25 @@ def _tensors(args):
     return [a for a in args if isinstance(a, Tensor)]
 
 
+def _out_tensors(out):
+    """The tensors in a graphed function's result (a tensor, or nested tuples / lists / dict values of them)."""
+    if isinstance(out, Tensor):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _out_tensors(o)]
+    return []
+
+
 class GraphedFunction:
     """`fn` run eagerly for `warmup` calls (compiles kernels, builds optimizer state and caches), then captured once
     with static copies of the arguments and replayed: each call copies its tensor arguments into the static inputs,
     replays, and returns the static outputs (the same objects every call: read or clone them before the next call).
     Only top-level tensor arguments are inputs; other arguments (None, numbers) must not change after capture.
-    Without a GPU (or with enabled=False, or with no cuda tensor among the arguments) every call is eager.
+    Without a GPU (or with enabled=False, or with tensor arguments none of which is on cuda) every call is eager.
+    A function of no tensor arguments (a training step over its own model and batch) is captured; if its capture
+    returns only cpu tensors (cpu work: nothing recorded) that call's result is returned and the calls stay eager.
     alias_inputs: the capture call's own tensors become the static inputs instead of copies of them (as
     torch.cuda.make_graphed_callables' sample_args): no second copy of the inputs, but a later call with other
     tensors overwrites those (a loop that passes the same tensors every call, or fresh ones, loses nothing)."""
@@ -208,7 +221,8 @@ class GraphedFunction:
             return self.fn(*args)
         from ..autograd.grad_mode import no_grad
         if self.graph is None:
-            if not any(a.is_cuda for a in _tensors(args)):  # cpu work (a cpu run on a GPU machine): nothing to record
+            ts = _tensors(args)
+            if ts and not any(a.is_cuda for a in ts):  # cpu work (a cpu run on a GPU machine): nothing to record
                 self.enabled = False
                 return self.fn(*args)
             with no_grad():
@@ -216,7 +230,15 @@ class GraphedFunction:
                                          if isinstance(a, Tensor) else a for a in args)
             g = CUDAGraph()
             with graph(g):
-                self.static_out = self.fn(*self.static_args)
+                out = self.fn(*self.static_args)
+            outs = _out_tensors(out)
+            if not ts and outs and not any(o.is_cuda for o in outs):
+                # no tensor arguments and only cpu results: fn's work ran on the cpu (during the capture, for real);
+                # the graph holds nothing a replay could redo, so this call's result stands and the calls stay eager
+                g.reset()
+                self.enabled, self.static_args = False, None
+                return out
+            self.static_out = out
             self.graph = g
         else:
             self._check(args)

@@ -41,6 +41,44 @@ def test_graphed_function_on_cpu_tensors_stays_eager_on_a_gpu_machine():
 
 
 @pytest.mark.gpu
+def test_graphed_function_of_no_arguments_is_captured_and_replays_its_closure():
+    """A training step over its own model and batch takes no arguments: it is captured (not run eagerly for want of
+    a cuda argument), and each replay reads the closed-over tensors' buffers as they are then."""
+    w = flame.full((4, 3), 1.0, device="cuda")
+    calls = []
+
+    def fn():
+        calls.append(1)
+        return (w * 2).sum()
+
+    g = graphed(fn, warmup=1)
+    assert float(g().item()) == 24.0 and g.graph is None          # the warm-up call, eager
+    assert float(g().item()) == 24.0 and g.graph is not None      # captured, then replayed
+    for k in range(2, 5):
+        w.copy_(flame.full((4, 3), float(k), device="cuda"))       # in place: the graph's input buffer
+        assert float(g().item()) == 24.0 * k
+    assert len(calls) == 2  # the warm-up and the capture; replays do not run fn
+
+
+@pytest.mark.gpu
+def test_graphed_function_of_no_arguments_doing_cpu_work_stays_eager():
+    """No arguments and only cpu results: the capture recorded nothing, so that call's result is kept and every later
+    call runs fn again (a replay would return the first result forever)."""
+    w = flame.full((3,), 1.0, device="cpu")
+    calls = []
+
+    def fn():
+        calls.append(1)
+        return w * 2
+
+    g = graphed(fn, warmup=1)
+    for k in range(1, 5):
+        w.copy_(flame.full((3,), float(k), device="cpu"))
+        np.testing.assert_array_equal(g().numpy(), 2.0 * k)
+    assert len(calls) == 4 and g.graph is None and not g.enabled
+
+
+@pytest.mark.gpu
 def test_capture_and_replay_elementwise_matmul_and_kernels():
     rng = np.random.default_rng(0)
     x = flame.tensor(rng.standard_normal((64, 96)), device="cuda").bfloat16()
