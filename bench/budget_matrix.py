@@ -177,7 +177,7 @@ def markdown(rows, title="LoRA step at 1024² under GPU memory budgets"):
     for r in rows:
         est = "*" if r.get("h2d_s_estimated") else ""
         note = "; ".join(n for n in (str(r.get("error") or r.get("last_error") or "").replace("|", "/")[:90],
-                                      clock_note(r.get("clocks"))) if n)
+                                      str(r.get("note") or "").replace("|", "/"), clock_note(r.get("clocks"))) if n)
         lines.append(
             f"| {r['family']} | {r['storage']} | {_budget_label(r.get('budget'))} | {r.get('offload_mode') or ''} | "
             f"{_cell(r.get('resident'))}/{_cell(r.get('streamed'))} | "
@@ -189,13 +189,19 @@ def markdown(rows, title="LoRA step at 1024² under GPU memory budgets"):
     return "\n".join(lines) + "\n"
 
 
+CLOCK_FLAG = 0.95  # a run whose median SM clock fell below this share of the rated clock is flagged
+
+
 def clock_note(clocks):
     """'' or what held the GPU's clock down during the run's timed steps (bench/common.GpuClocks' summary): a power
-    or thermal cap, or hardware slowdown, with the lowest SM clock seen against the rated one."""
+    or thermal cap, or hardware slowdown, that kept the median SM clock below CLOCK_FLAG of the rated one (brief
+    power-cap dips at the H200's ~630 W are routine and cost a few percent of the clock at worst), with the lowest
+    SM clock seen."""
     if not isinstance(clocks, dict):
         return ""
     capped = [e for e in clocks.get("clock_events") or () if e in SLOWDOWN_EVENTS]
-    if not capped:
+    median, rated = clocks.get("sm_mhz_median"), clocks.get("sm_mhz_rated")
+    if not capped or not median or not rated or median >= CLOCK_FLAG * rated:
         return ""
     return (f"clock capped ({', '.join(capped)}): SM {clocks.get('sm_mhz_min')}-{clocks.get('sm_mhz_median')} of "
             f"{clocks.get('sm_mhz_rated')} MHz, {clocks.get('power_w_max')} W, {clocks.get('temp_c_max')} C")

@@ -183,8 +183,8 @@ def trainer_run(res, spec):
             tr.train_step()
             steps += 1
         res.log(f"{tag}_warmup_steps", steps)
-        if g is not None and g.failure:
-            res.log(f"{tag}_graph_error", g.failure)
+        if g is not None and g.failure:  # the capture failed for good, or a retry (after demoting blocks) captured it
+            res.log(f"{tag}_graph_error" if not g.captured else f"{tag}_graph_first_capture", g.failure)
         if st is not None:
             res.log(f"{tag}_graph_demotions", tr.streaming.demotions)
             st.reset_stats()
@@ -285,12 +285,15 @@ def rows_of(runs, context=None):
             host_peak_rss_GiB=r.get("host_peak_rss_GiB"), resident=resident, streamed=streamed,
             offload_activations=res.get(f"{t}_offload_activations", False),
             offloaded_GiB=res.get(f"{t}_offloaded_GiB_per_step"), outside_fp8=res.get(f"{t}_outside_fp8"),
-            h2d_GB=res.get(f"{t}_graph_h2d_GB_per_step", res.get(f"{t}_h2d_GB_per_step")),
+            h2d_GB=next((v for v in (res.get(f"{t}_graph_h2d_GB_per_step"), res.get(f"{t}_h2d_GB_per_step"))
+                         if v is not None), None),
             h2d_s=res.get(f"{t}_h2d_s_per_step"), h2d_s_estimated=bool(res.get(f"{t}_h2d_s_estimated")),
             minimum_GiB=res.get(f"{t}_minimum_GiB"), wall_s=r.get("wall_s"),
             host_blocks_GiB=res.get(f"{s['storage']}_block_GiB_total"),
             activation_host_GiB=res.get(f"{t}_activation_host_GiB"),
             clocks=res.get(f"{t}_graph_clocks", res.get(f"{t}_clocks")),
+            note=(f"first capture failed ({res[f'{t}_graph_first_capture'][:60]}), captured after demoting blocks"
+                  if res.get(f"{t}_graph_first_capture") else None),
             error=r.get("error") or res.get(f"{t}_fit") or res.get(f"{t}_error") or res.get(f"{t}_graph_error"),
             commit=ctx.get("commit"), date=ctx.get("date")))
     return rows

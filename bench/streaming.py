@@ -237,12 +237,15 @@ class Run:
                 self.streamer.invalidate_slots()
                 demoted += len(demote(self.streamer))
                 gstep, run = self.graph_step()
+            if run.graph is None:  # never time an eager step as the graph's
+                raise RuntimeError("the step was not captured: flame.cuda.graphed ran it eagerly")
             self.res.log(f"{tag}_graph_demoted", demoted)
             self.res.log(f"{tag}_graph_resident_blocks", len(self.streamer.resident))
             ms = self.timed(f"{tag}_graph", gstep, 1)
             g = self.streamer.graph_stats
             moved = g is not None and self.streamer.streamed
-            self.res.log(f"{tag}_graph_h2d_GB_per_step", round(g["bytes_h2d"] / 1e9, 2) if moved else 0.0)
+            if g is not None:  # (None: the streamer saw no capture -- the step ran eagerly)
+                self.res.log(f"{tag}_graph_h2d_GB_per_step", round(g["bytes_h2d"] / 1e9, 2) if moved else 0.0)
             self.res.log(f"{tag}_graph_capture_loads", None if g is None else g["loads"])
             if moved and resident is not None and resident[1] is not None and h2d_secs > 0:
                 self.res.log(f"{tag}_graph_hidden_share",

@@ -120,9 +120,17 @@ def test_the_gpu_clock_samples_are_summarised_and_a_capped_run_says_so_in_its_no
     note = budget_matrix.clock_note(rows[0]["clocks"])
     assert note.startswith("clock capped (sw_power_cap): SM 345-1830 of 1980 MHz") and budget_matrix.clock_note(
         rows[1]["clocks"]) == "" and budget_matrix.clock_note(None) == ""
+    assert budget_matrix.clock_note(dict(got, sm_mhz_median=1965)) == ""  # a routine power-cap dip: not flagged
     assert note in budgets.report(rows)
     md = open(budget_matrix.write_all(rows, str(tmp_path))[1]).read()
     assert "clock capped (sw_power_cap)" in md and md.count("clock capped") == 1
+
+
+def test_a_capture_retried_after_demotion_is_a_note_not_an_error(tmp_path):
+    rows = budgets.rows_of([run(4, None, gms=426.4, graph_first_capture="OutOfMemoryError: FLAME out of memory")])
+    assert rows[0]["error"] is None and rows[0]["note"].startswith("first capture failed (OutOfMemoryError")
+    md = open(budget_matrix.write_all(rows, str(tmp_path))[1]).read()
+    assert "captured after demoting blocks" in md and "426.4 / 3.8" in md
 
 
 def test_the_clock_sampler_is_a_no_op_without_nvidia_smi(monkeypatch):
