@@ -137,6 +137,8 @@ def flame_steps(res, model, name_map, configs, make_step, repeats, warmup, graph
             if graph:  # the capture step: every buffer of the graph is allocated (and freed) once
                 step()
                 common.synchronize()
+                if run.graph is None:  # never time eager steps as the graph's
+                    raise RuntimeError("the step was not captured: flame.cuda.graphed ran it eagerly")
                 capture_peak = fmem.max_memory_allocated()
                 res.log(f"flame_step_{t}_capture_peak_allocated_GiB", common.gib(capture_peak, 3))
                 fmem.reset_peak_memory_stats()

@@ -91,6 +91,8 @@ def nolora(res, a, base, args):
     for _ in range(4):
         run(*args)
     common.synchronize()
+    if run.graph is None:  # never profile eager steps as the graph's
+        raise RuntimeError("the step was not captured: flame.cuda.graphed ran it eagerly")
     res.log("flame_nolora_ms", round(common.cuda_ms(lambda: run(*args), 3, warmup=0)[0], 1))
     groups, _, n = trace(lambda: run(*args), a.steps)
     res.log("flame_nolora_groups", groups)
@@ -147,6 +149,8 @@ def flame_part(res, a):
     for _ in range(4):
         step()
     common.synchronize()
+    if run.graph is None:
+        raise RuntimeError("the step was not captured: flame.cuda.graphed ran it eagerly")
     res.log("flame_step_ms", round(common.cuda_ms(step, 3, warmup=0)[0], 1))
     groups, top, n = trace(step, a.steps)
     res.log("flame_groups", groups)
