@@ -40,6 +40,71 @@ def test_graphed_function_on_cpu_tensors_stays_eager_on_a_gpu_machine():
     assert len(calls) == 4 and g.graph is None
 
 
+class _FakeGraph:
+    """A stand-in CUDAGraph for the cpu: records that a capture ran and counts replays."""
+    made = []
+
+    def __init__(self):
+        self.replays = self.resets = 0
+        _FakeGraph.made.append(self)
+
+    def replay(self):
+        self.replays += 1
+
+    def reset(self):
+        self.resets += 1
+
+
+class _FakeCaptureBlock:
+    def __init__(self, g):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _cuda_like(t):
+    """A cpu tensor that says it is on cuda (what GraphedFunction's choice looks at)."""
+    class _Cuda(type(t)):
+        is_cuda = True
+    t.__class__ = _Cuda
+    return t
+
+
+@pytest.mark.parametrize("case", ["no_args_cuda_result", "no_args_cpu_result", "cpu_args", "cuda_args"])
+def test_when_a_graphed_function_captures_and_when_it_stays_eager(monkeypatch, case):
+    """The decision, on the cpu with a stand-in graph: a function of no tensor arguments is captured when it returns
+    cuda tensors (f75eb73 ran it eagerly, and bench/streaming.py timed eager steps as graphs), stays eager when it
+    returns only cpu tensors; cpu tensor arguments stay eager; cuda ones are captured."""
+    from flame_core import backend
+    from flame_core.cuda import graphs as G
+    monkeypatch.setattr(backend, "cuda_available", lambda: True)
+    monkeypatch.setattr(G, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(G, "graph", _FakeCaptureBlock)
+    _FakeGraph.made.clear()
+    calls = []
+
+    def make(x=None):
+        calls.append(1)
+        out = flame.ones(2) * len(calls)
+        return _cuda_like(out) if case in ("no_args_cuda_result", "cuda_args") else out
+
+    g = graphed(make, warmup=1)
+    args = {"cpu_args": (flame.ones(2),), "cuda_args": (_cuda_like(flame.ones(2)),)}.get(case, ())
+    outs = [g(*args) for _ in range(4)]
+    captured = case in ("no_args_cuda_result", "cuda_args")
+    assert (g.graph is not None) == captured and g.enabled == captured
+    if captured:
+        assert len(calls) == 2 and _FakeGraph.made[0].replays == 3  # warm-up + capture; replays do not call fn
+        assert outs[1] is outs[2] is outs[3]                        # the static outputs
+    else:
+        assert len(calls) == 4 and [float(o.numpy()[0]) for o in outs] == [1.0, 2.0, 3.0, 4.0]
+        assert case != "no_args_cpu_result" or _FakeGraph.made[0].resets == 1  # the empty capture was dropped
+
+
 @pytest.mark.gpu
 def test_graphed_function_of_no_arguments_is_captured_and_replays_its_closure():
     """A training step over its own model and batch takes no arguments: it is captured (not run eagerly for want of
