@@ -228,11 +228,17 @@ class GpuClocks:
             return str(self.device)
 
     def __enter__(self):
+        target, fields = self._target(), _SMI_FIELDS
         try:
-            self._proc = subprocess.Popen(["nvidia-smi", "-i", self._target(), f"--query-gpu={_SMI_FIELDS}",
+            # drivers before R530 name the reasons clocks_throttle_reasons: ask once which name this one knows
+            probe = subprocess.run(["nvidia-smi", "-i", target, f"--query-gpu={fields}", "--format=csv,noheader"],
+                                   capture_output=True, text=True, timeout=10)
+            if probe.returncode != 0:
+                fields = fields.replace("clocks_event_reasons", "clocks_throttle_reasons")
+            self._proc = subprocess.Popen(["nvidia-smi", "-i", target, f"--query-gpu={fields}",
                                            "--format=csv,noheader,nounits", f"--loop-ms={self.interval_ms}"],
                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        except OSError:
+        except (OSError, subprocess.TimeoutExpired):
             self._proc = None
         return self
 

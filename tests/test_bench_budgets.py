@@ -133,6 +133,21 @@ def test_a_capture_retried_after_demotion_is_a_note_not_an_error(tmp_path):
     assert "captured after demoting blocks" in md and "426.4 / 3.8" in md
 
 
+def test_the_clock_sampler_falls_back_to_the_older_field_name(tmp_path, monkeypatch):
+    """A driver that does not know clocks_event_reasons (before R530: clocks_throttle_reasons) still gets sampled."""
+    import common
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\ncase \"$*\" in *clocks_event_reasons*) echo 'Field is not a valid field' >&2; exit 2;;"
+                   " esac\nwhile true; do echo '1755, 1980, 650.5, 60, 0x0000000000000004'; sleep 0.02; done\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    import time
+    with common.GpuClocks(interval_ms=20) as clk:
+        time.sleep(0.3)
+    assert clk.summary is not None and clk.summary["clock_events"] == ["sw_power_cap"]
+    assert clk.summary["sm_mhz_min"] == 1755 and clk.summary["samples"] >= 1
+
+
 def test_the_clock_sampler_is_a_no_op_without_nvidia_smi(monkeypatch):
     import common
     monkeypatch.setenv("PATH", "/nonexistent")
