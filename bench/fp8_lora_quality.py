@@ -12,6 +12,7 @@ batch 1 cycling through the training samples, under bf16 autocast, once per mode
     fp8_compute          the blocks' Linears in e4m3 (one scale per tensor), matmuls on the fp8 tensor cores
                          (flame_nn.offload.fp8_compute, its default accumulation)
     fp8_compute_precise  the same with the forward's partial sums promoted to fp32 (FAST_ACCUM_FORWARD off)
+    fp8_delayed          fp8_compute with delayed scaling of the activations (flame_nn.offload.set_fp8_scaling_)
 
 Reported: the loss every --every steps per mode; on held-out inputs (not trained on) each trained LoRA's MSE to the
 targets and the fraction of the truth's effect it recovers, 1 - MSE(lora) / MSE(base) -- evaluated on the bf16 base
@@ -29,7 +30,7 @@ import common
 import lora_step
 import numpy as np
 
-MODES = ("bf16", "fp8_compute", "fp8_compute_precise")
+MODES = ("bf16", "fp8_compute", "fp8_compute_precise", "fp8_delayed")
 
 
 def _inputs(p, size, n_txt, seed, device):
@@ -202,12 +203,15 @@ def main(argv=None):
         common.section(mode)
         if mode == "bf16":
             model, lora = ref, ref_lora
-        else:   # both fp8 modes train on one fp8 model (they differ in the forward's accumulation only)
+        else:   # the fp8 modes train on one fp8 model (they differ in the forward's accumulation or the scaling)
+            from flame_nn.offload import set_fp8_scaling_
             if fp8_model is None:
                 fp8_model, fp8_lora, _ = _build(p, a, "fp8_compute")
                 _set(fp8_lora, truth)   # the floor: the truth LoRA itself on the fp8 base
                 res.log("fp8_held_out_floor_mse", _mse(_predict(fp8_model, held), held_targets))
             model, lora = fp8_model, fp8_lora
+            for stack in (model.double_blocks, model.single_blocks):   # fresh sites (no history) per mode
+                set_fp8_scaling_(stack, "delayed" if mode == "fp8_delayed" else "current")
         _set(lora, init)
         curves[mode] = _train(model, lora, train, targets, a, res, mode)
         trained[mode] = [q.detach().clone() for q in lora]

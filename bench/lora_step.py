@@ -65,18 +65,21 @@ def family_model(arch, size, device="cuda", quantize="bf16"):
     return model, fam.lora_name_map(model)
 
 
-QUANTIZE = ("bf16", "fp8", "fp8_compute")
+QUANTIZE = ("bf16", "fp8", "fp8_compute", "fp8_delayed")
 
 
 def quantize_blocks(stacks, quantize):
     """The frozen Linears of `stacks` as --quantize names: bf16 (as they are), fp8 (e4m3 storage, dequantised per
-    matmul) or fp8_compute (e4m3 storage, the matmuls on the fp8 tensor cores)."""
-    from flame_nn.offload import quantize_linear_weights_
+    matmul), fp8_compute (e4m3 storage, the matmuls on the fp8 tensor cores, activations scaled by their own amax)
+    or fp8_delayed (fp8_compute with delayed scaling of the activations: flame_nn.offload.set_fp8_scaling_)."""
+    from flame_nn.offload import quantize_linear_weights_, set_fp8_scaling_
     if quantize not in QUANTIZE:
         raise ValueError(f"quantize: one of {', '.join(QUANTIZE)}, got {quantize!r}")
     if quantize != "bf16":
         for stack in stacks:
-            quantize_linear_weights_(stack, compute="fp8" if quantize == "fp8_compute" else None)
+            quantize_linear_weights_(stack, compute="fp8" if quantize in ("fp8_compute", "fp8_delayed") else None)
+            if quantize == "fp8_delayed":
+                set_fp8_scaling_(stack, "delayed")
 
 
 def variant_prefix(quantize):

@@ -10,6 +10,8 @@
 //                        backwards, so it starts on the lines pass 1 left in L2 last (an activation up to ~40 MB is
 //                        read from HBM once). No host synchronisation: a CUDA graph captures it.
 //   fp8_quantize_parts   the same over the column concatenation of up to 4 (rows, c_p) parts, without forming it.
+//   fp8_quantize_delayed delayed scaling: the cast with the factor of the site's earlier calls, one pass, no
+//                        barrier; this call's amax goes into the site's history for the next call.
 //   fp8_transpose        (rows, cols) bytes -> (cols, rows): the weight's K-major copy for the input gradient
 //                        (Hopper's fp8 tensor cores take both operands K-major only). fp8_transpose_64: the same
 //                        for rows and cols multiples of 64 (every weight of the families), 16-byte loads and stores.
@@ -101,6 +103,78 @@ fp8_quantize_tensor(const T* __restrict__ x, unsigned char* __restrict__ q, floa
     }
     for (i64 i = nv * N + tid; i < n; i += stride) q[i] = e4m3_sat(to_f32(x[i]) * inv);
     fp8_grid_done();
+}
+
+// fp8_quantize_delayed: "delayed" scaling -- q = e4m3(x * state[1]) with the factor earlier calls of the same site
+// left in `state`, in ONE pass and without a grid barrier (current scaling needs the amax before the cast). The
+// call's amax is folded into the site's history and sets the factor of the NEXT call. state: float[3 + H] =
+// {dequantisation scale, cast factor, this call's amax bits (0 between calls), history of amaxes, newest first}.
+// scale_out = {state[0], state[1]} as this call used them (what the GEMM reads: the state changes under it). The
+// last block to finish (g_fp8_delayed counts them) shifts the history, records the amax (NaN values are passed over
+// by fmaxf; an inf records 0: a broken step leaves no range behind), and sets state[0] = m / 448, state[1] = 448 / m from the history's max m
+// (1, 1 when m is 0). Values beyond the history's range saturate to +-448. Block 0 writes scale_out before counting
+// itself in, and every block reads the factor before it counts: the last block's update comes after both.
+// update = 0: state is just {scale, factor} (a recompute's fixed pair): cast, scale_out = that pair, nothing else.
+__device__ unsigned int g_fp8_delayed[1];
+
+template <typename T>
+__global__ void __launch_bounds__(256)
+fp8_quantize_delayed(const T* __restrict__ x, unsigned char* __restrict__ q, float* state,
+                     float* __restrict__ scale_out, i64 n, int hist, int update) {
+    __shared__ float smem[32];
+    const i64 tid = (i64)blockIdx.x * blockDim.x + threadIdx.x, stride = (i64)gridDim.x * blockDim.x;
+    const bool vec = aligned16(x) && aligned16(q);
+    constexpr int N = 8;
+    const i64 nv = vec ? n / N : 0;
+    const float inv = state[1];
+    float amax = 0.f;
+    for (i64 k = tid; k < nv; k += stride) {
+        float v[N];
+        load_f32<T, N>(x + k * N, v);
+        union { uint2 u; unsigned char b[N]; } o;
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            amax = fmaxf(amax, fabsf(v[j]));
+            o.b[j] = e4m3_sat(v[j] * inv);
+        }
+        *reinterpret_cast<uint2*>(q + k * N) = o.u;
+    }
+    for (i64 i = nv * N + tid; i < n; i += stride) {
+        const float v = to_f32(x[i]);
+        amax = fmaxf(amax, fabsf(v));
+        q[i] = e4m3_sat(v * inv);
+    }
+    if (!update) {   // a fixed factor (a checkpointed region's recompute reuses its forward's): no history
+        if (tid == 0) {
+            scale_out[0] = state[0];
+            scale_out[1] = inv;
+        }
+        return;
+    }
+    amax = block_max(amax, smem);
+    if (threadIdx.x == 0) {
+        if (blockIdx.x == 0) {
+            scale_out[0] = state[0];
+            scale_out[1] = inv;
+        }
+        atomicMax(reinterpret_cast<unsigned int*>(state + 2), __float_as_uint(amax));
+        __threadfence();
+        if (atomicAdd(g_fp8_delayed, 1u) == gridDim.x - 1) {
+            atomicExch(g_fp8_delayed, 0u);
+            __threadfence();
+            float a = __uint_as_float(atomicExch(reinterpret_cast<unsigned int*>(state + 2), 0u));
+            if (!(a >= 0.f && a < __int_as_float(0x7f800000))) a = 0.f;
+            float* h = state + 3;
+            float m = a;
+            for (int i = hist - 1; i > 0; --i) {
+                h[i] = h[i - 1];
+                m = fmaxf(m, h[i]);
+            }
+            h[0] = a;
+            state[0] = finite_positive(m) ? m / FP8_MAX : 1.f;
+            state[1] = finite_positive(m) ? FP8_MAX / m : 1.f;
+        }
+    }
 }
 
 // fp8_quantize_parts: fp8_quantize_tensor of the column concatenation of up to 4 parts x_p (rows, c_p), each

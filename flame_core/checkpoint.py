@@ -127,6 +127,15 @@ def _is_hooks(offload):
 
 
 # ----------------------------------------------------------------------------- the recompute Function
+_recomputing = [0]   # how many checkpointed regions are recomputing now (nested ones count each)
+
+
+def recomputing():
+    """True while a checkpointed region's forward runs again in backward (its recompute): for ops whose forward must
+    repeat what the first run did although state moved since (fp8 delayed scaling keeps the first run's scale)."""
+    return _recomputing[0] > 0
+
+
 def _as_outputs(out):
     if isinstance(out, Tensor):
         return (out,), True
@@ -198,12 +207,14 @@ class CheckpointFunction(Function):
         n = ctx.n_args
 
         outer_rng = _get_rng(list(ctx.rng)) if ctx.rng is not None else None
+        _recomputing[0] += 1
         try:
             if ctx.rng is not None:
                 _set_rng(ctx.rng)
             with _amp.restore_autocast_state(ctx.amp), enable_grad():
                 out, _ = _as_outputs(ctx.run(*flat[:n], **dict(zip(ctx.kw_names, flat[n:]))))
         finally:
+            _recomputing[0] -= 1
             if outer_rng is not None:
                 _set_rng(outer_rng)
 

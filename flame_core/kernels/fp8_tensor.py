@@ -7,6 +7,9 @@
     quantize_parts_per_tensor(parts)    -> (q, scale) of the column concatenation of (rows, c_p) arrays, without
                                            forming it (q (rows, sum c_p)); the same bits as quantize_per_tensor of it
     transpose_fp8(q)                    -> the (cols, rows) C-contiguous copy of a 2-D byte array
+    quantize_delayed(x, site)           -> (q, scale) with `site`'s delayed scaling (DelayedScaling): the factor from
+                                           its earlier calls' amaxes, one pass (the first call: current scaling)
+    quantize_with_scale(x, scale)       -> (q, scale) cast with a given pair (a recompute repeating its forward)
 
 "Current" scaling: the amax is this call's, not a history's (delayed scaling), so no state is carried between steps
 and the first step is as exact as the others. On the GPU it is one launch (fp8_quantize_tensor: the amax, a grid-wide
@@ -111,6 +114,108 @@ def quantize_parts_per_tensor(parts):
         lo += p.shape[1]
     return quantize_per_tensor(whole)
 
+
+
+HISTORY = 16  # amaxes a delayed-scaling site remembers (its next factor comes from their max)
+
+
+class DelayedScaling:
+    """One quantisation site's delayed scaling (TransformerEngine's recipe): the factor of each call comes from the
+    amaxes of the site's earlier calls, so the cast is one pass with no wait for this call's amax (see
+    quantize_delayed). `state` (float32 (3 + history,), on the site's device, made at its first call): the
+    dequantisation scale and cast factor the next call uses, this call's amax (0 between calls), the history of
+    amaxes (newest first). A site is one tensor role of one layer (its input, its output gradient): their ranges
+    differ by orders of magnitude."""
+
+    def __init__(self, history=HISTORY):
+        if int(history) < 1:
+            raise ValueError(f"DelayedScaling: history must be >= 1, got {history}")
+        self.history = int(history)
+        self.state = None
+
+    def reset(self):
+        """Forget the history: the next call scales by its own amax again (current scaling), as the first did."""
+        self.state = None
+
+    def _start(self, scale):
+        """The state after a first call quantised with current scaling to `scale` (scale[0] = its amax / 448)."""
+        xp = backend.xp_of(scale)
+        st = xp.zeros(3 + self.history, dtype=np.float32)
+        st[0:2] = scale
+        st[3] = scale[0] * FP8_MAX   # the first call's amax (448 for an all-zero tensor, whose scale is 1)
+        self.state = st
+
+
+def _delayed_ref(x, st):
+    """The kernel's numbers in NumPy / CuPy (fp32 throughout): q, scale_out; st updated in place."""
+    xp = backend.xp_of(x)
+    xf = x.astype(np.float32)
+    scale_out = st[0:2].copy()
+    q = xp.clip(xf * st[1], -FP8_MAX, FP8_MAX)
+    q = xp.asarray(backend.to_numpy(q).astype(ml_dtypes.float8_e4m3fn).view(np.uint8))
+    v = np.abs(backend.to_numpy(xf)).reshape(-1)
+    v = v[~np.isnan(v)]                              # the kernel's fmaxf passes over NaN
+    a = np.float32(v.max()) if v.size else np.float32(0)
+    if not np.isfinite(a):                           # an inf: nothing recorded
+        a = np.float32(0)
+    h = backend.to_numpy(st[3:]).copy()
+    h[1:] = h[:-1].copy()
+    h[0] = a
+    m = np.float32(h.max())
+    safe = bool(m > 0 and np.isfinite(m))
+    st[3:] = xp.asarray(h)
+    st[0] = m / FP8_MAX if safe else np.float32(1)
+    st[1] = FP8_MAX / m if safe else np.float32(1)
+    st[2] = 0
+    return q, scale_out
+
+
+def quantize_delayed(x, site):
+    """(q, scale) of a float16 / bfloat16 / float32 array as quantize_per_tensor's, with `site`'s delayed scaling
+    (a DelayedScaling): its first call (or the first after reset()) scales by its own amax -- current scaling -- and
+    starts the history; later calls cast with the factor the history gives (values beyond it saturate to +-448) in
+    one pass (fp8_quantize_delayed) and add their amax to it. `scale` is what this call used (cuBLASLt's operand
+    scale); a CUDA graph captures the call, and each replay moves the history on the device."""
+    if L.dtype_name(x.dtype) not in _FLOATS:
+        raise DTypeError(f"quantize_delayed: expects a float16/bfloat16/float32 array, got {x.dtype}")
+    st = site.state
+    if st is None or backend.is_cuda_array(st) != backend.is_cuda_array(x) or (
+            backend.is_cuda_array(x) and st.device.id != x.device.id):
+        q, scale = quantize_per_tensor(x)
+        site._start(scale)
+        return q, scale
+    if not (L.use_kernel(x) and x.size):
+        return _delayed_ref(x, st)
+    cp = backend.cupy
+    x = P.contiguous(x)
+    scale = cp.empty(2, dtype=np.float32)
+    q = cp.empty(x.shape, dtype=np.uint8)
+    n = int(x.size)
+    fn = L.get_function("fp8_tensor", "fp8_quantize_delayed", x.dtype)
+    grid = (max(1, min(P.cdiv(P.cdiv(n, 8), 256), P.sm_count() * 8)),)   # no barrier: any grid size is right
+    KL.launch(fn, grid, (256,), (x, q, st, scale, KL.i64(n), KL.i32(site.history), KL.i32(1)))
+    return q, scale
+
+
+def quantize_with_scale(x, scale):
+    """(q, scale') of x cast with a given (dequantisation scale, cast factor) pair `scale` (float32 (2,), e.g. what an
+    earlier quantize_delayed returned): no amax, nothing updated; scale' a copy of the pair. For a checkpointed
+    region's recompute, which must quantise exactly as its forward did."""
+    if L.dtype_name(x.dtype) not in _FLOATS:
+        raise DTypeError(f"quantize_with_scale: expects a float16/bfloat16/float32 array, got {x.dtype}")
+    if not (L.use_kernel(x) and x.size):
+        xp = backend.xp_of(x)
+        q = xp.clip(x.astype(np.float32) * scale[1], -FP8_MAX, FP8_MAX)
+        return xp.asarray(backend.to_numpy(q).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)), scale[0:2].copy()
+    cp = backend.cupy
+    x = P.contiguous(x)
+    out = cp.empty(2, dtype=np.float32)
+    q = cp.empty(x.shape, dtype=np.uint8)
+    n = int(x.size)
+    fn = L.get_function("fp8_tensor", "fp8_quantize_delayed", x.dtype)
+    grid = (max(1, min(P.cdiv(P.cdiv(n, 8), 256), P.sm_count() * 8)),)
+    KL.launch(fn, grid, (256,), (x, q, P.contiguous(scale), out, KL.i64(n), KL.i32(0), KL.i32(0)))
+    return q, out
 
 
 def transpose_fp8(q, out=None):

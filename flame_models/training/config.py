@@ -86,6 +86,8 @@ class TrainSection:
     gradient_checkpointing: bool = True
     fp8_compute: bool = False            # with model.quantize: the fp8 blocks' matmuls on the e4m3 tensor cores
                                          # (activations and gradients quantised per tensor; flame_nn.offload)
+    fp8_scaling: str = "current"         # with fp8_compute: "current" (each tensor's own amax) or "delayed" (from
+                                         # the amaxes of its last calls: one pass; flame_nn.offload.set_fp8_scaling_)
     offload_activations: typing.Optional[bool] = None  # under max_gpu_memory: the checkpointed block inputs kept in
                                          # pinned host memory until backward (None: when the budget needs it;
                                          # flame_nn.offload.activations)
@@ -502,6 +504,12 @@ def _clean_quantize(cfg, p, errors):
     if cfg.train.fp8_compute and not cfg.model.quantize:
         errors.append(f"{p}train.fp8_compute: computes with the fp8 weights of model.quantize; set model.quantize: "
                       f"fp8 too")
+    sc = cfg.train.fp8_scaling
+    if sc not in ("current", "delayed"):
+        errors.append(f"{p}train.fp8_scaling: 'current' or 'delayed', got {sc!r}")
+    elif sc == "delayed" and not cfg.train.fp8_compute:
+        errors.append(f"{p}train.fp8_scaling: 'delayed' scales the activations of fp8 compute; set "
+                      f"train.fp8_compute: true (and model.quantize: fp8) too")
 
 
 def _resolve_family(cfg, p, errors):

@@ -295,15 +295,20 @@ class Trainer:
         quantize = "fp8" if c.model.quantize else None
         compute = "fp8" if quantize and c.train.fp8_compute else None
         if self.budget is not None:
-            return StreamedBlocks(flame_nn.offload.BlockStreamer.for_model(
+            placed = StreamedBlocks(flame_nn.offload.BlockStreamer.for_model(
                 self.model, stacks, device=self.device, quantize=quantize, fp8_compute=compute is not None,
                 prepare=fam.block_initializer(self.model)), self.device, budget=self.budget)
-        if quantize:
-            n_q = sum(len(flame_nn.offload.quantize_linear_weights_(self.model.get_submodule(s), compute=compute))
-                      for s in stacks)
-            self.log(f"model.quantize: {n_q} frozen Linear weights of the blocks stored as fp8 (e4m3)"
-                     + ("; train.fp8_compute: their matmuls in fp8" if compute else ""))
-        return NoStreaming()
+        else:
+            if quantize:
+                n_q = sum(len(flame_nn.offload.quantize_linear_weights_(self.model.get_submodule(s),
+                                                                        compute=compute)) for s in stacks)
+                self.log(f"model.quantize: {n_q} frozen Linear weights of the blocks stored as fp8 (e4m3)"
+                         + ("; train.fp8_compute: their matmuls in fp8" if compute else ""))
+            placed = NoStreaming()
+        if compute and c.train.fp8_scaling == "delayed":
+            n_d = sum(len(flame_nn.offload.set_fp8_scaling_(self.model.get_submodule(s), "delayed")) for s in stacks)
+            self.log(f"train.fp8_scaling: delayed scaling of the activations of {n_d} fp8 Linears")
+        return placed
 
     def _resume(self, path, state):
         """The checkpoint at `path` loaded into what _build made (resume.restore); the step, schedule, training

@@ -197,7 +197,8 @@ class Float8LinearMixin:
     def forward(self, input):
         dt, input, bias = self._compute_inputs(input)
         if self.fp8_compute and dt.name in _FP8_COMPUTE_DTYPES:
-            return Float8ComputeLinear.apply(input, self.weight, self.weight_scale, bias, dt.np)
+            return Float8ComputeLinear.apply(input, self.weight, self.weight_scale, bias, dt.np,
+                                             self.__dict__.get("_fp8_sites"))
         return Float8Linear.apply(input, self.weight, self.weight_scale, bias, dt.np)
 
     def fused_low_rank(self, input, factors, splits=None):
@@ -209,7 +210,8 @@ class Float8LinearMixin:
         dt, input, bias = self._compute_inputs(input)
         if dt.name not in _FP8_COMPUTE_DTYPES:
             return None
-        return FC.fp8_linear_low_rank(input, self.weight, self.weight_scale, bias, dt.np, factors, splits)
+        return FC.fp8_linear_low_rank(input, self.weight, self.weight_scale, bias, dt.np, factors, splits,
+                                      self.__dict__.get("_fp8_sites"))
 
     def fused_cat2(self, a, b):
         """Linear.fused_cat2 for fp8 compute (fp8_compute.Float8ComputeCat2, when fp8_compute.FUSED and the layer is
@@ -231,7 +233,8 @@ class Float8LinearMixin:
 
     def extra_repr(self):
         if self.fp8_compute:
-            return super().extra_repr() + ", weight=float8_e4m3fn (per-tensor scale), fp8 compute"
+            delayed = ", delayed scaling" if self.__dict__.get("_fp8_sites") is not None else ""
+            return super().extra_repr() + ", weight=float8_e4m3fn (per-tensor scale), fp8 compute" + delayed
         return super().extra_repr() + ", weight=float8_e4m3fn (per-channel scales)"
 
 
@@ -300,6 +303,34 @@ def use_fp8_compute_(module, enabled=True):
                     m.weight_scale = scales
             m.__dict__["fp8_compute"] = bool(enabled)
             done.append(name)
+    return done
+
+
+def set_fp8_scaling_(module, scaling="delayed", history=None):
+    """How every fp8-compute Linear in `module` (itself included) scales the activations it quantises: "current"
+    (the default: each call's own amax, two passes and a grid-wide wait) or "delayed" (TransformerEngine's recipe:
+    the scale of a layer's input and of its output gradient from the amaxes of their last `history` calls, default
+    flame_core.kernels.fp8_tensor.HISTORY; one pass; values beyond that range saturate to +-448; the first call of a
+    site scales by its own amax). A checkpointed recompute repeats its forward's scale. A split projection's output
+    gradient parts and Linear.forward_cat2's two inputs keep current scaling (one amax over the parts). Returns the
+    names of the layers set; raises OffloadError when `module` has no fp8-compute Linear (the option would do
+    nothing)."""
+    from flame_core.kernels.fp8_tensor import HISTORY
+
+    from .fp8_compute import SCALINGS, Fp8Sites
+    if scaling not in SCALINGS:
+        raise OffloadError(f"set_fp8_scaling_: scaling must be one of {SCALINGS}, got {scaling!r}")
+    history = HISTORY if history is None else int(history)
+    if history < 1:
+        raise OffloadError(f"set_fp8_scaling_: history must be >= 1, got {history}")
+    done = []
+    for name, m in module.named_modules():
+        if isinstance(m, Float8LinearMixin) and m.fp8_compute:
+            m.__dict__["_fp8_sites"] = Fp8Sites(history) if scaling == "delayed" else None
+            done.append(name)
+    if not done:
+        raise OffloadError("set_fp8_scaling_: no fp8-compute Linear in the module (quantize_linear_weights_(..., "
+                           "compute='fp8') or use_fp8_compute_ first)")
     return done
 
 

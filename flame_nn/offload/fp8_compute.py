@@ -32,6 +32,16 @@ gradients from two GEMMs on W^T's row blocks (contiguous, no split of a joined g
 False) splits / adds / concatenates through the autograd graph: e.g. the Split node's backward concatenates the
 parts' gradients (a bf16 copy of the whole output gradient) before quantising it.
 
+Activation scaling: "current" by default (above). `set_fp8_scaling_(module, "delayed")` (the trainer's
+`train.fp8_scaling: delayed`) gives each layer two sites, its input and its output gradient, scaled from the amaxes of
+their last HISTORY calls (TransformerEngine's delayed scaling): one pass over the tensor, no grid-wide wait for this
+call's amax (flame_core.kernels.fp8_tensor.quantize_delayed); a site's first call scales by its own amax; values
+beyond the history's range saturate to +-448. A checkpointed region's recompute casts the input with the pair its
+forward used (flame_core.checkpoint.recomputing), so the recomputed activations equal the forward's and the history
+moves once per forward. A split projection's output gradient parts and forward_cat2's inputs keep current scaling
+(one amax over the parts). Which recipe is faster and how much quality it costs: bench/step_profile.py,
+bench/fp8_lora_quality.py --modes bf16,fp8_compute,fp8_delayed.
+
 Weight scales: cuBLASLt on Hopper takes one scale per operand (CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER), so an fp8
 compute layer holds a per-tensor scale -- stored, as fp8 storage always is, as the `weight_scale` row vector, every
 entry equal. A per-channel scale cannot be applied inside the GEMM and would cost a pass over the output after it;
@@ -47,6 +57,7 @@ from flame_core import as_tensor, backend
 from flame_core.amp import autocast_mode as _amp
 from flame_core.autograd import Function
 from flame_core.autograd.grad_mode import is_grad_enabled
+from flame_core.checkpoint import recomputing
 from flame_core.errors import DTypeError, ShapeError
 from flame_core.kernels import fp8_tensor as _T
 from flame_core.kernels import scaled_mm as _S
@@ -67,37 +78,65 @@ def _as(arr, dtype):
     return arr if arr.dtype == dtype else arr.astype(dtype)
 
 
+SCALINGS = ("current", "delayed")
+
+
+class Fp8Sites:
+    """A layer's delayed-scaling sites (set_fp8_scaling_): its input x and its output gradient dy, each with its own
+    history (flame_core.kernels.fp8_tensor.DelayedScaling), and the (scale, factor) pair its last forward used for x:
+    a checkpointed region's recompute casts x with that pair again (flame_core.checkpoint.recomputing), so the
+    recomputed activations are the forward's bit for bit and the history moves once per forward."""
+
+    def __init__(self, history=_T.HISTORY):
+        self.x, self.dy = _T.DelayedScaling(history), _T.DelayedScaling(history)
+        self.x_last = None
+
+
+def _quantize_x(a, sites):
+    if sites is None:
+        return _T.quantize_per_tensor(a)
+    if sites.x_last is not None and recomputing():
+        return _T.quantize_with_scale(a, sites.x_last)
+    q, s = _T.quantize_delayed(a, sites.x)
+    sites.x_last = s
+    return q, s
+
+
+def _quantize_dy(g, sites):
+    return _T.quantize_per_tensor(g) if sites is None else _T.quantize_delayed(g, sites.dy)
+
+
 class Float8ComputeLinear(Function):
     """y = x @ (q * s_w)^T + b through the fp8 GEMM; see the module docstring. x is in the compute dtype `dtype`;
     `scales` (out,) all equal (a per-tensor weight scale). No double backward."""
 
     @staticmethod
-    def forward(ctx, x, q, scales, b, dtype):
+    def forward(ctx, x, q, scales, b, dtype, sites=None):
         a = x.array
-        qx, sx = _T.quantize_per_tensor(a.reshape(-1, a.shape[-1]))
+        qx, sx = _quantize_x(a.reshape(-1, a.shape[-1]), sites)
         bias = _as(b.array, dtype) if b is not None else None
         y = _S.scaled_mm(qx, q.array, sx, scales.array, bias=bias, out_dtype=dtype, fast_accum=FAST_ACCUM_FORWARD)
         if ctx.needs_input_grad[0]:
             ctx.save_for_backward(q, scales)
-        ctx.x_shape, ctx.dtype = x.shape, dtype
+        ctx.x_shape, ctx.dtype, ctx.sites = x.shape, dtype, sites
         return as_tensor(y.reshape(tuple(x.shape[:-1]) + (q.shape[0],)))
 
     @staticmethod
     def backward(ctx, g):
-        nx, _, _, nb, _ = ctx.needs_input_grad
+        nx, _, _, nb, _, _ = ctx.needs_input_grad
         g2 = g.reshape(-1, g.shape[-1])
         dx = db = None
         if nx:
             from .fp8 import transposed_into_scratch
             q, scales = ctx.saved_tensors
             ga = g2.array if g2.array.dtype.itemsize <= 4 else g2.array.astype(ctx.dtype)   # float64: no kernel
-            qg, sg = _T.quantize_per_tensor(ga)   # bf16 / fp16 / fp32 alike: the kernel reads each
+            qg, sg = _quantize_dy(ga, ctx.sites)   # bf16 / fp16 / fp32 alike: the kernel reads each
             wt = transposed_into_scratch(q.array)   # (in, out): K-major for dX = dY @ W
             dx = _S.scaled_mm(qg, wt, sg, scales.array, out_dtype=ctx.dtype)
             dx = as_tensor(dx.reshape(tuple(ctx.x_shape)))
         if nb:
             db = g2.sum(0)
-        return dx, None, None, db, None
+        return dx, None, None, db, None, None
 
 
 class Float8ComputeLowRank(Function):
@@ -112,17 +151,18 @@ class Float8ComputeLowRank(Function):
     when x needs its gradient. No double backward."""
 
     @staticmethod
-    def forward(ctx, x, q, scales, b, dtype, blocks, splits, *factors):
+    def forward(ctx, x, q, scales, b, dtype, blocks, splits, sites, *factors):
         a = x.array.reshape(-1, x.shape[-1])
-        qx, sx = _T.quantize_per_tensor(a)
+        qx, sx = _quantize_x(a, sites)
         bias = _as(b.array, dtype) if b is not None else None
         y = _S.scaled_mm(qx, q.array, sx, scales.array, bias=bias, out_dtype=dtype, fast_accum=FAST_ACCUM_FORWARD)
         h = low_rank_forward(a, y, [f.array for f in factors], blocks)
         need = ctx.needs_input_grad
-        train = any(need[7:])
+        train = any(need[8:])
         ctx.save_for_backward(x if train else None, q if need[0] else None, scales if need[0] else None, *factors)
         ctx.h = h if train else None
         ctx.blocks, ctx.splits, ctx.x_shape, ctx.dtype = blocks, splits, tuple(x.shape), np.dtype(dtype)
+        ctx.sites = sites
         return output_parts(y, x.shape[:-1], splits)
 
     @staticmethod
@@ -148,20 +188,23 @@ class Float8ComputeLowRank(Function):
                 if lo < n_out:
                     cols.append(xp.zeros((rows, n_out - lo), dtype=dt))
                 from .fp8 import transposed_into_scratch
-                qg, sg = _T.quantize_parts_per_tensor(cols)
+                # one output gradient: the site's scaling; parts (a split projection): current scaling, one amax
+                qg, sg = (_quantize_dy(cols[0], ctx.sites) if len(cols) == 1 else
+                          _T.quantize_parts_per_tensor(cols))
                 dx = _S.scaled_mm(qg, transposed_into_scratch(q.array), sg, scales.array, out_dtype=dt)
             else:
                 dx = xp.zeros((rows, ctx.x_shape[-1]), dtype=dt)
         xd = None if x is None else x.array.reshape(-1, x.shape[-1])
-        grads = low_rank_backward(parts, xd, dx, [f.array for f in factors], ctx.blocks, ctx.h, need[7:])
+        grads = low_rank_backward(parts, xd, dx, [f.array for f in factors], ctx.blocks, ctx.h, need[8:])
         dbias = None
         if need[3]:
             dbias = as_tensor(bias_grad(parts, n_out, dt, backend.xp_of(q.array)))
         dx = as_tensor(dx.reshape(ctx.x_shape)) if need[0] else None
-        return (dx, None, None, dbias, None, None, None, *(None if g is None else as_tensor(g) for g in grads))
+        return (dx, None, None, dbias, None, None, None, None,
+                *(None if g is None else as_tensor(g) for g in grads))
 
 
-def fp8_linear_low_rank(input, q, scales, bias, dtype, factors, splits=None):
+def fp8_linear_low_rank(input, q, scales, bias, dtype, factors, splits=None, sites=None):
     """The fp8-compute Linear (q e4m3 (out, in), scales its per-tensor scale) with low-rank updates `factors`
     [(A, B, lo, hi, scale)] and / or `splits`, as Float8ComputeLowRank; input and bias in the compute dtype `dtype`
     (the caller's checks), the factors cast to it under autocast (as linear_low_rank), else of that dtype."""
@@ -172,7 +215,7 @@ def fp8_linear_low_rank(input, q, scales, bias, dtype, factors, splits=None):
     if any(t.dtype.np != np.dtype(dtype) for t in ab):
         raise DTypeError(f"fp8 linear: the low-rank factors must have the compute dtype {np.dtype(dtype)}, got "
                          f"{sorted({str(t.dtype) for t in ab})} (cast them, or use flame.amp.autocast)")
-    return Float8ComputeLowRank.apply(input, q, scales, bias, np.dtype(dtype), blocks, splits, *ab)
+    return Float8ComputeLowRank.apply(input, q, scales, bias, np.dtype(dtype), blocks, splits, sites, *ab)
 
 
 class Float8ComputeCat2(Function):

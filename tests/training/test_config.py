@@ -343,3 +343,12 @@ def test_model_quantize_takes_fp8_names_and_fp8_compute_needs_it(files):
     assert config_from_dict({**base, "model": {"quantize": True, "qtype": "qfloat8"}}).model.quantize is True
     with pytest.raises(ConfigError, match="model.qtype: FLAME quantises the frozen weights to fp8.*'qint4'"):
         config_from_dict({**base, "model": {"quantize": True, "qtype": "qint4"}})
+    # train.fp8_scaling: current (default) or delayed, the latter only with fp8 compute
+    fp8c = {**base, "model": {"quantize": "fp8"}, "train": {"fp8_compute": True}}
+    assert config_from_dict(fp8c).train.fp8_scaling == "current"
+    assert config_from_dict({**fp8c, "train": {"fp8_compute": True, "fp8_scaling": "delayed"}}).train.fp8_scaling \
+        == "delayed"
+    with pytest.raises(ConfigError, match="train.fp8_scaling: 'current' or 'delayed', got 'lazy'"):
+        config_from_dict({**fp8c, "train": {"fp8_compute": True, "fp8_scaling": "lazy"}})
+    with pytest.raises(ConfigError, match="train.fp8_scaling: 'delayed' scales the activations of fp8 compute"):
+        config_from_dict({**base, "model": {"quantize": "fp8"}, "train": {"fp8_scaling": "delayed"}})

@@ -155,6 +155,19 @@ def test_fp8_compute_runs_the_block_matmuls_in_fp8_and_trains(tmp_path):
     assert np.isfinite(losses).all() and losses[:15].mean() > 1.1 * losses[-15:].mean()
 
 
+def test_fp8_delayed_scaling_is_set_on_every_fp8_layer_and_trains(tmp_path):
+    from flame_nn.offload import is_fp8_linear
+    c = cfg(tmp_path, "fp8d", steps=60)
+    c.model.quantize, c.train.fp8_compute, c.train.fp8_scaling = True, True, "delayed"
+    tr = Trainer(c, verbose=False)
+    result = tr.train()
+    fp8 = [m for m in tr.model.modules() if is_fp8_linear(m)]
+    assert fp8 and all(m.__dict__.get("_fp8_sites") is not None for m in fp8)
+    assert sum(m._fp8_sites.x.state is not None for m in fp8) >= len(fp8) // 2   # the sites were used
+    losses = np.array(result["losses"])
+    assert np.isfinite(losses).all() and losses[:15].mean() > 1.1 * losses[-15:].mean()
+
+
 @pytest.mark.gpu
 def test_fp8_compute_on_cuda_resident_and_under_a_budget(tmp_path):
     # bf16 with CUDA graphs (the trainer's defaults on cuda): the blocks' matmuls through cuBLASLt's fp8 GEMM, the
