@@ -181,6 +181,11 @@ def quantize_delayed(x, site):
     st = site.state
     if st is None or backend.is_cuda_array(st) != backend.is_cuda_array(x) or (
             backend.is_cuda_array(x) and st.device.id != x.device.id):
+        if backend.is_cuda_array(x) and backend.cupy.cuda.get_current_stream().is_capturing():
+            # a graph would replay the first call's current scaling and restart the history at every replay
+            from ..cuda.graphs import GraphCaptureError
+            raise GraphCaptureError("quantize_delayed: a site's first call must run before a CUDA graph capture (its "
+                                    "own amax starts the history); run the step eagerly once first")
         q, scale = quantize_per_tensor(x)
         site._start(scale)
         return q, scale

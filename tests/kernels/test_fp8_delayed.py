@@ -132,6 +132,16 @@ def test_the_kernel_equals_the_reference_over_a_sequence_of_calls(rng, dt, shape
 
 
 @pytest.mark.gpu
+def test_a_first_call_inside_a_capture_is_refused(rng):
+    from flame_core.cuda import CUDAGraph, graph
+    from flame_core.cuda.graphs import GraphCaptureError
+    x = backend.cupy.asarray(rand(rng, (64, 64), BF16))
+    with pytest.raises(GraphCaptureError, match="before a CUDA graph capture"):
+        with graph(CUDAGraph()):
+            T.quantize_delayed(x, T.DelayedScaling())
+
+
+@pytest.mark.gpu
 def test_a_captured_call_moves_the_history_at_every_replay(rng):
     from flame_core.cuda import CUDAGraph, graph
     cp = backend.cupy
