@@ -392,7 +392,8 @@ def parser(doc, sizes="1024", quantize=False):
         ap.add_argument("--quantize", default=("bf16",), type=_quantize,
                         help="FLAME variants, comma-separated: bf16 (the frozen blocks as they are), fp8 (e4m3 "
                              "storage, dequantised per matmul), fp8_compute (e4m3 storage and fp8 tensor-core "
-                             "matmuls); one FLAME row per variant")
+                             "matmuls), fp8_delayed (fp8_compute with delayed activation scaling); one FLAME row "
+                             "per variant")
     return ap
 
 
