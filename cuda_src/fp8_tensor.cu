@@ -12,6 +12,7 @@
 //   fp8_quantize_parts   the same over the column concatenation of up to 4 (rows, c_p) parts, without forming it.
 //   fp8_quantize_delayed delayed scaling: the cast with the factor of the site's earlier calls, one pass, no
 //                        barrier; this call's amax goes into the site's history for the next call.
+//   fp8_quantize_parts_delayed   the same over up to 4 column parts, without forming their concatenation.
 //   fp8_transpose        (rows, cols) bytes -> (cols, rows): the weight's K-major copy for the input gradient
 //                        (Hopper's fp8 tensor cores take both operands K-major only). fp8_transpose_64: the same
 //                        for rows and cols multiples of 64 (every weight of the families), 16-byte loads and stores.
@@ -117,6 +118,33 @@ fp8_quantize_tensor(const T* __restrict__ x, unsigned char* __restrict__ q, floa
 // update = 0: state is just {scale, factor} (a recompute's fixed pair): cast, scale_out = that pair, nothing else.
 __device__ unsigned int g_fp8_delayed[1];
 
+// The end of a delayed-scaling launch, thread 0 of each block with its block's amax: block 0 hands out the pair this
+// call used, every block folds its amax in, and the last block moves the site's history and sets the next pair.
+__device__ __forceinline__ void fp8_delayed_fold(float* state, float* __restrict__ scale_out, int hist, float amax,
+                                                 float inv) {
+    if (blockIdx.x == 0) {
+        scale_out[0] = state[0];
+        scale_out[1] = inv;
+    }
+    atomicMax(reinterpret_cast<unsigned int*>(state + 2), __float_as_uint(amax));
+    __threadfence();
+    if (atomicAdd(g_fp8_delayed, 1u) == gridDim.x - 1) {
+        atomicExch(g_fp8_delayed, 0u);
+        __threadfence();
+        float a = __uint_as_float(atomicExch(reinterpret_cast<unsigned int*>(state + 2), 0u));
+        if (!(a >= 0.f && a < __int_as_float(0x7f800000))) a = 0.f;
+        float* h = state + 3;
+        float m = a;
+        for (int i = hist - 1; i > 0; --i) {
+            h[i] = h[i - 1];
+            m = fmaxf(m, h[i]);
+        }
+        h[0] = a;
+        state[0] = finite_positive(m) ? m / FP8_MAX : 1.f;
+        state[1] = finite_positive(m) ? FP8_MAX / m : 1.f;
+    }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(256)
 fp8_quantize_delayed(const T* __restrict__ x, unsigned char* __restrict__ q, float* state,
@@ -152,29 +180,7 @@ fp8_quantize_delayed(const T* __restrict__ x, unsigned char* __restrict__ q, flo
         return;
     }
     amax = block_max(amax, smem);
-    if (threadIdx.x == 0) {
-        if (blockIdx.x == 0) {
-            scale_out[0] = state[0];
-            scale_out[1] = inv;
-        }
-        atomicMax(reinterpret_cast<unsigned int*>(state + 2), __float_as_uint(amax));
-        __threadfence();
-        if (atomicAdd(g_fp8_delayed, 1u) == gridDim.x - 1) {
-            atomicExch(g_fp8_delayed, 0u);
-            __threadfence();
-            float a = __uint_as_float(atomicExch(reinterpret_cast<unsigned int*>(state + 2), 0u));
-            if (!(a >= 0.f && a < __int_as_float(0x7f800000))) a = 0.f;
-            float* h = state + 3;
-            float m = a;
-            for (int i = hist - 1; i > 0; --i) {
-                h[i] = h[i - 1];
-                m = fmaxf(m, h[i]);
-            }
-            h[0] = a;
-            state[0] = finite_positive(m) ? m / FP8_MAX : 1.f;
-            state[1] = finite_positive(m) ? FP8_MAX / m : 1.f;
-        }
-    }
+    if (threadIdx.x == 0) fp8_delayed_fold(state, scale_out, hist, amax, inv);
 }
 
 // fp8_quantize_parts: fp8_quantize_tensor of the column concatenation of up to 4 parts x_p (rows, c_p), each
@@ -243,6 +249,70 @@ fp8_quantize_parts(const T* __restrict__ x0, const T* __restrict__ x1, const T* 
         if (cs[p] > 0) fp8_part_cast<T>(xs[p], rows, cs[p], off, W, q, inv, tid, stride);
     }
     fp8_grid_done();
+}
+
+// fp8_quantize_parts_delayed: fp8_quantize_delayed of the column concatenation of up to 4 parts (as
+// fp8_quantize_parts lays them out): one pass over the parts, the cast with the site's factor, their amax into its
+// history (update = 0: a fixed pair, as fp8_quantize_delayed's). The same numbers as fp8_quantize_delayed of the
+// concatenation.
+template <typename T>
+__device__ __forceinline__ float fp8_part_cast_amax(const T* __restrict__ x, i64 rows, i64 c, i64 off, i64 W,
+                                                    unsigned char* __restrict__ q, float inv, i64 tid, i64 stride,
+                                                    float amax) {
+    constexpr int N = 8;
+    const i64 n = rows * c;
+    const bool vec = aligned16(x) && c % N == 0 && off % N == 0 && W % N == 0 &&
+                     (reinterpret_cast<unsigned long long>(q) & 7ull) == 0;
+    const i64 nv = vec ? n / N : 0;
+    for (i64 k = tid; k < nv; k += stride) {
+        const i64 e = k * N, r = e / c, col = e - r * c;
+        float v[N];
+        load_f32<T, N>(x + e, v);
+        union { uint2 u; unsigned char b[N]; } o;
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            amax = fmaxf(amax, fabsf(v[j]));
+            o.b[j] = e4m3_sat(v[j] * inv);
+        }
+        *reinterpret_cast<uint2*>(q + r * W + off + col) = o.u;
+    }
+    for (i64 i = nv * N + tid; i < n; i += stride) {
+        const i64 r = i / c, col = i - r * c;
+        const float v = to_f32(x[i]);
+        amax = fmaxf(amax, fabsf(v));
+        q[r * W + off + col] = e4m3_sat(v * inv);
+    }
+    return amax;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256)
+fp8_quantize_parts_delayed(const T* __restrict__ x0, const T* __restrict__ x1, const T* __restrict__ x2,
+                           const T* __restrict__ x3, i64 c0, i64 c1, i64 c2, i64 c3, i64 rows,
+                           unsigned char* __restrict__ q, float* state, float* __restrict__ scale_out, int hist,
+                           int update) {
+    __shared__ float smem[32];
+    const i64 tid = (i64)blockIdx.x * blockDim.x + threadIdx.x, stride = (i64)gridDim.x * blockDim.x;
+    const T* xs[4] = {x0, x1, x2, x3};
+    const i64 cs[4] = {c0, c1, c2, c3};
+    const i64 W = c0 + c1 + c2 + c3;
+    const float inv = state[1];
+    float amax = 0.f;
+    i64 off = 0;
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+        if (cs[p] > 0) amax = fp8_part_cast_amax<T>(xs[p], rows, cs[p], off, W, q, inv, tid, stride, amax);
+        off += cs[p];
+    }
+    if (!update) {   // a fixed pair (a recompute): no history
+        if (tid == 0) {
+            scale_out[0] = state[0];
+            scale_out[1] = inv;
+        }
+        return;
+    }
+    amax = block_max(amax, smem);
+    if (threadIdx.x == 0) fp8_delayed_fold(state, scale_out, hist, amax, inv);
 }
 
 // 32x32 byte tiles through shared memory (a padded row avoids bank conflicts on the transposed read); block (32, 8).

@@ -10,6 +10,7 @@
     quantize_delayed(x, site)           -> (q, scale) with `site`'s delayed scaling (DelayedScaling): the factor from
                                            its earlier calls' amaxes, one pass (the first call: current scaling)
     quantize_with_scale(x, scale)       -> (q, scale) cast with a given pair (a recompute repeating its forward)
+    quantize_parts_delayed(parts, site), quantize_parts_with_scale(parts, scale)   the same over column parts
 
 "Current" scaling: the amax is this call's, not a history's (delayed scaling), so no state is carried between steps
 and the first step is as exact as the others. On the GPU it is one launch (fp8_quantize_tensor: the amax, a grid-wide
@@ -200,6 +201,64 @@ def quantize_delayed(x, site):
     grid = (max(1, min(P.cdiv(P.cdiv(n, 8), 256), P.sm_count() * 8)),)   # no barrier: any grid size is right
     KL.launch(fn, grid, (256,), (x, q, st, scale, KL.i64(n), KL.i32(site.history), KL.i32(1)))
     return q, scale
+
+
+def _check_parts(parts, what):
+    if not parts or any(p.ndim != 2 or p.shape[0] != parts[0].shape[0] for p in parts):
+        raise ShapeError(f"{what}: expects 2-D parts with one row count, got {[tuple(p.shape) for p in parts]}")
+    dt = parts[0].dtype
+    if any(p.dtype != dt for p in parts) or L.dtype_name(dt) not in _FLOATS:
+        raise DTypeError(f"{what}: expects parts of one float16/bfloat16/float32 dtype, got "
+                         f"{[str(p.dtype) for p in parts]}")
+
+
+def _concat(parts):
+    return backend.xp_of(parts[0]).concatenate(parts, axis=1)
+
+
+def _parts_kernel(parts, st, scale_out, hist, update):
+    """fp8_quantize_parts_delayed over 2..MAX_PARTS C-contiguous parts: q (rows, sum c_p)."""
+    cp = backend.cupy
+    parts = [P.contiguous(p) for p in parts]
+    rows, width = parts[0].shape[0], sum(int(p.shape[1]) for p in parts)
+    q = cp.empty((rows, width), dtype=np.uint8)
+    fn = L.get_function("fp8_tensor", "fp8_quantize_parts_delayed", parts[0].dtype)
+    grid = (max(1, min(P.cdiv(P.cdiv(rows * width, 8), 256), P.sm_count() * 8)),)
+    xs = parts + [parts[0]] * (MAX_PARTS - len(parts))
+    cs = [int(p.shape[1]) for p in parts] + [0] * (MAX_PARTS - len(parts))
+    KL.launch(fn, grid, (256,), (*xs, *(KL.i64(c) for c in cs), KL.i64(rows), q, st, scale_out, KL.i32(hist),
+                                 KL.i32(update)))
+    return q
+
+
+def _kernel_parts(parts):
+    return (PARTS_KERNEL and 1 < len(parts) <= MAX_PARTS and L.use_kernel(parts[0])
+            and parts[0].shape[0] * sum(int(p.shape[1]) for p in parts))
+
+
+def quantize_parts_delayed(parts, site):
+    """quantize_delayed of the column concatenation of `parts` (2-D (rows, c_p), one dtype and row count), without
+    forming it on cuda (fp8_quantize_parts_delayed, up to MAX_PARTS parts): one site, one history for all parts."""
+    _check_parts(parts, "quantize_parts_delayed")
+    if len(parts) == 1:
+        return quantize_delayed(parts[0], site)
+    st = site.state
+    if (st is None or not _kernel_parts(parts) or not backend.is_cuda_array(st)
+            or st.device.id != parts[0].device.id):
+        return quantize_delayed(_concat(parts), site)   # first call, cpu, or more parts than the kernel takes
+    scale = backend.cupy.empty(2, dtype=np.float32)
+    return _parts_kernel(parts, st, scale, site.history, 1), scale
+
+
+def quantize_parts_with_scale(parts, scale):
+    """quantize_with_scale of the column concatenation of `parts`, without forming it on cuda."""
+    _check_parts(parts, "quantize_parts_with_scale")
+    if len(parts) == 1:
+        return quantize_with_scale(parts[0], scale)
+    if not _kernel_parts(parts):
+        return quantize_with_scale(_concat(parts), scale)
+    out = backend.cupy.empty(2, dtype=np.float32)
+    return _parts_kernel(parts, P.contiguous(scale), out, 0, 0), out
 
 
 def quantize_with_scale(x, scale):

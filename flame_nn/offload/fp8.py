@@ -229,7 +229,7 @@ class Float8LinearMixin:
         if dt.name not in _FP8_COMPUTE_DTYPES or a.dtype != dt or b.dtype != dt or (bias is not None
                                                                                   and bias.dtype != dt):
             return None
-        return FC.fp8_linear_cat2(a, b, self.weight, self.weight_scale, bias, dt.np)
+        return FC.fp8_linear_cat2(a, b, self.weight, self.weight_scale, bias, dt.np, self.__dict__.get("_fp8_sites"))
 
     def extra_repr(self):
         if self.fp8_compute:
@@ -312,7 +312,7 @@ def set_fp8_scaling_(module, scaling="delayed", history=None):
     the scale of a layer's input and of its output gradient from the amaxes of their last `history` calls, default
     flame_core.kernels.fp8_tensor.HISTORY; one pass; values beyond that range saturate to +-448; the first call of a
     site scales by its own amax). A checkpointed recompute repeats its forward's scale. A split projection's output
-    gradient parts and Linear.forward_cat2's two inputs keep current scaling (one amax over the parts). Returns the
+    gradient parts and Linear.forward_cat2's two inputs are one site each (one amax over the parts). Returns the
     names of the layers set; raises OffloadError when `module` has no fp8-compute Linear (the option would do
     nothing)."""
     from flame_core.kernels.fp8_tensor import HISTORY

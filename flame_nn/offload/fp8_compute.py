@@ -38,9 +38,9 @@ their last HISTORY calls (TransformerEngine's delayed scaling): one pass over th
 call's amax (flame_core.kernels.fp8_tensor.quantize_delayed); a site's first call scales by its own amax; values
 beyond the history's range saturate to +-448. A checkpointed region's recompute casts the input with the pair its
 forward used (flame_core.checkpoint.recomputing), so the recomputed activations equal the forward's and the history
-moves once per forward. A split projection's output gradient parts and forward_cat2's inputs keep current scaling
-(one amax over the parts). Which recipe is faster and how much quality it costs: bench/step_profile.py,
-bench/fp8_lora_quality.py --modes bf16,fp8_compute,fp8_delayed.
+moves once per forward. A split projection's output gradient parts and forward_cat2's two inputs are one site each
+(their parts side by side, one amax: quantize_parts_delayed). Which recipe is faster and how much quality it costs:
+bench/step_profile.py, bench/fp8_lora_quality.py --modes bf16,fp8_compute,fp8_delayed.
 
 Weight scales: cuBLASLt on Hopper takes one scale per operand (CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER), so an fp8
 compute layer holds a per-tensor scale -- stored, as fp8 storage always is, as the `weight_scale` row vector, every
@@ -102,8 +102,22 @@ def _quantize_x(a, sites):
     return q, s
 
 
+def _quantize_x_parts(parts, sites):
+    if sites is None:
+        return _T.quantize_parts_per_tensor(parts)
+    if sites.x_last is not None and recomputing():
+        return _T.quantize_parts_with_scale(parts, sites.x_last)
+    q, s = _T.quantize_parts_delayed(parts, sites.x)
+    sites.x_last = s
+    return q, s
+
+
 def _quantize_dy(g, sites):
     return _T.quantize_per_tensor(g) if sites is None else _T.quantize_delayed(g, sites.dy)
+
+
+def _quantize_dy_parts(parts, sites):
+    return _T.quantize_parts_per_tensor(parts) if sites is None else _T.quantize_parts_delayed(parts, sites.dy)
 
 
 class Float8ComputeLinear(Function):
@@ -188,9 +202,7 @@ class Float8ComputeLowRank(Function):
                 if lo < n_out:
                     cols.append(xp.zeros((rows, n_out - lo), dtype=dt))
                 from .fp8 import transposed_into_scratch
-                # one output gradient: the site's scaling; parts (a split projection): current scaling, one amax
-                qg, sg = (_quantize_dy(cols[0], ctx.sites) if len(cols) == 1 else
-                          _T.quantize_parts_per_tensor(cols))
+                qg, sg = _quantize_dy_parts(cols, ctx.sites)   # the parts side by side: one amax / one site
                 dx = _S.scaled_mm(qg, transposed_into_scratch(q.array), sg, scales.array, out_dtype=dt)
             else:
                 dx = xp.zeros((rows, ctx.x_shape[-1]), dtype=dt)
@@ -225,19 +237,19 @@ class Float8ComputeCat2(Function):
     the row blocks of W^T, so da and db come out as separate contiguous arrays (no split of a joined gradient)."""
 
     @staticmethod
-    def forward(ctx, a, b, q, scales, bias, dtype):
+    def forward(ctx, a, b, q, scales, bias, dtype, sites=None):
         a2, b2 = a.array.reshape(-1, a.shape[-1]), b.array.reshape(-1, b.shape[-1])
-        qx, sx = _T.quantize_parts_per_tensor([a2, b2])
+        qx, sx = _quantize_x_parts([a2, b2], sites)
         y = _S.scaled_mm(qx, q.array, sx, scales.array, bias=None if bias is None else _as(bias.array, dtype),
                          out_dtype=dtype, fast_accum=FAST_ACCUM_FORWARD)
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             ctx.save_for_backward(q, scales)
-        ctx.shapes, ctx.dtype = (tuple(a.shape), tuple(b.shape)), np.dtype(dtype)
+        ctx.shapes, ctx.dtype, ctx.sites = (tuple(a.shape), tuple(b.shape)), np.dtype(dtype), sites
         return as_tensor(y.reshape(tuple(a.shape[:-1]) + (q.shape[0],)))
 
     @staticmethod
     def backward(ctx, g):
-        na, nb, _, _, nbias, _ = ctx.needs_input_grad
+        na, nb, _, _, nbias, _, _ = ctx.needs_input_grad
         (sa, sb), dt = ctx.shapes, ctx.dtype
         g2 = g.reshape(-1, g.shape[-1])
         da = db = dbias = None
@@ -245,7 +257,7 @@ class Float8ComputeCat2(Function):
             from .fp8 import transposed_into_scratch
             q, scales = ctx.saved_tensors
             ga = g2.array if g2.array.dtype.itemsize <= 4 else g2.array.astype(dt)   # float64: no kernel
-            qg, sg = _T.quantize_per_tensor(ga)
+            qg, sg = _quantize_dy(ga, ctx.sites)
             wt = transposed_into_scratch(q.array)          # (in, out); both GEMMs enqueued before its next use
             ha = sa[-1]
             if na:
@@ -254,13 +266,13 @@ class Float8ComputeCat2(Function):
                 db = as_tensor(_S.scaled_mm(qg, wt[ha:], sg, scales.array, out_dtype=dt).reshape(sb))
         if nbias:
             dbias = g2.sum(0)
-        return da, db, None, None, dbias, None
+        return da, db, None, None, dbias, None, None
 
 
-def fp8_linear_cat2(a, b, q, scales, bias, dtype):
+def fp8_linear_cat2(a, b, q, scales, bias, dtype, sites=None):
     """The fp8-compute Linear (q e4m3 (out, in), scales its per-tensor scale) of cat((a, b), -1), as
     Float8ComputeCat2; a, b and bias in the compute dtype `dtype` (the caller's checks)."""
     if a.shape[:-1] != b.shape[:-1] or a.shape[-1] + b.shape[-1] != q.shape[1]:
         raise ShapeError(f"fp8 linear_cat2: inputs {tuple(a.shape)} and {tuple(b.shape)} do not fit a weight of "
                          f"shape {tuple(q.shape)}")
-    return Float8ComputeCat2.apply(a, b, q, scales, bias, np.dtype(dtype))
+    return Float8ComputeCat2.apply(a, b, q, scales, bias, np.dtype(dtype), sites)

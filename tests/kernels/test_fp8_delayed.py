@@ -7,7 +7,7 @@ import pytest
 from kernel_utils import DTYPES, rand
 
 from flame_core import backend
-from flame_core.errors import DTypeError
+from flame_core.errors import DTypeError, ShapeError
 from flame_core.kernels import fp8_tensor as T
 
 F = np.float32
@@ -103,6 +103,56 @@ def test_bad_inputs_are_refused():
         T.quantize_with_scale(np.zeros(4, np.int64), np.ones(2, F))
     with pytest.raises(ValueError):
         T.DelayedScaling(history=0)
+
+
+def _parts(rng, rows, widths, dtype=F, scale=1.0):
+    return [(rng.standard_normal((rows, w)) * scale).astype(dtype) for w in widths]
+
+
+@pytest.mark.parametrize("widths", [(8,), (16, 24), (5, 3, 7), (64, 64, 64, 192), (3, 4, 5, 6, 7)])
+def test_parts_are_quantised_as_their_concatenation_with_one_site(rng, widths):
+    one, whole = T.DelayedScaling(history=3), T.DelayedScaling(history=3)
+    for scale in (1.0, 3.0, 0.5):
+        ps = _parts(rng, 9, widths, scale=scale)
+        qp, sp = T.quantize_parts_delayed(ps, one)
+        qw, sw = T.quantize_delayed(np.concatenate(ps, axis=1), whole)
+        np.testing.assert_array_equal(qp, qw)
+        np.testing.assert_array_equal(sp, sw)
+        np.testing.assert_array_equal(one.state, whole.state)
+    pair = one.state[:2].copy()
+    ps = _parts(rng, 9, widths, scale=2.0)
+    qp, sp = T.quantize_parts_with_scale(ps, pair)
+    qw, sw = T.quantize_with_scale(np.concatenate(ps, axis=1), pair)
+    np.testing.assert_array_equal(qp, qw)
+    np.testing.assert_array_equal(sp, sw)
+
+
+def test_parts_checks(rng):
+    with pytest.raises(ShapeError, match="one row count"):
+        T.quantize_parts_delayed([np.zeros((2, 3), F), np.zeros((3, 3), F)], T.DelayedScaling())
+    with pytest.raises(DTypeError):
+        T.quantize_parts_with_scale([np.zeros((2, 3), F), np.zeros((2, 3), np.float16)], np.ones(2, F))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("widths", [(16, 24), (5, 3, 7), (64, 64, 64, 192), (3, 4, 5, 6, 7)])
+def test_the_parts_kernel_equals_the_reference(rng, dt, widths):
+    cp = backend.cupy
+    gpu, ref = T.DelayedScaling(history=3), T.DelayedScaling(history=3)
+    for scale in (1.0, 4.0, 0.25, 1.0):
+        ps = [rand(rng, (33, w), DTYPES[dt], scale=scale) for w in widths]
+        qg, sg = T.quantize_parts_delayed([cp.asarray(p) for p in ps], gpu)
+        qr, sr = T.quantize_parts_delayed(ps, ref)
+        np.testing.assert_array_equal(_np(sg), sr)
+        np.testing.assert_array_equal(_np(qg), qr)
+        np.testing.assert_array_equal(_np(gpu.state), ref.state)
+    pair = ref.state[:2].copy()
+    ps = [rand(rng, (33, w), DTYPES[dt], scale=2.0) for w in widths]
+    qg, sg = T.quantize_parts_with_scale([cp.asarray(p) for p in ps], cp.asarray(pair))
+    qr, sr = T.quantize_parts_with_scale(ps, pair)
+    np.testing.assert_array_equal(_np(qg), qr)
+    np.testing.assert_array_equal(_np(sg), sr)
 
 
 @pytest.mark.gpu
