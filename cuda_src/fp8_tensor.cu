@@ -118,6 +118,30 @@ fp8_quantize_tensor(const T* __restrict__ x, unsigned char* __restrict__ q, floa
 // update = 0: state is just {scale, factor} (a recompute's fixed pair): cast, scale_out = that pair, nothing else.
 __device__ unsigned int g_fp8_delayed[1];
 
+// 8 elements (a 16-byte load of bf16 / fp16, two of fp32) cast with `inv` into 8 bytes at dst; their amax folded in.
+template <typename T>
+__device__ __forceinline__ float fp8_cast8_amax(const T* __restrict__ src, unsigned char* __restrict__ dst, float inv,
+                                                float amax) {
+    constexpr int N = 8;
+    float v[N];
+    load_f32<T, N>(src, v);
+    union { uint2 u; unsigned char b[N]; } o;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        amax = fmaxf(amax, fabsf(v[j]));
+        o.b[j] = e4m3_sat(v[j] * inv);
+    }
+    *reinterpret_cast<uint2*>(dst) = o.u;
+    return amax;
+}
+
+template <typename T>
+__device__ __forceinline__ float fp8_cast1_amax(T x, unsigned char* __restrict__ dst, float inv, float amax) {
+    const float v = to_f32(x);
+    *dst = e4m3_sat(v * inv);
+    return fmaxf(amax, fabsf(v));
+}
+
 // The end of a delayed-scaling launch, thread 0 of each block with its block's amax: block 0 hands out the pair this
 // call used, every block folds its amax in, and the last block moves the site's history and sets the next pair.
 __device__ __forceinline__ void fp8_delayed_fold(float* state, float* __restrict__ scale_out, int hist, float amax,
@@ -145,6 +169,21 @@ __device__ __forceinline__ void fp8_delayed_fold(float* state, float* __restrict
     }
 }
 
+// Every thread at the end of a delayed launch. update = 0 (a fixed pair: a checkpointed region's recompute reuses its
+// forward's): the pair handed out, no history. Else the block's amax, and fp8_delayed_fold.
+__device__ __forceinline__ void fp8_delayed_end(float* state, float* __restrict__ scale_out, int hist, float amax,
+                                                float inv, int update, float* smem) {
+    if (!update) {
+        if (blockIdx.x == 0 && threadIdx.x == 0) {
+            scale_out[0] = state[0];
+            scale_out[1] = inv;
+        }
+        return;
+    }
+    amax = block_max(amax, smem);
+    if (threadIdx.x == 0) fp8_delayed_fold(state, scale_out, hist, amax, inv);
+}
+
 template <typename T>
 __global__ void __launch_bounds__(256)
 fp8_quantize_delayed(const T* __restrict__ x, unsigned char* __restrict__ q, float* state,
@@ -156,31 +195,9 @@ fp8_quantize_delayed(const T* __restrict__ x, unsigned char* __restrict__ q, flo
     const i64 nv = vec ? n / N : 0;
     const float inv = state[1];
     float amax = 0.f;
-    for (i64 k = tid; k < nv; k += stride) {
-        float v[N];
-        load_f32<T, N>(x + k * N, v);
-        union { uint2 u; unsigned char b[N]; } o;
-#pragma unroll
-        for (int j = 0; j < N; ++j) {
-            amax = fmaxf(amax, fabsf(v[j]));
-            o.b[j] = e4m3_sat(v[j] * inv);
-        }
-        *reinterpret_cast<uint2*>(q + k * N) = o.u;
-    }
-    for (i64 i = nv * N + tid; i < n; i += stride) {
-        const float v = to_f32(x[i]);
-        amax = fmaxf(amax, fabsf(v));
-        q[i] = e4m3_sat(v * inv);
-    }
-    if (!update) {   // a fixed factor (a checkpointed region's recompute reuses its forward's): no history
-        if (tid == 0) {
-            scale_out[0] = state[0];
-            scale_out[1] = inv;
-        }
-        return;
-    }
-    amax = block_max(amax, smem);
-    if (threadIdx.x == 0) fp8_delayed_fold(state, scale_out, hist, amax, inv);
+    for (i64 k = tid; k < nv; k += stride) amax = fp8_cast8_amax<T>(x + k * N, q + k * N, inv, amax);
+    for (i64 i = nv * N + tid; i < n; i += stride) amax = fp8_cast1_amax<T>(x[i], q + i, inv, amax);
+    fp8_delayed_end(state, scale_out, hist, amax, inv, update, smem);
 }
 
 // fp8_quantize_parts: fp8_quantize_tensor of the column concatenation of up to 4 parts x_p (rows, c_p), each
@@ -265,22 +282,12 @@ __device__ __forceinline__ float fp8_part_cast_amax(const T* __restrict__ x, i64
                      (reinterpret_cast<unsigned long long>(q) & 7ull) == 0;
     const i64 nv = vec ? n / N : 0;
     for (i64 k = tid; k < nv; k += stride) {
-        const i64 e = k * N, r = e / c, col = e - r * c;
-        float v[N];
-        load_f32<T, N>(x + e, v);
-        union { uint2 u; unsigned char b[N]; } o;
-#pragma unroll
-        for (int j = 0; j < N; ++j) {
-            amax = fmaxf(amax, fabsf(v[j]));
-            o.b[j] = e4m3_sat(v[j] * inv);
-        }
-        *reinterpret_cast<uint2*>(q + r * W + off + col) = o.u;
+        const i64 e = k * N, r = e / c;
+        amax = fp8_cast8_amax<T>(x + e, q + r * W + off + (e - r * c), inv, amax);
     }
     for (i64 i = nv * N + tid; i < n; i += stride) {
-        const i64 r = i / c, col = i - r * c;
-        const float v = to_f32(x[i]);
-        amax = fmaxf(amax, fabsf(v));
-        q[r * W + off + col] = e4m3_sat(v * inv);
+        const i64 r = i / c;
+        amax = fp8_cast1_amax<T>(x[i], q + r * W + off + (i - r * c), inv, amax);
     }
     return amax;
 }
@@ -304,15 +311,7 @@ fp8_quantize_parts_delayed(const T* __restrict__ x0, const T* __restrict__ x1, c
         if (cs[p] > 0) amax = fp8_part_cast_amax<T>(xs[p], rows, cs[p], off, W, q, inv, tid, stride, amax);
         off += cs[p];
     }
-    if (!update) {   // a fixed pair (a recompute): no history
-        if (tid == 0) {
-            scale_out[0] = state[0];
-            scale_out[1] = inv;
-        }
-        return;
-    }
-    amax = block_max(amax, smem);
-    if (threadIdx.x == 0) fp8_delayed_fold(state, scale_out, hist, amax, inv);
+    fp8_delayed_end(state, scale_out, hist, amax, inv, update, smem);
 }
 
 // 32x32 byte tiles through shared memory (a padded row avoids bank conflicts on the transposed read); block (32, 8).

@@ -192,6 +192,11 @@ def quantize_delayed(x, site):
         return q, scale
     if not (L.use_kernel(x) and x.size):
         return _delayed_ref(x, st)
+    return _delayed_kernel(x, st, site.history, 1)
+
+
+def _delayed_kernel(x, st, hist, update):
+    """fp8_quantize_delayed of x with the state (or, update 0, the fixed pair) `st`: (q, the pair used)."""
     cp = backend.cupy
     x = P.contiguous(x)
     scale = cp.empty(2, dtype=np.float32)
@@ -199,7 +204,7 @@ def quantize_delayed(x, site):
     n = int(x.size)
     fn = L.get_function("fp8_tensor", "fp8_quantize_delayed", x.dtype)
     grid = (max(1, min(P.cdiv(P.cdiv(n, 8), 256), P.sm_count() * 8)),)   # no barrier: any grid size is right
-    KL.launch(fn, grid, (256,), (x, q, st, scale, KL.i64(n), KL.i32(site.history), KL.i32(1)))
+    KL.launch(fn, grid, (256,), (x, q, st, scale, KL.i64(n), KL.i32(hist), KL.i32(update)))
     return q, scale
 
 
@@ -271,15 +276,7 @@ def quantize_with_scale(x, scale):
         xp = backend.xp_of(x)
         q = xp.clip(x.astype(np.float32) * scale[1], -FP8_MAX, FP8_MAX)
         return xp.asarray(backend.to_numpy(q).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)), scale[0:2].copy()
-    cp = backend.cupy
-    x = P.contiguous(x)
-    out = cp.empty(2, dtype=np.float32)
-    q = cp.empty(x.shape, dtype=np.uint8)
-    n = int(x.size)
-    fn = L.get_function("fp8_tensor", "fp8_quantize_delayed", x.dtype)
-    grid = (max(1, min(P.cdiv(P.cdiv(n, 8), 256), P.sm_count() * 8)),)
-    KL.launch(fn, grid, (256,), (x, q, P.contiguous(scale), out, KL.i64(n), KL.i32(0), KL.i32(0)))
-    return q, out
+    return _delayed_kernel(x, P.contiguous(scale), 0, 0)
 
 
 def transpose_fp8(q, out=None):

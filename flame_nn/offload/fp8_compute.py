@@ -92,22 +92,19 @@ class Fp8Sites:
         self.x_last = None
 
 
+_X_QUANTIZERS = {False: (_T.quantize_per_tensor, _T.quantize_with_scale, _T.quantize_delayed),
+                 True: (_T.quantize_parts_per_tensor, _T.quantize_parts_with_scale, _T.quantize_parts_delayed)}
+
+
 def _quantize_x(a, sites):
+    """A layer's input (an array, or a list of column parts) for the fp8 GEMM: current scaling without sites; with
+    them the input site's delayed scaling, or in a recompute the pair of the layer's last forward."""
+    current, with_scale, delayed = _X_QUANTIZERS[isinstance(a, list)]
     if sites is None:
-        return _T.quantize_per_tensor(a)
+        return current(a)
     if sites.x_last is not None and recomputing():
-        return _T.quantize_with_scale(a, sites.x_last)
-    q, s = _T.quantize_delayed(a, sites.x)
-    sites.x_last = s
-    return q, s
-
-
-def _quantize_x_parts(parts, sites):
-    if sites is None:
-        return _T.quantize_parts_per_tensor(parts)
-    if sites.x_last is not None and recomputing():
-        return _T.quantize_parts_with_scale(parts, sites.x_last)
-    q, s = _T.quantize_parts_delayed(parts, sites.x)
+        return with_scale(a, sites.x_last)
+    q, s = delayed(a, sites.x)
     sites.x_last = s
     return q, s
 
@@ -239,7 +236,7 @@ class Float8ComputeCat2(Function):
     @staticmethod
     def forward(ctx, a, b, q, scales, bias, dtype, sites=None):
         a2, b2 = a.array.reshape(-1, a.shape[-1]), b.array.reshape(-1, b.shape[-1])
-        qx, sx = _quantize_x_parts([a2, b2], sites)
+        qx, sx = _quantize_x([a2, b2], sites)
         y = _S.scaled_mm(qx, q.array, sx, scales.array, bias=None if bias is None else _as(bias.array, dtype),
                          out_dtype=dtype, fast_accum=FAST_ACCUM_FORWARD)
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
