@@ -18,7 +18,7 @@ import json
 import math
 import os
 
-from common import SLOWDOWN_EVENTS
+from common import slowed
 
 KEY = ("family", "storage", "budget", "offload_mode")
 FIGURES = ("step_ms", "graph_step_ms")
@@ -199,7 +199,7 @@ def clock_note(clocks):
     SM clock seen."""
     if not isinstance(clocks, dict):
         return ""
-    capped = [e for e in clocks.get("clock_events") or () if e in SLOWDOWN_EVENTS]
+    capped = slowed(clocks)
     median, rated = clocks.get("sm_mhz_median"), clocks.get("sm_mhz_rated")
     if not capped or not median or not rated or median >= CLOCK_FLAG * rated:
         return ""

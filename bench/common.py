@@ -204,7 +204,7 @@ def parse_clock_samples(lines):
 
 def slowed(summary):
     """The clock events in `summary` that lower the SM clock (power or thermal caps, hardware slowdown); [] if none."""
-    return [] if not summary else [e for e in summary["clock_events"] if e in SLOWDOWN_EVENTS]
+    return [] if not summary else [e for e in summary.get("clock_events") or () if e in SLOWDOWN_EVENTS]
 
 
 class GpuClocks:

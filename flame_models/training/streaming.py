@@ -15,7 +15,8 @@ streaming branches.
 """
 import flame_core as flame
 import flame_nn
-from flame_core import backend
+from flame_core.memory.stats import fmt_bytes
+from flame_nn.offload.autofit import outside_pool
 
 MAX_DEMOTIONS = 3  # captures over the budget answered by streaming more blocks, before a run trains eagerly
 
@@ -80,15 +81,14 @@ class StreamedBlocks(NoStreaming):
         limit = M.get_memory_limit(dev)
         if limit is None:
             return None
-        free, total = _mem_info(dev)
-        outside = max(0, (total - free) - M.memory_reserved(dev))
+        outside = outside_pool(dev)
         over = limit + outside - self.budget
         if over <= 0:
             return None
         if over > limit // 4:
-            return (f"{_mib(outside)} in use outside FLAME's pool after the CUDA graph capture, {_mib(over)} past "
-                    f"max_gpu_memory: more than this process's graph adds (another process on the device?); the "
-                    f"budget cannot be kept from here")
+            return (f"{fmt_bytes(outside)} in use outside FLAME's pool after the CUDA graph capture, "
+                    f"{fmt_bytes(over)} past max_gpu_memory: more than this process's graph adds (another process on "
+                    f"the device?); the budget cannot be kept from here")
         M.set_memory_limit(limit - over, dev)
         M.empty_cache(dev)
         gone = []
@@ -104,8 +104,8 @@ class StreamedBlocks(NoStreaming):
             for g in graphs.graphs.values():
                 g.calls = g.warmup
             self.captured_with = None
-        return (f"{_mib(outside)} outside FLAME's pool after the CUDA graph capture: the pool's limit lowered by "
-                f"{_mib(over)} to keep max_gpu_memory" + (f"; {len(gone)} more blocks streamed "
+        return (f"{fmt_bytes(outside)} outside FLAME's pool after the CUDA graph capture: the pool's limit lowered by "
+                f"{fmt_bytes(over)} to keep max_gpu_memory" + (f"; {len(gone)} more blocks streamed "
                                                           f"({len(self.streamer.resident)} resident), capturing "
                                                           f"again next step" if gone else ""))
 
@@ -129,12 +129,3 @@ class StreamedBlocks(NoStreaming):
             self.captured_with = None
             flame.memory.empty_cache(self.device)
 
-
-def _mem_info(dev):
-    """(free, total) device bytes as the driver sees them."""
-    with dev.context():
-        return backend.cupy.cuda.runtime.memGetInfo()
-
-
-def _mib(n):
-    return f"{n / 2 ** 20:.1f} MiB"

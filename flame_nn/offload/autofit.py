@@ -107,8 +107,9 @@ class FitReport:
         return "\n".join(lines)
 
 
-def _driver_overhead(dev):
-    """Bytes the device has in use beyond FLAME's pool (CUDA context, cuBLAS, compiled kernels...); 0 on cpu."""
+def outside_pool(dev):
+    """Bytes the device has in use beyond FLAME's pool (CUDA context, cuBLAS, compiled kernels, a CUDA graph's
+    executable, other processes...) as the driver reports them; 0 on cpu."""
     if dev.type != "cuda":
         return 0
     cp = backend.cupy
@@ -185,7 +186,7 @@ def _measure(streamer, step_fn, dev, count_driver_overhead, overhead):
     step_fn()
     peak = max(M.max_memory_reserved(dev), static)
     if count_driver_overhead:  # the first step may load kernels and make library workspaces outside the pool
-        overhead = max(overhead, _driver_overhead(dev))
+        overhead = max(overhead, outside_pool(dev))
     return static, peak, overhead
 
 
@@ -237,7 +238,7 @@ def auto_fit(streamer, max_gpu_memory, step_fn, *, extra_bytes=0, headroom=None,
     streamer.set_resident([])
     gc.collect()
     M.empty_cache(dev)
-    overhead = _driver_overhead(dev) if count_driver_overhead else 0
+    overhead = outside_pool(dev) if count_driver_overhead else 0
     static = M.memory_reserved(dev)
     slots = streamer.slot_bytes * (streamer.num_slots if streamer.streamed else 0)
     outside = _outside_saving(streamer)

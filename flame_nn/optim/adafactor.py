@@ -134,8 +134,7 @@ class Adafactor(Optimizer):
             buckets.setdefault(st["step"] + 1, []).append((p, (a, g, arrays[0] if first else None) + tuple(arrays[1:])))
         done = set()
         for step, items in buckets.items():
-            table = self.__dict__.setdefault("_tables", MT.Tables()).get([row for _, row in items],
-                                                                         MT.kernels.adafactor_table)
+            table = MT.table_of(self, [row for _, row in items], MT.kernels.adafactor_table)
             rel = group["lr"]
             if group["relative_step"]:
                 rel = min(1e-6 * step if group["warmup_init"] else 1e-2, 1.0 / math.sqrt(step))
@@ -147,6 +146,5 @@ class Adafactor(Optimizer):
                 st = self.state[p]
                 st["step"] = step
                 st["RMS"] = as_tensor(table.rms(t))
-                p._version[0] += 1
-                done.add(id(p))
+            done |= MT.stepped([p for p, _ in items])
         return done

@@ -54,22 +54,8 @@ class Lion(Optimizer):
         """One launch for the group's float32 GPU parameters; returns the ids it updated."""
         if not MT.enabled():
             return ()
-        rows, params = [], []
-        for p, g in grads_of(group):
-            a = p.array
-            if not MT.fusable(a, g):
-                continue
-            st = self.state.get(p)
-            if st is None:
-                st = self.state[p] = {"exp_avg": as_tensor(backend.xp_of(a).zeros_like(a))}
-            m = state_on_device(st, p)["exp_avg"].array
-            if MT.fusable_state(m, a):
-                rows.append((a, g, m))
-                params.append(p)
+        rows, params = MT.gather(self, group, ("exp_avg",), lambda a: {"exp_avg": backend.xp_of(a).zeros_like(a)})
         if not rows:
             return ()
-        MT.kernels.lion_step(self.__dict__.setdefault("_tables", MT.Tables()).get(rows), lr=lr, beta1=b1, beta2=b2,
-                             decay=1 - lr * wd if wd else 1.0)
-        for p in params:
-            p._version[0] += 1
-        return {id(p) for p in params}
+        MT.kernels.lion_step(MT.table_of(self, rows), lr=lr, beta1=b1, beta2=b2, decay=1 - lr * wd if wd else 1.0)
+        return MT.stepped(params)

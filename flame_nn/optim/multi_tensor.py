@@ -2,7 +2,9 @@
 multi-tensor kernel can take, and the kernel tables of an optimizer's parameter sets."""
 import numpy as np
 
-from flame_core import backend
+from flame_core import as_tensor, backend
+
+from .optimizer import grads_of, state_on_device
 
 try:
     from flame_core.kernels import loader as _loader
@@ -22,11 +24,6 @@ def fusable(a, g):
     """Whether a float32 parameter array `a` with gradient array `g` can take a multi-tensor kernel."""
     return (backend.is_cuda_array(a) and a.dtype == np.float32 and a.flags.c_contiguous and backend.is_cuda_array(g)
             and g.flags.c_contiguous and g.size == a.size and g.dtype.name in _GRAD_DTYPES)
-
-
-def fusable_state(s, a):
-    """Whether state array `s` can be a kernel row's state beside parameter array `a`."""
-    return usable(s, a.size)
 
 
 def usable(s, size):
@@ -54,3 +51,36 @@ class Tables:
         else:
             table.set_grads([row[1] for row in rows])
         return table
+
+
+def table_of(opt, rows, make=None):
+    """The kernel table of `rows` for optimizer `opt` (its Tables, kept on it)."""
+    return opt.__dict__.setdefault("_tables", Tables()).get(rows, make)
+
+
+def stepped(params):
+    """After a kernel updated `params` in place: their versions bumped; the set of their ids (what the
+    per-operation path then skips)."""
+    for p in params:
+        p._version[0] += 1
+    return {id(p) for p in params}
+
+
+def gather(opt, group, keys, init):
+    """(rows (param, grad, *states), params) of `group`'s parameters a kernel can take: fusable, with the state
+    entries `keys` usable (a parameter without state gets init(array) -> {key: array} first); the others are left
+    to the per-operation path."""
+    rows, params = [], []
+    for p, g in grads_of(group):
+        a = p.array
+        if not fusable(a, g):
+            continue
+        st = opt.state.get(p)
+        if st is None:
+            st = opt.state[p] = {k: as_tensor(v) for k, v in init(a).items()}
+        st = state_on_device(st, p)
+        states = [st[k].array for k in keys]
+        if all(usable(s, a.size) for s in states):
+            rows.append((a, g, *states))
+            params.append(p)
+    return rows, params

@@ -68,7 +68,7 @@ class Prodigy(Optimizer):
             p0 = st["p0"].array
             p0 = None if p0.ndim == 0 else p0  # an all-zero initial point: the kernel reads zeros
             m, v, sg = st["exp_avg"].array, st["exp_avg_sq"].array, st["s"].array
-            if not all(MT.fusable_state(x, a) for x in (m, v, sg)) or not (p0 is None or MT.fusable_state(p0, a)):
+            if not all(MT.usable(x, a.size) for x in (m, v, sg)) or not (p0 is None or MT.usable(p0, a.size)):
                 return None
             rows.append((a, g, p0, m, v, sg))
             params.append(p)
@@ -82,7 +82,7 @@ class Prodigy(Optimizer):
         rows, params = got
         group = self.param_groups[0]
         d0 = group["d0"]
-        table = self.__dict__.setdefault("_tables", MT.Tables()).get(rows)
+        table = MT.table_of(self, rows)
         dot, d_denom = MT.kernels.prodigy_stats(table, beta1=b1, m_coef=d * (1 - b1), beta2=b2,
                                                 v_coef=d * d * (1 - b2), beta3=beta3,
                                                 s_coef=(d / d0) * (d if group["safeguard_warmup"] else dlr))
@@ -100,7 +100,7 @@ class Prodigy(Optimizer):
         MT.kernels.prodigy_update(table, dlr=dlr, d_eps=d * group["eps"], decay=1 - decay * dlr if decay else 1.0)
         for p in params:
             self.state[p]["step"] += 1
-            p._version[0] += 1
+        MT.stepped(params)
         group["k"] = group["k"] + 1
         return True
 

@@ -104,26 +104,13 @@ class AdamWScheduleFree(Optimizer):
         """One launch for the group's float32 GPU parameters; returns the ids it updated."""
         if not MT.enabled():
             return ()
-        rows, params = [], []
-        for p, g in grads_of(group):
-            y = p.array
-            if not MT.fusable(y, g):
-                continue
-            st = self.state.get(p)
-            if st is None:
-                st = self.state[p] = {"z": as_tensor(y.copy()), "exp_avg_sq": as_tensor(backend.xp_of(y).zeros_like(y))}
-            st = state_on_device(st, p)
-            z, v = st["z"].array, st["exp_avg_sq"].array
-            if MT.fusable_state(z, y) and MT.fusable_state(v, y):
-                rows.append((y, g, z, v))
-                params.append(p)
+        rows, params = MT.gather(self, group, ("z", "exp_avg_sq"),
+                                 lambda y: {"z": y.copy(), "exp_avg_sq": backend.xp_of(y).zeros_like(y)})
         if not rows:
             return ()
-        MT.kernels.sfadamw_step(self.__dict__.setdefault("_tables", MT.Tables()).get(rows), beta2=b2, bc2=bc2,
-                                eps=eps, decay=decay, ckp1=ckp1, y_coef=y_coef, lr=lr)
-        for p in params:
-            p._version[0] += 1
-        return {id(p) for p in params}
+        MT.kernels.sfadamw_step(MT.table_of(self, rows), beta2=b2, bc2=bc2, eps=eps, decay=decay, ckp1=ckp1,
+                                y_coef=y_coef, lr=lr)
+        return MT.stepped(params)
 
     @contextmanager
     def averaged(self):

@@ -106,7 +106,6 @@ def emulated(monkeypatch):
     monkeypatch.setattr(MT, "kernels", fake)
     monkeypatch.setattr(MT, "enabled", lambda: True)
     monkeypatch.setattr(MT, "fusable", lambda a, g: a.dtype == np.float32 and g.size == a.size)
-    monkeypatch.setattr(MT, "fusable_state", lambda s, a: s is not None and s.dtype == np.float32 and s.size == a.size)
     monkeypatch.setattr(MT, "usable", lambda s, n: s is not None and s.dtype == np.float32 and s.size == n)
 
     class Tables:

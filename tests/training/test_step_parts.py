@@ -117,7 +117,7 @@ def _cuda_part(monkeypatch, mem, used):
         type = "cuda"
     monkeypatch.setattr(streaming.flame, "device", lambda d: Dev())
     monkeypatch.setattr(streaming.flame, "memory", mem)
-    monkeypatch.setattr(streaming, "_mem_info", lambda dev: (10_000 - used(), 10_000))
+    monkeypatch.setattr(streaming, "outside_pool", lambda dev: max(0, used() - mem.reserved))
     demoted = []
 
     def demote(s):
@@ -150,7 +150,7 @@ def test_growth_outside_the_pool_after_a_capture_lowers_the_limit(monkeypatch):
     part, demoted = _cuda_part(monkeypatch, mem, lambda: mem.reserved + 130)   # the capture: 30 more outside
     said = part.after_graph_step(_Graphs())
     assert mem.limit == 870 and demoted == [] and part.captured_with == 0
-    assert said == "0.0 MiB outside FLAME's pool after the CUDA graph capture: the pool's limit lowered by 0.0 MiB " \
+    assert said == "130 B outside FLAME's pool after the CUDA graph capture: the pool's limit lowered by 30 B " \
                    "to keep max_gpu_memory"
     assert part.after_graph_step(_Graphs()) is None   # only right after a capture
 
