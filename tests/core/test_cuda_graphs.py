@@ -89,11 +89,12 @@ def test_when_a_graphed_function_captures_and_when_it_stays_eager(monkeypatch, c
 
     def make(x=None):
         calls.append(1)
-        out = flame.ones(2) * len(calls)
+        out = flame.ones(2, device="cpu") * len(calls)
         return _cuda_like(out) if case in ("no_args_cuda_result", "cuda_args") else out
 
     g = graphed(make, warmup=1)
-    args = {"cpu_args": (flame.ones(2),), "cuda_args": (_cuda_like(flame.ones(2)),)}.get(case, ())
+    args = {"cpu_args": (flame.ones(2, device="cpu"),),
+            "cuda_args": (_cuda_like(flame.ones(2, device="cpu")),)}.get(case, ())
     outs = [g(*args) for _ in range(4)]
     captured = case in ("no_args_cuda_result", "cuda_args")
     assert (g.graph is not None) == captured and g.enabled == captured
