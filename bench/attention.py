@@ -12,6 +12,8 @@ Run: PYTHONPATH=$PWD python3 bench/attention.py [--reps 25] [--only flux-1024,sd
      PYTHONPATH=$PWD python3 bench/attention.py --only flux-1024 --key-mask 129   (Chroma's masked T5 padding)
      PYTHONPATH=$PWD python3 bench/attention.py --fwd-variants plain,cpasync   (the sm90 forward's variants, A/B;
      no torch needed: pingpong = SM90_FWD_PINGPONG, cpasync = SM90_FWD_TMA off)
+     PYTHONPATH=$PWD python3 bench/attention.py --bwd-variants plain,tail,tail:0.08   (the backward alone: its tail
+     schedule off / on; no torch needed)
 """
 import argparse
 import statistics
@@ -24,6 +26,7 @@ SHAPES = [  # name, B, H, Lq, Lk, D
     ("flux-1024", 1, 24, 4608, 4608, 128),
     ("flux-512", 1, 24, 1536, 1536, 128),
     ("sd35-1024", 1, 38, 4250, 4250, 64),
+    ("sd35-step", 1, 38, 4429, 4429, 64),        # the LoRA benches' SD3.5 step: 4096 image + 333 text tokens
     ("sdxl-self", 2, 10, 4096, 4096, 64),
     ("sdxl-cross", 2, 10, 4096, 77, 64),
 ]
@@ -234,6 +237,75 @@ def report_fwd_variants(res, shapes, variants):
                         title=f"\nsm90 attention forward schedules, bf16, non-causal; x = {variants[0]} time / time")
 
 
+def _bwd_variant(v):
+    """(SM90_BWD_TAIL, TAIL_PIECE_COST) of a backward variant: plain, tail, or tail:COST."""
+    from flame_core.kernels import attention as A
+    if v == "plain":
+        return False, A.TAIL_PIECE_COST
+    if v == "tail":
+        return True, A.TAIL_PIECE_COST
+    if v.startswith("tail:"):
+        return True, float(v[5:])
+    raise ValueError(f"--bwd-variants: unknown variant {v!r} (plain, tail, tail:COST)")
+
+
+def measure_bwd_variants(res, name, B, H, Lq, Lk, D, reps, inner, variants, rounds=3):
+    """FLAME's backward alone (the forward's o and lse made once) under each variant of `variants` (the sm90
+    backward's tail schedule off / on / with another piece cost), in alternating rounds as measure_fwd_variants; the
+    gradients compared with the first variant's (the tail's fp32 sums change the order of additions, not the
+    result beyond rounding)."""
+    import cupy as cp
+
+    from flame_core.kernels import attention as A
+    fwd, _, inputs = flame_fns(B, H, Lq, Lk, D)
+    q, k, v_, g = inputs
+    o, lse = fwd()
+    scale = 1.0 / np.sqrt(D)
+
+    def bwd():
+        return A._kernel_backward(g, q, k, v_, o, lse, None, False, scale)
+    saved = A.SM90_BWD_TAIL, A.TAIL_PIECE_COST
+    samples, outs, plans = {v: [] for v in variants}, {}, {}
+    try:
+        for r in range(rounds):
+            for v in variants:
+                A.SM90_BWD_TAIL, A.TAIL_PIECE_COST = _bwd_variant(v)
+                if r == 0:
+                    outs[v] = tuple(x.astype(cp.float32) for x in bwd())
+                    plans[v] = (A._bwd_tail(-(-Lk // (64 * A.BWD_SM90_TILES[D][0])) * B * H,
+                                            -(-Lq // A.BWD_SM90_TILES[D][2]), A.P.sm_count())
+                                if A.SM90_BWD_TAIL else None)
+                samples[v] += common.cuda_ms(bwd, reps, 5, inner=inner)[2]
+    finally:
+        A.SM90_BWD_TAIL, A.TAIL_PIECE_COST = saved
+    flops = 2.5 * 4.0 * B * H * Lq * Lk * D
+    row = {"shape": (B, H, Lq, Lk, D), "flops": flops}
+    base = outs[variants[0]]
+    for v in variants:
+        ms = statistics.median(samples[v])
+        diff = max(float(cp.abs(a - b).max() / (cp.abs(b).max() + 1e-30)) for a, b in zip(outs[v], base))
+        row[v] = {"ms": ms, "tflops": flops / ms / 1e9, "schedule": plans[v], "max_rel_diff": diff}
+    res.log(name + "-bwd-variants", row)
+    del inputs, outs
+    cp.get_default_memory_pool().free_all_blocks()
+
+
+def report_bwd_variants(res, shapes, variants):
+    rows = []
+    for name, *_ in shapes:
+        r = res.get(name + "-bwd-variants")
+        if not r:
+            continue
+        base = r[variants[0]]["ms"]
+        for v in variants:
+            c = r[v]
+            rows.append([name if v == variants[0] else "", v, str(c["schedule"]), f"{c['ms']:.4f} ({c['tflops']:.0f})",
+                         common.ratio(base, c["ms"], 3), f"{c['max_rel_diff']:.1e}"])
+    return common.table(["shape", "variant", "(whole, per)", "bwd ms (TFLOP/s)", f"x {variants[0]}",
+                         "max |diff| / max"], rows,
+                        title=f"\nattention backward alone, bf16, non-causal; x = {variants[0]} time / time")
+
+
 def report(res, shapes):
     rows = []
     for name, *_ in shapes:
@@ -267,7 +339,24 @@ def main():
     ap.add_argument("--fwd-variants", default=None, metavar="LIST",
                     help="instead: FLAME's sm90 forward under these schedules (comma-separated, first = baseline: "
                          + ", ".join(FWD_VARIANTS) + "), timed in alternating rounds, outputs compared")
+    ap.add_argument("--bwd-variants", default=None, metavar="LIST",
+                    help="instead: FLAME's backward alone under these variants (first = baseline): plain, tail, "
+                         "tail:COST (the tail schedule with another piece cost), in alternating rounds")
     args = ap.parse_args()
+    if args.bwd_variants is not None:
+        variants = [v.strip() for v in args.bwd_variants.split(",") if v.strip()]
+        try:
+            [_bwd_variant(v) for v in variants]
+        except ValueError as e:
+            sys.exit(str(e))
+        if len(variants) < 2:
+            sys.exit("--bwd-variants: give two or more variants")
+        shapes = [sh for sh in SHAPES if args.only is None or sh[0] in args.only.split(",")]
+        res = common.Results("attention_bwd_variants")
+        failed = common.run_parts(res, [(sh[0], (lambda sh: lambda: measure_bwd_variants(
+            res, *sh, args.reps, args.inner, variants))(sh)) for sh in shapes])
+        print(report_bwd_variants(res, shapes, variants), flush=True)
+        sys.exit(1 if failed else 0)
     if args.fwd_variants is not None:
         variants = [v.strip() for v in args.fwd_variants.split(",") if v.strip()]
         bad = [v for v in variants if v not in FWD_VARIANTS]

@@ -234,7 +234,8 @@ __device__ __forceinline__ bool fa_keep(int row, int col, int Lq, int Lk, int ca
 // slice (blockIdx.x = split * n_blocks + nb, m_per_split query blocks of BM rows per slice). Under a causal mask the
 // query rows before the key block attend none of its keys.
 struct FaBwdWork {
-    int nb, n0, m_lo, m_hi;
+    int nb, n0, m_lo, m_hi, h, b;
+    bool piece;  // the tail schedule's piece of a key block (its dK / dV go through the fp32 accumulators)
 };
 __device__ __forceinline__ FaBwdWork fa_bwd_work(int n_blocks, int m_per_split, int BN, int BM, int Lq, int causal) {
     FaBwdWork w;
@@ -243,6 +244,30 @@ __device__ __forceinline__ FaBwdWork fa_bwd_work(int n_blocks, int m_per_split, 
     w.m_lo = (blockIdx.x / n_blocks) * m_per_split;
     w.m_hi = min((Lq + BM - 1) / BM, w.m_lo + m_per_split);
     if (causal) w.m_lo = max(w.m_lo, w.n0 / BM);
+    w.h = blockIdx.y, w.b = blockIdx.z, w.piece = false;
+    return w;
+}
+
+// The tail schedule (a 1-D grid, no causal mask): the key blocks of all heads and batches are units u = (b * H + h) *
+// n_blocks + nb; CTAs 0 .. u_whole-1 take units 0 .. u_whole-1 whole (all query blocks), and every later unit is cut
+// into pieces of m_per_split query blocks, one CTA each, dispatched last -- so the pieces fill the last, partial wave
+// of whole units instead of leaving most SMs idle while a few run one more whole unit.
+__device__ __forceinline__ FaBwdWork fa_bwd_work_tail(int n_blocks, int m_per_split, int BN, int BM, int Lq, int H,
+                                                      int u_whole) {
+    const int m_blocks = (Lq + BM - 1) / BM;
+    FaBwdWork w;
+    int u = blockIdx.x;
+    w.m_lo = 0, w.m_hi = m_blocks, w.piece = u >= u_whole;
+    if (w.piece) {
+        const int pieces = (m_blocks + m_per_split - 1) / m_per_split, p = u - u_whole;
+        u = u_whole + p / pieces;
+        w.m_lo = (p % pieces) * m_per_split;
+        w.m_hi = min(m_blocks, w.m_lo + m_per_split);
+    }
+    w.nb = u % n_blocks;
+    w.n0 = w.nb * BN;
+    const int bh = u / n_blocks;
+    w.h = bh % H, w.b = bh / H;
     return w;
 }
 

@@ -6,7 +6,8 @@
 //                         P and dS pass through shared memory (the warps split S, dK/dV and dQ differently).
 //                         When the query blocks are split over several CTAs (short key sequences, e.g. SDXL's 77
 //                         text tokens) dK and dV are also summed with fp32 atomics.
-//   flash_attn_convert:   dst = T(src * scale) for the fp32 accumulators, into any (B, H, L, d) strides.
+//   flash_attn_convert:   dst = T(src * scale) for the fp32 accumulators, into any (B, H, L, d) strides (src may
+//                         start at flattened element i0: the tail schedule's accumulators hold its last rows only).
 // dtypes: float16, bfloat16
 #include "flash_attention.cuh"
 
@@ -36,10 +37,10 @@ flash_attn_bwd_delta(const T* __restrict__ o, const T* __restrict__ dout, float*
 template <typename T>
 __global__ void __launch_bounds__(256)
 flash_attn_convert(const float* __restrict__ src, T* __restrict__ dst, int H, int L, int d, fa_i64 total,
-                   fa_i64 d_sb, fa_i64 d_sh, fa_i64 d_sl, float scale) {
+                   fa_i64 d_sb, fa_i64 d_sh, fa_i64 d_sl, float scale, fa_i64 i0) {
     for (fa_i64 i = (fa_i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (fa_i64)gridDim.x * blockDim.x) {
         const int col = (int)(i % d);
-        const fa_i64 r = i / d;
+        const fa_i64 r = (i + i0) / d;  // i0: src holds the elements from i0 on (a multiple of d)
         const int row = (int)(r % L);
         const fa_i64 bh = r / L;
         const fa_i64 b = bh / H, h = bh % H;

@@ -3,7 +3,8 @@
 // FlashAttention backward for Hopper (sm_90a) on warpgroup MMAs: the same interface and result as flash_attn_bwd
 // (flash_attention_bwd.cu, whose flash_attn_bwd_delta and flash_attn_convert kernels run around this one).
 //
-// One CTA per (BN = 64 * NWG keys, head, batch[, slice of the query blocks]). Consumer warpgroup w owns keys
+// One CTA per (BN = 64 * NWG keys, head, batch[, slice of the query blocks]), or (u_whole >= 0) the tail schedule of
+// flash_attention.cuh's fa_bwd_work_tail: a 1-D grid whose last units are cut into pieces that fill the last wave. Consumer warpgroup w owns keys
 // [64w, 64w + 64) of the block and keeps their dK and dV (64 x D, fp32) in registers; K and V stay in shared memory.
 // A producer warpgroup (warp 0: Q, warp 1: dO, warp 2: lse and delta) streams blocks of BM queries (64, or 128 at
 // D = 64) through STAGES buffers (mbarriers full / empty). Per query block, warpgroup w computes, transposed so that its keys are
@@ -34,7 +35,7 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
                     fa_i64 k_sl, fa_i64 v_sb, fa_i64 v_sh, fa_i64 v_sl, fa_i64 g_sb, fa_i64 g_sh, fa_i64 g_sl,
                     fa_i64 dk_sb, fa_i64 dk_sh, fa_i64 dk_sl, fa_i64 dv_sb, fa_i64 dv_sh, fa_i64 dv_sl, fa_i64 m_sb,
                     fa_i64 m_sh, fa_i64 m_sq, fa_i64 m_sk, float scale_log2, float scale, int causal,
-                    T* __restrict__ dq, fa_i64 dq_sb, fa_i64 dq_sh, fa_i64 dq_sl) {
+                    T* __restrict__ dq, fa_i64 dq_sb, fa_i64 dq_sh, fa_i64 dq_sl, int u_whole, fa_i64 acc_row0) {
     constexpr int BN = 64 * NWG;
     constexpr int SLABS = D / 64;
     constexpr int NTD = D / 8;          // n8 tiles of dK / dV rows
@@ -61,10 +62,11 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
     auto empty = [&](int s) { return bar0 + 8u * (STAGES + s); };
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const FaBwdWork work = fa_bwd_work(n_blocks, m_per_split, BN, BM, Lq, causal);
-    const int h = blockIdx.y, b = blockIdx.z;
+    const FaBwdWork work = u_whole >= 0 ? fa_bwd_work_tail(n_blocks, m_per_split, BN, BM, Lq, H, u_whole)
+                                        : fa_bwd_work(n_blocks, m_per_split, BN, BM, Lq, causal);
+    const int h = work.h, b = work.b;
     const int n0 = work.n0, m_lo = work.m_lo, m_hi = work.m_hi;
-    const bool atomic_kv = dk_acc != nullptr;
+    const bool atomic_kv = u_whole >= 0 ? work.piece : dk_acc != nullptr;
     if (atomic_kv && m_lo >= m_hi) return;
     const int n_it = max(0, m_hi - m_lo);
     const fa_i64 bhq = ((fa_i64)b * H + h) * Lq;
@@ -318,7 +320,7 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
     if (DQB && (tid & 127) == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 
     // dK (scaled), dV: stored, or summed over the CTAs that split the query blocks
-    const fa_i64 bhk = ((fa_i64)b * H + h) * Lk;
+    const fa_i64 bhk = ((fa_i64)b * H + h) * Lk - acc_row0;  // acc_row0: the first row the accumulators hold
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
         const int row = n0 + krow + g + hh * 8;

@@ -67,6 +67,13 @@ SM90_BWD = True
 # where the tiles' 16 KB of shared memory per warpgroup would not fit. H200, bf16, backward alone: Flux 1024²
 # 2.153 -> 1.706 ms, SD3.5 1024² 1.866 -> 1.629, SDXL self 0.851 -> 0.734, Flux 512² 0.376 -> 0.312.
 SM90_BWD_BULK_DQ = True
+# The Hopper backward's tail schedule (flash_attention.cuh: fa_bwd_work_tail): when the CTAs of whole key blocks
+# leave a last, partial wave (SD3.5 1024²: 1330 CTAs on 132 SMs = 10.08 waves, so 11 rounds), the last key blocks are
+# cut into pieces of a few query blocks (their dK / dV summed through fp32 atomics) that fill it. The schedule is
+# chosen by _bwd_tail's model of the SMs' work; TAIL_PIECE_COST is a piece's fixed cost in whole key blocks (its K / V
+# loads and reductions). False: one CTA per key block (A/B).
+SM90_BWD_TAIL = True
+TAIL_PIECE_COST = 0.03
 SM90_SMEM_MAX = 227 * 1024
 # A boolean mask the same for every query row (B or 1, H or 1, 1, Lk) -- padded text tokens, Chroma's and
 # Qwen-Image's -- runs the Hopper kernels' FA_MASK_KEYPAD (kind 3): the forward classifies the keys per 64 once per
@@ -393,6 +400,45 @@ def _bwd_splits(n_ctas, m_blocks):
     return P.cdiv(m_blocks, per), per
 
 
+def _tail_makespan(whole, pieces_of, sms, cost):
+    """The time (in whole key blocks) when the last SM finishes: `whole` units of cost 1 then the pieces (a list of
+    query-block counts as fractions of a unit), each given in order to the SM that frees first."""
+    import heapq
+    a, r = divmod(whole, sms)
+    heap = [float(a + 1)] * r + [float(a)] * (sms - r)
+    heapq.heapify(heap)
+    for frac in pieces_of:
+        heapq.heappush(heap, heapq.heappop(heap) + frac + cost)
+    return max(heap)
+
+
+def _bwd_tail(units, m_blocks, sms, cost=None):
+    """The tail schedule for `units` key blocks of m_blocks query blocks each on `sms` SMs: (u_whole, per) -- units
+    0 .. u_whole-1 whole, the rest in pieces of `per` query blocks -- or None where one CTA per key block is as
+    fast (no partial last wave, or pieces would not shorten it by 2%)."""
+    cost = TAIL_PIECE_COST if cost is None else cost
+    if units <= sms or m_blocks < 2 or units % sms == 0:
+        return None
+    plain = float(P.cdiv(units, sms))
+    best, choice = plain * 0.98, None
+    rem = units % sms
+    for t in (rem, rem + sms):
+        if t > units:
+            continue
+        seen = set()
+        for n in range(2, m_blocks + 1):
+            per = P.cdiv(m_blocks, n)
+            if per in seen:
+                continue
+            seen.add(per)
+            n = P.cdiv(m_blocks, per)
+            fracs = [min(per, m_blocks - i * per) / m_blocks for i in range(n)] * t
+            span = _tail_makespan(units - t, fracs, sms, cost)
+            if span < best:
+                best, choice = span, (units - t, per)
+    return choice
+
+
 _bwd_plans = {}  # as _fwd_plans, for the backward: (packed launches, allocation recipe)
 
 
@@ -437,7 +483,7 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
     if mask is None:  # the repeated call: one dict lookup, the allocations, packed launches
         key = (q.shape, q.strides, k.shape, k.strides, v.shape, v.strides, o.shape, o.strides, do.strides,
                lse.strides, q.dtype, o.dtype, do.dtype, lse.dtype, is_causal, scale, q.data.device_id, SM90_BWD,
-               SM90_BWD_BULK_DQ, tiles, threading.get_ident())
+               SM90_BWD_BULK_DQ, SM90_BWD_TAIL, TAIL_PIECE_COST, tiles, threading.get_ident())
         plan = _bwd_plans.get(key)
         if plan is not None and not (q.data.ptr | k.data.ptr | v.data.ptr | o.data.ptr | do.data.ptr) & 15:
             return _run_bwd_plan(plan, do, q, k, v, o, lse)
@@ -469,6 +515,8 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
 
     n_blocks, m_blocks = P.cdiv(Lk, BN), P.cdiv(Lq, BM)
     splits, per = _bwd_splits(n_blocks * B * H, m_blocks)
+    tail = (_bwd_tail(n_blocks * B * H, m_blocks, P.sm_count())
+            if sm90 and SM90_BWD_TAIL and splits == 1 and not is_causal else None)
     dq_direct = sm90 and n_blocks == 1  # one key block: each CTA's dQ rows are complete (no fp32 accumulator)
     # the bulk dQ path: a warpgroup's dQ tile is 64 x 64 (BM = 128: 64 rows x D = 64; BM = 64: D / NWG = 64 columns)
     dqb = int(sm90 and SM90_BWD_BULK_DQ and not dq_direct and (D if BM == 128 else D // NWG) == 64)
@@ -484,12 +532,21 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
     dq = _out_like(q, e_pad)
     dk = _out_like(k, e_pad)
     dv = _out_like(v, e_pad)
-    if splits > 1:
+    acc_row0 = 0  # the first (b, h, key) row the dK / dV accumulators hold, flattened
+    if tail is not None:
+        u_whole, per = tail
+        bh0, nb0 = divmod(u_whole, n_blocks)
+        acc_row0 = bh0 * Lk + nb0 * BN
+        dk_acc = xp.zeros((B * H * Lk - acc_row0, e_pad), dtype=np.float32)
+        dv_acc = xp.zeros((B * H * Lk - acc_row0, e_pad), dtype=np.float32)
+        acc_args = (dk_acc, dv_acc)
+    elif splits > 1:
         dk_acc = xp.zeros((B, H, Lk, e_pad), dtype=np.float32)
         dv_acc = xp.zeros((B, H, Lk, e_pad), dtype=np.float32)
         acc_args = (dk_acc, dv_acc)
     else:
         acc_args = (KL.null(), KL.null())
+    summed = tail is not None or splits > 1  # dK / dV come from the fp32 accumulators (all or their last rows)
     dks = tuple(KL.i64(s // dk.itemsize) for s in dk.strides[:3])
     dvs = tuple(KL.i64(s // dv.itemsize) for s in dv.strides[:3])
     if sm90:
@@ -504,18 +561,22 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
         fn = _kernel("flash_attention_bwd",
                      f"flash_attn_bwd<{{T}}, {D}, {BM}, {BN}, {NW}, {WMS}, {WNKV}, {WMQ}, {kind}, {OPT}>", T, smem)
         block = (NW * 32,)
-    main_grid = (n_blocks * splits, H, B)
+    if tail is not None:
+        main_grid = (tail[0] + (n_blocks * B * H - tail[0]) * P.cdiv(m_blocks, per), 1, 1)
+    else:
+        main_grid = (n_blocks * splits, H, B)
     main_args = ((qa, ka, va, ga, lse, delta, dq_acc, dk, dv, *acc_args, marg, KL.i32(H), KL.i32(Lq), KL.i32(Lk),
                   KL.i32(e_pad), KL.i32(n_blocks), KL.i32(per), *qs, *ks, *vs, *gs, *dks, *dvs, *ms,
                   KL.f32(scale * LOG2E), KL.f32(scale), KL.i32(bool(is_causal)))
-                 + ((dq, *(KL.i64(s // dq.itemsize) for s in dq.strides[:3])) if sm90 else ()))
+                 + ((dq, *(KL.i64(s // dq.itemsize) for s in dq.strides[:3]),
+                     KL.i32(-1 if tail is None else tail[0]), KL.i64(acc_row0)) if sm90 else ()))
     KL.launch(fn, main_grid, block, main_args, shared_mem=smem)
     convert = _kernel("flash_attention_bwd", "flash_attn_convert<{T}>", T)
-    outs = [] if dq_direct else [("dq", dq_acc, dq, scale, Lq)]
-    if splits > 1:
-        outs += [("dk", dk_acc, dk, 1.0, Lk), ("dv", dv_acc, dv, 1.0, Lk)]
+    outs = [] if dq_direct else [("dq", dq_acc, dq, scale, Lq, 0)]
+    if summed:
+        outs += [("dk", dk_acc, dk, 1.0, Lk, acc_row0 * e_pad), ("dv", dv_acc, dv, 1.0, Lk, acc_row0 * e_pad)]
     converts = []
-    for name, src, dst, sc, rows in outs:
+    for name, src, dst, sc, rows, i0 in outs:
         strides = tuple(KL.i64(s // dst.itemsize) for s in dst.strides[:3])
         if name == "dq" and dqb:
             cfn = _kernel("flash_attention_bwd", "flash_attn_convert_tiles<{T}>", T)
@@ -524,7 +585,8 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
                     KL.i32(int(BM == 128)), KL.i64(total), *strides, KL.f32(sc))
         else:
             cfn, total = convert, src.size
-            args = (src, dst, KL.i32(H), KL.i32(rows), KL.i32(e_pad), KL.i64(total), *strides, KL.f32(sc))
+            args = (src, dst, KL.i32(H), KL.i32(rows), KL.i32(e_pad), KL.i64(total), *strides, KL.f32(sc),
+                    KL.i64(i0))
         grid = (max(1, min(P.cdiv(total, 256), P.sm_count() * 32)),)
         KL.launch(cfn, grid, (256,), args)
         converts.append((name, cfn, grid, args))
@@ -532,14 +594,14 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
             and lse is lse_in):
         modes = tuple(_alloc_mode(out, src) for out, src in ((dq, q), (dk, k), (dv, v)))
         if None not in modes:
-            pointers = list(range(11)) + ([len(main_args) - 4] if sm90 else [])
+            pointers = list(range(11)) + ([len(main_args) - 6] if sm90 else [])
             if len(_bwd_plans) >= MAX_PLANS:
                 _bwd_plans.clear()
             _bwd_plans[key] = (
                 KL.PackedLaunch(delta_fn, delta_grid, (256,), delta_args, 3),
                 KL.PackedLaunch(fn, main_grid, block, main_args, pointers, smem),
                 tuple((name, KL.PackedLaunch(cfn, grid, (256,), args, 2)) for name, cfn, grid, args in converts),
-                delta.shape, None if dq_direct else dq_acc.shape, dk_acc.shape if splits > 1 else None, modes,
+                delta.shape, None if dq_direct else dq_acc.shape, dk_acc.shape if summed else None, modes,
                 sm90)
     if e_pad != E:
         dq, dk, dv = dq[..., :E], dk[..., :E], dv[..., :E]

@@ -323,6 +323,55 @@ def test_a_key_padding_mask_runs_the_keypad_kernels_on_hopper(rng, monkeypatch, 
     assert rel_err(o2, want_o) < REL_TOL["bfloat16"]
 
 
+def test_the_backward_tail_schedule_fills_the_last_wave():
+    """_bwd_tail's model (cpu): SD3.5 1024² (1330 key blocks of 35 query blocks on 132 SMs, 10.08 waves) cuts the last
+    10 key blocks into pieces of 3 query blocks and finishes near 10.1 blocks' time instead of 11; no schedule where the
+    waves are whole, there is less than one wave, or a key block has one query block."""
+    assert K._tail_makespan(3, [0.5, 0.5], 2, 0.0) == 2.0          # 3 whole on 2 SMs: loads 2, 1; pieces -> 1.5, 2.0
+    assert K._tail_makespan(2, [0.25] * 4, 2, 0.0) == 1.5
+    assert K._bwd_tail(1330, 35, 132) == (1320, 3)
+    u_whole, per = K._bwd_tail(1330, 35, 132)
+    fracs = [min(per, 35 - i * per) / 35 for i in range(-(-35 // per))] * (1330 - u_whole)
+    assert K._tail_makespan(u_whole, fracs, 132, K.TAIL_PIECE_COST) < 10.2
+    assert K._bwd_tail(132 * 7, 35, 132) is None
+    assert K._bwd_tail(100, 35, 132) is None
+    assert K._bwd_tail(1330, 1, 132) is None
+    assert K._bwd_tail(1330, 35, 132, cost=2.0) is None            # pieces too dear: one CTA per key block
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [(1, 7, 333, 1000, 128, None, False, "bhld"),
+                                  (2, 3, 200, 700, 64, "keypad-text", False, "blhd"),
+                                  (1, 3, 520, 770, 64, None, False, "blhd"),
+                                  (2, 2, 300, 700, 128, "keypad-text", False, "bhld"),
+                                  (1, 7, 700, 333, 64, "float", False, "bhld")],
+                         ids=lambda c: "x".join(map(str, c[:5])) + f"-{c[5]}-{c[7]}")
+def test_the_backward_tail_schedule_matches_float64(rng, monkeypatch, case):
+    """The Hopper backward under the tail schedule (a 1-D grid: whole key blocks, then the last key blocks in pieces
+    whose dK / dV go through the fp32 accumulators of the last rows only) against float64, and against the schedule
+    off; a small SM count makes these shapes leave a partial last wave."""
+    if not loader.arch_available("sm_90a"):
+        pytest.skip("needs a compute capability 9.0 GPU")
+    from flame_core.kernels import plans as P
+    monkeypatch.setattr(P, "sm_count", lambda: 5)
+    chosen = []
+    real = K._bwd_tail
+    monkeypatch.setattr(K, "_bwd_tail", lambda *a, **kw: chosen.append(real(*a, **kw)) or chosen[-1])
+    host, (q, k, v, do), mask, dmask, _ = _gpu_inputs(rng, case, np.dtype(BF16))
+    o, lse = K.flash_attention_forward(q, k, v, dmask)
+    dq, dk, dv = K.flash_attention_backward(do, q, k, v, o, lse, dmask)
+    again = K.flash_attention_backward(do, q, k, v, o, lse, dmask)   # the cached plan where there is one
+    assert chosen and chosen[0] is not None, f"no tail schedule chosen: {chosen}"
+    monkeypatch.setattr(K, "SM90_BWD_TAIL", False)
+    plain = K.flash_attention_backward(do, q, k, v, o, lse, dmask)
+    _, _, grads = dense(*host[:3], mask, do=host[3])
+    for name, g, g2, g0, w in zip(("dq", "dk", "dv"), (dq, dk, dv), again, plain, grads):
+        assert g.strides == g0.strides
+        assert rel_err(g, w) < REL_TOL["bfloat16"], f"{name}: {rel_err(g, w)}"
+        assert rel_err(g2, w) < REL_TOL["bfloat16"], f"{name} (second call): {rel_err(g2, w)}"
+        assert rel_err(g, backend.to_numpy(g0).astype(np.float64)) < 4e-3, name   # summation order only
+
+
 def _forward_kernels():
     return {key[1].split("<")[0] for key in K._functions if key[0] == "flash_attention_fwd_sm90"}
 
