@@ -93,8 +93,15 @@ def variant_note(quantize):
 
 def tag(size, ckpt, prefix=""):
     """The results' key part of one setting: '<prefix>1024_ckpt' (prefix names the model where a script runs
-    several, e.g. 'large_')."""
-    return f"{prefix}{size}_{'ckpt' if ckpt else 'nockpt'}"
+    several, e.g. 'large_'); ckpt True, False or "attn" (checkpointing that keeps each block's attention output:
+    '_ckptattn')."""
+    return f"{prefix}{size}_{'ckptattn' if ckpt == 'attn' else ('ckpt' if ckpt else 'nockpt')}"
+
+
+def peer_ckpt(ckpt):
+    """The peer's setting for FLAME's: "attn" is FLAME's selective checkpointing, measured against the peer's
+    (full) checkpointing."""
+    return True if ckpt == "attn" else ckpt
 
 
 def flame_steps(res, model, name_map, configs, make_step, repeats, warmup, graph=False, prefix=""):
@@ -117,7 +124,7 @@ def flame_steps(res, model, name_map, configs, make_step, repeats, warmup, graph
     res.log(f"flame_{prefix}adapted_layers", len(made))
     for size, ckpt in configs:
         t = tag(size, ckpt, prefix)
-        model.enable_gradient_checkpointing(ckpt)
+        model.enable_gradient_checkpointing(bool(ckpt), save=("attention",) if ckpt == "attn" else ())
         fwd_bwd, args = make_step(size)
         losses = []
         # --graph: forward + backward captured as a CUDA graph after 2 eager steps, on `args` themselves (no second
@@ -307,8 +314,13 @@ def diffusers_steps(res, model, configs, make_inputs, repeats, warmup, prefix=""
         if peer == "compiled":
             res.log(f"compiled_{prefix}how", compile_regionally(model))
         opt = torch.optim.AdamW(lora, lr=1e-4, fused=peer == "compiled")
+        done = set()
         for size, ckpt in configs:
+            ckpt = peer_ckpt(ckpt)
             t = tag(size, ckpt, prefix)
+            if t in done:
+                continue
+            done.add(t)
             if ckpt:
                 model.enable_gradient_checkpointing()
             else:
@@ -361,19 +373,25 @@ def report(res, configs, title, prefix="", flame_prefix=None):
     flame_prefix: FLAME's results under their own prefix (a variant of FLAME's run, e.g. 'fp8_compute_')."""
     rows = []
     for size, ckpt in configs:
-        t = tag(size, ckpt, prefix)
+        t = tag(size, peer_ckpt(ckpt), prefix)
         ft = tag(size, ckpt, prefix if flame_prefix is None else flame_prefix)
         f, d, c = (res.get(f"{k}_step_{ft if k == 'flame' else t}_ms") for k in ("flame", "diffusers", "compiled"))
         fm, dm, cm = (res.get(f"{k}_step_{ft if k == 'flame' else t}_peak_GiB")
                       for k in ("flame", "diffusers", "compiled"))
-        rows.append([f"{size}x{size}", "on" if ckpt else "off", f, d, c, common.ratio(f, d), common.ratio(f, c),
+        mode = "attn kept" if ckpt == "attn" else ("on" if ckpt else "off")
+        rows.append([f"{size}x{size}", mode, f, d, c, common.ratio(f, d), common.ratio(f, c),
                      fm, dm, cm, common.ratio(fm, cm if cm is not None else dm)])
     return common.table(["size", "ckpt", "FLAME ms", "eager ms", "compiled ms", "÷ eager", "÷ compiled",
                          "FLAME GiB", "eager GiB", "compiled GiB", "peak ÷ compiled"], rows, title=title)
 
 
 def configs_from(sizes, ckpt):
-    return [(int(s), c == "on") for s in sizes.split(",") for c in ckpt.split(",")]
+    """[(size, ckpt)]: --ckpt values on, off, attn (FLAME checkpoints keeping each block's attention output:
+    flame_core.checkpoint's save=("attention",); the peers run their full checkpointing for it)."""
+    bad = [c for c in ckpt.split(",") if c not in ("on", "off", "attn")]
+    if bad:
+        raise SystemExit(f"--ckpt: on, off or attn, got {bad[0]!r}")
+    return [(int(s), "attn" if c == "attn" else c == "on") for s in sizes.split(",") for c in ckpt.split(",")]
 
 
 def parser(doc, sizes="1024", quantize=False):

@@ -136,6 +136,58 @@ def recomputing():
     return _recomputing[0] > 0
 
 
+# ----------------------------------------------------------------------------- selective checkpointing
+SAVE_KINDS = ("attention",)  # ops whose outputs a region may keep for its recompute (`save=`)
+
+
+class _Stash:
+    """The outputs a checkpointed region's first run keeps for its recompute (selective checkpointing, as PyTorch's
+    policies that save sdpa's outputs): an op of a kind in `kinds` puts its result here in the first run and, in the
+    recompute, takes it back in the same order instead of computing it again (the same values: the op's inputs are
+    recomputed identically), so only the region's cheap ops run twice."""
+
+    __slots__ = ("kinds", "items", "pos", "replaying")
+
+    def __init__(self, kinds):
+        self.kinds, self.items, self.pos, self.replaying = frozenset(kinds), [], 0, False
+
+    def put(self, kind, value):
+        self.items.append((kind, value))
+
+    def take(self, kind):
+        if self.pos >= len(self.items):
+            raise AutogradError(f"checkpoint: the recompute ran more {kind} ops than the region's first run "
+                                f"({len(self.items)} kept); the function must be deterministic in its ops")
+        got, value = self.items[self.pos]
+        if got != kind:
+            raise AutogradError(f"checkpoint: the recompute's op {self.pos} is {kind}, the first run's was {got}")
+        self.items[self.pos] = (got, None)  # freed as the recompute goes
+        self.pos += 1
+        return value
+
+
+_stashes = []  # the stash (or None) of each region running now, innermost last
+
+
+def stash(kind):
+    """The stash an op of `kind` uses -- that of the innermost checkpointed region running now, when it keeps this
+    kind -- or None. `stash.replaying`: the recompute (take the first run's result) rather than the first run (put)."""
+    if _stashes:
+        s = _stashes[-1]
+        if s is not None and kind in s.kinds:
+            return s
+    return None
+
+
+def save_kinds(save):
+    kinds = (save,) if isinstance(save, str) else tuple(save or ())
+    bad = [k for k in kinds if k not in SAVE_KINDS]
+    if bad:
+        raise ValueError(f"checkpoint: save={bad[0]!r} is not an op kind a region can keep (choose from "
+                         f"{', '.join(SAVE_KINDS)})")
+    return kinds
+
+
 def _as_outputs(out):
     if isinstance(out, Tensor):
         return (out,), True
@@ -150,16 +202,18 @@ class CheckpointFunction(Function):
     backward (flame_nn's BlockStreamer brings a streamed block's weights back) and start it with `run`."""
 
     @classmethod
-    def run(cls, function, args, kwargs, preserve_rng_state=True, offload=False):
+    def run(cls, function, args, kwargs, preserve_rng_state=True, offload=False, save=()):
         """`function(*args, **kwargs)` as one checkpointed region recorded as this class's node, whatever the grad
-        mode (`checkpoint` is the call that falls back to a plain one without grad)."""
+        mode (`checkpoint` is the call that falls back to a plain one without grad). `save`: op kinds whose outputs
+        the first run keeps for the recompute (SAVE_KINDS)."""
         offload = offload if _is_hooks(offload) else bool(offload)
         return cls.apply(_dummy(), function, len(args), tuple(kwargs), bool(preserve_rng_state), offload,
-                         *args, *kwargs.values())
+                         save_kinds(save), *args, *kwargs.values())
 
     @staticmethod
-    def forward(ctx, _dummy_leaf, run, n_args, kw_names, preserve_rng, offload, *flat):
+    def forward(ctx, _dummy_leaf, run, n_args, kw_names, preserve_rng, offload, save, *flat):
         ctx.run, ctx.n_args, ctx.kw_names = run, n_args, kw_names
+        ctx.stash = _Stash(save) if save else None
         tensor_pos = [i for i, a in enumerate(flat) if isinstance(a, Tensor)]
         tensors = [flat[i] for i in tensor_pos]
         ctx.tensor_pos = tensor_pos
@@ -176,7 +230,11 @@ class CheckpointFunction(Function):
         else:
             ctx.save_for_backward(*tensors)
 
-        out, single = _as_outputs(run(*flat[:n_args], **dict(zip(kw_names, flat[n_args:]))))
+        _stashes.append(ctx.stash)
+        try:
+            out, single = _as_outputs(run(*flat[:n_args], **dict(zip(kw_names, flat[n_args:]))))
+        finally:
+            _stashes.pop()
         ctx.single = single
         ids = {id(t) for t in tensors}
         # outputs that are pre-existing tensors (an input returned as is, a parameter) get an alias, so the
@@ -207,16 +265,22 @@ class CheckpointFunction(Function):
         n = ctx.n_args
 
         outer_rng = _get_rng(list(ctx.rng)) if ctx.rng is not None else None
+        kept, ctx.stash = ctx.stash, None
+        if kept is not None:
+            kept.replaying = True
         _recomputing[0] += 1
+        _stashes.append(kept)
         try:
             if ctx.rng is not None:
                 _set_rng(ctx.rng)
             with _amp.restore_autocast_state(ctx.amp), enable_grad():
                 out, _ = _as_outputs(ctx.run(*flat[:n], **dict(zip(ctx.kw_names, flat[n:]))))
         finally:
+            _stashes.pop()
             _recomputing[0] -= 1
             if outer_rng is not None:
                 _set_rng(outer_rng)
+        del kept
 
         roots, root_grads = [], []
         for k, (o, g) in enumerate(zip(out, grads)):
@@ -235,19 +299,22 @@ class CheckpointFunction(Function):
         for i, t, req in zip(ctx.tensor_pos, inputs, ctx.requires):
             if req:
                 in_grads[i] = t.grad
-        return (None, None, None, None, None, None, *in_grads)
+        return (None, None, None, None, None, None, None, *in_grads)
 
 
-def checkpoint(function, *args, use_reentrant=None, preserve_rng_state=True, offload=False, **kwargs):
+def checkpoint(function, *args, use_reentrant=None, preserve_rng_state=True, offload=False, save=(), **kwargs):
     """Run `function(*args, **kwargs)` without keeping its intermediates; recompute them in backward.
 
     preserve_rng_state: replay the RNG streams (dropout) of the first run in the recompute (and leave the outer
     streams where they were). offload: keep the saved cuda inputs in pinned host memory until backward.
+    save: op kinds whose outputs are kept from the first run instead of recomputed (selective checkpointing):
+    "attention" keeps each scaled_dot_product_attention's output and logsumexp, so the recompute runs the region's
+    matmuls and pointwise ops but not its attention (the output's memory per call against that kernel's time).
     `use_reentrant` is accepted for PyTorch compatibility; FLAME has one implementation.
     """
     if not _grad_state.enabled:
         return function(*args, **kwargs)
-    return CheckpointFunction.run(function, args, kwargs, preserve_rng_state, offload)
+    return CheckpointFunction.run(function, args, kwargs, preserve_rng_state, offload, save)
 
 
 def checkpoint_sequential(functions, segments, input, use_reentrant=None, preserve_rng_state=True,
@@ -275,13 +342,17 @@ def checkpoint_sequential(functions, segments, input, use_reentrant=None, preser
     return run(end + 1, len(functions) - 1)(input)
 
 
-def maybe_checkpoint(function, *args, enabled=None, offload=False, preserve_rng_state=True, **kwargs):
+def maybe_checkpoint(function, *args, enabled=None, offload=False, preserve_rng_state=True, save=None, **kwargs):
     """`checkpoint(function, ...)` when `enabled` (default: `function.gradient_checkpointing`) and grad mode is on,
-    else a plain call. Block stacks call this for each block (see the module docstring)."""
+    else a plain call. Block stacks call this for each block (see the module docstring). save (default:
+    `function.checkpoint_save`, else nothing): the op kinds the region keeps (see `checkpoint`)."""
     if enabled is None:
         enabled = getattr(function, "gradient_checkpointing", False)
     if enabled and _grad_state.enabled:
-        return checkpoint(function, *args, preserve_rng_state=preserve_rng_state, offload=offload, **kwargs)
+        if save is None:
+            save = getattr(function, "checkpoint_save", ())
+        return checkpoint(function, *args, preserve_rng_state=preserve_rng_state, offload=offload, save=save,
+                          **kwargs)
     return function(*args, **kwargs)
 
 
@@ -295,4 +366,4 @@ class _CallableModule(types.ModuleType):
 
 sys.modules[__name__].__class__ = _CallableModule
 
-__all__ = ["CheckpointFunction", "checkpoint", "checkpoint_sequential", "maybe_checkpoint"]
+__all__ = ["CheckpointFunction", "SAVE_KINDS", "checkpoint", "checkpoint_sequential", "maybe_checkpoint", "stash"]

@@ -16,12 +16,17 @@ class GradientCheckpointingMixin:
         raise NotImplementedError(f"{type(self).__name__} must list the blocks gradient checkpointing recomputes "
                                   f"(checkpointed_blocks)")
 
-    def enable_gradient_checkpointing(self, enabled=True, offload=False):
+    def enable_gradient_checkpointing(self, enabled=True, offload=False, save=()):
         """Recompute each block in backward instead of keeping its activations (`offload`: keep the block inputs in
-        pinned host memory until then). Returns the model."""
+        pinned host memory until then; `save`: op kinds whose outputs each block keeps instead of recomputing them,
+        flame_core.checkpoint.SAVE_KINDS -- "attention": the recompute skips the attention kernels, at the cost of
+        one attention output per block). Returns the model."""
+        from flame_core.checkpoint import save_kinds
+        save = save_kinds(save) if enabled else ()
         for block in self.checkpointed_blocks():
             block.gradient_checkpointing = enabled
             block.checkpoint_offload = offload
+            block.checkpoint_save = save
         return self
 
     def disable_gradient_checkpointing(self):

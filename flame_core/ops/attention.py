@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from .. import backend
+from .. import checkpoint as _ckpt
 from ..amp import autocast_mode as _amp  # autocast hook (flame_core.amp)
 from ..autograd.function import Function
 from ..errors import DTypeError, FlameError, ShapeError, fmt_shape
@@ -48,7 +49,17 @@ class ScaledDotProductAttention(Function):
         lq, lk = q.shape[-2], k.shape[-2]
         q4, k4, v4 = _to4(q._data, lead), _to4(k._data, lead), _to4(v._data, lead)
         m4 = None if attn_mask is None else _mask_to4(attn_mask._data, lead, lq, lk)
-        o4, lse = K.flash_attention_forward(q4, k4, v4, m4, is_causal, scale)
+        kept = _ckpt.stash("attention")  # selective checkpointing: the first run's output serves the recompute
+        if kept is not None and kept.replaying:
+            o4, lse = kept.take("attention")
+            want = q4.shape[:3] + v4.shape[3:]
+            if o4.shape != want or o4.dtype != q4.dtype:
+                raise ShapeError(f"scaled_dot_product_attention: the recompute's output {fmt_shape(want)} "
+                                 f"{q4.dtype} differs from the kept {fmt_shape(o4.shape)} {o4.dtype}")
+        else:
+            o4, lse = K.flash_attention_forward(q4, k4, v4, m4, is_causal, scale)
+            if kept is not None:
+                kept.put("attention", (o4, lse))
         out = _wrap(o4.reshape(lead + o4.shape[-2:]))
         ctx.save_for_backward(q, k, v, out)
         ctx.lse, ctx.mask4, ctx.is_causal, ctx.scale, ctx.lead = lse, m4, is_causal, scale, lead

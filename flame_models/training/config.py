@@ -84,6 +84,9 @@ class TrainSection:
     steps: int = 2000
     gradient_accumulation_steps: int = 1
     gradient_checkpointing: bool = True
+    checkpoint_save: str = "none"        # with gradient_checkpointing: "attention" keeps each block's attention
+                                         # output for backward instead of recomputing it (faster, one attention
+                                         # output per block more memory; flame_core.checkpoint's save=)
     fp8_compute: bool = False            # with model.quantize: the fp8 blocks' matmuls on the e4m3 tensor cores
                                          # (activations and gradients quantised per tensor; flame_nn.offload)
     fp8_scaling: str = "current"         # with fp8_compute: "current" (each tensor's own amax) or "delayed" (from
@@ -504,6 +507,9 @@ def _clean_quantize(cfg, p, errors):
     if cfg.train.fp8_compute and not cfg.model.quantize:
         errors.append(f"{p}train.fp8_compute: computes with the fp8 weights of model.quantize; set model.quantize: "
                       f"fp8 too")
+    cs = cfg.train.checkpoint_save
+    if cs not in ("none", "attention"):
+        errors.append(f"{p}train.checkpoint_save: 'none' or 'attention', got {cs!r}")
     sc = cfg.train.fp8_scaling
     if sc not in ("current", "delayed"):
         errors.append(f"{p}train.fp8_scaling: 'current' or 'delayed', got {sc!r}")

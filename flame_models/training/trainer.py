@@ -237,7 +237,8 @@ class Trainer:
                 raise ConfigError("train.train_text_encoder: not available with several processes (ddp) yet")
             self.text_encoders = TrainedTextEncoders(fam, self.prepared.text_encoders, c.network, t, seed=t.seed)
             self.params = self.params + self.text_encoders.params
-        self.model.enable_gradient_checkpointing(t.gradient_checkpointing)
+        self.model.enable_gradient_checkpointing(t.gradient_checkpointing,
+                                                 save=() if t.checkpoint_save == "none" else (t.checkpoint_save,))
         self.model.train()
         self.streaming, self.fit = self._place_blocks(), None
 

@@ -110,7 +110,8 @@ class _BlockCheckpoint(CheckpointFunction):
 
 
 def _checkpointed(call, args, kwargs, offload):
-    return _BlockCheckpoint.run(call, args, kwargs, preserve_rng_state=True, offload=offload)
+    return _BlockCheckpoint.run(call, args, kwargs, preserve_rng_state=True, offload=offload,
+                                save=getattr(call.block, "checkpoint_save", ()))
 
 
 class _Slot:

@@ -233,6 +233,32 @@ def test_gradient_checkpointing_gives_the_same_gradients(device):
         np.testing.assert_allclose(grads[1][k], grads[0][k], rtol=1e-12, atol=1e-12, err_msg=k)
 
 
+def test_a_model_keeps_its_blocks_attention_with_the_same_gradients(monkeypatch):
+    """SD3.5's tiny preset (dual-attention, plain and pre-only joint blocks): enable_gradient_checkpointing(save=
+    ("attention",)) sets every block's switch; gradients equal full checkpointing; the backward runs no attention
+    forward."""
+    from flame_core.kernels import attention as K
+    calls = [0]
+    real = K.flash_attention_forward
+    monkeypatch.setattr(K, "flash_attention_forward",
+                        lambda *a, **kw: calls.__setitem__(0, calls[0] + 1) or real(*a, **kw))
+    grads, counts = [], []
+    for save in ((), ("attention",)):
+        model, args = tiny(flame.float64, "cpu")
+        model.enable_gradient_checkpointing(True, save=save)
+        assert all(b.checkpoint_save == save for b in model.joint_blocks)
+        out = model(*args)
+        first = calls[0]
+        (out * out).sum().backward()
+        counts.append(calls[0] - first)
+        grads.append({k: p.grad.numpy() for k, p in model.named_parameters() if p.grad is not None})
+    assert counts[0] > 0 and counts[1] == 0
+    for k in grads[0]:
+        np.testing.assert_array_equal(grads[1][k], grads[0][k], err_msg=k)
+    model.disable_gradient_checkpointing()
+    assert all(b.checkpoint_save == () for b in model.joint_blocks)
+
+
 def test_model_level_checkpointing_switch():
     with flame_nn.empty_init(dtype=flame.float32):
         model = MMDiT("sd3.5-tiny")

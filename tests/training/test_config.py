@@ -343,6 +343,11 @@ def test_model_quantize_takes_fp8_names_and_fp8_compute_needs_it(files):
     assert config_from_dict({**base, "model": {"quantize": True, "qtype": "qfloat8"}}).model.quantize is True
     with pytest.raises(ConfigError, match="model.qtype: FLAME quantises the frozen weights to fp8.*'qint4'"):
         config_from_dict({**base, "model": {"quantize": True, "qtype": "qint4"}})
+    # train.checkpoint_save: none (default) or attention (selective checkpointing: the attention outputs kept)
+    assert config_from_dict(base).train.checkpoint_save == "none"
+    assert config_from_dict({**base, "train": {"checkpoint_save": "attention"}}).train.checkpoint_save == "attention"
+    with pytest.raises(ConfigError, match="train.checkpoint_save: 'none' or 'attention', got 'mlp'"):
+        config_from_dict({**base, "train": {"checkpoint_save": "mlp"}})
     # train.fp8_scaling: current (default) or delayed, the latter only with fp8 compute
     fp8c = {**base, "model": {"quantize": "fp8"}, "train": {"fp8_compute": True}}
     assert config_from_dict(fp8c).train.fp8_scaling == "current"

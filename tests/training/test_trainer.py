@@ -155,6 +155,28 @@ def test_fp8_compute_runs_the_block_matmuls_in_fp8_and_trains(tmp_path):
     assert np.isfinite(losses).all() and losses[:15].mean() > 1.1 * losses[-15:].mean()
 
 
+def test_checkpoint_save_attention_keeps_the_blocks_attention_and_trains_the_same(tmp_path, monkeypatch):
+    # train.checkpoint_save: attention -> every checkpointed block keeps its attention outputs; the recompute runs
+    # no attention forward and the losses equal full checkpointing's
+    from flame_core.kernels import attention as K
+    calls = [0]
+    real = K.flash_attention_forward
+    monkeypatch.setattr(K, "flash_attention_forward",
+                        lambda *a, **kw: calls.__setitem__(0, calls[0] + 1) or real(*a, **kw))
+    losses, counts = {}, {}
+    for save in ("none", "attention"):
+        c = cfg(tmp_path, f"save{save}", steps=4)
+        c.train.gradient_checkpointing, c.train.checkpoint_save = True, save
+        tr = Trainer(c, verbose=False)
+        calls[0] = 0
+        losses[save] = np.array(tr.train()["losses"])
+        counts[save] = calls[0]
+        blocks = tr.model.checkpointed_blocks()
+        assert all(b.checkpoint_save == (() if save == "none" else ("attention",)) for b in blocks)
+    np.testing.assert_array_equal(losses["none"], losses["attention"])
+    assert counts["attention"] * 2 == counts["none"] > 0   # forwards once per block, not twice
+
+
 @pytest.mark.parametrize("budget", [None, "1GiB"])
 def test_fp8_delayed_scaling_is_set_on_every_fp8_layer_and_trains(tmp_path, budget):
     # resident blocks, and blocks packed by the streamer under max_gpu_memory (quantised at packing)
