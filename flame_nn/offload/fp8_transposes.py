@@ -42,7 +42,12 @@ class TransposedWeight:
     def __init__(self, q):
         from flame_core.kernels import fp8_tensor as _KT
         arr = q.array
-        self.tensor = as_tensor(_KT.transpose_fp8(arr))   # a Tensor: the memory accounting counts it
+        if backend.is_cuda_array(arr):
+            with backend.cupy.cuda.Device(arr.device.id):   # allocated on the weight's device
+                wt = _KT.transpose_fp8(arr)
+        else:
+            wt = _KT.transpose_fp8(arr)
+        self.tensor = as_tensor(wt)   # a Tensor: the memory accounting counts it
         self._src = _array_ref(arr)
         self._version = (q._version, q._version[0])
 
