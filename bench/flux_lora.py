@@ -15,14 +15,14 @@ import common
 import lora_step
 
 
-def flame_part(res, configs, repeats, warmup, blocks=None, graph=False, quantize="bf16"):
+def flame_part(res, configs, repeats, warmup, blocks=None, graph=False, quantize="bf16", cache_transposes=False):
     from flame_models.flux.lora_keys import name_map_for
     from flame_models.flux.params import configs as presets
     p = presets["flux-dev"] if not blocks else presets["flux-dev"].replace(depth=blocks[0],
                                                                             depth_single_blocks=blocks[1])
     model = common.random_flux(p)
     model.requires_grad_(False)
-    lora_step.quantize_blocks((model.double_blocks, model.single_blocks), quantize)
+    lora_step.quantize_blocks((model.double_blocks, model.single_blocks), quantize, cache_transposes)
 
     def make_step(size):
         kw, target = common.flame_flux_inputs(size, guidance=1.0)
@@ -50,11 +50,12 @@ def main():
     configs = lora_step.configs_from(a.sizes, a.ckpt)
     blocks = tuple(int(v) for v in a.blocks.split(",")) if a.blocks else None
     res = common.Results("flux_lora")
-    ours = [(f"FLAME {q}", lambda q=q: flame_part(res, configs, a.repeats, a.warmup, blocks, a.graph, q))
+    ours = [(f"FLAME {q}", lambda q=q: flame_part(res, configs, a.repeats, a.warmup, blocks, a.graph, q,
+                                                        a.fp8_cache_transposes))
             for q in a.quantize]
     title = ("\nFlux-dev LoRA r16 (attention) training step, bf16 autocast, batch 1, T5 512 (median ms; peak "
              "allocated GiB)" + lora_step.graph_note(a))
-    reports = [lambda q=q: lora_step.report(res, configs, title + lora_step.variant_note(q),
+    reports = [lambda q=q: lora_step.report(res, configs, title + lora_step.variant_note(q, a.fp8_cache_transposes),
                                             flame_prefix=lora_step.variant_prefix(q)) for q in a.quantize]
     lora_step.run(res, a, ours,
                   [("diffusers+PEFT", lambda: diffusers_part(res, configs, a.repeats, a.warmup, blocks, a.peer))],

@@ -51,35 +51,45 @@ def random_init_(model, seed=0, std=0.02, device="cuda", chunk=1 << 26):
     return model
 
 
-def family_model(arch, size, device="cuda", quantize="bf16"):
+def family_model(arch, size, device="cuda", quantize="bf16", cache_transposes=False):
     """(model, name map) of a trainer family's preset (`arch` 'sd3' / 'sdxl', `size` e.g. 'sd3.5-large' or its
     params), random bf16 weights on `device`, frozen; `quantize` (QUANTIZE) applied to its block stacks as the
-    trainer's model.quantize / train.fp8_compute do."""
+    trainer's model.quantize / train.fp8_compute do (cache_transposes: quantize_blocks')."""
     import flame_core as flame
     from flame_models.training.family import get_family
     fam = get_family(arch)
     model = fam.empty_model(fam.preset(size), flame.bfloat16, device)
     random_init_(model, device=device)
     model.requires_grad_(False)
-    quantize_blocks([model.get_submodule(s) for s in fam.block_stacks(model)], quantize)
+    quantize_blocks([model.get_submodule(s) for s in fam.block_stacks(model)], quantize, cache_transposes)
     return model, fam.lora_name_map(model)
 
 
 QUANTIZE = ("bf16", "fp8", "fp8_compute", "fp8_delayed")
 
 
-def quantize_blocks(stacks, quantize):
+def quantize_blocks(stacks, quantize, cache_transposes=False):
     """The frozen Linears of `stacks` as --quantize names: bf16 (as they are), fp8 (e4m3 storage, dequantised per
     matmul), fp8_compute (e4m3 storage, the matmuls on the fp8 tensor cores, activations scaled by their own amax)
-    or fp8_delayed (fp8_compute with delayed scaling of the activations: flame_nn.offload.set_fp8_scaling_)."""
-    from flame_nn.offload import quantize_linear_weights_, set_fp8_scaling_
+    or fp8_delayed (fp8_compute with delayed scaling of the activations: flame_nn.offload.set_fp8_scaling_).
+    cache_transposes (--fp8-cache-transposes; the fp8-compute variants only): every weight's W^T made once and kept
+    resident for the input gradient (flame_nn.offload.cache_fp8_transposes_, the trainer's
+    train.fp8_cache_transposes) instead of transposed per backward call. Returns the bytes those transposes hold."""
+    from flame_nn.offload import cache_fp8_transposes_, quantize_linear_weights_, set_fp8_scaling_
     if quantize not in QUANTIZE:
         raise ValueError(f"quantize: one of {', '.join(QUANTIZE)}, got {quantize!r}")
+    held = 0
     if quantize != "bf16":
         for stack in stacks:
-            quantize_linear_weights_(stack, compute="fp8" if quantize in ("fp8_compute", "fp8_delayed") else None)
+            quantize_linear_weights_(stack, compute="fp8" if quantize in FP8_COMPUTE else None)
             if quantize == "fp8_delayed":
                 set_fp8_scaling_(stack, "delayed")
+            if cache_transposes and quantize in FP8_COMPUTE:
+                held += cache_fp8_transposes_(stack)
+    return held
+
+
+FP8_COMPUTE = ("fp8_compute", "fp8_delayed")   # the --quantize variants --fp8-cache-transposes applies to
 
 
 def variant_prefix(quantize):
@@ -87,8 +97,9 @@ def variant_prefix(quantize):
     return "" if quantize == "bf16" else quantize + "_"
 
 
-def variant_note(quantize):
-    return "" if quantize == "bf16" else f"; FLAME: {quantize}"
+def variant_note(quantize, cache_transposes=False):
+    tc = ", W^T cached (--fp8-cache-transposes)" if cache_transposes and quantize in FP8_COMPUTE else ""
+    return "" if quantize == "bf16" else f"; FLAME: {quantize}{tc}"
 
 
 def tag(size, ckpt, prefix=""):
@@ -122,6 +133,10 @@ def flame_steps(res, model, name_map, configs, make_step, repeats, warmup, graph
     res.log(f"flame_{prefix}params", sum(q.numel() for q in model.parameters()))
     res.log(f"flame_{prefix}lora_params", sum(q.numel() for q in lora))
     res.log(f"flame_{prefix}adapted_layers", len(made))
+    from flame_nn.offload.fp8_transposes import cached_transposes
+    cached = cached_transposes(model)   # --fp8-cache-transposes (quantize_blocks): the A/B's side and its memory
+    res.log(f"flame_{prefix}fp8_cache_transposes", bool(cached))
+    res.log(f"flame_{prefix}fp8_transposes_GiB", sum(c.nbytes for c in cached.values()) / 2**30)
     for size, ckpt in configs:
         t = tag(size, ckpt, prefix)
         model.enable_gradient_checkpointing(bool(ckpt), save=("attention",) if ckpt == "attn" else ())
@@ -412,6 +427,10 @@ def parser(doc, sizes="1024", quantize=False):
                              "storage, dequantised per matmul), fp8_compute (e4m3 storage and fp8 tensor-core "
                              "matmuls), fp8_delayed (fp8_compute with delayed activation scaling); one FLAME row "
                              "per variant")
+        ap.add_argument("--fp8-cache-transposes", action="store_true",
+                        help="the fp8_compute / fp8_delayed variants: each weight's transpose made once and kept "
+                             "resident for the input gradient (flame_nn.offload.cache_fp8_transposes_) instead of "
+                             "transposed per backward call; recorded as flame_<variant>fp8_cache_transposes")
     return ap
 
 

@@ -60,7 +60,8 @@ def flame_inputs(model, px, device="cuda", seed=1):
 
 
 def flame_part(res, configs, a, quantize="bf16"):
-    model, name_map = lora_step.family_model("qwen_image", _params(a.blocks), quantize=quantize)
+    model, name_map = lora_step.family_model("qwen_image", _params(a.blocks), quantize=quantize,
+                                             cache_transposes=a.fp8_cache_transposes)
     lora_step.flame_steps(res, model, name_map, configs, lambda px: flame_inputs(model, px), a.repeats, a.warmup,
                           a.graph, prefix=lora_step.variant_prefix(quantize))
     model = None  # rebound, not deleted: the closure above uses the name
@@ -163,7 +164,7 @@ def main():
     ours += [(f"FLAME trainer, {b} GiB, fp8", lambda b=b: budget_part(res, b, a)) for b in a.budget]
     ours += [(f"FLAME whole run, {b} GiB, fp8", lambda b=b: run_part(res, b)) for b in a.run]
     reports = [] if a.only_budget else [
-        lambda q=q: lora_step.report(res, configs, title + lora_step.variant_note(q),
+        lambda q=q: lora_step.report(res, configs, title + lora_step.variant_note(q, a.fp8_cache_transposes),
                                      flame_prefix=lora_step.variant_prefix(q)) for q in a.quantize]
     if a.budget:
         reports.append(lambda: budget_report(res, a.budget))

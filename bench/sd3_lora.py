@@ -25,7 +25,8 @@ SIZES = {"large": "sd3.5-large", "medium": "sd3.5-medium"}
 
 def flame_part(res, which, configs, a, quantize="bf16"):
     import flame_core as flame
-    model, name_map = lora_step.family_model("sd3", SIZES[which], quantize=quantize)
+    model, name_map = lora_step.family_model("sd3", SIZES[which], quantize=quantize,
+                                             cache_transposes=a.fp8_cache_transposes)
     bf16 = dict(dtype=flame.bfloat16)
 
     def make_step(px):
@@ -98,7 +99,8 @@ def main():
         ours.append((f"FLAME trainer, SD3.5 Large, {a.budget} GiB, fp8", lambda: budget_part(res, a)))
     reports = [lambda m=m, q=q: lora_step.report(
         res, configs, f"\nSD3.5 {m} LoRA r16 (attention) step, bf16 autocast, batch 1, {CTX} context tokens (median "
-                      f"ms; peak allocated GiB)" + lora_step.graph_note(a) + lora_step.variant_note(q),
+                      f"ms; peak allocated GiB)" + lora_step.graph_note(a)
+                      + lora_step.variant_note(q, a.fp8_cache_transposes),
         prefix=f"{m}_", flame_prefix=f"{m}_{lora_step.variant_prefix(q)}") for m in models for q in a.quantize]
     reports += [lambda: budget_report(res, a)] if a.budget else []
     lora_step.run(res, a, ours, [(f"diffusers+PEFT {m}", lambda m=m: diffusers_part(res, m, configs, a))

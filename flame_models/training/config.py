@@ -91,6 +91,11 @@ class TrainSection:
                                          # (activations and gradients quantised per tensor; flame_nn.offload)
     fp8_scaling: str = "current"         # with fp8_compute: "current" (each tensor's own amax) or "delayed" (from
                                          # the amaxes of its last calls: one pass; flame_nn.offload.set_fp8_scaling_)
+    fp8_cache_transposes: typing.Any = "auto"  # with fp8_compute: the weights' W^T kept resident for the input
+                                         # gradient's GEMM (no transpose per backward call, the fp8 weights' size
+                                         # again in memory; flame_nn.offload.cache_fp8_transposes_): true, false or
+                                         # auto (on without max_gpu_memory); true under max_gpu_memory: the
+                                         # resident blocks' only (the fit keeps room for every block's)
     offload_activations: typing.Optional[bool] = None  # under max_gpu_memory: the checkpointed block inputs kept in
                                          # pinned host memory until backward (None: when the budget needs it;
                                          # flame_nn.offload.activations)
@@ -516,6 +521,24 @@ def _clean_quantize(cfg, p, errors):
     elif sc == "delayed" and not cfg.train.fp8_compute:
         errors.append(f"{p}train.fp8_scaling: 'delayed' scales the activations of fp8 compute; set "
                       f"train.fp8_compute: true (and model.quantize: fp8) too")
+    ct = cfg.train.fp8_cache_transposes
+    if isinstance(ct, str) and ct.lower() in ("auto", "true", "false"):
+        ct = cfg.train.fp8_cache_transposes = {"auto": "auto", "true": True, "false": False}[ct.lower()]
+    if ct != "auto" and not isinstance(ct, bool):
+        errors.append(f"{p}train.fp8_cache_transposes: 'auto', true or false, got {ct!r}")
+    elif ct is True and not cfg.train.fp8_compute:
+        errors.append(f"{p}train.fp8_cache_transposes: true keeps the transposed fp8 weights of fp8 compute; set "
+                      f"train.fp8_compute: true (and model.quantize: fp8) too")
+
+
+def fp8_cache_transposes_on(train, budget):
+    """Whether the trainer keeps the fp8-compute weights' transposes resident (train.fp8_cache_transposes): true
+    or false as given; auto: with fp8 compute and no max_gpu_memory (`budget` None: no block is streamed, and no
+    budget has to hold the weights' size again)."""
+    ct = train.fp8_cache_transposes
+    if ct == "auto":
+        return bool(train.fp8_compute) and budget is None
+    return bool(ct) and bool(train.fp8_compute)
 
 
 def _resolve_family(cfg, p, errors):

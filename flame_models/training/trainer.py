@@ -43,13 +43,13 @@ from flame_core import grad_pool, io
 from flame_core.amp import autocast
 from flame_core.autograd import no_grad
 from flame_core.io import write_json
-from flame_core.memory.stats import parse_budget
+from flame_core.memory.stats import fmt_bytes, parse_budget
 from flame_nn import adapters as A
 
 from ..data import ConcatDataset, FolderDataset, SampleLoader, SyntheticDataset
 from . import checkpoint as ckpt
 from . import image_data, loss_weights, optimizers, resume, run_folder, tracking
-from .config import ConfigError, config_dict, dtype_name
+from .config import ConfigError, config_dict, dtype_name, fp8_cache_transposes_on
 from .distributed import TrainerGroup, main_rank_only, on_main_rank  # ddp
 from .ema import EMA
 from .family import get_family
@@ -157,9 +157,10 @@ class Trainer:
                 state_bytes = optimizers.STATE_BYTES[t.optimizer] * n_params  # state made at the first step
                 decode_bytes = self.prepared.decode_bytes if self.prepared is not None and previews_on else 0
                 self.fit = self.streamer.auto_fit(self.budget, self._measure_step,
-                                                  extra_bytes=state_bytes + decode_bytes,
+                                                  extra_bytes=state_bytes + decode_bytes + self._transposes_room(),
                                                   offload_activations=t.offload_activations)
                 self.log(str(self.fit))
+                self._cache_fp8_transposes()   # the resident blocks' only, now that they are chosen
         return self
 
     def _check_inputs(self):
@@ -309,7 +310,31 @@ class Trainer:
         if compute and c.train.fp8_scaling == "delayed":
             n_d = sum(len(flame_nn.offload.set_fp8_scaling_(self.model.get_submodule(s), "delayed")) for s in stacks)
             self.log(f"train.fp8_scaling: delayed scaling of the activations of {n_d} fp8 Linears")
+        if self.budget is None:
+            self._cache_fp8_transposes()
         return placed
+
+    def _fp8_compute_linears(self):
+        stacks = [self.model.get_submodule(s) for s in self.family.block_stacks(self.model)]
+        return [m for st in stacks for m in st.modules() if flame_nn.offload.is_fp8_linear(m) and m.fp8_compute]
+
+    def _transposes_room(self):
+        """Bytes auto_fit keeps for train.fp8_cache_transposes (true under max_gpu_memory): every block's transposes,
+        an upper bound (only the resident blocks' are made; the fit does not weigh a block's transpose with it)."""
+        if not fp8_cache_transposes_on(self.cfg.train, self.budget):
+            return 0
+        return sum(m.weight.numel() for m in self._fp8_compute_linears())   # 1 byte each
+
+    def _cache_fp8_transposes(self):
+        """train.fp8_cache_transposes: the fp8-compute weights' W^T made once and kept resident for the backward's
+        input gradient (flame_nn.offload.cache_fp8_transposes_; a streamed block's never)."""
+        if not fp8_cache_transposes_on(self.cfg.train, self.budget):
+            return
+        stacks = [self.model.get_submodule(s) for s in self.family.block_stacks(self.model)]
+        held = sum(flame_nn.offload.cache_fp8_transposes_(st) for st in stacks)
+        n = sum(len(flame_nn.offload.fp8_transposes.cached_transposes(st)) for st in stacks)
+        self.log(f"train.fp8_cache_transposes: the transposed weights of {n} fp8 Linears kept resident, "
+                 f"{fmt_bytes(held)}")
 
     def _resume(self, path, state):
         """The checkpoint at `path` loaded into what _build made (resume.restore); the step, schedule, training

@@ -10,6 +10,7 @@
     quantize_linear_weights_(module, compute="fp8")   ... per-tensor scales, the matmuls on fp8 tensor cores
     use_fp8_compute_(module)            fp8 compute for Linears already in fp8 storage
     set_fp8_scaling_(module, "delayed") fp8 compute's activations scaled from their history (one pass)
+    cache_fp8_transposes_(module)       fp8 compute's W^T kept resident for the input gradient (bytes held)
     set_fp8_weight_(linear, q, scales, dtype)   the same storage from weights that are fp8 already (a file's)
     LayerwiseAdamW(streamer, lr=...)    full fine-tuning, block by block inside backward, state in pinned memory
     safetensors_views(files)            memory-mapped tensors of safetensors files (inference: `sources=`)
@@ -24,12 +25,13 @@ from .fp8 import (
                   set_fp8_weight_,
                   use_fp8_compute_,
 )
+from .fp8_transposes import cache_fp8_transposes_
 from .host import OffloadError, safetensors_views
 from .layerwise import LayerwiseAdamW
 from .plan import BudgetPlan, plan_budget
 from .streamer import BlockStreamer, run_block, streamer_of
 
 __all__ = ["BlockStreamer", "run_block", "streamer_of", "auto_fit", "demote", "FitReport", "MemoryBudgetError",
-           "quantize_linear_weights_", "set_fp8_weight_", "use_fp8_compute_", "set_fp8_scaling_", "Float8LinearMixin",
-           "is_fp8_linear",
+           "quantize_linear_weights_", "set_fp8_weight_", "use_fp8_compute_", "set_fp8_scaling_",
+           "cache_fp8_transposes_", "Float8LinearMixin", "is_fp8_linear",
            "LayerwiseAdamW", "safetensors_views", "OffloadError", "ActivationOffload", "BudgetPlan", "plan_budget"]

@@ -198,7 +198,7 @@ class Float8LinearMixin:
         dt, input, bias = self._compute_inputs(input)
         if self.fp8_compute and dt.name in _FP8_COMPUTE_DTYPES:
             return Float8ComputeLinear.apply(input, self.weight, self.weight_scale, bias, dt.np,
-                                             self.__dict__.get("_fp8_sites"))
+                                             self.__dict__.get("_fp8_sites"), self.__dict__.get("_fp8_wt"))
         return Float8Linear.apply(input, self.weight, self.weight_scale, bias, dt.np)
 
     def fused_low_rank(self, input, factors, splits=None):
@@ -211,7 +211,7 @@ class Float8LinearMixin:
         if dt.name not in _FP8_COMPUTE_DTYPES:
             return None
         return FC.fp8_linear_low_rank(input, self.weight, self.weight_scale, bias, dt.np, factors, splits,
-                                      self.__dict__.get("_fp8_sites"))
+                                      self.__dict__.get("_fp8_sites"), self.__dict__.get("_fp8_wt"))
 
     def fused_cat2(self, a, b):
         """Linear.fused_cat2 for fp8 compute (fp8_compute.Float8ComputeCat2, when fp8_compute.FUSED and the layer is
@@ -229,7 +229,8 @@ class Float8LinearMixin:
         if dt.name not in _FP8_COMPUTE_DTYPES or a.dtype != dt or b.dtype != dt or (bias is not None
                                                                                   and bias.dtype != dt):
             return None
-        return FC.fp8_linear_cat2(a, b, self.weight, self.weight_scale, bias, dt.np, self.__dict__.get("_fp8_sites"))
+        return FC.fp8_linear_cat2(a, b, self.weight, self.weight_scale, bias, dt.np, self.__dict__.get("_fp8_sites"),
+                                  self.__dict__.get("_fp8_wt"))
 
     def extra_repr(self):
         if self.fp8_compute:

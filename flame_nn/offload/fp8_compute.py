@@ -13,7 +13,9 @@ Backward: dX = scaled_mm(e4m3(dY / s_g), W_q^T, s_g, s_w)    -- dY quantised the
           bounds the range by the amax itself, so e5m2's wider range buys nothing and its one fewer mantissa bit would
           double the rounding error), read in whatever float dtype the gradient arrives (no cast pass first);
           partial sums promoted to fp32; W^T is W's bytes transposed into the fp8 scratch buffer per call (1 byte per
-          weight, cheaper than the bf16 path's dequantisation, which writes 2): no second weight copy stays resident.
+          weight, cheaper than the bf16 path's dequantisation, which writes 2): no second weight copy stays resident
+          -- unless cache_fp8_transposes_ made one (opt-in, fp8_transposes.py: the weights' size again in memory,
+          no transpose per call).
           No weight gradient (the base is frozen); the bias gets one when it requires grad.
 
 Fused paths (FUSED, on by default; FLAME_FP8_FUSED=0 turns them off for an A/B): as bf16 Linears do
@@ -122,32 +124,33 @@ class Float8ComputeLinear(Function):
     `scales` (out,) all equal (a per-tensor weight scale). No double backward."""
 
     @staticmethod
-    def forward(ctx, x, q, scales, b, dtype, sites=None):
+    def forward(ctx, x, q, scales, b, dtype, sites=None, wt=None):
         a = x.array
         qx, sx = _quantize_x(a.reshape(-1, a.shape[-1]), sites)
         bias = _as(b.array, dtype) if b is not None else None
         y = _S.scaled_mm(qx, q.array, sx, scales.array, bias=bias, out_dtype=dtype, fast_accum=FAST_ACCUM_FORWARD)
         if ctx.needs_input_grad[0]:
             ctx.save_for_backward(q, scales)
-        ctx.x_shape, ctx.dtype, ctx.sites = x.shape, dtype, sites
+        ctx.x_shape, ctx.dtype, ctx.sites, ctx.wt = x.shape, dtype, sites, wt
         return as_tensor(y.reshape(tuple(x.shape[:-1]) + (q.shape[0],)))
 
     @staticmethod
     def backward(ctx, g):
-        nx, _, _, nb, _, _ = ctx.needs_input_grad
+        need = ctx.needs_input_grad
+        nx, nb = need[0], need[3]
         g2 = g.reshape(-1, g.shape[-1])
         dx = db = None
         if nx:
-            from .fp8 import transposed_into_scratch
+            from .fp8_transposes import weight_transposed
             q, scales = ctx.saved_tensors
             ga = g2.array if g2.array.dtype.itemsize <= 4 else g2.array.astype(ctx.dtype)   # float64: no kernel
             qg, sg = _quantize_dy(ga, ctx.sites)   # bf16 / fp16 / fp32 alike: the kernel reads each
-            wt = transposed_into_scratch(q.array)   # (in, out): K-major for dX = dY @ W
+            wt = weight_transposed(q, ctx.wt)      # (in, out): K-major for dX = dY @ W
             dx = _S.scaled_mm(qg, wt, sg, scales.array, out_dtype=ctx.dtype)
             dx = as_tensor(dx.reshape(tuple(ctx.x_shape)))
         if nb:
             db = g2.sum(0)
-        return dx, None, None, db, None, None
+        return dx, None, None, db, None, None, None
 
 
 class Float8ComputeLowRank(Function):
@@ -157,23 +160,24 @@ class Float8ComputeLowRank(Function):
         y = scaled_mm(e4m3(x), W_q) + b;   y[..., lo_i:hi_i] += s_i (x A_i^T) B_i^T      (x unquantised, dtype)
         dx = scaled_mm(e4m3([g_1 | g_2 | ...]), W_q^T) + sum_i s_i (g_i B_i) A_i
 
-    Inputs: x, q, scales, b, then A_1, B_1, ...; `blocks` ((lo, hi, s), ...), `splits` (sizes) or None. The factors
+    Inputs: x, q, scales, b, then A_1, B_1, ...; `blocks` ((lo, hi, s), ...), `splits` (sizes) or None; `wt` the
+    layer's resident W^T (fp8_transposes.TransposedWeight) or None. The factors
     are in the compute dtype `dtype`, as x. Saved: x and the (N, sum r) x A_i^T when a factor trains, the fp8 weight
     when x needs its gradient. No double backward."""
 
     @staticmethod
-    def forward(ctx, x, q, scales, b, dtype, blocks, splits, sites, *factors):
+    def forward(ctx, x, q, scales, b, dtype, blocks, splits, sites, wt, *factors):
         a = x.array.reshape(-1, x.shape[-1])
         qx, sx = _quantize_x(a, sites)
         bias = _as(b.array, dtype) if b is not None else None
         y = _S.scaled_mm(qx, q.array, sx, scales.array, bias=bias, out_dtype=dtype, fast_accum=FAST_ACCUM_FORWARD)
         h = low_rank_forward(a, y, [f.array for f in factors], blocks)
         need = ctx.needs_input_grad
-        train = any(need[8:])
+        train = any(need[9:])
         ctx.save_for_backward(x if train else None, q if need[0] else None, scales if need[0] else None, *factors)
         ctx.h = h if train else None
         ctx.blocks, ctx.splits, ctx.x_shape, ctx.dtype = blocks, splits, tuple(x.shape), np.dtype(dtype)
-        ctx.sites = sites
+        ctx.sites, ctx.wt = sites, wt
         return output_parts(y, x.shape[:-1], splits)
 
     @staticmethod
@@ -198,22 +202,22 @@ class Float8ComputeLowRank(Function):
                     lo = p0 + gd.shape[1]
                 if lo < n_out:
                     cols.append(xp.zeros((rows, n_out - lo), dtype=dt))
-                from .fp8 import transposed_into_scratch
+                from .fp8_transposes import weight_transposed
                 qg, sg = _quantize_dy_parts(cols, ctx.sites)   # the parts side by side: one amax / one site
-                dx = _S.scaled_mm(qg, transposed_into_scratch(q.array), sg, scales.array, out_dtype=dt)
+                dx = _S.scaled_mm(qg, weight_transposed(q, ctx.wt), sg, scales.array, out_dtype=dt)
             else:
                 dx = xp.zeros((rows, ctx.x_shape[-1]), dtype=dt)
         xd = None if x is None else x.array.reshape(-1, x.shape[-1])
-        grads = low_rank_backward(parts, xd, dx, [f.array for f in factors], ctx.blocks, ctx.h, need[8:])
+        grads = low_rank_backward(parts, xd, dx, [f.array for f in factors], ctx.blocks, ctx.h, need[9:])
         dbias = None
         if need[3]:
             dbias = as_tensor(bias_grad(parts, n_out, dt, backend.xp_of(q.array)))
         dx = as_tensor(dx.reshape(ctx.x_shape)) if need[0] else None
-        return (dx, None, None, dbias, None, None, None, None,
+        return (dx, None, None, dbias, None, None, None, None, None,
                 *(None if g is None else as_tensor(g) for g in grads))
 
 
-def fp8_linear_low_rank(input, q, scales, bias, dtype, factors, splits=None, sites=None):
+def fp8_linear_low_rank(input, q, scales, bias, dtype, factors, splits=None, sites=None, wt=None):
     """The fp8-compute Linear (q e4m3 (out, in), scales its per-tensor scale) with low-rank updates `factors`
     [(A, B, lo, hi, scale)] and / or `splits`, as Float8ComputeLowRank; input and bias in the compute dtype `dtype`
     (the caller's checks), the factors cast to it under autocast (as linear_low_rank), else of that dtype."""
@@ -224,7 +228,7 @@ def fp8_linear_low_rank(input, q, scales, bias, dtype, factors, splits=None, sit
     if any(t.dtype.np != np.dtype(dtype) for t in ab):
         raise DTypeError(f"fp8 linear: the low-rank factors must have the compute dtype {np.dtype(dtype)}, got "
                          f"{sorted({str(t.dtype) for t in ab})} (cast them, or use flame.amp.autocast)")
-    return Float8ComputeLowRank.apply(input, q, scales, bias, np.dtype(dtype), blocks, splits, sites, *ab)
+    return Float8ComputeLowRank.apply(input, q, scales, bias, np.dtype(dtype), blocks, splits, sites, wt, *ab)
 
 
 class Float8ComputeCat2(Function):
@@ -234,28 +238,29 @@ class Float8ComputeCat2(Function):
     the row blocks of W^T, so da and db come out as separate contiguous arrays (no split of a joined gradient)."""
 
     @staticmethod
-    def forward(ctx, a, b, q, scales, bias, dtype, sites=None):
+    def forward(ctx, a, b, q, scales, bias, dtype, sites=None, wt=None):
         a2, b2 = a.array.reshape(-1, a.shape[-1]), b.array.reshape(-1, b.shape[-1])
         qx, sx = _quantize_x([a2, b2], sites)
         y = _S.scaled_mm(qx, q.array, sx, scales.array, bias=None if bias is None else _as(bias.array, dtype),
                          out_dtype=dtype, fast_accum=FAST_ACCUM_FORWARD)
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             ctx.save_for_backward(q, scales)
-        ctx.shapes, ctx.dtype, ctx.sites = (tuple(a.shape), tuple(b.shape)), np.dtype(dtype), sites
+        ctx.shapes, ctx.dtype, ctx.sites, ctx.wt = (tuple(a.shape), tuple(b.shape)), np.dtype(dtype), sites, wt
         return as_tensor(y.reshape(tuple(a.shape[:-1]) + (q.shape[0],)))
 
     @staticmethod
     def backward(ctx, g):
-        na, nb, _, _, nbias, _, _ = ctx.needs_input_grad
+        need = ctx.needs_input_grad
+        na, nb, nbias = need[0], need[1], need[4]
         (sa, sb), dt = ctx.shapes, ctx.dtype
         g2 = g.reshape(-1, g.shape[-1])
         da = db = dbias = None
         if na or nb:
-            from .fp8 import transposed_into_scratch
+            from .fp8_transposes import weight_transposed
             q, scales = ctx.saved_tensors
             ga = g2.array if g2.array.dtype.itemsize <= 4 else g2.array.astype(dt)   # float64: no kernel
             qg, sg = _quantize_dy(ga, ctx.sites)
-            wt = transposed_into_scratch(q.array)          # (in, out); both GEMMs enqueued before its next use
+            wt = weight_transposed(q, ctx.wt)              # (in, out); both GEMMs enqueued before its next use
             ha = sa[-1]
             if na:
                 da = as_tensor(_S.scaled_mm(qg, wt[:ha], sg, scales.array, out_dtype=dt).reshape(sa))
@@ -263,13 +268,13 @@ class Float8ComputeCat2(Function):
                 db = as_tensor(_S.scaled_mm(qg, wt[ha:], sg, scales.array, out_dtype=dt).reshape(sb))
         if nbias:
             dbias = g2.sum(0)
-        return da, db, None, None, dbias, None, None
+        return da, db, None, None, dbias, None, None, None
 
 
-def fp8_linear_cat2(a, b, q, scales, bias, dtype, sites=None):
+def fp8_linear_cat2(a, b, q, scales, bias, dtype, sites=None, wt=None):
     """The fp8-compute Linear (q e4m3 (out, in), scales its per-tensor scale) of cat((a, b), -1), as
     Float8ComputeCat2; a, b and bias in the compute dtype `dtype` (the caller's checks)."""
     if a.shape[:-1] != b.shape[:-1] or a.shape[-1] + b.shape[-1] != q.shape[1]:
         raise ShapeError(f"fp8 linear_cat2: inputs {tuple(a.shape)} and {tuple(b.shape)} do not fit a weight of "
                          f"shape {tuple(q.shape)}")
-    return Float8ComputeCat2.apply(a, b, q, scales, bias, np.dtype(dtype), sites)
+    return Float8ComputeCat2.apply(a, b, q, scales, bias, np.dtype(dtype), sites, wt)

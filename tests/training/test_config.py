@@ -357,3 +357,30 @@ def test_model_quantize_takes_fp8_names_and_fp8_compute_needs_it(files):
         config_from_dict({**fp8c, "train": {"fp8_compute": True, "fp8_scaling": "lazy"}})
     with pytest.raises(ConfigError, match="train.fp8_scaling: 'delayed' scales the activations of fp8 compute"):
         config_from_dict({**base, "model": {"quantize": "fp8"}, "train": {"fp8_scaling": "delayed"}})
+
+
+def test_fp8_cache_transposes_takes_auto_true_false_and_auto_resolves_to_fp8_compute_without_a_budget(files):
+    from flame_models.training.config import fp8_cache_transposes_on
+    tmp, data, model = files
+    base = {"datasets": [{"folder_path": data}]}
+    fp8c = {**base, "model": {"quantize": "fp8"}}
+
+    def train(**kw):
+        return config_from_dict({**fp8c, "train": kw}).train
+    assert config_from_dict(base).train.fp8_cache_transposes == "auto"
+    for value, want in (("auto", "auto"), ("AUTO", "auto"), (True, True), ("true", True), (False, False),
+                        ("False", False)):
+        assert train(fp8_compute=True, fp8_cache_transposes=value).fp8_cache_transposes == want
+    for bad in ("yes", 1, None, ["auto"]):
+        with pytest.raises(ConfigError, match="train.fp8_cache_transposes: 'auto', true or false, got"):
+            train(fp8_compute=True, fp8_cache_transposes=bad)
+    with pytest.raises(ConfigError, match="train.fp8_cache_transposes: true keeps the transposed fp8 weights of fp8 "
+                                          "compute; set train.fp8_compute: true"):
+        train(fp8_cache_transposes=True)
+    assert train(fp8_cache_transposes=False).fp8_cache_transposes is False   # off needs nothing
+    # auto: fp8 compute and no max_gpu_memory; true / false as given (true under a budget: the resident blocks')
+    assert fp8_cache_transposes_on(train(fp8_compute=True), budget=None) is True
+    assert fp8_cache_transposes_on(train(fp8_compute=True), budget=2**30) is False
+    assert fp8_cache_transposes_on(train(), budget=None) is False
+    assert fp8_cache_transposes_on(train(fp8_compute=True, fp8_cache_transposes=True), budget=2**30) is True
+    assert fp8_cache_transposes_on(train(fp8_compute=True, fp8_cache_transposes=False), budget=None) is False
