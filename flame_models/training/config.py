@@ -534,7 +534,8 @@ def _clean_quantize(cfg, p, errors):
 def fp8_cache_transposes_on(train, budget):
     """Whether the trainer keeps the fp8-compute weights' transposes resident (train.fp8_cache_transposes): true
     or false as given; auto: with fp8 compute and no max_gpu_memory (`budget` None: no block is streamed, and no
-    budget has to hold the weights' size again)."""
+    budget has to hold the weights' size again) -- and on a GPU the trainer then also asks that they take at most
+    half of the device's free memory."""
     ct = train.fp8_cache_transposes
     if ct == "auto":
         return bool(train.fp8_compute) and budget is None

@@ -331,6 +331,15 @@ class Trainer:
         if not fp8_cache_transposes_on(self.cfg.train, self.budget):
             return
         stacks = [self.model.get_submodule(s) for s in self.family.block_stacks(self.model)]
+        if self.cfg.train.fp8_cache_transposes == "auto" and self.device.type == "cuda":
+            # auto keeps them only where they take at most half of what the device has free now (the step's
+            # activations still to come): a 24 GB card holding Flux-dev's fp8 blocks gets no second copy
+            need = sum(m.weight.numel() for m in self._fp8_compute_linears())
+            free = flame.cuda.mem_get_info(str(self.device))[0]
+            if need > free // 2:
+                self.log(f"train.fp8_cache_transposes: auto: not kept ({fmt_bytes(need)} would take more than half "
+                         f"of the {fmt_bytes(free)} free); set it to true to keep them anyway")
+                return
         held = sum(flame_nn.offload.cache_fp8_transposes_(st) for st in stacks)
         n = sum(len(flame_nn.offload.fp8_transposes.cached_transposes(st)) for st in stacks)
         self.log(f"train.fp8_cache_transposes: the transposed weights of {n} fp8 Linears kept resident, "
