@@ -31,6 +31,7 @@ needs and returns what it made, and the trainer keeps it. Streaming (streaming.p
 parallelism (distributed.py) are parts the step calls at named points, not branches through it.
 """
 import gc
+import inspect
 import json
 import os
 from contextlib import nullcontext
@@ -238,8 +239,13 @@ class Trainer:
                 raise ConfigError("train.train_text_encoder: not available with several processes (ddp) yet")
             self.text_encoders = TrainedTextEncoders(fam, self.prepared.text_encoders, c.network, t, seed=t.seed)
             self.params = self.params + self.text_encoders.params
-        self.model.enable_gradient_checkpointing(t.gradient_checkpointing,
-                                                 save=() if t.checkpoint_save == "none" else (t.checkpoint_save,))
+        if t.checkpoint_save == "none":
+            self.model.enable_gradient_checkpointing(t.gradient_checkpointing)
+        elif "save" not in inspect.signature(self.model.enable_gradient_checkpointing).parameters:
+            raise ConfigError(f"train.checkpoint_save: {type(self.model).__name__}.enable_gradient_checkpointing takes "
+                              f"no save= (flame_nn.GradientCheckpointingMixin's does); set it to none")
+        else:
+            self.model.enable_gradient_checkpointing(t.gradient_checkpointing, save=(t.checkpoint_save,))
         self.model.train()
         self.streaming, self.fit = self._place_blocks(), None
 
