@@ -144,24 +144,34 @@ class _Stash:
     """The outputs a checkpointed region's first run keeps for its recompute (selective checkpointing, as PyTorch's
     policies that save sdpa's outputs): an op of a kind in `kinds` puts its result here in the first run and, in the
     recompute, takes it back in the same order instead of computing it again (the same values: the op's inputs are
-    recomputed identically), so only the region's cheap ops run twice."""
+    recomputed identically), so only the region's cheap ops run twice.
 
-    __slots__ = ("kinds", "items", "pos", "replaying")
+    `source`: a region whose first run happens inside an enclosing region's recompute ran as a plain call (no
+    region: grad mode was off) in that enclosing region's first run, so its ops' results sit in the enclosing
+    region's stash: it takes them from there, in order. Each kept value carries the version counter of the tensor
+    the op returned: a value overwritten in place since (an in-place op that runs only while no gradient is
+    recorded, or the caller's, on the region's output) is refused instead of silently used."""
 
-    def __init__(self, kinds):
+    __slots__ = ("kinds", "items", "pos", "replaying", "source")
+
+    def __init__(self, kinds, source=None):
         self.kinds, self.items, self.pos, self.replaying = frozenset(kinds), [], 0, False
+        self.source = source
 
-    def put(self, kind, value):
-        self.items.append((kind, value))
+    def put(self, kind, value, guard=None):
+        self.items.append((kind, value, None if guard is None else (guard, guard[0])))
 
     def take(self, kind):
         if self.pos >= len(self.items):
             raise AutogradError(f"checkpoint: the recompute ran more {kind} ops than the region's first run "
                                 f"({len(self.items)} kept); the function must be deterministic in its ops")
-        got, value = self.items[self.pos]
+        got, value, guard = self.items[self.pos]
         if got != kind:
             raise AutogradError(f"checkpoint: the recompute's op {self.pos} is {kind}, the first run's was {got}")
-        self.items[self.pos] = (got, None)  # freed as the recompute goes
+        if guard is not None and guard[0][0] != guard[1]:
+            raise AutogradError(f"checkpoint: the output of the region's {kind} op {self.pos} was modified in place "
+                                f"after its first run; a region that keeps it (save=) cannot recompute from it")
+        self.items[self.pos] = (got, None, None)  # freed as the recompute goes
         self.pos += 1
         return value
 
@@ -171,10 +181,11 @@ _stashes = []  # the stash (or None) of each region running now, innermost last
 
 def stash(kind):
     """The stash an op of `kind` uses -- that of the innermost checkpointed region running now, when it keeps this
-    kind -- or None. `stash.replaying`: the recompute (take the first run's result) rather than the first run (put)."""
+    kind or relays it from an enclosing recompute (`source`) -- or None. `stash.replaying`: the recompute (take the
+    first run's result) rather than the first run (put, after taking it from `source` when that keeps the kind)."""
     if _stashes:
         s = _stashes[-1]
-        if s is not None and kind in s.kinds:
+        if s is not None and (kind in s.kinds or (s.source is not None and kind in s.source.kinds)):
             return s
     return None
 
@@ -213,7 +224,10 @@ class CheckpointFunction(Function):
     @staticmethod
     def forward(ctx, _dummy_leaf, run, n_args, kw_names, preserve_rng, offload, save, *flat):
         ctx.run, ctx.n_args, ctx.kw_names = run, n_args, kw_names
-        ctx.stash = _Stash(save) if save else None
+        parent = _stashes[-1] if _stashes else None
+        source = parent if parent is not None and parent.replaying and parent.kinds else None
+        running = _Stash(save, source) if (save or source is not None) else None
+        ctx.stash = running if save else None
         tensor_pos = [i for i, a in enumerate(flat) if isinstance(a, Tensor)]
         tensors = [flat[i] for i in tensor_pos]
         ctx.tensor_pos = tensor_pos
@@ -230,7 +244,7 @@ class CheckpointFunction(Function):
         else:
             ctx.save_for_backward(*tensors)
 
-        _stashes.append(ctx.stash)
+        _stashes.append(running)
         try:
             out, single = _as_outputs(run(*flat[:n_args], **dict(zip(kw_names, flat[n_args:]))))
         finally:
@@ -267,7 +281,7 @@ class CheckpointFunction(Function):
         outer_rng = _get_rng(list(ctx.rng)) if ctx.rng is not None else None
         kept, ctx.stash = ctx.stash, None
         if kept is not None:
-            kept.replaying = True
+            kept.replaying, kept.source = True, None
         _recomputing[0] += 1
         _stashes.append(kept)
         try:

@@ -14,6 +14,7 @@ accumulation; head dims 64 and 128 have their own tiles, other E <= 256 run zero
 Everything else (NumPy, float32, float64, E != Ev, E > 256) takes the chunked reference below, written against `xp`:
 it handles blocks of query rows so that at most CHUNK_BYTES of scores exist at a time. It is also the test oracle.
 """
+import functools
 import math
 import threading
 
@@ -419,6 +420,13 @@ def _bwd_tail(units, m_blocks, sms, cost=None):
     cost = TAIL_PIECE_COST if cost is None else cost
     if units <= sms or m_blocks < 2 or units % sms == 0:
         return None
+    return _bwd_tail_search(units, m_blocks, sms, float(cost))
+
+
+@functools.lru_cache(maxsize=1024)
+def _bwd_tail_search(units, m_blocks, sms, cost):
+    """_bwd_tail's search, memoised: a masked call (never a cached plan) would run it in every backward (~10 ms of
+    host time at Flux / Qwen-Image 1024² shapes)."""
     plain = float(P.cdiv(units, sms))
     best, choice = plain * 0.98, None
     rem = units % sms

@@ -50,17 +50,17 @@ class ScaledDotProductAttention(Function):
         q4, k4, v4 = _to4(q._data, lead), _to4(k._data, lead), _to4(v._data, lead)
         m4 = None if attn_mask is None else _mask_to4(attn_mask._data, lead, lq, lk)
         kept = _ckpt.stash("attention")  # selective checkpointing: the first run's output serves the recompute
-        if kept is not None and kept.replaying:
-            o4, lse = kept.take("attention")
+        if kept is not None and (kept.replaying or (kept.source is not None and "attention" in kept.source.kinds)):
+            o4, lse = (kept if kept.replaying else kept.source).take("attention")
             want = q4.shape[:3] + v4.shape[3:]
             if o4.shape != want or o4.dtype != q4.dtype:
                 raise ShapeError(f"scaled_dot_product_attention: the recompute's output {fmt_shape(want)} "
                                  f"{q4.dtype} differs from the kept {fmt_shape(o4.shape)} {o4.dtype}")
         else:
             o4, lse = K.flash_attention_forward(q4, k4, v4, m4, is_causal, scale)
-            if kept is not None:
-                kept.put("attention", (o4, lse))
         out = _wrap(o4.reshape(lead + o4.shape[-2:]))
+        if kept is not None and not kept.replaying and "attention" in kept.kinds:
+            kept.put("attention", (o4, lse), out._version)
         ctx.save_for_backward(q, k, v, out)
         ctx.lse, ctx.mask4, ctx.is_causal, ctx.scale, ctx.lead = lse, m4, is_causal, scale, lead
         return out

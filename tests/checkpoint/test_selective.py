@@ -80,11 +80,11 @@ def test_nested_regions_keep_their_own_and_bad_kinds_are_refused(monkeypatch):
     x, w1, w2 = _inputs()
     inner = _region(w1, w2)
 
-    def outer(x):  # the inner region keeps nothing: its attentions run in each of its runs
+    def outer(x):  # the inner region keeps nothing: its attentions run in its own recompute again
         return checkpoint(inner, x)
     y = checkpoint(outer, x, save=("attention",))
     (y * y).sum().backward()
-    assert calls[0] == 2 + 2 + 2   # outer's first run, its recompute (inner's first run again), inner's recompute
+    assert calls[0] == 2 + 0 + 2   # outer's first run, its recompute (inner's first run: outer's kept), inner's
     with pytest.raises(ValueError, match="save='matmul' is not an op kind.*attention"):
         checkpoint(inner, x, save="matmul")
     assert SAVE_KINDS == ("attention",)
@@ -104,3 +104,41 @@ def test_a_recompute_that_changes_its_ops_is_refused():
     y = checkpoint(f, x, save=("attention",))
     with pytest.raises(AutogradError, match="ran more attention ops than the region's first run"):
         y.backward()
+
+
+def test_a_region_after_a_nested_one_takes_its_own_outputs():
+    """The nested region is a plain call in the outer's first run (grad mode off) and a region in its recompute: its
+    attentions' outputs kept by the outer go to it there, so the outer's own attention gets its own back."""
+    rng = np.random.default_rng(1)
+    x0 = rng.standard_normal((1, 2, 6, 4))
+
+    def inner(x):
+        return F.scaled_dot_product_attention(x, x, x) * 2.0
+
+    def outer(x):
+        return F.scaled_dot_product_attention(checkpoint(inner, x).tanh(), x, x)
+    grads = []
+    for save in ((), ("attention",)):
+        x = flame.tensor(x0, dtype=flame.float64, requires_grad=True)
+        y = checkpoint(outer, x, save=save)
+        (y * y).sum().backward()
+        grads.append(x.grad.numpy())
+    np.testing.assert_array_equal(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("where", ["inside", "caller"])
+def test_a_kept_output_overwritten_in_place_is_refused(where):
+    x = flame.tensor(np.random.default_rng(2).standard_normal((1, 2, 6, 4)), dtype=flame.float64,
+                     requires_grad=True)
+
+    def f(x):
+        o = F.scaled_dot_product_attention(x.tanh(), x, x)
+        if where == "inside" and not flame.is_grad_enabled():   # in place only while nothing records (add_residual)
+            o += x
+            return o.sin()
+        return o.transpose(1, 2) if where == "caller" else (o + x).sin()
+    y = checkpoint(f, x, save=("attention",))
+    if where == "caller":
+        y += 1.0
+    with pytest.raises(AutogradError, match="modified in place after its first run"):
+        (y * y).sum().backward()
