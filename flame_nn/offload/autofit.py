@@ -153,6 +153,9 @@ def demote(streamer, fraction=0.25):
     drop = max(1, int(len(chosen) * fraction))
     gone = set(sorted(chosen, key=lambda i: (-streamer.block_bytes(i), i))[:drop])
     _place(streamer, [i for i in chosen if i not in gone], streamer.device)
+    from .fp8_transposes import drop_fp8_transposes_
+    for i in gone:  # a streamed block's weights move between slots: its kept W^T (fp8 compute) is of no more use
+        drop_fp8_transposes_(streamer.blocks[i])
     return sorted(gone)
 
 
