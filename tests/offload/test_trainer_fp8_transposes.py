@@ -60,7 +60,7 @@ def test_auto_caches_without_a_budget_and_trains_the_same_bits_without_transposi
     del off
 
     logged = []
-    auto = Trainer(cfg(tmp_path, "auto"), verbose=False)
+    auto = Trainer(cfg(tmp_path, "auto", fp8_cache_transposes="auto"), verbose=False)
     auto.verbose, auto.log = True, logged.append
     auto.setup()
     fp8 = _block_fp8(auto)
