@@ -181,6 +181,27 @@ FWD_VARIANTS = {"plain": (False, True), "pingpong": (True, True), "cpasync": (Fa
                 "pingpong-cpasync": (True, False)}
 
 
+def _alternate(A, names, setting, fn, variants, rounds, reps, inner, keep, gpu_too=False):
+    """Time `fn` under each of `variants` in alternating rounds (clock drift hits all alike): setting(v) switches
+    flame_core.kernels.attention's module switches `names` (restored after); the first round keeps keep(fn()) per
+    variant. Returns ({variant: samples}, {variant: GPU-alone samples} (gpu_too), {variant: kept})."""
+    saved = [getattr(A, n) for n in names]
+    samples, gpu, outs = {v: [] for v in variants}, {v: [] for v in variants}, {}
+    try:
+        for r in range(rounds):
+            for v in variants:
+                setting(v)
+                if r == 0:
+                    outs[v] = keep(fn())
+                samples[v] += common.cuda_ms(fn, reps, 5, inner=inner)[2]
+                if gpu_too:
+                    gpu[v] += common.cuda_ms(fn, 5, 1, before=common.busy_gpu(), inner=inner)[2]
+    finally:
+        for n, val in zip(names, saved):
+            setattr(A, n, val)
+    return samples, gpu, outs
+
+
 def measure_fwd_variants(res, name, B, H, Lq, Lk, D, reps, inner, variants, rounds=3):
     """FLAME's sm90 forward under each schedule of `variants` in one process: the rounds alternate the variants
     (clock drift hits all alike), each variant's figure is the median of all its samples; its output is compared
@@ -192,19 +213,10 @@ def measure_fwd_variants(res, name, B, H, Lq, Lk, D, reps, inner, variants, roun
         res.log(name + "-fwd-variants", {"skipped": "this shape does not run the sm90 forward here"})
         return
     fwd, _, inputs = flame_fns(B, H, Lq, Lk, D)
-    saved = A.SM90_FWD_PINGPONG, A.SM90_FWD_TMA
-    samples, gpu, outs = {v: [] for v in variants}, {v: [] for v in variants}, {}
-    try:
-        for r in range(rounds):
-            for v in variants:
-                A.SM90_FWD_PINGPONG, A.SM90_FWD_TMA = FWD_VARIANTS[v]
-                if r == 0:
-                    o, lse = fwd()
-                    outs[v] = (o.copy(), lse.copy())
-                samples[v] += common.cuda_ms(fwd, reps, 5, inner=inner)[2]
-                gpu[v] += common.cuda_ms(fwd, 5, 1, before=common.busy_gpu(), inner=inner)[2]
-    finally:
-        A.SM90_FWD_PINGPONG, A.SM90_FWD_TMA = saved
+    def setting(v):
+        A.SM90_FWD_PINGPONG, A.SM90_FWD_TMA = FWD_VARIANTS[v]
+    samples, gpu, outs = _alternate(A, ("SM90_FWD_PINGPONG", "SM90_FWD_TMA"), setting, fwd, variants, rounds, reps,
+                                    inner, lambda out: (out[0].copy(), out[1].copy()), gpu_too=True)
     flops = 4.0 * B * H * Lq * Lk * D
     row = {"shape": (B, H, Lq, Lk, D), "flops": flops}
     o0, lse0 = outs[variants[0]]
@@ -264,20 +276,23 @@ def measure_bwd_variants(res, name, B, H, Lq, Lk, D, reps, inner, variants, roun
 
     def bwd():
         return A._kernel_backward(g, q, k, v_, o, lse, None, False, scale)
-    saved = A.SM90_BWD_TAIL, A.TAIL_PIECE_COST
-    samples, outs, plans = {v: [] for v in variants}, {}, {}
+    chosen, search = [], A._bwd_tail   # the schedule the backward picks, seen where it asks for it
+
+    def setting(v):
+        A.SM90_BWD_TAIL, A.TAIL_PIECE_COST = _bwd_variant(v)
+        chosen.clear()
+
+    def keep(grads):
+        return tuple(x.astype(cp.float32) for x in grads), (chosen[0] if chosen else None)
+    A._bwd_tail = lambda *a, **kw: chosen.append(search(*a, **kw)) or chosen[-1]
+    A._bwd_plans.clear()
     try:
-        for r in range(rounds):
-            for v in variants:
-                A.SM90_BWD_TAIL, A.TAIL_PIECE_COST = _bwd_variant(v)
-                if r == 0:
-                    outs[v] = tuple(x.astype(cp.float32) for x in bwd())
-                    plans[v] = (A._bwd_tail(-(-Lk // (64 * A.BWD_SM90_TILES[D][0])) * B * H,
-                                            -(-Lq // A.BWD_SM90_TILES[D][2]), A.P.sm_count())
-                                if A.SM90_BWD_TAIL else None)
-                samples[v] += common.cuda_ms(bwd, reps, 5, inner=inner)[2]
+        samples, _, kept = _alternate(A, ("SM90_BWD_TAIL", "TAIL_PIECE_COST"), setting, bwd, variants, rounds, reps,
+                                      inner, keep)
     finally:
-        A.SM90_BWD_TAIL, A.TAIL_PIECE_COST = saved
+        A._bwd_tail = search
+    outs = {v: kept[v][0] for v in variants}
+    plans = {v: kept[v][1] for v in variants}
     flops = 2.5 * 4.0 * B * H * Lq * Lk * D
     row = {"shape": (B, H, Lq, Lk, D), "flops": flops}
     base = outs[variants[0]]

@@ -22,7 +22,10 @@ class GradientCheckpointingMixin:
         flame_core.checkpoint.SAVE_KINDS -- "attention": the recompute skips the attention kernels, at the cost of
         one attention output per block). Returns the model."""
         from flame_core.checkpoint import save_kinds
-        save = save_kinds(save) if enabled else ()
+        save = save_kinds(save)
+        if save and not enabled:
+            raise ValueError(f"enable_gradient_checkpointing: save={save} is what checkpointed blocks keep; it needs "
+                             f"enabled=True")
         for block in self.checkpointed_blocks():
             block.gradient_checkpointing = enabled
             block.checkpoint_offload = offload

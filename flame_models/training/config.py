@@ -516,6 +516,9 @@ def _clean_quantize(cfg, p, errors):
     cs = cfg.train.checkpoint_save
     if cs not in ("none", "attention"):
         errors.append(f"{p}train.checkpoint_save: 'none' or 'attention', got {cs!r}")
+    elif cs != "none" and not cfg.train.gradient_checkpointing:
+        errors.append(f"{p}train.checkpoint_save: {cs!r} is what checkpointed blocks keep; set "
+                      f"train.gradient_checkpointing: true too (or checkpoint_save: none)")
     sc = cfg.train.fp8_scaling
     if sc not in ("current", "delayed"):
         errors.append(f"{p}train.fp8_scaling: 'current' or 'delayed', got {sc!r}")

@@ -348,6 +348,9 @@ def test_model_quantize_takes_fp8_names_and_fp8_compute_needs_it(files):
     assert config_from_dict({**base, "train": {"checkpoint_save": "attention"}}).train.checkpoint_save == "attention"
     with pytest.raises(ConfigError, match="train.checkpoint_save: 'none' or 'attention', got 'mlp'"):
         config_from_dict({**base, "train": {"checkpoint_save": "mlp"}})
+    with pytest.raises(ConfigError, match="train.checkpoint_save: 'attention' is what checkpointed blocks keep; set "
+                                          "train.gradient_checkpointing: true"):
+        config_from_dict({**base, "train": {"checkpoint_save": "attention", "gradient_checkpointing": False}})
     # train.fp8_scaling: current (default) or delayed, the latter only with fp8 compute
     fp8c = {**base, "model": {"quantize": "fp8"}, "train": {"fp8_compute": True}}
     assert config_from_dict(fp8c).train.fp8_scaling == "current"
