@@ -370,7 +370,7 @@ def test_fp8_cache_transposes_takes_auto_true_false_and_auto_resolves_to_fp8_com
 
     def train(**kw):
         return config_from_dict({**fp8c, "train": kw}).train
-    assert config_from_dict(base).train.fp8_cache_transposes is False    # the default until measured on the GPU
+    assert config_from_dict(base).train.fp8_cache_transposes == "auto"    # the default (measured faster on the GPU)
     for value, want in (("auto", "auto"), ("AUTO", "auto"), (True, True), ("true", True), (False, False),
                         ("False", False)):
         assert train(fp8_compute=True, fp8_cache_transposes=value).fp8_cache_transposes == want
@@ -382,7 +382,7 @@ def test_fp8_cache_transposes_takes_auto_true_false_and_auto_resolves_to_fp8_com
         train(fp8_cache_transposes=True)
     assert train(fp8_cache_transposes=False).fp8_cache_transposes is False   # off needs nothing
     # auto: fp8 compute and no max_gpu_memory; true / false as given (true under a budget: the resident blocks')
-    assert fp8_cache_transposes_on(train(fp8_compute=True), budget=None) is False          # the default: off
+    assert fp8_cache_transposes_on(train(fp8_compute=True), budget=None) is True           # the default: auto
     auto = dict(fp8_compute=True, fp8_cache_transposes="auto")
     assert fp8_cache_transposes_on(train(**auto), budget=None) is True
     assert fp8_cache_transposes_on(train(**auto), budget=2**30) is False
