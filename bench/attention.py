@@ -12,8 +12,8 @@ Run: PYTHONPATH=$PWD python3 bench/attention.py [--reps 25] [--only flux-1024,sd
      PYTHONPATH=$PWD python3 bench/attention.py --only flux-1024 --key-mask 129   (Chroma's masked T5 padding)
      PYTHONPATH=$PWD python3 bench/attention.py --fwd-variants plain,cpasync   (the sm90 forward's variants, A/B;
      no torch needed: pingpong = SM90_FWD_PINGPONG, cpasync = SM90_FWD_TMA off)
-     PYTHONPATH=$PWD python3 bench/attention.py --bwd-variants plain,tail,tail:0.08   (the backward alone: its tail
-     schedule off / on; no torch needed)
+     PYTHONPATH=$PWD python3 bench/attention.py --bwd-variants plain,tail,tail:0.08,cpasync   (the backward alone:
+     its tail schedule off / on, Q / dO by cp.async instead of TMA; no torch needed)
 """
 import argparse
 import statistics
@@ -250,15 +250,18 @@ def report_fwd_variants(res, shapes, variants):
 
 
 def _bwd_variant(v):
-    """(SM90_BWD_TAIL, TAIL_PIECE_COST) of a backward variant: plain, tail, or tail:COST."""
+    """(SM90_BWD_TAIL, TAIL_PIECE_COST, SM90_BWD_TMA) of a backward variant: plain, tail, tail:COST (Q / dO by TMA),
+    or cpasync (the tail schedule, Q / dO by cp.async)."""
     from flame_core.kernels import attention as A
     if v == "plain":
-        return False, A.TAIL_PIECE_COST
+        return False, A.TAIL_PIECE_COST, True
     if v == "tail":
-        return True, A.TAIL_PIECE_COST
+        return True, A.TAIL_PIECE_COST, True
+    if v == "cpasync":
+        return True, A.TAIL_PIECE_COST, False
     if v.startswith("tail:"):
-        return True, float(v[5:])
-    raise ValueError(f"--bwd-variants: unknown variant {v!r} (plain, tail, tail:COST)")
+        return True, float(v[5:]), True
+    raise ValueError(f"--bwd-variants: unknown variant {v!r} (plain, tail, tail:COST, cpasync)")
 
 
 def measure_bwd_variants(res, name, B, H, Lq, Lk, D, reps, inner, variants, rounds=3):
@@ -279,7 +282,7 @@ def measure_bwd_variants(res, name, B, H, Lq, Lk, D, reps, inner, variants, roun
     chosen, search = [], A._bwd_tail   # the schedule the backward picks, seen where it asks for it
 
     def setting(v):
-        A.SM90_BWD_TAIL, A.TAIL_PIECE_COST = _bwd_variant(v)
+        A.SM90_BWD_TAIL, A.TAIL_PIECE_COST, A.SM90_BWD_TMA = _bwd_variant(v)
         chosen.clear()
 
     def keep(grads):
@@ -287,8 +290,8 @@ def measure_bwd_variants(res, name, B, H, Lq, Lk, D, reps, inner, variants, roun
     A._bwd_tail = lambda *a, **kw: chosen.append(search(*a, **kw)) or chosen[-1]
     A._bwd_plans.clear()
     try:
-        samples, _, kept = _alternate(A, ("SM90_BWD_TAIL", "TAIL_PIECE_COST"), setting, bwd, variants, rounds, reps,
-                                      inner, keep)
+        samples, _, kept = _alternate(A, ("SM90_BWD_TAIL", "TAIL_PIECE_COST", "SM90_BWD_TMA"), setting, bwd,
+                                      variants, rounds, reps, inner, keep)
     finally:
         A._bwd_tail = search
     outs = {v: kept[v][0] for v in variants}

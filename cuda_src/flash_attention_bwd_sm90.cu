@@ -25,17 +25,30 @@
 #include "flash_attention_keypad.cuh"
 #include "wgmma.cuh"
 
-template <typename T, int D, int NWG, int STAGES, int MASK, int BM, int DQB>
-__global__ void __launch_bounds__(NWG * 128 + 128, 1)
-flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                    const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
-                    float* __restrict__ dq_acc, T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dk_acc,
-                    float* __restrict__ dv_acc, const void* __restrict__ mask, int H, int Lq, int Lk, int d,
-                    int n_blocks, int m_per_split, fa_i64 q_sb, fa_i64 q_sh, fa_i64 q_sl, fa_i64 k_sb, fa_i64 k_sh,
-                    fa_i64 k_sl, fa_i64 v_sb, fa_i64 v_sh, fa_i64 v_sl, fa_i64 g_sb, fa_i64 g_sh, fa_i64 g_sl,
-                    fa_i64 dk_sb, fa_i64 dk_sh, fa_i64 dk_sl, fa_i64 dv_sb, fa_i64 dv_sh, fa_i64 dv_sl, fa_i64 m_sb,
-                    fa_i64 m_sh, fa_i64 m_sq, fa_i64 m_sk, float scale_log2, float scale, int causal,
-                    T* __restrict__ dq, fa_i64 dq_sb, fa_i64 dq_sh, fa_i64 dq_sl, int u_whole, fa_i64 acc_row0) {
+// The Q / dO tensor maps (wgmma.cuh's TmaMap) the TMA kernel takes by value.
+struct FaBwdTmaps {
+    TmaMap q, g;
+};
+
+#define FA_BWD_SM90_PARAMS const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, \
+    const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta, \
+    float* __restrict__ dq_acc, T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dk_acc, \
+    float* __restrict__ dv_acc, const void* __restrict__ mask, int H, int Lq, int Lk, int d, \
+    int n_blocks, int m_per_split, fa_i64 q_sb, fa_i64 q_sh, fa_i64 q_sl, fa_i64 k_sb, fa_i64 k_sh, \
+    fa_i64 k_sl, fa_i64 v_sb, fa_i64 v_sh, fa_i64 v_sl, fa_i64 g_sb, fa_i64 g_sh, fa_i64 g_sl, \
+    fa_i64 dk_sb, fa_i64 dk_sh, fa_i64 dk_sl, fa_i64 dv_sb, fa_i64 dv_sh, fa_i64 dv_sl, fa_i64 m_sb, \
+    fa_i64 m_sh, fa_i64 m_sq, fa_i64 m_sk, float scale_log2, float scale, int causal, \
+    T* __restrict__ dq, fa_i64 dq_sb, fa_i64 dq_sh, fa_i64 dq_sl, int u_whole, fa_i64 acc_row0
+#define FA_BWD_SM90_ARGS \
+    q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_acc, dv_acc, mask, H, Lq, Lk, d, n_blocks, m_per_split, q_sb, \
+    q_sh, q_sl, k_sb, k_sh, k_sl, v_sb, v_sh, v_sl, g_sb, g_sh, g_sl, dk_sb, dk_sh, dk_sl, dv_sb, dv_sh, dv_sl, \
+    m_sb, m_sh, m_sq, m_sk, scale_log2, scale, causal, dq, dq_sb, dq_sh, dq_sl, u_whole, acc_row0
+
+// TMA = 1: the producer's Q / dO tiles come by the tensor memory accelerator (one thread issues a 64-column box of
+// BM rows per slab, zero-filled past the queries and the head dim; `tm` holds the maps of Q and dO as 4-D (d, Lq, H,
+// B) tensors); TMA = 0: its warps 0 and 1 copy them with cp.async.
+template <typename T, int D, int NWG, int STAGES, int MASK, int BM, int DQB, int TMA>
+__device__ __forceinline__ void fa_bwd_sm90_body(FA_BWD_SM90_PARAMS, const FaBwdTmaps* tm) {
     constexpr int BN = 64 * NWG;
     constexpr int SLABS = D / 64;
     constexpr int NTD = D / 8;          // n8 tiles of dK / dV rows
@@ -74,9 +87,10 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
     if (tid == 0) {
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init(full(s), 96);
+            mbar_init(full(s), TMA ? 33 : 96);  // TMA: the issuing thread's expect_tx and warp 2's 32 lanes
             mbar_init(empty(s), NWG * 4);
         }
+        if (TMA) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
@@ -85,7 +99,21 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
     if (warp >= NWG * 4) {  // ------------------------------------------------ producer warpgroup
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_P));
         const int pw = warp - NWG * 4;
-        if (pw < 3) {
+        if (TMA && pw == 0) {
+            if (lane == 0) {
+                for (int it = 0; it < n_it; ++it) {
+                    const int r0 = (m_lo + it) * BM, s = it % STAGES;
+                    if (it >= STAGES) mbar_wait(empty(s), ((it / STAGES) - 1) & 1);
+                    mbar_arrive_expect_tx(full(s), 2 * QG_BYTES);
+#pragma unroll
+                    for (int sl = 0; sl < SLABS; ++sl)
+                        tma_load_4d(sQ + s * QG_BYTES + sl * BM * 128, &tm->q, sl * 64, r0, h, b, full(s));
+#pragma unroll
+                    for (int sl = 0; sl < SLABS; ++sl)
+                        tma_load_4d(sG + s * QG_BYTES + sl * BM * 128, &tm->g, sl * 64, r0, h, b, full(s));
+                }
+            }
+        } else if (pw < 3 && !(TMA && pw == 1)) {
             for (int it = 0; it < n_it; ++it) {
                 const int r0 = (m_lo + it) * BM, s = it % STAGES;
                 if (it >= STAGES) mbar_wait(empty(s), ((it / STAGES) - 1) & 1);
@@ -178,11 +206,13 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
         const float* sL = sLDg + s * 2 * BM;
         const bool need_mask = warp_masked || n0 + BN > Lk || r0 + BM > Lq || (causal && n0 + krow + 15 > r0);
 #pragma unroll
-        for (int j = 0; j < BM / 8; ++j)
+        for (int j = 0; j < BM / 8; ++j) {
+            // this thread's two query columns of the n8 tile: one 8-byte load of their lse
+            const float2 l2 = *reinterpret_cast<const float2*>(sL + j * 8 + t4 * 2);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int qc = j * 8 + t4 * 2 + (e & 1);
-                const float lse2 = sL[qc] * FA_LOG2E;
+                const float lse2 = ((e & 1) ? l2.y : l2.x) * FA_LOG2E;
                 float& x = st[j][e];
                 if (need_mask) {
                     const int key = n0 + krow + g + (e >> 1) * 8, qrow = r0 + qc;
@@ -198,15 +228,18 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
                     x = fa_exp2(fmaf(x, scale_log2, -lse2));
                 }
             }
+        }
         wg_wait<0>();
         wg_pin(dpt);
 
         // dS^T = P^T (dP^T - delta); A fragments of P^T and dS^T; dS^T to shared memory for dQ
         fa_u32 pa[BM / 16][4], sa[BM / 16][4];
 #pragma unroll
-        for (int j = 0; j < BM / 8; ++j)
+        for (int j = 0; j < BM / 8; ++j) {
+            const float2 d2 = *reinterpret_cast<const float2*>(sL + BM + j * 8 + t4 * 2);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) dpt[j][e] = st[j][e] * (dpt[j][e] - sL[BM + j * 8 + t4 * 2 + (e & 1)]);
+            for (int e = 0; e < 4; ++e) dpt[j][e] = st[j][e] * (dpt[j][e] - ((e & 1) ? d2.y : d2.x));
+        }
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk) {
             pa[kk][0] = FaType<T>::pack(st[2 * kk][0], st[2 * kk][1]);
@@ -219,29 +252,25 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
             sa[kk][3] = FaType<T>::pack(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
         }
         {
-            unsigned char* sp = fa_smem + (sSb - fa_smem_addr(fa_smem));
+            // stmatrix x4 per 16 queries: matrix mi = lane / 8 is sa[kk][mi] = (keys + 8 (mi & 1), queries + 8 (mi >> 1));
+            // lane gives the address of row lane % 8 of its matrix (one 16-byte swizzled chunk)
+            const int mi = lane >> 3, r = krow + (lane & 7) + (mi & 1) * 8;
 #pragma unroll
-            for (int kk = 0; kk < BM / 16; ++kk)
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-                    for (int half = 0; half < 2; ++half) {
-                        const int r = krow + g + hh * 8, c = kk * 16 + half * 8 + t4 * 2;  // (key, query)
-                        *reinterpret_cast<fa_u32*>(sp + (c / 64) * S_BYTES / (BM / 64) + 2 * fa_swz<64>(r, c % 64)) =
-                            sa[kk][2 * half + hh];
-                    }
+            for (int kk = 0; kk < BM / 16; ++kk) {
+                const int c = kk * 16 + (mi >> 1) * 8;  // (key r, first query c of the chunk)
+                const unsigned addr = sSb + (c / 64) * S_BYTES / (BM / 64) + 2 * fa_swz<64>(r, c % 64);
+                asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                             ::"r"(addr), "r"(sa[kk][0]), "r"(sa[kk][1]), "r"(sa[kk][2]), "r"(sa[kk][3]) : "memory");
+            }
         }
 
-        // dV += P^T dO ; dK += dS^T Q
+        // dV += P^T dO; then dQ; then dK += dS^T Q, whose GEMM runs while the dQ tile leaves (groups: dV, dQ, dK)
         wg_fence();
         wg_pin(acc_dv);
         wg_pin(acc_dk);
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk)
             Wg<T, D>::template rs<1>(acc_dv, pa[kk], wg_desc(sGs + kk * 16 * 128, BM * 128), 1);
-#pragma unroll
-        for (int kk = 0; kk < BM / 16; ++kk)
-            Wg<T, D>::template rs<1>(acc_dk, sa[kk], wg_desc(sQs + kk * 16 * 128, BM * 128), 1);
         wg_commit();
 
         // dQ[:, NQ slice of this warpgroup] = dS K, once both halves of dS^T are in shared memory
@@ -256,11 +285,13 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
                                          wg_desc(sK + (c0 / 64) * BN * 128 + (c0 % 64) * 2 + kk * 16 * 128, BN * 128),
                                          kk > 0);
         wg_commit();
-        wg_wait<0>();
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk)
+            Wg<T, D>::template rs<1>(acc_dk, sa[kk], wg_desc(sQs + kk * 16 * 128, BM * 128), 1);
+        wg_commit();
+        wg_wait<1>();  // dV and dQ done, dK in flight
         wg_pin(acc_dv);
-        wg_pin(acc_dk);
         wg_pin(acc_dq);
-        if (lane == 0) mbar_arrive(empty(s));
 
 #pragma unroll
         for (int hh = 0; hh < 2 && dq_acc == nullptr; ++hh) {
@@ -315,6 +346,9 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
                 }
             }
         }
+        wg_wait<0>();  // dK: the stage's Q and dO are read
+        wg_pin(acc_dk);
+        if (lane == 0) mbar_arrive(empty(s));
     }
 
     if (DQB && (tid & 127) == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
@@ -342,4 +376,15 @@ flash_attn_bwd_sm90(const T* __restrict__ q, const T* __restrict__ k, const T* _
             }
         }
     }
+}
+
+template <typename T, int D, int NWG, int STAGES, int MASK, int BM, int DQB>
+__global__ void __launch_bounds__(NWG * 128 + 128, 1) flash_attn_bwd_sm90(FA_BWD_SM90_PARAMS) {
+    fa_bwd_sm90_body<T, D, NWG, STAGES, MASK, BM, DQB, 0>(FA_BWD_SM90_ARGS, nullptr);
+}
+
+template <typename T, int D, int NWG, int STAGES, int MASK, int BM, int DQB>
+__global__ void __launch_bounds__(NWG * 128 + 128, 1)
+flash_attn_bwd_sm90_tma(FA_BWD_SM90_PARAMS, const __grid_constant__ FaBwdTmaps tm) {
+    fa_bwd_sm90_body<T, D, NWG, STAGES, MASK, BM, DQB, 1>(FA_BWD_SM90_ARGS, &tm);
 }

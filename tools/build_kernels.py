@@ -83,8 +83,8 @@ def _extra_expressions():
                 st = ST
                 while dqb and st > 2 and AT._bwd_sm90_smem(D, NWG, st, BM, dqb) > AT.SM90_SMEM_MAX:
                     st -= 1
-                add("flash_attention_bwd_sm90", f"flash_attn_bwd_sm90<{{T}}, {D}, {NWG}, {st}, {kind}, {BM}, {dqb}>",
-                    half, 90)
+                for tma in (True, False):  # Q / dO by TMA, and by cp.async where TMA cannot describe the strides
+                    add("flash_attention_bwd_sm90", AT.sm90_bwd_expression(D, NWG, st, kind, BM, dqb, tma), half, 90)
 
     for name, (bm, bn, wm, wn, st, minb, pipe, serves) in sorted(C.TILES.items()):
         for kern, role in (("conv_fwd_igemm", C.FWD), ("conv_dw_igemm", C.DW)):

@@ -63,6 +63,9 @@ SMALL_LK = 128  # at most this many keys (one key block, e.g. SDXL's 77 text tok
 # CTA owns 64 keys per warpgroup and streams blocks of BM queries. SM90_BWD = False: the sm_80 kernel (A/B).
 BWD_SM90_TILES = {64: (2, 3, 128), 128: (2, 2, 64)}
 SM90_BWD = True
+# The Hopper backward's producer loads the Q / dO tiles by TMA (flash_attn_bwd_sm90_tma: one thread issues each
+# stage's boxes) instead of two warps of cp.async; False, or strides TMA cannot describe: cp.async (A/B).
+SM90_BWD_TMA = True
 # The Hopper backward adds each warpgroup's 64 x 64 dQ tile to a tiled fp32 accumulator with one bulk reduction from
 # shared memory (DQB = 1) instead of per-thread vector atomics; False: the atomics (A/B). The stage count drops
 # where the tiles' 16 KB of shared memory per warpgroup would not fit. H200, bf16, backward alone: Flux 1024²
@@ -289,12 +292,25 @@ def sm90_fwd_expression(D, BN, NWG, STAGES, kind, pp, tma=False):
     return f"{name}<{{T}}, {D}, {BN}, {NWG}, {STAGES}, {kind}, {pp}>"
 
 
+def sm90_bwd_expression(D, NWG, STAGES, kind, BM, dqb, tma=False):
+    """The name expression of one sm90 backward instantiation (the launch and tools/build_kernels.py share it);
+    tma: the kernel whose producer loads Q / dO by TMA."""
+    name = "flash_attn_bwd_sm90_tma" if tma else "flash_attn_bwd_sm90"
+    return f"{name}<{{T}}, {D}, {NWG}, {STAGES}, {kind}, {BM}, {dqb}>"
+
+
 def _kv_maps(k, v, e_pad, BN):
-    """(the kernel's K / V tensor-map parameter, its two TiledMap encoders, already encoded for k and v), or None
+    """The forward's K / V maps (_tile_maps), or None where SM90_FWD_TMA is off."""
+    return _tile_maps(k, v, e_pad, BN) if SM90_FWD_TMA else None
+
+
+def _tile_maps(k, v, e_pad, BN):
+    """(the kernel's two-map tensor-map parameter, its two TiledMap encoders, already encoded for k and v), or None
     where TMA cannot describe them (a broadcast dimension's stride 0, a stride not a multiple of 16 bytes) or the
     driver cannot encode: the cp.async kernel serves those. Each map is k or v as a 4-D (e_pad, L, H, B) tensor, the
-    box 64 columns x BN rows (past the keys and the columns: zeros, as the cp.async copies fill)."""
-    if not SM90_FWD_TMA or not tma.available():
+    box 64 columns x BN rows (past the rows and the columns: zeros, as the cp.async copies fill). The forward passes
+    K and V (BN keys), the backward Q and dO (BM queries)."""
+    if not tma.available():
         return None
     out = tma.TensorMap(2)
     encoders = []
@@ -461,8 +477,11 @@ def _alloc_mode(out, like):
 
 
 def _run_bwd_plan(plan, do, q, k, v, o, lse):
-    delta_launch, main_launch, converts, delta_shape, dq_acc_shape, acc_shape, modes, dq_in_main = plan
+    delta_launch, main_launch, converts, delta_shape, dq_acc_shape, acc_shape, modes, dq_in_main, maps = plan
     xp, nd = backend.xp_of(q), type(q)
+    if maps is not None:  # the Q / dO tensor maps hold this call's addresses
+        maps[0].encode(q.data.ptr)
+        maps[1].encode(do.data.ptr)
     outs = [xp.empty_like(src) if mode == "like" else nd(src.shape, src.dtype) for mode, src in zip(modes, (q, k, v))]
     delta = nd(delta_shape, _F32)
     delta_launch((o.data.ptr, do.data.ptr, delta.data.ptr))
@@ -491,7 +510,7 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
     if mask is None:  # the repeated call: one dict lookup, the allocations, packed launches
         key = (q.shape, q.strides, k.shape, k.strides, v.shape, v.strides, o.shape, o.strides, do.strides,
                lse.strides, q.dtype, o.dtype, do.dtype, lse.dtype, is_causal, scale, q.data.device_id, SM90_BWD,
-               SM90_BWD_BULK_DQ, SM90_BWD_TAIL, TAIL_PIECE_COST, tiles, threading.get_ident())
+               SM90_BWD_BULK_DQ, SM90_BWD_TAIL, SM90_BWD_TMA, TAIL_PIECE_COST, tiles, threading.get_ident())
         plan = _bwd_plans.get(key)
         if plan is not None and not (q.data.ptr | k.data.ptr | v.data.ptr | o.data.ptr | do.data.ptr) & 15:
             return _run_bwd_plan(plan, do, q, k, v, o, lse)
@@ -557,12 +576,14 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
     summed = tail is not None or splits > 1  # dK / dV come from the fp32 accumulators (all or their last rows)
     dks = tuple(KL.i64(s // dk.itemsize) for s in dk.strides[:3])
     dvs = tuple(KL.i64(s // dv.itemsize) for s in dv.strides[:3])
+    maps = None
     if sm90:
         smem = _bwd_sm90_smem(D, NWG, STAGES, BM, dqb)
         if _keypad(kind, ms):
             kind = MASK_KEYPAD
-        fn = _kernel("flash_attention_bwd_sm90",
-                     f"flash_attn_bwd_sm90<{{T}}, {D}, {NWG}, {STAGES}, {kind}, {BM}, {dqb}>", T, smem)
+        maps = _tile_maps(qa, ga, e_pad, BM) if SM90_BWD_TMA else None
+        fn = _kernel("flash_attention_bwd_sm90", sm90_bwd_expression(D, NWG, STAGES, kind, BM, dqb, maps is not None),
+                     T, smem)
         block = ((NWG + 1) * 128,)
     else:
         smem = (2 * BN * D + 4 * BM * D + 2 * BM * BN) * 2 + 2 * BM * 4
@@ -578,6 +599,9 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
                   KL.f32(scale * LOG2E), KL.f32(scale), KL.i32(bool(is_causal)))
                  + ((dq, *(KL.i64(s // dq.itemsize) for s in dq.strides[:3]),
                      KL.i32(-1 if tail is None else tail[0]), KL.i64(acc_row0)) if sm90 else ()))
+    dq_slot = len(main_args) - 6  # sm90: dq's pointer (its strides, u_whole and acc_row0 follow)
+    if maps is not None:
+        main_args += (maps[0],)
     KL.launch(fn, main_grid, block, main_args, shared_mem=smem)
     convert = _kernel("flash_attention_bwd", "flash_attn_convert<{T}>", T)
     outs = [] if dq_direct else [("dq", dq_acc, dq, scale, Lq, 0)]
@@ -602,7 +626,7 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
             and lse is lse_in):
         modes = tuple(_alloc_mode(out, src) for out, src in ((dq, q), (dk, k), (dv, v)))
         if None not in modes:
-            pointers = list(range(11)) + ([len(main_args) - 6] if sm90 else [])
+            pointers = list(range(11)) + ([dq_slot] if sm90 else [])
             if len(_bwd_plans) >= MAX_PLANS:
                 _bwd_plans.clear()
             _bwd_plans[key] = (
@@ -610,7 +634,7 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
                 KL.PackedLaunch(fn, main_grid, block, main_args, pointers, smem),
                 tuple((name, KL.PackedLaunch(cfn, grid, (256,), args, 2)) for name, cfn, grid, args in converts),
                 delta.shape, None if dq_direct else dq_acc.shape, dk_acc.shape if summed else None, modes,
-                sm90)
+                sm90, None if maps is None else maps[1])
     if e_pad != E:
         dq, dk, dv = dq[..., :E], dk[..., :E], dv[..., :E]
     return dq, dk, dv

@@ -273,6 +273,7 @@ def test_flash_kernel_against_float64(rng, monkeypatch, dt, case, fwd):
     monkeypatch.setattr(K, "SM90_BWD", fwd.startswith("sm90"))
     monkeypatch.setattr(K, "SM90_BWD_BULK_DQ", fwd != "sm90-atomic-dq")
     monkeypatch.setattr(K, "SM90_FWD_TMA", fwd != "sm90-cp-async")
+    monkeypatch.setattr(K, "SM90_BWD_TMA", fwd != "sm90-cp-async")
     host, (q, k, v, do), mask, dmask, causal = _gpu_inputs(rng, case, np.dtype(BF16 if dt == "bfloat16" else dt))
     before = launching.launches
     o, lse = K.flash_attention_forward(q, k, v, dmask, causal)
@@ -397,6 +398,60 @@ def test_tma_forward_is_bit_equal_to_the_cp_async_forward(rng, monkeypatch, case
     o_c, lse_c = K.flash_attention_forward(q, k, v, dmask, causal)
     assert _forward_kernels() == {"flash_attn_fwd_sm90"}
     assert bool((o_t == o_c).all()) and bool((lse_t == lse_c).all())
+
+
+def _backward_kernels():
+    return {key[1].split("<")[0] for key in K._functions if key[0] == "flash_attention_bwd_sm90"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [c for c in CASES if c[4] <= 128],
+                         ids=lambda c: "x".join(map(str, c[:5])) + f"-{c[5]}-{'causal' * c[6]}{c[7]}")
+def test_tma_backward_is_bit_equal_to_the_cp_async_backward(rng, monkeypatch, case):
+    """The Hopper backward's TMA producer changes only how Q and dO reach shared memory (zero-filled past the queries
+    and the head dim, as the cp.async copies): dq, dk, dv the same on ragged shapes, masks, causal, padded head dims,
+    split query blocks and (B, L, H, D) memory -- bit-equal up to the order in which CTAs add their fp32 parts (dQ's
+    bulk reductions, split / tail dK and dV), which no run fixes; the TMA kernel is the default wherever the strides
+    allow."""
+    if not loader.arch_available("sm_90a"):
+        pytest.skip("needs a compute capability 9.0 GPU")
+    if not K.tma.available():
+        pytest.skip("the driver encodes no tensor maps")
+    _, (q, k, v, do), _, dmask, causal = _gpu_inputs(rng, case, BF16)
+    o, lse = K.flash_attention_forward(q, k, v, dmask, causal)
+    monkeypatch.setattr(K, "_functions", {})
+    monkeypatch.setattr(K, "_bwd_plans", {})  # no plan of an earlier test: the launch goes through _kernel
+    got = K.flash_attention_backward(do, q, k, v, o, lse, dmask, causal)
+    again = K.flash_attention_backward(do, q, k, v, o, lse, dmask, causal)  # the cached plan (unmasked cases)
+    assert _backward_kernels() == {"flash_attn_bwd_sm90_tma"}
+    monkeypatch.setattr(K, "SM90_BWD_TMA", False)
+    monkeypatch.setattr(K, "_functions", {})
+    want = K.flash_attention_backward(do, q, k, v, o, lse, dmask, causal)
+    assert _backward_kernels() == {"flash_attn_bwd_sm90"}
+    for name, a, a2, w in zip(("dq", "dk", "dv"), got, again, want):
+        w = np.asarray(backend.to_numpy(w), np.float64)
+        assert rel_err(a, w) < 2e-3, f"{name}: {rel_err(a, w)}"  # bf16 rounding of reordered fp32 sums only
+        assert rel_err(a2, w) < 2e-3, f"{name} (second call): {rel_err(a2, w)}"
+
+
+@pytest.mark.gpu
+def test_tma_backward_plan_re_encodes_the_maps_for_new_arrays(rng, monkeypatch):
+    """The backward's cached plan re-encodes its Q / dO maps when the arrays move: new inputs of the same shape give
+    their own gradients, equal to the cp.async kernel's."""
+    if not loader.arch_available("sm_90a") or not K.tma.available():
+        pytest.skip("needs a compute capability 9.0 GPU and tensor maps")
+    cp = backend.cupy
+    q1, q2, k, v, g1, g2 = (cp.asarray(rng.standard_normal((1, 3, 300, 64)).astype(BF16)) for _ in range(6))
+    o1, l1 = K.flash_attention_forward(q1, k, v)
+    o2, l2 = K.flash_attention_forward(q2, k, v)
+    K.flash_attention_backward(g1, q1, k, v, o1, l1)
+    a1 = K.flash_attention_backward(g1, q1, k, v, o1, l1)  # the plan
+    a2 = K.flash_attention_backward(g2, q2, k, v, o2, l2)  # the plan, other addresses
+    monkeypatch.setattr(K, "SM90_BWD_TMA", False)
+    w2 = K.flash_attention_backward(g2, q2, k, v, o2, l2)
+    for x, w in zip(a2, w2):
+        assert rel_err(x, np.asarray(backend.to_numpy(w), np.float64)) < 2e-3
+    assert rel_err(a1[0], np.asarray(backend.to_numpy(a2[0]), np.float64)) > 0.5  # not the first call's gradients
 
 
 @pytest.mark.gpu
