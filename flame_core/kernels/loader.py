@@ -86,30 +86,35 @@ _ERROR_LINE = re.compile(r'^(?:"?([^"(\s]+)"?)\((\d+)\): (error|warning|catastro
 
 # ----------------------------------------------------------------------------- switches
 # FLAME_KERNELS is read at every call, straight from os.environ's backing dict (os.environ.get encodes the key and
-# decodes the value each time: most of a microsecond on the per-op path); the parsed flag is cached per raw value.
+# decodes the value each time: most of a microsecond on the per-op path). `_state` caches the parse of the value last
+# seen, keyed by identity (setting the variable stores a new bytes object), and counts the reference() blocks open in
+# any thread, so that the per-op check reads the thread-local count only while one is open. pointwise_small reads
+# `_state` inline (no frame); every other caller goes through enabled().
 _env_data = getattr(os.environ, "_data", None)
 try:
     _KERNELS_KEY = os.environ.encodekey("FLAME_KERNELS")
 except Exception:  # pragma: no cover - a platform whose os.environ lacks the helpers
     _env_data = None
-_flag_of = {}
+_UNSEEN = object()
+_state = [_UNSEEN, True, 0]  # [raw FLAME_KERNELS value last seen (None: unset), its flag, reference() blocks open]
+_ref_lock = threading.Lock()
 
 
 def _kernels_flag():
     if _env_data is None:  # pragma: no cover
         return backend.env_flag("FLAME_KERNELS", True)
     raw = _env_data.get(_KERNELS_KEY)
-    if raw is None:
-        return True
-    f = _flag_of.get(raw)
-    if f is None:
-        f = _flag_of[raw] = backend.env_flag("FLAME_KERNELS", True)
-    return f
+    st = _state
+    if raw is st[0]:
+        return st[1]
+    flag = raw is None or backend.env_flag("FLAME_KERNELS", True)
+    st[0:2] = raw, flag  # one slice store: a reader sees the old pair or the new one
+    return flag
 
 
 def enabled():
     """Whether raw kernels run (CuPy + GPU present, FLAME_KERNELS != 0, no `reference()` block)."""
-    if getattr(_local, "force_reference", 0):
+    if _state[2] and getattr(_local, "force_reference", 0):
         return False
     if not _kernels_flag():
         return False
@@ -119,11 +124,15 @@ def enabled():
 @contextlib.contextmanager
 def reference():
     """Run the NumPy/CuPy reference implementations inside this block (this thread only)."""
+    with _ref_lock:
+        _state[2] += 1
     _local.force_reference = getattr(_local, "force_reference", 0) + 1
     try:
         yield
     finally:
         _local.force_reference -= 1
+        with _ref_lock:
+            _state[2] -= 1
 
 
 def dtype_name(dtype):

@@ -104,7 +104,9 @@ def _launcher(name, kind, n, dev, n_dynamic):
 def _ready(x, *others):
     """(dtype kind, device) when x and `others` are small C-contiguous cuda arrays of x's shape and dtype on the
     current device and kernels are enabled; None otherwise (the caller's own path runs). The per-op hot path: the
-    checks are inlined (no helper frames)."""
+    checks are inlined (no helper frames): loader.enabled() is read from its cached state while FLAME_KERNELS keeps
+    the value last parsed and no reference() block is open (else it is called), and the device checks are skipped
+    once the process is known to see one GPU (every cuda array is then on the current device, 0)."""
     if type(x) is not _nd or x.size > MAX_NUMEL or not (x._c_contiguous if _CUPY_FLAG_ATTR else _contiguous(x)):
         return None
     dt = x.dtype
@@ -113,18 +115,37 @@ def _ready(x, *others):
                 or not (o._c_contiguous if _CUPY_FLAG_ATTR else _contiguous(o))):
             return None
     kind = _KIND.get(dt.num)
-    if kind is None or not loader.enabled():
+    if kind is None:
         return None
+    st = _kstate
+    if (st[2] or not st[1] or _env_get(_KERNELS_KEY) is not st[0] or backend._cuda_ok is not True) \
+            and not loader.enabled():
+        return None
+    if _one_device:
+        return kind, 0
+    return _on_current_device(kind, x, others)  # (several GPUs, or not known yet)
+
+
+def _on_current_device(kind, x, others):
+    """_ready's device check: (kind, device) when x and `others` live on the current device, else None; notes when
+    the process sees a single GPU (the check is then skipped)."""
+    global _one_device
     dev = _get_device()  # the current device: every array must live on it
     if x.data.device_id != dev:
         return None
     for o in others:
         if o.data.device_id != dev:
             return None
+    if _one_device is None:
+        _one_device = backend.cuda_device_count() == 1
     return kind, dev
 
 
 _get_device = backend.cupy.cuda.runtime.getDevice if backend.cupy is not None else None
+_kstate = loader._state  # [raw FLAME_KERNELS last parsed, its flag, reference() blocks open] (see loader.enabled)
+_env_get = loader._env_data.get if loader._env_data is not None else (lambda key: None)  # None: never the key
+_KERNELS_KEY = getattr(loader, "_KERNELS_KEY", None)
+_one_device = None  # whether the process sees a single GPU (None: not yet known; the first device check sets it)
 
 
 def fast_scalar(op, x, s):

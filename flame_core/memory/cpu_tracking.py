@@ -133,7 +133,7 @@ class CpuTracker:
 
 T = CpuTracker()
 _live = T._live
-cuda_birth = None  # set by flame_core.memory.cuda (set_cuda_birth) when its pool is installed: tags device blocks
+cuda_birth = None  # set by flame_core.memory.cuda (set_cuda_birth) while its pool wants device blocks tagged at birth
 _on = False  # cpu storage accounting is running (see enable)
 # Deaths are accounted lazily: a storage's weakref callback is `_dead.append` (C: no Python frame while NumPy frees
 # the array), and `_settle` subtracts what died before the next birth and before any counter is read, so every figure
@@ -214,14 +214,14 @@ def on_birth(arr):
 
 
 def _cuda_only_birth(arr):
-    """The birth hook while cpu accounting is off and FLAME's cuda pool is installed: cuda tensors only."""
+    """The birth hook while cpu accounting is off and FLAME's cuda pool tags at birth: cuda tensors only."""
     if not isinstance(arr, _nd):
         cuda_birth(arr)
 
 
 def _install_hook():
     """The tensor birth hook for the current state: on_birth (cpu accounting on; it also hands cuda arrays to
-    cuda_birth), _cuda_only_birth (off, cuda pool installed) or none."""
+    cuda_birth), _cuda_only_birth (off, cuda tags at birth: see memory.cuda) or none."""
     tensor = sys.modules["flame_core.tensor"]  # the module: the attribute flame_core.tensor is the function
     tensor._memory_hook = on_birth if _on else (_cuda_only_birth if cuda_birth is not None else None)
 

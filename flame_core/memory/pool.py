@@ -1,8 +1,9 @@
 """Caching device allocator: size classes, per-stream free lists, split on demand, lazy coalescing, a limit.
 
 The pool knows nothing about CUDA: a backend object gives it raw memory (`malloc(nbytes) -> int address`,
-`free(ptr, nbytes)`, `stream_key()`), so the same logic runs under a fake backend in CPU tests and under
-`flame_core.memory.cuda.CudaBackend` (cudaMalloc / cudaFree) on a GPU.
+`free(ptr, nbytes)`, `stream_key()`; optionally `current_stream()`, an object whose `.ptr` is the stream key, which
+the hot path then calls instead of `stream_key()`: no Python frame), so the same logic runs under a fake backend in
+CPU tests and under `flame_core.memory.cuda.CudaBackend` (cudaMalloc / cudaFree) on a GPU.
 
 Size classes (request -> rounded block size, where the block comes from):
   small   request <  1 MiB   512 B steps          carved from 2 MiB segments
@@ -72,7 +73,7 @@ class Block:
         self.requested = 0
         self.prev = self.next = None
         self.free = True
-        self.tag = None  # (shape, dtype, origin) of the tensor born on it; set by the tensor birth hook
+        self.tag = None  # (shape, dtype, origin) of a tensor on it: set at birth, or on demand (DevicePool.tagger)
 
 
 class Segment:
@@ -99,6 +100,19 @@ class _SubPool:
         self.lent = {}  # other sub-pools' segments holding blocks lent to this one (a capture's adoptions)
 
 
+class _Stream:
+    __slots__ = ("ptr",)
+
+
+def _stream_of(stream_key):
+    """A `current_stream()` for a backend that has only `stream_key()`: an object whose .ptr is the key."""
+    def current_stream():
+        s = _Stream()
+        s.ptr = stream_key()
+        return s
+    return current_stream
+
+
 class DevicePool:
     """Caching allocator for one device. `malloc(nbytes) -> ptr`, `free(ptr)`; stats as attributes."""
 
@@ -107,12 +121,15 @@ class DevicePool:
         self.name = name
         self.huge_min = huge_min
         self.limit = None
-        self.observer = None  # profiler callback(event, pool, block), None when no profiler is active
+        self._observer = None  # profiler callback(event, pool, block), None when no profiler is active (observer)
+        self.on_observer_change = None  # called () after the observer is set or removed (memory.cuda: birth tags)
+        self.tagger = None  # called () before tags are read (live_items): tags the blocks of live tensors on demand
         self._streams = {}  # stream key -> [small, medium, large, huge] sub-pools
         self._live = {}  # ptr -> Block
         self._lock = threading.Lock()
         self._pending = []  # frees that arrived while the lock was held (GC inside malloc, other threads)
-        self._stream_key = backend.stream_key  # the hot path calls it once per malloc
+        cs = getattr(backend, "current_stream", None)  # the hot path reads `cs().ptr` once per malloc
+        self._current_stream = cs if cs is not None else _stream_of(backend.stream_key)
         self._pinned_streams = {}  # stream key -> count: free lists a CUDA graph owns (never released, see pin_stream)
         self.allocated = self.reserved = self.requested = 0
         self.peak_allocated = self.peak_reserved = 0
@@ -137,7 +154,7 @@ class DevicePool:
             else:
                 r = (nbytes + 511) & -512
                 kind = 2
-        stream = self._stream_key()
+        stream = self._current_stream().ptr
         lock = self._lock
         lock.acquire()
         try:
@@ -163,9 +180,19 @@ class DevicePool:
                 self._drain()
         finally:
             lock.release()
-        if self.observer is not None:
-            self.observer("alloc", self, blk)
+        if self._observer is not None:
+            self._observer("alloc", self, blk)
         return blk.ptr
+
+    @property
+    def observer(self):
+        return self._observer
+
+    @observer.setter
+    def observer(self, fn):
+        self._observer = fn
+        if self.on_observer_change is not None:
+            self.on_observer_change()
 
     @property
     def num_alloc(self):
@@ -182,15 +209,34 @@ class DevicePool:
             self._pending.append(ptr)
             return
         try:
-            blk = self._free_locked(ptr)
+            blk = self._live.pop(ptr, None)  # _free_locked, inlined (one frame fewer on the per-op path)
+            if blk is not None:
+                blk.free = True
+                blk.tag = None
+                size = blk.size
+                self.allocated -= size
+                self.requested -= blk.requested
+                self.bytes_freed_total += size
+                self.num_free += 1
+                sub = blk.sub
+                lst = sub.free.get(size)
+                if lst is None:
+                    sub.free[size] = [blk]
+                    bisect.insort(sub.sizes, size)
+                else:
+                    lst.append(blk)
+                if not sub.dirty:
+                    p, n = blk.prev, blk.next
+                    if (p is not None and p.free) or (n is not None and n.free):
+                        sub.dirty = True
             if self._pending:
                 self._drain()
         finally:
             lock.release()
-        if self.observer is not None and blk is not None:
-            self.observer("free", self, blk)
+        if self._observer is not None and blk is not None:
+            self._observer("free", self, blk)
 
-    def _free_locked(self, ptr):
+    def _free_locked(self, ptr):  # (inlined in free: keep the two the same)
         blk = self._live.pop(ptr, None)
         if blk is None:
             return None
@@ -217,8 +263,8 @@ class DevicePool:
     def _drain(self):
         while self._pending:
             blk = self._free_locked(self._pending.pop())
-            if self.observer is not None and blk is not None:
-                self.observer("free", self, blk)
+            if self._observer is not None and blk is not None:
+                self._observer("free", self, blk)
 
     # ------------------------------------------------------------------ misses
     def _miss(self, sub, r, nbytes):
@@ -442,6 +488,8 @@ class DevicePool:
 
     def live_items(self):
         """[(bytes, shape, dtype, origin)] of live blocks (shape None for buffers no tensor was born on)."""
+        if self.tagger is not None:
+            self.tagger()
         out = []
         for blk in list(self._live.values()):
             t = blk.tag

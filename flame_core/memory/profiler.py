@@ -85,7 +85,7 @@ class MemoryProfiler:
             op = self._current_op()
             if hasattr(obj, "info"):  # cpu storage: the array is known at birth
                 nbytes, shape, dtype, origin = obj.info
-            else:  # a device block: the tensor birth hook tags it right after ("tag" event)
+            else:  # a device block: the tensor birth hook (installed while an observer is set) tags it ("tag")
                 nbytes, shape, dtype, origin = obj.size, None, None, None
             rec = [seq, None, nbytes, op, self._phase, shape, dtype, origin]
             self._records.append(rec)

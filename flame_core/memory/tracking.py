@@ -1,7 +1,8 @@
 """Where tensors are created: an optional, costly record of the first user frame at each tensor's birth.
 
-Off by default (the birth hook then stores only shape and dtype). Turn on with `set_tracking(True)` or the
-environment variable FLAME_MEMORY_TRACKING=1; OOM reports and the profiler then name the creating line.
+Off by default (tags then hold only shape and dtype; on cuda they are written on demand, see memory.cuda). Turn on
+with `set_tracking(True)` or the environment variable FLAME_MEMORY_TRACKING=1; OOM reports and the profiler then name
+the creating line.
 """
 import os
 import sys
@@ -14,6 +15,9 @@ def set_tracking(enabled=True):
     """Record the creating source line of every tensor (for OOM reports and the profiler)."""
     global _enabled
     _enabled = bool(enabled)
+    cuda = sys.modules.get("flame_core.memory.cuda")
+    if cuda is not None:  # the pool tags blocks at birth only while tracking (or a profiler) needs it then
+        cuda.refresh_birth()
 
 
 def is_tracking():
