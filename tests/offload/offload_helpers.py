@@ -1,5 +1,6 @@
 """Small models for the streaming tests: an MLP block stack, and a tiny Flux with LoRA on its attention."""
 import numpy as np
+import pytest
 
 import flame_core as flame
 import flame_nn as nn
@@ -153,6 +154,11 @@ class CaptureCheckEngine:
     is_async = True
 
     def __init__(self, engine):
+        if str(engine.device).startswith("cuda"):
+            # its events are bookkeeping, not CUDA events: around a real (asynchronous) copy engine nothing would
+            # order the copy stream's copies before the compute stream's reads (a race that shows under load)
+            pytest.skip("CaptureCheckEngine models stream capture on the host engine (a CPU test); "
+                        "test_gpu_graph_streaming.py replays real graphs on the GPU")
         self._eng, self.device, self.profile = engine, engine.device, False
         self.capturing_now = False
         self.capture_id = 0
