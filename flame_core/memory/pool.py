@@ -209,26 +209,7 @@ class DevicePool:
             self._pending.append(ptr)
             return
         try:
-            blk = self._live.pop(ptr, None)  # _free_locked, inlined (one frame fewer on the per-op path)
-            if blk is not None:
-                blk.free = True
-                blk.tag = None
-                size = blk.size
-                self.allocated -= size
-                self.requested -= blk.requested
-                self.bytes_freed_total += size
-                self.num_free += 1
-                sub = blk.sub
-                lst = sub.free.get(size)
-                if lst is None:
-                    sub.free[size] = [blk]
-                    bisect.insort(sub.sizes, size)
-                else:
-                    lst.append(blk)
-                if not sub.dirty:
-                    p, n = blk.prev, blk.next
-                    if (p is not None and p.free) or (n is not None and n.free):
-                        sub.dirty = True
+            blk = self._free_locked(ptr)
             if self._pending:
                 self._drain()
         finally:
@@ -236,7 +217,7 @@ class DevicePool:
         if self._observer is not None and blk is not None:
             self._observer("free", self, blk)
 
-    def _free_locked(self, ptr):  # (inlined in free: keep the two the same)
+    def _free_locked(self, ptr):
         blk = self._live.pop(ptr, None)
         if blk is None:
             return None
