@@ -34,7 +34,6 @@ class CudaBackend:
         self.device_id = device_id
         self._cp = cp
         self._rt = cp.cuda.runtime
-        self._current_stream = cp.cuda.get_current_stream
         self.current_stream = cp.cuda.get_current_stream  # the pool's hot path: current_stream().ptr, no frame
 
     def malloc(self, nbytes):
@@ -49,9 +48,6 @@ class CudaBackend:
     def free(self, ptr, nbytes):
         with self._cp.cuda.Device(self.device_id):
             self._rt.free(ptr)
-
-    def stream_key(self):
-        return self._current_stream().ptr
 
     def mem_info(self):
         with self._cp.cuda.Device(self.device_id):

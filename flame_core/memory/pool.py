@@ -1,9 +1,9 @@
 """Caching device allocator: size classes, per-stream free lists, split on demand, lazy coalescing, a limit.
 
 The pool knows nothing about CUDA: a backend object gives it raw memory (`malloc(nbytes) -> int address`,
-`free(ptr, nbytes)`, `stream_key()`; optionally `current_stream()`, an object whose `.ptr` is the stream key, which
-the hot path then calls instead of `stream_key()`: no Python frame), so the same logic runs under a fake backend in
-CPU tests and under `flame_core.memory.cuda.CudaBackend` (cudaMalloc / cudaFree) on a GPU.
+`free(ptr, nbytes)`, `current_stream()` -> an object whose `.ptr` keys the free lists: CuPy's get_current_stream
+itself on a GPU, so the hot path runs no Python frame for it), so the same logic runs under a fake backend in CPU
+tests and under `flame_core.memory.cuda.CudaBackend` (cudaMalloc / cudaFree) on a GPU.
 
 Size classes (request -> rounded block size, where the block comes from):
   small   request <  1 MiB   512 B steps          carved from 2 MiB segments
@@ -100,19 +100,6 @@ class _SubPool:
         self.lent = {}  # other sub-pools' segments holding blocks lent to this one (a capture's adoptions)
 
 
-class _Stream:
-    __slots__ = ("ptr",)
-
-
-def _stream_of(stream_key):
-    """A `current_stream()` for a backend that has only `stream_key()`: an object whose .ptr is the key."""
-    def current_stream():
-        s = _Stream()
-        s.ptr = stream_key()
-        return s
-    return current_stream
-
-
 class DevicePool:
     """Caching allocator for one device. `malloc(nbytes) -> ptr`, `free(ptr)`; stats as attributes."""
 
@@ -128,8 +115,7 @@ class DevicePool:
         self._live = {}  # ptr -> Block
         self._lock = threading.Lock()
         self._pending = []  # frees that arrived while the lock was held (GC inside malloc, other threads)
-        cs = getattr(backend, "current_stream", None)  # the hot path reads `cs().ptr` once per malloc
-        self._current_stream = cs if cs is not None else _stream_of(backend.stream_key)
+        self._current_stream = backend.current_stream  # the hot path reads `current_stream().ptr` once per malloc
         self._pinned_streams = {}  # stream key -> count: free lists a CUDA graph owns (never released, see pin_stream)
         self.allocated = self.reserved = self.requested = 0
         self.peak_allocated = self.peak_reserved = 0

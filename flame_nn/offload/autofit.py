@@ -152,12 +152,7 @@ def demote(streamer, fraction=0.25):
         return []
     drop = max(1, int(len(chosen) * fraction))
     gone = set(sorted(chosen, key=lambda i: (-streamer.block_bytes(i), i))[:drop])
-    _place(streamer, [i for i in chosen if i not in gone], streamer.device)
-    from .fp8_transposes import drop_fp8_transposes_
-    for i in gone:  # a streamed block's weights move between slots: its kept W^T (fp8 compute) is of no more use
-        block = streamer.blocks[i]
-        if hasattr(block, "modules"):  # a Module (stand-in streamers in tests hold plain sizes)
-            drop_fp8_transposes_(block)
+    _place(streamer, [i for i in chosen if i not in gone], streamer.device)  # (drops their kept fp8 W^T too)
     return sorted(gone)
 
 

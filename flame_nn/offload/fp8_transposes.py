@@ -131,13 +131,3 @@ def cache_fp8_transposes_(module, enabled=True):
             held += cache.nbytes
     return held
 
-
-def drop_fp8_transposes_(module):
-    """Free the kept W^T of every fp8-compute Linear in `module` (a block demoted to streaming: its weights now live
-    in the streamer's slots, so the caches would never be used again). Returns the bytes freed."""
-    freed = 0
-    for m in module.modules():
-        t = m.__dict__.pop(_KEY, None)
-        if t is not None:
-            freed += int(t.tensor.nbytes)
-    return freed

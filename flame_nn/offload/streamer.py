@@ -332,9 +332,12 @@ class BlockStreamer:
         eng = self.engine
         eng.compute_waits(eng.record_copy())  # buffers freed below may still be receiving copies
         self._generation += 1
-        for i in sorted(self._resident - new):  # demote: drop the block's own buffer
-            self._host[i].unbind()
+        if self._resident - new:
+            from .fp8_transposes import cache_fp8_transposes_
+        for i in sorted(self._resident - new):  # demote: drop the block's own buffer, and its kept fp8 W^T (its
+            self._host[i].unbind()              # weights now come through a slot: the cache would never be used)
             del self._own[i]
+            cache_fp8_transposes_(self.blocks[i], False)
         streamed = [i for i in range(n) if i not in new]
         need = max((self._host[i].nbytes for i in streamed), default=0)
         if need != self._slot_bytes or fresh:

@@ -1,5 +1,7 @@
 """A stand-in for cudaMalloc: hands out address ranges from a pretend device of given capacity, with gaps
 between backend allocations so that neighbouring segments are never adjacent."""
+from types import SimpleNamespace
+
 from flame_core.memory.pool import DeviceOutOfMemory
 
 GAP = 1 << 40
@@ -29,8 +31,8 @@ class FakeBackend:
         self.used -= nbytes
         self.frees += 1
 
-    def stream_key(self):
-        return self.stream
+    def current_stream(self):
+        return SimpleNamespace(ptr=self.stream)
 
     def mem_info(self):
         return self.capacity - self.used, self.capacity

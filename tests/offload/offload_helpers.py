@@ -1,6 +1,5 @@
 """Small models for the streaming tests: an MLP block stack, and a tiny Flux with LoRA on its attention."""
 import numpy as np
-import pytest
 
 import flame_core as flame
 import flame_nn as nn
@@ -143,8 +142,9 @@ class CaptureViolation(AssertionError):
 
 
 class CaptureCheckEngine:
-    """The host engine (copies at once, exact numbers) plus a model of CUDA stream capture's rules, for CPU tests of
-    a streamed step captured as a graph. Inside `with eng.capture():` the compute stream is capturing, and:
+    """A copy engine (the host one on the cpu: copies at once, exact numbers; the CUDA one on a GPU, whose own events
+    still order the copies) plus a model of CUDA stream capture's rules, for tests of a streamed step captured as a
+    graph. Inside `with eng.capture():` the compute stream is capturing, and:
       - the copy stream joins the capture only by waiting on an event recorded on the capturing compute stream (the
         fork); a copy or an event record on it before that would run eagerly, outside the graph: a violation;
       - waiting on an event recorded outside the capture, inside it, is a violation (and the reverse after it);
@@ -154,11 +154,6 @@ class CaptureCheckEngine:
     is_async = True
 
     def __init__(self, engine):
-        if str(engine.device).startswith("cuda"):
-            # its events are bookkeeping, not CUDA events: around a real (asynchronous) copy engine nothing would
-            # order the copy stream's copies before the compute stream's reads (a race that shows under load)
-            pytest.skip("CaptureCheckEngine models stream capture on the host engine (a CPU test); "
-                        "test_gpu_graph_streaming.py replays real graphs on the GPU")
         self._eng, self.device, self.profile = engine, engine.device, False
         self.capturing_now = False
         self.capture_id = 0
@@ -169,9 +164,10 @@ class CaptureCheckEngine:
         self.log = []
         self.copies_in_capture = 0
 
-    # an event: (stream, captured-in capture id or None, copy seq at record)
+    # an event: (stream, captured-in capture id or None, copy seq at record, the wrapped engine's own event): the
+    # model's bookkeeping, and the real event that orders an asynchronous (CUDA) engine's copies and reads as before
     def record_compute(self):
-        ev = ("compute", self.capture_id if self.capturing_now else None, self.seq)
+        ev = ("compute", self.capture_id if self.capturing_now else None, self.seq, self._eng.record_compute())
         self.log.append(("record", "compute", ev[1]))
         return ev
 
@@ -179,7 +175,7 @@ class CaptureCheckEngine:
         if self.capturing_now and not self.forked:
             raise CaptureViolation("an event recorded on the copy stream during a capture before the copy stream "
                                    "joined it (it would be recorded eagerly, outside the graph)")
-        ev = ("copy", self.capture_id if self.capturing_now else None, self.seq)
+        ev = ("copy", self.capture_id if self.capturing_now else None, self.seq, self._eng.record_copy())
         if self.capturing_now:
             self.tail = self.seq
         self.log.append(("record", "copy", ev[1]))
@@ -199,12 +195,14 @@ class CaptureCheckEngine:
         if self.capturing_now and event is not None and event[0] == "compute":
             self.forked = True
         self.log.append(("copy_waits", event))
+        self._eng.copy_waits(None if event is None else event[3])
 
     def compute_waits(self, event):
         self._check_event(event, "the compute stream")
         if self.capturing_now and event is not None and event[0] == "copy":
             self.joined = max(self.joined, event[2])
         self.log.append(("compute_waits", event))
+        self._eng.compute_waits(None if event is None else event[3])
 
     def _copy_op(self, what):
         if self.capturing_now:

@@ -185,9 +185,10 @@ def test_streamed_blocks_are_not_cached_and_give_the_same_numbers(device, scratc
         for k in g0:
             np.testing.assert_array_equal(g1[k], g0[k], err_msg=k)
     assert scratch_calls["scratch"] - n_ref == 2 * 2 * (5 - len(resident))   # two steps: the streamed ones only
-    # a block demoted from resident: its cache is stale (its weights now come through a slot) and is dropped
+    # a block demoted from resident (set_resident): its cache is freed (its weights now come through a slot)
     if resident:
         st.set_resident(resident[1:])
+        assert not any(k.startswith(f"blocks.{resident[0]}.") for k in FT.cached_transposes(net))
         before = scratch_calls["scratch"]
         y2, _ = step(net)
         np.testing.assert_array_equal(y2, y0)
@@ -195,7 +196,7 @@ def test_streamed_blocks_are_not_cached_and_give_the_same_numbers(device, scratc
         cache_fp8_transposes_(net)
         assert sorted(FT.cached_transposes(net)) == sorted(f"blocks.{i}.{fc}" for i in resident[1:]
                                                            for fc in ("fc1", "fc2"))
-        # auto_fit's demote (a failed capture, growth outside the pool) frees the demoted blocks' caches itself
+        # auto_fit's demote (a failed capture, growth outside the pool) goes through set_resident too
         from flame_nn.offload.autofit import demote
         if len(resident) > 1:
             gone = demote(st, fraction=0.01)

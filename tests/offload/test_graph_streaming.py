@@ -139,7 +139,8 @@ def captured_run(device, n=6, resident=(2,), slots=2, steps=4, capture_at=2, flu
 @pytest.mark.parametrize("slots", [1, 2, 3])
 def test_a_captured_step_follows_the_capture_rules(device, resident, slots):
     got, want, st, eng = captured_run(device, resident=resident, slots=slots)
-    assert got == want  # exact on the cpu: the captured step and the eager ones around it compute the same
+    # exact on the cpu: the captured step and the eager ones around it compute the same (cuda: within 1e-6)
+    assert_same(np.array(got), np.array(want), device)
     stats = st.graph_stats
     assert stats["start"] == stats["end"] == st.start_state()
     streamed = 6 - len(resident)
