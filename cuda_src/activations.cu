@@ -1,6 +1,6 @@
-// GELU (erf and tanh forms) and SiLU, forward and backward, elementwise in fp32 with 16-byte vector accesses (the
-// backwards of 2-byte types: 8-byte, *_bwd_step; the SiLU forward of 2-byte types on sm_90: bulk copies,
-// silu_fwd_bulk).
+// GELU (erf and tanh forms), SiLU and QuickGELU, forward and backward, elementwise in fp32 with 16-byte vector
+// accesses (the backwards of 2-byte types: 8-byte, *_bwd_step; the SiLU forward of 2-byte types on sm_90: bulk
+// copies, silu_fwd_bulk).
 // The formulas are in activations.cuh.
 #include "activations.cuh"
 
@@ -50,6 +50,21 @@ __global__ void silu_bwd(const T* __restrict__ dy, const T* __restrict__ x, T* _
 template <typename T, int U>
 __global__ void silu_bwd_step(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, i64 n) {
     map2_step8<T, U>(dy, x, dx, n, [](float g, float v) { return g * silu_grad(v); });
+}
+
+template <typename T, int U>
+__global__ void qgelu_fwd(const T* __restrict__ x, T* __restrict__ y, i64 n) {
+    map1_unrolled<T, U>(x, y, n, [](float v) { return quick_gelu(v); });
+}
+
+template <typename T, int U>
+__global__ void qgelu_bwd(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, i64 n) {
+    map2_unrolled<T, U>(dy, x, dx, n, [](float g, float v) { return g * quick_gelu_grad(v); });
+}
+
+template <typename T, int U>
+__global__ void qgelu_bwd_step(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, i64 n) {
+    map2_step8<T, U>(dy, x, dx, n, [](float g, float v) { return g * quick_gelu_grad(v); });
 }
 
 // silu_fwd_bulk (sm_90): the SiLU forward as one CHUNK-byte chunk per block through the bulk-copy engine (map1_bulk),

@@ -57,4 +57,17 @@ __device__ __forceinline__ float silu_grad(float x) {
     return s * (1.f + x * q);
 }
 
+// QuickGELU (OpenAI CLIP): x sigmoid(1.702 x).
+#define QGELU_K 1.702f
+__device__ __forceinline__ float quick_gelu(float x) {
+    return __fdividef(x, 1.f + exp_fast(fminf(-QGELU_K * x, 80.f)));
+}
+
+// d/dx [x s(kx)] = s (1 + k x (1 - s))
+__device__ __forceinline__ float quick_gelu_grad(float x) {
+    float s, q;
+    sigmoid_pair(QGELU_K * x, s, q);
+    return s * (1.f + QGELU_K * x * q);
+}
+
 #endif  // FLAME_ACTIVATIONS_CUH

@@ -1,9 +1,9 @@
-"""Activations beyond the elementary functions: SiLU, GELU (erf and tanh forms), softplus.
+"""Activations beyond the elementary functions: SiLU, GELU (erf and tanh forms), QuickGELU, softplus.
 
-SiLU and GELU run on the fused kernels of flame_core.kernels.activations (one pass each way on cuda; their NumPy
-reference elsewhere). GELU(tanh) of a strided view whose rows are contiguous (a column block of a wider matrix, such
-as the MLP half of a fused projection) is read in place (kernels.gelu_rows): no copy of the block first. A backward
-under create_graph uses the same derivative written with Tensor ops, so it can be differentiated again.
+SiLU, GELU and QuickGELU run on the fused kernels of flame_core.kernels.activations (one pass each way on cuda; their
+NumPy reference elsewhere). GELU(tanh) of a strided view whose rows are contiguous (a column block of a wider matrix,
+such as the MLP half of a fused projection) is read in place (kernels.gelu_rows): no copy of the block first. A
+backward under create_graph uses the same derivative written with Tensor ops, so it can be differentiated again.
 """
 import math
 
@@ -43,6 +43,25 @@ class Silu(Function):
             s = sigmoid(x)
             return g * (s * (1 + x * (1 - s)))
         return _wrap(_K.silu_backward(g._data, x._data))
+
+
+class QuickGelu(Function):
+    """x * sigmoid(1.702 x): OpenAI CLIP's GELU approximation (transformers' QuickGELUActivation), one kernel each
+    way instead of a multiply, a sigmoid and a multiply."""
+
+    @staticmethod
+    def forward(ctx, x):
+        a = _float_arr(x, "quick_gelu")
+        ctx.save_for_backward(_saved(x, a))
+        return _wrap(_K.quick_gelu_forward(a))
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        if state.enabled:  # create_graph
+            s = sigmoid(x * _K.QGELU_K)
+            return g * (s * (1 + x * _K.QGELU_K * (1 - s)))
+        return _wrap(_K.quick_gelu_backward(g._data, x._data))
 
 
 def _row_view(a):
@@ -159,6 +178,11 @@ def _geglu_checked(x, approximate, temporary):
 
 def silu(x):
     return Silu.apply(x)
+
+
+def quick_gelu(x):
+    """x * sigmoid(1.702 x) (OpenAI CLIP's activation)."""
+    return QuickGelu.apply(x)
 
 
 def gelu(x, approximate="none"):

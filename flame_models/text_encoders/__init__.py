@@ -12,7 +12,9 @@ folders, ComfyUI single files, OpenCLIP layouts and SDXL / SD3 checkpoints (fp8 
                                         num_hidden_layers=2, num_attention_heads=4))   # random weights
     tiny.save_pretrained("tiny_clip/")                        # a transformers folder; load_clip reads it back
 """
-from .clip import CLIPTextModel, CLIPTextModelWithProjection, quick_gelu
+from flame_nn.functional import quick_gelu
+
+from .clip import CLIPTextModel, CLIPTextModelWithProjection
 from .configs import (
                       CLIP_PRESETS,
                       T5_PRESETS,

@@ -20,11 +20,6 @@ from .outputs import BaseModelOutputWithPooling, CLIPTextModelOutput
 from .storage import project_heads
 
 
-def quick_gelu(x):
-    """x * sigmoid(1.702 x): OpenAI CLIP's GELU approximation."""
-    return x * (x * 1.702).sigmoid()
-
-
 class CLIPTextEmbeddings(flame_nn.Module):
     def __init__(self, config, dtype=None, device=None):
         super().__init__()
@@ -68,7 +63,7 @@ class CLIPMLP(flame_nn.Module):
 
     def forward(self, x):
         h = self.fc1(x)
-        h = quick_gelu(h) if self.hidden_act == "quick_gelu" else F.gelu(h)
+        h = F.quick_gelu(h) if self.hidden_act == "quick_gelu" else F.gelu(h)
         return self.fc2(h)
 
 

@@ -13,6 +13,7 @@ from .activation import (
                          leaky_relu,
                          log_softmax,
                          mish,
+                         quick_gelu,
                          relu,
                          sigmoid,
                          silu,
@@ -41,7 +42,7 @@ from .pixel_shuffle import pixel_shuffle, pixel_unshuffle
 from .upsample import interpolate
 
 __all__ = ["conv2d", "conv2d_add", "conv2d_memory_format", "pad_conv2d", "conv1d", "conv_transpose2d", "pad",
-           "one_hot", "relu", "gelu", "geglu", "silu", "tanh", "sigmoid",
+           "one_hot", "relu", "gelu", "geglu", "silu", "quick_gelu", "tanh", "sigmoid",
            "softmax", "log_softmax", "leaky_relu", "elu", "softplus", "mish", "hardswish",
            "scaled_dot_product_attention", "bilinear", "normalize", "cosine_similarity", "dropout", "embedding",
            "linear", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",

@@ -24,6 +24,12 @@ def silu(input, inplace=False):
     return input.silu_() if inplace else A.silu(input)
 
 
+def quick_gelu(input):
+    """input * sigmoid(1.702 input): OpenAI CLIP's activation (transformers' QuickGELUActivation; a FLAME name, torch
+    has none), one fused kernel each way."""
+    return A.quick_gelu(input)
+
+
 def tanh(input):
     return E.tanh(input)
 

@@ -6,6 +6,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import flame_core as flame
+import flame_nn.functional
 from flame_core.autograd import gradcheck, gradgradcheck
 
 shapes = st.lists(st.integers(1, 4), min_size=0, max_size=3).map(tuple)
@@ -42,6 +43,7 @@ UNARY = {
     "gelu_erf": (lambda x: x.gelu(), None),
     "gelu_tanh": (lambda x: x.gelu(approximate="tanh"), None),
     "silu": (lambda x: x.silu(), None),
+    "quick_gelu": (lambda x: flame_nn.functional.quick_gelu(x), None),
     "softplus": (lambda x: flame.softplus(x, beta=2.0), None),
     "erf": (lambda x: x.erf(), None),
     "clamp": (lambda x: x.clamp(-0.5, 0.7), "clamp"),

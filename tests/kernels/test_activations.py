@@ -43,6 +43,21 @@ def test_silu_reference_and_grad():
     np.testing.assert_allclose(K.silu_backward(np.full_like(POINTS, 2.0), POINTS), 2 * num, rtol=1e-7, atol=1e-9)
 
 
+def test_quick_gelu_reference_and_grad():
+    def f(x):
+        return x / (1 + np.exp(-1.702 * x))
+    np.testing.assert_allclose(K.quick_gelu_forward(POINTS), f(POINTS), rtol=1e-14, atol=1e-15)
+    h = 1e-6
+    num = (f(POINTS + h) - f(POINTS - h)) / (2 * h)
+    np.testing.assert_allclose(K.quick_gelu_backward(np.full_like(POINTS, 2.0), POINTS), 2 * num, rtol=1e-7,
+                               atol=1e-9)
+    x = np.linspace(-6, 6, 97).astype(DTYPES["bfloat16"])   # half types: fp32 arithmetic, one rounding
+    want = f(x.astype(np.float64)).astype(np.float32).astype(DTYPES["bfloat16"])
+    got = K.quick_gelu_forward(x)
+    assert got.dtype == x.dtype
+    np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))
+
+
 def test_half_types_compute_in_float32():
     x = np.linspace(-4, 4, 101).astype(DTYPES["bfloat16"])
     want = _gelu64(x.astype(np.float64), "tanh").astype(np.float32).astype(DTYPES["bfloat16"])
@@ -92,6 +107,17 @@ def test_silu_kernel(ab, rng, dt, n):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("n", SIZES)
+def test_quick_gelu_kernel(ab, rng, dt, n):
+    x, dy = rand(rng, (n,), DTYPES[dt], scale=4.0), rand(rng, (n,), DTYPES[dt])
+    k, r = ab(K.quick_gelu_forward, x)
+    assert_close(k, r, dt, "quick_gelu forward")
+    k, r = ab(K.quick_gelu_backward, dy, x)
+    assert_close(k, r, dt, "quick_gelu backward")
+
+
+@pytest.mark.gpu
 def test_kernels_take_unaligned_and_strided_inputs(ab, rng):
     import cupy as cp
     base = cp.asarray(rand(rng, (3, 1001), np.float32))
@@ -124,7 +150,8 @@ def test_grid_covers_the_vectors_in_one_step_up_to_the_cap(n, dt, cap, plan):
 
 
 def test_every_kernel_and_form_has_a_plan():
-    for name, forms in (("gelu_fwd", (0, 1)), ("gelu_bwd", (0, 1)), ("silu_fwd", (-1,)), ("silu_bwd", (-1,))):
+    for name, forms in (("gelu_fwd", (0, 1)), ("gelu_bwd", (0, 1)), ("silu_fwd", (-1,)), ("silu_bwd", (-1,)),
+                        ("qgelu_fwd", (-1,)), ("qgelu_bwd", (-1,))):
         for f in forms:
             u, block = K._PLANS[name, f]
             assert u >= 1 and block % 32 == 0 and block <= 1024
@@ -175,7 +202,7 @@ def test_step_split_only_for_two_byte_types_and_default_plans(monkeypatch):
     assert K._step_split("gelu_bwd", 1, 4 * block * u * 3 + 4, 2) is None   # past the grid limit: the loop kernel
 
 
-STEP_KERNELS = [("gelu_bwd", 0), ("gelu_bwd", 1), ("silu_bwd", -1)]
+STEP_KERNELS = [("gelu_bwd", 0), ("gelu_bwd", 1), ("silu_bwd", -1), ("qgelu_bwd", -1)]
 
 
 def test_step_plans_name_only_kernels_with_a_step_form():
@@ -195,7 +222,7 @@ def test_step_kernels_match_the_loop_kernels_bit_for_bit(rng, monkeypatch, dt, n
     monkeypatch.setattr(K, "_STEP_PLANS", {k: plan for k in STEP_KERNELS})
     x, dy = (cp.asarray(rand(rng, (n,), DTYPES[dt], scale=3.0)) for _ in range(2))
     calls = [lambda: K.gelu_backward(dy, x, "none"), lambda: K.gelu_backward(dy, x, "tanh"),
-             lambda: K.silu_backward(dy, x)]
+             lambda: K.silu_backward(dy, x), lambda: K.quick_gelu_backward(dy, x)]
     got = []
     for f in calls:
         before = launching.launches
