@@ -210,32 +210,45 @@ class Run:
             res.log(f"{tag}_h2d_GBps", round(nbytes / secs / 1e9, 1))
             if resident is not None:
                 res.log(f"{tag}_hidden_share", round(max(0.0, 1 - max(0.0, ms - resident[0]) / 1e3 / secs), 3))
-        gms = self.graph_config(tag, secs, resident) if self.graph else None
+        gms = self.graph_config(tag, secs, resident, None if budget is None else budget * 2 ** 30) \
+            if self.graph else None
         M.set_memory_limit(None)
         return ms, gms
 
-    def graph_config(self, tag, h2d_secs, resident):
-        """The configuration with forward + backward as a CUDA graph, under the same pool limit; a capture that runs
-        out of memory streams more blocks and captures again, as the trainer does."""
+    def graph_config(self, tag, h2d_secs, resident, budget_bytes=None):
+        """The configuration with forward + backward as a CUDA graph, under the same pool limit; as the trainer does,
+        a capture that runs out of memory streams more blocks and captures again, and after a capture the memory
+        it added outside the pool comes off the pool's limit (flame_nn.offload.fit_outside_growth: blocks demoted
+        and captured again while the pool holds more)."""
+        import flame_core as flame
         from flame_core.errors import OutOfMemoryError
-        from flame_nn.offload import demote
+        from flame_nn.offload import demote, fit_outside_growth
         gstep, run = self.graph_step()
         ms = None
         try:
-            demoted = 0
+            demoted = rounds = 0
             while True:
                 try:
                     for _ in range(3):  # two eager calls, then the capture (+ its first replay)
                         gstep()
-                    break
+                    dev = flame.device(self.streamer.device)
+                    fit = None if run.graph is None else fit_outside_growth(self.streamer, budget_bytes, dev,
+                                                                            3 - rounds)
+                    if fit:
+                        self.res.log(f"{tag}_graph_outside_growth", fit.words())
+                    if not (fit and fit.demoted):
+                        break
+                    demoted, rounds = demoted + len(fit.demoted), rounds + fit.rounds
                 except OutOfMemoryError as e:
-                    if run.graph is not None or run.calls <= run.warmup or demoted >= 3:
+                    if run.graph is not None or run.calls <= run.warmup or rounds >= 3:
                         raise
                     self.res.log(f"{tag}_graph_capture_oom", _first_line(e))
+                    fit = None
                 run.reset()
                 gc.collect()
                 self.streamer.invalidate_slots()
-                demoted += len(demote(self.streamer))
+                if fit is None:  # the capture ran out of memory
+                    demoted, rounds = demoted + len(demote(self.streamer)), rounds + 1
                 gstep, run = self.graph_step()
             if run.graph is None:  # never time an eager step as the graph's
                 raise RuntimeError("the step was not captured: flame.cuda.graphed ran it eagerly")

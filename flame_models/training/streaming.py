@@ -15,8 +15,6 @@ streaming branches.
 """
 import flame_core as flame
 import flame_nn
-from flame_core.memory.stats import fmt_bytes
-from flame_nn.offload.autofit import outside_pool
 
 MAX_DEMOTIONS = 3  # captures over the budget answered by streaming more blocks, before a run trains eagerly
 
@@ -68,46 +66,21 @@ class StreamedBlocks(NoStreaming):
         return None
 
     def _fit_outside_growth(self, graphs):
-        """After a capture: the device memory outside FLAME's pool grew (the graph's executable, kernels and
-        library workspaces its first replay loaded) past what auto_fit measured. The pool's limit comes down by
-        what the limit plus that memory now exceed the budget; while the pool holds more than its new limit, blocks
-        are demoted (at most MAX_DEMOTIONS times; the graphs go and the next step captures again, with no eager
-        warm-up). A growth of more than a quarter of the pool's limit is not this process's graph (another process
-        on the device): it is said and left alone. Returns what was done, in words, or None."""
-        dev = flame.device(self.device)
-        if self.budget is None or dev.type != "cuda":
+        """After a capture: flame_nn.offload.fit_outside_growth (the pool's limit lowered by the growth outside it,
+        blocks demoted while the pool holds more; the graphs go and the next step captures again, with no eager
+        warm-up). Returns what was done, in words, or None."""
+        fit = flame_nn.offload.fit_outside_growth(self.streamer, self.budget, flame.device(self.device),
+                                                  MAX_DEMOTIONS - self.demotions)
+        if not fit:
             return None
-        M = flame.memory
-        limit = M.get_memory_limit(dev)
-        if limit is None:
-            return None
-        outside = outside_pool(dev)
-        over = limit + outside - self.budget
-        if over <= 0:
-            return None
-        if over > limit // 4:
-            return (f"{fmt_bytes(outside)} in use outside FLAME's pool after the CUDA graph capture, "
-                    f"{fmt_bytes(over)} past max_gpu_memory: more than this process's graph adds (another process on "
-                    f"the device?); the budget cannot be kept from here")
-        M.set_memory_limit(limit - over, dev)
-        M.empty_cache(dev)
-        gone = []
-        while M.memory_reserved(dev) > limit - over and self.demotions < MAX_DEMOTIONS:
-            got = flame_nn.offload.demote(self.streamer)
-            if not got:
-                break
-            gone += got
-            self.demotions += 1
-            M.empty_cache(dev)
-        if gone:  # the graphs were captured with the old placement: capture again at the next step
+        if fit.demoted:  # the graphs were captured with the old placement: capture again at the next step
+            self.demotions += fit.rounds
             graphs.reset()
             for g in graphs.graphs.values():
                 g.calls = g.warmup
             self.captured_with = None
-        return (f"{fmt_bytes(outside)} outside FLAME's pool after the CUDA graph capture: the pool's limit lowered by "
-                f"{fmt_bytes(over)} to keep max_gpu_memory" + (f"; {len(gone)} more blocks streamed "
-                                                          f"({len(self.streamer.resident)} resident), capturing "
-                                                          f"again next step" if gone else ""))
+        return fit.words() + (f" ({len(self.streamer.resident)} resident), capturing again next step"
+                              if fit.demoted else "")
 
     def capture_failed(self, out_of_memory):
         """Invalidate the slots; on an out-of-memory capture demote resident blocks (a graph needs a little more

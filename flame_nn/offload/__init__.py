@@ -16,7 +16,7 @@
     safetensors_views(files)            memory-mapped tensors of safetensors files (inference: `sources=`)
 """
 from .activations import ActivationOffload
-from .autofit import FitReport, MemoryBudgetError, auto_fit, demote
+from .autofit import FitReport, MemoryBudgetError, OutsideGrowth, auto_fit, demote, fit_outside_growth
 from .fp8 import (
                   Float8LinearMixin,
                   is_fp8_linear,
@@ -31,7 +31,8 @@ from .layerwise import LayerwiseAdamW
 from .plan import BudgetPlan, plan_budget
 from .streamer import BlockStreamer, run_block, streamer_of
 
-__all__ = ["BlockStreamer", "run_block", "streamer_of", "auto_fit", "demote", "FitReport", "MemoryBudgetError",
+__all__ = ["BlockStreamer", "run_block", "streamer_of", "auto_fit", "demote", "fit_outside_growth", "OutsideGrowth",
+           "FitReport", "MemoryBudgetError",
            "quantize_linear_weights_", "set_fp8_weight_", "use_fp8_compute_", "set_fp8_scaling_",
            "cache_fp8_transposes_", "Float8LinearMixin", "is_fp8_linear",
            "LayerwiseAdamW", "safetensors_views", "OffloadError", "ActivationOffload", "BudgetPlan", "plan_budget"]

@@ -156,6 +156,58 @@ def demote(streamer, fraction=0.25):
     return sorted(gone)
 
 
+class OutsideGrowth:
+    """What fit_outside_growth did: `over` bytes taken off the pool's limit (0: nothing needed), the blocks
+    `demoted` in `rounds` calls of demote, or `foreign`: a growth too large to be this process's graph, left
+    alone."""
+
+    def __init__(self, outside, over, demoted=(), rounds=0, foreign=False):
+        self.outside, self.over, self.demoted, self.rounds, self.foreign = outside, over, list(demoted), rounds, foreign
+
+    def __bool__(self):
+        return self.over > 0
+
+    def words(self):
+        if self.foreign:
+            return (f"{fmt_bytes(self.outside)} in use outside FLAME's pool after the CUDA graph capture, "
+                    f"{fmt_bytes(self.over)} past max_gpu_memory: more than this process's graph adds (another "
+                    f"process on the device?); the budget cannot be kept from here")
+        return (f"{fmt_bytes(self.outside)} outside FLAME's pool after the CUDA graph capture: the pool's limit "
+                f"lowered by {fmt_bytes(self.over)} to keep max_gpu_memory"
+                + (f"; {len(self.demoted)} more blocks streamed" if self.demoted else ""))
+
+
+def fit_outside_growth(streamer, max_gpu_memory, dev, max_demotions=3):
+    """After a CUDA graph capture under a budget: the device memory outside FLAME's pool grew (the graph's
+    executable, kernels and library workspaces its first replay loaded) past what auto_fit measured. The pool's
+    limit comes down by what the limit plus that memory now exceed `max_gpu_memory` (bytes); while the pool holds
+    more than its new limit, `streamer`'s resident blocks are demoted (at most `max_demotions` times: the caller
+    captures again, its graphs were made with the old placement). A growth of more than a quarter of the pool's
+    limit is not this process's graph (another process on the device): it is reported and left alone."""
+    if max_gpu_memory is None or dev.type != "cuda":
+        return OutsideGrowth(0, 0)
+    limit = M.get_memory_limit(dev)
+    if limit is None:
+        return OutsideGrowth(0, 0)
+    outside = outside_pool(dev)
+    over = limit + outside - max_gpu_memory
+    if over <= 0:
+        return OutsideGrowth(outside, 0)
+    if over > limit // 4:
+        return OutsideGrowth(outside, over, foreign=True)
+    M.set_memory_limit(limit - over, dev)
+    M.empty_cache(dev)
+    gone, rounds = [], 0
+    while rounds < max_demotions and M.memory_reserved(dev) > limit - over:
+        got = demote(streamer)
+        if not got:
+            break
+        gone += got
+        rounds += 1
+        M.empty_cache(dev)
+    return OutsideGrowth(outside, over, gone, rounds)
+
+
 def _optional_parts(extra, extra_words, overhead, headroom):
     """The budget messages' parts for the memory a fit counts only when there is some."""
     g = fmt_bytes

@@ -110,14 +110,14 @@ class _Memory:
 
 def _cuda_part(monkeypatch, mem, used):
     """StreamedBlocks under a 1000-byte budget on a stand-in cuda device whose driver reports `used()` bytes."""
-    import flame_core as flame
     from flame_models.training import streaming
 
     class Dev:
         type = "cuda"
+    from flame_nn.offload import autofit
     monkeypatch.setattr(streaming.flame, "device", lambda d: Dev())
-    monkeypatch.setattr(streaming.flame, "memory", mem)
-    monkeypatch.setattr(streaming, "outside_pool", lambda dev: max(0, used() - mem.reserved))
+    monkeypatch.setattr(autofit, "M", mem)
+    monkeypatch.setattr(autofit, "outside_pool", lambda dev: max(0, used() - mem.reserved))
     demoted = []
 
     def demote(s):
@@ -126,8 +126,8 @@ def _cuda_part(monkeypatch, mem, used):
         demoted.append(s.resident.pop())
         mem.cached += mem.per_block
         return [demoted[-1]]
+    monkeypatch.setattr(autofit, "demote", demote)
     monkeypatch.setattr("flame_nn.offload.demote", demote)
-    assert flame.memory is mem
     return StreamedBlocks(_Streamer(), "cuda", budget=1000), demoted
 
 
