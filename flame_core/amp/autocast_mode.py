@@ -26,7 +26,7 @@ from ..errors import DeviceError, DTypeError
 LOWER_PRECISION_OPS = ("matmul", "mm", "bmm", "dot", "einsum", "linear", "conv2d", "scaled_dot_product_attention")
 FP32_OPS = ("softmax", "log_softmax", "sum", "mean", "cross_entropy", "nll_loss", "mse_loss", "l1_loss")
 PROMOTE_OPS = ("cat", "stack")  # they promote mixed inputs to the widest dtype by themselves (no cast needed)
-NATIVE_OPS = ("layer_norm", "rms_norm", "group_norm", "group_norm_silu")
+NATIVE_OPS = ("layer_norm", "rms_norm", "joint_rms_norm", "group_norm", "group_norm_silu")
 
 _CATEGORY = {**{n: "lower" for n in LOWER_PRECISION_OPS}, **{n: "fp32" for n in FP32_OPS},
              **{n: "promote" for n in PROMOTE_OPS}, **{n: "native" for n in NATIVE_OPS}}

@@ -1,5 +1,5 @@
-"""layer_norm, rms_norm, group_norm, group_norm_silu: differentiable, fused (flame_core.kernels.norms, .groupnorm) on
-every device.
+"""layer_norm, rms_norm, joint_rms_norm, group_norm, group_norm_silu: differentiable, fused (flame_core.kernels.norms,
+.joint_rms_norm, .groupnorm) on every device.
 
 Each op records one node; its backward calls the fused array backward. Under `create_graph=True` the backward is
 written with Tensor ops instead (slower, but twice differentiable).
@@ -11,6 +11,7 @@ from ..autograd.function import Function
 from ..autograd.grad_mode import state
 from ..errors import ShapeError, fmt_shape
 from ..kernels import groupnorm as GN
+from ..kernels import joint_rms_norm as JK
 from ..kernels import norms as K
 from ..tensor import Tensor, _wrap, check_same_device
 
@@ -125,6 +126,57 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     if eps is None:
         eps = float(ml_dtypes.finfo(input.dtype.np).eps)
     return LayerNorm.apply(input, weight, None, len(ns), float(eps), True)
+
+
+class JointRMSNorm(Function):
+    """cat([rms_norm(x_p) w_p], dim=1) of one or two (B, L_p, H, D) parts: one kernel each way reading the parts in
+    place; the gains are constants here (joint_rms_norm takes the composed ops when one needs a gradient)."""
+
+    @staticmethod
+    def forward(ctx, x0, x1, w0, w1, eps):
+        xs = [x0] if x1 is None else [x0, x1]
+        ws = [w0] if x1 is None else [w0, w1]
+        y = JK.joint_rms_norm_forward([x._data for x in xs], [_flat(w) for w in ws], eps)
+        ctx.save_for_backward(x0, x1, w0, w1)
+        ctx.eps = eps
+        return _wrap(y)
+
+    @staticmethod
+    def backward(ctx, g):
+        x0, x1, w0, w1 = ctx.saved_tensors
+        xs, ws = ([x0], [w0]) if x1 is None else ([x0, x1], [w0, w1])
+        if state.enabled:  # create_graph: the normalisation rule in Tensor ops, part by part
+            dxs, l0 = [], 0
+            for x, w in zip(xs, ws):
+                gp = g[:, l0:l0 + x.shape[1]]
+                l0 += x.shape[1]
+                dxs.append(_composed_norm_backward(gp, x, w.detach() if w is not None else None, None, 1, ctx.eps,
+                                                   True)[0])
+        else:
+            dxs = [_wrap(d) for d in JK.joint_rms_norm_backward(g._data, [x._data for x in xs],
+                                                                [_flat(w) for w in ws], ctx.eps)]
+        return dxs[0], dxs[1] if x1 is not None else None, None, None, None
+
+
+def joint_rms_norm(inputs, weights=None, eps=1e-6):
+    """cat([rms_norm(x, (D,), w, eps) for x, w in zip(inputs, weights)], dim=1): one or two (B, L_p, H, D) parts (the
+    q or k of each stream of a joint attention, e.g. strided views of a qkv projection) normalised over D with a (D,)
+    gain each (or None) and written into one contiguous (B, L0 + L1, H, D) tensor, part 0 first -- one kernel each
+    way instead of copies of the views, the norms and a concatenation. The gains get no gradient on that path: when
+    one requires grad (under grad mode) the ops are composed instead."""
+    inputs = list(inputs)
+    weights = [None] * len(inputs) if weights is None else list(weights)
+    if len(inputs) not in (1, 2) or len(weights) != len(inputs):
+        raise ValueError(f"joint_rms_norm: one or two inputs and as many weights (or None), got {len(inputs)} inputs "
+                         f"and {len(weights)} weights")
+    check_same_device("joint_rms_norm", *inputs, *weights)
+    JK._check([x._data for x in inputs], [None if w is None else w._data for w in weights])
+    if state.enabled and any(w is not None and w.requires_grad for w in weights):
+        from .shape import cat
+        parts = [LayerNorm.apply(x, w, None, 1, float(eps), True) for x, w in zip(inputs, weights)]
+        return parts[0] if len(parts) == 1 else cat(parts, dim=1)
+    x1, w1 = (inputs[1], weights[1]) if len(inputs) == 2 else (None, None)
+    return JointRMSNorm.apply(inputs[0], x1, weights[0], w1, float(eps))
 
 
 def _composed_silu_grad(g, x, num_groups, weight, bias, eps):

@@ -70,6 +70,14 @@ class QKNorm(flame_nn.Module):
         q, k = self.query_norm(q), self.key_norm(k)
         return q.to(v.dtype), k.to(v.dtype)
 
+    def joined(self, other, qs, ks):
+        """The joint attention's q and k: (this stream's, `other` QKNorm's) q and k normalised by their own gains and
+        joined along the tokens, this stream first, one kernel each (ops.joint_qk_norm); `other` None: this stream's
+        alone, still one kernel reading the projection's views in place."""
+        norms = (self,) if other is None else (self, other)
+        return (ops.joint_qk_norm(qs, [n.query_norm.scale for n in norms]),
+                ops.joint_qk_norm(ks, [n.key_norm.scale for n in norms]))
+
 
 class SelfAttention(flame_nn.Module):
     def __init__(self, dim, num_heads=8, qkv_bias=False, dtype=None, device=None):
@@ -79,13 +87,19 @@ class SelfAttention(flame_nn.Module):
         self.norm = QKNorm(dim // num_heads, dtype=dtype, device=device)
         self.proj = flame_nn.Linear(dim, dim, dtype=dtype, device=device)
 
-    def qkv_heads(self, x):
-        """Normalised q, k and v (B, L, heads, D) of tokens x (B, L, H): views of one GEMM's q | k | v whose backward
-        takes dq, dk and dv as they come (Linear.forward_split), not stacked into one (B, L, 3H) gradient first."""
+    def qkv_views(self, x):
+        """q, k and v (B, L, heads, D) of tokens x (B, L, H) before the QK-norm: views of one GEMM's q | k | v whose
+        backward takes dq, dk and dv as they come (Linear.forward_split), not stacked into one (B, L, 3H) gradient
+        first."""
         H = self.qkv.weight.shape[0] // 3
         B, L = x.shape[0], x.shape[1]
-        q, k, v = (t.reshape(B, L, self.num_heads, H // self.num_heads) for t in self.qkv.forward_split(x, (H, H, H)))
-        q, k = self.norm(q, k, v)
+        return tuple(t.reshape(B, L, self.num_heads, H // self.num_heads)
+                     for t in self.qkv.forward_split(x, (H, H, H)))
+
+    def qkv_heads(self, x):
+        """Normalised q, k and v of qkv_views."""
+        q, k, v = self.qkv_views(x)
+        q, k = self.norm.joined(None, (q,), (k,))
         return q, k, v
 
     def forward(self, x, pe):
@@ -161,12 +175,11 @@ class DoubleStreamBlock(flame_nn.Module):
             img_mod1, img_mod2, txt_mod1, txt_mod2 = (ModulationOut(*m[i:i + 3]) for i in (0, 3, 6, 9))
 
         # prepare image and text for attention
-        img_q, img_k, img_v = self.img_attn.qkv_heads(ops.norm_modulate(img, img_mod1.shift, img_mod1.scale))
-        txt_q, txt_k, txt_v = self.txt_attn.qkv_heads(ops.norm_modulate(txt, txt_mod1.shift, txt_mod1.scale))
+        img_q, img_k, img_v = self.img_attn.qkv_views(ops.norm_modulate(img, img_mod1.shift, img_mod1.scale))
+        txt_q, txt_k, txt_v = self.txt_attn.qkv_views(ops.norm_modulate(txt, txt_mod1.shift, txt_mod1.scale))
 
-        # joint attention, text tokens first
-        q = flame.cat((txt_q, img_q), dim=1)                                    # (B, L, heads, D)
-        k = flame.cat((txt_k, img_k), dim=1)
+        # joint attention, text tokens first; each stream's QK-norm written into the joined q and k
+        q, k = self.txt_attn.norm.joined(self.img_attn.norm, (txt_q, img_q), (txt_k, img_k))  # (B, L, heads, D)
         v = flame.cat((txt_v, img_v), dim=1)
         del img_q, img_k, img_v, txt_q, txt_k, txt_v
         attn = ops.attention(q, k, v, pe, mask)                                 # (B, L, H)
@@ -211,7 +224,7 @@ class SingleStreamBlock(flame_nn.Module):
                                                   (H, H, H, self.mlp_hidden_dim))     # (B, L, H) x 3 | (B, L, M)
         B, L = x.shape[0], x.shape[1]
         q, k, v = (t.reshape(B, L, heads, H // heads) for t in (q, k, v))
-        q, k = self.norm(q, k, v)
+        q, k = self.norm.joined(None, (q,), (k,))             # one kernel each, reading the views in place
         attn = ops.attention(q, k, v, pe, mask)                                       # (B, L, H)
         del q, k, v
         mlp = F.gelu(mlp, approximate="tanh")                # read in place from linear1's output, (B, L, M)

@@ -11,9 +11,10 @@ from flame_core.ops.attention import scaled_dot_product_attention
 from flame_core.ops.modulation import gated_residual, modulate
 from flame_core.ops.rope import apply_rope
 
-from ..blocks.ops import norm_modulate, qk_norm
+from ..blocks.ops import joint_qk_norm, norm_modulate, qk_norm
 
-__all__ = ["modulate", "gated_residual", "norm_modulate", "qk_norm", "rope_freqs", "rope_rows", "rope", "attention"]
+__all__ = ["modulate", "gated_residual", "norm_modulate", "qk_norm", "joint_qk_norm", "rope_freqs", "rope_rows", "rope",
+           "attention"]
 
 
 def rope_freqs(ids, axes_dim, theta):

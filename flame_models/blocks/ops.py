@@ -1,5 +1,5 @@
-"""Fused ops of DiT blocks shared by Flux and SD3: adaLN modulation (LayerNorm + modulate in one pass) and the QK
-RMS-norm."""
+"""Fused ops of DiT blocks shared by Flux, SD3 and Qwen-Image: adaLN modulation (LayerNorm + modulate in one pass),
+the QK RMS-norm, and the joint attention's QK RMS-norm written straight into the joined q / k."""
 import flame_core as flame
 import flame_nn.functional as F
 from flame_core.ops.modulation import modulate
@@ -25,3 +25,13 @@ def norm_modulate(x, shift, scale, eps=1e-6):
 def qk_norm(x, scale, eps=1e-6):
     """RMSNorm over the head dim (float32 statistics) times the learnable scale: BFL's QKNorm halves."""
     return F.rms_norm(x, (x.shape[-1],), scale, eps=eps)
+
+
+def joint_qk_norm(parts, gains, eps=1e-6):
+    """A joint attention's q (or k): cat([qk_norm(x, w, eps) for x, w in zip(parts, gains)], dim=1) of each stream's
+    heads (B, L_p, heads, D) -- views of its projection, strided or not -- normalised with the stream's own gain
+    and written into the joined tensor in one kernel each way (F.joint_rms_norm: no copies of the views, no
+    concatenation). gains None: no QK-norm, the plain concatenation."""
+    if gains is None:
+        return parts[0] if len(parts) == 1 else flame.cat(parts, dim=1)
+    return F.joint_rms_norm(parts, gains, eps=eps)

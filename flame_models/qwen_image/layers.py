@@ -13,7 +13,7 @@ from flame_nn.empty_init import new_parameter
 
 from ..bfl.ops import attention
 from ..blocks.layers import modulation_chunks
-from ..blocks.ops import norm_modulate, qk_norm
+from ..blocks.ops import joint_qk_norm, norm_modulate, qk_norm
 
 TIMESTEP_CHANNELS = 256
 
@@ -121,10 +121,11 @@ class JointAttention(flame_nn.Module):
         """img (B, L_img, H), txt (B, L_txt, H) (modulated), pe the per-row RoPE tables of [text, image], mask None
         or the keys (B, 1, 1, L_txt + L_img) bool -> (image output, text output)."""
         dtype = img.dtype
-        q = flame.cat([self.norm_added_q(self._heads(self.add_q_proj(txt))).to(dtype),
-                       self.norm_q(self._heads(self.to_q(img))).to(dtype)], dim=1)
-        k = flame.cat([self.norm_added_k(self._heads(self.add_k_proj(txt))).to(dtype),
-                       self.norm_k(self._heads(self.to_k(img))).to(dtype)], dim=1)
+        # each stream's QK-norm written into the joined q and k (one kernel each, text first)
+        q = joint_qk_norm([self._heads(self.add_q_proj(txt)), self._heads(self.to_q(img))],
+                          [self.norm_added_q.weight, self.norm_q.weight], eps=self.norm_q.eps).to(dtype)
+        k = joint_qk_norm([self._heads(self.add_k_proj(txt)), self._heads(self.to_k(img))],
+                          [self.norm_added_k.weight, self.norm_k.weight], eps=self.norm_k.eps).to(dtype)
         v = flame.cat([self._heads(self.add_v_proj(txt)), self._heads(self.to_v(img))], dim=1)
         out = attention(q, k, v, pe, mask)                                          # (B, L, inner)
         del q, k, v

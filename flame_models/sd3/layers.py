@@ -70,16 +70,26 @@ class SelfAttention(flame_nn.Module):
         if not pre_only:
             self.proj = flame_nn.Linear(dim, dim, bias=True, **kw)
 
-    def qkv_heads(self, x):
-        """q, k, v (B, L, heads, D) of tokens x (B, L, H): the q/k/v index is outermost, then heads; q and k
-        normalised. v (and q, k without QK-norm) stay views of the projection: one GEMM whose backward takes dq, dk
-        and dv as they come (Linear.forward_split), not stacked into one (B, L, 3H) gradient first."""
+    def qkv_views(self, x):
+        """q, k, v (B, L, heads, D) of tokens x (B, L, H) before the QK-norm: the q/k/v index is outermost, then
+        heads; views of the projection, one GEMM whose backward takes dq, dk and dv as they come
+        (Linear.forward_split), not stacked into one (B, L, 3H) gradient first."""
         H = self.num_heads * self.head_dim
         B, L = x.shape[0], x.shape[1]
-        q, k, v = (t.reshape(B, L, self.num_heads, self.head_dim) for t in self.qkv.forward_split(x, (H, H, H)))
+        return tuple(t.reshape(B, L, self.num_heads, self.head_dim) for t in self.qkv.forward_split(x, (H, H, H)))
+
+    def qkv_heads(self, x):
+        """q, k, v of qkv_views with q and k normalised (this stream's own attention)."""
+        q, k, v = self.qkv_views(x)
         if self.ln_q is not None:
             q, k = self.ln_q(q).to(v.dtype), self.ln_k(k).to(v.dtype)
         return q, k, v
+
+    def qk_gains(self):
+        """((ln_q gain, ln_k gain), eps) of the QK-norm, or (None, None) without one."""
+        if self.ln_q is None:
+            return None, None
+        return (self.ln_q.weight, self.ln_k.weight), self.ln_q.eps
 
 
 class Mlp(flame_nn.Module):
@@ -122,8 +132,9 @@ class DismantledBlock(flame_nn.Module):
         return modulation_chunks(self.adaLN_modulation[1](ops.silu(c)), self.n_mods)
 
     def pre_attention(self, x, mods):
-        """(q, k, v) of the joint attention and, with dual attention, (q2, k2, v2) of the x-only attention."""
-        qkv = self.attn.qkv_heads(ops.norm_modulate(x, mods[0], mods[1]))
+        """(q, k, v) of the joint attention before the QK-norm (JointBlock normalises both streams' q and k as it joins
+        them) and, with dual attention, the normalised (q2, k2, v2) of the x-only attention."""
+        qkv = self.attn.qkv_views(ops.norm_modulate(x, mods[0], mods[1]))
         if not self.dual_attention:
             return qkv, None
         return qkv, self.attn2.qkv_heads(ops.norm_modulate(x, mods[6], mods[7]))
@@ -158,9 +169,8 @@ class JointBlock(flame_nn.Module):
         (cq, ck, cv), _ = cb.pre_attention(context, c_mods)
         (xq, xk, xv), qkv2 = xb.pre_attention(x, x_mods)
 
-        # joint attention, context tokens first
-        q = flame.cat((cq, xq), dim=1)                                         # (B, Lc + Lx, heads, D)
-        k = flame.cat((ck, xk), dim=1)
+        # joint attention, context tokens first; each stream's QK-norm written into the joined q and k
+        q, k = _joint_qk(cb.attn, xb.attn, (cq, xq), (ck, xk))                 # (B, Lc + Lx, heads, D)
         v = flame.cat((cv, xv), dim=1)
         del cq, ck, cv, xq, xk, xv
         attn = ops.attention(q, k, v)                                          # (B, Lc + Lx, H)
@@ -173,3 +183,14 @@ class JointBlock(flame_nn.Module):
         if cb.pre_only:
             return None, x
         return cb.post_attention(context, c_attn, c_mods), x
+
+
+def _joint_qk(ca, xa, qs, ks):
+    """The joined q and k of two streams' SelfAttentions `ca`, `xa` (context first): ops.joint_qk_norm with each
+    stream's gains (ln_q / ln_k; the plain concatenation without QK-norm)."""
+    (cg, eps), (xg, _) = ca.qk_gains(), xa.qk_gains()
+    if cg is None or xg is None:
+        qs = tuple(ops.qk_norm(q, g[0], eps=a.ln_q.eps) if g else q for q, g, a in zip(qs, (cg, xg), (ca, xa)))
+        ks = tuple(ops.qk_norm(k, g[1], eps=a.ln_k.eps) if g else k for k, g, a in zip(ks, (cg, xg), (ca, xa)))
+        return ops.joint_qk_norm(qs, None), ops.joint_qk_norm(ks, None)
+    return ops.joint_qk_norm(qs, (cg[0], xg[0]), eps), ops.joint_qk_norm(ks, (cg[1], xg[1]), eps)

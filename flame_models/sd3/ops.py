@@ -9,7 +9,7 @@ from flame_core.ops.activation import silu  # noqa: F401
 from flame_core.ops.modulation import gated_residual  # noqa: F401
 from flame_core.ops.shape import split, unbind  # noqa: F401
 
-from ..blocks.ops import norm_modulate, qk_norm  # noqa: F401
+from ..blocks.ops import joint_qk_norm, norm_modulate, qk_norm  # noqa: F401
 
 
 def gelu_tanh(x):

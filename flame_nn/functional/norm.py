@@ -1,5 +1,5 @@
-"""layer_norm, group_norm, group_norm_silu, rms_norm: flame_core's fused norms (flame_core.ops.norms); batch_norm from
-Tensor ops.
+"""layer_norm, group_norm, group_norm_silu, rms_norm, joint_rms_norm: flame_core's fused norms (flame_core.ops.norms);
+batch_norm from Tensor ops.
 
 Autocast category "native" (flame_core.amp): no casts. The kernels read float16/bfloat16 activations directly,
 compute statistics and the normalisation in float32 and return the input's dtype; float32 weights are read as they
@@ -20,6 +20,13 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
 def rms_norm(input, normalized_shape, weight=None, eps=None):
     """eps=None: the machine epsilon of the input dtype (PyTorch)."""
     return _N.rms_norm(input, normalized_shape, weight, eps)
+
+
+def joint_rms_norm(inputs, weights=None, eps=1e-6):
+    """A FLAME op: cat([rms_norm(x, (D,), w, eps) for x, w in zip(inputs, weights)], dim=1) of one or two (B, L, H, D)
+    parts (a joint attention's q or k per stream, read in place from strided views) in one kernel each way; see
+    flame_core.ops.norms.joint_rms_norm."""
+    return _N.joint_rms_norm(inputs, weights, eps)
 
 
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5, *, memory_format=preserve_format):

@@ -26,6 +26,7 @@ def _cases(device):
         "conv2d": (lambda: F.conv2d(img, k, padding=1), "lower"),
         "layer_norm": (lambda: F.layer_norm(h, (8,)), "native"),
         "rms_norm": (lambda: F.rms_norm(h, (8,)), "native"),
+        "joint_rms_norm": (lambda: F.joint_rms_norm([h[:, None], h[:, None]]), "native"),
         "group_norm": (lambda: F.group_norm(hg, 2), "native"),
         "group_norm_silu": (lambda: F.group_norm_silu(hg, 2), "native"),
         "softmax": (lambda: F.softmax(h, -1), "fp32"),
@@ -36,8 +37,8 @@ def _cases(device):
     }
 
 
-NAMES = ["linear", "conv2d", "layer_norm", "rms_norm", "group_norm", "group_norm_silu", "softmax", "log_softmax",
-         "mse_loss", "l1_loss", "cross_entropy"]
+NAMES = ["linear", "conv2d", "layer_norm", "rms_norm", "joint_rms_norm", "group_norm", "group_norm_silu", "softmax",
+         "log_softmax", "mse_loss", "l1_loss", "cross_entropy"]
 
 
 @pytest.mark.parametrize("name", NAMES)

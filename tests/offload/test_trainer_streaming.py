@@ -122,7 +122,10 @@ def test_auto_fit_offloads_the_trainer_families_activations_when_the_budget_need
     assert saving > 0
     del plain
     M.set_memory_limit(None, device)
-    budget = int((minimum - saving // 4) / 0.98)  # (2% headroom) over the minimum with the inputs kept
+    # (2% headroom) below the minimum with the inputs kept, above it with them offloaded: on this tiny model the
+    # measured saving is a fraction of the planned one (sd3: 3.8 KiB of 30 KiB; the step's peak is inside a block's
+    # backward, where a block input's size moves it: the joint QK-norm's backward holds both streams' dq at once)
+    budget = int((minimum - saving // 16) / 0.98)
     tr = Trainer(family_cfg(tmp_path, "offloaded", arch, f"{budget}B"), model=_family_model(arch),
                  verbose=False).setup()
     assert tr.fit.offload_activations and tr.fit.minimum <= 0.98 * budget

@@ -1,0 +1,159 @@
+// RMSNorm over the last dim of one or two strided parts (B, L_p, H, D), written as ONE contiguous (B, L0 + L1, H, D)
+// tensor, part 0's tokens first: the q (or k) of a joint attention, rms_norm(q_context) w0 ++ rms_norm(q_image) w1,
+// read straight from the qkv projection's strided views (no copies of them, no concatenation). The backward (dx only:
+// flame_core/ops/joint_rms_norm.py takes these kernels when no gain needs a gradient) reads the same strided views
+// and the joint gradient, and writes each part's dx contiguous. Statistics and math in fp32; a gain is T or fp32
+// (wf32 = 1) or absent (null); y = (x * rstd) * w as the norms.cu kernels round it.
+//
+// Rows (b, l, h) in the joint order are handled by groups of G threads (a power of two <= 32: several rows per warp,
+// shuffle reductions over the group), N elements per thread and step (vec = 1: one 16-byte vector, N = 16 /
+// sizeof(T), when every row start is 16-byte aligned; else N = 1), at most 16 / N steps (16 values cached per
+// thread), so D <= 16 G <= 512. Each block
+// walks row blocks b, b + gridDim.x, ... (the loop bound is uniform over the block: the shuffles see full warps).
+#include "common.cuh"
+
+template <typename T>
+struct JrmsPart {
+    const T* x;
+    i64 sb, sl, sh;
+    int L;
+    const void* w;
+};
+
+template <typename T, int N>
+__device__ __forceinline__ void jrms_fwd_body(JrmsPart<T> p0, JrmsPart<T> p1, T* __restrict__ y, int B, int H,
+                                              int D, int G, float eps, int wf32) {
+    constexpr int K = N >= 16 ? 1 : 16 / N;
+    const int Lt = p0.L + p1.L, t = threadIdx.x % G, rpb = blockDim.x / G;
+    const i64 rows = (i64)B * Lt * H;
+    for (i64 base = (i64)blockIdx.x * rpb; base < rows; base += (i64)gridDim.x * rpb) {
+        const i64 r = base + threadIdx.x / G;
+        const bool valid = r < rows;
+        const i64 rr = valid ? r : 0;
+        const int h = (int)(rr % H), l = (int)((rr / H) % Lt), b = (int)(rr / ((i64)H * Lt));
+        const bool second = l >= p0.L;
+        const T* src = second ? p1.x + b * p1.sb + (i64)(l - p0.L) * p1.sl + h * p1.sh
+                              : p0.x + b * p0.sb + (i64)l * p0.sl + h * p0.sh;
+        const void* wp = second ? p1.w : p0.w;
+        float v[K][N];
+        float ss = 0.f;
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            const int c = (t + k * G) * N;
+            if (valid && c < D) {
+                load_f32<T, N>(src + c, v[k]);
+#pragma unroll
+                for (int j = 0; j < N; ++j) ss += v[k][j] * v[k][j];
+            }
+        }
+        for (int o = G >> 1; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        const float rs = rsqrtf(ss / D + eps);
+        if (!valid) continue;
+        T* dst = y + rr * D;
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            const int c = (t + k * G) * N;
+            if (c < D) {
+                float o[N];
+                if (wp) {
+                    float w[N];
+                    load_any<T, N>(wp, c, wf32, w);
+#pragma unroll
+                    for (int j = 0; j < N; ++j) o[j] = (v[k][j] * rs) * w[j];
+                } else {
+#pragma unroll
+                    for (int j = 0; j < N; ++j) o[j] = v[k][j] * rs;
+                }
+                store_f32<T, N>(dst + c, o);
+            }
+        }
+    }
+}
+
+// dx = rstd (g w - xhat mean(g w xhat)), xhat = x rstd, rstd recomputed from x (the forward's, bit for bit);
+// g: the joint gradient (B, L0 + L1, H, D) contiguous; dx0 / dx1: (B, L_p, H, D) contiguous.
+template <typename T, int N>
+__device__ __forceinline__ void jrms_bwd_body(JrmsPart<T> p0, JrmsPart<T> p1, const T* __restrict__ g,
+                                              T* __restrict__ dx0, T* __restrict__ dx1, int B, int H, int D, int G,
+                                              float eps, int wf32) {
+    constexpr int K = N >= 16 ? 1 : 16 / N;
+    const int Lt = p0.L + p1.L, t = threadIdx.x % G, rpb = blockDim.x / G;
+    const i64 rows = (i64)B * Lt * H;
+    for (i64 base = (i64)blockIdx.x * rpb; base < rows; base += (i64)gridDim.x * rpb) {
+        const i64 r = base + threadIdx.x / G;
+        const bool valid = r < rows;
+        const i64 rr = valid ? r : 0;
+        const int h = (int)(rr % H), l = (int)((rr / H) % Lt), b = (int)(rr / ((i64)H * Lt));
+        const bool second = l >= p0.L;
+        const int lp = second ? l - p0.L : l;
+        const T* src = second ? p1.x + b * p1.sb + (i64)lp * p1.sl + h * p1.sh
+                              : p0.x + b * p0.sb + (i64)lp * p0.sl + h * p0.sh;
+        const void* wp = second ? p1.w : p0.w;
+        const T* gr = g + rr * D;
+        float v[K][N], gw[K][N];
+        float ss = 0.f;
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            const int c = (t + k * G) * N;
+            if (valid && c < D) {
+                load_f32<T, N>(src + c, v[k]);
+                load_f32<T, N>(gr + c, gw[k]);
+                if (wp) {
+                    float w[N];
+                    load_any<T, N>(wp, c, wf32, w);
+#pragma unroll
+                    for (int j = 0; j < N; ++j) gw[k][j] *= w[j];
+                }
+#pragma unroll
+                for (int j = 0; j < N; ++j) ss += v[k][j] * v[k][j];
+            }
+        }
+        for (int o = G >> 1; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        const float rs = rsqrtf(ss / D + eps);
+        float dot = 0.f;
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            const int c = (t + k * G) * N;
+            if (valid && c < D) {
+#pragma unroll
+                for (int j = 0; j < N; ++j) dot += gw[k][j] * (v[k][j] * rs);
+            }
+        }
+        for (int o = G >> 1; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        dot /= D;
+        if (!valid) continue;
+        T* dst = second ? dx1 + (((i64)b * p1.L + lp) * H + h) * D : dx0 + (((i64)b * p0.L + lp) * H + h) * D;
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            const int c = (t + k * G) * N;
+            if (c < D) {
+                float o[N];
+#pragma unroll
+                for (int j = 0; j < N; ++j) o[j] = rs * (gw[k][j] - (v[k][j] * rs) * dot);
+                store_f32<T, N>(dst + c, o);
+            }
+        }
+    }
+}
+
+#define JRMS_PART_PARAMS(i) const T *x##i, i64 sb##i, i64 sl##i, i64 sh##i, int L##i, const void *w##i
+#define JRMS_PART(i) JrmsPart<T>{x##i, sb##i, sl##i, sh##i, L##i, w##i}
+
+template <typename T>
+__global__ void __launch_bounds__(256, 4) joint_rms_norm_fwd(JRMS_PART_PARAMS(0), JRMS_PART_PARAMS(1), T* __restrict__ y, int B, int H, int D,
+                                   int G, float eps, int wf32, int vec) {
+    if (vec)
+        jrms_fwd_body<T, VecT<T>::N>(JRMS_PART(0), JRMS_PART(1), y, B, H, D, G, eps, wf32);
+    else
+        jrms_fwd_body<T, 1>(JRMS_PART(0), JRMS_PART(1), y, B, H, D, G, eps, wf32);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256, 3) joint_rms_norm_bwd(JRMS_PART_PARAMS(0), JRMS_PART_PARAMS(1), const T* __restrict__ g,
+                                   T* __restrict__ dx0, T* __restrict__ dx1, int B, int H, int D, int G, float eps,
+                                   int wf32, int vec) {
+    if (vec)
+        jrms_bwd_body<T, VecT<T>::N>(JRMS_PART(0), JRMS_PART(1), g, dx0, dx1, B, H, D, G, eps, wf32);
+    else
+        jrms_bwd_body<T, 1>(JRMS_PART(0), JRMS_PART(1), g, dx0, dx1, B, H, D, G, eps, wf32);
+}

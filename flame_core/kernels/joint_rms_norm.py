@@ -1,0 +1,165 @@
+"""RMSNorm of one or two strided (B, L_p, H, D) parts written as one contiguous (B, L0 + L1, H, D) array, part 0's
+tokens first (kernels: cuda_src/joint_rms_norm.cu): the q or k of a joint attention normalised straight out of the
+qkv projection's views, with no copies of them and no concatenation.
+
+    joint_rms_norm_forward(xs, ws, eps)     -> y (B, sum L_p, H, D), contiguous, xs' dtype
+    joint_rms_norm_backward(g, xs, ws, eps) -> [dx_p (B, L_p, H, D) contiguous]  (the gains are not differentiated)
+
+xs: one or two arrays of one dtype with equal B, H, D (any strides, the last dim's 1 on the kernel path); ws: a (D,)
+gain per part (its dtype or float32) or None. Statistics in fp32 (float64 for float64), y = (x * rstd) * w.
+"""
+import numpy as np
+
+from .. import backend
+from ..errors import ShapeError, fmt_shape
+from . import launching as KL
+from . import loader as L
+from . import plans as P
+
+MAX_D = 512  # the kernels cache 16 values of a row per thread, 32 threads per row at most
+BLOCK = 256
+
+
+def _check(xs, ws):
+    if len(xs) not in (1, 2) or len(ws) != len(xs):
+        raise ValueError(f"joint_rms_norm: one or two parts and a gain (or None) each, got {len(xs)} parts and "
+                         f"{len(ws)} gains")
+    x0 = xs[0]
+    for i, x in enumerate(xs):
+        if x.ndim != 4:
+            raise ShapeError(f"joint_rms_norm: part {i} must be (B, L, H, D), got {fmt_shape(x.shape)}")
+        if (x.shape[0], x.shape[2], x.shape[3]) != (x0.shape[0], x0.shape[2], x0.shape[3]) or x.dtype != x0.dtype:
+            raise ShapeError(f"joint_rms_norm: part {i} {fmt_shape(x.shape)} {x.dtype} does not join part 0 "
+                             f"{fmt_shape(x0.shape)} {x0.dtype} along dim 1 (B, H, D and dtype must agree)")
+    for i, w in enumerate(ws):
+        if w is not None and tuple(w.shape) != (x0.shape[3],):
+            raise ShapeError(f"joint_rms_norm: gain {i} has shape {fmt_shape(w.shape)}, expected ({x0.shape[3]},)")
+
+
+# ----------------------------------------------------------------------------- references
+def _norm_ref(x, w, eps):
+    cd = L.compute_dtype(x.dtype)
+    xf = x.astype(cd)
+    rstd = 1.0 / backend.xp_of(x).sqrt((xf * xf).mean(axis=-1, keepdims=True) + cd(eps))
+    y = xf * rstd
+    return (y * w.astype(cd) if w is not None else y), xf, rstd
+
+
+def _forward_ref(xs, ws, eps):
+    xp = backend.xp_of(xs[0])
+    return xp.concatenate([_norm_ref(x, w, eps)[0].astype(x.dtype) for x, w in zip(xs, ws)], axis=1)
+
+
+def _backward_ref(g, xs, ws, eps):
+    out, l0 = [], 0
+    for x, w in zip(xs, ws):
+        _, xf, rstd = _norm_ref(x, None, eps)
+        gp = g[:, l0:l0 + x.shape[1]].astype(xf.dtype)
+        l0 += x.shape[1]
+        gw = gp * w.astype(xf.dtype) if w is not None else gp
+        xh = xf * rstd
+        dot = (gw * xh).mean(axis=-1, keepdims=True)
+        out.append((rstd * (gw - xh * dot)).astype(x.dtype))
+    return out
+
+
+# ----------------------------------------------------------------------------- kernels
+def _plan(xs, others):
+    """(G, vec) for the kernels (G threads per row, 16-byte vectors or not), or None: a part's last dim is strided or
+    D is past MAX_D (use_kernel has checked the dtype)."""
+    x0 = xs[0]
+    D = x0.shape[3]
+    if D > MAX_D or D == 0 or any(x.strides[3] != x.itemsize for x in xs if x.size):
+        return None
+    n = P.vec_width(x0.dtype)
+    vec = D % n == 0 and all(x.data.ptr % 16 == 0 and all((s // x.itemsize) % n == 0 for s in x.strides[:3])
+                             for x in xs) and all(a is None or a.data.ptr % 16 == 0 for a in others)
+    per = n if vec else 1
+    G = 1
+    while G < 32 and G * per < D:
+        G *= 2
+    return G, int(vec)
+
+
+def _weights(x, ws):
+    """The gains as kernel arguments and the wf32 flag (every gain in x's dtype, or every one in fp32)."""
+    present = [w for w in ws if w is not None]
+    wf32 = int(bool(present) and present[0].dtype == np.float32 and x.dtype != np.float32)
+    cast = np.float32 if wf32 else x.dtype
+    ws = [None if w is None else P.contiguous(w.astype(cast, copy=False)) for w in ws]
+    return ws, wf32
+
+
+def _part_args(xs, ws):
+    args = []
+    for i in range(2):
+        if i < len(xs):
+            x, w = xs[i], ws[i]
+            sb, sl, sh = (s // x.itemsize for s in x.strides[:3])
+            args += [x, KL.i64(sb), KL.i64(sl), KL.i64(sh), KL.i32(x.shape[1]), KL.null() if w is None else w]
+        else:
+            args += [KL.null(), KL.i64(0), KL.i64(0), KL.i64(0), KL.i32(0), KL.null()]
+    return tuple(args)
+
+
+def _grid(rows, G):
+    rpb = BLOCK // G
+    return (max(1, min(P.cdiv(rows, rpb), P.sm_count() * 16)),), (BLOCK,)
+
+
+def _forward_kernel(xs, ws, eps):
+    x0 = xs[0]
+    B, _, H, D = x0.shape
+    Lt = sum(x.shape[1] for x in xs)
+    ws, wf32 = _weights(x0, ws)
+    plan = _plan(xs, ws)  # (new arrays start 256-byte aligned)
+    if plan is None:
+        return None
+    y = backend.xp_of(x0).empty((B, Lt, H, D), dtype=x0.dtype)
+    G, vec = plan
+    grid, block = _grid(B * Lt * H, G)
+    KL.launch(L.get_function("joint_rms_norm", "joint_rms_norm_fwd", x0.dtype), grid, block,
+              _part_args(xs, ws) + (y, KL.i32(B), KL.i32(H), KL.i32(D), KL.i32(G), KL.f32(eps), KL.i32(wf32),
+                                    KL.i32(vec)))
+    return y
+
+
+def _backward_kernel(g, xs, ws, eps):
+    x0 = xs[0]
+    B, _, H, D = x0.shape
+    xp = backend.xp_of(x0)
+    g = P.contiguous(g.astype(x0.dtype, copy=False))
+    ws, wf32 = _weights(x0, ws)
+    plan = _plan(xs, [g] + ws)
+    if plan is None:
+        return None
+    dxs = [xp.empty(x.shape, dtype=x.dtype) for x in xs]
+    G, vec = plan
+    grid, block = _grid(g.shape[0] * g.shape[1] * H, G)
+    KL.launch(L.get_function("joint_rms_norm", "joint_rms_norm_bwd", x0.dtype), grid, block,
+              _part_args(xs, ws) + (g, dxs[0], dxs[1] if len(dxs) > 1 else KL.null(), KL.i32(B), KL.i32(H),
+                                    KL.i32(D), KL.i32(G), KL.f32(eps), KL.i32(wf32), KL.i32(vec)))
+    return dxs
+
+
+# ----------------------------------------------------------------------------- API
+def joint_rms_norm_forward(xs, ws, eps=1e-6):
+    _check(xs, ws)
+    if L.use_kernel(*xs) and all(x.size for x in xs):
+        y = _forward_kernel(xs, ws, eps)
+        if y is not None:
+            return y
+    return _forward_ref(xs, ws, eps)
+
+
+def joint_rms_norm_backward(g, xs, ws, eps=1e-6):
+    _check(xs, ws)
+    B, _, H, D = xs[0].shape
+    want = (B, sum(x.shape[1] for x in xs), H, D)
+    if tuple(g.shape) != want:
+        raise ShapeError(f"joint_rms_norm backward: gradient {fmt_shape(g.shape)}, expected {fmt_shape(want)}")
+    if L.use_kernel(g, *xs) and all(x.size for x in xs):
+        dxs = _backward_kernel(g, xs, ws, eps)
+        if dxs is not None:
+            return dxs
+    return _backward_ref(g, xs, ws, eps)
