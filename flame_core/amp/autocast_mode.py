@@ -23,7 +23,8 @@ from ..autograd.grad_mode import state as _grad_state
 from ..errors import DeviceError, DTypeError
 
 # ----------------------------------------------------------------------------- the op policy
-LOWER_PRECISION_OPS = ("matmul", "mm", "bmm", "dot", "einsum", "linear", "conv2d", "scaled_dot_product_attention")
+LOWER_PRECISION_OPS = ("matmul", "mm", "bmm", "dot", "einsum", "linear", "conv2d", "scaled_dot_product_attention",
+                       "qkv_attention")
 FP32_OPS = ("softmax", "log_softmax", "sum", "mean", "cross_entropy", "nll_loss", "mse_loss", "l1_loss")
 PROMOTE_OPS = ("cat", "stack")  # they promote mixed inputs to the widest dtype by themselves (no cast needed)
 NATIVE_OPS = ("layer_norm", "rms_norm", "joint_rms_norm", "group_norm", "group_norm_silu")

@@ -5,6 +5,11 @@ broadcast; attn_mask broadcasts to (..., Lq, Lk), bool (True = attend) or float 
 is_causal keeps key j for query i when j <= i (top-left aligned). A row that attends nothing outputs 0 (as torch's math
 backend). The backward runs the fused array backward (recomputing the softmax from the saved logsumexp), so it is
 not differentiable a second time.
+
+qkv_attention is the same attention over a packed q | k | v projection (B, L, 3 * heads * D) -> (B, L, heads * D):
+the heads are split and merged by strides inside the one op (the kernels take strided operands), not by the five
+to seven view ops a model would issue around scaled_dot_product_attention -- at 77 tokens each op costs more host
+time than the GPU spends on the layer's attention.
 """
 import math
 
@@ -43,24 +48,34 @@ def _sum_to(a, shape, dtype):
     return a.reshape(shape)
 
 
+def _attend(q4, k4, v4, m4, is_causal, scale, op):
+    """(stash, o4, lse) of the attention kernels on (B, H, L, E) arrays; under selective checkpointing the first
+    run's kept output serves the recompute (`stash` is what `_keep` hands the output to)."""
+    kept = _ckpt.stash("attention")
+    if kept is not None and (kept.replaying or (kept.source is not None and "attention" in kept.source.kinds)):
+        o4, lse = (kept if kept.replaying else kept.source).take("attention")
+        want = q4.shape[:3] + v4.shape[3:]
+        if o4.shape != want or o4.dtype != q4.dtype:
+            raise ShapeError(f"{op}: the recompute's output {fmt_shape(want)} {q4.dtype} differs from the kept "
+                             f"{fmt_shape(o4.shape)} {o4.dtype}")
+        return kept, o4, lse
+    return (kept,) + K.flash_attention_forward(q4, k4, v4, m4, is_causal, scale)
+
+
+def _keep(kept, o4, lse, out):
+    if kept is not None and not kept.replaying and "attention" in kept.kinds:
+        kept.put("attention", (o4, lse), out._version)
+
+
 class ScaledDotProductAttention(Function):
     @staticmethod
     def forward(ctx, q, k, v, attn_mask, is_causal, scale, lead):
         lq, lk = q.shape[-2], k.shape[-2]
         q4, k4, v4 = _to4(q._data, lead), _to4(k._data, lead), _to4(v._data, lead)
         m4 = None if attn_mask is None else _mask_to4(attn_mask._data, lead, lq, lk)
-        kept = _ckpt.stash("attention")  # selective checkpointing: the first run's output serves the recompute
-        if kept is not None and (kept.replaying or (kept.source is not None and "attention" in kept.source.kinds)):
-            o4, lse = (kept if kept.replaying else kept.source).take("attention")
-            want = q4.shape[:3] + v4.shape[3:]
-            if o4.shape != want or o4.dtype != q4.dtype:
-                raise ShapeError(f"scaled_dot_product_attention: the recompute's output {fmt_shape(want)} "
-                                 f"{q4.dtype} differs from the kept {fmt_shape(o4.shape)} {o4.dtype}")
-        else:
-            o4, lse = K.flash_attention_forward(q4, k4, v4, m4, is_causal, scale)
+        kept, o4, lse = _attend(q4, k4, v4, m4, is_causal, scale, "scaled_dot_product_attention")
         out = _wrap(o4.reshape(lead + o4.shape[-2:]))
-        if kept is not None and not kept.replaying and "attention" in kept.kinds:
-            kept.put("attention", (o4, lse), out._version)
+        _keep(kept, o4, lse, out)
         ctx.save_for_backward(q, k, v, out)
         ctx.lse, ctx.mask4, ctx.is_causal, ctx.scale, ctx.lead = lse, m4, is_causal, scale, lead
         return out
@@ -133,3 +148,85 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                              f"not broadcast to (..., Lq, Lk) = {fmt_shape(full)}")
     scale = 1.0 / math.sqrt(qs[-1]) if scale is None else float(scale)
     return ScaledDotProductAttention.apply(query, key, value, attn_mask, bool(is_causal), scale, lead)
+
+
+def _split_heads(a, heads):
+    """(B, H, L, D) strided views of q, k, v in a packed (B, L, 3 * H * D) array (no copy)."""
+    B, L, W = a.shape
+    a5 = a.reshape(B, L, 3, heads, W // (3 * heads))
+    return tuple(a5[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+
+
+def _merge_heads(o4):
+    """(B, H, L, D) -> (B, L, H * D): a view where o4 lies in (B, L, H, D) memory (the kernels' output for q in a
+    packed projection), else a copy (the reference's contiguous output)."""
+    B, H, L, D = o4.shape
+    return o4.transpose(0, 2, 1, 3).reshape(B, L, H * D)
+
+
+class QKVAttention(Function):
+    @staticmethod
+    def forward(ctx, qkv, attn_mask, heads, is_causal, scale):
+        q4, k4, v4 = _split_heads(qkv._data, heads)
+        B, H, L, _ = q4.shape
+        m4 = None if attn_mask is None else _mask_to4(attn_mask._data, (B, H), L, L)
+        kept, o4, lse = _attend(q4, k4, v4, m4, is_causal, scale, "qkv_attention")
+        out = _wrap(_merge_heads(o4))
+        _keep(kept, o4, lse, out)
+        ctx.save_for_backward(qkv, out)
+        ctx.lse, ctx.mask4, ctx.is_causal, ctx.scale, ctx.heads = lse, m4, is_causal, scale, heads
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        qkv, out = ctx.saved_tensors
+        a = qkv._data
+        heads = ctx.heads
+        q4, k4, v4 = _split_heads(a, heads)
+        B, H, L, D = q4.shape
+        o4 = out._data.reshape(B, L, H, D).transpose(0, 2, 1, 3)
+        g4 = g._data.astype(a.dtype, copy=False).reshape(B, L, H, D).transpose(0, 2, 1, 3)
+        grads = K.flash_attention_backward(g4, q4, k4, v4, o4, ctx.lse, ctx.mask4, ctx.is_causal, ctx.scale)
+        xp = backend.xp_of(a)
+        d = xp.stack([d4.transpose(0, 2, 1, 3) for d4 in grads], axis=2)                     # (B, L, 3, H, D)
+        return _wrap(d.reshape(a.shape).astype(a.dtype, copy=False)), None, None, None, None
+
+
+def qkv_attention(qkv, num_heads, attn_mask=None, is_causal=False, scale=None):
+    """Multi-head attention over a packed projection: qkv (B, L, 3 * num_heads * D) holds q | k | v on the last dim,
+    each laid out (num_heads, D) as a linear over stacked q, k, v weights writes them -> (B, L, num_heads * D).
+
+    The same as splitting the heads, scaled_dot_product_attention((B, heads, L, D) q, k, v, attn_mask, is_causal,
+    scale) and merging them back, as one op. attn_mask broadcasts to (B, num_heads, L, L), bool (True = attend) or
+    float (added to the scaled scores); scale defaults to 1 / sqrt(D).
+    """
+    if not isinstance(qkv, Tensor):
+        raise TypeError(f"qkv_attention: qkv must be a Tensor, got {type(qkv).__name__}")
+    heads = int(num_heads)
+    if qkv.ndim != 3 or heads < 1 or qkv.shape[-1] % (3 * heads) or qkv.shape[1] == 0:
+        raise ShapeError(f"qkv_attention: qkv must be (B, L, 3 * num_heads * D) with L > 0, got shape "
+                         f"{fmt_shape(qkv.shape)} for num_heads={num_heads}")
+    if attn_mask is not None and is_causal:
+        raise ValueError("qkv_attention: pass either attn_mask or is_causal=True, not both")
+    check_same_device("qkv_attention", qkv, *(() if attn_mask is None else (attn_mask,)))
+    if _amp.active:  # autocast hook
+        (qkv,) = _amp.cast_inputs("lower", qkv)
+    if not qkv.dtype.is_floating_point:
+        raise DTypeError(f"qkv_attention: expected a floating point qkv, got {qkv.dtype}")
+    B, L, W = qkv.shape
+    D = W // (3 * heads)
+    if attn_mask is not None:
+        if not isinstance(attn_mask, Tensor):
+            raise TypeError(f"qkv_attention: attn_mask must be a Tensor or None, got {type(attn_mask).__name__}")
+        if attn_mask.dtype.name != "bool" and not attn_mask.dtype.is_floating_point:
+            raise DTypeError(f"qkv_attention: attn_mask must be bool or floating point, got {attn_mask.dtype}")
+        full = (B, heads, L, L)
+        try:
+            ok = attn_mask.ndim <= 4 and tuple(np.broadcast_shapes(tuple(attn_mask.shape), full)) == full
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ShapeError(f"qkv_attention: attn_mask of shape {fmt_shape(attn_mask.shape)} does not broadcast to "
+                             f"(B, heads, L, L) = {fmt_shape(full)}")
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    return QKVAttention.apply(qkv, attn_mask, heads, bool(is_causal), scale)

@@ -28,8 +28,11 @@ class CLIPTextEmbeddings(flame_nn.Module):
                                                      dtype=dtype, device=device)
 
     def forward(self, input_ids):
-        # rows of the tables: an index, not F.embedding (whose range check waits for the GPU)
-        return self.token_embedding.weight[input_ids] + self.position_embedding.weight[:input_ids.shape[1]]
+        # rows of the tables: an index, not F.embedding (whose range check waits for the GPU); the whole position
+        # table as it is when the ids fill it (77 tokens: one op fewer)
+        pos = self.position_embedding.weight
+        L = input_ids.shape[1]
+        return self.token_embedding.weight[input_ids] + (pos if L == pos.shape[0] else pos[:L])
 
 
 class CLIPAttention(flame_nn.Module):
@@ -49,9 +52,15 @@ class CLIPAttention(flame_nn.Module):
     def forward(self, x, attn_mask=None):
         """x (B, L, H); attn_mask None (causal) or bool (B, 1, L, L), True = attend (causal and padding)."""
         B, L, H = x.shape
-        q, k, v = project_heads(self, x, self.num_heads, self.head_dim)           # (B, heads, L, D) each
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None)
-        return self.out_proj(o.transpose(1, 2).reshape(B, L, H))
+        fused = self.fused_projections
+        qkv = fused(x) if fused is not None else None                              # (B, L, 3H) or None
+        if qkv is not None:  # heads split and merged inside the attention op: 2 ops, not 9
+            o = F.qkv_attention(qkv, self.num_heads, attn_mask=attn_mask, is_causal=attn_mask is None)
+        else:
+            q, k, v = project_heads(self, x, self.num_heads, self.head_dim)       # (B, heads, L, D) each
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None)
+            o = o.transpose(1, 2).reshape(B, L, H)
+        return self.out_proj(o)
 
 
 class CLIPMLP(flame_nn.Module):

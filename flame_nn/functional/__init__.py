@@ -21,7 +21,7 @@ from .activation import (
                          softplus,
                          tanh,
 )
-from .attention import scaled_dot_product_attention
+from .attention import qkv_attention, scaled_dot_product_attention
 from .bilinear import bilinear
 from .conv import conv1d, conv_transpose2d
 from .distance import cosine_similarity, normalize
@@ -44,7 +44,8 @@ from .upsample import interpolate
 __all__ = ["conv2d", "conv2d_add", "conv2d_memory_format", "pad_conv2d", "conv1d", "conv_transpose2d", "pad",
            "one_hot", "relu", "gelu", "geglu", "silu", "quick_gelu", "tanh", "sigmoid",
            "softmax", "log_softmax", "leaky_relu", "elu", "softplus", "mish", "hardswish",
-           "scaled_dot_product_attention", "bilinear", "normalize", "cosine_similarity", "dropout", "embedding",
+           "scaled_dot_product_attention", "qkv_attention", "bilinear", "normalize", "cosine_similarity", "dropout",
+           "embedding",
            "linear", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
            "binary_cross_entropy_with_logits", "kl_div", "nll_loss", "cross_entropy", "layer_norm", "group_norm",
            "group_norm_silu", "rms_norm", "joint_rms_norm", "batch_norm", "pixel_shuffle", "pixel_unshuffle",

@@ -16,6 +16,7 @@ from flame_core.autograd import gradcheck
 from flame_core.errors import DTypeError, FlameError, ShapeError
 from flame_core.kernels import attention as K
 from flame_core.kernels import launching, loader
+from flame_core.ops.attention import qkv_attention
 from flame_core.ops.attention import scaled_dot_product_attention as sdpa
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -218,6 +219,83 @@ def test_sdpa_errors():
     with pytest.raises(ShapeError, match="broadcast"):
         K.flash_attention_forward(np.zeros((1, 2, 4, 8)), np.zeros((1, 2, 5, 8)), np.zeros((1, 2, 5, 8)),
                                   np.zeros((3, 4, 5), bool))
+
+
+# ----------------------------------------------------------------------------- qkv_attention (packed projection)
+def _split(qkv, heads):
+    """The (B, heads, L, D) q, k, v of a packed (B, L, 3 * heads * D) array, as a model would split them."""
+    b, l, w = qkv.shape
+    a = qkv.reshape(b, l, 3, heads, w // (3 * heads)).transpose(2, 0, 3, 1, 4)
+    return a[0], a[1], a[2]
+
+
+@pytest.mark.parametrize("kind", [None, "causal", "bool", "float"])
+def test_qkv_attention_matches_dense_on_device(device, rng, kind):
+    b, heads, l, d = 2, 3, 13, 8
+    qkv, g = rng.standard_normal((b, l, 3 * heads * d)), rng.standard_normal((b, l, heads * d))
+    mask = None
+    if kind == "bool":  # CLIP's causal & padding mask (B, 1, L, L)
+        mask = (np.arange(l)[:, None] >= np.arange(l)[None, :])[None, None] & (rng.random((b, 1, 1, l)) > 0.3)
+        mask[..., 0] = True
+    elif kind == "float":  # T5's position bias (1, heads, L, L)
+        mask = rng.standard_normal((1, heads, l, l)).astype(np.float32)
+    t = _t(qkv, device, True, flame.float32)
+    m = None if mask is None else flame.tensor(mask, device=device)
+    out = qkv_attention(t, heads, attn_mask=m, is_causal=kind == "causal")
+    out.backward(_t(g, device, dtype=flame.float32))
+    q, k, v = _split(qkv.astype(np.float32), heads)
+    do = g.reshape(b, l, heads, d).transpose(0, 2, 1, 3)
+    want_o, _, (dq, dk, dv) = dense(q, k, v, mask, causal=kind == "causal", do=do)
+    assert out.dtype == flame.float32 and tuple(out.shape) == (b, l, heads * d)
+    np.testing.assert_allclose(out.detach().numpy(), want_o.transpose(0, 2, 1, 3).reshape(b, l, heads * d),
+                               rtol=1e-4, atol=1e-5)
+    want_g = np.stack([x.transpose(0, 2, 1, 3) for x in (dq, dk, dv)], axis=2).reshape(qkv.shape)
+    np.testing.assert_allclose(t.grad.numpy(), want_g, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", [None, "bool", "causal"])
+def test_qkv_attention_gradcheck(rng, kind):
+    b, heads, l, d = 1, 2, 4, 3
+    t = _t(rng.standard_normal((b, l, 3 * heads * d)), "cpu", True)
+    mask = None
+    if kind == "bool":
+        m = rng.random((b, 1, l, l)) > 0.3
+        m[..., 0] = True
+        mask = flame.tensor(m, device="cpu")
+    assert gradcheck(lambda a: qkv_attention(a, heads, attn_mask=mask, is_causal=kind == "causal", scale=0.9), (t,))
+
+
+def test_qkv_attention_is_sdpa_over_split_heads_bit_for_bit(device, rng):
+    """The same kernels on the same strided operands: equal to splitting the heads around sdpa, in bf16 too."""
+    b, heads, l, d = 1, 4, 77, 16
+    dt = flame.bfloat16 if device.type == "cuda" else flame.float32
+    t = flame.tensor(rng.standard_normal((b, l, 3 * heads * d)).astype(np.float32), device=device).to(dt)
+    q, k, v = t.reshape(b, l, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)
+    want = sdpa(q, k, v, is_causal=True).transpose(1, 2).reshape(b, l, heads * d)
+    got = qkv_attention(t, heads, is_causal=True)
+    assert got.dtype == dt
+    np.testing.assert_array_equal(got.float().numpy(), want.float().numpy())
+
+
+def test_qkv_attention_default_scale_and_errors(rng):
+    qkv = rng.standard_normal((1, 5, 3 * 2 * 9))
+    q, k, v = _split(qkv, 2)
+    got = qkv_attention(_t(qkv, "cpu"), 2).numpy()
+    np.testing.assert_allclose(got, dense(q, k, v, scale=1 / 3)[0].transpose(0, 2, 1, 3).reshape(1, 5, 18),
+                               rtol=1e-12)
+    t = flame.randn(1, 4, 24)
+    with pytest.raises(ShapeError, match=r"\(1, 4, 24\) for num_heads=5"):
+        qkv_attention(t, 5)
+    with pytest.raises(ShapeError, match="3 \\* num_heads"):
+        qkv_attention(flame.randn(4, 24), 2)
+    with pytest.raises(ValueError, match="not both"):
+        qkv_attention(t, 2, attn_mask=flame.ones(4, 4, dtype=flame.bool), is_causal=True)
+    with pytest.raises(ShapeError, match=r"\(1, 2, 4, 4\)"):
+        qkv_attention(t, 2, attn_mask=flame.ones(4, 5, dtype=flame.bool))
+    with pytest.raises(DTypeError, match="int64"):
+        qkv_attention(t, 2, attn_mask=flame.ones(4, 4, dtype=flame.int64))
+    with pytest.raises(DTypeError, match="floating"):
+        qkv_attention(flame.ones(1, 4, 24, dtype=flame.int32), 2)
 
 
 # ----------------------------------------------------------------------------- GPU kernels
