@@ -119,8 +119,13 @@ class T5Attention(flame_nn.Module):
 
     def forward(self, x, position_bias):
         B, L, _ = x.shape
+        trained_bias = position_bias.requires_grad and flame.is_grad_enabled()
+        fused = self.fused_projections
+        qkv = fused(x) if fused is not None and not trained_bias else None                # (B, L, 3 inner) or None
+        if qkv is not None:  # heads split and merged inside the attention op: 2 ops, not 9
+            return self.o(F.qkv_attention(qkv, self.num_heads, attn_mask=position_bias, scale=1.0))
         q, k, v = project_heads(self, x, self.num_heads, self.d_kv)                       # (B, heads, L, d_kv)
-        if position_bias.requires_grad and flame.is_grad_enabled():
+        if trained_bias:
             # the fused attention gives no gradient to an additive mask: a trained bias table takes the plain form
             p = (q @ k.transpose(-1, -2) + position_bias).softmax(-1)                   # (B, heads, L, L)
             o = p.to(v.dtype) @ v
