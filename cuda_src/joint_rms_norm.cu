@@ -20,6 +20,24 @@ struct JrmsPart {
     const void* w;
 };
 
+// Row rr of the joint order (b, l, h): its part (second), token within the part (lp), input row and gain.
+template <typename T>
+struct JrmsRow {
+    const T* src;
+    const void* w;
+    int b, h, lp;
+    bool second;
+    __device__ __forceinline__ JrmsRow(const JrmsPart<T>& p0, const JrmsPart<T>& p1, i64 rr, int H) {
+        const int Lt = p0.L + p1.L, l = (int)((rr / H) % Lt);
+        h = (int)(rr % H);
+        b = (int)(rr / ((i64)H * Lt));
+        second = l >= p0.L;
+        lp = second ? l - p0.L : l;
+        src = second ? p1.x + b * p1.sb + (i64)lp * p1.sl + h * p1.sh : p0.x + b * p0.sb + (i64)lp * p0.sl + h * p0.sh;
+        w = second ? p1.w : p0.w;
+    }
+};
+
 template <typename T, int N>
 __device__ __forceinline__ void jrms_fwd_body(JrmsPart<T> p0, JrmsPart<T> p1, T* __restrict__ y, int B, int H,
                                               int D, int G, float eps, int wf32) {
@@ -30,11 +48,9 @@ __device__ __forceinline__ void jrms_fwd_body(JrmsPart<T> p0, JrmsPart<T> p1, T*
         const i64 r = base + threadIdx.x / G;
         const bool valid = r < rows;
         const i64 rr = valid ? r : 0;
-        const int h = (int)(rr % H), l = (int)((rr / H) % Lt), b = (int)(rr / ((i64)H * Lt));
-        const bool second = l >= p0.L;
-        const T* src = second ? p1.x + b * p1.sb + (i64)(l - p0.L) * p1.sl + h * p1.sh
-                              : p0.x + b * p0.sb + (i64)l * p0.sl + h * p0.sh;
-        const void* wp = second ? p1.w : p0.w;
+        const JrmsRow<T> row(p0, p1, rr, H);
+        const T* src = row.src;
+        const void* wp = row.w;
         float v[K][N];
         float ss = 0.f;
 #pragma unroll
@@ -83,12 +99,9 @@ __device__ __forceinline__ void jrms_bwd_body(JrmsPart<T> p0, JrmsPart<T> p1, co
         const i64 r = base + threadIdx.x / G;
         const bool valid = r < rows;
         const i64 rr = valid ? r : 0;
-        const int h = (int)(rr % H), l = (int)((rr / H) % Lt), b = (int)(rr / ((i64)H * Lt));
-        const bool second = l >= p0.L;
-        const int lp = second ? l - p0.L : l;
-        const T* src = second ? p1.x + b * p1.sb + (i64)lp * p1.sl + h * p1.sh
-                              : p0.x + b * p0.sb + (i64)lp * p0.sl + h * p0.sh;
-        const void* wp = second ? p1.w : p0.w;
+        const JrmsRow<T> row(p0, p1, rr, H);
+        const T* src = row.src;
+        const void* wp = row.w;
         const T* gr = g + rr * D;
         float v[K][N], gw[K][N];
         float ss = 0.f;
@@ -122,7 +135,7 @@ __device__ __forceinline__ void jrms_bwd_body(JrmsPart<T> p0, JrmsPart<T> p1, co
         for (int o = G >> 1; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
         dot /= D;
         if (!valid) continue;
-        T* dst = second ? dx1 + (((i64)b * p1.L + lp) * H + h) * D : dx0 + (((i64)b * p0.L + lp) * H + h) * D;
+        T* dst = (row.second ? dx1 : dx0) + (((i64)row.b * (row.second ? p1.L : p0.L) + row.lp) * H + row.h) * D;
 #pragma unroll
         for (int k = 0; k < K; ++k) {
             const int c = (t + k * G) * N;
