@@ -14,6 +14,7 @@ from .. import backend
 from ..errors import ShapeError, fmt_shape
 from . import launching as KL
 from . import loader as L
+from . import norms as N
 from . import plans as P
 
 MAX_D = 512  # the kernels cache 16 values of a row per thread, 32 threads per row at most
@@ -37,29 +38,19 @@ def _check(xs, ws):
 
 
 # ----------------------------------------------------------------------------- references
-def _norm_ref(x, w, eps):
-    cd = L.compute_dtype(x.dtype)
-    xf = x.astype(cd)
-    rstd = 1.0 / backend.xp_of(x).sqrt((xf * xf).mean(axis=-1, keepdims=True) + cd(eps))
-    y = xf * rstd
-    return (y * w.astype(cd) if w is not None else y), xf, rstd
-
-
 def _forward_ref(xs, ws, eps):
+    """norms.py's RMSNorm reference per part, concatenated."""
     xp = backend.xp_of(xs[0])
-    return xp.concatenate([_norm_ref(x, w, eps)[0].astype(x.dtype) for x, w in zip(xs, ws)], axis=1)
+    return xp.concatenate([N._layer_ref(x, w, None, eps, True)[0] for x, w in zip(xs, ws)], axis=1)
 
 
 def _backward_ref(g, xs, ws, eps):
+    """norms.py's RMSNorm gradient reference per part, on that part's rows of the joint gradient."""
     out, l0 = [], 0
     for x, w in zip(xs, ws):
-        _, xf, rstd = _norm_ref(x, None, eps)
-        gp = g[:, l0:l0 + x.shape[1]].astype(xf.dtype)
+        rstd = N._layer_ref(x, None, None, eps, True)[2]
+        out.append(N._layer_grad_ref(g[:, l0:l0 + x.shape[1]], x, w, None, rstd, None, True)[0])
         l0 += x.shape[1]
-        gw = gp * w.astype(xf.dtype) if w is not None else gp
-        xh = xf * rstd
-        dot = (gw * xh).mean(axis=-1, keepdims=True)
-        out.append((rstd * (gw - xh * dot)).astype(x.dtype))
     return out
 
 

@@ -95,6 +95,21 @@ class ScaledDotProductAttention(Function):
         return grads[0], grads[1], grads[2], None, None, None, None
 
 
+def _check_mask(op, attn_mask, full, what):
+    """attn_mask a bool or floating point Tensor that broadcasts to the shape `full` (named `what` in the error)."""
+    if not isinstance(attn_mask, Tensor):
+        raise TypeError(f"{op}: attn_mask must be a Tensor or None, got {type(attn_mask).__name__}")
+    if attn_mask.dtype.name != "bool" and not attn_mask.dtype.is_floating_point:
+        raise DTypeError(f"{op}: attn_mask must be bool or floating point, got {attn_mask.dtype}")
+    try:
+        ok = tuple(np.broadcast_shapes(tuple(attn_mask.shape), full)) == full
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ShapeError(f"{op}: attn_mask of shape {fmt_shape(attn_mask.shape)} does not broadcast to {what} = "
+                         f"{fmt_shape(full)}")
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
     """softmax(query @ key^T * scale + mask) @ value, as torch.nn.functional.scaled_dot_product_attention.
 
@@ -132,20 +147,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         raise ShapeError(f"scaled_dot_product_attention: the batch dims of query {fmt_shape(qs)}, key "
                          f"{fmt_shape(ks)} and value {fmt_shape(vs)} do not broadcast") from None
     if attn_mask is not None:
-        if not isinstance(attn_mask, Tensor):
-            raise TypeError(f"scaled_dot_product_attention: attn_mask must be a Tensor or None, got "
-                            f"{type(attn_mask).__name__}")
-        if attn_mask.dtype.name != "bool" and not attn_mask.dtype.is_floating_point:
-            raise DTypeError(f"scaled_dot_product_attention: attn_mask must be bool or floating point, got "
-                             f"{attn_mask.dtype}")
-        full = lead + (qs[-2], ks[-2])
-        try:
-            ok = tuple(np.broadcast_shapes(tuple(attn_mask.shape), full)) == full
-        except ValueError:
-            ok = False
-        if not ok:
-            raise ShapeError(f"scaled_dot_product_attention: attn_mask of shape {fmt_shape(attn_mask.shape)} does "
-                             f"not broadcast to (..., Lq, Lk) = {fmt_shape(full)}")
+        _check_mask("scaled_dot_product_attention", attn_mask, lead + (qs[-2], ks[-2]), "(..., Lq, Lk)")
     scale = 1.0 / math.sqrt(qs[-1]) if scale is None else float(scale)
     return ScaledDotProductAttention.apply(query, key, value, attn_mask, bool(is_causal), scale, lead)
 
@@ -216,17 +218,6 @@ def qkv_attention(qkv, num_heads, attn_mask=None, is_causal=False, scale=None):
     B, L, W = qkv.shape
     D = W // (3 * heads)
     if attn_mask is not None:
-        if not isinstance(attn_mask, Tensor):
-            raise TypeError(f"qkv_attention: attn_mask must be a Tensor or None, got {type(attn_mask).__name__}")
-        if attn_mask.dtype.name != "bool" and not attn_mask.dtype.is_floating_point:
-            raise DTypeError(f"qkv_attention: attn_mask must be bool or floating point, got {attn_mask.dtype}")
-        full = (B, heads, L, L)
-        try:
-            ok = attn_mask.ndim <= 4 and tuple(np.broadcast_shapes(tuple(attn_mask.shape), full)) == full
-        except ValueError:
-            ok = False
-        if not ok:
-            raise ShapeError(f"qkv_attention: attn_mask of shape {fmt_shape(attn_mask.shape)} does not broadcast to "
-                             f"(B, heads, L, L) = {fmt_shape(full)}")
+        _check_mask("qkv_attention", attn_mask, (B, heads, L, L), "(B, heads, L, L)")
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     return QKVAttention.apply(qkv, attn_mask, heads, bool(is_causal), scale)

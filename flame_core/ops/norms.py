@@ -170,8 +170,8 @@ def joint_rms_norm(inputs, weights=None, eps=1e-6):
         raise ValueError(f"joint_rms_norm: one or two inputs and as many weights (or None), got {len(inputs)} inputs "
                          f"and {len(weights)} weights")
     check_same_device("joint_rms_norm", *inputs, *weights)
-    JK._check([x._data for x in inputs], [None if w is None else w._data for w in weights])
     if state.enabled and any(w is not None and w.requires_grad for w in weights):
+        JK._check([x._data for x in inputs], [None if w is None else w._data for w in weights])  # (the kernels' own)
         from .shape import cat
         parts = [LayerNorm.apply(x, w, None, 1, float(eps), True) for x, w in zip(inputs, weights)]
         return parts[0] if len(parts) == 1 else cat(parts, dim=1)

@@ -85,12 +85,6 @@ class SelfAttention(flame_nn.Module):
             q, k = self.ln_q(q).to(v.dtype), self.ln_k(k).to(v.dtype)
         return q, k, v
 
-    def qk_gains(self):
-        """((ln_q gain, ln_k gain), eps) of the QK-norm, or (None, None) without one."""
-        if self.ln_q is None:
-            return None, None
-        return (self.ln_q.weight, self.ln_k.weight), self.ln_q.eps
-
 
 class Mlp(flame_nn.Module):
     """timm's Mlp as SAI uses it: fc1 (H -> 4H), GELU(tanh), fc2 (4H -> H)."""
@@ -186,11 +180,9 @@ class JointBlock(flame_nn.Module):
 
 
 def _joint_qk(ca, xa, qs, ks):
-    """The joined q and k of two streams' SelfAttentions `ca`, `xa` (context first): ops.joint_qk_norm with each
-    stream's gains (ln_q / ln_k; the plain concatenation without QK-norm)."""
-    (cg, eps), (xg, _) = ca.qk_gains(), xa.qk_gains()
-    if cg is None or xg is None:
-        qs = tuple(ops.qk_norm(q, g[0], eps=a.ln_q.eps) if g else q for q, g, a in zip(qs, (cg, xg), (ca, xa)))
-        ks = tuple(ops.qk_norm(k, g[1], eps=a.ln_k.eps) if g else k for k, g, a in zip(ks, (cg, xg), (ca, xa)))
+    """The joined q and k of two streams' SelfAttentions `ca`, `xa` (context first; both built with the same
+    qk_norm): each stream's QK-norm written into them (ops.joint_qk_norm), or the plain concatenations without one."""
+    if ca.ln_q is None:
         return ops.joint_qk_norm(qs, None), ops.joint_qk_norm(ks, None)
-    return ops.joint_qk_norm(qs, (cg[0], xg[0]), eps), ops.joint_qk_norm(ks, (cg[1], xg[1]), eps)
+    return (ops.joint_qk_norm(qs, (ca.ln_q.weight, xa.ln_q.weight), ca.ln_q.eps),
+            ops.joint_qk_norm(ks, (ca.ln_k.weight, xa.ln_k.weight), ca.ln_k.eps))
