@@ -1,5 +1,5 @@
-"""layer_norm, rms_norm, joint_rms_norm, group_norm, group_norm_silu: differentiable, fused (flame_core.kernels.norms,
-.joint_rms_norm, .groupnorm) on every device.
+"""layer_norm, rms_norm, add_layer_norm, add_rms_norm, joint_rms_norm, group_norm, group_norm_silu: differentiable,
+fused (flame_core.kernels.norms, .add_layer_norm, .joint_rms_norm, .groupnorm) on every device.
 
 Each op records one node; its backward calls the fused array backward. Under `create_graph=True` the backward is
 written with Tensor ops instead (slower, but twice differentiable).
@@ -10,6 +10,7 @@ from .. import memory_formats as MF
 from ..autograd.function import Function
 from ..autograd.grad_mode import state
 from ..errors import ShapeError, fmt_shape
+from ..kernels import add_layer_norm as AK
 from ..kernels import groupnorm as GN
 from ..kernels import joint_rms_norm as JK
 from ..kernels import norms as K
@@ -126,6 +127,64 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     if eps is None:
         eps = float(ml_dtypes.finfo(input.dtype.np).eps)
     return LayerNorm.apply(input, weight, None, len(ns), float(eps), True)
+
+
+class AddLayerNorm(Function):
+    """(s, y) = (x + r, norm(x + r) w + b): the residual add and the norm after it in one kernel each way; s's
+    gradient and the norm's come back as one (x's and r's alike)."""
+
+    @staticmethod
+    def forward(ctx, x, r, weight, bias, eps, rms):
+        s, y, mean, rstd = AK.add_layer_norm_forward(x._data, r._data, _flat(weight), _flat(bias), eps, rms)
+        s = _wrap(s)
+        ctx.save_for_backward(s, weight, bias)
+        ctx.mean, ctx.rstd, ctx.eps, ctx.rms = mean, rstd, eps, rms
+        return s, _wrap(y)
+
+    @staticmethod
+    def backward(ctx, ds, dy):
+        s, weight, bias = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        if state.enabled:  # create_graph: the normalisation rule in Tensor ops
+            dx, dw, db = _composed_norm_backward(dy, s, weight, bias, 1, ctx.eps, ctx.rms)
+            dsum = dx + ds if ds is not None else dx
+        else:
+            want_w, want_b = weight is not None and needs[2], bias is not None and needs[3]
+            dsa, dwa, dba = AK.add_layer_norm_backward(dy._data, None if ds is None else ds._data, s._data,
+                                                       _flat(weight), ctx.mean, ctx.rstd, ctx.rms, want_w, want_b)
+            dsum = _wrap(dsa)
+            dw = _wrap(dwa.reshape(weight.shape)) if dwa is not None else None
+            db = _wrap(dba.astype(bias.dtype.np, copy=False).reshape(bias.shape)) if dba is not None else None
+        return (dsum if needs[0] else None, dsum if needs[1] else None, dw if needs[2] else None,
+                db if needs[3] else None, None, None)
+
+
+def _add_norm(op, input, residual, weight, bias, eps, rms):
+    check_same_device(op, input, residual, weight, bias)
+    if tuple(input.shape) != tuple(residual.shape):
+        raise ShapeError(f"{op}: input {fmt_shape(input.shape)} and residual {fmt_shape(residual.shape)} must have "
+                         f"one shape (no broadcasting)")
+    if input.dtype != residual.dtype:  # as the add would: both to the promoted dtype
+        from ..dtypes import promote_types
+        dt = promote_types(input.dtype, residual.dtype)
+        input, residual = input.to(dt), residual.to(dt)
+    AK._check(input._data, residual._data, None if weight is None else weight._data,
+              None if bias is None else bias._data)
+    return AddLayerNorm.apply(input, residual, weight, bias, float(eps), rms)
+
+
+def add_layer_norm(input, residual, weight=None, bias=None, eps=1e-5):
+    """(s, y) = (input + residual, layer_norm(s, (D,), weight, bias, eps)) over the last dim D in one op: a pre-norm
+    block's `x = x + f(x); h = norm(x)` as `x, h = add_layer_norm(x, f(x), norm.weight, norm.bias, norm.eps)`.
+    y normalises s as stored (rounded to its dtype): the same numbers as the add and layer_norm, up to the reduction
+    order."""
+    return _add_norm("add_layer_norm", input, residual, weight, bias, eps, False)
+
+
+def add_rms_norm(input, residual, weight=None, eps=1e-6):
+    """(s, y) = (input + residual, rms_norm(s, (D,), weight, eps)) over the last dim in one op (add_layer_norm's
+    RMS form: T5's and Qwen's pre-norm blocks)."""
+    return _add_norm("add_rms_norm", input, residual, weight, None, eps, True)
 
 
 class JointRMSNorm(Function):

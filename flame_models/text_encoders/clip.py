@@ -11,7 +11,7 @@ checkpoint keys (`text_model.encoder.layers.0.self_attn.q_proj.weight`, `text_pr
 import flame_core as flame
 import flame_nn
 import flame_nn.functional as F
-from flame_nn.offload import run_block
+from flame_nn.offload import is_streamed, run_block
 
 from .base import TextEncoderModel
 from .configs import CLIPTextConfig
@@ -88,9 +88,25 @@ class CLIPEncoderLayer(flame_nn.Module):
         self.mlp = CLIPMLP(config, dtype=dtype, device=device)
         self.layer_norm2 = flame_nn.LayerNorm(H, eps=eps, dtype=dtype, device=device)
 
-    def forward(self, x, attn_mask=None):
-        x = x + self.self_attn(self.layer_norm1(x), attn_mask)
-        return x + self.mlp(self.layer_norm2(x))
+    def forward(self, x, attn_mask=None, h=None, next_norm=None):
+        """x (B, L, H) -> x + attn + mlp. h: layer_norm1(x) when the caller has it (the previous layer's last add
+        fused with this norm); next_norm: the norm after this layer, fused with its last add -> (x, next_norm(x))."""
+        h = self.layer_norm1(x) if h is None else h
+        x, h = add_norm(x, self.self_attn(h, attn_mask), self.layer_norm2)
+        r = self.mlp(h)
+        return x + r if next_norm is None else add_norm(x, r, next_norm)
+
+
+def add_norm(x, r, norm):
+    """(x + r, norm(x + r)): one fused op (F.add_layer_norm, the same numbers) when `norm` is a plain LayerNorm over
+    the last dim with no hooks, else the add and the module call."""
+    if (type(norm) is flame_nn.LayerNorm and len(norm.normalized_shape) == 1 and not (
+            norm._forward_pre_hooks or norm._forward_hooks or norm._backward_hooks or norm._backward_pre_hooks)):
+        if norm._meta_check:
+            norm._check_materialized()
+        return F.add_layer_norm(x, r, norm.weight, norm.bias, norm.eps)
+    x = x + r
+    return x, norm(x)
 
 
 class CLIPEncoder(flame_nn.Module):
@@ -128,12 +144,21 @@ class CLIPTextTransformer(flame_nn.Module):
 
         x = self.embeddings(ids)                                                           # (B, L, H)
         hidden_states = [x] if output_hidden_states else None
-        layers = self.encoder.layers
-        for i in range(len(layers)):
-            x = run_block(layers, i, x, attn_mask)
+        layers, n = self.encoder.layers, len(self.encoder.layers)
+        # a layer's last add fused with the next norm (the next layer's layer_norm1, or the final one) where the blocks
+        # run as plain calls; streamed or checkpointed blocks stay whole (a block's weights are only there in its
+        # turn, a recomputed block must not reach into the next)
+        chain = n > 0 and not is_streamed(layers) and not any(layer.gradient_checkpointing for layer in layers)
+        h = None
+        for i in range(n):
+            if chain:
+                nxt = layers[i + 1].layer_norm1 if i + 1 < n else self.final_layer_norm
+                x, h = layers[i](x, attn_mask, h=h, next_norm=nxt)
+            else:
+                x = run_block(layers, i, x, attn_mask)
             if hidden_states is not None:
                 hidden_states.append(x)
-        last = self.final_layer_norm(x)
+        last = h if chain else self.final_layer_norm(x)
 
         # the EOS token's state: argmax of the ids under the legacy eos_token_id 2, else the first eos_token_id
         eos = ids.argmax(-1) if c.eos_token_id == 2 else (ids == c.eos_token_id).int().argmax(-1)

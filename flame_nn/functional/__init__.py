@@ -37,7 +37,16 @@ from .loss import (
                          nll_loss,
                          smooth_l1_loss,
 )
-from .norm import batch_norm, group_norm, group_norm_silu, joint_rms_norm, layer_norm, rms_norm
+from .norm import (
+                         add_layer_norm,
+                         add_rms_norm,
+                         batch_norm,
+                         group_norm,
+                         group_norm_silu,
+                         joint_rms_norm,
+                         layer_norm,
+                         rms_norm,
+)
 from .pixel_shuffle import pixel_shuffle, pixel_unshuffle
 from .upsample import interpolate
 
@@ -48,5 +57,6 @@ __all__ = ["conv2d", "conv2d_add", "conv2d_memory_format", "pad_conv2d", "conv1d
            "embedding",
            "linear", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
            "binary_cross_entropy_with_logits", "kl_div", "nll_loss", "cross_entropy", "layer_norm", "group_norm",
-           "group_norm_silu", "rms_norm", "joint_rms_norm", "batch_norm", "pixel_shuffle", "pixel_unshuffle",
+           "group_norm_silu", "rms_norm", "add_layer_norm", "add_rms_norm", "joint_rms_norm", "batch_norm",
+           "pixel_shuffle", "pixel_unshuffle",
            "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "interpolate"]

@@ -1,5 +1,5 @@
-"""layer_norm, group_norm, group_norm_silu, rms_norm, joint_rms_norm: flame_core's fused norms (flame_core.ops.norms);
-batch_norm from Tensor ops.
+"""layer_norm, group_norm, group_norm_silu, rms_norm, add_layer_norm, add_rms_norm, joint_rms_norm: flame_core's fused
+norms (flame_core.ops.norms); batch_norm from Tensor ops.
 
 Autocast category "native" (flame_core.amp): no casts. The kernels read float16/bfloat16 activations directly,
 compute statistics and the normalisation in float32 and return the input's dtype; float32 weights are read as they
@@ -20,6 +20,17 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
 def rms_norm(input, normalized_shape, weight=None, eps=None):
     """eps=None: the machine epsilon of the input dtype (PyTorch)."""
     return _N.rms_norm(input, normalized_shape, weight, eps)
+
+
+def add_layer_norm(input, residual, weight=None, bias=None, eps=1e-5):
+    """A FLAME op: (s, y) = (input + residual, layer_norm(s, (D,), weight, bias, eps)) over the last dim in one kernel
+    each way (a pre-norm block's residual add and the next norm); see flame_core.ops.norms.add_layer_norm."""
+    return _N.add_layer_norm(input, residual, weight, bias, eps)
+
+
+def add_rms_norm(input, residual, weight=None, eps=1e-6):
+    """A FLAME op: (s, y) = (input + residual, rms_norm(s, (D,), weight, eps)) in one kernel each way."""
+    return _N.add_rms_norm(input, residual, weight, eps)
 
 
 def joint_rms_norm(inputs, weights=None, eps=1e-6):

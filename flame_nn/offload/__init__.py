@@ -29,9 +29,10 @@ from .fp8_transposes import cache_fp8_transposes_
 from .host import OffloadError, safetensors_views
 from .layerwise import LayerwiseAdamW
 from .plan import BudgetPlan, plan_budget
-from .streamer import BlockStreamer, run_block, streamer_of
+from .streamer import BlockStreamer, is_streamed, run_block, streamer_of
 
-__all__ = ["BlockStreamer", "run_block", "streamer_of", "auto_fit", "demote", "fit_outside_growth", "OutsideGrowth",
+__all__ = ["BlockStreamer", "is_streamed", "run_block", "streamer_of", "auto_fit", "demote", "fit_outside_growth",
+           "OutsideGrowth",
            "FitReport", "MemoryBudgetError",
            "quantize_linear_weights_", "set_fp8_weight_", "use_fp8_compute_", "set_fp8_scaling_",
            "cache_fp8_transposes_", "Float8LinearMixin", "is_fp8_linear",

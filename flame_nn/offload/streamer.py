@@ -77,6 +77,12 @@ def run_block(stack, i, *args, **kwargs):
     return streamer.run(offset + i, *args, **kwargs)
 
 
+def is_streamed(stack):
+    """Whether run_block runs the blocks of `stack` (a ModuleList) through a BlockStreamer (a dict lookup: cheap
+    enough for every forward, unlike streamer_of's walk)."""
+    return stack.__dict__.get(_ATTR) is not None
+
+
 def streamer_of(module):
     """The BlockStreamer that streams a block stack inside `module` (or `module` itself), or None."""
     for m in module.modules():

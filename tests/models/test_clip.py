@@ -371,3 +371,43 @@ def test_encoder_layer_gradcheck(B, L, act, masked, seed):
         mask = flame.tensor((pos[:, None] >= pos[None, :])[None, None] & keep[:, None, None, :])
     w = layer.mlp.fc1.weight
     assert gradcheck(lambda x, w: layer(x, mask), (x, w))
+
+
+def test_fused_add_norms_keep_every_output_and_gradient(device):
+    """A layer's adds fused with the norms after them (add_layer_norm, chained into the next layer's layer_norm1 and
+    the final norm) give the outputs and gradients of the whole-block path (checkpointed blocks take that one)."""
+    rng = np.random.default_rng(7)
+    c = CLIPTextConfig(vocab_size=50, hidden_size=16, intermediate_size=24, num_hidden_layers=3,
+                       num_attention_heads=2, max_position_embeddings=8, hidden_act="quick_gelu")
+    model = CLIPTextModel(c, device=device)
+    for p in model.parameters():
+        p.data.copy_(flame.tensor(rng.uniform(-0.5, 0.5, tuple(p.shape)), dtype=p.dtype, device=device))
+    ids = np.array([[0, 5, 9, 7, 2, 1], [3, 4, 2, 1, 1, 1]])
+    w = model.text_model.encoder.layers[1].layer_norm2.weight
+
+    def run(checkpointed):
+        for layer in model.text_model.encoder.layers:
+            layer.gradient_checkpointing = checkpointed
+        w.grad = None
+        out = model(ids, output_hidden_states=True)
+        assert (out.last_hidden_state.grad_fn.name() == "AddLayerNormBackward") is not checkpointed
+        (out.last_hidden_state.sum() + (out.hidden_states[-2] ** 2).sum()).backward()
+        return [t.detach().numpy() for t in (out.last_hidden_state, out.pooler_output) + out.hidden_states], \
+            w.grad.numpy().copy()
+    fused, gw_fused = run(False)
+    whole, gw_whole = run(True)
+    for i, (a, b) in enumerate(zip(fused[2:], whole[2:])):
+        np.testing.assert_array_equal(a, b, err_msg=f"hidden state {i}")
+    for a, b in zip(fused[:2], whole[:2]):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(gw_fused, gw_whole, rtol=1e-5, atol=1e-5)
+
+
+def test_a_hooked_norm_is_still_called():
+    c = CLIPTextConfig(vocab_size=10, hidden_size=8, intermediate_size=12, num_hidden_layers=2,
+                       num_attention_heads=2, max_position_embeddings=8)
+    model = CLIPTextModel(c)
+    seen = []
+    model.text_model.encoder.layers[1].layer_norm1.register_forward_hook(lambda m, a, out: seen.append(out.shape))
+    model(np.array([[0, 3, 2]]))
+    assert seen == [(1, 3, 8)]
