@@ -111,13 +111,14 @@ def flame_part(res, a):
         # a frozen base (family_model's is too): without adapters only the input's gradient flows, and fp8
         # quantises frozen weights only
         model.requires_grad_(False)
-        lora_step.quantize_blocks((model.double_blocks, model.single_blocks), a.quantize)
+        lora_step.quantize_blocks((model.double_blocks, model.single_blocks), a.quantize, a.fp8_cache_transposes)
         name_map = name_map_for(presets["flux-dev"])
         kw, target = common.flame_flux_inputs(a.size, guidance=1.0)
         base = common.flame_flux_loss_step(model, kw)
         args = [kw["img"], kw["txt"], kw["y"], target]
     else:
-        model, name_map = lora_step.family_model("sd3", "sd3.5-large", quantize=a.quantize)
+        model, name_map = lora_step.family_model("sd3", "sd3.5-large", quantize=a.quantize,
+                                                  cache_transposes=a.fp8_cache_transposes)
         g = flame.Generator("cuda").manual_seed(1)
         lat = a.size // 8
         x = flame.randn(1, 16, lat, lat, generator=g, device="cuda").to(flame.bfloat16)
@@ -235,6 +236,8 @@ def main():
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--skip-diffusers", action="store_true")
     ap.add_argument("--quantize", default="bf16", choices=lora_step.QUANTIZE)
+    ap.add_argument("--fp8-cache-transposes", action="store_true",
+                    help="fp8_compute / fp8_delayed: every weight's W^T made once and kept (as bench/*_lora.py's flag)")
     a = ap.parse_args()
     res = common.Results(f"step_profile_{a.model}_{a.ckpt}" + ("" if a.quantize == "bf16" else f"_{a.quantize}"))
     parts = [("FLAME", lambda: (flame_part(res, a), lora_step.release_flame()))]  # its model freed on return
