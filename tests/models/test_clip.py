@@ -397,7 +397,10 @@ def test_fused_add_norms_keep_every_output_and_gradient(device):
     fused, gw_fused = run(False)
     whole, gw_whole = run(True)
     for i, (a, b) in enumerate(zip(fused[2:], whole[2:])):
-        np.testing.assert_array_equal(a, b, err_msg=f"hidden state {i}")
+        if device == "cpu":   # the same NumPy formulas: bit-equal
+            np.testing.assert_array_equal(a, b, err_msg=f"hidden state {i}")
+        else:                 # the fused kernel's mean / variance sum in another order than layer_norm's: ulps,
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"hidden state {i}")   # carried on
     for a, b in zip(fused[:2], whole[:2]):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(gw_fused, gw_whole, rtol=1e-5, atol=1e-5)
