@@ -21,19 +21,10 @@
 // nothing is allocated or zeroed per call. Its conditions: all blocks resident at once (the host caps the grid at 4
 // blocks of 256 threads per SM, __launch_bounds__ keeps the registers under that occupancy's share) and one launch at a
 // time per device (FLAME quantises on the compute stream only).
-#include "common.cuh"
-#include <cuda_fp8.h>
-
-#define FP8_MAX 448.f
+#include "fp8_delayed.cuh"
 
 // {amax bits, blocks arrived, barrier generation, blocks done}
 __device__ unsigned int g_fp8_state[4];
-
-__device__ __forceinline__ unsigned char e4m3_sat(float v) {
-    return (unsigned char)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
-}
-
-__device__ __forceinline__ bool finite_positive(float a) { return a > 0.f && a < __int_as_float(0x7f800000); }
 
 // The grid-wide barrier of one quantisation: every block's amax in (thread 0's counts), the cast factor 448 / amax of
 // the whole grid out (to every thread of the block). The last block to arrive publishes scale[] and opens the next
@@ -106,18 +97,6 @@ fp8_quantize_tensor(const T* __restrict__ x, unsigned char* __restrict__ q, floa
     fp8_grid_done();
 }
 
-// fp8_quantize_delayed: "delayed" scaling -- q = e4m3(x * state[1]) with the factor earlier calls of the same site
-// left in `state`, in ONE pass and without a grid barrier (current scaling needs the amax before the cast). The
-// call's amax is folded into the site's history and sets the factor of the NEXT call. state: float[3 + H] =
-// {dequantisation scale, cast factor, this call's amax bits (0 between calls), history of amaxes, newest first}.
-// scale_out = {state[0], state[1]} as this call used them (what the GEMM reads: the state changes under it). The
-// last block to finish (g_fp8_delayed counts them) shifts the history, records the amax (NaN values are passed over
-// by fmaxf; an inf records 0: a broken step leaves no range behind), and sets state[0] = m / 448, state[1] = 448 / m from the history's max m
-// (1, 1 when m is 0). Values beyond the history's range saturate to +-448. Block 0 writes scale_out before counting
-// itself in, and every block reads the factor before it counts: the last block's update comes after both.
-// update = 0: state is just {scale, factor} (a recompute's fixed pair): cast, scale_out = that pair, nothing else.
-__device__ unsigned int g_fp8_delayed[1];
-
 // 8 elements (a 16-byte load of bf16 / fp16, two of fp32) cast with `inv` into 8 bytes at dst; their amax folded in.
 template <typename T>
 __device__ __forceinline__ float fp8_cast8_amax(const T* __restrict__ src, unsigned char* __restrict__ dst, float inv,
@@ -142,48 +121,16 @@ __device__ __forceinline__ float fp8_cast1_amax(T x, unsigned char* __restrict__
     return fmaxf(amax, fabsf(v));
 }
 
-// The end of a delayed-scaling launch, thread 0 of each block with its block's amax: block 0 hands out the pair this
-// call used, every block folds its amax in, and the last block moves the site's history and sets the next pair.
-__device__ __forceinline__ void fp8_delayed_fold(float* state, float* __restrict__ scale_out, int hist, float amax,
-                                                 float inv) {
-    if (blockIdx.x == 0) {
-        scale_out[0] = state[0];
-        scale_out[1] = inv;
-    }
-    atomicMax(reinterpret_cast<unsigned int*>(state + 2), __float_as_uint(amax));
-    __threadfence();
-    if (atomicAdd(g_fp8_delayed, 1u) == gridDim.x - 1) {
-        atomicExch(g_fp8_delayed, 0u);
-        __threadfence();
-        float a = __uint_as_float(atomicExch(reinterpret_cast<unsigned int*>(state + 2), 0u));
-        if (!(a >= 0.f && a < __int_as_float(0x7f800000))) a = 0.f;
-        float* h = state + 3;
-        float m = a;
-        for (int i = hist - 1; i > 0; --i) {
-            h[i] = h[i - 1];
-            m = fmaxf(m, h[i]);
-        }
-        h[0] = a;
-        state[0] = finite_positive(m) ? m / FP8_MAX : 1.f;
-        state[1] = finite_positive(m) ? FP8_MAX / m : 1.f;
-    }
-}
-
-// Every thread at the end of a delayed launch. update = 0 (a fixed pair: a checkpointed region's recompute reuses its
-// forward's): the pair handed out, no history. Else the block's amax, and fp8_delayed_fold.
-__device__ __forceinline__ void fp8_delayed_end(float* state, float* __restrict__ scale_out, int hist, float amax,
-                                                float inv, int update, float* smem) {
-    if (!update) {
-        if (blockIdx.x == 0 && threadIdx.x == 0) {
-            scale_out[0] = state[0];
-            scale_out[1] = inv;
-        }
-        return;
-    }
-    amax = block_max(amax, smem);
-    if (threadIdx.x == 0) fp8_delayed_fold(state, scale_out, hist, amax, inv);
-}
-
+// fp8_quantize_delayed: "delayed" scaling -- q = e4m3(x * state[1]) with the factor earlier calls of the same site
+// left in `state`, in ONE pass and without a grid barrier (current scaling needs the amax before the cast). The
+// call's amax is folded into the site's history and sets the factor of the NEXT call. state: float[3 + H] =
+// {dequantisation scale, cast factor, this call's amax bits (0 between calls), history of amaxes, newest first}.
+// scale_out = {state[0], state[1]} as this call used them (what the GEMM reads: the state changes under it). The
+// last block to finish (g_fp8_delayed counts them) shifts the history, records the amax (NaN values are passed over
+// by fmaxf; an inf records 0: a broken step leaves no range behind), and sets state[0] = m / 448, state[1] = 448 / m from the history's max m
+// (1, 1 when m is 0). Values beyond the history's range saturate to +-448. Block 0 writes scale_out before counting
+// itself in, and every block reads the factor before it counts: the last block's update comes after both.
+// update = 0: state is just {scale, factor} (a recompute's fixed pair): cast, scale_out = that pair, nothing else.
 template <typename T>
 __global__ void __launch_bounds__(256)
 fp8_quantize_delayed(const T* __restrict__ x, unsigned char* __restrict__ q, float* state,

@@ -118,6 +118,11 @@ class Module(D.FloatCasts):
             return self._call_with_hooks(args, kwargs)
         return self.forward(*args, **kwargs)
 
+    def has_hooks(self):
+        """Whether a forward (pre-) or backward (pre-) hook is registered on this module: a fused op that would take
+        its place in a bigger kernel must call it instead (the hooks see its inputs and outputs)."""
+        return bool(self._forward_pre_hooks or self._forward_hooks or self._backward_hooks or self._backward_pre_hooks)
+
     def _check_materialized(self):
         meta = [n for n, p in self._parameters.items() if p is not None and p.is_meta]
         if meta:

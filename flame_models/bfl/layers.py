@@ -141,7 +141,11 @@ def _mlp(hidden_size, mlp_hidden_dim, dtype, device):
 
 
 def _run_mlp(mlp, x):
-    return mlp[2](F.gelu(mlp[0](x), approximate="tanh"))
+    """mlp[2](gelu(mlp[0](x))): one fused node for fp8-compute layers (Linear.forward_gelu_mlp) unless the GELU
+    module is hooked."""
+    if mlp[1].has_hooks():
+        return mlp[2](mlp[1](mlp[0](x)))
+    return mlp[0].forward_gelu_mlp(x, mlp[2], approximate="tanh")
 
 
 class DoubleStreamBlock(flame_nn.Module):

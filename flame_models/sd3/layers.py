@@ -96,7 +96,7 @@ class Mlp(flame_nn.Module):
         self.fc2 = flame_nn.Linear(mlp_hidden_dim, hidden_size, **kw)
 
     def forward(self, x):
-        return self.fc2(ops.gelu_tanh(self.fc1(x)))
+        return self.fc1.forward_gelu_mlp(x, self.fc2, approximate="tanh")   # one node for fp8-compute layers
 
 
 class DismantledBlock(flame_nn.Module):

@@ -12,10 +12,6 @@ from flame_core.ops.shape import split, unbind  # noqa: F401
 from ..blocks.ops import joint_qk_norm, norm_modulate, qk_norm  # noqa: F401
 
 
-def gelu_tanh(x):
-    return F.gelu(x, approximate="tanh")
-
-
 def attention(q, k, v):
     """softmax(q k^T / sqrt(D)) v: q, k, v (B, L, heads, D) -> (B, L, heads*D). The heads stay in the layout the
     qkv projection produced: attention reads (B, heads, L, D) strided views and its output is viewed back."""

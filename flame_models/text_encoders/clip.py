@@ -100,8 +100,7 @@ class CLIPEncoderLayer(flame_nn.Module):
 def add_norm(x, r, norm):
     """(x + r, norm(x + r)): one fused op (F.add_layer_norm, the same numbers) when `norm` is a plain LayerNorm over
     the last dim with no hooks, else the add and the module call."""
-    if (type(norm) is flame_nn.LayerNorm and len(norm.normalized_shape) == 1 and not (
-            norm._forward_pre_hooks or norm._forward_hooks or norm._backward_hooks or norm._backward_pre_hooks)):
+    if type(norm) is flame_nn.LayerNorm and len(norm.normalized_shape) == 1 and not norm.has_hooks():
         if norm._meta_check:
             norm._check_materialized()
         return F.add_layer_norm(x, r, norm.weight, norm.bias, norm.eps)

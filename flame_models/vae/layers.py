@@ -28,8 +28,7 @@ def add_residual(h, x):
 def plain_conv(conv):
     """Whether `conv` is a plain flame_nn.Conv2d - no adapters mixed in, no hooks, zero padding - whose weights a
     fused functional (F.conv2d_add, F.pad_conv2d) may take in its place."""
-    return type(conv) is flame_nn.Conv2d and conv.padding_mode == "zeros" and not (
-        conv._forward_pre_hooks or conv._forward_hooks or conv._backward_hooks or conv._backward_pre_hooks)
+    return type(conv) is flame_nn.Conv2d and conv.padding_mode == "zeros" and not conv.has_hooks()
 
 
 def conv_add(conv, x, add=None, residual=None):

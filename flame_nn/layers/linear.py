@@ -55,6 +55,18 @@ class Linear(Module):
         out = self.fused_cat2(a, b)
         return out if out is not None else self(flame.cat((a, b), dim=-1))
 
+    def forward_gelu_mlp(self, input, fc2, approximate="none"):
+        """fc2(gelu(self(input), approximate)) -- an MLP's two Linears around its GELU -- as one fused node where the
+        layers have one (fp8-compute Linears with delayed scaling, not adapted, no hooks: flame_nn.offload.
+        fp8_compute.Float8ComputeGeluMlp, the same numbers without the GELU's output in the compute dtype), else
+        through the layers' own calls."""
+        out = self.fused_gelu_mlp(input, fc2, approximate)
+        return out if out is not None else fc2(F.gelu(self(input), approximate=approximate))
+
+    def fused_gelu_mlp(self, input, fc2, approximate):
+        """forward_gelu_mlp's fused node, or None where this layer has none (only fp8-compute Linears define one)."""
+        return None
+
     def fused_cat2(self, a, b):
         """forward_cat2's fused node, or None where this layer's class has none (any subclass with its own forward,
         adapted layers included: their adapters need the joined input)."""

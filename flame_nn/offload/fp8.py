@@ -32,6 +32,7 @@ from flame_core import as_tensor, backend
 from flame_core import dtypes as D
 from flame_core.amp import autocast_mode as _amp
 from flame_core.autograd import Function, no_grad
+from flame_core.autograd.grad_mode import is_grad_enabled
 from flame_core.errors import DTypeError, ShapeError, fmt_shape
 from flame_core.kernels import fp8 as _K
 from flame_core.kernels import fp8_tensor as _KT
@@ -231,6 +232,28 @@ class Float8LinearMixin:
             return None
         return FC.fp8_linear_cat2(a, b, self.weight, self.weight_scale, bias, dt.np, self.__dict__.get("_fp8_sites"),
                                   self.__dict__.get("_fp8_wt"))
+
+    def fused_gelu_mlp(self, input, fc2, approximate):
+        """Linear.forward_gelu_mlp's fused node (fp8_compute.Float8ComputeGeluMlp) when this layer and fc2 are both
+        fp8-compute Linears with delayed scaling (set_fp8_scaling_), neither adapted, subclassed with its own forward
+        nor hooked, of one compute dtype, their biases frozen (or no gradient recorded), and fp8_compute.FUSED and
+        FUSED_MLP; else None (forward_gelu_mlp calls the layers)."""
+        from . import fp8_compute as FC
+        layers = (self, fc2)
+        if not (FC.FUSED and FC.FUSED_MLP) or approximate not in ("none", "tanh") or any(
+                type(m).forward is not Float8LinearMixin.forward or not m.fp8_compute or m.has_hooks()
+                or m.__dict__.get("_fp8_sites") is None for m in layers):
+            return None
+        dt, input, b1 = self._compute_inputs(input)
+        dt2, b2 = fc2.compute_dtype, fc2.bias
+        if _amp.active and _amp.is_autocast_enabled("cuda" if input.is_cuda else "cpu"):
+            dt2 = dt
+            (b2,) = _amp.cast_inputs("lower", b2)
+        if dt.name not in _FP8_COMPUTE_DTYPES or dt2 != dt or (b2 is not None and b2.dtype != dt):
+            return None
+        if is_grad_enabled() and any(b is not None and b.requires_grad for b in (b1, b2)):
+            return None   # a trained bias needs the pre-activation gradient in the compute dtype
+        return FC.fp8_gelu_mlp(input, self, fc2, dt.np, approximate, (b1, b2))
 
     def extra_repr(self):
         if self.fp8_compute:

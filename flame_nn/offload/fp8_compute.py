@@ -61,6 +61,7 @@ from flame_core.autograd import Function
 from flame_core.autograd.grad_mode import is_grad_enabled
 from flame_core.checkpoint import recomputing
 from flame_core.errors import DTypeError, ShapeError
+from flame_core.kernels import fp8_gelu as _G
 from flame_core.kernels import fp8_tensor as _T
 from flame_core.kernels import scaled_mm as _S
 from flame_core.ops.linear import (
@@ -74,6 +75,9 @@ from flame_core.ops.linear import (
 
 FAST_ACCUM_FORWARD = True
 FUSED = os.environ.get("FLAME_FP8_FUSED", "1") != "0"   # the fused split / LoRA paths (see the module docstring)
+# Linear.forward_gelu_mlp's one node (Float8ComputeGeluMlp) where FUSED holds; FLAME_FP8_FUSED_MLP=0: the layers' own
+# nodes (an A/B of the GELU-fused casts alone)
+FUSED_MLP = os.environ.get("FLAME_FP8_FUSED_MLP", "1") != "0"
 
 
 def _as(arr, dtype):
@@ -278,3 +282,72 @@ def fp8_linear_cat2(a, b, q, scales, bias, dtype, sites=None, wt=None):
         raise ShapeError(f"fp8 linear_cat2: inputs {tuple(a.shape)} and {tuple(b.shape)} do not fit a weight of "
                          f"shape {tuple(q.shape)}")
     return Float8ComputeCat2.apply(a, b, q, scales, bias, np.dtype(dtype), sites, wt)
+
+
+def _quantize_gelu(h, sites, approximate):
+    """fc2's input gelu(h) for its fp8 GEMM with fc2's input site (_quantize_x's rules: in a recompute, the pair of
+    the site's last forward)."""
+    if sites.x_last is not None and recomputing():
+        return _G.gelu_quantize_with_scale(h, sites.x_last, approximate)
+    q, s = _G.gelu_quantize_delayed(h, sites.x, approximate)
+    sites.x_last = s
+    return q, s
+
+
+class Float8ComputeGeluMlp(Function):
+    """fc2(gelu(fc1(x))) for two fp8-compute Linears with delayed scaling, as one node (Linear.forward_gelu_mlp):
+
+        h = scaled_mm(e4m3(x), W1_q) + b1                    (compute dtype, kept for the backward)
+        y = scaled_mm(e4m3(gelu(h)), W2_q) + b2              gelu and fc2's input cast: one kernel (fp8_gelu)
+        dg = scaled_mm(e4m3(dy), W2_q^T)
+        dx = scaled_mm(e4m3(dg * gelu'(h)), W1_q^T)          gelu's backward and fc1's gradient cast: one kernel
+
+    The composed layers' numbers (each layer's own sites, the same roundings), without writing gelu(h) or its
+    gradient in the compute dtype and reading them back to quantise: 4 bytes an element of the MLP's width fewer
+    each way. Inputs: x, q1, scales1, b1, q2, scales2, b2; the biases must not train (the caller's condition: a frozen
+    base); `wts` the layers' resident W^T or None. No double backward."""
+
+    @staticmethod
+    def forward(ctx, x, q1, s1, b1, q2, s2, b2, dtype, approximate, sites, wts):
+        a = x.array.reshape(-1, x.shape[-1])
+        qx, sx = _quantize_x(a, sites[0])
+        h = _S.scaled_mm(qx, q1.array, sx, s1.array, bias=None if b1 is None else _as(b1.array, dtype),
+                         out_dtype=dtype, fast_accum=FAST_ACCUM_FORWARD)
+        qg, sg = _quantize_gelu(h, sites[1], approximate)
+        y = _S.scaled_mm(qg, q2.array, sg, s2.array, bias=None if b2 is None else _as(b2.array, dtype),
+                         out_dtype=dtype, fast_accum=FAST_ACCUM_FORWARD)
+        if ctx.needs_input_grad[0]:
+            ctx.save_for_backward(q1, s1, q2, s2)
+            ctx.h = h
+        ctx.x_shape, ctx.dtype, ctx.approximate, ctx.sites, ctx.wts = tuple(x.shape), np.dtype(dtype), approximate, \
+            sites, wts
+        return as_tensor(y.reshape(ctx.x_shape[:-1] + (q2.shape[0],)))
+
+    @staticmethod
+    def backward(ctx, g):
+        if not ctx.needs_input_grad[0]:
+            return (None,) * 11
+        if is_grad_enabled():
+            raise RuntimeError("fp8 compute: double backward (create_graph=True) is not supported")
+        from .fp8_transposes import weight_transposed
+        q1, s1, q2, s2 = ctx.saved_tensors
+        dt, (sites1, sites2), (wt1, wt2) = ctx.dtype, ctx.sites, ctx.wts
+        ga = g.array.reshape(-1, g.shape[-1])
+        qdy, sdy = _quantize_dy(_as(ga, dt), sites2)
+        dg = _S.scaled_mm(qdy, weight_transposed(q2, wt2), sdy, s2.array, out_dtype=dt)
+        qdh, sdh = _G.gelu_grad_quantize_delayed(dg, ctx.h, sites1.dy, ctx.approximate)
+        ctx.h = None
+        dx = _S.scaled_mm(qdh, weight_transposed(q1, wt1), sdh, s1.array, out_dtype=dt)
+        return (as_tensor(dx.reshape(ctx.x_shape)),) + (None,) * 10
+
+
+def fp8_gelu_mlp(x, fc1, fc2, dtype, approximate, biases):
+    """fc2(gelu(fc1(x))) as Float8ComputeGeluMlp for two fp8-compute Linears with delayed-scaling sites (the caller's
+    checks: Float8LinearMixin.fused_gelu_mlp); x and `biases` (b1, b2) in the compute dtype `dtype`."""
+    if x.shape[-1] != fc1.weight.shape[1] or fc1.weight.shape[0] != fc2.weight.shape[1]:
+        raise ShapeError(f"fp8 gelu mlp: input {tuple(x.shape)}, fc1 weight {tuple(fc1.weight.shape)} and fc2 weight "
+                         f"{tuple(fc2.weight.shape)} do not fit")
+    d1, d2 = fc1.__dict__, fc2.__dict__
+    return Float8ComputeGeluMlp.apply(x, fc1.weight, fc1.weight_scale, biases[0], fc2.weight, fc2.weight_scale,
+                                      biases[1], np.dtype(dtype), approximate, (d1["_fp8_sites"], d2["_fp8_sites"]),
+                                      (d1.get("_fp8_wt"), d2.get("_fp8_wt")))
