@@ -4,9 +4,12 @@ fp8-compute fc2(gelu(fc1(x))) (flame_nn.offload.fp8_compute.Float8ComputeGeluMlp
     gelu_quantize_delayed(h, site, approximate)        -> (q, scale): quantize_delayed(gelu(h), site) in one pass
     gelu_quantize_with_scale(h, scale, approximate)    -> (q, scale'): quantize_with_scale(gelu(h), scale)
     gelu_grad_quantize_delayed(dg, h, site, approximate) -> (q, scale): quantize_delayed(dg * gelu'(h), site)
+    cat_gelu_quantize_delayed(a, h, site, approximate)  -> (q, scale): quantize_parts_delayed([a, gelu(h)], site)
+    cat_gelu_quantize_with_scale(a, h, scale, approximate)   the same with a given pair (a recompute)
 
 h: fc1's output, dg: the gradient of gelu(h) (fc2's input gradient), one float16 / bfloat16 / float32 dtype and
-shape. The numbers are those of the composed ops -- activations.gelu_forward / gelu_backward writing h's dtype, then
+shape; a (rows, ca) and h (rows, ch) 2-D with h's rows any distance apart (a column block of a wider output, read in
+place). The numbers are those of the composed ops -- activations.gelu_forward / gelu_backward writing h's dtype, then
 fp8_tensor's quantisation of that (each value is rounded to h's dtype before its cast) -- without the intermediate
 array: on cuda one kernel reads what the two read first and writes only the e4m3 operand. A site's first call (no
 history yet: its own amax starts it), a cpu array or a tensor without kernels takes the composed ops.
@@ -75,3 +78,53 @@ def gelu_grad_quantize_delayed(dg, h, site, approximate="tanh"):
     if not _on_kernel(site.state, dg, h):
         return T.quantize_delayed(A.gelu_backward(dg, h, approximate), site)
     return _launch("fp8_gelu_bwd_quantize", (dg, h), site.state, site.history, 1, approximate)
+
+
+def _check_cat(what, approximate, a, h):
+    if approximate not in _APPROX:
+        raise ValueError(f"{what}: approximate must be 'none' or 'tanh', got {approximate!r}")
+    if a.ndim != 2 or h.ndim != 2 or a.shape[0] != h.shape[0]:
+        raise ShapeError(f"{what}: expects 2-D parts with one row count, got {tuple(a.shape)} and {tuple(h.shape)}")
+    if a.dtype != h.dtype or L.dtype_name(a.dtype) not in T._FLOATS:
+        raise DTypeError(f"{what}: expects float16/bfloat16/float32 arrays of one dtype, got {a.dtype} and {h.dtype}")
+
+
+def _rows_ld(x):
+    """The distance between x's rows in elements when its columns are adjacent, else None."""
+    item = x.itemsize
+    if x.strides[1] != item or x.strides[0] % item or x.strides[0] < x.shape[1] * item:
+        return None
+    return x.strides[0] // item
+
+
+def _cat_launch(a, h, st, hist, update, approximate):
+    cp = backend.cupy
+    a = P.contiguous(a)
+    ldh = _rows_ld(h)
+    if ldh is None:
+        h, ldh = P.contiguous(h), h.shape[1]
+    rows, ca, ch = a.shape[0], a.shape[1], h.shape[1]
+    q = cp.empty((rows, ca + ch), dtype=np.uint8)
+    scale = cp.empty(2, dtype=np.float32)
+    grid = (max(1, min(P.cdiv(P.cdiv(rows * (ca + ch), 8), 256), P.sm_count() * 8)),)
+    KL.launch(L.get_function("fp8_gelu", "fp8_cat_gelu_quantize", a.dtype), grid, (256,),
+              (a, KL.i64(ca), h, KL.i64(ldh), KL.i64(ch), KL.i64(rows), q, st, scale, KL.i32(hist), KL.i32(update),
+               KL.i32(_APPROX[approximate])))
+    return q, scale
+
+
+def cat_gelu_quantize_delayed(a, h, site, approximate="tanh"):
+    """(q, scale) of the column concatenation [a, gelu(h)] as fp8_tensor.quantize_parts_delayed([a, gelu(h)], site)
+    gives them: q (rows, ca + ch) bytes, one site, one amax over both parts."""
+    _check_cat("cat_gelu_quantize_delayed", approximate, a, h)
+    if not _on_kernel(site.state, a, h):
+        return T.quantize_parts_delayed([a, A.gelu_forward(h, approximate)], site)
+    return _cat_launch(a, h, site.state, site.history, 1, approximate)
+
+
+def cat_gelu_quantize_with_scale(a, h, scale, approximate="tanh"):
+    """cat_gelu_quantize_delayed with a given pair, as fp8_tensor.quantize_parts_with_scale([a, gelu(h)], scale)."""
+    _check_cat("cat_gelu_quantize_with_scale", approximate, a, h)
+    if not _on_kernel(scale, a, h):
+        return T.quantize_parts_with_scale([a, A.gelu_forward(h, approximate)], scale)
+    return _cat_launch(a, h, P.contiguous(scale), 0, 0, approximate)

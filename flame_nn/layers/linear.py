@@ -67,6 +67,18 @@ class Linear(Module):
         """forward_gelu_mlp's fused node, or None where this layer has none (only fp8-compute Linears define one)."""
         return None
 
+    def forward_cat2_gelu(self, a, h, approximate="none"):
+        """self(cat((a, gelu(h, approximate)), -1)) (Flux's single-block linear2 over attention | GELU(MLP)): one
+        fused node where the layer has one (an fp8-compute Linear with delayed scaling, not adapted, no hooks:
+        flame_nn.offload.fp8_compute.Float8ComputeCat2Gelu, gelu(h) never written in the compute dtype), else
+        forward_cat2 of (a, gelu(h))."""
+        out = self.fused_cat2_gelu(a, h, approximate)
+        return out if out is not None else self.forward_cat2(a, F.gelu(h, approximate=approximate))
+
+    def fused_cat2_gelu(self, a, h, approximate):
+        """forward_cat2_gelu's fused node, or None where this layer has none (only fp8-compute Linears define one)."""
+        return None
+
     def fused_cat2(self, a, b):
         """forward_cat2's fused node, or None where this layer's class has none (any subclass with its own forward,
         adapted layers included: their adapters need the joined input)."""

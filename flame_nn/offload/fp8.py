@@ -214,12 +214,13 @@ class Float8LinearMixin:
         return FC.fp8_linear_low_rank(input, self.weight, self.weight_scale, bias, dt.np, factors, splits,
                                       self.__dict__.get("_fp8_sites"), self.__dict__.get("_fp8_wt"))
 
-    def fused_cat2(self, a, b):
-        """Linear.fused_cat2 for fp8 compute (fp8_compute.Float8ComputeCat2, when fp8_compute.FUSED and the layer is
-        not adapted), else None (forward_cat2 then runs forward on the concatenation, with its checks)."""
+    def _cat2_inputs(self, a, b):
+        """(compute dtype, a, b, bias) for a fused node over cat((a, b), -1) -- under autocast cast to its dtype --
+        or None where the layer has none: not fp8 compute, fp8_compute.FUSED off, adapted (its adapters need the
+        joined input), hooked, or inputs of another dtype (forward then runs on the concatenation, with its checks)."""
         from ..adapters.layer import AdaptedMixin
         from . import fp8_compute as FC
-        if not (self.fp8_compute and FC.FUSED) or isinstance(self, AdaptedMixin):
+        if not (self.fp8_compute and FC.FUSED) or isinstance(self, AdaptedMixin) or self.has_hooks():
             return None
         dt, bias = self.compute_dtype, self.bias
         if _amp.active:
@@ -230,8 +231,31 @@ class Float8LinearMixin:
         if dt.name not in _FP8_COMPUTE_DTYPES or a.dtype != dt or b.dtype != dt or (bias is not None
                                                                                   and bias.dtype != dt):
             return None
+        return dt, a, b, bias
+
+    def fused_cat2(self, a, b):
+        """Linear.fused_cat2 for fp8 compute (fp8_compute.Float8ComputeCat2; see _cat2_inputs), else None."""
+        from . import fp8_compute as FC
+        got = self._cat2_inputs(a, b)
+        if got is None:
+            return None
+        dt, a, b, bias = got
         return FC.fp8_linear_cat2(a, b, self.weight, self.weight_scale, bias, dt.np, self.__dict__.get("_fp8_sites"),
                                   self.__dict__.get("_fp8_wt"))
+
+    def fused_cat2_gelu(self, a, h, approximate):
+        """Linear.fused_cat2_gelu for fp8 compute with delayed scaling (fp8_compute.Float8ComputeCat2Gelu, when
+        fp8_compute.FUSED_MLP too; see _cat2_inputs), else None."""
+        from . import fp8_compute as FC
+        sites = self.__dict__.get("_fp8_sites")
+        if sites is None or not FC.FUSED_MLP or approximate not in ("none", "tanh"):
+            return None
+        got = self._cat2_inputs(a, h)
+        if got is None:
+            return None
+        dt, a, h, bias = got
+        return FC.fp8_linear_cat2_gelu(a, h, self.weight, self.weight_scale, bias, dt.np, sites,
+                                       self.__dict__.get("_fp8_wt"), approximate)
 
     def fused_gelu_mlp(self, input, fc2, approximate):
         """Linear.forward_gelu_mlp's fused node (fp8_compute.Float8ComputeGeluMlp) when this layer and fc2 are both

@@ -61,8 +61,10 @@ from flame_core.autograd import Function
 from flame_core.autograd.grad_mode import is_grad_enabled
 from flame_core.checkpoint import recomputing
 from flame_core.errors import DTypeError, ShapeError
+from flame_core.kernels import activations as _A
 from flame_core.kernels import fp8_gelu as _G
 from flame_core.kernels import fp8_tensor as _T
+from flame_core.kernels import gelu_rows as _R
 from flame_core.kernels import scaled_mm as _S
 from flame_core.ops.linear import (
     bias_grad,
@@ -351,3 +353,65 @@ def fp8_gelu_mlp(x, fc1, fc2, dtype, approximate, biases):
     return Float8ComputeGeluMlp.apply(x, fc1.weight, fc1.weight_scale, biases[0], fc2.weight, fc2.weight_scale,
                                       biases[1], np.dtype(dtype), approximate, (d1["_fp8_sites"], d2["_fp8_sites"]),
                                       (d1.get("_fp8_wt"), d2.get("_fp8_wt")))
+
+
+class Float8ComputeCat2Gelu(Function):
+    """Float8ComputeCat2 of (a, gelu(h)) -- Flux's single-block linear2 over attention | GELU(MLP) -- with the GELU
+    in the cast (fp8_gelu.cat_gelu_quantize_delayed: a and gelu(h) quantised side by side from a and h as they are,
+    h read in place from linear1's output): gelu(h) is never written in the compute dtype. Backward: the output
+    gradient quantised once, two fp8 GEMMs on W^T's row blocks (da, and d gelu(h)), then GELU's backward into the
+    latter. Delayed scaling only (the site's factor is known before the cast). No double backward."""
+
+    @staticmethod
+    def forward(ctx, a, h, q, scales, bias, dtype, sites, wt, approximate):
+        a2, h2 = a.array.reshape(-1, a.shape[-1]), h.array.reshape(-1, h.shape[-1])
+        if sites.x_last is not None and recomputing():
+            qx, sx = _G.cat_gelu_quantize_with_scale(a2, h2, sites.x_last, approximate)
+        else:
+            qx, sx = _G.cat_gelu_quantize_delayed(a2, h2, sites.x, approximate)
+            sites.x_last = sx
+        y = _S.scaled_mm(qx, q.array, sx, scales.array, bias=None if bias is None else _as(bias.array, dtype),
+                         out_dtype=dtype, fast_accum=FAST_ACCUM_FORWARD)
+        need = ctx.needs_input_grad
+        if need[0] or need[1]:
+            ctx.save_for_backward(q, scales, h if need[1] else None)
+        ctx.shapes, ctx.dtype, ctx.sites, ctx.wt = (tuple(a.shape), tuple(h.shape)), np.dtype(dtype), sites, wt
+        ctx.approximate = approximate
+        return as_tensor(y.reshape(tuple(a.shape[:-1]) + (q.shape[0],)))
+
+    @staticmethod
+    def backward(ctx, g):
+        need = ctx.needs_input_grad
+        (sa, sh), dt = ctx.shapes, ctx.dtype
+        g2 = g.reshape(-1, g.shape[-1])
+        da = dh = dbias = None
+        if need[0] or need[1]:
+            if is_grad_enabled():
+                raise RuntimeError("fp8 compute: double backward (create_graph=True) is not supported")
+            from .fp8_transposes import weight_transposed
+            q, scales, h = ctx.saved_tensors
+            qg, sg = _quantize_dy(_as(g2.array, dt), ctx.sites)
+            wt = weight_transposed(q, ctx.wt)              # (in, out); both GEMMs enqueued before its next use
+            ha = sa[-1]
+            if need[0]:
+                da = as_tensor(_S.scaled_mm(qg, wt[:ha], sg, scales.array, out_dtype=dt).reshape(sa))
+            if need[1]:
+                dgl = _S.scaled_mm(qg, wt[ha:], sg, scales.array, out_dtype=dt)      # d gelu(h), (rows, ch)
+                h2 = h.array.reshape(-1, sh[-1])
+                if ctx.approximate == "tanh":   # h's rows read in place, written over dgl
+                    dh = _R.gelu_tanh_rows_backward(dgl, h2, out=dgl)
+                else:
+                    dh = _A.gelu_backward(dgl, h2, "none", out=dgl if h2.flags.c_contiguous else None)
+                dh = as_tensor(dh.reshape(sh))
+        if need[4]:
+            dbias = g2.sum(0)
+        return da, dh, None, None, dbias, None, None, None, None
+
+
+def fp8_linear_cat2_gelu(a, h, q, scales, bias, dtype, sites, wt, approximate):
+    """The fp8-compute Linear (q e4m3 (out, in), scales its per-tensor scale) of cat((a, gelu(h)), -1), as
+    Float8ComputeCat2Gelu; a, h and bias in the compute dtype `dtype` (the caller's checks), `sites` delayed."""
+    if a.shape[:-1] != h.shape[:-1] or a.shape[-1] + h.shape[-1] != q.shape[1]:
+        raise ShapeError(f"fp8 linear_cat2_gelu: inputs {tuple(a.shape)} and {tuple(h.shape)} do not fit a weight of "
+                         f"shape {tuple(q.shape)}")
+    return Float8ComputeCat2Gelu.apply(a, h, q, scales, bias, np.dtype(dtype), sites, wt, approximate)

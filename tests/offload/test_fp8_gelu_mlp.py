@@ -187,3 +187,77 @@ def test_gelu_casts_check_their_arguments(device):
     with pytest.raises(DTypeError, match="float16/bfloat16/float32"):
         G.gelu_quantize_delayed(h.astype(np.float64), site)
     assert site.state is None   # nothing ran
+
+
+def _linear2(device, n_in, n_out, seed=0, bias=True):
+    rng = np.random.default_rng(seed)
+    lin = nn.Linear(n_in, n_out, bias=bias, device=device, dtype=flame.bfloat16)
+    with flame.no_grad():
+        lin.weight.copy_(flame.tensor(0.2 * rng.standard_normal((n_out, n_in)), dtype=flame.bfloat16, device=device))
+        if bias:
+            lin.bias.copy_(flame.tensor(rng.standard_normal(n_out), dtype=flame.bfloat16, device=device))
+    lin.requires_grad_(False)
+    quantize_linear_weights_(lin, compute="fp8")
+    set_fp8_scaling_(lin, "delayed", history=3)
+    return lin
+
+
+@pytest.mark.parametrize("train_bias", [False, True])
+def test_fused_cat2_gelu_matches_the_composed_ops_over_delayed_steps(device, monkeypatch, train_bias):
+    """linear2(cat(a, gelu(h))) with h a column block of a wider output (read in place), as Flux's single blocks
+    run it: the fused node against forward_cat2 of (a, F.gelu(h)) -- outputs, da, dh, the bias gradient and the
+    sites' histories over 4 steps (bit-equal on cpu)."""
+    fused, composed = _linear2(device, 40, 24), _linear2(device, 40, 24)
+    for lin in (fused, composed):
+        lin.bias.requires_grad_(train_bias)
+    rng = np.random.default_rng(8)
+    for step in range(4):
+        a0 = rng.standard_normal((2, 5, 16)) * (1 + step)
+        w0 = rng.standard_normal((2, 5, 48)) * (1 + step)          # (.., 48): h is columns 16:40 of it
+        results = []
+        for lin, on in ((fused, True), (composed, False)):
+            monkeypatch.setattr(FC, "FUSED_MLP", on)
+            a = flame.tensor(a0, dtype=flame.bfloat16, device=device, requires_grad=True)
+            wide = flame.tensor(w0, dtype=flame.bfloat16, device=device, requires_grad=True)
+            h = wide[..., 16:40]
+            lin.bias.grad = None
+            y = lin.forward_cat2_gelu(a, h, approximate="tanh")
+            assert (y.grad_fn.name() == "Float8ComputeCat2GeluBackward") is on
+            (y.float() * y.float()).sum().backward()
+            results.append([npy(y), npy(a.grad), npy(wide.grad)] + ([npy(lin.bias.grad)] if train_bias else []))
+        for i, (x1, x2) in enumerate(zip(*results)):
+            if _cuda(device):
+                assert np.linalg.norm(x1 - x2) <= 1e-3 * np.linalg.norm(x2), f"step {step} output {i}"
+            else:
+                np.testing.assert_array_equal(x1, x2, err_msg=f"step {step} output {i}")
+        for x1, x2 in zip(_states(fused), _states(composed)):
+            if _cuda(device):
+                np.testing.assert_allclose(x1, x2, rtol=1e-2, err_msg=f"step {step}")
+            else:
+                np.testing.assert_array_equal(x1, x2, err_msg=f"step {step}")
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("rows,ca,ch,ld", [(1, 8, 8, 8), (7, 16, 24, 40), (33, 5, 11, 19), (64, 32, 96, 160),
+                                           (3, 8, 8, 12)])
+def test_cat_gelu_casts_match_the_composed_ops(device, dtype, rows, ca, ch, ld):
+    """cat_gelu_quantize_delayed / _with_scale against quantize_parts_delayed of [a, gelu(h)], h (rows, ch) read
+    from a wider (rows, ld) array at column 1 or 0 (vector and element-wise paths)."""
+    rng = np.random.default_rng(rows * 1000 + ca * 10 + ch)
+    dt = DTYPES[dtype]
+    a = flame.tensor(rng.standard_normal((rows, ca)), dtype=dt, device=device)._data
+    wide = flame.tensor(rng.standard_normal((rows, ld)) * 3, dtype=dt, device=device)._data
+    c0 = 0 if (ld - ch) % 8 else ld - ch          # a multiple-of-8 offset where the row length allows it
+    h = wide[:, c0:c0 + ch]
+    for approx in ("tanh", "none"):
+        s1, s2 = T.DelayedScaling(4), T.DelayedScaling(4)
+        for step in range(3):
+            got = G.cat_gelu_quantize_delayed(a * (1 + step), h, s1, approx)
+            want = T.quantize_parts_delayed([a * (1 + step), KA.gelu_forward(h, approx)], s2)
+            _same_cast(got, want, device, f"{approx} step {step}")
+            np.testing.assert_allclose(backend.to_numpy(s1.state), backend.to_numpy(s2.state), rtol=1e-2)
+        pair = backend.xp_of(a).asarray(np.array([0.5, 2.0], np.float32))
+        _same_cast(G.cat_gelu_quantize_with_scale(a, h, pair, approx),
+                   T.quantize_parts_with_scale([a, KA.gelu_forward(h, approx)], pair), device, f"{approx} fixed pair")
+    with pytest.raises(ShapeError, match="one row count"):
+        G.cat_gelu_quantize_delayed(a, wide[None], T.DelayedScaling())
