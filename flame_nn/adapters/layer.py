@@ -262,7 +262,7 @@ class AdaptedLinearMixin(AdaptedMixin):
         adapter runs fused and lies inside one part, else the adapted forward's output split."""
         active = self._active()
         factors = self._fused_factors(input, active) if active else []
-        if factors is not None:
+        if factors is not None and not self.has_hooks():    # the fused node would bypass the hooks
             bounds, lo = [], 0
             for n in split_sizes:
                 bounds.append((lo, lo + n))

@@ -45,14 +45,14 @@ class Linear(Module):
         the parts' gradients as they are instead of concatenating them first (a copy of the whole output gradient,
         held next to the parts). Subclasses with their own forward and no fused form (fused_low_rank) keep that
         forward."""
-        out = self.fused_low_rank(input, [], split_sizes)
+        out = None if self.has_hooks() else self.fused_low_rank(input, [], split_sizes)   # hooks: the call
         return out if out is not None else self(input).split(list(split_sizes), dim=-1)
 
     def forward_cat2(self, a, b):
         """self(cat((a, b), -1)) without building the concatenation where the layer has a fused form (a plain Linear:
         flame_core.ops.linear.linear_cat2; an fp8-compute Linear: flame_nn.offload.fp8_compute), else through the
-        layer's own forward (adapted, streamed...)."""
-        out = self.fused_cat2(a, b)
+        layer's own forward (adapted, streamed...) and when the layer has hooks (they see the joined input)."""
+        out = None if self.has_hooks() else self.fused_cat2(a, b)
         return out if out is not None else self(flame.cat((a, b), dim=-1))
 
     def forward_gelu_mlp(self, input, fc2, approximate="none"):
@@ -60,7 +60,7 @@ class Linear(Module):
         layers have one (fp8-compute Linears with delayed scaling, not adapted, no hooks: flame_nn.offload.
         fp8_compute.Float8ComputeGeluMlp, the same numbers without the GELU's output in the compute dtype), else
         through the layers' own calls."""
-        out = self.fused_gelu_mlp(input, fc2, approximate)
+        out = None if self.has_hooks() or fc2.has_hooks() else self.fused_gelu_mlp(input, fc2, approximate)
         return out if out is not None else fc2(F.gelu(self(input), approximate=approximate))
 
     def fused_gelu_mlp(self, input, fc2, approximate):
@@ -72,7 +72,7 @@ class Linear(Module):
         fused node where the layer has one (an fp8-compute Linear with delayed scaling, not adapted, no hooks:
         flame_nn.offload.fp8_compute.Float8ComputeCat2Gelu, gelu(h) never written in the compute dtype), else
         forward_cat2 of (a, gelu(h))."""
-        out = self.fused_cat2_gelu(a, h, approximate)
+        out = None if self.has_hooks() else self.fused_cat2_gelu(a, h, approximate)
         return out if out is not None else self.forward_cat2(a, F.gelu(h, approximate=approximate))
 
     def fused_cat2_gelu(self, a, h, approximate):

@@ -217,10 +217,10 @@ class Float8LinearMixin:
     def _cat2_inputs(self, a, b):
         """(compute dtype, a, b, bias) for a fused node over cat((a, b), -1) -- under autocast cast to its dtype --
         or None where the layer has none: not fp8 compute, fp8_compute.FUSED off, adapted (its adapters need the
-        joined input), hooked, or inputs of another dtype (forward then runs on the concatenation, with its checks)."""
+        joined input) or inputs of another dtype (forward then runs on the concatenation, with its checks)."""
         from ..adapters.layer import AdaptedMixin
         from . import fp8_compute as FC
-        if not (self.fp8_compute and FC.FUSED) or isinstance(self, AdaptedMixin) or self.has_hooks():
+        if not (self.fp8_compute and FC.FUSED) or isinstance(self, AdaptedMixin):
             return None
         dt, bias = self.compute_dtype, self.bias
         if _amp.active:
@@ -259,13 +259,13 @@ class Float8LinearMixin:
 
     def fused_gelu_mlp(self, input, fc2, approximate):
         """Linear.forward_gelu_mlp's fused node (fp8_compute.Float8ComputeGeluMlp) when this layer and fc2 are both
-        fp8-compute Linears with delayed scaling (set_fp8_scaling_), neither adapted, subclassed with its own forward
-        nor hooked, of one compute dtype, their biases frozen (or no gradient recorded), and fp8_compute.FUSED and
-        FUSED_MLP; else None (forward_gelu_mlp calls the layers)."""
+        fp8-compute Linears with delayed scaling (set_fp8_scaling_), neither adapted nor subclassed with its own
+        forward (hooks: forward_gelu_mlp's check), of one compute dtype, their biases frozen (or no gradient
+        recorded), and fp8_compute.FUSED and FUSED_MLP; else None (forward_gelu_mlp calls the layers)."""
         from . import fp8_compute as FC
         layers = (self, fc2)
         if not (FC.FUSED and FC.FUSED_MLP) or approximate not in ("none", "tanh") or any(
-                type(m).forward is not Float8LinearMixin.forward or not m.fp8_compute or m.has_hooks()
+                type(m).forward is not Float8LinearMixin.forward or not m.fp8_compute
                 or m.__dict__.get("_fp8_sites") is None for m in layers):
             return None
         dt, input, b1 = self._compute_inputs(input)

@@ -261,3 +261,20 @@ def test_cat_gelu_casts_match_the_composed_ops(device, dtype, rows, ca, ch, ld):
                    T.quantize_parts_with_scale([a, KA.gelu_forward(h, approx)], pair), device, f"{approx} fixed pair")
     with pytest.raises(ShapeError, match="one row count"):
         G.cat_gelu_quantize_delayed(a, wide[None], T.DelayedScaling())
+
+
+def test_the_fused_entry_points_call_a_hooked_layer(device):
+    """forward_split / forward_cat2 / forward_cat2_gelu on a layer with a forward hook go through the layer's call
+    (the fused nodes would bypass the hook), for plain and fp8-compute Linears alike."""
+    x = flame.tensor(np.ones((2, 16)), dtype=flame.bfloat16, device=device)
+    for make in (lambda n_in, n_out: nn.Linear(n_in, n_out, device=device, dtype=flame.bfloat16),
+                 lambda n_in, n_out: _linear2(device, n_in, n_out)):
+        seen = []
+        lin = make(16, 12)
+        lin.register_forward_hook(lambda m, a, out: seen.append(tuple(out.shape)))
+        assert [tuple(p.shape) for p in lin.forward_split(x, (4, 8))] == [(2, 4), (2, 8)] and seen == [(2, 12)]
+        lin2 = make(32, 12)
+        lin2.register_forward_hook(lambda m, a, out: seen.append(tuple(a[0].shape)))
+        lin2.forward_cat2(x, x)
+        lin2.forward_cat2_gelu(x, x, approximate="tanh")
+        assert seen[1:] == [(2, 32), (2, 32)]
