@@ -23,36 +23,27 @@ __device__ __forceinline__ float gelu_grad_of(float g, float h, int approx) {
     return rounded<T>(g * (approx ? gelu_tanh_grad(h) : gelu_erf_grad(h)));
 }
 
-// U vectors of 8 per thread per pass of the grid-stride loop, their loads issued before any is used (a grid of a
-// few blocks per SM keeps the amax fold's atomics few; the unrolling keeps enough loads in flight).
 template <typename T>
 __global__ void __launch_bounds__(256)
 fp8_gelu_quantize(const T* __restrict__ h, unsigned char* __restrict__ q, float* state, float* __restrict__ scale_out,
                   i64 n, int hist, int update, int approx) {
-    constexpr int U = 4, N = 8;   // 8 elements: 16 bytes of bf16 / fp16 in, 8 bytes of e4m3 out
     __shared__ float smem[32];
     const i64 tid = (i64)blockIdx.x * blockDim.x + threadIdx.x, stride = (i64)gridDim.x * blockDim.x;
+    constexpr int N = 8;   // 16 bytes of bf16 / fp16 in, 8 bytes of e4m3 out
     const i64 nv = aligned16(h) && aligned16(q) ? n / N : 0;
     const float inv = state[1];
     float amax = 0.f;
-    for (i64 k0 = tid; k0 < nv; k0 += U * stride) {
-        float v[U][N];
+    for (i64 k = tid; k < nv; k += stride) {
+        float v[N];
+        load_f32<T, N>(h + k * N, v);
+        union { uint2 u; unsigned char b[N]; } o;
 #pragma unroll
-        for (int u = 0; u < U; ++u)
-            if (k0 + u * stride < nv) load_f32<T, N>(h + (k0 + u * stride) * N, v[u]);
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const i64 k = k0 + u * stride;
-            if (k >= nv) break;
-            union { uint2 u2; unsigned char b[N]; } o;
-#pragma unroll
-            for (int j = 0; j < N; ++j) {
-                const float g = gelu_of<T>(v[u][j], approx);
-                amax = fmaxf(amax, fabsf(g));
-                o.b[j] = e4m3_sat(g * inv);
-            }
-            *reinterpret_cast<uint2*>(q + k * N) = o.u2;
+        for (int j = 0; j < N; ++j) {
+            const float g = gelu_of<T>(v[j], approx);
+            amax = fmaxf(amax, fabsf(g));
+            o.b[j] = e4m3_sat(g * inv);
         }
+        *reinterpret_cast<uint2*>(q + k * N) = o.u;
     }
     for (i64 i = nv * N + tid; i < n; i += stride) {
         const float g = gelu_of<T>(to_f32(h[i]), approx);
@@ -66,33 +57,24 @@ template <typename T>
 __global__ void __launch_bounds__(256)
 fp8_gelu_bwd_quantize(const T* __restrict__ dg, const T* __restrict__ h, unsigned char* __restrict__ q, float* state,
                       float* __restrict__ scale_out, i64 n, int hist, int update, int approx) {
-    constexpr int U = 2, N = 8;
     __shared__ float smem[32];
     const i64 tid = (i64)blockIdx.x * blockDim.x + threadIdx.x, stride = (i64)gridDim.x * blockDim.x;
+    constexpr int N = 8;
     const i64 nv = aligned16(dg) && aligned16(h) && aligned16(q) ? n / N : 0;
     const float inv = state[1];
     float amax = 0.f;
-    for (i64 k0 = tid; k0 < nv; k0 += U * stride) {
-        float g[U][N], v[U][N];
+    for (i64 k = tid; k < nv; k += stride) {
+        float g[N], v[N];
+        load_f32<T, N>(dg + k * N, g);
+        load_f32<T, N>(h + k * N, v);
+        union { uint2 u; unsigned char b[N]; } o;
 #pragma unroll
-        for (int u = 0; u < U; ++u)
-            if (k0 + u * stride < nv) {
-                load_f32<T, N>(dg + (k0 + u * stride) * N, g[u]);
-                load_f32<T, N>(h + (k0 + u * stride) * N, v[u]);
-            }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const i64 k = k0 + u * stride;
-            if (k >= nv) break;
-            union { uint2 u2; unsigned char b[N]; } o;
-#pragma unroll
-            for (int j = 0; j < N; ++j) {
-                const float d = gelu_grad_of<T>(g[u][j], v[u][j], approx);
-                amax = fmaxf(amax, fabsf(d));
-                o.b[j] = e4m3_sat(d * inv);
-            }
-            *reinterpret_cast<uint2*>(q + k * N) = o.u2;
+        for (int j = 0; j < N; ++j) {
+            const float d = gelu_grad_of<T>(g[j], v[j], approx);
+            amax = fmaxf(amax, fabsf(d));
+            o.b[j] = e4m3_sat(d * inv);
         }
+        *reinterpret_cast<uint2*>(q + k * N) = o.u;
     }
     for (i64 i = nv * N + tid; i < n; i += stride) {
         const float d = gelu_grad_of<T>(to_f32(dg[i]), to_f32(h[i]), approx);
