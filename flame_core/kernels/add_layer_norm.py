@@ -87,7 +87,7 @@ def _ptr(a):
     return KL.null() if a is None else a
 
 
-def _forward_kernel(x, r, weight, bias, eps, rms):
+def _forward_kernel(x, r, weight, bias, eps, rms, stats=True):
     xp = backend.xp_of(x)
     D = x.shape[-1]
     rows = x.size // D
@@ -98,11 +98,11 @@ def _forward_kernel(x, r, weight, bias, eps, rms):
         return None
     G, vec = plan
     s, y = xp.empty(x.shape, x.dtype), xp.empty(x.shape, x.dtype)
-    rstd = xp.empty(x.shape[:-1], np.float32)
-    mean = None if rms else xp.empty(x.shape[:-1], np.float32)
+    rstd = xp.empty(x.shape[:-1], np.float32) if stats else None   # no backward: the statistics are not kept
+    mean = None if rms or not stats else xp.empty(x.shape[:-1], np.float32)
     grid, block = _grid(rows, G)
     KL.launch(L.get_function("add_layer_norm", "add_layer_norm_fwd", x.dtype), grid, block,
-              (x2, r2, s, y, _ptr(mean), rstd, _ptr(w), _ptr(b), KL.i64(rows), KL.i32(D), KL.i32(G), KL.f32(eps),
+              (x2, r2, s, y, _ptr(mean), _ptr(rstd), _ptr(w), _ptr(b), KL.i64(rows), KL.i32(D), KL.i32(G), KL.f32(eps),
                KL.i32(wf32), KL.i32(int(rms)), KL.i32(vec)))
     return s, y, mean, rstd
 
@@ -144,15 +144,18 @@ def _param_grads(dy, s, mean, rstd, rms, weight, weight_grad, bias_grad):
 
 
 # ----------------------------------------------------------------------------- API
-def add_layer_norm_forward(x, r, weight=None, bias=None, eps=1e-5, rms=False):
+def add_layer_norm_forward(x, r, weight=None, bias=None, eps=1e-5, rms=False, stats=True):
+    """-> (s, y, mean or None, rstd or None); stats=False (no backward to come): the kernel keeps neither statistic
+    (two allocations fewer per call on the eager inference path)."""
     _check(x, r, weight, bias)
     if rms and bias is not None:
         raise ValueError("add_rms_norm: no bias (RMSNorm has a gain only)")
     if L.use_kernel(x, r, weight, bias) and x.size:
-        out = _forward_kernel(x, r, weight, bias, eps, rms)
+        out = _forward_kernel(x, r, weight, bias, eps, rms, stats)
         if out is not None:
             return out
-    return _forward_ref(x, r, weight, bias, eps, rms)
+    out = _forward_ref(x, r, weight, bias, eps, rms)
+    return out if stats else out[:2] + (None, None)
 
 
 def add_layer_norm_backward(dy, ds, s, weight, mean, rstd, rms=False, weight_grad=False, bias_grad=False):

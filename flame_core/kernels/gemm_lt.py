@@ -20,6 +20,8 @@ _EPILOGUE_BIAS = 4
 _PREF_MAX_WORKSPACE_BYTES = 1
 _PREF_MIN_ALIGNMENT = (5, 6, 7, 8)   # A, B, C, D bytes (cuBLASLt assumes 256 unless told)
 _CUDA_R_32F = 0
+_ONE, _ZERO = ctypes.byref(ctypes.c_float(1.0)), ctypes.byref(ctypes.c_float(0.0))   # alpha, beta (host, fp32)
+_PTR_SIZE = ctypes.sizeof(ctypes.c_void_p)
 WORKSPACE_BYTES = gemm.WORKSPACE_BYTES  # the shared workspace's size (gemm.workspace)
 
 
@@ -64,10 +66,12 @@ def _check(status, what):
         raise RuntimeError(f"cuBLASLt {what} failed with status {status}")
 
 
-def _handle():
-    """(cuBLASLt handle of the current device, the workspace: the current thread's cuBLAS one, gemm.workspace())."""
+def _handle(dev=None):
+    """(cuBLASLt handle of the current device -- or of device id `dev` --, the workspace: the current thread's cuBLAS
+    one, gemm.workspace())."""
     cp = backend.cupy
-    dev = cp.cuda.Device().id
+    if dev is None:
+        dev = cp.cuda.runtime.getDevice()
     h = _handles.get(dev)
     if h is None:
         lib = _library()
@@ -113,7 +117,10 @@ def _plan(key, h):
     result, count = _Heuristic(), ctypes.c_int(0)
     status = lib.cublasLtMatmulAlgoGetHeuristic(h, desc, layouts[0], layouts[1], layouts[2], layouts[2], pref, 1,
                                                 ctypes.byref(result), ctypes.byref(count))
-    plan = (desc, layouts, result) if status == 0 and count.value > 0 and result.state == 0 else None
+    plan = None
+    if status == 0 and count.value > 0 and result.state == 0:
+        ptr = ctypes.c_void_p()
+        plan = (desc, layouts, ctypes.byref(result.algo), (ptr, ctypes.byref(ptr)), result)   # result: kept alive
     _plans[key] = plan
     return plan
 
@@ -136,17 +143,19 @@ def matmul_bias(a, b, bias):
         return None
     (opA, lda), (opB, ldb) = la, lb
     t = gemm._CUDA_TYPE[np.dtype(a.dtype)]
-    h, ws = _handle()
+    dev = cp.cuda.runtime.getDevice()
+    h, ws = _handle(dev)
     out = cp.empty((M, N), dtype=a.dtype)
-    aligns = tuple(_alignment(x.data.ptr) for x in (b, a, out, out))   # cuBLASLt's A is b's memory (see _plan)
-    plan = _plan((cp.cuda.Device().id, t, opB, opA, N, M, K, ldb, lda, N, aligns), h)
+    pb, pa, po = b.data.ptr, a.data.ptr, out.data.ptr
+    ao = _alignment(po)
+    aligns = (_alignment(pb), _alignment(pa), ao, ao)   # cuBLASLt's A is b's memory (see _plan); C is D
+    plan = _plan((dev, t, opB, opA, N, M, K, ldb, lda, N, aligns), h)
     if plan is None:
         return None
-    desc, (l_b, l_a, l_c), algo = plan
-    lib = _library()
-    _set(lib, desc, _DESC_BIAS_POINTER, ctypes.c_void_p(bias.data.ptr))
-    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
-    _check(lib.cublasLtMatmul(h, desc, ctypes.byref(one), b.data.ptr, l_b, a.data.ptr, l_a, ctypes.byref(zero),
-                              out.data.ptr, l_c, out.data.ptr, l_c, ctypes.byref(algo.algo), ws.data.ptr,
+    desc, (l_b, l_a, l_c), algo, bias_ptr, _ = plan
+    lib = _lib
+    bias_ptr[0].value = bias.data.ptr          # the plan's own c_void_p and its reference, made once
+    _check(lib.cublasLtMatmulDescSetAttribute(desc, _DESC_BIAS_POINTER, bias_ptr[1], _PTR_SIZE), "DescSet")
+    _check(lib.cublasLtMatmul(h, desc, _ONE, pb, l_b, pa, l_a, _ZERO, po, l_c, po, l_c, algo, ws.data.ptr,
                               WORKSPACE_BYTES, cp.cuda.get_current_stream().ptr), "Matmul")
     return out

@@ -135,7 +135,8 @@ class AddLayerNorm(Function):
 
     @staticmethod
     def forward(ctx, x, r, weight, bias, eps, rms):
-        s, y, mean, rstd = AK.add_layer_norm_forward(x._data, r._data, _flat(weight), _flat(bias), eps, rms)
+        s, y, mean, rstd = AK.add_layer_norm_forward(x._data, r._data, _flat(weight), _flat(bias), eps, rms,
+                                                     stats=any(ctx.needs_input_grad[:4]))
         s = _wrap(s)
         ctx.save_for_backward(s, weight, bias)
         ctx.mean, ctx.rstd, ctx.eps, ctx.rms = mean, rstd, eps, rms
@@ -168,8 +169,6 @@ def _add_norm(op, input, residual, weight, bias, eps, rms):
         from ..dtypes import promote_types
         dt = promote_types(input.dtype, residual.dtype)
         input, residual = input.to(dt), residual.to(dt)
-    AK._check(input._data, residual._data, None if weight is None else weight._data,
-              None if bias is None else bias._data)
     return AddLayerNorm.apply(input, residual, weight, bias, float(eps), rms)
 
 

@@ -200,3 +200,28 @@ def test_op_on_the_gpu_matches_the_composed_ops(rng):
     assert_close(y.detach().float().numpy(), y2.detach().float().numpy(), "bfloat16", "forward")
     for got, p, what in zip(fused, (x, r, w, b), ("dx", "dr", "dw", "db")):
         assert_close(got, p.grad.float().numpy(), "bfloat16", what, scale=2.0)
+
+
+
+@pytest.mark.parametrize("rms", [False, True])
+def test_forward_without_statistics_gives_the_same_outputs(device, rng, rms):
+    """stats=False (no backward to come: the op passes it under no_grad): s and y as with the statistics, none
+    kept; and the op under no_grad gives the outputs it gives with grad."""
+    dev = flame.device(device)
+    x, r = (flame.tensor(rng.standard_normal((3, 5, 40)), dtype=flame.bfloat16, device=dev) for _ in range(2))
+    w = flame.tensor(rng.standard_normal(40) * 0.1 + 1, dtype=flame.bfloat16, device=dev)
+    b = None if rms else flame.tensor(rng.standard_normal(40) * 0.1, dtype=flame.bfloat16, device=dev)
+    arrays = (x._data, r._data, w._data, None if b is None else b._data)
+    full = K.add_layer_norm_forward(*arrays, 1e-5, rms)
+    bare = K.add_layer_norm_forward(*arrays, 1e-5, rms, stats=False)
+    assert bare[2] is None and bare[3] is None and full[3] is not None
+    for a, c in zip(full[:2], bare[:2]):
+        np.testing.assert_array_equal(flame.tensor(a).float().numpy(), flame.tensor(c).float().numpy())
+    op = (lambda: F.add_rms_norm(x, r, w)) if rms else (lambda: F.add_layer_norm(x, r, w, b))
+    with flame.no_grad():
+        s0, y0 = op()
+    w.requires_grad_(True)
+    s1, y1 = op()
+    assert y1.grad_fn is not None
+    for a, c in ((s0, s1), (y0, y1)):
+        np.testing.assert_array_equal(a.float().numpy(), c.detach().float().numpy())
