@@ -338,7 +338,7 @@ class Float8ComputeGeluMlp(Function):
         qdy, sdy = _quantize_dy(_as(ga, dt), sites2)
         dg = _S.scaled_mm(qdy, weight_transposed(q2, wt2), sdy, s2.array, out_dtype=dt)
         qdh, sdh = _G.gelu_grad_quantize_delayed(dg, ctx.h, sites1.dy, ctx.approximate)
-        ctx.h = None
+        ctx.h = dg = None     # both freed before fc1's dX is allocated
         dx = _S.scaled_mm(qdh, weight_transposed(q1, wt1), sdh, s1.array, out_dtype=dt)
         return (as_tensor(dx.reshape(ctx.x_shape)),) + (None,) * 10
 
