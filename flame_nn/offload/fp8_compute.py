@@ -104,17 +104,24 @@ _X_QUANTIZERS = {False: (_T.quantize_per_tensor, _T.quantize_with_scale, _T.quan
                  True: (_T.quantize_parts_per_tensor, _T.quantize_parts_with_scale, _T.quantize_parts_delayed)}
 
 
+def _cast_x(sites, delayed, with_scale):
+    """A layer's input cast for its fp8 GEMM through its delayed-scaling sites: `delayed(site)` records into the input
+    site's history, or in a checkpointed region's recompute `with_scale(pair)` repeats the pair of the layer's last
+    forward (the recomputed activations are the forward's bit for bit; the history moves once per forward)."""
+    if sites.x_last is not None and recomputing():
+        return with_scale(sites.x_last)
+    q, s = delayed(sites.x)
+    sites.x_last = s
+    return q, s
+
+
 def _quantize_x(a, sites):
-    """A layer's input (an array, or a list of column parts) for the fp8 GEMM: current scaling without sites; with
-    them the input site's delayed scaling, or in a recompute the pair of the layer's last forward."""
+    """A layer's input (an array, or a list of column parts) for the fp8 GEMM: current scaling without sites, else
+    _cast_x."""
     current, with_scale, delayed = _X_QUANTIZERS[isinstance(a, list)]
     if sites is None:
         return current(a)
-    if sites.x_last is not None and recomputing():
-        return with_scale(a, sites.x_last)
-    q, s = delayed(a, sites.x)
-    sites.x_last = s
-    return q, s
+    return _cast_x(sites, lambda site: delayed(a, site), lambda pair: with_scale(a, pair))
 
 
 def _quantize_dy(g, sites):
@@ -257,24 +264,33 @@ class Float8ComputeCat2(Function):
     @staticmethod
     def backward(ctx, g):
         need = ctx.needs_input_grad
-        na, nb, nbias = need[0], need[1], need[4]
-        (sa, sb), dt = ctx.shapes, ctx.dtype
-        g2 = g.reshape(-1, g.shape[-1])
-        da = db = dbias = None
-        if na or nb:
-            from .fp8_transposes import weight_transposed
-            q, scales = ctx.saved_tensors
-            ga = g2.array if g2.array.dtype.itemsize <= 4 else g2.array.astype(dt)   # float64: no kernel
-            qg, sg = _quantize_dy(ga, ctx.sites)
-            wt = weight_transposed(q, ctx.wt)              # (in, out); both GEMMs enqueued before its next use
-            ha = sa[-1]
-            if na:
-                da = as_tensor(_S.scaled_mm(qg, wt[:ha], sg, scales.array, out_dtype=dt).reshape(sa))
-            if nb:
-                db = as_tensor(_S.scaled_mm(qg, wt[ha:], sg, scales.array, out_dtype=dt).reshape(sb))
-        if nbias:
-            dbias = g2.sum(0)
-        return da, db, None, None, dbias, None, None, None
+        da, db, dbias = _cat2_backward(ctx, g, ctx.saved_tensors[:2], need[0], need[1], need[4])
+        (sa, sb) = ctx.shapes
+        return (None if da is None else as_tensor(da.reshape(sa)), None if db is None else as_tensor(db.reshape(sb)),
+                None, None, dbias, None, None, None)
+
+
+def _cat2_backward(ctx, g, saved, na, nb, nbias):
+    """(da, db, dbias) of y = scaled_mm(e4m3([a | b]), W_q) + bias (ctx: shapes, dtype, sites, wt; saved: q, scales):
+    the output gradient quantised once, da and db (2-D arrays, None where not wanted) from two fp8 GEMMs on W^T's row
+    blocks, the bias gradient a Tensor."""
+    dt = ctx.dtype
+    g2 = g.reshape(-1, g.shape[-1])
+    da = db = dbias = None
+    if na or nb:
+        from .fp8_transposes import weight_transposed
+        q, scales = saved
+        ga = g2.array if g2.array.dtype.itemsize <= 4 else g2.array.astype(dt)   # float64: no kernel
+        qg, sg = _quantize_dy(ga, ctx.sites)
+        wt = weight_transposed(q, ctx.wt)              # (in, out); both GEMMs enqueued before its next use
+        ha = ctx.shapes[0][-1]
+        if na:
+            da = _S.scaled_mm(qg, wt[:ha], sg, scales.array, out_dtype=dt)
+        if nb:
+            db = _S.scaled_mm(qg, wt[ha:], sg, scales.array, out_dtype=dt)
+    if nbias:
+        dbias = g2.sum(0)
+    return da, db, dbias
 
 
 def fp8_linear_cat2(a, b, q, scales, bias, dtype, sites=None, wt=None):
@@ -284,16 +300,6 @@ def fp8_linear_cat2(a, b, q, scales, bias, dtype, sites=None, wt=None):
         raise ShapeError(f"fp8 linear_cat2: inputs {tuple(a.shape)} and {tuple(b.shape)} do not fit a weight of "
                          f"shape {tuple(q.shape)}")
     return Float8ComputeCat2.apply(a, b, q, scales, bias, np.dtype(dtype), sites, wt)
-
-
-def _quantize_gelu(h, sites, approximate):
-    """fc2's input gelu(h) for its fp8 GEMM with fc2's input site (_quantize_x's rules: in a recompute, the pair of
-    the site's last forward)."""
-    if sites.x_last is not None and recomputing():
-        return _G.gelu_quantize_with_scale(h, sites.x_last, approximate)
-    q, s = _G.gelu_quantize_delayed(h, sites.x, approximate)
-    sites.x_last = s
-    return q, s
 
 
 class Float8ComputeGeluMlp(Function):
@@ -315,7 +321,8 @@ class Float8ComputeGeluMlp(Function):
         qx, sx = _quantize_x(a, sites[0])
         h = _S.scaled_mm(qx, q1.array, sx, s1.array, bias=None if b1 is None else _as(b1.array, dtype),
                          out_dtype=dtype, fast_accum=FAST_ACCUM_FORWARD)
-        qg, sg = _quantize_gelu(h, sites[1], approximate)
+        qg, sg = _cast_x(sites[1], lambda site: _G.gelu_quantize_delayed(h, site, approximate),   # fc2's input
+                         lambda pair: _G.gelu_quantize_with_scale(h, pair, approximate))
         y = _S.scaled_mm(qg, q2.array, sg, s2.array, bias=None if b2 is None else _as(b2.array, dtype),
                          out_dtype=dtype, fast_accum=FAST_ACCUM_FORWARD)
         if ctx.needs_input_grad[0]:
@@ -365,11 +372,8 @@ class Float8ComputeCat2Gelu(Function):
     @staticmethod
     def forward(ctx, a, h, q, scales, bias, dtype, sites, wt, approximate):
         a2, h2 = a.array.reshape(-1, a.shape[-1]), h.array.reshape(-1, h.shape[-1])
-        if sites.x_last is not None and recomputing():
-            qx, sx = _G.cat_gelu_quantize_with_scale(a2, h2, sites.x_last, approximate)
-        else:
-            qx, sx = _G.cat_gelu_quantize_delayed(a2, h2, sites.x, approximate)
-            sites.x_last = sx
+        qx, sx = _cast_x(sites, lambda site: _G.cat_gelu_quantize_delayed(a2, h2, site, approximate),
+                         lambda pair: _G.cat_gelu_quantize_with_scale(a2, h2, pair, approximate))
         y = _S.scaled_mm(qx, q.array, sx, scales.array, bias=None if bias is None else _as(bias.array, dtype),
                          out_dtype=dtype, fast_accum=FAST_ACCUM_FORWARD)
         need = ctx.needs_input_grad
@@ -382,30 +386,18 @@ class Float8ComputeCat2Gelu(Function):
     @staticmethod
     def backward(ctx, g):
         need = ctx.needs_input_grad
-        (sa, sh), dt = ctx.shapes, ctx.dtype
-        g2 = g.reshape(-1, g.shape[-1])
-        da = dh = dbias = None
-        if need[0] or need[1]:
-            if is_grad_enabled():
-                raise RuntimeError("fp8 compute: double backward (create_graph=True) is not supported")
-            from .fp8_transposes import weight_transposed
-            q, scales, h = ctx.saved_tensors
-            qg, sg = _quantize_dy(_as(g2.array, dt), ctx.sites)
-            wt = weight_transposed(q, ctx.wt)              # (in, out); both GEMMs enqueued before its next use
-            ha = sa[-1]
-            if need[0]:
-                da = as_tensor(_S.scaled_mm(qg, wt[:ha], sg, scales.array, out_dtype=dt).reshape(sa))
-            if need[1]:
-                dgl = _S.scaled_mm(qg, wt[ha:], sg, scales.array, out_dtype=dt)      # d gelu(h), (rows, ch)
-                h2 = h.array.reshape(-1, sh[-1])
-                if ctx.approximate == "tanh":   # h's rows read in place, written over dgl
-                    dh = _R.gelu_tanh_rows_backward(dgl, h2, out=dgl)
-                else:
-                    dh = _A.gelu_backward(dgl, h2, "none", out=dgl if h2.flags.c_contiguous else None)
-                dh = as_tensor(dh.reshape(sh))
-        if need[4]:
-            dbias = g2.sum(0)
-        return da, dh, None, None, dbias, None, None, None, None
+        if (need[0] or need[1]) and is_grad_enabled():
+            raise RuntimeError("fp8 compute: double backward (create_graph=True) is not supported")
+        q, scales, h = ctx.saved_tensors
+        da, dgl, dbias = _cat2_backward(ctx, g, (q, scales), need[0], need[1], need[4])   # dgl: d gelu(h)
+        (sa, sh) = ctx.shapes
+        dh = None
+        if dgl is not None:   # GELU's backward written over dgl, h's rows read in place (tanh: gelu_rows)
+            h2 = h.array.reshape(-1, sh[-1])
+            dh = (_R.gelu_tanh_rows_backward(dgl, h2, out=dgl) if ctx.approximate == "tanh"
+                  else _A.gelu_backward(dgl, h2, "none", out=dgl))
+            dh = as_tensor(dh.reshape(sh))
+        return None if da is None else as_tensor(da.reshape(sa)), dh, None, None, dbias, None, None, None, None
 
 
 def fp8_linear_cat2_gelu(a, h, q, scales, bias, dtype, sites, wt, approximate):
