@@ -16,7 +16,7 @@ from ..errors import ShapeError, fmt_shape
 from . import launching as KL
 from . import loader as L
 from . import plans as P
-from .norms import _layer_ref
+from .norms import _layer_ref, _param_args
 
 MAX_D = 4096  # the kernels cache 16 values of a row per thread, 256 threads per row at most
 BLOCK = 256
@@ -69,14 +69,6 @@ def _plan(D, dtype, arrays):
     return G, int(vec)
 
 
-def _params(x, weight, bias):
-    """The gain / bias as kernel arguments and the wf32 flag (both in x's dtype, or both in fp32)."""
-    present = [p for p in (weight, bias) if p is not None]
-    wf32 = int(bool(present) and present[0].dtype == np.float32 and x.dtype != np.float32)
-    cast = np.float32 if wf32 else x.dtype
-    return [None if p is None else P.contiguous(p.astype(cast, copy=False).reshape(-1)) for p in (weight, bias)], wf32
-
-
 def _grid(rows, G):
     """Rows of <= 32 threads: BLOCK threads, several rows per block; wider rows: one row per block of G threads."""
     rpb, block = (BLOCK // G, BLOCK) if G <= 32 else (1, G)
@@ -92,8 +84,8 @@ def _forward_kernel(x, r, weight, bias, eps, rms, stats=True):
     D = x.shape[-1]
     rows = x.size // D
     x2, r2 = P.contiguous(x).reshape(rows, D), P.contiguous(r).reshape(rows, D)
-    (w, b), wf32 = _params(x, weight, bias)
-    plan = _plan(D, x.dtype, [x2, r2, w, b])
+    (w, b), wf32 = _param_args(x, weight, bias)   # pointers (null where absent), both in x's dtype or fp32
+    plan = _plan(D, x.dtype, [x2, r2] + [a for a, p in ((w, weight), (b, bias)) if p is not None])
     if plan is None:
         return None
     G, vec = plan
@@ -102,7 +94,7 @@ def _forward_kernel(x, r, weight, bias, eps, rms, stats=True):
     mean = None if rms or not stats else xp.empty(x.shape[:-1], np.float32)
     grid, block = _grid(rows, G)
     KL.launch(L.get_function("add_layer_norm", "add_layer_norm_fwd", x.dtype), grid, block,
-              (x2, r2, s, y, _ptr(mean), _ptr(rstd), _ptr(w), _ptr(b), KL.i64(rows), KL.i32(D), KL.i32(G), KL.f32(eps),
+              (x2, r2, s, y, _ptr(mean), _ptr(rstd), w, b, KL.i64(rows), KL.i32(D), KL.i32(G), KL.f32(eps),
                KL.i32(wf32), KL.i32(int(rms)), KL.i32(vec)))
     return s, y, mean, rstd
 
@@ -114,8 +106,8 @@ def _backward_kernel(dy, ds, s, weight, mean, rstd, rms):
     dy2 = P.contiguous(dy.astype(s.dtype, copy=False)).reshape(rows, D)
     ds2 = None if ds is None else P.contiguous(ds.astype(s.dtype, copy=False)).reshape(rows, D)
     s2 = P.contiguous(s).reshape(rows, D)
-    (w, _), wf32 = _params(s, weight, None)
-    plan = _plan(D, s.dtype, [dy2, ds2, s2, w])
+    (w,), wf32 = _param_args(s, weight)
+    plan = _plan(D, s.dtype, [dy2, ds2, s2] + ([w] if weight is not None else []))
     if plan is None:
         return None
     G, vec = plan
@@ -123,7 +115,7 @@ def _backward_kernel(dy, ds, s, weight, mean, rstd, rms):
     grid, block = _grid(rows, G)
     KL.launch(L.get_function("add_layer_norm", "add_layer_norm_bwd", s.dtype), grid, block,
               (dy2, s2, _ptr(None if rms else P.contiguous(mean.astype(np.float32, copy=False))),
-               P.contiguous(rstd.astype(np.float32, copy=False)), _ptr(ds2), dsum, _ptr(w), KL.i64(rows), KL.i32(D),
+               P.contiguous(rstd.astype(np.float32, copy=False)), _ptr(ds2), dsum, w, KL.i64(rows), KL.i32(D),
                KL.i32(G), KL.i32(wf32), KL.i32(vec)))
     return dsum
 

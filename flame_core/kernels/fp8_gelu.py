@@ -20,6 +20,7 @@ from .. import backend
 from ..errors import DTypeError, ShapeError
 from . import activations as A
 from . import fp8_tensor as T
+from . import gelu_rows as _R
 from . import launching as KL
 from . import loader as L
 from . import plans as P
@@ -50,8 +51,7 @@ def _launch(name, ins, st, hist, update, approximate):
     n = int(ins[0].size)
     q = cp.empty(ins[0].shape, dtype=np.uint8)
     scale = cp.empty(2, dtype=np.float32)
-    grid = (max(1, min(P.cdiv(P.cdiv(n, 8), 256), P.sm_count() * 8)),)   # no barrier: any grid size is right
-    KL.launch(L.get_function("fp8_gelu", name, ins[0].dtype), grid, (256,),
+    KL.launch(L.get_function("fp8_gelu", name, ins[0].dtype), T.delayed_grid(n), (256,),
               (*ins, q, st, scale, KL.i64(n), KL.i32(hist), KL.i32(update), KL.i32(_APPROX[approximate])))
     return q, scale
 
@@ -83,31 +83,20 @@ def gelu_grad_quantize_delayed(dg, h, site, approximate="tanh"):
 def _check_cat(what, approximate, a, h):
     if approximate not in _APPROX:
         raise ValueError(f"{what}: approximate must be 'none' or 'tanh', got {approximate!r}")
-    if a.ndim != 2 or h.ndim != 2 or a.shape[0] != h.shape[0]:
-        raise ShapeError(f"{what}: expects 2-D parts with one row count, got {tuple(a.shape)} and {tuple(h.shape)}")
-    if a.dtype != h.dtype or L.dtype_name(a.dtype) not in T._FLOATS:
-        raise DTypeError(f"{what}: expects float16/bfloat16/float32 arrays of one dtype, got {a.dtype} and {h.dtype}")
-
-
-def _rows_ld(x):
-    """The distance between x's rows in elements when its columns are adjacent, else None."""
-    item = x.itemsize
-    if x.strides[1] != item or x.strides[0] % item or x.strides[0] < x.shape[1] * item:
-        return None
-    return x.strides[0] // item
+    T._check_parts([a, h], what)
 
 
 def _cat_launch(a, h, st, hist, update, approximate):
     cp = backend.cupy
     a = P.contiguous(a)
-    ldh = _rows_ld(h)
+    ldh = _R.strided_rows(h)     # h's rows read in place where its columns are adjacent
     if ldh is None:
-        h, ldh = P.contiguous(h), h.shape[1]
+        h = P.contiguous(h)
+        ldh = h.shape[1]
     rows, ca, ch = a.shape[0], a.shape[1], h.shape[1]
     q = cp.empty((rows, ca + ch), dtype=np.uint8)
     scale = cp.empty(2, dtype=np.float32)
-    grid = (max(1, min(P.cdiv(P.cdiv(rows * (ca + ch), 8), 256), P.sm_count() * 8)),)
-    KL.launch(L.get_function("fp8_gelu", "fp8_cat_gelu_quantize", a.dtype), grid, (256,),
+    KL.launch(L.get_function("fp8_gelu", "fp8_cat_gelu_quantize", a.dtype), T.delayed_grid(rows * (ca + ch)), (256,),
               (a, KL.i64(ca), h, KL.i64(ldh), KL.i64(ch), KL.i64(rows), q, st, scale, KL.i32(hist), KL.i32(update),
                KL.i32(_APPROX[approximate])))
     return q, scale

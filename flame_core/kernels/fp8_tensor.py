@@ -195,6 +195,12 @@ def quantize_delayed(x, site):
     return _delayed_kernel(x, st, site.history, 1)
 
 
+def delayed_grid(n):
+    """The grid of a delayed-scaling cast over n elements (fp8_delayed.cuh: blocks of 256 threads, 8 elements a thread
+    and pass, no grid barrier, so any size is right; up to 8 blocks per SM keeps the amax fold's atomics few)."""
+    return (max(1, min(P.cdiv(P.cdiv(n, 8), 256), P.sm_count() * 8)),)
+
+
 def _delayed_kernel(x, st, hist, update):
     """fp8_quantize_delayed of x with the state (or, update 0, the fixed pair) `st`: (q, the pair used)."""
     cp = backend.cupy
@@ -203,8 +209,7 @@ def _delayed_kernel(x, st, hist, update):
     q = cp.empty(x.shape, dtype=np.uint8)
     n = int(x.size)
     fn = L.get_function("fp8_tensor", "fp8_quantize_delayed", x.dtype)
-    grid = (max(1, min(P.cdiv(P.cdiv(n, 8), 256), P.sm_count() * 8)),)   # no barrier: any grid size is right
-    KL.launch(fn, grid, (256,), (x, q, st, scale, KL.i64(n), KL.i32(hist), KL.i32(update)))
+    KL.launch(fn, delayed_grid(n), (256,), (x, q, st, scale, KL.i64(n), KL.i32(hist), KL.i32(update)))
     return q, scale
 
 
@@ -228,11 +233,10 @@ def _parts_kernel(parts, st, scale_out, hist, update):
     rows, width = parts[0].shape[0], sum(int(p.shape[1]) for p in parts)
     q = cp.empty((rows, width), dtype=np.uint8)
     fn = L.get_function("fp8_tensor", "fp8_quantize_parts_delayed", parts[0].dtype)
-    grid = (max(1, min(P.cdiv(P.cdiv(rows * width, 8), 256), P.sm_count() * 8)),)
     xs = parts + [parts[0]] * (MAX_PARTS - len(parts))
     cs = [int(p.shape[1]) for p in parts] + [0] * (MAX_PARTS - len(parts))
-    KL.launch(fn, grid, (256,), (*xs, *(KL.i64(c) for c in cs), KL.i64(rows), q, st, scale_out, KL.i32(hist),
-                                 KL.i32(update)))
+    KL.launch(fn, delayed_grid(rows * width), (256,), (*xs, *(KL.i64(c) for c in cs), KL.i64(rows), q, st, scale_out,
+                                                      KL.i32(hist), KL.i32(update)))
     return q
 
 

@@ -13,7 +13,7 @@ from . import loader as L
 from . import plans as P
 
 
-def _strided_rows(x):
+def strided_rows(x):
     """(ldx) when x is a 2-D row-major view (unit column stride, 16-bit or 32-bit floats on cuda), else None."""
     if x.ndim != 2 or not L.use_kernel(x) or x.size == 0:
         return None
@@ -24,7 +24,7 @@ def _strided_rows(x):
 
 
 def gelu_tanh_rows_forward(x):
-    ldx = _strided_rows(x)
+    ldx = strided_rows(x)
     if ldx is None:
         return _act.gelu_forward(P.contiguous(x) if L.use_kernel(x) else x, "tanh")
     rows, cols = x.shape
@@ -43,7 +43,7 @@ def gelu_tanh_rows_backward(dy, x, out=None):
     if out is not None and (out is not dy or dy.dtype != x.dtype or not dy.flags.c_contiguous):
         raise ValueError("gelu_tanh_rows_backward: out must be dy itself, contiguous, of x's dtype "
                          f"(got {out.dtype} {out.shape} for dy {dy.dtype} {dy.shape}, x {x.dtype})")
-    ldx = _strided_rows(x)
+    ldx = strided_rows(x)
     if ldx is None:
         dx = _act.gelu_backward(dy, P.contiguous(x) if L.use_kernel(x) else x, "tanh")
         if out is None:

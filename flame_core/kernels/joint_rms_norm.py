@@ -8,7 +8,6 @@ qkv projection's views, with no copies of them and no concatenation.
 xs: one or two arrays of one dtype with equal B, H, D (any strides, the last dim's 1 on the kernel path); ws: a (D,)
 gain per part (its dtype or float32) or None. Statistics in fp32 (float64 for float64), y = (x * rstd) * w.
 """
-import numpy as np
 
 from .. import backend
 from ..errors import ShapeError, fmt_shape
@@ -64,21 +63,12 @@ def _plan(xs, others):
         return None
     n = P.vec_width(x0.dtype)
     vec = D % n == 0 and all(x.data.ptr % 16 == 0 and all((s // x.itemsize) % n == 0 for s in x.strides[:3])
-                             for x in xs) and all(a is None or a.data.ptr % 16 == 0 for a in others)
+                             for x in xs) and all(a.data.ptr % 16 == 0 for a in others)
     per = n if vec else 1
     G = 1
     while G < 32 and G * per < D:
         G *= 2
     return G, int(vec)
-
-
-def _weights(x, ws):
-    """The gains as kernel arguments and the wf32 flag (every gain in x's dtype, or every one in fp32)."""
-    present = [w for w in ws if w is not None]
-    wf32 = int(bool(present) and present[0].dtype == np.float32 and x.dtype != np.float32)
-    cast = np.float32 if wf32 else x.dtype
-    ws = [None if w is None else P.contiguous(w.astype(cast, copy=False)) for w in ws]
-    return ws, wf32
 
 
 def _part_args(xs, ws):
@@ -87,7 +77,7 @@ def _part_args(xs, ws):
         if i < len(xs):
             x, w = xs[i], ws[i]
             sb, sl, sh = (s // x.itemsize for s in x.strides[:3])
-            args += [x, KL.i64(sb), KL.i64(sl), KL.i64(sh), KL.i32(x.shape[1]), KL.null() if w is None else w]
+            args += [x, KL.i64(sb), KL.i64(sl), KL.i64(sh), KL.i32(x.shape[1]), w]   # w: a pointer or null
         else:
             args += [KL.null(), KL.i64(0), KL.i64(0), KL.i64(0), KL.i32(0), KL.null()]
     return tuple(args)
@@ -102,15 +92,15 @@ def _forward_kernel(xs, ws, eps):
     x0 = xs[0]
     B, _, H, D = x0.shape
     Lt = sum(x.shape[1] for x in xs)
-    ws, wf32 = _weights(x0, ws)
-    plan = _plan(xs, ws)  # (new arrays start 256-byte aligned)
+    wa, wf32 = N._param_args(x0, *ws)   # pointers (null where absent): every gain in x's dtype, or every one fp32
+    plan = _plan(xs, [a for a, w in zip(wa, ws) if w is not None])  # (new arrays start 256-byte aligned)
     if plan is None:
         return None
     y = backend.xp_of(x0).empty((B, Lt, H, D), dtype=x0.dtype)
     G, vec = plan
     grid, block = _grid(B * Lt * H, G)
     KL.launch(L.get_function("joint_rms_norm", "joint_rms_norm_fwd", x0.dtype), grid, block,
-              _part_args(xs, ws) + (y, KL.i32(B), KL.i32(H), KL.i32(D), KL.i32(G), KL.f32(eps), KL.i32(wf32),
+              _part_args(xs, wa) + (y, KL.i32(B), KL.i32(H), KL.i32(D), KL.i32(G), KL.f32(eps), KL.i32(wf32),
                                     KL.i32(vec)))
     return y
 
@@ -120,15 +110,15 @@ def _backward_kernel(g, xs, ws, eps):
     B, _, H, D = x0.shape
     xp = backend.xp_of(x0)
     g = P.contiguous(g.astype(x0.dtype, copy=False))
-    ws, wf32 = _weights(x0, ws)
-    plan = _plan(xs, [g] + ws)
+    wa, wf32 = N._param_args(x0, *ws)
+    plan = _plan(xs, [g] + [a for a, w in zip(wa, ws) if w is not None])
     if plan is None:
         return None
     dxs = [xp.empty(x.shape, dtype=x.dtype) for x in xs]
     G, vec = plan
     grid, block = _grid(g.shape[0] * g.shape[1] * H, G)
     KL.launch(L.get_function("joint_rms_norm", "joint_rms_norm_bwd", x0.dtype), grid, block,
-              _part_args(xs, ws) + (g, dxs[0], dxs[1] if len(dxs) > 1 else KL.null(), KL.i32(B), KL.i32(H),
+              _part_args(xs, wa) + (g, dxs[0], dxs[1] if len(dxs) > 1 else KL.null(), KL.i32(B), KL.i32(H),
                                     KL.i32(D), KL.i32(G), KL.f32(eps), KL.i32(wf32), KL.i32(vec)))
     return dxs
 
