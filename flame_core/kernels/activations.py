@@ -175,9 +175,46 @@ def _fast(name, approx, n, itemsize):
     return None
 
 
+_RUNS = KL.LaunchCache()   # per (kernel, form, size, dtype, plan switches, device): the _program
+_nd = backend._cupy_ndarray if backend.cupy is not None else None
+_get_device = backend.cupy.cuda.runtime.getDevice if backend.cupy is not None else None
+
+
+def _program(name, approx, n, dtype, n_in):
+    """_run's launches for n elements as [(PackedLaunch, byte offset of its first element)]: the arrays' addresses
+    are its dynamic arguments (the inputs', then the output's)."""
+    extra = () if approx < 0 else (KL.i32(approx),)
+    itemsize = np.dtype(dtype).itemsize
+    dyn = (None,) * (n_in + 1)
+    prog, off = [], 0
+    fast = _fast(name, approx, n, itemsize)
+    if fast is not None:
+        expr, grid, block, main = fast
+        prog.append((KL.PackedLaunch(L.get_function("activations", expr, dtype), (grid,), (block,),
+                                     dyn + (KL.i64(main),) + extra, n_in + 1), 0))
+        if main == n:
+            return prog
+        off, n = main * itemsize, n - main
+    u, block = _plan(name, approx)
+    grid, block = _grid(n, dtype, u, block)
+    prog.append((KL.PackedLaunch(L.get_function("activations", f"{name}<{{T}}, {u}>", dtype), grid, block,
+                                 dyn + (KL.i64(n),) + extra, n_in + 1), off))
+    return prog
+
+
 def _run(name, ins, out, approx):
     """Kernel `name` over the arrays `ins` into `out` (contiguous, 16-byte aligned, one shape): the bulk or one-step
-    kernel over the whole vectors where it has a plan, the loop kernel over the rest (or over everything)."""
+    kernel over the whole vectors where it has a plan, the loop kernel over the rest (or over everything). On cuda
+    the launches of each (kernel, size, dtype) are packed once (_program)."""
+    if type(out) is _nd:
+        key = (name, approx, out.size, out.dtype, plan_override, use_step, use_bulk, _get_device())
+        prog = _RUNS.get(key)
+        if prog is None:
+            prog = _RUNS.put(key, _program(name, approx, out.size, out.dtype, len(ins)))
+        ptrs = tuple(a.data.ptr for a in ins) + (out.data.ptr,)
+        for pl, off in prog:
+            pl(ptrs if not off else tuple(p + off for p in ptrs))
+        return
     extra = () if approx < 0 else (KL.i32(approx),)
     fast = _fast(name, approx, out.size, out.itemsize)
     if fast is not None:
@@ -194,7 +231,7 @@ def _run(name, ins, out, approx):
 
 def _unary(name, x, approx=-1):
     x = P.contiguous(x)
-    y = backend.xp_of(x).empty_like(x)
+    y = _nd(x.shape, x.dtype) if type(x) is _nd else backend.xp_of(x).empty_like(x)
     _run(name, (x,), y, approx)
     return y
 
@@ -203,7 +240,7 @@ def _binary(name, dy, x, approx=-1):
     if dy.shape != x.shape:
         raise ValueError(f"{name}: gradient shape {dy.shape} differs from input shape {x.shape}")
     x, dy = P.contiguous(x), P.contiguous(dy.astype(x.dtype, copy=False))
-    dx = backend.xp_of(x).empty_like(x)
+    dx = _nd(x.shape, x.dtype) if type(x) is _nd else backend.xp_of(x).empty_like(x)
     _run(name, (dy, x), dx, approx)
     return dx
 

@@ -125,6 +125,52 @@ def _plan(key, h):
     return plan
 
 
+_nd = backend._cupy_ndarray if backend.cupy is not None else None
+_get_device = backend.cupy.cuda.runtime.getDevice if backend.cupy is not None else None
+_get_stream = backend.cupy.cuda.get_current_stream if backend.cupy is not None else None
+
+
+def linear_bias(x, w, bias):
+    """nn.Linear's product x (..., K) @ w (N, K)^T + bias (N,) -> (..., N), the eager per-op path of matmul_bias: for
+    C-contiguous cupy arrays of one supported dtype with K, N > 1 (x's leading dims flattened as rows, no transposed
+    view, the plan's key read straight from the shapes and addresses); None otherwise or when cuBLASLt has no
+    algorithm (the caller takes matmul_bias or GEMM + add)."""
+    nd = _nd
+    if (not ENABLED or type(x) is not nd or type(w) is not nd or type(bias) is not nd or not x._c_contiguous
+            or not w._c_contiguous or not bias._c_contiguous):
+        return None
+    dt = x.dtype
+    t = gemm._CUDA_TYPE.get(dt)
+    if t is None or w.dtype != dt or bias.dtype != dt or w.ndim != 2 or x.ndim < 1:
+        return None
+    N, K = w.shape
+    if N < 2 or K < 2 or x.shape[-1] != K or bias.shape != (N,):
+        return None
+    M = x.size // K
+    pbias = bias.data.ptr
+    if M == 0 or pbias & 15:
+        return None
+    dev = _get_device()
+    h = _handles.get(dev)
+    if h is None:
+        h = _handle(dev)[0]
+    out = nd(x.shape[:-1] + (N,), dt)
+    pb, pa, po = w.data.ptr, x.data.ptr, out.data.ptr
+    ao = min(256, po & -po)
+    # cuBLASLt's A is w's memory read transposed (ld K), its B is x (ld K), C = D is out (ld N): see _plan
+    plan = _plan((dev, t, gemm.OP_T, gemm.OP_N, N, M, K, K, K, N, (min(256, pb & -pb), min(256, pa & -pa), ao, ao)),
+                 h)
+    if plan is None:
+        return None
+    desc, (l_b, l_a, l_c), algo, bias_ptr, _ = plan
+    lib = _lib
+    bias_ptr[0].value = pbias
+    _check(lib.cublasLtMatmulDescSetAttribute(desc, _DESC_BIAS_POINTER, bias_ptr[1], _PTR_SIZE), "DescSet")
+    _check(lib.cublasLtMatmul(h, desc, _ONE, pb, l_b, pa, l_a, _ZERO, po, l_c, po, l_c, algo, gemm.workspace().data.ptr,
+                              WORKSPACE_BYTES, _get_stream().ptr), "Matmul")
+    return out
+
+
 def _alignment(ptr):
     """The largest power of two up to 256 that divides the address."""
     return min(256, ptr & -ptr) if ptr else 256

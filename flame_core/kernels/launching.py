@@ -6,12 +6,17 @@ arguments are converted once (hot paths with many fixed scalars).
     ``tma.TensorMap`` argument is passed by value (128 bytes: a ``__grid_constant__`` tensor map).
 ``launch_dependent(...)``, ``PackedLaunch(kernel, grid, block, args, n_pointers, ...)``
     See their docstrings.
+``LaunchCache(limit)``
+    Per-thread PackedLaunches (or whatever a wrapper keeps per call configuration), keyed by what fixes a kernel
+    wrapper's grid and scalar arguments: the eager per-op path of a wrapper is a dict lookup, its arrays' addresses
+    and one driver launch.
 ``f32(v)``, ``i32(v)``, ``i64(v)``, ``null()``, ``f32_bits(v)``
     Scalar kernel arguments of the C parameter types (``i32`` raises when the value does not fit).
 ``launches``
     How many kernels were launched (tests read it to prove a kernel path ran).
 """
 import ctypes
+import threading
 
 import numpy as np
 
@@ -211,6 +216,40 @@ class PackedLaunch:
         err = _cu_launch_ex()(ctypes.byref(cfg), self._fn, self._pa, None)
         if err:
             raise cuda.driver.CUDADriverError(err)
+
+
+class LaunchCache:
+    """What a kernel wrapper keeps per call configuration (PackedLaunches, with the grid and scalars they fix), per
+    thread (a PackedLaunch's buffer is rewritten at each call). The key is the wrapper's: every shape, dtype, flag and
+    scalar that fixes the launch, and the current device (a PackedLaunch holds one device's function). Past `limit`
+    configurations a thread's cache is cleared and rebuilt on demand (a stream of distinct shapes stays bounded)."""
+    __slots__ = ("_local", "limit")
+
+    def __init__(self, limit=1024):
+        self._local = threading.local()
+        self.limit = limit
+
+    def get(self, key):
+        try:
+            return self._local.d.get(key)
+        except AttributeError:  # this thread's first call
+            self._local.d = {}
+            return None
+
+    def put(self, key, value):
+        """Keep `value` for `key` (call after a `get` of this thread) and return it."""
+        d = self._local.d
+        if len(d) >= self.limit:
+            d.clear()
+        d[key] = value
+        return value
+
+    def __len__(self):
+        return len(getattr(self._local, "d", None) or ())
+
+    def clear(self):
+        """Drop this thread's entries (tests; a kernel reload)."""
+        self._local.d = {}
 
 
 # bound once: the per-launch path reads no module attributes of CuPy

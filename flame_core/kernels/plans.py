@@ -36,9 +36,14 @@ def _device(dev):
     return p
 
 
+_nd = backend._cupy_ndarray if backend.cupy is not None else None
+
+
 def contiguous(a):
     """C-contiguous and, on the GPU, 16-byte aligned (kernels read 16-byte vectors when the base address allows it;
     a copy is cheaper than the scalar path for the large arrays that matter)."""
+    if type(a) is _nd and a._c_contiguous and not a.data.ptr & 15:  # the per-op case: no flags object, no frame
+        return a
     if not a.flags.c_contiguous:
         if backend.is_cuda_array(a) and a.size:
             from .copy_rows import (

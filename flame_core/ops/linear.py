@@ -33,13 +33,15 @@ class Linear(Function):
     @staticmethod
     def forward(ctx, x, w, b):
         a = x._data
-        lead = a.shape[:-1]
-        y = _linear_arrays(a.reshape(-1, a.shape[-1]), w._data, None if b is None else b._data)  # (M, out)
+        y = _cublas_lt.linear_bias(a, w._data, b._data) if b is not None else None   # cuda's per-op path
+        if y is None:
+            y = _linear_arrays(a.reshape(-1, a.shape[-1]), w._data, None if b is None else b._data)  # (M, out)
+            y = y.reshape(a.shape[:-1] + (w._data.shape[0],))
         # keep only what the wanted gradients use (as PyTorch): a frozen weight's Linear keeps no input
         nx, nw, _ = ctx.needs_input_grad
         ctx.save_for_backward(x if nw else None, w if nx else None)
         ctx.x_shape = x.shape
-        return _wrap(y.reshape(lead + (w._data.shape[0],)))
+        return _wrap(y)
 
     @staticmethod
     def backward(ctx, g):

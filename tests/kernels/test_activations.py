@@ -294,3 +294,32 @@ def test_bulk_kernel_matches_the_loop_kernel_bit_for_bit(rng, monkeypatch, dt, n
     want = K.silu_forward(x)
     assert cp.array_equal(got.view(cp.uint16), want.view(cp.uint16))
     assert_close(got, K._silu_ref(x), dt, "silu bulk")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dt", list(DTYPES))
+def test_packed_programs_match_the_general_launches(rng, monkeypatch, dt):
+    """On cuda `_run` packs each (kernel, size, dtype)'s launches once (`_program`: a bulk / step kernel and the loop
+    kernel over the tail at its byte offset); its outputs are the per-call launches' bit for bit, and a repeated call
+    reuses the program."""
+    import cupy as cp
+    K._RUNS.clear()
+    cases = [(n, name, approx) for n in (1, 1001, 4097, 65543)
+             for name, approx in (("gelu_fwd", 0), ("gelu_fwd", 1), ("silu_fwd", -1), ("qgelu_fwd", -1))]
+    arrays = {n: cp.asarray(rand(rng, (n,), DTYPES[dt], scale=4.0)) for n, _, _ in cases}
+
+    def run_all():
+        outs = []
+        for n, name, approx in cases:
+            y = cp.empty_like(arrays[n])
+            K._run(name, (arrays[n],), y, approx)
+            outs.append(cp.asnumpy(y))
+        return outs
+    packed, again = run_all(), run_all()
+    assert len(K._RUNS) == len(cases)
+    monkeypatch.setattr(K, "_nd", None)   # `type(out) is _nd` fails: the per-call launches
+    general = run_all()
+    for p, a, g, case in zip(packed, again, general, cases):
+        view = np.uint32 if p.itemsize == 4 else np.uint16
+        np.testing.assert_array_equal(p.view(view), g.view(view), err_msg=str(case))
+        np.testing.assert_array_equal(a.view(view), g.view(view), err_msg=str(case))

@@ -225,3 +225,32 @@ def test_forward_without_statistics_gives_the_same_outputs(device, rng, rms):
     assert y1.grad_fn is not None
     for a, c in ((s0, s1), (y0, y1)):
         np.testing.assert_array_equal(a.float().numpy(), c.detach().float().numpy())
+
+
+@pytest.mark.gpu
+def test_packed_launch_path_matches_the_general_path(rng, monkeypatch):
+    """The eager per-op path (one PackedLaunch per configuration, `_forward_cached`) gives the general path's outputs
+    bit for bit, and keys every scalar: a call with another eps, rms, statistics or alignment is not served by an
+    earlier configuration's launch; a repeated call reuses it."""
+    import cupy as cp
+    dt = DTYPES["bfloat16"]
+    xb, rb = (cp.asarray(rand(rng, (2 * 77 * 768 + 1,), dt)) for _ in range(2))
+    w, b = cp.asarray(rand(rng, (768,), dt, loc=1.0, scale=0.3)), cp.asarray(rand(rng, (768,), dt, scale=0.3))
+    calls = [(xb[:-1].reshape(2, 77, 768), rb[:-1].reshape(2, 77, 768), w, b, 1e-5, False, True),
+             (xb[:-1].reshape(2, 77, 768), rb[:-1].reshape(2, 77, 768), w, b, 1e-2, False, True),
+             (xb[:-1].reshape(2, 77, 768), rb[:-1].reshape(2, 77, 768), w, None, 1e-5, True, True),
+             (xb[:-1].reshape(2, 77, 768), rb[:-1].reshape(2, 77, 768), None, None, 1e-5, False, False),
+             (xb[1:].reshape(2, 77, 768), rb[1:].reshape(2, 77, 768), w, b, 1e-5, False, True)]  # unaligned
+    K._FWD.clear()
+    fast = [K.add_layer_norm_forward(*c[:6], stats=c[6]) for c in calls + calls]
+    assert len(K._FWD) == len(calls)
+    monkeypatch.setattr(K, "_forward_cached", lambda *a: None)
+    general = [K.add_layer_norm_forward(*c[:6], stats=c[6]) for c in calls]
+    for f, f2, g in zip(fast, fast[len(calls):], general):
+        for a, a2, c in zip(f, f2, g):
+            assert (a is None) == (c is None) and (a2 is None) == (c is None)
+            if c is not None:
+                np.testing.assert_array_equal(cp.asnumpy(a).view(np.uint16 if a.itemsize == 2 else np.uint32),
+                                              cp.asnumpy(c).view(np.uint16 if c.itemsize == 2 else np.uint32))
+                np.testing.assert_array_equal(cp.asnumpy(a2).view(np.uint16 if a.itemsize == 2 else np.uint32),
+                                              cp.asnumpy(c).view(np.uint16 if c.itemsize == 2 else np.uint32))

@@ -105,3 +105,26 @@ def test_cublas_and_cublaslt_share_one_workspace():
         np.testing.assert_allclose(_host(z), a @ w.T, rtol=1e-4, atol=1e-4)
     assert gemm_lt._handle()[1] is gemm.workspace()
     assert gemm.workspace().nbytes == gemm.WORKSPACE_BYTES == gemm_lt.WORKSPACE_BYTES
+
+
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("lead,N,K", [((1,), 2, 2), ((77,), 2304, 768), ((2, 5), 33, 300), ((3, 1, 4), 129, 64)])
+def test_linear_bias_is_matmul_bias(lead, N, K, dtype, tol, rng):
+    """linear_bias (nn.Linear's per-op path: x (..., K), w (N, K), no transposed view) gives matmul_bias's numbers
+    bit for bit, in x's leading shape; it declines (None) what it does not take: N or K of 1, a non-contiguous
+    operand, mixed dtypes, a misaligned bias."""
+    from flame_core.kernels import gemm_lt
+    cp = backend.cupy
+    x, w, bias = (_dev(rng.standard_normal(s), dtype) for s in (lead + (K,), (N, K), (N,)))
+    y = gemm_lt.linear_bias(x, w, bias)
+    ref = gemm_lt.matmul_bias(x.reshape(-1, K), w.T, bias)
+    assert y is not None and ref is not None and y.shape == lead + (N,) and y.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(cp.asnumpy(y.reshape(-1, N)).view(np.uint8), cp.asnumpy(ref).view(np.uint8))
+    assert gemm_lt.linear_bias(x, w[:1], bias[:1]) is None
+    assert gemm_lt.linear_bias(x[..., :1], w[:, :1].copy(), bias) is None
+    assert gemm_lt.linear_bias(x, w.T.copy().T, bias) is None                      # column-major w
+    other = np.float32 if np.dtype(dtype) != np.float32 else np.float16
+    assert gemm_lt.linear_bias(x, w, bias.astype(other)) is None
+    b2 = cp.empty(N + 1, dtype=dtype)[1:]
+    b2[...] = bias
+    assert gemm_lt.linear_bias(x, w, b2) is None
