@@ -346,10 +346,61 @@ MAX_PLANS = 512  # per direction; past it the cache starts over
 _F32 = np.dtype(np.float32)
 
 
+def _fwd_key(q, k, v, is_causal, scale, tiles):
+    """The key of an unmasked forward's plan in _fwd_plans."""
+    return (q.shape, q.strides, k.shape, k.strides, v.shape, v.strides, q.dtype, is_causal, scale,
+            q.data.device_id, SM90_FWD, SM90_FWD_PINGPONG, SM90_FWD_TMA, tiles, threading.get_ident())
+
+
+_qkv_plans = KL.LaunchCache(MAX_PLANS)   # per packed-qkv configuration: (launch, TMA encoders, out / lse shapes, step)
+_nd = backend._cupy_ndarray if backend.cupy is not None else None
+_get_device = backend.cupy.cuda.runtime.getDevice if backend.cupy is not None else None
+
+
+def qkv_attention_forward(qkv, heads, is_causal, scale):
+    """Unmasked attention over a packed projection on cuda: qkv (B, L, 3 * heads * D), a C-contiguous cupy array
+    holding q | k | v on its last dim -> (out (B, L, heads * D): the heads merged, lse (B, heads, L)), or None where
+    the caller's general path runs (another array type or layout, kernels off, a shape the kernels do not take).
+    The eager per-op path of ops.attention.qkv_attention: a configuration's first call runs the kernel on the head
+    views and keeps its packed launch (when the kernel writes the output in (B, L, heads, D) order, i.e. merged);
+    later calls allocate the output and launch with q, k, v's addresses."""
+    if type(qkv) is not _nd or not qkv._c_contiguous or qkv.ndim != 3:
+        return None
+    B, Lq, W = qkv.shape
+    p = qkv.data.ptr
+    dt = qkv.dtype
+    key = (qkv.shape, dt, heads, is_causal, scale, _get_device(), SM90_FWD, SM90_FWD_PINGPONG, SM90_FWD_TMA)
+    entry = _qkv_plans.get(key)
+    if entry is not None and not p & 15 and L.enabled():
+        launch, maps, o_shape, lse_shape, step = entry
+        kp, vp = p + step, p + 2 * step
+        if maps is not None:
+            maps[0].encode(kp)
+            maps[1].encode(vp)
+        o, lse = _nd(o_shape, dt), _nd(lse_shape, _F32)
+        launch((p, kp, vp, o.data.ptr, lse.data.ptr))
+        return o, lse
+    if heads < 1 or W % (3 * heads) or Lq == 0:
+        return None
+    E = W // (3 * heads)
+    q, k, v = (t.transpose(0, 2, 1, 3) for t in qkv.reshape(B, Lq, 3, heads, E).transpose(2, 0, 1, 3, 4))
+    if not _use_kernel(q, k, v, None, scale):
+        return None
+    o4, lse = _kernel_forward(q, k, v, None, is_causal, scale)
+    merged = o4.transpose(0, 2, 1, 3)   # (B, L, heads, E)
+    if not merged.flags.c_contiguous:   # the kernel wrote (B, heads, L, E) memory: the merge is a copy
+        return o4.transpose(0, 2, 1, 3).reshape(B, Lq, W // 3), lse
+    plan = _fwd_plans.get(_fwd_key(q, k, v, is_causal, scale, None))
+    step = heads * E * qkv.itemsize
+    if plan is not None and not p & 15 and not step & 15:
+        launch, _, _, lse_shape, maps = plan
+        _qkv_plans.put(key, (launch, maps, (B, Lq, W // 3), lse_shape, step))
+    return merged.reshape(B, Lq, W // 3), lse
+
+
 def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
     if mask is None:  # the repeated call: one dict lookup, two allocations, one packed launch
-        key = (q.shape, q.strides, k.shape, k.strides, v.shape, v.strides, q.dtype, is_causal, scale,
-               q.data.device_id, SM90_FWD, SM90_FWD_PINGPONG, SM90_FWD_TMA, tiles, threading.get_ident())
+        key = _fwd_key(q, k, v, is_causal, scale, tiles)
         plan = _fwd_plans.get(key)
         if plan is not None:
             qp, kp, vp = q.data.ptr, k.data.ptr, v.data.ptr

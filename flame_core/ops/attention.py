@@ -169,6 +169,13 @@ def _merge_heads(o4):
 class QKVAttention(Function):
     @staticmethod
     def forward(ctx, qkv, attn_mask, heads, is_causal, scale):
+        if attn_mask is None and _ckpt.stash("attention") is None:   # cuda's per-op path: one packed launch
+            r = K.qkv_attention_forward(qkv._data, heads, is_causal, scale)
+            if r is not None:
+                out = _wrap(r[0])
+                ctx.save_for_backward(qkv, out)
+                ctx.lse, ctx.mask4, ctx.is_causal, ctx.scale, ctx.heads = r[1], None, is_causal, scale, heads
+                return out
         q4, k4, v4 = _split_heads(qkv._data, heads)
         B, H, L, _ = q4.shape
         m4 = None if attn_mask is None else _mask_to4(attn_mask._data, (B, H), L, L)

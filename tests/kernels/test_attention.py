@@ -277,6 +277,33 @@ def test_qkv_attention_is_sdpa_over_split_heads_bit_for_bit(device, rng):
     np.testing.assert_array_equal(got.float().numpy(), want.float().numpy())
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("b,heads,l,d", [(1, 12, 77, 64), (2, 20, 77, 64), (1, 4, 333, 128), (1, 1, 9, 64),
+                                         (1, 3, 20, 12)])
+def test_qkv_attention_packed_launch_path(rng, monkeypatch, b, heads, l, d):
+    """cuda's per-op path (K.qkv_attention_forward: a configuration's launch packed at its first call, later calls
+    launch on q, k, v's addresses in the packed array) gives the head-split path's outputs and gradients bit for bit,
+    on the first call and on the repeated ones; causal and not; D = 12 (padded) has no packed launch."""
+    dt = flame.bfloat16
+    x = rng.standard_normal((b, l, 3 * heads * d)).astype(np.float32)
+    g = flame.tensor(rng.standard_normal((b, l, heads * d)).astype(np.float32), device="cuda").to(dt)
+    K._qkv_plans.clear()
+    for causal in (True, False):
+        runs = []
+        for fast in (True, True, True, False):
+            if not fast:
+                monkeypatch.setattr(K, "qkv_attention_forward", lambda *a: None)
+            t = flame.tensor(x, device="cuda").to(dt).requires_grad_(True)
+            out = qkv_attention(t, heads, is_causal=causal)
+            out.backward(g)
+            runs.append((out.detach().float().numpy(), t.grad.float().numpy()))
+            monkeypatch.undo()
+        for o, dg in runs[:3]:
+            np.testing.assert_array_equal(o, runs[3][0])
+            np.testing.assert_array_equal(dg, runs[3][1])
+    assert len(K._qkv_plans) == (0 if d % 8 else 2)
+
+
 def test_qkv_attention_default_scale_and_errors(rng):
     qkv = rng.standard_normal((1, 5, 3 * 2 * 9))
     q, k, v = _split(qkv, 2)

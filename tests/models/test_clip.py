@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from text_encoder_helpers import CLIP_NAMES, TIGHT, config, copy_folder, folder, io, outputs_close, save, shard, weights
 
 import flame_core as flame
+import flame_nn
 from flame_core.autograd import gradcheck
 from flame_core.errors import DTypeError, ShapeError
 from flame_models.text_encoders import (
@@ -119,6 +120,15 @@ def test_fused_projections_match_the_separate_ones(device):
     separate = model(ref["input_ids"]).last_hidden_state.detach().numpy()
     np.testing.assert_allclose(fused, separate, rtol=1e-6, atol=1e-6)
     model.requires_grad_(False)
+    fp = attn.fused_projections
+    assert fp.matches() and fp.matches()   # the second check passes on the remembered arrays
+    old = attn.k_proj.weight
+    attn.k_proj.weight = flame_nn.Parameter(old.detach().clone())   # same values, another buffer: not the view
+    assert not fp.matches() and fp(x) is None
+    attn.k_proj.weight = old
+    assert fp.matches()
+    attn.v_proj.bias.data = attn.v_proj.bias.detach().clone()       # a bias moved off the stacked buffer
+    assert not fp.matches()
     model.to(flame.float64)
     assert attn.fused_projections is None  # the float32 buffer is no longer the weights': forgotten
     np.testing.assert_allclose(model(ref["input_ids"]).last_hidden_state.numpy(), ref["out.last_hidden_state"],
