@@ -79,7 +79,7 @@ def _ptr(a):
     return KL.null() if a is None else a
 
 
-_FWD = KL.LaunchCache()   # per (shape, dtype, params present, eps, rms, stats, vec, device): (PackedLaunch, stats shape)
+_FWD = KL.LaunchCache()   # (shape, dtype, params present, eps, rms, stats, vec, device) -> (launch, stats shape)
 _nd = backend._cupy_ndarray if backend.cupy is not None else None
 _get_device = backend.cupy.cuda.runtime.getDevice if backend.cupy is not None else None
 
