@@ -111,8 +111,8 @@ class FusedProjections:
         seen = self._seen
         if seen is not None:
             for (m, _, _), (wa, ba) in zip(self._expect, seen):
-                if type(m) is not flame_nn.Linear or m.weight._data is not wa or (
-                        ba is not None and (m.bias is None or m.bias._data is not ba)):
+                if type(m) is not flame_nn.Linear or m.weight.array is not wa or (
+                        ba is not None and (m.bias is None or m.bias.array is not ba)):
                     break
             else:
                 return True
@@ -121,7 +121,7 @@ class FusedProjections:
                 return False
             if b is not None and (m.bias is None or m.bias.data_ptr() != b):
                 return False
-        self._seen = tuple((m.weight._data, None if b is None else m.bias._data) for m, _, b in self._expect)
+        self._seen = tuple((m.weight.array, None if b is None else m.bias.array) for m, _, b in self._expect)
         return True
 
     def __call__(self, x):
