@@ -79,14 +79,14 @@ def _ptr(a):
     return KL.null() if a is None else a
 
 
-_FWD = KL.LaunchCache()   # (shape, dtype, params present, eps, rms, stats, vec, device) -> (launch, stats shape)
+_FWD = KL.LaunchCache()   # (shape, dtype, params present, eps, rms, stats, device) -> (launch, stats shape)
 _nd = backend._cupy_ndarray if backend.cupy is not None else None
 _get_device = backend.cupy.cuda.runtime.getDevice if backend.cupy is not None else None
 
 
 def _forward_cached(x, r, weight, bias, eps, rms, stats):
-    """The eager per-op path of the forward: x, r, weight, bias C-contiguous cupy arrays of one dtype (or weight /
-    bias None). The launch of this configuration is packed once; a call allocates the outputs, writes eight
+    """The eager per-op path of the forward: x, r, weight, bias C-contiguous, 16-byte aligned cupy arrays of one dtype
+    (or weight / bias None). The launch of this configuration is packed once; a call allocates the outputs, writes eight
     addresses and launches. None when the arrays are not of that form (the general path runs)."""
     nd = _nd
     if type(x) is not nd or type(r) is not nd or not x._c_contiguous or not r._c_contiguous:
@@ -102,8 +102,10 @@ def _forward_cached(x, r, weight, bias, eps, rms, stats):
             return None
         pb = bias.data.ptr
     px, pr = x.data.ptr, r.data.ptr
+    if (px | pr | pw | pb) & 15:   # the general path copies misaligned arrays (16-byte vectors, the same sums)
+        return None
     shape = x.shape
-    key = (shape, dt, pw == 0, pb == 0, eps, rms, stats, not (px | pr | pw | pb) & 15, _get_device())
+    key = (shape, dt, pw == 0, pb == 0, eps, rms, stats, _get_device())
     entry = _FWD.get(key)
     if entry is None:
         D = shape[-1]

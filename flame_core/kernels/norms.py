@@ -3,9 +3,9 @@
 Kernels: cuda_src/norms.cu. Statistics are fp32 (float64 for float64 input on the reference path); the saved
 `mean` / `rstd` have shape x.shape[:-1].
 
-    layer_norm_forward(x, weight, bias, eps)            -> (y, mean, rstd)
+    layer_norm_forward(x, weight, bias, eps, stats)     -> (y, mean, rstd) (statistics None when not stats)
     layer_norm_backward(dy, x, weight, mean, rstd, bias) -> (dx, dweight, dbias)   (None where weight / bias is None)
-    rms_norm_forward(x, weight, eps)                     -> (y, rstd)
+    rms_norm_forward(x, weight, eps, stats)              -> (y, rstd)
     rms_norm_backward(dy, x, weight, rstd)               -> (dx, dweight)
 """
 import math
@@ -213,7 +213,56 @@ def _fwd_plan(dtype, rows, cols):
     return kernel, (max(1, P.cdiv(rows, block // tpr)),), (block,), tpr
 
 
-def _layer_fwd_kernel(x, weight, bias, eps, rms):
+_FWD = KL.LaunchCache()   # (shape, dtype, params present, eps, rms, stats, plan override, device) -> (launch, lead)
+_nd = backend._cupy_ndarray if backend.cupy is not None else None
+_get_device = backend.cupy.cuda.runtime.getDevice if backend.cupy is not None else None
+
+
+def _layer_fwd_cached(x, weight, bias, eps, rms, stats):
+    """The eager per-op path of the forward: x C-contiguous and 16-byte aligned, weight / bias None or C-contiguous
+    arrays of x's dtype, a one-pass plan for the width. Its launch is packed once per configuration; a call allocates
+    the outputs, writes six addresses and launches. None otherwise (the general path runs)."""
+    nd = _nd
+    if type(x) is not nd or not x._c_contiguous:
+        return None
+    dt = x.dtype
+    pw = pb = 0
+    if weight is not None:
+        if type(weight) is not nd or weight.dtype != dt or not weight._c_contiguous:
+            return None
+        pw = weight.data.ptr
+    if bias is not None:
+        if type(bias) is not nd or bias.dtype != dt or not bias._c_contiguous:
+            return None
+        pb = bias.data.ptr
+    px = x.data.ptr
+    if px & 15:
+        return None
+    shape = x.shape
+    key = (shape, dt, pw == 0, pb == 0, eps, rms, stats, fwd_override, _get_device())
+    entry = _FWD.get(key)
+    if entry is None:
+        rows, cols = _rows_cols(x)
+        plan = _fwd_plan(dt, rows, cols)
+        if plan is None:
+            return None
+        kernel, grid, block, tpr = plan
+        pl = KL.PackedLaunch(kernel, grid, block, (None,) * 6 + (KL.i64(rows), KL.i32(cols), KL.f32(eps), KL.i32(tpr),
+                                                              KL.i32(rms), KL.i32(0)), 6)
+        entry = _FWD.put(key, (pl, shape[:-1]))
+    pl, lead = entry
+    y = nd(shape, dt)
+    mean = nd(lead, np.float32) if stats and not rms else None
+    rstd = nd(lead, np.float32) if stats else None
+    pl((px, pw, pb, y.data.ptr, 0 if mean is None else mean.data.ptr, 0 if rstd is None else rstd.data.ptr))
+    return y, mean, rstd
+
+
+def _layer_fwd_kernel(x, weight, bias, eps, rms, stats=True):
+    """-> (y, mean, rstd); stats=False (no backward to come): neither statistic is written or kept (None)."""
+    out = _layer_fwd_cached(x, weight, bias, eps, rms, stats)
+    if out is not None:
+        return out
     xp = backend.xp_of(x)
     x = P.contiguous(x)
     rows, cols = _rows_cols(x)
@@ -229,9 +278,11 @@ def _layer_fwd_kernel(x, weight, bias, eps, rms):
         kernel, _, tpr, _ = _row_kernel("norm_fwd", x.dtype, cols, vec if cols % vec == 0 else 1)
         block = (tpr if tpr > 32 else 128,)
         grid = _persistent_grid(kernel, block[0], block[0] // tpr, rows)
+    if not stats:
+        mean = rstd = None
     KL.launch(kernel, grid, block,
-              (x, w, b, y, KL.null() if rms else mean, rstd, KL.i64(rows), KL.i32(cols), KL.f32(eps), KL.i32(tpr),
-              KL.i32(rms), KL.i32(wf32)))
+              (x, w, b, y, KL.null() if mean is None else mean, KL.null() if rstd is None else rstd, KL.i64(rows),
+               KL.i32(cols), KL.f32(eps), KL.i32(tpr), KL.i32(rms), KL.i32(wf32)))
     return y, mean, rstd
 
 
@@ -445,12 +496,14 @@ def _finish_plan(parts):
 
 
 # ----------------------------------------------------------------------------- API: layer / rms
-def layer_norm_forward(x, weight=None, bias=None, eps=1e-5):
+def layer_norm_forward(x, weight=None, bias=None, eps=1e-5, stats=True):
+    """-> (y, mean, rstd); stats=False (no backward to come): (y, None, None), the statistics not kept."""
     _check_affine("layer_norm", weight, x.shape[-1], "weight")
     _check_affine("layer_norm", bias, x.shape[-1], "bias")
     if L.use_kernel(x) and x.size:
-        return _layer_fwd_kernel(x, weight, bias, eps, 0)
-    return _layer_ref(x, weight, bias, eps, False)
+        return _layer_fwd_kernel(x, weight, bias, eps, 0, stats)
+    out = _layer_ref(x, weight, bias, eps, False)
+    return out if stats else (out[0], None, None)
 
 
 def layer_norm_backward(dy, x, weight, mean, rstd, bias=None, weight_grad=True, residual=None):
@@ -465,13 +518,14 @@ def layer_norm_backward(dy, x, weight, mean, rstd, bias=None, weight_grad=True, 
     return _plus(dx, residual), dw if weight_grad else None, db
 
 
-def rms_norm_forward(x, weight=None, eps=1e-6):
+def rms_norm_forward(x, weight=None, eps=1e-6, stats=True):
+    """-> (y, rstd); stats=False: (y, None)."""
     _check_affine("rms_norm", weight, x.shape[-1], "weight")
     if L.use_kernel(x) and x.size:
-        y, _, rstd = _layer_fwd_kernel(x, weight, None, eps, 1)
+        y, _, rstd = _layer_fwd_kernel(x, weight, None, eps, 1, stats)
     else:
         y, _, rstd = _layer_ref(x, weight, None, eps, True)
-    return y, rstd
+    return y, rstd if stats else None
 
 
 def rms_norm_backward(dy, x, weight, rstd, weight_grad=True, residual=None):

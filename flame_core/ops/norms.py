@@ -26,7 +26,10 @@ def _normalized_dims(x, normalized_shape, op):
 
 
 def _flat(p):
-    return None if p is None else p._data.reshape(-1)
+    if p is None:
+        return None
+    a = p._data
+    return a if a.ndim == 1 else a.reshape(-1)
 
 
 def _composed_norm_backward(g, x, weight, bias, n, eps, rms):
@@ -65,14 +68,15 @@ class LayerNorm(Function):
     @staticmethod
     def forward(ctx, x, weight, bias, n, eps, rms):
         a = x._data
-        a2 = a.reshape(a.shape[:a.ndim - n] + (-1,))
+        a2 = a.reshape(a.shape[:a.ndim - n] + (-1,)) if n != 1 else a
+        stats = any(ctx.needs_input_grad[:3])   # no backward to come: no statistics written or kept
         if rms:
-            (y, rstd), mean = K.rms_norm_forward(a2, _flat(weight), eps), None
+            (y, rstd), mean = K.rms_norm_forward(a2, _flat(weight), eps, stats), None
         else:
-            y, mean, rstd = K.layer_norm_forward(a2, _flat(weight), _flat(bias), eps)
+            y, mean, rstd = K.layer_norm_forward(a2, _flat(weight), _flat(bias), eps, stats)
         ctx.save_for_backward(x, weight, bias)
         ctx.mean, ctx.rstd, ctx.n, ctx.eps, ctx.rms = mean, rstd, n, eps, rms
-        return _wrap(y.reshape(a.shape))
+        return _wrap(y if n == 1 else y.reshape(a.shape))
 
     @staticmethod
     def backward(ctx, g):

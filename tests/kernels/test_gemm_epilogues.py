@@ -68,9 +68,23 @@ def test_linear_uses_the_epilogue_and_matches_gemm_then_add(rng):
     w = flame.tensor(rng.standard_normal((96, 64)) * 0.1, dtype=flame.bfloat16, device="cuda")
     b = flame.tensor(rng.standard_normal(96), dtype=flame.bfloat16, device="cuda")
     from flame_core.ops.linear import linear
-    with mock.patch.object(gemm_lt, "matmul_bias", wraps=gemm_lt.matmul_bias) as spy:
+    def spy(name):
+        real, got = getattr(gemm_lt, name), []
+
+        def wrapper(*a):
+            got.append(real(*a))
+            return got[-1]
+        return mock.patch.object(gemm_lt, name, wrapper), got
+    patch, got = spy("linear_bias")
+    with patch:
         y = linear(x, w, b)
-    assert spy.call_count == 1
+    assert len(got) == 1 and got[0] is not None                  # contiguous operands: the per-op path took it
+    patch, got = spy("matmul_bias")
+    with patch:
+        y2 = linear(x[:, ::2], w, b)                              # a strided input: matmul_bias's general path
+    assert len(got) == 1 and got[0] is not None
+    ref2 = (_host(x._data)[:, ::2].reshape(-1, 64) @ _host(w._data).T + _host(b._data)).reshape(3, 25, 96)
+    assert np.abs(_host(y2._data) - ref2).max() <= 1.6e-2 * (np.abs(ref2).max() + 1)
     with mock.patch.object(gemm_lt, "ENABLED", False):
         y0 = linear(x, w, b)
     ref = (_host(x._data).reshape(-1, 64) @ _host(w._data).T + _host(b._data)).reshape(3, 50, 96)

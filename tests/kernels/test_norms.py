@@ -581,3 +581,36 @@ def test_a_broadcast_pending_gradient_is_left_to_the_engine(monkeypatch, rng):
     g = 2 * xh                                             # d(sum h^2)/dh
     dx = (g - g.mean(-1, keepdims=True) - xh * (g * xh).mean(-1, keepdims=True)) / np.sqrt(v + 1e-5)
     np.testing.assert_allclose(x.grad.detach().cpu().numpy(), 1 + dx, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dt", list(DTYPES))
+def test_packed_forward_matches_the_general_path(rng, monkeypatch, dt):
+    """The eager per-op forward (one PackedLaunch per configuration, `_layer_fwd_cached`) gives the general path's
+    outputs and statistics bit for bit, keys every scalar (eps, rms, the statistics, the parameters present) and is
+    reused on repeated calls; stats=False leaves the statistics out and the same y. Misaligned inputs and widths
+    without a one-pass plan take the general path."""
+    import cupy as cp
+    dtype = DTYPES[dt]
+    xb = cp.asarray(rand(rng, (2 * 77 * 768 + 8,), dtype, scale=2.0))
+    w, b = cp.asarray(rand(rng, (768,), dtype, loc=1.0, scale=0.3)), cp.asarray(rand(rng, (768,), dtype, scale=0.3))
+    x = xb[:2 * 77 * 768].reshape(2, 77, 768)
+    calls = [(lambda **k: K.layer_norm_forward(x, w, b, 1e-5, **k)),
+             (lambda **k: K.layer_norm_forward(x, w, b, 1e-2, **k)),
+             (lambda **k: K.layer_norm_forward(x, None, None, 1e-5, **k)),
+             (lambda **k: K.rms_norm_forward(x, w, 1e-6, **k)),
+             (lambda **k: K.layer_norm_forward(xb[1:1 + 2 * 77 * 768].reshape(2, 77, 768), w, b, 1e-5, **k))]
+    K._FWD.clear()
+    fast = [[c(stats=s) for s in (True, False, True)] for c in calls]
+    assert len(K._FWD) == 2 * (len(calls) - 1)      # per configuration and statistics; the misaligned one: none
+    monkeypatch.setattr(K, "_layer_fwd_cached", lambda *a: None)
+    general = [c() for c in calls]
+
+    def bits(a):
+        return cp.asnumpy(a).view(np.uint32 if a.itemsize == 4 else np.uint16)
+    for (full, bare, again), want in zip(fast, general):
+        for a, c, w_ in zip(full, again, want):
+            np.testing.assert_array_equal(bits(a), bits(w_))
+            np.testing.assert_array_equal(bits(c), bits(w_))
+        np.testing.assert_array_equal(bits(bare[0]), bits(want[0]))
+        assert all(v is None for v in bare[1:])
