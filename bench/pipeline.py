@@ -12,6 +12,9 @@ relative error of FLAME's output is reported beside its time. Time: CUDA events 
 max_memory_allocated; FLAME's pool max_memory_allocated), reset right before them.
 
     PYTHONPATH=$PWD python3 bench/pipeline.py [vae text run] [--repeats 10] [--tiny] [--text-models clip_l,clip_g]
+The eager text encoders are also timed interleaved with the peer (`--rounds`, one call of each per round, the order
+flipped every round; wall time ended by a synchronize): their calls are host-bound, and the per-round ratio cancels
+the host's drift that separate timings carry (the `eager, interleaved` table).
 --tiny: tiny configs in float32 on the cpu (a smoke test of the script). Writes $OUT/pipeline.json, table last.
 """
 import argparse
@@ -30,6 +33,7 @@ sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 RES = common.Results("pipeline")
 ROWS = []  # (part, peer ms, peer GiB, FLAME ms, FLAME GiB, rel err)
+INTERLEAVED = []  # (part, peer ms, FLAME ms, median per-round ratio, min, max): eager text encoders, interleaved
 STAGES = []  # (stage, seconds, pool peak GiB, driver peak GiB) of the whole run
 ARGS = None
 
@@ -98,6 +102,31 @@ def free_flame():
     if not ARGS.tiny:
         import flame_core.memory as fmem
         fmem.empty_cache()
+
+
+def interleaved_row(part, peer_fn, flame_fn):
+    """The eager calls of both frameworks alternated (--rounds rounds, one call of each per round after one of each
+    as warm-up, the order flipped every round; wall time of a call ended by its device synchronize): host-bound calls
+    move with the host's speed within a process, and both sides of a round's ratio FLAME / peer run within
+    milliseconds of each other. Logged: each side's median ms and the median per-round ratio with its spread."""
+    sides = (("torch", peer_fn, []), ("cupy", flame_fn, []))
+    for lib, fn, _ in sides:
+        fn()
+        common.synchronize(lib)
+    for r in range(ARGS.rounds):
+        for lib, fn, acc in (sides if r % 2 == 0 else sides[::-1]):
+            t = time.perf_counter()
+            fn()
+            common.synchronize(lib)
+            acc.append((time.perf_counter() - t) * 1e3)
+    peer_ms, flame_ms = sides[0][2], sides[1][2]
+    ratios = sorted(b / a for a, b in zip(peer_ms, flame_ms))
+    med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
+    rec = (part, round(med(peer_ms), 3), round(med(flame_ms), 3), round(med(ratios), 3), round(ratios[0], 3),
+           round(ratios[-1], 3))
+    INTERLEAVED.append(rec)
+    RES.log(f"{part}_interleaved", {"peer_ms": rec[1], "flame_ms": rec[2], "ratio": rec[3], "ratio_min": rec[4],
+                                    "ratio_max": rec[5], "rounds": ARGS.rounds})
 
 
 def row(part, peer, mine, err):
@@ -181,6 +210,15 @@ def text_part():
             ms = timed(lambda: peer(input_ids=x, output_hidden_states=True), "torch")
         with tempfile.TemporaryDirectory(prefix=f"{name}_") as folder:
             peer.save_pretrained(folder)
+            if not ARGS.tiny:   # eager FLAME and the peer interleaved in this process: the per-round ratio
+                model = (load_t5 if t5 else load_clip)(folder, dtype=fdt, device=dev())
+                xf = flame.tensor(ids, device=dev())
+                with flame.no_grad(), torch.no_grad():
+                    interleaved_row(f"{name} {tokens} tokens eager",
+                                    lambda: peer(input_ids=x, output_hidden_states=True),
+                                    lambda: model(xf, output_hidden_states=True))
+                model = xf = None  # rebound, not deleted: closures above use the names
+                free_flame()
             peer = x = None  # rebound, not deleted: closures above use the names
             free_torch()
             variants = [("", {}, False), (" graphed", {}, True)]
@@ -244,6 +282,8 @@ def main():
     ap.add_argument("parts", nargs="*", default=list(PARTS))
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--tiny", action="store_true", help="tiny configs in float32 on the cpu (smoke test)")
+    ap.add_argument("--rounds", type=int, default=30,
+                    help="rounds of the text encoders' interleaved eager comparison (one call of each per round)")
     ap.add_argument("--budget", default="12GiB", help="max_gpu_memory of the whole run")
     ap.add_argument("--fp8", action="store_true", help="the whole run with fp8 storage of the blocks")
     ap.add_argument("--text-models", default=",".join(TEXT),
@@ -258,6 +298,9 @@ def main():
                         "rel err"],
                        [(p, a, b, c, d, common.ratio(c, a), common.ratio(d, b), e) for p, a, b, c, d, e in ROWS],
                        title="\nFLAME vs diffusers / transformers (ratio = FLAME / peer; <= 1.0 is better)"))
+    if INTERLEAVED:
+        print(common.table(["part", "peer ms", "FLAME ms", "ratio (median of rounds)", "min", "max"], INTERLEAVED,
+                           title=f"\neager, FLAME and the peer interleaved ({ARGS.rounds} rounds; <= 1.0 is better)"))
     if STAGES:
         print(common.table(["stage", "seconds", "pool peak GiB", "driver peak GiB"], STAGES,
                            title=f"\nwhole Flux-dev run (random weights, max_gpu_memory {ARGS.budget}, "
