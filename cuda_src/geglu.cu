@@ -3,7 +3,8 @@
 //   forward:  y[r, c]          = a * gelu(g)                            x (rows, 2 cols), y (rows, cols)
 //   backward: dx[r, c]         = dy * gelu(g)                           a = x[r, c], g = x[r, cols + c]
 //             dx[r, cols + c]  = dy * a * gelu'(g)                      dx (rows, 2 cols); all contiguous
-// approx: 0 = erf ("none"), 1 = tanh. One block walks whole rows (no index division); 16-byte vectors when cols and
+// approx: bit 0: 0 = erf ("none"), 1 = tanh; bit 1: gate first (rows hold [gate | a]: T5's gelu(wi_0 x) * wi_1 x over
+// the stacked [wi_0 | wi_1] projection), the gradients then written in that order too. One block walks whole rows (no index division); 16-byte vectors when cols and
 // the pointers allow. The backward may run in place (dx == x: the caller's x is a temporary that dies with this
 // backward): each thread reads its pair of x elements before it writes the same two positions, so x and dx are not
 // __restrict__ there.
@@ -18,9 +19,11 @@ template <typename T, int N, bool BWD>
 __device__ __forceinline__ void geglu_body(const T* x, const T* __restrict__ dy, T* out,
                                            i64 rows, int cols, int approx) {
     const int nv = cols / N;
+    const int ga = (approx & 2) ? cols : 0, gg = cols - ga;   // the offsets of a and of the gate in a row
+    approx &= 1;
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
-        const T* xa = x + r * 2 * cols;
-        const T* xg = xa + cols;
+        const T* xa = x + r * 2 * cols + ga;
+        const T* xg = x + r * 2 * cols + gg;
         for (int k = threadIdx.x; k < nv; k += blockDim.x) {
             const i64 c = (i64)k * N;
             float a[N], g[N], o[N];
@@ -34,8 +37,8 @@ __device__ __forceinline__ void geglu_body(const T* x, const T* __restrict__ dy,
                     o[j] = d[j] * gelu_of(g[j], approx);
                     o2[j] = d[j] * a[j] * gelu_grad_of(g[j], approx);
                 }
-                store_f32<T, N>(out + r * 2 * cols + c, o);
-                store_f32<T, N>(out + r * 2 * cols + cols + c, o2);
+                store_f32<T, N>(out + r * 2 * cols + ga + c, o);
+                store_f32<T, N>(out + r * 2 * cols + gg + c, o2);
             } else {
 #pragma unroll
                 for (int j = 0; j < N; ++j) o[j] = a[j] * gelu_of(g[j], approx);

@@ -136,13 +136,13 @@ class Geglu(Function):
     """a * GELU(gate) of x = [a | gate] (last dimension): one kernel each way (kernels.geglu), saving only x."""
 
     @staticmethod
-    def forward(ctx, x, approximate="none", temporary=False):
+    def forward(ctx, x, approximate="none", temporary=False, gate_first=False):
         a = _float_arr(x, "geglu")
-        ctx.approximate = approximate
+        ctx.approximate, ctx.gate_first = approximate, gate_first
         # a temporary input (nobody else holds it) whose memory backward may reuse for the gradient
         ctx.reuse = temporary and a is x._data and x._base is None and a.flags.c_contiguous
         ctx.save_for_backward(_saved(x, a))
-        return _wrap(_geglu.geglu_forward(a, approximate))
+        return _wrap(_geglu.geglu_forward(a, approximate, gate_first))
 
     @staticmethod
     def backward(ctx, g):
@@ -150,15 +150,19 @@ class Geglu(Function):
         if state.enabled:  # create_graph: the same with Tensor ops
             from .shape import cat
             a, gate = x.chunk(2, dim=-1)
-            return cat([g * gelu(gate, ctx.approximate), g * a * _gelu_grad_ops(gate, ctx.approximate)],
-                       dim=-1), None, None
+            if ctx.gate_first:
+                a, gate = gate, a
+            da, dgate = g * gelu(gate, ctx.approximate), g * a * _gelu_grad_ops(gate, ctx.approximate)
+            return cat([dgate, da] if ctx.gate_first else [da, dgate], dim=-1), None, None, None
         reuse = ctx.reuse and not retaining_graph()   # x dies with this node: the gradient goes over it
-        return _wrap(_geglu.geglu_backward(g._data, x._data, ctx.approximate, inplace=reuse)), None, None
+        return (_wrap(_geglu.geglu_backward(g._data, x._data, ctx.approximate, inplace=reuse,
+                                            gate_first=ctx.gate_first)), None, None, None)
 
 
-def geglu(x, approximate="none"):
-    """a * GELU(gate) where x = [a | gate] along the last dimension (diffusers' GEGLU after its projection)."""
-    return _geglu_checked(x, approximate, False)
+def geglu(x, approximate="none", gate_first=False):
+    """a * GELU(gate) where x = [a | gate] along the last dimension (diffusers' GEGLU after its projection);
+    gate_first: x = [gate | a] (T5's gated feed-forward over its stacked [wi_0 | wi_1] projection)."""
+    return _geglu_checked(x, approximate, False, gate_first)
 
 
 def geglu_of_temporary(x, approximate="none"):
@@ -168,12 +172,12 @@ def geglu_of_temporary(x, approximate="none"):
     return _geglu_checked(x, approximate, True)
 
 
-def _geglu_checked(x, approximate, temporary):
+def _geglu_checked(x, approximate, temporary, gate_first=False):
     if approximate not in ("none", "tanh"):
         raise ValueError(f"geglu: approximate must be 'none' or 'tanh', got {approximate!r}")
     if x.shape[-1] % 2:
         raise ValueError(f"geglu: the last dimension holds [a | gate] and must be even, got shape {tuple(x.shape)}")
-    return Geglu.apply(x, approximate, temporary)
+    return Geglu.apply(x, approximate, temporary, bool(gate_first))
 
 
 def silu(x):

@@ -20,7 +20,7 @@ import numpy as np
 import flame_core as flame
 import flame_nn
 import flame_nn.functional as F
-from flame_nn.offload import run_block
+from flame_nn.offload import is_streamed, run_block
 
 from .base import TextEncoderModel
 from .configs import T5Config
@@ -147,6 +147,9 @@ class T5LayerSelfAttention(flame_nn.Module):
 
 
 class T5DenseGatedActDense(flame_nn.Module):
+    fusable_projections = ("wi_0", "wi_1")  # one matmul when loaded packed, its [gate | a] halves into one GEGLU
+    fused_projections = None
+
     def __init__(self, config, dtype=None, device=None):
         super().__init__()
         kw = dict(bias=False, dtype=dtype, device=device)
@@ -155,7 +158,12 @@ class T5DenseGatedActDense(flame_nn.Module):
         self.wo = flame_nn.Linear(config.d_ff, config.d_model, **kw)
 
     def forward(self, x):
-        h = F.gelu(self.wi_0(x), approximate="tanh") * self.wi_1(x)                       # gelu_new gate
+        fused = self.fused_projections
+        gi = fused(x) if fused is not None else None                          # [wi_0 x | wi_1 x] or None
+        if gi is not None:  # gelu(wi_0 x) * wi_1 x in one kernel (each value rounded once): 2 ops, not 4
+            h = F.geglu(gi, approximate="tanh", gate_first=True)
+        else:
+            h = F.gelu(self.wi_0(x), approximate="tanh") * self.wi_1(x)                   # gelu_new gate
         wo_dtype = _compute_dtype(self.wo)
         return self.wo(h if h.dtype == wo_dtype else h.to(wo_dtype))
 
@@ -181,11 +189,35 @@ class T5Block(flame_nn.Module):
             T5LayerSelfAttention(config, has_relative_attention_bias, dtype=dtype, device=device),
             T5LayerFF(config, dtype=dtype, device=device)])
 
-    def forward(self, x, position_bias=None, attention_mask=None):
-        x, position_bias = self.layer[0](x, position_bias, attention_mask)
-        x = _clamp_fp16(x)
-        x = _clamp_fp16(self.layer[1](x))
-        return x, position_bias
+    def forward(self, x, position_bias=None, attention_mask=None, h=None, next_norm=None):
+        """The plain form returns (x, position_bias). Chained (T5Stack, blocks run as plain calls): h is
+        layer[0]'s norm of x when the caller has it (the previous block's last add fused with this norm) and
+        next_norm the norm after this block, fused with its last add -> (x, position_bias, next_norm(x)); each
+        residual add runs with the norm after it as one op (F.add_rms_norm) where add_norm can fuse them."""
+        if h is None and next_norm is None:
+            x, position_bias = self.layer[0](x, position_bias, attention_mask)
+            x = _clamp_fp16(x)
+            x = _clamp_fp16(self.layer[1](x))
+            return x, position_bias
+        sa, ff = self.layer[0], self.layer[1]
+        if position_bias is None:
+            position_bias = sa.SelfAttention.compute_bias(x.shape[1], attention_mask)
+        h = sa.layer_norm(x) if h is None else h
+        x, h = add_norm(x, sa.SelfAttention(h, position_bias), ff.layer_norm)
+        x, h = add_norm(x, ff.DenseReluDense(h), next_norm)
+        return x, position_bias, h
+
+
+def add_norm(x, r, norm):
+    """(x + r, norm(x + r)) with the sum clamped as the plain blocks clamp it: one fused op (F.add_rms_norm, the same
+    numbers) for a T5LayerNorm without hooks whose weight has the stream's dtype, outside float16 (whose clamp
+    comes between the add and the norm); else the add, the clamp and the module call."""
+    w = norm.weight
+    if (type(norm) is T5LayerNorm and not norm.has_hooks() and x.dtype == r.dtype == w.dtype
+            and x.dtype != flame.float16):
+        return F.add_rms_norm(x, r, w, norm.eps)
+    x = _clamp_fp16(x + r)
+    return x, norm(x)
 
 
 class T5Stack(flame_nn.Module):
@@ -199,11 +231,23 @@ class T5Stack(flame_nn.Module):
     def forward(self, x, attention_mask=None, output_hidden_states=False):
         hidden_states = [x] if output_hidden_states else None
         position_bias = None
-        for i in range(len(self.block)):
-            x, position_bias = run_block(self.block, i, x, position_bias, attention_mask if i == 0 else None)
+        blocks, n = self.block, len(self.block)
+        # each block's residual adds fused with the norms after them where the blocks run as plain calls; streamed or
+        # checkpointed blocks stay whole (a block's weights are only there in its turn, a recomputed block must not
+        # reach into the next), and sub-layers with hooks run as modules (the chained form does not call them)
+        chain = n > 0 and not is_streamed(blocks) and not any(
+            b.gradient_checkpointing or b.layer[0].has_hooks() or b.layer[1].has_hooks() for b in blocks)
+        h = None
+        for i in range(n):
+            if chain:
+                nxt = blocks[i + 1].layer[0].layer_norm if i + 1 < n else self.final_layer_norm
+                x, position_bias, h = blocks[i](x, position_bias, attention_mask if i == 0 else None, h=h,
+                                                next_norm=nxt)
+            else:
+                x, position_bias = run_block(blocks, i, x, position_bias, attention_mask if i == 0 else None)
             if hidden_states is not None:
                 hidden_states.append(x)
-        x = self.final_layer_norm(x)
+        x = h if chain else self.final_layer_norm(x)
         if hidden_states is not None:
             hidden_states[-1] = x  # transformers: the last entry is the normed last_hidden_state
         return x, hidden_states

@@ -14,10 +14,11 @@ def gelu(input, approximate="none"):
     return A.gelu(input, approximate=approximate)
 
 
-def geglu(input, approximate="none"):
+def geglu(input, approximate="none", gate_first=False):
     """a * gelu(gate) where input = [a | gate] along the last dimension (diffusers' GEGLU after its projection);
-    one fused kernel each way, keeping only the input for backward."""
-    return A.geglu(input, approximate=approximate)
+    gate_first: input = [gate | a] (T5's gelu(wi_0 x) * wi_1 x over the stacked [wi_0 | wi_1] projection). One fused
+    kernel each way, keeping only the input for backward."""
+    return A.geglu(input, approximate=approximate, gate_first=gate_first)
 
 
 def silu(input, inplace=False):

@@ -85,20 +85,22 @@ def test_linear_cat2_matches_linear_over_the_concatenation(device):
     assert gradcheck(fused, (h, w, b))
 
 
-def _geglu_composed(x, approximate):
+def _geglu_composed(x, approximate, gate_first=False):
     a, gate = x.chunk(2, dim=-1)
+    if gate_first:
+        a, gate = gate, a
     return a * F.gelu(gate, approximate=approximate)
 
 
 @settings(max_examples=15, deadline=None)
-@given(st.integers(1, 3), st.integers(1, 5), st.integers(1, 9), st.sampled_from(["none", "tanh"]))
-def test_geglu_matches_the_composed_ops_and_passes_gradcheck(b, l, c, approximate):
+@given(st.integers(1, 3), st.integers(1, 5), st.integers(1, 9), st.sampled_from(["none", "tanh"]), st.booleans())
+def test_geglu_matches_the_composed_ops_and_passes_gradcheck(b, l, c, approximate, gate_first):
     rng = np.random.default_rng(b * 100 + l * 10 + c)
     x = flame.tensor(rng.standard_normal((b, l, 2 * c)) * 2, dtype=flame.float64, requires_grad=True)
-    np.testing.assert_allclose(F.geglu(x, approximate).detach().numpy(),
-                               _geglu_composed(x, approximate).detach().numpy(), rtol=1e-13, atol=1e-13)
-    assert gradcheck(lambda x: F.geglu(x, approximate), (x,))
-    assert gradgradcheck(lambda x: F.geglu(x, approximate), (x,))   # the create_graph backward
+    np.testing.assert_allclose(F.geglu(x, approximate, gate_first).detach().numpy(),
+                               _geglu_composed(x, approximate, gate_first).detach().numpy(), rtol=1e-13, atol=1e-13)
+    assert gradcheck(lambda x: F.geglu(x, approximate, gate_first), (x,))
+    assert gradgradcheck(lambda x: F.geglu(x, approximate, gate_first), (x,))   # the create_graph backward
 
 
 def test_geglu_in_low_precision_matches_float64_and_refuses_odd_widths(device):

@@ -28,22 +28,26 @@ def _gelu64_grad(g, approximate):
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 @pytest.mark.parametrize("dt", list(DTYPES))
 @pytest.mark.parametrize("rows,c", SHAPES)
-def test_geglu_matches_float64(ab, rng, dt, rows, c, approximate):
+@pytest.mark.parametrize("gate_first", [False, True])
+def test_geglu_matches_float64(ab, rng, dt, rows, c, approximate, gate_first):
     x = rand(rng, (rows, 2 * c), DTYPES[dt], scale=2.5)
     dy = rand(rng, (rows, c), DTYPES[dt])
     a, g, d = to64(x)[:, :c], to64(x)[:, c:], to64(dy)
-    k, r = ab(lambda x: K.geglu_forward(x, approximate), x)
+    if gate_first:
+        a, g = g, a
+    k, r = ab(lambda x: K.geglu_forward(x, approximate, gate_first), x)
     assert k.flags.c_contiguous and k.shape == (rows, c) and k.dtype == x.dtype
     assert_close(k, a * _gelu64(g, approximate), dt, "forward vs float64")
     assert_close(k, r, dt, "forward vs reference path")
-    k, r = ab(lambda d, x: K.geglu_backward(d, x, approximate), dy, x)
-    want = np.concatenate([d * _gelu64(g, approximate), d * a * _gelu64_grad(g, approximate)], axis=1)
+    k, r = ab(lambda d, x: K.geglu_backward(d, x, approximate, gate_first=gate_first), dy, x)
+    da, dg = d * _gelu64(g, approximate), d * a * _gelu64_grad(g, approximate)
+    want = np.concatenate([dg, da] if gate_first else [da, dg], axis=1)
     assert k.shape == (rows, 2 * c)
     assert_close(k, want, dt, "backward vs float64")
     assert_close(k, r, dt, "backward vs reference path")
     import cupy as cp
     xi = cp.asarray(x)                                    # in place: the gradient written over x
-    got = K.geglu_backward(cp.asarray(dy), xi, approximate, inplace=True)
+    got = K.geglu_backward(cp.asarray(dy), xi, approximate, inplace=True, gate_first=gate_first)
     assert got is xi
     assert_close(got, k, dt, "in-place backward vs out of place")
 
@@ -55,6 +59,11 @@ def test_geglu_reference_on_the_cpu_and_shape_errors(rng):
     np.testing.assert_allclose(K.geglu_forward(x), a * _gelu64(g, "none"), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(K.geglu_backward(dy, x, "tanh"),
                                np.concatenate([dy * _gelu64(g, "tanh"), dy * a * _gelu64_grad(g, "tanh")], -1),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(K.geglu_forward(x, "tanh", gate_first=True), g * _gelu64(a, "tanh"), rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_allclose(K.geglu_backward(dy, x, "none", gate_first=True),
+                               np.concatenate([dy * g * _gelu64_grad(a, "none"), dy * _gelu64(a, "none")], -1),
                                rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="must be even"):
         K.geglu_forward(x[..., :9])

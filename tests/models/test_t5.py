@@ -48,6 +48,48 @@ def test_matches_transformers(tag, device):
     np.testing.assert_array_equal(out.hidden_states[-1].numpy(), out.last_hidden_state.numpy())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_chained_blocks_fuse_the_adds_with_the_norms(device, monkeypatch, dtype):
+    """Blocks run as plain calls chain each residual add with the norm after it (F.add_rms_norm, 2 per block); a
+    hook on a sub-layer turns the chain off (the sub-layers run as modules); both give the same outputs and hidden
+    states (float32: to rounding; bfloat16: the same ops, one kernel for two)."""
+    from flame_models.text_encoders import t5 as T
+    ref = io("t5")
+    model = load_t5(folder("t5"), dtype=dtype, device=device)
+    calls = []
+    real = T.F.add_rms_norm
+    monkeypatch.setattr(T.F, "add_rms_norm", lambda *a: calls.append(1) or real(*a))
+    chained = model(ref["input_ids"], attention_mask=ref["attention_mask"], output_hidden_states=True)
+    assert len(calls) == 2 * len(model.encoder.block)
+    seen = []
+    model.encoder.block[1].layer[1].register_forward_hook(lambda m, a, out: seen.append(1))
+    plain = model(ref["input_ids"], attention_mask=ref["attention_mask"], output_hidden_states=True)
+    assert len(calls) == 2 * len(model.encoder.block) and seen == [1]
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == "float32" else dict(rtol=2e-2, atol=2e-2)
+    for a, b in zip((chained.last_hidden_state,) + chained.hidden_states,
+                    (plain.last_hidden_state,) + plain.hidden_states):
+        np.testing.assert_allclose(a.float().numpy(), b.float().numpy(), **tol)
+
+
+def test_fused_feed_forward_matches_the_separate_projections(device):
+    """Loaded packed, each feed-forward runs wi_0 | wi_1 as one matmul into one GEGLU (gate first): the same outputs
+    as the two projections, the GELU and the product (float32: to rounding); a gradient wanted for the weights runs
+    them one by one."""
+    ref = io("t5")
+    model = load_t5(folder("t5"), device=device)
+    ffs = [b.layer[1].DenseReluDense for b in model.encoder.block]
+    assert all(f.fused_projections is not None for f in ffs)
+    fused = model(ref["input_ids"], attention_mask=ref["attention_mask"]).last_hidden_state.numpy()
+    saved = [f.__dict__.pop("fused_projections") for f in ffs]
+    separate = model(ref["input_ids"], attention_mask=ref["attention_mask"]).last_hidden_state.numpy()
+    np.testing.assert_allclose(fused, separate, rtol=1e-5, atol=1e-5)
+    for f, fp in zip(ffs, saved):
+        f.__dict__["fused_projections"] = fp
+    ffs[0].wi_1.weight.requires_grad_(True)
+    x = flame.randn(1, 3, ffs[0].wi_0.in_features, device=device)
+    assert ffs[0].fused_projections(x) is None
+
+
 def test_mask_changes_only_the_padded_sample():
     ref = io("t5")
     a, b = ref["out.last_hidden_state"], ref["masked.last_hidden_state"]
