@@ -16,7 +16,7 @@ from ..errors import ShapeError, fmt_shape
 from . import launching as KL
 from . import loader as L
 from . import plans as P
-from .norms import _layer_ref, _param_args
+from .norms import _layer_ref, _param_args, _param_ptrs
 
 MAX_D = 4096  # the kernels cache 16 values of a row per thread, 256 threads per row at most
 BLOCK = 256
@@ -92,15 +92,10 @@ def _forward_cached(x, r, weight, bias, eps, rms, stats):
     if type(x) is not nd or type(r) is not nd or not x._c_contiguous or not r._c_contiguous:
         return None
     dt = x.dtype
-    pw = pb = 0
-    if weight is not None:
-        if type(weight) is not nd or weight.dtype != dt or not weight._c_contiguous:
-            return None
-        pw = weight.data.ptr
-    if bias is not None:
-        if type(bias) is not nd or bias.dtype != dt or not bias._c_contiguous:
-            return None
-        pb = bias.data.ptr
+    ptrs = _param_ptrs(dt, weight, bias)
+    if ptrs is None:
+        return None
+    pw, pb = ptrs
     px, pr = x.data.ptr, r.data.ptr
     if (px | pr | pw | pb) & 15:   # the general path copies misaligned arrays (16-byte vectors, the same sums)
         return None

@@ -218,23 +218,31 @@ _nd = backend._cupy_ndarray if backend.cupy is not None else None
 _get_device = backend.cupy.cuda.runtime.getDevice if backend.cupy is not None else None
 
 
+def _param_ptrs(dt, *params):
+    """The gain / bias addresses for a packed launch (0 where absent), or None unless each present one is a
+    C-contiguous cupy array of dtype dt (the general path casts or copies the others)."""
+    out = []
+    for p in params:
+        if p is None:
+            out.append(0)
+        elif type(p) is not _nd or p.dtype != dt or not p._c_contiguous:
+            return None
+        else:
+            out.append(p.data.ptr)
+    return out
+
+
 def _layer_fwd_cached(x, weight, bias, eps, rms, stats):
     """The eager per-op path of the forward: x C-contiguous and 16-byte aligned, weight / bias None or C-contiguous
     arrays of x's dtype, a one-pass plan for the width. Its launch is packed once per configuration; a call allocates
     the outputs, writes six addresses and launches. None otherwise (the general path runs)."""
-    nd = _nd
-    if type(x) is not nd or not x._c_contiguous:
+    if type(x) is not _nd or not x._c_contiguous:
         return None
     dt = x.dtype
-    pw = pb = 0
-    if weight is not None:
-        if type(weight) is not nd or weight.dtype != dt or not weight._c_contiguous:
-            return None
-        pw = weight.data.ptr
-    if bias is not None:
-        if type(bias) is not nd or bias.dtype != dt or not bias._c_contiguous:
-            return None
-        pb = bias.data.ptr
+    ptrs = _param_ptrs(dt, weight, bias)
+    if ptrs is None:
+        return None
+    pw, pb = ptrs
     px = x.data.ptr
     if px & 15:
         return None
@@ -251,6 +259,7 @@ def _layer_fwd_cached(x, weight, bias, eps, rms, stats):
                                                               KL.i32(rms), KL.i32(0)), 6)
         entry = _FWD.put(key, (pl, shape[:-1]))
     pl, lead = entry
+    nd = _nd
     y = nd(shape, dt)
     mean = nd(lead, np.float32) if stats and not rms else None
     rstd = nd(lead, np.float32) if stats else None
