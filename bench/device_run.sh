@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One call on the lent GPU: environment, kernel precompile, the GPU test suite, then the named bench scripts.
+# One call on the lent GPU: environment, kernel precompile, the GPU test suite (with -n: the gpu_exclusive tests in a
+# serial lane after the parallel run), then the named bench scripts.
 #   bash bench/device_run.sh [--tests 'pytest args'] [--test-timeout S] [bench_name[:timeout_s[:args]] ...]
 # Logs and JSON go to $OUT (or ./out). The CuPy kernel cache is carried in/out as .device/cupy_cache.tgz when present.
 set -u
@@ -30,12 +31,24 @@ t0=$(date +%s)
 python3 -m flame_core.kernels.precompile > "$OUT/precompile.log" 2>&1; grep -v " ok$" "$OUT/precompile.log" | tail -20
 echo "precompile: $(( $(date +%s) - t0 )) s"
 if [ "$TESTS" != "none" ]; then
+  # with xdist workers (-n in the args) the tests that size their work from the GPU's free memory (marker
+  # gpu_exclusive: budgets, auto_fit) would count the other workers' memory as theirs: the parallel run leaves them
+  # out and a serial lane runs them after it (-n 0: in one process, alone on the GPU)
+  LANE=""; case " $TESTS " in *" -n "*|*" -n="*|*" --numprocesses"*) LANE=1 ;; esac
   t0=$(date +%s)
   timeout "$TEST_TIMEOUT" python3 -m pytest -p no:cacheprovider -rfE --durations=15 $TESTS \
-    > "$OUT/pytest.log" 2>&1
+    ${LANE:+-m "not gpu_exclusive"} > "$OUT/pytest.log" 2>&1
   echo "pytest rc=$? in $(( $(date +%s) - t0 )) s"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -60
   tail -3 "$OUT/pytest.log"
+  if [ -n "$LANE" ]; then
+    t0=$(date +%s)
+    timeout "$TEST_TIMEOUT" python3 -m pytest -p no:cacheprovider -rfE $TESTS -n 0 -m gpu_exclusive \
+      > "$OUT/pytest_exclusive.log" 2>&1
+    echo "pytest (gpu_exclusive, serial) rc=$? in $(( $(date +%s) - t0 )) s"
+    grep -E "^(FAILED|ERROR)" "$OUT/pytest_exclusive.log" | head -30
+    tail -3 "$OUT/pytest_exclusive.log"
+  fi
 fi
 for spec in "$@"; do
   IFS=: read -r name tmo args <<< "$spec"

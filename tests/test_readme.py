@@ -16,7 +16,9 @@ def test_the_readme_has_snippets():
     assert len(snippets()) >= 3
 
 
-@pytest.mark.parametrize("i", range(len(snippets())))
+@pytest.mark.parametrize("i", [pytest.param(i, marks=pytest.mark.gpu_exclusive)
+                               if "max_gpu_memory" in code or "auto_fit" in code else i
+                               for i, code in enumerate(snippets())])   # a budget snippet sizes from the free memory
 def test_readme_snippet_runs(i, capsys):
     code = snippets()[i]
     exec(compile(code, f"README.md snippet {i}", "exec"), {"__name__": f"readme_snippet_{i}"})

@@ -37,6 +37,7 @@ def _all_found(out):
     assert out["cache_files"] == N and out["nvrtc_here"] == 0 and out["loaded"] == N, out
 
 
+@pytest.mark.gpu_exclusive
 def test_worker_processes_fill_the_cache_the_process_loads_from_without_a_context(tmp_path):
     out = _probe(tmp_path, FLAME_CUPY_WARMUP_PROCESSES="4")
     s = out["stats"]

@@ -84,6 +84,7 @@ def test_lora_beside_fp8_and_streamed_blocks_on_cuda(golden, dtype):
     assert _rel(a, without) > 5 * _rel(a, want)   # nearer the LoRA's than the base's
 
 
+@pytest.mark.gpu_exclusive
 def test_generate_under_a_budget_on_cuda(tmp_path):
     # the budget counts the whole device: what the CUDA context and libraries (torch's too, once another test has
     # run it) hold outside FLAME's pool, plus 256 MiB for the pool

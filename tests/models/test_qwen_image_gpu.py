@@ -168,6 +168,7 @@ def test_the_generate_stages_on_cuda_match_the_cpu_from_the_same_noise(tmp_path)
     assert _rel(b, a) <= 1e-4, _rel(b, a)
 
 
+@pytest.mark.gpu_exclusive
 @pytest.mark.parametrize("kw", [{"fp8": True}, {"budget": True}, {"fp8": True, "budget": True}])
 def test_generate_on_cuda_with_fp8_and_a_budget_matches_the_resident_run(tmp_path, kw):
     """generate on cuda with fp8 storage and / or a budget (both stacks streamed and fitted) against the resident

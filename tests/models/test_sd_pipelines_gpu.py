@@ -123,6 +123,7 @@ def test_streamed_and_fp8_denoisers_on_cuda():
     np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.gpu_exclusive
 def test_generate_sd3_and_sdxl_under_a_budget_on_cuda(tmp_path):
     from flame_models.sdxl import load_sdxl, save_sdxl
     _, mx = _golden(SDXL, "meta.json")

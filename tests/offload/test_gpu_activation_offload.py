@@ -102,6 +102,7 @@ def test_tiny_flux_offloaded_gradients_on_the_gpu():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.gpu_exclusive
 def test_auto_fit_turns_offload_on_for_a_budget_that_needs_it():
     net = model()
     st = BlockStreamer(net.blocks, slots=2, device="cuda")

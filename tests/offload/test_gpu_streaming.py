@@ -101,6 +101,7 @@ def test_transfers_overlap_the_compute():
     assert t_str < 1.35 * max(t_res, t_copy), (t_res, t_str, t_copy)
 
 
+@pytest.mark.gpu_exclusive
 def test_auto_fit_on_the_gpu_keeps_the_pool_under_the_budget():
     from flame_nn.offload import MemoryBudgetError, auto_fit
     d, n = 4096, 8  # 32 MiB blocks: each its own exactly-sized segment in the pool

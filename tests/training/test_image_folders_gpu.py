@@ -31,6 +31,7 @@ def test_one_cuda_graph_per_bucket_shape_gives_the_eager_numbers(tmp_path, tiny_
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.gpu_exclusive
 def test_more_shapes_than_graphs_train_eagerly_and_say_why(tmp_path, tiny_model, capsys):
     images = draw_images(tmp_path / "images", wide=2)
     cfg = _gpu(image_config(tmp_path, "budget", tiny_model, images, steps=2, max_gpu_memory="8GiB"))
@@ -52,6 +53,7 @@ def test_previews_decode_on_the_gpu_with_the_vae_waiting_in_host_memory(tmp_path
         assert stages[name]["device_peak"] >= stages[name]["peak_reserved"] > 0 or name == "check"
 
 
+@pytest.mark.gpu_exclusive
 @pytest.mark.slow
 def test_a_random_flux_dev_size_run_holds_12gib_in_every_stage(tmp_path):
     # model.size flux-dev without files: the transformer, VAE, CLIP-L and T5-XXL at their real sizes with random

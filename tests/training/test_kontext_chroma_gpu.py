@@ -72,6 +72,7 @@ def test_cuda_graph_steps_give_the_eager_numbers(tmp_path, arch):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.gpu_exclusive
 @pytest.mark.parametrize("arch", ["flux_kontext", "chroma"])
 def test_streamed_blocks_give_the_resident_numbers(tmp_path, arch):
     images, data = _data(tmp_path, arch)

@@ -42,6 +42,7 @@ def test_cuda_graph_steps_give_the_eager_numbers(tmp_path, sdxl_model, arch):  #
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.gpu_exclusive
 @pytest.mark.parametrize("arch", ["sd3", "sdxl"])
 def test_streamed_blocks_give_the_resident_numbers(tmp_path, sdxl_model, arch):  # noqa: F811
     images = draw_images(tmp_path / "images", 2, 2)
@@ -71,6 +72,7 @@ def test_streamed_blocks_give_the_resident_numbers(tmp_path, sdxl_model, arch): 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch, size, budget, t5", [("sd3", "sd3.5-large", 10, 77), ("sd3", "sd3.5-medium", 8, 77),
                                                      ("sdxl", "sdxl-base", 8, None)])
+@pytest.mark.gpu_exclusive
 def test_a_random_real_size_run_holds_its_budget_in_every_stage(tmp_path, arch, size, budget, t5):
     # model.size without files: the denoiser, VAE and text encoders at their real sizes with random weights drawn
     # on the GPU, the packaged tokenizers; fp8 block storage, the blocks streamed as the budget needs

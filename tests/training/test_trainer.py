@@ -100,6 +100,7 @@ def test_cuda_graph_steps_survive_sampling_ema_and_a_checkpoint(tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.gpu_exclusive
 @pytest.mark.gpu
 def test_cuda_graph_steps_with_streamed_blocks_give_the_eager_numbers(tmp_path):
     # max_gpu_memory set: the blocks stream through a BlockStreamer and the graph captures the copies too
@@ -177,6 +178,7 @@ def test_checkpoint_save_attention_keeps_the_blocks_attention_and_trains_the_sam
     assert counts["attention"] * 2 == counts["none"] > 0   # forwards once per block, not twice
 
 
+@pytest.mark.gpu_exclusive
 @pytest.mark.parametrize("budget", [None, "1GiB"])
 def test_fp8_delayed_scaling_is_set_on_every_fp8_layer_and_trains(tmp_path, budget):
     # resident blocks, and blocks packed by the streamer under max_gpu_memory (quantised at packing)
@@ -193,6 +195,7 @@ def test_fp8_delayed_scaling_is_set_on_every_fp8_layer_and_trains(tmp_path, budg
     assert np.isfinite(losses).all() and losses[:15].mean() > 1.1 * losses[-15:].mean()
 
 
+@pytest.mark.gpu_exclusive
 @pytest.mark.gpu
 def test_fp8_compute_on_cuda_resident_and_under_a_budget(tmp_path):
     # bf16 with CUDA graphs (the trainer's defaults on cuda): the blocks' matmuls through cuBLASLt's fp8 GEMM, the

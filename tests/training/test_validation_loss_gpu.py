@@ -40,6 +40,7 @@ def test_validating_between_graph_replays_keeps_the_graphs_numbers(tmp_path, tin
                                [v for s, v in result["validation_losses"] if s in (0, 4, 8)], rtol=2e-2)
 
 
+@pytest.mark.gpu_exclusive
 def test_streamed_blocks_validate_within_the_budget(tmp_path, tiny_model):
     images = draw_images(tmp_path / "images")
     val = {"validation": {"split": 0.25, "every": 2}}
