@@ -614,3 +614,29 @@ def test_packed_forward_matches_the_general_path(rng, monkeypatch, dt):
             np.testing.assert_array_equal(bits(c), bits(w_))
         np.testing.assert_array_equal(bits(bare[0]), bits(want[0]))
         assert all(v is None for v in bare[1:])
+
+
+@pytest.mark.parametrize("rms", [False, True])
+def test_forward_without_statistics(device, rng, rms):
+    """stats=False (no backward to come): the same y, no statistics returned (the kernels write none); the op leaves
+    them out when no input requires grad and keeps them when one does."""
+    x = rand(rng, (3, 5, 40), np.float32)
+    w = rand(rng, (40,), np.float32, loc=1.0, scale=0.1)
+    if device.type == "cuda":
+        import cupy as cp
+        x, w = cp.asarray(x), cp.asarray(w)
+    full = K.rms_norm_forward(x, w, 1e-6) if rms else K.layer_norm_forward(x, w, None, 1e-5)
+    bare = (K.rms_norm_forward(x, w, 1e-6, stats=False) if rms
+            else K.layer_norm_forward(x, w, None, 1e-5, stats=False))
+    assert len(bare) == len(full) and all(v is None for v in bare[1:]) and full[-1] is not None
+    np.testing.assert_array_equal(flame.tensor(bare[0]).numpy(), flame.tensor(full[0]).numpy())
+    xt = flame.tensor(rng.standard_normal((2, 7, 16)), dtype=flame.float32, device=device)
+    wt = flame.tensor(rng.standard_normal(16), dtype=flame.float32, device=device)
+    op = (lambda: rms_norm(xt, (16,), wt, eps=1e-6)) if rms else (lambda: layer_norm(xt, (16,), wt, None))
+    y0 = op()
+    assert y0.grad_fn is None
+    wt.requires_grad_(True)
+    y1 = op()
+    y1.sum().backward()
+    assert wt.grad is not None
+    np.testing.assert_array_equal(y0.numpy(), y1.detach().numpy())
