@@ -6,6 +6,10 @@ descriptor, operand layouts and the heuristic's first algorithm are kept per pro
 transposes, dtype): a call only sets the bias pointer and launches on the current CuPy stream, with a workspace from
 FLAME's pool allocated once per device (cuBLASLt allocates nothing itself, so the call can be captured in a CUDA
 graph). Where cuBLASLt offers no algorithm the caller gets None and falls back to GEMM + add.
+
+    matmul_bias(a, b, bias)   a (M, K) @ b (K, N) + bias, each operand row- or column-major
+    linear_bias(x, w, bias)   nn.Linear's x (..., K) @ w (N, K)^T + bias on C-contiguous arrays: the eager per-op
+                              path (no transposed view, no reshapes); None where it does not apply
 """
 import ctypes
 import os
