@@ -13,7 +13,7 @@
 // one 16-byte vector, N = 16 / sizeof(T), when every row start is 16-byte aligned; else N = 1), 16 / N steps (16
 // values cached per thread), so D <= 16 G <= 4096. Each block walks row blocks b, b + gridDim.x, ... (the loop
 // bound is uniform over the block: the shuffles see full warps, the barriers every thread).
-#include "common.cuh"
+#include "row_gain.cuh"
 
 template <typename T, int N>
 __device__ __forceinline__ void aln_fwd_body(const T* __restrict__ x, const T* __restrict__ r, T* __restrict__ s,
@@ -74,12 +74,7 @@ __device__ __forceinline__ void aln_fwd_body(const T* __restrict__ x, const T* _
                 float o[N];
 #pragma unroll
                 for (int j = 0; j < N; ++j) o[j] = (v[k][j] - mean) * rs;
-                if (wp) {
-                    float w[N];
-                    load_any<T, N>(wp, c, wf32, w);
-#pragma unroll
-                    for (int j = 0; j < N; ++j) o[j] *= w[j];
-                }
+                mul_gain<T, N>(wp, c, wf32, o);
                 if (bp) {
                     float b[N];
                     load_any<T, N>(bp, c, wf32, b);
@@ -115,12 +110,7 @@ __device__ __forceinline__ void aln_bwd_body(const T* __restrict__ dy, const T* 
             if (valid && c < D) {
                 load_f32<T, N>(dy + off + c, gw[k]);
                 load_f32<T, N>(s + off + c, xh[k]);
-                if (wp) {
-                    float w[N];
-                    load_any<T, N>(wp, c, wf32, w);
-#pragma unroll
-                    for (int j = 0; j < N; ++j) gw[k][j] *= w[j];
-                }
+                mul_gain<T, N>(wp, c, wf32, gw[k]);
 #pragma unroll
                 for (int j = 0; j < N; ++j) {
                     xh[k][j] = (xh[k][j] - mu) * rs;

@@ -10,7 +10,7 @@
 // sizeof(T), when every row start is 16-byte aligned; else N = 1), at most 16 / N steps (16 values cached per
 // thread), so D <= 16 G <= 512. Each block
 // walks row blocks b, b + gridDim.x, ... (the loop bound is uniform over the block: the shuffles see full warps).
-#include "common.cuh"
+#include "row_gain.cuh"
 
 template <typename T>
 struct JrmsPart {
@@ -71,15 +71,9 @@ __device__ __forceinline__ void jrms_fwd_body(JrmsPart<T> p0, JrmsPart<T> p1, T*
             const int c = (t + k * G) * N;
             if (c < D) {
                 float o[N];
-                if (wp) {
-                    float w[N];
-                    load_any<T, N>(wp, c, wf32, w);
 #pragma unroll
-                    for (int j = 0; j < N; ++j) o[j] = (v[k][j] * rs) * w[j];
-                } else {
-#pragma unroll
-                    for (int j = 0; j < N; ++j) o[j] = v[k][j] * rs;
-                }
+                for (int j = 0; j < N; ++j) o[j] = v[k][j] * rs;
+                mul_gain<T, N>(wp, c, wf32, o);
                 store_f32<T, N>(dst + c, o);
             }
         }
@@ -111,12 +105,7 @@ __device__ __forceinline__ void jrms_bwd_body(JrmsPart<T> p0, JrmsPart<T> p1, co
             if (valid && c < D) {
                 load_f32<T, N>(src + c, v[k]);
                 load_f32<T, N>(gr + c, gw[k]);
-                if (wp) {
-                    float w[N];
-                    load_any<T, N>(wp, c, wf32, w);
-#pragma unroll
-                    for (int j = 0; j < N; ++j) gw[k][j] *= w[j];
-                }
+                mul_gain<T, N>(wp, c, wf32, gw[k]);
 #pragma unroll
                 for (int j = 0; j < N; ++j) ss += v[k][j] * v[k][j];
             }

@@ -175,9 +175,8 @@ def _fast(name, approx, n, itemsize):
     return None
 
 
-_RUNS = KL.LaunchCache()   # per (kernel, form, size, dtype, plan switches, device): the _program
-_nd = backend._cupy_ndarray if backend.cupy is not None else None
-_get_device = backend.cupy.cuda.runtime.getDevice if backend.cupy is not None else None
+_RUNS = KL.LaunchCache()   # per (kernel, form, size, dtype, plan switches): the _program
+_nd = backend._cupy_ndarray   # cupy.ndarray, or () without CuPy (no array's type)
 
 
 def _program(name, approx, n, dtype, n_in):
@@ -207,7 +206,7 @@ def _run(name, ins, out, approx):
     kernel over the whole vectors where it has a plan, the loop kernel over the rest (or over everything). On cuda
     the launches of each (kernel, size, dtype) are packed once (_program)."""
     if type(out) is _nd:
-        key = (name, approx, out.size, out.dtype, plan_override, use_step, use_bulk, _get_device())
+        key = (name, approx, out.size, out.dtype, plan_override, use_step, use_bulk)
         prog = _RUNS.get(key)
         if prog is None:
             prog = _RUNS.put(key, _program(name, approx, out.size, out.dtype, len(ins)))

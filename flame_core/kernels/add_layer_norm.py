@@ -16,7 +16,7 @@ from ..errors import ShapeError, fmt_shape
 from . import launching as KL
 from . import loader as L
 from . import plans as P
-from .norms import _layer_ref, _param_args, _param_ptrs
+from .norms import _layer_ref, _packed_ptrs, _param_args
 
 MAX_D = 4096  # the kernels cache 16 values of a row per thread, 256 threads per row at most
 BLOCK = 256
@@ -79,28 +79,20 @@ def _ptr(a):
     return KL.null() if a is None else a
 
 
-_FWD = KL.LaunchCache()   # (shape, dtype, params present, eps, rms, stats, device) -> (launch, stats shape)
-_nd = backend._cupy_ndarray if backend.cupy is not None else None
-_get_device = backend.cupy.cuda.runtime.getDevice if backend.cupy is not None else None
+_FWD = KL.LaunchCache()   # (shape, dtype, params present, eps, rms, stats) -> (launch, stats shape)
+_nd = backend._cupy_ndarray   # cupy.ndarray, or () without CuPy (no array's type)
 
 
 def _forward_cached(x, r, weight, bias, eps, rms, stats):
-    """The eager per-op path of the forward: x, r, weight, bias C-contiguous, 16-byte aligned cupy arrays of one dtype
-    (or weight / bias None). The launch of this configuration is packed once; a call allocates the outputs, writes eight
+    """The eager per-op path of the forward: x, r, weight, bias as norms._packed_ptrs takes them (weight / bias may be
+    None). The launch of this configuration is packed once; a call allocates the outputs, writes eight
     addresses and launches. None when the arrays are not of that form (the general path runs)."""
-    nd = _nd
-    if type(x) is not nd or type(r) is not nd or not x._c_contiguous or not r._c_contiguous:
-        return None
-    dt = x.dtype
-    ptrs = _param_ptrs(dt, weight, bias)
+    ptrs = _packed_ptrs((x, r), (weight, bias))   # misaligned arrays: the general path copies them (the same sums)
     if ptrs is None:
         return None
-    pw, pb = ptrs
-    px, pr = x.data.ptr, r.data.ptr
-    if (px | pr | pw | pb) & 15:   # the general path copies misaligned arrays (16-byte vectors, the same sums)
-        return None
-    shape = x.shape
-    key = (shape, dt, pw == 0, pb == 0, eps, rms, stats, _get_device())
+    px, pr, pw, pb = ptrs
+    nd, dt, shape = _nd, x.dtype, x.shape
+    key = (shape, dt, pw == 0, pb == 0, eps, rms, stats)
     entry = _FWD.get(key)
     if entry is None:
         D = shape[-1]

@@ -353,8 +353,7 @@ def _fwd_key(q, k, v, is_causal, scale, tiles):
 
 
 _qkv_plans = KL.LaunchCache(MAX_PLANS)   # per packed-qkv configuration: (launch, TMA encoders, out / lse shapes, step)
-_nd = backend._cupy_ndarray if backend.cupy is not None else None
-_get_device = backend.cupy.cuda.runtime.getDevice if backend.cupy is not None else None
+_nd = backend._cupy_ndarray   # cupy.ndarray, or () without CuPy (no array's type)
 
 
 def qkv_attention_forward(qkv, heads, is_causal, scale):
@@ -369,7 +368,7 @@ def qkv_attention_forward(qkv, heads, is_causal, scale):
     B, Lq, W = qkv.shape
     p = qkv.data.ptr
     dt = qkv.dtype
-    key = (qkv.shape, dt, heads, is_causal, scale, _get_device(), SM90_FWD, SM90_FWD_PINGPONG, SM90_FWD_TMA)
+    key = (qkv.shape, dt, heads, is_causal, scale, SM90_FWD, SM90_FWD_PINGPONG, SM90_FWD_TMA)
     entry = _qkv_plans.get(key)
     if entry is not None and not p & 15 and L.enabled():
         launch, maps, o_shape, lse_shape, step = entry

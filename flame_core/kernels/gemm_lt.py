@@ -129,7 +129,7 @@ def _plan(key, h):
     return plan
 
 
-_nd = backend._cupy_ndarray if backend.cupy is not None else None
+_nd = backend._cupy_ndarray   # cupy.ndarray, or () without CuPy (no array's type)
 _get_device = backend.cupy.cuda.runtime.getDevice if backend.cupy is not None else None
 _get_stream = backend.cupy.cuda.get_current_stream if backend.cupy is not None else None
 
@@ -160,19 +160,24 @@ def linear_bias(x, w, bias):
         h = _handle(dev)[0]
     out = nd(x.shape[:-1] + (N,), dt)
     pb, pa, po = w.data.ptr, x.data.ptr, out.data.ptr
-    ao = min(256, po & -po)
+    ao = _alignment(po)
     # cuBLASLt's A is w's memory read transposed (ld K), its B is x (ld K), C = D is out (ld N): see _plan
-    plan = _plan((dev, t, gemm.OP_T, gemm.OP_N, N, M, K, K, K, N, (min(256, pb & -pb), min(256, pa & -pa), ao, ao)),
-                 h)
+    plan = _plan((dev, t, gemm.OP_T, gemm.OP_N, N, M, K, K, K, N, (_alignment(pb), _alignment(pa), ao, ao)), h)
     if plan is None:
         return None
+    _matmul(plan, h, pb, pa, po, pbias, gemm.workspace().data.ptr)
+    return out
+
+
+def _matmul(plan, h, pb, pa, po, pbias, ws):
+    """One planned matmul on the current stream: C = D at po from cuBLASLt's A at pb and B at pa, the bias at pbias
+    (the plan's own pointer holder, made once, is set and written into its descriptor)."""
     desc, (l_b, l_a, l_c), algo, bias_ptr, _ = plan
     lib = _lib
     bias_ptr[0].value = pbias
     _check(lib.cublasLtMatmulDescSetAttribute(desc, _DESC_BIAS_POINTER, bias_ptr[1], _PTR_SIZE), "DescSet")
-    _check(lib.cublasLtMatmul(h, desc, _ONE, pb, l_b, pa, l_a, _ZERO, po, l_c, po, l_c, algo, gemm.workspace().data.ptr,
-                              WORKSPACE_BYTES, _get_stream().ptr), "Matmul")
-    return out
+    _check(lib.cublasLtMatmul(h, desc, _ONE, pb, l_b, pa, l_a, _ZERO, po, l_c, po, l_c, algo, ws, WORKSPACE_BYTES,
+                              _get_stream().ptr), "Matmul")
 
 
 def _alignment(ptr):
@@ -202,10 +207,5 @@ def matmul_bias(a, b, bias):
     plan = _plan((dev, t, opB, opA, N, M, K, ldb, lda, N, aligns), h)
     if plan is None:
         return None
-    desc, (l_b, l_a, l_c), algo, bias_ptr, _ = plan
-    lib = _lib
-    bias_ptr[0].value = bias.data.ptr          # the plan's own c_void_p and its reference, made once
-    _check(lib.cublasLtMatmulDescSetAttribute(desc, _DESC_BIAS_POINTER, bias_ptr[1], _PTR_SIZE), "DescSet")
-    _check(lib.cublasLtMatmul(h, desc, _ONE, pb, l_b, pa, l_a, _ZERO, po, l_c, po, l_c, algo, ws.data.ptr,
-                              WORKSPACE_BYTES, cp.cuda.get_current_stream().ptr), "Matmul")
+    _matmul(plan, h, pb, pa, po, bias.data.ptr, ws.data.ptr)
     return out

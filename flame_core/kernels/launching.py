@@ -220,9 +220,10 @@ class PackedLaunch:
 
 class LaunchCache:
     """What a kernel wrapper keeps per call configuration (PackedLaunches, with the grid and scalars they fix), per
-    thread (a PackedLaunch's buffer is rewritten at each call). The key is the wrapper's: every shape, dtype, flag and
-    scalar that fixes the launch, and the current device (a PackedLaunch holds one device's function). Past `limit`
-    configurations a thread's cache is cleared and rebuilt on demand (a stream of distinct shapes stays bounded)."""
+    thread (a PackedLaunch's buffer is rewritten at each call) and per device (a PackedLaunch holds one device's
+    function: the current device is part of every key). The wrapper's key holds every shape, dtype, flag and scalar
+    that fixes the launch. Past `limit` configurations a thread's cache is cleared and rebuilt on demand (a stream of
+    distinct shapes stays bounded)."""
     __slots__ = ("_local", "limit")
 
     def __init__(self, limit=1024):
@@ -231,17 +232,17 @@ class LaunchCache:
 
     def get(self, key):
         try:
-            return self._local.d.get(key)
+            d = self._local.d
         except AttributeError:  # this thread's first call
-            self._local.d = {}
-            return None
+            d = self._local.d = {}
+        return d.get((_device_id(), key))
 
     def put(self, key, value):
-        """Keep `value` for `key` (call after a `get` of this thread) and return it."""
+        """Keep `value` for `key` on the current device (call after a `get` of this thread) and return it."""
         d = self._local.d
         if len(d) >= self.limit:
             d.clear()
-        d[key] = value
+        d[(_device_id(), key)] = value
         return value
 
     def __len__(self):
@@ -255,6 +256,7 @@ class LaunchCache:
 # bound once: the per-launch path reads no module attributes of CuPy
 _driver_launch = backend.cupy.cuda.driver.launchKernel if backend.cupy is not None else None
 _current_stream = backend.cupy.cuda.get_current_stream if backend.cupy is not None else None
+_device_id = backend.cupy.cuda.runtime.getDevice if backend.cupy is not None else (lambda: 0)
 
 
 def f32(v):

@@ -213,41 +213,39 @@ def _fwd_plan(dtype, rows, cols):
     return kernel, (max(1, P.cdiv(rows, block // tpr)),), (block,), tpr
 
 
-_FWD = KL.LaunchCache()   # (shape, dtype, params present, eps, rms, stats, plan override, device) -> (launch, lead)
-_nd = backend._cupy_ndarray if backend.cupy is not None else None
-_get_device = backend.cupy.cuda.runtime.getDevice if backend.cupy is not None else None
+_FWD = KL.LaunchCache()   # (shape, dtype, params present, eps, rms, stats, plan override) -> (launch, lead)
+_nd = backend._cupy_ndarray   # cupy.ndarray, or () without CuPy (no array's type)
 
 
-def _param_ptrs(dt, *params):
-    """The gain / bias addresses for a packed launch (0 where absent), or None unless each present one is a
-    C-contiguous cupy array of dtype dt (the general path casts or copies the others)."""
+def _packed_ptrs(xs, params):
+    """The addresses a packed forward launch takes: of the arrays `xs` (C-contiguous, 16-byte aligned cupy arrays of
+    xs[0]'s dtype), then of the gain / bias `params` (0 where None, else C-contiguous, 16-byte aligned cupy arrays of
+    that dtype); None where one is not so (the general path casts, copies or aligns it)."""
+    dt = xs[0].dtype
     out = []
-    for p in params:
-        if p is None:
+    for a in xs + params:
+        if a is None:
             out.append(0)
-        elif type(p) is not _nd or p.dtype != dt or not p._c_contiguous:
+        elif type(a) is not _nd or a.dtype != dt or not a._c_contiguous:
             return None
         else:
-            out.append(p.data.ptr)
-    return out
+            out.append(a.data.ptr)
+    acc = 0
+    for p in out:
+        acc |= p
+    return None if acc & 15 else out
 
 
 def _layer_fwd_cached(x, weight, bias, eps, rms, stats):
-    """The eager per-op path of the forward: x C-contiguous and 16-byte aligned, weight / bias None or C-contiguous
-    arrays of x's dtype, a one-pass plan for the width. Its launch is packed once per configuration; a call allocates
+    """The eager per-op path of the forward: x, weight, bias as _packed_ptrs takes them (weight / bias may be None), a
+    one-pass plan for the width. Its launch is packed once per configuration; a call allocates
     the outputs, writes six addresses and launches. None otherwise (the general path runs)."""
-    if type(x) is not _nd or not x._c_contiguous:
-        return None
-    dt = x.dtype
-    ptrs = _param_ptrs(dt, weight, bias)
+    ptrs = _packed_ptrs((x,), (weight, bias))
     if ptrs is None:
         return None
-    pw, pb = ptrs
-    px = x.data.ptr
-    if px & 15:
-        return None
-    shape = x.shape
-    key = (shape, dt, pw == 0, pb == 0, eps, rms, stats, fwd_override, _get_device())
+    px, pw, pb = ptrs
+    dt, shape = x.dtype, x.shape
+    key = (shape, dt, pw == 0, pb == 0, eps, rms, stats, fwd_override)
     entry = _FWD.get(key)
     if entry is None:
         rows, cols = _rows_cols(x)
@@ -277,8 +275,8 @@ def _layer_fwd_kernel(x, weight, bias, eps, rms, stats=True):
     rows, cols = _rows_cols(x)
     (w, b), wf32 = _param_args(x, weight, bias)
     y = xp.empty_like(x)
-    mean = None if rms else xp.empty(x.shape[:-1], dtype=np.float32)
-    rstd = xp.empty(x.shape[:-1], dtype=np.float32)
+    mean = None if rms or not stats else xp.empty(x.shape[:-1], dtype=np.float32)
+    rstd = xp.empty(x.shape[:-1], dtype=np.float32) if stats else None
     vec = P.vec_width(x.dtype)
     plan = _fwd_plan(x.dtype, rows, cols) if x.data.ptr % 16 == 0 and y.data.ptr % 16 == 0 else None
     if plan is not None:
@@ -287,8 +285,6 @@ def _layer_fwd_kernel(x, weight, bias, eps, rms, stats=True):
         kernel, _, tpr, _ = _row_kernel("norm_fwd", x.dtype, cols, vec if cols % vec == 0 else 1)
         block = (tpr if tpr > 32 else 128,)
         grid = _persistent_grid(kernel, block[0], block[0] // tpr, rows)
-    if not stats:
-        mean = rstd = None
     KL.launch(kernel, grid, block,
               (x, w, b, y, KL.null() if mean is None else mean, KL.null() if rstd is None else rstd, KL.i64(rows),
                KL.i32(cols), KL.f32(eps), KL.i32(tpr), KL.i32(rms), KL.i32(wf32)))
