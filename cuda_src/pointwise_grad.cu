@@ -1,10 +1,11 @@
 // Fused backward rules of unary pointwise ops: one launch instead of the 2-4 a composed rule costs. fp32 math.
-// g: upstream gradient, s: the saved tensor (the op's output y, or its input x for abs), out: the input gradient.
+// g: upstream gradient, s: the saved tensor (the op's output y, or its input x for abs), out: the input gradient; `out`
+// may be `g` (a backward writing into the gradient it was handed alone), so no __restrict__ on them.
 #include "common.cuh"
 
 #define FLAME_POINTWISE_GRAD(NAME, EXPR)                                                                     \
     template <typename T>                                                                                    \
-    __global__ void NAME(const T* __restrict__ g, const T* __restrict__ s, T* __restrict__ out, i64 n) {     \
+    __global__ void NAME(const T* g, const T* __restrict__ s, T* out, i64 n) {                               \
         for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) { \
             float gv = to_f32(g[i]), v = to_f32(s[i]);                                                       \
             out[i] = from_f32<T>(EXPR);                                                                      \

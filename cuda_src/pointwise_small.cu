@@ -20,9 +20,9 @@ __device__ __forceinline__ float pw_apply(float a, float b) {
     else return tanhf(a);
 }
 
-// out[i] = x[i] OP s
+// out[i] = x[i] OP s; `out` may be `x` (a backward rule writing into the gradient it was handed), so no __restrict__
 template <typename T, int OP>
-__device__ __forceinline__ void pw_scalar_body(const T* __restrict__ x, T* __restrict__ out, float s, int n) {
+__device__ __forceinline__ void pw_scalar_body(const T* x, T* out, float s, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = from_f32<T>(pw_apply<OP>(to_f32(x[i]), s));
 }
@@ -35,26 +35,26 @@ __device__ __forceinline__ void pw_binary_body(const T* a, const T* b, T* out, i
 }
 
 template <typename T, int OP>
-__device__ __forceinline__ void pw_unary_body(const T* __restrict__ x, T* __restrict__ out, int n) {
+__device__ __forceinline__ void pw_unary_body(const T* x, T* out, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = from_f32<T>(pw_apply<OP>(to_f32(x[i]), 0.0f));
 }
 
 // Written out one by one (not through a macro) so that the loader instantiates them all in one compile per dtype.
 template <typename T>
-__global__ void pws_mul_scalar(const T* __restrict__ x, T* __restrict__ out, float s, int n) {
+__global__ void pws_mul_scalar(const T* x, T* out, float s, int n) {
     pw_scalar_body<T, PW_MUL>(x, out, s, n);
 }
 template <typename T>
-__global__ void pws_add_scalar(const T* __restrict__ x, T* __restrict__ out, float s, int n) {
+__global__ void pws_add_scalar(const T* x, T* out, float s, int n) {
     pw_scalar_body<T, PW_ADD>(x, out, s, n);
 }
 template <typename T>
-__global__ void pws_sub_scalar(const T* __restrict__ x, T* __restrict__ out, float s, int n) {
+__global__ void pws_sub_scalar(const T* x, T* out, float s, int n) {
     pw_scalar_body<T, PW_SUB>(x, out, s, n);
 }
 template <typename T>
-__global__ void pws_rsub_scalar(const T* __restrict__ x, T* __restrict__ out, float s, int n) {
+__global__ void pws_rsub_scalar(const T* x, T* out, float s, int n) {
     pw_scalar_body<T, PW_RSUB>(x, out, s, n);
 }
 
@@ -66,6 +66,6 @@ template <typename T>
 __global__ void pws_sub(const T* a, const T* b, T* out, int n) { pw_binary_body<T, PW_SUB>(a, b, out, n); }
 
 template <typename T>
-__global__ void pws_neg(const T* __restrict__ x, T* __restrict__ out, int n) { pw_unary_body<T, PW_NEG>(x, out, n); }
+__global__ void pws_neg(const T* x, T* out, int n) { pw_unary_body<T, PW_NEG>(x, out, n); }
 template <typename T>
-__global__ void pws_tanh(const T* __restrict__ x, T* __restrict__ out, int n) { pw_unary_body<T, PW_TANH>(x, out, n); }
+__global__ void pws_tanh(const T* x, T* out, int n) { pw_unary_body<T, PW_TANH>(x, out, n); }

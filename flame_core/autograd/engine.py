@@ -66,6 +66,26 @@ def _iadd(a, b):
     a += b
 
 
+def _isub(a, b):
+    """a -= b on arrays of one dtype (Node.sub_from_pending_grad into a sum the engine holds alone; see _iadd)."""
+    if type(a) is not _np_ndarray:
+        fast = _fast_binary or _load_fast_binary()
+        if fast("sub", a, b, a) is not None:
+            return
+    a -= b
+
+
+def _sub(p, g):
+    """p - g as a new tensor the engine will hold (first-order backward: nothing is recorded)."""
+    pd = p._data
+    if type(pd) is not _np_ndarray:
+        r = (_fast_binary or _load_fast_binary())("sub", pd, g._data)
+        if r is not None:
+            from ..tensor import _wrap
+            return _wrap(r)
+    return p - g
+
+
 def _load_fast_binary():
     global _fast_binary
     from ..kernels.pointwise_small import fast_binary

@@ -94,6 +94,33 @@ class Node:
             owned[idx] = False
         return g
 
+    def sub_from_pending_grad(self, i, g):
+        """Inside this node's backward: subtract `g` from the gradient another consumer already sent to input i,
+        in the engine's slot -- in place when that gradient is a sum the engine made and holds alone, else into a
+        new sum the engine then holds -- instead of returning -g for the engine to add (one kernel and no negated
+        copy, where the engine would negate and then add). True when done: the backward then returns None for
+        input i. False (nothing changed) when nothing is waiting, outside the engine's walk, under create_graph, or
+        when g's shape, dtype or array type differ from the waiting gradient's: the backward returns -g as usual.
+        The slot's value is the same as the engine's `pending + (-g)` (a + (-b) == a - b in IEEE arithmetic)."""
+        found = self._pending_slot(i)
+        if found is None:
+            return False
+        slot, child, idx, sums = found
+        p = slot[idx]
+        pd, gd = p._data, g._data
+        if type(pd) is not type(gd) or pd.shape != gd.shape or (pd.dtype is not gd.dtype and pd.dtype != gd.dtype):
+            return False
+        from . import engine
+        owned = sums.get(child)
+        if owned is not None and owned[idx]:
+            engine._isub(pd, gd)
+            return True
+        slot[idx] = engine._sub(p, g)
+        if owned is None:
+            owned = sums[child] = [False] * len(slot)
+        owned[idx] = True
+        return True
+
     def grad_is_exclusive(self, g):
         """Inside this node's backward: whether the gradient `g` it was handed is held by nothing else, so that the
         backward may write its result into g's memory (engine.grad_is_exclusive says what is counted). Pass the

@@ -9,14 +9,15 @@ API: each returns a new cupy array, or None when the fast path does not apply (n
 more than MAX_NUMEL elements, a dtype other than float32/float16/bfloat16, kernels disabled or a `loader.reference()`
 block, operands on another device than the current one) -- the caller then runs its CuPy/NumPy path.
 
-``fast_scalar(op, x, s)``   op: "mul" (x*s), "add" (x+s), "sub" (x-s), "rsub" (s-x); s a Python float or int,
-                            taken in float32 (PyTorch's arithmetic for half-precision tensors and a Python scalar).
+``fast_scalar(op, x, s, out=None)``  op: "mul" (x*s), "add" (x+s), "sub" (x-s), "rsub" (s-x); s a Python float or
+                            int, taken in float32 (PyTorch's arithmetic for half-precision tensors and a Python
+                            scalar). `out` (x's shape and dtype, may be x): written in place and returned.
 ``fast_binary(op, a, b, out=None)``  op: "mul", "add", "sub"; a, b of one shape and dtype. `out` (same shape and
                             dtype, may be `a`): written in place and returned (the engine's gradient accumulation).
 ``fast_unary(op, x)``       op: "neg", "tanh".
-``fast_grad(kernel, g, s)`` the first-order backward rules of cuda_src/pointwise_grad.cu ("tanh_bwd",
+``fast_grad(kernel, g, s, out=None)``  the first-order backward rules of cuda_src/pointwise_grad.cu ("tanh_bwd",
                             "sigmoid_bwd", "relu_bwd", "sqrt_bwd", "rsqrt_bwd", "abs_bwd") on small arrays, its
-                            own kernels through a packed launch.
+                            own kernels through a packed launch; `out` may be g (a backward's in-place result).
 
 Math in fp32, one rounding to the dtype: float32 results are bit-identical to CuPy's ufuncs for mul/add/sub/neg (one
 IEEE operation); for float16/bfloat16 operands one fp32 operation rounded once is the correctly rounded result (fp32
@@ -148,12 +149,13 @@ _KERNELS_KEY = getattr(loader, "_KERNELS_KEY", None)
 _one_device = None  # whether the process sees a single GPU (None: not yet known; the first device check sets it)
 
 
-def fast_scalar(op, x, s):
-    """x OP s (op: mul, add, sub; rsub: s - x) for a small contiguous cuda array x and a Python float/int s."""
+def fast_scalar(op, x, s, out=None):
+    """x OP s (op: mul, add, sub; rsub: s - x) for a small contiguous cuda array x and a Python float/int s; into
+    `out` when given (x itself, or an array of x's shape and dtype)."""
     ts = type(s)
     if ts is not float and ts is not int:
         return None
-    ready = _ready(x)
+    ready = _ready(x) if out is None or out is x else _ready(x, out)
     if ready is None:
         return None
     kind, dev = ready
@@ -162,7 +164,8 @@ def fast_scalar(op, x, s):
         bits = _scalar_bits(kind, s)
         if bits is None:
             return None
-    out = _nd(x.shape, x.dtype)
+    if out is None:
+        out = _nd(x.shape, x.dtype)
     if x.size:
         _launcher(_SCALAR[op], kind, x.size, dev, 3).launch_raw((x.data.ptr, out.data.ptr, bits))
     return out
@@ -194,16 +197,18 @@ def fast_unary(op, x):
     return out
 
 
-def fast_grad(kernel, g, s):
+def fast_grad(kernel, g, s, out=None):
     """A fused first-order backward rule of cuda_src/pointwise_grad.cu (`kernel`, e.g. "tanh_bwd") on small
-    contiguous cuda arrays g (upstream gradient) and s (the saved tensor) of one shape and dtype."""
+    contiguous cuda arrays g (upstream gradient) and s (the saved tensor) of one shape and dtype; into `out` when
+    given (g itself: a backward that holds its gradient alone)."""
     if kernel not in _GRAD:
         return None
-    ready = _ready(g, s)
+    ready = _ready(g, s) if out is None or out is g else _ready(g, s, out)
     if ready is None:
         return None
     kind, dev = ready
-    out = _nd(g.shape, g.dtype)
+    if out is None:
+        out = _nd(g.shape, g.dtype)
     if g.size:
         _launcher(kernel, kind, g.size, dev, 3).launch_raw((g.data.ptr, s.data.ptr, out.data.ptr))
     return out

@@ -95,7 +95,16 @@ class Sub(Function):
         if needs[0]:
             ga = g if g._data.shape == sa else sum_to(g, sa)
         if needs[1]:
-            gb = _grad_neg(g) if ctx.alpha == 1 else g * (-ctx.alpha)
+            if ctx.alpha == 1:
+                # another consumer's gradient already waits for b (a tensor subtracted in several places, a
+                # residual): b's gradient is that minus g, written by the engine's slot in one kernel. Not when a
+                # and b are one tensor (the engine adds ga first: the order of the two roundings stays)
+                if (g._data.shape == sb and (not needs[0] or ctx.next_functions[0] != ctx.next_functions[1])
+                        and ctx.sub_from_pending_grad(1, g)):
+                    return ga, None, None
+                gb = _grad_neg(g)
+            else:
+                gb = g * (-ctx.alpha)
             if gb._data.shape != sb:
                 gb = sum_to(gb, sb)
         return ga, gb, None
@@ -105,8 +114,14 @@ class Mul(Function):
     @staticmethod
     def forward(ctx, a, b):
         xa, xb, dt = _operands("mul", a, b)
-        ctx.save_for_backward(a if isinstance(a, Tensor) else None, b if isinstance(b, Tensor) else None)
-        ctx.scalars = (a, b)
+        needs = ctx.needs_input_grad
+        if needs[0] or needs[1]:
+            # each input's gradient needs the other operand only: a tensor is kept while the other input needs its
+            # gradient (x * 2.0 keeps nothing of x, as torch's MulBackward1), a Python scalar as itself
+            ta, tb = isinstance(a, Tensor), isinstance(b, Tensor)
+            ctx.save_for_backward(a if ta and needs[1] else None, b if tb and needs[0] else None)
+            ctx.scalars = (None if ta else a, None if tb else b)
+            ctx.shapes = (a._data.shape if ta else None, b._data.shape if tb else None)
         if _cupy_ndarray is not None:
             r = _fast_arith("mul", xa, xb)
             if r is not None:
@@ -116,18 +131,25 @@ class Mul(Function):
 
     @staticmethod
     def backward(ctx, g):
-        a, b = ctx.saved_tensors
-        sa, sb = ctx.scalars
         needs = ctx.needs_input_grad
+        sa, sb = ctx.scalars
+        s = sb if sa is None else sa  # the Python scalar operand (None for two tensors)
+        if s is not None and not state.enabled and type(g._data) is _cupy_ndarray and ctx.grad_is_exclusive(g):
+            # tensor * scalar with a gradient nothing else holds: g * scalar written into g (small cuda arrays)
+            gd = g._data
+            if (_ps or _load_ps()).fast_scalar("mul", gd, s, gd) is not None:
+                return (g, None) if sa is None else (None, g)
+        a, b = ctx.saved_tensors
+        sha, shb = ctx.shapes
         ga = gb = None
         if needs[0]:
             ga = _grad_mul(g, b if b is not None else sb)
-            if ga._data.shape != a._data.shape:
-                ga = sum_to(ga, a._data.shape)
+            if ga._data.shape != sha:
+                ga = sum_to(ga, sha)
         if needs[1]:
             gb = _grad_mul(g, a if a is not None else sa)
-            if gb._data.shape != b._data.shape:
-                gb = sum_to(gb, b._data.shape)
+            if gb._data.shape != shb:
+                gb = sum_to(gb, shb)
         return ga, gb
 
 
@@ -358,10 +380,11 @@ def _ufunc(op, fn, a, b, xa, xb):
 
 
 # ----------------------------------------------------------------------------- unary
-def _pointwise_grad(kernel, g, s):
+def _pointwise_grad(kernel, g, s, into=False):
     """One fused launch of cuda_src/pointwise_grad.cu, or None when the arrays don't qualify. Small contiguous arrays
-    take the same rule from cuda_src/pointwise_small.cu (a packed launch: a fraction of the host cost)."""
-    r = (_ps or _load_ps()).fast_grad(kernel, g, s)
+    take the same rule from cuda_src/pointwise_small.cu (a packed launch: a fraction of the host cost). `into`: the
+    result is written into g (a backward that holds its gradient alone)."""
+    r = (_ps or _load_ps()).fast_grad(kernel, g, s, g if into else None)
     if r is not None:
         return _wrap(r)
     loader, launching = _kernel_modules or _load_kernel_modules()
@@ -373,7 +396,7 @@ def _pointwise_grad(kernel, g, s):
             return None
     elif not (g.flags.c_contiguous and s.flags.c_contiguous):
         return None
-    out = backend.cupy.empty(g.shape, dt)
+    out = g if into else backend.cupy.empty(g.shape, dt)
     n = g.size
     if n:
         launching.launch(loader.get_function("pointwise_grad", kernel, dt), (min((n + 255) // 256, 8192),), (256,),
@@ -419,11 +442,14 @@ def _unary(name, compute, grad, saves="x", differentiable=True, fused=None, plai
             x, y = ctx.saved_tensors
             return grad(g, x, y)
         x, y = ctx.saved_values()
+        if fused is not None and type(g._data) is not np.ndarray:
+            into = ctx.grad_is_exclusive(g)  # (before a name holds g's array) the rule may write into g
+            gd = g._data
+            if backend.is_cuda_array(gd):
+                r = _pointwise_grad(fused, gd, (y if save_y else x)._data, into)
+                if r is not None:
+                    return r
         gd = g._data
-        if fused is not None and type(gd) is not np.ndarray and backend.is_cuda_array(gd):
-            r = _pointwise_grad(fused, gd, (y if save_y else x)._data)
-            if r is not None:
-                return r
         if plain and gd.dtype in _F32_64:
             xd = x._data if x is not None else None
             yd = y._data if y is not None else None

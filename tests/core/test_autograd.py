@@ -184,13 +184,27 @@ def test_saved_tensors_and_intermediates_are_freed(device):
     x = flame.randn(64, device=device, requires_grad=True)
     h = x.exp()
     ref = weakref.ref(h)
-    y = (h * 2).sum()
+    y = (h * x).sum()
     del h
     gc.collect()
-    assert ref() is not None  # kept alive by the graph (saved by exp)
+    assert ref() is not None  # kept alive by the graph (mul saves h for x's gradient)
     y.backward()
     gc.collect()
     assert ref() is None  # released once backward consumed it
+
+
+def test_mul_by_a_scalar_keeps_nothing_of_its_tensor(device):
+    # x * 2.0's backward needs only the scalar (torch's MulBackward1): the graph does not keep the tensor alive,
+    # and the gradient stays right
+    x = flame.randn(64, device=device, requires_grad=True)
+    h = x * 3.0
+    ref = weakref.ref(h)
+    y = (h * 2.0).sum() + (0.5 * h).sum()
+    del h
+    gc.collect()
+    assert ref() is None
+    y.backward()
+    np.testing.assert_allclose(x.grad.numpy(), np.full(64, 7.5, np.float32), rtol=1e-6)
 
 
 def test_no_reference_cycle_from_saved_outputs(device):

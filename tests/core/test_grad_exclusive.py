@@ -118,3 +118,31 @@ def test_an_mlp_writes_gelus_gradient_over_the_linears(device, rng):
         fc1.zero_grad(), fc2.zero_grad()
     for a, b in zip(*out):
         np.testing.assert_array_equal(a, b)
+
+
+def test_scalar_mul_and_tanh_backward_write_into_an_exclusive_gradient(device, rng):
+    # small cuda arrays: x * s's and tanh's backward rules write into the gradient they were handed alone
+    x = leaf(rng, device, (3, 5))
+    c = rng.standard_normal((3, 5))
+    h = x * 1.0
+    u = h.tanh()
+    v = 2.5 * (u * 3.0)
+    seen = {}
+    for name, t in (("h", h), ("u", u), ("v", v)):
+        t.register_hook(lambda g, name=name: seen.__setitem__(name, g.data_ptr()))
+    (v * flame.tensor(c, dtype=flame.float32, device=device)).sum().backward()
+    t = np.tanh(x.detach().double().numpy())
+    np.testing.assert_allclose(x.grad.double().numpy(), c * 7.5 * (1 - t * t), rtol=2e-5, atol=1e-6)
+    if device.type == "cuda":
+        assert seen["h"] == seen["u"] == seen["v"]
+
+
+def test_a_gradient_two_scalar_products_share_is_not_overwritten(device, rng):
+    x = leaf(rng, device, (4, 3))
+    a = x * 1.0
+    kept = []
+    a.register_hook(lambda g: kept.append(g))
+    ((a * 2.0 + a * 3.0) + (a.tanh() + a.tanh() * 0.5)).sum().backward()  # Add hands one gradient to both sides
+    t = np.tanh(x.detach().double().numpy())
+    np.testing.assert_allclose(x.grad.double().numpy(), 5 + 1.5 * (1 - t * t), rtol=2e-5)
+    np.testing.assert_allclose(kept[0].double().numpy(), 5 + 1.5 * (1 - t * t), rtol=2e-5)
