@@ -4,6 +4,7 @@ import sys as _sys
 import numpy as _np
 
 from ..errors import AutogradError, ShapeError, fmt_shape
+from . import function as _function
 from .function import _FLOAT_NP, AccumulateGrad, Node, edge_of
 from .grad_mode import state
 
@@ -443,3 +444,6 @@ def _validate_grad(node, child, idx, g):
         from ..dtypes import dtype_of
         g = g.to(dtype_of(dt))
     return g
+
+
+_function._engine[0] = _sys.modules[__name__]  # Node's backward-time methods read the engine's state through it

@@ -205,6 +205,31 @@ class PackedLaunch:
 
     launch_raw = __call__
 
+    def launch2(self, a, b):
+        """`self((a, b))` for a launch whose dynamic slots are its first two (the per-op path: no tuple, no loop)."""
+        if self._dep or self._lead != 2:
+            return self((a, b))
+        global launches
+        launches += 1
+        cv = self._cv
+        cv[0] = a
+        cv[1] = b
+        g, bl = self._grid, self._block
+        _driver_launch(self._fn, g[0], g[1], g[2], bl[0], bl[1], bl[2], self._smem, _current_stream().ptr, self._pa, 0)
+
+    def launch3(self, a, b, c):
+        """`self((a, b, c))` for a launch whose dynamic slots are its first three (see launch2)."""
+        if self._dep or self._lead != 3:
+            return self((a, b, c))
+        global launches
+        launches += 1
+        cv = self._cv
+        cv[0] = a
+        cv[1] = b
+        cv[2] = c
+        g, bl = self._grid, self._block
+        _driver_launch(self._fn, g[0], g[1], g[2], bl[0], bl[1], bl[2], self._smem, _current_stream().ptr, self._pa, 0)
+
     def _launch_dependent(self):
         g, b = self._grid, self._block
         cuda = backend.cupy.cuda

@@ -83,7 +83,8 @@ def _scalar_bits(kind, s):
 def _launcher(name, kind, n, dev, n_dynamic):
     """The cached PackedLaunch of kernel `name` for this dtype kind, element count and device (this thread's): its
     first `n_dynamic` arguments change per call, the last is n (int32 in pointwise_small.cu, int64 in
-    pointwise_grad.cu, whose kernels loop over a grid of at most 8192 blocks)."""
+    pointwise_grad.cu, whose kernels loop over a grid of at most 8192 blocks). The per-op callers look the key up in
+    `_local.launches` themselves and come here on a miss (one frame fewer per op)."""
     try:
         cache = _local.launches
     except AttributeError:  # this thread's first launch
@@ -166,8 +167,14 @@ def fast_scalar(op, x, s, out=None):
             return None
     if out is None:
         out = _nd(x.shape, x.dtype)
-    if x.size:
-        _launcher(_SCALAR[op], kind, x.size, dev, 3).launch_raw((x.data.ptr, out.data.ptr, bits))
+    n = x.size
+    if n:
+        name = _SCALAR[op]
+        try:
+            pl = _local.launches[(name, kind, n, dev)]
+        except (AttributeError, KeyError):
+            pl = _launcher(name, kind, n, dev, 3)
+        pl.launch3(x.data.ptr, out.data.ptr, bits)
     return out
 
 
@@ -180,8 +187,14 @@ def fast_binary(op, a, b, out=None):
     kind, dev = ready
     if out is None:
         out = _nd(a.shape, a.dtype)
-    if a.size:
-        _launcher(_BINARY[op], kind, a.size, dev, 3).launch_raw((a.data.ptr, b.data.ptr, out.data.ptr))
+    n = a.size
+    if n:
+        name = _BINARY[op]
+        try:
+            pl = _local.launches[(name, kind, n, dev)]
+        except (AttributeError, KeyError):
+            pl = _launcher(name, kind, n, dev, 3)
+        pl.launch3(a.data.ptr, b.data.ptr, out.data.ptr)
     return out
 
 
@@ -192,8 +205,14 @@ def fast_unary(op, x):
         return None
     kind, dev = ready
     out = _nd(x.shape, x.dtype)
-    if x.size:
-        _launcher(_UNARY[op], kind, x.size, dev, 2).launch_raw((x.data.ptr, out.data.ptr))
+    n = x.size
+    if n:
+        name = _UNARY[op]
+        try:
+            pl = _local.launches[(name, kind, n, dev)]
+        except (AttributeError, KeyError):
+            pl = _launcher(name, kind, n, dev, 2)
+        pl.launch2(x.data.ptr, out.data.ptr)
     return out
 
 
@@ -209,8 +228,13 @@ def fast_grad(kernel, g, s, out=None):
     kind, dev = ready
     if out is None:
         out = _nd(g.shape, g.dtype)
-    if g.size:
-        _launcher(kernel, kind, g.size, dev, 3).launch_raw((g.data.ptr, s.data.ptr, out.data.ptr))
+    n = g.size
+    if n:
+        try:
+            pl = _local.launches[(kernel, kind, n, dev)]
+        except (AttributeError, KeyError):
+            pl = _launcher(kernel, kind, n, dev, 3)
+        pl.launch3(g.data.ptr, s.data.ptr, out.data.ptr)
     return out
 
 

@@ -62,3 +62,21 @@ def test_a_call_with_fewer_values_writes_only_those(recorder):
     pl((1, 2))
     pl((3,))
     assert recorder.calls[1][5] == [3, 2, 7]
+
+
+def test_fixed_arity_launches_write_what_a_call_writes(recorder):
+    recorder.n_args = 4
+    pl3 = launching.PackedLaunch(_kernel(), (3,), (256,), (None, None, None, np.int32(96)), 3)
+    pl3((1, 2, 3))
+    pl3.launch3(1, 2, 3)
+    pl2 = launching.PackedLaunch(_kernel(9), (2, 2), (64,), (None, None, np.int32(5), np.int64(6)), 2)
+    pl2((7, 2 ** 64 - 1))
+    pl2.launch2(7, 2 ** 64 - 1)
+    c = recorder.calls
+    assert c[0] == c[1] and c[0][5] == [1, 2, 3, 96]
+    assert c[2] == c[3] and c[2][1] == (2, 2, 1) and c[2][5] == [7, 2 ** 64 - 1, 5, 6]
+    # slots not leading the argument list: the general call writes them
+    recorder.n_args = 3
+    odd = launching.PackedLaunch(_kernel(), 1, 32, (np.int32(4), None, None), (1, 2))
+    odd.launch2(8, 9)
+    assert recorder.calls[-1][5] == [4, 8, 9]
