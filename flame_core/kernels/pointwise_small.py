@@ -49,10 +49,10 @@ _F32_MAX = float(np.finfo(np.float32).max)
 _SCALAR = {"mul": "pws_mul_scalar", "add": "pws_add_scalar", "sub": "pws_sub_scalar", "rsub": "pws_rsub_scalar"}
 _BINARY = {"mul": "pws_mul", "add": "pws_add", "sub": "pws_sub"}
 _UNARY = {"neg": "pws_neg", "tanh": "pws_tanh"}
+_UNARY_NAMES = frozenset(_UNARY.values())
 # the fused backward rules are cuda_src/pointwise_grad.cu's own kernels (g, s, out, int64 n; grid-stride loop)
 _GRAD = frozenset(("tanh_bwd", "sigmoid_bwd", "relu_bwd", "sqrt_bwd", "rsqrt_bwd", "abs_bwd"))
 
-_local = threading.local()  # .launches: {(kernel, kind, n, device): PackedLaunch} (a packed buffer is per thread)
 _bits = ({}, {}, {})  # per kind: Python scalar -> float32 bit pattern of the scalar rounded to that dtype
 _CUPY_FLAG_ATTR = _nd is not None and hasattr(_nd, "_c_contiguous")
 
@@ -80,27 +80,32 @@ def _scalar_bits(kind, s):
     return b
 
 
-def _launcher(name, kind, n, dev, n_dynamic):
-    """The cached PackedLaunch of kernel `name` for this dtype kind, element count and device (this thread's): its
-    first `n_dynamic` arguments change per call, the last is n (int32 in pointwise_small.cu, int64 in
-    pointwise_grad.cu, whose kernels loop over a grid of at most 8192 blocks). The per-op callers look the key up in
-    `_local.launches` themselves and come here on a miss (one frame fewer per op)."""
-    try:
-        cache = _local.launches
-    except AttributeError:  # this thread's first launch
-        cache = _local.launches = {}
-    key = (name, kind, n, dev)
-    pl = cache.get(key)
-    if pl is None:
-        if len(cache) >= 4096:  # many distinct sizes: rebuild on demand rather than grow without bound
-            cache.clear()
+class _Launches(dict):
+    """This thread's PackedLaunches by (kernel name, dtype kind, element count, device): a miss builds the launch
+    (`__missing__`), so the per-op callers index the dict and run no frame of their own for it. The dynamic
+    arguments are the first two (unary kernels: x, out) or three; the last is n (int32 in pointwise_small.cu, int64 in
+    pointwise_grad.cu, whose kernels loop over a grid of at most 8192 blocks)."""
+
+    def __missing__(self, key):
+        name, kind, n, dev = key
+        if len(self) >= 4096:  # many distinct sizes: rebuild on demand rather than grow without bound
+            self.clear()
         grad = name in _GRAD
+        n_dynamic = 2 if name in _UNARY_NAMES else 3
         kernel = loader.get_function("pointwise_grad" if grad else STEM, name, _DTYPES[kind])
         blocks = plans.cdiv(n, BLOCK)
-        pl = cache[key] = launching.PackedLaunch(kernel, (min(blocks, 8192) if grad else blocks,), (BLOCK,),
-                                              (None,) * n_dynamic + ((np.int64 if grad else np.int32)(n),),
-                                              n_dynamic)
-    return pl
+        pl = self[key] = launching.PackedLaunch(kernel, (min(blocks, 8192) if grad else blocks,), (BLOCK,),
+                                                (None,) * n_dynamic + ((np.int64 if grad else np.int32)(n),),
+                                                n_dynamic)
+        return pl
+
+
+class _Local(threading.local):
+    def __init__(self):  # runs once in each thread that touches it
+        self.launches = _Launches()
+
+
+_local = _Local()  # a packed buffer is rewritten per call: one set of launches per thread
 
 
 def _ready(x, *others):
@@ -169,12 +174,7 @@ def fast_scalar(op, x, s, out=None):
         out = _nd(x.shape, x.dtype)
     n = x.size
     if n:
-        name = _SCALAR[op]
-        try:
-            pl = _local.launches[(name, kind, n, dev)]
-        except (AttributeError, KeyError):
-            pl = _launcher(name, kind, n, dev, 3)
-        pl.launch3(x.data.ptr, out.data.ptr, bits)
+        _local.launches[(_SCALAR[op], kind, n, dev)].launch3(x.data.ptr, out.data.ptr, bits)
     return out
 
 
@@ -189,12 +189,7 @@ def fast_binary(op, a, b, out=None):
         out = _nd(a.shape, a.dtype)
     n = a.size
     if n:
-        name = _BINARY[op]
-        try:
-            pl = _local.launches[(name, kind, n, dev)]
-        except (AttributeError, KeyError):
-            pl = _launcher(name, kind, n, dev, 3)
-        pl.launch3(a.data.ptr, b.data.ptr, out.data.ptr)
+        _local.launches[(_BINARY[op], kind, n, dev)].launch3(a.data.ptr, b.data.ptr, out.data.ptr)
     return out
 
 
@@ -207,12 +202,7 @@ def fast_unary(op, x):
     out = _nd(x.shape, x.dtype)
     n = x.size
     if n:
-        name = _UNARY[op]
-        try:
-            pl = _local.launches[(name, kind, n, dev)]
-        except (AttributeError, KeyError):
-            pl = _launcher(name, kind, n, dev, 2)
-        pl.launch2(x.data.ptr, out.data.ptr)
+        _local.launches[(_UNARY[op], kind, n, dev)].launch2(x.data.ptr, out.data.ptr)
     return out
 
 
@@ -230,14 +220,10 @@ def fast_grad(kernel, g, s, out=None):
         out = _nd(g.shape, g.dtype)
     n = g.size
     if n:
-        try:
-            pl = _local.launches[(kernel, kind, n, dev)]
-        except (AttributeError, KeyError):
-            pl = _launcher(kernel, kind, n, dev, 3)
-        pl.launch3(g.data.ptr, s.data.ptr, out.data.ptr)
+        _local.launches[(kernel, kind, n, dev)].launch3(g.data.ptr, s.data.ptr, out.data.ptr)
     return out
 
 
 def cached_launches():
     """How many PackedLaunches this thread holds (tests: the second call of a shape reuses the first's)."""
-    return len(getattr(_local, "launches", None) or ())
+    return len(_local.launches)
