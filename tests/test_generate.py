@@ -166,6 +166,7 @@ def test_loras_are_summed_then_rounded_once(tiny, loras):
 
 
 # ----------------------------------------------------------------------------- fp8 and the memory budget
+@pytest.mark.gpu_exclusive  # the budget counts the device's memory outside the pool
 def test_fp8_and_budget(tiny, loras):
     plain = run(tiny, loras=[loras["kohya"]])
     fp8 = run(tiny, fp8=True, loras=[loras["kohya"]])
@@ -186,6 +187,7 @@ def test_fp8_and_budget(tiny, loras):
             run(tiny, max_gpu_memory=f"{outside // 2}B")
 
 
+@pytest.mark.gpu_exclusive  # the budget counts the device's memory outside the pool
 def test_fp8_compute_resident_and_streamed(tiny, loras):
     from flame_core.kernels import scaled_mm
     fp8 = run(tiny, fp8=True, loras=[loras["kohya"]])

@@ -213,6 +213,7 @@ def test_fp8_compute_on_cuda_resident_and_under_a_budget(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_exclusive  # a max_gpu_memory budget: other processes' memory counts against it
 def test_a_capture_over_the_budget_streams_more_blocks_and_captures_again(tmp_path):
     # the first capture raises OutOfMemoryError (as a capture over max_gpu_memory does): the trainer demotes resident
     # blocks, runs that step eagerly and captures at the next step; the numbers stay the eager run's
