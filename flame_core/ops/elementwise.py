@@ -382,8 +382,10 @@ def _ufunc(op, fn, a, b, xa, xb):
 # ----------------------------------------------------------------------------- unary
 def _pointwise_grad(kernel, g, s, into=False):
     """One fused launch of cuda_src/pointwise_grad.cu, or None when the arrays don't qualify. Small contiguous arrays
-    take the same rule from cuda_src/pointwise_small.cu (a packed launch: a fraction of the host cost). `into`: the
-    result is written into g (a backward that holds its gradient alone)."""
+    take the same rule from cuda_src/pointwise_small.cu (a packed launch: a fraction of the host cost); with `into`
+    (a backward that holds its gradient alone) they write the result into g. Larger arrays get a new buffer, as
+    before 1bb46bd: the one GPU run that wrote them in place too (5996fe8) failed auto_fit's activation-offload test
+    (tests/offload/test_gpu_activation_offload.py), which passed before it; the cause was not isolated."""
     r = (_ps or _load_ps()).fast_grad(kernel, g, s, g if into else None)
     if r is not None:
         return _wrap(r)
@@ -396,7 +398,7 @@ def _pointwise_grad(kernel, g, s, into=False):
             return None
     elif not (g.flags.c_contiguous and s.flags.c_contiguous):
         return None
-    out = g if into else backend.cupy.empty(g.shape, dt)
+    out = backend.cupy.empty(g.shape, dt)
     n = g.size
     if n:
         launching.launch(loader.get_function("pointwise_grad", kernel, dt), (min((n + 255) // 256, 8192),), (256,),
