@@ -2,8 +2,12 @@
 (Node.sub_from_pending_grad): one kernel where the engine would negate and then add, in place when the engine holds
 that sum alone. The gradients are bit-identical to the negate-and-add path (a + (-b) == a - b), and the fusion stays
 out of the way where it would change anything: a - a, broadcasting, a dtype the engine casts, create_graph."""
+import random
+
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import flame_core as flame
 from flame_core.autograd import engine
@@ -87,3 +91,35 @@ def test_hooks_see_the_whole_sum_and_create_graph_differentiates_it(device, rng)
     np.testing.assert_allclose(gx.detach().numpy(), -4 * x.detach().numpy())
     gx.sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), np.full(5, -4.0))
+
+
+def _random_program(rnd, xs):
+    """Random small programs heavy in subtraction (a tensor subtracted in several places, a - a, chains)."""
+    vals = list(xs)
+    for _ in range(rnd.randint(3, 14)):
+        a, b = rnd.choice(vals), rnd.choice(vals)
+        op = rnd.choice(["sub", "sub", "rsub", "add", "mul", "scale", "tanh"])
+        vals.append({"sub": lambda: a - b, "rsub": lambda: 0.5 - b, "add": lambda: a + b, "mul": lambda: a * b,
+                     "scale": lambda: a * 1.5, "tanh": lambda: a.tanh()}[op]())
+    out = vals[-1].sum()
+    for v in rnd.sample(vals, min(3, len(vals))):
+        out = out - (v * 0.25).sum()
+    return out
+
+
+@given(seed=st.integers(0, 10 ** 6), dtype=st.sampled_from(["float32", "bfloat16"]))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_random_programs_bit_identical_fused_and_not(device, seed, dtype):
+    dt = getattr(flame, dtype)
+    rng = np.random.default_rng(seed)
+    data = [rng.standard_normal((2, 3)) for _ in range(3)]
+    grads = []
+    for fused in (True, False):
+        with pytest.MonkeyPatch.context() as mp:
+            if not fused:
+                unfused(mp)
+            xs = [flame.tensor(a, dtype=dt, device=device, requires_grad=True) for a in data]
+            _random_program(random.Random(seed), xs).backward()
+            grads.append([np.zeros((2, 3), np.float32) if x.grad is None else x.grad.float().numpy() for x in xs])
+    for a, b in zip(*grads):
+        np.testing.assert_array_equal(a, b)
