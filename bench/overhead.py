@@ -14,7 +14,10 @@ first in odd ones; a trial is the median of `--chains` consecutive chains (defau
 over rounds of each framework's µs/op, the median of the per-round ratios FLAME/torch (the figure to quote: both
 sides of a ratio ran within a few milliseconds of each other, so a drift of the host cancels), and that ratio's
 spread over the rounds (min, quartiles, max).
-Run: PYTHONPATH=$PWD python3 bench/overhead.py [--rounds 15] [--chains 5] [--device all|cpu|cuda]
+`--split` adds as many rounds again, after those, that time a chain's forward and its backward apart (a device
+synchronize between them; the same interleaving, their own per-round ratios): which half an op's cost sits in. The
+whole-chain figure above never includes these rounds.
+Run: PYTHONPATH=$PWD python3 bench/overhead.py [--rounds 15] [--chains 5] [--device all|cpu|cuda] [--split]
 """
 import argparse
 import statistics
@@ -50,6 +53,23 @@ def _trial(x, sync, chains):
     return statistics.median(out)
 
 
+def _split_trial(x, sync, chains):
+    """(forward, backward) median µs/op over `chains` chains, a synchronize after each half."""
+    fw, bw = [], []
+    for _ in range(chains):
+        x.grad = None
+        t0 = time.perf_counter()
+        y = chain(x)
+        sync()
+        t1 = time.perf_counter()
+        y.backward()
+        sync()
+        t2 = time.perf_counter()
+        fw.append((t1 - t0) / N_OPS * 1e6)
+        bw.append((t2 - t1) / N_OPS * 1e6)
+    return statistics.median(fw), statistics.median(bw)
+
+
 def _flame_side(device):
     flame.manual_seed(0)
     x = flame.randn(16, device=device, requires_grad=True)
@@ -82,8 +102,9 @@ def _spread(values):
     return {"min": v[0], "q1": q1, "median": statistics.median(v), "q3": q3, "max": v[-1]}
 
 
-def interleaved(device, torch, rounds, chains, warmup=5):
-    """The A/B protocol of the docstring on one device; torch=None times FLAME alone."""
+def interleaved(device, torch, rounds, chains, warmup=5, split=False):
+    """The A/B protocol of the docstring on one device; torch=None times FLAME alone. split: the forward / backward
+    rounds after the whole-chain ones (row["split"])."""
     fx, fsync = _flame_side(device)
     sides = [("flame", fx, fsync)]
     if torch is not None:
@@ -109,7 +130,26 @@ def interleaved(device, torch, rounds, chains, warmup=5):
                    ratio_spread=_spread(ratios), torch_spread=_spread(per["torch"]), torch_rounds=per["torch"],
                    ratio_rounds=ratios)
         row["ratio_of_medians"] = row["flame_us_per_op"] / row["torch_us_per_op"]
+    if split:
+        row["split"] = _split_rounds(sides, rounds, chains)
     return row
+
+
+def _split_rounds(sides, rounds, chains):
+    """Forward and backward µs/op per framework (medians over rounds) and, with torch, the medians of the per-round
+    ratios FLAME / torch of each half."""
+    per = {name: [] for name, *_ in sides}
+    for r in range(rounds):
+        for name, x, sync in (sides if r % 2 == 0 else sides[::-1]):
+            per[name].append(_split_trial(x, sync, chains))
+    out = {}
+    for name, vals in per.items():
+        out[f"{name}_forward"] = statistics.median(v[0] for v in vals)
+        out[f"{name}_backward"] = statistics.median(v[1] for v in vals)
+    if "torch" in per:
+        for k, half in enumerate(("forward", "backward")):
+            out[f"{half}_ratio"] = statistics.median(f[k] / t[k] for f, t in zip(per["flame"], per["torch"]))
+    return out
 
 
 def main():
@@ -118,13 +158,14 @@ def main():
     ap.add_argument("--chains", type=int, default=5, help="chains per trial (a trial's figure is their median)")
     ap.add_argument("--device", choices=("all", "cpu", "cuda"), default="all")
     ap.add_argument("--no-torch", action="store_true", help="time FLAME alone even when torch is importable")
+    ap.add_argument("--split", action="store_true", help="also time the forward and the backward apart (more rounds)")
     args = ap.parse_args()
     torch = None if args.no_torch else common.import_torch()
     cuda = flame.cuda_is_available()
     res = common.Results("overhead")
     for dev in (d for d in ("cpu", "cuda") if args.device in ("all", d) and (d == "cpu" or cuda)):
         peer = torch if torch is not None and (dev == "cpu" or torch.cuda.is_available()) else None
-        res.log(dev, interleaved(dev, peer, args.rounds, args.chains))
+        res.log(dev, interleaved(dev, peer, args.rounds, args.chains, split=args.split))
     res.save()
     rows = []
     for dev in ("cpu", "cuda"):
@@ -137,6 +178,17 @@ def main():
     print(common.table(["device", "FLAME us/op", "torch us/op", "ratio", "ratio spread"], rows,
                        title=f"\n{N_OPS}-op chain, forward + backward, us/op; interleaved A/B, {args.rounds} rounds x "
                              f"{args.chains} chains; ratio = median of per-round FLAME/torch ratios [min, q1-q3, max]"))
+    if args.split:
+        rows = []
+        for dev in ("cpu", "cuda"):
+            sp = (res.get(dev) or {}).get("split")
+            if sp:
+                rows.append([dev] + [round(sp[k], 2) if sp.get(k) is not None else "-" for k in
+                                     ("flame_forward", "torch_forward", "forward_ratio", "flame_backward",
+                                      "torch_backward", "backward_ratio")])
+        print(common.table(["device", "FLAME fwd", "torch fwd", "fwd ratio", "FLAME bwd", "torch bwd", "bwd ratio"],
+                           rows, title="\nthe same chain's forward and backward timed apart, us/op (ratios: medians "
+                                       "of per-round ratios)"))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,37 @@
+"""bench/overhead.py on the CPU: the interleaved rounds and, with --split, the forward / backward rounds after them
+(their own per-round ratios; the whole-chain figure does not include them). A stand-in peer (FLAME itself under
+torch's names) gives ratios where torch is not installed."""
+import os
+import subprocess
+import sys
+import types
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import overhead  # noqa: E402
+
+import flame_core as flame  # noqa: E402
+
+PEER = types.SimpleNamespace(manual_seed=flame.manual_seed, randn=flame.randn)
+
+
+def test_split_rounds_time_both_halves_of_both_sides():
+    row = overhead.interleaved("cpu", PEER, rounds=3, chains=2, warmup=1, split=True)
+    assert len(row["flame_rounds"]) == len(row["torch_rounds"]) == 3
+    sp = row["split"]
+    for k in ("flame_forward", "flame_backward", "torch_forward", "torch_backward", "forward_ratio",
+              "backward_ratio"):
+        assert sp[k] > 0, k
+    # the halves of one chain add up to about a whole chain (the same code on both sides here)
+    assert 0.3 < (sp["flame_forward"] + sp["flame_backward"]) / row["flame_us_per_op"] < 3
+    assert "split" not in overhead.interleaved("cpu", None, rounds=1, chains=1, warmup=1)
+
+
+def test_the_command_prints_the_split_table(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "overhead.py"), "--device", "cpu", "--rounds", "2",
+                        "--chains", "1", "--split", "--no-torch"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "forward and backward timed apart" in r.stdout and "FLAME bwd" in r.stdout
