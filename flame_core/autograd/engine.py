@@ -57,23 +57,18 @@ def _zeros(meta):
     return _wrap(xp.zeros(shape, dtype=dt))
 
 
-def _iadd(a, b):
-    """a += b on arrays of one dtype: small contiguous cuda arrays take cuda_src/pointwise_small.cu (a packed launch
-    instead of a CuPy ufunc dispatch, the same fp32 sum rounded once), everything else the ufunc."""
+def _iadd(a, b, op="add"):
+    """a += b (op "sub": a -= b, Node.sub_from_pending_grad) on arrays of one dtype: small contiguous cuda arrays
+    take cuda_src/pointwise_small.cu (a packed launch instead of a CuPy ufunc dispatch, the same fp32 result rounded
+    once), everything else the ufunc."""
     if type(a) is not _np_ndarray:
         fast = _fast_binary or _load_fast_binary()
-        if fast("add", a, b, a) is not None:
+        if fast(op, a, b, a) is not None:
             return
-    a += b
-
-
-def _isub(a, b):
-    """a -= b on arrays of one dtype (Node.sub_from_pending_grad into a sum the engine holds alone; see _iadd)."""
-    if type(a) is not _np_ndarray:
-        fast = _fast_binary or _load_fast_binary()
-        if fast("sub", a, b, a) is not None:
-            return
-    a -= b
+    if op == "add":
+        a += b
+    else:
+        a -= b
 
 
 def _sub(p, g):
@@ -446,4 +441,4 @@ def _validate_grad(node, child, idx, g):
     return g
 
 
-_function._engine[0] = _sys.modules[__name__]  # Node's backward-time methods read the engine's state through it
+_function._engine = _sys.modules[__name__]  # Node's backward-time methods read the engine's state through it

@@ -7,7 +7,7 @@ import numpy as _np
 from ..errors import AutogradError, FlameError, ShapeError, fmt_shape
 from .grad_mode import state
 
-_engine = [None]  # flame_core.autograd.engine, set when it is imported (it imports this module): no per-call import
+_engine = None  # flame_core.autograd.engine, set when it is imported (it imports this module): no per-call import
 
 _FREED = ("Trying to backward through the graph a second time (or to access saved tensors after they were freed). "
           "Pass retain_graph=True to the first backward if you need to backward twice.")
@@ -114,9 +114,9 @@ class Node:
             return False
         owned = sums.get(child)
         if owned is not None and owned[idx]:
-            _engine[0]._isub(pd, gd)
+            _engine._iadd(pd, gd, "sub")
             return True
-        slot[idx] = _engine[0]._sub(p, g)
+        slot[idx] = _engine._sub(p, g)
         if owned is None:
             owned = sums[child] = [False] * len(slot)
         owned[idx] = True
@@ -126,8 +126,7 @@ class Node:
         """Inside this node's backward: whether the gradient `g` it was handed is held by nothing else, so that the
         backward may write its result into g's memory (engine.grad_is_exclusive says what is counted). Pass the
         argument itself, before making views of it."""
-        engine = _engine[0]
-        return engine is not None and engine.grad_is_exclusive(self, g, frames=2)
+        return _engine is not None and _engine.grad_is_exclusive(self, g, frames=2)
 
     def pending_grad(self, i):
         """The gradient take_pending_grad(i) would take, left in place (to check its layout first)."""
@@ -136,8 +135,7 @@ class Node:
 
     def _pending_slot(self, i):
         """(engine slot, child node, output index, the engine's sums flags) holding a gradient for input i, or None."""
-        engine = _engine[0]
-        cur = engine._running if engine is not None else None
+        cur = _engine._running if _engine is not None else None
         if cur is None or cur[0] is not self:
             return None
         e = self.next_functions[i]
