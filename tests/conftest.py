@@ -49,6 +49,17 @@ def rng():
 
 
 @pytest.fixture(autouse=True)
+def _no_memory_limit_left_behind():
+    """auto_fit leaves its budget set as the pool's limit (its contract); a test that fits must not hand that limit
+    to the next test of its worker (a later test on the same device then fails to allocate under it)."""
+    yield
+    from flame_core import memory
+    for dev in ("cpu", "cuda") if DEVICE.type == "cuda" else ("cpu",):
+        if memory.get_memory_limit(dev) is not None:
+            memory.set_memory_limit(None, dev)
+
+
+@pytest.fixture(autouse=True)
 def _release_torch_cache():
     """Tests that run a reference through torch on the GPU leave its caching allocator full; release it after each
     test, so that later memory-budget tests see the device as FLAME alone uses it."""

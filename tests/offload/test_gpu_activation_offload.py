@@ -114,16 +114,21 @@ def test_auto_fit_turns_offload_on_for_a_budget_that_needs_it():
     # the pool's bytes only: the driver's memory outside the pool moves with what earlier tests left behind (the
     # H200 run: 1.99 GiB counted by the first fit, 1.35 GiB by the second, so a budget made from the first fitted
     # without offload in the second -- the test's arithmetic was wrong, not the plan). And from steady steps: the
-    # next H200 run measured the model's first step 28 MiB above the later ones (more than the quarter of the
-    # saving the budget was below it)
+    # next H200 run measured the model's first step 28 MiB above the later ones
     kw = dict(headroom=0, count_driver_overhead=False)
     for _ in range(2):
         step()
     fits = [auto_fit(st, "64GiB", step, enforce=False, **kw) for _ in range(2)]
     assert not any(f.offload_activations for f in fits)
-    plain = fits[-1]
-    saving = plain.plan.offloadable - 2 * plain.plan.offload_block
-    budget = min(f.minimum for f in fits) - saving // 2  # needs half of what the offload saves
+    # the budget lies halfway between the measured minima without and with the offload: the plan's estimate of the
+    # saving (offloadable - 2 blocks) is an upper bound, not a measurement (H200, 94a4071: 398 MiB plain, 368 with
+    # 112 MiB offloaded -- the prefetched and staged blocks stay on the device -- where the estimate said 318)
+    off = auto_fit(st, "64GiB", step, enforce=False, offload_activations=True, **kw)
+    assert off.offload_activations and off.offloaded_bytes > 0
+    plain_min = min(f.minimum for f in fits)
+    assert off.minimum < plain_min, (off.minimum, plain_min)
+    budget = (off.minimum + plain_min) // 2
+    st.offload_activations = False  # as before: the last fit decides to turn it on itself
     rep = auto_fit(st, budget, step, **kw)
     print(rep)
     assert rep.offload_activations and rep.measured_peak <= budget

@@ -118,6 +118,8 @@ def test_auto_fit_on_the_gpu_keeps_the_pool_under_the_budget():
         y = net(x @ lora @ lora.mT + x)
         y.float().square().mean().backward()
         lora.grad = None
+    for _ in range(2):  # steady steps: a process's first steps allocate one-time buffers the fits would count
+        step()
     big = auto_fit(st, "64GiB", step, headroom=0, count_driver_overhead=False, enforce=False)
     block = st.block_bytes(0)
     assert big.streamed == [] and big.minimum > 2 * block
