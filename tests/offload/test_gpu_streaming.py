@@ -118,9 +118,11 @@ def test_auto_fit_on_the_gpu_keeps_the_pool_under_the_budget():
         y = net(x @ lora @ lora.mT + x)
         y.float().square().mean().backward()
         lora.grad = None
-    for _ in range(2):  # steady steps: a process's first steps allocate one-time buffers the fits would count
-        step()
-    big = auto_fit(st, "64GiB", step, headroom=0, count_driver_overhead=False, enforce=False)
+    # the steadier of two fits: the first step with every block streamed makes one-time buffers that the first fit
+    # counts in its minimum (the H200's serial lane at 7371848: 172 MiB, then 140) -- a budget made from it left room
+    # for a fourth resident block
+    big = min((auto_fit(st, "64GiB", step, headroom=0, count_driver_overhead=False, enforce=False) for _ in range(2)),
+              key=lambda f: f.minimum)
     block = st.block_bytes(0)
     assert big.streamed == [] and big.minimum > 2 * block
     budget = big.minimum + int(3.5 * block)
