@@ -10,8 +10,9 @@ the GPU time alone of the forward and of forward+backward (a 1 GiB memset queued
 call before the first starts) and the host microseconds per call, FLAME and torch FA2.
 Run: PYTHONPATH=$PWD python3 bench/attention.py [--reps 25] [--only flux-1024,sdxl-cross]
      PYTHONPATH=$PWD python3 bench/attention.py --only flux-1024 --key-mask 129   (Chroma's masked T5 padding)
-     PYTHONPATH=$PWD python3 bench/attention.py --fwd-variants plain,cpasync   (the sm90 forward's variants, A/B;
-     no torch needed: pingpong = SM90_FWD_PINGPONG, cpasync = SM90_FWD_TMA off)
+     PYTHONPATH=$PWD python3 bench/attention.py --fwd-variants plain,cpasync,plain:128x2x3   (the sm90 forward's
+     variants, A/B; no torch needed: pingpong = SM90_FWD_PINGPONG, cpasync = SM90_FWD_TMA off, ":BNxNWGxSTAGES" its
+     tiles)
      PYTHONPATH=$PWD python3 bench/attention.py --bwd-variants plain,tail,tail:0.08,cpasync   (the backward alone:
      its tail schedule off / on, Q / dO by cp.async instead of TMA; no torch needed)
 """
@@ -33,8 +34,9 @@ SHAPES = [  # name, B, H, Lq, Lk, D
 BACKENDS = ("FA2", "cuDNN", "mem-eff")
 
 
-def flame_fns(B, H, Lq, Lk, D, mask=None):
-    """(forward, forward+backward, inputs q, k, v, dout) on CuPy bf16 arrays; `mask`: a bool key mask for FLAME."""
+def flame_fns(B, H, Lq, Lk, D, mask=None, tiles=None):
+    """(forward, forward+backward, inputs q, k, v, dout) on CuPy bf16 arrays; `mask`: a bool key mask for FLAME;
+    `tiles`: the forward's tiles (the sm90 kernel's (BN, consumer warpgroups, stages); None: the default)."""
     import cupy as cp
     import ml_dtypes
 
@@ -46,7 +48,7 @@ def flame_fns(B, H, Lq, Lk, D, mask=None):
     scale = 1.0 / np.sqrt(D)
 
     def fwd():
-        return A._kernel_forward(q, k, v, mask, False, scale)
+        return A._kernel_forward(q, k, v, mask, False, scale, tiles)
 
     def fwd_bwd():
         o, lse = fwd()
@@ -176,9 +178,34 @@ def measure_key_mask(res, torch, name, B, H, Lq, Lk, D, reps, inner, kept, text=
     torch.cuda.empty_cache()
 
 
-# the sm90 forward's variants: (SM90_FWD_PINGPONG, SM90_FWD_TMA) -- the schedule and how K / V are loaded
+# the sm90 forward's variants: (SM90_FWD_PINGPONG, SM90_FWD_TMA) -- the schedule and how K / V are loaded; a
+# variant may name its tiles too, "plain:128x2x3" (BN keys per tile, consumer warpgroups, K / V stages)
 FWD_VARIANTS = {"plain": (False, True), "pingpong": (True, True), "cpasync": (False, False),
                 "pingpong-cpasync": (True, False)}
+SMEM_OPTIN = 232448  # the H100 / H200's shared memory per block (opt-in), static included
+
+
+def parse_fwd_variant(v, D):
+    """(pingpong, tma, tiles or None) of a --fwd-variants entry "schedule[:BNxNWGxSTAGES]" at head dim D; ValueError
+    names what is wrong (an unknown schedule, tiles that are not three ints, or that need more shared memory than a
+    block gets)."""
+    name, _, t = v.partition(":")
+    if name not in FWD_VARIANTS:
+        raise ValueError(f"--fwd-variants: unknown schedule {name!r} in {v!r} (one of {', '.join(FWD_VARIANTS)})")
+    tiles = None
+    if t:
+        try:
+            tiles = tuple(int(x) for x in t.split("x"))
+        except ValueError:
+            tiles = ()
+        if len(tiles) != 3 or tiles[0] % 64 or not 0 < tiles[0] <= 256 or tiles[1] not in (1, 2) or tiles[2] < 1:
+            raise ValueError(f"--fwd-variants: tiles {t!r} in {v!r} must be BNxNWGxSTAGES (BN a multiple of 64 up to "
+                             "256, NWG 1 or 2, STAGES >= 1)")
+        smem = 1024 + (64 * tiles[1] + 2 * tiles[2] * tiles[0]) * D * 2 + 64
+        if smem > SMEM_OPTIN:
+            raise ValueError(f"--fwd-variants: {v!r} needs {smem} bytes of shared memory at head dim {D}, over the "
+                             f"{SMEM_OPTIN} a block gets")
+    return FWD_VARIANTS[name] + (tiles,)
 
 
 def _alternate(A, names, setting, fn, variants, rounds, reps, inner, keep, gpu_too=False):
@@ -212,11 +239,21 @@ def measure_fwd_variants(res, name, B, H, Lq, Lk, D, reps, inner, variants, roun
     if not A._use_sm90(D, None, Lk):
         res.log(name + "-fwd-variants", {"skipped": "this shape does not run the sm90 forward here"})
         return
-    fwd, _, inputs = flame_fns(B, H, Lq, Lk, D)
+    try:
+        parsed = {v: parse_fwd_variant(v, D) for v in variants}
+    except ValueError as e:
+        res.log(name + "-fwd-variants", {"skipped": str(e)})
+        return
+    fns, inputs, current = {}, None, [None]
+    for v in variants:  # the same seed: every variant reads the same q, k, v
+        fns[v], _, inputs = flame_fns(B, H, Lq, Lk, D, tiles=parsed[v][2])
+
     def setting(v):
-        A.SM90_FWD_PINGPONG, A.SM90_FWD_TMA = FWD_VARIANTS[v]
-    samples, gpu, outs = _alternate(A, ("SM90_FWD_PINGPONG", "SM90_FWD_TMA"), setting, fwd, variants, rounds, reps,
-                                    inner, lambda out: (out[0].copy(), out[1].copy()), gpu_too=True)
+        A.SM90_FWD_PINGPONG, A.SM90_FWD_TMA = parsed[v][:2]
+        current[0] = fns[v]
+    samples, gpu, outs = _alternate(A, ("SM90_FWD_PINGPONG", "SM90_FWD_TMA"), setting, lambda: current[0](),
+                                    variants, rounds, reps, inner, lambda out: (out[0].copy(), out[1].copy()),
+                                    gpu_too=True)
     flops = 4.0 * B * H * Lq * Lk * D
     row = {"shape": (B, H, Lq, Lk, D), "flops": flops}
     o0, lse0 = outs[variants[0]]
@@ -356,7 +393,8 @@ def main():
                          "against itself unmasked and torch's mem-efficient SDPA with the mask")
     ap.add_argument("--fwd-variants", default=None, metavar="LIST",
                     help="instead: FLAME's sm90 forward under these schedules (comma-separated, first = baseline: "
-                         + ", ".join(FWD_VARIANTS) + "), timed in alternating rounds, outputs compared")
+                         + ", ".join(FWD_VARIANTS) + "; :BNxNWGxSTAGES picks the tiles, e.g. plain:128x2x3), timed in "
+                         "alternating rounds, outputs compared")
     ap.add_argument("--bwd-variants", default=None, metavar="LIST",
                     help="instead: FLAME's backward alone under these variants (first = baseline): plain, tail, "
                          "tail:COST (the tail schedule with another piece cost), in alternating rounds")
@@ -377,7 +415,7 @@ def main():
         sys.exit(1 if failed else 0)
     if args.fwd_variants is not None:
         variants = [v.strip() for v in args.fwd_variants.split(",") if v.strip()]
-        bad = [v for v in variants if v not in FWD_VARIANTS]
+        bad = [v for v in variants if v.partition(":")[0] not in FWD_VARIANTS]
         if bad or len(variants) < 2:
             sys.exit(f"--fwd-variants: give two or more of {', '.join(FWD_VARIANTS)} (got {args.fwd_variants!r})")
         shapes = [sh for sh in SHAPES if args.only is None or sh[0] in args.only.split(",")]

@@ -1,0 +1,33 @@
+"""bench/attention.py's forward variants on the CPU: the "schedule[:BNxNWGxSTAGES]" entries parse into the module
+switches and the tiles the forward takes, and entries the kernel cannot run are refused with what is wrong."""
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import attention  # noqa: E402
+
+
+def test_schedules_and_tiles_parse():
+    assert attention.parse_fwd_variant("plain", 128) == (False, True, None)
+    assert attention.parse_fwd_variant("pingpong:128x2x3", 128) == (True, True, (128, 2, 3))
+    assert attention.parse_fwd_variant("cpasync:64x1x4", 64) == (False, False, (64, 1, 4))
+
+
+@pytest.mark.parametrize("entry, words", [
+    ("fast", "unknown schedule 'fast'"),
+    ("plain:128x2", "must be BNxNWGxSTAGES"),
+    ("plain:96x2x2", "must be BNxNWGxSTAGES"),        # BN not a multiple of 64
+    ("plain:128x3x2", "must be BNxNWGxSTAGES"),       # three consumer warpgroups
+    ("plain:128x2x4", "296000 bytes of shared memory"),  # four stages of 128 keys at head dim 128
+])
+def test_entries_the_kernel_cannot_run_are_refused(entry, words):
+    with pytest.raises(ValueError, match=words):
+        attention.parse_fwd_variant(entry, 128)
+
+
+def test_three_stages_of_128_keys_fit_at_head_dim_128():
+    # (128 query rows + 2 x 3 x 128 keys) x 128 x 2 bytes + alignment: under the 232448 bytes a block gets
+    assert attention.parse_fwd_variant("plain:128x2x3", 128)[2] == (128, 2, 3)
