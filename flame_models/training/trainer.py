@@ -157,10 +157,14 @@ class Trainer:
                 n_params = sum(p.numel() for p in self.params)
                 state_bytes = optimizers.STATE_BYTES[t.optimizer] * n_params  # state made at the first step
                 decode_bytes = self.prepared.decode_bytes if self.prepared is not None and previews_on else 0
+                # auto_fit leaves the budget set as the pool's limit (over it allocations fail rather than grow):
+                # in force while this trainer trains, the limit from before put back when train() returns
+                self._limit_before_fit = flame.memory.get_memory_limit(self.device)
                 self.fit = self.streamer.auto_fit(self.budget, self._measure_step,
                                                   extra_bytes=state_bytes + decode_bytes + self._transposes_room(),
                                                   offload_activations=t.offload_activations)
                 self.log(str(self.fit))
+                self._fit_limit = flame.memory.get_memory_limit(self.device)
                 self._cache_fp8_transposes()   # the resident blocks' only, now that they are chosen
         return self
 
@@ -531,6 +535,17 @@ class Trainer:
             self.setup()
         if self.finished_lora is not None:
             return self._finished_before()
+        if self.fit is None:
+            return self._train()
+        # under max_gpu_memory: the fitted limit holds while training (again, for a second call), and the limit from
+        # before the fit comes back afterwards -- the process is not left capped by a run that has ended
+        flame.memory.set_memory_limit(self._fit_limit, self.device)
+        try:
+            return self._train()
+        finally:
+            flame.memory.set_memory_limit(self._limit_before_fit, self.device)
+
+    def _train(self):
         c, t = self.cfg, self.cfg.train
         te = "" if self.text_encoders is None else f" and {self.text_encoders.n_adapted} of its text encoders'"
         self.log(f"training {c.network.type} r{c.network.linear} on {self.n_adapted} Linear parts of a "

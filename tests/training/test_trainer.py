@@ -376,3 +376,28 @@ def test_a_family_registered_from_outside_trains_resumes_and_samples_through_the
     again = Trainer(toy("toy_full", 8), verbose=False).setup()
     assert again.step == 4
     np.testing.assert_allclose([again.train_step()[0] for _ in range(2)], want, rtol=1e-6)
+
+
+def test_a_budgeted_run_holds_its_limit_while_training_and_gives_it_back(tmp_path):
+    # auto_fit leaves max_gpu_memory as the pool's limit; the trainer keeps it while it trains and puts the limit
+    # from before back when train() returns (a run that has ended does not leave the process capped)
+    from flame_core import memory as M
+    c = cfg(tmp_path, "capped", steps=3)
+    c.max_gpu_memory = "1GiB"
+    tr = Trainer(c, verbose=False).setup()
+    assert tr.fit is not None and M.get_memory_limit(c.device) is not None   # fitted: the limit in force
+    seen = []
+    step = tr.train_step
+    tr.train_step = lambda: (seen.append(M.get_memory_limit(c.device)), step())[1]
+    M.set_memory_limit("3GiB", c.device)   # changed between setup and train: the fit's limit comes back for training
+    tr.train()
+    assert tr._fit_limit is not None and len(seen) == 3 and all(s == tr._fit_limit for s in seen)
+    assert M.get_memory_limit(c.device) is None   # as before the fit
+    M.set_memory_limit("8GiB", c.device)
+    try:
+        other = Trainer(cfg(tmp_path, "capped2", steps=3), verbose=False)
+        other.cfg.max_gpu_memory = "1GiB"
+        other.train()
+        assert M.get_memory_limit(c.device) == 8 << 30   # a limit the user had set before is what comes back
+    finally:
+        M.set_memory_limit(None, c.device)
