@@ -201,7 +201,8 @@ def parse_fwd_variant(v, D):
         if len(tiles) != 3 or tiles[0] % 64 or not 0 < tiles[0] <= 256 or tiles[1] not in (1, 2) or tiles[2] < 1:
             raise ValueError(f"--fwd-variants: tiles {t!r} in {v!r} must be BNxNWGxSTAGES (BN a multiple of 64 up to "
                              "256, NWG 1 or 2, STAGES >= 1)")
-        smem = 1024 + (64 * tiles[1] + 2 * tiles[2] * tiles[0]) * D * 2 + 64
+        from flame_core.kernels.attention import sm90_fwd_smem
+        smem = sm90_fwd_smem(D, *tiles) + 64   # (+ the kernel's static barriers and flags)
         if smem > SMEM_OPTIN:
             raise ValueError(f"--fwd-variants: {v!r} needs {smem} bytes of shared memory at head dim {D}, over the "
                              f"{SMEM_OPTIN} a block gets")

@@ -285,6 +285,12 @@ def _kernel(stem, expr, dtype, shared_mem=0):
     return fn
 
 
+def sm90_fwd_smem(D, BN, NWG, STAGES):
+    """Dynamic shared memory of the sm90 forward: the Q tile of 64 * NWG rows and STAGES K and V tiles of BN rows,
+    bf16 / fp16, plus 1024 bytes for the tiles' 1024-byte alignment."""
+    return 1024 + (64 * NWG + 2 * STAGES * BN) * D * 2
+
+
 def sm90_fwd_expression(D, BN, NWG, STAGES, kind, pp, tma=False):
     """The name expression of one sm90 forward instantiation (the launch and tools/build_kernels.py share it, so
     that every default one is prebuilt); tma: the kernel whose producer loads by TMA."""
@@ -429,7 +435,7 @@ def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
     if _use_sm90(D, tiles, Lk):
         BN, NWG, STAGES = tiles or FWD_SM90_TILES[D]
         BM = 64 * NWG
-        smem = 1024 + (BM + 2 * STAGES * BN) * D * 2
+        smem = sm90_fwd_smem(D, BN, NWG, STAGES)
         pp = int(SM90_FWD_PINGPONG and NWG == 2)
         if _keypad(kind, ms) and Lk <= KEYPAD_MAX_LK:
             kind = MASK_KEYPAD

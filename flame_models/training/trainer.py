@@ -542,7 +542,8 @@ class Trainer:
         flame.memory.set_memory_limit(self._fit_limit, self.device)
         try:
             return self._train()
-        finally:
+        finally:  # (a capture that grew memory outside the pool lowered the limit: a second call keeps that)
+            self._fit_limit = flame.memory.get_memory_limit(self.device)
             flame.memory.set_memory_limit(self._limit_before_fit, self.device)
 
     def _train(self):

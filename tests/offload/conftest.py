@@ -2,12 +2,10 @@ import gc
 
 import pytest
 
-import flame_core.memory as M
-
 
 @pytest.fixture(autouse=True)
-def _no_memory_limit_left_behind(device):
-    """auto_fit leaves its budget set as the pool's limit: never let it leak into other tests."""
+def _collect_after():
+    """The streaming tests' pinned buffers and slots go back before the next test (the root conftest clears any pool
+    limit an auto_fit left behind)."""
     yield
-    M.set_memory_limit(None, device)
     gc.collect()
