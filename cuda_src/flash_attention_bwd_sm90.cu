@@ -204,17 +204,19 @@ __device__ __forceinline__ void fa_bwd_sm90_body(FA_BWD_SM90_PARAMS, const FaBwd
 
         // P^T (rows: keys, columns: queries)
         const float* sL = sLDg + s * 2 * BM;
+        // (warp-uniform) the mask test is outside the unrolled loops: a test per element made the compiler branch
+        // and reconverge around each of them (BSSY / BRA / BSYNC, 32 times per query block)
         const bool need_mask = warp_masked || n0 + BN > Lk || r0 + BM > Lq || (causal && n0 + krow + 15 > r0);
+        if (need_mask) {
 #pragma unroll
-        for (int j = 0; j < BM / 8; ++j) {
-            // this thread's two query columns of the n8 tile: one 8-byte load of their lse
-            const float2 l2 = *reinterpret_cast<const float2*>(sL + j * 8 + t4 * 2);
+            for (int j = 0; j < BM / 8; ++j) {
+                // this thread's two query columns of the n8 tile: one 8-byte load of their lse
+                const float2 l2 = *reinterpret_cast<const float2*>(sL + j * 8 + t4 * 2);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int qc = j * 8 + t4 * 2 + (e & 1);
-                const float lse2 = ((e & 1) ? l2.y : l2.x) * FA_LOG2E;
-                float& x = st[j][e];
-                if (need_mask) {
+                for (int e = 0; e < 4; ++e) {
+                    const int qc = j * 8 + t4 * 2 + (e & 1);
+                    const float lse2 = ((e & 1) ? l2.y : l2.x) * FA_LOG2E;
+                    float& x = st[j][e];
                     const int key = n0 + krow + g + (e >> 1) * 8, qrow = r0 + qc;
                     float add;
                     bool keep;
@@ -224,9 +226,15 @@ __device__ __forceinline__ void fa_bwd_sm90_body(FA_BWD_SM90_PARAMS, const FaBwd
                     else
                         keep = qrow < Lq && fa_keep<MASK>(qrow, key, Lq, Lk, causal, mask, moff, m_sq, m_sk, add);
                     x = keep ? fa_exp2(fmaf(x, scale_log2, add) - lse2) : 0.f;
-                } else {
-                    x = fa_exp2(fmaf(x, scale_log2, -lse2));
                 }
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < BM / 8; ++j) {
+                const float2 l2 = *reinterpret_cast<const float2*>(sL + j * 8 + t4 * 2);
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    st[j][e] = fa_exp2(fmaf(st[j][e], scale_log2, -((e & 1) ? l2.y : l2.x) * FA_LOG2E));
             }
         }
         wg_wait<0>();
@@ -268,9 +276,10 @@ __device__ __forceinline__ void fa_bwd_sm90_body(FA_BWD_SM90_PARAMS, const FaBwd
         wg_fence();
         wg_pin(acc_dv);
         wg_pin(acc_dk);
+        const wg_u64 d_g = wg_desc(sGs, BM * 128), d_q = wg_desc(sQs, BM * 128);
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk)
-            Wg<T, D>::template rs<1>(acc_dv, pa[kk], wg_desc(sGs + kk * 16 * 128, BM * 128), 1);
+            Wg<T, D>::template rs<1>(acc_dv, pa[kk], wg_desc_at(d_g, kk * 16 * 128), 1);
         wg_commit();
 
         // dQ[:, NQ slice of this warpgroup] = dS K, once both halves of dS^T are in shared memory
@@ -279,15 +288,16 @@ __device__ __forceinline__ void fa_bwd_sm90_body(FA_BWD_SM90_PARAMS, const FaBwd
         float acc_dq[NTQ][4];
         wg_pin(acc_dq);
         const int c0 = ROWSPLIT ? 0 : wg * NQ, q0 = ROWSPLIT ? wg * 64 : 0;  // this warpgroup's dQ columns / rows
+        const wg_u64 d_s = wg_desc(sSb + (ROWSPLIT ? wg * BN * 128 : 0), 16),
+                     d_k = wg_desc(sK + (c0 / 64) * BN * 128 + (c0 % 64) * 2, BN * 128);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk)
-            Wg<T, NQ>::template ss<1, 1>(acc_dq, wg_desc(sSb + (ROWSPLIT ? wg * BN * 128 : 0) + kk * 16 * 128, 16),
-                                         wg_desc(sK + (c0 / 64) * BN * 128 + (c0 % 64) * 2 + kk * 16 * 128, BN * 128),
+            Wg<T, NQ>::template ss<1, 1>(acc_dq, wg_desc_at(d_s, kk * 16 * 128), wg_desc_at(d_k, kk * 16 * 128),
                                          kk > 0);
         wg_commit();
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk)
-            Wg<T, D>::template rs<1>(acc_dk, sa[kk], wg_desc(sQs + kk * 16 * 128, BM * 128), 1);
+            Wg<T, D>::template rs<1>(acc_dk, sa[kk], wg_desc_at(d_q, kk * 16 * 128), 1);
         wg_commit();
         wg_wait<1>();  // dV and dQ done, dK in flight
         wg_pin(acc_dv);

@@ -256,9 +256,10 @@ __device__ __forceinline__ void fa_fwd_sm90_body(FA_FWD_SM90_PARAMS, const FaTma
         if constexpr (PP) named_bar_sync(PP_BAR + wg, 256);
         wg_fence();
         wg_pin(acc_o);
+        const wg_u64 d_v = wg_desc(sV + s * KV_BYTES, BN * 128);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk)
-            Wg<T, D>::template rs<1>(acc_o, pa[kk], wg_desc(sV + s * KV_BYTES + kk * 16 * 128, BN * 128), 1);
+            Wg<T, D>::template rs<1>(acc_o, pa[kk], wg_desc_at(d_v, kk * 16 * 128), 1);
         wg_commit();
         if constexpr (PP) named_bar_arrive(PP_BAR + (wg ^ 1), 256);
         wg_wait<0>();

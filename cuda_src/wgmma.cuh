@@ -35,6 +35,11 @@ __device__ __forceinline__ wg_u64 wg_desc(unsigned smem_addr, unsigned lbo_bytes
            ((wg_u64)(1024 >> 4) << 32) | (1ull << 62);
 }
 
+// The descriptor of the address `bytes` on from the one `d` describes (same layout): its start-address field holds
+// address / 16 in its low 14 bits, and shared-memory addresses stay below 2^18, so the field takes the offset without
+// a carry into the next one. An add instead of wg_desc's masks and shifts per k-step.
+__device__ __forceinline__ wg_u64 wg_desc_at(wg_u64 d, unsigned bytes) { return d + (bytes >> 4); }
+
 template <typename T, int N> struct Wg;
 template <> struct Wg<__nv_bfloat16, 32> {
     // d (+)= A (64x16, K-major (TA=0) or M-major (TA=1), shared) * B (16x32, K-major (TB=0) or N-major (TB=1),
@@ -280,10 +285,12 @@ template <> struct Wg<__half, 128> {
 template <typename T, int N, int KDIM>
 __device__ __forceinline__ void wg_gemm_kmajor(float (&acc)[N / 8][4], unsigned a0, int a_rows, unsigned b0,
                                                int b_rows) {
+    // the k-steps' descriptors are the first one's plus their byte offset / 16 (wg_desc_at): one add each
+    const wg_u64 da = wg_desc(a0, 16), db = wg_desc(b0, 16);
 #pragma unroll
     for (int kk = 0; kk < KDIM / 16; ++kk)
-        Wg<T, N>::template ss<0, 0>(acc, wg_desc(a0 + (kk / 4) * a_rows * 128 + (kk % 4) * 32, 16),
-                                    wg_desc(b0 + (kk / 4) * b_rows * 128 + (kk % 4) * 32, 16), kk > 0);
+        Wg<T, N>::template ss<0, 0>(acc, wg_desc_at(da, (kk / 4) * a_rows * 128 + (kk % 4) * 32),
+                                    wg_desc_at(db, (kk / 4) * b_rows * 128 + (kk % 4) * 32), kk > 0);
 }
 
 // ------------------------------------------------------------------------------------------ mbarriers
