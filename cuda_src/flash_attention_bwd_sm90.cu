@@ -188,7 +188,10 @@ __device__ __forceinline__ void fa_bwd_sm90_body(FA_BWD_SM90_PARAMS, const FaBwd
         const int r0 = (m_lo + it) * BM, s = it % STAGES;
         const unsigned sQs = sQ + s * QG_BYTES, sGs = sG + s * QG_BYTES, sSb = sS + (it & 1) * S_BYTES;
         mbar_wait(full(s), (it / STAGES) & 1);
-        fence_proxy_async();
+        // tiles a TMA wrote (the async proxy, as the wgmma that reads them) are visible once the barrier's
+        // phase completes; cp.async writes through the generic proxy and needs the proxy fence (a
+        // MEMBAR.ALL.CTA that drains this thread's outstanding memory operations)
+        if constexpr (!TMA) fence_proxy_async();
 
         // S^T = K_w Q^T and dP^T = V_w dO^T
         float st[BM / 8][4], dpt[BM / 8][4];  // rows: this warp's 16 keys, columns: the BM queries

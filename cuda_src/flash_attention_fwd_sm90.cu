@@ -171,7 +171,10 @@ __device__ __forceinline__ void fa_fwd_sm90_body(FA_FWD_SM90_PARAMS, const FaTma
 
         // S = Q K^T
         mbar_wait(full_k(s), phase);
-        fence_proxy_async();
+        // tiles a TMA wrote (the async proxy, as the wgmma that reads them) are visible once the barrier's
+        // phase completes; cp.async writes through the generic proxy and needs the proxy fence (a
+        // MEMBAR.ALL.CTA that drains this thread's outstanding memory operations)
+        if constexpr (!TMA) fence_proxy_async();
         if constexpr (PP) named_bar_sync(PP_BAR + wg, 256);
         wg_fence();
         wg_pin(s_acc);
@@ -252,7 +255,8 @@ __device__ __forceinline__ void fa_fwd_sm90_body(FA_FWD_SM90_PARAMS, const FaTma
 
         // O += P V
         mbar_wait(full_v(s), phase);
-        fence_proxy_async();
+        // (TMA: no proxy fence, as above)
+        if constexpr (!TMA) fence_proxy_async();
         if constexpr (PP) named_bar_sync(PP_BAR + wg, 256);
         wg_fence();
         wg_pin(acc_o);
