@@ -219,7 +219,10 @@ __device__ __forceinline__ void fa_fwd_sm90_body(FA_FWD_SM90_PARAMS, const FaTma
                 }
         }
 
-        // online softmax: rescale the running output, P = exp2(S - rowmax)
+        // online softmax: rescale the running output, P = exp2(S - rowmax). Once the row maxima settle (most key
+        // tiles of a long row) every correction factor is exactly 1: a warp whose factors all are skips the
+        // multiplication of its output accumulators (x * 1.0f is x, so the result is the same bit for bit)
+        float corr[2];
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             float mx = FA_NEG_INF;
@@ -229,11 +232,9 @@ __device__ __forceinline__ void fa_fwd_sm90_body(FA_FWD_SM90_PARAMS, const FaTma
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float m_new = fmaxf(row_m[hh], mx);
             const float ms = m_new == FA_NEG_INF ? 0.f : m_new * sl2;
-            const float corr = fa_exp2(row_m[hh] * sl2 - ms);
+            corr[hh] = fa_exp2(row_m[hh] * sl2 - ms);
             row_m[hh] = m_new;
-            float l = row_l[hh] * corr;
-#pragma unroll
-            for (int dt = 0; dt < NTO; ++dt) acc_o[dt][2 * hh] *= corr, acc_o[dt][2 * hh + 1] *= corr;
+            float l = row_l[hh] * corr[hh];
 #pragma unroll
             for (int nt = 0; nt < NTS; ++nt)
 #pragma unroll
@@ -243,6 +244,13 @@ __device__ __forceinline__ void fa_fwd_sm90_body(FA_FWD_SM90_PARAMS, const FaTma
                     l += p;
                 }
             row_l[hh] = l;
+        }
+        if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+            for (int dt = 0; dt < NTO; ++dt) {
+                acc_o[dt][0] *= corr[0], acc_o[dt][1] *= corr[0];
+                acc_o[dt][2] *= corr[1], acc_o[dt][3] *= corr[1];
+            }
         }
         fa_u32 pa[BN / 16][4];
 #pragma unroll
