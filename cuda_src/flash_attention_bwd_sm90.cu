@@ -202,19 +202,30 @@ __device__ __forceinline__ void fa_bwd_sm90_body(FA_BWD_SM90_PARAMS, const FaBwd
         wg_commit();
         wg_gemm_kmajor<T, BM, D>(dpt, sV + wg * 64 * 128, BN, sGs, BM);
         wg_commit();
+        // this thread's lse pairs (two query columns per n8 tile, one 8-byte load each) are read while the products
+        // run, their shared-memory latency off the path from S^T to P^T -- where the registers allow it (BM = 64:
+        // 16 more; at BM = 128 the 32 would spill, and the pairs are read where they are used)
+        const float* sL = sLDg + s * 2 * BM;
+        constexpr bool PRELOAD = BM <= 64;
+        float2 lse_r[PRELOAD ? BM / 8 : 1], delta_r[PRELOAD ? BM / 8 : 1];
+        auto pair = [&](const float2* r, int off, int j) {
+            return PRELOAD ? r[j] : *reinterpret_cast<const float2*>(sL + off + j * 8 + t4 * 2);
+        };
+        if constexpr (PRELOAD) {
+#pragma unroll
+            for (int j = 0; j < BM / 8; ++j) lse_r[j] = *reinterpret_cast<const float2*>(sL + j * 8 + t4 * 2);
+        }
         wg_wait<1>();
         wg_pin(st);
 
         // P^T (rows: keys, columns: queries)
-        const float* sL = sLDg + s * 2 * BM;
         // (warp-uniform) the mask test is outside the unrolled loops: a test per element made the compiler branch
         // and reconverge around each of them (BSSY / BRA / BSYNC, 32 times per query block)
         const bool need_mask = warp_masked || n0 + BN > Lk || r0 + BM > Lq || (causal && n0 + krow + 15 > r0);
         if (need_mask) {
 #pragma unroll
             for (int j = 0; j < BM / 8; ++j) {
-                // this thread's two query columns of the n8 tile: one 8-byte load of their lse
-                const float2 l2 = *reinterpret_cast<const float2*>(sL + j * 8 + t4 * 2);
+                const float2 l2 = pair(lse_r, 0, j);
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int qc = j * 8 + t4 * 2 + (e & 1);
@@ -234,11 +245,15 @@ __device__ __forceinline__ void fa_bwd_sm90_body(FA_BWD_SM90_PARAMS, const FaBwd
         } else {
 #pragma unroll
             for (int j = 0; j < BM / 8; ++j) {
-                const float2 l2 = *reinterpret_cast<const float2*>(sL + j * 8 + t4 * 2);
+                const float2 l2 = pair(lse_r, 0, j);
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
                     st[j][e] = fa_exp2(fmaf(st[j][e], scale_log2, -((e & 1) ? l2.y : l2.x) * FA_LOG2E));
             }
+        }
+        if constexpr (PRELOAD) {  // likewise the delta pairs, before waiting for dP^T
+#pragma unroll
+            for (int j = 0; j < BM / 8; ++j) delta_r[j] = *reinterpret_cast<const float2*>(sL + BM + j * 8 + t4 * 2);
         }
         wg_wait<0>();
         wg_pin(dpt);
@@ -247,7 +262,7 @@ __device__ __forceinline__ void fa_bwd_sm90_body(FA_BWD_SM90_PARAMS, const FaBwd
         fa_u32 pa[BM / 16][4], sa[BM / 16][4];
 #pragma unroll
         for (int j = 0; j < BM / 8; ++j) {
-            const float2 d2 = *reinterpret_cast<const float2*>(sL + BM + j * 8 + t4 * 2);
+            const float2 d2 = pair(delta_r, BM, j);
 #pragma unroll
             for (int e = 0; e < 4; ++e) dpt[j][e] = st[j][e] * (dpt[j][e] - ((e & 1) ? d2.y : d2.x));
         }
