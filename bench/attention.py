@@ -11,8 +11,8 @@ call before the first starts) and the host microseconds per call, FLAME and torc
 Run: PYTHONPATH=$PWD python3 bench/attention.py [--reps 25] [--only flux-1024,sdxl-cross]
      PYTHONPATH=$PWD python3 bench/attention.py --only flux-1024 --key-mask 129   (Chroma's masked T5 padding)
      PYTHONPATH=$PWD python3 bench/attention.py --fwd-variants plain,cpasync,plain:128x2x3   (the sm90 forward's
-     variants, A/B; no torch needed: pingpong = SM90_FWD_PINGPONG, cpasync = SM90_FWD_TMA off, ":BNxNWGxSTAGES" its
-     tiles)
+     variants, A/B; no torch needed: pingpong = SM90_FWD_PINGPONG, overlap = SM90_FWD_OVERLAP, cpasync =
+     SM90_FWD_TMA off, ":BNxNWGxSTAGES" its tiles)
      PYTHONPATH=$PWD python3 bench/attention.py --bwd-variants plain,tail,tail:0.08,cpasync   (the backward alone:
      its tail schedule off / on, Q / dO by cp.async instead of TMA; no torch needed)
 """
@@ -178,17 +178,19 @@ def measure_key_mask(res, torch, name, B, H, Lq, Lk, D, reps, inner, kept, text=
     torch.cuda.empty_cache()
 
 
-# the sm90 forward's variants: (SM90_FWD_PINGPONG, SM90_FWD_TMA) -- the schedule and how K / V are loaded; a
-# variant may name its tiles too, "plain:128x2x3" (BN keys per tile, consumer warpgroups, K / V stages)
-FWD_VARIANTS = {"plain": (False, True), "pingpong": (True, True), "cpasync": (False, False),
-                "pingpong-cpasync": (True, False)}
+# the sm90 forward's variants: (SM90_FWD_PINGPONG, SM90_FWD_TMA, SM90_FWD_OVERLAP) -- the schedule and how K / V
+# are loaded; a variant may name its tiles too, "plain:128x2x3" (BN keys per tile, consumer warpgroups, K / V stages)
+FWD_SWITCHES = ("SM90_FWD_PINGPONG", "SM90_FWD_TMA", "SM90_FWD_OVERLAP")
+FWD_VARIANTS = {"plain": (False, True, False), "pingpong": (True, True, False), "overlap": (False, True, True),
+                "cpasync": (False, False, False), "pingpong-cpasync": (True, False, False),
+                "overlap-cpasync": (False, False, True)}
 SMEM_OPTIN = 232448  # the H100 / H200's shared memory per block (opt-in), static included
 
 
 def parse_fwd_variant(v, D):
-    """(pingpong, tma, tiles or None) of a --fwd-variants entry "schedule[:BNxNWGxSTAGES]" at head dim D; ValueError
-    names what is wrong (an unknown schedule, tiles that are not three ints, or that need more shared memory than a
-    block gets)."""
+    """(pingpong, tma, overlap, tiles or None) of a --fwd-variants entry "schedule[:BNxNWGxSTAGES]" at head dim D;
+    ValueError names what is wrong (an unknown schedule, tiles that are not three ints, or that need more shared
+    memory than a block gets)."""
     name, _, t = v.partition(":")
     if name not in FWD_VARIANTS:
         raise ValueError(f"--fwd-variants: unknown schedule {name!r} in {v!r} (one of {', '.join(FWD_VARIANTS)})")
@@ -247,12 +249,13 @@ def measure_fwd_variants(res, name, B, H, Lq, Lk, D, reps, inner, variants, roun
         return
     fns, inputs, current = {}, None, [None]
     for v in variants:  # the same seed: every variant reads the same q, k, v
-        fns[v], _, inputs = flame_fns(B, H, Lq, Lk, D, tiles=parsed[v][2])
+        fns[v], _, inputs = flame_fns(B, H, Lq, Lk, D, tiles=parsed[v][3])
 
     def setting(v):
-        A.SM90_FWD_PINGPONG, A.SM90_FWD_TMA = parsed[v][:2]
+        for name, on in zip(FWD_SWITCHES, parsed[v][:3]):
+            setattr(A, name, on)
         current[0] = fns[v]
-    samples, gpu, outs = _alternate(A, ("SM90_FWD_PINGPONG", "SM90_FWD_TMA"), setting, lambda: current[0](),
+    samples, gpu, outs = _alternate(A, FWD_SWITCHES, setting, lambda: current[0](),
                                     variants, rounds, reps, inner, lambda out: (out[0].copy(), out[1].copy()),
                                     gpu_too=True)
     flops = 4.0 * B * H * Lq * Lk * D

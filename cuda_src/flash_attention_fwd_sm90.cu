@@ -40,10 +40,191 @@ struct FaTmaps {
     q, k, v, o, lse, mask, H, Lq, Lk, d, q_sb, q_sh, q_sl, k_sb, k_sh, k_sl, v_sb, v_sh, v_sl, o_sb, o_sh, o_sl, m_sb, \
         m_sh, m_sq, m_sk, scale_log2, causal
 
+// OV = 1: FA3's intra-warpgroup overlap (not with PP) -- a consumer warpgroup issues S of a key tile and P V of the
+// previous one back to back and runs the tile's softmax while P V is on the tensor cores:
+//   S_0 = Q K_0^T; mask, softmax(S_0) -> P_0 (fp32, in place) and corr (O's rescale factor); pack P_0
+//   for it = 1 ..: issue S_it; O *= corr; issue O += P_{it-1} V_{it-1}; wait for S_it;
+//                  mask, softmax(S_it) -> P_it and corr (O and the packed P untouched: P V is in flight);
+//                  wait for P V; pack P_it
+//   O *= corr; O += P_last V_last
+// K and V stages are released apart (empty_k after the S that reads K, empty after the P V that reads V), so the
+// producer refills a K stage while its V is still read. A tile that reads a mask element by element (kinds 1, 2;
+// FA_MASK_KEYPAD's mixed tiles) waits for P V before its mask: those reads do not fit in the registers left. The
+// same arithmetic in the same order as the plain schedule (bit-equal outputs). First built in 1b5d93b on the cp.async
+// producer, which bounded the forward then (timed 1.6-5.4% slower, removed in 2eac2ce); here on the TMA producer.
+template <typename T, int D, int BN, int NWG, int STAGES, int MASK, int TMA, typename FK, typename FV, typename EV,
+          typename EK>
+__device__ __forceinline__ void fa_fwd_sm90_overlap_loop(
+    float (&acc_o)[D / 8][4], float (&s_acc)[BN / 8][4], float (&row_m)[2], float (&row_l)[2], int n_blocks, int Lq,
+    int Lk, int causal, const void* mask, fa_i64 moff, fa_i64 m_sq, fa_i64 m_sk, float scale_log2, float sl2,
+    int wrow, int g, int t4, int lane, int wg, unsigned sQ, unsigned sK, unsigned sV, const unsigned char* kpad,
+    FK full_k, FV full_v, EV empty, EK empty_k) {
+    constexpr int BM = NWG * 64;
+    constexpr int NTS = BN / 8, NTO = D / 8;
+    constexpr unsigned KV_BYTES = BN * D * 2;
+    constexpr bool PRESCALED = MASK == FA_MASK_FLOAT;
+    constexpr bool KEYPAD = MASK == FA_MASK_KEYPAD;
+    constexpr int EMASK = KEYPAD ? FA_MASK_BOOL : MASK;
+    // the kind of the key tile at n0: FA_MASK_KEYPAD classifies it by its granules (kept, masked or mixed); under the
+    // other mask kinds every tile is mixed (read element by element)
+    auto tile_kind = [&](int n0) {
+        int tile = FA_KEYPAD_MIXED;
+        if constexpr (KEYPAD) {
+            bool any = false, all = true;
+            for (int gi = n0 / 64; gi < min((Lk + 63) / 64, (n0 + BN) / 64); ++gi) {
+                any |= kpad[gi] != FA_KEYPAD_MASKED;
+                all &= kpad[gi] == FA_KEYPAD_KEPT;
+            }
+            tile = all ? FA_KEYPAD_KEPT : (any ? FA_KEYPAD_MIXED : FA_KEYPAD_MASKED);
+        }
+        return tile;
+    };
+    // the mask through an opaque copy of its pointer: plain (coherent) loads, which ptxas keeps below the acquire fence
+    // further down (ld.global.nc, which __restrict__ gives, it hoists above fences and wgmma issues)
+    const void* mask_c;
+    asm("mov.b64 %0, %1;" : "=l"(mask_c) : "l"(mask));
+    // mask the scores of the key tile at n0 (the plain loop's rule: key padding, causal, user mask); a FA_MASK_KEYPAD
+    // tile of masked keys goes through the same loop (a separate fill costs registers)
+    auto mask_scores = [&](int n0, int tile) {
+        const bool masked = KEYPAD && tile == FA_KEYPAD_MASKED;
+        if (masked || (MASK != FA_MASK_NONE && tile == FA_KEYPAD_MIXED) || n0 + BN > Lk ||
+            (causal && n0 + BN - 1 > wrow)) {
+            const bool elementwise = MASK != FA_MASK_NONE && tile == FA_KEYPAD_MIXED;
+#pragma unroll
+            for (int nt = 0; nt < NTS; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int row = wrow + g + (e >> 1) * 8;
+                    const int col = n0 + nt * 8 + t4 * 2 + (e & 1);
+                    float add;
+                    const bool keep = elementwise
+                        ? fa_keep<EMASK>(row, col, Lq, Lk, causal, mask_c, moff, m_sq, m_sk, add)
+                        : fa_keep<FA_MASK_NONE>(row, col, Lq, Lk, causal, mask_c, moff, m_sq, m_sk, add);
+                    float x = s_acc[nt][e];
+                    if (PRESCALED) x = fmaf(x, scale_log2, add);
+                    s_acc[nt][e] = keep && !masked ? x : FA_NEG_INF;
+                }
+        }
+    };
+    fa_u32 pa[BN / 16][4];  // P (fp32 in s_acc) as the A fragments of O += P V
+    auto pack_p = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            pa[kk][0] = FaType<T>::pack(s_acc[2 * kk][0], s_acc[2 * kk][1]);
+            pa[kk][1] = FaType<T>::pack(s_acc[2 * kk][2], s_acc[2 * kk][3]);
+            pa[kk][2] = FaType<T>::pack(s_acc[2 * kk + 1][0], s_acc[2 * kk + 1][1]);
+            pa[kk][3] = FaType<T>::pack(s_acc[2 * kk + 1][2], s_acc[2 * kk + 1][3]);
+        }
+    };
+    auto issue_s = [&](int s) {  // S = Q K^T on stage s (one commit group)
+        wg_fence();
+        wg_pin(s_acc);
+        wg_gemm_kmajor<T, BN, D>(s_acc, sQ + wg * 64 * 128, BM, sK + s * KV_BYTES, BN);
+        wg_commit();
+    };
+    auto issue_pv = [&](int s) {  // O += P V on stage s (one commit group)
+        wg_fence();
+        wg_pin(acc_o);
+        const wg_u64 d_v = wg_desc(sV + s * KV_BYTES, BN * 128);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+            Wg<T, D>::template rs<1>(acc_o, pa[kk], wg_desc_at(d_v, kk * 16 * 128), 1);
+        wg_commit();
+    };
+    // online softmax of s_acc without touching O (a P V may be in flight): P = exp2(S - rowmax) in place, the running
+    // sum, and corr, the factor that moves O from the old row maximum to the new one
+    float corr[2];
+    auto softmax = [&]() {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            float mx = FA_NEG_INF;
+#pragma unroll
+            for (int nt = 0; nt < NTS; ++nt) mx = fmaxf(mx, fmaxf(s_acc[nt][2 * hh], s_acc[nt][2 * hh + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(row_m[hh], mx);
+            const float ms = m_new == FA_NEG_INF ? 0.f : m_new * sl2;
+            corr[hh] = fa_exp2(row_m[hh] * sl2 - ms);
+            row_m[hh] = m_new;
+            float l = row_l[hh] * corr[hh];
+#pragma unroll
+            for (int nt = 0; nt < NTS; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float p = fa_exp2(fmaf(s_acc[nt][2 * hh + e], sl2, -ms));
+                    s_acc[nt][2 * hh + e] = p;
+                    l += p;
+                }
+            row_l[hh] = l;
+        }
+    };
+    auto rescale_o = [&]() {  // O *= corr (no P V in flight); a warp whose factors are all exactly 1 skips it
+        if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+            for (int dt = 0; dt < NTO; ++dt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc_o[dt][e] *= corr[e >> 1];
+        }
+    };
+    // K of key tile it has landed (each turn waits for the next turn's K before its own P V: the spin loop also keeps
+    // ptxas from scheduling that P V's wait above the softmax); TMA-written stages need no proxy fence (see the plain
+    // loop), cp.async-written ones do
+    auto wait_k = [&](int it) { mbar_wait(full_k(it % STAGES), (it / STAGES) & 1); };
+    if (n_blocks > 0) {  // key tile 0: S, softmax
+        wait_k(0);
+        if constexpr (!TMA) fence_proxy_async();
+        issue_s(0);
+        wg_wait<0>();
+        wg_pin(s_acc);
+        if (lane == 0) mbar_arrive(empty_k(0));
+        const int n0 = (n_blocks - 1) * BN;
+        mask_scores(n0, tile_kind(n0));
+        softmax();
+        pack_p();
+        if (n_blocks > 1) wait_k(1);
+    }
+    for (int it = 1; it < n_blocks; ++it) {
+        const int s = it % STAGES, sp = (it - 1) % STAGES;
+        if constexpr (!TMA) fence_proxy_async();  // (K of this tile: waited for at the end of the previous turn)
+        issue_s(s);
+        rescale_o();                  // to the previous tile's row maximum, while S is on the tensor cores
+        mbar_wait(full_v(sp), ((it - 1) / STAGES) & 1);
+        if constexpr (!TMA) fence_proxy_async();
+        issue_pv(sp);                 // O += P_{it-1} V_{it-1}, on the tensor cores during this tile's softmax
+        const int n0 = (n_blocks - 1 - it) * BN, tile = tile_kind(n0);
+        wg_wait<1>();                 // S of this tile is done
+        wg_pin(s_acc);
+        if (lane == 0) mbar_arrive(empty_k(s));
+        if (MASK != FA_MASK_NONE && tile == FA_KEYPAD_MIXED) {
+            // a tile that reads the mask element by element waits for P V first: its reads (which ptxas hoists as far
+            // as the acquire fence lets it) and 64 mask values do not fit beside O, P and S in flight
+            wg_wait<0>();
+            asm volatile("fence.acq_rel.cta;\n" ::: "memory");
+        }
+        mask_scores(n0, tile);
+        softmax();
+        if (it + 1 < n_blocks) wait_k(it + 1);
+        wg_wait<0>();                 // P V is done: O and the P registers are free
+        wg_pin(acc_o);
+        if (lane == 0) mbar_arrive(empty(sp));
+        pack_p();
+    }
+    if (n_blocks > 0) {  // O += P V of the last tile
+        const int sp = (n_blocks - 1) % STAGES;
+        rescale_o();
+        mbar_wait(full_v(sp), ((n_blocks - 1) / STAGES) & 1);
+        if constexpr (!TMA) fence_proxy_async();
+        issue_pv(sp);
+        wg_wait<0>();
+        wg_pin(acc_o);
+        if (lane == 0) mbar_arrive(empty(sp));
+    }
+}
+
 // TMA = 1: the producer's K / V tiles come by the tensor memory accelerator (one thread issues a 64-column box of BN
 // rows per slab, zero-filled past the keys and the head dim; `tm` holds the maps of K and V as 4-D (d, Lk, H, B)
 // tensors); TMA = 0: its warps 0 and 1 copy them with cp.async.
-template <typename T, int D, int BN, int NWG, int STAGES, int MASK, int PP, int TMA>
+template <typename T, int D, int BN, int NWG, int STAGES, int MASK, int PP, int TMA, int OV>
 __device__ __forceinline__ void fa_fwd_sm90_body(FA_FWD_SM90_PARAMS, const FaTmaps* tm) {
     constexpr int BM = NWG * 64;
     constexpr int SLABS = D / 64;
@@ -54,11 +235,13 @@ __device__ __forceinline__ void fa_fwd_sm90_body(FA_FWD_SM90_PARAMS, const FaTma
     constexpr int EMASK = KEYPAD ? FA_MASK_BOOL : MASK;  // a mixed tile's element-wise rule
     static_assert(D % 64 == 0 && BN % 64 == 0 && BN <= 256 && D <= 256, "tile shape");
     static_assert(!PP || NWG == 2, "ping-pong takes two consumer warpgroups");
+    static_assert(!(PP && OV), "the ping-pong and the intra-warpgroup overlap are separate schedules");
     constexpr int PP_BAR = 3;     // named barriers PP_BAR + wg: "wg may issue its next product" (1, 2: the Q loads)
     constexpr unsigned Q_BYTES = BM * D * 2, KV_BYTES = BN * D * 2;
 
     extern __shared__ unsigned char fa_smem[];
-    __shared__ __align__(8) unsigned long long bars[3 * STAGES];  // full_k[S], full_v[S], empty[S]
+    // full_k[S], full_v[S], empty[S] (OV: the V stages' release), OV: empty_k[S]
+    __shared__ __align__(8) unsigned long long bars[(OV ? 4 : 3) * STAGES];
     __shared__ unsigned char kpad[KEYPAD ? FA_KEYPAD_GRANULES : 1];  // FA_MASK_KEYPAD: each granule's kind
     const unsigned base = (fa_smem_addr(fa_smem) + 1023u) & ~1023u;
     const unsigned sQ = base, sK = sQ + Q_BYTES, sV = sK + STAGES * KV_BYTES;
@@ -66,6 +249,7 @@ __device__ __forceinline__ void fa_fwd_sm90_body(FA_FWD_SM90_PARAMS, const FaTma
     auto full_k = [&](int s) { return bar0 + 8u * s; };
     auto full_v = [&](int s) { return bar0 + 8u * (STAGES + s); };
     auto empty = [&](int s) { return bar0 + 8u * (2 * STAGES + s); };
+    auto empty_k = [&](int s) { return bar0 + 8u * (3 * STAGES + s); };
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int m_block = gridDim.x - 1 - blockIdx.x;  // under a causal mask the longest blocks start first
@@ -83,6 +267,7 @@ __device__ __forceinline__ void fa_fwd_sm90_body(FA_FWD_SM90_PARAMS, const FaTma
             mbar_init(full_k(s), TMA ? 1 : 32);
             mbar_init(full_v(s), TMA ? 1 : 32);
             mbar_init(empty(s), NWG * 4);
+            if constexpr (OV) mbar_init(empty_k(s), NWG * 4);
         }
         if (TMA) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -110,11 +295,13 @@ __device__ __forceinline__ void fa_fwd_sm90_body(FA_FWD_SM90_PARAMS, const FaTma
             if (pw == 0 && lane == 0) {
                 for (int it = 0; it < n_blocks; ++it) {
                     const int n0 = (n_blocks - 1 - it) * BN, s = it % STAGES;
-                    if (it >= STAGES) mbar_wait(empty(s), ((it / STAGES) - 1) & 1);
+                    // (OV: K and V stages are released apart -- a K stage refills while its V is still read)
+                    if (it >= STAGES) mbar_wait(OV ? empty_k(s) : empty(s), ((it / STAGES) - 1) & 1);
                     mbar_arrive_expect_tx(full_k(s), KV_BYTES);
 #pragma unroll
                     for (int sl = 0; sl < SLABS; ++sl)
                         tma_load_4d(sK + s * KV_BYTES + sl * BN * 128, &tm->k, sl * 64, n0, h, b, full_k(s));
+                    if (OV && it >= STAGES) mbar_wait(empty(s), ((it / STAGES) - 1) & 1);
                     mbar_arrive_expect_tx(full_v(s), KV_BYTES);
 #pragma unroll
                     for (int sl = 0; sl < SLABS; ++sl)
@@ -127,7 +314,7 @@ __device__ __forceinline__ void fa_fwd_sm90_body(FA_FWD_SM90_PARAMS, const FaTma
             const unsigned dst = pw == 0 ? sK : sV;
             for (int it = 0; it < n_blocks; ++it) {
                 const int n0 = (n_blocks - 1 - it) * BN, s = it % STAGES;
-                if (it >= STAGES) mbar_wait(empty(s), ((it / STAGES) - 1) & 1);
+                if (it >= STAGES) mbar_wait(OV && pw == 0 ? empty_k(s) : empty(s), ((it / STAGES) - 1) & 1);
                 fa_load_slabs<BN, SLABS>(dst + s * KV_BYTES, src + (fa_i64)n0 * ld, ld, Lk - n0, d, lane);
                 mbar_cp_async_arrive(pw == 0 ? full_k(s) : full_v(s));
             }
@@ -162,6 +349,11 @@ __device__ __forceinline__ void fa_fwd_sm90_body(FA_FWD_SM90_PARAMS, const FaTma
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc_o[j][e] = 0.f;
     float row_m[2] = {FA_NEG_INF, FA_NEG_INF}, row_l[2] = {0.f, 0.f};
+    if constexpr (OV) {
+        fa_fwd_sm90_overlap_loop<T, D, BN, NWG, STAGES, MASK, TMA>(
+            acc_o, s_acc, row_m, row_l, n_blocks, Lq, Lk, causal, mask, moff, m_sq, m_sk, scale_log2, sl2, wrow, g,
+            t4, lane, wg, sQ, sK, sV, kpad, full_k, full_v, empty, empty_k);
+    } else {
     if constexpr (PP)
         if (wg == 1) named_bar_arrive(PP_BAR, 256);  // warpgroup 0 issues first
 
@@ -281,6 +473,7 @@ __device__ __forceinline__ void fa_fwd_sm90_body(FA_FWD_SM90_PARAMS, const FaTma
 
     if constexpr (PP)
         if (wg == 0) named_bar_sync(PP_BAR, 256);  // warpgroup 1's last arrival (every arrival is matched)
+    }
 
     // O /= rowsum; logsumexp
 #pragma unroll
@@ -305,13 +498,13 @@ __device__ __forceinline__ void fa_fwd_sm90_body(FA_FWD_SM90_PARAMS, const FaTma
     }
 }
 
-template <typename T, int D, int BN, int NWG, int STAGES, int MASK, int PP = 0>
+template <typename T, int D, int BN, int NWG, int STAGES, int MASK, int PP = 0, int OV = 0>
 __global__ void __launch_bounds__(NWG * 128 + 128, 1) flash_attn_fwd_sm90(FA_FWD_SM90_PARAMS) {
-    fa_fwd_sm90_body<T, D, BN, NWG, STAGES, MASK, PP, 0>(FA_FWD_SM90_ARGS, nullptr);
+    fa_fwd_sm90_body<T, D, BN, NWG, STAGES, MASK, PP, 0, OV>(FA_FWD_SM90_ARGS, nullptr);
 }
 
-template <typename T, int D, int BN, int NWG, int STAGES, int MASK, int PP = 0>
+template <typename T, int D, int BN, int NWG, int STAGES, int MASK, int PP = 0, int OV = 0>
 __global__ void __launch_bounds__(NWG * 128 + 128, 1)
 flash_attn_fwd_sm90_tma(FA_FWD_SM90_PARAMS, const __grid_constant__ FaTmaps tm) {
-    fa_fwd_sm90_body<T, D, BN, NWG, STAGES, MASK, PP, 1>(FA_FWD_SM90_ARGS, &tm);
+    fa_fwd_sm90_body<T, D, BN, NWG, STAGES, MASK, PP, 1, OV>(FA_FWD_SM90_ARGS, &tm);
 }

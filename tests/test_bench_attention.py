@@ -11,9 +11,10 @@ import attention  # noqa: E402
 
 
 def test_schedules_and_tiles_parse():
-    assert attention.parse_fwd_variant("plain", 128) == (False, True, None)
-    assert attention.parse_fwd_variant("pingpong:128x2x3", 128) == (True, True, (128, 2, 3))
-    assert attention.parse_fwd_variant("cpasync:64x1x4", 64) == (False, False, (64, 1, 4))
+    assert attention.parse_fwd_variant("plain", 128) == (False, True, False, None)
+    assert attention.parse_fwd_variant("pingpong:128x2x3", 128) == (True, True, False, (128, 2, 3))
+    assert attention.parse_fwd_variant("overlap", 128) == (False, True, True, None)
+    assert attention.parse_fwd_variant("cpasync:64x1x4", 64) == (False, False, False, (64, 1, 4))
 
 
 @pytest.mark.parametrize("entry, words", [
@@ -30,4 +31,11 @@ def test_entries_the_kernel_cannot_run_are_refused(entry, words):
 
 def test_three_stages_of_128_keys_fit_at_head_dim_128():
     # (128 query rows + 2 x 3 x 128 keys) x 128 x 2 bytes + alignment: under the 232448 bytes a block gets
-    assert attention.parse_fwd_variant("plain:128x2x3", 128)[2] == (128, 2, 3)
+    assert attention.parse_fwd_variant("plain:128x2x3", 128)[3] == (128, 2, 3)
+
+
+def test_the_variants_name_module_switches_that_exist():
+    from flame_core.kernels import attention as A
+    for name in attention.FWD_SWITCHES:
+        assert isinstance(getattr(A, name), bool), name
+    assert all(len(v) == len(attention.FWD_SWITCHES) for v in attention.FWD_VARIANTS.values())

@@ -55,8 +55,11 @@ SM90_FWD_PINGPONG = False
 # cp.async producer bounded the forward: H200, Flux 1024², 0.629 ms, or 0.464 with its copies left out (a probe, not
 # a result). False: cp.async everywhere (A/B).
 SM90_FWD_TMA = True
-# FA3's intra-warpgroup overlap (S of the next key tile issued before this tile's softmax and P V) was built and timed
-# on the H200 (commit 1b5d93b, BENCHMARKS "Flash attention"): bit-equal but 1.6-5.4% slower on every shape; removed.
+# FA3's intra-warpgroup overlap (S of the next key tile issued before this tile's P V's wait, its softmax while P V
+# runs; the kernels' OV template flag, not with the ping-pong): first built and timed on the H200 while the cp.async
+# producer bounded the forward (1b5d93b: bit-equal but 1.6-5.4% slower on every shape; removed in 2eac2ce); built again
+# on the TMA producer, off until timed (bench/attention.py --fwd-variants plain,overlap).
+SM90_FWD_OVERLAP = False
 SMALL_LK = 128  # at most this many keys (one key block, e.g. SDXL's 77 text tokens) the forward runs the sm_80
 # kernel's small tiles: 4 CTAs per SM beat the Hopper kernel's one (GPU time 0.019 vs 0.024 ms at SDXL cross, H100)
 # Hopper backward, cuda_src/flash_attention_bwd_sm90.cu: (consumer warpgroups, stages, BM) per padded head dim; a
@@ -291,11 +294,12 @@ def sm90_fwd_smem(D, BN, NWG, STAGES):
     return 1024 + (64 * NWG + 2 * STAGES * BN) * D * 2
 
 
-def sm90_fwd_expression(D, BN, NWG, STAGES, kind, pp, tma=False):
+def sm90_fwd_expression(D, BN, NWG, STAGES, kind, pp, tma=False, ov=0):
     """The name expression of one sm90 forward instantiation (the launch and tools/build_kernels.py share it, so
-    that every default one is prebuilt); tma: the kernel whose producer loads by TMA."""
+    that every default one is prebuilt); tma: the kernel whose producer loads by TMA; ov: the intra-warpgroup overlap
+    (SM90_FWD_OVERLAP)."""
     name = "flash_attn_fwd_sm90_tma" if tma else "flash_attn_fwd_sm90"
-    return f"{name}<{{T}}, {D}, {BN}, {NWG}, {STAGES}, {kind}, {pp}>"
+    return f"{name}<{{T}}, {D}, {BN}, {NWG}, {STAGES}, {kind}, {pp}" + (", 1>" if ov else ">")
 
 
 def sm90_bwd_expression(D, NWG, STAGES, kind, BM, dqb, tma=False):
@@ -355,7 +359,7 @@ _F32 = np.dtype(np.float32)
 def _fwd_key(q, k, v, is_causal, scale, tiles):
     """The key of an unmasked forward's plan in _fwd_plans."""
     return (q.shape, q.strides, k.shape, k.strides, v.shape, v.strides, q.dtype, is_causal, scale,
-            q.data.device_id, SM90_FWD, SM90_FWD_PINGPONG, SM90_FWD_TMA, tiles, threading.get_ident())
+            q.data.device_id, SM90_FWD, SM90_FWD_PINGPONG, SM90_FWD_TMA, SM90_FWD_OVERLAP, tiles, threading.get_ident())
 
 
 _qkv_plans = KL.LaunchCache(MAX_PLANS)   # per packed-qkv configuration: (launch, TMA encoders, out / lse shapes, step)
@@ -374,7 +378,7 @@ def qkv_attention_forward(qkv, heads, is_causal, scale):
     B, Lq, W = qkv.shape
     p = qkv.data.ptr
     dt = qkv.dtype
-    key = (qkv.shape, dt, heads, is_causal, scale, SM90_FWD, SM90_FWD_PINGPONG, SM90_FWD_TMA)
+    key = (qkv.shape, dt, heads, is_causal, scale, SM90_FWD, SM90_FWD_PINGPONG, SM90_FWD_TMA, SM90_FWD_OVERLAP)
     entry = _qkv_plans.get(key)
     if entry is not None and not p & 15 and L.enabled():
         launch, maps, o_shape, lse_shape, step = entry
@@ -437,11 +441,12 @@ def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
         BM = 64 * NWG
         smem = sm90_fwd_smem(D, BN, NWG, STAGES)
         pp = int(SM90_FWD_PINGPONG and NWG == 2)
+        ov = int(SM90_FWD_OVERLAP and not pp)
         if _keypad(kind, ms) and Lk <= KEYPAD_MAX_LK:
             kind = MASK_KEYPAD
         maps = _kv_maps(ka, va, e_pad, BN)
-        fn = _kernel("flash_attention_fwd_sm90", sm90_fwd_expression(D, BN, NWG, STAGES, kind, pp, maps is not None),
-                     q.dtype, smem)
+        expr = sm90_fwd_expression(D, BN, NWG, STAGES, kind, pp, maps is not None, ov)
+        fn = _kernel("flash_attention_fwd_sm90", expr, q.dtype, smem)
         block = ((NWG + 1) * 128, 1, 1)
     else:
         BM, BN, NW, OPT = tiles or _fwd_tiles(D, B, H, Lq, mask is not None, Lk)

@@ -373,7 +373,7 @@ def _gpu_inputs(rng, case, dt):
 @pytest.mark.gpu
 # the Hopper kernels (forward and backward; the backward's dQ through bulk reductions or through atomics) or the
 # sm_80 ones
-@pytest.mark.parametrize("fwd", ["sm90", "sm90-atomic-dq", "sm90-cp-async", "sm80"])
+@pytest.mark.parametrize("fwd", ["sm90", "sm90-atomic-dq", "sm90-cp-async", "sm90-overlap", "sm80"])
 @pytest.mark.parametrize("dt", ["bfloat16", "float16"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:5])) + f"-{c[5]}-{'causal' * c[6]}{c[7]}")
 def test_flash_kernel_against_float64(rng, monkeypatch, dt, case, fwd):
@@ -384,6 +384,7 @@ def test_flash_kernel_against_float64(rng, monkeypatch, dt, case, fwd):
     monkeypatch.setattr(K, "SM90_BWD_BULK_DQ", fwd != "sm90-atomic-dq")
     monkeypatch.setattr(K, "SM90_FWD_TMA", fwd != "sm90-cp-async")
     monkeypatch.setattr(K, "SM90_BWD_TMA", fwd != "sm90-cp-async")
+    monkeypatch.setattr(K, "SM90_FWD_OVERLAP", fwd == "sm90-overlap")
     host, (q, k, v, do), mask, dmask, causal = _gpu_inputs(rng, case, np.dtype(BF16 if dt == "bfloat16" else dt))
     before = launching.launches
     o, lse = K.flash_attention_forward(q, k, v, dmask, causal)
@@ -403,6 +404,29 @@ def test_flash_kernel_against_float64(rng, monkeypatch, dt, case, fwd):
         assert g.shape == w.shape and g.dtype == q.dtype and g2.strides == g.strides
         assert rel_err(g, w) < tol, f"{name}: {rel_err(g, w)}"
         assert rel_err(g2, w) < tol, f"{name} (second call): {rel_err(g2, w)}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tma", [True, False])
+@pytest.mark.parametrize("case", [c for c in CASES if c[4] in (64, 128) and c[3] > K.SMALL_LK],
+                         ids=lambda c: "x".join(map(str, c[:5])) + f"-{c[5]}-{'causal' * c[6]}{c[7]}")
+def test_the_overlap_schedule_gives_the_plain_schedules_numbers_bit_for_bit(rng, monkeypatch, case, tma):
+    """The sm90 forward's intra-warpgroup overlap (SM90_FWD_OVERLAP: S of a key tile issued before the previous
+    tile's P V is waited for) does the plain loop's arithmetic in the plain loop's order: the same O and lse, bit for
+    bit, for every mask kind, causal or not, K / V by TMA or cp.async."""
+    if not loader.arch_available("sm_90a"):
+        pytest.skip("needs a compute capability 9.0 GPU")
+    monkeypatch.setattr(K, "SM90_FWD_TMA", tma)
+    _, (q, k, v, _), _, dmask, causal = _gpu_inputs(rng, case, np.dtype(BF16))
+    out = {}
+    for ov in (False, True):
+        monkeypatch.setattr(K, "SM90_FWD_OVERLAP", ov)
+        out[ov] = K.flash_attention_forward(q, k, v, dmask, causal)
+    (o0, l0), (o1, l1) = out[False], out[True]
+    assert any(e.endswith(", 1>") for stem, e, _ in K._functions if stem == "flash_attention_fwd_sm90"), \
+        "the overlap kernel did not run"
+    assert bool((o1 == o0).all()), float(abs(o1.astype(np.float32) - o0.astype(np.float32)).max())
+    assert bool((l1 == l0).all())   # (+inf, a row that attends nothing, equals itself)
 
 
 @pytest.mark.gpu
