@@ -40,6 +40,61 @@ struct FaTmaps {
     q, k, v, o, lse, mask, H, Lq, Lk, d, q_sb, q_sh, q_sl, k_sb, k_sh, k_sl, v_sb, v_sh, v_sl, o_sb, o_sh, o_sl, m_sb, \
         m_sh, m_sq, m_sk, scale_log2, causal
 
+// The online softmax of one key tile's scores (fp32 in s_acc, in place): P = exp2(S * sl2 - rowmax), the running
+// maxima and sums, and corr, the factor that moves O from the old row maximum to the new one (O is not touched:
+// fa_sm90_rescale applies it, when no P V is in flight).
+template <int NTS>
+__device__ __forceinline__ void fa_sm90_softmax(float (&s_acc)[NTS][4], float (&row_m)[2], float (&row_l)[2],
+                                                float (&corr)[2], float sl2) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        float mx = FA_NEG_INF;
+#pragma unroll
+        for (int nt = 0; nt < NTS; ++nt) mx = fmaxf(mx, fmaxf(s_acc[nt][2 * hh], s_acc[nt][2 * hh + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(row_m[hh], mx);
+        const float ms = m_new == FA_NEG_INF ? 0.f : m_new * sl2;
+        corr[hh] = fa_exp2(row_m[hh] * sl2 - ms);
+        row_m[hh] = m_new;
+        float l = row_l[hh] * corr[hh];
+#pragma unroll
+        for (int nt = 0; nt < NTS; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float p = fa_exp2(fmaf(s_acc[nt][2 * hh + e], sl2, -ms));
+                s_acc[nt][2 * hh + e] = p;
+                l += p;
+            }
+        row_l[hh] = l;
+    }
+}
+
+// O *= corr. Once the row maxima settle (most key tiles of a long row) every factor is exactly 1: a warp whose
+// factors all are skips the multiplication (x * 1.0f is x, so the result is the same bit for bit).
+template <int NTO>
+__device__ __forceinline__ void fa_sm90_rescale(float (&acc_o)[NTO][4], const float (&corr)[2]) {
+    if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+        for (int dt = 0; dt < NTO; ++dt) {
+            acc_o[dt][0] *= corr[0], acc_o[dt][1] *= corr[0];
+            acc_o[dt][2] *= corr[1], acc_o[dt][3] *= corr[1];
+        }
+    }
+}
+
+// P (fp32 in s_acc) as the register A fragments of O += P V.
+template <typename T, int NTS>
+__device__ __forceinline__ void fa_sm90_pack(fa_u32 (&pa)[NTS / 2][4], const float (&s_acc)[NTS][4]) {
+#pragma unroll
+    for (int kk = 0; kk < NTS / 2; ++kk) {
+        pa[kk][0] = FaType<T>::pack(s_acc[2 * kk][0], s_acc[2 * kk][1]);
+        pa[kk][1] = FaType<T>::pack(s_acc[2 * kk][2], s_acc[2 * kk][3]);
+        pa[kk][2] = FaType<T>::pack(s_acc[2 * kk + 1][0], s_acc[2 * kk + 1][1]);
+        pa[kk][3] = FaType<T>::pack(s_acc[2 * kk + 1][2], s_acc[2 * kk + 1][3]);
+    }
+}
+
 // OV = 1: FA3's intra-warpgroup overlap (not with PP) -- a consumer warpgroup issues S of a key tile and P V of the
 // previous one back to back and runs the tile's softmax while P V is on the tensor cores:
 //   S_0 = Q K_0^T; mask, softmax(S_0) -> P_0 (fp32, in place) and corr (O's rescale factor); pack P_0
@@ -106,16 +161,8 @@ __device__ __forceinline__ void fa_fwd_sm90_overlap_loop(
                 }
         }
     };
-    fa_u32 pa[BN / 16][4];  // P (fp32 in s_acc) as the A fragments of O += P V
-    auto pack_p = [&]() {
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            pa[kk][0] = FaType<T>::pack(s_acc[2 * kk][0], s_acc[2 * kk][1]);
-            pa[kk][1] = FaType<T>::pack(s_acc[2 * kk][2], s_acc[2 * kk][3]);
-            pa[kk][2] = FaType<T>::pack(s_acc[2 * kk + 1][0], s_acc[2 * kk + 1][1]);
-            pa[kk][3] = FaType<T>::pack(s_acc[2 * kk + 1][2], s_acc[2 * kk + 1][3]);
-        }
-    };
+    fa_u32 pa[BN / 16][4];
+    auto pack_p = [&]() { fa_sm90_pack<T, NTS>(pa, s_acc); };
     auto issue_s = [&](int s) {  // S = Q K^T on stage s (one commit group)
         wg_fence();
         wg_pin(s_acc);
@@ -131,41 +178,10 @@ __device__ __forceinline__ void fa_fwd_sm90_overlap_loop(
             Wg<T, D>::template rs<1>(acc_o, pa[kk], wg_desc_at(d_v, kk * 16 * 128), 1);
         wg_commit();
     };
-    // online softmax of s_acc without touching O (a P V may be in flight): P = exp2(S - rowmax) in place, the running
-    // sum, and corr, the factor that moves O from the old row maximum to the new one
+    // the online softmax leaves O alone (a P V may be in flight); O is rescaled before the next P V is issued
     float corr[2];
-    auto softmax = [&]() {
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            float mx = FA_NEG_INF;
-#pragma unroll
-            for (int nt = 0; nt < NTS; ++nt) mx = fmaxf(mx, fmaxf(s_acc[nt][2 * hh], s_acc[nt][2 * hh + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(row_m[hh], mx);
-            const float ms = m_new == FA_NEG_INF ? 0.f : m_new * sl2;
-            corr[hh] = fa_exp2(row_m[hh] * sl2 - ms);
-            row_m[hh] = m_new;
-            float l = row_l[hh] * corr[hh];
-#pragma unroll
-            for (int nt = 0; nt < NTS; ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float p = fa_exp2(fmaf(s_acc[nt][2 * hh + e], sl2, -ms));
-                    s_acc[nt][2 * hh + e] = p;
-                    l += p;
-                }
-            row_l[hh] = l;
-        }
-    };
-    auto rescale_o = [&]() {  // O *= corr (no P V in flight); a warp whose factors are all exactly 1 skips it
-        if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
-#pragma unroll
-            for (int dt = 0; dt < NTO; ++dt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc_o[dt][e] *= corr[e >> 1];
-        }
-    };
+    auto softmax = [&]() { fa_sm90_softmax<NTS>(s_acc, row_m, row_l, corr, sl2); };
+    auto rescale_o = [&]() { fa_sm90_rescale<NTO>(acc_o, corr); };
     // K of key tile it has landed (each turn waits for the next turn's K before its own P V: the spin loop also keeps
     // ptxas from scheduling that P V's wait above the softmax); TMA-written stages need no proxy fence (see the plain
     // loop), cp.async-written ones do
@@ -411,47 +427,12 @@ __device__ __forceinline__ void fa_fwd_sm90_body(FA_FWD_SM90_PARAMS, const FaTma
                 }
         }
 
-        // online softmax: rescale the running output, P = exp2(S - rowmax). Once the row maxima settle (most key
-        // tiles of a long row) every correction factor is exactly 1: a warp whose factors all are skips the
-        // multiplication of its output accumulators (x * 1.0f is x, so the result is the same bit for bit)
+        // online softmax, the running output rescaled, P packed
         float corr[2];
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            float mx = FA_NEG_INF;
-#pragma unroll
-            for (int nt = 0; nt < NTS; ++nt) mx = fmaxf(mx, fmaxf(s_acc[nt][2 * hh], s_acc[nt][2 * hh + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(row_m[hh], mx);
-            const float ms = m_new == FA_NEG_INF ? 0.f : m_new * sl2;
-            corr[hh] = fa_exp2(row_m[hh] * sl2 - ms);
-            row_m[hh] = m_new;
-            float l = row_l[hh] * corr[hh];
-#pragma unroll
-            for (int nt = 0; nt < NTS; ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float p = fa_exp2(fmaf(s_acc[nt][2 * hh + e], sl2, -ms));
-                    s_acc[nt][2 * hh + e] = p;
-                    l += p;
-                }
-            row_l[hh] = l;
-        }
-        if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
-#pragma unroll
-            for (int dt = 0; dt < NTO; ++dt) {
-                acc_o[dt][0] *= corr[0], acc_o[dt][1] *= corr[0];
-                acc_o[dt][2] *= corr[1], acc_o[dt][3] *= corr[1];
-            }
-        }
+        fa_sm90_softmax<NTS>(s_acc, row_m, row_l, corr, sl2);
+        fa_sm90_rescale<NTO>(acc_o, corr);
         fa_u32 pa[BN / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            pa[kk][0] = FaType<T>::pack(s_acc[2 * kk][0], s_acc[2 * kk][1]);
-            pa[kk][1] = FaType<T>::pack(s_acc[2 * kk][2], s_acc[2 * kk][3]);
-            pa[kk][2] = FaType<T>::pack(s_acc[2 * kk + 1][0], s_acc[2 * kk + 1][1]);
-            pa[kk][3] = FaType<T>::pack(s_acc[2 * kk + 1][2], s_acc[2 * kk + 1][3]);
-        }
+        fa_sm90_pack<T, NTS>(pa, s_acc);
 
         // O += P V
         mbar_wait(full_v(s), phase);
