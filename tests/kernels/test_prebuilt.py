@@ -48,9 +48,9 @@ def test_the_build_covers_every_module_the_loader_compiles(build):
 
 
 def test_every_sm90_forward_schedule_is_prebuilt(build):
-    """The Hopper forward's instantiations for each default tile, mask kind and schedule switch (plain, ping-pong)
-    are in the build, under the expression the launch forms: flipping the switch loads a binary instead of compiling
-    through NVRTC."""
+    """The Hopper forward's instantiations for each default tile, mask kind and schedule switch (the default -- the
+    intra-warpgroup overlap where SM90_FWD_OVERLAP is on --, ping-pong) are in the build, under the expression the
+    launch forms: flipping the ping-pong switch loads a binary instead of compiling through NVRTC."""
     from flame_core.kernels import attention as AT
     units = {(s, d): {e for e, _ in ex} for s, d, ex in build.units()}
     for d, t in (("float16", "__half"), ("bfloat16", "__nv_bfloat16")):
@@ -58,7 +58,8 @@ def test_every_sm90_forward_schedule_is_prebuilt(build):
             for kind in (0, 1, 2, AT.MASK_KEYPAD):
                 for pp in (0, 1):
                     for tma in (True, False):
-                        expr = AT.sm90_fwd_expression(D, BN, NWG, ST, kind, pp, tma).replace("{T}", t)
+                        ov = int(AT.SM90_FWD_OVERLAP and not pp)
+                        expr = AT.sm90_fwd_expression(D, BN, NWG, ST, kind, pp, tma, ov).replace("{T}", t)
                         assert expr in units["flash_attention_fwd_sm90", d], expr
 
 
