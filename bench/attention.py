@@ -183,7 +183,7 @@ def measure_key_mask(res, torch, name, B, H, Lq, Lk, D, reps, inner, kept, text=
 FWD_SWITCHES = ("SM90_FWD_PINGPONG", "SM90_FWD_TMA", "SM90_FWD_OVERLAP")
 FWD_VARIANTS = {"plain": (False, True, False), "pingpong": (True, True, False), "overlap": (False, True, True),
                 "cpasync": (False, False, False), "pingpong-cpasync": (True, False, False),
-                "overlap-cpasync": (False, False, True)}
+                "overlap-cpasync": (False, False, True), "pingpong-overlap": (True, True, True)}
 SMEM_OPTIN = 232448  # the H100 / H200's shared memory per block (opt-in), static included
 
 

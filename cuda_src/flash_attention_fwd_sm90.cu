@@ -14,6 +14,7 @@
 // PP = 1 (two consumer warpgroups): FA3's ping-pong, enforced with two named barriers -- a warpgroup issues each of
 // its products (S, then P V) only after the other issued its previous one, so the tensor cores alternate between
 // them: S(wg0), S(wg1) while wg0 runs its softmax, P V(wg0) while wg1 runs its softmax, P V(wg1), S(wg0) ...
+// OV = 1: FA3's intra-warpgroup overlap (fa_fwd_sm90_overlap_loop), with or without the ping-pong.
 // Per key tile, a consumer warpgroup:
 //   S = Q K^T        wgmma, A = Q and B = K from shared memory (both K-major, 128-byte swizzle), fp32 in registers
 //   mask, online softmax in log2 units (scale folded in), P = exp2(S - rowmax) packed to bf16/fp16 registers
@@ -24,6 +25,9 @@
 #include "flash_attention.cuh"
 #include "flash_attention_keypad.cuh"
 #include "wgmma.cuh"
+
+// The ping-pong's named barriers FA_FWD_PP_BAR + wg: "wg may issue its next products" (1, 2: the Q loads).
+constexpr int FA_FWD_PP_BAR = 3;
 
 // The K / V tensor maps (wgmma.cuh's TmaMap) the TMA kernel takes by value.
 struct FaTmaps {
@@ -107,8 +111,11 @@ __device__ __forceinline__ void fa_sm90_pack(fa_u32 (&pa)[NTS / 2][4], const flo
 // FA_MASK_KEYPAD's mixed tiles) waits for P V before its mask: those reads do not fit in the registers left. The
 // same arithmetic in the same order as the plain schedule (bit-equal outputs). First built in 1b5d93b on the cp.async
 // producer, which bounded the forward then (timed 1.6-5.4% slower, removed in 2eac2ce); here on the TMA producer.
-template <typename T, int D, int BN, int NWG, int STAGES, int MASK, int TMA, typename FK, typename FV, typename EV,
-          typename EK>
+// PP = 1 adds FA3's ping-pong around each turn's issues (the turn's S and the previous tile's P V; the first S and the
+// last P V alone): a warpgroup issues them only after the other warpgroup issued its previous turn's, so one
+// warpgroup's softmax runs while the other's products hold the tensor cores (barriers PP_BAR + wg, as the plain loop).
+template <typename T, int D, int BN, int NWG, int STAGES, int MASK, int TMA, int PP, typename FK, typename FV,
+          typename EV, typename EK>
 __device__ __forceinline__ void fa_fwd_sm90_overlap_loop(
     float (&acc_o)[D / 8][4], float (&s_acc)[BN / 8][4], float (&row_m)[2], float (&row_l)[2], int n_blocks, int Lq,
     int Lk, int causal, const void* mask, fa_i64 moff, fa_i64 m_sq, fa_i64 m_sk, float scale_log2, float sl2,
@@ -117,6 +124,9 @@ __device__ __forceinline__ void fa_fwd_sm90_overlap_loop(
     constexpr int BM = NWG * 64;
     constexpr int NTS = BN / 8, NTO = D / 8;
     constexpr unsigned KV_BYTES = BN * D * 2;
+    constexpr int PP_BAR = FA_FWD_PP_BAR;
+    auto pp_wait = [&]() { if constexpr (PP) named_bar_sync(PP_BAR + wg, 256); };          // my turn to issue
+    auto pp_pass = [&]() { if constexpr (PP) named_bar_arrive(PP_BAR + (wg ^ 1), 256); };  // the other's turn
     constexpr bool PRESCALED = MASK == FA_MASK_FLOAT;
     constexpr bool KEYPAD = MASK == FA_MASK_KEYPAD;
     constexpr int EMASK = KEYPAD ? FA_MASK_BOOL : MASK;
@@ -189,7 +199,9 @@ __device__ __forceinline__ void fa_fwd_sm90_overlap_loop(
     if (n_blocks > 0) {  // key tile 0: S, softmax
         wait_k(0);
         if constexpr (!TMA) fence_proxy_async();
+        pp_wait();
         issue_s(0);
+        pp_pass();
         wg_wait<0>();
         wg_pin(s_acc);
         if (lane == 0) mbar_arrive(empty_k(0));
@@ -202,11 +214,13 @@ __device__ __forceinline__ void fa_fwd_sm90_overlap_loop(
     for (int it = 1; it < n_blocks; ++it) {
         const int s = it % STAGES, sp = (it - 1) % STAGES;
         if constexpr (!TMA) fence_proxy_async();  // (K of this tile: waited for at the end of the previous turn)
+        pp_wait();
         issue_s(s);
         rescale_o();                  // to the previous tile's row maximum, while S is on the tensor cores
         mbar_wait(full_v(sp), ((it - 1) / STAGES) & 1);
         if constexpr (!TMA) fence_proxy_async();
         issue_pv(sp);                 // O += P_{it-1} V_{it-1}, on the tensor cores during this tile's softmax
+        pp_pass();
         const int n0 = (n_blocks - 1 - it) * BN, tile = tile_kind(n0);
         wg_wait<1>();                 // S of this tile is done
         wg_pin(s_acc);
@@ -230,7 +244,9 @@ __device__ __forceinline__ void fa_fwd_sm90_overlap_loop(
         rescale_o();
         mbar_wait(full_v(sp), ((n_blocks - 1) / STAGES) & 1);
         if constexpr (!TMA) fence_proxy_async();
+        pp_wait();
         issue_pv(sp);
+        pp_pass();
         wg_wait<0>();
         wg_pin(acc_o);
         if (lane == 0) mbar_arrive(empty(sp));
@@ -251,8 +267,7 @@ __device__ __forceinline__ void fa_fwd_sm90_body(FA_FWD_SM90_PARAMS, const FaTma
     constexpr int EMASK = KEYPAD ? FA_MASK_BOOL : MASK;  // a mixed tile's element-wise rule
     static_assert(D % 64 == 0 && BN % 64 == 0 && BN <= 256 && D <= 256, "tile shape");
     static_assert(!PP || NWG == 2, "ping-pong takes two consumer warpgroups");
-    static_assert(!(PP && OV), "the ping-pong and the intra-warpgroup overlap are separate schedules");
-    constexpr int PP_BAR = 3;     // named barriers PP_BAR + wg: "wg may issue its next product" (1, 2: the Q loads)
+    constexpr int PP_BAR = FA_FWD_PP_BAR;
     constexpr unsigned Q_BYTES = BM * D * 2, KV_BYTES = BN * D * 2;
 
     extern __shared__ unsigned char fa_smem[];
@@ -365,14 +380,13 @@ __device__ __forceinline__ void fa_fwd_sm90_body(FA_FWD_SM90_PARAMS, const FaTma
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc_o[j][e] = 0.f;
     float row_m[2] = {FA_NEG_INF, FA_NEG_INF}, row_l[2] = {0.f, 0.f};
+    if constexpr (PP)
+        if (wg == 1) named_bar_arrive(PP_BAR, 256);  // warpgroup 0 issues first
     if constexpr (OV) {
-        fa_fwd_sm90_overlap_loop<T, D, BN, NWG, STAGES, MASK, TMA>(
+        fa_fwd_sm90_overlap_loop<T, D, BN, NWG, STAGES, MASK, TMA, PP>(
             acc_o, s_acc, row_m, row_l, n_blocks, Lq, Lk, causal, mask, moff, m_sq, m_sk, scale_log2, sl2, wrow, g,
             t4, lane, wg, sQ, sK, sV, kpad, full_k, full_v, empty, empty_k);
     } else {
-    if constexpr (PP)
-        if (wg == 1) named_bar_arrive(PP_BAR, 256);  // warpgroup 0 issues first
-
     for (int it = 0; it < n_blocks; ++it) {
         const int n0 = (n_blocks - 1 - it) * BN, s = it % STAGES;
         const unsigned phase = (it / STAGES) & 1;
@@ -452,9 +466,9 @@ __device__ __forceinline__ void fa_fwd_sm90_body(FA_FWD_SM90_PARAMS, const FaTma
         if (lane == 0) mbar_arrive(empty(s));
     }
 
+    }
     if constexpr (PP)
         if (wg == 0) named_bar_sync(PP_BAR, 256);  // warpgroup 1's last arrival (every arrival is matched)
-    }
 
     // O /= rowsum; logsumexp
 #pragma unroll

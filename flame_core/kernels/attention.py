@@ -56,7 +56,7 @@ SM90_FWD_PINGPONG = False
 # a result). False: cp.async everywhere (A/B).
 SM90_FWD_TMA = True
 # FA3's intra-warpgroup overlap (S of the next key tile issued before this tile's P V's wait, its softmax while P V
-# runs; the kernels' OV template flag, not with the ping-pong): first built and timed on the H200 while the cp.async
+# runs; the kernels' OV template flag, alone or with the ping-pong): first built and timed on the H200 while the cp.async
 # producer bounded the forward (1b5d93b: bit-equal but 1.6-5.4% slower on every shape; removed in 2eac2ce); built again
 # on the TMA producer and timed there (H200, 2026-12-03, bench/attention.py --fwd-variants plain,overlap, bit-equal):
 # Flux 1024² 0.468 vs 0.525 ms, SD3.5 1024² 0.447 vs 0.465, SDXL self 0.213 vs 0.218. False: the plain schedule (A/B).
@@ -442,7 +442,7 @@ def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
         BM = 64 * NWG
         smem = sm90_fwd_smem(D, BN, NWG, STAGES)
         pp = int(SM90_FWD_PINGPONG and NWG == 2)
-        ov = int(SM90_FWD_OVERLAP and not pp)
+        ov = int(SM90_FWD_OVERLAP)
         if _keypad(kind, ms) and Lk <= KEYPAD_MAX_LK:
             kind = MASK_KEYPAD
         maps = _kv_maps(ka, va, e_pad, BN)

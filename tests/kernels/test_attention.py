@@ -408,12 +408,14 @@ def test_flash_kernel_against_float64(rng, monkeypatch, dt, case, fwd):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tma", [True, False])
+@pytest.mark.parametrize("pingpong", [False, True])
 @pytest.mark.parametrize("case", [c for c in CASES if c[4] in (64, 128) and c[3] > K.SMALL_LK],
                          ids=lambda c: "x".join(map(str, c[:5])) + f"-{c[5]}-{'causal' * c[6]}{c[7]}")
-def test_the_overlap_schedule_gives_the_plain_schedules_numbers_bit_for_bit(rng, monkeypatch, case, tma):
+def test_the_overlap_schedule_gives_the_plain_schedules_numbers_bit_for_bit(rng, monkeypatch, case, tma, pingpong):
     """The sm90 forward's intra-warpgroup overlap (SM90_FWD_OVERLAP: S of a key tile issued before the previous
-    tile's P V is waited for) does the plain loop's arithmetic in the plain loop's order: the same O and lse, bit for
-    bit, for every mask kind, causal or not, K / V by TMA or cp.async."""
+    tile's P V is waited for), alone or under the ping-pong between the two warpgroups (SM90_FWD_PINGPONG), does the
+    plain loop's arithmetic in the plain loop's order: the same O and lse, bit for bit, for every mask kind, causal or
+    not, K / V by TMA or cp.async."""
     if not loader.arch_available("sm_90a"):
         pytest.skip("needs a compute capability 9.0 GPU")
     monkeypatch.setattr(K, "SM90_FWD_TMA", tma)
@@ -421,10 +423,11 @@ def test_the_overlap_schedule_gives_the_plain_schedules_numbers_bit_for_bit(rng,
     out = {}
     for ov in (False, True):
         monkeypatch.setattr(K, "SM90_FWD_OVERLAP", ov)
+        monkeypatch.setattr(K, "SM90_FWD_PINGPONG", pingpong and ov)  # the plain schedule without the ping-pong
         out[ov] = K.flash_attention_forward(q, k, v, dmask, causal)
     (o0, l0), (o1, l1) = out[False], out[True]
-    assert any(e.endswith(", 1>") for stem, e, _ in K._functions if stem == "flash_attention_fwd_sm90"), \
-        "the overlap kernel did not run"
+    assert any(e.endswith(f", {int(pingpong)}, 1>") for stem, e, _ in K._functions
+               if stem == "flash_attention_fwd_sm90"), "the overlap kernel did not run"
     assert bool((o1 == o0).all()), float(abs(o1.astype(np.float32) - o0.astype(np.float32)).max())
     assert bool((l1 == l0).all())   # (+inf, a row that attends nothing, equals itself)
 
