@@ -48,7 +48,10 @@ SM90_FWD = True
 # only after the other issued its previous one, so one's softmax runs while the other's products use the tensor
 # cores). Off: measured slower on the H200 (2026-12-02, bit-equal outputs): Flux 1024² 0.632 vs 0.630 ms, SD3.5
 # 0.520 vs 0.492, SDXL self 0.248 vs 0.236 -- without intra-warpgroup overlap each warpgroup's softmax is shorter
-# than the other's two products, so the forced alternation only adds barrier waits. True: for A/B.
+# than the other's two products, so the forced alternation only adds barrier waits. With the intra-warpgroup overlap
+# (SM90_FWD_OVERLAP, FA3's head-dim-128 schedule: both) also no gain (H200, 2026-12-03, two rounds, bit-equal): Flux
+# 1024² 0.476 / 0.467 vs 0.456 / 0.469 ms overlap alone, SD3.5 0.462 / 0.458 vs 0.448 / 0.443, SDXL self 0.215 / 0.219
+# vs 0.211 / 0.216. True: for A/B.
 SM90_FWD_PINGPONG = False
 # The sm90 forward's producer loads K and V by TMA (flash_attn_fwd_sm90_tma: one thread issues each tile's boxes from
 # 4-D tensor maps encoded per call) wherever TMA can describe their strides, else by cp.async from two warps. The
