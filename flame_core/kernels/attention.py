@@ -59,10 +59,11 @@ SM90_FWD_PINGPONG = False
 # a result). False: cp.async everywhere (A/B).
 SM90_FWD_TMA = True
 # FA3's intra-warpgroup overlap (S of the next key tile issued before this tile's P V's wait, its softmax while P V
-# runs; the kernels' OV template flag, alone or with the ping-pong): first built and timed on the H200 while the cp.async
-# producer bounded the forward (1b5d93b: bit-equal but 1.6-5.4% slower on every shape; removed in 2eac2ce); built again
-# on the TMA producer and timed there (H200, 2026-12-03, bench/attention.py --fwd-variants plain,overlap, bit-equal):
-# Flux 1024² 0.468 vs 0.525 ms, SD3.5 1024² 0.447 vs 0.465, SDXL self 0.213 vs 0.218. False: the plain schedule (A/B).
+# runs; the kernels' OV template flag, alone or with the ping-pong): first built and timed on the H200 while the
+# cp.async producer bounded the forward (1b5d93b: bit-equal but 1.6-5.4% slower on every shape; removed in 2eac2ce);
+# built again on the TMA producer and timed there (H200, 2026-12-03, bench/attention.py --fwd-variants plain,overlap,
+# bit-equal): Flux 1024² 0.468 vs 0.525 ms, SD3.5 1024² 0.447 vs 0.465, SDXL self 0.213 vs 0.218. False: the plain
+# schedule (A/B).
 SM90_FWD_OVERLAP = True
 SMALL_LK = 128  # at most this many keys (one key block, e.g. SDXL's 77 text tokens) the forward runs the sm_80
 # kernel's small tiles: 4 CTAs per SM beat the Hopper kernel's one (GPU time 0.019 vs 0.024 ms at SDXL cross, H100)
