@@ -74,6 +74,65 @@ __device__ __forceinline__ void fa_sm90_softmax(float (&s_acc)[NTS][4], float (&
     }
 }
 
+// The kind of the key tile at n0: FA_MASK_KEYPAD classifies it by its granules' kinds in kpad (kept, masked or
+// mixed); under the other mask kinds every tile is mixed (read element by element).
+template <int MASK, int BN>
+__device__ __forceinline__ int fa_sm90_tile_kind(int n0, int Lk, const unsigned char* kpad) {
+    int tile = FA_KEYPAD_MIXED;
+    if constexpr (MASK == FA_MASK_KEYPAD) {
+        bool any = false, all = true;
+        for (int gi = n0 / 64; gi < min((Lk + 63) / 64, (n0 + BN) / 64); ++gi) {
+            any |= kpad[gi] != FA_KEYPAD_MASKED;
+            all &= kpad[gi] == FA_KEYPAD_KEPT;
+        }
+        tile = all ? FA_KEYPAD_KEPT : (any ? FA_KEYPAD_MIXED : FA_KEYPAD_MASKED);
+    }
+    return tile;
+}
+
+// Masks the scores of the key tile at n0 (of kind `tile`) in place: key padding past Lk, causal, the user's mask
+// (FA_MASK_FLOAT: scaled and added here); a FA_MASK_KEYPAD tile of masked keys goes through the same loop (a separate
+// fill costs registers). Uniform per warp: a tile that needs none of it is left as it is.
+template <int MASK, int BN, int NTS>
+__device__ __forceinline__ void fa_sm90_mask_scores(float (&s_acc)[NTS][4], int n0, int tile, int wrow, int g, int t4,
+                                                    int Lq, int Lk, int causal, const void* mask, fa_i64 moff,
+                                                    fa_i64 m_sq, fa_i64 m_sk, float scale_log2) {
+    constexpr bool PRESCALED = MASK == FA_MASK_FLOAT;
+    constexpr bool KEYPAD = MASK == FA_MASK_KEYPAD;
+    constexpr int EMASK = KEYPAD ? FA_MASK_BOOL : MASK;  // a mixed tile's element-wise rule
+    const bool masked = KEYPAD && tile == FA_KEYPAD_MASKED;
+    if (masked || (MASK != FA_MASK_NONE && tile == FA_KEYPAD_MIXED) || n0 + BN > Lk ||
+        (causal && n0 + BN - 1 > wrow)) {
+        const bool elementwise = MASK != FA_MASK_NONE && tile == FA_KEYPAD_MIXED;
+#pragma unroll
+        for (int nt = 0; nt < NTS; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = wrow + g + (e >> 1) * 8;
+                const int col = n0 + nt * 8 + t4 * 2 + (e & 1);
+                float add;
+                const bool keep = elementwise
+                    ? fa_keep<EMASK>(row, col, Lq, Lk, causal, mask, moff, m_sq, m_sk, add)
+                    : fa_keep<FA_MASK_NONE>(row, col, Lq, Lk, causal, mask, moff, m_sq, m_sk, add);
+                float x = s_acc[nt][e];
+                if (PRESCALED) x = fmaf(x, scale_log2, add);
+                s_acc[nt][e] = keep && !masked ? x : FA_NEG_INF;
+            }
+    }
+}
+
+// Issues O += P V (P: register fragments, V: the stage's BN x D tile at sv, N-major) as one commit group.
+template <typename T, int D, int BN>
+__device__ __forceinline__ void fa_sm90_issue_pv(float (&acc_o)[D / 8][4], const fa_u32 (&pa)[BN / 16][4], unsigned sv) {
+    wg_fence();
+    wg_pin(acc_o);
+    const wg_u64 d_v = wg_desc(sv, BN * 128);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+        Wg<T, D>::template rs<1>(acc_o, pa[kk], wg_desc_at(d_v, kk * 16 * 128), 1);
+    wg_commit();
+}
+
 // O *= corr. Once the row maxima settle (most key tiles of a long row) every factor is exactly 1: a warp whose
 // factors all are skips the multiplication (x * 1.0f is x, so the result is the same bit for bit).
 template <int NTO>
@@ -127,49 +186,14 @@ __device__ __forceinline__ void fa_fwd_sm90_overlap_loop(
     constexpr int PP_BAR = FA_FWD_PP_BAR;
     auto pp_wait = [&]() { if constexpr (PP) named_bar_sync(PP_BAR + wg, 256); };          // my turn to issue
     auto pp_pass = [&]() { if constexpr (PP) named_bar_arrive(PP_BAR + (wg ^ 1), 256); };  // the other's turn
-    constexpr bool PRESCALED = MASK == FA_MASK_FLOAT;
-    constexpr bool KEYPAD = MASK == FA_MASK_KEYPAD;
-    constexpr int EMASK = KEYPAD ? FA_MASK_BOOL : MASK;
-    // the kind of the key tile at n0: FA_MASK_KEYPAD classifies it by its granules (kept, masked or mixed); under the
-    // other mask kinds every tile is mixed (read element by element)
-    auto tile_kind = [&](int n0) {
-        int tile = FA_KEYPAD_MIXED;
-        if constexpr (KEYPAD) {
-            bool any = false, all = true;
-            for (int gi = n0 / 64; gi < min((Lk + 63) / 64, (n0 + BN) / 64); ++gi) {
-                any |= kpad[gi] != FA_KEYPAD_MASKED;
-                all &= kpad[gi] == FA_KEYPAD_KEPT;
-            }
-            tile = all ? FA_KEYPAD_KEPT : (any ? FA_KEYPAD_MIXED : FA_KEYPAD_MASKED);
-        }
-        return tile;
-    };
+    auto tile_kind = [&](int n0) { return fa_sm90_tile_kind<MASK, BN>(n0, Lk, kpad); };
     // the mask through an opaque copy of its pointer: plain (coherent) loads, which ptxas keeps below the acquire fence
     // further down (ld.global.nc, which __restrict__ gives, it hoists above fences and wgmma issues)
     const void* mask_c;
     asm("mov.b64 %0, %1;" : "=l"(mask_c) : "l"(mask));
-    // mask the scores of the key tile at n0 (the plain loop's rule: key padding, causal, user mask); a FA_MASK_KEYPAD
-    // tile of masked keys goes through the same loop (a separate fill costs registers)
     auto mask_scores = [&](int n0, int tile) {
-        const bool masked = KEYPAD && tile == FA_KEYPAD_MASKED;
-        if (masked || (MASK != FA_MASK_NONE && tile == FA_KEYPAD_MIXED) || n0 + BN > Lk ||
-            (causal && n0 + BN - 1 > wrow)) {
-            const bool elementwise = MASK != FA_MASK_NONE && tile == FA_KEYPAD_MIXED;
-#pragma unroll
-            for (int nt = 0; nt < NTS; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int row = wrow + g + (e >> 1) * 8;
-                    const int col = n0 + nt * 8 + t4 * 2 + (e & 1);
-                    float add;
-                    const bool keep = elementwise
-                        ? fa_keep<EMASK>(row, col, Lq, Lk, causal, mask_c, moff, m_sq, m_sk, add)
-                        : fa_keep<FA_MASK_NONE>(row, col, Lq, Lk, causal, mask_c, moff, m_sq, m_sk, add);
-                    float x = s_acc[nt][e];
-                    if (PRESCALED) x = fmaf(x, scale_log2, add);
-                    s_acc[nt][e] = keep && !masked ? x : FA_NEG_INF;
-                }
-        }
+        fa_sm90_mask_scores<MASK, BN, NTS>(s_acc, n0, tile, wrow, g, t4, Lq, Lk, causal, mask_c, moff, m_sq, m_sk,
+                                           scale_log2);
     };
     fa_u32 pa[BN / 16][4];
     auto pack_p = [&]() { fa_sm90_pack<T, NTS>(pa, s_acc); };
@@ -179,15 +203,7 @@ __device__ __forceinline__ void fa_fwd_sm90_overlap_loop(
         wg_gemm_kmajor<T, BN, D>(s_acc, sQ + wg * 64 * 128, BM, sK + s * KV_BYTES, BN);
         wg_commit();
     };
-    auto issue_pv = [&](int s) {  // O += P V on stage s (one commit group)
-        wg_fence();
-        wg_pin(acc_o);
-        const wg_u64 d_v = wg_desc(sV + s * KV_BYTES, BN * 128);
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk)
-            Wg<T, D>::template rs<1>(acc_o, pa[kk], wg_desc_at(d_v, kk * 16 * 128), 1);
-        wg_commit();
-    };
+    auto issue_pv = [&](int s) { fa_sm90_issue_pv<T, D, BN>(acc_o, pa, sV + s * KV_BYTES); };
     // the online softmax leaves O alone (a P V may be in flight); O is rescaled before the next P V is issued
     float corr[2];
     auto softmax = [&]() { fa_sm90_softmax<NTS>(s_acc, row_m, row_l, corr, sl2); };
@@ -264,7 +280,6 @@ __device__ __forceinline__ void fa_fwd_sm90_body(FA_FWD_SM90_PARAMS, const FaTma
     constexpr int NTO = D / 8;    // n8 tiles of O
     constexpr bool PRESCALED = MASK == FA_MASK_FLOAT;
     constexpr bool KEYPAD = MASK == FA_MASK_KEYPAD;
-    constexpr int EMASK = KEYPAD ? FA_MASK_BOOL : MASK;  // a mixed tile's element-wise rule
     static_assert(D % 64 == 0 && BN % 64 == 0 && BN <= 256 && D <= 256, "tile shape");
     static_assert(!PP || NWG == 2, "ping-pong takes two consumer warpgroups");
     constexpr int PP_BAR = FA_FWD_PP_BAR;
@@ -408,38 +423,8 @@ __device__ __forceinline__ void fa_fwd_sm90_body(FA_FWD_SM90_PARAMS, const FaTma
 
         // mask: key padding, causal, user mask (uniform per warp); under FA_MASK_KEYPAD a tile of kept keys reads no
         // mask, a tile of masked keys is -inf
-        int tile = FA_KEYPAD_MIXED;
-        if constexpr (KEYPAD) {
-            bool any = false, all = true;
-            for (int gi = n0 / 64; gi < min((Lk + 63) / 64, (n0 + BN) / 64); ++gi) {
-                any |= kpad[gi] != FA_KEYPAD_MASKED;
-                all &= kpad[gi] == FA_KEYPAD_KEPT;
-            }
-            tile = all ? FA_KEYPAD_KEPT : (any ? FA_KEYPAD_MIXED : FA_KEYPAD_MASKED);
-        }
-        if (KEYPAD && tile == FA_KEYPAD_MASKED) {
-#pragma unroll
-            for (int nt = 0; nt < NTS; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s_acc[nt][e] = FA_NEG_INF;
-        } else if ((MASK != FA_MASK_NONE && tile == FA_KEYPAD_MIXED) || n0 + BN > Lk ||
-                   (causal && n0 + BN - 1 > wrow)) {
-            const bool elementwise = MASK != FA_MASK_NONE && tile == FA_KEYPAD_MIXED;
-#pragma unroll
-            for (int nt = 0; nt < NTS; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int row = wrow + g + (e >> 1) * 8;
-                    const int col = n0 + nt * 8 + t4 * 2 + (e & 1);
-                    float add;
-                    const bool keep =
-                        elementwise ? fa_keep<EMASK>(row, col, Lq, Lk, causal, mask, moff, m_sq, m_sk, add)
-                                    : fa_keep<FA_MASK_NONE>(row, col, Lq, Lk, causal, mask, moff, m_sq, m_sk, add);
-                    float x = s_acc[nt][e];
-                    if (PRESCALED) x = fmaf(x, scale_log2, add);
-                    s_acc[nt][e] = keep ? x : FA_NEG_INF;
-                }
-        }
+        fa_sm90_mask_scores<MASK, BN, NTS>(s_acc, n0, fa_sm90_tile_kind<MASK, BN>(n0, Lk, kpad), wrow, g, t4, Lq, Lk,
+                                           causal, mask, moff, m_sq, m_sk, scale_log2);
 
         // online softmax, the running output rescaled, P packed
         float corr[2];
@@ -453,13 +438,7 @@ __device__ __forceinline__ void fa_fwd_sm90_body(FA_FWD_SM90_PARAMS, const FaTma
         // (TMA: no proxy fence, as above)
         if constexpr (!TMA) fence_proxy_async();
         if constexpr (PP) named_bar_sync(PP_BAR + wg, 256);
-        wg_fence();
-        wg_pin(acc_o);
-        const wg_u64 d_v = wg_desc(sV + s * KV_BYTES, BN * 128);
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk)
-            Wg<T, D>::template rs<1>(acc_o, pa[kk], wg_desc_at(d_v, kk * 16 * 128), 1);
-        wg_commit();
+        fa_sm90_issue_pv<T, D, BN>(acc_o, pa, sV + s * KV_BYTES);
         if constexpr (PP) named_bar_arrive(PP_BAR + (wg ^ 1), 256);
         wg_wait<0>();
         wg_pin(acc_o);
