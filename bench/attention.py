@@ -249,10 +249,10 @@ def measure_fwd_variants(res, name, B, H, Lq, Lk, D, reps, inner, variants, roun
         return
     fns, inputs, current = {}, None, [None]
     for v in variants:  # the same seed: every variant reads the same q, k, v
-        fns[v], _, inputs = flame_fns(B, H, Lq, Lk, D, tiles=parsed[v][3])
+        fns[v], _, inputs = flame_fns(B, H, Lq, Lk, D, tiles=parsed[v][-1])
 
     def setting(v):
-        for name, on in zip(FWD_SWITCHES, parsed[v][:3]):
+        for name, on in zip(FWD_SWITCHES, parsed[v][:-1]):
             setattr(A, name, on)
         current[0] = fns[v]
     samples, gpu, outs = _alternate(A, FWD_SWITCHES, setting, lambda: current[0](),

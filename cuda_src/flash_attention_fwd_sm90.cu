@@ -158,7 +158,7 @@ __device__ __forceinline__ void fa_sm90_pack(fa_u32 (&pa)[NTS / 2][4], const flo
     }
 }
 
-// OV = 1: FA3's intra-warpgroup overlap (not with PP) -- a consumer warpgroup issues S of a key tile and P V of the
+// OV = 1: FA3's intra-warpgroup overlap -- a consumer warpgroup issues S of a key tile and P V of the
 // previous one back to back and runs the tile's softmax while P V is on the tensor cores:
 //   S_0 = Q K_0^T; mask, softmax(S_0) -> P_0 (fp32, in place) and corr (O's rescale factor); pack P_0
 //   for it = 1 ..: issue S_it; O *= corr; issue O += P_{it-1} V_{it-1}; wait for S_it;
