@@ -54,9 +54,11 @@ for spec in "$@"; do
   IFS=: read -r name tmo args <<< "$spec"
   t0=$(date +%s)
   echo "== bench/$name.py $args (timeout ${tmo:-300})"
-  OUT=$OUT timeout "${tmo:-300}" python3 "bench/$name.py" $args > "$OUT/$name.log" 2>&1
+  log="$OUT/$name.log"; i=1
+  while [ -e "$log" ]; do i=$((i + 1)); log="$OUT/$name.$i.log"; done   # (a bench named twice: its own log each)
+  OUT=$OUT timeout "${tmo:-300}" python3 "bench/$name.py" $args > "$log" 2>&1
   echo "rc=$? in $(( $(date +%s) - t0 )) s"
-  tail -n 40 "$OUT/$name.log"
+  tail -n 40 "$log"
 done
 tar czf "$FINAL/cupy_cache.tgz" -C "$CUPY_CACHE_DIR" . 2>/dev/null
 tar czf "$FINAL/results.tgz" -C "$OUT" . && rm -rf "$OUT"
