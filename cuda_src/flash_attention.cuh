@@ -60,6 +60,19 @@ template <> struct FaType<__half> {
     static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
 };
 
+// fp32 accumulator fragments of NTS n8 tiles (an mma / wgmma result: P, P^T, dS^T) as the register A fragments of
+// the next product's NTS / 2 k16 steps (O += P V in the forward; dV, dK in the Hopper backward).
+template <typename T, int NTS>
+__device__ __forceinline__ void fa_sm90_pack(fa_u32 (&pa)[NTS / 2][4], const float (&s_acc)[NTS][4]) {
+#pragma unroll
+    for (int kk = 0; kk < NTS / 2; ++kk) {
+        pa[kk][0] = FaType<T>::pack(s_acc[2 * kk][0], s_acc[2 * kk][1]);
+        pa[kk][1] = FaType<T>::pack(s_acc[2 * kk][2], s_acc[2 * kk][3]);
+        pa[kk][2] = FaType<T>::pack(s_acc[2 * kk + 1][0], s_acc[2 * kk + 1][1]);
+        pa[kk][3] = FaType<T>::pack(s_acc[2 * kk + 1][2], s_acc[2 * kk + 1][3]);
+    }
+}
+
 // ------------------------------------------------------------------------------------------ shared memory
 // A tile row of COLS 2-byte elements (COLS a multiple of 64) is 16-byte chunks; chunk c of row r is stored at chunk
 // c ^ (r & 7). ldmatrix reads one chunk from each of 8 consecutive rows: all 8 land in different banks.

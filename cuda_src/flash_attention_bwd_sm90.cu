@@ -266,17 +266,8 @@ __device__ __forceinline__ void fa_bwd_sm90_body(FA_BWD_SM90_PARAMS, const FaBwd
 #pragma unroll
             for (int e = 0; e < 4; ++e) dpt[j][e] = st[j][e] * (dpt[j][e] - ((e & 1) ? d2.y : d2.x));
         }
-#pragma unroll
-        for (int kk = 0; kk < BM / 16; ++kk) {
-            pa[kk][0] = FaType<T>::pack(st[2 * kk][0], st[2 * kk][1]);
-            pa[kk][1] = FaType<T>::pack(st[2 * kk][2], st[2 * kk][3]);
-            pa[kk][2] = FaType<T>::pack(st[2 * kk + 1][0], st[2 * kk + 1][1]);
-            pa[kk][3] = FaType<T>::pack(st[2 * kk + 1][2], st[2 * kk + 1][3]);
-            sa[kk][0] = FaType<T>::pack(dpt[2 * kk][0], dpt[2 * kk][1]);
-            sa[kk][1] = FaType<T>::pack(dpt[2 * kk][2], dpt[2 * kk][3]);
-            sa[kk][2] = FaType<T>::pack(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
-            sa[kk][3] = FaType<T>::pack(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
-        }
+        fa_sm90_pack<T, BM / 8>(pa, st);
+        fa_sm90_pack<T, BM / 8>(sa, dpt);
         {
             // stmatrix x4 per 16 queries: matrix mi = lane / 8 is sa[kk][mi] = (keys + 8 (mi & 1), queries + 8 (mi >> 1));
             // lane gives the address of row lane % 8 of its matrix (one 16-byte swizzled chunk)

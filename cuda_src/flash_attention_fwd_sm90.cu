@@ -146,17 +146,6 @@ __device__ __forceinline__ void fa_sm90_rescale(float (&acc_o)[NTO][4], const fl
     }
 }
 
-// P (fp32 in s_acc) as the register A fragments of O += P V.
-template <typename T, int NTS>
-__device__ __forceinline__ void fa_sm90_pack(fa_u32 (&pa)[NTS / 2][4], const float (&s_acc)[NTS][4]) {
-#pragma unroll
-    for (int kk = 0; kk < NTS / 2; ++kk) {
-        pa[kk][0] = FaType<T>::pack(s_acc[2 * kk][0], s_acc[2 * kk][1]);
-        pa[kk][1] = FaType<T>::pack(s_acc[2 * kk][2], s_acc[2 * kk][3]);
-        pa[kk][2] = FaType<T>::pack(s_acc[2 * kk + 1][0], s_acc[2 * kk + 1][1]);
-        pa[kk][3] = FaType<T>::pack(s_acc[2 * kk + 1][2], s_acc[2 * kk + 1][3]);
-    }
-}
 
 // OV = 1: FA3's intra-warpgroup overlap -- a consumer warpgroup issues S of a key tile and P V of the
 // previous one back to back and runs the tile's softmax while P V is on the tensor cores:
