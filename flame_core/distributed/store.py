@@ -173,6 +173,11 @@ class _Server:
         except wire.BadFrame as e:
             if not self.closed:
                 log.warning("store %s: dropped the connection from %s: %s", self.where, peer, e)
+            if e.reply is not None:  # (after the log line: a refused client never sees its refusal before it)
+                try:
+                    conn.sendall(e.reply)
+                except OSError:
+                    pass
         except (ConnectionError, OSError):
             pass
         finally:

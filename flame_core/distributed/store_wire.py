@@ -34,7 +34,12 @@ _PIECE = 1 << 20
 
 class BadFrame(ConnectionError):
     """The peer broke the protocol (a size over its limit, an unknown operation, a failed handshake): the
-    connection is dropped; the message says why."""
+    connection is dropped; the message says why. `reply`: bytes the peer is sent before it is dropped, once the
+    reason is logged (a failed handshake's refusal), or None."""
+
+    def __init__(self, message, reply=None):
+        super().__init__(message)
+        self.reply = reply
 
 
 # ----------------------------------------------------------------------------- framing
@@ -105,14 +110,15 @@ def _mac(secret, *parts):
 
 
 def server_handshake(sock, secret):
-    """Check that the client knows `secret`; BadFrame when it does not (it is told so, then dropped)."""
+    """Check that the client knows `secret`; BadFrame when it does not (its `reply` tells the client so: the caller
+    logs the reason first, then sends it and drops the connection)."""
     s_nonce = os.urandom(NONCE)
     sock.sendall(MAGIC + s_nonce)
     answer = recv_exact(sock, 2 * NONCE)
     c_nonce, proof = answer[:NONCE], answer[NONCE:]
     if not hmac.compare_digest(proof, _mac(secret, b"client", s_nonce, c_nonce)):
-        sock.sendall(b"NO" + bytes(NONCE))
-        raise BadFrame(f"failed authentication (the client does not know this job's {SECRET_ENV})")
+        raise BadFrame(f"failed authentication (the client does not know this job's {SECRET_ENV})",
+                       reply=b"NO" + bytes(NONCE))
     sock.sendall(b"OK" + _mac(secret, b"server", c_nonce, s_nonce))
 
 
