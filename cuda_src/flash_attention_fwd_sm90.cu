@@ -146,7 +146,6 @@ __device__ __forceinline__ void fa_sm90_rescale(float (&acc_o)[NTO][4], const fl
     }
 }
 
-
 // OV = 1: FA3's intra-warpgroup overlap -- a consumer warpgroup issues S of a key tile and P V of the
 // previous one back to back and runs the tile's softmax while P V is on the tensor cores:
 //   S_0 = Q K_0^T; mask, softmax(S_0) -> P_0 (fp32, in place) and corr (O's rescale factor); pack P_0

@@ -73,10 +73,10 @@ def _extra_expressions():
         for D, (BM, BN, NW, WMS, WNKV, WMQ, OPT) in sorted(AT.BWD_TILES.items()) if kind != AT.MASK_KEYPAD else ():
             add("flash_attention_bwd", f"flash_attn_bwd<{{T}}, {D}, {BM}, {BN}, {NW}, {WMS}, {WNKV}, {WMQ}, {kind}, "
                                        f"{OPT}>", half)
+        ov = int(AT.SM90_FWD_OVERLAP)  # the launch's schedule
         for D, (BN, NWG, ST) in sorted(AT.FWD_SM90_TILES.items()):
             for pp in (0, 1) if NWG == 2 else (0,):  # the ping-pong switch (SM90_FWD_PINGPONG) either way
                 for tma in (True, False):  # K / V by TMA, and by cp.async where TMA cannot describe the strides
-                    ov = int(AT.SM90_FWD_OVERLAP)  # the launch's choice
                     add("flash_attention_fwd_sm90", AT.sm90_fwd_expression(D, BN, NWG, ST, kind, pp, tma, ov), half,
                         90)
         for D, (NWG, ST, BM) in sorted(AT.BWD_SM90_TILES.items()):

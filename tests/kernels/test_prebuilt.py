@@ -53,12 +53,12 @@ def test_every_sm90_forward_schedule_is_prebuilt(build):
     launch forms: flipping the ping-pong switch loads a binary instead of compiling through NVRTC."""
     from flame_core.kernels import attention as AT
     units = {(s, d): {e for e, _ in ex} for s, d, ex in build.units()}
+    ov = int(AT.SM90_FWD_OVERLAP)
     for d, t in (("float16", "__half"), ("bfloat16", "__nv_bfloat16")):
         for D, (BN, NWG, ST) in AT.FWD_SM90_TILES.items():
             for kind in (0, 1, 2, AT.MASK_KEYPAD):
                 for pp in (0, 1):
                     for tma in (True, False):
-                        ov = int(AT.SM90_FWD_OVERLAP)
                         expr = AT.sm90_fwd_expression(D, BN, NWG, ST, kind, pp, tma, ov).replace("{T}", t)
                         assert expr in units["flash_attention_fwd_sm90", d], expr
 
