@@ -291,18 +291,28 @@ def report_fwd_variants(res, shapes, variants):
 
 
 def _bwd_variant(v):
-    """(SM90_BWD_TAIL, TAIL_PIECE_COST, SM90_BWD_TMA) of a backward variant: plain, tail, tail:COST (Q / dO by TMA),
-    or cpasync (the tail schedule, Q / dO by cp.async)."""
+    """(SM90_BWD_TAIL, TAIL_PIECE_COST, SM90_BWD_TMA, tiles) of a backward variant: plain, tail, tail:COST (Q / dO by
+    TMA), or cpasync (the tail schedule, Q / dO by cp.async); any of them @NWGxSTAGESxBM runs the sm90 backward with
+    those tiles instead of BWD_SM90_TILES' (e.g. tail@2x3x64)."""
     from flame_core.kernels import attention as A
-    if v == "plain":
-        return False, A.TAIL_PIECE_COST, True
-    if v == "tail":
-        return True, A.TAIL_PIECE_COST, True
-    if v == "cpasync":
-        return True, A.TAIL_PIECE_COST, False
-    if v.startswith("tail:"):
-        return True, float(v[5:]), True
-    raise ValueError(f"--bwd-variants: unknown variant {v!r} (plain, tail, tail:COST, cpasync)")
+    name, _, t = v.partition("@")
+    tiles = None
+    if t:
+        try:
+            tiles = tuple(int(x) for x in t.split("x"))
+        except ValueError:
+            tiles = ()
+        if len(tiles) != 3:
+            raise ValueError(f"--bwd-variants: {v!r}: tiles are NWGxSTAGESxBM, e.g. tail@2x3x64")
+    if name == "plain":
+        return False, A.TAIL_PIECE_COST, True, tiles
+    if name == "tail":
+        return True, A.TAIL_PIECE_COST, True, tiles
+    if name == "cpasync":
+        return True, A.TAIL_PIECE_COST, False, tiles
+    if name.startswith("tail:"):
+        return True, float(name[5:]), True, tiles
+    raise ValueError(f"--bwd-variants: unknown variant {v!r} (plain, tail, tail:COST, cpasync; @NWGxSTAGESxBM)")
 
 
 def measure_bwd_variants(res, name, B, H, Lq, Lk, D, reps, inner, variants, rounds=3):
@@ -318,12 +328,14 @@ def measure_bwd_variants(res, name, B, H, Lq, Lk, D, reps, inner, variants, roun
     o, lse = fwd()
     scale = 1.0 / np.sqrt(D)
 
+    tiles = [None]
+
     def bwd():
-        return A._kernel_backward(g, q, k, v_, o, lse, None, False, scale)
+        return A._kernel_backward(g, q, k, v_, o, lse, None, False, scale, tiles=tiles[0])
     chosen, search = [], A._bwd_tail   # the schedule the backward picks, seen where it asks for it
 
     def setting(v):
-        A.SM90_BWD_TAIL, A.TAIL_PIECE_COST, A.SM90_BWD_TMA = _bwd_variant(v)
+        A.SM90_BWD_TAIL, A.TAIL_PIECE_COST, A.SM90_BWD_TMA, tiles[0] = _bwd_variant(v)
         chosen.clear()
 
     def keep(grads):
@@ -401,7 +413,8 @@ def main():
                          "alternating rounds, outputs compared")
     ap.add_argument("--bwd-variants", default=None, metavar="LIST",
                     help="instead: FLAME's backward alone under these variants (first = baseline): plain, tail, "
-                         "tail:COST (the tail schedule with another piece cost), in alternating rounds")
+                         "tail:COST (the tail schedule with another piece cost), cpasync; @NWGxSTAGESxBM picks the "
+                         "sm90 tiles (e.g. tail@2x3x64); in alternating rounds")
     args = ap.parse_args()
     if args.bwd_variants is not None:
         variants = [v.strip() for v in args.bwd_variants.split(",") if v.strip()]

@@ -1,5 +1,6 @@
-"""bench/attention.py's forward variants on the CPU: the "schedule[:BNxNWGxSTAGES]" entries parse into the module
-switches and the tiles the forward takes, and entries the kernel cannot run are refused with what is wrong."""
+"""bench/attention.py's variants on the CPU: the forward's "schedule[:BNxNWGxSTAGES]" and the backward's
+"variant[@NWGxSTAGESxBM]" entries parse into the module switches and the tiles the kernels take, and entries that
+cannot run are refused with what is wrong."""
 import os
 import sys
 
@@ -39,3 +40,21 @@ def test_the_variants_name_module_switches_that_exist():
     for name in attention.FWD_SWITCHES:
         assert isinstance(getattr(A, name), bool), name
     assert all(len(v) == len(attention.FWD_SWITCHES) for v in attention.FWD_VARIANTS.values())
+
+
+def test_backward_variants_parse_into_switches_and_tiles():
+    from flame_core.kernels import attention as A
+    cost = A.TAIL_PIECE_COST
+    assert attention._bwd_variant("plain") == (False, cost, True, None)
+    assert attention._bwd_variant("tail") == (True, cost, True, None)
+    assert attention._bwd_variant("cpasync") == (True, cost, False, None)
+    assert attention._bwd_variant("tail:0.06") == (True, 0.06, True, None)
+    assert attention._bwd_variant("tail@2x3x64") == (True, cost, True, (2, 3, 64))
+    assert attention._bwd_variant("plain@2x2x128") == (False, cost, True, (2, 2, 128))
+
+
+@pytest.mark.parametrize("entry, words", [("fast", "unknown variant 'fast'"), ("tail@2x3", "NWGxSTAGESxBM"),
+                                          ("tail@2xtwox64", "NWGxSTAGESxBM")])
+def test_backward_entries_that_do_not_parse_are_refused(entry, words):
+    with pytest.raises(ValueError, match=words):
+        attention._bwd_variant(entry)
