@@ -10,6 +10,13 @@
 // sizeof(T), when every row start is 16-byte aligned; else N = 1), at most 16 / N steps (16 values cached per
 // thread), so D <= 16 G <= 512. Each block
 // walks row blocks b, b + gridDim.x, ... (the loop bound is uniform over the block: the shuffles see full warps).
+//
+// rope (null: none): Flux's rotary embedding applied to the normalised rows before the one rounding -- per joint token
+// row (b, l) a table of D / 2 row-major 2x2 fp32 matrices at rope + ((b (L0 + L1) + l) D / 2) 4 (the layout of
+// flame_models.bfl.ops.rope_rows) -- so the attention reads q / k rotated without a RoPE pass over them; the backward
+// rotates the incoming gradient back (the transposed matrices) before the norm's rule. Only with vec = 1 (the pairs
+// of a row lie within one thread's vector; the host checks).
+#include "rope_pairs.cuh"
 #include "row_gain.cuh"
 
 template <typename T>
@@ -25,10 +32,11 @@ template <typename T>
 struct JrmsRow {
     const T* src;
     const void* w;
-    int b, h, lp;
+    int b, h, l, lp;
     bool second;
     __device__ __forceinline__ JrmsRow(const JrmsPart<T>& p0, const JrmsPart<T>& p1, i64 rr, int H) {
-        const int Lt = p0.L + p1.L, l = (int)((rr / H) % Lt);
+        const int Lt = p0.L + p1.L;
+        l = (int)((rr / H) % Lt);
         h = (int)(rr % H);
         b = (int)(rr / ((i64)H * Lt));
         second = l >= p0.L;
@@ -39,8 +47,9 @@ struct JrmsRow {
 };
 
 template <typename T, int N>
-__device__ __forceinline__ void jrms_fwd_body(JrmsPart<T> p0, JrmsPart<T> p1, T* __restrict__ y, int B, int H,
-                                              int D, int G, float eps, int wf32) {
+__device__ __forceinline__ void jrms_fwd_body(JrmsPart<T> p0, JrmsPart<T> p1, T* __restrict__ y,
+                                              const float* __restrict__ rope, int B, int H, int D, int G, float eps,
+                                              int wf32) {
     constexpr int K = N >= 16 ? 1 : 16 / N;
     const int Lt = p0.L + p1.L, t = threadIdx.x % G, rpb = blockDim.x / G;
     const i64 rows = (i64)B * Lt * H;
@@ -74,6 +83,14 @@ __device__ __forceinline__ void jrms_fwd_body(JrmsPart<T> p0, JrmsPart<T> p1, T*
 #pragma unroll
                 for (int j = 0; j < N; ++j) o[j] = v[k][j] * rs;
                 mul_gain<T, N>(wp, c, wf32, o);
+                if constexpr (N % 2 == 0) {
+                    if (rope) {
+                        float r[N];
+                        rope_pairs<N>(rope + (((i64)row.b * Lt + row.l) * (D / 2) + c / 2) * 4, o, r, 0);
+                        store_f32<T, N>(dst + c, r);
+                        continue;
+                    }
+                }
                 store_f32<T, N>(dst + c, o);
             }
         }
@@ -84,8 +101,8 @@ __device__ __forceinline__ void jrms_fwd_body(JrmsPart<T> p0, JrmsPart<T> p1, T*
 // g: the joint gradient (B, L0 + L1, H, D) contiguous; dx0 / dx1: (B, L_p, H, D) contiguous.
 template <typename T, int N>
 __device__ __forceinline__ void jrms_bwd_body(JrmsPart<T> p0, JrmsPart<T> p1, const T* __restrict__ g,
-                                              T* __restrict__ dx0, T* __restrict__ dx1, int B, int H, int D, int G,
-                                              float eps, int wf32) {
+                                              T* __restrict__ dx0, T* __restrict__ dx1, const float* __restrict__ rope,
+                                              int B, int H, int D, int G, float eps, int wf32) {
     constexpr int K = N >= 16 ? 1 : 16 / N;
     const int Lt = p0.L + p1.L, t = threadIdx.x % G, rpb = blockDim.x / G;
     const i64 rows = (i64)B * Lt * H;
@@ -105,6 +122,14 @@ __device__ __forceinline__ void jrms_bwd_body(JrmsPart<T> p0, JrmsPart<T> p1, co
             if (valid && c < D) {
                 load_f32<T, N>(src + c, v[k]);
                 load_f32<T, N>(gr + c, gw[k]);
+                if constexpr (N % 2 == 0) {
+                    if (rope) {  // the gradient of the normalised row: the rotation transposed
+                        float r[N];
+                        rope_pairs<N>(rope + (((i64)row.b * Lt + row.l) * (D / 2) + c / 2) * 4, gw[k], r, 1);
+#pragma unroll
+                        for (int j = 0; j < N; ++j) gw[k][j] = r[j];
+                    }
+                }
                 mul_gain<T, N>(wp, c, wf32, gw[k]);
 #pragma unroll
                 for (int j = 0; j < N; ++j) ss += v[k][j] * v[k][j];
@@ -142,20 +167,21 @@ __device__ __forceinline__ void jrms_bwd_body(JrmsPart<T> p0, JrmsPart<T> p1, co
 #define JRMS_PART(i) JrmsPart<T>{x##i, sb##i, sl##i, sh##i, L##i, w##i}
 
 template <typename T>
-__global__ void __launch_bounds__(256, 4) joint_rms_norm_fwd(JRMS_PART_PARAMS(0), JRMS_PART_PARAMS(1), T* __restrict__ y, int B, int H, int D,
-                                   int G, float eps, int wf32, int vec) {
+__global__ void __launch_bounds__(256, 4) joint_rms_norm_fwd(JRMS_PART_PARAMS(0), JRMS_PART_PARAMS(1), T* __restrict__ y,
+                                   const float* __restrict__ rope, int B, int H, int D, int G, float eps, int wf32,
+                                   int vec) {
     if (vec)
-        jrms_fwd_body<T, VecT<T>::N>(JRMS_PART(0), JRMS_PART(1), y, B, H, D, G, eps, wf32);
+        jrms_fwd_body<T, VecT<T>::N>(JRMS_PART(0), JRMS_PART(1), y, rope, B, H, D, G, eps, wf32);
     else
-        jrms_fwd_body<T, 1>(JRMS_PART(0), JRMS_PART(1), y, B, H, D, G, eps, wf32);
+        jrms_fwd_body<T, 1>(JRMS_PART(0), JRMS_PART(1), y, nullptr, B, H, D, G, eps, wf32);
 }
 
 template <typename T>
 __global__ void __launch_bounds__(256, 3) joint_rms_norm_bwd(JRMS_PART_PARAMS(0), JRMS_PART_PARAMS(1), const T* __restrict__ g,
-                                   T* __restrict__ dx0, T* __restrict__ dx1, int B, int H, int D, int G, float eps,
-                                   int wf32, int vec) {
+                                   T* __restrict__ dx0, T* __restrict__ dx1, const float* __restrict__ rope, int B,
+                                   int H, int D, int G, float eps, int wf32, int vec) {
     if (vec)
-        jrms_bwd_body<T, VecT<T>::N>(JRMS_PART(0), JRMS_PART(1), g, dx0, dx1, B, H, D, G, eps, wf32);
+        jrms_bwd_body<T, VecT<T>::N>(JRMS_PART(0), JRMS_PART(1), g, dx0, dx1, rope, B, H, D, G, eps, wf32);
     else
-        jrms_bwd_body<T, 1>(JRMS_PART(0), JRMS_PART(1), g, dx0, dx1, B, H, D, G, eps, wf32);
+        jrms_bwd_body<T, 1>(JRMS_PART(0), JRMS_PART(1), g, dx0, dx1, nullptr, B, H, D, G, eps, wf32);
 }
