@@ -89,9 +89,9 @@ def linear(input, weight, bias=None):
 
 
 class LinearCat2(Function):
-    """linear(cat((a, b), -1), w, bias) without building the concatenation: a @ w[:, :Ha]^T, then b @ w[:, Ha:]^T
-    accumulated into the same output by the second GEMM (cuBLAS beta = 1), then the bias. Backward: the two input
-    gradients come out separately (no split of a concatenated gradient)."""
+    """linear(cat((a, b), -1), w, bias) without building the concatenation: a @ w[:, :Ha]^T + bias (on cuda the bias
+    in that GEMM's epilogue), then b @ w[:, Ha:]^T accumulated into the same output by the second GEMM (cuBLAS beta =
+    1). Backward: the two input gradients come out separately (no split of a concatenated gradient)."""
 
     @staticmethod
     def forward(ctx, a, b, w, bias):
@@ -101,13 +101,14 @@ class LinearCat2(Function):
         b2 = b._data.reshape(-1, b.shape[-1])
         wd = w._data
         if backend.is_cuda_array(wd) and _cublas.supported(wd.dtype) and a2.dtype == b2.dtype == wd.dtype:
-            y = _cublas.matmul(a2, wd[:, :ha].T)
+            # the bias in the first GEMM's epilogue (cuBLASLt), not an add pass over the output afterwards
+            y = _linear_arrays(a2, wd[:, :ha], None if bias is None else bias._data)
             _cublas.matmul(b2, wd[:, ha:].T, out=y, beta=1.0)
         else:
             y = mm_arrays(a2, wd[:, :ha].T)
             y += mm_arrays(b2, wd[:, ha:].T)
-        if bias is not None:
-            y += bias._data
+            if bias is not None:
+                y += bias._data
         na, nb, nw, _ = ctx.needs_input_grad
         # the inputs only for the weight's gradient (a frozen weight keeps neither), the weight for theirs
         ctx.save_for_backward(a if nw else None, b if nw else None, w if (na or nb) else None)
