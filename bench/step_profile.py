@@ -10,7 +10,9 @@ norm + modulation + elementwise, casts / copies / layout, optimizer, other. Prot
 
 --quantize fp8_compute: FLAME's frozen blocks in fp8 with fp8 tensor-core matmuls (bench/lora_step.py's variants;
 the peer stays bf16); the activations' fp8 quantisation and the weights' byte transposes are their own group.
-The JSON keeps every kernel of at least 0.05 ms a step by group (flame_kernels, compiled_kernels), not only the top.
+The JSON keeps every kernel of at least 0.05 ms a step by group (flame_kernels, flame_nolora_kernels,
+compiled_kernels), not only the top; the report lists the kernels whose time the adapters add (the LoRA step's
+minus the step without them, kernel by kernel).
 Run: PYTHONPATH=$PWD python3 bench/step_profile.py [--model flux|sd35l] [--ckpt off|on] [--steps 2]
                                                    [--quantize bf16|fp8|fp8_compute]
 """
@@ -94,9 +96,10 @@ def nolora(res, a, base, args):
     if run.graph is None:  # never profile eager steps as the graph's
         raise RuntimeError("the step was not captured: flame.cuda.graphed ran it eagerly")
     res.log("flame_nolora_ms", round(common.cuda_ms(lambda: run(*args), 3, warmup=0)[0], 1))
-    groups, _, n, _ = trace(lambda: run(*args), a.steps)
+    groups, _, n, full = trace(lambda: run(*args), a.steps)
     res.log("flame_nolora_groups", groups)
     res.log("flame_nolora_kernels_per_step", n)
+    res.log("flame_nolora_kernels", full)
     run.reset()
 
 
@@ -206,6 +209,18 @@ def peer_part(res, a):
     res.log("compiled_kernels", full)
 
 
+def adapters_add(lora, nolora, top=15):
+    """[(kernel, ms per step with the adapters, without, calls with, without)] of the `top` kernels whose time the
+    adapters change most (either way), from two `trace` kernel lists by group."""
+    def flat(full):
+        return {k: (ms, n) for g in (full or {}).values() for k, ms, n in g}
+    w, wo = flat(lora), flat(nolora)
+    rows = [(k, w.get(k, (0.0, 0))[0], wo.get(k, (0.0, 0))[0], w.get(k, (0.0, 0))[1], wo.get(k, (0.0, 0))[1])
+            for k in set(w) | set(wo)]
+    rows.sort(key=lambda r: -abs(r[1] - r[2]))
+    return rows[:top]
+
+
 def report(res, a):
     f, c, b = res.get("flame_groups") or {}, res.get("compiled_groups") or {}, res.get("flame_nolora_groups") or {}
     rows = []
@@ -248,6 +263,10 @@ def main():
         print(f"\n{k}:")
         for name, ms, n in res.get(k) or []:
             print(f"  {ms:8.2f} ms {n:5d}x  {name}")
+    if res.get("flame_nolora_kernels"):
+        print("\nwhat the adapters change (ms per step with / without; calls with / without):")
+        for name, w, wo, n, no in adapters_add(res.get("flame_kernels"), res.get("flame_nolora_kernels")):
+            print(f"  {w - wo:+8.2f} ms  {w:7.2f} / {wo:7.2f}  {n:5d} / {no:5d}x  {name}")
     print(report(res, a), flush=True)
     raise SystemExit(1 if failed else 0)
 
