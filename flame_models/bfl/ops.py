@@ -6,6 +6,8 @@ Heads stay in the (B, L, heads, D) layout that the qkv projection produces: RoPE
 attention reads (B, heads, L, D) strided views of it and writes its output in the same layout, so neither the
 split into heads nor the merge back costs a copy.
 """
+import os
+
 import flame_core as flame
 from flame_core.ops.attention import scaled_dot_product_attention
 from flame_core.ops.modulation import gated_residual, modulate
@@ -16,9 +18,10 @@ from ..blocks.ops import joint_qk_norm, norm_modulate, qk_norm
 __all__ = ["modulate", "gated_residual", "norm_modulate", "qk_norm", "joint_qk_norm", "rope_freqs", "rope_rows", "rope",
            "row_tables", "qk_rope", "attention"]
 
-# RoPE inside the QK-norm's kernels (joint_qk_norm's rope: q and k written rotated, no pass of their own); False: the
-# rope_apply pass on q and k in `attention` (A/B; the outputs differ by the one rounding the fused kernel saves)
-QK_ROPE = True
+# RoPE inside the QK-norm's kernels (joint_qk_norm's rope: q and k written rotated, no pass of their own); False
+# (FLAME_QK_ROPE=0): the rope_apply pass on q and k in `attention` (A/B; the outputs differ by the one rounding the
+# fused kernel saves)
+QK_ROPE = os.environ.get("FLAME_QK_ROPE", "1") != "0"
 
 
 def rope_freqs(ids, axes_dim, theta):
