@@ -2,9 +2,10 @@
 residual, QK RMS-norm, RoPE and flash attention. (GELU(tanh), SiLU, split / unbind as views in one autograd node,
 and linear_cat2 -- linear2 over cat(attn, mlp) without the concatenation -- are flame_core's own ops.)
 
-Heads stay in the (B, L, heads, D) layout that the qkv projection produces: RoPE rotates that memory directly and
-attention reads (B, heads, L, D) strided views of it and writes its output in the same layout, so neither the
-split into heads nor the merge back costs a copy.
+Heads stay in the (B, L, heads, D) layout that the qkv projection produces: the QK-norm writes q and k joined and
+already rotated by RoPE (one kernel each way, `qk_rope` / QK_ROPE; RoPE as a pass of its own over that memory when
+switched off) and attention reads (B, heads, L, D) strided views of it and writes its output in the same layout, so
+neither the split into heads nor the merge back costs a copy.
 """
 import os
 
