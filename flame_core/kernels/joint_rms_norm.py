@@ -192,7 +192,9 @@ def _backward_kernel(g, xs, ws, eps, rope=None):
     dxs = [xp.empty(x.shape, dtype=x.dtype) for x in xs]
     G, vec = plan
     grid, block = _grid(g.shape[0] * g.shape[1] * H, G)
-    KL.launch(L.get_function("joint_rms_norm", "joint_rms_norm_bwd", x0.dtype), grid, block,
+    # one 16-byte step covers a row: the kernel that holds two rows per thread group at once
+    name = "joint_rms_norm_bwd_rows2" if vec and G * P.vec_width(x0.dtype) >= D else "joint_rms_norm_bwd"
+    KL.launch(L.get_function("joint_rms_norm", name, x0.dtype), grid, block,
               _part_args(xs, wa) + (g, dxs[0], dxs[1] if len(dxs) > 1 else KL.null(), ra, KL.i32(B), KL.i32(H),
                                     KL.i32(D), KL.i32(G), KL.f32(eps), KL.i32(wf32), KL.i32(vec)))
     return dxs
