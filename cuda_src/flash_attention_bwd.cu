@@ -50,26 +50,58 @@ flash_attn_convert(const float* __restrict__ src, T* __restrict__ dst, int H, in
 
 // flash_attn_convert_tiles: the same from the Hopper backward's tiled dQ accumulator (flash_attention_bwd_sm90.cu,
 // DQB = 1): [B*H][query blocks of BM][NWG parts][64 x 64 tile in wgmma fragment order], a part being 64 query rows
-// of the block (rowsplit, BM = 128) or 64 columns (BM = 64). One thread per pair of columns.
+// of the block (rowsplit, BM = 128) or 64 columns (BM = 64). One CTA per tile (grid-stride over `tiles`): its 16 KB
+// read with coalesced 16-byte loads (a float4 of fragment order is rows rl and rl + 8 at columns cl, cl + 1), scaled,
+// rounded and transposed through shared memory, then written as whole 128-byte rows (16-byte stores where `vec`: dst
+// 16-byte aligned with strides in multiples of 8 elements). The per-element index arithmetic (64-bit divisions) of a
+// thread-per-pair mapping left this kernel at a third of the copy bandwidth.
 template <typename T>
 __global__ void __launch_bounds__(256)
 flash_attn_convert_tiles(const float* __restrict__ src, T* __restrict__ dst, int H, int L, int d, int BM, int nwg,
-                         int rowsplit, fa_i64 total_pairs, fa_i64 d_sb, fa_i64 d_sh, fa_i64 d_sl, float scale) {
-    const int m_blocks = (L + BM - 1) / BM, dp = d >> 1;
-    for (fa_i64 i = (fa_i64)blockIdx.x * blockDim.x + threadIdx.x; i < total_pairs;
-         i += (fa_i64)gridDim.x * blockDim.x) {
-        const int col = (int)(i % dp) * 2;
-        const fa_i64 r = i / dp;
-        const int row = (int)(r % L);
-        const fa_i64 bh = r / L;
-        const int mb = row / BM, rr = row - mb * BM;
-        const int part = rowsplit ? rr >> 6 : col >> 6, rl = rowsplit ? rr & 63 : rr, cl = rowsplit ? col : col & 63;
-        // fragment order: [n8 tile j][warp rl/16][lane (rl%8)*4 + (cl%8)/2][rows rl/8%2, columns cl%2]
-        const int idx = (((cl >> 3) * 128 + (rl >> 4) * 32 + (rl & 7) * 4 + ((cl & 7) >> 1)) << 2) + ((rl >> 3) & 1) * 2;
-        const float2 x = *reinterpret_cast<const float2*>(src + ((bh * m_blocks + mb) * nwg + part) * 4096 + idx);
+                         int rowsplit, fa_i64 tiles, fa_i64 d_sb, fa_i64 d_sh, fa_i64 d_sl, float scale, int vec) {
+    constexpr int RW = 36;  // a tile row in shared memory: 32 words of packed pairs + 4 (conflict-free both ways)
+    __shared__ __align__(16) fa_u32 sm[64 * RW];
+    const int tid = threadIdx.x, m_blocks = (L + BM - 1) / BM;
+    const bool v16 = vec && (reinterpret_cast<unsigned long long>(dst) & 15ull) == 0;
+    for (fa_i64 t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const int part = (int)(t % nwg);
+        const fa_i64 q = t / nwg;
+        const int mb = (int)(q % m_blocks);
+        const fa_i64 bh = q / m_blocks;
+        const float4* tile = reinterpret_cast<const float4*>(src + t * 4096);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int m = tid + j * 256;  // fragment order: [n8 tile m/128][warp m/32%4][lane/4 = m/4%8][m%4]
+            const float4 x = tile[m];
+            const int rl = ((m >> 5) & 3) * 16 + ((m >> 2) & 7), cw = (m >> 7) * 4 + (m & 3);  // cw: column pair
+            sm[rl * RW + cw] = FaType<T>::pack(x.x * scale, x.y * scale);
+            sm[(rl + 8) * RW + cw] = FaType<T>::pack(x.z * scale, x.w * scale);
+        }
+        __syncthreads();
+        const int row0 = mb * BM + (rowsplit ? part * 64 : 0), col0 = rowsplit ? 0 : part * 64;
         const fa_i64 b = bh / H, h = bh % H;
-        *reinterpret_cast<fa_u32*>(dst + b * d_sb + h * d_sh + (fa_i64)row * d_sl + col) =
-            FaType<T>::pack(x.x * scale, x.y * scale);
+        T* base = dst + b * d_sb + h * d_sh + col0;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int rl = (tid >> 3) + j * 32, c8 = tid & 7, row = row0 + rl;  // 8 threads per 64-column row
+            if (row < L && col0 + c8 * 8 < d) {  // d (a multiple of 8): the head dim's columns, not the tile's
+                T* p = base + (fa_i64)row * d_sl + c8 * 8;
+                const uint4 w = *reinterpret_cast<const uint4*>(&sm[rl * RW + c8 * 4]);
+                if (v16) {
+                    *reinterpret_cast<uint4*>(p) = w;
+                } else {
+                    const fa_u32 ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) {
+                        union { fa_u32 u; T t2[2]; } c;
+                        c.u = ws[k];
+                        p[2 * k] = c.t2[0];
+                        p[2 * k + 1] = c.t2[1];
+                    }
+                }
+            }
+        }
+        __syncthreads();
     }
 }
 

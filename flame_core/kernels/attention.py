@@ -676,16 +676,18 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
     converts = []
     for name, src, dst, sc, rows, i0 in outs:
         strides = tuple(KL.i64(s // dst.itemsize) for s in dst.strides[:3])
-        if name == "dq" and dqb:
+        if name == "dq" and dqb:   # one CTA per 64 x 64 tile of the accumulator
             cfn = _kernel("flash_attention_bwd", "flash_attn_convert_tiles<{T}>", T)
-            total = B * H * Lq * (e_pad // 2)
+            tiles = B * H * m_blocks * NWG
+            vec = all(s % (8 * dst.itemsize) == 0 for s in dst.strides[:3])   # 16-byte row pieces
             args = (src, dst, KL.i32(H), KL.i32(rows), KL.i32(e_pad), KL.i32(BM), KL.i32(NWG),
-                    KL.i32(int(BM == 128)), KL.i64(total), *strides, KL.f32(sc))
+                    KL.i32(int(BM == 128)), KL.i64(tiles), *strides, KL.f32(sc), KL.i32(int(vec)))
+            grid = (max(1, min(tiles, P.sm_count() * 16)),)
         else:
             cfn, total = convert, src.size
             args = (src, dst, KL.i32(H), KL.i32(rows), KL.i32(e_pad), KL.i64(total), *strides, KL.f32(sc),
                     KL.i64(i0))
-        grid = (max(1, min(P.cdiv(total, 256), P.sm_count() * 32)),)
+            grid = (max(1, min(P.cdiv(total, 256), P.sm_count() * 32)),)
         KL.launch(cfn, grid, (256,), args)
         converts.append((name, cfn, grid, args))
     if (mask is None and e_pad == E and qa is q and ka is k and va is v and oa is o and ga is do
