@@ -1,5 +1,5 @@
 // FlashAttention-2 backward. P is recomputed from the logsumexp saved by the forward, never stored whole.
-//   flash_attn_bwd_delta: delta_i = sum_d dO[i,d] * O[i,d]  (fp32), one warp per row.
+//   flash_attn_bwd_delta: delta_i = sum_d dO[i,d] * O[i,d]  (fp32), d / 8 lanes (at most 32) per row.
 //   flash_attn_bwd:       one CTA per (BN keys, head, batch[, slice of the query blocks]); for each block of BM
 //                         queries: S = Q K^T, P = exp2(S*scale*log2e - lse*log2e), dP = dO V^T, dS = P (dP - delta);
 //                         dV += P^T dO and dK += dS^T Q in registers; dQ += dS K through fp32 atomics.
@@ -11,27 +11,31 @@
 // dtypes: float16, bfloat16
 #include "flash_attention.cuh"
 
+// G = d / 8 lanes (a power of two, at most 32) per row, 256 / G rows per block: every lane holds 16-byte pieces of
+// O and dO (at d = 128 a warp covers two rows; one row per warp left half of its lanes idle).
 template <typename T>
 __global__ void __launch_bounds__(256)
 flash_attn_bwd_delta(const T* __restrict__ o, const T* __restrict__ dout, float* __restrict__ delta, int H, int Lq,
                      int d, fa_i64 o_sb, fa_i64 o_sh, fa_i64 o_sl, fa_i64 g_sb, fa_i64 g_sh, fa_i64 g_sl) {
-    const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * 8 + (threadIdx.x >> 5);
+    int G = 1;
+    while (G < 32 && G * 8 < d) G *= 2;
+    const int lane = threadIdx.x % G;
+    const int row = blockIdx.x * (256 / G) + threadIdx.x / G;
     const int h = blockIdx.y, b = blockIdx.z;
-    if (row >= Lq) return;
-    const T* orow = o + b * o_sb + h * o_sh + (fa_i64)row * o_sl;
-    const T* grow = dout + b * g_sb + h * g_sh + (fa_i64)row * g_sl;
+    const bool ok = row < Lq;  // no early return: the group's shuffles need every lane of the warp
+    const T* orow = o + b * o_sb + h * o_sh + (fa_i64)(ok ? row : 0) * o_sl;
+    const T* grow = dout + b * g_sb + h * g_sh + (fa_i64)(ok ? row : 0) * g_sl;
     float acc = 0.f;
-    for (int c = lane * 8; c < d; c += 256) {  // 16-byte pieces (d is a multiple of 8, rows 16-byte aligned)
-        union { uint4 u; T t[8]; } x, y;
-        x.u = *reinterpret_cast<const uint4*>(orow + c);
-        y.u = *reinterpret_cast<const uint4*>(grow + c);
+    if (ok)
+        for (int c = lane * 8; c < d; c += G * 8) {  // 16-byte pieces (d is a multiple of 8, rows 16-byte aligned)
+            union { uint4 u; T t[8]; } x, y;
+            x.u = *reinterpret_cast<const uint4*>(orow + c);
+            y.u = *reinterpret_cast<const uint4*>(grow + c);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) acc += FaType<T>::to_float(x.t[j]) * FaType<T>::to_float(y.t[j]);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (lane == 0) delta[((fa_i64)b * H + h) * Lq + row] = acc;
+            for (int j = 0; j < 8; ++j) acc += FaType<T>::to_float(x.t[j]) * FaType<T>::to_float(y.t[j]);
+        }
+    for (int off = G >> 1; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (ok && lane == 0) delta[((fa_i64)b * H + h) * Lq + row] = acc;
 }
 
 template <typename T>

@@ -566,6 +566,14 @@ def _run_bwd_plan(plan, do, q, k, v, o, lse):
     return tuple(outs)
 
 
+def _delta_lanes(e_pad):
+    """flash_attn_bwd_delta's lanes per row: e_pad / 8 rounded up to a power of two, at most 32 (as the kernel)."""
+    g = 1
+    while g < 32 and g * 8 < e_pad:
+        g *= 2
+    return g
+
+
 def _bwd_sm90_smem(D, NWG, STAGES, BM, dqb):
     BN = 64 * NWG
     return (1024 + (2 * BN * D + 2 * STAGES * BM * D + 2 * BN * BM) * 2 + 2 * STAGES * BM * 4
@@ -602,7 +610,8 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
     marg, kind, ms = _mask_arg(mask, (B, H, Lq, Lk))
 
     delta = xp.empty((B, H, Lq), dtype=np.float32)
-    delta_fn, delta_grid = _kernel("flash_attention_bwd", "flash_attn_bwd_delta<{T}>", T), (P.cdiv(Lq, 8), H, B)
+    delta_fn = _kernel("flash_attention_bwd", "flash_attn_bwd_delta<{T}>", T)
+    delta_grid = (P.cdiv(Lq, 256 // _delta_lanes(e_pad)), H, B)
     delta_args = (oa, ga, delta, KL.i32(H), KL.i32(Lq), KL.i32(e_pad), *os_, *gs)
     KL.launch(delta_fn, delta_grid, (256,), delta_args)
 
