@@ -693,10 +693,10 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
                     KL.i32(int(BM == 128)), KL.i64(tiles), *strides, KL.f32(sc), KL.i32(int(vec)))
             grid = (max(1, min(tiles, P.sm_count() * 16)),)
         else:
-            cfn, total = convert, src.size
+            cfn, total = convert, src.size   # a multiple of 8 (e_pad is): 8 elements per thread
             args = (src, dst, KL.i32(H), KL.i32(rows), KL.i32(e_pad), KL.i64(total), *strides, KL.f32(sc),
                     KL.i64(i0))
-            grid = (max(1, min(P.cdiv(total, 256), P.sm_count() * 32)),)
+            grid = (max(1, min(P.cdiv(total, 8 * 256), P.sm_count() * 32)),)
         KL.launch(cfn, grid, (256,), args)
         converts.append((name, cfn, grid, args))
     if (mask is None and e_pad == E and qa is q and ka is k and va is v and oa is o and ga is do
