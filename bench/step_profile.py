@@ -12,7 +12,9 @@ norm + modulation + elementwise, casts / copies / layout, optimizer, other. Prot
 the peer stays bf16); the activations' fp8 quantisation and the weights' byte transposes are their own group.
 The JSON keeps every kernel of at least 0.05 ms a step by group (flame_kernels, flame_nolora_kernels,
 compiled_kernels), not only the top; the report lists the kernels whose time the adapters add (the LoRA step's
-minus the step without them, kernel by kernel).
+minus the step without them, kernel by kernel), and the SM clock and board power while each side steps (nvidia-smi
+sampled every 20 ms over a second of steps, outside the trace): a clock that drops where the step is denser in
+power slows the compute-bound kernels of that side alone.
 Run: PYTHONPATH=$PWD python3 bench/step_profile.py [--model flux|sd35l] [--ckpt off|on] [--steps 2]
                                                    [--quantize bf16|fp8|fp8_compute]
 """
@@ -21,7 +23,10 @@ import collections
 import gc
 import json
 import os
+import statistics
+import subprocess
 import tempfile
+import time
 import traceback
 
 import common
@@ -50,6 +55,47 @@ def group(name):
                             "triton", "elementwise", "reduce", "cupy_", "mul", "add", "sum", "mean", "pow")):
         return "norm + modulation + elementwise"
     return "other"
+
+
+def parse_clock_samples(text):
+    """[(SM MHz, board W)] of nvidia-smi's `--query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits` lines
+    (lines that do not parse -- "[N/A]", a cut last line -- are left out)."""
+    out = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 2:
+            continue
+        try:
+            out.append((float(parts[0]), float(parts[1])))
+        except ValueError:
+            continue
+    return out
+
+
+def clocks_while(step, seconds=1.0, lib="cupy"):
+    """(median SM MHz, median W) of the current GPU while step() runs back to back for about `seconds` (nvidia-smi
+    sampling every 20 ms in a child process; `lib` the step's array library, synchronised after each step), or
+    (None, None) where nvidia-smi is missing or gives nothing."""
+    import cupy
+    dev = str(cupy.cuda.runtime.getDevice())
+    try:
+        proc = subprocess.Popen(["nvidia-smi", "-i", dev, "--query-gpu=clocks.sm,power.draw",
+                                 "--format=csv,noheader,nounits", "-lms", "20"], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)
+    except OSError:
+        return None, None
+    try:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            step()
+            common.synchronize(lib)
+    finally:
+        proc.terminate()
+        text = proc.communicate(timeout=10)[0]
+    samples = parse_clock_samples(text)
+    if not samples:
+        return None, None
+    return statistics.median(m for m, _ in samples), statistics.median(w for _, w in samples)
 
 
 def trace(step, steps):
@@ -96,6 +142,7 @@ def nolora(res, a, base, args):
     if run.graph is None:  # never profile eager steps as the graph's
         raise RuntimeError("the step was not captured: flame.cuda.graphed ran it eagerly")
     res.log("flame_nolora_ms", round(common.cuda_ms(lambda: run(*args), 3, warmup=0)[0], 1))
+    res.log("flame_nolora_clock_mhz_w", clocks_while(lambda: run(*args)))
     groups, _, n, full = trace(lambda: run(*args), a.steps)
     res.log("flame_nolora_groups", groups)
     res.log("flame_nolora_kernels_per_step", n)
@@ -156,6 +203,7 @@ def flame_part(res, a):
     if run.graph is None:
         raise RuntimeError("the step was not captured: flame.cuda.graphed ran it eagerly")
     res.log("flame_step_ms", round(common.cuda_ms(step, 3, warmup=0)[0], 1))
+    res.log("flame_clock_mhz_w", clocks_while(step))
     groups, top, n, full = trace(step, a.steps)
     res.log("flame_groups", groups)
     res.log("flame_kernels_per_step", n)
@@ -202,6 +250,7 @@ def peer_part(res, a):
         step()
     torch.cuda.synchronize()
     res.log("compiled_step_ms", round(common.cuda_ms(step, 3, warmup=0, lib="torch")[0], 1))
+    res.log("compiled_clock_mhz_w", clocks_while(step, lib="torch"))
     groups, top, n, full = trace(step, a.steps)
     res.log("compiled_groups", groups)
     res.log("compiled_kernels_per_step", n)
@@ -236,6 +285,10 @@ def report(res, a):
     rows.append(["step (CUDA events)", step, res.get("flame_nolora_ms"), peer, common.ratio(step, peer)])
     rows.append(["kernels per step", res.get("flame_kernels_per_step"), res.get("flame_nolora_kernels_per_step"),
                  res.get("compiled_kernels_per_step"), "-"])
+    clk = [res.get(k) or (None, None)
+           for k in ("flame_clock_mhz_w", "flame_nolora_clock_mhz_w", "compiled_clock_mhz_w")]
+    rows.append(["SM clock MHz (median, stepping)", *[c[0] for c in clk], common.ratio(clk[0][0], clk[2][0])])
+    rows.append(["board power W (median, stepping)", *[c[1] for c in clk], common.ratio(clk[0][1], clk[2][1])])
     return common.table(["group (ms per step)", "FLAME LoRA step", "FLAME no adapters", "compiled peer",
                          "FLAME ÷ peer"], rows,
                         title=f"\n{a.model} {a.size}² LoRA step, checkpointing {a.ckpt}"
