@@ -187,6 +187,15 @@ FWD_VARIANTS = {"plain": (False, True, False), "pingpong": (True, True, False), 
 SMEM_OPTIN = 232448  # the H100 / H200's shared memory per block (opt-in), static included
 
 
+def _int_triple(t):
+    """"AxBxC" as three ints, or None where it is not that."""
+    try:
+        ints = tuple(int(x) for x in t.split("x"))
+    except ValueError:
+        return None
+    return ints if len(ints) == 3 else None
+
+
 def parse_fwd_variant(v, D):
     """(pingpong, tma, overlap, tiles or None) of a --fwd-variants entry "schedule[:BNxNWGxSTAGES]" at head dim D;
     ValueError names what is wrong (an unknown schedule, tiles that are not three ints, or that need more shared
@@ -196,11 +205,8 @@ def parse_fwd_variant(v, D):
         raise ValueError(f"--fwd-variants: unknown schedule {name!r} in {v!r} (one of {', '.join(FWD_VARIANTS)})")
     tiles = None
     if t:
-        try:
-            tiles = tuple(int(x) for x in t.split("x"))
-        except ValueError:
-            tiles = ()
-        if len(tiles) != 3 or tiles[0] % 64 or not 0 < tiles[0] <= 256 or tiles[1] not in (1, 2) or tiles[2] < 1:
+        tiles = _int_triple(t)
+        if tiles is None or tiles[0] % 64 or not 0 < tiles[0] <= 256 or tiles[1] not in (1, 2) or tiles[2] < 1:
             raise ValueError(f"--fwd-variants: tiles {t!r} in {v!r} must be BNxNWGxSTAGES (BN a multiple of 64 up to "
                              "256, NWG 1 or 2, STAGES >= 1)")
         from flame_core.kernels.attention import sm90_fwd_smem
@@ -298,12 +304,10 @@ def _bwd_variant(v):
     name, _, t = v.partition("@")
     tiles = None
     if t:
-        try:
-            tiles = tuple(int(x) for x in t.split("x"))
-        except ValueError:
-            tiles = ()
-        if len(tiles) != 3:
-            raise ValueError(f"--bwd-variants: {v!r}: tiles are NWGxSTAGESxBM, e.g. tail@2x3x64")
+        tiles = _int_triple(t)
+        if tiles is None or tiles[0] not in (1, 2) or tiles[1] < 1 or tiles[2] not in (64, 128):
+            raise ValueError(f"--bwd-variants: {v!r}: tiles are NWGxSTAGESxBM (NWG 1 or 2, STAGES >= 1, BM 64 or 128), "
+                             "e.g. tail@2x3x64")
     if name == "plain":
         return False, A.TAIL_PIECE_COST, True, tiles
     if name == "tail":

@@ -54,7 +54,8 @@ def test_backward_variants_parse_into_switches_and_tiles():
 
 
 @pytest.mark.parametrize("entry, words", [("fast", "unknown variant 'fast'"), ("tail@2x3", "NWGxSTAGESxBM"),
-                                          ("tail@2xtwox64", "NWGxSTAGESxBM")])
+                                          ("tail@2xtwox64", "NWGxSTAGESxBM"), ("tail@3x2x64", "NWG 1 or 2"),
+                                          ("plain@2x2x96", "BM 64 or 128")])
 def test_backward_entries_that_do_not_parse_are_refused(entry, words):
     with pytest.raises(ValueError, match=words):
         attention._bwd_variant(entry)
