@@ -1,5 +1,5 @@
 // FlashAttention-2 backward. P is recomputed from the logsumexp saved by the forward, never stored whole.
-//   flash_attn_bwd_delta: delta_i = sum_d dO[i,d] * O[i,d]  (fp32), one warp per row.
+//   flash_attn_bwd_delta: delta_i = sum_d dO[i,d] * O[i,d]  (fp32), d / 8 lanes (at most 32) per row.
 //   flash_attn_bwd:       one CTA per (BN keys, head, batch[, slice of the query blocks]); for each block of BM
 //                         queries: S = Q K^T, P = exp2(S*scale*log2e - lse*log2e), dP = dO V^T, dS = P (dP - delta);
 //                         dV += P^T dO and dK += dS^T Q in registers; dQ += dS K through fp32 atomics.
@@ -7,69 +7,122 @@
 //                         When the query blocks are split over several CTAs (short key sequences, e.g. SDXL's 77
 //                         text tokens) dK and dV are also summed with fp32 atomics.
 //   flash_attn_convert:   dst = T(src * scale) for the fp32 accumulators, into any (B, H, L, d) strides (src may
-//                         start at flattened element i0: the tail schedule's accumulators hold its last rows only).
+//                         start at flattened element i0: the tail schedule's accumulators hold its last rows only),
+//                         8 elements per thread.
 // dtypes: float16, bfloat16
 #include "flash_attention.cuh"
 
+// G = d / 8 lanes (a power of two, at most 32) per row, 256 / G rows per block: every lane holds 16-byte pieces of
+// O and dO (at d = 128 a warp covers two rows; one row per warp left half of its lanes idle).
 template <typename T>
 __global__ void __launch_bounds__(256)
 flash_attn_bwd_delta(const T* __restrict__ o, const T* __restrict__ dout, float* __restrict__ delta, int H, int Lq,
                      int d, fa_i64 o_sb, fa_i64 o_sh, fa_i64 o_sl, fa_i64 g_sb, fa_i64 g_sh, fa_i64 g_sl) {
-    const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * 8 + (threadIdx.x >> 5);
+    int G = 1;
+    while (G < 32 && G * 8 < d) G *= 2;
+    const int lane = threadIdx.x % G;
+    const int row = blockIdx.x * (256 / G) + threadIdx.x / G;
     const int h = blockIdx.y, b = blockIdx.z;
-    if (row >= Lq) return;
-    const T* orow = o + b * o_sb + h * o_sh + (fa_i64)row * o_sl;
-    const T* grow = dout + b * g_sb + h * g_sh + (fa_i64)row * g_sl;
+    const bool ok = row < Lq;  // no early return: the group's shuffles need every lane of the warp
+    const T* orow = o + b * o_sb + h * o_sh + (fa_i64)(ok ? row : 0) * o_sl;
+    const T* grow = dout + b * g_sb + h * g_sh + (fa_i64)(ok ? row : 0) * g_sl;
     float acc = 0.f;
-    for (int c = lane * 8; c < d; c += 256) {  // 16-byte pieces (d is a multiple of 8, rows 16-byte aligned)
-        union { uint4 u; T t[8]; } x, y;
-        x.u = *reinterpret_cast<const uint4*>(orow + c);
-        y.u = *reinterpret_cast<const uint4*>(grow + c);
+    if (ok)
+        for (int c = lane * 8; c < d; c += G * 8) {  // 16-byte pieces (d is a multiple of 8, rows 16-byte aligned)
+            union { uint4 u; T t[8]; } x, y;
+            x.u = *reinterpret_cast<const uint4*>(orow + c);
+            y.u = *reinterpret_cast<const uint4*>(grow + c);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) acc += FaType<T>::to_float(x.t[j]) * FaType<T>::to_float(y.t[j]);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (lane == 0) delta[((fa_i64)b * H + h) * Lq + row] = acc;
+            for (int j = 0; j < 8; ++j) acc += FaType<T>::to_float(x.t[j]) * FaType<T>::to_float(y.t[j]);
+        }
+    for (int off = G >> 1; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (ok && lane == 0) delta[((fa_i64)b * H + h) * Lq + row] = acc;
 }
 
+// One thread per 8 consecutive elements of a row (d and i0 are multiples of 8): the row's index arithmetic once per 8
+// elements, two 16-byte loads, one 16-byte store where dst's rows allow (else element stores).
 template <typename T>
 __global__ void __launch_bounds__(256)
 flash_attn_convert(const float* __restrict__ src, T* __restrict__ dst, int H, int L, int d, fa_i64 total,
                    fa_i64 d_sb, fa_i64 d_sh, fa_i64 d_sl, float scale, fa_i64 i0) {
-    for (fa_i64 i = (fa_i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (fa_i64)gridDim.x * blockDim.x) {
+    const bool v16 = ((d_sb | d_sh | d_sl) & 7) == 0 && (reinterpret_cast<unsigned long long>(dst) & 15ull) == 0;
+    for (fa_i64 i = ((fa_i64)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < total;
+         i += (fa_i64)gridDim.x * blockDim.x * 8) {
         const int col = (int)(i % d);
         const fa_i64 r = (i + i0) / d;  // i0: src holds the elements from i0 on (a multiple of d)
         const int row = (int)(r % L);
         const fa_i64 bh = r / L;
         const fa_i64 b = bh / H, h = bh % H;
-        dst[b * d_sb + h * d_sh + (fa_i64)row * d_sl + col] = FaType<T>::from_float(src[i] * scale);
+        const float4 a = *reinterpret_cast<const float4*>(src + i), c = *reinterpret_cast<const float4*>(src + i + 4);
+        union { uint4 u; fa_u32 w[4]; T t[8]; } o;
+        o.w[0] = FaType<T>::pack(a.x * scale, a.y * scale);
+        o.w[1] = FaType<T>::pack(a.z * scale, a.w * scale);
+        o.w[2] = FaType<T>::pack(c.x * scale, c.y * scale);
+        o.w[3] = FaType<T>::pack(c.z * scale, c.w * scale);
+        T* p = dst + b * d_sb + h * d_sh + (fa_i64)row * d_sl + col;
+        if (v16) {
+            *reinterpret_cast<uint4*>(p) = o.u;
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) p[j] = o.t[j];
+        }
     }
 }
 
 // flash_attn_convert_tiles: the same from the Hopper backward's tiled dQ accumulator (flash_attention_bwd_sm90.cu,
 // DQB = 1): [B*H][query blocks of BM][NWG parts][64 x 64 tile in wgmma fragment order], a part being 64 query rows
-// of the block (rowsplit, BM = 128) or 64 columns (BM = 64). One thread per pair of columns.
+// of the block (rowsplit, BM = 128) or 64 columns (BM = 64). One CTA per tile (grid-stride over `tiles`): its 16 KB
+// read with coalesced 16-byte loads (a float4 of fragment order is rows rl and rl + 8 at columns cl, cl + 1), scaled,
+// rounded and transposed through shared memory, then written as whole 128-byte rows (16-byte stores where `vec`: dst
+// 16-byte aligned with strides in multiples of 8 elements). The per-element index arithmetic (64-bit divisions) of a
+// thread-per-pair mapping left this kernel at a third of the copy bandwidth.
 template <typename T>
 __global__ void __launch_bounds__(256)
 flash_attn_convert_tiles(const float* __restrict__ src, T* __restrict__ dst, int H, int L, int d, int BM, int nwg,
-                         int rowsplit, fa_i64 total_pairs, fa_i64 d_sb, fa_i64 d_sh, fa_i64 d_sl, float scale) {
-    const int m_blocks = (L + BM - 1) / BM, dp = d >> 1;
-    for (fa_i64 i = (fa_i64)blockIdx.x * blockDim.x + threadIdx.x; i < total_pairs;
-         i += (fa_i64)gridDim.x * blockDim.x) {
-        const int col = (int)(i % dp) * 2;
-        const fa_i64 r = i / dp;
-        const int row = (int)(r % L);
-        const fa_i64 bh = r / L;
-        const int mb = row / BM, rr = row - mb * BM;
-        const int part = rowsplit ? rr >> 6 : col >> 6, rl = rowsplit ? rr & 63 : rr, cl = rowsplit ? col : col & 63;
-        // fragment order: [n8 tile j][warp rl/16][lane (rl%8)*4 + (cl%8)/2][rows rl/8%2, columns cl%2]
-        const int idx = (((cl >> 3) * 128 + (rl >> 4) * 32 + (rl & 7) * 4 + ((cl & 7) >> 1)) << 2) + ((rl >> 3) & 1) * 2;
-        const float2 x = *reinterpret_cast<const float2*>(src + ((bh * m_blocks + mb) * nwg + part) * 4096 + idx);
+                         int rowsplit, fa_i64 tiles, fa_i64 d_sb, fa_i64 d_sh, fa_i64 d_sl, float scale, int vec) {
+    constexpr int RW = 36;  // a tile row in shared memory: 32 words of packed pairs + 4 (conflict-free both ways)
+    __shared__ __align__(16) fa_u32 sm[64 * RW];
+    const int tid = threadIdx.x, m_blocks = (L + BM - 1) / BM;
+    const bool v16 = vec && (reinterpret_cast<unsigned long long>(dst) & 15ull) == 0;
+    for (fa_i64 t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const int part = (int)(t % nwg);
+        const fa_i64 q = t / nwg;
+        const int mb = (int)(q % m_blocks);
+        const fa_i64 bh = q / m_blocks;
+        const float4* tile = reinterpret_cast<const float4*>(src + t * 4096);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int m = tid + j * 256;  // fragment order: [n8 tile m/128][warp m/32%4][lane/4 = m/4%8][m%4]
+            const float4 x = tile[m];
+            const int rl = ((m >> 5) & 3) * 16 + ((m >> 2) & 7), cw = (m >> 7) * 4 + (m & 3);  // cw: column pair
+            sm[rl * RW + cw] = FaType<T>::pack(x.x * scale, x.y * scale);
+            sm[(rl + 8) * RW + cw] = FaType<T>::pack(x.z * scale, x.w * scale);
+        }
+        __syncthreads();
+        const int row0 = mb * BM + (rowsplit ? part * 64 : 0), col0 = rowsplit ? 0 : part * 64;
         const fa_i64 b = bh / H, h = bh % H;
-        *reinterpret_cast<fa_u32*>(dst + b * d_sb + h * d_sh + (fa_i64)row * d_sl + col) =
-            FaType<T>::pack(x.x * scale, x.y * scale);
+        T* base = dst + b * d_sb + h * d_sh + col0;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int rl = (tid >> 3) + j * 32, c8 = tid & 7, row = row0 + rl;  // 8 threads per 64-column row
+            if (row < L && col0 + c8 * 8 < d) {  // d (a multiple of 8): the head dim's columns, not the tile's
+                T* p = base + (fa_i64)row * d_sl + c8 * 8;
+                const uint4 w = *reinterpret_cast<const uint4*>(&sm[rl * RW + c8 * 4]);
+                if (v16) {
+                    *reinterpret_cast<uint4*>(p) = w;
+                } else {
+                    const fa_u32 ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) {
+                        union { fa_u32 u; T t2[2]; } c;
+                        c.u = ws[k];
+                        p[2 * k] = c.t2[0];
+                        p[2 * k + 1] = c.t2[1];
+                    }
+                }
+            }
+        }
+        __syncthreads();
     }
 }
 

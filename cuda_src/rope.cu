@@ -3,7 +3,7 @@
 //   out[2j]   = f[j,0,0] x[2j] + f[j,0,1] x[2j+1]
 //   out[2j+1] = f[j,1,0] x[2j] + f[j,1,1] x[2j+1]
 // in fp32, cast back. The backward applies the transposed matrices (transpose = 1).
-#include "common.cuh"
+#include "rope_pairs.cuh"
 
 template <typename T, int N>
 __device__ __forceinline__ void rope_body(const T* __restrict__ x, const float* __restrict__ f, T* __restrict__ out,
@@ -18,19 +18,7 @@ __device__ __forceinline__ void rope_body(const T* __restrict__ x, const float* 
         const float* fr = f + (((f_batch ? b : 0) * l + pos) * (i64)(d / 2) + col / 2) * 4;
         float v[N], o[N];
         load_f32<T, N>(x + e, v);
-#pragma unroll
-        for (int p = 0; p < N / 2; ++p) {
-            float m[4];
-            load_f32<float, 4>(fr + p * 4, m);
-            const float x0 = v[2 * p], x1 = v[2 * p + 1];
-            if (transpose) {
-                o[2 * p] = m[0] * x0 + m[2] * x1;
-                o[2 * p + 1] = m[1] * x0 + m[3] * x1;
-            } else {
-                o[2 * p] = m[0] * x0 + m[1] * x1;
-                o[2 * p + 1] = m[2] * x0 + m[3] * x1;
-            }
-        }
+        rope_pairs<N>(fr, v, o, transpose);
         store_f32<T, N>(out + e, o);
     }
 }

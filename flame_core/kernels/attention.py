@@ -566,6 +566,14 @@ def _run_bwd_plan(plan, do, q, k, v, o, lse):
     return tuple(outs)
 
 
+def _delta_lanes(e_pad):
+    """flash_attn_bwd_delta's lanes per row: e_pad / 8 rounded up to a power of two, at most 32 (as the kernel)."""
+    g = 1
+    while g < 32 and g * 8 < e_pad:
+        g *= 2
+    return g
+
+
 def _bwd_sm90_smem(D, NWG, STAGES, BM, dqb):
     BN = 64 * NWG
     return (1024 + (2 * BN * D + 2 * STAGES * BM * D + 2 * BN * BM) * 2 + 2 * STAGES * BM * 4
@@ -602,7 +610,8 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
     marg, kind, ms = _mask_arg(mask, (B, H, Lq, Lk))
 
     delta = xp.empty((B, H, Lq), dtype=np.float32)
-    delta_fn, delta_grid = _kernel("flash_attention_bwd", "flash_attn_bwd_delta<{T}>", T), (P.cdiv(Lq, 8), H, B)
+    delta_fn = _kernel("flash_attention_bwd", "flash_attn_bwd_delta<{T}>", T)
+    delta_grid = (P.cdiv(Lq, 256 // _delta_lanes(e_pad)), H, B)
     delta_args = (oa, ga, delta, KL.i32(H), KL.i32(Lq), KL.i32(e_pad), *os_, *gs)
     KL.launch(delta_fn, delta_grid, (256,), delta_args)
 
@@ -676,16 +685,18 @@ def _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale, tiles=None):
     converts = []
     for name, src, dst, sc, rows, i0 in outs:
         strides = tuple(KL.i64(s // dst.itemsize) for s in dst.strides[:3])
-        if name == "dq" and dqb:
+        if name == "dq" and dqb:   # one CTA per 64 x 64 tile of the accumulator
             cfn = _kernel("flash_attention_bwd", "flash_attn_convert_tiles<{T}>", T)
-            total = B * H * Lq * (e_pad // 2)
+            tiles = B * H * m_blocks * NWG
+            vec = all(s % (8 * dst.itemsize) == 0 for s in dst.strides[:3])   # 16-byte row pieces
             args = (src, dst, KL.i32(H), KL.i32(rows), KL.i32(e_pad), KL.i32(BM), KL.i32(NWG),
-                    KL.i32(int(BM == 128)), KL.i64(total), *strides, KL.f32(sc))
+                    KL.i32(int(BM == 128)), KL.i64(tiles), *strides, KL.f32(sc), KL.i32(int(vec)))
+            grid = (max(1, min(tiles, P.sm_count() * 16)),)
         else:
-            cfn, total = convert, src.size
+            cfn, total = convert, src.size   # a multiple of 8 (e_pad is): 8 elements per thread
             args = (src, dst, KL.i32(H), KL.i32(rows), KL.i32(e_pad), KL.i64(total), *strides, KL.f32(sc),
                     KL.i64(i0))
-        grid = (max(1, min(P.cdiv(total, 256), P.sm_count() * 32)),)
+            grid = (max(1, min(P.cdiv(total, 8 * 256), P.sm_count() * 32)),)
         KL.launch(cfn, grid, (256,), args)
         converts.append((name, cfn, grid, args))
     if (mask is None and e_pad == E and qa is q and ka is k and va is v and oa is o and ga is do

@@ -1,8 +1,10 @@
 """Concatenation on cuda as row-block copies (cuda_src/copy_rows.cu): each piece of a cat along dim d is a
 (rows, row) block -- rows the dims before d, a row the rest -- written into its columns of the output's (rows,
-total row) view, 16 bytes per thread where the addresses allow. CuPy's concatenate runs its generic elementwise copy
-(an index division per element, one element per thread: ~4x below the copy ceiling on bf16 pieces) and joins more
-than a few arrays through an address table copied from host memory, which a CUDA graph capture refuses."""
+total row) view, 16 bytes per thread where the addresses allow; a piece whose rows are packed only after d (a view
+of a fused projection) is copied as n rows per index of the dims before d. CuPy's concatenate runs its generic
+elementwise copy (an index division per element, one element per thread: ~4x below the copy ceiling on bf16 pieces)
+and joins more than a few arrays through an address table copied from host memory, which a CUDA graph capture
+refuses."""
 import numpy as np
 
 from .. import backend
@@ -49,6 +51,20 @@ def copy_rows(src, src_stride, dst, dst_stride, rows, row_bytes):
               (np.uint64(src), np.uint64(dst), KL.i64(rows), KL.i64(cols), KL.i64(src_stride), KL.i64(dst_stride)))
 
 
+MAX_LEAD = 16  # a piece whose rows are packed only from dim + 1 on: one copy per index of the dims before dim, up to
+
+
+def _packed_from(a, d):
+    """(row bytes, row stride bytes) of `a` seen along dim d as rows of its packed dims [d + 1:] (each index along d
+    one contiguous row: a q / k / v view of a fused projection), or None."""
+    expect = a.itemsize
+    for n, s in zip(reversed(a.shape[d + 1:]), reversed(a.strides[d + 1:])):
+        if n != 1 and s != expect:
+            return None
+        expect *= n
+    return expect, a.strides[d]
+
+
 def cat(arrs, dim):
     """The concatenation of cupy arrays of one dtype along `dim` (a new C-contiguous array)."""
     cp = backend.cupy
@@ -64,7 +80,17 @@ def cat(arrs, dim):
         n = a.shape[dim]
         if a.size:
             blocks = _row_blocks(a, dim)
-            if blocks is None:  # a piece with gaps inside its rows: CuPy's strided copy into its slice
+            packed = _packed_from(a, dim) if blocks is None else None
+            lead = a.shape[:dim]
+            if packed is not None and int(np.prod(lead)) <= MAX_LEAD:
+                # rows packed from dim + 1 on (their stride along dim is not the row's length, e.g. a v view of a
+                # fused qkv projection): n rows per index of the dims before dim
+                row, rstride = packed
+                for idx in np.ndindex(*lead):
+                    so = sum(i * st for i, st in zip(idx, a.strides[:dim]))
+                    do = sum(i * st for i, st in zip(idx, out.strides[:dim])) + start * out.strides[dim]
+                    copy_rows(a.data.ptr + so, rstride, out.data.ptr + do, out.strides[dim], n, row)
+            elif blocks is None:  # a piece with gaps inside its rows: CuPy's strided copy into its slice
                 at[dim] = slice(start, start + n)
                 out[tuple(at)] = a
             else:

@@ -2,12 +2,20 @@
 tokens first (kernels: cuda_src/joint_rms_norm.cu): the q or k of a joint attention normalised straight out of the
 qkv projection's views, with no copies of them and no concatenation.
 
-    joint_rms_norm_forward(xs, ws, eps)     -> y (B, sum L_p, H, D), contiguous, xs' dtype
-    joint_rms_norm_backward(g, xs, ws, eps) -> [dx_p (B, L_p, H, D) contiguous]  (the gains are not differentiated)
+    joint_rms_norm_forward(xs, ws, eps, rope=None)     -> y (B, sum L_p, H, D), contiguous, xs' dtype
+    joint_rms_norm_backward(g, xs, ws, eps, rope=None) -> [dx_p (B, L_p, H, D) contiguous]  (the gains and the
+                                                          rotations are not differentiated)
 
 xs: one or two arrays of one dtype with equal B, H, D (any strides, the last dim's 1 on the kernel path); ws: a (D,)
 gain per part (its dtype or float32) or None. Statistics in fp32 (float64 for float64), y = (x * rstd) * w.
+rope: Flux's rotary embedding applied to y before its one rounding (y[..., 2j : 2j + 2] <- f_j y[..., 2j : 2j + 2] with
+the 2x2 matrix f_j of y's token row), given as one table per joint token row, (B * sum L_p, 1, 1, D / 2, 2, 2) or
+(B * sum L_p, D / 2, 2, 2) (flame_models.bfl.ops.rope_rows' layout) in float32 (float64 for float64 x): the attention
+then reads q / k rotated with no RoPE pass of its own; the backward rotates the gradient back first (the transposed
+matrices). The kernels apply it where a row's pairs lie in one thread's 16-byte vector; elsewhere (misaligned or
+strided-by-odd views) rope.py's kernel rotates the normalised rows (or the gradient, first) as a pass of its own.
 """
+import numpy as np
 
 from .. import backend
 from ..errors import ShapeError, fmt_shape
@@ -15,6 +23,7 @@ from . import launching as KL
 from . import loader as L
 from . import norms as N
 from . import plans as P
+from . import rope as R
 
 MAX_D = 512  # the kernels cache 16 values of a row per thread, 32 threads per row at most
 BLOCK = 256
@@ -37,14 +46,53 @@ def _check(xs, ws):
 
 
 # ----------------------------------------------------------------------------- references
-def _forward_ref(xs, ws, eps):
-    """norms.py's RMSNorm reference per part, concatenated."""
+def _check_rope(rope, xs):
+    """rope as (B * Lt, D / 2, 2, 2) (a view), after checking it against the parts."""
+    B, _, _, D = xs[0].shape
+    rows = B * sum(x.shape[1] for x in xs)
+    want = (rows, D // 2, 2, 2)
+    shape = tuple(rope.shape)
+    if D % 2 or shape not in (want, (rows, 1, 1) + want[1:]):
+        raise ShapeError(f"joint_rms_norm: rope tables {fmt_shape(shape)} do not fit parts of {rows} token rows "
+                         f"(B x L0 + L1) and head dim {D}: expected {fmt_shape((rows, 1, 1) + want[1:])} or "
+                         f"{fmt_shape(want)} (and an even head dim)")
+    if rope.dtype not in (np.float32, np.float64):
+        raise ShapeError(f"joint_rms_norm: rope tables must be float32 (float64 for float64 parts), got {rope.dtype}")
+    return rope.reshape(want)
+
+
+def _rotate(y, rope, transpose):
+    """y (B, Lt, H, D) in the compute dtype rotated by the per-row tables (B * Lt, D / 2, 2, 2)."""
+    B, Lt, H, D = y.shape
+    f = rope.astype(y.dtype).reshape(B, Lt, 1, D // 2, 2, 2)
+    y2 = y.reshape(B, Lt, H, D // 2, 2)
+    y0, y1 = y2[..., 0:1], y2[..., 1:2]
+    if transpose:
+        out = f[..., 0, :] * y0 + f[..., 1, :] * y1
+    else:
+        out = f[..., :, 0] * y0 + f[..., :, 1] * y1
+    return out.reshape(y.shape)
+
+
+def _forward_ref(xs, ws, eps, rope=None):
+    """norms.py's RMSNorm reference per part, concatenated; with rope, the rows rotated before the one rounding."""
     xp = backend.xp_of(xs[0])
-    return xp.concatenate([N._layer_ref(x, w, None, eps, True)[0] for x, w in zip(xs, ws)], axis=1)
+    if rope is None:
+        return xp.concatenate([N._layer_ref(x, w, None, eps, True)[0] for x, w in zip(xs, ws)], axis=1)
+    cd = L.compute_dtype(xs[0].dtype)
+    ys = []
+    for x, w in zip(xs, ws):
+        rstd = N._layer_ref(x, None, None, eps, True)[2].astype(cd)
+        y = x.astype(cd) * rstd[..., None]
+        ys.append(y * w.astype(cd) if w is not None else y)
+    return _rotate(xp.concatenate(ys, axis=1), rope, False).astype(xs[0].dtype)
 
 
-def _backward_ref(g, xs, ws, eps):
-    """norms.py's RMSNorm gradient reference per part, on that part's rows of the joint gradient."""
+def _backward_ref(g, xs, ws, eps, rope=None):
+    """norms.py's RMSNorm gradient reference per part, on that part's rows of the joint gradient (rotated back
+    first with rope)."""
+    if rope is not None:
+        g = _rotate(g.astype(L.compute_dtype(xs[0].dtype)), rope, True)
     out, l0 = [], 0
     for x, w in zip(xs, ws):
         rstd = N._layer_ref(x, None, None, eps, True)[2]
@@ -88,7 +136,27 @@ def _grid(rows, G):
     return (max(1, min(P.cdiv(rows, rpb), P.sm_count() * 16)),), (BLOCK,)
 
 
-def _forward_kernel(xs, ws, eps):
+def _rope_arg(rope, vec):
+    """The tables' kernel argument: null without rope, else contiguous fp32 (as rope.py's kernel reads them); None
+    where the kernels cannot take them (no 16-byte vectors: a pair would straddle two threads)."""
+    if rope is None:
+        return KL.null()
+    if not vec:
+        return None
+    rope = P.contiguous(rope.astype(np.float32, copy=False))
+    return rope if rope.data.ptr % 16 == 0 else None
+
+
+def _rope_pass(y, rope, transpose):
+    """rope.py's kernel over y (B, Lt, H, D) seen as B * Lt rows of (H, 1, D), one table each (the fallback of the
+    fused rotation)."""
+    B, Lt, H, D = y.shape
+    t = rope.reshape(B * Lt, 1, 1, D // 2, 2, 2)
+    y = y.reshape(B * Lt, H, 1, D)
+    return (R.rope_backward(y, t) if transpose else R.rope_forward(y, t)).reshape(B, Lt, H, D)
+
+
+def _forward_kernel(xs, ws, eps, rope=None):
     x0 = xs[0]
     B, _, H, D = x0.shape
     Lt = sum(x.shape[1] for x in xs)
@@ -96,16 +164,20 @@ def _forward_kernel(xs, ws, eps):
     plan = _plan(xs, [a for a, w in zip(wa, ws) if w is not None])  # (new arrays start 256-byte aligned)
     if plan is None:
         return None
+    ra = _rope_arg(rope, plan[1])
+    if ra is None:  # the rotation as a pass of its own over the normalised rows
+        y = _forward_kernel(xs, ws, eps)
+        return None if y is None else _rope_pass(y, rope, False)
     y = backend.xp_of(x0).empty((B, Lt, H, D), dtype=x0.dtype)
     G, vec = plan
     grid, block = _grid(B * Lt * H, G)
     KL.launch(L.get_function("joint_rms_norm", "joint_rms_norm_fwd", x0.dtype), grid, block,
-              _part_args(xs, wa) + (y, KL.i32(B), KL.i32(H), KL.i32(D), KL.i32(G), KL.f32(eps), KL.i32(wf32),
+              _part_args(xs, wa) + (y, ra, KL.i32(B), KL.i32(H), KL.i32(D), KL.i32(G), KL.f32(eps), KL.i32(wf32),
                                     KL.i32(vec)))
     return y
 
 
-def _backward_kernel(g, xs, ws, eps):
+def _backward_kernel(g, xs, ws, eps, rope=None):
     x0 = xs[0]
     B, _, H, D = x0.shape
     xp = backend.xp_of(x0)
@@ -114,33 +186,42 @@ def _backward_kernel(g, xs, ws, eps):
     plan = _plan(xs, [g] + [a for a, w in zip(wa, ws) if w is not None])
     if plan is None:
         return None
+    ra = _rope_arg(rope, plan[1])
+    if ra is None:  # the gradient rotated back by a pass of its own first
+        return _backward_kernel(_rope_pass(g, rope, True), xs, ws, eps)
     dxs = [xp.empty(x.shape, dtype=x.dtype) for x in xs]
     G, vec = plan
     grid, block = _grid(g.shape[0] * g.shape[1] * H, G)
-    KL.launch(L.get_function("joint_rms_norm", "joint_rms_norm_bwd", x0.dtype), grid, block,
-              _part_args(xs, wa) + (g, dxs[0], dxs[1] if len(dxs) > 1 else KL.null(), KL.i32(B), KL.i32(H),
+    # one 16-byte step covers a row: the kernel that holds two rows per thread group at once
+    name = "joint_rms_norm_bwd_rows2" if vec and G * P.vec_width(x0.dtype) >= D else "joint_rms_norm_bwd"
+    KL.launch(L.get_function("joint_rms_norm", name, x0.dtype), grid, block,
+              _part_args(xs, wa) + (g, dxs[0], dxs[1] if len(dxs) > 1 else KL.null(), ra, KL.i32(B), KL.i32(H),
                                     KL.i32(D), KL.i32(G), KL.f32(eps), KL.i32(wf32), KL.i32(vec)))
     return dxs
 
 
 # ----------------------------------------------------------------------------- API
-def joint_rms_norm_forward(xs, ws, eps=1e-6):
+def joint_rms_norm_forward(xs, ws, eps=1e-6, rope=None):
     _check(xs, ws)
+    if rope is not None:
+        rope = _check_rope(rope, xs)
     if L.use_kernel(*xs) and all(x.size for x in xs):
-        y = _forward_kernel(xs, ws, eps)
+        y = _forward_kernel(xs, ws, eps, rope)
         if y is not None:
             return y
-    return _forward_ref(xs, ws, eps)
+    return _forward_ref(xs, ws, eps, rope)
 
 
-def joint_rms_norm_backward(g, xs, ws, eps=1e-6):
+def joint_rms_norm_backward(g, xs, ws, eps=1e-6, rope=None):
     _check(xs, ws)
+    if rope is not None:
+        rope = _check_rope(rope, xs)
     B, _, H, D = xs[0].shape
     want = (B, sum(x.shape[1] for x in xs), H, D)
     if tuple(g.shape) != want:
         raise ShapeError(f"joint_rms_norm backward: gradient {fmt_shape(g.shape)}, expected {fmt_shape(want)}")
     if L.use_kernel(g, *xs) and all(x.size for x in xs):
-        dxs = _backward_kernel(g, xs, ws, eps)
+        dxs = _backward_kernel(g, xs, ws, eps, rope)
         if dxs is not None:
             return dxs
-    return _backward_ref(g, xs, ws, eps)
+    return _backward_ref(g, xs, ws, eps, rope)

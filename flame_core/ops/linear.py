@@ -89,9 +89,9 @@ def linear(input, weight, bias=None):
 
 
 class LinearCat2(Function):
-    """linear(cat((a, b), -1), w, bias) without building the concatenation: a @ w[:, :Ha]^T, then b @ w[:, Ha:]^T
-    accumulated into the same output by the second GEMM (cuBLAS beta = 1), then the bias. Backward: the two input
-    gradients come out separately (no split of a concatenated gradient)."""
+    """linear(cat((a, b), -1), w, bias) without building the concatenation: a @ w[:, :Ha]^T + bias (on cuda the bias
+    in that GEMM's epilogue), then b @ w[:, Ha:]^T accumulated into the same output by the second GEMM (cuBLAS beta =
+    1). Backward: the two input gradients come out separately (no split of a concatenated gradient)."""
 
     @staticmethod
     def forward(ctx, a, b, w, bias):
@@ -101,13 +101,14 @@ class LinearCat2(Function):
         b2 = b._data.reshape(-1, b.shape[-1])
         wd = w._data
         if backend.is_cuda_array(wd) and _cublas.supported(wd.dtype) and a2.dtype == b2.dtype == wd.dtype:
-            y = _cublas.matmul(a2, wd[:, :ha].T)
+            # the bias in the first GEMM's epilogue (cuBLASLt), not an add pass over the output afterwards
+            y = _linear_arrays(a2, wd[:, :ha], None if bias is None else bias._data)
             _cublas.matmul(b2, wd[:, ha:].T, out=y, beta=1.0)
         else:
             y = mm_arrays(a2, wd[:, :ha].T)
             y += mm_arrays(b2, wd[:, ha:].T)
-        if bias is not None:
-            y += bias._data
+            if bias is not None:
+                y += bias._data
         na, nb, nw, _ = ctx.needs_input_grad
         # the inputs only for the weight's gradient (a frozen weight keeps neither), the weight for theirs
         ctx.save_for_backward(a if nw else None, b if nw else None, w if (na or nb) else None)
@@ -158,18 +159,25 @@ def _gemm(a, b, out=None, alpha=1.0, beta=0.0):
 
 # ----------------------------------------------------------------------------- the low-rank parts, on arrays
 # (shared by LinearLowRank and the fp8-compute base's fused op, flame_nn.offload.fp8_compute)
+def _stacked_down(factors, n):
+    """A_1 .. A_n (r_i, in) stacked as one (Σr, in) array (the array itself for one adapter)."""
+    if n == 1:
+        return factors[0]
+    return backend.xp_of(factors[0]).concatenate([factors[2 * i] for i in range(n)], axis=0)
+
+
 def low_rank_forward(a, y, factors, blocks):
     """y[:, lo_i:hi_i] += s_i · (a A_i^T) B_i^T for every block, accumulated inside the GEMMs (y (N, out), written
     in place; factors = [A_1, B_1, A_2, B_2, ...] arrays of a's dtype). Returns h (N, Σr): every a A_i^T side by side
-    (what B_i's gradient reads)."""
-    ranks = [factors[2 * i].shape[0] for i in range(len(blocks))]
-    h = backend.xp_of(a).empty((a.shape[0], sum(ranks)), dtype=a.dtype)
+    (what B_i's gradient reads), made by ONE GEMM over the stacked A_i: the adapters of a fused projection (Flux's
+    q | k | v) share the input, which is then read once, not once per adapter."""
+    if not blocks:
+        return backend.xp_of(a).empty((a.shape[0], 0), dtype=a.dtype)
+    h = _gemm(a, _stacked_down(factors, len(blocks)).T)               # (N, Σr)
     off = 0
     for i, (lo, hi, s) in enumerate(blocks):
-        r = ranks[i]
-        hi_ = h[:, off:off + r]
-        _gemm(a, factors[2 * i].T, out=hi_)
-        _gemm(hi_, factors[2 * i + 1].T, out=y[:, lo:hi], alpha=s, beta=1.0)
+        r = factors[2 * i].shape[0]
+        _gemm(h[:, off:off + r], factors[2 * i + 1].T, out=y[:, lo:hi], alpha=s, beta=1.0)
         off += r
     return h
 
@@ -200,33 +208,45 @@ def low_rank_backward(parts, xd, dx, factors, blocks, h, needs):
     """The adapters' part of the backward, on arrays: dx (N, in) += Σ s_i (g_i B_i) A_i in place (dx None: not
     wanted), g_i the column block [lo_i, hi_i) of the output gradient read in place from `parts` (gradient_parts).
     needs: [need A_1, need B_1, ...]; xd (N, in) the input and h the forward's (N, Σr) where the factors train.
-    Returns [dA_1, dB_1, ...] arrays (None where not needed; zeros where the block got no gradient)."""
+    Returns [dA_1, dB_1, ...] arrays (None where not needed; zeros where the block got no gradient).
+
+    The adapters share the input: their dh_i = s_i g_i B_i go side by side into one (N, Σr) array, and dx and the
+    A_i's gradients come from ONE GEMM each over it and the stacked A_i (dx read and written once, x read once),
+    not one per adapter."""
 
     def cols(lo_, hi_):
         for p0, gd in parts:
             if p0 <= lo_ and hi_ <= p0 + gd.shape[1]:
                 return gd[:, lo_ - p0:hi_ - p0]
         return None
+    n = len(blocks)
+    ranks = [factors[2 * i].shape[0] for i in range(n)]
+    gis = [cols(lo, hi) for lo, hi, _ in blocks]                        # column blocks of g, read in place
+    got = [g is not None for g in gis]
+    need_a = any(needs[2 * i] for i in range(n))
+    da_all = None
+    if any(got) and (dx is not None or need_a):
+        g0 = next(g for g in gis if g is not None)
+        xp = backend.xp_of(g0)
+        dh = (xp.empty if all(got) else xp.zeros)((g0.shape[0], sum(ranks)), dtype=g0.dtype)   # (N, Σr)
+        off = 0
+        for i, (_, _, s) in enumerate(blocks):
+            if got[i]:
+                _gemm(gis[i], factors[2 * i + 1], out=dh[:, off:off + ranks[i]], alpha=s)   # s_i g_i B_i
+            off += ranks[i]
+        if dx is not None:
+            _gemm(dh, _stacked_down(factors, n), out=dx, beta=1.0)     # dx += Σ dh_i A_i
+        if need_a:
+            da_all = _gemm(dh.T, xd)                                    # (Σr, in): every dA_i
     grads, off = [], 0
     for i, (lo, hi, s) in enumerate(blocks):
         ad, bd = factors[2 * i], factors[2 * i + 1]
-        r = ad.shape[0]
-        need_a, need_b = needs[2 * i], needs[2 * i + 1]
-        gi = cols(lo, hi)                                                # a column block of g, read in place
+        r = ranks[i]
         da = db = None
-        if gi is None:                                                   # its rows got no gradient
-            grads += [backend.xp_of(ad).zeros_like(ad) if need_a else None,
-                      backend.xp_of(bd).zeros_like(bd) if need_b else None]
-            off += r
-            continue
-        if dx is not None or need_a:
-            dh = _gemm(gi, bd, alpha=s)                                  # (N, r): s · g_i B_i
-            if dx is not None:
-                _gemm(dh, ad, out=dx, beta=1.0)                          # dx += dh A_i
-            if need_a:
-                da = _gemm(dh.T, xd)                                     # (r, in)
-        if need_b:
-            db = _gemm(gi.T, h[:, off:off + r], alpha=s)                 # (rows, r)
+        if needs[2 * i]:
+            da = da_all[off:off + r] if got[i] else backend.xp_of(ad).zeros_like(ad)
+        if needs[2 * i + 1]:
+            db = _gemm(gis[i].T, h[:, off:off + r], alpha=s) if got[i] else backend.xp_of(bd).zeros_like(bd)
         grads += [da, db]
         off += r
     return grads

@@ -191,23 +191,27 @@ def add_rms_norm(input, residual, weight=None, eps=1e-6):
 
 
 class JointRMSNorm(Function):
-    """cat([rms_norm(x_p) w_p], dim=1) of one or two (B, L_p, H, D) parts: one kernel each way reading the parts in
-    place; the gains are constants here (joint_rms_norm takes the composed ops when one needs a gradient)."""
+    """cat([rms_norm(x_p) w_p], dim=1) of one or two (B, L_p, H, D) parts, rotated by per-row RoPE tables when given:
+    one kernel each way reading the parts in place; the gains and the tables are constants here (joint_rms_norm takes
+    the composed ops when one needs a gradient)."""
 
     @staticmethod
-    def forward(ctx, x0, x1, w0, w1, eps):
+    def forward(ctx, x0, x1, w0, w1, eps, rope=None):
         xs = [x0] if x1 is None else [x0, x1]
         ws = [w0] if x1 is None else [w0, w1]
-        y = JK.joint_rms_norm_forward([x._data for x in xs], [_flat(w) for w in ws], eps)
-        ctx.save_for_backward(x0, x1, w0, w1)
+        y = JK.joint_rms_norm_forward([x._data for x in xs], [_flat(w) for w in ws], eps,
+                                      None if rope is None else rope._data)
+        ctx.save_for_backward(x0, x1, w0, w1, rope)
         ctx.eps = eps
         return _wrap(y)
 
     @staticmethod
     def backward(ctx, g):
-        x0, x1, w0, w1 = ctx.saved_tensors
+        x0, x1, w0, w1, rope = ctx.saved_tensors
         xs, ws = ([x0], [w0]) if x1 is None else ([x0, x1], [w0, w1])
         if state.enabled:  # create_graph: the normalisation rule in Tensor ops, part by part
+            if rope is not None:
+                g = _rope_rows(g, rope.detach(), transpose=True)
             dxs, l0 = [], 0
             for x, w in zip(xs, ws):
                 gp = g[:, l0:l0 + x.shape[1]]
@@ -216,29 +220,46 @@ class JointRMSNorm(Function):
                                                    True)[0])
         else:
             dxs = [_wrap(d) for d in JK.joint_rms_norm_backward(g._data, [x._data for x in xs],
-                                                                [_flat(w) for w in ws], ctx.eps)]
-        return dxs[0], dxs[1] if x1 is not None else None, None, None, None
+                                                                [_flat(w) for w in ws], ctx.eps,
+                                                                None if rope is None else rope._data)]
+        return dxs[0], dxs[1] if x1 is not None else None, None, None, None, None
 
 
-def joint_rms_norm(inputs, weights=None, eps=1e-6):
+def _rope_rows(y, rope, transpose=False):
+    """y (B, L, H, D) rotated by per-row tables rope (B * L, 1, 1, D / 2, 2, 2) (or (B * L, D / 2, 2, 2)) with Tensor
+    ops (differentiable again; transpose: the transposed matrices)."""
+    from .rope import _apply, apply_rope
+    B, L, H, D = y.shape
+    f = rope.reshape(B * L, 1, 1, D // 2, 2, 2)
+    x = y.reshape(B * L, H, 1, D)
+    return (_apply(x, f, transpose=True) if transpose else apply_rope(x, f)).reshape(B, L, H, D)
+
+
+def joint_rms_norm(inputs, weights=None, eps=1e-6, rope=None):
     """cat([rms_norm(x, (D,), w, eps) for x, w in zip(inputs, weights)], dim=1): one or two (B, L_p, H, D) parts (the
     q or k of each stream of a joint attention, e.g. strided views of a qkv projection) normalised over D with a (D,)
     gain each (or None) and written into one contiguous (B, L0 + L1, H, D) tensor, part 0 first -- one kernel each
-    way instead of copies of the views, the norms and a concatenation. The gains get no gradient on that path: when
-    one requires grad (under grad mode) the ops are composed instead."""
+    way instead of copies of the views, the norms and a concatenation. rope: Flux's rotary embedding of the result,
+    as one table of D / 2 2x2 rotations per joint token row ((B * (L0 + L1), 1, 1, D / 2, 2, 2), float32:
+    flame_models.bfl.ops.rope_rows), applied inside the same kernels (before the one rounding; the backward rotates
+    the gradient back first) -- `apply_rope` of the result, without a pass of its own. The gains and the tables get
+    no gradient on that path: when one requires grad (under grad mode) the ops are composed instead."""
     inputs = list(inputs)
     weights = [None] * len(inputs) if weights is None else list(weights)
     if len(inputs) not in (1, 2) or len(weights) != len(inputs):
         raise ValueError(f"joint_rms_norm: one or two inputs and as many weights (or None), got {len(inputs)} inputs "
                          f"and {len(weights)} weights")
-    check_same_device("joint_rms_norm", *inputs, *weights)
-    if state.enabled and any(w is not None and w.requires_grad for w in weights):
+    check_same_device("joint_rms_norm", *inputs, *weights, *(() if rope is None else (rope,)))
+    if rope is not None:
+        JK._check_rope(rope._data, [x._data for x in inputs])
+    if state.enabled and any(t is not None and t.requires_grad for t in weights + [rope]):
         JK._check([x._data for x in inputs], [None if w is None else w._data for w in weights])  # (the kernels' own)
         from .shape import cat
         parts = [LayerNorm.apply(x, w, None, 1, float(eps), True) for x, w in zip(inputs, weights)]
-        return parts[0] if len(parts) == 1 else cat(parts, dim=1)
+        y = parts[0] if len(parts) == 1 else cat(parts, dim=1)
+        return y if rope is None else _rope_rows(y, rope)
     x1, w1 = (inputs[1], weights[1]) if len(inputs) == 2 else (None, None)
-    return JointRMSNorm.apply(inputs[0], x1, weights[0], w1, float(eps))
+    return JointRMSNorm.apply(inputs[0], x1, weights[0], w1, float(eps), rope)
 
 
 def _composed_silu_grad(g, x, num_groups, weight, bias, eps):

@@ -70,13 +70,14 @@ class QKNorm(flame_nn.Module):
         q, k = self.query_norm(q), self.key_norm(k)
         return q.to(v.dtype), k.to(v.dtype)
 
-    def joined(self, other, qs, ks):
+    def joined(self, other, qs, ks, rope=None):
         """The joint attention's q and k: (this stream's, `other` QKNorm's) q and k normalised by their own gains and
         joined along the tokens, this stream first, one kernel each (ops.joint_qk_norm); `other` None: this stream's
-        alone, still one kernel reading the projection's views in place."""
+        alone, still one kernel reading the projection's views in place. rope: per-row RoPE tables of the joint
+        tokens (ops.qk_rope) applied in the same kernels."""
         norms = (self,) if other is None else (self, other)
-        return (ops.joint_qk_norm(qs, [n.query_norm.scale for n in norms]),
-                ops.joint_qk_norm(ks, [n.key_norm.scale for n in norms]))
+        return (ops.joint_qk_norm(qs, [n.query_norm.scale for n in norms], rope=rope),
+                ops.joint_qk_norm(ks, [n.key_norm.scale for n in norms], rope=rope))
 
 
 class SelfAttention(flame_nn.Module):
@@ -96,14 +97,10 @@ class SelfAttention(flame_nn.Module):
         return tuple(t.reshape(B, L, self.num_heads, H // self.num_heads)
                      for t in self.qkv.forward_split(x, (H, H, H)))
 
-    def qkv_heads(self, x):
-        """Normalised q, k and v of qkv_views."""
-        q, k, v = self.qkv_views(x)
-        q, k = self.norm.joined(None, (q,), (k,))
-        return q, k, v
-
     def forward(self, x, pe):
-        q, k, v = self.qkv_heads(x)
+        q, k, v = self.qkv_views(x)
+        rq, pe = ops.qk_rope(pe, x.shape[0], x.shape[1])
+        q, k = self.norm.joined(None, (q,), (k,), rope=rq)
         return self.proj(ops.attention(q, k, v, pe))
 
 
@@ -183,7 +180,9 @@ class DoubleStreamBlock(flame_nn.Module):
         txt_q, txt_k, txt_v = self.txt_attn.qkv_views(ops.norm_modulate(txt, txt_mod1.shift, txt_mod1.scale))
 
         # joint attention, text tokens first; each stream's QK-norm written into the joined q and k
-        q, k = self.txt_attn.norm.joined(self.img_attn.norm, (txt_q, img_q), (txt_k, img_k))  # (B, L, heads, D)
+        rq, pe = ops.qk_rope(pe, img.shape[0], txt.shape[1] + img.shape[1])   # RoPE in the QK-norm's kernels
+        q, k = self.txt_attn.norm.joined(self.img_attn.norm, (txt_q, img_q), (txt_k, img_k),
+                                         rope=rq)                                # (B, L, heads, D)
         v = flame.cat((txt_v, img_v), dim=1)
         del img_q, img_k, img_v, txt_q, txt_k, txt_v
         attn = ops.attention(q, k, v, pe, mask)                                 # (B, L, H)
@@ -228,7 +227,8 @@ class SingleStreamBlock(flame_nn.Module):
                                                   (H, H, H, self.mlp_hidden_dim))     # (B, L, H) x 3 | (B, L, M)
         B, L = x.shape[0], x.shape[1]
         q, k, v = (t.reshape(B, L, heads, H // heads) for t in (q, k, v))
-        q, k = self.norm.joined(None, (q,), (k,))             # one kernel each, reading the views in place
+        rq, pe = ops.qk_rope(pe, B, L)                        # RoPE in the QK-norm's kernels
+        q, k = self.norm.joined(None, (q,), (k,), rope=rq)    # one kernel each, reading the views in place
         attn = ops.attention(q, k, v, pe, mask)                                       # (B, L, H)
         del q, k, v
         # linear2 over attn | gelu(mlp), mlp read in place from linear1's output: without the concatenation where

@@ -27,11 +27,14 @@ def qk_norm(x, scale, eps=1e-6):
     return F.rms_norm(x, (x.shape[-1],), scale, eps=eps)
 
 
-def joint_qk_norm(parts, gains, eps=1e-6):
+def joint_qk_norm(parts, gains, eps=1e-6, rope=None):
     """A joint attention's q (or k): cat([qk_norm(x, w, eps) for x, w in zip(parts, gains)], dim=1) of each stream's
     heads (B, L_p, heads, D) -- views of its projection, strided or not -- normalised with the stream's own gain
     and written into the joined tensor in one kernel each way (F.joint_rms_norm: no copies of the views, no
-    concatenation). gains None: no QK-norm, the plain concatenation."""
+    concatenation); rope: per-row RoPE tables (B * L, 1, 1, D / 2, 2, 2) applied in the same kernels (Flux's q and
+    k, rotated before the attention). gains None: no QK-norm, the plain concatenation (then no rope)."""
     if gains is None:
+        if rope is not None:
+            raise ValueError("joint_qk_norm: rope is applied inside the QK-norm's kernels; without gains there is none")
         return parts[0] if len(parts) == 1 else flame.cat(parts, dim=1)
-    return F.joint_rms_norm(parts, gains, eps=eps)
+    return F.joint_rms_norm(parts, gains, eps=eps, rope=rope)

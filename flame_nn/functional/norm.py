@@ -33,11 +33,11 @@ def add_rms_norm(input, residual, weight=None, eps=1e-6):
     return _N.add_rms_norm(input, residual, weight, eps)
 
 
-def joint_rms_norm(inputs, weights=None, eps=1e-6):
+def joint_rms_norm(inputs, weights=None, eps=1e-6, rope=None):
     """A FLAME op: cat([rms_norm(x, (D,), w, eps) for x, w in zip(inputs, weights)], dim=1) of one or two (B, L, H, D)
-    parts (a joint attention's q or k per stream, read in place from strided views) in one kernel each way; see
-    flame_core.ops.norms.joint_rms_norm."""
-    return _N.joint_rms_norm(inputs, weights, eps)
+    parts (a joint attention's q or k per stream, read in place from strided views) in one kernel each way, rotated
+    by per-row RoPE tables `rope` in the same kernels when given; see flame_core.ops.norms.joint_rms_norm."""
+    return _N.joint_rms_norm(inputs, weights, eps, rope)
 
 
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5, *, memory_format=preserve_format):

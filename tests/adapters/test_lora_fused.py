@@ -127,6 +127,38 @@ def test_linear_low_rank_gradcheck(n, n_in, rank, bias):
     assert gradcheck(fn, (x, w, a1, b1, a2, b2) + ((b,) if bias else ()))
 
 
+@pytest.mark.parametrize("frozen", [(), (1,), (0, 2)])
+def test_adapters_sharing_the_input_with_some_frozen_or_without_a_gradient(rng, device, frozen):
+    """The adapters of one layer share its input: their down-projections, dx and dA come from one GEMM each over
+    the stacked A_i. A frozen adapter (no dA / dB) and an output part that gets no gradient (its adapter's dA / dB
+    are zeros) give the general path's numbers."""
+    lin = _layer(rng, 33, 96, [(0, 32), (32, 64), (64, 96)], 4, True, device)
+    ads = [ad for entries in lin._adapters.values() for _, ad in entries]
+    for i in frozen:
+        ads[i].requires_grad_(False)
+    x = flame.tensor(rng.standard_normal((2, 9, 33)), dtype=flame.float64, device=device)
+    out = {}
+    for fused in (True, False):
+        lin.fuse_lora = fused
+        for p in _params(lin):
+            p.grad = None
+        xg = x.detach().requires_grad_(True)
+        q, k, v = lin.forward_split(xg, (32, 32, 32))
+        (q.sum() * 0.5 + (v * v).sum()).backward()         # k's rows get no gradient
+        out[fused] = ([p.grad for p in _params(lin)], _np(xg.grad), _np(q), _np(k), _np(v))
+    (fg, fdx, *fo), (gg, gdx, *go) = out[True], out[False]
+    for a, b in zip(fo, go):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(fdx, gdx, rtol=1e-12, atol=1e-12)
+    for i, (a, b) in enumerate(zip(fg, gg)):
+        assert (a is None) == (b is None), i
+        if a is not None:
+            np.testing.assert_allclose(_np(a), _np(b), rtol=1e-11, atol=1e-12)
+    assert all(fg[2 * i] is None and fg[2 * i + 1] is None for i in frozen)
+    if 1 not in frozen:
+        assert not _np(fg[2]).any() and not _np(fg[3]).any()   # k's adapter: zeros, no gradient reached it
+
+
 def test_bf16_autocast_matches_general_path(rng, device):
     lin = _layer(rng, 64, 96, [(0, 32), (32, 64), (64, 96)], 8, True, device, dtype=flame.bfloat16,
                  adapter_dtype=flame.float32)

@@ -1,6 +1,7 @@
 """The fused ops models build on: split / unbind as views in one autograd node, GELU(tanh) read in place from a
 strided view, GEGLU in one op, and linear_cat2 (linear over a concatenation without building it)."""
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -83,6 +84,24 @@ def test_linear_cat2_matches_linear_over_the_concatenation(device):
     np.testing.assert_allclose(fused(h, w, b).detach().numpy(), composed(h, w, b).detach().numpy(), rtol=1e-12,
                                atol=1e-12)
     assert gradcheck(fused, (h, w, b))
+
+
+@pytest.mark.parametrize("dtype", [flame.float32, flame.bfloat16])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_linear_cat2_in_low_precision_matches_the_float64_composition(device, dtype, with_bias):
+    """The cuda path puts the bias in the first GEMM's epilogue and accumulates the second GEMM onto it (beta = 1):
+    the forward against float64 within the dtype's rounding, on a strided MLP half as in Flux's single block."""
+    rng = np.random.default_rng(11)
+    h64 = rng.standard_normal((2, 37, 96 + 8 + 160))
+    w64, b64 = rng.standard_normal((72, 96 + 160)) / 16, rng.standard_normal(72)
+    h = flame.tensor(h64, dtype=dtype, device=device)
+    w = flame.tensor(w64, dtype=dtype, device=device)
+    b = flame.tensor(b64, dtype=dtype, device=device) if with_bias else None
+    y = linear_cat2(h[..., :96], h[..., 104:], w, b).float().numpy()
+    r = lambda a: a.astype(dtype.np).astype(np.float64)  # noqa: E731 -- the inputs as the dtype holds them
+    want = np.concatenate([r(h64)[..., :96], r(h64)[..., 104:]], -1) @ r(w64).T + (r(b64) if with_bias else 0)
+    tol = 1e-5 if dtype == flame.float32 else 3e-2
+    np.testing.assert_allclose(y, want, rtol=tol, atol=tol * np.abs(want).max())
 
 
 def _geglu_composed(x, approximate, gate_first=False):

@@ -345,6 +345,7 @@ CASES = [
     (1, 2, 100, 200, 128, "float", False, "blhd"),
     (1, 2, 300, 300, 40, None, False, "bhld"),        # generic head dims: zero-padded tiles
     (1, 1, 129, 64, 96, None, True, "bhld"),
+    (1, 2, 150, 300, 96, None, False, "blhd"),        # the tiled dQ's second 64 columns past the head dim
     (2, 1, 100, 120, 200, None, False, "bhld"),
     (1, 1, 66, 90, 256, "bool", False, "bhld"),
     (1, 2, 50, 70, 20, None, False, "bhld"),          # E not a multiple of 8

@@ -54,6 +54,25 @@ def test_cat_matches_numpy(rng, dtype, shape, dim, sizes, kind):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [D.bfloat16.np, np.float32])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_cat_of_views_of_a_fused_projection_copies_rows(rng, dtype, batch):
+    """v of two streams' qkv projections (B, L, heads, D) views, rows packed only after the token dim: joined by
+    row copies (one per batch index; no CuPy strided copy), equal to NumPy's."""
+    from unittest import mock
+
+    from flame_core.kernels import copy_rows as CR
+    cp = backend.cupy
+    host = [(rng.standard_normal((batch, n, 3 * 4 * 16)) * 10).astype(dtype) for n in (7, 33)]
+    views = [cp.asarray(a)[:, :, 2 * 64:3 * 64].reshape(batch, a.shape[1], 4, 16) for a in host]
+    with mock.patch.object(CR, "copy_rows", wraps=CR.copy_rows) as rows:
+        got = cp.asnumpy(flame.cat([flame.as_tensor(v) for v in views], dim=1)._data)
+    assert rows.call_count == 2 * batch
+    want = np.concatenate([a[:, :, 128:192].reshape(batch, a.shape[1], 4, 16) for a in host], axis=1)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.gpu
 def test_stack_and_its_backward_and_a_graph_capture(rng):
     xs = [flame.tensor(rng.standard_normal((4, 6, 8)), dtype=flame.bfloat16, device="cuda", requires_grad=True)
           for _ in range(3)]

@@ -278,3 +278,55 @@ def test_model_level_checkpointing_switch(device):
     assert all(b.gradient_checkpointing for b in (*model.double_blocks, *model.single_blocks))
     model.gradient_checkpointing = False
     assert not any(b.gradient_checkpointing for b in (*model.double_blocks, *model.single_blocks))
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+@pytest.mark.parametrize("dtype", [flame.float64, flame.bfloat16])
+def test_rope_inside_the_qk_norm_gives_the_separate_passes_numbers(device, dtype, frozen, monkeypatch):
+    """ops.QK_ROPE: q and k rotated inside the QK-norm's op (no RoPE pass of their own) against the rope pass in
+    attention -- the same forward and gradients (float64 to rounding; bf16 within the one rounding it saves). Frozen
+    (a LoRA's base): the fused JointRMSNorm node with the tables; trained QK-norm gains: the composed ops."""
+    from flame_core.ops import norms
+    from flame_models.bfl import ops
+    args = to_flame(tiny_inputs(), dtype, device)
+    if frozen:
+        for k in ("img", "txt"):
+            args[k].requires_grad_(True)
+    outs, grads, passes, fused_nodes = [], [], [], []
+    for fused in (False, True):
+        monkeypatch.setattr(ops, "QK_ROPE", fused)
+        calls, nodes = [0], [0]
+        real, real_apply = ops.apply_rope, norms.JointRMSNorm.apply
+
+        def counting(*a, real=real, calls=calls):
+            calls[0] += 1
+            return real(*a)
+
+        def counting_apply(*a, real_apply=real_apply, nodes=nodes):
+            nodes[0] += a[-1] is not None            # the rope tables (its last argument)
+            return real_apply(*a)
+        monkeypatch.setattr(ops, "apply_rope", counting)
+        monkeypatch.setattr(norms.JointRMSNorm, "apply", counting_apply)
+        model, _ = tiny_model(dtype=dtype, device=device)
+        model.requires_grad_(not frozen)
+        out = model(**args)
+        (out.float() * out.float()).mean().backward()
+        outs.append(out.detach().float().numpy())
+        if frozen:
+            grads.append({k: args[k].grad.float().numpy() for k in ("img", "txt")})
+            for k in ("img", "txt"):
+                args[k].grad = None
+        else:
+            grads.append({k: p.grad.float().numpy() for k, p in model.named_parameters()})
+        passes.append(calls[0])
+        fused_nodes.append(nodes[0])
+    n_blocks = TINY.depth + TINY.depth_single_blocks
+    assert passes == [2 * n_blocks, 0]
+    assert fused_nodes == [0, 2 * n_blocks if frozen else 0]
+    # bf16: differences of one rounding of q / k, carried through four blocks in bf16; relative to each array's scale
+    tol = dict(rtol=1e-11, atol=1e-12) if dtype == flame.float64 else dict(rtol=0.0, atol=0.02)
+    scale = max(1.0, float(np.abs(outs[0]).max()))
+    np.testing.assert_allclose(outs[1] / scale, outs[0] / scale, **tol)
+    for k in grads[0]:
+        scale = max(1.0, float(np.abs(grads[0][k]).max()))
+        np.testing.assert_allclose(grads[1][k] / scale, grads[0][k] / scale, **tol, err_msg=k)
