@@ -32,6 +32,7 @@ import ml_dtypes
 import numpy as np
 
 from .. import backend
+from ..memory import recycle
 from . import launching, loader, plans
 
 # above this CuPy's ufuncs run (their per-call cost no longer matters next to the work); FLAME_SMALL_POINTWISE=0
@@ -41,6 +42,9 @@ BLOCK = 256
 STEM = "pointwise_small"
 
 _nd = backend._cupy_ndarray if backend.cupy is not None else None
+# outputs from the bin of small dead arrays while it is on (memory.recycle); tested with `is None`, never `or`: an
+# array's truth is its values
+_rc_on, _rc_take = recycle.on, recycle.take
 # dtype.num -> index into _DTYPES (the kernel dtypes); bfloat16's number is assigned when ml_dtypes registers it
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 _KIND = {d.num: k for k, d in enumerate(_DTYPES)}
@@ -171,7 +175,9 @@ def fast_scalar(op, x, s, out=None):
         if bits is None:
             return None
     if out is None:
-        out = _nd(x.shape, x.dtype)
+        out = _rc_take(x.shape, x.dtype) if _rc_on[0] else None
+        if out is None:
+            out = _nd(x.shape, x.dtype)
     n = x.size
     if n:
         _local.launches[(_SCALAR[op], kind, n, dev)].launch3(x.data.ptr, out.data.ptr, bits)
@@ -186,7 +192,9 @@ def fast_binary(op, a, b, out=None):
         return None
     kind, dev = ready
     if out is None:
-        out = _nd(a.shape, a.dtype)
+        out = _rc_take(a.shape, a.dtype) if _rc_on[0] else None
+        if out is None:
+            out = _nd(a.shape, a.dtype)
     n = a.size
     if n:
         _local.launches[(_BINARY[op], kind, n, dev)].launch3(a.data.ptr, b.data.ptr, out.data.ptr)
@@ -199,7 +207,9 @@ def fast_unary(op, x):
     if ready is None:
         return None
     kind, dev = ready
-    out = _nd(x.shape, x.dtype)
+    out = _rc_take(x.shape, x.dtype) if _rc_on[0] else None
+    if out is None:
+        out = _nd(x.shape, x.dtype)
     n = x.size
     if n:
         _local.launches[(_UNARY[op], kind, n, dev)].launch2(x.data.ptr, out.data.ptr)
@@ -217,7 +227,9 @@ def fast_grad(kernel, g, s, out=None):
         return None
     kind, dev = ready
     if out is None:
-        out = _nd(g.shape, g.dtype)
+        out = _rc_take(g.shape, g.dtype) if _rc_on[0] else None
+        if out is None:
+            out = _nd(g.shape, g.dtype)
     n = g.size
     if n:
         _local.launches[(kernel, kind, n, dev)].launch3(g.data.ptr, s.data.ptr, out.data.ptr)

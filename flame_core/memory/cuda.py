@@ -18,7 +18,7 @@ import sys
 import numpy as np
 
 from .. import backend as _backend
-from . import cpu_tracking, tracking
+from . import cpu_tracking, recycle, tracking
 from .pool import DeviceOutOfMemory, DevicePool
 
 pools = {}  # device id -> DevicePool
@@ -144,6 +144,12 @@ def refresh_birth():
     fn = _birth if need else None
     if cpu_tracking.cuda_birth is not fn:
         cpu_tracking.set_cuda_birth(fn)
+    # the small-array bin (memory.recycle) while nothing watches each allocation, on a single GPU
+    want = not need and recycle.requested() and _backend.cuda_device_count() == 1
+    if want and not recycle.is_enabled():
+        recycle.enable(pool_for(0))
+    elif not want and recycle.is_enabled():
+        recycle.disable()
 
 
 def install():
@@ -164,6 +170,8 @@ def uninstall():
     cp.cuda.set_allocator(cp.get_default_memory_pool().malloc)
     _installed = False
     cpu_tracking.set_cuda_birth(None)
+    if recycle.is_enabled():
+        recycle.disable()
 
 
 def is_installed():

@@ -111,6 +111,9 @@ class DevicePool:
         self._observer = None  # profiler callback(event, pool, block), None when no profiler is active (observer)
         self.on_observer_change = None  # called () after the observer is set or removed (memory.cuda: birth tags)
         self.tagger = None  # called () before tags are read (live_items): tags the blocks of live tensors on demand
+        # called () with the lock held before blocks are listed or cached memory released (settle): gives back blocks
+        # held above the pool, counted as free there (memory.recycle's bin of small dead arrays)
+        self.reclaim = None
         self._streams = {}  # stream key -> [small, medium, large, huge] sub-pools
         self._live = {}  # ptr -> Block
         self._lock = threading.Lock()
@@ -368,6 +371,7 @@ class DevicePool:
                 return self._add_segment(sub, ptr, size)
             if attempt == 0:
                 self.num_alloc_retries += 1
+                self._settle_locked()
                 freed_cache = self._release_cached()
                 release_foreign = getattr(self.backend, "release_foreign", None)
                 if release_foreign is not None:
@@ -408,14 +412,14 @@ class DevicePool:
         """Keep the blocks of stream `key` (a CUDA graph's capture stream) reserved: empty_cache and the OOM retry
         leave them alone, since a graph replays into those addresses. Counted; `unpin_stream` undoes one pin."""
         with self._lock:
+            self._settle_locked()  # (nothing binned above the pool is handed to the capture)
             self._pinned_streams[key] = self._pinned_streams.get(key, 0) + 1
 
     def release_stream(self, key):
         """Give the wholly free segments of stream `key`'s free lists back to the device (a dropped CUDA graph's
         private blocks; other streams' caches stay). Returns the bytes released."""
         with self._lock:
-            if self._pending:
-                self._drain()
+            self._settle_locked()
             if key in self._pinned_streams:
                 return 0
             return sum(self._coalesce(sub, release=True) for sub in self._streams.get(key, ()))
@@ -432,9 +436,27 @@ class DevicePool:
     def empty_cache(self):
         """Give every wholly free segment back to the device. Returns the bytes released."""
         with self._lock:
-            if self._pending:
-                self._drain()
+            self._settle_locked()
             return self._release_cached()
+
+    def settle(self, wait=True):
+        """Blocks held above the pool (`reclaim`) returned and deferred frees applied: what the pool then lists as
+        live is what tensors hold. wait=False: skipped (False) while the lock is held -- by another thread, or by this
+        one inside malloc (the out-of-memory report, whose retry has settled already)."""
+        lock = self._lock
+        if not lock.acquire(wait):
+            return False
+        try:
+            self._settle_locked()
+        finally:
+            lock.release()
+        return True
+
+    def _settle_locked(self):
+        if self.reclaim is not None:
+            self.reclaim()
+        if self._pending:
+            self._drain()
 
     def reset_peak(self):
         self.peak_allocated = self.allocated
@@ -455,6 +477,8 @@ class DevicePool:
 
     def live_items(self):
         """[(bytes, shape, dtype, origin)] of live blocks (shape None for buffers no tensor was born on)."""
+        if self.reclaim is not None:
+            self.settle(wait=False)
         if self.tagger is not None:
             self.tagger()
         out = []
@@ -465,11 +489,13 @@ class DevicePool:
 
     def live_blocks(self):
         with self._lock:
+            self._settle_locked()
             return list(self._live.values())
 
     def segments(self):
         """[(segment, [blocks in address order])] for every segment of every stream and class."""
         with self._lock:
+            self._settle_locked()
             out = []
             for subs in self._streams.values():
                 for sub in subs:
@@ -483,6 +509,8 @@ class DevicePool:
 
     def class_bytes(self):
         """{class name: (allocated bytes, reserved bytes)}."""
+        if self.reclaim is not None:
+            self.settle(wait=False)
         alloc = dict.fromkeys(KIND_NAMES, 0)
         res = dict.fromkeys(KIND_NAMES, 0)
         for subs in self._streams.values():
