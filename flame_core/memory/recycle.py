@@ -46,48 +46,51 @@ def requested():
 
 def _tensor_del(self):
     """Tensor.__del__ while the bin is on: bin the tensor's array when it is the last holder (see the docstring)."""
-    a = self.__dict__.get("_data")
-    # refcounts: a's (one holder: this tensor's dict) + the local + the call's argument
-    if type(a) is not _nd or a.size > MAX_NUMEL or _getrc(a) != 3 or a.base is not None \
-            or not (a._c_contiguous if _FLAG_ATTR else a.flags.c_contiguous):
-        return
-    mp = a.data
-    mem = mp.mem
-    if _getrc(mp) != 3 or _getrc(mem) != 3:  # another array (or pointer) over the same memory
-        return
-    pool = _pool[0]
-    if pool is None or not on[0]:
-        return
-    blk = pool._live.get(mp.ptr)
-    if blk is None or blk.free:
-        return
-    stream = blk.sub.stream
-    size = blk.size
-    if stream in pool._pinned_streams or held[1] + size > MAX_BYTES:
-        return
-    key = (a.shape, a.dtype, stream)
-    lst = bins.get(key)
-    if lst is None:
-        lst = bins[key] = []
-    elif len(lst) >= PER_KEY:
-        return
-    lock = pool._lock
-    if not lock.acquire(False):  # the pool is busy (another thread, or GC inside malloc): let the array die
-        return
     try:
-        if not on[0]:
+        a = self.__dict__.get("_data")
+        # refcounts: a's (one holder: this tensor's dict) + the local + the call's argument
+        if type(a) is not _nd or a.size > MAX_NUMEL or _getrc(a) != 3 or a.base is not None \
+                or not (a._c_contiguous if _FLAG_ATTR else a.flags.c_contiguous):
             return
-        blk.tag = None
-        pool.allocated -= size
-        pool.requested -= blk.requested
-        pool.bytes_freed_total += size
-        pool.num_free += 1
-        held[0] += 1
-        held[1] += size
-        counts["binned"] += 1
-        lst.append((a, blk))
-    finally:
-        lock.release()
+        mp = a.data
+        mem = mp.mem
+        if _getrc(mp) != 3 or _getrc(mem) != 3:  # another array (or pointer) over the same memory
+            return
+        pool = _pool[0]
+        if pool is None or not on[0]:
+            return
+        blk = pool._live.get(mp.ptr)
+        if blk is None or blk.free:
+            return
+        stream = blk.sub.stream
+        size = blk.size
+        if stream in pool._pinned_streams or held[1] + size > MAX_BYTES:
+            return
+        key = (a.shape, a.dtype, stream)
+        lst = bins.get(key)
+        if lst is None:
+            lst = bins[key] = []
+        elif len(lst) >= PER_KEY:
+            return
+        lock = pool._lock
+        if not lock.acquire(False):  # the pool is busy (another thread, or GC inside malloc): let the array die
+            return
+        try:
+            if not on[0]:
+                return
+            blk.tag = None
+            pool.allocated -= size
+            pool.requested -= blk.requested
+            pool.bytes_freed_total += size
+            pool.num_free += 1
+            held[0] += 1
+            held[1] += size
+            counts["binned"] += 1
+            lst.append((a, blk))
+        finally:
+            lock.release()
+    except TypeError:  # interpreter shutdown: this module's globals may already be None
+        pass
 
 
 def take(shape, dtype):
