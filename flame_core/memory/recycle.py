@@ -40,8 +40,11 @@ _FLAG_ATTR = _nd is not None and hasattr(_nd, "_c_contiguous")  # CuPy's interna
 
 
 def requested():
-    """Whether the environment allows the bin (FLAME_RECYCLE_SMALL, default on)."""
-    return os.environ.get("FLAME_RECYCLE_SMALL", "1").strip().lower() not in ("0", "false", "no", "off")
+    """Whether the environment allows the bin: FLAME_RECYCLE_SMALL (default on), and its only reader, the small-array
+    fast path, on (FLAME_SMALL_POINTWISE=0 turns that off: a bin nobody takes from would only hold memory)."""
+    off = ("0", "false", "no", "off")
+    return (os.environ.get("FLAME_RECYCLE_SMALL", "1").strip().lower() not in off
+            and os.environ.get("FLAME_SMALL_POINTWISE", "1") != "0")
 
 
 def _tensor_del(self):

@@ -207,3 +207,14 @@ def test_enable_and_disable_hook_tensor_del_and_cpu_tensors_pass_through(env):
     finally:
         recycle.disable()
     assert "__del__" not in tensor_cls.__dict__ and env.pool.reclaim is None and not recycle.on[0]
+
+
+@pytest.mark.parametrize("env_vars, want", [({}, True), ({"FLAME_RECYCLE_SMALL": "0"}, False),
+                                            ({"FLAME_RECYCLE_SMALL": "off"}, False),
+                                            ({"FLAME_SMALL_POINTWISE": "0"}, False)])
+def test_the_environment_switches(monkeypatch, env_vars, want):
+    monkeypatch.delenv("FLAME_RECYCLE_SMALL", raising=False)
+    monkeypatch.delenv("FLAME_SMALL_POINTWISE", raising=False)
+    for k, v in env_vars.items():
+        monkeypatch.setenv(k, v)
+    assert recycle.requested() is want
