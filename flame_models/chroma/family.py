@@ -32,6 +32,7 @@ class ChromaFamily(FlowMatchingFamily):
     parts, pipeline = chroma_parts, flux_vae
     latent_scale, latent_shift = LATENT_SCALE, LATENT_SHIFT
     sample_keys = ("latents", "prompt_embeds", "prompt_mask")
+    cond_dims = ("context_in_dim", None)  # T5's width; no pooled vector
     default_size = "chroma-tiny"
     model_sizes = ("chroma", "chroma-tiny")
     target_presets = TARGET_PRESETS
@@ -55,20 +56,6 @@ class ChromaFamily(FlowMatchingFamily):
         with flame_nn.empty_init(device="cpu"):
             probe = Chroma(spec)
         return self.target_problems(probe, cfg, name_map_for(spec), prefix)
-
-    def check_sample(self, shapes, spec):
-        lat, txt, mask = (shapes.get(k) for k in self.sample_keys)
-        ctx = spec.context_in_dim if spec is not None else None
-        if lat is not None and (len(lat) != 3 or lat[0] != self.latent_channels or lat[1] % 2 or lat[2] % 2):
-            return f"latents {lat}: expected ({self.latent_channels}, h, w) with even h and w"
-        if txt is not None and (len(txt) != 2 or (ctx is not None and txt[1] != ctx)):
-            return f"prompt_embeds {txt}: expected (L, {ctx or 'context_in_dim'}) for this model"
-        if mask is not None and (len(mask) != 1 or (txt is not None and mask[0] != txt[0])):
-            return f"prompt_mask {mask}: expected (L,), one entry per prompt_embeds token"
-        return None
-
-    def synthetic_conditioning(self, spec, text_length):
-        return {"prompt_embeds": (text_length, spec.context_in_dim), "prompt_mask": (text_length,)}
 
     # ------------------------------------------------------------------ building
     def load_model(self, path, spec, dtype, device):

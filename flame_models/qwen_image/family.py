@@ -38,6 +38,7 @@ class QwenImageFamily(FlowMatchingFamily):
     model_class = QwenImageTransformer2DModel
     parts, pipeline = qwen_parts, qwen_stages
     sample_keys = ("latents", "prompt_embeds", "prompt_mask")
+    cond_dims = ("joint_attention_dim", None)  # Qwen2.5-VL's width; no pooled vector
     default_size = "qwen-image-tiny"
     model_sizes = ("qwen-image", "qwen-image-tiny")
     target_presets = TARGET_PRESETS
@@ -68,20 +69,6 @@ class QwenImageFamily(FlowMatchingFamily):
         with flame_nn.empty_init(device="cpu"):
             probe = QwenImageTransformer2DModel(spec)
         return self.target_problems(probe, cfg, probe.adapter_name_map(), prefix)
-
-    def check_sample(self, shapes, spec):
-        lat, txt, mask = (shapes.get(k) for k in self.sample_keys)
-        ctx = spec.joint_attention_dim if spec is not None else None
-        if lat is not None and (len(lat) != 3 or lat[0] != self.latent_channels or lat[1] % 2 or lat[2] % 2):
-            return f"latents {lat}: expected ({self.latent_channels}, h, w) with even h and w"
-        if txt is not None and (len(txt) != 2 or (ctx is not None and txt[1] != ctx)):
-            return f"prompt_embeds {txt}: expected (L, {ctx or 'joint_attention_dim'}) for this model"
-        if mask is not None and (len(mask) != 1 or (txt is not None and mask[0] != txt[0])):
-            return f"prompt_mask {mask}: expected (L,), one entry per prompt_embeds token"
-        return None
-
-    def synthetic_conditioning(self, spec, text_length):
-        return {"prompt_embeds": (text_length, spec.joint_attention_dim), "prompt_mask": (text_length,)}
 
     # ------------------------------------------------------------------ building
     def load_model(self, path, spec, dtype, device):

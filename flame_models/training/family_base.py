@@ -34,7 +34,9 @@ class DiffusionFamily(ModelFamily):
     model_class = None             # the trained model's class (spec_of)
     spec_attr = "params"           # the model's attribute holding its spec
     model_noun = "model"           # check_sample's "for this <noun>"
-    cond_dims = ("context_in_dim", "pooled_in_dim")  # the spec's widths of prompt_embeds and pooled_prompt_embeds
+    # the spec's widths of prompt_embeds and pooled_prompt_embeds (pooled None where sample_keys end in prompt_mask:
+    # a masked-text family, Chroma and Qwen-Image)
+    cond_dims = ("context_in_dim", "pooled_in_dim")
     scheduler_words = None         # config_problems' "<label> trains with <scheduler_words>"
     parts = None                   # the module of the VAE and text encoders (sd3/family_parts.py)
     pipeline = None                # the module with encode_images / decode_latents (flame_models.sd3.pipeline)
@@ -104,13 +106,17 @@ class DiffusionFamily(ModelFamily):
         f = self.latent_multiple(spec)
         ctx_name, pooled_name = self.cond_dims
         ctx = getattr(spec, ctx_name) if spec is not None else None
-        pooled_dim = getattr(spec, pooled_name) if spec is not None else None
-        lat, txt, pooled = (shapes.get(k) for k in self.sample_keys)
+        lat, txt, third = (shapes.get(k) for k in self.sample_keys)
         if lat is not None and (len(lat) != 3 or lat[0] != self.latent_channels or lat[1] % f or lat[2] % f):
             sides = "even h and w" if f == 2 else f"h and w multiples of {f}"
             return f"latents {lat}: expected ({self.latent_channels}, h, w) with {sides}"
         if txt is not None and (len(txt) != 2 or (ctx is not None and txt[1] != ctx)):
             return f"prompt_embeds {txt}: expected (L, {ctx or ctx_name}) for this {self.model_noun}"
+        if self.sample_keys[2] == "prompt_mask":  # a masked-text family (Chroma, Qwen-Image): no pooled vector
+            if third is not None and (len(third) != 1 or (txt is not None and third[0] != txt[0])):
+                return f"prompt_mask {third}: expected (L,), one entry per prompt_embeds token"
+            return None
+        pooled, pooled_dim = third, getattr(spec, pooled_name) if spec is not None else None
         if pooled is not None and (len(pooled) != 1 or (pooled_dim is not None and pooled[0] != pooled_dim)):
             return f"pooled_prompt_embeds {pooled}: expected ({pooled_dim or pooled_name},) for this {self.model_noun}"
         return None
@@ -123,6 +129,8 @@ class DiffusionFamily(ModelFamily):
 
     def synthetic_conditioning(self, spec, text_length):
         ctx_name, pooled_name = self.cond_dims
+        if self.sample_keys[2] == "prompt_mask":
+            return {"prompt_embeds": (text_length, getattr(spec, ctx_name)), "prompt_mask": (text_length,)}
         return {"prompt_embeds": (text_length, getattr(spec, ctx_name)),
                 "pooled_prompt_embeds": (getattr(spec, pooled_name),)}
 
