@@ -61,17 +61,17 @@ def _check_rope(rope, xs):
     return rope.reshape(want)
 
 
-def _rotate(y, rope, transpose):
-    """y (B, Lt, H, D) in the compute dtype rotated by the per-row tables (B * Lt, D / 2, 2, 2)."""
+def _as_rope_rows(y, rope):
+    """y (B, Lt, H, D) as rope.py's x (B * Lt, H, 1, D) and the tables as its freqs (B * Lt, 1, 1, D / 2, 2, 2): one
+    table per token row, no transpose."""
     B, Lt, H, D = y.shape
-    f = rope.astype(y.dtype).reshape(B, Lt, 1, D // 2, 2, 2)
-    y2 = y.reshape(B, Lt, H, D // 2, 2)
-    y0, y1 = y2[..., 0:1], y2[..., 1:2]
-    if transpose:
-        out = f[..., 0, :] * y0 + f[..., 1, :] * y1
-    else:
-        out = f[..., :, 0] * y0 + f[..., :, 1] * y1
-    return out.reshape(y.shape)
+    return y.reshape(B * Lt, H, 1, D), rope.reshape(B * Lt, 1, 1, D // 2, 2, 2)
+
+
+def _rotate(y, rope, transpose):
+    """y (B, Lt, H, D) rotated by the per-row tables with rope.py's reference, in y's dtype (the compute dtype here:
+    the rotation comes before the one rounding)."""
+    return R._rope_ref(*_as_rope_rows(y, rope), transpose).reshape(y.shape)
 
 
 def _forward_ref(xs, ws, eps, rope=None):
@@ -150,10 +150,7 @@ def _rope_arg(rope, vec):
 def _rope_pass(y, rope, transpose):
     """rope.py's kernel over y (B, Lt, H, D) seen as B * Lt rows of (H, 1, D), one table each (the fallback of the
     fused rotation)."""
-    B, Lt, H, D = y.shape
-    t = rope.reshape(B * Lt, 1, 1, D // 2, 2, 2)
-    y = y.reshape(B * Lt, H, 1, D)
-    return (R.rope_backward(y, t) if transpose else R.rope_forward(y, t)).reshape(B, Lt, H, D)
+    return (R.rope_backward if transpose else R.rope_forward)(*_as_rope_rows(y, rope)).reshape(y.shape)
 
 
 def _forward_kernel(xs, ws, eps, rope=None):

@@ -207,7 +207,7 @@ CASES = [(1, 3, 5, 2, 64, 64), (2, 7, 4, 3, 128, 384), (1, 1, 0, 1, 8, 0), (2, 5
 def test_kernels_against_the_reference(ab, rng, dt, case, gains, rope):
     B, L0, L1, H, D, off = case
     if rope and D % 2:
-        pytest.skip("RoPE rotates pairs: an even head dim")
+        D += 1  # RoPE rotates pairs: the odd head dims' cases (misaligned views: the rotation's own pass) at D + 1
     dtype = DTYPES[dt]
     width = off + 3 * H * D
     a0, a1 = rand(rng, (B, L0, width), dtype), rand(rng, (B, max(L1, 1), width), dtype, scale=3.0)
