@@ -179,6 +179,8 @@ class DevicePool:
 
     @observer.setter
     def observer(self, fn):
+        if fn is not None and self._observer is None and self.reclaim is not None:
+            self.settle()  # the bin's arrays (memory.recycle) die before a watcher starts: their frees are not its
         self._observer = fn
         if self.on_observer_change is not None:
             self.on_observer_change()
