@@ -185,3 +185,40 @@ def test_the_row_amax_scale_is_as_good_as_the_error_minimising_one():
     best = np.sqrt(np.stack([err2(amax * c / 448) for c in np.linspace(0.5, 1.0, 51)]).min(0).sum()) / np.linalg.norm(w)
     assert 0.025 < best <= base < 0.028
     assert base / best < 1.03
+
+
+@pytest.mark.gpu
+def test_the_cached_dequantisation_matches_the_kernel_across_layers_growth_and_release(device):
+    """The eager per-layer path (a packed launch per weight / scales / scratch address set, the scratch view kept per
+    shape) writes what kernels.fp8.dequantize_per_row writes: two layers of one shape (one view, two launches), a
+    larger layer that replaces the scratch buffer, the first layer again after it, and after release_scratch."""
+    if device.type != "cuda":
+        pytest.skip("the cached launch is the cuda path")
+    from flame_core.kernels import fp8 as K
+    from flame_core.ops.fp8 import quantize_fp8
+    from flame_nn.offload import fp8 as F8
+    F8.release_scratch()
+    rng = np.random.default_rng(7)
+
+    def layer(rows, cols):
+        w = flame.tensor(rng.standard_normal((rows, cols)).astype(np.float32), device=device)
+        q, s = quantize_fp8(w)
+        return q.array, s.array
+
+    for dt in ("bfloat16", "float16", "float32"):
+        npdt = flame.dtypes.dtype(dt).np
+        a, b, big = layer(40, 72), layer(40, 72), layer(96, 136)
+        launched = []
+        for q, s in (a, b, big, a, b):
+            want = npy(flame.as_tensor(K.dequantize_per_row(q, s, npdt)))
+            got = F8._dequantize_into_scratch(q, s, npdt)
+            assert got.shape == q.shape and got.dtype == npdt
+            launched.append(got.data.ptr)
+            np.testing.assert_array_equal(npy(flame.as_tensor(got.copy())), want)
+        assert launched[0] == launched[1]  # one scratch view per shape: the same address for both layers
+        assert len(F8._views) >= 1
+        F8.release_scratch()
+        assert not F8._views
+        q, s = a
+        np.testing.assert_array_equal(npy(flame.as_tensor(F8._dequantize_into_scratch(q, s, npdt).copy())),
+                                      npy(flame.as_tensor(K.dequantize_per_row(q, s, npdt))))
