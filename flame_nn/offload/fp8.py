@@ -29,6 +29,7 @@ tensor and the matmuls on the e4m3 tensor cores, the activations quantised too (
 import numpy as np
 
 from flame_core import as_tensor, backend
+from flame_core import cat as _cat
 from flame_core import dtypes as D
 from flame_core.amp import autocast_mode as _amp
 from flame_core.autograd import Function, no_grad
@@ -56,7 +57,7 @@ _largest = {}    # device key -> elements of the largest quantised weight there 
 _retired = []    # scratch buffers replaced by larger ones: a captured CUDA graph may still write into them
 _views = {}      # (device key, dtype name) -> {shape: view of that scratch buffer} (dropped with the buffer)
 _DEQ = _KL.LaunchCache()  # (q, scales, out addresses, shape, dtype) -> the dequantisation's PackedLaunch
-_nd = backend._cupy_ndarray
+_nd = backend.cupy.ndarray if backend.cupy is not None else None  # (None: no array is of it)
 _HALF_OR_F32 = ("float32", "float16", "bfloat16")
 _FLAG_ATTR = _nd is not None and hasattr(_nd, "_c_contiguous")  # CuPy's internal flag (else the public flags)
 
@@ -372,6 +373,42 @@ def set_fp8_weight_(linear, q, scales, compute_dtype):
     linear.weight = Parameter(q, requires_grad=False)
     linear.register_buffer("weight_scale", scales)
     return linear
+
+
+def stack_fp8_weights_(linears):
+    """Re-point fp8-storage Linears (per-row scales, not fp8 compute) of one input width, compute dtype and device at
+    consecutive row blocks of ONE stacked fp8 weight and ONE scale vector, and return those two tensors: layers that
+    read the same input (q, k, v) can then run as one `fp8_linear` over them -- one dequantisation and one GEMM
+    instead of one of each per layer. The weights are not copied twice: each layer's weight and scales become views
+    of the stacked tensors (the separate ones are released). The scratch buffer is sized for the stacked weight.
+    Raises OffloadError for layers that cannot be stacked."""
+    linears = list(linears)
+    if not linears or not all(isinstance(m, Float8LinearMixin) and not m.fp8_compute for m in linears):
+        raise OffloadError("stack_fp8_weights_: expects fp8-storage Linears (per-row scales, not fp8 compute)")
+    first = linears[0]
+    for m in linears[1:]:
+        if (m.weight.shape[1] != first.weight.shape[1] or m.compute_dtype != first.compute_dtype
+                or m.weight.device != first.weight.device):
+            raise OffloadError(f"stack_fp8_weights_: layers of input width {m.weight.shape[1]} / "
+                               f"{first.weight.shape[1]}, compute dtypes {m.compute_dtype} / {first.compute_dtype}, "
+                               f"devices {m.weight.device} / {first.weight.device} do not stack")
+    with no_grad():
+        q = _cat([m.weight.detach() for m in linears], 0)
+        scales = _cat([m.weight_scale for m in linears], 0)
+        lo = 0
+        for m in linears:
+            hi = lo + m.weight.shape[0]
+            m.weight = Parameter(q[lo:hi], requires_grad=False)
+            m.weight_scale = scales[lo:hi]
+            lo = hi
+    _note_size(q.array)
+    return q, scales
+
+
+def fp8_linear(x, q, scales, bias, compute_dtype):
+    """x @ (q * scales[:, None])^T + bias in `compute_dtype` through the dequantisation scratch (the fp8-storage
+    Linear's own op, for stacked weights: `stack_fp8_weights_`). x and bias must be of `compute_dtype`."""
+    return Float8Linear.apply(x, q, scales, bias, D.dtype(compute_dtype).np)
 
 
 def _check_compute(compute, where):
