@@ -30,7 +30,7 @@ from .clip import CLIPTextModel, CLIPTextModelWithProjection
 from .configs import CLIPTextConfig, T5Config, infer_clip_config, infer_t5_config
 from .files import NAMES, Checkpoint, TextEncoderCheckpointError, resolve
 from .saving import CONFIG_METADATA_KEY
-from .storage import Packed, fuse_projections_
+from .storage import Packed, fuse_fp8_projections_, fuse_projections_
 from .t5 import T5EncoderModel
 
 QUANTIZE = ("auto", "fp8", None)
@@ -289,6 +289,7 @@ def _fill(module, plan, keymap, ckpt, prefix, bar, fuse=True):
     module.load_state_dict(packed.views, strict=False, assign=True)  # the parameters become the packed views
     if fuse:
         fuse_projections_(module, packed)
+        fuse_fp8_projections_(module, packed)  # q | k | v, wi_0 | wi_1 in fp8 storage: stacked, one GEMM each
 
 
 def _device_of(module, name):

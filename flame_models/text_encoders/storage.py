@@ -16,6 +16,7 @@ rebinds a parameter turn it off) and no gradient is wanted for them.
 import flame_core as flame
 import flame_nn
 import flame_nn.functional as F
+from flame_nn.offload import Float8LinearMixin, fp8_linear, stack_fp8_weights_
 
 GROUP_ALIGN = 256
 MEMBER_ALIGN = 16
@@ -131,6 +132,75 @@ class FusedProjections:
         if flame.is_grad_enabled() and any(p is not None and p.requires_grad for m in ms for p in (m.weight, m.bias)):
             return None
         return F.linear(x, self.weight, self.bias) if self.matches() else None
+
+
+class FusedFp8Projections:
+    """FusedProjections for Linears in fp8 storage (a file's fp8 weights, or quantize="fp8"): their fp8 rows and
+    scales stacked into one tensor each (`stack_fp8_weights_`, the layers re-pointed at row views of them), run as
+    ONE dequantisation and ONE GEMM (`fp8_linear`) instead of one of each per layer. The same contract as
+    FusedProjections: `__call__` gives None when the layers must run one by one (a gradient wanted, or they no longer
+    hold the stacked views, or an input or bias of another dtype: their own checks then speak)."""
+
+    def __init__(self, linears, q, scales, bias):
+        self.linears, self.q, self.scales, self.bias = tuple(linears), q, scales, bias
+        self._cls = type(linears[0])
+        self._arrays = tuple((m.weight.array, m.weight_scale.array, None if m.bias is None else m.bias.array)
+                             for m in linears)
+
+    @classmethod
+    def make(cls, module, names, packed, path):
+        """For the child Linears `names` of `module`, in fp8 storage (per-row scales) and without fp8 compute, of
+        one class, input width, compute dtype and device, their biases (if any) back to back in `packed`; None
+        otherwise."""
+        linears = [getattr(module, n) for n in names]
+        first = linears[0]
+        if not (isinstance(first, Float8LinearMixin) and type(first).forward is Float8LinearMixin.forward):
+            return None
+        if any(type(m) is not type(first) or m.fp8_compute or m.weight.shape[1] != first.weight.shape[1]
+               or m.compute_dtype != first.compute_dtype or m.weight.device != first.weight.device
+               for m in linears):
+            return None
+        has_bias = [m.bias is not None for m in linears]
+        bias = None
+        if any(has_bias):
+            p = f"{path}." if path else ""
+            bias = packed.stacked([f"{p}{n}.bias" for n in names]) if all(has_bias) else None
+            if bias is None or any(m.bias.data_ptr() != v.data_ptr() for m, v in
+                                   zip(linears, (packed.views[f"{p}{n}.bias"] for n in names))):
+                return None
+        q, scales = stack_fp8_weights_(linears)
+        return cls(linears, q, scales, bias)
+
+    def matches(self):
+        """The layers are still of their class, without fp8 compute, holding the stacked views (and biases) that
+        this was made over (array identity: an array's address never changes)."""
+        for m, (w, s, b) in zip(self.linears, self._arrays):
+            if (type(m) is not self._cls or m.fp8_compute or m.weight.array is not w or m.weight_scale.array is not s
+                    or (b is not None and (m.bias is None or m.bias.array is not b))):
+                return False
+        return True
+
+    def __call__(self, x):
+        ms = self.linears
+        if flame.is_grad_enabled() and any(p is not None and p.requires_grad for m in ms for p in (m.weight, m.bias)):
+            return None
+        if not self.matches():
+            return None
+        dt = ms[0].compute_dtype
+        if flame.amp.is_autocast_enabled("cuda" if x.is_cuda else "cpu"):
+            return None  # (the layers' own path casts under autocast)
+        if x.dtype != dt or (self.bias is not None and self.bias.dtype != dt):
+            return None
+        return fp8_linear(x, self.q, self.scales, self.bias, dt)
+
+
+def fuse_fp8_projections_(module, packed):
+    """FusedFp8Projections on every submodule of `module` whose class declares `fusable_projections` and that has
+    no FusedProjections (its Linears are in fp8 storage), where they can be stacked."""
+    for path, m in module.named_modules():
+        names = getattr(type(m), "fusable_projections", None)
+        if names and m.__dict__.get("fused_projections") is None:
+            m.__dict__["fused_projections"] = FusedFp8Projections.make(m, names, packed, path)
 
 
 def fuse_projections_(module, packed):

@@ -12,6 +12,7 @@
     set_fp8_scaling_(module, "delayed") fp8 compute's activations scaled from their history (one pass)
     cache_fp8_transposes_(module)       fp8 compute's W^T kept resident for the input gradient (bytes held)
     set_fp8_weight_(linear, q, scales, dtype)   the same storage from weights that are fp8 already (a file's)
+    stack_fp8_weights_(linears) -> q, scales    fp8 layers reading one input on one stacked weight (fp8_linear)
     LayerwiseAdamW(streamer, lr=...)    full fine-tuning, block by block inside backward, state in pinned memory
     safetensors_views(files)            memory-mapped tensors of safetensors files (inference: `sources=`)
 """
@@ -19,10 +20,12 @@ from .activations import ActivationOffload
 from .autofit import FitReport, MemoryBudgetError, OutsideGrowth, auto_fit, demote, fit_outside_growth
 from .fp8 import (
                   Float8LinearMixin,
+                  fp8_linear,
                   is_fp8_linear,
                   quantize_linear_weights_,
                   set_fp8_scaling_,
                   set_fp8_weight_,
+                  stack_fp8_weights_,
                   use_fp8_compute_,
 )
 from .fp8_transposes import cache_fp8_transposes_
@@ -35,5 +38,5 @@ __all__ = ["BlockStreamer", "is_streamed", "run_block", "streamer_of", "auto_fit
            "OutsideGrowth",
            "FitReport", "MemoryBudgetError",
            "quantize_linear_weights_", "set_fp8_weight_", "use_fp8_compute_", "set_fp8_scaling_",
-           "cache_fp8_transposes_", "Float8LinearMixin", "is_fp8_linear",
+           "cache_fp8_transposes_", "Float8LinearMixin", "is_fp8_linear", "stack_fp8_weights_", "fp8_linear",
            "LayerwiseAdamW", "safetensors_views", "OffloadError", "ActivationOffload", "BudgetPlan", "plan_budget"]

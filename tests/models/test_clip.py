@@ -106,6 +106,32 @@ def test_fp8_storage_close(device):
     assert 1e-3 < rel < 0.1, rel  # fp8's ~2.6% rms weight error per layer (3 layers of width 32), not zero
 
 
+def test_fp8_storage_runs_q_k_v_with_their_biases_as_one_matmul(device):
+    """quantize="fp8": q | k | v (with biases) stacked into one fp8 weight (FusedFp8Projections), the same numbers as
+    the three layers; a trained bias or a bias moved off the packed buffer runs them one by one."""
+    from flame_models.text_encoders.storage import FusedFp8Projections
+    ref = io("clip_l_legacy")
+    model = load_clip(folder("clip_l_legacy"), dtype="float32", device=device, quantize="fp8")
+    attn = model.text_model.encoder.layers[0].self_attn
+    fp = attn.fused_projections
+    assert isinstance(fp, FusedFp8Projections) and fp.bias is not None and fp.q.shape[0] == 3 * 32
+    fused = model(ref["input_ids"]).last_hidden_state.numpy()
+    layers = model.text_model.encoder.layers
+    saved = [layer.self_attn.__dict__.pop("fused_projections") for layer in layers]
+    separate = model(ref["input_ids"]).last_hidden_state.numpy()
+    np.testing.assert_allclose(fused, separate, rtol=1e-5, atol=1e-5)
+    for layer, f in zip(layers, saved):
+        layer.self_attn.__dict__["fused_projections"] = f
+    x = flame.tensor(np.random.default_rng(0).standard_normal((2, 5, 32)), dtype=flame.float32, device=device)
+    want = flame.cat([attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)], -1).numpy()
+    np.testing.assert_allclose(fp(x).numpy(), want, rtol=1e-5, atol=1e-5)
+    attn.v_proj.bias.requires_grad_(True)
+    assert fp(x) is None  # a trained bias: one by one
+    attn.v_proj.bias.requires_grad_(False)
+    attn.v_proj.bias.data = attn.v_proj.bias.detach().clone()  # moved off the stacked buffer
+    assert not fp.matches() and fp(x) is None
+
+
 def test_fused_projections_match_the_separate_ones(device):
     """Loaded packed, q|k|v run as one matmul; with gradients wanted (or after .to()) they run one by one, with the
     same numbers."""

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from text_encoder_helpers import TIGHT, config, copy_folder, folder, io, outputs_close, save, shard, weights
 
 import flame_core as flame
+import flame_nn
 from flame_core.autograd import gradcheck
 from flame_models.text_encoders import (
     T5_PRESETS,
@@ -197,6 +198,53 @@ def test_quantize_fp8_from_float32(device):
     assert not is_fp8_linear(model.shared) and model.shared.weight.dtype == flame.float32
     got = model(ref["input_ids"]).last_hidden_state.numpy()
     assert 1e-3 < rel_rms(got, ref["out.last_hidden_state"]) < 0.1
+
+
+def test_fp8_storage_runs_stacked_projections_as_one_matmul(device):
+    """quantize="fp8": q | k | v and wi_0 | wi_1 stacked (FusedFp8Projections: one dequantisation and one GEMM per
+    group, the layers' weights and scales row views of the stacked tensors, nothing kept twice); the same numbers as
+    the layers one by one, the input's gradient too; a weight rebound or autocast run them one by one."""
+    from flame_models.text_encoders.storage import FusedFp8Projections
+    ref = io("t5")
+    model = load_t5(folder("t5"), device=device, quantize="fp8")
+    groups = [(b.layer[0].SelfAttention, ("q", "k", "v")) for b in model.encoder.block]
+    groups += [(b.layer[1].DenseReluDense, ("wi_0", "wi_1")) for b in model.encoder.block]
+    for m, names in groups:
+        fp = m.fused_projections
+        assert isinstance(fp, FusedFp8Projections) and fp.matches()
+        lo = 0
+        for n in names:
+            lin = getattr(m, n)
+            rows = lin.weight.shape[0]
+            assert is_fp8_linear(lin) and lin.weight.array.base is not None  # a view of the stacked rows
+            np.testing.assert_array_equal(lin.weight.array.view(np.uint8), fp.q.array[lo:lo + rows].view(np.uint8))
+            np.testing.assert_array_equal(lin.weight_scale.numpy(), fp.scales.numpy()[lo:lo + rows])
+            lo += rows
+        assert lo == fp.q.shape[0] == fp.scales.shape[0]
+    fused = model(ref["input_ids"]).last_hidden_state.numpy()
+    saved = [m.__dict__.pop("fused_projections") for m, _ in groups]
+    separate = model(ref["input_ids"]).last_hidden_state.numpy()
+    np.testing.assert_allclose(fused, separate, rtol=1e-5, atol=1e-5)
+    assert 1e-3 < rel_rms(fused, ref["out.last_hidden_state"]) < 0.1  # fp8's error, not another model's
+    for (m, _), fp in zip(groups, saved):
+        m.__dict__["fused_projections"] = fp
+    attn = groups[0][0]
+    x = flame.randn(1, 3, attn.q.in_features, device=device)
+    got = attn.fused_projections(x)
+    want = flame.cat([attn.q(x), attn.k(x), attn.v(x)], -1)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+    with flame.amp.autocast(device.type, dtype=flame.bfloat16):
+        assert attn.fused_projections(x) is None
+    xg = x.detach().requires_grad_(True)  # the input's gradient goes through the stacked op's backward
+    (attn.fused_projections(xg) ** 2).sum().backward()
+    xs = x.detach().requires_grad_(True)
+    (flame.cat([attn.q(xs), attn.k(xs), attn.v(xs)], -1) ** 2).sum().backward()
+    np.testing.assert_allclose(xg.grad.numpy(), xs.grad.numpy(), rtol=1e-5, atol=1e-5)
+    old = attn.k.weight
+    attn.k.weight = flame_nn.Parameter(old.detach().clone(), requires_grad=False)  # same values, not the view
+    assert not attn.fused_projections.matches() and attn.fused_projections(x) is None
+    attn.k.weight = old
+    assert attn.fused_projections.matches()
 
 
 # ----------------------------------------------------------------------------- streaming
