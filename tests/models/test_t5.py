@@ -207,6 +207,7 @@ def test_fp8_storage_runs_stacked_projections_as_one_matmul(device):
     from flame_models.text_encoders.storage import FusedFp8Projections
     ref = io("t5")
     model = load_t5(folder("t5"), device=device, quantize="fp8")
+    host = lambda a: a if isinstance(a, np.ndarray) else a.get()  # noqa: E731 (a CuPy array's copy on the host)
     groups = [(b.layer[0].SelfAttention, ("q", "k", "v")) for b in model.encoder.block]
     groups += [(b.layer[1].DenseReluDense, ("wi_0", "wi_1")) for b in model.encoder.block]
     for m, names in groups:
@@ -217,7 +218,8 @@ def test_fp8_storage_runs_stacked_projections_as_one_matmul(device):
             lin = getattr(m, n)
             rows = lin.weight.shape[0]
             assert is_fp8_linear(lin) and lin.weight.array.base is not None  # a view of the stacked rows
-            np.testing.assert_array_equal(lin.weight.array.view(np.uint8), fp.q.array[lo:lo + rows].view(np.uint8))
+            np.testing.assert_array_equal(host(lin.weight.array.view(np.uint8)),
+                                          host(fp.q.array[lo:lo + rows].view(np.uint8)))
             np.testing.assert_array_equal(lin.weight_scale.numpy(), fp.scales.numpy()[lo:lo + rows])
             lo += rows
         assert lo == fp.q.shape[0] == fp.scales.shape[0]
