@@ -11,7 +11,9 @@ Layout: parameters are grouped by (grandparent module, leaf name) -- e.g. every 
 -- in registration order; a group starts 256-byte aligned, its members follow each other at 16-byte alignment.
 A fused view is made only over members that are exactly contiguous, and used only while the layers still hold
 those views (checked by address on every call: `.to()`, a reload, fp8 storage, adapters or a BlockStreamer that
-rebinds a parameter turn it off) and no gradient is wanted for them.
+rebinds a parameter turn it off) and no gradient is wanted for them. Layers loaded into fp8 storage get the same from
+`FusedFp8Projections`: their fp8 rows and scales stacked (the layers then hold row views of them), one
+dequantisation and one GEMM per group.
 """
 import flame_core as flame
 import flame_nn
