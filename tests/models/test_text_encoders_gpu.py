@@ -97,6 +97,9 @@ def test_streamed_t5_on_the_copy_stream():
     ref = io("t5_fp8")
     path = folder("t5_fp8") + "/t5xxl_fp8_e4m3fn_scaled.safetensors"
     plain = load_t5(path, config=folder("t5"), device="cuda")
+    for m in plain.modules():  # the streamed blocks run their layers one by one: so does the resident model here
+        if m.__dict__.get("fused_projections") is not None:  # (stacked fp8 projections: GEGLU's single rounding)
+            m.__dict__["fused_projections"] = None
     streamed = load_t5(path, config=folder("t5"), device="cuda", stream=True)
     with flame.no_grad():
         for _ in range(3):  # the inference window wraps around from call to call
