@@ -2,7 +2,7 @@
 
     quantize_per_row(x)                 -> (q, scales)   q: uint8 array of x's shape holding float8_e4m3fn bits,
                                                           scales: float32 of shape x.shape[:-1]
-    dequantize_per_row(q, scales, dtype) -> q * scale in `dtype`
+    dequantize_per_row(q, scales, dtype, out=None) -> q * scale in `dtype` (into `out`: a reused buffer)
 
 scale = amax(|row|) / 448 (1 for an all-zero row); q = e4m3(x * (448 / amax)), round-to-nearest-even, saturating to
 +-448. All in fp32, so the kernel and the reference agree bit for bit.
@@ -59,21 +59,47 @@ def quantize_per_row(x):
     return q, scales
 
 
-def dequantize_per_row(q, scales, dtype=np.float32):
+_DEQ = KL.LaunchCache()  # (q, scales, out addresses, shape, dtype) -> the dequantisation's PackedLaunch
+
+
+def _dequantize_grid(n):
+    return (max(1, min(P.cdiv(P.cdiv(n, 8), 256), P.sm_count() * 16)),)  # 8 elements per thread-step
+
+
+def dequantize_per_row(q, scales, dtype=np.float32, out=None):
+    """q * scales[..., None] in `dtype`; into `out` when given (a C-contiguous array of q's shape and `dtype`, e.g. a
+    view of a scratch buffer reused call after call: that launch is then packed once per (q, scales, out) address
+    set, every argument being fixed by those addresses and the shape; on cuda 16-byte aligned)."""
     dtype = np.dtype(dtype)
     if q.dtype != np.uint8:
         q = q.view(np.uint8)
     if tuple(scales.shape) != tuple(q.shape[:-1]):
         raise ShapeError(f"dequantize_per_row: scales of shape {tuple(scales.shape)} do not match q of shape "
                          f"{tuple(q.shape)} (expected {tuple(q.shape[:-1])})")
+    if out is not None and (tuple(out.shape) != tuple(q.shape) or out.dtype != dtype
+                            or backend.xp_of(out) is not backend.xp_of(q) or not out.flags.c_contiguous
+                            or (backend.is_cuda_array(out) and out.data.ptr % 16)):
+        raise ShapeError(f"dequantize_per_row: out must be a C-contiguous (on cuda 16-byte aligned) {dtype} array "
+                         f"of shape {tuple(q.shape)} on q's device, got {out.dtype} {tuple(out.shape)}")
     if not (L.use_kernel(scales) and backend.is_cuda_array(q) and q.size
             and L.dtype_name(dtype) in ("float32", "float16", "bfloat16")):
-        return _dequantize_ref(q, scales, dtype)
-    xp = backend.xp_of(q)
-    q = P.contiguous(q)
-    y = xp.empty(q.shape, dtype=dtype)
-    grid = (max(1, min(P.cdiv(P.cdiv(q.size, 8), 256), P.sm_count() * 16)),)  # 8 elements per thread-step
-    block = (256,)
-    KL.launch(L.get_function("fp8", "fp8_dequantize_rows", dtype), grid, block,
-              (q, P.contiguous(scales.astype(np.float32, copy=False)), y, KL.i64(q.size), KL.i32(q.shape[-1])))
+        y = _dequantize_ref(q, scales, dtype)
+        if out is None:
+            return y
+        out[...] = y
+        return out
+    qc = P.contiguous(q)
+    sc = P.contiguous(scales.astype(np.float32, copy=False))
+    if out is not None and qc is q and sc is scales:  # stable addresses: the packed launch
+        key = (q.data.ptr, scales.data.ptr, out.data.ptr, q.shape, dtype)
+        pl = _DEQ.get(key)
+        if pl is None:
+            pl = _DEQ.put(key, KL.PackedLaunch(L.get_function("fp8", "fp8_dequantize_rows", dtype),
+                                               _dequantize_grid(q.size), (256,),
+                                               (q, scales, out, KL.i64(q.size), KL.i32(q.shape[-1])), 0))
+        pl(())
+        return out
+    y = backend.xp_of(q).empty(q.shape, dtype=dtype) if out is None else out
+    KL.launch(L.get_function("fp8", "fp8_dequantize_rows", dtype), _dequantize_grid(q.size), (256,),
+              (qc, sc, y, KL.i64(q.size), KL.i32(q.shape[-1])))
     return y

@@ -18,7 +18,7 @@ dequantisation and one GEMM per group.
 import flame_core as flame
 import flame_nn
 import flame_nn.functional as F
-from flame_nn.offload import Float8LinearMixin, fp8_linear, stack_fp8_weights_
+from flame_nn.offload import Float8LinearMixin, OffloadError, fp8_linear, stack_fp8_weights_
 
 GROUP_ALIGN = 256
 MEMBER_ALIGN = 16
@@ -73,6 +73,12 @@ class Packed:
             off += numel
         rows = sum(self.views[n].shape[0] for n in names)
         return flat[start:off].view(rows, *first.shape[1:])
+
+
+def _grad_wanted(linears):
+    """Whether a gradient is to be recorded for a parameter of these layers (they then run one by one)."""
+    return flame.is_grad_enabled() and any(p is not None and p.requires_grad for m in linears
+                                           for p in (m.weight, m.bias))
 
 
 class FusedProjections:
@@ -130,8 +136,7 @@ class FusedProjections:
     def __call__(self, x):
         """The layers' outputs concatenated on the last dim, or None when they must run one by one (a gradient is
         wanted for their parameters, or they no longer match: see `matches`)."""
-        ms = self.linears
-        if flame.is_grad_enabled() and any(p is not None and p.requires_grad for m in ms for p in (m.weight, m.bias)):
+        if _grad_wanted(self.linears):
             return None
         return F.linear(x, self.weight, self.bias) if self.matches() else None
 
@@ -156,21 +161,20 @@ class FusedFp8Projections:
         otherwise."""
         linears = [getattr(module, n) for n in names]
         first = linears[0]
-        if not (isinstance(first, Float8LinearMixin) and type(first).forward is Float8LinearMixin.forward):
-            return None
-        if any(type(m) is not type(first) or m.fp8_compute or m.weight.shape[1] != first.weight.shape[1]
-               or m.compute_dtype != first.compute_dtype or m.weight.device != first.weight.device
-               for m in linears):
+        if not (isinstance(first, Float8LinearMixin) and type(first).forward is Float8LinearMixin.forward) \
+                or any(type(m) is not type(first) for m in linears):
             return None
         has_bias = [m.bias is not None for m in linears]
         bias = None
-        if any(has_bias):
+        if any(has_bias):  # the biases were just assigned from `packed`: back to back when it stacks them
             p = f"{path}." if path else ""
             bias = packed.stacked([f"{p}{n}.bias" for n in names]) if all(has_bias) else None
-            if bias is None or any(m.bias.data_ptr() != v.data_ptr() for m, v in
-                                   zip(linears, (packed.views[f"{p}{n}.bias"] for n in names))):
+            if bias is None:
                 return None
-        q, scales = stack_fp8_weights_(linears)
+        try:
+            q, scales = stack_fp8_weights_(linears)  # (its checks: fp8 compute, width, compute dtype, device)
+        except OffloadError:
+            return None
         return cls(linears, q, scales, bias)
 
     def matches(self):
@@ -184,9 +188,7 @@ class FusedFp8Projections:
 
     def __call__(self, x):
         ms = self.linears
-        if flame.is_grad_enabled() and any(p is not None and p.requires_grad for m in ms for p in (m.weight, m.bias)):
-            return None
-        if not self.matches():
+        if _grad_wanted(ms) or not self.matches():
             return None
         dt = ms[0].compute_dtype
         if flame.amp.is_autocast_enabled("cuda" if x.is_cuda else "cpu"):

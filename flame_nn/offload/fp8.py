@@ -37,9 +37,6 @@ from flame_core.autograd.grad_mode import is_grad_enabled
 from flame_core.errors import DTypeError, ShapeError, fmt_shape
 from flame_core.kernels import fp8 as _K
 from flame_core.kernels import fp8_tensor as _KT
-from flame_core.kernels import launching as _KL
-from flame_core.kernels import loader as _L
-from flame_core.kernels import plans as _P
 from flame_core.kernels.loader import dtype_name as _dtype_name
 from flame_core.ops.fp8 import quantize_fp8, requantize_fp8_per_tensor
 from flame_core.ops.linalg import mm_arrays
@@ -56,14 +53,6 @@ _scratch = {}    # (device key, dtype name) -> Tensor (1-D) the dequantised weig
 _largest = {}    # device key -> elements of the largest quantised weight there (sizes the scratch once)
 _retired = []    # scratch buffers replaced by larger ones: a captured CUDA graph may still write into them
 _views = {}      # (device key, dtype name) -> {shape: view of that scratch buffer} (dropped with the buffer)
-_DEQ = _KL.LaunchCache()  # (q, scales, out addresses, shape, dtype) -> the dequantisation's PackedLaunch
-_nd = backend.cupy.ndarray if backend.cupy is not None else None  # (None: no array is of it)
-_HALF_OR_F32 = ("float32", "float16", "bfloat16")
-_FLAG_ATTR = _nd is not None and hasattr(_nd, "_c_contiguous")  # CuPy's internal flag (else the public flags)
-
-
-def _contiguous(a):
-    return a._c_contiguous if _FLAG_ATTR else a.flags.c_contiguous
 
 
 def _device_key(arr):
@@ -122,42 +111,12 @@ def transposed_into_scratch(q):
 
 def _dequantize_into_scratch(q, scales, dtype):
     """q (uint8 bytes or float8 values, (out, in)) * scales[:, None] as `dtype`, written into the scratch buffer of
-    q's device: a view valid until the next call on that device (enqueue its reader before the next call)."""
+    q's device: a view valid until the next call on that device (enqueue its reader before the next call). The view
+    of each weight shape is kept with its buffer, so the eager per-layer call makes none (and the kernel wrapper's
+    launch for a reused output is packed once per address set)."""
     dtype = np.dtype(dtype)
-    n = int(q.size)
-    if type(q) is _nd:
-        out = _dequantize_cached(q, scales, dtype)
-        if out is not None:
-            return out
-    out = _scratch_view(q, dtype, q.shape)
-    if backend.is_cuda_array(q):
-        qb = q if q.dtype == np.uint8 else q.view(np.uint8)
-        if _L.use_kernel(scales) and n and _dtype_name(dtype) in _HALF_OR_F32:
-            qb = _P.contiguous(qb)
-            grid = (max(1, min(_P.cdiv(_P.cdiv(n, 8), 256), _P.sm_count() * 16)),)  # as kernels/fp8.py
-            sc = _P.contiguous(scales.astype(np.float32, copy=False))
-            _KL.launch(_L.get_function("fp8", "fp8_dequantize_rows", dtype), grid, (256,),
-                       (qb, sc, out, _KL.i64(n), _KL.i32(q.shape[-1])))
-        elif n:
-            out[...] = _K.dequantize_per_row(qb, scales, dtype)
-    elif n:
-        out[...] = _K.dequantize_per_row(q, scales, dtype)
-    return out
-
-
-def _dequantize_cached(q, scales, dtype):
-    """The eager per-layer path of `_dequantize_into_scratch` on cuda: the scratch view of each weight shape is kept
-    with its buffer and the launch is packed once per (weight, scales, scratch) address set -- every argument of
-    the launch is fixed by those addresses and the shape, so a call writes nothing and launches. None when the
-    arrays are not of that form (a strided weight, scales of another dtype, kernels off): the general path runs."""
-    if (type(scales) is not _nd or scales.dtype != np.float32 or not _contiguous(q) or not _contiguous(scales)
-            or not q.size or not _L.enabled()):
-        return None
-    name = _dtype_name(dtype)
-    if name not in _HALF_OR_F32:
-        return None
-    skey = (("cuda", q.data.device_id), name)
     shape = q.shape
+    skey = (_device_key(q), _dtype_name(dtype))
     views = _views.get(skey)
     out = views.get(shape) if views is not None else None
     if out is None:
@@ -166,14 +125,8 @@ def _dequantize_cached(q, scales, dtype):
         if len(views) >= 64:  # many weight shapes: keep the dict small
             views.clear()
         views[shape] = out
-    key = (q.data.ptr, scales.data.ptr, out.data.ptr, shape, name)
-    pl = _DEQ.get(key)
-    if pl is None:
-        n = q.size
-        grid = (max(1, min(_P.cdiv(_P.cdiv(n, 8), 256), _P.sm_count() * 16)),)  # as kernels/fp8.py
-        pl = _DEQ.put(key, _KL.PackedLaunch(_L.get_function("fp8", "fp8_dequantize_rows", dtype), grid, (256,),
-                                            (q, scales, out, _KL.i64(n), _KL.i32(shape[-1])), 0))
-    pl(())
+    if q.size:
+        _K.dequantize_per_row(q, scales, dtype, out=out)
     return out
 
 

@@ -62,3 +62,38 @@ def test_kernels_bit_exact(ab, rng, dt, shape):
     np.testing.assert_array_equal(sk.get(), sr.get())
     k, r = ab(lambda q, s: K.dequantize_per_row(q, s, DTYPES[dt]), qr, sr)
     np.testing.assert_array_equal(k.get().astype(np.float32), r.get().astype(np.float32))
+
+
+def test_dequantize_into_out_and_its_refusals(rng):
+    """out=: the same values written into the given array (returned); a misshaped, mistyped or strided out refused
+    before anything is written."""
+    q, s = K.quantize_per_row(rng.standard_normal((4, 24)).astype(np.float32))
+    want = K.dequantize_per_row(q, s, np.float32)
+    buf = np.full(4 * 24 + 8, np.nan, np.float32)
+    out = buf[:96].reshape(4, 24)
+    assert K.dequantize_per_row(q, s, np.float32, out=out) is out
+    np.testing.assert_array_equal(out, want)
+    assert np.isnan(buf[96:]).all()  # nothing beyond the view
+    for bad in (np.empty((4, 23), np.float32), np.empty((4, 24), np.float16), np.empty((24, 4), np.float32).T):
+        with pytest.raises(flame.errors.ShapeError, match="out must be"):
+            K.dequantize_per_row(q, s, np.float32, out=bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dt", list(DTYPES))
+def test_dequantize_into_a_reused_out_is_bit_exact(rng, dt):
+    """The packed launch of a reused out (one per q / scales / out address set) writes what a fresh output gets:
+    two weights into one buffer view, then the first again, then a strided q (the general launch)."""
+    import cupy
+    a = K.quantize_per_row(cupy.asarray(rand(rng, (33, 130), np.float32, scale=3.0)))
+    b = K.quantize_per_row(cupy.asarray(rand(rng, (33, 130), np.float32, scale=7.0)))
+    buf = cupy.empty(33 * 130, DTYPES[dt])
+    out = buf.reshape(33, 130)
+    for q, s in (a, b, a):
+        want = K.dequantize_per_row(q, s, DTYPES[dt]).get().astype(np.float32)
+        assert K.dequantize_per_row(q, s, DTYPES[dt], out=out) is out
+        np.testing.assert_array_equal(out.get().astype(np.float32), want)
+    wide = cupy.concatenate([a[0], a[0]], axis=1)[:, :130]  # strided: copied, then the general launch
+    K.dequantize_per_row(wide, a[1], DTYPES[dt], out=out)
+    np.testing.assert_array_equal(out.get().astype(np.float32),
+                                  K.dequantize_per_row(a[0], a[1], DTYPES[dt]).get().astype(np.float32))
