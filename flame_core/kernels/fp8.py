@@ -59,7 +59,14 @@ def quantize_per_row(x):
     return q, scales
 
 
-_DEQ = KL.LaunchCache()  # (q, scales, out addresses, shape, dtype) -> the dequantisation's PackedLaunch
+_DEQ = KL.LaunchCache()  # (q, scales, out addresses, shape, out dtype) -> the dequantisation's PackedLaunch
+_nd = backend._cupy_ndarray if backend.cupy is not None else None  # (None: no array is of it)
+_F32 = np.dtype(np.float32)
+_FLAG_ATTR = _nd is not None and hasattr(_nd, "_c_contiguous")  # CuPy's internal flag (else the public flags)
+
+
+def _flag(a):
+    return a._c_contiguous if _FLAG_ATTR else a.flags.c_contiguous
 
 
 def _dequantize_grid(n):
@@ -70,6 +77,16 @@ def dequantize_per_row(q, scales, dtype=np.float32, out=None):
     """q * scales[..., None] in `dtype`; into `out` when given (a C-contiguous array of q's shape and `dtype`, e.g. a
     view of a scratch buffer reused call after call: that launch is then packed once per (q, scales, out) address
     set, every argument being fixed by those addresses and the shape; on cuda 16-byte aligned)."""
+    if out is not None and type(q) is _nd and type(scales) is _nd and type(out) is _nd:
+        # the eager per-layer call (a weight dequantised into its scratch view): a packed launch of these addresses
+        # is looked up before any other work, then only what the addresses do not fix is checked (the layouts, the
+        # dtypes and the shapes of whatever arrays now sit there, and that kernels are still on)
+        pl = _DEQ.get((q.data.ptr, scales.data.ptr, out.data.ptr, q.shape, out.dtype))
+        if (pl is not None and out.dtype == dtype and scales.dtype is _F32 and q.dtype.itemsize == 1
+                and out.shape == q.shape and scales.shape == q.shape[:-1] and _flag(q) and _flag(scales)
+                and _flag(out) and L.enabled()):
+            pl(())
+            return out
     dtype = np.dtype(dtype)
     if q.dtype != np.uint8:
         q = q.view(np.uint8)
@@ -91,7 +108,7 @@ def dequantize_per_row(q, scales, dtype=np.float32, out=None):
     qc = P.contiguous(q)
     sc = P.contiguous(scales.astype(np.float32, copy=False))
     if out is not None and qc is q and sc is scales:  # stable addresses: the packed launch
-        key = (q.data.ptr, scales.data.ptr, out.data.ptr, q.shape, dtype)
+        key = (q.data.ptr, scales.data.ptr, out.data.ptr, q.shape, out.dtype)
         pl = _DEQ.get(key)
         if pl is None:
             pl = _DEQ.put(key, KL.PackedLaunch(L.get_function("fp8", "fp8_dequantize_rows", dtype),

@@ -53,9 +53,12 @@ _scratch = {}    # (device key, dtype name) -> Tensor (1-D) the dequantised weig
 _largest = {}    # device key -> elements of the largest quantised weight there (sizes the scratch once)
 _retired = []    # scratch buffers replaced by larger ones: a captured CUDA graph may still write into them
 _views = {}      # (device key, dtype name) -> {shape: view of that scratch buffer} (dropped with the buffer)
+_nd = backend.cupy.ndarray if backend.cupy is not None else None  # (None: no array is of it)
 
 
 def _device_key(arr):
+    if type(arr) is _nd:  # (the eager per-layer call: no Device object made)
+        return ("cuda", arr.data.device_id)
     return ("cuda", arr.device.id) if backend.is_cuda_array(arr) else ("cpu", 0)
 
 

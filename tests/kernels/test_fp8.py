@@ -97,3 +97,14 @@ def test_dequantize_into_a_reused_out_is_bit_exact(rng, dt):
     K.dequantize_per_row(wide, a[1], DTYPES[dt], out=out)
     np.testing.assert_array_equal(out.get().astype(np.float32),
                                   K.dequantize_per_row(a[0], a[1], DTYPES[dt]).get().astype(np.float32))
+    # a square q packed once, then its transpose: the same address, shape and dtypes, another layout -- the packed
+    # launch must not be taken for it
+    sq, ss = K.quantize_per_row(cupy.asarray(rand(rng, (32, 32), np.float32, scale=5.0)))
+    sout = cupy.empty((32, 32), DTYPES[dt])
+    K.dequantize_per_row(sq, ss, DTYPES[dt], out=sout)
+    K.dequantize_per_row(sq, ss, DTYPES[dt], out=sout)
+    assert sq.T.data.ptr == sq.data.ptr and sq.T.shape == sq.shape
+    K.dequantize_per_row(sq.T, ss, DTYPES[dt], out=sout)
+    np.testing.assert_array_equal(
+        sout.get().astype(np.float32),
+        K.dequantize_per_row(cupy.ascontiguousarray(sq.T), ss, DTYPES[dt]).get().astype(np.float32))
