@@ -25,12 +25,17 @@ CuPy's cache holds at the end. A table of the main thread's waits per mode ends 
 reads (flame_core/kernels/cupy_kernels/cupy-<version>.json.gz, merged): run `nowarm` first so that a later
 `prebuilt` trial finds it.
 
+`--warm K` runs K more trials of each mode in the cold trial's CuPy cache (a machine's later runs: the warm-up finds
+the marker its first run left and starts no pool); every trial also reports its process's wall time and the CPU
+seconds of it and the processes it waited for (the warm-up's workers among them).
+
 Run: PYTHONPATH=$PWD python3 bench/cold_start.py [--modes nowarm,prebuilt,nvrtc,threads,processes] [--rounds 1]
-     [--record-cupy-kernels] [--json OUT.json]
+     [--warm 0] [--record-cupy-kernels] [--json OUT.json]
 """
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -124,24 +129,31 @@ def mode_env(mode, environ=None):
     return env
 
 
-def trial(mode, record=False):
+def trial(mode, record=False, cache=None, label=None):
+    """One fresh process running the demo; `cache`: CuPy's cache folder to use (default: a new empty one), `label`:
+    the mode's name in the record (a warm trial's)."""
     with tempfile.TemporaryDirectory(prefix="flame-cold-") as tmp:
-        cache = os.path.join(tmp, "cupy_cache")  # empty: nothing of CuPy's or FLAME's compiled yet
+        if cache is None:
+            cache = os.path.join(tmp, "cupy_cache")  # empty: nothing of CuPy's or FLAME's compiled yet
         env = dict(mode_env(mode), CUPY_CACHE_DIR=cache, COLD_START_RECORD="1" if record else "0",
                    PYTHONPATH=os.pathsep.join([REPO] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
         env.pop("FLAME_CUPY_KERNELS_RECORD", None)  # recording is --record-cupy-kernels' (COLD_START_RECORD)
         env.pop("CUPY_CACHE_IN_MEMORY", None)       # (the warm-up shares CuPy's disk cache)
         t = time.perf_counter()
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
         r = subprocess.run([sys.executable, "-c", _CHILD], cwd=tmp, env=env, capture_output=True, text=True,
                            timeout=900, check=False)
         wall = time.perf_counter() - t
+        ru2 = resource.getrusage(resource.RUSAGE_CHILDREN)  # the demo's process and the processes it waited for
+        cpu = (ru2.ru_utime - ru.ru_utime) + (ru2.ru_stime - ru.ru_stime)
+        mode_name = label or mode
         line = next((ln for ln in r.stdout.splitlines() if ln.startswith("COLD_START ")), None)
         if r.returncode != 0 or line is None:
-            return {"mode": mode, "error": (r.stderr or r.stdout)[-3000:]}
+            return {"mode": mode_name, "error": (r.stderr or r.stdout)[-3000:]}
         res = json.loads(line[len("COLD_START "):])
         if res["rc"]:
-            return {"mode": mode, "error": f"the demo exited {res['rc']}: {(r.stderr or r.stdout)[-3000:]}"}
-        res.update(mode=mode, process_s=wall,
+            return {"mode": mode_name, "error": f"the demo exited {res['rc']}: {(r.stderr or r.stdout)[-3000:]}"}
+        res.update(mode=mode_name, process_s=wall, cpu_s=cpu,
                    cupy_cache_files=sum(len(f) for _, _, f in os.walk(cache)) if os.path.isdir(cache) else 0,
                    nvrtc_by_file=dict(Counter(s for s, _ in res["nvrtc_log"])))
         return res
@@ -169,7 +181,7 @@ def line(r):
     span = "-" if w["span_s"] is None else f"{w['span_s']:.2f} s"
     first = "-" if not f else f"{f['s']:.2f} s (CuPy wait {f['wait_s']:.2f} s, {f['requests']} requests)"
     return (f"{r['mode']:9s} import {r['import_s']:5.2f} s  first step at {first}  "
-            f"demo (1+1 steps) {r['run_s']:6.2f} s  "
+            f"demo (1+1 steps) {r['run_s']:6.2f} s  process {r['process_s']:.2f} s, CPU {r['cpu_s']:.2f} s  "
             f"FLAME kernels prepared {s['nvrtc_seconds'] + s['prebuilt_seconds']:6.2f} s "
             f"(NVRTC {s['nvrtc_compiles']} modules {s['nvrtc_seconds']:.2f} s, prebuilt {s['prebuilt_loads']} "
             f"{s['prebuilt_seconds']:.2f} s)  waited on CuPy compile/load {r['cupy_wait_s']:6.2f} s "
@@ -188,15 +200,16 @@ def table(records):
     first step) is `waited on CuPy by the first step` plus FLAME's own kernel preparation."""
     rows = ["", f"cores {len(os.sched_getaffinity(0))}",
             "| mode | pool | waited on CuPy by the first step s | FLAME kernels prepared s | first step at s "
-            "| waited on CuPy in all s | demo s |", "|---|---|---|---|---|---|---|"]
+            "| waited on CuPy in all s | demo s | process s | CPU s |", "|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         if "error" in r:
-            rows.append(f"| {r['mode']} | FAILED | | | | | |")
+            rows.append(f"| {r['mode']} | FAILED | | | | | | | |")
             continue
         f, s = r.get("first_step") or {}, r["stats"]
         rows.append(f"| {r['mode']} | {_pool(r['warmup'])} | "
                     + ("-" if not f else f"{f['wait_s']:.2f}") + f" | {s['nvrtc_seconds'] + s['prebuilt_seconds']:.2f}"
-                    + " | " + ("-" if not f else f"{f['s']:.2f}") + f" | {r['cupy_wait_s']:.2f} | {r['run_s']:.2f} |")
+                    + " | " + ("-" if not f else f"{f['s']:.2f}") + f" | {r['cupy_wait_s']:.2f} | {r['run_s']:.2f} "
+                    + f"| {r['process_s']:.2f} | {r['cpu_s']:.2f} |")
     return "\n".join(rows)
 
 
@@ -206,6 +219,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--record-cupy-kernels", action="store_true",
                     help="each trial records its CuPy compile requests into the warm-up's manifest (merged)")
+    ap.add_argument("--warm", type=int, default=0,
+                    help="after each mode's cold trial, this many more in the same CuPy cache (a machine's later runs)")
     ap.add_argument("--json", help="write every trial's record here")
     a = ap.parse_args(argv)
     modes = [m for m in a.modes.split(",") if m]
@@ -216,9 +231,12 @@ def main(argv=None):
     records = []
     for _ in range(a.rounds):
         for mode in modes:
-            r = trial(mode, record=a.record_cupy_kernels)
-            records.append(r)
-            print(f"{mode:9s} FAILED: {r['error']}" if "error" in r else line(r), flush=True)
+            with tempfile.TemporaryDirectory(prefix="flame-cold-cache-") as keep:
+                cache = os.path.join(keep, "cupy_cache")
+                for k in range(1 + max(0, a.warm)):
+                    r = trial(mode, record=a.record_cupy_kernels, cache=cache, label=f"{mode}+warm{k}" if k else mode)
+                    records.append(r)
+                    print(f"{r['mode']:9s} FAILED: {r['error']}" if "error" in r else line(r), flush=True)
     print(table(records))
     if a.json:
         with open(a.json, "w") as f:

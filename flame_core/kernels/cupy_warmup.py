@@ -22,6 +22,12 @@ nothing is replayed and CuPy compiles on demand as before. A request that no lon
 exit the pool takes no new request; a thread compiling in this process finishes first (an exit can wait for it), a
 worker process finishes its request on its own while the process exits.
 
+A warm-up whose every request compiled (on the pool, or by the process that took it back; none failed) leaves a
+marker file in CuPy's cache folder, named by the CuPy version, its headers, the GPU architecture, the NVRTC version and
+the requests (`marker_path`); a later process that finds it starts no pool: on a machine whose cache is already warm,
+no worker processes are started at every run. Deleting the cache folder deletes the marker with it; a kernel missing
+from a cache that still holds the marker is compiled on first use, as without the warm-up.
+
 Environment: ``FLAME_CUPY_WARMUP=0`` turns the warm-up off; ``FLAME_CUPY_WARMUP_PROCESSES=n`` runs n worker
 processes, ``=0`` the thread pool, which ``FLAME_CUPY_WARMUP_THREADS=n`` sizes (set alone, it selects the thread pool);
 by default DEFAULT_POOL ("processes") of the CPUs this process may run on less one, at most 8 (`pool_kind`; each
@@ -45,7 +51,8 @@ DIR = Path(__file__).resolve().parent / "cupy_kernels"
 MAX_THREADS = 8
 DEFAULT_POOL = "processes"  # or "threads"; FLAME_CUPY_WARMUP_PROCESSES overrides (pool_kind)
 
-stats = {"pool": None, "threads": 0, "entries": 0, "compiled": 0, "failed": 0, "taken": 0, "waits": 0,
+stats = {"pool": None, "threads": 0, "entries": 0, "compiled": 0, "failed": 0, "taken": 0, "taken_ok": 0,
+         "taken_failed": 0, "waits": 0,
          "wait_seconds": 0.0, "pool_seconds": 0.0, "started": None, "finished": None, "reason": "not started"}
 
 _state_lock = threading.Lock()
@@ -224,15 +231,18 @@ class WarmPool:
     raised: the caller's own compile reports it. Workers stop taking jobs once the main thread has finished (the
     interpreter is exiting) or `stop()` was called."""
 
-    def __init__(self, jobs, compile_fn, threads, thread_init=None, counters=None, thread_exit=None):
+    def __init__(self, jobs, compile_fn, threads, thread_init=None, counters=None, thread_exit=None, on_done=None):
         self._compile, self._init, self._exit = compile_fn, thread_init, thread_exit
+        self._on_done = on_done  # called once with the stats when every job is compiled: on the pool, or by the
+        self._done_called = False  # process that took it back (`taken_done`)
         self.stats = counters if counters is not None else dict(stats)
         self._jobs, self._order = {}, []
         for key, payload in jobs:
             if key not in self._jobs:
                 self._jobs[key] = job = _Job(key, payload)
                 self._order.append(job)
-        self.stats.update(entries=len(self._order), compiled=0, failed=0, taken=0, waits=0, wait_seconds=0.0,
+        self.stats.update(entries=len(self._order), compiled=0, failed=0, taken=0, taken_ok=0, taken_failed=0,
+                          waits=0, wait_seconds=0.0,
                           pool_seconds=0.0, started=time.perf_counter(), finished=None, reason="running")
         self._lock = threading.Lock()
         self._next = 0
@@ -299,23 +309,47 @@ class WarmPool:
     def _finish(self, reason):
         self.stats["finished"] = time.perf_counter()
         self.stats["reason"] = reason
+        self._maybe_done()
+
+    def _maybe_done(self):
+        """Call on_done once, when the pool has finished ("done") and every job it did not compile itself was
+        compiled by the process that took it back; none failed."""
+        st = self.stats
+        with self._lock:
+            if (self._done_called or self._on_done is None or st["reason"] != "done" or st["failed"]
+                    or st["taken_failed"] or st["compiled"] + st["taken_ok"] != st["entries"]):
+                return
+            self._done_called = True
+        try:
+            self._on_done(st)
+        except Exception:  # (a marker that cannot be written: the next process replays the manifest again)
+            pass
+
+    def taken_done(self, ok):
+        """The process finished compiling a job it took back (`claim` returned True): `ok` whether it compiled."""
+        with self._lock:
+            self.stats["taken_ok" if ok else "taken_failed"] += 1
+        self._maybe_done()
 
     def claim(self, key):
+        """True when the caller took a queued job back (it compiles it, then calls `taken_done`); else the job is
+        done, unknown, or was running and has been waited for."""
         job = self._jobs.get(key)
         if job is None:
-            return
+            return False
         with self._lock:
             if job.state == _QUEUED:
                 job.state = _TAKEN
                 self.stats["taken"] += 1
-                return
+                return True
             if job.state != _RUNNING:
-                return
+                return False
         t = time.perf_counter()
         job.done.wait()
         with self._lock:
             self.stats["waits"] += 1
             self.stats["wait_seconds"] += time.perf_counter() - t
+        return False
 
     def stop(self):
         """Take no further jobs (the running ones finish)."""
@@ -362,8 +396,14 @@ def _hooked(source, options=(), *args, **kw):
         if rec is not None and not _flame_module_compile():
             rec.note(source, options, kw)
         pool = _pool
-        if pool is not None and not pool.is_worker():
-            pool.claim(request_key(source, options, kw))
+        if pool is not None and not pool.is_worker() and pool.claim(request_key(source, options, kw)):
+            ok = False
+            try:
+                out = _orig(source, options, **kw)
+                ok = True
+                return out
+            finally:
+                pool.taken_done(ok)
     return _orig(source, options, *args, **kw)
 
 
@@ -461,7 +501,13 @@ def start(device_index=0):
     cp = backend.cupy
     compiler = parts[0]
     kind, size = pool_kind()
-    cache = cache_dir(compiler) if kind == "processes" else None
+    cache = cache_dir(compiler)
+    marker = marker_path(cache, compiler, version, header, jobs) if cache is not None else None
+    if marker is not None and marker.is_file():
+        stats["reason"] = (f"every recorded request is in CuPy's cache already (a warm-up finished there: "
+                           f"{marker.name})")
+        return None
+    on_done = (lambda st: _write_marker(marker, st)) if marker is not None else None
     stats["pool"] = kind
     if kind == "processes" and cache is None:  # a cache the workers cannot write into: compile in this process
         kind, size = "threads", num_threads()
@@ -477,7 +523,7 @@ def start(device_index=0):
         kept.append(orig(source, options, **kw))
 
     if kind == "threads":
-        _pool = WarmPool(jobs, compile_one, size, thread_init=init, counters=stats)
+        _pool = WarmPool(jobs, compile_one, size, thread_init=init, counters=stats, on_done=on_done)
         return _pool
     from . import cupy_compile_procs
 
@@ -487,8 +533,37 @@ def start(device_index=0):
     env = dict(os.environ, CUPY_CACHE_DIR=cache)
     slots = cupy_compile_procs.ProcessSlots(worker_init, compile_one, stats, setup=init, env=env)
     _pool = WarmPool(jobs, slots.compile, size, thread_init=slots.thread_init, counters=stats,
-                     thread_exit=slots.thread_exit)
+                     thread_exit=slots.thread_exit, on_done=on_done)
     return _pool
+
+
+def marker_path(cache, compiler, version, header, jobs):
+    """The file a finished warm-up leaves in CuPy's cache folder `cache`: named by everything that decides what the
+    replay compiles there (this CuPy, its headers, the GPU architecture and NVRTC version CuPy compiles for, and
+    every request in order), so that a later process with the same finds it and starts no pool -- on a machine whose
+    cache is warm, no worker processes (an interpreter and CuPy's import each) on every start. None where CuPy's
+    architecture or NVRTC version cannot be read (the warm-up then runs every time, as before)."""
+    try:
+        arch = compiler._get_arch()
+        nvrtc = compiler._get_nvrtc_version()
+    except Exception:
+        return None
+    h = hashlib.sha1(repr((FORMAT, version, header_sha1(header), str(arch), tuple(nvrtc))).encode())
+    for key, _ in jobs:
+        h.update(repr(key).encode())
+    return Path(cache) / f"flame-cupy-warmup-{h.hexdigest()[:24]}.done"
+
+
+def _write_marker(path, st):
+    """Leave the marker of a warm-up whose every request compiled (WarmPool calls this once, when the pool has
+    finished and the requests the process took back are compiled too): written to a temporary name, synced,
+    renamed."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump({"entries": st.get("entries"), "pool": str(st.get("pool")), "written": time.time()}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def cache_dir(compiler):

@@ -1,7 +1,8 @@
 """Run by test_cupy_warmup_gpu.py in a fresh process with an empty CUPY_CACHE_DIR: the CuPy warm-up replays the first
 N requests of the shipped manifest on the pool FLAME_CUPY_WARMUP_PROCESSES / _THREADS select, while this process
 watches the GPU's free memory; then this process asks CuPy for each of those requests itself (through FLAME's hook)
-and counts the NVRTC compiles that still happen here. Prints one JSON line.
+and counts the NVRTC compiles that still happen here. Prints one JSON line. Run again on the same cache, the
+warm-up finds the marker the first run left and starts no pool.
 
     python tests/kernels/cupy_warmup_probe.py N
 """
@@ -29,8 +30,8 @@ def main(n):
     cp.zeros(1)  # this process's context, before the baseline
     free0 = min_free = cp.cuda.runtime.memGetInfo()[0]
     t = time.perf_counter()
-    pool = W.start(0)
-    while any(th.is_alive() for th in pool.threads):
+    pool = W.start(0)  # (None when a warm-up already finished in this cache: its marker is there)
+    while pool is not None and any(th.is_alive() for th in pool.threads):
         min_free = min(min_free, cp.cuda.runtime.memGetInfo()[0])
         time.sleep(0.005)
     span = time.perf_counter() - t
@@ -48,7 +49,8 @@ def main(n):
     stats = {k: v for k, v in W.stats.items() if k not in ("started", "finished")}
     print(json.dumps({"entries": len(entries), "span_s": span, "stats": stats, "nvrtc_here": len(here),
                       "loaded": loaded, "cache_files": len([f for f in os.listdir(cache) if f.endswith(".cubin")]),
-                      "free_drop_mib": (free0 - min_free) / 2**20}))
+                      "free_drop_mib": (free0 - min_free) / 2**20, "pool_started": pool is not None,
+                      "markers": len([f for f in os.listdir(cache) if f.startswith("flame-cupy-warmup-")])}))
 
 
 if __name__ == "__main__":

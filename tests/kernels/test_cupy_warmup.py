@@ -3,6 +3,7 @@
 taking a queued job or waiting for a running one, failures), the switches, and a record-then-replay round trip through
 a fake CuPy compiler whose include folders differ between the two "machines". The real compiles: bench/cold_start.py
 on a GPU."""
+import json
 import sys
 import threading
 import time
@@ -412,3 +413,141 @@ def test_flame_cupy_kernels_record_writes_the_requests_at_exit(fresh, tmp_path):
     assert len(at_exit) == 1 and at_exit[0]() == 3
     assert [e["source"] for e in W.read_manifest(out, "14.2.0", W.header_sha1(HEADER))[0]] == \
         [src for src, _, _ in _requests(REF_A)[:3]]
+
+
+# ----------------------------------------------------------------------------- the marker of a finished warm-up
+def _fake_cupy_with_cache(fresh, tmp_path, arch="90", nvrtc=(13, 0)):
+    """_fake_cupy with what the marker reads: CuPy's cache folder, the architecture and the NVRTC version."""
+    compiler, devices = _fake_cupy(fresh, tmp_path, REF_A)
+    cache = tmp_path / "cache"
+    cache.mkdir(exist_ok=True)
+    compiler.get_cache_dir = lambda: str(cache)
+    compiler._get_arch = lambda: arch
+    compiler._get_nvrtc_version = lambda: nvrtc
+    fresh.setenv("FLAME_CUPY_WARMUP_THREADS", "2")
+    return compiler, cache
+
+
+def _recorded(fresh, tmp_path, n=6):
+    compiler, _ = _fake_cupy(fresh, tmp_path, REF_A)
+    write = W.record()
+    for src, opts, kw in _requests(REF_A)[:n]:
+        compiler._compile_module_with_cache(src, opts, **kw)
+    write()
+
+
+def test_a_finished_warm_up_leaves_a_marker_and_the_next_process_starts_no_pool(fresh, tmp_path):
+    _recorded(fresh, tmp_path)
+    compiler, cache = _fake_cupy_with_cache(fresh, tmp_path)
+    p = W.start()
+    p.join(10)
+    assert W.stats["reason"] == "done" and W.stats["compiled"] == 6
+    markers = list(cache.glob("flame-cupy-warmup-*.done"))
+    assert len(markers) == 1 and not list(cache.glob("*.tmp"))
+    assert json.loads(markers[0].read_text())["entries"] == 6
+
+    # the next process with the same CuPy, GPU and manifest: no pool, nothing compiled, the reason says why
+    compiler, cache = _fake_cupy_with_cache(fresh, tmp_path)
+    assert W.start() is None and compiler.compiles == []
+    assert "in CuPy's cache already" in W.stats["reason"] and markers[0].name in W.stats["reason"]
+
+    # another GPU architecture or NVRTC version: another marker name, the pool runs
+    for arch, nvrtc in (("100", (13, 0)), ("90", (13, 1))):
+        compiler, cache = _fake_cupy_with_cache(fresh, tmp_path, arch=arch, nvrtc=nvrtc)
+        p = W.start()
+        assert p is not None
+        p.join(10)
+        assert len(compiler.compiles) == 6
+    assert len(list(cache.glob("flame-cupy-warmup-*.done"))) == 3
+
+
+def test_another_manifest_is_not_covered_by_the_marker(fresh, tmp_path):
+    _recorded(fresh, tmp_path, n=4)
+    compiler, cache = _fake_cupy_with_cache(fresh, tmp_path)
+    W.start().join(10)
+    assert len(list(cache.glob("*.done"))) == 1
+    _recorded(fresh, tmp_path, n=6)  # merged in: two more requests
+    compiler, cache = _fake_cupy_with_cache(fresh, tmp_path)
+    p = W.start()
+    assert p is not None
+    p.join(10)
+    assert W.stats["entries"] == 6 and len(compiler.compiles) == 6
+    assert len(list(cache.glob("*.done"))) == 2
+
+
+@pytest.mark.parametrize("what", ["failed", "taken"])
+def test_no_marker_when_a_request_failed_or_one_taken_back_is_not_compiled(fresh, tmp_path, what):
+    _recorded(fresh, tmp_path)
+    compiler, cache = _fake_cupy_with_cache(fresh, tmp_path)
+    inner = compiler._compile_module_with_cache
+    if what == "failed":
+        def failing(source, options=(), **kw):
+            if source == "kernel 3":
+                raise RuntimeError("NVRTC says no")
+            return inner(source, options, **kw)
+        compiler._compile_module_with_cache = failing
+        p = W.start()
+    else:
+        gate = threading.Event()
+
+        def gated(source, options=(), **kw):
+            gate.wait(10)
+            return inner(source, options, **kw)
+        compiler._compile_module_with_cache = gated
+        fresh.setenv("FLAME_CUPY_WARMUP_THREADS", "1")
+        p = W.start()
+        key = p._order[-1].key
+        assert p.claim(key)  # the process takes the last request back (and has not compiled it yet)
+        gate.set()
+    p.join(10)
+    assert W.stats["reason"] == "done" and W.stats[what] == 1
+    assert not list(cache.glob("flame-cupy-warmup-*"))
+
+
+@pytest.mark.parametrize("before", [True, False])
+def test_the_marker_waits_for_the_requests_the_process_took_back(fresh, tmp_path, before):
+    """The process takes the last request back through the hook and compiles it itself: the marker is written once
+    the pool has finished and that compile has returned, whichever comes last."""
+    _recorded(fresh, tmp_path)
+    compiler, cache = _fake_cupy_with_cache(fresh, tmp_path)
+    fresh.setenv("FLAME_CUPY_WARMUP_THREADS", "1")
+    inner = compiler._compile_module_with_cache
+    pool_gate, own_gate = threading.Event(), threading.Event()
+
+    def gated(source, options=(), **kw):
+        (pool_gate if threading.current_thread().name.startswith("flame-cupy-warmup") else own_gate).wait(10)
+        return inner(source, options, **kw)
+    compiler._compile_module_with_cache = gated
+    p = W.start()
+    assert W._orig is gated
+    src, opts, kw = _requests(REF_A)[-1]
+    own = threading.Thread(target=lambda: W._hooked(src, opts, **kw))
+    own.start()
+    for _ in range(500):  # until the process has taken it back
+        if W.stats["taken"]:
+            break
+        time.sleep(0.01)
+    assert W.stats["taken"] == 1
+    first, second = (own_gate, pool_gate) if before else (pool_gate, own_gate)
+    first.set()
+    (own.join if before else p.join)(10)
+    assert not list(cache.glob("*.done"))  # one side still compiling
+    second.set()
+    own.join(10)
+    p.join(10)
+    assert W.stats["taken_ok"] == 1 and W.stats["compiled"] == 5 and W.stats["reason"] == "done"
+    assert len(list(cache.glob("flame-cupy-warmup-*.done"))) == 1
+
+
+def test_no_marker_where_cupy_cannot_tell_its_architecture(fresh, tmp_path):
+    _recorded(fresh, tmp_path)
+    compiler, cache = _fake_cupy_with_cache(fresh, tmp_path)
+    del compiler._get_nvrtc_version
+    W.start().join(10)
+    assert W.stats["reason"] == "done" and not list(cache.iterdir())
+    compiler, cache = _fake_cupy_with_cache(fresh, tmp_path)
+    del compiler._get_arch
+    p = W.start()
+    assert p is not None
+    p.join(10)
+    assert not list(cache.iterdir())

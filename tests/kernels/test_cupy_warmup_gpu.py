@@ -51,3 +51,12 @@ def test_the_thread_pool_still_fills_the_cache(tmp_path):
     out = _probe(tmp_path, FLAME_CUPY_WARMUP_PROCESSES="0", FLAME_CUPY_WARMUP_THREADS="4")
     assert out["stats"]["pool"] == "threads" and out["stats"]["threads"] == 4
     _all_found(out)
+
+
+def test_a_second_process_on_the_warm_cache_starts_no_pool_and_compiles_nothing(tmp_path):
+    first = _probe(tmp_path, FLAME_CUPY_WARMUP_PROCESSES="0", FLAME_CUPY_WARMUP_THREADS="4")
+    _all_found(first)
+    assert first["pool_started"] and first["markers"] == 1
+    second = _probe(tmp_path, FLAME_CUPY_WARMUP_PROCESSES="2")
+    assert not second["pool_started"] and "in CuPy's cache already" in second["stats"]["reason"], second
+    assert second["nvrtc_here"] == 0 and second["loaded"] == N and second["cache_files"] == N, second
