@@ -27,10 +27,11 @@ reads (flame_core/kernels/cupy_kernels/cupy-<version>.json.gz, merged): run `now
 
 `--warm K` runs K more trials of each mode in the cold trial's CuPy cache (a machine's later runs: the warm-up finds
 the marker its first run left and starts no pool); every trial also reports its process's wall time and the CPU
-seconds of it and the processes it waited for (the warm-up's workers among them).
+seconds of it and the processes it waited for (the warm-up's workers among them); `--drop-marker` deletes the marker
+before each warm trial (the warm-up then replays every request on its pool, as before the marker).
 
 Run: PYTHONPATH=$PWD python3 bench/cold_start.py [--modes nowarm,prebuilt,nvrtc,threads,processes] [--rounds 1]
-     [--warm 0] [--record-cupy-kernels] [--json OUT.json]
+     [--warm 0] [--drop-marker] [--record-cupy-kernels] [--json OUT.json]
 """
 import argparse
 import json
@@ -221,6 +222,8 @@ def main(argv=None):
                     help="each trial records its CuPy compile requests into the warm-up's manifest (merged)")
     ap.add_argument("--warm", type=int, default=0,
                     help="after each mode's cold trial, this many more in the same CuPy cache (a machine's later runs)")
+    ap.add_argument("--drop-marker", action="store_true",
+                    help="delete the warm-up's marker before each warm trial (how a warm machine started before it)")
     ap.add_argument("--json", help="write every trial's record here")
     a = ap.parse_args(argv)
     modes = [m for m in a.modes.split(",") if m]
@@ -234,6 +237,10 @@ def main(argv=None):
             with tempfile.TemporaryDirectory(prefix="flame-cold-cache-") as keep:
                 cache = os.path.join(keep, "cupy_cache")
                 for k in range(1 + max(0, a.warm)):
+                    if k and a.drop_marker and os.path.isdir(cache):
+                        for f in os.listdir(cache):
+                            if f.startswith("flame-cupy-warmup-") and f.endswith(".done"):
+                                os.remove(os.path.join(cache, f))
                     r = trial(mode, record=a.record_cupy_kernels, cache=cache, label=f"{mode}+warm{k}" if k else mode)
                     records.append(r)
                     print(f"{r['mode']:9s} FAILED: {r['error']}" if "error" in r else line(r), flush=True)
