@@ -138,10 +138,10 @@ def test_a_caller_takes_a_queued_job_and_waits_for_a_running_one():
 
     p = W.WarmPool([("a", "a"), ("b", "b"), ("c", "c")], compile_fn, threads=1)
     started.wait(5)                      # "a" runs on the pool, "b" and "c" wait in the queue
-    p.claim("b")                         # queued: taken off the queue at once (the caller compiles it)
+    assert p.claim("b") is True          # queued: taken off the queue at once (the caller compiles it)
     assert p.stats["taken"] == 1 and p.stats["waits"] == 0
     waited = []
-    t = threading.Thread(target=lambda: (p.claim("a"), waited.append(time.perf_counter())))
+    t = threading.Thread(target=lambda: waited.append((p.claim("a"), time.perf_counter())[1]))
     t.start()
     time.sleep(0.05)
     assert not waited                    # "a" still compiling: the caller waits for it
@@ -152,8 +152,8 @@ def test_a_caller_takes_a_queued_job_and_waits_for_a_running_one():
     p.join(5)
     assert ran == ["a", "c"]             # "b" never compiled on the pool
     assert p.stats["waits"] == 1 and p.stats["wait_seconds"] > 0
-    p.claim("a")                         # done: no wait
-    p.claim("zzz")                       # not in the manifest: nothing to do
+    assert p.claim("a") is False         # done: no wait, nothing taken
+    assert p.claim("zzz") is False       # not in the manifest: nothing to do
     assert p.stats["waits"] == 1
 
 
