@@ -361,10 +361,12 @@ MAX_PLANS = 512  # per direction; past it the cache starts over
 _F32 = np.dtype(np.float32)
 
 
-def _fwd_key(q, k, v, is_causal, scale, tiles):
-    """The key of an unmasked forward's plan in _fwd_plans."""
+def _fwd_key(q, k, v, is_causal, scale, tiles, mask=None):
+    """The key of a forward's plan in _fwd_plans: everything that fixes the launch but the addresses (a mask's layout
+    and dtype too: its kind, strides and the key-padding variant follow from them)."""
     return (q.shape, q.strides, k.shape, k.strides, v.shape, v.strides, q.dtype, is_causal, scale,
-            q.data.device_id, SM90_FWD, SM90_FWD_PINGPONG, SM90_FWD_TMA, SM90_FWD_OVERLAP, tiles, threading.get_ident())
+            q.data.device_id, SM90_FWD, SM90_FWD_PINGPONG, SM90_FWD_TMA, SM90_FWD_OVERLAP, tiles, threading.get_ident(),
+            None if mask is None else (mask.shape, mask.strides, mask.dtype))
 
 
 _qkv_plans = KL.LaunchCache(MAX_PLANS)   # per packed-qkv configuration: (launch, TMA encoders, out / lse shapes, step)
@@ -413,21 +415,24 @@ def qkv_attention_forward(qkv, heads, is_causal, scale):
 
 
 def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
-    if mask is None:  # the repeated call: one dict lookup, two allocations, one packed launch
-        key = _fwd_key(q, k, v, is_causal, scale, tiles)
-        plan = _fwd_plans.get(key)
-        if plan is not None:
-            qp, kp, vp = q.data.ptr, k.data.ptr, v.data.ptr
-            if not (qp | kp | vp) & 15:
-                launch, like_q, o_shape, lse_shape, maps = plan
-                if maps is not None:
-                    maps[0].encode(kp)
-                    maps[1].encode(vp)
-                nd = type(q)  # cupy.ndarray: its constructor is the cheapest allocation
-                o = backend.xp_of(q).empty_like(q) if like_q else nd(o_shape, q.dtype)
-                lse = nd(lse_shape, _F32)
+    # the repeated call (a mask, if any, of a layout seen before: T5's position bias, a padding mask): one dict
+    # lookup, two allocations, one packed launch
+    plan = _fwd_plans.get(_fwd_key(q, k, v, is_causal, scale, tiles, mask))
+    if plan is not None:
+        qp, kp, vp = q.data.ptr, k.data.ptr, v.data.ptr
+        if not (qp | kp | vp) & 15:
+            launch, like_q, o_shape, lse_shape, maps = plan
+            if maps is not None:
+                maps[0].encode(kp)
+                maps[1].encode(vp)
+            nd = type(q)  # cupy.ndarray: its constructor is the cheapest allocation
+            o = backend.xp_of(q).empty_like(q) if like_q else nd(o_shape, q.dtype)
+            lse = nd(lse_shape, _F32)
+            if mask is None:
                 launch((qp, kp, vp, o.data.ptr, lse.data.ptr))
-                return o, lse
+            else:
+                launch((qp, kp, vp, o.data.ptr, lse.data.ptr, mask.data.ptr))
+            return o, lse
     xp = backend.xp_of(q)
     B, H, Lq, E = q.shape
     Lk = k.shape[2]
@@ -463,13 +468,17 @@ def _kernel_forward(q, k, v, mask, is_causal, scale, tiles=None):
     tail = (marg, KL.i32(H), KL.i32(Lq), KL.i32(Lk), KL.i32(e_pad), *qs, *ks, *vs, *os_, *ms, KL.f32(scale * LOG2E),
             KL.i32(bool(is_causal))) + (() if maps is None else (maps[0],))
     KL.launch(fn, grid, block, (qa, ka, va, o, lse) + tail, shared_mem=smem)
-    if mask is None and qa is q and ka is k and va is v and e_pad == E:
+    # a plan when the launch is fixed by the addresses of q, k, v, the outputs and the mask: the operands and the
+    # mask passed as they are (a mask converted to float32 is a new array at every call: no plan)
+    if (qa is q and ka is k and va is v and e_pad == E
+            and (mask is None or (type(marg) is type(mask) and marg.data.ptr == mask.data.ptr))):
         contiguous = o.strides == xp.empty(o.shape, dtype=o.dtype).strides
         if contiguous or (o.shape == q.shape and o.strides == xp.empty_like(q).strides):
             if len(_fwd_plans) >= MAX_PLANS:  # many distinct shapes (variable lengths): rebuild on demand
                 _fwd_plans.clear()
-            _fwd_plans[key] = (KL.PackedLaunch(fn, grid, block, (q, k, v, o, lse) + tail, 5, smem), not contiguous,
-                               o.shape, lse.shape, None if maps is None else maps[1])
+            _fwd_plans[_fwd_key(q, k, v, is_causal, scale, tiles, mask)] = (
+                KL.PackedLaunch(fn, grid, block, (q, k, v, o, lse) + tail, 5 if mask is None else 6, smem),
+                not contiguous, o.shape, lse.shape, None if maps is None else maps[1])
     return (o if e_pad == E else o[..., :E]), lse
 
 

@@ -657,6 +657,44 @@ def test_sm90_kernels_are_the_default_on_hopper(rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["bias", "bool", "keypad", "half_bias"])
+def test_a_masked_forward_keeps_its_plan_and_relaunches_with_new_addresses(rng, monkeypatch, kind):
+    """A masked forward's launch is kept per (shapes, strides, dtypes, mask layout) like an unmasked one's (T5's
+    position bias in every layer, a padding mask): later calls with new q, k, v and mask arrays of the same layout
+    launch it with their addresses and get what a fresh launch gets (bit-equal); a mask the kernel takes only after
+    a float32 conversion (a new array at every call) keeps no plan."""
+    cp = backend.cupy
+    b, h, lq, lk, e = 2, 3, 150, 210, 64
+    shapes = {"bias": (1, h, lq, lk), "bool": (b, h, lq, lk), "keypad": (b, 1, 1, lk), "half_bias": (1, h, lq, lk)}
+
+    def inputs():
+        qkv = [cp.asarray(rng.standard_normal(sh).astype(BF16)) for sh in ((b, h, lq, e), (b, h, lk, e), (b, h, lk, e))]
+        m = rng.standard_normal(shapes[kind])
+        if kind in ("bool", "keypad"):
+            m = m > -1.0
+            m[..., 0] = True  # no fully masked row
+        m = cp.asarray(m.astype(np.float16) if kind == "half_bias" else m if m.dtype == np.bool_ else
+                       m.astype(np.float32))
+        return qkv, m
+
+    monkeypatch.setattr(K, "_fwd_plans", {})
+    (q, k, v), m = inputs()
+    K.flash_attention_forward(q, k, v, m)
+    assert len(K._fwd_plans) == (0 if kind == "half_bias" else 1)
+    for _ in range(2):  # new arrays (new addresses), the same layout: the kept launch
+        (q, k, v), m = inputs()
+        o, lse = K.flash_attention_forward(q, k, v, m)
+        assert len(K._fwd_plans) == (0 if kind == "half_bias" else 1)
+        with monkeypatch.context() as mp:
+            mp.setattr(K, "_fwd_plans", {})  # a fresh launch of the same kernel
+            o_ref, lse_ref = K.flash_attention_forward(q, k, v, m)
+        assert bool((o == o_ref).all()) and bool((lse == lse_ref).all())
+    want_o, want_lse = dense(q, k, v, m)
+    assert rel_err(o, want_o) < 1e-2
+    np.testing.assert_allclose(backend.to_numpy(lse), want_lse, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.gpu
 def test_launch_plan_caches_stay_bounded(rng, monkeypatch):
     cp = backend.cupy
     monkeypatch.setattr(K, "MAX_PLANS", 3)
