@@ -363,10 +363,10 @@ _F32 = np.dtype(np.float32)
 
 def _fwd_key(q, k, v, is_causal, scale, tiles, mask=None):
     """The key of a forward's plan in _fwd_plans: everything that fixes the launch but the addresses (a mask's layout
-    and dtype too: its kind, strides and the key-padding variant follow from them)."""
+    and dtype too, with the key-padding switches: its kind, strides and the key-padding variant follow from them)."""
     return (q.shape, q.strides, k.shape, k.strides, v.shape, v.strides, q.dtype, is_causal, scale,
             q.data.device_id, SM90_FWD, SM90_FWD_PINGPONG, SM90_FWD_TMA, SM90_FWD_OVERLAP, tiles, threading.get_ident(),
-            None if mask is None else (mask.shape, mask.strides, mask.dtype))
+            None if mask is None else (mask.shape, mask.strides, mask.dtype, SM90_KEYPAD, KEYPAD_MAX_LK))
 
 
 _qkv_plans = KL.LaunchCache(MAX_PLANS)   # per packed-qkv configuration: (launch, TMA encoders, out / lse shapes, step)

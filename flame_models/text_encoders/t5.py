@@ -160,10 +160,10 @@ class T5DenseGatedActDense(flame_nn.Module):
     def forward(self, x):
         fused = self.fused_projections
         gi = fused(x) if fused is not None else None                          # [wi_0 x | wi_1 x] or None
-        if gi is not None:  # gelu(wi_0 x) * wi_1 x in one kernel (each value rounded once): 2 ops, not 4
-            h = F.geglu(gi, approximate="tanh", gate_first=True)
-        else:
-            h = F.gelu(self.wi_0(x), approximate="tanh") * self.wi_1(x)                   # gelu_new gate
+        if gi is None:  # the layers one by one (a streamed block, a trained layer): laid out as the stacked
+            # projection's output, so that GEGLU rounds as there and streaming does not change the numbers
+            gi = flame.cat([self.wi_0(x), self.wi_1(x)], dim=-1)
+        h = F.geglu(gi, approximate="tanh", gate_first=True)  # gelu_new(wi_0 x) * wi_1 x, each value rounded once
         wo_dtype = _compute_dtype(self.wo)
         return self.wo(h if h.dtype == wo_dtype else h.to(wo_dtype))
 
