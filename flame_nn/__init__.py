@@ -32,6 +32,7 @@ from .layers import (
                      LeakyReLU,
                      Linear,
                      MaxPool2d,
+                     MaxUnpool2d,
                      Mish,
                      MSELoss,
                      MultiheadAttention,
@@ -61,7 +62,7 @@ __all__ = ["functional", "init", "optim", "utils", "offload", "Module", "Paramet
            "MultiheadAttention", "BatchNorm1d", "BatchNorm2d", "Conv1d", "Conv2d", "ConvTranspose2d", "Dropout",
            "Embedding", "Identity", "Linear", "Bilinear", "Flatten", "Unflatten", "L1Loss", "MSELoss",
            "SmoothL1Loss", "HuberLoss", "NLLLoss", "CrossEntropyLoss", "BCELoss", "BCEWithLogitsLoss", "KLDivLoss",
-           "LayerNorm", "GroupNorm", "RMSNorm", "PixelShuffle", "PixelUnshuffle", "MaxPool2d", "AvgPool2d",
-           "AdaptiveAvgPool2d", "Upsample", "LSTM", "GRU", "TransformerEncoderLayer", "TransformerEncoder",
+           "LayerNorm", "GroupNorm", "RMSNorm", "PixelShuffle", "PixelUnshuffle", "MaxPool2d", "MaxUnpool2d",
+           "AvgPool2d", "AdaptiveAvgPool2d", "Upsample", "LSTM", "GRU", "TransformerEncoderLayer", "TransformerEncoder",
            "GradientCheckpointingMixin",
            "parallel"]

@@ -1,13 +1,15 @@
-"""max_pool2d, avg_pool2d, adaptive_avg_pool2d on (N, C, H, W) or (C, H, W).
+"""max_pool2d (with return_indices), max_unpool2d, avg_pool2d, adaptive_avg_pool2d on (N, C, H, W) or (C, H, W).
 
 Windows are visited as KH*KW strided slices of the padded input (no index arrays): the forward reduces them, the
-backward adds the gradient back through the same slices (overlapping windows accumulate).
+backward adds the gradient back through the same slices (overlapping windows accumulate). max_unpool2d scatters each
+value to its flat index in a zero plane and gathers the gradient back.
 """
 import math
 
 import numpy as np
 
 from .. import backend
+from .. import dtypes as flame_dtypes
 from ..autograd.function import Function
 from ..errors import ShapeError, fmt_shape
 from ..tensor import _wrap
@@ -68,8 +70,12 @@ def _unpad(a, g, H, W):
 
 
 class MaxPool2d(Function):
+    """The window's largest value, its first position in row-major order; a NaN wins, the window's last one (PyTorch's
+    `val > max || isnan(val)` scan), which is also where the gradient goes. With return_indices also the flat
+    position (h * W + w, int64) of each maximum in its input plane."""
+
     @staticmethod
-    def forward(ctx, x, g):
+    def forward(ctx, x, g, return_indices=False):
         a = x._data
         xp = backend.xp_of(a)
         low = -np.inf if a.dtype.kind in "fV" else np.iinfo(a.dtype).min
@@ -81,15 +87,22 @@ class MaxPool2d(Function):
                 if i == j == 0:
                     continue
                 v = _window(ap, g, i, j)
-                better = (v > best) | (xp.isnan(v) & ~xp.isnan(best))  # NaN propagates, as in PyTorch
+                better = (v > best) | xp.isnan(v)  # NaN propagates, as in PyTorch
                 best = xp.where(better, v, best)
                 arg = xp.where(better, np.int32(i * g["kw"] + j), arg)
+        flat = None
+        if g["ph"] or g["pw"] or g["eh"] or g["ew"] or return_indices:
+            arg, flat = _inside(xp, arg, g, *a.shape[2:])
         ctx.g, ctx.shape, ctx.arg = g, a.shape, arg
         ctx.padded_shape = ap.shape
-        return _wrap(best)
+        if not return_indices:
+            return _wrap(best)
+        idx = _wrap(flat)
+        ctx.mark_non_differentiable(idx)
+        return _wrap(best), idx
 
     @staticmethod
-    def backward(ctx, gy):
+    def backward(ctx, gy, _g_indices=None):
         g, arg = ctx.g, ctx.arg
         ga = gy._data
         xp = backend.xp_of(ga)
@@ -98,7 +111,25 @@ class MaxPool2d(Function):
         for i in range(g["kh"]):
             for j in range(g["kw"]):
                 _window(d, g, i, j)[...] += xp.where(arg == i * g["kw"] + j, ga, 0).astype(acc)
-        return _wrap(_unpad(d, g, *ctx.shape[2:]).astype(ga.dtype)), None
+        return _wrap(_unpad(d, g, *ctx.shape[2:]).astype(ga.dtype)), None, None
+
+
+def _inside(xp, arg, g, H, W):
+    """(arg, flat): the window offsets `arg` (i * kw + j) with every offset outside the input -- a window whose values
+    are all the padding's -inf keeps its first offset -- replaced by the window's first offset inside the input
+    (PyTorch's choice, for the index and the gradient), and the input positions h * W + w (int64) they name."""
+    kw, dh, dw = g["kw"], g["dh"], g["dw"]
+    oh = (xp.arange(g["OH"]) * g["sh"] - g["ph"]).reshape(-1, 1)
+    ow = (xp.arange(g["OW"]) * g["sw"] - g["pw"]).reshape(1, -1)
+    i, j = arg // kw, arg % kw
+    h, w = oh + i * dh, ow + j * dw
+    inside = (h >= 0) & (h < H) & (w >= 0) & (w < W)
+    i0 = xp.maximum((dh - 1 - oh) // dh, 0)  # PyTorch: while (h < 0) h += dh
+    j0 = xp.maximum((dw - 1 - ow) // dw, 0)
+    arg = xp.where(inside, arg, (i0 * kw + j0).astype(arg.dtype))
+    h = xp.where(inside, h, oh + i0 * dh)
+    w = xp.where(inside, w, ow + j0 * dw)
+    return arg, (h * W + w).astype(np.int64)
 
 
 class AvgPool2d(Function):
@@ -149,17 +180,85 @@ def _divisor(xp, shape, g, count_include_pad, divisor_override, dt):
 
 def _batched(fn, input, *args):
     if input.ndim == 3:
-        return fn(input.unsqueeze(0), *args).squeeze(0)
+        out = fn(input.unsqueeze(0), *args)
+        return tuple(t.squeeze(0) for t in out) if isinstance(out, tuple) else out.squeeze(0)
     return fn(input, *args)
 
 
 def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
-    if return_indices:
-        raise NotImplementedError("max_pool2d: return_indices=True is not supported")
-
+    """PyTorch's max_pool2d; with return_indices=True, (output, indices): each maximum's flat position h * W + w in
+    its (H, W) input plane, int64 (what max_unpool2d takes)."""
     def run(x):
-        return MaxPool2d.apply(x, _geometry("max_pool2d", x, kernel_size, stride, padding, dilation, ceil_mode))
+        g = _geometry("max_pool2d", x, kernel_size, stride, padding, dilation, ceil_mode)
+        return MaxPool2d.apply(x, g, bool(return_indices))
     return _batched(run, input)
+
+
+class MaxUnpool2d(Function):
+    """Each input value written at its index in a zero (out_h, out_w) plane; the gradient gathered back from there.
+    Repeated indices: one of the values lands (PyTorch leaves which undefined)."""
+
+    @staticmethod
+    def forward(ctx, x, indices, out_hw):
+        a, ia = x._data, indices._data
+        xp = backend.xp_of(a)
+        N, C = a.shape[:2]
+        rows = N * C
+        flat = ia.reshape(rows, -1)
+        out = xp.zeros((rows, out_hw[0] * out_hw[1]), dtype=a.dtype)
+        out[xp.arange(rows)[:, None], flat] = a.reshape(rows, -1)
+        ctx.flat, ctx.shape = flat, a.shape
+        return _wrap(out.reshape(N, C, *out_hw))
+
+    @staticmethod
+    def backward(ctx, gy):
+        g = gy._data
+        xp = backend.xp_of(g)
+        g = g.reshape(g.shape[0] * g.shape[1], -1)
+        return _wrap(g[xp.arange(g.shape[0])[:, None], ctx.flat].reshape(ctx.shape)), None, None
+
+
+def max_unpool2d(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+    """PyTorch's max_unpool2d: the inverse of max_pool2d(return_indices=True) -- input (N, C, H, W) or (C, H, W) and
+    its int64 indices (flat positions h * W_out + w in each output plane) -> zeros with each value at its index.
+    Output (H - 1) * stride - 2 * padding + kernel_size per side, or `output_size` ((H, W), or the whole shape) within
+    a stride of it."""
+    kh, kw = _pair(kernel_size, "kernel_size")
+    sh, sw = _pair(stride if stride is not None else kernel_size, "stride")
+    ph, pw = _pair(padding, "padding")
+    if input.ndim not in (3, 4):
+        raise ShapeError(f"max_unpool2d: expected (N, C, H, W) or (C, H, W), got {fmt_shape(input.shape)}")
+    if tuple(indices.shape) != tuple(input.shape):
+        raise ShapeError(f"max_unpool2d: indices of shape {fmt_shape(indices.shape)} do not match the input's "
+                         f"{fmt_shape(input.shape)}")
+    if indices.dtype not in (flame_dtypes.int64, flame_dtypes.int32):
+        raise TypeError(f"max_unpool2d: indices must be int64 (max_pool2d's return_indices), got {indices.dtype}")
+    H, W = input.shape[-2:]
+    default = ((H - 1) * sh - 2 * ph + kh, (W - 1) * sw - 2 * pw + kw)
+    if output_size is None:
+        out_hw = default
+    else:
+        out_hw = tuple(int(v) for v in tuple(output_size)[-2:])
+        if len(tuple(output_size)) not in (2, input.ndim):
+            raise ValueError(f"max_unpool2d: output_size must have 2 or {input.ndim} elements, got {output_size}")
+        for n, d, s_ in zip(out_hw, default, (sh, sw)):
+            if not d - s_ < n < d + s_:
+                raise ValueError(f"max_unpool2d: output_size {out_hw} must be within a stride of the default "
+                                 f"{default} (stride {(sh, sw)})")
+    if min(out_hw) <= 0:
+        raise ValueError(f"max_unpool2d: the output would have size {out_hw}")
+    ia = indices._data
+    if ia.size:  # before any write: an index past the plane would raise inside NumPy / CuPy, or wrap around
+        lo, hi = int(ia.min()), int(ia.max())
+        if lo < 0 or hi >= out_hw[0] * out_hw[1]:
+            raise IndexError(f"max_unpool2d: indices range over [{lo}, {hi}], outside the {out_hw} output plane "
+                             f"(0 .. {out_hw[0] * out_hw[1] - 1})")
+
+    def run(x, idx):
+        return MaxUnpool2d.apply(x, idx, out_hw)
+    if input.ndim == 3:
+        return run(input.unsqueeze(0), indices.unsqueeze(0)).squeeze(0)
+    return run(input, indices)
 
 
 def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,

@@ -3,7 +3,7 @@ from flame_core.ops.conv import conv2d, conv2d_add, conv2d_memory_format, pad_co
 from flame_core.ops.embedding import embedding
 from flame_core.ops.indexing import one_hot, pad
 from flame_core.ops.linear import linear
-from flame_core.ops.pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d
+from flame_core.ops.pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d, max_unpool2d
 
 from .activation import (
                          elu,
@@ -59,4 +59,4 @@ __all__ = ["conv2d", "conv2d_add", "conv2d_memory_format", "pad_conv2d", "conv1d
            "binary_cross_entropy_with_logits", "kl_div", "nll_loss", "cross_entropy", "layer_norm", "group_norm",
            "group_norm_silu", "rms_norm", "add_layer_norm", "add_rms_norm", "joint_rms_norm", "batch_norm",
            "pixel_shuffle", "pixel_unshuffle",
-           "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "interpolate"]
+           "max_pool2d", "max_unpool2d", "avg_pool2d", "adaptive_avg_pool2d", "interpolate"]

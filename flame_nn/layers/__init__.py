@@ -20,6 +20,6 @@ from .loss import (
 )
 from .norm import GroupNorm, LayerNorm, RMSNorm
 from .pixel_shuffle import PixelShuffle, PixelUnshuffle
-from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d, Upsample
+from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d, MaxUnpool2d, Upsample
 from .rnn import GRU, LSTM
 from .transformer import TransformerEncoder, TransformerEncoderLayer

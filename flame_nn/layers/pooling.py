@@ -1,4 +1,4 @@
-"""MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, Upsample."""
+"""MaxPool2d, MaxUnpool2d, AvgPool2d, AdaptiveAvgPool2d, Upsample."""
 from .. import functional as F
 from ..module import Module
 
@@ -17,6 +17,21 @@ class MaxPool2d(Module):
     def extra_repr(self):
         return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
                 f"dilation={self.dilation}, ceil_mode={self.ceil_mode}")
+
+
+class MaxUnpool2d(Module):
+    """The inverse of MaxPool2d(return_indices=True): forward(input, indices, output_size=None)."""
+
+    def __init__(self, kernel_size, stride=None, padding=0):
+        super().__init__()
+        self.kernel_size, self.stride = kernel_size, stride if stride is not None else kernel_size
+        self.padding = padding
+
+    def forward(self, input, indices, output_size=None):
+        return F.max_unpool2d(input, indices, self.kernel_size, self.stride, self.padding, output_size)
+
+    def extra_repr(self):
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
 
 
 class AvgPool2d(Module):

@@ -1,5 +1,6 @@
 """Every layer against a direct NumPy float64 reference, plus float64 gradient checks."""
 import math
+import os
 
 import nn_reference as ref
 import numpy as np
@@ -240,6 +241,67 @@ def test_max_pool2d(device, rng, k, s, p, d, ceil_mode):
     np.testing.assert_array_equal(npa(y), ref.max_pool2d(x, k, s, p, d, ceil_mode))
     xs = T(rng.permutation(60).reshape(1, 2, 6, 5) * 0.1, device, grad=True)  # distinct values: no ties
     assert gradcheck(lambda a: F.max_pool2d(a, k, s, p, d, ceil_mode), (xs,))
+
+
+_POOL_FIXTURE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "torch_nn", "max_pool2d.safetensors")
+_POOL_CASES = ["rand_k3s2p1_ceil", "rand_k3s1p1_d2", "rand_k2s3p1_ceil", "rand_k2s2", "ties_k3s2p1", "ties_k2s1",
+               "special_k3s2p1_ceil", "special_k3s2p1_d2", "chw_k3s2p1"]
+
+
+@pytest.mark.parametrize("name", _POOL_CASES)
+def test_max_pool2d_indices_and_gradient_match_pytorch(device, name):
+    """F.max_pool2d(return_indices=True) and nn.MaxPool2d(return_indices=True) against PyTorch's outputs
+    (tests/fixtures/make_pooling_fixtures.py): values, int64 indices (first maximum in row-major order; a window of
+    -inf names its first position inside the input; a NaN window its last NaN) and the input gradient."""
+    from safetensors.numpy import load_file
+    fx = {k[len(name) + 1:]: v for k, v in load_file(_POOL_FIXTURE).items() if k.startswith(name + ".")}
+    k, s, p, d, ceil = (int(v) for v in fx["geometry"])
+    x = T(fx["x"], device, grad=True)
+    y, idx = F.max_pool2d(x, k, s, p, d, ceil_mode=bool(ceil), return_indices=True)
+    np.testing.assert_array_equal(npa(y), fx["out"])
+    assert idx.dtype == flame.int64 and not idx.requires_grad
+    np.testing.assert_array_equal(idx.numpy(), fx["indices"])
+    y.backward(T(fx["go"], device))
+    np.testing.assert_allclose(npa(x.grad), fx["grad"], rtol=1e-12, atol=1e-15)  # (overlapping windows' sums)
+    y2, idx2 = nn.MaxPool2d(k, s, p, d, return_indices=True, ceil_mode=bool(ceil))(T(fx["x"], device))
+    np.testing.assert_array_equal(npa(y2), fx["out"])
+    np.testing.assert_array_equal(idx2.numpy(), fx["indices"])
+    np.testing.assert_array_equal(npa(F.max_pool2d(T(fx["x"], device), k, s, p, d, ceil_mode=bool(ceil))), fx["out"])
+
+
+@pytest.mark.parametrize("name", ["unpool_k2s2_default", "unpool_k2s2_sized", "unpool_k3s2p1_sized",
+                                  "unpool_chw_sized"])
+def test_max_unpool2d_matches_pytorch(device, name):
+    """F.max_unpool2d / nn.MaxUnpool2d of a pooled output with its indices (default size and output_size) against
+    PyTorch's output and input gradient."""
+    from safetensors.numpy import load_file
+    fx = {k[len(name) + 1:]: v for k, v in load_file(_POOL_FIXTURE).items() if k.startswith(name + ".")}
+    k, s, p = (int(v) for v in fx["geometry"])
+    size = None if fx["output_size"][0] < 0 else tuple(int(v) for v in fx["output_size"])
+    x = T(fx["x"], device, grad=True)
+    idx = flame.tensor(fx["indices"], device=device)
+    u = F.max_unpool2d(x, idx, k, s, p, output_size=size)
+    np.testing.assert_array_equal(npa(u), fx["out"])
+    u.backward(T(fx["go"], device))
+    np.testing.assert_array_equal(npa(x.grad), fx["grad"])
+    np.testing.assert_array_equal(npa(nn.MaxUnpool2d(k, s, p)(T(fx["x"], device), idx, size)), fx["out"])
+
+
+def test_max_unpool2d_refuses_bad_indices_and_sizes(device):
+    x = T(np.ones((1, 1, 2, 2)), device)
+    ok = flame.tensor(np.array([[[[0, 3], [8, 15]]]], np.int64), device=device)
+    assert F.max_unpool2d(x, ok, 2).shape == (1, 1, 4, 4)
+    with pytest.raises(IndexError, match=r"indices range over \[0, 16\], outside the \(4, 4\) output plane"):
+        F.max_unpool2d(x, flame.tensor(np.array([[[[0, 3], [8, 16]]]], np.int64), device=device), 2)
+    with pytest.raises(IndexError, match="outside"):
+        F.max_unpool2d(x, flame.tensor(np.array([[[[-1, 3], [8, 15]]]], np.int64), device=device), 2)
+    with pytest.raises(flame.errors.ShapeError, match="indices of shape"):
+        F.max_unpool2d(x, flame.tensor(np.zeros((1, 1, 2, 1), np.int64), device=device), 2)
+    with pytest.raises(TypeError, match="int64"):
+        F.max_unpool2d(x, T(np.zeros((1, 1, 2, 2)), device), 2)
+    with pytest.raises(ValueError, match="within a stride"):
+        F.max_unpool2d(x, ok, 2, output_size=(7, 4))
+    assert F.max_unpool2d(x, ok, 2, output_size=(1, 1, 5, 5)).shape == (1, 1, 5, 5)
 
 
 @pytest.mark.parametrize("k, s, p, ceil_mode, include_pad, div", [(2, 2, 0, False, True, None),

@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load_file
 
@@ -554,3 +554,24 @@ def test_bilinear_gradcheck_random_shapes(device, n, i1, i2, o, seed):
     rng = np.random.default_rng(seed)
     args = [T(rng.standard_normal(s), device, grad=True) for s in ((n, i1), (n, i2), (o, i1, i2), (o,))]
     assert gradcheck(F.bilinear, tuple(args))
+
+
+@given(N=st.integers(1, 2), C=st.integers(1, 3), H=st.integers(2, 7), W=st.integers(2, 7), k=st.integers(1, 3),
+       s=st.integers(1, 3), pad=st.booleans(), dil=st.integers(1, 2), seed=st.integers(0, 999))
+@example(N=1, C=2, H=6, W=5, k=2, s=2, pad=False, dil=1, seed=3)  # (the unpool check surely runs)
+@example(N=2, C=1, H=7, W=7, k=3, s=3, pad=True, dil=1, seed=5)
+@settings(max_examples=12, deadline=None)
+def test_max_pool_and_unpool_gradcheck_random_geometries(device, N, C, H, W, k, s, pad, dil, seed):
+    """max_pool2d (return_indices) and max_unpool2d of its output, float64 gradient checks on random geometries
+    (distinct values: no ties the check's perturbation could flip)."""
+    p = k // 2 if pad else 0
+    if (H + 2 * p - dil * (k - 1) - 1) < 0 or (W + 2 * p - dil * (k - 1) - 1) < 0:
+        return  # no window fits
+    rng = np.random.default_rng(seed)
+    x = T(rng.permutation(N * C * H * W).reshape(N, C, H, W) * 0.1, device, grad=True)
+    assert gradcheck(lambda a: F.max_pool2d(a, k, s, p, dil, return_indices=True)[0], (x,))
+    y, idx = F.max_pool2d(x.detach(), k, s, p, dil, return_indices=True)
+    yg = T(rng.standard_normal(tuple(y.shape)), device, grad=True)
+    if dil == 1 and s >= k:  # windows that do not overlap: every index once (a repeated index keeps one of its
+        # values, which one undefined, as in PyTorch, while the gradient reaches them all)
+        assert gradcheck(lambda a: F.max_unpool2d(a, idx, k, s, p, output_size=(H, W)), (yg,))
