@@ -217,6 +217,28 @@ class Softplus(Function):
         return g * where(z > ctx.threshold, ones_grad(s), s), None, None
 
 
+class LogSigmoid(Function):
+    """log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)) (no overflow, no log(0)); gradient sigmoid(-x) (0.5 at 0)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        a = _float_arr(x)
+        xp = backend.xp_of(a)
+        af = a.astype(np.float32) if a.dtype.itemsize < 4 else a
+        y = xp.minimum(af, 0) - xp.log1p(xp.exp(-xp.abs(af)))
+        ctx.save_for_backward(x)
+        return _wrap(y.astype(a.dtype))
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * sigmoid(-x)
+
+
+def logsigmoid(x):
+    return LogSigmoid.apply(x)
+
+
 def ones_grad(t):
     return _wrap(t._xp().ones(t._data.shape, dtype=t._data.dtype))
 

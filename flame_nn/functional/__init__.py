@@ -6,20 +6,34 @@ from flame_core.ops.linear import linear
 from flame_core.ops.pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d, max_unpool2d
 
 from .activation import (
+                         celu,
                          elu,
                          geglu,
                          gelu,
+                         glu,
+                         hardshrink,
+                         hardsigmoid,
                          hardswish,
+                         hardtanh,
                          leaky_relu,
                          log_softmax,
+                         logsigmoid,
                          mish,
+                         prelu,
                          quick_gelu,
                          relu,
+                         relu6,
+                         selu,
                          sigmoid,
                          silu,
                          softmax,
+                         softmin,
                          softplus,
+                         softshrink,
+                         softsign,
                          tanh,
+                         tanhshrink,
+                         threshold,
 )
 from .attention import qkv_attention, scaled_dot_product_attention
 from .bilinear import bilinear
@@ -52,7 +66,9 @@ from .upsample import interpolate
 
 __all__ = ["conv2d", "conv2d_add", "conv2d_memory_format", "pad_conv2d", "conv1d", "conv_transpose2d", "pad",
            "one_hot", "relu", "gelu", "geglu", "silu", "quick_gelu", "tanh", "sigmoid",
-           "softmax", "log_softmax", "leaky_relu", "elu", "softplus", "mish", "hardswish",
+           "softmax", "log_softmax", "leaky_relu", "elu", "softplus", "mish", "hardswish", "hardtanh", "relu6",
+           "hardsigmoid", "logsigmoid", "softsign", "tanhshrink", "selu", "celu", "threshold", "hardshrink",
+           "softshrink", "softmin", "glu", "prelu",
            "scaled_dot_product_attention", "qkv_attention", "bilinear", "normalize", "cosine_similarity", "dropout",
            "embedding",
            "linear", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",

@@ -2,6 +2,7 @@
 without a kernel of their own are compositions of differentiable Tensor ops (so they also have double backward)."""
 from flame_core.autograd import is_grad_enabled, no_grad
 from flame_core.ops import activation as A
+from flame_core.ops import creation as C
 from flame_core.ops import elementwise as E
 from flame_core.ops import reduction as R
 
@@ -97,3 +98,113 @@ def _hardswish(x):
 def hardswish(input, inplace=False):
     """x * relu6(x + 3) / 6."""
     return _inplace(_hardswish, input) if inplace else _hardswish(input)
+
+
+# ----------------------------------------------------------------------------- the rest of PyTorch's activations
+# Compositions of differentiable ops. Where PyTorch's gradient at a kink differs from the composition's (a bound of
+# hardtanh, a threshold), the value outside the open interval comes from a detached tensor, so the gradient there is
+# PyTorch's 0.
+SELU_ALPHA = 1.6732632423543772848170429916717
+SELU_SCALE = 1.0507009873554804934193349852946
+
+
+def _hardtanh(x, lo, hi):
+    return E.where((x > lo) & (x < hi), x, E.clamp(x.detach(), lo, hi))
+
+
+def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
+    """min(max(x, min_val), max_val); the gradient is 1 strictly inside (min_val, max_val), else 0 (PyTorch's)."""
+    if min_val > max_val:
+        raise ValueError(f"hardtanh: min_val ({min_val}) must not be greater than max_val ({max_val})")
+    return _inplace(lambda x: _hardtanh(x, min_val, max_val), input) if inplace else _hardtanh(input, min_val, max_val)
+
+
+def relu6(input, inplace=False):
+    """hardtanh(x, 0, 6)."""
+    return hardtanh(input, 0.0, 6.0, inplace)
+
+
+def _hardsigmoid(x):
+    return E.where((x > -3.0) & (x < 3.0), x * (1.0 / 6.0) + 0.5, E.clamp(x.detach() * (1.0 / 6.0) + 0.5, 0.0, 1.0))
+
+
+def hardsigmoid(input, inplace=False):
+    """relu6(x + 3) / 6; the gradient 1/6 strictly inside (-3, 3), else 0."""
+    return _inplace(_hardsigmoid, input) if inplace else _hardsigmoid(input)
+
+
+def logsigmoid(input):
+    """log(sigmoid(x)), stable at both ends; the gradient sigmoid(-x) (DPO-style losses start at x = 0)."""
+    return A.logsigmoid(input)
+
+
+def softsign(input):
+    """x / (1 + |x|)."""
+    return input / (E.abs(input) + 1.0)
+
+
+def tanhshrink(input):
+    """x - tanh(x)."""
+    return input - E.tanh(input)
+
+
+def selu(input, inplace=False):
+    """scale * elu(x, alpha) with SELU's constants (Klambauer et al.)."""
+    f = lambda x: _elu(x, SELU_ALPHA) * SELU_SCALE  # noqa: E731
+    return _inplace(f, input) if inplace else f(input)
+
+
+def _celu(x, alpha):
+    return E.where(x > 0, x, (E.exp(E.clamp(x, max=0.0) * (1.0 / alpha)) - 1.0) * alpha)
+
+
+def celu(input, alpha=1.0, inplace=False):
+    """max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
+    if alpha == 0:
+        raise ValueError("celu: alpha must not be 0 (x / alpha)")
+    return _inplace(lambda x: _celu(x, alpha), input) if inplace else _celu(input, alpha)
+
+
+def threshold(input, threshold, value, inplace=False):
+    """x where x > threshold, else `value` (no gradient there)."""
+    f = lambda x: E.where(x > threshold, x, C.full_like(x, value))  # noqa: E731
+    return _inplace(f, input) if inplace else f(input)
+
+
+def hardshrink(input, lambd=0.5):
+    """x where |x| > lambd, else 0."""
+    if lambd < 0:
+        raise ValueError(f"hardshrink: lambd must be >= 0, got {lambd}")
+    return E.where(E.abs(input) > lambd, input, C.zeros_like(input))
+
+
+def softshrink(input, lambd=0.5):
+    """x - lambd where x > lambd, x + lambd where x < -lambd, else 0."""
+    if lambd < 0:
+        raise ValueError(f"softshrink: lambd must be >= 0, got {lambd}")
+    return E.where(input > lambd, input - lambd, E.where(input < -lambd, input + lambd, C.zeros_like(input)))
+
+
+def softmin(input, dim=-1, dtype=None):
+    """softmax(-x) along `dim` (-1 by default, as FLAME's softmax)."""
+    return R.softmax(-input, dim, dtype=dtype)
+
+
+def glu(input, dim=-1):
+    """a * sigmoid(b) where input = [a | b] along `dim` (its size must be even)."""
+    n = input.shape[dim]
+    if n % 2:
+        raise ValueError(f"glu: dimension {dim} of input {tuple(input.shape)} must have an even size, got {n}")
+    a, b = input.chunk(2, dim)
+    return a * E.sigmoid(b)
+
+
+def prelu(input, weight):
+    """x where x > 0, else weight * x; weight has 1 element or one per channel (input's dimension 1)."""
+    n = weight.numel()
+    if n != 1:
+        if input.ndim < 2 or input.shape[1] != n:
+            raise ValueError(f"prelu: weight of {n} elements needs one per channel (dimension 1) of the input, "
+                             f"got input {tuple(input.shape)}")
+        weight = weight.reshape((1, n) + (1,) * (input.ndim - 2))
+    return E.where(input > 0, input, weight * input)

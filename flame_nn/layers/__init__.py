@@ -1,5 +1,31 @@
 """Layers with PyTorch's names, arguments and parameter names (so state_dicts and checkpoints line up)."""
-from .activation import ELU, GELU, Hardswish, LeakyReLU, Mish, ReLU, Sigmoid, SiLU, Softmax, Softplus, Tanh
+from .activation import (
+                         CELU,
+                         ELU,
+                         GELU,
+                         GLU,
+                         SELU,
+                         Hardshrink,
+                         Hardsigmoid,
+                         Hardswish,
+                         Hardtanh,
+                         LeakyReLU,
+                         LogSigmoid,
+                         Mish,
+                         PReLU,
+                         ReLU,
+                         ReLU6,
+                         Sigmoid,
+                         SiLU,
+                         Softmax,
+                         Softmin,
+                         Softplus,
+                         Softshrink,
+                         Softsign,
+                         Tanh,
+                         Tanhshrink,
+                         Threshold,
+)
 from .attention import MultiheadAttention
 from .batchnorm import BatchNorm1d, BatchNorm2d
 from .conv import Conv1d, Conv2d

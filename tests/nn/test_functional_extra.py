@@ -1,5 +1,6 @@
 """flame_nn.functional additions of issue 31 against NumPy float64 references written here, with hypothesis
 gradient checks (float64 central differences) for the differentiable ones."""
+import os
 import warnings
 
 import numpy as np
@@ -38,6 +39,19 @@ ACT = {
                  lambda a: np.where(2 * a > 3.0, a, np.log1p(np.exp(2 * a)) / 2), [1.5]),
     "mish": (F.mish, lambda a: a * np.tanh(np.log1p(np.exp(a))), []),
     "hardswish": (F.hardswish, lambda a: a * np.clip(a + 3, 0, 6) / 6, [-3.0, 3.0]),
+    "hardtanh": (lambda x: F.hardtanh(x, -0.5, 1.0), lambda a: np.clip(a, -0.5, 1.0), [-0.5, 1.0]),
+    "relu6": (F.relu6, lambda a: np.clip(a, 0, 6), [0.0, 6.0]),
+    "hardsigmoid": (F.hardsigmoid, lambda a: np.clip(a / 6 + 0.5, 0, 1), [-3.0, 3.0]),
+    "logsigmoid": (F.logsigmoid, lambda a: np.minimum(a, 0) - np.log1p(np.exp(-np.abs(a))), []),
+    "softsign": (F.softsign, lambda a: a / (1 + np.abs(a)), []),
+    "tanhshrink": (F.tanhshrink, lambda a: a - np.tanh(a), []),
+    "selu": (F.selu, lambda a: 1.0507009873554804934193349852946 * np.where(
+        a > 0, a, 1.6732632423543772848170429916717 * np.expm1(np.minimum(a, 0))), [0.0]),
+    "celu": (lambda x: F.celu(x, 0.7), lambda a: np.where(a > 0, a, 0.7 * np.expm1(np.minimum(a, 0) / 0.7)), [0.0]),
+    "threshold": (lambda x: F.threshold(x, 0.5, -2.0), lambda a: np.where(a > 0.5, a, -2.0), [0.5]),
+    "hardshrink": (lambda x: F.hardshrink(x, 0.5), lambda a: np.where(np.abs(a) > 0.5, a, 0.0), [-0.5, 0.5]),
+    "softshrink": (lambda x: F.softshrink(x, 0.5),
+                   lambda a: np.where(a > 0.5, a - 0.5, np.where(a < -0.5, a + 0.5, 0.0)), [-0.5, 0.5]),
 }
 
 
@@ -60,6 +74,72 @@ def test_activation_gradcheck(device, name, shape, seed):
     assert gradcheck(fn, (T(a, device, grad=True),))
 
 
+_ACT_FIXTURE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "torch_nn", "activations.safetensors")
+_GOLDEN_1D = {"hardtanh": lambda x: F.hardtanh(x, -0.5, 1.0), "relu6": F.relu6, "hardsigmoid": F.hardsigmoid,
+              "logsigmoid": F.logsigmoid, "softsign": F.softsign, "tanhshrink": F.tanhshrink, "selu": F.selu,
+              "celu": lambda x: F.celu(x, 0.7), "threshold": lambda x: F.threshold(x, 0.5, -2.0),
+              "hardshrink": lambda x: F.hardshrink(x, 0.5), "softshrink": lambda x: F.softshrink(x, 0.5)}
+
+
+@pytest.mark.parametrize("name", sorted(_GOLDEN_1D))
+def test_activation_values_and_gradients_match_pytorch_at_the_kinks(device, name):
+    """Against PyTorch's outputs and gradients (tests/fixtures/make_activation_fixtures.py) on the kinks themselves
+    (0, the bounds, the thresholds: PyTorch's gradient there, e.g. 0 at hardtanh's bounds, 0.5 for logsigmoid at 0)
+    and on random and large values (logsigmoid at +-800)."""
+    from safetensors.numpy import load_file
+    fx = load_file(_ACT_FIXTURE)
+    x = T(fx["x"], device, grad=True)
+    y = _GOLDEN_1D[name](x)
+    np.testing.assert_allclose(npa(y), fx[f"{name}.out"], rtol=1e-13, atol=1e-15)
+    y.backward(T(fx[f"{name}.go"], device))
+    # (PyTorch's celu and hardsigmoid backwards carry 1 / alpha and 1 / 6 with about float32's precision: 1.3e-7
+    # and 3e-8 off the float64 derivative)
+    rtol = {"celu": 1e-6, "hardsigmoid": 1e-7}.get(name, 1e-13)
+    np.testing.assert_allclose(npa(x.grad), fx[f"{name}.grad"], rtol=rtol, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", ["softmin", "glu", "glu0", "prelu", "prelu1"])
+def test_softmin_glu_prelu_match_pytorch(device, name):
+    from safetensors.numpy import load_file
+    fx = load_file(_ACT_FIXTURE)
+    x = T(fx["x2"], device, grad=True)
+    w = T(fx[f"{name}.weight"], device, grad=True) if name.startswith("prelu") else None
+    fn = {"softmin": lambda v: F.softmin(v, dim=1), "glu": lambda v: F.glu(v), "glu0": lambda v: F.glu(v, dim=0),
+          "prelu": lambda v: F.prelu(v, w), "prelu1": lambda v: F.prelu(v, w)}[name]
+    y = fn(x)
+    np.testing.assert_allclose(npa(y), fx[f"{name}.out"], rtol=1e-13, atol=1e-15)
+    y.backward(T(fx[f"{name}.go"], device))
+    np.testing.assert_allclose(npa(x.grad), fx[f"{name}.grad"], rtol=1e-13, atol=1e-15)
+    if w is not None:
+        np.testing.assert_allclose(npa(w.grad), fx[f"{name}.wgrad"], rtol=1e-13, atol=1e-15)
+
+
+@given(shape=st.sampled_from([(4, 6), (2, 4, 3), (3, 2, 2, 2)]), dim=st.integers(-1, 1), seed=st.integers(0, 999))
+@settings(max_examples=10)
+def test_softmin_glu_prelu_gradcheck(device, shape, dim, seed):
+    rng = np.random.default_rng(seed)
+    x = T(away_from(rng.uniform(-3, 3, shape), [0.0]), device, grad=True)
+    assert gradcheck(lambda v: F.softmin(v, dim=dim), (x,))
+    if shape[dim] % 2 == 0:
+        assert gradcheck(lambda v: F.glu(v, dim=dim), (x,))
+    w = T(rng.uniform(-0.5, 0.5, shape[1]), device, grad=True)
+    assert gradcheck(F.prelu, (x, w))
+
+
+def test_activation_refusals(device):
+    x = T(np.ones((3, 5)), device)
+    with pytest.raises(ValueError, match="even size"):
+        F.glu(x)
+    with pytest.raises(ValueError, match="one per channel"):
+        F.prelu(x, T(np.ones(4), device))
+    with pytest.raises(ValueError, match="min_val"):
+        F.hardtanh(x, 1.0, -1.0)
+    with pytest.raises(ValueError, match="alpha"):
+        F.celu(x, 0.0)
+    with pytest.raises(ValueError, match="lambd"):
+        F.softshrink(x, -0.1)
+
+
 def test_leaky_relu_gradient_at_zero_and_inplace(device):
     x = T([-1.0, 0.0, 2.0], device, grad=True)
     F.leaky_relu(x, 0.1).sum().backward()
@@ -75,7 +155,9 @@ def test_leaky_relu_gradient_at_zero_and_inplace(device):
         F.leaky_relu(y, -0.5, inplace=True)
 
 
-@pytest.mark.parametrize("fn", [F.elu, F.mish, F.hardswish])
+@pytest.mark.parametrize("fn", [F.elu, F.mish, F.hardswish, F.relu6, F.hardsigmoid, F.selu, F.hardtanh,
+                                lambda x, inplace=False: F.celu(x, 0.7, inplace),
+                                lambda x, inplace=False: F.threshold(x, 0.5, -2.0, inplace)])
 def test_inplace_activations_keep_their_gradient(device, rng, fn):
     x = T(rng.uniform(-4, 4, (3, 5)), device, grad=True)
     fn(x * 1.0).sum().backward()

@@ -58,6 +58,41 @@ def test_activation_modules(device, rng):
     assert nn.ELU(inplace=True)(y) is y
 
 
+def test_the_other_activation_modules(device, rng):
+    """PyTorch's remaining activation modules: each its functional with the module's options, no state but PReLU's
+    slope (`weight`, init 0.25, one per channel or shared, trained), PyTorch's reprs, in-place where PyTorch has it."""
+    x = T(rng.standard_normal((3, 4, 2)) * 4, device)
+    pairs = ((nn.Hardtanh(-2.0, 3.0), lambda v: F.hardtanh(v, -2.0, 3.0)), (nn.ReLU6(), F.relu6),
+             (nn.Hardsigmoid(), F.hardsigmoid), (nn.LogSigmoid(), F.logsigmoid), (nn.Softsign(), F.softsign),
+             (nn.Tanhshrink(), F.tanhshrink), (nn.SELU(), F.selu), (nn.CELU(0.6), lambda v: F.celu(v, 0.6)),
+             (nn.Threshold(0.2, -1.0), lambda v: F.threshold(v, 0.2, -1.0)),
+             (nn.Hardshrink(0.7), lambda v: F.hardshrink(v, 0.7)), (nn.Softshrink(0.7), lambda v: F.softshrink(v, 0.7)),
+             (nn.Softmin(1), lambda v: F.softmin(v, 1)), (nn.GLU(1), lambda v: F.glu(v, 1)))
+    for m, f in pairs:
+        np.testing.assert_array_equal(npa(m(x)), npa(f(x)))
+        assert list(m.state_dict()) == []
+    assert repr(nn.Hardtanh(-2.0, 3.0, inplace=True)) == "Hardtanh(min_val=-2.0, max_val=3.0, inplace=True)"
+    assert repr(nn.Softshrink(0.7)) == "Softshrink(0.7)" and repr(nn.GLU()) == "GLU(dim=-1)"
+    assert repr(nn.Threshold(0.2, -1.0)) == "Threshold(threshold=0.2, value=-1.0)"
+    for m in (nn.ReLU6(inplace=True), nn.Hardsigmoid(inplace=True), nn.SELU(inplace=True), nn.CELU(inplace=True),
+              nn.Threshold(0.1, 0.0, inplace=True)):
+        y = x.clone()
+        assert m(y) is y
+    p = nn.PReLU(4, init=0.1, device=device, dtype=flame.float64)
+    assert list(p.state_dict()) == ["weight"] and tuple(p.weight.shape) == (4,) and p.weight.requires_grad
+    np.testing.assert_array_equal(npa(p.weight), [0.1] * 4)
+    xg = T(rng.standard_normal((3, 4, 2)), device, grad=True)
+    out = p(xg)
+    np.testing.assert_allclose(npa(out), np.where(npa(xg) > 0, npa(xg), 0.1 * npa(xg)), rtol=1e-15)
+    out.sum().backward()
+    np.testing.assert_allclose(npa(p.weight.grad), np.minimum(npa(xg), 0).sum(axis=(0, 2)), rtol=1e-12)
+    assert nn.PReLU().weight.shape == (1,) and repr(nn.PReLU()) == "PReLU(num_parameters=1)"
+    with nn.empty_init():
+        assert nn.PReLU(3).weight.is_meta
+    with pytest.raises(ValueError, match="Hardtanh"):
+        nn.Hardtanh(1.0, -1.0)
+
+
 # ----------------------------------------------------------------------------- BatchNorm
 def bn_ref_run(batches, momentum, eps=1e-5, axes=(0, 2, 3)):
     """Running statistics after each training batch (momentum None: cumulative average)."""
