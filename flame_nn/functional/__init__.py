@@ -38,8 +38,8 @@ from .activation import (
 from .attention import qkv_attention, scaled_dot_product_attention
 from .bilinear import bilinear
 from .conv import conv1d, conv_transpose2d
-from .distance import cosine_similarity, normalize
-from .dropout import dropout
+from .distance import cosine_similarity, normalize, pairwise_distance
+from .dropout import dropout, dropout1d, dropout2d, dropout3d
 from .loss import (
                          binary_cross_entropy,
                          binary_cross_entropy_with_logits,
@@ -70,6 +70,7 @@ __all__ = ["conv2d", "conv2d_add", "conv2d_memory_format", "pad_conv2d", "conv1d
            "hardsigmoid", "logsigmoid", "softsign", "tanhshrink", "selu", "celu", "threshold", "hardshrink",
            "softshrink", "softmin", "glu", "prelu",
            "scaled_dot_product_attention", "qkv_attention", "bilinear", "normalize", "cosine_similarity", "dropout",
+           "dropout1d", "dropout2d", "dropout3d", "pairwise_distance",
            "embedding",
            "linear", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
            "binary_cross_entropy_with_logits", "kl_div", "nll_loss", "cross_entropy", "layer_norm", "group_norm",

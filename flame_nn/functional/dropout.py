@@ -1,4 +1,7 @@
-"""dropout: zero each element with probability p and scale the survivors by 1/(1-p) (training only)."""
+"""dropout: zero each element with probability p and scale the survivors by 1/(1-p) (training only);
+dropout1d / 2d / 3d: the same per channel."""
+import warnings
+
 from flame_core.autograd import no_grad
 from flame_core.ops.creation import rand
 
@@ -15,3 +18,45 @@ def dropout(input, p=0.5, training=True, inplace=False, generator=None):
     if inplace:
         return input.mul_(scale)
     return input * scale
+
+
+def _feature_dropout(name, input, p, training, inplace, dims, generator=None):
+    """Whole channels zeroed with probability p, the kept ones scaled by 1 / (1 - p): one draw per (sample, channel)
+    of an input (N, C, *spatial) with `dims` spatial dimensions, or (C, *spatial) unbatched."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"{name}: dropout probability has to be between 0 and 1, but got {p}")
+    if input.ndim not in (dims + 1, dims + 2):
+        raise ValueError(f"{name}: expected a {dims + 1}-D (unbatched) or {dims + 2}-D input, got shape "
+                         f"{tuple(input.shape)}")
+    if not training or p == 0.0:
+        return input
+    lead = input.ndim - dims
+    with no_grad():
+        keep = rand(tuple(input.shape[:lead]) + (1,) * dims, dtype=input.dtype if input.dtype.itemsize >= 4 else None,
+                    device=input.device, generator=generator) >= p
+        scale = keep.to(input.dtype) * (0.0 if p == 1.0 else 1.0 / (1.0 - p))
+    if inplace:
+        return input.mul_(scale)
+    return input * scale
+
+
+def dropout1d(input, p=0.5, training=True, inplace=False, generator=None):
+    """Channel dropout of (N, C, L) or (C, L)."""
+    return _feature_dropout("dropout1d", input, p, training, inplace, 1, generator)
+
+
+def dropout2d(input, p=0.5, training=True, inplace=False, generator=None):
+    """Channel dropout of (N, C, H, W). A 3-D input is read as (N, C, L), with PyTorch's warning (PyTorch's present
+    behaviour: one draw per (sample, channel) of its first two dimensions)."""
+    if input.ndim == 3:
+        warnings.warn("dropout2d: Received a 3D input to dropout2d and assuming that channel-wise 1D dropout behavior "
+                      "is desired - input is interpreted as shape (N, C, L), where C is the channel dim. To maintain "
+                      "the 1D channel-wise dropout behavior, please switch to using dropout1d instead.",
+                      UserWarning, stacklevel=2)
+        return _feature_dropout("dropout2d", input, p, training, inplace, 1, generator)
+    return _feature_dropout("dropout2d", input, p, training, inplace, 2, generator)
+
+
+def dropout3d(input, p=0.5, training=True, inplace=False, generator=None):
+    """Channel dropout of (N, C, D, H, W) or (C, D, H, W)."""
+    return _feature_dropout("dropout3d", input, p, training, inplace, 3, generator)

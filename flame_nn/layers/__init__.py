@@ -11,6 +11,7 @@ from .activation import (
                          Hardtanh,
                          LeakyReLU,
                          LogSigmoid,
+                         LogSoftmax,
                          Mish,
                          PReLU,
                          ReLU,
@@ -18,6 +19,7 @@ from .activation import (
                          Sigmoid,
                          SiLU,
                          Softmax,
+                         Softmax2d,
                          Softmin,
                          Softplus,
                          Softshrink,
@@ -30,21 +32,39 @@ from .attention import MultiheadAttention
 from .batchnorm import BatchNorm1d, BatchNorm2d
 from .conv import Conv1d, Conv2d
 from .conv_transpose import ConvTranspose2d
-from .dropout import Dropout
+from .distance import CosineSimilarity, PairwiseDistance
+from .dropout import Dropout, Dropout1d, Dropout2d, Dropout3d
 from .embedding import Embedding
 from .linear import Bilinear, Flatten, Identity, Linear, Unflatten
 from .loss import (
-                   BCELoss,
-                   BCEWithLogitsLoss,
-                   CrossEntropyLoss,
-                   HuberLoss,
-                   KLDivLoss,
-                   L1Loss,
-                   MSELoss,
-                   NLLLoss,
-                   SmoothL1Loss,
+                         BCELoss,
+                         BCEWithLogitsLoss,
+                         CrossEntropyLoss,
+                         HuberLoss,
+                         KLDivLoss,
+                         L1Loss,
+                         MSELoss,
+                         NLLLoss,
+                         SmoothL1Loss,
 )
 from .norm import GroupNorm, LayerNorm, RMSNorm
+from .padding import (
+                         CircularPad1d,
+                         CircularPad2d,
+                         CircularPad3d,
+                         ConstantPad1d,
+                         ConstantPad2d,
+                         ConstantPad3d,
+                         ReflectionPad1d,
+                         ReflectionPad2d,
+                         ReflectionPad3d,
+                         ReplicationPad1d,
+                         ReplicationPad2d,
+                         ReplicationPad3d,
+                         ZeroPad1d,
+                         ZeroPad2d,
+                         ZeroPad3d,
+)
 from .pixel_shuffle import PixelShuffle, PixelUnshuffle
 from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d, MaxUnpool2d, Upsample
 from .rnn import GRU, LSTM

@@ -1,6 +1,6 @@
 """PyTorch's activations as modules: ReLU, GELU, SiLU, Tanh, Sigmoid, Softmax, LeakyReLU, ELU, Softplus, Mish,
 Hardswish, Hardtanh, ReLU6, Hardsigmoid, LogSigmoid, Softsign, Tanhshrink, SELU, CELU, Threshold, Hardshrink,
-Softshrink, Softmin, GLU, PReLU."""
+Softshrink, Softmin, GLU, PReLU, LogSoftmax, Softmax2d."""
 import flame_core as flame
 
 from .. import functional as F
@@ -274,3 +274,24 @@ class PReLU(Module):
 
     def extra_repr(self):
         return f"num_parameters={self.num_parameters}"
+
+
+class LogSoftmax(Module):
+    def __init__(self, dim=None):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, input):
+        return F.log_softmax(input, -1 if self.dim is None else self.dim)
+
+    def extra_repr(self):
+        return f"dim={self.dim}"
+
+
+class Softmax2d(Module):
+    """Softmax over the channels of (N, C, H, W) or (C, H, W)."""
+
+    def forward(self, input):
+        if input.ndim not in (3, 4):
+            raise ValueError(f"Softmax2d: expected a 3-D or 4-D input, got shape {tuple(input.shape)}")
+        return F.softmax(input, -3)

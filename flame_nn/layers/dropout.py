@@ -1,4 +1,4 @@
-"""Dropout."""
+"""Dropout, Dropout1d, Dropout2d, Dropout3d."""
 from .. import functional as F
 from ..module import Module
 
@@ -15,3 +15,24 @@ class Dropout(Module):
 
     def extra_repr(self):
         return f"p={self.p}, inplace={self.inplace}"
+
+
+class Dropout1d(Dropout):
+    """Whole channels of (N, C, L) or (C, L) zeroed with probability p (F.dropout1d)."""
+
+    def forward(self, input):
+        return F.dropout1d(input, self.p, self.training, self.inplace)
+
+
+class Dropout2d(Dropout):
+    """Whole channels of (N, C, H, W) zeroed with probability p (F.dropout2d)."""
+
+    def forward(self, input):
+        return F.dropout2d(input, self.p, self.training, self.inplace)
+
+
+class Dropout3d(Dropout):
+    """Whole channels of (N, C, D, H, W) or (C, D, H, W) zeroed with probability p (F.dropout3d)."""
+
+    def forward(self, input):
+        return F.dropout3d(input, self.p, self.training, self.inplace)

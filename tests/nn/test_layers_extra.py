@@ -610,3 +610,107 @@ def test_max_pool_and_unpool_gradcheck_random_geometries(device, N, C, H, W, k, 
     if dil == 1 and s >= k:  # windows that do not overlap: every index once (a repeated index keeps one of its
         # values, which one undefined, as in PyTorch, while the gradient reaches them all)
         assert gradcheck(lambda a: F.max_unpool2d(a, idx, k, s, p, output_size=(H, W)), (yg,))
+
+
+
+# ----------------------------------------------------------------------------- padding modules
+_PAD_FIXTURE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "torch_nn", "padding.safetensors")
+_PAD_NAMES = [f"{k}Pad{d}d" for k in ("Reflection", "Replication", "Circular", "Zero", "Constant") for d in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("name", _PAD_NAMES)
+def test_padding_modules_match_pytorch(device, name):
+    """Each padding module against PyTorch's output and input gradient (tests/fixtures/make_padding_fixtures.py),
+    batched and unbatched inputs, asymmetric paddings."""
+    fx = {k[len(name) + 1:]: v for k, v in load_file(_PAD_FIXTURE).items() if k.startswith(name + ".")}
+    pad = tuple(int(v) for v in fx["padding"])
+    cls = getattr(nn, name)
+    m = cls(pad, 2.5) if name.startswith("Constant") else cls(pad)
+    x = T(fx["x"], device, grad=True)
+    y = m(x)
+    np.testing.assert_array_equal(npa(y), fx["out"])
+    y.backward(T(fx["go"], device))
+    np.testing.assert_allclose(npa(x.grad), fx["grad"], rtol=1e-14, atol=1e-15)
+    if len(set(pad)) == 1:  # an int means every side
+        np.testing.assert_array_equal(npa((cls(pad[0], 2.5) if name.startswith("Constant") else cls(pad[0]))(
+            T(fx["x"], device))), fx["out"])
+
+
+def test_padding_module_reprs_and_refusals(device):
+    assert repr(nn.ReflectionPad2d((1, 0, 2, 1))) == "ReflectionPad2d((1, 0, 2, 1))"
+    assert repr(nn.ZeroPad2d(2)) == "ZeroPad2d((2, 2, 2, 2))"
+    assert repr(nn.ConstantPad2d(1, 3.5)) == "ConstantPad2d(padding=(1, 1, 1, 1), value=3.5)"
+    with pytest.raises(ValueError, match="4 ints"):
+        nn.ReflectionPad2d((1, 2, 3))
+    with pytest.raises(flame.errors.ShapeError, match="3-D .unbatched. or 4-D input"):
+        nn.ReflectionPad2d(1)(T(np.ones((4, 4)), device))
+    with pytest.raises(flame.errors.ShapeError, match="reflect padding"):
+        nn.ReflectionPad1d(3)(T(np.ones((1, 2, 3)), device))
+
+
+# ------------------------------------------------------------------ channel dropout, softmax modules, distances
+@pytest.mark.parametrize("cls, fn, shape, lead", [(nn.Dropout1d, F.dropout1d, (6, 40, 5), 2),
+                                                  (nn.Dropout1d, F.dropout1d, (40, 5), 1),
+                                                  (nn.Dropout2d, F.dropout2d, (6, 40, 3, 4), 2),
+                                                  (nn.Dropout3d, F.dropout3d, (3, 40, 2, 2, 3), 2),
+                                                  (nn.Dropout3d, F.dropout3d, (40, 2, 2, 3), 1)])
+def test_channel_dropout(device, cls, fn, shape, lead):
+    """Whole channels zeroed (one draw per (sample, channel)), the rest scaled by 1 / (1 - p); the gradient is the
+    same mask; identity in eval mode and at p = 0; zeros at p = 1."""
+    flame.manual_seed(3)
+    x = T(np.ones(shape), device, grad=True)
+    m = cls(0.4)
+    y = m(x)
+    v = npa(y).reshape(shape[:lead] + (-1,))
+    per = v[..., 0]
+    assert np.all((v == per[..., None]))  # one value per channel
+    assert set(np.unique(per)) <= {0.0, 1.0 / 0.6} and 0.2 < (per == 0).mean() < 0.6
+    y.backward(T(np.ones(shape), device))
+    np.testing.assert_array_equal(npa(x.grad), npa(y))
+    m.eval()
+    assert m(x) is x
+    assert fn(x, 0.0) is x
+    assert not npa(fn(x, 1.0)).any()
+    z = T(np.ones(shape), device)
+    assert fn(z, 0.5, inplace=True) is z
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        fn(x, 1.5)
+    with pytest.raises(ValueError, match="D .unbatched."):
+        fn(T(np.ones((2,) * (len(shape) + 2)), device), 0.5)
+
+
+def test_dropout2d_reads_a_3d_input_as_pytorch_does(device):
+    flame.manual_seed(0)
+    with pytest.warns(UserWarning, match=r"interpreted as shape \(N, C, L\)"):
+        y = F.dropout2d(T(np.ones((4, 30, 6)), device), 0.5)
+    v = npa(y)
+    assert np.all(v == v[..., :1])  # one draw per (N, C) of its first two dimensions
+    assert len(np.unique(v[:, :, 0])) == 2
+
+
+def test_logsoftmax_softmax2d_modules(device, rng):
+    x = T(rng.standard_normal((2, 3, 4, 5)), device)
+    np.testing.assert_array_equal(npa(nn.LogSoftmax(1)(x)), npa(F.log_softmax(x, 1)))
+    np.testing.assert_array_equal(npa(nn.LogSoftmax()(x)), npa(F.log_softmax(x, -1)))
+    s = nn.Softmax2d()(x)
+    np.testing.assert_allclose(npa(s).sum(1), 1.0, rtol=1e-14)
+    np.testing.assert_array_equal(npa(nn.Softmax2d()(x[0])), npa(F.softmax(x[0], 0)))
+    with pytest.raises(ValueError, match="3-D or 4-D"):
+        nn.Softmax2d()(x[0, 0])
+
+
+@pytest.mark.parametrize("p, keepdim", [(2.0, False), (1.0, True), (3.0, False)])
+def test_pairwise_distance_and_modules(device, rng, p, keepdim):
+    a, b = rng.standard_normal((4, 5)), rng.standard_normal((1, 5))
+    want = (np.abs(a - b + 1e-6) ** p).sum(-1, keepdims=keepdim) ** (1 / p)
+    np.testing.assert_allclose(npa(F.pairwise_distance(T(a, device), T(b, device), p, keepdim=keepdim)), want,
+                               rtol=1e-12)
+    np.testing.assert_allclose(npa(nn.PairwiseDistance(p, keepdim=keepdim)(T(a, device), T(b, device))), want,
+                               rtol=1e-12)
+    xa = T(a, device, grad=True)
+    assert gradcheck(lambda v: F.pairwise_distance(v, T(b, device), p), (xa,))
+    np.testing.assert_array_equal(npa(nn.CosineSimilarity(1)(T(a, device), T(b, device))),
+                                  npa(F.cosine_similarity(T(a, device), T(b, device), 1)))
+    assert repr(nn.PairwiseDistance()) == "PairwiseDistance(p=2.0, eps=1e-06, keepdim=False)"
+    with pytest.raises(flame.errors.ShapeError, match="cannot be broadcast"):
+        F.pairwise_distance(T(a, device), T(np.ones((3, 2)), device))
