@@ -63,12 +63,14 @@ class AdaptiveAvgPool2d(Module):
 
 
 class Upsample(Module):
-    def __init__(self, size=None, scale_factor=None, mode="nearest", align_corners=None):
+    def __init__(self, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None):
         super().__init__()
         self.size, self.scale_factor, self.mode, self.align_corners = size, scale_factor, mode, align_corners
+        self.recompute_scale_factor = recompute_scale_factor
 
     def forward(self, input):
-        return F.interpolate(input, self.size, self.scale_factor, self.mode, self.align_corners)
+        return F.interpolate(input, self.size, self.scale_factor, self.mode, self.align_corners,
+                             self.recompute_scale_factor)
 
     def extra_repr(self):
         s = f"size={self.size}" if self.size is not None else f"scale_factor={float(self.scale_factor)}"

@@ -1,10 +1,13 @@
 """Every layer against a direct NumPy float64 reference, plus float64 gradient checks."""
+import json
 import math
 import os
 
 import nn_reference as ref
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import flame_core as flame
 import flame_nn as nn
@@ -345,6 +348,39 @@ def test_upsample_bilinear(device, rng, align, oh, ow):
     np.testing.assert_allclose(npa(y), ref.upsample_bilinear(x, oh, ow, align), rtol=1e-12, atol=1e-14)
     xs = T(rng.standard_normal((1, 1, 3, 3)), device, grad=True)
     assert gradcheck(lambda a: F.interpolate(a, size=(4, 5), mode="bilinear", align_corners=align), (xs,))
+
+
+_INTERP_DIR = os.path.join(os.path.dirname(__file__), "..", "fixtures", "torch_nn")
+with open(os.path.join(_INTERP_DIR, "interpolate.json")) as _f:
+    _INTERP = json.load(_f)
+
+
+@pytest.mark.parametrize("name", sorted(_INTERP))
+def test_interpolate_matches_pytorch(device, name):
+    """Every mode against PyTorch's outputs and input gradients (tests/fixtures/make_interpolate_fixtures.py): nearest
+    and nearest-exact on 1-3 spatial dims, linear / bilinear / trilinear with and without align_corners, bicubic,
+    area, antialiased bilinear / bicubic, sizes and scale factors (recomputed or not), up and down."""
+    from safetensors.numpy import load_file
+    fx = load_file(os.path.join(_INTERP_DIR, "interpolate.safetensors"))
+    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in _INTERP[name].items()}
+    x = T(fx[f"{name}.x"], device, grad=True)
+    y = F.interpolate(x, **kw)
+    np.testing.assert_allclose(npa(y), fx[f"{name}.out"], rtol=1e-12, atol=1e-13)
+    y.backward(T(fx[f"{name}.go"], device))
+    np.testing.assert_allclose(npa(x.grad), fx[f"{name}.grad"], rtol=1e-12, atol=1e-13)
+
+
+@given(mode=st.sampled_from(["bicubic", "area", "bilinear_aa", "bicubic_aa", "nearest-exact"]),
+       oh=st.integers(1, 7), ow=st.integers(1, 7), seed=st.integers(0, 999))
+@settings(max_examples=12, deadline=None)
+def test_interpolate_gradcheck_and_dtypes(device, mode, oh, ow, seed):
+    rng = np.random.default_rng(seed)
+    aa = mode.endswith("_aa")
+    kw = dict(size=(oh, ow), mode=mode.replace("_aa", ""), antialias=aa)
+    xs = T(rng.standard_normal((1, 2, 4, 5)), device, grad=True)
+    assert gradcheck(lambda a: F.interpolate(a, **kw), (xs,))
+    y32 = F.interpolate(T(rng.standard_normal((1, 2, 4, 5)), device, dtype=flame.float32), **kw)
+    assert y32.dtype == flame.float32 and tuple(y32.shape) == (1, 2, oh, ow)
 
 
 # ----------------------------------------------------------------------------- MultiheadAttention
