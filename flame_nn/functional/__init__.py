@@ -1,6 +1,7 @@
 """flame_nn.functional: stateless ops with PyTorch's names and signatures (`import flame_nn.functional as F`)."""
 from flame_core.ops.conv import conv2d, conv2d_add, conv2d_memory_format, pad_conv2d
 from flame_core.ops.embedding import embedding
+from flame_core.ops.im2col import fold, unfold
 from flame_core.ops.indexing import one_hot, pad
 from flame_core.ops.linear import linear
 from flame_core.ops.pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d, max_unpool2d
@@ -70,7 +71,7 @@ __all__ = ["conv2d", "conv2d_add", "conv2d_memory_format", "pad_conv2d", "conv1d
            "hardsigmoid", "logsigmoid", "softsign", "tanhshrink", "selu", "celu", "threshold", "hardshrink",
            "softshrink", "softmin", "glu", "prelu",
            "scaled_dot_product_attention", "qkv_attention", "bilinear", "normalize", "cosine_similarity", "dropout",
-           "dropout1d", "dropout2d", "dropout3d", "pairwise_distance",
+           "dropout1d", "dropout2d", "dropout3d", "pairwise_distance", "unfold", "fold",
            "embedding",
            "linear", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
            "binary_cross_entropy_with_logits", "kl_div", "nll_loss", "cross_entropy", "layer_norm", "group_norm",

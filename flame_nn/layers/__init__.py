@@ -35,6 +35,7 @@ from .conv_transpose import ConvTranspose2d
 from .distance import CosineSimilarity, PairwiseDistance
 from .dropout import Dropout, Dropout1d, Dropout2d, Dropout3d
 from .embedding import Embedding
+from .fold import Fold, Unfold
 from .linear import Bilinear, Flatten, Identity, Linear, Unflatten
 from .loss import (
                          BCELoss,

@@ -1,6 +1,7 @@
 """Issue 31's layers against NumPy float64 references written here and against PyTorch's own outputs
 (tests/fixtures/torch_nn/layers.safetensors, made by tests/fixtures/make_torch_nn_fixtures.py), with float64
 gradient checks; state_dict keys as PyTorch's."""
+import json
 import math
 import os
 
@@ -714,3 +715,49 @@ def test_pairwise_distance_and_modules(device, rng, p, keepdim):
     assert repr(nn.PairwiseDistance()) == "PairwiseDistance(p=2.0, eps=1e-06, keepdim=False)"
     with pytest.raises(flame.errors.ShapeError, match="cannot be broadcast"):
         F.pairwise_distance(T(a, device), T(np.ones((3, 2)), device))
+
+
+
+# ----------------------------------------------------------------------------- unfold / fold
+_FOLD_DIR = os.path.join(os.path.dirname(__file__), "..", "fixtures", "torch_nn")
+with open(os.path.join(_FOLD_DIR, "fold.json")) as _f:
+    _FOLD = json.load(_f)
+
+
+@pytest.mark.parametrize("name", sorted(_FOLD))
+def test_unfold_fold_match_pytorch(device, name):
+    """F.unfold / F.fold and their modules against PyTorch (tests/fixtures/make_fold_fixtures.py): outputs and input
+    gradients over kernel sizes, dilation, padding, stride, overlapping blocks and unbatched inputs."""
+    fx = {k[len(name) + 1:]: v for k, v in load_file(os.path.join(_FOLD_DIR, "fold.safetensors")).items()
+          if k.startswith(name + ".")}
+    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in _FOLD[name].items()}
+    fn, cls = (F.unfold, nn.Unfold) if name.startswith("unfold") else (F.fold, nn.Fold)
+    x = T(fx["x"], device, grad=True)
+    y = fn(x, **kw)
+    np.testing.assert_allclose(npa(y), fx["out"], rtol=1e-14, atol=1e-15)
+    y.backward(T(fx["go"], device))
+    np.testing.assert_allclose(npa(x.grad), fx["grad"], rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(npa(cls(**kw)(T(fx["x"], device))), fx["out"], rtol=1e-14, atol=1e-15)
+
+
+@given(H=st.integers(3, 7), W=st.integers(3, 7), k=st.integers(1, 3), s=st.integers(1, 2), p=st.integers(0, 1),
+       d=st.integers(1, 2), seed=st.integers(0, 999))
+@settings(max_examples=10, deadline=None)
+def test_unfold_fold_gradcheck(device, H, W, k, s, p, d, seed):
+    if H + 2 * p - d * (k - 1) - 1 < 0 or W + 2 * p - d * (k - 1) - 1 < 0:
+        return
+    rng = np.random.default_rng(seed)
+    x = T(rng.standard_normal((1, 2, H, W)), device, grad=True)
+    assert gradcheck(lambda a: F.unfold(a, k, d, p, s), (x,))
+    cols = F.unfold(x.detach(), k, d, p, s)
+    c = T(rng.standard_normal(tuple(cols.shape)), device, grad=True)
+    assert gradcheck(lambda a: F.fold(a, (H, W), k, d, p, s), (c,))
+
+
+def test_fold_refusals(device):
+    with pytest.raises(flame.errors.ShapeError, match="holds 3 x 2 = 6"):
+        F.fold(T(np.ones((1, 4, 5)), device), (4, 3), 2)
+    with pytest.raises(flame.errors.ShapeError, match="divisible"):
+        F.fold(T(np.ones((1, 5, 6)), device), (4, 3), 2)
+    with pytest.raises(flame.errors.ShapeError, match="does not fit"):
+        F.unfold(T(np.ones((1, 1, 2, 2)), device), 3)
