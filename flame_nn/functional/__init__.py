@@ -41,6 +41,7 @@ from .bilinear import bilinear
 from .conv import conv1d, conv_transpose2d
 from .distance import cosine_similarity, normalize, pairwise_distance
 from .dropout import dropout, dropout1d, dropout2d, dropout3d
+from .grid_sample import affine_grid, grid_sample
 from .loss import (
                          binary_cross_entropy,
                          binary_cross_entropy_with_logits,
@@ -72,6 +73,7 @@ __all__ = ["conv2d", "conv2d_add", "conv2d_memory_format", "pad_conv2d", "conv1d
            "softshrink", "softmin", "glu", "prelu",
            "scaled_dot_product_attention", "qkv_attention", "bilinear", "normalize", "cosine_similarity", "dropout",
            "dropout1d", "dropout2d", "dropout3d", "pairwise_distance", "unfold", "fold",
+           "affine_grid", "grid_sample",
            "embedding",
            "linear", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
            "binary_cross_entropy_with_logits", "kl_div", "nll_loss", "cross_entropy", "layer_norm", "group_norm",

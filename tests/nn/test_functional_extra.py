@@ -537,3 +537,69 @@ def test_one_hot_follows_pytorchs_rules():
     with pytest.raises(RuntimeError, match="empty tensor"):
         F.one_hot(flame.zeros(0, dtype=flame.int64))
     assert tuple(F.one_hot(flame.zeros(0, dtype=flame.int64), num_classes=3).shape) == (0, 3)
+
+
+# ----------------------------------------------------------------------------- affine_grid / grid_sample
+_GS_FIXTURE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "torch_nn", "grid_sample.safetensors")
+_GS_CASES = [f"{m}.{p}.{a}" for m in ("bilinear", "nearest", "bicubic") for p in ("zeros", "border", "reflection")
+             for a in (0, 1)]
+
+
+@pytest.mark.parametrize("name", _GS_CASES)
+def test_grid_sample_matches_pytorch(device, name):
+    """Every mode x padding mode x align_corners against PyTorch (tests/fixtures/make_grid_sample_fixtures.py) on a
+    grid reaching past the image: the output, the input's gradient and the grid's (none for nearest, as PyTorch's
+    zeros)."""
+    from safetensors.numpy import load_file
+    fx = load_file(_GS_FIXTURE)
+    mode, pad, align = name.split(".")
+    x, g = T(fx["x"], device, grad=True), T(fx["grid"], device, grad=True)
+    y = F.grid_sample(x, g, mode=mode, padding_mode=pad, align_corners=bool(int(align)))
+    np.testing.assert_allclose(npa(y), fx[f"{name}.out"], rtol=1e-12, atol=1e-13)
+    y.backward(T(fx[f"{name}.go"], device))
+    np.testing.assert_allclose(npa(x.grad), fx[f"{name}.gx"], rtol=1e-12, atol=1e-13)
+    gg = np.zeros_like(fx["grid"]) if g.grad is None else npa(g.grad)
+    np.testing.assert_allclose(gg, fx[f"{name}.ggrid"], rtol=1e-11, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", ["0", "1", "3d"])
+def test_affine_grid_matches_pytorch(device, case):
+    from safetensors.numpy import load_file
+    fx = load_file(_GS_FIXTURE)
+    if case == "3d":
+        th, size, key, align = T(fx["theta3"], device, grad=True), (2, 1, 3, 4, 5), "affine3d", False
+    else:
+        th, size, key, align = T(fx["theta"], device, grad=True), (2, 3, 4, 6), f"affine.{case}", bool(int(case))
+    grid = F.affine_grid(th, size, align_corners=align)
+    np.testing.assert_allclose(npa(grid), fx[f"{key}.grid"], rtol=1e-13, atol=1e-14)
+    grid.backward(T(fx[f"{key}.go"], device))
+    np.testing.assert_allclose(npa(th.grad), fx[f"{key}.gtheta"], rtol=1e-12, atol=1e-13)
+
+
+@given(mode=st.sampled_from(["bilinear", "bicubic"]), pad=st.sampled_from(["zeros", "border", "reflection"]),
+       align=st.booleans(), seed=st.integers(0, 999))
+@settings(max_examples=10, deadline=None)
+def test_grid_sample_gradcheck(device, mode, pad, align, seed):
+    """float64 gradient checks of the input and of the grid (grid points kept off integer pixel coordinates and the
+    reflection folds, where the sampling has kinks)."""
+    rng = np.random.default_rng(seed)
+    x = T(rng.standard_normal((1, 2, 4, 5)), device, grad=True)
+    g = rng.uniform(-0.9, 0.9, (1, 3, 2, 2))
+    g = g + 0.013  # off the pixel lattice's exact points
+    gt = T(g, device, grad=True)
+    assert gradcheck(lambda a, b: F.grid_sample(a, b, mode=mode, padding_mode=pad, align_corners=align), (x, gt),
+                     eps=1e-7, atol=1e-5)
+
+
+def test_grid_sample_refusals(device):
+    x, g = T(np.ones((1, 1, 3, 3)), device), T(np.zeros((1, 2, 2, 2)), device)
+    with pytest.raises(ValueError, match="mode must be"):
+        F.grid_sample(x, g, mode="area")
+    with pytest.raises(ValueError, match="padding_mode"):
+        F.grid_sample(x, g, padding_mode="circular")
+    with pytest.raises(flame.errors.ShapeError, match="5-D volumes"):
+        F.grid_sample(T(np.ones((1, 1, 2, 2, 2)), device), g)
+    with pytest.raises(flame.errors.ShapeError, match="grid"):
+        F.grid_sample(x, T(np.zeros((1, 2, 2, 3)), device))
+    with pytest.raises(flame.errors.ShapeError, match="theta"):
+        F.affine_grid(T(np.zeros((1, 2, 3)), device), (2, 1, 3, 3))
