@@ -59,6 +59,7 @@ from .norm import (
                          batch_norm,
                          group_norm,
                          group_norm_silu,
+                         instance_norm,
                          joint_rms_norm,
                          layer_norm,
                          rms_norm,
@@ -77,6 +78,7 @@ __all__ = ["conv2d", "conv2d_add", "conv2d_memory_format", "pad_conv2d", "conv1d
            "embedding",
            "linear", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
            "binary_cross_entropy_with_logits", "kl_div", "nll_loss", "cross_entropy", "layer_norm", "group_norm",
-           "group_norm_silu", "rms_norm", "add_layer_norm", "add_rms_norm", "joint_rms_norm", "batch_norm",
+           "instance_norm", "group_norm_silu", "rms_norm", "add_layer_norm", "add_rms_norm", "joint_rms_norm",
+           "batch_norm",
            "pixel_shuffle", "pixel_unshuffle",
            "max_pool2d", "max_unpool2d", "avg_pool2d", "adaptive_avg_pool2d", "interpolate"]

@@ -93,3 +93,33 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     if bias is not None:
         y = y + bias.to(x.dtype).reshape(shape)
     return y.to(input.dtype)
+
+
+def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
+                  momentum=0.1, eps=1e-5):
+    """Each (sample, channel) normalised over its spatial dims: batch_norm over the input viewed as (1, N * C, ...)
+    with the per-channel tensors repeated per sample (PyTorch's formulation); the running statistics, when given and
+    use_input_stats, move by `momentum` towards the samples' mean statistics (in place, without gradient)."""
+    if input.ndim < 3:
+        raise ShapeError(f"instance_norm: expected (N, C, ...) with at least one spatial dim, got "
+                         f"{fmt_shape(input.shape)}")
+    N, C = input.shape[:2]
+    for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight),
+                    ("bias", bias)):
+        if t is not None and tuple(t.shape) != (C,):
+            raise ShapeError(f"instance_norm: {name} has shape {fmt_shape(t.shape)}, the input "
+                             f"{fmt_shape(input.shape)} has {C} channels")
+    if not use_input_stats and (running_mean is None or running_var is None):
+        raise ValueError("instance_norm: running_mean and running_var are required when use_input_stats=False")
+    rm = running_mean.repeat(N) if running_mean is not None else None
+    rv = running_var.repeat(N) if running_var is not None else None
+    w = weight.repeat(N) if weight is not None else None
+    b = bias.repeat(N) if bias is not None else None
+    y = batch_norm(input.reshape(1, N * C, *input.shape[2:]), rm, rv, w, b, use_input_stats, momentum, eps)
+    if use_input_stats:
+        with no_grad():
+            if running_mean is not None:
+                running_mean.copy_(rm.reshape(N, C).mean(0))
+            if running_var is not None:
+                running_var.copy_(rv.reshape(N, C).mean(0))
+    return y.reshape(*input.shape)

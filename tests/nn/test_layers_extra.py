@@ -761,3 +761,57 @@ def test_fold_refusals(device):
         F.fold(T(np.ones((1, 5, 6)), device), (4, 3), 2)
     with pytest.raises(flame.errors.ShapeError, match="does not fit"):
         F.unfold(T(np.ones((1, 1, 2, 2)), device), 3)
+
+
+# ----------------------------------------------------------------------------- instance norm
+_IN_FIXTURE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "torch_nn", "instance_norm.safetensors")
+
+
+def test_instance_norm_matches_pytorch(device):
+    """F.instance_norm and nn.InstanceNorm1d / 2d / 3d against PyTorch (tests/fixtures/make_instance_norm_fixtures.py):
+    the plain op with its input gradient; an affine, tracked InstanceNorm2d over two training steps (outputs, input /
+    weight / bias gradients, the running statistics) and then in eval (the running statistics used); an unbatched
+    InstanceNorm1d; momentum=None leaving the running statistics where they are."""
+    fx = load_file(_IN_FIXTURE)
+    x = T(fx["plain.x"], device, grad=True)
+    y = F.instance_norm(x)
+    np.testing.assert_allclose(npa(y), fx["plain.out"], rtol=1e-12, atol=1e-13)
+    y.backward(T(fx["plain.go"], device))
+    np.testing.assert_allclose(npa(x.grad), fx["plain.grad"], rtol=1e-10, atol=1e-12)
+
+    m = nn.InstanceNorm2d(3, affine=True, track_running_stats=True, device=device, dtype=flame.float64)
+    m.load_state_dict({"weight": T(fx["tracked.weight"], device), "bias": T(fx["tracked.bias"], device),
+                       "running_mean": T(np.zeros(3), device), "running_var": T(np.ones(3), device),
+                       "num_batches_tracked": flame.tensor(0, dtype=flame.int64, device=device)})
+    x1 = T(fx["tracked.x1"], device, grad=True)
+    out1 = m(x1)
+    np.testing.assert_allclose(npa(out1), fx["tracked.out1"], rtol=1e-12, atol=1e-13)
+    out1.backward(T(fx["tracked.go1"], device))
+    np.testing.assert_allclose(npa(x1.grad), fx["tracked.grad1"], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(npa(m.weight.grad), fx["tracked.gweight"], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(npa(m.bias.grad), fx["tracked.gbias"], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(npa(m(T(fx["tracked.x2"], device))), fx["tracked.out2"], rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(npa(m.running_mean), fx["tracked.running_mean"], rtol=1e-12)
+    np.testing.assert_allclose(npa(m.running_var), fx["tracked.running_var"], rtol=1e-12)
+    m.eval()
+    np.testing.assert_allclose(npa(m(T(fx["tracked.x3"], device))), fx["tracked.out3"], rtol=1e-12, atol=1e-13)
+
+    u = nn.InstanceNorm1d(4, dtype=flame.float64, device=device)
+    np.testing.assert_allclose(npa(u(T(fx["unbatched.x"], device))), fx["unbatched.out"], rtol=1e-12, atol=1e-13)
+    assert list(u.state_dict()) == []
+    v = nn.InstanceNorm3d(2, momentum=None, track_running_stats=True, dtype=flame.float64, device=device)
+    np.testing.assert_allclose(npa(v(T(fx["vol.x"], device))), fx["vol.out"], rtol=1e-12, atol=1e-13)
+    np.testing.assert_array_equal(npa(v.running_mean), fx["vol.running_mean"])
+    np.testing.assert_array_equal(npa(v.running_var), fx["vol.running_var"])
+
+
+def test_instance_norm_refusals_and_gradcheck(device, rng):
+    with pytest.raises(ValueError, match="expected 3D .unbatched. or 4D input"):
+        nn.InstanceNorm2d(3)(T(np.ones((3, 4)), device))
+    with pytest.raises(ValueError, match="num_features"):
+        nn.InstanceNorm2d(3, affine=True)(T(np.ones((1, 2, 3, 3)), device))
+    with pytest.raises(ValueError, match="required when use_input_stats=False"):
+        F.instance_norm(T(np.ones((1, 2, 3)), device), use_input_stats=False)
+    x = T(rng.standard_normal((2, 2, 3, 2)), device, grad=True)
+    w = T(rng.uniform(0.5, 1.5, 2), device, grad=True)
+    assert gradcheck(lambda a, b: F.instance_norm(a, weight=b), (x, w))
