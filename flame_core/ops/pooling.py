@@ -291,3 +291,77 @@ def adaptive_avg_pool2d(input, output_size):
     pw = _wrap(_adaptive_matrix(W, ow, xp, acc))
     x = input.to(ph.dtype)
     return (ph @ x @ pw.mT).to(input.dtype)
+
+
+def _windows(n_in, n_out):
+    """PyTorch's adaptive windows [floor(i n / o), ceil((i + 1) n / o)) along one axis."""
+    return [((i * n_in) // n_out, -(-((i + 1) * n_in) // n_out)) for i in range(n_out)]
+
+
+def adaptive_max_pool2d(input, output_size, return_indices=False):
+    """The maximum over PyTorch's adaptive windows (its first position in row-major order; a NaN wins); with
+    return_indices also the flat positions h * W + w (int64). The output gathers the input at those positions, so
+    its gradient goes to them."""
+    if input.ndim not in (3, 4):
+        raise ShapeError(f"adaptive_max_pool2d: expected (N, C, H, W) or (C, H, W), got {fmt_shape(input.shape)}")
+    x = input if input.ndim == 4 else input.unsqueeze(0)
+    N, C, H, W = x.shape
+    oh, ow = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
+    oh, ow = int(oh or H), int(ow or W)
+    if oh < 1 or ow < 1:
+        raise ValueError(f"adaptive_max_pool2d: output_size must be positive, got {output_size}")
+    a = x._data
+    xp = backend.xp_of(a)
+    idx = xp.empty((N, C, oh, ow), dtype=np.int64)
+    for i, (h0, h1) in enumerate(_windows(H, oh)):
+        for j, (w0, w1) in enumerate(_windows(W, ow)):
+            win = a[:, :, h0:h1, w0:w1].reshape(N, C, -1)
+            # argmax picks the first maximum; a NaN anywhere wins (PyTorch: val > max || isnan(val): its last NaN)
+            nan = xp.isnan(win) if win.dtype.kind == "f" else None
+            k = xp.argmax(win, axis=-1)
+            if nan is not None:
+                last_nan = win.shape[-1] - 1 - xp.argmax(nan[..., ::-1], axis=-1)
+                k = xp.where(nan.any(axis=-1), last_nan, k)
+            kw_ = w1 - w0
+            idx[:, :, i, j] = (h0 + k // kw_) * W + (w0 + k % kw_)
+    flat_idx = _wrap(idx.reshape(N, C, oh * ow))
+    out = x.reshape(N, C, H * W).gather(2, flat_idx).reshape(N, C, oh, ow)
+    ind = _wrap(idx)
+    if input.ndim == 3:
+        out, ind = out.squeeze(0), ind.squeeze(0)
+    return (out, ind) if return_indices else out
+
+
+def _as_2d(fn, input, *args, name):
+    if input.ndim not in (2, 3):
+        raise ShapeError(f"{name}: expected (N, C, L) or (C, L), got {fmt_shape(input.shape)}")
+    out = fn(input.unsqueeze(-2), *args)
+    return tuple(t.squeeze(-2) for t in out) if isinstance(out, tuple) else out.squeeze(-2)
+
+
+def _one(v, name):
+    t = (v,) if isinstance(v, int) else tuple(v)
+    if len(t) != 1:
+        raise ValueError(f"{name} must be an int or 1 int, got {v}")
+    return t[0]
+
+
+def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    """max_pool2d over (N, C, 1, L): PyTorch's 1-D max pooling (indices are positions along L)."""
+    k = _one(kernel_size, "max_pool1d: kernel_size")
+    s = k if stride is None else _one(stride, "max_pool1d: stride")
+    return _as_2d(max_pool2d, input, (1, k), (1, s), (0, _one(padding, "max_pool1d: padding")),
+                  (1, _one(dilation, "max_pool1d: dilation")), ceil_mode, return_indices, name="max_pool1d")
+
+
+def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+    """avg_pool2d over (N, C, 1, L)."""
+    k = _one(kernel_size, "avg_pool1d: kernel_size")
+    s = k if stride is None else _one(stride, "avg_pool1d: stride")
+    return _as_2d(avg_pool2d, input, (1, k), (1, s), (0, _one(padding, "avg_pool1d: padding")), ceil_mode,
+                  count_include_pad, name="avg_pool1d")
+
+
+def adaptive_avg_pool1d(input, output_size):
+    return _as_2d(adaptive_avg_pool2d, input, (1, _one(output_size, "adaptive_avg_pool1d: output_size")),
+                  name="adaptive_avg_pool1d")

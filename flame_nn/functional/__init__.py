@@ -4,7 +4,16 @@ from flame_core.ops.embedding import embedding
 from flame_core.ops.im2col import fold, unfold
 from flame_core.ops.indexing import one_hot, pad
 from flame_core.ops.linear import linear
-from flame_core.ops.pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d, max_unpool2d
+from flame_core.ops.pooling import (
+                                    adaptive_avg_pool1d,
+                                    adaptive_avg_pool2d,
+                                    adaptive_max_pool2d,
+                                    avg_pool1d,
+                                    avg_pool2d,
+                                    max_pool1d,
+                                    max_pool2d,
+                                    max_unpool2d,
+)
 
 from .activation import (
                          celu,
@@ -81,4 +90,5 @@ __all__ = ["conv2d", "conv2d_add", "conv2d_memory_format", "pad_conv2d", "conv1d
            "instance_norm", "group_norm_silu", "rms_norm", "add_layer_norm", "add_rms_norm", "joint_rms_norm",
            "batch_norm",
            "pixel_shuffle", "pixel_unshuffle",
-           "max_pool2d", "max_unpool2d", "avg_pool2d", "adaptive_avg_pool2d", "interpolate"]
+           "max_pool2d", "max_unpool2d", "avg_pool2d", "adaptive_avg_pool2d", "interpolate", "max_pool1d", "avg_pool1d",
+           "adaptive_avg_pool1d", "adaptive_max_pool2d"]

@@ -68,6 +68,16 @@ from .padding import (
                          ZeroPad3d,
 )
 from .pixel_shuffle import PixelShuffle, PixelUnshuffle
-from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d, MaxUnpool2d, Upsample
+from .pooling import (
+                      AdaptiveAvgPool1d,
+                      AdaptiveAvgPool2d,
+                      AdaptiveMaxPool2d,
+                      AvgPool1d,
+                      AvgPool2d,
+                      MaxPool1d,
+                      MaxPool2d,
+                      MaxUnpool2d,
+                      Upsample,
+)
 from .rnn import GRU, LSTM
 from .transformer import TransformerEncoder, TransformerEncoderLayer

@@ -290,6 +290,43 @@ def test_max_unpool2d_matches_pytorch(device, name):
     np.testing.assert_array_equal(npa(nn.MaxUnpool2d(k, s, p)(T(fx["x"], device), idx, size)), fx["out"])
 
 
+_POOL_MORE = {
+    "maxpool1d_k3s2p1": ("max_pool1d", nn.MaxPool1d, dict(kernel_size=3, stride=2, padding=1, return_indices=True)),
+    "maxpool1d_k2d2_ceil": ("max_pool1d", nn.MaxPool1d, dict(kernel_size=2, stride=2, dilation=2, ceil_mode=True,
+                                                             return_indices=True)),
+    "avgpool1d_k3s2p1": ("avg_pool1d", nn.AvgPool1d, dict(kernel_size=3, stride=2, padding=1, ceil_mode=True,
+                                                          count_include_pad=False)),
+    "adaptive_avg1d": ("adaptive_avg_pool1d", nn.AdaptiveAvgPool1d, dict(output_size=4)),
+    "adaptive_max2d": ("adaptive_max_pool2d", nn.AdaptiveMaxPool2d, dict(output_size=(3, 4), return_indices=True)),
+    "adaptive_max2d_up": ("adaptive_max_pool2d", nn.AdaptiveMaxPool2d, dict(output_size=(9, 10),
+                                                                            return_indices=True)),
+    "adaptive_max2d_ties": ("adaptive_max_pool2d", nn.AdaptiveMaxPool2d, dict(output_size=(4, 3),
+                                                                              return_indices=True)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_POOL_MORE))
+def test_1d_and_adaptive_pools_match_pytorch(device, name):
+    """max_pool1d / avg_pool1d / adaptive_avg_pool1d / adaptive_max_pool2d and their modules against PyTorch
+    (tests/fixtures/make_pooling_fixtures.py): values (NaNs where PyTorch has them), indices (first maximum; a NaN
+    window's last NaN) and the input gradient."""
+    from safetensors.numpy import load_file
+    fx = {k[len(name) + 1:]: v for k, v in load_file(_POOL_FIXTURE).items() if k.startswith(name + ".")}
+    fname, cls, kw = _POOL_MORE[name]
+    x = T(fx["x"], device, grad=True)
+    res = getattr(F, fname)(x, **kw)
+    out, idx = res if isinstance(res, tuple) else (res, None)
+    np.testing.assert_allclose(npa(out), fx["out"], rtol=1e-14, atol=1e-15)  # (NaNs compare equal)
+    if idx is not None:
+        assert idx.dtype == flame.int64
+        np.testing.assert_array_equal(idx.numpy(), fx["indices"])
+    out.backward(T(fx["go"], device))
+    np.testing.assert_allclose(npa(x.grad), fx["grad"], rtol=1e-14, atol=1e-15)
+    mod_kw = {k: v for k, v in kw.items()}
+    res2 = cls(**mod_kw)(T(fx["x"], device))
+    np.testing.assert_allclose(npa(res2[0] if isinstance(res2, tuple) else res2), fx["out"], rtol=1e-14, atol=1e-15)
+
+
 def test_max_unpool2d_refuses_bad_indices_and_sizes(device):
     x = T(np.ones((1, 1, 2, 2)), device)
     ok = flame.tensor(np.array([[[[0, 3], [8, 15]]]], np.int64), device=device)

@@ -815,3 +815,14 @@ def test_instance_norm_refusals_and_gradcheck(device, rng):
     x = T(rng.standard_normal((2, 2, 3, 2)), device, grad=True)
     w = T(rng.uniform(0.5, 1.5, 2), device, grad=True)
     assert gradcheck(lambda a, b: F.instance_norm(a, weight=b), (x, w))
+
+
+@given(H=st.integers(1, 7), W=st.integers(1, 7), oh=st.integers(1, 5), ow=st.integers(1, 5), seed=st.integers(0, 999))
+@settings(max_examples=10, deadline=None)
+def test_adaptive_max_pool_and_1d_pools_gradcheck(device, H, W, oh, ow, seed):
+    rng = np.random.default_rng(seed)
+    x = T(rng.permutation(2 * H * W).reshape(1, 2, H, W) * 0.1, device, grad=True)  # distinct values: no ties
+    assert gradcheck(lambda a: F.adaptive_max_pool2d(a, (oh, ow)), (x,))
+    v = T(rng.standard_normal((2, 3, H + 3)), device, grad=True)
+    assert gradcheck(lambda a: F.avg_pool1d(a, 2, 1, 1, count_include_pad=False), (v,))
+    assert gradcheck(lambda a: F.adaptive_avg_pool1d(a, oh), (v,))
