@@ -57,15 +57,21 @@ def _reflect(c, low2, high2):
     return E.where(even, extra + lo, (span - extra) + lo)
 
 
-def _compute(c, n, padding_mode, align_corners):
-    """Source coordinate along one axis after unnormalising and the padding mode (PyTorch's compute_coordinates)."""
-    c = _unnormalize(c, n, align_corners)
+def _padded(c, n, padding_mode, align_corners):
+    """A pixel coordinate along one axis through the padding mode (PyTorch's compute_coordinates, and for bicubic
+    each tap's get_value_bounded): border clips, reflection reflects then clips; 'zeros' leaves it (reads outside the
+    image give 0)."""
     if padding_mode == "border":
         return E.clamp(c, 0.0, n - 1.0)
     if padding_mode == "reflection":
         c = _reflect(c, 0.0, 2.0 * (n - 1)) if align_corners else _reflect(c, -1.0, 2.0 * n - 1.0)
         return E.clamp(c, 0.0, n - 1.0)
     return c
+
+
+def _compute(c, n, padding_mode, align_corners):
+    """Source coordinate along one axis: unnormalised, then through the padding mode."""
+    return _padded(_unnormalize(c, n, align_corners), n, padding_mode, align_corners)
 
 
 def _tap(flat, iy, ix, H, W):
@@ -120,8 +126,8 @@ def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corner
             row = None
             for b, wxb in zip(range(-1, 3), wx):
                 with flame.no_grad():
-                    tx = _pad_index(x0 + b, W, padding_mode, align)
-                    ty = _pad_index(y0 + a, H, padding_mode, align)
+                    tx = _padded(x0 + b, W, padding_mode, align)
+                    ty = _padded(y0 + a, H, padding_mode, align)
                 v = _tap(flat, ty, tx, H, W) * wxb.unsqueeze(1)
                 row = v if row is None else row + v
             v = row * wya.unsqueeze(1)
@@ -141,13 +147,3 @@ def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corner
            + _tap(flat, y0 + 1, x0, H, W) * w10 + _tap(flat, y0 + 1, x0 + 1, H, W) * w11)
     return out.to(input.dtype)
 
-
-def _pad_index(t, n, padding_mode, align_corners):
-    """A bicubic tap's integer coordinate through the padding mode (PyTorch's get_value_bounded): border clips,
-    reflection reflects then clips; 'zeros' leaves it (the tap reads 0 outside)."""
-    if padding_mode == "border":
-        return E.clamp(t, 0.0, n - 1.0)
-    if padding_mode == "reflection":
-        t = _reflect(t, 0.0, 2.0 * (n - 1)) if align_corners else _reflect(t, -1.0, 2.0 * n - 1.0)
-        return E.clamp(t, 0.0, n - 1.0)
-    return t
