@@ -19,9 +19,12 @@ from .. import backend
 from .. import checkpoint as _ckpt
 from ..amp import autocast_mode as _amp  # autocast hook (flame_core.amp)
 from ..autograd.function import Function
-from ..errors import DTypeError, FlameError, ShapeError, fmt_shape
+from ..errors import DTypeError, ShapeError, fmt_shape
 from ..kernels import attention as K
 from ..tensor import Tensor, _wrap, check_same_device
+from .creation import rand
+from .elementwise import where
+from .reduction import softmax
 
 
 def _to4(a, lead):
@@ -110,11 +113,15 @@ def _check_mask(op, attn_mask, full, what):
                          f"{fmt_shape(full)}")
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
     """softmax(query @ key^T * scale + mask) @ value, as torch.nn.functional.scaled_dot_product_attention.
 
     query (..., Lq, E), key (..., Lk, E), value (..., Lk, Ev) -> (..., Lq, Ev). scale defaults to 1 / sqrt(E).
-    dropout_p is accepted in torch's position; attention dropout is not implemented, so it must be 0.
+    attn_mask: bool (True = attend) or additive, broadcast to (..., Lq, Lk); is_causal: the top-left-aligned lower
+    triangle (as torch). dropout_p > 0 drops attention weights (each kept one scaled by 1 / (1 - p)) on a dense path
+    that materialises the (..., Lq, Lk) weights -- call it with dropout_p=0.0 outside training, as with torch.
+    enable_gqa: key / value with fewer heads (dimension -3) than the query, each shared by Hq / Hkv query heads.
     """
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, Tensor):
@@ -122,9 +129,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if t.ndim < 2:
             raise ShapeError(f"scaled_dot_product_attention: {name} needs at least 2 dims (L, E), got shape "
                              f"{fmt_shape(t.shape)}")
-    if dropout_p:
-        raise FlameError(f"scaled_dot_product_attention: dropout_p={dropout_p} is not supported (attention dropout "
-                         f"is not implemented); pass dropout_p=0.0")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"scaled_dot_product_attention: dropout_p must be in [0, 1], got {dropout_p}")
+    if enable_gqa:
+        key, value = _shared_kv_heads(query, key, value)
     if attn_mask is not None and is_causal:
         raise ValueError("scaled_dot_product_attention: pass either attn_mask or is_causal=True, not both "
                          "(as torch)")
@@ -149,7 +157,44 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if attn_mask is not None:
         _check_mask("scaled_dot_product_attention", attn_mask, lead + (qs[-2], ks[-2]), "(..., Lq, Lk)")
     scale = 1.0 / math.sqrt(qs[-1]) if scale is None else float(scale)
+    if dropout_p:
+        return _attention_with_dropout(query, key, value, attn_mask, bool(is_causal), scale, float(dropout_p))
     return ScaledDotProductAttention.apply(query, key, value, attn_mask, bool(is_causal), scale, lead)
+
+
+def _shared_kv_heads(query, key, value):
+    """enable_gqa: key and value repeated along their head dimension (-3) to the query's head count."""
+    if query.ndim < 3 or key.ndim < 3 or value.ndim < 3:
+        raise ShapeError(f"scaled_dot_product_attention: enable_gqa needs a head dimension (-3) in query, key and "
+                         f"value, got {fmt_shape(query.shape)}, {fmt_shape(key.shape)}, {fmt_shape(value.shape)}")
+    hq, hk, hv = query.shape[-3], key.shape[-3], value.shape[-3]
+    if hk != hv or hq % hk:
+        raise ShapeError(f"scaled_dot_product_attention: enable_gqa needs key and value with one head count that "
+                         f"divides the query's, got {hq} query, {hk} key and {hv} value heads")
+    if hq == hk:
+        return key, value
+    n = hq // hk
+    return key.repeat_interleave(n, dim=-3), value.repeat_interleave(n, dim=-3)
+
+
+def _attention_with_dropout(q, k, v, mask, is_causal, scale, p):
+    """The dense path for attention dropout: weights = dropout(softmax(q k^T scale + mask)) in float32 (half inputs),
+    then weights @ v -- a composition of differentiable ops."""
+    work = q.dtype if q.dtype.itemsize >= 4 else None
+    qf, kf = (q, k) if work is not None else (q.float(), k.float())
+    s = (qf @ kf.transpose(-2, -1)) * scale
+    Lq, Lk = s.shape[-2], s.shape[-1]
+    neg = float("-inf")
+    if is_causal:
+        causal = Tensor._from_array_copy(s._xp().asarray(np.tril(np.ones((Lq, Lk), dtype=bool))))
+        s = where(causal, s, neg)
+    if mask is not None:
+        s = where(mask, s, neg) if mask.dtype.name == "bool" else s + mask.to(s.dtype)
+    w = softmax(s, -1)
+    keep = rand(tuple(w.shape), dtype=w.dtype, device=w.device) >= p
+    w = w * (keep.to(w.dtype) * (0.0 if p >= 1.0 else 1.0 / (1.0 - p)))
+    return w.to(v.dtype) @ v
+
 
 
 def _split_heads(a, heads):

@@ -2,7 +2,7 @@
 
 need_weights=False runs through F.scaled_dot_product_attention (flash kernels on cuda). need_weights=True (PyTorch's
 default) must materialise the attention matrix to return it, so it computes softmax(QK^T / sqrt(d)) explicitly; so
-does attention dropout in training (SDPA does not implement dropout).
+does attention dropout in training (the weights are dropped before the product with V, as PyTorch's module does).
 """
 import math
 
@@ -107,7 +107,7 @@ class MultiheadAttention(Module):
         k = F.linear(key, wk, bk).reshape(N, S, H, D).transpose(1, 2)    # (N, H, S, D)
         v = F.linear(value, wv, bv).reshape(N, S, H, D).transpose(1, 2)  # (N, H, S, D)
         p = self.dropout if self.training else 0.0
-        explicit = need_weights or p > 0  # SDPA has no attention dropout: dropout needs the explicit weights
+        explicit = need_weights or p > 0  # dropout drops the explicit weights (PyTorch's module does the same)
         causal_in_mask = is_causal and (explicit or key_padding_mask is not None)
         mask = self._mask(attn_mask, key_padding_mask, N, L, S, q.dtype, query.device, causal_in_mask)
         weights = None

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import flame_core as flame
 from flame_core import backend
 from flame_core.autograd import gradcheck
-from flame_core.errors import DTypeError, FlameError, ShapeError
+from flame_core.errors import DTypeError, ShapeError
 from flame_core.kernels import attention as K
 from flame_core.kernels import launching, loader
 from flame_core.ops.attention import qkv_attention
@@ -214,11 +214,54 @@ def test_sdpa_errors():
         sdpa(q, k, v, attn_mask=flame.ones(4, 4, dtype=flame.bool))
     with pytest.raises(DTypeError, match="share a dtype"):
         sdpa(q, k.to(flame.float64), v)
-    with pytest.raises(FlameError, match="dropout"):
-        sdpa(q, k, v, dropout_p=0.1)
+    with pytest.raises(ValueError, match="dropout_p must be in"):
+        sdpa(q, k, v, dropout_p=1.5)
+    with pytest.raises(ShapeError, match="divides the query's"):
+        sdpa(flame.randn(1, 3, 4, 8), flame.randn(1, 2, 5, 8), flame.randn(1, 2, 5, 8), enable_gqa=True)
     with pytest.raises(ShapeError, match="broadcast"):
         K.flash_attention_forward(np.zeros((1, 2, 4, 8)), np.zeros((1, 2, 5, 8)), np.zeros((1, 2, 5, 8)),
                                   np.zeros((3, 4, 5), bool))
+
+
+def test_sdpa_enable_gqa_shares_key_value_heads(device, rng):
+    """enable_gqa: 2 key / value heads serve 6 query heads (each 3), as torch: the same as repeating them by hand."""
+    q = flame.tensor(rng.standard_normal((2, 6, 5, 8)), device=device)
+    k = flame.tensor(rng.standard_normal((2, 2, 7, 8)), device=device)
+    v = flame.tensor(rng.standard_normal((2, 2, 7, 4)), device=device)
+    got = sdpa(q, k, v, enable_gqa=True, is_causal=True)
+    want = sdpa(q, k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1), is_causal=True)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    o, _ = dense(q.numpy()[:, :1], k.numpy()[:, :1], v.numpy()[:, :1], causal=True)
+    np.testing.assert_allclose(got.numpy()[:, :1], o, rtol=1e-10)
+
+
+def test_sdpa_dropout_drops_attention_weights(device, rng):
+    """dropout_p > 0: the weights of a dense path dropped (kept ones scaled by 1 / (1 - p)): p = 1 gives zeros, a
+    fixed seed gives the same output and the same gradient (checked in float64), the mean over many draws approaches
+    the undropped output, and the masks (bool, additive, causal) still apply."""
+    q = flame.tensor(rng.standard_normal((1, 2, 4, 8)), device=device)
+    k = flame.tensor(rng.standard_normal((1, 2, 6, 8)), device=device)
+    v = flame.tensor(rng.standard_normal((1, 2, 6, 3)), device=device)
+    assert not sdpa(q, k, v, dropout_p=1.0).numpy().any()
+    flame.manual_seed(5)
+    a = sdpa(q, k, v, dropout_p=0.3).numpy()
+    flame.manual_seed(5)
+    np.testing.assert_array_equal(sdpa(q, k, v, dropout_p=0.3).numpy(), a)
+    mean = np.mean([sdpa(q, k, v, dropout_p=0.3).numpy() for _ in range(400)], axis=0)
+    np.testing.assert_allclose(mean, sdpa(q, k, v).numpy(), atol=0.15)
+    # tiny p: the weights are (almost surely) all kept -- the dense path equals the fused one, masks included
+    for kw in (dict(is_causal=True), dict(attn_mask=flame.tensor(rng.standard_normal((4, 6)), device=device)),
+               dict(attn_mask=flame.tensor(rng.random((1, 2, 4, 6)) > 0.3, device=device))):
+        if "attn_mask" in kw and kw["attn_mask"].dtype == flame.bool:
+            kw["attn_mask"][..., 0] = True
+        np.testing.assert_allclose(sdpa(q, k, v, dropout_p=1e-12, **kw).numpy(), sdpa(q, k, v, **kw).numpy(),
+                                   rtol=1e-10, atol=1e-12)
+
+    def seeded(a, b, c):
+        flame.manual_seed(11)
+        return sdpa(a, b, c, dropout_p=0.4)
+    args = tuple(flame.tensor(t.numpy(), dtype=flame.float64, device=device, requires_grad=True) for t in (q, k, v))
+    assert gradcheck(seeded, args)
 
 
 # ----------------------------------------------------------------------------- qkv_attention (packed projection)
