@@ -8,18 +8,12 @@ from .. import backend
 from ..autograd.function import Function
 from ..errors import ShapeError, fmt_shape
 from ..tensor import _wrap
-
-
-def _pair(v, name, op):
-    t = (v, v) if isinstance(v, int) else tuple(int(u) for u in v)
-    if len(t) != 2:
-        raise ValueError(f"{op}: {name} must be an int or 2 ints, got {v}")
-    return t
+from .pooling import _pair, _window  # (the same strided window slice of the padded image as the pools')
 
 
 def _geometry(op, H, W, kernel_size, dilation, padding, stride):
-    (kh, kw), (dh, dw) = _pair(kernel_size, "kernel_size", op), _pair(dilation, "dilation", op)
-    (ph, pw), (sh, sw) = _pair(padding, "padding", op), _pair(stride, "stride", op)
+    (kh, kw), (dh, dw) = _pair(kernel_size, f"{op}: kernel_size"), _pair(dilation, f"{op}: dilation")
+    (ph, pw), (sh, sw) = _pair(padding, f"{op}: padding"), _pair(stride, f"{op}: stride")
     if min(kh, kw, dh, dw, sh, sw) < 1 or min(ph, pw) < 0:
         raise ValueError(f"{op}: kernel_size, dilation and stride must be positive and padding non-negative, got "
                          f"{(kh, kw)}, {(dh, dw)}, {(sh, sw)}, {(ph, pw)}")
@@ -31,11 +25,6 @@ def _geometry(op, H, W, kernel_size, dilation, padding, stride):
     return dict(kh=kh, kw=kw, dh=dh, dw=dw, ph=ph, pw=pw, sh=sh, sw=sw, OH=oh, OW=ow, H=H, W=W)
 
 
-def _slice(a, g, i, j):
-    h0, w0 = i * g["dh"], j * g["dw"]
-    return a[:, :, h0:h0 + g["sh"] * (g["OH"] - 1) + 1:g["sh"], w0:w0 + g["sw"] * (g["OW"] - 1) + 1:g["sw"]]
-
-
 def _unfold_arr(a, g):
     xp = backend.xp_of(a)
     N, C = a.shape[:2]
@@ -43,7 +32,7 @@ def _unfold_arr(a, g):
     out = xp.empty((N, C, g["kh"], g["kw"], g["OH"], g["OW"]), dtype=a.dtype)
     for i in range(g["kh"]):
         for j in range(g["kw"]):
-            out[:, :, i, j] = _slice(p, g, i, j)
+            out[:, :, i, j] = _window(p, g, i, j)
     return out.reshape(N, C * g["kh"] * g["kw"], g["OH"] * g["OW"])
 
 
@@ -55,7 +44,7 @@ def _fold_arr(b, g):
     p = xp.zeros((N, C, g["H"] + 2 * g["ph"], g["W"] + 2 * g["pw"]), dtype=b.dtype)
     for i in range(g["kh"]):
         for j in range(g["kw"]):
-            _slice(p, g, i, j)[...] += blocks[:, :, i, j]
+            _window(p, g, i, j)[...] += blocks[:, :, i, j]
     return p[:, :, g["ph"]:g["ph"] + g["H"], g["pw"]:g["pw"] + g["W"]]
 
 
@@ -96,7 +85,7 @@ def fold(input, output_size, kernel_size, dilation=1, padding=0, stride=1):
     overlapping blocks are summed."""
     if input.ndim not in (2, 3):
         raise ShapeError(f"fold: expected (N, C * kh * kw, L) or (C * kh * kw, L), got {fmt_shape(input.shape)}")
-    H, W = _pair(output_size, "output_size", "fold")
+    H, W = _pair(output_size, "fold: output_size")
     x = input if input.ndim == 3 else input.unsqueeze(0)
     g = _geometry("fold", H, W, kernel_size, dilation, padding, stride)
     k = g["kh"] * g["kw"]

@@ -4,7 +4,6 @@ Windows are visited as KH*KW strided slices of the padded input (no index arrays
 backward adds the gradient back through the same slices (overlapping windows accumulate). max_unpool2d scatters each
 value to its flat index in a zero plane and gathers the gradient back.
 """
-import math
 
 import numpy as np
 
@@ -249,7 +248,8 @@ def max_unpool2d(input, indices, kernel_size, stride=None, padding=0, output_siz
         raise ValueError(f"max_unpool2d: the output would have size {out_hw}")
     ia = indices._data
     if ia.size:  # before any write: an index past the plane would raise inside NumPy / CuPy, or wrap around
-        lo, hi = int(ia.min()), int(ia.max())
+        xp = backend.xp_of(ia)
+        lo, hi = (int(v) for v in backend.to_numpy(xp.stack((ia.min(), ia.max()))))  # (one transfer on cuda)
         if lo < 0 or hi >= out_hw[0] * out_hw[1]:
             raise IndexError(f"max_unpool2d: indices range over [{lo}, {hi}], outside the {out_hw} output plane "
                              f"(0 .. {out_hw[0] * out_hw[1] - 1})")
@@ -269,13 +269,21 @@ def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, coun
     return _batched(run, input)
 
 
-def _adaptive_matrix(n_in, n_out, xp, dtype):
-    """(n_out, n_in) averaging matrix of PyTorch's adaptive pooling windows [floor(i*n/o), ceil((i+1)*n/o))."""
+def adaptive_windows(n_in, n_out):
+    """PyTorch's adaptive pooling windows [floor(i n / o), ceil((i + 1) n / o)) along one axis."""
+    return [((i * n_in) // n_out, -(-((i + 1) * n_in) // n_out)) for i in range(n_out)]
+
+
+def adaptive_weights(n_in, n_out):
+    """(n_out, n_in) float64 averaging matrix over the adaptive windows (adaptive_avg_pool, interpolate's 'area')."""
     m = np.zeros((n_out, n_in))
-    for i in range(n_out):
-        s, e = (i * n_in) // n_out, math.ceil((i + 1) * n_in / n_out)
+    for i, (s, e) in enumerate(adaptive_windows(n_in, n_out)):
         m[i, s:e] = 1.0 / (e - s)
-    return xp.asarray(m.astype(dtype))
+    return m
+
+
+def _adaptive_matrix(n_in, n_out, xp, dtype):
+    return xp.asarray(adaptive_weights(n_in, n_out).astype(dtype))
 
 
 def adaptive_avg_pool2d(input, output_size):
@@ -293,11 +301,6 @@ def adaptive_avg_pool2d(input, output_size):
     return (ph @ x @ pw.mT).to(input.dtype)
 
 
-def _windows(n_in, n_out):
-    """PyTorch's adaptive windows [floor(i n / o), ceil((i + 1) n / o)) along one axis."""
-    return [((i * n_in) // n_out, -(-((i + 1) * n_in) // n_out)) for i in range(n_out)]
-
-
 def adaptive_max_pool2d(input, output_size, return_indices=False):
     """The maximum over PyTorch's adaptive windows (its first position in row-major order; a NaN wins); with
     return_indices also the flat positions h * W + w (int64). The output gathers the input at those positions, so
@@ -313,8 +316,8 @@ def adaptive_max_pool2d(input, output_size, return_indices=False):
     a = x._data
     xp = backend.xp_of(a)
     idx = xp.empty((N, C, oh, ow), dtype=np.int64)
-    for i, (h0, h1) in enumerate(_windows(H, oh)):
-        for j, (w0, w1) in enumerate(_windows(W, ow)):
+    for i, (h0, h1) in enumerate(adaptive_windows(H, oh)):
+        for j, (w0, w1) in enumerate(adaptive_windows(W, ow)):
             win = a[:, :, h0:h1, w0:w1].reshape(N, C, -1)
             # argmax picks the first maximum; a NaN anywhere wins (PyTorch: val > max || isnan(val): its last NaN)
             nan = xp.isnan(win) if win.dtype.kind == "f" else None

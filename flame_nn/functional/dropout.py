@@ -6,38 +6,39 @@ from flame_core.autograd import no_grad
 from flame_core.ops.creation import rand
 
 
-def dropout(input, p=0.5, training=True, inplace=False, generator=None):
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
-    if not training or p == 0.0:
-        return input
+def _drop(input, p, inplace, mask_shape, generator):
+    """input times a mask of `mask_shape` (broadcast over the input): 0 with probability p, else 1 / (1 - p)."""
     with no_grad():
-        keep = rand(tuple(input.shape), dtype=input.dtype if input.dtype.itemsize >= 4 else None,
-                    device=input.device, generator=generator) >= p
+        keep = rand(mask_shape, dtype=input.dtype if input.dtype.itemsize >= 4 else None, device=input.device,
+                    generator=generator) >= p
         scale = keep.to(input.dtype) * (0.0 if p == 1.0 else 1.0 / (1.0 - p))
     if inplace:
         return input.mul_(scale)
     return input * scale
+
+
+def _check_p(name, p):
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"{name}dropout probability has to be between 0 and 1, but got {p}")
+
+
+def dropout(input, p=0.5, training=True, inplace=False, generator=None):
+    _check_p("", p)
+    if not training or p == 0.0:
+        return input
+    return _drop(input, p, inplace, tuple(input.shape), generator)
 
 
 def _feature_dropout(name, input, p, training, inplace, dims, generator=None):
     """Whole channels zeroed with probability p, the kept ones scaled by 1 / (1 - p): one draw per (sample, channel)
     of an input (N, C, *spatial) with `dims` spatial dimensions, or (C, *spatial) unbatched."""
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"{name}: dropout probability has to be between 0 and 1, but got {p}")
+    _check_p(f"{name}: ", p)
     if input.ndim not in (dims + 1, dims + 2):
         raise ValueError(f"{name}: expected a {dims + 1}-D (unbatched) or {dims + 2}-D input, got shape "
                          f"{tuple(input.shape)}")
     if not training or p == 0.0:
         return input
-    lead = input.ndim - dims
-    with no_grad():
-        keep = rand(tuple(input.shape[:lead]) + (1,) * dims, dtype=input.dtype if input.dtype.itemsize >= 4 else None,
-                    device=input.device, generator=generator) >= p
-        scale = keep.to(input.dtype) * (0.0 if p == 1.0 else 1.0 / (1.0 - p))
-    if inplace:
-        return input.mul_(scale)
-    return input * scale
+    return _drop(input, p, inplace, tuple(input.shape[:input.ndim - dims]) + (1,) * dims, generator)
 
 
 def dropout1d(input, p=0.5, training=True, inplace=False, generator=None):

@@ -14,7 +14,7 @@ import flame_core as flame
 from flame_core.errors import ShapeError, fmt_shape
 from flame_core.ops import elementwise as E
 
-_A = -0.75
+from .upsample import CUBIC_A, cubic_weights
 
 
 def affine_grid(theta, size, align_corners=False):
@@ -85,16 +85,6 @@ def _tap(flat, iy, ix, H, W):
     return v * inside.unsqueeze(1).to(v.dtype)
 
 
-def _cubic(t):
-    """The four cubic-convolution weights (taps -1, 0, 1, 2) at fraction t (differentiable in t)."""
-    def near(x):
-        return ((_A + 2) * x - (_A + 3)) * x * x + 1
-
-    def far(x):
-        return ((_A * x - 5 * _A) * x + 8 * _A) * x - 4 * _A
-    return far(t + 1.0), near(t), near(1.0 - t), far(2.0 - t)
-
-
 def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corners=None):
     """PyTorch's F.grid_sample for input (N, C, H, W) and grid (N, Ho, Wo, 2) -> (N, C, Ho, Wo); align_corners None
     means False, as in PyTorch."""
@@ -120,7 +110,7 @@ def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corner
         ix, iy = _unnormalize(gx, W, align), _unnormalize(gy, H, align)
         with flame.no_grad():
             x0, y0 = E.floor(ix), E.floor(iy)
-        wx, wy = _cubic(ix - x0), _cubic(iy - y0)
+        wx, wy = cubic_weights(ix - x0, CUBIC_A), cubic_weights(iy - y0, CUBIC_A)
         out = None
         for a, wya in zip(range(-1, 3), wy):
             row = None

@@ -6,16 +6,18 @@ gather along each spatial axis. The others are separable: one (n_out, n_in) weig
 the host with PyTorch's source-index rules (aten/src/ATen/native/UpSample.h, cpu/UpSampleKernel.cpp) and applied as a
 matmul along that axis, so the gradient is the transposed matrices' product (no kernel of its own).
 """
+import functools
 import math
 
 import numpy as np
 
 import flame_core as flame
 from flame_core.errors import ShapeError, fmt_shape
+from flame_core.ops.pooling import adaptive_weights
 
 _MODES = ("nearest", "nearest-exact", "linear", "bilinear", "trilinear", "bicubic", "area")
 _LINEAR_DIMS = {"linear": 1, "bilinear": 2, "trilinear": 3, "bicubic": 2}
-_CUBIC_A = -0.75      # PyTorch's bicubic (as OpenCV's)
+CUBIC_A = -0.75      # PyTorch's bicubic (as OpenCV's)
 _CUBIC_A_AA = -0.5    # PyTorch's antialiased bicubic (as Pillow's)
 
 
@@ -83,7 +85,7 @@ def _linear_matrix(n_in, n_out, factor, align_corners):
     return m
 
 
-def _cubic_weights(t, a):
+def cubic_weights(t, a):
     """The four cubic-convolution weights of taps -1, 0, 1, 2 at fraction t."""
     def near(x):  # |x| <= 1
         return ((a + 2) * x - (a + 3)) * x * x + 1
@@ -101,7 +103,7 @@ def _cubic_matrix(n_in, n_out, factor, align_corners):
     t = src - i0
     m = np.zeros((n_out, n_in))
     rows = np.arange(n_out)
-    for k, w in zip(range(-1, 3), _cubic_weights(t, _CUBIC_A)):
+    for k, w in zip(range(-1, 3), cubic_weights(t, CUBIC_A)):
         np.add.at(m, (rows, np.clip(i0 + k, 0, n_in - 1)), w)
     return m
 
@@ -128,15 +130,6 @@ def _aa_matrix(n_in, n_out, factor, align_corners, cubic):
         total = w.sum()
         if total != 0.0:
             m[i, lo:hi] = w / total
-    return m
-
-
-def _area_matrix(n_in, n_out):
-    """(n_out, n_in) averages over PyTorch's adaptive windows [floor(i n / o), ceil((i + 1) n / o))."""
-    m = np.zeros((n_out, n_in))
-    for i in range(n_out):
-        s, e = (i * n_in) // n_out, -(-((i + 1) * n_in) // n_out)
-        m[i, s:e] = 1.0 / (e - s)
     return m
 
 
@@ -188,13 +181,23 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
     acc = np.float32 if input.dtype.itemsize < 4 else input.dtype.np
     y = input.to(flame.float32) if input.dtype.itemsize < 4 else input
     for k, (s, o, f) in enumerate(zip(spatial, out, factors)):
-        if mode == "area":
-            m = _area_matrix(s, o)
-        elif antialias:
-            m = _aa_matrix(s, o, f, align, mode == "bicubic")
-        elif mode == "bicubic":
-            m = _cubic_matrix(s, o, f, align)
-        else:
-            m = _linear_matrix(s, o, f, align)
-        y = _along(y, flame.as_tensor(m.astype(acc), device=input.device), 2 + k)
+        m = _weights(mode, s, o, f, align, bool(antialias), np.dtype(acc))
+        y = _along(y, flame.as_tensor(m, device=input.device), 2 + k)
     return y.to(input.dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def _weights(mode, n_in, n_out, factor, align_corners, antialias, dtype):
+    """One axis's (n_out, n_in) weight matrix in `dtype`, built once per configuration (a training loop resizing
+    every step rebuilds nothing on the host); read-only, as it is shared."""
+    if mode == "area":
+        m = adaptive_weights(n_in, n_out)
+    elif antialias:
+        m = _aa_matrix(n_in, n_out, factor, align_corners, mode == "bicubic")
+    elif mode == "bicubic":
+        m = _cubic_matrix(n_in, n_out, factor, align_corners)
+    else:
+        m = _linear_matrix(n_in, n_out, factor, align_corners)
+    m = m.astype(dtype)
+    m.flags.writeable = False
+    return m

@@ -8,16 +8,51 @@ from ..empty_init import new_parameter
 from ..module import Module
 
 
-class ReLU(Module):
+class _Inplace(Module):
+    """An activation without parameters whose only option is `inplace`."""
+    fn = None
+
     def __init__(self, inplace=False):
         super().__init__()
         self.inplace = inplace
 
     def forward(self, input):
-        return F.relu(input, inplace=self.inplace)
+        return type(self).fn(input, inplace=self.inplace)
 
     def extra_repr(self):
         return "inplace=True" if self.inplace else ""
+
+
+class _Plain(Module):
+    """An activation without options."""
+    fn = None
+
+    def forward(self, input):
+        return type(self).fn(input)
+
+
+class ReLU(_Inplace):
+    fn = staticmethod(F.relu)
+
+
+class SiLU(_Inplace):
+    fn = staticmethod(F.silu)
+
+
+class Mish(_Inplace):
+    fn = staticmethod(F.mish)
+
+
+class Hardswish(_Inplace):
+    fn = staticmethod(F.hardswish)
+
+
+class Tanh(_Plain):
+    fn = staticmethod(F.tanh)
+
+
+class Sigmoid(_Plain):
+    fn = staticmethod(F.sigmoid)
 
 
 class GELU(Module):
@@ -32,28 +67,6 @@ class GELU(Module):
 
     def extra_repr(self):
         return f"approximate='{self.approximate}'"
-
-
-class SiLU(Module):
-    def __init__(self, inplace=False):
-        super().__init__()
-        self.inplace = inplace
-
-    def forward(self, input):
-        return F.silu(input, inplace=self.inplace)
-
-    def extra_repr(self):
-        return "inplace=True" if self.inplace else ""
-
-
-class Tanh(Module):
-    def forward(self, input):
-        return F.tanh(input)
-
-
-class Sigmoid(Module):
-    def forward(self, input):
-        return F.sigmoid(input)
 
 
 class Softmax(Module):
@@ -102,53 +115,6 @@ class Softplus(Module):
 
     def extra_repr(self):
         return f"beta={self.beta}, threshold={self.threshold}"
-
-
-class Mish(Module):
-    def __init__(self, inplace=False):
-        super().__init__()
-        self.inplace = inplace
-
-    def forward(self, input):
-        return F.mish(input, self.inplace)
-
-    def extra_repr(self):
-        return "inplace=True" if self.inplace else ""
-
-
-class Hardswish(Module):
-    def __init__(self, inplace=False):
-        super().__init__()
-        self.inplace = inplace
-
-    def forward(self, input):
-        return F.hardswish(input, self.inplace)
-
-    def extra_repr(self):
-        return "inplace=True" if self.inplace else ""
-
-
-class _Inplace(Module):
-    """An activation without parameters whose only option is `inplace`."""
-    fn = None
-
-    def __init__(self, inplace=False):
-        super().__init__()
-        self.inplace = inplace
-
-    def forward(self, input):
-        return type(self).fn(input, inplace=self.inplace)
-
-    def extra_repr(self):
-        return "inplace=True" if self.inplace else ""
-
-
-class _Plain(Module):
-    """An activation without options."""
-    fn = None
-
-    def forward(self, input):
-        return type(self).fn(input)
 
 
 class Hardtanh(Module):
