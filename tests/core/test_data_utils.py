@@ -77,8 +77,11 @@ class Failing(Dataset):
 
 
 class Slow(Dataset):
+    def __init__(self, n=100):
+        self.n = n
+
     def __len__(self):
-        return 100
+        return self.n
 
     def __getitem__(self, i):
         time.sleep(0.05)
@@ -329,18 +332,26 @@ def test_worker_error_is_raised_in_the_parent_and_workers_stop():
 def test_keyboard_interrupt_shuts_the_workers_down():
     # The simulated Ctrl-C runs its handler at the main thread's next bytecode; should that be inside a finalizer
     # run by a garbage collection of earlier tests' garbage, the KeyboardInterrupt is reported as "ignored" there and
-    # lost. The likely cause of this test's "DID NOT RAISE" in 2 of 6 full-suite runs (never alone; not reproduced):
-    # no collection while the interrupt is pending.
+    # lost: no collection while the interrupt is pending. The dataset is long (100 s of items) so that a timer thread
+    # delayed by a loaded machine still fires inside the loop (a 100-item dataset, 2.5 s, gave "DID NOT RAISE" in 3 of
+    # 8 full-suite runs on 2 busy cores, never alone); the message says when the timer fired and how far the loop got.
     gc.collect()
     gc.disable()
-    it = iter(DataLoader(Slow(), batch_size=1, num_workers=2))
+    it = iter(DataLoader(Slow(n=4000), batch_size=1, num_workers=2))
     next(it)
-    timer = threading.Timer(0.2, _thread.interrupt_main)
+    fired = []
+    timer = threading.Timer(0.2, lambda: (fired.append(time.monotonic()), _thread.interrupt_main()))
+    seen = 0
+    t0 = time.monotonic()
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
             for _ in it:
-                pass
+                seen += 1
+    except pytest.fail.Exception as e:
+        when = f"{fired[0] - t0:.2f} s" if fired else "never"
+        raise AssertionError(f"no KeyboardInterrupt: the timer fired after {when}, the loop ended after "
+                             f"{time.monotonic() - t0:.2f} s and {seen} batches") from e
     finally:
         timer.cancel()
         gc.enable()
