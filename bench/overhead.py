@@ -17,7 +17,11 @@ spread over the rounds (min, quartiles, max).
 `--split` adds as many rounds again, after those, that time a chain's forward and its backward apart (a device
 synchronize between them; the same interleaving, their own per-round ratios): which half an op's cost sits in. The
 whole-chain figure above never includes these rounds.
+`--chain linear` times another chain of 200 ops: 100 x (F.linear(y, W_i, b_i) then tanh) on a (16, 64) float32
+input, every W_i (64, 64) and b_i (64,) requiring grad: an eager MLP's host cost (GEMMs through cuBLAS / cuBLASLt,
+the weight and bias gradients), where the default chain (`elementwise`) has no GEMM.
 Run: PYTHONPATH=$PWD python3 bench/overhead.py [--rounds 15] [--chains 5] [--device all|cpu|cuda] [--split]
+     [--chain elementwise|linear]
 """
 import argparse
 import statistics
@@ -41,25 +45,39 @@ def chain(x):
     return y.sum()
 
 
-def _trial(x, sync, chains):
+def linear_chain(linear, layers):
+    """`--chain linear`: N_OPS ops, N_OPS / 2 times linear then tanh (linear: F.linear of FLAME or torch)."""
+    def run(x):
+        y = x
+        for w, b in layers:
+            y = linear(y, w, b).tanh()
+        return y.sum()
+    return run
+
+
+def _trial(side, chains):
     """Median µs/op over `chains` consecutive chains (forward + backward, synchronized)."""
+    x, sync, run, params = side[1:]
     out = []
     for _ in range(chains):
-        x.grad = None
+        for p in params:
+            p.grad = None
         t = time.perf_counter()
-        chain(x).backward()
+        run(x).backward()
         sync()
         out.append((time.perf_counter() - t) / N_OPS * 1e6)
     return statistics.median(out)
 
 
-def _split_trial(x, sync, chains):
+def _split_trial(side, chains):
     """(forward, backward) median µs/op over `chains` chains, a synchronize after each half."""
+    x, sync, run, params = side[1:]
     fw, bw = [], []
     for _ in range(chains):
-        x.grad = None
+        for p in params:
+            p.grad = None
         t0 = time.perf_counter()
-        y = chain(x)
+        y = run(x)
         sync()
         t1 = time.perf_counter()
         y.backward()
@@ -70,27 +88,36 @@ def _split_trial(x, sync, chains):
     return statistics.median(fw), statistics.median(bw)
 
 
-def _flame_side(device):
-    flame.manual_seed(0)
-    x = flame.randn(16, device=device, requires_grad=True)
+def _side(name, lib, linear, device, kind, sync):
+    """(name, x, sync, run, the tensors whose .grad a chain resets) for FLAME or torch (lib: the module)."""
+    lib.manual_seed(0)
+    if kind == "elementwise":
+        x = lib.randn(16, device=device, requires_grad=True)
+        return name, x, sync, chain, [x]
+    x = lib.randn(16, 64, device=device, requires_grad=True)
+    layers = [((lib.randn(64, 64, device=device) * 0.125).requires_grad_(),
+               (lib.randn(64, device=device) * 0.1).requires_grad_()) for _ in range(N_OPS // 2)]
+    return name, x, sync, linear_chain(linear, layers), [x] + [t for wb in layers for t in wb]
+
+
+def _flame_side(device, kind):
     if device == "cuda":
         import cupy
         sync = cupy.cuda.Device().synchronize
     else:
         def sync():
             pass
-    return x, sync
+    import flame_nn.functional as F
+    return _side("flame", flame, F.linear, device, kind, sync)
 
 
-def _torch_side(torch, device):
-    torch.manual_seed(0)
-    x = torch.randn(16, device=device, requires_grad=True)
+def _torch_side(torch, device, kind):
     if device == "cuda":
         sync = torch.cuda.synchronize
     else:
         def sync():
             pass
-    return x, sync
+    return _side("torch", torch, torch.nn.functional.linear if kind == "linear" else None, device, kind, sync)
 
 
 def _spread(values):
@@ -102,28 +129,27 @@ def _spread(values):
     return {"min": v[0], "q1": q1, "median": statistics.median(v), "q3": q3, "max": v[-1]}
 
 
-def interleaved(device, torch, rounds, chains, warmup=5, split=False):
+def interleaved(device, torch, rounds, chains, warmup=5, split=False, kind="elementwise"):
     """The A/B protocol of the docstring on one device; torch=None times FLAME alone. split: the forward / backward
-    rounds after the whole-chain ones (row["split"])."""
-    fx, fsync = _flame_side(device)
-    sides = [("flame", fx, fsync)]
+    rounds after the whole-chain ones (row["split"]). kind: the chain (`elementwise` or `linear`)."""
+    sides = [_flame_side(device, kind)]
     if torch is not None:
-        tx, tsync = _torch_side(torch, device)
-        sides.append(("torch", tx, tsync))
-    for _, x, sync in sides:  # warm-up: kernel compilation, caches, the memory pools' free lists
+        sides.append(_torch_side(torch, device, kind))
+    for _, x, sync, run, params in sides:  # warm-up: kernel compilation, caches, the memory pools' free lists
         for _ in range(warmup):
-            x.grad = None
-            chain(x).backward()
+            for p in params:
+                p.grad = None
+            run(x).backward()
         sync()
-    per = {name: [] for name, *_ in sides}
+    per = {side[0]: [] for side in sides}
     for r in range(rounds):
         order = sides if r % 2 == 0 else sides[::-1]
-        for name, x, sync in order:
-            per[name].append(_trial(x, sync, chains))
+        for side in order:
+            per[side[0]].append(_trial(side, chains))
     row = {"device": device, "flame_us_per_op": statistics.median(per["flame"]), "torch_us_per_op": None,
            "ratio": None, "ratio_of_medians": None, "ratio_spread": None, "flame_spread": _spread(per["flame"]),
            "torch_spread": None, "rounds": rounds, "chains_per_trial": chains, "flame_rounds": per["flame"],
-           "torch_rounds": None}
+           "torch_rounds": None, "chain": kind}
     if torch is not None:
         ratios = [f / t for f, t in zip(per["flame"], per["torch"])]
         row.update(torch_us_per_op=statistics.median(per["torch"]), ratio=statistics.median(ratios),
@@ -138,10 +164,10 @@ def interleaved(device, torch, rounds, chains, warmup=5, split=False):
 def _split_rounds(sides, rounds, chains):
     """Forward and backward µs/op per framework (medians over rounds) and, with torch, the medians of the per-round
     ratios FLAME / torch of each half."""
-    per = {name: [] for name, *_ in sides}
+    per = {side[0]: [] for side in sides}
     for r in range(rounds):
-        for name, x, sync in (sides if r % 2 == 0 else sides[::-1]):
-            per[name].append(_split_trial(x, sync, chains))
+        for side in (sides if r % 2 == 0 else sides[::-1]):
+            per[side[0]].append(_split_trial(side, chains))
     out = {}
     for name, vals in per.items():
         out[f"{name}_forward"] = statistics.median(v[0] for v in vals)
@@ -159,13 +185,15 @@ def main():
     ap.add_argument("--device", choices=("all", "cpu", "cuda"), default="all")
     ap.add_argument("--no-torch", action="store_true", help="time FLAME alone even when torch is importable")
     ap.add_argument("--split", action="store_true", help="also time the forward and the backward apart (more rounds)")
+    ap.add_argument("--chain", choices=("elementwise", "linear"), default="elementwise",
+                    help="the 200-op chain: scalar and elementwise ops (default) or 100 x (linear, tanh)")
     args = ap.parse_args()
     torch = None if args.no_torch else common.import_torch()
     cuda = flame.cuda_is_available()
-    res = common.Results("overhead")
+    res = common.Results("overhead" if args.chain == "elementwise" else f"overhead_{args.chain}")
     for dev in (d for d in ("cpu", "cuda") if args.device in ("all", d) and (d == "cpu" or cuda)):
         peer = torch if torch is not None and (dev == "cpu" or torch.cuda.is_available()) else None
-        res.log(dev, interleaved(dev, peer, args.rounds, args.chains, split=args.split))
+        res.log(dev, interleaved(dev, peer, args.rounds, args.chains, split=args.split, kind=args.chain))
     res.save()
     rows = []
     for dev in ("cpu", "cuda"):
@@ -176,8 +204,9 @@ def main():
                          round(r["ratio"] or float("nan"), 2),
                          f"[{sp['min']:.2f}, {sp['q1']:.2f}-{sp['q3']:.2f}, {sp['max']:.2f}]" if sp else "(no torch)"])
     print(common.table(["device", "FLAME us/op", "torch us/op", "ratio", "ratio spread"], rows,
-                       title=f"\n{N_OPS}-op chain, forward + backward, us/op; interleaved A/B, {args.rounds} rounds x "
-                             f"{args.chains} chains; ratio = median of per-round FLAME/torch ratios [min, q1-q3, max]"))
+                       title=f"\n{N_OPS}-op {args.chain} chain, forward + backward, us/op; interleaved A/B, "
+                             f"{args.rounds} rounds x {args.chains} chains; ratio = median of per-round FLAME/torch "
+                             f"ratios [min, q1-q3, max]"))
     if args.split:
         rows = []
         for dev in ("cpu", "cuda"):

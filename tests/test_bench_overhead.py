@@ -11,8 +11,10 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import overhead  # noqa: E402
 
 import flame_core as flame  # noqa: E402
+import flame_nn.functional as F  # noqa: E402
 
-PEER = types.SimpleNamespace(manual_seed=flame.manual_seed, randn=flame.randn)
+PEER = types.SimpleNamespace(manual_seed=flame.manual_seed, randn=flame.randn,
+                             nn=types.SimpleNamespace(functional=types.SimpleNamespace(linear=F.linear)))
 
 
 def test_split_rounds_time_both_halves_of_both_sides():
@@ -25,6 +27,18 @@ def test_split_rounds_time_both_halves_of_both_sides():
     # the halves of one chain add up to about a whole chain (the same code on both sides here)
     assert 0.3 < (sp["flame_forward"] + sp["flame_backward"]) / row["flame_us_per_op"] < 3
     assert "split" not in overhead.interleaved("cpu", None, rounds=1, chains=1, warmup=1)
+
+
+def test_the_linear_chain_trains_every_layer():
+    """--chain linear: 100 x (linear, tanh) on both sides; each trial resets and then fills every weight's and bias's
+    gradient (the chain's backward reaches them all)."""
+    row = overhead.interleaved("cpu", PEER, rounds=2, chains=1, warmup=1, kind="linear")
+    assert row["chain"] == "linear" and len(row["flame_rounds"]) == len(row["torch_rounds"]) == 2
+    assert all(v > 0 for v in row["flame_rounds"] + row["torch_rounds"])
+    name, x, sync, run, params = overhead._flame_side("cpu", "linear")
+    assert len(params) == 1 + 2 * (overhead.N_OPS // 2)
+    run(x).backward()
+    assert all(p.grad is not None and p.grad.shape == p.shape for p in params)
 
 
 def test_the_command_prints_the_split_table(tmp_path):

@@ -2,20 +2,25 @@
 
 Why not cupy.matmul: it multiplies bf16 only in 2-D, costs ~35 µs of host time per call, and refuses to run while
 a CUDA graph is being captured (CuPy's cuBLAS wrapper raises). FLAME calls the C functions of the libcublas CuPy
-already loaded, on CuPy's handle, through ctypes: the stream is set to the current CuPy stream on every call, the
-pointer mode to host, and the handle gets a workspace from FLAME's pool (cuBLAS then allocates nothing itself, which
-graph capture requires).
+already loaded, through ctypes, on a cuBLAS handle of its own per thread and device (nothing else calls cuBLAS on
+it): its pointer mode stays host (cuBLAS's default), and its stream is set only when the current CuPy stream is not
+the one it was last set to -- then its workspace, a block of FLAME's pool, is set again too, since cublasSetStream
+resets the workspace to cuBLAS's own pool (with FLAME's, cuBLAS allocates nothing itself, which graph capture
+requires). An eager call thus makes one cuBLAS call, not three (CuPy's shared handle needed the stream and pointer
+mode set at every call, as CuPy's own calls change them).
 
 Operands are passed without copies whenever each matrix is row- or column-major and the batch dims collapse into
 one stride (stride 0 for a broadcast operand); anything else is made contiguous. float32 runs in float32 (no TF32,
 as cupy.matmul); float16 / bfloat16 accumulate in float32 and round once.
 """
 import ctypes
+import threading
 
 import numpy as np
 
 from .. import backend
 from .. import dtypes as D
+from ..memory import recycle
 
 BF16 = np.dtype(D.bfloat16.np)
 OP_N, OP_T = 0, 1
@@ -25,7 +30,29 @@ _GEMM_DEFAULT = -1
 WORKSPACE_BYTES = 32 << 20
 _ONE, _ZERO = ctypes.c_float(1.0), ctypes.c_float(0.0)
 _lib = None
-_workspaces = {}  # cuBLAS handle -> the workspace array (kept alive for the handle's lifetime)
+_local = threading.local()   # .handles: {device id: _Handle} of this thread
+_nd = backend._cupy_ndarray if backend.cupy is not None else None
+_rc_on, _rc_take, _RC_MAX = recycle.on, recycle.take, recycle.MAX_NUMEL
+_FLAGS = _nd is not None and hasattr(_nd, "_c_contiguous")   # CuPy's internal contiguity flags (else .flags)
+
+
+class _Handle:
+    """A cuBLAS handle of FLAME's (one per thread and device), the stream it is set to and its workspace."""
+    __slots__ = ("ptr", "stream", "workspace")
+
+    def __init__(self, lib):
+        cp = backend.cupy
+        h = ctypes.c_void_p()
+        _check(lib.cublasCreate_v2(ctypes.byref(h)), "Create")
+        self.ptr = h.value
+        self.workspace = cp.empty(WORKSPACE_BYTES, dtype=np.uint8)
+        self.stream = None
+
+    def set_stream(self, lib, stream):
+        _check(lib.cublasSetStream_v2(self.ptr, stream), "SetStream")
+        # cublasSetStream resets the workspace to cuBLAS's own pool: FLAME's again
+        _check(lib.cublasSetWorkspace_v2(self.ptr, self.workspace.data.ptr, WORKSPACE_BYTES), "SetWorkspace")
+        self.stream = stream
 
 
 def supported(dtype):
@@ -54,13 +81,13 @@ def _libcublas():
     device.get_cublas_handle()
     lib = loaded_library("libcublas.so")
     vp, i, ll, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_size_t
+    lib.cublasCreate_v2.argtypes = [ctypes.POINTER(vp)]
     lib.cublasSetStream_v2.argtypes = [vp, vp]
-    lib.cublasSetPointerMode_v2.argtypes = [vp, i]
     lib.cublasSetWorkspace_v2.argtypes = [vp, vp, sz]
     lib.cublasGemmEx.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, vp, i, i, vp, vp, i, i, i, i]
     lib.cublasGemmStridedBatchedEx.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, ll, vp, i, i, ll, vp, vp, i, i, ll,
                                                i, i, i]
-    for fn in (lib.cublasSetStream_v2, lib.cublasSetPointerMode_v2, lib.cublasSetWorkspace_v2, lib.cublasGemmEx,
+    for fn in (lib.cublasCreate_v2, lib.cublasSetStream_v2, lib.cublasSetWorkspace_v2, lib.cublasGemmEx,
                lib.cublasGemmStridedBatchedEx):
         fn.restype = ctypes.c_int
     _lib = lib
@@ -72,30 +99,34 @@ def _check(status, what):
         raise RuntimeError(f"cuBLAS {what} failed with status {status}")
 
 
-def _handle():
+def _state():
+    """This thread's _Handle on the current device (made at its first use)."""
     cp = backend.cupy
-    from cupy.cuda import device
-    lib = _libcublas()
-    h = device.get_cublas_handle()
-    if h not in _workspaces:
-        ws = cp.empty(WORKSPACE_BYTES, dtype=np.uint8)
-        _check(lib.cublasSetWorkspace_v2(h, ws.data.ptr, WORKSPACE_BYTES), "SetWorkspace")
-        _workspaces[h] = ws
-    _check(lib.cublasSetStream_v2(h, cp.cuda.get_current_stream().ptr), "SetStream")
-    _check(lib.cublasSetPointerMode_v2(h, 0), "SetPointerMode")  # host scalars
-    return lib, h
+    dev = cp.cuda.runtime.getDevice()
+    try:
+        return _local.handles[dev]
+    except AttributeError:
+        _local.handles = {}
+    except KeyError:
+        pass
+    st = _local.handles[dev] = _Handle(_libcublas())
+    return st
+
+
+def _handle():
+    """(libcublas, FLAME's cuBLAS handle of this thread and device, set to the current CuPy stream)."""
+    st = _state()
+    stream = backend.cupy.cuda.get_current_stream().ptr
+    if st.stream != stream:
+        st.set_stream(_lib, stream)
+    return _lib, st.ptr
 
 
 def workspace():
-    """The workspace of the current thread's cuBLAS handle (allocated with it). cuBLASLt's calls (gemm_lt,
-    scaled_mm) use it too: calls on a stream run one after another, so one workspace serves both libraries, as in
-    PyTorch (32 MiB of the pool instead of 64)."""
-    from cupy.cuda import device
-    ws = _workspaces.get(device.get_cublas_handle())
-    if ws is None:
-        _handle()
-        ws = _workspaces[device.get_cublas_handle()]
-    return ws
+    """The workspace of this thread's cuBLAS handle on the current device (allocated with it). cuBLASLt's calls
+    (gemm_lt, scaled_mm) use it too: calls on a stream run one after another, so one workspace serves both libraries,
+    as in PyTorch (32 MiB of the pool instead of 64)."""
+    return _state().workspace
 
 
 def _batch_stride(x, nbatch):
@@ -137,6 +168,20 @@ def _prepare(x, nbatch):
     return x, lay[0], lay[1], bs
 
 
+def _prepare_2d(x):
+    """_prepare(x, 0) of a 2-D array, read off its contiguity flags where they decide it."""
+    if _FLAGS:
+        c, f = x._c_contiguous, x._f_contiguous
+    else:
+        fl = x.flags
+        c, f = fl.c_contiguous, fl.f_contiguous
+    if c:
+        return x, OP_N, max(x.shape[1], 1), 0
+    if f:
+        return x, OP_T, max(x.shape[0], 1), 0
+    return _prepare(x, 0)
+
+
 def _out_layout(out, shape, dtype):
     """ldc of a caller-given output: (M, N) with unit column stride and row stride >= N (a column block of a wider
     matrix is fine); batched outputs must be contiguous."""
@@ -170,7 +215,10 @@ def matmul(a, b, out=None, beta=0.0, alpha=1.0):
     plain = a.ndim == 2 and b.ndim == 2 and b.shape[0] == K
     batch = () if plain else tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
     if out is None:
-        out = cp.empty(batch + (M, N), dtype=a.dtype)
+        shape = batch + (M, N)
+        out = _rc_take(shape, a.dtype) if _rc_on[0] and M * N <= _RC_MAX and not batch else None
+        if out is None:
+            out = _nd(shape, a.dtype)
         ldc = N
     else:
         wide = out.dtype == np.float32 and a.dtype in (np.float16, BF16)
@@ -185,8 +233,8 @@ def matmul(a, b, out=None, beta=0.0, alpha=1.0):
         return out
     nb = len(batch)
     if plain:  # broadcast_to(a, a.shape) would be a view of a with its own strides: a itself
-        A, opA, lda, sA = _prepare(a, 0)
-        B, opB, ldb, sB = _prepare(b, 0)
+        A, opA, lda, sA = _prepare_2d(a)
+        B, opB, ldb, sB = _prepare_2d(b)
     else:
         A, opA, lda, sA = _prepare(cp.broadcast_to(a, batch + (M, K)), nb)
         B, opB, ldb, sB = _prepare(cp.broadcast_to(b, batch + (K, N)), nb)

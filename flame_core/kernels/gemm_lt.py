@@ -10,6 +10,9 @@ graph). Where cuBLASLt offers no algorithm the caller gets None and falls back t
     matmul_bias(a, b, bias)   a (M, K) @ b (K, N) + bias, each operand row- or column-major
     linear_bias(x, w, bias)   nn.Linear's x (..., K) @ w (N, K)^T + bias on C-contiguous arrays: the eager per-op
                               path (no transposed view, no reshapes); None where it does not apply
+    weight_bias_grad(g, x)    nn.Linear's backward dW = g^T x with the bias gradient g.sum(0) reduced inside the same
+                              matmul (CUBLASLT_EPILOGUE_BGRADB, as apex's / flash-attention's fused dense layers): no
+                              separate reduction and cast; None where it does not apply
 """
 import ctypes
 import os
@@ -21,6 +24,7 @@ from . import gemm
 
 _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER, _DESC_BIAS_DATA_TYPE = 3, 4, 7, 8, 26
 _EPILOGUE_BIAS = 4
+_EPILOGUE_BGRADB = 512   # the bias gradient: sums of cuBLASLt's B over k (one per column of D)
 _PREF_MAX_WORKSPACE_BYTES = 1
 _PREF_MIN_ALIGNMENT = (5, 6, 7, 8)   # A, B, C, D bytes (cuBLASLt assumes 256 unless told)
 _CUDA_R_32F = 0
@@ -94,12 +98,12 @@ def _plan(key, h):
     if key in _plans:
         return _plans[key]
     lib = _library()
-    dev, t, opB, opA, N, M, K, ldb, lda, ldc, aligns = key
+    dev, t, opB, opA, N, M, K, ldb, lda, ldc, aligns, epilogue = key
     desc = ctypes.c_void_p()
     _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), gemm._COMPUTE_32F, _CUDA_R_32F), "DescCreate")
     _set(lib, desc, _DESC_TRANSA, ctypes.c_int(opB))
     _set(lib, desc, _DESC_TRANSB, ctypes.c_int(opA))
-    _set(lib, desc, _DESC_EPILOGUE, ctypes.c_int(_EPILOGUE_BIAS))
+    _set(lib, desc, _DESC_EPILOGUE, ctypes.c_int(epilogue))
     _set(lib, desc, _DESC_BIAS_DATA_TYPE, ctypes.c_int(t))
     layouts = []
     # column-major view of row-major C = A @ B: C^T (N, M) = B^T (N, K) A^T (K, M); stored shapes follow the ops
@@ -162,11 +166,48 @@ def linear_bias(x, w, bias):
     pb, pa, po = w.data.ptr, x.data.ptr, out.data.ptr
     ao = _alignment(po)
     # cuBLASLt's A is w's memory read transposed (ld K), its B is x (ld K), C = D is out (ld N): see _plan
-    plan = _plan((dev, t, gemm.OP_T, gemm.OP_N, N, M, K, K, K, N, (_alignment(pb), _alignment(pa), ao, ao)), h)
+    plan = _plan((dev, t, gemm.OP_T, gemm.OP_N, N, M, K, K, K, N, (_alignment(pb), _alignment(pa), ao, ao),
+                  _EPILOGUE_BIAS), h)
     if plan is None:
         return None
     _matmul(plan, h, pb, pa, po, pbias, gemm.workspace().data.ptr)
     return out
+
+
+def weight_bias_grad(g, x):
+    """(dW, db) of nn.Linear's backward from the output gradient g (M, N) and the input x (M, K), C-contiguous cupy
+    arrays of one supported dtype: dW = g^T x (N, K) and db = g.sum(0) (N,), both from one cuBLASLt matmul whose
+    epilogue reduces g over the rows while it is read (float32 sums, rounded once). None where this does not apply
+    (N or K below 2, a misaligned operand, no algorithm): the caller takes a GEMM and a reduction."""
+    nd = _nd
+    if not ENABLED or type(g) is not nd or type(x) is not nd or not g._c_contiguous or not x._c_contiguous:
+        return None
+    dt = g.dtype
+    t = gemm._CUDA_TYPE.get(dt)
+    if t is None or x.dtype != dt or g.ndim != 2 or x.ndim != 2:
+        return None
+    M, N = g.shape
+    K = x.shape[1]
+    if N < 2 or K < 2 or M < 1 or x.shape[0] != M:
+        return None
+    dev = _get_device()
+    h = _handles.get(dev)
+    if h is None:
+        h = _handle(dev)[0]
+    dw = nd((N, K), dt)
+    db = nd((N,), dt)
+    pb, pa, po, pbias = x.data.ptr, g.data.ptr, dw.data.ptr, db.data.ptr
+    if pbias & 15:
+        return None
+    ao = _alignment(po)
+    # row-major dW = g^T @ x: cuBLASLt's A is x's memory (K, M column-major, op N), its B is g's (N, M column-major,
+    # op T: B = g, whose sums over k = M are the bias gradient), D is dW (K, N column-major, ld K)
+    plan = _plan((dev, t, gemm.OP_N, gemm.OP_T, K, N, M, K, N, K, (_alignment(pb), _alignment(pa), ao, ao),
+                  _EPILOGUE_BGRADB), h)
+    if plan is None:
+        return None
+    _matmul(plan, h, pb, pa, po, pbias, gemm.workspace().data.ptr)
+    return dw, db
 
 
 def _matmul(plan, h, pb, pa, po, pbias, ws):
@@ -204,7 +245,7 @@ def matmul_bias(a, b, bias):
     pb, pa, po = b.data.ptr, a.data.ptr, out.data.ptr
     ao = _alignment(po)
     aligns = (_alignment(pb), _alignment(pa), ao, ao)   # cuBLASLt's A is b's memory (see _plan); C is D
-    plan = _plan((dev, t, opB, opA, N, M, K, ldb, lda, N, aligns), h)
+    plan = _plan((dev, t, opB, opA, N, M, K, ldb, lda, N, aligns, _EPILOGUE_BIAS), h)
     if plan is None:
         return None
     _matmul(plan, h, pb, pa, po, bias.data.ptr, ws.data.ptr)

@@ -45,14 +45,41 @@ class Linear(Function):
 
     @staticmethod
     def backward(ctx, g):
-        # Tensor ops: runs without recording normally, and builds a graph under create_graph (double backward)
         x, w = ctx.saved_tensors
         nx, nw, nb = ctx.needs_input_grad
+        if not is_grad_enabled():   # the usual backward: on the arrays (no Tensor op, no node, no reshape Function)
+            return _linear_grads(g._data, x, w, ctx.x_shape, nx, nw, nb)
+        # create_graph (double backward): Tensor ops, which record
         g2 = g.reshape(-1, g.shape[-1])  # (M, out)
         dx = (g2 @ w).reshape(ctx.x_shape) if nx else None
         dw = g2.mT @ x.reshape(-1, x.shape[-1]) if nw else None
         db = g2.sum(0) if nb else None
         return dx, dw, db
+
+
+def _linear_grads(gd, x, w, x_shape, nx, nw, nb):
+    """Linear's (dx, dW, db) on arrays from the output gradient's array gd (..., out): dx = g W, dW = g^T x, db =
+    g.sum(0) (half types summed in float32); on cuda dW and db come from one cuBLASLt matmul where it applies
+    (gemm_lt.weight_bias_grad: the bias gradient reduced in the GEMM's epilogue)."""
+    g2 = gd.reshape(-1, gd.shape[-1])   # (M, out)
+    dx = dw = db = None
+    if nx:
+        dx = _wrap(_gemm(g2, w._data).reshape(x_shape))
+    if nw:
+        xd = x._data
+        x2 = xd.reshape(-1, xd.shape[-1])
+        pair = _cublas_lt.weight_bias_grad(g2, x2) if nb and backend.is_cuda_array(g2) else None
+        if pair is not None:
+            return dx, _wrap(pair[0]), _wrap(pair[1])
+        dw = _wrap(_gemm(g2.T, x2))
+    if nb:
+        xp = backend.xp_of(g2)
+        if g2.dtype.itemsize < 4:   # half types accumulate in float32, as Tensor.sum
+            db = xp.sum(g2, axis=0, dtype=_np.float32).astype(g2.dtype)
+        else:
+            db = xp.sum(g2, axis=0)
+        db = _wrap(db)
+    return dx, dw, db
 
 
 _LINEAR_DTYPES = frozenset(_np.dtype(d) for d in (_np.float16, _np.float32, _np.float64, _ml.bfloat16))

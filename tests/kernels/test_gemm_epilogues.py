@@ -142,3 +142,69 @@ def test_linear_bias_is_matmul_bias(lead, N, K, dtype, tol, rng):
     b2 = cp.empty(N + 1, dtype=dtype)[1:]
     b2[...] = bias
     assert gemm_lt.linear_bias(x, w, b2) is None
+
+
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("M,N,K", [(1, 2, 2), (7, 13, 5), (77, 96, 64), (130, 33, 300), (513, 257, 129)])
+def test_weight_bias_grad_is_the_weight_gradient_and_the_row_sum(M, N, K, dtype, tol, rng):
+    """gemm_lt.weight_bias_grad (nn.Linear's dW and db from one cuBLASLt matmul, the bias gradient in its BGRADB
+    epilogue) against float64 g^T x and g.sum(0); an offset (16-byte misaligned) gradient still gives right numbers
+    or None, never wrong ones."""
+    from flame_core.kernels import gemm_lt
+    g, x = rng.standard_normal((M, N)), rng.standard_normal((M, K))
+    got = gemm_lt.weight_bias_grad(_dev(g, dtype), _dev(x, dtype))
+    assert got is not None, "cuBLASLt offered no BGRADB algorithm for an aligned problem"
+    dw, db = got
+    assert dw.shape == (N, K) and db.shape == (N,) and dw.dtype == db.dtype == np.dtype(dtype)
+    gq, xq = g.astype(dtype).astype(np.float64), x.astype(dtype).astype(np.float64)
+    scale = np.sqrt(M)
+    np.testing.assert_allclose(_host(dw), gq.T @ xq, rtol=tol, atol=tol * scale)
+    np.testing.assert_allclose(_host(db), gq.sum(0), rtol=tol, atol=tol * scale)
+    buf = _dev(np.concatenate([np.zeros(M), g.ravel()]), dtype)[M - 1:M - 1 + M * N].reshape(M, N)  # odd offset
+    got = gemm_lt.weight_bias_grad(buf, _dev(x, dtype))
+    if got is not None:
+        np.testing.assert_allclose(_host(got[1]), _host(buf).sum(0), rtol=tol, atol=tol * scale)
+
+
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_backward_on_arrays_matches_the_graph_building_backward(dtype, tol, bias, rng):
+    """Linear's usual backward (on arrays; dW and db from one matmul where cuBLASLt has it) gives the gradients of
+    the create_graph backward (Tensor ops), within the dtype's rounding, for every needs_input_grad combination."""
+    import flame_nn.functional as F
+    fd = D.dtype(dtype)
+    x0, w0, b0, g0 = (rng.standard_normal(s) for s in ((3, 11, 40), (24, 40), (24,), (3, 11, 24)))
+    for need in ((True, True, True), (False, True, True), (True, False, False), (False, True, False)):
+        grads = []
+        for create_graph in (False, True):
+            x = flame.tensor(x0, device="cuda").to(fd).requires_grad_(need[0])
+            w = flame.tensor(w0, device="cuda").to(fd).requires_grad_(need[1])
+            b = flame.tensor(b0, device="cuda").to(fd).requires_grad_(need[2] and bias) if bias else None
+            y = F.linear(x, w, b)
+            leaves = [t for t in (x, w, b) if t is not None and t.requires_grad]
+            gs = flame.autograd.grad(y, leaves, flame.tensor(g0, device="cuda").to(fd), create_graph=create_graph)
+            grads.append([_host(t._data) for t in gs])
+        for a, c in zip(*grads):
+            np.testing.assert_allclose(a, c, rtol=tol, atol=tol * 4)
+
+
+def test_the_gemm_handle_follows_the_current_stream_and_keeps_its_workspace():
+    """FLAME's own cuBLAS handle (one per thread and device) is set to a stream only when the current stream changes,
+    and its workspace is set again then (cublasSetStream resets it): products on alternating streams, with CuPy's
+    own cuBLAS calls (its handle) in between, all give the references; the handle is not CuPy's."""
+    from flame_core.kernels import gemm
+    cp = backend.cupy
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((64, 48)).astype(np.float32), rng.standard_normal((48, 80)).astype(np.float32)
+    A, B = cp.asarray(a), cp.asarray(b)
+    s1, s2 = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    outs = []
+    for k in range(6):
+        with (s1 if k % 2 else s2):
+            outs.append(gemm.matmul(A, B))
+            assert gemm._state().stream == cp.cuda.get_current_stream().ptr
+            cp.matmul(A[:4], B)   # CuPy's own cuBLAS handle and stream setting
+    cp.cuda.Device().synchronize()
+    for o in outs:
+        np.testing.assert_allclose(cp.asnumpy(o), a @ b, rtol=1e-4, atol=1e-4)
+    assert gemm._state().ptr != cp.cuda.device.get_cublas_handle()
