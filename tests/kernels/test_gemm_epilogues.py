@@ -190,21 +190,24 @@ def test_linear_backward_on_arrays_matches_the_graph_building_backward(dtype, to
 
 def test_the_gemm_handle_follows_the_current_stream_and_keeps_its_workspace():
     """FLAME's own cuBLAS handle (one per thread and device) is set to a stream only when the current stream changes,
-    and its workspace is set again then (cublasSetStream resets it): products on alternating streams, with CuPy's
-    own cuBLAS calls (its handle) in between, all give the references; the handle is not CuPy's."""
+    and its workspace is set again then (cublasSetStream resets it): products on alternating streams (each waited for
+    before the next: one handle's workspace serves one stream at a time), with CuPy's own cuBLAS calls (its handle)
+    in between, all give the references; the handle is not CuPy's."""
     from flame_core.kernels import gemm
     cp = backend.cupy
     rng = np.random.default_rng(5)
     a, b = rng.standard_normal((64, 48)).astype(np.float32), rng.standard_normal((48, 80)).astype(np.float32)
     A, B = cp.asarray(a), cp.asarray(b)
+    cp.cuda.Device().synchronize()
     s1, s2 = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
     outs = []
     for k in range(6):
-        with (s1 if k % 2 else s2):
+        s = s1 if k % 2 else s2
+        with s:
             outs.append(gemm.matmul(A, B))
-            assert gemm._state().stream == cp.cuda.get_current_stream().ptr
+            assert gemm._state().stream == s.ptr
             cp.matmul(A[:4], B)   # CuPy's own cuBLAS handle and stream setting
-    cp.cuda.Device().synchronize()
+        s.synchronize()
     for o in outs:
         np.testing.assert_allclose(cp.asnumpy(o), a @ b, rtol=1e-4, atol=1e-4)
     assert gemm._state().ptr != cp.cuda.device.get_cublas_handle()
