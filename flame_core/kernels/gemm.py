@@ -168,6 +168,13 @@ def _prepare(x, nbatch):
     return x, lay[0], lay[1], bs
 
 
+def new_output(shape, numel, dtype):
+    """A new C-contiguous cupy array for a product's output: a small one (numel within the bin's bound) from the bin
+    of small dead arrays when it holds one of this shape (memory.recycle), else a new array from the pool."""
+    out = _rc_take(shape, dtype) if _rc_on[0] and numel <= _RC_MAX else None
+    return _nd(shape, dtype) if out is None else out
+
+
 def _prepare_2d(x):
     """_prepare(x, 0) of a 2-D array, read off its contiguity flags where they decide it."""
     if _FLAGS:
@@ -215,10 +222,7 @@ def matmul(a, b, out=None, beta=0.0, alpha=1.0):
     plain = a.ndim == 2 and b.ndim == 2 and b.shape[0] == K
     batch = () if plain else tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
     if out is None:
-        shape = batch + (M, N)
-        out = _rc_take(shape, a.dtype) if _rc_on[0] and M * N <= _RC_MAX and not batch else None
-        if out is None:
-            out = _nd(shape, a.dtype)
+        out = new_output(batch + (M, N), M * N if not batch else _RC_MAX + 1, a.dtype)
         ldc = N
     else:
         wide = out.dtype == np.float32 and a.dtype in (np.float16, BF16)

@@ -162,7 +162,7 @@ def linear_bias(x, w, bias):
     h = _handles.get(dev)
     if h is None:
         h = _handle(dev)[0]
-    out = nd(x.shape[:-1] + (N,), dt)
+    out = gemm.new_output(x.shape[:-1] + (N,), M * N, dt)
     pb, pa, po = w.data.ptr, x.data.ptr, out.data.ptr
     ao = _alignment(po)
     # cuBLASLt's A is w's memory read transposed (ld K), its B is x (ld K), C = D is out (ld N): see _plan
@@ -194,8 +194,8 @@ def weight_bias_grad(g, x):
     h = _handles.get(dev)
     if h is None:
         h = _handle(dev)[0]
-    dw = nd((N, K), dt)
-    db = nd((N,), dt)
+    dw = gemm.new_output((N, K), N * K, dt)
+    db = gemm.new_output((N,), N, dt)
     pb, pa, po, pbias = x.data.ptr, g.data.ptr, dw.data.ptr, db.data.ptr
     if pbias & 15:
         return None
