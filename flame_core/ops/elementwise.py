@@ -522,7 +522,8 @@ Sigmoid = _unary("Sigmoid", _in_f32(lambda xp, a: 0.5 * (xp.tanh(a * 0.5) + 1)),
 Relu = _unary("Relu", lambda xp, a: xp.maximum(a, 0).astype(a.dtype), lambda g, x, y: g * (y > 0).to(g.dtype),
               saves="y", fused="relu_bwd")
 Abs = _unary("Abs", lambda xp, a: xp.abs(a), lambda g, x, y: g * sign(x), fused="abs_bwd")
-Sign = _unary("Sign", lambda xp, a: xp.sign(a), lambda g, x, y: g * 0, saves="")
+Sign = _unary("Sign", lambda xp, a: xp.where(xp.isnan(a), 0, xp.sign(a)).astype(a.dtype, copy=False),
+              lambda g, x, y: g * 0, saves="")   # sign(NaN) = 0, as PyTorch's
 Floor = _unary("Floor", lambda xp, a: xp.floor(a), lambda g, x, y: g * 0, saves="")
 Ceil = _unary("Ceil", lambda xp, a: xp.ceil(a), lambda g, x, y: g * 0, saves="")
 Round = _unary("Round", lambda xp, a: xp.round(a), lambda g, x, y: g * 0, saves="")
