@@ -29,6 +29,31 @@ from .dtypes import int as int  # noqa: PLC0414
 from .errors import AutogradError, DeviceError, DTypeError, FlameError, OutOfMemoryError, ShapeError
 from .memory_formats import channels_last, contiguous_format, memory_format, preserve_format
 from .ops.activation import gelu, silu, softplus
+from .ops.arrangement import (
+    atleast_1d,
+    atleast_2d,
+    atleast_3d,
+    broadcast_tensors,
+    cartesian_prod,
+    column_stack,
+    diff,
+    dsplit,
+    dstack,
+    fliplr,
+    flipud,
+    hsplit,
+    hstack,
+    meshgrid,
+    rot90,
+    row_stack,
+    take_along_dim,
+    tile,
+    tril_indices,
+    triu_indices,
+    vsplit,
+    vstack,
+)
+from .ops.binning import bincount, bucketize, histc, isin, searchsorted
 from .ops.creation import (
     arange,
     as_tensor,
@@ -110,9 +135,60 @@ from .ops.elementwise import (
 from .ops.indexing import gather, index_select, masked_fill, masked_select, nonzero, one_hot, pad, scatter_add
 from .ops.info import is_tensor, numel
 from .ops.linalg import bmm, dot, einsum, matmul, mm, outer
+from .ops.math_ops import (
+    acos,
+    acosh,
+    addcdiv,
+    addcmul,
+    arctan2,
+    asin,
+    asinh,
+    atan,
+    atan2,
+    atanh,
+    copysign,
+    cosh,
+    deg2rad,
+    erfc,
+    erfinv,
+    exp2,
+    expm1,
+    float_power,
+    fmax,
+    fmin,
+    frac,
+    heaviside,
+    hypot,
+    log2,
+    log10,
+    logaddexp,
+    logit,
+    nan_to_num,
+    positive,
+    rad2deg,
+    sgn,
+    signbit,
+    sinc,
+    sinh,
+    tan,
+    xlogy,
+)
 from .ops.matrix import addmm, baddbmm, diag, diag_embed, diagonal, trace
 from .ops.numpy_names import NAMES as _NUMPY_NAMED
 from .ops.numpy_names import with_numpy_names as _with_numpy_names
+from .ops.order_stats import (
+    aminmax,
+    cummax,
+    cummin,
+    kthvalue,
+    median,
+    nanmean,
+    nanmedian,
+    nanquantile,
+    nansum,
+    quantile,
+)
+from .ops.products import block_diag, cross, inner, kron, tensordot
 from .ops.reduction import (
     all,
     amax,
@@ -136,6 +212,7 @@ from .ops.reduction import (
     var,
     var_mean,
 )
+from .ops.sampling import bernoulli, multinomial, normal
 from .ops.scatter import index_add, scatter, scatter_reduce
 from .ops.shape import (
     broadcast_shapes,

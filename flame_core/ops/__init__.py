@@ -138,6 +138,55 @@ def _install_torch_names(T):
     T.cumprod_ = with_numpy_names(lambda self, dim, *, dtype=None: apply_inplace(
         self, lambda t: R.cumprod(t, dim, dtype=dtype)))
     scatter.install_methods(T)
+    _install_math_methods(T)
+
+
+def _install_math_methods(T):
+    """The math functions, order statistics, arranging helpers and draws of PyTorch's Tensor methods (issue 48's
+    PyTorch surface: math_ops, order_stats, arrangement, products, binning, sampling)."""
+    from . import arrangement as AR
+    from . import binning as B
+    from . import math_ops as MO
+    from . import order_stats as OS
+    from . import products as P
+    from . import sampling as SA
+    from .inplace import apply_inplace
+    methods = dict(
+        tan=MO.tan, asin=MO.asin, acos=MO.acos, atan=MO.atan, arcsin=MO.asin, arccos=MO.acos, arctan=MO.atan,
+        sinh=MO.sinh, cosh=MO.cosh, asinh=MO.asinh, acosh=MO.acosh, atanh=MO.atanh, arcsinh=MO.asinh,
+        arccosh=MO.acosh, arctanh=MO.atanh, expm1=MO.expm1, exp2=MO.exp2, log2=MO.log2, log10=MO.log10,
+        erfc=MO.erfc, erfinv=MO.erfinv, logit=MO.logit, sinc=MO.sinc, nan_to_num=MO.nan_to_num, frac=MO.frac,
+        deg2rad=MO.deg2rad, rad2deg=MO.rad2deg, sgn=MO.sgn, signbit=MO.signbit, positive=MO.positive,
+        atan2=MO.atan2, arctan2=MO.atan2, hypot=MO.hypot, xlogy=MO.xlogy, logaddexp=MO.logaddexp,
+        copysign=MO.copysign, fmax=MO.fmax, fmin=MO.fmin, float_power=MO.float_power, heaviside=MO.heaviside,
+        addcmul=MO.addcmul, addcdiv=MO.addcdiv,
+        median=OS.median, nanmedian=OS.nanmedian, quantile=OS.quantile, nanquantile=OS.nanquantile,
+        kthvalue=OS.kthvalue, cummax=OS.cummax, cummin=OS.cummin, aminmax=OS.aminmax, nansum=OS.nansum,
+        nanmean=OS.nanmean, var_mean=R.var_mean,
+        diff=AR.diff, tile=AR.tile, fliplr=AR.fliplr, flipud=AR.flipud, rot90=AR.rot90, hsplit=AR.hsplit,
+        vsplit=AR.vsplit, dsplit=AR.dsplit, take_along_dim=AR.take_along_dim,
+        kron=P.kron, inner=P.inner, cross=P.cross,
+        bincount=B.bincount, histc=B.histc, isin=B.isin,
+        bernoulli=SA.bernoulli, multinomial=SA.multinomial,
+    )
+    for name, fn in methods.items():
+        setattr(T, name, with_numpy_names(fn) if name in _NUMPY_NAMED else fn)
+    for name in ("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "expm1", "exp2",
+                 "log2", "log10", "erfc", "erfinv", "sinc", "frac", "deg2rad", "rad2deg", "sgn"):
+        setattr(T, name + "_", (lambda f: lambda self: apply_inplace(self, f))(methods[name]))
+    T.logit_ = lambda self, eps=None: apply_inplace(self, lambda t: MO.logit(t, eps))
+    T.nan_to_num_ = lambda self, nan=0.0, posinf=None, neginf=None: apply_inplace(
+        self, lambda t: MO.nan_to_num(t, nan, posinf, neginf))
+    T.atan2_ = lambda self, other: apply_inplace(self, MO.atan2, other)
+    T.hypot_ = lambda self, other: apply_inplace(self, MO.hypot, other)
+    T.xlogy_ = lambda self, other: apply_inplace(self, MO.xlogy, other)
+    T.copysign_ = lambda self, other: apply_inplace(self, MO.copysign, other)
+    T.float_power_ = lambda self, exponent: apply_inplace(self, MO.float_power, exponent)
+    T.addcmul_ = lambda self, tensor1, tensor2, *, value=1: apply_inplace(
+        self, lambda t, a, b: MO.addcmul(t, a, b, value=value), tensor1, tensor2)
+    T.addcdiv_ = lambda self, tensor1, tensor2, *, value=1: apply_inplace(
+        self, lambda t, a, b: MO.addcdiv(t, a, b, value=value), tensor1, tensor2)
+    T.bernoulli_ = SA.bernoulli_
 
 
 _install()

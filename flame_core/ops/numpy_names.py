@@ -10,7 +10,8 @@ NAMES = ("sum", "mean", "var", "std", "var_mean", "max", "min", "amax", "amin", 
          "logsumexp", "all", "any", "cumsum", "cumprod", "softmax", "log_softmax", "count_nonzero",
          "squeeze", "unsqueeze", "chunk", "tensor_split", "unbind", "narrow", "select", "repeat_interleave",
          "cat", "concat", "concatenate", "stack", "gather", "scatter_add", "index_select", "sort", "argsort", "topk",
-         "scatter", "scatter_reduce", "index_add")
+         "scatter", "scatter_reduce", "index_add", "median", "nanmedian", "kthvalue", "cummax", "cummin", "nansum",
+         "nanmean", "aminmax")
 _ALIASES = (("axis", "dim"), ("keepdims", "keepdim"))
 _wrapped = {}
 

@@ -1,0 +1,112 @@
+"""Hypothesis gradient checks (float64 central differences) for the differentiable ops of flame_core.ops.math_ops
+and order_stats: random shapes (0-d and size-1 dims included), broadcasting for the two-operand ones, non-contiguous
+inputs; domains kept away from poles and kinks (the golden test checks the edges themselves against PyTorch)."""
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import flame_core as flame
+from flame_core.autograd import gradcheck
+
+shapes = st.lists(st.integers(1, 4), min_size=0, max_size=3).map(tuple)
+nonempty = st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple)
+
+
+def _t(rng, shape, device, lo, hi, noncontig=False):
+    a = rng.uniform(lo, hi, size=shape)
+    if noncontig and len(shape) >= 2:
+        t = flame.tensor(np.ascontiguousarray(np.swapaxes(a, -1, -2)), dtype=flame.float64, device=device)
+        return t.transpose(-1, -2).detach().requires_grad_()
+    return flame.tensor(a, dtype=flame.float64, device=device, requires_grad=True)
+
+
+UNARY = {
+    "tan": (flame.tan, (-1.2, 1.2)),
+    "asin": (flame.asin, (-0.9, 0.9)),
+    "acos": (flame.acos, (-0.9, 0.9)),
+    "atan": (flame.atan, (-3.0, 3.0)),
+    "sinh": (flame.sinh, (-2.0, 2.0)),
+    "cosh": (flame.cosh, (-2.0, 2.0)),
+    "asinh": (flame.asinh, (-3.0, 3.0)),
+    "acosh": (flame.acosh, (1.1, 4.0)),
+    "atanh": (flame.atanh, (-0.9, 0.9)),
+    "expm1": (flame.expm1, (-2.0, 2.0)),
+    "exp2": (flame.exp2, (-2.0, 2.0)),
+    "log2": (flame.log2, (0.2, 3.0)),
+    "log10": (flame.log10, (0.2, 3.0)),
+    "erfc": (flame.erfc, (-2.0, 2.0)),
+    "erfinv": (flame.erfinv, (-0.9, 0.9)),
+    "sinc": (flame.sinc, (-2.0, 2.0)),
+    "logit": (flame.logit, (0.05, 0.95)),
+    "logit_eps": (lambda x: flame.logit(x, eps=0.01), (0.05, 0.95)),
+    "nan_to_num": (flame.nan_to_num, (-2.0, 2.0)),
+    "frac": (lambda x: flame.frac(x * 0.4 + 0.3), (-0.6, 0.6)),
+    "nansum": (lambda x: flame.nansum(x, dim=-1) if x.ndim else flame.nansum(x), (-2.0, 2.0)),
+    "nanmean": (lambda x: flame.nanmean(x), (-2.0, 2.0)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+@given(shape=shapes, noncontig=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_unary_gradcheck(device, name, shape, noncontig, seed):
+    fn, (lo, hi) = UNARY[name]
+    x = _t(np.random.default_rng(seed), shape, device, lo, hi, noncontig)
+    assert gradcheck(fn, (x,))
+
+
+BINARY = {
+    "atan2": (flame.atan2, (-2.0, 2.0), (0.3, 2.0)),
+    "hypot": (flame.hypot, (0.3, 2.0), (-2.0, -0.3)),
+    "xlogy": (flame.xlogy, (-2.0, 2.0), (0.3, 2.0)),
+    "logaddexp": (flame.logaddexp, (-3.0, 3.0), (-3.0, 3.0)),
+    "copysign": (flame.copysign, (0.3, 2.0), (-2.0, 2.0)),
+    "fmax": (flame.fmax, (-2.0, -0.1), (0.1, 2.0)),
+    "fmin": (flame.fmin, (-2.0, -0.1), (0.1, 2.0)),
+    "float_power": (flame.float_power, (0.3, 2.0), (-1.5, 1.5)),
+    "addcmul": (lambda a, b: flame.addcmul(a, b, a, value=0.3), (-2.0, 2.0), (-2.0, 2.0)),
+    "addcdiv": (lambda a, b: flame.addcdiv(b, a, b, value=-0.7), (-2.0, 2.0), (0.4, 2.0)),
+}
+
+
+@st.composite
+def broadcast_pair(draw):
+    shape = draw(nonempty)
+    other = [1 if draw(st.booleans()) else n for n in shape]
+    return shape, tuple(other[draw(st.integers(0, len(other))):])
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+@given(pair=broadcast_pair(), swap=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_binary_gradcheck_broadcast(device, name, pair, swap, seed):
+    fn, da, db = BINARY[name]
+    sa, sb = pair if not swap else pair[::-1]
+    rng = np.random.default_rng(seed)
+    assert gradcheck(fn, (_t(rng, sa, device, *da), _t(rng, sb, device, *db)))
+
+
+def _distinct(rng, shape, device):
+    """Values with gaps of at least 0.05 between any two (order statistics are then smooth under eps)."""
+    n = int(np.prod(shape)) if shape else 1
+    vals = rng.permutation(n) * 0.1 + rng.uniform(-0.02, 0.02, n)
+    return flame.tensor(vals.reshape(shape), dtype=flame.float64, device=device, requires_grad=True)
+
+
+ORDER = {
+    "median": lambda x, d: flame.median(x, d).values if d is not None else flame.median(x),
+    "nanmedian": lambda x, d: flame.nanmedian(x, d).values if d is not None else flame.nanmedian(x),
+    "kthvalue": lambda x, d: flame.kthvalue(x, 1, d if d is not None else -1).values,
+    "quantile": lambda x, d: flame.quantile(x, 0.37, d),
+    "quantile_midpoint": lambda x, d: flame.quantile(x, 0.37, d, interpolation="midpoint"),
+    "nanquantile_vec": lambda x, d: flame.nanquantile(x, flame.tensor([0.1, 0.9], dtype=flame.float64), d),
+    "cummax": lambda x, d: flame.cummax(x, d if d is not None else 0).values,
+    "cummin": lambda x, d: flame.cummin(x, d if d is not None else 0).values,
+}
+
+
+@pytest.mark.parametrize("name", sorted(ORDER))
+@given(shape=nonempty, pick=st.integers(0, 3), seed=st.integers(0, 2 ** 16))
+def test_order_statistics_gradcheck(device, name, shape, pick, seed):
+    dim = None if pick == 3 else pick % len(shape)
+    x = _distinct(np.random.default_rng(seed), shape, device)
+    assert gradcheck(lambda t: ORDER[name](t, dim), (x,))
