@@ -27,6 +27,8 @@ from .dtypes import bool_ as bool  # noqa: PLC0414
 from .dtypes import float as float  # noqa: PLC0414  (flame.float is float32, as torch.float)
 from .dtypes import int as int  # noqa: PLC0414
 from .errors import AutogradError, DeviceError, DTypeError, FlameError, OutOfMemoryError, ShapeError
+from .linalg import det, logdet, matrix_power, pinverse, slogdet
+from .linalg import inv as inverse
 from .memory_formats import channels_last, contiguous_format, memory_format, preserve_format
 from .ops.activation import gelu, silu, softplus
 from .ops.arrangement import (

@@ -110,3 +110,39 @@ def test_order_statistics_gradcheck(device, name, shape, pick, seed):
     dim = None if pick == 3 else pick % len(shape)
     x = _distinct(np.random.default_rng(seed), shape, device)
     assert gradcheck(lambda t: ORDER[name](t, dim), (x,))
+
+
+def _spd(X):
+    n = X.shape[-1]
+    return X @ X.mT + n * flame.eye(n, dtype=X.dtype, device=X.device)
+
+
+LINALG = {
+    "det": (lambda X: flame.linalg.det(X), "square"),
+    "slogdet": (lambda X: flame.linalg.slogdet(X).logabsdet, "square"),
+    "cholesky": (lambda X: flame.linalg.cholesky(_spd(X)), "square"),
+    "cholesky_upper": (lambda X: flame.linalg.cholesky(_spd(X), upper=True), "square"),
+    "qr_Q": (lambda X: flame.linalg.qr(X).Q, "any"),
+    "qr_R": (lambda X: flame.linalg.qr(X).R, "any"),
+    "eigh_values": (lambda X: flame.linalg.eigh(X + X.mT).eigenvalues, "square"),
+    "eigh_vectors": (lambda X: flame.linalg.eigh(X + X.mT).eigenvectors.abs(), "square"),
+    "eigvalsh": (lambda X: flame.linalg.eigvalsh(X + X.mT), "square"),
+    "pinv": (lambda X: flame.linalg.pinv(X), "any"),
+    "matrix_power": (lambda X: flame.linalg.matrix_power(X, -3), "square"),
+    "solve_triangular": (lambda X: flame.linalg.solve_triangular(
+        X + 4 * flame.eye(X.shape[-1], dtype=X.dtype, device=X.device), X.mT, upper=False), "square"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LINALG))
+@given(n=st.integers(1, 4), extra=st.integers(0, 2), batch=st.lists(st.integers(1, 2), max_size=1),
+       wide=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_linalg_gradcheck(device, name, n, extra, batch, wide, seed):
+    fn, kind = LINALG[name]
+    rows, cols = (n, n) if kind == "square" else ((n, n + extra) if wide else (n + extra, n))
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(tuple(batch) + (rows, cols))
+    if kind == "square":   # well conditioned: away from singular matrices and repeated eigenvalues
+        a = a + np.diag(np.arange(1, n + 1) * 1.5)
+    x = flame.tensor(a, dtype=flame.float64, device=device, requires_grad=True)
+    assert gradcheck(fn, (x,), atol=1e-5, rtol=1e-4)

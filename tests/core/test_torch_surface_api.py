@@ -17,7 +17,8 @@ METHODS = ("tan asin acos atan arcsin arccos arctan sinh cosh asinh acosh atanh 
            "log2 log10 erfc erfinv logit sinc nan_to_num frac deg2rad rad2deg sgn signbit positive atan2 arctan2 "
            "hypot xlogy logaddexp copysign fmax fmin float_power heaviside addcmul addcdiv median nanmedian quantile "
            "nanquantile kthvalue cummax cummin aminmax nansum nanmean var_mean diff tile fliplr flipud rot90 hsplit "
-           "vsplit dsplit take_along_dim kron inner cross bincount histc isin bernoulli multinomial").split()
+           "vsplit dsplit take_along_dim kron inner cross bincount histc isin bernoulli multinomial det logdet slogdet "
+           "inverse pinverse matrix_power").split()
 INPLACE = ("tan_ asin_ acos_ atan_ sinh_ cosh_ asinh_ acosh_ atanh_ expm1_ exp2_ log2_ log10_ erfc_ erfinv_ sinc_ "
            "frac_ deg2rad_ rad2deg_ sgn_ logit_ nan_to_num_ atan2_ hypot_ xlogy_ copysign_ float_power_ addcmul_ "
            "addcdiv_ bernoulli_").split()
