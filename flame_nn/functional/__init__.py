@@ -47,7 +47,8 @@ from .activation import (
 )
 from .attention import qkv_attention, scaled_dot_product_attention
 from .bilinear import bilinear
-from .conv import conv1d, conv_transpose2d
+from .conv import conv1d, conv_transpose1d, conv_transpose2d
+from .conv3d import conv3d, conv_transpose3d
 from .distance import cosine_similarity, normalize, pairwise_distance
 from .dropout import dropout, dropout1d, dropout2d, dropout3d
 from .grid_sample import affine_grid, grid_sample
@@ -76,7 +77,8 @@ from .norm import (
 from .pixel_shuffle import pixel_shuffle, pixel_unshuffle
 from .upsample import interpolate
 
-__all__ = ["conv2d", "conv2d_add", "conv2d_memory_format", "pad_conv2d", "conv1d", "conv_transpose2d", "pad",
+__all__ = ["conv2d", "conv2d_add", "conv2d_memory_format", "pad_conv2d", "conv1d", "conv_transpose1d",
+           "conv_transpose2d", "conv3d", "conv_transpose3d", "pad",
            "one_hot", "relu", "gelu", "geglu", "silu", "quick_gelu", "tanh", "sigmoid",
            "softmax", "log_softmax", "leaky_relu", "elu", "softplus", "mish", "hardswish", "hardtanh", "relu6",
            "hardsigmoid", "logsigmoid", "softsign", "tanhshrink", "selu", "celu", "threshold", "hardshrink",

@@ -1,5 +1,5 @@
-"""Conv2d (im2col + GEMM, see flame_core/ops/conv/) and Conv1d (the same convolution over a height of one), with
-their base _ConvNd (ConvTranspose2d's too)."""
+"""Conv2d (im2col + GEMM, see flame_core/ops/conv/), Conv1d (the same convolution over a height of one) and Conv3d
+(2-D convolutions per depth tap, flame_nn.functional.conv3d), with their base _ConvNd (the transposed ones' too)."""
 import math
 
 from .. import functional as F
@@ -14,6 +14,10 @@ def _single(v):
 
 def _pair(v):
     return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def _triple(v):
+    return (v, v, v) if isinstance(v, int) else tuple(v)
 
 
 class _ConvNd(Module):
@@ -48,7 +52,7 @@ class _ConvNd(Module):
             raise ValueError(f"{name}: padding_mode must be zeros, reflect, replicate or circular, got "
                              f"{padding_mode!r}")
         if isinstance(padding, str) and padding not in ("same", "valid"):
-            pair = ", a pair" if len(self._ntuple(0)) == 2 else ""
+            pair = {2: ", a pair", 3: ", a triple"}.get(len(self._ntuple(0)), "")
             raise ValueError(f"{name}: padding must be an int{pair}, 'same' or 'valid', got {padding!r}")
 
     def reset_parameters(self):
@@ -98,3 +102,15 @@ class Conv1d(_ConvNd):
             input = F.pad(input, (p, p), mode=self.padding_mode)
             return F.conv1d(input, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
         return F.conv1d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class Conv3d(_ConvNd):
+    """weight (out_channels, in_channels / groups, kD, kH, kW): PyTorch's layout and default initialisation."""
+    _ntuple = staticmethod(_triple)
+
+    def forward(self, input):
+        if self.padding_mode != "zeros" and not isinstance(self.padding, str):
+            pd, ph, pw = self.padding
+            input = F.pad(input, (pw, pw, ph, ph, pd, pd), mode=self.padding_mode)
+            return F.conv3d(input, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
+        return F.conv3d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)

@@ -146,3 +146,21 @@ def test_linalg_gradcheck(device, name, n, extra, batch, wide, seed):
         a = a + np.diag(np.arange(1, n + 1) * 1.5)
     x = flame.tensor(a, dtype=flame.float64, device=device, requires_grad=True)
     assert gradcheck(fn, (x,), atol=1e-5, rtol=1e-4)
+
+
+@given(k=st.tuples(st.integers(1, 2), st.integers(1, 2), st.integers(1, 2)),
+       stride=st.tuples(st.integers(1, 2), st.integers(1, 2), st.integers(1, 2)), pad=st.integers(0, 1),
+       groups=st.sampled_from([1, 2]), transposed=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_conv3d_and_conv_transpose3d_gradcheck(device, k, stride, pad, groups, transposed, seed):
+    import flame_nn.functional as F
+    rng = np.random.default_rng(seed)
+    x = flame.tensor(rng.standard_normal((1, 2, 3, 3, 3)), dtype=flame.float64, device=device, requires_grad=True)
+    wshape = (2, 2 // groups) + k   # (in, out / groups, ...) transposed, (out, in / groups, ...) not: 2 channels
+    w = flame.tensor(rng.standard_normal(wshape) * 0.5, dtype=flame.float64, device=device, requires_grad=True)
+    b = flame.tensor(rng.standard_normal(2), dtype=flame.float64, device=device, requires_grad=True)
+    if transposed:
+        pad = min(pad, *[kk - 1 for kk in k]) if min(k) > 1 else 0
+        fn = lambda x, w, b: F.conv_transpose3d(x, w, b, stride=stride, padding=pad, groups=groups)  # noqa: E731
+    else:
+        fn = lambda x, w, b: F.conv3d(x, w, b, stride=stride, padding=pad, groups=groups)  # noqa: E731
+    assert gradcheck(fn, (x, w, b))

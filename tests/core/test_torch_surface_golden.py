@@ -5,16 +5,29 @@ runs with lib = flame_core here. Values within 1e-10 (float64), NaN where PyTorc
 shape; gradients of sum(out * go) likewise (None where PyTorch gives none)."""
 import os
 import sys
+import types
 
 import numpy as np
 import pytest
 
 import flame_core as flame
+import flame_nn.functional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_surface_cases import CASES  # noqa: E402
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "torch_nn", "torch_surface.safetensors")
+
+
+class _Flame(types.ModuleType):
+    """flame_core with `nn.functional` = flame_nn.functional: the cases' `L` for FLAME (torch.nn.functional's place)."""
+
+    def __getattr__(self, name):
+        return getattr(flame, name)
+
+
+LIB = _Flame("flame_surface")
+LIB.nn = types.SimpleNamespace(functional=flame_nn.functional)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +48,7 @@ def test_matches_pytorch(case, golden, device):
         a = golden[f"in.{n}"]
         t = flame.tensor(a, device=device)
         args.append(t.requires_grad_() if grad and a.dtype.kind == "f" else t)
-    out = fn(flame, *args)
+    out = fn(LIB, *args)
     outs = tuple(out) if isinstance(out, tuple) else (out,)
     want = [golden[k] for k in sorted((k for k in golden if k.startswith(f"{case}.out")),
                                       key=lambda k: int(k.rsplit("out", 1)[1]))]

@@ -36,6 +36,16 @@ INPUTS = {
     "sq3": ("randn", (2, 3, 3), 1.0),
     "tall": ("randn", (4, 3), 1.0),
     "wide35": ("randn", (3, 5), 1.0),
+    "vol": ("randn", (2, 4, 5, 6, 7), 1.0),
+    "vol_small": ("randn", (1, 4, 3, 4, 5), 1.0),
+    "w3d": ("randn", (6, 4, 3, 3, 3), 0.2),
+    "w3d_g": ("randn", (4, 2, 2, 3, 1), 0.3),
+    "w3d_same": ("randn", (3, 4, 2, 3, 4), 0.2),
+    "wt3d": ("randn", (4, 3, 3, 2, 3), 0.2),
+    "wt3d_g": ("randn", (4, 2, 2, 3, 2), 0.3),
+    "b6": ("randn", (6,), 1.0),
+    "seq": ("randn", (2, 4, 6), 1.0),
+    "wt1d": ("randn", (4, 3, 3), 0.3),
     "idx": ("ints", (4, 2), 5),
 }
 
@@ -152,6 +162,24 @@ CASES = {
     "histc": (lambda L, x: L.histc(x, bins=7, min=-1.0, max=1.5), ["x"], False),
     "histc_auto": (lambda L, x: L.histc(x, bins=5), ["x"], False),
     "tril_indices": (lambda L: L.tril_indices(4, 3, -1), [], False),
+    # 3-D and 1-D transposed convolutions (flame_nn.functional; L.nn.functional is PyTorch's or FLAME's)
+    "conv3d": (lambda L, x, w, b: L.nn.functional.conv3d(x, w, b, padding=1), ["vol", "w3d", "b6"], True),
+    "conv3d_strided_groups": (lambda L, x, w: L.nn.functional.conv3d(x, w, None, stride=(2, 1, 2), padding=(1, 0, 2),
+                                                                     dilation=(2, 1, 1), groups=2),
+                              ["vol", "w3d_g"], True),
+    "conv3d_same": (lambda L, x, w: L.nn.functional.conv3d(x, w, padding="same", dilation=(1, 2, 1)),
+                    ["vol", "w3d_same"], True),
+    "conv3d_unbatched": (lambda L, x, w, b: L.nn.functional.conv3d(x[0], w, b, stride=2), ["vol", "w3d", "b6"], True),
+    "conv_transpose3d": (lambda L, x, w, b: L.nn.functional.conv_transpose3d(
+        x, w, b[:3], stride=(2, 1, 2), padding=(1, 0, 1), output_padding=(1, 0, 0)), ["vol_small", "wt3d", "b6"], True),
+    "conv_transpose3d_groups_dilation": (lambda L, x, w: L.nn.functional.conv_transpose3d(
+        x, w, None, stride=(1, 2, 3), padding=(0, 1, 1), output_padding=(0, 1, 2), groups=2, dilation=(2, 1, 1)),
+        ["vol_small", "wt3d_g"], True),
+    "conv_transpose1d": (lambda L, x, w, b: L.nn.functional.conv_transpose1d(x, w, b[:3], stride=2, padding=1,
+                                                                             output_padding=1),
+                         ["seq", "wt1d", "b6"], True),
+    "conv_transpose1d_groups": (lambda L, x, w: L.nn.functional.conv_transpose1d(
+        x, w.reshape(4, 3, 3)[:, :2], None, stride=3, groups=2, dilation=2), ["seq", "wt1d"], True),
     # linalg
     "det": (lambda L, A: L.linalg.det(A), ["sq3"], True),
     "det_method": (lambda L, A: A.det(), ["sq3"], True),
