@@ -71,11 +71,15 @@ from .pixel_shuffle import PixelShuffle, PixelUnshuffle
 from .pooling import (
                       AdaptiveAvgPool1d,
                       AdaptiveAvgPool2d,
+                      AdaptiveAvgPool3d,
                       AdaptiveMaxPool2d,
+                      AdaptiveMaxPool3d,
                       AvgPool1d,
                       AvgPool2d,
+                      AvgPool3d,
                       MaxPool1d,
                       MaxPool2d,
+                      MaxPool3d,
                       MaxUnpool2d,
                       Upsample,
 )

@@ -45,6 +45,8 @@ INPUTS = {
     "wt3d_g": ("randn", (4, 2, 2, 3, 2), 0.3),
     "b6": ("randn", (6,), 1.0),
     "seq": ("randn", (2, 4, 6), 1.0),
+    "vol_nan": ("values", [[[[[1.0, NAN, 3.0], [2.0, 2.0, -1.0]], [[NAN, 0.5, 3.0], [4.0, 4.0, 4.0]],
+                             [[-2.0, 7.0, 7.0], [1.0, NAN, 0.0]]]]]),
     "wt1d": ("randn", (4, 3, 3), 0.3),
     "idx": ("ints", (4, 2), 5),
 }
@@ -180,6 +182,22 @@ CASES = {
                          ["seq", "wt1d", "b6"], True),
     "conv_transpose1d_groups": (lambda L, x, w: L.nn.functional.conv_transpose1d(
         x, w.reshape(4, 3, 3)[:, :2], None, stride=3, groups=2, dilation=2), ["seq", "wt1d"], True),
+    # 3-D pooling (two 2-D poolings)
+    "max_pool3d": (lambda L, x: L.nn.functional.max_pool3d(x, 2), ["vol"], True),
+    "max_pool3d_full": (lambda L, x: L.nn.functional.max_pool3d(x, (3, 2, 3), stride=(2, 1, 2), padding=(1, 1, 0),
+                                                                dilation=(1, 2, 1), ceil_mode=True), ["vol"], True),
+    "max_pool3d_nan_ties": (lambda L, x: L.nn.functional.max_pool3d(x, (2, 2, 2), stride=1), ["vol_nan"], True),
+    "avg_pool3d": (lambda L, x: L.nn.functional.avg_pool3d(x, 2), ["vol"], True),
+    "avg_pool3d_pad_ceil": (lambda L, x: L.nn.functional.avg_pool3d(x, 3, stride=2, padding=1, ceil_mode=True),
+                            ["vol"], True),
+    "avg_pool3d_exclude_pad": (lambda L, x: L.nn.functional.avg_pool3d(x, (2, 3, 3), stride=(1, 2, 2),
+                                                                       padding=(1, 1, 1), ceil_mode=True,
+                                                                       count_include_pad=False), ["vol"], True),
+    "avg_pool3d_divisor": (lambda L, x: L.nn.functional.avg_pool3d(x, 2, divisor_override=3), ["vol"], True),
+    "adaptive_avg_pool3d": (lambda L, x: L.nn.functional.adaptive_avg_pool3d(x, (2, 4, 3)), ["vol"], True),
+    "adaptive_avg_pool3d_none": (lambda L, x: L.nn.functional.adaptive_avg_pool3d(x[0], (None, 1, 5)), ["vol"],
+                                 True),
+    "adaptive_max_pool3d": (lambda L, x: L.nn.functional.adaptive_max_pool3d(x, (3, 2, 4)), ["vol"], True),
     # linalg
     "det": (lambda L, A: L.linalg.det(A), ["sq3"], True),
     "det_method": (lambda L, A: A.det(), ["sq3"], True),

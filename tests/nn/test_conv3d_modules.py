@@ -45,3 +45,23 @@ def test_transposed_modules_output_size_and_errors(cls, spatial, device):
         cls(4, 6, 3, stride=2, output_padding=2)
     with pytest.raises(ValueError, match="zeros"):
         cls(4, 6, 3, padding_mode="reflect")
+
+
+def test_3d_pooling_modules_are_their_functions(device):
+    x = flame.randn(2, 3, 5, 6, 7, device=device)
+    cases = [(nn.MaxPool3d(2, stride=1, padding=1, ceil_mode=True), lambda t: F.max_pool3d(t, 2, 1, 1, 1, True)),
+             (nn.AvgPool3d(3, 2, 1, count_include_pad=False), lambda t: F.avg_pool3d(t, 3, 2, 1, False, False)),
+             (nn.AdaptiveAvgPool3d((2, 3, 1)), lambda t: F.adaptive_avg_pool3d(t, (2, 3, 1))),
+             (nn.AdaptiveMaxPool3d(2), lambda t: F.adaptive_max_pool3d(t, 2))]
+    for m, fn in cases:
+        np.testing.assert_array_equal(m(x).detach().cpu().numpy(), fn(x).detach().cpu().numpy())
+        assert tuple(m(x[0]).shape) == tuple(fn(x).shape[1:])   # unbatched (C, D, H, W)
+    assert repr(nn.MaxPool3d(2)) == "MaxPool3d(kernel_size=2, stride=2, padding=0, dilation=1, ceil_mode=False)"
+    with pytest.raises(NotImplementedError, match="return_indices"):
+        nn.MaxPool3d(2, return_indices=True)
+    with pytest.raises(NotImplementedError, match="return_indices"):
+        F.max_pool3d(x, 2, return_indices=True)
+    with pytest.raises(ValueError, match="padding"):
+        F.max_pool3d(x, 2, padding=(2, 0, 0))
+    with pytest.raises(flame.ShapeError, match="max_pool3d"):
+        F.max_pool3d(x[0, 0], 2)
