@@ -64,6 +64,18 @@ from .loss import (
                                     nll_loss,
                                     smooth_l1_loss,
 )
+from .loss_margin import (
+                                    cosine_embedding_loss,
+                                    gaussian_nll_loss,
+                                    hinge_embedding_loss,
+                                    margin_ranking_loss,
+                                    multi_margin_loss,
+                                    multilabel_soft_margin_loss,
+                                    poisson_nll_loss,
+                                    soft_margin_loss,
+                                    triplet_margin_loss,
+                                    triplet_margin_with_distance_loss,
+)
 from .norm import (
                                     add_layer_norm,
                                     add_rms_norm,
@@ -80,7 +92,9 @@ from .upsample import interpolate
 
 __all__ = ["conv2d", "conv2d_add", "conv2d_memory_format", "pad_conv2d", "conv1d", "conv_transpose1d",
            "conv_transpose2d", "conv3d", "conv_transpose3d", "max_pool3d", "avg_pool3d", "adaptive_avg_pool3d",
-           "adaptive_max_pool3d", "pad",
+           "adaptive_max_pool3d", "margin_ranking_loss", "hinge_embedding_loss", "soft_margin_loss",
+           "cosine_embedding_loss", "multilabel_soft_margin_loss", "multi_margin_loss", "triplet_margin_loss",
+           "triplet_margin_with_distance_loss", "poisson_nll_loss", "gaussian_nll_loss", "pad",
            "one_hot", "relu", "gelu", "geglu", "silu", "quick_gelu", "tanh", "sigmoid",
            "softmax", "log_softmax", "leaky_relu", "elu", "softplus", "mish", "hardswish", "hardtanh", "relu6",
            "hardsigmoid", "logsigmoid", "softsign", "tanhshrink", "selu", "celu", "threshold", "hardshrink",

@@ -41,13 +41,23 @@ from .linear import Bilinear, Flatten, Identity, Linear, Unflatten
 from .loss import (
                          BCELoss,
                          BCEWithLogitsLoss,
+                         CosineEmbeddingLoss,
                          CrossEntropyLoss,
+                         GaussianNLLLoss,
+                         HingeEmbeddingLoss,
                          HuberLoss,
                          KLDivLoss,
                          L1Loss,
+                         MarginRankingLoss,
                          MSELoss,
+                         MultiLabelSoftMarginLoss,
+                         MultiMarginLoss,
                          NLLLoss,
+                         PoissonNLLLoss,
                          SmoothL1Loss,
+                         SoftMarginLoss,
+                         TripletMarginLoss,
+                         TripletMarginWithDistanceLoss,
 )
 from .norm import GroupNorm, LayerNorm, RMSNorm
 from .padding import (
@@ -69,19 +79,19 @@ from .padding import (
 )
 from .pixel_shuffle import PixelShuffle, PixelUnshuffle
 from .pooling import (
-                      AdaptiveAvgPool1d,
-                      AdaptiveAvgPool2d,
-                      AdaptiveAvgPool3d,
-                      AdaptiveMaxPool2d,
-                      AdaptiveMaxPool3d,
-                      AvgPool1d,
-                      AvgPool2d,
-                      AvgPool3d,
-                      MaxPool1d,
-                      MaxPool2d,
-                      MaxPool3d,
-                      MaxUnpool2d,
-                      Upsample,
+                         AdaptiveAvgPool1d,
+                         AdaptiveAvgPool2d,
+                         AdaptiveAvgPool3d,
+                         AdaptiveMaxPool2d,
+                         AdaptiveMaxPool3d,
+                         AvgPool1d,
+                         AvgPool2d,
+                         AvgPool3d,
+                         MaxPool1d,
+                         MaxPool2d,
+                         MaxPool3d,
+                         MaxUnpool2d,
+                         Upsample,
 )
 from .rnn import GRU, LSTM
 from .transformer import TransformerEncoder, TransformerEncoderLayer

@@ -45,6 +45,14 @@ INPUTS = {
     "wt3d_g": ("randn", (4, 2, 2, 3, 2), 0.3),
     "b6": ("randn", (6,), 1.0),
     "seq": ("randn", (2, 4, 6), 1.0),
+    "pm1": ("values", [[1.0, -1.0, 1.0, 1.0, -1.0], [-1.0, -1.0, 1.0, -1.0, 1.0], [1.0, 1.0, -1.0, 0.0, -1.0],
+                       [-1.0, 1.0, 1.0, -1.0, 1.0]]),
+    "pm1_rows": ("values", [1.0, -1.0, -1.0, 1.0]),
+    "labels01": ("values", [[1.0, 0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0, 0.0],
+                            [0.0, 1.0, 0.0, 0.0, 1.0]]),
+    "cls": ("ints", (4,), 5),
+    "counts_f": ("values", [[0.0, 1.0, 3.0, 0.0, 2.0], [5.0, 1.0, 0.0, 2.0, 7.0], [1.0, 1.0, 4.0, 0.0, 0.0],
+                            [2.0, 9.0, 0.0, 1.0, 3.0]]),
     "vol_nan": ("values", [[[[[1.0, NAN, 3.0], [2.0, 2.0, -1.0]], [[NAN, 0.5, 3.0], [4.0, 4.0, 4.0]],
                              [[-2.0, 7.0, 7.0], [1.0, NAN, 0.0]]]]]),
     "wt1d": ("randn", (4, 3, 3), 0.3),
@@ -198,6 +206,36 @@ CASES = {
     "adaptive_avg_pool3d_none": (lambda L, x: L.nn.functional.adaptive_avg_pool3d(x[0], (None, 1, 5)), ["vol"],
                                  True),
     "adaptive_max_pool3d": (lambda L, x: L.nn.functional.adaptive_max_pool3d(x, (3, 2, 4)), ["vol"], True),
+    # ranking, margin and embedding losses; Poisson / Gaussian NLL
+    "margin_ranking_loss": (lambda L, a, b, t: L.nn.functional.margin_ranking_loss(a, b, t.detach(), margin=0.3),
+                            ["x", "y", "pm1"], True),
+    "margin_ranking_loss_none": (lambda L, a, b, t: L.nn.functional.margin_ranking_loss(
+        a, b, t.detach(), reduction="none"), ["x", "y", "pm1"], True),
+    "hinge_embedding_loss": (lambda L, x, t: L.nn.functional.hinge_embedding_loss(
+        x, t.detach(), margin=0.5, reduction="sum"), ["x", "pm1"], True),
+    "soft_margin_loss": (lambda L, x, t: L.nn.functional.soft_margin_loss(x * 3, t.detach()), ["x", "pm1"], True),
+    "cosine_embedding_loss": (lambda L, a, b, t: L.nn.functional.cosine_embedding_loss(a, b, t.detach(), margin=0.1),
+                              ["x", "y", "pm1_rows"], True),
+    "cosine_embedding_loss_1d": (lambda L, a, b: L.nn.functional.cosine_embedding_loss(
+        a, b[0], L.ones((), dtype=a.dtype) * -1, reduction="none"), ["row", "x"], False),
+    "multilabel_soft_margin_loss": (lambda L, x, t, w: L.nn.functional.multilabel_soft_margin_loss(
+        x, t.detach(), weight=w.abs()), ["x", "labels01", "row"], True),
+    "multi_margin_loss": (lambda L, x, c: L.nn.functional.multi_margin_loss(x, c, margin=0.7), ["x", "cls"], True),
+    "multi_margin_loss_p2_weight": (lambda L, x, c, w: L.nn.functional.multi_margin_loss(
+        x, c, p=2, weight=w.detach().abs(), reduction="none"), ["x", "cls", "row"], True),
+    "triplet_margin_loss": (lambda L, a, p, n: L.nn.functional.triplet_margin_loss(a, p, n, margin=0.8),
+                            ["x", "y", "pos"], True),
+    "triplet_margin_loss_swap_p1": (lambda L, a, p, n: L.nn.functional.triplet_margin_loss(
+        a, p, n, margin=2.0, p=1, swap=True, reduction="none"), ["x", "y", "pos"], True),
+    "triplet_with_distance": (lambda L, a, p, n: L.nn.functional.triplet_margin_with_distance_loss(
+        a, p, n, distance_function=lambda u, v: 1 - L.nn.functional.cosine_similarity(u, v), margin=0.5),
+        ["x", "y", "pos"], True),
+    "poisson_nll_loss": (lambda L, x, t: L.nn.functional.poisson_nll_loss(x, t.detach()), ["x", "counts_f"], True),
+    "poisson_nll_loss_full": (lambda L, x, t: L.nn.functional.poisson_nll_loss(
+        x, t.detach(), log_input=False, full=True, reduction="none"), ["pos", "counts_f"], True),
+    "gaussian_nll_loss": (lambda L, x, t, v: L.nn.functional.gaussian_nll_loss(x, t, v), ["x", "y", "pos"], True),
+    "gaussian_nll_loss_per_sample_full": (lambda L, x, t, v: L.nn.functional.gaussian_nll_loss(
+        x, t, v[:, 0] - 0.5, full=True, eps=0.05, reduction="none"), ["x", "y", "pos"], True),
     # linalg
     "det": (lambda L, A: L.linalg.det(A), ["sq3"], True),
     "det_method": (lambda L, A: A.det(), ["sq3"], True),
