@@ -93,5 +93,6 @@ from .pooling import (
                          MaxUnpool2d,
                          Upsample,
 )
-from .rnn import GRU, LSTM
+from .rnn import GRU, LSTM, RNN
+from .rnn_cell import GRUCell, LSTMCell, RNNCell, RNNCellBase
 from .transformer import TransformerEncoder, TransformerEncoderLayer

@@ -1,10 +1,12 @@
-"""LSTM and GRU: PyTorch's parameters (weight_ih_l{k}, weight_hh_l{k}, bias_ih_l{k}, bias_hh_l{k}, with the suffix
+"""RNN, LSTM and GRU: PyTorch's parameters (weight_ih_l{k}, weight_hh_l{k}, bias_ih_l{k}, bias_hh_l{k}, with the suffix
 `_reverse` for the backward direction and weight_hr_l{k} for LSTM projections), gate order and call signatures.
 
 A plain implementation: the input projections of a whole sequence are one matrix product per layer and direction,
 the recurrence a loop over time steps of Tensor ops (autograd records each step).
     LSTM (gates i, f, g, o):  c' = sigmoid(f) * c + sigmoid(i) * tanh(g);  h' = sigmoid(o) * tanh(c')  (h' = W_hr h')
     GRU  (gates r, z, n):     n = tanh(x_n + sigmoid(r) * (W_hn h + b_hn));  h' = (1 - sigmoid(z)) * n + sigmoid(z) * h
+    RNN:                      h' = tanh (or relu) (x W_ih^T + b_ih + h W_hh^T + b_hh)
+The one-step rules (`lstm_step`, `gru_step`, `rnn_step`) are shared with the cells (rnn_cell.py).
 """
 import math
 import warnings
@@ -127,16 +129,61 @@ class _RNNBase(Module):
         return flame.stack(outs, 0), state
 
 
+def lstm_step(gx, h, c, w_hh, b_hh):
+    """One LSTM step from the input projection gx (N, 4H) (its bias included): (h', c') before any projection."""
+    g = gx + F.linear(h, w_hh, b_hh)                                       # (N, 4H)
+    i, f, gg, o = g.chunk(4, -1)
+    c = f.sigmoid() * c + i.sigmoid() * gg.tanh()
+    return o.sigmoid() * c.tanh(), c
+
+
+def gru_step(gx, h, w_hh, b_hh):
+    """One GRU step from the input projection gx (N, 3H) (its bias included): h'."""
+    gh = F.linear(h, w_hh, b_hh)                                           # (N, 3H)
+    xr, xz, xn = gx.chunk(3, -1)
+    hr, hz, hn = gh.chunk(3, -1)
+    r = (xr + hr).sigmoid()
+    z = (xz + hz).sigmoid()
+    n = (xn + r * hn).tanh()
+    return (1 - z) * n + z * h
+
+
+def rnn_step(gx, h, w_hh, b_hh, nonlinearity):
+    """One Elman RNN step: act(gx + h W_hh^T + b_hh), act tanh or relu."""
+    pre = gx + F.linear(h, w_hh, b_hh)
+    return pre.tanh() if nonlinearity == "tanh" else pre.relu()
+
+
+class RNN(_RNNBase):
+    """The Elman RNN: forward(input, h_0=None) -> output, h_n; nonlinearity 'tanh' (default) or 'relu'."""
+    _gates = 1
+
+    def __init__(self, input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True, batch_first=False,
+                 dropout=0.0, bidirectional=False, device=None, dtype=None):
+        if nonlinearity not in ("tanh", "relu"):
+            raise ValueError(f"RNN: unknown nonlinearity {nonlinearity!r} (expected 'tanh' or 'relu')")
+        self.nonlinearity = nonlinearity
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, 0,
+                         device=device, dtype=dtype)
+
+    def _cell(self, gx, state, w_hh, b_hh, w_hr):
+        return [rnn_step(gx, state[0], w_hh, b_hh, self.nonlinearity)]
+
+    def forward(self, input, hx=None):
+        self._check_input(input)
+        unbatched = input.ndim == 2
+        batch = 1 if unbatched else input.shape[0 if self.batch_first else 1]
+        h0 = self._state(hx, "h_0", batch, self.hidden_size, input, unbatched)
+        output, (h_n,) = self._run(input, [h0])
+        return output, h_n
+
+
 class LSTM(_RNNBase):
     """forward(input, (h_0, c_0)=None) -> output, (h_n, c_n)."""
     _gates = 4
 
     def _cell(self, gx, state, w_hh, b_hh, w_hr):
-        h, c = state
-        g = gx + F.linear(h, w_hh, b_hh)                                   # (N, 4H)
-        i, f, gg, o = g.chunk(4, -1)
-        c = f.sigmoid() * c + i.sigmoid() * gg.tanh()
-        h = o.sigmoid() * c.tanh()
+        h, c = lstm_step(gx, state[0], state[1], w_hh, b_hh)
         if w_hr is not None:
             h = F.linear(h, w_hr)
         return [h, c]
@@ -163,14 +210,7 @@ class GRU(_RNNBase):
                          device=device, dtype=dtype)
 
     def _cell(self, gx, state, w_hh, b_hh, w_hr):
-        (h,) = state
-        gh = F.linear(h, w_hh, b_hh)                                       # (N, 3H)
-        xr, xz, xn = gx.chunk(3, -1)
-        hr, hz, hn = gh.chunk(3, -1)
-        r = (xr + hr).sigmoid()
-        z = (xz + hz).sigmoid()
-        n = (xn + r * hn).tanh()
-        return [(1 - z) * n + z * h]
+        return [gru_step(gx, state[0], w_hh, b_hh)]
 
     def forward(self, input, hx=None):
         self._check_input(input)
