@@ -35,7 +35,10 @@ class MaxUnpool2d(Module):
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
 
 
-class AvgPool2d(Module):
+class _AvgPoolNd(Module):
+    """AvgPool2d's and AvgPool3d's arguments (the functional form in `_fn`)."""
+    _fn = None
+
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                  divisor_override=None):
         super().__init__()
@@ -44,23 +47,34 @@ class AvgPool2d(Module):
         self.count_include_pad, self.divisor_override = count_include_pad, divisor_override
 
     def forward(self, input):
-        return F.avg_pool2d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
-                            self.count_include_pad, self.divisor_override)
+        return type(self)._fn(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
+                              self.count_include_pad, self.divisor_override)
 
     def extra_repr(self):
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
 
 
-class AdaptiveAvgPool2d(Module):
+class AvgPool2d(_AvgPoolNd):
+    _fn = staticmethod(F.avg_pool2d)
+
+
+class _AdaptivePoolNd(Module):
+    """The adaptive poolings' output_size (the functional form in `_fn`)."""
+    _fn = None
+
     def __init__(self, output_size):
         super().__init__()
         self.output_size = output_size
 
     def forward(self, input):
-        return F.adaptive_avg_pool2d(input, self.output_size)
+        return type(self)._fn(input, self.output_size)
 
     def extra_repr(self):
         return f"output_size={self.output_size}"
+
+
+class AdaptiveAvgPool2d(_AdaptivePoolNd):
+    _fn = staticmethod(F.adaptive_avg_pool2d)
 
 
 class Upsample(Module):
@@ -130,43 +144,18 @@ class MaxPool3d(Module):
                 f"dilation={self.dilation}, ceil_mode={self.ceil_mode}")
 
 
-class AvgPool3d(Module):
-    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
-                 divisor_override=None):
-        super().__init__()
-        self.kernel_size, self.stride = kernel_size, stride if stride is not None else kernel_size
-        self.padding, self.ceil_mode = padding, ceil_mode
-        self.count_include_pad, self.divisor_override = count_include_pad, divisor_override
-
-    def forward(self, input):
-        return F.avg_pool3d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
-                            self.count_include_pad, self.divisor_override)
-
-    def extra_repr(self):
-        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+class AvgPool3d(_AvgPoolNd):
+    _fn = staticmethod(F.avg_pool3d)
 
 
-class AdaptiveAvgPool3d(Module):
-    def __init__(self, output_size):
-        super().__init__()
-        self.output_size = output_size
-
-    def forward(self, input):
-        return F.adaptive_avg_pool3d(input, self.output_size)
-
-    def extra_repr(self):
-        return f"output_size={self.output_size}"
+class AdaptiveAvgPool3d(_AdaptivePoolNd):
+    _fn = staticmethod(F.adaptive_avg_pool3d)
 
 
-class AdaptiveMaxPool3d(Module):
+class AdaptiveMaxPool3d(_AdaptivePoolNd):
+    _fn = staticmethod(F.adaptive_max_pool3d)
+
     def __init__(self, output_size, return_indices=False):
-        super().__init__()
         if return_indices:
             raise NotImplementedError("AdaptiveMaxPool3d: return_indices=True is not implemented")
-        self.output_size = output_size
-
-    def forward(self, input):
-        return F.adaptive_max_pool3d(input, self.output_size)
-
-    def extra_repr(self):
-        return f"output_size={self.output_size}"
+        super().__init__(output_size)

@@ -117,6 +117,15 @@ class _RNNBase(Module):
             return x.squeeze(1), [f.squeeze(1) for f in finals]
         return (x.transpose(0, 1) if self.batch_first else x), finals
 
+    def _forward_one_state(self, input, hx=None):
+        """forward(input, h_0=None) -> output, h_n: RNN's and GRU's (one state, no projection)."""
+        self._check_input(input)
+        unbatched = input.ndim == 2
+        batch = 1 if unbatched else input.shape[0 if self.batch_first else 1]
+        h0 = self._state(hx, "h_0", batch, self.hidden_size, input, unbatched)
+        output, (h_n,) = self._run(input, [h0])
+        return output, h_n
+
     def _direction(self, x, state, params, reverse):
         w_ih, w_hh, b_ih, b_hh, w_hr = params
         L = x.shape[0]
@@ -169,13 +178,7 @@ class RNN(_RNNBase):
     def _cell(self, gx, state, w_hh, b_hh, w_hr):
         return [rnn_step(gx, state[0], w_hh, b_hh, self.nonlinearity)]
 
-    def forward(self, input, hx=None):
-        self._check_input(input)
-        unbatched = input.ndim == 2
-        batch = 1 if unbatched else input.shape[0 if self.batch_first else 1]
-        h0 = self._state(hx, "h_0", batch, self.hidden_size, input, unbatched)
-        output, (h_n,) = self._run(input, [h0])
-        return output, h_n
+    forward = _RNNBase._forward_one_state
 
 
 class LSTM(_RNNBase):
@@ -212,10 +215,4 @@ class GRU(_RNNBase):
     def _cell(self, gx, state, w_hh, b_hh, w_hr):
         return [gru_step(gx, state[0], w_hh, b_hh)]
 
-    def forward(self, input, hx=None):
-        self._check_input(input)
-        unbatched = input.ndim == 2
-        batch = 1 if unbatched else input.shape[0 if self.batch_first else 1]
-        h0 = self._state(hx, "h_0", batch, self.hidden_size, input, unbatched)
-        output, (h_n,) = self._run(input, [h0])
-        return output, h_n
+    forward = _RNNBase._forward_one_state
