@@ -108,6 +108,9 @@ from .layers import (
                      Tanh,
                      Tanhshrink,
                      Threshold,
+                     Transformer,
+                     TransformerDecoder,
+                     TransformerDecoderLayer,
                      TransformerEncoder,
                      TransformerEncoderLayer,
                      TripletMarginLoss,
@@ -145,6 +148,7 @@ __all__ = ["functional", "init", "optim", "utils", "offload", "Module", "Paramet
            "LayerNorm", "GroupNorm", "RMSNorm", "PixelShuffle", "PixelUnshuffle", "MaxPool2d", "MaxUnpool2d",
            "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool3d", "MaxPool3d",
            "Upsample", "LSTM", "GRU", "RNN", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell",
-           "TransformerEncoderLayer", "TransformerEncoder",
+           "TransformerEncoderLayer", "Transformer", "TransformerDecoder", "TransformerDecoderLayer",
+           "TransformerEncoder",
            "GradientCheckpointingMixin",
            "parallel"]

@@ -96,3 +96,4 @@ from .pooling import (
 from .rnn import GRU, LSTM, RNN
 from .rnn_cell import GRUCell, LSTMCell, RNNCell, RNNCellBase
 from .transformer import TransformerEncoder, TransformerEncoderLayer
+from .transformer_decoder import Transformer, TransformerDecoder, TransformerDecoderLayer
