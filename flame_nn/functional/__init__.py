@@ -76,6 +76,7 @@ from .loss_margin import (
                                     triplet_margin_loss,
                                     triplet_margin_with_distance_loss,
 )
+from .misc_ops import channel_shuffle, gumbel_softmax, local_response_norm, lp_pool1d, lp_pool2d, pdist
 from .norm import (
                                     add_layer_norm,
                                     add_rms_norm,
@@ -94,7 +95,8 @@ __all__ = ["conv2d", "conv2d_add", "conv2d_memory_format", "pad_conv2d", "conv1d
            "conv_transpose2d", "conv3d", "conv_transpose3d", "max_pool3d", "avg_pool3d", "adaptive_avg_pool3d",
            "adaptive_max_pool3d", "margin_ranking_loss", "hinge_embedding_loss", "soft_margin_loss",
            "cosine_embedding_loss", "multilabel_soft_margin_loss", "multi_margin_loss", "triplet_margin_loss",
-           "triplet_margin_with_distance_loss", "poisson_nll_loss", "gaussian_nll_loss", "pad",
+           "triplet_margin_with_distance_loss", "poisson_nll_loss", "gaussian_nll_loss", "pdist", "channel_shuffle",
+           "lp_pool1d", "lp_pool2d", "local_response_norm", "gumbel_softmax", "pad",
            "one_hot", "relu", "gelu", "geglu", "silu", "quick_gelu", "tanh", "sigmoid",
            "softmax", "log_softmax", "leaky_relu", "elu", "softplus", "mish", "hardswish", "hardtanh", "relu6",
            "hardsigmoid", "logsigmoid", "softsign", "tanhshrink", "selu", "celu", "threshold", "hardshrink",

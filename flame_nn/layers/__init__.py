@@ -59,6 +59,7 @@ from .loss import (
                          TripletMarginLoss,
                          TripletMarginWithDistanceLoss,
 )
+from .misc import ChannelShuffle, LocalResponseNorm, LPPool1d, LPPool2d
 from .norm import GroupNorm, LayerNorm, RMSNorm
 from .padding import (
                          CircularPad1d,

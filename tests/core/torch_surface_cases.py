@@ -236,6 +236,19 @@ CASES = {
     "gaussian_nll_loss": (lambda L, x, t, v: L.nn.functional.gaussian_nll_loss(x, t, v), ["x", "y", "pos"], True),
     "gaussian_nll_loss_per_sample_full": (lambda L, x, t, v: L.nn.functional.gaussian_nll_loss(
         x, t, v[:, 0] - 0.5, full=True, eps=0.05, reduction="none"), ["x", "y", "pos"], True),
+    # smaller functionals
+    "pdist": (lambda L, x: L.nn.functional.pdist(x), ["x"], True),
+    "pdist_p1": (lambda L, x: L.nn.functional.pdist(x, p=1), ["x"], True),
+    "pdist_pinf": (lambda L, x: L.nn.functional.pdist(x, p=float("inf")), ["x"], True),
+    "pdist_p3": (lambda L, x: L.nn.functional.pdist(x, p=3), ["x"], True),
+    "channel_shuffle": (lambda L, x: L.nn.functional.channel_shuffle(x[:, :, 0], 2),
+                        ["vol"], True),
+    "lp_pool2d": (lambda L, x: L.nn.functional.lp_pool2d(x[0], 2.0, (2, 3), stride=(1, 2)), ["vol"], True),
+    "lp_pool2d_ceil": (lambda L, x: L.nn.functional.lp_pool2d(x[0].abs(), 3.0, 2, ceil_mode=True), ["vol"], True),
+    "lp_pool1d": (lambda L, x: L.nn.functional.lp_pool1d(x, 2.0, 3, stride=2), ["seq"], True),
+    "local_response_norm": (lambda L, x: L.nn.functional.local_response_norm(x, 3, alpha=0.1, beta=0.6, k=2.0),
+                            ["seq"], True),
+    "local_response_norm_4d": (lambda L, x: L.nn.functional.local_response_norm(x[0], 2), ["vol"], True),
     # linalg
     "det": (lambda L, A: L.linalg.det(A), ["sq3"], True),
     "det_method": (lambda L, A: A.det(), ["sq3"], True),
