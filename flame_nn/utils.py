@@ -1,5 +1,6 @@
 """Gradient utilities: clip_grad_norm_, clip_grad_value_, zero_grads (one memset per flat buffer when the gradient
-pool owns them); parameters_to_vector / vector_to_parameters."""
+pool owns them); parameters_to_vector / vector_to_parameters; and torch.nn.utils' weight_norm / spectral_norm
+(flame_nn.norm_reparam)."""
 import math
 
 import numpy as np
@@ -8,6 +9,8 @@ from flame_core import as_tensor, backend
 from flame_core.autograd import no_grad
 from flame_core.errors import DeviceError, NonFiniteError
 from flame_core.tensor import Tensor
+
+from .norm_reparam import remove_spectral_norm, remove_weight_norm, spectral_norm, weight_norm  # noqa: F401
 
 try:
     from flame_core import grad_pool as _pool
