@@ -50,19 +50,30 @@ def weight_norm(module, name="weight", dim=0):
     return module
 
 
+def _pop_hook(module, kind, name, what):
+    """Removes and returns the `kind` pre-hook of parameter `name` (ValueError when there is none)."""
+    for hid, hook in list(module._forward_pre_hooks.items()):
+        if isinstance(hook, kind) and hook.name == name:
+            del module._forward_pre_hooks[hid]
+            return hook
+    raise ValueError(f"{what} of '{name}' not found in {module}")
+
+
+def _fold(module, name, weight, parts):
+    """module.<name> becomes a plain Parameter holding `weight`; the reparameterisation's `parts` go."""
+    delattr(module, name)
+    for part in parts:
+        delattr(module, name + part)
+    module.register_parameter(name, Parameter(weight))
+    return module
+
+
 def remove_weight_norm(module, name="weight"):
     """Folds the weight norm back into a plain parameter <name>. Returns module."""
-    for hid, hook in list(module._forward_pre_hooks.items()):
-        if isinstance(hook, _WeightNorm) and hook.name == name:
-            with no_grad():
-                weight = hook.compute_weight(module).detach().clone()
-            delattr(module, name)
-            delattr(module, name + "_g")
-            delattr(module, name + "_v")
-            module.register_parameter(name, Parameter(weight))
-            del module._forward_pre_hooks[hid]
-            return module
-    raise ValueError(f"weight_norm of '{name}' not found in {module}")
+    hook = _pop_hook(module, _WeightNorm, name, "weight_norm")
+    with no_grad():
+        weight = hook.compute_weight(module).detach().clone()
+    return _fold(module, name, weight, ("_g", "_v"))
 
 
 class _SpectralNorm:
@@ -124,15 +135,7 @@ def spectral_norm(module, name="weight", n_power_iterations=1, eps=1e-12, dim=No
 
 def remove_spectral_norm(module, name="weight"):
     """Folds the spectral norm back into a plain parameter <name> (the current W / sigma). Returns module."""
-    for hid, hook in list(module._forward_pre_hooks.items()):
-        if isinstance(hook, _SpectralNorm) and hook.name == name:
-            with no_grad():
-                weight = hook.compute_weight(module, do_power_iteration=False).detach().clone()
-            delattr(module, name)
-            delattr(module, name + "_orig")
-            delattr(module, name + "_u")
-            delattr(module, name + "_v")
-            module.register_parameter(name, Parameter(weight))
-            del module._forward_pre_hooks[hid]
-            return module
-    raise ValueError(f"spectral_norm of '{name}' not found in {module}")
+    hook = _pop_hook(module, _SpectralNorm, name, "spectral_norm")
+    with no_grad():
+        weight = hook.compute_weight(module, do_power_iteration=False).detach().clone()
+    return _fold(module, name, weight, ("_orig", "_u", "_v"))

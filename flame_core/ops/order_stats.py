@@ -25,10 +25,9 @@ cummin_result = collections.namedtuple("cummin", ["values", "indices"])
 aminmax_result = collections.namedtuple("aminmax", ["min", "max"])
 
 
-def _select(x, axis, pos, keepdim):
+def _select(x, a, axis, pos, keepdim):
     """(values, indices) of x's sorted order along axis at per-slice positions `pos` (an int array of x's shape
-    without axis)."""
-    a = _keys(x, "median")
+    without axis); `a` is x's sort keys (sorting._keys)."""
     xp = backend.xp_of(a)
     order = _argsort(a, axis, False)                                  # NaN last
     idx = xp.take_along_axis(order, xp.expand_dims(xp.asarray(pos, dtype=np.int64), axis), axis=axis)
@@ -39,8 +38,8 @@ def _select(x, axis, pos, keepdim):
     return vals, ind
 
 
-def _nan_counts(x, axis):
-    a = _keys(x, "median")
+def _nan_counts(a, axis):
+    """(NaN count per slice, slice length) of the sort keys `a` along axis."""
     xp = backend.xp_of(a)
     nan = xp.isnan(a) if a.dtype.kind == "f" else xp.zeros(a.shape, dtype=bool)
     return nan.sum(axis=axis), a.shape[axis]
@@ -57,13 +56,14 @@ def _median(x, dim, keepdim, ignore_nan):
     n = x.shape[axis] if x.ndim else 1
     if n == 0:
         raise ShapeError(f"{op}: dimension {dim} of {tuple(x.shape)} is empty")
-    nans, n = _nan_counts(x if x.ndim else x.reshape(1), axis)
+    a = _keys(x, op)
+    nans, n = _nan_counts(a, axis)
     valid = n - nans
     if ignore_nan:   # the lower median of the numbers; an all-NaN slice: its middle element (PyTorch's)
         pos = backend.xp_of(valid).where(valid > 0, (valid - 1) // 2, (n - 1) // 2)
     else:            # any NaN: the first NaN of the sorted slice (NaN sorts last)
         pos = backend.xp_of(valid).where(nans > 0, valid, (n - 1) // 2)
-    vals, ind = _select(x, axis, pos, keepdim or x.ndim == 0)
+    vals, ind = _select(x, a, axis, pos, keepdim or x.ndim == 0)
     if x.ndim == 0:
         vals, ind = vals.reshape(()), ind.reshape(())
     return median_result(vals, ind)
@@ -87,7 +87,7 @@ def kthvalue(input, k, dim=-1, keepdim=False):
         raise IndexError(f"kthvalue: k = {k} out of range for a dimension of size {n}")
     a = _keys(input, "kthvalue")
     pos = backend.xp_of(a).full(tuple(s for i, s in enumerate(a.shape) if i != axis), k - 1, dtype=np.int64)
-    vals, ind = _select(input, axis, pos, keepdim or input.ndim == 0)
+    vals, ind = _select(input, a, axis, pos, keepdim or input.ndim == 0)
     if input.ndim == 0:
         vals, ind = vals.reshape(()), ind.reshape(())
     return kthvalue_result(vals, ind)
@@ -114,7 +114,7 @@ def _quantile(x, q, dim, keepdim, interpolation, ignore_nan):
         raise ShapeError(f"{op}: the input is empty along dimension {axis}")
     a = _keys(src, op)
     xp = backend.xp_of(a)
-    nans, n = _nan_counts(src, axis)
+    nans, n = _nan_counts(a, axis)
     order = _argsort(a, axis, False)                                  # NaN last
     outs = []
     for qv in qs:

@@ -116,28 +116,35 @@ class AdaptiveAvgPool1d(AdaptiveAvgPool2d):
         return F.adaptive_avg_pool1d(input, self.output_size)
 
 
-class AdaptiveMaxPool2d(Module):
+class _AdaptiveMaxPoolNd(Module):
+    """The adaptive max poolings' output_size and return_indices (the functional form in `_fn`)."""
+    _fn = None
+
     def __init__(self, output_size, return_indices=False):
         super().__init__()
         self.output_size, self.return_indices = output_size, return_indices
 
     def forward(self, input):
-        return F.adaptive_max_pool2d(input, self.output_size, self.return_indices)
+        return type(self)._fn(input, self.output_size, self.return_indices)
 
     def extra_repr(self):
         return f"output_size={self.output_size}"
 
 
+class AdaptiveMaxPool2d(_AdaptiveMaxPoolNd):
+    _fn = staticmethod(F.adaptive_max_pool2d)
+
+
 class MaxPool3d(Module):
     def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False):
         super().__init__()
-        if return_indices:
-            raise NotImplementedError("MaxPool3d: return_indices=True is not implemented (MaxPool2d has it)")
         self.kernel_size, self.stride = kernel_size, stride if stride is not None else kernel_size
         self.padding, self.dilation, self.ceil_mode = padding, dilation, ceil_mode
+        self.return_indices = return_indices
 
     def forward(self, input):
-        return F.max_pool3d(input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+        return F.max_pool3d(input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
+                            self.return_indices)
 
     def extra_repr(self):
         return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
@@ -152,10 +159,5 @@ class AdaptiveAvgPool3d(_AdaptivePoolNd):
     _fn = staticmethod(F.adaptive_avg_pool3d)
 
 
-class AdaptiveMaxPool3d(_AdaptivePoolNd):
+class AdaptiveMaxPool3d(_AdaptiveMaxPoolNd):
     _fn = staticmethod(F.adaptive_max_pool3d)
-
-    def __init__(self, output_size, return_indices=False):
-        if return_indices:
-            raise NotImplementedError("AdaptiveMaxPool3d: return_indices=True is not implemented")
-        super().__init__(output_size)

@@ -206,6 +206,13 @@ CASES = {
     "adaptive_avg_pool3d_none": (lambda L, x: L.nn.functional.adaptive_avg_pool3d(x[0], (None, 1, 5)), ["vol"],
                                  True),
     "adaptive_max_pool3d": (lambda L, x: L.nn.functional.adaptive_max_pool3d(x, (3, 2, 4)), ["vol"], True),
+    "adaptive_max_pool3d_indices": (lambda L, x: L.nn.functional.adaptive_max_pool3d(x, (2, 4, 3), True),
+                                    ["vol"], True),
+    "max_pool3d_indices": (lambda L, x: L.nn.functional.max_pool3d(x, (3, 2, 3), stride=(2, 1, 2), padding=(1, 1, 0),
+                                                                   dilation=(1, 2, 1), ceil_mode=True,
+                                                                   return_indices=True), ["vol"], True),
+    "max_pool3d_indices_nan": (lambda L, x: L.nn.functional.max_pool3d(x[0], 2, stride=1, return_indices=True),
+                               ["vol_nan"], True),
     # ranking, margin and embedding losses; Poisson / Gaussian NLL
     "margin_ranking_loss": (lambda L, a, b, t: L.nn.functional.margin_ranking_loss(a, b, t.detach(), margin=0.3),
                             ["x", "y", "pm1"], True),

@@ -57,10 +57,12 @@ def test_3d_pooling_modules_are_their_functions(device):
         np.testing.assert_array_equal(m(x).detach().cpu().numpy(), fn(x).detach().cpu().numpy())
         assert tuple(m(x[0]).shape) == tuple(fn(x).shape[1:])   # unbatched (C, D, H, W)
     assert repr(nn.MaxPool3d(2)) == "MaxPool3d(kernel_size=2, stride=2, padding=0, dilation=1, ceil_mode=False)"
-    with pytest.raises(NotImplementedError, match="return_indices"):
-        nn.MaxPool3d(2, return_indices=True)
-    with pytest.raises(NotImplementedError, match="return_indices"):
-        F.max_pool3d(x, 2, return_indices=True)
+    out, ind = nn.MaxPool3d(2, return_indices=True)(x)
+    np.testing.assert_array_equal(out.detach().cpu().numpy(), F.max_pool3d(x, 2).detach().cpu().numpy())
+    flat = x.reshape(2, 3, -1).detach().cpu().numpy()
+    np.testing.assert_array_equal(np.take_along_axis(flat, ind.reshape(2, 3, -1).cpu().numpy(), 2),
+                                  out.reshape(2, 3, -1).detach().cpu().numpy())   # the indices point at the maxima
+    assert nn.AdaptiveMaxPool3d(2, return_indices=True)(x)[1].dtype == flame.int64
     with pytest.raises(ValueError, match="padding"):
         F.max_pool3d(x, 2, padding=(2, 0, 0))
     with pytest.raises(flame.ShapeError, match="max_pool3d"):
