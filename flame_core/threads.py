@@ -104,12 +104,16 @@ def matmul(a, b, out=None):
     """np.matmul(a, b) with the pool's threads when the product is large, else one."""
     if _blas is None or _num_threads == 1 or a.ndim == 0 or b.ndim == 0:
         return np.matmul(a, b) if out is None else np.matmul(a, b, out=out)
-    m = a.shape[-2] if a.ndim > 1 else 1
-    k = a.shape[-1]
-    n = b.shape[-1] if b.ndim > 1 else 1
-    batch = 1
-    for s in np.broadcast_shapes(a.shape[:-2], b.shape[:-2]):
-        batch *= s
+    if a.ndim == 2 and b.ndim == 2:   # the common case: no batch (np.broadcast_shapes costs a few µs)
+        (m, k), n = a.shape, b.shape[1]
+        batch = 1
+    else:
+        m = a.shape[-2] if a.ndim > 1 else 1
+        k = a.shape[-1]
+        n = b.shape[-1] if b.ndim > 1 else 1
+        batch = 1
+        for s in np.broadcast_shapes(a.shape[:-2], b.shape[:-2]):
+            batch *= s
     if batch * m * n * k < PARALLEL_MACS:
         return np.matmul(a, b) if out is None else np.matmul(a, b, out=out)
     _set_blas(_num_threads)

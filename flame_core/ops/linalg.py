@@ -6,9 +6,10 @@ from .. import dtypes as D
 from .. import threads as _threads
 from ..amp import autocast_mode as _amp  # autocast hook (flame_core.amp): one line per op, a flag test when off
 from ..autograd.function import Function
+from ..autograd.grad_mode import is_grad_enabled
 from ..errors import DTypeError, ShapeError, fmt_shape
 from ..kernels import gemm as _cublas
-from ..tensor import _wrap, check_same_device
+from ..tensor import Tensor, _wrap, check_same_device
 
 _HALF = (np.dtype(np.float16), D.bfloat16.np)
 _BF16 = np.dtype(D.bfloat16.np)
@@ -28,9 +29,6 @@ def mm_arrays(a, b):
 class Matmul(Function):
     @staticmethod
     def forward(ctx, a, b):
-        if a._f8 or b._f8 or a.dtype is D.float8_e4m3fn or b.dtype is D.float8_e4m3fn:
-            from .promotion import _fp8_storage_only
-            _fp8_storage_only("matmul")
         xa, xb = a._data, b._data
         na, nb = ctx.needs_input_grad
         ctx.save_for_backward(a if nb else None, b if na else None)  # dA needs B, dB needs A (as PyTorch)
@@ -43,6 +41,10 @@ class Matmul(Function):
         a, b = ctx.saved_tensors
         na, nb = ctx.needs_input_grad
         sa, sb = ctx.shapes
+        if not is_grad_enabled() and len(sa) >= 2 and len(sb) >= 2 and (len(sb) == 2 or sa[:-2] == sb[:-2]):
+            # the usual backward (no create_graph) of x @ W and of equal-batch products: on the arrays (no Tensor
+            # op, no node, no reshape Function), as Linear's
+            return _matmul_grads(g._data, a, b, sa, sb, na, nb)
         if len(sa) == 1 and len(sb) == 1:
             return (g * b if na else None), (g * a if nb else None)
         ga = gb = None
@@ -69,7 +71,36 @@ class Matmul(Function):
         return ga, gb
 
 
+def _matmul_grads(gd, a, b, sa, sb, na, nb):
+    """Matmul's (dA, dB) on arrays for A (*, M, K) @ B (K, N) (one 2-D GEMM each over the leading dimensions) and
+    for A (*, M, K) @ B (*, K, N) with equal batch shapes (batched GEMMs, nothing to reduce)."""
+    ga = gb = None
+    if len(sb) == 2:
+        K, N = sb
+        g2 = gd.reshape(-1, N)
+        if na:
+            ga = _wrap(mm_arrays(g2, b._data.T).reshape(sa))
+        if nb:
+            gb = _wrap(mm_arrays(a._data.reshape(-1, K).T, g2))
+        return ga, gb
+    if na:
+        ga = _wrap(mm_arrays(gd, b._data.swapaxes(-1, -2)))
+    if nb:
+        gb = _wrap(mm_arrays(a._data.swapaxes(-1, -2), gd))
+    return ga, gb
+
+
+_MM_DTYPES = frozenset(np.dtype(d) for d in (np.float16, np.float32, np.float64, D.bfloat16.np))
+
+
 def matmul(a, b):
+    if not _amp.active and isinstance(a, Tensor) and isinstance(b, Tensor):
+        # the common case's checks on the arrays (no Size, dtype or device objects): x @ W and equal-batch products
+        xa, xb = a._data, b._data
+        if (type(xa) is type(xb) and xa.dtype is xb.dtype and xa.dtype in _MM_DTYPES and xa.ndim >= 2
+                and (xb.ndim == 2 or (xb.ndim == xa.ndim and xa.shape[:-2] == xb.shape[:-2]))
+                and xa.shape[-1] == xb.shape[-2] and not (a._f8 or b._f8)):
+            return Matmul.apply(a, b)
     check_same_device("matmul", a, b)
     if a.ndim == 0 or b.ndim == 0:
         raise ShapeError(f"matmul: both arguments need at least 1 dimension, got {fmt_shape(a.shape)} and "
@@ -81,7 +112,10 @@ def matmul(a, b):
                          f"({ka} != {kb})")
     if _amp.active:  # autocast hook
         a, b = _amp.cast_inputs("lower", a, b)
-    if a._data.dtype != b._data.dtype and D.float8_e4m3fn not in (a.dtype, b.dtype):  # fp8: Matmul's own error
+    if a._f8 or b._f8 or a.dtype is D.float8_e4m3fn or b.dtype is D.float8_e4m3fn:
+        from .promotion import _fp8_storage_only
+        _fp8_storage_only("matmul")
+    if a._data.dtype != b._data.dtype:
         raise DTypeError(f"matmul: expected both operands to have the same dtype, got {a.dtype.name} and "
                          f"{b.dtype.name} (as PyTorch, no promotion: cast one with .to(), or compute under "
                          f"flame.amp.autocast)")

@@ -220,6 +220,13 @@ def test_matmul_gradcheck(device, m, k, n, batch, seed):
     assert gradcheck(lambda a, v: a @ v, (a, v))
     assert gradcheck(lambda v, b: v @ b, (v, b))
     assert gradcheck(lambda v: v @ v, (v,))
+    # the array backward's cases (equal batches; a gradient that is a transposed view) and the Tensor-op ones
+    # (broadcast batches, 2-D @ batched)
+    c = _t(rng, batch + (k, n), device)
+    assert gradcheck(lambda a, c: a @ c, (a, c))
+    assert gradcheck(lambda a, b: (a @ b).mT * 1.5, (a, b))
+    assert gradcheck(lambda a, d: a @ d, (a, _t(rng, (1, k, n), device)))
+    assert gradcheck(lambda e, c: e @ c, (_t(rng, (m, k), device), c))
 
 
 @given(seed=st.integers(0, 2 ** 16))
