@@ -14,6 +14,7 @@ one stride (stride 0 for a broadcast operand); anything else is made contiguous.
 as cupy.matmul); float16 / bfloat16 accumulate in float32 and round once.
 """
 import ctypes
+import sys
 import threading
 
 import numpy as np
@@ -31,22 +32,43 @@ WORKSPACE_BYTES = 32 << 20
 _ONE, _ZERO = ctypes.c_float(1.0), ctypes.c_float(0.0)
 _lib = None
 _local = threading.local()   # .handles: {device id: _Handle} of this thread
+_live = set()                # the pointers of FLAME's handles not destroyed (live_handles())
 _nd = backend._cupy_ndarray if backend.cupy is not None else None
 _rc_on, _rc_take, _RC_MAX = recycle.on, recycle.take, recycle.MAX_NUMEL
 _FLAGS = _nd is not None and hasattr(_nd, "_c_contiguous")   # CuPy's internal contiguity flags (else .flags)
 
 
 class _Handle:
-    """A cuBLAS handle of FLAME's (one per thread and device), the stream it is set to and its workspace."""
-    __slots__ = ("ptr", "stream", "workspace")
+    """A cuBLAS handle of FLAME's (one per thread and device), the stream it is set to and its workspace. It is
+    destroyed when its thread ends (the thread's `_local` goes, and with it this object): a thread-per-task program
+    does not pile up handles and cuBLAS's device memory for them."""
+    __slots__ = ("ptr", "stream", "workspace", "device", "__weakref__")
 
-    def __init__(self, lib):
+    def __init__(self, lib, device):
         cp = backend.cupy
         h = ctypes.c_void_p()
         _check(lib.cublasCreate_v2(ctypes.byref(h)), "Create")
         self.ptr = h.value
+        self.device = device
         self.workspace = cp.empty(WORKSPACE_BYTES, dtype=np.uint8)
         self.stream = None
+        _live.add(self.ptr)
+
+    def close(self):
+        """cublasDestroy (it synchronizes the device first, so the workspace is idle when it goes back to the pool)."""
+        if self.ptr is None:
+            return
+        with backend.cupy.cuda.Device(self.device):
+            _check(_lib.cublasDestroy_v2(self.ptr), "Destroy")
+        _live.discard(self.ptr)
+        self.ptr = None
+
+    def __del__(self):
+        if self.ptr is not None and _lib is not None and not sys.is_finalizing():
+            try:
+                self.close()
+            except Exception:   # a destructor cannot raise (e.g. the CUDA context already torn down)
+                pass
 
     def set_stream(self, lib, stream):
         _check(lib.cublasSetStream_v2(self.ptr, stream), "SetStream")
@@ -82,13 +104,14 @@ def _libcublas():
     lib = loaded_library("libcublas.so")
     vp, i, ll, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_size_t
     lib.cublasCreate_v2.argtypes = [ctypes.POINTER(vp)]
+    lib.cublasDestroy_v2.argtypes = [vp]
     lib.cublasSetStream_v2.argtypes = [vp, vp]
     lib.cublasSetWorkspace_v2.argtypes = [vp, vp, sz]
     lib.cublasGemmEx.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, vp, i, i, vp, vp, i, i, i, i]
     lib.cublasGemmStridedBatchedEx.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, ll, vp, i, i, ll, vp, vp, i, i, ll,
                                                i, i, i]
-    for fn in (lib.cublasCreate_v2, lib.cublasSetStream_v2, lib.cublasSetWorkspace_v2, lib.cublasGemmEx,
-               lib.cublasGemmStridedBatchedEx):
+    for fn in (lib.cublasCreate_v2, lib.cublasDestroy_v2, lib.cublasSetStream_v2, lib.cublasSetWorkspace_v2,
+               lib.cublasGemmEx, lib.cublasGemmStridedBatchedEx):
         fn.restype = ctypes.c_int
     _lib = lib
     return lib
@@ -109,7 +132,7 @@ def _state():
         _local.handles = {}
     except KeyError:
         pass
-    st = _local.handles[dev] = _Handle(_libcublas())
+    st = _local.handles[dev] = _Handle(_libcublas(), dev)
     return st
 
 
@@ -120,6 +143,12 @@ def _handle():
     if st.stream != stream:
         st.set_stream(_lib, stream)
     return _lib, st.ptr
+
+
+def live_handles():
+    """How many of FLAME's cuBLAS handles exist, i.e. were created and not (successfully) destroyed: one per thread
+    and device that ran a product; a thread's go when it ends."""
+    return len(_live)
 
 
 def workspace():

@@ -158,19 +158,11 @@ def linear_bias(x, w, bias):
     pbias = bias.data.ptr
     if M == 0 or pbias & 15:
         return None
-    dev = _get_device()
-    h = _handles.get(dev)
-    if h is None:
-        h = _handle(dev)[0]
     out = gemm.new_output(x.shape[:-1] + (N,), M * N, dt)
-    pb, pa, po = w.data.ptr, x.data.ptr, out.data.ptr
-    ao = _alignment(po)
     # cuBLASLt's A is w's memory read transposed (ld K), its B is x (ld K), C = D is out (ld N): see _plan
-    plan = _plan((dev, t, gemm.OP_T, gemm.OP_N, N, M, K, K, K, N, (_alignment(pb), _alignment(pa), ao, ao),
-                  _EPILOGUE_BIAS), h)
-    if plan is None:
+    if not _run(t, gemm.OP_T, gemm.OP_N, N, M, K, K, K, N, w.data.ptr, x.data.ptr, out.data.ptr, pbias,
+                _EPILOGUE_BIAS):
         return None
-    _matmul(plan, h, pb, pa, po, pbias, gemm.workspace().data.ptr)
     return out
 
 
@@ -190,24 +182,32 @@ def weight_bias_grad(g, x):
     K = x.shape[1]
     if N < 2 or K < 2 or M < 1 or x.shape[0] != M:
         return None
+    dw = gemm.new_output((N, K), N * K, dt)
+    db = gemm.new_output((N,), N, dt)
+    pbias = db.data.ptr
+    if pbias & 15:
+        return None
+    # row-major dW = g^T @ x: cuBLASLt's A is x's memory (K, M column-major, op N), its B is g's (N, M column-major,
+    # op T: B = g, whose sums over k = M are the bias gradient), D is dW (K, N column-major, ld K)
+    if not _run(t, gemm.OP_N, gemm.OP_T, K, N, M, K, N, K, x.data.ptr, g.data.ptr, dw.data.ptr, pbias,
+                _EPILOGUE_BGRADB):
+        return None
+    return dw, db
+
+
+def _run(t, opB, opA, N, M, K, ldb, lda, ldc, pb, pa, po, pbias, epilogue):
+    """Plans (once per problem) and runs one matmul on the current device and stream, cuBLASLt's A at pb and B at pa
+    (see _plan), C = D at po, the epilogue's vector at pbias; False when cuBLASLt has no algorithm for it."""
     dev = _get_device()
     h = _handles.get(dev)
     if h is None:
         h = _handle(dev)[0]
-    dw = gemm.new_output((N, K), N * K, dt)
-    db = gemm.new_output((N,), N, dt)
-    pb, pa, po, pbias = x.data.ptr, g.data.ptr, dw.data.ptr, db.data.ptr
-    if pbias & 15:
-        return None
     ao = _alignment(po)
-    # row-major dW = g^T @ x: cuBLASLt's A is x's memory (K, M column-major, op N), its B is g's (N, M column-major,
-    # op T: B = g, whose sums over k = M are the bias gradient), D is dW (K, N column-major, ld K)
-    plan = _plan((dev, t, gemm.OP_N, gemm.OP_T, K, N, M, K, N, K, (_alignment(pb), _alignment(pa), ao, ao),
-                  _EPILOGUE_BGRADB), h)
+    plan = _plan((dev, t, opB, opA, N, M, K, ldb, lda, ldc, (_alignment(pb), _alignment(pa), ao, ao), epilogue), h)
     if plan is None:
-        return None
+        return False
     _matmul(plan, h, pb, pa, po, pbias, gemm.workspace().data.ptr)
-    return dw, db
+    return True
 
 
 def _matmul(plan, h, pb, pa, po, pbias, ws):
@@ -238,15 +238,9 @@ def matmul_bias(a, b, bias):
     if la is None or lb is None or not bias.flags.c_contiguous or bias.data.ptr % 16:
         return None
     (opA, lda), (opB, ldb) = la, lb
-    t = gemm._CUDA_TYPE[np.dtype(a.dtype)]
-    dev = cp.cuda.runtime.getDevice()
-    h, ws = _handle(dev)
     out = cp.empty((M, N), dtype=a.dtype)
-    pb, pa, po = b.data.ptr, a.data.ptr, out.data.ptr
-    ao = _alignment(po)
-    aligns = (_alignment(pb), _alignment(pa), ao, ao)   # cuBLASLt's A is b's memory (see _plan); C is D
-    plan = _plan((dev, t, opB, opA, N, M, K, ldb, lda, N, aligns, _EPILOGUE_BIAS), h)
-    if plan is None:
+    # cuBLASLt's A is b's memory (see _plan); C is D
+    if not _run(gemm._CUDA_TYPE[np.dtype(a.dtype)], opB, opA, N, M, K, ldb, lda, N, b.data.ptr, a.data.ptr,
+                out.data.ptr, bias.data.ptr, _EPILOGUE_BIAS):
         return None
-    _matmul(plan, h, pb, pa, po, bias.data.ptr, ws.data.ptr)
     return out

@@ -211,3 +211,51 @@ def test_the_gemm_handle_follows_the_current_stream_and_keeps_its_workspace():
     for o in outs:
         np.testing.assert_allclose(cp.asnumpy(o), a @ b, rtol=1e-4, atol=1e-4)
     assert gemm._state().ptr != cp.cuda.device.get_cublas_handle()
+
+
+def test_a_threads_gemm_handle_is_destroyed_when_the_thread_ends():
+    """Each thread that runs a product gets its own cuBLAS handle; when the thread ends the handle is destroyed
+    (cublasDestroy returned success: it leaves the live set only then), so threads started per task do not pile up
+    handles. Products on the ended threads' handles gave the references."""
+    import gc
+    import threading
+    import weakref
+
+    from flame_core.kernels import gemm
+    cp = backend.cupy
+    rng = np.random.default_rng(6)
+    a, b = rng.standard_normal((32, 16)).astype(np.float32), rng.standard_normal((16, 24)).astype(np.float32)
+    A, B = cp.asarray(a), cp.asarray(b)
+    cp.cuda.Device().synchronize()
+    results, errors, handles = [], [], []
+
+    def work():
+        try:
+            results.append(cp.asnumpy(gemm.matmul(A, B)))
+            st = gemm._state()
+            handles.append((weakref.ref(st), st.ptr))
+        except Exception as e:   # noqa: BLE001 - reported by the assertion below
+            errors.append(repr(e))
+
+    for _ in range(3):
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    gc.collect()
+    assert not errors, errors
+    assert len(results) == 24 and len(handles) == 24
+    for r in results:
+        np.testing.assert_allclose(r, a @ b, rtol=1e-4, atol=1e-4)
+    assert all(ref() is None for ref, _ in handles)              # each thread's handle went with its thread
+    assert not {ptr for _, ptr in handles} & gemm._live          # ... destroyed (cublasDestroy returned success)
+    assert len({ptr for _, ptr in handles}) >= 8                 # eight threads at a time had eight handles
+    st = gemm._state()
+    n = gemm.live_handles()
+    st.close()   # an explicit close: destroyed once; the thread's next product then makes a new handle
+    st.close()
+    assert st.ptr is None and gemm.live_handles() == n - 1
+    gemm._local.handles.clear()
+    np.testing.assert_allclose(cp.asnumpy(gemm.matmul(A, B)), a @ b, rtol=1e-4, atol=1e-4)
+    assert gemm._state() is not st and gemm._state().ptr is not None
