@@ -56,12 +56,12 @@ def context():
 
 class Results(dict):
     """A bench's figures by key: each printed as it comes; `save()` writes them with the run's context to
-    $OUT/<name>.json (or ./<name>.json)."""
+    $OUT/<name>.json (without $OUT: ./out/<name>.json, a git-ignored folder, not the working tree's root)."""
 
     def __init__(self, name):
         super().__init__()
         self.name = name
-        self.path = os.path.join(os.environ.get("OUT", "."), f"{name}.json")
+        self.path = os.path.join(os.environ.get("OUT") or "out", f"{name}.json")
 
     def log(self, key, value):
         self[key] = value

@@ -190,7 +190,8 @@ def main():
               "seconds_total": round(total, 2), "driver_peak_gib": round(driver.peak / GiB, 3) if driver.cp else None,
               "stages": {k: {"seconds": v["seconds"], "pool_peak_gib": round(v["peak_bytes"] / GiB, 3)}
                          for k, v in stats.items()}}
-    out = os.path.join(os.environ.get("OUT", "."), "generate_bench.json")
+    out = os.path.join(os.environ.get("OUT") or "out", "generate_bench.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
         json.dump(result, f, indent=2)
     print(f"\nFlux {'tiny' if args.tiny else 'dev'} generate on {device}, {result['size']}, {args.steps} steps, "

@@ -149,7 +149,7 @@ def peer_ms(res, which):
     key = f"compiled_step_{which}_1024_ckpt_ms"
     if res.get(key) is not None:
         return res[key]
-    path = os.path.join(os.environ.get("OUT", "."), f"kontext_chroma_lora_{which}.json")
+    path = os.path.join(os.environ.get("OUT") or "out", f"kontext_chroma_lora_{which}.json")
     try:
         with open(path) as f:
             return json.load(f)["results"].get(key)

@@ -19,9 +19,10 @@ synchronize between them; the same interleaving, their own per-round ratios): wh
 whole-chain figure above never includes these rounds.
 `--chain linear` times another chain of 200 ops: 100 x (F.linear(y, W_i, b_i) then tanh) on a (16, 64) float32
 input, every W_i (64, 64) and b_i (64,) requiring grad: an eager MLP's host cost (GEMMs through cuBLAS / cuBLASLt,
-the weight and bias gradients), where the default chain (`elementwise`) has no GEMM.
+the weight and bias gradients), where the default chain (`elementwise`) has no GEMM. `--chain matmul`: the same
+with `y @ W_i` (W_i (64, 64) requiring grad, no bias) for the linear: Tensor.__matmul__'s path (cuBLAS GemmEx).
 Run: PYTHONPATH=$PWD python3 bench/overhead.py [--rounds 15] [--chains 5] [--device all|cpu|cuda] [--split]
-     [--chain elementwise|linear]
+     [--chain elementwise|linear|matmul]
 """
 import argparse
 import statistics
@@ -51,6 +52,16 @@ def linear_chain(linear, layers):
         y = x
         for w, b in layers:
             y = linear(y, w, b).tanh()
+        return y.sum()
+    return run
+
+
+def matmul_chain(weights):
+    """`--chain matmul`: N_OPS ops, N_OPS / 2 times `y @ W` then tanh (the same on FLAME and torch tensors)."""
+    def run(x):
+        y = x
+        for w in weights:
+            y = (y @ w).tanh()
         return y.sum()
     return run
 
@@ -95,6 +106,9 @@ def _side(name, lib, linear, device, kind, sync):
         x = lib.randn(16, device=device, requires_grad=True)
         return name, x, sync, chain, [x]
     x = lib.randn(16, 64, device=device, requires_grad=True)
+    if kind == "matmul":
+        ws = [(lib.randn(64, 64, device=device) * 0.125).requires_grad_() for _ in range(N_OPS // 2)]
+        return name, x, sync, matmul_chain(ws), [x] + ws
     layers = [((lib.randn(64, 64, device=device) * 0.125).requires_grad_(),
                (lib.randn(64, device=device) * 0.1).requires_grad_()) for _ in range(N_OPS // 2)]
     return name, x, sync, linear_chain(linear, layers), [x] + [t for wb in layers for t in wb]
@@ -185,8 +199,8 @@ def main():
     ap.add_argument("--device", choices=("all", "cpu", "cuda"), default="all")
     ap.add_argument("--no-torch", action="store_true", help="time FLAME alone even when torch is importable")
     ap.add_argument("--split", action="store_true", help="also time the forward and the backward apart (more rounds)")
-    ap.add_argument("--chain", choices=("elementwise", "linear"), default="elementwise",
-                    help="the 200-op chain: scalar and elementwise ops (default) or 100 x (linear, tanh)")
+    ap.add_argument("--chain", choices=("elementwise", "linear", "matmul"), default="elementwise",
+                    help="the 200-op chain: elementwise ops (default), 100 x (linear, tanh) or 100 x (@, tanh)")
     args = ap.parse_args()
     torch = None if args.no_torch else common.import_torch()
     cuda = flame.cuda_is_available()
