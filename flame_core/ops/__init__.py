@@ -150,6 +150,7 @@ def _install_math_methods(T):
     from . import order_stats as OS
     from . import products as P
     from . import sampling as SA
+    from . import special_fns as SF
     from .inplace import apply_inplace
     methods = dict(
         tan=MO.tan, asin=MO.asin, acos=MO.acos, atan=MO.atan, arcsin=MO.asin, arccos=MO.acos, arctan=MO.atan,
@@ -168,12 +169,15 @@ def _install_math_methods(T):
         kron=P.kron, inner=P.inner, cross=P.cross,
         bincount=B.bincount, histc=B.histc, isin=B.isin,
         bernoulli=SA.bernoulli, multinomial=SA.multinomial,
+        lgamma=SF.lgamma, digamma=SF.digamma, polygamma=lambda self, n: SF.polygamma(n, self), mvlgamma=SF.mvlgamma,
     )
     for name, fn in methods.items():
         setattr(T, name, with_numpy_names(fn) if name in _NUMPY_NAMED else fn)
     for name in ("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "expm1", "exp2",
-                 "log2", "log10", "erfc", "erfinv", "sinc", "frac", "deg2rad", "rad2deg", "sgn"):
+                 "log2", "log10", "erfc", "erfinv", "sinc", "frac", "deg2rad", "rad2deg", "sgn", "lgamma", "digamma"):
         setattr(T, name + "_", (lambda f: lambda self: apply_inplace(self, f))(methods[name]))
+    T.polygamma_ = lambda self, n: apply_inplace(self, lambda t: SF.polygamma(n, t))
+    T.mvlgamma_ = lambda self, p: apply_inplace(self, lambda t: SF.mvlgamma(t, p))
     T.logit_ = lambda self, eps=None: apply_inplace(self, lambda t: MO.logit(t, eps))
     T.nan_to_num_ = lambda self, nan=0.0, posinf=None, neginf=None: apply_inplace(
         self, lambda t: MO.nan_to_num(t, nan, posinf, neginf))

@@ -286,16 +286,23 @@ def _xlogy_compute(xp, a, b):
 
 
 def _xlogy_grads(g, a, b, y, na, nb):
+    return _xlog_grads(g, a, b, na, nb, E.log, math.log, 0.0)
+
+
+def _xlog_grads(g, a, b, na, nb, log_t, log_s, pole):
+    """xlogy's (pole 0, log) and xlog1py's (pole -1, log1p) gradients as PyTorch's: d/da = xlogy(g, log(b)) -- g
+    times the log, 0 where g is 0 -- zeroed where a is 0 and b <= pole; d/db = g a / (b - pole)."""
     da = db = None
-    if na:   # PyTorch: xlogy(x != 0, y): 0 where x is 0
-        nonzero = E.ne(a, 0).to(g.dtype)
+    if na:
         if isinstance(b, Tensor):
-            da = g * E.where(E.eq(a, 0), 0.0, E.log(b))
+            zero = E.logical_or(E.eq(g, 0), E.logical_and(E.eq(a, 0), E.le(b, pole)))
+            da = E.where(zero, 0.0, g * log_t(b))
         else:
-            logb = math.log(b) if b > 0 else (-math.inf if b == 0 else math.nan)
-            da = g * E.where(E.eq(a, 0), 0.0, nonzero * logb)
+            logb = log_s(b) if b > pole else (-math.inf if b == pole else math.nan)
+            zero = E.logical_or(E.eq(g, 0), E.eq(a, 0)) if b <= pole else E.eq(g, 0)
+            da = E.where(zero, 0.0, g * logb)
     if nb:
-        db = g * a / b
+        db = g * a / (b - pole) if pole else g * a / b
     return da, db
 
 

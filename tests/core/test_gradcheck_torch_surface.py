@@ -44,6 +44,17 @@ UNARY = {
     "frac": (lambda x: flame.frac(x * 0.4 + 0.3), (-0.6, 0.6)),
     "nansum": (lambda x: flame.nansum(x, dim=-1) if x.ndim else flame.nansum(x), (-2.0, 2.0)),
     "nanmean": (lambda x: flame.nanmean(x), (-2.0, 2.0)),
+    "lgamma": (flame.lgamma, (0.2, 6.0)),
+    "lgamma_negative": (lambda x: flame.lgamma(x - 2.0), (0.1, 0.9)),
+    "digamma": (flame.digamma, (0.2, 12.0)),
+    "digamma_negative": (lambda x: flame.digamma(-x), (1.1, 1.9)),
+    "polygamma_1": (lambda x: flame.polygamma(1, x), (0.3, 12.0)),
+    "polygamma_2_negative": (lambda x: flame.polygamma(2, -x), (0.2, 0.8)),
+    "mvlgamma": (lambda x: flame.mvlgamma(x, 3), (1.2, 5.0)),
+    "ndtr": (flame.special.ndtr, (-3.0, 3.0)),
+    "ndtri": (flame.special.ndtri, (0.05, 0.95)),
+    "log_ndtr": (flame.special.log_ndtr, (-30.0, 6.0)),
+    "entr": (flame.special.entr, (0.05, 2.0)),
 }
 
 
@@ -59,6 +70,7 @@ BINARY = {
     "atan2": (flame.atan2, (-2.0, 2.0), (0.3, 2.0)),
     "hypot": (flame.hypot, (0.3, 2.0), (-2.0, -0.3)),
     "xlogy": (flame.xlogy, (-2.0, 2.0), (0.3, 2.0)),
+    "xlog1py": (flame.special.xlog1py, (-2.0, 2.0), (-0.7, 2.0)),
     "logaddexp": (flame.logaddexp, (-3.0, 3.0), (-3.0, 3.0)),
     "copysign": (flame.copysign, (0.3, 2.0), (-2.0, 2.0)),
     "fmax": (flame.fmax, (-2.0, -0.1), (0.1, 2.0)),
