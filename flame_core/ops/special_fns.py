@@ -11,8 +11,8 @@ Values (float64 here; half types in float32 and rounded once; integer inputs giv
   integers, NaN unless s is an integer.
 - polygamma(n, x) = (-1)^(n + 1) n! zeta(n + 1, x) for n >= 1, digamma for n = 0.
 Each derivative is PyTorch's: lgamma' = digamma, digamma' = polygamma(1, .), polygamma(n, .)' = polygamma(n + 1, .)
-(as Tensor ops, so higher derivatives work); zeta has none (as PyTorch: not differentiable), ndtri' = sqrt(2 pi)
-exp(ndtri(p)^2 / 2), log_ndtr' = exp(-x^2 / 2 - log_ndtr(x)) / sqrt(2 pi)."""
+(as Tensor ops, so higher derivatives work); zeta's in q is -x zeta(x + 1, q) (none in x, as PyTorch), ndtri' =
+sqrt(2 pi) exp(ndtri(p)^2 / 2), log_ndtr' = exp(-x^2 / 2 - log_ndtr(x)) / sqrt(2 pi)."""
 import math
 
 import numpy as np
@@ -188,17 +188,38 @@ def mvlgamma(x, p):
     return lgamma(x.unsqueeze(-1) + offsets).sum(-1) + p * (p - 1) / 4 * _LOG_PI
 
 
+class Zeta(Function):
+    @staticmethod
+    def forward(ctx, x, other):
+        from .promotion import _default_float, _operands
+        xa, qa, dt = _operands("zeta", x, other)
+        xp = backend.xp_of(qa if isinstance(other, Tensor) else xa)
+        dt = np.dtype(dt) if np.dtype(dt).kind == "f" else _default_float().np
+        xa, qa = xp.asarray(xa, dtype=dt), xp.asarray(qa, dtype=dt)
+        ctx.save_for_backward(x if isinstance(x, Tensor) else None, other if isinstance(other, Tensor) else None)
+        ctx.x = None if isinstance(x, Tensor) else x
+        return _wrap(_zeta_arr(xp, _wide(xa), _wide(qa)).astype(dt))
+
+    @staticmethod
+    def backward(ctx, g):
+        from .promotion import sum_to
+        x, q = ctx.saved_tensors
+        nx, nq = ctx.needs_input_grad
+        if nx and x is not None:
+            raise NotImplementedError("zeta: the derivative with respect to its first argument (x) is not "
+                                      "implemented (as in PyTorch); detach x")
+        if not (nq and q is not None):
+            return None, None
+        s = x if x is not None else ctx.x
+        return None, sum_to(g * -s * zeta(s + 1, q), q.shape)
+
+
 def zeta(x, other):
     """The Hurwitz zeta function sum over k >= 0 of (other + k)^-x (torch.special.zeta; either may be a Python
-    number; not differentiable, as PyTorch's)."""
-    from .promotion import _default_float, _operands
+    number). Differentiable in `other` (d/dq = -x zeta(x + 1, q)), not in x (as PyTorch's)."""
     if not isinstance(x, Tensor) and not isinstance(other, Tensor):
         raise TypeError("zeta: expected at least one tensor operand")
-    xa, qa, dt = _operands("zeta", x, other)
-    xp = backend.xp_of(qa if isinstance(other, Tensor) else xa)
-    dt = np.dtype(dt) if np.dtype(dt).kind == "f" else _default_float().np
-    xa, qa = xp.asarray(xa, dtype=dt), xp.asarray(qa, dtype=dt)
-    return _wrap(_zeta_arr(xp, _wide(xa), _wide(qa)).astype(dt))
+    return Zeta.apply(x, other)
 
 
 def ndtr(x):

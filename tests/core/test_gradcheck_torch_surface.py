@@ -55,6 +55,7 @@ UNARY = {
     "ndtri": (flame.special.ndtri, (0.05, 0.95)),
     "log_ndtr": (flame.special.log_ndtr, (-30.0, 6.0)),
     "entr": (flame.special.entr, (0.05, 2.0)),
+    "zeta_in_q": (lambda q: flame.special.zeta(2.5, q), (0.3, 6.0)),
 }
 
 

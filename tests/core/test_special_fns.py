@@ -60,3 +60,10 @@ def test_bad_arguments_raise_clear_errors(device):
         flame.mvlgamma(x, 3)
     with pytest.raises(TypeError, match="zeta: expected at least one tensor"):
         flame.special.zeta(2.0, 1.0)
+
+
+def test_zeta_has_no_derivative_in_x(device):
+    s = flame.tensor([2.0, 3.0], dtype=flame.float64, device=device, requires_grad=True)
+    q = flame.tensor([1.0, 2.0], dtype=flame.float64, device=device, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="zeta: the derivative with respect to its first argument"):
+        flame.special.zeta(s, q).sum().backward()
