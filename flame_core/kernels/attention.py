@@ -11,8 +11,10 @@ torch). scale defaults to 1 / sqrt(E). lse (B, H, Lq) is the natural-log logsume
 
 CuPy bfloat16 / float16 run the FlashAttention-2 kernels of cuda_src/flash_attention_{fwd,bwd}.cu (fp32 softmax and
 accumulation; head dims 64 and 128 have their own tiles, other E <= 256 run zero-padded to 64 / 128 / 256).
-Everything else (NumPy, float32, float64, E != Ev, E > 256) takes the chunked reference below, written against `xp`:
-it handles blocks of query rows so that at most CHUNK_BYTES of scores exist at a time. It is also the test oracle.
+CuPy float32 without a mask (causal or not) whose scores fit CHUNK_BYTES runs dense: cuBLAS products around the
+softmax kernels of cuda_src/softmax.cu (`_dense_forward` / `_dense_backward`). Everything else (NumPy, float64, masks,
+E != Ev, E > 256, larger float32 problems) takes the chunked reference below, written against `xp`: it handles blocks
+of query rows so that at most CHUNK_BYTES of scores exist at a time. It is also the test oracle.
 """
 import functools
 import math
@@ -26,6 +28,7 @@ from . import gemm as _gemm
 from . import launching as KL
 from . import loader as L
 from . import plans as P
+from . import softmax as _softmax
 from . import tma
 
 CHUNK_BYTES = 64 << 20  # bound on the scores (and their same-size temporaries) the reference holds at once
@@ -199,6 +202,50 @@ def _reference_backward(do, q, k, v, o, lse, mask, is_causal, scale):
         dq[:, :, i0:i1] = _gemm.mm(ds, kf) * scale
         dk += _gemm.mm(ds.swapaxes(-1, -2), qc) * scale
     return dq, dk.astype(k.dtype), dv.astype(v.dtype)
+
+
+# ----------------------------------------------------------------------------- dense float32 path (cuda)
+def _dense_ok(q, k, v, mask):
+    """float32 cuda attention without a mask whose whole score matrix fits the reference's chunk bound: two cuBLAS
+    products around FLAME's softmax kernels (a handful of launches; the chunked reference issues some twenty CuPy
+    ops, ~0.7 ms of host time at any size -- the flash kernels take half types only)."""
+    return (mask is None and q.dtype == np.float32 and k.dtype == np.float32 and v.dtype == np.float32
+            and backend.is_cuda_array(q) and L.use_kernel(q, k, v) and k.shape[2] > 0 and q.shape[2] > 0
+            and q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * 4 <= CHUNK_BYTES)
+
+
+_causal_bias = {}   # (Lq, Lk, device) -> (Lq, Lk) float32: 0 where key j <= query i, -inf above (top-left aligned)
+
+
+def _dense_scores(q, k, is_causal, scale):
+    s = _gemm.matmul(q, k.swapaxes(-1, -2), alpha=scale)
+    if is_causal:   # every row keeps key 0: no row is left empty
+        lq, lk = s.shape[-2:]
+        key = (lq, lk, q.data.device_id)
+        bias = _causal_bias.get(key)
+        if bias is None:
+            cp = backend.cupy
+            bias = cp.where(cp.arange(lk)[None, :] > cp.arange(lq)[:, None], -np.inf, 0.0).astype(np.float32)
+            if len(_causal_bias) > 64:
+                _causal_bias.clear()
+            _causal_bias[key] = bias
+        s += bias
+    return s
+
+
+def _dense_forward(q, k, v, is_causal, scale):
+    s = _dense_scores(q, k, is_causal, scale)
+    p = _softmax.softmax_forward(s)
+    logp = _softmax.softmax_forward(s, log=True)
+    lse = s[..., 0] - logp[..., 0]   # s_0 - (s_0 - lse): key 0 is attended by every row
+    return _gemm.matmul(p, v), lse
+
+
+def _dense_backward(do, q, k, v, is_causal, scale):
+    p = _softmax.softmax_forward(_dense_scores(q, k, is_causal, scale))
+    dv = _gemm.matmul(p.swapaxes(-1, -2), do)
+    ds = _softmax.softmax_backward(_gemm.matmul(do, v.swapaxes(-1, -2)), p)
+    return _gemm.matmul(ds, k, alpha=scale), _gemm.matmul(ds.swapaxes(-1, -2), q, alpha=scale), dv
 
 
 # ----------------------------------------------------------------------------- kernel path
@@ -734,6 +781,8 @@ def flash_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None
     mask = None if attn_mask is None else _mask4(attn_mask)
     if _use_kernel(q, k, v, mask, scale):
         return _kernel_forward(q, k, v, mask, is_causal, scale)
+    if _dense_ok(q, k, v, mask):
+        return _dense_forward(q, k, v, is_causal, scale)
     if k.shape[2] == 0:  # nothing to attend: output 0, as for a fully masked row
         xp = backend.xp_of(q)
         return (xp.zeros(q.shape[:3] + (v.shape[3],), dtype=q.dtype),
@@ -752,6 +801,8 @@ def flash_attention_backward(do, q, k, v, o, lse, attn_mask=None, is_causal=Fals
     mask = None if attn_mask is None else _mask4(attn_mask)
     if _use_kernel(q, k, v, mask, scale):
         return _kernel_backward(do, q, k, v, o, lse, mask, is_causal, scale)
+    if _dense_ok(q, k, v, mask):
+        return _dense_backward(do.astype(np.float32, copy=False), q, k, v, is_causal, scale)
     if k.shape[2] == 0:
         xp = backend.xp_of(q)
         return xp.zeros_like(q), xp.zeros_like(k), xp.zeros_like(v)

@@ -5,14 +5,21 @@ of a fused projection) is copied as n rows per index of the dims before d. CuPy'
 elementwise copy (an index division per element, one element per thread: ~4x below the copy ceiling on bf16 pieces)
 and joins more than a few arrays through an address table copied from host memory, which a CUDA graph capture
 refuses."""
+import math
+import threading
+
 import numpy as np
 
 from .. import backend
+from ..memory import recycle
 from . import launching as KL
 from . import loader as L
 from . import plans as P
 
 _BLOCK = 256
+_local = threading.local()   # .launches: {(kernel, grid, block, device): PackedLaunch} of this thread
+_get_device = backend.cupy.cuda.runtime.getDevice if backend.cupy is not None else None
+_nd = backend._cupy_ndarray if backend.cupy is not None else None
 
 
 def _row_blocks(a, d):
@@ -32,7 +39,7 @@ def _row_blocks(a, d):
             return None
     if live:
         stride = live[-1][1]
-        rows = int(np.prod([n for n, _ in live]))
+        rows = math.prod(n for n, _ in live)
     return rows, row, stride
 
 
@@ -47,8 +54,25 @@ def copy_rows(src, src_stride, dst, dst_stride, rows, row_bytes):
     block = min(_BLOCK, P.cdiv(cols, 32) * 32)
     gx = P.cdiv(cols, block)
     gy = max(1, min(P.cdiv(rows, 4), 65535, P.cdiv(8 * P.sm_count(), gx)))
-    KL.launch(L.get_function("copy_rows", name), (gx, gy), (block,),
-              (np.uint64(src), np.uint64(dst), KL.i64(rows), KL.i64(cols), KL.i64(src_stride), KL.i64(dst_stride)))
+    if src_stride < 0 or dst_stride < 0:   # (a reversed view's rows) CuPy's argument conversion takes signed values
+        KL.launch(L.get_function("copy_rows", name), (gx, gy), (block,),
+                  (np.uint64(src), np.uint64(dst), KL.i64(rows), KL.i64(cols), KL.i64(src_stride),
+                   KL.i64(dst_stride)))
+        return
+    # one packed launch per (kernel, grid, block, device) and thread: per call only the six values are written (no
+    # per-argument conversion: the per-op host cost of an eager cat)
+    key = (name, gx, gy, block, _get_device())
+    try:
+        pl = _local.launches[key]
+    except AttributeError:
+        _local.launches = {}
+        pl = None
+    except KeyError:
+        pl = None
+    if pl is None:
+        pl = _local.launches[key] = KL.PackedLaunch(L.get_function("copy_rows", name), (gx, gy), (block,),
+                                                    (None,) * 6, 6)
+    pl((src, dst, rows, cols, src_stride, dst_stride))
 
 
 MAX_LEAD = 16  # a piece whose rows are packed only from dim + 1 on: one copy per index of the dims before dim, up to
@@ -67,10 +91,13 @@ def _packed_from(a, d):
 
 def cat(arrs, dim):
     """The concatenation of cupy arrays of one dtype along `dim` (a new C-contiguous array)."""
-    cp = backend.cupy
     shape = list(arrs[0].shape)
     shape[dim] = sum(a.shape[dim] for a in arrs)
-    out = cp.empty(tuple(shape), dtype=arrs[0].dtype)
+    shape = tuple(shape)
+    dt = arrs[0].dtype
+    out = recycle.take(shape, dt) if recycle.on[0] and math.prod(shape) <= recycle.MAX_NUMEL else None
+    if out is None:
+        out = _nd(shape, dt)
     if out.size == 0:
         return out
     _, total, out_stride = _row_blocks(out, dim)
@@ -82,7 +109,7 @@ def cat(arrs, dim):
             blocks = _row_blocks(a, dim)
             packed = _packed_from(a, dim) if blocks is None else None
             lead = a.shape[:dim]
-            if packed is not None and int(np.prod(lead)) <= MAX_LEAD:
+            if packed is not None and math.prod(lead) <= MAX_LEAD:
                 # rows packed from dim + 1 on (their stride along dim is not the row's length, e.g. a v view of a
                 # fused qkv projection): n rows per index of the dims before dim
                 row, rstride = packed

@@ -36,8 +36,23 @@ def embedding(input, weight, padding_idx=None):
         raise DTypeError(f"embedding: indices must be integers, got {input.dtype}")
     if weight.ndim != 2:
         raise ShapeError(f"embedding: weight must be (num_embeddings, dim), got {fmt_shape(weight.shape)}")
-    if input.numel():
+    if input.numel() and _out_of_range(input._data, weight.shape[0]):
         lo, hi = int(input.min()), int(input.max())
-        if lo < 0 or hi >= weight.shape[0]:
-            raise IndexError(f"embedding: index out of range: indices span [{lo}, {hi}] for {weight.shape[0]} rows")
+        raise IndexError(f"embedding: index out of range: indices span [{lo}, {hi}] for {weight.shape[0]} rows")
     return Embedding.apply(input, weight, padding_idx)
+
+
+_oob_kernel = None
+
+
+def _out_of_range(ia, n):
+    """Whether any index lies outside [0, n): on cuda one reduction kernel and one device-to-host read (a min and a
+    max were two of each: the eager embedding's host cost)."""
+    xp = backend.xp_of(ia)
+    if xp is np:
+        return bool(ia.min() < 0 or ia.max() >= n)
+    global _oob_kernel
+    if _oob_kernel is None:
+        _oob_kernel = xp.ReductionKernel("T x, int64 n", "int32 bad", "(x < 0 || x >= n) ? 1 : 0", "a | b",
+                                         "bad = a", "0", "flame_embedding_out_of_range")
+    return bool(_oob_kernel(ia, n))

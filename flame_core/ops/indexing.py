@@ -251,6 +251,10 @@ def index_select(x, dim, index):
     return getitem(x, idx)
 
 
+_NP_SCALAR_DTYPES = frozenset(np.dtype(d) for d in (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32,
+                                                     np.int64, np.uint8, np.bool_))
+
+
 class MaskedFill(Function):
     @staticmethod
     def forward(ctx, x, mask, value):
@@ -258,9 +262,16 @@ class MaskedFill(Function):
         m = mask._data
         if m.dtype != np.bool_:
             raise TypeError(f"masked_fill: mask must be a bool tensor, got {mask.dtype}")
-        v = value._data if isinstance(value, Tensor) else value
+        a = x._data
         ctx.save_for_backward(mask)
-        return _wrap(xp.where(m, xp.asarray(v, dtype=x._data.dtype), x._data))
+        if isinstance(value, Tensor):
+            v = xp.asarray(value._data, dtype=a.dtype)
+        elif a.dtype in _NP_SCALAR_DTYPES:   # a NumPy scalar of x's dtype: no device array made for it (host cost)
+            with np.errstate(over="ignore"):   # (a value beyond float16's range: inf, as the array path gave)
+                v = a.dtype.type(value)
+        else:   # (bfloat16: CuPy takes no ml_dtypes scalar)
+            v = xp.asarray(value, dtype=a.dtype)
+        return _wrap(xp.where(m, v, a))
 
     @staticmethod
     def backward(ctx, g):

@@ -86,8 +86,32 @@ def mean(x, dim=None, keepdim=False, *, dtype=None):
         (x,) = _amp.cast_inputs("fp32", x)
     axes = _dims(dim, x.ndim, "mean")
     n = _count(x.shape, axes)
-    s = Sum.apply(x, axes, keepdim, dtype)
-    return s / n if n else s * float("nan")
+    if not n:
+        return Sum.apply(x, axes, keepdim, dtype) * float("nan")
+    if dtype is not None:
+        x = x.to(dtype)
+    return Mean.apply(x, axes, keepdim, n)
+
+
+class Mean(Function):
+    """mean as one reduction (the sum and the division in one pass: xp.mean; half types summed in float32 and
+    rounded once, as PyTorch)."""
+
+    @staticmethod
+    def forward(ctx, x, axes, keepdim, n):
+        no_fp8("mean", x)
+        a = x._data
+        xp = backend.xp_of(a)
+        if a.dtype.itemsize < 4:
+            r = xp.mean(a, axis=axes, keepdims=keepdim, dtype=np.float32).astype(a.dtype)
+        else:
+            r = xp.mean(a, axis=axes, keepdims=keepdim)
+        ctx.shape, ctx.axes, ctx.keepdim, ctx.n = a.shape, axes, keepdim, n
+        return _wrap(r)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _expand_back(g / ctx.n, ctx.shape, ctx.axes, ctx.keepdim), None, None, None
 
 
 def _count(shape, axes):

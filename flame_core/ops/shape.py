@@ -6,6 +6,7 @@ import numpy as np
 from .. import backend
 from .. import memory_formats as MF
 from ..autograd.function import Function
+from ..autograd.grad_mode import is_grad_enabled
 from ..errors import ShapeError, fmt_shape
 from ..kernels import copy_rows as _copy_rows
 from ..kernels import loader as _kernels
@@ -466,47 +467,71 @@ def clone(x, memory_format=MF.preserve_format):
 _CAT_DIRECT = 8  # arrays one xp.concatenate joins (see Cat.forward)
 
 
+def _join(dim, xs, arrs):
+    """The arrays `arrs` (of the tensors xs) joined along their existing axis `dim` (cat's and stack's forward)."""
+    dt = arrs[0].dtype
+    f8 = xs[0]._f8
+    if builtins.any(a.dtype != dt or x._f8 != f8 for a, x in zip(arrs, xs)):
+        from .. import dtypes as D
+        res = xs[0].dtype
+        for x in xs[1:]:
+            res = D.promote_types(res, x.dtype)
+        if builtins.any(x.dtype is D.float8_e4m3fn for x in xs):
+            from .promotion import _fp8_storage_only
+            _fp8_storage_only("cat of float8_e4m3fn with another dtype")
+        arrs = [a.astype(res.np) for a in arrs]
+    xp = backend.xp_of(arrs[0])
+    if xp is not np and _kernels.enabled():  # row-block copies (kernels/copy_rows.py)
+        out = _wrap(_copy_rows.cat(arrs, dim))
+    elif len(arrs) <= _CAT_DIRECT:
+        out = _wrap(xp.concatenate(arrs, axis=dim))
+    else:  # CuPy joins more arrays through an address table copied from host memory, which a CUDA graph
+        # capture refuses (a split's backward into 9+ pieces is such a join): each piece is copied into its slice
+        shape = list(arrs[0].shape)
+        shape[dim] = builtins.sum(a.shape[dim] for a in arrs)
+        res = xp.empty(tuple(shape), dtype=arrs[0].dtype)
+        at = [slice(None)] * res.ndim
+        start = 0
+        for a in arrs:
+            n = a.shape[dim]
+            at[dim] = slice(start, start + n)
+            res[tuple(at)] = a
+            start += n
+        out = _wrap(res)
+    if f8:  # cuda float8 bytes stay float8
+        out._f8 = True
+    return out
+
+
 class Cat(Function):
     @staticmethod
     def forward(ctx, dim, *xs):
-        arrs = [x._data for x in xs]
-        dt = arrs[0].dtype
-        f8 = xs[0]._f8
-        if builtins.any(a.dtype != dt or x._f8 != f8 for a, x in zip(arrs, xs)):
-            from .. import dtypes as D
-            res = xs[0].dtype
-            for x in xs[1:]:
-                res = D.promote_types(res, x.dtype)
-            if builtins.any(x.dtype is D.float8_e4m3fn for x in xs):
-                from .promotion import _fp8_storage_only
-                _fp8_storage_only("cat of float8_e4m3fn with another dtype")
-            arrs = [a.astype(res.np) for a in arrs]
-        ctx.sizes = [a.shape[dim] for a in arrs]
+        ctx.sizes = [x.shape[dim] for x in xs]
         ctx.dim = dim
-        xp = backend.xp_of(arrs[0])
-        if xp is not np and _kernels.enabled():  # row-block copies (kernels/copy_rows.py)
-            out = _wrap(_copy_rows.cat(arrs, dim))
-        elif len(arrs) <= _CAT_DIRECT:
-            out = _wrap(xp.concatenate(arrs, axis=dim))
-        else:  # CuPy joins more arrays through an address table copied from host memory, which a CUDA graph
-            # capture refuses (a split's backward into 9+ pieces is such a join): each piece is copied into its slice
-            shape = list(arrs[0].shape)
-            shape[dim] = builtins.sum(ctx.sizes)
-            res = xp.empty(tuple(shape), dtype=arrs[0].dtype)
-            at = [slice(None)] * res.ndim
-            start = 0
-            for a, n in zip(arrs, ctx.sizes):
-                at[dim] = slice(start, start + n)
-                res[tuple(at)] = a
-                start += n
-            out = _wrap(res)
-        if f8:  # cuda float8 bytes stay float8
-            out._f8 = True
-        return out
+        return _join(dim, xs, [x._data for x in xs])
 
     @staticmethod
     def backward(ctx, g):
         return (None,) + split(g, ctx.sizes, ctx.dim)
+
+
+class Stack(Function):
+    """stack as one node: the arrays joined along a new axis (views with a unit axis there, no unsqueeze nodes);
+    the backward hands each input its slice of the gradient (a view)."""
+
+    @staticmethod
+    def forward(ctx, dim, *xs):
+        ctx.dim, ctx.n = dim, len(xs)
+        at = (slice(None),) * dim + (None,)
+        return _join(dim, xs, [x._data[at] for x in xs])
+
+    @staticmethod
+    def backward(ctx, g):
+        if is_grad_enabled():   # create_graph: Tensor ops, which record
+            return (None,) + tuple(g.select(ctx.dim, i) for i in range(ctx.n))
+        gd = g._data
+        pre = (slice(None),) * ctx.dim
+        return (None,) + tuple(_wrap(gd[pre + (i,)]) for i in range(ctx.n))
 
 
 def cat(tensors, dim=0):
@@ -542,7 +567,9 @@ def stack(tensors, dim=0):
     if not -nd <= dim < nd:
         raise IndexError(f"stack: dimension {dim} out of range for {nd} dims")
     d = dim % nd
-    return cat([unsqueeze(t_, d) for t_ in tensors], d)
+    from ..tensor import check_same_device
+    check_same_device("stack", *tensors)
+    return Stack.apply(d, *tensors)
 
 
 def movedim(x, source, destination):

@@ -193,6 +193,36 @@ def test_sdpa_matches_dense_on_device(device, rng):
         np.testing.assert_allclose(t.grad.numpy(), w, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("b,h,lq,lk,e,ev", [(1, 1, 1, 1, 1, 1), (2, 3, 45, 31, 16, 16), (1, 2, 7, 130, 40, 24),
+                                           (3, 1, 129, 65, 64, 64)])
+def test_float32_dense_path_matches_float64_and_the_chunked_reference(rng, monkeypatch, b, h, lq, lk, e, ev, causal):
+    """float32 cuda attention without a mask runs dense (two cuBLAS products around the softmax kernels): forward,
+    lse and gradients against the float64 oracle, and against the chunked reference it replaced (forced off)."""
+    cp = backend.cupy
+    q, k, v, do = (rng.standard_normal(s) for s in ((b, h, lq, e), (b, h, lk, e), (b, h, lk, ev), (b, h, lq, ev)))
+    arrs = [cp.asarray(a.astype(np.float32)) for a in (q, k, v, do)]
+    kt = cp.asarray(np.ascontiguousarray(np.swapaxes(k, -1, -2)).astype(np.float32)).swapaxes(-1, -2)  # strided k
+    assert K._dense_ok(arrs[0], kt, arrs[2], None)
+    o, lse = K.flash_attention_forward(arrs[0], kt, arrs[2], None, causal, 0.6)
+    grads = K.flash_attention_backward(arrs[3], arrs[0], kt, arrs[2], o, lse, None, causal, 0.6)
+    want_o, want_lse, want_g = dense(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), None, causal,
+                                     0.6, do.astype(np.float32))
+    assert o.dtype == np.float32 and lse.dtype == np.float32 and lse.shape == (b, h, lq)
+    np.testing.assert_allclose(cp.asnumpy(o), want_o, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(cp.asnumpy(lse), want_lse, rtol=2e-6, atol=2e-5)
+    for name, g, w in zip(("dq", "dk", "dv"), grads, want_g):
+        assert g.dtype == np.float32
+        np.testing.assert_allclose(cp.asnumpy(g), w, rtol=1e-4, atol=5e-5, err_msg=name)
+    monkeypatch.setattr(K, "_dense_ok", lambda *a: False)
+    o2, lse2 = K.flash_attention_forward(arrs[0], kt, arrs[2], None, causal, 0.6)
+    grads2 = K.flash_attention_backward(arrs[3], arrs[0], kt, arrs[2], o2, lse2, None, causal, 0.6)
+    np.testing.assert_allclose(cp.asnumpy(o), cp.asnumpy(o2), rtol=2e-5, atol=2e-6)
+    for g, g2 in zip(grads, grads2):
+        np.testing.assert_allclose(cp.asnumpy(g), cp.asnumpy(g2), rtol=1e-4, atol=2e-5)
+
+
 def test_sdpa_default_scale_is_inverse_sqrt_head_dim(rng):
     q, k, v = (rng.standard_normal((1, 5, 9)) for _ in range(3))
     got = sdpa(_t(q, "cpu"), _t(k, "cpu"), _t(v, "cpu")).detach().numpy()

@@ -148,8 +148,12 @@ def test_embedding_lookup_padding_and_grad(device, rng):
     np.add.at(want, np.array([1, 2, 1, 6, 0, 2]), g.reshape(-1, 3))
     want[2] = 0
     np.testing.assert_allclose(npa(emb.weight.grad), want, rtol=1e-12)
-    with pytest.raises(IndexError, match="out of range"):
-        emb(flame.tensor([7], device=device))
+    with pytest.raises(IndexError, match=r"out of range: indices span \[0, 7\] for 7 rows"):
+        emb(flame.tensor([0, 7], device=device))
+    with pytest.raises(IndexError, match=r"out of range: indices span \[-1, 3\]"):
+        emb(flame.tensor([[3, -1]], device=device, dtype=flame.int32))
+    np.testing.assert_array_equal(npa(emb(flame.tensor([6, 0], device=device, dtype=flame.int32))),
+                                  npa(emb.weight)[[6, 0]])
     w = T(rng.standard_normal((5, 2)), device, grad=True)
     assert gradcheck(lambda ww: F.embedding(flame.tensor([0, 3, 3], device=device), ww), (w,))
 
