@@ -51,7 +51,7 @@ def _lgamma_arr(xp, a):
     w = _wide(a)
     if xp is not np:
         from cupyx.scipy.special import gammaln
-        return gammaln(w).astype(a.dtype)
+        return xp.where(w == -np.inf, np.inf, gammaln(w)).astype(a.dtype)   # (CuPy's gives -inf there; +inf)
     return np.asarray(_lgamma_ufunc(w.astype(np.float64)), dtype=np.float64).astype(a.dtype)
 
 

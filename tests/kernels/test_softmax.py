@@ -62,3 +62,23 @@ def test_softmax_kernel(ab, rng, dt, shape, log):
     y = r
     k, r = ab(lambda g, yy: K.softmax_backward(g, yy, scale, log), dy, y)
     assert_close(k, r, dt, "softmax backward", scale=2.0)
+
+
+@pytest.mark.gpu
+def test_the_packed_launch_is_reused_with_each_calls_addresses(rng):
+    """A second call of one shape reuses its packed launch (made once per shape, scale and mode) and writes its own
+    arrays' addresses: each of several inputs gets its own result, forward and backward."""
+    from flame_core import backend
+    cp = backend.cupy
+    xs = [cp.asarray(rand(rng, (6, 40), np.float32, scale=3.0)) for _ in range(3)]
+    K._local.launches = {}
+    for x in xs:
+        y = K.softmax_forward(x, 0.5)
+        np.testing.assert_allclose(cp.asnumpy(y), _softmax64(cp.asnumpy(x).astype(np.float64), 0.5), rtol=1e-5,
+                                   atol=1e-7)
+        dy = cp.asarray(rand(rng, (6, 40), np.float32))
+        dx = K.softmax_backward(dy, y, 0.5)
+        yh, gh = cp.asnumpy(y).astype(np.float64), cp.asnumpy(dy).astype(np.float64)
+        np.testing.assert_allclose(cp.asnumpy(dx), 0.5 * yh * (gh - (gh * yh).sum(-1, keepdims=True)), rtol=1e-4,
+                                   atol=1e-6)
+    assert len(K._local.launches) == 2   # one forward and one backward launch for the three inputs

@@ -200,7 +200,9 @@ def test_forward_matches_the_numpy_reference_with_and_without_the_mask():
                             sigma.astype(np.float64), GRID)
     out = _run(model, hidden, txt, None, sigma)
     assert _rel(out, ref) <= 1e-4
-    assert np.array_equal(out, _run(model, hidden, txt, ones, sigma))      # an all-valid mask is no mask
+    # an all-valid mask is no mask (to float32 rounding: on cuda float32 attention without a mask runs the dense
+    # path, with one the chunked reference)
+    np.testing.assert_allclose(out, _run(model, hidden, txt, ones, sigma), rtol=1e-5, atol=1e-6)
 
 
 def test_the_mask_equals_trimming_the_padded_text():
