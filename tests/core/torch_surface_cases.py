@@ -4,10 +4,11 @@ with lib = torch (the fixture) and once with lib = flame_core (the test). No tor
 
 INPUTS: name -> (kind, spec) for the fixture script to draw (float64 unless the kind says otherwise):
   ("randn", shape, scale) / ("uniform", shape, lo, hi) / ("values", list) / ("ints", shape, high)
-CASES: name -> (fn, input names, grad[, rtol]): grad True checks the gradient of sum(out * go) with respect to every
-float input (out: the first output when fn returns several); rtol, where given, replaces the test's 1e-10 for the
-outputs (a case where PyTorch's own figure is the less accurate one: its trigamma sums a short series, ~1e-9
-relative, where FLAME's polygamma is within 5e-16 of mpmath's at 40 digits)."""
+CASES: name -> (fn, input names, grad[, rtol[, atol]]): grad True checks the gradient of sum(out * go) with respect
+to every float input (out: the first output when fn returns several); rtol / atol, where given, replace the test's
+tolerances for the outputs and the gradients (cases where PyTorch's own figure is the less accurate one: its trigamma
+sums a short series, ~1e-9 relative, where FLAME's polygamma is within 5e-16 of mpmath's at 40 digits; the Beta
+entropy's gradient is a difference of trigamma terms)."""
 NAN, INF = float("nan"), float("inf")
 
 INPUTS = {
@@ -325,4 +326,60 @@ CASES = {
     "special_entr": (lambda L, p: L.special.entr(p), ["prob"], True),
     "special_entr_edges": (lambda L, x: L.special.entr(x), ["edges"], False),
     "special_expit": (lambda L, x: L.special.expit(x), ["x"], True),
+    # torch.distributions' core (flame_core.distributions): values, entropies, moments, cdf / icdf, KL divergences
+    "dist_normal_log_prob": (lambda L, m, s, v: L.distributions.Normal(m, s).log_prob(v), ["x", "pos", "y"], True),
+    "dist_normal_rest": (lambda L, m, s, v, p: (lambda d: d.entropy() + d.cdf(v) * 2 + d.icdf(p) * 0.5 + d.variance
+                                                + d.mean)(L.distributions.Normal(m, s)),
+                         ["x", "pos", "y", "prob"], True),
+    "dist_lognormal": (lambda L, m, s, v, p: (lambda d: d.log_prob(v) + d.entropy() + d.mean * 0.1 + d.variance * 0.01
+                                              + d.cdf(v) + d.icdf(p) * 0.1)(L.distributions.LogNormal(m, s * 0.5)),
+                       ["x", "pos", "ge1", "prob"], True),
+    "dist_uniform": (lambda L, a, w, p: (lambda d: d.log_prob(a - 1) + d.entropy() + d.mean + d.variance
+                                         + d.cdf(a - 1) + d.icdf(p))(L.distributions.Uniform(a - 2, a + w)),
+                     ["x", "pos", "prob"], True),
+    "dist_exponential": (lambda L, r, v, p: (lambda d: d.log_prob(v) + d.entropy() + d.mean + d.variance + d.cdf(v)
+                                             + d.icdf(p))(L.distributions.Exponential(r)),
+                         ["pos", "ge1", "prob"], True),
+    "dist_laplace": (lambda L, m, s, v, p: (lambda d: d.log_prob(v) + d.entropy() + d.variance + d.stddev + d.cdf(v)
+                                            + d.icdf(p))(L.distributions.Laplace(m, s)),
+                     ["x", "pos", "y", "prob"], True),
+    "dist_bernoulli_probs": (lambda L, p, v: (lambda d: d.log_prob(v) + d.entropy() + d.variance)(
+        L.distributions.Bernoulli(probs=p)), ["prob", "labels01"], True),
+    "dist_bernoulli_logits": (lambda L, lg, v: (lambda d: d.log_prob(v) + d.entropy() + d.mean)(
+        L.distributions.Bernoulli(logits=lg)), ["x", "labels01"], True),
+    "dist_categorical_logits": (lambda L, lg, c: (lambda d: d.log_prob(c) + d.entropy())(
+        L.distributions.Categorical(logits=lg)), ["x", "cls"], True),
+    "dist_categorical_probs": (lambda L, p, c: (lambda d: d.log_prob(c) * 2 + d.entropy())(
+        L.distributions.Categorical(probs=p)), ["pos", "cls"], True),
+    "dist_gamma": (lambda L, a, r, v: (lambda d: d.log_prob(v) + d.entropy() + d.mean + d.variance)(
+        L.distributions.Gamma(a * 2, r)), ["pos", "ge1", "pos"], True),
+    "dist_beta": (lambda L, a, b, v: (lambda d: d.log_prob(v) + d.entropy() + d.mean + d.variance)(
+        L.distributions.Beta(a, b)), ["pos", "ge1", "prob"], True, 1e-8, 1e-9),
+    "kl_normal": (lambda L, m, s, m2, s2: L.distributions.kl_divergence(L.distributions.Normal(m, s),
+                                                                        L.distributions.Normal(m2, s2)),
+                  ["x", "pos", "y", "ge1"], True),
+    "kl_lognormal": (lambda L, m, s, m2, s2: L.distributions.kl_divergence(L.distributions.LogNormal(m, s),
+                                                                           L.distributions.LogNormal(m2, s2)),
+                     ["x", "pos", "y", "ge1"], True),
+    "kl_uniform": (lambda L, a, w: L.distributions.kl_divergence(L.distributions.Uniform(a - 1, a + 1),
+                                                                 L.distributions.Uniform(a - 2, a + w + 1)),
+                   ["x", "pos"], True),
+    "kl_exponential": (lambda L, r, r2: L.distributions.kl_divergence(L.distributions.Exponential(r),
+                                                                      L.distributions.Exponential(r2)),
+                       ["pos", "ge1"], True),
+    "kl_laplace": (lambda L, m, s, m2, s2: L.distributions.kl_divergence(L.distributions.Laplace(m, s),
+                                                                         L.distributions.Laplace(m2, s2)),
+                   ["x", "pos", "y", "ge1"], True),
+    "kl_bernoulli": (lambda L, p, lg: L.distributions.kl_divergence(L.distributions.Bernoulli(probs=p),
+                                                                    L.distributions.Bernoulli(logits=lg)),
+                     ["prob", "y"], True),
+    "kl_categorical": (lambda L, a, b: L.distributions.kl_divergence(L.distributions.Categorical(logits=a),
+                                                                     L.distributions.Categorical(logits=b)),
+                       ["x", "y"], True),
+    "kl_gamma": (lambda L, a, r, a2, r2: L.distributions.kl_divergence(L.distributions.Gamma(a, r),
+                                                                       L.distributions.Gamma(a2, r2)),
+                 ["pos", "ge1", "ge1", "pos"], True),
+    "kl_beta": (lambda L, a, b, a2, b2: L.distributions.kl_divergence(L.distributions.Beta(a, b),
+                                                                      L.distributions.Beta(a2, b2)),
+                ["pos", "ge1", "ge1", "pos"], True),
 }

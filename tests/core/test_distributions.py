@@ -1,0 +1,149 @@
+"""flame_core.distributions beyond the golden values (tests/core/test_torch_surface_golden.py, cases dist_* and kl_*):
+draws (shapes, moments on 40000 samples against the closed forms), reparameterized gradients, argument validation,
+the KL registry."""
+import math
+
+import numpy as np
+import pytest
+
+import flame_core as flame
+from flame_core import distributions as D
+
+
+def _t(v, device, grad=False):
+    return flame.tensor(np.asarray(v, dtype=np.float64), dtype=flame.float64, device=device, requires_grad=grad)
+
+
+def _np(t):
+    return t.detach().cpu().numpy()
+
+
+CASES = {
+    "normal": lambda d: D.Normal(_t([0.5, -1.0], d), _t([1.0, 0.3], d)),
+    "lognormal": lambda d: D.LogNormal(_t([0.0, 0.4], d), _t([0.25, 0.5], d)),
+    "uniform": lambda d: D.Uniform(_t([-1.0, 2.0], d), _t([3.0, 2.5], d)),
+    "exponential": lambda d: D.Exponential(_t([0.5, 4.0], d)),
+    "laplace": lambda d: D.Laplace(_t([1.0, -2.0], d), _t([0.5, 2.0], d)),
+    "bernoulli": lambda d: D.Bernoulli(probs=_t([0.1, 0.7], d)),
+    "gamma": lambda d: D.Gamma(_t([0.3, 4.5], d), _t([1.0, 2.0], d)),
+    "beta": lambda d: D.Beta(_t([0.4, 3.0], d), _t([0.6, 1.5], d)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_draws_have_the_shape_and_the_moments(device, name):
+    flame.manual_seed(1)
+    dist = CASES[name](device)
+    assert dist.sample().shape == (2,) and dist.sample((3, 4)).shape == (3, 4, 2) and dist.sample(5).shape == (5, 2)
+    x = _np(dist.sample((40000,)))
+    mean, var = _np(dist.mean), _np(dist.variance)
+    # the sample mean within 5 standard errors; the sample variance within 10 % (heavy tails: LogNormal, Gamma(0.3))
+    np.testing.assert_array_less(np.abs(x.mean(0) - mean), 5 * np.sqrt(var / 40000))
+    np.testing.assert_allclose(x.var(0), var, rtol=0.1)
+    if name in ("exponential", "gamma", "lognormal"):
+        assert (x > 0).all()
+    if name == "beta":
+        assert ((x > 0) & (x < 1)).all()
+    if name == "bernoulli":
+        assert set(np.unique(x)) <= {0.0, 1.0}
+
+
+def test_categorical_draws_follow_the_probabilities(device):
+    flame.manual_seed(2)
+    dist = D.Categorical(logits=_t([[0.0, 1.0, 2.0], [1.0, 1.0, 1.0]], device))
+    s = dist.sample((30000,))
+    assert s.shape == (30000, 2) and s.dtype == flame.int64
+    freq = np.stack([(_np(s) == k).mean(0) for k in range(3)], -1)
+    np.testing.assert_allclose(freq, _np(dist.probs), atol=0.015)
+    assert dist.sample().shape == (2,)
+    np.testing.assert_array_equal(_np(dist.enumerate_support()), [[0, 0], [1, 1], [2, 2]])
+    np.testing.assert_array_equal(_np(dist.mode), [2, 0])
+
+
+@pytest.mark.parametrize("name", ["normal", "lognormal", "uniform", "exponential", "laplace"])
+def test_rsample_carries_gradients_to_the_parameters(device, name):
+    """d rsample / d parameter by the reparameterization, checked against the draw itself (e.g. Normal: d x / d loc =
+    1, d x / d scale = eps = (x - loc) / scale)."""
+    flame.manual_seed(3)
+    a, b = _t([0.3, 1.2], device, True), _t([0.7, 2.0], device, True)
+    dist = {"normal": lambda: D.Normal(a, b), "lognormal": lambda: D.LogNormal(a, b),
+            "uniform": lambda: D.Uniform(a, a + b), "exponential": lambda: D.Exponential(b),
+            "laplace": lambda: D.Laplace(a, b)}[name]()
+    assert dist.has_rsample
+    x = dist.rsample((6,))
+    x.sum().backward()
+    xv, av, bv = _np(x), _np(a), _np(b)
+    if name == "normal":
+        np.testing.assert_allclose(_np(a.grad), 6.0)
+        np.testing.assert_allclose(_np(b.grad), ((xv - av) / bv).sum(0), rtol=1e-12)
+    elif name == "lognormal":
+        np.testing.assert_allclose(_np(a.grad), xv.sum(0), rtol=1e-12)
+        np.testing.assert_allclose(_np(b.grad), (xv * (np.log(xv) - av) / bv).sum(0), rtol=1e-10)
+    elif name == "uniform":
+        np.testing.assert_allclose(_np(a.grad), 6.0)
+        np.testing.assert_allclose(_np(b.grad), ((xv - av) / bv).sum(0), rtol=1e-12)
+    elif name == "exponential":
+        np.testing.assert_allclose(_np(b.grad), (-xv / bv).sum(0), rtol=1e-12)
+    else:
+        np.testing.assert_allclose(_np(a.grad), 6.0)
+        np.testing.assert_allclose(_np(b.grad), ((xv - av) / bv).sum(0), rtol=1e-12)
+    with flame.no_grad():
+        assert not dist.sample().requires_grad
+
+
+def test_gamma_and_beta_have_no_rsample(device):
+    for dist in (D.Gamma(_t([1.0], device), _t([1.0], device)), D.Beta(_t([1.0], device), _t([2.0], device)),
+                 D.Bernoulli(logits=_t([0.0], device))):
+        assert not dist.has_rsample
+        with pytest.raises(NotImplementedError, match="has no reparameterized sample"):
+            dist.rsample()
+
+
+def test_invalid_parameters_and_values_raise(device):
+    with pytest.raises(ValueError, match="Normal: expected parameter scale to satisfy the constraint GreaterThan"):
+        D.Normal(0.0, _t([1.0, -1.0], device))
+    with pytest.raises(ValueError, match="Uniform: expected parameter low"):
+        D.Uniform(2.0, 1.0)
+    with pytest.raises(ValueError, match="Beta: expected parameter concentration0"):
+        D.Beta(1.0, 0.0)
+    with pytest.raises(ValueError, match="Bernoulli: pass either probs or logits"):
+        D.Bernoulli(probs=_t([0.5], device), logits=_t([0.0], device))
+    with pytest.raises(ValueError, match="Categorical: pass either probs or logits"):
+        D.Categorical()
+    with pytest.raises(ValueError, match="outside the support"):
+        D.Exponential(_t([1.0], device)).log_prob(_t([-1.0], device))
+    with pytest.raises(ValueError, match="outside the support"):
+        D.Categorical(probs=_t([0.5, 0.5], device)).log_prob(flame.tensor([2], device=device))
+    D.Normal(0.0, -1.0, validate_args=False)   # no check when asked
+    with pytest.raises(TypeError, match="parameters must be tensors or numbers"):
+        D.Normal("a", 1.0)
+
+
+def test_numbers_take_the_tensor_parameters_dtype_and_broadcast(device):
+    dist = D.Normal(_t([[0.0], [1.0]], device), 2.0)
+    assert dist.batch_shape == (2, 1) and dist.scale.dtype == flame.float64
+    assert D.Normal(0.0, 1.0).loc.dtype == flame.get_default_dtype()
+    lp = dist.log_prob(_t([0.0, 1.0, 2.0], device))
+    assert lp.shape == (2, 3)
+    np.testing.assert_allclose(_np(lp)[0, 0], -math.log(2.0) - 0.5 * math.log(2 * math.pi), rtol=1e-12)
+
+
+def test_kl_registry(device):
+    p = D.Normal(_t([0.0], device), _t([1.0], device))
+    np.testing.assert_allclose(_np(D.kl_divergence(p, p)), 0.0, atol=1e-15)
+    with pytest.raises(NotImplementedError, match=r"no formula registered for \(Normal, Gamma\)"):
+        D.kl_divergence(p, D.Gamma(1.0, 1.0))
+
+    class Wide(D.Normal):
+        pass
+
+    np.testing.assert_allclose(_np(D.kl_divergence(Wide(0.0, 2.0), p)),
+                               _np(D.kl_divergence(D.Normal(0.0, 2.0), p)))   # a subclass uses its base's formula
+
+    @D.register_kl(Wide, D.Normal)
+    def _wide(a, b):
+        return a.loc * 0 + 7.0
+
+    assert float(D.kl_divergence(Wide(0.0, 2.0), p).item()) == 7.0
+    u = D.Uniform(0.0, 1.0)
+    assert math.isinf(float(D.kl_divergence(u, D.Uniform(0.5, 2.0)).item()))
