@@ -1,16 +1,24 @@
 """kl_divergence(p, q) and register_kl, as torch.distributions.kl: closed forms for pairs of one family (Normal,
-LogNormal, Uniform, Exponential, Laplace, Bernoulli, Categorical, Gamma, Beta)."""
+LogNormal, HalfNormal, Cauchy, Uniform, Exponential, Laplace, Bernoulli, Categorical, OneHotCategorical, Gamma, Beta,
+Dirichlet, MultivariateNormal, Independent of such)."""
 import math
 
+from .. import linalg
 from ..ops.activation import softplus
 from ..ops.special_fns import digamma, lgamma
 from .bernoulli import Bernoulli
 from .beta import Beta
 from .categorical import Categorical
+from .cauchy import Cauchy
+from .dirichlet import Dirichlet
 from .exponential import Exponential
 from .gamma import Gamma
+from .half_normal import HalfNormal
+from .independent import Independent, _sum_rightmost
 from .laplace import Laplace
+from .multivariate_normal import MultivariateNormal
 from .normal import LogNormal, Normal
+from .one_hot_categorical import OneHotCategorical
 from .uniform import Uniform
 
 _KL = {}
@@ -102,3 +110,56 @@ def _kl_beta_beta(p, q):
     t3 = ((p.concentration1 - q.concentration1) * (digamma(p.concentration1) - digamma(sp))
           + (p.concentration0 - q.concentration0) * (digamma(p.concentration0) - digamma(sp)))
     return t1 - t2 + t3
+
+
+@register_kl(HalfNormal, HalfNormal)
+def _kl_halfnormal_halfnormal(p, q):
+    return _kl_normal_normal(p.base_dist, q.base_dist)
+
+
+@register_kl(Cauchy, Cauchy)
+def _kl_cauchy_cauchy(p, q):
+    t1 = ((p.scale + q.scale).pow(2) + (p.loc - q.loc).pow(2)).log()
+    return t1 - (4 * p.scale * q.scale).log()
+
+
+@register_kl(OneHotCategorical, OneHotCategorical)
+def _kl_onehot_onehot(p, q):
+    return _kl_categorical_categorical(p._categorical, q._categorical)
+
+
+@register_kl(Dirichlet, Dirichlet)
+def _kl_dirichlet_dirichlet(p, q):
+    sp, sq = p.concentration.sum(-1), q.concentration.sum(-1)
+    t1 = lgamma(sp) - lgamma(sq)
+    t2 = (lgamma(p.concentration) - lgamma(q.concentration)).sum(-1)
+    t3 = p.concentration - q.concentration
+    t4 = digamma(p.concentration) - digamma(sp).unsqueeze(-1)
+    return t1 - t2 + (t3 * t4).sum(-1)
+
+
+@register_kl(MultivariateNormal, MultivariateNormal)
+def _kl_mvn_mvn(p, q):
+    from .. import broadcast_shapes
+    if p.event_shape != q.event_shape:
+        raise ValueError("kl_divergence: multivariate normals of different event shapes "
+                         f"{tuple(p.event_shape)} and {tuple(q.event_shape)}")
+    lp, lq = p._unbroadcasted_scale_tril, q._unbroadcasted_scale_tril
+    half_term1 = (lq.diagonal(dim1=-2, dim2=-1).log().sum(-1) - lp.diagonal(dim1=-2, dim2=-1).log().sum(-1))
+    n = p.event_shape[0]
+    batch = tuple(broadcast_shapes(tuple(lq.shape[:-2]), tuple(lp.shape[:-2])))
+    x = linalg.solve_triangular(lq.expand(*(batch + (n, n))), lp.expand(*(batch + (n, n))), upper=False)
+    term2 = (x * x).sum((-2, -1))
+    diff = q.loc - p.loc
+    shape = tuple(broadcast_shapes(tuple(diff.shape[:-1]), tuple(lq.shape[:-2])))
+    z = linalg.solve_triangular(lq.expand(*(shape + (n, n))), diff.expand(*(shape + (n,))).unsqueeze(-1),
+                                upper=False).squeeze(-1)
+    term3 = (z * z).sum(-1)
+    return half_term1 + 0.5 * (term2 + term3 - n)
+
+
+@register_kl(Independent, Independent)
+def _kl_independent_independent(p, q):
+    if p.reinterpreted_batch_ndims != q.reinterpreted_batch_ndims:
+        raise NotImplementedError("kl_divergence: Independent distributions of different reinterpreted_batch_ndims")
+    return _sum_rightmost(kl_divergence(p.base_dist, q.base_dist), p.reinterpreted_batch_ndims)

@@ -27,6 +27,7 @@ CASES = {
     "bernoulli": lambda d: D.Bernoulli(probs=_t([0.1, 0.7], d)),
     "gamma": lambda d: D.Gamma(_t([0.3, 4.5], d), _t([1.0, 2.0], d)),
     "beta": lambda d: D.Beta(_t([0.4, 3.0], d), _t([0.6, 1.5], d)),
+    "halfnormal": lambda d: D.HalfNormal(_t([0.5, 2.0], d)),
 }
 
 
@@ -40,7 +41,7 @@ def test_draws_have_the_shape_and_the_moments(device, name):
     # the sample mean within 5 standard errors; the sample variance within 10 % (heavy tails: LogNormal, Gamma(0.3))
     np.testing.assert_array_less(np.abs(x.mean(0) - mean), 5 * np.sqrt(var / 40000))
     np.testing.assert_allclose(x.var(0), var, rtol=0.1)
-    if name in ("exponential", "gamma", "lognormal"):
+    if name in ("exponential", "gamma", "lognormal", "halfnormal"):
         assert (x > 0).all()
     if name == "beta":
         assert ((x > 0) & (x < 1)).all()
@@ -147,3 +148,48 @@ def test_kl_registry(device):
     assert float(D.kl_divergence(Wide(0.0, 2.0), p).item()) == 7.0
     u = D.Uniform(0.0, 1.0)
     assert math.isinf(float(D.kl_divergence(u, D.Uniform(0.5, 2.0)).item()))
+
+
+def test_multivariate_draws_and_the_three_parameterizations(device):
+    flame.manual_seed(4)
+    a = _t([[1.0, 0.0, 0.0], [0.5, 1.0, 0.0], [-0.3, 0.2, 0.7]], device)
+    cov = a @ a.mT
+    loc = _t([1.0, -1.0, 0.5], device)
+    byc = D.MultivariateNormal(loc, covariance_matrix=cov)
+    byt = D.MultivariateNormal(loc, scale_tril=a)
+    byp = D.MultivariateNormal(loc, precision_matrix=flame.linalg.inv(cov))
+    for other in (byt, byp):
+        np.testing.assert_allclose(_np(other.covariance_matrix), _np(cov), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(_np(other.scale_tril), _np(a), rtol=1e-10, atol=1e-12)
+    x = _np(byc.sample((40000,)))
+    assert x.shape == (40000, 3)
+    np.testing.assert_allclose(x.mean(0), _np(loc), atol=0.03)
+    np.testing.assert_allclose(np.cov(x.T), _np(cov), atol=0.04)
+    lg = _t([0.2, 0.1, -0.3], device, True)
+    D.MultivariateNormal(lg, scale_tril=a).rsample((5,)).sum().backward()
+    np.testing.assert_allclose(_np(lg.grad), 5.0)
+    with pytest.raises(ValueError, match="exactly one of covariance_matrix"):
+        D.MultivariateNormal(loc, covariance_matrix=cov, scale_tril=a)
+    with pytest.raises(ValueError, match=r"the matrix must be \(..., 3, 3\)"):
+        D.MultivariateNormal(loc, covariance_matrix=cov[:2, :2])
+
+
+def test_dirichlet_cauchy_one_hot_and_independent(device):
+    flame.manual_seed(5)
+    d = D.Dirichlet(_t([[0.5, 2.0, 3.0], [1.0, 1.0, 1.0]], device))
+    x = _np(d.sample((40000,)))
+    assert x.shape == (40000, 2, 3)
+    np.testing.assert_allclose(x.sum(-1), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(x.mean(0), _np(d.mean), atol=0.01)
+    np.testing.assert_allclose(x.var(0), _np(d.variance), rtol=0.1)
+    c = _np(D.Cauchy(_t([1.0], device), _t([2.0], device)).sample((40000,)))
+    np.testing.assert_allclose(np.quantile(c, [0.25, 0.5, 0.75]), [-1.0, 1.0, 3.0], atol=0.1)   # loc -+ scale
+    oh = D.OneHotCategorical(probs=_t([0.2, 0.3, 0.5], device))
+    s = _np(oh.sample((20000,)))
+    assert s.shape == (20000, 3) and (s.sum(-1) == 1).all() and set(np.unique(s)) == {0.0, 1.0}
+    np.testing.assert_allclose(s.mean(0), [0.2, 0.3, 0.5], atol=0.015)
+    ind = D.Independent(D.Normal(_t(np.zeros((2, 4)), device), 1.0), 1)
+    assert ind.batch_shape == (2,) and ind.event_shape == (4,) and ind.has_rsample
+    assert ind.sample((3,)).shape == (3, 2, 4) and ind.log_prob(ind.sample()).shape == (2,)
+    with pytest.raises(ValueError, match="reinterpreted_batch_ndims 3 must be in"):
+        D.Independent(D.Normal(_t(np.zeros((2, 4)), device), 1.0), 3)

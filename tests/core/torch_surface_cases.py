@@ -7,8 +7,8 @@ INPUTS: name -> (kind, spec) for the fixture script to draw (float64 unless the 
 CASES: name -> (fn, input names, grad[, rtol[, atol]]): grad True checks the gradient of sum(out * go) with respect
 to every float input (out: the first output when fn returns several); rtol / atol, where given, replace the test's
 tolerances for the outputs and the gradients (cases where PyTorch's own figure is the less accurate one: its trigamma
-sums a short series, ~1e-9 relative, where FLAME's polygamma is within 5e-16 of mpmath's at 40 digits; the Beta
-entropy's gradient is a difference of trigamma terms)."""
+sums a short series, ~1e-9 relative, where FLAME's polygamma is within 5e-16 of mpmath's at 40 digits; the Beta and
+Dirichlet entropies' and KL divergences' gradients are differences of trigamma terms)."""
 NAN, INF = float("nan"), float("inf")
 
 INPUTS = {
@@ -382,4 +382,44 @@ CASES = {
     "kl_beta": (lambda L, a, b, a2, b2: L.distributions.kl_divergence(L.distributions.Beta(a, b),
                                                                       L.distributions.Beta(a2, b2)),
                 ["pos", "ge1", "ge1", "pos"], True),
+    "dist_mvn_cov": (lambda L, m, A, v: (lambda d: d.log_prob(v) + d.entropy() + d.variance.sum(-1))(
+        L.distributions.MultivariateNormal(m, covariance_matrix=A @ A.mT + 3 * L.eye(3, dtype=A.dtype))),
+                     ["m23", "sq3", "a1"], True),
+    "dist_mvn_tril": (lambda L, m, A, v: (lambda d: d.log_prob(v) + d.entropy() + d.covariance_matrix.sum((-2, -1)))(
+        L.distributions.MultivariateNormal(m, scale_tril=L.tril(A, -1) + L.diag_embed(A.diagonal(dim1=-2, dim2=-1)
+                                                                                        .exp()))),
+                      ["m23", "sq3", "a1"], True),
+    "dist_mvn_precision": (lambda L, m, A, v: (lambda d: d.log_prob(v) + d.scale_tril.sum((-2, -1)))(
+        L.distributions.MultivariateNormal(m, precision_matrix=A @ A.mT + 3 * L.eye(3, dtype=A.dtype))),
+                           ["m23", "sq3", "a1"], True),
+    "dist_dirichlet": (lambda L, c, y: (lambda d: d.log_prob(L.softmax(y, -1)) + d.entropy() + d.mean.sum(-1)
+                                        + d.variance.sum(-1))(L.distributions.Dirichlet(c)), ["pos", "y"], True,
+                       1e-8, 1e-9),
+    "dist_cauchy": (lambda L, m, s, v, p: (lambda d: d.log_prob(v) + d.cdf(v) + d.icdf(p) * 0.1 + d.entropy())(
+        L.distributions.Cauchy(m, s)), ["x", "pos", "y", "prob"], True),
+    "dist_halfnormal": (lambda L, s, v, p: (lambda d: d.log_prob(v) + d.cdf(v) + d.icdf(p) + d.entropy() + d.mean
+                                            + d.variance)(L.distributions.HalfNormal(s)), ["pos", "ge1", "prob"], True),
+    "dist_independent": (lambda L, m, s, v: (lambda d: d.log_prob(v) + d.entropy())(
+        L.distributions.Independent(L.distributions.Normal(m, s), 1)), ["x", "pos", "y"], True),
+    "dist_onehot": (lambda L, lg, c: (lambda d: d.log_prob(L.nn.functional.one_hot(c, 5).to(lg.dtype)) + d.entropy())(
+        L.distributions.OneHotCategorical(logits=lg)), ["x", "cls"], True),
+    "kl_mvn": (lambda L, m, A, m2, B: L.distributions.kl_divergence(
+        L.distributions.MultivariateNormal(m, covariance_matrix=A @ A.mT + 3 * L.eye(3, dtype=A.dtype)),
+        L.distributions.MultivariateNormal(m2, scale_tril=L.tril(B, -1) + 2 * L.eye(3, dtype=B.dtype))),
+               ["m23", "sq3", "a1", "sq3"], True),
+    "kl_dirichlet": (lambda L, a, b: L.distributions.kl_divergence(L.distributions.Dirichlet(a),
+                                                                   L.distributions.Dirichlet(b)), ["pos", "ge1"], True,
+                     1e-8, 1e-9),
+    "kl_cauchy": (lambda L, m, s, m2, s2: L.distributions.kl_divergence(L.distributions.Cauchy(m, s),
+                                                                        L.distributions.Cauchy(m2, s2)),
+                  ["x", "pos", "y", "ge1"], True),
+    "kl_halfnormal": (lambda L, s, s2: L.distributions.kl_divergence(L.distributions.HalfNormal(s),
+                                                                     L.distributions.HalfNormal(s2)),
+                      ["pos", "ge1"], True),
+    "kl_independent": (lambda L, m, s, m2, s2: L.distributions.kl_divergence(
+        L.distributions.Independent(L.distributions.Normal(m, s), 2),
+        L.distributions.Independent(L.distributions.Normal(m2, s2), 2)), ["x", "pos", "y", "ge1"], True),
+    "kl_onehot": (lambda L, a, b: L.distributions.kl_divergence(L.distributions.OneHotCategorical(logits=a),
+                                                                L.distributions.OneHotCategorical(logits=b)),
+                  ["x", "y"], True),
 }

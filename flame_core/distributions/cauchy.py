@@ -1,0 +1,43 @@
+"""Cauchy(loc, scale), torch.distributions' formulas (mean and variance undefined: NaN / inf as PyTorch)."""
+import math
+
+from ..ops.creation import rand
+from .distribution import Distribution, broadcast_all
+
+
+class Cauchy(Distribution):
+    has_rsample = True
+
+    def __init__(self, loc, scale, validate_args=None):
+        self.loc, self.scale = broadcast_all(loc, scale)
+        super().__init__(self.loc.shape, (), validate_args)
+        self._check_param("scale", self.scale > 0, "GreaterThan(lower_bound=0.0)")
+
+    @property
+    def mean(self):
+        return self.loc * float("nan")
+
+    @property
+    def mode(self):
+        return self.loc
+
+    @property
+    def variance(self):
+        return self.loc * 0 + math.inf
+
+    def rsample(self, sample_shape=()):
+        u = rand(*self._extended_shape(sample_shape), dtype=self.loc.dtype, device=self.loc.device)
+        return self.loc + self.scale * ((u - 0.5) * math.pi).tan()   # the icdf of a uniform draw
+
+    def log_prob(self, value):
+        z = (self._value(value) - self.loc) / self.scale
+        return -math.log(math.pi) - self.scale.log() - (z * z).log1p()
+
+    def cdf(self, value):
+        return ((self._value(value) - self.loc) / self.scale).atan() / math.pi + 0.5
+
+    def icdf(self, value):
+        return ((self._value(value) - 0.5) * math.pi).tan() * self.scale + self.loc
+
+    def entropy(self):
+        return math.log(4 * math.pi) + self.scale.log()
