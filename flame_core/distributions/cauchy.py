@@ -2,24 +2,14 @@
 import math
 
 from ..ops.creation import rand
-from .distribution import Distribution, broadcast_all
+from .loc_scale import LocScale
 
 
-class Cauchy(Distribution):
-    has_rsample = True
-
-    def __init__(self, loc, scale, validate_args=None):
-        self.loc, self.scale = broadcast_all(loc, scale)
-        super().__init__(self.loc.shape, (), validate_args)
-        self._check_param("scale", self.scale > 0, "GreaterThan(lower_bound=0.0)")
+class Cauchy(LocScale):
 
     @property
     def mean(self):
         return self.loc * float("nan")
-
-    @property
-    def mode(self):
-        return self.loc
 
     @property
     def variance(self):

@@ -4,24 +4,11 @@ import math
 from ..ops.creation import randn
 from ..ops.elementwise import erf
 from ..ops.math_ops import erfinv
-from .distribution import _LOG_SQRT_2PI, Distribution, broadcast_all
+from .distribution import _LOG_SQRT_2PI, Distribution
+from .loc_scale import LocScale
 
 
-class Normal(Distribution):
-    has_rsample = True
-
-    def __init__(self, loc, scale, validate_args=None):
-        self.loc, self.scale = broadcast_all(loc, scale)
-        super().__init__(self.loc.shape, (), validate_args)
-        self._check_param("scale", self.scale > 0, "GreaterThan(lower_bound=0.0)")
-
-    @property
-    def mean(self):
-        return self.loc
-
-    @property
-    def mode(self):
-        return self.loc
+class Normal(LocScale):
 
     @property
     def stddev(self):
