@@ -1,6 +1,6 @@
 """kl_divergence(p, q) and register_kl, as torch.distributions.kl: closed forms for pairs of one family (Normal,
 LogNormal, HalfNormal, Cauchy, Uniform, Exponential, Laplace, Bernoulli, Categorical, OneHotCategorical, Gamma, Beta,
-Dirichlet, MultivariateNormal, Independent of such)."""
+Dirichlet, MultivariateNormal, Gumbel, Geometric, Poisson, Independent of such)."""
 import math
 
 from .. import linalg
@@ -11,8 +11,10 @@ from .beta import Beta
 from .categorical import Categorical
 from .cauchy import Cauchy
 from .dirichlet import Dirichlet
+from .discrete_counts import Geometric, Poisson
 from .exponential import Exponential
 from .gamma import Gamma
+from .gumbel import _EULER, Gumbel
 from .half_normal import HalfNormal
 from .independent import Independent, _sum_rightmost
 from .laplace import Laplace
@@ -163,3 +165,24 @@ def _kl_independent_independent(p, q):
     if p.reinterpreted_batch_ndims != q.reinterpreted_batch_ndims:
         raise NotImplementedError("kl_divergence: Independent distributions of different reinterpreted_batch_ndims")
     return _sum_rightmost(kl_divergence(p.base_dist, q.base_dist), p.reinterpreted_batch_ndims)
+
+
+@register_kl(Poisson, Poisson)
+def _kl_poisson_poisson(p, q):
+    return p.rate * (p.rate.log() - q.rate.log()) - (p.rate - q.rate)
+
+
+@register_kl(Geometric, Geometric)
+def _kl_geometric_geometric(p, q):
+    return -p.entropy() - (-q.probs).log1p() / p.probs - q.logits
+
+
+@register_kl(Gumbel, Gumbel)
+def _kl_gumbel_gumbel(p, q):
+    ct1 = p.scale / q.scale
+    ct2 = q.loc / q.scale
+    ct3 = p.loc / q.scale
+    t1 = -ct1.log() - ct2 + ct3
+    t2 = ct1 * _EULER
+    t3 = (ct2 + lgamma(1 + ct1) - ct3).exp()
+    return t1 + t2 + t3 - (1 + _EULER)

@@ -28,6 +28,17 @@ CASES = {
     "gamma": lambda d: D.Gamma(_t([0.3, 4.5], d), _t([1.0, 2.0], d)),
     "beta": lambda d: D.Beta(_t([0.4, 3.0], d), _t([0.6, 1.5], d)),
     "halfnormal": lambda d: D.HalfNormal(_t([0.5, 2.0], d)),
+    "studentt": lambda d: D.StudentT(_t([6.0, 12.0], d), _t([1.0, -1.0], d), _t([0.5, 2.0], d)),
+    "chi2": lambda d: D.Chi2(_t([0.7, 9.0], d)),
+    "gumbel": lambda d: D.Gumbel(_t([1.0, -2.0], d), _t([0.5, 2.0], d)),
+    "weibull": lambda d: D.Weibull(_t([1.0, 2.0], d), _t([0.8, 3.0], d)),
+    "geometric": lambda d: D.Geometric(probs=_t([0.3, 0.8], d)),
+    "poisson": lambda d: D.Poisson(_t([0.5, 4.0], d)),
+    "poisson_large": lambda d: D.Poisson(_t([30.0, 700.0], d)),
+    "binomial": lambda d: D.Binomial(_t([5.0, 40.0], d), probs=_t([0.3, 0.8], d)),
+    "mixture": lambda d: D.MixtureSameFamily(D.Categorical(probs=_t([[0.3, 0.7], [0.5, 0.5]], d)),
+                                             D.Normal(_t([[-2.0, 3.0], [0.0, 1.0]], d),
+                                                      _t([[1.0, 0.5], [1.0, 2.0]], d))),
 }
 
 
@@ -41,8 +52,16 @@ def test_draws_have_the_shape_and_the_moments(device, name):
     # the sample mean within 5 standard errors; the sample variance within 10 % (heavy tails: LogNormal, Gamma(0.3))
     np.testing.assert_array_less(np.abs(x.mean(0) - mean), 5 * np.sqrt(var / 40000))
     np.testing.assert_allclose(x.var(0), var, rtol=0.1)
-    if name in ("exponential", "gamma", "lognormal", "halfnormal"):
+    if name in ("poisson", "poisson_large"):   # the whole law: the frequencies of the counts near the mean
+        from math import lgamma, log
+        for j, lam in enumerate(_np(dist.rate)):
+            for k in range(int(lam) - 2 if lam > 2 else 0, int(lam) + 3):
+                want = np.exp(k * log(lam) - lam - lgamma(k + 1))
+                assert abs((x[:, j] == k).mean() - want) < 5 * np.sqrt(want / 40000) + 1e-4, (lam, k)
+    if name in ("exponential", "gamma", "lognormal", "halfnormal", "chi2", "weibull"):
         assert (x > 0).all()
+    if name in ("geometric", "poisson", "poisson_large", "binomial"):
+        assert (x >= 0).all() and (x == np.floor(x)).all()
     if name == "beta":
         assert ((x > 0) & (x < 1)).all()
     if name == "bernoulli":

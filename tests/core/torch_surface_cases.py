@@ -422,4 +422,35 @@ CASES = {
     "kl_onehot": (lambda L, a, b: L.distributions.kl_divergence(L.distributions.OneHotCategorical(logits=a),
                                                                 L.distributions.OneHotCategorical(logits=b)),
                   ["x", "y"], True),
+    "dist_studentt": (lambda L, df, m, s, v: (lambda d: d.log_prob(v) + d.entropy() + d.variance + d.mean)(
+        L.distributions.StudentT(df * 2, m, s)), ["ge1", "x", "pos", "y"], True),
+    "dist_chi2": (lambda L, df, v: (lambda d: d.log_prob(v) + d.entropy() + d.mean + d.variance)(
+        L.distributions.Chi2(df)), ["ge1", "pos"], True),
+    "dist_gumbel": (lambda L, m, s, v, p: (lambda d: d.log_prob(v) + d.cdf(v) + d.icdf(p) + d.entropy() + d.mean
+                                           + d.variance)(L.distributions.Gumbel(m, s)),
+                    ["x", "pos", "y", "prob"], True),
+    "dist_weibull": (lambda L, s, k, v: (lambda d: d.log_prob(v * 2) + d.cdf(v * 2) + d.icdf(v) + d.entropy() + d.mean
+                                         + d.variance)(L.distributions.Weibull(s, k)), ["pos", "ge1", "prob"], True),
+    "dist_geometric": (lambda L, p, c: (lambda d: d.log_prob(c) + d.entropy() + d.mean + d.variance)(
+        L.distributions.Geometric(probs=p)), ["prob", "counts_f"], True),
+    "dist_geometric_logits": (lambda L, lg, c: (lambda d: d.log_prob(c) + d.entropy())(
+        L.distributions.Geometric(logits=lg)), ["x", "counts_f"], True),
+    "dist_poisson": (lambda L, r, c: (lambda d: d.log_prob(c) + d.mean + d.variance)(L.distributions.Poisson(r * 3)),
+                     ["pos", "counts_f"], True),
+    "dist_binomial": (lambda L, p, lg, c: L.distributions.Binomial(10, probs=p).log_prob(c)
+                      + L.distributions.Binomial(total_count=10, logits=lg).log_prob(c)
+                      + L.distributions.Binomial(10, probs=p).variance, ["prob", "x", "counts_f"], True),
+    "dist_mixture": (lambda L, lg, m, s, v: (lambda d: d.log_prob(v) + d.cdf(v) + d.mean + d.variance)(
+        L.distributions.MixtureSameFamily(L.distributions.Categorical(logits=lg[:, :3]),
+                                          L.distributions.Normal(m[:, :3], s[:, :3]))), ["x", "y", "pos", "b1"], True),
+    "kl_poisson": (lambda L, a, b: L.distributions.kl_divergence(L.distributions.Poisson(a),
+                                                                 L.distributions.Poisson(b)), ["pos", "ge1"], True),
+    "kl_geometric": (lambda L, p, lg: L.distributions.kl_divergence(L.distributions.Geometric(probs=p),
+                                                                    L.distributions.Geometric(logits=lg)),
+                     ["prob", "y"], True),
+    "kl_gumbel": (lambda L, m, s, m2, s2: L.distributions.kl_divergence(L.distributions.Gumbel(m, s),
+                                                                        L.distributions.Gumbel(m2, s2)),
+                  ["x", "pos", "y", "ge1"], True),
+    "kl_chi2": (lambda L, a, b: L.distributions.kl_divergence(L.distributions.Chi2(a * 3), L.distributions.Chi2(b)),
+                ["pos", "ge1"], True),
 }
