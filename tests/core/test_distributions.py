@@ -36,6 +36,7 @@ CASES = {
     "poisson": lambda d: D.Poisson(_t([0.5, 4.0], d)),
     "poisson_large": lambda d: D.Poisson(_t([30.0, 700.0], d)),
     "binomial": lambda d: D.Binomial(_t([5.0, 40.0], d), probs=_t([0.3, 0.8], d)),
+    "pareto": lambda d: D.Pareto(_t([1.0, 2.0], d), _t([4.5, 6.0], d)),
     "mixture": lambda d: D.MixtureSameFamily(D.Categorical(probs=_t([[0.3, 0.7], [0.5, 0.5]], d)),
                                              D.Normal(_t([[-2.0, 3.0], [0.0, 1.0]], d),
                                                       _t([[1.0, 0.5], [1.0, 2.0]], d))),
@@ -212,3 +213,36 @@ def test_dirichlet_cauchy_one_hot_and_independent(device):
     assert ind.sample((3,)).shape == (3, 2, 4) and ind.log_prob(ind.sample()).shape == (2,)
     with pytest.raises(ValueError, match="reinterpreted_batch_ndims 3 must be in"):
         D.Independent(D.Normal(_t(np.zeros((2, 4)), device), 1.0), 3)
+
+
+def test_transformed_relaxed_and_multinomial_draws(device):
+    T = D.transforms
+    base = D.Normal(_t([0.0, 1.0], device), _t([1.0, 0.5], device))
+    td = D.TransformedDistribution(base, [T.ExpTransform(), T.AffineTransform(1.0, 2.0)])
+    flame.manual_seed(7)
+    y = td.sample((4,))
+    flame.manual_seed(7)
+    np.testing.assert_allclose(_np(y), 1.0 + 2.0 * np.exp(_np(base.sample((4,)))), rtol=1e-12)
+    x = _np(td.sample((40000,)))
+    assert (x > 1).all() and td.batch_shape == (2,) and td.event_shape == ()
+    back = td.transforms[1].inv(td.transforms[0](_t([0.3], device)))
+    np.testing.assert_allclose(_np(back), (np.exp(0.3) - 1.0) / 2.0, rtol=1e-12)   # inverse of the affine part
+    t = _t([0.5, 1.5], device, True)
+    rb = D.RelaxedBernoulli(t[0], probs=_t([0.3, 0.8], device))
+    r = rb.rsample((1000,))
+    assert r.shape == (1000, 2) and ((_np(r) > 0) & (_np(r) < 1)).all()
+    r.sum().backward()
+    assert t.grad is not None and np.isfinite(_np(t.grad)).all()
+    ro = D.RelaxedOneHotCategorical(_t(0.5, device), logits=_t([0.0, 1.0, 2.0], device))
+    z = _np(ro.rsample((1000,)))
+    np.testing.assert_allclose(z.sum(-1), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(np.bincount(z.argmax(-1), minlength=3) / 1000, _np(ro.probs), atol=0.05)
+    m = D.Multinomial(10, probs=_t([0.2, 0.3, 0.5], device))
+    c = _np(m.sample((20000,)))
+    assert c.shape == (20000, 3) and (c.sum(-1) == 10).all()
+    np.testing.assert_allclose(c.mean(0), _np(m.mean), atol=0.05)
+    np.testing.assert_allclose(c.var(0), _np(m.variance), rtol=0.1)
+    with pytest.raises(ValueError, match="total_count must be a non-negative int"):
+        D.Multinomial(2.5, probs=_t([0.5, 0.5], device))
+    with pytest.raises(TypeError, match="transforms must be Transforms"):
+        D.TransformedDistribution(base, [lambda v: v])

@@ -453,4 +453,35 @@ CASES = {
                   ["x", "pos", "y", "ge1"], True),
     "kl_chi2": (lambda L, a, b: L.distributions.kl_divergence(L.distributions.Chi2(a * 3), L.distributions.Chi2(b)),
                 ["pos", "ge1"], True),
+    "dist_transformed_sigmoid": (lambda L, m, s, v: (lambda d: d.log_prob(v) + d.cdf(v) + d.icdf(v))(
+        L.distributions.TransformedDistribution(L.distributions.Normal(m, s),
+                                                [L.distributions.transforms.SigmoidTransform()])),
+                                 ["x", "pos", "prob"], True),
+    "dist_transformed_exp_affine": (lambda L, m, s, sc, v: (lambda d: d.log_prob(v + 1) + d.cdf(v + 1))(
+        L.distributions.TransformedDistribution(L.distributions.Normal(m, s), [
+            L.distributions.transforms.ExpTransform(), L.distributions.transforms.AffineTransform(1.0, sc)])),
+                                    ["x", "pos", "ge1", "ge1"], True),
+    "dist_transformed_tanh": (lambda L, m, s, v: L.distributions.TransformedDistribution(
+        L.distributions.Normal(m, s), L.distributions.transforms.TanhTransform()).log_prob(v), ["x", "pos", "unit"],
+                              True),
+    "dist_transformed_softplus_power": (lambda L, m, s, v: L.distributions.TransformedDistribution(
+        L.distributions.Normal(m, s), [L.distributions.transforms.SoftplusTransform(),
+                                       L.distributions.transforms.PowerTransform(2.0)]).log_prob(v),
+                                        ["x", "pos", "pos"], True),
+    "dist_transformed_negative_affine": (lambda L, m, s, v, p: (lambda d: d.log_prob(v) + d.cdf(v) + d.icdf(p))(
+        L.distributions.TransformedDistribution(L.distributions.Normal(m, s),
+                                                L.distributions.transforms.AffineTransform(0.5, -2.0))),
+                                         ["x", "pos", "y", "prob"], True),
+    "dist_transformed_event_affine": (lambda L, m, s, sc, v: L.distributions.TransformedDistribution(
+        L.distributions.Normal(m, s), L.distributions.transforms.AffineTransform(0.0, sc, event_dim=1)).log_prob(v),
+                                      ["x", "pos", "ge1", "y"], True),
+    "dist_pareto": (lambda L, s, a, v: (lambda d: d.log_prob(s + v) + d.entropy() + d.mean + d.cdf(s + v))(
+        L.distributions.Pareto(s, a)), ["pos", "ge1", "ge1"], True),
+    "dist_relaxed_bernoulli": (lambda L, p, v: L.distributions.RelaxedBernoulli(L.tensor(0.7, dtype=p.dtype),
+                                                                                probs=p).log_prob(v * 0.4 + 0.5),
+                               ["prob", "unit"], True),
+    "dist_relaxed_onehot": (lambda L, lg, y: L.distributions.RelaxedOneHotCategorical(
+        L.tensor(0.6, dtype=lg.dtype), logits=lg).log_prob(L.softmax(y, -1)), ["x", "y"], True),
+    "dist_multinomial": (lambda L, lg, c: (lambda d: d.log_prob(c[::2]) + d.mean.sum(-1) + d.variance.sum(-1))(
+        L.distributions.Multinomial(6, logits=lg[:2])), ["x", "counts_f"], True),
 }
