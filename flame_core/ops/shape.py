@@ -506,7 +506,7 @@ def _join(dim, xs, arrs):
 class Cat(Function):
     @staticmethod
     def forward(ctx, dim, *xs):
-        ctx.sizes = [x.shape[dim] for x in xs]
+        ctx.sizes = [x._data.shape[dim] for x in xs]
         ctx.dim = dim
         return _join(dim, xs, [x._data for x in xs])
 
