@@ -267,7 +267,10 @@ class MaskedFill(Function):
         if isinstance(value, Tensor):
             v = xp.asarray(value._data, dtype=a.dtype)
         elif a.dtype in _NP_SCALAR_DTYPES:   # a NumPy scalar of x's dtype: no device array made for it (host cost)
-            with np.errstate(over="ignore"):   # (a value beyond float16's range: inf, as the array path gave)
+            if a.dtype == np.float16:
+                with np.errstate(over="ignore"):   # (a value beyond float16's range: inf, as the array path gave)
+                    v = a.dtype.type(value)
+            else:
                 v = a.dtype.type(value)
         else:   # (bfloat16: CuPy takes no ml_dtypes scalar)
             v = xp.asarray(value, dtype=a.dtype)
