@@ -1,22 +1,12 @@
 """Bernoulli(probs=None, logits=None), torch.distributions' formulas (log_prob and entropy through the logits)."""
 from ..ops.sampling import bernoulli
-from .distribution import Distribution, broadcast_all
-from .probs import logits_to_probs, probs_to_logits
+from .distribution import Distribution
+from .probs import binary_params
 
 
 class Bernoulli(Distribution):
     def __init__(self, probs=None, logits=None, validate_args=None):
-        if (probs is None) == (logits is None):
-            raise ValueError("Bernoulli: pass either probs or logits, not both (and not neither)")
-        self._validate = self._validate_default if validate_args is None else bool(validate_args)
-        if probs is not None:
-            (self.probs,) = broadcast_all(probs)
-            self._check_param("probs", (self.probs >= 0) & (self.probs <= 1), "Interval(lower_bound=0.0, "
-                                                                              "upper_bound=1.0)")
-            self.logits = probs_to_logits(self.probs, is_binary=True)
-        else:
-            (self.logits,) = broadcast_all(logits)
-            self.probs = logits_to_probs(self.logits, is_binary=True)
+        _, self.probs, self.logits = binary_params(self, "Bernoulli", probs, logits, validate_args)
         super().__init__(self.probs.shape, (), validate_args)
 
     @property

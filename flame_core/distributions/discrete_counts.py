@@ -9,25 +9,12 @@ from ..ops.creation import rand
 from ..ops.math_ops import xlogy
 from ..ops.special_fns import lgamma
 from .distribution import Distribution, broadcast_all, finfo
-from .probs import logits_to_probs, probs_to_logits
-
-
-def _probs_or_logits(self, name, probs, logits, *others):
-    if (probs is None) == (logits is None):
-        raise ValueError(f"{name}: pass either probs or logits, not both (and not neither)")
-    self._validate = self._validate_default if self._validate_arg is None else bool(self._validate_arg)
-    if probs is not None:
-        *rest, p = broadcast_all(*others, probs)
-        self._check_param("probs", (p >= 0) & (p <= 1), "Interval(lower_bound=0.0, upper_bound=1.0)")
-        return rest, p, probs_to_logits(p, is_binary=True)
-    *rest, lg = broadcast_all(*others, logits)
-    return rest, logits_to_probs(lg, is_binary=True), lg
+from .probs import binary_params
 
 
 class Geometric(Distribution):
     def __init__(self, probs=None, logits=None, validate_args=None):
-        self._validate_arg = validate_args
-        _, self.probs, self.logits = _probs_or_logits(self, "Geometric", probs, logits)
+        _, self.probs, self.logits = binary_params(self, "Geometric", probs, logits, validate_args)
         super().__init__(self.probs.shape, (), validate_args)
 
     @property
@@ -68,13 +55,15 @@ def _poisson_draws(rate, shape):
         prod = lam * 0 + 1
         k = lam * 0
         live = small
-        for _ in range(200):
+        for i in range(256):
             prod = prod * rand(*shape, dtype=lam.dtype, device=lam.device)
             more = live & (prod > limit)
             k = k + more.to(k.dtype)
             live = more
-            if not bool(live.any()):
+            if i % 8 == 7 and not bool(live.any()):   # a host read every 8 rounds, not each (done ones stay done)
                 break
+        else:
+            raise RuntimeError("Poisson draws: a count above 256 at a rate below 10 (probability below 1e-300)")
         out = out.where(~small, k)
     big = ~small
     if bool(big.any()):   # PTRS
@@ -99,6 +88,8 @@ def _poisson_draws(rate, shape):
             pending = pending & ~ok
             if not bool(pending.any()):
                 break
+        else:
+            raise RuntimeError("Poisson draws: not accepted after 1000 rounds of PTRS")
     return out
 
 
@@ -132,8 +123,8 @@ class Poisson(Distribution):
 
 class Binomial(Distribution):
     def __init__(self, total_count=1, probs=None, logits=None, validate_args=None):
-        self._validate_arg = validate_args
-        (self.total_count,), self.probs, self.logits = _probs_or_logits(self, "Binomial", probs, logits, total_count)
+        (self.total_count,), self.probs, self.logits = binary_params(self, "Binomial", probs, logits, validate_args,
+                                                                     total_count)
         self.total_count = self.total_count.to(self.probs.dtype)
         super().__init__(self.probs.shape, (), validate_args)
         self._check_param("total_count", (self.total_count >= 0) & (self.total_count == self.total_count.floor()),

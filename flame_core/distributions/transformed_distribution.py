@@ -9,7 +9,7 @@ from ..ops.reduction import logsumexp
 from .distribution import Distribution, broadcast_all
 from .exponential import Exponential
 from .independent import _sum_rightmost
-from .probs import clamp_probs, logits_to_probs, probs_to_logits
+from .probs import binary_params, clamp_probs
 from .transforms import AffineTransform, ExpTransform, SigmoidTransform, Transform
 
 
@@ -115,15 +115,8 @@ class LogitRelaxedBernoulli(Distribution):
     has_rsample = True
 
     def __init__(self, temperature, probs=None, logits=None, validate_args=None):
-        if (probs is None) == (logits is None):
-            raise ValueError("LogitRelaxedBernoulli: pass either probs or logits, not both (and not neither)")
-        self._validate = self._validate_default if validate_args is None else bool(validate_args)
-        if probs is not None:
-            self.temperature, self.probs = broadcast_all(temperature, probs)
-            self.logits = probs_to_logits(self.probs, is_binary=True)
-        else:
-            self.temperature, self.logits = broadcast_all(temperature, logits)
-            self.probs = logits_to_probs(self.logits, is_binary=True)
+        (self.temperature,), self.probs, self.logits = binary_params(self, "LogitRelaxedBernoulli", probs, logits,
+                                                                     validate_args, temperature)
         super().__init__(self.logits.shape, (), validate_args)
 
     def rsample(self, sample_shape=()):

@@ -70,6 +70,8 @@ def copy_rows(src, src_stride, dst, dst_stride, rows, row_bytes):
     except KeyError:
         pl = None
     if pl is None:
+        if len(_local.launches) >= 256:   # (one entry per grid shape: bounded for programs of many shapes)
+            _local.launches.clear()
         pl = _local.launches[key] = KL.PackedLaunch(L.get_function("copy_rows", name), (gx, gy), (block,),
                                                     (None,) * 6, 6)
     pl((src, dst, rows, cols, src_stride, dst_stride))

@@ -4,7 +4,10 @@ from .. import functional as F
 from ..module import Module
 
 
-class MaxPool2d(Module):
+class _MaxPoolNd(Module):
+    """MaxPool1d / 2d / 3d: PyTorch's arguments; the dimension's function is the class's _fn."""
+    _fn = None
+
     def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False):
         super().__init__()
         self.kernel_size, self.stride = kernel_size, stride if stride is not None else kernel_size
@@ -12,12 +15,16 @@ class MaxPool2d(Module):
         self.return_indices = return_indices
 
     def forward(self, input):
-        return F.max_pool2d(input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
-                            self.return_indices)
+        return type(self)._fn(input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
+                              self.return_indices)
 
     def extra_repr(self):
         return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
                 f"dilation={self.dilation}, ceil_mode={self.ceil_mode}")
+
+
+class MaxPool2d(_MaxPoolNd):
+    _fn = staticmethod(F.max_pool2d)
 
 
 class MaxUnpool2d(Module):
@@ -92,10 +99,8 @@ class Upsample(Module):
         return s + f", mode='{self.mode}'"
 
 
-class MaxPool1d(MaxPool2d):
-    def forward(self, input):
-        return F.max_pool1d(input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
-                            self.return_indices)
+class MaxPool1d(_MaxPoolNd):
+    _fn = staticmethod(F.max_pool1d)
 
 
 class AvgPool1d(Module):
@@ -135,20 +140,8 @@ class AdaptiveMaxPool2d(_AdaptiveMaxPoolNd):
     _fn = staticmethod(F.adaptive_max_pool2d)
 
 
-class MaxPool3d(Module):
-    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False):
-        super().__init__()
-        self.kernel_size, self.stride = kernel_size, stride if stride is not None else kernel_size
-        self.padding, self.dilation, self.ceil_mode = padding, dilation, ceil_mode
-        self.return_indices = return_indices
-
-    def forward(self, input):
-        return F.max_pool3d(input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
-                            self.return_indices)
-
-    def extra_repr(self):
-        return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
-                f"dilation={self.dilation}, ceil_mode={self.ceil_mode}")
+class MaxPool3d(_MaxPoolNd):
+    _fn = staticmethod(F.max_pool3d)
 
 
 class AvgPool3d(_AvgPoolNd):
