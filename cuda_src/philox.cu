@@ -1,5 +1,6 @@
 // Counter-based random numbers (Philox-4x32-10). State is just (seed, offset): exact save/restore and replay
 // (gradient checkpointing, resume) without touching device-side generator state.
+#include "common.cuh"
 #define PHILOX_M0 0xD2511F53u
 #define PHILOX_M1 0xCD9E8D57u
 #define PHILOX_W0 0x9E3779B9u
@@ -73,4 +74,27 @@ extern "C" __global__ void philox_integers(long long* out, long long n, unsigned
 #pragma unroll
     for (int j = 0; j < 4; ++j)
         if (base + j < n) out[base + j] = low + (long long)(((unsigned long long)v[j] * range) >> 32);
+}
+
+// dropout with its draw fused in (flame_core/kernels/dropout.py): the uniforms of philox_fill_f32 at the same
+// (seed, offset) -- thread i's counter covers elements 4i .. 4i+3 --, an element kept where u >= p (p in float32, as
+// the comparison of a float32 draw with a Python float), mask = T(scale) or 0 and y = T(x * mask) in fp32: the values
+// of `rand(...) >= p`, `.to(T) * scale` and `x * mask` done one by one, in one pass. The mask is the backward's factor.
+template <typename T>
+__global__ void philox_dropout(const T* __restrict__ x, T* __restrict__ y, T* __restrict__ mask,
+                               unsigned long long seed, unsigned long long offset, long long n, float p, float scale) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long base = i * 4;
+    if (base >= n) return;
+    u4 r = philox(seed, offset / 4 + i);
+    unsigned int v[4] = {r.x, r.y, r.z, r.w};
+    const T keep = from_f32<T>(scale), drop = from_f32<T>(0.0f);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        if (base + j < n) {
+            T m = to_unit(v[j]) >= p ? keep : drop;
+            mask[base + j] = m;
+            y[base + j] = from_f32<T>(to_f32(x[base + j]) * to_f32(m));
+        }
+    }
 }

@@ -72,20 +72,27 @@ class _CudaPhilox:
             cls._module = loader.load_module("philox")
         return cls._module.get_function(name)
 
-    def _launch(self, name, out, *extra):
-        cp = backend.cupy
-        s = cp.cuda.get_current_stream()
+    def reserve(self, n):
+        """The offset at which a draw of n numbers starts; the stream advances past them (by ceil(n / 4) * 4: offsets
+        stay multiples of 4, each kernel thread consumes one counter). Refused while a CUDA graph is captured."""
+        s = backend.cupy.cuda.get_current_stream()
         if s.ptr and s.is_capturing():
             from .cuda.graphs import GraphCaptureError
             raise GraphCaptureError("random numbers drawn while capturing a CUDA graph would be the same on every "
                                     "replay (the seed and offset are baked into the graph): draw them outside the "
                                     "captured region and pass them in")
+        offset = self.offset
+        self.offset += 4 * ((n + 3) // 4)
+        return offset
+
+    def _launch(self, name, out, *extra):
+        cp = backend.cupy
         n = out.size
+        offset = self.reserve(n)
         threads = (n + 3) // 4
         if threads:
             self._fn(name)(((threads + 255) // 256,), (256,),
-                           (out, cp.int64(n), cp.uint64(self.seed), cp.uint64(self.offset)) + extra)
-        self.offset += 4 * threads  # keep offsets a multiple of 4: each thread consumes one counter
+                           (out, cp.int64(n), cp.uint64(self.seed), cp.uint64(offset)) + extra)
         return out
 
     def standard_normal(self, shape, dtype):

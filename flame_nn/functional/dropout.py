@@ -4,10 +4,16 @@ import warnings
 
 from flame_core.autograd import no_grad
 from flame_core.ops.creation import rand
+from flame_core.ops.dropout import fused_dropout
 
 
 def _drop(input, p, inplace, mask_shape, generator):
-    """input times a mask of `mask_shape` (broadcast over the input): 0 with probability p, else 1 / (1 - p)."""
+    """input times a mask of `mask_shape` (broadcast over the input): 0 with probability p, else 1 / (1 - p). On cuda
+    an elementwise (not in-place) dropout is one kernel (flame_core.ops.dropout: the same numbers)."""
+    if not inplace and mask_shape == tuple(input.shape):
+        out = fused_dropout(input, p, generator)
+        if out is not None:
+            return out
     with no_grad():
         keep = rand(mask_shape, dtype=input.dtype if input.dtype.itemsize >= 4 else None, device=input.device,
                     generator=generator) >= p

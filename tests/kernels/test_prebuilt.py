@@ -90,17 +90,17 @@ def test_keys_follow_the_sources_and_headers_only(tmp_path, monkeypatch):
         loader._sources.clear()
         return prebuilt.key(loader.source(stem), opts)
 
-    before = {s: key(s) for s in ("norms", "rope", "philox")}
+    before = {s: key(s) for s in ("norms", "rope", "im2col")}
     assert prebuilt.key(loader.source("norms"), opts) != prebuilt.key(loader.source("norms"), ("--std=c++14",))
     with open(src / "common.cuh", "a") as f:  # a header norms.cu and rope.cu include
         f.write("\n// edited\n")
     after = {s: key(s) for s in before}
     assert after["norms"] != before["norms"]
     assert after["rope"] != before["rope"]
-    assert after["philox"] == before["philox"]  # does not include common.cuh
-    with open(src / "philox.cu", "a") as f:
+    assert after["im2col"] == before["im2col"]  # does not include common.cuh
+    with open(src / "im2col.cu", "a") as f:
         f.write("\n")
-    assert key("philox") != before["philox"]
+    assert key("im2col") != before["im2col"]
 
 
 def _fake_manifest(monkeypatch, units):
