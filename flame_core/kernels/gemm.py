@@ -30,12 +30,15 @@ _COMPUTE_32F = 68                                                          # CUB
 _GEMM_DEFAULT = -1
 WORKSPACE_BYTES = 32 << 20
 _ONE, _ZERO = ctypes.c_float(1.0), ctypes.c_float(0.0)
+_ONE_REF, _ZERO_REF = ctypes.byref(_ONE), ctypes.byref(_ZERO)
 _lib = None
 _local = threading.local()   # .handles: {device id: _Handle} of this thread
 _live = set()                # the pointers of FLAME's handles not destroyed (live_handles())
 _nd = backend._cupy_ndarray if backend.cupy is not None else None
 _rc_on, _rc_take, _RC_MAX = recycle.on, recycle.take, recycle.MAX_NUMEL
 _FLAGS = _nd is not None and hasattr(_nd, "_c_contiguous")   # CuPy's internal contiguity flags (else .flags)
+_get_device = backend.cupy.cuda.runtime.getDevice if backend.cupy is not None else None
+_get_stream = backend.cupy.cuda.get_current_stream if backend.cupy is not None else None
 
 
 class _Handle:
@@ -237,6 +240,36 @@ def matmul(a, b, out=None, beta=0.0, alpha=1.0):
     sums included: out = alpha * (a @ b) + beta * out (beta=1 accumulates); `out` may be float32 for float16 /
     bfloat16 operands (the fp32 accumulator is then stored as it is: sums over several products lose nothing to
     rounding)."""
+    if out is None and beta == 0.0 and a.ndim == 2 and b.ndim == 2:
+        # the eager per-op path (every linear's backward, x @ W): 2-D operands, each row- or column-major, a new
+        # output; the checks and the handle read inline (the general path below handles everything else)
+        M, K = a.shape
+        N = b.shape[1]
+        if b.shape[0] == K and M and N and K:
+            if _FLAGS:
+                ac, af, bc, bf = a._c_contiguous, a._f_contiguous, b._c_contiguous, b._f_contiguous
+            else:
+                ac, af, bc, bf = a.flags.c_contiguous, a.flags.f_contiguous, b.flags.c_contiguous, b.flags.f_contiguous
+            if (ac or af) and (bc or bf):
+                dt = a.dtype
+                t = _CUDA_TYPE[dt]
+                out = _rc_take((M, N), dt) if _rc_on[0] and M * N <= _RC_MAX else None
+                if out is None:
+                    out = _nd((M, N), dt)
+                try:
+                    st = _local.handles[_get_device()]
+                except (AttributeError, KeyError):
+                    st = _state()
+                stream = _get_stream().ptr
+                if st.stream != stream:
+                    st.set_stream(_lib, stream)
+                status = _lib.cublasGemmEx(st.ptr, OP_N if bc else OP_T, OP_N if ac else OP_T, N, M, K,
+                                           _ONE_REF if alpha == 1.0 else ctypes.byref(ctypes.c_float(alpha)),
+                                           b.data.ptr, t, N if bc else K, a.data.ptr, t, K if ac else M, _ZERO_REF,
+                                           out.data.ptr, t, N, _COMPUTE_32F, _GEMM_DEFAULT)
+                if status:
+                    _check(status, "GemmEx")
+                return out
     cp = backend.cupy
     if b.ndim == 1 or a.ndim == 1:
         if out is not None:
@@ -274,8 +307,8 @@ def matmul(a, b, out=None, beta=0.0, alpha=1.0):
     count = int(np.prod(batch)) if batch else 1
     t, tc = _CUDA_TYPE[a.dtype], _CUDA_TYPE[out.dtype]
     lib, h = _handle()
-    one = ctypes.byref(_ONE) if alpha == 1.0 else ctypes.byref(ctypes.c_float(alpha))
-    bet = ctypes.byref(_ZERO) if beta == 0.0 else ctypes.byref(ctypes.c_float(beta))
+    one = _ONE_REF if alpha == 1.0 else ctypes.byref(ctypes.c_float(alpha))
+    bet = _ZERO_REF if beta == 0.0 else ctypes.byref(ctypes.c_float(beta))
     # row-major C = A @ B  <=>  column-major C^T = B^T A^T: B's memory is the first operand
     if count == 1:
         _check(lib.cublasGemmEx(h, opB, opA, N, M, K, one, B.data.ptr, t, ldb, A.data.ptr, t, lda, bet,

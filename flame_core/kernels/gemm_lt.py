@@ -3,9 +3,10 @@ over the (M, N) output, as PyTorch's addmm does for nn.Linear.
 
 Reached through ctypes in the libcublasLt CuPy's cuBLAS already loaded, as `gemm` reaches cuBLAS. One matmul
 descriptor, operand layouts and the heuristic's first algorithm are kept per problem (shape, leading dimensions,
-transposes, dtype): a call only sets the bias pointer and launches on the current CuPy stream, with a workspace from
-FLAME's pool allocated once per device (cuBLASLt allocates nothing itself, so the call can be captured in a CUDA
-graph). Where cuBLASLt offers no algorithm the caller gets None and falls back to GEMM + add.
+transposes, dtype, alignments), and per thread what a call passes (`_Runs`: a forward bias's descriptor holds its
+address, so the call is one C call): it launches on the current CuPy stream, with the workspace from FLAME's pool
+of the thread's cuBLAS handle (cuBLASLt allocates nothing itself, so the call can be captured in a CUDA graph).
+Where cuBLASLt offers no algorithm the caller gets None and falls back to GEMM + add.
 
     matmul_bias(a, b, bias)   a (M, K) @ b (K, N) + bias, each operand row- or column-major
     linear_bias(x, w, bias)   nn.Linear's x (..., K) @ w (N, K)^T + bias on C-contiguous arrays: the eager per-op
@@ -16,6 +17,8 @@ graph). Where cuBLASLt offers no algorithm the caller gets None and falls back t
 """
 import ctypes
 import os
+import sys
+import threading
 
 import numpy as np
 
@@ -61,7 +64,9 @@ def _library():
     lib.cublasLtMatmulAlgoGetHeuristic.argtypes = [vp, vp, vp, vp, vp, vp, vp, i, ctypes.POINTER(_Heuristic),
                                                    ctypes.POINTER(i)]
     lib.cublasLtMatmul.argtypes = [vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, sz, vp]
+    lib.cublasLtMatmulDescDestroy.argtypes = [vp]
     for fn in (lib.cublasLtCreate, lib.cublasLtMatmulDescCreate, lib.cublasLtMatmulDescSetAttribute,
+               lib.cublasLtMatmulDescDestroy,
                lib.cublasLtMatrixLayoutCreate, lib.cublasLtMatmulPreferenceCreate,
                lib.cublasLtMatmulPreferenceSetAttribute, lib.cublasLtMatmulAlgoGetHeuristic, lib.cublasLtMatmul):
         fn.restype = ctypes.c_int
@@ -93,18 +98,24 @@ def _set(lib, desc, attr, value):
     _check(lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(value), ctypes.sizeof(value)), "DescSet")
 
 
-def _plan(key, h):
-    """(desc, (la, lb, lc), algo) for the problem `key`, or None when cuBLASLt has no algorithm for it."""
-    if key in _plans:
-        return _plans[key]
-    lib = _library()
-    dev, t, opB, opA, N, M, K, ldb, lda, ldc, aligns, epilogue = key
+def _new_desc(lib, t, opB, opA, epilogue):
+    """A matmul descriptor: fp32 compute and scale, the transposes, the epilogue and its vector's dtype."""
     desc = ctypes.c_void_p()
     _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), gemm._COMPUTE_32F, _CUDA_R_32F), "DescCreate")
     _set(lib, desc, _DESC_TRANSA, ctypes.c_int(opB))
     _set(lib, desc, _DESC_TRANSB, ctypes.c_int(opA))
     _set(lib, desc, _DESC_EPILOGUE, ctypes.c_int(epilogue))
     _set(lib, desc, _DESC_BIAS_DATA_TYPE, ctypes.c_int(t))
+    return desc
+
+
+def _plan(key, h):
+    """(desc, (la, lb, lc), algo) for the problem `key`, or None when cuBLASLt has no algorithm for it."""
+    if key in _plans:
+        return _plans[key]
+    lib = _library()
+    dev, t, opB, opA, N, M, K, ldb, lda, ldc, aligns, epilogue = key
+    desc = _new_desc(lib, t, opB, opA, epilogue)
     layouts = []
     # column-major view of row-major C = A @ B: C^T (N, M) = B^T (N, K) A^T (K, M); stored shapes follow the ops
     for rows, cols, ld in ((N, K, ldb) if opB == gemm.OP_N else (K, N, ldb),
@@ -127,10 +138,65 @@ def _plan(key, h):
                                                 ctypes.byref(result), ctypes.byref(count))
     plan = None
     if status == 0 and count.value > 0 and result.state == 0:
-        ptr = ctypes.c_void_p()
-        plan = (desc, layouts, ctypes.byref(result.algo), (ptr, ctypes.byref(ptr)), result)   # result: kept alive
+        plan = (desc, layouts, ctypes.byref(result.algo), result)   # result: kept alive (the algorithm's memory)
     _plans[key] = plan
     return plan
+
+
+class _Desc:
+    """A matmul descriptor of one thread's run (see _Runs), destroyed with it."""
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def __del__(self):
+        if _lib is not None and not sys.is_finalizing():
+            try:
+                _lib.cublasLtMatmulDescDestroy(self.ptr)
+            except Exception:   # a destructor cannot raise
+                pass
+
+
+class _Runs(threading.local):
+    """This thread's runs: problem (device, dtype, transposes, sizes, leading dimensions, the operands' addresses
+    modulo 256 -- their alignments --, the bias address for a forward bias, epilogue) -> what one call passes
+    (libcublasLt's matmul, handle, descriptor, layouts, algorithm, the bias pointer's holder, the workspace). A
+    forward bias (a parameter's: its address is stable) has a descriptor of its own with the address already set, so a
+    call is one C call; the bias gradient's address changes from call to call and is set into this thread's own
+    descriptor first (no other thread writes it between the two calls)."""
+
+    def __init__(self):
+        self.d = {}
+
+
+_runs = _Runs()
+RUNS_LIMIT = 1024   # a thread's runs past this many are dropped (their descriptors destroyed) and rebuilt on demand
+
+
+def _new_run(key, t, opB, opA, N, M, K, ldb, lda, ldc, pb, pa, po, pbias, epilogue):
+    """The run of `key` (see _Runs), or None when cuBLASLt has no algorithm for the problem."""
+    dev = key[0]
+    h = _handles.get(dev)
+    if h is None:
+        h = _handle(dev)[0]
+    ao = _alignment(po)
+    plan = _plan((dev, t, opB, opA, N, M, K, ldb, lda, ldc, (_alignment(pb), _alignment(pa), ao, ao), epilogue), h)
+    if plan is None:
+        return None
+    lib = _lib
+    _, (l_b, l_a, l_c), algo, _ = plan
+    desc = _Desc(_new_desc(lib, t, opB, opA, epilogue).value)
+    holder = ctypes.c_void_p(pbias)
+    holder_ref = ctypes.byref(holder)
+    _check(lib.cublasLtMatmulDescSetAttribute(desc.ptr, _DESC_BIAS_POINTER, holder_ref, _PTR_SIZE), "DescSet")
+    d = _runs.d
+    if len(d) >= RUNS_LIMIT:
+        d.clear()
+    ws = gemm.workspace()   # held by the run: its memory stays this run's even if the handle is closed early
+    run = d[key] = (lib.cublasLtMatmul, h, desc.ptr, l_b, l_a, l_c, algo, holder, holder_ref, ws.data.ptr,
+                    (desc, ws))
+    return run
 
 
 _nd = backend._cupy_ndarray   # cupy.ndarray, or () without CuPy (no array's type)
@@ -196,29 +262,26 @@ def weight_bias_grad(g, x):
 
 
 def _run(t, opB, opA, N, M, K, ldb, lda, ldc, pb, pa, po, pbias, epilogue):
-    """Plans (once per problem) and runs one matmul on the current device and stream, cuBLASLt's A at pb and B at pa
-    (see _plan), C = D at po, the epilogue's vector at pbias; False when cuBLASLt has no algorithm for it."""
-    dev = _get_device()
-    h = _handles.get(dev)
-    if h is None:
-        h = _handle(dev)[0]
-    ao = _alignment(po)
-    plan = _plan((dev, t, opB, opA, N, M, K, ldb, lda, ldc, (_alignment(pb), _alignment(pa), ao, ao), epilogue), h)
-    if plan is None:
-        return False
-    _matmul(plan, h, pb, pa, po, pbias, gemm.workspace().data.ptr)
+    """Runs one matmul on the current device and stream (planned once per problem, see _Runs), cuBLASLt's A at pb
+    and B at pa (see _plan), C = D at po, the epilogue's vector at pbias; False when cuBLASLt has no algorithm for
+    it."""
+    own = epilogue == _EPILOGUE_BIAS
+    key = (_get_device(), t, opB, opA, N, M, K, ldb, lda, ldc, pb & 255, pa & 255, po & 255, pbias if own else 0,
+           epilogue)
+    run = _runs.d.get(key)
+    if run is None:
+        run = _new_run(key, t, opB, opA, N, M, K, ldb, lda, ldc, pb, pa, po, pbias, epilogue)
+        if run is None:
+            return False
+    fn, h, desc, l_b, l_a, l_c, algo, holder, holder_ref, ws, _ = run
+    if not own:
+        holder.value = pbias
+        _check(_lib.cublasLtMatmulDescSetAttribute(desc, _DESC_BIAS_POINTER, holder_ref, _PTR_SIZE), "DescSet")
+    status = fn(h, desc, _ONE, pb, l_b, pa, l_a, _ZERO, po, l_c, po, l_c, algo, ws, WORKSPACE_BYTES,
+                _get_stream().ptr)
+    if status:
+        _check(status, "Matmul")
     return True
-
-
-def _matmul(plan, h, pb, pa, po, pbias, ws):
-    """One planned matmul on the current stream: C = D at po from cuBLASLt's A at pb and B at pa, the bias at pbias
-    (the plan's own pointer holder, made once, is set and written into its descriptor)."""
-    desc, (l_b, l_a, l_c), algo, bias_ptr, _ = plan
-    lib = _lib
-    bias_ptr[0].value = pbias
-    _check(lib.cublasLtMatmulDescSetAttribute(desc, _DESC_BIAS_POINTER, bias_ptr[1], _PTR_SIZE), "DescSet")
-    _check(lib.cublasLtMatmul(h, desc, _ONE, pb, l_b, pa, l_a, _ZERO, po, l_c, po, l_c, algo, ws, WORKSPACE_BYTES,
-                              _get_stream().ptr), "Matmul")
 
 
 def _alignment(ptr):

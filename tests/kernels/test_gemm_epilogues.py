@@ -259,3 +259,60 @@ def test_a_threads_gemm_handle_is_destroyed_when_the_thread_ends():
     gemm._local.handles.clear()
     np.testing.assert_allclose(cp.asnumpy(gemm.matmul(A, B)), a @ b, rtol=1e-4, atol=1e-4)
     assert gemm._state() is not st and gemm._state().ptr is not None
+
+
+def test_linear_bias_runs_keep_each_bias_and_stay_bounded(rng, monkeypatch):
+    """Linears of one shape with different biases (each bias address has its own descriptor in the thread's runs)
+    alternate and each gets its own bias; bias gradients written to changing addresses land where asked; past
+    RUNS_LIMIT the runs are dropped and rebuilt with the same numbers."""
+    from flame_core.kernels import gemm_lt
+    cp = backend.cupy
+    x, w = (_dev(rng.standard_normal(s), np.float32) for s in ((16, 64), (32, 64)))
+    biases = [_dev(rng.standard_normal(32), np.float32) for _ in range(6)]
+    refs = [cp.asnumpy(gemm_lt.matmul_bias(x, w.T, b)) for b in biases]
+    monkeypatch.setattr(gemm_lt, "RUNS_LIMIT", 4)
+    gemm_lt._runs.d.clear()   # the bound holds from the next new run on
+    for _ in range(3):
+        for b, ref in zip(biases, refs):
+            y = gemm_lt.linear_bias(x, w, b)
+            np.testing.assert_array_equal(cp.asnumpy(y), ref)
+            assert len(gemm_lt._runs.d) <= 4
+    g = _dev(rng.standard_normal((16, 32)), np.float32)
+    want = cp.asnumpy(g).sum(0)
+    outs = [gemm_lt.weight_bias_grad(g, x) for _ in range(5)]   # five live bias gradients: five addresses
+    assert len({db.data.ptr for _, db in outs}) == 5
+    for dw, db in outs:
+        np.testing.assert_allclose(cp.asnumpy(db), want, rtol=1e-5, atol=1e-5)
+
+
+def test_linear_bias_from_many_threads(rng):
+    """Threads running the same problem shape with their own biases at once (each thread its own runs and
+    descriptors) get their own results."""
+    import threading
+
+    from flame_core.kernels import gemm_lt
+    cp = backend.cupy
+    x, w = (_dev(rng.standard_normal(s), np.float32) for s in ((8, 32), (16, 32)))
+    biases = [_dev(rng.standard_normal(16), np.float32) for _ in range(8)]
+    refs = [cp.asnumpy(gemm_lt.matmul_bias(x, w.T, b)) for b in biases]
+    cp.cuda.Device().synchronize()
+    errors = []
+
+    def work(i):
+        try:
+            with cp.cuda.Stream():
+                for _ in range(50):
+                    y = gemm_lt.linear_bias(x, w, biases[i])
+                    dw, db = gemm_lt.weight_bias_grad(y, x)
+                got, gdb = cp.asnumpy(y), cp.asnumpy(db)
+            np.testing.assert_array_equal(got, refs[i])
+            np.testing.assert_allclose(gdb, refs[i].sum(0), rtol=1e-5, atol=1e-4)
+        except Exception as e:   # noqa: BLE001 - reported by the assertion below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
