@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from .. import backend
+from . import erfc_fit
 from . import launching as KL
 from . import loader as L
 from . import plans as P
@@ -23,6 +24,14 @@ def _erf(xp, a):
         return np.asarray(_np_erf(a.astype(np.float64)), dtype=np.float64).astype(a.dtype)
     from cupyx.scipy.special import erf
     return erf(a)
+
+
+def _cdf(xp, a):
+    """The normal CDF 0.5 (1 + erf(a / sqrt(2))) in a's dtype: on NumPy below float64 erfc_fit's (a fitted erfc, both
+    tails to 2.6e-10 relative, ~6x faster than math.erf per element); float64 and CuPy arrays the exact erf."""
+    if xp is np and a.dtype != np.float64:
+        return erfc_fit.normal_cdf(a.astype(np.float64)).astype(a.dtype)
+    return 0.5 * (1 + _erf(xp, a * _INV_SQRT2))
 
 
 def _approx_flag(approximate):
@@ -46,7 +55,10 @@ def _gelu_ref(x, approximate):
     if approximate == "tanh":  # 0.5 a (1 + tanh(u)) = a sigmoid(2u)
         y = a * _sigmoid_pair(xp, 2 * _SQRT_2_OVER_PI * (a + 0.044715 * a * a * a))[0]
     else:
-        y = 0.5 * a * (1 + _erf(xp, a * _INV_SQRT2))
+        if xp is np and a.dtype != np.float64:
+            y = a * _cdf(xp, a)
+        else:
+            y = 0.5 * a * (1 + _erf(xp, a * _INV_SQRT2))
     return y.astype(x.dtype)
 
 
@@ -58,7 +70,7 @@ def _gelu_grad_ref(dy, x, approximate):
         s, q = _sigmoid_pair(xp, 2 * _SQRT_2_OVER_PI * (a + 0.044715 * a * a * a))
         d = s + 2 * a * s * q * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * a * a)
     else:
-        d = 0.5 * (1 + _erf(xp, a * _INV_SQRT2)) + a * _INV_SQRT_2PI * xp.exp(-0.5 * a * a)
+        d = _cdf(xp, a) + a * _INV_SQRT_2PI * xp.exp(-0.5 * a * a)
     return (g * d).astype(x.dtype)
 
 

@@ -1,0 +1,49 @@
+"""erfc and the normal CDF on NumPy arrays (NumPy has no erf; a per-element math.erf costs ~130 ns an element): a
+fitted approximation, in float64, for the CPU paths of float32 / float16 / bfloat16 tensors (float64 tensors keep
+math.erf: exact to the last bit).
+
+erfc(z) = t exp(S(t) - z^2), t = 1 / (1 + z / 2), for 0 <= z <= ZMAX; S is a polynomial in t (mapped onto [-1, 1])
+fitted by tools/fit_erfc.py (Chebyshev interpolation of log(erfc(z) / t) + z^2, math.erfc as the truth): relative
+error below 2.6e-10 on [0, ZMAX] (the script measures it), a few thousandths of a float32 ulp. Beyond ZMAX erfc <
+2.1e-45, zero in float32. The normal CDF is taken from erfc alone, 0.5 erfc(-x / sqrt(2)), so both tails keep their
+relative accuracy (the 1 + erf(x) form loses every digit of the lower tail)."""
+import math
+
+import numpy as np
+
+ZMAX = 10.0
+# made by `python tools/fit_erfc.py --degree 12`: S's power series in u = (t - TMIN) * 2 / (1 - TMIN) - 1
+TMIN = 0.16666666666666666
+POLY = (-0.5585953511338155, 0.5703071538583213, 0.01574488733635014, -0.029471354425827705, -0.001043373597013845,
+        0.003713174859596072, -0.00028525384709101784, -0.0005473444418087453, 0.00014778811860878638,
+        6.78837379124333e-05, -3.8783346538293935e-05, -4.7357165874960085e-06, 5.308855481404639e-06)
+_U_SCALE = 2.0 / (1.0 - TMIN)
+_U_SHIFT = -TMIN * _U_SCALE - 1.0
+_INV_SQRT2 = 1.0 / math.sqrt(2.0)
+
+
+def erfc_nonneg(z):
+    """erfc of a float64 array z >= 0 (NaN stays NaN), as a new float64 array."""
+    zc = np.minimum(z, ZMAX)
+    t = 0.5 * zc
+    t += 1.0
+    np.reciprocal(t, out=t)
+    u = t * _U_SCALE
+    u += _U_SHIFT
+    s = np.full_like(u, POLY[-1])   # Horner's rule
+    for c in POLY[-2::-1]:
+        s *= u
+        s += c
+    s -= zc * zc
+    np.exp(s, out=s)
+    s *= t
+    s[z > ZMAX] = 0.0
+    return s
+
+
+def normal_cdf(x):
+    """Phi(x) = 0.5 erfc(-x / sqrt(2)) of a float64 array, both tails to erfc's relative accuracy."""
+    z = np.abs(x) * _INV_SQRT2
+    h = erfc_nonneg(z)
+    h *= 0.5
+    return np.where(x < 0, h, 1.0 - h)

@@ -1,0 +1,80 @@
+"""The fitted NumPy erfc / normal CDF (flame_core/kernels/erfc_fit.py) against math.erfc, its coefficients against
+what tools/fit_erfc.py makes, and the CPU's exact GELU (float32 through the fit) against float64 math.erf."""
+import importlib.util
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import flame_core as flame
+import flame_nn.functional as F
+from flame_core.kernels import erfc_fit as E
+
+_erfc = np.vectorize(math.erfc, otypes=[np.float64])
+
+
+def test_erfc_relative_error_over_the_fitted_range():
+    z = np.concatenate([np.linspace(0.0, E.ZMAX, 100001), np.geomspace(1e-12, 1e-2, 200)])
+    ref = _erfc(z)
+    rel = np.abs(E.erfc_nonneg(z) - ref) / ref
+    assert rel.max() < 3e-10
+
+
+def test_erfc_special_values():
+    got = E.erfc_nonneg(np.array([0.0, E.ZMAX, E.ZMAX + 1e-9, 30.0, np.inf, np.nan]))
+    assert got[0] == pytest.approx(1.0, rel=3e-10) and got[1] == pytest.approx(math.erfc(E.ZMAX), rel=1e-9)
+    assert np.array_equal(got[2:5], [0.0, 0.0, 0.0]) and np.isnan(got[5])
+    cdf = E.normal_cdf(np.array([-np.inf, np.inf, 0.0, np.nan]))
+    assert cdf[0] == 0.0 and cdf[1] == 1.0 and cdf[2] == pytest.approx(0.5, rel=3e-10) and np.isnan(cdf[3])
+
+
+@given(st.floats(-13.0, 13.0))
+def test_normal_cdf_keeps_both_tails(x):
+    """Phi(x) to the fit's relative accuracy in both tails (the lower one is not 1 + erf's cancellation)."""
+    ref = 0.5 * math.erfc(-x / math.sqrt(2.0))
+    got = float(E.normal_cdf(np.array([x]))[0])
+    if ref > 1e-300:
+        assert abs(got - ref) <= 3e-10 * ref
+
+
+def test_the_shipped_coefficients_are_the_scripts():
+    path = Path(__file__).resolve().parents[2] / "tools" / "fit_erfc.py"
+    spec = importlib.util.spec_from_file_location("fit_erfc", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    tmin, cheb = mod.fit(len(E.POLY) - 1)
+    from numpy.polynomial import chebyshev as C
+    assert tmin == E.TMIN
+    np.testing.assert_allclose(C.cheb2poly(cheb), E.POLY, rtol=1e-9, atol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_cpu_exact_gelu_within_a_rounding_of_float64(dtype):
+    """F.gelu (erf form) and its gradient on the CPU, float32 / half types through the fit: within one rounding of
+    the result's dtype of the float64 values from math.erf (float64 inputs keep math.erf itself)."""
+    rng = np.random.default_rng(3)
+    x64 = np.concatenate([rng.standard_normal(3000) * 4, [-12.0, -9.0, -6.0, 0.0, 6.0, 9.0]])
+    dt = getattr(flame, dtype)
+    x = flame.tensor(x64, device="cpu").to(dt)
+    xr = x.to(flame.float64).detach().numpy()
+    phi = np.array([0.5 * math.erfc(-v / math.sqrt(2.0)) for v in xr])
+    want = xr * phi
+    pdf = np.exp(-0.5 * xr * xr) / math.sqrt(2 * math.pi)
+    x.requires_grad_(True)
+    y = F.gelu(x)
+    y.backward(flame.ones_like(y))
+    eps = {"float32": 2.0 ** -23, "bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}[dtype]
+    got = y.to(flame.float64).detach().numpy()
+    np.testing.assert_allclose(got, want, rtol=eps, atol=1e-37 if dtype == "float32" else 6e-8)
+    g = x.grad.to(flame.float64).numpy()
+    # the derivative Phi + x pdf is summed in the compute dtype (float32): a rounding of each term (they cancel for
+    # x < 0), exp(-x^2 / 2) off by x^2's rounding; float16's results below its smallest subnormal flush to zero
+    terms = np.abs(phi) + np.abs(xr * pdf)
+    tiny = 6e-8 if dtype == "float16" else 1e-37
+    assert np.all(np.abs(g - (phi + xr * pdf)) <= 4 * eps * terms * (1 + xr * xr) + tiny)
+    x64t = flame.tensor(xr, device="cpu")
+    erf = np.array([math.erf(v * (1.0 / math.sqrt(2.0))) for v in xr])
+    np.testing.assert_array_equal(F.gelu(x64t).numpy(), 0.5 * xr * (1 + erf))
