@@ -40,6 +40,8 @@ def _param_args(x, *params):
 
 # ----------------------------------------------------------------------------- references: layer / rms
 def _layer_ref(x, weight, bias, eps, rms):
+    if type(x) is np.ndarray:
+        return _layer_np(x, weight, bias, eps, rms)
     cd = L.compute_dtype(x.dtype)
     xf = x.astype(cd)
     mean = None if rms else xf.mean(axis=-1, keepdims=True)
@@ -51,6 +53,34 @@ def _layer_ref(x, weight, bias, eps, rms):
     if bias is not None:
         y = y + bias.astype(cd)
     return y.astype(x.dtype), (None if rms else mean[..., 0]), rstd[..., 0]
+
+
+def _layer_np(x, weight, bias, eps, rms):
+    """_layer_ref on NumPy (the CPU's per-op path): the same operations with the reductions called directly and the
+    elementwise steps in place (one working array, no temporaries but the row statistics): the same numbers."""
+    cd = L.compute_dtype(x.dtype)
+    n = x.shape[-1]
+    xf = x.astype(cd)   # a working copy
+    add = np.add.reduce
+    if rms:
+        mean = None
+        sq = xf * xf
+    else:
+        mean = add(xf, axis=-1, keepdims=True)
+        mean /= n
+        xf -= mean
+        sq = xf * xf
+    var = add(sq, axis=-1, keepdims=True)
+    var /= n
+    var += cd(eps)
+    np.sqrt(var, out=var)
+    rstd = np.divide(1.0, var, out=var)
+    xf *= rstd
+    if weight is not None:
+        xf *= weight.astype(cd, copy=False)
+    if bias is not None:
+        xf += bias.astype(cd, copy=False)
+    return xf.astype(x.dtype, copy=False), (None if rms else mean[..., 0]), rstd[..., 0]
 
 
 def _layer_grad_ref(dy, x, weight, mean, rstd, bias, rms):
