@@ -13,6 +13,19 @@ from ..errors import ShapeError, fmt_shape
 from ..tensor import Tensor, _wrap
 from .promotion import no_fp8
 
+_cupy_ndarray = backend._cupy_ndarray if backend.cupy is not None else None
+
+
+_pw = []   # [flame_core.kernels.pointwise_small] once imported (at the first cuda mean)
+
+
+def _ps():
+    if not _pw:
+        from ..kernels import pointwise_small
+        _pw.append(pointwise_small)
+    return _pw[0]
+
+
 values_indices = collections.namedtuple("values_indices", ["values", "indices"])
 
 
@@ -93,20 +106,29 @@ def mean(x, dim=None, keepdim=False, *, dtype=None):
     return Mean.apply(x, axes, keepdim, n)
 
 
+_CUDA_MEAN = frozenset(np.dtype(d) for d in (np.float32, np.float16, D.bfloat16.np))
+
+
 class Mean(Function):
     """mean as one reduction (the sum and the division in one pass: xp.mean; half types summed in float32 and
-    rounded once, as PyTorch)."""
+    rounded once, as PyTorch). On cuda float32 / float16 / bfloat16 it is PyTorch's own arithmetic, the float32 sum
+    times float32(1 / n), in two launches (CuPy's mean costs twice a sum's host time)."""
 
     @staticmethod
     def forward(ctx, x, axes, keepdim, n):
         no_fp8("mean", x)
         a = x._data
+        ctx.shape, ctx.axes, ctx.keepdim, ctx.n = a.shape, axes, keepdim, n
+        if type(a) is _cupy_ndarray and a.dtype in _CUDA_MEAN:
+            r = a.sum(axis=axes, keepdims=keepdim, dtype=np.float32)
+            if _ps().fast_scalar("mul", r, 1.0 / n, r) is None:
+                r *= np.float32(1.0 / n)
+            return _wrap(r if a.dtype == np.float32 else r.astype(a.dtype))
         xp = backend.xp_of(a)
         if a.dtype.itemsize < 4:
             r = xp.mean(a, axis=axes, keepdims=keepdim, dtype=np.float32).astype(a.dtype)
         else:
             r = xp.mean(a, axis=axes, keepdims=keepdim)
-        ctx.shape, ctx.axes, ctx.keepdim, ctx.n = a.shape, axes, keepdim, n
         return _wrap(r)
 
     @staticmethod

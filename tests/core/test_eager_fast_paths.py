@@ -82,3 +82,33 @@ def test_a_recorded_op_and_its_backward_through_one_frame_apply():
     want = 2.0 * (1 - np.tanh(xn * 2 + 1) ** 2) - 1
     np.testing.assert_allclose(x.grad.numpy(), want, rtol=1e-5, atol=1e-6)
     assert y.grad_fn is not None and x.grad_fn is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("shape,dim,keepdim", [((8, 16, 32), -1, True), ((8, 16, 32), (0, 2), False),
+                                               ((5, 7), None, False), ((300, 300), 0, False), ((3,), 0, True)])
+def test_cuda_mean_is_the_float32_sum_times_the_reciprocal(dtype, shape, dim, keepdim):
+    """mean on cuda (float32 / half types): PyTorch's arithmetic -- the float32 sum times float32(1 / n), rounded
+    once to the dtype -- through the small-array scalar kernel or CuPy's multiply; the gradient is g / n spread."""
+    import ml_dtypes
+    rng = np.random.default_rng(11)
+    host = rng.standard_normal(shape).astype(np.float32)
+    dt = getattr(flame, dtype)
+    x = flame.tensor(host, device="cuda").to(dt).requires_grad_(True)
+    y = x.mean(dim, keepdim=keepdim)
+    xs = x.detach().to(flame.float32).cpu().numpy()
+    axes = None if dim is None else dim
+    n = xs.size if dim is None else int(np.prod([shape[d] for d in ((dim,) if isinstance(dim, int) else dim)]))
+    s32 = flame.tensor(xs, device="cuda").sum(axes, keepdim=keepdim).cpu().numpy()
+    want = (s32 * np.float32(1.0 / n)).astype(np.float32)
+    npdt = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[dtype]
+    got = y.detach().cpu().numpy()
+    assert got.dtype == np.dtype(npdt)
+    if dtype == "float32":   # the same sum of the same array: bit for bit
+        np.testing.assert_array_equal(got, want)
+    else:   # summed from the half type by CuPy (its reduction may order the sum differently): one rounding apart
+        np.testing.assert_allclose(got.astype(np.float32), want, rtol=2.0 ** -7 if dtype == "bfloat16" else 2.0 ** -10)
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad.to(flame.float32).cpu().numpy(), np.full(shape, 1.0 / n, np.float32),
+                               rtol=1e-2 if dtype != "float32" else 1e-6)
