@@ -14,6 +14,7 @@ one stride (stride 0 for a broadcast operand); anything else is made contiguous.
 as cupy.matmul); float16 / bfloat16 accumulate in float32 and round once.
 """
 import ctypes
+import math
 import sys
 import threading
 
@@ -282,7 +283,8 @@ def matmul(a, b, out=None, beta=0.0, alpha=1.0):
     # the common case (every linear): 2-D operands that fit, no batch to broadcast (a misfit takes the general path,
     # whose broadcast_to raises)
     plain = a.ndim == 2 and b.ndim == 2 and b.shape[0] == K
-    batch = () if plain else tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    same = not plain and a.shape[:-2] == b.shape[:-2]   # one batch shape (q @ k^T): nothing to broadcast
+    batch = () if plain else a.shape[:-2] if same else tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
     if out is None:
         out = new_output(batch + (M, N), M * N if not batch else _RC_MAX + 1, a.dtype)
         ldc = N
@@ -301,10 +303,13 @@ def matmul(a, b, out=None, beta=0.0, alpha=1.0):
     if plain:  # broadcast_to(a, a.shape) would be a view of a with its own strides: a itself
         A, opA, lda, sA = _prepare_2d(a)
         B, opB, ldb, sB = _prepare_2d(b)
+    elif same and b.shape[-2] == K:
+        A, opA, lda, sA = _prepare(a, nb)
+        B, opB, ldb, sB = _prepare(b, nb)
     else:
         A, opA, lda, sA = _prepare(cp.broadcast_to(a, batch + (M, K)), nb)
         B, opB, ldb, sB = _prepare(cp.broadcast_to(b, batch + (K, N)), nb)
-    count = int(np.prod(batch)) if batch else 1
+    count = math.prod(batch)
     t, tc = _CUDA_TYPE[a.dtype], _CUDA_TYPE[out.dtype]
     lib, h = _handle()
     one = _ONE_REF if alpha == 1.0 else ctypes.byref(ctypes.c_float(alpha))
