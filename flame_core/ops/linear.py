@@ -40,7 +40,7 @@ class Linear(Function):
         # keep only what the wanted gradients use (as PyTorch): a frozen weight's Linear keeps no input
         nx, nw, _ = ctx.needs_input_grad
         ctx.save_for_backward(x if nw else None, w if nx else None)
-        ctx.x_shape = x.shape
+        ctx.x_shape = x._data.shape
         return _wrap(y)
 
     @staticmethod
@@ -61,13 +61,14 @@ def _linear_grads(gd, x, w, x_shape, nx, nw, nb):
     """Linear's (dx, dW, db) on arrays from the output gradient's array gd (..., out): dx = g W, dW = g^T x, db =
     g.sum(0) (half types summed in float32); on cuda dW and db come from one cuBLASLt matmul where it applies
     (gemm_lt.weight_bias_grad: the bias gradient reduced in the GEMM's epilogue)."""
-    g2 = gd.reshape(-1, gd.shape[-1])   # (M, out)
+    g2 = gd if gd.ndim == 2 else gd.reshape(-1, gd.shape[-1])   # (M, out); a 2-D array as it is (no view object)
     dx = dw = db = None
     if nx:
-        dx = _wrap(_gemm(g2, w._data).reshape(x_shape))
+        d = _gemm(g2, w._data)
+        dx = _wrap(d if d.shape == x_shape else d.reshape(x_shape))
     if nw:
         xd = x._data
-        x2 = xd.reshape(-1, xd.shape[-1])
+        x2 = xd if xd.ndim == 2 else xd.reshape(-1, xd.shape[-1])
         pair = _cublas_lt.weight_bias_grad(g2, x2) if nb and backend.is_cuda_array(g2) else None
         if pair is not None:
             return dx, _wrap(pair[0]), _wrap(pair[1])
