@@ -535,18 +535,23 @@ class Stack(Function):
 
 
 def cat(tensors, dim=0):
-    tensors = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0 and len(tensors) > 1)] or list(tensors)
+    tensors = list(tensors)
+    shapes = [t._data.shape for t in tensors]   # plain tuples (no Size objects): the checks below read these
+    if len(tensors) > 1 and (0,) in shapes:   # PyTorch's legacy rule: an empty 1-D tensor joins anything
+        kept = [(t, sh) for t, sh in zip(tensors, shapes) if sh != (0,)]
+        if kept:
+            tensors, shapes = [t for t, _ in kept], [sh for _, sh in kept]
     if not tensors:
         raise ValueError("cat: expected a non-empty list of tensors")
     from ..tensor import check_same_device
     check_same_device("cat", *tensors)
-    nd = tensors[0].ndim
+    ref = shapes[0]
+    nd = len(ref)
     d = _norm_dim(dim, nd, "cat")
-    ref = tensors[0].shape
-    for i, t_ in enumerate(tensors):
-        if t_.ndim != nd or builtins.any(a != b for j, (a, b) in enumerate(zip(t_.shape, ref)) if j != d):
+    for i, sh in enumerate(shapes):
+        if sh != ref and (len(sh) != nd or sh[:d] != ref[:d] or sh[d + 1:] != ref[d + 1:]):
             raise ShapeError(f"cat: sizes of tensors must match except in dimension {d}; tensor 0 has shape "
-                             f"{fmt_shape(ref)}, tensor {i} has shape {fmt_shape(t_.shape)}")
+                             f"{fmt_shape(ref)}, tensor {i} has shape {fmt_shape(sh)}")
     return Cat.apply(d, *tensors)
 
 
