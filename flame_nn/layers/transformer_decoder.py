@@ -55,10 +55,8 @@ class TransformerDecoderLayer(Module):
             x = self.norm3(x + self._ff_block(x))
         return x
 
-    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal):
-        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=False,
-                           is_causal=bool(is_causal))[0]
-        return self.dropout1(x)
+    # the encoder layer's self-attention block (the same submodule names: self_attn, dropout1)
+    _sa_block = TransformerEncoderLayer._sa_block
 
     def _mha_block(self, x, mem, attn_mask, key_padding_mask, is_causal):
         x = self.multihead_attn(x, mem, mem, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
