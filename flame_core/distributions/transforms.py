@@ -8,6 +8,8 @@ from .distribution import finfo
 
 
 class Transform:
+    """The base: a subclass defines `_call`, `_inverse` and `log_abs_det_jacobian` (an abstract one raises, naming
+    itself, as PyTorch's base does)."""
     event_dim = 0
     bijective = True
     sign = 1
@@ -20,13 +22,13 @@ class Transform:
         return self._call(x)
 
     def _call(self, x):
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__}._call")
 
     def _inverse(self, y):
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__}._inverse")
 
     def log_abs_det_jacobian(self, x, y):
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__}.log_abs_det_jacobian")
 
     def __repr__(self):
         return f"{type(self).__name__}()"

@@ -1,6 +1,6 @@
 """erfc and the normal CDF on NumPy arrays (NumPy has no erf; a per-element math.erf costs ~130 ns an element): a
-fitted approximation, in float64, for the CPU paths of float32 / float16 / bfloat16 tensors (float64 tensors keep
-math.erf: exact to the last bit).
+fitted approximation, in float64, for the CPU paths of float32 / float16 / bfloat16 tensors -- the erfc op and exact
+GELU -- (float64 tensors keep math.erfc / math.erf: exact to the last bit).
 
 erfc(z) = t exp(S(t) - z^2), t = 1 / (1 + z / 2), for 0 <= z <= ZMAX; S is a polynomial in t (mapped onto [-1, 1])
 fitted by tools/fit_erfc.py (Chebyshev interpolation of log(erfc(z) / t) + z^2, math.erfc as the truth): relative
@@ -41,9 +41,14 @@ def erfc_nonneg(z):
     return s
 
 
+def erfc(x):
+    """erfc of a float64 array of any sign: erfc(-z) = 2 - erfc(z)."""
+    e = erfc_nonneg(np.abs(x))
+    return np.where(x < 0, 2.0 - e, e)
+
+
 def normal_cdf(x):
     """Phi(x) = 0.5 erfc(-x / sqrt(2)) of a float64 array, both tails to erfc's relative accuracy."""
-    z = np.abs(x) * _INV_SQRT2
-    h = erfc_nonneg(z)
+    h = erfc(x * -_INV_SQRT2)
     h *= 0.5
-    return np.where(x < 0, h, 1.0 - h)
+    return h

@@ -3,7 +3,7 @@ over the (M, N) output, as PyTorch's addmm does for nn.Linear.
 
 Reached through ctypes in the libcublasLt CuPy's cuBLAS already loaded, as `gemm` reaches cuBLAS. One matmul
 descriptor, operand layouts and the heuristic's first algorithm are kept per problem (shape, leading dimensions,
-transposes, dtype, alignments), and per thread what a call passes (`_Runs`: a forward bias's descriptor holds its
+transposes, dtype, alignments), and per thread what a call passes (`_RUNS`: a forward bias's descriptor holds its
 address, so the call is one C call): it launches on the current CuPy stream, with the workspace from FLAME's pool
 of the thread's cuBLAS handle (cuBLASLt allocates nothing itself, so the call can be captured in a CUDA graph).
 Where cuBLASLt offers no algorithm the caller gets None and falls back to GEMM + add.
@@ -18,12 +18,11 @@ Where cuBLASLt offers no algorithm the caller gets None and falls back to GEMM +
 import ctypes
 import os
 import sys
-import threading
 
 import numpy as np
 
 from .. import backend
-from . import gemm
+from . import gemm, launching
 
 _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER, _DESC_BIAS_DATA_TYPE = 3, 4, 7, 8, 26
 _EPILOGUE_BIAS = 4
@@ -144,7 +143,7 @@ def _plan(key, h):
 
 
 class _Desc:
-    """A matmul descriptor of one thread's run (see _Runs), destroyed with it."""
+    """A matmul descriptor of one thread's run (see _RUNS), destroyed with it."""
     __slots__ = ("ptr",)
 
     def __init__(self, ptr):
@@ -158,25 +157,19 @@ class _Desc:
                 pass
 
 
-class _Runs(threading.local):
-    """This thread's runs: problem (device, dtype, transposes, sizes, leading dimensions, the operands' addresses
-    modulo 256 -- their alignments --, the bias address for a forward bias, epilogue) -> what one call passes
-    (libcublasLt's matmul, handle, descriptor, layouts, algorithm, the bias pointer's holder, the workspace). A
-    forward bias (a parameter's: its address is stable) has a descriptor of its own with the address already set, so a
-    call is one C call; the bias gradient's address changes from call to call and is set into this thread's own
-    descriptor first (no other thread writes it between the two calls)."""
-
-    def __init__(self):
-        self.d = {}
-
-
-_runs = _Runs()
-RUNS_LIMIT = 1024   # a thread's runs past this many are dropped (their descriptors destroyed) and rebuilt on demand
+# this thread's runs (launching.LaunchCache: per thread and device, dropped past its limit -- their descriptors
+# destroyed -- and rebuilt on demand): problem (dtype, transposes, sizes, leading dimensions, the operands' addresses
+# modulo 256 -- their alignments --, the bias address for a forward bias, epilogue) -> what one call passes
+# (libcublasLt's matmul, handle, descriptor, layouts, algorithm, the bias pointer's holder, the workspace). A forward
+# bias (a parameter's: its address is stable) has a descriptor of its own with the address already set, so a call is
+# one C call; the bias gradient's address changes from call to call and is set into this thread's own descriptor
+# first (no other thread writes it between the two calls).
+_RUNS = launching.LaunchCache(1024)
 
 
 def _new_run(key, t, opB, opA, N, M, K, ldb, lda, ldc, pb, pa, po, pbias, epilogue):
-    """The run of `key` (see _Runs), or None when cuBLASLt has no algorithm for the problem."""
-    dev = key[0]
+    """The run of `key` (see _RUNS) on the current device, or None when cuBLASLt has no algorithm for the problem."""
+    dev = _get_device()
     h = _handles.get(dev)
     if h is None:
         h = _handle(dev)[0]
@@ -190,13 +183,9 @@ def _new_run(key, t, opB, opA, N, M, K, ldb, lda, ldc, pb, pa, po, pbias, epilog
     holder = ctypes.c_void_p(pbias)
     holder_ref = ctypes.byref(holder)
     _check(lib.cublasLtMatmulDescSetAttribute(desc.ptr, _DESC_BIAS_POINTER, holder_ref, _PTR_SIZE), "DescSet")
-    d = _runs.d
-    if len(d) >= RUNS_LIMIT:
-        d.clear()
     ws = gemm.workspace()   # held by the run: its memory stays this run's even if the handle is closed early
-    run = d[key] = (lib.cublasLtMatmul, h, desc.ptr, l_b, l_a, l_c, algo, holder, holder_ref, ws.data.ptr,
-                    (desc, ws))
-    return run
+    return _RUNS.put(key, (lib.cublasLtMatmul, h, desc.ptr, l_b, l_a, l_c, algo, holder, holder_ref, ws.data.ptr,
+                           (desc, ws)))
 
 
 _nd = backend._cupy_ndarray   # cupy.ndarray, or () without CuPy (no array's type)
@@ -262,13 +251,12 @@ def weight_bias_grad(g, x):
 
 
 def _run(t, opB, opA, N, M, K, ldb, lda, ldc, pb, pa, po, pbias, epilogue):
-    """Runs one matmul on the current device and stream (planned once per problem, see _Runs), cuBLASLt's A at pb
+    """Runs one matmul on the current device and stream (planned once per problem, see _RUNS), cuBLASLt's A at pb
     and B at pa (see _plan), C = D at po, the epilogue's vector at pbias; False when cuBLASLt has no algorithm for
     it."""
     own = epilogue == _EPILOGUE_BIAS
-    key = (_get_device(), t, opB, opA, N, M, K, ldb, lda, ldc, pb & 255, pa & 255, po & 255, pbias if own else 0,
-           epilogue)
-    run = _runs.d.get(key)
+    key = (t, opB, opA, N, M, K, ldb, lda, ldc, pb & 255, pa & 255, po & 255, pbias if own else 0, epilogue)
+    run = _RUNS.get(key)
     if run is None:
         run = _new_run(key, t, opB, opA, N, M, K, ldb, lda, ldc, pb, pa, po, pbias, epilogue)
         if run is None:

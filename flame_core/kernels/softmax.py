@@ -5,8 +5,6 @@
 """
 import threading
 
-import numpy as np
-
 from .. import backend
 from ..memory import recycle
 from . import launching as KL
@@ -30,20 +28,12 @@ def _forward_ref(x, scale, log):
     z = x.astype(L.compute_dtype(x.dtype))   # a copy, written in place below
     if scale != 1.0:
         z *= scale
-    if xp is np:  # the reductions called directly (ndarray.max / .sum go through Python wrappers): the same numbers
-        z -= np.maximum.reduce(z, axis=-1, keepdims=True)
-        if log:
-            z -= np.log(np.add.reduce(np.exp(z), axis=-1, keepdims=True))
-        else:
-            np.exp(z, out=z)
-            z /= np.add.reduce(z, axis=-1, keepdims=True)
+    z -= z.max(axis=-1, keepdims=True)
+    if log:
+        z -= xp.log(xp.exp(z).sum(axis=-1, keepdims=True))
     else:
-        z -= z.max(axis=-1, keepdims=True)
-        if log:
-            z -= xp.log(xp.exp(z).sum(axis=-1, keepdims=True))
-        else:
-            xp.exp(z, out=z)
-            z /= z.sum(axis=-1, keepdims=True)
+        xp.exp(z, out=z)
+        z /= z.sum(axis=-1, keepdims=True)
     return z if z.dtype == x.dtype else z.astype(x.dtype)
 
 

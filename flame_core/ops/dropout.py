@@ -11,14 +11,14 @@ from .elementwise import _grad_mul
 
 class FusedDropout(Function):
     @staticmethod
-    def forward(ctx, x, p, scale, seed, offset):
-        y, mask = _k.dropout(x._data, p, scale, seed, offset)
+    def forward(ctx, x, p, seed, offset):
+        y, mask = _k.dropout(x._data, p, seed, offset)
         ctx.mask = mask
         return _wrap(y)
 
     @staticmethod
     def backward(ctx, g):
-        return _grad_mul(g, _wrap(ctx.mask)), None, None, None, None
+        return _grad_mul(g, _wrap(ctx.mask)), None, None, None
 
 
 def fused_dropout(input, p, generator=None):
@@ -35,6 +35,5 @@ def fused_dropout(input, p, generator=None):
     rng = g._rng
     if not isinstance(rng, _random._CudaPhilox) or g.device != input.device:
         return None
-    scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
     offset = rng.reserve(x.size)
-    return FusedDropout.apply(input, p, scale, rng.seed, offset)
+    return FusedDropout.apply(input, p, rng.seed, offset)

@@ -10,21 +10,9 @@ from ..amp import autocast_mode as _amp  # autocast hook (flame_core.amp): one l
 from ..autograd.function import Function
 from ..autograd.grad_mode import state
 from ..errors import ShapeError, fmt_shape
+from ..kernels import pointwise_small as _pws
 from ..tensor import Tensor, _wrap
-from .promotion import no_fp8
-
-_cupy_ndarray = backend._cupy_ndarray if backend.cupy is not None else None
-
-
-_pw = []   # [flame_core.kernels.pointwise_small] once imported (at the first cuda mean)
-
-
-def _ps():
-    if not _pw:
-        from ..kernels import pointwise_small
-        _pw.append(pointwise_small)
-    return _pw[0]
-
+from .promotion import _cupy_ndarray, no_fp8
 
 values_indices = collections.namedtuple("values_indices", ["values", "indices"])
 
@@ -121,7 +109,7 @@ class Mean(Function):
         ctx.shape, ctx.axes, ctx.keepdim, ctx.n = a.shape, axes, keepdim, n
         if type(a) is _cupy_ndarray and a.dtype in _CUDA_MEAN:
             r = a.sum(axis=axes, keepdims=keepdim, dtype=np.float32)
-            if _ps().fast_scalar("mul", r, 1.0 / n, r) is None:
+            if _pws.fast_scalar("mul", r, 1.0 / n, r) is None:
                 r *= np.float32(1.0 / n)
             return _wrap(r if a.dtype == np.float32 else r.astype(a.dtype))
         xp = backend.xp_of(a)

@@ -112,3 +112,28 @@ def test_cuda_mean_is_the_float32_sum_times_the_reciprocal(dtype, shape, dim, ke
     y.sum().backward()
     np.testing.assert_allclose(x.grad.to(flame.float32).cpu().numpy(), np.full(shape, 1.0 / n, np.float32),
                                rtol=1e-2 if dtype != "float32" else 1e-6)
+
+
+@pytest.mark.parametrize("rms", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_numpy_norm_reference_is_the_plain_formula(rms, dtype):
+    """The CPU norm path (in place, row means as add.reduce / n) gives the plain out-of-place formula's bits."""
+    import ml_dtypes
+
+    from flame_core.kernels import loader as L
+    from flame_core.kernels import norms as N
+    dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    rng = np.random.default_rng(5)
+    x, w, b = (rng.standard_normal(s).astype(dt) for s in ((4, 6, 33), (33,), (33,)))
+    cd = L.compute_dtype(x.dtype)
+    xf = x.astype(cd)
+    mean = None if rms else xf.mean(axis=-1, keepdims=True)
+    xc = xf if rms else xf - mean
+    rstd = 1.0 / np.sqrt((xc * xc).mean(axis=-1, keepdims=True) + cd(1e-5))
+    want = ((xc * rstd * w.astype(cd) + b.astype(cd)).astype(x.dtype), None if rms else mean[..., 0], rstd[..., 0])
+    got = N._layer_ref(x, w, b, 1e-5, rms)
+    for g, v in zip(got, want):
+        if v is None:
+            assert g is None
+            continue
+        assert g.dtype == v.dtype and np.array_equal(g.view(np.uint8), v.view(np.uint8))

@@ -78,3 +78,24 @@ def test_cpu_exact_gelu_within_a_rounding_of_float64(dtype):
     x64t = flame.tensor(xr, device="cpu")
     erf = np.array([math.erf(v * (1.0 / math.sqrt(2.0))) for v in xr])
     np.testing.assert_array_equal(F.gelu(x64t).numpy(), 0.5 * xr * (1 + erf))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_cpu_erfc_op_and_ndtr_within_a_rounding(dtype):
+    """Tensor.erfc / special.ndtr on the CPU below float64 (the fit): within one rounding of the dtype of math.erfc's
+    float64 values, both signs (erfc(-z) = 2 - erfc(z)); float64 keeps math.erfc exactly."""
+    from flame_core import special
+    x64 = np.concatenate([np.linspace(-6.0, 9.0, 1201), [-30.0, 30.0, 0.0]])
+    x = flame.tensor(x64).to(getattr(flame, dtype))
+    xr = x.to(flame.float64).numpy()
+    eps = {"float32": 2.0 ** -23, "bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}[dtype]
+    tiny = 6e-8 if dtype == "float16" else 1e-37
+    want = _erfc(xr)
+    got = x.erfc().to(flame.float64).numpy()
+    assert np.all(np.abs(got - want) <= eps * want + tiny)
+    # ndtr = erfc(x * -1/sqrt(2)) / 2: the product's rounding in the dtype moves erfc by ~x^2 of it
+    want = 0.5 * _erfc(-xr / math.sqrt(2.0))
+    got = special.ndtr(x).to(flame.float64).numpy()
+    assert np.all(np.abs(got - want) <= eps * want * (1 + xr * xr) + tiny)
+    x64t = flame.tensor(x64)
+    np.testing.assert_array_equal(x64t.erfc().numpy(), _erfc(x64))

@@ -264,19 +264,19 @@ def test_a_threads_gemm_handle_is_destroyed_when_the_thread_ends():
 def test_linear_bias_runs_keep_each_bias_and_stay_bounded(rng, monkeypatch):
     """Linears of one shape with different biases (each bias address has its own descriptor in the thread's runs)
     alternate and each gets its own bias; bias gradients written to changing addresses land where asked; past
-    RUNS_LIMIT the runs are dropped and rebuilt with the same numbers."""
+    the runs' limit they are dropped and rebuilt with the same numbers."""
     from flame_core.kernels import gemm_lt
     cp = backend.cupy
     x, w = (_dev(rng.standard_normal(s), np.float32) for s in ((16, 64), (32, 64)))
     biases = [_dev(rng.standard_normal(32), np.float32) for _ in range(6)]
     refs = [cp.asnumpy(gemm_lt.matmul_bias(x, w.T, b)) for b in biases]
-    monkeypatch.setattr(gemm_lt, "RUNS_LIMIT", 4)
-    gemm_lt._runs.d.clear()   # the bound holds from the next new run on
+    monkeypatch.setattr(gemm_lt._RUNS, "limit", 4)
+    gemm_lt._RUNS.clear()   # the bound holds from the next new run on
     for _ in range(3):
         for b, ref in zip(biases, refs):
             y = gemm_lt.linear_bias(x, w, b)
             np.testing.assert_array_equal(cp.asnumpy(y), ref)
-            assert len(gemm_lt._runs.d) <= 4
+            assert len(gemm_lt._RUNS) <= 4
     g = _dev(rng.standard_normal((16, 32)), np.float32)
     want = cp.asnumpy(g).sum(0)
     outs = [gemm_lt.weight_bias_grad(g, x) for _ in range(5)]   # five live bias gradients: five addresses
