@@ -43,16 +43,67 @@ def _approx_flag(approximate):
 # ----------------------------------------------------------------------------- references (the oracle)
 def _sigmoid_pair(xp, z):
     """(sigmoid(z), 1 - sigmoid(z)) without cancellation in either tail (1 + tanh(u) loses all digits for u << 0)."""
+    if xp is np:
+        return _sigmoid_pair_np(np.negative(z, out=np.empty_like(z)))   # (out=: a 0-d z stays an array)
     e = xp.exp(-xp.abs(z))
     p, q = 1 / (1 + e), e / (1 + e)
     pos = z >= 0
     return xp.where(pos, p, q), xp.where(pos, q, p)
 
 
+def _sigmoid_pair_np(nz):
+    """(s, 1 - s), s = sigmoid(z), from nz = -z (a float32 / float64 NumPy array this call may overwrite), in six
+    passes: E = e^-z, s = 1 / (1 + E), 1 - s = E s -- both without cancellation in either tail. Where E overflows
+    (z below about -88 in float32) s is 0 and 1 - s, inf * 0 there, is set to 1 (fmin; also where z is NaN, whose s is
+    NaN)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.exp(nz, out=nz)
+        s = np.add(e, 1, out=np.empty_like(e))
+        np.reciprocal(s, out=s)
+        e *= s
+    np.fmin(e, 1, out=e)
+    return s, e
+
+
+def _gelu_tanh_np(a):
+    """GELU(tanh) of a float32 / float64 NumPy array as a new array: a / (1 + e^-2u), u = sqrt(2/pi) (a + 0.044715
+    a^3) -- the 0.5 a (1 + tanh u) of PyTorch without its cancellation for a << 0 -- in seven passes. Where e^-2u
+    overflows (a below about -7.5 in float32) the value is -0: the true one lies below the smallest denormal."""
+    t = np.multiply(a, a, out=np.empty_like(a))   # (out= arrays: a 0-d input stays an array)
+    t *= -2 * _SQRT_2_OVER_PI * 0.044715
+    t -= 2 * _SQRT_2_OVER_PI
+    t *= a                      # -2u
+    with np.errstate(over="ignore"):
+        np.exp(t, out=t)
+    t += 1
+    return np.divide(a, t, out=t)
+
+
+def _gelu_tanh_grad_np(g, a):
+    """dy * GELU(tanh)'(a) for float32 / float64 NumPy arrays of one shape, a new array: with s = sigmoid(2u),
+    d/da [a s] = s + 2 a s (1 - s) u' = s (1 + (1 - s) 2 a u'), u' = sqrt(2/pi) (1 + 3 0.044715 a^2)."""
+    a2 = np.multiply(a, a, out=np.empty_like(a))
+    t = np.multiply(a2, -2 * _SQRT_2_OVER_PI * 0.044715, out=np.empty_like(a))
+    t -= 2 * _SQRT_2_OVER_PI
+    t *= a                      # -2u
+    s, q = _sigmoid_pair_np(t)  # (t is q now)
+    a2 *= 6 * _SQRT_2_OVER_PI * 0.044715
+    a2 += 2 * _SQRT_2_OVER_PI
+    a2 *= a                     # 2 a u'
+    with np.errstate(invalid="ignore"):   # inf * 0 at a = +-inf: NaN, as PyTorch's
+        q *= a2
+        q += 1
+        q *= s
+    q *= g
+    return q
+
+
 def _gelu_ref(x, approximate):
     xp = backend.xp_of(x)
     a = x.astype(L.compute_dtype(x.dtype))
     if approximate == "tanh":  # 0.5 a (1 + tanh(u)) = a sigmoid(2u)
+        if xp is np:
+            return _gelu_tanh_np(a).astype(x.dtype, copy=False)
         y = a * _sigmoid_pair(xp, 2 * _SQRT_2_OVER_PI * (a + 0.044715 * a * a * a))[0]
     else:
         if xp is np and a.dtype != np.float64:
@@ -65,8 +116,10 @@ def _gelu_ref(x, approximate):
 def _gelu_grad_ref(dy, x, approximate):
     xp = backend.xp_of(x)
     cd = L.compute_dtype(x.dtype)
-    a, g = x.astype(cd), dy.astype(cd)
+    a, g = x.astype(cd, copy=False), dy.astype(cd, copy=False)
     if approximate == "tanh":  # d/da [a s(2u)] = s + 2 a s (1 - s) u'
+        if xp is np:
+            return _gelu_tanh_grad_np(g, a).astype(x.dtype, copy=False)
         s, q = _sigmoid_pair(xp, 2 * _SQRT_2_OVER_PI * (a + 0.044715 * a * a * a))
         d = s + 2 * a * s * q * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * a * a)
     else:
@@ -101,9 +154,25 @@ def _silu_ref(x):
 def _silu_grad_ref(dy, x):
     xp = backend.xp_of(x)
     cd = L.compute_dtype(x.dtype)
-    a, g = x.astype(cd), dy.astype(cd)
+    a, g = x.astype(cd, copy=False), dy.astype(cd, copy=False)
+    if xp is np:
+        return _xsig_grad_np(g, a, 1.0).astype(x.dtype, copy=False)
     s, q = _sigmoid_pair(xp, a)
     return (g * s * (1 + a * q)).astype(x.dtype)
+
+
+def _xsig_grad_np(g, a, k):
+    """g * d/da [a sigmoid(k a)] = g s (1 + k a (1 - s)) for float32 / float64 NumPy arrays of one shape (SiLU: k = 1,
+    QuickGELU: 1.702), a new array."""
+    s, q = _sigmoid_pair_np(np.multiply(a, -k, out=np.empty_like(a)))
+    q *= a
+    if k != 1.0:
+        q *= k
+    with np.errstate(invalid="ignore"):   # inf * 0 at a = +-inf: NaN, as PyTorch's
+        q += 1
+        q *= s
+    q *= g
+    return q
 
 
 QGELU_K = 1.702  # QuickGELU's sigmoid scale (cuda_src/activations.cuh QGELU_K)
@@ -111,14 +180,22 @@ QGELU_K = 1.702  # QuickGELU's sigmoid scale (cuda_src/activations.cuh QGELU_K)
 
 def _qgelu_ref(x):
     xp = backend.xp_of(x)
-    a = x.astype(L.compute_dtype(x.dtype))
+    a = x.astype(L.compute_dtype(x.dtype), copy=False)
+    if xp is np:  # a / (1 + e^(-k a)), as _silu_ref's: four passes
+        t = np.multiply(a, -QGELU_K, out=np.empty_like(a))
+        with np.errstate(over="ignore"):
+            np.exp(t, out=t)
+        t += 1
+        return np.divide(a, t, out=t).astype(x.dtype, copy=False)
     return (a * _sigmoid_pair(xp, QGELU_K * a)[0]).astype(x.dtype)
 
 
 def _qgelu_grad_ref(dy, x):
     xp = backend.xp_of(x)
     cd = L.compute_dtype(x.dtype)
-    a, g = x.astype(cd), dy.astype(cd)
+    a, g = x.astype(cd, copy=False), dy.astype(cd, copy=False)
+    if xp is np:
+        return _xsig_grad_np(g, a, QGELU_K).astype(x.dtype, copy=False)
     s, q = _sigmoid_pair(xp, QGELU_K * a)
     return (g * s * (1 + QGELU_K * a * q)).astype(x.dtype)
 

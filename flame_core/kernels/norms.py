@@ -39,27 +39,27 @@ def _param_args(x, *params):
 
 
 # ----------------------------------------------------------------------------- references: layer / rms
+def _row_mean(xp, a):
+    """a's mean over its last axis, keepdims (a new array): on NumPy np.add.reduce / n -- ndarray.mean's own
+    operations, without its Python wrapper (~6 us a call on tiny rows)."""
+    if xp is np:
+        m = np.add.reduce(a, axis=-1, keepdims=True)
+        m /= a.shape[-1]
+        return m
+    return a.mean(axis=-1, keepdims=True)
+
+
 def _layer_ref(x, weight, bias, eps, rms):
     """(y, mean, rstd) of layer / RMS norm on NumPy or CuPy arrays (the CPU's per-op path and the kernels' oracle):
-    one working copy updated in place; on NumPy the row means as np.add.reduce / n -- ndarray.mean's own operations,
-    without its Python wrapper (~6 us a call on these tiny rows)."""
+    one working copy updated in place."""
     xp = backend.xp_of(x)
     cd = L.compute_dtype(x.dtype)
-    n = x.shape[-1]
-
-    def row_mean(a):
-        if xp is np:
-            m = np.add.reduce(a, axis=-1, keepdims=True)
-            m /= n
-            return m
-        return a.mean(axis=-1, keepdims=True)
-
     xf = x.astype(cd)   # the working copy
     mean = None
     if not rms:
-        mean = row_mean(xf)
+        mean = _row_mean(xp, xf)
         xf -= mean
-    var = row_mean(xf * xf)
+    var = _row_mean(xp, xf * xf)
     var += cd(eps)
     xp.sqrt(var, out=var)
     rstd = xp.divide(1.0, var, out=var)
@@ -72,17 +72,28 @@ def _layer_ref(x, weight, bias, eps, rms):
 
 
 def _layer_grad_ref(dy, x, weight, mean, rstd, bias, rms):
+    """(dx, dweight, dbias) of layer / RMS norm: dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w (no mean(g)
+    term for RMS), in a few new arrays updated in place (the CPU's per-op path and the kernels' oracle)."""
+    xp = backend.xp_of(x)
     cd = L.compute_dtype(x.dtype)
-    g0, xf = dy.astype(cd), x.astype(cd)
-    rs = rstd.astype(cd)[..., None]
-    xh = (xf if rms else xf - mean.astype(cd)[..., None]) * rs
-    g = g0 * weight.astype(cd) if weight is not None else g0
-    dot = (g * xh).mean(axis=-1, keepdims=True)
-    dx = rs * (g - xh * dot) if rms else rs * (g - g.mean(axis=-1, keepdims=True) - xh * dot)
+    g0 = dy.astype(cd, copy=False)
+    rs = rstd.astype(cd, copy=False)[..., None]
+    xh = x.astype(cd) if rms else xp.subtract(x.astype(cd, copy=False), mean.astype(cd, copy=False)[..., None])
+    xh *= rs
+    g = g0 * weight.astype(cd, copy=False) if weight is not None else g0
+    p = g * xh
+    dot = _row_mean(xp, p)
+    xp.multiply(xh, dot, out=p)                      # xhat * dot
+    dx = g - _row_mean(xp, g) if not rms else g.copy() if g is g0 else g
+    dx -= p
+    dx *= rs
     red = tuple(range(x.ndim - 1))
-    dw = (g0 * xh).sum(axis=red).astype(weight.dtype) if weight is not None else None
-    db = g0.sum(axis=red).astype(bias.dtype) if bias is not None else None
-    return dx.astype(x.dtype), dw, db
+    dw = None
+    if weight is not None:
+        xp.multiply(g0, xh, out=p)
+        dw = p.sum(axis=red).astype(weight.dtype, copy=False)
+    db = g0.sum(axis=red).astype(bias.dtype, copy=False) if bias is not None else None
+    return dx.astype(x.dtype, copy=False), dw, db
 
 
 # ----------------------------------------------------------------------------- kernels: layer / rms

@@ -323,3 +323,47 @@ def test_packed_programs_match_the_general_launches(rng, monkeypatch, dt):
         view = np.uint32 if p.itemsize == 4 else np.uint16
         np.testing.assert_array_equal(p.view(view), g.view(view), err_msg=str(case))
         np.testing.assert_array_equal(a.view(view), g.view(view), err_msg=str(case))
+
+
+def _sig64(z):
+    """sigmoid in float64 without cancellation in either tail (the truth the float32 paths are held to)."""
+    e = np.exp(-np.abs(z))
+    return np.where(z >= 0, 1 / (1 + e), e / (1 + e))
+
+
+def test_cpu_sigmoid_forms_hold_float32_to_the_float64_truth_in_both_tails():
+    """The NumPy paths of GELU(tanh), SiLU and QuickGELU in float32 (e^-z formed once, no tanh cancellation, e^-z
+    overflowing for z << 0) against float64 sigmoid forms, from -120 (where e^-z overflows float32) to 40. The error
+    is the float32 rounding of the exponent 2u (up to ~88 before e^-2u overflows: ~1e-5 relative, as the previous
+    three-pass form had); results below 1e-35 in magnitude may be 0 (PyTorch's are 0 there: its 1 + tanh u is). Near
+    a gradient's zero (1 + (1 - s) 2a u' cancels) the error is a few float32 roundings of the gradient's scale, g."""
+    x = np.concatenate([np.linspace(-120, 40, 20011), np.linspace(-9, 9, 4001)]).astype(np.float32)
+    g = np.random.default_rng(0).standard_normal(x.shape).astype(np.float32)
+    a = x.astype(np.float64)
+    c = math.sqrt(2 / math.pi)
+    s2u = _sig64(2 * c * (a + 0.044715 * a ** 3))
+    sa, sk = _sig64(a), _sig64(1.702 * a)
+    want = {
+        "gelu tanh": (K.gelu_forward(x, "tanh"), a * s2u),
+        "gelu tanh grad": (K.gelu_backward(g, x, "tanh"),
+                           g * (s2u + 2 * a * s2u * (1 - s2u) * c * (1 + 3 * 0.044715 * a * a))),
+        "silu grad": (K.silu_backward(g, x), g * sa * (1 + a * (1 - sa))),
+        "quick gelu": (K.quick_gelu_forward(x), a * sk),
+        "quick gelu grad": (K.quick_gelu_backward(g, x), g * sk * (1 + 1.702 * a * (1 - sk))),
+    }
+    for name, (got, truth) in want.items():
+        assert got.dtype == np.float32, name
+        err = np.abs(got.astype(np.float64) - truth)
+        bad = err > 3e-5 * np.abs(truth) + 4e-7 * np.abs(g) + 1e-35
+        assert not bad.any(), (name, x[bad][:5], got[bad][:5], truth[bad][:5])
+
+
+def test_cpu_sigmoid_forms_at_infinities_and_nan_follow_pytorch():
+    x = np.array([np.nan, np.inf, -np.inf, -200.0, 200.0], np.float32)
+    one = np.ones_like(x)
+    # PyTorch: gelu(tanh) 0.5 x (1 + tanh u): nan, inf, nan (-inf * 0); its gradients and SiLU's / QuickGELU's: NaN at
+    # +-inf (inf * 0); far tails: 0 and x (forward), 0 and 1 (gradient)
+    np.testing.assert_array_equal(K.gelu_forward(x, "tanh"), [np.nan, np.inf, np.nan, 0, 200])
+    for got in (K.gelu_backward(one, x, "tanh"), K.silu_backward(one, x), K.quick_gelu_backward(one, x)):
+        np.testing.assert_array_equal(got, [np.nan, np.nan, np.nan, 0, 1])
+    np.testing.assert_array_equal(K.quick_gelu_forward(x), [np.nan, np.inf, np.nan, 0, 200])
