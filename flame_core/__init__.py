@@ -1,5 +1,6 @@
 """flame_core: Tensor on NumPy/CuPy arrays with tape-based autograd. Import as `import flame_core as flame`."""
-from . import amp, autograd, checkpoint, cuda, distributions, errors, linalg, memory, ops, special
+# cpu_malloc sets glibc's malloc thresholds at import (flame_core/cpu_malloc.py)
+from . import amp, autograd, checkpoint, cpu_malloc, cuda, distributions, errors, linalg, memory, ops, special
 from .autograd import Function, enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from .device import Device, cuda_is_available, default_device, device, set_default_device
 from .dtypes import (
