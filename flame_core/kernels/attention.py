@@ -161,12 +161,12 @@ def _reference_forward(q, k, v, mask, is_causal, scale):
     B, H, Lq, _ = q.shape
     o = xp.empty((B, H, Lq, v.shape[3]), dtype=q.dtype)
     lse = xp.empty((B, H, Lq), dtype=cd)
-    kT = k.astype(cd).swapaxes(-1, -2)
-    vf = v.astype(cd)
+    kT = k.astype(cd, copy=False).swapaxes(-1, -2)   # read only: no copy when k is in cd already
+    vf = v.astype(cd, copy=False)
     step = _rows_per_chunk(q, k)
     for i0 in range(0, Lq, step):
         i1 = min(Lq, i0 + step)
-        s = _scores(xp, q[:, :, i0:i1].astype(cd), kT, mask, is_causal, scale, i0)
+        s = _scores(xp, q[:, :, i0:i1].astype(cd, copy=False), kT, mask, is_causal, scale, i0)
         m = s.max(axis=-1, keepdims=True)
         m = xp.where(xp.isfinite(m), m, 0)
         s -= m
@@ -182,7 +182,7 @@ def _reference_backward(do, q, k, v, o, lse, mask, is_causal, scale):
     xp = backend.xp_of(q)
     cd = L.compute_dtype(q.dtype)
     Lq = q.shape[2]
-    kf, vf = k.astype(cd), v.astype(cd)
+    kf, vf = k.astype(cd, copy=False), v.astype(cd, copy=False)   # read only, as the chunks below
     kT, vT = kf.swapaxes(-1, -2), vf.swapaxes(-1, -2)
     dq = xp.empty(q.shape, dtype=q.dtype)
     dk = xp.zeros(k.shape, dtype=cd)
@@ -190,8 +190,8 @@ def _reference_backward(do, q, k, v, o, lse, mask, is_causal, scale):
     step = _rows_per_chunk(q, k)
     for i0 in range(0, Lq, step):
         i1 = min(Lq, i0 + step)
-        qc, gc = q[:, :, i0:i1].astype(cd), do[:, :, i0:i1].astype(cd)
-        delta = (gc * o[:, :, i0:i1].astype(cd)).sum(axis=-1, keepdims=True)
+        qc, gc = q[:, :, i0:i1].astype(cd, copy=False), do[:, :, i0:i1].astype(cd, copy=False)
+        delta = (gc * o[:, :, i0:i1].astype(cd, copy=False)).sum(axis=-1, keepdims=True)
         s = _scores(xp, qc, kT, mask, is_causal, scale, i0)
         s -= lse[:, :, i0:i1, None].astype(cd)
         p = xp.exp(s, out=s)  # 0 where masked or where the row attends nothing (lse = +inf)

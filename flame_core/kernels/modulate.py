@@ -57,46 +57,47 @@ def _mod_args(x, *mods):
 def _modulate_ref(x, shift, scale):
     b, l, h = _bld(x, "modulate")
     cd = L.compute_dtype(x.dtype)
-    sh = _as_bh(shift, b, h, "modulate", "shift").astype(cd)[:, None]
-    sc = _as_bh(scale, b, h, "modulate", "scale").astype(cd)[:, None]
-    y = x.astype(cd).reshape(b, l, h) * (1 + sc) + sh
-    return y.reshape(x.shape).astype(x.dtype)
+    sh = _as_bh(shift, b, h, "modulate", "shift").astype(cd, copy=False)[:, None]
+    sc = _as_bh(scale, b, h, "modulate", "scale").astype(cd, copy=False)[:, None]
+    y = x.astype(cd, copy=False).reshape(b, l, h) * (1 + sc) + sh
+    return y.reshape(x.shape).astype(x.dtype, copy=False)
 
 
 def _modulate_grad_ref(dy, x, shift, scale):
     b, l, h = _bld(x, "modulate")
     cd = L.compute_dtype(x.dtype)
-    sc = _as_bh(scale, b, h, "modulate", "scale").astype(cd)[:, None]
-    g, xf = dy.astype(cd).reshape(b, l, h), x.astype(cd).reshape(b, l, h)
-    dx = (g * (1 + sc)).reshape(x.shape).astype(x.dtype)
-    dshift = _sum_to(g.sum(axis=1), shift.shape).astype(shift.dtype)
-    dscale = _sum_to((g * xf).sum(axis=1), scale.shape).astype(scale.dtype)
+    sc = _as_bh(scale, b, h, "modulate", "scale").astype(cd, copy=False)[:, None]
+    g, xf = dy.astype(cd, copy=False).reshape(b, l, h), x.astype(cd, copy=False).reshape(b, l, h)
+    dx = (g * (1 + sc)).reshape(x.shape).astype(x.dtype, copy=False)
+    dshift = _sum_to(g.sum(axis=1), shift.shape).astype(shift.dtype, copy=False)
+    dscale = _sum_to((g * xf).sum(axis=1), scale.shape).astype(scale.dtype, copy=False)
     return dx, dshift, dscale
 
 
 def _gated_ref(x, gate, y):
     b, l, h = _bld(x, "gated_residual")
     cd = L.compute_dtype(x.dtype)
-    gt = _as_bh(gate, b, h, "gated_residual", "gate").astype(cd)[:, None]
-    out = x.astype(cd).reshape(b, l, h) + gt * y.astype(cd).reshape(b, l, h)
-    return out.reshape(x.shape).astype(x.dtype)
+    gt = _as_bh(gate, b, h, "gated_residual", "gate").astype(cd, copy=False)[:, None]
+    out = x.astype(cd, copy=False).reshape(b, l, h) + gt * y.astype(cd, copy=False).reshape(b, l, h)
+    return out.reshape(x.shape).astype(x.dtype, copy=False)
 
 
 def _gated_grad_ref(dout, gate, y):
     b, l, h = _bld(y, "gated_residual")
     cd = L.compute_dtype(y.dtype)
-    gt = _as_bh(gate, b, h, "gated_residual", "gate").astype(cd)[:, None]
-    g = dout.astype(cd).reshape(b, l, h)
-    dy = (g * gt).reshape(y.shape).astype(y.dtype)
-    dgate = _sum_to((g * y.astype(cd).reshape(b, l, h)).sum(axis=1), gate.shape).astype(gate.dtype)
+    gt = _as_bh(gate, b, h, "gated_residual", "gate").astype(cd, copy=False)[:, None]
+    g = dout.astype(cd, copy=False).reshape(b, l, h)
+    dy = (g * gt).reshape(y.shape).astype(y.dtype, copy=False)
+    dgate = _sum_to((g * y.astype(cd, copy=False).reshape(b, l, h)).sum(axis=1), gate.shape)
+    dgate = dgate.astype(gate.dtype, copy=False)
     return dout, dgate, dy
 
 
 def _bscale_ref(g, coef, off):
     b, l, h = _bld(g, "broadcast_scale")
     cd = L.compute_dtype(g.dtype)
-    c = _as_bh(coef, b, h, "broadcast_scale", "coef").astype(cd)[:, None]
-    return (g.astype(cd).reshape(b, l, h) * (c + off)).reshape(g.shape).astype(g.dtype)
+    c = _as_bh(coef, b, h, "broadcast_scale", "coef").astype(cd, copy=False)[:, None]
+    return (g.astype(cd, copy=False).reshape(b, l, h) * (c + off)).reshape(g.shape).astype(g.dtype, copy=False)
 
 
 # ----------------------------------------------------------------------------- kernels
