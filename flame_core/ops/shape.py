@@ -84,9 +84,13 @@ class Reshape(Function):
 
 
 def reshape(x, *shape):
-    shape = _infer(_size_arg(shape), x._data.size, "reshape", x._data.shape)
-    if shape == x._data.shape:
-        return Reshape.apply(x, shape, False) if x.requires_grad else _view_of(x._data, x)
+    return _reshaped(x, _infer(_size_arg(shape), x._data.size, "reshape", x._data.shape))
+
+
+def _reshaped(x, shape):
+    """reshape to `shape`, a tuple of ints with x's element count (checked by the caller, or so by construction)."""
+    if shape == x._data.shape and not x.requires_grad:
+        return _view_of(x._data, x)
     return Reshape.apply(x, shape, False)
 
 
@@ -104,11 +108,11 @@ def flatten(x, start_dim=0, end_dim=-1):
     e = _norm_dim(end_dim, x.ndim, "flatten")
     if s > e:
         raise ShapeError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim}")
-    shape = x.shape
+    shape = x._data.shape
     n = 1
     for d in shape[s:e + 1]:
         n *= d
-    return reshape(x, tuple(shape[:s]) + (n,) + tuple(shape[e + 1:]))
+    return _reshaped(x, shape[:s] + (n,) + shape[e + 1:])
 
 
 def unflatten(x, dim, sizes):
@@ -131,24 +135,62 @@ class Permute(Function):
         return g.permute(*inv), None
 
 
-def permute(x, *dims):
+# (the call's dims as given, ndim) -> the permutation they name: an eager model permutes with a few fixed argument
+# tuples, so the checks below run once per tuple (arguments that cannot be hashed, a list say, are checked every time)
+_PERMS = {}
+_TRANSPOSES = {}   # (ndim, dim0, dim1) -> transpose's permutation
+_PERMS_MAX = 1024
+
+
+def _permutation(dims, nd):
     dims = _size_arg(dims)
-    if len(dims) != x.ndim:
-        raise ShapeError(f"permute: number of dims {len(dims)} doesn't match the tensor's {x.ndim} dims "
-                         f"(shape {fmt_shape(x.shape)})")
-    perm = tuple(_norm_dim(d, x.ndim, "permute") for d in dims)
-    if sorted(perm) != list(range(x.ndim)):
-        raise ShapeError(f"permute: dims {dims} are not a permutation of {x.ndim} dims")
+    if len(dims) != nd:
+        raise ShapeError(f"permute: number of dims {len(dims)} doesn't match the tensor's {nd} dims")
+    perm = tuple(_norm_dim(d, nd, "permute") for d in dims)
+    if sorted(perm) != list(range(nd)):
+        raise ShapeError(f"permute: dims {dims} are not a permutation of {nd} dims")
+    return perm
+
+
+def permute(x, *dims):
+    nd = x._data.ndim
+    key = (dims, nd)
+    try:
+        perm = _PERMS.get(key)
+    except TypeError:   # unhashable arguments
+        return Permute.apply(x, _permutation(dims, nd))
+    if perm is None:
+        try:
+            perm = _permutation(dims, nd)
+        except ShapeError as e:
+            raise ShapeError(f"{e} (shape {fmt_shape(x._data.shape)})") from None
+        if len(_PERMS) >= _PERMS_MAX:
+            _PERMS.clear()
+        _PERMS[key] = perm
     return Permute.apply(x, perm)
 
 
 def transpose(x, dim0, dim1):
-    if x.ndim < 2 and x.ndim == 0:
+    nd = x._data.ndim
+    if nd == 0:
         return x
-    perm = list(range(x.ndim))
-    a, b = _norm_dim(dim0, x.ndim, "transpose"), _norm_dim(dim1, x.ndim, "transpose")
-    perm[a], perm[b] = perm[b], perm[a]
-    return Permute.apply(x, tuple(perm))
+    key = (nd, dim0, dim1)
+    try:
+        perm = _TRANSPOSES.get(key)
+    except TypeError:
+        perm = None
+    if perm is None:
+        p = list(range(nd))
+        a, b = _norm_dim(dim0, nd, "transpose"), _norm_dim(dim1, nd, "transpose")
+        p[a], p[b] = p[b], p[a]
+        perm = tuple(p)
+        try:
+            if len(_TRANSPOSES) >= _PERMS_MAX:
+                _TRANSPOSES.clear()
+            _TRANSPOSES[key] = perm
+        except TypeError:
+            pass
+    return Permute.apply(x, perm)
 
 
 swapaxes = transpose
@@ -168,17 +210,16 @@ def squeeze(x, dim=None):
         dims = dim if isinstance(dim, (tuple, list)) else (dim,)
         dims = {_norm_dim(d, x.ndim, "squeeze") for d in dims}
         shape = tuple(s for i, s in enumerate(x.shape) if not (i in dims and s == 1))
-    return reshape(x, shape) if shape != tuple(x.shape) else x
+    return _reshaped(x, shape) if shape != tuple(x.shape) else x
 
 
 def unsqueeze(x, dim):
-    nd = x.ndim + 1
+    shape = x._data.shape
+    nd = len(shape) + 1
     if not -nd <= dim < nd:
-        raise IndexError(f"unsqueeze: dimension {dim} out of range for a tensor of {x.ndim} dims")
+        raise IndexError(f"unsqueeze: dimension {dim} out of range for a tensor of {nd - 1} dims")
     d = dim % nd
-    shape = list(x.shape)
-    shape.insert(d, 1)
-    return reshape(x, tuple(shape))
+    return _reshaped(x, shape[:d] + (1,) + shape[d:])
 
 
 class Expand(Function):
@@ -194,7 +235,30 @@ class Expand(Function):
         return sum_to(g, ctx.in_shape), None
 
 
+_EXPANDS = {}   # (the call's sizes as given, x's shape) -> the expanded shape (expand's checks run once per pair)
+
+
 def expand(x, *sizes):
+    shape = x._data.shape
+    key = (sizes, shape)
+    try:
+        out = _EXPANDS.get(key)
+    except TypeError:   # unhashable arguments
+        return _expand(x, sizes)
+    if out is None:
+        out = _expanded_shape(x, sizes)
+        if len(_EXPANDS) >= _PERMS_MAX:
+            _EXPANDS.clear()
+        _EXPANDS[key] = out
+    return x if out == shape else Expand.apply(x, out)
+
+
+def _expand(x, sizes):
+    out = _expanded_shape(x, sizes)
+    return x if out == x._data.shape else Expand.apply(x, out)
+
+
+def _expanded_shape(x, sizes):
     sizes = _size_arg(sizes)
     if len(sizes) < x.ndim:
         raise ShapeError(f"expand: the number of sizes {len(sizes)} must be >= the tensor's dims {x.ndim}")
@@ -214,10 +278,7 @@ def expand(x, *sizes):
                              f"at non-singleton dimension {i}. Target sizes: {list(sizes)}. Tensor sizes: "
                              f"{list(x.shape)}")
         out.append(s)
-    out = tuple(out)
-    if out == tuple(x.shape):
-        return x
-    return Expand.apply(x, out)
+    return tuple(out)
 
 
 def expand_as(x, other):
