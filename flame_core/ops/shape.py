@@ -135,17 +135,30 @@ class Permute(Function):
         return g.permute(*inv), None
 
 
-# (the call's dims as given, ndim) -> the permutation they name: an eager model permutes with a few fixed argument
-# tuples, so the checks below run once per tuple (arguments that cannot be hashed, a list say, are checked every time)
-_PERMS = {}
+# Argument tuples -> what they name, per view op: an eager model calls permute / transpose / expand with a few fixed
+# argument tuples, so each op's checks run once per tuple (arguments that cannot be hashed, a list say, every time)
+_PERMS = {}        # (dims as given, ndim) -> permute's permutation
 _TRANSPOSES = {}   # (ndim, dim0, dim1) -> transpose's permutation
-_PERMS_MAX = 1024
+_EXPANDS = {}      # (sizes as given, x's shape) -> expand's shape
+_MEMO_MAX = 1024
 
 
-def _permutation(dims, nd):
+def _remember(cache, key, value):
+    """value, kept in cache under key (the cache emptied past _MEMO_MAX entries; an unhashable key keeps nothing)."""
+    try:
+        if len(cache) >= _MEMO_MAX:
+            cache.clear()
+        cache[key] = value
+    except TypeError:
+        pass
+    return value
+
+
+def _permutation(x, dims, nd):
     dims = _size_arg(dims)
     if len(dims) != nd:
-        raise ShapeError(f"permute: number of dims {len(dims)} doesn't match the tensor's {nd} dims")
+        raise ShapeError(f"permute: number of dims {len(dims)} doesn't match the tensor's {nd} dims "
+                         f"(shape {fmt_shape(x._data.shape)})")
     perm = tuple(_norm_dim(d, nd, "permute") for d in dims)
     if sorted(perm) != list(range(nd)):
         raise ShapeError(f"permute: dims {dims} are not a permutation of {nd} dims")
@@ -153,21 +166,19 @@ def _permutation(dims, nd):
 
 
 def permute(x, *dims):
-    nd = x._data.ndim
-    key = (dims, nd)
+    key = (dims, x._data.ndim)
     try:
-        perm = _PERMS.get(key)
-    except TypeError:   # unhashable arguments
-        return Permute.apply(x, _permutation(dims, nd))
-    if perm is None:
-        try:
-            perm = _permutation(dims, nd)
-        except ShapeError as e:
-            raise ShapeError(f"{e} (shape {fmt_shape(x._data.shape)})") from None
-        if len(_PERMS) >= _PERMS_MAX:
-            _PERMS.clear()
-        _PERMS[key] = perm
+        perm = _PERMS[key]
+    except (KeyError, TypeError):
+        perm = _remember(_PERMS, key, _permutation(x, dims, key[1]))
     return Permute.apply(x, perm)
+
+
+def _swap(nd, dim0, dim1):
+    p = list(range(nd))
+    a, b = _norm_dim(dim0, nd, "transpose"), _norm_dim(dim1, nd, "transpose")
+    p[a], p[b] = p[b], p[a]
+    return tuple(p)
 
 
 def transpose(x, dim0, dim1):
@@ -176,20 +187,9 @@ def transpose(x, dim0, dim1):
         return x
     key = (nd, dim0, dim1)
     try:
-        perm = _TRANSPOSES.get(key)
-    except TypeError:
-        perm = None
-    if perm is None:
-        p = list(range(nd))
-        a, b = _norm_dim(dim0, nd, "transpose"), _norm_dim(dim1, nd, "transpose")
-        p[a], p[b] = p[b], p[a]
-        perm = tuple(p)
-        try:
-            if len(_TRANSPOSES) >= _PERMS_MAX:
-                _TRANSPOSES.clear()
-            _TRANSPOSES[key] = perm
-        except TypeError:
-            pass
+        perm = _TRANSPOSES[key]
+    except (KeyError, TypeError):
+        perm = _remember(_TRANSPOSES, key, _swap(nd, dim0, dim1))
     return Permute.apply(x, perm)
 
 
@@ -235,27 +235,14 @@ class Expand(Function):
         return sum_to(g, ctx.in_shape), None
 
 
-_EXPANDS = {}   # (the call's sizes as given, x's shape) -> the expanded shape (expand's checks run once per pair)
-
-
 def expand(x, *sizes):
     shape = x._data.shape
     key = (sizes, shape)
     try:
-        out = _EXPANDS.get(key)
-    except TypeError:   # unhashable arguments
-        return _expand(x, sizes)
-    if out is None:
-        out = _expanded_shape(x, sizes)
-        if len(_EXPANDS) >= _PERMS_MAX:
-            _EXPANDS.clear()
-        _EXPANDS[key] = out
+        out = _EXPANDS[key]
+    except (KeyError, TypeError):
+        out = _remember(_EXPANDS, key, _expanded_shape(x, sizes))
     return x if out == shape else Expand.apply(x, out)
-
-
-def _expand(x, sizes):
-    out = _expanded_shape(x, sizes)
-    return x if out == x._data.shape else Expand.apply(x, out)
 
 
 def _expanded_shape(x, sizes):
