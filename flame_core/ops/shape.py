@@ -10,7 +10,7 @@ from ..autograd.grad_mode import is_grad_enabled
 from ..errors import ShapeError, fmt_shape
 from ..kernels import copy_rows as _copy_rows
 from ..kernels import loader as _kernels
-from ..tensor import Tensor, _view_of, _wrap
+from ..tensor import Tensor, _view_of, _wrap, check_same_device
 from .dtype_view import view_dtype
 
 
@@ -519,7 +519,12 @@ def _join(dim, xs, arrs):
     """The arrays `arrs` (of the tensors xs) joined along their existing axis `dim` (cat's and stack's forward)."""
     dt = arrs[0].dtype
     f8 = xs[0]._f8
-    if builtins.any(a.dtype != dt or x._f8 != f8 for a, x in zip(arrs, xs)):
+    mixed = False
+    for a, x in zip(arrs, xs):   # a loop, not any(<generator>): this is every cat's and stack's per-op path
+        if a.dtype != dt or x._f8 != f8:
+            mixed = True
+            break
+    if mixed:
         from .. import dtypes as D
         res = xs[0].dtype
         for x in xs[1:]:
@@ -582,6 +587,15 @@ class Stack(Function):
         return (None,) + tuple(_wrap(gd[pre + (i,)]) for i in range(ctx.n))
 
 
+def _check_same_device(op, tensors):
+    """check_same_device, after a look at the array types alone: one type (the common case) is one device kind."""
+    kind = type(tensors[0]._data)
+    for t in tensors:
+        if type(t._data) is not kind:
+            check_same_device(op, *tensors)
+            return
+
+
 def cat(tensors, dim=0):
     tensors = list(tensors)
     shapes = [t._data.shape for t in tensors]   # plain tuples (no Size objects): the checks below read these
@@ -591,8 +605,7 @@ def cat(tensors, dim=0):
             tensors, shapes = [t for t, _ in kept], [sh for _, sh in kept]
     if not tensors:
         raise ValueError("cat: expected a non-empty list of tensors")
-    from ..tensor import check_same_device
-    check_same_device("cat", *tensors)
+    _check_same_device("cat", tensors)
     ref = shapes[0]
     nd = len(ref)
     d = _norm_dim(dim, nd, "cat")
@@ -611,17 +624,16 @@ def stack(tensors, dim=0):
     tensors = list(tensors)
     if not tensors:
         raise ValueError("stack: expected a non-empty list of tensors")
-    ref = tensors[0].shape
+    ref = tensors[0]._data.shape
     for i, t_ in enumerate(tensors):
-        if t_.shape != ref:
+        if t_._data.shape != ref:
             raise ShapeError(f"stack expects each tensor to be equal size, but got {fmt_shape(ref)} at entry 0 "
-                             f"and {fmt_shape(t_.shape)} at entry {i}")
+                             f"and {fmt_shape(t_._data.shape)} at entry {i}")
     nd = len(ref) + 1
     if not -nd <= dim < nd:
         raise IndexError(f"stack: dimension {dim} out of range for {nd} dims")
     d = dim % nd
-    from ..tensor import check_same_device
-    check_same_device("stack", *tensors)
+    _check_same_device("stack", tensors)
     return Stack.apply(d, *tensors)
 
 

@@ -1,10 +1,12 @@
 """cat / stack of more than 8 tensors: joined piece by piece (CuPy's one-call join of more arrays reads a host
 table, which a CUDA graph capture refuses), with the same values and gradients as a plain concatenation."""
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flame_core as flame
+from flame_core import DeviceError
 from flame_core.ops.shape import _CAT_DIRECT
 
 
@@ -32,3 +34,27 @@ def test_stack_of_many_bf16():
     y = flame.stack(xs, dim=-1)
     assert y.dtype == flame.bfloat16 and tuple(y.shape) == (3, 12)
     np.testing.assert_array_equal(y.float().numpy(), np.tile(np.arange(12, dtype=np.float32), (3, 1)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["cat", "stack"])
+def test_cat_and_stack_refuse_mixed_devices_naming_both(op):
+    a = flame.ones(2, 3, device="cpu")
+    b = flame.ones(2, 3, device="cuda")
+    with pytest.raises(DeviceError, match=f"{op}: expected all tensors on the same device.*cpu.*cuda"):
+        getattr(flame, op)([a, b])
+    with pytest.raises(DeviceError, match="cuda.*cpu"):
+        getattr(flame, op)([b, b, a])
+    assert getattr(flame, op)([b, b]).device.type == "cuda"
+
+
+@pytest.mark.parametrize("op", ["cat", "stack"])
+def test_cat_and_stack_take_arrays_of_one_device_in_two_array_types(op):
+    """A NumPy subclass (a memmap, say) beside a plain array: two array types, one device -- joined."""
+    a = np.arange(6.0).reshape(2, 3)
+    sub = a.view(np.memmap)
+    x, y = flame.tensor(a), flame.tensor(a)
+    y._data = sub   # (tensor() would copy it into a plain array)
+    got = getattr(flame, op)([x, y])
+    want = np.concatenate([a, a]) if op == "cat" else np.stack([a, a])
+    np.testing.assert_array_equal(got.numpy(), want)
