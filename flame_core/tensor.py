@@ -299,6 +299,8 @@ class Tensor(D.FloatCasts):
 
     def to(self, *args, **kwargs):
         """to(device), to(dtype), to(device, dtype), to(other); `copy=True` forces a copy. Differentiable."""
+        if len(args) == 1 and not kwargs and type(args[0]) is D.DType:   # x.to(dtype): nothing to parse
+            return _to_op[0](self, None, args[0])
         dev = dt = None
         for a in args:
             if isinstance(a, Tensor):
@@ -310,8 +312,7 @@ class Tensor(D.FloatCasts):
                 dev = _parse_device(a)
         dev = _parse_device(kwargs["device"]) if kwargs.get("device") is not None else dev
         dt = D.dtype(kwargs["dtype"]) if kwargs.get("dtype") is not None else dt
-        from .ops.conversion import to as _to
-        return _to(self, dev, dt, copy=kwargs.get("copy", False))
+        return _to_op[0](self, dev, dt, copy=kwargs.get("copy", False))
 
     def cpu(self):
         return self.to(CPU)
@@ -438,6 +439,8 @@ class _HookHandle:
 _new = object.__new__
 
 from .autograd import function as _function  # noqa: E402
+
+_to_op = [None]  # flame_core.ops.conversion.to: set by the ops package's install (which imports this module)
 
 _function._tensor_cls[0] = Tensor
 

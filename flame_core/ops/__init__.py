@@ -1,4 +1,5 @@
 """Tensor-level ops. Importing this package installs the Tensor methods and operators."""
+from .. import tensor as _tensor_module
 from ..tensor import Tensor
 from . import (
     activation,
@@ -28,6 +29,7 @@ from .numpy_names import with_numpy_names
 
 def _install():
     T = Tensor
+    _tensor_module._to_op[0] = conversion.to   # Tensor.to's op, without an import per call
     # operators (the hottest entry points: the bound `apply`s are looked up once, not per call)
     add, sub, mul, div = E.Add.apply, E.Sub.apply, E.Mul.apply, E.Div.apply
     T.__add__ = lambda s, o: add(s, o, 1)

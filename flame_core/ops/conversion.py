@@ -22,6 +22,10 @@ def _fp8_kernel(name, arr, out_dtype):
 def _convert(arr, f8, dev, np_dtype, copy):
     """Move/cast an array. fp8 on cuda is kept as raw e4m3 bytes in a uint8 array (`f8` True): CuPy has no fp8
     dtype. Returns (array, is_fp8_bytes)."""
+    if dev is None and type(arr) is np.ndarray:   # a cast on the CPU (the common eager case): nothing to move
+        if np_dtype is not None and arr.dtype != np_dtype:
+            return arr.astype(np_dtype), f8
+        return (arr.copy() if copy else arr), f8
     src_cuda = backend.is_cuda_array(arr)
     if dev is not None and (dev.type == "cuda") != src_cuda:
         if dev.type == "cuda":
