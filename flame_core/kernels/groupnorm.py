@@ -47,40 +47,61 @@ def _gn_check(x, num_groups, weight, bias):
 
 
 def _gn_ref(x, g, weight, bias, eps, act=None):
+    """(y, mean, rstd) of group norm (then SiLU when act) on NumPy or CuPy arrays (the CPU's per-op path and the
+    kernels' oracle): one working copy updated in place, the row means as norms._row_mean."""
+    xp = backend.xp_of(x)
     n, c = x.shape[:2]
     cd = L.compute_dtype(x.dtype)
-    xf = x.astype(cd).reshape(n, g, -1)
-    mean = xf.mean(axis=-1, keepdims=True)
-    xc = xf - mean
-    rstd = 1.0 / backend.xp_of(x).sqrt((xc * xc).mean(axis=-1, keepdims=True) + cd(eps))
-    y = (xc * rstd).reshape(n, c, -1)
+    xf = x.astype(cd).reshape(n, g, -1)   # the working copy
+    mean = N._row_mean(xp, xf)
+    xf -= mean
+    var = N._row_mean(xp, xf * xf)
+    var += cd(eps)
+    xp.sqrt(var, out=var)
+    rstd = xp.divide(1.0, var, out=var)
+    xf *= rstd
+    y = xf.reshape(n, c, -1)
     if weight is not None:
-        y = y * weight.astype(cd)[:, None]
+        y *= weight.astype(cd, copy=False)[:, None]
     if bias is not None:
-        y = y + bias.astype(cd)[:, None]
+        y += bias.astype(cd, copy=False)[:, None]
     if act == "silu":
-        y = y * _sigmoid_pair(backend.xp_of(x), y)[0]
-    return y.reshape(x.shape).astype(x.dtype), mean[..., 0], rstd[..., 0]
+        y *= _sigmoid_pair(xp, y)[0]
+    return y.reshape(x.shape).astype(x.dtype, copy=False), mean[..., 0], rstd[..., 0]
 
 
 def _gn_grad_ref(dy, x, g, weight, mean, rstd, bias, act=None):
+    """(dx, dweight, dbias) of group norm (of SiLU(group norm) when act): dx = rstd (gw - mean(gw) - xhat
+    mean(gw xhat)) per group, gw = dy w, in a few new arrays updated in place."""
+    xp = backend.xp_of(x)
     n, c = x.shape[:2]
     cd = L.compute_dtype(x.dtype)
-    g0 = dy.astype(cd).reshape(n, c, -1)
-    xh = ((x.astype(cd).reshape(n, g, -1) - mean.astype(cd)[..., None]) * rstd.astype(cd)[..., None])
+    g0 = dy.astype(cd, copy=False).reshape(n, c, -1)
+    rs = rstd.astype(cd, copy=False)[..., None]
+    xh = x.astype(cd).reshape(n, g, -1)   # a working copy: xhat
+    xh -= mean.astype(cd, copy=False)[..., None]
+    xh *= rs
     xh = xh.reshape(n, c, -1)
     if act == "silu":  # dz = dy silu'(z), z = xhat w + b recomputed
-        z = xh * weight.astype(cd)[:, None] if weight is not None else xh
-        z = z + bias.astype(cd)[:, None] if bias is not None else z
-        s, q = _sigmoid_pair(backend.xp_of(x), z)
+        z = xh * weight.astype(cd, copy=False)[:, None] if weight is not None else xh
+        z = z + bias.astype(cd, copy=False)[:, None] if bias is not None else z
+        s, q = _sigmoid_pair(xp, z)
         g0 = g0 * s * (1 + z * q)
-    gw = g0 * weight.astype(cd)[:, None] if weight is not None else g0
+    gw = g0 * weight.astype(cd, copy=False)[:, None] if weight is not None else g0
     gw_g, xh_g = gw.reshape(n, g, -1), xh.reshape(n, g, -1)
-    dx = rstd.astype(cd)[..., None] * (gw_g - gw_g.mean(axis=-1, keepdims=True)
-                                       - xh_g * (gw_g * xh_g).mean(axis=-1, keepdims=True))
-    dw = (g0 * xh).sum(axis=(0, 2)).astype(weight.dtype) if weight is not None else None
-    db = g0.sum(axis=(0, 2)).astype(bias.dtype) if bias is not None else None
-    return dx.reshape(x.shape).astype(x.dtype), dw, db
+    p = gw_g * xh_g
+    dot = N._row_mean(xp, p)
+    xp.multiply(xh_g, dot, out=p)                    # xhat * dot
+    dx = gw_g - N._row_mean(xp, gw_g)
+    dx -= p
+    dx *= rs
+    dw = None
+    if weight is not None:
+        pw = p.reshape(n, c, -1)
+        xp.multiply(g0, xh, out=pw)
+        dw = pw.sum(axis=(0, 2)).astype(weight.dtype, copy=False)
+    db = g0.sum(axis=(0, 2)).astype(bias.dtype, copy=False) if bias is not None else None
+    return dx.reshape(x.shape).astype(x.dtype, copy=False), dw, db
 
 
 def _gn_splits(rows, hw):
