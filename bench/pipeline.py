@@ -12,10 +12,13 @@ relative error of FLAME's output is reported beside its time. Time: CUDA events 
 max_memory_allocated; FLAME's pool max_memory_allocated), reset right before them.
 
     PYTHONPATH=$PWD python3 bench/pipeline.py [vae text run] [--repeats 10] [--tiny] [--text-models clip_l,clip_g]
+    PYTHONPATH=$PWD python3 bench/pipeline.py text --cpu --text-models clip_l,clip_g --rounds 7
 The eager text encoders are also timed interleaved with the peer (`--rounds`, one call of each per round, the order
 flipped every round; wall time ended by a synchronize): their calls are host-bound, and the per-round ratio cancels
 the host's drift that separate timings carry (the `eager, interleaved` table).
---tiny: tiny configs in float32 on the cpu (a smoke test of the script). Writes $OUT/pipeline.json, table last.
+--tiny: tiny configs in float32 on the cpu (a smoke test of the script). --cpu (the text part): the real sizes in
+float32 on the cpu, the eager interleaved comparison only (torch on its default threads). Writes
+$OUT/pipeline.json, table last.
 """
 import argparse
 import gc
@@ -56,7 +59,12 @@ TINY_TEXT = {"clip_l": dict(hidden_size=64, intermediate_size=128, num_hidden_la
 
 
 def dev():
-    return "cpu" if ARGS.tiny else "cuda"
+    return "cpu" if ARGS.tiny or ARGS.cpu else "cuda"
+
+
+def sync(lib):
+    if dev() == "cuda":
+        common.synchronize(lib)
 
 
 def rel_err(got, want):
@@ -112,12 +120,12 @@ def interleaved_row(part, peer_fn, flame_fn):
     sides = (("torch", peer_fn, []), ("cupy", flame_fn, []))
     for lib, fn, _ in sides:
         fn()
-        common.synchronize(lib)
+        sync(lib)
     for r in range(ARGS.rounds):
         for lib, fn, acc in (sides if r % 2 == 0 else sides[::-1]):
             t = time.perf_counter()
             fn()
-            common.synchronize(lib)
+            sync(lib)
             acc.append((time.perf_counter() - t) * 1e3)
     peer_ms, flame_ms = sides[0][2], sides[1][2]
     ratios = sorted(b / a for a, b in zip(peer_ms, flame_ms))
@@ -187,8 +195,8 @@ def text_part():
 
     import flame_core as flame
     from flame_models.text_encoders import GraphedEncoder, load_clip, load_t5
-    tdt = torch.float32 if ARGS.tiny else torch.bfloat16
-    fdt = flame.float32 if ARGS.tiny else flame.bfloat16
+    tdt = torch.float32 if ARGS.tiny or ARGS.cpu else torch.bfloat16
+    fdt = flame.float32 if ARGS.tiny or ARGS.cpu else flame.bfloat16
     rng = np.random.default_rng(0)
     for name, (cls, cfg, tokens) in ((n, TEXT[n]) for n in ARGS.text_models):
         cfg = dict(cfg, **(TINY_TEXT[name] if ARGS.tiny else {}))
@@ -207,7 +215,7 @@ def text_part():
             out = peer(input_ids=x, output_hidden_states=True)
             want = out.last_hidden_state.float().cpu().numpy()
             del out
-            ms = timed(lambda: peer(input_ids=x, output_hidden_states=True), "torch")
+            ms = timed(lambda: peer(input_ids=x, output_hidden_states=True), "torch") if not ARGS.cpu else None
         with tempfile.TemporaryDirectory(prefix=f"{name}_") as folder:
             peer.save_pretrained(folder)
             if not ARGS.tiny:   # eager FLAME and the peer interleaved in this process: the per-round ratio
@@ -217,10 +225,15 @@ def text_part():
                     interleaved_row(f"{name} {tokens} tokens eager",
                                     lambda: peer(input_ids=x, output_hidden_states=True),
                                     lambda: model(xf, output_hidden_states=True))
+                if ARGS.cpu:
+                    err = rel_err(model(xf, output_hidden_states=True).last_hidden_state.float().numpy(), want)
+                    RES.log(f"{name}_cpu_rel_err", err)
                 model = xf = None  # rebound, not deleted: closures above use the names
                 free_flame()
             peer = x = None  # rebound, not deleted: closures above use the names
             free_torch()
+            if ARGS.cpu:   # the interleaved eager rows only (the graphed / fp8 variants are cuda's)
+                continue
             variants = [("", {}, False), (" graphed", {}, True)]
             if t5:
                 variants += [(" fp8", {"quantize": "fp8"}, False), (" fp8 graphed", {"quantize": "fp8"}, True),
@@ -282,6 +295,8 @@ def main():
     ap.add_argument("parts", nargs="*", default=list(PARTS))
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--tiny", action="store_true", help="tiny configs in float32 on the cpu (smoke test)")
+    ap.add_argument("--cpu", action="store_true",
+                    help="text part: the real sizes in float32 on the cpu, interleaved with transformers (eager)")
     ap.add_argument("--rounds", type=int, default=30,
                     help="rounds of the text encoders' interleaved eager comparison (one call of each per round)")
     ap.add_argument("--budget", default="12GiB", help="max_gpu_memory of the whole run")
@@ -290,6 +305,8 @@ def main():
                     help=f"the text part's encoders, comma-separated (of {', '.join(TEXT)})")
     ARGS = ap.parse_args()
     ARGS.text_models = [n.strip() for n in ARGS.text_models.split(",") if n.strip()]
+    if ARGS.cpu and (set(ARGS.parts) - {"text"} or ARGS.tiny):
+        ap.error("--cpu measures the text part alone, at the real sizes (not with --tiny)")
     unknown = [n for n in ARGS.text_models if n not in TEXT]
     if unknown or not ARGS.text_models:
         ap.error(f"--text-models: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(TEXT)}")
