@@ -67,14 +67,15 @@ def normal_cdf32(x):
     selected arithmetically (q + [x >= 0] (1 - 2q): NumPy's where / masked copy are ~40x slower than a pass here).
     A few float32 roundings from Phi in both tails. Past z = ZMAX the polynomial runs on past its fitted interval
     (u < -1, where it stays within a few tenths of S(-1)) while e^-z^2 underflows: Phi(-inf) = 0, Phi(inf) = 1."""
-    z = np.multiply(np.abs(x), _INV_SQRT2, dtype=np.float32)
-    t = z * np.float32(0.5)
+    z = np.abs(x, out=np.empty(x.shape, np.float32))   # (out= arrays throughout: a 0-d x stays an array)
+    z *= np.float32(_INV_SQRT2)
+    t = np.multiply(z, np.float32(0.5), out=np.empty_like(z))
     t += 1
     np.reciprocal(t, out=t)
     u = np.multiply(t, np.float32(_U_SCALE), out=z)
     u += np.float32(_U_SHIFT)
     p = _POLY32_HALF
-    s = u * np.float32(p[-1])   # Horner's rule
+    s = np.multiply(u, np.float32(p[-1]), out=np.empty_like(u))   # Horner's rule
     s += np.float32(p[-2])
     for c in p[-3::-1]:
         s *= u

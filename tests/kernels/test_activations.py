@@ -367,3 +367,27 @@ def test_cpu_sigmoid_forms_at_infinities_and_nan_follow_pytorch():
     for got in (K.gelu_backward(one, x, "tanh"), K.silu_backward(one, x), K.quick_gelu_backward(one, x)):
         np.testing.assert_array_equal(got, [np.nan, np.nan, np.nan, 0, 1])
     np.testing.assert_array_equal(K.quick_gelu_forward(x), [np.nan, np.inf, np.nan, 0, 200])
+
+
+@pytest.mark.parametrize("dt", ["float32", "bfloat16", "float16"])
+def test_cpu_forms_take_0d_and_strided_arrays(dt):
+    """The NumPy paths (in place, out= arrays) on a 0-d array and on a strided view: the values of the same elements
+    in a plain 1-D array, in the input's dtype and shape."""
+    dtype = DTYPES[dt]
+    base = np.linspace(-5, 5, 24).astype(dtype).reshape(4, 6)
+    g = np.linspace(1, 2, 24).astype(dtype).reshape(4, 6)
+    fwd = [lambda v: K.gelu_forward(v, "none"), lambda v: K.gelu_forward(v, "tanh"), K.silu_forward,
+           K.quick_gelu_forward]
+    bwd = [lambda d, v: K.gelu_backward(d, v, "none"), lambda d, v: K.gelu_backward(d, v, "tanh"), K.silu_backward,
+           K.quick_gelu_backward]
+    for f in fwd:
+        flat = f(base.reshape(-1))
+        got0 = f(base[1, 2].reshape(()))
+        assert got0.shape == () and got0.dtype == dtype and got0 == flat[8]
+        strided = f(base.T[::2])
+        np.testing.assert_array_equal(strided, flat.reshape(4, 6).T[::2])
+    for f in bwd:
+        flat = f(g.reshape(-1), base.reshape(-1))
+        got0 = f(g[1, 2].reshape(()), base[1, 2].reshape(()))
+        assert got0.shape == () and got0.dtype == dtype and got0 == flat[8]
+        np.testing.assert_array_equal(f(g.T[::2], base.T[::2]), flat.reshape(4, 6).T[::2])
