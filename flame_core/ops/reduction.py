@@ -62,6 +62,9 @@ class Sum(Function):
     def forward(ctx, x, axes, keepdim, dtype):
         no_fp8("sum", x)
         a = x._data
+        ctx.shape, ctx.axes, ctx.keepdim = a.shape, axes, keepdim
+        if not a.ndim:   # a 0-d tensor's dim 0 / -1 (PyTorch accepts them) is all of it: the arrays have no axis 0
+            axes = None
         # on NumPy the ufunc's reduce itself: np.sum is a Python wrapper around it (~1.5 us a call)
         red = np.add.reduce if type(a) is np.ndarray else backend.xp_of(a).sum
         dt = _acc_dtype(a, dtype)
@@ -69,7 +72,6 @@ class Sum(Function):
             r = red(a, axis=axes, keepdims=keepdim, dtype=np.float32).astype(dt)
         else:
             r = red(a, axis=axes, keepdims=keepdim, dtype=dt)
-        ctx.shape, ctx.axes, ctx.keepdim = a.shape, axes, keepdim
         return _wrap(r)
 
     @staticmethod
@@ -110,6 +112,8 @@ class Mean(Function):
         no_fp8("mean", x)
         a = x._data
         ctx.shape, ctx.axes, ctx.keepdim, ctx.n = a.shape, axes, keepdim, n
+        if not a.ndim:   # a 0-d tensor's dim 0 / -1: all of it (as Sum)
+            axes = None
         if type(a) is _cupy_ndarray and a.dtype in _CUDA_MEAN:
             r = a.sum(axis=axes, keepdims=keepdim, dtype=np.float32)
             if _pws.fast_scalar("mul", r, 1.0 / n, r) is None:

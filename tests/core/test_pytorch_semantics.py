@@ -198,3 +198,13 @@ def test_matmul_under_autocast_casts_both(device):
     y.float().sum().backward()
     assert w.grad.dtype is flame.float32
     np.testing.assert_array_equal(w.grad.numpy(), np.full((3, 4), 2.0))
+
+
+def test_sum_and_mean_of_a_0d_tensor_over_dim_0_or_minus_1():
+    """PyTorch lets a 0-d tensor name dim 0 / -1 in a reduction: all of it, the result 0-d with or without keepdim."""
+    x = flame.tensor(2.5, requires_grad=True)
+    outs = [x.sum(0), x.sum(-1, keepdim=True), x.mean(0), x.mean(-1, keepdim=True), x.sum((0,))]
+    for y in outs:
+        assert y.shape == () and y.item() == 2.5
+    sum(outs[1:], outs[0]).backward()
+    assert x.grad.item() == 5.0
