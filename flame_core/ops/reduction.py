@@ -39,6 +39,13 @@ def _dims(dim, ndim, op="reduction"):
     return tuple(sorted(set(out)))
 
 
+def _axes(dim, ndim, op):
+    """_dims for the reductions over a tuple of axes: a 0-d tensor's dim 0 / -1 (PyTorch accepts them) is all of it,
+    None (its arrays have no axis 0)."""
+    axes = _dims(dim, ndim, op)
+    return axes if ndim else None
+
+
 def _expand_back(g, shape, axes, keepdim):
     """Broadcast a reduced gradient back to the input shape."""
     if axes is None:
@@ -62,9 +69,6 @@ class Sum(Function):
     def forward(ctx, x, axes, keepdim, dtype):
         no_fp8("sum", x)
         a = x._data
-        ctx.shape, ctx.axes, ctx.keepdim = a.shape, axes, keepdim
-        if not a.ndim:   # a 0-d tensor's dim 0 / -1 (PyTorch accepts them) is all of it: the arrays have no axis 0
-            axes = None
         # on NumPy the ufunc's reduce itself: np.sum is a Python wrapper around it (~1.5 us a call)
         red = np.add.reduce if type(a) is np.ndarray else backend.xp_of(a).sum
         dt = _acc_dtype(a, dtype)
@@ -72,6 +76,7 @@ class Sum(Function):
             r = red(a, axis=axes, keepdims=keepdim, dtype=np.float32).astype(dt)
         else:
             r = red(a, axis=axes, keepdims=keepdim, dtype=dt)
+        ctx.shape, ctx.axes, ctx.keepdim = a.shape, axes, keepdim
         return _wrap(r)
 
     @staticmethod
@@ -82,7 +87,7 @@ class Sum(Function):
 def sum(x, dim=None, keepdim=False, *, dtype=None):
     if _amp.active:  # autocast hook
         (x,) = _amp.cast_inputs("fp32", x)
-    return Sum.apply(x, _dims(dim, x.ndim, "sum"), keepdim, dtype)
+    return Sum.apply(x, _axes(dim, x.ndim, "sum"), keepdim, dtype)
 
 
 def mean(x, dim=None, keepdim=False, *, dtype=None):
@@ -90,7 +95,7 @@ def mean(x, dim=None, keepdim=False, *, dtype=None):
         raise TypeError(f"mean(): could not infer output dtype; input dtype {x.dtype} is not floating point")
     if _amp.active:  # autocast hook
         (x,) = _amp.cast_inputs("fp32", x)
-    axes = _dims(dim, x.ndim, "mean")
+    axes = _axes(dim, x.ndim, "mean")
     n = _count(x.shape, axes)
     if not n:
         return Sum.apply(x, axes, keepdim, dtype) * float("nan")
@@ -112,8 +117,6 @@ class Mean(Function):
         no_fp8("mean", x)
         a = x._data
         ctx.shape, ctx.axes, ctx.keepdim, ctx.n = a.shape, axes, keepdim, n
-        if not a.ndim:   # a 0-d tensor's dim 0 / -1: all of it (as Sum)
-            axes = None
         if type(a) is _cupy_ndarray and a.dtype in _CUDA_MEAN:
             r = a.sum(axis=axes, keepdims=keepdim, dtype=np.float32)
             if _pws.fast_scalar("mul", r, 1.0 / n, r) is None:
@@ -146,7 +149,7 @@ def _count(shape, axes):
 def var(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
     if correction is None:
         correction = 1 if unbiased is None or unbiased else 0
-    axes = _dims(dim, x.ndim, "var")
+    axes = _axes(dim, x.ndim, "var")
     n = _count(x.shape, axes)
     d = x - mean(x, axes, keepdim=True)
     return sum(d * d, axes, keepdim) / builtins.max(n - correction, 0)
@@ -188,11 +191,11 @@ class Amax(Function):
 
 
 def amax(x, dim=None, keepdim=False):
-    return Amax.apply(x, _dims(dim, x.ndim, "amax"), keepdim, True)
+    return Amax.apply(x, _axes(dim, x.ndim, "amax"), keepdim, True)
 
 
 def amin(x, dim=None, keepdim=False):
-    return Amax.apply(x, _dims(dim, x.ndim, "amin"), keepdim, False)
+    return Amax.apply(x, _axes(dim, x.ndim, "amin"), keepdim, False)
 
 
 class MaxDim(Function):
@@ -232,6 +235,8 @@ def _max_min(x, dim, keepdim, is_max, other):
     if dim is None:
         return Amax.apply(x, None, False, is_max)
     d = _dims(dim, x.ndim, "max")[0]
+    if not x.ndim:   # dim 0 / -1 of a 0-d tensor: (x, 0), 0-d with or without keepdim (as PyTorch)
+        return values_indices(*MaxDim.apply(x.reshape(1), 0, False, is_max))
     v, i = MaxDim.apply(x, d, keepdim, is_max)
     return values_indices(v, i)
 
@@ -264,7 +269,7 @@ def _arg_extreme(x, dim, keepdim, op):
         return _wrap(r.astype(np.int64).reshape((1,) * a.ndim if keepdim else ()))
     d = _dims(dim, x.ndim, op)[0]
     r = fn(a, axis=d)
-    return _wrap((xp.expand_dims(r, d) if keepdim else r).astype(np.int64))
+    return _wrap((xp.expand_dims(r, d) if keepdim and a.ndim else r).astype(np.int64))   # 0-d stays 0-d
 
 
 class Prod(Function):
@@ -429,7 +434,7 @@ class Norm(Function):
 
 
 def norm(x, p="fro", dim=None, keepdim=False):
-    axes = _dims(dim, x.ndim, "norm")
+    axes = _axes(dim, x.ndim, "norm")
     if p in ("fro", 2, 2.0):
         return Norm.apply(x, 2, axes, keepdim)
     if p in (1, 1.0):
@@ -444,7 +449,7 @@ def norm(x, p="fro", dim=None, keepdim=False):
 
 
 def logsumexp(x, dim, keepdim=False):
-    axes = _dims(dim, x.ndim, "logsumexp")
+    axes = _axes(dim, x.ndim, "logsumexp")
     m = amax(x, axes, keepdim=True).detach()
     m = m.masked_fill(m.isinf(), 0.0)
     r = (x - m).exp().sum(axes, keepdim=True).log() + m
@@ -454,17 +459,17 @@ def logsumexp(x, dim, keepdim=False):
 
 
 def all(x, dim=None, keepdim=False):
-    axes = _dims(dim, x.ndim, "all")
+    axes = _axes(dim, x.ndim, "all")
     return _wrap(backend.xp_of(x._data).all(x._data, axis=axes, keepdims=keepdim))
 
 
 def any(x, dim=None, keepdim=False):
-    axes = _dims(dim, x.ndim, "any")
+    axes = _axes(dim, x.ndim, "any")
     return _wrap(backend.xp_of(x._data).any(x._data, axis=axes, keepdims=keepdim))
 
 
 def count_nonzero(x, dim=None):
-    axes = _dims(dim, x.ndim, "count_nonzero")
+    axes = _axes(dim, x.ndim, "count_nonzero")
     return _wrap(np.asarray(backend.xp_of(x._data).count_nonzero(x._data, axis=axes)).astype(np.int64)
                  if axes is None else backend.xp_of(x._data).count_nonzero(x._data, axis=axes).astype(np.int64))
 

@@ -200,11 +200,17 @@ def test_matmul_under_autocast_casts_both(device):
     np.testing.assert_array_equal(w.grad.numpy(), np.full((3, 4), 2.0))
 
 
-def test_sum_and_mean_of_a_0d_tensor_over_dim_0_or_minus_1():
-    """PyTorch lets a 0-d tensor name dim 0 / -1 in a reduction: all of it, the result 0-d with or without keepdim."""
+def test_reductions_of_a_0d_tensor_over_dim_0_or_minus_1():
+    """PyTorch lets a 0-d tensor name dim 0 / -1 in a reduction: all of it, the result 0-d with or without keepdim
+    (sum, mean, amax / amin, logsumexp, all / any, count_nonzero, var, norm, max / min with their index, argmax)."""
     x = flame.tensor(2.5, requires_grad=True)
-    outs = [x.sum(0), x.sum(-1, keepdim=True), x.mean(0), x.mean(-1, keepdim=True), x.sum((0,))]
+    outs = [x.sum(0), x.sum(-1, keepdim=True), x.mean(0), x.mean(-1, keepdim=True), x.sum((0,)), x.amax(0),
+            x.amin(-1, keepdim=True), x.logsumexp(0), x.max(0).values, x.min(-1, keepdim=True).values,
+            x.norm(dim=0, keepdim=True).abs()]
     for y in outs:
         assert y.shape == () and y.item() == 2.5
     sum(outs[1:], outs[0]).backward()
-    assert x.grad.item() == 5.0
+    assert x.grad.item() == 11.0
+    assert x.max(0).indices.item() == 0 and x.argmax(-1, keepdim=True).shape == ()
+    assert x.all(0).item() and x.any(-1).item() and x.count_nonzero(0).item() == 1
+    assert np.isnan(x.var(0).item())
