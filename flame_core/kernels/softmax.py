@@ -25,6 +25,8 @@ def _rows(a):
 def _forward_ref(x, scale, log):
     """In place on one working copy (the CPU path's per-op cost: five passes, no temporaries but the row sums)."""
     xp = backend.xp_of(x)
+    if not x.size:   # no rows or empty rows: an empty result (the row max has no identity)
+        return x.copy()
     z = x.astype(L.compute_dtype(x.dtype))   # a copy, written in place below
     if scale != 1.0:
         z *= scale
@@ -39,6 +41,8 @@ def _forward_ref(x, scale, log):
 
 def _backward_ref(dy, y, scale, log):
     xp = backend.xp_of(y)
+    if not y.size:
+        return y.copy()
     cd = L.compute_dtype(y.dtype)
     g, yf = dy.astype(cd), y.astype(cd)
     if log:

@@ -314,7 +314,11 @@ def masked_select(x, mask):
 
 def nonzero(x, *, as_tuple=False):
     xp = x._xp()
-    nz = xp.nonzero(x._data)
+    a = x._data
+    nz = xp.nonzero(a if a.ndim else a.reshape(1))   # a 0-d tensor: one (or no) position of zero coordinates
+    if not a.ndim:
+        return tuple(_wrap(v.astype(np.int64)) for v in nz) if as_tuple else _wrap(
+            xp.zeros((len(nz[0]), 0), dtype=np.int64))
     if as_tuple:
         return tuple(_wrap(a.astype(np.int64)) for a in nz)
     return _wrap(xp.stack(nz, axis=1).astype(np.int64) if nz else xp.zeros((0, 0), dtype=np.int64))

@@ -358,8 +358,9 @@ def select(x, dim, index):
 def chunk(x, chunks, dim=0):
     d = _norm_dim(dim, x.ndim, "chunk")
     n = x.shape[d]
-    size = -(-n // chunks) if n else 0
-    return split(x, size if size else 1, d) if n else (x,)
+    if not n:   # PyTorch: `chunks` empty pieces
+        return split(x, [0] * chunks, d)
+    return split(x, -(-n // chunks), d)
 
 
 def split(x, split_size_or_sections, dim=0):
@@ -369,7 +370,7 @@ def split(x, split_size_or_sections, dim=0):
         s = split_size_or_sections
         if s <= 0:
             raise ValueError(f"split: split_size must be positive, got {s}")
-        sizes = [s] * (n // s) + ([n % s] if n % s else [])
+        sizes = [s] * (n // s) + ([n % s] if n % s else []) if n else [0]   # an empty dim: one empty piece
     else:
         sizes = list(split_size_or_sections)
         if builtins.sum(sizes) != n:

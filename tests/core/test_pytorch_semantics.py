@@ -214,3 +214,23 @@ def test_reductions_of_a_0d_tensor_over_dim_0_or_minus_1():
     assert x.max(0).indices.item() == 0 and x.argmax(-1, keepdim=True).shape == ()
     assert x.all(0).item() and x.any(-1).item() and x.count_nonzero(0).item() == 1
     assert np.isnan(x.var(0).item())
+
+
+def test_empty_and_0d_edges_as_pytorch():
+    """chunk of an empty dim gives `chunks` empty pieces and split one; nonzero of a 0-d tensor names one (or no)
+    position of zero coordinates; softmax / log_softmax of empty tensors are empty (and their gradients)."""
+    shapes = lambda ts: [tuple(t.shape) for t in ts]  # noqa: E731
+    assert shapes(flame.zeros(0).chunk(2)) == [(0,), (0,)]
+    assert shapes(flame.zeros(0, 3).chunk(3, 0)) == [(0, 3)] * 3
+    assert shapes(flame.zeros(0).split(3)) == [(0,)] and shapes(flame.zeros(2, 0).split(1, 1)) == [(2, 0)]
+    assert shapes(flame.zeros(0).tensor_split(2)) == [(0,), (0,)]
+    assert tuple(flame.tensor(2.5).nonzero().shape) == (1, 0) and tuple(flame.tensor(0.0).nonzero().shape) == (0, 0)
+    (idx,) = flame.tensor(2.5).nonzero(as_tuple=True)
+    assert idx.tolist() == [0] and idx.dtype == flame.int64
+    assert flame.tensor(0.0).nonzero(as_tuple=True)[0].tolist() == []
+    for shape, dim in (((3, 0), -1), ((0, 3), 0), ((0,), 0)):
+        x = flame.zeros(*shape, requires_grad=True)
+        y = x.softmax(dim) + x.log_softmax(dim)
+        assert tuple(y.shape) == shape
+        y.sum().backward()
+        assert tuple(x.grad.shape) == shape
