@@ -48,14 +48,16 @@ def _install():
     T.__rpow__ = lambda s, o: E.Pow.apply(o, s)
     T.__matmul__ = lambda s, o: L.matmul(s, o)
     T.__rmatmul__ = lambda s, o: L.matmul(o, s)
-    neg = E.Neg.apply
-    T.__neg__ = lambda s: neg(s)
+    T.__neg__ = E.neg
     T.__pos__ = lambda s: s
-    T.__abs__ = lambda s: E.Abs.apply(s)
+    T.__abs__ = E.abs
     T.__invert__ = E.bitwise_not
-    T.__and__ = E.logical_and
-    T.__or__ = E.logical_or
-    T.__xor__ = E.logical_xor
+    T.__and__ = E.bitwise_and   # PyTorch's & | ^: logical on bool, bitwise on integers
+    T.__or__ = E.bitwise_or
+    T.__xor__ = E.bitwise_xor
+    T.__rand__ = lambda s, o: E.bitwise_and(o, s)
+    T.__ror__ = lambda s, o: E.bitwise_or(o, s)
+    T.__rxor__ = lambda s, o: E.bitwise_xor(o, s)
     T.__eq__ = E.eq
     T.__ne__ = E.ne
     T.__lt__ = E.lt
@@ -79,7 +81,8 @@ def _install():
         square=E.square, silu=A.silu, gelu=A.gelu, softplus=A.softplus, clamp=E.clamp, clip=E.clamp,
         lerp=E.lerp, eq=E.eq, ne=E.ne, lt=E.lt, le=E.le, gt=E.gt, ge=E.ge, greater=E.gt, less=E.lt,
         logical_and=E.logical_and, logical_or=E.logical_or, logical_xor=E.logical_xor,
-        logical_not=E.logical_not, isnan=E.isnan, isinf=E.isinf, isfinite=E.isfinite, allclose=E.allclose,
+        logical_not=E.logical_not, bitwise_and=E.bitwise_and, bitwise_or=E.bitwise_or, bitwise_xor=E.bitwise_xor,
+        bitwise_not=E.bitwise_not, isnan=E.isnan, isinf=E.isinf, isfinite=E.isfinite, allclose=E.allclose,
         equal=E.equal,
         sum=R.sum, mean=R.mean, var=R.var, std=R.std, max=R.max, min=R.min, amax=R.amax, amin=R.amin,
         argmax=R.argmax, argmin=R.argmin, prod=R.prod, norm=R.norm, logsumexp=R.logsumexp, all=R.all, any=R.any,

@@ -533,8 +533,20 @@ Reciprocal = _unary("Reciprocal", lambda xp, a: 1 / a, lambda g, x, y: -g * y * 
 Square = _unary("Square", lambda xp, a: a * a, lambda g, x, y: g * 2 * x, plain=True)
 
 
+def _integral(x, op):
+    """x's array, x holding integers (PyTorch keeps their dtype: no float conversion, nothing to record); a bool
+    tensor is refused as PyTorch refuses it."""
+    a = x._data
+    if a.dtype.kind == "b":
+        raise TypeError(f"{op}: not supported on a bool tensor" + (" (to invert a mask use ~ or logical_not())"
+                                                                   if op == "neg" else ""))
+    return a
+
+
 def neg(x):
-    return Neg.apply(x)
+    if x._data.dtype.kind not in "iub" or x._f8:   # (float8 bytes are uint8 on cuda)
+        return Neg.apply(x)
+    return _wrap(-_integral(x, "neg"))
 
 
 def exp(x):
@@ -578,11 +590,15 @@ def relu(x):
 
 
 def abs(x):
-    return Abs.apply(x)
+    if x._data.dtype.kind not in "iub" or x._f8:
+        return Abs.apply(x)
+    return _wrap(x._xp().abs(_integral(x, "abs")))
 
 
 def sign(x):
-    return Sign.apply(x) if x.dtype.is_floating_point else _wrap(x._xp().sign(x._data))
+    if x.dtype.is_floating_point:
+        return Sign.apply(x)
+    return x.clone() if x._data.dtype == np.bool_ else _wrap(x._xp().sign(x._data))   # bool: itself, as PyTorch
 
 
 def floor(x):
@@ -612,6 +628,9 @@ def reciprocal(x):
 
 
 def square(x):
+    a = x._data
+    if a.dtype.kind in "iub" and not x._f8:   # integers stay integers; bool squares to int64 (as PyTorch)
+        return _wrap(a * a if a.dtype.kind != "b" else a.astype(np.int64))
     return Square.apply(x)
 
 
@@ -716,6 +735,9 @@ ge = _cmp("ge", "greater_equal")
 logical_and = _cmp("logical_and", "logical_and")
 logical_or = _cmp("logical_or", "logical_or")
 logical_xor = _cmp("logical_xor", "logical_xor")
+bitwise_and = _cmp("bitwise_and", "bitwise_and")   # the & | ^ operators (logical for bool, bitwise for integers)
+bitwise_or = _cmp("bitwise_or", "bitwise_or")
+bitwise_xor = _cmp("bitwise_xor", "bitwise_xor")
 
 
 def logical_not(x):

@@ -234,3 +234,24 @@ def test_empty_and_0d_edges_as_pytorch():
         assert tuple(y.shape) == shape
         y.sum().backward()
         assert tuple(x.grad.shape) == shape
+
+
+def test_integer_tensors_keep_their_dtype_and_the_bit_operators_are_bitwise():
+    """-x, abs and square of integer tensors stay integers (int64 / uint8 wrap as PyTorch's do); & | ^ are bitwise on
+    integers (logical on bool, both operand orders); sign of bool is itself; -bool is refused."""
+    i = flame.tensor([[1, -2, 3], [4, 5, -6]])
+    for y, want in ((-i, -i.numpy()), (i.abs(), np.abs(i.numpy())), (i.square(), i.numpy() ** 2), (abs(i), None)):
+        assert y.dtype == flame.int64
+        if want is not None:
+            np.testing.assert_array_equal(y.numpy(), want)
+    u = flame.tensor([1, 200, 3]).to(flame.uint8)
+    assert (-u).tolist() == [255, 56, 253] and u.square().tolist() == [1, 64, 9] and (-u).dtype == flame.uint8
+    x = flame.tensor([1, 2, 6])
+    assert (x & 3).tolist() == [1, 2, 2] and (x | 1).tolist() == [1, 3, 7] and (x ^ 3).tolist() == [2, 1, 5]
+    assert (3 & x).tolist() == [1, 2, 2] and (1 | x).tolist() == [1, 3, 7] and (3 ^ x).tolist() == [2, 1, 5]
+    assert flame.bitwise_and(x, x).dtype == flame.int64
+    m = flame.tensor([True, False, True])
+    assert ((m & ~m).tolist(), (m | ~m).tolist(), (m ^ m).tolist()) == ([False] * 3, [True] * 3, [False] * 3)
+    assert (m & m).dtype == flame.bool_ and m.sign().tolist() == [True, False, True]
+    with pytest.raises(TypeError, match="bool"):
+        -m
