@@ -23,6 +23,7 @@ from . import indexing as I
 from . import linalg as L
 from . import reduction as R
 from . import shape as S
+from . import sliding as SW
 from .numpy_names import NAMES as _NUMPY_NAMED
 from .numpy_names import with_numpy_names
 
@@ -94,7 +95,7 @@ def _install():
         repeat=S.repeat, repeat_interleave=S.repeat_interleave, chunk=S.chunk, split=S.split,
         tensor_split=S.tensor_split, unbind=S.unbind, narrow=S.narrow, select=S.select, flip=S.flip,
         roll=S.roll, tril=S.tril, triu=S.triu, contiguous=S.contiguous, is_contiguous=S.is_contiguous,
-        clone=S.clone, movedim=S.movedim,
+        clone=S.clone, movedim=S.movedim, unfold=SW.unfold,
         gather=I.gather, scatter_add=I.scatter_add, index_select=I.index_select, masked_fill=I.masked_fill,
         nonzero=I.nonzero, matmul=L.matmul, mm=L.mm, bmm=L.bmm, outer=L.outer, dot=L.dot,
     )

@@ -289,3 +289,23 @@ def test_gradcheck_detects_a_wrong_rule(device):
     assert not gradcheck(Wrong.apply, (x,), raise_exception=False)
     with pytest.raises(flame.AutogradError, match="Jacobian mismatch"):
         gradcheck(Wrong.apply, (x,))
+
+
+@given(shape=nonempty, data=st.data(), noncontig=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_unfold_windows_gradcheck_and_double_backward(device, shape, data, noncontig, seed):
+    """Tensor.unfold (sliding windows as a strided view): first and second derivatives in float64, any dim, window
+    size and step (overlapping or not); the windows equal a copy made by slicing."""
+    dim = data.draw(st.integers(-len(shape), len(shape) - 1))
+    n = shape[dim]
+    size = data.draw(st.integers(0, n))
+    step = data.draw(st.integers(1, 3))
+    x = _t(np.random.default_rng(seed), shape, device, noncontig=noncontig)
+    y = x.unfold(dim, size, step)
+    d = dim % len(shape)
+    a = x.detach().numpy()
+    count = (n - size) // step + 1
+    want = np.stack([np.moveaxis(np.take(a, range(i * step, i * step + size), axis=d), d, -1) for i in range(count)],
+                    axis=d)
+    np.testing.assert_array_equal(y.detach().numpy(), want)
+    assert gradcheck(lambda t: t.unfold(dim, size, step), (x,))
+    assert gradgradcheck(lambda t: t.unfold(dim, size, step), (x,))

@@ -255,3 +255,19 @@ def test_integer_tensors_keep_their_dtype_and_the_bit_operators_are_bitwise():
     assert (m & m).dtype == flame.bool_ and m.sign().tolist() == [True, False, True]
     with pytest.raises(TypeError, match="bool"):
         -m
+
+
+def test_unfold_windows_edges():
+    """Tensor.unfold: a 0-d tensor's one window, size 0, a size past the dimension and a bad step refused; the CPU
+    view is read-only (windows overlap: an in-place write would be ambiguous)."""
+    assert tuple(flame.tensor(2.5).unfold(0, 1, 1).shape) == (1,)
+    assert tuple(flame.zeros(2, 5).unfold(1, 0, 2).shape) == (2, 3, 0)
+    with pytest.raises(ShapeError, match="size 6 exceeds dimension 1 of size 5"):
+        flame.zeros(2, 5).unfold(1, 6, 1)
+    with pytest.raises(ValueError, match="step > 0"):
+        flame.zeros(2, 5).unfold(1, 2, 0)
+    w = flame.arange(6.0).unfold(0, 3, 1)
+    assert w.tolist() == [[0, 1, 2], [1, 2, 3], [2, 3, 4], [3, 4, 5]]
+    if w.device.type == "cpu":
+        with pytest.raises(ValueError, match="read-only"):
+            w.add_(1)
