@@ -368,3 +368,9 @@ def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False, coun
 def adaptive_avg_pool1d(input, output_size):
     return _as_2d(adaptive_avg_pool2d, input, (1, _one(output_size, "adaptive_avg_pool1d: output_size")),
                   name="adaptive_avg_pool1d")
+
+
+def adaptive_max_pool1d(input, output_size, return_indices=False):
+    """adaptive_max_pool2d over (N, C, 1, L) (indices are positions along L)."""
+    return _as_2d(adaptive_max_pool2d, input, (1, _one(output_size, "adaptive_max_pool1d: output_size")),
+                  return_indices, name="adaptive_max_pool1d")

@@ -308,10 +308,34 @@ def repeat(x, *reps):
     return Repeat.apply(x, reps)
 
 
-def repeat_interleave(x, repeats, dim=None):
+def repeat_interleave(x, repeats, dim=None, *, output_size=None):
+    """Each element repeated `repeats` times along dim (the flattened x when dim is None): an int, or one count per
+    element (a tensor / sequence of x.shape[dim] non-negative ints; through index_select, which carries the
+    gradient). output_size, when given, must equal the result's size along dim (PyTorch uses it to skip a sync)."""
     if dim is None:
         x, dim = x.reshape(-1), 0
     d = _norm_dim(dim, x.ndim, "repeat_interleave")
+    if isinstance(repeats, Tensor):
+        repeats = repeats.item() if repeats.numel() == 1 else repeats.to("cpu").numpy()
+    if not isinstance(repeats, (int, np.integer)):
+        reps = np.asarray(repeats)
+        n = x.shape[d]
+        if reps.ndim != 1 or reps.shape[0] != n or reps.dtype.kind not in "iu":
+            raise ShapeError(f"repeat_interleave: repeats must be {n} integers (x's size along dim {d}), got shape "
+                             f"{fmt_shape(reps.shape)} of {reps.dtype}")
+        if (reps < 0).any():
+            raise ValueError("repeat_interleave: repeats can not be negative")
+        idx = np.repeat(np.arange(n, dtype=np.int64), reps)
+        if output_size is not None and int(output_size) != idx.size:
+            raise ValueError(f"repeat_interleave: output_size {output_size} is not the result's size {idx.size}")
+        from .creation import tensor
+        from .indexing import index_select
+        return index_select(x, d, tensor(idx, device=x.device))
+    if repeats < 0:
+        raise ValueError("repeat_interleave: repeats can not be negative")
+    if output_size is not None and int(output_size) != x.shape[d] * int(repeats):
+        raise ValueError(f"repeat_interleave: output_size {output_size} is not the result's size "
+                         f"{x.shape[d] * int(repeats)}")
     y = x.unsqueeze(d + 1)
     shape = list(y.shape)
     shape[d + 1] = int(repeats)

@@ -7,6 +7,7 @@ from flame_core.ops.linear import linear
 from flame_core.ops.pooling import (
                                     adaptive_avg_pool1d,
                                     adaptive_avg_pool2d,
+                                    adaptive_max_pool1d,
                                     adaptive_max_pool2d,
                                     avg_pool1d,
                                     avg_pool2d,
@@ -111,4 +112,4 @@ __all__ = ["conv2d", "conv2d_add", "conv2d_memory_format", "pad_conv2d", "conv1d
            "batch_norm",
            "pixel_shuffle", "pixel_unshuffle",
            "max_pool2d", "max_unpool2d", "avg_pool2d", "adaptive_avg_pool2d", "interpolate", "max_pool1d", "avg_pool1d",
-           "adaptive_avg_pool1d", "adaptive_max_pool2d"]
+           "adaptive_avg_pool1d", "adaptive_max_pool1d", "adaptive_max_pool2d"]

@@ -309,3 +309,15 @@ def test_unfold_windows_gradcheck_and_double_backward(device, shape, data, nonco
     np.testing.assert_array_equal(y.detach().numpy(), want)
     assert gradcheck(lambda t: t.unfold(dim, size, step), (x,))
     assert gradgradcheck(lambda t: t.unfold(dim, size, step), (x,))
+
+
+@given(n=st.integers(1, 4), seed=st.integers(0, 2 ** 16), data=st.data())
+def test_repeat_interleave_by_counts_gradcheck(device, n, seed, data):
+    """repeat_interleave with one count per element (index_select underneath): the values of np.repeat, and
+    float64 first and second derivatives (a zero count drops the element and its gradient)."""
+    reps = data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    x = _t(np.random.default_rng(seed), (2, n), device)
+    y = x.repeat_interleave(flame.tensor(reps), dim=1)
+    np.testing.assert_array_equal(y.detach().numpy(), np.repeat(x.detach().numpy(), reps, axis=1))
+    assert gradcheck(lambda t: t.repeat_interleave(reps, dim=1), (x,))
+    assert gradgradcheck(lambda t: t.repeat_interleave(reps, dim=1), (x,))

@@ -271,3 +271,22 @@ def test_unfold_windows_edges():
     if w.device.type == "cpu":
         with pytest.raises(ValueError, match="read-only"):
             w.add_(1)
+
+
+def test_repeat_interleave_counts_and_adaptive_max_pool1d():
+    x = flame.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    assert x.repeat_interleave(flame.tensor([1, 0, 2]), dim=1).tolist() == [[1, 3, 3], [4, 6, 6]]
+    assert x.repeat_interleave(flame.tensor([2]), dim=0).tolist() == [[1, 2, 3]] * 2 + [[4, 5, 6]] * 2
+    assert x.repeat_interleave(2).tolist() == [1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6]
+    with pytest.raises(ShapeError, match="repeats must be 3 integers"):
+        x.repeat_interleave([1, 2], dim=1)
+    with pytest.raises(ValueError, match="negative"):
+        x.repeat_interleave([1, -1, 2], dim=1)
+    with pytest.raises(ValueError, match="output_size 5"):
+        x.repeat_interleave([1, 1, 2], dim=1, output_size=5)
+    import flame_nn.functional as F
+    s = flame.tensor([[[3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0]]], requires_grad=True)
+    out, idx = F.adaptive_max_pool1d(s, 3, return_indices=True)
+    assert out.tolist() == [[[4.0, 5.0, 9.0]]] and idx.tolist() == [[[2, 4, 5]]]   # windows [0,3) [2,5) [4,7)
+    out.sum().backward()
+    assert s.grad.tolist() == [[[0, 0, 1, 0, 1, 1, 0]]]
