@@ -3,13 +3,16 @@ from . import lr_scheduler
 from .adafactor import Adafactor
 from .adagrad import Adagrad
 from .adam import Adam, AdamW
+from .adamax import Adamax
 from .adamw8bit import AdamW8bit
 from .lion import Lion
+from .nadam import NAdam
 from .optimizer import Optimizer
 from .prodigy import Prodigy
+from .radam import RAdam
 from .rmsprop import RMSprop
 from .schedulefree import AdamWScheduleFree
 from .sgd import SGD
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "AdamW8bit", "Adafactor", "Lion", "Prodigy", "AdamWScheduleFree",
-           "RMSprop", "Adagrad", "lr_scheduler"]
+           "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam", "lr_scheduler"]

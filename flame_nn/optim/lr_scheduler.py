@@ -1,6 +1,7 @@
 """Learning-rate schedules (PyTorch names): LambdaLR, ConstantLR, LinearLR (linear warm-up), CosineAnnealingLR,
-StepLR, MultiStepLR, ExponentialLR, OneCycleLR, ReduceLROnPlateau, SequentialLR, ChainedScheduler, and the
-diffusers-style factories get_{constant,constant_with_warmup,linear,cosine}_schedule(_with_warmup),
+CosineAnnealingWarmRestarts, PolynomialLR, StepLR, MultiStepLR, ExponentialLR, OneCycleLR, ReduceLROnPlateau,
+SequentialLR, ChainedScheduler, and the diffusers-style factories
+get_{constant,constant_with_warmup,linear,cosine}_schedule(_with_warmup),
 get_cosine_with_hard_restarts_schedule_with_warmup and get_polynomial_decay_schedule_with_warmup (transformers).
 
 Every schedule is a closed form of the step count, so `load_state_dict` (which restores `last_epoch`) resumes
@@ -110,6 +111,51 @@ class CosineAnnealingLR(LRScheduler):
     def get_lr(self):
         c = (1 + math.cos(math.pi * self.last_epoch / self.T_max)) / 2
         return [self.eta_min + (base - self.eta_min) * c for base in self.base_lrs]
+
+
+class CosineAnnealingWarmRestarts(LRScheduler):
+    """Cosine annealing restarted every T_i steps, T_0 first, each period T_mult times the last (SGDR): lr = eta_min +
+    (base_lr - eta_min) (1 + cos(pi T_cur / T_i)) / 2, T_cur the steps since the last restart (closed form)."""
+
+    def __init__(self, optimizer, T_0, T_mult=1, eta_min=0.0, last_epoch=-1):
+        if not isinstance(T_0, int) or T_0 <= 0:
+            raise ValueError(f"CosineAnnealingWarmRestarts: T_0 must be a positive integer, got {T_0!r}")
+        if not isinstance(T_mult, int) or T_mult < 1:
+            raise ValueError(f"CosineAnnealingWarmRestarts: T_mult must be an integer >= 1, got {T_mult!r}")
+        self.T_0, self.T_mult, self.eta_min = T_0, T_mult, eta_min
+        super().__init__(optimizer, last_epoch)
+
+    def _position(self, step):
+        """(T_cur, T_i) at `step`."""
+        if self.T_mult == 1:
+            return step % self.T_0, self.T_0
+        if step < self.T_0:
+            return step, self.T_0
+        n = int(math.log(step / self.T_0 * (self.T_mult - 1) + 1, self.T_mult))   # restarts so far (float: +-1)
+        start = lambda k: self.T_0 * (self.T_mult ** k - 1) // (self.T_mult - 1)  # noqa: E731  (period k's step)
+        while start(n) > step:
+            n -= 1
+        while start(n + 1) <= step:
+            n += 1
+        return step - start(n), self.T_0 * self.T_mult ** n
+
+    def get_lr(self):
+        t_cur, t_i = self._position(self.last_epoch)
+        c = (1 + math.cos(math.pi * t_cur / t_i)) / 2
+        return [self.eta_min + (base - self.eta_min) * c for base in self.base_lrs]
+
+
+class PolynomialLR(LRScheduler):
+    """lr = base_lr * (1 - min(step, total_iters) / total_iters) ** power (closed form)."""
+
+    def __init__(self, optimizer, total_iters=5, power=1.0, last_epoch=-1):
+        if total_iters <= 0:
+            raise ValueError(f"PolynomialLR: total_iters must be positive, got {total_iters!r}")
+        self.total_iters, self.power = total_iters, power
+        super().__init__(optimizer, last_epoch)
+
+    def factor(self, step):
+        return (1.0 - min(self.total_iters, step) / self.total_iters) ** self.power
 
 
 class StepLR(LRScheduler):

@@ -91,16 +91,85 @@ def torch_sched():
         return {r["name"]: r for r in json.load(f)}
 
 
-REFS = {"RMSprop": rmsprop_ref, "Adagrad": adagrad_ref}
+def _grad(A, p, i, maximize, weight_decay, l2=True):
+    g = np.asarray(A[i]) + p[i] ** 2
+    g = -g if maximize else g
+    return g + weight_decay * p[i] if l2 else g
+
+
+def adamax_ref(init, A, steps, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, maximize=False):
+    b1, b2 = betas
+    p = [np.array(x, dtype=np.float64) for x in init]
+    m, u = [np.zeros_like(x) for x in p], [np.zeros_like(x) for x in p]
+    traj = []
+    for t in range(1, steps + 1):
+        for i in range(len(p)):
+            g = _grad(A, p, i, maximize, weight_decay)
+            m[i] = m[i] + (g - m[i]) * (1 - b1)
+            u[i] = np.maximum(b2 * u[i], np.abs(g) + eps)
+            p[i] = p[i] - lr / (1 - b1 ** t) * m[i] / u[i]
+        traj.append([x.copy() for x in p])
+    return traj
+
+
+def nadam_ref(init, A, steps, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, momentum_decay=4e-3,
+              decoupled_weight_decay=False, maximize=False):
+    b1, b2 = betas
+    p = [np.array(x, dtype=np.float64) for x in init]
+    m, v = [np.zeros_like(x) for x in p], [np.zeros_like(x) for x in p]
+    prod = [1.0] * len(p)
+    traj = []
+    for t in range(1, steps + 1):
+        for i in range(len(p)):
+            g = _grad(A, p, i, maximize, weight_decay, l2=not decoupled_weight_decay)
+            if decoupled_weight_decay:
+                p[i] = p[i] * (1 - lr * weight_decay)
+            mu = b1 * (1 - 0.5 * 0.96 ** (t * momentum_decay))
+            mu_next = b1 * (1 - 0.5 * 0.96 ** ((t + 1) * momentum_decay))
+            prod[i] *= mu
+            m[i] = m[i] + (g - m[i]) * (1 - b1)
+            v[i] = b2 * v[i] + (1 - b2) * g * g
+            d = np.sqrt(v[i] / (1 - b2 ** t)) + eps
+            p[i] = p[i] - lr * (1 - mu) / (1 - prod[i]) * g / d - lr * mu_next / (1 - prod[i] * mu_next) * m[i] / d
+        traj.append([x.copy() for x in p])
+    return traj
+
+
+def radam_ref(init, A, steps, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled_weight_decay=False,
+              maximize=False):
+    b1, b2 = betas
+    p = [np.array(x, dtype=np.float64) for x in init]
+    m, v = [np.zeros_like(x) for x in p], [np.zeros_like(x) for x in p]
+    rho_inf = 2 / (1 - b2) - 1
+    traj = []
+    for t in range(1, steps + 1):
+        for i in range(len(p)):
+            g = _grad(A, p, i, maximize, weight_decay, l2=not decoupled_weight_decay)
+            if decoupled_weight_decay:
+                p[i] = p[i] * (1 - lr * weight_decay)
+            m[i] = m[i] + (g - m[i]) * (1 - b1)
+            v[i] = b2 * v[i] + (1 - b2) * g * g
+            mh = m[i] / (1 - b1 ** t)
+            rho = rho_inf - 2 * t * b2 ** t / (1 - b2 ** t)
+            if rho > 5:
+                r = math.sqrt((rho - 4) * (rho - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho))
+                p[i] = p[i] - mh * lr * (math.sqrt(1 - b2 ** t) / (np.sqrt(v[i]) + eps)) * r
+            else:
+                p[i] = p[i] - mh * lr
+        traj.append([x.copy() for x in p])
+    return traj
+
+
+REFS = {"RMSprop": rmsprop_ref, "Adagrad": adagrad_ref, "Adamax": adamax_ref, "NAdam": nadam_ref, "RAdam": radam_ref}
 
 
 def test_optimizers_match_reference_and_torch(device, torch_optim):
     init, A = torch_optim["init"], torch_optim["A"]
     for run in torch_optim["runs"]:
-        kind, kw = run["optimizer"], run["kwargs"]
+        kind, kw, steps = run["optimizer"], run["kwargs"], run.get("steps", 5)
         params = _params(init, device)
-        got = _run(getattr(nn.optim, kind)(params, **kw), params, A, 5, device)
-        want = REFS[kind](init, A, 5, **kw)
+        got = _run(getattr(nn.optim, kind)(params, **kw), params, A, steps, device)
+        want = REFS[kind](init, A, steps, **kw)
         for step, (g, w, t) in enumerate(zip(got, want, run["params"])):
             for gp, wp, tp in zip(g, w, t):
                 np.testing.assert_allclose(gp, wp, rtol=1e-12, atol=1e-14, err_msg=f"{kind} {kw} step {step}")
@@ -111,7 +180,11 @@ def test_optimizers_match_reference_and_torch(device, torch_optim):
 @pytest.mark.parametrize("kind,kw", [("RMSprop", {"momentum": 0.9, "centered": True, "lr": 0.01}),
                                      ("RMSprop", {"weight_decay": 0.2, "alpha": 0.5}),
                                      ("Adagrad", {"lr_decay": 0.1, "initial_accumulator_value": 0.5}),
-                                     ("Adagrad", {"maximize": True, "weight_decay": 0.1})])
+                                     ("Adagrad", {"maximize": True, "weight_decay": 0.1}),
+                                     ("Adamax", {"lr": 0.05, "weight_decay": 0.1}),
+                                     ("NAdam", {"lr": 0.01, "momentum_decay": 0.01}),
+                                     ("RAdam", {"lr": 0.01, "betas": (0.9, 0.99), "decoupled_weight_decay": True,
+                                                "weight_decay": 0.1})])
 def test_resume_from_state_dict_is_exact(device, rng, kind, kw):
     init, A = [rng.standard_normal((2, 3)), rng.standard_normal(4)], [rng.standard_normal((2, 3)),
                                                                        rng.standard_normal(4)]
@@ -207,6 +280,36 @@ def test_step_multistep_exponential(torch_sched):
         lrs, _ = _trace(opt, make(opt), steps)
         np.testing.assert_allclose([x[0] for x in lrs], [ref(t) for t in range(steps)], rtol=1e-12, err_msg=name)
         np.testing.assert_allclose(lrs, torch_sched[name]["lrs"], rtol=1e-12, err_msg=name)
+
+
+def _sgdr_ref(t, t0, mult, eta_min, base=0.5):
+    t_i = t0
+    while t >= t_i:
+        t, t_i = t - t_i, t_i * mult
+    return eta_min + (base - eta_min) * (1 + math.cos(math.pi * t / t_i)) / 2
+
+
+def test_warm_restarts_and_polynomial(torch_sched):
+    cases = [("cosine_warm_restarts", lambda o: S.CosineAnnealingWarmRestarts(o, T_0=3, T_mult=2, eta_min=0.01),
+              lambda t: _sgdr_ref(t, 3, 2, 0.01), 25),
+             ("cosine_warm_restarts_t1", lambda o: S.CosineAnnealingWarmRestarts(o, T_0=4),
+              lambda t: _sgdr_ref(t, 4, 1, 0.0), 12),
+             ("polynomial", lambda o: S.PolynomialLR(o, total_iters=6, power=2.0),
+              lambda t: 0.5 * (1 - min(t, 6) / 6) ** 2, 9)]
+    for name, make, ref, steps in cases:
+        opt = _sgd()
+        lrs, _ = _trace(opt, make(opt), steps)
+        np.testing.assert_allclose([x[0] for x in lrs], [ref(t) for t in range(steps)], rtol=1e-12, atol=1e-15,
+                                   err_msg=name)
+        np.testing.assert_allclose(lrs, torch_sched[name]["lrs"], rtol=1e-12, atol=1e-15, err_msg=name)
+    # a closed form: 1000 steps of T_mult = 3 restarts land where the loop does, and resume from a state_dict exactly
+    opt = _sgd()
+    sched = S.CosineAnnealingWarmRestarts(opt, T_0=2, T_mult=3)
+    for t in range(1, 1000):
+        sched.step()
+        assert sched.get_last_lr()[0] == pytest.approx(_sgdr_ref(t, 2, 3, 0.0), rel=1e-12, abs=1e-15)
+    with pytest.raises(ValueError, match="T_mult"):
+        S.CosineAnnealingWarmRestarts(_sgd(), T_0=2, T_mult=0)
 
 
 def test_onecycle(torch_sched):
