@@ -1,6 +1,7 @@
 """The trainer's optimizers by the peers' names (ai-toolkit's `optimizer:`, kohya's `optimizer_type`, matched without
 case, `_` or `-`) and the `optimizer_params` each accepts: the reference implementation's keyword arguments
-(prodigyopt.Prodigy, transformers' Adafactor, lion_pytorch.Lion, schedulefree.AdamWScheduleFree), type-checked.
+(prodigyopt.Prodigy, transformers' Adafactor, lion_pytorch.Lion, schedulefree.AdamWScheduleFree, torch.optim's
+RAdam / NAdam), type-checked.
 """
 import difflib
 
@@ -20,6 +21,8 @@ SPECS = {  # canonical name: (class name in flame_nn.optim, {param: kind})
     "lion": ("Lion", {"betas": PAIR, "weight_decay": NUMBER, "decoupled_weight_decay": BOOL}),
     "adamw_schedulefree": ("AdamWScheduleFree", {"betas": PAIR, "eps": NUMBER, "weight_decay": NUMBER,
                                                  "warmup_steps": INT, "r": NUMBER, "weight_lr_power": NUMBER}),
+    "radam": ("RAdam", dict(_ADAMW, decoupled_weight_decay=BOOL)),   # torch.optim's
+    "nadam": ("NAdam", dict(_ADAMW, momentum_decay=NUMBER, decoupled_weight_decay=BOOL)),
 }
 OPTIMIZERS = tuple(SPECS)
 _ALIASES = {"adamw8bit": "adamw8bit", "adamw_8bit": "adamw8bit", "adamwschedulefree": "adamw_schedulefree",
@@ -27,7 +30,8 @@ _ALIASES = {"adamw8bit": "adamw8bit", "adamw_8bit": "adamw8bit", "adamwschedulef
 # ai-toolkit's Adafactor: an external lr and schedule unless the config asks otherwise
 ADAFACTOR_DEFAULTS = {"relative_step": False, "scale_parameter": False, "warmup_init": False}
 # optimizer state bytes per trained parameter (fp32 state), for the memory planner
-STATE_BYTES = {"adamw": 8, "adamw8bit": 2, "prodigy": 16, "adafactor": 4, "lion": 4, "adamw_schedulefree": 8}
+STATE_BYTES = {"adamw": 8, "adamw8bit": 2, "prodigy": 16, "adafactor": 4, "lion": 4, "adamw_schedulefree": 8,
+               "radam": 8, "nadam": 8}
 
 
 def canonical(name):

@@ -16,7 +16,7 @@ from .conftest import tiny_config
     ("Prodigy", "prodigy", "Prodigy"), ("AdaFactor", "adafactor", "Adafactor"), ("lion", "lion", "Lion"),
     ("AdamWScheduleFree", "adamw_schedulefree", "AdamWScheduleFree"),
     ("adamw_schedulefree", "adamw_schedulefree", "AdamWScheduleFree"), ("AdamW8bit", "adamw8bit", "AdamW8bit"),
-    ("adamw", "adamw", "AdamW")])
+    ("adamw", "adamw", "AdamW"), ("RAdam", "radam", "RAdam"), ("NAdam", "nadam", "NAdam")])
 def test_peer_names_pick_the_optimizer(tmp_path, given, name, cls):
     c = tiny_config(tmp_path, "names", train={"optimizer": given, "lr": 1.0 if name == "prodigy" else 1e-3})
     assert c.train.optimizer == name
@@ -76,6 +76,8 @@ def test_schedules_by_name_with_their_params(tmp_path):
     ("adafactor", 3e-3, {"beta1": 0.9}),
     ("lion", 3e-4, {"weight_decay": 0.1}),
     ("adamw_schedulefree", 3e-3, {"warmup_steps": 2}),
+    ("radam", 3e-3, {"betas": [0.9, 0.9], "decoupled_weight_decay": True, "weight_decay": 0.01}),
+    ("nadam", 3e-3, {"momentum_decay": 0.01}),
 ])
 def test_each_optimizer_trains_and_resumes_exactly_through_a_checkpoint(tmp_path, opt, lr, params):
     def c():
