@@ -67,6 +67,7 @@ from .ops.creation import (
     full,
     full_like,
     linspace,
+    logspace,
     ones,
     ones_like,
     rand,
@@ -139,8 +140,8 @@ from .ops.elementwise import (
     trunc,
     where,
 )
-from .ops.indexing import gather, index_select, masked_fill, masked_select, nonzero, one_hot, pad, scatter_add
-from .ops.info import is_tensor, numel
+from .ops.indexing import gather, index_select, masked_fill, masked_select, nonzero, one_hot, pad, scatter_add, take
+from .ops.info import is_floating_point, is_tensor, numel
 from .ops.linalg import bmm, dot, einsum, matmul, mm, outer
 from .ops.math_ops import (
     acos,
@@ -180,7 +181,7 @@ from .ops.math_ops import (
     tan,
     xlogy,
 )
-from .ops.matrix import addmm, baddbmm, diag, diag_embed, diagonal, trace
+from .ops.matrix import addmm, baddbmm, diag, diag_embed, diagflat, diagonal, trace
 from .ops.numpy_names import NAMES as _NUMPY_NAMED
 from .ops.numpy_names import with_numpy_names as _with_numpy_names
 from .ops.order_stats import (
@@ -215,6 +216,7 @@ from .ops.reduction import (
     prod,
     softmax,
     std,
+    std_mean,
     sum,
     var,
     var_mean,
@@ -235,6 +237,7 @@ from .ops.shape import (
     movedim,
     narrow,
     permute,
+    ravel,
     repeat_interleave,
     reshape,
     roll,
@@ -257,6 +260,7 @@ from .random import Generator, default_generator, get_rng_state, manual_seed, se
 from .serialization import load, save
 from .tensor import Size, Tensor
 from .threads import get_num_threads, set_num_threads  # the BLAS sized at import (flame_core/threads.py)
+from .type_info import finfo, iinfo
 
 # memory (imported above) installs FLAME's pool as CuPy's allocator on a GPU (FLAME_CUDA_POOL=0 opts out) and the cpu
 # storage accounting: stats, limits and OOM reports work without an explicit import

@@ -117,6 +117,46 @@ def _install():
 
     inplace.install_methods(T, plain)
     _install_torch_names(T)
+    _install_aliases(T)
+
+
+def _install_aliases(T):
+    """PyTorch's other names for ops FLAME has (each the same op), and its dtype / device shorthands."""
+    from .. import dtypes as D
+    T.absolute = E.abs
+    T.fix = E.trunc
+    T.moveaxis = S.movedim
+    T.ravel = S.ravel
+    T.take = I.take
+    T.diagflat = lambda self, offset=0: _matrix().diagflat(self, offset)
+    T.ndimension = lambda self: self._data.ndim
+    T.nelement = lambda self: self._data.size
+    T.byte = lambda self: self.to(D.uint8)
+    T.char = lambda self: self.to(D.int8)
+    T.short = lambda self: self.to(D.int16)
+    T.get_device = lambda self: -1 if self.device.type == "cpu" else self.device.index
+    T.is_complex = lambda self: False   # FLAME has no complex dtypes
+    T.isposinf = lambda self: E.logical_and(E.isinf(self), self > 0)
+    T.isneginf = lambda self: E.logical_and(E.isinf(self), self < 0)
+    T.mv = lambda self, vec: L.matmul(self, vec) if self.ndim == 2 and vec.ndim == 1 else _mv_error(self, vec)
+    T.ger = L.outer
+    T.vdot = L.dot
+    T.H = property(lambda self: S.transpose(self, 0, 1) if self.ndim == 2 else _h_error(self))   # real: .T's
+    T.mH = property(lambda self: self.mT)
+
+
+def _matrix():
+    return matrix
+
+
+def _mv_error(m, v):
+    from ..errors import ShapeError
+    raise ShapeError(f"mv: expected a 2-D matrix and a 1-D vector, got shapes {tuple(m.shape)} and {tuple(v.shape)}")
+
+
+def _h_error(x):
+    from ..errors import ShapeError
+    raise ShapeError(f".H is only supported on matrices (2-D tensors), got {x.ndim}-D")
 
 
 def _install_torch_names(T):

@@ -188,6 +188,17 @@ def linspace(start, end, steps, *, dtype=None, device=None, requires_grad=False)
     return t.requires_grad_(True) if requires_grad else t
 
 
+def logspace(start, end, steps, base=10.0, *, dtype=None, device=None, requires_grad=False):
+    """base ** linspace(start, end, steps), computed in float64 and rounded once to dtype (as torch.logspace)."""
+    dev = _parse_device(device)
+    xp = backend.xp_for(dev)
+    dt = D.dtype(dtype) if dtype is not None else D.get_default_dtype()
+    with dev.context():
+        arr = (float(base) ** xp.linspace(start, end, int(steps), dtype=np.float64)).astype(dt.np)
+    t = _wrap(arr)
+    return t.requires_grad_(True) if requires_grad else t
+
+
 def eye(n, m=None, *, dtype=None, device=None, requires_grad=False):
     dev = _parse_device(device)
     xp = backend.xp_for(dev)

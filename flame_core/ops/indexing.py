@@ -312,6 +312,19 @@ def masked_select(x, mask):
     return getitem(x if x.ndim else x.reshape(1), m if m.ndim else m.reshape(1))
 
 
+def take(input, index):
+    """torch.take: the elements of the flattened input at the (integer tensor) index, in index's shape; negative
+    indices count from the end. Differentiable in input."""
+    n = input._data.size
+    idx = index._data if isinstance(index, Tensor) else np.asarray(index)
+    if idx.dtype.kind not in "iu":
+        raise TypeError(f"take: index must be an integer tensor, got {idx.dtype}")
+    if idx.size and (int(idx.max()) >= n or int(idx.min()) < -n):
+        raise IndexError(f"take: an index is out of range for a tensor of {n} elements")
+    flat = input.reshape(-1)
+    return flat[index if isinstance(index, Tensor) else idx]
+
+
 def nonzero(x, *, as_tuple=False):
     xp = x._xp()
     a = x._data

@@ -19,6 +19,13 @@ def is_tensor(obj):
     return isinstance(obj, Tensor)
 
 
+def is_floating_point(input):
+    """Whether a Tensor's dtype is a floating point one (torch.is_floating_point)."""
+    if not isinstance(input, Tensor):
+        raise TypeError(f"is_floating_point: expected a Tensor, got {type(input).__name__}")
+    return input.dtype.is_floating_point
+
+
 def numel(input):
     """The number of elements of a Tensor."""
     if not isinstance(input, Tensor):

@@ -119,6 +119,11 @@ def diag_embed(input, offset=0, dim1=-2, dim2=-1):
     return out if (d1, d2) == (nd - 2, nd - 1) else out.movedim((-2, -1), (d1, d2))
 
 
+def diagflat(input, offset=0):
+    """torch.diagflat: the flattened input on the `offset`-th diagonal of a square matrix."""
+    return diag(input.reshape(-1), offset)
+
+
 def diag(input, diagonal=0):
     """torch.diag: a 1-D input becomes a square matrix with it on the `diagonal`-th diagonal; a 2-D input gives
     its `diagonal`-th diagonal as a 1-D tensor."""

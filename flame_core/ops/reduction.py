@@ -163,6 +163,10 @@ def var_mean(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
     return var(x, dim, unbiased, keepdim, correction=correction), mean(x, dim, keepdim)
 
 
+def std_mean(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    return std(x, dim, unbiased, keepdim, correction=correction), mean(x, dim, keepdim)
+
+
 class Amax(Function):
     """amax/amin: the gradient is shared evenly among tied extrema (as PyTorch)."""
 

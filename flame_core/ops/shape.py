@@ -94,6 +94,11 @@ def _reshaped(x, shape):
     return Reshape.apply(x, shape, False)
 
 
+def ravel(x):
+    """x flattened to 1-D (a view where the strides allow, as reshape)."""
+    return reshape(x, -1)
+
+
 def view(x, *shape):
     if len(shape) == 1 and not isinstance(shape[0], (tuple, list, int)):
         return view_dtype(x, shape[0])  # the same bytes as another dtype

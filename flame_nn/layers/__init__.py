@@ -93,6 +93,8 @@ from .pooling import (
                          MaxPool3d,
                          MaxUnpool2d,
                          Upsample,
+                         UpsamplingBilinear2d,
+                         UpsamplingNearest2d,
 )
 from .rnn import GRU, LSTM, RNN
 from .rnn_cell import GRUCell, LSTMCell, RNNCell, RNNCellBase

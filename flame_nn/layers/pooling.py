@@ -99,6 +99,20 @@ class Upsample(Module):
         return s + f", mode='{self.mode}'"
 
 
+class UpsamplingNearest2d(Upsample):
+    """Upsample with mode 'nearest' (PyTorch's older name)."""
+
+    def __init__(self, size=None, scale_factor=None):
+        super().__init__(size, scale_factor, mode="nearest")
+
+
+class UpsamplingBilinear2d(Upsample):
+    """Upsample with mode 'bilinear' and align_corners=True (PyTorch's older name, its corner alignment)."""
+
+    def __init__(self, size=None, scale_factor=None):
+        super().__init__(size, scale_factor, mode="bilinear", align_corners=True)
+
+
 class MaxPool1d(_MaxPoolNd):
     _fn = staticmethod(F.max_pool1d)
 
