@@ -140,6 +140,7 @@ from .ops.elementwise import (
     trunc,
     where,
 )
+from .ops.index_fill import index_copy, index_fill
 from .ops.indexing import gather, index_select, masked_fill, masked_select, nonzero, one_hot, pad, scatter_add, take
 from .ops.info import is_floating_point, is_tensor, numel
 from .ops.linalg import bmm, dot, einsum, matmul, mm, outer

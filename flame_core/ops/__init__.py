@@ -1,4 +1,6 @@
 """Tensor-level ops. Importing this package installs the Tensor methods and operators."""
+import numpy as np
+
 from .. import tensor as _tensor_module
 from ..tensor import Tensor
 from . import (
@@ -143,6 +145,29 @@ def _install_aliases(T):
     T.vdot = L.dot
     T.H = property(lambda self: S.transpose(self, 0, 1) if self.ndim == 2 else _h_error(self))   # real: .T's
     T.mH = property(lambda self: self.mT)
+    from . import index_fill as IF
+    from .inplace import apply_inplace
+    T.index_fill = IF.index_fill
+    T.index_copy = IF.index_copy
+    T.index_fill_ = lambda self, dim, index, value: apply_inplace(self, lambda t: IF.index_fill(t, dim, index, value))
+    T.index_copy_ = lambda self, dim, index, source: apply_inplace(
+        self, lambda t, s: IF.index_copy(t, dim, index, s), source)
+    T.tril_ = lambda self, diagonal=0: apply_inplace(self, lambda t: S.tril(t, diagonal))
+    T.triu_ = lambda self, diagonal=0: apply_inplace(self, lambda t: S.triu(t, diagonal))
+    T.dist = lambda self, other, p=2: (self - other).norm(p)
+    T.sum_to_size = lambda self, *size: _sum_to(self, S._size_arg(size))
+
+
+def _sum_to(x, size):
+    from ..errors import ShapeError
+    from .promotion import sum_to
+    try:
+        if tuple(np.broadcast_shapes(tuple(size), tuple(x.shape))) != tuple(x.shape):
+            raise ValueError
+    except ValueError:
+        raise ShapeError(f"sum_to_size: size {tuple(size)} is not expandable to the tensor's "
+                         f"{tuple(x.shape)}") from None
+    return sum_to(x, tuple(size))
 
 
 def _matrix():

@@ -88,3 +88,53 @@ def test_upsampling_modules_are_upsample_with_their_modes():
     assert out.shape == (1, 2, 6, 8)
     np.testing.assert_allclose(out[..., 0, 0], img.numpy()[..., 0, 0])     # align_corners: the corners kept
     np.testing.assert_allclose(out[..., -1, -1], img.numpy()[..., -1, -1], rtol=1e-6)
+
+
+def test_index_fill_and_index_copy_values_gradients_and_in_place():
+    a = np.arange(12.0).reshape(3, 4)
+    x = flame.tensor(a, requires_grad=True)
+    y = x.index_fill(1, flame.tensor([0, 2]), -1.0)
+    want = a.copy()
+    want[:, [0, 2]] = -1
+    np.testing.assert_array_equal(y.detach().numpy(), want)
+    y.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), (want != -1).astype(float))
+    src = flame.tensor(np.full((2, 4), 9.0), requires_grad=True)
+    x.grad = None
+    z = flame.index_copy(x, 0, flame.tensor([2, 0]), src)
+    want = a.copy()
+    want[[2, 0]] = 9
+    np.testing.assert_array_equal(z.detach().numpy(), want)
+    (z * flame.tensor(np.arange(12.0).reshape(3, 4))).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [[0] * 4, [4, 5, 6, 7], [0] * 4])
+    np.testing.assert_array_equal(src.grad.numpy(), [[8, 9, 10, 11], [0, 1, 2, 3]])
+    w = flame.tensor(a.copy())
+    w.index_fill_(0, flame.tensor(1), 0.5).index_copy_(1, flame.tensor([3]), flame.tensor(np.zeros((3, 1))))
+    want = a.copy()
+    want[1] = 0.5
+    want[:, 3] = 0
+    np.testing.assert_array_equal(w.numpy(), want)
+    with pytest.raises(IndexError, match="out of range"):
+        x.index_fill(1, flame.tensor([4]), 0)
+    with pytest.raises(ShapeError, match="does not fit"):
+        x.index_copy(0, flame.tensor([0]), flame.tensor(np.zeros((2, 4))))
+    from flame_core.autograd import gradcheck, gradgradcheck
+    xx = flame.tensor(np.random.default_rng(0).standard_normal((3, 4)), requires_grad=True)
+    ss = flame.tensor(np.random.default_rng(1).standard_normal((3, 2)), requires_grad=True)
+    assert gradcheck(lambda t, s: t.index_copy(1, flame.tensor([3, 1]), s).index_fill(0, flame.tensor([1]), 2.0),
+                     (xx, ss))
+    assert gradgradcheck(lambda t, s: t.index_copy(1, flame.tensor([3, 1]), s) ** 2, (xx, ss))
+
+
+def test_tril_triu_in_place_dist_sum_to_size():
+    a = np.arange(1.0, 17.0).reshape(4, 4)
+    t = flame.tensor(a.copy())
+    assert t.tril_(-1) is t
+    np.testing.assert_array_equal(t.numpy(), np.tril(a, -1))
+    np.testing.assert_array_equal(flame.tensor(a.copy()).triu_(1).numpy(), np.triu(a, 1))
+    x = flame.tensor(a)
+    assert x.dist(x * 0.5, 3).item() == pytest.approx(np.sum(np.abs(a * 0.5) ** 3) ** (1 / 3))
+    np.testing.assert_array_equal(x.sum_to_size(1, 4).numpy(), a.sum(0, keepdims=True))
+    np.testing.assert_array_equal(x.sum_to_size((4, 1)).numpy(), a.sum(1, keepdims=True))
+    with pytest.raises(ShapeError, match="not expandable"):
+        x.sum_to_size(3, 4)
