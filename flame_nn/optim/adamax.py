@@ -2,23 +2,20 @@
 
     g += weight_decay * p ;  m = lerp(m, g, 1 - b1) ;  u = max(b2 u, |g| + eps) ;  p -= lr / (1 - b1^t) * m / u
 """
-from flame_core import as_tensor, backend
+from flame_core import backend
 
+from .moments import check_args, init_moments
 from .optimizer import Optimizer, _closure_loss, grads_of
 
 
 class Adamax(Optimizer):
     def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *, maximize=False):
-        if lr < 0 or eps < 0 or weight_decay < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
-            raise ValueError(f"Adamax: invalid lr={lr}, betas={betas}, eps={eps} or weight_decay={weight_decay}")
+        check_args("Adamax", lr, betas, eps, weight_decay)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                                       maximize=maximize))
 
     def _init_state(self, p, group):
-        xp = backend.xp_of(p.array)
-        st = {"step": 0, "exp_avg": as_tensor(xp.zeros_like(p.array)), "exp_inf": as_tensor(xp.zeros_like(p.array))}
-        self.state[p] = st
-        return st
+        return init_moments(self, p, "exp_inf")
 
     def step(self, closure=None):
         loss = _closure_loss(closure)

@@ -5,49 +5,37 @@
     m = lerp(m, g, 1 - b1) ;  v = b2 v + (1 - b2) g^2 ;  d = sqrt(v / (1 - b2^t)) + eps
     p -= lr (1 - mu_t) / (1 - prod_t) g / d + lr mu_{t+1} / (1 - prod_t mu_{t+1}) m / d
 """
-from flame_core import as_tensor, backend
+from flame_core import backend
 
+from .moments import check_args, init_moments, prepare, update_moments
 from .optimizer import Optimizer, _closure_loss, grads_of
 
 
 class NAdam(Optimizer):
     def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, momentum_decay=4e-3, *,
                  decoupled_weight_decay=False, maximize=False):
-        if lr < 0 or eps < 0 or weight_decay < 0 or momentum_decay < 0 or not (0 <= betas[0] < 1 and
-                                                                                0 <= betas[1] < 1):
-            raise ValueError(f"NAdam: invalid lr={lr}, betas={betas}, eps={eps}, weight_decay={weight_decay} or "
-                             f"momentum_decay={momentum_decay}")
+        check_args("NAdam", lr, betas, eps, weight_decay, momentum_decay=momentum_decay)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                                       momentum_decay=momentum_decay, decoupled_weight_decay=decoupled_weight_decay,
                                       maximize=maximize))
 
     def _init_state(self, p, group):
-        xp = backend.xp_of(p.array)
-        st = {"step": 0, "mu_product": 1.0, "exp_avg": as_tensor(xp.zeros_like(p.array)),
-              "exp_avg_sq": as_tensor(xp.zeros_like(p.array))}
-        self.state[p] = st
-        return st
+        return init_moments(self, p, mu_product=1.0)
 
     def step(self, closure=None):
         loss = _closure_loss(closure)
         for group in self.param_groups:
             lr, (b1, b2), eps, psi = group["lr"], group["betas"], group["eps"], group["momentum_decay"]
-            decoupled, wd = group["decoupled_weight_decay"], group["weight_decay"]
             for p, g in grads_of(group):
-                st, g = self._prepare(p, g, group, l2=not decoupled)
-                w = p.array
+                st, g, w = prepare(self, p, g, group)
                 xp = backend.xp_of(w)
                 t = st["step"]
-                if wd and decoupled:
-                    w *= 1 - lr * wd
                 mu = b1 * (1.0 - 0.5 * 0.96 ** (t * psi))
                 mu_next = b1 * (1.0 - 0.5 * 0.96 ** ((t + 1) * psi))
                 st["mu_product"] *= mu
                 prod = st["mu_product"]
                 m, v = st["exp_avg"].array, st["exp_avg_sq"].array
-                m += (g - m) * (1 - b1)
-                v *= b2
-                v += (1 - b2) * (g * g)
+                update_moments(m, v, g, b1, b2)
                 d = xp.sqrt(v / (1 - b2 ** t)) + eps
                 upd = (lr * (1.0 - mu) / (1.0 - prod)) * g / d + (lr * mu_next / (1.0 - prod * mu_next)) * m / d
                 w -= upd.astype(w.dtype, copy=False)

@@ -9,42 +9,33 @@
 """
 import math
 
-from flame_core import as_tensor, backend
+from flame_core import backend
 
+from .moments import check_args, init_moments, prepare, update_moments
 from .optimizer import Optimizer, _closure_loss, grads_of
 
 
 class RAdam(Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *,
                  decoupled_weight_decay=False, maximize=False):
-        if lr < 0 or eps < 0 or weight_decay < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
-            raise ValueError(f"RAdam: invalid lr={lr}, betas={betas}, eps={eps} or weight_decay={weight_decay}")
+        check_args("RAdam", lr, betas, eps, weight_decay)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                                       decoupled_weight_decay=decoupled_weight_decay, maximize=maximize))
 
     def _init_state(self, p, group):
-        xp = backend.xp_of(p.array)
-        st = {"step": 0, "exp_avg": as_tensor(xp.zeros_like(p.array)), "exp_avg_sq": as_tensor(xp.zeros_like(p.array))}
-        self.state[p] = st
-        return st
+        return init_moments(self, p)
 
     def step(self, closure=None):
         loss = _closure_loss(closure)
         for group in self.param_groups:
             lr, (b1, b2), eps = group["lr"], group["betas"], group["eps"]
-            decoupled, wd = group["decoupled_weight_decay"], group["weight_decay"]
             rho_inf = 2 / (1 - b2) - 1
             for p, g in grads_of(group):
-                st, g = self._prepare(p, g, group, l2=not decoupled)
-                w = p.array
+                st, g, w = prepare(self, p, g, group)
                 xp = backend.xp_of(w)
                 t = st["step"]
-                if wd and decoupled:
-                    w *= 1 - lr * wd
                 m, v = st["exp_avg"].array, st["exp_avg_sq"].array
-                m += (g - m) * (1 - b1)
-                v *= b2
-                v += (1 - b2) * (g * g)
+                update_moments(m, v, g, b1, b2)
                 bc2 = 1 - b2 ** t
                 mh = m / (1 - b1 ** t)
                 rho_t = rho_inf - 2 * t * (b2 ** t) / bc2

@@ -97,6 +97,14 @@ def _grad(A, p, i, maximize, weight_decay, l2=True):
     return g + weight_decay * p[i] if l2 else g
 
 
+def _decayed_grad(A, p, i, maximize, weight_decay, decoupled, lr):
+    """The gradient with L2 decay, or (decoupled) the parameter decayed in place and the plain gradient."""
+    g = _grad(A, p, i, maximize, weight_decay, l2=not decoupled)
+    if decoupled:
+        p[i] = p[i] * (1 - lr * weight_decay)
+    return g
+
+
 def adamax_ref(init, A, steps, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, maximize=False):
     b1, b2 = betas
     p = [np.array(x, dtype=np.float64) for x in init]
@@ -121,9 +129,7 @@ def nadam_ref(init, A, steps, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_deca
     traj = []
     for t in range(1, steps + 1):
         for i in range(len(p)):
-            g = _grad(A, p, i, maximize, weight_decay, l2=not decoupled_weight_decay)
-            if decoupled_weight_decay:
-                p[i] = p[i] * (1 - lr * weight_decay)
+            g = _decayed_grad(A, p, i, maximize, weight_decay, decoupled_weight_decay, lr)
             mu = b1 * (1 - 0.5 * 0.96 ** (t * momentum_decay))
             mu_next = b1 * (1 - 0.5 * 0.96 ** ((t + 1) * momentum_decay))
             prod[i] *= mu
@@ -144,9 +150,7 @@ def radam_ref(init, A, steps, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_deca
     traj = []
     for t in range(1, steps + 1):
         for i in range(len(p)):
-            g = _grad(A, p, i, maximize, weight_decay, l2=not decoupled_weight_decay)
-            if decoupled_weight_decay:
-                p[i] = p[i] * (1 - lr * weight_decay)
+            g = _decayed_grad(A, p, i, maximize, weight_decay, decoupled_weight_decay, lr)
             m[i] = m[i] + (g - m[i]) * (1 - b1)
             v[i] = b2 * v[i] + (1 - b2) * g * g
             mh = m[i] / (1 - b1 ** t)
