@@ -735,9 +735,26 @@ ge = _cmp("ge", "greater_equal")
 logical_and = _cmp("logical_and", "logical_and")
 logical_or = _cmp("logical_or", "logical_or")
 logical_xor = _cmp("logical_xor", "logical_xor")
-bitwise_and = _cmp("bitwise_and", "bitwise_and")   # the & | ^ operators (logical for bool, bitwise for integers)
-bitwise_or = _cmp("bitwise_or", "bitwise_or")
-bitwise_xor = _cmp("bitwise_xor", "bitwise_xor")
+
+
+def _is_bool(v):
+    return isinstance(v, bool) or (isinstance(v, Tensor) and v._data.dtype == np.bool_)
+
+
+def _bitwise(op, logical):
+    """The & | ^ operators (PyTorch's bitwise ops): on bool operands the logical op itself (the same values and
+    kernels as before, which masks -- and CUDA-graph-captured code -- use), on integers the bitwise ufunc."""
+    bitwise = _cmp(op, op)
+
+    def f(a, b):
+        return logical(a, b) if _is_bool(a) and _is_bool(b) else bitwise(a, b)
+    f.__name__ = op
+    return f
+
+
+bitwise_and = _bitwise("bitwise_and", logical_and)
+bitwise_or = _bitwise("bitwise_or", logical_or)
+bitwise_xor = _bitwise("bitwise_xor", logical_xor)
 
 
 def logical_not(x):
