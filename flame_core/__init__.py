@@ -143,7 +143,7 @@ from .ops.elementwise import (
 from .ops.index_fill import index_copy, index_fill
 from .ops.indexing import gather, index_select, masked_fill, masked_select, nonzero, one_hot, pad, scatter_add, take
 from .ops.info import is_floating_point, is_tensor, numel
-from .ops.linalg import bmm, dot, einsum, matmul, mm, outer
+from .ops.linalg import bmm, dot, einsum, matmul, mm, mv, outer
 from .ops.math_ops import (
     acos,
     acosh,

@@ -533,6 +533,16 @@ def _looks_like_dtype(a):
 
 def check_same_device(op, *tensors):
     """Raise DeviceError naming both devices when an op mixes them (0-d cpu tensors may join cuda ones)."""
+    kind = None
+    for t in tensors:   # the common case first: Tensors whose arrays are all of one type, one device kind
+        if type(t) is not Tensor and not isinstance(t, Tensor):
+            break
+        if kind is None:
+            kind = type(t._data)
+        elif type(t._data) is not kind:
+            break
+    else:
+        return
     first = None
     for t in tensors:
         if isinstance(t, Tensor):

@@ -65,28 +65,30 @@ def _sigmoid_pair_np(nz):
     return s, e
 
 
-def _gelu_tanh_np(a):
-    """GELU(tanh) of a float32 / float64 NumPy array as a new array: a / (1 + e^-2u), u = sqrt(2/pi) (a + 0.044715
-    a^3) -- the 0.5 a (1 + tanh u) of PyTorch without its cancellation for a << 0 -- in seven passes. Where e^-2u
-    overflows (a below about -7.5 in float32) the value is -0: the true one lies below the smallest denormal."""
-    t = np.multiply(a, a, out=np.empty_like(a))   # (out= arrays: a 0-d input stays an array)
-    t *= -2 * _SQRT_2_OVER_PI * 0.044715
-    t -= 2 * _SQRT_2_OVER_PI
-    t *= a                      # -2u
+def _a_sigmoid_np(a, z):
+    """a / (1 + e^z) = a sigmoid(-z) for NumPy arrays, z a new array of a's shape that becomes the result (three
+    passes over it): SiLU (z = -a), QuickGELU (z = -1.702 a), GELU(tanh) (z = -2u) -- PyTorch's CPU formula without
+    the cancellation of 0.5 a (1 + tanh u) for a << 0. Where e^z overflows the value is -0 (the true one is below
+    the smallest denormal)."""
     with np.errstate(over="ignore"):
-        np.exp(t, out=t)
-    t += 1
-    return np.divide(a, t, out=t)
+        np.exp(z, out=z)
+    z += 1
+    return np.divide(a, z, out=z)
+
+
+def _neg_2u_np(a, a2):
+    """GELU(tanh)'s -2u = -2 sqrt(2/pi) (a + 0.044715 a^3) from a and a2 = a * a, as a new array."""
+    t = np.multiply(a2, -2 * _SQRT_2_OVER_PI * 0.044715, out=np.empty_like(a))   # (out=: 0-d stays an array)
+    t -= 2 * _SQRT_2_OVER_PI
+    t *= a
+    return t
 
 
 def _gelu_tanh_grad_np(g, a):
     """dy * GELU(tanh)'(a) for float32 / float64 NumPy arrays of one shape, a new array: with s = sigmoid(2u),
     d/da [a s] = s + 2 a s (1 - s) u' = s (1 + (1 - s) 2 a u'), u' = sqrt(2/pi) (1 + 3 0.044715 a^2)."""
     a2 = np.multiply(a, a, out=np.empty_like(a))
-    t = np.multiply(a2, -2 * _SQRT_2_OVER_PI * 0.044715, out=np.empty_like(a))
-    t -= 2 * _SQRT_2_OVER_PI
-    t *= a                      # -2u
-    s, q = _sigmoid_pair_np(t)  # (t is q now)
+    s, q = _sigmoid_pair_np(_neg_2u_np(a, a2))
     a2 *= 6 * _SQRT_2_OVER_PI * 0.044715
     a2 += 2 * _SQRT_2_OVER_PI
     a2 *= a                     # 2 a u'
@@ -103,7 +105,7 @@ def _gelu_ref(x, approximate):
     a = x.astype(L.compute_dtype(x.dtype))
     if approximate == "tanh":  # 0.5 a (1 + tanh(u)) = a sigmoid(2u)
         if xp is np:
-            return _gelu_tanh_np(a).astype(x.dtype, copy=False)
+            return _a_sigmoid_np(a, _neg_2u_np(a, a * a)).astype(x.dtype, copy=False)
         y = a * _sigmoid_pair(xp, 2 * _SQRT_2_OVER_PI * (a + 0.044715 * a * a * a))[0]
     else:
         if xp is np and a.dtype != np.float64:
@@ -149,13 +151,8 @@ def _sigmoid_ref(xp, z):
 def _silu_ref(x):
     xp = backend.xp_of(x)
     a = x.astype(L.compute_dtype(x.dtype), copy=False)
-    if xp is np:  # PyTorch's CPU formula x / (1 + e^-x), in place: four passes (below ~-88 in float32 it is -0, as
-        # PyTorch's: e^-x overflows)
-        d = np.negative(a, out=np.empty_like(a))   # (an out= array: a 0-d input stays an array)
-        with np.errstate(over="ignore"):
-            np.exp(d, out=d)
-        d += 1
-        y = np.divide(a, d, out=d)
+    if xp is np:  # PyTorch's CPU formula x / (1 + e^-x) in four passes
+        y = _a_sigmoid_np(a, np.negative(a, out=np.empty_like(a)))   # (an out= array: 0-d stays an array)
     else:
         y = _sigmoid_ref(xp, a)
         y *= a
@@ -193,11 +190,7 @@ def _qgelu_ref(x):
     xp = backend.xp_of(x)
     a = x.astype(L.compute_dtype(x.dtype), copy=False)
     if xp is np:  # a / (1 + e^(-k a)), as _silu_ref's: four passes
-        t = np.multiply(a, -QGELU_K, out=np.empty_like(a))
-        with np.errstate(over="ignore"):
-            np.exp(t, out=t)
-        t += 1
-        return np.divide(a, t, out=t).astype(x.dtype, copy=False)
+        return _a_sigmoid_np(a, np.multiply(a, -QGELU_K, out=np.empty_like(a))).astype(x.dtype, copy=False)
     return (a * _sigmoid_pair(xp, QGELU_K * a)[0]).astype(x.dtype)
 
 

@@ -1,11 +1,12 @@
 """erfc and the normal CDF on NumPy arrays (NumPy has no erf; a per-element math.erf costs ~130 ns an element): a
-fitted approximation, in float64, for the CPU paths of float32 / float16 / bfloat16 tensors -- the erfc op and exact
-GELU -- (float64 tensors keep math.erfc / math.erf: exact to the last bit).
+fitted approximation for the CPU paths of float32 / float16 / bfloat16 tensors (float64 tensors keep math.erfc /
+math.erf: exact to the last bit).
 
 erfc(z) = t exp(S(t) - z^2), t = 1 / (1 + z / 2), for 0 <= z <= ZMAX; S is a polynomial in t (mapped onto [-1, 1])
-fitted by tools/fit_erfc.py (Chebyshev interpolation of log(erfc(z) / t) + z^2, math.erfc as the truth): relative
-error below 2.6e-10 on [0, ZMAX] (the script measures it), a few thousandths of a float32 ulp. Beyond ZMAX erfc <
-2.1e-45, zero in float32. The normal CDF is taken from erfc alone, 0.5 erfc(-x / sqrt(2)), so both tails keep their
+fitted by tools/fit_erfc.py (Chebyshev interpolation of log(erfc(z) / t) + z^2, math.erfc as the truth).
+`erfc` (the erfc op) evaluates the degree-12 fit in float64: relative error below 2.6e-10 on [0, ZMAX], a few
+thousandths of a float32 ulp; beyond ZMAX erfc < 2.1e-45, zero in float32. `normal_cdf32` (exact GELU) takes Phi(x)
+= 0.5 erfc(-x / sqrt(2)) from the degree-9 fit in float32 with the exponent in float64, so both tails keep their
 relative accuracy (the 1 + erf(x) form loses every digit of the lower tail)."""
 import math
 
@@ -51,13 +52,6 @@ def erfc(x):
     """erfc of a float64 array of any sign: erfc(-z) = 2 - erfc(z)."""
     e = erfc_nonneg(np.abs(x))
     return np.where(x < 0, 2.0 - e, e)
-
-
-def normal_cdf(x):
-    """Phi(x) = 0.5 erfc(-x / sqrt(2)) of a float64 array, both tails to erfc's relative accuracy."""
-    h = erfc(x * -_INV_SQRT2)
-    h *= 0.5
-    return h
 
 
 def normal_cdf32(x):

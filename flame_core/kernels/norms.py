@@ -84,7 +84,10 @@ def _layer_grad_ref(dy, x, weight, mean, rstd, bias, rms):
     p = g * xh
     dot = _row_mean(xp, p)
     xp.multiply(xh, dot, out=p)                      # xhat * dot
-    dx = g - _row_mean(xp, g) if not rms else g.copy() if g is g0 else g
+    if not rms:
+        dx = g - _row_mean(xp, g)
+    else:
+        dx = g.copy() if g is g0 else g   # (g0 may be dy itself: not written)
     dx -= p
     dx *= rs
     red = tuple(range(x.ndim - 1))

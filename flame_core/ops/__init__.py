@@ -1,6 +1,4 @@
 """Tensor-level ops. Importing this package installs the Tensor methods and operators."""
-import numpy as np
-
 from .. import tensor as _tensor_module
 from ..tensor import Tensor
 from . import (
@@ -123,14 +121,18 @@ def _install():
 
 
 def _install_aliases(T):
-    """PyTorch's other names for ops FLAME has (each the same op), and its dtype / device shorthands."""
+    """PyTorch's other names for ops FLAME has (each the same op), its dtype / device shorthands, index_fill /
+    index_copy and a few in-place forms."""
     from .. import dtypes as D
+    from . import index_fill as IF
+    from . import promotion as PR
+    from .inplace import apply_inplace
     T.absolute = E.abs
     T.fix = E.trunc
     T.moveaxis = S.movedim
     T.ravel = S.ravel
     T.take = I.take
-    T.diagflat = lambda self, offset=0: _matrix().diagflat(self, offset)
+    T.diagflat = matrix.diagflat
     T.ndimension = lambda self: self._data.ndim
     T.nelement = lambda self: self._data.size
     T.byte = lambda self: self.to(D.uint8)
@@ -140,13 +142,11 @@ def _install_aliases(T):
     T.is_complex = lambda self: False   # FLAME has no complex dtypes
     T.isposinf = lambda self: E.logical_and(E.isinf(self), self > 0)
     T.isneginf = lambda self: E.logical_and(E.isinf(self), self < 0)
-    T.mv = lambda self, vec: L.matmul(self, vec) if self.ndim == 2 and vec.ndim == 1 else _mv_error(self, vec)
+    T.mv = L.mv
     T.ger = L.outer
     T.vdot = L.dot
-    T.H = property(lambda self: S.transpose(self, 0, 1) if self.ndim == 2 else _h_error(self))   # real: .T's
-    T.mH = property(lambda self: self.mT)
-    from . import index_fill as IF
-    from .inplace import apply_inplace
+    T.H = property(S.matrix_h)
+    T.mH = property(lambda self: self.mT)   # (real: the transpose of the last two dims)
     T.index_fill = IF.index_fill
     T.index_copy = IF.index_copy
     T.index_fill_ = lambda self, dim, index, value: apply_inplace(self, lambda t: IF.index_fill(t, dim, index, value))
@@ -155,33 +155,7 @@ def _install_aliases(T):
     T.tril_ = lambda self, diagonal=0: apply_inplace(self, lambda t: S.tril(t, diagonal))
     T.triu_ = lambda self, diagonal=0: apply_inplace(self, lambda t: S.triu(t, diagonal))
     T.dist = lambda self, other, p=2: (self - other).norm(p)
-    T.sum_to_size = lambda self, *size: _sum_to(self, S._size_arg(size))
-
-
-def _sum_to(x, size):
-    from ..errors import ShapeError
-    from .promotion import sum_to
-    try:
-        if tuple(np.broadcast_shapes(tuple(size), tuple(x.shape))) != tuple(x.shape):
-            raise ValueError
-    except ValueError:
-        raise ShapeError(f"sum_to_size: size {tuple(size)} is not expandable to the tensor's "
-                         f"{tuple(x.shape)}") from None
-    return sum_to(x, tuple(size))
-
-
-def _matrix():
-    return matrix
-
-
-def _mv_error(m, v):
-    from ..errors import ShapeError
-    raise ShapeError(f"mv: expected a 2-D matrix and a 1-D vector, got shapes {tuple(m.shape)} and {tuple(v.shape)}")
-
-
-def _h_error(x):
-    from ..errors import ShapeError
-    raise ShapeError(f".H is only supported on matrices (2-D tensors), got {x.ndim}-D")
+    T.sum_to_size = PR.sum_to_size
 
 
 def _install_torch_names(T):

@@ -33,8 +33,7 @@ def index_fill(input, dim, index, value):
     _, m = _mask("index_fill", input, dim, index)
     if isinstance(value, Tensor) and value.ndim:
         raise ShapeError(f"index_fill: value must be a number or a 0-d Tensor, got shape {fmt_shape(value.shape)}")
-    v = value if isinstance(value, Tensor) else value
-    out = where(m, v, input)
+    out = where(m, value, input)
     return out if out.dtype == input.dtype else out.to(input.dtype)
 
 

@@ -128,6 +128,14 @@ def mm(a, b):
     return matmul(a, b)
 
 
+def mv(input, vec):
+    """torch.mv: a 2-D matrix times a 1-D vector."""
+    if input.ndim != 2 or vec.ndim != 1:
+        raise ShapeError(f"mv: expected a 2-D matrix and a 1-D vector, got shapes {fmt_shape(input.shape)} and "
+                         f"{fmt_shape(vec.shape)}")
+    return matmul(input, vec)
+
+
 def bmm(a, b):
     if a.ndim != 3 or b.ndim != 3 or a.shape[0] != b.shape[0]:
         raise ShapeError(f"bmm: expected 3-D tensors with equal batch, got {fmt_shape(a.shape)} and "

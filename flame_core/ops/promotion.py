@@ -92,6 +92,19 @@ def _cast(arr, dt):
     adt = arr.dtype
     return arr if adt is dt or adt == dt else arr.astype(dt)
 
+def sum_to_size(x, *size):
+    """Tensor.sum_to_size: x summed down to `size`, a shape x is an expansion of (differentiable)."""
+    from ..errors import ShapeError
+    size = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else tuple(size)
+    try:
+        ok = tuple(np.broadcast_shapes(size, tuple(x.shape))) == tuple(x.shape)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ShapeError(f"sum_to_size: size {size} is not expandable to the tensor's {tuple(x.shape)}")
+    return sum_to(x, size)
+
+
 def sum_to(g, shape):
     """Undo broadcasting: sum `g` down to `shape` (differentiable)."""
     if shape is None:

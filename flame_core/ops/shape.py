@@ -202,6 +202,13 @@ swapaxes = transpose
 swapdims = transpose
 
 
+def matrix_h(x):
+    """Tensor.H: a matrix's conjugate transpose -- its transpose, FLAME having no complex dtypes; 2-D only."""
+    if x.ndim != 2:
+        raise ShapeError(f".H is only supported on matrices (2-D tensors), got {x.ndim}-D")
+    return transpose(x, 0, 1)
+
+
 def t(x):
     if x.ndim > 2:
         raise ShapeError(f"t() expects a tensor with <= 2 dims, got shape {fmt_shape(x.shape)}")
@@ -617,15 +624,6 @@ class Stack(Function):
         return (None,) + tuple(_wrap(gd[pre + (i,)]) for i in range(ctx.n))
 
 
-def _check_same_device(op, tensors):
-    """check_same_device, after a look at the array types alone: one type (the common case) is one device kind."""
-    kind = type(tensors[0]._data)
-    for t in tensors:
-        if type(t._data) is not kind:
-            check_same_device(op, *tensors)
-            return
-
-
 def cat(tensors, dim=0):
     tensors = list(tensors)
     shapes = [t._data.shape for t in tensors]   # plain tuples (no Size objects): the checks below read these
@@ -635,7 +633,7 @@ def cat(tensors, dim=0):
             tensors, shapes = [t for t, _ in kept], [sh for _, sh in kept]
     if not tensors:
         raise ValueError("cat: expected a non-empty list of tensors")
-    _check_same_device("cat", tensors)
+    check_same_device("cat", *tensors)
     ref = shapes[0]
     nd = len(ref)
     d = _norm_dim(dim, nd, "cat")
@@ -663,7 +661,7 @@ def stack(tensors, dim=0):
     if not -nd <= dim < nd:
         raise IndexError(f"stack: dimension {dim} out of range for {nd} dims")
     d = dim % nd
-    _check_same_device("stack", tensors)
+    check_same_device("stack", *tensors)
     return Stack.apply(d, *tensors)
 
 

@@ -49,6 +49,7 @@ def test_tensor_aliases():
     np.testing.assert_array_equal(x.mH.numpy(), a.T)
     m, v = np.arange(6.0).reshape(2, 3), np.arange(3.0)
     np.testing.assert_allclose(flame.tensor(m).mv(flame.tensor(v)).numpy(), m @ v)
+    np.testing.assert_allclose(flame.mv(flame.tensor(m), flame.tensor(v)).numpy(), m @ v)
     np.testing.assert_allclose(flame.tensor(v).ger(flame.tensor(v)).numpy(), np.outer(v, v))
     assert flame.tensor(v).vdot(flame.tensor(v)).item() == 5.0
     with pytest.raises(ShapeError, match="mv"):
