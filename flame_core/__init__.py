@@ -31,6 +31,7 @@ from .errors import AutogradError, DeviceError, DTypeError, FlameError, OutOfMem
 from .linalg import det, logdet, matrix_power, pinverse, slogdet
 from .linalg import inv as inverse
 from .memory_formats import channels_last, contiguous_format, memory_format, preserve_format
+from .ops import torch_functions as _torch_functions
 from .ops.activation import gelu, silu, softplus
 from .ops.arrangement import (
     atleast_1d,
@@ -39,6 +40,7 @@ from .ops.arrangement import (
     broadcast_tensors,
     cartesian_prod,
     column_stack,
+    combinations,
     diff,
     dsplit,
     dstack,
@@ -53,10 +55,13 @@ from .ops.arrangement import (
     tile,
     tril_indices,
     triu_indices,
+    unravel_index,
+    vander,
     vsplit,
     vstack,
 )
-from .ops.binning import bincount, bucketize, histc, isin, searchsorted
+from .ops.binning import bincount, bucketize, histc, histogram, isin, searchsorted
+from .ops.covariance import corrcoef, cov
 from .ops.creation import (
     arange,
     as_tensor,
@@ -143,7 +148,10 @@ from .ops.elementwise import (
 from .ops.index_fill import index_copy, index_fill
 from .ops.indexing import gather, index_select, masked_fill, masked_select, nonzero, one_hot, pad, scatter_add, take
 from .ops.info import is_floating_point, is_tensor, numel
+from .ops.integer_ops import bitwise_left_shift, bitwise_right_shift, gcd, lcm
+from .ops.integration import cumulative_trapezoid, trapezoid, trapz
 from .ops.linalg import bmm, dot, einsum, matmul, mm, mv, outer
+from .ops.logcumsumexp import logcumsumexp
 from .ops.math_ops import (
     acos,
     acosh,
@@ -166,13 +174,17 @@ from .ops.math_ops import (
     fmax,
     fmin,
     frac,
+    frexp,
     heaviside,
     hypot,
+    ldexp,
     log2,
     log10,
     logaddexp,
+    logaddexp2,
     logit,
     nan_to_num,
+    nextafter,
     positive,
     rad2deg,
     sgn,
@@ -182,7 +194,7 @@ from .ops.math_ops import (
     tan,
     xlogy,
 )
-from .ops.matrix import addmm, baddbmm, diag, diag_embed, diagflat, diagonal, trace
+from .ops.matrix import addbmm, addmm, addmv, addr, baddbmm, diag, diag_embed, diagflat, diagonal, trace
 from .ops.numpy_names import NAMES as _NUMPY_NAMED
 from .ops.numpy_names import with_numpy_names as _with_numpy_names
 from .ops.order_stats import (
@@ -191,6 +203,7 @@ from .ops.order_stats import (
     cummin,
     kthvalue,
     median,
+    mode,
     nanmean,
     nanmedian,
     nanquantile,
@@ -222,8 +235,10 @@ from .ops.reduction import (
     var,
     var_mean,
 )
+from .ops.renorm import renorm
 from .ops.sampling import bernoulli, multinomial, normal
 from .ops.scatter import index_add, scatter, scatter_reduce
+from .ops.scatter_copies import diagonal_scatter, index_put, masked_scatter, select_scatter, slice_scatter
 from .ops.shape import (
     broadcast_shapes,
     broadcast_to,
@@ -255,8 +270,9 @@ from .ops.shape import (
     unflatten,
     unsqueeze,
 )
-from .ops.sorting import argsort, msort, sort, topk, unique
+from .ops.sorting import argsort, msort, sort, topk, unique, unique_consecutive
 from .ops.special_fns import digamma, lgamma, mvlgamma, polygamma
+from .ops.windows import bartlett_window, blackman_window, hamming_window, hann_window, kaiser_window
 from .random import Generator, default_generator, get_rng_state, manual_seed, seed, set_rng_state
 from .serialization import load, save
 from .tensor import Size, Tensor
@@ -266,6 +282,15 @@ from .type_info import finfo, iinfo
 # memory (imported above) installs FLAME's pool as CuPy's allocator on a GPU (FLAME_CUDA_POOL=0 opts out) and the cpu
 # storage accounting: stats, limits and OOM reports work without an explicit import
 globals().update({_n: _with_numpy_names(globals()[_n]) for _n in _NUMPY_NAMED})  # axis= / keepdims=, as torch.X
+globals().update({_n: getattr(_torch_functions, _n) for _n in _torch_functions.__all__})  # other names, X_ forms
+autocast = amp.autocast
+is_autocast_enabled, get_autocast_dtype = amp.is_autocast_enabled, amp.get_autocast_dtype
+is_inference_mode_enabled = autograd.is_inference_mode_enabled
+
+
+def initial_seed():
+    """The seed of the default CPU generator (manual_seed's, or the one drawn at start)."""
+    return default_generator("cpu").initial_seed()
 
 __version__ = "0.1.0"
 

@@ -16,6 +16,7 @@ from . import (
     scatter,
     shape,
     sorting,
+    surface_methods,
 )
 from . import activation as A
 from . import elementwise as E
@@ -118,6 +119,7 @@ def _install():
     inplace.install_methods(T, plain)
     _install_torch_names(T)
     _install_aliases(T)
+    surface_methods.install(T)
 
 
 def _install_aliases(T):

@@ -221,3 +221,66 @@ def tril_indices(row, col, offset=0, *, dtype=None, device=None):
 
 def triu_indices(row, col, offset=0, *, dtype=None, device=None):
     return _tri_indices("triu_indices", row, col, offset, dtype, device, upper=True)
+
+
+def vander(x, N=None, increasing=False):
+    """The Vandermonde matrix of the 1-D x: columns x ** (N-1), ..., x ** 0 (increasing=True: x ** 0 first), as
+    running products (PyTorch's), so the gradient is exact at x = 0."""
+    if not isinstance(x, Tensor) or x.ndim != 1:
+        raise ShapeError(f"vander: x must be a 1-D tensor, got {getattr(x, 'shape', type(x).__name__)}")
+    n = x.shape[0] if N is None else N
+    if n < 0:
+        raise ValueError(f"vander: N must be non-negative, got {N}")
+    from .. import dtypes as D
+    if n == 0:
+        return x.new_empty((x.shape[0], 0), dtype=x.dtype if x.dtype.is_floating_point else D.int64)
+    xt = x if x.dtype.is_floating_point else x.to(D.int64)
+    cols = S.cat([xt.new_ones(tuple(xt.shape)).unsqueeze(1), xt.unsqueeze(1).expand(xt.shape[0], n - 1)], 1)
+    out = cols.cumprod(1)
+    return out if increasing else out.flip(1)
+
+
+def combinations(input, r=2, with_replacement=False):
+    """The r-length combinations of the 1-D input's elements, one per row (itertools.combinations' order; with
+    replacement, combinations_with_replacement's); a (0, r) tensor when there are none."""
+    import itertools
+    import math
+    if not isinstance(input, Tensor) or input.ndim != 1:
+        raise ShapeError(f"combinations: expected a 1-D tensor, got {getattr(input, 'shape', type(input).__name__)}")
+    if r < 0:
+        raise ValueError(f"combinations: r must be non-negative, got {r}")
+    n = input.shape[0]
+    if r == 0:
+        return input.new_empty((0,))
+    count = math.comb(n + r - 1, r) if with_replacement else math.comb(n, r)
+    if count * r > 1 << 31:
+        raise ValueError(f"combinations: {count} combinations of {r} from {n} elements are too many to index")
+    gen = itertools.combinations_with_replacement if with_replacement else itertools.combinations
+    idx = np.fromiter(itertools.chain.from_iterable(gen(range(n), r)), dtype=np.int64, count=count * r)
+    idx = idx.reshape(count, r)
+    return I.getitem(input, backend.xp_of(input._data).asarray(idx))
+
+
+def unravel_index(indices, shape):
+    """The coordinates in a tensor of `shape` of the flat (row-major) `indices`: a tuple of int64 tensors shaped
+    like indices, one per dim."""
+    if not isinstance(indices, Tensor):
+        raise TypeError(f"unravel_index: indices must be a Tensor, got {type(indices).__name__}")
+    if indices.dtype.is_floating_point or indices.dtype.name == "bool":
+        raise TypeError(f"unravel_index: expected integer indices, got {indices.dtype.name}")
+    shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+    if any(s < 0 for s in shape):
+        raise ValueError(f"unravel_index: sizes must be non-negative, got {shape}")
+    total = int(np.prod(shape, dtype=object)) if shape else 1
+    a = indices._data
+    xp = backend.xp_of(a)
+    if a.size:
+        lo, hi = int(a.min()), int(a.max())
+        if lo < -total or hi >= total:
+            raise IndexError(f"unravel_index: index {lo if lo < -total else hi} is out of bounds for shape {shape}")
+    flat = xp.where(a < 0, a + total, a).astype(np.int64)
+    out = []
+    for s in reversed(shape):
+        out.append(flat % s if s else flat * 0)
+        flat = flat // s if s else flat
+    return tuple(_wrap(o) for o in reversed(out))

@@ -1,5 +1,7 @@
-"""Finding and counting values with PyTorch's semantics: searchsorted, bucketize, isin, bincount, histc. None is
-differentiable (their results are positions and counts), as in PyTorch."""
+"""Finding and counting values with PyTorch's semantics: searchsorted, bucketize, isin, bincount, histc, histogram.
+None is differentiable (their results are positions and counts), as in PyTorch."""
+import collections
+
 import numpy as np
 
 from .. import backend
@@ -108,3 +110,43 @@ def histc(input, bins=100, min=0, max=0):
         raise ValueError(f"histc: max ({max}) must be larger than min ({min})")
     counts, _ = xp.histogram(a, bins=bins, range=(lo, hi))
     return _wrap(counts.astype(input.dtype.np))
+
+
+histogram_result = collections.namedtuple("histogram", ["hist", "bin_edges"])
+
+
+def histogram(input, bins, *, range=None, weight=None, density=False):
+    """(hist, bin_edges) of the flattened input, as torch.histogram (NumPy's rules): `bins` equal-width bins over
+    `range` (default: the data's min and max, widened by 0.5 each side when equal; [0, 1] when empty) or the given
+    increasing edges; the last bin includes its right edge; optional per-element `weight`; density=True divides by
+    the total and the bin widths. Floating point input; both results have its dtype."""
+    if not input.dtype.is_floating_point:
+        raise DTypeError(f"histogram: expects a floating point tensor, got {input.dtype}")
+    a = _cmp_array(input, "histogram").reshape(-1)
+    xp = backend.xp_of(a)
+    if isinstance(bins, Tensor):
+        if bins.ndim != 1 or bins.numel() < 2:
+            raise ShapeError(f"histogram: bin edges must be 1-D with at least 2 elements, got shape "
+                             f"{tuple(bins.shape)}")
+        edges = _cmp_array(bins, "histogram").astype(a.dtype)
+        if bool((edges[1:] < edges[:-1]).any()):
+            raise ValueError("histogram: bin edges must increase monotonically")
+    elif isinstance(bins, int) and not isinstance(bins, bool) and bins > 0:
+        edges = bins
+    else:
+        raise ValueError(f"histogram: bins must be a positive int or a 1-D tensor of edges, got {bins!r}")
+    w = None
+    if weight is not None:
+        if tuple(weight.shape) != tuple(input.shape):
+            raise ShapeError(f"histogram: weight of shape {tuple(weight.shape)} must have the input's shape "
+                             f"{tuple(input.shape)}")
+        w = _cmp_array(weight, "histogram").reshape(-1)
+    rng = None
+    if range is not None:
+        lo, hi = float(range[0]), float(range[1])
+        if not lo <= hi:
+            raise ValueError(f"histogram: range min ({lo}) must not exceed max ({hi})")
+        rng = (lo, hi)
+    hist, e = xp.histogram(a, bins=edges, range=rng, weights=w, density=density)
+    dt = input.dtype.np
+    return histogram_result(_wrap(hist.astype(dt)), _wrap(xp.asarray(e).astype(dt)))

@@ -235,18 +235,17 @@ def zeros_grad(t):
     return _wrap(t._xp().zeros(t._data.shape, dtype=t._data.dtype))
 
 
-class Remainder(Function):
-    """Python-style modulo (sign of the divisor), as torch.remainder."""
+def _modulo(name, ufunc, rounding, doc):
+    """A modulo Function: y = a - b * round(a / b) (rounding "floor": remainder, "trunc": fmod); its gradients are
+    g for a and -g * round(a / b) for b, as PyTorch's."""
 
-    @staticmethod
     def forward(ctx, a, b):
-        xa, xb, dt = _operands("remainder", a, b)
+        xa, xb, dt = _operands(name, a, b)
         xp = backend.xp_of(xa if isinstance(a, Tensor) else xb)
         ctx.save_for_backward(a if isinstance(a, Tensor) else None, b if isinstance(b, Tensor) else None)
         ctx.scalars = (a, b)
-        return _wrap(_cast(xp.remainder(xa, xb), dt))
+        return _wrap(_cast(_ufunc(name, getattr(xp, ufunc), a, b, xa, xb), dt))
 
-    @staticmethod
     def backward(ctx, g):
         a, b = ctx.saved_tensors
         sa, sb = ctx.scalars
@@ -254,8 +253,15 @@ class Remainder(Function):
         gb = None
         if ctx.needs_input_grad[1]:
             aa = a if a is not None else sa
-            gb = sum_to(-g * div(aa, b, rounding_mode="floor"), b.shape)
+            gb = sum_to(-g * div(aa, b, rounding_mode=rounding), b.shape)
         return ga, gb
+
+    return type(name.capitalize(), (Function,), {"__doc__": doc, "forward": staticmethod(forward),
+                                                 "backward": staticmethod(backward)})
+
+
+Remainder = _modulo("remainder", "remainder", "floor", "Python-style modulo (sign of the divisor), as torch.remainder.")
+Fmod = _modulo("fmod", "fmod", "trunc", "C-style modulo (sign of the dividend), as torch.fmod.")
 
 
 class Pow(Function):
@@ -364,9 +370,7 @@ def minimum(a, b):
 
 
 def fmod(a, b):
-    xa, xb, dt = _operands("fmod", a, b)
-    xp = backend.xp_of(xa if isinstance(a, Tensor) else xb)
-    return _wrap(_cast(_ufunc("fmod", xp.fmod, a, b, xa, xb), dt))
+    return Fmod.apply(a, b)
 
 
 def _ufunc(op, fn, a, b, xa, xb):

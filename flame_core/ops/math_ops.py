@@ -8,6 +8,7 @@ finite, xlogy's x = 0 gives 0 for both the value and the x gradient, sinc's grad
 whole gradient to the operand chosen (the other when one is NaN), copysign's gradient is sign(result / x) (0 at
 x = 0). Half-precision inputs are evaluated in float32 and rounded once; integer inputs give the default float dtype,
 as PyTorch's float functions do."""
+import collections
 import math
 import statistics
 
@@ -409,3 +410,39 @@ def addcdiv(input, tensor1, tensor2, *, value=1):
         raise RuntimeError("addcdiv: integer division with addcdiv is not supported (as in PyTorch); use "
                            "true_divide(tensor1, tensor2) instead")
     return input + value * (tensor1 / tensor2) if value != 1 else input + tensor1 / tensor2
+
+
+def logaddexp2(input, other):
+    """log2(2 ** input + 2 ** other) without overflow."""
+    return Logaddexp.apply(input * _LN2, other * _LN2) / _LN2
+
+
+def ldexp(input, other):
+    """input * 2 ** other (a float result; differentiable in input and other)."""
+    dt = D.promote_types(input.dtype, other.dtype)
+    dt = dt if dt.is_floating_point else D.get_default_dtype()   # 2 ** other in the result's dtype (float64 exact)
+    return E.mul(input.to(dt), E.pow(2.0, other.to(dt)))
+
+
+frexp_result = collections.namedtuple("frexp", ["mantissa", "exponent"])
+
+
+def frexp(input):
+    """(mantissa, exponent) with input = mantissa * 2 ** exponent, |mantissa| in [0.5, 1) (0 for 0); exponent int32.
+    The mantissa is differentiable: input's gradient is the mantissa's divided by 2 ** exponent."""
+    if not input.dtype.is_floating_point:
+        raise TypeError(f"frexp: expected a floating point tensor, got {input.dtype.name}")
+    xp = backend.xp_of(input._data)
+    a = input._data.astype(np.float32) if input._data.dtype.itemsize < 4 else input._data
+    _, e = xp.frexp(a)
+    exponent = _wrap(e.astype(np.int32))
+    return frexp_result(E.mul(input, _wrap(xp.ldexp(xp.ones_like(a), -e).astype(input._data.dtype))), exponent)
+
+
+def nextafter(input, other):
+    """The next representable value after input towards other, in input's dtype (not differentiable)."""
+    xa, xb, dt = _operands("nextafter", input, other)
+    if dt not in _FLOAT_NP:
+        raise TypeError(f"nextafter: expected floating point operands, got {D.dtype_of(dt).name}")
+    xp = backend.xp_of(xa if isinstance(input, Tensor) else xb)
+    return _wrap(xp.asarray(xp.nextafter(xa, xb)).astype(dt, copy=False))

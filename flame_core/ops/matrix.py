@@ -1,6 +1,7 @@
-"""Matrix helpers with PyTorch's names: addmm / baddbmm (beta * input + alpha * product), diag, diagonal,
-diag_embed, trace. All differentiable (composed of Tensor ops or a Function whose backward is the other's forward).
-`diagonal` returns a copy, not a view of the input as in PyTorch (writing into it leaves the input unchanged)."""
+"""Matrix helpers with PyTorch's names: addmm / baddbmm / addbmm / addmv / addr (beta * input + alpha * product),
+diag, diagonal, diag_embed, trace. All differentiable (composed of Tensor ops or a Function whose backward is the
+other's forward). `diagonal` returns a copy, not a view of the input as in PyTorch (writing into it leaves the
+input unchanged)."""
 import numpy as np
 
 from .. import backend
@@ -44,6 +45,27 @@ def baddbmm(input, batch1, batch2, *, beta=1, alpha=1):
     check_same_device("baddbmm", input, batch1, batch2)
     return _add_scaled("baddbmm", input, bmm(batch1, batch2), beta, alpha)
 
+
+
+def addbmm(input, batch1, batch2, *, beta=1, alpha=1):
+    """beta * input + alpha * sum over b of batch1[b] @ batch2[b]; input broadcastable to (n, p)."""
+    from .linalg import bmm
+    check_same_device("addbmm", input, batch1, batch2)
+    return _add_scaled("addbmm", input, bmm(batch1, batch2).sum(0), beta, alpha)
+
+
+def addmv(input, mat, vec, *, beta=1, alpha=1):
+    """beta * input + alpha * (mat @ vec); mat (n, m), vec (m,), input broadcastable to (n,)."""
+    from .linalg import mv
+    check_same_device("addmv", input, mat, vec)
+    return _add_scaled("addmv", input, mv(mat, vec), beta, alpha)
+
+
+def addr(input, vec1, vec2, *, beta=1, alpha=1):
+    """beta * input + alpha * outer(vec1, vec2); input broadcastable to (len(vec1), len(vec2))."""
+    from .linalg import outer
+    check_same_device("addr", input, vec1, vec2)
+    return _add_scaled("addr", input, outer(vec1, vec2), beta, alpha)
 
 # ----------------------------------------------------------------------------- diagonals
 def _diag_index(xp, n, m, offset):

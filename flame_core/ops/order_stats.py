@@ -1,5 +1,5 @@
 """Order statistics and NaN-aware reductions with PyTorch's semantics: median / nanmedian, quantile / nanquantile,
-kthvalue, cummax / cummin, aminmax, nansum / nanmean.
+kthvalue, mode, cummax / cummin, aminmax, nansum / nanmean.
 
 Values are differentiable (they are gathered from the input at the selected indices: the gradient goes back through
 those indices, as sort's; quantile's interpolation weights both neighbours); indices are int64. NaN follows PyTorch:
@@ -233,3 +233,34 @@ def nanmean(input, dim=None, keepdim=False, *, dtype=None):
     kept = E.logical_not(E.isnan(input))
     count = R.sum(kept.to(input.dtype if dtype is None else dtype), dim, keepdim)
     return nansum(input, dim, keepdim, dtype=dtype) / count
+
+
+mode_result = collections.namedtuple("mode", ["values", "indices"])
+
+
+def mode(input, dim=-1, keepdim=False):
+    """The most frequent value along dim (of several, the smallest) and the index of its last occurrence, as
+    PyTorch's CPU mode; the values are differentiable (gathered at the indices)."""
+    axis = _axis(input, dim, "mode")
+    x = input if input.ndim else input.reshape(1)
+    n = x.shape[axis]
+    if n == 0:
+        raise ShapeError(f"mode: dimension {dim} of {tuple(input.shape)} is empty")
+    a = _keys(x, "mode")
+    xp = backend.xp_of(a)
+    order = xp.moveaxis(_argsort(a, axis, False), axis, -1)              # stable: equal values keep input order
+    srt = xp.take_along_axis(xp.moveaxis(a, axis, -1), order, axis=-1)
+    rows = srt.reshape(-1, n)
+    new_run = xp.ones(rows.shape, dtype=bool)
+    new_run[:, 1:] = rows[:, 1:] != rows[:, :-1]
+    run = xp.cumsum(new_run, axis=1) - 1 + xp.arange(rows.shape[0])[:, None] * n   # a global id per (row, run)
+    counts = xp.bincount(run.reshape(-1), minlength=rows.size).reshape(rows.shape)
+    best = xp.argmax(counts, axis=1)                         # runs go by value: the first maximum is the smallest
+    last = xp.take_along_axis(xp.cumsum(counts, axis=1), best[:, None], axis=1) - 1   # the run's last sorted place
+    idx = xp.take_along_axis(order.reshape(-1, n), last, axis=1).reshape(order.shape[:-1] + (1,))
+    vals, ind = _take(x, axis, xp.moveaxis(idx, -1, axis))
+    if not keepdim or input.ndim == 0:
+        vals, ind = vals.squeeze(axis), ind.squeeze(axis)
+    if input.ndim == 0:
+        vals, ind = vals.reshape(()), ind.reshape(())
+    return mode_result(vals, ind)

@@ -114,3 +114,81 @@ def normal(mean, std=1.0, size=None, *, generator=None, dtype=None, device=None,
     z = randn(shape, dtype=ref.dtype, device=ref.device, generator=generator)
     return z * s + m
 
+
+
+def _fill_draws(self, op, transform, generator):
+    """self <- transform(u) for uniform (0, 1) draws u (float64) of self's shape, in place (PyTorch's X_ draws)."""
+    from .inplace import _check_inplace
+    if not self.dtype.is_floating_point:
+        raise TypeError(f"{op}: expects a floating point tensor, got {self.dtype}")
+    _check_inplace(self)
+    u = _uniform_like(tuple(self.shape), self, generator)
+    xp = backend.xp_of(u)
+    u = xp.maximum(u, np.finfo(np.float64).tiny)   # (0, 1): the logs below stay finite
+    self._data[...] = transform(xp, u).astype(self._data.dtype)
+    self._version[0] += 1
+    return self
+
+
+def exponential_(self, lambd=1.0, *, generator=None):
+    """self <- exponential draws of rate lambd (-log(u) / lambd)."""
+    if not lambd > 0:
+        raise ValueError(f"exponential_: lambd must be positive, got {lambd}")
+    return _fill_draws(self, "exponential_", lambda xp, u: -xp.log(u) / lambd, generator)
+
+
+def geometric_(self, p, *, generator=None):
+    """self <- geometric draws: the number of Bernoulli(p) trials up to the first success (1, 2, ...)."""
+    if not 0 < p <= 1:
+        raise ValueError(f"geometric_: p must be in (0, 1], got {p}")
+    if p == 1:
+        return _fill_draws(self, "geometric_", lambda xp, u: xp.ones_like(u), generator)
+    return _fill_draws(self, "geometric_", lambda xp, u: xp.ceil(xp.log(u) / np.log1p(-p)), generator)
+
+
+def log_normal_(self, mean=1.0, std=2.0, *, generator=None):
+    """self <- exp(N(mean, std)) draws."""
+    if not std > 0:
+        raise ValueError(f"log_normal_: std must be positive, got {std}")
+    from .inplace import _check_inplace
+    if not self.dtype.is_floating_point:
+        raise TypeError(f"log_normal_: expects a floating point tensor, got {self.dtype}")
+    _check_inplace(self)
+    z = randn(tuple(self.shape), dtype=D.float64, device=self.device, generator=generator)._data
+    self._data[...] = backend.xp_of(z).exp(z * std + mean).astype(self._data.dtype)
+    self._version[0] += 1
+    return self
+
+
+def cauchy_(self, median=0.0, sigma=1.0, *, generator=None):
+    """self <- Cauchy draws: median + sigma * tan(pi * (u - 1/2))."""
+    if not sigma > 0:
+        raise ValueError(f"cauchy_: sigma must be positive, got {sigma}")
+    return _fill_draws(self, "cauchy_", lambda xp, u: median + sigma * xp.tan(np.pi * (u - 0.5)), generator)
+
+
+_MANTISSA_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
+
+
+def random_(self, from_=0, to=None, *, generator=None):
+    """self <- integers drawn uniformly from [from_, to) (random_(to): [0, to); random_(): [0, 2 ** mantissa bits]
+    for floats, the dtype's range for integers), as PyTorch's Tensor.random_."""
+    from .creation import randint
+    from .inplace import _check_inplace
+    if to is None and from_ != 0:
+        from_, to = 0, from_
+    if to is None:
+        dt = self.dtype
+        if dt.is_floating_point:
+            to = (1 << _MANTISSA_BITS[dt.name]) + 1   # every integer up to 2 ** bits is exact in the dtype
+        elif dt.name == "bool":
+            to = 2
+        else:
+            to = int(np.iinfo(dt.np).max) + 1
+    if from_ >= to:
+        raise ValueError(f"random_: expects from ({from_}) < to ({to})")
+    _check_inplace(self)
+    r = randint(from_, to, tuple(self.shape), generator=generator, device=self.device)
+    self._data[...] = r._data.astype(self._data.dtype)
+    self._version[0] += 1
+    return self

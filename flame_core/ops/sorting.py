@@ -150,3 +150,33 @@ def unique(input, sorted=True, return_inverse=False, return_counts=False, dim=No
     if return_counts:
         out.append(_wrap(cnt.astype(np.int64, copy=False)))
     return out[0] if len(out) == 1 else tuple(out)
+
+
+def unique_consecutive(input, return_inverse=False, return_counts=False, dim=None):
+    """Each run of equal consecutive values (dim=None: of the flattened input) or slices along `dim` collapsed to
+    one, as torch.unique_consecutive; the extras as unique's (NaNs are never equal). Not differentiable."""
+    if not isinstance(input, Tensor):
+        raise TypeError(f"unique_consecutive: expected a Tensor, got {type(input).__name__}")
+    no_fp8("unique_consecutive", input)
+    a = input._data
+    xp = backend.xp_of(a)
+    if dim is None:
+        rows = a.reshape(-1, 1)
+    else:
+        if a.ndim == 0:
+            raise ShapeError("unique_consecutive: dim was given but the input is 0-d")
+        axis = _axis(input, dim, "unique_consecutive")
+        rows = xp.moveaxis(a, axis, 0).reshape(a.shape[axis], -1)
+    n = rows.shape[0]
+    start = xp.ones(n, dtype=bool)
+    if n > 1:
+        start[1:] = (rows[1:] != rows[:-1]).any(axis=1) if rows.shape[1] else False
+    first = xp.flatnonzero(start)
+    vals = a.reshape(-1)[first] if dim is None else xp.take(a, first, axis=axis)
+    out = [_wrap(xp.ascontiguousarray(vals))]
+    if return_inverse:
+        inv = xp.cumsum(start) - 1
+        out.append(_wrap(inv.reshape(a.shape if dim is None else -1).astype(np.int64, copy=False)))
+    if return_counts:
+        out.append(_wrap(xp.diff(xp.append(first, n)).astype(np.int64, copy=False)))
+    return out[0] if len(out) == 1 else tuple(out)
