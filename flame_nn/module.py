@@ -20,6 +20,26 @@ from . import empty_init as _ei
 from .parameter import MetaTensorError, Parameter, empty_storage, meta_array
 
 
+class _BufferMeta(type):
+    def __instancecheck__(cls, instance):
+        return isinstance(instance, Tensor) and getattr(instance, "_is_buffer", False)
+
+
+class Buffer(metaclass=_BufferMeta):
+    """`Buffer(data=None, *, persistent=True)`: `data` detached (its storage, no copy) and marked, so that assigning
+    it as a Module attribute registers a buffer (`self.x = nn.Buffer(t)`, PyTorch >= 2.5); `persistent` says
+    whether state_dict holds it. It is a plain Tensor: isinstance(t, Buffer) reads the mark."""
+
+    def __new__(cls, data=None, *, persistent=True):
+        if data is None:
+            data = Tensor(np.empty((0,), dtype=D.get_default_dtype().np))
+        if not isinstance(data, Tensor):
+            raise TypeError(f"Buffer expects a Tensor, got {type(data).__name__}")
+        t = data.detach().requires_grad_(data.requires_grad)
+        t.persistent, t._is_buffer = persistent, True
+        return t
+
+
 class StateDictError(FlameError, RuntimeError):
     """Missing, unexpected or misshaped keys when loading a state_dict or a weights file."""
 
@@ -294,6 +314,8 @@ class Module(D.FloatCasts):
                                 f"expected)")
             d["_modules"][name] = None
             d[name] = None
+        elif isinstance(value, Buffer):
+            self.register_buffer(name, value, value.persistent)
         elif params is not None and name in d["_buffers"]:
             if value is not None and not isinstance(value, Tensor):
                 raise TypeError(f"cannot assign '{type(value).__name__}' as buffer '{name}' (Tensor or None "

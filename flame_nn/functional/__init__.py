@@ -19,7 +19,9 @@ from flame_core.ops.pooling3d import adaptive_avg_pool3d, adaptive_max_pool3d, a
 
 from .activation import (
                                     celu,
+                                    celu_,
                                     elu,
+                                    elu_,
                                     geglu,
                                     gelu,
                                     glu,
@@ -27,7 +29,9 @@ from .activation import (
                                     hardsigmoid,
                                     hardswish,
                                     hardtanh,
+                                    hardtanh_,
                                     leaky_relu,
+                                    leaky_relu_,
                                     log_softmax,
                                     logsigmoid,
                                     mish,
@@ -35,7 +39,11 @@ from .activation import (
                                     quick_gelu,
                                     relu,
                                     relu6,
+                                    relu_,
+                                    rrelu,
+                                    rrelu_,
                                     selu,
+                                    selu_,
                                     sigmoid,
                                     silu,
                                     softmax,
@@ -46,13 +54,16 @@ from .activation import (
                                     tanh,
                                     tanhshrink,
                                     threshold,
+                                    threshold_,
 )
 from .attention import qkv_attention, scaled_dot_product_attention
 from .bilinear import bilinear
 from .conv import conv1d, conv_transpose1d, conv_transpose2d
 from .conv3d import conv3d, conv_transpose3d
+from .ctc_loss import ctc_loss
 from .distance import cosine_similarity, normalize, pairwise_distance
-from .dropout import dropout, dropout1d, dropout2d, dropout3d
+from .dropout import alpha_dropout, dropout, dropout1d, dropout2d, dropout3d, feature_alpha_dropout
+from .embedding_bag import embedding_bag
 from .grid_sample import affine_grid, grid_sample
 from .loss import (
                                     binary_cross_entropy,
@@ -71,13 +82,14 @@ from .loss_margin import (
                                     hinge_embedding_loss,
                                     margin_ranking_loss,
                                     multi_margin_loss,
+                                    multilabel_margin_loss,
                                     multilabel_soft_margin_loss,
                                     poisson_nll_loss,
                                     soft_margin_loss,
                                     triplet_margin_loss,
                                     triplet_margin_with_distance_loss,
 )
-from .misc_ops import channel_shuffle, gumbel_softmax, local_response_norm, lp_pool1d, lp_pool2d, pdist
+from .misc_ops import channel_shuffle, gumbel_softmax, local_response_norm, lp_pool1d, lp_pool2d, lp_pool3d, pdist
 from .norm import (
                                     add_layer_norm,
                                     add_rms_norm,
@@ -90,6 +102,16 @@ from .norm import (
                                     rms_norm,
 )
 from .pixel_shuffle import pixel_shuffle, pixel_unshuffle
+from .pooling import (
+                                    adaptive_max_pool1d_with_indices,
+                                    adaptive_max_pool2d_with_indices,
+                                    adaptive_max_pool3d_with_indices,
+                                    max_pool1d_with_indices,
+                                    max_pool2d_with_indices,
+                                    max_pool3d_with_indices,
+                                    max_unpool1d,
+                                    max_unpool3d,
+)
 from .upsample import interpolate
 
 __all__ = ["conv2d", "conv2d_add", "conv2d_memory_format", "pad_conv2d", "conv1d", "conv_transpose1d",
@@ -112,4 +134,9 @@ __all__ = ["conv2d", "conv2d_add", "conv2d_memory_format", "pad_conv2d", "conv1d
            "batch_norm",
            "pixel_shuffle", "pixel_unshuffle",
            "max_pool2d", "max_unpool2d", "avg_pool2d", "adaptive_avg_pool2d", "interpolate", "max_pool1d", "avg_pool1d",
-           "adaptive_avg_pool1d", "adaptive_max_pool1d", "adaptive_max_pool2d"]
+           "adaptive_avg_pool1d", "adaptive_max_pool1d", "adaptive_max_pool2d",
+           "embedding_bag", "ctc_loss", "rrelu", "rrelu_", "alpha_dropout", "feature_alpha_dropout", "relu_", "elu_",
+           "celu_", "selu_", "leaky_relu_", "hardtanh_", "threshold_", "max_pool1d_with_indices",
+           "max_pool2d_with_indices", "max_pool3d_with_indices", "adaptive_max_pool1d_with_indices",
+           "adaptive_max_pool2d_with_indices", "adaptive_max_pool3d_with_indices", "max_unpool1d", "max_unpool3d",
+           "lp_pool3d", "multilabel_margin_loss"]

@@ -1,6 +1,7 @@
 """Activations and softmax (PyTorch names); the elementwise ops themselves live in flame_core. The activations
 without a kernel of their own are compositions of differentiable Tensor ops (so they also have double backward)."""
 from flame_core.autograd import is_grad_enabled, no_grad
+from flame_core.errors import DTypeError
 from flame_core.ops import activation as A
 from flame_core.ops import creation as C
 from flame_core.ops import elementwise as E
@@ -9,6 +10,10 @@ from flame_core.ops import reduction as R
 
 def relu(input, inplace=False):
     return input.relu_() if inplace else E.relu(input)
+
+
+def relu_(input):
+    return input.relu_()
 
 
 def gelu(input, approximate="none"):
@@ -67,6 +72,30 @@ def leaky_relu(input, negative_slope=0.01, inplace=False):
     return E.where(input > 0, input, input * negative_slope)
 
 
+def leaky_relu_(input, negative_slope=0.01):
+    return leaky_relu(input, negative_slope, inplace=True)
+
+
+def rrelu(input, lower=1.0 / 8, upper=1.0 / 3, training=False, inplace=False):
+    """Randomized leaky ReLU (Xu et al. 2015): in training each element x <= 0 is scaled by its own slope drawn
+    uniformly from [lower, upper] (FLAME's random generator), and the gradient is that slope; in eval,
+    leaky_relu with the mean slope (lower + upper) / 2."""
+    if lower > upper:
+        raise ValueError(f"rrelu: lower bound ({lower}) should be less than or equal to the upper bound ({upper})")
+    if not input.dtype.is_floating_point:
+        raise DTypeError(f"rrelu: expected a floating point input, got {input.dtype}")
+    if not training:
+        return leaky_relu(input, (lower + upper) / 2, inplace)
+    with no_grad():
+        drawn = C.rand(tuple(input.shape), dtype=input.dtype, device=input.device) * (upper - lower) + lower
+        slope = E.where(input > 0, C.ones_like(drawn), drawn)
+    return input.mul_(slope) if inplace else input * slope
+
+
+def rrelu_(input, lower=1.0 / 8, upper=1.0 / 3, training=False):
+    return rrelu(input, lower, upper, training, inplace=True)
+
+
 def _elu(x, alpha):
     neg = (E.exp(E.clamp(x, max=0.0)) - 1.0) * alpha  # clamped: no inf in the unused branch's gradient
     return E.where(x > 0, x, neg)
@@ -75,6 +104,10 @@ def _elu(x, alpha):
 def elu(input, alpha=1.0, inplace=False):
     """x for x > 0, alpha * (exp(x) - 1) otherwise."""
     return _inplace(lambda x: _elu(x, alpha), input) if inplace else _elu(input, alpha)
+
+
+def elu_(input, alpha=1.0):
+    return elu(input, alpha, inplace=True)
 
 
 def softplus(input, beta=1.0, threshold=20.0):
@@ -119,6 +152,10 @@ def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
     return _inplace(lambda x: _hardtanh(x, min_val, max_val), input) if inplace else _hardtanh(input, min_val, max_val)
 
 
+def hardtanh_(input, min_val=-1.0, max_val=1.0):
+    return hardtanh(input, min_val, max_val, inplace=True)
+
+
 def relu6(input, inplace=False):
     """hardtanh(x, 0, 6)."""
     return hardtanh(input, 0.0, 6.0, inplace)
@@ -154,6 +191,10 @@ def selu(input, inplace=False):
     return _inplace(f, input) if inplace else f(input)
 
 
+def selu_(input):
+    return selu(input, inplace=True)
+
+
 def _celu(x, alpha):
     return E.where(x > 0, x, (E.exp(E.clamp(x, max=0.0) * (1.0 / alpha)) - 1.0) * alpha)
 
@@ -165,10 +206,23 @@ def celu(input, alpha=1.0, inplace=False):
     return _inplace(lambda x: _celu(x, alpha), input) if inplace else _celu(input, alpha)
 
 
+def celu_(input, alpha=1.0):
+    return celu(input, alpha, inplace=True)
+
+
+def _threshold(x, threshold, value):
+    return E.where(x > threshold, x, C.full_like(x, value))
+
+
 def threshold(input, threshold, value, inplace=False):
     """x where x > threshold, else `value` (no gradient there)."""
-    f = lambda x: E.where(x > threshold, x, C.full_like(x, value))  # noqa: E731
-    return _inplace(f, input) if inplace else f(input)
+    if inplace:
+        return _inplace(lambda x: _threshold(x, threshold, value), input)
+    return _threshold(input, threshold, value)
+
+
+def threshold_(input, threshold, value):
+    return _inplace(lambda x: _threshold(x, threshold, value), input)
 
 
 def hardshrink(input, lambd=0.5):

@@ -1,5 +1,6 @@
 """dropout: zero each element with probability p and scale the survivors by 1/(1-p) (training only);
-dropout1d / 2d / 3d: the same per channel."""
+dropout1d / 2d / 3d: the same per channel; alpha_dropout / feature_alpha_dropout: SELU's self-normalising form."""
+import math
 import warnings
 
 from flame_core.autograd import no_grad
@@ -67,3 +68,37 @@ def dropout2d(input, p=0.5, training=True, inplace=False, generator=None):
 def dropout3d(input, p=0.5, training=True, inplace=False, generator=None):
     """Channel dropout of (N, C, D, H, W) or (C, D, H, W)."""
     return _feature_dropout("dropout3d", input, p, training, inplace, 3, generator)
+
+
+# alpha dropout (Klambauer et al. 2017): a dropped unit takes SELU's negative saturation -scale * alpha, then an affine
+# map a x + b restores zero mean and unit variance; PyTorch's constants
+_SELU_SATURATION = 1.7580993408473766
+
+
+def _alpha_drop(name, input, p, training, inplace, mask_shape):
+    _check_p(f"{name}: ", p)
+    if not training or p == 0.0:
+        return input
+    if p == 1.0:
+        return input.mul_(0.0) if inplace else input * 0.0
+    a = 1.0 / math.sqrt((_SELU_SATURATION ** 2 * p + 1.0) * (1.0 - p))
+    with no_grad():
+        keep = (rand(mask_shape, dtype=input.dtype, device=input.device) >= p).to(input.dtype)
+        shift = (keep - 1.0) * (_SELU_SATURATION * a) + _SELU_SATURATION * a * p
+        keep = keep * a
+    return input.mul_(keep).add_(shift) if inplace else input * keep + shift
+
+
+def alpha_dropout(input, p=0.5, training=False, inplace=False):
+    """Each element kept with probability 1 - p, else set to SELU's saturation value, then a x + b: the input's
+    mean and variance are kept for SELU activations (identity in eval or at p = 0)."""
+    return _alpha_drop("alpha_dropout", input, p, training, inplace, tuple(input.shape))
+
+
+def feature_alpha_dropout(input, p=0.5, training=False, inplace=False):
+    """alpha_dropout of whole channels: one draw per (sample, channel) of an input (N, C, *)."""
+    if training and 0.0 < p <= 1.0 and input.ndim < 2:
+        raise ValueError(f"feature_alpha_dropout: Feature dropout requires at least 2 dimensions in the input, got "
+                         f"shape {tuple(input.shape)}")
+    return _alpha_drop("feature_alpha_dropout", input, p, training, inplace,
+                       tuple(input.shape[:2]) + (1,) * (input.ndim - 2))

@@ -1,12 +1,14 @@
 """PyTorch's ranking, embedding and margin losses and its Poisson / Gaussian negative log-likelihoods:
 margin_ranking_loss, hinge_embedding_loss, soft_margin_loss, cosine_embedding_loss, multilabel_soft_margin_loss,
-multi_margin_loss, triplet_margin_loss, triplet_margin_with_distance_loss, poisson_nll_loss, gaussian_nll_loss.
+multi_margin_loss, multilabel_margin_loss, triplet_margin_loss, triplet_margin_with_distance_loss, poisson_nll_loss,
+gaussian_nll_loss.
 Each is PyTorch's formula (its epsilons included) composed of differentiable ops; `reduction` is 'mean', 'sum' or
 'none', and the deprecated size_average / reduce flags map onto it as in the other losses."""
 import math
 
-from flame_core.errors import ShapeError, fmt_shape
+from flame_core.errors import DTypeError, ShapeError, fmt_shape
 from flame_core.ops import elementwise as E
+from flame_core.ops.indexing import one_hot
 from flame_core.tensor import Tensor
 
 from .activation import logsigmoid
@@ -83,12 +85,37 @@ def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=
         terms = terms * terms
     if weight is not None:
         terms = terms * weight.gather(0, y).unsqueeze(1)
-    from flame_core.ops.indexing import one_hot
     not_target = 1 - one_hot(y, C).to(terms.dtype)
     loss = (terms * not_target).sum(1) / C
     if input.ndim == 1:
         loss = loss.reshape(())
     return _reduce(loss, reduction)
+
+
+def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    """Multi-label hinge loss of x (N, C) (or (C,)) and target class indices of the same shape, read up to the first
+    -1: sum over target classes j and non-target classes i of max(0, 1 - (x[j] - x[i])) / C."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    if input.ndim not in (1, 2) or input.numel() == 0 and input.ndim == 1:
+        raise ShapeError(f"multilabel_margin_loss: expected a non-empty (C,) or (N, C) input, got "
+                         f"{fmt_shape(input.shape)}")
+    if tuple(target.shape) != tuple(input.shape):
+        raise ShapeError(f"multilabel_margin_loss: inconsistent target size {fmt_shape(target.shape)} for input of "
+                         f"size {fmt_shape(input.shape)}")
+    if target.dtype.is_floating_point:
+        raise DTypeError(f"multilabel_margin_loss: target must hold class indices (int64), got {target.dtype}")
+    x, y = (input, target) if input.ndim == 2 else (input.unsqueeze(0), target.unsqueeze(0))
+    C = x.shape[1]
+    listed = (y != -1).long().cumprod(1).bool()                          # (N, C): the entries before the first -1
+    if bool((listed & ((y < 0) | (y >= C))).any()):
+        raise IndexError(f"multilabel_margin_loss: target class indices must be in [0, {C}) or -1 to end the list")
+    y = y.masked_fill(~listed, 0).long()
+    is_target = (one_hot(y, C) * listed.long().unsqueeze(-1)).sum(1) > 0     # (N, C)
+    x_target = x.gather(1, y)                                            # (N, C): x at each listed class
+    hinge = (1 - x_target.unsqueeze(2) + x.unsqueeze(1)).clamp(min=0)   # (N, j, i)
+    pairs = listed.unsqueeze(2) & ~is_target.unsqueeze(1)
+    loss = (hinge * pairs.to(hinge.dtype)).sum((1, 2)) / C
+    return _reduce(loss if input.ndim == 2 else loss.reshape(()), reduction)
 
 
 def triplet_margin_with_distance_loss(anchor, positive, negative, *, distance_function=None, margin=1.0,

@@ -1,10 +1,11 @@
-"""Smaller PyTorch functionals, composed of differentiable ops: pdist, channel_shuffle, lp_pool1d / lp_pool2d,
+"""Smaller PyTorch functionals, composed of differentiable ops: pdist, channel_shuffle, lp_pool1d / 2d / 3d,
 local_response_norm and gumbel_softmax, with PyTorch's formulas and argument rules."""
 import flame_core as flame
 from flame_core.errors import ShapeError, fmt_shape
 from flame_core.ops import elementwise as E
 from flame_core.ops import pooling as P
 from flame_core.ops.indexing import pad
+from flame_core.ops.pooling3d import avg_pool3d
 
 
 def pdist(input, p=2.0):
@@ -49,6 +50,12 @@ def lp_pool1d(input, norm_type, kernel_size, stride=None, ceil_mode=False):
     k = kernel_size if isinstance(kernel_size, int) else tuple(kernel_size)[0]
     out = P.avg_pool1d(input ** norm_type, k, stride, 0, ceil_mode)
     return (E.sign(out) * (out.abs().relu())).mul(k) ** (1.0 / norm_type)
+
+
+def lp_pool3d(input, norm_type, kernel_size, stride=None, ceil_mode=False):
+    kd, kh, kw = (kernel_size,) * 3 if isinstance(kernel_size, int) else tuple(kernel_size)
+    out = avg_pool3d(input ** norm_type, (kd, kh, kw), stride, 0, ceil_mode)
+    return (E.sign(out) * (out.abs().relu())).mul(kd * kh * kw) ** (1.0 / norm_type)
 
 
 def local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):

@@ -16,6 +16,7 @@ from .activation import (
                          PReLU,
                          ReLU,
                          ReLU6,
+                         RReLU,
                          Sigmoid,
                          SiLU,
                          Softmax,
@@ -29,20 +30,22 @@ from .activation import (
                          Threshold,
 )
 from .attention import MultiheadAttention
-from .batchnorm import BatchNorm1d, BatchNorm2d
+from .batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d
 from .conv import Conv1d, Conv2d, Conv3d
 from .conv_transpose import ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from .distance import CosineSimilarity, PairwiseDistance
-from .dropout import Dropout, Dropout1d, Dropout2d, Dropout3d
-from .embedding import Embedding
+from .dropout import AlphaDropout, Dropout, Dropout1d, Dropout2d, Dropout3d, FeatureAlphaDropout
+from .embedding import Embedding, EmbeddingBag
 from .fold import Fold, Unfold
 from .instancenorm import InstanceNorm1d, InstanceNorm2d, InstanceNorm3d
+from .lazy import LazyBatchNorm1d, LazyBatchNorm2d, LazyBatchNorm3d, LazyLinear
 from .linear import Bilinear, Flatten, Identity, Linear, Unflatten
 from .loss import (
                          BCELoss,
                          BCEWithLogitsLoss,
                          CosineEmbeddingLoss,
                          CrossEntropyLoss,
+                         CTCLoss,
                          GaussianNLLLoss,
                          HingeEmbeddingLoss,
                          HuberLoss,
@@ -50,6 +53,7 @@ from .loss import (
                          L1Loss,
                          MarginRankingLoss,
                          MSELoss,
+                         MultiLabelMarginLoss,
                          MultiLabelSoftMarginLoss,
                          MultiMarginLoss,
                          NLLLoss,
@@ -59,7 +63,7 @@ from .loss import (
                          TripletMarginLoss,
                          TripletMarginWithDistanceLoss,
 )
-from .misc import ChannelShuffle, LocalResponseNorm, LPPool1d, LPPool2d
+from .misc import ChannelShuffle, LocalResponseNorm, LPPool1d, LPPool2d, LPPool3d
 from .norm import GroupNorm, LayerNorm, RMSNorm
 from .padding import (
                          CircularPad1d,
@@ -83,6 +87,7 @@ from .pooling import (
                          AdaptiveAvgPool1d,
                          AdaptiveAvgPool2d,
                          AdaptiveAvgPool3d,
+                         AdaptiveMaxPool1d,
                          AdaptiveMaxPool2d,
                          AdaptiveMaxPool3d,
                          AvgPool1d,
@@ -91,7 +96,9 @@ from .pooling import (
                          MaxPool1d,
                          MaxPool2d,
                          MaxPool3d,
+                         MaxUnpool1d,
                          MaxUnpool2d,
+                         MaxUnpool3d,
                          Upsample,
                          UpsamplingBilinear2d,
                          UpsamplingNearest2d,

@@ -1,6 +1,6 @@
 """PyTorch's activations as modules: ReLU, GELU, SiLU, Tanh, Sigmoid, Softmax, LeakyReLU, ELU, Softplus, Mish,
 Hardswish, Hardtanh, ReLU6, Hardsigmoid, LogSigmoid, Softsign, Tanhshrink, SELU, CELU, Threshold, Hardshrink,
-Softshrink, Softmin, GLU, PReLU, LogSoftmax, Softmax2d."""
+Softshrink, Softmin, GLU, PReLU, LogSoftmax, Softmax2d, RReLU."""
 import flame_core as flame
 
 from .. import functional as F
@@ -91,6 +91,20 @@ class LeakyReLU(Module):
 
     def extra_repr(self):
         return f"negative_slope={self.negative_slope}" + (", inplace=True" if self.inplace else "")
+
+
+class RReLU(Module):
+    """Randomized leaky ReLU: a random slope in [lower, upper] for each x <= 0 in training, their mean in eval."""
+
+    def __init__(self, lower=1.0 / 8, upper=1.0 / 3, inplace=False):
+        super().__init__()
+        self.lower, self.upper, self.inplace = lower, upper, inplace
+
+    def forward(self, input):
+        return F.rrelu(input, self.lower, self.upper, self.training, self.inplace)
+
+    def extra_repr(self):
+        return f"lower={self.lower}, upper={self.upper}" + (", inplace=True" if self.inplace else "")
 
 
 class ELU(Module):

@@ -1,4 +1,4 @@
-"""BatchNorm1d / BatchNorm2d with PyTorch's parameters, buffers (running_mean, running_var, num_batches_tracked) and
+"""BatchNorm1d / 2d / 3d with PyTorch's parameters, buffers (running_mean, running_var, num_batches_tracked) and
 state_dict keys.
 
 momentum=None keeps a cumulative average: the running statistics move by 1 / num_batches_tracked each step.
@@ -15,13 +15,13 @@ class _BatchNorm(Module):
     _dims = ()
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, device=None,
-                 dtype=None):
+                 dtype=None, *, bias=True):
         super().__init__()
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.affine, self.track_running_stats = affine, track_running_stats
         if affine:
             self.weight = new_parameter((num_features,), dtype, device)
-            self.bias = new_parameter((num_features,), dtype, device)
+            self.register_parameter("bias", new_parameter((num_features,), dtype, device) if bias else None)
         else:
             self.register_parameter("weight", None)
             self.register_parameter("bias", None)
@@ -47,7 +47,8 @@ class _BatchNorm(Module):
         self.reset_running_stats()
         if self.affine:
             init.ones_(self.weight)
-            init.zeros_(self.bias)
+            if self.bias is not None:
+                init.zeros_(self.bias)
 
     def _check_input_dim(self, input):
         if input.ndim not in self._dims:
@@ -84,3 +85,8 @@ class BatchNorm1d(_BatchNorm):
 class BatchNorm2d(_BatchNorm):
     """Input (N, C, H, W)."""
     _dims = (4,)
+
+
+class BatchNorm3d(_BatchNorm):
+    """Input (N, C, D, H, W)."""
+    _dims = (5,)

@@ -1,4 +1,4 @@
-"""Dropout, Dropout1d, Dropout2d, Dropout3d."""
+"""Dropout, Dropout1d, Dropout2d, Dropout3d, AlphaDropout, FeatureAlphaDropout."""
 from .. import functional as F
 from ..module import Module
 
@@ -36,3 +36,18 @@ class Dropout3d(Dropout):
 
     def forward(self, input):
         return F.dropout3d(input, self.p, self.training, self.inplace)
+
+
+class AlphaDropout(Dropout):
+    """SELU-preserving dropout (F.alpha_dropout): dropped units take SELU's saturation value, then an affine map
+    keeps the mean and variance."""
+
+    def forward(self, input):
+        return F.alpha_dropout(input, self.p, self.training, self.inplace)
+
+
+class FeatureAlphaDropout(Dropout):
+    """AlphaDropout of whole channels of (N, C, *) (F.feature_alpha_dropout)."""
+
+    def forward(self, input):
+        return F.feature_alpha_dropout(input, self.p, self.training, self.inplace)

@@ -1,8 +1,10 @@
-"""Embedding: a lookup table of num_embeddings vectors (rows picked by integer indices)."""
+"""Embedding: a lookup table of num_embeddings vectors (rows picked by integer indices); EmbeddingBag: reduced bags
+of them."""
 from .. import functional as F
 from .. import init
 from ..empty_init import new_parameter
 from ..module import Module
+from ..parameter import Parameter
 
 
 class Embedding(Module):
@@ -29,4 +31,60 @@ class Embedding(Module):
 
     def extra_repr(self):
         s = f"{self.num_embeddings}, {self.embedding_dim}"
+        return s + (f", padding_idx={self.padding_idx}" if self.padding_idx is not None else "")
+
+
+class EmbeddingBag(Module):
+    """Sums, means or maxima of bags of embeddings (F.embedding_bag) without the per-index embeddings in between:
+    forward(input, offsets=None, per_sample_weights=None) -> (B, embedding_dim)."""
+
+    def __init__(self, num_embeddings, embedding_dim, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
+                 mode="mean", sparse=False, _weight=None, include_last_offset=False, padding_idx=None, device=None,
+                 dtype=None):
+        super().__init__()
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise ValueError(f"EmbeddingBag: padding_idx {padding_idx} must be within num_embeddings "
+                                 f"{num_embeddings}")
+            padding_idx %= num_embeddings
+        self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
+        self.max_norm, self.norm_type, self.scale_grad_by_freq = max_norm, norm_type, scale_grad_by_freq
+        self.mode, self.sparse, self.include_last_offset = mode, sparse, include_last_offset
+        if _weight is None:
+            self.weight = new_parameter((num_embeddings, embedding_dim), dtype, device)
+            self.reset_parameters()
+        else:
+            if tuple(_weight.shape) != (num_embeddings, embedding_dim):
+                raise ValueError(f"EmbeddingBag: _weight of shape {tuple(_weight.shape)} does not match "
+                                 f"num_embeddings, embedding_dim ({num_embeddings}, {embedding_dim})")
+            self.weight = Parameter(_weight)
+
+    reset_parameters = Embedding.reset_parameters
+
+    @classmethod
+    def from_pretrained(cls, embeddings, freeze=True, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
+                        mode="mean", sparse=False, include_last_offset=False, padding_idx=None):
+        """An EmbeddingBag whose weight is `embeddings` (num_embeddings, embedding_dim), shared (no copy) and frozen
+        unless freeze=False."""
+        if embeddings.ndim != 2:
+            raise ValueError(f"Embeddings parameter is expected to be 2-dimensional, got {tuple(embeddings.shape)}")
+        bag = cls(*embeddings.shape, max_norm=max_norm, norm_type=norm_type, scale_grad_by_freq=scale_grad_by_freq,
+                  mode=mode, sparse=sparse, _weight=embeddings, include_last_offset=include_last_offset,
+                  padding_idx=padding_idx)
+        bag.weight.requires_grad_(not freeze)
+        return bag
+
+    def forward(self, input, offsets=None, per_sample_weights=None):
+        return F.embedding_bag(input, self.weight, offsets, self.max_norm, self.norm_type, self.scale_grad_by_freq,
+                               self.mode, self.sparse, per_sample_weights, self.include_last_offset, self.padding_idx)
+
+    def extra_repr(self):
+        s = f"{self.num_embeddings}, {self.embedding_dim}"
+        if self.max_norm is not None:
+            s += f", max_norm={self.max_norm}"
+        if self.norm_type != 2:
+            s += f", norm_type={self.norm_type}"
+        if self.scale_grad_by_freq:
+            s += f", scale_grad_by_freq={self.scale_grad_by_freq}"
+        s += f", mode='{self.mode}'"
         return s + (f", padding_idx={self.padding_idx}" if self.padding_idx is not None else "")

@@ -1,6 +1,6 @@
 """Loss modules (PyTorch's names, arguments and buffers): L1Loss, MSELoss, SmoothL1Loss, HuberLoss, NLLLoss,
-CrossEntropyLoss, BCELoss, BCEWithLogitsLoss, KLDivLoss, and the ranking / margin / embedding losses and the
-Poisson / Gaussian NLLs (flame_nn.functional.loss_margin). `weight` / `pos_weight` are buffers, as in PyTorch."""
+CrossEntropyLoss, BCELoss, BCEWithLogitsLoss, KLDivLoss, CTCLoss, and the ranking / margin / embedding losses and
+the Poisson / Gaussian NLLs (flame_nn.functional.loss_margin). `weight` / `pos_weight` are buffers, as in PyTorch."""
 from .. import functional as F
 from ..functional.loss import _legacy_reduction
 from ..module import Module
@@ -127,6 +127,21 @@ class CosineEmbeddingLoss(_Loss):
 class MultiLabelSoftMarginLoss(_WeightedLoss):
     def forward(self, input, target):
         return F.multilabel_soft_margin_loss(input, target, weight=self.weight, reduction=self.reduction)
+
+
+class MultiLabelMarginLoss(_Loss):
+    def forward(self, input, target):
+        return F.multilabel_margin_loss(input, target, reduction=self.reduction)
+
+
+class CTCLoss(_Loss):
+    def __init__(self, blank=0, reduction="mean", zero_infinity=False):
+        super().__init__(reduction=reduction)
+        self.blank, self.zero_infinity = blank, zero_infinity
+
+    def forward(self, log_probs, targets, input_lengths, target_lengths):
+        return F.ctc_loss(log_probs, targets, input_lengths, target_lengths, self.blank, self.reduction,
+                          self.zero_infinity)
 
 
 class MultiMarginLoss(_WeightedLoss):

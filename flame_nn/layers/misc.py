@@ -1,5 +1,5 @@
 """Module forms of the smaller functionals (flame_nn.functional.misc_ops): ChannelShuffle, LPPool1d, LPPool2d,
-LocalResponseNorm, with PyTorch's arguments and reprs."""
+LPPool3d, LocalResponseNorm, with PyTorch's arguments and reprs."""
 from .. import functional as F
 from ..module import Module
 
@@ -37,6 +37,10 @@ class LPPool1d(_LPPoolNd):
 
 class LPPool2d(_LPPoolNd):
     _fn = staticmethod(F.lp_pool2d)
+
+
+class LPPool3d(_LPPoolNd):
+    _fn = staticmethod(F.lp_pool3d)
 
 
 class LocalResponseNorm(Module):

@@ -1,5 +1,4 @@
-"""MaxPool2d, MaxUnpool2d, AvgPool2d, AdaptiveAvgPool2d, MaxPool1d, AvgPool1d, AdaptiveAvgPool1d,
-AdaptiveMaxPool2d, Upsample."""
+"""Max / average / adaptive poolings in 1, 2 and 3 dimensions, MaxUnpool1d / 2d / 3d, Upsample."""
 from .. import functional as F
 from ..module import Module
 
@@ -27,19 +26,36 @@ class MaxPool2d(_MaxPoolNd):
     _fn = staticmethod(F.max_pool2d)
 
 
-class MaxUnpool2d(Module):
-    """The inverse of MaxPool2d(return_indices=True): forward(input, indices, output_size=None)."""
+class _MaxUnpoolNd(Module):
+    """The inverse of MaxPoolNd(return_indices=True): forward(input, indices, output_size=None); the arguments kept
+    as `_dims`-tuples, as PyTorch's (the functional form in `_fn`)."""
+    _fn, _dims = None, 0
 
     def __init__(self, kernel_size, stride=None, padding=0):
         super().__init__()
-        self.kernel_size, self.stride = kernel_size, stride if stride is not None else kernel_size
-        self.padding = padding
+        n = self._dims
+        self.kernel_size = (kernel_size,) * n if isinstance(kernel_size, int) else tuple(kernel_size)
+        stride = self.kernel_size if stride is None else stride
+        self.stride = (stride,) * n if isinstance(stride, int) else tuple(stride)
+        self.padding = (padding,) * n if isinstance(padding, int) else tuple(padding)
 
     def forward(self, input, indices, output_size=None):
-        return F.max_unpool2d(input, indices, self.kernel_size, self.stride, self.padding, output_size)
+        return type(self)._fn(input, indices, self.kernel_size, self.stride, self.padding, output_size)
 
     def extra_repr(self):
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class MaxUnpool1d(_MaxUnpoolNd):
+    _fn, _dims = staticmethod(F.max_unpool1d), 1
+
+
+class MaxUnpool2d(_MaxUnpoolNd):
+    _fn, _dims = staticmethod(F.max_unpool2d), 2
+
+
+class MaxUnpool3d(_MaxUnpoolNd):
+    _fn, _dims = staticmethod(F.max_unpool3d), 3
 
 
 class _AvgPoolNd(Module):
@@ -148,6 +164,10 @@ class _AdaptiveMaxPoolNd(Module):
 
     def extra_repr(self):
         return f"output_size={self.output_size}"
+
+
+class AdaptiveMaxPool1d(_AdaptiveMaxPoolNd):
+    _fn = staticmethod(F.adaptive_max_pool1d)
 
 
 class AdaptiveMaxPool2d(_AdaptiveMaxPoolNd):
