@@ -1,6 +1,5 @@
 """flame_nn.functional: stateless ops with PyTorch's names and signatures (`import flame_nn.functional as F`)."""
 from flame_core.ops.conv import conv2d, conv2d_add, conv2d_memory_format, pad_conv2d
-from flame_core.ops.embedding import embedding
 from flame_core.ops.im2col import fold, unfold
 from flame_core.ops.indexing import one_hot, pad
 from flame_core.ops.linear import linear
@@ -63,6 +62,7 @@ from .conv3d import conv3d, conv_transpose3d
 from .ctc_loss import ctc_loss
 from .distance import cosine_similarity, normalize, pairwise_distance
 from .dropout import alpha_dropout, dropout, dropout1d, dropout2d, dropout3d, feature_alpha_dropout
+from .embedding import embedding
 from .embedding_bag import embedding_bag
 from .grid_sample import affine_grid, grid_sample
 from .loss import (

@@ -4,22 +4,10 @@ F.embedding and reduced over L, so the gradients to weight and per_sample_weight
 import numpy as np
 
 import flame_core as flame
-from flame_core.autograd import Function, no_grad
 from flame_core.errors import DTypeError, fmt_shape
 from flame_core.ops.embedding import embedding
 
-
-class _ScaleGrad(Function):
-    """Identity forward; the gradient times `scale` (scale_grad_by_freq)."""
-
-    @staticmethod
-    def forward(ctx, x, scale):
-        ctx.scale = scale
-        return x.detach()
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * ctx.scale, None
+from .embedding import ScaleGrad, renorm_rows_
 
 
 def _bag_layout(input, offsets, include_last_offset):
@@ -103,17 +91,14 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
         mask = flame.zeros((idx.shape[0], 1), dtype=flame.bool, device=idx.device)
         psw = None
     if max_norm is not None:
-        with no_grad():
-            rows = weight[idx.reshape(-1)]
-            norms = rows.norm(p=norm_type, dim=1, keepdim=True)
-            weight[idx.reshape(-1)] = rows * flame.where(norms > max_norm, max_norm / (norms + 1e-7), 1.0)
+        renorm_rows_(weight, idx, max_norm, norm_type)
 
     # look up (B, L, D), weigh, reduce over L
     valid = mask if padding_idx is None else mask & (idx != padding_idx)
     rows = embedding(idx, weight)
     if scale_grad_by_freq:
-        freq = flame.bincount(input.reshape(-1).long(), minlength=num)[idx]
-        rows = _ScaleGrad.apply(rows, (1.0 / freq.to(rows.dtype)).unsqueeze(-1))
+        freq = flame.bincount(input.reshape(-1).long(), minlength=num)[idx]   # the input's counts, at the slots
+        rows = ScaleGrad.apply(rows, (1.0 / freq.to(rows.dtype)).unsqueeze(-1))
     count = valid.sum(1, keepdim=True)                                         # (B, 1)
     if mode == "max":
         out = rows.masked_fill(~valid.unsqueeze(-1), float("-inf")).max(1)[0]

@@ -68,6 +68,11 @@ def _renorm_bag(L, w, idx, off):
     return out, table
 
 
+def _renorm_lookup(L, w, idx):
+    table = w * 1.0                                        # the in-place renormalisation lands on this copy
+    return L.nn.functional.embedding(idx, table, max_norm=1.0, norm_type=3.0) * 2.0, table
+
+
 CASES = {
     # embedding_bag / EmbeddingBag
     "bag_sum": (lambda L, w, i, o: L.nn.functional.embedding_bag(i, w, o, mode="sum"),
@@ -140,4 +145,11 @@ CASES = {
     "multilabel_margin_row": (lambda L, x, t: L.nn.functional.multilabel_margin_loss(x, t, reduction="sum"),
                               ["ml_row", "ml_tg_row"], True),
     "batch_norm3d": (_bn3d, ["x5"], True),
+    # embedding's whole signature and Embedding.from_pretrained
+    "embedding_max_norm": (_renorm_lookup, ["table", "bag_2d"], True),
+    "embedding_freq_padding": (lambda L, w, i: L.nn.functional.embedding(i, w, padding_idx=-2, scale_grad_by_freq=True),
+                               ["table", "bag_2d"], True),
+    "embedding_from_pretrained": (lambda L, w, i: L.nn.Embedding.from_pretrained(w, freeze=False, padding_idx=4,
+                                                                                 max_norm=1.5, norm_type=1.0)(i),
+                                  ["table", "bag_2d"], True),
 }

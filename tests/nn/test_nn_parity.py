@@ -416,3 +416,20 @@ def test_lazy_batch_norm_infers_num_features(device):
     np.testing.assert_allclose(npa(bn.running_var), npa(ref.running_var), rtol=1e-6)
     with pytest.raises(ValueError, match="5D"):
         nn.LazyBatchNorm3d()(x)
+
+
+def test_embedding_from_pretrained_shares_and_freezes(device):
+    w = flame.randn(5, 3, device=device)
+    emb = nn.Embedding.from_pretrained(w)
+    assert not emb.weight.requires_grad and emb.weight.data_ptr() == w.data_ptr()
+    assert nn.Embedding.from_pretrained(w, freeze=False).weight.requires_grad
+    np.testing.assert_array_equal(emb(flame.tensor([4, 0], device=device)).cpu().numpy(), w.cpu().numpy()[[4, 0]])
+    assert repr(nn.Embedding(5, 3, padding_idx=-1, max_norm=2.0)) == "Embedding(5, 3, padding_idx=4, max_norm=2.0)"
+    with pytest.raises(ValueError, match="2-dimensional"):
+        nn.Embedding.from_pretrained(flame.zeros(3, device=device))
+    with pytest.raises(NotImplementedError, match="sparse"):
+        nn.Embedding(4, 2, sparse=True)
+    with pytest.raises(NotImplementedError, match="sparse"):
+        F.embedding(flame.tensor([0], device=device), w, sparse=True)
+    with pytest.raises(ValueError, match="padding_idx 7 must be within num_embeddings 5"):
+        F.embedding(flame.tensor([0], device=device), w, padding_idx=7)
