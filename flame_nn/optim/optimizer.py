@@ -131,6 +131,14 @@ class Optimizer:
         return "\n".join(lines) + "\n)"
 
 
+def reject_unsupported(name, **options):
+    """ValueError naming the PyTorch implementation options set (truthy) that FLAME's optimizers cannot honour."""
+    bad = [f"{k}={v}" for k, v in options.items() if v]
+    if bad:
+        raise ValueError(f"{name}: {', '.join(bad)} is not supported (FLAME updates parameter by parameter under "
+                         f"no_grad, the step count on the host); leave it at its default")
+
+
 def _closure_loss(closure):
     if closure is None:
         return None
