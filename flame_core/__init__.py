@@ -28,8 +28,9 @@ from .dtypes import bool_ as bool  # noqa: PLC0414
 from .dtypes import float as float  # noqa: PLC0414  (flame.float is float32, as torch.float)
 from .dtypes import int as int  # noqa: PLC0414
 from .errors import AutogradError, DeviceError, DTypeError, FlameError, OutOfMemoryError, ShapeError
-from .linalg import det, logdet, matrix_power, pinverse, slogdet
+from .linalg import det, logdet, matrix_exp, matrix_power, pinverse, slogdet
 from .linalg import inv as inverse
+from .linalg.legacy import cholesky, cholesky_inverse, cholesky_solve, qr, svd, triangular_solve
 from .memory_formats import channels_last, contiguous_format, memory_format, preserve_format
 from .ops import torch_functions as _torch_functions
 from .ops.activation import gelu, silu, softplus
@@ -157,6 +158,7 @@ from .ops.math_ops import (
     acosh,
     addcdiv,
     addcmul,
+    angle,
     arctan2,
     asin,
     asinh,
@@ -237,7 +239,7 @@ from .ops.reduction import (
 )
 from .ops.renorm import renorm
 from .ops.sampling import bernoulli, multinomial, normal
-from .ops.scatter import index_add, scatter, scatter_reduce
+from .ops.scatter import index_add, index_reduce, scatter, scatter_reduce
 from .ops.scatter_copies import diagonal_scatter, index_put, masked_scatter, select_scatter, slice_scatter
 from .ops.shape import (
     broadcast_shapes,
@@ -272,6 +274,7 @@ from .ops.shape import (
 )
 from .ops.sorting import argsort, msort, sort, topk, unique, unique_consecutive
 from .ops.special_fns import digamma, lgamma, mvlgamma, polygamma
+from .ops.strided import as_strided, as_strided_scatter, empty_strided
 from .ops.windows import bartlett_window, blackman_window, hamming_window, hann_window, kaiser_window
 from .random import Generator, default_generator, get_rng_state, manual_seed, seed, set_rng_state
 from .serialization import load, save

@@ -81,7 +81,8 @@ class enable_grad(_Switch):
 
 
 class inference_mode(_Mode):
-    """Like no_grad; tensors made inside are marked as inference tensors (they never record history)."""
+    """Like no_grad (is_inference_mode_enabled() is True inside). The tensors made inside are not marked as PyTorch's
+    inference tensors: they behave as tensors made under no_grad (usable in autograd afterwards)."""
 
     def __init__(self, mode=True):
         self._args = (mode,)

@@ -12,6 +12,7 @@ from ._common import LinAlgError
 from .cholesky import cholesky
 from .det import det, logdet, slogdet
 from .eigh import eigh, eigvalsh
+from .matrix_exp import matrix_exp
 from .matrix_functions import (
     cross,
     diagonal,
@@ -33,14 +34,20 @@ norm, vector_norm, matrix_norm = _np_names(norm), _np_names(vector_norm), _np_na
 
 __all__ = ["LinAlgError", "norm", "vector_norm", "matrix_norm", "solve", "inv", "svd", "svdvals", "det", "slogdet",
            "cholesky", "qr", "eigh", "eigvalsh", "matrix_power", "multi_dot", "vecdot", "cross", "diagonal", "pinv",
-           "matrix_rank", "solve_triangular"]
+           "matrix_rank", "solve_triangular", "matrix_exp"]
 
 
 def _install_methods():
-    """Tensor.det / logdet / slogdet / inverse / pinverse / matrix_power, as PyTorch's."""
+    """Tensor.det / logdet / slogdet / inverse / pinverse / matrix_power / matrix_exp and the older svd / qr /
+    cholesky / cholesky_solve / cholesky_inverse / triangular_solve (legacy.py), as PyTorch's."""
     from ..tensor import Tensor
+    from . import legacy as LG
     Tensor.det, Tensor.logdet, Tensor.slogdet = det, logdet, slogdet
     Tensor.inverse, Tensor.pinverse, Tensor.matrix_power = inv, pinverse, matrix_power
+    Tensor.matrix_exp = matrix_exp
+    Tensor.svd, Tensor.qr, Tensor.cholesky = LG.svd, LG.qr, LG.cholesky
+    Tensor.cholesky_solve, Tensor.cholesky_inverse = LG.cholesky_solve, LG.cholesky_inverse
+    Tensor.triangular_solve = LG.triangular_solve
 
 
 _install_methods()

@@ -446,3 +446,14 @@ def nextafter(input, other):
         raise TypeError(f"nextafter: expected floating point operands, got {D.dtype_of(dt).name}")
     xp = backend.xp_of(xa if isinstance(input, Tensor) else xb)
     return _wrap(xp.asarray(xp.nextafter(xa, xb)).astype(dt, copy=False))
+
+
+
+Angle = E._unary("Angle", lambda xp, a: xp.where(a < 0, a.dtype.type(math.pi), xp.where(a != a, a, 0)).astype(a.dtype),
+                 lambda g, x, y: g * 0, saves="")
+
+
+def angle(input):
+    """The argument of each (real) element: pi where it is negative, 0 elsewhere, NaN kept; a float result, with a
+    zero gradient (PyTorch's for real input)."""
+    return Angle.apply(input)

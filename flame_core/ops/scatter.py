@@ -223,6 +223,30 @@ def scatter_reduce(input, dim, index, src, reduce, *, include_self=True):
     return ScatterReduce.apply(input, d, index, src, reduce, bool(include_self))
 
 
+
+def index_reduce(input, dim, index, source, reduce, *, include_self=True):
+    """torch.index_reduce: reduce ("prod", "mean", "amax", "amin") the slices of source along dim into input's
+    slices at the 1-D index (a scatter_reduce whose index is the same along every other dim)."""
+    if reduce not in ("prod", "mean", "amax", "amin"):
+        raise ValueError(f"index_reduce: reduce must be 'prod', 'mean', 'amax' or 'amin', got {reduce!r}")
+    if not isinstance(index, Tensor) or index.ndim > 1 or index.dtype.is_floating_point:
+        raise IndexError("index_reduce: index must be a 0-d or 1-d integer tensor")
+    nd = max(input.ndim, 1)
+    if not -nd <= dim < nd:
+        raise IndexError(f"index_reduce: dimension {dim} out of range for a tensor of {input.ndim} dims")
+    d = dim % nd
+    want = list(input.shape) or [1]
+    want[d] = index.numel()
+    if list(source.shape or (1,)) != want:
+        raise ShapeError(f"index_reduce: source of shape {fmt_shape(source.shape)} does not fit input "
+                         f"{fmt_shape(input.shape)} with {index.numel()} indices along dim {d} (expected "
+                         f"{fmt_shape(want)})")
+    if not input.ndim:
+        return index_reduce(input.reshape(1), 0, index, source.reshape(1), reduce,
+                            include_self=include_self).reshape(())
+    full = index.reshape((1,) * d + (-1,) + (1,) * (input.ndim - 1 - d)).expand(tuple(source.shape))
+    return scatter_reduce(input, d, full, source, reduce, include_self=include_self)
+
 # ----------------------------------------------------------------------------- index_add
 class IndexAdd(Function):
     @staticmethod
@@ -299,5 +323,8 @@ def install_methods(T):
     T.scatter_reduce_ = lambda self, dim, index, src, reduce, *, include_self=True: apply_inplace(
         self, lambda t, s: scatter_reduce(t, dim, index, s, reduce, include_self=include_self), src)
     T.index_add = with_numpy_names(index_add)
+    T.index_reduce = index_reduce
+    T.index_reduce_ = lambda self, dim, index, source, reduce, *, include_self=True: apply_inplace(
+        self, lambda t, s: index_reduce(t, dim, index, s, reduce, include_self=include_self), source)
     T.index_add_ = lambda self, dim, index, source, *, alpha=1: apply_inplace(
         self, lambda t, s: index_add(t, dim, index, s, alpha=alpha), source)

@@ -17,11 +17,13 @@ from . import indexing as I
 from . import integer_ops as IO
 from . import math_ops as MO
 from . import matrix as M
+from . import metadata_inplace as MI
 from . import order_stats as OS
 from . import sampling as SA
 from . import scatter_copies as SC
 from . import shape as S
 from . import sorting as SO
+from . import strided as ST
 from .creation import ones_like
 from .inplace import apply_inplace
 from .logcumsumexp import logcumsumexp
@@ -78,6 +80,32 @@ def fill_diagonal_(self, fill_value, wrap=False):
     return apply_inplace(self, lambda t: I.masked_fill(t, m, fill_value))
 
 
+def apply_(self, callable):
+    """Each element replaced by callable(element), in place; CPU tensors only and slow (a Python call per element),
+    as PyTorch's."""
+    return map_(self, None, callable)
+
+
+def map_(self, tensor, callable):
+    """self[i] = callable(self[i], tensor[i]) in place (tensor broadcast to self's shape; None: callable(self[i])),
+    CPU tensors only, as PyTorch's apply_ / map_."""
+    from ..errors import DeviceError
+    if backend.is_cuda_array(self._data) or (tensor is not None and backend.is_cuda_array(tensor._data)):
+        raise DeviceError("apply_ / map_ are only implemented on CPU tensors")
+    from .inplace import _check_inplace
+    _check_inplace(self)
+    a = self._data
+    flat = a.reshape(-1) if a.flags.c_contiguous else a.copy().reshape(-1)
+    if tensor is None:
+        vals = [callable(v) for v in flat.tolist()]
+    else:
+        other = np.broadcast_to(tensor._data, a.shape).reshape(-1).tolist()
+        vals = [callable(v, w) for v, w in zip(flat.tolist(), other)]
+    a[...] = np.asarray(vals, dtype=np.float64 if a.dtype.kind == "V" else a.dtype).reshape(a.shape).astype(a.dtype)
+    self._version[0] += 1
+    return self
+
+
 def install(T):
     """Install the methods on Tensor (called by flame_core.ops at import)."""
     have = dict(   # methods FLAME has: their in-place forms
@@ -112,6 +140,13 @@ def install(T):
     T.exponential_, T.geometric_, T.log_normal_ = SA.exponential_, SA.geometric_, SA.log_normal_
     T.cauchy_, T.random_ = SA.cauchy_, SA.random_
     T.fill_diagonal_ = fill_diagonal_
+    T.as_strided, T.as_strided_, T.as_strided_scatter = ST.as_strided, ST.as_strided_, ST.as_strided_scatter
+    T.new_empty_strided = ST.new_empty_strided
+    T.squeeze_, T.unsqueeze_, T.t_, T.transpose_ = MI.squeeze_, MI.unsqueeze_, MI.t_, MI.transpose_
+    T.swapaxes_ = T.swapdims_ = MI.transpose_
+    T.resize_, T.resize_as_ = MI.resize_, MI.resize_as_
+    T.angle = MO.angle
+    T.apply_, T.map_ = apply_, map_
     T.split_with_sizes = split_with_sizes
     T.unsafe_split, T.unsafe_split_with_sizes, T.unsafe_chunk = S.split, split_with_sizes, S.chunk
     T.narrow_copy = lambda self, dim, start, length: S.narrow(self, dim, start, length).clone()

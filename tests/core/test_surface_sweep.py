@@ -414,3 +414,145 @@ def test_unravel_index_histogram_and_unique_consecutive_errors(device):
         flame.unique_consecutive(flame.tensor(1.0, device=device), dim=0)
     with pytest.raises(ValueError, match="too many to index"):
         flame.combinations(flame.zeros(200, device=device), 6)
+
+
+@given(rows=st.integers(1, 4), cols=st.integers(1, 4), size=st.tuples(st.integers(0, 3), st.integers(1, 3)),
+       stride=st.tuples(st.integers(0, 3), st.integers(0, 2)), seed=seeds)
+def test_as_strided_and_its_scatter_gradcheck(device, rows, cols, size, stride, seed):
+    rng = np.random.default_rng(seed)
+    x = _t(rng, (rows, cols), device)
+    n = rows * cols
+    span = sum((s - 1) * st for s, st in zip(size, stride)) if size[0] else 0
+    if span >= n:
+        with pytest.raises(ShapeError, match="reach element"):
+            x.as_strided(size, stride)
+        return
+    offset = int(rng.integers(0, n - span))
+    y = x.as_strided(size, stride, offset)
+    pos = offset + np.arange(size[0])[:, None] * stride[0] + np.arange(size[1]) * stride[1]
+    np.testing.assert_array_equal(y.detach().cpu().numpy(), x.detach().cpu().numpy().reshape(-1)[pos])
+    assert gradcheck(lambda t: t.as_strided(size, stride, offset), (x,))
+    distinct = len(set(pos.reshape(-1).tolist())) == pos.size   # a place written twice has no defined winner
+    if distinct and pos.size:
+        src = _t(rng, size, device)
+        assert gradcheck(lambda t, s: flame.as_strided_scatter(t, s, size, stride, offset), (x, src))
+
+
+def test_as_strided_is_a_view_and_checks_its_geometry(device):
+    x = flame.arange(12.0, device=device).reshape(3, 4)
+    v = x.as_strided((2, 2), (4, 1), 1)
+    v[0, 0] = -1.0   # writes the storage the tensor reads
+    assert x[0, 1].item() == -1.0 and x[1:].as_strided((2,), (1,)).tolist() == [4.0, 5.0]   # the view's offset
+    with pytest.raises(ShapeError, match="negative strides"):
+        x.as_strided((2,), (-1,))
+    with pytest.raises(ShapeError, match="same length"):
+        x.as_strided((2, 2), (1,))
+    e = flame.empty_strided((2, 3), (1, 2), device=device)
+    assert e.stride() == (1, 2) and e.shape == (2, 3)
+    assert x.new_empty_strided((3,), (2,)).stride() == (2,)
+    y = x.clone()
+    assert y.as_strided_((2, 2), (1, 4)) is y and y.shape == (2, 2) and y.stride() == (1, 4)
+
+
+def test_in_place_view_ops_change_shape_and_keep_history(device):
+    w = flame.randn(2, 3, dtype=flame.float64, device=device, requires_grad=True)
+    x = w * 2
+    assert x.t_() is x and x.shape == (3, 2)
+    x.unsqueeze_(0).transpose_(1, 2)
+    assert x.shape == (1, 2, 3)
+    x.squeeze_(0)
+    x.swapdims_(0, 1)
+    (x * flame.arange(6.0, dtype=flame.float64, device=device).reshape(3, 2)).sum().backward()
+    np.testing.assert_array_equal(w.grad.cpu().numpy(), 2 * np.arange(6.0).reshape(3, 2).T)
+    with pytest.raises(flame.AutogradError, match="leaf tensor"):
+        w.t_()
+    v = flame.zeros(2, 3, device=device)[0]
+    v.unsqueeze_(0)
+    assert v.shape == (1, 3) and v._base is not None
+
+
+def test_resize_keeps_the_leading_elements(device):
+    x = flame.arange(6.0, device=device)
+    assert x.resize_(2, 2) is x and x.tolist() == [[0.0, 1.0], [2.0, 3.0]]
+    x.resize_(3, 3)
+    assert x.shape == (3, 3) and x.reshape(-1)[:4].tolist() == [0.0, 1.0, 2.0, 3.0]
+    x.resize_as_(flame.zeros(2))
+    assert x.tolist() == [0.0, 1.0]
+    with pytest.raises(flame.AutogradError, match="requires grad"):
+        flame.zeros(2, requires_grad=True, device=device).resize_(3)
+    with pytest.raises(ShapeError, match="cannot grow"):
+        flame.zeros(4, device=device)[:2].resize_(5)
+
+
+def test_apply_and_map_run_python_per_element():
+    x = flame.tensor([1.0, 2.0, 3.0])
+    assert x.apply_(lambda v: v * v + 1) is x and x.tolist() == [2.0, 5.0, 10.0]
+    x.map_(flame.tensor([1.0, 0.0, 2.0]), lambda a, b: a - b)
+    assert x.tolist() == [1.0, 5.0, 8.0]
+    i = flame.tensor([[1, 2], [3, 4]])
+    i.map_(flame.tensor([10, 20]), lambda a, b: a * b)   # broadcast
+    assert i.tolist() == [[10, 40], [30, 80]] and i.dtype == flame.int64
+
+
+@given(rows=st.integers(1, 4), cols=st.integers(1, 4), k=st.integers(1, 5), dim=st.integers(0, 1),
+       reduce=st.sampled_from(["prod", "mean", "amax", "amin"]), include_self=st.booleans(), seed=seeds)
+def test_index_reduce_gradcheck(device, rows, cols, k, dim, reduce, include_self, seed):
+    rng = np.random.default_rng(seed)
+    x = _t(rng, (rows, cols), device, 0.5, 2.0)
+    n = (rows, cols)[dim]
+    shape = (k, cols) if dim == 0 else (rows, k)
+    src = _t(rng, shape, device, 0.5, 2.0)
+    index = flame.tensor(rng.integers(0, n, k), device=device)
+    out = x.index_reduce(dim, index, src, reduce, include_self=include_self)
+    ref = flame.scatter_reduce(x, dim, index.reshape((-1, 1) if dim == 0 else (1, -1)).expand(*shape), src, reduce,
+                               include_self=include_self)
+    np.testing.assert_array_equal(out.detach().cpu().numpy(), ref.detach().cpu().numpy())
+    assert gradcheck(lambda t, s: t.index_reduce(dim, index, s, reduce, include_self=include_self), (x, src))
+    with pytest.raises(ValueError, match="reduce must be"):
+        x.index_reduce(dim, index, src, "sum")
+
+
+@given(n=st.integers(1, 4), batch=st.lists(st.integers(1, 2), max_size=1).map(tuple),
+       scale=st.sampled_from([0.1, 1.0, 6.0]), seed=seeds)
+def test_matrix_exp_gradcheck_and_identities(device, n, batch, scale, seed):
+    rng = np.random.default_rng(seed)
+    a = _t(rng, batch + (n, n), device, -scale, scale)
+    e = flame.matrix_exp(a)
+    # exp(A) exp(-A) = I; for a diagonal matrix, the exponentials of the diagonal
+    np.testing.assert_allclose((e @ flame.matrix_exp(-a)).detach().cpu().numpy(), np.broadcast_to(np.eye(n), e.shape),
+                               atol=1e-9 * max(1.0, float(np.abs(e.detach().cpu().numpy()).max())) ** 2)
+    d = flame.diag_embed(a.detach()[..., 0])
+    np.testing.assert_allclose(flame.matrix_exp(d).diagonal(0, -2, -1).cpu().numpy(),
+                               np.exp(a.detach()[..., 0].cpu().numpy()), rtol=1e-13)
+    assert gradcheck(flame.linalg.matrix_exp, (a,), atol=1e-6, rtol=1e-5)
+
+
+@given(n=st.integers(1, 4), k=st.integers(1, 3), upper=st.booleans(), seed=seeds)
+def test_cholesky_family_gradcheck(device, n, k, upper, seed):
+    rng = np.random.default_rng(seed)
+    m = _t(rng, (n, n), device)
+    b = _t(rng, (n, k), device)
+    spd = lambda t: t @ t.mT + 2 * flame.eye(n, dtype=t.dtype, device=device)   # noqa: E731
+    fac = flame.cholesky(spd(m), upper)
+    x = flame.cholesky_solve(b, fac, upper)
+    np.testing.assert_allclose((spd(m) @ x).detach().cpu().numpy(), b.detach().cpu().numpy(), atol=1e-10)
+    np.testing.assert_allclose((flame.cholesky_inverse(fac, upper) @ spd(m)).detach().cpu().numpy(), np.eye(n),
+                               atol=1e-10)
+    assert gradcheck(lambda t, s: flame.cholesky_solve(s, flame.cholesky(spd(t), upper), upper), (m, b))
+    assert gradcheck(lambda t: flame.cholesky_inverse(flame.cholesky(spd(t), upper), upper), (m,))
+    tri = (m.detach() + 3 * flame.eye(n, dtype=flame.float64, device=device)).requires_grad_()
+    sol, copy = flame.triangular_solve(b, tri, upper=upper)
+    assert copy is not tri and np.array_equal(copy.detach().cpu().numpy(), tri.detach().cpu().numpy())
+    assert gradcheck(lambda t, s: flame.triangular_solve(s, t, upper=upper, transpose=True).solution, (tri, b))
+
+
+def test_legacy_svd_and_qr_shapes(device):
+    a = flame.randn(4, 3, dtype=flame.float64, device=device)
+    u, s, v = flame.svd(a)
+    assert u.shape == (4, 3) and v.shape == (3, 3)
+    np.testing.assert_allclose((u * s @ v.mT).cpu().numpy(), a.cpu().numpy(), atol=1e-12)
+    u, s, v = a.svd(some=False, compute_uv=False)
+    assert u.shape == (4, 4) and v.shape == (3, 3) and not u.cpu().numpy().any()
+    q, r = flame.qr(a, some=False)
+    assert q.shape == (4, 4) and r.shape == (4, 3)
+    np.testing.assert_allclose((q @ r).cpu().numpy(), a.cpu().numpy(), atol=1e-12)
