@@ -513,7 +513,7 @@ def test_index_reduce_gradcheck(device, rows, cols, k, dim, reduce, include_self
 
 
 @given(n=st.integers(1, 4), batch=st.lists(st.integers(1, 2), max_size=1).map(tuple),
-       scale=st.sampled_from([0.1, 1.0, 6.0]), seed=seeds)
+       scale=st.sampled_from([0.1, 1.0, 3.0]), seed=seeds)
 def test_matrix_exp_gradcheck_and_identities(device, n, batch, scale, seed):
     rng = np.random.default_rng(seed)
     a = _t(rng, batch + (n, n), device, -scale, scale)
