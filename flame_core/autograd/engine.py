@@ -4,6 +4,7 @@ import sys as _sys
 import numpy as _np
 
 from ..errors import AutogradError, ShapeError, fmt_shape
+from . import anomaly_mode as _anomaly
 from . import function as _function
 from .function import _FLOAT_NP, AccumulateGrad, Node, edge_of
 from .grad_mode import state
@@ -213,6 +214,8 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
             else:
                 deps[c] = d + 1
 
+    anomaly = state.anomaly   # anomaly detection (anomaly_mode.py): read once per pass
+    check_nan = state.anomaly_nan
     # node -> [grad per output]. `sums` (node -> flags) marks the outputs whose gradient is a sum the engine made
     # itself and holds only in this slot: safe to accumulate into in place. The flags live with the slot, so a tensor
     # that left it (popped for its node's backward, which may hand one gradient to several inputs, as Add does) is
@@ -299,18 +302,25 @@ def run_backward(roots, grad_roots, retain_graph=False, create_graph=False, inpu
                                     "after they were freed). Pass retain_graph=True to the first backward if you "
                                     "need to backward twice.")
             _running = None if create_graph else (node, buffers, sums, own0)
-            if len(grads) == 1 and grads[0] is not None:
-                in_grads = node._fn.backward(node, grads[0])
-            else:
-                meta = node._out_meta
-                for i, g in enumerate(grads):
-                    if g is None:
-                        grads[i] = _zeros(meta[i]) if meta[i] is not None else None
-                in_grads = node._fn.backward(node, *grads)
+            try:
+                if len(grads) == 1 and grads[0] is not None:
+                    in_grads = node._fn.backward(node, grads[0])
+                else:
+                    meta = node._out_meta
+                    for i, g in enumerate(grads):
+                        if g is None:
+                            grads[i] = _zeros(meta[i]) if meta[i] is not None else None
+                    in_grads = node._fn.backward(node, *grads)
+            except Exception as e:
+                if anomaly:
+                    _anomaly.annotate(e, node)
+                raise
             _running = None
             del grads
             if type(in_grads) is not tuple:
                 in_grads = (in_grads,) if not isinstance(in_grads, tuple) else in_grads
+            if check_nan:
+                _anomaly.check_nan(node, in_grads)
             edges = node.next_functions
             if len(in_grads) != len(edges):
                 _check_grad_count(node, in_grads, len(edges))

@@ -287,6 +287,9 @@ class Function(metaclass=FunctionMeta):
         node._freed = False
         node.next_functions = tuple(edges)
         node.needs_input_grad = tuple(needs)
+        if state.anomaly:
+            from .anomaly_mode import forward_stack
+            node._forward_stack = forward_stack()
         state.enabled = False
         try:
             out = cls.forward(node, *args, **kwargs)

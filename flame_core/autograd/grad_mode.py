@@ -5,6 +5,8 @@ import functools
 class _State:
     enabled = True
     inference = False
+    anomaly = False       # anomaly detection (anomaly_mode.py): forward stacks recorded, backward errors annotated
+    anomaly_nan = False   # ... and backward results checked for NaN
 
 
 state = _State()

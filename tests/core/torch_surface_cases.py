@@ -80,6 +80,23 @@ INPUTS = {
 }
 
 
+def _flat(x):
+    """Nested tuples of tensors flattened (the autograd.functional results), in order."""
+    return sum((_flat(t) for t in x), ()) if isinstance(x, (tuple, list)) else (x,)
+
+
+def _af(L):
+    return L.autograd.functional
+
+
+def _f2(p, q):
+    return p.sin() * q, (p * q.exp()).sum()
+
+
+def _s2(p, q):
+    return (p.exp() * q).sum() + (p * p * q * q).sum()
+
+
 CASES = {
     # one operand
     "tan": (lambda L, x: L.tan(x), ["unit"], True),
@@ -626,4 +643,23 @@ CASES = {
         L.qr(a, some=False)), ["tall"], False),
     "angle": (lambda L, x: (L.angle(x), x.angle()), ["edges"], False),
     "angle_grad": (lambda L, x: L.angle(x) + x, ["x"], True),
+    # torch.autograd.functional and grad's batched / materialized forms
+    "af_jacobian": (lambda L, a, b: _flat(_af(L).jacobian(_f2, (a, b), create_graph=True)), ["v4", "b1"], True),
+    "af_jacobian_single": (lambda L, a: _af(L).jacobian(lambda t: t.tanh() * t.sum(), a), ["v4"], False),
+    "af_hessian": (lambda L, a, b: _flat(_af(L).hessian(_s2, (a, b), create_graph=True)), ["v4", "b1"], True),
+    "af_vjp": (lambda L, a, b, v: _flat(_af(L).vjp(_f2, (a, b), (v, L.tensor(2.0, dtype=v.dtype)),
+                                                   create_graph=True)), ["v4", "b1", "b1"], False),
+    "af_vjp_grad": (lambda L, a, b, v: _flat(_af(L).vjp(_f2, (a, b), (v[:4], L.tensor(2.0, dtype=v.dtype)),
+                                                        create_graph=True))[2], ["v4", "b1", "row"], True),
+    "af_jvp": (lambda L, a, b, u, w: _flat(_af(L).jvp(_f2, (a, b), (u, w), create_graph=True)),
+               ["v4", "b1", "v4", "b1"], False),
+    "af_jvp_grad": (lambda L, a, b, u, w: _flat(_af(L).jvp(_f2, (a, b), (u, w), create_graph=True))[2],
+                    ["v4", "b1", "b1", "v4"], True),
+    "af_hvp": (lambda L, a, b, u, w: _flat(_af(L).hvp(_s2, (a, b), (u, w), create_graph=True))[1:],
+               ["v4", "b1", "b1", "v4"], True),
+    "af_vhp": (lambda L, a, b, u, w: _flat(_af(L).vhp(_s2, (a, b), (u, w))), ["v4", "b1", "v4", "b1"], False),
+    "grad_batched": (lambda L, x, g: L.autograd.grad((x * x).sum(0), x, g.reshape(4, 5)[:2], create_graph=True,
+                                                     is_grads_batched=True), ["x", "y"], True),
+    "grad_materialized": (lambda L, x, y: L.autograd.grad((x.exp()).sum(), (x, y), create_graph=True,
+                                                          materialize_grads=True), ["x", "y"], True),
 }
