@@ -30,7 +30,17 @@ from .dtypes import int as int  # noqa: PLC0414
 from .errors import AutogradError, DeviceError, DTypeError, FlameError, OutOfMemoryError, ShapeError
 from .linalg import det, logdet, matrix_exp, matrix_power, pinverse, slogdet
 from .linalg import inv as inverse
-from .linalg.legacy import cholesky, cholesky_inverse, cholesky_solve, qr, svd, triangular_solve
+from .linalg.legacy import (
+    cholesky,
+    cholesky_inverse,
+    cholesky_solve,
+    lu,
+    lu_solve,
+    lu_unpack,
+    qr,
+    svd,
+    triangular_solve,
+)
 from .memory_formats import channels_last, contiguous_format, memory_format, preserve_format
 from .ops import torch_functions as _torch_functions
 from .ops.activation import gelu, silu, softplus

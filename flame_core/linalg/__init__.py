@@ -7,13 +7,18 @@ LAPACK (numpy.linalg); cuda runs CuPy's cuSOLVER wrappers (cupy.linalg.solve / i
 `cupyx.errstate(linalg="raise")`, so a singular matrix raises `LinAlgError` on both, as in PyTorch (that check
 waits for the device). float32 and float64 only, as PyTorch's CPU kernels; cast 16-bit tensors with .float().
 """
+from ..ops.linalg import matmul
 from ..ops.numpy_names import with_numpy_names as _np_names
 from ._common import LinAlgError
+from .checked import cholesky_ex, inv_ex, solve_ex
 from .cholesky import cholesky
 from .det import det, logdet, slogdet
 from .eigh import eigh, eigvalsh
+from .lstsq import lstsq
+from .lu import lu, lu_factor, lu_factor_ex, lu_solve
 from .matrix_exp import matrix_exp
 from .matrix_functions import (
+    cond,
     cross,
     diagonal,
     matrix_power,
@@ -22,6 +27,9 @@ from .matrix_functions import (
     pinv,
     pinverse,
     solve_triangular,
+    tensorinv,
+    tensorsolve,
+    vander,
     vecdot,
 )
 from .norms import matrix_norm, norm, vector_norm
@@ -34,7 +42,8 @@ norm, vector_norm, matrix_norm = _np_names(norm), _np_names(vector_norm), _np_na
 
 __all__ = ["LinAlgError", "norm", "vector_norm", "matrix_norm", "solve", "inv", "svd", "svdvals", "det", "slogdet",
            "cholesky", "qr", "eigh", "eigvalsh", "matrix_power", "multi_dot", "vecdot", "cross", "diagonal", "pinv",
-           "matrix_rank", "solve_triangular", "matrix_exp"]
+           "matrix_rank", "solve_triangular", "matrix_exp", "matmul", "cholesky_ex", "inv_ex", "solve_ex", "lstsq",
+           "lu", "lu_factor", "lu_factor_ex", "lu_solve", "cond", "tensorinv", "tensorsolve", "vander"]
 
 
 def _install_methods():
@@ -48,6 +57,7 @@ def _install_methods():
     Tensor.svd, Tensor.qr, Tensor.cholesky = LG.svd, LG.qr, LG.cholesky
     Tensor.cholesky_solve, Tensor.cholesky_inverse = LG.cholesky_solve, LG.cholesky_inverse
     Tensor.triangular_solve = LG.triangular_solve
+    Tensor.lu, Tensor.lu_solve = LG.lu, LG.lu_solve
 
 
 _install_methods()

@@ -1,10 +1,12 @@
 """PyTorch's older linear-algebra functions in the torch namespace, with their own signatures, on top of
 torch.linalg's: torch.svd (V, not V^H; some / compute_uv), torch.qr (some), torch.cholesky (upper),
-cholesky_solve, cholesky_inverse and triangular_solve (returning the solution and a copy of A). Differentiable as
+cholesky_solve, cholesky_inverse, triangular_solve (returning the solution and a copy of A), lu / lu_solve and
+lu_unpack (lu.py's). Differentiable as
 the functions they are made of."""
 import collections
 
 from .cholesky import cholesky as _cholesky
+from .lu import lu_unpack  # noqa: F401  (torch.lu_unpack)
 from .matrix_functions import solve_triangular
 from .qr import qr as _qr
 from .svd import svd as _svd
@@ -59,3 +61,20 @@ def triangular_solve(b, A, upper=True, transpose=False, unitriangular=False):
     T = A.mT if transpose else A
     X = solve_triangular(T, b, upper=upper != transpose, unitriangular=unitriangular)
     return triangular_solve_result(X, A.clone())
+
+
+def lu(A, pivot=True, get_infos=False):
+    """torch.lu: (A_LU, pivots) or (A_LU, pivots, infos): linalg.lu_factor_ex's results."""
+    from .lu import lu_factor_ex
+    LU, pivots, info = lu_factor_ex(A, pivot=pivot)
+    if not get_infos and bool((info > 0).any()):
+        from ._common import LinAlgError
+        raise LinAlgError(f"torch.lu: the matrix is singular (U[{int(info.max()) - 1}, {int(info.max()) - 1}] is "
+                          f"zero); pass get_infos=True to get the infos instead")
+    return (LU, pivots, info) if get_infos else (LU, pivots)
+
+
+def lu_solve(b, LU_data, LU_pivots):
+    """torch.lu_solve: the solution of A x = b from torch.lu's factors (linalg.lu_solve's argument order differs)."""
+    from .lu import lu_solve as _lu_solve
+    return _lu_solve(LU_data, LU_pivots, b)

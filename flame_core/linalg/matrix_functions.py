@@ -108,3 +108,61 @@ def solve_triangular(A, B, *, upper, left=True, unitriangular=False):
         eye_n = eye(A.shape[-1], dtype=A.dtype, device=A.device)
         T = T * (1 - eye_n) + eye_n
     return solve(T, B, left=left)
+
+
+def cond(A, p=None):
+    """The condition number of A in the norm p: None / 2 / -2 from the singular values (inf for a singular matrix at
+    p = None / 2), 'fro' / 'nuc' / 1 / -1 / inf / -inf as norm(A) * norm(A^-1) (inf where A is singular)."""
+    from ..ops import elementwise as E
+    from .checked import inv_ex
+    from .norms import matrix_norm
+    check_matrix("cond", A)
+    if p is None or p in (2, -2):
+        S = svdvals(A)
+        big, small = S[..., 0], S[..., -1]
+        return big / small if p != -2 else small / big
+    if p not in ("fro", "nuc", 1, -1, float("inf"), float("-inf")):
+        raise ValueError(f"linalg.cond: p must be None, 2, -2, 'fro', 'nuc', 1, -1, inf or -inf, got {p!r}")
+    check_matrix("cond", A, square=True)
+    Ainv, info = inv_ex(A)
+    out = matrix_norm(A, p) * matrix_norm(Ainv.nan_to_num(0.0), p)
+    return E.where(info > 0, float("inf"), out)
+
+
+def vander(x, *, N=None):
+    """linalg.vander: (*, n) -> (*, n, N) with the increasing powers x^0 .. x^(N-1) (N defaults to n), as running
+    products."""
+    from ..ops.shape import cat
+    if x.ndim < 1:
+        raise ShapeError("linalg.vander: x must have at least one dimension")
+    N = x.shape[-1] if N is None else N
+    if N < 2:
+        raise ValueError(f"linalg.vander: N must be greater than 1, got {N}")
+    cols = cat([x.new_ones(tuple(x.shape) + (1,)), x.unsqueeze(-1).expand(tuple(x.shape) + (N - 1,))], -1)
+    return cols.cumprod(-1)
+
+
+def tensorinv(A, ind=2):
+    """The 'inverse' of A with respect to tensordot over its first `ind` dims: A reshaped to a square matrix,
+    inverted, reshaped to A.shape[ind:] + A.shape[:ind]."""
+    import math
+    if ind <= 0:
+        raise ValueError(f"linalg.tensorinv: expected a strictly positive integer for 'ind', got {ind}")
+    left, right = tuple(A.shape[:ind]), tuple(A.shape[ind:])
+    if math.prod(left) != math.prod(right):
+        raise ShapeError(f"linalg.tensorinv: the product of the first {ind} dims of A {tuple(A.shape)} must equal "
+                         f"the product of the rest")
+    return inv(A.reshape(math.prod(left), math.prod(right))).reshape(right + left)
+
+
+def tensorsolve(A, B, dims=None):
+    """X with tensordot(A, X, X.ndim) = B: A's dims `dims` moved to the end first; X has A's trailing shape."""
+    import math
+    if dims is not None:
+        d = [k % A.ndim for k in dims]
+        A = A.permute(*[k for k in range(A.ndim) if k not in d], *d)
+    rest = tuple(A.shape[B.ndim:])
+    if tuple(A.shape[:B.ndim]) != tuple(B.shape) or math.prod(rest) != B.numel():
+        raise ShapeError(f"linalg.tensorsolve: A {tuple(A.shape)} does not fit B {tuple(B.shape)} (A's leading "
+                         f"dims must be B's, and its other dims hold as many elements)")
+    return solve(A.reshape(B.numel(), B.numel()), B.reshape(-1)).reshape(rest)

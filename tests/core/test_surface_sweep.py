@@ -556,3 +556,50 @@ def test_legacy_svd_and_qr_shapes(device):
     q, r = flame.qr(a, some=False)
     assert q.shape == (4, 4) and r.shape == (4, 3)
     np.testing.assert_allclose((q @ r).cpu().numpy(), a.cpu().numpy(), atol=1e-12)
+
+
+@given(m=st.integers(1, 5), n=st.integers(1, 5), batch=st.lists(st.integers(1, 2), max_size=1).map(tuple),
+       seed=seeds)
+def test_lu_factor_reconstructs_and_gradchecks(device, m, n, batch, seed):
+    rng = np.random.default_rng(seed)
+    a = _t(rng, batch + (m, n), device)
+    P, L, U = flame.linalg.lu(a)
+    np.testing.assert_allclose((P @ L @ U).detach().cpu().numpy(), a.detach().cpu().numpy(), atol=1e-12)
+    assert np.all(np.abs(np.tril(L.detach().cpu().numpy(), -1)) <= 1 + 1e-12)   # partial pivoting bounds L
+    assert gradcheck(lambda t: flame.linalg.lu_factor(t).LU, (a,))
+
+
+def test_checked_forms_raise_on_request_and_report_otherwise(device):
+    sing = flame.tensor([[1.0, 2.0], [2.0, 4.0]], dtype=flame.float64, device=device)
+    good = flame.tensor([[2.0, 1.0], [1.0, 2.0]], dtype=flame.float64, device=device)
+    both = flame.stack([sing, good])
+    inv, info = flame.linalg.inv_ex(both)
+    assert info.tolist() == [2, 0] and np.isnan(inv[0].cpu().numpy()).all()
+    np.testing.assert_allclose((inv[1] @ good).cpu().numpy(), np.eye(2), atol=1e-12)
+    with pytest.raises(flame.linalg.LinAlgError, match="singular"):
+        flame.linalg.inv_ex(both, check_errors=True)
+    with pytest.raises(flame.linalg.LinAlgError, match="not positive-definite"):
+        flame.linalg.cholesky_ex(both, check_errors=True)
+    with pytest.raises(flame.linalg.LinAlgError, match="singular"):
+        flame.linalg.lu_factor(sing)
+    x, info = flame.linalg.solve_ex(both, flame.ones(2, 2, 1, dtype=flame.float64, device=device))
+    assert info.tolist() == [2, 0] and np.isnan(x[0].cpu().numpy()).all()
+    with pytest.raises(flame.linalg.LinAlgError, match="get_infos=True"):
+        flame.lu(sing)
+    assert flame.lu(sing, get_infos=True)[2].item() == 2
+
+
+def test_lstsq_cond_tensor_functions_check_arguments(device):
+    a = flame.randn(4, 3, dtype=flame.float64, device=device)
+    with pytest.raises(ValueError, match="driver must be one of"):
+        flame.linalg.lstsq(a, flame.randn(4, 1, dtype=flame.float64, device=device), driver="gelsx")
+    with pytest.raises(ShapeError, match="do not fit"):
+        flame.linalg.lstsq(a, flame.randn(3, 1, dtype=flame.float64, device=device))
+    sol = flame.linalg.lstsq(a, flame.randn(4, dtype=flame.float64, device=device)).solution
+    assert sol.shape == (3,)
+    with pytest.raises(ValueError, match="p must be"):
+        flame.linalg.cond(a, 3)
+    with pytest.raises(ShapeError, match="must equal the product"):
+        flame.linalg.tensorinv(flame.randn(2, 3, 4, device=device), ind=1)
+    with pytest.raises(ValueError, match="N must be greater than 1"):
+        flame.linalg.vander(flame.randn(3, device=device), N=1)

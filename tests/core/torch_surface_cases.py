@@ -85,6 +85,12 @@ def _flat(x):
     return sum((_flat(t) for t in x), ()) if isinstance(x, (tuple, list)) else (x,)
 
 
+def _sing3(L, like):
+    """Two 3 x 3 matrices, the first singular (rank 2, its second row twice the first), the second positive-definite."""
+    return L.tensor([[[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [1.0, 0.0, 1.0]], [[2.0, 1.0, 0.0], [1.0, 3.0, 1.0],
+                                                                          [0.0, 1.0, 4.0]]], dtype=like.dtype)
+
+
 def _af(L):
     return L.autograd.functional
 
@@ -662,4 +668,33 @@ CASES = {
                                                      is_grads_batched=True), ["x", "y"], True),
     "grad_materialized": (lambda L, x, y: L.autograd.grad((x.exp()).sum(), (x, y), create_graph=True,
                                                           materialize_grads=True), ["x", "y"], True),
+    # linalg: LU, the *_ex forms, lstsq, cond, tensorinv / tensorsolve, vander
+    "lu_factor": (lambda L, a: L.linalg.lu_factor(a), ["sq3"], True),
+    "lu_factor_wide": (lambda L, a: L.linalg.lu_factor(a), ["wide35"], True),
+    "lu_factor_tall_batched": (lambda L, a: L.linalg.lu_factor(a.mT), ["b245"], True),
+    "lu_plu": (lambda L, a: (lambda r: (r.L, r.U, r.P))(L.linalg.lu(a)), ["tall7"], True),
+    "lu_factor_ex_singular": (lambda L, a: L.linalg.lu_factor_ex(_sing3(L, a)), ["x"], False),
+    "lu_solve": (lambda L, a, b: L.linalg.lu_solve(*L.linalg.lu_factor(a), b), ["sq3", "v3a"], True),
+    "lu_solve_adjoint_right": (lambda L, a, b: L.linalg.lu_solve(*L.linalg.lu_factor(a), b.mT, left=False,
+                                                                 adjoint=True), ["sq3", "v3a"], True),
+    "torch_lu_unpack": (lambda L, a: (lambda r: (r[1], r[2], r[0]))(L.lu_unpack(*L.lu(a))), ["b245"], True),
+    "torch_lu_solve": (lambda L, a, b: L.lu_solve(b, *L.lu(a)), ["sq3", "v3a"], True),
+    "inv_ex": (lambda L, a: L.linalg.inv_ex(a + 3 * L.eye(3, dtype=a.dtype)), ["sq3"], True),
+    "inv_ex_singular_info": (lambda L, a: L.linalg.inv_ex(_sing3(L, a)).info, ["x"], False),
+    "solve_ex": (lambda L, a, b: L.linalg.solve_ex(a + 3 * L.eye(3, dtype=a.dtype), b), ["sq3", "v3a"], True),
+    "cholesky_ex": (lambda L, a: L.linalg.cholesky_ex(a @ a.mT + L.eye(3, dtype=a.dtype)), ["sq3"], True),
+    "cholesky_ex_info": (lambda L, a: L.linalg.cholesky_ex(_sing3(L, a)).info, ["x"], False),
+    "lstsq_gelsd": (lambda L, a, b: L.linalg.lstsq(a, b, driver="gelsd"), ["tall", "x"], False),
+    "lstsq_default": (lambda L, a, b: (lambda r: (r.solution, r.rank))(L.linalg.lstsq(a, b)), ["tall", "x"], True),
+    "lstsq_rank_deficient": (lambda L, b: L.linalg.lstsq(_sing3(L, b)[0], b[0, :, :1], driver="gelss"), ["v3a"],
+                             False),
+    "cond": (lambda L, a: (L.linalg.cond(a), L.linalg.cond(a, -2), L.linalg.cond(a, "fro"), L.linalg.cond(a, 1),
+                           L.linalg.cond(a, float("inf")), L.linalg.cond(a, "nuc")), ["sq3"], True),
+    "cond_singular": (lambda L, a: L.linalg.cond(_sing3(L, a), 1), ["x"], False),
+    "tensorinv": (lambda L, a: L.linalg.tensorinv(a.reshape(-1)[:16].reshape(4, 2, 2) +
+                                                    L.eye(4, dtype=a.dtype).reshape(4, 2, 2) * 3, ind=1), ["x"], True),
+    "tensorsolve": (lambda L, a, b: L.linalg.tensorsolve(a.reshape(-1)[:16].reshape(2, 2, 2, 2) + L.eye(
+        4, dtype=a.dtype).reshape(2, 2, 2, 2) * 3, b[:2, :2]), ["x", "y"], True),
+    "linalg_vander": (lambda L, x: L.linalg.vander(x, N=4), ["m23"], True),
+    "linalg_matmul": (lambda L, a, b: L.linalg.matmul(a, b), ["m23", "m34"], True),
 }
