@@ -1,13 +1,14 @@
-"""Learning-rate schedules (PyTorch names): LambdaLR, ConstantLR, LinearLR (linear warm-up), CosineAnnealingLR,
-CosineAnnealingWarmRestarts, PolynomialLR, StepLR, MultiStepLR, ExponentialLR, OneCycleLR, ReduceLROnPlateau,
-SequentialLR, ChainedScheduler, and the diffusers-style factories
+"""Learning-rate schedules (PyTorch names): LambdaLR, MultiplicativeLR, ConstantLR, LinearLR (linear warm-up),
+CosineAnnealingLR, CosineAnnealingWarmRestarts, PolynomialLR, StepLR, MultiStepLR, ExponentialLR, CyclicLR,
+OneCycleLR, ReduceLROnPlateau, SequentialLR, ChainedScheduler, and the diffusers-style factories
 get_{constant,constant_with_warmup,linear,cosine}_schedule(_with_warmup),
 get_cosine_with_hard_restarts_schedule_with_warmup and get_polynomial_decay_schedule_with_warmup (transformers).
 
-Every schedule is a closed form of the step count, so `load_state_dict` (which restores `last_epoch`) resumes
-exactly. ChainedScheduler multiplies its schedules' factors (lr = base_lr * prod_i lr_i / base_lr): what PyTorch's
-recursive chaining gives for the multiplicative schedules (StepLR, MultiStepLR, ExponentialLR, ConstantLR, LinearLR,
-LambdaLR); ReduceLROnPlateau reacts to a metric and is its own class.
+Every schedule but MultiplicativeLR is a closed form of the step count, so `load_state_dict` (which restores
+`last_epoch`) resumes exactly; MultiplicativeLR multiplies its last lr, which load_state_dict restores. ChainedScheduler
+multiplies its schedules' factors (lr = base_lr * prod_i lr_i / base_lr): what PyTorch's recursive chaining gives for
+the multiplicative schedules (StepLR, MultiStepLR, ExponentialLR, ConstantLR, LinearLR, LambdaLR, MultiplicativeLR);
+ReduceLROnPlateau reacts to a metric and is its own class.
 """
 import math
 import warnings
@@ -56,21 +57,51 @@ class LRScheduler:
             g["lr"] = lr
 
 
+def _lambdas(optimizer, lr_lambda):
+    """One function per param group: `lr_lambda` for each, or the list of them (lambdas are not saved in a
+    state_dict)."""
+    n = len(optimizer.param_groups)
+    if isinstance(lr_lambda, (list, tuple)):
+        if len(lr_lambda) != n:
+            raise ValueError(f"Expected {n} lr_lambdas, but got {len(lr_lambda)}")
+        lambdas = list(lr_lambda)
+    else:
+        lambdas = [lr_lambda] * n
+    for f in lambdas:
+        if not callable(f):
+            raise TypeError(f"lr_lambda should be a function, but got {type(f).__name__}")
+    return lambdas
+
+
 class LambdaLR(LRScheduler):
     """lr = base_lr * lr_lambda(step); one lambda, or one per param group."""
 
     def __init__(self, optimizer, lr_lambda, last_epoch=-1):
-        n = len(optimizer.param_groups)
-        if isinstance(lr_lambda, (list, tuple)):
-            if len(lr_lambda) != n:
-                raise ValueError(f"expected {n} lr_lambdas, got {len(lr_lambda)}")
-            self.lr_lambdas = list(lr_lambda)
-        else:
-            self.lr_lambdas = [lr_lambda] * n
+        self.lr_lambdas = _lambdas(optimizer, lr_lambda)
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
         return [base * f(self.last_epoch) for base, f in zip(self.base_lrs, self.lr_lambdas)]
+
+
+class MultiplicativeLR(LRScheduler):
+    """Each step multiplies the lr by lr_lambda(step) (one lambda, or one per param group): lr at step t = base_lr *
+    prod_{k=1..t} lr_lambda(k), as PyTorch's. It multiplies the lr it set last (not one written into the param group
+    by hand since), so that it composes in ChainedScheduler; in SequentialLR it restarts from base_lr at its
+    milestone. Built with last_epoch >= 0, it starts from the param group's lr, as PyTorch's."""
+
+    def __init__(self, optimizer, lr_lambda, last_epoch=-1):
+        self.lr_lambdas = _lambdas(optimizer, lr_lambda)
+        self._started = False
+        super().__init__(optimizer, last_epoch)
+        self._started = True
+
+    def get_lr(self):
+        if self.last_epoch == 0:
+            return list(self.base_lrs)
+        if not self._started:
+            return [g["lr"] for g in self.optimizer.param_groups]
+        return [lr * f(self.last_epoch) for lr, f in zip(self._last_lr, self.lr_lambdas)]
 
 
 class ConstantLR(LRScheduler):
@@ -202,6 +233,88 @@ def _per_group(name, optimizer, value):
     return [value] * n
 
 
+def _uses_beta1(optimizer):
+    """Whether the momentum a schedule cycles is betas[0] (Adam and kin) rather than `momentum` (SGD, RMSprop)."""
+    if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
+        raise ValueError("optimizer must support momentum or beta1 with `cycle_momentum` option enabled")
+    return "betas" in optimizer.defaults
+
+
+def _set_momentum(group, use_beta1, value):
+    if use_beta1:
+        group["betas"] = (value,) + tuple(group["betas"][1:])
+    else:
+        group["momentum"] = value
+
+
+class CyclicLR(LRScheduler):
+    """The cyclical learning rate policy (PyTorch's CyclicLR; step it after every batch): the lr climbs from base_lr
+    to max_lr over step_size_up steps, comes back over step_size_down (default: step_size_up), and so on; the
+    amplitude max_lr - base_lr is scaled by 1 ('triangular'), 1 / 2^(cycle - 1) ('triangular2') or gamma^step
+    ('exp_range'), or by scale_fn(cycle) / scale_fn(step) (scale_mode 'cycle' / 'iterations') when scale_fn is given
+    (then mode and gamma are not used). With cycle_momentum the momentum (or beta1) moves inversely, from
+    max_momentum at base_lr to base_momentum at max_lr. Constructing it sets each group's lr to base_lr."""
+
+    def __init__(self, optimizer, base_lr, max_lr, step_size_up=2000, step_size_down=None, mode="triangular",
+                 gamma=1.0, scale_fn=None, scale_mode="cycle", cycle_momentum=True, base_momentum=0.8,
+                 max_momentum=0.9, last_epoch=-1):
+        base_lrs = _per_group("base_lr", optimizer, base_lr)
+        if last_epoch == -1:
+            for lr, g in zip(base_lrs, optimizer.param_groups):
+                g["lr"] = lr
+        self.max_lrs = _per_group("max_lr", optimizer, max_lr)
+        up = float(step_size_up)
+        down = float(step_size_down) if step_size_down is not None else up
+        if not (up > 0 and down >= 0):
+            raise ValueError(f"CyclicLR: step_size_up must be positive and step_size_down non-negative, got "
+                             f"{step_size_up} and {step_size_down}")
+        self.total_size, self.step_ratio = up + down, up / (up + down)
+        if mode not in ("triangular", "triangular2", "exp_range") and scale_fn is None:
+            raise ValueError("mode is invalid and scale_fn is None")
+        if scale_mode not in ("cycle", "iterations"):
+            raise ValueError(f"scale_mode must be 'cycle' or 'iterations', got {scale_mode!r}")
+        self.mode, self.gamma, self._scale_fn_custom = mode, gamma, scale_fn
+        self.scale_mode = scale_mode if scale_fn is not None else "iterations" if mode == "exp_range" else "cycle"
+        self.cycle_momentum = cycle_momentum
+        if cycle_momentum:
+            self.use_beta1 = _uses_beta1(optimizer)
+            self.base_momentums = _per_group("base_momentum", optimizer, base_momentum)
+            self.max_momentums = _per_group("max_momentum", optimizer, max_momentum)
+            if last_epoch == -1:
+                for mx, base, g in zip(self.max_momentums, self.base_momentums, optimizer.param_groups):
+                    _set_momentum(g, self.use_beta1, mx)
+                    g["max_momentum"], g["base_momentum"] = mx, base
+        super().__init__(optimizer, last_epoch)
+        if self.base_lrs != base_lrs:  # a group kept the initial_lr of an earlier schedule: start from base_lr
+            self.base_lrs = base_lrs
+            self._step_to(self.last_epoch)
+
+    def scale_fn(self, x):
+        """The amplitude's scale at cycle (or step) x."""
+        if self._scale_fn_custom is not None:
+            return self._scale_fn_custom(x)
+        if self.mode == "triangular":
+            return 1.0
+        if self.mode == "triangular2":
+            return 1 / (2.0 ** (x - 1))
+        return self.gamma ** x
+
+    def get_lr(self):
+        cycle = math.floor(1 + self.last_epoch / self.total_size)
+        x = 1.0 + self.last_epoch / self.total_size - cycle  # the position in the cycle, in [0, 1)
+        height = x / self.step_ratio if x <= self.step_ratio else (x - 1) / (self.step_ratio - 1)
+        scale = self.scale_fn(cycle if self.scale_mode == "cycle" else self.last_epoch)
+        if self.cycle_momentum:
+            for g, base, mx in zip(self.optimizer.param_groups, self.base_momentums, self.max_momentums):
+                _set_momentum(g, self.use_beta1, mx - (mx - base) * height * scale)
+        return [base + (mx - base) * height * scale for base, mx in zip(self.base_lrs, self.max_lrs)]
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        if self.cycle_momentum:  # the momentum at last_epoch again (building the schedule set max_momentum)
+            self.get_lr()
+
+
 class OneCycleLR(LRScheduler):
     """The 1cycle policy (PyTorch's OneCycleLR): lr rises from max_lr / div_factor to max_lr over the first
     pct_start of total_steps, then anneals ('cos' or 'linear') to initial_lr / final_div_factor; three_phase=True
@@ -245,21 +358,13 @@ class OneCycleLR(LRScheduler):
                 g["min_lr"] = g["initial_lr"] / final_div_factor
         self.cycle_momentum = cycle_momentum
         if cycle_momentum:
-            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
-                raise ValueError("optimizer must support momentum or beta1 with `cycle_momentum` option enabled")
-            self.use_beta1 = "betas" in optimizer.defaults
+            self.use_beta1 = _uses_beta1(optimizer)
             if last_epoch == -1:
                 for mx, base, g in zip(_per_group("max_momentum", optimizer, max_momentum),
                                        _per_group("base_momentum", optimizer, base_momentum), optimizer.param_groups):
-                    self._set_momentum(g, mx)
+                    _set_momentum(g, self.use_beta1, mx)
                     g["max_momentum"], g["base_momentum"] = mx, base
         super().__init__(optimizer, last_epoch)
-
-    def _set_momentum(self, group, value):
-        if self.use_beta1:
-            group["betas"] = (value,) + tuple(group["betas"][1:])
-        else:
-            group["momentum"] = value
 
     def _anneal(self, start, end, pct):
         if self.anneal_strategy == "cos":
@@ -278,7 +383,7 @@ class OneCycleLR(LRScheduler):
                     pct = (t - start) / (end - start)
                     lrs.append(self._anneal(g[lr0], g[lr1], pct))
                     if self.cycle_momentum:
-                        self._set_momentum(g, self._anneal(g[m0], g[m1], pct))
+                        _set_momentum(g, self.use_beta1, self._anneal(g[m0], g[m1], pct))
                     break
                 start = end
         return lrs

@@ -6,11 +6,29 @@
 """
 from .collate import collate, default_collate, default_collate_fn_map, default_convert
 from .dataloader import DataLoader
-from .dataset import ConcatDataset, Dataset, IterableDataset, Subset, TensorDataset, random_split
+from .dataset import (
+    ChainDataset,
+    ConcatDataset,
+    Dataset,
+    IterableDataset,
+    StackDataset,
+    Subset,
+    TensorDataset,
+    random_split,
+)
+from .distributed import DistributedSampler
 from .pin_memory import pin_memory
-from .sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler, SubsetRandomSampler
+from .sampler import (
+    BatchSampler,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
 from .worker import WorkerInfo, get_worker_info
 
-__all__ = ["DataLoader", "Dataset", "IterableDataset", "TensorDataset", "Subset", "ConcatDataset", "random_split",
-           "Sampler", "SequentialSampler", "RandomSampler", "SubsetRandomSampler", "BatchSampler", "default_collate",
-           "default_convert", "collate", "default_collate_fn_map", "pin_memory", "get_worker_info", "WorkerInfo"]
+__all__ = ["DataLoader", "Dataset", "IterableDataset", "TensorDataset", "StackDataset", "Subset", "ConcatDataset",
+           "ChainDataset", "random_split", "Sampler", "SequentialSampler", "RandomSampler", "SubsetRandomSampler",
+           "WeightedRandomSampler", "DistributedSampler", "BatchSampler", "default_collate", "default_convert",
+           "collate", "default_collate_fn_map", "pin_memory", "get_worker_info", "WorkerInfo"]

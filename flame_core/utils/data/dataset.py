@@ -1,5 +1,5 @@
-"""Datasets (PyTorch's torch.utils.data names): Dataset, IterableDataset, TensorDataset, Subset, ConcatDataset and
-random_split."""
+"""Datasets (PyTorch's torch.utils.data names): Dataset, IterableDataset, TensorDataset, StackDataset, Subset,
+ConcatDataset, ChainDataset and random_split."""
 import bisect
 import itertools
 import math
@@ -27,7 +27,7 @@ class IterableDataset(Dataset):
         raise NotImplementedError(f"{type(self).__name__} must implement __iter__")
 
     def __add__(self, other):
-        raise TypeError("IterableDatasets cannot be concatenated with + (chain them in a generator instead)")
+        return ChainDataset([self, other])
 
 
 class TensorDataset(Dataset):
@@ -49,6 +49,46 @@ class TensorDataset(Dataset):
 
     def __len__(self):
         return self.tensors[0].shape[0]
+
+
+class StackDataset(Dataset):
+    """Several datasets of one length side by side: `StackDataset(a, b)[i] == (a[i], b[i])`,
+    `StackDataset(x=a, y=b)[i] == {"x": a[i], "y": b[i]}`."""
+
+    def __init__(self, *args, **kwargs):
+        if args and kwargs:
+            raise ValueError("Supported either ``tuple``- (via ``args``) or ``dict``- (via ``kwargs``) like "
+                             "input/output, but both types are given.")
+        if not args and not kwargs:
+            raise ValueError("At least one dataset should be passed")
+        self.datasets = args or kwargs
+        parts = args or tuple(kwargs.values())
+        self._length = len(parts[0])
+        if any(len(d) != self._length for d in parts):
+            raise ValueError("Size mismatch between datasets")
+
+    def __getitem__(self, index):
+        if isinstance(self.datasets, dict):
+            return {k: d[index] for k, d in self.datasets.items()}
+        return tuple(d[index] for d in self.datasets)
+
+    def __getitems__(self, indices):
+        """The samples at `indices`, each part fetched with its dataset's own `__getitems__` where it has one."""
+        named = self.datasets.items() if isinstance(self.datasets, dict) else enumerate(self.datasets)
+        columns = {}
+        for key, d in named:
+            getitems = getattr(d, "__getitems__", None)
+            items = getitems(indices) if callable(getitems) else [d[i] for i in indices]
+            if len(items) != len(indices):
+                raise ValueError(f"Nested dataset's output size mismatch. Expected {len(indices)}, got {len(items)}")
+            columns[key] = items
+        rows = zip(*columns.values())
+        if isinstance(self.datasets, dict):
+            return [dict(zip(columns, row)) for row in rows]
+        return list(rows)
+
+    def __len__(self):
+        return self._length
 
 
 class Subset(Dataset):
@@ -96,6 +136,27 @@ class ConcatDataset(Dataset):
             raise IndexError(f"ConcatDataset: index {idx} out of range for length {len(self)}")
         start = self.cumulative_sizes[d - 1] if d else 0
         return self.datasets[d][idx - start]
+
+
+class ChainDataset(IterableDataset):
+    """Several IterableDatasets one after the other, chained as they are iterated (`a + b` for IterableDatasets).
+    In DataLoader workers each worker iterates its own copy, so each part splits itself with get_worker_info()."""
+
+    def __init__(self, datasets):
+        self.datasets = datasets
+
+    def _parts(self):
+        for d in self.datasets:
+            if not isinstance(d, IterableDataset):
+                raise AssertionError(f"ChainDataset only supports IterableDataset, got a {type(d).__name__}")
+            yield d
+
+    def __iter__(self):
+        for d in self._parts():
+            yield from d
+
+    def __len__(self):
+        return sum(len(d) for d in self._parts())
 
 
 def random_split(dataset, lengths, generator=None):

@@ -1,9 +1,12 @@
-"""Samplers (PyTorch's names): Sampler, SequentialSampler, RandomSampler, SubsetRandomSampler, BatchSampler.
+"""Samplers (PyTorch's names): Sampler, SequentialSampler, RandomSampler, SubsetRandomSampler, WeightedRandomSampler,
+BatchSampler (DistributedSampler: distributed.py).
 
 Random samplers draw from a flame_core Generator: the same seed gives the same order. Without one they seed a
-private generator from flame_core's default cpu generator at each epoch, so `flame_core.manual_seed` makes the
-order reproducible too.
+private generator from flame_core's default cpu generator at each epoch (WeightedRandomSampler draws from that
+default generator itself, as torch.multinomial does), so `flame_core.manual_seed` makes the order reproducible too.
+FLAME's random streams are not PyTorch's: the same seed gives other indices, from the same distributions.
 """
+from ...dtypes import float64
 from ...random import Generator, default_generator
 
 
@@ -85,6 +88,30 @@ class SubsetRandomSampler(Sampler):
 
     def __len__(self):
         return len(self.indices)
+
+
+class WeightedRandomSampler(Sampler):
+    """`num_samples` indices in [0, len(weights)), index i drawn with probability weights[i] / sum(weights) (weights
+    need not sum to 1); `replacement=False`: no index twice in an epoch (then num_samples <= the non-zero weights)."""
+
+    def __init__(self, weights, num_samples, replacement=True, generator=None):
+        from ...ops.creation import as_tensor
+        if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples <= 0:
+            raise ValueError(f"num_samples should be a positive integer value, but got num_samples={num_samples}")
+        if not isinstance(replacement, bool):
+            raise ValueError(f"replacement should be a boolean value, but got replacement={replacement}")
+        self.weights = as_tensor(weights, dtype=float64, device="cpu")
+        if self.weights.ndim != 1:
+            raise ValueError(f"weights should be a 1d sequence but given weights have shape "
+                             f"{tuple(self.weights.shape)}")
+        self.num_samples, self.replacement, self.generator = num_samples, replacement, generator
+
+    def __iter__(self):
+        from ...ops.sampling import multinomial
+        yield from multinomial(self.weights, self.num_samples, self.replacement, generator=self.generator).tolist()
+
+    def __len__(self):
+        return self.num_samples
 
 
 class BatchSampler(Sampler):
