@@ -1,4 +1,5 @@
-"""Activations beyond the elementary functions: SiLU, GELU (erf and tanh forms), QuickGELU, softplus.
+"""Activations beyond the elementary functions: SiLU, GELU (erf and tanh forms), QuickGELU, softplus, hardshrink,
+prelu.
 
 SiLU, GELU and QuickGELU run on the fused kernels of flame_core.kernels.activations (one pass each way on cuda; their
 NumPy reference elsewhere). GELU(tanh) of a strided view whose rows are contiguous (a column block of a wider matrix,
@@ -245,3 +246,21 @@ def ones_grad(t):
 
 def softplus(x, beta=1.0, threshold=20.0):
     return Softplus.apply(x, beta, threshold)
+
+
+def hardshrink(input, lambd=0.5):
+    """x where |x| > lambd, else 0."""
+    if lambd < 0:
+        raise ValueError(f"hardshrink: lambd must be >= 0, got {lambd}")
+    return where(input.abs() > lambd, input, 0.0)
+
+
+def prelu(input, weight):
+    """x where x > 0, else weight * x; weight has 1 element or one per channel (input's dimension 1)."""
+    n = weight.numel()
+    if n != 1:
+        if input.ndim < 2 or input.shape[1] != n:
+            raise ValueError(f"prelu: weight of {n} elements needs one per channel (dimension 1) of the input, "
+                             f"got input {tuple(input.shape)}")
+        weight = weight.reshape((1, n) + (1,) * (input.ndim - 2))
+    return where(input > 0, input, weight * input)

@@ -10,6 +10,7 @@ from .. import backend
 from .. import dtypes as D
 from ..errors import ShapeError
 from ..tensor import _wrap
+from . import activation as A
 from . import binning as B
 from . import covariance as CV
 from . import elementwise as E
@@ -106,6 +107,24 @@ def map_(self, tensor, callable):
     return self
 
 
+def pin_memory(self):
+    """A copy of this cpu tensor on page-locked host memory (FLAME's pinned pool), for asynchronous copies to the
+    GPU; as PyTorch's, an error without CUDA or for a cuda tensor."""
+    from ..memory import pinned_empty, pinned_pool
+    if backend.is_cuda_array(self._data):
+        raise RuntimeError("pin_memory: only cpu tensors can be pinned (this one is on cuda)")
+    if not pinned_pool().backend.pinned:
+        raise RuntimeError("pin_memory: page-locked memory needs CUDA, and none is available")
+    out = pinned_empty(tuple(self.shape), self.dtype)
+    out._data[...] = self._data
+    return out
+
+
+def is_pinned(t):
+    from ..memory import is_pinned as pinned
+    return pinned(t)
+
+
 def install(T):
     """Install the methods on Tensor (called by flame_core.ops at import)."""
     have = dict(   # methods FLAME has: their in-place forms
@@ -147,6 +166,8 @@ def install(T):
     T.resize_, T.resize_as_ = MI.resize_, MI.resize_as_
     T.angle = MO.angle
     T.apply_, T.map_ = apply_, map_
+    T.hardshrink, T.prelu = A.hardshrink, A.prelu
+    T.pin_memory, T.is_pinned = pin_memory, lambda self: is_pinned(self)
     T.split_with_sizes = split_with_sizes
     T.unsafe_split, T.unsafe_split_with_sizes, T.unsafe_chunk = S.split, split_with_sizes, S.chunk
     T.narrow_copy = lambda self, dim, start, length: S.narrow(self, dim, start, length).clone()

@@ -225,11 +225,7 @@ def threshold_(input, threshold, value):
     return _inplace(lambda x: _threshold(x, threshold, value), input)
 
 
-def hardshrink(input, lambd=0.5):
-    """x where |x| > lambd, else 0."""
-    if lambd < 0:
-        raise ValueError(f"hardshrink: lambd must be >= 0, got {lambd}")
-    return E.where(E.abs(input) > lambd, input, C.zeros_like(input))
+hardshrink = A.hardshrink   # (flame_core: also the Tensor method)
 
 
 def softshrink(input, lambd=0.5):
@@ -253,12 +249,4 @@ def glu(input, dim=-1):
     return a * E.sigmoid(b)
 
 
-def prelu(input, weight):
-    """x where x > 0, else weight * x; weight has 1 element or one per channel (input's dimension 1)."""
-    n = weight.numel()
-    if n != 1:
-        if input.ndim < 2 or input.shape[1] != n:
-            raise ValueError(f"prelu: weight of {n} elements needs one per channel (dimension 1) of the input, "
-                             f"got input {tuple(input.shape)}")
-        weight = weight.reshape((1, n) + (1,) * (input.ndim - 2))
-    return E.where(input > 0, input, weight * input)
+prelu = A.prelu   # (flame_core: also the Tensor method)

@@ -603,3 +603,17 @@ def test_lstsq_cond_tensor_functions_check_arguments(device):
         flame.linalg.tensorinv(flame.randn(2, 3, 4, device=device), ind=1)
     with pytest.raises(ValueError, match="N must be greater than 1"):
         flame.linalg.vander(flame.randn(3, device=device), N=1)
+
+
+def test_pin_memory_of_a_tensor(device):
+    t = flame.ones(3, device=device)
+    if device.type == "cuda":
+        with pytest.raises(RuntimeError, match="only cpu tensors"):
+            t.pin_memory()
+        p = flame.ones(3).pin_memory()
+        assert p.is_pinned() and p.tolist() == [1.0, 1.0, 1.0] and not flame.ones(3).is_pinned()
+    else:
+        assert not t.is_pinned()
+        if not flame.cuda_is_available():
+            with pytest.raises(RuntimeError, match="needs CUDA"):
+                t.pin_memory()

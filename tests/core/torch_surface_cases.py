@@ -697,4 +697,6 @@ CASES = {
         4, dtype=a.dtype).reshape(2, 2, 2, 2) * 3, b[:2, :2]), ["x", "y"], True),
     "linalg_vander": (lambda L, x: L.linalg.vander(x, N=4), ["m23"], True),
     "linalg_matmul": (lambda L, a, b: L.linalg.matmul(a, b), ["m23", "m34"], True),
+    "hardshrink_method": (lambda L, x: x.hardshrink(0.3), ["x"], True),
+    "prelu_method": (lambda L, x, w: x.prelu(w), ["x", "row"], True),
 }
