@@ -40,6 +40,29 @@ class Buffer(metaclass=_BufferMeta):
         return t
 
 
+def to_target(args, kwargs):
+    """(device or None, dtype or None) of Module.to's arguments: to(device), to(dtype), to(device, dtype),
+    to(tensor), device= / dtype=; the dtype must be a floating one."""
+    dev = dt = None
+    for a in args:
+        if isinstance(a, Tensor):
+            dev, dt = a.device, a.dtype
+        elif isinstance(a, D.DType):
+            dt = a
+        elif a is not None:
+            try:
+                dev = _parse_device(a)
+            except Exception:
+                dt = D.dtype(a)
+    if kwargs.get("device") is not None:
+        dev = _parse_device(kwargs["device"])
+    if kwargs.get("dtype") is not None:
+        dt = D.dtype(kwargs["dtype"])
+    if dt is not None and not dt.is_floating_point:
+        raise TypeError(f"Module.to only accepts floating point dtypes, got {dt}")
+    return dev, dt
+
+
 class StateDictError(FlameError, RuntimeError):
     """Missing, unexpected or misshaped keys when loading a state_dict or a weights file."""
 
@@ -461,23 +484,7 @@ class Module(D.FloatCasts):
     def to(self, *args, **kwargs):
         """to(device), to(dtype), to(device, dtype), to(tensor): converts parameters and buffers IN PLACE (the same
         Parameter objects, so optimizers keep working); only floating tensors change dtype."""
-        dev = dt = None
-        for a in args:
-            if isinstance(a, Tensor):
-                dev, dt = a.device, a.dtype
-            elif isinstance(a, D.DType):
-                dt = a
-            elif a is not None:
-                try:
-                    dev = _parse_device(a)
-                except Exception:
-                    dt = D.dtype(a)
-        if kwargs.get("device") is not None:
-            dev = _parse_device(kwargs["device"])
-        if kwargs.get("dtype") is not None:
-            dt = D.dtype(kwargs["dtype"])
-        if dt is not None and not dt.is_floating_point:
-            raise TypeError(f"Module.to only accepts floating point dtypes, got {dt}")
+        dev, dt = to_target(args, kwargs)
         from flame_core.io import convert
 
         from .utils import _pool

@@ -1,7 +1,7 @@
 """Lazy modules: the input size comes from the first forward. That call builds the full module's parameters and
 buffers from it and the module becomes that class (PyTorch's cls_to_become): LazyLinear, LazyBatchNorm1d / 2d / 3d.
 Before it there is nothing to save or load (PyTorch's UninitializedParameter is not modelled)."""
-from ..module import Module, StateDictError
+from ..module import Module, StateDictError, to_target
 from .batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d, _BatchNorm
 from .linear import Linear
 
@@ -15,6 +15,14 @@ class _LazyModule(Module):
 
     def _input_size(self, input):
         raise NotImplementedError
+
+    def to(self, *args, **kwargs):
+        """Before the first forward: where and in which dtype the parameters will be made (as PyTorch's
+        uninitialised parameters move); after it, Module.to."""
+        if "_lazy_kwargs" in self.__dict__:
+            dev, dt = to_target(args, kwargs)
+            self._lazy_kwargs.update({k: v for k, v in (("device", dev), ("dtype", dt)) if v is not None})
+        return super().to(*args, **kwargs)
 
     def forward(self, input, *args, **kwargs):
         full = self.cls_to_become(self._input_size(input), **self._lazy_kwargs)

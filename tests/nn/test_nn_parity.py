@@ -433,3 +433,13 @@ def test_embedding_from_pretrained_shares_and_freezes(device):
         F.embedding(flame.tensor([0], device=device), w, sparse=True)
     with pytest.raises(ValueError, match="padding_idx 7 must be within num_embeddings 5"):
         F.embedding(flame.tensor([0], device=device), w, padding_idx=7)
+
+
+def test_lazy_modules_follow_to_before_their_first_forward(device):
+    m = nn.LazyLinear(3).to(device).double()
+    y = m(flame.randn(2, 5, dtype=flame.float64, device=device))
+    assert type(m) is nn.Linear and m.weight.dtype == flame.float64 and m.weight.device == device
+    assert tuple(y.shape) == (2, 3) and m.in_features == 5
+    bn = nn.LazyBatchNorm1d().to(dtype=flame.float64)
+    bn(flame.randn(4, 6, dtype=flame.float64, device="cpu"))
+    assert bn.running_mean.dtype == flame.float64 and bn.num_features == 6
