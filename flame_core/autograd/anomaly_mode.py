@@ -81,5 +81,6 @@ def check_nan(node, grads):
     for i, g in enumerate(grads):
         if g is None or not g.dtype.is_floating_point:
             continue
-        if bool(g._xp().isnan(g._data).any()):
+        a = g._data if g._data.dtype.itemsize >= 4 else g._data.astype("float32")   # (no 16-bit isnan on CuPy)
+        if bool(g._xp().isnan(a).any()):
             raise AutogradError(f"Function '{node.name()}' returned nan values in its {i}th output.\n{_where(node)}")

@@ -90,3 +90,11 @@ def test_grad_batched_and_materialized_checks(device):
     assert gy.cpu().numpy().tolist() == [0.0] and gx.cpu().numpy().tolist() == [2.0, 4.0]
     with pytest.raises(ValueError, match="allow_unused"):
         autograd.grad((x * 2).sum(), (x, y), allow_unused=False, materialize_grads=True)
+
+
+def test_anomaly_mode_checks_half_precision_gradients(device):
+    x = flame.tensor([0.0, 1.0], dtype=flame.bfloat16, device=device, requires_grad=True)
+    with autograd.set_detect_anomaly(True):
+        y = flame.sqrt(x)
+        with pytest.raises(RuntimeError, match="returned nan values"):
+            (y * 0).sum().backward()
