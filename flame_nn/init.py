@@ -1,6 +1,7 @@
 """Parameter initialisation with PyTorch's names and formulas. Every function works in place under no_grad, returns
 its tensor, and leaves meta placeholders (built under empty_init) untouched: weights loaded later are never drawn."""
 import math
+import warnings
 
 import numpy as np
 
@@ -137,3 +138,77 @@ def orthogonal_(tensor, gain=1.0, generator=None):
         tensor.copy_(flame.tensor(np.ascontiguousarray(q * gain).reshape(tuple(tensor.shape)), dtype=tensor.dtype,
                                   device=tensor.device))
     return tensor
+
+
+def dirac_(tensor, groups=1):
+    """The identity convolution: a 3-, 4- or 5-D weight (out, in, *kernel) of zeros with a 1 at the kernel centre
+    of channel d -> d, for the min(out / groups, in) first channels of each of the `groups` output groups."""
+    if tensor.ndim not in (3, 4, 5):
+        raise ValueError("Only tensors with 3, 4, or 5 dimensions are supported")
+    if tensor.shape[0] % groups != 0:
+        raise ValueError("dim 0 must be divisible by groups")
+    if is_meta(tensor):
+        return tensor
+    per_group = tensor.shape[0] // groups
+    channels = np.arange(min(per_group, tensor.shape[1]))
+    out = (np.arange(groups)[:, None] * per_group + channels).reshape(-1)
+    centre = tuple(s // 2 for s in tensor.shape[2:])
+    with no_grad():
+        tensor.zero_()
+        index = tuple(flame.tensor(i, device=tensor.device) for i in (out, np.tile(channels, groups)))
+        tensor[index + centre] = 1
+    return tensor
+
+
+def eye_(tensor):
+    """The identity matrix (ones on the main diagonal of a 2-D tensor of any shape)."""
+    if tensor.ndim != 2:
+        raise ValueError("Only tensors with 2 dimensions are supported")
+    if not is_meta(tensor):
+        with no_grad():
+            tensor.copy_(flame.eye(*tensor.shape, dtype=tensor.dtype, device=tensor.device))
+    return tensor
+
+
+def sparse_(tensor, sparsity, std=0.01, generator=None):
+    """A 2-D tensor drawn from Normal(0, std) with ceil(sparsity * rows) random entries of every column set to 0."""
+    if tensor.ndim != 2:
+        raise ValueError("Only tensors with 2 dimensions are supported")
+    if is_meta(tensor):
+        return tensor
+    rows, cols = tensor.shape
+    with no_grad():
+        tensor.normal_(0.0, std, generator=generator)
+        zeros = min(math.ceil(sparsity * rows), rows)
+        if zeros:
+            # a random permutation of the rows per column: the order of uniform draws
+            order = flame.rand(rows, cols, generator=generator, device=tensor.device).argsort(dim=0)
+            tensor.scatter_(0, order[:zeros], 0.0)
+    return tensor
+
+
+def _deprecated(new):
+    """PyTorch's old name of `new` (its trailing underscore dropped): calls it after a FutureWarning."""
+    old = new.__name__[:-1]
+
+    def alias(*args, **kwargs):
+        warnings.warn(f"`nn.init.{old}` is now deprecated in favor of `nn.init.{new.__name__}`.", FutureWarning,
+                      stacklevel=2)
+        return new(*args, **kwargs)
+
+    alias.__name__, alias.__qualname__ = old, old
+    alias.__doc__ = f"Deprecated: use {new.__name__}."
+    return alias
+
+
+normal = _deprecated(normal_)
+uniform = _deprecated(uniform_)
+constant = _deprecated(constant_)
+xavier_uniform = _deprecated(xavier_uniform_)
+xavier_normal = _deprecated(xavier_normal_)
+kaiming_uniform = _deprecated(kaiming_uniform_)
+kaiming_normal = _deprecated(kaiming_normal_)
+orthogonal = _deprecated(orthogonal_)
+eye = _deprecated(eye_)
+dirac = _deprecated(dirac_)
+sparse = _deprecated(sparse_)
