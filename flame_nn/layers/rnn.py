@@ -7,9 +7,15 @@ the recurrence a loop over time steps of Tensor ops (autograd records each step)
     GRU  (gates r, z, n):     n = tanh(x_n + sigmoid(r) * (W_hn h + b_hn));  h' = (1 - sigmoid(z)) * n + sigmoid(z) * h
     RNN:                      h' = tanh (or relu) (x W_ih^T + b_ih + h W_hh^T + b_hh)
 The one-step rules (`lstm_step`, `gru_step`, `rnn_step`) are shared with the cells (rnn_cell.py).
+
+A PackedSequence input (flame_nn.utils.rnn) runs padded with a mask per time step: a sequence's state stops at its
+last step forward, and the reverse direction starts at it; the output is packed the same way and h_n holds each
+sequence's own final states, in the batch's original order (hx too), as PyTorch's.
 """
 import math
 import warnings
+
+import numpy as np
 
 import flame_core as flame
 from flame_core.errors import ShapeError, fmt_shape
@@ -18,6 +24,7 @@ from .. import functional as F
 from .. import init
 from ..empty_init import new_parameter
 from ..module import Module
+from ..utils.rnn import PackedSequence
 
 
 class _RNNBase(Module):
@@ -95,8 +102,9 @@ class _RNNBase(Module):
                              f"{fmt_shape(h.shape)}")
         return h
 
-    def _run(self, input, states):
-        """Runs every layer and direction; `states` is a list (one per state kind) of (layers*dirs, N, size)."""
+    def _run(self, input, states, masks=None):
+        """Runs every layer and direction; `states` is a list (one per state kind) of (layers*dirs, N, size);
+        `masks` (a packed input's): per time step, (N, 1) bools of the sequences still running."""
         unbatched = input.ndim == 2
         x = input.unsqueeze(1) if unbatched else (input.transpose(0, 1) if self.batch_first else input)  # (L, N, F)
         dirs = 2 if self.bidirectional else 1
@@ -105,7 +113,7 @@ class _RNNBase(Module):
             outs = []
             for d in range(dirs):
                 k = layer * dirs + d
-                out, last = self._direction(x, [s[k] for s in states], self._params(layer, d), reverse=d == 1)
+                out, last = self._direction(x, [s[k] for s in states], self._params(layer, d), d == 1, masks)
                 outs.append(out)
                 for f, v in zip(finals, last):
                     f.append(v)
@@ -117,8 +125,36 @@ class _RNNBase(Module):
             return x.squeeze(1), [f.squeeze(1) for f in finals]
         return (x.transpose(0, 1) if self.batch_first else x), finals
 
+    def _packed(self, input, state_specs):
+        """forward of a PackedSequence: (packed output, final states) from (name, size, given) state specs."""
+        data, sizes = input.data, input.batch_sizes.cpu().numpy().astype(np.int64)
+        if data.ndim != 2 or data.shape[-1] != self.input_size:
+            raise ShapeError(f"{type(self).__name__}: packed data {fmt_shape(data.shape)} must be (steps, "
+                             f"input_size={self.input_size})")
+        order = (input.sorted_indices.cpu().numpy().astype(np.int64) if input.sorted_indices is not None else
+                 np.arange(int(sizes[0]) if sizes.size else 0))
+        n, steps = order.size, sizes.size
+        ts = np.repeat(np.arange(steps), sizes)                            # each packed row's time step ...
+        rows = np.concatenate([order[:b] for b in sizes]) if steps else np.zeros(0, np.int64)   # ... and sequence
+        dev = data.device
+        where = (flame.tensor(ts, device=dev), flame.tensor(rows, device=dev))
+        padded = flame.zeros(steps, n, data.shape[-1], dtype=data.dtype, device=dev).index_put(where, data)
+        lengths = np.zeros(n, np.int64)
+        lengths[order] = (sizes[None, :] > np.arange(n)[:, None]).sum(1)
+        masks = [flame.tensor((lengths > t)[:, None], device=dev) for t in range(steps)]
+        states = [self._state(h, name, n, size, data, False) for name, size, h in state_specs]
+        batch_first, self.batch_first = self.batch_first, False
+        try:
+            out, finals = self._run(padded, states, masks)
+        finally:
+            self.batch_first = batch_first
+        return PackedSequence(out[where], input.batch_sizes, input.sorted_indices, input.unsorted_indices), finals
+
     def _forward_one_state(self, input, hx=None):
         """forward(input, h_0=None) -> output, h_n: RNN's and GRU's (one state, no projection)."""
+        if isinstance(input, PackedSequence):
+            output, (h_n,) = self._packed(input, [("h_0", self.hidden_size, hx)])
+            return output, h_n
         self._check_input(input)
         unbatched = input.ndim == 2
         batch = 1 if unbatched else input.shape[0 if self.batch_first else 1]
@@ -126,17 +162,21 @@ class _RNNBase(Module):
         output, (h_n,) = self._run(input, [h0])
         return output, h_n
 
-    def _direction(self, x, state, params, reverse):
+    def _direction(self, x, state, params, reverse, masks=None):
         w_ih, w_hh, b_ih, b_hh, w_hr = params
         L = x.shape[0]
         gx = F.linear(x, w_ih, b_ih)                                       # (L, N, gates * H)
         steps = range(L - 1, -1, -1) if reverse else range(L)
         outs = [None] * L
         for t in steps:
-            state = self._cell(gx[t], state, w_hh, b_hh, w_hr)
-            outs[t] = state[0]
+            new = self._cell(gx[t], state, w_hh, b_hh, w_hr)
+            if masks is None:
+                state = new
+                outs[t] = state[0]
+            else:   # finished sequences keep their state (reverse: not started yet) and output zeros
+                state = [flame.where(masks[t], a, b) for a, b in zip(new, state)]
+                outs[t] = flame.where(masks[t], new[0], 0.0)
         return flame.stack(outs, 0), state
-
 
 def lstm_step(gx, h, c, w_hh, b_hh):
     """One LSTM step from the input projection gx (N, 4H) (its bias included): (h', c') before any projection."""
@@ -192,11 +232,14 @@ class LSTM(_RNNBase):
         return [h, c]
 
     def forward(self, input, hx=None):
+        out_size = self.proj_size if self.proj_size > 0 else self.hidden_size
+        h0, c0 = (None, None) if hx is None else hx
+        if isinstance(input, PackedSequence):
+            output, (h_n, c_n) = self._packed(input, [("h_0", out_size, h0), ("c_0", self.hidden_size, c0)])
+            return output, (h_n, c_n)
         self._check_input(input)
         unbatched = input.ndim == 2
         batch = 1 if unbatched else input.shape[0 if self.batch_first else 1]
-        out_size = self.proj_size if self.proj_size > 0 else self.hidden_size
-        h0, c0 = (None, None) if hx is None else hx
         h0 = self._state(h0, "h_0", batch, out_size, input, unbatched)
         c0 = self._state(c0, "c_0", batch, self.hidden_size, input, unbatched)
         output, (h_n, c_n) = self._run(input, [h0, c0])

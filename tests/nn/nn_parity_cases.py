@@ -73,6 +73,25 @@ def _renorm_lookup(L, w, idx):
     return L.nn.functional.embedding(idx, table, max_norm=1.0, norm_type=3.0) * 2.0, table
 
 
+def _packed_rnn(kind, bidirectional, num_layers, with_h0):
+    """A packed (T=2, N=3, F=5) batch (lengths 2, 1, 2: unsorted) through an RNN / LSTM / GRU whose weights are a
+    fixed sine pattern (the same in both libraries): (packed output data, h_n[, c_n])."""
+    def case(L, x):
+        cls = {"rnn": L.nn.RNN, "lstm": L.nn.LSTM, "gru": L.nn.GRU}[kind]
+        m = cls(5, 4, num_layers=num_layers, bidirectional=bidirectional, dtype=x.dtype)
+        with L.no_grad():
+            for k, (_, p) in enumerate(sorted(m.named_parameters())):
+                p.copy_((L.arange(p.numel(), dtype=x.dtype) * 0.37 + k).sin().reshape(p.shape) * 0.5)
+        packed = L.nn.utils.rnn.pack_padded_sequence(x, L.tensor([2, 1, 2]), enforce_sorted=False)
+        dirs = 2 if bidirectional else 1
+        h0 = (L.arange(num_layers * dirs * 3 * 4, dtype=x.dtype).reshape(num_layers * dirs, 3, 4) * 0.1).cos() \
+            if with_h0 else None
+        hx = (h0, h0 * 0.5) if kind == "lstm" and with_h0 else h0
+        out, h = m(packed, hx)
+        return (out.data,) + (h if isinstance(h, tuple) else (h,))
+    return case
+
+
 CASES = {
     # embedding_bag / EmbeddingBag
     "bag_sum": (lambda L, w, i, o: L.nn.functional.embedding_bag(i, w, o, mode="sum"),
@@ -152,4 +171,9 @@ CASES = {
     "embedding_from_pretrained": (lambda L, w, i: L.nn.Embedding.from_pretrained(w, freeze=False, padding_idx=4,
                                                                                  max_norm=1.5, norm_type=1.0)(i),
                                   ["table", "bag_2d"], True),
+    # RNN / LSTM / GRU on a PackedSequence
+    "packed_lstm_bidirectional": (_packed_rnn("lstm", True, 2, False), ["x"], True),
+    "packed_lstm_h0": (_packed_rnn("lstm", False, 1, True), ["x"], True),
+    "packed_gru_bidirectional_h0": (_packed_rnn("gru", True, 1, True), ["x"], True),
+    "packed_rnn_two_layers": (_packed_rnn("rnn", False, 2, False), ["x"], True),
 }

@@ -443,3 +443,12 @@ def test_lazy_modules_follow_to_before_their_first_forward(device):
     bn = nn.LazyBatchNorm1d().to(dtype=flame.float64)
     bn(flame.randn(4, 6, dtype=flame.float64, device="cpu"))
     assert bn.running_mean.dtype == flame.float64 and bn.num_features == 6
+
+
+def test_rnn_rejects_a_packed_input_of_the_wrong_width(device):
+    from flame_nn.utils.rnn import pack_sequence
+    packed = pack_sequence([flame.randn(3, 6, device=device), flame.randn(2, 6, device=device)])
+    with pytest.raises(flame.ShapeError, match="input_size=5"):
+        nn.GRU(5, 4).to(device)(packed)
+    out, h = nn.GRU(6, 4).to(device)(packed)
+    assert tuple(out.data.shape) == (5, 4) and tuple(h.shape) == (1, 2, 4)
