@@ -7,13 +7,14 @@ import os
 import sys
 import types
 
-import numpy as np
 import pytest
 
 import flame_core as flame
 import flame_nn.functional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from golden_cases import check_case  # noqa: E402
 from torch_surface_cases import CASES  # noqa: E402
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "torch_nn", "torch_surface.safetensors")
@@ -36,46 +37,9 @@ def golden():
     return load_file(FIXTURE)
 
 
-def _host(t):
-    return np.asarray(t.detach().cpu().numpy()) if isinstance(t, flame.Tensor) else np.asarray(t)
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_matches_pytorch(case, golden, device):
     fn, names, grad, *tol = CASES[case]
-    args = []
-    for n in names:
-        a = golden[f"in.{n}"]
-        t = flame.tensor(a, device=device)
-        args.append(t.requires_grad_() if grad and a.dtype.kind == "f" else t)
-    out = fn(LIB, *args)
-    outs = tuple(out) if isinstance(out, tuple) else (out,)
-    want = [golden[k] for k in sorted((k for k in golden if k.startswith(f"{case}.out")),
-                                      key=lambda k: int(k.rsplit("out", 1)[1]))]
-    assert len(outs) == len(want), f"{case}: {len(outs)} outputs, PyTorch gives {len(want)}"
-    for i, (o, w) in enumerate(zip(outs, want)):
-        h = _host(o)
-        assert h.shape == w.shape, f"{case}.out{i}: shape {h.shape}, PyTorch {w.shape}"
-        kind = {"b": "b", "i": "i", "u": "i"}.get(w.dtype.kind, "f")
-        assert {"b": "b", "i": "i", "u": "i"}.get(h.dtype.kind, "f") == kind, \
-            f"{case}.out{i}: dtype {h.dtype}, PyTorch {w.dtype}"
-        if kind == "f":
-            assert h.dtype.itemsize == w.dtype.itemsize, f"{case}.out{i}: dtype {h.dtype}, PyTorch {w.dtype}"
-            np.testing.assert_allclose(h, w, rtol=tol[0] if tol else 1e-10, atol=tol[1] if len(tol) > 1 else 1e-12,
-                                       equal_nan=True, err_msg=f"{case}.out{i}")
-        else:
-            assert h.dtype == w.dtype, f"{case}.out{i}: dtype {h.dtype}, PyTorch {w.dtype}"
-            np.testing.assert_array_equal(h, w, err_msg=f"{case}.out{i}")
-    if not grad:
-        return
-    go = flame.tensor(golden[f"{case}.go"], device=device)
-    (outs[0] * go).sum().backward()
-    for j, a in enumerate(args):
-        if not a.requires_grad:
-            continue
-        key = f"{case}.grad{j}"
-        if key not in golden:
-            assert a.grad is None or not np.any(_host(a.grad)), f"{case}: input {j} got a gradient, PyTorch none"
-            continue
-        np.testing.assert_allclose(_host(a.grad), golden[key], rtol=max(1e-9, tol[0]) if tol else 1e-9,
-                                   atol=tol[1] if len(tol) > 1 else 1e-11, equal_nan=True, err_msg=f"{case}.grad{j}")
+    check_case(case, golden, LIB, fn, names, grad, device,
+               out_tol=(tol[0] if tol else 1e-10, tol[1] if len(tol) > 1 else 1e-12),
+               grad_tol=(max(1e-9, tol[0]) if tol else 1e-9, tol[1] if len(tol) > 1 else 1e-11))

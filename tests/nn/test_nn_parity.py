@@ -16,6 +16,8 @@ import flame_nn as nn
 import flame_nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from golden_cases import check_case  # noqa: E402
 from nn_parity_cases import CASES  # noqa: E402
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "torch_nn", "nn_parity.safetensors")
@@ -50,32 +52,7 @@ def T(a, device, **kw):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_matches_pytorch(case, golden, device):
     fn, names, grad, *rtol = CASES[case]
-    args = []
-    for n in names:
-        a = golden[f"in.{n}"]
-        t = flame.tensor(a, device=device)
-        args.append(t.requires_grad_() if grad and a.dtype.kind == "f" else t)
-    out = fn(LIB, *args)
-    outs = tuple(out) if isinstance(out, tuple) else (out,)
-    want = [golden[k] for k in sorted((k for k in golden if k.startswith(f"{case}.out")),
-                                      key=lambda k: int(k.rsplit("out", 1)[1]))]
-    assert len(outs) == len(want), f"{case}: {len(outs)} outputs, PyTorch gives {len(want)}"
-    for i, (o, w) in enumerate(zip(outs, want)):
-        h = npa(o)
-        assert h.shape == w.shape, f"{case}.out{i}: shape {h.shape}, PyTorch {w.shape}"
-        assert h.dtype == w.dtype, f"{case}.out{i}: dtype {h.dtype}, PyTorch {w.dtype}"
-        np.testing.assert_allclose(h, w, rtol=1e-10, atol=1e-12, err_msg=f"{case}.out{i}")
-    go = flame.tensor(golden[f"{case}.go"], device=device)
-    (outs[0] * go).sum().backward()
-    for j, a in enumerate(args):
-        if not a.requires_grad:
-            continue
-        key = f"{case}.grad{j}"
-        if key not in golden:
-            assert a.grad is None or not np.any(npa(a.grad)), f"{case}: input {j} got a gradient, PyTorch none"
-            continue
-        np.testing.assert_allclose(npa(a.grad), golden[key], rtol=rtol[0] if rtol else 1e-9, atol=1e-12,
-                                   err_msg=f"{case}.grad{j}")
+    check_case(case, golden, LIB, fn, names, grad, device, grad_tol=(rtol[0] if rtol else 1e-9, 1e-12))
 
 
 # ----------------------------------------------------------------------------- embedding_bag / EmbeddingBag
