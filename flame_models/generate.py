@@ -44,6 +44,7 @@ from flame_core.io import atomic_write
 from flame_core.memory.stats import fmt_bytes, parse_budget
 
 from .pipeline import free_model, to_pil
+from .samplers import SAMPLERS
 from .training.limits import image_problem
 
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "fp32": "float32",
@@ -434,7 +435,7 @@ def build_parser():
     g.add_argument("--batch-size", type=int, default=1, help="images per transformer call")
     g.add_argument("--output", default="outputs", help="folder for the PNGs (default: outputs)")
     x = p.add_argument_group("SD3 / SDXL sampling")
-    x.add_argument("--sampler", choices=("euler", "euler_ancestral", "dpmpp_2m", "ddim"), help="SDXL (default euler)")
+    x.add_argument("--sampler", choices=tuple(SAMPLERS), help="SDXL (default euler)")
     x.add_argument("--karras", action="store_true", help="SDXL: Karras sigmas instead of the model's")
     x.add_argument("--original-size", metavar="WxH", help="SDXL size conditioning (default: the image's size)")
     x.add_argument("--crop", metavar="TOP,LEFT", help="SDXL crop conditioning (default 0,0)")

@@ -1,8 +1,21 @@
 """Samplers for discrete ε / v-prediction diffusion models (SD-family: SDXL): the DDPM schedule, sigma tables
-(normal / Karras / DDIM / DPM-Solver's, zero-terminal-SNR as an option), a denoiser wrapper and k-diffusion-style
-samplers (Euler, Euler ancestral, DPM++ 2M, DDIM). The flow-matching models (Flux, SD3) have their own samplers."""
+(normal / Karras / DDIM / DPM-Solver's / KDPM2's, zero-terminal-SNR as an option), a denoiser wrapper and
+k-diffusion-style samplers (Euler, Euler ancestral, Heun, DPM2, DPM2 ancestral, DPM++ 2M, DPM++ 2M SDE, DDIM). The
+flow-matching models (Flux, SD3) have their own samplers."""
 from .denoiser import PREDICTION_TYPES, Denoiser, check_prediction_type
-from .k_samplers import SAMPLERS, ancestral_sigmas, sample_ddim, sample_dpmpp_2m, sample_euler, sample_euler_ancestral
+from .k_samplers import (
+                         SAMPLERS,
+                         STOCHASTIC,
+                         ancestral_sigmas,
+                         sample_ddim,
+                         sample_dpm_2,
+                         sample_dpm_2_ancestral,
+                         sample_dpmpp_2m,
+                         sample_dpmpp_2m_sde,
+                         sample_euler,
+                         sample_euler_ancestral,
+                         sample_heun,
+)
 from .schedules import (
                         SPACINGS,
                         ZERO_SNR_ALPHA_CUMPROD,
@@ -11,6 +24,7 @@ from .schedules import (
                         dpm_sigmas,
                         get_sigmas,
                         karras_sigmas,
+                        kdpm2_sigmas,
                         linear_betas,
                         rescale_zero_terminal_snr,
                         scaled_linear_betas,
@@ -19,5 +33,6 @@ from .schedules import (
 
 __all__ = ["DDPMSchedule", "SPACINGS", "ZERO_SNR_ALPHA_CUMPROD", "scaled_linear_betas", "linear_betas",
            "rescale_zero_terminal_snr", "spaced_timesteps", "karras_sigmas", "get_sigmas", "ddim_sigmas", "dpm_sigmas",
-           "Denoiser", "PREDICTION_TYPES", "check_prediction_type", "SAMPLERS", "ancestral_sigmas", "sample_euler",
-           "sample_euler_ancestral", "sample_dpmpp_2m", "sample_ddim"]
+           "kdpm2_sigmas", "Denoiser", "PREDICTION_TYPES", "check_prediction_type", "SAMPLERS", "STOCHASTIC",
+           "ancestral_sigmas", "sample_euler", "sample_euler_ancestral", "sample_heun", "sample_dpm_2",
+           "sample_dpm_2_ancestral", "sample_dpmpp_2m", "sample_dpmpp_2m_sde", "sample_ddim"]

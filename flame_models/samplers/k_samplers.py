@@ -1,13 +1,22 @@
 """k-diffusion-style samplers over a denoiser D(x, σ, t) ≈ x0 and a table of sigmas (high to low).
 
 Every sampler takes the VE latents x = x0 + σ_0·ε at sigmas[0] and returns them at sigmas[-1] (float32); `timesteps`
-(one per step, from the same table) are handed to the denoiser, else it looks them up from σ. Noise for the ancestral
-steps comes from `noise(i, x)` when given (tests replay a reference's draws), else from `generator`.
+(one per step, from the same table) are handed to the denoiser, else it looks them up from σ. Noise for the stochastic
+samplers (STOCHASTIC) comes from `noise(i, x)` when given (tests replay a reference's draws), else from `generator`.
+With d = (x − D)/σ, σ → σ' a step:
 
-    euler            x ← x + (x − D)/σ · (σ' − σ)
+    euler            x ← x + d·(σ' − σ)
     euler_ancestral  σ_up = min(σ', η·√(σ'²(σ² − σ'²)/σ²)), σ_down = √(σ'² − σ_up²):
-                     x ← x + (x − D)/σ · (σ_down − σ) + σ_up·z
-    dpmpp_2m         DPM-Solver++(2M) in λ = −log σ, first order at the first step and into σ' = 0
+                     x ← x + d·(σ_down − σ) + σ_up·z
+    heun             x̃ = x + d·(σ' − σ), d̃ = (x̃ − D(x̃, σ', t'))/σ' with t' the next step's timestep:
+                     x ← x + ½(d + d̃)·(σ' − σ); Euler into σ' = 0 (2 model calls a step, 1 for the last)
+    dpm_2            σ_m = exp(½(log σ + log σ')), x_m = x + d·(σ_m − σ), d_m = (x_m − D(x_m, σ_m))/σ_m at σ_m's
+                     fractional timestep: x ← x + d_m·(σ' − σ); Euler into σ' = 0
+    dpm_2_ancestral  dpm_2's step to σ_down (σ_m between σ and σ_down), then + σ_up·z (η = 0: dpm_2)
+    dpmpp_2m         DPM-Solver++(2M) in λ = −log σ, first order at the first step and into σ' = 0:
+                     x ← (σ'/σ)·x − expm1(−h)·D̂, h = λ' − λ, D̂ = D + (D − D_prev)·h/(2h_prev) (D̂ = D first)
+    dpmpp_2m_sde     x ← (σ'/σ)·e^(−ηh)·x − expm1(−h − ηh)·D̂ + σ'·√(−expm1(−2ηh))·z (η = 1: DPM-Solver++(2M)
+                     SDE, diffusers' sde-dpmsolver++ with the midpoint solver; η = 0: dpmpp_2m)
     ddim             DDIM with η: euler_ancestral's step on DDIM's table (η = 0: deterministic)
 """
 import math
@@ -22,7 +31,8 @@ def _steps(sigmas, progress, desc):
 
 
 def _t(timesteps, i):
-    return None if timesteps is None else float(timesteps[i])
+    """The table's timestep of step i; None (the denoiser looks it up) without a table or past its end."""
+    return None if timesteps is None or i >= len(timesteps) else float(timesteps[i])
 
 
 def _noise(noise, generator, i, x):
@@ -75,22 +85,72 @@ def sample_ddim(model, x, sigmas, timesteps=None, *, eta=0.0, generator=None, no
                                   callback=callback, progress=progress)
 
 
-def sample_dpmpp_2m(model, x, sigmas, timesteps=None, *, callback=None, progress=False):
+def sample_heun(model, x, sigmas, timesteps=None, *, callback=None, progress=False):
+    x = x.float()
+    for i in _steps(sigmas, progress, "heun"):
+        s, s_next = float(sigmas[i]), float(sigmas[i + 1])
+        x0 = model(x, s, _t(timesteps, i))
+        d = (x - x0) / s
+        x_euler = x + d * (s_next - s)
+        if s_next == 0.0:
+            x = x_euler
+        else:
+            d_next = (x_euler - model(x_euler, s_next, _t(timesteps, i + 1))) / s_next
+            x = x + (d + d_next) * (0.5 * (s_next - s))
+        if callback is not None:
+            callback(i, x, x0, s)
+    return x
+
+
+def sample_dpm_2_ancestral(model, x, sigmas, timesteps=None, *, eta=1.0, generator=None, noise=None, callback=None,
+                           progress=False):
+    """DPM-Solver-2 (Karras et al. 2022, Algorithm 2's midpoint) with ancestral noise; the midpoint's timestep is the
+    denoiser's lookup of σ_m, as diffusers' KDPM2 schedulers interpolate it."""
+    x = x.float()
+    for i in _steps(sigmas, progress, "dpm_2_ancestral" if eta else "dpm_2"):
+        s, s_next = float(sigmas[i]), float(sigmas[i + 1])
+        x0 = model(x, s, _t(timesteps, i))
+        down, up = ancestral_sigmas(s, s_next, eta)
+        d = (x - x0) / s
+        if down == 0.0:
+            x = x + d * (down - s)
+        else:
+            s_mid = math.exp(0.5 * (math.log(s) + math.log(down)))
+            x_mid = x + d * (s_mid - s)
+            d_mid = (x_mid - model(x_mid, s_mid)) / s_mid
+            x = x + d_mid * (down - s)
+        if up > 0.0:
+            x = x + _noise(noise, generator, i, x) * up
+        if callback is not None:
+            callback(i, x, x0, s)
+    return x
+
+
+def sample_dpm_2(model, x, sigmas, timesteps=None, *, callback=None, progress=False):
+    """DPM-Solver-2: dpm_2_ancestral without noise (η = 0)."""
+    return sample_dpm_2_ancestral(model, x, sigmas, timesteps, eta=0.0, callback=callback, progress=progress)
+
+
+def sample_dpmpp_2m_sde(model, x, sigmas, timesteps=None, *, eta=1.0, generator=None, noise=None, callback=None,
+                        progress=False):
     x = x.float()
     old_x0, h_last = None, None
-    for i in _steps(sigmas, progress, "dpmpp_2m"):
+    for i in _steps(sigmas, progress, "dpmpp_2m_sde" if eta else "dpmpp_2m"):
         s, s_next = float(sigmas[i]), float(sigmas[i + 1])
         x0 = model(x, s, _t(timesteps, i))
         if s_next == 0.0:
             x = x0                                           # the first-order step into σ = 0
         else:
             h = math.log(s) - math.log(s_next)               # λ' − λ, λ = −log σ
+            eta_h = eta * h
             if old_x0 is None:
                 d = x0
             else:
                 r = h_last / h
                 d = x0 * (1.0 + 1.0 / (2.0 * r)) - old_x0 * (1.0 / (2.0 * r))
-            x = x * (s_next / s) - d * math.expm1(-h)
+            x = x * (s_next / s * math.exp(-eta_h)) - d * math.expm1(-h - eta_h)
+            if eta_h > 0.0:
+                x = x + _noise(noise, generator, i, x) * (s_next * math.sqrt(-math.expm1(-2.0 * eta_h)))
             h_last = h
         old_x0 = x0
         if callback is not None:
@@ -98,5 +158,12 @@ def sample_dpmpp_2m(model, x, sigmas, timesteps=None, *, callback=None, progress
     return x
 
 
-SAMPLERS = {"euler": sample_euler, "euler_ancestral": sample_euler_ancestral, "dpmpp_2m": sample_dpmpp_2m,
-            "ddim": sample_ddim}
+def sample_dpmpp_2m(model, x, sigmas, timesteps=None, *, callback=None, progress=False):
+    """DPM-Solver++(2M): dpmpp_2m_sde without noise (η = 0)."""
+    return sample_dpmpp_2m_sde(model, x, sigmas, timesteps, eta=0.0, callback=callback, progress=progress)
+
+
+SAMPLERS = {"euler": sample_euler, "euler_ancestral": sample_euler_ancestral, "heun": sample_heun,
+            "dpm_2": sample_dpm_2, "dpm_2_ancestral": sample_dpm_2_ancestral, "dpmpp_2m": sample_dpmpp_2m,
+            "dpmpp_2m_sde": sample_dpmpp_2m_sde, "ddim": sample_ddim}
+STOCHASTIC = ("euler_ancestral", "dpm_2_ancestral", "dpmpp_2m_sde", "ddim")   # they take eta, generator and noise

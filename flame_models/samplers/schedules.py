@@ -6,8 +6,9 @@
 
 Host-side NumPy float64 throughout (a few thousand numbers, no device work). The inference tables follow diffusers'
 EulerDiscreteScheduler (timestep_spacing, steps_offset, Karras endpoints taken from the spaced table, fractional
-timesteps from log-σ interpolation); DDIM's follows DDIMScheduler (its last σ is that of ᾱ_0, or 0 with
-set_alpha_to_one).
+timesteps from log-σ interpolation; HeunDiscreteScheduler's is the same, the KDPM2 schedulers' rounds the Karras
+timesteps); DDIM's follows DDIMScheduler (its last σ is that of ᾱ_0, or 0 with set_alpha_to_one); DPM-Solver's
+follows DPMSolverMultistepScheduler.
 """
 import math
 
@@ -177,6 +178,13 @@ def get_sigmas(schedule, steps, scheduler="normal", timestep_spacing="leading", 
     elif scheduler != "normal":
         raise ValueError(f"scheduler must be 'normal' or 'karras', got {scheduler!r}")
     return np.concatenate([sigmas, [0.0]]), np.asarray(t, dtype=np.float64)
+
+
+def kdpm2_sigmas(schedule, steps, scheduler="normal", timestep_spacing="leading", steps_offset=1):
+    """get_sigmas' table as diffusers' KDPM2DiscreteScheduler and KDPM2AncestralDiscreteScheduler build it: the same
+    sigmas, the Karras sigmas' timesteps rounded to integers."""
+    sigmas, t = get_sigmas(schedule, steps, scheduler, timestep_spacing, steps_offset)
+    return sigmas, (np.round(t) if scheduler == "karras" else t)
 
 
 def dpm_sigmas(schedule, steps, scheduler="normal", timestep_spacing="leading", steps_offset=1):

@@ -3,9 +3,10 @@ v-prediction on the scaled-linear schedule, zero-terminal SNR, min-SNR-γ, a tim
 4-channel latents scaled by 0.13025; conditioning = context (CLIP-L ‖ CLIP-G penultimate states, 77 × 2048) and y
 (CLIP-G's projected pooled vector ‖ the six size embeddings of each sample's original size, crop (top, left) and
 bucket size, which image folders keep per sample; precomputed samples: the latents' size, no crop); previews with the
-SDXL samplers (sample.sampler: euler (default), euler_ancestral (ai-toolkit: euler_a), dpmpp_2m, ddim), classifier-
-free guidance with a negative prompt (sample.neg; default zeros, diffusers' force_zeros_for_empty_prompt), size
-conditioning = the preview's size. Adapters train Linear layers (attention / all_linear presets) and, with
+SDXL samplers (sample.sampler: euler (default), euler_ancestral (ai-toolkit: euler_a), heun, dpm_2, dpm_2_ancestral,
+dpmpp_2m, dpmpp_2m_sde, ddim), classifier-free guidance with a negative prompt (sample.neg; default zeros, diffusers'
+force_zeros_for_empty_prompt), size conditioning = the preview's size.
+Adapters train Linear layers (attention / all_linear presets) and, with
 network.conv (LoCon), kohya's convolution set: the 3x3 convolutions of the ResBlocks, downsamplers and upsamplers at
 the conv rank, with the ResBlocks' emb_layers.1 and 1x1 skip convolutions at the linear rank. LoRA names: SAI's in
 kohya files (lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q, networks.lora, sdxl_base_v1-0), diffusers'

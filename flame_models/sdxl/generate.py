@@ -1,7 +1,8 @@
 """SDXL's part of `python -m flame_models.generate` (flame_models/generate.py runs it for SDXL files): euler,
-euler_ancestral, dpmpp_2m or ddim on the 'normal' (diffusers' SDXL spacing) or Karras schedule, classifier-free
-guidance (default 30 steps, cfg 5); the negative prompt defaults to zeros (diffusers' force_zeros_for_empty_prompt);
-size conditioning from --original-size / --crop / --target-size (default: the image's size, no crop);
+euler_ancestral, heun, dpm_2, dpm_2_ancestral, dpmpp_2m, dpmpp_2m_sde or ddim on the 'normal' (diffusers' SDXL
+spacing) or Karras schedule, classifier-free guidance (default 30 steps, cfg 5); the negative prompt defaults to zeros
+(diffusers' force_zeros_for_empty_prompt); size conditioning from --original-size / --crop / --target-size (default:
+the image's size, no crop);
 --max-token-length 150 / 225 encodes long captions in 75-token chunks (kohya's rule). A LoRA file changes each part
 it has keys for: the UNet, and CLIP-L / CLIP-G for its text-encoder keys (pipeline.check_loras). The VAE decodes in
 bfloat16 or float32 (a float16 request gives float32: the SDXL VAE overflows in float16). Every input is checked
@@ -21,7 +22,8 @@ OPTIONS = {"negative_prompt": None, "clip_g": None, "cfg": None, "sampler": None
            "original_size": None, "crop": None, "target_size": None, "max_token_length": None, "configs": None}
 NOTES = {"guidance": "it uses classifier-free guidance (--cfg)", "no_t5": "it has no T5"}
 DEFAULTS = {"steps": 30, "cfg": 5.0, "sampler": "euler"}
-SAMPLER_NAMES = {"euler": "Euler", "euler_ancestral": "Euler a", "dpmpp_2m": "DPM++ 2M", "ddim": "DDIM"}
+SAMPLER_NAMES = {"euler": "Euler", "euler_ancestral": "Euler a", "heun": "Heun", "dpm_2": "DPM2",
+                 "dpm_2_ancestral": "DPM2 a", "dpmpp_2m": "DPM++ 2M", "dpmpp_2m_sde": "DPM++ 2M SDE", "ddim": "DDIM"}
 
 
 def _size(value, name):

@@ -9,15 +9,20 @@ import math
 import flame_core as flame
 from flame_models.samplers import (
     SAMPLERS,
+    STOCHASTIC,
     DDPMSchedule,
     Denoiser,
     check_prediction_type,
     ddim_sigmas,
     dpm_sigmas,
     get_sigmas,
+    kdpm2_sigmas,
 )
 
 VAE_FACTOR = 8
+# the samplers whose diffusers scheduler keeps VE samples and starts linspace / trailing tables at σ_max·ε (its
+# init_noise_sigma); the others start at √(σ_max² + 1)·ε
+_SIGMA_SCALED = ("euler", "euler_ancestral", "heun", "dpm_2", "dpm_2_ancestral")
 
 
 def cfg_model(unet, context, y, neg_context=None, neg_y=None, cfg=1.0, guidance_rescale=0.0):
@@ -81,21 +86,25 @@ def sample(unet, context, y, neg_context=None, neg_y=None, *, height=1024, width
     prompt of classifier-free guidance. When they are None and cfg != 1, SDXL's unconditional input is used: zero
     context and y with its pooled part zeroed (its size conditioning kept), as diffusers' SDXL pipeline does.
 
-    sampler: 'euler', 'euler_ancestral', 'dpmpp_2m' or 'ddim'; scheduler: 'normal' or 'karras' (not for ddim).
-    The sigma table follows diffusers' EulerDiscreteScheduler with SDXL's config (leading spacing, steps_offset 1;
-    ddim: DDIMScheduler's; dpmpp_2m: DPMSolverMultistepScheduler's); zero_terminal_snr rescales the schedule (use
-    with v_prediction and timestep_spacing='trailing'). eta: the ancestral / DDIM noise (default 1 for
-    euler_ancestral, 0 for ddim).
+    sampler: one of SAMPLERS ('euler', 'euler_ancestral', 'heun', 'dpm_2', 'dpm_2_ancestral', 'dpmpp_2m',
+    'dpmpp_2m_sde', 'ddim'); scheduler: 'normal' or 'karras' (not for ddim). The sigma table is the sampler's
+    diffusers scheduler's with SDXL's config (leading spacing, steps_offset 1): EulerDiscreteScheduler's (euler,
+    euler_ancestral; heun: HeunDiscreteScheduler's, the same), the KDPM2 schedulers' (dpm_2, dpm_2_ancestral),
+    DPMSolverMultistepScheduler's (dpmpp_2m, dpmpp_2m_sde), DDIMScheduler's (ddim); zero_terminal_snr rescales the
+    schedule (use with v_prediction and timestep_spacing='trailing'). eta: the step noise of the stochastic samplers
+    (STOCHASTIC), drawn from seed + 1: default 1 (what diffusers' schedulers do) for euler_ancestral, dpm_2_ancestral
+    and dpmpp_2m_sde, 0 for ddim.
     noise: the initial Gaussian latents (else drawn from `seed` on the UNet's device), scaled as the sampler's
-    diffusers scheduler does (init_noise_sigma): by σ_max for euler / euler_ancestral with linspace or trailing
-    spacing, else by √(σ_max² + 1) (the x0 + σ·ε of unit-variance latents)."""
+    diffusers scheduler does (init_noise_sigma): by σ_max for euler, euler_ancestral, heun, dpm_2 and
+    dpm_2_ancestral with linspace or trailing spacing, else by √(σ_max² + 1) (the x0 + σ·ε of unit-variance
+    latents)."""
     check_prediction_type(prediction_type)
     if sampler not in SAMPLERS:
         raise ValueError(f"sample: unknown sampler {sampler!r}; known: {', '.join(SAMPLERS)}")
     if sampler == "ddim" and scheduler != "normal":
         raise ValueError("sample: ddim walks DDIM's own timesteps; scheduler must be 'normal'")
-    if sampler not in ("euler_ancestral", "ddim") and eta is not None:
-        raise ValueError(f"sample: eta applies to euler_ancestral and ddim, not {sampler}")
+    if sampler not in STOCHASTIC and eta is not None:
+        raise ValueError(f"sample: eta applies to {', '.join(STOCHASTIC)}, not {sampler}")
     _check(unet, context, y, neg_context, neg_y, height, width, cfg)
     c = unet.config
     B, device = context.shape[0], unet.device
@@ -111,8 +120,10 @@ def sample(unet, context, y, neg_context=None, neg_y=None, *, height=1024, width
     schedule = DDPMSchedule(zero_terminal_snr=zero_terminal_snr)
     if sampler == "ddim":
         sigmas, timesteps = ddim_sigmas(schedule, steps, timestep_spacing, steps_offset)
-    elif sampler == "dpmpp_2m":   # diffusers' DPMSolverMultistepScheduler table
+    elif sampler in ("dpmpp_2m", "dpmpp_2m_sde"):   # diffusers' DPMSolverMultistepScheduler table
         sigmas, timesteps = dpm_sigmas(schedule, steps, scheduler, timestep_spacing, steps_offset)
+    elif sampler in ("dpm_2", "dpm_2_ancestral"):
+        sigmas, timesteps = kdpm2_sigmas(schedule, steps, scheduler, timestep_spacing, steps_offset)
     else:
         sigmas, timesteps = get_sigmas(schedule, steps, scheduler, timestep_spacing, steps_offset)
 
@@ -123,13 +134,13 @@ def sample(unet, context, y, neg_context=None, neg_y=None, *, height=1024, width
     elif tuple(noise.shape) != shape:
         raise ValueError(f"sample: noise must be {shape}, got {tuple(noise.shape)}")
     s0 = float(sigmas[0])
-    euler_sigma = sampler in ("euler", "euler_ancestral") and timestep_spacing != "leading"
-    x = noise.to(device=device, dtype=flame.float32) * (s0 if euler_sigma else math.sqrt(s0 * s0 + 1.0))
+    by_sigma = sampler in _SIGMA_SCALED and timestep_spacing != "leading"
+    x = noise.to(device=device, dtype=flame.float32) * (s0 if by_sigma else math.sqrt(s0 * s0 + 1.0))
 
     denoiser = Denoiser(cfg_model(unet, context, y, neg_context, neg_y, cfg, guidance_rescale), schedule,
                         prediction_type)
     kwargs = {} if eta is None else {"eta": float(eta)}
-    if sampler in ("euler_ancestral", "ddim"):
+    if sampler in STOCHASTIC:
         kwargs["generator"] = flame.Generator(device).manual_seed(seed + 1)
     with flame.no_grad():
         x = SAMPLERS[sampler](denoiser, x, sigmas, timesteps, callback=callback, progress=progress, **kwargs)

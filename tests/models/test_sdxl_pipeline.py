@@ -136,8 +136,8 @@ def test_seeds_are_per_image_for_every_sampler(files):
         alone = sample_latents(unet, cond, seeds=[6], rows=[1], **kw).numpy()
         np.testing.assert_allclose(both[1:], alone, rtol=1e-5, atol=1e-5)
         assert not np.allclose(both[0], both[1])
-    with pytest.raises(ValueError, match="sampler 'heun'"):
-        sample_latents(unet, cond, seeds=[1, 2], height=32, width=64, steps=2, cfg=3.0, sampler="heun")
+    with pytest.raises(ValueError, match="sampler 'lms'"):
+        sample_latents(unet, cond, seeds=[1, 2], height=32, width=64, steps=2, cfg=3.0, sampler="lms")
 
 
 def test_long_captions_in_kohya_chunks(files, golden):
