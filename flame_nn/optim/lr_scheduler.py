@@ -37,6 +37,10 @@ class LRScheduler:
     def step(self):
         self._step_to(self.last_epoch + 1)
 
+    def _restart(self):
+        """SequentialLR's start of this scheduler at its milestone (PyTorch's step(0))."""
+        self._step_to(0)
+
     def _step_to(self, epoch):
         self.last_epoch = epoch
         lrs = self.get_lr()
@@ -87,8 +91,9 @@ class LambdaLR(LRScheduler):
 class MultiplicativeLR(LRScheduler):
     """Each step multiplies the lr by lr_lambda(step) (one lambda, or one per param group): lr at step t = base_lr *
     prod_{k=1..t} lr_lambda(k), as PyTorch's. It multiplies the lr it set last (not one written into the param group
-    by hand since), so that it composes in ChainedScheduler; in SequentialLR it restarts from base_lr at its
-    milestone. Built with last_epoch >= 0, it starts from the param group's lr, as PyTorch's."""
+    by hand since), so that it composes in ChainedScheduler; restarted at its milestone in SequentialLR it continues
+    from the param group's lr (the previous scheduler's last) times lr_lambda(0), and built with last_epoch >= 0 it
+    starts from the param group's lr, as PyTorch's."""
 
     def __init__(self, optimizer, lr_lambda, last_epoch=-1):
         self.lr_lambdas = _lambdas(optimizer, lr_lambda)
@@ -97,11 +102,20 @@ class MultiplicativeLR(LRScheduler):
         self._started = True
 
     def get_lr(self):
-        if self.last_epoch == 0:
+        if self.last_epoch == 0:    # built, or SequentialLR's first step (a milestone's is _restart)
             return list(self.base_lrs)
-        if not self._started:
+        if not self._started:       # built resumed (last_epoch >= 0)
             return [g["lr"] for g in self.optimizer.param_groups]
         return [lr * f(self.last_epoch) for lr, f in zip(self._last_lr, self.lr_lambdas)]
+
+    def _restart(self):
+        """At its SequentialLR milestone: from the param group's lr (the previous scheduler's last) times
+        lr_lambda(0), as PyTorch's step(0)."""
+        self.last_epoch = 0
+        lrs = [g["lr"] * f(0) for g, f in zip(self.optimizer.param_groups, self.lr_lambdas)]
+        for g, lr in zip(self.optimizer.param_groups, lrs):
+            g["lr"] = lr
+        self._last_lr = lrs
 
 
 class ConstantLR(LRScheduler):
@@ -515,7 +529,7 @@ class SequentialLR(_Composite):
         idx = bisect_right(self._milestones, self.last_epoch)
         s = self._schedulers[idx]
         if idx > 0 and self._milestones[idx - 1] == self.last_epoch:
-            s._step_to(0)
+            s._restart()
         else:
             s.step()
         self._last_lr = s.get_last_lr()

@@ -66,6 +66,11 @@ CASES = {
     "sequential_multiplicative_step": (_sgd, lambda o: S.SequentialLR(o, [S.MultiplicativeLR(o, lambda e: 0.8),
                                                                           S.StepLR(o, 2, 0.5)], milestones=[6]),
                                        None),
+    "sequential_warmup_multiplicative": (_sgd, lambda o: S.SequentialLR(o, [S.LinearLR(o, 0.1, 1.0, total_iters=4),
+                                                                            S.MultiplicativeLR(o, lambda e: 0.9)],
+                                                                        milestones=[4]), None),
+    "sequential_step_multiplicative": (_sgd, lambda o: S.SequentialLR(
+        o, [S.StepLR(o, 2, 0.5), S.MultiplicativeLR(o, lambda e: 0.8 if e % 2 else 1.0)], milestones=[5]), None),
 }
 
 
