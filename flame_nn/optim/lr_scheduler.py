@@ -402,6 +402,11 @@ class OneCycleLR(LRScheduler):
                 start = end
         return lrs
 
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        if self.cycle_momentum:   # the momentum at last_epoch again (building the schedule set max_momentum)
+            self.get_lr()
+
 
 class ReduceLROnPlateau(LRScheduler):
     """Multiply the lr by `factor` (not below min_lr, and only by more than eps) once the metric given to

@@ -165,3 +165,21 @@ def test_errors():
         S.MultiplicativeLR(opt, [lambda e: 1.0, lambda e: 1.0])
     with pytest.raises(TypeError, match="lr_lambda should be a function, but got int"):
         S.MultiplicativeLR(opt, 3)
+
+
+def test_one_cycle_resume_restores_the_momentum_whatever_the_load_order():
+    def fresh():
+        p = nn.Parameter(flame.ones(2))
+        opt = nn.optim.SGD([p], lr=0.1, momentum=0.9)
+        return opt, S.OneCycleLR(opt, max_lr=1.0, total_steps=20)
+    opt, sched = fresh()
+    for _ in range(7):
+        opt.step()
+        sched.step()
+    want = (opt.param_groups[0]["lr"], opt.param_groups[0]["momentum"])
+    opt_state, sched_state = opt.state_dict(), sched.state_dict()
+    opt2 = nn.optim.SGD([nn.Parameter(flame.ones(2))], lr=0.1, momentum=0.9)
+    opt2.load_state_dict(opt_state)                      # the optimizer first, then the schedule is built
+    sched2 = S.OneCycleLR(opt2, max_lr=1.0, total_steps=20)
+    sched2.load_state_dict(sched_state)
+    assert (opt2.param_groups[0]["lr"], opt2.param_groups[0]["momentum"]) == pytest.approx(want, rel=1e-12)
