@@ -11,6 +11,7 @@ the multiplicative schedules (StepLR, MultiStepLR, ExponentialLR, ConstantLR, Li
 ReduceLROnPlateau reacts to a metric and is its own class.
 """
 import math
+import types
 import warnings
 from bisect import bisect_right
 
@@ -52,11 +53,20 @@ class LRScheduler:
         return self._last_lr
 
     def state_dict(self):
-        return {k: v for k, v in self.__dict__.items() if k != "optimizer" and not callable(v)
-                and k != "lr_lambdas"}
+        """The schedule's position; of lr_lambdas (LambdaLR, MultiplicativeLR) only the attributes of callable
+        objects (functions are not saved), as PyTorch's."""
+        state = {k: v for k, v in self.__dict__.items() if k != "optimizer" and not callable(v) and k != "lr_lambdas"}
+        if "lr_lambdas" in self.__dict__:
+            state["lr_lambdas"] = [None if isinstance(f, types.FunctionType) else dict(vars(f))
+                                   for f in self.lr_lambdas]
+        return state
 
     def load_state_dict(self, state_dict):
-        self.__dict__.update(state_dict)
+        state = dict(state_dict)
+        for f, attrs in zip(getattr(self, "lr_lambdas", ()), state.pop("lr_lambdas", ())):
+            if attrs is not None:
+                vars(f).update(attrs)
+        self.__dict__.update(state)
         for g, lr in zip(self.optimizer.param_groups, self._last_lr):
             g["lr"] = lr
 

@@ -183,3 +183,28 @@ def test_one_cycle_resume_restores_the_momentum_whatever_the_load_order():
     sched2 = S.OneCycleLR(opt2, max_lr=1.0, total_steps=20)
     sched2.load_state_dict(sched_state)
     assert (opt2.param_groups[0]["lr"], opt2.param_groups[0]["momentum"]) == pytest.approx(want, rel=1e-12)
+
+
+def test_lambda_schedules_save_the_state_of_callable_objects():
+    class Decay:
+        def __init__(self):
+            self.rate = 0.5
+
+        def __call__(self, step):
+            return self.rate ** step
+
+    def fresh(rate):
+        opt = nn.optim.SGD([nn.Parameter(flame.ones(1))], lr=1.0)
+        d = Decay()
+        d.rate = rate
+        return opt, S.LambdaLR(opt, [d]), d
+    opt, sched, _ = fresh(0.9)
+    sched.step()
+    state = sched.state_dict()
+    assert state["lr_lambdas"] == [{"rate": 0.9}]
+    opt2, sched2, d2 = fresh(0.1)
+    sched2.load_state_dict(state)
+    assert d2.rate == 0.9
+    sched2.step()
+    assert opt2.param_groups[0]["lr"] == pytest.approx(0.81)
+    assert S.LambdaLR(opt, lambda e: 1.0).state_dict()["lr_lambdas"] == [None]
