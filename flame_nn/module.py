@@ -4,6 +4,7 @@ Registered parameters, buffers and submodules live in `_parameters` / `_buffers`
 `__dict__`, so `self.weight` is a plain attribute read (no `__getattr__` round trip on the hot path).
 """
 import itertools
+import warnings
 from collections import OrderedDict, namedtuple
 
 import numpy as np
@@ -17,6 +18,7 @@ from flame_core.tensor import Tensor
 
 from . import backward_hooks as _bw
 from . import empty_init as _ei
+from . import state_dict_hooks as _sdh
 from .parameter import MetaTensorError, Parameter, empty_storage, meta_array
 
 
@@ -533,46 +535,96 @@ class Module(D.FloatCasts):
         return self
 
     # ----------------------------------------------------------------- state dict
-    def _state_items(self, prefix="", keep_vars=True):
+    def _own_state_items(self, prefix, keep_vars):
+        """This module's own parameters and persistent buffers."""
         for k, p in self._parameters.items():
             if p is not None:
                 yield prefix + k, (p if keep_vars else p.detach())
         for k, b in self._buffers.items():
             if b is not None and k not in self._non_persistent_buffers_set:
                 yield prefix + k, (b if keep_vars else b.detach())
+
+    def _state_items(self, prefix="", keep_vars=True):
+        """The parameters and persistent buffers of the whole tree (no hooks, no extra state)."""
+        yield from self._own_state_items(prefix, keep_vars)
         for name, m in self._modules.items():
             if m is not None:
                 yield from m._state_items(prefix + name + ".", keep_vars)
 
-    def state_dict(self, *, destination=None, prefix="", keep_vars=False):
-        """Ordered name -> tensor (detached unless keep_vars) of parameters and persistent buffers."""
+    def get_extra_state(self):
+        """A module's non-tensor state for its state_dict (override with set_extra_state; see state_dict_hooks.py)."""
+        raise RuntimeError("Reached a code path in Module.get_extra_state() that should never be called: override "
+                           "it (and set_extra_state) to keep extra state")
+
+    def set_extra_state(self, state):
+        raise RuntimeError("Reached a code path in Module.set_extra_state() that should never be called: override "
+                           "it (and get_extra_state) to load extra state")
+
+    def register_state_dict_pre_hook(self, hook):
+        return _sdh.add(self, "_state_dict_pre_hooks", hook, RemovableHandle)
+
+    def register_state_dict_post_hook(self, hook):
+        def public(*args):
+            return hook(*args)
+        public._public = True
+        return _sdh.add(self, "_state_dict_hooks", public, RemovableHandle)
+
+    def _register_state_dict_hook(self, hook):
+        return _sdh.add(self, "_state_dict_hooks", hook, RemovableHandle)
+
+    def register_load_state_dict_pre_hook(self, hook):
+        return _sdh.add(self, "_load_state_dict_pre_hooks", hook, RemovableHandle)
+
+    def _register_load_state_dict_pre_hook(self, hook, with_module=False):
+        return self.register_load_state_dict_pre_hook(hook if with_module else lambda m, *args: hook(*args))
+
+    def register_load_state_dict_post_hook(self, hook):
+        return _sdh.add(self, "_load_state_dict_post_hooks", hook, RemovableHandle)
+
+    def state_dict(self, *args, destination=None, prefix="", keep_vars=False):
+        """Ordered name -> tensor (detached unless keep_vars) of parameters and persistent buffers, with the modules'
+        extra state and state_dict hooks (state_dict_hooks.py). PyTorch's deprecated positional form
+        (destination, prefix, keep_vars) is taken too."""
+        if args:
+            warnings.warn("Positional args are being deprecated, use kwargs instead (destination, prefix, keep_vars)",
+                          FutureWarning, stacklevel=2)
+            destination, prefix, keep_vars = (tuple(args) + (destination, prefix, keep_vars)[len(args):])[:3]
         if destination is None:
             destination = OrderedDict()
-        for k, v in self._state_items(prefix, keep_vars):
-            destination[k] = v
-        return destination
+        return _sdh.save(self, destination, prefix, keep_vars)
 
     def load_state_dict(self, state_dict, strict=True, assign=False):
         """Copy tensors/arrays from `state_dict` into parameters and buffers (converted to their dtype and device).
 
         Meta parameters (built under empty_init) get their storage here. With `assign=True` tensors take the given
-        array as is (its dtype and device, no copy). Raises StateDictError listing missing, unexpected (strict) and
-        misshaped keys; returns IncompatibleKeys(missing_keys, unexpected_keys).
+        array as is (its dtype and device, no copy). The modules' load pre-hooks may rename keys first and their
+        post-hooks clear reported keys after; extra state goes to set_extra_state. Raises StateDictError listing
+        missing, unexpected (strict) and misshaped keys -- before anything is copied, unless a post-hook must see the
+        load; returns IncompatibleKeys(missing_keys, unexpected_keys).
         """
         if not hasattr(state_dict, "keys"):
             raise TypeError(f"expected a mapping for state_dict, got {type(state_dict).__name__}")
+        state_dict = OrderedDict(state_dict)
+        hook_missing, hook_unexpected, errors = _sdh.run_load_pre_hooks(self, state_dict, strict)
         expected = dict(self._state_items())
-        missing = [k for k in expected if k not in state_dict]
-        unexpected = [k for k in state_dict if k not in expected]
+        extra = _sdh.extra_state_keys(self)
+        missing = hook_missing + [k for k in list(expected) + list(extra) if k not in state_dict]
+        unexpected = hook_unexpected + [k for k in state_dict if k not in expected and k not in extra]
         misshaped = []
         for k, t in expected.items():
             if k in state_dict:
                 src = tuple(_array_of(state_dict[k])[0].shape)
                 if src != tuple(t.shape):
                     misshaped.append((k, src, tuple(t.shape)))
-        if misshaped or (strict and (missing or unexpected)):
-            raise StateDictError(_format_load_errors(type(self).__name__, missing if strict else [],
-                                                     unexpected if strict else [], misshaped))
+        post = _sdh.has_load_post_hooks(self)
+
+        def check():
+            if errors or misshaped or (strict and (missing or unexpected)):
+                raise StateDictError(_format_load_errors(type(self).__name__, missing if strict else [],
+                                                         unexpected if strict else [], misshaped)
+                                     + "".join("\n\t" + e for e in errors))
+        if not post or misshaped or errors:
+            check()
         from flame_core.io import convert
         with no_grad():
             for k, t in expected.items():
@@ -594,10 +646,17 @@ class Module(D.FloatCasts):
                 else:
                     t.array[...] = arr
                     t._version[0] += 1
+        for k, m in extra.items():
+            if k in state_dict:
+                m.set_extra_state(state_dict[k])
         for m in self.modules():
             if m._meta_check:
                 m.__dict__["_meta_check"] = any(p is not None and p.is_meta for p in m._parameters.values())
-        return IncompatibleKeys(missing, unexpected)
+        result = IncompatibleKeys(missing, unexpected)
+        if post:   # PyTorch's order: the hooks see the loaded module and may clear keys; then the strict check
+            _sdh.run_load_post_hooks(self, result)
+            check()
+        return result
 
     # ----------------------------------------------------------------- repr
     def extra_repr(self):

@@ -37,7 +37,7 @@ class _LazyModule(Module):
         self.__class__ = self.cls_to_become
         return self.forward(input, *args, **kwargs)
 
-    def _state_items(self, prefix="", keep_vars=True):
+    def _own_state_items(self, prefix="", keep_vars=True):
         raise StateDictError(f"{type(self).__name__}{'' if not prefix else f' ({prefix[:-1]})'} has no parameters "
                              f"before its first forward (its input size is inferred there): run it once before "
                              f"state_dict / load_state_dict")

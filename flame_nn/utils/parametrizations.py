@@ -37,8 +37,17 @@ class _WeightNorm(Module):
 
 def weight_norm(module, name="weight", dim=0):
     """module.<name> = g * v / ||v|| (norm over every dim but `dim`; None: over all), g and v the parameters
-    parametrizations.<name>.original0 and original1. Returns module."""
-    return parametrize.register_parametrization(module, name, _WeightNorm(dim), unsafe=True)
+    parametrizations.<name>.original0 and original1. Checkpoints of the older hook form (`<name>_g`, `<name>_v`)
+    load into it (a load_state_dict pre-hook renames them, as PyTorch's). Returns module."""
+    parametrize.register_parametrization(module, name, _WeightNorm(dim), unsafe=True)
+
+    def old_keys(mod, state, prefix, meta, strict, missing, unexpected, errors):
+        g, v = f"{prefix}{name}_g", f"{prefix}{name}_v"
+        if g in state and v in state:
+            state[f"{prefix}parametrizations.{name}.original0"] = state.pop(g)
+            state[f"{prefix}parametrizations.{name}.original1"] = state.pop(v)
+    module.register_load_state_dict_pre_hook(old_keys)
+    return module
 
 
 class _SpectralNorm(Module):
