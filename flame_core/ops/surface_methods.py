@@ -81,6 +81,16 @@ def fill_diagonal_(self, fill_value, wrap=False):
     return apply_inplace(self, lambda t: I.masked_fill(t, m, fill_value))
 
 
+class _Layout:
+    """torch.strided's place: FLAME's tensors are all dense and strided."""
+
+    def __repr__(self):
+        return "flame.strided"
+
+
+STRIDED = _Layout()
+
+
 def apply_(self, callable):
     """Each element replaced by callable(element), in place; CPU tensors only and slow (a Python call per element),
     as PyTorch's."""
@@ -125,6 +135,25 @@ def is_pinned(t):
     return pinned(t)
 
 
+def nonzero_static(input, *, size, fill_value=-1):
+    """nonzero's (n, ndim) indices cut or padded with fill_value to exactly `size` rows (a fixed shape)."""
+    if size < 0:
+        raise ValueError(f"nonzero_static: size must be non-negative, got {size}")
+    idx = I.nonzero(input)
+    n = idx.shape[0]
+    if n >= size:
+        return idx[:size]
+    pad = idx.new_full((size - n, idx.shape[1]), fill_value)
+    from .shape import cat
+    return cat([idx, pad], 0)
+
+
+def dim_order(self):
+    """The dims from the outermost to the innermost in memory (largest stride first; ties keep dim order)."""
+    strides = self.stride()
+    return tuple(sorted(range(self.ndim), key=lambda d: -strides[d]))
+
+
 def install(T):
     """Install the methods on Tensor (called by flame_core.ops at import)."""
     have = dict(   # methods FLAME has: their in-place forms
@@ -167,6 +196,8 @@ def install(T):
     T.angle = MO.angle
     T.apply_, T.map_ = apply_, map_
     T.hardshrink, T.prelu = A.hardshrink, A.prelu
+    T.nonzero_static, T.dim_order = nonzero_static, dim_order
+    T.layout = property(lambda self: STRIDED)
     T.pin_memory, T.is_pinned = pin_memory, lambda self: is_pinned(self)
     T.split_with_sizes = split_with_sizes
     T.unsafe_split, T.unsafe_split_with_sizes, T.unsafe_chunk = S.split, split_with_sizes, S.chunk

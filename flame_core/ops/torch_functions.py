@@ -13,7 +13,8 @@ from . import creation as C
 from . import elementwise as E
 from . import math_ops as MO
 from . import shape as S
-from .surface_methods import is_nonzero, is_signed  # noqa: F401  (exported through __all__)
+from .surface_methods import STRIDED as strided  # noqa: F401  (exported through __all__)
+from .surface_methods import is_nonzero, is_signed, nonzero_static  # noqa: F401  (exported through __all__)
 
 absolute, divide, multiply, subtract, negative = E.abs, E.div, E.mul, E.sub, E.neg
 greater, greater_equal, less, less_equal, not_equal = E.gt, E.ge, E.lt, E.le, E.ne
@@ -192,4 +193,4 @@ __all__ = ("absolute divide multiply subtract negative greater greater_equal les
            "chain_matmul argwhere split_with_sizes narrow_copy conj conj_physical resolve_conj resolve_neg real imag "
            "is_complex is_conj is_neg is_same_size is_nonzero is_signed isreal can_cast scalar_tensor randint_like "
            "asarray from_dlpack get_default_device set_float32_matmul_precision "
-           "get_float32_matmul_precision").split() + list(INPLACE)
+           "get_float32_matmul_precision strided nonzero_static").split() + list(INPLACE)

@@ -617,3 +617,11 @@ def test_pin_memory_of_a_tensor(device):
         if not flame.cuda_is_available():
             with pytest.raises(RuntimeError, match="needs CUDA"):
                 t.pin_memory()
+
+
+def test_dim_order_and_layout(device):
+    x = flame.randn(2, 3, 4, device=device)
+    assert x.dim_order() == (0, 1, 2) and x.permute(2, 0, 1).dim_order() == (1, 2, 0)
+    assert x.layout is flame.strided and repr(flame.strided) == "flame.strided"
+    with pytest.raises(ValueError, match="size must be non-negative"):
+        x.nonzero_static(size=-1)

@@ -699,4 +699,6 @@ CASES = {
     "linalg_matmul": (lambda L, a, b: L.linalg.matmul(a, b), ["m23", "m34"], True),
     "hardshrink_method": (lambda L, x: x.hardshrink(0.3), ["x"], True),
     "prelu_method": (lambda L, x, w: x.prelu(w), ["x", "row"], True),
+    "nonzero_static": (lambda L, x: (x.nonzero_static(size=30), L.nonzero_static(x > 0.5, size=3, fill_value=9)),
+                       ["x"], False),
 }
