@@ -17,23 +17,26 @@ solve_ex_result = collections.namedtuple("solve_ex", ["result", "info"])
 
 def _cholesky_info(a):
     """Per matrix of a (*, n, n) host array: 0, or the order of its first leading minor that is not positive
-    definite."""
-    flat = a.reshape(-1, *a.shape[-2:])
-    info = np.zeros(flat.shape[0], dtype=np.int32)
+    definite (one batched factorisation; the matrices are tried one by one only when it fails)."""
+    lower = np.tril(a) + np.swapaxes(np.tril(a, -1), -1, -2)
+    info = np.zeros(a.shape[:-2], dtype=np.int32)
+    try:
+        np.linalg.cholesky(lower)
+        return info
+    except np.linalg.LinAlgError:
+        pass
+    flat, out = lower.reshape(-1, *a.shape[-2:]), info.reshape(-1)
     for b, m in enumerate(flat):
-        lower = np.tril(m) + np.tril(m, -1).T
-        try:
-            np.linalg.cholesky(lower)
-            continue
-        except np.linalg.LinAlgError:
-            pass
-        for k in range(1, m.shape[0] + 1):
-            try:
-                np.linalg.cholesky(lower[:k, :k])
-            except np.linalg.LinAlgError:
-                info[b] = k
-                break
-    return info.reshape(a.shape[:-2])
+        out[b] = next((k for k in range(1, m.shape[0] + 1) if not _positive_definite(m[:k, :k])), 0)
+    return info
+
+
+def _positive_definite(m):
+    try:
+        np.linalg.cholesky(m)
+        return True
+    except np.linalg.LinAlgError:
+        return False
 
 
 def _lu_info(A):

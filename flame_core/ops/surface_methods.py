@@ -1,9 +1,11 @@
-"""The rest of PyTorch's Tensor surface for real dtypes: the in-place forms of comparisons, logical / bitwise and
-math ops, other names of ops FLAME has, the copy-and-write ops (index_put, put, masked_scatter, the slice / select /
-diagonal scatters), scans and statistics (logcumsumexp, cov, corrcoef, mode, histogram, renorm), integer ops (gcd,
-lcm, shifts), in-place draws (exponential_, geometric_, log_normal_, cauchy_, random_), fill_diagonal_, and the
-complex-number queries, which for FLAME's real tensors answer as PyTorch does for real tensors (conj is the tensor
-itself, imag raises)."""
+"""The rest of PyTorch's Tensor surface for real dtypes, installed on Tensor: the in-place forms of comparisons,
+logical / bitwise and math ops and other names of ops FLAME has; the copy-and-write ops (index_put, put,
+masked_scatter, the slice / select / diagonal scatters, index_reduce's in-place form); scans and statistics
+(logcumsumexp, cov, corrcoef, mode, histogram, renorm); integer ops (gcd, lcm, the shift operators); in-place draws
+(exponential_, geometric_, log_normal_, cauchy_, random_); fill_diagonal_; as_strided and the in-place view ops
+(squeeze_, unsqueeze_, t_, transpose_), resize_; apply_ / map_; pin_memory; nonzero_static, dim_order, layout; and
+the complex-number queries, which answer for FLAME's real tensors as PyTorch's do for real tensors (conj is the
+tensor itself, imag raises)."""
 import numpy as np
 
 from .. import backend
