@@ -240,10 +240,10 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     seed + j, so one seed gives the same picture whatever the batch: exactly on the cpu; on cuda up to the rounding
     of GEMMs, whose kernels cuBLAS picks by shape, so more in bfloat16 than in float32). The family comes from the
     files (registry.detect_family), a family's Files object, or `arch` ("flux" | "sd3" | "sdxl"); its generate part
-    (flame_models/<family>/generate.py) runs with the family's own `options` -- Flux: guidance, max_length; SD3:
-    negative_prompt, clip_g, cfg, slg_scale, slg_layers, no_t5, max_length, configs; SDXL: negative_prompt, clip_g,
-    cfg, sampler, karras, original_size, crop, target_size, max_token_length, configs. An option of another family
-    is refused, naming it.
+    (flame_models/<family>/generate.py) runs with the family's own `options` -- Flux: guidance, max_length, sampler;
+    SD3: negative_prompt, clip_g, cfg, sampler, slg_scale, slg_layers, no_t5, max_length, configs; SDXL:
+    negative_prompt, clip_g, cfg, sampler, karras, original_size, crop, target_size, max_token_length, configs. An
+    option of another family is refused, naming it.
 
     model: a diffusers folder, a transformer / UNet / SAI single file (with vae=, clip_l=, t5= where it does not
     hold them) or a family's Files. loras: ["path", "path:weight", (path, weight)], added together. steps, guidance
@@ -435,7 +435,8 @@ def build_parser():
     g.add_argument("--batch-size", type=int, default=1, help="images per transformer call")
     g.add_argument("--output", default="outputs", help="folder for the PNGs (default: outputs)")
     x = p.add_argument_group("SD3 / SDXL sampling")
-    x.add_argument("--sampler", choices=tuple(SAMPLERS), help="SDXL (default euler)")
+    x.add_argument("--sampler", choices=tuple(SAMPLERS), help="default euler; SDXL: any of these, SD3 / Flux: euler "
+                                                              "or heun")
     x.add_argument("--karras", action="store_true", help="SDXL: Karras sigmas instead of the model's")
     x.add_argument("--original-size", metavar="WxH", help="SDXL size conditioning (default: the image's size)")
     x.add_argument("--crop", metavar="TOP,LEFT", help="SDXL crop conditioning (default 0,0)")

@@ -168,7 +168,8 @@ def test_bad_inputs_are_named(sdxl, capsys):
     _fails(capsys, ["--model", flux, "--prompt", "x", "--cfg", "3"],
            "--cfg: an SD3 / SDXL / Chroma / Qwen-Image option; this model is Flux")
     _fails(capsys, ["--model", SD3, "--prompt", "x", "--guidance", "3"], "--guidance: Flux's embedded guidance")
-    _fails(capsys, ["--model", SD3, "--prompt", "x", "--sampler", "ddim"], "--sampler: an SDXL option")
+    _fails(capsys, ["--model", SD3, "--prompt", "x", "--sampler", "ddim"],
+           "--sampler ddim: SD3 samples with euler or heun")
     _fails(capsys, ["--model", sdxl["folder"], "--prompt", "x", "--slg-scale", "2"], "--slg-scale: an SD3 option")
     _fails(capsys, ["--model", sdxl["folder"], "--prompt", "x", "--width", "80"],
            "--width 80: SDXL needs a positive multiple of 32")

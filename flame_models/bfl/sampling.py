@@ -1,10 +1,12 @@
-"""Flux sampling: latent packing, position ids, the rectified-flow schedule and the Euler sampler."""
+"""Flux sampling: latent packing, position ids, the rectified-flow schedule and the Euler / Heun samplers
+(samplers/flow.py)."""
 import math
 
 import flame_core as flame
 from flame_nn.offload import streamer_of
 
 from ..samplers import noise
+from ..samplers.flow import check_flow_sampler, flow_step, step_kind
 
 LATENT_CHANNELS = 16
 # the autoencoder's latent statistics: decode z = latent / SCALE + SHIFT
@@ -104,46 +106,54 @@ def seeded_noise(seeds, height, width, *, device=None):
     return pack(noise[0] if len(noise) == 1 else flame.cat(noise, dim=0))
 
 
-def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda_graph=None, callback=None):
-    """Euler steps x <- x + (t_next - t) * v(x, t) along `timesteps`. The state stays in float32; the model sees
-    its own dtype. Returns the final packed latents (float32).
+def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda_graph=None, callback=None,
+            sampler="euler"):
+    """`sampler` ("euler": x <- x + (t_next - t) * v(x, t), or "heun", samplers/flow.py) steps along `timesteps`.
+    The state stays in float32; the model sees its own dtype. Returns the final packed latents (float32).
 
     cuda_graph (default: on for cuda tensors): the first step runs eagerly, the second is captured as a CUDA graph
     (flame_core.cuda.graphed) and the rest replay it -- the same kernels on the same buffers, without the host cost
     of issuing ~2000 ops per step. The numbers are the same either way.
     callback(i, n): called after each step i = 1..n (a progress bar; it must not touch the state)."""
+    check_flow_sampler(sampler)
     dtype = _model_dtype(model)
     B = img.shape[0]
     x = img.to(flame.float32)
     g = None if guidance is None else flame.full((B,), float(guidance), dtype=dtype, device=img.device)
 
-    def step(x, t_vec, dt):
+    def velocity(x, t_vec):
         v = model(img=x.to(dtype), img_ids=img_ids, txt=txt, txt_ids=txt_ids, timesteps=t_vec, y=y, guidance=g)
-        return x + dt * v.to(flame.float32)
+        return v.to(flame.float32)
     # a streamed inference forward is not capturable: its prefetch window wraps around from call to call
     use_graph = (img.device.type == "cuda" and streamer_of(model) is None) if cuda_graph is None else bool(cuda_graph)
-    run = flame.cuda.graphed(step, warmup=1, enabled=use_graph and len(timesteps) > 2)
+    n = len(timesteps) - 1
+    runs = {kind: flame.cuda.graphed(flow_step(velocity, kind), warmup=1, enabled=use_graph and n > 1)
+            for kind in {"euler", sampler}}
+
+    def timestep(t):
+        return flame.full((B,), float(t), dtype=dtype, device=img.device)
     with flame.no_grad():
-        n = len(timesteps) - 1
         for i, (t_cur, t_next) in enumerate(zip(timesteps[:-1], timesteps[1:]), 1):
-            t_vec = flame.full((B,), float(t_cur), dtype=dtype, device=img.device)
             dt = flame.full((1,), t_next - t_cur, dtype=flame.float32, device=img.device)
-            x = run(x, t_vec, dt)
+            x = runs[step_kind(sampler, i - 1, n)](x, timestep(t_cur), timestep(t_next), dt)
             if callback is not None:
                 callback(i, n)
-    x = x.clone() if run.graph is not None else x  # the graph's output buffer dies with the graph
-    run.reset()
+    if any(r.graph is not None for r in runs.values()):
+        x = x.clone()  # a graph's output buffer dies with the graph
+    for r in runs.values():
+        r.reset()
     return x
 
 
 def sample(model, txt, y, height=1024, width=1024, steps=None, guidance=None, seed=0, *, txt_ids=None,
-           shift=None, cuda_graph=None, callback=None):
+           shift=None, cuda_graph=None, callback=None, sampler="euler"):
     """Text-to-image latents with a Flux model: T5 hidden states `txt` (B, L, context_in_dim) and CLIP pooled `y`
     (B, vec_in_dim) -> VAE-space latents (B, 16, H/8, W/8), float32, before the `/SCALE + SHIFT` of decoding.
 
     Defaults follow BFL: flux-dev 50 steps, guidance 2.5, shifted schedule; schnell 4 steps, no guidance, no shift.
-    cuda_graph, callback: see `denoise` (graphs are on by default on cuda).
+    cuda_graph, callback: see `denoise` (graphs are on by default on cuda). sampler: "euler" (BFL's) or "heun".
     """
+    check_flow_sampler(sampler)
     dev_model = model.params.guidance_embed
     steps = (50 if dev_model else 4) if steps is None else steps
     guidance = (2.5 if dev_model else None) if guidance is None else guidance
@@ -159,7 +169,8 @@ def sample(model, txt, y, height=1024, width=1024, steps=None, guidance=None, se
     img_pos = image_ids(height, width, B, device=device)
     txt_pos = text_ids(L, B, device=device) if txt_ids is None else txt_ids
     timesteps = get_schedule(steps, img.shape[1], shift=shift)
-    x = denoise(model, img, img_pos, txt.to(dtype), txt_pos, y.to(dtype), timesteps, guidance, cuda_graph, callback)
+    x = denoise(model, img, img_pos, txt.to(dtype), txt_pos, y.to(dtype), timesteps, guidance, cuda_graph, callback,
+                sampler)
     return unpack(x, height, width)
 
 

@@ -1,16 +1,17 @@
 """Flux's part of `python -m flame_models.generate` (flame_models/generate.py runs it for Flux files): the rectified
-flow Euler sampler with the embedded guidance of flux-dev (default 28 steps, guidance 3.5; schnell: 4 steps, no
-guidance), T5's max_length (dev 512, schnell 256), the LoRAs on the transformer."""
+flow Euler (or --sampler heun) sampler with the embedded guidance of flux-dev (default 28 steps, guidance 3.5;
+schnell: 4 steps, no guidance), T5's max_length (dev 512, schnell 256), the LoRAs on the transformer."""
 import json
 import math
 import random
 
 from .. import generate as G
+from ..samplers.flow import FLOW_SAMPLERS
 from . import pipeline as P
 from .components import FluxFiles, find_flux_files
 
 FILES = FluxFiles
-OPTIONS = {"guidance": "Flux's embedded guidance", "max_length": None}
+OPTIONS = {"guidance": "Flux's embedded guidance", "max_length": None, "sampler": None}
 NOTES = {"cfg": "its guidance is embedded (--guidance)"}
 DEV_DEFAULTS = {"steps": 28, "guidance": 3.5}   # diffusers' FluxPipeline defaults for flux-dev
 SCHNELL_STEPS = 4
@@ -18,9 +19,9 @@ SCHNELL_STEPS = 4
 
 def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, loras=(), width=1024, height=1024,
              steps=None, guidance=None, seed=None, num_images=1, batch_size=1, output=None, device=None, dtype=None,
-             fp8=False, max_gpu_memory=None, max_length=None, progress=True, stats=None, log=print):
+             fp8=False, max_gpu_memory=None, max_length=None, sampler=None, progress=True, stats=None, log=print):
     """Flux text-to-image (flame_models.generate.generate says what the arguments mean). model: a diffusers Flux
-    folder, a transformer file (with vae=, clip_l=, t5=) or FluxFiles."""
+    folder, a transformer file (with vae=, clip_l=, t5=) or FluxFiles. sampler: "euler" (default) or "heun"."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     G._check_args(prompts, width, height, steps, num_images, batch_size, seed)
@@ -30,6 +31,9 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     files = model if isinstance(model, FluxFiles) else find_flux_files(model, vae=vae, clip_l=clip_l, t5=t5,
                                                                          tokenizer=tokenizer)
     is_dev = files.is_dev
+    sampler = "euler" if sampler is None else sampler
+    if sampler not in FLOW_SAMPLERS:
+        raise G.GenerateError(f"--sampler {sampler}: Flux samples with euler or heun (the others are SDXL's)")
     if not is_dev and guidance is not None:
         raise G.GenerateError(f"--guidance: {files.transformer} is schnell-like (no guidance embedding); leave it out")
     steps = steps if steps is not None else (DEV_DEFAULTS["steps"] if is_dev else SCHNELL_STEPS)
@@ -56,7 +60,7 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
                                                    guidance=guidance),
         sample=lambda net, cond, seeds, rows, callback: P.sample_latents(
             net, cond, height=height, width=width, steps=steps, guidance=guidance, seeds=seeds, rows=rows,
-            callback=callback),
+            callback=callback, sampler=sampler),
         load_vae=lambda: P.load_vae_for_flux(files, dtype=dtype, device=dev), decode=P.decode_latents)
     images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps,
                           progress=progress, stats=stats, log=log)
@@ -67,9 +71,10 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
         def text_of(i, s):
             info = {"prompt": prompts[i], "seed": s, "steps": steps, "guidance": guidance, "width": width,
                     "height": height, "model": files.transformer, "vae": files.vae, "clip_l": files.clip_l,
-                    "t5": files.t5, "loras": [[p, w] for p, w in loras], "sampler": "euler",
+                    "t5": files.t5, "loras": [[p, w] for p, w in loras], "sampler": sampler,
                     "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8)}
-            fields = [("Steps", steps), ("Sampler", "Euler"), ("Schedule type", "Simple"), ("CFG scale", 1),
+            fields = [("Steps", steps), ("Sampler", sampler.capitalize()), ("Schedule type", "Simple"),
+                      ("CFG scale", 1),
                       ("Distilled CFG Scale", None if guidance is None else f"{guidance:g}"), ("Seed", s),
                       ("Size", f"{width}x{height}"), ("Model", name), *G.lora_field(loras), ("Version", "FLAME")]
             return {"parameters": G.parameters_text(prompts[i], None, fields), "flame": json.dumps(info)}

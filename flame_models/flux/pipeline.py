@@ -29,6 +29,7 @@ from ..pipeline import (  # noqa: F401
     place_for_inference,
     to_pil,
 )
+from ..samplers.flow import check_flow_sampler
 from .components import FluxFiles, FluxFilesError, find_flux_files  # noqa: F401
 from .conditioning import FluxTextEncoders, check_vocabularies, encode_prompts, load_text_encoders, load_tokenizers
 from .loading import load_flux  # noqa: F401
@@ -40,15 +41,16 @@ def _model_dtype(model):
 
 
 def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=None, latents=None, rows=None,
-                   callback=None, cuda_graph=None):
-    """Denoise with the Euler sampler on Flux's (shifted, for dev) schedule; returns model-space latents
-    (B, 16, H/8, W/8) float32.
+                   callback=None, cuda_graph=None, sampler="euler"):
+    """Denoise with the Euler (or sampler="heun") sampler on Flux's (shifted, for dev) schedule; returns
+    model-space latents (B, 16, H/8, W/8) float32.
 
     cond: {"prompt_embeds": (P, L, C), "pooled_prompt_embeds": (P, C)} (Tensors or NumPy arrays); `rows` picks
     the prompt of each image (default: image i uses prompt i). Noise: one seed per image (`seeds`: image i starts
     from get_noise(seed=seeds[i]), the same whatever the batch), or `latents` given, packed (B, L, 64) or
     unpacked (B, 16, H/8, W/8). guidance: the embedded guidance of flux-dev (ignored by nothing: schnell takes
     None). callback(i, n) after each step."""
+    check_flow_sampler(sampler)
     p = model.params
     dev = model.img_in.weight.device
     if p.guidance_embed and guidance is None:
@@ -75,7 +77,7 @@ def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=No
                          f"({img_pos.shape[1]} tokens)")
     txt_pos = text_ids(txt.shape[1], B, device=dev)
     timesteps = get_schedule(steps, x.shape[1], shift=p.guidance_embed)
-    out = denoise(model, x, img_pos, txt, txt_pos, y, timesteps, guidance, cuda_graph, callback)
+    out = denoise(model, x, img_pos, txt, txt_pos, y, timesteps, guidance, cuda_graph, callback, sampler)
     return unpack(out, height, width)
 
 

@@ -33,7 +33,8 @@ class SD3Family(FlowMatchingFamily):
     model_class = MMDiT
     parts, pipeline = sd3_parts, sd3_pipeline
     latent_scale, latent_shift = sd3_sampling.LATENT_SCALE, sd3_sampling.LATENT_SHIFT
-    sampler_words = "its flow-matching Euler sampler ('flowmatch')"
+    samplers = FlowMatchingFamily.samplers + ("heun",)
+    sampler_words = "its flow-matching Euler ('flowmatch', 'euler') or Heun ('heun') sampler"
     default_size = "sd3.5-tiny"
     model_sizes = ("sd3.5-large", "sd3.5-large-turbo", "sd3.5-medium", "sd3.5-tiny")
     target_presets = TARGET_PRESETS
@@ -118,15 +119,18 @@ class SD3Family(FlowMatchingFamily):
         return neg if isinstance(neg, str) else ""
 
     def sample_options(self, cfg):
-        """Skip-layer guidance when sample.slg_scale > 0 (SAI's window: steps 1% to 30%)."""
+        """The sampler (sample.sampler 'heun', else Euler) and skip-layer guidance when sample.slg_scale > 0 (SAI's
+        window: steps 1% to 30%)."""
         sm = cfg.sample
-        if not sm.slg_scale:
-            return {}
-        return {"slg": sd3_sampling.SkipLayerGuidance(layers=tuple(sm.slg_layers), scale=sm.slg_scale)}
+        options = {"sampler": "heun" if sm.sampler == "heun" else "euler"}
+        if sm.slg_scale:
+            options["slg"] = sd3_sampling.SkipLayerGuidance(layers=tuple(sm.slg_layers), scale=sm.slg_scale)
+        return options
 
-    def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None, slg=None):
-        """One prompt's latents with SD3's Euler sampler; CFG against cond's negative_* arrays (zeros when the run
-        encoded no negative: precomputed samples without text encoders)."""
+    def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None, slg=None,
+               sampler="euler"):
+        """One prompt's latents with SD3's Euler or Heun sampler; CFG against cond's negative_* arrays (zeros when the
+        run encoded no negative: precomputed samples without text encoders)."""
         pos = {k: np.asarray(cond[k])[None] for k in self.sample_keys[1:]}
         neg = None
         if guidance != 1.0:
@@ -136,4 +140,5 @@ class SD3Family(FlowMatchingFamily):
                 raise ValueError(f"the negative prompt's embeddings {neg['prompt_embeds'].shape[1:]} and the "
                                  f"prompt's {pos['prompt_embeds'].shape[1:]} differ in shape")
         return sd3_pipeline.sample_latents(model, pos, neg, height=height, width=width, steps=steps, cfg=guidance,
-                                           seeds=[seed], skip_layer_guidance=slg, callback=callback)
+                                           seeds=[seed], skip_layer_guidance=slg, callback=callback,
+                                           sampler=sampler)

@@ -1,14 +1,15 @@
-"""SD3 / SD3.5's part of `python -m flame_models.generate` (flame_models/generate.py runs it for SD3 files): Euler on
-the shifted flow schedule with classifier-free guidance; defaults per release from sampling.SAMPLING_DEFAULTS --
-Large 40 steps cfg 4.5, Large Turbo 4 steps cfg 1 (recognised by "turbo" in its file or folder name, its weights
-being shaped as Large's), Medium (an MMDiT-X) 50 steps cfg 5 with skip-layer guidance on blocks 7-9 (SAI's
-reference; --slg-scale 0 turns it off). The negative prompt defaults to "" (diffusers); without T5 its tokens are
-zeros. Every input is checked before anything is loaded."""
+"""SD3 / SD3.5's part of `python -m flame_models.generate` (flame_models/generate.py runs it for SD3 files): Euler
+(or --sampler heun) on the shifted flow schedule with classifier-free guidance; defaults per release from
+sampling.SAMPLING_DEFAULTS -- Large 40 steps cfg 4.5, Large Turbo 4 steps cfg 1 (recognised by "turbo" in its file or
+folder name, its weights being shaped as Large's), Medium (an MMDiT-X) 50 steps cfg 5 with skip-layer guidance on
+blocks 7-9 (SAI's reference; --slg-scale 0 turns it off). The negative prompt defaults to "" (diffusers); without T5
+its tokens are zeros. Every input is checked before anything is loaded."""
 import json
 import math
 import random
 
 from .. import generate as G
+from ..samplers.flow import FLOW_SAMPLERS
 from . import pipeline as P
 from .components import SD3Files, find_sd3_files
 from .conditioning import check_vocabularies, load_tokenizers
@@ -16,9 +17,9 @@ from .sampling import SAMPLING_DEFAULTS, SkipLayerGuidance
 
 FILES = SD3Files
 OPTIONS = {"negative_prompt": None, "clip_g": None, "cfg": None, "slg_scale": None, "slg_layers": None,
-           "no_t5": None, "max_length": None, "configs": None}
-NOTES = {name: "it samples with Euler on its flow schedule, without size conditioning"
-         for name in ("sampler", "original_size", "crop", "target_size", "max_token_length")}
+           "no_t5": None, "max_length": None, "configs": None, "sampler": None}
+NOTES = {name: "it samples on its flow schedule, without size conditioning"
+         for name in ("original_size", "crop", "target_size", "max_token_length")}
 NOTES.update(karras="it samples on its shifted flow schedule", guidance="it uses classifier-free guidance (--cfg)")
 
 
@@ -51,9 +52,10 @@ def _slg(files, slg_scale, slg_layers, log):
 def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, clip_g=None, t5=None, tokenizer=None,
              loras=(), width=1024, height=1024, steps=None, cfg=None, slg_scale=None, slg_layers=None, no_t5=False,
              seed=None, num_images=1, batch_size=1, output=None, device=None, dtype=None, fp8=False,
-             max_gpu_memory=None, max_length=None, configs=None, progress=True, stats=None, log=print):
+             max_gpu_memory=None, max_length=None, configs=None, sampler=None, progress=True, stats=None, log=print):
     """SD3 / SD3.5 text-to-image (flame_models.generate.generate says what the shared arguments mean). model: an
-    SAI file holding every part, a diffusers folder, an MMDiT file with the other parts given, or SD3Files."""
+    SAI file holding every part, a diffusers folder, an MMDiT file with the other parts given, or SD3Files.
+    sampler: "euler" (default) or "heun"."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     files = model if isinstance(model, SD3Files) else find_sd3_files(
@@ -65,6 +67,9 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
 
     # settings, checked before anything is loaded
     defaults = SAMPLING_DEFAULTS[files.variant]
+    sampler = "euler" if sampler is None else sampler
+    if sampler not in FLOW_SAMPLERS:
+        raise G.GenerateError(f"--sampler {sampler}: SD3 samples with euler or heun (the others are SDXL's)")
     slg = _slg(files, slg_scale, slg_layers, log)
     use_t5 = files.t5 is not None and not no_t5
     if no_t5 and files.t5 is None:
@@ -110,7 +115,7 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
                                                    cfg=cfg),
         sample=lambda net, cond, seeds, rows, callback: P.sample_latents(
             net, *cond, height=height, width=width, steps=steps, cfg=cfg, seeds=seeds, rows=rows, callback=callback,
-            skip_layer_guidance=slg),
+            skip_layer_guidance=slg, sampler=sampler),
         load_vae=lambda: P.load_vae_for_sd3(files, dtype=dtype, device=dev), decode=P.decode_latents)
     images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps,
                           progress=progress, stats=stats, log=log)
@@ -120,13 +125,14 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
         name = G.model_name(files.transformer)
 
         def text_of(i, s):
-            fields = [("Steps", steps), ("Sampler", "Euler"), ("Schedule type", "Simple"), ("CFG scale", f"{cfg:g}"),
-                      ("Seed", s), ("Size", f"{width}x{height}"), ("Model", name), ("Shift", 3)]
+            fields = [("Steps", steps), ("Sampler", sampler.capitalize()), ("Schedule type", "Simple"),
+                      ("CFG scale", f"{cfg:g}"), ("Seed", s), ("Size", f"{width}x{height}"), ("Model", name),
+                      ("Shift", 3)]
             if slg is not None:
                 fields.append(("SLG", f"layers {','.join(map(str, slg.layers))} scale {slg.scale:g}"))
             fields += [*G.lora_field(loras), ("Version", "FLAME")]
             info = {"family": "sd3", "prompt": prompts[i], "negative_prompt": neg, "seed": s, "steps": steps,
-                    "cfg": cfg, "width": width, "height": height, "sampler": "euler", "scheduler": "simple",
+                    "cfg": cfg, "width": width, "height": height, "sampler": sampler, "scheduler": "simple",
                     "model": files.transformer, "vae": files.vae, "clip_l": files.clip_l, "clip_g": files.clip_g,
                     "loras": [[p, w] for p, w in loras], "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8),
                     "t5": files.t5 if use_t5 else None, "variant": files.variant,

@@ -1,16 +1,18 @@
-"""SD3 / SD3.5 sampling: the shifted flow-matching schedule, Euler steps with classifier-free guidance (cond and
-uncond in one batch of 2B), and skip-layer guidance (SD3.5 Medium).
+"""SD3 / SD3.5 sampling: the shifted flow-matching schedule, Euler or Heun steps (samplers/flow.py) with
+classifier-free guidance (cond and uncond in one batch of 2B), and skip-layer guidance (SD3.5 Medium).
 
 Schedule (SAI's sd3_impls ModelSamplingDiscreteFlow + get_sigmas, which diffusers' FlowMatchEulerDiscreteScheduler
-with shift=3 reproduces): s(u) = shift u / (1 + (shift - 1) u); the training table is s(i / 1000), i = 1..1000; an
-N-step run takes t = linspace(1000 s(1), 1000 s(0.001), N), sigma = s(t / 1000) (the low end is shifted twice, as in
-both references), then appends 0. The model sees timesteps 1000 sigma and predicts the velocity v = noise - x0.
+with shift=3 reproduces, and FlowMatchHeunDiscreteScheduler step by step): s(u) = shift u / (1 + (shift - 1) u); the
+training table is s(i / 1000), i = 1..1000; an N-step run takes t = linspace(1000 s(1), 1000 s(0.001), N),
+sigma = s(t / 1000) (the low end is shifted twice, as in both references), then appends 0. The model
+sees timesteps 1000 sigma and predicts the velocity v = noise - x0.
 """
 from dataclasses import dataclass
 
 import flame_core as flame
 from flame_nn.offload import streamer_of
 
+from ..samplers.flow import check_flow_sampler, flow_step, step_kind
 from ..samplers.noise import get_noise  # noqa: F401  (16 channels at 1/8 resolution, seeded)
 
 SHIFT = 3.0
@@ -64,14 +66,16 @@ def get_sigmas(steps, shift=SHIFT):
 
 
 def denoise(model, x, sigmas, context, y, neg_context=None, neg_y=None, cfg=1.0, skip_layer_guidance=None,
-            cuda_graph=None, progress=False, callback=None):
-    """Euler steps x <- x + (sigma_next - sigma) v along `sigmas`, v guided by classifier-free guidance
-    uncond + cfg (cond - uncond) when cfg != 1 (cond and uncond as one batch of 2B) and optionally skip-layer
-    guidance. The state stays in float32; the model sees its own dtype. Returns float32 latents.
+            cuda_graph=None, progress=False, callback=None, sampler="euler"):
+    """`sampler` ("euler" or "heun", samplers/flow.py) steps along `sigmas` over the velocity v guided by
+    classifier-free guidance uncond + cfg (cond - uncond) when cfg != 1 (cond and uncond as one batch of 2B) and
+    optionally skip-layer guidance (on both of Heun's evaluations in its steps' window). The state stays in float32;
+    the model sees its own dtype. Returns float32 latents.
 
-    cuda_graph (default: on for cuda tensors): each kind of step (with and without the skip-layer pass) runs once
-    eagerly, then is captured as a CUDA graph (flame_core.cuda.graphed) and replayed; the numbers are the same.
-    callback(i, steps) after each step."""
+    cuda_graph (default: on for cuda tensors): each kind of step (sampler, with and without the skip-layer pass)
+    runs once eagerly, then is captured as a CUDA graph (flame_core.cuda.graphed) and replayed; the numbers are the
+    same. callback(i, steps) after each step."""
+    check_flow_sampler(sampler)
     dtype = _model_dtype(model)
     B = x.shape[0]
     guided = cfg != 1.0
@@ -89,7 +93,8 @@ def denoise(model, x, sigmas, context, y, neg_context=None, neg_y=None, cfg=1.0,
     cond_ctx, cond_y = context.to(dtype), y.to(dtype)
     slg = skip_layer_guidance
 
-    def velocity(x, t_vec):
+    def guided_velocity(x, t_vec):
+        """(v, v_cond): the CFG velocity and the conditional one (None without CFG)."""
         if not guided:
             return model(x.to(dtype), t_vec, y_in, ctx_in).to(flame.float32), None
         xx = flame.cat((x, x), dim=0).to(dtype)
@@ -97,50 +102,55 @@ def denoise(model, x, sigmas, context, y, neg_context=None, neg_y=None, cfg=1.0,
         v_cond, v_uncond = v[:B], v[B:]
         return v_uncond + cfg * (v_cond - v_uncond), v_cond
 
-    def step(x, t_vec, dt):
-        v, _ = velocity(x, t_vec)
-        return x + dt * v
+    def velocity(x, t_vec):
+        return guided_velocity(x, t_vec)[0]
 
-    def step_slg(x, t_vec, dt):
-        v, v_cond = velocity(x, t_vec)
+    def velocity_slg(x, t_vec):
+        v, v_cond = guided_velocity(x, t_vec)
         if v_cond is None:
             v_cond = v
         v_skip = model(x.to(dtype), t_vec, cond_y, cond_ctx, skip_layers=slg.layers).to(flame.float32)
-        return x + dt * (v + slg.scale * (v_cond - v_skip))
+        return v + slg.scale * (v_cond - v_skip)
 
     # a streamed inference forward is not capturable: its prefetch window wraps around from call to call
     use_graph = (x.device.type == "cuda" and streamer_of(model) is None) if cuda_graph is None else bool(cuda_graph)
-    runs = [flame.cuda.graphed(fn, warmup=1, enabled=use_graph) for fn in (step, step_slg)]
+    runs = {(kind, with_slg): flame.cuda.graphed(flow_step(velocity_slg if with_slg else velocity, kind), warmup=1,
+                                                 enabled=use_graph)
+            for kind in {"euler", sampler} for with_slg in (False, True)}
     steps = len(sigmas) - 1
     it = range(steps)
     if progress:
         from tqdm.auto import tqdm
         it = tqdm(it, desc="sampling", unit="step")
     x = x.to(flame.float32)
+
+    def timestep(sigma):
+        return flame.full((B,), NUM_TRAIN_TIMESTEPS * float(sigma), dtype=flame.float32, device=x.device)
     with flame.no_grad():
         for i in it:
-            t_vec = flame.full((B,), NUM_TRAIN_TIMESTEPS * float(sigmas[i]), dtype=flame.float32, device=x.device)
             dt = flame.full((1,), float(sigmas[i + 1]) - float(sigmas[i]), dtype=flame.float32, device=x.device)
-            run = runs[1] if slg is not None and slg.active(i, steps) else runs[0]
-            x = run(x, t_vec, dt)
+            run = runs[step_kind(sampler, i, steps), slg is not None and slg.active(i, steps)]
+            x = run(x, timestep(sigmas[i]), timestep(sigmas[i + 1]), dt)
             if callback is not None:
                 callback(i, steps)
-    if any(r.graph is not None for r in runs):
+    if any(r.graph is not None for r in runs.values()):
         x = x.clone()  # a graph's output buffer dies with the graph
-    for r in runs:
+    for r in runs.values():
         r.reset()
     return x
 
 
 def sample(model, context, y, neg_context=None, neg_y=None, height=1024, width=1024, steps=40, cfg=4.5, seed=0, *,
-           shift=SHIFT, latents=None, skip_layer_guidance=None, cuda_graph=None, progress=False):
+           shift=SHIFT, latents=None, skip_layer_guidance=None, cuda_graph=None, progress=False, sampler="euler"):
     """Text-to-image latents with an SD3 MMDiT: context (B, L, 4096) and pooled y (B, 2048) of the prompt, and of the
     negative prompt when cfg != 1 -> latents (B, 16, H/8, W/8), float32, in the model's space (decode with
     z / LATENT_SCALE + LATENT_SHIFT before the VAE).
 
     Defaults are SD3.5 Large's (40 steps, cfg 4.5); see SAMPLING_DEFAULTS for Large Turbo (4 steps, cfg 1) and Medium
     (50 steps, cfg 5, skip-layer guidance). `latents`: the starting noise (B, 16, H/8, W/8) instead of the seeded one.
+    sampler: "euler" (the references') or "heun" (diffusers' FlowMatchHeunDiscreteScheduler: 2 model calls a step).
     """
+    check_flow_sampler(sampler)
     if height % 16 or width % 16 or height <= 0 or width <= 0:
         raise ValueError(f"SD3 images need a height and width that are positive multiples of 16, got "
                          f"{height}x{width}")
@@ -155,7 +165,7 @@ def sample(model, context, y, neg_context=None, neg_y=None, height=1024, width=1
         raise ValueError(f"latents must have shape {shape} for {B} prompts at {height}x{width}, got "
                          f"{tuple(latents.shape)}")
     return denoise(model, latents, get_sigmas(steps, shift), context, y, neg_context, neg_y, cfg,
-                   skip_layer_guidance, cuda_graph, progress)
+                   skip_layer_guidance, cuda_graph, progress, sampler=sampler)
 
 
 def _model_dtype(model):
