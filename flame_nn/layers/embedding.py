@@ -7,6 +7,25 @@ from ..module import Module
 from ..parameter import Parameter
 
 
+def _table(module, num_embeddings, embedding_dim, padding_idx, _weight, device, dtype):
+    """The lookup table of Embedding / EmbeddingBag: sizes, padding_idx (negative counts from the end), and the
+    weight -- a fresh normal one (padding row zero) or `_weight` itself."""
+    owner = type(module).__name__
+    if padding_idx is not None:
+        if not -num_embeddings <= padding_idx < num_embeddings:
+            raise ValueError(f"{owner}: padding_idx {padding_idx} must be within num_embeddings {num_embeddings}")
+        padding_idx %= num_embeddings
+    module.num_embeddings, module.embedding_dim, module.padding_idx = num_embeddings, embedding_dim, padding_idx
+    if _weight is None:
+        module.weight = new_parameter((num_embeddings, embedding_dim), dtype, device)
+        module.reset_parameters()
+        return
+    if tuple(_weight.shape) != (num_embeddings, embedding_dim):
+        raise ValueError(f"{owner}: _weight of shape {tuple(_weight.shape)} does not match num_embeddings, "
+                         f"embedding_dim ({num_embeddings}, {embedding_dim})")
+    module.weight = Parameter(_weight)
+
+
 class Embedding(Module):
     """A lookup table of num_embeddings vectors of embedding_dim, PyTorch's signature: padding_idx's row starts at
     zero and gets no gradient; max_norm renormalises the rows looked up (in place); scale_grad_by_freq scales their
@@ -16,24 +35,13 @@ class Embedding(Module):
     def __init__(self, num_embeddings, embedding_dim, padding_idx=None, max_norm=None, norm_type=2.0,
                  scale_grad_by_freq=False, sparse=False, _weight=None, _freeze=False, device=None, dtype=None):
         super().__init__()
-        if padding_idx is not None:
-            if not -num_embeddings <= padding_idx < num_embeddings:
-                raise ValueError(f"Embedding: padding_idx {padding_idx} must be within num_embeddings "
-                                 f"{num_embeddings}")
-            padding_idx %= num_embeddings
         if sparse:
             raise NotImplementedError("Embedding: sparse=True needs sparse gradients, which FLAME does not have")
-        self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
+        _table(self, num_embeddings, embedding_dim, padding_idx, _weight, device, dtype)
         self.max_norm, self.norm_type, self.scale_grad_by_freq = max_norm, norm_type, scale_grad_by_freq
         self.sparse = sparse
-        if _weight is None:
-            self.weight = new_parameter((num_embeddings, embedding_dim), dtype, device)
-            self.reset_parameters()
-        else:
-            if tuple(_weight.shape) != (num_embeddings, embedding_dim):
-                raise ValueError(f"Embedding: _weight of shape {tuple(_weight.shape)} does not match "
-                                 f"num_embeddings, embedding_dim ({num_embeddings}, {embedding_dim})")
-            self.weight = Parameter(_weight, requires_grad=not _freeze)
+        if _freeze:
+            self.weight.requires_grad_(False)
 
     def reset_parameters(self):
         init.normal_(self.weight)
@@ -77,22 +85,9 @@ class EmbeddingBag(Module):
                  mode="mean", sparse=False, _weight=None, include_last_offset=False, padding_idx=None, device=None,
                  dtype=None):
         super().__init__()
-        if padding_idx is not None:
-            if not -num_embeddings <= padding_idx < num_embeddings:
-                raise ValueError(f"EmbeddingBag: padding_idx {padding_idx} must be within num_embeddings "
-                                 f"{num_embeddings}")
-            padding_idx %= num_embeddings
-        self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
+        _table(self, num_embeddings, embedding_dim, padding_idx, _weight, device, dtype)
         self.max_norm, self.norm_type, self.scale_grad_by_freq = max_norm, norm_type, scale_grad_by_freq
         self.mode, self.sparse, self.include_last_offset = mode, sparse, include_last_offset
-        if _weight is None:
-            self.weight = new_parameter((num_embeddings, embedding_dim), dtype, device)
-            self.reset_parameters()
-        else:
-            if tuple(_weight.shape) != (num_embeddings, embedding_dim):
-                raise ValueError(f"EmbeddingBag: _weight of shape {tuple(_weight.shape)} does not match "
-                                 f"num_embeddings, embedding_dim ({num_embeddings}, {embedding_dim})")
-            self.weight = Parameter(_weight)
 
     reset_parameters = Embedding.reset_parameters
 
