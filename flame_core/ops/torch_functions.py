@@ -54,6 +54,31 @@ def argwhere(input):
     return input.argwhere()
 
 
+def adjoint(input):
+    return input.adjoint()
+
+
+def ger(input, vec2):
+    """outer (PyTorch's older name)."""
+    return input.ger(vec2)
+
+
+def get_device(input):
+    return input.get_device()
+
+
+def fill(input, value):
+    """A tensor like input filled with value (out of place)."""
+    return C.full_like(input, value.item() if isinstance(value, Tensor) else value)
+
+
+def frombuffer(buffer, *, dtype, count=-1, offset=0, requires_grad=False):
+    """A 1-D cpu tensor over an object exposing the buffer protocol (shared, not copied), as torch.frombuffer."""
+    arr = np.frombuffer(buffer, dtype=D.dtype(dtype).np, count=count, offset=offset)
+    t = _wrap(arr)
+    return t.requires_grad_(True) if requires_grad else t
+
+
 def split_with_sizes(input, split_sizes, dim=0):
     return input.split_with_sizes(split_sizes, dim)
 
@@ -186,11 +211,13 @@ INPLACE = ("abs_", "acos_", "acosh_", "asin_", "asinh_", "atan_", "atanh_", "arc
            "cosh_", "deg2rad_", "erf_", "erfc_", "exp_", "exp2_", "expm1_", "fix_", "floor_", "frac_", "gcd_",
            "lcm_", "ldexp_", "log_", "log10_", "log1p_", "log2_", "logit_", "nan_to_num_", "neg_", "negative_",
            "rad2deg_", "reciprocal_", "relu_", "round_", "rsqrt_", "sigmoid_", "sin_", "sinc_", "sinh_", "sqrt_",
-           "square_", "tan_", "tanh_", "trunc_", "xlogy_", "zero_", "fill_", "index_put_")
+           "square_", "tan_", "tanh_", "trunc_", "xlogy_", "zero_", "fill_", "index_put_", "addmv_", "as_strided_",
+           "conj_physical_", "detach_")
 globals().update({_n: _inplace_function(_n) for _n in INPLACE})
 __all__ = ("absolute divide multiply subtract negative greater greater_equal less less_equal not_equal arccos "
            "arccosh arcsin arcsinh arctan arctanh fix swapdims moveaxis t detach isposinf isneginf rsub dist "
            "chain_matmul argwhere split_with_sizes narrow_copy conj conj_physical resolve_conj resolve_neg real imag "
            "is_complex is_conj is_neg is_same_size is_nonzero is_signed isreal can_cast scalar_tensor randint_like "
            "asarray from_dlpack get_default_device set_float32_matmul_precision "
-           "get_float32_matmul_precision strided nonzero_static").split() + list(INPLACE)
+           "get_float32_matmul_precision strided nonzero_static adjoint ger get_device fill frombuffer"
+           ).split() + list(INPLACE)

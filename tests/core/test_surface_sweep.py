@@ -625,3 +625,18 @@ def test_dim_order_and_layout(device):
     assert x.layout is flame.strided and repr(flame.strided) == "flame.strided"
     with pytest.raises(ValueError, match="size must be non-negative"):
         x.nonzero_static(size=-1)
+
+
+def test_more_torch_functions(device):
+    x = flame.randn(2, 3, device=device)
+    np.testing.assert_array_equal(flame.adjoint(x).cpu().numpy(), x.cpu().numpy().T)
+    assert flame.ger(flame.ones(2, device=device), flame.ones(3, device=device)).shape == (2, 3)
+    assert flame.get_device(x) == (-1 if device.type == "cpu" else device.index or 0)
+    f = flame.fill(x, 2.5)
+    assert f.shape == x.shape and (f.cpu().numpy() == 2.5).all() and x.cpu().numpy().min() != 2.5
+    buf = bytearray(np.arange(4, dtype=np.float32).tobytes())
+    t = flame.frombuffer(buf, dtype=flame.float32, offset=4, count=2)
+    assert t.tolist() == [1.0, 2.0]
+    y = x * 1
+    flame.addmv_(y[:, 0], x, flame.ones(3, device=device))
+    np.testing.assert_allclose(y[:, 0].cpu().numpy(), x.cpu().numpy()[:, 0] + x.cpu().numpy().sum(1), rtol=1e-6)
