@@ -45,6 +45,7 @@ from flame_core.memory.stats import fmt_bytes, parse_budget
 
 from .pipeline import free_model, to_pil
 from .samplers import SAMPLERS
+from .samplers.flow import FLOW_SAMPLERS
 from .training.limits import image_problem
 
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "fp32": "float32",
@@ -56,6 +57,14 @@ class GenerateError(FlameError, ValueError):
 
 
 # ----------------------------------------------------------------------------- checks before any work
+def flow_sampler(sampler, family):
+    """--sampler of a flow-matching family: "euler" (None: the default) or "heun" (samplers/flow.py)."""
+    sampler = "euler" if sampler is None else sampler
+    if sampler not in FLOW_SAMPLERS:
+        raise GenerateError(f"--sampler {sampler}: {family} samples with euler or heun (the others are SDXL's)")
+    return sampler
+
+
 def _check_args(prompts, width, height, steps, num_images, batch_size, seed, multiple=16, family="Flux"):
     if not prompts:
         raise GenerateError("no prompt: pass --prompt (repeatable) or --prompts-file")
@@ -435,8 +444,8 @@ def build_parser():
     g.add_argument("--batch-size", type=int, default=1, help="images per transformer call")
     g.add_argument("--output", default="outputs", help="folder for the PNGs (default: outputs)")
     x = p.add_argument_group("SD3 / SDXL sampling")
-    x.add_argument("--sampler", choices=tuple(SAMPLERS), help="default euler; SDXL: any of these, SD3 / Flux: euler "
-                                                              "or heun")
+    x.add_argument("--sampler", choices=tuple(SAMPLERS), help="default euler; SDXL: any of these; SD3 / Flux / Flux "
+                                                              "Kontext / Chroma: euler or heun")
     x.add_argument("--karras", action="store_true", help="SDXL: Karras sigmas instead of the model's")
     x.add_argument("--original-size", metavar="WxH", help="SDXL size conditioning (default: the image's size)")
     x.add_argument("--crop", metavar="TOP,LEFT", help="SDXL crop conditioning (default 0,0)")

@@ -1,10 +1,10 @@
 """FLUX.1 as a trainer family: rectified flow on 2x2-packed 16-channel latents, T5 states + CLIP pooled
-conditioning, a guidance embedding for flux-dev (1.0 while training), the Euler sampler for previews, BFL names with
-the diffusers name map for PEFT files."""
+conditioning, a guidance embedding for flux-dev (1.0 while training), the Euler or Heun sampler for previews, BFL
+names with the diffusers name map for PEFT files."""
 import flame_core as flame
 
 from ..training.family import FLOW_FIELDS, ModelFileError
-from ..training.family_base import FlowMatchingFamily, first_line
+from ..training.family_base import FlowMatchingFamily, HeunPreviews, first_line
 from ..training.model_files import describe_keys, file_keys
 from . import family_parts as flux_parts
 from . import sampling as flux_sampling
@@ -16,7 +16,7 @@ from .params import flux_params
 from .sampling import pack
 
 
-class FluxFamily(FlowMatchingFamily):
+class FluxFamily(HeunPreviews, FlowMatchingFamily):
     name = "flux"
     label = "Flux"
     model_words = "a Flux transformer"
@@ -101,10 +101,10 @@ class FluxFamily(FlowMatchingFamily):
                      y=cond["y"], guidance=cond.get("guidance"))
 
     # ------------------------------------------------------------------ previews
-    def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None):
+    def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None, sampler="euler"):
         txt = flame.tensor(cond["prompt_embeds"][None], device=device)
         y = flame.tensor(cond["pooled_prompt_embeds"][None], device=device)
         return flux_sampling.sample(model, txt, y, height=height, width=width, steps=steps,
                                     guidance=guidance if model.params.guidance_embed else None, seed=seed,
-                                    callback=callback)
+                                    callback=callback, sampler=sampler)
 

@@ -13,7 +13,7 @@ from ..bfl import vae as flux_vae
 from ..bfl.sampling import LATENT_SCALE, LATENT_SHIFT, image_ids, pack, pack_mask, text_ids
 from ..data.text_trim import batch_text_mask, valid_tokens
 from ..training.family import DDPM_FIELDS, FLOW_FIELDS
-from ..training.family_base import FlowMatchingFamily
+from ..training.family_base import FlowMatchingFamily, HeunPreviews
 from . import family_parts as chroma_parts
 from . import pipeline as chroma_pipeline
 from .loading import ChromaCheckpointError, load_chroma, read_chroma_params
@@ -24,7 +24,7 @@ from .params import chroma_params
 _DDPM_NOTE = "Chroma trains with flow matching (train.timestep_type, train.weighting_scheme); this is for sdxl's DDPM"
 
 
-class ChromaFamily(FlowMatchingFamily):
+class ChromaFamily(HeunPreviews, FlowMatchingFamily):
     name = "chroma"
     label = "Chroma"
     model_words = "a Chroma transformer"
@@ -106,11 +106,11 @@ class ChromaFamily(FlowMatchingFamily):
         neg = cfg.sample.neg
         return neg if isinstance(neg, str) else ""
 
-    def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None):
+    def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None, sampler="euler"):
         pos = {k: np.asarray(cond[k])[None] for k in self.sample_keys[1:]}
         neg = None
         if guidance is not None and guidance > 1.0 and "negative_prompt_embeds" in cond:
             neg = {k: np.asarray(cond[f"negative_{k}"])[None] for k in self.sample_keys[1:]}
         return chroma_pipeline.sample_latents(model, pos, neg, height=height, width=width, steps=steps,
                                               cfg=guidance if neg is not None else 1.0, seeds=[seed],
-                                              callback=callback)
+                                              callback=callback, sampler=sampler)

@@ -12,22 +12,24 @@ from . import pipeline as P
 from .components import ChromaFiles, find_chroma_files
 
 FILES = ChromaFiles
-OPTIONS = {"negative_prompt": None, "cfg": None, "max_length": None}
+OPTIONS = {"negative_prompt": None, "cfg": None, "max_length": None, "sampler": None}
 NOTES = {"guidance": "it has no guidance embedding; use --cfg (classifier-free guidance)"}
 DEFAULTS = {"steps": 35, "cfg": 5.0}     # diffusers ChromaPipeline's defaults
 
 
 def generate(model, prompts, *, negative_prompt=None, cfg=None, vae=None, clip_l=None, t5=None, tokenizer=None,
              loras=(), width=1024, height=1024, steps=None, seed=None, num_images=1, batch_size=1, output=None,
-             device=None, dtype=None, fp8=False, max_gpu_memory=None, max_length=None, progress=True, stats=None,
-             log=print):
+             device=None, dtype=None, fp8=False, max_gpu_memory=None, max_length=None, sampler=None, progress=True,
+             stats=None, log=print):
     """Chroma text-to-image (flame_models.generate.generate says what the arguments mean). model: a diffusers
-    Chroma folder, a Chroma / ComfyUI transformer file (with vae=, t5=) or ChromaFiles."""
+    Chroma folder, a Chroma / ComfyUI transformer file (with vae=, t5=) or ChromaFiles. sampler: "euler" (default)
+    or "heun"."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     G._check_args(prompts, width, height, steps, num_images, batch_size, seed, family="Chroma")
     if clip_l is not None:
         raise G.GenerateError("--clip-l: Chroma has no CLIP (T5 only)")
+    sampler = G.flow_sampler(sampler, "Chroma")
     dev = G._device(device)
     dtype = G._dtype(dtype, dev)
     budget = G._budget(max_gpu_memory)
@@ -64,7 +66,7 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, vae=None, clip_l
                                                    guided=guided),
         sample=lambda net, cond, seeds, rows, callback: P.sample_latents(
             net, cond, negative_of(cond), height=height, width=width, steps=steps, cfg=cfg, seeds=seeds, rows=rows,
-            callback=callback),
+            callback=callback, sampler=sampler),
         load_vae=lambda: load_vae_for_flux(files.vae, dtype=dtype, device=dev), decode=decode_latents)
     images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps,
                           progress=progress, stats=stats, log=log)
@@ -75,9 +77,9 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, vae=None, clip_l
         def text_of(i, s):
             info = {"prompt": prompts[i], "negative_prompt": negative, "seed": s, "steps": steps, "cfg": cfg,
                     "width": width, "height": height, "model": files.transformer, "vae": files.vae, "t5": files.t5,
-                    "loras": [[p, w] for p, w in loras], "sampler": "euler",
+                    "loras": [[p, w] for p, w in loras], "sampler": sampler,
                     "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8)}
-            fields = [("Steps", steps), ("Sampler", "Euler"), ("CFG scale", f"{cfg:g}"), ("Seed", s),
+            fields = [("Steps", steps), ("Sampler", sampler.capitalize()), ("CFG scale", f"{cfg:g}"), ("Seed", s),
                       ("Size", f"{width}x{height}"), ("Model", name), *G.lora_field(loras), ("Version", "FLAME")]
             return {"parameters": G.parameters_text(prompts[i], negative if guided else None, fields),
                     "flame": json.dumps(info)}

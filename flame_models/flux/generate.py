@@ -6,7 +6,6 @@ import math
 import random
 
 from .. import generate as G
-from ..samplers.flow import FLOW_SAMPLERS
 from . import pipeline as P
 from .components import FluxFiles, find_flux_files
 
@@ -25,15 +24,13 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     G._check_args(prompts, width, height, steps, num_images, batch_size, seed)
+    sampler = G.flow_sampler(sampler, "Flux")
     dev = G._device(device)
     dtype = G._dtype(dtype, dev)
     budget = G._budget(max_gpu_memory)
     files = model if isinstance(model, FluxFiles) else find_flux_files(model, vae=vae, clip_l=clip_l, t5=t5,
                                                                          tokenizer=tokenizer)
     is_dev = files.is_dev
-    sampler = "euler" if sampler is None else sampler
-    if sampler not in FLOW_SAMPLERS:
-        raise G.GenerateError(f"--sampler {sampler}: Flux samples with euler or heun (the others are SDXL's)")
     if not is_dev and guidance is not None:
         raise G.GenerateError(f"--guidance: {files.transformer} is schnell-like (no guidance embedding); leave it out")
     steps = steps if steps is not None else (DEV_DEFAULTS["steps"] if is_dev else SCHNELL_STEPS)

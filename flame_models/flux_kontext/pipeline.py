@@ -46,9 +46,9 @@ def _reference(cond, B, dev, dtype):
 
 
 def sample_latents(model, cond, *, height, width, steps, guidance, seeds, rows=None, callback=None,
-                   cuda_graph=None):
-    """Model-space latents (B, 16, H/8, W/8) float32 of the edit: Euler on FLUX.1-dev's schedule with the embedded
-    guidance, the reference tokens of cond["ref_latents"] appended at every step. cond: prompt_embeds,
+                   cuda_graph=None, sampler="euler"):
+    """Model-space latents (B, 16, H/8, W/8) float32 of the edit: Euler (or Heun) on FLUX.1-dev's schedule with the
+    embedded guidance, the reference tokens of cond["ref_latents"] appended at every step. cond: prompt_embeds,
     pooled_prompt_embeds (one row per prompt; `rows` picks each image's), ref_latents, ref_height, ref_width."""
     dev = model.img_in.weight.device
     dtype = model.img_in.weight.dtype
@@ -59,7 +59,7 @@ def sample_latents(model, cond, *, height, width, steps, guidance, seeds, rows=N
     ref, ref_ids = _reference(cond, B, dev, dtype)
     out = denoise_with_reference(model, x, image_ids(height, width, B, device=dev), ref, ref_ids, txt,
                                  text_ids(txt.shape[1], B, device=dev), y, steps, guidance,
-                                 cuda_graph=cuda_graph, callback=callback)
+                                 cuda_graph=cuda_graph, callback=callback, sampler=sampler)
     return unpack(out, height, width)
 
 

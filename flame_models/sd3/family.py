@@ -13,7 +13,7 @@ import flame_core as flame
 import flame_nn
 
 from ..training.family import DDPM_FIELDS, FLOW_FIELDS
-from ..training.family_base import FlowMatchingFamily
+from ..training.family_base import FlowMatchingFamily, HeunPreviews
 from . import MMDiT, load_sd3, sd3_params
 from . import family_parts as sd3_parts
 from . import ops as sd3_ops
@@ -26,15 +26,13 @@ from .lora_keys import TARGET_PRESETS, name_map_for
 _DDPM_NOTE = "SD3 trains with flow matching (train.timestep_type, train.weighting_scheme); this is for sdxl's DDPM"
 
 
-class SD3Family(FlowMatchingFamily):
+class SD3Family(HeunPreviews, FlowMatchingFamily):
     name = "sd3"
     label = "SD3"
     model_words = "an SD3 / SD3.5 MMDiT"
     model_class = MMDiT
     parts, pipeline = sd3_parts, sd3_pipeline
     latent_scale, latent_shift = sd3_sampling.LATENT_SCALE, sd3_sampling.LATENT_SHIFT
-    samplers = FlowMatchingFamily.samplers + ("heun",)
-    sampler_words = "its flow-matching Euler ('flowmatch', 'euler') or Heun ('heun') sampler"
     default_size = "sd3.5-tiny"
     model_sizes = ("sd3.5-large", "sd3.5-large-turbo", "sd3.5-medium", "sd3.5-tiny")
     target_presets = TARGET_PRESETS
@@ -122,7 +120,7 @@ class SD3Family(FlowMatchingFamily):
         """The sampler (sample.sampler 'heun', else Euler) and skip-layer guidance when sample.slg_scale > 0 (SAI's
         window: steps 1% to 30%)."""
         sm = cfg.sample
-        options = {"sampler": "heun" if sm.sampler == "heun" else "euler"}
+        options = super().sample_options(cfg)
         if sm.slg_scale:
             options["slg"] = sd3_sampling.SkipLayerGuidance(layers=tuple(sm.slg_layers), scale=sm.slg_scale)
         return options

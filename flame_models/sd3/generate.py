@@ -9,7 +9,6 @@ import math
 import random
 
 from .. import generate as G
-from ..samplers.flow import FLOW_SAMPLERS
 from . import pipeline as P
 from .components import SD3Files, find_sd3_files
 from .conditioning import check_vocabularies, load_tokenizers
@@ -58,6 +57,7 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
     sampler: "euler" (default) or "heun"."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    sampler = G.flow_sampler(sampler, "SD3")
     files = model if isinstance(model, SD3Files) else find_sd3_files(
         model, clip_l=clip_l, clip_g=clip_g, t5=t5, vae=vae, tokenizer=tokenizer, configs=configs)
     G._check_args(prompts, width, height, steps, num_images, batch_size, seed, multiple=16, family="SD3")
@@ -67,9 +67,6 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
 
     # settings, checked before anything is loaded
     defaults = SAMPLING_DEFAULTS[files.variant]
-    sampler = "euler" if sampler is None else sampler
-    if sampler not in FLOW_SAMPLERS:
-        raise G.GenerateError(f"--sampler {sampler}: SD3 samples with euler or heun (the others are SDXL's)")
     slg = _slg(files, slg_scale, slg_layers, log)
     use_t5 = files.t5 is not None and not no_t5
     if no_t5 and files.t5 is None:

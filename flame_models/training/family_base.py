@@ -240,3 +240,14 @@ def first_line(e):
     """An exception's message in one line (a KeyError's key without its quotes; the type's name when empty)."""
     s = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
     return s.splitlines()[0] if s else type(e).__name__
+
+
+class HeunPreviews:
+    """Mixed into a flow-matching family whose sample() takes sampler="euler" | "heun" (samplers/flow.py): previews
+    with sample.sampler 'heun' use Heun, the others Euler."""
+    samplers = FlowMatchingFamily.samplers + ("heun",)
+    sampler_words = "its flow-matching Euler ('flowmatch', 'euler') or Heun ('heun') sampler"
+
+    def sample_options(self, cfg):
+        return {"sampler": "heun" if cfg.sample.sampler == "heun" else "euler"}
+

@@ -65,7 +65,7 @@ def test_chroma_samples_on_the_resolution_shifted_schedule(monkeypatch, size, st
     from flame_models.chroma import pipeline as P
     seen = {}
 
-    def fake_denoise(net, x, img_ids, txt, txt_ids, y, timesteps, guidance, cuda_graph, callback):
+    def fake_denoise(net, x, img_ids, txt, txt_ids, y, timesteps, guidance, cuda_graph, callback, sampler):
         seen["t"], seen["tokens"] = list(timesteps), x.shape[1]
         return x
     monkeypatch.setattr(P, "denoise", fake_denoise)
