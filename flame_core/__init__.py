@@ -71,6 +71,7 @@ from .ops.arrangement import (
     vsplit,
     vstack,
 )
+from .ops.bessel import i0
 from .ops.binning import bincount, bucketize, histc, histogram, isin, searchsorted
 from .ops.covariance import corrcoef, cov
 from .ops.creation import (

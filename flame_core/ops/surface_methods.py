@@ -13,6 +13,7 @@ from .. import dtypes as D
 from ..errors import ShapeError
 from ..tensor import _wrap
 from . import activation as A
+from . import bessel as BS
 from . import binning as B
 from . import covariance as CV
 from . import elementwise as E
@@ -199,6 +200,7 @@ def install(T):
     T.apply_, T.map_ = apply_, map_
     T.hardshrink, T.prelu = A.hardshrink, A.prelu
     T.nonzero_static, T.dim_order = nonzero_static, dim_order
+    T.i0, T.i0_ = BS.i0, _inplace_of(BS.i0)
     T.layout = property(lambda self: STRIDED)
     T.pin_memory, T.is_pinned = pin_memory, lambda self: is_pinned(self)
     T.split_with_sizes = split_with_sizes

@@ -640,3 +640,14 @@ def test_more_torch_functions(device):
     y = x * 1
     flame.addmv_(y[:, 0], x, flame.ones(3, device=device))
     np.testing.assert_allclose(y[:, 0].cpu().numpy(), x.cpu().numpy()[:, 0] + x.cpu().numpy().sum(1), rtol=1e-6)
+
+
+@given(shape=st.lists(st.integers(1, 4), min_size=0, max_size=2).map(tuple), scale=st.sampled_from([0.5, 8.0, 45.0]),
+       seed=seeds)
+def test_bessel_i_gradcheck_across_the_series_and_the_expansion(device, shape, scale, seed):
+    rng = np.random.default_rng(seed)
+    x = _t(rng, shape, device, -scale, scale)
+    for fn in (flame.special.i0e, flame.special.i1e) + ((flame.i0, flame.special.i1) if scale < 40 else ()):
+        assert gradcheck(fn, (x,), rtol=1e-4)
+    a = x.detach().cpu().numpy()
+    np.testing.assert_allclose(flame.i0(x.detach()).cpu().numpy(), np.i0(a), rtol=2e-15)

@@ -701,4 +701,10 @@ CASES = {
     "prelu_method": (lambda L, x, w: x.prelu(w), ["x", "row"], True),
     "nonzero_static": (lambda L, x: (x.nonzero_static(size=30), L.nonzero_static(x > 0.5, size=3, fill_value=9)),
                        ["x"], False),
+    "bessel_i": (lambda L, x: L.special.i0(x * 4) + L.special.i1(x * 4) + L.special.i0e(x * 40) +
+                 L.special.i1e(x * 40) + x.i0(), ["x"], True),
+    "bessel_i_values": (lambda L, x: (L.i0(x * 100), L.special.i1(x * 100), L.special.i0e(x * 1000),
+                                      L.special.i1e(x * 1000), L.special.modified_bessel_i0(x),
+                                      L.special.modified_bessel_i1(x)), ["wide"], False),
+    "bessel_i_at_zero": (lambda L, x: L.special.i1(x * 0) + L.special.i1e(x * 0) + L.special.i0e(x * 0), ["x"], True),
 }
