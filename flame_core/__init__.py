@@ -157,6 +157,8 @@ from .ops.elementwise import (
     trunc,
     where,
 )
+from .ops.incomplete_gamma import gammainc as igamma
+from .ops.incomplete_gamma import gammaincc as igammac
 from .ops.index_fill import index_copy, index_fill
 from .ops.indexing import gather, index_select, masked_fill, masked_select, nonzero, one_hot, pad, scatter_add, take
 from .ops.info import is_floating_point, is_tensor, numel

@@ -17,6 +17,7 @@ from . import bessel as BS
 from . import binning as B
 from . import covariance as CV
 from . import elementwise as E
+from . import incomplete_gamma as IG
 from . import indexing as I
 from . import integer_ops as IO
 from . import math_ops as MO
@@ -171,7 +172,7 @@ def install(T):
         greater_equal=E.ge, less_equal=E.le, not_equal=E.ne, gcd=IO.gcd, lcm=IO.lcm,
         bitwise_left_shift=IO.bitwise_left_shift, bitwise_right_shift=IO.bitwise_right_shift, ldexp=MO.ldexp,
         nextafter=MO.nextafter, addbmm=M.addbmm, addmv=M.addmv, addr=M.addr, renorm=renorm, index_put=SC.index_put,
-        put=SC.put, masked_scatter=SC.masked_scatter)
+        put=SC.put, masked_scatter=SC.masked_scatter, igamma=IG.gammainc, igammac=IG.gammaincc)
     for name, fn in {**have, **new}.items():
         if name in new:
             setattr(T, name, fn)

@@ -651,3 +651,18 @@ def test_bessel_i_gradcheck_across_the_series_and_the_expansion(device, shape, s
         assert gradcheck(fn, (x,), rtol=1e-4)
     a = x.detach().cpu().numpy()
     np.testing.assert_allclose(flame.i0(x.detach()).cpu().numpy(), np.i0(a), rtol=2e-15)
+
+
+def test_incomplete_gamma_against_mpmath(device):
+    # mpmath.gammainc(a, 0, x, regularized=True) at 40 digits
+    a = flame.tensor([75.49629639970996, 117.25313455272894, 55.78594575327693, 2.5, 0.5], dtype=flame.float64,
+                     device=device)
+    x = flame.tensor([77.95456478065483, 126.05574174801717, 48.505375394539925, 1.0, 30.0], dtype=flame.float64,
+                     device=device)
+    want = [0.6248260414032623, 0.795038154370844, 0.16463684629767134, 0.15085496391539036, 0.9999999999999905]
+    np.testing.assert_allclose(flame.special.gammainc(a, x).cpu().numpy(), want, rtol=1e-13)
+    np.testing.assert_allclose(flame.special.gammaincc(a, x).cpu().numpy()[:4], 1 - np.array(want[:4]), rtol=1e-12)
+    xg = x.clone().requires_grad_()
+    with pytest.raises(flame.AutogradError, match="not implemented"):
+        flame.special.gammainc(a.clone().requires_grad_(), xg).sum().backward()
+    assert gradcheck(lambda t: flame.special.gammainc(a[3:4], t), (xg[3:4].detach().requires_grad_(),))
