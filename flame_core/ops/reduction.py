@@ -272,8 +272,10 @@ def _arg_extreme(x, dim, keepdim, op):
         r = fn(a.reshape(-1))
         return _wrap(r.astype(np.int64).reshape((1,) * a.ndim if keepdim else ()))
     d = _dims(dim, x.ndim, op)[0]
+    if not a.ndim:   # a 0-d tensor's only index, 0-d with or without keepdim (CuPy refuses an axis there)
+        return _wrap(xp.zeros((), dtype=np.int64))
     r = fn(a, axis=d)
-    return _wrap((xp.expand_dims(r, d) if keepdim and a.ndim else r).astype(np.int64))   # 0-d stays 0-d
+    return _wrap(xp.expand_dims(r, d).astype(np.int64) if keepdim else r.astype(np.int64))
 
 
 class Prod(Function):

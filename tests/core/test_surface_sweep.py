@@ -329,7 +329,7 @@ def test_other_names_are_the_same_ops(device):
     assert flame.scalar_tensor(3).dtype == flame.float32 and flame.scalar_tensor(3).ndim == 0
     r = flame.randint_like(x, 5)
     assert r.dtype == x.dtype and r.shape == x.shape and 0 <= r.min().item() and r.max().item() < 5
-    assert flame.get_default_device().type == "cpu"
+    assert flame.get_default_device() == flame.default_device()
 
 
 def test_float32_matmul_precision_is_kept_and_checked():
@@ -485,12 +485,12 @@ def test_resize_keeps_the_leading_elements(device):
 
 
 def test_apply_and_map_run_python_per_element():
-    x = flame.tensor([1.0, 2.0, 3.0])
+    x = flame.tensor([1.0, 2.0, 3.0], device="cpu")
     assert x.apply_(lambda v: v * v + 1) is x and x.tolist() == [2.0, 5.0, 10.0]
-    x.map_(flame.tensor([1.0, 0.0, 2.0]), lambda a, b: a - b)
+    x.map_(flame.tensor([1.0, 0.0, 2.0], device="cpu"), lambda a, b: a - b)
     assert x.tolist() == [1.0, 5.0, 8.0]
-    i = flame.tensor([[1, 2], [3, 4]])
-    i.map_(flame.tensor([10, 20]), lambda a, b: a * b)   # broadcast
+    i = flame.tensor([[1, 2], [3, 4]], device="cpu")
+    i.map_(flame.tensor([10, 20], device="cpu"), lambda a, b: a * b)   # broadcast
     assert i.tolist() == [[10, 40], [30, 80]] and i.dtype == flame.int64
 
 
@@ -610,8 +610,8 @@ def test_pin_memory_of_a_tensor(device):
     if device.type == "cuda":
         with pytest.raises(RuntimeError, match="only cpu tensors"):
             t.pin_memory()
-        p = flame.ones(3).pin_memory()
-        assert p.is_pinned() and p.tolist() == [1.0, 1.0, 1.0] and not flame.ones(3).is_pinned()
+        p = flame.ones(3, device="cpu").pin_memory()
+        assert p.is_pinned() and p.tolist() == [1.0, 1.0, 1.0] and not flame.ones(3, device="cpu").is_pinned()
     else:
         assert not t.is_pinned()
         if not flame.cuda_is_available():

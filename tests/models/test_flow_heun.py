@@ -29,6 +29,9 @@ class FixedVelocity:
     def parameters(self):
         return iter(())
 
+    def modules(self):   # (denoise asks whether a BlockStreamer streams the model)
+        return iter((self,))
+
     def __call__(self, x, t, y, context):
         return flame.tanh(0.8 * x) + self.pattern * (t.reshape(-1, 1, 1, 1) / 1000)
 

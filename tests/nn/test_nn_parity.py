@@ -417,8 +417,8 @@ def test_lazy_modules_follow_to_before_their_first_forward(device):
     y = m(flame.randn(2, 5, dtype=flame.float64, device=device))
     assert type(m) is nn.Linear and m.weight.dtype == flame.float64 and m.weight.device == device
     assert tuple(y.shape) == (2, 3) and m.in_features == 5
-    bn = nn.LazyBatchNorm1d().to(dtype=flame.float64)
-    bn(flame.randn(4, 6, dtype=flame.float64, device="cpu"))
+    bn = nn.LazyBatchNorm1d().to(device, dtype=flame.float64)
+    bn(flame.randn(4, 6, dtype=flame.float64, device=device))
     assert bn.running_mean.dtype == flame.float64 and bn.num_features == 6
 
 
