@@ -36,12 +36,13 @@ def _factor(A, pivot):
             col = xp.abs(R._data[..., k:, k])
             p = xp.argmax(col, axis=-1) + k                              # ties: the first, as LAPACK's idamax
             pivots[..., k] = p + 1
-            if bool((p != k).any()):   # swap rows k and p of every matrix: a gather, so the gradient follows
-                order = xp.broadcast_to(rows, batch + (m,)).copy().reshape(-1, m)
-                order[xp.arange(order.shape[0]), p.reshape(-1)] = k
-                order[:, k] = p.reshape(-1)
-                index = xp.broadcast_to(order.reshape(batch + (m, 1)), batch + (m, n))
-                R = R.gather(-2, _wrap(xp.ascontiguousarray(index)))
+            # swap rows k and p of every matrix (a gather, so the gradient follows), without asking the device
+            # whether any row moves: no host sync per column
+            order = xp.broadcast_to(rows, batch + (m,)).copy().reshape(-1, m)
+            order[xp.arange(order.shape[0]), p.reshape(-1)] = k
+            order[:, k] = p.reshape(-1)
+            index = xp.broadcast_to(order.reshape(batch + (m, 1)), batch + (m, n))
+            R = R.gather(-2, _wrap(xp.ascontiguousarray(index)))
         piv = R._data[..., k, k]
         zero = piv == 0
         info = xp.where((info == 0) & zero, k + 1, info)

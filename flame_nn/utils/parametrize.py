@@ -48,6 +48,16 @@ def _check_dtype(value, original, what):
                          f"{original.dtype}")
 
 
+def _check_kept(value, dtype, shape):
+    """A parametrization's output when `unsafe` is off: a tensor of the unparametrized dtype and shape."""
+    if not isinstance(value, Tensor):
+        raise ValueError(f"A parametrization must return a tensor. Got {type(value).__name__}.")
+    for what, want, got in (("dtype", dtype, value.dtype), ("shape", tuple(shape), tuple(value.shape))):
+        if got != want:
+            raise ValueError(f"Registering a parametrization may not change the {what} of the tensor, unless the "
+                             f"`unsafe` flag is enabled.\nunparametrized {what}: {want}\nparametrized {what}: {got}")
+
+
 class ParametrizationList(ModuleList):
     """The parametrizations of one tensor, applied in order to the original(s) they hold (`original`, or `original0`,
     `original1`, ... when the first one's right_inverse returns a sequence)."""
@@ -91,17 +101,7 @@ class ParametrizationList(ModuleList):
                     part.requires_grad_(original.requires_grad)
                 _register_original(self, f"original{i}", part)
         if not unsafe:
-            value = self()
-            if not isinstance(value, Tensor):
-                raise ValueError(f"A parametrization must return a tensor. Got {type(value).__name__}.")
-            if value.dtype != dtype:
-                raise ValueError(f"Registering a parametrization may not change the dtype of the tensor, unless "
-                                 f"`unsafe` flag is enabled.\nunparametrized dtype: {dtype}\nparametrized dtype: "
-                                 f"{value.dtype}")
-            if tuple(value.shape) != shape:
-                raise ValueError(f"Registering a parametrization may not change the shape of the tensor, unless "
-                                 f"`unsafe` flag is enabled.\nunparametrized shape: {shape}\nparametrized shape: "
-                                 f"{tuple(value.shape)}")
+            _check_kept(self(), dtype, shape)
 
     def originals(self):
         return [self.original] if self.is_tensor else [getattr(self, f"original{i}") for i in range(self.ntensors)]
@@ -181,14 +181,7 @@ def register_parametrization(module, tensor_name, parametrization, *, unsafe=Fal
         if not unsafe:
             current = getattr(module, tensor_name)
             value = parametrization(current)
-            if not isinstance(value, Tensor):
-                raise ValueError(f"A parametrization must return a tensor. Got {type(value).__name__}.")
-            for what in ("dtype", "shape"):
-                if getattr(value, what) != getattr(current, what):
-                    raise ValueError(f"Registering a parametrization may not change the {what} of the tensor, unless "
-                                     f"the `unsafe` flag is enabled.\nmodule.{tensor_name}.{what}: "
-                                     f"{getattr(current, what)}\nparametrization(module.{tensor_name}).{what}: "
-                                     f"{getattr(value, what)}")
+            _check_kept(value, current.dtype, tuple(current.shape))
             if hasattr(parametrization, "right_inverse"):
                 back = parametrization.right_inverse(value)
                 if not isinstance(back, Tensor):
