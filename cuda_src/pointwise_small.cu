@@ -70,15 +70,16 @@ __global__ void pws_neg(const T* x, T* out, int n) { pw_unary_body<T, PW_NEG>(x,
 template <typename T>
 __global__ void pws_tanh(const T* x, T* out, int n) { pw_unary_body<T, PW_TANH>(x, out, n); }
 
-// clamp (min then max, as np.maximum / np.minimum: a NaN in x or a bound propagates; lo = -inf / hi = +inf for a
-// missing bound); the bounds arrive already rounded to T (the comparisons of a T tensor with its bounds in T)
+// clamp (min then max, as np.maximum / np.minimum: a NaN in x or a bound propagates, equal values give the bound --
+// so -0 clamped at +0 is +0 --; lo = -inf / hi = +inf for a missing bound); the bounds arrive already rounded to T
+// (the comparisons of a T tensor with its bounds in T). A NaN comes out as CUDA's canonical NaN.
 template <typename T>
 __global__ void pws_clamp(const T* x, T* out, float lo, float hi, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         float v = to_f32(x[i]);
-        v = (v >= lo || v != v) ? v : lo;
-        v = (v <= hi || v != v) ? v : hi;
+        v = (v > lo || v != v) ? v : lo;
+        v = (v < hi || v != v) ? v : hi;
         out[i] = from_f32<T>(v);
     }
 }
