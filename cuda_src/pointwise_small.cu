@@ -69,3 +69,27 @@ template <typename T>
 __global__ void pws_neg(const T* x, T* out, int n) { pw_unary_body<T, PW_NEG>(x, out, n); }
 template <typename T>
 __global__ void pws_tanh(const T* x, T* out, int n) { pw_unary_body<T, PW_TANH>(x, out, n); }
+
+// clamp (min then max, as np.maximum / np.minimum: a NaN in x or a bound propagates, equal values give the bound --
+// so -0 clamped at +0 is +0 --; lo = -inf / hi = +inf for a missing bound); the bounds arrive already rounded to T
+// (the comparisons of a T tensor with its bounds in T). A NaN comes out as CUDA's canonical NaN.
+template <typename T>
+__global__ void pws_clamp(const T* x, T* out, float lo, float hi, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float v = to_f32(x[i]);
+        v = (v > lo || v != v) ? v : lo;
+        v = (v < hi || v != v) ? v : hi;
+        out[i] = from_f32<T>(v);
+    }
+}
+
+// clamp's backward: g times the mask lo <= x <= hi (as g * mask.to(T): 0 * inf or 0 * NaN stays NaN, -0 for g < 0)
+template <typename T>
+__global__ void pws_clamp_bwd(const T* g, const T* x, T* out, float lo, float hi, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float v = to_f32(x[i]);
+        out[i] = from_f32<T>(to_f32(g[i]) * ((v >= lo && v <= hi) ? 1.0f : 0.0f));
+    }
+}

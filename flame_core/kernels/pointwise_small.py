@@ -15,6 +15,9 @@ block, operands on another device than the current one) -- the caller then runs 
 ``fast_binary(op, a, b, out=None)``  op: "mul", "add", "sub"; a, b of one shape and dtype. `out` (same shape and
                             dtype, may be `a`): written in place and returned (the engine's gradient accumulation).
 ``fast_unary(op, x)``       op: "neg", "tanh".
+``fast_clamp(x, lo, hi)``, ``fast_clamp_grad(g, x, lo, hi)``  clamp and its backward with Python float / int bounds
+                            (None: unbounded), the bounds rounded to x's dtype (as CuPy's maximum / minimum and
+                            comparisons take them).
 ``fast_grad(kernel, g, s, out=None)``  the first-order backward rules of cuda_src/pointwise_grad.cu ("tanh_bwd",
                             "sigmoid_bwd", "relu_bwd", "sqrt_bwd", "rsqrt_bwd", "abs_bwd") on small arrays, its
                             own kernels through a packed launch; `out` may be g (a backward's in-place result).
@@ -54,6 +57,10 @@ _SCALAR = {"mul": "pws_mul_scalar", "add": "pws_add_scalar", "sub": "pws_sub_sca
 _BINARY = {"mul": "pws_mul", "add": "pws_add", "sub": "pws_sub"}
 _UNARY = {"neg": "pws_neg", "tanh": "pws_tanh"}
 _UNARY_NAMES = frozenset(_UNARY.values())
+# the dynamic (per-call) arguments of each kernel: x, out (unary); a, b, out (binary, scalar: x, out, bits); clamp:
+# x, out and the two bounds' bits; its backward: g, x, out and the bounds
+_DYNAMIC = dict.fromkeys(_UNARY_NAMES, 2)
+_DYNAMIC.update(pws_clamp=4, pws_clamp_bwd=5)
 # the fused backward rules are cuda_src/pointwise_grad.cu's own kernels (g, s, out, int64 n; grid-stride loop)
 _GRAD = frozenset(("tanh_bwd", "sigmoid_bwd", "relu_bwd", "sqrt_bwd", "rsqrt_bwd", "abs_bwd"))
 
@@ -95,7 +102,7 @@ class _Launches(dict):
         if len(self) >= 4096:  # many distinct sizes: rebuild on demand rather than grow without bound
             self.clear()
         grad = name in _GRAD
-        n_dynamic = 2 if name in _UNARY_NAMES else 3
+        n_dynamic = _DYNAMIC.get(name, 3)
         kernel = loader.get_function("pointwise_grad" if grad else STEM, name, _DTYPES[kind])
         blocks = plans.cdiv(n, BLOCK)
         pl = self[key] = launching.PackedLaunch(kernel, (min(blocks, 8192) if grad else blocks,), (BLOCK,),
@@ -233,6 +240,57 @@ def fast_grad(kernel, g, s, out=None):
     n = g.size
     if n:
         _local.launches[(kernel, kind, n, dev)].launch3(g.data.ptr, s.data.ptr, out.data.ptr)
+    return out
+
+
+def _bound_bits(kind, v, default):
+    """The float32 bits of a clamp bound rounded to the dtype of `kind` (default: the missing bound's infinity), or
+    None for a bound the kernel does not take (not a Python float / int, an int not exact in float32)."""
+    if v is None:
+        v = default
+    elif type(v) is int:
+        if abs(v) > 1 << 24:
+            return None
+    elif type(v) is not float:
+        return None
+    return launching.f32_bits(float(np.asarray(v, dtype=_DTYPES[kind])))
+
+
+def fast_clamp(x, lo, hi):
+    """np.minimum(np.maximum(x, lo), hi) of a small contiguous cuda array and Python float / int bounds (None: that
+    side unbounded), the bounds rounded to x's dtype as the ufuncs take them; None where this does not apply."""
+    ready = _ready(x)
+    if ready is None:
+        return None
+    kind, dev = ready
+    lb, hb = _bound_bits(kind, lo, -math.inf), _bound_bits(kind, hi, math.inf)
+    if lb is None or hb is None:
+        return None
+    out = _rc_take(x.shape, x.dtype) if _rc_on[0] else None
+    if out is None:
+        out = _nd(x.shape, x.dtype)
+    n = x.size
+    if n:
+        _local.launches[("pws_clamp", kind, n, dev)]((x.data.ptr, out.data.ptr, lb, hb))
+    return out
+
+
+def fast_clamp_grad(g, x, lo, hi):
+    """clamp's backward g * (lo <= x <= hi) on small contiguous cuda arrays of one shape and dtype (bounds as in
+    fast_clamp); None where this does not apply."""
+    ready = _ready(g, x)
+    if ready is None:
+        return None
+    kind, dev = ready
+    lb, hb = _bound_bits(kind, lo, -math.inf), _bound_bits(kind, hi, math.inf)
+    if lb is None or hb is None:
+        return None
+    out = _rc_take(g.shape, g.dtype) if _rc_on[0] else None
+    if out is None:
+        out = _nd(g.shape, g.dtype)
+    n = g.size
+    if n:
+        _local.launches[("pws_clamp_bwd", kind, n, dev)]((g.data.ptr, x.data.ptr, out.data.ptr, lb, hb))
     return out
 
 

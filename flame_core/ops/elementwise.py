@@ -646,13 +646,17 @@ class Clamp(Function):
         xp = backend.xp_of(a)
         lo = min._data if isinstance(min, Tensor) else min
         hi = max._data if isinstance(max, Tensor) else max
+        ctx.save_for_backward(x)
+        ctx.bounds = (min, max)
+        if type(a) is _cupy_ndarray:   # small cuda arrays, Python bounds: one packed launch (pointwise_small.cu)
+            r = (_ps or _load_ps()).fast_clamp(a, lo, hi)
+            if r is not None:
+                return _wrap(r)
         y = a
         if lo is not None:
             y = xp.maximum(y, lo)
         if hi is not None:
             y = xp.minimum(y, hi)
-        ctx.save_for_backward(x)
-        ctx.bounds = (min, max)
         return _wrap(_cast(y, a.dtype if not isinstance(lo, float) and not isinstance(hi, float)
                            else D.result_type(x, lo if lo is not None else hi).np))
 
@@ -660,6 +664,10 @@ class Clamp(Function):
     def backward(ctx, g):
         (x,) = ctx.saved_tensors
         lo, hi = ctx.bounds
+        if not state.enabled and type(g._data) is _cupy_ndarray:
+            r = (_ps or _load_ps()).fast_clamp_grad(g._data, x._data, lo, hi)
+            if r is not None:
+                return _wrap(r), None, None
         mask = None
         if lo is not None:
             mask = ge(x, lo)

@@ -307,3 +307,93 @@ def test_cpu_tensor_ops_unchanged():
     y_ref = -y_ref * a + np.float32(0.25) * y_ref - (1 - y_ref)
     np.testing.assert_allclose(y.detach().numpy(), y_ref, rtol=1e-6, atol=1e-6)
     assert x.grad is not None and np.all(np.isfinite(x.grad.numpy()))
+
+
+# ----------------------------------------------------------------------------- clamp
+CLAMP_BOUNDS = [(-1.0, 1.0), (0.1, None), (None, -0.3), (2, 5), (1.0, -1.0), (float("nan"), 1.0),
+                (-float("inf"), float("inf")), (0.0, 0.0)]
+
+
+def _clamp_ref(x, lo, hi):
+    """np.maximum / np.minimum in float64 with the bounds rounded to x's dtype (CuPy's ufuncs on a half-precision
+    array and a Python bound), rounded back (exact: every value is x's or a bound's)."""
+    dt = x.dtype
+    v = x.astype(np.float64)
+    if lo is not None:
+        v = np.maximum(v, float(np.asarray(lo, dtype=dt)))
+    if hi is not None:
+        v = np.minimum(v, float(np.asarray(hi, dtype=dt)))
+    return v.astype(dt)
+
+
+def _clamp_grad_ref(g, x, lo, hi):
+    dt = x.dtype
+    v = x.astype(np.float64)
+    keep = np.ones(v.shape, bool)
+    if lo is not None:
+        keep &= v >= float(np.asarray(lo, dtype=dt))
+    if hi is not None:
+        keep &= v <= float(np.asarray(hi, dtype=dt))
+    return (g.astype(np.float64) * keep.astype(np.float64)).astype(dt)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("lo,hi", CLAMP_BOUNDS)
+def test_clamp_and_its_backward_match_the_ufuncs(dtype, lo, hi):
+    """fast_clamp / fast_clamp_grad bit for bit against np.maximum / np.minimum and g * mask: NaN in x or in a bound
+    propagates, lo > hi gives hi, a masked gradient of inf or NaN stays NaN (0 * inf), -0 for a negative one."""
+    cp = backend.cupy
+    rng = np.random.default_rng(7)
+    for n in SIZES:
+        host = rand(rng, (n,), DTYPES[dtype], scale=2.0)
+        host[: min(n, 4)] = np.array([np.nan, np.inf, -np.inf, -0.0][: min(n, 4)], dtype=DTYPES[dtype])
+        g = rand(rng, (n,), DTYPES[dtype], scale=2.0)
+        g[: min(n, 2)] = np.array([np.inf, np.nan][: min(n, 2)], dtype=DTYPES[dtype])
+        x, gd = cp.asarray(host), cp.asarray(g)
+        got = _twice(lambda: PS.fast_clamp(x, lo, hi))
+        _bits_or_nan(got, _clamp_ref(host, lo, hi), f"clamp {dtype} n={n} [{lo}, {hi}]")
+        got = _twice(lambda: PS.fast_clamp_grad(gd, x, lo, hi))
+        _bits_or_nan(got, _clamp_grad_ref(g, host, lo, hi), f"clamp grad {dtype} n={n} [{lo}, {hi}]")
+
+
+def _bits_or_nan(got, want, what):
+    """Bit for bit, NaN where NaN (payloads differ: CUDA writes its canonical NaN, the host NumPy 0xFFC00000 and a
+    half NaN's own payload)."""
+    g, w = _np(got), _np(want)
+    assert g.dtype == w.dtype and g.shape == w.shape, what
+    gn, wn = np.isnan(g.astype(np.float32)), np.isnan(w.astype(np.float32))
+    assert np.array_equal(gn, wn), f"{what}: NaN positions differ"
+    assert np.array_equal(g[~gn].view(np.uint8), w[~wn].view(np.uint8)), f"{what}: not bit-identical"
+
+
+@pytest.mark.gpu
+def test_clamp_declines_what_it_does_not_take():
+    cp = backend.cupy
+    x = cp.ones(8, dtype=np.float32)
+    assert PS.fast_clamp(x, 1 << 30, None) is None                   # an int not exact in float32
+    assert PS.fast_clamp(x, cp.zeros(()), None) is None              # an array bound
+    assert PS.fast_clamp(x.astype(np.float64), 0.0, 1.0) is None     # float64
+    assert PS.fast_clamp(x[::2], 0.0, 1.0) is None                   # not contiguous
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_tensor_clamp_equals_the_reference_path(dtype):
+    """Tensor.clamp forward and backward on cuda (the packed kernels) equal the reference path bit for bit."""
+    rng = np.random.default_rng(8)
+    host = rng.standard_normal((4, 33)).astype(np.float32) * 2
+
+    def run():
+        x = flame.tensor(host, device="cuda").to(getattr(flame, dtype)).requires_grad_(True)
+        y = x.clamp(-0.7, 1.3)
+        y.backward(flame.tensor(np.linspace(-1, 1, host.size).reshape(host.shape), device="cuda").to(y.dtype))
+        return _np(y._data), _np(x.grad._data)
+
+    before = launching.launches
+    y1, g1 = run()
+    assert launching.launches > before
+    with loader.reference():
+        y2, g2 = run()
+    assert_bits(y1, y2, "forward")
+    assert_bits(g1, g2, "backward")
