@@ -476,8 +476,9 @@ def any(x, dim=None, keepdim=False):
 
 def count_nonzero(x, dim=None):
     axes = _axes(dim, x.ndim, "count_nonzero")
-    return _wrap(np.asarray(backend.xp_of(x._data).count_nonzero(x._data, axis=axes)).astype(np.int64)
-                 if axes is None else backend.xp_of(x._data).count_nonzero(x._data, axis=axes).astype(np.int64))
+    xp = backend.xp_of(x._data)
+    # over all axes NumPy gives a Python int, CuPy a 0-d array: xp.asarray takes both (np.asarray refuses CuPy's)
+    return _wrap(xp.asarray(xp.count_nonzero(x._data, axis=axes)).astype(np.int64))
 
 
 # ----------------------------------------------------------------------------- softmax family
