@@ -88,6 +88,9 @@ class _CTC(Function):
             occ = xp.zeros(T * N * C, dtype=lp.dtype)
             xp.add.at(occ, flat.reshape(-1), occupancy.reshape(-1))
             g = xp.exp(lp) - occ.reshape(T, N, C)
+            # a sample no alignment fits (loss +inf): PyTorch's rule exp(lp) - exp(log_occ + nll - lp) is NaN for every
+            # class there, the labels' and the others' alike (-inf + inf); zero_infinity zeroes them below
+            g = xp.where(xp.isinf(nll)[None, :, None], np.nan, g)
         keep = xp.arange(T)[:, None] < input_lengths[None, :]  # (T, N)
         if ctx.zero_infinity:
             keep &= ~xp.isinf(nll)[None, :]

@@ -152,6 +152,11 @@ def test_ctc_loss_reductions_module_lengths_and_infeasible(device):
     tg, il, tl = T([[1, 2, 3], [4, 0, 0]], device), T([6, 1], device), T([3, 2], device)
     none = npa(F.ctc_loss(lp, tg, il, tl, reduction="none"))
     assert np.isinf(none[1])                                    # 2 labels cannot fit in 1 frame
+    # its gradient, as PyTorch's: NaN for every class within its input length (the loss is +inf), zero after it
+    lpg = lp.detach().requires_grad_()
+    F.ctc_loss(lpg, tg, il, tl, reduction="sum").backward()
+    g = npa(lpg.grad)
+    assert np.isnan(g[:1, 1]).all() and (g[1:, 1] == 0).all() and np.isfinite(g[:, 0]).all()
     assert npa(F.ctc_loss(lp, tg, il, tl, reduction="sum", zero_infinity=True)) == pytest.approx(none[0])
     il = T([6, 4], device)
     none = npa(F.ctc_loss(lp, tg, il, tl, reduction="none"))
