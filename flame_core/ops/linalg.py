@@ -9,6 +9,7 @@ from ..autograd.function import Function
 from ..autograd.grad_mode import is_grad_enabled
 from ..errors import DTypeError, ShapeError, fmt_shape
 from ..kernels import gemm as _cublas
+from ..kernels import gemm_small as _small
 from ..tensor import Tensor, _wrap, check_same_device
 
 _HALF = (np.dtype(np.float16), D.bfloat16.np)
@@ -23,6 +24,10 @@ def mm_arrays(a, b):
         if a.dtype in _HALF:
             return _threads.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
         return _threads.matmul(a, b)
+    if a.ndim == 2 and b.ndim == 2:   # a small product: FLAME's own kernel (no cuBLAS call's host cost)
+        r = _small.matmul(a, b)
+        if r is not None:
+            return r
     return _cublas.mm(a, b)
 
 
@@ -32,7 +37,7 @@ class Matmul(Function):
         xa, xb = a._data, b._data
         na, nb = ctx.needs_input_grad
         ctx.save_for_backward(a if nb else None, b if na else None)  # dA needs B, dB needs A (as PyTorch)
-        ctx.shapes = (a.shape, b.shape)
+        ctx.shapes = (xa.shape, xb.shape)   # the arrays' tuples (Tensor.shape builds a Size per read)
         return _wrap(mm_arrays(xa, xb))
 
     @staticmethod

@@ -11,9 +11,12 @@ from ..autograd.grad_mode import is_grad_enabled
 from ..errors import DTypeError, ShapeError, fmt_shape
 from ..kernels import gemm as _cublas
 from ..kernels import gemm_lt as _cublas_lt
+from ..kernels import gemm_small as _small
 from ..tensor import Tensor, _wrap, check_same_device
 from .linalg import mm_arrays
 from .shape import cat
+
+_cupy_nd = backend._cupy_ndarray   # cupy.ndarray, or () without CuPy (no array's type)
 
 
 def _linear_arrays(a, w, b):
@@ -33,7 +36,11 @@ class Linear(Function):
     @staticmethod
     def forward(ctx, x, w, b):
         a = x._data
-        y = _cublas_lt.linear_bias(a, w._data, b._data) if b is not None else None   # cuda's per-op path
+        y = None
+        if type(a) is _cupy_nd:   # cuda's per-op paths: a small product's own kernel, else cuBLASLt's bias epilogue
+            y = _small.linear(a, w._data, None if b is None else b._data)
+            if y is None and b is not None:
+                y = _cublas_lt.linear_bias(a, w._data, b._data)
         if y is None:
             y = _linear_arrays(a.reshape(-1, a.shape[-1]), w._data, None if b is None else b._data)  # (M, out)
             y = y.reshape(a.shape[:-1] + (w._data.shape[0],))
@@ -62,6 +69,14 @@ def _linear_grads(gd, x, w, x_shape, nx, nw, nb):
     g.sum(0) (half types summed in float32); on cuda dW and db come from one cuBLASLt matmul where it applies
     (gemm_lt.weight_bias_grad: the bias gradient reduced in the GEMM's epilogue)."""
     g2 = gd if gd.ndim == 2 else gd.reshape(-1, gd.shape[-1])   # (M, out); a 2-D array as it is (no view object)
+    if type(g2) is _cupy_nd:   # a small problem: dx, dW and db from one launch of FLAME's own kernel
+        xd = x._data if nw else None
+        r = _small.linear_grads(g2, None if xd is None else (xd if xd.ndim == 2 else xd.reshape(-1, xd.shape[-1])),
+                                w._data if nx else None, nx, nw, nb)
+        if r is not None:
+            d, dw, db = r
+            return (None if d is None else _wrap(d if d.shape == x_shape else d.reshape(x_shape)),
+                    None if dw is None else _wrap(dw), None if db is None else _wrap(db))
     dx = dw = db = None
     if nx:
         d = _gemm(g2, w._data)
