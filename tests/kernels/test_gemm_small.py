@@ -13,7 +13,7 @@ from flame_core.kernels import gemm_small as GS
 from flame_core.kernels import launching
 
 # (M, N, K): tile edges (16), one past and one short of them, single rows / columns, the largest sides allowed
-SHAPES = ((1, 2, 3), (16, 64, 64), (17, 15, 33), (5, 1, 7), (33, 47, 1), (2, 512, 31), (64, 16, 512), (96, 80, 100))
+SHAPES = ((1, 2, 3), (16, 64, 64), (17, 15, 33), (5, 1, 7), (33, 47, 1), (2, 128, 31), (64, 16, 128), (96, 80, 100))
 
 
 def _mag(a, b):
