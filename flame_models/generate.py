@@ -445,7 +445,7 @@ def build_parser():
     g.add_argument("--output", default="outputs", help="folder for the PNGs (default: outputs)")
     x = p.add_argument_group("SD3 / SDXL sampling")
     x.add_argument("--sampler", choices=tuple(SAMPLERS), help="default euler; SDXL: any of these; SD3 / Flux / Flux "
-                                                              "Kontext / Chroma: euler or heun")
+                                                              "Kontext / Chroma / Qwen-Image: euler or heun")
     x.add_argument("--karras", action="store_true", help="SDXL: Karras sigmas instead of the model's")
     x.add_argument("--original-size", metavar="WxH", help="SDXL size conditioning (default: the image's size)")
     x.add_argument("--crop", metavar="TOP,LEFT", help="SDXL crop conditioning (default 0,0)")

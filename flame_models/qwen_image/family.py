@@ -5,7 +5,7 @@ masked as keys, as diffusers). Timesteps: sigma uniform by default (train.timest
 train_dreambooth_lora_qwen_image draws them (weighting 'none' over the scheduler's unshifted training sigmas: its
 dynamic shift applies only to sampling); the model is fed sigma. Previews: Qwen-Image's scheduler (dynamic shift for
 the token count, terminal sigma 0.02), true CFG only with a negative prompt (sample.neg; QwenImagePipeline has no
-default negative) with the per-token norm rescale.
+default negative) with the per-token norm rescale; sample.sampler 'heun' for Heun's steps.
 
 Data: image folders with captions (the VAE and text encoder of a QwenImagePipeline folder, or the tiny preset's
 random stand-ins: family_parts.py), precomputed samples (latents normalised per channel, prompt_embeds,
@@ -19,7 +19,7 @@ import flame_nn
 from ..bfl.sampling import pack, pack_mask
 from ..data.text_trim import batch_text_mask, valid_tokens
 from ..training.family import DDPM_FIELDS, FLOW_FIELDS
-from ..training.family_base import FlowMatchingFamily
+from ..training.family_base import FlowMatchingFamily, HeunPreviews
 from . import family_parts as qwen_parts
 from . import sampling as qwen_sampling
 from . import stages as qwen_stages
@@ -31,7 +31,7 @@ from .params import qwen_image_params
 _DDPM_NOTE = "Qwen-Image trains with flow matching (train.timestep_type, train.weighting_scheme); this is sdxl's DDPM"
 
 
-class QwenImageFamily(FlowMatchingFamily):
+class QwenImageFamily(HeunPreviews, FlowMatchingFamily):
     name = "qwen_image"
     label = "Qwen-Image"
     model_words = "a Qwen-Image transformer"
@@ -118,10 +118,10 @@ class QwenImageFamily(FlowMatchingFamily):
         neg = cfg.sample.neg
         return neg if isinstance(neg, str) else None
 
-    def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None):
+    def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None, sampler="euler"):
         pos = {k: np.asarray(cond[k])[None] for k in self.sample_keys[1:]}
         neg = None
         if "negative_prompt_embeds" in cond:
             neg = {k: np.asarray(cond[f"negative_{k}"])[None] for k in self.sample_keys[1:]}
         return qwen_sampling.sample_latents(model, pos, neg, height=height, width=width, steps=steps,
-                                            cfg=guidance, seeds=[seed], callback=callback)
+                                            cfg=guidance, seeds=[seed], callback=callback, sampler=sampler)

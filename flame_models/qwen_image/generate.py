@@ -1,7 +1,7 @@
 """Qwen-Image's part of `python -m flame_models.generate`, as QwenImagePipeline: the Qwen2.5-VL states of the
 templated prompt (--max-length tokens at most, default 512), the pipeline's scheduler (dynamic shift, terminal sigma
-0.02; 50 steps), true CFG (--cfg, default 4.0) only when a --negative-prompt is given, with the per-token norm
-rescale, the VAE; the LoRAs on the transformer. Files: a diffusers QwenImagePipeline folder (transformer/, vae/,
+0.02; 50 steps; --sampler heun for Heun's steps), true CFG (--cfg, default 4.0) only when a --negative-prompt is
+given, with the per-token norm rescale, the VAE; the LoRAs on the transformer. Files: a diffusers QwenImagePipeline folder (transformer/, vae/,
 text_encoder/, tokenizer/); --vae may name another VAE folder, --tokenizer another tokenizer folder. --fp8 stores
 the Qwen2.5-VL layers' and the transformer blocks' Linear weights in fp8; --max-gpu-memory streams both stacks and
 fits each stage (text encoder, transformer, VAE -- one after another) to the budget with auto_fit."""
@@ -19,7 +19,7 @@ from . import stages
 from .loading import QwenImageCheckpointError, load_qwen_image, read_qwen_image_params
 from .params import QwenImageParams
 
-OPTIONS = {"negative_prompt": None, "cfg": None, "max_length": None}
+OPTIONS = {"negative_prompt": None, "cfg": None, "max_length": None, "sampler": None}
 NOTES = {"guidance": "it has no guidance embedding; use --cfg with a --negative-prompt (classifier-free guidance)"}
 DEFAULTS = {"steps": S.DEFAULT_STEPS, "cfg": S.DEFAULT_CFG, "max_length": 512}
 STACKS = ("transformer_blocks",)
@@ -72,10 +72,10 @@ def find_qwen_image_files(path, *, vae=None, tokenizer=None):
 
 def generate(model, prompts, *, negative_prompt=None, cfg=None, max_length=None, vae=None, clip_l=None, t5=None,
              tokenizer=None, loras=(), width=1024, height=1024, steps=None, seed=None, num_images=1, batch_size=1,
-             output=None, device=None, dtype=None, fp8=False, max_gpu_memory=None, progress=True, stats=None,
-             log=print):
+             output=None, device=None, dtype=None, fp8=False, max_gpu_memory=None, sampler=None, progress=True,
+             stats=None, log=print):
     """Qwen-Image text-to-image (flame_models.generate.generate says what the arguments mean). model: a
-    QwenImagePipeline folder or QwenImageFiles."""
+    QwenImagePipeline folder or QwenImageFiles. sampler: "euler" (default, the pipeline's) or "heun"."""
     from .family_parts import QwenImageTextEncoders
     from .model import QwenImageTransformer2DModel
     from .vae import load_vae
@@ -85,6 +85,7 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, max_length=None,
     for name, given in (("--clip-l", clip_l), ("--t5", t5)):
         if given is not None:
             raise G.GenerateError(f"{name}: Qwen-Image has no CLIP / T5 (its text encoder is Qwen2.5-VL)")
+    sampler = G.flow_sampler(sampler, "Qwen-Image")
     dev = G._device(device)
     dtype = G._dtype(dtype, dev)
     budget = G._budget(max_gpu_memory)
@@ -148,7 +149,7 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, max_length=None,
         fit=fit,
         sample=lambda net, cond, seeds, rows, callback: S.sample_latents(
             net, cond, negative_of(cond), height=height, width=width, steps=steps, cfg=cfg, seeds=seeds, rows=rows,
-            callback=callback),
+            callback=callback, sampler=sampler),
         load_vae=lambda: load_vae(files.vae, dtype=dtype, device=dev), decode=stages.decode_latents)
     images = G.run_stages(stages_, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps,
                           progress=progress, stats=stats, log=log)
@@ -160,8 +161,8 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, max_length=None,
             info = {"prompt": prompts[i], "negative_prompt": negative_prompt, "seed": s, "steps": steps,
                     "cfg": cfg if guided else None, "width": width, "height": height, "model": files.transformer,
                     "vae": files.vae, "text_encoder": files.text_encoder, "loras": [[p, w] for p, w in loras],
-                    "sampler": "euler", "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8)}
-            fields = [("Steps", steps), ("Sampler", "Euler"), *([("CFG scale", f"{cfg:g}")] if guided else []),
+                    "sampler": sampler, "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8)}
+            fields = [("Steps", steps), ("Sampler", sampler.capitalize()), *([("CFG scale", f"{cfg:g}")] if guided else []),
                       ("Seed", s), ("Size", f"{width}x{height}"), ("Model", name), *G.lora_field(loras),
                       ("Version", "FLAME")]
             return {"parameters": G.parameters_text(prompts[i], negative_prompt if guided else None, fields),

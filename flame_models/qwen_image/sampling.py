@@ -1,7 +1,8 @@
 """Sampling Qwen-Image as QwenImagePipeline does: FlowMatchEulerDiscreteScheduler with Qwen-Image's scheduler_config
 (dynamic shifting, mu linear in the image tokens from 0.5 at 256 to 0.9 at 8192, the exponential time shift, the last
 sigma stretched to 0.02), Euler steps x <- x + (s_next - s) v, and true CFG (only with a negative prompt) followed by
-the per-token norm rescale v = c * |v_pos| / |c|."""
+the per-token norm rescale v = c * |v_pos| / |c|. sampler="heun" takes Heun's steps (samplers/flow.py, as the other
+flow-matching families) along the same sigmas: two model calls a step (the guided velocity at each), Euler's last."""
 import math
 
 import numpy as np
@@ -9,6 +10,7 @@ import numpy as np
 import flame_core as flame
 
 from ..bfl.sampling import get_noise, pack, unpack
+from ..samplers.flow import check_flow_sampler, flow_step, step_kind
 
 NUM_TRAIN_TIMESTEPS = 1000
 BASE_SEQ_LEN, MAX_SEQ_LEN = 256, 8192
@@ -54,13 +56,15 @@ def _rows(cond, rows, device, dtype):
 
 
 def sample_latents(model, cond, neg=None, *, height, width, steps=DEFAULT_STEPS, cfg=DEFAULT_CFG, seeds=None,
-                   latents=None, rows=None, callback=None):
+                   latents=None, rows=None, callback=None, sampler="euler"):
     """Model-space latents (B, 16, H/8, W/8) float32 (normalised per channel). cond: {"prompt_embeds" (N, L, J),
     "prompt_mask" (N, L)}, `rows` picking each image's row (default: one per image in order); neg: the negative
     prompt's arrays (one row, or one per prompt) -- CFG runs only when it is given and cfg > 1, as the pipeline.
     Noise: one seed per image (`seeds`: get_noise(seed) drawn on the model's device -- the cpu's generator and
     cuda's are different streams, so one seed gives another picture on each device), or `latents` given, packed
-    (B, L, 64) or unpacked (B, 16, H/8, W/8): the same start on any device."""
+    (B, L, 64) or unpacked (B, 16, H/8, W/8): the same start on any device. sampler: "euler" (the pipeline's) or
+    "heun"."""
+    check_flow_sampler(sampler)
     dev = model.img_in.weight.device
     dtype = model.img_in.weight.dtype
     if (seeds is None) == (latents is None):
@@ -86,13 +90,19 @@ def sample_latents(model, cond, neg=None, *, height, width, steps=DEFAULT_STEPS,
         neg_txt, neg_mask = _rows(neg, [r if n > 1 else 0 for r in rows], dev, dtype)
     shapes = [[(1, height // 16, width // 16)]] * B
     sig = sigmas(steps, n_img)
+
+    def velocity(x, t):
+        v = model(x.to(dtype), txt, mask, t, shapes)
+        if guided:
+            v = guided_velocity(v, model(x.to(dtype), neg_txt, neg_mask, t, shapes), cfg)
+        return v.float()
+
+    def timestep(s):   # the pipeline's: sigma * 1000 rounded to float32, over 1000
+        return flame.full((B,), float(np.float32(s * NUM_TRAIN_TIMESTEPS)) / NUM_TRAIN_TIMESTEPS, device=dev)
+    runs = {kind: flow_step(velocity, kind) for kind in {"euler", sampler}}
     with flame.no_grad():
         for i in range(steps):
-            t = flame.full((B,), float(np.float32(sig[i] * NUM_TRAIN_TIMESTEPS)) / NUM_TRAIN_TIMESTEPS, device=dev)
-            v = model(x.to(dtype), txt, mask, t, shapes)
-            if guided:
-                v = guided_velocity(v, model(x.to(dtype), neg_txt, neg_mask, t, shapes), cfg)
-            x = x + (sig[i + 1] - sig[i]) * v.float()
+            x = runs[step_kind(sampler, i, steps)](x, timestep(sig[i]), timestep(sig[i + 1]), sig[i + 1] - sig[i])
             if callback is not None:
                 callback(i + 1, steps)
     return unpack(x, height, width)

@@ -93,3 +93,36 @@ def test_generate_runs_its_stages_one_after_another_under_a_budget(folder, monke
                               **common)[0], np.float32)
     assert placed == [("fp8", True)]
     assert np.abs(fp8 - want).mean() < 2.0
+
+
+def test_heun_steps_with_the_guided_velocity_at_both_sigmas(folder, device):
+    """sampler="heun": each step x + ds (c(x, s) + c(x + ds c(x, s), s')) / 2 of the guided, rescaled velocity c at the
+    pipeline's sigmas and timesteps, the last step Euler's -- written out here with the model; Euler unchanged."""
+    from flame_models.bfl.sampling import pack, unpack
+    pos, neg = _cond()
+    model = _model(folder, device)
+    z0 = np.random.default_rng(4).standard_normal((1, 16, 6, 8)).astype(np.float32)
+    kw = dict(height=48, width=64, steps=3, cfg=3.0, latents=z0)
+    got = S.sample_latents(model, pos, neg, sampler="heun", **kw).numpy()
+    txt = flame.tensor(pos["prompt_embeds"], device=device)
+    mask = flame.tensor(pos["prompt_mask"], device=device)
+    ntxt = flame.tensor(neg["prompt_embeds"], device=device)     # (its mask: all ones, passed as None as the pipeline)
+    shapes = [[(1, 3, 4)]]
+
+    def c(x, s):
+        t = flame.full((1,), float(np.float32(s * 1000)) / 1000, device=device)
+        return S.guided_velocity(model(x, txt, mask, t, shapes), model(x, ntxt, None, t, shapes), 3.0).float()
+    sig = S.sigmas(3, 12)
+    x = pack(flame.tensor(z0, device=device))
+    with flame.no_grad():
+        for i in range(3):
+            ds = sig[i + 1] - sig[i]
+            v = c(x, sig[i])
+            x = x + ds * v if i == 2 else x + ds * (0.5 * (v + c(x + ds * v, sig[i + 1])))
+    want = unpack(x, 48, 64).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    euler = S.sample_latents(model, pos, neg, **kw).numpy()
+    np.testing.assert_array_equal(S.sample_latents(model, pos, neg, sampler="euler", **kw).numpy(), euler)
+    assert np.abs(got - euler).max() > 1e-4
+    with pytest.raises(ValueError, match="unknown flow-matching sampler 'ddim'"):
+        S.sample_latents(model, pos, neg, sampler="ddim", **kw)

@@ -1,5 +1,5 @@
 """The flow-matching families' previews with sample.sampler 'heun' (training/family_base.HeunPreviews): Flux, Flux
-Kontext (with and without a control image), Chroma and SD3 accept it, pass it to their samplers, and Heun's latents
+Kontext (with and without a control image), Chroma, Qwen-Image and SD3 accept it, pass it to their samplers, and Heun's latents
 differ from Euler's while Euler's stay what they were (the default)."""
 import numpy as np
 import pytest
@@ -15,7 +15,7 @@ def _cfg(sampler):
     return cfg
 
 
-@pytest.mark.parametrize("name", ["flux", "flux_kontext", "chroma", "sd3"])
+@pytest.mark.parametrize("name", ["flux", "flux_kontext", "chroma", "qwen_image", "sd3"])
 def test_families_accept_heun_and_pass_it_on(name):
     fam = get_family(name)
     assert "heun" in fam.samplers and "euler" in fam.samplers
@@ -26,7 +26,8 @@ def test_families_accept_heun_and_pass_it_on(name):
 
 @pytest.mark.parametrize("name, size, control", [("flux", "flux-tiny", False), ("flux_kontext", "flux-tiny", False),
                                                   ("flux_kontext", "flux-tiny", True),
-                                                  ("chroma", "chroma-tiny", False)])
+                                                  ("chroma", "chroma-tiny", False),
+                                                  ("qwen_image", "qwen-image-tiny", False)])
 def test_heun_previews_run_and_differ_from_euler(name, size, control):
     fam = get_family(name)
     flame.manual_seed(0)
@@ -53,6 +54,7 @@ def test_heun_previews_run_and_differ_from_euler(name, size, control):
                                                   ("flame_models.flux_kontext.generate", "Flux Kontext",
                                                    {"image": "ref.png"}),
                                                   ("flame_models.flux.generate", "Flux", {}),
+                                                  ("flame_models.qwen_image.generate", "Qwen-Image", {}),
                                                   ("flame_models.sd3.generate", "SD3", {})])
 def test_generate_refuses_the_sdxl_samplers_before_loading_anything(module, label, extra):
     import importlib
