@@ -1,6 +1,6 @@
 """The flow-matching families' previews with sample.sampler 'heun' (training/family_base.HeunPreviews): Flux, Flux
-Kontext (with and without a control image), Chroma, Qwen-Image and SD3 accept it, pass it to their samplers, and Heun's latents
-differ from Euler's while Euler's stay what they were (the default)."""
+Kontext (with and without a control image), Chroma, Qwen-Image and SD3 accept it, pass it to their samplers, and
+Heun's latents differ from Euler's while Euler's stay what they were (the default)."""
 import numpy as np
 import pytest
 
