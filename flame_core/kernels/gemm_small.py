@@ -7,11 +7,12 @@ spends 10-15 us of host time inside the library (its heuristics and checks) befo
 launch --, and a linear layer's whole backward (dx, dW and the bias gradient) is one launch.
 
 What is small: every dimension at most MAX_DIM and M * N * K at most MAX_MACS, float32 / float16 / bfloat16
-C-contiguous cupy arrays of one dtype on the current device, kernels enabled (FLAME_KERNELS, no loader.reference()
-block). The bound is bench/small_gemm.py's: the kernel runs its reduction serially over 64-wide slabs, each adding
-~2 us of GPU time on an H200, so up to 128 its GPU time stays within ~3 us of cuBLAS's (the backward's single launch
-below it) -- what a CUDA graph replay pays, where no host cost is -- while an eager call saves 5-15 us of host time
-forward and 25-40 us backward; longer reductions (19 us against cuBLAS's 4-8 at K = 512) take cuBLAS.
+C-contiguous cupy arrays (matmul: or transposed views of such) of one dtype on the current device, kernels enabled
+(FLAME_KERNELS, no loader.reference() block). The bound is bench/small_gemm.py's: the kernel runs its reduction
+serially over 64-wide slabs, each adding ~2 us of GPU time on an H200, so up to 128 its GPU time stays within ~3 us
+of cuBLAS's (the backward's single launch below it) -- what a CUDA graph replay pays, where no host cost is -- while
+an eager call saves 5-15 us of host time forward and 25-40 us backward; longer reductions (19 us against cuBLAS's 4-8
+at K = 512) take cuBLAS.
 FLAME_SMALL_GEMM=0 switches this path off (A/B measurements).
 
 API: each returns new cupy arrays, or None when the path does not apply (the caller takes cuBLAS / cuBLASLt).
