@@ -26,7 +26,14 @@ class PackedSequence(namedtuple("PackedSequence", ["data", "batch_sizes", "sorte
     indices follow data's device."""
     __slots__ = ()
 
-    def __new__(cls, data, batch_sizes, sorted_indices=None, unsorted_indices=None):
+    def __new__(cls, data, batch_sizes=None, sorted_indices=None, unsorted_indices=None):
+        if batch_sizes is None:   # PyTorch's legacy form PackedSequence((data, batch_sizes), ...)
+            if not isinstance(data, (list, tuple)) or len(data) != 2:
+                raise TypeError("PackedSequence: pass data and batch_sizes, or one (data, batch_sizes) pair")
+            data, batch_sizes = data
+        if isinstance(batch_sizes, flame.Tensor) and batch_sizes.device.type != "cpu":
+            raise ValueError("PackedSequence: batch_sizes should always be on CPU (as PyTorch: they are read on the "
+                             f"host), got a tensor on {batch_sizes.device}")
         if unsorted_indices is None:
             unsorted_indices = invert_permutation(sorted_indices)
         return super().__new__(cls, data, batch_sizes, sorted_indices, unsorted_indices)

@@ -82,6 +82,13 @@ def test_rnn_round_trips_and_packed_sequence(device):
     assert rnn.invert_permutation(flame.tensor([2, 0, 1])).tolist() == [1, 2, 0]
     again = rnn.PackedSequence(packed.data, packed.batch_sizes, flame.tensor([1, 0, 2]))
     assert again.unsorted_indices.tolist() == [1, 0, 2]
+    legacy = rnn.PackedSequence((packed.data, packed.batch_sizes))          # PyTorch's (data, batch_sizes) form
+    assert legacy.batch_sizes is packed.batch_sizes and legacy.data is packed.data and legacy.sorted_indices is None
+    with pytest.raises(TypeError, match="one \\(data, batch_sizes\\) pair"):
+        rnn.PackedSequence(packed.data)
+    if device.type == "cuda":   # batch_sizes are read on the host: PyTorch refuses them on a GPU
+        with pytest.raises(ValueError, match="batch_sizes should always be on CPU"):
+            rnn.PackedSequence(packed.data, packed.batch_sizes.to(device))
     assert rnn.pad_sequence(flame.ones(2, 3)).shape == (3, 2)  # a tensor: its rows are the sequences
 
 
