@@ -178,6 +178,10 @@ def test_bad_inputs_are_named(sdxl, capsys):
     _fails(capsys, ["--model", SD3, "--prompt", "x", "--slg-layers", "5"], "--slg-layers [5]: [5] are not joint "
                                                                            "blocks")
     _fails(capsys, ["--model", sdxl["folder"], "--prompt", "x", "--sampler", "ddim", "--karras"], "--karras")
+    _fails(capsys, ["--model", sdxl["folder"], "--prompt", "x", "--sampler", "lcm", "--karras"],
+           "--karras: lcm walks its own timesteps")
+    _fails(capsys, ["--model", sdxl["folder"], "--prompt", "x", "--sampler", "lcm", "--steps", "60"],
+           "--steps 60: lcm takes at most 50")
     _fails(capsys, ["--model", sdxl["folder"], "--prompt", "x", "--original-size", "big"], "--original-size 'big'")
     _fails(capsys, ["--model", sdxl["folder"], "--prompt", "x", "--lora", SD3 + "/vae/config.json"],
            "--lora", "config.json")

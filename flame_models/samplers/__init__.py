@@ -1,9 +1,10 @@
 """Samplers for discrete ε / v-prediction diffusion models (SD-family: SDXL): the DDPM schedule, sigma tables
-(normal / Karras / DDIM / DPM-Solver's / KDPM2's, zero-terminal-SNR as an option), a denoiser wrapper and
-k-diffusion-style samplers (Euler, Euler ancestral, Heun, DPM2, DPM2 ancestral, DPM++ 2M, DPM++ 2M SDE, DDIM). The
-flow-matching models (Flux, SD3) have their own samplers."""
+(normal / Karras / DDIM / DPM-Solver's / KDPM2's / LCM's, zero-terminal-SNR as an option), a denoiser wrapper and
+k-diffusion-style samplers (Euler, Euler ancestral, Heun, DPM2, DPM2 ancestral, DPM++ 2M, DPM++ 2M SDE, DDIM,
+LCM). The flow-matching models (Flux, SD3) have their own samplers."""
 from .denoiser import PREDICTION_TYPES, Denoiser, check_prediction_type
 from .k_samplers import (
+                         DRAWS_NOISE,
                          SAMPLERS,
                          STOCHASTIC,
                          ancestral_sigmas,
@@ -15,6 +16,7 @@ from .k_samplers import (
                          sample_euler,
                          sample_euler_ancestral,
                          sample_heun,
+                         sample_lcm,
 )
 from .schedules import (
                         SPACINGS,
@@ -25,6 +27,7 @@ from .schedules import (
                         get_sigmas,
                         karras_sigmas,
                         kdpm2_sigmas,
+                        lcm_sigmas,
                         linear_betas,
                         rescale_zero_terminal_snr,
                         scaled_linear_betas,
@@ -33,6 +36,8 @@ from .schedules import (
 
 __all__ = ["DDPMSchedule", "SPACINGS", "ZERO_SNR_ALPHA_CUMPROD", "scaled_linear_betas", "linear_betas",
            "rescale_zero_terminal_snr", "spaced_timesteps", "karras_sigmas", "get_sigmas", "ddim_sigmas", "dpm_sigmas",
-           "kdpm2_sigmas", "Denoiser", "PREDICTION_TYPES", "check_prediction_type", "SAMPLERS", "STOCHASTIC",
+           "kdpm2_sigmas", "lcm_sigmas", "Denoiser", "PREDICTION_TYPES", "check_prediction_type", "SAMPLERS",
+           "STOCHASTIC", "DRAWS_NOISE",
            "ancestral_sigmas", "sample_euler", "sample_euler_ancestral", "sample_heun", "sample_dpm_2",
-           "sample_dpm_2_ancestral", "sample_dpmpp_2m", "sample_dpmpp_2m_sde", "sample_ddim"]
+           "sample_dpm_2_ancestral", "sample_dpmpp_2m", "sample_dpmpp_2m_sde", "sample_ddim",
+           "sample_lcm"]

@@ -18,6 +18,10 @@ With d = (x − D)/σ, σ → σ' a step:
     dpmpp_2m_sde     x ← (σ'/σ)·e^(−ηh)·x − expm1(−h − ηh)·D̂ + σ'·√(−expm1(−2ηh))·z (η = 1: DPM-Solver++(2M)
                      SDE, diffusers' sde-dpmsolver++ with the midpoint solver; η = 0: dpmpp_2m)
     ddim             DDIM with η: euler_ancestral's step on DDIM's table (η = 0: deterministic)
+    lcm              Latent Consistency Models' multistep sampling (Luo et al. 2023, diffusers' LCMScheduler) on
+                     schedules.lcm_sigmas' table: the boundary-condition output at the integer timestep t,
+                     D̃ = c_out(t)·D + c_skip(t)·x/√(σ² + 1) with c_skip = σ_d²/((st)² + σ_d²),
+                     c_out = st/√((st)² + σ_d²) (s = 10, σ_d = 0.5), then x ← D̃ + σ'·z; the last step returns D̃
 """
 import math
 
@@ -163,7 +167,37 @@ def sample_dpmpp_2m(model, x, sigmas, timesteps=None, *, callback=None, progress
     return sample_dpmpp_2m_sde(model, x, sigmas, timesteps, eta=0.0, callback=callback, progress=progress)
 
 
+LCM_TIMESTEP_SCALING, LCM_SIGMA_DATA = 10.0, 0.5
+
+
+def lcm_scalings(timestep):
+    """(c_skip, c_out) of LCM's boundary condition at an integer timestep."""
+    st = LCM_TIMESTEP_SCALING * float(timestep)
+    d2 = LCM_SIGMA_DATA * LCM_SIGMA_DATA
+    return d2 / (st * st + d2), st / math.sqrt(st * st + d2)
+
+
+def sample_lcm(model, x, sigmas, timesteps, *, generator=None, noise=None, callback=None, progress=False):
+    """LCM's multistep sampler (see the module docstring); `timesteps`: schedules.lcm_sigmas' (c_skip and c_out read
+    the integer timestep)."""
+    if timesteps is None or len(timesteps) != len(sigmas) - 1:
+        raise ValueError("sample_lcm: needs the table's timesteps, one per step (schedules.lcm_sigmas)")
+    x = x.float()
+    for i in _steps(sigmas, progress, "lcm"):
+        s, s_next = float(sigmas[i]), float(sigmas[i + 1])
+        t = float(timesteps[i])
+        x0 = model(x, s, t)
+        c_skip, c_out = lcm_scalings(t)
+        x = x0 * c_out + x * (c_skip / math.sqrt(s * s + 1.0))     # D̃: the boundary condition on the VP sample
+        if i < len(sigmas) - 2:
+            x = x + _noise(noise, generator, i, x) * s_next
+        if callback is not None:
+            callback(i, x, x0, s)
+    return x
+
+
 SAMPLERS = {"euler": sample_euler, "euler_ancestral": sample_euler_ancestral, "heun": sample_heun,
             "dpm_2": sample_dpm_2, "dpm_2_ancestral": sample_dpm_2_ancestral, "dpmpp_2m": sample_dpmpp_2m,
-            "dpmpp_2m_sde": sample_dpmpp_2m_sde, "ddim": sample_ddim}
+            "dpmpp_2m_sde": sample_dpmpp_2m_sde, "ddim": sample_ddim, "lcm": sample_lcm}
 STOCHASTIC = ("euler_ancestral", "dpm_2_ancestral", "dpmpp_2m_sde", "ddim")   # they take eta, generator and noise
+DRAWS_NOISE = STOCHASTIC + ("lcm",)   # they take generator and noise (lcm: no eta, its noise is the method's)

@@ -238,3 +238,19 @@ def ddim_sigmas(schedule, steps, timestep_spacing="leading", steps_offset=1, set
                          f"that divides {N})")
     final = 0.0 if set_alpha_to_one else float(schedule.sigmas[0])
     return np.concatenate([schedule.sigmas[t], [final]]), t.astype(np.float64)
+
+
+def lcm_sigmas(schedule, steps, original_steps=50):
+    """(sigmas (steps + 1,), timesteps (steps,)) of LCMScheduler's standard table: the distillation schedule
+    k·[1 .. original_steps] − 1 (k = N // original_steps, high to low), `steps` of them at evenly spaced indices
+    (floor of linspace(0, original_steps, steps, endpoint=False)), then σ 0 (the last step returns the
+    consistency output)."""
+    N, n, orig = schedule.num_train_timesteps, int(steps), int(original_steps)
+    if not 1 <= orig <= N:
+        raise ValueError(f"lcm: original_steps must be in [1, {N}], got {original_steps}")
+    if not 1 <= n <= orig:
+        raise ValueError(f"lcm: steps must be in [1, original_steps = {orig}] (the table is a subset of the "
+                         f"distillation schedule), got {steps}")
+    origin = (np.arange(1, orig + 1) * (N // orig) - 1)[::-1]
+    t = origin[np.floor(np.linspace(0, orig, num=n, endpoint=False)).astype(np.int64)]
+    return np.concatenate([schedule.sigmas[t], [0.0]]), t.astype(np.float64)

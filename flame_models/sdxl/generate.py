@@ -1,8 +1,8 @@
 """SDXL's part of `python -m flame_models.generate` (flame_models/generate.py runs it for SDXL files): euler,
-euler_ancestral, heun, dpm_2, dpm_2_ancestral, dpmpp_2m, dpmpp_2m_sde or ddim on the 'normal' (diffusers' SDXL
-spacing) or Karras schedule, classifier-free guidance (default 30 steps, cfg 5); the negative prompt defaults to zeros
-(diffusers' force_zeros_for_empty_prompt); size conditioning from --original-size / --crop / --target-size (default:
-the image's size, no crop);
+euler_ancestral, heun, dpm_2, dpm_2_ancestral, dpmpp_2m, dpmpp_2m_sde, ddim or lcm (with an LCM-LoRA; its own
+timesteps) on the 'normal' (diffusers' SDXL spacing) or Karras schedule, classifier-free guidance (default 30 steps,
+cfg 5); the negative prompt defaults to zeros (diffusers' force_zeros_for_empty_prompt); size conditioning from
+--original-size / --crop / --target-size (default: the image's size, no crop);
 --max-token-length 150 / 225 encodes long captions in 75-token chunks (kohya's rule). A LoRA file changes each part
 it has keys for: the UNet, and CLIP-L / CLIP-G for its text-encoder keys (pipeline.check_loras). The VAE decodes in
 bfloat16 or float32 (a float16 request gives float32: the SDXL VAE overflows in float16). Every input is checked
@@ -23,7 +23,8 @@ OPTIONS = {"negative_prompt": None, "clip_g": None, "cfg": None, "sampler": None
 NOTES = {"guidance": "it uses classifier-free guidance (--cfg)", "no_t5": "it has no T5"}
 DEFAULTS = {"steps": 30, "cfg": 5.0, "sampler": "euler"}
 SAMPLER_NAMES = {"euler": "Euler", "euler_ancestral": "Euler a", "heun": "Heun", "dpm_2": "DPM2",
-                 "dpm_2_ancestral": "DPM2 a", "dpmpp_2m": "DPM++ 2M", "dpmpp_2m_sde": "DPM++ 2M SDE", "ddim": "DDIM"}
+                 "dpm_2_ancestral": "DPM2 a", "dpmpp_2m": "DPM++ 2M", "dpmpp_2m_sde": "DPM++ 2M SDE", "ddim": "DDIM",
+                 "lcm": "LCM"}
 
 
 def _size(value, name):
@@ -82,8 +83,11 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
     sampler = sampler or DEFAULTS["sampler"]
     if sampler not in P.SAMPLERS:
         raise G.GenerateError(f"--sampler {sampler}: one of {', '.join(P.SAMPLERS)}")
-    if karras and sampler == "ddim":
-        raise G.GenerateError("--karras: ddim walks DDIM's own timesteps; use another sampler")
+    if karras and sampler in ("ddim", "lcm"):
+        raise G.GenerateError(f"--karras: {sampler} walks its own timesteps; use another sampler")
+    if sampler == "lcm" and steps is not None and steps > 50:
+        raise G.GenerateError(f"--steps {steps}: lcm takes at most 50 (its timesteps are a subset of the 50 of LCM's "
+                              f"distillation schedule; 4-8 is usual)")
     try:
         check_max_token_length(max_token_length)
     except ValueError as e:

@@ -26,7 +26,7 @@ import flame_core as flame
 from ..conditioning import prompt_rows
 from ..pipeline import check_loras as _check_loras
 from ..pipeline import free_model, load_for_sampling, to_pil
-from ..samplers import STOCHASTIC
+from ..samplers import DRAWS_NOISE
 from ..vae import check_latents, decode_model_latents, encode_model_latents, load_family_vae
 from .about import ABOUT
 from .components import SDXLFiles, SDXLFilesError, find_sdxl_files
@@ -38,7 +38,8 @@ from .sampling import sample
 LATENT_FORMAT = ABOUT.latent_format
 STACKS = ("input_blocks", "middle_block", "output_blocks")
 LATENT_CHANNELS = 4
-SAMPLERS = ("euler", "euler_ancestral", "heun", "dpm_2", "dpm_2_ancestral", "dpmpp_2m", "dpmpp_2m_sde", "ddim")
+SAMPLERS = ("euler", "euler_ancestral", "heun", "dpm_2", "dpm_2_ancestral", "dpmpp_2m", "dpmpp_2m_sde", "ddim",
+            "lcm")
 SCHEDULERS = ("normal", "karras")
 
 
@@ -130,7 +131,7 @@ def sample_latents(unet, cond, neg_cond=None, *, height, width, steps, cfg, samp
                    seeds=None, latents=None, rows=None, neg_rows=None, original_size=None, crop_coords=(0, 0),
                    target_size=None, eta=None, callback=None):
     """Denoise with one of SAMPLERS (euler, euler_ancestral, heun, dpm_2, dpm_2_ancestral, dpmpp_2m, dpmpp_2m_sde,
-    ddim) on the scaled-linear schedule's sigmas ('normal', diffusers' SDXL spacing) or Karras' ('karras'); returns
+    ddim, lcm) on the scaled-linear schedule's sigmas ('normal', diffusers' SDXL spacing) or Karras' ('karras'); returns
     model-space latents (B, 4, H/8, W/8) float32.
 
     cond / neg_cond: {"prompt_embeds": (P, L, 2048), "pooled_prompt_embeds": (P, 1280)} (Tensors or NumPy arrays);
@@ -171,7 +172,7 @@ def sample_latents(unet, cond, neg_cond=None, *, height, width, steps, cfg, samp
               progress=False, callback=None if callback is None else (lambda i, *a: callback(i, steps)))
     # the stochastic samplers draw step noise for the whole batch from one generator: image by image, each image's
     # draws depend on its own seed only
-    if latents is None and sampler in STOCHASTIC and len(seeds) > 1:
+    if latents is None and sampler in DRAWS_NOISE and len(seeds) > 1:
         out = []
         for i, s in enumerate(seeds):
             sl = slice(i, i + 1)

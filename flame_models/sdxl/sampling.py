@@ -8,6 +8,7 @@ import math
 
 import flame_core as flame
 from flame_models.samplers import (
+    DRAWS_NOISE,
     SAMPLERS,
     STOCHASTIC,
     DDPMSchedule,
@@ -17,6 +18,7 @@ from flame_models.samplers import (
     dpm_sigmas,
     get_sigmas,
     kdpm2_sigmas,
+    lcm_sigmas,
 )
 
 VAE_FACTOR = 8
@@ -87,13 +89,14 @@ def sample(unet, context, y, neg_context=None, neg_y=None, *, height=1024, width
     context and y with its pooled part zeroed (its size conditioning kept), as diffusers' SDXL pipeline does.
 
     sampler: one of SAMPLERS ('euler', 'euler_ancestral', 'heun', 'dpm_2', 'dpm_2_ancestral', 'dpmpp_2m',
-    'dpmpp_2m_sde', 'ddim'); scheduler: 'normal' or 'karras' (not for ddim). The sigma table is the sampler's
-    diffusers scheduler's with SDXL's config (leading spacing, steps_offset 1): EulerDiscreteScheduler's (euler,
-    euler_ancestral; heun: HeunDiscreteScheduler's, the same), the KDPM2 schedulers' (dpm_2, dpm_2_ancestral),
-    DPMSolverMultistepScheduler's (dpmpp_2m, dpmpp_2m_sde), DDIMScheduler's (ddim); zero_terminal_snr rescales the
+    'dpmpp_2m_sde', 'ddim', 'lcm'); scheduler: 'normal' or 'karras' (not for ddim or lcm). The sigma table is the
+    sampler's diffusers scheduler's with SDXL's config (leading spacing, steps_offset 1): EulerDiscreteScheduler's
+    (euler, euler_ancestral; heun: HeunDiscreteScheduler's, the same), the KDPM2 schedulers' (dpm_2, dpm_2_ancestral),
+    DPMSolverMultistepScheduler's (dpmpp_2m, dpmpp_2m_sde), DDIMScheduler's (ddim), LCMScheduler's (lcm: a latent
+    consistency model such as an SDXL with an LCM-LoRA; 4-8 steps, cfg 1-2); zero_terminal_snr rescales the
     schedule (use with v_prediction and timestep_spacing='trailing'). eta: the step noise of the stochastic samplers
     (STOCHASTIC), drawn from seed + 1: default 1 (what diffusers' schedulers do) for euler_ancestral, dpm_2_ancestral
-    and dpmpp_2m_sde, 0 for ddim.
+    and dpmpp_2m_sde, 0 for ddim; lcm draws its noise from seed + 1 too (it takes no eta).
     noise: the initial Gaussian latents (else drawn from `seed` on the UNet's device), scaled as the sampler's
     diffusers scheduler does (init_noise_sigma): by σ_max for euler, euler_ancestral, heun, dpm_2 and
     dpm_2_ancestral with linspace or trailing spacing, else by √(σ_max² + 1) (the x0 + σ·ε of unit-variance
@@ -101,8 +104,8 @@ def sample(unet, context, y, neg_context=None, neg_y=None, *, height=1024, width
     check_prediction_type(prediction_type)
     if sampler not in SAMPLERS:
         raise ValueError(f"sample: unknown sampler {sampler!r}; known: {', '.join(SAMPLERS)}")
-    if sampler == "ddim" and scheduler != "normal":
-        raise ValueError("sample: ddim walks DDIM's own timesteps; scheduler must be 'normal'")
+    if sampler in ("ddim", "lcm") and scheduler != "normal":
+        raise ValueError(f"sample: {sampler} walks its own timesteps; scheduler must be 'normal'")
     if sampler not in STOCHASTIC and eta is not None:
         raise ValueError(f"sample: eta applies to {', '.join(STOCHASTIC)}, not {sampler}")
     _check(unet, context, y, neg_context, neg_y, height, width, cfg)
@@ -120,6 +123,8 @@ def sample(unet, context, y, neg_context=None, neg_y=None, *, height=1024, width
     schedule = DDPMSchedule(zero_terminal_snr=zero_terminal_snr)
     if sampler == "ddim":
         sigmas, timesteps = ddim_sigmas(schedule, steps, timestep_spacing, steps_offset)
+    elif sampler == "lcm":   # LCMScheduler's table (its own spacing: timestep_spacing and steps_offset do not apply)
+        sigmas, timesteps = lcm_sigmas(schedule, steps)
     elif sampler in ("dpmpp_2m", "dpmpp_2m_sde"):   # diffusers' DPMSolverMultistepScheduler table
         sigmas, timesteps = dpm_sigmas(schedule, steps, scheduler, timestep_spacing, steps_offset)
     elif sampler in ("dpm_2", "dpm_2_ancestral"):
@@ -140,7 +145,7 @@ def sample(unet, context, y, neg_context=None, neg_y=None, *, height=1024, width
     denoiser = Denoiser(cfg_model(unet, context, y, neg_context, neg_y, cfg, guidance_rescale), schedule,
                         prediction_type)
     kwargs = {} if eta is None else {"eta": float(eta)}
-    if sampler in STOCHASTIC:
+    if sampler in DRAWS_NOISE:
         kwargs["generator"] = flame.Generator(device).manual_seed(seed + 1)
     with flame.no_grad():
         x = SAMPLERS[sampler](denoiser, x, sigmas, timesteps, callback=callback, progress=progress, **kwargs)

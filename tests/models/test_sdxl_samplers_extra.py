@@ -1,5 +1,6 @@
-"""Heun, DPM2, DPM2 ancestral and DPM++ 2M SDE (flame_models.samplers) against diffusers' HeunDiscreteScheduler,
-KDPM2DiscreteScheduler, KDPM2AncestralDiscreteScheduler and DPMSolverMultistepScheduler(sde-dpmsolver++): the sigma /
+"""Heun, DPM2, DPM2 ancestral, DPM++ 2M SDE and LCM (flame_models.samplers) against diffusers' HeunDiscreteScheduler,
+KDPM2DiscreteScheduler, KDPM2AncestralDiscreteScheduler, DPMSolverMultistepScheduler(sde-dpmsolver++) and
+LCMScheduler: the sigma /
 timestep tables (diffusers interleaves the two model calls of a Heun / KDPM2 step in them), every step on the fixed
 denoiser of tests/fixtures/make_sampler_fixtures.py (the reference's noise draws replayed), guided sampling with the
 tiny UNet through flame_models.sdxl.sample, and its option checks."""
@@ -15,6 +16,7 @@ from sdxl_fixtures import DIFFUSERS_DIR, FIXTURES, assert_close, io, t
 import flame_core as flame
 from flame_core.io import load_file
 from flame_models.samplers import (
+    DRAWS_NOISE,
     SAMPLERS,
     STOCHASTIC,
     DDPMSchedule,
@@ -23,13 +25,17 @@ from flame_models.samplers import (
     dpm_sigmas,
     get_sigmas,
     kdpm2_sigmas,
+    lcm_sigmas,
 )
 from flame_models.sdxl import load_unet, pipeline, sample
 from flame_models.sdxl.generate import SAMPLER_NAMES
 
 SAMPLER_OF = {"HeunDiscreteScheduler": "heun", "KDPM2DiscreteScheduler": "dpm_2",
-              "KDPM2AncestralDiscreteScheduler": "dpm_2_ancestral", "DPMSolverMultistepScheduler": "dpmpp_2m_sde"}
-TABLE_OF = {"heun": get_sigmas, "dpm_2": kdpm2_sigmas, "dpm_2_ancestral": kdpm2_sigmas, "dpmpp_2m_sde": dpm_sigmas}
+              "KDPM2AncestralDiscreteScheduler": "dpm_2_ancestral", "DPMSolverMultistepScheduler": "dpmpp_2m_sde",
+              "LCMScheduler": "lcm"}
+TABLE_OF = {"heun": get_sigmas, "dpm_2": kdpm2_sigmas, "dpm_2_ancestral": kdpm2_sigmas, "dpmpp_2m_sde": dpm_sigmas,
+            "lcm": lambda schedule, steps, *spacing: lcm_sigmas(schedule, steps)}   # (LCM's own timesteps)
+VP = ("dpmpp_2m_sde", "lcm")   # the samplers whose diffusers scheduler keeps VP samples
 ODE_OF = {"dpm_2_ancestral": "dpm_2", "dpmpp_2m_sde": "dpmpp_2m"}     # the same sampler with eta 0
 
 
@@ -83,7 +89,7 @@ def test_tables_match_diffusers(name):
             np.testing.assert_allclose(mid, ref[f"{name}.sigmas_interpol"][0:2 * n - 2:2], rtol=5e-5)
         # the midpoint's timestep: the denoiser's lookup of σ_m (float32 σ_m in the reference)
         np.testing.assert_allclose(schedule.sigma_to_t(mid), want_t[1::2], rtol=1e-5, atol=1e-3)
-    want_t = want_t[::2] if sampler != "dpmpp_2m_sde" else want_t
+    want_t = want_t[::2] if sampler not in VP else want_t
     np.testing.assert_allclose(sigmas, want_s, rtol=5e-5, atol=1e-9)   # float32 reference
     np.testing.assert_allclose(ts, want_t, rtol=1e-5, atol=2e-3)
     if sampler != "heun" and "karras" in name:
@@ -115,12 +121,12 @@ def _fixed_model(pattern):
 @pytest.mark.parametrize("name", CASES)
 def test_sampler_trajectory_matches_diffusers(name):
     """Every step of our sampler equals the diffusers scheduler's (at the scheduler calls that end a step), on the
-    same denoiser, table and noise draws. DPM-Solver keeps VP samples (x / sqrt(sigma^2 + 1)), compared after
+    same denoiser, table and noise draws. DPM-Solver and LCM keep VP samples (x / sqrt(sigma^2 + 1)), compared after
     scaling; the others keep VE samples as ours."""
     ref, meta = fixtures()
     m = meta[name]
     sampler, sigmas, ts = _table(name)
-    vp = sampler == "dpmpp_2m_sde"
+    vp = sampler in VP
     scale = [math.sqrt(float(s) ** 2 + 1.0) if vp else 1.0 for s in sigmas]
     traj = ref[f"{name}.trajectory"]
     states = []
@@ -132,7 +138,7 @@ def test_sampler_trajectory_matches_diffusers(name):
     assert len(states) == len(m["step_ends"]) == m["steps"]
     for i, got in enumerate(states):
         assert_close(got / scale[i + 1], traj[m["step_ends"][i]], 2e-5, f"{name} step {i}")
-    # the initial noise scale sample() uses, in the scheduler's space (DPM-Solver starts from the noise itself)
+    # the initial noise scale sample() uses, in the scheduler's space (DPM-Solver and LCM start from the noise itself)
     s0 = float(sigmas[0])
     want = 1.0 if vp else (math.sqrt(s0 * s0 + 1) if m["config"]["timestep_spacing"] == "leading" else s0)
     assert m["init_noise_sigma"] == pytest.approx(want, rel=5e-5)
@@ -168,7 +174,7 @@ def test_eta_zero_gives_the_deterministic_samplers():
         np.testing.assert_array_equal(a.numpy(), SAMPLERS[ode](d, x, sigmas, ts).numpy())
 
 
-@pytest.mark.parametrize("sampler", ["dpm_2_ancestral", "dpmpp_2m_sde"])
+@pytest.mark.parametrize("sampler", ["dpm_2_ancestral", "dpmpp_2m_sde", "lcm"])
 def test_stochastic_samplers_with_a_generator_are_seeded(sampler):
     schedule = DDPMSchedule()
     sigmas, ts = TABLE_OF[sampler](schedule, 5)
@@ -183,6 +189,24 @@ def test_sampler_lists_agree():
     assert tuple(SAMPLERS) == pipeline.SAMPLERS
     assert set(SAMPLER_NAMES) == set(SAMPLERS)
     assert set(STOCHASTIC) == {"euler_ancestral", "dpm_2_ancestral", "dpmpp_2m_sde", "ddim"}
+    assert set(DRAWS_NOISE) == set(STOCHASTIC) | {"lcm"}
+
+
+def test_lcm_table_and_its_limits():
+    """LCM's table: `steps` of the 50 distillation timesteps 19, 39, ..., 999 at evenly spaced indices, σ 0 last; one
+    step is the consistency output at t = 999; more steps than the distillation schedule's, no timesteps, or
+    another schedule are refused."""
+    schedule = DDPMSchedule()
+    sigmas, ts = lcm_sigmas(schedule, 1)
+    assert ts.tolist() == [999.0] and sigmas[-1] == 0.0
+    assert lcm_sigmas(schedule, 50)[1].tolist() == list(range(999, 0, -20))
+    # diffusers' LCMScheduler.set_timesteps(8, original_inference_steps=25) (diffusers 0.42.1)
+    assert lcm_sigmas(schedule, 8, original_steps=25)[1].tolist() == [999, 879, 759, 639, 519, 399, 279, 159]
+    with pytest.raises(ValueError, match="steps must be in \\[1, original_steps = 50\\]"):
+        lcm_sigmas(schedule, 51)
+    d = Denoiser(lambda x, tt: x * 0.5, schedule)
+    with pytest.raises(ValueError, match="needs the table's timesteps"):
+        SAMPLERS["lcm"](d, flame.ones(1, 4, 2, 2), sigmas, None)
 
 
 # ----------------------------------------------------------------------------- guided sampling with the UNet
@@ -231,12 +255,33 @@ def test_sample_runs_each_new_sampler(unet, sampler):
         np.testing.assert_array_equal(sample(unet, ctx, y, seed=5, eta=0.0, **kw).numpy(), ode.numpy())
 
 
-@pytest.mark.parametrize("sampler", ["dpm_2_ancestral", "dpmpp_2m_sde"])
+def test_sample_runs_lcm(unet):
+    """sampler='lcm' through sample(): seeded (initial noise from seed, step noise from seed + 1), one step is the
+    consistency output of the first call alone (no noise drawn), karras and eta refused (its own timesteps, no eta)."""
+    tio = io()
+    ctx, y = t(tio["context"]), t(tio["y"])
+    kw = dict(height=64, width=64, steps=4, sampler="lcm", cfg=1.5, progress=False)
+    a = sample(unet, ctx, y, seed=5, **kw)
+    np.testing.assert_array_equal(a.numpy(), sample(unet, ctx, y, seed=5, **kw).numpy())
+    assert a.shape == (2, 4, 8, 8) and np.isfinite(a.numpy()).all()
+    noise = pipeline.get_noise(2, 64, 64, 5, unet.device)
+    assert np.abs(a.numpy() - sample(unet, ctx, y, seed=7, noise=noise, **kw).numpy()).max() > 1e-4
+    one = dict(kw, steps=1)
+    np.testing.assert_array_equal(sample(unet, ctx, y, seed=7, noise=noise, **one).numpy(),
+                                  sample(unet, ctx, y, seed=8, noise=noise, **one).numpy())
+    with pytest.raises(ValueError, match="lcm walks its own timesteps"):
+        sample(unet, ctx, y, seed=5, scheduler="karras", **kw)
+    with pytest.raises(ValueError, match="eta applies to .*, not lcm"):
+        sample(unet, ctx, y, seed=5, eta=0.5, **kw)
+
+
+@pytest.mark.parametrize("sampler", ["dpm_2_ancestral", "dpmpp_2m_sde", "lcm"])
 def test_pipeline_seeds_are_per_image(unet, sampler):
     """The new stochastic samplers draw each image's step noise from its own seed, as euler_ancestral does."""
     tio = io()
     cond = {"prompt_embeds": tio["context"], "pooled_prompt_embeds": tio["pooled"]}
-    kw = dict(height=32, width=64, steps=2, cfg=3.0, sampler=sampler, scheduler="karras")
+    kw = dict(height=32, width=64, steps=2, cfg=3.0, sampler=sampler,
+              scheduler="normal" if sampler == "lcm" else "karras")
     both = pipeline.sample_latents(unet, cond, seeds=[5, 6], **kw).numpy()
     alone = pipeline.sample_latents(unet, cond, seeds=[6], rows=[1], **kw).numpy()
     np.testing.assert_allclose(both[1:], alone, rtol=1e-5, atol=1e-5)

@@ -349,6 +349,8 @@ def test_bad_configs_are_named_before_anything_loads(tmp_path, images, sdxl_mode
                  "train.min_snr_gamma: must be > 0", "sample.slg_scale: not available: skip-layer guidance",
                  "sample.sampler: 'ddpm' is not one of "):
         assert want in msg, (want, msg)
+    with pytest.raises(ConfigError, match=r"sample.sample_steps: lcm previews take at most 50 steps"):
+        sdxl_config(tmp_path, "x", sdxl_model, images, sample={"sampler": "lcm", "sample_steps": 60})
     with pytest.raises(ConfigError, match=r"network.target: 'attention' selects row ranges of fused Linears "
                                           r"\(e.g. joint_blocks.0.x_block.attn.qkv\), which lokr cannot adapt"):
         sd3_config(tmp_path, "x", images, network={"type": "lokr", "target": "attention"})
