@@ -1,7 +1,7 @@
 """Samplers for discrete ε / v-prediction diffusion models (SD-family: SDXL): the DDPM schedule, sigma tables
 (normal / Karras / DDIM / DPM-Solver's / KDPM2's / LCM's, zero-terminal-SNR as an option), a denoiser wrapper and
 k-diffusion-style samplers (Euler, Euler ancestral, Heun, DPM2, DPM2 ancestral, DPM++ 2M, DPM++ 2M SDE, DDIM,
-LCM). The flow-matching models (Flux, SD3) have their own samplers."""
+UniPC, LCM). The flow-matching models (Flux, SD3) have their own samplers."""
 from .denoiser import PREDICTION_TYPES, Denoiser, check_prediction_type
 from .k_samplers import (
                          DRAWS_NOISE,
@@ -17,6 +17,7 @@ from .k_samplers import (
                          sample_euler_ancestral,
                          sample_heun,
                          sample_lcm,
+                         sample_unipc,
 )
 from .schedules import (
                         SPACINGS,
@@ -40,4 +41,4 @@ __all__ = ["DDPMSchedule", "SPACINGS", "ZERO_SNR_ALPHA_CUMPROD", "scaled_linear_
            "STOCHASTIC", "DRAWS_NOISE",
            "ancestral_sigmas", "sample_euler", "sample_euler_ancestral", "sample_heun", "sample_dpm_2",
            "sample_dpm_2_ancestral", "sample_dpmpp_2m", "sample_dpmpp_2m_sde", "sample_ddim",
-           "sample_lcm"]
+           "sample_lcm", "sample_unipc"]

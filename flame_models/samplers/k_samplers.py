@@ -18,6 +18,8 @@ With d = (x − D)/σ, σ → σ' a step:
     dpmpp_2m_sde     x ← (σ'/σ)·e^(−ηh)·x − expm1(−h − ηh)·D̂ + σ'·√(−expm1(−2ηh))·z (η = 1: DPM-Solver++(2M)
                      SDE, diffusers' sde-dpmsolver++ with the midpoint solver; η = 0: dpmpp_2m)
     ddim             DDIM with η: euler_ancestral's step on DDIM's table (η = 0: deterministic)
+    unipc            UniPC (bh2, order 2: predictor, then the UniC corrector with the next step's model output; see
+                     sample_unipc), diffusers' UniPCMultistepScheduler's defaults
     lcm              Latent Consistency Models' multistep sampling (Luo et al. 2023, diffusers' LCMScheduler) on
                      schedules.lcm_sigmas' table: the boundary-condition output at the integer timestep t,
                      D̃ = c_out(t)·D + c_skip(t)·x/√(σ² + 1) with c_skip = σ_d²/((st)² + σ_d²),
@@ -167,6 +169,73 @@ def sample_dpmpp_2m(model, x, sigmas, timesteps=None, *, callback=None, progress
     return sample_dpmpp_2m_sde(model, x, sigmas, timesteps, eta=0.0, callback=callback, progress=progress)
 
 
+def _unipc_b(h):
+    """(φ, B) of a UniPC step of λ-length h (data prediction, B(h) = bh2's e^(−h) − 1): φ = expm1(−h), and the
+    order-2 corrector's weights (ρ for the older difference, ρ_t for the new model output) need b below."""
+    hh = -h
+    phi = math.expm1(hh)
+    return phi, phi   # bh2: B(h) = expm1(hh) = φ
+
+
+def _unipc_rhos_c2(h, r1):
+    """The order-2 corrector's (ρ_1, ρ_t): the solution of [[1, 1], [r1, 1]] ρ = b with b_k = k!·φ_k(hh)/B(h),
+    φ_1 = expm1(hh)/hh − 1, φ_2 = φ_1/hh − 1/2 (hh = −h; UniC's linear system for bh2)."""
+    hh = -h
+    phi, B = _unipc_b(h)
+    p1 = phi / hh - 1.0
+    b1 = p1 / B
+    b2 = (p1 / hh - 0.5) * 2.0 / B
+    # [[1, 1], [r1, 1]] (ρ1, ρt) = (b1, b2)
+    rho1 = (b1 - b2) / (1.0 - r1)
+    return rho1, b1 - rho1
+
+
+def sample_unipc(model, x, sigmas, timesteps=None, *, callback=None, progress=False):
+    """UniPC (Zhao et al. 2023) as diffusers' UniPCMultistepScheduler runs it by default: data prediction, B(h) of
+    bh2, order 2 with the first step and the last at order 1, the corrector UniC after every step but the last (its
+    model output is the next step's own: no extra call). In λ = −log σ, with D the denoiser's x0 at σ_i:
+    predictor  x' = (σ'/σ)·x − φ·D − B·½·(D_prev − D)/r,  φ = B = expm1(−h), h = λ' − λ, r = (λ_prev − λ)/h
+    corrector  x ← (σ/σ_prev)·x_prev − φ·D_prev − B·(ρ_1·(D_prev2 − D_prev)/r + ρ_t·(D − D_prev))  (order 1: ρ_t = ½)
+    (the corrector's h, r at the previous step's sigmas; order 2's ρ from UniC's 2 × 2 system). Into σ' = 0: x' = D."""
+    x = x.float()
+    lam = [math.inf if float(v) == 0.0 else -math.log(float(v)) for v in sigmas]
+    n = len(sigmas) - 1
+    outs = []                  # the model outputs (x0) so far
+    last = None                # the sample the previous predictor started from
+    prev_order = 0
+    for i in _steps(sigmas, progress, "unipc"):
+        s, s_next = float(sigmas[i]), float(sigmas[i + 1])
+        x0 = model(x, s, _t(timesteps, i))
+        if last is not None:   # UniC: correct the previous step's result with this model output
+            sp = float(sigmas[i - 1])
+            h = lam[i] - lam[i - 1]
+            phi, B = _unipc_b(h)
+            m0 = outs[-1]
+            base = last * (s / sp) - m0 * phi
+            if prev_order == 1:
+                x = base - (x0 - m0) * (B * 0.5)
+            else:
+                r1 = (lam[i - 2] - lam[i - 1]) / h
+                rho1, rho_t = _unipc_rhos_c2(h, r1)
+                x = base - ((outs[-2] - m0) * (rho1 / r1) + (x0 - m0) * rho_t) * B
+        outs = (outs + [x0])[-2:]
+        order = min(2, n - i, i + 1)
+        last = x
+        if s_next == 0.0:
+            x = x0
+        else:
+            h = lam[i + 1] - lam[i]
+            phi, B = _unipc_b(h)
+            x = x * (s_next / s) - x0 * phi
+            if order == 2:
+                r1 = (lam[i - 1] - lam[i]) / h
+                x = x - (outs[0] - x0) * (B * 0.5 / r1)
+        prev_order = order
+        if callback is not None:
+            callback(i, x, x0, s)
+    return x
+
+
 LCM_TIMESTEP_SCALING, LCM_SIGMA_DATA = 10.0, 0.5
 
 
@@ -198,6 +267,6 @@ def sample_lcm(model, x, sigmas, timesteps, *, generator=None, noise=None, callb
 
 SAMPLERS = {"euler": sample_euler, "euler_ancestral": sample_euler_ancestral, "heun": sample_heun,
             "dpm_2": sample_dpm_2, "dpm_2_ancestral": sample_dpm_2_ancestral, "dpmpp_2m": sample_dpmpp_2m,
-            "dpmpp_2m_sde": sample_dpmpp_2m_sde, "ddim": sample_ddim, "lcm": sample_lcm}
+            "dpmpp_2m_sde": sample_dpmpp_2m_sde, "ddim": sample_ddim, "lcm": sample_lcm, "unipc": sample_unipc}
 STOCHASTIC = ("euler_ancestral", "dpm_2_ancestral", "dpmpp_2m_sde", "ddim")   # they take eta, generator and noise
 DRAWS_NOISE = STOCHASTIC + ("lcm",)   # they take generator and noise (lcm: no eta, its noise is the method's)

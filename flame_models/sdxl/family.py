@@ -4,7 +4,7 @@ v-prediction on the scaled-linear schedule, zero-terminal SNR, min-SNR-γ, a tim
 (CLIP-G's projected pooled vector ‖ the six size embeddings of each sample's original size, crop (top, left) and
 bucket size, which image folders keep per sample; precomputed samples: the latents' size, no crop); previews with the
 SDXL samplers (sample.sampler: euler (default), euler_ancestral (ai-toolkit: euler_a), heun, dpm_2, dpm_2_ancestral,
-dpmpp_2m, dpmpp_2m_sde, ddim, lcm), classifier-free guidance with a negative prompt (sample.neg; default zeros,
+dpmpp_2m, dpmpp_2m_sde, ddim, unipc, lcm), classifier-free guidance with a negative prompt (sample.neg; default zeros,
 diffusers' force_zeros_for_empty_prompt), size conditioning = the preview's size.
 Adapters train Linear layers (attention / all_linear presets) and, with
 network.conv (LoCon), kohya's convolution set: the 3x3 convolutions of the ResBlocks, downsamplers and upsamplers at

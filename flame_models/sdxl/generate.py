@@ -1,6 +1,6 @@
 """SDXL's part of `python -m flame_models.generate` (flame_models/generate.py runs it for SDXL files): euler,
-euler_ancestral, heun, dpm_2, dpm_2_ancestral, dpmpp_2m, dpmpp_2m_sde, ddim or lcm (with an LCM-LoRA; its own
-timesteps) on the 'normal' (diffusers' SDXL spacing) or Karras schedule, classifier-free guidance (default 30 steps,
+euler_ancestral, heun, dpm_2, dpm_2_ancestral, dpmpp_2m, dpmpp_2m_sde, ddim, unipc or lcm (with an LCM-LoRA; its
+own timesteps) on the 'normal' (diffusers' SDXL spacing) or Karras schedule, classifier-free guidance (default 30 steps,
 cfg 5); the negative prompt defaults to zeros (diffusers' force_zeros_for_empty_prompt); size conditioning from
 --original-size / --crop / --target-size (default: the image's size, no crop);
 --max-token-length 150 / 225 encodes long captions in 75-token chunks (kohya's rule). A LoRA file changes each part
@@ -24,7 +24,7 @@ NOTES = {"guidance": "it uses classifier-free guidance (--cfg)", "no_t5": "it ha
 DEFAULTS = {"steps": 30, "cfg": 5.0, "sampler": "euler"}
 SAMPLER_NAMES = {"euler": "Euler", "euler_ancestral": "Euler a", "heun": "Heun", "dpm_2": "DPM2",
                  "dpm_2_ancestral": "DPM2 a", "dpmpp_2m": "DPM++ 2M", "dpmpp_2m_sde": "DPM++ 2M SDE", "ddim": "DDIM",
-                 "lcm": "LCM"}
+                 "lcm": "LCM", "unipc": "UniPC"}
 
 
 def _size(value, name):

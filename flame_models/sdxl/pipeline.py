@@ -39,7 +39,7 @@ LATENT_FORMAT = ABOUT.latent_format
 STACKS = ("input_blocks", "middle_block", "output_blocks")
 LATENT_CHANNELS = 4
 SAMPLERS = ("euler", "euler_ancestral", "heun", "dpm_2", "dpm_2_ancestral", "dpmpp_2m", "dpmpp_2m_sde", "ddim",
-            "lcm")
+            "lcm", "unipc")
 SCHEDULERS = ("normal", "karras")
 
 
@@ -131,8 +131,8 @@ def sample_latents(unet, cond, neg_cond=None, *, height, width, steps, cfg, samp
                    seeds=None, latents=None, rows=None, neg_rows=None, original_size=None, crop_coords=(0, 0),
                    target_size=None, eta=None, callback=None):
     """Denoise with one of SAMPLERS (euler, euler_ancestral, heun, dpm_2, dpm_2_ancestral, dpmpp_2m, dpmpp_2m_sde,
-    ddim, lcm) on the scaled-linear schedule's sigmas ('normal', diffusers' SDXL spacing) or Karras' ('karras'); returns
-    model-space latents (B, 4, H/8, W/8) float32.
+    ddim, lcm, unipc) on the scaled-linear schedule's sigmas ('normal', diffusers' SDXL spacing) or Karras'
+    ('karras'); returns model-space latents (B, 4, H/8, W/8) float32.
 
     cond / neg_cond: {"prompt_embeds": (P, L, 2048), "pooled_prompt_embeds": (P, 1280)} (Tensors or NumPy arrays);
     `rows` / `neg_rows` pick each image's (default: image i uses row i; one negative row for every image); neg_cond

@@ -89,10 +89,11 @@ def sample(unet, context, y, neg_context=None, neg_y=None, *, height=1024, width
     context and y with its pooled part zeroed (its size conditioning kept), as diffusers' SDXL pipeline does.
 
     sampler: one of SAMPLERS ('euler', 'euler_ancestral', 'heun', 'dpm_2', 'dpm_2_ancestral', 'dpmpp_2m',
-    'dpmpp_2m_sde', 'ddim', 'lcm'); scheduler: 'normal' or 'karras' (not for ddim or lcm). The sigma table is the
-    sampler's diffusers scheduler's with SDXL's config (leading spacing, steps_offset 1): EulerDiscreteScheduler's
+    'dpmpp_2m_sde', 'ddim', 'lcm', 'unipc'); scheduler: 'normal' or 'karras' (not for ddim or lcm). The sigma table is
+    the sampler's diffusers scheduler's with SDXL's config (leading spacing, steps_offset 1): EulerDiscreteScheduler's
     (euler, euler_ancestral; heun: HeunDiscreteScheduler's, the same), the KDPM2 schedulers' (dpm_2, dpm_2_ancestral),
-    DPMSolverMultistepScheduler's (dpmpp_2m, dpmpp_2m_sde), DDIMScheduler's (ddim), LCMScheduler's (lcm: a latent
+    DPMSolverMultistepScheduler's (dpmpp_2m, dpmpp_2m_sde; unipc: UniPCMultistepScheduler's, the same),
+    DDIMScheduler's (ddim), LCMScheduler's (lcm: a latent
     consistency model such as an SDXL with an LCM-LoRA; 4-8 steps, cfg 1-2); zero_terminal_snr rescales the
     schedule (use with v_prediction and timestep_spacing='trailing'). eta: the step noise of the stochastic samplers
     (STOCHASTIC), drawn from seed + 1: default 1 (what diffusers' schedulers do) for euler_ancestral, dpm_2_ancestral
@@ -125,7 +126,7 @@ def sample(unet, context, y, neg_context=None, neg_y=None, *, height=1024, width
         sigmas, timesteps = ddim_sigmas(schedule, steps, timestep_spacing, steps_offset)
     elif sampler == "lcm":   # LCMScheduler's table (its own spacing: timestep_spacing and steps_offset do not apply)
         sigmas, timesteps = lcm_sigmas(schedule, steps)
-    elif sampler in ("dpmpp_2m", "dpmpp_2m_sde"):   # diffusers' DPMSolverMultistepScheduler table
+    elif sampler in ("dpmpp_2m", "dpmpp_2m_sde", "unipc"):   # DPMSolverMultistepScheduler's (UniPC's the same)
         sigmas, timesteps = dpm_sigmas(schedule, steps, scheduler, timestep_spacing, steps_offset)
     elif sampler in ("dpm_2", "dpm_2_ancestral"):
         sigmas, timesteps = kdpm2_sigmas(schedule, steps, scheduler, timestep_spacing, steps_offset)

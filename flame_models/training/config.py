@@ -184,7 +184,7 @@ class SampleConfig:
     sampler: typing.Optional[str] = None  # the family's sampler (flux, flux_kontext, chroma, qwen_image, sd3:
                                           # flowmatch / euler (default), heun; sdxl: euler (default),
                                           # euler_ancestral (euler_a), heun, dpm_2, dpm_2_ancestral, dpmpp_2m,
-                                          # dpmpp_2m_sde, ddim, lcm); other values are errors
+                                          # dpmpp_2m_sde, ddim, unipc, lcm); other values are errors
     neg: typing.Any = None               # sd3 / sdxl: the previews' negative prompt (default: sd3 "", sdxl zeros, as
                                          # diffusers); ai-toolkit's false or "" ask for none
     slg_scale: float = 0.0               # sd3: skip-layer guidance in previews (SD3.5 Medium's reference: 2.5)

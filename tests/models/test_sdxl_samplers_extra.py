@@ -1,6 +1,6 @@
-"""Heun, DPM2, DPM2 ancestral, DPM++ 2M SDE and LCM (flame_models.samplers) against diffusers' HeunDiscreteScheduler,
-KDPM2DiscreteScheduler, KDPM2AncestralDiscreteScheduler, DPMSolverMultistepScheduler(sde-dpmsolver++) and
-LCMScheduler: the sigma /
+"""Heun, DPM2, DPM2 ancestral, DPM++ 2M SDE, UniPC and LCM (flame_models.samplers) against diffusers'
+HeunDiscreteScheduler, KDPM2DiscreteScheduler, KDPM2AncestralDiscreteScheduler, DPMSolverMultistepScheduler
+(sde-dpmsolver++), UniPCMultistepScheduler and LCMScheduler: the sigma /
 timestep tables (diffusers interleaves the two model calls of a Heun / KDPM2 step in them), every step on the fixed
 denoiser of tests/fixtures/make_sampler_fixtures.py (the reference's noise draws replayed), guided sampling with the
 tiny UNet through flame_models.sdxl.sample, and its option checks."""
@@ -32,10 +32,11 @@ from flame_models.sdxl.generate import SAMPLER_NAMES
 
 SAMPLER_OF = {"HeunDiscreteScheduler": "heun", "KDPM2DiscreteScheduler": "dpm_2",
               "KDPM2AncestralDiscreteScheduler": "dpm_2_ancestral", "DPMSolverMultistepScheduler": "dpmpp_2m_sde",
-              "LCMScheduler": "lcm"}
+              "LCMScheduler": "lcm", "UniPCMultistepScheduler": "unipc"}
 TABLE_OF = {"heun": get_sigmas, "dpm_2": kdpm2_sigmas, "dpm_2_ancestral": kdpm2_sigmas, "dpmpp_2m_sde": dpm_sigmas,
-            "lcm": lambda schedule, steps, *spacing: lcm_sigmas(schedule, steps)}   # (LCM's own timesteps)
-VP = ("dpmpp_2m_sde", "lcm")   # the samplers whose diffusers scheduler keeps VP samples
+            "lcm": lambda schedule, steps, *spacing: lcm_sigmas(schedule, steps),   # (LCM's own timesteps)
+            "unipc": dpm_sigmas}
+VP = ("dpmpp_2m_sde", "lcm", "unipc")   # the samplers whose diffusers scheduler keeps VP samples
 ODE_OF = {"dpm_2_ancestral": "dpm_2", "dpmpp_2m_sde": "dpmpp_2m"}     # the same sampler with eta 0
 
 
@@ -121,8 +122,9 @@ def _fixed_model(pattern):
 @pytest.mark.parametrize("name", CASES)
 def test_sampler_trajectory_matches_diffusers(name):
     """Every step of our sampler equals the diffusers scheduler's (at the scheduler calls that end a step), on the
-    same denoiser, table and noise draws. DPM-Solver and LCM keep VP samples (x / sqrt(sigma^2 + 1)), compared after
-    scaling; the others keep VE samples as ours."""
+    same denoiser, table and noise draws. DPM-Solver, UniPC and LCM keep VP samples (x / sqrt(sigma^2 + 1)),
+    compared after scaling; the others keep VE samples as ours. UniPC's steps are its predictor's results (each
+    corrected at the start of the next step, as diffusers' scheduler does)."""
     ref, meta = fixtures()
     m = meta[name]
     sampler, sigmas, ts = _table(name)
@@ -138,7 +140,7 @@ def test_sampler_trajectory_matches_diffusers(name):
     assert len(states) == len(m["step_ends"]) == m["steps"]
     for i, got in enumerate(states):
         assert_close(got / scale[i + 1], traj[m["step_ends"][i]], 2e-5, f"{name} step {i}")
-    # the initial noise scale sample() uses, in the scheduler's space (DPM-Solver and LCM start from the noise itself)
+    # the initial noise scale sample() uses, in the scheduler's space (DPM-Solver, UniPC and LCM start from the noise)
     s0 = float(sigmas[0])
     want = 1.0 if vp else (math.sqrt(s0 * s0 + 1) if m["config"]["timestep_spacing"] == "leading" else s0)
     assert m["init_noise_sigma"] == pytest.approx(want, rel=5e-5)
@@ -192,6 +194,26 @@ def test_sampler_lists_agree():
     assert set(DRAWS_NOISE) == set(STOCHASTIC) | {"lcm"}
 
 
+def test_unipc_calls_the_model_once_a_step_and_its_corrector_acts():
+    """UniPC: one model call per step (the corrector reuses the next step's output); its second-order steps differ
+    from DPM-Solver++(2M)'s on the same table; one step is the first call's x0."""
+    schedule = DDPMSchedule()
+    sigmas, ts = dpm_sigmas(schedule, 5, "karras")
+    calls = []
+
+    def model(x_in, tt):
+        calls.append(tt)
+        return (x_in * 0.7).tanh()
+    d = Denoiser(model, schedule)
+    x = flame.ones(1, 4, 2, 2) * float(sigmas[0])
+    u = SAMPLERS["unipc"](d, x, sigmas, ts)
+    np.testing.assert_array_equal(calls, ts)
+    assert np.abs(u.numpy() - SAMPLERS["dpmpp_2m"](d, x, sigmas, ts).numpy()).max() > 1e-4
+    s1, t1 = dpm_sigmas(schedule, 1)
+    np.testing.assert_allclose(SAMPLERS["unipc"](d, x, s1, t1).numpy(), d(x, float(s1[0]), float(t1[0])).numpy(),
+                               rtol=1e-6)
+
+
 def test_lcm_table_and_its_limits():
     """LCM's table: `steps` of the 50 distillation timesteps 19, 39, ..., 999 at evenly spaced indices, σ 0 last; one
     step is the consistency output at t = 999; more steps than the distillation schedule's, no timesteps, or
@@ -234,7 +256,7 @@ def test_sample_matches_diffusers(unet, name, sampler):
     assert_close(z, ref[name], 1e-4 if sampler == "dpm_2" else 2e-5, name)
 
 
-@pytest.mark.parametrize("sampler", ["heun", "dpm_2", "dpm_2_ancestral", "dpmpp_2m_sde"])
+@pytest.mark.parametrize("sampler", ["heun", "dpm_2", "dpm_2_ancestral", "dpmpp_2m_sde", "unipc"])
 def test_sample_runs_each_new_sampler(unet, sampler):
     tio = io()
     ctx, y = t(tio["context"]), t(tio["y"])
