@@ -170,11 +170,10 @@ def sample_dpmpp_2m(model, x, sigmas, timesteps=None, *, callback=None, progress
 
 
 def _unipc_b(h):
-    """(φ, B) of a UniPC step of λ-length h (data prediction, B(h) = bh2's e^(−h) − 1): φ = expm1(−h), and the
-    order-2 corrector's weights (ρ for the older difference, ρ_t for the new model output) need b below."""
-    hh = -h
-    phi = math.expm1(hh)
-    return phi, phi   # bh2: B(h) = expm1(hh) = φ
+    """(φ, B) of a UniPC step of λ-length h with data prediction: φ = expm1(−h) (the first-order term's factor) and
+    B(h), which bh2 takes as the same expm1(−h)."""
+    phi = math.expm1(-h)
+    return phi, phi
 
 
 def _unipc_rhos_c2(h, r1):
