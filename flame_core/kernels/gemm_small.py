@@ -33,6 +33,7 @@ import numpy as np
 
 from .. import backend
 from . import gemm, launching, loader, plans
+from . import pointwise_small as _ps
 
 MAX_DIM = 128   # bench/small_gemm.py: each 64-wide reduction slab adds ~2 us of GPU time (H200)
 MAX_MACS = 1 << 20 if os.environ.get("FLAME_SMALL_GEMM", "1") != "0" else -1
@@ -43,10 +44,6 @@ _nd = backend._cupy_ndarray if backend.cupy is not None else None
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 _KIND = {d.num: k for k, d in enumerate(_DTYPES)}
 _new_output = gemm.new_output
-_kstate = loader._state  # [raw FLAME_KERNELS last parsed, its flag, reference() blocks open] (see loader.enabled)
-_env_get = loader._env_data.get if loader._env_data is not None else (lambda key: None)
-_KERNELS_KEY = getattr(loader, "_KERNELS_KEY", None)
-_get_device = backend.cupy.cuda.runtime.getDevice if backend.cupy is not None else None
 
 
 class _Launches(dict):
@@ -82,17 +79,11 @@ def cached_launches():
 
 
 def _device(*arrays):
-    """The current device when kernels are enabled and every array (None entries aside) lives on it; else None. The
-    per-op paths' common tail, after their own shape, dtype and layout checks."""
-    st = _kstate
-    if (st[2] or not st[1] or _env_get(_KERNELS_KEY) is not st[0] or backend._cuda_ok is not True) \
-            and not loader.enabled():
+    """The current device when kernels are enabled and every array (None entries aside) lives on it; else None (the
+    small-array paths' check: pointwise_small.kernels_ready and current_device)."""
+    if not _ps.kernels_ready():
         return None
-    dev = _get_device()
-    for a in arrays:
-        if a is not None and a.data.device_id != dev:
-            return None
-    return dev
+    return 0 if _ps._one_device else _ps.current_device(arrays)
 
 
 def _small(m, n, k):

@@ -141,22 +141,30 @@ def _ready(x, *others):
         return None
     if _one_device:
         return kind, 0
-    return _on_current_device(kind, x, others)  # (several GPUs, or not known yet)
+    dev = current_device((x,) + others)  # (several GPUs, or not known yet)
+    return None if dev is None else (kind, dev)
 
 
-def _on_current_device(kind, x, others):
-    """_ready's device check: (kind, device) when x and `others` live on the current device, else None; notes when
-    the process sees a single GPU (the check is then skipped)."""
+def kernels_ready():
+    """loader.enabled() read from its cached state while that state holds (_ready's inline test, as a call for the
+    other small-array paths)."""
+    st = _kstate
+    return (not (st[2] or not st[1] or _env_get(_KERNELS_KEY) is not st[0] or backend._cuda_ok is not True)
+            or loader.enabled())
+
+
+def current_device(arrays):
+    """The current device when every cuda array of `arrays` (None entries aside) lives on it, else None; notes when
+    the process sees a single GPU (then `_one_device` is True: every cuda array is on device 0, the current one, and
+    the per-op callers skip this check). Shared by the small-array paths (gemm_small too)."""
     global _one_device
     dev = _get_device()  # the current device: every array must live on it
-    if x.data.device_id != dev:
-        return None
-    for o in others:
-        if o.data.device_id != dev:
+    for a in arrays:
+        if a is not None and a.data.device_id != dev:
             return None
     if _one_device is None:
         _one_device = backend.cuda_device_count() == 1
-    return kind, dev
+    return dev
 
 
 _get_device = backend.cupy.cuda.runtime.getDevice if backend.cupy is not None else None
@@ -262,17 +270,7 @@ def fast_clamp(x, lo, hi):
     ready = _ready(x)
     if ready is None:
         return None
-    kind, dev = ready
-    lb, hb = _bound_bits(kind, lo, -math.inf), _bound_bits(kind, hi, math.inf)
-    if lb is None or hb is None:
-        return None
-    out = _rc_take(x.shape, x.dtype) if _rc_on[0] else None
-    if out is None:
-        out = _nd(x.shape, x.dtype)
-    n = x.size
-    if n:
-        _local.launches[("pws_clamp", kind, n, dev)]((x.data.ptr, out.data.ptr, lb, hb))
-    return out
+    return _clamp_launch("pws_clamp", ready, x, (x.data.ptr,), lo, hi)
 
 
 def fast_clamp_grad(g, x, lo, hi):
@@ -281,16 +279,22 @@ def fast_clamp_grad(g, x, lo, hi):
     ready = _ready(g, x)
     if ready is None:
         return None
+    return _clamp_launch("pws_clamp_bwd", ready, g, (g.data.ptr, x.data.ptr), lo, hi)
+
+
+def _clamp_launch(name, ready, like, inputs, lo, hi):
+    """The clamp kernels' launch: a new output of `like`'s shape and dtype, written by kernel `name` from the input
+    addresses and the bounds' bits; None for bounds the kernel does not take."""
     kind, dev = ready
     lb, hb = _bound_bits(kind, lo, -math.inf), _bound_bits(kind, hi, math.inf)
     if lb is None or hb is None:
         return None
-    out = _rc_take(g.shape, g.dtype) if _rc_on[0] else None
+    out = _rc_take(like.shape, like.dtype) if _rc_on[0] else None
     if out is None:
-        out = _nd(g.shape, g.dtype)
-    n = g.size
+        out = _nd(like.shape, like.dtype)
+    n = like.size
     if n:
-        _local.launches[("pws_clamp_bwd", kind, n, dev)]((g.data.ptr, x.data.ptr, out.data.ptr, lb, hb))
+        _local.launches[(name, kind, n, dev)](inputs + (out.data.ptr, lb, hb))
     return out
 
 

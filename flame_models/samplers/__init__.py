@@ -20,6 +20,7 @@ from .k_samplers import (
                          sample_unipc,
 )
 from .schedules import (
+                        LCM_ORIGINAL_STEPS,
                         SPACINGS,
                         ZERO_SNR_ALPHA_CUMPROD,
                         DDPMSchedule,
@@ -37,8 +38,7 @@ from .schedules import (
 
 __all__ = ["DDPMSchedule", "SPACINGS", "ZERO_SNR_ALPHA_CUMPROD", "scaled_linear_betas", "linear_betas",
            "rescale_zero_terminal_snr", "spaced_timesteps", "karras_sigmas", "get_sigmas", "ddim_sigmas", "dpm_sigmas",
-           "kdpm2_sigmas", "lcm_sigmas", "Denoiser", "PREDICTION_TYPES", "check_prediction_type", "SAMPLERS",
-           "STOCHASTIC", "DRAWS_NOISE",
-           "ancestral_sigmas", "sample_euler", "sample_euler_ancestral", "sample_heun", "sample_dpm_2",
-           "sample_dpm_2_ancestral", "sample_dpmpp_2m", "sample_dpmpp_2m_sde", "sample_ddim",
-           "sample_lcm", "sample_unipc"]
+           "kdpm2_sigmas", "lcm_sigmas", "LCM_ORIGINAL_STEPS", "Denoiser", "PREDICTION_TYPES", "check_prediction_type",
+           "SAMPLERS", "STOCHASTIC", "DRAWS_NOISE", "ancestral_sigmas", "sample_euler", "sample_euler_ancestral",
+           "sample_heun", "sample_dpm_2", "sample_dpm_2_ancestral", "sample_dpmpp_2m", "sample_dpmpp_2m_sde",
+           "sample_ddim", "sample_lcm", "sample_unipc"]

@@ -240,7 +240,10 @@ def ddim_sigmas(schedule, steps, timestep_spacing="leading", steps_offset=1, set
     return np.concatenate([schedule.sigmas[t], [final]]), t.astype(np.float64)
 
 
-def lcm_sigmas(schedule, steps, original_steps=50):
+LCM_ORIGINAL_STEPS = 50   # LCMScheduler's original_inference_steps: the distillation schedule's length
+
+
+def lcm_sigmas(schedule, steps, original_steps=LCM_ORIGINAL_STEPS):
     """(sigmas (steps + 1,), timesteps (steps,)) of LCMScheduler's standard table: the distillation schedule
     k·[1 .. original_steps] − 1 (k = N // original_steps, high to low), `steps` of them at evenly spaced indices
     (floor of linspace(0, original_steps, steps, endpoint=False)), then σ 0 (the last step returns the

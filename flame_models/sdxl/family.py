@@ -19,7 +19,7 @@ import flame_core as flame
 import flame_nn
 from flame_nn.offload import streamer_of
 
-from ..samplers import SAMPLERS
+from ..samplers import LCM_ORIGINAL_STEPS, SAMPLERS
 from ..training.ddpm_objective import DDPM
 from ..training.family import DDPM_FIELDS, FLOW_FIELDS
 from ..training.family_base import DiffusionFamily
@@ -79,9 +79,9 @@ class SDXLFamily(DiffusionFamily):
         e, t, p, sm = [], cfg.train, prefix, cfg.sample
         if sm.sampler is not None:
             choice(e, f"{p}sample.sampler", sm.sampler, self.samplers)
-        if self._sampler(sm) == "lcm" and sm.sample_steps > 50:
-            e.append(f"{p}sample.sample_steps: lcm previews take at most 50 steps (a subset of LCM's distillation "
-                     f"schedule), got {sm.sample_steps}")
+        if self._sampler(sm) == "lcm" and sm.sample_steps > LCM_ORIGINAL_STEPS:
+            e.append(f"{p}sample.sample_steps: lcm previews take at most {LCM_ORIGINAL_STEPS} steps (a subset of LCM's "
+                     f"distillation schedule), got {sm.sample_steps}")
         if t.zero_terminal_snr and self._sampler(sm) == "ddim" and 1000 % sm.sample_steps:
             e.append(f"{p}sample.sample_steps: DDIM previews of a zero-terminal-SNR model walk 'trailing' timesteps, "
                      f"which need a step count that divides 1000, got {sm.sample_steps}")

@@ -13,6 +13,7 @@ import random
 
 from .. import generate as G
 from ..conditioning.encoders import check_max_token_length
+from ..samplers import LCM_ORIGINAL_STEPS
 from . import pipeline as P
 from .components import SDXLFiles, find_sdxl_files
 from .conditioning import check_vocabularies, load_tokenizers
@@ -85,9 +86,9 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
         raise G.GenerateError(f"--sampler {sampler}: one of {', '.join(P.SAMPLERS)}")
     if karras and sampler in ("ddim", "lcm"):
         raise G.GenerateError(f"--karras: {sampler} walks its own timesteps; use another sampler")
-    if sampler == "lcm" and steps is not None and steps > 50:
-        raise G.GenerateError(f"--steps {steps}: lcm takes at most 50 (its timesteps are a subset of the 50 of LCM's "
-                              f"distillation schedule; 4-8 is usual)")
+    if sampler == "lcm" and steps is not None and steps > LCM_ORIGINAL_STEPS:
+        raise G.GenerateError(f"--steps {steps}: lcm takes at most {LCM_ORIGINAL_STEPS} (its timesteps are a subset of "
+                              f"LCM's distillation schedule; 4-8 is usual)")
     try:
         check_max_token_length(max_token_length)
     except ValueError as e:

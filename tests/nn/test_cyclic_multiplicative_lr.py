@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import pytest
+from sched_trace import trace
 
 import flame_core as flame
 import flame_nn as nn
@@ -29,14 +30,7 @@ def _adam():
 
 
 def _trace(opt, sched, steps=25, momentum=None):
-    lrs, moms = [], []
-    for _ in range(steps):
-        lrs.append([g["lr"] for g in opt.param_groups])
-        if momentum:
-            moms.append([g["momentum"] if momentum == "momentum" else g["betas"][0] for g in opt.param_groups])
-        opt.step()
-        sched.step()
-    return lrs, moms
+    return trace(opt, sched, steps, momentum=momentum)
 
 
 CASES = {

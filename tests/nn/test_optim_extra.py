@@ -9,6 +9,7 @@ from bisect import bisect_right
 
 import numpy as np
 import pytest
+from sched_trace import trace
 
 import flame_core as flame
 import flame_nn as nn
@@ -221,15 +222,6 @@ def test_optimizer_argument_errors():
 
 
 # ----------------------------------------------------------------------------- schedules
-def _trace(opt, sched, steps, metrics=None, momentum=None):
-    lrs, moms = [], []
-    for i in range(steps):
-        lrs.append([g["lr"] for g in opt.param_groups])
-        if momentum:
-            moms.append([g["momentum"] if momentum == "momentum" else g["betas"][0] for g in opt.param_groups])
-        opt.step()
-        sched.step(metrics[i]) if metrics is not None else sched.step()
-    return lrs, moms
 
 
 def _sgd(lr=0.5, **kw):
@@ -281,7 +273,7 @@ def test_step_multistep_exponential(torch_sched):
              ("exponential", lambda o: S.ExponentialLR(o, gamma=0.9), lambda t: 0.5 * 0.9 ** t, 6)]
     for name, make, ref, steps in cases:
         opt = _sgd()
-        lrs, _ = _trace(opt, make(opt), steps)
+        lrs, _ = trace(opt, make(opt), steps)
         np.testing.assert_allclose([x[0] for x in lrs], [ref(t) for t in range(steps)], rtol=1e-12, err_msg=name)
         np.testing.assert_allclose(lrs, torch_sched[name]["lrs"], rtol=1e-12, err_msg=name)
 
@@ -302,7 +294,7 @@ def test_warm_restarts_and_polynomial(torch_sched):
               lambda t: 0.5 * (1 - min(t, 6) / 6) ** 2, 9)]
     for name, make, ref, steps in cases:
         opt = _sgd()
-        lrs, _ = _trace(opt, make(opt), steps)
+        lrs, _ = trace(opt, make(opt), steps)
         np.testing.assert_allclose([x[0] for x in lrs], [ref(t) for t in range(steps)], rtol=1e-12, atol=1e-15,
                                    err_msg=name)
         np.testing.assert_allclose(lrs, torch_sched[name]["lrs"], rtol=1e-12, atol=1e-15, err_msg=name)
@@ -318,7 +310,7 @@ def test_warm_restarts_and_polynomial(torch_sched):
 
 def test_onecycle(torch_sched):
     opt = _sgd(momentum=0.9)
-    lrs, moms = _trace(opt, S.OneCycleLR(opt, max_lr=0.1, total_steps=20), 20, momentum="momentum")
+    lrs, moms = trace(opt, S.OneCycleLR(opt, max_lr=0.1, total_steps=20), 20, momentum="momentum")
     ref = [onecycle_ref(t, 20, 0.1, 0.3, 25.0, 1e4, False, False) for t in range(20)]
     np.testing.assert_allclose([x[0] for x in lrs], [r[0] for r in ref], rtol=1e-12)
     np.testing.assert_allclose([x[0] for x in moms], [r[1] for r in ref], rtol=1e-12)
@@ -328,7 +320,7 @@ def test_onecycle(torch_sched):
     opt = nn.optim.Adam([nn.Parameter(flame.zeros(2))], lr=0.5)
     sched = S.OneCycleLR(opt, max_lr=0.2, total_steps=15, pct_start=0.4, anneal_strategy="linear", three_phase=True,
                          div_factor=10.0, final_div_factor=100.0)
-    lrs, moms = _trace(opt, sched, 15, momentum="betas")
+    lrs, moms = trace(opt, sched, 15, momentum="betas")
     ref = [onecycle_ref(t, 15, 0.2, 0.4, 10.0, 100.0, True, True) for t in range(15)]
     np.testing.assert_allclose([x[0] for x in lrs], [r[0] for r in ref], rtol=1e-12)
     np.testing.assert_allclose([x[0] for x in moms], [r[1] for r in ref], rtol=1e-12)
@@ -339,7 +331,7 @@ def test_onecycle(torch_sched):
         sched.step()
 
     opt = nn.optim.Adam([nn.Parameter(flame.zeros(2))], lr=0.5)
-    lrs, _ = _trace(opt, S.OneCycleLR(opt, max_lr=0.3, epochs=3, steps_per_epoch=4, cycle_momentum=False), 12)
+    lrs, _ = trace(opt, S.OneCycleLR(opt, max_lr=0.3, epochs=3, steps_per_epoch=4, cycle_momentum=False), 12)
     np.testing.assert_allclose(lrs, torch_sched["onecycle_epochs_nomomentum"]["lrs"], rtol=1e-12)
     assert opt.param_groups[0]["betas"][0] == 0.9
     with pytest.raises(ValueError, match="total_steps OR"):
@@ -358,7 +350,7 @@ def test_reduce_lr_on_plateau(torch_sched):
     for name, kw, rest in cases:
         metrics = torch_sched[name]["metrics"]
         opt = _sgd()
-        lrs, _ = _trace(opt, S.ReduceLROnPlateau(opt, **kw), len(metrics), metrics=metrics)
+        lrs, _ = trace(opt, S.ReduceLROnPlateau(opt, **kw), len(metrics), metrics=metrics)
         want = plateau_ref(metrics, 0.5, **kw, **rest)
         np.testing.assert_allclose([x[0] for x in lrs], want, rtol=1e-12, err_msg=name)
         np.testing.assert_allclose(lrs, torch_sched[name]["lrs"], rtol=1e-12, err_msg=name)
@@ -384,7 +376,7 @@ def test_sequential_and_chained(torch_sched):
     opt = _sgd(lr=0.05)
     s = S.SequentialLR(opt, [S.ConstantLR(opt, factor=0.1, total_iters=3), S.ExponentialLR(opt, gamma=0.9)],
                        milestones=[3])
-    lrs, _ = _trace(opt, s, 8)
+    lrs, _ = trace(opt, s, 8)
     want = [0.005] * 3 + [0.05 * 0.9 ** k for k in range(5)]
     np.testing.assert_allclose([x[0] for x in lrs], want, rtol=1e-12)
     np.testing.assert_allclose(lrs, torch_sched["sequential_const_exp"]["lrs"], rtol=1e-12)
@@ -392,14 +384,14 @@ def test_sequential_and_chained(torch_sched):
     opt = _sgd()
     s = S.SequentialLR(opt, [S.LinearLR(opt, start_factor=0.25, total_iters=4), S.StepLR(opt, 2, 0.5)],
                        milestones=[4])
-    lrs, _ = _trace(opt, s, 10)
+    lrs, _ = trace(opt, s, 10)
     want = [0.5 * (0.25 + 0.75 * t / 4) for t in range(4)] + [0.5 * 0.5 ** (k // 2) for k in range(6)]
     np.testing.assert_allclose([x[0] for x in lrs], want, rtol=1e-12)
     np.testing.assert_allclose(lrs, torch_sched["sequential_linear_step"]["lrs"], rtol=1e-12)
 
     opt = _sgd(lr=1.0)
     s = S.ChainedScheduler([S.ConstantLR(opt, factor=0.1, total_iters=2), S.ExponentialLR(opt, gamma=0.9)])
-    lrs, _ = _trace(opt, s, 6)
+    lrs, _ = trace(opt, s, 6)
     want = [(0.1 if t < 2 else 1.0) * 0.9 ** t for t in range(6)]
     np.testing.assert_allclose([x[0] for x in lrs], want, rtol=1e-12)
     np.testing.assert_allclose(lrs, torch_sched["chained_const_exp"]["lrs"], rtol=1e-12)
@@ -407,7 +399,7 @@ def test_sequential_and_chained(torch_sched):
     opt = _sgd()
     s = S.ChainedScheduler([S.LinearLR(opt, start_factor=0.5, total_iters=3),
                             S.MultiStepLR(opt, milestones=[4], gamma=0.5)])
-    lrs, _ = _trace(opt, s, 7)
+    lrs, _ = trace(opt, s, 7)
     np.testing.assert_allclose(lrs, torch_sched["chained_linear_multistep"]["lrs"], rtol=1e-12)
     with pytest.raises(ValueError, match="ReduceLROnPlateau"):
         S.ChainedScheduler([S.ReduceLROnPlateau(opt)], optimizer=opt)
@@ -426,17 +418,17 @@ def test_sequential_and_chained(torch_sched):
 ])
 def test_schedules_resume_from_state_dict(make):
     opt = _sgd(momentum=0.9)
-    straight, _ = _trace(opt, make(opt), 10)
+    straight, _ = trace(opt, make(opt), 10)
     opt = _sgd(momentum=0.9)
     sched = make(opt)
-    first, _ = _trace(opt, sched, 4)
+    first, _ = trace(opt, sched, 4)
     sd = json.loads(json.dumps(sched.state_dict()))  # plain data only
     opt_sd = opt.state_dict()
     opt2 = _sgd(momentum=0.9)
     opt2.load_state_dict(opt_sd)
     sched2 = make(opt2)
     sched2.load_state_dict(sd)
-    rest, _ = _trace(opt2, sched2, 6)
+    rest, _ = trace(opt2, sched2, 6)
     np.testing.assert_allclose(first + rest, straight, rtol=1e-12)
 
 
