@@ -9,7 +9,8 @@ Sides: `small` (gemm_small.linear / linear_grads: one launch each), `cublas` (ge
 gemm.matmul for dx and gemm_lt.weight_bias_grad for dW and db), and torch (F.linear's addmm; mm, mm and sum), in
 one process. The bounds are right where `small`'s GPU time stays within a few microseconds of cuBLAS's while its host
 time is far below it.
-Run: PYTHONPATH=$PWD python3 bench/small_gemm.py [--dtypes float32,bfloat16]
+Run: PYTHONPATH=$PWD python3 bench/small_gemm.py [--dtypes float32,bfloat16] [--shapes 16x64x512,...]
+     [--max-dim 512 --max-macs 8388608]  (raise the path's bounds for this run: to measure sizes past them)
 """
 import argparse
 
@@ -23,18 +24,28 @@ SHAPES = ((16, 64, 64), (1, 128, 128), (64, 128, 128), (128, 128, 64), (128, 64,
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES), help="MxNxK,...")
+    ap.add_argument("--max-dim", type=int, help="the small path's MAX_DIM for this run")
+    ap.add_argument("--max-macs", type=int, help="the small path's MAX_MACS for this run")
     args = ap.parse_args()
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    if any(len(s) != 3 or min(s) < 1 for s in shapes):
+        ap.error(f"--shapes: each entry is MxNxK with positive sides, got {args.shapes!r}")
     import cupy as cp
 
     from flame_core.kernels import gemm, gemm_lt
     from flame_core.kernels import gemm_small as GS
+    if args.max_dim is not None:
+        GS.MAX_DIM = args.max_dim
+    if args.max_macs is not None:
+        GS.MAX_MACS = args.max_macs
     torch = common.import_torch()
     res = common.Results("small_gemm")
     rows = []
     rng = np.random.default_rng(0)
     for dtn in args.dtypes.split(","):
         dt = GS._DTYPES[{"float32": 0, "float16": 1, "bfloat16": 2}[dtn]]
-        for m, n, k in SHAPES:
+        for m, n, k in shapes:
             x = cp.asarray(rng.standard_normal((m, k))).astype(dt)
             w = cp.asarray(rng.standard_normal((n, k))).astype(dt)
             b = cp.asarray(rng.standard_normal(n)).astype(dt)
