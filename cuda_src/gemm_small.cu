@@ -16,38 +16,40 @@
 #define GS_T 16   // the output tile's edge (the block is GS_T x GS_T threads)
 #define GS_R 64   // the reduction slab: each thread stages GS_R / GS_T elements of A and of B per slab
 
-template <typename T>
-__device__ __forceinline__ void gs_tile(const T* A, int sai, int sar, const T* B, int sbj, int sbr, const T* bias,
-                                        T* C, int I, int J, int R, T* rsum, bool do_c) {
-    __shared__ float As[GS_T][GS_R + 1];  // [i][r]
-    __shared__ float Bs[GS_T][GS_R + 1];  // [j][r]
+typedef float GsSlab[GS_T][GS_R + 1];   // one operand's slab in shared memory, [i or j][r], fp32
+
+// The tile's work for one layout of the operands, fixed at compile time (no per-element branch on it): AROW / BROW
+// when r is A's / B's contiguous axis (the slab is loaded with threads along r), else the transposed read (threads
+// along i / j); DO_C false computes only the row sums.
+template <typename T, bool AROW, bool BROW, bool DO_C>
+__device__ __forceinline__ void gs_tile_t(const T* __restrict__ A, int sai, int sar, const T* __restrict__ B,
+                                          int sbj, int sbr, const T* bias, T* C, int I, int J, int R, T* rsum,
+                                          GsSlab& As, GsSlab& Bs) {
     const int tx = threadIdx.x, ty = threadIdx.y;
     const int i0 = blockIdx.y * GS_T, j0 = blockIdx.x * GS_T;
+    // the thread's (row, first r) in each slab: along r (row ty, r tx) or transposed (row tx, r ty)
+    const int ai = i0 + (AROW ? ty : tx), ar = AROW ? tx : ty;
+    const int bj = j0 + (BROW ? ty : tx), br = BROW ? tx : ty;
     float acc = 0.f, rs = 0.f;
     for (int r0 = 0; r0 < R; r0 += GS_R) {
-        // A's slab: threads along r when r is A's contiguous axis, else along i (sai == 1: a transposed read); the
-        // GS_R / GS_T loads of a thread are independent (issued together)
+        // every load of the slab into registers first, then into shared memory: the loads are issued together
+        float ra[GS_R / GS_T], rb[GS_R / GS_T];
 #pragma unroll
         for (int q = 0; q < GS_R / GS_T; ++q) {
-            if (sar == 1) {
-                const int i = i0 + ty, r = r0 + tx + q * GS_T;
-                As[ty][tx + q * GS_T] = (i < I && r < R) ? to_f32(A[i * sai + r]) : 0.f;
-            } else {
-                const int i = i0 + tx, r = r0 + ty + q * GS_T;
-                As[tx][ty + q * GS_T] = (i < I && r < R) ? to_f32(A[i * sai + r * sar]) : 0.f;
-            }
-            if (do_c) {
-                if (sbr == 1) {
-                    const int j = j0 + ty, r = r0 + tx + q * GS_T;
-                    Bs[ty][tx + q * GS_T] = (j < J && r < R) ? to_f32(B[j * sbj + r]) : 0.f;
-                } else {
-                    const int j = j0 + tx, r = r0 + ty + q * GS_T;
-                    Bs[tx][ty + q * GS_T] = (j < J && r < R) ? to_f32(B[j * sbj + r * sbr]) : 0.f;
-                }
+            const int r = r0 + ar + q * GS_T;
+            ra[q] = (ai < I && r < R) ? to_f32(A[ai * sai + (AROW ? r : r * sar)]) : 0.f;
+            if (DO_C) {
+                const int rr = r0 + br + q * GS_T;
+                rb[q] = (bj < J && rr < R) ? to_f32(B[bj * sbj + (BROW ? rr : rr * sbr)]) : 0.f;
             }
         }
+#pragma unroll
+        for (int q = 0; q < GS_R / GS_T; ++q) {
+            As[AROW ? ty : tx][ar + q * GS_T] = ra[q];
+            if (DO_C) Bs[BROW ? ty : tx][br + q * GS_T] = rb[q];
+        }
         __syncthreads();
-        if (do_c) {
+        if (DO_C) {
 #pragma unroll 16
             for (int r = 0; r < GS_R; ++r) acc = fmaf(As[ty][r], Bs[tx][r], acc);
         }
@@ -58,11 +60,28 @@ __device__ __forceinline__ void gs_tile(const T* A, int sai, int sar, const T* B
         __syncthreads();
     }
     const int i = i0 + ty, j = j0 + tx;
-    if (do_c && i < I && j < J) {
+    if (DO_C && i < I && j < J) {
         if (bias != nullptr) acc += to_f32(bias[j]);
         C[i * J + j] = from_f32<T>(acc);
     }
     if (rsum != nullptr && tx == 0 && i < I) rsum[i] = from_f32<T>(rs);
+}
+
+// The layouts picked once per block (a uniform branch), the slabs declared once for every variant.
+template <typename T>
+__device__ __forceinline__ void gs_tile(const T* A, int sai, int sar, const T* B, int sbj, int sbr, const T* bias,
+                                        T* C, int I, int J, int R, T* rsum, bool do_c) {
+    __shared__ GsSlab As, Bs;
+    if (!do_c) {
+        if (sar == 1) gs_tile_t<T, true, true, false>(A, sai, sar, B, sbj, sbr, bias, C, I, J, R, rsum, As, Bs);
+        else gs_tile_t<T, false, true, false>(A, sai, sar, B, sbj, sbr, bias, C, I, J, R, rsum, As, Bs);
+    } else if (sar == 1) {
+        if (sbr == 1) gs_tile_t<T, true, true, true>(A, sai, sar, B, sbj, sbr, bias, C, I, J, R, rsum, As, Bs);
+        else gs_tile_t<T, true, false, true>(A, sai, sar, B, sbj, sbr, bias, C, I, J, R, rsum, As, Bs);
+    } else {
+        if (sbr == 1) gs_tile_t<T, false, true, true>(A, sai, sar, B, sbj, sbr, bias, C, I, J, R, rsum, As, Bs);
+        else gs_tile_t<T, false, false, true>(A, sai, sar, B, sbj, sbr, bias, C, I, J, R, rsum, As, Bs);
+    }
 }
 
 // C (I, J) = A @ B (+ bias) with A's and B's element strides as above (a linear layer's forward: A = x (M, K) with
