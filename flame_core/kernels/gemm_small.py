@@ -8,11 +8,12 @@ launch --, and a linear layer's whole backward (dx, dW and the bias gradient) is
 
 What is small: every dimension at most MAX_DIM and M * N * K at most MAX_MACS, float32 / float16 / bfloat16
 C-contiguous cupy arrays (matmul: or transposed views of such) of one dtype on the current device, kernels enabled
-(FLAME_KERNELS, no loader.reference() block). The bound is bench/small_gemm.py's: the kernel runs its reduction
-serially over 64-wide slabs, each adding ~2 us of GPU time on an H200, so up to 128 its GPU time stays within ~3 us
-of cuBLAS's (the backward's single launch below it) -- what a CUDA graph replay pays, where no host cost is -- while
-an eager call saves 5-15 us of host time forward and 25-40 us backward; longer reductions (19 us against cuBLAS's 4-8
-at K = 512) take cuBLAS.
+(FLAME_KERNELS, no loader.reference() block). The bound is bench/small_gemm.py's (H100, 720c129): the kernel runs
+its reduction serially over 64-wide slabs, each slab's loads in registers before its shared-memory stores, ~0.9 us of
+GPU time per slab. Up to 256 a side and 2^22 multiply-adds its GPU time stays within ~2.5 us of cuBLAS's (float32:
+at or below it; the backward's single launch below cuBLAS's three) -- what a CUDA graph replay pays, where no host
+cost is -- while an eager call saves 5-20 us of host time forward and 25-40 us backward; longer reductions (9.3 us
+against torch's 4.9 at 16 x 64 x 512) take cuBLAS.
 FLAME_SMALL_GEMM=0 switches this path off (A/B measurements).
 
 API: each returns new cupy arrays, or None when the path does not apply (the caller takes cuBLAS / cuBLASLt).
@@ -35,8 +36,8 @@ from .. import backend
 from . import gemm, launching, loader, plans
 from . import pointwise_small as _ps
 
-MAX_DIM = 128   # bench/small_gemm.py: each 64-wide reduction slab adds ~2 us of GPU time (H200)
-MAX_MACS = 1 << 20 if os.environ.get("FLAME_SMALL_GEMM", "1") != "0" else -1
+MAX_DIM = 256   # bench/small_gemm.py: each 64-wide reduction slab adds ~0.9 us of GPU time (H100)
+MAX_MACS = 1 << 22 if os.environ.get("FLAME_SMALL_GEMM", "1") != "0" else -1
 TILE = 16
 STEM = "gemm_small"
 

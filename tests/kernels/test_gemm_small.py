@@ -13,7 +13,8 @@ from flame_core.kernels import gemm_small as GS
 from flame_core.kernels import launching
 
 # (M, N, K): tile edges (16), one past and one short of them, single rows / columns, the largest sides allowed
-SHAPES = ((1, 2, 3), (16, 64, 64), (17, 15, 33), (5, 1, 7), (33, 47, 1), (2, 128, 31), (64, 16, 128), (96, 80, 100))
+SHAPES = ((1, 2, 3), (16, 64, 64), (17, 15, 33), (5, 1, 7), (33, 47, 1), (2, 128, 31), (64, 16, 128), (96, 80, 100),
+          (200, 256, 80), (255, 3, 256))
 
 
 def _mag(a, b):
@@ -101,7 +102,8 @@ def test_what_takes_the_path():
     assert GS.linear(cp.ones((16, 128), cp.float32)[:, ::2], w, None) is None        # not C-contiguous
     big = GS.MAX_DIM + 1
     assert GS.linear(cp.ones((2, big), cp.float32), cp.ones((2, big), cp.float32), None) is None   # a long K
-    side = 128   # 128^3 = 2^21 multiply-adds: past MAX_MACS
+    side = GS.MAX_DIM   # side^3 multiply-adds: past MAX_MACS though every side is within MAX_DIM
+    assert side ** 3 > GS.MAX_MACS
     assert GS.linear(cp.ones((side, side), cp.float32), cp.ones((side, side), cp.float32), None) is None
     assert GS.linear(cp.ones((0, 64), cp.float32), w, None) is None                  # nothing to compute
     assert GS.matmul(x, cp.ones((64, 128), cp.float32)[:, ::2]) is None              # b neither C nor F order
