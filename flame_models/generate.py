@@ -58,10 +58,11 @@ class GenerateError(FlameError, ValueError):
 
 # ----------------------------------------------------------------------------- checks before any work
 def flow_sampler(sampler, family):
-    """--sampler of a flow-matching family: "euler" (None: the default) or "heun" (samplers/flow.py)."""
+    """--sampler of a flow-matching family: "euler" (None: the default), "heun" or "dpmpp_2m" (samplers/flow.py)."""
     sampler = "euler" if sampler is None else sampler
     if sampler not in FLOW_SAMPLERS:
-        raise GenerateError(f"--sampler {sampler}: {family} samples with euler or heun (the others are SDXL's)")
+        raise GenerateError(f"--sampler {sampler}: {family} samples with {', '.join(FLOW_SAMPLERS[:-1])} or "
+                            f"{FLOW_SAMPLERS[-1]} (the others are SDXL's)")
     return sampler
 
 
@@ -445,7 +446,8 @@ def build_parser():
     g.add_argument("--output", default="outputs", help="folder for the PNGs (default: outputs)")
     x = p.add_argument_group("SD3 / SDXL sampling")
     x.add_argument("--sampler", choices=tuple(SAMPLERS), help="default euler; SDXL: any of these; SD3 / Flux / Flux "
-                                                              "Kontext / Chroma / Qwen-Image: euler or heun")
+                                                              "Kontext / Chroma / Qwen-Image: euler, heun or "
+                                                              "dpmpp_2m")
     x.add_argument("--karras", action="store_true", help="SDXL: Karras sigmas instead of the model's")
     x.add_argument("--original-size", metavar="WxH", help="SDXL size conditioning (default: the image's size)")
     x.add_argument("--crop", metavar="TOP,LEFT", help="SDXL crop conditioning (default 0,0)")

@@ -101,6 +101,23 @@ def test_command_writes_pngs_with_their_parameters(tiny, loras, tmp_path, capsys
     assert not [n for n in os.listdir(out) if not n.endswith(".png")]     # no temporary file left
 
 
+def test_the_dpmpp_2m_sampler_from_the_command(tiny, tmp_path):
+    """--sampler dpmpp_2m on a Flux: its name in the PNG's parameters ("DPM++ 2M", as A1111), another image than
+    Euler's from 4 steps (its first two steps from sigma 1 are Euler's), Euler's at 1 step."""
+    root = os.path.dirname(tiny.transformer)
+    out = tmp_path / "out"
+    assert main(["--model", root, "--prompt", "x", "--width", "48", "--height", "32", "--steps", "4", "--seed", "5",
+                 "--sampler", "dpmpp_2m", "--output", str(out), "--dtype", "fp32", "--no-progress"]) == 0
+    im = Image.open(out / "00000-5.png")
+    assert "Steps: 4, Sampler: DPM++ 2M" in im.text["parameters"]
+    kw = dict(SIZE, steps=4, seed=5, dtype="float32")
+    dpm, euler = run(tiny, "x", sampler="dpmpp_2m", **kw), run(tiny, "x", **kw)
+    np.testing.assert_array_equal(dpm[0], np.asarray(im).astype(np.int16))
+    assert np.abs(dpm - euler).max() > 0
+    np.testing.assert_array_equal(run(tiny, "x", sampler="dpmpp_2m", **{**kw, "steps": 1}),
+                                  run(tiny, "x", **{**kw, "steps": 1}))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_images_depend_on_seed_and_prompt_not_on_batching(tiny, dtype):
     one = run(tiny, ["a red square", "a blue circle"], num_images=2, batch_size=1, dtype=dtype)

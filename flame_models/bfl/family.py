@@ -4,7 +4,7 @@ names with the diffusers name map for PEFT files."""
 import flame_core as flame
 
 from ..training.family import FLOW_FIELDS, ModelFileError
-from ..training.family_base import FlowMatchingFamily, HeunPreviews, first_line
+from ..training.family_base import FlowMatchingFamily, FlowSamplerPreviews, first_line
 from ..training.model_files import describe_keys, file_keys
 from . import family_parts as flux_parts
 from . import sampling as flux_sampling
@@ -16,7 +16,7 @@ from .params import flux_params
 from .sampling import pack
 
 
-class FluxFamily(HeunPreviews, FlowMatchingFamily):
+class FluxFamily(FlowSamplerPreviews, FlowMatchingFamily):
     name = "flux"
     label = "Flux"
     model_words = "a Flux transformer"

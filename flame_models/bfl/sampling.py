@@ -1,4 +1,4 @@
-"""Flux sampling: latent packing, position ids, the rectified-flow schedule and the Euler / Heun samplers
+"""Flux sampling: latent packing, position ids, the rectified-flow schedule and the Euler / Heun / DPM++ 2M samplers
 (samplers/flow.py)."""
 import math
 
@@ -6,7 +6,7 @@ import flame_core as flame
 from flame_nn.offload import streamer_of
 
 from ..samplers import noise
-from ..samplers.flow import check_flow_sampler, flow_step, step_kind
+from ..samplers.flow import MULTISTEP, check_flow_sampler, dpmpp_2m_coefficients, flow_step, step_kind
 
 LATENT_CHANNELS = 16
 # the autoencoder's latent statistics: decode z = latent / SCALE + SHIFT
@@ -108,7 +108,8 @@ def seeded_noise(seeds, height, width, *, device=None):
 
 def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda_graph=None, callback=None,
             sampler="euler"):
-    """`sampler` ("euler": x <- x + (t_next - t) * v(x, t), or "heun", samplers/flow.py) steps along `timesteps`.
+    """`sampler` ("euler": x <- x + (t_next - t) * v(x, t), "heun" or "dpmpp_2m", samplers/flow.py) steps along
+    `timesteps`.
     The state stays in float32; the model sees its own dtype. Returns the final packed latents (float32).
 
     cuda_graph (default: on for cuda tensors): the first step runs eagerly, the second is captured as a CUDA graph
@@ -132,10 +133,16 @@ def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda
 
     def timestep(t):
         return flame.full((B,), float(t), dtype=dtype, device=img.device)
+    m = flame.zeros_like(x) if sampler in MULTISTEP else None   # a multistep sampler's previous data prediction
     with flame.no_grad():
         for i, (t_cur, t_next) in enumerate(zip(timesteps[:-1], timesteps[1:]), 1):
             dt = flame.full((1,), t_next - t_cur, dtype=flame.float32, device=img.device)
-            x = runs[step_kind(sampler, i - 1, n)](x, timestep(t_cur), timestep(t_next), dt)
+            run = runs[step_kind(sampler, i - 1, n)]
+            if m is None:
+                x = run(x, timestep(t_cur), timestep(t_next), dt)
+            else:
+                c = flame.tensor(dpmpp_2m_coefficients(timesteps, i - 1), dtype=flame.float32, device=img.device)
+                x, m = run(x, timestep(t_cur), timestep(t_next), dt, m, c)
             if callback is not None:
                 callback(i, n)
     if any(r.graph is not None for r in runs.values()):
@@ -151,7 +158,8 @@ def sample(model, txt, y, height=1024, width=1024, steps=None, guidance=None, se
     (B, vec_in_dim) -> VAE-space latents (B, 16, H/8, W/8), float32, before the `/SCALE + SHIFT` of decoding.
 
     Defaults follow BFL: flux-dev 50 steps, guidance 2.5, shifted schedule; schnell 4 steps, no guidance, no shift.
-    cuda_graph, callback: see `denoise` (graphs are on by default on cuda). sampler: "euler" (BFL's) or "heun".
+    cuda_graph, callback: see `denoise` (graphs are on by default on cuda). sampler: "euler" (BFL's), "heun" or
+    "dpmpp_2m".
     """
     check_flow_sampler(sampler)
     dev_model = model.params.guidance_embed

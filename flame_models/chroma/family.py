@@ -13,7 +13,7 @@ from ..bfl import vae as flux_vae
 from ..bfl.sampling import LATENT_SCALE, LATENT_SHIFT, image_ids, pack, pack_mask, text_ids
 from ..data.text_trim import batch_text_mask, valid_tokens
 from ..training.family import DDPM_FIELDS, FLOW_FIELDS
-from ..training.family_base import FlowMatchingFamily, HeunPreviews
+from ..training.family_base import FlowMatchingFamily, FlowSamplerPreviews
 from . import family_parts as chroma_parts
 from . import pipeline as chroma_pipeline
 from .loading import ChromaCheckpointError, load_chroma, read_chroma_params
@@ -24,7 +24,7 @@ from .params import chroma_params
 _DDPM_NOTE = "Chroma trains with flow matching (train.timestep_type, train.weighting_scheme); this is for sdxl's DDPM"
 
 
-class ChromaFamily(HeunPreviews, FlowMatchingFamily):
+class ChromaFamily(FlowSamplerPreviews, FlowMatchingFamily):
     name = "chroma"
     label = "Chroma"
     model_words = "a Chroma transformer"

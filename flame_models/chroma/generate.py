@@ -7,6 +7,7 @@ import random
 
 from .. import generate as G
 from ..bfl.vae import decode_latents, load_vae_for_flux
+from ..samplers.flow import DISPLAY_NAMES
 from . import conditioning as C
 from . import pipeline as P
 from .components import ChromaFiles, find_chroma_files
@@ -22,8 +23,8 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, vae=None, clip_l
              device=None, dtype=None, fp8=False, max_gpu_memory=None, max_length=None, sampler=None, progress=True,
              stats=None, log=print):
     """Chroma text-to-image (flame_models.generate.generate says what the arguments mean). model: a diffusers
-    Chroma folder, a Chroma / ComfyUI transformer file (with vae=, t5=) or ChromaFiles. sampler: "euler" (default)
-    or "heun"."""
+    Chroma folder, a Chroma / ComfyUI transformer file (with vae=, t5=) or ChromaFiles. sampler: "euler" (default),
+    "heun" or "dpmpp_2m"."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     G._check_args(prompts, width, height, steps, num_images, batch_size, seed, family="Chroma")
@@ -79,7 +80,7 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, vae=None, clip_l
                     "width": width, "height": height, "model": files.transformer, "vae": files.vae, "t5": files.t5,
                     "loras": [[p, w] for p, w in loras], "sampler": sampler,
                     "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8)}
-            fields = [("Steps", steps), ("Sampler", sampler.capitalize()), ("CFG scale", f"{cfg:g}"), ("Seed", s),
+            fields = [("Steps", steps), ("Sampler", DISPLAY_NAMES[sampler]), ("CFG scale", f"{cfg:g}"), ("Seed", s),
                       ("Size", f"{width}x{height}"), ("Model", name), *G.lora_field(loras), ("Version", "FLAME")]
             return {"parameters": G.parameters_text(prompts[i], negative if guided else None, fields),
                     "flame": json.dumps(info)}

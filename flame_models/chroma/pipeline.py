@@ -94,10 +94,10 @@ class Guided(flame_nn.Module):
 
 def sample_latents(model, cond, neg=None, *, height, width, steps, cfg=1.0, seeds, rows=None, callback=None,
                    cuda_graph=None, sampler="euler"):
-    """Model-space latents (B, 16, H/8, W/8) float32: Euler (or Heun: sampler) on the flow-matching schedule shifted
-    for the image's token count (mu 0.5 at 256 tokens to 1.15 at 4096, as ChromaPipeline), with classifier-free
-    guidance `cfg` against `neg` (its prompt_embeds / prompt_mask; one row, or one per prompt) when cfg > 1. cond:
-    {"prompt_embeds", "prompt_mask"} rows, `rows` picking each image's; seeds: one per image."""
+    """Model-space latents (B, 16, H/8, W/8) float32: Euler (or Heun / DPM++ 2M: sampler) on the flow-matching
+    schedule shifted for the image's token count (mu 0.5 at 256 tokens to 1.15 at 4096, as ChromaPipeline), with
+    classifier-free guidance `cfg` against `neg` (its prompt_embeds / prompt_mask; one row, or one per prompt) when
+    cfg > 1. cond: {"prompt_embeds", "prompt_mask"} rows, `rows` picking each image's; seeds: one per image."""
     dev = model.img_in.weight.device
     dtype = model.img_in.weight.dtype
     x = seeded_noise(seeds, height, width, device=dev)

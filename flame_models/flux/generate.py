@@ -1,11 +1,12 @@
 """Flux's part of `python -m flame_models.generate` (flame_models/generate.py runs it for Flux files): the rectified
-flow Euler (or --sampler heun) sampler with the embedded guidance of flux-dev (default 28 steps, guidance 3.5;
-schnell: 4 steps, no guidance), T5's max_length (dev 512, schnell 256), the LoRAs on the transformer."""
+flow Euler (or --sampler heun / dpmpp_2m) sampler with the embedded guidance of flux-dev (default 28 steps,
+guidance 3.5; schnell: 4 steps, no guidance), T5's max_length (dev 512, schnell 256), the LoRAs on the transformer."""
 import json
 import math
 import random
 
 from .. import generate as G
+from ..samplers.flow import DISPLAY_NAMES
 from . import pipeline as P
 from .components import FluxFiles, find_flux_files
 
@@ -20,7 +21,8 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
              steps=None, guidance=None, seed=None, num_images=1, batch_size=1, output=None, device=None, dtype=None,
              fp8=False, max_gpu_memory=None, max_length=None, sampler=None, progress=True, stats=None, log=print):
     """Flux text-to-image (flame_models.generate.generate says what the arguments mean). model: a diffusers Flux
-    folder, a transformer file (with vae=, clip_l=, t5=) or FluxFiles. sampler: "euler" (default) or "heun"."""
+    folder, a transformer file (with vae=, clip_l=, t5=) or FluxFiles. sampler: "euler" (default), "heun" or
+    "dpmpp_2m"."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     G._check_args(prompts, width, height, steps, num_images, batch_size, seed)
@@ -70,7 +72,7 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
                     "height": height, "model": files.transformer, "vae": files.vae, "clip_l": files.clip_l,
                     "t5": files.t5, "loras": [[p, w] for p, w in loras], "sampler": sampler,
                     "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8)}
-            fields = [("Steps", steps), ("Sampler", sampler.capitalize()), ("Schedule type", "Simple"),
+            fields = [("Steps", steps), ("Sampler", DISPLAY_NAMES[sampler]), ("Schedule type", "Simple"),
                       ("CFG scale", 1),
                       ("Distilled CFG Scale", None if guidance is None else f"{guidance:g}"), ("Seed", s),
                       ("Size", f"{width}x{height}"), ("Model", name), *G.lora_field(loras), ("Version", "FLAME")]

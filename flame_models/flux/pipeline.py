@@ -42,7 +42,7 @@ def _model_dtype(model):
 
 def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=None, latents=None, rows=None,
                    callback=None, cuda_graph=None, sampler="euler"):
-    """Denoise with the Euler (or sampler="heun") sampler on Flux's (shifted, for dev) schedule; returns
+    """Denoise with the Euler (or sampler="heun" / "dpmpp_2m") sampler on Flux's (shifted, for dev) schedule; returns
     model-space latents (B, 16, H/8, W/8) float32.
 
     cond: {"prompt_embeds": (P, L, C), "pooled_prompt_embeds": (P, C)} (Tensors or NumPy arrays); `rows` picks

@@ -11,6 +11,7 @@ from .. import generate as G
 from ..bfl import conditioning as C
 from ..bfl.components import FluxFiles, find_flux_files
 from ..bfl.vae import decode_latents
+from ..samplers.flow import DISPLAY_NAMES
 from . import pipeline as P
 
 
@@ -41,7 +42,7 @@ def generate(model, prompts, *, image=None, keep_image_size=False, vae=None, cli
     """Flux Kontext image editing (flame_models.generate.generate says what the arguments mean); image: the
     reference image's path (required), resized to Kontext's resolution list (diffusers' default) or, with
     keep_image_size, kept at its own size floored to 16 (diffusers' `_auto_resize=False`); sampler: "euler"
-    (default) or "heun"."""
+    (default), "heun" or "dpmpp_2m"."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     G._check_args(prompts, width, height, steps, num_images, batch_size, seed)
@@ -95,7 +96,7 @@ def generate(model, prompts, *, image=None, keep_image_size=False, vae=None, cli
                     "width": width, "height": height, "model": files.transformer, "vae": files.vae,
                     "loras": [[p, w] for p, w in loras], "sampler": sampler, "dtype": str(dtype).replace("flame.", ""),
                     "fp8": bool(fp8)}
-            fields = [("Steps", steps), ("Sampler", sampler.capitalize()), ("CFG scale", 1), ("Distilled CFG Scale",
+            fields = [("Steps", steps), ("Sampler", DISPLAY_NAMES[sampler]), ("CFG scale", 1), ("Distilled CFG Scale",
                       f"{guidance:g}"), ("Seed", s), ("Size", f"{width}x{height}"), ("Model", name),
                       *G.lora_field(loras), ("Version", "FLAME")]
             return {"parameters": G.parameters_text(prompts[i], None, fields), "flame": json.dumps(info)}

@@ -19,7 +19,7 @@ import flame_nn
 from ..bfl.sampling import pack, pack_mask
 from ..data.text_trim import batch_text_mask, valid_tokens
 from ..training.family import DDPM_FIELDS, FLOW_FIELDS
-from ..training.family_base import FlowMatchingFamily, HeunPreviews
+from ..training.family_base import FlowMatchingFamily, FlowSamplerPreviews
 from . import family_parts as qwen_parts
 from . import sampling as qwen_sampling
 from . import stages as qwen_stages
@@ -31,7 +31,7 @@ from .params import qwen_image_params
 _DDPM_NOTE = "Qwen-Image trains with flow matching (train.timestep_type, train.weighting_scheme); this is sdxl's DDPM"
 
 
-class QwenImageFamily(HeunPreviews, FlowMatchingFamily):
+class QwenImageFamily(FlowSamplerPreviews, FlowMatchingFamily):
     name = "qwen_image"
     label = "Qwen-Image"
     model_words = "a Qwen-Image transformer"

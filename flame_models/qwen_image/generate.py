@@ -1,11 +1,11 @@
-"""Qwen-Image's part of `python -m flame_models.generate`, as QwenImagePipeline: the Qwen2.5-VL states of the
-templated prompt (--max-length tokens at most, default 512), the pipeline's scheduler (dynamic shift, terminal sigma
-0.02; 50 steps; --sampler heun for Heun's steps), true CFG (--cfg, default 4.0) only when a --negative-prompt is
-given, with the per-token norm rescale, the VAE; the LoRAs on the transformer. Files: a diffusers QwenImagePipeline
-folder (transformer/, vae/, text_encoder/, tokenizer/); --vae may name another VAE folder, --tokenizer another
-tokenizer folder. --fp8 stores the Qwen2.5-VL layers' and the transformer blocks' Linear weights in fp8;
---max-gpu-memory streams both stacks and fits each stage (text encoder, transformer, VAE -- one after another) to the
-budget with auto_fit."""
+"""Qwen-Image's part of `python -m flame_models.generate`, as QwenImagePipeline: the Qwen2.5-VL states of the templated
+prompt (--max-length tokens at most, default 512), the pipeline's scheduler (dynamic shift, terminal sigma 0.02; 50
+steps; --sampler heun for Heun's steps, dpmpp_2m for DPM++ 2M), true CFG (--cfg, default 4.0) only when a
+--negative-prompt is given, with the per-token norm rescale, the VAE; the LoRAs on the transformer. Files: a
+diffusers QwenImagePipeline folder (transformer/, vae/, text_encoder/, tokenizer/); --vae may name another VAE
+folder, --tokenizer another tokenizer folder. --fp8 stores the Qwen2.5-VL layers' and the transformer blocks' Linear
+weights in fp8; --max-gpu-memory streams both stacks and fits each stage (text encoder, transformer, VAE -- one after
+another) to the budget with auto_fit."""
 import json
 import math
 import os
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from .. import generate as G
 from ..conditioning.files import ModelFilesError
 from ..pipeline import check_loras, load_for_sampling
+from ..samplers.flow import DISPLAY_NAMES
 from . import sampling as S
 from . import stages
 from .loading import QwenImageCheckpointError, load_qwen_image, read_qwen_image_params
@@ -76,7 +77,8 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, max_length=None,
              output=None, device=None, dtype=None, fp8=False, max_gpu_memory=None, sampler=None, progress=True,
              stats=None, log=print):
     """Qwen-Image text-to-image (flame_models.generate.generate says what the arguments mean). model: a
-    QwenImagePipeline folder or QwenImageFiles. sampler: "euler" (default, the pipeline's) or "heun"."""
+    QwenImagePipeline folder or QwenImageFiles. sampler: "euler" (default, the pipeline's), "heun" or
+    "dpmpp_2m"."""
     from .family_parts import QwenImageTextEncoders
     from .model import QwenImageTransformer2DModel
     from .vae import load_vae
@@ -163,7 +165,7 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, max_length=None,
                     "cfg": cfg if guided else None, "width": width, "height": height, "model": files.transformer,
                     "vae": files.vae, "text_encoder": files.text_encoder, "loras": [[p, w] for p, w in loras],
                     "sampler": sampler, "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8)}
-            fields = [("Steps", steps), ("Sampler", sampler.capitalize()),
+            fields = [("Steps", steps), ("Sampler", DISPLAY_NAMES[sampler]),
                       *([("CFG scale", f"{cfg:g}")] if guided else []),
                       ("Seed", s), ("Size", f"{width}x{height}"), ("Model", name), *G.lora_field(loras),
                       ("Version", "FLAME")]

@@ -2,7 +2,8 @@
 (dynamic shifting, mu linear in the image tokens from 0.5 at 256 to 0.9 at 8192, the exponential time shift, the last
 sigma stretched to 0.02), Euler steps x <- x + (s_next - s) v, and true CFG (only with a negative prompt) followed by
 the per-token norm rescale v = c * |v_pos| / |c|. sampler="heun" takes Heun's steps (samplers/flow.py, as the other
-flow-matching families) along the same sigmas: two model calls a step (the guided velocity at each), Euler's last."""
+flow-matching families) along the same sigmas: two model calls a step (the guided velocity at each), Euler's last;
+sampler="dpmpp_2m" DPM-Solver++(2M) on the guided velocity's data prediction, one call a step."""
 import math
 
 import numpy as np
@@ -10,7 +11,7 @@ import numpy as np
 import flame_core as flame
 
 from ..bfl.sampling import get_noise, pack, unpack
-from ..samplers.flow import check_flow_sampler, flow_step, step_kind
+from ..samplers.flow import MULTISTEP, check_flow_sampler, dpmpp_2m_coefficients, flow_step, step_kind
 
 NUM_TRAIN_TIMESTEPS = 1000
 BASE_SEQ_LEN, MAX_SEQ_LEN = 256, 8192
@@ -62,8 +63,8 @@ def sample_latents(model, cond, neg=None, *, height, width, steps=DEFAULT_STEPS,
     prompt's arrays (one row, or one per prompt) -- CFG runs only when it is given and cfg > 1, as the pipeline.
     Noise: one seed per image (`seeds`: get_noise(seed) drawn on the model's device -- the cpu's generator and
     cuda's are different streams, so one seed gives another picture on each device), or `latents` given, packed
-    (B, L, 64) or unpacked (B, 16, H/8, W/8): the same start on any device. sampler: "euler" (the pipeline's) or
-    "heun"."""
+    (B, L, 64) or unpacked (B, 16, H/8, W/8): the same start on any device. sampler: "euler" (the pipeline's),
+    "heun" or "dpmpp_2m"."""
     check_flow_sampler(sampler)
     dev = model.img_in.weight.device
     dtype = model.img_in.weight.dtype
@@ -100,9 +101,15 @@ def sample_latents(model, cond, neg=None, *, height, width, steps=DEFAULT_STEPS,
     def timestep(s):   # the pipeline's: sigma * 1000 rounded to float32, over 1000
         return flame.full((B,), float(np.float32(s * NUM_TRAIN_TIMESTEPS)) / NUM_TRAIN_TIMESTEPS, device=dev)
     runs = {kind: flow_step(velocity, kind) for kind in {"euler", sampler}}
+    m = flame.zeros_like(x) if sampler in MULTISTEP else None   # a multistep sampler's previous data prediction
     with flame.no_grad():
         for i in range(steps):
-            x = runs[step_kind(sampler, i, steps)](x, timestep(sig[i]), timestep(sig[i + 1]), sig[i + 1] - sig[i])
+            run = runs[step_kind(sampler, i, steps)]
+            if m is None:
+                x = run(x, timestep(sig[i]), timestep(sig[i + 1]), sig[i + 1] - sig[i])
+            else:
+                c = flame.tensor(dpmpp_2m_coefficients(sig, i), dtype=flame.float32, device=dev)
+                x, m = run(x, timestep(sig[i]), timestep(sig[i + 1]), sig[i + 1] - sig[i], m, c)
             if callback is not None:
                 callback(i + 1, steps)
     return unpack(x, height, width)

@@ -13,7 +13,7 @@ import flame_core as flame
 import flame_nn
 
 from ..training.family import DDPM_FIELDS, FLOW_FIELDS
-from ..training.family_base import FlowMatchingFamily, HeunPreviews
+from ..training.family_base import FlowMatchingFamily, FlowSamplerPreviews
 from . import MMDiT, load_sd3, sd3_params
 from . import family_parts as sd3_parts
 from . import ops as sd3_ops
@@ -26,7 +26,7 @@ from .lora_keys import TARGET_PRESETS, name_map_for
 _DDPM_NOTE = "SD3 trains with flow matching (train.timestep_type, train.weighting_scheme); this is for sdxl's DDPM"
 
 
-class SD3Family(HeunPreviews, FlowMatchingFamily):
+class SD3Family(FlowSamplerPreviews, FlowMatchingFamily):
     name = "sd3"
     label = "SD3"
     model_words = "an SD3 / SD3.5 MMDiT"

@@ -1,5 +1,5 @@
 """SD3 / SD3.5's part of `python -m flame_models.generate` (flame_models/generate.py runs it for SD3 files): Euler
-(or --sampler heun) on the shifted flow schedule with classifier-free guidance; defaults per release from
+(or --sampler heun / dpmpp_2m) on the shifted flow schedule with classifier-free guidance; defaults per release from
 sampling.SAMPLING_DEFAULTS -- Large 40 steps cfg 4.5, Large Turbo 4 steps cfg 1 (recognised by "turbo" in its file or
 folder name, its weights being shaped as Large's), Medium (an MMDiT-X) 50 steps cfg 5 with skip-layer guidance on
 blocks 7-9 (SAI's reference; --slg-scale 0 turns it off). The negative prompt defaults to "" (diffusers); without T5
@@ -9,6 +9,7 @@ import math
 import random
 
 from .. import generate as G
+from ..samplers.flow import DISPLAY_NAMES
 from . import pipeline as P
 from .components import SD3Files, find_sd3_files
 from .conditioning import check_vocabularies, load_tokenizers
@@ -54,7 +55,7 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
              max_gpu_memory=None, max_length=None, configs=None, sampler=None, progress=True, stats=None, log=print):
     """SD3 / SD3.5 text-to-image (flame_models.generate.generate says what the shared arguments mean). model: an
     SAI file holding every part, a diffusers folder, an MMDiT file with the other parts given, or SD3Files.
-    sampler: "euler" (default) or "heun"."""
+    sampler: "euler" (default), "heun" or "dpmpp_2m"."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     sampler = G.flow_sampler(sampler, "SD3")
@@ -122,7 +123,7 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
         name = G.model_name(files.transformer)
 
         def text_of(i, s):
-            fields = [("Steps", steps), ("Sampler", sampler.capitalize()), ("Schedule type", "Simple"),
+            fields = [("Steps", steps), ("Sampler", DISPLAY_NAMES[sampler]), ("Schedule type", "Simple"),
                       ("CFG scale", f"{cfg:g}"), ("Seed", s), ("Size", f"{width}x{height}"), ("Model", name),
                       ("Shift", 3)]
             if slg is not None:

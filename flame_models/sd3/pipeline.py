@@ -92,8 +92,8 @@ def _device(model):
 def sample_latents(model, cond, neg_cond=None, *, height, width, steps, cfg, seeds=None, latents=None, rows=None,
                    neg_rows=None, skip_layer_guidance=None, shift=SHIFT, callback=None, cuda_graph=None,
                    sampler="euler"):
-    """Denoise with SD3's Euler (or sampler="heun") sampler on the shifted flow schedule; returns model-space
-    latents (B, 16, H/8, W/8) float32.
+    """Denoise with SD3's Euler (or sampler="heun" / "dpmpp_2m") sampler on the shifted flow schedule; returns
+    model-space latents (B, 16, H/8, W/8) float32.
 
     cond / neg_cond: {"prompt_embeds": (P, L, D), "pooled_prompt_embeds": (P, C)} of the prompts and negative
     prompts (Tensors or NumPy arrays); `rows` / `neg_rows` pick each image's (default: image i uses row i; one

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import flame_core as flame
 from flame_nn.offload import streamer_of
 
-from ..samplers.flow import check_flow_sampler, flow_step, step_kind
+from ..samplers.flow import MULTISTEP, check_flow_sampler, dpmpp_2m_coefficients, flow_step, step_kind
 from ..samplers.noise import get_noise  # noqa: F401  (16 channels at 1/8 resolution, seeded)
 
 SHIFT = 3.0
@@ -67,7 +67,7 @@ def get_sigmas(steps, shift=SHIFT):
 
 def denoise(model, x, sigmas, context, y, neg_context=None, neg_y=None, cfg=1.0, skip_layer_guidance=None,
             cuda_graph=None, progress=False, callback=None, sampler="euler"):
-    """`sampler` ("euler" or "heun", samplers/flow.py) steps along `sigmas` over the velocity v guided by
+    """`sampler` ("euler", "heun" or "dpmpp_2m", samplers/flow.py) steps along `sigmas` over the velocity v guided by
     classifier-free guidance uncond + cfg (cond - uncond) when cfg != 1 (cond and uncond as one batch of 2B) and
     optionally skip-layer guidance (on both of Heun's evaluations in its steps' window). The state stays in float32;
     the model sees its own dtype. Returns float32 latents.
@@ -126,11 +126,16 @@ def denoise(model, x, sigmas, context, y, neg_context=None, neg_y=None, cfg=1.0,
 
     def timestep(sigma):
         return flame.full((B,), NUM_TRAIN_TIMESTEPS * float(sigma), dtype=flame.float32, device=x.device)
+    m = flame.zeros_like(x) if sampler in MULTISTEP else None   # a multistep sampler's previous data prediction
     with flame.no_grad():
         for i in it:
             dt = flame.full((1,), float(sigmas[i + 1]) - float(sigmas[i]), dtype=flame.float32, device=x.device)
             run = runs[step_kind(sampler, i, steps), slg is not None and slg.active(i, steps)]
-            x = run(x, timestep(sigmas[i]), timestep(sigmas[i + 1]), dt)
+            if m is None:
+                x = run(x, timestep(sigmas[i]), timestep(sigmas[i + 1]), dt)
+            else:
+                c = flame.tensor(dpmpp_2m_coefficients(sigmas, i), dtype=flame.float32, device=x.device)
+                x, m = run(x, timestep(sigmas[i]), timestep(sigmas[i + 1]), dt, m, c)
             if callback is not None:
                 callback(i, steps)
     if any(r.graph is not None for r in runs.values()):
@@ -148,7 +153,8 @@ def sample(model, context, y, neg_context=None, neg_y=None, height=1024, width=1
 
     Defaults are SD3.5 Large's (40 steps, cfg 4.5); see SAMPLING_DEFAULTS for Large Turbo (4 steps, cfg 1) and Medium
     (50 steps, cfg 5, skip-layer guidance). `latents`: the starting noise (B, 16, H/8, W/8) instead of the seeded one.
-    sampler: "euler" (the references') or "heun" (diffusers' FlowMatchHeunDiscreteScheduler: 2 model calls a step).
+    sampler: "euler" (the references'), "heun" (diffusers' FlowMatchHeunDiscreteScheduler: 2 model calls a step) or
+    "dpmpp_2m" (DPM-Solver++(2M) on the flow sigmas, samplers/flow.py: 1 call a step).
     """
     check_flow_sampler(sampler)
     if height % 16 or width % 16 or height <= 0 or width <= 0:

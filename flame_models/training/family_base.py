@@ -242,12 +242,14 @@ def first_line(e):
     return s.splitlines()[0] if s else type(e).__name__
 
 
-class HeunPreviews:
-    """Mixed into a flow-matching family whose sample() takes sampler="euler" | "heun" (samplers/flow.py): previews
-    with sample.sampler 'heun' use Heun, the others Euler."""
-    samplers = FlowMatchingFamily.samplers + ("heun",)
-    sampler_words = "its flow-matching Euler ('flowmatch', 'euler') or Heun ('heun') sampler"
+class FlowSamplerPreviews:
+    """Mixed into a flow-matching family whose sample() takes sampler="euler" | "heun" | "dpmpp_2m"
+    (samplers/flow.py): previews with sample.sampler 'heun' use Heun, 'dpmpp_2m' DPM++ 2M, the others Euler."""
+    samplers = FlowMatchingFamily.samplers + ("heun", "dpmpp_2m")
+    sampler_words = ("its flow-matching Euler ('flowmatch', 'euler'), Heun ('heun') or DPM++ 2M ('dpmpp_2m') "
+                     "sampler")
 
     def sample_options(self, cfg):
-        return {"sampler": "heun" if cfg.sample.sampler == "heun" else "euler"}
+        s = cfg.sample.sampler
+        return {"sampler": s if s in ("heun", "dpmpp_2m") else "euler"}
 

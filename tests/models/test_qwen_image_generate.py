@@ -126,3 +126,48 @@ def test_heun_steps_with_the_guided_velocity_at_both_sigmas(folder, device):
     assert np.abs(got - euler).max() > 1e-4
     with pytest.raises(ValueError, match="unknown flow-matching sampler 'ddim'"):
         S.sample_latents(model, pos, neg, sampler="ddim", **kw)
+
+
+def test_dpmpp_2m_steps_with_the_guided_velocity(folder, device):
+    """sampler="dpmpp_2m": DPM-Solver++(2M) on the data prediction x - s c(x, s) of the guided, rescaled velocity at
+    the pipeline's sigmas -- written out here in diffusers' form (lambda = log((1 - s) / s), D1 = (m0 - m1) / r0),
+    first order at the first and last steps; 5 steps, so the second-order term acts."""
+    from flame_models.bfl.sampling import pack, unpack
+    pos, neg = _cond()
+    model = _model(folder, device)
+    z0 = np.random.default_rng(5).standard_normal((1, 16, 6, 8)).astype(np.float32)
+    kw = dict(height=48, width=64, steps=5, cfg=3.0, latents=z0)
+    got = S.sample_latents(model, pos, neg, sampler="dpmpp_2m", **kw).numpy()
+    txt = flame.tensor(pos["prompt_embeds"], device=device)
+    mask = flame.tensor(pos["prompt_mask"], device=device)
+    ntxt = flame.tensor(neg["prompt_embeds"], device=device)
+    shapes = [[(1, 3, 4)]]
+
+    def c(x, s):
+        t = flame.full((1,), float(np.float32(s * 1000)) / 1000, device=device)
+        return S.guided_velocity(model(x, txt, mask, t, shapes), model(x, ntxt, None, t, shapes), 3.0).float()
+
+    def lam(s):
+        return np.log(1 - s) - np.log(s) if s < 1 else -np.inf
+    sig = [float(v) for v in S.sigmas(5, 12)]
+    assert sig[0] == 1.0 and sig[-1] == 0.0
+    x = pack(flame.tensor(z0, device=device))
+    prev = None
+    with flame.no_grad():
+        for i in range(5):
+            s, s2 = sig[i], sig[i + 1]
+            m0 = x - s * c(x, s)
+            if s2 == 0.0:
+                x = m0
+            else:
+                h = lam(s2) - lam(s)
+                a = (1 - s2) * (np.exp(-h) - 1.0)
+                x = (s2 / s) * x - a * m0
+                if prev is not None and np.isfinite(lam(sig[i - 1])):
+                    r0 = (lam(s) - lam(sig[i - 1])) / h
+                    x = x - 0.5 * a * ((m0 - prev) * (1.0 / r0))
+            prev = m0
+    want = unpack(x, 48, 64).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    euler = S.sample_latents(model, pos, neg, **kw).numpy()
+    assert np.abs(got - euler).max() > 1e-4

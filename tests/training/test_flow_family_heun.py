@@ -1,6 +1,7 @@
-"""The flow-matching families' previews with sample.sampler 'heun' (training/family_base.HeunPreviews): Flux, Flux
-Kontext (with and without a control image), Chroma, Qwen-Image and SD3 accept it, pass it to their samplers, and
-Heun's latents differ from Euler's while Euler's stay what they were (the default)."""
+"""The flow-matching families' previews with sample.sampler 'heun' or 'dpmpp_2m'
+(training/family_base.FlowSamplerPreviews): Flux, Flux Kontext (with and without a control image), Chroma, Qwen-Image
+and SD3 accept them, pass them to their samplers, and their latents differ from Euler's while Euler's stay what they
+were (the default)."""
 import numpy as np
 import pytest
 
@@ -16,10 +17,11 @@ def _cfg(sampler):
 
 
 @pytest.mark.parametrize("name", ["flux", "flux_kontext", "chroma", "qwen_image", "sd3"])
-def test_families_accept_heun_and_pass_it_on(name):
+def test_families_accept_heun_and_dpmpp_2m_and_pass_them_on(name):
     fam = get_family(name)
-    assert "heun" in fam.samplers and "euler" in fam.samplers
+    assert "heun" in fam.samplers and "euler" in fam.samplers and "dpmpp_2m" in fam.samplers
     assert fam.sample_options(_cfg("heun"))["sampler"] == "heun"
+    assert fam.sample_options(_cfg("dpmpp_2m"))["sampler"] == "dpmpp_2m"
     assert fam.sample_options(_cfg("flowmatch"))["sampler"] == "euler"
     assert fam.sample_options(_cfg(None))["sampler"] == "euler"
 
@@ -28,7 +30,7 @@ def test_families_accept_heun_and_pass_it_on(name):
                                                   ("flux_kontext", "flux-tiny", True),
                                                   ("chroma", "chroma-tiny", False),
                                                   ("qwen_image", "qwen-image-tiny", False)])
-def test_heun_previews_run_and_differ_from_euler(name, size, control):
+def test_heun_and_dpmpp_2m_previews_run_and_differ_from_euler(name, size, control):
     fam = get_family(name)
     flame.manual_seed(0)
     model = fam.model_class(size).eval()
@@ -45,9 +47,15 @@ def test_heun_previews_run_and_differ_from_euler(name, size, control):
         euler = fam.sample(model, cond, sampler="euler", **kw).numpy()
         default = fam.sample(model, cond, **kw).numpy()
         heun = fam.sample(model, cond, sampler="heun", **kw).numpy()
-    assert np.isfinite(heun).all() and heun.shape == euler.shape
+        # DPM++ 2M's first-order steps are Euler's (flow_step's docstring) and its first second-order term is 0 after
+        # sigma 1: it departs from Euler from the third of four steps
+        kw["steps"] = 4
+        dpm = fam.sample(model, cond, sampler="dpmpp_2m", **kw).numpy()
+        euler4 = fam.sample(model, cond, **kw).numpy()
     np.testing.assert_array_equal(euler, default)
-    assert np.abs(heun - euler).max() > 1e-6
+    for other, base in ((heun, euler), (dpm, euler4)):
+        assert np.isfinite(other).all() and other.shape == base.shape
+        assert np.abs(other - base).max() > 1e-6
 
 
 @pytest.mark.parametrize("module, label, extra", [("flame_models.chroma.generate", "Chroma", {}),
@@ -62,5 +70,5 @@ def test_generate_refuses_the_sdxl_samplers_before_loading_anything(module, labe
     from flame_models.generate import GenerateError
     gen = importlib.import_module(module)
     assert "sampler" in gen.OPTIONS
-    with pytest.raises(GenerateError, match=f"--sampler ddim: {label} samples with euler or heun"):
+    with pytest.raises(GenerateError, match=f"--sampler ddim: {label} samples with euler, heun or dpmpp_2m"):
         gen.generate("no/such/model", "a cat", sampler="ddim", **extra)
