@@ -21,10 +21,16 @@ whole-chain figure above never includes these rounds.
 input, every W_i (64, 64) and b_i (64,) requiring grad: an eager MLP's host cost (GEMMs through cuBLAS / cuBLASLt,
 the weight and bias gradients), where the default chain (`elementwise`) has no GEMM. `--chain matmul`: the same
 with `y @ W_i` (W_i (64, 64) requiring grad, no bias) for the linear: Tensor.__matmul__'s path (cuBLAS GemmEx).
+`--profile N` then profiles FLAME's chain on each device: cProfile of N chains, forward and backward apart (the top
+functions by own time, printed and saved as text), and the kernels FLAME launched per chain through its packed
+launches (`kernels.launching.launches`; CuPy's own kernels are not counted): where the host time of an op goes.
 Run: PYTHONPATH=$PWD python3 bench/overhead.py [--rounds 15] [--chains 5] [--device all|cpu|cuda] [--split]
-     [--chain elementwise|linear|matmul]
+     [--chain elementwise|linear|matmul] [--profile 20]
 """
 import argparse
+import cProfile
+import os
+import pstats
 import statistics
 import time
 
@@ -192,6 +198,47 @@ def _split_rounds(sides, rounds, chains):
     return out
 
 
+def profile(device, kind, n, top=30):
+    """cProfile of `n` FLAME chains on `device`, forward and backward apart, and the packed launches per chain: a
+    text report (also the returned dict's "report")."""
+    from flame_core.kernels import launching
+    _, x, sync, run, params = _flame_side(device, kind)
+    for _ in range(5):
+        run(x).backward()
+    sync()
+    prof = {"forward": cProfile.Profile(), "backward": cProfile.Profile()}
+    launches = {"forward": 0, "backward": 0}
+    for _ in range(n):
+        for p in params:
+            p.grad = None
+        n0 = launching.launches
+        prof["forward"].enable()
+        y = run(x)
+        sync()
+        prof["forward"].disable()
+        n1 = launching.launches
+        prof["backward"].enable()
+        y.backward()
+        sync()
+        prof["backward"].disable()
+        launches["forward"] += n1 - n0
+        launches["backward"] += launching.launches - n1
+    text = [f"\n## {kind} chain on {device}: packed kernel launches per chain: forward "
+            f"{launches['forward'] / n:.1f}, backward {launches['backward'] / n:.1f} ({N_OPS} ops)"]
+    for half, pr in prof.items():
+        stats = pstats.Stats(pr).stats   # (file, line, function) -> (primitive calls, calls, own s, cumulative s, ..)
+        rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+        total = sum(v[2] for v in stats.values())
+        text.append(f"\n### {half}, {n} chains: the top {len(rows)} functions by own time, per op of the chain "
+                    f"(cProfile's own overhead inflates small frames; total {total / n / N_OPS * 1e6:.2f} us/op)")
+        text.append(f"{'calls/op':>9} {'own us/op':>10} {'cum us/op':>10}  function")
+        for (file, line, func), (_, calls, own, cum, _) in rows:
+            where = f"{os.path.relpath(file) if file.startswith('/') else file}:{line}({func})"
+            text.append(f"{calls / n / N_OPS:9.2f} {own / n / N_OPS * 1e6:10.3f} {cum / n / N_OPS * 1e6:10.3f}  "
+                        f"{where}")
+    return {"launches_per_chain": {k: v / n for k, v in launches.items()}, "report": "\n".join(text)}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=15, help="A/B rounds per device (one FLAME and one torch trial each)")
@@ -201,13 +248,28 @@ def main():
     ap.add_argument("--split", action="store_true", help="also time the forward and the backward apart (more rounds)")
     ap.add_argument("--chain", choices=("elementwise", "linear", "matmul"), default="elementwise",
                     help="the 200-op chain: elementwise ops (default), 100 x (linear, tanh) or 100 x (@, tanh)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="then cProfile N of FLAME's chains per device (forward and backward apart)")
     args = ap.parse_args()
+    if args.profile < 0:
+        ap.error(f"--profile: a number of chains (0: none), got {args.profile}")
     torch = None if args.no_torch else common.import_torch()
     cuda = flame.cuda_is_available()
     res = common.Results("overhead" if args.chain == "elementwise" else f"overhead_{args.chain}")
     for dev in (d for d in ("cpu", "cuda") if args.device in ("all", d) and (d == "cpu" or cuda)):
         peer = torch if torch is not None and (dev == "cpu" or torch.cuda.is_available()) else None
         res.log(dev, interleaved(dev, peer, args.rounds, args.chains, split=args.split, kind=args.chain))
+    reports = []
+    if args.profile:
+        for dev in (d for d in ("cpu", "cuda") if args.device in ("all", d) and (d == "cpu" or cuda)):
+            prof = profile(dev, args.chain, args.profile)
+            res.get(dev)["profile_launches_per_chain"] = prof["launches_per_chain"]
+            reports.append(prof["report"])
+        out_dir = os.environ.get("OUT")
+        if out_dir:
+            os.makedirs(out_dir, exist_ok=True)
+            with open(os.path.join(out_dir, f"overhead_{args.chain}_profile.txt"), "w") as f:
+                f.write("\n".join(reports) + "\n")
     res.save()
     rows = []
     for dev in ("cpu", "cuda"):
@@ -232,6 +294,10 @@ def main():
         print(common.table(["device", "FLAME fwd", "torch fwd", "fwd ratio", "FLAME bwd", "torch bwd", "bwd ratio"],
                            rows, title="\nthe same chain's forward and backward timed apart, us/op (ratios: medians "
                                        "of per-round ratios)"))
+
+
+    for text in reports:
+        print(text)
 
 
 if __name__ == "__main__":

@@ -49,3 +49,24 @@ def test_the_command_prints_the_split_table(tmp_path):
                        timeout=120)
     assert r.returncode == 0, r.stderr
     assert "forward and backward timed apart" in r.stdout and "FLAME bwd" in r.stdout
+
+
+def test_the_profile_names_the_engine_and_the_ops(tmp_path):
+    """--profile N: per device, cProfile of N chains (forward and backward apart) as per-op figures, and the packed
+    kernel launches per chain (none on the CPU); the report is printed and written under $OUT."""
+    prof = overhead.profile("cpu", "elementwise", 2, top=40)
+    assert prof["launches_per_chain"] == {"forward": 0.0, "backward": 0.0}
+    text = prof["report"]
+    assert "### forward, 2 chains" in text and "### backward, 2 chains" in text
+    assert "engine.py" in text and "run_backward" in text and "function.py" in text
+    env = {**os.environ, "OUT": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "overhead.py"), "--device", "cpu", "--rounds", "1",
+                        "--chains", "1", "--no-torch", "--profile", "2"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    saved = (tmp_path / "overhead_elementwise_profile.txt").read_text()
+    assert "packed kernel launches per chain" in saved and "run_backward" in r.stdout
+    bad = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "overhead.py"), "--profile", "-1"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert bad.returncode == 2 and "--profile: a number of chains" in bad.stderr
