@@ -46,6 +46,7 @@ from flame_core.memory.stats import fmt_bytes, parse_budget
 from .pipeline import free_model, to_pil
 from .samplers import SAMPLERS
 from .samplers.flow import FLOW_SAMPLERS
+from .samplers.flow_schedules import FLOW_SCHEDULERS
 from .training.limits import image_problem
 
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "fp32": "float32",
@@ -64,6 +65,16 @@ def flow_sampler(sampler, family):
         raise GenerateError(f"--sampler {sampler}: {family} samples with {', '.join(FLOW_SAMPLERS[:-1])} or "
                             f"{FLOW_SAMPLERS[-1]} (the others are SDXL's)")
     return sampler
+
+
+def flow_scheduler(scheduler, family):
+    """--scheduler of a flow-matching family: "simple" (None: the default, the family's own sigmas), "karras",
+    "exponential" or "beta" (samplers/flow_schedules.py)."""
+    scheduler = "simple" if scheduler is None else scheduler
+    if scheduler not in FLOW_SCHEDULERS:
+        raise GenerateError(f"--scheduler {scheduler}: {family} samples with {', '.join(FLOW_SCHEDULERS[:-1])} or "
+                            f"{FLOW_SCHEDULERS[-1]}")
+    return scheduler
 
 
 def _check_args(prompts, width, height, steps, num_images, batch_size, seed, multiple=16, family="Flux"):
@@ -250,8 +261,9 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     seed + j, so one seed gives the same picture whatever the batch: exactly on the cpu; on cuda up to the rounding
     of GEMMs, whose kernels cuBLAS picks by shape, so more in bfloat16 than in float32). The family comes from the
     files (registry.detect_family), a family's Files object, or `arch` ("flux" | "sd3" | "sdxl"); its generate part
-    (flame_models/<family>/generate.py) runs with the family's own `options` -- Flux: guidance, max_length, sampler;
-    SD3: negative_prompt, clip_g, cfg, sampler, slg_scale, slg_layers, no_t5, max_length, configs; SDXL:
+    (flame_models/<family>/generate.py) runs with the family's own `options` -- Flux: guidance, max_length, sampler,
+    scheduler; SD3: negative_prompt, clip_g, cfg, sampler, scheduler, slg_scale, slg_layers, no_t5, max_length,
+    configs; SDXL:
     negative_prompt, clip_g, cfg, sampler, karras, original_size, crop, target_size, max_token_length, configs. An
     option of another family is refused, naming it.
 
@@ -449,6 +461,9 @@ def build_parser():
                                                               "Kontext / Chroma / Qwen-Image: euler, heun or "
                                                               "dpmpp_2m")
     x.add_argument("--karras", action="store_true", help="SDXL: Karras sigmas instead of the model's")
+    x.add_argument("--scheduler", choices=FLOW_SCHEDULERS,
+                   help="SD3 / Flux / Flux Kontext / Chroma / Qwen-Image: the sigma spacing (default simple: the "
+                        "model's own; karras, exponential, beta keep its end points)")
     x.add_argument("--original-size", metavar="WxH", help="SDXL size conditioning (default: the image's size)")
     x.add_argument("--crop", metavar="TOP,LEFT", help="SDXL crop conditioning (default 0,0)")
     x.add_argument("--target-size", metavar="WxH", help="SDXL size conditioning (default: the image's size)")
@@ -486,7 +501,7 @@ def _family_options(args):
     """The options only some families take, given on the command line (left out when not given, so a family
     refuses another's only when it is given)."""
     opts = dict(image=args.image, keep_image_size=args.keep_image_size, negative_prompt=args.negative_prompt,
-                clip_g=args.clip_g, cfg=args.cfg, sampler=args.sampler,
+                clip_g=args.clip_g, cfg=args.cfg, sampler=args.sampler, scheduler=args.scheduler,
                 karras=args.karras, original_size=args.original_size, crop=args.crop, target_size=args.target_size,
                 max_token_length=args.max_token_length, slg_scale=args.slg_scale, slg_layers=args.slg_layers,
                 no_t5=args.no_t5)

@@ -118,6 +118,28 @@ def test_the_dpmpp_2m_sampler_from_the_command(tiny, tmp_path):
                                   run(tiny, "x", **{**kw, "steps": 1}))
 
 
+def test_the_scheduler_option_from_the_command(tiny, tmp_path, capsys):
+    """--scheduler beta on a Flux: "Schedule type: Beta" and "scheduler" in the PNG, another image than the default
+    ("simple": Flux's own sigmas); an unknown one exits 2 before loading; --karras names --scheduler karras."""
+    root = os.path.dirname(tiny.transformer)
+    out = tmp_path / "out"
+    assert main(["--model", root, "--prompt", "x", "--width", "48", "--height", "32", "--steps", "4", "--seed", "5",
+                 "--scheduler", "beta", "--output", str(out), "--dtype", "fp32", "--no-progress"]) == 0
+    im = Image.open(out / "00000-5.png")
+    assert "Steps: 4, Sampler: Euler, Schedule type: Beta" in im.text["parameters"]
+    assert json.loads(im.text["flame"])["scheduler"] == "beta"
+    kw = dict(SIZE, steps=4, seed=5, dtype="float32")
+    beta, simple = run(tiny, "x", scheduler="beta", **kw), run(tiny, "x", **kw)
+    np.testing.assert_array_equal(beta[0], np.asarray(im).astype(np.int16))
+    assert np.abs(beta - simple).max() > 0
+    np.testing.assert_array_equal(run(tiny, "x", scheduler="simple", **kw), simple)
+    with pytest.raises(GenerateError, match="--scheduler normal: Flux samples with simple, karras, exponential or "
+                                            "beta"):
+        generate(tiny, "x", scheduler="normal")
+    assert main(["--model", root, "--prompt", "x", "--karras", "--output", str(out), "--no-progress"]) == 2
+    assert "--karras: an SDXL option; this model is Flux: use --scheduler karras" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_images_depend_on_seed_and_prompt_not_on_batching(tiny, dtype):
     one = run(tiny, ["a red square", "a blue circle"], num_images=2, batch_size=1, dtype=dtype)

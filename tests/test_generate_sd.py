@@ -178,6 +178,11 @@ def test_bad_inputs_are_named(sdxl, capsys):
     _fails(capsys, ["--model", SD3, "--prompt", "x", "--slg-layers", "5"], "--slg-layers [5]: [5] are not joint "
                                                                            "blocks")
     _fails(capsys, ["--model", sdxl["folder"], "--prompt", "x", "--sampler", "ddim", "--karras"], "--karras")
+    _fails(capsys, ["--model", sdxl["folder"], "--prompt", "x", "--scheduler", "beta"],
+           "--scheduler: a Flux / SD3 / Flux Kontext / Chroma / Qwen-Image option; this model is SDXL: --karras gives "
+           "Karras sigmas")
+    _fails(capsys, ["--model", SD3, "--prompt", "x", "--karras"],
+           "--karras: an SDXL option; this model is SD3: use --scheduler karras")
     _fails(capsys, ["--model", sdxl["folder"], "--prompt", "x", "--sampler", "lcm", "--karras"],
            "--karras: lcm walks its own timesteps")
     _fails(capsys, ["--model", sdxl["folder"], "--prompt", "x", "--sampler", "lcm", "--steps", "60"],

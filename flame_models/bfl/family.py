@@ -101,10 +101,11 @@ class FluxFamily(FlowSamplerPreviews, FlowMatchingFamily):
                      y=cond["y"], guidance=cond.get("guidance"))
 
     # ------------------------------------------------------------------ previews
-    def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None, sampler="euler"):
+    def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None, sampler="euler",
+               scheduler="simple"):
         txt = flame.tensor(cond["prompt_embeds"][None], device=device)
         y = flame.tensor(cond["pooled_prompt_embeds"][None], device=device)
         return flux_sampling.sample(model, txt, y, height=height, width=width, steps=steps,
                                     guidance=guidance if model.params.guidance_embed else None, seed=seed,
-                                    callback=callback, sampler=sampler)
+                                    callback=callback, sampler=sampler, scheduler=scheduler)
 

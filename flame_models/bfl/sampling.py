@@ -7,6 +7,7 @@ from flame_nn.offload import streamer_of
 
 from ..samplers import noise
 from ..samplers.flow import MULTISTEP, check_flow_sampler, dpmpp_2m_coefficients, flow_step, step_kind
+from ..samplers.flow_schedules import check_flow_scheduler, respace
 
 LATENT_CHANNELS = 16
 # the autoencoder's latent statistics: decode z = latent / SCALE + SHIFT
@@ -153,15 +154,16 @@ def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda
 
 
 def sample(model, txt, y, height=1024, width=1024, steps=None, guidance=None, seed=0, *, txt_ids=None,
-           shift=None, cuda_graph=None, callback=None, sampler="euler"):
+           shift=None, cuda_graph=None, callback=None, sampler="euler", scheduler="simple"):
     """Text-to-image latents with a Flux model: T5 hidden states `txt` (B, L, context_in_dim) and CLIP pooled `y`
     (B, vec_in_dim) -> VAE-space latents (B, 16, H/8, W/8), float32, before the `/SCALE + SHIFT` of decoding.
 
     Defaults follow BFL: flux-dev 50 steps, guidance 2.5, shifted schedule; schnell 4 steps, no guidance, no shift.
     cuda_graph, callback: see `denoise` (graphs are on by default on cuda). sampler: "euler" (BFL's), "heun" or
-    "dpmpp_2m".
+    "dpmpp_2m"; scheduler: "simple" (BFL's sigmas), "karras", "exponential" or "beta" (samplers/flow_schedules.py).
     """
     check_flow_sampler(sampler)
+    check_flow_scheduler(scheduler)
     dev_model = model.params.guidance_embed
     steps = (50 if dev_model else 4) if steps is None else steps
     guidance = (2.5 if dev_model else None) if guidance is None else guidance
@@ -176,7 +178,7 @@ def sample(model, txt, y, height=1024, width=1024, steps=None, guidance=None, se
     img = pack(noise)
     img_pos = image_ids(height, width, B, device=device)
     txt_pos = text_ids(L, B, device=device) if txt_ids is None else txt_ids
-    timesteps = get_schedule(steps, img.shape[1], shift=shift)
+    timesteps = respace(get_schedule(steps, img.shape[1], shift=shift), scheduler)
     x = denoise(model, img, img_pos, txt.to(dtype), txt_pos, y.to(dtype), timesteps, guidance, cuda_graph, callback,
                 sampler)
     return unpack(x, height, width)

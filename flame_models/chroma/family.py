@@ -106,11 +106,12 @@ class ChromaFamily(FlowSamplerPreviews, FlowMatchingFamily):
         neg = cfg.sample.neg
         return neg if isinstance(neg, str) else ""
 
-    def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None, sampler="euler"):
+    def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None, sampler="euler",
+               scheduler="simple"):
         pos = {k: np.asarray(cond[k])[None] for k in self.sample_keys[1:]}
         neg = None
         if guidance is not None and guidance > 1.0 and "negative_prompt_embeds" in cond:
             neg = {k: np.asarray(cond[f"negative_{k}"])[None] for k in self.sample_keys[1:]}
         return chroma_pipeline.sample_latents(model, pos, neg, height=height, width=width, steps=steps,
                                               cfg=guidance if neg is not None else 1.0, seeds=[seed],
-                                              callback=callback, sampler=sampler)
+                                              callback=callback, sampler=sampler, scheduler=scheduler)

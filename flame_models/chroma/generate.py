@@ -8,20 +8,22 @@ import random
 from .. import generate as G
 from ..bfl.vae import decode_latents, load_vae_for_flux
 from ..samplers.flow import DISPLAY_NAMES
+from ..samplers.flow_schedules import DISPLAY_NAMES as SCHEDULES
 from . import conditioning as C
 from . import pipeline as P
 from .components import ChromaFiles, find_chroma_files
 
 FILES = ChromaFiles
-OPTIONS = {"negative_prompt": None, "cfg": None, "max_length": None, "sampler": None}
-NOTES = {"guidance": "it has no guidance embedding; use --cfg (classifier-free guidance)"}
+OPTIONS = {"negative_prompt": None, "cfg": None, "max_length": None, "sampler": None, "scheduler": None}
+NOTES = {"guidance": "it has no guidance embedding; use --cfg (classifier-free guidance)",
+         "karras": "use --scheduler karras (its own sigmas respaced as Karras's)"}
 DEFAULTS = {"steps": 35, "cfg": 5.0}     # diffusers ChromaPipeline's defaults
 
 
 def generate(model, prompts, *, negative_prompt=None, cfg=None, vae=None, clip_l=None, t5=None, tokenizer=None,
              loras=(), width=1024, height=1024, steps=None, seed=None, num_images=1, batch_size=1, output=None,
-             device=None, dtype=None, fp8=False, max_gpu_memory=None, max_length=None, sampler=None, progress=True,
-             stats=None, log=print):
+             device=None, dtype=None, fp8=False, max_gpu_memory=None, max_length=None, sampler=None, scheduler=None,
+             progress=True, stats=None, log=print):
     """Chroma text-to-image (flame_models.generate.generate says what the arguments mean). model: a diffusers
     Chroma folder, a Chroma / ComfyUI transformer file (with vae=, t5=) or ChromaFiles. sampler: "euler" (default),
     "heun" or "dpmpp_2m"."""
@@ -31,6 +33,7 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, vae=None, clip_l
     if clip_l is not None:
         raise G.GenerateError("--clip-l: Chroma has no CLIP (T5 only)")
     sampler = G.flow_sampler(sampler, "Chroma")
+    scheduler = G.flow_scheduler(scheduler, "Chroma")
     dev = G._device(device)
     dtype = G._dtype(dtype, dev)
     budget = G._budget(max_gpu_memory)
@@ -67,7 +70,7 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, vae=None, clip_l
                                                    guided=guided),
         sample=lambda net, cond, seeds, rows, callback: P.sample_latents(
             net, cond, negative_of(cond), height=height, width=width, steps=steps, cfg=cfg, seeds=seeds, rows=rows,
-            callback=callback, sampler=sampler),
+            callback=callback, sampler=sampler, scheduler=scheduler),
         load_vae=lambda: load_vae_for_flux(files.vae, dtype=dtype, device=dev), decode=decode_latents)
     images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps,
                           progress=progress, stats=stats, log=log)
@@ -78,10 +81,11 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, vae=None, clip_l
         def text_of(i, s):
             info = {"prompt": prompts[i], "negative_prompt": negative, "seed": s, "steps": steps, "cfg": cfg,
                     "width": width, "height": height, "model": files.transformer, "vae": files.vae, "t5": files.t5,
-                    "loras": [[p, w] for p, w in loras], "sampler": sampler,
+                    "loras": [[p, w] for p, w in loras], "sampler": sampler, "scheduler": scheduler,
                     "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8)}
-            fields = [("Steps", steps), ("Sampler", DISPLAY_NAMES[sampler]), ("CFG scale", f"{cfg:g}"), ("Seed", s),
-                      ("Size", f"{width}x{height}"), ("Model", name), *G.lora_field(loras), ("Version", "FLAME")]
+            fields = [("Steps", steps), ("Sampler", DISPLAY_NAMES[sampler]), ("Schedule type", SCHEDULES[scheduler]),
+                      ("CFG scale", f"{cfg:g}"), ("Seed", s), ("Size", f"{width}x{height}"), ("Model", name),
+                      *G.lora_field(loras), ("Version", "FLAME")]
             return {"parameters": G.parameters_text(prompts[i], negative if guided else None, fields),
                     "flame": json.dumps(info)}
 

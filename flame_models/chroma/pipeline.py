@@ -17,6 +17,8 @@ from ..bfl.sampling import LATENT_CHANNELS, denoise, get_schedule, image_ids, pa
 from ..bfl.vae import decode_latents, encode_images, load_vae_for_flux  # noqa: F401
 from ..pipeline import check_loras as _check_loras
 from ..pipeline import load_for_sampling
+from ..samplers.flow import check_flow_sampler
+from ..samplers.flow_schedules import check_flow_scheduler, respace
 from .components import ChromaFiles, ChromaFilesError, find_chroma_files
 from .loading import load_chroma
 from .model import ATTN_PADDING
@@ -93,11 +95,14 @@ class Guided(flame_nn.Module):
 
 
 def sample_latents(model, cond, neg=None, *, height, width, steps, cfg=1.0, seeds, rows=None, callback=None,
-                   cuda_graph=None, sampler="euler"):
-    """Model-space latents (B, 16, H/8, W/8) float32: Euler (or Heun / DPM++ 2M: sampler) on the flow-matching
-    schedule shifted for the image's token count (mu 0.5 at 256 tokens to 1.15 at 4096, as ChromaPipeline), with
-    classifier-free guidance `cfg` against `neg` (its prompt_embeds / prompt_mask; one row, or one per prompt) when
-    cfg > 1. cond: {"prompt_embeds", "prompt_mask"} rows, `rows` picking each image's; seeds: one per image."""
+                   cuda_graph=None, sampler="euler", scheduler="simple"):
+    """Model-space latents (B, 16, H/8, W/8) float32: Euler (or Heun / DPM++ 2M: sampler) on the flow-matching schedule
+    shifted for the image's token count (mu 0.5 at 256 tokens to 1.15 at 4096, as ChromaPipeline) and respaced by
+    `scheduler` (samplers/flow_schedules.py), with classifier-free guidance `cfg` against `neg` (its prompt_embeds /
+    prompt_mask; one row, or one per prompt) when cfg > 1. cond: {"prompt_embeds", "prompt_mask"} rows, `rows` picking
+    each image's; seeds: one per image."""
+    check_flow_sampler(sampler)
+    check_flow_scheduler(scheduler)
     dev = model.img_in.weight.device
     dtype = model.img_in.weight.dtype
     x = seeded_noise(seeds, height, width, device=dev)
@@ -117,7 +122,7 @@ def sample_latents(model, cond, neg=None, *, height, width, steps, cfg=1.0, seed
         (pos,) = cut_text(pos)
         txt, mask = _device_rows(*pos, dev, dtype)
         net = Guided(model, mask)
-    timesteps = get_schedule(steps, x.shape[1], shift=True)
+    timesteps = respace(get_schedule(steps, x.shape[1], shift=True), scheduler)
     out = denoise(net, x, image_ids(height, width, B, device=dev), txt, text_ids(txt.shape[1], B, device=dev),
                   None, timesteps, None, cuda_graph, callback, sampler)
     return unpack(out, height, width)

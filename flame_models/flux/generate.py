@@ -7,19 +7,22 @@ import random
 
 from .. import generate as G
 from ..samplers.flow import DISPLAY_NAMES
+from ..samplers.flow_schedules import DISPLAY_NAMES as SCHEDULES
 from . import pipeline as P
 from .components import FluxFiles, find_flux_files
 
 FILES = FluxFiles
-OPTIONS = {"guidance": "Flux's embedded guidance", "max_length": None, "sampler": None}
-NOTES = {"cfg": "its guidance is embedded (--guidance)"}
+OPTIONS = {"guidance": "Flux's embedded guidance", "max_length": None, "sampler": None, "scheduler": None}
+NOTES = {"cfg": "its guidance is embedded (--guidance)",
+         "karras": "use --scheduler karras (its own sigmas respaced as Karras's)"}
 DEV_DEFAULTS = {"steps": 28, "guidance": 3.5}   # diffusers' FluxPipeline defaults for flux-dev
 SCHNELL_STEPS = 4
 
 
 def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, loras=(), width=1024, height=1024,
              steps=None, guidance=None, seed=None, num_images=1, batch_size=1, output=None, device=None, dtype=None,
-             fp8=False, max_gpu_memory=None, max_length=None, sampler=None, progress=True, stats=None, log=print):
+             fp8=False, max_gpu_memory=None, max_length=None, sampler=None, scheduler=None, progress=True, stats=None,
+             log=print):
     """Flux text-to-image (flame_models.generate.generate says what the arguments mean). model: a diffusers Flux
     folder, a transformer file (with vae=, clip_l=, t5=) or FluxFiles. sampler: "euler" (default), "heun" or
     "dpmpp_2m"."""
@@ -27,6 +30,7 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     G._check_args(prompts, width, height, steps, num_images, batch_size, seed)
     sampler = G.flow_sampler(sampler, "Flux")
+    scheduler = G.flow_scheduler(scheduler, "Flux")
     dev = G._device(device)
     dtype = G._dtype(dtype, dev)
     budget = G._budget(max_gpu_memory)
@@ -59,7 +63,7 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
                                                    guidance=guidance),
         sample=lambda net, cond, seeds, rows, callback: P.sample_latents(
             net, cond, height=height, width=width, steps=steps, guidance=guidance, seeds=seeds, rows=rows,
-            callback=callback, sampler=sampler),
+            callback=callback, sampler=sampler, scheduler=scheduler),
         load_vae=lambda: P.load_vae_for_flux(files, dtype=dtype, device=dev), decode=P.decode_latents)
     images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps,
                           progress=progress, stats=stats, log=log)
@@ -70,9 +74,9 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
         def text_of(i, s):
             info = {"prompt": prompts[i], "seed": s, "steps": steps, "guidance": guidance, "width": width,
                     "height": height, "model": files.transformer, "vae": files.vae, "clip_l": files.clip_l,
-                    "t5": files.t5, "loras": [[p, w] for p, w in loras], "sampler": sampler,
+                    "t5": files.t5, "loras": [[p, w] for p, w in loras], "sampler": sampler, "scheduler": scheduler,
                     "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8)}
-            fields = [("Steps", steps), ("Sampler", DISPLAY_NAMES[sampler]), ("Schedule type", "Simple"),
+            fields = [("Steps", steps), ("Sampler", DISPLAY_NAMES[sampler]), ("Schedule type", SCHEDULES[scheduler]),
                       ("CFG scale", 1),
                       ("Distilled CFG Scale", None if guidance is None else f"{guidance:g}"), ("Seed", s),
                       ("Size", f"{width}x{height}"), ("Model", name), *G.lora_field(loras), ("Version", "FLAME")]

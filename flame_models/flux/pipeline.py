@@ -30,6 +30,7 @@ from ..pipeline import (  # noqa: F401
     to_pil,
 )
 from ..samplers.flow import check_flow_sampler
+from ..samplers.flow_schedules import check_flow_scheduler, respace
 from .components import FluxFiles, FluxFilesError, find_flux_files  # noqa: F401
 from .conditioning import FluxTextEncoders, check_vocabularies, encode_prompts, load_text_encoders, load_tokenizers
 from .loading import load_flux  # noqa: F401
@@ -41,7 +42,7 @@ def _model_dtype(model):
 
 
 def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=None, latents=None, rows=None,
-                   callback=None, cuda_graph=None, sampler="euler"):
+                   callback=None, cuda_graph=None, sampler="euler", scheduler="simple"):
     """Denoise with the Euler (or sampler="heun" / "dpmpp_2m") sampler on Flux's (shifted, for dev) schedule; returns
     model-space latents (B, 16, H/8, W/8) float32.
 
@@ -49,8 +50,10 @@ def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=No
     the prompt of each image (default: image i uses prompt i). Noise: one seed per image (`seeds`: image i starts
     from get_noise(seed=seeds[i]), the same whatever the batch), or `latents` given, packed (B, L, 64) or
     unpacked (B, 16, H/8, W/8). guidance: the embedded guidance of flux-dev (ignored by nothing: schnell takes
-    None). callback(i, n) after each step."""
+    None). callback(i, n) after each step. scheduler: "simple" (Flux's own sigmas), "karras", "exponential" or
+    "beta" (samplers/flow_schedules.py)."""
     check_flow_sampler(sampler)
+    check_flow_scheduler(scheduler)
     p = model.params
     dev = model.img_in.weight.device
     if p.guidance_embed and guidance is None:
@@ -76,7 +79,7 @@ def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=No
         raise ValueError(f"latents of {x.shape[1]} tokens do not fit a {height}x{width} image "
                          f"({img_pos.shape[1]} tokens)")
     txt_pos = text_ids(txt.shape[1], B, device=dev)
-    timesteps = get_schedule(steps, x.shape[1], shift=p.guidance_embed)
+    timesteps = respace(get_schedule(steps, x.shape[1], shift=p.guidance_embed), scheduler)
     out = denoise(model, x, img_pos, txt, txt_pos, y, timesteps, guidance, cuda_graph, callback, sampler)
     return unpack(out, height, width)
 

@@ -50,13 +50,14 @@ class FluxKontextFamily(FluxFamily):
                   guidance=cond.get("guidance"))
         return target_velocity(v, x_t.shape[1])
 
-    def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None, sampler="euler"):
+    def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None, sampler="euler",
+               scheduler="simple"):
         """A preview: with cond's "control_latents" (a dataset caption's control image) as the reference, else
         Flux's text-to-image; Euler or Heun (sampler)."""
         control = cond.get("control_latents")
         if control is None:
             return super().sample(model, cond, height=height, width=width, steps=steps, guidance=guidance,
-                                  seed=seed, device=device, callback=callback, sampler=sampler)
+                                  seed=seed, device=device, callback=callback, sampler=sampler, scheduler=scheduler)
         dtype = model.img_in.weight.dtype
         txt = flame.tensor(cond["prompt_embeds"][None], device=device).to(dtype)
         y = flame.tensor(cond["pooled_prompt_embeds"][None], device=device).to(dtype)
@@ -66,7 +67,7 @@ class FluxKontextFamily(FluxFamily):
         x = pack(get_noise(1, height, width, seed=seed, device=device))
         out = denoise_with_reference(model, x, image_ids(height, width, 1, device=device), ref, ref_ids, txt,
                                      text_ids(txt.shape[1], 1, device=device), y, steps, guidance,
-                                     callback=callback, sampler=sampler)
+                                     callback=callback, sampler=sampler, scheduler=scheduler)
         return unpack(out, height, width)
 
     def lora_metadata(self, cfg, model):

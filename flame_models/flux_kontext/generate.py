@@ -12,6 +12,7 @@ from ..bfl import conditioning as C
 from ..bfl.components import FluxFiles, find_flux_files
 from ..bfl.vae import decode_latents
 from ..samplers.flow import DISPLAY_NAMES
+from ..samplers.flow_schedules import DISPLAY_NAMES as SCHEDULES
 from . import pipeline as P
 
 
@@ -22,8 +23,9 @@ class KontextFiles(FluxFiles):
 
 FILES = KontextFiles
 OPTIONS = {"guidance": "Flux's embedded guidance", "max_length": None, "image": None, "keep_image_size": None,
-           "sampler": None}
-NOTES = {"cfg": "its guidance is embedded (--guidance)"}
+           "sampler": None, "scheduler": None}
+NOTES = {"cfg": "its guidance is embedded (--guidance)",
+         "karras": "use --scheduler karras (its own sigmas respaced as Karras's)"}
 DEFAULTS = {"steps": 28, "guidance": 2.5}
 
 
@@ -38,7 +40,7 @@ def find_files(model, **parts):
 def generate(model, prompts, *, image=None, keep_image_size=False, vae=None, clip_l=None, t5=None, tokenizer=None,
              loras=(), width=1024, height=1024, steps=None, guidance=None, seed=None, num_images=1, batch_size=1,
              output=None, device=None, dtype=None, fp8=False, max_gpu_memory=None, max_length=None, sampler=None,
-             progress=True, stats=None, log=print):
+             scheduler=None, progress=True, stats=None, log=print):
     """Flux Kontext image editing (flame_models.generate.generate says what the arguments mean); image: the
     reference image's path (required), resized to Kontext's resolution list (diffusers' default) or, with
     keep_image_size, kept at its own size floored to 16 (diffusers' `_auto_resize=False`); sampler: "euler"
@@ -49,6 +51,7 @@ def generate(model, prompts, *, image=None, keep_image_size=False, vae=None, cli
     if image is None:
         raise G.GenerateError("--image: Flux Kontext edits a reference image; pass --image ref.png")
     sampler = G.flow_sampler(sampler, "Flux Kontext")
+    scheduler = G.flow_scheduler(scheduler, "Flux Kontext")
     dev = G._device(device)
     dtype = G._dtype(dtype, dev)
     budget = G._budget(max_gpu_memory)
@@ -82,7 +85,7 @@ def generate(model, prompts, *, image=None, keep_image_size=False, vae=None, cli
                                                    guidance=guidance),
         sample=lambda net, cond, seeds, rows, callback: P.sample_latents(
             net, cond, height=height, width=width, steps=steps, guidance=guidance, seeds=seeds, rows=rows,
-            callback=callback, sampler=sampler),
+            callback=callback, sampler=sampler, scheduler=scheduler),
         load_vae=lambda: P.load_vae_for_flux(files, dtype=dtype, device=dev), decode=decode_latents)
     images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps,
                           progress=progress, stats=stats, log=log)
@@ -94,11 +97,11 @@ def generate(model, prompts, *, image=None, keep_image_size=False, vae=None, cli
             info = {"prompt": prompts[i], "image": str(image), "reference_size": list(pixels.shape[:1:-1]),
                     "seed": s, "steps": steps, "guidance": guidance,
                     "width": width, "height": height, "model": files.transformer, "vae": files.vae,
-                    "loras": [[p, w] for p, w in loras], "sampler": sampler, "dtype": str(dtype).replace("flame.", ""),
-                    "fp8": bool(fp8)}
-            fields = [("Steps", steps), ("Sampler", DISPLAY_NAMES[sampler]), ("CFG scale", 1), ("Distilled CFG Scale",
-                      f"{guidance:g}"), ("Seed", s), ("Size", f"{width}x{height}"), ("Model", name),
-                      *G.lora_field(loras), ("Version", "FLAME")]
+                    "loras": [[p, w] for p, w in loras], "sampler": sampler, "scheduler": scheduler,
+                    "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8)}
+            fields = [("Steps", steps), ("Sampler", DISPLAY_NAMES[sampler]), ("Schedule type", SCHEDULES[scheduler]),
+                      ("CFG scale", 1), ("Distilled CFG Scale", f"{guidance:g}"), ("Seed", s),
+                      ("Size", f"{width}x{height}"), ("Model", name), *G.lora_field(loras), ("Version", "FLAME")]
             return {"parameters": G.parameters_text(prompts[i], None, fields), "flame": json.dumps(info)}
 
         G.write_pngs(output, jobs, images, text_of, log)

@@ -10,6 +10,8 @@ from ..bfl.sampling import LATENT_CHANNELS, image_ids, pack, seeded_noise, text_
 from ..bfl.transformer import STACKS, check_loras, load_transformer  # noqa: F401
 from ..bfl.vae import encode_images, load_vae_for_flux
 from ..conditioning import prompt_rows
+from ..samplers.flow import check_flow_sampler
+from ..samplers.flow_schedules import check_flow_scheduler
 from .reference import kontext_size, reference_ids
 from .sampling import WithReference, denoise_with_reference
 
@@ -46,10 +48,13 @@ def _reference(cond, B, dev, dtype):
 
 
 def sample_latents(model, cond, *, height, width, steps, guidance, seeds, rows=None, callback=None,
-                   cuda_graph=None, sampler="euler"):
-    """Model-space latents (B, 16, H/8, W/8) float32 of the edit: Euler (or Heun) on FLUX.1-dev's schedule with the
+                   cuda_graph=None, sampler="euler", scheduler="simple"):
+    """Model-space latents (B, 16, H/8, W/8) float32 of the edit: Euler (or Heun / DPM++ 2M: sampler) on FLUX.1-dev's
+    schedule (respaced by scheduler: samplers/flow_schedules.py) with the
     embedded guidance, the reference tokens of cond["ref_latents"] appended at every step. cond: prompt_embeds,
     pooled_prompt_embeds (one row per prompt; `rows` picks each image's), ref_latents, ref_height, ref_width."""
+    check_flow_sampler(sampler)
+    check_flow_scheduler(scheduler)
     dev = model.img_in.weight.device
     dtype = model.img_in.weight.dtype
     x = seeded_noise(seeds, height, width, device=dev)
@@ -59,7 +64,7 @@ def sample_latents(model, cond, *, height, width, steps, guidance, seeds, rows=N
     ref, ref_ids = _reference(cond, B, dev, dtype)
     out = denoise_with_reference(model, x, image_ids(height, width, B, device=dev), ref, ref_ids, txt,
                                  text_ids(txt.shape[1], B, device=dev), y, steps, guidance,
-                                 cuda_graph=cuda_graph, callback=callback, sampler=sampler)
+                                 cuda_graph=cuda_graph, callback=callback, sampler=sampler, scheduler=scheduler)
     return unpack(out, height, width)
 
 

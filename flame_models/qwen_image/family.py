@@ -118,10 +118,12 @@ class QwenImageFamily(FlowSamplerPreviews, FlowMatchingFamily):
         neg = cfg.sample.neg
         return neg if isinstance(neg, str) else None
 
-    def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None, sampler="euler"):
+    def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None, sampler="euler",
+               scheduler="simple"):
         pos = {k: np.asarray(cond[k])[None] for k in self.sample_keys[1:]}
         neg = None
         if "negative_prompt_embeds" in cond:
             neg = {k: np.asarray(cond[f"negative_{k}"])[None] for k in self.sample_keys[1:]}
         return qwen_sampling.sample_latents(model, pos, neg, height=height, width=width, steps=steps,
-                                            cfg=guidance, seeds=[seed], callback=callback, sampler=sampler)
+                                            cfg=guidance, seeds=[seed], callback=callback, sampler=sampler,
+                                            scheduler=scheduler)

@@ -16,13 +16,15 @@ from .. import generate as G
 from ..conditioning.files import ModelFilesError
 from ..pipeline import check_loras, load_for_sampling
 from ..samplers.flow import DISPLAY_NAMES
+from ..samplers.flow_schedules import DISPLAY_NAMES as SCHEDULES
 from . import sampling as S
 from . import stages
 from .loading import QwenImageCheckpointError, load_qwen_image, read_qwen_image_params
 from .params import QwenImageParams
 
-OPTIONS = {"negative_prompt": None, "cfg": None, "max_length": None, "sampler": None}
-NOTES = {"guidance": "it has no guidance embedding; use --cfg with a --negative-prompt (classifier-free guidance)"}
+OPTIONS = {"negative_prompt": None, "cfg": None, "max_length": None, "sampler": None, "scheduler": None}
+NOTES = {"guidance": "it has no guidance embedding; use --cfg with a --negative-prompt (classifier-free guidance)",
+         "karras": "use --scheduler karras (its own sigmas respaced as Karras's)"}
 DEFAULTS = {"steps": S.DEFAULT_STEPS, "cfg": S.DEFAULT_CFG, "max_length": 512}
 STACKS = ("transformer_blocks",)
 
@@ -74,8 +76,8 @@ def find_qwen_image_files(path, *, vae=None, tokenizer=None):
 
 def generate(model, prompts, *, negative_prompt=None, cfg=None, max_length=None, vae=None, clip_l=None, t5=None,
              tokenizer=None, loras=(), width=1024, height=1024, steps=None, seed=None, num_images=1, batch_size=1,
-             output=None, device=None, dtype=None, fp8=False, max_gpu_memory=None, sampler=None, progress=True,
-             stats=None, log=print):
+             output=None, device=None, dtype=None, fp8=False, max_gpu_memory=None, sampler=None, scheduler=None,
+             progress=True, stats=None, log=print):
     """Qwen-Image text-to-image (flame_models.generate.generate says what the arguments mean). model: a
     QwenImagePipeline folder or QwenImageFiles. sampler: "euler" (default, the pipeline's), "heun" or
     "dpmpp_2m"."""
@@ -89,6 +91,7 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, max_length=None,
         if given is not None:
             raise G.GenerateError(f"{name}: Qwen-Image has no CLIP / T5 (its text encoder is Qwen2.5-VL)")
     sampler = G.flow_sampler(sampler, "Qwen-Image")
+    scheduler = G.flow_scheduler(scheduler, "Qwen-Image")
     dev = G._device(device)
     dtype = G._dtype(dtype, dev)
     budget = G._budget(max_gpu_memory)
@@ -152,7 +155,7 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, max_length=None,
         fit=fit,
         sample=lambda net, cond, seeds, rows, callback: S.sample_latents(
             net, cond, negative_of(cond), height=height, width=width, steps=steps, cfg=cfg, seeds=seeds, rows=rows,
-            callback=callback, sampler=sampler),
+            callback=callback, sampler=sampler, scheduler=scheduler),
         load_vae=lambda: load_vae(files.vae, dtype=dtype, device=dev), decode=stages.decode_latents)
     images = G.run_stages(stages_, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps,
                           progress=progress, stats=stats, log=log)
@@ -164,8 +167,9 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, max_length=None,
             info = {"prompt": prompts[i], "negative_prompt": negative_prompt, "seed": s, "steps": steps,
                     "cfg": cfg if guided else None, "width": width, "height": height, "model": files.transformer,
                     "vae": files.vae, "text_encoder": files.text_encoder, "loras": [[p, w] for p, w in loras],
-                    "sampler": sampler, "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8)}
-            fields = [("Steps", steps), ("Sampler", DISPLAY_NAMES[sampler]),
+                    "sampler": sampler, "scheduler": scheduler, "dtype": str(dtype).replace("flame.", ""),
+                    "fp8": bool(fp8)}
+            fields = [("Steps", steps), ("Sampler", DISPLAY_NAMES[sampler]), ("Schedule type", SCHEDULES[scheduler]),
                       *([("CFG scale", f"{cfg:g}")] if guided else []),
                       ("Seed", s), ("Size", f"{width}x{height}"), ("Model", name), *G.lora_field(loras),
                       ("Version", "FLAME")]

@@ -12,6 +12,7 @@ import flame_core as flame
 
 from ..bfl.sampling import get_noise, pack, unpack
 from ..samplers.flow import MULTISTEP, check_flow_sampler, dpmpp_2m_coefficients, flow_step, step_kind
+from ..samplers.flow_schedules import check_flow_scheduler, respace
 
 NUM_TRAIN_TIMESTEPS = 1000
 BASE_SEQ_LEN, MAX_SEQ_LEN = 256, 8192
@@ -57,15 +58,17 @@ def _rows(cond, rows, device, dtype):
 
 
 def sample_latents(model, cond, neg=None, *, height, width, steps=DEFAULT_STEPS, cfg=DEFAULT_CFG, seeds=None,
-                   latents=None, rows=None, callback=None, sampler="euler"):
+                   latents=None, rows=None, callback=None, sampler="euler", scheduler="simple"):
     """Model-space latents (B, 16, H/8, W/8) float32 (normalised per channel). cond: {"prompt_embeds" (N, L, J),
     "prompt_mask" (N, L)}, `rows` picking each image's row (default: one per image in order); neg: the negative
     prompt's arrays (one row, or one per prompt) -- CFG runs only when it is given and cfg > 1, as the pipeline.
     Noise: one seed per image (`seeds`: get_noise(seed) drawn on the model's device -- the cpu's generator and
     cuda's are different streams, so one seed gives another picture on each device), or `latents` given, packed
     (B, L, 64) or unpacked (B, 16, H/8, W/8): the same start on any device. sampler: "euler" (the pipeline's),
-    "heun" or "dpmpp_2m"."""
+    "heun" or "dpmpp_2m"; scheduler: "simple" (the pipeline's sigmas), "karras", "exponential" or "beta"
+    (samplers/flow_schedules.py)."""
     check_flow_sampler(sampler)
+    check_flow_scheduler(scheduler)
     dev = model.img_in.weight.device
     dtype = model.img_in.weight.dtype
     if (seeds is None) == (latents is None):
@@ -90,7 +93,7 @@ def sample_latents(model, cond, neg=None, *, height, width, steps=DEFAULT_STEPS,
         n = np.asarray(neg["prompt_embeds"]).shape[0]
         neg_txt, neg_mask = _rows(neg, [r if n > 1 else 0 for r in rows], dev, dtype)
     shapes = [[(1, height // 16, width // 16)]] * B
-    sig = sigmas(steps, n_img)
+    sig = respace(sigmas(steps, n_img), scheduler)
 
     def velocity(x, t):
         v = model(x.to(dtype), txt, mask, t, shapes)

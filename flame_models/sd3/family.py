@@ -126,9 +126,10 @@ class SD3Family(FlowSamplerPreviews, FlowMatchingFamily):
         return options
 
     def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None, slg=None,
-               sampler="euler"):
-        """One prompt's latents with SD3's Euler or Heun sampler; CFG against cond's negative_* arrays (zeros when the
-        run encoded no negative: precomputed samples without text encoders)."""
+               sampler="euler", scheduler="simple"):
+        """One prompt's latents with SD3's Euler, Heun or DPM++ 2M sampler on its sigmas as `scheduler` spaces them; CFG
+        against cond's negative_* arrays (zeros when the run encoded no negative: precomputed samples without text
+        encoders)."""
         pos = {k: np.asarray(cond[k])[None] for k in self.sample_keys[1:]}
         neg = None
         if guidance != 1.0:
@@ -139,4 +140,4 @@ class SD3Family(FlowSamplerPreviews, FlowMatchingFamily):
                                  f"prompt's {pos['prompt_embeds'].shape[1:]} differ in shape")
         return sd3_pipeline.sample_latents(model, pos, neg, height=height, width=width, steps=steps, cfg=guidance,
                                            seeds=[seed], skip_layer_guidance=slg, callback=callback,
-                                           sampler=sampler)
+                                           sampler=sampler, scheduler=scheduler)

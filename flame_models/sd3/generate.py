@@ -10,6 +10,7 @@ import random
 
 from .. import generate as G
 from ..samplers.flow import DISPLAY_NAMES
+from ..samplers.flow_schedules import DISPLAY_NAMES as SCHEDULES
 from . import pipeline as P
 from .components import SD3Files, find_sd3_files
 from .conditioning import check_vocabularies, load_tokenizers
@@ -17,10 +18,11 @@ from .sampling import SAMPLING_DEFAULTS, SkipLayerGuidance
 
 FILES = SD3Files
 OPTIONS = {"negative_prompt": None, "clip_g": None, "cfg": None, "slg_scale": None, "slg_layers": None,
-           "no_t5": None, "max_length": None, "configs": None, "sampler": None}
+           "no_t5": None, "max_length": None, "configs": None, "sampler": None, "scheduler": None}
 NOTES = {name: "it samples on its flow schedule, without size conditioning"
          for name in ("original_size", "crop", "target_size", "max_token_length")}
-NOTES.update(karras="it samples on its shifted flow schedule", guidance="it uses classifier-free guidance (--cfg)")
+NOTES.update(karras="use --scheduler karras (its own sigmas respaced as Karras's)",
+             guidance="it uses classifier-free guidance (--cfg)")
 
 
 def _slg(files, slg_scale, slg_layers, log):
@@ -52,13 +54,15 @@ def _slg(files, slg_scale, slg_layers, log):
 def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, clip_g=None, t5=None, tokenizer=None,
              loras=(), width=1024, height=1024, steps=None, cfg=None, slg_scale=None, slg_layers=None, no_t5=False,
              seed=None, num_images=1, batch_size=1, output=None, device=None, dtype=None, fp8=False,
-             max_gpu_memory=None, max_length=None, configs=None, sampler=None, progress=True, stats=None, log=print):
+             max_gpu_memory=None, max_length=None, configs=None, sampler=None, scheduler=None, progress=True,
+             stats=None, log=print):
     """SD3 / SD3.5 text-to-image (flame_models.generate.generate says what the shared arguments mean). model: an
     SAI file holding every part, a diffusers folder, an MMDiT file with the other parts given, or SD3Files.
     sampler: "euler" (default), "heun" or "dpmpp_2m"."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     sampler = G.flow_sampler(sampler, "SD3")
+    scheduler = G.flow_scheduler(scheduler, "SD3")
     files = model if isinstance(model, SD3Files) else find_sd3_files(
         model, clip_l=clip_l, clip_g=clip_g, t5=t5, vae=vae, tokenizer=tokenizer, configs=configs)
     G._check_args(prompts, width, height, steps, num_images, batch_size, seed, multiple=16, family="SD3")
@@ -113,7 +117,7 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
                                                    cfg=cfg),
         sample=lambda net, cond, seeds, rows, callback: P.sample_latents(
             net, *cond, height=height, width=width, steps=steps, cfg=cfg, seeds=seeds, rows=rows, callback=callback,
-            skip_layer_guidance=slg, sampler=sampler),
+            skip_layer_guidance=slg, sampler=sampler, scheduler=scheduler),
         load_vae=lambda: P.load_vae_for_sd3(files, dtype=dtype, device=dev), decode=P.decode_latents)
     images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps,
                           progress=progress, stats=stats, log=log)
@@ -123,14 +127,14 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
         name = G.model_name(files.transformer)
 
         def text_of(i, s):
-            fields = [("Steps", steps), ("Sampler", DISPLAY_NAMES[sampler]), ("Schedule type", "Simple"),
+            fields = [("Steps", steps), ("Sampler", DISPLAY_NAMES[sampler]), ("Schedule type", SCHEDULES[scheduler]),
                       ("CFG scale", f"{cfg:g}"), ("Seed", s), ("Size", f"{width}x{height}"), ("Model", name),
                       ("Shift", 3)]
             if slg is not None:
                 fields.append(("SLG", f"layers {','.join(map(str, slg.layers))} scale {slg.scale:g}"))
             fields += [*G.lora_field(loras), ("Version", "FLAME")]
             info = {"family": "sd3", "prompt": prompts[i], "negative_prompt": neg, "seed": s, "steps": steps,
-                    "cfg": cfg, "width": width, "height": height, "sampler": sampler, "scheduler": "simple",
+                    "cfg": cfg, "width": width, "height": height, "sampler": sampler, "scheduler": scheduler,
                     "model": files.transformer, "vae": files.vae, "clip_l": files.clip_l, "clip_g": files.clip_g,
                     "loras": [[p, w] for p, w in loras], "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8),
                     "t5": files.t5 if use_t5 else None, "variant": files.variant,

@@ -24,6 +24,7 @@ from ..conditioning import prompt_rows
 from ..pipeline import check_loras as _check_loras
 from ..pipeline import free_model, load_for_sampling, to_pil
 from ..samplers.flow import check_flow_sampler
+from ..samplers.flow_schedules import check_flow_scheduler, respace
 from ..vae import decode_model_latents, encode_model_latents, load_family_vae
 from .about import ABOUT
 from .components import SD3Files, SD3FilesError, find_sd3_files
@@ -91,7 +92,7 @@ def _device(model):
 
 def sample_latents(model, cond, neg_cond=None, *, height, width, steps, cfg, seeds=None, latents=None, rows=None,
                    neg_rows=None, skip_layer_guidance=None, shift=SHIFT, callback=None, cuda_graph=None,
-                   sampler="euler"):
+                   sampler="euler", scheduler="simple"):
     """Denoise with SD3's Euler (or sampler="heun" / "dpmpp_2m") sampler on the shifted flow schedule; returns
     model-space latents (B, 16, H/8, W/8) float32.
 
@@ -99,8 +100,10 @@ def sample_latents(model, cond, neg_cond=None, *, height, width, steps, cfg, see
     prompts (Tensors or NumPy arrays); `rows` / `neg_rows` pick each image's (default: image i uses row i; one
     negative row is used for every image). neg_cond is needed when cfg != 1. Noise: one seed per image (image i
     starts from get_noise(seed=seeds[i]), the same whatever the batch), or `latents` (B, 16, H/8, W/8).
-    skip_layer_guidance: an sd3.SkipLayerGuidance (SD3.5 Medium's reference uses it). callback(i, n) per step."""
+    skip_layer_guidance: an sd3.SkipLayerGuidance (SD3.5 Medium's reference uses it). callback(i, n) per step.
+    scheduler: "simple" (SD3's shifted sigmas), "karras", "exponential" or "beta" (samplers/flow_schedules.py)."""
     check_flow_sampler(sampler)
+    check_flow_scheduler(scheduler)
     if (seeds is None) == (latents is None):
         raise ValueError("pass exactly one of seeds= (one per image) and latents=")
     if height % 16 or width % 16 or height <= 0 or width <= 0:
@@ -134,7 +137,8 @@ def sample_latents(model, cond, neg_cond=None, *, height, width, steps, cfg, see
                          f"(depth {model.params.depth})")
     if cuda_graph is None and getattr(model, "streamer", None) is not None:
         cuda_graph = False  # a streamed forward is not capturable (its prefetch window wraps around)
-    return denoise(model, x, get_sigmas(steps, shift), context, y, neg_context, neg_y, cfg, slg, cuda_graph,
+    return denoise(model, x, respace(get_sigmas(steps, shift), scheduler), context, y, neg_context, neg_y, cfg, slg,
+                   cuda_graph,
                    callback=callback, sampler=sampler)
 
 

@@ -13,6 +13,7 @@ import flame_core as flame
 from flame_nn.offload import streamer_of
 
 from ..samplers.flow import MULTISTEP, check_flow_sampler, dpmpp_2m_coefficients, flow_step, step_kind
+from ..samplers.flow_schedules import check_flow_scheduler, respace
 from ..samplers.noise import get_noise  # noqa: F401  (16 channels at 1/8 resolution, seeded)
 
 SHIFT = 3.0
@@ -146,7 +147,8 @@ def denoise(model, x, sigmas, context, y, neg_context=None, neg_y=None, cfg=1.0,
 
 
 def sample(model, context, y, neg_context=None, neg_y=None, height=1024, width=1024, steps=40, cfg=4.5, seed=0, *,
-           shift=SHIFT, latents=None, skip_layer_guidance=None, cuda_graph=None, progress=False, sampler="euler"):
+           shift=SHIFT, latents=None, skip_layer_guidance=None, cuda_graph=None, progress=False, sampler="euler",
+           scheduler="simple"):
     """Text-to-image latents with an SD3 MMDiT: context (B, L, 4096) and pooled y (B, 2048) of the prompt, and of the
     negative prompt when cfg != 1 -> latents (B, 16, H/8, W/8), float32, in the model's space (decode with
     z / LATENT_SCALE + LATENT_SHIFT before the VAE).
@@ -154,9 +156,11 @@ def sample(model, context, y, neg_context=None, neg_y=None, height=1024, width=1
     Defaults are SD3.5 Large's (40 steps, cfg 4.5); see SAMPLING_DEFAULTS for Large Turbo (4 steps, cfg 1) and Medium
     (50 steps, cfg 5, skip-layer guidance). `latents`: the starting noise (B, 16, H/8, W/8) instead of the seeded one.
     sampler: "euler" (the references'), "heun" (diffusers' FlowMatchHeunDiscreteScheduler: 2 model calls a step) or
-    "dpmpp_2m" (DPM-Solver++(2M) on the flow sigmas, samplers/flow.py: 1 call a step).
+    "dpmpp_2m" (DPM-Solver++(2M) on the flow sigmas, samplers/flow.py: 1 call a step). scheduler: "simple" (the
+    shifted sigmas), "karras", "exponential" or "beta" (samplers/flow_schedules.py).
     """
     check_flow_sampler(sampler)
+    check_flow_scheduler(scheduler)
     if height % 16 or width % 16 or height <= 0 or width <= 0:
         raise ValueError(f"SD3 images need a height and width that are positive multiples of 16, got "
                          f"{height}x{width}")
@@ -170,7 +174,7 @@ def sample(model, context, y, neg_context=None, neg_y=None, height=1024, width=1
     elif tuple(latents.shape) != shape:
         raise ValueError(f"latents must have shape {shape} for {B} prompts at {height}x{width}, got "
                          f"{tuple(latents.shape)}")
-    return denoise(model, latents, get_sigmas(steps, shift), context, y, neg_context, neg_y, cfg,
+    return denoise(model, latents, respace(get_sigmas(steps, shift), scheduler), context, y, neg_context, neg_y, cfg,
                    skip_layer_guidance, cuda_graph, progress, sampler=sampler)
 
 

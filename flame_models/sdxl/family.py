@@ -79,6 +79,9 @@ class SDXLFamily(DiffusionFamily):
         e, t, p, sm = [], cfg.train, prefix, cfg.sample
         if sm.sampler is not None:
             choice(e, f"{p}sample.sampler", sm.sampler, self.samplers)
+        if sm.scheduler is not None:
+            e.append(f"{p}sample.scheduler: a flow-matching families' option (SD3, Flux, Flux Kontext, Chroma, "
+                     f"Qwen-Image); SDXL previews use the model's own sigmas, got {sm.scheduler!r}")
         if self._sampler(sm) == "lcm" and sm.sample_steps > LCM_ORIGINAL_STEPS:
             e.append(f"{p}sample.sample_steps: lcm previews take at most {LCM_ORIGINAL_STEPS} steps (a subset of LCM's "
                      f"distillation schedule), got {sm.sample_steps}")

@@ -21,7 +21,8 @@ from .conditioning import check_vocabularies, load_tokenizers
 FILES = SDXLFiles
 OPTIONS = {"negative_prompt": None, "clip_g": None, "cfg": None, "sampler": None, "karras": None,
            "original_size": None, "crop": None, "target_size": None, "max_token_length": None, "configs": None}
-NOTES = {"guidance": "it uses classifier-free guidance (--cfg)", "no_t5": "it has no T5"}
+NOTES = {"guidance": "it uses classifier-free guidance (--cfg)", "no_t5": "it has no T5",
+         "scheduler": "--karras gives Karras sigmas (the default: the model's own)"}
 DEFAULTS = {"steps": 30, "cfg": 5.0, "sampler": "euler"}
 SAMPLER_NAMES = {"euler": "Euler", "euler_ancestral": "Euler a", "heun": "Heun", "dpm_2": "DPM2",
                  "dpm_2_ancestral": "DPM2 a", "dpmpp_2m": "DPM++ 2M", "dpmpp_2m_sde": "DPM++ 2M SDE", "ddim": "DDIM",

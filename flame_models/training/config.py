@@ -185,6 +185,9 @@ class SampleConfig:
                                           # flowmatch / euler (default), heun, dpmpp_2m; sdxl: euler (default),
                                           # euler_ancestral (euler_a), heun, dpm_2, dpm_2_ancestral, dpmpp_2m,
                                           # dpmpp_2m_sde, ddim, unipc, lcm); other values are errors
+    scheduler: typing.Optional[str] = None  # flow families: the sigma spacing, simple (default: the family's own),
+                                            # karras, exponential or beta (flame_models/samplers/flow_schedules.py);
+                                            # sdxl: only None (its previews use the model's sigmas)
     neg: typing.Any = None               # sd3 / sdxl: the previews' negative prompt (default: sd3 "", sdxl zeros, as
                                          # diffusers); ai-toolkit's false or "" ask for none
     slg_scale: float = 0.0               # sd3: skip-layer guidance in previews (SD3.5 Medium's reference: 2.5)

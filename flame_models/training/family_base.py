@@ -19,6 +19,7 @@ import flame_nn
 
 from .. import registry
 from ..conditioning.files import ModelFilesError
+from ..samplers.flow_schedules import FLOW_SCHEDULERS
 from .family import ModelFamily, ModelFileError
 from .family_parts import RANDOM_SEED
 from .objective import FlowMatching
@@ -244,12 +245,21 @@ def first_line(e):
 
 class FlowSamplerPreviews:
     """Mixed into a flow-matching family whose sample() takes sampler="euler" | "heun" | "dpmpp_2m"
-    (samplers/flow.py): previews with sample.sampler 'heun' use Heun, 'dpmpp_2m' DPM++ 2M, the others Euler."""
+    (samplers/flow.py) and scheduler= (samplers/flow_schedules.py): previews with sample.sampler 'heun' use Heun,
+    'dpmpp_2m' DPM++ 2M, the others Euler; sample.scheduler respaces the family's sigmas (default 'simple')."""
     samplers = FlowMatchingFamily.samplers + ("heun", "dpmpp_2m")
     sampler_words = ("its flow-matching Euler ('flowmatch', 'euler'), Heun ('heun') or DPM++ 2M ('dpmpp_2m') "
                      "sampler")
 
+    def _config_problems(self, cfg, prefix):
+        e = super()._config_problems(cfg, prefix)
+        scheduler = cfg.sample.scheduler
+        if scheduler is not None and scheduler not in FLOW_SCHEDULERS:
+            e.append(f"{prefix}sample.scheduler: {self.label} previews space their sigmas as "
+                     f"{', '.join(FLOW_SCHEDULERS)}, got {scheduler!r}")
+        return e
+
     def sample_options(self, cfg):
         s = cfg.sample.sampler
-        return {"sampler": s if s in ("heun", "dpmpp_2m") else "euler"}
+        return {"sampler": s if s in ("heun", "dpmpp_2m") else "euler", "scheduler": cfg.sample.scheduler or "simple"}
 

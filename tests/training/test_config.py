@@ -182,6 +182,9 @@ def test_ai_toolkit_keys_that_mean_something_are_checked(files):
     for change, expect in [({"type": "extract"}, "type: 'extract' is not one of sd_trainer, diffusion_trainer"),
                            ({"model": {"is_flux": False}}, "model.is_flux: false contradicts model.arch 'flux'"),
                            ({"sample": {"sampler": "ddpm"}}, "sample.sampler: Flux previews use"),
+                           ({"sample": {"scheduler": "normal"}}, "sample.scheduler: Flux previews space their "
+                                                                 "sigmas as simple, karras, exponential, beta, got "
+                                                                 "'normal'"),
                            ({"model": {"arch": "sd2"}}, "model.arch: unknown model arch 'sd2'")]:
         with pytest.raises(ConfigError, match=expect):
             config_from_dict({**base, **change})

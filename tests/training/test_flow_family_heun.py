@@ -22,6 +22,10 @@ def test_families_accept_heun_and_dpmpp_2m_and_pass_them_on(name):
     assert "heun" in fam.samplers and "euler" in fam.samplers and "dpmpp_2m" in fam.samplers
     assert fam.sample_options(_cfg("heun"))["sampler"] == "heun"
     assert fam.sample_options(_cfg("dpmpp_2m"))["sampler"] == "dpmpp_2m"
+    assert fam.sample_options(_cfg(None))["scheduler"] == "simple"
+    cfg = _cfg("heun")
+    cfg.sample.scheduler = "beta"
+    assert fam.sample_options(cfg) == {"sampler": "heun", "scheduler": "beta"}
     assert fam.sample_options(_cfg("flowmatch"))["sampler"] == "euler"
     assert fam.sample_options(_cfg(None))["sampler"] == "euler"
 
@@ -52,6 +56,9 @@ def test_heun_and_dpmpp_2m_previews_run_and_differ_from_euler(name, size, contro
         kw["steps"] = 4
         dpm = fam.sample(model, cond, sampler="dpmpp_2m", **kw).numpy()
         euler4 = fam.sample(model, cond, **kw).numpy()
+        karras = fam.sample(model, cond, scheduler="karras", **kw).numpy()   # Euler on the respaced sigmas
+        assert np.isfinite(karras).all() and np.abs(karras - euler4).max() > 1e-6
+        np.testing.assert_array_equal(fam.sample(model, cond, scheduler="simple", **kw).numpy(), euler4)
     np.testing.assert_array_equal(euler, default)
     for other, base in ((heun, euler), (dpm, euler4)):
         assert np.isfinite(other).all() and other.shape == base.shape
