@@ -101,14 +101,18 @@ def test_command_writes_pngs_with_their_parameters(tiny, loras, tmp_path, capsys
     assert not [n for n in os.listdir(out) if not n.endswith(".png")]     # no temporary file left
 
 
+def _one_png(tiny, tmp_path, *flags):
+    """The command on the tiny Flux with `flags` (48 x 32, 4 steps, seed 5, float32): its PNG."""
+    out = tmp_path / "out"
+    assert main(["--model", os.path.dirname(tiny.transformer), "--prompt", "x", "--width", "48", "--height", "32",
+                 "--steps", "4", "--seed", "5", *flags, "--output", str(out), "--dtype", "fp32", "--no-progress"]) == 0
+    return Image.open(out / "00000-5.png")
+
+
 def test_the_dpmpp_2m_sampler_from_the_command(tiny, tmp_path):
     """--sampler dpmpp_2m on a Flux: its name in the PNG's parameters ("DPM++ 2M", as A1111), another image than
     Euler's from 4 steps (its first two steps from sigma 1 are Euler's), Euler's at 1 step."""
-    root = os.path.dirname(tiny.transformer)
-    out = tmp_path / "out"
-    assert main(["--model", root, "--prompt", "x", "--width", "48", "--height", "32", "--steps", "4", "--seed", "5",
-                 "--sampler", "dpmpp_2m", "--output", str(out), "--dtype", "fp32", "--no-progress"]) == 0
-    im = Image.open(out / "00000-5.png")
+    im = _one_png(tiny, tmp_path, "--sampler", "dpmpp_2m")
     assert "Steps: 4, Sampler: DPM++ 2M" in im.text["parameters"]
     kw = dict(SIZE, steps=4, seed=5, dtype="float32")
     dpm, euler = run(tiny, "x", sampler="dpmpp_2m", **kw), run(tiny, "x", **kw)
@@ -121,11 +125,7 @@ def test_the_dpmpp_2m_sampler_from_the_command(tiny, tmp_path):
 def test_the_scheduler_option_from_the_command(tiny, tmp_path, capsys):
     """--scheduler beta on a Flux: "Schedule type: Beta" and "scheduler" in the PNG, another image than the default
     ("simple": Flux's own sigmas); an unknown one exits 2 before loading; --karras names --scheduler karras."""
-    root = os.path.dirname(tiny.transformer)
-    out = tmp_path / "out"
-    assert main(["--model", root, "--prompt", "x", "--width", "48", "--height", "32", "--steps", "4", "--seed", "5",
-                 "--scheduler", "beta", "--output", str(out), "--dtype", "fp32", "--no-progress"]) == 0
-    im = Image.open(out / "00000-5.png")
+    im = _one_png(tiny, tmp_path, "--scheduler", "beta")
     assert "Steps: 4, Sampler: Euler, Schedule type: Beta" in im.text["parameters"]
     assert json.loads(im.text["flame"])["scheduler"] == "beta"
     kw = dict(SIZE, steps=4, seed=5, dtype="float32")
@@ -136,7 +136,8 @@ def test_the_scheduler_option_from_the_command(tiny, tmp_path, capsys):
     with pytest.raises(GenerateError, match="--scheduler normal: Flux samples with simple, karras, exponential or "
                                             "beta"):
         generate(tiny, "x", scheduler="normal")
-    assert main(["--model", root, "--prompt", "x", "--karras", "--output", str(out), "--no-progress"]) == 2
+    assert main(["--model", os.path.dirname(tiny.transformer), "--prompt", "x", "--karras", "--output",
+                 str(tmp_path / "out"), "--no-progress"]) == 2
     assert "--karras: an SDXL option; this model is Flux: use --scheduler karras" in capsys.readouterr().err
 
 

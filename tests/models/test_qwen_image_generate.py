@@ -95,6 +95,19 @@ def test_generate_runs_its_stages_one_after_another_under_a_budget(folder, monke
     assert np.abs(fp8 - want).mean() < 2.0
 
 
+def _guided(model, pos, neg, device):
+    """c(x, s): the guided, rescaled velocity (cfg 3) of a 48 x 64 image at sigma s, at the pipeline's timestep."""
+    txt = flame.tensor(pos["prompt_embeds"], device=device)
+    mask = flame.tensor(pos["prompt_mask"], device=device)
+    ntxt = flame.tensor(neg["prompt_embeds"], device=device)     # (its mask: all ones, passed as None as the pipeline)
+    shapes = [[(1, 3, 4)]]
+
+    def c(x, s):
+        t = flame.full((1,), float(np.float32(s * 1000)) / 1000, device=device)
+        return S.guided_velocity(model(x, txt, mask, t, shapes), model(x, ntxt, None, t, shapes), 3.0).float()
+    return c
+
+
 def test_heun_steps_with_the_guided_velocity_at_both_sigmas(folder, device):
     """sampler="heun": each step x + ds (c(x, s) + c(x + ds c(x, s), s')) / 2 of the guided, rescaled velocity c at the
     pipeline's sigmas and timesteps, the last step Euler's -- written out here with the model; Euler unchanged."""
@@ -104,14 +117,7 @@ def test_heun_steps_with_the_guided_velocity_at_both_sigmas(folder, device):
     z0 = np.random.default_rng(4).standard_normal((1, 16, 6, 8)).astype(np.float32)
     kw = dict(height=48, width=64, steps=3, cfg=3.0, latents=z0)
     got = S.sample_latents(model, pos, neg, sampler="heun", **kw).numpy()
-    txt = flame.tensor(pos["prompt_embeds"], device=device)
-    mask = flame.tensor(pos["prompt_mask"], device=device)
-    ntxt = flame.tensor(neg["prompt_embeds"], device=device)     # (its mask: all ones, passed as None as the pipeline)
-    shapes = [[(1, 3, 4)]]
-
-    def c(x, s):
-        t = flame.full((1,), float(np.float32(s * 1000)) / 1000, device=device)
-        return S.guided_velocity(model(x, txt, mask, t, shapes), model(x, ntxt, None, t, shapes), 3.0).float()
+    c = _guided(model, pos, neg, device)
     sig = S.sigmas(3, 12)
     x = pack(flame.tensor(z0, device=device))
     with flame.no_grad():
@@ -138,14 +144,7 @@ def test_dpmpp_2m_steps_with_the_guided_velocity(folder, device):
     z0 = np.random.default_rng(5).standard_normal((1, 16, 6, 8)).astype(np.float32)
     kw = dict(height=48, width=64, steps=5, cfg=3.0, latents=z0)
     got = S.sample_latents(model, pos, neg, sampler="dpmpp_2m", **kw).numpy()
-    txt = flame.tensor(pos["prompt_embeds"], device=device)
-    mask = flame.tensor(pos["prompt_mask"], device=device)
-    ntxt = flame.tensor(neg["prompt_embeds"], device=device)
-    shapes = [[(1, 3, 4)]]
-
-    def c(x, s):
-        t = flame.full((1,), float(np.float32(s * 1000)) / 1000, device=device)
-        return S.guided_velocity(model(x, txt, mask, t, shapes), model(x, ntxt, None, t, shapes), 3.0).float()
+    c = _guided(model, pos, neg, device)
 
     def lam(s):
         return np.log(1 - s) - np.log(s) if s < 1 else -np.inf
