@@ -1,0 +1,247 @@
+"""Resizing a LoRA file: each adapter's product ΔW = up·down brought to a lower rank by its SVD, as kohya's
+networks/resize_lora.py does, for kohya / LyCORIS files (lora_down / lora_up / alpha; LoCon convolutions too) and
+PEFT / diffusers files (lora_A / lora_B and their scale metadata), every component (denoiser, text encoders).
+
+    ΔW / s = up·down = U S Vh  ->  up' = U[:, :k] S[:k],  down' = Vh[:k]      (the best rank-k approximation)
+
+The scale s = alpha / rank is kept: a kohya file gets alpha' = s·k (kohya's rule); a PEFT file gets s folded into
+lora_B and no scale metadata, so every reader (diffusers: alpha = rank when a file has none; FLAME) takes s = 1.
+The SVD is exact and cheap: QR of each factor, then the SVD of the small r x r core (no out x in matrix is formed),
+in float64 on the host.
+
+The new rank k (at most `rank`, and never above the adapter's own rank: resizing only goes down):
+    None            k = rank
+    "sv_ratio"      the singular values above S[0] / param                       (param > 1, e.g. 8)
+    "sv_cumulative" the fewest leading values whose sum reaches param of the total   (0 < param <= 1)
+    "sv_fro"        the fewest leading values keeping param of the Frobenius norm    (0 < param <= 1)
+(kohya's three dynamic methods and their rounding; a product with S[0] <= MIN_SV is a zero matrix: rank 1).
+Convolutions (LoCon) take `conv_rank` (default `rank`). DoRA, LoKr and LoHa adapters are refused (their products
+are not a low-rank up·down); so are keys that are not a LoRA's.
+
+Run: python -m flame_nn.adapters.resize IN.safetensors OUT.safetensors --rank 16 [--conv-rank 8]
+     [--method sv_fro --param 0.95] [--dtype bfloat16] [--verbose]
+"""
+import argparse
+import json
+import sys
+from collections import Counter
+
+import numpy as np
+
+from flame_core import dtypes as D
+from flame_core import io as _io
+
+from . import formats as F
+
+METHODS = ("sv_ratio", "sv_cumulative", "sv_fro")
+MIN_SV = 1e-6
+SCALE_METADATA = ("lora_adapter_metadata", "flame.alphas", "flame.alphas.te1", "flame.alphas.te2")
+DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": D.bfloat16.np}
+_KOHYA_LORA = ("lora_down.weight", "lora_up.weight", "alpha")
+
+
+class ResizeError(F.AdapterFormatError):
+    """A LoRA file or option resize cannot take (the message names the key or option)."""
+
+
+def factor_svd(up, down):
+    """(U, S, Vh) of up·down -- up (out, r[, 1, 1]), down (r, in[, kh, kw]) -- without forming it: U (out, k), S (k,)
+    decreasing, Vh (k, in·kh·kw), k = min(out, r, in·kh·kw); float64."""
+    u2 = np.asarray(up, dtype=np.float64).reshape(up.shape[0], -1)
+    d2 = np.asarray(down, dtype=np.float64).reshape(down.shape[0], -1)
+    qu, ru = np.linalg.qr(u2)            # (out, a), (a, r)
+    qd, rd = np.linalg.qr(d2.T)          # (in, b), (b, r)
+    um, s, vmh = np.linalg.svd(ru @ rd.T, full_matrices=False)
+    return qu @ um, s, vmh @ qd.T
+
+
+def new_rank(s, rank, method=None, param=None):
+    """The rank kept of singular values `s` (decreasing): `method`'s choice (module docstring), at most `rank` and
+    len(s); 1 for a zero product."""
+    n = len(s)
+    if method is None:
+        k = rank
+    elif method == "sv_ratio":
+        k = int(np.sum(s > s[0] / param))
+    elif method == "sv_cumulative":
+        k = int(np.searchsorted(np.cumsum(s) / np.sum(s), param)) + 1
+    elif method == "sv_fro":
+        sq = s * s
+        k = int(np.searchsorted(np.cumsum(sq) / np.sum(sq), param * param)) + 1
+    else:
+        raise ResizeError(f"method: one of {', '.join(METHODS)} or None, got {method!r}")
+    if n == 0 or s[0] <= MIN_SV:
+        return 1
+    return max(1, min(k, rank, n))
+
+
+def _check_options(rank, conv_rank, method, param):
+    for name, v in (("rank", rank), ("conv_rank", conv_rank)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
+            raise ResizeError(f"{name}: a positive int, got {v!r}")
+    if method is None:
+        if param is not None:
+            raise ResizeError(f"param {param!r} without a method (one of {', '.join(METHODS)})")
+        return
+    if method not in METHODS:
+        raise ResizeError(f"method: one of {', '.join(METHODS)}, got {method!r}")
+    if param is None or isinstance(param, bool) or not isinstance(param, (int, float)) or not np.isfinite(param):
+        raise ResizeError(f"method {method} needs a number param, got {param!r}")
+    if method == "sv_ratio" and not param > 1:
+        raise ResizeError(f"param: sv_ratio keeps the singular values above S[0] / param: param > 1, got {param}")
+    if method != "sv_ratio" and not 0 < param <= 1:
+        raise ResizeError(f"param: {method} keeps a fraction 0 < param <= 1, got {param}")
+
+
+def resize_pair(up, down, scale, rank, method=None, param=None):
+    """(up', down', k, kept): the rank-k factors of ΔW / s = up·down, with `scale` (a PEFT file's s, folded into
+    up'; 1 for kohya files, whose alpha carries it) multiplied into up'; kept = the Frobenius norm's fraction."""
+    u, s, vh = factor_svd(up, down)
+    k = new_rank(s, rank, method, param)
+    total = float(np.sqrt(np.sum(s * s)))
+    kept = float(np.sqrt(np.sum(s[:k] * s[:k]))) / total if total > 0 else 1.0
+    new_up = (u[:, :k] * (s[:k] * scale)).reshape((up.shape[0], k) + up.shape[2:])
+    new_down = vh[:k].reshape((k,) + down.shape[1:])
+    return new_up, new_down, k, kept
+
+
+def _out_dtype(v, dtype):
+    return np.dtype(DTYPES[dtype]) if dtype is not None else np.asarray(v).dtype
+
+
+def _resize_kohya(sd, component, opts, report):
+    """A kohya component's keys -> its resized keys (alpha' = s·k)."""
+    stems = {}
+    for key, v in sd.items():
+        stem, _, suffix = key.partition(".")
+        if suffix not in _KOHYA_LORA:
+            what = ("a DoRA magnitude" if suffix == "dora_scale" else "a LoKr / LoHa factor"
+                    if suffix.startswith(("lokr_", "hada_")) else "not a LoRA key")
+            raise ResizeError(f"{key}: {what}; resize takes LoRA / LoCon adapters (lora_down / lora_up / alpha)")
+        stems.setdefault(stem, {})[suffix] = v
+    out = {}
+    for stem, t in opts["progress"](sorted(stems.items()), f"resizing {component}"):
+        if "lora_down.weight" not in t or "lora_up.weight" not in t:
+            raise ResizeError(f"{stem}: needs lora_down.weight and lora_up.weight, found {sorted(t)}")
+        tensors = {k: np.asarray(t[k]) for k in ("lora_down.weight", "lora_up.weight")}
+        F.check_part("lora", tensors, stem)
+        down, up = tensors["lora_down.weight"], tensors["lora_up.weight"]
+        r = down.shape[0]
+        alpha = F.alpha_value(t["alpha"], f"{stem}.alpha") if "alpha" in t else None
+        s = 1.0 if alpha is None else alpha / r
+        cap = opts["conv_rank"] if down.ndim == 4 else opts["rank"]
+        new_up, new_down, k, kept = resize_pair(up, down, 1.0, cap, opts["method"], opts["param"])
+        out[f"{stem}.lora_down.weight"] = new_down.astype(_out_dtype(down, opts["dtype"]))
+        out[f"{stem}.lora_up.weight"] = new_up.astype(_out_dtype(up, opts["dtype"]))
+        a_dtype = np.asarray(t["alpha"]).dtype if "alpha" in t and opts["dtype"] is None else \
+            _out_dtype(up, opts["dtype"])
+        out[f"{stem}.alpha"] = np.asarray(s * k, dtype=np.float64).astype(a_dtype)
+        report.append((stem, r, k, kept, s * k))
+    return out
+
+
+def _resize_peft(sd, meta, component, opts, report):
+    """A PEFT component's keys -> its resized keys (s folded into lora_B)."""
+    if component == "denoiser":
+        prefix = next((p for p in F.PEFT_PREFIXES if all(k.startswith(p) for k in sd)), "")
+        alphas_key = "flame.alphas"
+    else:
+        prefix, alphas_key = F.TEXT_ENCODER_PREFIXES[component][-1], f"flame.alphas.{component}"
+    names = sorted({k[len(prefix):].rsplit(".lora_", 1)[0] for k in sd if k.startswith(prefix) and ".lora_" in k})
+    modules = F.from_peft(sd, F.IDENTITY, prefix, F._recorded_alphas(meta, alphas_key),
+                          F.peft_config_of(meta, prefix), names)
+    out = {}
+    for name, parts in opts["progress"](sorted(modules.items()), f"resizing {component}"):
+        (part,) = parts
+        if part.kind != "lora":
+            raise ResizeError(f"{prefix}{name}: a DoRA adapter (lora_magnitude_vector); resize takes LoRA / LoCon "
+                              f"adapters")
+        down, up = part.tensors["lora_down.weight"], part.tensors["lora_up.weight"]
+        r = down.shape[0]
+        s = 1.0 if part.alpha is None else part.alpha / r
+        cap = opts["conv_rank"] if down.ndim == 4 else opts["rank"]
+        new_up, new_down, k, kept = resize_pair(up, down, s, cap, opts["method"], opts["param"])
+        out[f"{prefix}{name}.lora_A.weight"] = new_down.astype(_out_dtype(down, opts["dtype"]))
+        out[f"{prefix}{name}.lora_B.weight"] = new_up.astype(_out_dtype(up, opts["dtype"]))
+        report.append((prefix + name, r, k, kept, None))
+    return out
+
+
+def resize_file(src, dst, rank, *, conv_rank=None, method=None, param=None, dtype=None, progress=False):
+    """Write `src`'s LoRA resized (module docstring) to `dst` (atomically; it may be `src`). Returns a list of
+    (adapter, old rank, new rank, Frobenius norm kept, new alpha or None for PEFT). dtype: 'float32' | 'float16' |
+    'bfloat16' for the new tensors (default: each tensor's own)."""
+    _check_options(rank, conv_rank, method, param)
+    if dtype is not None and dtype not in DTYPES:
+        raise ResizeError(f"dtype: one of {', '.join(DTYPES)}, got {dtype!r}")
+    opts = dict(rank=rank, conv_rank=conv_rank or rank, method=method, param=param, dtype=dtype,
+                progress=_progress if progress else (lambda items, desc: items))
+    with _io.safe_open(src) as f:
+        meta = dict(f.metadata() or {})
+        keys = list(f.keys())
+        if not keys:
+            raise ResizeError(f"{src}: holds no tensors")
+        fmt = F.detect_format(keys)
+        groups = {}
+        for k in keys:
+            groups.setdefault(F.component_of(k), {})[k] = f.get_array(k)
+    report, out = [], {}
+    try:
+        for component, sd in groups.items():
+            out.update(_resize_kohya(sd, component, opts, report) if fmt == "kohya"
+                       else _resize_peft(sd, meta, component, opts, report))
+    except F.AdapterFormatError as e:
+        raise ResizeError(f"{src}: {e}") from None
+    for k in SCALE_METADATA if fmt == "peft" else ():
+        meta.pop(k, None)
+    ranks = Counter(k for _, _, k, _, _ in report)
+    dynamic = method is not None and len(ranks) > 1
+    summary = {"from": Counter(r for _, r, _, _, _ in report).most_common(1)[0][0],
+               "to": "dynamic" if dynamic else ranks.most_common(1)[0][0], "method": method, "param": param}
+    meta["flame.resized"] = json.dumps(summary, sort_keys=True)
+    if "ss_network_dim" in meta:
+        alphas = Counter(a for _, _, _, _, a in report if a is not None)
+        meta["ss_network_dim"] = "Dynamic" if dynamic else str(summary["to"])
+        meta["ss_network_alpha"] = ("Dynamic" if dynamic or len(alphas) != 1 else
+                                    f"{alphas.most_common(1)[0][0]:g}")
+    _io.save_file(out, dst, metadata=meta)
+    return report
+
+
+def _progress(items, desc):
+    from tqdm.auto import tqdm
+    return tqdm(items, desc=desc, unit="adapter")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m flame_nn.adapters.resize",
+                                 description="Resize a LoRA file to a lower rank by SVD (kohya's resize_lora).")
+    ap.add_argument("src", help="the LoRA file (.safetensors: kohya / LyCORIS or PEFT / diffusers keys)")
+    ap.add_argument("dst", help="the resized file to write (.safetensors)")
+    ap.add_argument("--rank", type=int, required=True, help="the new rank (with --method: the most kept)")
+    ap.add_argument("--conv-rank", type=int, help="the new rank of LoCon convolutions (default --rank)")
+    ap.add_argument("--method", choices=METHODS, help="choose each adapter's rank from its singular values")
+    ap.add_argument("--param", type=float, help="sv_ratio: > 1 (e.g. 8); sv_cumulative / sv_fro: 0-1 (e.g. 0.9)")
+    ap.add_argument("--dtype", choices=tuple(DTYPES), help="the new tensors' dtype (default: the file's)")
+    ap.add_argument("--verbose", action="store_true", help="one line per adapter")
+    args = ap.parse_args(argv)
+    if not args.dst.endswith(".safetensors"):
+        ap.error(f"dst: a .safetensors file, got {args.dst!r}")
+    try:
+        report = resize_file(args.src, args.dst, args.rank, conv_rank=args.conv_rank, method=args.method,
+                             param=args.param, dtype=args.dtype, progress=True)
+    except (ResizeError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.verbose:
+        for name, r, k, kept, _ in report:
+            print(f"{name:80s} rank {r} -> {k}, Frobenius norm kept {kept:.1%}")
+    kept = [x[3] for x in report]
+    print(f"{len(report)} adapters, rank {Counter(r for _, r, _, _, _ in report).most_common(1)[0][0]} -> "
+          f"{'/'.join(str(k) for k, _ in Counter(x[2] for x in report).most_common(3))}; Frobenius norm kept: mean "
+          f"{np.mean(kept):.2%}, min {np.min(kept):.2%}; wrote {args.dst}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
