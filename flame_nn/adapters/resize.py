@@ -25,6 +25,7 @@ import argparse
 import json
 import sys
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -75,7 +76,10 @@ def new_rank(s, rank, method=None, param=None):
     return max(1, min(k, rank, n))
 
 
-def _check_options(rank, conv_rank, method, param):
+def check_options(rank, conv_rank, method, param, dtype=None):
+    """A ResizeError naming the first bad option (rank None: no resizing, for merge)."""
+    if dtype is not None and dtype not in DTYPES:
+        raise ResizeError(f"dtype: one of {', '.join(DTYPES)}, got {dtype!r}")
     for name, v in (("rank", rank), ("conv_rank", conv_rank)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
             raise ResizeError(f"{name}: a positive int, got {v!r}")
@@ -93,55 +97,51 @@ def _check_options(rank, conv_rank, method, param):
         raise ResizeError(f"param: {method} keeps a fraction 0 < param <= 1, got {param}")
 
 
-def resize_pair(up, down, scale, rank, method=None, param=None):
-    """(up', down', k, kept): the rank-k factors of ΔW / s = up·down, with `scale` (a PEFT file's s, folded into
-    up'; 1 for kohya files, whose alpha carries it) multiplied into up'; kept = the Frobenius norm's fraction."""
+def resize_pair(up, down, rank, method=None, param=None):
+    """(up', down', k, kept): the rank-k factors of up·down (up' = U S, down' = Vh, in up's and down's layouts);
+    kept = the fraction of its Frobenius norm they keep."""
     u, s, vh = factor_svd(up, down)
     k = new_rank(s, rank, method, param)
     total = float(np.sqrt(np.sum(s * s)))
     kept = float(np.sqrt(np.sum(s[:k] * s[:k]))) / total if total > 0 else 1.0
-    new_up = (u[:, :k] * (s[:k] * scale)).reshape((up.shape[0], k) + up.shape[2:])
+    new_up = (u[:, :k] * s[:k]).reshape((up.shape[0], k) + up.shape[2:])
     new_down = vh[:k].reshape((k,) + down.shape[1:])
     return new_up, new_down, k, kept
 
 
-def _out_dtype(v, dtype):
-    return np.dtype(DTYPES[dtype]) if dtype is not None else np.asarray(v).dtype
+@dataclass
+class Pair:
+    """One LoRA of a file: ΔW = scale·up·down; stem: its keys' common prefix (kohya `lora_unet_x`, PEFT
+    `transformer.x`); alpha_dtype: the dtype of a kohya file's alpha (None: it had none)."""
+    up: np.ndarray
+    down: np.ndarray
+    scale: float
+    alpha_dtype: object = None
 
 
-def _resize_kohya(sd, component, opts, report):
-    """A kohya component's keys -> its resized keys (alpha' = s·k)."""
+def _kohya_pairs(sd):
     stems = {}
     for key, v in sd.items():
         stem, _, suffix = key.partition(".")
         if suffix not in _KOHYA_LORA:
             what = ("a DoRA magnitude" if suffix == "dora_scale" else "a LoKr / LoHa factor"
                     if suffix.startswith(("lokr_", "hada_")) else "not a LoRA key")
-            raise ResizeError(f"{key}: {what}; resize takes LoRA / LoCon adapters (lora_down / lora_up / alpha)")
+            raise ResizeError(f"{key}: {what}; only LoRA / LoCon adapters (lora_down / lora_up / alpha) are taken")
         stems.setdefault(stem, {})[suffix] = v
-    out = {}
-    for stem, t in opts["progress"](sorted(stems.items()), f"resizing {component}"):
+    pairs = {}
+    for stem, t in stems.items():
         if "lora_down.weight" not in t or "lora_up.weight" not in t:
             raise ResizeError(f"{stem}: needs lora_down.weight and lora_up.weight, found {sorted(t)}")
         tensors = {k: np.asarray(t[k]) for k in ("lora_down.weight", "lora_up.weight")}
         F.check_part("lora", tensors, stem)
         down, up = tensors["lora_down.weight"], tensors["lora_up.weight"]
-        r = down.shape[0]
         alpha = F.alpha_value(t["alpha"], f"{stem}.alpha") if "alpha" in t else None
-        s = 1.0 if alpha is None else alpha / r
-        cap = opts["conv_rank"] if down.ndim == 4 else opts["rank"]
-        new_up, new_down, k, kept = resize_pair(up, down, 1.0, cap, opts["method"], opts["param"])
-        out[f"{stem}.lora_down.weight"] = new_down.astype(_out_dtype(down, opts["dtype"]))
-        out[f"{stem}.lora_up.weight"] = new_up.astype(_out_dtype(up, opts["dtype"]))
-        a_dtype = np.asarray(t["alpha"]).dtype if "alpha" in t and opts["dtype"] is None else \
-            _out_dtype(up, opts["dtype"])
-        out[f"{stem}.alpha"] = np.asarray(s * k, dtype=np.float64).astype(a_dtype)
-        report.append((stem, r, k, kept, s * k))
-    return out
+        pairs[stem] = Pair(up, down, 1.0 if alpha is None else alpha / down.shape[0],
+                           np.asarray(t["alpha"]).dtype if "alpha" in t else None)
+    return pairs
 
 
-def _resize_peft(sd, meta, component, opts, report):
-    """A PEFT component's keys -> its resized keys (s folded into lora_B)."""
+def _peft_pairs(sd, meta, component):
     if component == "denoiser":
         prefix = next((p for p in F.PEFT_PREFIXES if all(k.startswith(p) for k in sd)), "")
         alphas_key = "flame.alphas"
@@ -150,50 +150,65 @@ def _resize_peft(sd, meta, component, opts, report):
     names = sorted({k[len(prefix):].rsplit(".lora_", 1)[0] for k in sd if k.startswith(prefix) and ".lora_" in k})
     modules = F.from_peft(sd, F.IDENTITY, prefix, F._recorded_alphas(meta, alphas_key),
                           F.peft_config_of(meta, prefix), names)
-    out = {}
-    for name, parts in opts["progress"](sorted(modules.items()), f"resizing {component}"):
-        (part,) = parts
+    pairs = {}
+    for name, (part,) in modules.items():
         if part.kind != "lora":
-            raise ResizeError(f"{prefix}{name}: a DoRA adapter (lora_magnitude_vector); resize takes LoRA / LoCon "
-                              f"adapters")
+            raise ResizeError(f"{prefix}{name}: a DoRA adapter (lora_magnitude_vector); only LoRA / LoCon adapters "
+                              f"are taken")
         down, up = part.tensors["lora_down.weight"], part.tensors["lora_up.weight"]
-        r = down.shape[0]
-        s = 1.0 if part.alpha is None else part.alpha / r
-        cap = opts["conv_rank"] if down.ndim == 4 else opts["rank"]
-        new_up, new_down, k, kept = resize_pair(up, down, s, cap, opts["method"], opts["param"])
-        out[f"{prefix}{name}.lora_A.weight"] = new_down.astype(_out_dtype(down, opts["dtype"]))
-        out[f"{prefix}{name}.lora_B.weight"] = new_up.astype(_out_dtype(up, opts["dtype"]))
-        report.append((prefix + name, r, k, kept, None))
-    return out
+        pairs[prefix + name] = Pair(up, down, 1.0 if part.alpha is None else part.alpha / down.shape[0])
+    return pairs
+
+
+def read_pairs(path):
+    """(format 'kohya' | 'peft', metadata, {stem: Pair}) of a LoRA file, every component; checked as untrusted
+    (shapes, finite values, alphas), errors naming the file and key."""
+    with _io.safe_open(path) as f:
+        meta = dict(f.metadata() or {})
+        keys = list(f.keys())
+        if not keys:
+            raise ResizeError(f"{path}: holds no tensors")
+        fmt = F.detect_format(keys)
+        groups = {}
+        for k in keys:
+            groups.setdefault(F.component_of(k), {})[k] = f.get_array(k)
+    pairs = {}
+    try:
+        for component, sd in groups.items():
+            pairs.update(_kohya_pairs(sd) if fmt == "kohya" else _peft_pairs(sd, meta, component))
+    except F.AdapterFormatError as e:
+        raise ResizeError(f"{path}: {e}") from None
+    return fmt, meta, pairs
+
+
+def write_pair(out, fmt, stem, up, down, scale, dtype=None, alpha_dtype=None):
+    """The keys of ΔW = scale·up·down in `fmt` into `out`: kohya keeps up and down and writes alpha = scale·rank;
+    PEFT folds scale into lora_B. dtype: the tensors' (default up's and down's own)."""
+    k = down.shape[0]
+    if fmt == "kohya":
+        out[f"{stem}.lora_down.weight"] = down.astype(dtype or down.dtype)
+        out[f"{stem}.lora_up.weight"] = up.astype(dtype or up.dtype)
+        out[f"{stem}.alpha"] = np.asarray(scale * k, dtype=np.float64).astype(alpha_dtype or dtype or up.dtype)
+    else:
+        out[f"{stem}.lora_A.weight"] = down.astype(dtype or down.dtype)
+        out[f"{stem}.lora_B.weight"] = (np.asarray(up, np.float64) * scale).astype(dtype or up.dtype)
 
 
 def resize_file(src, dst, rank, *, conv_rank=None, method=None, param=None, dtype=None, progress=False):
     """Write `src`'s LoRA resized (module docstring) to `dst` (atomically; it may be `src`). Returns a list of
     (adapter, old rank, new rank, Frobenius norm kept, new alpha or None for PEFT). dtype: 'float32' | 'float16' |
     'bfloat16' for the new tensors (default: each tensor's own)."""
-    _check_options(rank, conv_rank, method, param)
-    if dtype is not None and dtype not in DTYPES:
-        raise ResizeError(f"dtype: one of {', '.join(DTYPES)}, got {dtype!r}")
-    opts = dict(rank=rank, conv_rank=conv_rank or rank, method=method, param=param, dtype=dtype,
-                progress=_progress if progress else (lambda items, desc: items))
-    with _io.safe_open(src) as f:
-        meta = dict(f.metadata() or {})
-        keys = list(f.keys())
-        if not keys:
-            raise ResizeError(f"{src}: holds no tensors")
-        fmt = F.detect_format(keys)
-        groups = {}
-        for k in keys:
-            groups.setdefault(F.component_of(k), {})[k] = f.get_array(k)
+    check_options(rank, conv_rank, method, param, dtype)
+    fmt, meta, pairs = read_pairs(src)
     report, out = [], {}
-    try:
-        for component, sd in groups.items():
-            out.update(_resize_kohya(sd, component, opts, report) if fmt == "kohya"
-                       else _resize_peft(sd, meta, component, opts, report))
-    except F.AdapterFormatError as e:
-        raise ResizeError(f"{src}: {e}") from None
-    for k in SCALE_METADATA if fmt == "peft" else ():
-        meta.pop(k, None)
+    for stem, p in (progress_bar if progress else (lambda items, desc: items))(sorted(pairs.items()), "resizing"):
+        cap = (conv_rank or rank) if p.down.ndim == 4 else rank
+        up, down, k, kept = resize_pair(p.up, p.down, cap, method, param)
+        write_pair(out, fmt, stem, up.astype(p.up.dtype), down.astype(p.down.dtype), p.scale,
+                   None if dtype is None else np.dtype(DTYPES[dtype]), p.alpha_dtype)
+        report.append((stem, p.down.shape[0], k, kept, p.scale * k if fmt == "kohya" else None))
+    for key in SCALE_METADATA if fmt == "peft" else ():
+        meta.pop(key, None)
     ranks = Counter(k for _, _, k, _, _ in report)
     dynamic = method is not None and len(ranks) > 1
     summary = {"from": Counter(r for _, r, _, _, _ in report).most_common(1)[0][0],
@@ -208,7 +223,7 @@ def resize_file(src, dst, rank, *, conv_rank=None, method=None, param=None, dtyp
     return report
 
 
-def _progress(items, desc):
+def progress_bar(items, desc):
     from tqdm.auto import tqdm
     return tqdm(items, desc=desc, unit="adapter")
 

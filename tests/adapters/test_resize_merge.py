@@ -1,8 +1,9 @@
-"""Resizing LoRA files (flame_nn/adapters/resize.py, kohya's resize_lora): the new factors against the best rank-k
-approximation of each ΔW computed here from the whole matrix, the scale kept (kohya alpha' = s·k; PEFT s folded into
-lora_B, its scale metadata dropped, read back with FLAME's loader), kohya's dynamic rank rules on factors of known
-singular values, LoCon convolutions and text-encoder parts, and the refusals (DoRA / LoKr, non-finite values, bad
-options) before anything is written."""
+"""Resizing and merging LoRA files (flame_nn/adapters/resize.py and merge.py: kohya's resize_lora and
+svd_merge_lora): the new factors against the best rank-k approximation of each ΔW computed here from the whole
+matrix, the scale kept (kohya alpha' = s·k; PEFT s folded into lora_B, its scale metadata dropped, read back with
+FLAME's loader), kohya's dynamic rank rules on factors of known singular values, LoCon convolutions and text-encoder
+parts, merges as exact weighted sums or their rank-k approximations, and the refusals (DoRA / LoKr, mixed layouts,
+non-finite values, bad options) before anything is written."""
 import json
 import os
 
@@ -66,9 +67,9 @@ def test_kohya_factors_are_the_best_rank_k_approximation(kohya, tmp_path):
         assert new_alpha == pytest.approx(s * k)                  # kohya's alpha' = s k: the scale is kept
         got = _delta(up, down, new_alpha / k)
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())
-    assert [(n, r, k) for n, r, k, _, _ in report] == [
-        ("lora_unet_blocks_0_attn_qkv", 8, 4), ("lora_unet_conv_in", 6, 3),
-        ("lora_te1_text_model_encoder_layers_0_q_proj", 8, 4)]
+    assert {n: (r, k) for n, r, k, _, _ in report} == {
+        "lora_unet_blocks_0_attn_qkv": (8, 4), "lora_unet_conv_in": (6, 3),
+        "lora_te1_text_model_encoder_layers_0_q_proj": (8, 4)}
     assert all(0 < kept < 1 for _, _, _, kept, _ in report)
     assert json.loads(meta["flame.resized"]) == {"from": 8, "to": 4, "method": None, "param": None}
     assert meta["ss_network_dim"] == "4"
@@ -78,7 +79,8 @@ def test_a_rank_at_or_above_the_adapters_keeps_it_exactly(kohya, tmp_path):
     src, sd = kohya
     report = resize_file(src, str(tmp_path / "same.safetensors"), 64, dtype="bfloat16")
     out, _ = _read(tmp_path / "same.safetensors")
-    assert [k for _, _, k, _, _ in report] == [8, 6, 8]     # never above an adapter's own rank
+    assert {n: k for n, _, k, _, _ in report}["lora_unet_conv_in"] == 6     # never above an adapter's own rank
+    assert sorted(k for _, _, k, _, _ in report) == [6, 8, 8]
     stem = "lora_unet_blocks_0_attn_qkv"
     assert str(out[f"{stem}.lora_down.weight"].dtype) == "bfloat16"
     want = _delta(sd[f"{stem}.lora_up.weight"], sd[f"{stem}.lora_down.weight"], 0.5)
@@ -137,8 +139,8 @@ def test_peft_files_fold_their_scale(tmp_path):
                   "text_encoder.layers.0.q_proj.lora_B.weight": te_b}, meta)
     dst = str(tmp_path / "peft3.safetensors")
     report = resize_file(src, dst, 3)
-    assert [(n, r, k) for n, r, k, _, _ in report] == [("transformer.blocks.0.to_q", 8, 3),
-                                                        ("text_encoder.layers.0.q_proj", 8, 3)]
+    assert sorted((n, r, k) for n, r, k, _, _ in report) == [("text_encoder.layers.0.q_proj", 8, 3),
+                                                              ("transformer.blocks.0.to_q", 8, 3)]
     out, meta2 = _read(dst)
     assert "lora_adapter_metadata" not in meta2 and sorted(out) == sorted(
         ["transformer.blocks.0.to_q.lora_A.weight", "transformer.blocks.0.to_q.lora_B.weight",
@@ -184,7 +186,7 @@ def test_what_resize_refuses(kohya, tmp_path):
         with pytest.raises(ResizeError, match=msg):
             resize_file(src, str(dst), **kw)
     dora = dict(sd, **{"lora_unet_conv_in.dora_scale": np.ones((12, 1), np.float32)})
-    with pytest.raises(ResizeError, match="lora_unet_conv_in.dora_scale: a DoRA magnitude; resize takes LoRA"):
+    with pytest.raises(ResizeError, match="lora_unet_conv_in.dora_scale: a DoRA magnitude; only LoRA / LoCon adapters"):
         resize_file(_write(tmp_path / "dora.safetensors", dora), str(dst), 4)
     lokr = {"lora_unet_x.lokr_w1": np.ones((2, 2), np.float32), "lora_unet_x.lokr_w2": np.ones((3, 3), np.float32)}
     with pytest.raises(ResizeError, match="lora_unet_x.lokr_w1: a LoKr / LoHa factor"):
@@ -211,3 +213,59 @@ def test_the_command(kohya, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main([src, str(tmp_path / "x.pt"), "--rank", "2"])
     assert e.value.code == 2
+
+
+# ----------------------------------------------------------------------------- merging (flame_nn/adapters/merge.py)
+def test_merging_sums_the_weighted_products(kohya, tmp_path):
+    """Two kohya files with weights: exactly the weighted sum of their ΔW (an adapter only one file has is its own,
+    weighted); with --rank, the best rank-k approximation of that sum; scale 1 (alpha = rank)."""
+    from flame_nn.adapters.merge import merge_files
+    src, sd = kohya
+    rng = np.random.default_rng(9)
+    other = {"lora_unet_blocks_0_attn_qkv.lora_down.weight": rng.standard_normal((4, 40)).astype(np.float32),
+             "lora_unet_blocks_0_attn_qkv.lora_up.weight": rng.standard_normal((30, 4)).astype(np.float32),
+             "lora_unet_blocks_0_attn_qkv.alpha": np.asarray(8.0, np.float32)}
+    b = _write(tmp_path / "b.safetensors", other)
+    stem = "lora_unet_blocks_0_attn_qkv"
+    want = (0.7 * _delta(sd[f"{stem}.lora_up.weight"], sd[f"{stem}.lora_down.weight"], 0.5)
+            + 0.5 * _delta(other[f"{stem}.lora_up.weight"], other[f"{stem}.lora_down.weight"], 2.0))
+    report = merge_files([(src, 0.7), (b, 0.5)], str(tmp_path / "m.safetensors"))
+    out, meta = _read(tmp_path / "m.safetensors")
+    assert {n: (t, k) for n, t, k, _ in report}[stem] == (12, 12)
+    assert float(out[f"{stem}.alpha"]) == 12.0
+    np.testing.assert_allclose(_delta(out[f"{stem}.lora_up.weight"], out[f"{stem}.lora_down.weight"]), want,
+                               rtol=0, atol=1e-5 * np.abs(want).max())
+    conv = _delta(sd["lora_unet_conv_in.lora_up.weight"], sd["lora_unet_conv_in.lora_down.weight"], 1.0)
+    np.testing.assert_allclose(_delta(out["lora_unet_conv_in.lora_up.weight"],
+                                      out["lora_unet_conv_in.lora_down.weight"]), 0.7 * conv, rtol=0, atol=1e-5)
+    assert json.loads(meta["flame.merged"])["sources"] == [["kohya.safetensors", 0.7], ["b.safetensors", 0.5]]
+    merge_files([(src, 0.7), (b, 0.5)], str(tmp_path / "m5.safetensors"), 5)
+    out5, _ = _read(tmp_path / "m5.safetensors")
+    assert out5[f"{stem}.lora_down.weight"].shape == (5, 40) and float(out5[f"{stem}.alpha"]) == 5.0
+    np.testing.assert_allclose(_delta(out5[f"{stem}.lora_up.weight"], out5[f"{stem}.lora_down.weight"]),
+                               _best(want, 5), rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+def test_what_merge_refuses(kohya, tmp_path, capsys):
+    from flame_nn.adapters.merge import main as merge_main
+    from flame_nn.adapters.merge import merge_files, parse_source
+    src, sd = kohya
+    peft = _write(tmp_path / "p.safetensors", {"transformer.x.lora_A.weight": np.ones((2, 3), np.float32),
+                                              "transformer.x.lora_B.weight": np.ones((4, 2), np.float32)})
+    with pytest.raises(ResizeError, match="the files mix layouts"):
+        merge_files([src, peft], str(tmp_path / "never.safetensors"))
+    wide = {"lora_unet_conv_in.lora_down.weight": np.ones((2, 5, 1, 1), np.float32),
+            "lora_unet_conv_in.lora_up.weight": np.ones((12, 2, 1, 1), np.float32)}
+    with pytest.raises(ResizeError, match=r"lora_unet_conv_in: .*kohya.safetensors has up .* not one layer's"):
+        merge_files([src, _write(tmp_path / "w.safetensors", wide)], str(tmp_path / "never.safetensors"))
+    with pytest.raises(ResizeError, match="give rank too"):
+        merge_files([src], str(tmp_path / "never.safetensors"), method="sv_fro", param=0.9)
+    with pytest.raises(ResizeError, match="the weight nan is not a finite number"):
+        merge_files([(src, float("nan"))], str(tmp_path / "never.safetensors"))
+    assert not (tmp_path / "never.safetensors").exists()
+    assert parse_source("a/b.safetensors:0.5") == ("a/b.safetensors", 0.5)
+    assert parse_source("C:/x.safetensors") == ("C:/x.safetensors", 1.0)
+    assert merge_main([str(tmp_path / "cli.safetensors"), f"{src}:0.5", src, "--rank", "2"]) == 0
+    assert "3 adapters from 2 files, rank 2" in capsys.readouterr().out
+    assert merge_main([str(tmp_path / "cli.safetensors"), src, peft]) == 2
+    assert "mix layouts" in capsys.readouterr().err
