@@ -30,7 +30,16 @@ import numpy as np
 
 from flame_core import io as _io
 
-from .resize import DTYPES, METHODS, ResizeError, check_options, new_rank, progress_bar, write_pair
+from .resize import (
+    DTYPES,
+    ResizeError,
+    add_rank_arguments,
+    check_options,
+    new_rank,
+    progress_bar,
+    run_command,
+    write_pair,
+)
 
 FORMATS = {"kohya": "lora_unet_", "peft": "transformer."}
 OVERSAMPLE, POWER_ITERS = 16, 2
@@ -167,27 +176,20 @@ def main(argv=None):
     ap.add_argument("base", help="the base checkpoint (.safetensors, or a folder of them)")
     ap.add_argument("tuned", help="the fine-tuned checkpoint")
     ap.add_argument("dst", help="the LoRA file to write (.safetensors)")
-    ap.add_argument("--rank", type=int, required=True, help="the LoRA's rank (with --method: the most kept)")
-    ap.add_argument("--conv-rank", type=int, help="the rank of Conv2d adapters (default --rank)")
-    ap.add_argument("--method", choices=METHODS, help="choose each weight's rank from its singular values")
-    ap.add_argument("--param", type=float, help="sv_ratio: > 1; sv_cumulative / sv_fro: 0-1")
+    add_rank_arguments(ap, "the LoRA's rank (with --method: the most kept)",
+                       "the LoRA's dtype (default: the tuned weights')")
     ap.add_argument("--format", choices=tuple(FORMATS), default="kohya",
                     help="kohya (lora_unet_<name>: BFL-layout Flux, SAI-layout SDXL) or peft (transformer.<name>: "
                          "diffusers-layout files)")
     ap.add_argument("--prefix", help="the keys' prefix (default lora_unet_ / transformer.)")
     ap.add_argument("--min-diff", type=float, default=0.0, help="leave out weights whose |ΔW| never exceeds this")
-    ap.add_argument("--dtype", choices=tuple(DTYPES), help="the LoRA's dtype (default: the tuned weights')")
     args = ap.parse_args(argv)
-    if not args.dst.endswith(".safetensors"):
-        ap.error(f"dst: a .safetensors file, got {args.dst!r}")
-    try:
-        report, skipped = extract_files(args.base, args.tuned, args.dst, args.rank, conv_rank=args.conv_rank,
-                                        method=args.method, param=args.param, format=args.format,
-                                        prefix=args.prefix, min_diff=args.min_diff, dtype=args.dtype,
-                                        progress=True)
-    except (ResizeError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    done = run_command(ap, args.dst, lambda: extract_files(
+        args.base, args.tuned, args.dst, args.rank, conv_rank=args.conv_rank, method=args.method, param=args.param,
+        format=args.format, prefix=args.prefix, min_diff=args.min_diff, dtype=args.dtype, progress=True))
+    if done is None:
         return 2
+    report, skipped = done
     kept = [x[2] for x in report]
     left = ", ".join(f"{n} {why}" for why, n in skipped.items() if n)
     print(f"{len(report)} adapters, Frobenius norm of ΔW kept: mean {np.mean(kept):.2%}, min {np.min(kept):.2%}"

@@ -22,7 +22,17 @@ import numpy as np
 
 from flame_core import io as _io
 
-from .resize import DTYPES, METHODS, ResizeError, check_options, progress_bar, read_pairs, resize_pair, write_pair
+from .resize import (
+    DTYPES,
+    ResizeError,
+    add_rank_arguments,
+    check_options,
+    progress_bar,
+    read_pairs,
+    resize_pair,
+    run_command,
+    write_pair,
+)
 
 
 def parse_source(text):
@@ -91,21 +101,18 @@ def main(argv=None):
                                  description="Merge LoRA files into one (a weighted sum; exact, or to a rank by SVD).")
     ap.add_argument("dst", help="the merged file to write (.safetensors)")
     ap.add_argument("sources", nargs="+", metavar="LORA[:WEIGHT]", help="the LoRA files, each with its weight")
-    ap.add_argument("--rank", type=int, help="the merged rank by SVD (default: exact, the ranks summed)")
-    ap.add_argument("--conv-rank", type=int, help="the merged rank of LoCon convolutions (default --rank)")
-    ap.add_argument("--method", choices=METHODS, help="choose each adapter's rank from its singular values")
-    ap.add_argument("--param", type=float, help="sv_ratio: > 1; sv_cumulative / sv_fro: 0-1")
-    ap.add_argument("--dtype", choices=tuple(DTYPES), help="the merged tensors' dtype (default: the first file's)")
+    add_rank_arguments(ap, "the merged rank by SVD (default: exact, the ranks summed)",
+                       "the merged tensors' dtype (default: the first file's)", required=False)
     args = ap.parse_args(argv)
-    if not args.dst.endswith(".safetensors"):
-        ap.error(f"dst: a .safetensors file, got {args.dst!r}")
-    try:
+
+    def work():
         sources = [parse_source(s) for s in args.sources]
-        report = merge_files(sources, args.dst, args.rank, conv_rank=args.conv_rank, method=args.method,
-                             param=args.param, dtype=args.dtype, progress=True)
-    except (ResizeError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        return sources, merge_files(sources, args.dst, args.rank, conv_rank=args.conv_rank, method=args.method,
+                                    param=args.param, dtype=args.dtype, progress=True)
+    done = run_command(ap, args.dst, work)
+    if done is None:
         return 2
+    sources, report = done
     ranks = Counter(k for _, _, k, _ in report)
     print(f"{len(report)} adapters from {len(sources)} files, rank "
           f"{'/'.join(str(k) for k, _ in ranks.most_common(3))}; Frobenius norm kept: min "

@@ -228,25 +228,40 @@ def progress_bar(items, desc):
     return tqdm(items, desc=desc, unit="adapter")
 
 
+def add_rank_arguments(ap, rank_help, dtype_help, required=True):
+    """The rank options the LoRA tools share (resize, merge, extract)."""
+    ap.add_argument("--rank", type=int, required=required, help=rank_help)
+    ap.add_argument("--conv-rank", type=int, help="the rank of convolution (LoCon) adapters (default --rank)")
+    ap.add_argument("--method", choices=METHODS, help="choose each adapter's rank from its singular values")
+    ap.add_argument("--param", type=float, help="sv_ratio: > 1 (e.g. 8); sv_cumulative / sv_fro: 0-1 (e.g. 0.9)")
+    ap.add_argument("--dtype", choices=tuple(DTYPES), help=dtype_help)
+
+
+def run_command(ap, dst, work):
+    """`work()`'s result for a tool writing `dst` (a .safetensors name, else the usage error); a ResizeError or
+    OSError is printed as 'error: ...' on stderr and gives None (the command exits 2)."""
+    if not dst.endswith(".safetensors"):
+        ap.error(f"dst: a .safetensors file, got {dst!r}")
+    try:
+        return work()
+    except (ResizeError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m flame_nn.adapters.resize",
                                  description="Resize a LoRA file to a lower rank by SVD (kohya's resize_lora).")
     ap.add_argument("src", help="the LoRA file (.safetensors: kohya / LyCORIS or PEFT / diffusers keys)")
     ap.add_argument("dst", help="the resized file to write (.safetensors)")
-    ap.add_argument("--rank", type=int, required=True, help="the new rank (with --method: the most kept)")
-    ap.add_argument("--conv-rank", type=int, help="the new rank of LoCon convolutions (default --rank)")
-    ap.add_argument("--method", choices=METHODS, help="choose each adapter's rank from its singular values")
-    ap.add_argument("--param", type=float, help="sv_ratio: > 1 (e.g. 8); sv_cumulative / sv_fro: 0-1 (e.g. 0.9)")
-    ap.add_argument("--dtype", choices=tuple(DTYPES), help="the new tensors' dtype (default: the file's)")
+    add_rank_arguments(ap, "the new rank (with --method: the most kept)",
+                       "the new tensors' dtype (default: the file's)")
     ap.add_argument("--verbose", action="store_true", help="one line per adapter")
     args = ap.parse_args(argv)
-    if not args.dst.endswith(".safetensors"):
-        ap.error(f"dst: a .safetensors file, got {args.dst!r}")
-    try:
-        report = resize_file(args.src, args.dst, args.rank, conv_rank=args.conv_rank, method=args.method,
-                             param=args.param, dtype=args.dtype, progress=True)
-    except (ResizeError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    report = run_command(ap, args.dst, lambda: resize_file(
+        args.src, args.dst, args.rank, conv_rank=args.conv_rank, method=args.method, param=args.param,
+        dtype=args.dtype, progress=True))
+    if report is None:
         return 2
     if args.verbose:
         for name, r, k, kept, _ in report:
