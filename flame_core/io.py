@@ -40,7 +40,8 @@ _TO_NP = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dt
 _TO_NP = {k: np.dtype(v) for k, v in _TO_NP.items()}
 _TO_ST = {v: k for k, v in _TO_NP.items()}
 
-__all__ = ["SafetensorsError", "atomic_write", "convert", "load_file", "load_metadata", "safe_open", "save_file"]
+__all__ = ["Deferred", "SafetensorsError", "atomic_write", "convert", "load_file", "load_metadata", "safe_open",
+           "save_file"]
 
 
 # ----------------------------------------------------------------------------- array conversion
@@ -78,6 +79,16 @@ def _host_array(v, key):
 
 
 # ----------------------------------------------------------------------------- writing
+class Deferred:
+    """A tensor that save_file writes without it being in memory before its turn: its dtype and shape go into the
+    header, its values come from `make()` (a NumPy / CuPy array or Tensor of exactly that dtype and shape) when it
+    is written -- so a whole checkpoint can be rewritten one tensor at a time."""
+    __slots__ = ("dtype", "shape", "make")
+
+    def __init__(self, dtype, shape, make):
+        self.dtype, self.shape, self.make = np.dtype(dtype), tuple(int(n) for n in shape), make
+
+
 def _header(entries, metadata):
     """JSON header bytes (padded to 8) for entries [(name, st_dtype, shape, nbytes)]."""
     h, off = {}, 0
@@ -92,7 +103,8 @@ def _header(entries, metadata):
 
 
 def save_file(tensors, filename, metadata=None):
-    """Write `tensors` (name -> Tensor / NumPy / CuPy array) to `filename` atomically, one tensor at a time."""
+    """Write `tensors` (name -> Tensor / NumPy / CuPy array / Deferred) to `filename` atomically, one tensor at a
+    time."""
     from .tensor import Tensor
     if not hasattr(tensors, "items"):
         raise TypeError(f"save_file expects a dict of name -> tensor, got {type(tensors).__name__}")
@@ -109,6 +121,8 @@ def save_file(tensors, filename, metadata=None):
             raise ValueError("save_file: '__metadata__' is reserved; pass metadata=...")
         if isinstance(v, Tensor):
             dt, shape = v.dtype.np, tuple(v.shape)
+        elif isinstance(v, Deferred):
+            dt, shape = v.dtype, v.shape
         elif backend.is_cuda_array(v) or isinstance(v, np.ndarray):
             dt, shape = v.dtype, v.shape
         else:
@@ -121,7 +135,15 @@ def save_file(tensors, filename, metadata=None):
         f.write(len(header).to_bytes(8, "little"))
         f.write(header)
         for k, v in order:  # one host copy at a time: a GPU model never sits in host memory whole
-            a = _host_array(v, k)
+            if isinstance(v, Deferred):
+                made = v.make()
+                a = _host_array(made, k)
+                if a.dtype != v.dtype or a.shape != v.shape:
+                    raise ValueError(f"save_file: {k!r} was declared {v.dtype} {v.shape} but made {a.dtype} "
+                                     f"{a.shape}")
+                del made
+            else:
+                a = _host_array(v, k)
             f.write(memoryview(a.reshape(-1).view(np.uint8)))
             del a
 

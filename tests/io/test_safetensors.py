@@ -132,6 +132,33 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["ckpt.safetensors"]  # no temp file left behind
 
 
+def test_deferred_tensors_are_made_one_at_a_time(tmp_path):
+    """io.Deferred: the header from the declared dtype and shape, the values made when their turn comes (after the
+    tensors before them are written); a made array that breaks its declaration aborts the save, leaving no file."""
+    made = []
+
+    def maker(name, value):
+        def make():
+            made.append(name)
+            return value
+        return make
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.ones(4, dtype=ml_dtypes.bfloat16)
+    path = tmp_path / "d.safetensors"
+    io.save_file({"a": io.Deferred(np.float32, (2, 3), maker("a", a)), "plain": np.zeros(2, np.int64),
+                  "b": io.Deferred(ml_dtypes.bfloat16, (4,), maker("b", b))}, path)
+    assert made == ["a", "b"]
+    with st_safe_open(str(path), framework="numpy") as f:
+        np.testing.assert_array_equal(f.get_tensor("a"), a)
+        assert f.get_tensor("plain").tolist() == [0, 0]
+    with io.safe_open(path) as f:
+        np.testing.assert_array_equal(f.get_array("b").astype(np.float32), np.ones(4, np.float32))
+    bad = tmp_path / "bad.safetensors"
+    with pytest.raises(ValueError, match=r"'a' was declared float32 \(3, 2\) but made float32 \(2, 3\)"):
+        io.save_file({"a": io.Deferred(np.float32, (3, 2), lambda: a)}, bad)
+    assert not bad.exists() and sorted(os.listdir(tmp_path)) == ["d.safetensors"]
+
+
 def test_save_rejects_bad_input(tmp_path):
     with pytest.raises(TypeError, match="str -> str"):
         io.save_file({"a": flame.ones(1)}, tmp_path / "x.safetensors", metadata={"k": 1})
