@@ -52,6 +52,10 @@ class NetworkConfig:
     conv: typing.Optional[int] = None    # LoCon: the convolutions' LoRA rank (kohya's conv_dim; SDXL); 0 / null off
     conv_alpha: typing.Optional[float] = None  # their alpha (kohya's conv_alpha); null: = conv (ai-toolkit's default)
     network_kwargs: dict = field(default_factory=dict)  # ai-toolkit: only_if_contains / ignore_if_contains
+    loraplus_lr_ratio: typing.Optional[float] = None  # LoRA+ (kohya's network_args name): the up (B) matrices of
+                                                      # LoRA / DoRA / LoCon train at lr x ratio (the paper: 16)
+    loraplus_unet_lr_ratio: typing.Optional[float] = None          # the denoiser's ratio (default the one above)
+    loraplus_text_encoder_lr_ratio: typing.Optional[float] = None  # the text encoders' (default the one above)
 
 
 @dataclass

@@ -404,13 +404,27 @@ class Trainer:
                                t.optimizer_params)
 
     def _param_groups(self):
-        """[(parameters, lr)]: the denoiser's adapters at train.lr; trained text encoders' at text_encoder_lr."""
-        t = self.cfg.train
+        """[(parameters, lr)]: the denoiser's adapters at train.lr; trained text encoders' at text_encoder_lr. With
+        LoRA+ (network.loraplus_*lr_ratio) each of those splits in two: the up (B) matrices at lr x ratio after the
+        rest at lr."""
+        t, n = self.cfg.train, self.cfg.network
         if self.text_encoders is None:
-            return [(self.params, t.lr)]
-        te = self.text_encoders.params
-        return [(self.params[:len(self.params) - len(te)], t.lr),
-                (te, t.lr if t.text_encoder_lr is None else t.text_encoder_lr)]
+            groups = [(self.params, t.lr, n.loraplus_unet_lr_ratio or n.loraplus_lr_ratio)]
+        else:
+            te = self.text_encoders.params
+            groups = [(self.params[:len(self.params) - len(te)], t.lr, n.loraplus_unet_lr_ratio or n.loraplus_lr_ratio),
+                      (te, t.lr if t.text_encoder_lr is None else t.text_encoder_lr,
+                       n.loraplus_text_encoder_lr_ratio or n.loraplus_lr_ratio)]
+        if not any(ratio for _, _, ratio in groups):
+            return [(ps, lr) for ps, lr, _ in groups]
+        ups = {id(p) for name, p in self.named_adapter_parameters() if name.endswith(".lora_B")}
+        out = []
+        for ps, lr, ratio in groups:
+            if not ratio:
+                out.append((ps, lr))
+                continue
+            out += [([p for p in ps if id(p) not in ups], lr), ([p for p in ps if id(p) in ups], lr * ratio)]
+        return out
 
     def named_adapter_parameters(self):
         """[(name, Parameter)] of everything trained (checkpoints): the denoiser's adapters, then the text

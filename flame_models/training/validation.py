@@ -74,6 +74,20 @@ def validate(cfg, prefix="", check_files=True):
                  f"lora or locon, or leave conv out)")
     if n.conv_alpha is not None and not n.conv:
         e.append(f"{p}network.conv_alpha: only used with network.conv (the convolutions' rank), which is not set")
+    for k in ("loraplus_lr_ratio", "loraplus_unet_lr_ratio", "loraplus_text_encoder_lr_ratio"):
+        v = getattr(n, k)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v != v or v == float("inf"):
+            e.append(f"{p}network.{k}: a ratio > 0 (LoRA+: the up matrices' lr = lr x ratio), got {v!r}")
+        elif n.type in ("lokr", "loha"):
+            e.append(f"{p}network.{k}: LoRA+ scales the up (B) matrices of LoRA / DoRA / LoCon; network.type "
+                     f"{n.type!r} has none")
+        elif k == "loraplus_text_encoder_lr_ratio" and not t.train_text_encoder:
+            e.append(f"{p}network.{k}: only used with train.train_text_encoder, which is false")
+        elif t.optimizer == "prodigy" and v != 1:
+            e.append(f"{p}network.{k}: prodigy takes one lr for every parameter group (it estimates the step size "
+                     f"itself); LoRA+ needs another optimizer")
     if n.type in ("lokr", "loha") and s.format == "peft":
         e.append(f"{p}save.format: 'peft' cannot hold {n.type} adapters (diffusers has no {n.type}); use 'kohya'")
 

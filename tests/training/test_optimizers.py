@@ -1,9 +1,12 @@
 """Issue 47 through the trainer: Prodigy, Adafactor, Lion and schedule-free AdamW by the peers' names, their
 optimizer_params checked, the cosine_with_restarts and polynomial schedules, and exact resumes through a checkpoint
 (Prodigy's D estimate and schedule-free's running sums come from the checkpoint, not from the fresh optimizer)."""
+import types
+
 import numpy as np
 import pytest
 
+import flame_core as flame
 import flame_nn
 from flame_core import io
 from flame_models.training.config import ConfigError, config_from_dict
@@ -124,3 +127,47 @@ def test_each_optimizer_trains_and_resumes_exactly_through_a_checkpoint(tmp_path
 def test_config_from_dict_keeps_default_optimizer(tmp_path):
     c = config_from_dict({"synthetic": {"num_samples": 2}, "training_folder": str(tmp_path)})
     assert c.train.optimizer == "adamw8bit" and c.train.optimizer_params == {}
+
+
+def test_loraplus_trains_the_up_matrices_at_lr_times_the_ratio(tmp_path):
+    """network.loraplus_lr_ratio (kohya's LoRA+): the denoiser's adapters in two groups -- every lora_A at lr, every
+    lora_B at lr x ratio --, the schedule over both; AdamW's first step moves each tensor by about its group's lr
+    (B starts at 0, so its first update is lr x ratio in size); the ratio's refusals."""
+    from flame_nn import adapters as A
+    c = tiny_config(tmp_path, "lp", network={"loraplus_lr_ratio": 16},
+                    train={"optimizer": "adamw", "lr": 1e-4, "steps": 1, "lr_warmup_steps": 0})
+    tr = Trainer(c, verbose=False).setup()
+    g0, g1 = tr.optimizer.param_groups
+    assert (g0["lr"], g1["lr"]) == (1e-4, 1.6e-3)
+    named = A.named_adapter_parameters(tr.model)
+    ups = [p for n, p in named if n.endswith(".lora_B")]
+    assert g1["params"] == ups and len(g0["params"]) + len(ups) == len(tr.params) and ups
+    assert all(not n.endswith(".lora_B") for n, p in named if any(p is q for q in g0["params"]))
+    before = {n: p.detach().numpy().copy() for n, p in named}
+    tr.train()
+    moved = {n: np.abs(p.detach().numpy() - before[n]).max() for n, p in named}
+    up_moves = [m for n, m in moved.items() if n.endswith(".lora_B")]
+    down_moves = [m for n, m in moved.items() if n.endswith(".lora_A") and m > 0]
+    assert up_moves and max(up_moves) == pytest.approx(1.6e-3, rel=0.05)
+    assert down_moves == [] or max(down_moves) < 2e-4        # (A gets no gradient while B is 0: at most decay)
+    # with trained text encoders (their own group at text_encoder_lr): each group splits, with its own ratio
+    te_a, te_b = flame_nn.Parameter(flame.zeros(2)), flame_nn.Parameter(flame.zeros(2))
+    tr.text_encoders = types.SimpleNamespace(params=[te_a, te_b],
+                                             named_parameters=lambda: [("te1/q.lora_A", te_a), ("te1/q.lora_B", te_b)])
+    tr.params = tr.params + [te_a, te_b]
+    tr.cfg.network.loraplus_text_encoder_lr_ratio = 2.0
+    tr.cfg.train.text_encoder_lr = 1e-3
+    groups = tr._param_groups()
+    assert [lr for _, lr in groups] == [1e-4, 1.6e-3, 1e-3, 2e-3]
+    assert groups[2][0] == [te_a] and groups[3][0] == [te_b] and groups[1][0] == ups
+    plain = Trainer(tiny_config(tmp_path, "np", train={"optimizer": "adamw"}), verbose=False).setup()
+    assert len(plain.optimizer.param_groups) == 1
+    for change, msg in (({"network": {"loraplus_lr_ratio": 0}}, "network.loraplus_lr_ratio: a ratio > 0"),
+                        ({"network": {"type": "lokr", "loraplus_lr_ratio": 4}}, "network type 'lokr'|"
+                                                                               "network.type 'lokr' has none"),
+                        ({"network": {"loraplus_text_encoder_lr_ratio": 4}}, "only used with "
+                                                                            "train.train_text_encoder"),
+                        ({"network": {"loraplus_lr_ratio": 4}, "train": {"optimizer": "prodigy", "lr": 1.0}},
+                         "prodigy takes one lr for every parameter group")):
+        with pytest.raises(ConfigError, match=msg):
+            tiny_config(tmp_path, "bad", **change)
