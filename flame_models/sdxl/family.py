@@ -22,7 +22,7 @@ from flame_nn.offload import streamer_of
 from ..samplers import LCM_ORIGINAL_STEPS, SAMPLERS
 from ..training.ddpm_objective import DDPM
 from ..training.family import DDPM_FIELDS, FLOW_FIELDS
-from ..training.family_base import DiffusionFamily
+from ..training.family_base import DiffusionFamily, element_loss
 from ..training.validation import choice
 from . import SDXLUNet, load_unet, make_y, size_embeddings, unet_config
 from . import family_parts as sdxl_parts
@@ -161,7 +161,8 @@ class SDXLFamily(DiffusionFamily):
     def objective(self, train_cfg):
         t = train_cfg
         return DDPM(t.prediction_type, zero_terminal_snr=t.zero_terminal_snr, min_snr_gamma=t.min_snr_gamma,
-                    min_timestep=t.min_timestep, max_timestep=t.max_timestep, noise_offset=t.noise_offset)
+                    min_timestep=t.min_timestep, max_timestep=t.max_timestep, noise_offset=t.noise_offset,
+                    element=element_loss(t, "snr"))
 
     def training_inputs(self, model, batch, device, train_cfg):
         """x0 = the latents; cond = context and y, y's size embeddings from the batch's per-sample original_size,

@@ -123,6 +123,11 @@ class TrainSection:
     min_timestep: int = 0                # timesteps drawn from [min_timestep, max_timestep)
     max_timestep: int = 1000
     noise_offset: float = 0.0            # every family: offset * N(0, 1) per sample and channel added to the noise
+    loss_type: str = "l2"                # kohya's: l2 | l1 | huber | smooth_l1 (training/loss_types.py)
+    huber_c: float = 0.1                 # huber / smooth_l1: the threshold, in (0, 1]
+    huber_schedule: typing.Optional[str] = None  # constant | exponential | snr (sdxl only); None: sdxl snr
+                                                 # (kohya's default), flow families constant
+    huber_scale: float = 1.0             # constant / exponential: the threshold's factor
     optimizer: str = "adamw8bit"
     lr: float = 1e-4
     optimizer_params: dict = field(default_factory=dict)  # the optimizer's keyword arguments (optimizers.py)

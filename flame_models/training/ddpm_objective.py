@@ -22,7 +22,7 @@ class DDPM(Objective):
     name = "ddpm"
 
     def __init__(self, prediction_type="epsilon", *, zero_terminal_snr=False, min_snr_gamma=None, min_timestep=0,
-                 max_timestep=1000, noise_offset=0.0, num_train_timesteps=1000):
+                 max_timestep=1000, noise_offset=0.0, num_train_timesteps=1000, element=None):
         check_prediction_type(prediction_type)
         if not 0 <= min_timestep < max_timestep <= num_train_timesteps:
             raise ValueError(f"timesteps must satisfy 0 <= min_timestep < max_timestep <= {num_train_timesteps}, got "
@@ -36,6 +36,7 @@ class DDPM(Objective):
         self.min_snr_gamma, self.noise_offset = min_snr_gamma, float(noise_offset)
         self.min_timestep, self.max_timestep = int(min_timestep), int(max_timestep)
         self._weight_tables = {}
+        self.element = element      # loss_types.ElementLoss (None: the square)
 
     def sample_timesteps(self, batch_size, *, generator, num_tokens=None, device="cpu"):
         """(B,) integer timesteps in [min_timestep, max_timestep) as float32 on `device`, drawn on the CPU from
@@ -72,4 +73,19 @@ class DDPM(Objective):
         if t is None and self.min_snr_gamma is not None:
             raise ValueError("min-SNR weighting needs the timesteps: loss(pred, target, t)")
         w = None if t is None else self.weights(t)
-        return weighted_mse(pred, target, combined_weights(w, sample_weights), mask)
+        el, c = self.element, None
+        if el is not None and el.needs_threshold:
+            if t is None and el.huber_schedule != "constant":
+                raise ValueError("the loss's threshold needs the timesteps: loss(pred, target, t)")
+            c = el.threshold(t, self._sigmas(t) if el.huber_schedule == "snr" else None)
+        return weighted_mse(pred, target, combined_weights(w, sample_weights), mask, el, c)
+
+    def _sigmas(self, t):
+        """(B,) σ_t = √((1 − ᾱ_t) / ᾱ_t) gathered on t's device (the snr huber schedule)."""
+        key = ("sigma", str(t.device))
+        table = self._weight_tables.get(key)
+        if table is None:
+            abar = np.asarray(self.schedule.alphas_cumprod, dtype=np.float64)
+            sig = np.sqrt((1.0 - abar) / np.maximum(abar, 1e-30)).astype(np.float32)
+            table = self._weight_tables[key] = flame.tensor(sig, device=t.device)
+        return flame.index_select(table, 0, t.reshape(-1).long())

@@ -22,6 +22,7 @@ from ..conditioning.files import ModelFilesError
 from ..samplers.flow_schedules import FLOW_SCHEDULERS
 from .family import ModelFamily, ModelFileError
 from .family_parts import RANDOM_SEED
+from .loss_types import ElementLoss
 from .objective import FlowMatching
 from .random_init import init_random_
 from .timesteps import TIMESTEP_TYPES
@@ -226,6 +227,9 @@ class FlowMatchingFamily(DiffusionFamily):
     def _config_problems(self, cfg, prefix):
         e, p = [], prefix
         choice(e, f"{p}train.timestep_type", cfg.train.timestep_type, TIMESTEP_TYPES)
+        if cfg.train.huber_schedule == "snr":
+            e.append(f"{p}train.huber_schedule: snr is the DDPM families' (SDXL: from ᾱ_t); {self.label} takes "
+                     f"constant or exponential")
         if cfg.sample.sampler is not None and cfg.sample.sampler not in self.samplers:
             e.append(f"{p}sample.sampler: {self.label} previews use {self.sampler_words}, got {cfg.sample.sampler!r}")
         return e
@@ -234,7 +238,15 @@ class FlowMatchingFamily(DiffusionFamily):
         t = train_cfg
         return FlowMatching(t.timestep_type, shift=t.shift, sigmoid_scale=t.sigmoid_scale, logit_mean=t.logit_mean,
                             logit_std=t.logit_std, mode_scale=t.mode_scale, weighting_scheme=t.weighting_scheme,
-                            noise_offset=t.noise_offset)
+                            noise_offset=t.noise_offset, element=element_loss(t, "constant"))
+
+
+def element_loss(train_cfg, default_schedule):
+    """The config's loss type (train.loss_type, huber_c / huber_schedule / huber_scale) as a loss_types.ElementLoss;
+    huber_schedule None takes the family's default."""
+    t = train_cfg
+    return ElementLoss(t.loss_type, huber_c=t.huber_c, huber_schedule=t.huber_schedule or default_schedule,
+                       huber_scale=t.huber_scale)
 
 
 def first_line(e):

@@ -64,15 +64,18 @@ def flow_matching_loss(pred, target):
     return (d * d).mean()
 
 
-def weighted_mse(pred, target, weights, mask=None):
+def weighted_mse(pred, target, weights, mask=None, element=None, threshold=None):
     """mean_b(w_b · mean over sample b's elements of m · (pred − target)²), in float32; weights (B,) or None (= 1);
-    mask: per-element weights m broadcastable to pred (a loss mask on the latent grid), or None (= 1)."""
-    if weights is None and mask is None:
+    mask: per-element weights m broadcastable to pred (a loss mask on the latent grid), or None (= 1). element: a
+    loss_types.ElementLoss in place of the square (None or l2: the square), with its `threshold`."""
+    if element is not None and element.is_l2:
+        element = None
+    if weights is None and mask is None and element is None:
         return flow_matching_loss(pred, target)
     if pred.shape != target.shape:
         raise ShapeError(f"prediction {fmt_shape(pred.shape)} and target {fmt_shape(target.shape)} differ in shape")
     d = pred.float() - target.float()
-    sq = d * d
+    sq = d * d if element is None else element(d, threshold)
     if mask is not None:
         if mask.ndim != sq.ndim or any(m not in (1, s) for m, s in zip(mask.shape, sq.shape)):
             raise ShapeError(f"loss mask {fmt_shape(mask.shape)} does not broadcast to the prediction "
@@ -126,7 +129,7 @@ class FlowMatching(Objective):
     name = "flow_matching"
 
     def __init__(self, timestep_type="sigmoid", *, shift=3.0, sigmoid_scale=1.0, logit_mean=0.0, logit_std=1.0,
-                 mode_scale=1.29, weighting_scheme="none", noise_offset=0.0):
+                 mode_scale=1.29, weighting_scheme="none", noise_offset=0.0, element=None):
         from .timesteps import TIMESTEP_TYPES
         if timestep_type not in TIMESTEP_TYPES:
             raise ValueError(f"unknown timestep type {timestep_type!r}; choose one of {', '.join(TIMESTEP_TYPES)}")
@@ -138,7 +141,11 @@ class FlowMatching(Objective):
                              f"type {weighting_scheme!r} with it (got {timestep_type!r})")
         if noise_offset < 0:
             raise ValueError(f"noise_offset must be >= 0, got {noise_offset}")
+        if element is not None and element.needs_threshold and element.huber_schedule == "snr":
+            raise ValueError("the snr huber schedule is the DDPM objective's (its ᾱ); flow matching takes constant "
+                             "or exponential")
         self.timestep_type, self.weighting_scheme, self.noise_offset = timestep_type, weighting_scheme, noise_offset
+        self.element = element
         self.kwargs = dict(shift=shift, sigmoid_scale=sigmoid_scale, logit_mean=logit_mean, logit_std=logit_std,
                            mode_scale=mode_scale)
 
@@ -161,12 +168,16 @@ class FlowMatching(Objective):
     def loss(self, pred, target, t=None, *, mask=None, sample_weights=None):
         """The weighted MSE; `t` (the σ of each sample) is needed by the weighting schemes that depend on σ.
         mask: per-element loss weights broadcastable to pred; sample_weights: (B,), times the scheme's."""
+        el = self.element
         if t is None:
-            if self.weights_depend_on_t:
-                raise ValueError(f"weighting scheme {self.weighting_scheme!r} needs the timesteps: "
-                                 f"loss(pred, target, t)")
-            return weighted_mse(pred, target, combined_weights(None, sample_weights), mask)
-        return weighted_mse(pred, target, combined_weights(self.weights(t), sample_weights), mask)
+            if self.weights_depend_on_t or (el is not None and el.needs_threshold and
+                                            el.huber_schedule != "constant"):
+                raise ValueError(f"weighting scheme {self.weighting_scheme!r} / the loss's threshold needs the "
+                                 f"timesteps: loss(pred, target, t)")
+            return weighted_mse(pred, target, combined_weights(None, sample_weights), mask, el,
+                                None if el is None else el.threshold(None))
+        c = None if el is None else el.threshold(t.float() * 1000.0)
+        return weighted_mse(pred, target, combined_weights(self.weights(t), sample_weights), mask, el, c)
 
     @property
     def weights_depend_on_t(self):

@@ -9,6 +9,7 @@ from ..data.config import validate_dataset_config
 from ..samplers import PREDICTION_TYPES
 from .config import DTYPES, FILE_FORMATS, NETWORK_TYPES, OPTIMIZERS, PROCESS_TYPES, SCHEDULERS
 from .limits import steps_problems
+from .loss_types import HUBER_SCHEDULES, LOSS_TYPES
 from .objective import DENSITY_SCHEMES, WEIGHTING_SCHEMES
 from .timesteps import MODE_SCALE_RANGE
 from .validation_loss import timestep_problems
@@ -141,6 +142,16 @@ def validate(cfg, prefix="", check_files=True):
     if not t.train_unet:
         e.append(f"{p}train.train_unet: false is not available (the text encoders train beside the UNet / "
                  f"transformer, not alone)")
+    choice(e, f"{p}train.loss_type", t.loss_type, LOSS_TYPES)
+    if t.huber_schedule is not None:
+        choice(e, f"{p}train.huber_schedule", t.huber_schedule, HUBER_SCHEDULES)
+    if not 0 < t.huber_c <= 1:
+        e.append(f"{p}train.huber_c: must be in (0, 1], got {t.huber_c}")
+    if not t.huber_scale > 0:
+        e.append(f"{p}train.huber_scale: must be > 0, got {t.huber_scale}")
+    for k in ("huber_c", "huber_schedule", "huber_scale"):
+        if f"train.{k}" in given and t.loss_type not in ("huber", "smooth_l1"):
+            e.append(f"{p}train.{k}: only used by loss_type huber / smooth_l1 (the type is {t.loss_type!r})")
     if t.text_encoder_lr is not None and t.text_encoder_lr <= 0:
         e.append(f"{p}train.text_encoder_lr: must be > 0, got {t.text_encoder_lr}")
     if t.text_encoder_lr is not None and not t.train_text_encoder:
