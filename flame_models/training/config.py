@@ -123,6 +123,9 @@ class TrainSection:
     min_timestep: int = 0                # timesteps drawn from [min_timestep, max_timestep)
     max_timestep: int = 1000
     noise_offset: float = 0.0            # every family: offset * N(0, 1) per sample and channel added to the noise
+    ip_noise_gamma: float = 0.0          # kohya's input perturbation: the noise the model sees is ε + γ·ξ (ξ another
+                                         # N(0, 1) draw), the target keeps ε (0.1 is the paper's)
+    ip_noise_gamma_random_strength: bool = False  # γ drawn uniformly in [0, ip_noise_gamma) per step
     loss_type: str = "l2"                # kohya's: l2 | l1 | huber | smooth_l1 (training/loss_types.py)
     huber_c: float = 0.1                 # huber / smooth_l1: the threshold, in (0, 1]
     huber_schedule: typing.Optional[str] = None  # constant | exponential | snr (sdxl only); None: sdxl snr

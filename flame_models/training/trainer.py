@@ -467,13 +467,30 @@ class Trainer:
                                                             generator=self.sigma_gen,
                                                             num_tokens=self.family.image_seq_len(x0),
                                                             device=self.device))
-        return (x0, noise, t) + tuple(cond[k] for k in self._cond_keys), t
+        return (x0, noise, t) + self._perturbed(noise, x0) + tuple(cond[k] for k in self._cond_keys), t
+
+    def _perturbed(self, noise, x0):
+        """(ε + γ·ξ,) -- the noise the model's input gets under train.ip_noise_gamma (kohya's input perturbation;
+        ξ drawn after ε from the noise stream, γ from the timesteps' CPU stream when random) -- or () without it."""
+        t = self.cfg.train
+        if not t.ip_noise_gamma:
+            return ()
+        xi = self.dist.shard(flame.randn(self.dist.global_batch(x0.shape[0]), *x0.shape[1:], generator=self.noise_gen,
+                                         dtype=flame.float32, device=self.device))
+        gamma = t.ip_noise_gamma
+        if t.ip_noise_gamma_random_strength:
+            gamma *= float(flame.rand(1, generator=self.sigma_gen, dtype=flame.float64, device="cpu").numpy()[0])
+        return (noise + gamma * xi,)
 
     def _forward_backward(self, x0, noise, t, *cond):
         """The loss of one micro-batch and its backward (gradients accumulate into .grad). No host synchronisation
-        and no random draws: this is the region a CUDA graph captures. Returns the loss (detached)."""
+        and no random draws: this is the region a CUDA graph captures. Returns the loss (detached). With
+        train.ip_noise_gamma the first of `cond` is the perturbed noise the model's input is made with."""
+        seen = noise
+        if self.cfg.train.ip_noise_gamma:
+            seen, cond = cond[0], cond[1:]
         cond, weights = loss_weights.split(dict(zip(self._cond_keys, cond)))
-        x_t = self.objective.noisy(x0, noise, t)
+        x_t = self.objective.noisy(x0, seen, t)
         with autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype is not None \
                 else nullcontext():
             if self.text_encoders is not None:  # token ids -> conditioning, through the trained encoders

@@ -142,6 +142,10 @@ def validate(cfg, prefix="", check_files=True):
     if not t.train_unet:
         e.append(f"{p}train.train_unet: false is not available (the text encoders train beside the UNet / "
                  f"transformer, not alone)")
+    if not 0 <= t.ip_noise_gamma < float("inf"):
+        e.append(f"{p}train.ip_noise_gamma: must be >= 0, got {t.ip_noise_gamma}")
+    if t.ip_noise_gamma_random_strength and not t.ip_noise_gamma:
+        e.append(f"{p}train.ip_noise_gamma_random_strength: only used with train.ip_noise_gamma > 0")
     choice(e, f"{p}train.loss_type", t.loss_type, LOSS_TYPES)
     if t.huber_schedule is not None:
         choice(e, f"{p}train.huber_schedule", t.huber_schedule, HUBER_SCHEDULES)

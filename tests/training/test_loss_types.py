@@ -112,3 +112,37 @@ def test_a_run_with_the_huber_loss_and_the_refusals(tmp_path):
                         ({"loss_type": "smooth_l1", "huber_scale": 0}, "train.huber_scale: must be > 0")):
         with pytest.raises(ConfigError, match=msg):
             tiny_config(tmp_path, "bad", train=change)
+
+
+def test_input_perturbation_noise(tmp_path):
+    """train.ip_noise_gamma (kohya's): the model's input is made with ε + γ·ξ, the target keeps ε; ξ is drawn after
+    ε (a run without it draws what it drew before); a random strength stays in [0, γ)."""
+    base = Trainer(tiny_config(tmp_path, "ip0", steps=3), verbose=False).setup()
+    args0, _ = base._prepare(base.loader.next_batch())
+    tr = Trainer(tiny_config(tmp_path, "ip", steps=3, train={"ip_noise_gamma": 0.1}), verbose=False).setup()
+    args, t = tr._prepare(tr.loader.next_batch())
+    assert len(args) == len(args0) + 1
+    np.testing.assert_array_equal(args[1].numpy(), args0[1].numpy())           # ε: the same draw as without
+    xi = (args[3].numpy() - args[1].numpy()) / 0.1
+    assert abs(xi.std() - 1) < 0.1 and abs(np.corrcoef(xi.ravel(), args[1].numpy().ravel())[0, 1]) < 0.1
+    seen = {}
+    forward = tr.family.forward
+
+    def spy(model, x_t, t_, cond):
+        seen["x_t"] = x_t.detach().numpy().copy()
+        return forward(model, x_t, t_, cond)
+    tr.family.forward = spy
+    tr._forward_backward(*args)
+    s = t.numpy().reshape((-1,) + (1,) * (args[0].ndim - 1))
+    np.testing.assert_allclose(seen["x_t"], (1 - s) * args[0].numpy() + s * args[3].numpy(), rtol=1e-5, atol=1e-6)
+    assert np.isfinite(tr.train()["losses"]).all()
+    rnd = Trainer(tiny_config(tmp_path, "ipr", steps=3, train={"ip_noise_gamma": 0.5,
+                                                                "ip_noise_gamma_random_strength": True}),
+                  verbose=False).setup()
+    a, _ = rnd._prepare(rnd.loader.next_batch())
+    g = np.std(a[3].numpy() - a[1].numpy())
+    assert 0 <= g < 0.5 * 1.2
+    with pytest.raises(ConfigError, match="ip_noise_gamma_random_strength: only used with"):
+        tiny_config(tmp_path, "bad", train={"ip_noise_gamma_random_strength": True})
+    with pytest.raises(ConfigError, match="train.ip_noise_gamma: must be >= 0"):
+        tiny_config(tmp_path, "bad", train={"ip_noise_gamma": -0.1})
