@@ -1,0 +1,68 @@
+"""`python -m flame_models.bake`: LoRAs baked into a model checkpoint (kohya's merge_lora / flux_merge_lora),
+written as a new .safetensors file with every other tensor as it was.
+
+Flux and Flux Kontext transformers, BFL or diffusers layout: a LoRA of any layout FLAME reads (kohya / ComfyUI BFL
+names, PEFT / diffusers / ai-toolkit names; LoRA, DoRA, LoKr, LoHa), merged as `generate --lora` merges it
+(flame_models/bfl/bake.py). Every other model: a LoRA of the checkpoint's own layout (kohya `lora_unet_` names on an
+SAI SDXL UNet, PEFT names on a diffusers file; flame_nn/adapters/bake.py).
+
+    python -m flame_models.bake --model flux1-dev.safetensors --lora style.safetensors:0.8 --lora subject.safetensors \\
+        --output flux1-dev-baked.safetensors
+"""
+import argparse
+import os
+import sys
+
+from flame_nn.adapters import formats as AF
+from flame_nn.adapters.bake import bake_file
+from flame_nn.adapters.resize import ResizeError
+
+from . import registry
+from .pipeline.loras import parse_lora
+
+BFL_FAMILIES = ("flux", "flux_kontext")
+
+
+class BakeError(AF.AdapterFormatError):
+    """A bad argument, checkpoint or LoRA bake cannot take (the message names the file and key)."""
+
+
+def bake(model, loras, output, *, arch=None, skip_text_encoders=False, progress=False):
+    """Write `model` (a .safetensors checkpoint) with `loras` (["path", "path:weight", (path, weight)]) baked in to
+    `output`. Returns the sorted keys of the tensors changed."""
+    loras = [parse_lora(s) for s in loras]
+    if not loras:
+        raise BakeError("no LoRA to bake: pass --lora (repeatable)")
+    for path, _ in loras:
+        if not os.path.isfile(path):
+            raise BakeError(f"--lora {path}: not a file")
+    if not os.fspath(output).endswith(".safetensors"):
+        raise BakeError(f"--output {output}: a .safetensors file")
+    family = registry.detect_family(model, arch, error=BakeError, default="other")[0]
+    if family in BFL_FAMILIES:
+        from .bfl.bake import bake_flux
+        return bake_flux(model, loras, output, skip_text_encoders=skip_text_encoders, progress=progress)
+    return sorted(bake_file(model, loras, output, skip_text_encoders=skip_text_encoders, progress=progress))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m flame_models.bake", description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True, help="the checkpoint (.safetensors)")
+    p.add_argument("--lora", action="append", default=[], metavar="PATH[:WEIGHT]", help="a LoRA file (repeatable)")
+    p.add_argument("--output", required=True, help="the checkpoint to write (.safetensors)")
+    p.add_argument("--arch", choices=registry.names(), help="the model's family when its files do not say")
+    p.add_argument("--skip-text-encoders", action="store_true",
+                   help="bake the denoiser's adapters; leave a file's text-encoder ones out")
+    args = p.parse_args(argv)
+    try:
+        changed = bake(args.model, args.lora, args.output, arch=args.arch, skip_text_encoders=args.skip_text_encoders,
+                       progress=True)
+    except (AF.AdapterFormatError, ResizeError, OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{len(changed)} tensors changed; wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""Baking LoRAs into a Flux transformer checkpoint of either layout, from a LoRA of any layout FLAME reads (kohya /
+LyCORIS with BFL names, PEFT / diffusers and ai-toolkit with diffusers names; LoRA, DoRA, LoKr, LoHa, fused-Linear
+row splits): W' = the LoRAs merged into W as `generate --lora` merges them at load (pipeline.loras.apply_loras: each
+file's change AdapterPart.merged_weight(W) − W -- DoRA's renormalised rows included -- times its weight, against the
+base weight, summed), rounded once to W's dtype; every other tensor -- a ComfyUI full
+checkpoint's VAE and text encoders included -- copied bit for bit, the file written one tensor at a time
+(io.Deferred), atomically.
+
+A module of FLAME's Flux (BFL names) is one tensor of a BFL-layout file (`double_blocks.0.img_attn.qkv.weight`,
+under the file's prefix) and one or more of a diffusers-layout file, each a range of its rows
+(`transformer_blocks.0.attn.to_q` / `to_k` / `to_v`; the name map of lora_keys.py): those are put together, merged,
+and split back. A single .safetensors file only (a sharded folder is refused); float8 weights are refused.
+"""
+import json
+import os
+
+import numpy as np
+
+import flame_nn
+from flame_core import io as _io
+from flame_nn.adapters import formats as AF
+
+from ..bake import BakeError
+from .lora_keys import name_map_for
+from .model import Flux
+
+
+def _pieces(module, layout, name_map, out_features):
+    """[(the file's module name, [(lo, hi) rows of the FLAME module])] making up FLAME module `module`."""
+    if layout == "bfl":
+        return [(module, [(0, out_features)])]
+    return name_map.peft_targets(module, out_features)
+
+
+def bake_flux(base, loras, dst, *, skip_text_encoders=False, progress=False):
+    """Write the Flux (or Flux Kontext: the same transformer) checkpoint `base` with `loras` ([(path, weight)])
+    merged in to `dst`. Returns the sorted keys of the tensors changed."""
+    from .loading import _Checkpoint, infer_params
+    base = os.fspath(base)
+    if not os.path.isfile(base) or not base.endswith(".safetensors"):
+        raise BakeError(f"{base}: bake takes a single .safetensors checkpoint (not a sharded folder)")
+    with _Checkpoint(base) as ckpt:
+        params = infer_params(ckpt)
+        layout, prefix = ckpt.layout, ckpt.prefix
+    with flame_nn.empty_init(device="cpu"):
+        probe = Flux(params)
+    name_map = name_map_for(params)
+    out_features = {n: m.weight.shape[0] for n, m in probe.named_modules() if isinstance(m, flame_nn.Linear)}
+    parts = {}
+    for path, weight in loras:
+        with _io.safe_open(path) as f:
+            te = [k for k in f.keys() if AF.component_of(k) != "denoiser"]
+        if te and not skip_text_encoders:
+            raise BakeError(f"{path}: text-encoder adapters ({te[0]}, ... {len(te)} keys) are not baked into a "
+                            f"transformer checkpoint; apply the file at load (generate --lora) or pass "
+                            f"skip_text_encoders (--skip-text-encoders)")
+        mods, _ = AF.load(path, list(out_features), name_map=name_map)
+        for module, ps in mods.items():
+            parts.setdefault(module, []).extend((weight, p) for p in ps)
+    with _io.safe_open(base) as f:
+        keys = f.keys()
+        key_of = {}                      # the file's key of each (FLAME module, piece name)
+        for module in parts:
+            for name, _ in _pieces(module, layout, name_map, out_features[module]):
+                key = prefix + name + ".weight"
+                if key not in keys:
+                    raise BakeError(f"{base}: no tensor {key!r} for the adapters on {module}")
+                dt = f.dtype(key)
+                if dt.kind not in "fV" or dt.itemsize < 2:
+                    raise BakeError(f"{key}: {dt} in {base}; bake into a float32 / float16 / bfloat16 checkpoint")
+                key_of[key] = module
+        merged = {}                       # module -> {key: merged rows}, held until its pieces are written
+
+        def merge(module):
+            pieces = _pieces(module, layout, name_map, out_features[module])
+            rows = []
+            for name, ranges in pieces:
+                w = f.get_array(prefix + name + ".weight")
+                off = 0
+                for lo, hi in ranges:
+                    rows.append((lo, hi, name, off, w))
+                    off += hi - lo
+            w0 = rows[0][4]
+            full = np.empty((out_features[module],) + w0.shape[1:], dtype=np.float64)
+            for lo, hi, _, off, w in rows:
+                full[lo:hi] = w[off:off + hi - lo]
+            base_rows = full.copy()
+            for weight, p in parts[module]:   # each against the base weight, its change times its weight (as
+                lo, hi = p.rows or (0, full.shape[0])   # pipeline.loras.apply_loras merges), summed, rounded once
+                full[lo:hi] += weight * (p.merged_weight(base_rows[lo:hi]) - base_rows[lo:hi])
+            out = {}
+            for lo, hi, name, off, w in rows:
+                key = prefix + name + ".weight"
+                piece = out.setdefault(key, np.empty(w.shape, np.float64))
+                piece[off:off + hi - lo] = full[lo:hi]
+            with np.errstate(over="ignore", invalid="ignore"):   # (an overflow is reported below)
+                out = {k: v.astype(f.dtype(k)) for k, v in out.items()}
+            for k, v in out.items():
+                bad = v.size - int(np.count_nonzero(np.isfinite(v)))
+                if bad:
+                    raise BakeError(f"{k}: {bad} of {v.size} values are not finite after the merge ({f.dtype(k)} "
+                                    f"overflow?); nothing was written")
+            return out
+
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(parts), desc="baking", unit="module")
+
+        def baked(key):
+            def make():
+                module = key_of[key]
+                if module not in merged:
+                    merged[module] = merge(module)
+                    if bar is not None:
+                        bar.update(1)
+                value = merged[module].pop(key)
+                if not merged[module]:
+                    del merged[module]
+                return value
+            return make
+
+        def copied(key):
+            return lambda: f.get_array(key)
+        tensors = {k: _io.Deferred(f.dtype(k), f.shape(k), baked(k) if k in key_of else copied(k)) for k in keys}
+        meta = dict(f.metadata() or {})
+        meta["flame.baked"] = json.dumps([[os.path.basename(os.fspath(p)), w] for p, w in loras])
+        try:
+            _io.save_file(tensors, dst, metadata=meta)
+        finally:
+            if bar is not None:
+                bar.close()
+    return sorted(key_of)
