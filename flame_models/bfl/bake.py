@@ -11,7 +11,6 @@ under the file's prefix) and one or more of a diffusers-layout file, each a rang
 (`transformer_blocks.0.attn.to_q` / `to_k` / `to_v`; the name map of lora_keys.py): those are put together, merged,
 and split back. A single .safetensors file only (a sharded folder is refused); float8 weights are refused.
 """
-import json
 import os
 
 import numpy as np
@@ -19,6 +18,7 @@ import numpy as np
 import flame_nn
 from flame_core import io as _io
 from flame_nn.adapters import formats as AF
+from flame_nn.adapters.bake import write_baked
 
 from ..bake import BakeError
 from .lora_keys import name_map_for
@@ -120,14 +120,5 @@ def bake_flux(base, loras, dst, *, skip_text_encoders=False, progress=False):
                 return value
             return make
 
-        def copied(key):
-            return lambda: f.get_array(key)
-        tensors = {k: _io.Deferred(f.dtype(k), f.shape(k), baked(k) if k in key_of else copied(k)) for k in keys}
-        meta = dict(f.metadata() or {})
-        meta["flame.baked"] = json.dumps([[os.path.basename(os.fspath(p)), w] for p, w in loras])
-        try:
-            _io.save_file(tensors, dst, metadata=meta)
-        finally:
-            if bar is not None:
-                bar.close()
+        write_baked(f, dst, {k: baked(k) for k in key_of}, loras, bar)
     return sorted(key_of)

@@ -112,18 +112,24 @@ def bake_file(base, loras, dst, *, skip_text_encoders=False, progress=False):
                 return out
             return make
 
-        def copied(key):
-            return lambda: f.get_array(key)
-        tensors = {k: _io.Deferred(f.dtype(k), f.shape(k), baked(k) if k in targets else copied(k))
-                   for k in f.keys()}
-        meta = dict(f.metadata() or {})
-        meta["flame.baked"] = json.dumps([[os.path.basename(os.fspath(p)), w] for p, w in loras])
-        try:
-            _io.save_file(tensors, dst, metadata=meta)
-        finally:
-            if bar is not None:
-                bar.close()
+        write_baked(f, dst, {k: baked(k) for k in targets}, loras, bar)
     return {k: [s for _, s, _ in v] for k, v in targets.items()}
+
+
+def write_baked(f, dst, makers, loras, bar=None):
+    """Write every tensor of the open checkpoint `f` to `dst` (atomically, one at a time): those in `makers` (key ->
+    a function making the new array) made, the others copied as they are; the metadata kept, the LoRAs recorded
+    under flame.baked. `bar` (a progress bar) is closed at the end."""
+    def copied(key):
+        return lambda: f.get_array(key)
+    tensors = {k: _io.Deferred(f.dtype(k), f.shape(k), makers.get(k) or copied(k)) for k in f.keys()}
+    meta = dict(f.metadata() or {})
+    meta["flame.baked"] = json.dumps([[os.path.basename(os.fspath(p)), w] for p, w in loras])
+    try:
+        _io.save_file(tensors, dst, metadata=meta)
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def main(argv=None):

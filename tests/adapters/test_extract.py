@@ -7,20 +7,12 @@ import shutil
 
 import numpy as np
 import pytest
+from lora_files import read as _read
+from lora_files import write as _write
 
 from flame_core import io
 from flame_nn.adapters.extract import extract_files, low_rank_svd, main
 from flame_nn.adapters.resize import ResizeError
-
-
-def _write(path, sd):
-    io.save_file({k: np.asarray(v) for k, v in sd.items()}, str(path))
-    return str(path)
-
-
-def _read(path):
-    with io.safe_open(str(path)) as f:
-        return {k: f.get_array(k) for k in f.keys()}, dict(f.metadata() or {})
 
 
 def _low_rank(rng, out, inn, r, scale=1.0):

@@ -9,20 +9,11 @@ import os
 
 import numpy as np
 import pytest
+from lora_files import read as _read
+from lora_files import write as _write
 
-from flame_core import io
 from flame_nn.adapters import formats as F
 from flame_nn.adapters.resize import ResizeError, factor_svd, main, new_rank, resize_file
-
-
-def _write(path, sd, metadata=None):
-    io.save_file({k: np.asarray(v) for k, v in sd.items()}, str(path), metadata=metadata)
-    return str(path)
-
-
-def _read(path):
-    with io.safe_open(str(path)) as f:
-        return {k: f.get_array(k) for k in f.keys()}, dict(f.metadata() or {})
 
 
 def _delta(up, down, s=1.0):
