@@ -1,10 +1,11 @@
 """`python -m flame_models.bake`: LoRAs baked into a model checkpoint (kohya's merge_lora / flux_merge_lora),
 written as a new .safetensors file with every other tensor as it was.
 
-Flux and Flux Kontext transformers, BFL or diffusers layout: a LoRA of any layout FLAME reads (kohya / ComfyUI BFL
-names, PEFT / diffusers / ai-toolkit names; LoRA, DoRA, LoKr, LoHa), merged as `generate --lora` merges it
-(flame_models/bfl/bake.py). Every other model: a LoRA of the checkpoint's own layout (kohya `lora_unet_` names on an
-SAI SDXL UNet, PEFT names on a diffusers file; flame_nn/adapters/bake.py).
+Flux, Flux Kontext and Chroma transformers (BFL or diffusers layout) and SD3 MMDiTs (SAI or diffusers layout): a
+LoRA of any layout FLAME reads (kohya / ComfyUI native names, PEFT / diffusers / ai-toolkit names; LoRA, DoRA, LoKr,
+LoHa), merged as `generate --lora` merges it (the family's bake.py over flame_models/pipeline/bake.py). Every other
+model: a LoRA of the checkpoint's own layout (kohya `lora_unet_` names on an SAI SDXL UNet, PEFT names on a
+diffusers file; flame_nn/adapters/bake.py).
 
     python -m flame_models.bake --model flux1-dev.safetensors --lora style.safetensors:0.8 --lora subject.safetensors \\
         --output flux1-dev-baked.safetensors
@@ -20,7 +21,7 @@ from flame_nn.adapters.resize import ResizeError
 from . import registry
 from .pipeline.loras import parse_lora
 
-BFL_FAMILIES = ("flux", "flux_kontext")
+FAMILIES = ("flux", "flux_kontext", "chroma", "sd3")   # the families with a bake.py: any LoRA layout
 
 
 class BakeError(AF.AdapterFormatError):
@@ -39,9 +40,9 @@ def bake(model, loras, output, *, arch=None, skip_text_encoders=False, progress=
     if not os.fspath(output).endswith(".safetensors"):
         raise BakeError(f"--output {output}: a .safetensors file")
     family = registry.detect_family(model, arch, error=BakeError, default="other")[0]
-    if family in BFL_FAMILIES:
-        from .bfl.bake import bake_flux
-        return bake_flux(model, loras, output, skip_text_encoders=skip_text_encoders, progress=progress)
+    if family in FAMILIES:
+        return registry.module(family, "bake").bake(model, loras, output, skip_text_encoders=skip_text_encoders,
+                                                    progress=progress)
     return sorted(bake_file(model, loras, output, skip_text_encoders=skip_text_encoders, progress=progress))
 
 

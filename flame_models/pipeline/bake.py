@@ -1,15 +1,17 @@
-"""Baking LoRAs into a Flux transformer checkpoint of either layout, from a LoRA of any layout FLAME reads (kohya /
-LyCORIS with BFL names, PEFT / diffusers and ai-toolkit with diffusers names; LoRA, DoRA, LoKr, LoHa, fused-Linear
-row splits): W' = the LoRAs merged into W as `generate --lora` merges them at load (pipeline.loras.apply_loras: each
-file's change AdapterPart.merged_weight(W) − W -- DoRA's renormalised rows included -- times its weight, against the
-base weight, summed), rounded once to W's dtype; every other tensor -- a ComfyUI full
-checkpoint's VAE and text encoders included -- copied bit for bit, the file written one tensor at a time
+"""Baking LoRAs into a denoiser checkpoint of either of its family's layouts, from a LoRA of any layout FLAME reads
+(kohya / LyCORIS with the native names, PEFT / diffusers and ai-toolkit with diffusers names; LoRA, DoRA, LoKr, LoHa,
+fused-Linear row splits): W' = the LoRAs merged into W as `generate --lora` merges them at load
+(pipeline.loras.apply_loras: each file's change AdapterPart.merged_weight(W) − W -- DoRA's renormalised rows included
+-- times its weight, against the base weight, summed), rounded once to W's dtype; every other tensor -- a ComfyUI
+full checkpoint's VAE and text encoders included -- copied bit for bit, the file written one tensor at a time
 (io.Deferred), atomically.
 
-A module of FLAME's Flux (BFL names) is one tensor of a BFL-layout file (`double_blocks.0.img_attn.qkv.weight`,
-under the file's prefix) and one or more of a diffusers-layout file, each a range of its rows
-(`transformer_blocks.0.attn.to_q` / `to_k` / `to_v`; the name map of lora_keys.py): those are put together, merged,
-and split back. A single .safetensors file only (a sharded folder is refused); float8 weights are refused.
+A module of FLAME's model (the native layout's names: BFL for Flux and Chroma, SAI for SD3) is one tensor of a
+native-layout file (`double_blocks.0.img_attn.qkv.weight`, under the file's prefix) and one or more of a
+diffusers-layout file, each a range of its rows (`transformer_blocks.0.attn.to_q` / `to_k` / `to_v`: the model's
+adapter_name_map): those are put together, merged, and split back. The family's part (flame_models/<family>/bake.py)
+gives its checkpoint reader, its params and its model class. A single .safetensors file only (a sharded folder is
+refused); float8 weights are refused.
 """
 import os
 
@@ -21,30 +23,29 @@ from flame_nn.adapters import formats as AF
 from flame_nn.adapters.bake import write_baked
 
 from ..bake import BakeError
-from .lora_keys import name_map_for
-from .model import Flux
 
 
 def _pieces(module, layout, name_map, out_features):
     """[(the file's module name, [(lo, hi) rows of the FLAME module])] making up FLAME module `module`."""
-    if layout == "bfl":
+    if layout != "diffusers":
         return [(module, [(0, out_features)])]
     return name_map.peft_targets(module, out_features)
 
 
-def bake_flux(base, loras, dst, *, skip_text_encoders=False, progress=False):
-    """Write the Flux (or Flux Kontext: the same transformer) checkpoint `base` with `loras` ([(path, weight)])
-    merged in to `dst`. Returns the sorted keys of the tensors changed."""
-    from .loading import _Checkpoint, infer_params
+def bake_checkpoint(base, loras, dst, *, checkpoint_class, infer_params, model_class, skip_text_encoders=False,
+                    progress=False):
+    """Write the checkpoint `base` with `loras` ([(path, weight)]) merged in to `dst`; checkpoint_class (the family's
+    reader: its `layout` and `prefix`), infer_params(checkpoint) and model_class(params) (its adapter_name_map) are
+    the family's. Returns the sorted keys of the tensors changed."""
     base = os.fspath(base)
     if not os.path.isfile(base) or not base.endswith(".safetensors"):
         raise BakeError(f"{base}: bake takes a single .safetensors checkpoint (not a sharded folder)")
-    with _Checkpoint(base) as ckpt:
+    with checkpoint_class(base) as ckpt:
         params = infer_params(ckpt)
         layout, prefix = ckpt.layout, ckpt.prefix
     with flame_nn.empty_init(device="cpu"):
-        probe = Flux(params)
-    name_map = name_map_for(params)
+        probe = model_class(params)
+    name_map = probe.adapter_name_map()
     out_features = {n: m.weight.shape[0] for n, m in probe.named_modules() if isinstance(m, flame_nn.Linear)}
     parts = {}
     for path, weight in loras:

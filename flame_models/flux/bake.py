@@ -1,0 +1,10 @@
+"""Flux's part of `python -m flame_models.bake`: LoRAs of any layout merged into a BFL- or diffusers-layout Flux
+transformer file (flame_models/pipeline/bake.py)."""
+from ..bfl.loading import _Checkpoint, infer_params
+from ..bfl.model import Flux
+from ..pipeline.bake import bake_checkpoint
+
+
+def bake(base, loras, dst, **kw):
+    return bake_checkpoint(base, loras, dst, checkpoint_class=_Checkpoint, infer_params=infer_params,
+                           model_class=Flux, **kw)
