@@ -16,7 +16,7 @@ import sys
 
 from flame_nn.adapters import formats as AF
 from flame_nn.adapters.bake import bake_file
-from flame_nn.adapters.resize import ResizeError
+from flame_nn.adapters.resize import ResizeError, check_weights
 
 from . import registry
 from .pipeline.loras import parse_lora
@@ -34,6 +34,7 @@ def bake(model, loras, output, *, arch=None, skip_text_encoders=False, progress=
     loras = [parse_lora(s) for s in loras]
     if not loras:
         raise BakeError("no LoRA to bake: pass --lora (repeatable)")
+    check_weights(loras)
     for path, _ in loras:
         if not os.path.isfile(path):
             raise BakeError(f"--lora {path}: not a file")

@@ -20,7 +20,7 @@ import numpy as np
 import flame_nn
 from flame_core import io as _io
 from flame_nn.adapters import formats as AF
-from flame_nn.adapters.bake import write_baked
+from flame_nn.adapters.bake import check_target, rounded, write_baked
 
 from ..bake import BakeError
 
@@ -66,9 +66,7 @@ def bake_checkpoint(base, loras, dst, *, checkpoint_class, infer_params, model_c
                 key = prefix + name + ".weight"
                 if key not in keys:
                     raise BakeError(f"{base}: no tensor {key!r} for the adapters on {module}")
-                dt = f.dtype(key)
-                if dt.kind not in "fV" or dt.itemsize < 2:
-                    raise BakeError(f"{key}: {dt} in {base}; bake into a float32 / float16 / bfloat16 checkpoint")
+                check_target(f, key, base)
                 key_of[key] = module
         merged = {}                       # module -> {key: merged rows}, held until its pieces are written
 
@@ -94,14 +92,7 @@ def bake_checkpoint(base, loras, dst, *, checkpoint_class, infer_params, model_c
                 key = prefix + name + ".weight"
                 piece = out.setdefault(key, np.empty(w.shape, np.float64))
                 piece[off:off + hi - lo] = full[lo:hi]
-            with np.errstate(over="ignore", invalid="ignore"):   # (an overflow is reported below)
-                out = {k: v.astype(f.dtype(k)) for k, v in out.items()}
-            for k, v in out.items():
-                bad = v.size - int(np.count_nonzero(np.isfinite(v)))
-                if bad:
-                    raise BakeError(f"{k}: {bad} of {v.size} values are not finite after the merge ({f.dtype(k)} "
-                                    f"overflow?); nothing was written")
-            return out
+            return {k: rounded(v, f.dtype(k), k) for k, v in out.items()}
 
         bar = None
         if progress:

@@ -12,6 +12,7 @@ import numpy as np
 import flame_core as flame
 import flame_nn
 from flame_nn import adapters as A
+from flame_nn.adapters.resize import parse_source
 
 from ..conditioning import files as _cf
 from ..conditioning.files import ModelFilesError
@@ -23,14 +24,7 @@ def parse_lora(spec):
     if isinstance(spec, (tuple, list)):
         path, weight = spec
         return os.fspath(path), float(weight)
-    spec = os.fspath(spec)
-    head, sep, tail = spec.rpartition(":")
-    if sep and head:
-        try:
-            return head, float(tail)
-        except ValueError:
-            pass
-    return spec, 1.0
+    return parse_source(os.fspath(spec))
 
 
 def check_loras(loras, params, *, probe=None, model_class=None, error=ModelFilesError, text_encoders=None):

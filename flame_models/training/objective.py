@@ -176,7 +176,7 @@ class FlowMatching(Objective):
                                  f"timesteps: loss(pred, target, t)")
             return weighted_mse(pred, target, combined_weights(None, sample_weights), mask, el,
                                 None if el is None else el.threshold(None))
-        c = None if el is None else el.threshold(t.float() * 1000.0)
+        c = el.threshold(t.float() * 1000.0) if el is not None and el.needs_threshold else None
         return weighted_mse(pred, target, combined_weights(self.weights(t), sample_weights), mask, el, c)
 
     @property

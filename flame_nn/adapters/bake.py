@@ -25,8 +25,7 @@ import numpy as np
 from flame_core import io as _io
 
 from . import formats as F
-from .merge import parse_source
-from .resize import ResizeError, progress_bar, read_pairs, run_command
+from .resize import ResizeError, check_weights, parse_source, progress_bar, read_pairs, run_command
 
 CHECKPOINT_PREFIXES = ("model.diffusion_model.", "diffusion_model.")
 
@@ -50,9 +49,7 @@ def bake_file(base, loras, dst, *, skip_text_encoders=False, progress=False):
     base = os.fspath(base)
     if not os.path.isfile(base):
         raise ResizeError(f"{base}: not a file (bake takes a single .safetensors checkpoint)")
-    for path, w in loras:
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not np.isfinite(w):
-            raise ResizeError(f"{path}: the weight {w!r} is not a finite number")
+    check_weights(loras)
     adapters = []   # (path, weight, stem, Pair)
     for path, w in loras:
         _, _, pairs = read_pairs(path)
@@ -82,9 +79,7 @@ def bake_file(base, loras, dst, *, skip_text_encoders=False, progress=False):
             want = (p.up.shape[0],) + p.down.shape[1:]
             if shape != want:
                 raise ResizeError(f"{stem} in {path}: ΔW {want}, the checkpoint's {key} {shape}")
-            if f.dtype(key).kind not in "fV" or f.dtype(key).itemsize < 2:
-                raise ResizeError(f"{key}: {f.dtype(key)} in {base}; bake into a float32 / float16 / bfloat16 "
-                                  f"checkpoint")
+            check_target(f, key, base)
             targets.setdefault(key, []).append((w, stem, p))
         if unmatched:
             raise ResizeError(f"{len(unmatched)} LoRA adapter(s) name no weight of {base}: "
@@ -100,13 +95,7 @@ def bake_file(base, loras, dst, *, skip_text_encoders=False, progress=False):
                     up = np.asarray(p.up, np.float64).reshape(p.up.shape[0], -1)
                     down = np.asarray(p.down, np.float64).reshape(p.down.shape[0], -1)
                     acc += (w * p.scale) * (up @ down).reshape(acc.shape)
-                with np.errstate(over="ignore", invalid="ignore"):   # (an overflow is reported below)
-                    out = acc.astype(w0.dtype)
-                bad = out.size - int(np.count_nonzero(np.isfinite(out)))
-                if bad:
-                    raise ResizeError(f"{key}: {bad} of {out.size} values are not finite after baking in "
-                                      f"{', '.join(s for _, s, _ in targets[key])} ({w0.dtype} overflow?); nothing "
-                                      f"was written")
+                out = rounded(acc, w0.dtype, key)
                 if bar is not None:
                     bar.update(1)
                 return out
@@ -114,6 +103,25 @@ def bake_file(base, loras, dst, *, skip_text_encoders=False, progress=False):
 
         write_baked(f, dst, {k: baked(k) for k in targets}, loras, bar)
     return {k: [s for _, s, _ in v] for k, v in targets.items()}
+
+
+def check_target(f, key, base):
+    """Refuse to bake into `key` of the open checkpoint `f` unless it is float16 / bfloat16 / float32 / float64."""
+    dt = f.dtype(key)
+    if dt.kind not in "fV" or dt.itemsize < 2:
+        raise ResizeError(f"{key}: {dt} in {base}; bake into a float32 / float16 / bfloat16 checkpoint")
+
+
+def rounded(acc, dtype, key):
+    """The baked float64 weight `acc` rounded once to `dtype`; a value that is not finite after it (an overflow)
+    stops the write, naming `key` (the atomic write leaves nothing)."""
+    with np.errstate(over="ignore", invalid="ignore"):   # (an overflow is reported below)
+        out = acc.astype(dtype)
+    bad = out.size - int(np.count_nonzero(np.isfinite(out)))
+    if bad:
+        raise ResizeError(f"{key}: {bad} of {out.size} values are not finite after baking ({dtype} overflow?); "
+                          f"nothing was written")
+    return out
 
 
 def write_baked(f, dst, makers, loras, bar=None):

@@ -148,9 +148,10 @@ def extract_files(base, tuned, dst, rank, *, conv_rank=None, method=None, param=
             down = vh[:k].reshape((k,) + shape[1:])
             name = key[:-len(".weight")]
             stem = prefix + (name.replace(".", "_") if format == "kohya" else name)
+            # (bfloat16's NumPy kind is 'V'; float8 tuned weights give a float32 LoRA)
             like = np.dtype(DTYPES[dtype]) if dtype is not None else (
-                w1.dtype if w1.dtype.kind == "f" and w1.dtype.itemsize >= 2 else np.dtype(np.float32))
-            write_pair(out, format, stem, up.astype(like), down.astype(like), 1.0)
+                w1.dtype if w1.dtype.kind in "fV" and w1.dtype.itemsize >= 2 else np.dtype(np.float32))
+            write_pair(out, format, stem, up, down, 1.0, like, like)
             report.append((stem, k, kept))
         if not report:
             raise ResizeError(f"{a.path} and {b.path} hold the same weights (max |ΔW| <= {min_diff}): nothing to "

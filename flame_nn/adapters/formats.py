@@ -706,21 +706,26 @@ def load(path, module_names, *, name_map=IDENTITY, component="denoiser"):
         raise AdapterFormatError(f"{path}: {e}") from None
 
 
+def peft_source(keys, meta, component="denoiser"):
+    """(prefix, FLAME's recorded alphas, the PEFT LoraConfig) of a PEFT file's `component` keys: what from_peft takes
+    besides the tensors."""
+    if component == "denoiser":
+        prefix = next((p for p in PEFT_PREFIXES if all(k.startswith(p) for k in keys)), "")
+        alphas = _recorded_alphas(meta, "flame.alphas")
+    else:
+        prefix = TEXT_ENCODER_PREFIXES[component][-1]
+        alphas = _recorded_alphas(meta, f"flame.alphas.{component}")
+    return prefix, alphas, peft_config_of(meta, prefix)
+
+
 def _parse(sd, meta, module_names, name_map, component):
     fmt = detect_format(sd)
-    if component != "denoiser":
-        kohya, peft = TEXT_ENCODER_PREFIXES[component][:-1], TEXT_ENCODER_PREFIXES[component][-1]
-        if fmt == "kohya":
-            prefix = next(p for p in kohya if any(k.startswith(p) for k in sd))
-            return from_kohya(sd, module_names, prefix)
-        return from_peft(sd, IDENTITY, peft, _recorded_alphas(meta, f"flame.alphas.{component}"),
-                         peft_config_of(meta, peft), module_names)
     if fmt == "kohya":
-        prefix = next((p for p in KOHYA_PREFIXES if any(k.startswith(p) for k in sd)), KOHYA_PREFIX)
+        kohya = TEXT_ENCODER_PREFIXES[component][:-1] if component != "denoiser" else KOHYA_PREFIXES
+        prefix = next((p for p in kohya if any(k.startswith(p) for k in sd)), kohya[0])
         return from_kohya(sd, module_names, prefix)
-    prefix = next((p for p in PEFT_PREFIXES if all(k.startswith(p) for k in sd)), "")
-    return from_peft(sd, name_map, prefix, _recorded_alphas(meta, "flame.alphas"), peft_config_of(meta, prefix),
-                     module_names)
+    prefix, alphas, config = peft_source(sd, meta, component)
+    return from_peft(sd, name_map if component == "denoiser" else IDENTITY, prefix, alphas, config, module_names)
 
 
 def describe(modules):

@@ -23,10 +23,12 @@ import numpy as np
 from flame_core import io as _io
 
 from .resize import (
-    DTYPES,
     ResizeError,
     add_rank_arguments,
     check_options,
+    check_weights,
+    out_dtypes,
+    parse_source,
     progress_bar,
     read_pairs,
     resize_pair,
@@ -35,29 +37,13 @@ from .resize import (
 )
 
 
-def parse_source(text):
-    """'path' or 'path:weight' -> (path, weight): the weight is the text after the last ':' when it is a number."""
-    path, sep, w = text.rpartition(":")
-    if sep and path:
-        try:
-            weight = float(w)
-        except ValueError:
-            return text, 1.0
-        if not np.isfinite(weight):
-            raise ResizeError(f"{text}: the weight {w!r} is not a finite number")
-        return path, weight
-    return text, 1.0
-
-
 def merge_files(sources, dst, rank=None, *, conv_rank=None, method=None, param=None, dtype=None, progress=False):
     """Write the merge of `sources` ([(path, weight)] or paths) to `dst` (atomically). Returns [(adapter, rank of
     the concatenation, rank written, Frobenius norm kept)]."""
     sources = [(s, 1.0) if isinstance(s, (str, os.PathLike)) else tuple(s) for s in sources]
     if not sources:
         raise ResizeError("no LoRA files to merge")
-    for path, w in sources:
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not np.isfinite(w):
-            raise ResizeError(f"{path}: the weight {w!r} is not a finite number")
+    check_weights(sources)
     if rank is None and (method is not None or conv_rank is not None):
         raise ResizeError("method / conv_rank choose ranks for an SVD merge: give rank too")
     check_options(rank if rank is not None else 1, conv_rank, method, param, dtype)
@@ -86,8 +72,8 @@ def merge_files(sources, dst, rank=None, *, conv_rank=None, method=None, param=N
         if rank is not None:
             cap = (conv_rank or rank) if down.ndim == 4 else rank
             up, down, _, kept = resize_pair(up, down, cap, method, param)
-        write_pair(out, fmt, stem, up.astype(first.up.dtype), down.astype(first.down.dtype), 1.0,
-                   None if dtype is None else np.dtype(DTYPES[dtype]), first.alpha_dtype)
+        write_pair(out, fmt, stem, up, down, 1.0, *out_dtypes(dtype, first.up, first.down),
+                   first.alpha_dtype if dtype is None else None)
         report.append((stem, total, down.shape[0], kept))
     meta = {"format": "pt", "flame.format": fmt,
             "flame.merged": json.dumps({"sources": [[os.path.basename(str(p)), w] for p, w in sources],

@@ -60,6 +60,8 @@ def new_rank(s, rank, method=None, param=None):
     """The rank kept of singular values `s` (decreasing): `method`'s choice (module docstring), at most `rank` and
     len(s); 1 for a zero product."""
     n = len(s)
+    if n == 0 or s[0] <= MIN_SV:    # a zero product
+        return 1
     if method is None:
         k = rank
     elif method == "sv_ratio":
@@ -71,8 +73,6 @@ def new_rank(s, rank, method=None, param=None):
         k = int(np.searchsorted(np.cumsum(sq) / np.sum(sq), param * param)) + 1
     else:
         raise ResizeError(f"method: one of {', '.join(METHODS)} or None, got {method!r}")
-    if n == 0 or s[0] <= MIN_SV:
-        return 1
     return max(1, min(k, rank, n))
 
 
@@ -142,14 +142,9 @@ def _kohya_pairs(sd):
 
 
 def _peft_pairs(sd, meta, component):
-    if component == "denoiser":
-        prefix = next((p for p in F.PEFT_PREFIXES if all(k.startswith(p) for k in sd)), "")
-        alphas_key = "flame.alphas"
-    else:
-        prefix, alphas_key = F.TEXT_ENCODER_PREFIXES[component][-1], f"flame.alphas.{component}"
+    prefix, alphas, config = F.peft_source(sd, meta, component)
     names = sorted({k[len(prefix):].rsplit(".lora_", 1)[0] for k in sd if k.startswith(prefix) and ".lora_" in k})
-    modules = F.from_peft(sd, F.IDENTITY, prefix, F._recorded_alphas(meta, alphas_key),
-                          F.peft_config_of(meta, prefix), names)
+    modules = F.from_peft(sd, F.IDENTITY, prefix, alphas, config, names)
     pairs = {}
     for name, (part,) in modules.items():
         if part.kind != "lora":
@@ -181,17 +176,23 @@ def read_pairs(path):
     return fmt, meta, pairs
 
 
-def write_pair(out, fmt, stem, up, down, scale, dtype=None, alpha_dtype=None):
-    """The keys of ΔW = scale·up·down in `fmt` into `out`: kohya keeps up and down and writes alpha = scale·rank;
-    PEFT folds scale into lora_B. dtype: the tensors' (default up's and down's own)."""
+def write_pair(out, fmt, stem, up, down, scale, up_dtype, down_dtype, alpha_dtype=None):
+    """The keys of ΔW = scale·up·down in `fmt` into `out`, up and down (float64) rounded once to their dtypes:
+    kohya keeps up and down and writes alpha = scale·rank (in alpha_dtype, default up's); PEFT folds scale into
+    lora_B."""
     k = down.shape[0]
     if fmt == "kohya":
-        out[f"{stem}.lora_down.weight"] = down.astype(dtype or down.dtype)
-        out[f"{stem}.lora_up.weight"] = up.astype(dtype or up.dtype)
-        out[f"{stem}.alpha"] = np.asarray(scale * k, dtype=np.float64).astype(alpha_dtype or dtype or up.dtype)
+        out[f"{stem}.lora_down.weight"] = down.astype(down_dtype)
+        out[f"{stem}.lora_up.weight"] = up.astype(up_dtype)
+        out[f"{stem}.alpha"] = np.asarray(scale * k, dtype=np.float64).astype(alpha_dtype or up_dtype)
     else:
-        out[f"{stem}.lora_A.weight"] = down.astype(dtype or down.dtype)
-        out[f"{stem}.lora_B.weight"] = (np.asarray(up, np.float64) * scale).astype(dtype or up.dtype)
+        out[f"{stem}.lora_A.weight"] = down.astype(down_dtype)
+        out[f"{stem}.lora_B.weight"] = (np.asarray(up, np.float64) * scale).astype(up_dtype)
+
+
+def out_dtypes(dtype, *like):
+    """The dtypes to write: `dtype` ('float32' | 'float16' | 'bfloat16') for all, else each of `like`'s own."""
+    return [np.dtype(DTYPES[dtype]) if dtype is not None else np.asarray(a).dtype for a in like]
 
 
 def resize_file(src, dst, rank, *, conv_rank=None, method=None, param=None, dtype=None, progress=False):
@@ -204,8 +205,8 @@ def resize_file(src, dst, rank, *, conv_rank=None, method=None, param=None, dtyp
     for stem, p in (progress_bar if progress else (lambda items, desc: items))(sorted(pairs.items()), "resizing"):
         cap = (conv_rank or rank) if p.down.ndim == 4 else rank
         up, down, k, kept = resize_pair(p.up, p.down, cap, method, param)
-        write_pair(out, fmt, stem, up.astype(p.up.dtype), down.astype(p.down.dtype), p.scale,
-                   None if dtype is None else np.dtype(DTYPES[dtype]), p.alpha_dtype)
+        write_pair(out, fmt, stem, up, down, p.scale, *out_dtypes(dtype, p.up, p.down),
+                   p.alpha_dtype if dtype is None else None)
         report.append((stem, p.down.shape[0], k, kept, p.scale * k if fmt == "kohya" else None))
     for key in SCALE_METADATA if fmt == "peft" else ():
         meta.pop(key, None)
@@ -221,6 +222,26 @@ def resize_file(src, dst, rank, *, conv_rank=None, method=None, param=None, dtyp
                                     f"{alphas.most_common(1)[0][0]:g}")
     _io.save_file(out, dst, metadata=meta)
     return report
+
+
+def parse_source(text):
+    """'path' or 'path:weight' -> (path, weight): the weight is the text after the last ':' when it is a number
+    (a colon whose tail is not one belongs to the path: C:\\loras\\a.safetensors); weight 1.0 when absent. The
+    callers refuse a weight that is not finite."""
+    path, sep, w = text.rpartition(":")
+    if sep and path:
+        try:
+            return path, float(w)
+        except ValueError:
+            pass
+    return text, 1.0
+
+
+def check_weights(loras):
+    """Refuse a LoRA weight that is not a finite number, naming its file ([(path, weight)])."""
+    for path, w in loras:
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not np.isfinite(w):
+            raise ResizeError(f"{path}: the weight {w!r} is not a finite number")
 
 
 def progress_bar(items, desc):

@@ -60,6 +60,13 @@ def test_a_low_rank_difference_comes_back(models, tmp_path):
     assert out["lora_unet_conv_in.lora_up.weight"].shape == (8, 4, 1, 1)
     assert all(kept == pytest.approx(1.0, abs=1e-6) for _, _, kept in report)
     assert meta["ss_network_dim"] == "4"
+    # a bfloat16 tuned checkpoint gives a bfloat16 LoRA (ml_dtypes' NumPy kind is 'V', not 'f')
+    import ml_dtypes
+    bf = _write(tmp_path / "tuned_bf16.safetensors", {k: v.astype(ml_dtypes.bfloat16) if v.dtype == np.float32 else v
+                                                       for k, v in t.items()})
+    extract_files(base, bf, str(tmp_path / "bf.safetensors"), 2)
+    out_bf, _ = _read(tmp_path / "bf.safetensors")
+    assert {str(v.dtype) for v in out_bf.values()} == {"bfloat16"}
     # PEFT names, a dynamic rank: the qkv difference has rank 3, the MLP's 2
     report, _ = extract_files(base, tuned, str(tmp_path / "p.safetensors"), 8, format="peft", method="sv_fro",
                               param=0.999)

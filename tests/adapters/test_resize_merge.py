@@ -239,7 +239,8 @@ def test_merging_sums_the_weighted_products(kohya, tmp_path):
 
 def test_what_merge_refuses(kohya, tmp_path, capsys):
     from flame_nn.adapters.merge import main as merge_main
-    from flame_nn.adapters.merge import merge_files, parse_source
+    from flame_nn.adapters.merge import merge_files
+    from flame_nn.adapters.resize import parse_source
     src, sd = kohya
     peft = _write(tmp_path / "p.safetensors", {"transformer.x.lora_A.weight": np.ones((2, 3), np.float32),
                                               "transformer.x.lora_B.weight": np.ones((4, 2), np.float32)})
@@ -260,3 +261,23 @@ def test_what_merge_refuses(kohya, tmp_path, capsys):
     assert "3 adapters from 2 files, rank 2" in capsys.readouterr().out
     assert merge_main([str(tmp_path / "cli.safetensors"), src, peft]) == 2
     assert "mix layouts" in capsys.readouterr().err
+
+
+def test_a_dtype_option_rounds_once(tmp_path):
+    """bfloat16 factors resized with dtype='float32': the new factors are the float64 SVD rounded once to float32,
+    not through the file's bfloat16 first."""
+    import ml_dtypes
+    rng = np.random.default_rng(11)
+    sd = {"lora_unet_x.lora_down.weight": rng.standard_normal((6, 20)).astype(ml_dtypes.bfloat16),
+          "lora_unet_x.lora_up.weight": rng.standard_normal((10, 6)).astype(ml_dtypes.bfloat16)}
+    src = _write(tmp_path / "bf16.safetensors", sd)
+    resize_file(src, str(tmp_path / "f32.safetensors"), 3, dtype="float32")
+    out, _ = _read(tmp_path / "f32.safetensors")
+    up, down = out["lora_unet_x.lora_up.weight"], out["lora_unet_x.lora_down.weight"]
+    assert up.dtype == np.float32 and down.dtype == np.float32 and out["lora_unet_x.alpha"].dtype == np.float32
+    want = _best(_delta(sd["lora_unet_x.lora_up.weight"].astype(np.float64),
+                        sd["lora_unet_x.lora_down.weight"].astype(np.float64)), 3)
+    np.testing.assert_allclose(_delta(up, down), want, rtol=0, atol=1e-5 * np.abs(want).max())   # bf16: ~1e-2
+    resize_file(src, str(tmp_path / "same.safetensors"), 3)
+    kept, _ = _read(tmp_path / "same.safetensors")
+    assert str(kept["lora_unet_x.lora_up.weight"].dtype) == "bfloat16"
