@@ -6,6 +6,7 @@ from flame_core.dtypes import dtype_of
 from flame_core.io import safe_open
 
 from .errors import CheckpointError
+from .scaled_fp8 import ScaledWeights
 
 
 class SafetensorsCheckpoint:
@@ -15,7 +16,12 @@ class SafetensorsCheckpoint:
     accessors take a model's key and read the tensor `source_key(key)` names: `prefix + key` here (the prefix is ''
     until a subclass finds where its model sits in the files); a subclass whose model names differ from the file's
     overrides `source_key`. A subclass reads its layout in `scan_keys`, called once the files are open (they are
-    closed again if it raises). `error` is the CheckpointError subclass raised. Use it as a context manager."""
+    closed again if it raises). `error` is the CheckpointError subclass raised. Use it as a context manager.
+
+    ComfyUI's scaled-fp8 files (scaled_fp8.py): the scales, input scales, format descriptions and marker are taken
+    out of `handle_of` into `scaled` before `scan_keys` (checked there: a bad scale or format is named before any
+    weight is read), and `get` returns such a weight dequantised (`stored * scale`); `dtype` still reports the
+    stored float8 (the load's compute dtype follows from it, as for any fp8 file)."""
 
     error = CheckpointError
     layout = None          # a subclass's name for the key layout it found ("bfl", "diffusers", ...)
@@ -35,6 +41,7 @@ class SafetensorsCheckpoint:
                         raise self.error(f"{self.label}: tensor {k!r} appears in two files, "
                                          f"{self.handle_of[k].filename} and {h.filename}")
                     self.handle_of[k] = h
+            self.scaled = ScaledWeights.split(self.handle_of, self.label, self.error)
             self.scan_keys()
         except BaseException:
             self.close()
@@ -68,9 +75,22 @@ class SafetensorsCheckpoint:
         return dtype_of(self.dtype(key))
 
     def get(self, key, dtype=None, device=None):
-        """The tensor, converted to `dtype` on `device` as it is read."""
+        """The tensor, converted to `dtype` on `device` as it is read (a scaled fp8 weight: dequantised, in float32
+        when `dtype` is None)."""
         sk = self.source_key(key)
+        if sk in self.scaled.scale_of:
+            return self.scaled.get(self.handle_of[sk], sk, dtype, device)
         return self.handle_of[sk].get_tensor(sk, dtype=dtype, device=device)
+
+    def scale(self, key, device=None):
+        """The scale of a scaled fp8 weight, one float32 per row ((rows,)), or None for any other tensor."""
+        sk = self.source_key(key)
+        return self.scaled.scale(sk, self.shape(key)[0], device) if sk in self.scaled.scale_of else None
+
+    def get_stored(self, key, device=None):
+        """The tensor as stored, a scaled fp8 weight without its scale (see `scale`)."""
+        sk = self.source_key(key)
+        return self.handle_of[sk].get_tensor(sk, device=device)
 
     def get_like(self, key, target):
         """The tensor in `target`'s dtype and on its device (a model's parameter, possibly a meta placeholder)."""

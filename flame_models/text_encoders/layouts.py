@@ -12,10 +12,8 @@ Layouts (each under an optional prefix, e.g. `conditioner.embedders.0.transforme
 The other half of a whole model (a CLIPModel's vision tower, a T5 checkpoint's decoder and lm_head) is left out,
 as transformers does when it loads the text encoder alone.
 
-ComfyUI's fp8 files: a Linear weight stored as float8_e4m3fn may come with `<layer>.scale_weight` (or
-`weight_scale`): w = fp8 * scale, one scale per tensor (or per row); `scaled_fp8` marks such a file;
-`<layer>.scale_input` / `input_scale` is the activation scale of fp8 matmuls (not needed when the weight is
-dequantised to compute) and `<layer>.comfy_quant` describes the format (checked when loading).
+ComfyUI's scaled fp8 files (t5xxl_fp8_e4m3fn_scaled): their scale, input-scale and format keys never reach the key
+map -- the checkpoint reader takes them out and applies the scales (checkpoint_io/scaled_fp8.py).
 """
 from dataclasses import dataclass
 
@@ -25,9 +23,6 @@ CLIP_HF_ANCHOR = "text_model.embeddings.token_embedding.weight"
 CLIP_FLAT_ANCHOR = "embeddings.token_embedding.weight"
 OPENCLIP_ANCHOR = "transformer.resblocks.0.attn.in_proj_weight"
 T5_ANCHOR = "encoder.block.0.layer.0.SelfAttention.q.weight"
-SCALE_SUFFIXES = (".scale_weight", ".weight_scale")
-INPUT_SCALE_SUFFIXES = (".scale_input", ".input_scale")
-QUANT_SUFFIX = ".comfy_quant"
 
 
 @dataclass(frozen=True)
@@ -131,9 +126,7 @@ _OTHER_TOWER = {"clip-hf": ("vision_model.", "visual_projection."), "clip-flat":
 @dataclass
 class KeyMap:
     sources: dict    # model key -> Source
-    scales: dict     # file key of a Linear weight -> file key of its dequantisation scale
-    quant: dict      # file key of a Linear weight -> file key of its comfy_quant description
-    known: set       # file keys understood without being a model tensor (markers, input scales, ignored buffers)
+    known: set       # file keys understood without being a model tensor (ignored buffers, tied duplicates)
     unknown: list    # file keys under the prefix this layout does not know
 
 
@@ -141,16 +134,7 @@ def map_keys(candidate, keys):
     """KeyMap of one Candidate over a checkpoint's keys (only keys under its prefix are considered)."""
     p = candidate.prefix
     local = sorted(k[len(p):] for k in keys if k.startswith(p))
-    sources, scales, quant, known, unknown = {}, {}, {}, set(), []
-    quant_keys = [k for k in local if k.endswith(SCALE_SUFFIXES + INPUT_SCALE_SUFFIXES + (QUANT_SUFFIX,))
-                  or k == "scaled_fp8"]
-    for k in quant_keys:
-        if k.endswith(SCALE_SUFFIXES):
-            layer = k[:k.rindex(".")]
-            scales[p + layer + ".weight"] = p + k
-        elif k.endswith(QUANT_SUFFIX):
-            quant[p + k[:-len(QUANT_SUFFIX)] + ".weight"] = p + k
-        known.add(p + k)
+    sources, known, unknown = {}, set(), []
     # a tied duplicate comes after the key it duplicates (T5's encoder.embed_tokens after shared)
     for k in sorted(local, key=lambda k: k == "encoder.embed_tokens.weight"):
         if p + k in known:
@@ -167,7 +151,7 @@ def map_keys(candidate, keys):
                 known.add(p + k)
                 continue
             sources[model_key] = Source(p + k, transform)
-    return KeyMap(sources, scales, quant, known, unknown)
+    return KeyMap(sources, known, unknown)
 
 
 def _model_keys(layout, k):

@@ -95,7 +95,6 @@ def _load(kind, path, dtype, device, prefix, subfolder, config, quantize, strict
             model = cls(cfg)
         plan = _plan(kind, model, keymap, ckpt, dtype, quantize)
         _check(model, keymap, ckpt, cand, strict, label)
-        _check_quant_formats(keymap, ckpt, label)
         nbytes = sum(p.numel() * p.dtype.itemsize for p in model.parameters())
         with flame.no_grad(), tqdm(total=len(plan), desc=f"loading {type(model).__name__}", unit="tensor",
                                    disable=nbytes < CIO.PROGRESS_BYTES, leave=False) as bar:
@@ -203,43 +202,14 @@ def _short_config(c):
     return f"{c.num_layers} blocks, d_model {c.d_model}, {c.num_heads} heads"
 
 
-def _check_quant_formats(keymap, ckpt, label):
-    for weight_key, qkey in keymap.quant.items():
-        raw = bytes(ckpt.get(qkey).numpy().astype("uint8").reshape(-1).tolist())
-        try:
-            fmt = json.loads(raw.decode("utf-8")).get("format")
-        except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-            raise TextEncoderCheckpointError(f"{label}: {qkey} is not a JSON description of a quantisation") \
-                from None
-        if fmt not in ("float8_e4m3fn", "float8_e4m3fn_rowwise"):
-            raise TextEncoderCheckpointError(f"{label}: {weight_key} is quantised as {fmt!r}; only float8_e4m3fn "
-                                             f"weights with per-tensor or per-row scales can be read")
-
-
 # ----------------------------------------------------------------------------- reading tensors
-def _scale(keymap, ckpt, src, rows, device):
-    """The dequantisation scale of a Linear weight as (rows, 1) float32 (1 without a scale key)."""
-    skey = keymap.scales.get(src.key)
-    if skey is None:
-        return None
-    s = ckpt.get(skey, dtype=flame.float32, device=device).reshape(-1)
-    if s.numel() not in (1, rows):
-        raise TextEncoderCheckpointError(f"{ckpt.label}: scale {skey} has {s.numel()} values for a weight of {rows} "
-                                         f"rows")
-    return s.reshape(-1, 1)
-
-
 def _read(keymap, ckpt, name, dtype, device):
     """The model tensor `name` in `dtype` on `device` (dequantised, transposed or cut from its file tensor)."""
     src = keymap.sources[name]
     stored = ckpt.dtype(src.key)
-    if _is_fp8(stored):  # (float8_e5m2 has no device representation: widened on the host)
+    if _is_fp8(stored):  # (float8_e5m2 has no device representation: widened on the host; a ComfyUI scale applied)
         t = ckpt.get(src.key, dtype=flame.float32,
-                     device=device if stored == flame.float8_e4m3fn.np else "cpu").to(device)
-        s = _scale(keymap, ckpt, src, t.shape[0], device)
-        if s is not None:
-            t = t * s
-        t = t.to(dtype)
+                     device=device if stored == flame.float8_e4m3fn.np else "cpu").to(device).to(dtype)
     else:
         t = ckpt.get(src.key, dtype=dtype, device=device)
     if src.transform == "T":
@@ -257,10 +227,9 @@ def _fp8_weight(keymap, ckpt, name, device):
     src = keymap.sources[name]
     stored = ckpt.dtype(src.key)
     if stored == flame.float8_e4m3fn.np and src.transform is None:
-        q = ckpt.get(src.key, device=device)
-        s = _scale(keymap, ckpt, src, q.shape[0], device)
-        scales = flame.ones(q.shape[0], dtype=flame.float32, device=q.device)
-        return q, (scales if s is None else scales * s.reshape(-1))
+        q = ckpt.get_stored(src.key, device=device)
+        s = ckpt.scale(src.key, device=q.device)
+        return q, (flame.ones(q.shape[0], dtype=flame.float32, device=q.device) if s is None else s)
     exact = dtype_of(stored) if stored.itemsize in (2, 4) and not _is_fp8(stored) else flame.float32
     return quantize_fp8(_read(keymap, ckpt, name, exact, device))
 

@@ -36,7 +36,6 @@ from flame_nn.empty_init import new_parameter
 from flame_nn.offload import BlockStreamer, quantize_linear_weights_, run_block
 
 from .. import checkpoint_io as CIO
-from . import layouts as LY
 from .outputs import BaseModelOutput
 
 PREFIXES = ("model.language_model.", "model.", "language_model.", "")     # transformers 5 / 4 and ComfyUI / bare
@@ -266,8 +265,7 @@ def place_qwen2_5_vl(model, device, *, quantize=None, stream=False, slots=2):
 def _load(path, dtype, device, config, strict):
     files = CIO.safetensors_files(path, what="Qwen2.5-VL", error=Qwen2_5_VLCheckpointError,
                                   subfolder="text_encoder")
-    with CIO.SafetensorsCheckpoint(files, label=os.fspath(path)) as ckpt:
-        ckpt.error = Qwen2_5_VLCheckpointError
+    with _Checkpoint(files, label=os.fspath(path)) as ckpt:
         prefix = next((p for p in PREFIXES if (p + "embed_tokens.weight") in ckpt.handle_of), None)
         if prefix is None:
             raise Qwen2_5_VLCheckpointError(f"{path}: no embed_tokens.weight under {', '.join(map(repr, PREFIXES))}: "
@@ -290,54 +288,17 @@ def _load(path, dtype, device, config, strict):
             model = Qwen2_5_VLTextModel(config)
         targets = dict(model.named_parameters())
         under = [k[len(prefix):] for k in ckpt.keys() if k.startswith(prefix)]
-        scales = _scale_keys(ckpt, targets)
-        known = set(scales.values()) | {k for k in under if k.endswith(LY.INPUT_SCALE_SUFFIXES + (LY.QUANT_SUFFIX,))
-                                        or k == "scaled_fp8"}
-        ours = [k for k in under if not k.startswith(("visual.", "lm_head.", "model.", "language_model."))
-                and k not in known]
+        ours = [k for k in under if not k.startswith(("visual.", "lm_head.", "model.", "language_model."))]
         missing = [k for k in targets if not ckpt.has(k)]
         unexpected = [k for k in ours if k not in targets]
         misshaped = [f"{k}: {ckpt.shape(k)} in the file, {tuple(t.shape)} in the model" for k, t in targets.items()
                      if ckpt.has(k) and ckpt.shape(k) != tuple(t.shape)]
         CIO.check_mismatch(Qwen2_5_VLCheckpointError, f"cannot load the Qwen2.5-VL text model {ckpt.describe()}:",
                            missing, unexpected, misshaped, strict=strict)
-        _check_quant_formats(ckpt, under, path)
-
-        def read(k, t):
-            if k not in scales:
-                return ckpt.get_like(k, t)
-            w = ckpt.get(k, dtype=flame.float32, device=t.device)
-            sc = ckpt.get(scales[k], dtype=flame.float32, device=t.device).reshape(-1)
-            if sc.numel() not in (1, w.shape[0]):
-                raise Qwen2_5_VLCheckpointError(f"{path}: scale {scales[k]} has {sc.numel()} values for a weight of "
-                                                f"{w.shape[0]} rows")
-            return (w * sc.reshape(-1, 1)).to(t.dtype)        # ComfyUI's fp8_scaled: w = fp8 * scale
-        return CIO.fill_(model, read, {k: t for k, t in targets.items() if ckpt.has(k)}, desc="loading Qwen2.5-VL")
+        # ComfyUI's fp8_scaled file: get_like applies each weight's scale (checkpoint_io/scaled_fp8.py)
+        return CIO.fill_(model, ckpt.get_like, {k: t for k, t in targets.items() if ckpt.has(k)},
+                         desc="loading Qwen2.5-VL")
 
 
-def _scale_keys(ckpt, targets):
-    """{Linear weight key: its ComfyUI scale key (`<layer>.scale_weight` / `.weight_scale`)} of the file."""
-    out = {}
-    for k in targets:
-        if k.endswith(".weight"):
-            for suffix in LY.SCALE_SUFFIXES:
-                sk = k[:-len(".weight")] + suffix
-                if ckpt.has(sk):
-                    out[k] = sk
-                    break
-    return out
-
-
-def _check_quant_formats(ckpt, keys, path):
-    """A `<layer>.comfy_quant` description must say float8_e4m3fn (per tensor or per row): nothing else is read."""
-    for k in keys:
-        if not k.endswith(LY.QUANT_SUFFIX) or k.startswith(("visual.", "lm_head.")):
-            continue
-        raw = bytes(ckpt.get(k).numpy().astype("uint8").reshape(-1).tolist())
-        try:
-            fmt = json.loads(raw.decode("utf-8")).get("format")
-        except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-            raise Qwen2_5_VLCheckpointError(f"{path}: {k} is not a JSON description of a quantisation") from None
-        if fmt not in ("float8_e4m3fn", "float8_e4m3fn_rowwise"):
-            raise Qwen2_5_VLCheckpointError(f"{path}: {k[:-len(LY.QUANT_SUFFIX)]} is quantised as {fmt!r}; only "
-                                            f"float8_e4m3fn weights with per-tensor or per-row scales can be read")
+class _Checkpoint(CIO.SafetensorsCheckpoint):
+    error = Qwen2_5_VLCheckpointError
