@@ -249,28 +249,65 @@ class Function(metaclass=FunctionMeta):
             finally:
                 state.enabled = False
         Tensor = _tensor_cls[0]
-        edges = []
-        needs = []
-        record = False
-        for a in args:  # edge_of, inlined
-            if isinstance(a, Tensor):
+        n = len(args)
+        if 0 < n < 4:  # the common arities (unary, binary, binary + a scalar option): the edges without lists
+            a = args[0]
+            e0 = e1 = e2 = None
+            if isinstance(a, Tensor):  # edge_of, inlined (as for each argument below)
                 fn = a._grad_fn
                 if fn is not None:
-                    edges.append((fn, a._out_idx))
-                    needs.append(True)
-                    record = True
-                    continue
-                if a._requires_grad:
-                    edges.append((accumulator_of(a), 0))
-                    needs.append(True)
-                    record = True
-                    continue
-            edges.append(None)
-            needs.append(False)
+                    e0 = (fn, a._out_idx)
+                elif a._requires_grad:
+                    e0 = (accumulator_of(a), 0)
+            if n > 1:
+                a = args[1]
+                if isinstance(a, Tensor):
+                    fn = a._grad_fn
+                    if fn is not None:
+                        e1 = (fn, a._out_idx)
+                    elif a._requires_grad:
+                        e1 = (accumulator_of(a), 0)
+                if n > 2:
+                    a = args[2]
+                    if isinstance(a, Tensor):
+                        fn = a._grad_fn
+                        if fn is not None:
+                            e2 = (fn, a._out_idx)
+                        elif a._requires_grad:
+                            e2 = (accumulator_of(a), 0)
+            record = e0 is not None or e1 is not None or e2 is not None
+            if record:
+                if n == 1:
+                    edges, needs = (e0,), _NEEDS1
+                elif n == 2:
+                    edges, needs = (e0, e1), (e0 is not None, e1 is not None)
+                else:
+                    edges, needs = (e0, e1, e2), (e0 is not None, e1 is not None, e2 is not None)
+        else:
+            edges = []
+            needs = []
+            record = False
+            for a in args:
+                if isinstance(a, Tensor):
+                    fn = a._grad_fn
+                    if fn is not None:
+                        edges.append((fn, a._out_idx))
+                        needs.append(True)
+                        record = True
+                        continue
+                    if a._requires_grad:
+                        edges.append((accumulator_of(a), 0))
+                        needs.append(True)
+                        record = True
+                        continue
+                edges.append(None)
+                needs.append(False)
+            if record:
+                edges, needs = tuple(edges), tuple(needs)
         if not record:
             ctx = _new(_Ctx)
             ctx._fn = cls
-            ctx.needs_input_grad = _NO_GRAD[len(needs)] if len(needs) < 8 else tuple(needs)
+            ctx.needs_input_grad = _NO_GRAD[n] if n < 8 else (False,) * n
             state.enabled = False
             try:
                 return cls.forward(ctx, *args, **kwargs)
@@ -285,8 +322,8 @@ class Function(metaclass=FunctionMeta):
         node._fn = cls
         node._saved = node._hooks = node._non_diff = None
         node._freed = False
-        node.next_functions = tuple(edges)
-        node.needs_input_grad = tuple(needs)
+        node.next_functions = edges
+        node.needs_input_grad = needs
         if state.anomaly:
             from .anomaly_mode import forward_stack
             node._forward_stack = forward_stack()
@@ -367,3 +404,4 @@ class _Ctx(Node):
 
 _new = object.__new__
 _NO_GRAD = tuple((False,) * n for n in range(8))
+_NEEDS1 = (True,)
