@@ -158,6 +158,9 @@ class AdaptedMixin:
         out = self.weight.shape[0]
         lo, hi = (0, out) if rows is None else (int(rows[0]), int(rows[1]))
         self._check_fit(adapter, lo, hi)
+        if adapter.needs_base and self.weight.dtype is flame.float8_e4m3fn:
+            from .dora import check_base  # (dora imports this module)
+            check_base(self.weight)
         for (a, b), _ in self._adapters.get(name, []):
             if a < hi and lo < b:
                 raise AdapterError(f"adapter {name!r} already covers rows [{a}:{b}], which overlap [{lo}:{hi}]")

@@ -115,6 +115,19 @@ def test_fp8_refuses_what_it_cannot_hold(device):
         quantize_linear_weights_(model.double_blocks)
     with pytest.raises(OffloadError, match="float8_e4m3fn"):
         quantize_linear_weights_(model, dtype="float16")
+    # the other order: a DoRA injected into, or loaded onto, an fp8-stored Linear (it would norm the rows without
+    # their scales: refused, as above)
+    from flame_nn.adapters import AdapterError
+    fp8 = tiny_flux(device, lora=False)
+    fp8.requires_grad_(False)
+    assert quantize_linear_weights_(fp8.double_blocks)
+    with pytest.raises(AdapterError, match="DoRA adapter needs the base weight's rows"):
+        A.inject_adapters(fp8, TARGET_PRESETS["attention"], "dora", rank=2, name_map=name_map_for(fp8.params))
+    linear = fp8.double_blocks[0].img_attn.qkv
+    from flame_nn.adapters.dora import DoRA
+    dora = DoRA(linear.in_features, 8, 2, base_weight=flame.ones(8, linear.in_features, device=device))
+    with pytest.raises(AdapterError, match="DoRA adapter needs the base weight's rows"):
+        A.adapt(linear).add_adapter("x", dora, (0, 8))
 
 
 def _fp8_mlp(device, sizes=((96, 160), (160, 224), (224, 64)), bias=True):
