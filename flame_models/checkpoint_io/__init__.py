@@ -34,6 +34,7 @@ from .loading import (
                       config_argument,
                       empty_model,
                       fill_,
+                      fp8_on_read,
                       layout_plan,
                       listing,
                       load_planned_,
@@ -41,6 +42,7 @@ from .loading import (
                       planned_mismatches,
                       planned_reader,
                       preset,
+                      stored_fp8_reader,
 )
 from .reading import SafetensorsCheckpoint, block_indices, count_indices, describe_keys, key_kinds, keys_under
 from .saving import save_shards, save_weights, shard_groups, write_json
@@ -54,7 +56,8 @@ __all__ = [
     "SafetensorsCheckpoint", "block_indices", "count_indices", "describe_keys", "key_kinds", "keys_under",
     # loading into a model
     "COMPUTE_DTYPES", "PROGRESS_BYTES", "check_mismatch", "compute_dtype", "config_argument", "empty_model", "fill_",
-    "layout_plan", "listing", "load_planned_", "mismatch_message", "planned_mismatches", "planned_reader", "preset",
+    "fp8_on_read", "layout_plan", "listing", "load_planned_", "mismatch_message", "planned_mismatches",
+    "planned_reader", "preset", "stored_fp8_reader",
     # saving
     "save_shards", "save_weights", "shard_groups", "write_json",
 ]

@@ -1,10 +1,15 @@
 """Loading a checkpoint into a model built under `flame_nn.empty_init`: name every missing, unexpected and
 misshaped tensor in one error before any tensor is read, then read the tensors one at a time straight into each
 parameter's dtype and device and make them the parameters' storage (no random init, no second copy)."""
+import contextlib
+import contextvars
+
 from tqdm.auto import tqdm
 
 import flame_core as flame
 import flame_nn
+from flame_core.ops.fp8 import quantize_fp8
+from flame_nn.offload import is_fp8_linear, set_fp8_weight_
 
 PROGRESS_BYTES = 1 << 30  # loads of more bytes show a progress bar
 COMPUTE_DTYPES = (flame.float16, flame.bfloat16, flame.float32, flame.float64)
@@ -108,19 +113,83 @@ def load_planned_(model, ckpt, plan, targets, combine, *, what, strict=True):
     check_mismatch(ckpt.error, f"cannot load the {what} checkpoint {ckpt.describe()}:", missing, unexpected,
                    misshaped, strict=strict)
     present = {k: targets[k] for k, (keys, _) in plan.items() if all(ckpt.has(f) for f in keys)}
-    return fill_(model, planned_reader(ckpt, plan, combine), present, desc=f"loading {type(model).__name__}")
+    return fill_(model, planned_reader(ckpt, plan, combine), present, desc=f"loading {type(model).__name__}",
+                 read_stored=stored_fp8_reader(ckpt, plan, combine))
 
 
-def fill_(model, read, targets, *, desc="loading", progress=True):
+# ----------------------------------------------------------------------------- fp8 storage as the weights are read
+_FP8_ON_READ = contextvars.ContextVar("fp8_on_read", default=None)
+_E4M3 = flame.float8_e4m3fn.np
+
+
+@contextlib.contextmanager
+def fp8_on_read(stacks, *, per_tensor=False):
+    """Within it, `fill_` gives the weight of every plain Linear under the module paths `stacks` (a model's block
+    ModuleLists: "double_blocks", ...) fp8 storage as it reads it (flame_nn.offload.set_fp8_weight_, float8_e4m3fn
+    with a scale per output row, computing in the model's dtype): the weight is never held whole in the model's
+    dtype, so a model loaded for fp8 storage needs the host memory of its fp8 bytes, not of its bfloat16 ones. A
+    weight the file stores as float8_e4m3fn keeps its bytes and the file's scales (nothing re-rounded); another is
+    quantised per row, as quantize_linear_weights_ does -- per_tensor=True: with one scale per tensor (fp8 compute's
+    operand format: quantize_linear_weights_(compute="fp8") then switches the layers without a second rounding)."""
+    token = _FP8_ON_READ.set((tuple(stacks), per_tensor))
+    try:
+        yield
+    finally:
+        _FP8_ON_READ.reset(token)
+
+
+def stored_fp8_reader(ckpt, plan=None, combine=None):
+    """read_stored(key) for fill_: (q float8_e4m3fn, scales float32 (rows,)) of a model weight whose file tensors
+    (`plan[key]`'s, joined by `combine` as the weight is; without a plan, the key's own) are all stored as
+    float8_e4m3fn -- read as stored, with the file's scales (ComfyUI's scale_weight) or ones --, else None."""
+    def read(key, target):
+        keys, how = plan[key] if plan is not None else ((key,), "copy")
+        if any(ckpt.dtype(k) != _E4M3 for k in keys) or len(ckpt.shape(keys[0])) != 2:
+            return None
+        qs, scales = [], []
+        for k in keys:
+            q = ckpt.get_stored(k, device=target.device)
+            s = ckpt.scale(k, device=target.device)
+            qs.append(q)
+            scales.append(flame.ones(q.shape[0], dtype=flame.float32, device=q.device) if s is None else s)
+        if combine is None:
+            return qs[0], scales[0]
+        return combine(how, qs).contiguous(), combine(how, scales).contiguous()
+    return read
+
+
+def _fp8_targets(model, targets, stacks):
+    """{key: Linear} of the targets that are the weights of plain Linears under the module paths `stacks`."""
+    out = {}
+    for key in targets:
+        if not key.endswith(".weight") or not key.startswith(tuple(s + "." for s in stacks)):
+            continue
+        m = model.get_submodule(key[:-len(".weight")])
+        if isinstance(m, flame_nn.Linear) and not is_fp8_linear(m) and m.weight.dtype.is_floating_point:
+            out[key] = m
+    return out
+
+
+def fill_(model, read, targets, *, desc="loading", progress=True, read_stored=None):
     """Make `read(key, target)` -- a tensor in the target's dtype and device -- the storage of each of `targets`
     ({model key: parameter or buffer}, usually meta placeholders), one tensor at a time without recording grads,
-    with a progress bar for loads over PROGRESS_BYTES. Returns `model`."""
+    with a progress bar for loads over PROGRESS_BYTES. Returns `model`. Inside `fp8_on_read(stacks)` the Linear
+    weights under `stacks` get fp8 storage as they are read: `read_stored(key, target)` -> (q, scales) of a weight
+    stored in fp8 (stored_fp8_reader), or None (then the weight read is quantised)."""
+    stacks, per_tensor = _FP8_ON_READ.get() or ((), False)
+    fp8 = _fp8_targets(model, targets, stacks) if stacks else {}
     nbytes = sum(t.numel() * t.dtype.itemsize for t in targets.values())
     state = {}
     with flame.no_grad():
         for key, target in tqdm(targets.items(), desc=desc, unit="tensor", leave=False,
                                 disable=not progress or nbytes < PROGRESS_BYTES):
-            state[key] = read(key, target)
+            linear = fp8.get(key)
+            if linear is None:
+                state[key] = read(key, target)
+                continue
+            stored = read_stored(key, target) if read_stored is not None else None
+            q, scales = stored if stored is not None else quantize_fp8(read(key, target), per_tensor=per_tensor)
+            set_fp8_weight_(linear, q, scales, target.dtype)
     # assign=True: each tensor read becomes the model's storage (no second copy of the model)
     model.load_state_dict(state, strict=False, assign=True)
     return model

@@ -201,7 +201,8 @@ def load_unet_state_(model, ckpt, *, strict=True, progress=True):
                        f"transformer_depth={c.transformer_depth}, context_dim={c.context_dim}, adm_in_channels="
                        f"{c.adm_in_channels}):", missing, unexpected, misshaped, strict=strict)
     present = {k: p for k, p in params.items() if ckpt.has(k)}
-    return CIO.fill_(model, ckpt.get_like, present, desc="loading UNet", progress=progress)
+    return CIO.fill_(model, ckpt.get_like, present, desc="loading UNet", progress=progress,
+                     read_stored=CIO.stored_fp8_reader(ckpt))
 
 
 def load_unet(path, dtype=None, device=None, *, config=None, strict=True, progress=True):
