@@ -169,3 +169,35 @@ def test_a_float8_e5m2_weight_is_quantised_from_its_values(tmp_path):
     assert is_fp8_linear(m)
     np.testing.assert_array_equal(m.weight.view(flame.uint8).numpy(), q.view(flame.uint8).numpy())
     np.testing.assert_array_equal(m.weight_scale.numpy(), s.numpy())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scaled", [False, True])
+def test_on_a_gpu_the_weights_are_read_quantised_and_kept_there(tmp_path, scaled):
+    """device="cuda" (load_for_sampling's for generate --fp8 on a GPU): the block weights are read onto the GPU,
+    quantised there by the kernel (the NumPy quantisation of a whole Flux would take minutes) and stay there; the
+    rest of the model is read into host memory; the bytes are those of quantising after a plain load (a file's own
+    fp8 bytes for a scaled file)."""
+    path = _file(tmp_path, flux_params("flux-tiny"))
+    if scaled:
+        stored, _ = _scaled(_tensors(path))
+        path = str(tmp_path / "scaled.safetensors")
+        io.save_file(stored, path)
+    after = load_flux(path, dtype=flame.bfloat16, device="cuda").requires_grad_(False)
+    for s in STACKS:
+        quantize_linear_weights_(after.get_submodule(s))
+    with CIO.fp8_on_read(STACKS, device="cuda"):
+        read = load_flux(path, dtype=flame.bfloat16, device="cpu")
+    layers = _fp8_layers(read)
+    assert len(layers) >= 14 and read.img_in.weight.device.type == "cpu"
+    for n, m in layers.items():
+        assert m.weight.device.type == "cuda" and m.weight_scale.device.type == "cuda", n
+        if not scaled:
+            want = _fp8_layers(after)[n]
+            np.testing.assert_array_equal(m.weight.view(flame.uint8).cpu().numpy(),
+                                          want.weight.view(flame.uint8).cpu().numpy(), err_msg=n)
+            np.testing.assert_array_equal(m.weight_scale.cpu().numpy(), want.weight_scale.cpu().numpy(), err_msg=n)
+    if scaled:
+        key = "double_blocks.0.img_attn.proj.weight"
+        np.testing.assert_array_equal(layers[key[:-len(".weight")]].weight.view(flame.uint8).cpu().numpy(),
+                                      stored[key].view(np.uint8))
