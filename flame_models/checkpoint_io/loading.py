@@ -125,15 +125,17 @@ _E4M3 = flame.float8_e4m3fn.np
 @contextlib.contextmanager
 def fp8_on_read(stacks, *, per_tensor=False, device=None):
     """Within it, `fill_` gives the weight of every plain Linear under the module paths `stacks` (a model's block
-    ModuleLists: "double_blocks", ...) fp8 storage as it reads it (flame_nn.offload.set_fp8_weight_, float8_e4m3fn
-    with a scale per output row, computing in the model's dtype): the weight is never held whole in the model's
-    dtype, so a model loaded for fp8 storage needs the host memory of its fp8 bytes, not of its bfloat16 ones. A
-    weight the file stores as float8_e4m3fn keeps its bytes and the file's scales (nothing re-rounded); another is
-    quantised per row, as quantize_linear_weights_ does -- per_tensor=True: with one scale per tensor (fp8 compute's
-    operand format: quantize_linear_weights_(compute="fp8") then switches the layers without a second rounding).
-    device: where those weights are read, quantised (a GPU's kernel: seconds for Flux, where NumPy takes minutes) and
-    kept -- the device the model is placed on --; default each weight's own (the load's device)."""
-    token = _FP8_ON_READ.set((tuple(stacks), per_tensor, None if device is None else flame.device(device)))
+    ModuleLists: "double_blocks", ...; or a function of the model giving them, a family's block_stacks) fp8 storage
+    as it reads it (flame_nn.offload.set_fp8_weight_, float8_e4m3fn with a scale per output row, computing in the
+    model's dtype): the weight is never held whole in the model's dtype, so a model loaded for fp8 storage needs the
+    memory of its fp8 bytes, not of its bfloat16 ones. A weight the file stores as float8_e4m3fn keeps its bytes and
+    the file's scales (nothing re-rounded); another is quantised per row, as quantize_linear_weights_ does --
+    per_tensor=True: with one scale per tensor (fp8 compute's operand format: quantize_linear_weights_(compute="fp8")
+    then switches the layers without a second rounding). device: where those weights are read, quantised (a GPU's
+    kernel: seconds for Flux, where NumPy takes minutes) and kept -- the device the model is placed on --; default
+    each weight's own (the load's device)."""
+    token = _FP8_ON_READ.set((stacks if callable(stacks) else tuple(stacks), per_tensor,
+                              None if device is None else flame.device(device)))
     try:
         yield
     finally:
@@ -187,6 +189,8 @@ def fill_(model, read, targets, *, desc="loading", progress=True, read_stored=No
     weights under `stacks` get fp8 storage as they are read: `read_stored(key, target)` -> (q, scales) of a weight
     stored in fp8 (stored_fp8_reader), or None (then the weight read is quantised)."""
     stacks, per_tensor, device = _FP8_ON_READ.get() or ((), False, None)
+    if callable(stacks):
+        stacks = tuple(stacks(model))
     fp8 = _fp8_targets(model, targets, stacks) if stacks else {}
     nbytes = sum(t.numel() * t.dtype.itemsize for t in targets.values())
     state = {}

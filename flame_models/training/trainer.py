@@ -47,6 +47,7 @@ from flame_core.io import write_json
 from flame_core.memory.stats import fmt_bytes, parse_budget
 from flame_nn import adapters as A
 
+from .. import checkpoint_io as CIO
 from ..data import ConcatDataset, FolderDataset, SampleLoader, SyntheticDataset
 from . import checkpoint as ckpt
 from . import image_data, loss_weights, optimizers, resume, run_folder, tracking
@@ -231,8 +232,16 @@ class Trainer:
         # the frozen model and its adapters
         base_dtype = flame.dtypes.dtype(dtype_name(c.model.dtype))
         stream = self.budget is not None  # a budget: the blocks stream from host memory
-        self.model = self._model if self._model is not None else fam.build_model(
-            c.model, self.spec, base_dtype, self.device, **({"stream": True} if stream else {}))
+        if self._model is not None:
+            self.model = self._model
+        elif c.model.quantize and not stream and c.model.name_or_path:
+            # model.quantize: the blocks' Linear weights read onto the device one at a time and stored there in fp8
+            # (never the whole model in its dtype on the GPU: Flux-dev's 23.8 GB of bf16 would not fit a 24 GB card)
+            with CIO.fp8_on_read(fam.block_stacks, per_tensor=bool(t.fp8_compute), device=self.device):
+                self.model = fam.build_model(c.model, self.spec, base_dtype, self.device)
+        else:
+            self.model = fam.build_model(c.model, self.spec, base_dtype, self.device,
+                                         **({"stream": True} if stream else {}))
         self.name_map = fam.lora_name_map(self.model)
         self.n_adapted = add_network(self.model, c.network, fam, self.name_map, seed=t.seed, device=self.device,
                                      budget=self.budget, optimizer=t.optimizer)
@@ -311,9 +320,11 @@ class Trainer:
                 self.model, stacks, device=self.device, quantize=quantize, fp8_compute=compute is not None,
                 prepare=fam.block_initializer(self.model)), self.device, budget=self.budget)
         else:
-            if quantize:
-                n_q = sum(len(flame_nn.offload.quantize_linear_weights_(self.model.get_submodule(s),
-                                                                        compute=compute)) for s in stacks)
+            if quantize:  # (those read in fp8 already -- fp8_on_read in _build -- are only switched to compute)
+                for s in stacks:
+                    flame_nn.offload.quantize_linear_weights_(self.model.get_submodule(s), compute=compute)
+                n_q = sum(flame_nn.offload.is_fp8_linear(m) for s in stacks
+                          for m in self.model.get_submodule(s).modules())
                 self.log(f"model.quantize: {n_q} frozen Linear weights of the blocks stored as fp8 (e4m3)"
                          + ("; train.fp8_compute: their matmuls in fp8" if compute else ""))
             placed = NoStreaming()
