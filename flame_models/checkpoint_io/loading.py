@@ -123,7 +123,7 @@ _E4M3 = flame.float8_e4m3fn.np
 
 
 @contextlib.contextmanager
-def fp8_on_read(stacks, *, per_tensor=False, device=None):
+def fp8_on_read(stacks, *, per_tensor=False, device=None, keep=None):
     """Within it, `fill_` gives the weight of every plain Linear under the module paths `stacks` (a model's block
     ModuleLists: "double_blocks", ...; or a function of the model giving them, a family's block_stacks) fp8 storage
     as it reads it (flame_nn.offload.set_fp8_weight_, float8_e4m3fn with a scale per output row, computing in the
@@ -133,9 +133,11 @@ def fp8_on_read(stacks, *, per_tensor=False, device=None):
     per_tensor=True: with one scale per tensor (fp8 compute's operand format: quantize_linear_weights_(compute="fp8")
     then switches the layers without a second rounding). device: where those weights are read, quantised (a GPU's
     kernel: seconds for Flux, where NumPy takes minutes) and kept -- the device the model is placed on --; default
-    each weight's own (the load's device)."""
+    each weight's own (the load's device). keep: where the fp8 weights then go instead ("cpu" for blocks a streamer
+    will pack into host memory: the device holds one weight at a time)."""
     token = _FP8_ON_READ.set((stacks if callable(stacks) else tuple(stacks), per_tensor,
-                              None if device is None else flame.device(device)))
+                              None if device is None else flame.device(device),
+                              None if keep is None else flame.device(keep)))
     try:
         yield
     finally:
@@ -188,7 +190,7 @@ def fill_(model, read, targets, *, desc="loading", progress=True, read_stored=No
     with a progress bar for loads over PROGRESS_BYTES. Returns `model`. Inside `fp8_on_read(stacks)` the Linear
     weights under `stacks` get fp8 storage as they are read: `read_stored(key, target)` -> (q, scales) of a weight
     stored in fp8 (stored_fp8_reader), or None (then the weight read is quantised)."""
-    stacks, per_tensor, device = _FP8_ON_READ.get() or ((), False, None)
+    stacks, per_tensor, device, keep = _FP8_ON_READ.get() or ((), False, None, None)
     if callable(stacks):
         stacks = tuple(stacks(model))
     fp8 = _fp8_targets(model, targets, stacks) if stacks else {}
@@ -205,6 +207,8 @@ def fill_(model, read, targets, *, desc="loading", progress=True, read_stored=No
                 target = _Placed(target.dtype, device, tuple(target.shape))
             stored = read_stored(key, target) if read_stored is not None else None
             q, scales = stored if stored is not None else quantize_fp8(read(key, target), per_tensor=per_tensor)
+            if keep is not None and q.device != keep:
+                q, scales = q.to(keep), scales.to(keep)
             set_fp8_weight_(linear, q, scales, target.dtype)
     # assign=True: each tensor read becomes the model's storage (no second copy of the model)
     model.load_state_dict(state, strict=False, assign=True)

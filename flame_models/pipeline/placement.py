@@ -17,13 +17,14 @@ def load_for_sampling(load, path, loras, stacks, device=None, *, fp8=False, stre
     """The model `load(device)` reads from `path`, frozen, in eval mode, with the checked `loras` (check_loras)
     applied -- merged into the weights unless fp8 or stream keep them as adapters -- and placed on `device` for
     sampling (place_for_inference). With fp8 or stream the model is read into host memory and moved block by block,
-    so that it is never whole on the device in its dtype; with fp8 alone its blocks' Linear weights are read onto
-    `device` one at a time and stored there in fp8 (checkpoint_io.fp8_on_read: a file's fp8 bytes as they are;
-    neither the host nor the device holds them whole in the model's dtype). A placement that cannot be done is
-    `error` naming `path`."""
+    so that it is never whole on the device in its dtype; with fp8 its blocks' Linear weights are read onto
+    `device` one at a time and stored in fp8 there, or with stream in host memory for the streamer to pack
+    (checkpoint_io.fp8_on_read: a file's fp8 bytes as they are; neither the host nor the device holds them whole in
+    the model's dtype). A placement that cannot be done is `error` naming `path`."""
     dev = flame.device(device) if device is not None else flame.default_device()
-    if fp8 and not stream:  # the blocks' Linear weights go to fp8 storage as they are read (host memory: fp8 bytes)
-        with CIO.fp8_on_read(stacks, per_tensor=fp8 == "compute", device=dev):
+    if fp8:  # the blocks' Linear weights go to fp8 storage as they are read, quantised on `dev` (streamed: then
+        # kept in host memory for the streamer to pack, one weight at a time on the device)
+        with CIO.fp8_on_read(stacks, per_tensor=fp8 == "compute", device=dev, keep="cpu" if stream else None):
             model = load("cpu")
     else:
         model = load("cpu" if stream else dev)

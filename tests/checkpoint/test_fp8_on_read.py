@@ -17,8 +17,17 @@ from flame_models import checkpoint_io as CIO
 from flame_models.flux import Flux, flux_params, load_flux, save_flux
 from flame_models.flux import keys as K
 from flame_nn.offload import is_fp8_linear, quantize_linear_weights_
+from flame_nn.offload.fp8 import release_scratch
 
 STACKS = ("double_blocks", "single_blocks")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_scratch():
+    """The fp8 layers made here note their sizes for the dequantisation scratch (process-wide): forgotten after
+    each test, so that a later test's budget does not count a scratch sized for these models."""
+    yield
+    release_scratch()
 WIDE = flux_params("flux-tiny").replace(hidden_size=256, num_heads=8)   # block weights dominate its bytes
 
 
