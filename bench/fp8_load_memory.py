@@ -8,8 +8,9 @@ imports, for
     fp8 on read (fp8 file) the same from ComfyUI-style scaled fp8 (e4m3fn + per-tensor scale_weight): bytes kept
 
 The files hold random weights at Flux's width (`--width`, default 3072, MLP 4x) with `--double` / `--single` blocks
-(Flux-dev: 19 / 38, 23.8 GB in bfloat16; the default 2 / 4 is 2.6 GB), written once under --dir. The figures are CPU-side and need no
-GPU. Usage: PYTHONPATH=$PWD python3 bench/fp8_load_memory.py [--double 2 --single 4 --dir /tmp/fp8mem]"""
+(Flux-dev: 19 / 38, 23.8 GB in bfloat16; the default 2 / 4 is 2.6 GB), written once under --dir. The figures are
+CPU-side and need no GPU.
+Usage: PYTHONPATH=$PWD python3 bench/fp8_load_memory.py [--double 2 --single 4 --width 3072 --dir /tmp/fp8mem]"""
 import argparse
 import json
 import os

@@ -234,11 +234,14 @@ class Trainer:
         stream = self.budget is not None  # a budget: the blocks stream from host memory
         if self._model is not None:
             self.model = self._model
-        elif c.model.quantize and not stream and c.model.name_or_path:
-            # model.quantize: the blocks' Linear weights read onto the device one at a time and stored there in fp8
-            # (never the whole model in its dtype on the GPU: Flux-dev's 23.8 GB of bf16 would not fit a 24 GB card)
-            with CIO.fp8_on_read(fam.block_stacks, per_tensor=bool(t.fp8_compute), device=self.device):
-                self.model = fam.build_model(c.model, self.spec, base_dtype, self.device)
+        elif c.model.quantize and c.model.name_or_path:
+            # model.quantize: the blocks' Linear weights read onto the device one at a time and stored in fp8 there,
+            # or streamed in host memory: never the whole model in its dtype on the GPU (Flux-dev's 23.8 GB of bf16
+            # would not fit a 24 GB card) nor, when streamed, in host memory beside the streamer's pinned copy
+            with CIO.fp8_on_read(fam.block_stacks, per_tensor=bool(t.fp8_compute), device=self.device,
+                                 keep="cpu" if stream else None):
+                self.model = fam.build_model(c.model, self.spec, base_dtype, self.device,
+                                             **({"stream": True} if stream else {}))
         else:
             self.model = fam.build_model(c.model, self.spec, base_dtype, self.device,
                                          **({"stream": True} if stream else {}))

@@ -386,16 +386,18 @@ def test_ai_toolkit_family_flags(tmp_path, images, sdxl_model):
 
 # ----------------------------------------------------------------------------- memory: fp8 storage of the blocks
 @pytest.mark.parametrize("arch", ["sd3", "sdxl"])
-@pytest.mark.parametrize("fp8_compute", [False, True])
+@pytest.mark.parametrize("fp8_compute, budget", [(False, None), (True, None), (False, "1GiB")])
 def test_model_quantize_stores_the_block_linears_in_fp8_and_trains(tmp_path, images, sdxl_model, arch, fp8_compute,
-                                                                   monkeypatch):
+                                                                   budget, monkeypatch):
     """The blocks' Linear weights of a model read from its file go to fp8 as they are read (checkpoint_io.fp8_on_read:
-    the model is never whole on the device in its dtype), per tensor for fp8 compute; the adapters go on top."""
+    the model is never whole on the device in its dtype), per tensor for fp8 compute, kept in host memory for the
+    streamer under max_gpu_memory; the adapters go on top."""
     from flame_models import checkpoint_io as CIO
     from flame_nn.offload import is_fp8_linear
     train = {"fp8_compute": True} if fp8_compute else {}
-    cfg = (sd3_config(tmp_path, arch, images, steps=2, model={"quantize": True}, train=train) if arch == "sd3" else
-           sdxl_config(tmp_path, arch, sdxl_model, images, steps=2, model={"quantize": True}, train=train))
+    top = {"max_gpu_memory": budget} if budget else {}
+    cfg = (sd3_config(tmp_path, arch, images, steps=2, model={"quantize": True}, train=train, **top) if arch == "sd3"
+           else sdxl_config(tmp_path, arch, sdxl_model, images, steps=2, model={"quantize": True}, train=train, **top))
     on_read, real = [], CIO.fp8_on_read
 
     def spy(stacks, **kw):
@@ -404,7 +406,8 @@ def test_model_quantize_stores_the_block_linears_in_fp8_and_trains(tmp_path, ima
     monkeypatch.setattr(CIO, "fp8_on_read", spy)
     tr = Trainer(cfg, verbose=False)
     result = tr.train()
-    assert on_read == [{"per_tensor": fp8_compute, "device": tr.device}]
+    assert on_read == [{"per_tensor": fp8_compute, "device": tr.device, "keep": "cpu" if budget else None}]
+    assert (tr.streamer is not None) == bool(budget)
     stacks = tuple(s + "." for s in get_family(arch).block_stacks(tr.model))
     fp8 = {n for n, m in tr.model.named_modules() if is_fp8_linear(m)}
     linears = {n for n, m in tr.model.named_modules() if n.startswith(stacks) and type(m).__name__.endswith("Linear")}
