@@ -13,6 +13,8 @@ see them) and keeps the scale of each weight; `SafetensorsCheckpoint.get` then r
 Every check reads headers and the small description tensors only, before any weight is read."""
 import json
 
+import numpy as np
+
 import flame_core as flame
 
 SCALE_SUFFIXES = (".scale_weight", ".weight_scale")
@@ -49,7 +51,7 @@ class ScaledWeights:
     def split(cls, handle_of, label, error):
         """Take the scaled-fp8 side keys out of `handle_of` (edited in place) and check them: a scale or description
         whose weight the files lack stays in the index (the family names it as unexpected); a scale must hold one
-        value or one per row of its weight; a description must name a readable format. `error`: the family's
+        value or one per row of its weight, all finite; a description must name a readable format. `error`: the family's
         CheckpointError, raised naming `label` and the key."""
         out = cls()
         for k in [k for k in handle_of if is_quant_key(k)]:
@@ -69,6 +71,9 @@ class ScaledWeights:
             if n != 1 and (not rows or n != rows[0]):
                 raise error(f"{label}: scale {s} has {n} values for a weight of "
                             f"{rows[0] if rows else 1} rows (one, or one per row)")
+            v = out.handle_of[s].get_array(s)       # (one value or one per row: small)
+            if v.dtype.kind not in "fV" or not np.isfinite(v.astype(np.float64)).all():
+                raise error(f"{label}: scale {s} is not finite {v.dtype} values: a damaged file")
         for k, h in out.handle_of.items():
             if k.endswith(QUANT_SUFFIX):
                 if _numel(h.shape(k)) > _MAX_DESCRIPTION:

@@ -168,6 +168,10 @@ def test_bad_scales_and_formats_are_named_before_any_weight_is_read(tmp_path):
         opened(dict(base, **{"x.comfy_quant": nvfp4}))
     with pytest.raises(CheckpointError, match=r"x.comfy_quant is not a JSON description"):
         opened(dict(base, **{"x.comfy_quant": np.frombuffer(b"\xff\xfe", np.uint8).copy()}))
+    with pytest.raises(CheckpointError, match=r"scale x.scale_weight is not finite float32 values: a damaged file"):
+        opened(dict(base, **{"x.scale_weight": np.float32([np.nan])}))
+    with pytest.raises(CheckpointError, match=r"scale x.scale_weight is not finite int32 values"):
+        opened(dict(base, **{"x.scale_weight": np.int32([1])}))
     with pytest.raises(CheckpointError, match=r"x.weight has two scales, x.scale_weight and x.weight_scale"):
         opened(dict(base, **{"x.weight_scale": np.float32([0.5])}))
     # a family's own error class, naming the file
