@@ -59,7 +59,8 @@ class GenerateError(FlameError, ValueError):
 
 # ----------------------------------------------------------------------------- checks before any work
 def flow_sampler(sampler, family):
-    """--sampler of a flow-matching family: "euler" (None: the default), "heun" or "dpmpp_2m" (samplers/flow.py)."""
+    """--sampler of a flow-matching family: "euler" (None: the default), "heun", "dpmpp_2m" or "unipc"
+    (samplers/flow.py)."""
     sampler = "euler" if sampler is None else sampler
     if sampler not in FLOW_SAMPLERS:
         raise GenerateError(f"--sampler {sampler}: {family} samples with {', '.join(FLOW_SAMPLERS[:-1])} or "
@@ -458,8 +459,8 @@ def build_parser():
     g.add_argument("--output", default="outputs", help="folder for the PNGs (default: outputs)")
     x = p.add_argument_group("SD3 / SDXL sampling")
     x.add_argument("--sampler", choices=tuple(SAMPLERS), help="default euler; SDXL: any of these; SD3 / Flux / Flux "
-                                                              "Kontext / Chroma / Qwen-Image: euler, heun or "
-                                                              "dpmpp_2m")
+                                                              "Kontext / Chroma / Qwen-Image: euler, heun, "
+                                                              "dpmpp_2m or unipc")
     x.add_argument("--karras", action="store_true", help="SDXL: Karras sigmas instead of the model's")
     x.add_argument("--scheduler", choices=FLOW_SCHEDULERS,
                    help="SD3 / Flux / Flux Kontext / Chroma / Qwen-Image: the sigma spacing (default simple: the "

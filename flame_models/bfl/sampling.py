@@ -6,7 +6,7 @@ import flame_core as flame
 from flame_nn.offload import streamer_of
 
 from ..samplers import noise
-from ..samplers.flow import MULTISTEP, check_flow_sampler, dpmpp_2m_coefficients, flow_step, step_kind
+from ..samplers.flow import check_flow_sampler, flow_step, multistep_state, step_coefficients, step_kind
 from ..samplers.flow_schedules import check_flow_scheduler, respace
 
 LATENT_CHANNELS = 16
@@ -109,7 +109,7 @@ def seeded_noise(seeds, height, width, *, device=None):
 
 def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda_graph=None, callback=None,
             sampler="euler"):
-    """`sampler` ("euler": x <- x + (t_next - t) * v(x, t), "heun" or "dpmpp_2m", samplers/flow.py) steps along
+    """`sampler` ("euler": x <- x + (t_next - t) * v(x, t), "heun", "dpmpp_2m" or "unipc", samplers/flow.py) steps along
     `timesteps`.
     The state stays in float32; the model sees its own dtype. Returns the final packed latents (float32).
 
@@ -134,16 +134,17 @@ def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda
 
     def timestep(t):
         return flame.full((B,), float(t), dtype=dtype, device=img.device)
-    m = flame.zeros_like(x) if sampler in MULTISTEP else None   # a multistep sampler's previous data prediction
+    state = multistep_state(sampler, x)   # a multistep sampler's history (its first step's: zeros)
     with flame.no_grad():
         for i, (t_cur, t_next) in enumerate(zip(timesteps[:-1], timesteps[1:]), 1):
             dt = flame.full((1,), t_next - t_cur, dtype=flame.float32, device=img.device)
             run = runs[step_kind(sampler, i - 1, n)]
-            if m is None:
+            if not state:
                 x = run(x, timestep(t_cur), timestep(t_next), dt)
             else:
-                c = flame.tensor(dpmpp_2m_coefficients(timesteps, i - 1), dtype=flame.float32, device=img.device)
-                x, m = run(x, timestep(t_cur), timestep(t_next), dt, m, c)
+                c = flame.tensor(step_coefficients(sampler, timesteps, i - 1), dtype=flame.float32,
+                                 device=img.device)
+                x, *state = run(x, timestep(t_cur), timestep(t_next), dt, *state, c)
             if callback is not None:
                 callback(i, n)
     if any(r.graph is not None for r in runs.values()):

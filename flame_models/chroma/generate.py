@@ -26,7 +26,7 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, vae=None, clip_l
              progress=True, stats=None, log=print):
     """Chroma text-to-image (flame_models.generate.generate says what the arguments mean). model: a diffusers
     Chroma folder, a Chroma / ComfyUI transformer file (with vae=, t5=) or ChromaFiles. sampler: "euler" (default),
-    "heun" or "dpmpp_2m"."""
+    "heun", "dpmpp_2m" or "unipc"."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     G._check_args(prompts, width, height, steps, num_images, batch_size, seed, family="Chroma")

@@ -1,5 +1,5 @@
 """Flux's part of `python -m flame_models.generate` (flame_models/generate.py runs it for Flux files): the rectified
-flow Euler (or --sampler heun / dpmpp_2m) sampler with the embedded guidance of flux-dev (default 28 steps,
+flow Euler (or --sampler heun / dpmpp_2m / unipc) sampler with the embedded guidance of flux-dev (default 28 steps,
 guidance 3.5; schnell: 4 steps, no guidance), T5's max_length (dev 512, schnell 256), the LoRAs on the transformer."""
 import json
 import math

@@ -11,7 +11,7 @@ import numpy as np
 import flame_core as flame
 
 from ..bfl.sampling import get_noise, pack, unpack
-from ..samplers.flow import MULTISTEP, check_flow_sampler, dpmpp_2m_coefficients, flow_step, step_kind
+from ..samplers.flow import check_flow_sampler, flow_step, multistep_state, step_coefficients, step_kind
 from ..samplers.flow_schedules import check_flow_scheduler, respace
 
 NUM_TRAIN_TIMESTEPS = 1000
@@ -65,7 +65,7 @@ def sample_latents(model, cond, neg=None, *, height, width, steps=DEFAULT_STEPS,
     Noise: one seed per image (`seeds`: get_noise(seed) drawn on the model's device -- the cpu's generator and
     cuda's are different streams, so one seed gives another picture on each device), or `latents` given, packed
     (B, L, 64) or unpacked (B, 16, H/8, W/8): the same start on any device. sampler: "euler" (the pipeline's),
-    "heun" or "dpmpp_2m"; scheduler: "simple" (the pipeline's sigmas), "karras", "exponential" or "beta"
+    "heun", "dpmpp_2m" or "unipc"; scheduler: "simple" (the pipeline's sigmas), "karras", "exponential" or "beta"
     (samplers/flow_schedules.py)."""
     check_flow_sampler(sampler)
     check_flow_scheduler(scheduler)
@@ -104,15 +104,15 @@ def sample_latents(model, cond, neg=None, *, height, width, steps=DEFAULT_STEPS,
     def timestep(s):   # the pipeline's: sigma * 1000 rounded to float32, over 1000
         return flame.full((B,), float(np.float32(s * NUM_TRAIN_TIMESTEPS)) / NUM_TRAIN_TIMESTEPS, device=dev)
     runs = {kind: flow_step(velocity, kind) for kind in {"euler", sampler}}
-    m = flame.zeros_like(x) if sampler in MULTISTEP else None   # a multistep sampler's previous data prediction
+    state = multistep_state(sampler, x)   # a multistep sampler's history (its first step's: zeros)
     with flame.no_grad():
         for i in range(steps):
             run = runs[step_kind(sampler, i, steps)]
-            if m is None:
+            if not state:
                 x = run(x, timestep(sig[i]), timestep(sig[i + 1]), sig[i + 1] - sig[i])
             else:
-                c = flame.tensor(dpmpp_2m_coefficients(sig, i), dtype=flame.float32, device=dev)
-                x, m = run(x, timestep(sig[i]), timestep(sig[i + 1]), sig[i + 1] - sig[i], m, c)
+                c = flame.tensor(step_coefficients(sampler, sig, i), dtype=flame.float32, device=dev)
+                x, *state = run(x, timestep(sig[i]), timestep(sig[i + 1]), sig[i + 1] - sig[i], *state, c)
             if callback is not None:
                 callback(i + 1, steps)
     return unpack(x, height, width)

@@ -13,17 +13,33 @@ table of sigmas (high to 0):
               With alpha = 1 - s a first-order step is exactly Euler's step, and after s = 1 (h_prev infinite) the
               second-order term is 0: on a table from 1, DPM++ 2M departs from Euler from its third step on (so at
               most 3 steps from 1 are Euler's), as diffusers'.
+    unipc     UniPC, bh2, order 2, on the same data prediction m and lambda (diffusers' UniPCMultistepScheduler with
+              use_flow_sigmas and prediction_type "flow_prediction", its defaults: predict_x0, solver_order 2,
+              lower_order_final, final_sigmas_type "zero"): at each step the UniC corrector first corrects the
+              sample with this step's m (the sample the previous predictor started from, m_prev and m_prev2), then
+              the UniP predictor steps on from it; phi = B = expm1(-h) with
+              predictor  x' = (s' / s) x_c - alpha' phi m - alpha' B (m_prev - m) / (2 r),  r = (lambda_prev -
+                         lambda) / h (order 1 at the first and the last step: without the last term; into 0: x' = m)
+              corrector  x_c = (s / s_prev) last - alpha phi_c m_prev - alpha B_c (rho_1 (m_prev2 - m_prev) / r_c +
+                         rho_t (m - m_prev))  (at the previous predictor's order; order 1: rho_1 = 0, rho_t = 1/2).
+              1 model call a step; a lambda of -inf (s = 1) gives the terms' limits (its differences weigh 0).
 
-A multistep sampler carries the previous data prediction from step to step. Its step function takes it and returns it
-(`flow_step`'s dpmpp_2m: (x, t, t_next, dt, m_prev, c) -> (x', m)) so that a CUDA graph of the step holds no state of
-its own: the per-step coefficients `c` come in as a tensor (`dpmpp_2m_coefficients`), the history as another input.
+A multistep sampler carries its history from step to step. Its step function takes it and returns it
+(`flow_step`'s dpmpp_2m: (x, t, t_next, dt, m_prev, c) -> (x', m); unipc: (x, t, t_next, dt, last, m_prev, m_prev2,
+c) -> (x', x_c, m, m_prev)) so that a CUDA graph of the step holds no state of its own: the per-step coefficients `c`
+come in as a tensor (`step_coefficients`), the history as more inputs (`multistep_state`: the first step's).
 """
 import math
 
-FLOW_SAMPLERS = ("euler", "heun", "dpmpp_2m")
-MULTISTEP = frozenset(("dpmpp_2m",))
+import flame_core as flame
+
+from .k_samplers import unipc_rhos_c2
+
+FLOW_SAMPLERS = ("euler", "heun", "dpmpp_2m", "unipc")
+MULTISTEP = frozenset(("dpmpp_2m", "unipc"))
 # the names A1111 / Forge write in an image's "parameters" text (generate's PNG metadata)
-DISPLAY_NAMES = {"euler": "Euler", "heun": "Heun", "dpmpp_2m": "DPM++ 2M"}
+DISPLAY_NAMES = {"euler": "Euler", "heun": "Heun", "dpmpp_2m": "DPM++ 2M", "unipc": "UniPC"}
+_HISTORY = {"dpmpp_2m": 1, "unipc": 3}   # the history tensors a multistep step takes and returns
 
 
 def check_flow_sampler(sampler):
@@ -38,7 +54,11 @@ def flow_step(velocity, sampler):
     timestep tensors at s and s'; dt = s' - s). Euler does not read t_next.
     dpmpp_2m: step(x, t, t_next, dt, m_prev, c) -> (x', m): m_prev the previous step's data prediction (any tensor of
     x's shape on the first step, which does not read it), c the step's coefficients (dpmpp_2m_coefficients) as a
-    float32 tensor of 4 on x's device; reads neither t_next nor dt."""
+    float32 tensor of 4 on x's device; reads neither t_next nor dt.
+    unipc: step(x, t, t_next, dt, last, m_prev, m_prev2, c) -> (x', x_c, m, m_prev): x the predictor's last result,
+    last the sample it started from, m_prev / m_prev2 the data predictions of the two steps before, c the step's
+    coefficients (unipc_coefficients, 9 float32); x_c is x corrected (the next step's `last`). The returned m_prev is
+    a copy (a graph's output is then none of its inputs)."""
     kind = check_flow_sampler(sampler)
     if kind == "euler":
         return lambda x, t, t_next, dt: x + dt * velocity(x, t)
@@ -47,6 +67,12 @@ def flow_step(velocity, sampler):
             m = x - c[0] * velocity(x, t)
             return c[1] * x + c[2] * m + c[3] * (m - m_prev), m
         return dpmpp_2m
+    if kind == "unipc":
+        def unipc(x, t, t_next, dt, last, m_prev, m_prev2, c):
+            m = x - c[0] * velocity(x, t)
+            xc = c[1] * x + c[2] * last + c[3] * m_prev + c[4] * m_prev2 + c[5] * m
+            return c[6] * xc + c[7] * m + c[8] * m_prev, xc, m, m_prev.clone()
+        return unipc
 
     def heun(x, t, t_next, dt):
         v = velocity(x, t)
@@ -92,3 +118,64 @@ def dpmpp_2m_coefficients(sigmas, i):
         if math.isfinite(h_prev) and h_prev > 0:
             c_d = 0.5 * c_m * h / h_prev
     return s, c_x, c_m, c_d
+
+
+def unipc_coefficients(sigmas, i):
+    """(s, k0, k1, k2, k3, k4, p0, p1, p2) of UniPC's step i along `sigmas` (decreasing to 0): with m = x - s v,
+    x_c = k0 x + k1 last + k2 m_prev + k3 m_prev2 + k4 m (the corrector; step 0: x_c = x) and
+    x' = p0 x_c + p1 m + p2 m_prev (the predictor; into 0: x' = m). Orders as diffusers' UniPCMultistepScheduler
+    with solver_order 2 and lower_order_final: the predictor's min(2, steps - i, i + 1), the corrector's the previous
+    predictor's. Computed in float64 from lambda = log((1 - s) / s)."""
+    n = len(sigmas) - 1
+    if not 0 <= i < n:
+        raise IndexError(f"step {i} of a table of {n} steps")
+    sig = [float(v) for v in sigmas[:i + 2]]
+    for j in range(i + 1):
+        if not sig[j] > sig[j + 1] >= 0.0:
+            raise ValueError(f"unipc needs sigmas decreasing to 0; step {j} goes from {sig[j]} to {sig[j + 1]}")
+    lam = [_lam(v) for v in sig]
+    s = sig[i]
+    k = [1.0, 0.0, 0.0, 0.0, 0.0]
+    if i > 0:                                 # UniC at the previous predictor's order
+        prev_order = min(2, n - (i - 1), i)
+        h = lam[i] - lam[i - 1]
+        phi = math.expm1(-h)                  # (bh2: B = phi)
+        a = 1.0 - s
+        k = [0.0, s / sig[i - 1], -a * phi, 0.0, 0.0]
+        if prev_order == 1:
+            rho1, rho_t, inv_r = 0.0, 0.5, 0.0
+        else:
+            r1 = (lam[i - 2] - lam[i - 1]) / h
+            rho1, rho_t = unipc_rhos_c2(h, r1)
+            inv_r = 1.0 / r1 if math.isfinite(r1) else 0.0
+        # - a B (rho1 (m_prev2 - m_prev) / r1 + rho_t (m - m_prev))
+        k[2] += a * phi * (rho1 * inv_r + rho_t)
+        k[3] = -a * phi * rho1 * inv_r
+        k[4] = -a * phi * rho_t
+    s_next = sig[i + 1]
+    if s_next == 0.0:
+        p = (0.0, 1.0, 0.0)
+    else:
+        h = lam[i + 1] - lam[i]
+        phi = math.expm1(-h)
+        a = 1.0 - s_next
+        order = min(2, n - i, i + 1)
+        p1, p2 = -a * phi, 0.0
+        if order == 2:
+            r1 = (lam[i - 1] - lam[i]) / h
+            w = a * phi * 0.5 / r1 if math.isfinite(r1) else 0.0    # - a B (m_prev - m) / (2 r1)
+            p1, p2 = p1 + w, -w
+        p = (s_next / s, p1, p2)
+    return (s, *k, *p)
+
+
+def multistep_state(sampler, x):
+    """The history the first step of a multistep `sampler` takes (zeros of x's shape, which it does not read);
+    () for a one-step sampler."""
+    return tuple(flame.zeros_like(x) for _ in range(_HISTORY.get(sampler, 0)))
+
+
+def step_coefficients(sampler, sigmas, i):
+    """The coefficients of step i of a multistep `sampler` along `sigmas` (dpmpp_2m_coefficients or
+    unipc_coefficients)."""
+    return dpmpp_2m_coefficients(sigmas, i) if sampler == "dpmpp_2m" else unipc_coefficients(sigmas, i)

@@ -176,9 +176,10 @@ def _unipc_b(h):
     return phi, phi
 
 
-def _unipc_rhos_c2(h, r1):
+def unipc_rhos_c2(h, r1):
     """The order-2 corrector's (ρ_1, ρ_t): the solution of [[1, 1], [r1, 1]] ρ = b with b_k = k!·φ_k(hh)/B(h),
-    φ_1 = expm1(hh)/hh − 1, φ_2 = φ_1/hh − 1/2 (hh = −h; UniC's linear system for bh2)."""
+    φ_1 = expm1(hh)/hh − 1, φ_2 = φ_1/hh − 1/2 (hh = −h; UniC's linear system for bh2). In λ of any schedule (the
+    flow samplers' too); r1 = ±inf (the previous λ infinite: a table from σ_max or s = 1) gives its limit ρ_1 = 0."""
     hh = -h
     phi, B = _unipc_b(h)
     p1 = phi / hh - 1.0
@@ -215,7 +216,7 @@ def sample_unipc(model, x, sigmas, timesteps=None, *, callback=None, progress=Fa
                 x = base - (x0 - m0) * (B * 0.5)
             else:
                 r1 = (lam[i - 2] - lam[i - 1]) / h
-                rho1, rho_t = _unipc_rhos_c2(h, r1)
+                rho1, rho_t = unipc_rhos_c2(h, r1)
                 x = base - ((outs[-2] - m0) * (rho1 / r1) + (x0 - m0) * rho_t) * B
         outs = (outs + [x0])[-2:]
         order = min(2, n - i, i + 1)

@@ -1,5 +1,5 @@
-"""SD3 / SD3.5's part of `python -m flame_models.generate` (flame_models/generate.py runs it for SD3 files): Euler
-(or --sampler heun / dpmpp_2m) on the shifted flow schedule with classifier-free guidance; defaults per release from
+"""SD3 / SD3.5's part of `python -m flame_models.generate` (flame_models/generate.py runs it for SD3 files): Euler (or
+--sampler heun / dpmpp_2m / unipc) on the shifted flow schedule with classifier-free guidance; defaults per release from
 sampling.SAMPLING_DEFAULTS -- Large 40 steps cfg 4.5, Large Turbo 4 steps cfg 1 (recognised by "turbo" in its file or
 folder name, its weights being shaped as Large's), Medium (an MMDiT-X) 50 steps cfg 5 with skip-layer guidance on
 blocks 7-9 (SAI's reference; --slg-scale 0 turns it off). The negative prompt defaults to "" (diffusers); without T5
@@ -58,7 +58,7 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
              stats=None, log=print):
     """SD3 / SD3.5 text-to-image (flame_models.generate.generate says what the shared arguments mean). model: an
     SAI file holding every part, a diffusers folder, an MMDiT file with the other parts given, or SD3Files.
-    sampler: "euler" (default), "heun" or "dpmpp_2m"."""
+    sampler: "euler" (default), "heun", "dpmpp_2m" or "unipc"."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     sampler = G.flow_sampler(sampler, "SD3")

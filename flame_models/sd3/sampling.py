@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import flame_core as flame
 from flame_nn.offload import streamer_of
 
-from ..samplers.flow import MULTISTEP, check_flow_sampler, dpmpp_2m_coefficients, flow_step, step_kind
+from ..samplers.flow import check_flow_sampler, flow_step, multistep_state, step_coefficients, step_kind
 from ..samplers.flow_schedules import check_flow_scheduler, respace
 from ..samplers.noise import get_noise  # noqa: F401  (16 channels at 1/8 resolution, seeded)
 
@@ -68,9 +68,9 @@ def get_sigmas(steps, shift=SHIFT):
 
 def denoise(model, x, sigmas, context, y, neg_context=None, neg_y=None, cfg=1.0, skip_layer_guidance=None,
             cuda_graph=None, progress=False, callback=None, sampler="euler"):
-    """`sampler` ("euler", "heun" or "dpmpp_2m", samplers/flow.py) steps along `sigmas` over the velocity v guided by
-    classifier-free guidance uncond + cfg (cond - uncond) when cfg != 1 (cond and uncond as one batch of 2B) and
-    optionally skip-layer guidance (on both of Heun's evaluations in its steps' window). The state stays in float32;
+    """`sampler` ("euler", "heun", "dpmpp_2m" or "unipc", samplers/flow.py) steps along `sigmas` over the velocity v
+    guided by classifier-free guidance uncond + cfg (cond - uncond) when cfg != 1 (cond and uncond as one batch of 2B)
+    and optionally skip-layer guidance (on both of Heun's evaluations in its steps' window). The state stays in float32;
     the model sees its own dtype. Returns float32 latents.
 
     cuda_graph (default: on for cuda tensors): each kind of step (sampler, with and without the skip-layer pass)
@@ -127,16 +127,16 @@ def denoise(model, x, sigmas, context, y, neg_context=None, neg_y=None, cfg=1.0,
 
     def timestep(sigma):
         return flame.full((B,), NUM_TRAIN_TIMESTEPS * float(sigma), dtype=flame.float32, device=x.device)
-    m = flame.zeros_like(x) if sampler in MULTISTEP else None   # a multistep sampler's previous data prediction
+    state = multistep_state(sampler, x)   # a multistep sampler's history (its first step's: zeros)
     with flame.no_grad():
         for i in it:
             dt = flame.full((1,), float(sigmas[i + 1]) - float(sigmas[i]), dtype=flame.float32, device=x.device)
             run = runs[step_kind(sampler, i, steps), slg is not None and slg.active(i, steps)]
-            if m is None:
+            if not state:
                 x = run(x, timestep(sigmas[i]), timestep(sigmas[i + 1]), dt)
             else:
-                c = flame.tensor(dpmpp_2m_coefficients(sigmas, i), dtype=flame.float32, device=x.device)
-                x, m = run(x, timestep(sigmas[i]), timestep(sigmas[i + 1]), dt, m, c)
+                c = flame.tensor(step_coefficients(sampler, sigmas, i), dtype=flame.float32, device=x.device)
+                x, *state = run(x, timestep(sigmas[i]), timestep(sigmas[i + 1]), dt, *state, c)
             if callback is not None:
                 callback(i, steps)
     if any(r.graph is not None for r in runs.values()):

@@ -1,4 +1,4 @@
-"""The flow-matching families' previews with sample.sampler 'heun' or 'dpmpp_2m'
+"""The flow-matching families' previews with sample.sampler 'heun', 'dpmpp_2m' or 'unipc'
 (training/family_base.FlowSamplerPreviews): Flux, Flux Kontext (with and without a control image), Chroma, Qwen-Image
 and SD3 accept them, pass them to their samplers, and their latents differ from Euler's while Euler's stay what they
 were (the default)."""
@@ -22,6 +22,7 @@ def test_families_accept_heun_and_dpmpp_2m_and_pass_them_on(name):
     assert "heun" in fam.samplers and "euler" in fam.samplers and "dpmpp_2m" in fam.samplers
     assert fam.sample_options(_cfg("heun"))["sampler"] == "heun"
     assert fam.sample_options(_cfg("dpmpp_2m"))["sampler"] == "dpmpp_2m"
+    assert "unipc" in fam.samplers and fam.sample_options(_cfg("unipc"))["sampler"] == "unipc"
     assert fam.sample_options(_cfg(None))["scheduler"] == "simple"
     cfg = _cfg("heun")
     cfg.sample.scheduler = "beta"
@@ -55,12 +56,13 @@ def test_heun_and_dpmpp_2m_previews_run_and_differ_from_euler(name, size, contro
         # sigma 1: it departs from Euler from the third of four steps
         kw["steps"] = 4
         dpm = fam.sample(model, cond, sampler="dpmpp_2m", **kw).numpy()
+        unipc = fam.sample(model, cond, sampler="unipc", **kw).numpy()    # (its corrector: apart from step 2 on)
         euler4 = fam.sample(model, cond, **kw).numpy()
         karras = fam.sample(model, cond, scheduler="karras", **kw).numpy()   # Euler on the respaced sigmas
         assert np.isfinite(karras).all() and np.abs(karras - euler4).max() > 1e-6
         np.testing.assert_array_equal(fam.sample(model, cond, scheduler="simple", **kw).numpy(), euler4)
     np.testing.assert_array_equal(euler, default)
-    for other, base in ((heun, euler), (dpm, euler4)):
+    for other, base in ((heun, euler), (dpm, euler4), (unipc, euler4), (unipc, dpm)):
         assert np.isfinite(other).all() and other.shape == base.shape
         assert np.abs(other - base).max() > 1e-6
 
@@ -77,5 +79,5 @@ def test_generate_refuses_the_sdxl_samplers_before_loading_anything(module, labe
     from flame_models.generate import GenerateError
     gen = importlib.import_module(module)
     assert "sampler" in gen.OPTIONS
-    with pytest.raises(GenerateError, match=f"--sampler ddim: {label} samples with euler, heun or dpmpp_2m"):
+    with pytest.raises(GenerateError, match=f"--sampler ddim: {label} samples with euler, heun, dpmpp_2m or unipc"):
         gen.generate("no/such/model", "a cat", sampler="ddim", **extra)

@@ -1,0 +1,133 @@
+"""UniPC for the flow-matching families (flame_models/samplers/flow.py, sampler="unipc"): every step against
+diffusers' UniPCMultistepScheduler as a flow sampler on a fixed velocity model, along the SD3 / Flux sigma tables,
+that table from below 1 and the scheduler's own flow sigmas (tests/fixtures/make_flow_sampler_fixtures.py); through
+the step function alone and through SD3's and Flux's denoising loops (Flux's with its CUDA graphs on a
+GPU: the three history tensors are graph inputs and outputs) and the coefficient table's rules. The previews and
+generate's option: tests/training/test_flow_family_heun.py."""
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sd3_helpers import npy
+
+import flame_core as flame
+from flame_core.io import load_file
+from flame_models.bfl import sampling as flux_sampling
+from flame_models.samplers.flow import flow_step, multistep_state, step_coefficients, unipc_coefficients
+from flame_models.sd3.sampling import denoise
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flow_samplers"
+META = json.loads((FIXTURES / "flow_samplers.json").read_text())["cases"]
+ARRAYS = load_file(str(FIXTURES / "flow_samplers.safetensors"))
+CASES = sorted(k for k, m in META.items() if m["scheduler"] == "UniPCMultistepScheduler")
+
+
+def _pattern(device):
+    return flame.tensor(ARRAYS["pattern"].numpy(), device=device)
+
+
+def _tolerance(ref, sigmas):
+    # float32 steps; the corrector's and predictor's weights combined in float64 then rounded (diffusers combines
+    # its float32 terms in another order)
+    return 4e-6 * max(1.0, float(np.abs(ref).max())) * (1 + 1e-3 / sigmas[-2])
+
+
+def test_the_fixture_has_the_cases():
+    assert len(CASES) == 9
+    assert {META[c]["table"] for c in CASES} == {"euler", "below1", "own"}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_step_matches_diffusers(case, device):
+    m = META[case]
+    sigmas, steps = m["sigmas"], m["steps"]
+    ref = ARRAYS[f"{case}.trajectory"].numpy()
+    assert len(sigmas) == steps + 1 and sigmas[-1] == 0.0 and len(ref) == steps
+    pattern = _pattern(device)
+    timesteps = m["timesteps"]
+
+    def velocity(x, t):
+        return flame.tanh(0.8 * x) + pattern * (t.reshape(-1, 1, 1, 1) / 1000)
+    step = flow_step(velocity, "unipc")
+    x = flame.tensor(ARRAYS["noise"].numpy(), device=device)
+    state = multistep_state("unipc", x)
+    assert len(state) == 3
+    atol = _tolerance(ref, sigmas)
+    with flame.no_grad():
+        for i in range(steps):
+            t = flame.full((1,), float(np.float32(timesteps[i])), device=device)   # the scheduler's own timesteps
+            c = flame.tensor(unipc_coefficients(sigmas, i), dtype=flame.float32, device=device)
+            x, *state = step(x, t, None, None, *state, c)
+            np.testing.assert_allclose(npy(x), ref[i], rtol=0, atol=atol, err_msg=f"{case}, step {i}")
+
+
+@pytest.mark.parametrize("case", ["unipc_shift3_5_euler", "unipc_shift1_10_euler"])
+def test_sd3_and_flux_loops_match_diffusers(case, device):
+    """SD3's denoise (timesteps 1000 s), Flux's (timesteps s; CUDA graphs on a GPU: warm-up, capture, replays)."""
+    m = META[case]
+    sigmas = m["sigmas"]
+    ref = ARRAYS[f"{case}.trajectory"].numpy()
+    atol = _tolerance(ref, sigmas)
+    pattern = _pattern(device)
+
+    class SD3Like:
+        def parameters(self):
+            return iter(())
+
+        def modules(self):
+            return iter((self,))
+
+        def __call__(self, x, t, y, context):
+            return flame.tanh(0.8 * x) + pattern * (t.reshape(-1, 1, 1, 1) / 1000)
+
+    class FluxLike(SD3Like):
+        def __call__(self, img, img_ids, txt, txt_ids, timesteps, y, guidance):
+            return flame.tanh(0.8 * img) + pattern * timesteps.reshape(-1, 1, 1, 1)
+
+    noise = flame.tensor(ARRAYS["noise"].numpy(), device=device)
+    out = denoise(SD3Like(), noise, sigmas, flame.zeros(1, 2, 3, device=device), flame.zeros(1, 3, device=device),
+                  sampler="unipc")
+    np.testing.assert_allclose(npy(out), ref[-1], rtol=0, atol=atol)
+    seen = []
+    out = flux_sampling.denoise(FluxLike(), noise, None, None, None, None, sigmas, None,
+                                callback=lambda i, n: seen.append((i, n)), sampler="unipc")
+    np.testing.assert_allclose(npy(out), ref[-1], rtol=0, atol=atol)
+    assert seen == [(i, m["steps"]) for i in range(1, m["steps"] + 1)]
+    dpm = flux_sampling.denoise(FluxLike(), noise, None, None, None, None, sigmas, None, sampler="dpmpp_2m")
+    assert np.abs(npy(dpm) - npy(out)).max() > 1e-4   # another sampler, not DPM++ 2M renamed
+
+
+def test_the_coefficients():
+    sig = [1.0, 0.75, 0.5, 0.25, 0.0]
+    s, k0, k1, k2, k3, k4, p0, p1, p2 = unipc_coefficients(sig, 0)
+    # step 0: no correction; from s = 1 (alpha 0, lambda -inf) the predictor is Euler's step in m's terms
+    assert (s, k0, k1, k2, k3, k4) == (1.0, 1.0, 0.0, 0.0, 0.0, 0.0) and (p0, p1, p2) == (0.75, 0.25, 0.0)
+    # step 1: an order-1 corrector (the first predictor's order) over an infinite interval (phi = B = -1), alpha =
+    # 1 - 0.75: x_c = (s / s_prev) last + alpha m_prev - alpha (m - m_prev) / 2
+    c = unipc_coefficients(sig, 1)
+    assert c[1:6] == pytest.approx((0.0, 0.75, 0.25 - 0.125, 0.0, 0.125))
+    assert c[8] == 0.0                                 # the predictor's difference weighs 0 after s = 1
+    # step 2: the corrector at order 2 (step 1's predictor); its r1 is infinite: rho_1's term is 0
+    c = unipc_coefficients(sig, 2)
+    assert c[4] == 0.0 and c[8] != 0.0 and all(math.isfinite(v) for v in c)
+    assert unipc_coefficients(sig, 3)[6:] == (0.0, 1.0, 0.0)             # into 0: x' = m
+    # the higher-order terms are differences of data predictions: with m, m_prev and m_prev2 equal, the corrector
+    # and the predictor are the first-order exponential step, whose m weight is alpha (1 - e^-h) = -alpha phi
+    table = [0.9, 0.7, 0.4, 0.2, 0.0]
+    lam = [math.log((1 - v) / v) for v in table[:-1]]
+    for i in range(1, 4):
+        s, k0, k1, k2, k3, k4, p0, p1, p2 = unipc_coefficients(table, i)
+        assert k0 == 0.0 and k1 == pytest.approx(table[i] / table[i - 1])
+        assert k2 + k3 + k4 == pytest.approx(-(1 - s) * math.expm1(-(lam[i] - lam[i - 1])))
+        if table[i + 1] > 0:
+            assert p0 == pytest.approx(table[i + 1] / s)
+            assert p1 + p2 == pytest.approx(-(1 - table[i + 1]) * math.expm1(-(lam[i + 1] - lam[i])))
+    assert unipc_coefficients(table, 2)[4] != 0.0                        # (order 2: a finite r1 weighs in)
+    with pytest.raises(ValueError, match="decreasing to 0; step 1 goes from 0.5 to 0.5"):
+        unipc_coefficients([1.0, 0.5, 0.5, 0.0], 2)
+    with pytest.raises(IndexError, match="step 4 of a table of 4 steps"):
+        unipc_coefficients(sig, 4)
+    assert step_coefficients("unipc", sig, 2) == unipc_coefficients(sig, 2)
+
