@@ -106,6 +106,7 @@ def save_layout(model, path, layout, *, to_diffusers, metadata_key, stem, folder
     max_shard_size bytes plus an index); otherwise a folder. Returns the files written."""
     if layout not in ("bfl", "diffusers"):
         raise ValueError(f"layout must be 'bfl' or 'diffusers', got {layout!r}")
+    CIO.check_saveable(model, f"saving {type(model).__name__}")
     p = model.params
     with flame.no_grad():
         state = {k: t.detach() for k, t in model.named_parameters()}

@@ -45,7 +45,7 @@ from .loading import (
                       stored_fp8_reader,
 )
 from .reading import SafetensorsCheckpoint, block_indices, count_indices, describe_keys, key_kinds, keys_under
-from .saving import save_shards, save_weights, shard_groups, write_json
+from .saving import check_saveable, save_shards, save_weights, shard_groups, write_json
 
 __all__ = [
     "CheckpointError",
@@ -59,5 +59,5 @@ __all__ = [
     "fp8_on_read", "layout_plan", "listing", "load_planned_", "mismatch_message", "planned_mismatches",
     "planned_reader", "preset", "stored_fp8_reader",
     # saving
-    "save_shards", "save_weights", "shard_groups", "write_json",
+    "check_saveable", "save_shards", "save_weights", "shard_groups", "write_json",
 ]

@@ -8,6 +8,21 @@ from flame_core.io import save_file, write_json
 from .finding import INDEX_SUFFIX
 
 
+def check_saveable(model, caller):
+    """Refuse (ValueError naming `caller`) to save a model whose parameters do not hold its weights as values:
+    Linear weights in fp8 storage (their per-row scales are buffers no checkpoint layout of the model has: the file
+    would hold the scaled bytes alone, wrong by the scales) or blocks streamed from host memory (their storage is
+    the streamer's). Load the model without fp8 / streaming to save it."""
+    from flame_nn.offload import is_fp8_linear, streamer_of
+    fp8 = [n for n, m in model.named_modules() if is_fp8_linear(m)]
+    if fp8:
+        raise ValueError(f"{caller}: {len(fp8)} Linear layers store their weights in fp8 (e.g. {fp8[0]}), without "
+                         f"a place for their scales in this layout; load the model without fp8 storage to save it")
+    if streamer_of(model) is not None:
+        raise ValueError(f"{caller}: the blocks are streamed from host memory; load the model without streaming "
+                         f"to save it")
+
+
 def shard_groups(items, max_shard_size):
     """[(key, tensor)] split into consecutive groups of at most `max_shard_size` bytes (None: one group; a tensor
     larger than the limit gets a group of its own)."""

@@ -142,6 +142,7 @@ def save_qwen_image(model, path, *, max_shard_size=None):
     p = model.params
     if p.mlp_ratio != 4.0:
         raise ValueError(f"mlp_ratio {p.mlp_ratio}: diffusers' QwenImageTransformer2DModel has a fixed 4x MLP")
+    CIO.check_saveable(model, "save_qwen_image")
     with flame.no_grad():
         state = [(k, t.detach()) for k, t in model.named_parameters()]
     metadata = {"format": "pt", PARAMS_METADATA_KEY: json.dumps(dataclasses.asdict(p))}

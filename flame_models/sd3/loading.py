@@ -168,6 +168,7 @@ def save_sd3(model, path, layout="sai", *, max_shard_size=None, prefix=None):
         raise ValueError(f"layout must be 'sai' or 'diffusers', got {layout!r}")
     if prefix is not None and layout != "sai":
         raise ValueError("prefix applies to the SAI layout only (diffusers keys have none)")
+    CIO.check_saveable(model, "save_sd3")
     p = model.params
     with flame.no_grad():
         state = {k: t.detach() for k, t in _model_tensors(model).items()}

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import flame_core as flame
 from flame_core.io import save_file
 
-from ..checkpoint_io import write_json
+from ..checkpoint_io import check_saveable, write_json
 from ..text_encoders import load_clip
 from ..tokenization import load_tokenizer
 from ..vae import load_vae
@@ -138,6 +138,7 @@ def save_sdxl(parts, path, layout="sai"):
     if layout not in LAYOUTS:
         raise ValueError(f"save_sdxl: layout must be 'sai' or 'diffusers', got {layout!r}")
     _check_parts(parts)
+    check_saveable(parts.unet, "save_sdxl")
     path = os.fspath(path)
     if layout == "sai":
         if not path.endswith(".safetensors"):

@@ -28,6 +28,7 @@ def save_unet(model, path, layout="sai", *, prefix=K.SAI_PREFIXES[0], max_shard_
         raise ValueError(f"save_unet: an SAI-layout UNet is one .safetensors file, got {path!r}")
     if max_shard_size is not None and (layout != "diffusers" or single):
         raise ValueError("save_unet: max_shard_size applies to a diffusers folder only")
+    CIO.check_saveable(model, "save_unet")
     with flame.no_grad():
         state = [(k, p.detach()) for k, p in model.named_parameters()]
     if layout == "sai":

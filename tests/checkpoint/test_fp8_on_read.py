@@ -210,3 +210,33 @@ def test_on_a_gpu_the_weights_are_read_quantised_and_kept_there(tmp_path, scaled
         key = "double_blocks.0.img_attn.proj.weight"
         np.testing.assert_array_equal(layers[key[:-len(".weight")]].weight.view(flame.uint8).cpu().numpy(),
                                       stored[key].view(np.uint8))
+
+
+def test_saving_a_model_with_fp8_or_streamed_blocks_is_refused(tmp_path):
+    """An fp8-stored Linear's scales are buffers no layout of the model holds: its file would have been the scaled
+    bytes alone (Flux's qkv 447 off); streamed blocks' storage is the streamer's. Both refused, nothing written."""
+    import os
+
+    from flame_models.sd3 import load_sd3, save_sd3
+    from flame_nn.offload import BlockStreamer
+    path = _file(tmp_path, flux_params("flux-tiny"))
+    with CIO.fp8_on_read(STACKS):
+        model = load_flux(path, dtype=flame.float32, device="cpu")
+    for layout in ("bfl", "diffusers"):
+        out = tmp_path / f"out_{layout}.safetensors"
+        with pytest.raises(ValueError, match=r"saving Flux: \d+ Linear layers store their weights in fp8"):
+            save_flux(model, out, layout=layout)
+        assert not out.exists()
+    sai = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "sd3", "dual",
+                       "sai.safetensors")
+    sd3 = load_sd3(sai, dtype=flame.float32, device="cpu").requires_grad_(False)
+    quantize_linear_weights_(sd3.joint_blocks)
+    with pytest.raises(ValueError, match=r"save_sd3: \d+ Linear layers store their weights in fp8"):
+        save_sd3(sd3, tmp_path / "sd3.safetensors")
+    streamed = load_flux(path, dtype=flame.float32, device="cpu").requires_grad_(False)
+    streamed.streamer = BlockStreamer.for_model(streamed, list(STACKS), device="cpu")
+    with pytest.raises(ValueError, match=r"saving Flux: the blocks are streamed from host memory"):
+        save_flux(streamed, tmp_path / "streamed.safetensors")
+    plain = load_flux(path, dtype=flame.float32, device="cpu")
+    save_flux(plain, tmp_path / "plain.safetensors")           # (a plain model saves as before)
+    assert (tmp_path / "plain.safetensors").exists()
