@@ -236,7 +236,12 @@ def load_qwen2_5_vl(path, dtype=None, device=None, *, config=None, strict=True, 
         raise ValueError(f"load_qwen2_5_vl: stream must be True or False, got {stream!r}")
     placed = quantize is not None or stream
     dev = flame.device(device) if device is not None else flame.default_device()
-    model = _load(path, dtype, "cpu" if placed else dev, config, strict)
+    if quantize is not None:  # the layers' Linear weights to fp8 as they are read, quantised on `dev` (kept in host
+        # memory for the streamer): the 7B is never whole in its dtype in host or device memory
+        with CIO.fp8_on_read(STACKS, device=dev, keep="cpu" if stream else None):
+            model = _load(path, dtype, "cpu", config, strict)
+    else:
+        model = _load(path, dtype, "cpu" if placed else dev, config, strict)
     model.requires_grad_(False)
     return place_qwen2_5_vl(model, dev, quantize=quantize, stream=stream) if placed else model
 
@@ -297,7 +302,7 @@ def _load(path, dtype, device, config, strict):
                            missing, unexpected, misshaped, strict=strict)
         # ComfyUI's fp8_scaled file: get_like applies each weight's scale (checkpoint_io/scaled_fp8.py)
         return CIO.fill_(model, ckpt.get_like, {k: t for k, t in targets.items() if ckpt.has(k)},
-                         desc="loading Qwen2.5-VL")
+                         desc="loading Qwen2.5-VL", read_stored=CIO.stored_fp8_reader(ckpt))
 
 
 class _Checkpoint(CIO.SafetensorsCheckpoint):

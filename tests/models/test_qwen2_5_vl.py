@@ -225,6 +225,15 @@ def test_comfyuis_fp8_scaled_file_is_read_with_its_scales(tmp_path, device):
     with flame.no_grad():
         c = fp8(flame.tensor(ids), flame.tensor(mask)).last_hidden_state.float().cpu().numpy()
     assert np.abs(c - b).max() < 0.05 * np.abs(b).max()
+    # fp8 storage keeps the file's own bytes and scales (read as stored: checkpoint_io.fp8_on_read), the layer's
+    # output is the dequantised model's up to the fp8 GEMM's / dequantisation's roundings
+    key = "layers.1.mlp.down_proj"
+    layer = fp8.get_submodule(key)
+    np.testing.assert_array_equal(layer.weight.view(flame.uint8).cpu().numpy(),
+                                  state["model." + key + ".weight"].view(np.uint8))
+    np.testing.assert_array_equal(layer.weight_scale.cpu().numpy(),
+                                  np.full(layer.weight.shape[0], state["model." + key + ".scale_weight"]))
+    np.testing.assert_allclose(c, a, rtol=0, atol=2e-3 * np.abs(a).max())
     bad = dict(state)
     bad["model.layers.0.mlp.up_proj.scale_weight"] = np.ones(5, np.float32)
     io.save_file(bad, str(tmp_path / "bad.safetensors"))
