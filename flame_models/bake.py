@@ -1,11 +1,11 @@
 """`python -m flame_models.bake`: LoRAs baked into a model checkpoint (kohya's merge_lora / flux_merge_lora),
 written as a new .safetensors file with every other tensor as it was.
 
-Flux, Flux Kontext and Chroma transformers (BFL or diffusers layout) and SD3 MMDiTs (SAI or diffusers layout): a
-LoRA of any layout FLAME reads (kohya / ComfyUI native names, PEFT / diffusers / ai-toolkit names; LoRA, DoRA, LoKr,
-LoHa), merged as `generate --lora` merges it (the family's bake.py over flame_models/pipeline/bake.py). Every other
-model: a LoRA of the checkpoint's own layout (kohya `lora_unet_` names on an SAI SDXL UNet, PEFT names on a
-diffusers file; flame_nn/adapters/bake.py).
+Flux, Flux Kontext and Chroma transformers (BFL or diffusers layout), SD3 MMDiTs and SDXL UNets (SAI or diffusers
+layout): a LoRA of any layout FLAME reads (kohya / ComfyUI native names, PEFT / diffusers / ai-toolkit names; LoRA,
+LoCon, DoRA, LoKr, LoHa), merged as `generate --lora` merges it (the family's bake.py over
+flame_models/pipeline/bake.py). Every other model (Qwen-Image): a LoRA of the checkpoint's own layout
+(flame_nn/adapters/bake.py).
 
     python -m flame_models.bake --model flux1-dev.safetensors --lora style.safetensors:0.8 --lora subject.safetensors \\
         --output flux1-dev-baked.safetensors
@@ -21,7 +21,7 @@ from flame_nn.adapters.resize import ResizeError, check_weights
 from . import registry
 from .pipeline.loras import parse_lora
 
-FAMILIES = ("flux", "flux_kontext", "chroma", "sd3")   # the families with a bake.py: any LoRA layout
+FAMILIES = ("flux", "flux_kontext", "chroma", "sd3", "sdxl")   # the families with a bake.py: any LoRA layout
 
 
 class BakeError(AF.AdapterFormatError):

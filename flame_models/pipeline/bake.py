@@ -6,8 +6,8 @@ fused-Linear row splits): W' = the LoRAs merged into W as `generate --lora` merg
 full checkpoint's VAE and text encoders included -- copied bit for bit, the file written one tensor at a time
 (io.Deferred), atomically.
 
-A module of FLAME's model (the native layout's names: BFL for Flux and Chroma, SAI for SD3) is one tensor of a
-native-layout file (`double_blocks.0.img_attn.qkv.weight`, under the file's prefix) and one or more of a
+A module of FLAME's model (the native layout's names: BFL for Flux and Chroma, SAI for SD3 and SDXL) is one tensor
+of a native-layout file (`double_blocks.0.img_attn.qkv.weight`, under the file's prefix) and one or more of a
 diffusers-layout file, each a range of its rows (`transformer_blocks.0.attn.to_q` / `to_k` / `to_v`: the model's
 adapter_name_map): those are put together, merged, and split back. The family's part (flame_models/<family>/bake.py)
 gives its checkpoint reader, its params and its model class. A single .safetensors file only (a sharded folder is
@@ -46,7 +46,8 @@ def bake_checkpoint(base, loras, dst, *, checkpoint_class, infer_params, model_c
     with flame_nn.empty_init(device="cpu"):
         probe = model_class(params)
     name_map = probe.adapter_name_map()
-    out_features = {n: m.weight.shape[0] for n, m in probe.named_modules() if isinstance(m, flame_nn.Linear)}
+    out_features = {n: m.weight.shape[0] for n, m in probe.named_modules()
+                    if isinstance(m, (flame_nn.Linear, flame_nn.Conv2d))}   # (SDXL's LoCon convolutions)
     parts = {}
     for path, weight in loras:
         with _io.safe_open(path) as f:

@@ -145,3 +145,46 @@ def test_sd3_and_chroma_across_layouts(tmp_path, family):
             np.testing.assert_allclose(got[k].numpy(), v.numpy(), rtol=1e-5, atol=1e-6, err_msg=f"{base}: {k}")
             moved += not np.array_equal(got[k].numpy(), before[k].numpy())
         assert moved > 4
+
+
+def test_sdxl_across_layouts_with_conv_adapters(tmp_path):
+    """SDXL (flame_models/sdxl/bake.py): kohya files (SAI names: a LoRA on the attention Linears, a LoCon on the
+    resnets' convolutions, a LoKr) and a PEFT file (diffusers names) baked together into the SAI single file -- its
+    VAE and text encoders copied bit for bit -- and into a diffusers-named UNet file give apply_loras' merge."""
+    from flame_models.sdxl import CONV_TARGETS, KOHYA_METADATA, TARGET_PRESETS, load_unet
+    here = os.path.join(os.path.dirname(__file__), "..", "fixtures", "sdxl")
+    sai, diffusers = os.path.join(here, "tiny_sai.safetensors"), os.path.join(here, "tiny",
+                                                                                 "diffusion_pytorch_model.safetensors")
+    rng = np.random.default_rng(5)
+
+    def load(path):
+        return load_unet(path, dtype=flame.float32, device="cpu", progress=False)
+    loras = []
+    for fmt, targets, kind, w in (("kohya", TARGET_PRESETS["attention"], "lora", 0.7),
+                                  ("kohya", CONV_TARGETS, "lora", 1.2),          # LoCon: the resnets' convolutions
+                                  ("peft", TARGET_PRESETS["attention"], "lora", 0.5),   # diffusers' names
+                                  ("kohya", TARGET_PRESETS["attention"], "lokr", -0.4)):
+        m = load(sai)
+        A.inject_adapters(m, targets, kind, rank=2, alpha=1.0)
+        with flame.no_grad():
+            for _, p in A.named_adapter_parameters(m):
+                p.copy_(flame.tensor(rng.normal(0, 0.2, tuple(p.shape)).astype(np.float32)) + p)
+        path = str(tmp_path / f"sdxl_{len(loras)}_{fmt}.safetensors")
+        fmt_kw = {"metadata": KOHYA_METADATA} if fmt == "kohya" else {}
+        loras.append((A.save_adapters(m, path, format=fmt, **fmt_kw), w))
+    for base in (sai, diffusers):
+        out = str(tmp_path / f"baked_{os.path.basename(base)}")
+        changed = bake(base, [f"{p}:{w}" for p, w in loras], out)
+        ref = load(base)
+        apply_loras(ref, loras)
+        got, before = load(out).state_dict(), load(base).state_dict()
+        moved = 0
+        for k, v in ref.state_dict().items():   # (the files are float16: the bake rounds the merge to it once)
+            np.testing.assert_allclose(got[k].numpy(), v.numpy(), rtol=2.0 ** -10, atol=1e-6, err_msg=f"{base}: {k}")
+            moved += not np.array_equal(got[k].numpy(), before[k].numpy())
+        assert moved >= 40 and any(".in_layers.2." in k or ".conv1." in k for k in changed)
+        with io.safe_open(base) as a, io.safe_open(out) as b:      # the tensors no LoRA names: bit for bit
+            assert a.keys() == b.keys()
+            for k in a.keys():
+                if k not in changed:
+                    np.testing.assert_array_equal(a.get_array(k), b.get_array(k))
