@@ -180,6 +180,10 @@ class AdaptedMixin:
         original weight, so unmerging (any adapter, in any order) is exact."""
         if name in self._merged or name not in self._adapters:
             return
+        if self.weight.dtype is flame.float8_e4m3fn:   # (fp8 storage: rows without their scales)
+            raise AdapterError(f"merge({name!r}): this Linear stores its weight in fp8, which cannot take a merged "
+                               f"change; its adapters run beside it unmerged (merge into the weight before fp8 "
+                               f"storage, or keep them as adapters)")
         if not self._merged:
             self.__dict__["_original"] = self.weight.detach().to("cpu", copy=True)
         self._fold(name)

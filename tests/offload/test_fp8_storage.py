@@ -123,6 +123,12 @@ def test_fp8_refuses_what_it_cannot_hold(device):
     assert quantize_linear_weights_(fp8.double_blocks)
     with pytest.raises(AdapterError, match="DoRA adapter needs the base weight's rows"):
         A.inject_adapters(fp8, TARGET_PRESETS["attention"], "dora", rank=2, name_map=name_map_for(fp8.params))
+    # merging an adapter into an fp8-stored weight (its rows without their scales) is refused, not folded wrongly
+    A.inject_adapters(fp8, TARGET_PRESETS["attention"], "lora", rank=2, name="plain",
+                      name_map=name_map_for(fp8.params))
+    with pytest.raises(AdapterError, match=r"merge\('plain'\): this Linear stores its weight in fp8"):
+        A.merge_adapters(fp8, ["plain"])
+    A.remove_adapters(fp8)
     linear = fp8.double_blocks[0].img_attn.qkv
     from flame_nn.adapters.dora import DoRA
     dora = DoRA(linear.in_features, 8, 2, base_weight=flame.ones(8, linear.in_features, device=device))
