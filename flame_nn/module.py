@@ -491,9 +491,20 @@ class Module(D.FloatCasts):
 
         from .utils import _pool
         moved = []
+        # a module's storage whose dtype is its format (an fp8-stored Linear's float8 weight and float32 scales:
+        # `_keep_dtype` names them) keeps it; the module is told the new compute dtype (`_dtype_changed_`)
+        keep, told = set(), []
+        if dt is not None:
+            for m in self.modules():
+                for n in getattr(m, "_keep_dtype", ()):
+                    t = m._parameters.get(n, m._buffers.get(n))
+                    if t is not None:
+                        keep.add(id(t))
+                if hasattr(m, "_dtype_changed_"):
+                    told.append(m)
 
         def conv(t):
-            want = dt.np if (dt is not None and t.dtype.is_floating_point) else None
+            want = dt.np if (dt is not None and t.dtype.is_floating_point and id(t) not in keep) else None
             if getattr(t, "_meta_device", None) is not None:
                 if dev is not None:
                     t._meta_device = dev
@@ -516,6 +527,8 @@ class Module(D.FloatCasts):
         self._convert_(conv)
         if moved:
             _pool.register(moved)
+        for m in told:
+            m._dtype_changed_(dt)
         return self
 
     def cuda(self, device=None):

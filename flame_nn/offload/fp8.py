@@ -171,6 +171,12 @@ class Float8LinearMixin:
     the compute dtype is bfloat16, float16 or float32 (float64, for gradient checks, keeps the dequantising path)."""
 
     fp8_compute = False
+    _keep_dtype = ("weight", "weight_scale")   # Module.to(dtype) keeps the storage format, changes compute_dtype
+
+    def _dtype_changed_(self, dtype):
+        """Module.to(dtype): a float dtype becomes the layer's compute dtype (its fp8 weight and scales stay)."""
+        if dtype.is_floating_point and dtype is not D.float8_e4m3fn:
+            self.__dict__["compute_dtype"] = dtype
 
     def dequantized_weight(self, dtype=None):
         """The weight as a new tensor of `dtype` (default: the dtype the layer had before quantisation). Not

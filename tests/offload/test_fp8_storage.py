@@ -241,3 +241,27 @@ def test_the_cached_dequantisation_matches_the_kernel_across_layers_growth_and_r
         q, s = a
         np.testing.assert_array_equal(npy(flame.as_tensor(F8._dequantize_into_scratch(q, s, npdt).copy())),
                                       npy(flame.as_tensor(K.dequantize_per_row(q, s, npdt))))
+
+
+def test_module_to_a_dtype_keeps_the_fp8_storage_and_changes_the_compute_dtype(device):
+    """Module.to(dtype) / .float() / .bfloat16(): an fp8-stored Linear keeps its float8 weight and float32 scales
+    (they were cast as raw values, the scales dropped) and computes in the new dtype, as a plain Linear does."""
+    flame.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 24, device=device), nn.ReLU(), nn.Linear(24, 8, device=device))
+    m.requires_grad_(False)
+    x = flame.randn(3, 16, device=device)
+    quantize_linear_weights_(m)
+    q = m[0].weight.view(flame.uint8).cpu().numpy().copy()
+    with flame.no_grad():
+        want = m(x).float().cpu().numpy()
+    for dt, tol in ((flame.float64, 1e-6), (flame.bfloat16, 3e-2), (flame.float32, 3e-2)):
+        m.to(dt)
+        assert m[0].weight.dtype is flame.float8_e4m3fn and m[0].weight_scale.dtype is flame.float32
+        assert m[0].compute_dtype is dt and m[0].bias.dtype is dt
+        np.testing.assert_array_equal(m[0].weight.view(flame.uint8).cpu().numpy(), q)
+        with flame.no_grad():
+            got = m(x.to(dt))
+        assert got.dtype is dt
+        np.testing.assert_allclose(got.float().cpu().numpy(), want, rtol=0, atol=tol * np.abs(want).max())
+    m.float()
+    assert m[2].compute_dtype is flame.float32 and m[2].weight.dtype is flame.float8_e4m3fn
