@@ -64,6 +64,9 @@ def run_load_pre_hooks(module, state_dict, strict):
     hooks added."""
     missing, unexpected, errors = [], [], []
     for prefix, m in module.named_modules(remove_duplicate=False):
+        own = getattr(type(m), "_prepare_state_", None)   # a layer class's own entries (an fp8 Linear's)
+        if own is not None:
+            own(m, state_dict, prefix + "." if prefix else "", errors)
         for hook in list(hooks(m, "_load_state_dict_pre_hooks").values()):
             hook(m, state_dict, prefix + "." if prefix else "", {}, strict, missing, unexpected, errors)
     return missing, unexpected, errors

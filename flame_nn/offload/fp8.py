@@ -28,7 +28,7 @@ tensor and the matmuls on the e4m3 tensor cores, the activations quantised too (
 """
 import numpy as np
 
-from flame_core import as_tensor, backend
+from flame_core import Tensor, as_tensor, backend
 from flame_core import cat as _cat
 from flame_core import dtypes as D
 from flame_core.amp import autocast_mode as _amp
@@ -172,6 +172,26 @@ class Float8LinearMixin:
 
     fp8_compute = False
     _keep_dtype = ("weight", "weight_scale")   # Module.to(dtype) keeps the storage format, changes compute_dtype
+
+    def _prepare_state_(self, state_dict, prefix, errors):
+        """load_state_dict's entries for this layer: a weight in a float dtype (the model's own checkpoint) is
+        quantised as the layer stores it (per row; per tensor for fp8 compute), its scales put beside it; float8
+        values come with their `weight_scale` or are refused (their scales unknown). They were copied into the fp8
+        storage as they were, the scales left as they were."""
+        k, ks = prefix + "weight", prefix + "weight_scale"
+        if k not in state_dict:
+            return
+        v = state_dict[k]
+        t = v if isinstance(v, Tensor) else as_tensor(v)
+        if t.dtype is D.float8_e4m3fn:
+            if ks not in state_dict:
+                errors.append(f"{k}: float8 values without {ks} (their scales) for an fp8-stored Linear")
+            return
+        if not t.dtype.is_floating_point or tuple(t.shape) != tuple(self.weight.shape):
+            return   # (load_state_dict names the dtype / shape)
+        with no_grad():
+            q, scales = quantize_fp8(t.to(self.weight.device), per_tensor=self.fp8_compute)
+        state_dict[k], state_dict[ks] = q, scales
 
     def _dtype_changed_(self, dtype):
         """Module.to(dtype): a float dtype becomes the layer's compute dtype (its fp8 weight and scales stay)."""

@@ -265,3 +265,37 @@ def test_module_to_a_dtype_keeps_the_fp8_storage_and_changes_the_compute_dtype(d
         np.testing.assert_allclose(got.float().cpu().numpy(), want, rtol=0, atol=tol * np.abs(want).max())
     m.float()
     assert m[2].compute_dtype is flame.float32 and m[2].weight.dtype is flame.float8_e4m3fn
+
+
+@pytest.mark.parametrize("compute", [None, "fp8"])
+def test_load_state_dict_into_fp8_layers_quantises_float_weights(device, compute):
+    """load_state_dict of the model's own float weights into its fp8-stored Linears quantises them as the layer
+    stores them (per row; per tensor for fp8 compute) -- they were copied in as raw fp8 values under the old scales
+    (a probe's output off by 0.84) --; an fp8 state dict (weight + weight_scale) loads as it is; float8 values
+    without their scales are refused."""
+    flame.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 24, device=device), nn.ReLU(), nn.Linear(24, 8, device=device))
+    m.requires_grad_(False)
+    plain = {k: v.clone() for k, v in m.state_dict().items()}
+    x = flame.randn(3, 16, device=device)
+    quantize_linear_weights_(m, compute=compute)
+    fp8 = {k: v.clone() for k, v in m.state_dict().items()}
+    with flame.no_grad():
+        want = m(x).float().cpu().numpy()
+        for layer in (m[0], m[2]):
+            layer.weight_scale.mul_(3.0)
+    assert m.load_state_dict(plain) == ([], [])
+    for layer, k in ((m[0], "0"), (m[2], "2")):
+        np.testing.assert_array_equal(layer.weight.view(flame.uint8).cpu().numpy(),
+                                      fp8[f"{k}.weight"].view(flame.uint8).cpu().numpy())
+        np.testing.assert_array_equal(layer.weight_scale.cpu().numpy(), fp8[f"{k}.weight_scale"].cpu().numpy())
+    with flame.no_grad():
+        np.testing.assert_array_equal(m(x).float().cpu().numpy(), want)
+        m[0].weight_scale.mul_(3.0)
+    m.load_state_dict(fp8)
+    with flame.no_grad():
+        np.testing.assert_array_equal(m(x).float().cpu().numpy(), want)
+    from flame_nn.module import StateDictError
+    bare = {k: v for k, v in fp8.items() if not k.endswith("weight_scale")}
+    with pytest.raises(StateDictError, match=r"0.weight: float8 values without 0.weight_scale"):
+        m.load_state_dict(bare)
