@@ -10,7 +10,9 @@ imports, for
 The files hold random weights at Flux's width (`--width`, default 3072, MLP 4x) with `--double` / `--single` blocks
 (Flux-dev: 19 / 38, 23.8 GB in bfloat16; the default 2 / 4 is 2.6 GB), written once under --dir. The figures are
 CPU-side and need no GPU.
-Usage: PYTHONPATH=$PWD python3 bench/fp8_load_memory.py [--double 2 --single 4 --width 3072 --dir /tmp/fp8mem]"""
+With --device cuda the blocks are quantised on the GPU (the generate --fp8 path there) and the device pool's peak
+is reported too.
+Usage: PYTHONPATH=$PWD python3 bench/fp8_load_memory.py [--double 2 --single 4 --width 3072 --device cuda]"""
 import argparse
 import json
 import os
@@ -86,13 +88,18 @@ def _write(args):
     return bf16, fp8
 
 
-def _child(case, path):
+def _child(case, path, device):
     """One case in this (fresh) process: prints {"base", "peak", "after": anonymous bytes, "fp8_layers": n,
-    "resident_peak": the resident set's peak, mapped file pages included}."""
+    "resident_peak": the resident set's peak, mapped file pages included, "device_peak": the device pool's peak
+    (cuda)}. The case before fp8_on_read is what load_for_sampling did: the model read into host memory in bf16,
+    then each block moved to the device and quantised there."""
     import flame_core as flame
+    from flame_core import memory
     from flame_models.flux import load_flux
     from flame_models.pipeline import load_for_sampling
     from flame_nn.offload import is_fp8_linear, quantize_linear_weights_
+    if device != "cpu":
+        memory.reset_peak_memory_stats(device)
     base = _anon()
     sampler = _Peak()
     sampler.start()
@@ -102,13 +109,16 @@ def _child(case, path):
     if case == "bf16 then quantise":
         model = load("cpu").requires_grad_(False)
         for s in STACKS:
-            quantize_linear_weights_(model.get_submodule(s))
+            for block in model.get_submodule(s):
+                block.to(device)
+                quantize_linear_weights_(block)
     else:
-        model = load_for_sampling(load, path, [], STACKS, "cpu", fp8=True)
+        model = load_for_sampling(load, path, [], STACKS, device, fp8=True)
     peak = sampler.stop()
     n = sum(is_fp8_linear(m) for m in model.modules())
     print(json.dumps({"base": base, "peak": peak, "fp8_layers": n, "after": _anon(),
-                      "resident_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+                      "resident_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                      "device_peak": memory.max_memory_allocated(device) if device != "cpu" else None}))
 
 
 def main(argv=None):
@@ -117,7 +127,8 @@ def main(argv=None):
     ap.add_argument("--single", type=int, default=4)
     ap.add_argument("--width", type=int, default=3072, help="hidden size, a multiple of 128 (Flux: 3072)")
     ap.add_argument("--dir", default="/tmp/fp8_load_memory")
-    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--device", default="cpu", help="where the blocks go (cpu, or cuda: quantised there)")
+    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         return _child(*args.child)
@@ -130,15 +141,19 @@ def main(argv=None):
     rows = []
     for case, path in (("bf16 then quantise", bf16), ("fp8 on read (bf16 file)", bf16),
                        ("fp8 on read (fp8 file)", fp8)):
-        out = subprocess.run([sys.executable, __file__, "--child", case, path], capture_output=True, text=True,
+        out = subprocess.run([sys.executable, __file__, "--child", case, path, args.device], capture_output=True,
+                             text=True,
                              check=True, env=dict(os.environ, PYTHONPATH=os.environ.get("PYTHONPATH", "")))
         r = json.loads(out.stdout.strip().splitlines()[-1])
         res.log(case, r)
         gib = 2.0 ** 30
+        dpeak = r["device_peak"]
         rows.append([case, f"{(r['peak'] - r['base']) / gib:.2f}", f"{(r['after'] - r['base']) / gib:.2f}",
-                     r["fp8_layers"]])
-    print(common.table(["case", "anon peak above imports GiB", "held after GiB", "fp8 Linears"], rows,
-                       title=f"host memory of a fp8 load, width {args.width}, {args.double} + {args.single} blocks "
+                     "-" if dpeak is None else f"{dpeak / gib:.2f}", r["fp8_layers"]])
+    print(common.table(["case", "anon peak above imports GiB", "held after GiB", "device peak GiB", "fp8 Linears"],
+                       rows,
+                       title=f"host memory of a fp8 load onto {args.device}, width {args.width}, {args.double} + "
+                             f"{args.single} blocks "
                              f"({os.path.getsize(bf16) / 2 ** 30:.2f} GiB in bfloat16)"))
     res.save()
     return res
