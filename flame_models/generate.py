@@ -59,7 +59,7 @@ class GenerateError(FlameError, ValueError):
 
 # ----------------------------------------------------------------------------- checks before any work
 def flow_sampler(sampler, family):
-    """--sampler of a flow-matching family: "euler" (None: the default), "heun", "dpmpp_2m" or "unipc"
+    """--sampler of a flow-matching family: "euler" (None: the default), "heun", "dpmpp_2m", "dpmpp_2m_sde" or "unipc"
     (samplers/flow.py)."""
     sampler = "euler" if sampler is None else sampler
     if sampler not in FLOW_SAMPLERS:
@@ -460,7 +460,7 @@ def build_parser():
     x = p.add_argument_group("SD3 / SDXL sampling")
     x.add_argument("--sampler", choices=tuple(SAMPLERS), help="default euler; SDXL: any of these; SD3 / Flux / Flux "
                                                               "Kontext / Chroma / Qwen-Image: euler, heun, "
-                                                              "dpmpp_2m or unipc")
+                                                              "dpmpp_2m, dpmpp_2m_sde or unipc")
     x.add_argument("--karras", action="store_true", help="SDXL: Karras sigmas instead of the model's")
     x.add_argument("--scheduler", choices=FLOW_SCHEDULERS,
                    help="SD3 / Flux / Flux Kontext / Chroma / Qwen-Image: the sigma spacing (default simple: the "

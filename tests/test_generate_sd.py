@@ -169,7 +169,7 @@ def test_bad_inputs_are_named(sdxl, capsys):
            "--cfg: an SD3 / SDXL / Chroma / Qwen-Image option; this model is Flux")
     _fails(capsys, ["--model", SD3, "--prompt", "x", "--guidance", "3"], "--guidance: Flux's embedded guidance")
     _fails(capsys, ["--model", SD3, "--prompt", "x", "--sampler", "ddim"],
-           "--sampler ddim: SD3 samples with euler, heun, dpmpp_2m or unipc")
+           "--sampler ddim: SD3 samples with euler, heun, dpmpp_2m, dpmpp_2m_sde or unipc")
     _fails(capsys, ["--model", sdxl["folder"], "--prompt", "x", "--slg-scale", "2"], "--slg-scale: an SD3 option")
     _fails(capsys, ["--model", sdxl["folder"], "--prompt", "x", "--width", "80"],
            "--width 80: SDXL needs a positive multiple of 32")

@@ -6,7 +6,16 @@ import flame_core as flame
 from flame_nn.offload import streamer_of
 
 from ..samplers import noise
-from ..samplers.flow import check_flow_sampler, flow_step, multistep_state, step_coefficients, step_kind
+from ..samplers.flow import (
+    STOCHASTIC,
+    check_flow_sampler,
+    check_step_noise,
+    flow_step,
+    multistep_state,
+    step_coefficients,
+    step_kind,
+)
+from ..samplers.flow import step_noise as seeded_step_noise
 from ..samplers.flow_schedules import check_flow_scheduler, respace
 
 LATENT_CHANNELS = 16
@@ -108,7 +117,7 @@ def seeded_noise(seeds, height, width, *, device=None):
 
 
 def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda_graph=None, callback=None,
-            sampler="euler"):
+            sampler="euler", step_noise=None):
     """`sampler` ("euler": x <- x + (t_next - t) * v(x, t), "heun", "dpmpp_2m" or "unipc", samplers/flow.py) steps along
     `timesteps`.
     The state stays in float32; the model sees its own dtype. Returns the final packed latents (float32).
@@ -116,8 +125,11 @@ def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda
     cuda_graph (default: on for cuda tensors): the first step runs eagerly, the second is captured as a CUDA graph
     (flame_core.cuda.graphed) and the rest replay it -- the same kernels on the same buffers, without the host cost
     of issuing ~2000 ops per step. The numbers are the same either way.
-    callback(i, n): called after each step i = 1..n (a progress bar; it must not touch the state)."""
+    callback(i, n): called after each step i = 1..n (a progress bar; it must not touch the state).
+    step_noise(i, x): a stochastic sampler's fresh noise for step i (samplers.flow.step_noise), drawn before the step
+    (outside its graph)."""
     check_flow_sampler(sampler)
+    check_step_noise(sampler, step_noise)
     dtype = _model_dtype(model)
     B = img.shape[0]
     x = img.to(flame.float32)
@@ -144,7 +156,8 @@ def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda
             else:
                 c = flame.tensor(step_coefficients(sampler, timesteps, i - 1), dtype=flame.float32,
                                  device=img.device)
-                x, *state = run(x, timestep(t_cur), timestep(t_next), dt, *state, c)
+                z = (step_noise(i - 1, x),) if sampler in STOCHASTIC else ()
+                x, *state = run(x, timestep(t_cur), timestep(t_next), dt, *state, *z, c)
             if callback is not None:
                 callback(i, n)
     if any(r.graph is not None for r in runs.values()):
@@ -180,8 +193,9 @@ def sample(model, txt, y, height=1024, width=1024, steps=None, guidance=None, se
     img_pos = image_ids(height, width, B, device=device)
     txt_pos = text_ids(L, B, device=device) if txt_ids is None else txt_ids
     timesteps = respace(get_schedule(steps, img.shape[1], shift=shift), scheduler)
+    z = seeded_step_noise(seed, device) if sampler in STOCHASTIC else None   # (one stream for the batch)
     x = denoise(model, img, img_pos, txt.to(dtype), txt_pos, y.to(dtype), timesteps, guidance, cuda_graph, callback,
-                sampler)
+                sampler, z)
     return unpack(x, height, width)
 
 

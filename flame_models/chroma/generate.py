@@ -26,7 +26,7 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, vae=None, clip_l
              progress=True, stats=None, log=print):
     """Chroma text-to-image (flame_models.generate.generate says what the arguments mean). model: a diffusers
     Chroma folder, a Chroma / ComfyUI transformer file (with vae=, t5=) or ChromaFiles. sampler: "euler" (default),
-    "heun", "dpmpp_2m" or "unipc"."""
+    "heun", "dpmpp_2m", "dpmpp_2m_sde" or "unipc"."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     G._check_args(prompts, width, height, steps, num_images, batch_size, seed, family="Chroma")

@@ -17,7 +17,7 @@ from ..bfl.sampling import LATENT_CHANNELS, denoise, get_schedule, image_ids, pa
 from ..bfl.vae import decode_latents, encode_images, load_vae_for_flux  # noqa: F401
 from ..pipeline import check_loras as _check_loras
 from ..pipeline import load_for_sampling
-from ..samplers.flow import check_flow_sampler
+from ..samplers.flow import STOCHASTIC, check_flow_sampler, step_noise
 from ..samplers.flow_schedules import check_flow_scheduler, respace
 from .components import ChromaFiles, ChromaFilesError, find_chroma_files
 from .loading import load_chroma
@@ -124,7 +124,8 @@ def sample_latents(model, cond, neg=None, *, height, width, steps, cfg=1.0, seed
         net = Guided(model, mask)
     timesteps = respace(get_schedule(steps, x.shape[1], shift=True), scheduler)
     out = denoise(net, x, image_ids(height, width, B, device=dev), txt, text_ids(txt.shape[1], B, device=dev),
-                  None, timesteps, None, cuda_graph, callback, sampler)
+                  None, timesteps, None, cuda_graph, callback, sampler,
+                  step_noise(seeds, dev) if sampler in STOCHASTIC else None)
     return unpack(out, height, width)
 
 

@@ -1,6 +1,7 @@
 """Flux's part of `python -m flame_models.generate` (flame_models/generate.py runs it for Flux files): the rectified
-flow Euler (or --sampler heun / dpmpp_2m / unipc) sampler with the embedded guidance of flux-dev (default 28 steps,
-guidance 3.5; schnell: 4 steps, no guidance), T5's max_length (dev 512, schnell 256), the LoRAs on the transformer."""
+flow Euler (or --sampler heun / dpmpp_2m / dpmpp_2m_sde / unipc) sampler with the embedded guidance of flux-dev
+(default 28 steps, guidance 3.5; schnell: 4 steps, no guidance), T5's max_length (dev 512, schnell 256), the LoRAs on
+the transformer."""
 import json
 import math
 import random

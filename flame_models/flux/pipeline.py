@@ -29,7 +29,7 @@ from ..pipeline import (  # noqa: F401
     place_for_inference,
     to_pil,
 )
-from ..samplers.flow import check_flow_sampler
+from ..samplers.flow import STOCHASTIC, check_flow_sampler, step_noise
 from ..samplers.flow_schedules import check_flow_scheduler, respace
 from .components import FluxFiles, FluxFilesError, find_flux_files  # noqa: F401
 from .conditioning import FluxTextEncoders, check_vocabularies, encode_prompts, load_text_encoders, load_tokenizers
@@ -43,8 +43,9 @@ def _model_dtype(model):
 
 def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=None, latents=None, rows=None,
                    callback=None, cuda_graph=None, sampler="euler", scheduler="simple"):
-    """Denoise with the Euler (or sampler="heun" / "dpmpp_2m") sampler on Flux's (shifted, for dev) schedule; returns
-    model-space latents (B, 16, H/8, W/8) float32.
+    """Denoise with the Euler (or sampler="heun" / "dpmpp_2m" / "dpmpp_2m_sde" / "unipc") sampler on Flux's
+    (shifted, for dev) schedule; returns model-space latents (B, 16, H/8, W/8) float32; dpmpp_2m_sde draws image i's
+    step noise from seeds[i] + 1 (samplers.flow.step_noise).
 
     cond: {"prompt_embeds": (P, L, C), "pooled_prompt_embeds": (P, C)} (Tensors or NumPy arrays); `rows` picks
     the prompt of each image (default: image i uses prompt i). Noise: one seed per image (`seeds`: image i starts
@@ -62,6 +63,8 @@ def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=No
         raise ValueError("this Flux model (schnell-like) has no guidance embedding: pass guidance=None")
     if (seeds is None) == (latents is None):
         raise ValueError("pass exactly one of seeds= (one per image) and latents=")
+    if sampler in STOCHASTIC and seeds is None:
+        raise ValueError(f"{sampler} draws its step noise from the images' seeds: pass seeds=, not latents=")
     if latents is None:
         x = seeded_noise(seeds, height, width, device=dev)
     else:
@@ -80,7 +83,8 @@ def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=No
                          f"({img_pos.shape[1]} tokens)")
     txt_pos = text_ids(txt.shape[1], B, device=dev)
     timesteps = respace(get_schedule(steps, x.shape[1], shift=p.guidance_embed), scheduler)
-    out = denoise(model, x, img_pos, txt, txt_pos, y, timesteps, guidance, cuda_graph, callback, sampler)
+    out = denoise(model, x, img_pos, txt, txt_pos, y, timesteps, guidance, cuda_graph, callback, sampler,
+                  step_noise(seeds, dev) if sampler in STOCHASTIC else None)
     return unpack(out, height, width)
 
 

@@ -8,6 +8,7 @@ import flame_core as flame
 from .. import registry
 from ..bfl.family import FluxFamily
 from ..bfl.sampling import get_noise, image_ids, pack, text_ids, unpack
+from ..samplers.flow import STOCHASTIC, step_noise
 from ..training.family import ModelFileError
 from .reference import reference_ids, target_velocity, with_reference
 from .sampling import denoise_with_reference
@@ -67,7 +68,8 @@ class FluxKontextFamily(FluxFamily):
         x = pack(get_noise(1, height, width, seed=seed, device=device))
         out = denoise_with_reference(model, x, image_ids(height, width, 1, device=device), ref, ref_ids, txt,
                                      text_ids(txt.shape[1], 1, device=device), y, steps, guidance,
-                                     callback=callback, sampler=sampler, scheduler=scheduler)
+                                     callback=callback, sampler=sampler, scheduler=scheduler,
+                                     step_noise=step_noise([seed], device) if sampler in STOCHASTIC else None)
         return unpack(out, height, width)
 
     def lora_metadata(self, cfg, model):

@@ -44,7 +44,7 @@ def generate(model, prompts, *, image=None, keep_image_size=False, vae=None, cli
     """Flux Kontext image editing (flame_models.generate.generate says what the arguments mean); image: the
     reference image's path (required), resized to Kontext's resolution list (diffusers' default) or, with
     keep_image_size, kept at its own size floored to 16 (diffusers' `_auto_resize=False`); sampler: "euler"
-    (default), "heun", "dpmpp_2m" or "unipc"."""
+    (default), "heun", "dpmpp_2m", "dpmpp_2m_sde" or "unipc"."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     G._check_args(prompts, width, height, steps, num_images, batch_size, seed)

@@ -10,7 +10,7 @@ from ..bfl.sampling import LATENT_CHANNELS, image_ids, pack, seeded_noise, text_
 from ..bfl.transformer import STACKS, check_loras, load_transformer  # noqa: F401
 from ..bfl.vae import encode_images, load_vae_for_flux
 from ..conditioning import prompt_rows
-from ..samplers.flow import check_flow_sampler
+from ..samplers.flow import STOCHASTIC, check_flow_sampler, step_noise
 from ..samplers.flow_schedules import check_flow_scheduler
 from .reference import kontext_size, reference_ids
 from .sampling import WithReference, denoise_with_reference
@@ -64,7 +64,8 @@ def sample_latents(model, cond, *, height, width, steps, guidance, seeds, rows=N
     ref, ref_ids = _reference(cond, B, dev, dtype)
     out = denoise_with_reference(model, x, image_ids(height, width, B, device=dev), ref, ref_ids, txt,
                                  text_ids(txt.shape[1], B, device=dev), y, steps, guidance,
-                                 cuda_graph=cuda_graph, callback=callback, sampler=sampler, scheduler=scheduler)
+                                 cuda_graph=cuda_graph, callback=callback, sampler=sampler, scheduler=scheduler,
+                                 step_noise=step_noise(seeds, dev) if sampler in STOCHASTIC else None)
     return unpack(out, height, width)
 
 

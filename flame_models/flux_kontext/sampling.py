@@ -25,9 +25,10 @@ class WithReference(flame_nn.Module):
 
 
 def denoise_with_reference(model, img, img_ids, ref, ref_ids, txt, txt_ids, y, steps, guidance, *,
-                           cuda_graph=None, callback=None, sampler="euler", scheduler="simple"):
+                           cuda_graph=None, callback=None, sampler="euler", scheduler="simple", step_noise=None):
     """Euler (or Heun) steps from the packed noise `img` (B, L, 64) on FLUX.1-dev's shifted schedule for L target
     tokens, each step seeing the reference tokens `ref` with ids `ref_ids`. Returns the packed latents (float32)."""
     timesteps = respace(get_schedule(steps, img.shape[1], shift=True), scheduler)
     net = WithReference(model, ref.to(img.device), ref_ids.to(img.device))
-    return denoise(net, img, img_ids, txt, txt_ids, y, timesteps, guidance, cuda_graph, callback, sampler)
+    return denoise(net, img, img_ids, txt, txt_ids, y, timesteps, guidance, cuda_graph, callback, sampler,
+                   step_noise)

@@ -1,11 +1,11 @@
 """Qwen-Image's part of `python -m flame_models.generate`, as QwenImagePipeline: the Qwen2.5-VL states of the templated
 prompt (--max-length tokens at most, default 512), the pipeline's scheduler (dynamic shift, terminal sigma 0.02; 50
-steps; --sampler heun for Heun's steps, dpmpp_2m for DPM++ 2M, unipc for UniPC), true CFG (--cfg, default 4.0) only
-when a --negative-prompt is given, with the per-token norm rescale, the VAE; the LoRAs on the transformer. Files: a
-diffusers QwenImagePipeline folder (transformer/, vae/, text_encoder/, tokenizer/); --vae may name another VAE
-folder, --tokenizer another tokenizer folder. --fp8 stores the Qwen2.5-VL layers' and the transformer blocks' Linear
-weights in fp8; --max-gpu-memory streams both stacks and fits each stage (text encoder, transformer, VAE -- one after
-another) to the budget with auto_fit."""
+steps; --sampler heun for Heun's steps, dpmpp_2m for DPM++ 2M, dpmpp_2m_sde for its SDE, unipc for UniPC), true CFG
+(--cfg, default 4.0) only when a --negative-prompt is given, with the per-token norm rescale, the VAE; the LoRAs on the
+transformer. Files: a diffusers QwenImagePipeline folder (transformer/, vae/, text_encoder/, tokenizer/); --vae may name
+another VAE folder, --tokenizer another tokenizer folder. --fp8 stores the Qwen2.5-VL layers' and the transformer
+blocks' Linear weights in fp8; --max-gpu-memory streams both stacks and fits each stage (text encoder, transformer, VAE
+-- one after another) to the budget with auto_fit."""
 import json
 import math
 import os
@@ -80,7 +80,7 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, max_length=None,
              progress=True, stats=None, log=print):
     """Qwen-Image text-to-image (flame_models.generate.generate says what the arguments mean). model: a
     QwenImagePipeline folder or QwenImageFiles. sampler: "euler" (default, the pipeline's), "heun",
-    "dpmpp_2m" or "unipc"."""
+    "dpmpp_2m", "dpmpp_2m_sde" or "unipc"."""
     from .family_parts import QwenImageTextEncoders
     from .model import QwenImageTransformer2DModel
     from .vae import load_vae

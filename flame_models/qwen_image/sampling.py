@@ -11,7 +11,15 @@ import numpy as np
 import flame_core as flame
 
 from ..bfl.sampling import get_noise, pack, unpack
-from ..samplers.flow import check_flow_sampler, flow_step, multistep_state, step_coefficients, step_kind
+from ..samplers.flow import (
+    STOCHASTIC,
+    check_flow_sampler,
+    flow_step,
+    multistep_state,
+    step_coefficients,
+    step_kind,
+    step_noise,
+)
 from ..samplers.flow_schedules import check_flow_scheduler, respace
 
 NUM_TRAIN_TIMESTEPS = 1000
@@ -65,14 +73,17 @@ def sample_latents(model, cond, neg=None, *, height, width, steps=DEFAULT_STEPS,
     Noise: one seed per image (`seeds`: get_noise(seed) drawn on the model's device -- the cpu's generator and
     cuda's are different streams, so one seed gives another picture on each device), or `latents` given, packed
     (B, L, 64) or unpacked (B, 16, H/8, W/8): the same start on any device. sampler: "euler" (the pipeline's),
-    "heun", "dpmpp_2m" or "unipc"; scheduler: "simple" (the pipeline's sigmas), "karras", "exponential" or "beta"
-    (samplers/flow_schedules.py)."""
+    "heun", "dpmpp_2m", "dpmpp_2m_sde" (its step noise from seeds[j] + 1) or "unipc"; scheduler: "simple" (the
+    pipeline's sigmas), "karras", "exponential" or "beta" (samplers/flow_schedules.py)."""
     check_flow_sampler(sampler)
     check_flow_scheduler(scheduler)
     dev = model.img_in.weight.device
     dtype = model.img_in.weight.dtype
     if (seeds is None) == (latents is None):
         raise ValueError("pass exactly one of seeds= (one per image) and latents=")
+    if sampler in STOCHASTIC and seeds is None:
+        raise ValueError(f"{sampler} draws its step noise from the images' seeds: pass seeds=, not latents=")
+    z_noise = step_noise(seeds, dev) if sampler in STOCHASTIC else None
     if latents is None:
         noise = [get_noise(1, height, width, seed=int(s), device=dev) for s in seeds]
         x = pack(noise[0] if len(noise) == 1 else flame.cat(noise, dim=0))              # (B, L, 64) float32
@@ -112,7 +123,8 @@ def sample_latents(model, cond, neg=None, *, height, width, steps=DEFAULT_STEPS,
                 x = run(x, timestep(sig[i]), timestep(sig[i + 1]), sig[i + 1] - sig[i])
             else:
                 c = flame.tensor(step_coefficients(sampler, sig, i), dtype=flame.float32, device=dev)
-                x, *state = run(x, timestep(sig[i]), timestep(sig[i + 1]), sig[i + 1] - sig[i], *state, c)
+                z = (z_noise(i, x),) if sampler in STOCHASTIC else ()
+                x, *state = run(x, timestep(sig[i]), timestep(sig[i + 1]), sig[i + 1] - sig[i], *state, *z, c)
             if callback is not None:
                 callback(i + 1, steps)
     return unpack(x, height, width)

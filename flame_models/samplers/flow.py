@@ -13,6 +13,10 @@ table of sigmas (high to 0):
               With alpha = 1 - s a first-order step is exactly Euler's step, and after s = 1 (h_prev infinite) the
               second-order term is 0: on a table from 1, DPM++ 2M departs from Euler from its third step on (so at
               most 3 steps from 1 are Euler's), as diffusers'.
+    dpmpp_2m_sde  DPM-Solver++(2M) SDE, midpoint (diffusers' DPMSolverMultistepScheduler with algorithm_type
+              "sde-dpmsolver++", otherwise as dpmpp_2m): x <- (s' / s) e^-h x + alpha' (1 - e^-2h) (m + (m - m_prev)
+              h / (2 h_prev)) + s' sqrt(1 - e^-2h) z, z fresh unit noise each step (`step_noise`: image j's from
+              seed j + 1); first order at the first and the last step (into 0: x <- m, no noise).
     unipc     UniPC, bh2, order 2, on the same data prediction m and lambda (diffusers' UniPCMultistepScheduler with
               use_flow_sigmas and prediction_type "flow_prediction", its defaults: predict_x0, solver_order 2,
               lower_order_final, final_sigmas_type "zero"): at each step the UniC corrector first corrects the
@@ -27,7 +31,9 @@ table of sigmas (high to 0):
 A multistep sampler carries its history from step to step. Its step function takes it and returns it
 (`flow_step`'s dpmpp_2m: (x, t, t_next, dt, m_prev, c) -> (x', m); unipc: (x, t, t_next, dt, last, m_prev, m_prev2,
 c) -> (x', x_c, m, m_prev)) so that a CUDA graph of the step holds no state of its own: the per-step coefficients `c`
-come in as a tensor (`step_coefficients`), the history as more inputs (`multistep_state`: the first step's).
+come in as a tensor (`step_coefficients`), the history as more inputs (`multistep_state`: the first step's), and a
+stochastic sampler's noise as one more (dpmpp_2m_sde: (x, t, t_next, dt, m_prev, z, c) -> (x', m)), drawn outside
+the graph.
 """
 import math
 
@@ -35,11 +41,13 @@ import flame_core as flame
 
 from .k_samplers import unipc_rhos_c2
 
-FLOW_SAMPLERS = ("euler", "heun", "dpmpp_2m", "unipc")
-MULTISTEP = frozenset(("dpmpp_2m", "unipc"))
+FLOW_SAMPLERS = ("euler", "heun", "dpmpp_2m", "dpmpp_2m_sde", "unipc")
+MULTISTEP = frozenset(("dpmpp_2m", "dpmpp_2m_sde", "unipc"))
+STOCHASTIC = frozenset(("dpmpp_2m_sde",))   # a fresh noise tensor each step (step_noise)
 # the names A1111 / Forge write in an image's "parameters" text (generate's PNG metadata)
-DISPLAY_NAMES = {"euler": "Euler", "heun": "Heun", "dpmpp_2m": "DPM++ 2M", "unipc": "UniPC"}
-_HISTORY = {"dpmpp_2m": 1, "unipc": 3}   # the history tensors a multistep step takes and returns
+DISPLAY_NAMES = {"euler": "Euler", "heun": "Heun", "dpmpp_2m": "DPM++ 2M", "dpmpp_2m_sde": "DPM++ 2M SDE",
+                 "unipc": "UniPC"}
+_HISTORY = {"dpmpp_2m": 1, "dpmpp_2m_sde": 1, "unipc": 3}   # the history tensors a multistep step takes and returns
 
 
 def check_flow_sampler(sampler):
@@ -58,7 +66,9 @@ def flow_step(velocity, sampler):
     unipc: step(x, t, t_next, dt, last, m_prev, m_prev2, c) -> (x', x_c, m, m_prev): x the predictor's last result,
     last the sample it started from, m_prev / m_prev2 the data predictions of the two steps before, c the step's
     coefficients (unipc_coefficients, 9 float32); x_c is x corrected (the next step's `last`). The returned m_prev is
-    a copy (a graph's output is then none of its inputs)."""
+    a copy (a graph's output is then none of its inputs).
+    dpmpp_2m_sde: step(x, t, t_next, dt, m_prev, z, c) -> (x', m): z the step's unit noise (x's shape, float32), c
+    dpmpp_2m_sde_coefficients' 5."""
     kind = check_flow_sampler(sampler)
     if kind == "euler":
         return lambda x, t, t_next, dt: x + dt * velocity(x, t)
@@ -67,6 +77,11 @@ def flow_step(velocity, sampler):
             m = x - c[0] * velocity(x, t)
             return c[1] * x + c[2] * m + c[3] * (m - m_prev), m
         return dpmpp_2m
+    if kind == "dpmpp_2m_sde":
+        def dpmpp_2m_sde(x, t, t_next, dt, m_prev, z, c):
+            m = x - c[0] * velocity(x, t)
+            return c[1] * x + c[2] * m + c[3] * (m - m_prev) + c[4] * z, m
+        return dpmpp_2m_sde
     if kind == "unipc":
         def unipc(x, t, t_next, dt, last, m_prev, m_prev2, c):
             m = x - c[0] * velocity(x, t)
@@ -169,6 +184,51 @@ def unipc_coefficients(sigmas, i):
     return (s, *k, *p)
 
 
+def dpmpp_2m_sde_coefficients(sigmas, i):
+    """(s, c_x, c_m, c_d, c_z) of DPM-Solver++(2M) SDE's step i along `sigmas` (decreasing to 0): x' = c_x x +
+    c_m m + c_d (m - m_prev) + c_z z with m = x - s v; first order (c_d = 0) where dpmpp_2m_coefficients is, and
+    into 0: x' = m."""
+    s, _, _, _ = dpmpp_2m_coefficients(sigmas, i)    # (its checks, and its first / last-step rules for c_d)
+    s_next = float(sigmas[i + 1])
+    if s_next == 0.0:
+        return s, 0.0, 1.0, 0.0, 0.0
+    h = _lam(s_next) - _lam(s)
+    e = math.exp(-h)                                  # (0 from s = 1: lambda -inf)
+    c_m = (1.0 - s_next) * -math.expm1(-2.0 * h)
+    c_d = 0.0
+    if i > 0:
+        h_prev = _lam(s) - _lam(float(sigmas[i - 1]))
+        if math.isfinite(h_prev) and h_prev > 0:
+            c_d = 0.5 * c_m * h / h_prev
+    return s, s_next / s * e, c_m, c_d, s_next * math.sqrt(-math.expm1(-2.0 * h))
+
+
+def step_noise(seeds, device=None):
+    """noise(i, x) -> a stochastic sampler's unit noise for step i, float32 of x's shape on x's device: image j's
+    from a generator of its own seeded seeds[j] + 1 (its noise whatever the batch it is drawn in, as SDXL's stochastic
+    samplers); an int: one generator seeded seed + 1 for the whole batch (the samplers that draw a batch's starting
+    noise from one seed)."""
+    dev = flame.device(device) if device is not None else flame.default_device()
+    if isinstance(seeds, int):
+        g = flame.Generator(dev).manual_seed(seeds + 1)
+        return lambda i, x: flame.randn(*x.shape, generator=g, dtype=flame.float32, device=x.device)
+    gens = [flame.Generator(dev).manual_seed(int(s) + 1) for s in seeds]
+
+    def noise(i, x):
+        if x.shape[0] != len(gens):
+            raise ValueError(f"step noise for {x.shape[0]} images from {len(gens)} seeds")
+        parts = [flame.randn(1, *x.shape[1:], generator=g, dtype=flame.float32, device=x.device) for g in gens]
+        return parts[0] if len(parts) == 1 else flame.cat(parts, dim=0)
+    return noise
+
+
+def check_step_noise(sampler, noise):
+    """A ValueError when the stochastic `sampler` gets no step noise."""
+    if sampler in STOCHASTIC and noise is None:
+        raise ValueError(f"{sampler} draws fresh noise at every step: pass step_noise (samplers.flow.step_noise of "
+                         f"the images' seeds)")
+
+
 def multistep_state(sampler, x):
     """The history the first step of a multistep `sampler` takes (zeros of x's shape, which it does not read);
     () for a one-step sampler."""
@@ -176,6 +236,7 @@ def multistep_state(sampler, x):
 
 
 def step_coefficients(sampler, sigmas, i):
-    """The coefficients of step i of a multistep `sampler` along `sigmas` (dpmpp_2m_coefficients or
-    unipc_coefficients)."""
-    return dpmpp_2m_coefficients(sigmas, i) if sampler == "dpmpp_2m" else unipc_coefficients(sigmas, i)
+    """The coefficients of step i of a multistep `sampler` along `sigmas` (dpmpp_2m_coefficients,
+    dpmpp_2m_sde_coefficients or unipc_coefficients)."""
+    return {"dpmpp_2m": dpmpp_2m_coefficients, "dpmpp_2m_sde": dpmpp_2m_sde_coefficients,
+            "unipc": unipc_coefficients}[sampler](sigmas, i)

@@ -1,9 +1,9 @@
 """SD3 / SD3.5's part of `python -m flame_models.generate` (flame_models/generate.py runs it for SD3 files): Euler (or
---sampler heun / dpmpp_2m / unipc) on the shifted flow schedule with classifier-free guidance; defaults per release from
-sampling.SAMPLING_DEFAULTS -- Large 40 steps cfg 4.5, Large Turbo 4 steps cfg 1 (recognised by "turbo" in its file or
-folder name, its weights being shaped as Large's), Medium (an MMDiT-X) 50 steps cfg 5 with skip-layer guidance on
-blocks 7-9 (SAI's reference; --slg-scale 0 turns it off). The negative prompt defaults to "" (diffusers); without T5
-its tokens are zeros. Every input is checked before anything is loaded."""
+--sampler heun / dpmpp_2m / dpmpp_2m_sde / unipc) on the shifted flow schedule with classifier-free guidance; defaults
+per release from sampling.SAMPLING_DEFAULTS -- Large 40 steps cfg 4.5, Large Turbo 4 steps cfg 1 (recognised by "turbo"
+in its file or folder name, its weights being shaped as Large's), Medium (an MMDiT-X) 50 steps cfg 5 with skip-layer
+guidance on blocks 7-9 (SAI's reference; --slg-scale 0 turns it off). The negative prompt defaults to "" (diffusers);
+without T5 its tokens are zeros. Every input is checked before anything is loaded."""
 import json
 import math
 import random

@@ -23,7 +23,7 @@ import flame_core as flame
 from ..conditioning import prompt_rows
 from ..pipeline import check_loras as _check_loras
 from ..pipeline import free_model, load_for_sampling, to_pil
-from ..samplers.flow import check_flow_sampler
+from ..samplers.flow import STOCHASTIC, check_flow_sampler, step_noise
 from ..samplers.flow_schedules import check_flow_scheduler, respace
 from ..vae import decode_model_latents, encode_model_latents, load_family_vae
 from .about import ABOUT
@@ -93,8 +93,9 @@ def _device(model):
 def sample_latents(model, cond, neg_cond=None, *, height, width, steps, cfg, seeds=None, latents=None, rows=None,
                    neg_rows=None, skip_layer_guidance=None, shift=SHIFT, callback=None, cuda_graph=None,
                    sampler="euler", scheduler="simple"):
-    """Denoise with SD3's Euler (or sampler="heun" / "dpmpp_2m") sampler on the shifted flow schedule; returns
-    model-space latents (B, 16, H/8, W/8) float32.
+    """Denoise with SD3's Euler (or sampler="heun" / "dpmpp_2m" / "dpmpp_2m_sde" / "unipc") sampler on the shifted
+    flow schedule; returns model-space latents (B, 16, H/8, W/8) float32; dpmpp_2m_sde draws image i's step noise
+    from seeds[i] + 1 (samplers.flow.step_noise).
 
     cond / neg_cond: {"prompt_embeds": (P, L, D), "pooled_prompt_embeds": (P, C)} of the prompts and negative
     prompts (Tensors or NumPy arrays); `rows` / `neg_rows` pick each image's (default: image i uses row i; one
@@ -106,6 +107,8 @@ def sample_latents(model, cond, neg_cond=None, *, height, width, steps, cfg, see
     check_flow_scheduler(scheduler)
     if (seeds is None) == (latents is None):
         raise ValueError("pass exactly one of seeds= (one per image) and latents=")
+    if sampler in STOCHASTIC and seeds is None:
+        raise ValueError(f"{sampler} draws its step noise from the images' seeds: pass seeds=, not latents=")
     if height % 16 or width % 16 or height <= 0 or width <= 0:
         raise ValueError(f"SD3 images need a height and width that are positive multiples of 16, got "
                          f"{height}x{width}")
@@ -138,8 +141,8 @@ def sample_latents(model, cond, neg_cond=None, *, height, width, steps, cfg, see
     if cuda_graph is None and getattr(model, "streamer", None) is not None:
         cuda_graph = False  # a streamed forward is not capturable (its prefetch window wraps around)
     return denoise(model, x, respace(get_sigmas(steps, shift), scheduler), context, y, neg_context, neg_y, cfg, slg,
-                   cuda_graph,
-                   callback=callback, sampler=sampler)
+                   cuda_graph, callback=callback, sampler=sampler,
+                   step_noise=step_noise(seeds, dev) if sampler in STOCHASTIC else None)
 
 
 def fit_transformer(model, cond, max_gpu_memory, *, height, width, batch_size=1, cfg=1.0):

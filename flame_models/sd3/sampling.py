@@ -12,7 +12,16 @@ from dataclasses import dataclass
 import flame_core as flame
 from flame_nn.offload import streamer_of
 
-from ..samplers.flow import check_flow_sampler, flow_step, multistep_state, step_coefficients, step_kind
+from ..samplers.flow import (
+    STOCHASTIC,
+    check_flow_sampler,
+    check_step_noise,
+    flow_step,
+    multistep_state,
+    step_coefficients,
+    step_kind,
+)
+from ..samplers.flow import step_noise as seeded_step_noise
 from ..samplers.flow_schedules import check_flow_scheduler, respace
 from ..samplers.noise import get_noise  # noqa: F401  (16 channels at 1/8 resolution, seeded)
 
@@ -67,16 +76,18 @@ def get_sigmas(steps, shift=SHIFT):
 
 
 def denoise(model, x, sigmas, context, y, neg_context=None, neg_y=None, cfg=1.0, skip_layer_guidance=None,
-            cuda_graph=None, progress=False, callback=None, sampler="euler"):
-    """`sampler` ("euler", "heun", "dpmpp_2m" or "unipc", samplers/flow.py) steps along `sigmas` over the velocity v
-    guided by classifier-free guidance uncond + cfg (cond - uncond) when cfg != 1 (cond and uncond as one batch of 2B)
-    and optionally skip-layer guidance (on both of Heun's evaluations in its steps' window). The state stays in float32;
-    the model sees its own dtype. Returns float32 latents.
+            cuda_graph=None, progress=False, callback=None, sampler="euler", step_noise=None):
+    """`sampler` ("euler", "heun", "dpmpp_2m", "dpmpp_2m_sde" or "unipc", samplers/flow.py) steps along `sigmas` over
+    the velocity v guided by classifier-free guidance uncond + cfg (cond - uncond) when cfg != 1 (cond and uncond as
+    one batch of 2B) and optionally skip-layer guidance (on both of Heun's evaluations in its steps' window). The
+    state stays in float32; the model sees its own dtype. Returns float32 latents.
 
     cuda_graph (default: on for cuda tensors): each kind of step (sampler, with and without the skip-layer pass)
     runs once eagerly, then is captured as a CUDA graph (flame_core.cuda.graphed) and replayed; the numbers are the
-    same. callback(i, steps) after each step."""
+    same. callback(i, steps) after each step. step_noise(i, x): dpmpp_2m_sde's fresh noise of step i
+    (samplers.flow.step_noise), drawn before the step (outside its graph)."""
     check_flow_sampler(sampler)
+    check_step_noise(sampler, step_noise)
     dtype = _model_dtype(model)
     B = x.shape[0]
     guided = cfg != 1.0
@@ -136,7 +147,8 @@ def denoise(model, x, sigmas, context, y, neg_context=None, neg_y=None, cfg=1.0,
                 x = run(x, timestep(sigmas[i]), timestep(sigmas[i + 1]), dt)
             else:
                 c = flame.tensor(step_coefficients(sampler, sigmas, i), dtype=flame.float32, device=x.device)
-                x, *state = run(x, timestep(sigmas[i]), timestep(sigmas[i + 1]), dt, *state, c)
+                z = (step_noise(i, x),) if sampler in STOCHASTIC else ()
+                x, *state = run(x, timestep(sigmas[i]), timestep(sigmas[i + 1]), dt, *state, *z, c)
             if callback is not None:
                 callback(i, steps)
     if any(r.graph is not None for r in runs.values()):
@@ -155,8 +167,9 @@ def sample(model, context, y, neg_context=None, neg_y=None, height=1024, width=1
 
     Defaults are SD3.5 Large's (40 steps, cfg 4.5); see SAMPLING_DEFAULTS for Large Turbo (4 steps, cfg 1) and Medium
     (50 steps, cfg 5, skip-layer guidance). `latents`: the starting noise (B, 16, H/8, W/8) instead of the seeded one.
-    sampler: "euler" (the references'), "heun" (diffusers' FlowMatchHeunDiscreteScheduler: 2 model calls a step) or
-    "dpmpp_2m" (DPM-Solver++(2M) on the flow sigmas, samplers/flow.py: 1 call a step). scheduler: "simple" (the
+    sampler: "euler" (the references'), "heun" (diffusers' FlowMatchHeunDiscreteScheduler: 2 model calls a step),
+    "dpmpp_2m" (DPM-Solver++(2M) on the flow sigmas, samplers/flow.py: 1 call a step), "dpmpp_2m_sde" (its step
+    noise from seed + 1) or "unipc". scheduler: "simple" (the
     shifted sigmas), "karras", "exponential" or "beta" (samplers/flow_schedules.py).
     """
     check_flow_sampler(sampler)
@@ -174,8 +187,9 @@ def sample(model, context, y, neg_context=None, neg_y=None, height=1024, width=1
     elif tuple(latents.shape) != shape:
         raise ValueError(f"latents must have shape {shape} for {B} prompts at {height}x{width}, got "
                          f"{tuple(latents.shape)}")
+    z = seeded_step_noise(seed, context.device) if sampler in STOCHASTIC else None   # (one stream for the batch)
     return denoise(model, latents, respace(get_sigmas(steps, shift), scheduler), context, y, neg_context, neg_y, cfg,
-                   skip_layer_guidance, cuda_graph, progress, sampler=sampler)
+                   skip_layer_guidance, cuda_graph, progress, sampler=sampler, step_noise=z)
 
 
 def _model_dtype(model):

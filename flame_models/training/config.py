@@ -194,7 +194,8 @@ class SampleConfig:
     walk_seed: bool = False              # prompt i uses seed + i
     guidance_scale: float = 4.0          # flux: the guidance embedding; sd3 / sdxl: CFG (defaults 4.5 / 5.0)
     sampler: typing.Optional[str] = None  # the family's sampler (flux, flux_kontext, chroma, qwen_image, sd3:
-                                          # flowmatch / euler (default), heun, dpmpp_2m, unipc; sdxl: euler (default),
+                                          # flowmatch / euler (default), heun, dpmpp_2m, dpmpp_2m_sde,
+                                          # unipc; sdxl: euler (default),
                                           # euler_ancestral (euler_a), heun, dpm_2, dpm_2_ancestral, dpmpp_2m,
                                           # dpmpp_2m_sde, ddim, unipc, lcm); other values are errors
     scheduler: typing.Optional[str] = None  # flow families: the sigma spacing, simple (default: the family's own),

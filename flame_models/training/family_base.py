@@ -256,13 +256,13 @@ def first_line(e):
 
 
 class FlowSamplerPreviews:
-    """Mixed into a flow-matching family whose sample() takes sampler="euler" | "heun" | "dpmpp_2m" | "unipc"
-    (samplers/flow.py) and scheduler= (samplers/flow_schedules.py): previews with sample.sampler 'heun' use Heun,
-    'dpmpp_2m' DPM++ 2M, 'unipc' UniPC, the others Euler; sample.scheduler respaces the family's sigmas (default
-    'simple')."""
-    samplers = FlowMatchingFamily.samplers + ("heun", "dpmpp_2m", "unipc")
-    sampler_words = ("its flow-matching Euler ('flowmatch', 'euler'), Heun ('heun'), DPM++ 2M ('dpmpp_2m') or UniPC "
-                     "('unipc') sampler")
+    """Mixed into a flow-matching family whose sample() takes sampler="euler" | "heun" | "dpmpp_2m" | "dpmpp_2m_sde"
+    | "unipc" (samplers/flow.py) and scheduler= (samplers/flow_schedules.py): previews with sample.sampler 'heun' use
+    Heun, 'dpmpp_2m' DPM++ 2M, 'dpmpp_2m_sde' DPM++ 2M SDE (its step noise from the preview's seed), 'unipc' UniPC,
+    the others Euler; sample.scheduler respaces the family's sigmas (default 'simple')."""
+    samplers = FlowMatchingFamily.samplers + ("heun", "dpmpp_2m", "dpmpp_2m_sde", "unipc")
+    sampler_words = ("its flow-matching Euler ('flowmatch', 'euler'), Heun ('heun'), DPM++ 2M ('dpmpp_2m'), DPM++ 2M "
+                     "SDE ('dpmpp_2m_sde') or UniPC ('unipc') sampler")
 
     def _config_problems(self, cfg, prefix):
         e = super()._config_problems(cfg, prefix)
@@ -274,6 +274,6 @@ class FlowSamplerPreviews:
 
     def sample_options(self, cfg):
         s = cfg.sample.sampler
-        return {"sampler": s if s in ("heun", "dpmpp_2m", "unipc") else "euler",
+        return {"sampler": s if s in ("heun", "dpmpp_2m", "dpmpp_2m_sde", "unipc") else "euler",
                 "scheduler": cfg.sample.scheduler or "simple"}
 

@@ -115,7 +115,8 @@ def test_the_coefficients():
 
 
 def test_step_kinds_and_names():
-    assert FLOW_SAMPLERS == ("euler", "heun", "dpmpp_2m", "unipc") and MULTISTEP == {"dpmpp_2m", "unipc"}
+    assert FLOW_SAMPLERS == ("euler", "heun", "dpmpp_2m", "dpmpp_2m_sde", "unipc")
+    assert MULTISTEP == {"dpmpp_2m", "dpmpp_2m_sde", "unipc"}
     assert [step_kind("dpmpp_2m", i, 3) for i in range(3)] == ["dpmpp_2m"] * 3
     assert [step_kind("heun", i, 3) for i in range(3)] == ["heun", "heun", "euler"]
 

@@ -18,8 +18,8 @@ from flame_models.sd3.sampling import denoise
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flow_samplers"
 META = json.loads((FIXTURES / "flow_samplers.json").read_text())["cases"]
 ARRAYS = load_file(str(FIXTURES / "flow_samplers.safetensors"))
-CASES = sorted(k for k, m in META.items()   # (the multistep ones: test_flow_dpmpp, test_flow_unipc)
-               if m["scheduler"] not in ("DPMSolverMultistepScheduler", "UniPCMultistepScheduler"))
+CASES = sorted(k for k, m in META.items()   # (the multistep ones: test_flow_dpmpp, _dpmpp_sde, _unipc)
+               if m["scheduler"] in ("FlowMatchHeunDiscreteScheduler", "FlowMatchEulerDiscreteScheduler"))
 
 
 class FixedVelocity:
@@ -88,7 +88,8 @@ def test_every_step_matches_diffusers(case, device):
 def test_step_kinds():
     assert [step_kind("heun", i, 3) for i in range(3)] == ["heun", "heun", "euler"]
     assert [step_kind("euler", i, 3) for i in range(3)] == ["euler"] * 3
-    assert FLOW_SAMPLERS == ("euler", "heun", "dpmpp_2m", "unipc") and check_flow_sampler("heun") == "heun"
+    assert FLOW_SAMPLERS == ("euler", "heun", "dpmpp_2m", "dpmpp_2m_sde", "unipc")
+    assert check_flow_sampler("heun") == "heun"
 
 
 def _sd3(device, **kw):

@@ -23,6 +23,7 @@ def test_families_accept_heun_and_dpmpp_2m_and_pass_them_on(name):
     assert fam.sample_options(_cfg("heun"))["sampler"] == "heun"
     assert fam.sample_options(_cfg("dpmpp_2m"))["sampler"] == "dpmpp_2m"
     assert "unipc" in fam.samplers and fam.sample_options(_cfg("unipc"))["sampler"] == "unipc"
+    assert fam.sample_options(_cfg("dpmpp_2m_sde"))["sampler"] == "dpmpp_2m_sde"
     assert fam.sample_options(_cfg(None))["scheduler"] == "simple"
     cfg = _cfg("heun")
     cfg.sample.scheduler = "beta"
@@ -57,12 +58,14 @@ def test_heun_and_dpmpp_2m_previews_run_and_differ_from_euler(name, size, contro
         kw["steps"] = 4
         dpm = fam.sample(model, cond, sampler="dpmpp_2m", **kw).numpy()
         unipc = fam.sample(model, cond, sampler="unipc", **kw).numpy()    # (its corrector: apart from step 2 on)
+        sde = fam.sample(model, cond, sampler="dpmpp_2m_sde", **kw).numpy()   # (noise from the preview's seed)
+        np.testing.assert_array_equal(fam.sample(model, cond, sampler="dpmpp_2m_sde", **kw).numpy(), sde)
         euler4 = fam.sample(model, cond, **kw).numpy()
         karras = fam.sample(model, cond, scheduler="karras", **kw).numpy()   # Euler on the respaced sigmas
         assert np.isfinite(karras).all() and np.abs(karras - euler4).max() > 1e-6
         np.testing.assert_array_equal(fam.sample(model, cond, scheduler="simple", **kw).numpy(), euler4)
     np.testing.assert_array_equal(euler, default)
-    for other, base in ((heun, euler), (dpm, euler4), (unipc, euler4), (unipc, dpm)):
+    for other, base in ((heun, euler), (dpm, euler4), (unipc, euler4), (unipc, dpm), (sde, dpm)):
         assert np.isfinite(other).all() and other.shape == base.shape
         assert np.abs(other - base).max() > 1e-6
 
@@ -79,5 +82,6 @@ def test_generate_refuses_the_sdxl_samplers_before_loading_anything(module, labe
     from flame_models.generate import GenerateError
     gen = importlib.import_module(module)
     assert "sampler" in gen.OPTIONS
-    with pytest.raises(GenerateError, match=f"--sampler ddim: {label} samples with euler, heun, dpmpp_2m or unipc"):
+    with pytest.raises(GenerateError,
+                       match=f"--sampler ddim: {label} samples with euler, heun, dpmpp_2m, dpmpp_2m_sde or unipc"):
         gen.generate("no/such/model", "a cat", sampler="ddim", **extra)
