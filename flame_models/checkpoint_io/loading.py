@@ -145,7 +145,8 @@ def fp8_on_read(stacks, *, per_tensor=False, device=None, keep=None):
 
 
 def stored_fp8_reader(ckpt, plan=None, combine=None):
-    """read_stored(key) for fill_: (q float8_e4m3fn, scales float32 (rows,)) of a model weight whose file tensors
+    """read_stored(key, target) for fill_: (q float8_e4m3fn, scales float32 (rows,)), on the target's device, of a
+    model weight whose file tensors
     (`plan[key]`'s, joined by `combine` as the weight is; without a plan, the key's own) are all stored as
     float8_e4m3fn -- read as stored, with the file's scales (ComfyUI's scale_weight) or ones --, else None."""
     def read(key, target):
@@ -203,12 +204,18 @@ def fill_(model, read, targets, *, desc="loading", progress=True, read_stored=No
             if linear is None:
                 state[key] = read(key, target)
                 continue
-            if device is not None and device != target.device:
-                target = _Placed(target.dtype, device, tuple(target.shape))
-            stored = read_stored(key, target) if read_stored is not None else None
-            q, scales = stored if stored is not None else quantize_fp8(read(key, target), per_tensor=per_tensor)
-            if keep is not None and q.device != keep:
-                q, scales = q.to(keep), scales.to(keep)
+            work = device if device is not None else target.device     # where a weight is quantised
+            dst = keep if keep is not None else work                      # where its fp8 storage stays
+            # a file's fp8 bytes go straight where they stay; another weight is read and quantised on `work`
+            stored = read_stored(key, _Placed(target.dtype, dst, tuple(target.shape))) if read_stored else None
+            if stored is not None:
+                q, scales = stored
+            else:
+                q, scales = quantize_fp8(read(key, target if work == target.device else
+                                              _Placed(target.dtype, work, tuple(target.shape))),
+                                         per_tensor=per_tensor)
+                if q.device != dst:
+                    q, scales = q.to(dst), scales.to(dst)
             set_fp8_weight_(linear, q, scales, target.dtype)
     # assign=True: each tensor read becomes the model's storage (no second copy of the model)
     model.load_state_dict(state, strict=False, assign=True)
