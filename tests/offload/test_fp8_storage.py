@@ -243,6 +243,16 @@ def test_the_cached_dequantisation_matches_the_kernel_across_layers_growth_and_r
                                       npy(flame.as_tensor(K.dequantize_per_row(q, s, npdt))))
 
 
+@pytest.fixture
+def fresh_scratch():
+    """Forget this test's fp8 dequantisation scratch after it (process-wide, one per device and dtype: a float64 one
+    left behind counted against a later test's memory budget)."""
+    yield
+    from flame_nn.offload.fp8 import release_scratch
+    release_scratch()
+
+
+@pytest.mark.usefixtures("fresh_scratch")
 def test_module_to_a_dtype_keeps_the_fp8_storage_and_changes_the_compute_dtype(device):
     """Module.to(dtype) / .float() / .bfloat16(): an fp8-stored Linear keeps its float8 weight and float32 scales
     (they were cast as raw values, the scales dropped) and computes in the new dtype, as a plain Linear does."""
@@ -267,6 +277,7 @@ def test_module_to_a_dtype_keeps_the_fp8_storage_and_changes_the_compute_dtype(d
     assert m[2].compute_dtype is flame.float32 and m[2].weight.dtype is flame.float8_e4m3fn
 
 
+@pytest.mark.usefixtures("fresh_scratch")
 @pytest.mark.parametrize("compute", [None, "fp8"])
 def test_load_state_dict_into_fp8_layers_quantises_float_weights(device, compute):
     """load_state_dict of the model's own float weights into its fp8-stored Linears quantises them as the layer
