@@ -3,27 +3,15 @@ diffusers' DPMSolverMultistepScheduler as a flow sampler on a fixed velocity mod
 (tests/fixtures/make_flow_sampler_fixtures.py), through the step function alone and through SD3's and Flux's
 denoising loops (Flux's with its CUDA graphs on a GPU: the history is a graph input and output), the coefficient
 table's rules, and the option on generate and the previews."""
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
+from flow_cases import ARRAYS, META, cases, flux_denoise, noise, sd3_denoise, velocity
 from sd3_helpers import npy
 
 import flame_core as flame
-from flame_core.io import load_file
-from flame_models.bfl import sampling as flux_sampling
 from flame_models.samplers.flow import FLOW_SAMPLERS, MULTISTEP, dpmpp_2m_coefficients, flow_step, step_kind
-from flame_models.sd3.sampling import denoise
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flow_samplers"
-META = json.loads((FIXTURES / "flow_samplers.json").read_text())["cases"]
-ARRAYS = load_file(str(FIXTURES / "flow_samplers.safetensors"))
-CASES = sorted(k for k, m in META.items() if m["scheduler"] == "DPMSolverMultistepScheduler")
-
-
-def _pattern(device):
-    return flame.tensor(ARRAYS["pattern"].numpy(), device=device)
+CASES = cases("DPMSolverMultistepScheduler")
 
 
 def _tolerance(ref, sigmas):
@@ -43,12 +31,8 @@ def test_every_step_matches_diffusers(case, device):
     sigmas, steps = m["sigmas"], m["steps"]
     ref = ARRAYS[f"{case}.trajectory"].numpy()
     assert len(sigmas) == steps + 1 and sigmas[-1] == 0.0 and len(ref) == steps
-    pattern = _pattern(device)
-
-    def velocity(x, t):
-        return flame.tanh(0.8 * x) + pattern * (t.reshape(-1, 1, 1, 1) / 1000)
-    step = flow_step(velocity, "dpmpp_2m")
-    x = flame.tensor(ARRAYS["noise"].numpy(), device=device)
+    step = flow_step(velocity(device), "dpmpp_2m")
+    x = noise(device)
     m_prev = flame.zeros_like(x)
     atol = _tolerance(ref, sigmas)
     with flame.no_grad():
@@ -66,32 +50,13 @@ def test_sd3_and_flux_loops_match_diffusers(case, device):
     sigmas = m["sigmas"]
     ref = ARRAYS[f"{case}.trajectory"].numpy()
     atol = _tolerance(ref, sigmas)
-    pattern = _pattern(device)
-
-    class SD3Like:
-        def parameters(self):
-            return iter(())
-
-        def modules(self):
-            return iter((self,))
-
-        def __call__(self, x, t, y, context):
-            return flame.tanh(0.8 * x) + pattern * (t.reshape(-1, 1, 1, 1) / 1000)
-
-    class FluxLike(SD3Like):
-        def __call__(self, img, img_ids, txt, txt_ids, timesteps, y, guidance):
-            return flame.tanh(0.8 * img) + pattern * timesteps.reshape(-1, 1, 1, 1)
-
-    noise = flame.tensor(ARRAYS["noise"].numpy(), device=device)
-    out = denoise(SD3Like(), noise, sigmas, flame.zeros(1, 2, 3, device=device), flame.zeros(1, 3, device=device),
-                  sampler="dpmpp_2m")
+    out = sd3_denoise(device, sigmas, sampler="dpmpp_2m")
     np.testing.assert_allclose(npy(out), ref[-1], rtol=0, atol=atol)
     seen = []
-    out = flux_sampling.denoise(FluxLike(), noise, None, None, None, None, sigmas, None,
-                                callback=lambda i, n: seen.append((i, n)), sampler="dpmpp_2m")
+    out = flux_denoise(device, sigmas, callback=lambda i, n: seen.append((i, n)), sampler="dpmpp_2m")
     np.testing.assert_allclose(npy(out), ref[-1], rtol=0, atol=atol)
     assert seen == [(i, m["steps"]) for i in range(1, m["steps"] + 1)]
-    euler = flux_sampling.denoise(FluxLike(), noise, None, None, None, None, sigmas, None, sampler="euler")
+    euler = flux_denoise(device, sigmas, sampler="euler")
     assert np.abs(npy(euler) - npy(out)).max() > 1e-4   # another sampler, not Euler renamed
 
 

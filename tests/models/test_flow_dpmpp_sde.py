@@ -3,16 +3,12 @@ against diffusers' DPMSolverMultistepScheduler with algorithm_type "sde-dpmsolve
 noise given to both (tests/fixtures/make_flow_sampler_fixtures.py); through the step function and SD3's and Flux's
 denoising loops (Flux's with its CUDA graphs on a GPU: the noise is a graph input drawn before each replay); the
 coefficients; the seeded step noise (an image's whatever its batch); and the refusals."""
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
+from flow_cases import ARRAYS, META, cases, flux_denoise, noise, sd3_denoise, velocity
 from sd3_helpers import npy
 
 import flame_core as flame
-from flame_core.io import load_file
-from flame_models.bfl import sampling as flux_sampling
 from flame_models.samplers.flow import (
     STOCHASTIC,
     dpmpp_2m_coefficients,
@@ -21,12 +17,8 @@ from flame_models.samplers.flow import (
     multistep_state,
     step_noise,
 )
-from flame_models.sd3.sampling import denoise
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flow_samplers"
-META = json.loads((FIXTURES / "flow_samplers.json").read_text())["cases"]
-ARRAYS = load_file(str(FIXTURES / "flow_samplers.safetensors"))
-CASES = sorted(k for k, m in META.items() if m["scheduler"] == "DPMSolverMultistepScheduler/sde-dpmsolver++")
+CASES = cases("DPMSolverMultistepScheduler/sde-dpmsolver++")
 
 
 def _tolerance(ref, sigmas):
@@ -42,12 +34,8 @@ def test_every_step_matches_diffusers(case, device):
     m = META[case]
     sigmas, steps = m["sigmas"], m["steps"]
     ref, zs = ARRAYS[f"{case}.trajectory"].numpy(), ARRAYS[f"{case}.noise"].numpy()
-    pattern = flame.tensor(ARRAYS["pattern"].numpy(), device=device)
-
-    def velocity(x, t):
-        return flame.tanh(0.8 * x) + pattern * (t.reshape(-1, 1, 1, 1) / 1000)
-    step = flow_step(velocity, "dpmpp_2m_sde")
-    x = flame.tensor(ARRAYS["noise"].numpy(), device=device)
+    step = flow_step(velocity(device), "dpmpp_2m_sde")
+    x = noise(device)
     (m_prev,) = multistep_state("dpmpp_2m_sde", x)
     atol = _tolerance(ref, sigmas)
     with flame.no_grad():
@@ -64,37 +52,18 @@ def test_sd3_and_flux_loops_match_diffusers(case, device):
     sigmas = m["sigmas"]
     ref, zs = ARRAYS[f"{case}.trajectory"].numpy(), ARRAYS[f"{case}.noise"].numpy()
     atol = _tolerance(ref, sigmas)
-    pattern = flame.tensor(ARRAYS["pattern"].numpy(), device=device)
-
-    class SD3Like:
-        def parameters(self):
-            return iter(())
-
-        def modules(self):
-            return iter((self,))
-
-        def __call__(self, x, t, y, context):
-            return flame.tanh(0.8 * x) + pattern * (t.reshape(-1, 1, 1, 1) / 1000)
-
-    class FluxLike(SD3Like):
-        def __call__(self, img, img_ids, txt, txt_ids, timesteps, y, guidance):
-            return flame.tanh(0.8 * img) + pattern * timesteps.reshape(-1, 1, 1, 1)
-
     drawn = []
 
     def given(i, x):
         drawn.append(i)
         return flame.tensor(zs[i], device=x.device)
-    noise = flame.tensor(ARRAYS["noise"].numpy(), device=device)
-    out = denoise(SD3Like(), noise, sigmas, flame.zeros(1, 2, 3, device=device), flame.zeros(1, 3, device=device),
-                  sampler="dpmpp_2m_sde", step_noise=given)
+    out = sd3_denoise(device, sigmas, sampler="dpmpp_2m_sde", step_noise=given)
     np.testing.assert_allclose(npy(out), ref[-1], rtol=0, atol=atol)
     assert drawn == list(range(m["steps"]))
-    out = flux_sampling.denoise(FluxLike(), noise, None, None, None, None, sigmas, None, sampler="dpmpp_2m_sde",
-                                step_noise=given)
+    out = flux_denoise(device, sigmas, sampler="dpmpp_2m_sde", step_noise=given)
     np.testing.assert_allclose(npy(out), ref[-1], rtol=0, atol=atol)
     with pytest.raises(ValueError, match="dpmpp_2m_sde draws fresh noise at every step: pass step_noise"):
-        flux_sampling.denoise(FluxLike(), noise, None, None, None, None, sigmas, None, sampler="dpmpp_2m_sde")
+        flux_denoise(device, sigmas, sampler="dpmpp_2m_sde")
 
 
 def test_the_coefficients():

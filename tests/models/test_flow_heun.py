@@ -1,40 +1,18 @@
 """The flow-matching Heun sampler (flame_models/samplers/flow.py) of SD3 and Flux: its table and every step against
 diffusers' FlowMatchHeunDiscreteScheduler on a fixed velocity model (tests/fixtures/make_flow_sampler_fixtures.py;
 FlowMatchEulerDiscreteScheduler as a control), SD3's sample() with the tiny MMDiT, Euler unchanged, option errors."""
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
+from flow_cases import ARRAYS, META, noise, sd3_denoise, velocity
 from sd3_helpers import diffusers_dir, inputs, io, npy
 
 import flame_core as flame
-from flame_core.io import load_file
 from flame_models.bfl import sampling as flux_sampling
 from flame_models.samplers.flow import FLOW_SAMPLERS, check_flow_sampler, flow_step, step_kind
 from flame_models.sd3 import get_sigmas, load_sd3, sample
-from flame_models.sd3.sampling import denoise
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flow_samplers"
-META = json.loads((FIXTURES / "flow_samplers.json").read_text())["cases"]
-ARRAYS = load_file(str(FIXTURES / "flow_samplers.safetensors"))
 CASES = sorted(k for k, m in META.items()   # (the multistep ones: test_flow_dpmpp, _dpmpp_sde, _unipc)
                if m["scheduler"] in ("FlowMatchHeunDiscreteScheduler", "FlowMatchEulerDiscreteScheduler"))
-
-
-class FixedVelocity:
-    """v(x, t) = tanh(0.8 x) + pattern t / 1000, called as an SD3 MMDiT (x, t, y, context)."""
-    def __init__(self, device):
-        self.pattern = flame.tensor(ARRAYS["pattern"], device=device)
-
-    def parameters(self):
-        return iter(())
-
-    def modules(self):   # (denoise asks whether a BlockStreamer streams the model)
-        return iter((self,))
-
-    def __call__(self, x, t, y, context):
-        return flame.tanh(0.8 * x) + self.pattern * (t.reshape(-1, 1, 1, 1) / 1000)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -57,20 +35,16 @@ def test_every_step_matches_diffusers(case, device):
     m = META[case]
     kind = "heun" if m["scheduler"] == "FlowMatchHeunDiscreteScheduler" else "euler"
     ref = ARRAYS[f"{case}.trajectory"]
-    model = FixedVelocity(device)
     sigmas, steps = get_sigmas(m["steps"], m["shift"]), m["steps"]
-    x, got = flame.tensor(ARRAYS["noise"], device=device), []
-
-    def velocity(x, t):
-        return model(x, t, None, None)
+    x, got, v = noise(device), [], velocity(device)
 
     def t_of(s):
         return flame.full((1,), 1000 * s, dtype=flame.float32, device=device)
     for i in range(steps):
         args = (t_of(sigmas[i]), t_of(sigmas[i + 1]), flame.full((1,), sigmas[i + 1] - sigmas[i], device=device))
         if step_kind(kind, i, steps) == "heun":
-            got.append(npy(flow_step(velocity, "euler")(x, *args)))
-        x = flow_step(velocity, step_kind(kind, i, steps))(x, *args)
+            got.append(npy(flow_step(v, "euler")(x, *args)))
+        x = flow_step(v, step_kind(kind, i, steps))(x, *args)
         got.append(npy(x))
     assert len(got) == len(ref) == (2 * steps - 1 if kind == "heun" else steps)
     # float32 over a few steps of a smooth field; looser near sigma 0: diffusers' Heun takes its derivative through
@@ -80,8 +54,7 @@ def test_every_step_matches_diffusers(case, device):
     for i, (a, b) in enumerate(zip(got, ref)):
         np.testing.assert_allclose(a, b, rtol=0, atol=atol, err_msg=f"call {i}")
     # the family's loop (SD3's denoise: timesteps, dt and Heun's last step) ends where diffusers' does
-    out = denoise(model, flame.tensor(ARRAYS["noise"], device=device), sigmas, flame.zeros(1, 2, 3, device=device),
-                  flame.zeros(1, 3, device=device), sampler=kind)
+    out = sd3_denoise(device, sigmas, sampler=kind)
     np.testing.assert_allclose(npy(out), ref[-1], rtol=0, atol=atol)
 
 

@@ -4,28 +4,17 @@ that table from below 1 and the scheduler's own flow sigmas (tests/fixtures/make
 the step function alone and through SD3's and Flux's denoising loops (Flux's with its CUDA graphs on a
 GPU: the three history tensors are graph inputs and outputs) and the coefficient table's rules. The previews and
 generate's option: tests/training/test_flow_family_heun.py."""
-import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
+from flow_cases import ARRAYS, META, cases, flux_denoise, noise, sd3_denoise, velocity
 from sd3_helpers import npy
 
 import flame_core as flame
-from flame_core.io import load_file
-from flame_models.bfl import sampling as flux_sampling
 from flame_models.samplers.flow import flow_step, multistep_state, step_coefficients, unipc_coefficients
-from flame_models.sd3.sampling import denoise
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flow_samplers"
-META = json.loads((FIXTURES / "flow_samplers.json").read_text())["cases"]
-ARRAYS = load_file(str(FIXTURES / "flow_samplers.safetensors"))
-CASES = sorted(k for k, m in META.items() if m["scheduler"] == "UniPCMultistepScheduler")
-
-
-def _pattern(device):
-    return flame.tensor(ARRAYS["pattern"].numpy(), device=device)
+CASES = cases("UniPCMultistepScheduler")
 
 
 def _tolerance(ref, sigmas):
@@ -45,13 +34,9 @@ def test_every_step_matches_diffusers(case, device):
     sigmas, steps = m["sigmas"], m["steps"]
     ref = ARRAYS[f"{case}.trajectory"].numpy()
     assert len(sigmas) == steps + 1 and sigmas[-1] == 0.0 and len(ref) == steps
-    pattern = _pattern(device)
     timesteps = m["timesteps"]
-
-    def velocity(x, t):
-        return flame.tanh(0.8 * x) + pattern * (t.reshape(-1, 1, 1, 1) / 1000)
-    step = flow_step(velocity, "unipc")
-    x = flame.tensor(ARRAYS["noise"].numpy(), device=device)
+    step = flow_step(velocity(device), "unipc")
+    x = noise(device)
     state = multistep_state("unipc", x)
     assert len(state) == 3
     atol = _tolerance(ref, sigmas)
@@ -70,32 +55,13 @@ def test_sd3_and_flux_loops_match_diffusers(case, device):
     sigmas = m["sigmas"]
     ref = ARRAYS[f"{case}.trajectory"].numpy()
     atol = _tolerance(ref, sigmas)
-    pattern = _pattern(device)
-
-    class SD3Like:
-        def parameters(self):
-            return iter(())
-
-        def modules(self):
-            return iter((self,))
-
-        def __call__(self, x, t, y, context):
-            return flame.tanh(0.8 * x) + pattern * (t.reshape(-1, 1, 1, 1) / 1000)
-
-    class FluxLike(SD3Like):
-        def __call__(self, img, img_ids, txt, txt_ids, timesteps, y, guidance):
-            return flame.tanh(0.8 * img) + pattern * timesteps.reshape(-1, 1, 1, 1)
-
-    noise = flame.tensor(ARRAYS["noise"].numpy(), device=device)
-    out = denoise(SD3Like(), noise, sigmas, flame.zeros(1, 2, 3, device=device), flame.zeros(1, 3, device=device),
-                  sampler="unipc")
+    out = sd3_denoise(device, sigmas, sampler="unipc")
     np.testing.assert_allclose(npy(out), ref[-1], rtol=0, atol=atol)
     seen = []
-    out = flux_sampling.denoise(FluxLike(), noise, None, None, None, None, sigmas, None,
-                                callback=lambda i, n: seen.append((i, n)), sampler="unipc")
+    out = flux_denoise(device, sigmas, callback=lambda i, n: seen.append((i, n)), sampler="unipc")
     np.testing.assert_allclose(npy(out), ref[-1], rtol=0, atol=atol)
     assert seen == [(i, m["steps"]) for i in range(1, m["steps"] + 1)]
-    dpm = flux_sampling.denoise(FluxLike(), noise, None, None, None, None, sigmas, None, sampler="dpmpp_2m")
+    dpm = flux_denoise(device, sigmas, sampler="dpmpp_2m")
     assert np.abs(npy(dpm) - npy(out)).max() > 1e-4   # another sampler, not DPM++ 2M renamed
 
 
