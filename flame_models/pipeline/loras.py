@@ -139,7 +139,7 @@ def apply_loras(model, loras, *, merge=True, dtype=flame.float32, error=ModelFil
     for i, (path, weight) in enumerate(loras):
         try:
             A.load_adapters(model, path, name=f"lora_{i}", weight=weight, dtype=dtype, component=component)
-        except (A.AdapterFormatError, A.AdapterError) as e:  # (a DoRA on fp8-stored weights: AdapterError)
+        except (A.AdapterFormatError, A.AdapterError) as e:
             raise error(f"--lora {path}: {_reason(e, path)}") from None
     if loras and merge:
         # Linear by Linear: the LoRAs' changes (each times its weight, each against the base weight, as the adapters

@@ -528,9 +528,6 @@ def _clean_quantize(cfg, p, errors):
     if qt is not None and (not isinstance(qt, str) or qt.lower() not in FP8_NAMES):
         errors.append(f"{p}model.qtype: FLAME quantises the frozen weights to fp8 (e4m3) only: qfloat8, float8 or fp8, "
                       f"got {qt!r}")
-    if cfg.model.quantize and str(cfg.network.type).lower() == "dora":
-        errors.append(f"{p}network.type: dora reads the base weight's rows, which model.quantize stores in fp8; train "
-                      f"lora, locon, lokr or loha on fp8 weights, or DoRA without model.quantize")
     if cfg.train.fp8_compute and not cfg.model.quantize:
         errors.append(f"{p}train.fp8_compute: computes with the fp8 weights of model.quantize; set model.quantize: "
                       f"fp8 too")

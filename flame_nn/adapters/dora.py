@@ -12,7 +12,7 @@ from flame_core.autograd import no_grad
 
 from .. import functional as F
 from ..parameter import Parameter
-from .layer import AdapterError, adapter_input, autocast_on, wide
+from .layer import adapter_input, autocast_on, wide
 from .lora import LoRA
 
 
@@ -22,21 +22,12 @@ def row_norms(w):
     return (w * w).sum(dim=1).sqrt()
 
 
-def check_base(weight):
-    """DoRA reads its base weight's rows (their norms, W·x of them): an fp8-stored Linear (flame_nn.offload) holds
-    rows without their scales, so it is refused rather than normed wrongly."""
-    if weight.dtype is flame.float8_e4m3fn:
-        raise AdapterError("a DoRA adapter needs the base weight's rows; an fp8-stored Linear supports LoRA, LoKr and "
-                           "LoHa adapters (load the model without fp8 storage, or merge the DoRA first)")
-
-
 class DoRA(LoRA):
     kind = "dora"
     needs_base = True
 
     def __init__(self, in_features, out_features, rank=16, alpha=None, dropout=0.0, rslora=False, *,
                  base_weight, init_weights="kaiming", device=None, dtype=flame.float32, generator=None):
-        check_base(base_weight)
         super().__init__(in_features, out_features, rank, alpha, dropout, rslora, init_weights=init_weights,
                          device=device, dtype=dtype, generator=generator)
         with no_grad():

@@ -26,7 +26,7 @@ from ..layers.conv import Conv2d
 from ..layers.linear import Linear
 from . import formats as fmt
 from .dora import DoRA, row_norms
-from .layer import AdaptedMixin, AdapterError, adapt, unadapt
+from .layer import AdaptedMixin, AdapterError, adapt, base_rows, unadapt
 from .locon import LoRAConv2d
 from .loha import LoHa
 from .lokr import LoKr
@@ -102,7 +102,7 @@ def _make(kind, mod, rows, rank, alpha, dropout, rslora, lokr_factor, lokr_full_
                         generator=generator)
         return LoHa(n_in, hi - lo, rank, alpha, device=dev, dtype=dtype, generator=generator)
     if cls is DoRA:
-        return DoRA(n_in, hi - lo, rank, alpha, dropout, rslora, base_weight=mod.weight[lo:hi],
+        return DoRA(n_in, hi - lo, rank, alpha, dropout, rslora, base_weight=base_rows(mod, lo, hi),
                     init_weights=init_weights, device=dev, dtype=dtype, generator=generator)
     return LoRA(n_in, hi - lo, rank, alpha, dropout, rslora, init_weights=init_weights, device=dev, dtype=dtype,
                 generator=generator)
@@ -304,7 +304,7 @@ def _from_part(mod, part, dtype):
     n_in, dev = mod.weight.shape[1], mod.weight.device
     if part.kind in ("lora", "dora"):
         if part.kind == "dora":
-            return DoRA(n_in, hi - lo, part.rank, base_weight=mod.weight[lo:hi], device=dev, dtype=dtype)
+            return DoRA(n_in, hi - lo, part.rank, base_weight=base_rows(mod, lo, hi), device=dev, dtype=dtype)
         return LoRA(n_in, hi - lo, part.rank, device=dev, dtype=dtype)
     if part.kind == "loha":
         return LoHa(n_in, hi - lo, part.rank, device=dev, dtype=dtype)

@@ -158,9 +158,6 @@ class AdaptedMixin:
         out = self.weight.shape[0]
         lo, hi = (0, out) if rows is None else (int(rows[0]), int(rows[1]))
         self._check_fit(adapter, lo, hi)
-        if adapter.needs_base and self.weight.dtype is flame.float8_e4m3fn:
-            from .dora import check_base  # (dora imports this module)
-            check_base(self.weight)
         for (a, b), _ in self._adapters.get(name, []):
             if a < hi and lo < b:
                 raise AdapterError(f"adapter {name!r} already covers rows [{a}:{b}], which overlap [{lo}:{hi}]")
@@ -214,6 +211,14 @@ class AdaptedMixin:
             self.merge(n)
 
 
+def base_rows(layer, lo, hi):
+    """Rows lo:hi of a Linear's base weight as values (DoRA reads them): an fp8-stored layer's dequantised into its
+    compute dtype (its stored rows lack their scales), any other layer's as they are."""
+    if layer.weight.dtype is flame.float8_e4m3fn and hasattr(layer, "dequantized_weight"):
+        return layer.dequantized_weight(rows=(lo, hi))
+    return layer.weight[lo:hi]
+
+
 class AdaptedLinearMixin(AdaptedMixin):
     """The adapted Linear: y = base(x), then every active adapter's output added into its rows.
 
@@ -255,7 +260,7 @@ class AdaptedLinearMixin(AdaptedMixin):
         for lo, hi, ad, mult in active:
             base = w = None
             if ad.needs_base:
-                w = self.weight[lo:hi]
+                w = base_rows(self, lo, hi)
                 b = None if self.bias is None else self.bias[lo:hi]
                 base = y[..., lo:hi] - b if b is not None else y[..., lo:hi] * 1  # a copy: y changes below
             d = ad.delta(input, base, w)

@@ -198,12 +198,15 @@ class Float8LinearMixin:
         if dtype.is_floating_point and dtype is not D.float8_e4m3fn:
             self.__dict__["compute_dtype"] = dtype
 
-    def dequantized_weight(self, dtype=None):
-        """The weight as a new tensor of `dtype` (default: the dtype the layer had before quantisation). Not
-        differentiable. (The layer's own forward does not call this: it dequantises into a shared scratch.)"""
+    def dequantized_weight(self, dtype=None, rows=None):
+        """The weight -- or its rows `rows` = (lo, hi) -- as a new tensor of `dtype` (default: the layer's compute
+        dtype). Not differentiable. (The layer's own forward does not call this: it dequantises into a shared scratch;
+        a DoRA adapter reads its rows through it.)"""
         dt = D.dtype(dtype) if dtype is not None else self.compute_dtype
-        w = self.weight
-        return as_tensor(_K.dequantize_per_row(w.array, self.weight_scale.array, dt.np))
+        q, s = self.weight.array, self.weight_scale.array
+        if rows is not None:
+            q, s = q[rows[0]:rows[1]], s[rows[0]:rows[1]]
+        return as_tensor(_K.dequantize_per_row(q, s, dt.np))
 
     def _compute_inputs(self, input):
         """(compute dtype, input, bias) as the matmul takes them: under autocast its dtype (the dequantised weight
@@ -478,14 +481,8 @@ def quantize_linear_weights_(module, dtype="float8_e4m3fn", *, include_trainable
             if not w.dtype.is_floating_point or w.dtype is D.float8_e4m3fn:
                 continue
             adapted = isinstance(m, AdaptedLinearMixin)
-            if adapted:
-                if m._merged:
-                    raise OffloadError(f"{name}: merged adapters {list(m._merged)}; unmerge them before quantising")
-                for entries in m._adapters.values():
-                    for _, ad in entries:
-                        if ad.needs_base:
-                            raise OffloadError(f"{name}: a {ad.kind} adapter needs the base weight's rows; fp8 "
-                                               f"storage supports LoRA, LoKr and LoHa adapters")
+            if adapted and m._merged:
+                raise OffloadError(f"{name}: merged adapters {list(m._merged)}; unmerge them before quantising")
             q, scales = quantize_fp8(w, per_tensor=compute == "fp8")
             _note_size(q.array)
             d = m.__dict__

@@ -144,22 +144,34 @@ def test_host_memory_is_the_fp8_bytes(tmp_path):
     assert len(_fp8_layers(model)) >= 14
 
 
-def test_generate_fp8_with_a_dora_names_the_lora(tmp_path):
-    from flame_models.conditioning.files import ModelFilesError
+def test_generate_fp8_with_a_dora(tmp_path):
+    """A DoRA LoRA beside fp8-stored blocks (read as they are read: fp8_on_read) gives the output of the model with
+    the DoRA merged into float weights, up to fp8's rounding of the base weights."""
     from flame_models.flux.lora_keys import TARGET_PRESETS, name_map_for
     from flame_models.pipeline import load_for_sampling
     from flame_nn import adapters as A
     path = _file(tmp_path, flux_params("flux-tiny"))
     model = load_flux(path, dtype=flame.float32, device="cpu")
     A.inject_adapters(model, TARGET_PRESETS["attention"], "dora", rank=2, name_map=name_map_for(model.params))
+    rng = np.random.default_rng(4)
+    with flame.no_grad():
+        for _, p in A.named_adapter_parameters(model):
+            p.copy_(p + flame.tensor(rng.normal(0, 0.3, tuple(p.shape)).astype(np.float32)))
     dora = A.save_adapters(model, str(tmp_path / "dora.safetensors"), format="kohya")
 
     def load(dev):
         return load_flux(path, dtype=flame.float32, device=dev)
-    with pytest.raises(ModelFilesError, match=r"--lora .*dora.safetensors: a DoRA adapter needs the base weight's"):
-        load_for_sampling(load, path, [(dora, 1.0)], list(STACKS), "cpu", fp8=True)
-    plain = load_for_sampling(load, path, [(dora, 1.0)], list(STACKS), "cpu")       # merged without fp8
-    assert not _fp8_layers(plain)
+    fp8 = load_for_sampling(load, path, [(dora, 1.0)], list(STACKS), "cpu", fp8=True)
+    merged = load_for_sampling(load, path, [(dora, 1.0)], list(STACKS), "cpu")       # merged, no fp8
+    bare = load_for_sampling(load, path, [], list(STACKS), "cpu", fp8=True)
+    plain = load_for_sampling(load, path, [], list(STACKS), "cpu")
+    assert _fp8_layers(fp8) and not _fp8_layers(merged)
+    ids = {k: flame.tensor(v) for k, v in _inputs(flux_params("flux-tiny")).items()}
+    with flame.no_grad():
+        a, b, c, d = (m(**ids).numpy() for m in (fp8, merged, bare, plain))
+    rounding = np.abs(c - d).max()                  # what fp8 storage alone changes
+    assert np.abs(a - c).max() > 4 * rounding       # the DoRA acts beside the fp8 blocks ...
+    assert np.abs(a - b).max() < 2 * rounding       # ... as it does merged into float weights
 
 
 def test_a_float8_e5m2_weight_is_quantised_from_its_values(tmp_path):

@@ -110,30 +110,62 @@ def test_fp8_blocks_stream_half_the_bytes_and_match_resident_fp8(device):
 def test_fp8_refuses_what_it_cannot_hold(device):
     from flame_models.flux.lora_keys import TARGET_PRESETS, name_map_for
     model = tiny_flux(device, lora=False)
-    A.inject_adapters(model, TARGET_PRESETS["attention"], "dora", rank=2, name_map=name_map_for(model.params))
-    with pytest.raises(OffloadError, match="DoRA|dora"):
-        quantize_linear_weights_(model.double_blocks)
     with pytest.raises(OffloadError, match="float8_e4m3fn"):
         quantize_linear_weights_(model, dtype="float16")
-    # the other order: a DoRA injected into, or loaded onto, an fp8-stored Linear (it would norm the rows without
-    # their scales: refused, as above)
+    # merging an adapter into an fp8-stored weight (its rows without their scales) is refused, not folded wrongly
     from flame_nn.adapters import AdapterError
     fp8 = tiny_flux(device, lora=False)
     fp8.requires_grad_(False)
     assert quantize_linear_weights_(fp8.double_blocks)
-    with pytest.raises(AdapterError, match="DoRA adapter needs the base weight's rows"):
-        A.inject_adapters(fp8, TARGET_PRESETS["attention"], "dora", rank=2, name_map=name_map_for(fp8.params))
-    # merging an adapter into an fp8-stored weight (its rows without their scales) is refused, not folded wrongly
     A.inject_adapters(fp8, TARGET_PRESETS["attention"], "lora", rank=2, name="plain",
                       name_map=name_map_for(fp8.params))
     with pytest.raises(AdapterError, match=r"merge\('plain'\): this Linear stores its weight in fp8"):
         A.merge_adapters(fp8, ["plain"])
-    A.remove_adapters(fp8)
-    linear = fp8.double_blocks[0].img_attn.qkv
+
+
+@pytest.mark.usefixtures("fresh_scratch")
+@pytest.mark.parametrize("order", ["dora_then_fp8", "fp8_then_dora"])
+def test_dora_on_fp8_weights_reads_their_dequantised_rows(device, order):
+    """DoRA needs its base rows (their norms, W x of them): on an fp8-stored Linear it reads them dequantised
+    (adapters.layer.base_rows) -- it normed the raw fp8 rows before (an 11%-off output) and was refused after that.
+    Injected before or after quantising, on row ranges of a fused Linear too: the output is DoRA's on a float Linear
+    holding the dequantised weight."""
     from flame_nn.adapters.dora import DoRA
-    dora = DoRA(linear.in_features, 8, 2, base_weight=flame.ones(8, linear.in_features, device=device))
-    with pytest.raises(AdapterError, match="DoRA adapter needs the base weight's rows"):
-        A.adapt(linear).add_adapter("x", dora, (0, 8))
+    flame.manual_seed(0)
+    layer = nn.Linear(32, 48, device=device)
+    layer.requires_grad_(False)
+    x = flame.randn(5, 32, device=device)
+    if order == "fp8_then_dora":
+        quantize_linear_weights_(layer)
+    ranges = [(0, 16), (16, 48)]          # (two DoRAs on row ranges, as on a fused q | k | v)
+    adapted = A.adapt(layer)
+    gen = flame.Generator(device).manual_seed(1)
+    for lo, hi in ranges:
+        adapted.add_adapter("d", DoRA(32, hi - lo, 4, base_weight=A.layer.base_rows(adapted, lo, hi), device=device,
+                                      generator=gen), (lo, hi))
+    if order == "dora_then_fp8":
+        quantize_linear_weights_(adapted)
+    with flame.no_grad():
+        for _, p in A.named_adapter_parameters(adapted, "d"):
+            p.copy_(p + 0.05 * flame.randn(*p.shape, generator=gen, device=device))
+    ref = A.adapt(nn.Linear(32, 48, device=device))
+    ref.requires_grad_(False)
+    with flame.no_grad():
+        ref.weight.copy_(adapted.dequantized_weight(flame.float32))
+        ref.bias.copy_(adapted.bias)
+    for (lo, hi), ad in adapted._adapters["d"]:
+        twin = DoRA(32, hi - lo, 4, base_weight=ref.weight[lo:hi], device=device)
+        twin.load_state_dict(ad.state_dict())
+        ref.add_adapter("d", twin, (lo, hi))
+    with flame.no_grad():
+        got, want = adapted(x).cpu().numpy(), ref(x).cpu().numpy()
+        plain = ref.weight.detach().cpu().numpy()
+    assert np.abs(want - x.cpu().numpy() @ plain.T - ref.bias.cpu().numpy()).max() > 1e-3   # the DoRAs act
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+    # the magnitudes start at the dequantised rows' norms (the raw fp8 rows' would be ~1/scale larger)
+    if order == "fp8_then_dora":
+        m0 = DoRA(32, 16, 4, base_weight=A.layer.base_rows(adapted, 0, 16), device=device).magnitude
+        np.testing.assert_allclose(m0.detach().cpu().numpy(), np.linalg.norm(plain[:16], axis=1), rtol=1e-5)
 
 
 def _fp8_mlp(device, sizes=((96, 160), (160, 224), (224, 64)), bias=True):

@@ -386,9 +386,10 @@ def test_ai_toolkit_family_flags(tmp_path, images, sdxl_model):
 
 # ----------------------------------------------------------------------------- memory: fp8 storage of the blocks
 @pytest.mark.parametrize("arch", ["sd3", "sdxl"])
-@pytest.mark.parametrize("fp8_compute, budget", [(False, None), (True, None), (False, "1GiB")])
+@pytest.mark.parametrize("fp8_compute, budget, kind", [(False, None, "lora"), (True, None, "lora"),
+                                                       (False, "1GiB", "lora"), (False, None, "dora")])
 def test_model_quantize_stores_the_block_linears_in_fp8_and_trains(tmp_path, images, sdxl_model, arch, fp8_compute,
-                                                                   budget, monkeypatch):
+                                                                   budget, kind, monkeypatch):
     """The blocks' Linear weights of a model read from its file go to fp8 as they are read (checkpoint_io.fp8_on_read:
     the model is never whole on the device in its dtype), per tensor for fp8 compute, kept in host memory for the
     streamer under max_gpu_memory; the adapters go on top."""
@@ -396,6 +397,7 @@ def test_model_quantize_stores_the_block_linears_in_fp8_and_trains(tmp_path, ima
     from flame_nn.offload import is_fp8_linear
     train = {"fp8_compute": True} if fp8_compute else {}
     top = {"max_gpu_memory": budget} if budget else {}
+    top["network"] = {"type": kind}       # (DoRA reads the fp8 rows dequantised: adapters.layer.base_rows)
     cfg = (sd3_config(tmp_path, arch, images, steps=2, model={"quantize": True}, train=train, **top) if arch == "sd3"
            else sdxl_config(tmp_path, arch, sdxl_model, images, steps=2, model={"quantize": True}, train=train, **top))
     on_read, real = [], CIO.fp8_on_read
