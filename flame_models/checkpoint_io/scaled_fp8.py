@@ -10,7 +10,7 @@ weight stored as float8 comes with `<layer>.scale_weight` (or `<layer>.weight_sc
 
 `ScaledWeights.split(handle_of)` takes these keys out of a checkpoint's key index (the families' key layouts never
 see them) and keeps the scale of each weight; `SafetensorsCheckpoint.get` then returns the dequantised weight.
-Every check reads headers and the small description tensors only, before any weight is read."""
+Every check reads headers, the scales and the descriptions (small tensors) only, before any weight is read."""
 import json
 
 import numpy as np
