@@ -67,3 +67,21 @@ def flux_denoise(device, sigmas, **kw):
     """bfl.sampling.denoise of the fixture's noise along `sigmas` (CUDA graphs on a GPU) with the stand-in."""
     from flame_models.bfl import sampling
     return sampling.denoise(FluxLike(device), noise(device), None, None, None, None, sigmas, None, **kw)
+
+
+def check_loops(case, device, sampler, atol, other, **kw):
+    """SD3's denoise (timesteps 1000 s) and Flux's (timesteps s; CUDA graphs on a GPU: warm-up, capture, replays)
+    with `sampler` end on the fixture case's last sample (within atol), Flux's calling back once per step; `other`,
+    another sampler, ends elsewhere (the sampler is not it renamed). kw: more for both loops (step_noise)."""
+    import numpy as np
+    m = META[case]
+    sigmas = m["sigmas"]
+    ref = ARRAYS[f"{case}.trajectory"].numpy()
+    out = sd3_denoise(device, sigmas, sampler=sampler, **kw)
+    np.testing.assert_allclose(out.float().cpu().numpy(), ref[-1], rtol=0, atol=atol)
+    seen = []
+    out = flux_denoise(device, sigmas, callback=lambda i, n: seen.append((i, n)), sampler=sampler, **kw)
+    np.testing.assert_allclose(out.float().cpu().numpy(), ref[-1], rtol=0, atol=atol)
+    assert seen == [(i, m["steps"]) for i in range(1, m["steps"] + 1)]
+    alt = flux_denoise(device, sigmas, sampler=other)
+    assert np.abs(alt.float().cpu().numpy() - out.float().cpu().numpy()).max() > 1e-4

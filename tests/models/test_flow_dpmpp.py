@@ -5,7 +5,7 @@ denoising loops (Flux's with its CUDA graphs on a GPU: the history is a graph in
 table's rules, and the option on generate and the previews."""
 import numpy as np
 import pytest
-from flow_cases import ARRAYS, META, cases, flux_denoise, noise, sd3_denoise, velocity
+from flow_cases import ARRAYS, META, cases, check_loops, noise, velocity
 from sd3_helpers import npy
 
 import flame_core as flame
@@ -45,19 +45,8 @@ def test_every_step_matches_diffusers(case, device):
 
 @pytest.mark.parametrize("case", ["dpmpp_2m_shift3_5", "dpmpp_2m_shift1_10"])
 def test_sd3_and_flux_loops_match_diffusers(case, device):
-    """SD3's denoise (timesteps 1000 s) and Flux's (timesteps s; CUDA graphs on a GPU: warm-up, capture, replays)."""
     m = META[case]
-    sigmas = m["sigmas"]
-    ref = ARRAYS[f"{case}.trajectory"].numpy()
-    atol = _tolerance(ref, sigmas)
-    out = sd3_denoise(device, sigmas, sampler="dpmpp_2m")
-    np.testing.assert_allclose(npy(out), ref[-1], rtol=0, atol=atol)
-    seen = []
-    out = flux_denoise(device, sigmas, callback=lambda i, n: seen.append((i, n)), sampler="dpmpp_2m")
-    np.testing.assert_allclose(npy(out), ref[-1], rtol=0, atol=atol)
-    assert seen == [(i, m["steps"]) for i in range(1, m["steps"] + 1)]
-    euler = flux_denoise(device, sigmas, sampler="euler")
-    assert np.abs(npy(euler) - npy(out)).max() > 1e-4   # another sampler, not Euler renamed
+    check_loops(case, device, "dpmpp_2m", _tolerance(ARRAYS[f"{case}.trajectory"].numpy(), m["sigmas"]), "euler")
 
 
 def test_the_coefficients():

@@ -5,7 +5,7 @@ denoising loops (Flux's with its CUDA graphs on a GPU: the noise is a graph inpu
 coefficients; the seeded step noise (an image's whatever its batch); and the refusals."""
 import numpy as np
 import pytest
-from flow_cases import ARRAYS, META, cases, flux_denoise, noise, sd3_denoise, velocity
+from flow_cases import ARRAYS, META, cases, check_loops, flux_denoise, noise, velocity
 from sd3_helpers import npy
 
 import flame_core as flame
@@ -57,11 +57,8 @@ def test_sd3_and_flux_loops_match_diffusers(case, device):
     def given(i, x):
         drawn.append(i)
         return flame.tensor(zs[i], device=x.device)
-    out = sd3_denoise(device, sigmas, sampler="dpmpp_2m_sde", step_noise=given)
-    np.testing.assert_allclose(npy(out), ref[-1], rtol=0, atol=atol)
-    assert drawn == list(range(m["steps"]))
-    out = flux_denoise(device, sigmas, sampler="dpmpp_2m_sde", step_noise=given)
-    np.testing.assert_allclose(npy(out), ref[-1], rtol=0, atol=atol)
+    check_loops(case, device, "dpmpp_2m_sde", atol, "dpmpp_2m", step_noise=given)
+    assert drawn == list(range(m["steps"])) * 2          # (SD3's loop, then Flux's: each step's noise once)
     with pytest.raises(ValueError, match="dpmpp_2m_sde draws fresh noise at every step: pass step_noise"):
         flux_denoise(device, sigmas, sampler="dpmpp_2m_sde")
 
@@ -99,17 +96,10 @@ def test_an_images_step_noise_is_its_own_whatever_its_batch(device):
         alone(0, x3)
 
 
-def test_the_pipelines_draw_it_from_the_seeds(tmp_path):
-    """Flux's sample_latents: the SDE sampler runs from seeds (image j's step noise from seed j + 1: its picture
-    whatever its batch) and is refused with latents= and no seeds."""
-    from flame_models.flux.pipeline import sample_latents
-    from flame_models.flux.tiny import tiny_flux_parts
-    model = tiny_flux_parts(seed=0)["transformer"]
-    rng = np.random.default_rng(0)
-    cond = {"prompt_embeds": rng.standard_normal((2, 4, model.params.context_in_dim)).astype(np.float32),
-            "pooled_prompt_embeds": rng.standard_normal((2, model.params.vec_in_dim)).astype(np.float32)}
-    kw = dict(height=32, width=32, steps=4, guidance=3.5 if model.params.guidance_embed else None,
-              sampler="dpmpp_2m_sde")
+def _pipeline_checks(sample_latents, model, cond, start, **kw):
+    """A pipeline's dpmpp_2m_sde from seeds: image j's as when drawn alone (its step noise from seed j + 1), not
+    DPM++ 2M's; refused with latents= (`start`) and no seeds."""
+    kw = dict(kw, height=32, width=32, steps=4, sampler="dpmpp_2m_sde")
     with flame.no_grad():
         both = sample_latents(model, cond, seeds=[3, 4], **kw).numpy()
         one = sample_latents(model, cond, seeds=[4], rows=[1], **kw).numpy()
@@ -117,25 +107,25 @@ def test_the_pipelines_draw_it_from_the_seeds(tmp_path):
     np.testing.assert_allclose(both[1:], one, rtol=0, atol=1e-5)
     assert np.isfinite(both).all() and np.abs(both - ode).max() > 1e-3
     with pytest.raises(ValueError, match="dpmpp_2m_sde draws its step noise from the images' seeds"):
-        sample_latents(model, cond, latents=flame.zeros(1, 4, 64), **kw)
+        sample_latents(model, cond, latents=start, **kw)
 
 
-def test_sd3s_pipeline_too():
+def test_flux_and_sd3_pipelines_draw_it_from_the_seeds():
     from sd3_helpers import diffusers_dir
 
+    from flame_models.flux import pipeline as flux_pipeline
+    from flame_models.flux.tiny import tiny_flux_parts
     from flame_models.sd3 import load_sd3
-    from flame_models.sd3.pipeline import sample_latents
-    model = load_sd3(diffusers_dir("plain"), dtype=flame.float32, device="cpu")
-    p = model.params
-    rng = np.random.default_rng(1)
+    from flame_models.sd3 import pipeline as sd3_pipeline
+    rng = np.random.default_rng(0)
+    flux = tiny_flux_parts(seed=0)["transformer"]
+    p = flux.params
+    cond = {"prompt_embeds": rng.standard_normal((2, 4, p.context_in_dim)).astype(np.float32),
+            "pooled_prompt_embeds": rng.standard_normal((2, p.vec_in_dim)).astype(np.float32)}
+    _pipeline_checks(flux_pipeline.sample_latents, flux, cond, flame.zeros(1, 4, 64),
+                     guidance=3.5 if p.guidance_embed else None)
+    sd3 = load_sd3(diffusers_dir("plain"), dtype=flame.float32, device="cpu")
+    p = sd3.params
     cond = {"prompt_embeds": rng.standard_normal((2, 5, p.context_in_dim)).astype(np.float32),
             "pooled_prompt_embeds": rng.standard_normal((2, p.pooled_in_dim)).astype(np.float32)}
-    kw = dict(height=32, width=32, steps=4, cfg=1.0, sampler="dpmpp_2m_sde")
-    with flame.no_grad():
-        both = sample_latents(model, cond, seeds=[5, 6], **kw).numpy()
-        one = sample_latents(model, cond, seeds=[6], rows=[1], **kw).numpy()
-        ode = sample_latents(model, cond, seeds=[5, 6], **dict(kw, sampler="dpmpp_2m")).numpy()
-    np.testing.assert_allclose(both[1:], one, rtol=0, atol=1e-5)
-    assert np.isfinite(both).all() and np.abs(both - ode).max() > 1e-3
-    with pytest.raises(ValueError, match="dpmpp_2m_sde draws its step noise from the images' seeds"):
-        sample_latents(model, cond, latents=flame.zeros(1, 16, 4, 4), **dict(kw, height=32, width=32))
+    _pipeline_checks(sd3_pipeline.sample_latents, sd3, cond, flame.zeros(1, 16, 4, 4), cfg=1.0)

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from flow_cases import ARRAYS, META, cases, flux_denoise, noise, sd3_denoise, velocity
+from flow_cases import ARRAYS, META, cases, check_loops, noise, velocity
 from sd3_helpers import npy
 
 import flame_core as flame
@@ -50,19 +50,8 @@ def test_every_step_matches_diffusers(case, device):
 
 @pytest.mark.parametrize("case", ["unipc_shift3_5_euler", "unipc_shift1_10_euler"])
 def test_sd3_and_flux_loops_match_diffusers(case, device):
-    """SD3's denoise (timesteps 1000 s), Flux's (timesteps s; CUDA graphs on a GPU: warm-up, capture, replays)."""
     m = META[case]
-    sigmas = m["sigmas"]
-    ref = ARRAYS[f"{case}.trajectory"].numpy()
-    atol = _tolerance(ref, sigmas)
-    out = sd3_denoise(device, sigmas, sampler="unipc")
-    np.testing.assert_allclose(npy(out), ref[-1], rtol=0, atol=atol)
-    seen = []
-    out = flux_denoise(device, sigmas, callback=lambda i, n: seen.append((i, n)), sampler="unipc")
-    np.testing.assert_allclose(npy(out), ref[-1], rtol=0, atol=atol)
-    assert seen == [(i, m["steps"]) for i in range(1, m["steps"] + 1)]
-    dpm = flux_denoise(device, sigmas, sampler="dpmpp_2m")
-    assert np.abs(npy(dpm) - npy(out)).max() > 1e-4   # another sampler, not DPM++ 2M renamed
+    check_loops(case, device, "unipc", _tolerance(ARRAYS[f"{case}.trajectory"].numpy(), m["sigmas"]), "dpmpp_2m")
 
 
 def test_the_coefficients():
