@@ -69,6 +69,16 @@ def note_capture_use(owner):
         _with_users.add(g)
 
 
+def hold_while_captured(obj):
+    """Keep `obj` (a buffer made outside the capture that the work being captured on the current stream reads or
+    writes: a shared scratch) alive as long as the capturing graph lives, so that its owner may drop it at any time
+    without a replay writing into freed memory. No-op outside a capture."""
+    if _capturing and backend.cuda_available():
+        g = _capturing.get(backend.cupy.cuda.get_current_stream().ptr)
+        if g is not None:
+            g._held.append(obj)
+
+
 def release_graphs_of(owner):
     """Reset every live graph that captured work of `owner` (it cannot replay once the owner is gone); returns how
     many. The CUDA graphs' executables are destroyed here, after the device finished their work."""
@@ -96,6 +106,7 @@ class CUDAGraph:
         self._prev_stream = None
         self._pool = None
         self._users = set()
+        self._held = []  # buffers allocated outside the capture that its kernels use (hold_while_captured)
 
     def capture_begin(self, stream=None):
         cp = _cp()
@@ -137,6 +148,7 @@ class CUDAGraph:
         until they die; it returns to the device at the next empty_cache)."""
         self._graph = None
         self._users = set()
+        self._held = []
         if self._pool is not None and self._stream is not None:
             self._pool.unpin_stream(self._stream.ptr)
             self._pool.release_stream(self._stream.ptr)

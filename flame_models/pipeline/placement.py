@@ -6,6 +6,7 @@ import flame_core as flame
 from flame_core import memory
 from flame_nn import adapters as A
 from flame_nn.offload import BlockStreamer, OffloadError, quantize_linear_weights_
+from flame_nn.offload import fp8 as _fp8
 
 from .. import checkpoint_io as CIO
 from ..conditioning.files import ModelFilesError
@@ -68,12 +69,14 @@ def place_for_inference(model, stacks, device, *, fp8=False, stream=False, slots
 
 
 def free_model(model, device=None):
-    """Release a model now (its streamer too): device pool and pinned host buffers."""
+    """Release a model now (its streamer too): device pool and pinned host buffers, and the fp8 dequantisation
+    scratch beyond what the fp8 Linears still alive need."""
     streamer = getattr(model, "streamer", None)
     if streamer is not None:
         streamer.synchronize()
         model.streamer = None
     del streamer, model
     gc.collect()
+    _fp8.trim_scratch()
     memory.empty_cache(device)
     memory.empty_pinned_cache()

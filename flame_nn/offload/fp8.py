@@ -9,7 +9,8 @@ A quantised Linear keeps its module identity and its parameter names: `weight` b
 (the base output is computed from the dequantised weight). The dequantised weight lives for one matmul.
 
 Memory: the dequantised weight never becomes a tensor of its own. Each call writes it into one scratch buffer per
-(device, dtype), sized once for the largest quantised Linear there and reused by every layer, forward and backward:
+(device, dtype), sized once for the largest quantised Linear there and reused by every layer, forward and backward
+(released once no fp8 Linear lives any more, and shrunk by `trim_scratch` when the largest ones are gone):
 the base product is a custom autograd op (`Float8Linear`) that keeps the fp8 bytes, not the dequantised weight, and
 dequantises again in backward for the input gradient. Why: a weight-sized temporary per layer (18 to 126 MiB each on
 Flux-dev, of several sizes), kept alive through a block's recompute, makes the pool's layout drift under a memory
@@ -26,6 +27,8 @@ dtype.
 fp8 compute (opt-in: `quantize_linear_weights_(module, compute="fp8")`, `use_fp8_compute_`): one scale per weight
 tensor and the matmuls on the e4m3 tensor cores, the activations quantised too (fp8_compute.py).
 """
+import weakref
+
 import numpy as np
 
 from flame_core import Tensor, as_tensor, backend
@@ -34,6 +37,7 @@ from flame_core import dtypes as D
 from flame_core.amp import autocast_mode as _amp
 from flame_core.autograd import Function, no_grad
 from flame_core.autograd.grad_mode import is_grad_enabled
+from flame_core.cuda.graphs import _capturing, hold_while_captured
 from flame_core.errors import DTypeError, ShapeError, fmt_shape
 from flame_core.kernels import fp8 as _K
 from flame_core.kernels import fp8_tensor as _KT
@@ -51,9 +55,13 @@ _FP8_COMPUTE_DTYPES = ("bfloat16", "float16", "float32")
 # ----------------------------------------------------------------------------- the dequantisation scratch
 _scratch = {}    # (device key, dtype name) -> Tensor (1-D) the dequantised weights are written into
 _largest = {}    # device key -> elements of the largest quantised weight there (sizes the scratch once)
-_retired = []    # scratch buffers replaced by larger ones: a captured CUDA graph may still write into them
 _views = {}      # (device key, dtype name) -> {shape: view of that scratch buffer} (dropped with the buffer)
+_live = weakref.WeakSet()  # the fp8 Linears made so far that still live (size the scratch; released with the last)
+_n_live = 0      # len(_live), counted here (inside a finalizer the WeakSet may still count the dying layer)
+_stale = False   # an fp8 Linear died since `_largest` was counted from the live ones
 _nd = backend.cupy.ndarray if backend.cupy is not None else None  # (None: no array is of it)
+# A CUDA graph that captured a layer holds the scratch view it used (hold_while_captured): the buffers here can be
+# dropped at any time without a replay writing into freed memory.
 
 
 def _device_key(arr):
@@ -67,17 +75,76 @@ def _note_size(arr):
     _largest[key] = max(_largest.get(key, 0), int(arr.size))
 
 
+def _register(linear, scratch_elems=0):
+    """Count `linear` among the live fp8 Linears; `scratch_elems`: the scratch it needs when more than its weight (a
+    stacked weight it is a row block of)."""
+    global _n_live
+    if scratch_elems:
+        linear.__dict__["_fp8_scratch_elems"] = int(scratch_elems)
+    if linear not in _live:
+        _live.add(linear)
+        _n_live += 1
+        a = linear.weight.array
+        weakref.finalize(linear, _layer_gone, _device_key(a), max(int(a.size), int(scratch_elems)))
+
+
+def _layer_gone(key, elems):
+    """A registered fp8 Linear died: the last one releases the scratch; one as large as the largest there trims it
+    to the layers left (a model freed while another keeps fp8 layers)."""
+    global _stale, _n_live
+    _n_live -= 1
+    if _n_live <= 0:  # nothing will read the scratch again
+        _n_live = 0
+        release_scratch()
+    elif elems >= _largest.get(key, 0):
+        trim_scratch()
+    else:
+        _stale = True  # (the layer may have moved since it was registered: the next allocation counts again)
+
+
+def _live_largest():
+    """{device key: elements} the live fp8 Linears need (their weights' devices now: a model may have moved)."""
+    out = {}
+    for m in list(_live):
+        w = m.__dict__.get("_parameters", {}).get("weight")
+        if w is None or w.is_meta:
+            continue
+        a = w.array
+        key = _device_key(a)
+        out[key] = max(out.get(key, 0), int(a.size), m.__dict__.get("_fp8_scratch_elems", 0))
+    return out
+
+
+def trim_scratch():
+    """Size the scratch buffers for the fp8 Linears that still live: drop those of devices where none is left, and
+    those larger than the largest live layer needs (the next call allocates one of the right size). Called by
+    `free_model`; safe at any time (a captured graph holds the buffers it uses). Returns the bytes dropped."""
+    global _stale
+    _stale = False
+    need = _live_largest()
+    _largest.clear()
+    _largest.update(need)
+    dropped = 0
+    for key, buf in list(_scratch.items()):
+        if buf.array.size > need.get(key[0], 0):
+            dropped += buf.array.nbytes
+            del _scratch[key]
+            _views.pop(key, None)
+    return dropped
+
+
 def scratch_buffers():
     """{(device, dtype name): bytes} of the dequantisation scratch buffers (one per device and compute dtype)."""
     return {(f"{k[0][0]}:{k[0][1]}" if k[0][0] == "cuda" else "cpu", k[1]): t.array.nbytes
-            for k, t in _scratch.items()}
+            for k, t in list(_scratch.items())}
 
 
 def release_scratch():
     """Drop the scratch buffers and forget the layer sizes seen so far (layers quantised from now on size the next
-    buffers). Only when no captured CUDA graph uses them."""
+    buffers). Safe at any time: a captured CUDA graph holds the buffers it uses."""
+    global _stale
+    _stale = False
     _scratch.clear()
-    _retired.clear()
     _largest.clear()
     _views.clear()
 
@@ -88,6 +155,8 @@ def _scratch_view(q, dtype, shape):
     n = int(q.size)
     buf = _scratch.get(key)
     if buf is None or buf.array.size < n:
+        if _stale:  # size the new buffer for the layers that live, not for those gone
+            trim_scratch()
         size = max(n, _largest.get(key[0], 0))
         xp = backend.xp_of(q)
         if backend.is_cuda_array(q):
@@ -95,8 +164,6 @@ def _scratch_view(q, dtype, shape):
                 arr = xp.empty(size, dtype=dtype)
         else:
             arr = np.empty(size, dtype=dtype)
-        if buf is not None:
-            _retired.append(buf)
         _views.pop(key, None)  # views of the buffer replaced
         buf = _scratch[key] = as_tensor(arr)  # a Tensor: the memory accounting counts it
     return buf.array[:n].reshape(shape)
@@ -109,6 +176,8 @@ def transposed_into_scratch(q):
         return np.ascontiguousarray(q.T)
     qb = q if q.dtype == np.uint8 else q.view(np.uint8)
     out = _scratch_view(qb, np.dtype(np.uint8), (q.shape[1], q.shape[0]))
+    if _capturing:
+        hold_while_captured(out)
     return _KT.transpose_fp8(qb, out=out)
 
 
@@ -128,6 +197,8 @@ def _dequantize_into_scratch(q, scales, dtype):
         if len(views) >= 64:  # many weight shapes: keep the dict small
             views.clear()
         views[shape] = out
+    if _capturing:
+        hold_while_captured(out)
     if q.size:
         _K.dequantize_per_row(q, scales, dtype, out=out)
     return out
@@ -357,6 +428,7 @@ def set_fp8_weight_(linear, q, scales, compute_dtype):
     linear.__class__ = _fp8_class(type(linear))
     linear.weight = Parameter(q, requires_grad=False)
     linear.register_buffer("weight_scale", scales)
+    _register(linear)
     return linear
 
 
@@ -385,6 +457,7 @@ def stack_fp8_weights_(linears):
             hi = lo + m.weight.shape[0]
             m.weight = Parameter(q[lo:hi], requires_grad=False)
             m.weight_scale = scales[lo:hi]
+            _register(m, q.shape[0] * q.shape[1])
             lo = hi
     _note_size(q.array)
     return q, scales
@@ -497,5 +570,6 @@ def quantize_linear_weights_(module, dtype="float8_e4m3fn", *, include_trainable
                 m.__class__ = _fp8_class(type(m))
             m.weight = Parameter(q, requires_grad=False)
             m.register_buffer("weight_scale", scales)
+            _register(m)
             done.append(name)
     return done
