@@ -21,6 +21,7 @@ from ..samplers.flow import (
     step_noise,
 )
 from ..samplers.flow_schedules import check_flow_scheduler, respace
+from ..samplers.img2img import DEFAULT_STRENGTH, flow_start, init_latents_rows
 
 NUM_TRAIN_TIMESTEPS = 1000
 BASE_SEQ_LEN, MAX_SEQ_LEN = 256, 8192
@@ -66,7 +67,8 @@ def _rows(cond, rows, device, dtype):
 
 
 def sample_latents(model, cond, neg=None, *, height, width, steps=DEFAULT_STEPS, cfg=DEFAULT_CFG, seeds=None,
-                   latents=None, rows=None, callback=None, sampler="euler", scheduler="simple"):
+                   latents=None, rows=None, callback=None, sampler="euler", scheduler="simple", init_latents=None,
+                   strength=None):
     """Model-space latents (B, 16, H/8, W/8) float32 (normalised per channel). cond: {"prompt_embeds" (N, L, J),
     "prompt_mask" (N, L)}, `rows` picking each image's row (default: one per image in order); neg: the negative
     prompt's arrays (one row, or one per prompt) -- CFG runs only when it is given and cfg > 1, as the pipeline.
@@ -74,9 +76,14 @@ def sample_latents(model, cond, neg=None, *, height, width, steps=DEFAULT_STEPS,
     cuda's are different streams, so one seed gives another picture on each device), or `latents` given, packed
     (B, L, 64) or unpacked (B, 16, H/8, W/8): the same start on any device. sampler: "euler" (the pipeline's),
     "heun", "dpmpp_2m", "dpmpp_2m_sde" (its step noise from seeds[j] + 1) or "unipc"; scheduler: "simple" (the
-    pipeline's sigmas), "karras", "exponential" or "beta" (samplers/flow_schedules.py)."""
+    pipeline's sigmas), "karras", "exponential" or "beta" (samplers/flow_schedules.py).
+    Image-to-image: init_latents, an image's model-space latents (1 or B, 16, H/8, W/8; encode_images), noised to
+    the sigma where `strength` (default 0.6, diffusers') of the `steps` are left, then denoised over those
+    (samplers/img2img.py); the seeds' noise (or `latents`) is what is added."""
     check_flow_sampler(sampler)
     check_flow_scheduler(scheduler)
+    if strength is not None and init_latents is None:
+        raise ValueError("strength applies to image-to-image: pass init_latents= too")
     dev = model.img_in.weight.device
     dtype = model.img_in.weight.dtype
     if (seeds is None) == (latents is None):
@@ -105,6 +112,10 @@ def sample_latents(model, cond, neg=None, *, height, width, steps=DEFAULT_STEPS,
         neg_txt, neg_mask = _rows(neg, [r if n > 1 else 0 for r in rows], dev, dtype)
     shapes = [[(1, height // 16, width // 16)]] * B
     sig = respace(sigmas(steps, n_img), scheduler)
+    if init_latents is not None:
+        init = pack(init_latents_rows(init_latents, B, (16, height // 8, width // 8), dev))
+        sig, x = flow_start(sig, init, x, DEFAULT_STRENGTH if strength is None else strength)
+    steps = len(sig) - 1
 
     def velocity(x, t):
         v = model(x.to(dtype), txt, mask, t, shapes)

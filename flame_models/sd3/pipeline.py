@@ -25,6 +25,7 @@ from ..pipeline import check_loras as _check_loras
 from ..pipeline import free_model, load_for_sampling, to_pil
 from ..samplers.flow import STOCHASTIC, check_flow_sampler, step_noise
 from ..samplers.flow_schedules import check_flow_scheduler, respace
+from ..samplers.img2img import DEFAULT_STRENGTH, flow_start, init_latents_rows
 from ..vae import decode_model_latents, encode_model_latents, load_family_vae
 from .about import ABOUT
 from .components import SD3Files, SD3FilesError, find_sd3_files
@@ -92,7 +93,7 @@ def _device(model):
 
 def sample_latents(model, cond, neg_cond=None, *, height, width, steps, cfg, seeds=None, latents=None, rows=None,
                    neg_rows=None, skip_layer_guidance=None, shift=SHIFT, callback=None, cuda_graph=None,
-                   sampler="euler", scheduler="simple"):
+                   sampler="euler", scheduler="simple", init_latents=None, strength=None):
     """Denoise with SD3's Euler (or sampler="heun" / "dpmpp_2m" / "dpmpp_2m_sde" / "unipc") sampler on the shifted
     flow schedule; returns model-space latents (B, 16, H/8, W/8) float32; dpmpp_2m_sde draws image i's step noise
     from seeds[i] + 1 (samplers.flow.step_noise).
@@ -102,9 +103,15 @@ def sample_latents(model, cond, neg_cond=None, *, height, width, steps, cfg, see
     negative row is used for every image). neg_cond is needed when cfg != 1. Noise: one seed per image (image i
     starts from get_noise(seed=seeds[i]), the same whatever the batch), or `latents` (B, 16, H/8, W/8).
     skip_layer_guidance: an sd3.SkipLayerGuidance (SD3.5 Medium's reference uses it). callback(i, n) per step.
-    scheduler: "simple" (SD3's shifted sigmas), "karras", "exponential" or "beta" (samplers/flow_schedules.py)."""
+    scheduler: "simple" (SD3's shifted sigmas), "karras", "exponential" or "beta" (samplers/flow_schedules.py).
+    Image-to-image: init_latents, an image's model-space latents (1 or B, 16, H/8, W/8; encode_images), noised to
+    the sigma where `strength` (default 0.6, diffusers') of the `steps` are left, then denoised over those
+    (samplers/img2img.py); the seeds' noise (or `latents`) is what is added. Skip-layer guidance keeps its window
+    on the whole table's steps."""
     check_flow_sampler(sampler)
     check_flow_scheduler(scheduler)
+    if strength is not None and init_latents is None:
+        raise ValueError("strength applies to image-to-image: pass init_latents= too")
     if (seeds is None) == (latents is None):
         raise ValueError("pass exactly one of seeds= (one per image) and latents=")
     if sampler in STOCHASTIC and seeds is None:
@@ -140,9 +147,15 @@ def sample_latents(model, cond, neg_cond=None, *, height, width, steps, cfg, see
                          f"(depth {model.params.depth})")
     if cuda_graph is None and getattr(model, "streamer", None) is not None:
         cuda_graph = False  # a streamed forward is not capturable (its prefetch window wraps around)
-    return denoise(model, x, respace(get_sigmas(steps, shift), scheduler), context, y, neg_context, neg_y, cfg, slg,
+    sigmas = respace(get_sigmas(steps, shift), scheduler)
+    first = 0
+    if init_latents is not None:
+        init = init_latents_rows(init_latents, B, (LATENT_CHANNELS, height // 8, width // 8), dev)
+        rest, x = flow_start(sigmas, init, x, DEFAULT_STRENGTH if strength is None else strength)
+        first, sigmas = len(sigmas) - len(rest), rest
+    return denoise(model, x, sigmas, context, y, neg_context, neg_y, cfg, slg,
                    cuda_graph, callback=callback, sampler=sampler,
-                   step_noise=step_noise(seeds, dev) if sampler in STOCHASTIC else None)
+                   step_noise=step_noise(seeds, dev) if sampler in STOCHASTIC else None, first=first)
 
 
 def fit_transformer(model, cond, max_gpu_memory, *, height, width, batch_size=1, cfg=1.0):

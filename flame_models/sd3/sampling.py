@@ -76,7 +76,7 @@ def get_sigmas(steps, shift=SHIFT):
 
 
 def denoise(model, x, sigmas, context, y, neg_context=None, neg_y=None, cfg=1.0, skip_layer_guidance=None,
-            cuda_graph=None, progress=False, callback=None, sampler="euler", step_noise=None):
+            cuda_graph=None, progress=False, callback=None, sampler="euler", step_noise=None, first=0):
     """`sampler` ("euler", "heun", "dpmpp_2m", "dpmpp_2m_sde" or "unipc", samplers/flow.py) steps along `sigmas` over
     the velocity v guided by classifier-free guidance uncond + cfg (cond - uncond) when cfg != 1 (cond and uncond as
     one batch of 2B) and optionally skip-layer guidance (on both of Heun's evaluations in its steps' window). The
@@ -85,7 +85,8 @@ def denoise(model, x, sigmas, context, y, neg_context=None, neg_y=None, cfg=1.0,
     cuda_graph (default: on for cuda tensors): each kind of step (sampler, with and without the skip-layer pass)
     runs once eagerly, then is captured as a CUDA graph (flame_core.cuda.graphed) and replayed; the numbers are the
     same. callback(i, steps) after each step. step_noise(i, x): dpmpp_2m_sde's fresh noise of step i
-    (samplers.flow.step_noise), drawn before the step (outside its graph)."""
+    (samplers.flow.step_noise), drawn before the step (outside its graph). first: how many steps of a longer table
+    `sigmas` leaves out at its start (image-to-image): skip-layer guidance's window stays on the whole table's."""
     check_flow_sampler(sampler)
     check_step_noise(sampler, step_noise)
     dtype = _model_dtype(model)
@@ -142,7 +143,7 @@ def denoise(model, x, sigmas, context, y, neg_context=None, neg_y=None, cfg=1.0,
     with flame.no_grad():
         for i in it:
             dt = flame.full((1,), float(sigmas[i + 1]) - float(sigmas[i]), dtype=flame.float32, device=x.device)
-            run = runs[step_kind(sampler, i, steps), slg is not None and slg.active(i, steps)]
+            run = runs[step_kind(sampler, i, steps), slg is not None and slg.active(i + first, steps + first)]
             if not state:
                 x = run(x, timestep(sigmas[i]), timestep(sigmas[i + 1]), dt)
             else:

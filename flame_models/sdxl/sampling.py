@@ -20,6 +20,7 @@ from flame_models.samplers import (
     kdpm2_sigmas,
     lcm_sigmas,
 )
+from flame_models.samplers.img2img import SDXL_DEFAULT_STRENGTH, init_latents_rows, ve_start
 
 VAE_FACTOR = 8
 # the samplers whose diffusers scheduler keeps VE samples and starts linspace / trailing tables at σ_max·ε (its
@@ -81,7 +82,7 @@ def _check(unet, context, y, neg_context, neg_y, height, width, cfg):
 def sample(unet, context, y, neg_context=None, neg_y=None, *, height=1024, width=1024, steps=30, cfg=5.0,
            sampler="euler", scheduler="normal", seed=0, prediction_type="epsilon", zero_terminal_snr=False,
            timestep_spacing="leading", steps_offset=1, eta=None, guidance_rescale=0.0, noise=None, callback=None,
-           progress=True):
+           progress=True, init_latents=None, strength=None):
     """Latents (B, 4, height/8, width/8) float32 in the UNet's space (decode `SDXL.from_model(z)`).
 
     context (B, 77, 2048) and y (B, 2816) condition the image (`make_y` builds y); neg_context / neg_y the negative
@@ -101,8 +102,17 @@ def sample(unet, context, y, neg_context=None, neg_y=None, *, height=1024, width
     noise: the initial Gaussian latents (else drawn from `seed` on the UNet's device), scaled as the sampler's
     diffusers scheduler does (init_noise_sigma): by σ_max for euler, euler_ancestral, heun, dpm_2 and
     dpm_2_ancestral with linspace or trailing spacing, else by √(σ_max² + 1) (the x0 + σ·ε of unit-variance
-    latents)."""
+    latents).
+    Image-to-image: init_latents, an image's latents in the UNet's space (1 or B, 4, height/8, width/8;
+    `SDXL.to_model` of the VAE's), noised to the sigma where `strength` (default 0.3, diffusers') of the `steps` are
+    left -- x0 + σ·noise -- then denoised over those (samplers/img2img.py; not lcm, whose table depends on the
+    strength itself)."""
     check_prediction_type(prediction_type)
+    if strength is not None and init_latents is None:
+        raise ValueError("sample: strength applies to image-to-image: pass init_latents= too")
+    if init_latents is not None and sampler == "lcm":
+        raise ValueError("sample: image-to-image with lcm is not supported (LCM's timesteps depend on the strength); "
+                         "use another sampler")
     if sampler not in SAMPLERS:
         raise ValueError(f"sample: unknown sampler {sampler!r}; known: {', '.join(SAMPLERS)}")
     if sampler in ("ddim", "lcm") and scheduler != "normal":
@@ -139,9 +149,14 @@ def sample(unet, context, y, neg_context=None, neg_y=None, *, height=1024, width
         noise = flame.randn(*shape, generator=g, dtype=flame.float32, device=device)
     elif tuple(noise.shape) != shape:
         raise ValueError(f"sample: noise must be {shape}, got {tuple(noise.shape)}")
-    s0 = float(sigmas[0])
-    by_sigma = sampler in _SIGMA_SCALED and timestep_spacing != "leading"
-    x = noise.to(device=device, dtype=flame.float32) * (s0 if by_sigma else math.sqrt(s0 * s0 + 1.0))
+    if init_latents is None:
+        s0 = float(sigmas[0])
+        by_sigma = sampler in _SIGMA_SCALED and timestep_spacing != "leading"
+        x = noise.to(device=device, dtype=flame.float32) * (s0 if by_sigma else math.sqrt(s0 * s0 + 1.0))
+    else:
+        init = init_latents_rows(init_latents, B, shape[1:], device)
+        sigmas, timesteps, x = ve_start(sigmas, init, noise.to(device=device, dtype=flame.float32),
+                                        SDXL_DEFAULT_STRENGTH if strength is None else strength, timesteps)
 
     denoiser = Denoiser(cfg_model(unet, context, y, neg_context, neg_y, cfg, guidance_rescale), schedule,
                         prediction_type)
