@@ -91,6 +91,107 @@ def _check_args(prompts, width, height, steps, num_images, batch_size, seed, mul
         raise GenerateError(f"--seed {seed}: must be a whole number in [0, 2^63)")
 
 
+# ----------------------------------------------------------------------------- image-to-image (--init-image)
+def init_size(init_image, width, height, multiple=16):
+    """(width, height) of an image-to-image run: those given; a missing one from the init image's size (its header
+    only, the pixel limit checked), floored to `multiple` (the family part's INIT_MULTIPLE) -- both missing: the
+    image's size, one: the other side at the image's aspect ratio. Without an init image a missing one is 1024."""
+    if init_image is None or (width is not None and height is not None):
+        return (1024 if width is None else width), (1024 if height is None else height)
+    from .data.errors import DataError
+    from .data.images import open_image, read_bytes
+    try:
+        with open_image(read_bytes(init_image), init_image) as im:
+            iw, ih = im.size
+    except (DataError, OSError) as e:
+        raise GenerateError(f"--init-image {init_image}: {e}") from None
+    if width is None and height is None:
+        width, height = iw, ih
+    elif width is None:
+        width = round(iw * height / ih)
+    else:
+        height = round(ih * width / iw)
+    return max(multiple, width // multiple * multiple), max(multiple, height // multiple * multiple)
+
+
+def read_init_image(path, width, height):
+    """(1, 3, height, width) float32 in [-1, 1]: the image at `path` (decoded with its size checked first, EXIF
+    orientation applied, alpha on white) scaled to cover width x height and centre-cropped (LANCZOS)."""
+    from PIL import Image, ImageOps
+
+    from .data.errors import DataError
+    from .data.images import image_array, load_image
+    try:
+        im = load_image(path)
+    except DataError as e:
+        raise GenerateError(f"--init-image {path}: {e}") from None
+    im = ImageOps.fit(im, (width, height), Image.LANCZOS)
+    return image_array(im)[None]
+
+
+def encode_init_image(pixels, load_vae, encode, dev, log):
+    """The init image's model-space latents (1, C, h, w) as a host array: the family's VAE loaded (load_vae()),
+    `encode(vae, images)` run, the VAE freed."""
+    t0 = time.perf_counter()
+    vae = load_vae()
+    try:
+        with flame.no_grad():
+            z = encode(vae, flame.tensor(pixels, device=dev).to(next(vae.parameters()).dtype))
+        out = z.float().cpu().numpy()
+    finally:
+        del vae
+        memory.empty_cache(dev)
+    log(f"init image: encoded to latents {tuple(out.shape)} in {time.perf_counter() - t0:.1f} s")
+    return out
+
+
+class InitImage:
+    """A family generate part's image-to-image input: made before anything is loaded (the strength checked, the
+    image read and scaled: bad input fails first), encoded in the encode stage (`encode`), handed to the sampler
+    (`sample_kwargs`) and recorded in the PNGs (`info`, `fields`). path None: a text-to-image run (every method then
+    adds nothing; a strength given is refused, it would be ignored). rounding: "flow" or "sdxl" (whose pipeline
+    rounds the steps run down: samplers/img2img.py)."""
+
+    def __init__(self, path, strength, width, height, *, default, rounding="flow"):
+        from .samplers.img2img import check_strength
+        self.path, self.rounding, self.latents = path, rounding, None
+        if path is None:
+            if strength is not None:
+                raise GenerateError("--strength: applies to image-to-image; pass --init-image too")
+            self.strength, self.pixels = None, None
+            return
+        try:
+            self.strength = check_strength(default if strength is None else strength)
+        except ValueError as e:
+            raise GenerateError(f"--strength: {e}") from None
+        self.pixels = read_init_image(path, width, height)
+
+    def steps_run(self, steps):
+        """How many of `steps` run (all in text-to-image); GenerateError when the strength leaves none."""
+        if self.path is None:
+            return steps
+        from .samplers.img2img import skipped_steps
+        try:
+            return steps - skipped_steps(steps, self.strength, self.rounding)
+        except ValueError as e:
+            raise GenerateError(f"--strength: {e}") from None
+
+    def encode(self, load_vae, encode, dev, log):
+        """Encode the image (encode_init_image) when there is one."""
+        if self.pixels is not None:
+            self.latents = encode_init_image(self.pixels, load_vae, encode, dev, log)
+
+    def sample_kwargs(self):
+        return {} if self.path is None else {"init_latents": self.latents, "strength": self.strength}
+
+    def info(self):
+        return {} if self.path is None else {"init_image": str(self.path), "strength": self.strength}
+
+    def fields(self):
+        """The A1111 parameters field of the strength."""
+        return [] if self.path is None else [("Denoising strength", f"{self.strength:g}")]
+
+
 def _check_size(width, height, batch_size, dev, budget):
     """GenerateError for an image larger than the stated limit or than the device's memory (before any loading)."""
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (width, height)):
@@ -254,7 +355,7 @@ def _limited(dev, budget):
     return prev
 
 
-def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, loras=(), width=1024, height=1024,
+def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, loras=(), width=None, height=None,
              steps=None, guidance=None, seed=None, num_images=1, batch_size=1, output=None, device=None, dtype=None,
              fp8=False, max_gpu_memory=None, max_length=None, progress=True, stats=None, log=None, arch=None,
              **options):
@@ -276,7 +377,12 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     in fp8 too (e4m3 tensor cores; activations quantised per tensor). max_gpu_memory ('12GiB'): stream
     blocks through the device within this budget (the device's whole use: what the CUDA context and libraries hold
     outside FLAME's pool counts). max_length: T5 tokens (Flux-dev 512, schnell 256, SD3 256). stats: a dict filled
-    with each stage's seconds and device peak. log: a print function."""
+    with each stage's seconds and device peak. log: a print function.
+
+    Image-to-image (Flux, SD3, SDXL, Chroma, Qwen-Image): init_image, an image file, scaled to cover width x height
+    and centre-cropped, encoded by the family's VAE, noised and denoised over `strength` of the steps (default 0.6;
+    SDXL 0.3: diffusers'; flame_models/samplers/img2img.py). width / height: default 1024, or with an init image its
+    own size floored to 16 (one given: the other at the image's aspect ratio)."""
     from . import registry
     if fp8 not in (False, True, "compute"):
         raise GenerateError(f"fp8: False, True (fp8 storage) or 'compute' (fp8 storage and fp8 matmuls), got {fp8!r}")
@@ -288,9 +394,11 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
         raise TypeError(f"generate() got unexpected keyword argument(s) {unknown}")
     family = family_of(model, arch, parts)
     part = parts[family]
-    for name in sorted(k for k, v in options.items() if v not in (None, False) and k not in part.OPTIONS):
+    # (identity, not ==: a 0 given, --cfg 0 or --strength 0, is an option given, to check and refuse)
+    for name in sorted(k for k, v in options.items() if v is not None and v is not False and k not in part.OPTIONS):
         raise GenerateError(_refusal(name, family, parts))
     mine = {k: v for k, v in options.items() if k in part.OPTIONS}
+    width, height = init_size(mine.get("init_image"), width, height, getattr(part, "INIT_MULTIPLE", 16))
     _check_size(width, height, batch_size, _device(device), _budget(max_gpu_memory))  # before any file is read
     return part.generate(model, prompts, vae=vae, clip_l=clip_l, t5=t5, tokenizer=tokenizer, loras=loras,
                          width=width, height=height, steps=steps, seed=seed, num_images=num_images,
@@ -442,14 +550,18 @@ def build_parser():
     g = p.add_argument_group("what to generate")
     g.add_argument("--prompt", action="append", default=[], help="repeatable")
     g.add_argument("--prompts-file", help="a text file, one prompt per non-empty line")
-    g.add_argument("--width", type=int, default=1024)
-    g.add_argument("--height", type=int, default=1024)
+    g.add_argument("--width", type=int, help="default 1024; with --init-image its width (floored to 16)")
+    g.add_argument("--height", type=int, help="default 1024; with --init-image its height (floored to 16)")
     g.add_argument("--steps", type=int, help="default 28 (dev), 4 (schnell)")
     g.add_argument("--guidance", type=float, help="embedded guidance, default 3.5 (Flux-dev only)")
     g.add_argument("--image", help="Flux Kontext: the reference image to edit (resized to Kontext's resolution "
                                    "list)")
     g.add_argument("--keep-image-size", action="store_true", help="Flux Kontext: keep the reference image's size "
                                                                   "(floored to 16) instead of Kontext's list")
+    g.add_argument("--init-image", help="image-to-image: start from this image (scaled to cover the size, "
+                                        "centre-cropped), noised to --strength (Flux, SD3, SDXL, Chroma, Qwen-Image)")
+    g.add_argument("--strength", type=float, help="with --init-image: the fraction of the steps run, in (0, 1] "
+                                                  "(default 0.6; SDXL 0.3: diffusers'); 1 ignores the image")
     g.add_argument("--negative-prompt", help="SD3 / SDXL / Chroma: the negative prompt of classifier-free guidance")
     g.add_argument("--cfg", type=float, help="SD3 / SDXL / Chroma: classifier-free guidance scale (default: SD3.5 "
                                              "Large 4.5, Medium 5, Large Turbo 1; SDXL 5; Chroma 5)")
@@ -501,12 +613,13 @@ def _read_prompts(args):
 def _family_options(args):
     """The options only some families take, given on the command line (left out when not given, so a family
     refuses another's only when it is given)."""
-    opts = dict(image=args.image, keep_image_size=args.keep_image_size, negative_prompt=args.negative_prompt,
+    opts = dict(image=args.image, keep_image_size=args.keep_image_size, init_image=args.init_image,
+                strength=args.strength, negative_prompt=args.negative_prompt,
                 clip_g=args.clip_g, cfg=args.cfg, sampler=args.sampler, scheduler=args.scheduler,
                 karras=args.karras, original_size=args.original_size, crop=args.crop, target_size=args.target_size,
                 max_token_length=args.max_token_length, slg_scale=args.slg_scale, slg_layers=args.slg_layers,
                 no_t5=args.no_t5)
-    return {k: v for k, v in opts.items() if v not in (None, False)}
+    return {k: v for k, v in opts.items() if v is not None and v is not False}   # (a 0 given is given)
 
 
 # what a user's mistake looks like: a message, not a traceback

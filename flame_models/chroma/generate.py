@@ -6,15 +6,17 @@ import math
 import random
 
 from .. import generate as G
-from ..bfl.vae import decode_latents, load_vae_for_flux
+from ..bfl.vae import decode_latents, encode_images, load_vae_for_flux
 from ..samplers.flow import DISPLAY_NAMES
 from ..samplers.flow_schedules import DISPLAY_NAMES as SCHEDULES
+from ..samplers.img2img import DEFAULT_STRENGTH
 from . import conditioning as C
 from . import pipeline as P
 from .components import ChromaFiles, find_chroma_files
 
 FILES = ChromaFiles
-OPTIONS = {"negative_prompt": None, "cfg": None, "max_length": None, "sampler": None, "scheduler": None}
+OPTIONS = {"negative_prompt": None, "cfg": None, "max_length": None, "sampler": None, "scheduler": None,
+           "init_image": None, "strength": None}
 NOTES = {"guidance": "it has no guidance embedding; use --cfg (classifier-free guidance)",
          "karras": "use --scheduler karras (its own sigmas respaced as Karras's)"}
 DEFAULTS = {"steps": 35, "cfg": 5.0}     # diffusers ChromaPipeline's defaults
@@ -23,7 +25,7 @@ DEFAULTS = {"steps": 35, "cfg": 5.0}     # diffusers ChromaPipeline's defaults
 def generate(model, prompts, *, negative_prompt=None, cfg=None, vae=None, clip_l=None, t5=None, tokenizer=None,
              loras=(), width=1024, height=1024, steps=None, seed=None, num_images=1, batch_size=1, output=None,
              device=None, dtype=None, fp8=False, max_gpu_memory=None, max_length=None, sampler=None, scheduler=None,
-             progress=True, stats=None, log=print):
+             init_image=None, strength=None, progress=True, stats=None, log=print):
     """Chroma text-to-image (flame_models.generate.generate says what the arguments mean). model: a diffusers
     Chroma folder, a Chroma / ComfyUI transformer file (with vae=, t5=) or ChromaFiles. sampler: "euler" (default),
     "heun", "dpmpp_2m", "dpmpp_2m_sde" or "unipc"."""
@@ -47,6 +49,8 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, vae=None, clip_l
     guided = cfg > 1.0
     loras = P.check_loras(loras, files.params)
     output = G._check_output(output)
+    init = G.InitImage(init_image, strength, width, height, default=DEFAULT_STRENGTH)
+    steps_run = init.steps_run(steps)
     C.check_vocabulary(files, C.load_tokenizer_for(files, max_length=max_length))
     seed = random.randrange(2 ** 32) if seed is None else seed
     jobs = [(i, seed + j) for i in range(len(prompts)) for j in range(num_images)]
@@ -57,7 +61,8 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, vae=None, clip_l
             out = G.encode_prompts(enc, unique, budget, log)
             if guided:
                 out.update({f"negative_{k}": v for k, v in G.host_arrays(enc.encode([negative])).items()})
-            return out
+        init.encode(lambda: load_vae_for_flux(files.vae, dtype=dtype, device=dev), encode_images, dev, log)
+        return out
 
     def negative_of(cond):
         return {k: cond[f"negative_{k}"] for k in ("prompt_embeds", "prompt_mask")} if guided else None
@@ -70,9 +75,9 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, vae=None, clip_l
                                                    guided=guided),
         sample=lambda net, cond, seeds, rows, callback: P.sample_latents(
             net, cond, negative_of(cond), height=height, width=width, steps=steps, cfg=cfg, seeds=seeds, rows=rows,
-            callback=callback, sampler=sampler, scheduler=scheduler),
+            callback=callback, sampler=sampler, scheduler=scheduler, **init.sample_kwargs()),
         load_vae=lambda: load_vae_for_flux(files.vae, dtype=dtype, device=dev), decode=decode_latents)
-    images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps,
+    images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps_run,
                           progress=progress, stats=stats, log=log)
 
     if output is not None:
@@ -82,10 +87,10 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, vae=None, clip_l
             info = {"prompt": prompts[i], "negative_prompt": negative, "seed": s, "steps": steps, "cfg": cfg,
                     "width": width, "height": height, "model": files.transformer, "vae": files.vae, "t5": files.t5,
                     "loras": [[p, w] for p, w in loras], "sampler": sampler, "scheduler": scheduler,
-                    "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8)}
+                    "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8), **init.info()}
             fields = [("Steps", steps), ("Sampler", DISPLAY_NAMES[sampler]), ("Schedule type", SCHEDULES[scheduler]),
-                      ("CFG scale", f"{cfg:g}"), ("Seed", s), ("Size", f"{width}x{height}"), ("Model", name),
-                      *G.lora_field(loras), ("Version", "FLAME")]
+                      ("CFG scale", f"{cfg:g}"), ("Seed", s), ("Size", f"{width}x{height}"), *init.fields(),
+                      ("Model", name), *G.lora_field(loras), ("Version", "FLAME")]
             return {"parameters": G.parameters_text(prompts[i], negative if guided else None, fields),
                     "flame": json.dumps(info)}
 

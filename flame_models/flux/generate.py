@@ -9,11 +9,13 @@ import random
 from .. import generate as G
 from ..samplers.flow import DISPLAY_NAMES
 from ..samplers.flow_schedules import DISPLAY_NAMES as SCHEDULES
+from ..samplers.img2img import DEFAULT_STRENGTH
 from . import pipeline as P
 from .components import FluxFiles, find_flux_files
 
 FILES = FluxFiles
-OPTIONS = {"guidance": "Flux's embedded guidance", "max_length": None, "sampler": None, "scheduler": None}
+OPTIONS = {"guidance": "Flux's embedded guidance", "max_length": None, "sampler": None, "scheduler": None,
+           "init_image": None, "strength": None}
 NOTES = {"cfg": "its guidance is embedded (--guidance)",
          "karras": "use --scheduler karras (its own sigmas respaced as Karras's)"}
 DEV_DEFAULTS = {"steps": 28, "guidance": 3.5}   # diffusers' FluxPipeline defaults for flux-dev
@@ -22,8 +24,8 @@ SCHNELL_STEPS = 4
 
 def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, loras=(), width=1024, height=1024,
              steps=None, guidance=None, seed=None, num_images=1, batch_size=1, output=None, device=None, dtype=None,
-             fp8=False, max_gpu_memory=None, max_length=None, sampler=None, scheduler=None, progress=True, stats=None,
-             log=print):
+             fp8=False, max_gpu_memory=None, max_length=None, sampler=None, scheduler=None, init_image=None,
+             strength=None, progress=True, stats=None, log=print):
     """Flux text-to-image (flame_models.generate.generate says what the arguments mean). model: a diffusers Flux
     folder, a transformer file (with vae=, clip_l=, t5=) or FluxFiles. sampler: "euler" (default), "heun" or
     "dpmpp_2m"."""
@@ -46,6 +48,8 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
         raise G.GenerateError(f"--guidance {guidance}: not a finite number")
     loras = P.check_loras(loras, files.params)
     output = G._check_output(output)
+    init = G.InitImage(init_image, strength, width, height, default=DEFAULT_STRENGTH)
+    steps_run = init.steps_run(steps)
     clip_tok, t5_tok = P.load_tokenizers(files, max_length=max_length)
     P.check_vocabularies(files, clip_tok, t5_tok)
     seed = random.randrange(2 ** 32) if seed is None else seed
@@ -54,7 +58,9 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     def encode(unique):
         with P.load_text_encoders(files, dtype=dtype, device=dev, t5_quantize="fp8" if fp8 else "auto",
                                   t5_stream=budget is not None, max_length=max_length) as enc:
-            return G.encode_prompts(enc, unique, budget, log)
+            out = G.encode_prompts(enc, unique, budget, log)
+        init.encode(lambda: P.load_vae_for_flux(files, dtype=dtype, device=dev), P.encode_images, dev, log)
+        return out
 
     stages = G.Stages(
         encode=encode, denoiser="transformer",
@@ -64,9 +70,9 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
                                                    guidance=guidance),
         sample=lambda net, cond, seeds, rows, callback: P.sample_latents(
             net, cond, height=height, width=width, steps=steps, guidance=guidance, seeds=seeds, rows=rows,
-            callback=callback, sampler=sampler, scheduler=scheduler),
+            callback=callback, sampler=sampler, scheduler=scheduler, **init.sample_kwargs()),
         load_vae=lambda: P.load_vae_for_flux(files, dtype=dtype, device=dev), decode=P.decode_latents)
-    images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps,
+    images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps_run,
                           progress=progress, stats=stats, log=log)
 
     if output is not None:
@@ -76,11 +82,12 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
             info = {"prompt": prompts[i], "seed": s, "steps": steps, "guidance": guidance, "width": width,
                     "height": height, "model": files.transformer, "vae": files.vae, "clip_l": files.clip_l,
                     "t5": files.t5, "loras": [[p, w] for p, w in loras], "sampler": sampler, "scheduler": scheduler,
-                    "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8)}
+                    "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8), **init.info()}
             fields = [("Steps", steps), ("Sampler", DISPLAY_NAMES[sampler]), ("Schedule type", SCHEDULES[scheduler]),
                       ("CFG scale", 1),
                       ("Distilled CFG Scale", None if guidance is None else f"{guidance:g}"), ("Seed", s),
-                      ("Size", f"{width}x{height}"), ("Model", name), *G.lora_field(loras), ("Version", "FLAME")]
+                      ("Size", f"{width}x{height}"), *init.fields(), ("Model", name), *G.lora_field(loras),
+                      ("Version", "FLAME")]
             return {"parameters": G.parameters_text(prompts[i], None, fields), "flame": json.dumps(info)}
 
         G.write_pngs(output, jobs, images, text_of, log)

@@ -25,7 +25,9 @@ FILES = KontextFiles
 OPTIONS = {"guidance": "Flux's embedded guidance", "max_length": None, "image": None, "keep_image_size": None,
            "sampler": None, "scheduler": None}
 NOTES = {"cfg": "its guidance is embedded (--guidance)",
-         "karras": "use --scheduler karras (its own sigmas respaced as Karras's)"}
+         "karras": "use --scheduler karras (its own sigmas respaced as Karras's)",
+         "init_image": "it edits the reference image given with --image, from noise",
+         "strength": "it edits the reference image given with --image, from noise"}
 DEFAULTS = {"steps": 28, "guidance": 2.5}
 
 

@@ -17,12 +17,14 @@ from ..conditioning.files import ModelFilesError
 from ..pipeline import check_loras, load_for_sampling
 from ..samplers.flow import DISPLAY_NAMES
 from ..samplers.flow_schedules import DISPLAY_NAMES as SCHEDULES
+from ..samplers.img2img import DEFAULT_STRENGTH
 from . import sampling as S
 from . import stages
 from .loading import QwenImageCheckpointError, load_qwen_image, read_qwen_image_params
 from .params import QwenImageParams
 
-OPTIONS = {"negative_prompt": None, "cfg": None, "max_length": None, "sampler": None, "scheduler": None}
+OPTIONS = {"negative_prompt": None, "cfg": None, "max_length": None, "sampler": None, "scheduler": None,
+           "init_image": None, "strength": None}
 NOTES = {"guidance": "it has no guidance embedding; use --cfg with a --negative-prompt (classifier-free guidance)",
          "karras": "use --scheduler karras (its own sigmas respaced as Karras's)"}
 DEFAULTS = {"steps": S.DEFAULT_STEPS, "cfg": S.DEFAULT_CFG, "max_length": 512}
@@ -77,7 +79,7 @@ def find_qwen_image_files(path, *, vae=None, tokenizer=None):
 def generate(model, prompts, *, negative_prompt=None, cfg=None, max_length=None, vae=None, clip_l=None, t5=None,
              tokenizer=None, loras=(), width=1024, height=1024, steps=None, seed=None, num_images=1, batch_size=1,
              output=None, device=None, dtype=None, fp8=False, max_gpu_memory=None, sampler=None, scheduler=None,
-             progress=True, stats=None, log=print):
+             init_image=None, strength=None, progress=True, stats=None, log=print):
     """Qwen-Image text-to-image (flame_models.generate.generate says what the arguments mean). model: a
     QwenImagePipeline folder or QwenImageFiles. sampler: "euler" (default, the pipeline's), "heun",
     "dpmpp_2m", "dpmpp_2m_sde" or "unipc"."""
@@ -107,10 +109,17 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, max_length=None,
     guided = negative_prompt is not None and cfg > 1.0            # as QwenImagePipeline: CFG needs a negative
     loras = check_loras(loras, files.params, model_class=QwenImageTransformer2DModel, error=QwenImageFilesError)
     output = G._check_output(output)
+    init = G.InitImage(init_image, strength, width, height, default=DEFAULT_STRENGTH)
+    steps_run = init.steps_run(steps)
     seed = random.randrange(2 ** 32) if seed is None else seed
     jobs = [(i, seed + j) for i in range(len(prompts)) for j in range(num_images)]
 
     def encode(unique):
+        out = _encode_prompts(unique)
+        init.encode(lambda: load_vae(files.vae, dtype=dtype, device=dev), stages.encode_images, dev, log)
+        return out
+
+    def _encode_prompts(unique):
         from ..text_encoders.qwen2_5_vl import load_qwen2_5_vl
         from ..tokenization.qwen2 import Qwen2Tokenizer
         # as T5 in Flux's generate: the layers in fp8 with --fp8, streamed under a budget (auto_fit keeps as many
@@ -155,9 +164,9 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, max_length=None,
         fit=fit,
         sample=lambda net, cond, seeds, rows, callback: S.sample_latents(
             net, cond, negative_of(cond), height=height, width=width, steps=steps, cfg=cfg, seeds=seeds, rows=rows,
-            callback=callback, sampler=sampler, scheduler=scheduler),
+            callback=callback, sampler=sampler, scheduler=scheduler, **init.sample_kwargs()),
         load_vae=lambda: load_vae(files.vae, dtype=dtype, device=dev), decode=stages.decode_latents)
-    images = G.run_stages(stages_, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps,
+    images = G.run_stages(stages_, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps_run,
                           progress=progress, stats=stats, log=log)
 
     if output is not None:
@@ -168,11 +177,11 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, max_length=None,
                     "cfg": cfg if guided else None, "width": width, "height": height, "model": files.transformer,
                     "vae": files.vae, "text_encoder": files.text_encoder, "loras": [[p, w] for p, w in loras],
                     "sampler": sampler, "scheduler": scheduler, "dtype": str(dtype).replace("flame.", ""),
-                    "fp8": bool(fp8)}
+                    "fp8": bool(fp8), **init.info()}
             fields = [("Steps", steps), ("Sampler", DISPLAY_NAMES[sampler]), ("Schedule type", SCHEDULES[scheduler]),
                       *([("CFG scale", f"{cfg:g}")] if guided else []),
-                      ("Seed", s), ("Size", f"{width}x{height}"), ("Model", name), *G.lora_field(loras),
-                      ("Version", "FLAME")]
+                      ("Seed", s), ("Size", f"{width}x{height}"), *init.fields(), ("Model", name),
+                      *G.lora_field(loras), ("Version", "FLAME")]
             return {"parameters": G.parameters_text(prompts[i], negative_prompt if guided else None, fields),
                     "flame": json.dumps(info)}
 

@@ -11,6 +11,7 @@ import random
 from .. import generate as G
 from ..samplers.flow import DISPLAY_NAMES
 from ..samplers.flow_schedules import DISPLAY_NAMES as SCHEDULES
+from ..samplers.img2img import DEFAULT_STRENGTH
 from . import pipeline as P
 from .components import SD3Files, find_sd3_files
 from .conditioning import check_vocabularies, load_tokenizers
@@ -18,7 +19,8 @@ from .sampling import SAMPLING_DEFAULTS, SkipLayerGuidance
 
 FILES = SD3Files
 OPTIONS = {"negative_prompt": None, "clip_g": None, "cfg": None, "slg_scale": None, "slg_layers": None,
-           "no_t5": None, "max_length": None, "configs": None, "sampler": None, "scheduler": None}
+           "no_t5": None, "max_length": None, "configs": None, "sampler": None, "scheduler": None, "init_image": None,
+           "strength": None}
 NOTES = {name: "it samples on its flow schedule, without size conditioning"
          for name in ("original_size", "crop", "target_size", "max_token_length")}
 NOTES.update(karras="use --scheduler karras (its own sigmas respaced as Karras's)",
@@ -54,8 +56,8 @@ def _slg(files, slg_scale, slg_layers, log):
 def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, clip_g=None, t5=None, tokenizer=None,
              loras=(), width=1024, height=1024, steps=None, cfg=None, slg_scale=None, slg_layers=None, no_t5=False,
              seed=None, num_images=1, batch_size=1, output=None, device=None, dtype=None, fp8=False,
-             max_gpu_memory=None, max_length=None, configs=None, sampler=None, scheduler=None, progress=True,
-             stats=None, log=print):
+             max_gpu_memory=None, max_length=None, configs=None, sampler=None, scheduler=None, init_image=None,
+             strength=None, progress=True, stats=None, log=print):
     """SD3 / SD3.5 text-to-image (flame_models.generate.generate says what the shared arguments mean). model: an
     SAI file holding every part, a diffusers folder, an MMDiT file with the other parts given, or SD3Files.
     sampler: "euler" (default), "heun", "dpmpp_2m" or "unipc"."""
@@ -90,9 +92,11 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
             raise G.GenerateError("skip-layer guidance needs classifier-free guidance: set --cfg > 1 or --slg-scale 0")
         log("skip-layer guidance (SD3.5 Medium's default) needs classifier-free guidance: running without at --cfg 1")
         slg = None
-    if slg is not None and not any(slg.active(i, steps) for i in range(steps)):
-        log(f"skip-layer guidance: no step of {steps} falls in its window ({slg.start:g} to {slg.stop:g} of the "
-            f"steps); running without")
+    init = G.InitImage(init_image, strength, width, height, default=DEFAULT_STRENGTH)
+    steps_run = init.steps_run(steps)
+    if slg is not None and not any(slg.active(i, steps) for i in range(steps - steps_run, steps)):
+        log(f"skip-layer guidance: no step of {steps} that runs falls in its window ({slg.start:g} to {slg.stop:g} "
+            f"of the steps); running without")
         slg = None
     output = G._check_output(output)
     toks = load_tokenizers(files, max_length=max_length)
@@ -107,7 +111,8 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
                                   t5_stream=budget is not None and use_t5, max_length=max_length) as enc:
             cond = G.encode_prompts(enc, unique, budget, log)
             neg = G.host_arrays(enc.encode(["" if negative_prompt is None else negative_prompt])) if guided else None
-            return cond, neg
+        init.encode(lambda: P.load_vae_for_sd3(files, dtype=dtype, device=dev), P.encode_images, dev, log)
+        return cond, neg
 
     stages = G.Stages(
         encode=encode, denoiser="transformer",
@@ -117,9 +122,9 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
                                                    cfg=cfg),
         sample=lambda net, cond, seeds, rows, callback: P.sample_latents(
             net, *cond, height=height, width=width, steps=steps, cfg=cfg, seeds=seeds, rows=rows, callback=callback,
-            skip_layer_guidance=slg, sampler=sampler, scheduler=scheduler),
+            skip_layer_guidance=slg, sampler=sampler, scheduler=scheduler, **init.sample_kwargs()),
         load_vae=lambda: P.load_vae_for_sd3(files, dtype=dtype, device=dev), decode=P.decode_latents)
-    images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps,
+    images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps_run,
                           progress=progress, stats=stats, log=log)
 
     if output is not None:
@@ -128,8 +133,8 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
 
         def text_of(i, s):
             fields = [("Steps", steps), ("Sampler", DISPLAY_NAMES[sampler]), ("Schedule type", SCHEDULES[scheduler]),
-                      ("CFG scale", f"{cfg:g}"), ("Seed", s), ("Size", f"{width}x{height}"), ("Model", name),
-                      ("Shift", 3)]
+                      ("CFG scale", f"{cfg:g}"), ("Seed", s), ("Size", f"{width}x{height}"), *init.fields(),
+                      ("Model", name), ("Shift", 3)]
             if slg is not None:
                 fields.append(("SLG", f"layers {','.join(map(str, slg.layers))} scale {slg.scale:g}"))
             fields += [*G.lora_field(loras), ("Version", "FLAME")]
@@ -138,7 +143,8 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
                     "model": files.transformer, "vae": files.vae, "clip_l": files.clip_l, "clip_g": files.clip_g,
                     "loras": [[p, w] for p, w in loras], "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8),
                     "t5": files.t5 if use_t5 else None, "variant": files.variant,
-                    "skip_layer_guidance": None if slg is None else {"layers": list(slg.layers), "scale": slg.scale}}
+                    "skip_layer_guidance": None if slg is None else {"layers": list(slg.layers), "scale": slg.scale},
+                    **init.info()}
             return {"parameters": G.parameters_text(prompts[i], neg, fields), "flame": json.dumps(info)}
 
         G.write_pngs(output, jobs, images, text_of, log)

@@ -14,13 +14,16 @@ import random
 from .. import generate as G
 from ..conditioning.encoders import check_max_token_length
 from ..samplers import LCM_ORIGINAL_STEPS
+from ..samplers.img2img import SDXL_DEFAULT_STRENGTH
 from . import pipeline as P
 from .components import SDXLFiles, find_sdxl_files
 from .conditioning import check_vocabularies, load_tokenizers
 
 FILES = SDXLFiles
 OPTIONS = {"negative_prompt": None, "clip_g": None, "cfg": None, "sampler": None, "karras": None,
-           "original_size": None, "crop": None, "target_size": None, "max_token_length": None, "configs": None}
+           "original_size": None, "crop": None, "target_size": None, "max_token_length": None, "configs": None,
+           "init_image": None, "strength": None}
+INIT_MULTIPLE = 32   # an init image's own size is floored to it (SDXL's UNet halves the latents twice)
 NOTES = {"guidance": "it uses classifier-free guidance (--cfg)", "no_t5": "it has no T5",
          "scheduler": "--karras gives Karras sigmas (the default: the model's own)"}
 DEFAULTS = {"steps": 30, "cfg": 5.0, "sampler": "euler"}
@@ -63,8 +66,8 @@ def _crop(value):
 def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, clip_g=None, t5=None, tokenizer=None,
              loras=(), width=1024, height=1024, steps=None, cfg=None, sampler=None, karras=False, original_size=None,
              crop=None, target_size=None, max_token_length=None, seed=None, num_images=1, batch_size=1, output=None,
-             device=None, dtype=None, fp8=False, max_gpu_memory=None, configs=None, progress=True, stats=None,
-             log=print):
+             device=None, dtype=None, fp8=False, max_gpu_memory=None, configs=None, init_image=None, strength=None,
+             progress=True, stats=None, log=print):
     """SDXL text-to-image (flame_models.generate.generate says what the shared arguments mean). model: an SAI file
     (sd_xl_base_1.0.safetensors), a diffusers folder, a UNet file with the other parts given, or SDXLFiles."""
     stats = {} if stats is None else stats
@@ -103,6 +106,11 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
         raise G.GenerateError(f"--cfg {cfg}: a finite number > 0")
     if negative_prompt is not None and cfg == 1.0:
         raise G.GenerateError("--negative-prompt: without classifier-free guidance (--cfg 1) it has no effect")
+    if init_image is not None and sampler == "lcm":
+        raise G.GenerateError("--init-image: image-to-image with --sampler lcm is not supported (LCM's timesteps "
+                              "depend on the strength); use another sampler")
+    init = G.InitImage(init_image, strength, width, height, default=SDXL_DEFAULT_STRENGTH, rounding="sdxl")
+    steps_run = init.steps_run(steps)
     output = G._check_output(output)
     check_vocabularies(files, *load_tokenizers(files))
     seed = random.randrange(2 ** 32) if seed is None else seed
@@ -117,7 +125,8 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
                                   loras=loras) as enc:
             cond = host(enc.encode(unique))
             neg = host(enc.encode_negative(unique[:1], negative_prompt)) if guided else None
-            return cond, neg
+        init.encode(lambda: P.load_vae_for_sdxl(files, dtype=dtype, device=dev), P.encode_images, dev, log)
+        return cond, neg
 
     stages = G.Stages(
         encode=encode, denoiser="unet",
@@ -128,9 +137,9 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
         sample=lambda net, cond, seeds, rows, callback: P.sample_latents(
             net, *cond, height=height, width=width, steps=steps, cfg=cfg, seeds=seeds, rows=rows, callback=callback,
             sampler=sampler, scheduler="karras" if karras else "normal", original_size=original_size,
-            crop_coords=crop, target_size=target_size),
+            crop_coords=crop, target_size=target_size, **init.sample_kwargs()),
         load_vae=lambda: P.load_vae_for_sdxl(files, dtype=dtype, device=dev), decode=P.decode_latents)
-    images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps,
+    images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps_run,
                           progress=progress, stats=stats, log=log)
 
     if output is not None:
@@ -142,14 +151,14 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
 
         def text_of(i, s):
             fields = [("Steps", steps), ("Sampler", SAMPLER_NAMES[sampler]), ("Schedule type", schedule),
-                      ("CFG scale", f"{cfg:g}"), ("Seed", s), ("Size", f"{width}x{height}"), ("Model", name),
-                      *G.lora_field(loras), ("Version", "FLAME")]
+                      ("CFG scale", f"{cfg:g}"), ("Seed", s), ("Size", f"{width}x{height}"), *init.fields(),
+                      ("Model", name), *G.lora_field(loras), ("Version", "FLAME")]
             info = {"family": "sdxl", "prompt": prompts[i], "negative_prompt": neg, "seed": s, "steps": steps,
                     "cfg": cfg, "width": width, "height": height, "sampler": sampler, "scheduler": schedule.lower(),
                     "model": files.unet, "vae": files.vae, "clip_l": files.clip_l, "clip_g": files.clip_g,
                     "loras": [[p, w] for p, w in loras], "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8),
                     "original_size": [oh, ow], "crop_coords": list(crop), "target_size": [th, tw],
-                    "max_token_length": max_token_length}
+                    "max_token_length": max_token_length, **init.info()}
             return {"parameters": G.parameters_text(prompts[i], neg, fields), "flame": json.dumps(info)}
 
         G.write_pngs(output, jobs, images, text_of, log)

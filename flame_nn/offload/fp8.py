@@ -37,7 +37,7 @@ from flame_core import dtypes as D
 from flame_core.amp import autocast_mode as _amp
 from flame_core.autograd import Function, no_grad
 from flame_core.autograd.grad_mode import is_grad_enabled
-from flame_core.cuda.graphs import _capturing, hold_while_captured
+from flame_core.cuda.graphs import hold_while_captured
 from flame_core.errors import DTypeError, ShapeError, fmt_shape
 from flame_core.kernels import fp8 as _K
 from flame_core.kernels import fp8_tensor as _KT
@@ -176,8 +176,7 @@ def transposed_into_scratch(q):
         return np.ascontiguousarray(q.T)
     qb = q if q.dtype == np.uint8 else q.view(np.uint8)
     out = _scratch_view(qb, np.dtype(np.uint8), (q.shape[1], q.shape[0]))
-    if _capturing:
-        hold_while_captured(out)
+    hold_while_captured(out)  # (a no-op outside a capture)
     return _KT.transpose_fp8(qb, out=out)
 
 
@@ -197,8 +196,7 @@ def _dequantize_into_scratch(q, scales, dtype):
         if len(views) >= 64:  # many weight shapes: keep the dict small
             views.clear()
         views[shape] = out
-    if _capturing:
-        hold_while_captured(out)
+    hold_while_captured(out)  # (a no-op outside a capture)
     if q.size:
         _K.dequantize_per_row(q, scales, dtype, out=out)
     return out

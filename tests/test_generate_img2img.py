@@ -1,0 +1,179 @@
+"""Image-to-image from `python -m flame_models.generate --init-image` and generate(init_image=, strength=): the
+image read, scaled and encoded by the family's VAE, handed to its sampler (the same pixels as the parts run by
+hand), strength 1 giving the text-to-image picture on the flow families, the size taken from the image, the PNG
+parameters, and bad input refused before anything is loaded (exit 2, named)."""
+import json
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import flame_core as flame
+from flame_models.bfl.tiny import tiny_flux_files
+from flame_models.generate import GenerateError, generate, init_size, main, read_init_image
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+SD3 = os.path.join(FIXTURES, "sd3_pipeline", "pipeline")
+QUIET = dict(progress=False, log=lambda *a: None, device="cpu", dtype="fp32")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return tiny_flux_files(tmp_path_factory.mktemp("tiny") / "flux", seed=1)
+
+
+@pytest.fixture(scope="module")
+def init_png(tmp_path_factory):
+    """A 56 x 40 picture (a gradient with a square: not noise)."""
+    y, x = np.mgrid[0:40, 0:56]
+    a = np.stack([x * 4, y * 6, (x + y) * 2], -1).astype(np.uint8)
+    a[10:30, 20:40] = (250, 30, 30)
+    path = tmp_path_factory.mktemp("init") / "init.png"
+    Image.fromarray(a).save(path)
+    return str(path)
+
+
+def pixels(images):
+    return np.stack([np.asarray(im).astype(np.int16) for im in images])
+
+
+def test_the_image_is_scaled_to_cover_and_centre_cropped(init_png):
+    x = read_init_image(init_png, 32, 32)               # 56 x 40 -> 45 x 32, cropped to its middle 32 columns
+    assert x.shape == (1, 3, 32, 32) and x.dtype == np.float32
+    assert -1.0 <= x.min() and x.max() <= 1.0
+    red = (x[0, 0] > 0.8) & (x[0, 1] < -0.6)
+    cols = np.nonzero(red.any(0))[0]
+    assert 5 <= cols.min() and cols.max() <= 26            # the square stays in the middle
+    assert init_size(init_png, None, None) == (48, 32)      # the image's size floored to 16
+    assert init_size(init_png, 96, None) == (96, 64)        # the other side at its aspect ratio (68.6)
+    assert init_size(init_png, None, None, 32) == (32, 32)
+    assert init_size(None, None, None) == (1024, 1024) and init_size(None, 64, None) == (64, 1024)
+
+
+def test_flux_img2img_is_the_parts_run_by_hand(tiny, init_png):
+    """generate(init_image=) equals: the image read and scaled, encoded by Flux's VAE, sample_latents with
+    init_latents and strength, decoded."""
+    from flame_models.flux import pipeline as P
+    from flame_models.pipeline import to_pil
+    got = pixels(generate(tiny, "a red square", steps=4, seed=3, init_image=init_png, strength=0.5, **QUIET))
+    assert got.shape == (1, 32, 48, 3)                      # the image's size, floored to 16
+    F32 = flame.float32
+    vae = P.load_vae_for_flux(tiny, dtype=F32, device="cpu")
+    init = P.encode_images(vae, flame.tensor(read_init_image(init_png, 48, 32)))
+    with P.load_text_encoders(tiny, dtype=F32, device="cpu") as enc:
+        cond = enc.encode(["a red square"])
+    model = P.load_transformer(tiny, dtype=F32, device="cpu")
+    z = P.sample_latents(model, cond, height=32, width=48, steps=4, guidance=3.5, seeds=[3], init_latents=init,
+                         strength=0.5)
+    want = pixels(to_pil(P.decode_latents(vae, z)))
+    np.testing.assert_array_equal(got, want)
+    # strength 1 starts from pure noise at sigma 1: the text-to-image picture; a lower one another
+    t2i = pixels(generate(tiny, "a red square", steps=4, seed=3, width=48, height=32, **QUIET))
+    full = pixels(generate(tiny, "a red square", steps=4, seed=3, init_image=init_png, strength=1.0, **QUIET))
+    np.testing.assert_array_equal(full, t2i)
+    assert np.abs(got - t2i).max() > 0
+    with pytest.raises(ValueError, match="strength applies to image-to-image"):
+        P.sample_latents(model, cond, height=32, width=48, steps=4, guidance=3.5, seeds=[3], strength=0.5)
+    with pytest.raises(ValueError, match=r"init_latents of shape \(1, 16, 4, 4\) do not fit"):
+        P.sample_latents(model, cond, height=32, width=48, steps=4, guidance=3.5, seeds=[3],
+                         init_latents=np.zeros((1, 16, 4, 4), np.float32))
+
+
+def test_command_writes_the_strength_into_the_png(tiny, init_png, tmp_path):
+    out = tmp_path / "out"
+    rc = main(["--model", os.path.dirname(tiny.transformer), "--prompt", "x", "--init-image", init_png, "--strength",
+               "0.75", "--steps", "4", "--width", "32", "--seed", "5", "--output", str(out), "--no-progress",
+               "--device", "cpu", "--dtype", "fp32"])
+    assert rc == 0
+    (name,) = os.listdir(out)
+    im = Image.open(out / name)
+    assert im.size == (32, 16)                              # --width 32: the height at 56 x 40's ratio, floored
+    assert "Size: 32x16, Denoising strength: 0.75, Model" in im.text["parameters"]
+    info = json.loads(im.text["flame"])
+    assert info["init_image"] == init_png and info["strength"] == 0.75
+
+
+def _fails(capsys, argv, *needles):
+    rc = main(argv + ["--no-progress", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    for n in needles:
+        assert n in err, (n, err)
+
+
+def test_bad_img2img_input_is_refused_before_loading(tiny, init_png, tmp_path, capsys):
+    root = os.path.dirname(tiny.transformer)
+    base = ["--model", root, "--prompt", "x", "--steps", "4", "--output", str(tmp_path / "o")]
+    _fails(capsys, base + ["--strength", "0.5"], "--strength: applies to image-to-image; pass --init-image")
+    _fails(capsys, base + ["--init-image", init_png, "--strength", "1.5"], "--strength", "(0, 1]")
+    _fails(capsys, base + ["--init-image", init_png, "--strength", "0"], "--strength", "(0, 1]")
+    missing = str(tmp_path / "nope.png")
+    _fails(capsys, base + ["--init-image", missing], f"--init-image {missing}")
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"not an image")
+    _fails(capsys, base + ["--init-image", str(bad), "--width", "32", "--height", "32"], f"--init-image {bad}",
+           "cannot read the image")
+    assert not (tmp_path / "o").exists() or not os.listdir(tmp_path / "o")
+    with pytest.raises(GenerateError, match="--strength"):
+        generate(tiny, "x", steps=4, strength=0.3, **QUIET)
+
+
+def test_flux_kontext_refuses_an_init_image(tiny, init_png, tmp_path, capsys):
+    folder = tmp_path / "kontext"
+    import shutil
+    shutil.copytree(os.path.dirname(tiny.transformer), folder)
+    index = folder / "model_index.json"
+    meta = json.loads(index.read_text())
+    meta["_class_name"] = "FluxKontextPipeline"
+    index.write_text(json.dumps(meta))
+    _fails(capsys, ["--model", str(folder), "--prompt", "x", "--image", init_png, "--init-image", init_png],
+           "--init-image:", "this model is Flux Kontext", "it edits the reference image given with --image")
+
+
+def test_sd3_img2img(init_png):
+    """SD3 (the tiny diffusers pipeline of the fixtures): strength 1 is the text-to-image picture, 0.6 another."""
+    kw = dict(steps=3, seed=2, **QUIET)
+    t2i = pixels(generate(SD3, "a cat", width=48, height=32, **kw))
+    full = pixels(generate(SD3, "a cat", init_image=init_png, strength=1.0, **kw))
+    part = pixels(generate(SD3, "a cat", init_image=init_png, strength=0.6, **kw))
+    np.testing.assert_array_equal(full, t2i)
+    assert part.shape == t2i.shape and np.abs(part - t2i).max() > 0
+
+
+def test_sdxl_img2img(tmp_path, init_png, capsys):
+    """SDXL (the tiny fixture): an image-to-image run differs with the strength; its size is floored to 32; lcm and a
+    strength that leaves no step are refused."""
+    from flame_models.sdxl import UNetConfig, load_sdxl, save_sdxl
+    from flame_models.vae import VAEConfig
+    fixture = os.path.join(FIXTURES, "sdxl_pipeline")
+    with open(os.path.join(fixture, "meta.json")) as f:
+        c = json.load(f)["configs"]
+    configs = {"unet": UNetConfig.from_diffusers_config(c["unet"]),
+               "vae": VAEConfig.from_diffusers_config(c["vae"]).to_dict(), "clip_l": c["text_encoder"],
+               "clip_g": c["text_encoder_2"]}
+    parts = load_sdxl(os.path.join(fixture, "sdxl_tiny.safetensors"), tokenizer=fixture, configs=configs,
+                      dtype=flame.float32, device="cpu")
+    folder = str(tmp_path / "sdxl-tiny")
+    save_sdxl(parts, folder, layout="diffusers")
+    kw = dict(steps=4, seed=2, **QUIET)
+    a = pixels(generate(folder, "a cat", init_image=init_png, strength=0.5, **kw))
+    b = pixels(generate(folder, "a cat", init_image=init_png, strength=0.75, **kw))
+    assert a.shape == (1, 32, 32, 3) and np.abs(a - b).max() > 0
+    base = ["--model", folder, "--prompt", "x", "--init-image", init_png, "--output", str(tmp_path / "o")]
+    _fails(capsys, base + ["--sampler", "lcm", "--steps", "4"], "--init-image", "lcm is not supported")
+    _fails(capsys, base + ["--steps", "2", "--strength", "0.3"], "--strength", "runs no step")
+
+
+def test_chroma_and_qwen_image_img2img_at_strength_one_are_text_to_image(tmp_path, init_png):
+    from flame_models.chroma.tiny import tiny_chroma_files
+    from flame_models.qwen_image.tiny import tiny_qwen_image_folder
+    chroma = os.path.dirname(tiny_chroma_files(tmp_path / "Chroma-tiny", seed=4).transformer)
+    qwen = tiny_qwen_image_folder(tmp_path / "Qwen-Image-tiny", seed=4)
+    for model in (chroma, qwen):
+        kw = dict(steps=3, seed=2, **QUIET)
+        t2i = pixels(generate(model, "a cat", width=48, height=32, **kw))
+        full = pixels(generate(model, "a cat", init_image=init_png, strength=1.0, **kw))
+        part = pixels(generate(model, "a cat", init_image=init_png, strength=0.5, **kw))
+        np.testing.assert_array_equal(full, t2i)
+        assert np.abs(part - t2i).max() > 0, model
