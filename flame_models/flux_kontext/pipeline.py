@@ -18,18 +18,20 @@ from .sampling import WithReference, denoise_with_reference
 
 def read_reference(path, *, auto_resize=True):
     """The reference image at `path` as (1, 3, H, W) float32 in [-1, 1], resized (LANCZOS) to Kontext's resolution
-    for its aspect ratio (auto_resize), else its own size floored to 16."""
-    from PIL import Image, UnidentifiedImageError
+    for its aspect ratio (auto_resize), else its own size floored to 16. An untrusted file: read as the datasets'
+    images are (data.images.load_image: the pixel limit checked before decoding, alpha composited on white)."""
+    from PIL import Image
+
+    from ..data.errors import DataError
+    from ..data.images import load_image
     try:
-        with Image.open(path) as im:
-            im = im.convert("RGB")
-            w, h = kontext_size(*im.size) if auto_resize else (im.size[0] // 16 * 16, im.size[1] // 16 * 16)
-            if w < 16 or h < 16:
-                raise FluxFilesError(f"--image {path}: {im.size[0]}x{im.size[1]} is smaller than 16x16")
-            im = im.resize((w, h), Image.LANCZOS)
-            arr = np.asarray(im, dtype=np.float32) / 127.5 - 1.0
-    except (OSError, UnidentifiedImageError) as e:
+        im = load_image(path)   # (its pixel count checked from the header, before decoding; EXIF orientation)
+    except DataError as e:
         raise FluxFilesError(f"--image {path}: not a readable image ({e})") from None
+    w, h = kontext_size(*im.size) if auto_resize else (im.size[0] // 16 * 16, im.size[1] // 16 * 16)
+    if w < 16 or h < 16:
+        raise FluxFilesError(f"--image {path}: {im.size[0]}x{im.size[1]} is smaller than 16x16")
+    arr = np.asarray(im.resize((w, h), Image.LANCZOS), dtype=np.float32) / 127.5 - 1.0
     return arr.transpose(2, 0, 1)[None].copy()
 
 

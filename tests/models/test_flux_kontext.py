@@ -141,3 +141,22 @@ def test_generate_edits_a_reference_image_end_to_end(tiny_kontext, tmp_path):
         generate(tiny_kontext[1].transformer, "x", vae=tiny_kontext[1].vae, clip_l=tiny_kontext[1].clip_l,
                  t5=tiny_kontext[1].t5, width=32, height=32, steps=1, device="cpu", keep_image_size=True,
                  progress=False)                                       # a single file: Flux by default
+
+
+def test_the_reference_image_is_read_as_an_untrusted_file(tmp_path):
+    """read_reference goes through data.images.load_image: a file that is no image, or one that is too small, is
+    refused naming it; an RGBA image is composited on white."""
+    from flame_models.flux.components import FluxFilesError
+    from flame_models.flux_kontext.pipeline import read_reference
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    with pytest.raises(FluxFilesError, match=r"--image .*bad.png: not a readable image"):
+        read_reference(str(bad))
+    small = tmp_path / "small.png"
+    Image.new("RGB", (12, 40)).save(small)
+    with pytest.raises(FluxFilesError, match="12x40 is smaller than 16x16"):
+        read_reference(str(small), auto_resize=False)
+    clear = tmp_path / "clear.png"
+    Image.new("RGBA", (40, 24), (0, 0, 0, 0)).save(clear)
+    x = read_reference(str(clear), auto_resize=False)
+    assert x.shape == (1, 3, 16, 32) and np.allclose(x, 1.0)   # transparent: white
