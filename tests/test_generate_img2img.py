@@ -144,18 +144,8 @@ def test_sd3_img2img(init_png):
 def test_sdxl_img2img(tmp_path, init_png, capsys):
     """SDXL (the tiny fixture): an image-to-image run differs with the strength; its size is floored to 32; lcm and a
     strength that leaves no step are refused."""
-    from flame_models.sdxl import UNetConfig, load_sdxl, save_sdxl
-    from flame_models.vae import VAEConfig
-    fixture = os.path.join(FIXTURES, "sdxl_pipeline")
-    with open(os.path.join(fixture, "meta.json")) as f:
-        c = json.load(f)["configs"]
-    configs = {"unet": UNetConfig.from_diffusers_config(c["unet"]),
-               "vae": VAEConfig.from_diffusers_config(c["vae"]).to_dict(), "clip_l": c["text_encoder"],
-               "clip_g": c["text_encoder_2"]}
-    parts = load_sdxl(os.path.join(fixture, "sdxl_tiny.safetensors"), tokenizer=fixture, configs=configs,
-                      dtype=flame.float32, device="cpu")
-    folder = str(tmp_path / "sdxl-tiny")
-    save_sdxl(parts, folder, layout="diffusers")
+    from sdxl_tiny import sdxl_tiny_folder
+    folder = sdxl_tiny_folder(tmp_path / "sdxl-tiny")
     kw = dict(steps=4, seed=2, **QUIET)
     a = pixels(generate(folder, "a cat", init_image=init_png, strength=0.5, **kw))
     b = pixels(generate(folder, "a cat", init_image=init_png, strength=0.75, **kw))

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import flame_core as flame
 from flame_models.generate import generate, main
-from flame_models.sdxl import load_sdxl, save_sdxl, save_unet
+from flame_models.sdxl import save_sdxl, save_unet
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 SD3 = os.path.join(FIXTURES, "sd3_pipeline", "pipeline")
@@ -20,15 +19,8 @@ SDXL_FIXTURE = os.path.join(FIXTURES, "sdxl_pipeline")
 @pytest.fixture(scope="module")
 def sdxl(tmp_path_factory):
     """The SDXL fixture as a diffusers folder (its configs in config.json files) and as FLAME's SAI file."""
-    from flame_models.sdxl import UNetConfig
-    from flame_models.vae import VAEConfig
-    with open(os.path.join(SDXL_FIXTURE, "meta.json")) as f:
-        c = json.load(f)["configs"]
-    configs = {"unet": UNetConfig.from_diffusers_config(c["unet"]),
-               "vae": VAEConfig.from_diffusers_config(c["vae"]).to_dict(), "clip_l": c["text_encoder"],
-               "clip_g": c["text_encoder_2"]}
-    parts = load_sdxl(os.path.join(SDXL_FIXTURE, "sdxl_tiny.safetensors"), tokenizer=SDXL_FIXTURE, configs=configs,
-                      dtype=flame.float32, device="cpu")
+    from sdxl_tiny import sdxl_tiny_parts
+    parts = sdxl_tiny_parts()
     d = tmp_path_factory.mktemp("sdxl")
     save_sdxl(parts, str(d / "sdxl-tiny"), layout="diffusers")
     save_sdxl(parts, str(d / "sdxl-tiny.safetensors"), layout="sai")

@@ -24,25 +24,14 @@ from .conftest import draw_images, image_config
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
 SD3_MODEL = os.path.join(FIXTURES, "sd3_pipeline", "pipeline")
-SDXL_FIXTURE = os.path.join(FIXTURES, "sdxl_pipeline")
 PROMPTS = ["[trigger] on a blue background", "a yellow square on a purple background"]
 
 
 @pytest.fixture(scope="module")
 def sdxl_model(tmp_path_factory):
     """The SDXL pipeline fixture (FLAME's SAI file of diffusers' tiny parts) as a diffusers folder."""
-    from flame_models.sdxl import UNetConfig, load_sdxl, save_sdxl
-    from flame_models.vae import VAEConfig
-    with open(os.path.join(SDXL_FIXTURE, "meta.json")) as f:
-        c = json.load(f)["configs"]
-    configs = {"unet": UNetConfig.from_diffusers_config(c["unet"]),
-               "vae": VAEConfig.from_diffusers_config(c["vae"]).to_dict(), "clip_l": c["text_encoder"],
-               "clip_g": c["text_encoder_2"]}
-    parts = load_sdxl(os.path.join(SDXL_FIXTURE, "sdxl_tiny.safetensors"), tokenizer=SDXL_FIXTURE, configs=configs,
-                      dtype=flame.float32, device="cpu")
-    folder = str(tmp_path_factory.mktemp("sdxl") / "sdxl-tiny")
-    save_sdxl(parts, folder, layout="diffusers")
-    return folder
+    from sdxl_tiny import sdxl_tiny_folder
+    return sdxl_tiny_folder(tmp_path_factory.mktemp("sdxl") / "sdxl-tiny")
 
 
 @pytest.fixture
