@@ -60,7 +60,7 @@ def test_flux_img2img_is_the_parts_run_by_hand(tiny, init_png):
     assert got.shape == (1, 32, 48, 3)                      # the image's size, floored to 16
     F32 = flame.float32
     vae = P.load_vae_for_flux(tiny, dtype=F32, device="cpu")
-    init = P.encode_images(vae, flame.tensor(read_init_image(init_png, 48, 32)))
+    init = P.encode_images(vae, flame.tensor(read_init_image(init_png, 48, 32), device="cpu"))
     with P.load_text_encoders(tiny, dtype=F32, device="cpu") as enc:
         cond = enc.encode(["a red square"])
     model = P.load_transformer(tiny, dtype=F32, device="cpu")

@@ -69,7 +69,7 @@ def test_the_weights_read_are_the_ones_quantising_after_the_load_gives(tmp_path,
                                       err_msg=n)
         np.testing.assert_array_equal(m.weight_scale.numpy(), want[n].weight_scale.numpy(), err_msg=n)
         assert m.compute_dtype == flame.float32 and not m.weight.requires_grad
-    ids = {k: flame.tensor(v) for k, v in _inputs(flux_params("flux-tiny")).items()}
+    ids = {k: flame.tensor(v, device="cpu") for k, v in _inputs(flux_params("flux-tiny")).items()}
     with flame.no_grad():
         np.testing.assert_array_equal(read(**ids).numpy(), after(**ids).numpy())
 
@@ -156,7 +156,7 @@ def test_generate_fp8_with_a_dora(tmp_path):
     rng = np.random.default_rng(4)
     with flame.no_grad():
         for _, p in A.named_adapter_parameters(model):
-            p.copy_(p + flame.tensor(rng.normal(0, 0.3, tuple(p.shape)).astype(np.float32)))
+            p.copy_(p + flame.tensor(rng.normal(0, 0.3, tuple(p.shape)).astype(np.float32), device="cpu"))
     dora = A.save_adapters(model, str(tmp_path / "dora.safetensors"), format="kohya")
 
     def load(dev):
@@ -166,7 +166,7 @@ def test_generate_fp8_with_a_dora(tmp_path):
     bare = load_for_sampling(load, path, [], list(STACKS), "cpu", fp8=True)
     plain = load_for_sampling(load, path, [], list(STACKS), "cpu")
     assert _fp8_layers(fp8) and not _fp8_layers(merged)
-    ids = {k: flame.tensor(v) for k, v in _inputs(flux_params("flux-tiny")).items()}
+    ids = {k: flame.tensor(v, device="cpu") for k, v in _inputs(flux_params("flux-tiny")).items()}
     with flame.no_grad():
         a, b, c, d = (m(**ids).numpy() for m in (fp8, merged, bare, plain))
     rounding = np.abs(c - d).max()                  # what fp8 storage alone changes
@@ -186,7 +186,7 @@ def test_a_float8_e5m2_weight_is_quantised_from_its_values(tmp_path):
     with CIO.fp8_on_read(STACKS):
         model = load_flux(path, dtype=flame.float32, device="cpu")
     m = model.double_blocks[0].img_mlp[0]
-    q, s = quantize_fp8(flame.tensor(state[key].astype(np.float32)))
+    q, s = quantize_fp8(flame.tensor(state[key].astype(np.float32), device="cpu"))
     assert is_fp8_linear(m)
     np.testing.assert_array_equal(m.weight.view(flame.uint8).numpy(), q.view(flame.uint8).numpy())
     np.testing.assert_array_equal(m.weight_scale.numpy(), s.numpy())

@@ -37,7 +37,7 @@ def tiny(tmp_path_factory):
         A.inject_adapters(m, targets, kind, rank=4, alpha=2.0)
         with flame.no_grad():
             for _, p in A.named_adapter_parameters(m):
-                p.copy_(flame.tensor(rng.normal(0, 0.2, tuple(p.shape)).astype(np.float32)) + p)
+                p.copy_(flame.tensor(rng.normal(0, 0.2, tuple(p.shape)).astype(np.float32), device="cpu") + p)
         loras[name] = A.save_adapters(m, str(d / f"{name}.safetensors"), format=fmt)
     return {"diffusers": diffusers_file, "bfl": bfl_file, "loras": loras, "dir": d}
 
@@ -124,7 +124,7 @@ def _family_case(family, d):
         A.inject_adapters(m, tg, rank=2, alpha=1.0)
         with flame.no_grad():
             for _, p in A.named_adapter_parameters(m):
-                p.copy_(flame.tensor(rng.normal(0, 0.2, tuple(p.shape)).astype(np.float32)))
+                p.copy_(flame.tensor(rng.normal(0, 0.2, tuple(p.shape)).astype(np.float32), device="cpu"))
         loras.append((A.save_adapters(m, str(d / f"{family}_{fmt}.safetensors"), format=fmt), w))
     return src, native, load, loras
 
@@ -168,7 +168,7 @@ def test_sdxl_across_layouts_with_conv_adapters(tmp_path):
         A.inject_adapters(m, targets, kind, rank=2, alpha=1.0)
         with flame.no_grad():
             for _, p in A.named_adapter_parameters(m):
-                p.copy_(flame.tensor(rng.normal(0, 0.2, tuple(p.shape)).astype(np.float32)) + p)
+                p.copy_(flame.tensor(rng.normal(0, 0.2, tuple(p.shape)).astype(np.float32), device="cpu") + p)
         path = str(tmp_path / f"sdxl_{len(loras)}_{fmt}.safetensors")
         fmt_kw = {"metadata": KOHYA_METADATA} if fmt == "kohya" else {}
         loras.append((A.save_adapters(m, path, format=fmt, **fmt_kw), w))
