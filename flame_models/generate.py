@@ -20,6 +20,11 @@ A family's generate part provides
     python -m flame_models.generate --model sd3.5_large.safetensors --prompt "a cat" --negative-prompt "blurry"
     python -m flame_models.generate --model sd_xl_base_1.0.safetensors --prompt "a cat" --sampler dpmpp_2m --karras \\
         --cfg 7 --steps 30
+    python -m flame_models.generate --model FLUX.1-dev/ --init-image sketch.png --strength 0.65 --prompt "a watercolour"
+
+Image-to-image (--init-image, --strength; Flux, SD3, SDXL, Chroma, Qwen-Image): the image is read and scaled before
+anything is loaded (`InitImage`), encoded by the family's VAE in the text encoders' stage, then noised to where
+`strength` of the steps are left and denoised over those (flame_models/samplers/img2img.py).
 
 Stages run one after the other, each freed before the next, so the peak is the largest stage's: the text encoders
 (every prompt encoded once), the transformer or UNet (LoRAs merged into the weights, or kept beside fp8 / streamed

@@ -167,3 +167,19 @@ def test_chroma_and_qwen_image_img2img_at_strength_one_are_text_to_image(tmp_pat
         part = pixels(generate(model, "a cat", init_image=init_png, strength=0.5, **kw))
         np.testing.assert_array_equal(full, t2i)
         assert np.abs(part - t2i).max() > 0, model
+
+
+def test_img2img_images_do_not_depend_on_the_batch(tiny, tmp_path, init_png):
+    """Image j of a prompt starts from seed + j's noise over the same image: a batch of two equals the two run
+    alone (Flux; SDXL with a sampler that draws step noise, image by image)."""
+    kw = dict(steps=4, seed=11, init_image=init_png, strength=0.6, **QUIET)
+    both = pixels(generate(tiny, "a red square", num_images=2, batch_size=2, **kw))
+    second = pixels(generate(tiny, "a red square", **dict(kw, seed=12)))
+    np.testing.assert_array_equal(both[1:], second)
+    assert np.abs(both[0] - both[1]).max() > 0
+    from sdxl_tiny import sdxl_tiny_folder
+    folder = sdxl_tiny_folder(tmp_path / "sdxl-tiny")
+    kw = dict(kw, sampler="euler_ancestral", strength=0.5)
+    both = pixels(generate(folder, "a cat", num_images=2, batch_size=2, **kw))
+    second = pixels(generate(folder, "a cat", **dict(kw, seed=12)))
+    np.testing.assert_array_equal(both[1:], second)
