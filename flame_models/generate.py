@@ -154,22 +154,33 @@ class InitImage:
     """A family generate part's image-to-image input: made before anything is loaded (the strength checked, the
     image read and scaled: bad input fails first), encoded in the encode stage (`encode`), handed to the sampler
     (`sample_kwargs`) and recorded in the PNGs (`info`, `fields`). path None: a text-to-image run (every method then
-    adds nothing; a strength given is refused, it would be ignored). rounding: "flow" or "sdxl" (whose pipeline
-    rounds the steps run down: samplers/img2img.py)."""
+    adds nothing; a strength or mask given is refused, it would be ignored). rounding: "flow" or "sdxl" (whose
+    pipeline rounds the steps run down: samplers/img2img.py). mask: inpainting -- an image, white where the init image
+    is repainted, scaled and cropped as it is, then averaged to the latents' size (samplers/inpaint.read_mask); the
+    strength then defaults to 1."""
 
-    def __init__(self, path, strength, width, height, *, default, rounding="flow"):
+    def __init__(self, path, strength, width, height, *, default, rounding="flow", mask=None):
         from .samplers.img2img import check_strength
-        self.path, self.rounding, self.latents = path, rounding, None
+        self.path, self.rounding, self.latents, self.mask_path = path, rounding, None, mask
         if path is None:
-            if strength is not None:
-                raise GenerateError("--strength: applies to image-to-image; pass --init-image too")
-            self.strength, self.pixels = None, None
+            for name, given in (("strength", strength), ("mask", mask)):
+                if given is not None:
+                    raise GenerateError(f"--{name}: applies to image-to-image; pass --init-image too")
+            self.strength, self.pixels, self.mask = None, None, None
             return
         try:
-            self.strength = check_strength(default if strength is None else strength)
+            self.strength = check_strength((default if mask is None else 1.0) if strength is None else strength)
         except ValueError as e:
             raise GenerateError(f"--strength: {e}") from None
         self.pixels = read_init_image(path, width, height)
+        self.mask = None
+        if mask is not None:
+            from .data.errors import DataError
+            from .samplers.inpaint import read_mask
+            try:
+                self.mask = read_mask(mask, width, height)
+            except DataError as e:
+                raise GenerateError(f"--mask {mask}: {e}") from None
 
     def steps_run(self, steps):
         """How many of `steps` run (all in text-to-image); GenerateError when the strength leaves none."""
@@ -187,10 +198,16 @@ class InitImage:
             self.latents = encode_init_image(self.pixels, load_vae, encode, dev, log)
 
     def sample_kwargs(self):
-        return {} if self.path is None else {"init_latents": self.latents, "strength": self.strength}
+        if self.path is None:
+            return {}
+        return {"init_latents": self.latents, "strength": self.strength,
+                **({} if self.mask is None else {"mask": self.mask})}
 
     def info(self):
-        return {} if self.path is None else {"init_image": str(self.path), "strength": self.strength}
+        if self.path is None:
+            return {}
+        return {"init_image": str(self.path), "strength": self.strength,
+                **({} if self.mask_path is None else {"mask": str(self.mask_path)})}
 
     def fields(self):
         """The A1111 parameters field of the strength."""
@@ -566,7 +583,10 @@ def build_parser():
     g.add_argument("--init-image", help="image-to-image: start from this image (scaled to cover the size, "
                                         "centre-cropped), noised to --strength (Flux, SD3, SDXL, Chroma, Qwen-Image)")
     g.add_argument("--strength", type=float, help="with --init-image: the fraction of the steps run, in (0, 1] "
-                                                  "(default 0.6; SDXL 0.3: diffusers'); 1 ignores the image")
+                                                  "(default 0.6; SDXL 0.3: diffusers'; with --mask 1); 1 ignores "
+                                                  "the image (outside a mask)")
+    g.add_argument("--mask", help="with --init-image: inpainting; an image, white where the init image is "
+                                  "repainted (grey blends), scaled and cropped as it is; the rest stays the image")
     g.add_argument("--negative-prompt", help="SD3 / SDXL / Chroma: the negative prompt of classifier-free guidance")
     g.add_argument("--cfg", type=float, help="SD3 / SDXL / Chroma: classifier-free guidance scale (default: SD3.5 "
                                              "Large 4.5, Medium 5, Large Turbo 1; SDXL 5; Chroma 5)")
@@ -619,7 +639,7 @@ def _family_options(args):
     """The options only some families take, given on the command line (left out when not given, so a family
     refuses another's only when it is given)."""
     opts = dict(image=args.image, keep_image_size=args.keep_image_size, init_image=args.init_image,
-                strength=args.strength, negative_prompt=args.negative_prompt,
+                strength=args.strength, mask=args.mask, negative_prompt=args.negative_prompt,
                 clip_g=args.clip_g, cfg=args.cfg, sampler=args.sampler, scheduler=args.scheduler,
                 karras=args.karras, original_size=args.original_size, crop=args.crop, target_size=args.target_size,
                 max_token_length=args.max_token_length, slg_scale=args.slg_scale, slg_layers=args.slg_layers,

@@ -73,7 +73,7 @@ def test_flux_img2img_is_the_parts_run_by_hand(tiny, init_png):
     full = pixels(generate(tiny, "a red square", steps=4, seed=3, init_image=init_png, strength=1.0, **QUIET))
     np.testing.assert_array_equal(full, t2i)
     assert np.abs(got - t2i).max() > 0
-    with pytest.raises(ValueError, match="strength applies to image-to-image"):
+    with pytest.raises(ValueError, match="strength and mask apply to image-to-image"):
         P.sample_latents(model, cond, height=32, width=48, steps=4, guidance=3.5, seeds=[3], strength=0.5)
     with pytest.raises(ValueError, match=r"init_latents of shape \(1, 16, 4, 4\) do not fit"):
         P.sample_latents(model, cond, height=32, width=48, steps=4, guidance=3.5, seeds=[3],
@@ -183,3 +183,54 @@ def test_img2img_images_do_not_depend_on_the_batch(tiny, tmp_path, init_png):
     both = pixels(generate(folder, "a cat", num_images=2, batch_size=2, **kw))
     second = pixels(generate(folder, "a cat", **dict(kw, seed=12)))
     np.testing.assert_array_equal(both[1:], second)
+
+
+def _mask_png(tmp_path, value, size=(56, 40)):
+    path = tmp_path / f"mask_{value}.png"
+    Image.new("L", size, value).save(path)
+    return str(path)
+
+
+def test_inpainting_from_the_command_keeps_the_image_outside_the_mask(tiny, init_png, tmp_path):
+    """--mask black everywhere: the image's own latents come out (its VAE round trip); white everywhere: the
+    text-to-image picture (strength 1, the default with a mask); the PNG names the mask."""
+    from flame_models.flux import pipeline as P
+    from flame_models.pipeline import to_pil
+    kw = dict(steps=4, seed=3, init_image=init_png, **QUIET)
+    kept = pixels(generate(tiny, "a red square", mask=_mask_png(tmp_path, 0), **kw))
+    vae = P.load_vae_for_flux(tiny, dtype=flame.float32, device="cpu")
+    z = P.encode_images(vae, flame.tensor(read_init_image(init_png, 48, 32), device="cpu"))
+    round_trip = pixels(to_pil(P.decode_latents(vae, z)))
+    assert np.abs(kept - round_trip).max() <= 1
+    repaint = pixels(generate(tiny, "a red square", mask=_mask_png(tmp_path, 255), **kw))
+    t2i = pixels(generate(tiny, "a red square", steps=4, seed=3, width=48, height=32, **QUIET))
+    np.testing.assert_array_equal(repaint, t2i)
+    out = tmp_path / "out"
+    mask = _mask_png(tmp_path, 128)
+    assert main(["--model", os.path.dirname(tiny.transformer), "--prompt", "x", "--init-image", init_png, "--mask",
+                 mask, "--steps", "3", "--output", str(out), "--no-progress", "--device", "cpu"]) == 0
+    info = json.loads(Image.open(out / os.listdir(out)[0]).text["flame"])
+    assert info["mask"] == mask and info["strength"] == 1.0
+
+
+def test_sdxl_inpainting_with_a_black_mask_is_the_round_trip(tmp_path, init_png):
+    from sdxl_tiny import sdxl_tiny_folder
+
+    from flame_models.pipeline import to_pil
+    from flame_models.sdxl import pipeline as P
+    from flame_models.sdxl.components import find_sdxl_files
+    folder = sdxl_tiny_folder(tmp_path / "sdxl-tiny")
+    kept = pixels(generate(folder, "a cat", steps=4, seed=2, init_image=init_png, mask=_mask_png(tmp_path, 0),
+                           sampler="dpmpp_2m", **QUIET))
+    vae = P.load_vae_for_sdxl(find_sdxl_files(folder), dtype=flame.float32, device="cpu")
+    z = P.encode_images(vae, flame.tensor(read_init_image(init_png, 32, 32), device="cpu"))
+    assert np.abs(kept - pixels(to_pil(P.decode_latents(vae, z)))).max() <= 1
+
+
+def test_bad_masks_are_refused(tiny, init_png, tmp_path, capsys):
+    base = ["--model", os.path.dirname(tiny.transformer), "--prompt", "x", "--steps", "3", "--output",
+            str(tmp_path / "o")]
+    _fails(capsys, base + ["--mask", _mask_png(tmp_path, 0)], "--mask: applies to image-to-image; pass --init-image")
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"nope")
+    _fails(capsys, base + ["--init-image", init_png, "--mask", str(bad)], f"--mask {bad}", "cannot read the image")

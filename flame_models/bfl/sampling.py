@@ -17,6 +17,7 @@ from ..samplers.flow import (
 )
 from ..samplers.flow import step_noise as seeded_step_noise
 from ..samplers.flow_schedules import check_flow_scheduler, respace
+from ..samplers.inpaint import flow_inpaint
 
 LATENT_CHANNELS = 16
 # the autoencoder's latent statistics: decode z = latent / SCALE + SHIFT
@@ -117,7 +118,7 @@ def seeded_noise(seeds, height, width, *, device=None):
 
 
 def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda_graph=None, callback=None,
-            sampler="euler", step_noise=None):
+            sampler="euler", step_noise=None, inpaint=None):
     """`sampler` ("euler": x <- x + (t_next - t) * v(x, t), "heun", "dpmpp_2m" or "unipc", samplers/flow.py) steps along
     `timesteps`.
     The state stays in float32; the model sees its own dtype. Returns the final packed latents (float32).
@@ -127,7 +128,8 @@ def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda
     of issuing ~2000 ops per step. The numbers are the same either way.
     callback(i, n): called after each step i = 1..n (a progress bar; it must not touch the state).
     step_noise(i, x): a stochastic sampler's fresh noise for step i (samplers.flow.step_noise), drawn before the step
-    (outside its graph)."""
+    (outside its graph). inpaint: (mask, init, noise) of img's layout: only the mask's region is denoised
+    (samplers/inpaint.py; the timesteps then go in as float32, cast to the model's dtype for it)."""
     check_flow_sampler(sampler)
     check_step_noise(sampler, step_noise)
     dtype = _model_dtype(model)
@@ -136,8 +138,13 @@ def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda
     g = None if guidance is None else flame.full((B,), float(guidance), dtype=dtype, device=img.device)
 
     def velocity(x, t_vec):
-        v = model(img=x.to(dtype), img_ids=img_ids, txt=txt, txt_ids=txt_ids, timesteps=t_vec, y=y, guidance=g)
+        v = model(img=x.to(dtype), img_ids=img_ids, txt=txt, txt_ids=txt_ids, timesteps=t_vec.to(dtype), y=y,
+                  guidance=g)
         return v.to(flame.float32)
+    t_dtype = dtype
+    if inpaint is not None:   # (its sigma read from the timestep: float32, not the model's bfloat16)
+        velocity = flow_inpaint(velocity, *inpaint, lambda t: t)
+        t_dtype = flame.float32
     # a streamed inference forward is not capturable: its prefetch window wraps around from call to call
     use_graph = (img.device.type == "cuda" and streamer_of(model) is None) if cuda_graph is None else bool(cuda_graph)
     n = len(timesteps) - 1
@@ -145,7 +152,7 @@ def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda
             for kind in {"euler", sampler}}
 
     def timestep(t):
-        return flame.full((B,), float(t), dtype=dtype, device=img.device)
+        return flame.full((B,), float(t), dtype=t_dtype, device=img.device)
     state = multistep_state(sampler, x)   # a multistep sampler's history (its first step's: zeros)
     with flame.no_grad():
         for i, (t_cur, t_next) in enumerate(zip(timesteps[:-1], timesteps[1:]), 1):

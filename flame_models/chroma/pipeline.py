@@ -20,6 +20,7 @@ from ..pipeline import load_for_sampling
 from ..samplers.flow import STOCHASTIC, check_flow_sampler, step_noise
 from ..samplers.flow_schedules import check_flow_scheduler, respace
 from ..samplers.img2img import DEFAULT_STRENGTH, flow_start, init_latents_rows
+from ..samplers.inpaint import latent_mask
 from .components import ChromaFiles, ChromaFilesError, find_chroma_files
 from .loading import load_chroma
 from .model import ATTN_PADDING
@@ -96,18 +97,21 @@ class Guided(flame_nn.Module):
 
 
 def sample_latents(model, cond, neg=None, *, height, width, steps, cfg=1.0, seeds, rows=None, callback=None,
-                   cuda_graph=None, sampler="euler", scheduler="simple", init_latents=None, strength=None):
+                   cuda_graph=None, sampler="euler", scheduler="simple", init_latents=None, strength=None,
+                   mask=None):
     """Model-space latents (B, 16, H/8, W/8) float32: Euler (or Heun / DPM++ 2M: sampler) on the flow-matching schedule
     shifted for the image's token count (mu 0.5 at 256 tokens to 1.15 at 4096, as ChromaPipeline) and respaced by
     `scheduler` (samplers/flow_schedules.py), with classifier-free guidance `cfg` against `neg` (its prompt_embeds /
     prompt_mask; one row, or one per prompt) when cfg > 1. cond: {"prompt_embeds", "prompt_mask"} rows, `rows` picking
     each image's; seeds: one per image. Image-to-image: init_latents, an image's model-space latents (1 or B, 16,
     H/8, W/8; encode_images), noised to the sigma where `strength` (default 0.6) of the `steps` are left, then
-    denoised over those (samplers/img2img.py)."""
+    denoised over those (samplers/img2img.py).
+    mask (with init_latents): inpainting -- (h, w) at the latents' size, or (1 or B, h, w), in [0, 1], 1 where the
+    image is repainted; the rest stays the image (samplers/inpaint.py); strength then defaults to 1."""
     check_flow_sampler(sampler)
     check_flow_scheduler(scheduler)
-    if strength is not None and init_latents is None:
-        raise ValueError("strength applies to image-to-image: pass init_latents= too")
+    if (strength is not None or mask is not None) and init_latents is None:
+        raise ValueError("strength and mask apply to image-to-image: pass init_latents= too")
     dev = model.img_in.weight.device
     dtype = model.img_in.weight.dtype
     x = seeded_noise(seeds, height, width, device=dev)
@@ -121,19 +125,25 @@ def sample_latents(model, cond, neg=None, *, height, width, steps, cfg=1.0, seed
         if neg_rows[0].shape[1] != pos[0].shape[1]:
             raise ValueError(f"the negative prompt has {neg_rows[0].shape[1]} tokens, the prompt {pos[0].shape[1]}")
         pos, neg_rows = cut_text(pos, neg_rows)
-        txt, mask = _device_rows(*pos, dev, dtype)
-        net = Guided(model, mask, *_device_rows(*neg_rows, dev, dtype), cfg)
+        txt, txt_mask = _device_rows(*pos, dev, dtype)
+        net = Guided(model, txt_mask, *_device_rows(*neg_rows, dev, dtype), cfg)
     else:
         (pos,) = cut_text(pos)
-        txt, mask = _device_rows(*pos, dev, dtype)
-        net = Guided(model, mask)
+        txt, txt_mask = _device_rows(*pos, dev, dtype)
+        net = Guided(model, txt_mask)
     timesteps = respace(get_schedule(steps, x.shape[1], shift=True), scheduler)
+    inpaint = None
     if init_latents is not None:
-        init = pack(init_latents_rows(init_latents, B, (LATENT_CHANNELS, height // 8, width // 8), dev))
-        timesteps, x = flow_start(timesteps, init, x, DEFAULT_STRENGTH if strength is None else strength)
+        shape = (B, LATENT_CHANNELS, height // 8, width // 8)
+        init, noise = pack(init_latents_rows(init_latents, B, shape[1:], dev)), x
+        if strength is None:
+            strength = DEFAULT_STRENGTH if mask is None else 1.0
+        timesteps, x = flow_start(timesteps, init, noise, strength)
+        if mask is not None:
+            inpaint = (pack(latent_mask(mask, shape, dev)), init, noise)
     out = denoise(net, x, image_ids(height, width, B, device=dev), txt, text_ids(txt.shape[1], B, device=dev),
                   None, timesteps, None, cuda_graph, callback, sampler,
-                  step_noise(seeds, dev) if sampler in STOCHASTIC else None)
+                  step_noise(seeds, dev) if sampler in STOCHASTIC else None, inpaint=inpaint)
     return unpack(out, height, width)
 
 

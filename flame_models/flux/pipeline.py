@@ -32,6 +32,7 @@ from ..pipeline import (  # noqa: F401
 from ..samplers.flow import STOCHASTIC, check_flow_sampler, step_noise
 from ..samplers.flow_schedules import check_flow_scheduler, respace
 from ..samplers.img2img import DEFAULT_STRENGTH, flow_start, init_latents_rows
+from ..samplers.inpaint import latent_mask
 from .components import FluxFiles, FluxFilesError, find_flux_files  # noqa: F401
 from .conditioning import FluxTextEncoders, check_vocabularies, encode_prompts, load_text_encoders, load_tokenizers
 from .loading import load_flux  # noqa: F401
@@ -44,7 +45,7 @@ def _model_dtype(model):
 
 def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=None, latents=None, rows=None,
                    callback=None, cuda_graph=None, sampler="euler", scheduler="simple", init_latents=None,
-                   strength=None):
+                   strength=None, mask=None):
     """Denoise with the Euler (or sampler="heun" / "dpmpp_2m" / "dpmpp_2m_sde" / "unipc") sampler on Flux's
     (shifted, for dev) schedule; returns model-space latents (B, 16, H/8, W/8) float32; dpmpp_2m_sde draws image i's
     step noise from seeds[i] + 1 (samplers.flow.step_noise).
@@ -57,11 +58,13 @@ def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=No
     "beta" (samplers/flow_schedules.py).
     Image-to-image: init_latents, an image's model-space latents (1 or B, 16, H/8, W/8; encode_images), noised to
     the sigma where `strength` (default 0.6, diffusers') of the `steps` are left, then denoised over those
-    (samplers/img2img.py); the seeds' noise (or `latents`) is what is added."""
+    (samplers/img2img.py); the seeds' noise (or `latents`) is what is added.
+    mask (with init_latents): inpainting -- (h, w) at the latents' size, or (1 or B, h, w), in [0, 1], 1 where the
+    image is repainted; the rest stays the image (samplers/inpaint.py); strength then defaults to 1."""
     check_flow_sampler(sampler)
     check_flow_scheduler(scheduler)
-    if strength is not None and init_latents is None:
-        raise ValueError("strength applies to image-to-image: pass init_latents= too")
+    if (strength is not None or mask is not None) and init_latents is None:
+        raise ValueError("strength and mask apply to image-to-image: pass init_latents= too")
     p = model.params
     dev = model.img_in.weight.device
     if p.guidance_embed and guidance is None:
@@ -90,11 +93,17 @@ def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=No
                          f"({img_pos.shape[1]} tokens)")
     txt_pos = text_ids(txt.shape[1], B, device=dev)
     timesteps = respace(get_schedule(steps, x.shape[1], shift=p.guidance_embed), scheduler)
+    inpaint = None
     if init_latents is not None:
-        init = pack(init_latents_rows(init_latents, B, (LATENT_CHANNELS, height // 8, width // 8), dev))
-        timesteps, x = flow_start(timesteps, init, x, DEFAULT_STRENGTH if strength is None else strength)
+        shape = (B, LATENT_CHANNELS, height // 8, width // 8)
+        init, noise = pack(init_latents_rows(init_latents, B, shape[1:], dev)), x
+        if strength is None:
+            strength = DEFAULT_STRENGTH if mask is None else 1.0
+        timesteps, x = flow_start(timesteps, init, noise, strength)
+        if mask is not None:
+            inpaint = (pack(latent_mask(mask, shape, dev)), init, noise)
     out = denoise(model, x, img_pos, txt, txt_pos, y, timesteps, guidance, cuda_graph, callback, sampler,
-                  step_noise(seeds, dev) if sampler in STOCHASTIC else None)
+                  step_noise(seeds, dev) if sampler in STOCHASTIC else None, inpaint=inpaint)
     return unpack(out, height, width)
 
 

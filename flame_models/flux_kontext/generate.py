@@ -27,7 +27,8 @@ OPTIONS = {"guidance": "Flux's embedded guidance", "max_length": None, "image": 
 NOTES = {"cfg": "its guidance is embedded (--guidance)",
          "karras": "use --scheduler karras (its own sigmas respaced as Karras's)",
          "init_image": "it edits the reference image given with --image, from noise",
-         "strength": "it edits the reference image given with --image, from noise"}
+         "strength": "it edits the reference image given with --image, from noise",
+         "mask": "it edits the reference image given with --image, from noise"}
 DEFAULTS = {"steps": 28, "guidance": 2.5}
 
 

@@ -22,6 +22,7 @@ from ..samplers.flow import (
 )
 from ..samplers.flow_schedules import check_flow_scheduler, respace
 from ..samplers.img2img import DEFAULT_STRENGTH, flow_start, init_latents_rows
+from ..samplers.inpaint import flow_inpaint, latent_mask
 
 NUM_TRAIN_TIMESTEPS = 1000
 BASE_SEQ_LEN, MAX_SEQ_LEN = 256, 8192
@@ -68,7 +69,7 @@ def _rows(cond, rows, device, dtype):
 
 def sample_latents(model, cond, neg=None, *, height, width, steps=DEFAULT_STEPS, cfg=DEFAULT_CFG, seeds=None,
                    latents=None, rows=None, callback=None, sampler="euler", scheduler="simple", init_latents=None,
-                   strength=None):
+                   strength=None, mask=None):
     """Model-space latents (B, 16, H/8, W/8) float32 (normalised per channel). cond: {"prompt_embeds" (N, L, J),
     "prompt_mask" (N, L)}, `rows` picking each image's row (default: one per image in order); neg: the negative
     prompt's arrays (one row, or one per prompt) -- CFG runs only when it is given and cfg > 1, as the pipeline.
@@ -79,11 +80,13 @@ def sample_latents(model, cond, neg=None, *, height, width, steps=DEFAULT_STEPS,
     pipeline's sigmas), "karras", "exponential" or "beta" (samplers/flow_schedules.py).
     Image-to-image: init_latents, an image's model-space latents (1 or B, 16, H/8, W/8; encode_images), noised to
     the sigma where `strength` (default 0.6, diffusers') of the `steps` are left, then denoised over those
-    (samplers/img2img.py); the seeds' noise (or `latents`) is what is added."""
+    (samplers/img2img.py); the seeds' noise (or `latents`) is what is added.
+    mask (with init_latents): inpainting -- (h, w) at the latents' size, or (1 or B, h, w), in [0, 1], 1 where the
+    image is repainted; the rest stays the image (samplers/inpaint.py); strength then defaults to 1."""
     check_flow_sampler(sampler)
     check_flow_scheduler(scheduler)
-    if strength is not None and init_latents is None:
-        raise ValueError("strength applies to image-to-image: pass init_latents= too")
+    if (strength is not None or mask is not None) and init_latents is None:
+        raise ValueError("strength and mask apply to image-to-image: pass init_latents= too")
     dev = model.img_in.weight.device
     dtype = model.img_in.weight.dtype
     if (seeds is None) == (latents is None):
@@ -105,26 +108,34 @@ def sample_latents(model, cond, neg=None, *, height, width, steps=DEFAULT_STEPS,
     rows = list(range(B)) if rows is None else list(rows)
     if len(rows) != B:
         raise ValueError(f"{len(rows)} prompt rows for {B} images")
-    txt, mask = _rows(cond, rows, dev, dtype)
+    txt, txt_mask = _rows(cond, rows, dev, dtype)
     guided = neg is not None and cfg is not None and cfg > 1.0
     if guided:
         n = np.asarray(neg["prompt_embeds"]).shape[0]
         neg_txt, neg_mask = _rows(neg, [r if n > 1 else 0 for r in rows], dev, dtype)
     shapes = [[(1, height // 16, width // 16)]] * B
     sig = respace(sigmas(steps, n_img), scheduler)
+    inpaint = None
     if init_latents is not None:
-        init = pack(init_latents_rows(init_latents, B, (16, height // 8, width // 8), dev))
-        sig, x = flow_start(sig, init, x, DEFAULT_STRENGTH if strength is None else strength)
+        shape = (B, 16, height // 8, width // 8)
+        init, noise = pack(init_latents_rows(init_latents, B, shape[1:], dev)), x
+        if strength is None:
+            strength = DEFAULT_STRENGTH if mask is None else 1.0
+        sig, x = flow_start(sig, init, noise, strength)
+        if mask is not None:
+            inpaint = (pack(latent_mask(mask, shape, dev)), init, noise)
     steps = len(sig) - 1
 
     def velocity(x, t):
-        v = model(x.to(dtype), txt, mask, t, shapes)
+        v = model(x.to(dtype), txt, txt_mask, t, shapes)
         if guided:
             v = guided_velocity(v, model(x.to(dtype), neg_txt, neg_mask, t, shapes), cfg)
         return v.float()
 
     def timestep(s):   # the pipeline's: sigma * 1000 rounded to float32, over 1000
         return flame.full((B,), float(np.float32(s * NUM_TRAIN_TIMESTEPS)) / NUM_TRAIN_TIMESTEPS, device=dev)
+    if inpaint is not None:
+        velocity = flow_inpaint(velocity, *inpaint, lambda t: t)
     runs = {kind: flow_step(velocity, kind) for kind in {"euler", sampler}}
     state = multistep_state(sampler, x)   # a multistep sampler's history (its first step's: zeros)
     with flame.no_grad():

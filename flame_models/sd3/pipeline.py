@@ -26,6 +26,7 @@ from ..pipeline import free_model, load_for_sampling, to_pil
 from ..samplers.flow import STOCHASTIC, check_flow_sampler, step_noise
 from ..samplers.flow_schedules import check_flow_scheduler, respace
 from ..samplers.img2img import DEFAULT_STRENGTH, flow_start, init_latents_rows
+from ..samplers.inpaint import latent_mask
 from ..vae import decode_model_latents, encode_model_latents, load_family_vae
 from .about import ABOUT
 from .components import SD3Files, SD3FilesError, find_sd3_files
@@ -93,7 +94,7 @@ def _device(model):
 
 def sample_latents(model, cond, neg_cond=None, *, height, width, steps, cfg, seeds=None, latents=None, rows=None,
                    neg_rows=None, skip_layer_guidance=None, shift=SHIFT, callback=None, cuda_graph=None,
-                   sampler="euler", scheduler="simple", init_latents=None, strength=None):
+                   sampler="euler", scheduler="simple", init_latents=None, strength=None, mask=None):
     """Denoise with SD3's Euler (or sampler="heun" / "dpmpp_2m" / "dpmpp_2m_sde" / "unipc") sampler on the shifted
     flow schedule; returns model-space latents (B, 16, H/8, W/8) float32; dpmpp_2m_sde draws image i's step noise
     from seeds[i] + 1 (samplers.flow.step_noise).
@@ -107,11 +108,13 @@ def sample_latents(model, cond, neg_cond=None, *, height, width, steps, cfg, see
     Image-to-image: init_latents, an image's model-space latents (1 or B, 16, H/8, W/8; encode_images), noised to
     the sigma where `strength` (default 0.6, diffusers') of the `steps` are left, then denoised over those
     (samplers/img2img.py); the seeds' noise (or `latents`) is what is added. Skip-layer guidance keeps its window
-    on the whole table's steps."""
+    on the whole table's steps.
+    mask (with init_latents): inpainting -- (h, w) at the latents' size, or (1 or B, h, w), in [0, 1], 1 where the
+    image is repainted; the rest stays the image (samplers/inpaint.py); strength then defaults to 1."""
     check_flow_sampler(sampler)
     check_flow_scheduler(scheduler)
-    if strength is not None and init_latents is None:
-        raise ValueError("strength applies to image-to-image: pass init_latents= too")
+    if (strength is not None or mask is not None) and init_latents is None:
+        raise ValueError("strength and mask apply to image-to-image: pass init_latents= too")
     if (seeds is None) == (latents is None):
         raise ValueError("pass exactly one of seeds= (one per image) and latents=")
     if sampler in STOCHASTIC and seeds is None:
@@ -148,14 +151,19 @@ def sample_latents(model, cond, neg_cond=None, *, height, width, steps, cfg, see
     if cuda_graph is None and getattr(model, "streamer", None) is not None:
         cuda_graph = False  # a streamed forward is not capturable (its prefetch window wraps around)
     sigmas = respace(get_sigmas(steps, shift), scheduler)
-    first = 0
+    first, inpaint = 0, None
     if init_latents is not None:
-        init = init_latents_rows(init_latents, B, (LATENT_CHANNELS, height // 8, width // 8), dev)
-        rest, x = flow_start(sigmas, init, x, DEFAULT_STRENGTH if strength is None else strength)
+        shape = (B, LATENT_CHANNELS, height // 8, width // 8)
+        init, noise = init_latents_rows(init_latents, B, shape[1:], dev), x
+        if strength is None:
+            strength = DEFAULT_STRENGTH if mask is None else 1.0
+        rest, x = flow_start(sigmas, init, noise, strength)
         first, sigmas = len(sigmas) - len(rest), rest
+        if mask is not None:
+            inpaint = (latent_mask(mask, shape, dev), init, noise)
     return denoise(model, x, sigmas, context, y, neg_context, neg_y, cfg, slg,
                    cuda_graph, callback=callback, sampler=sampler,
-                   step_noise=step_noise(seeds, dev) if sampler in STOCHASTIC else None, first=first)
+                   step_noise=step_noise(seeds, dev) if sampler in STOCHASTIC else None, first=first, inpaint=inpaint)
 
 
 def fit_transformer(model, cond, max_gpu_memory, *, height, width, batch_size=1, cfg=1.0):

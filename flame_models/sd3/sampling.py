@@ -23,6 +23,7 @@ from ..samplers.flow import (
 )
 from ..samplers.flow import step_noise as seeded_step_noise
 from ..samplers.flow_schedules import check_flow_scheduler, respace
+from ..samplers.inpaint import flow_inpaint
 from ..samplers.noise import get_noise  # noqa: F401  (16 channels at 1/8 resolution, seeded)
 
 SHIFT = 3.0
@@ -76,7 +77,7 @@ def get_sigmas(steps, shift=SHIFT):
 
 
 def denoise(model, x, sigmas, context, y, neg_context=None, neg_y=None, cfg=1.0, skip_layer_guidance=None,
-            cuda_graph=None, progress=False, callback=None, sampler="euler", step_noise=None, first=0):
+            cuda_graph=None, progress=False, callback=None, sampler="euler", step_noise=None, first=0, inpaint=None):
     """`sampler` ("euler", "heun", "dpmpp_2m", "dpmpp_2m_sde" or "unipc", samplers/flow.py) steps along `sigmas` over
     the velocity v guided by classifier-free guidance uncond + cfg (cond - uncond) when cfg != 1 (cond and uncond as
     one batch of 2B) and optionally skip-layer guidance (on both of Heun's evaluations in its steps' window). The
@@ -86,7 +87,8 @@ def denoise(model, x, sigmas, context, y, neg_context=None, neg_y=None, cfg=1.0,
     runs once eagerly, then is captured as a CUDA graph (flame_core.cuda.graphed) and replayed; the numbers are the
     same. callback(i, steps) after each step. step_noise(i, x): dpmpp_2m_sde's fresh noise of step i
     (samplers.flow.step_noise), drawn before the step (outside its graph). first: how many steps of a longer table
-    `sigmas` leaves out at its start (image-to-image): skip-layer guidance's window stays on the whole table's."""
+    `sigmas` leaves out at its start (image-to-image): skip-layer guidance's window stays on the whole table's.
+    inpaint: (mask, init, noise) of x's shape: only the mask's region is denoised (samplers/inpaint.py)."""
     check_flow_sampler(sampler)
     check_step_noise(sampler, step_noise)
     dtype = _model_dtype(model)
@@ -124,6 +126,9 @@ def denoise(model, x, sigmas, context, y, neg_context=None, neg_y=None, cfg=1.0,
             v_cond = v
         v_skip = model(x.to(dtype), t_vec, cond_y, cond_ctx, skip_layers=slg.layers).to(flame.float32)
         return v + slg.scale * (v_cond - v_skip)
+    if inpaint is not None:
+        velocity = flow_inpaint(velocity, *inpaint, lambda t: t * (1.0 / NUM_TRAIN_TIMESTEPS))
+        velocity_slg = flow_inpaint(velocity_slg, *inpaint, lambda t: t * (1.0 / NUM_TRAIN_TIMESTEPS))
 
     # a streamed inference forward is not capturable: its prefetch window wraps around from call to call
     use_graph = (x.device.type == "cuda" and streamer_of(model) is None) if cuda_graph is None else bool(cuda_graph)

@@ -28,6 +28,7 @@ from ..pipeline import check_loras as _check_loras
 from ..pipeline import free_model, load_for_sampling, to_pil
 from ..samplers import DRAWS_NOISE
 from ..samplers.img2img import SDXL_DEFAULT_STRENGTH, init_latents_rows, skipped_steps
+from ..samplers.inpaint import latent_mask
 from ..vae import check_latents, decode_model_latents, encode_model_latents, load_family_vae
 from .about import ABOUT
 from .components import SDXLFiles, SDXLFilesError, find_sdxl_files
@@ -130,7 +131,7 @@ def get_noise(batch, height, width, seed, device=None):
 
 def sample_latents(unet, cond, neg_cond=None, *, height, width, steps, cfg, sampler="euler", scheduler="normal",
                    seeds=None, latents=None, rows=None, neg_rows=None, original_size=None, crop_coords=(0, 0),
-                   target_size=None, eta=None, callback=None, init_latents=None, strength=None):
+                   target_size=None, eta=None, callback=None, init_latents=None, strength=None, mask=None):
     """Denoise with one of SAMPLERS (euler, euler_ancestral, heun, dpm_2, dpm_2_ancestral, dpmpp_2m, dpmpp_2m_sde,
     ddim, lcm, unipc) on the scaled-linear schedule's sigmas ('normal', diffusers' SDXL spacing) or Karras'
     ('karras'); returns model-space latents (B, 4, H/8, W/8) float32.
@@ -142,7 +143,8 @@ def sample_latents(unet, cond, neg_cond=None, *, height, width, steps, cfg, samp
     from get_noise(seed=seeds[i]) and, for the stochastic samplers, draws its step noise from seeds[i] + 1: the same
     picture whatever the batch), or `latents` (B, 4, H/8, W/8), unit variance (the stochastic samplers then draw
     from seed 1). callback(i, n) per step. Image-to-image: init_latents (1 or B, 4, H/8, W/8), an image's latents
-    in the UNet's space (encode_images), and strength (default 0.3): sampling.sample says how."""
+    in the UNet's space (encode_images), strength (default 0.3) and, for inpainting, mask (then strength defaults
+    to 1): sampling.sample says how."""
     if (seeds is None) == (latents is None):
         raise ValueError("pass exactly one of seeds= (one per image) and latents=")
     if sampler not in SAMPLERS:
@@ -172,10 +174,15 @@ def sample_latents(unet, cond, neg_cond=None, *, height, width, steps, cfg, samp
         neg_y = make_y(neg_pooled, size_embed_dim=c.size_embed_dim, **sizes)
     n_run = steps
     if init_latents is not None:
-        init_latents = init_latents_rows(init_latents, B, (c.in_channels, height // 8, width // 8), dev)
-        n_run = steps - skipped_steps(steps, SDXL_DEFAULT_STRENGTH if strength is None else strength, "sdxl")
-    elif strength is not None:
-        raise ValueError("strength applies to image-to-image: pass init_latents= too")
+        shape = (B, c.in_channels, height // 8, width // 8)
+        init_latents = init_latents_rows(init_latents, B, shape[1:], dev)
+        if strength is None:
+            strength = SDXL_DEFAULT_STRENGTH if mask is None else 1.0
+        n_run = steps - skipped_steps(steps, strength, "sdxl")
+        if mask is not None:
+            mask = latent_mask(mask, shape, dev)
+    elif strength is not None or mask is not None:
+        raise ValueError("strength and mask apply to image-to-image: pass init_latents= too")
     kw = dict(height=height, width=width, steps=steps, cfg=cfg, sampler=sampler, scheduler=scheduler, eta=eta,
               progress=False, callback=None if callback is None else (lambda i, *a: callback(i, n_run)),
               strength=strength)
@@ -187,11 +194,13 @@ def sample_latents(unet, cond, neg_cond=None, *, height, width, steps, cfg, samp
             sl = slice(i, i + 1)
             out.append(sample(unet, context[sl], y[sl], None if neg_context is None else neg_context[sl],
                               None if neg_y is None else neg_y[sl], seed=int(s), noise=noise[i],
-                              init_latents=None if init_latents is None else init_latents[sl], **kw))
+                              init_latents=None if init_latents is None else init_latents[sl],
+                              mask=None if mask is None else mask[sl], **kw))
         return flame.cat(out, dim=0)
     seed = int(seeds[0]) if latents is None else 0
     x0 = noise[0] if len(noise) == 1 else flame.cat(noise, dim=0)
-    return sample(unet, context, y, neg_context, neg_y, seed=seed, noise=x0, init_latents=init_latents, **kw)
+    return sample(unet, context, y, neg_context, neg_y, seed=seed, noise=x0, init_latents=init_latents, mask=mask,
+                  **kw)
 
 
 def fit_unet(unet, cond, max_gpu_memory, *, height, width, batch_size=1, cfg=1.0):

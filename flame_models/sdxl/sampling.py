@@ -21,6 +21,7 @@ from flame_models.samplers import (
     lcm_sigmas,
 )
 from flame_models.samplers.img2img import SDXL_DEFAULT_STRENGTH, init_latents_rows, ve_start
+from flame_models.samplers.inpaint import latent_mask, ve_inpaint
 
 VAE_FACTOR = 8
 # the samplers whose diffusers scheduler keeps VE samples and starts linspace / trailing tables at σ_max·ε (its
@@ -82,7 +83,7 @@ def _check(unet, context, y, neg_context, neg_y, height, width, cfg):
 def sample(unet, context, y, neg_context=None, neg_y=None, *, height=1024, width=1024, steps=30, cfg=5.0,
            sampler="euler", scheduler="normal", seed=0, prediction_type="epsilon", zero_terminal_snr=False,
            timestep_spacing="leading", steps_offset=1, eta=None, guidance_rescale=0.0, noise=None, callback=None,
-           progress=True, init_latents=None, strength=None):
+           progress=True, init_latents=None, strength=None, mask=None):
     """Latents (B, 4, height/8, width/8) float32 in the UNet's space (decode `SDXL.from_model(z)`).
 
     context (B, 77, 2048) and y (B, 2816) condition the image (`make_y` builds y); neg_context / neg_y the negative
@@ -106,10 +107,12 @@ def sample(unet, context, y, neg_context=None, neg_y=None, *, height=1024, width
     Image-to-image: init_latents, an image's latents in the UNet's space (1 or B, 4, height/8, width/8;
     `SDXL.to_model` of the VAE's), noised to the sigma where `strength` (default 0.3, diffusers') of the `steps` are
     left -- x0 + σ·noise -- then denoised over those (samplers/img2img.py; not lcm, whose table depends on the
-    strength itself)."""
+    strength itself). mask (with init_latents): inpainting -- (h, w) at the latents' size, or (1 or B, h, w), in
+    [0, 1], 1 where the image is repainted; the rest stays the image (samplers/inpaint.py); strength then defaults
+    to 1."""
     check_prediction_type(prediction_type)
-    if strength is not None and init_latents is None:
-        raise ValueError("sample: strength applies to image-to-image: pass init_latents= too")
+    if (strength is not None or mask is not None) and init_latents is None:
+        raise ValueError("sample: strength and mask apply to image-to-image: pass init_latents= too")
     if init_latents is not None and sampler == "lcm":
         raise ValueError("sample: image-to-image with lcm is not supported (LCM's timesteps depend on the strength); "
                          "use another sampler")
@@ -155,11 +158,15 @@ def sample(unet, context, y, neg_context=None, neg_y=None, *, height=1024, width
         x = noise.to(device=device, dtype=flame.float32) * (s0 if by_sigma else math.sqrt(s0 * s0 + 1.0))
     else:
         init = init_latents_rows(init_latents, B, shape[1:], device)
-        sigmas, timesteps, x = ve_start(sigmas, init, noise.to(device=device, dtype=flame.float32),
-                                        SDXL_DEFAULT_STRENGTH if strength is None else strength, timesteps)
+        noise = noise.to(device=device, dtype=flame.float32)
+        if strength is None:
+            strength = SDXL_DEFAULT_STRENGTH if mask is None else 1.0
+        sigmas, timesteps, x = ve_start(sigmas, init, noise, strength, timesteps)
 
     denoiser = Denoiser(cfg_model(unet, context, y, neg_context, neg_y, cfg, guidance_rescale), schedule,
                         prediction_type)
+    if mask is not None:
+        denoiser = ve_inpaint(denoiser, latent_mask(mask, shape, device), init, noise)
     kwargs = {} if eta is None else {"eta": float(eta)}
     if sampler in DRAWS_NOISE:
         kwargs["generator"] = flame.Generator(device).manual_seed(seed + 1)

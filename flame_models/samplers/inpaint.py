@@ -1,0 +1,76 @@
+"""Inpainting by masked denoising (ComfyUI's KSampler with a noise mask, `KSamplerX0Inpaint`): image-to-image
+(samplers/img2img.py) whose model is wrapped so that only the mask's region is denoised. At every model call at
+noise level s, with `mask` 1 where the image is repainted and 0 where it is kept (soft values blend), `init` the
+image's latents and `noise` the run's starting noise:
+
+    the model sees        x_in = mask·x + (1 − mask)·(the image noised to s)
+    its clean estimate    x0   = mask·x0_model + (1 − mask)·init
+
+-- the kept region is the image at every step (its clean estimate is the image itself), the masked one is denoised
+in its context, and the last step lands on the image's latents outside the mask whatever the sampler (the
+stochastic ones too). No model trained for inpainting is needed; the decoded image outside the mask is the VAE's
+reconstruction of the original (nothing is pasted back).
+
+    flow families (velocity v, x0 = x − s·v):  noised image s·noise + (1 − s)·init;
+                                              v_out = mask·v + (1 − mask)·(x − init) / s
+    SDXL (denoiser D(x, σ) -> x0, x = x0 + σ·ε):  noised image init + σ·noise; x0 as above
+
+Both are pure functions of the step's inputs (the mask, image and noise fixed for the run), so they run inside the
+samplers' CUDA step graphs.
+"""
+import numpy as np
+
+import flame_core as flame
+
+
+def latent_mask(mask, shape, device):
+    """A mask as float32 rows of latents: `mask` (Tensor or array; (h, w), (1 or B, h, w) or (1 or B, 1, h, w), in
+    [0, 1], 1 = repaint) broadcast to `shape` (B, C, h, w) on `device`; a ValueError naming the shapes or values."""
+    m = mask if isinstance(mask, flame.Tensor) else flame.tensor(np.asarray(mask, dtype=np.float32))
+    m = m.to(device).float()
+    B, C, h, w = shape
+    if m.ndim == 2:
+        m = m.reshape(1, 1, *m.shape)
+    elif m.ndim == 3:
+        m = m.reshape(m.shape[0], 1, m.shape[1], m.shape[2])
+    if m.ndim != 4 or tuple(m.shape[2:]) != (h, w) or m.shape[0] not in (1, B) or m.shape[1] not in (1, C):
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not fit latents {tuple(shape)}: (h, w) = {(h, w)}, "
+                         f"one per image or one for all")
+    lo, hi = float(m.min()), float(m.max())
+    if not (0.0 <= lo and hi <= 1.0):
+        raise ValueError(f"mask values must be in [0, 1] (1 = repaint), got [{lo:g}, {hi:g}]")
+    return m.expand(B, C, h, w)
+
+
+def flow_inpaint(velocity, mask, init, noise, sigma_of):
+    """velocity(x, t) wrapped for inpainting (the module docstring's flow form): mask, init, noise of x's layout
+    (packed tokens or latents), sigma_of(t) the noise level of the model's timestep tensor t (B,) as a tensor."""
+    keep = 1.0 - mask
+
+    def inpainted(x, t):
+        s = sigma_of(t).reshape(-1, *([1] * (x.ndim - 1)))
+        x_in = x * mask + (noise * s + init * (1.0 - s)) * keep
+        return velocity(x_in, t) * mask + ((x - init) / s) * keep
+    return inpainted
+
+
+def ve_inpaint(denoiser, mask, init, noise):
+    """An SDXL denoiser D(x, sigma, timestep) wrapped for inpainting (the module docstring's x0 form)."""
+    keep = 1.0 - mask
+
+    def inpainted(x, sigma, timestep=None):
+        x_in = x * mask + (init + noise * float(sigma)) * keep
+        return denoiser(x_in, sigma, timestep) * mask + init * keep
+    return inpainted
+
+
+def read_mask(path, width, height, factor=8):
+    """The mask image at `path` as (1, height // factor, width // factor) float32 in [0, 1] (1 = repaint: white):
+    read as an untrusted image (data.images.load_image), scaled to cover width x height and centre-cropped as the
+    init image is (generate.read_init_image), then averaged over factor x factor pixel boxes (a soft edge)."""
+    from PIL import Image, ImageOps
+
+    from ..data.images import load_image
+    im = ImageOps.fit(load_image(path).convert("L"), (width, height), Image.LANCZOS)
+    im = im.resize((width // factor, height // factor), Image.BOX)
+    return (np.asarray(im, dtype=np.float32) / 255.0)[None]
