@@ -66,7 +66,7 @@ def test_chroma_samples_on_the_resolution_shifted_schedule(monkeypatch, size, st
     seen = {}
 
     def fake_denoise(net, x, img_ids, txt, txt_ids, y, timesteps, guidance, cuda_graph, callback, sampler,
-                     step_noise=None):
+                     step_noise=None, inpaint=None):
         seen["t"], seen["tokens"] = list(timesteps), x.shape[1]
         return x
     monkeypatch.setattr(P, "denoise", fake_denoise)
