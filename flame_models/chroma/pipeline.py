@@ -19,8 +19,7 @@ from ..pipeline import check_loras as _check_loras
 from ..pipeline import load_for_sampling
 from ..samplers.flow import STOCHASTIC, check_flow_sampler, step_noise
 from ..samplers.flow_schedules import check_flow_scheduler, respace
-from ..samplers.img2img import DEFAULT_STRENGTH, flow_start, init_latents_rows
-from ..samplers.inpaint import latent_mask
+from ..samplers.img2img import flow_init
 from .components import ChromaFiles, ChromaFilesError, find_chroma_files
 from .loading import load_chroma
 from .model import ATTN_PADDING
@@ -134,13 +133,8 @@ def sample_latents(model, cond, neg=None, *, height, width, steps, cfg=1.0, seed
     timesteps = respace(get_schedule(steps, x.shape[1], shift=True), scheduler)
     inpaint = None
     if init_latents is not None:
-        shape = (B, LATENT_CHANNELS, height // 8, width // 8)
-        init, noise = pack(init_latents_rows(init_latents, B, shape[1:], dev)), x
-        if strength is None:
-            strength = DEFAULT_STRENGTH if mask is None else 1.0
-        timesteps, x = flow_start(timesteps, init, noise, strength)
-        if mask is not None:
-            inpaint = (pack(latent_mask(mask, shape, dev)), init, noise)
+        timesteps, x, inpaint = flow_init(timesteps, x, init_latents, strength, mask,
+                                          (B, LATENT_CHANNELS, height // 8, width // 8), dev, pack)
     out = denoise(net, x, image_ids(height, width, B, device=dev), txt, text_ids(txt.shape[1], B, device=dev),
                   None, timesteps, None, cuda_graph, callback, sampler,
                   step_noise(seeds, dev) if sampler in STOCHASTIC else None, inpaint=inpaint)

@@ -31,8 +31,7 @@ from ..pipeline import (  # noqa: F401
 )
 from ..samplers.flow import STOCHASTIC, check_flow_sampler, step_noise
 from ..samplers.flow_schedules import check_flow_scheduler, respace
-from ..samplers.img2img import DEFAULT_STRENGTH, flow_start, init_latents_rows
-from ..samplers.inpaint import latent_mask
+from ..samplers.img2img import flow_init
 from .components import FluxFiles, FluxFilesError, find_flux_files  # noqa: F401
 from .conditioning import FluxTextEncoders, check_vocabularies, encode_prompts, load_text_encoders, load_tokenizers
 from .loading import load_flux  # noqa: F401
@@ -95,13 +94,8 @@ def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=No
     timesteps = respace(get_schedule(steps, x.shape[1], shift=p.guidance_embed), scheduler)
     inpaint = None
     if init_latents is not None:
-        shape = (B, LATENT_CHANNELS, height // 8, width // 8)
-        init, noise = pack(init_latents_rows(init_latents, B, shape[1:], dev)), x
-        if strength is None:
-            strength = DEFAULT_STRENGTH if mask is None else 1.0
-        timesteps, x = flow_start(timesteps, init, noise, strength)
-        if mask is not None:
-            inpaint = (pack(latent_mask(mask, shape, dev)), init, noise)
+        timesteps, x, inpaint = flow_init(timesteps, x, init_latents, strength, mask,
+                                          (B, LATENT_CHANNELS, height // 8, width // 8), dev, pack)
     out = denoise(model, x, img_pos, txt, txt_pos, y, timesteps, guidance, cuda_graph, callback, sampler,
                   step_noise(seeds, dev) if sampler in STOCHASTIC else None, inpaint=inpaint)
     return unpack(out, height, width)

@@ -21,8 +21,8 @@ from ..samplers.flow import (
     step_noise,
 )
 from ..samplers.flow_schedules import check_flow_scheduler, respace
-from ..samplers.img2img import DEFAULT_STRENGTH, flow_start, init_latents_rows
-from ..samplers.inpaint import flow_inpaint, latent_mask
+from ..samplers.img2img import flow_init
+from ..samplers.inpaint import flow_inpaint
 
 NUM_TRAIN_TIMESTEPS = 1000
 BASE_SEQ_LEN, MAX_SEQ_LEN = 256, 8192
@@ -117,13 +117,7 @@ def sample_latents(model, cond, neg=None, *, height, width, steps=DEFAULT_STEPS,
     sig = respace(sigmas(steps, n_img), scheduler)
     inpaint = None
     if init_latents is not None:
-        shape = (B, 16, height // 8, width // 8)
-        init, noise = pack(init_latents_rows(init_latents, B, shape[1:], dev)), x
-        if strength is None:
-            strength = DEFAULT_STRENGTH if mask is None else 1.0
-        sig, x = flow_start(sig, init, noise, strength)
-        if mask is not None:
-            inpaint = (pack(latent_mask(mask, shape, dev)), init, noise)
+        sig, x, inpaint = flow_init(sig, x, init_latents, strength, mask, (B, 16, height // 8, width // 8), dev, pack)
     steps = len(sig) - 1
 
     def velocity(x, t):

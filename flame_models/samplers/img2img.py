@@ -82,3 +82,17 @@ def init_latents_rows(init, batch, shape, device):
     if not bool(flame.isfinite(x).all()):
         raise ValueError("init_latents hold values that are not finite")
     return x.expand(batch, *shape) if got[0] != batch else x
+
+
+def flow_init(sigmas, noise, init_latents, strength, mask, shape, device, layout=None):
+    """The start of a flow family's image-to-image or inpainting run: (the remaining sigma table, the starting
+    sample, the inpainting wrapper's (mask, init, noise) or None). noise: the run's starting noise, in the sample's
+    layout; shape: the latents' (B, C, h, w); layout: latents -> the sample's layout (Flux's pack; default: the
+    latents themselves); strength None: DEFAULT_STRENGTH, or 1 with a mask."""
+    from .inpaint import latent_mask
+    lay = layout or (lambda t: t)
+    init = lay(init_latents_rows(init_latents, shape[0], shape[1:], device))
+    if strength is None:
+        strength = DEFAULT_STRENGTH if mask is None else 1.0
+    rest, x = flow_start(sigmas, init, noise, strength)
+    return rest, x, None if mask is None else (lay(latent_mask(mask, shape, device)), init, noise)

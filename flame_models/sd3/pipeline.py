@@ -25,8 +25,7 @@ from ..pipeline import check_loras as _check_loras
 from ..pipeline import free_model, load_for_sampling, to_pil
 from ..samplers.flow import STOCHASTIC, check_flow_sampler, step_noise
 from ..samplers.flow_schedules import check_flow_scheduler, respace
-from ..samplers.img2img import DEFAULT_STRENGTH, flow_start, init_latents_rows
-from ..samplers.inpaint import latent_mask
+from ..samplers.img2img import flow_init
 from ..vae import decode_model_latents, encode_model_latents, load_family_vae
 from .about import ABOUT
 from .components import SD3Files, SD3FilesError, find_sd3_files
@@ -153,14 +152,9 @@ def sample_latents(model, cond, neg_cond=None, *, height, width, steps, cfg, see
     sigmas = respace(get_sigmas(steps, shift), scheduler)
     first, inpaint = 0, None
     if init_latents is not None:
-        shape = (B, LATENT_CHANNELS, height // 8, width // 8)
-        init, noise = init_latents_rows(init_latents, B, shape[1:], dev), x
-        if strength is None:
-            strength = DEFAULT_STRENGTH if mask is None else 1.0
-        rest, x = flow_start(sigmas, init, noise, strength)
+        rest, x, inpaint = flow_init(sigmas, x, init_latents, strength, mask,
+                                     (B, LATENT_CHANNELS, height // 8, width // 8), dev)
         first, sigmas = len(sigmas) - len(rest), rest
-        if mask is not None:
-            inpaint = (latent_mask(mask, shape, dev), init, noise)
     return denoise(model, x, sigmas, context, y, neg_context, neg_y, cfg, slg,
                    cuda_graph, callback=callback, sampler=sampler,
                    step_noise=step_noise(seeds, dev) if sampler in STOCHASTIC else None, first=first, inpaint=inpaint)
