@@ -28,13 +28,14 @@ def latent_mask(mask, shape, device):
     [0, 1], 1 = repaint) broadcast to `shape` (B, C, h, w) on `device`; a ValueError naming the shapes or values."""
     m = mask if isinstance(mask, flame.Tensor) else flame.tensor(np.asarray(mask, dtype=np.float32))
     m = m.to(device).float()
+    given = tuple(m.shape)
     B, C, h, w = shape
     if m.ndim == 2:
         m = m.reshape(1, 1, *m.shape)
     elif m.ndim == 3:
         m = m.reshape(m.shape[0], 1, m.shape[1], m.shape[2])
     if m.ndim != 4 or tuple(m.shape[2:]) != (h, w) or m.shape[0] not in (1, B) or m.shape[1] not in (1, C):
-        raise ValueError(f"mask of shape {tuple(mask.shape)} does not fit latents {tuple(shape)}: (h, w) = {(h, w)}, "
+        raise ValueError(f"mask of shape {given} does not fit latents {tuple(shape)}: (h, w) = {(h, w)}, "
                          f"one per image or one for all")
     lo, hi = float(m.min()), float(m.max())
     if not (0.0 <= lo and hi <= 1.0):
