@@ -136,12 +136,21 @@ def read_init_image(path, width, height):
 
 def encode_init_image(pixels, load_vae, encode, dev, log):
     """The init image's model-space latents (1, C, h, w) as a host array: the family's VAE loaded (load_vae()),
-    `encode(vae, images)` run, the VAE freed."""
+    `encode(vae, images)` run -- in tiles when the whole image does not fit the memory budget, as decoding does --,
+    the VAE freed."""
     t0 = time.perf_counter()
     vae = load_vae()
     try:
+        x = flame.tensor(pixels, device=dev).to(next(vae.parameters()).dtype)
         with flame.no_grad():
-            z = encode(vae, flame.tensor(pixels, device=dev).to(next(vae.parameters()).dtype))
+            try:
+                z = encode(vae, x)
+            except flame.OutOfMemoryError:
+                if vae.use_tiling is True:
+                    raise
+                log("init image: the whole image does not fit the budget; encoding in tiles")
+                vae.enable_tiling()
+                z = encode(vae, x)
         out = z.float().cpu().numpy()
     finally:
         del vae

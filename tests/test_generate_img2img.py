@@ -234,3 +234,32 @@ def test_bad_masks_are_refused(tiny, init_png, tmp_path, capsys):
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"nope")
     _fails(capsys, base + ["--init-image", init_png, "--mask", str(bad)], f"--mask {bad}", "cannot read the image")
+
+
+def test_the_init_image_is_encoded_in_tiles_when_it_does_not_fit():
+    """encode_init_image: an out-of-memory error from the whole image turns tiling on and encodes again (once)."""
+    from flame_models.generate import encode_init_image
+
+    class Vae:   # what encode_init_image reads of a VAE
+        use_tiling = None
+
+        def parameters(self):
+            return iter([flame.zeros(1, device="cpu")])
+
+        def enable_tiling(self):
+            self.use_tiling = True
+    calls, logs = [], []
+
+    def encode(vae, x):
+        calls.append(vae.use_tiling)
+        if vae.use_tiling is not True:
+            raise flame.OutOfMemoryError("too large")
+        return x[:, :1] * 2
+    out = encode_init_image(np.ones((1, 3, 8, 8), np.float32), Vae, encode, "cpu", logs.append)
+    assert calls == [None, True] and out.shape == (1, 1, 8, 8) and float(out.max()) == 2.0
+    assert any("encoding in tiles" in m for m in logs)
+
+    def always(vae, x):
+        raise flame.OutOfMemoryError("still too large")
+    with pytest.raises(flame.OutOfMemoryError):
+        encode_init_image(np.ones((1, 3, 8, 8), np.float32), Vae, always, "cpu", logs.append)
