@@ -396,9 +396,9 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     files (registry.detect_family), a family's Files object, or `arch` ("flux" | "sd3" | "sdxl"); its generate part
     (flame_models/<family>/generate.py) runs with the family's own `options` -- Flux: guidance, max_length, sampler,
     scheduler; SD3: negative_prompt, clip_g, cfg, sampler, scheduler, slg_scale, slg_layers, no_t5, max_length,
-    configs; SDXL:
-    negative_prompt, clip_g, cfg, sampler, karras, original_size, crop, target_size, max_token_length, configs. An
-    option of another family is refused, naming it.
+    configs; SDXL: negative_prompt, clip_g, cfg, sampler, karras, original_size, crop, target_size,
+    max_token_length, configs; Flux Kontext: image, keep_image_size; every family but Kontext: init_image, strength,
+    mask (below). An option of another family is refused, naming it.
 
     model: a diffusers folder, a transformer / UNet / SAI single file (with vae=, clip_l=, t5= where it does not
     hold them) or a family's Files. loras: ["path", "path:weight", (path, weight)], added together. steps, guidance
@@ -413,7 +413,9 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     Image-to-image (Flux, SD3, SDXL, Chroma, Qwen-Image): init_image, an image file, scaled to cover width x height
     and centre-cropped, encoded by the family's VAE, noised and denoised over `strength` of the steps (default 0.6;
     SDXL 0.3: diffusers'; flame_models/samplers/img2img.py). width / height: default 1024, or with an init image its
-    own size floored to 16 (one given: the other at the image's aspect ratio)."""
+    own size floored to 16 (one given: the other at the image's aspect ratio). mask: inpainting -- an image, white
+    where the init image is repainted, the rest kept (strength then defaults to 1; flame_models/samplers/inpaint.py).
+    """
     from . import registry
     if fp8 not in (False, True, "compute"):
         raise GenerateError(f"fp8: False, True (fp8 storage) or 'compute' (fp8 storage and fp8 matmuls), got {fp8!r}")
