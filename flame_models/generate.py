@@ -104,10 +104,13 @@ def init_size(init_image, width, height, multiple=16):
     if init_image is None or (width is not None and height is not None):
         return (1024 if width is None else width), (1024 if height is None else height)
     from .data.errors import DataError
-    from .data.images import open_image, read_bytes
+    from .data.images import is_image, open_image, read_bytes
     try:
-        with open_image(read_bytes(init_image), init_image) as im:
-            iw, ih = im.size
+        if is_image(init_image):
+            iw, ih = init_image.size
+        else:
+            with open_image(read_bytes(init_image), init_image) as im:
+                iw, ih = im.size
     except (DataError, OSError) as e:
         raise GenerateError(f"--init-image {init_image}: {e}") from None
     if width is None and height is None:
@@ -120,14 +123,15 @@ def init_size(init_image, width, height, multiple=16):
 
 
 def read_init_image(path, width, height):
-    """(1, 3, height, width) float32 in [-1, 1]: the image at `path` (decoded with its size checked first, EXIF
-    orientation applied, alpha on white) scaled to cover width x height and centre-cropped (LANCZOS)."""
+    """(1, 3, height, width) float32 in [-1, 1]: the image at `path` -- or a PIL image given -- (decoded with its
+    size checked first, EXIF orientation applied, alpha on white) scaled to cover width x height and centre-cropped
+    (LANCZOS)."""
     from PIL import Image, ImageOps
 
     from .data.errors import DataError
-    from .data.images import image_array, load_image
+    from .data.images import as_rgb, image_array, is_image, load_image
     try:
-        im = load_image(path)
+        im = as_rgb(path, "init_image") if is_image(path) else load_image(path)
     except DataError as e:
         raise GenerateError(f"--init-image {path}: {e}") from None
     im = ImageOps.fit(im, (width, height), Image.LANCZOS)
@@ -159,14 +163,20 @@ def encode_init_image(pixels, load_vae, encode, dev, log):
     return out
 
 
+def _source(src):
+    """How the PNG's parameters name an init image or mask: its path, or "<image WxH>" for one given in memory."""
+    from .data.images import is_image
+    return f"<image {src.width}x{src.height}>" if is_image(src) else str(src)
+
+
 class InitImage:
     """A family generate part's image-to-image input: made before anything is loaded (the strength checked, the
-    image read and scaled: bad input fails first), encoded in the encode stage (`encode`), handed to the sampler
-    (`sample_kwargs`) and recorded in the PNGs (`info`, `fields`). path None: a text-to-image run (every method then
-    adds nothing; a strength or mask given is refused, it would be ignored). rounding: "flow" or "sdxl" (whose
-    pipeline rounds the steps run down: samplers/img2img.py). mask: inpainting -- an image, white where the init image
-    is repainted, scaled and cropped as it is, then averaged to the latents' size (samplers/inpaint.read_mask); the
-    strength then defaults to 1."""
+    image read and scaled: bad input fails first; a path or a PIL image), encoded in the encode stage (`encode`),
+    handed to the sampler (`sample_kwargs`) and recorded in the PNGs (`info`, `fields`). path None: a text-to-image
+    run (every method then adds nothing; a strength or mask given is refused, it would be ignored). rounding: "flow"
+    or "sdxl" (whose pipeline rounds the steps run down: samplers/img2img.py). mask: inpainting -- an image (a path
+    or a PIL image), white where the init image is repainted, scaled and cropped as it is, then averaged to the
+    latents' size (samplers/inpaint.read_mask); the strength then defaults to 1."""
 
     def __init__(self, path, strength, width, height, *, default, rounding="flow", mask=None):
         from .samplers.img2img import check_strength
@@ -215,8 +225,8 @@ class InitImage:
     def info(self):
         if self.path is None:
             return {}
-        return {"init_image": str(self.path), "strength": self.strength,
-                **({} if self.mask_path is None else {"mask": str(self.mask_path)})}
+        return {"init_image": _source(self.path), "strength": self.strength,
+                **({} if self.mask_path is None else {"mask": _source(self.mask_path)})}
 
     def fields(self):
         """The A1111 parameters field of the strength."""
@@ -410,12 +420,12 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     outside FLAME's pool counts). max_length: T5 tokens (Flux-dev 512, schnell 256, SD3 256). stats: a dict filled
     with each stage's seconds and device peak. log: a print function.
 
-    Image-to-image (Flux, SD3, SDXL, Chroma, Qwen-Image): init_image, an image file, scaled to cover width x height
-    and centre-cropped, encoded by the family's VAE, noised and denoised over `strength` of the steps (default 0.6;
-    SDXL 0.3: diffusers'; flame_models/samplers/img2img.py). width / height: default 1024, or with an init image its
-    own size floored to 16 (one given: the other at the image's aspect ratio). mask: inpainting -- an image, white
-    where the init image is repainted, the rest kept (strength then defaults to 1; flame_models/samplers/inpaint.py).
-    """
+    Image-to-image (Flux, SD3, SDXL, Chroma, Qwen-Image): init_image, an image file or a PIL image, scaled to cover
+    width x height and centre-cropped, encoded by the family's VAE, noised and denoised over `strength` of the steps
+    (default 0.6; SDXL 0.3: diffusers'; flame_models/samplers/img2img.py). width / height: default 1024, or with an
+    init image its own size floored to 16 (one given: the other at the image's aspect ratio). mask: inpainting -- an
+    image (file or PIL), white where the init image is repainted, the rest kept (strength then defaults to 1;
+    flame_models/samplers/inpaint.py)."""
     from . import registry
     if fp8 not in (False, True, "compute"):
         raise GenerateError(f"fp8: False, True (fp8 storage) or 'compute' (fp8 storage and fp8 matmuls), got {fp8!r}")

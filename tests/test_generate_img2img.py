@@ -263,3 +263,22 @@ def test_the_init_image_is_encoded_in_tiles_when_it_does_not_fit():
         raise flame.OutOfMemoryError("still too large")
     with pytest.raises(flame.OutOfMemoryError):
         encode_init_image(np.ones((1, 3, 8, 8), np.float32), Vae, always, "cpu", logs.append)
+
+
+def test_pil_images_given_in_memory(tiny, init_png, tmp_path):
+    """generate(init_image=<PIL image>, mask=<PIL image>) gives what their files give; the PNG names them by size;
+    one over the pixel limit is refused naming it."""
+    mask_path = _mask_png(tmp_path, 255)
+    kw = dict(steps=3, seed=4, strength=0.7, **QUIET)
+    with Image.open(init_png) as a, Image.open(mask_path) as b:
+        im, m = a.copy(), b.copy()
+    from_files = pixels(generate(tiny, "x", init_image=init_png, mask=mask_path, **kw))
+    out = tmp_path / "out"
+    given = pixels(generate(tiny, "x", init_image=im, mask=m, output=str(out), **kw))
+    np.testing.assert_array_equal(given, from_files)
+    info = json.loads(Image.open(out / os.listdir(out)[0]).text["flame"])
+    assert info["init_image"] == "<image 56x40>" and info["mask"] == "<image 56x40>"
+    from flame_models.data.errors import DataError
+    from flame_models.data.images import as_rgb
+    with pytest.raises(DataError, match="init_image: the image is 56x40 = 2240 pixels"):
+        as_rgb(im, "init_image", max_pixels=100)

@@ -108,6 +108,19 @@ def decode_image(data, name, max_pixels=MAX_PIXELS):
         raise DataError(f"{name}: cannot read the image ({type(ex).__name__}: {ex})") from None
 
 
+def is_image(obj):
+    """Whether `obj` is a PIL image (an image given in memory rather than a file)."""
+    from PIL import Image
+    return isinstance(obj, Image.Image)
+
+
+def as_rgb(im, name="the image", max_pixels=MAX_PIXELS):
+    """An RGB copy of a PIL image given in memory, as load_image makes of a file: its size checked against
+    max_pixels (DataError naming `name`), EXIF orientation applied, alpha composited on white."""
+    check_pixels(name, im.width, im.height, max_pixels)
+    return _to_rgb(im)
+
+
 def read_bytes(path):
     try:
         with open(path, "rb") as f:

@@ -66,12 +66,14 @@ def ve_inpaint(denoiser, mask, init, noise):
 
 
 def read_mask(path, width, height, factor=8):
-    """The mask image at `path` as (1, height // factor, width // factor) float32 in [0, 1] (1 = repaint: white):
-    read as an untrusted image (data.images.load_image), scaled to cover width x height and centre-cropped as the
-    init image is (generate.read_init_image), then averaged over factor x factor pixel boxes (a soft edge)."""
+    """The mask image at `path` -- or a PIL image given -- as (1, height // factor, width // factor) float32 in
+    [0, 1] (1 = repaint: white): read as an untrusted image (data.images.load_image), scaled to cover width x height
+    and centre-cropped as the init image is (generate.read_init_image), then averaged over factor x factor pixel
+    boxes (a soft edge)."""
     from PIL import Image, ImageOps
 
-    from ..data.images import load_image
-    im = ImageOps.fit(load_image(path).convert("L"), (width, height), Image.LANCZOS)
+    from ..data.images import as_rgb, is_image, load_image
+    im = as_rgb(path, "mask") if is_image(path) else load_image(path)
+    im = ImageOps.fit(im.convert("L"), (width, height), Image.LANCZOS)
     im = im.resize((width // factor, height // factor), Image.BOX)
     return (np.asarray(im, dtype=np.float32) / 255.0)[None]
