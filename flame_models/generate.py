@@ -42,6 +42,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 import flame_core as flame
 from flame_core import memory
 from flame_core.errors import FlameError
@@ -178,9 +180,12 @@ class InitImage:
     or a PIL image), white where the init image is repainted, scaled and cropped as it is, then averaged to the
     latents' size (samplers/inpaint.read_mask); the strength then defaults to 1."""
 
-    def __init__(self, path, strength, width, height, *, default, rounding="flow", mask=None):
+    def __init__(self, path, strength, width, height, *, default, rounding="flow", mask=None, paste_back=False):
         from .samplers.img2img import check_strength
         self.path, self.rounding, self.latents, self.mask_path = path, rounding, None, mask
+        self.paste, self.pixel_mask = bool(paste_back), None
+        if paste_back and mask is None:
+            raise GenerateError("--paste-back: applies to inpainting; pass --init-image and --mask too")
         if path is None:
             for name, given in (("strength", strength), ("mask", mask)):
                 if given is not None:
@@ -198,6 +203,8 @@ class InitImage:
             from .samplers.inpaint import read_mask
             try:
                 self.mask = read_mask(mask, width, height)
+                if self.paste:
+                    self.pixel_mask = read_mask(mask, width, height, factor=1)[0]
             except DataError as e:
                 raise GenerateError(f"--mask {mask}: {e}") from None
 
@@ -216,6 +223,21 @@ class InitImage:
         if self.pixels is not None:
             self.latents = encode_init_image(self.pixels, load_vae, encode, dev, log)
 
+    def finish(self, images):
+        """The generated PIL images; with paste_back, the init image's own pixels put back where the mask keeps them
+        (blended by its grey levels), so that outside the mask the picture is the original, not its VAE round
+        trip."""
+        if not self.paste:
+            return images
+        from PIL import Image
+        orig = np.round((self.pixels[0].transpose(1, 2, 0) + 1.0) * 127.5)
+        m = self.pixel_mask[..., None]
+        out = []
+        for im in images:
+            a = np.asarray(im.convert("RGB"), dtype=np.float32)
+            out.append(Image.fromarray(np.clip(np.round(a * m + orig * (1.0 - m)), 0, 255).astype(np.uint8), "RGB"))
+        return out
+
     def sample_kwargs(self):
         if self.path is None:
             return {}
@@ -226,7 +248,7 @@ class InitImage:
         if self.path is None:
             return {}
         return {"init_image": _source(self.path), "strength": self.strength,
-                **({} if self.mask_path is None else {"mask": _source(self.mask_path)})}
+                **({} if self.mask_path is None else {"mask": _source(self.mask_path), "paste_back": self.paste})}
 
     def fields(self):
         """The A1111 parameters field of the strength."""
@@ -608,6 +630,8 @@ def build_parser():
                                                   "the image (outside a mask)")
     g.add_argument("--mask", help="with --init-image: inpainting; an image, white where the init image is "
                                   "repainted (grey blends), scaled and cropped as it is; the rest stays the image")
+    g.add_argument("--paste-back", action="store_true", help="with --mask: put the init image's own pixels back "
+                                                             "where the mask keeps them (else the VAE's round trip)")
     g.add_argument("--negative-prompt", help="SD3 / SDXL / Chroma: the negative prompt of classifier-free guidance")
     g.add_argument("--cfg", type=float, help="SD3 / SDXL / Chroma: classifier-free guidance scale (default: SD3.5 "
                                              "Large 4.5, Medium 5, Large Turbo 1; SDXL 5; Chroma 5)")
@@ -660,7 +684,8 @@ def _family_options(args):
     """The options only some families take, given on the command line (left out when not given, so a family
     refuses another's only when it is given)."""
     opts = dict(image=args.image, keep_image_size=args.keep_image_size, init_image=args.init_image,
-                strength=args.strength, mask=args.mask, negative_prompt=args.negative_prompt,
+                strength=args.strength, mask=args.mask, paste_back=args.paste_back,
+                negative_prompt=args.negative_prompt,
                 clip_g=args.clip_g, cfg=args.cfg, sampler=args.sampler, scheduler=args.scheduler,
                 karras=args.karras, original_size=args.original_size, crop=args.crop, target_size=args.target_size,
                 max_token_length=args.max_token_length, slg_scale=args.slg_scale, slg_layers=args.slg_layers,

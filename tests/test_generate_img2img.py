@@ -282,3 +282,19 @@ def test_pil_images_given_in_memory(tiny, init_png, tmp_path):
     from flame_models.data.images import as_rgb
     with pytest.raises(DataError, match="init_image: the image is 56x40 = 2240 pixels"):
         as_rgb(im, "init_image", max_pixels=100)
+
+
+def test_paste_back_puts_the_original_pixels_outside_the_mask(tiny, init_png, tmp_path, capsys):
+    a = np.zeros((40, 56), np.uint8)
+    a[:, 28:] = 255                                     # repaint the right half
+    mask = str(tmp_path / "half.png")
+    Image.fromarray(a).save(mask)
+    kw = dict(steps=3, seed=4, init_image=init_png, mask=mask, **QUIET)
+    plain = pixels(generate(tiny, "x", **kw))
+    pasted = pixels(generate(tiny, "x", paste_back=True, **kw))
+    orig = np.round((read_init_image(init_png, 48, 32)[0].transpose(1, 2, 0) + 1.0) * 127.5)
+    np.testing.assert_array_equal(pasted[0, :, :20], orig[:, :20])      # kept: the original's pixels
+    np.testing.assert_array_equal(pasted[0, :, 28:], plain[0, :, 28:])   # repainted: as without pasting
+    assert np.abs(plain[0, :, :20] - orig[:, :20]).max() > 0             # (the round trip differs)
+    _fails(capsys, ["--model", os.path.dirname(tiny.transformer), "--prompt", "x", "--init-image", init_png,
+                    "--paste-back", "--output", str(tmp_path / "o")], "--paste-back: applies to inpainting")

@@ -16,7 +16,7 @@ from .components import ChromaFiles, find_chroma_files
 
 FILES = ChromaFiles
 OPTIONS = {"negative_prompt": None, "cfg": None, "max_length": None, "sampler": None, "scheduler": None,
-           "init_image": None, "strength": None, "mask": None}
+           "init_image": None, "strength": None, "mask": None, "paste_back": None}
 NOTES = {"guidance": "it has no guidance embedding; use --cfg (classifier-free guidance)",
          "karras": "use --scheduler karras (its own sigmas respaced as Karras's)"}
 DEFAULTS = {"steps": 35, "cfg": 5.0}     # diffusers ChromaPipeline's defaults
@@ -25,7 +25,7 @@ DEFAULTS = {"steps": 35, "cfg": 5.0}     # diffusers ChromaPipeline's defaults
 def generate(model, prompts, *, negative_prompt=None, cfg=None, vae=None, clip_l=None, t5=None, tokenizer=None,
              loras=(), width=1024, height=1024, steps=None, seed=None, num_images=1, batch_size=1, output=None,
              device=None, dtype=None, fp8=False, max_gpu_memory=None, max_length=None, sampler=None, scheduler=None,
-             init_image=None, strength=None, mask=None, progress=True, stats=None, log=print):
+             init_image=None, strength=None, mask=None, paste_back=False, progress=True, stats=None, log=print):
     """Chroma text-to-image (flame_models.generate.generate says what the arguments mean). model: a diffusers
     Chroma folder, a Chroma / ComfyUI transformer file (with vae=, t5=) or ChromaFiles. sampler: "euler" (default),
     "heun", "dpmpp_2m", "dpmpp_2m_sde" or "unipc"."""
@@ -49,7 +49,7 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, vae=None, clip_l
     guided = cfg > 1.0
     loras = P.check_loras(loras, files.params)
     output = G._check_output(output)
-    init = G.InitImage(init_image, strength, width, height, default=DEFAULT_STRENGTH, mask=mask)
+    init = G.InitImage(init_image, strength, width, height, default=DEFAULT_STRENGTH, mask=mask, paste_back=paste_back)
     steps_run = init.steps_run(steps)
     C.check_vocabulary(files, C.load_tokenizer_for(files, max_length=max_length))
     seed = random.randrange(2 ** 32) if seed is None else seed
@@ -79,6 +79,7 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, vae=None, clip_l
         load_vae=lambda: load_vae_for_flux(files.vae, dtype=dtype, device=dev), decode=decode_latents)
     images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps_run,
                           progress=progress, stats=stats, log=log)
+    images = init.finish(images)
 
     if output is not None:
         name = G.model_name(files.transformer)

@@ -15,7 +15,7 @@ from .components import FluxFiles, find_flux_files
 
 FILES = FluxFiles
 OPTIONS = {"guidance": "Flux's embedded guidance", "max_length": None, "sampler": None, "scheduler": None,
-           "init_image": None, "strength": None, "mask": None}
+           "init_image": None, "strength": None, "mask": None, "paste_back": None}
 NOTES = {"cfg": "its guidance is embedded (--guidance)",
          "karras": "use --scheduler karras (its own sigmas respaced as Karras's)"}
 DEV_DEFAULTS = {"steps": 28, "guidance": 3.5}   # diffusers' FluxPipeline defaults for flux-dev
@@ -25,7 +25,7 @@ SCHNELL_STEPS = 4
 def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, loras=(), width=1024, height=1024,
              steps=None, guidance=None, seed=None, num_images=1, batch_size=1, output=None, device=None, dtype=None,
              fp8=False, max_gpu_memory=None, max_length=None, sampler=None, scheduler=None, init_image=None,
-             strength=None, mask=None, progress=True, stats=None, log=print):
+             strength=None, mask=None, paste_back=False, progress=True, stats=None, log=print):
     """Flux text-to-image (flame_models.generate.generate says what the arguments mean). model: a diffusers Flux
     folder, a transformer file (with vae=, clip_l=, t5=) or FluxFiles. sampler: "euler" (default), "heun" or
     "dpmpp_2m"."""
@@ -48,7 +48,7 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
         raise G.GenerateError(f"--guidance {guidance}: not a finite number")
     loras = P.check_loras(loras, files.params)
     output = G._check_output(output)
-    init = G.InitImage(init_image, strength, width, height, default=DEFAULT_STRENGTH, mask=mask)
+    init = G.InitImage(init_image, strength, width, height, default=DEFAULT_STRENGTH, mask=mask, paste_back=paste_back)
     steps_run = init.steps_run(steps)
     clip_tok, t5_tok = P.load_tokenizers(files, max_length=max_length)
     P.check_vocabularies(files, clip_tok, t5_tok)
@@ -74,6 +74,7 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
         load_vae=lambda: P.load_vae_for_flux(files, dtype=dtype, device=dev), decode=P.decode_latents)
     images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps_run,
                           progress=progress, stats=stats, log=log)
+    images = init.finish(images)
 
     if output is not None:
         name = G.model_name(files.transformer)

@@ -28,7 +28,8 @@ NOTES = {"cfg": "its guidance is embedded (--guidance)",
          "karras": "use --scheduler karras (its own sigmas respaced as Karras's)",
          "init_image": "it edits the reference image given with --image, from noise",
          "strength": "it edits the reference image given with --image, from noise",
-         "mask": "it edits the reference image given with --image, from noise"}
+         "mask": "it edits the reference image given with --image, from noise",
+         "paste_back": "it edits the reference image given with --image, from noise"}
 DEFAULTS = {"steps": 28, "guidance": 2.5}
 
 

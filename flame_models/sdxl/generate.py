@@ -22,7 +22,7 @@ from .conditioning import check_vocabularies, load_tokenizers
 FILES = SDXLFiles
 OPTIONS = {"negative_prompt": None, "clip_g": None, "cfg": None, "sampler": None, "karras": None,
            "original_size": None, "crop": None, "target_size": None, "max_token_length": None, "configs": None,
-           "init_image": None, "strength": None, "mask": None}
+           "init_image": None, "strength": None, "mask": None, "paste_back": None}
 INIT_MULTIPLE = 32   # an init image's own size is floored to it (SDXL's UNet halves the latents twice)
 NOTES = {"guidance": "it uses classifier-free guidance (--cfg)", "no_t5": "it has no T5",
          "scheduler": "--karras gives Karras sigmas (the default: the model's own)"}
@@ -67,7 +67,7 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
              loras=(), width=1024, height=1024, steps=None, cfg=None, sampler=None, karras=False, original_size=None,
              crop=None, target_size=None, max_token_length=None, seed=None, num_images=1, batch_size=1, output=None,
              device=None, dtype=None, fp8=False, max_gpu_memory=None, configs=None, init_image=None, strength=None,
-             mask=None, progress=True, stats=None, log=print):
+             mask=None, paste_back=False, progress=True, stats=None, log=print):
     """SDXL text-to-image (flame_models.generate.generate says what the shared arguments mean). model: an SAI file
     (sd_xl_base_1.0.safetensors), a diffusers folder, a UNet file with the other parts given, or SDXLFiles."""
     stats = {} if stats is None else stats
@@ -110,7 +110,7 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
         raise G.GenerateError("--init-image: image-to-image with --sampler lcm is not supported (LCM's timesteps "
                               "depend on the strength); use another sampler")
     init = G.InitImage(init_image, strength, width, height, default=SDXL_DEFAULT_STRENGTH, rounding="sdxl",
-                       mask=mask)
+                       mask=mask, paste_back=paste_back)
     steps_run = init.steps_run(steps)
     output = G._check_output(output)
     check_vocabularies(files, *load_tokenizers(files))
@@ -142,6 +142,7 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
         load_vae=lambda: P.load_vae_for_sdxl(files, dtype=dtype, device=dev), decode=P.decode_latents)
     images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps_run,
                           progress=progress, stats=stats, log=log)
+    images = init.finish(images)
 
     if output is not None:
         neg = negative_prompt if guided else None
