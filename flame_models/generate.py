@@ -149,14 +149,8 @@ def encode_init_image(pixels, load_vae, encode, dev, log):
     try:
         x = flame.tensor(pixels, device=dev).to(next(vae.parameters()).dtype)
         with flame.no_grad():
-            try:
-                z = encode(vae, x)
-            except flame.OutOfMemoryError:
-                if vae.use_tiling is True:
-                    raise
-                log("init image: the whole image does not fit the budget; encoding in tiles")
-                vae.enable_tiling()
-                z = encode(vae, x)
+            z = _tiled_if_short(encode, vae, x, log, "init image: the whole image does not fit the budget; encoding "
+                                                     "in tiles")
         out = z.float().cpu().numpy()
     finally:
         del vae
@@ -178,7 +172,7 @@ class InitImage:
     run (every method then adds nothing; a strength or mask given is refused, it would be ignored). rounding: "flow"
     or "sdxl" (whose pipeline rounds the steps run down: samplers/img2img.py). mask: inpainting -- an image (a path
     or a PIL image), white where the init image is repainted, scaled and cropped as it is, then averaged to the
-    latents' size (samplers/inpaint.read_mask); the strength then defaults to 1."""
+    latents' size (samplers/inpaint.read_mask, pool_mask); the strength then defaults to 1."""
 
     def __init__(self, path, strength, width, height, *, default, rounding="flow", mask=None, paste_back=False):
         from .samplers.img2img import check_strength
@@ -200,13 +194,13 @@ class InitImage:
         self.mask = None
         if mask is not None:
             from .data.errors import DataError
-            from .samplers.inpaint import read_mask
+            from .samplers.inpaint import pool_mask, read_mask
             try:
-                self.mask = read_mask(mask, width, height)
-                if self.paste:
-                    self.pixel_mask = read_mask(mask, width, height, factor=1)[0]
+                pixel_mask = read_mask(mask, width, height)
             except DataError as e:
                 raise GenerateError(f"--mask {mask}: {e}") from None
+            self.mask = pool_mask(pixel_mask)
+            self.pixel_mask = pixel_mask if self.paste else None
 
     def steps_run(self, steps):
         """How many of `steps` run (all in text-to-image); GenerateError when the strength leaves none."""
@@ -575,16 +569,22 @@ def _decode_images(vae, latents, decode, dev, log):
     images = []
     for z in latents:
         zt = flame.tensor(z[None], device=dev)
-        try:
-            x = decode(vae, zt)
-        except flame.OutOfMemoryError:
-            if vae.use_tiling is True:
-                raise
-            log("vae: the whole image does not fit the budget; decoding in tiles")
-            vae.enable_tiling()
-            x = decode(vae, zt)
+        x = _tiled_if_short(decode, vae, zt, log, "vae: the whole image does not fit the budget; decoding in tiles")
         images.extend(to_pil(x))
     return images
+
+
+def _tiled_if_short(fn, vae, x, log, message):
+    """fn(vae, x) (a VAE's encode or decode); when it runs out of the memory budget with tiling not forced on, once
+    more with the VAE's tiling on (logging `message`)."""
+    try:
+        return fn(vae, x)
+    except flame.OutOfMemoryError:
+        if vae.use_tiling is True:
+            raise
+        log(message)
+        vae.enable_tiling()
+        return fn(vae, x)
 
 
 def _bar(total, progress, desc):

@@ -65,15 +65,20 @@ def ve_inpaint(denoiser, mask, init, noise):
     return inpainted
 
 
-def read_mask(path, width, height, factor=8):
-    """The mask image at `path` -- or a PIL image given -- as (1, height // factor, width // factor) float32 in
-    [0, 1] (1 = repaint: white): read as an untrusted image (data.images.load_image), scaled to cover width x height
-    and centre-cropped as the init image is (generate.read_init_image), then averaged over factor x factor pixel
-    boxes (a soft edge)."""
+def read_mask(path, width, height):
+    """The mask image at `path` -- or a PIL image given -- as (height, width) float32 in [0, 1] (1 = repaint:
+    white): read as an untrusted image (data.images.load_image), scaled to cover width x height and centre-cropped as
+    the init image is (generate.read_init_image)."""
     from PIL import Image, ImageOps
 
     from ..data.images import as_rgb, is_image, load_image
     im = as_rgb(path, "mask") if is_image(path) else load_image(path)
     im = ImageOps.fit(im.convert("L"), (width, height), Image.LANCZOS)
-    im = im.resize((width // factor, height // factor), Image.BOX)
-    return (np.asarray(im, dtype=np.float32) / 255.0)[None]
+    return np.asarray(im, dtype=np.float32) / 255.0
+
+
+def pool_mask(mask, factor=8):
+    """A pixel mask (H, W) as (1, H // factor, W // factor): the mean of each factor x factor box (the latent pixel
+    it encodes; a soft edge where the box straddles the mask's)."""
+    h, w = mask.shape[0] // factor, mask.shape[1] // factor
+    return mask[:h * factor, :w * factor].reshape(h, factor, w, factor).mean(axis=(1, 3))[None]

@@ -56,8 +56,6 @@ _FP8_COMPUTE_DTYPES = ("bfloat16", "float16", "float32")
 _scratch = {}    # (device key, dtype name) -> Tensor (1-D) the dequantised weights are written into
 _largest = {}    # device key -> elements of the largest quantised weight there (sizes the scratch once)
 _views = {}      # (device key, dtype name) -> {shape: view of that scratch buffer} (dropped with the buffer)
-_live = weakref.WeakSet()  # the fp8 Linears made so far that still live (size the scratch; released with the last)
-_n_live = 0      # len(_live), counted here (inside a finalizer the WeakSet may still count the dying layer)
 _stale = False   # an fp8 Linear died since `_largest` was counted from the live ones
 _nd = backend.cupy.ndarray if backend.cupy is not None else None  # (None: no array is of it)
 # A CUDA graph that captured a layer holds the scratch view it used (hold_while_captured): the buffers here can be
@@ -75,37 +73,53 @@ def _note_size(arr):
     _largest[key] = max(_largest.get(key, 0), int(arr.size))
 
 
+class Registry:
+    """The fp8 Linears made that still live (`live`; they size the scratch, released with the last) and how many
+    (`n`, counted here: inside a finalizer the WeakSet may still count the dying layer). One is current
+    (`registry`); a layer's death counts in the registry it was made in (a test may start a fresh one)."""
+
+    def __init__(self):
+        self.live = weakref.WeakSet()
+        self.n = 0
+
+
+registry = Registry()
+
+
 def _register(linear, scratch_elems=0):
     """Count `linear` among the live fp8 Linears; `scratch_elems`: the scratch it needs when more than its weight (a
     stacked weight it is a row block of)."""
-    global _n_live
     if scratch_elems:
         linear.__dict__["_fp8_scratch_elems"] = int(scratch_elems)
-    if linear not in _live:
-        _live.add(linear)
-        _n_live += 1
+    reg = registry
+    if linear not in reg.live:
+        reg.live.add(linear)
+        reg.n += 1
         a = linear.weight.array
-        weakref.finalize(linear, _layer_gone, _device_key(a), max(int(a.size), int(scratch_elems)))
+        weakref.finalize(linear, _layer_gone, reg, _device_key(a), max(int(a.size), int(scratch_elems)))
 
 
-def _layer_gone(key, elems):
+def _layer_gone(reg, key, elems):
     """A registered fp8 Linear died: the last one releases the scratch; one as large as the largest there trims it
     to the layers left (a model freed while another keeps fp8 layers)."""
-    global _stale, _n_live
-    _n_live -= 1
-    if _n_live <= 0:  # nothing will read the scratch again
-        _n_live = 0
+    global _stale
+    reg.n -= 1
+    if reg is not registry:   # (a registry no longer current sizes nothing)
+        return
+    if reg.n <= 0:  # nothing will read the scratch again
+        reg.n = 0
         release_scratch()
     elif elems >= _largest.get(key, 0):
         trim_scratch()
     else:
-        _stale = True  # (the layer may have moved since it was registered: the next allocation counts again)
+        _stale = True  # (its size may have changed since it was registered -- moved, stacked: the next allocation
+        #  counts the live ones again)
 
 
 def _live_largest():
     """{device key: elements} the live fp8 Linears need (their weights' devices now: a model may have moved)."""
     out = {}
-    for m in list(_live):
+    for m in list(registry.live):
         w = m.__dict__.get("_parameters", {}).get("weight")
         if w is None or w.is_meta:
             continue

@@ -12,7 +12,7 @@ import flame_core as flame
 from flame_models.samplers import SAMPLERS, DDPMSchedule, Denoiser, ddim_sigmas, dpm_sigmas, get_sigmas, kdpm2_sigmas
 from flame_models.samplers.flow import step_noise
 from flame_models.samplers.img2img import flow_start, ve_start
-from flame_models.samplers.inpaint import latent_mask, read_mask, ve_inpaint
+from flame_models.samplers.inpaint import latent_mask, pool_mask, read_mask, ve_inpaint
 
 rng = np.random.default_rng(5)
 PATTERN = rng.standard_normal((1, 4, 4, 4)).astype(np.float32)
@@ -110,7 +110,10 @@ def test_latent_mask_and_read_mask(tmp_path, device):
     a = np.zeros((40, 56), np.uint8)
     a[:, 28:] = 255                                     # the right half: repaint
     Image.fromarray(a).save(tmp_path / "mask.png")
-    got = read_mask(str(tmp_path / "mask.png"), 48, 32)  # cover 48 x 32 (crop the sides), boxes of 8
+    pixel = read_mask(str(tmp_path / "mask.png"), 48, 32)  # cover 48 x 32 (crop the sides)
+    assert pixel.shape == (32, 48) and pixel.dtype == np.float32
+    got = pool_mask(pixel)                                  # boxes of 8
+    np.testing.assert_allclose(got[0, 1, 2], pixel[8:16, 16:24].mean(), rtol=1e-6)
     assert got.shape == (1, 4, 6) and got.dtype == np.float32
     np.testing.assert_allclose(got[0, :, :3], 0.0, atol=0.01)     # (LANCZOS rings by a level at the edge)
     np.testing.assert_allclose(got[0, :, 3:], 1.0, atol=0.01)

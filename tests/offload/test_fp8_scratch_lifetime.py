@@ -13,12 +13,12 @@ from flame_nn.offload import quantize_linear_weights_, stack_fp8_weights_
 
 
 @pytest.fixture(autouse=True)
-def no_fp8_layers_around():
-    """Start with no fp8 Linear alive from earlier tests (they size the scratch) and no scratch."""
+def fresh_registry(monkeypatch):
+    """A registry of its own (fp8 Linears of earlier tests still alive in this process size nothing here) and no
+    scratch, before and after."""
     gc.collect()
     F8.release_scratch()
-    if F8._n_live:
-        pytest.skip(f"{F8._n_live} fp8 Linears of earlier tests are still alive in this process")
+    monkeypatch.setattr(F8, "registry", F8.Registry())
     yield
     gc.collect()
     F8.release_scratch()
@@ -51,7 +51,7 @@ def test_the_scratch_goes_with_the_last_fp8_linear_and_shrinks_to_the_largest_li
     assert F8.trim_scratch() == 0  # already the right size
     del small, out
     gc.collect()
-    assert F8.scratch_buffers() == {} and F8._n_live == 0  # the last one: released without asking
+    assert F8.scratch_buffers() == {} and F8.registry.n == 0  # the last one: released without asking
 
 
 def test_trimming_keeps_the_stacked_size_of_stacked_layers(device):
@@ -84,7 +84,7 @@ def test_freeing_a_model_trims_the_scratch_to_the_fp8_layers_left(device):
     assert _bytes(device) == {}  # the live layer's next call makes a buffer of its own size
     keep(flame.randn(1, 8, device=device))
     assert _bytes(device) == {"float32": 4 * 8 * 8}
-    assert F8._n_live == 1 and F8._largest == {F8._device_key(keep.weight.array): 8 * 8}
+    assert F8.registry.n == 1 and F8._largest == {F8._device_key(keep.weight.array): 8 * 8}
 
 
 @pytest.mark.gpu
