@@ -165,21 +165,32 @@ def _source(src):
     return f"<image {src.width}x{src.height}>" if is_image(src) else str(src)
 
 
+# the image-to-image options of every family but Kontext (its generate part's OPTIONS take them in; InitImage's
+# keyword arguments)
+IMAGE_OPTIONS = {"init_image": None, "strength": None, "mask": None, "paste_back": None, "mask_grow": None,
+                 "mask_blur": None}
+
+
 class InitImage:
     """A family generate part's image-to-image input: made before anything is loaded (the strength checked, the
     image read and scaled: bad input fails first; a path or a PIL image), encoded in the encode stage (`encode`),
-    handed to the sampler (`sample_kwargs`) and recorded in the PNGs (`info`, `fields`). path None: a text-to-image
-    run (every method then adds nothing; a strength or mask given is refused, it would be ignored). rounding: "flow"
-    or "sdxl" (whose pipeline rounds the steps run down: samplers/img2img.py). mask: inpainting -- an image (a path
-    or a PIL image), white where the init image is repainted, scaled and cropped as it is, then averaged to the
-    latents' size (samplers/inpaint.read_mask, pool_mask); the strength then defaults to 1."""
+    handed to the sampler (`sample_kwargs`) and recorded in the PNGs (`info`, `fields`). init_image None: a
+    text-to-image run (every method then adds nothing; a strength or mask given is refused, it would be ignored).
+    rounding: "flow" or "sdxl" (whose pipeline rounds the steps run down: samplers/img2img.py). mask: inpainting --
+    an image (a path or a PIL image), white where the init image is repainted, grown by mask_grow pixels and blurred
+    by mask_blur (at its own size), scaled and cropped as the image is, then averaged to the latents' size
+    (samplers/inpaint.read_mask, pool_mask); the strength then defaults to 1."""
 
-    def __init__(self, path, strength, width, height, *, default, rounding="flow", mask=None, paste_back=False):
+    def __init__(self, width, height, *, default, rounding="flow", init_image=None, strength=None, mask=None,
+                 paste_back=False, mask_grow=None, mask_blur=None):
         from .samplers.img2img import check_strength
+        path = init_image
         self.path, self.rounding, self.latents, self.mask_path = path, rounding, None, mask
         self.paste, self.pixel_mask = bool(paste_back), None
-        if paste_back and mask is None:
-            raise GenerateError("--paste-back: applies to inpainting; pass --init-image and --mask too")
+        self.grow, self.blur = mask_grow, mask_blur
+        for name, given in (("paste-back", paste_back or None), ("mask-grow", mask_grow), ("mask-blur", mask_blur)):
+            if given is not None and mask is None:
+                raise GenerateError(f"--{name}: applies to inpainting; pass --init-image and --mask too")
         if path is None:
             for name, given in (("strength", strength), ("mask", mask)):
                 if given is not None:
@@ -190,13 +201,23 @@ class InitImage:
             self.strength = check_strength((default if mask is None else 1.0) if strength is None else strength)
         except ValueError as e:
             raise GenerateError(f"--strength: {e}") from None
-        self.pixels = read_init_image(path, width, height)
         self.mask = None
+        if mask is not None:
+            from .samplers.inpaint import check_blur, check_grow
+            try:
+                self.grow = check_grow(0 if mask_grow is None else mask_grow)
+            except ValueError as e:
+                raise GenerateError(f"--mask-grow: {e}") from None
+            try:
+                self.blur = check_blur(0 if mask_blur is None else mask_blur)
+            except ValueError as e:
+                raise GenerateError(f"--mask-blur: {e}") from None
+        self.pixels = read_init_image(path, width, height)
         if mask is not None:
             from .data.errors import DataError
             from .samplers.inpaint import pool_mask, read_mask
             try:
-                pixel_mask = read_mask(mask, width, height)
+                pixel_mask = read_mask(mask, width, height, grow=self.grow, blur=self.blur)
             except DataError as e:
                 raise GenerateError(f"--mask {mask}: {e}") from None
             self.mask = pool_mask(pixel_mask)
@@ -242,11 +263,15 @@ class InitImage:
         if self.path is None:
             return {}
         return {"init_image": _source(self.path), "strength": self.strength,
-                **({} if self.mask_path is None else {"mask": _source(self.mask_path), "paste_back": self.paste})}
+                **({} if self.mask_path is None else {"mask": _source(self.mask_path), "paste_back": self.paste,
+                                                       "mask_grow": self.grow, "mask_blur": self.blur})}
 
     def fields(self):
-        """The A1111 parameters field of the strength."""
-        return [] if self.path is None else [("Denoising strength", f"{self.strength:g}")]
+        """The A1111 parameters fields of the strength and the mask blur."""
+        if self.path is None:
+            return []
+        blur = [("Mask blur", f"{self.blur:g}")] if self.blur else []
+        return [("Denoising strength", f"{self.strength:g}")] + blur
 
 
 def _check_size(width, height, batch_size, dev, budget):
@@ -441,7 +466,9 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     (default 0.6; SDXL 0.3: diffusers'; flame_models/samplers/img2img.py). width / height: default 1024, or with an
     init image its own size floored to 16 (one given: the other at the image's aspect ratio). mask: inpainting -- an
     image (file or PIL), white where the init image is repainted, the rest kept (strength then defaults to 1;
-    flame_models/samplers/inpaint.py)."""
+    flame_models/samplers/inpaint.py); mask_grow: pixels it grows by (negative: shrinks; ComfyUI's GrowMask),
+    mask_blur: the standard deviation in pixels of a Gaussian blur of it (diffusers' mask_processor.blur), both at
+    the mask's own size; paste_back: the init image's pixels put back outside the mask."""
     from . import registry
     if fp8 not in (False, True, "compute"):
         raise GenerateError(f"fp8: False, True (fp8 storage) or 'compute' (fp8 storage and fp8 matmuls), got {fp8!r}")
@@ -630,6 +657,12 @@ def build_parser():
                                                   "the image (outside a mask)")
     g.add_argument("--mask", help="with --init-image: inpainting; an image, white where the init image is "
                                   "repainted (grey blends), scaled and cropped as it is; the rest stays the image")
+    g.add_argument("--mask-grow", type=int, metavar="PX", help="with --mask: grow it by PX pixels of its own size "
+                                                               "(negative shrinks; ComfyUI's GrowMask, tapered "
+                                                               "corners), before --mask-blur")
+    g.add_argument("--mask-blur", type=float, metavar="PX", help="with --mask: blur it by a Gaussian of standard "
+                                                                 "deviation PX pixels of its own size (diffusers' "
+                                                                 "mask_processor.blur; A1111's \"Mask blur\")")
     g.add_argument("--paste-back", action="store_true", help="with --mask: put the init image's own pixels back "
                                                              "where the mask keeps them (else the VAE's round trip)")
     g.add_argument("--negative-prompt", help="SD3 / SDXL / Chroma: the negative prompt of classifier-free guidance")
@@ -684,7 +717,8 @@ def _family_options(args):
     """The options only some families take, given on the command line (left out when not given, so a family
     refuses another's only when it is given)."""
     opts = dict(image=args.image, keep_image_size=args.keep_image_size, init_image=args.init_image,
-                strength=args.strength, mask=args.mask, paste_back=args.paste_back,
+                strength=args.strength, mask=args.mask, paste_back=args.paste_back, mask_grow=args.mask_grow,
+                mask_blur=args.mask_blur,
                 negative_prompt=args.negative_prompt,
                 clip_g=args.clip_g, cfg=args.cfg, sampler=args.sampler, scheduler=args.scheduler,
                 karras=args.karras, original_size=args.original_size, crop=args.crop, target_size=args.target_size,

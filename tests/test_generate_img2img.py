@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageFilter
 
 import flame_core as flame
 from flame_models.bfl.tiny import tiny_flux_files
@@ -298,3 +298,41 @@ def test_paste_back_puts_the_original_pixels_outside_the_mask(tiny, init_png, tm
     assert np.abs(plain[0, :, :20] - orig[:, :20]).max() > 0             # (the round trip differs)
     _fails(capsys, ["--model", os.path.dirname(tiny.transformer), "--prompt", "x", "--init-image", init_png,
                     "--paste-back", "--output", str(tmp_path / "o")], "--paste-back: applies to inpainting")
+
+
+def test_mask_grow_and_blur(tiny, init_png, tmp_path, capsys):
+    """--mask-grow / --mask-blur give the picture of the mask grown and blurred beforehand (read_mask's order: grow,
+    blur, at the mask's own size); the PNG records A1111's "Mask blur" and the flame JSON both; bad values, the
+    options without a mask and a Kontext model are refused naming them."""
+    from flame_models.samplers.inpaint import grow_mask
+    a = np.zeros((40, 56), np.uint8)
+    a[12:28, 30:44] = 255
+    mask = str(tmp_path / "box.png")
+    Image.fromarray(a).save(mask)
+    edited = Image.fromarray(grow_mask(a, 4), "L").filter(ImageFilter.GaussianBlur(2.0))
+    kw = dict(steps=3, seed=4, init_image=init_png, **QUIET)
+    plain = pixels(generate(tiny, "x", mask=mask, **kw))
+    out = tmp_path / "out"
+    got = pixels(generate(tiny, "x", mask=mask, mask_grow=4, mask_blur=2, output=str(out), **kw))
+    np.testing.assert_array_equal(got, pixels(generate(tiny, "x", mask=edited, **kw)))
+    assert np.abs(got - plain).max() > 0
+    im = Image.open(out / os.listdir(out)[0])
+    assert "Denoising strength: 1, Mask blur: 2, Model" in im.text["parameters"]
+    info = json.loads(im.text["flame"])
+    assert info["mask_grow"] == 4 and info["mask_blur"] == 2.0
+    root = os.path.dirname(tiny.transformer)
+    base = ["--model", root, "--prompt", "x", "--steps", "3", "--output", str(tmp_path / "o")]
+    _fails(capsys, base + ["--init-image", init_png, "--mask-blur", "3"], "--mask-blur: applies to inpainting")
+    _fails(capsys, base + ["--mask-grow", "3"], "--mask-grow: applies to inpainting")
+    _fails(capsys, base + ["--init-image", init_png, "--mask", mask, "--mask-grow", "300"], "--mask-grow: grow",
+           "[-256, 256]")
+    _fails(capsys, base + ["--init-image", init_png, "--mask", mask, "--mask-blur", "-1"], "--mask-blur: blur")
+    _fails(capsys, base + ["--init-image", init_png, "--mask", mask, "--mask-blur", "nan"], "--mask-blur: blur")
+    assert not (tmp_path / "o").exists() or not os.listdir(tmp_path / "o")
+    folder = tmp_path / "kontext"
+    import shutil
+    shutil.copytree(root, folder)
+    index = folder / "model_index.json"
+    index.write_text(json.dumps(dict(json.loads(index.read_text()), _class_name="FluxKontextPipeline")))
+    _fails(capsys, ["--model", str(folder), "--prompt", "x", "--image", init_png, "--mask-blur", "2"],
+           "--mask-blur:", "this model is Flux Kontext", "it edits the reference image")

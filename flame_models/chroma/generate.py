@@ -16,7 +16,7 @@ from .components import ChromaFiles, find_chroma_files
 
 FILES = ChromaFiles
 OPTIONS = {"negative_prompt": None, "cfg": None, "max_length": None, "sampler": None, "scheduler": None,
-           "init_image": None, "strength": None, "mask": None, "paste_back": None}
+           **G.IMAGE_OPTIONS}
 NOTES = {"guidance": "it has no guidance embedding; use --cfg (classifier-free guidance)",
          "karras": "use --scheduler karras (its own sigmas respaced as Karras's)"}
 DEFAULTS = {"steps": 35, "cfg": 5.0}     # diffusers ChromaPipeline's defaults
@@ -25,10 +25,11 @@ DEFAULTS = {"steps": 35, "cfg": 5.0}     # diffusers ChromaPipeline's defaults
 def generate(model, prompts, *, negative_prompt=None, cfg=None, vae=None, clip_l=None, t5=None, tokenizer=None,
              loras=(), width=1024, height=1024, steps=None, seed=None, num_images=1, batch_size=1, output=None,
              device=None, dtype=None, fp8=False, max_gpu_memory=None, max_length=None, sampler=None, scheduler=None,
-             init_image=None, strength=None, mask=None, paste_back=False, progress=True, stats=None, log=print):
+             progress=True, stats=None, log=print, **image):
     """Chroma text-to-image (flame_models.generate.generate says what the arguments mean). model: a diffusers
     Chroma folder, a Chroma / ComfyUI transformer file (with vae=, t5=) or ChromaFiles. sampler: "euler" (default),
-    "heun", "dpmpp_2m", "dpmpp_2m_sde" or "unipc"."""
+    "heun", "dpmpp_2m", "dpmpp_2m_sde" or "unipc".
+    image: image-to-image and inpainting (generate.InitImage's keywords: init_image, strength, mask, ...)."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     G._check_args(prompts, width, height, steps, num_images, batch_size, seed, family="Chroma")
@@ -49,7 +50,7 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, vae=None, clip_l
     guided = cfg > 1.0
     loras = P.check_loras(loras, files.params)
     output = G._check_output(output)
-    init = G.InitImage(init_image, strength, width, height, default=DEFAULT_STRENGTH, mask=mask, paste_back=paste_back)
+    init = G.InitImage(width, height, default=DEFAULT_STRENGTH, **image)
     steps_run = init.steps_run(steps)
     C.check_vocabulary(files, C.load_tokenizer_for(files, max_length=max_length))
     seed = random.randrange(2 ** 32) if seed is None else seed

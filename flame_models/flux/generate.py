@@ -15,7 +15,7 @@ from .components import FluxFiles, find_flux_files
 
 FILES = FluxFiles
 OPTIONS = {"guidance": "Flux's embedded guidance", "max_length": None, "sampler": None, "scheduler": None,
-           "init_image": None, "strength": None, "mask": None, "paste_back": None}
+           **G.IMAGE_OPTIONS}
 NOTES = {"cfg": "its guidance is embedded (--guidance)",
          "karras": "use --scheduler karras (its own sigmas respaced as Karras's)"}
 DEV_DEFAULTS = {"steps": 28, "guidance": 3.5}   # diffusers' FluxPipeline defaults for flux-dev
@@ -24,11 +24,12 @@ SCHNELL_STEPS = 4
 
 def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, loras=(), width=1024, height=1024,
              steps=None, guidance=None, seed=None, num_images=1, batch_size=1, output=None, device=None, dtype=None,
-             fp8=False, max_gpu_memory=None, max_length=None, sampler=None, scheduler=None, init_image=None,
-             strength=None, mask=None, paste_back=False, progress=True, stats=None, log=print):
+             fp8=False, max_gpu_memory=None, max_length=None, sampler=None, scheduler=None,
+             progress=True, stats=None, log=print, **image):
     """Flux text-to-image (flame_models.generate.generate says what the arguments mean). model: a diffusers Flux
     folder, a transformer file (with vae=, clip_l=, t5=) or FluxFiles. sampler: "euler" (default), "heun" or
-    "dpmpp_2m"."""
+    "dpmpp_2m".
+    image: image-to-image and inpainting (generate.InitImage's keywords: init_image, strength, mask, ...)."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     G._check_args(prompts, width, height, steps, num_images, batch_size, seed)
@@ -48,7 +49,7 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
         raise G.GenerateError(f"--guidance {guidance}: not a finite number")
     loras = P.check_loras(loras, files.params)
     output = G._check_output(output)
-    init = G.InitImage(init_image, strength, width, height, default=DEFAULT_STRENGTH, mask=mask, paste_back=paste_back)
+    init = G.InitImage(width, height, default=DEFAULT_STRENGTH, **image)
     steps_run = init.steps_run(steps)
     clip_tok, t5_tok = P.load_tokenizers(files, max_length=max_length)
     P.check_vocabularies(files, clip_tok, t5_tok)

@@ -26,10 +26,7 @@ OPTIONS = {"guidance": "Flux's embedded guidance", "max_length": None, "image": 
            "sampler": None, "scheduler": None}
 NOTES = {"cfg": "its guidance is embedded (--guidance)",
          "karras": "use --scheduler karras (its own sigmas respaced as Karras's)",
-         "init_image": "it edits the reference image given with --image, from noise",
-         "strength": "it edits the reference image given with --image, from noise",
-         "mask": "it edits the reference image given with --image, from noise",
-         "paste_back": "it edits the reference image given with --image, from noise"}
+         **{name: "it edits the reference image given with --image, from noise" for name in G.IMAGE_OPTIONS}}
 DEFAULTS = {"steps": 28, "guidance": 2.5}
 
 

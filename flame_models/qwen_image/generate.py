@@ -24,7 +24,7 @@ from .loading import QwenImageCheckpointError, load_qwen_image, read_qwen_image_
 from .params import QwenImageParams
 
 OPTIONS = {"negative_prompt": None, "cfg": None, "max_length": None, "sampler": None, "scheduler": None,
-           "init_image": None, "strength": None, "mask": None, "paste_back": None}
+           **G.IMAGE_OPTIONS}
 NOTES = {"guidance": "it has no guidance embedding; use --cfg with a --negative-prompt (classifier-free guidance)",
          "karras": "use --scheduler karras (its own sigmas respaced as Karras's)"}
 DEFAULTS = {"steps": S.DEFAULT_STEPS, "cfg": S.DEFAULT_CFG, "max_length": 512}
@@ -79,10 +79,11 @@ def find_qwen_image_files(path, *, vae=None, tokenizer=None):
 def generate(model, prompts, *, negative_prompt=None, cfg=None, max_length=None, vae=None, clip_l=None, t5=None,
              tokenizer=None, loras=(), width=1024, height=1024, steps=None, seed=None, num_images=1, batch_size=1,
              output=None, device=None, dtype=None, fp8=False, max_gpu_memory=None, sampler=None, scheduler=None,
-             init_image=None, strength=None, mask=None, paste_back=False, progress=True, stats=None, log=print):
+             progress=True, stats=None, log=print, **image):
     """Qwen-Image text-to-image (flame_models.generate.generate says what the arguments mean). model: a
     QwenImagePipeline folder or QwenImageFiles. sampler: "euler" (default, the pipeline's), "heun",
-    "dpmpp_2m", "dpmpp_2m_sde" or "unipc"."""
+    "dpmpp_2m", "dpmpp_2m_sde" or "unipc".
+    image: image-to-image and inpainting (generate.InitImage's keywords: init_image, strength, mask, ...)."""
     from .family_parts import QwenImageTextEncoders
     from .model import QwenImageTransformer2DModel
     from .vae import load_vae
@@ -109,7 +110,7 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, max_length=None,
     guided = negative_prompt is not None and cfg > 1.0            # as QwenImagePipeline: CFG needs a negative
     loras = check_loras(loras, files.params, model_class=QwenImageTransformer2DModel, error=QwenImageFilesError)
     output = G._check_output(output)
-    init = G.InitImage(init_image, strength, width, height, default=DEFAULT_STRENGTH, mask=mask, paste_back=paste_back)
+    init = G.InitImage(width, height, default=DEFAULT_STRENGTH, **image)
     steps_run = init.steps_run(steps)
     seed = random.randrange(2 ** 32) if seed is None else seed
     jobs = [(i, seed + j) for i in range(len(prompts)) for j in range(num_images)]

@@ -65,15 +65,72 @@ def ve_inpaint(denoiser, mask, init, noise):
     return inpainted
 
 
-def read_mask(path, width, height):
+MAX_GROW = 256  # --mask-grow's bound, in pixels: one pass of the 3 x 3 kernel per pixel
+MAX_BLUR = 256.0  # --mask-blur's bound, in pixels
+
+
+def grow_mask(mask, pixels, tapered_corners=True):
+    """A mask (H, W) grown by `pixels` (shrunk when negative) as ComfyUI's GrowMask: `|pixels|` grey dilations
+    (erosions) by a 3 x 3 kernel -- a cross with tapered_corners (the default; the region grows as a diamond), the
+    full square without -- each pixel's neighbours outside the image left out (scipy's grey_dilation in its default
+    mode, which ComfyUI calls). Soft values grow as they are; any dtype; a new array."""
+    n = check_grow(pixels)
+    out = np.array(mask, copy=True)
+    if out.ndim != 2:
+        raise ValueError(f"grow: a mask of shape (H, W), got {out.shape}")
+    op = np.maximum if n > 0 else np.minimum
+    for _ in range(min(abs(n), sum(out.shape))):   # (beyond H + W passes nothing changes)
+        # each pixel against its neighbours in the image: up / down, then left / right -- from one copy (the cross),
+        # or from a copy after the rows' pass (the square: rows then columns, separable)
+        a = out.copy()
+        op(out[1:], a[:-1], out=out[1:])
+        op(out[:-1], a[1:], out=out[:-1])
+        if not tapered_corners:
+            a = out.copy()
+        op(out[:, 1:], a[:, :-1], out=out[:, 1:])
+        op(out[:, :-1], a[:, 1:], out=out[:, :-1])
+    return out
+
+
+def check_grow(pixels):
+    """A mask grow checked: whole pixels in [-MAX_GROW, MAX_GROW] (negative shrinks)."""
+    try:
+        n = int(pixels)
+    except (TypeError, ValueError, OverflowError):
+        n = None
+    if n is None or n != pixels or isinstance(pixels, bool) or not -MAX_GROW <= n <= MAX_GROW:
+        raise ValueError(f"grow: whole pixels in [-{MAX_GROW}, {MAX_GROW}] (negative shrinks), got {pixels!r}")
+    return n
+
+
+def check_blur(radius):
+    """A mask blur radius checked: a finite number of pixels in [0, MAX_BLUR]."""
+    try:
+        r = float(radius)
+    except (TypeError, ValueError):
+        r = float("nan")
+    if not (0.0 <= r <= MAX_BLUR) or isinstance(radius, bool):
+        raise ValueError(f"blur: a radius in pixels in [0, {MAX_BLUR:g}], got {radius!r}")
+    return r
+
+
+def read_mask(path, width, height, *, grow=0, blur=0.0):
     """The mask image at `path` -- or a PIL image given -- as (height, width) float32 in [0, 1] (1 = repaint:
-    white): read as an untrusted image (data.images.load_image), scaled to cover width x height and centre-cropped as
-    the init image is (generate.read_init_image)."""
-    from PIL import Image, ImageOps
+    white): read as an untrusted image (data.images.load_image) into 8-bit grey, at its own size grown by `grow`
+    pixels (grow_mask: ComfyUI's GrowMask) then blurred by a Gaussian of standard deviation `blur` pixels (Pillow's
+    GaussianBlur: diffusers' `VaeImageProcessor.blur`, which also blurs the mask at its own size), then scaled to
+    cover width x height and centre-cropped as the init image is (generate.read_init_image)."""
+    from PIL import Image, ImageFilter, ImageOps
 
     from ..data.images import as_rgb, is_image, load_image
+    grow, blur = check_grow(grow), check_blur(blur)   # (before the image is read)
     im = as_rgb(path, "mask") if is_image(path) else load_image(path)
-    im = ImageOps.fit(im.convert("L"), (width, height), Image.LANCZOS)
+    im = im.convert("L")
+    if grow:
+        im = Image.fromarray(grow_mask(np.asarray(im), grow), "L")
+    if blur:
+        im = im.filter(ImageFilter.GaussianBlur(blur))
+    im = ImageOps.fit(im, (width, height), Image.LANCZOS)
     return np.asarray(im, dtype=np.float32) / 255.0
 
 

@@ -19,8 +19,8 @@ from .sampling import SAMPLING_DEFAULTS, SkipLayerGuidance
 
 FILES = SD3Files
 OPTIONS = {"negative_prompt": None, "clip_g": None, "cfg": None, "slg_scale": None, "slg_layers": None,
-           "no_t5": None, "max_length": None, "configs": None, "sampler": None, "scheduler": None, "init_image": None,
-           "strength": None, "mask": None, "paste_back": None}
+           "no_t5": None, "max_length": None, "configs": None, "sampler": None, "scheduler": None,
+           **G.IMAGE_OPTIONS}
 NOTES = {name: "it samples on its flow schedule, without size conditioning"
          for name in ("original_size", "crop", "target_size", "max_token_length")}
 NOTES.update(karras="use --scheduler karras (its own sigmas respaced as Karras's)",
@@ -56,11 +56,12 @@ def _slg(files, slg_scale, slg_layers, log):
 def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, clip_g=None, t5=None, tokenizer=None,
              loras=(), width=1024, height=1024, steps=None, cfg=None, slg_scale=None, slg_layers=None, no_t5=False,
              seed=None, num_images=1, batch_size=1, output=None, device=None, dtype=None, fp8=False,
-             max_gpu_memory=None, max_length=None, configs=None, sampler=None, scheduler=None, init_image=None,
-             strength=None, mask=None, paste_back=False, progress=True, stats=None, log=print):
+             max_gpu_memory=None, max_length=None, configs=None, sampler=None, scheduler=None,
+             progress=True, stats=None, log=print, **image):
     """SD3 / SD3.5 text-to-image (flame_models.generate.generate says what the shared arguments mean). model: an
     SAI file holding every part, a diffusers folder, an MMDiT file with the other parts given, or SD3Files.
-    sampler: "euler" (default), "heun", "dpmpp_2m" or "unipc"."""
+    sampler: "euler" (default), "heun", "dpmpp_2m" or "unipc".
+    image: image-to-image and inpainting (generate.InitImage's keywords: init_image, strength, mask, ...)."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     sampler = G.flow_sampler(sampler, "SD3")
@@ -92,7 +93,7 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
             raise G.GenerateError("skip-layer guidance needs classifier-free guidance: set --cfg > 1 or --slg-scale 0")
         log("skip-layer guidance (SD3.5 Medium's default) needs classifier-free guidance: running without at --cfg 1")
         slg = None
-    init = G.InitImage(init_image, strength, width, height, default=DEFAULT_STRENGTH, mask=mask, paste_back=paste_back)
+    init = G.InitImage(width, height, default=DEFAULT_STRENGTH, **image)
     steps_run = init.steps_run(steps)
     if slg is not None and not any(slg.active(i, steps) for i in range(steps - steps_run, steps)):
         log(f"skip-layer guidance: no step of {steps} that runs falls in its window ({slg.start:g} to {slg.stop:g} "

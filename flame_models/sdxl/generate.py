@@ -22,7 +22,7 @@ from .conditioning import check_vocabularies, load_tokenizers
 FILES = SDXLFiles
 OPTIONS = {"negative_prompt": None, "clip_g": None, "cfg": None, "sampler": None, "karras": None,
            "original_size": None, "crop": None, "target_size": None, "max_token_length": None, "configs": None,
-           "init_image": None, "strength": None, "mask": None, "paste_back": None}
+           **G.IMAGE_OPTIONS}
 INIT_MULTIPLE = 32   # an init image's own size is floored to it (SDXL's UNet halves the latents twice)
 NOTES = {"guidance": "it uses classifier-free guidance (--cfg)", "no_t5": "it has no T5",
          "scheduler": "--karras gives Karras sigmas (the default: the model's own)"}
@@ -66,10 +66,11 @@ def _crop(value):
 def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, clip_g=None, t5=None, tokenizer=None,
              loras=(), width=1024, height=1024, steps=None, cfg=None, sampler=None, karras=False, original_size=None,
              crop=None, target_size=None, max_token_length=None, seed=None, num_images=1, batch_size=1, output=None,
-             device=None, dtype=None, fp8=False, max_gpu_memory=None, configs=None, init_image=None, strength=None,
-             mask=None, paste_back=False, progress=True, stats=None, log=print):
+             device=None, dtype=None, fp8=False, max_gpu_memory=None, configs=None,
+             progress=True, stats=None, log=print, **image):
     """SDXL text-to-image (flame_models.generate.generate says what the shared arguments mean). model: an SAI file
-    (sd_xl_base_1.0.safetensors), a diffusers folder, a UNet file with the other parts given, or SDXLFiles."""
+    (sd_xl_base_1.0.safetensors), a diffusers folder, a UNet file with the other parts given, or SDXLFiles.
+    image: image-to-image and inpainting (generate.InitImage's keywords: init_image, strength, mask, ...)."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     if isinstance(model, SDXLFiles):
@@ -106,11 +107,10 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
         raise G.GenerateError(f"--cfg {cfg}: a finite number > 0")
     if negative_prompt is not None and cfg == 1.0:
         raise G.GenerateError("--negative-prompt: without classifier-free guidance (--cfg 1) it has no effect")
-    if init_image is not None and sampler == "lcm":
+    if image.get("init_image") is not None and sampler == "lcm":
         raise G.GenerateError("--init-image: image-to-image with --sampler lcm is not supported (LCM's timesteps "
                               "depend on the strength); use another sampler")
-    init = G.InitImage(init_image, strength, width, height, default=SDXL_DEFAULT_STRENGTH, rounding="sdxl",
-                       mask=mask, paste_back=paste_back)
+    init = G.InitImage(width, height, default=SDXL_DEFAULT_STRENGTH, rounding="sdxl", **image)
     steps_run = init.steps_run(steps)
     output = G._check_output(output)
     check_vocabularies(files, *load_tokenizers(files))
