@@ -75,7 +75,7 @@ def _host_array(v, key):
     a = v._host() if isinstance(v, Tensor) else backend.to_numpy(v)
     if a.dtype.byteorder == ">":
         a = a.byteswap().view(a.dtype.newbyteorder("<"))
-    return np.ascontiguousarray(a)
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)   # (ascontiguousarray makes a 0-d array 1-d)
 
 
 # ----------------------------------------------------------------------------- writing

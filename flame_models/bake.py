@@ -9,6 +9,10 @@ flame_models/pipeline/bake.py). Every other model (Qwen-Image): a LoRA of the ch
 
     python -m flame_models.bake --model flux1-dev.safetensors --lora style.safetensors:0.8 --lora subject.safetensors \\
         --output flux1-dev-baked.safetensors
+
+--fp8 (those families) writes the block stacks' Linear weights -- what FLAME's fp8 storage quantises -- as ComfyUI's
+scaled fp8 (float8_e4m3fn, a float32 scale_weight per weight, the scaled_fp8 marker; checkpoint_io/scaled_fp8.py),
+quantised from the merged value; with no --lora it converts the checkpoint alone. ComfyUI and FLAME read the result.
 """
 import argparse
 import os
@@ -28,12 +32,13 @@ class BakeError(AF.AdapterFormatError):
     """A bad argument, checkpoint or LoRA bake cannot take (the message names the file and key)."""
 
 
-def bake(model, loras, output, *, arch=None, skip_text_encoders=False, progress=False):
+def bake(model, loras, output, *, arch=None, skip_text_encoders=False, fp8=False, progress=False):
     """Write `model` (a .safetensors checkpoint) with `loras` (["path", "path:weight", (path, weight)]) baked in to
-    `output`. Returns the sorted keys of the tensors changed."""
+    `output`; fp8: the blocks' Linear weights written as ComfyUI's scaled fp8 (no LoRA needed then). Returns the
+    sorted keys of the tensors changed."""
     loras = [parse_lora(s) for s in loras]
-    if not loras:
-        raise BakeError("no LoRA to bake: pass --lora (repeatable)")
+    if not loras and not fp8:
+        raise BakeError("no LoRA to bake: pass --lora (repeatable), or --fp8 to convert the checkpoint alone")
     check_weights(loras)
     for path, _ in loras:
         if not os.path.isfile(path):
@@ -43,7 +48,10 @@ def bake(model, loras, output, *, arch=None, skip_text_encoders=False, progress=
     family = registry.detect_family(model, arch, error=BakeError, default="other")[0]
     if family in FAMILIES:
         return registry.module(family, "bake").bake(model, loras, output, skip_text_encoders=skip_text_encoders,
-                                                    progress=progress)
+                                                    fp8=fp8, progress=progress)
+    if fp8:
+        raise BakeError(f"--fp8: writes Flux, Flux Kontext, Chroma, SD3 and SDXL checkpoints; {model} is "
+                        f"{registry.about(family).label if family in registry.names() else 'another model'}")
     return sorted(bake_file(model, loras, output, skip_text_encoders=skip_text_encoders, progress=progress))
 
 
@@ -55,10 +63,13 @@ def main(argv=None):
     p.add_argument("--arch", choices=registry.names(), help="the model's family when its files do not say")
     p.add_argument("--skip-text-encoders", action="store_true",
                    help="bake the denoiser's adapters; leave a file's text-encoder ones out")
+    p.add_argument("--fp8", action="store_true",
+                   help="write the blocks' Linear weights as ComfyUI's scaled fp8 (float8_e4m3fn with a scale per "
+                        "weight); with no --lora: convert the checkpoint alone")
     args = p.parse_args(argv)
     try:
         changed = bake(args.model, args.lora, args.output, arch=args.arch, skip_text_encoders=args.skip_text_encoders,
-                       progress=True)
+                       fp8=args.fp8, progress=True)
     except (AF.AdapterFormatError, ResizeError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

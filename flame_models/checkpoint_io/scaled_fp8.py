@@ -10,7 +10,14 @@ weight stored as float8 comes with `<layer>.scale_weight` (or `<layer>.weight_sc
 
 `ScaledWeights.split(handle_of)` takes these keys out of a checkpoint's key index (the families' key layouts never
 see them) and keeps the scale of each weight; `SafetensorsCheckpoint.get` then returns the dequantised weight.
-Every check reads headers, the scales and the descriptions (small tensors) only, before any weight is read."""
+Every check reads headers, the scales and the descriptions (small tensors) only, before any weight is read.
+
+Writing (`quantize`, `bake --fp8`): ComfyUI's classic layout -- the weight as float8_e4m3fn, `<layer>.scale_weight`
+a float32 scalar (amax / 448, the weight = stored · scale) and the `scaled_fp8` marker under the model's prefix, a
+float8_e4m3fn tensor whose dtype ComfyUI reads as the file's fp8 format. The marker holds two values: ComfyUI then
+dequantises the weights and multiplies in the compute dtype (its "full precision matrix mult", as FLAME's fp8
+storage does); a marker of another size turns its fp8 matmuls on, which would need activation scales
+(`scale_input`) that a weights-only conversion cannot know."""
 import json
 
 import numpy as np
@@ -108,6 +115,29 @@ class ScaledWeights:
             return None
         v = self.handle_of[s].get_tensor(s, dtype=flame.float32, device=device).reshape(-1)
         return v if v.numel() == rows else flame.ones(rows, dtype=flame.float32, device=v.device) * v
+
+
+E4M3_MAX = 448.0
+E4M3 = np.dtype(flame.float8_e4m3fn.np)
+
+
+def quantize(w, key="the weight"):
+    """A weight (any float array; float64 from a bake) as ComfyUI's scaled fp8: (stored float8_e4m3fn, scale float32
+    of shape ()), stored = round-to-nearest-even(w / scale) with scale = max|w| / 448 (1 for an all-zero weight), one
+    rounding from w's own precision. A ValueError naming `key` when w is not all finite."""
+    import ml_dtypes
+    w = np.asarray(w)
+    if w.dtype.kind == "V" or w.dtype.itemsize < 4:   # (bfloat16 / float16: exact in float32)
+        w = w.astype(np.float32)
+    amax = float(np.abs(w).max()) if w.size else 0.0
+    if not np.isfinite(amax):
+        raise ValueError(f"{key}: not all finite; a weight that is not finite is not written")
+    scale = np.float32(amax / E4M3_MAX) if amax > 0 else np.float32(1.0)
+    if scale == 0:   # (an amax below float32's smallest scale: all the values round to zero anyway)
+        scale = np.float32(1.0)
+    with np.errstate(over="ignore"):
+        q = np.clip(w / w.dtype.type(scale), -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn)
+    return q, np.array(scale, dtype=np.float32)
 
 
 def describe_format(raw):

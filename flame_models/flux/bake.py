@@ -2,9 +2,10 @@
 transformer file (flame_models/pipeline/bake.py)."""
 from ..bfl.loading import _Checkpoint, infer_params
 from ..bfl.model import Flux
+from ..bfl.transformer import STACKS
 from ..pipeline.bake import bake_checkpoint
 
 
 def bake(base, loras, dst, **kw):
     return bake_checkpoint(base, loras, dst, checkpoint_class=_Checkpoint, infer_params=infer_params,
-                           model_class=Flux, **kw)
+                           model_class=Flux, stacks=STACKS, **kw)

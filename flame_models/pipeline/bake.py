@@ -13,6 +13,7 @@ adapter_name_map): those are put together, merged, and split back. The family's 
 gives its checkpoint reader, its params and its model class. A single .safetensors file only (a sharded folder is
 refused); float8 weights are refused.
 """
+import json
 import os
 
 import numpy as np
@@ -23,6 +24,7 @@ from flame_nn.adapters import formats as AF
 from flame_nn.adapters.bake import check_target, rounded, write_baked
 
 from ..bake import BakeError
+from ..checkpoint_io import scaled_fp8 as SF
 
 
 def _pieces(module, layout, name_map, out_features):
@@ -32,11 +34,14 @@ def _pieces(module, layout, name_map, out_features):
     return name_map.peft_targets(module, out_features)
 
 
-def bake_checkpoint(base, loras, dst, *, checkpoint_class, infer_params, model_class, skip_text_encoders=False,
-                    progress=False):
+def bake_checkpoint(base, loras, dst, *, checkpoint_class, infer_params, model_class, stacks=(),
+                    skip_text_encoders=False, fp8=False, progress=False):
     """Write the checkpoint `base` with `loras` ([(path, weight)]) merged in to `dst`; checkpoint_class (the family's
     reader: its `layout` and `prefix`), infer_params(checkpoint) and model_class(params) (its adapter_name_map) are
-    the family's. Returns the sorted keys of the tensors changed."""
+    the family's. fp8: the weights of the Linears under `stacks` (the family's block stacks: what FLAME's fp8
+    storage quantises) written as ComfyUI's scaled fp8 (checkpoint_io.scaled_fp8.quantize, from the merged value:
+    one rounding), each with its scale_weight, and the scaled_fp8 marker. Returns the sorted keys of the tensors
+    changed."""
     base = os.fspath(base)
     if not os.path.isfile(base) or not base.endswith(".safetensors"):
         raise BakeError(f"{base}: bake takes a single .safetensors checkpoint (not a sharded folder)")
@@ -69,6 +74,7 @@ def bake_checkpoint(base, loras, dst, *, checkpoint_class, infer_params, model_c
                     raise BakeError(f"{base}: no tensor {key!r} for the adapters on {module}")
                 check_target(f, key, base)
                 key_of[key] = module
+        quantised = _fp8_keys(f, base, probe, stacks, layout, prefix, name_map, out_features) if fp8 else set()
         merged = {}                       # module -> {key: merged rows}, held until its pieces are written
 
         def merge(module):
@@ -93,7 +99,7 @@ def bake_checkpoint(base, loras, dst, *, checkpoint_class, infer_params, model_c
                 key = prefix + name + ".weight"
                 piece = out.setdefault(key, np.empty(w.shape, np.float64))
                 piece[off:off + hi - lo] = full[lo:hi]
-            return {k: rounded(v, f.dtype(k), k) for k, v in out.items()}
+            return out
 
         bar = None
         if progress:
@@ -110,8 +116,62 @@ def bake_checkpoint(base, loras, dst, *, checkpoint_class, infer_params, model_c
                 value = merged[module].pop(key)
                 if not merged[module]:
                     del merged[module]
-                return value
+                return finish(key, value)
             return make
 
-        write_baked(f, dst, {k: baked(k) for k in key_of}, loras, bar)
-    return sorted(key_of)
+        scales = {}   # a quantised weight's scale, from its writing to its scale_weight's (written right after it)
+
+        def finish(key, value):
+            if key not in quantised:
+                return rounded(value, f.dtype(key), key)
+            try:
+                q, scales[key] = SF.quantize(value, key)
+            except ValueError as e:
+                raise BakeError(f"{base}: {e}") from None
+            return q
+
+        def read_and_quantise(key):
+            return lambda: finish(key, f.get_array(key))
+
+        makers = {k: baked(k) for k in key_of}
+        extra = {}
+        for k in sorted(quantised):
+            makers[k] = _io.Deferred(SF.E4M3, f.shape(k), makers.get(k) or read_and_quantise(k))
+            extra[k] = [(k[:-len(".weight")] + ".scale_weight",
+                         _io.Deferred(np.float32, (), lambda k=k: scales.pop(k)))]
+        metadata = {}
+        if quantised:
+            extra[None] = [(prefix + SF.MARKER, _io.Deferred(SF.E4M3, (2,), lambda: np.zeros(2, SF.E4M3)))]
+            metadata["flame.fp8"] = json.dumps({"format": "scaled_fp8", "dtype": "float8_e4m3fn",
+                                                "scale": "per tensor", "weights": len(quantised)})
+        write_baked(f, dst, makers, loras, bar, extra=extra, metadata=metadata)
+    return sorted(set(key_of) | quantised)
+
+
+def _fp8_keys(f, base, probe, stacks, layout, prefix, name_map, out_features):
+    """The file keys of the weights of the probe model's Linears under `stacks` (each piece of a diffusers-layout
+    file's), checked: 2-D floating weights of a file not already holding float8 ones or a scaled_fp8 marker."""
+    if not stacks:
+        raise BakeError(f"{base}: fp8: this family names no block stacks to quantise")
+    keys = f.keys()
+    for k in keys:
+        dt = f.dtype(k)
+        if k.endswith(SF.MARKER) or (dt.itemsize == 1 and dt.kind not in "iub"):   # (ml_dtypes' float8s)
+            raise BakeError(f"{base}: already holds float8 tensors ({k}); fp8 takes a float16 / bfloat16 / "
+                            f"float32 checkpoint")
+    under = tuple(s + "." for s in stacks)
+    out = set()
+    for module, m in probe.named_modules():
+        if not isinstance(m, flame_nn.Linear) or not module.startswith(under):
+            continue
+        for name, _ in _pieces(module, layout, name_map, out_features[module]):
+            key = prefix + name + ".weight"
+            if key not in keys:
+                raise BakeError(f"{base}: no tensor {key!r} for the Linear {module}")
+            if len(f.shape(key)) != 2:
+                raise BakeError(f"{base}: {key} has shape {tuple(f.shape(key))}; a Linear's weight is 2-D")
+            check_target(f, key, base)
+            out.add(key)
+    if not out:
+        raise BakeError(f"{base}: fp8: no Linear weight under {', '.join(stacks)}")
+    return out

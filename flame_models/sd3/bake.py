@@ -4,8 +4,9 @@ SD3.5 MMDiT file -- an SAI file holding the text encoders and the VAE too keeps 
 from ..pipeline.bake import bake_checkpoint
 from .loading import _Checkpoint, infer_params
 from .model import MMDiT
+from .pipeline import STACKS
 
 
 def bake(base, loras, dst, **kw):
     return bake_checkpoint(base, loras, dst, checkpoint_class=_Checkpoint, infer_params=infer_params,
-                           model_class=MMDiT, **kw)
+                           model_class=MMDiT, stacks=STACKS, **kw)

@@ -5,8 +5,9 @@ names, unet_name_map gives each one's diffusers name)."""
 from ..pipeline.bake import bake_checkpoint
 from .loading import UNetCheckpoint, infer_config
 from .model import SDXLUNet
+from .pipeline import STACKS
 
 
 def bake(base, loras, dst, **kw):
     return bake_checkpoint(base, loras, dst, checkpoint_class=UNetCheckpoint, infer_params=infer_config,
-                           model_class=SDXLUNet, **kw)
+                           model_class=SDXLUNet, stacks=STACKS, **kw)

@@ -124,15 +124,25 @@ def rounded(acc, dtype, key):
     return out
 
 
-def write_baked(f, dst, makers, loras, bar=None):
+def write_baked(f, dst, makers, loras, bar=None, *, extra=None, metadata=None):
     """Write every tensor of the open checkpoint `f` to `dst` (atomically, one at a time): those in `makers` (key ->
-    a function making the new array) made, the others copied as they are; the metadata kept, the LoRAs recorded
-    under flame.baked. `bar` (a progress bar) is closed at the end."""
+    a function making the new array of the same dtype and shape, or an io.Deferred of another) made, the others
+    copied as they are; `extra` {key: [(new key, io.Deferred)]} written right after `key` (None: at the end); the
+    metadata kept, `metadata` added, the LoRAs (if any) recorded under flame.baked. `bar` (a progress bar) is closed
+    at the end."""
     def copied(key):
         return lambda: f.get_array(key)
-    tensors = {k: _io.Deferred(f.dtype(k), f.shape(k), makers.get(k) or copied(k)) for k in f.keys()}
+    extra = extra or {}
+    tensors = {}
+    for k in f.keys():
+        m = makers.get(k)
+        tensors[k] = m if isinstance(m, _io.Deferred) else _io.Deferred(f.dtype(k), f.shape(k), m or copied(k))
+        tensors.update(extra.get(k, ()))
+    tensors.update(extra.get(None, ()))
     meta = dict(f.metadata() or {})
-    meta["flame.baked"] = json.dumps([[os.path.basename(os.fspath(p)), w] for p, w in loras])
+    meta.update(metadata or {})
+    if loras:
+        meta["flame.baked"] = json.dumps([[os.path.basename(os.fspath(p)), w] for p, w in loras])
     try:
         _io.save_file(tensors, dst, metadata=meta)
     finally:
