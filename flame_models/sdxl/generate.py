@@ -18,11 +18,12 @@ from ..samplers.img2img import SDXL_DEFAULT_STRENGTH
 from . import pipeline as P
 from .components import SDXLFiles, find_sdxl_files
 from .conditioning import check_vocabularies, load_tokenizers
+from .freeu import parse_freeu
 
 FILES = SDXLFiles
 OPTIONS = {"negative_prompt": None, "clip_g": None, "cfg": None, "sampler": None, "karras": None,
            "original_size": None, "crop": None, "target_size": None, "max_token_length": None, "configs": None,
-           **G.IMAGE_OPTIONS}
+           "freeu": None, **G.IMAGE_OPTIONS}
 INIT_MULTIPLE = 32   # an init image's own size is floored to it (SDXL's UNet halves the latents twice)
 NOTES = {"guidance": "it uses classifier-free guidance (--cfg)", "no_t5": "it has no T5",
          "scheduler": "--karras gives Karras sigmas (the default: the model's own)"}
@@ -66,11 +67,13 @@ def _crop(value):
 def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, clip_g=None, t5=None, tokenizer=None,
              loras=(), width=1024, height=1024, steps=None, cfg=None, sampler=None, karras=False, original_size=None,
              crop=None, target_size=None, max_token_length=None, seed=None, num_images=1, batch_size=1, output=None,
-             device=None, dtype=None, fp8=False, max_gpu_memory=None, configs=None,
+             device=None, dtype=None, fp8=False, max_gpu_memory=None, configs=None, freeu=None,
              progress=True, stats=None, log=print, **image):
     """SDXL text-to-image (flame_models.generate.generate says what the shared arguments mean). model: an SAI file
     (sd_xl_base_1.0.safetensors), a diffusers folder, a UNet file with the other parts given, or SDXLFiles.
-    image: image-to-image and inpainting (generate.InitImage's keywords: init_image, strength, mask, ...)."""
+    image: image-to-image and inpainting (generate.InitImage's keywords: init_image, strength, mask, ...). freeu: FreeU
+    on the UNet's decoder -- True (SDXL's published factors), or a dict / "b1=1.3,s2=0.2" of some of s1, s2, b1, b2
+    (the rest SDXL's; flame_models/sdxl/freeu.py)."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     if isinstance(model, SDXLFiles):
@@ -110,6 +113,10 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
     if image.get("init_image") is not None and sampler == "lcm":
         raise G.GenerateError("--init-image: image-to-image with --sampler lcm is not supported (LCM's timesteps "
                               "depend on the strength); use another sampler")
+    try:
+        freeu = parse_freeu(freeu)
+    except ValueError as e:
+        raise G.GenerateError(f"--freeu: {e}") from None
     init = G.InitImage(width, height, default=SDXL_DEFAULT_STRENGTH, rounding="sdxl", **image)
     steps_run = init.steps_run(steps)
     output = G._check_output(output)
@@ -132,7 +139,7 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
     stages = G.Stages(
         encode=encode, denoiser="unet",
         load=lambda: P.load_unet_for_sampling(files, dtype=dtype, device=dev, loras=loras, fp8=fp8,
-                                              stream=budget is not None),
+                                              stream=budget is not None, freeu=freeu),
         fit=lambda net, cond, n: P.fit_unet(net, cond[0], budget, height=height, width=width, batch_size=n,
                                             cfg=cfg),
         sample=lambda net, cond, seeds, rows, callback: P.sample_latents(
@@ -160,7 +167,7 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
                     "model": files.unet, "vae": files.vae, "clip_l": files.clip_l, "clip_g": files.clip_g,
                     "loras": [[p, w] for p, w in loras], "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8),
                     "original_size": [oh, ow], "crop_coords": list(crop), "target_size": [th, tw],
-                    "max_token_length": max_token_length, **init.info()}
+                    "max_token_length": max_token_length, "freeu": freeu, **init.info()}
             return {"parameters": G.parameters_text(prompts[i], neg, fields), "flame": json.dumps(info)}
 
         G.write_pngs(output, jobs, images, text_of, log)

@@ -16,6 +16,7 @@ from ..vae.layers import norm_silu
 from .attention import BasicTransformerBlock, SpatialTransformer
 from .config import unet_config
 from .embeddings import timestep_embedding
+from .freeu import apply_freeu, check_freeu
 from .resblocks import Downsample, ResBlock, TimestepEmbedSequential, Upsample
 
 
@@ -79,6 +80,19 @@ class SDXLUNet(flame_nn.GradientCheckpointingMixin, flame_nn.Module):
 
         self.out = flame_nn.Sequential(flame_nn.GroupNorm(groups, ch, eps=1e-5, **kw), flame_nn.SiLU(),
                                        flame_nn.Conv2d(ch, c.out_channels, 3, padding=1, **kw))
+
+    # ------------------------------------------------------------------ FreeU
+    freeu = None   # {s1, s2, b1, b2} while FreeU is on (enable_freeu)
+
+    def enable_freeu(self, s1, s2, b1, b2):
+        """FreeU on the decoder's two deepest levels, as diffusers' UNet2DConditionModel.enable_freeu (freeu.py
+        says what the factors do; SDXL's published values: s1=0.9, s2=0.2, b1=1.3, b2=1.4)."""
+        self.freeu = check_freeu(s1, s2, b1, b2)
+        return self
+
+    def disable_freeu(self):
+        self.freeu = None
+        return self
 
     @classmethod
     def from_pretrained(cls, path, dtype=None, device=None, **kwargs):
@@ -151,6 +165,11 @@ class SDXLUNet(flame_nn.GradientCheckpointingMixin, flame_nn.Module):
             hs.append(h)
         for i in range(len(self.middle_block)):
             h = run_block(self.middle_block, i, h, emb, context)
+        per_level = self.config.num_res_blocks + 1
         for i in range(len(self.output_blocks)):
-            h = run_block(self.output_blocks, i, h, emb, context, hs.pop())   # [h | skip] inside the block
+            skip = hs.pop()
+            if self.freeu is not None:
+                h, skip = apply_freeu(i // per_level, h, skip, self.freeu)
+            h = run_block(self.output_blocks, i, h, emb, context, skip)   # [h | skip] inside the block
+            del skip
         return self.out[2](norm_silu(self.out[0], h, self.out[2]))            # out.0 GroupNorm, out.1 SiLU

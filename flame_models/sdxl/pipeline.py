@@ -104,16 +104,18 @@ def check_loras(loras, config):
 
 
 def load_unet_for_sampling(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=False, stream=False,
-                           slots=2):
+                           slots=2, freeu=None):
     """The UNet of `files` (SDXLFiles or a path) with LoRAs applied, ready for sampling. fp8: the blocks' Linear
     weights in fp8 storage (the convolutions keep `dtype`; LoRAs kept as adapters beside them); stream: the input,
     middle and output blocks in pinned host memory, streamed through `slots` device buffers (`unet.streamer`;
-    resident blocks chosen by fit_unet). Without either, LoRAs are merged into the weights."""
+    resident blocks chosen by fit_unet). Without either, LoRAs are merged into the weights. freeu: {s1, s2, b1, b2}
+    for unet.enable_freeu (freeu.py), or None."""
     files = files if isinstance(files, SDXLFiles) else find_sdxl_files(files)
     loras = check_loras(loras, files.config)
-    return load_for_sampling(lambda dev: load_unet(files.unet, dtype=dtype, device=dev, config=files.config),
+    unet = load_for_sampling(lambda dev: load_unet(files.unet, dtype=dtype, device=dev, config=files.config),
                              files.unet, loras, STACKS, device, fp8=fp8, stream=stream, slots=slots,
                              error=SDXLFilesError)
+    return unet if freeu is None else unet.enable_freeu(**freeu)
 
 
 def _device(unet):
