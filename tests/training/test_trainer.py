@@ -78,7 +78,8 @@ def test_cuda_graph_steps_give_the_eager_numbers(tmp_path):
         tr = Trainer(cfg(tmp_path, f"graph{graph}", device="cuda", cuda_graph=graph), verbose=False).setup()
         losses = [tr.train_step()[0] for _ in range(6)]
         runs[graph] = (losses, [p.detach().float().numpy() for p in tr.params], tr)
-    assert runs[True][2].graphed is not None and runs[True][2].graphed.graph is not None  # it did capture
+    g = runs[True][2].graphed
+    assert g is not None and g.graph is not None, f"no capture: {g and g.failure}"  # it did capture
     np.testing.assert_allclose(runs[True][0], runs[False][0], rtol=1e-5)
     for a, b in zip(runs[True][1], runs[False][1]):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
