@@ -448,8 +448,9 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     (flame_models/<family>/generate.py) runs with the family's own `options` -- Flux: guidance, max_length, sampler,
     scheduler; SD3: negative_prompt, clip_g, cfg, sampler, scheduler, slg_scale, slg_layers, no_t5, max_length,
     configs; SDXL: negative_prompt, clip_g, cfg, sampler, karras, original_size, crop, target_size,
-    max_token_length, configs, freeu; Flux Kontext: image, keep_image_size; every family but Kontext: init_image,
-    strength, mask, mask_grow, mask_blur, paste_back (below). An option of another family is refused, naming it.
+    max_token_length, configs, freeu, prompt_weights; Flux Kontext: image, keep_image_size; every family but
+    Kontext: init_image, strength, mask, mask_grow, mask_blur, paste_back (below). An option of another family is
+    refused, naming it.
 
     model: a diffusers folder, a transformer / UNet / SAI single file (with vae=, clip_l=, t5= where it does not
     hold them) or a family's Files. loras: ["path", "path:weight", (path, weight)], added together. steps, guidance
@@ -688,6 +689,9 @@ def build_parser():
     x.add_argument("--freeu", nargs="?", const="default", metavar="b1=X,b2=X,s1=X,s2=X",
                    help="SDXL: FreeU on the UNet's decoder (backbone b1 / b2, skip s1 / s2; alone or for the factors "
                         "not named: SDXL's published b1=1.3,b2=1.4,s1=0.9,s2=0.2)")
+    x.add_argument("--prompt-weights", action="store_true",
+                   help="SDXL: read ComfyUI's prompt weights, (text:1.2) and (text) = 1.1 (else parentheses are "
+                        "text, as in diffusers)")
     x.add_argument("--slg-scale", type=float, help="SD3: skip-layer guidance scale (0 off; default 2.5 for "
                                                    "Medium, off otherwise)")
     x.add_argument("--slg-layers", metavar="I,J,K", help="SD3: joint blocks left out (default 7,8,9)")
@@ -726,7 +730,7 @@ def _family_options(args):
                 clip_g=args.clip_g, cfg=args.cfg, sampler=args.sampler, scheduler=args.scheduler,
                 karras=args.karras, original_size=args.original_size, crop=args.crop, target_size=args.target_size,
                 max_token_length=args.max_token_length, slg_scale=args.slg_scale, slg_layers=args.slg_layers,
-                no_t5=args.no_t5, freeu=args.freeu)
+                no_t5=args.no_t5, freeu=args.freeu, prompt_weights=args.prompt_weights)
     return {k: v for k, v in opts.items() if v is not None and v is not False}   # (a 0 given is given)
 
 

@@ -138,12 +138,19 @@ def clip_ids(tokenizer, prompts, max_token_length=None):
         raise ValueError(f"chunked captions need a 77-token CLIP tokenizer, {tokenizer.source} has {L}")
     ids = tokenizer(prompts, max_length=max_token_length + 2, padding="max_length", truncation=True,
                     return_attention_mask=False).input_ids
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    return chunk_rows(tokenizer, ids, max_token_length)
+
+
+def chunk_rows(tokenizer, rows, max_token_length):
+    """Rows of max_token_length + 2 ids (B, 75 n + 2) cut into kohya's n chunks of 77 (B * n, 77) (the module
+    docstring); tokenizer None: rows of per-token values (prompt weights) cut at the same positions, unchanged."""
+    eos = None if tokenizer is None else tokenizer.eos_token_id
+    pad = None if tokenizer is None else tokenizer.pad_token_id
     chunks = []
-    for row in ids:
+    for row in rows:
         for i in range(1, max_token_length + 1, CHUNK):
             chunk = np.concatenate([row[:1], row[i:i + CHUNK], row[-1:]])
-            if pad != eos:
+            if tokenizer is not None and pad != eos:
                 if chunk[-2] != eos and chunk[-2] != pad:
                     chunk[-1] = eos
                 if chunk[1] == pad:

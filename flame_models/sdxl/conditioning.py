@@ -9,7 +9,8 @@
         original size, crop coordinates and target size (diffusers' add_time_ids; the negative gets the same sizes).
 
 Long captions (max_token_length = 150, 225, ...): each CLIP in 75-token chunks, kohya sd-scripts' rule
-(flame_models.conditioning.encoders); prompt_embeds then has 75 n + 2 tokens.
+(flame_models.conditioning.encoders); prompt_embeds then has 75 n + 2 tokens. prompt_weights=True reads ComfyUI's
+"(text:1.2)" weights (flame_models.conditioning.prompt_weights).
 
     with load_text_encoders(files, dtype=flame.bfloat16, device="cuda") as enc:
         pe, npe, pooled, npooled = enc.encode_prompt(["a photo of a cat"], negative_prompt="blurry")
@@ -20,6 +21,7 @@ import numpy as np
 import flame_core as flame
 
 from ..conditioning import files as F
+from ..conditioning import prompt_weights as PW
 from ..conditioning.encoders import EncoderBundle, check_max_token_length, clip_ids, clip_states, prompt_list
 from ..text_encoders import load_clip
 from ..tokenization import load_tokenizer
@@ -35,7 +37,7 @@ class SDXLTextEncoders(EncoderBundle):
     tokenizer_attrs = ("clip_l_tokenizer", "clip_g_tokenizer")
 
     def __init__(self, clip_l, clip_g, clip_l_tokenizer, clip_g_tokenizer, *, max_token_length=None,
-                 force_zeros_for_empty_prompt=True):
+                 force_zeros_for_empty_prompt=True, prompt_weights=False):
         if getattr(clip_g, "text_projection", None) is None:
             raise ValueError("SDXLTextEncoders: clip_g needs its text projection (a CLIPTextModelWithProjection): "
                              "SDXL's pooled vector is CLIP-G's projected EOS state")
@@ -43,6 +45,7 @@ class SDXLTextEncoders(EncoderBundle):
         self.clip_l_tokenizer, self.clip_g_tokenizer = clip_l_tokenizer, clip_g_tokenizer
         self.max_token_length = check_max_token_length(max_token_length)
         self.force_zeros_for_empty_prompt = bool(force_zeros_for_empty_prompt)
+        self.prompt_weights = bool(prompt_weights)
         self._start()
 
     def tokenize(self, prompts):
@@ -57,18 +60,30 @@ class SDXLTextEncoders(EncoderBundle):
         return self._encode_batched(prompts, batch_size, self._encode_batch)
 
     def _encode_batch(self, batch):
+        if self.prompt_weights:
+            (l_ids, l_w), (g_ids, g_w) = (PW.weighted_ids(tok, batch, self.max_token_length)
+                                          for tok in (self.clip_l_tokenizer, self.clip_g_tokenizer))
+            weights = None if (l_w == 1).all() and (g_w == 1).all() else (l_w, g_w)
+            return self.encode_ids(l_ids, g_ids, len(batch), graphed=True, weights=weights)
         l_ids, g_ids = self.tokenize(batch)
         return self.encode_ids(l_ids, g_ids, len(batch), graphed=True)
 
-    def encode_ids(self, clip_l_ids, clip_g_ids, batch, *, graphed=False):
+    def encode_ids(self, clip_l_ids, clip_g_ids, batch, *, graphed=False, weights=None):
         """(prompt_embeds (B, L, 2048), pooled_prompt_embeds (B, 1280)) of token ids from `tokenize` (B * n rows
         each, Tensors or arrays) for `batch` captions. graphed=False runs the encoders as modules, recording
         gradients when they are enabled (a trainer's adapters on them); graphed: replayed as CUDA graphs on cuda
-        (inference only)."""
+        (inference only). weights: (CLIP-L's, CLIP-G's) per-token prompt weights of the ids (prompt_weights.py:
+        weighted_ids), applied against the empty prompt's states; the pooled vector is the ids' own."""
         dtype = self.clip_g.dtype
         run = self._run if graphed else (lambda attr: getattr(self, attr))
         hl, _ = clip_states(run("clip_l"), self.clip_l, clip_l_ids, batch)
         hg, pg = clip_states(run("clip_g"), self.clip_g, clip_g_ids, batch)
+        if weights is not None:
+            el_ids, eg_ids = self.tokenize([""])
+            el, _ = clip_states(run("clip_l"), self.clip_l, el_ids, 1)
+            eg, _ = clip_states(run("clip_g"), self.clip_g, eg_ids, 1)
+            hl = PW.apply(hl, el, PW.join_chunks(weights[0], batch))
+            hg = PW.apply(hg, eg, PW.join_chunks(weights[1], batch))
         return flame.cat([hl.to(dtype), hg.to(dtype)], dim=-1), pg.to(dtype)
 
     def encode_negative(self, prompts, negative_prompt=None):
@@ -111,11 +126,12 @@ def check_vocabularies(files, clip_l_tok, clip_g_tok):
 
 
 def load_text_encoders(files, *, dtype=flame.bfloat16, device=None, max_token_length=None,
-                       force_zeros_for_empty_prompt=True, loras=()):
+                       force_zeros_for_empty_prompt=True, loras=(), prompt_weights=False):
     """CLIP-L and CLIP-G of `files` (SDXLFiles or a path for find_sdxl_files) with their tokenizers, frozen, in
     `dtype` on `device`, as SDXLTextEncoders. loras: checked [(path, weight)] (pipeline.check_loras) whose
     text-encoder parts (kohya lora_te1_ / lora_te2_, diffusers text_encoder. / text_encoder_2.) are merged into
-    CLIP-L / CLIP-G; files without them (the trainer's default, UNet-only) leave the encoders as they are."""
+    CLIP-L / CLIP-G; files without them (the trainer's default, UNet-only) leave the encoders as they are.
+    prompt_weights: read ComfyUI's "(text:1.2)" weights in the prompts (conditioning/prompt_weights.py)."""
     files = files if isinstance(files, SDXLFiles) else find_sdxl_files(files)
     l_tok, g_tok = load_tokenizers(files)
     check_vocabularies(files, l_tok, g_tok)
@@ -135,7 +151,7 @@ def load_text_encoders(files, *, dtype=flame.bfloat16, device=None, max_token_le
                 check_lora_part(path, clip, IDENTITY, component, SDXLFilesError)
             apply_loras(clip, mine, merge=True, error=SDXLFilesError, component=component)
     return SDXLTextEncoders(clip_l, clip_g, l_tok, g_tok, max_token_length=max_token_length,
-                            force_zeros_for_empty_prompt=force_zeros_for_empty_prompt)
+                            force_zeros_for_empty_prompt=force_zeros_for_empty_prompt, prompt_weights=prompt_weights)
 
 
 def encode_prompts(files, prompts, **kwargs):

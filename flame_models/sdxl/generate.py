@@ -12,6 +12,7 @@ import math
 import random
 
 from .. import generate as G
+from ..conditioning import prompt_weights as PW
 from ..conditioning.encoders import check_max_token_length
 from ..samplers import LCM_ORIGINAL_STEPS
 from ..samplers.img2img import SDXL_DEFAULT_STRENGTH
@@ -23,7 +24,7 @@ from .freeu import parse_freeu
 FILES = SDXLFiles
 OPTIONS = {"negative_prompt": None, "clip_g": None, "cfg": None, "sampler": None, "karras": None,
            "original_size": None, "crop": None, "target_size": None, "max_token_length": None, "configs": None,
-           "freeu": None, **G.IMAGE_OPTIONS}
+           "freeu": None, "prompt_weights": None, **G.IMAGE_OPTIONS}
 INIT_MULTIPLE = 32   # an init image's own size is floored to it (SDXL's UNet halves the latents twice)
 NOTES = {"guidance": "it uses classifier-free guidance (--cfg)", "no_t5": "it has no T5",
          "scheduler": "--karras gives Karras sigmas (the default: the model's own)"}
@@ -68,12 +69,14 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
              loras=(), width=1024, height=1024, steps=None, cfg=None, sampler=None, karras=False, original_size=None,
              crop=None, target_size=None, max_token_length=None, seed=None, num_images=1, batch_size=1, output=None,
              device=None, dtype=None, fp8=False, max_gpu_memory=None, configs=None, freeu=None,
-             progress=True, stats=None, log=print, **image):
+             prompt_weights=False, progress=True, stats=None, log=print, **image):
     """SDXL text-to-image (flame_models.generate.generate says what the shared arguments mean). model: an SAI file
     (sd_xl_base_1.0.safetensors), a diffusers folder, a UNet file with the other parts given, or SDXLFiles.
     image: image-to-image and inpainting (generate.InitImage's keywords: init_image, strength, mask, ...). freeu: FreeU
     on the UNet's decoder -- True (SDXL's published factors), or a dict / "b1=1.3,s2=0.2" of some of s1, s2, b1, b2
-    (the rest SDXL's; flame_models/sdxl/freeu.py)."""
+    (the rest SDXL's; flame_models/sdxl/freeu.py). prompt_weights: read ComfyUI's "(text:1.2)" weights in the
+    prompts and the negative prompt (flame_models/conditioning/prompt_weights.py); without it parentheses are text, as
+    in diffusers."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     if isinstance(model, SDXLFiles):
@@ -117,6 +120,17 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
         freeu = parse_freeu(freeu)
     except ValueError as e:
         raise G.GenerateError(f"--freeu: {e}") from None
+    prompt_weights = bool(prompt_weights)
+    try:
+        for text in prompts + ([negative_prompt] if isinstance(negative_prompt, str) else []):
+            if prompt_weights:
+                PW.parse(text)   # (a bad weight fails before anything is loaded)
+            elif PW.WEIGHT_PATTERN.search(text):
+                log(f"note: {text[:60]!r} holds \"(text:weight)\" weights, read as text; --prompt-weights applies "
+                    f"them (ComfyUI's syntax)")
+                break
+    except ValueError as e:
+        raise G.GenerateError(f"--prompt-weights: {e}") from None
     init = G.InitImage(width, height, default=SDXL_DEFAULT_STRENGTH, rounding="sdxl", **image)
     steps_run = init.steps_run(steps)
     output = G._check_output(output)
@@ -130,7 +144,7 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
         def host(d):
             return {k: v.float().cpu().numpy() for k, v in d.items()}
         with P.load_text_encoders(files, dtype=dtype, device=dev, max_token_length=max_token_length,
-                                  loras=loras) as enc:
+                                  loras=loras, prompt_weights=prompt_weights) as enc:
             cond = host(enc.encode(unique))
             neg = host(enc.encode_negative(unique[:1], negative_prompt)) if guided else None
         init.encode(lambda: P.load_vae_for_sdxl(files, dtype=dtype, device=dev), P.encode_images, dev, log)
@@ -167,7 +181,8 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
                     "model": files.unet, "vae": files.vae, "clip_l": files.clip_l, "clip_g": files.clip_g,
                     "loras": [[p, w] for p, w in loras], "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8),
                     "original_size": [oh, ow], "crop_coords": list(crop), "target_size": [th, tw],
-                    "max_token_length": max_token_length, "freeu": freeu, **init.info()}
+                    "max_token_length": max_token_length, "freeu": freeu, "prompt_weights": prompt_weights,
+                    **init.info()}
             return {"parameters": G.parameters_text(prompts[i], neg, fields), "flame": json.dumps(info)}
 
         G.write_pngs(output, jobs, images, text_of, log)
