@@ -448,7 +448,7 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     (flame_models/<family>/generate.py) runs with the family's own `options` -- Flux: guidance, max_length, sampler,
     scheduler; SD3: negative_prompt, clip_g, cfg, sampler, scheduler, slg_scale, slg_layers, no_t5, max_length,
     configs; SDXL: negative_prompt, clip_g, cfg, sampler, karras, original_size, crop, target_size,
-    max_token_length, configs, freeu, prompt_weights; Flux Kontext: image, keep_image_size; every family but
+    max_token_length, configs, freeu, prompt_weights, embeddings; Flux Kontext: image, keep_image_size; every family but
     Kontext: init_image, strength, mask, mask_grow, mask_blur, paste_back (below). An option of another family is
     refused, naming it.
 
@@ -522,7 +522,8 @@ def _refusal(option, family, parts):
         vowel = labels[0] in "AEIOU" or (labels[:2].isupper() and labels[0] in "FHLMNRSX")
         words = f"{'an' if vowel else 'a'} {labels} option"
     note = getattr(parts[family], "NOTES", {}).get(option)
-    return (f"--{option.replace('_', '-')}: {words}; this model is {registry.about(family).label}"
+    flag = {"embeddings": "embedding"}.get(option, option).replace("_", "-")   # (the command line's name)
+    return (f"--{flag}: {words}; this model is {registry.about(family).label}"
             + (f": {note}" if note else ""))
 
 
@@ -692,6 +693,9 @@ def build_parser():
     x.add_argument("--prompt-weights", action="store_true",
                    help="SDXL: read ComfyUI's prompt weights, (text:1.2) and (text) = 1.1 (else parentheses are "
                         "text, as in diffusers)")
+    x.add_argument("--embedding", action="append", dest="embeddings", metavar="PATH[:TOKEN]",
+                   help="SDXL: a textual-inversion embedding (.safetensors with clip_l / clip_g), repeatable; a "
+                        "prompt names it by TOKEN (default: the file's name) or embedding:TOKEN")
     x.add_argument("--slg-scale", type=float, help="SD3: skip-layer guidance scale (0 off; default 2.5 for "
                                                    "Medium, off otherwise)")
     x.add_argument("--slg-layers", metavar="I,J,K", help="SD3: joint blocks left out (default 7,8,9)")
@@ -730,7 +734,8 @@ def _family_options(args):
                 clip_g=args.clip_g, cfg=args.cfg, sampler=args.sampler, scheduler=args.scheduler,
                 karras=args.karras, original_size=args.original_size, crop=args.crop, target_size=args.target_size,
                 max_token_length=args.max_token_length, slg_scale=args.slg_scale, slg_layers=args.slg_layers,
-                no_t5=args.no_t5, freeu=args.freeu, prompt_weights=args.prompt_weights)
+                no_t5=args.no_t5, freeu=args.freeu, prompt_weights=args.prompt_weights,
+                embeddings=args.embeddings)
     return {k: v for k, v in opts.items() if v is not None and v is not False}   # (a 0 given is given)
 
 

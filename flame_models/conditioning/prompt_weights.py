@@ -94,16 +94,24 @@ def is_weighted(text):
     return any(w != 1.0 for _, w in parse(text))
 
 
-def weighted_ids(tokenizer, prompts, max_token_length=None):
+def weighted_ids(tokenizer, prompts, max_token_length=None, *, parse_weights=True, embeddings=None):
     """(ids (B * n, 77) int64, weights (B * n, 77) float32) of `prompts` for one CLIP tokenizer, laid out as
-    encoders.clip_ids lays out the plain prompts (n = max_token_length / 75 chunks, or 1)."""
+    encoders.clip_ids lays out the plain prompts (n = max_token_length / 75 chunks, or 1). parse_weights=False: the
+    prompts are plain text (every weight 1; the same ids as clip_ids'). embeddings: {token: ids} of textual
+    inversions (conditioning/embeddings.py: a word naming one becomes its ids)."""
+    from .embeddings import word_ids
     total = (tokenizer.model_max_length if max_token_length in (None, CHUNK) else max_token_length + 2)
     bos, eos, pad = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
     rows, wrows = [], []
     for p in prompts:
         ids, ws = [], []
-        for piece, w in parse(p):
+        for piece, w in (parse(p) if parse_weights else [(p, 1.0)]):
             for word in piece.replace("\n", " ").split(" "):
+                named = word_ids(word, embeddings) if embeddings and word else None
+                if named is not None:
+                    ids += named[0]
+                    ws += [w] * len(named[0])
+                    word = named[1]
                 if word:
                     t = tokenizer.backend.encode_batch([word])[0]
                     ids += t

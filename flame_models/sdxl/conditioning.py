@@ -10,7 +10,8 @@
 
 Long captions (max_token_length = 150, 225, ...): each CLIP in 75-token chunks, kohya sd-scripts' rule
 (flame_models.conditioning.encoders); prompt_embeds then has 75 n + 2 tokens. prompt_weights=True reads ComfyUI's
-"(text:1.2)" weights (flame_models.conditioning.prompt_weights).
+"(text:1.2)" weights (flame_models.conditioning.prompt_weights); embeddings= textual inversions (A1111 / kohya SDXL
+embedding files: flame_models.conditioning.embeddings).
 
     with load_text_encoders(files, dtype=flame.bfloat16, device="cuda") as enc:
         pe, npe, pooled, npooled = enc.encode_prompt(["a photo of a cat"], negative_prompt="blurry")
@@ -19,9 +20,11 @@ Long captions (max_token_length = 150, 225, ...): each CLIP in 75-token chunks, 
 import numpy as np
 
 import flame_core as flame
+from flame_core.errors import ShapeError
 
 from ..conditioning import files as F
 from ..conditioning import prompt_weights as PW
+from ..conditioning.embeddings import TextualInversion, load_embedding
 from ..conditioning.encoders import EncoderBundle, check_max_token_length, clip_ids, clip_states, prompt_list
 from ..text_encoders import load_clip
 from ..tokenization import load_tokenizer
@@ -37,7 +40,7 @@ class SDXLTextEncoders(EncoderBundle):
     tokenizer_attrs = ("clip_l_tokenizer", "clip_g_tokenizer")
 
     def __init__(self, clip_l, clip_g, clip_l_tokenizer, clip_g_tokenizer, *, max_token_length=None,
-                 force_zeros_for_empty_prompt=True, prompt_weights=False):
+                 force_zeros_for_empty_prompt=True, prompt_weights=False, embeddings=()):
         if getattr(clip_g, "text_projection", None) is None:
             raise ValueError("SDXLTextEncoders: clip_g needs its text projection (a CLIPTextModelWithProjection): "
                              "SDXL's pooled vector is CLIP-G's projected EOS state")
@@ -46,6 +49,15 @@ class SDXLTextEncoders(EncoderBundle):
         self.max_token_length = check_max_token_length(max_token_length)
         self.force_zeros_for_empty_prompt = bool(force_zeros_for_empty_prompt)
         self.prompt_weights = bool(prompt_weights)
+        self.tokens = {"clip_l": {}, "clip_g": {}}   # textual inversions: {token: ids} per CLIP
+        for ti in embeddings:
+            if ti.token in self.tokens["clip_l"]:
+                raise ValueError(f"two embeddings have the token {ti.token!r}; name one apart (path:token)")
+            for part in ("clip_l", "clip_g"):
+                try:
+                    self.tokens[part][ti.token] = getattr(self, part).add_token_vectors(ti.vectors[part])
+                except ShapeError as e:
+                    raise ValueError(f"embedding {ti.path or ti.token}: {part}: {e}") from None
         self._start()
 
     def tokenize(self, prompts):
@@ -60,9 +72,11 @@ class SDXLTextEncoders(EncoderBundle):
         return self._encode_batched(prompts, batch_size, self._encode_batch)
 
     def _encode_batch(self, batch):
-        if self.prompt_weights:
-            (l_ids, l_w), (g_ids, g_w) = (PW.weighted_ids(tok, batch, self.max_token_length)
-                                          for tok in (self.clip_l_tokenizer, self.clip_g_tokenizer))
+        if self.prompt_weights or self.tokens["clip_l"]:
+            (l_ids, l_w), (g_ids, g_w) = (
+                PW.weighted_ids(tok, batch, self.max_token_length, parse_weights=self.prompt_weights,
+                                embeddings=self.tokens[part])
+                for tok, part in ((self.clip_l_tokenizer, "clip_l"), (self.clip_g_tokenizer, "clip_g")))
             weights = None if (l_w == 1).all() and (g_w == 1).all() else (l_w, g_w)
             return self.encode_ids(l_ids, g_ids, len(batch), graphed=True, weights=weights)
         l_ids, g_ids = self.tokenize(batch)
@@ -126,12 +140,14 @@ def check_vocabularies(files, clip_l_tok, clip_g_tok):
 
 
 def load_text_encoders(files, *, dtype=flame.bfloat16, device=None, max_token_length=None,
-                       force_zeros_for_empty_prompt=True, loras=(), prompt_weights=False):
+                       force_zeros_for_empty_prompt=True, loras=(), prompt_weights=False, embeddings=()):
     """CLIP-L and CLIP-G of `files` (SDXLFiles or a path for find_sdxl_files) with their tokenizers, frozen, in
     `dtype` on `device`, as SDXLTextEncoders. loras: checked [(path, weight)] (pipeline.check_loras) whose
     text-encoder parts (kohya lora_te1_ / lora_te2_, diffusers text_encoder. / text_encoder_2.) are merged into
     CLIP-L / CLIP-G; files without them (the trainer's default, UNet-only) leave the encoders as they are.
-    prompt_weights: read ComfyUI's "(text:1.2)" weights in the prompts (conditioning/prompt_weights.py)."""
+    prompt_weights: read ComfyUI's "(text:1.2)" weights in the prompts (conditioning/prompt_weights.py).
+    embeddings: textual inversions, "path[:token]" or TextualInversion (conditioning/embeddings.py), their vectors
+    appended to both CLIPs' token tables."""
     files = files if isinstance(files, SDXLFiles) else find_sdxl_files(files)
     l_tok, g_tok = load_tokenizers(files)
     check_vocabularies(files, l_tok, g_tok)
@@ -150,8 +166,11 @@ def load_text_encoders(files, *, dtype=flame.bfloat16, device=None, max_token_le
             for path, _ in mine:
                 check_lora_part(path, clip, IDENTITY, component, SDXLFilesError)
             apply_loras(clip, mine, merge=True, error=SDXLFilesError, component=component)
+    widths = {"clip_l": clip_l.config.hidden_size, "clip_g": clip_g.config.hidden_size}
+    embeddings = [e if isinstance(e, TextualInversion) else load_embedding(e, widths) for e in embeddings]
     return SDXLTextEncoders(clip_l, clip_g, l_tok, g_tok, max_token_length=max_token_length,
-                            force_zeros_for_empty_prompt=force_zeros_for_empty_prompt, prompt_weights=prompt_weights)
+                            force_zeros_for_empty_prompt=force_zeros_for_empty_prompt, prompt_weights=prompt_weights,
+                            embeddings=embeddings)
 
 
 def encode_prompts(files, prompts, **kwargs):

@@ -13,6 +13,7 @@ import random
 
 from .. import generate as G
 from ..conditioning import prompt_weights as PW
+from ..conditioning.embeddings import EmbeddingError, load_embedding
 from ..conditioning.encoders import check_max_token_length
 from ..samplers import LCM_ORIGINAL_STEPS
 from ..samplers.img2img import SDXL_DEFAULT_STRENGTH
@@ -24,7 +25,7 @@ from .freeu import parse_freeu
 FILES = SDXLFiles
 OPTIONS = {"negative_prompt": None, "clip_g": None, "cfg": None, "sampler": None, "karras": None,
            "original_size": None, "crop": None, "target_size": None, "max_token_length": None, "configs": None,
-           "freeu": None, "prompt_weights": None, **G.IMAGE_OPTIONS}
+           "freeu": None, "prompt_weights": None, "embeddings": None, **G.IMAGE_OPTIONS}
 INIT_MULTIPLE = 32   # an init image's own size is floored to it (SDXL's UNet halves the latents twice)
 NOTES = {"guidance": "it uses classifier-free guidance (--cfg)", "no_t5": "it has no T5",
          "scheduler": "--karras gives Karras sigmas (the default: the model's own)"}
@@ -69,14 +70,16 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
              loras=(), width=1024, height=1024, steps=None, cfg=None, sampler=None, karras=False, original_size=None,
              crop=None, target_size=None, max_token_length=None, seed=None, num_images=1, batch_size=1, output=None,
              device=None, dtype=None, fp8=False, max_gpu_memory=None, configs=None, freeu=None,
-             prompt_weights=False, progress=True, stats=None, log=print, **image):
+             prompt_weights=False, embeddings=(), progress=True, stats=None, log=print, **image):
     """SDXL text-to-image (flame_models.generate.generate says what the shared arguments mean). model: an SAI file
     (sd_xl_base_1.0.safetensors), a diffusers folder, a UNet file with the other parts given, or SDXLFiles.
     image: image-to-image and inpainting (generate.InitImage's keywords: init_image, strength, mask, ...). freeu: FreeU
     on the UNet's decoder -- True (SDXL's published factors), or a dict / "b1=1.3,s2=0.2" of some of s1, s2, b1, b2
     (the rest SDXL's; flame_models/sdxl/freeu.py). prompt_weights: read ComfyUI's "(text:1.2)" weights in the
     prompts and the negative prompt (flame_models/conditioning/prompt_weights.py); without it parentheses are text, as
-    in diffusers."""
+    in diffusers. embeddings: textual inversions, ["path.safetensors[:token]"] (SDXL embedding files: clip_l and
+    clip_g vectors), named in the prompts by their token or ComfyUI's embedding:token
+    (flame_models/conditioning/embeddings.py)."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     if isinstance(model, SDXLFiles):
@@ -131,6 +134,17 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
                 break
     except ValueError as e:
         raise G.GenerateError(f"--prompt-weights: {e}") from None
+    try:
+        embeddings = [load_embedding(e) for e in (embeddings or ())]
+    except EmbeddingError as e:
+        raise G.GenerateError(f"--embedding: {e}") from None
+    known = {e.token for e in embeddings}
+    for text in prompts + ([negative_prompt] if isinstance(negative_prompt, str) else []):
+        for word in text.replace("\n", " ").split(" "):
+            name = word[len("embedding:"):].rstrip(",") if word.startswith("embedding:") else None
+            if name is not None and name not in known:
+                raise G.GenerateError(f"{word!r} in {text[:60]!r}: no such embedding; load it with --embedding "
+                                      f"PATH (its token: the file's name, or PATH:token)")
     init = G.InitImage(width, height, default=SDXL_DEFAULT_STRENGTH, rounding="sdxl", **image)
     steps_run = init.steps_run(steps)
     output = G._check_output(output)
@@ -144,7 +158,7 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
         def host(d):
             return {k: v.float().cpu().numpy() for k, v in d.items()}
         with P.load_text_encoders(files, dtype=dtype, device=dev, max_token_length=max_token_length,
-                                  loras=loras, prompt_weights=prompt_weights) as enc:
+                                  loras=loras, prompt_weights=prompt_weights, embeddings=embeddings) as enc:
             cond = host(enc.encode(unique))
             neg = host(enc.encode_negative(unique[:1], negative_prompt)) if guided else None
         init.encode(lambda: P.load_vae_for_sdxl(files, dtype=dtype, device=dev), P.encode_images, dev, log)
@@ -182,7 +196,7 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
                     "loras": [[p, w] for p, w in loras], "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8),
                     "original_size": [oh, ow], "crop_coords": list(crop), "target_size": [th, tw],
                     "max_token_length": max_token_length, "freeu": freeu, "prompt_weights": prompt_weights,
-                    **init.info()}
+                    "embeddings": [[e.path, e.token] for e in embeddings], **init.info()}
             return {"parameters": G.parameters_text(prompts[i], neg, fields), "flame": json.dumps(info)}
 
         G.write_pngs(output, jobs, images, text_of, log)

@@ -8,9 +8,12 @@ checkpoint keys (`text_model.encoder.layers.0.self_attn.q_proj.weight`, `text_pr
     out = model(input_ids, output_hidden_states=True)      # input_ids (B, L) int
     out.last_hidden_state, out.pooler_output, out.hidden_states[-2]
 """
+import numpy as np
+
 import flame_core as flame
 import flame_nn
 import flame_nn.functional as F
+from flame_core.errors import ShapeError
 from flame_nn.offload import is_streamed, run_block
 
 from .base import TextEncoderModel
@@ -125,6 +128,27 @@ class CLIPTextTransformer(flame_nn.Module):
         self.encoder = CLIPEncoder(config, dtype=dtype, device=device)
         self.final_layer_norm = flame_nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, dtype=dtype,
                                                    device=device)
+        self.base_vocab_size = None   # the vocabulary's size before add_token_vectors appended rows (None: none)
+
+    def add_token_vectors(self, vectors):
+        """Append `vectors` (n, hidden_size) to the token table (textual inversion: an embedding's vectors); returns
+        their ids, vocab_size .. vocab_size + n - 1 (config.vocab_size grows). The pooled state stays the EOS token's:
+        under the legacy eos_token_id 2 the argmax of the ids leaves the appended ids out (ComfyUI and A1111 pool
+        there too; transformers' argmax would land on an appended id)."""
+        c, emb = self.config, self.embeddings.token_embedding
+        w = emb.weight
+        v = vectors if isinstance(vectors, flame.Tensor) else flame.tensor(np.asarray(vectors, np.float32))
+        if v.ndim != 2 or v.shape[1] != c.hidden_size or v.shape[0] < 1:
+            raise ShapeError(f"token vectors of shape {tuple(v.shape)}: (n, {c.hidden_size}) for this CLIP")
+        if self.base_vocab_size is None:
+            self.base_vocab_size = c.vocab_size
+        first = w.shape[0]
+        with flame.no_grad():
+            table = flame.cat([w.detach(), v.to(device=w.device, dtype=w.dtype)], dim=0)
+        emb.weight = flame_nn.Parameter(table, requires_grad=False)
+        emb.num_embeddings = table.shape[0]
+        c.vocab_size = table.shape[0]
+        return list(range(first, table.shape[0]))
 
     def forward(self, input_ids, attention_mask=None, output_hidden_states=False, *, model="CLIPTextModel"):
         c = self.config
@@ -160,7 +184,12 @@ class CLIPTextTransformer(flame_nn.Module):
         last = h if chain else self.final_layer_norm(x)
 
         # the EOS token's state: argmax of the ids under the legacy eos_token_id 2, else the first eos_token_id
-        eos = ids.argmax(-1) if c.eos_token_id == 2 else (ids == c.eos_token_id).int().argmax(-1)
+        if c.eos_token_id != 2:
+            eos = (ids == c.eos_token_id).int().argmax(-1)
+        elif self.base_vocab_size is None:
+            eos = ids.argmax(-1)
+        else:   # (the appended rows' ids left out of the argmax)
+            eos = flame.where(ids < self.base_vocab_size, ids, flame.zeros_like(ids)).argmax(-1)
         pooled = last[flame.arange(B, device=table.device), eos]                           # (B, H)
         return BaseModelOutputWithPooling(last_hidden_state=last, pooler_output=pooled,
                                           hidden_states=tuple(hidden_states) if hidden_states is not None else None)
@@ -191,6 +220,11 @@ class CLIPTextModel(TextEncoderModel):
 
     def get_input_embeddings(self):
         return self.text_model.embeddings.token_embedding
+
+    def add_token_vectors(self, vectors):
+        """Textual inversion: `vectors` (n, hidden_size) appended to the token table; returns their ids
+        (CLIPTextTransformer.add_token_vectors)."""
+        return self.text_model.add_token_vectors(vectors)
 
     def checkpointed_blocks(self):
         return list(self.text_model.encoder.layers)
