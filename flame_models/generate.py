@@ -159,6 +159,24 @@ def encode_init_image(pixels, load_vae, encode, dev, log):
     return out
 
 
+def check_prompt_weights(prompts, negative_prompt, prompt_weights, log):
+    """Before anything is loaded: with prompt_weights, every prompt's weights parsed (a bad one is a GenerateError);
+    without, a note when a prompt holds "(text:weight)" weights (read as text then)."""
+    from .conditioning import prompt_weights as PW
+    texts = list(prompts) + ([negative_prompt] if isinstance(negative_prompt, str) else [])
+    try:
+        for text in texts:
+            if prompt_weights:
+                PW.parse(text)
+            elif PW.WEIGHT_PATTERN.search(text):
+                log(f"note: {text[:60]!r} holds \"(text:weight)\" weights, read as text; --prompt-weights applies "
+                    f"them (ComfyUI's syntax)")
+                return bool(prompt_weights)
+    except ValueError as e:
+        raise GenerateError(f"--prompt-weights: {e}") from None
+    return bool(prompt_weights)
+
+
 def _source(src):
     """How the PNG's parameters name an init image or mask: its path, or "<image WxH>" for one given in memory."""
     from .data.images import is_image
@@ -446,11 +464,11 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     of GEMMs, whose kernels cuBLAS picks by shape, so more in bfloat16 than in float32). The family comes from the
     files (registry.detect_family), a family's Files object, or `arch` ("flux" | "sd3" | "sdxl"); its generate part
     (flame_models/<family>/generate.py) runs with the family's own `options` -- Flux: guidance, max_length, sampler,
-    scheduler; SD3: negative_prompt, clip_g, cfg, sampler, scheduler, slg_scale, slg_layers, no_t5, max_length,
-    configs; SDXL: negative_prompt, clip_g, cfg, sampler, karras, original_size, crop, target_size,
-    max_token_length, configs, freeu, prompt_weights, embeddings; Flux Kontext: image, keep_image_size; every family but
-    Kontext: init_image, strength, mask, mask_grow, mask_blur, paste_back (below). An option of another family is
-    refused, naming it.
+    scheduler, prompt_weights; SD3: negative_prompt, clip_g, cfg, sampler, scheduler, slg_scale, slg_layers, no_t5,
+    max_length, configs, prompt_weights; SDXL: negative_prompt, clip_g, cfg, sampler, karras, original_size, crop,
+    target_size, max_token_length, configs, freeu, prompt_weights, embeddings; Flux Kontext: image, keep_image_size,
+    prompt_weights; every family but Kontext: init_image, strength, mask, mask_grow, mask_blur, paste_back (below).
+    An option of another family is refused, naming it.
 
     model: a diffusers folder, a transformer / UNet / SAI single file (with vae=, clip_l=, t5= where it does not
     hold them) or a family's Files. loras: ["path", "path:weight", (path, weight)], added together. steps, guidance
@@ -691,8 +709,8 @@ def build_parser():
                    help="SDXL: FreeU on the UNet's decoder (backbone b1 / b2, skip s1 / s2; alone or for the factors "
                         "not named: SDXL's published b1=1.3,b2=1.4,s1=0.9,s2=0.2)")
     x.add_argument("--prompt-weights", action="store_true",
-                   help="SDXL: read ComfyUI's prompt weights, (text:1.2) and (text) = 1.1 (else parentheses are "
-                        "text, as in diffusers)")
+                   help="SDXL / SD3 / Flux / Flux Kontext: read ComfyUI's prompt weights, (text:1.2) and (text) = 1.1 "
+                        "(else parentheses are text, as in diffusers)")
     x.add_argument("--embedding", action="append", dest="embeddings", metavar="PATH[:TOKEN]",
                    help="SDXL: a textual-inversion embedding (.safetensors with clip_l / clip_g), repeatable; a "
                         "prompt names it by TOKEN (default: the file's name) or embedding:TOKEN")

@@ -12,6 +12,7 @@ import numpy as np
 
 import flame_core as flame
 
+from ..conditioning import prompt_weights as PW
 from ..conditioning.encoders import EncoderBundle, prompt_list
 from ..text_encoders import load_clip, load_t5
 from ..tokenization import load_tokenizer
@@ -27,10 +28,11 @@ class FluxTextEncoders(EncoderBundle):
     encoder_attrs = ("clip", "t5")
     tokenizer_attrs = ("clip_tokenizer", "t5_tokenizer")
 
-    def __init__(self, clip, t5, clip_tokenizer, t5_tokenizer, *, max_length):
+    def __init__(self, clip, t5, clip_tokenizer, t5_tokenizer, *, max_length, prompt_weights=False):
         self.clip, self.t5 = clip, t5
         self.clip_tokenizer, self.t5_tokenizer = clip_tokenizer, t5_tokenizer
         self.max_length = int(max_length)
+        self.prompt_weights = bool(prompt_weights)
         self._start()
 
     def tokenize(self, prompts):
@@ -48,9 +50,17 @@ class FluxTextEncoders(EncoderBundle):
         return self._encode_batched(prompts, batch_size, self._encode_batch)
 
     def _encode_batch(self, prompts):
-        clip_ids, t5_ids = self.tokenize(prompts)
+        if not self.prompt_weights:
+            clip_ids, t5_ids = self.tokenize(prompts)
+            weights = None
+        else:   # ComfyUI's weights (prompt_weights.py) on T5's states; CLIP gives the pooled vector only
+            clip_ids, _ = PW.weighted_ids(self.clip_tokenizer, prompt_list(prompts))
+            t5_ids, weights = PW.weighted_ids(self.t5_tokenizer, prompt_list(prompts), length=self.max_length)
         pooled = self._run("clip")(clip_ids).pooler_output.to(self.clip.dtype)
-        return self._run("t5")(t5_ids).last_hidden_state.to(self.t5.dtype), pooled
+        states = self._run("t5")(t5_ids).last_hidden_state
+        if weights is not None and not (weights == 1).all():
+            states = PW.apply(states, self._run("t5")(self.tokenize([""])[1]).last_hidden_state, weights)
+        return states.to(self.t5.dtype), pooled
 
 
 def load_tokenizers(files, *, max_length=None):
@@ -75,13 +85,14 @@ def check_vocabularies(files, clip_tok, t5_tok):
 
 
 def load_text_encoders(files, *, dtype=flame.bfloat16, device=None, t5_quantize=None, t5_stream=False,
-                       max_length=None):
+                       max_length=None, prompt_weights=False):
     """CLIP-L and T5 of `files` (FluxFiles) with their tokenizers, frozen, in `dtype` on `device`.
 
     t5_quantize: None (T5 in `dtype`; an fp8 file is dequantised), "fp8" (the block Linears in fp8 storage, a scale
     per row: about half the bytes) or "auto" (fp8 storage exactly when the file is fp8). t5_stream: T5's blocks in
     pinned host memory, streamed through the device (flame_nn.offload.BlockStreamer; `enc.t5.streamer`).
-    max_length: T5 tokens per prompt, default 512 for flux-dev and 256 for schnell (files.t5_max_length)."""
+    max_length: T5 tokens per prompt, default 512 for flux-dev and 256 for schnell (files.t5_max_length).
+    prompt_weights: ComfyUI's "(text:1.2)" weights on T5's states (conditioning/prompt_weights.py)."""
     if t5_quantize not in T5_QUANTIZE:
         raise ValueError(f"t5_quantize must be None, 'fp8' or 'auto', got {t5_quantize!r}")
     clip_tok, t5_tok = load_tokenizers(files, max_length=max_length)
@@ -93,7 +104,8 @@ def load_text_encoders(files, *, dtype=flame.bfloat16, device=None, t5_quantize=
         del clip
         gc.collect()
         raise
-    return FluxTextEncoders(clip, t5, clip_tok, t5_tok, max_length=t5_tok.model_max_length)
+    return FluxTextEncoders(clip, t5, clip_tok, t5_tok, max_length=t5_tok.model_max_length,
+                            prompt_weights=prompt_weights)
 
 
 def encode_prompts(files, prompts, **kwargs):

@@ -94,14 +94,19 @@ def is_weighted(text):
     return any(w != 1.0 for _, w in parse(text))
 
 
-def weighted_ids(tokenizer, prompts, max_token_length=None, *, parse_weights=True, embeddings=None):
+def weighted_ids(tokenizer, prompts, max_token_length=None, *, length=None, parse_weights=True, embeddings=None):
     """(ids (B * n, 77) int64, weights (B * n, 77) float32) of `prompts` for one CLIP tokenizer, laid out as
-    encoders.clip_ids lays out the plain prompts (n = max_token_length / 75 chunks, or 1). parse_weights=False: the
-    prompts are plain text (every weight 1; the same ids as clip_ids'). embeddings: {token: ids} of textual
-    inversions (conditioning/embeddings.py: a word naming one becomes its ids)."""
+    encoders.clip_ids lays out the plain prompts (n = max_token_length / 75 chunks, or 1); length: a T5 tokenizer's
+    (B, length) layout instead -- content, EOS, padding, as the pipelines pad and truncate T5's ids. parse_weights=
+    False: the prompts are plain text (every weight 1; the same ids as the plain tokenizer's). embeddings: {token:
+    ids} of textual inversions (conditioning/embeddings.py: a word naming one becomes its ids)."""
     from .embeddings import word_ids
-    total = (tokenizer.model_max_length if max_token_length in (None, CHUNK) else max_token_length + 2)
+    if length is not None:
+        total = int(length)
+    else:
+        total = tokenizer.model_max_length if max_token_length in (None, CHUNK) else max_token_length + 2
     bos, eos, pad = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
+    head = [] if bos is None else [bos]
     rows, wrows = [], []
     for p in prompts:
         ids, ws = [], []
@@ -116,12 +121,13 @@ def weighted_ids(tokenizer, prompts, max_token_length=None, *, parse_weights=Tru
                     t = tokenizer.backend.encode_batch([word])[0]
                     ids += t
                     ws += [w] * len(t)
-        ids, ws = ids[:total - 2], ws[:total - 2]
-        fill = total - 2 - len(ids)
-        rows.append([bos] + ids + [eos] + [pad] * fill)
-        wrows.append([1.0] + ws + [1.0] + [1.0] * fill)
+        room = total - len(head) - 1
+        ids, ws = ids[:room], ws[:room]
+        fill = room - len(ids)
+        rows.append(head + ids + [eos] + [pad] * fill)
+        wrows.append([1.0] * len(head) + ws + [1.0] + [1.0] * fill)
     ids, weights = np.array(rows, np.int64), np.array(wrows, np.float32)
-    if total == tokenizer.model_max_length:
+    if length is not None or total == tokenizer.model_max_length:
         return ids, weights
     return chunk_rows(tokenizer, ids, max_token_length), chunk_rows(None, weights, max_token_length)
 

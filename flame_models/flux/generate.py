@@ -15,7 +15,7 @@ from .components import FluxFiles, find_flux_files
 
 FILES = FluxFiles
 OPTIONS = {"guidance": "Flux's embedded guidance", "max_length": None, "sampler": None, "scheduler": None,
-           **G.IMAGE_OPTIONS}
+           "prompt_weights": None, **G.IMAGE_OPTIONS}
 NOTES = {"cfg": "its guidance is embedded (--guidance)",
          "karras": "use --scheduler karras (its own sigmas respaced as Karras's)"}
 DEV_DEFAULTS = {"steps": 28, "guidance": 3.5}   # diffusers' FluxPipeline defaults for flux-dev
@@ -25,13 +25,15 @@ SCHNELL_STEPS = 4
 def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, loras=(), width=1024, height=1024,
              steps=None, guidance=None, seed=None, num_images=1, batch_size=1, output=None, device=None, dtype=None,
              fp8=False, max_gpu_memory=None, max_length=None, sampler=None, scheduler=None,
-             progress=True, stats=None, log=print, **image):
+             prompt_weights=False, progress=True, stats=None, log=print, **image):
     """Flux text-to-image (flame_models.generate.generate says what the arguments mean). model: a diffusers Flux
     folder, a transformer file (with vae=, clip_l=, t5=) or FluxFiles. sampler: "euler" (default), "heun" or
     "dpmpp_2m".
-    image: image-to-image and inpainting (generate.InitImage's keywords: init_image, strength, mask, ...)."""
+    image: image-to-image and inpainting (generate.InitImage's keywords: init_image, strength, mask, ...).
+    prompt_weights: ComfyUI's "(text:1.2)" weights on T5's states (conditioning/prompt_weights.py)."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    prompt_weights = G.check_prompt_weights(prompts, None, prompt_weights, log)
     G._check_args(prompts, width, height, steps, num_images, batch_size, seed)
     sampler = G.flow_sampler(sampler, "Flux")
     scheduler = G.flow_scheduler(scheduler, "Flux")
@@ -58,7 +60,8 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
 
     def encode(unique):
         with P.load_text_encoders(files, dtype=dtype, device=dev, t5_quantize="fp8" if fp8 else "auto",
-                                  t5_stream=budget is not None, max_length=max_length) as enc:
+                                  t5_stream=budget is not None, max_length=max_length,
+                                  prompt_weights=prompt_weights) as enc:
             out = G.encode_prompts(enc, unique, budget, log)
         init.encode(lambda: P.load_vae_for_flux(files, dtype=dtype, device=dev), P.encode_images, dev, log)
         return out

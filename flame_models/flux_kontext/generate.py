@@ -23,7 +23,7 @@ class KontextFiles(FluxFiles):
 
 FILES = KontextFiles
 OPTIONS = {"guidance": "Flux's embedded guidance", "max_length": None, "image": None, "keep_image_size": None,
-           "sampler": None, "scheduler": None}
+           "sampler": None, "scheduler": None, "prompt_weights": None}
 NOTES = {"cfg": "its guidance is embedded (--guidance)",
          "karras": "use --scheduler karras (its own sigmas respaced as Karras's)",
          **{name: "it edits the reference image given with --image, from noise" for name in G.IMAGE_OPTIONS}}
@@ -41,13 +41,15 @@ def find_files(model, **parts):
 def generate(model, prompts, *, image=None, keep_image_size=False, vae=None, clip_l=None, t5=None, tokenizer=None,
              loras=(), width=1024, height=1024, steps=None, guidance=None, seed=None, num_images=1, batch_size=1,
              output=None, device=None, dtype=None, fp8=False, max_gpu_memory=None, max_length=None, sampler=None,
-             scheduler=None, progress=True, stats=None, log=print):
+             scheduler=None, prompt_weights=False, progress=True, stats=None, log=print):
     """Flux Kontext image editing (flame_models.generate.generate says what the arguments mean); image: the
     reference image's path (required), resized to Kontext's resolution list (diffusers' default) or, with
     keep_image_size, kept at its own size floored to 16 (diffusers' `_auto_resize=False`); sampler: "euler"
-    (default), "heun", "dpmpp_2m", "dpmpp_2m_sde" or "unipc"."""
+    (default), "heun", "dpmpp_2m", "dpmpp_2m_sde" or "unipc". prompt_weights: ComfyUI's "(text:1.2)" weights on
+    T5's states (conditioning/prompt_weights.py)."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    prompt_weights = G.check_prompt_weights(prompts, None, prompt_weights, log)
     G._check_args(prompts, width, height, steps, num_images, batch_size, seed)
     if image is None:
         raise G.GenerateError("--image: Flux Kontext edits a reference image; pass --image ref.png")
@@ -71,7 +73,8 @@ def generate(model, prompts, *, image=None, keep_image_size=False, vae=None, cli
 
     def encode(unique):
         with C.load_text_encoders(files, dtype=dtype, device=dev, t5_quantize="fp8" if fp8 else "auto",
-                                  t5_stream=budget is not None, max_length=max_length) as enc:
+                                  t5_stream=budget is not None, max_length=max_length,
+                                  prompt_weights=prompt_weights) as enc:
             out = G.encode_prompts(enc, unique, budget, log)
         vae_model = P.load_vae_for_flux(files, dtype=dtype, device=dev)
         out.update(P.encode_reference(vae_model, pixels))

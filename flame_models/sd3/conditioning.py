@@ -17,6 +17,7 @@ import numpy as np
 import flame_core as flame
 
 from ..conditioning import files as F
+from ..conditioning import prompt_weights as PW
 from ..conditioning.encoders import EncoderBundle, check_max_token_length, clip_ids, clip_states, prompt_list
 from ..text_encoders import load_clip, load_t5
 from ..tokenization import load_tokenizer
@@ -36,12 +37,13 @@ class SD3TextEncoders(EncoderBundle):
     tokenizer_attrs = ("clip_l_tokenizer", "clip_g_tokenizer", "t5_tokenizer")
 
     def __init__(self, clip_l, clip_g, t5, clip_l_tokenizer, clip_g_tokenizer, t5_tokenizer, *,
-                 max_length=T5_MAX_LENGTH, context_dim=None, max_token_length=None):
+                 max_length=T5_MAX_LENGTH, context_dim=None, max_token_length=None, prompt_weights=False):
         self.clip_l, self.clip_g, self.t5 = clip_l, clip_g, t5
         self.clip_l_tokenizer, self.clip_g_tokenizer, self.t5_tokenizer = clip_l_tokenizer, clip_g_tokenizer, \
             t5_tokenizer
         self.max_length = int(max_length)
         self.max_token_length = check_max_token_length(max_token_length)
+        self.prompt_weights = bool(prompt_weights)
         self.context_dim = t5.config.d_model if t5 is not None else context_dim
         if self.context_dim is None:
             raise ValueError("SD3TextEncoders without T5 need context_dim (the MMDiT's context width) for its zeros")
@@ -67,11 +69,32 @@ class SD3TextEncoders(EncoderBundle):
         at once). Returns {"prompt_embeds": (B, L, D), "pooled_prompt_embeds": (B, P)}."""
         return self._encode_batched(prompts, batch_size, self._encode_batch)
 
+    def _weighted_tokenize(self, batch):
+        """tokenize's ids of prompts in ComfyUI's weight syntax, with their per-token weights (None: all 1)."""
+        (l_ids, l_w), (g_ids, g_w) = (PW.weighted_ids(tok, batch, self.max_token_length)
+                                      for tok in (self.clip_l_tokenizer, self.clip_g_tokenizer))
+        t5_ids = t5_w = None
+        if self.t5 is not None:
+            t5_ids, t5_w = PW.weighted_ids(self.t5_tokenizer, batch, length=self.max_length)
+        if all(w is None or (w == 1).all() for w in (l_w, g_w, t5_w)):
+            return (l_ids, g_ids, t5_ids), None
+        return (l_ids, g_ids, t5_ids), (l_w, g_w, t5_w)
+
     def _encode_batch(self, batch):
         dtype = self.clip_l.dtype
-        l_ids, g_ids, t5_ids = self.tokenize(batch)
+        weights = None
+        if self.prompt_weights:
+            (l_ids, g_ids, t5_ids), weights = self._weighted_tokenize(batch)
+        else:
+            l_ids, g_ids, t5_ids = self.tokenize(batch)
         hl, pl = clip_states(self._run("clip_l"), self.clip_l, l_ids, len(batch))
         hg, pg = clip_states(self._run("clip_g"), self.clip_g, g_ids, len(batch))
+        if weights is not None:   # each encoder's states against the empty prompt's (prompt_weights.py)
+            el_ids, eg_ids, et_ids = self.tokenize([""])
+            hl = PW.apply(hl, clip_states(self._run("clip_l"), self.clip_l, el_ids, 1)[0],
+                          PW.join_chunks(weights[0], len(batch)))
+            hg = PW.apply(hg, clip_states(self._run("clip_g"), self.clip_g, eg_ids, 1)[0],
+                          PW.join_chunks(weights[1], len(batch)))
         clip = flame.cat([hl.to(dtype), hg.to(dtype)], dim=-1)                                # (B, 77, L + G)
         pad = self.context_dim - clip.shape[-1]
         if pad:
@@ -79,7 +102,10 @@ class SD3TextEncoders(EncoderBundle):
         if t5_ids is None:
             t5 = flame.zeros(len(batch), self.max_length, self.context_dim, dtype=dtype, device=clip.device)
         else:
-            t5 = self._run("t5")(t5_ids).last_hidden_state.to(dtype)
+            t5 = self._run("t5")(t5_ids).last_hidden_state
+            if weights is not None:
+                t5 = PW.apply(t5, self._run("t5")(et_ids).last_hidden_state, weights[2])
+            t5 = t5.to(dtype)
         return (flame.cat([clip, t5], dim=1),                                                 # (B, 77 + T, D)
                 flame.cat([pl.to(dtype), pg.to(dtype)], dim=-1))
 
@@ -123,11 +149,12 @@ def check_vocabularies(files, clip_l_tok, clip_g_tok, t5_tok):
 
 
 def load_text_encoders(files, *, dtype=flame.bfloat16, device=None, t5=True, t5_quantize=None, t5_stream=False,
-                       max_length=None, max_token_length=None):
+                       max_length=None, max_token_length=None, prompt_weights=False):
     """CLIP-L, CLIP-G and T5 of `files` (SD3Files or a path for find_sd3_files) with their tokenizers, frozen, in
     `dtype` on `device`. t5=False (or a model without T5): zeros in T5's place. t5_quantize / t5_stream: as
     flux.conditioning.load_text_encoders (fp8 storage, blocks streamed from pinned host memory). max_length: T5
-    tokens per prompt (256, diffusers' default). max_token_length: CLIP tokens in 75-token chunks (None: 77)."""
+    tokens per prompt (256, diffusers' default). max_token_length: CLIP tokens in 75-token chunks (None: 77).
+    prompt_weights: ComfyUI's "(text:1.2)" weights on all three encoders (conditioning/prompt_weights.py)."""
     files = files if isinstance(files, SD3Files) else find_sd3_files(files)
     if t5_quantize not in T5_QUANTIZE:
         raise ValueError(f"t5_quantize must be None, 'fp8' or 'auto', got {t5_quantize!r}")
@@ -148,7 +175,7 @@ def load_text_encoders(files, *, dtype=flame.bfloat16, device=None, t5=True, t5_
                            max_length=t5_tok.model_max_length if t5_tok is not None else
                            (T5_MAX_LENGTH if max_length is None else int(max_length)),
                            context_dim=files.params.context_in_dim if files.params is not None else None,
-                           max_token_length=max_token_length)
+                           max_token_length=max_token_length, prompt_weights=prompt_weights)
 
 
 def encode_prompts(files, prompts, **kwargs):

@@ -20,7 +20,7 @@ from .sampling import SAMPLING_DEFAULTS, SkipLayerGuidance
 FILES = SD3Files
 OPTIONS = {"negative_prompt": None, "clip_g": None, "cfg": None, "slg_scale": None, "slg_layers": None,
            "no_t5": None, "max_length": None, "configs": None, "sampler": None, "scheduler": None,
-           **G.IMAGE_OPTIONS}
+           "prompt_weights": None, **G.IMAGE_OPTIONS}
 NOTES = {name: "it samples on its flow schedule, without size conditioning"
          for name in ("original_size", "crop", "target_size", "max_token_length")}
 NOTES.update(karras="use --scheduler karras (its own sigmas respaced as Karras's)",
@@ -57,13 +57,15 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
              loras=(), width=1024, height=1024, steps=None, cfg=None, slg_scale=None, slg_layers=None, no_t5=False,
              seed=None, num_images=1, batch_size=1, output=None, device=None, dtype=None, fp8=False,
              max_gpu_memory=None, max_length=None, configs=None, sampler=None, scheduler=None,
-             progress=True, stats=None, log=print, **image):
+             prompt_weights=False, progress=True, stats=None, log=print, **image):
     """SD3 / SD3.5 text-to-image (flame_models.generate.generate says what the shared arguments mean). model: an
     SAI file holding every part, a diffusers folder, an MMDiT file with the other parts given, or SD3Files.
     sampler: "euler" (default), "heun", "dpmpp_2m" or "unipc".
-    image: image-to-image and inpainting (generate.InitImage's keywords: init_image, strength, mask, ...)."""
+    image: image-to-image and inpainting (generate.InitImage's keywords: init_image, strength, mask, ...).
+    prompt_weights: ComfyUI's "(text:1.2)" weights on CLIP-L, CLIP-G and T5 (conditioning/prompt_weights.py)."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    prompt_weights = G.check_prompt_weights(prompts, negative_prompt, prompt_weights, log)
     sampler = G.flow_sampler(sampler, "SD3")
     scheduler = G.flow_scheduler(scheduler, "SD3")
     files = model if isinstance(model, SD3Files) else find_sd3_files(
@@ -109,7 +111,8 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
     def encode(unique):
         """(cond, neg): the prompts' conditioning and, under CFG, the negative prompt's, as host arrays."""
         with P.load_text_encoders(files, dtype=dtype, device=dev, t5=use_t5, t5_quantize="fp8" if fp8 else "auto",
-                                  t5_stream=budget is not None and use_t5, max_length=max_length) as enc:
+                                  t5_stream=budget is not None and use_t5, max_length=max_length,
+                                  prompt_weights=prompt_weights) as enc:
             cond = G.encode_prompts(enc, unique, budget, log)
             neg = G.host_arrays(enc.encode(["" if negative_prompt is None else negative_prompt])) if guided else None
         init.encode(lambda: P.load_vae_for_sd3(files, dtype=dtype, device=dev), P.encode_images, dev, log)

@@ -12,7 +12,6 @@ import math
 import random
 
 from .. import generate as G
-from ..conditioning import prompt_weights as PW
 from ..conditioning.embeddings import EmbeddingError, load_embedding
 from ..conditioning.encoders import check_max_token_length
 from ..samplers import LCM_ORIGINAL_STEPS
@@ -123,17 +122,7 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
         freeu = parse_freeu(freeu)
     except ValueError as e:
         raise G.GenerateError(f"--freeu: {e}") from None
-    prompt_weights = bool(prompt_weights)
-    try:
-        for text in prompts + ([negative_prompt] if isinstance(negative_prompt, str) else []):
-            if prompt_weights:
-                PW.parse(text)   # (a bad weight fails before anything is loaded)
-            elif PW.WEIGHT_PATTERN.search(text):
-                log(f"note: {text[:60]!r} holds \"(text:weight)\" weights, read as text; --prompt-weights applies "
-                    f"them (ComfyUI's syntax)")
-                break
-    except ValueError as e:
-        raise G.GenerateError(f"--prompt-weights: {e}") from None
+    prompt_weights = G.check_prompt_weights(prompts, negative_prompt, prompt_weights, log)
     try:
         embeddings = [load_embedding(e) for e in (embeddings or ())]
     except EmbeddingError as e:

@@ -1,8 +1,8 @@
-"""Prompt weights in ComfyUI's syntax on SDXL's CLIPs (flame_models/conditioning/prompt_weights.py, SDXLTextEncoders
-prompt_weights=True, generate --prompt-weights) against tests/fixtures/make_prompt_weight_fixtures.py: ComfyUI's own
-parser functions and its tokenize / encode_token_weights rules run with transformers' CLIPs on the tiny SDXL
-pipeline -- the ids, the weights, the weighted states and the pooled vector; the parser on its own cases; long
-captions in kohya's chunks; the command line."""
+"""Prompt weights in ComfyUI's syntax (flame_models/conditioning/prompt_weights.py; the bundles' prompt_weights=True,
+generate --prompt-weights) against tests/fixtures/make_prompt_weight_fixtures.py -- ComfyUI's own parser functions and
+its tokenize / encode_token_weights rules run with transformers' models: SDXL's CLIPs on the tiny SDXL pipeline (the
+ids, the weights, the weighted states, the pooled vector), SD3's CLIPs and T5 and Flux's T5 on the tiny SD3
+pipeline's encoders; the parser on its own cases; long captions in kohya's chunks; the command line."""
 import json
 import os
 
@@ -119,6 +119,64 @@ def test_generate_prompt_weights(tmp_path, capsys):
     base = ["--steps", "2", "--output", str(tmp_path / "o"), "--no-progress", "--device", "cpu"]
     assert main(["--model", folder, "--prompt", "a (cat:nan)", "--prompt-weights"] + base) == 2
     assert "--prompt-weights: prompt weight nan" in capsys.readouterr().err
-    flux = tiny_flux_files(tmp_path / "flux", seed=1)
-    assert main(["--model", os.path.dirname(flux.transformer), "--prompt", "x", "--prompt-weights"] + base) == 2
-    assert "--prompt-weights: an SDXL option; this model is Flux" in capsys.readouterr().err
+    from flame_models.chroma.tiny import tiny_chroma_files
+    chroma = tiny_chroma_files(tmp_path / "chroma", seed=1)
+    assert main(["--model", os.path.dirname(chroma.transformer), "--prompt", "x", "--prompt-weights"] + base) == 2
+    assert "--prompt-weights: a Flux / SD3 / SDXL / Flux Kontext option; this model is Chroma" in \
+        capsys.readouterr().err
+    flux = tiny_flux_files(tmp_path / "flux", seed=1)          # Flux reads them (T5's states)
+    flux_kw = dict(steps=2, seed=2, width=32, height=32, progress=False, log=lambda *a: None, device="cpu",
+                   dtype="fp32")
+    a = np.asarray(generate(flux, "a (red:1.8) square", prompt_weights=True, **flux_kw)[0], np.int16)
+    b = np.asarray(generate(flux, "a (red:1.8) square", **flux_kw)[0], np.int16)
+    assert np.abs(a - b).max() > 0
+
+
+SD3_DIR = os.path.join(os.path.dirname(HERE), "sd3_pipeline")
+SD3_REF = {k: v.numpy() for k, v in load_file(os.path.join(SD3_DIR, "prompt_weights.safetensors")).items()}
+T5_LENGTH = 32
+
+
+def _close(got, want, what):
+    assert np.abs(np.asarray(got, np.float64) - want).max() <= 1e-6 * np.abs(want).max(), what
+
+
+def test_sd3_weights_on_both_clips_and_t5():
+    """SD3: CLIP-L / CLIP-G (their penultimate states, zero-padded to T5's width) and T5 weighted, each against its
+    own empty prompt; the pooled vectors the plain prompt's."""
+    from flame_models.sd3.pipeline import find_sd3_files, load_text_encoders
+    files = find_sd3_files(os.path.join(SD3_DIR, "pipeline"))
+    with load_text_encoders(files, dtype=flame.float64, device="cpu", max_length=T5_LENGTH,
+                            prompt_weights=True) as enc:
+        ids, w = PW.weighted_ids(enc.t5_tokenizer, PROMPTS, length=T5_LENGTH)
+        out = enc.encode(PROMPTS)
+    pe, pooled = out["prompt_embeds"].numpy(), out["pooled_prompt_embeds"].numpy()
+    for i, p in enumerate(PROMPTS):
+        np.testing.assert_array_equal(ids[i], SD3_REF[f"t5_ids_{i}"], err_msg=p)
+        np.testing.assert_array_equal(w[i], SD3_REF[f"t5_weights_{i}"], err_msg=p)
+        cl, cg = SD3_REF[f"clip_l_{i}"], SD3_REF[f"clip_g_{i}"]
+        _close(pe[i, :77, :cl.shape[1]], cl, f"clip_l {p}")
+        _close(pe[i, :77, cl.shape[1]:cl.shape[1] + cg.shape[1]], cg, f"clip_g {p}")
+        assert not pe[i, :77, cl.shape[1] + cg.shape[1]:].any()
+        _close(pe[i, 77:], SD3_REF[f"t5_{i}"], f"t5 {p}")
+        _close(pooled[i], np.concatenate([SD3_REF[f"pooled_l_{i}"], SD3_REF[f"pooled_g_{i}"]]), f"pooled {p}")
+
+
+def test_flux_weights_on_t5():
+    """Flux's bundle (bfl/conditioning.py) on the same CLIP-L and T5: T5's states weighted as SD3's are, the pooled
+    vector CLIP-L's pooler_output of the plain prompt."""
+    from flame_models.bfl.conditioning import FluxTextEncoders
+    from flame_models.text_encoders import load_clip, load_t5
+    root = os.path.join(SD3_DIR, "pipeline")
+    clip = load_clip(os.path.join(root, "text_encoder"), dtype=flame.float64, device="cpu", projection=False)
+    t5 = load_t5(os.path.join(root, "text_encoder_3"), dtype=flame.float64, device="cpu")
+    ctok = load_tokenizer("clip_l", os.path.join(root, "tokenizer"))
+    ttok = load_tokenizer("t5", os.path.join(root, "tokenizer_3"), max_length=T5_LENGTH)
+    with FluxTextEncoders(clip, t5, ctok, ttok, max_length=T5_LENGTH, prompt_weights=True) as enc:
+        out = enc.encode(PROMPTS)
+        plain_ids, _ = PW.weighted_ids(ctok, PROMPTS)
+        with flame.no_grad():
+            want_pooled = enc.clip(plain_ids).pooler_output.numpy()
+    for i, p in enumerate(PROMPTS):
+        _close(out["prompt_embeds"][i].numpy(), SD3_REF[f"t5_{i}"], f"t5 {p}")
+    np.testing.assert_allclose(out["pooled_prompt_embeds"].numpy(), want_pooled, rtol=1e-12, atol=1e-12)
