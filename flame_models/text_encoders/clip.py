@@ -8,6 +8,8 @@ checkpoint keys (`text_model.encoder.layers.0.self_attn.q_proj.weight`, `text_pr
     out = model(input_ids, output_hidden_states=True)      # input_ids (B, L) int
     out.last_hidden_state, out.pooler_output, out.hidden_states[-2]
 """
+import dataclasses
+
 import numpy as np
 
 import flame_core as flame
@@ -132,9 +134,9 @@ class CLIPTextTransformer(flame_nn.Module):
 
     def add_token_vectors(self, vectors):
         """Append `vectors` (n, hidden_size) to the token table (textual inversion: an embedding's vectors); returns
-        their ids, vocab_size .. vocab_size + n - 1 (config.vocab_size grows). The pooled state stays the EOS token's:
-        under the legacy eos_token_id 2 the argmax of the ids leaves the appended ids out (ComfyUI and A1111 pool
-        there too; transformers' argmax would land on an appended id)."""
+        their ids, vocab_size .. vocab_size + n - 1 (the model's config becomes a copy with the larger vocab_size).
+        The pooled state stays the EOS token's: under the legacy eos_token_id 2 the argmax of the ids leaves the
+        appended ids out (ComfyUI and A1111 pool there too; transformers' argmax would land on an appended id)."""
         c, emb = self.config, self.embeddings.token_embedding
         w = emb.weight
         v = vectors if isinstance(vectors, flame.Tensor) else flame.tensor(np.asarray(vectors, np.float32))
@@ -147,7 +149,7 @@ class CLIPTextTransformer(flame_nn.Module):
             table = flame.cat([w.detach(), v.to(device=w.device, dtype=w.dtype)], dim=0)
         emb.weight = flame_nn.Parameter(table, requires_grad=False)
         emb.num_embeddings = table.shape[0]
-        c.vocab_size = table.shape[0]
+        self.config = dataclasses.replace(c, vocab_size=table.shape[0])   # (a copy: the config may be shared)
         return list(range(first, table.shape[0]))
 
     def forward(self, input_ids, attention_mask=None, output_hidden_states=False, *, model="CLIPTextModel"):
@@ -224,7 +226,9 @@ class CLIPTextModel(TextEncoderModel):
     def add_token_vectors(self, vectors):
         """Textual inversion: `vectors` (n, hidden_size) appended to the token table; returns their ids
         (CLIPTextTransformer.add_token_vectors)."""
-        return self.text_model.add_token_vectors(vectors)
+        ids = self.text_model.add_token_vectors(vectors)
+        self.config = self.text_model.config
+        return ids
 
     def checkpointed_blocks(self):
         return list(self.text_model.encoder.layers)

@@ -106,3 +106,19 @@ def test_generate_with_an_embedding(folder, tmp_path, capsys):
     assert main(["--model", folder, "--prompt", "a photo of tok", "--embedding", TOK, "--seed", "2", "--width", "32",
                  "--height", "32", "--output", str(cli), "--dtype", "fp32"] + base[:2] + base[4:]) == 0
     np.testing.assert_array_equal(np.asarray(Image.open(cli / os.listdir(cli)[0]), np.int16), with_ti)
+
+
+def test_the_encoders_config_is_not_shared():
+    """add_token_vectors gives the model a config of its own: a config object shared with another load (a
+    files object's) keeps its vocabulary size."""
+    from flame_models.text_encoders import CLIPTextConfig, CLIPTextModel
+    cfg = CLIPTextConfig(vocab_size=50, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                         num_attention_heads=2, eos_token_id=2)
+    a, b = CLIPTextModel(cfg, device="cpu"), CLIPTextModel(cfg, device="cpu")
+    assert a.add_token_vectors(np.ones((3, 8), np.float32)) == [50, 51, 52]
+    assert a.config.vocab_size == a.text_model.config.vocab_size == 53
+    assert cfg.vocab_size == 50 and b.config.vocab_size == 50
+    ids = np.array([[49, 1, 50, 51, 52, 3]])   # (the pooled position: the largest id of the vocabulary, not 52)
+    with flame.no_grad():
+        out = a(ids)
+    np.testing.assert_array_equal(out.pooler_output.numpy(), out.last_hidden_state.numpy()[:, 0])
