@@ -11,7 +11,8 @@ of a native-layout file (`double_blocks.0.img_attn.qkv.weight`, under the file's
 diffusers-layout file, each a range of its rows (`transformer_blocks.0.attn.to_q` / `to_k` / `to_v`: the model's
 adapter_name_map): those are put together, merged, and split back. The family's part (flame_models/<family>/bake.py)
 gives its checkpoint reader, its params and its model class. A single .safetensors file only (a sharded folder is
-refused); float8 weights are refused.
+refused); float8 weights are refused. With fp8 the block stacks' Linear weights are written as ComfyUI's scaled fp8
+instead (checkpoint_io/scaled_fp8.py), quantised from the merged float64 value.
 """
 import json
 import os
