@@ -105,7 +105,8 @@ def bake_checkpoint(base, loras, dst, *, checkpoint_class, infer_params, model_c
         bar = None
         if progress:
             from tqdm.auto import tqdm
-            bar = tqdm(total=len(parts), desc="baking", unit="module")
+            # the modules merged, then (fp8) each weight quantised: a whole model's conversion takes minutes
+            bar = tqdm(total=len(parts) + len(quantised), desc="baking" if parts else "quantising", unit="tensor")
 
         def baked(key):
             def make():
@@ -129,6 +130,8 @@ def bake_checkpoint(base, loras, dst, *, checkpoint_class, infer_params, model_c
                 q, scales[key] = SF.quantize(value, key)
             except ValueError as e:
                 raise BakeError(f"{base}: {e}") from None
+            if bar is not None:
+                bar.update(1)
             return q
 
         def read_and_quantise(key):
