@@ -36,7 +36,9 @@ Each PNG is written atomically and carries the parameters: an A1111-style `param
 guidance, seed, size, model, LoRAs with weights) and the same as JSON under `flame`.
 """
 import argparse
+import functools
 import os
+import random
 import sys
 import time
 from dataclasses import dataclass
@@ -105,6 +107,8 @@ def init_size(init_image, width, height, multiple=16):
     image's size, one: the other side at the image's aspect ratio. Without an init image a missing one is 1024."""
     if init_image is None or (width is not None and height is not None):
         return (1024 if width is None else width), (1024 if height is None else height)
+    if isinstance(init_image, (list, tuple)) and init_image:   # one per job: the first one's size
+        init_image = init_image[0]
     from .data.errors import DataError
     from .data.images import is_image, open_image, read_bytes
     try:
@@ -141,17 +145,20 @@ def read_init_image(path, width, height):
 
 
 def encode_init_image(pixels, load_vae, encode, dev, log):
-    """The init image's model-space latents (1, C, h, w) as a host array: the family's VAE loaded (load_vae()),
-    `encode(vae, images)` run -- in tiles when the whole image does not fit the memory budget, as decoding does --,
-    the VAE freed."""
+    """The init images' model-space latents (N, C, h, w) as a host array, of pixels (N, 3, H, W): the family's VAE
+    loaded once (load_vae()), `encode(vae, images)` run one image at a time -- in tiles when a whole image does not
+    fit the memory budget, as decoding does --, the VAE freed."""
     t0 = time.perf_counter()
     vae = load_vae()
     try:
-        x = flame.tensor(pixels, device=dev).to(next(vae.parameters()).dtype)
-        with flame.no_grad():
-            z = _tiled_if_short(encode, vae, x, log, "init image: the whole image does not fit the budget; encoding "
-                                                     "in tiles")
-        out = z.float().cpu().numpy()
+        out = []
+        for k in range(pixels.shape[0]):
+            x = flame.tensor(pixels[k:k + 1], device=dev).to(next(vae.parameters()).dtype)
+            with flame.no_grad():
+                z = _tiled_if_short(encode, vae, x, log, "init image: the whole image does not fit the budget; "
+                                                         "encoding in tiles")
+            out.append(z.float().cpu().numpy())
+        out = np.concatenate(out)
     finally:
         del vae
         memory.empty_cache(dev)
@@ -183,6 +190,8 @@ def _source(src):
     return f"<image {src.width}x{src.height}>" if is_image(src) else str(src)
 
 
+HIRES_STRENGTH = 0.5   # the hires pass's default denoising strength (ComfyUI's usual; A1111's default is 0.7)
+
 # the image-to-image options of every family but Kontext (its generate part's OPTIONS take them in; InitImage's
 # keyword arguments)
 IMAGE_OPTIONS = {"init_image": None, "strength": None, "mask": None, "paste_back": None, "mask_grow": None,
@@ -200,9 +209,15 @@ class InitImage:
     (samplers/inpaint.read_mask, pool_mask); the strength then defaults to 1."""
 
     def __init__(self, width, height, *, default, rounding="flow", init_image=None, strength=None, mask=None,
-                 paste_back=False, mask_grow=None, mask_blur=None):
+                 paste_back=False, mask_grow=None, mask_blur=None, hires=None):
         from .samplers.img2img import check_strength
         path = init_image
+        # a list: one init image per job (jobs in generate's order: prompt by prompt, num_images each), the hires
+        # pass's (generate(hires_scale=...); `hires` then describes it for the PNGs)
+        self.per_job = isinstance(path, (list, tuple))
+        if self.per_job and (not path or mask is not None):
+            raise GenerateError("init_image: a list holds one image per job, at least one, and takes no mask")
+        self.hires = hires
         self.path, self.rounding, self.latents, self.mask_path = path, rounding, None, mask
         self.paste, self.pixel_mask = bool(paste_back), None
         self.grow, self.blur = mask_grow, mask_blur
@@ -230,7 +245,8 @@ class InitImage:
                 self.blur = check_blur(0 if mask_blur is None else mask_blur)
             except ValueError as e:
                 raise GenerateError(f"--mask-blur: {e}") from None
-        self.pixels = read_init_image(path, width, height)
+        self.pixels = (np.concatenate([read_init_image(p, width, height) for p in path]) if self.per_job
+                       else read_init_image(path, width, height))
         if mask is not None:
             from .data.errors import DataError
             from .samplers.inpaint import pool_mask, read_mask
@@ -271,25 +287,38 @@ class InitImage:
             out.append(Image.fromarray(np.clip(np.round(a * m + orig * (1.0 - m)), 0, 255).astype(np.uint8), "RGB"))
         return out
 
-    def sample_kwargs(self):
+    def check_jobs(self, n):
+        """GenerateError unless a list of init images has one image per job (`n` jobs)."""
+        if self.per_job and len(self.path) != n:
+            raise GenerateError(f"init_image: {len(self.path)} images for {n} jobs (prompts x num_images): one each")
+
+    def sample_kwargs(self, jobs=None):
+        """The sampler's image-to-image arguments for a batch of `jobs` (their indices in the run's job list)."""
         if self.path is None:
             return {}
-        return {"init_latents": self.latents, "strength": self.strength,
+        latents = self.latents[list(jobs)] if self.per_job else self.latents
+        return {"init_latents": latents, "strength": self.strength,
                 **({} if self.mask is None else {"mask": self.mask})}
 
     def info(self):
         if self.path is None:
             return {}
-        return {"init_image": _source(self.path), "strength": self.strength,
+        if self.hires is not None:
+            return {"hires": dict(self.hires, strength=self.strength)}
+        source = f"<{len(self.path)} images>" if self.per_job else _source(self.path)
+        return {"init_image": source, "strength": self.strength,
                 **({} if self.mask_path is None else {"mask": _source(self.mask_path), "paste_back": self.paste,
                                                        "mask_grow": self.grow, "mask_blur": self.blur})}
 
     def fields(self):
-        """The A1111 parameters fields of the strength and the mask blur."""
+        """The A1111 parameters fields of the strength, the mask blur and a hires pass (its steps, and the first
+        pass's size: "Size" is this pass's)."""
         if self.path is None:
             return []
         blur = [("Mask blur", f"{self.blur:g}")] if self.blur else []
-        return [("Denoising strength", f"{self.strength:g}")] + blur
+        hires = [] if self.hires is None else [("Hires steps", self.hires["steps"]),
+                                               ("Hires base size", "{}x{}".format(*self.hires["base_size"]))]
+        return [("Denoising strength", f"{self.strength:g}")] + blur + hires
 
 
 def _check_size(width, height, batch_size, dev, budget):
@@ -401,7 +430,8 @@ class Stages:
     denoiser                         the denoising stage's name ("transformer", "unet")
     load()                           the denoiser on the device, LoRAs applied
     fit(net, cond, batch_size)       under a memory budget: the streamed blocks fitted to it; a report to log
-    sample(net, cond, seeds, rows, callback)   the model-space latents (B, C, h, w) of one batch
+    sample(net, cond, seeds, rows, callback, jobs)   the model-space latents (B, C, h, w) of one batch (jobs: the
+                                     batch's indices in the job list)
     load_vae(), decode(vae, z)       the VAE, and model-space latents (1, C, h, w) -> images in [-1, 1]
     """
     encode: Callable
@@ -458,7 +488,7 @@ def _limited(dev, budget):
 def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, loras=(), width=None, height=None,
              steps=None, guidance=None, seed=None, num_images=1, batch_size=1, output=None, device=None, dtype=None,
              fp8=False, max_gpu_memory=None, max_length=None, progress=True, stats=None, log=None, arch=None,
-             **options):
+             hires_scale=None, hires_strength=None, hires_steps=None, **options):
     """Text-to-image: a list of PIL images, prompt by prompt, `num_images` each (image j of a prompt starts from
     seed + j, so one seed gives the same picture whatever the batch: exactly on the cpu; on cuda up to the rounding
     of GEMMs, whose kernels cuBLAS picks by shape, so more in bfloat16 than in float32). The family comes from the
@@ -487,7 +517,12 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     image (file or PIL), white where the init image is repainted, the rest kept (strength then defaults to 1;
     flame_models/samplers/inpaint.py); mask_grow: pixels it grows by (negative: shrinks; ComfyUI's GrowMask),
     mask_blur: the standard deviation in pixels of a Gaussian blur of it (diffusers' mask_processor.blur), both at
-    the mask's own size; paste_back: the init image's pixels put back outside the mask."""
+    the mask's own size; paste_back: the init image's pixels put back outside the mask.
+
+    Hires pass (A1111's "Hires. fix"; every family but Kontext): hires_scale X -- the images made at width x height,
+    upscaled X times (Lanczos; in (1, 4], floored to the family's multiple of 16 / SDXL 32), encoded and denoised
+    again over hires_strength (default 0.5) of hires_steps (default: steps), each from its own first-pass image and
+    seed. The models load once per pass; the PNGs are the second pass's ("Hires steps", "Hires base size")."""
     from . import registry
     if fp8 not in (False, True, "compute"):
         raise GenerateError(f"fp8: False, True (fp8 storage) or 'compute' (fp8 storage and fp8 matmuls), got {fp8!r}")
@@ -503,13 +538,56 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     for name in sorted(k for k, v in options.items() if v is not None and v is not False and k not in part.OPTIONS):
         raise GenerateError(_refusal(name, family, parts))
     mine = {k: v for k, v in options.items() if k in part.OPTIONS}
-    width, height = init_size(mine.get("init_image"), width, height, getattr(part, "INIT_MULTIPLE", 16))
+    multiple = getattr(part, "INIT_MULTIPLE", 16)
+    width, height = init_size(mine.get("init_image"), width, height, multiple)
     _check_size(width, height, batch_size, _device(device), _budget(max_gpu_memory))  # before any file is read
-    return part.generate(model, prompts, vae=vae, clip_l=clip_l, t5=t5, tokenizer=tokenizer, loras=loras,
-                         width=width, height=height, steps=steps, seed=seed, num_images=num_images,
-                         batch_size=batch_size, output=output, device=device, dtype=dtype, fp8=fp8,
-                         max_gpu_memory=max_gpu_memory, progress=progress, stats=stats,
-                         log=log or (lambda *a: print(*a, file=sys.stderr)), **mine)
+    log = log or (lambda *a: print(*a, file=sys.stderr))
+    run = functools.partial(part.generate, model, prompts, vae=vae, clip_l=clip_l, t5=t5, tokenizer=tokenizer,
+                            loras=loras, num_images=num_images, batch_size=batch_size, device=device, dtype=dtype,
+                            fp8=fp8, max_gpu_memory=max_gpu_memory, progress=progress, stats=stats, log=log, **mine)
+    if hires_scale is None:
+        for name, v in (("hires-strength", hires_strength), ("hires-steps", hires_steps)):
+            if v is not None:
+                raise GenerateError(f"--{name}: applies to a hires pass; pass --hires-scale too")
+        return run(width=width, height=height, steps=steps, seed=seed, output=output)
+    big, hires_strength = _check_hires(family, part, mine, width, height, hires_scale, hires_strength, hires_steps,
+                                       multiple)
+    _check_size(*big, batch_size, _device(device), _budget(max_gpu_memory))
+    seed = random.randrange(2 ** 32) if seed is None else seed   # (one seed for both passes)
+    log(f"hires: the first pass at {width}x{height}")
+    first = run(width=width, height=height, steps=steps, seed=seed, output=None)
+    from PIL import Image
+    upscaled = [im.resize(big, Image.LANCZOS) for im in first]
+    log(f"hires: the second pass at {big[0]}x{big[1]} (Lanczos upscale x{hires_scale:g}, strength {hires_strength:g})")
+    info = {"scale": float(hires_scale), "base_size": [width, height], "upscaler": "lanczos",
+            "steps": hires_steps if hires_steps is not None else steps}
+    return run(width=big[0], height=big[1], steps=hires_steps if hires_steps is not None else steps, seed=seed,
+               output=output, init_image=upscaled, strength=hires_strength, hires=info)
+
+
+def _check_hires(family, part, mine, width, height, scale, strength, steps, multiple):
+    """((width, height) of the second pass, its strength) of a hires run, checked before anything is loaded."""
+    from .samplers.img2img import check_strength
+    if "init_image" not in part.OPTIONS:
+        raise GenerateError(f"--hires-scale: its second pass is image-to-image, which {family} does not take")
+    for name in ("init_image", "mask"):
+        if mine.get(name) is not None:
+            raise GenerateError(f"--hires-scale: starts from text; leave --{name.replace('_', '-')} out")
+    try:
+        scale = float(scale)
+    except (TypeError, ValueError):
+        scale = float("nan")
+    if not 1.0 < scale <= 4.0:
+        raise GenerateError(f"--hires-scale {scale:g}: a factor in (1, 4]")
+    big = (max(multiple, int(width * scale) // multiple * multiple),
+           max(multiple, int(height * scale) // multiple * multiple))
+    try:
+        strength = check_strength(HIRES_STRENGTH if strength is None else strength)
+    except ValueError as e:
+        raise GenerateError(f"--hires-strength: {e}") from None
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise GenerateError(f"--hires-steps {steps}: must be a whole number >= 1")
+    return big, strength
 
 
 def family_of(model, arch=None, parts=None):
@@ -571,7 +649,8 @@ def run_stages(stages, prompts, jobs, *, dev, budget, batch_size, steps, progres
                 for lo in range(0, len(jobs), batch_size):
                     batch = jobs[lo:lo + batch_size]
                     z = stages.sample(net, cond, [s for _, s in batch], [rows[i] for i, _ in batch],
-                                      lambda i, n, k=len(batch): bar.update(k) if bar else None)
+                                      lambda i, n, k=len(batch): bar.update(k) if bar else None,
+                                      range(lo, lo + len(batch)))
                     latents.extend(z.cpu().numpy())
             finally:
                 if bar:
@@ -685,6 +764,14 @@ def build_parser():
                                                                  "mask_processor.blur; A1111's \"Mask blur\")")
     g.add_argument("--paste-back", action="store_true", help="with --mask: put the init image's own pixels back "
                                                              "where the mask keeps them (else the VAE's round trip)")
+    g.add_argument("--hires-scale", type=float, metavar="X", help="a hires pass (A1111's Hires. fix): the images "
+                                                                  "made at --width x --height, upscaled X times "
+                                                                  "(Lanczos) and denoised again from "
+                                                                  "--hires-strength (Flux, SD3, SDXL, Chroma, "
+                                                                  "Qwen-Image)")
+    g.add_argument("--hires-strength", type=float, help="the hires pass's denoising strength (default 0.5)")
+    g.add_argument("--hires-steps", type=int, help="the hires pass's steps (default --steps'), of which "
+                                                   "--hires-strength run")
     g.add_argument("--negative-prompt", help="SD3 / SDXL / Chroma: the negative prompt of classifier-free guidance")
     g.add_argument("--cfg", type=float, help="SD3 / SDXL / Chroma: classifier-free guidance scale (default: SD3.5 "
                                              "Large 4.5, Medium 5, Large Turbo 1; SDXL 5; Chroma 5)")
@@ -770,7 +857,8 @@ def main(argv=None):
                           steps=args.steps, guidance=args.guidance, seed=args.seed, num_images=args.num_images,
                           batch_size=args.batch_size, output=args.output, device=args.device, dtype=args.dtype,
                           fp8="compute" if args.fp8_compute else args.fp8, max_gpu_memory=args.max_gpu_memory,
-                          max_length=args.max_length,
+                          max_length=args.max_length, hires_scale=args.hires_scale,
+                          hires_strength=args.hires_strength, hires_steps=args.hires_steps,
                           progress=not args.no_progress, stats=stats, arch=args.arch, **_family_options(args))
     except _USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)

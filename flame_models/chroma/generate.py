@@ -55,6 +55,7 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, vae=None, clip_l
     C.check_vocabulary(files, C.load_tokenizer_for(files, max_length=max_length))
     seed = random.randrange(2 ** 32) if seed is None else seed
     jobs = [(i, seed + j) for i in range(len(prompts)) for j in range(num_images)]
+    init.check_jobs(len(jobs))
 
     def encode(unique):
         with C.load_text_encoders(files, dtype=dtype, device=dev, t5_quantize="fp8" if fp8 else "auto",
@@ -74,9 +75,9 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, vae=None, clip_l
                                         stream=budget is not None),
         fit=lambda net, cond, n: P.fit_transformer(net, cond, budget, height=height, width=width, batch_size=n,
                                                    guided=guided),
-        sample=lambda net, cond, seeds, rows, callback: P.sample_latents(
+        sample=lambda net, cond, seeds, rows, callback, jobs: P.sample_latents(
             net, cond, negative_of(cond), height=height, width=width, steps=steps, cfg=cfg, seeds=seeds, rows=rows,
-            callback=callback, sampler=sampler, scheduler=scheduler, **init.sample_kwargs()),
+            callback=callback, sampler=sampler, scheduler=scheduler, **init.sample_kwargs(jobs)),
         load_vae=lambda: load_vae_for_flux(files.vae, dtype=dtype, device=dev), decode=decode_latents)
     images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps_run,
                           progress=progress, stats=stats, log=log)

@@ -57,6 +57,7 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     P.check_vocabularies(files, clip_tok, t5_tok)
     seed = random.randrange(2 ** 32) if seed is None else seed
     jobs = [(i, seed + j) for i in range(len(prompts)) for j in range(num_images)]     # (prompt row, seed)
+    init.check_jobs(len(jobs))
 
     def encode(unique):
         with P.load_text_encoders(files, dtype=dtype, device=dev, t5_quantize="fp8" if fp8 else "auto",
@@ -72,9 +73,9 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
                                         stream=budget is not None),
         fit=lambda net, cond, n: P.fit_transformer(net, cond, budget, height=height, width=width, batch_size=n,
                                                    guidance=guidance),
-        sample=lambda net, cond, seeds, rows, callback: P.sample_latents(
+        sample=lambda net, cond, seeds, rows, callback, jobs: P.sample_latents(
             net, cond, height=height, width=width, steps=steps, guidance=guidance, seeds=seeds, rows=rows,
-            callback=callback, sampler=sampler, scheduler=scheduler, **init.sample_kwargs()),
+            callback=callback, sampler=sampler, scheduler=scheduler, **init.sample_kwargs(jobs)),
         load_vae=lambda: P.load_vae_for_flux(files, dtype=dtype, device=dev), decode=P.decode_latents)
     images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps_run,
                           progress=progress, stats=stats, log=log)

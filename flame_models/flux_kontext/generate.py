@@ -87,7 +87,7 @@ def generate(model, prompts, *, image=None, keep_image_size=False, vae=None, cli
                                         stream=budget is not None),
         fit=lambda net, cond, n: P.fit_transformer(net, cond, budget, height=height, width=width, batch_size=n,
                                                    guidance=guidance),
-        sample=lambda net, cond, seeds, rows, callback: P.sample_latents(
+        sample=lambda net, cond, seeds, rows, callback, jobs: P.sample_latents(
             net, cond, height=height, width=width, steps=steps, guidance=guidance, seeds=seeds, rows=rows,
             callback=callback, sampler=sampler, scheduler=scheduler),
         load_vae=lambda: P.load_vae_for_flux(files, dtype=dtype, device=dev), decode=decode_latents)

@@ -114,6 +114,7 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, max_length=None,
     steps_run = init.steps_run(steps)
     seed = random.randrange(2 ** 32) if seed is None else seed
     jobs = [(i, seed + j) for i in range(len(prompts)) for j in range(num_images)]
+    init.check_jobs(len(jobs))
 
     def encode(unique):
         out = _encode_prompts(unique)
@@ -163,9 +164,9 @@ def generate(model, prompts, *, negative_prompt=None, cfg=None, max_length=None,
                                        files.transformer, loras, STACKS, dev, fp8=fp8, stream=budget is not None,
                                        error=QwenImageFilesError),
         fit=fit,
-        sample=lambda net, cond, seeds, rows, callback: S.sample_latents(
+        sample=lambda net, cond, seeds, rows, callback, jobs: S.sample_latents(
             net, cond, negative_of(cond), height=height, width=width, steps=steps, cfg=cfg, seeds=seeds, rows=rows,
-            callback=callback, sampler=sampler, scheduler=scheduler, **init.sample_kwargs()),
+            callback=callback, sampler=sampler, scheduler=scheduler, **init.sample_kwargs(jobs)),
         load_vae=lambda: load_vae(files.vae, dtype=dtype, device=dev), decode=stages.decode_latents)
     images = G.run_stages(stages_, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps_run,
                           progress=progress, stats=stats, log=log)

@@ -140,6 +140,7 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
     check_vocabularies(files, *load_tokenizers(files))
     seed = random.randrange(2 ** 32) if seed is None else seed
     jobs = [(i, seed + j) for i in range(len(prompts)) for j in range(num_images)]     # (prompt row, seed)
+    init.check_jobs(len(jobs))
     guided = cfg != 1.0
 
     def encode(unique):
@@ -159,10 +160,10 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
                                               stream=budget is not None, freeu=freeu),
         fit=lambda net, cond, n: P.fit_unet(net, cond[0], budget, height=height, width=width, batch_size=n,
                                             cfg=cfg),
-        sample=lambda net, cond, seeds, rows, callback: P.sample_latents(
+        sample=lambda net, cond, seeds, rows, callback, jobs: P.sample_latents(
             net, *cond, height=height, width=width, steps=steps, cfg=cfg, seeds=seeds, rows=rows, callback=callback,
             sampler=sampler, scheduler="karras" if karras else "normal", original_size=original_size,
-            crop_coords=crop, target_size=target_size, **init.sample_kwargs()),
+            crop_coords=crop, target_size=target_size, **init.sample_kwargs(jobs)),
         load_vae=lambda: P.load_vae_for_sdxl(files, dtype=dtype, device=dev), decode=P.decode_latents)
     images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps_run,
                           progress=progress, stats=stats, log=log)
