@@ -494,10 +494,11 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     of GEMMs, whose kernels cuBLAS picks by shape, so more in bfloat16 than in float32). The family comes from the
     files (registry.detect_family), a family's Files object, or `arch` ("flux" | "sd3" | "sdxl"); its generate part
     (flame_models/<family>/generate.py) runs with the family's own `options` -- Flux: guidance, max_length, sampler,
-    scheduler, prompt_weights; SD3: negative_prompt, clip_g, cfg, sampler, scheduler, slg_scale, slg_layers, no_t5,
-    max_length, configs, prompt_weights; SDXL: negative_prompt, clip_g, cfg, sampler, karras, original_size, crop,
-    target_size, max_token_length, configs, freeu, prompt_weights, embeddings; Flux Kontext: image, keep_image_size,
-    prompt_weights; every family but Kontext: init_image, strength, mask, mask_grow, mask_blur, paste_back (below).
+    scheduler, prompt_weights, true_cfg, negative_prompt; SD3: negative_prompt, clip_g, cfg, sampler, scheduler,
+    slg_scale, slg_layers, no_t5, max_length, configs, prompt_weights; SDXL: negative_prompt, clip_g, cfg, sampler,
+    karras, original_size, crop, target_size, max_token_length, configs, freeu, prompt_weights, embeddings; Flux
+    Kontext: image, keep_image_size, prompt_weights; every family but Kontext: init_image, strength, mask,
+    mask_grow, mask_blur, paste_back (below).
     An option of another family is refused, naming it.
 
     model: a diffusers folder, a transformer / UNet / SAI single file (with vae=, clip_l=, t5= where it does not
@@ -772,9 +773,13 @@ def build_parser():
     g.add_argument("--hires-strength", type=float, help="the hires pass's denoising strength (default 0.5)")
     g.add_argument("--hires-steps", type=int, help="the hires pass's steps (default --steps'), of which "
                                                    "--hires-strength run")
-    g.add_argument("--negative-prompt", help="SD3 / SDXL / Chroma: the negative prompt of classifier-free guidance")
+    g.add_argument("--negative-prompt", help="SD3 / SDXL / Chroma / Qwen-Image: the negative prompt of "
+                                             "classifier-free guidance (Flux: with --true-cfg)")
     g.add_argument("--cfg", type=float, help="SD3 / SDXL / Chroma: classifier-free guidance scale (default: SD3.5 "
                                              "Large 4.5, Medium 5, Large Turbo 1; SDXL 5; Chroma 5)")
+    g.add_argument("--true-cfg", type=float, metavar="S", help="Flux: true classifier-free guidance (diffusers' "
+                                                                "true_cfg_scale) against --negative-prompt (default "
+                                                                "\"\"); each step runs both prompts")
     g.add_argument("--seed", type=int, help="image j of each prompt uses seed + j (default: random)")
     g.add_argument("--num-images", type=int, default=1, help="images per prompt")
     g.add_argument("--batch-size", type=int, default=1, help="images per transformer call")
@@ -839,7 +844,7 @@ def _family_options(args):
                 clip_g=args.clip_g, cfg=args.cfg, sampler=args.sampler, scheduler=args.scheduler,
                 karras=args.karras, original_size=args.original_size, crop=args.crop, target_size=args.target_size,
                 max_token_length=args.max_token_length, slg_scale=args.slg_scale, slg_layers=args.slg_layers,
-                no_t5=args.no_t5, freeu=args.freeu, prompt_weights=args.prompt_weights,
+                no_t5=args.no_t5, freeu=args.freeu, prompt_weights=args.prompt_weights, true_cfg=args.true_cfg,
                 embeddings=args.embeddings)
     return {k: v for k, v in opts.items() if v is not None and v is not False}   # (a 0 given is given)
 

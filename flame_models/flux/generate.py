@@ -15,8 +15,9 @@ from .components import FluxFiles, find_flux_files
 
 FILES = FluxFiles
 OPTIONS = {"guidance": "Flux's embedded guidance", "max_length": None, "sampler": None, "scheduler": None,
-           "prompt_weights": None, **G.IMAGE_OPTIONS}
-NOTES = {"cfg": "its guidance is embedded (--guidance)",
+           "prompt_weights": None, "true_cfg": "Flux's true classifier-free guidance", "negative_prompt": None,
+           **G.IMAGE_OPTIONS}
+NOTES = {"cfg": "its guidance is embedded (--guidance); true classifier-free guidance: --true-cfg",
          "karras": "use --scheduler karras (its own sigmas respaced as Karras's)"}
 DEV_DEFAULTS = {"steps": 28, "guidance": 3.5}   # diffusers' FluxPipeline defaults for flux-dev
 SCHNELL_STEPS = 4
@@ -25,15 +26,27 @@ SCHNELL_STEPS = 4
 def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, loras=(), width=1024, height=1024,
              steps=None, guidance=None, seed=None, num_images=1, batch_size=1, output=None, device=None, dtype=None,
              fp8=False, max_gpu_memory=None, max_length=None, sampler=None, scheduler=None,
-             prompt_weights=False, progress=True, stats=None, log=print, **image):
+             prompt_weights=False, true_cfg=None, negative_prompt=None, progress=True, stats=None, log=print,
+             **image):
     """Flux text-to-image (flame_models.generate.generate says what the arguments mean). model: a diffusers Flux
     folder, a transformer file (with vae=, clip_l=, t5=) or FluxFiles. sampler: "euler" (default), "heun" or
     "dpmpp_2m".
     image: image-to-image and inpainting (generate.InitImage's keywords: init_image, strength, mask, ...).
-    prompt_weights: ComfyUI's "(text:1.2)" weights on T5's states (conditioning/prompt_weights.py)."""
+    prompt_weights: ComfyUI's "(text:1.2)" weights on T5's states (conditioning/prompt_weights.py). true_cfg: true
+    classifier-free guidance (diffusers' true_cfg_scale, > 1) against negative_prompt (default "": diffusers needs
+    one given), each step running both (bfl/true_cfg.py)."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-    prompt_weights = G.check_prompt_weights(prompts, None, prompt_weights, log)
+    if true_cfg is not None:
+        true_cfg = float(true_cfg)
+        if not math.isfinite(true_cfg) or true_cfg < 1.0:
+            raise G.GenerateError(f"--true-cfg {true_cfg:g}: a finite number >= 1 (1: off)")
+    guided = true_cfg is not None and true_cfg > 1.0
+    if negative_prompt is not None and not guided:
+        raise G.GenerateError("--negative-prompt: Flux reads it under true classifier-free guidance; pass "
+                              "--true-cfg > 1 too")
+    negative = ("" if negative_prompt is None else negative_prompt) if guided else None
+    prompt_weights = G.check_prompt_weights(prompts, negative, prompt_weights, log)
     G._check_args(prompts, width, height, steps, num_images, batch_size, seed)
     sampler = G.flow_sampler(sampler, "Flux")
     scheduler = G.flow_scheduler(scheduler, "Flux")
@@ -64,18 +77,21 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
                                   t5_stream=budget is not None, max_length=max_length,
                                   prompt_weights=prompt_weights) as enc:
             out = G.encode_prompts(enc, unique, budget, log)
+            neg = G.host_arrays(enc.encode([negative])) if guided else None
         init.encode(lambda: P.load_vae_for_flux(files, dtype=dtype, device=dev), P.encode_images, dev, log)
-        return out
+        return out, neg
 
     stages = G.Stages(
         encode=encode, denoiser="transformer",
         load=lambda: P.load_transformer(files, dtype=dtype, device=dev, loras=loras, fp8=fp8,
                                         stream=budget is not None),
-        fit=lambda net, cond, n: P.fit_transformer(net, cond, budget, height=height, width=width, batch_size=n,
-                                                   guidance=guidance),
+        # (under true CFG a step runs two images per image: the budget's fit counts them)
+        fit=lambda net, cond, n: P.fit_transformer(net, cond[0], budget, height=height, width=width,
+                                                   batch_size=n * (2 if guided else 1), guidance=guidance),
         sample=lambda net, cond, seeds, rows, callback, jobs: P.sample_latents(
-            net, cond, height=height, width=width, steps=steps, guidance=guidance, seeds=seeds, rows=rows,
-            callback=callback, sampler=sampler, scheduler=scheduler, **init.sample_kwargs(jobs)),
+            net, cond[0], height=height, width=width, steps=steps, guidance=guidance, seeds=seeds, rows=rows,
+            callback=callback, sampler=sampler, scheduler=scheduler, neg=cond[1], true_cfg=true_cfg or 1.0,
+            **init.sample_kwargs(jobs)),
         load_vae=lambda: P.load_vae_for_flux(files, dtype=dtype, device=dev), decode=P.decode_latents)
     images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps_run,
                           progress=progress, stats=stats, log=log)
@@ -85,16 +101,17 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
         name = G.model_name(files.transformer)
 
         def text_of(i, s):
-            info = {"prompt": prompts[i], "seed": s, "steps": steps, "guidance": guidance, "width": width,
+            info = {"prompt": prompts[i], "negative_prompt": negative, "true_cfg": true_cfg if guided else None,
+                    "seed": s, "steps": steps, "guidance": guidance, "width": width,
                     "height": height, "model": files.transformer, "vae": files.vae, "clip_l": files.clip_l,
                     "t5": files.t5, "loras": [[p, w] for p, w in loras], "sampler": sampler, "scheduler": scheduler,
                     "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8), **init.info()}
             fields = [("Steps", steps), ("Sampler", DISPLAY_NAMES[sampler]), ("Schedule type", SCHEDULES[scheduler]),
-                      ("CFG scale", 1),
+                      ("CFG scale", f"{true_cfg:g}" if guided else 1),
                       ("Distilled CFG Scale", None if guidance is None else f"{guidance:g}"), ("Seed", s),
                       ("Size", f"{width}x{height}"), *init.fields(), ("Model", name), *G.lora_field(loras),
                       ("Version", "FLAME")]
-            return {"parameters": G.parameters_text(prompts[i], None, fields), "flame": json.dumps(info)}
+            return {"parameters": G.parameters_text(prompts[i], negative, fields), "flame": json.dumps(info)}
 
         G.write_pngs(output, jobs, images, text_of, log)
     return images

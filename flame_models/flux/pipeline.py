@@ -18,6 +18,7 @@ import numpy as np
 import flame_core as flame
 
 from ..bfl.transformer import STACKS, check_loras, load_transformer  # noqa: F401
+from ..bfl.true_cfg import TrueCFG
 from ..bfl.vae import LATENT_FORMAT, decode_latents, encode_images, load_vae_for_flux  # noqa: F401
 from ..conditioning import prompt_rows
 from ..pipeline import (  # noqa: F401
@@ -44,7 +45,7 @@ def _model_dtype(model):
 
 def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=None, latents=None, rows=None,
                    callback=None, cuda_graph=None, sampler="euler", scheduler="simple", init_latents=None,
-                   strength=None, mask=None):
+                   strength=None, mask=None, neg=None, true_cfg=1.0):
     """Denoise with the Euler (or sampler="heun" / "dpmpp_2m" / "dpmpp_2m_sde" / "unipc") sampler on Flux's
     (shifted, for dev) schedule; returns model-space latents (B, 16, H/8, W/8) float32; dpmpp_2m_sde draws image i's
     step noise from seeds[i] + 1 (samplers.flow.step_noise).
@@ -59,7 +60,10 @@ def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=No
     the sigma where `strength` (default 0.6, diffusers') of the `steps` are left, then denoised over those
     (samplers/img2img.py); the seeds' noise (or `latents`) is what is added.
     mask (with init_latents): inpainting -- (h, w) at the latents' size, or (1 or B, h, w), in [0, 1], 1 where the
-    image is repainted; the rest stays the image (samplers/inpaint.py); strength then defaults to 1."""
+    image is repainted; the rest stays the image (samplers/inpaint.py); strength then defaults to 1.
+    True CFG (diffusers' true_cfg_scale): with true_cfg > 1 and `neg` (the negative prompt's conditioning, one row
+    or one per prompt) each step also runs the negative prompt and takes v_neg + true_cfg (v_pos - v_neg)
+    (bfl/true_cfg.py)."""
     check_flow_sampler(sampler)
     check_flow_scheduler(scheduler)
     if (strength is not None or mask is not None) and init_latents is None:
@@ -91,12 +95,19 @@ def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=No
         raise ValueError(f"latents of {x.shape[1]} tokens do not fit a {height}x{width} image "
                          f"({img_pos.shape[1]} tokens)")
     txt_pos = text_ids(txt.shape[1], B, device=dev)
+    net = model
+    if true_cfg is not None and float(true_cfg) > 1.0 and neg is not None:
+        n = neg["pooled_prompt_embeds"].shape[0]   # (one row for every image, or one per prompt)
+        neg_txt, neg_y = prompt_rows(neg, [r if n > 1 else 0 for r in rows], dev, dtype)
+        if neg_txt.shape[1] != txt.shape[1]:
+            raise ValueError(f"the negative prompt has {neg_txt.shape[1]} T5 tokens, the prompt {txt.shape[1]}")
+        net = TrueCFG(model, neg_txt, neg_y, true_cfg)
     timesteps = respace(get_schedule(steps, x.shape[1], shift=p.guidance_embed), scheduler)
     inpaint = None
     if init_latents is not None:
         timesteps, x, inpaint = flow_init(timesteps, x, init_latents, strength, mask,
                                           (B, LATENT_CHANNELS, height // 8, width // 8), dev, pack)
-    out = denoise(model, x, img_pos, txt, txt_pos, y, timesteps, guidance, cuda_graph, callback, sampler,
+    out = denoise(net, x, img_pos, txt, txt_pos, y, timesteps, guidance, cuda_graph, callback, sampler,
                   step_noise(seeds, dev) if sampler in STOCHASTIC else None, inpaint=inpaint)
     return unpack(out, height, width)
 

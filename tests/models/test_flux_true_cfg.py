@@ -1,0 +1,69 @@
+"""Flux's true classifier-free guidance (flame_models/bfl/true_cfg.py; flux.pipeline.sample_latents(neg=,
+true_cfg=); generate --true-cfg / --negative-prompt) against diffusers' FluxPipeline with true_cfg_scale and a
+negative prompt (tests/fixtures/make_flux_true_cfg_fixtures.py) on the tiny pipeline; the command line."""
+import json
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import flame_core as flame
+from flame_core.io import load_file
+from flame_models.flux.pipeline import find_flux_files, load_text_encoders, load_transformer, pack, sample_latents
+
+HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "flux_pipeline")
+REF = {k: v.numpy() for k, v in load_file(os.path.join(HERE, "true_cfg.safetensors")).items()}
+with open(os.path.join(HERE, "true_cfg.json")) as f:
+    META = json.load(f)
+
+
+@pytest.fixture(scope="module")
+def parts():
+    files = find_flux_files(os.path.join(HERE, "pipeline"))
+    with load_text_encoders(files, dtype=flame.float32, device="cpu") as enc:
+        cond, neg = enc.encode([META["prompt"]]), enc.encode([META["negative"]])
+    latents = load_file(os.path.join(HERE, "golden.safetensors"))["latents"].numpy()
+    return load_transformer(files, dtype=flame.float32, device="cpu"), cond, neg, latents
+
+
+@pytest.mark.parametrize("scale", META["scales"])
+def test_true_cfg_is_diffusers(parts, scale):
+    model, cond, neg, latents = parts
+    z = sample_latents(model, cond, height=META["height"], width=META["width"], steps=META["steps"],
+                       guidance=META["guidance"], latents=latents, neg=neg, true_cfg=scale)
+    want = REF[f"latents_{scale:g}"]
+    assert np.abs(pack(z).numpy() - want).max() <= 1e-5 * np.abs(want).max()
+    assert np.abs(want - REF["plain"]).max() > 1e-2                     # (the guidance moves the latents)
+
+
+def test_scale_one_is_plain(parts):
+    model, cond, neg, latents = parts
+    z = sample_latents(model, cond, height=META["height"], width=META["width"], steps=META["steps"],
+                       guidance=META["guidance"], latents=latents, neg=neg, true_cfg=1.0)
+    assert np.abs(pack(z).numpy() - REF["plain"]).max() <= 1e-5 * np.abs(REF["plain"]).max()
+
+
+def test_generate_true_cfg(tmp_path, capsys):
+    from flame_models.bfl.tiny import tiny_flux_files
+    from flame_models.generate import generate, main
+    tiny = tiny_flux_files(tmp_path / "flux", seed=1)
+    kw = dict(steps=3, seed=2, width=32, height=32, progress=False, log=lambda *a: None, device="cpu", dtype="fp32")
+    plain = np.asarray(generate(tiny, "a red square", **kw)[0], np.int16)
+    same = np.asarray(generate(tiny, "a red square", true_cfg=1.0, **kw)[0], np.int16)
+    np.testing.assert_array_equal(plain, same)
+    out = tmp_path / "out"
+    guided = np.asarray(generate(tiny, "a red square", true_cfg=3.0, negative_prompt="a blue circle",
+                                 output=str(out), **kw)[0], np.int16)
+    assert np.abs(guided - plain).max() > 0
+    im = Image.open(out / os.listdir(out)[0])
+    assert "Negative prompt: a blue circle" in im.text["parameters"] and "CFG scale: 3," in im.text["parameters"]
+    info = json.loads(im.text["flame"])
+    assert info["true_cfg"] == 3.0 and info["negative_prompt"] == "a blue circle"
+    base = ["--model", os.path.dirname(tiny.transformer), "--prompt", "x", "--steps", "2", "--output",
+            str(tmp_path / "o"), "--no-progress", "--device", "cpu"]
+    for extra, needle in ((["--negative-prompt", "y"], "--negative-prompt: Flux reads it under true"),
+                          (["--true-cfg", "0.5"], "--true-cfg 0.5: a finite number >= 1"),
+                          (["--cfg", "3"], "true classifier-free guidance: --true-cfg")):
+        assert main(base + extra) == 2, extra
+        assert needle in capsys.readouterr().err, needle
