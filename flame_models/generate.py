@@ -217,7 +217,7 @@ class InitImage:
         self.per_job = isinstance(path, (list, tuple))
         if self.per_job and (not path or mask is not None):
             raise GenerateError("init_image: a list holds one image per job, at least one, and takes no mask")
-        self.hires = hires
+        self.hires, self.steps = hires, None
         self.path, self.rounding, self.latents, self.mask_path = path, rounding, None, mask
         self.paste, self.pixel_mask = bool(paste_back), None
         self.grow, self.blur = mask_grow, mask_blur
@@ -259,6 +259,7 @@ class InitImage:
 
     def steps_run(self, steps):
         """How many of `steps` run (all in text-to-image); GenerateError when the strength leaves none."""
+        self.steps = steps   # (the family's, its default resolved: a hires pass's PNG fields name them)
         if self.path is None:
             return steps
         from .samplers.img2img import skipped_steps
@@ -304,7 +305,7 @@ class InitImage:
         if self.path is None:
             return {}
         if self.hires is not None:
-            return {"hires": dict(self.hires, strength=self.strength)}
+            return {"hires": dict(self.hires, steps=self.steps, strength=self.strength)}
         source = f"<{len(self.path)} images>" if self.per_job else _source(self.path)
         return {"init_image": source, "strength": self.strength,
                 **({} if self.mask_path is None else {"mask": _source(self.mask_path), "paste_back": self.paste,
@@ -316,7 +317,7 @@ class InitImage:
         if self.path is None:
             return []
         blur = [("Mask blur", f"{self.blur:g}")] if self.blur else []
-        hires = [] if self.hires is None else [("Hires steps", self.hires["steps"]),
+        hires = [] if self.hires is None else [("Hires steps", self.steps),
                                                ("Hires base size", "{}x{}".format(*self.hires["base_size"]))]
         return [("Denoising strength", f"{self.strength:g}")] + blur + hires
 
@@ -560,8 +561,7 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     from PIL import Image
     upscaled = [im.resize(big, Image.LANCZOS) for im in first]
     log(f"hires: the second pass at {big[0]}x{big[1]} (Lanczos upscale x{hires_scale:g}, strength {hires_strength:g})")
-    info = {"scale": float(hires_scale), "base_size": [width, height], "upscaler": "lanczos",
-            "steps": hires_steps if hires_steps is not None else steps}
+    info = {"scale": float(hires_scale), "base_size": [width, height], "upscaler": "lanczos"}
     return run(width=big[0], height=big[1], steps=hires_steps if hires_steps is not None else steps, seed=seed,
                output=output, init_image=upscaled, strength=hires_strength, hires=info)
 

@@ -89,3 +89,11 @@ def test_what_hires_refuses(tiny, tmp_path, capsys):
         generate(tiny, "x", steps=3, width=32, height=32, init_image=[str(img), str(img)], **QUIET)
     with pytest.raises(GenerateError, match="takes no mask"):
         generate(tiny, "x", steps=3, width=32, height=32, init_image=[str(img)], mask=str(img), **QUIET)
+
+
+def test_the_png_names_the_familys_default_steps(tiny, tmp_path):
+    out = tmp_path / "out"
+    generate(tiny, "x", seed=1, width=32, height=32, hires_scale=1.5, output=str(out), **QUIET)   # dev: 28 steps
+    im = Image.open(out / os.listdir(out)[0])
+    assert "Steps: 28," in im.text["parameters"] and "Hires steps: 28, Hires base size: 32x32" in im.text["parameters"]
+    assert json.loads(im.text["flame"])["hires"]["steps"] == 28
