@@ -110,7 +110,8 @@ def test_generate_refuses_another_familys_option_naming_whose_it_is():
     assert G._refusal("max_length", "sdxl", parts) == ("--max-length: a Flux / SD3 / Flux Kontext / Chroma / "
                                                        "Qwen-Image option; this model is SDXL")
     assert G._refusal("cfg", "flux", parts) == ("--cfg: an SD3 / SDXL / Chroma / Qwen-Image option; this model is "
-                                                "Flux: its guidance is embedded (--guidance)")
+                                                "Flux: its guidance is embedded (--guidance); true classifier-free "
+                                                "guidance: --true-cfg")
     assert G._refusal("image", "chroma", parts) == "--image: a Flux Kontext option; this model is Chroma"
     assert G._refusal("guidance", "sd3", parts).startswith("--guidance: Flux's embedded guidance; this model is SD3")
     with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['colour'\]"):
