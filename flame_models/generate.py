@@ -37,6 +37,7 @@ guidance, seed, size, model, LoRAs with weights) and the same as JSON under `fla
 """
 import argparse
 import functools
+import math
 import os
 import random
 import sys
@@ -164,6 +165,24 @@ def encode_init_image(pixels, load_vae, encode, dev, log):
         memory.empty_cache(dev)
     log(f"init image: encoded to latents {tuple(out.shape)} in {time.perf_counter() - t0:.1f} s")
     return out
+
+
+def check_true_cfg(true_cfg, negative_prompt):
+    """(guided, the negative prompt) of Flux's / Kontext's true classifier-free guidance, checked before anything is
+    loaded: a scale > 1 guides against negative_prompt (default "": diffusers needs one given and would ignore the
+    scale without it); a negative prompt without a scale is refused rather than ignored."""
+    if true_cfg is not None:
+        try:
+            true_cfg = float(true_cfg)
+        except (TypeError, ValueError):
+            true_cfg = float("nan")
+        if not math.isfinite(true_cfg) or true_cfg < 1.0:
+            raise GenerateError(f"--true-cfg {true_cfg:g}: a finite number >= 1 (1: off)")
+    guided = true_cfg is not None and true_cfg > 1.0
+    if negative_prompt is not None and not guided:
+        raise GenerateError("--negative-prompt: Flux reads it under true classifier-free guidance; pass --true-cfg > 1 "
+                            "too")
+    return guided, (("" if negative_prompt is None else negative_prompt) if guided else None)
 
 
 def check_prompt_weights(prompts, negative_prompt, prompt_weights, log):
@@ -498,8 +517,8 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     scheduler, prompt_weights, true_cfg, negative_prompt; SD3: negative_prompt, clip_g, cfg, sampler, scheduler,
     slg_scale, slg_layers, no_t5, max_length, configs, prompt_weights; SDXL: negative_prompt, clip_g, cfg, sampler,
     karras, original_size, crop, target_size, max_token_length, configs, freeu, prompt_weights, embeddings; Flux
-    Kontext: image, keep_image_size, prompt_weights; every family but Kontext: init_image, strength, mask,
-    mask_grow, mask_blur, paste_back (below).
+    Kontext: image, keep_image_size, prompt_weights, true_cfg, negative_prompt; every family but Kontext: init_image,
+    strength, mask, mask_grow, mask_blur, paste_back (below).
     An option of another family is refused, naming it.
 
     model: a diffusers folder, a transformer / UNet / SAI single file (with vae=, clip_l=, t5= where it does not
@@ -774,12 +793,12 @@ def build_parser():
     g.add_argument("--hires-steps", type=int, help="the hires pass's steps (default --steps'), of which "
                                                    "--hires-strength run")
     g.add_argument("--negative-prompt", help="SD3 / SDXL / Chroma / Qwen-Image: the negative prompt of "
-                                             "classifier-free guidance (Flux: with --true-cfg)")
+                                             "classifier-free guidance (Flux / Flux Kontext: with --true-cfg)")
     g.add_argument("--cfg", type=float, help="SD3 / SDXL / Chroma: classifier-free guidance scale (default: SD3.5 "
                                              "Large 4.5, Medium 5, Large Turbo 1; SDXL 5; Chroma 5)")
-    g.add_argument("--true-cfg", type=float, metavar="S", help="Flux: true classifier-free guidance (diffusers' "
-                                                                "true_cfg_scale) against --negative-prompt (default "
-                                                                "\"\"); each step runs both prompts")
+    g.add_argument("--true-cfg", type=float, metavar="S",
+                   help="Flux / Flux Kontext: true classifier-free guidance (diffusers' true_cfg_scale) against "
+                        "--negative-prompt (default \"\"); each step runs both prompts")
     g.add_argument("--seed", type=int, help="image j of each prompt uses seed + j (default: random)")
     g.add_argument("--num-images", type=int, default=1, help="images per prompt")
     g.add_argument("--batch-size", type=int, default=1, help="images per transformer call")

@@ -10,6 +10,8 @@ under block streaming (the wrapped model's streamer is found through it); each s
 import flame_core as flame
 import flame_nn
 
+from ..conditioning import prompt_rows
+
 
 class TrueCFG(flame_nn.Module):
     """`model` (a Flux) with the negative conditioning neg_txt (B, L, C) / neg_y (B, vec) -- the rows of the images
@@ -29,3 +31,16 @@ class TrueCFG(flame_nn.Module):
         B = img.shape[0]
         v_pos, v_neg = v[:B], v[B:]
         return v_neg + self.scale * (v_pos - v_neg)
+
+
+def with_true_cfg(model, neg, rows, txt, scale, device, dtype):
+    """`model` wrapped in TrueCFG when `scale` > 1 and `neg` is given ({"prompt_embeds", "pooled_prompt_embeds"}: one
+    row for every image, or one per prompt, picked by `rows`), else `model`; a ValueError when the negative prompt's
+    T5 length differs from the prompt's (`txt`)."""
+    if scale is None or float(scale) <= 1.0 or neg is None:
+        return model
+    n = neg["pooled_prompt_embeds"].shape[0]
+    neg_txt, neg_y = prompt_rows(neg, [r if n > 1 else 0 for r in rows], device, dtype)
+    if neg_txt.shape[1] != txt.shape[1]:
+        raise ValueError(f"the negative prompt has {neg_txt.shape[1]} T5 tokens, the prompt {txt.shape[1]}")
+    return TrueCFG(model, neg_txt, neg_y, scale)

@@ -37,15 +37,7 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     one given), each step running both (bfl/true_cfg.py)."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-    if true_cfg is not None:
-        true_cfg = float(true_cfg)
-        if not math.isfinite(true_cfg) or true_cfg < 1.0:
-            raise G.GenerateError(f"--true-cfg {true_cfg:g}: a finite number >= 1 (1: off)")
-    guided = true_cfg is not None and true_cfg > 1.0
-    if negative_prompt is not None and not guided:
-        raise G.GenerateError("--negative-prompt: Flux reads it under true classifier-free guidance; pass "
-                              "--true-cfg > 1 too")
-    negative = ("" if negative_prompt is None else negative_prompt) if guided else None
+    guided, negative = G.check_true_cfg(true_cfg, negative_prompt)
     prompt_weights = G.check_prompt_weights(prompts, negative, prompt_weights, log)
     G._check_args(prompts, width, height, steps, num_images, batch_size, seed)
     sampler = G.flow_sampler(sampler, "Flux")
@@ -90,7 +82,7 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
                                                    batch_size=n * (2 if guided else 1), guidance=guidance),
         sample=lambda net, cond, seeds, rows, callback, jobs: P.sample_latents(
             net, cond[0], height=height, width=width, steps=steps, guidance=guidance, seeds=seeds, rows=rows,
-            callback=callback, sampler=sampler, scheduler=scheduler, neg=cond[1], true_cfg=true_cfg or 1.0,
+            callback=callback, sampler=sampler, scheduler=scheduler, neg=cond[1], true_cfg=true_cfg if guided else 1.0,
             **init.sample_kwargs(jobs)),
         load_vae=lambda: P.load_vae_for_flux(files, dtype=dtype, device=dev), decode=P.decode_latents)
     images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps_run,
@@ -101,13 +93,13 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
         name = G.model_name(files.transformer)
 
         def text_of(i, s):
-            info = {"prompt": prompts[i], "negative_prompt": negative, "true_cfg": true_cfg if guided else None,
+            info = {"prompt": prompts[i], "negative_prompt": negative, "true_cfg": float(true_cfg) if guided else None,
                     "seed": s, "steps": steps, "guidance": guidance, "width": width,
                     "height": height, "model": files.transformer, "vae": files.vae, "clip_l": files.clip_l,
                     "t5": files.t5, "loras": [[p, w] for p, w in loras], "sampler": sampler, "scheduler": scheduler,
                     "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8), **init.info()}
             fields = [("Steps", steps), ("Sampler", DISPLAY_NAMES[sampler]), ("Schedule type", SCHEDULES[scheduler]),
-                      ("CFG scale", f"{true_cfg:g}" if guided else 1),
+                      ("CFG scale", f"{float(true_cfg):g}" if guided else 1),
                       ("Distilled CFG Scale", None if guidance is None else f"{guidance:g}"), ("Seed", s),
                       ("Size", f"{width}x{height}"), *init.fields(), ("Model", name), *G.lora_field(loras),
                       ("Version", "FLAME")]

@@ -18,7 +18,7 @@ import numpy as np
 import flame_core as flame
 
 from ..bfl.transformer import STACKS, check_loras, load_transformer  # noqa: F401
-from ..bfl.true_cfg import TrueCFG
+from ..bfl.true_cfg import with_true_cfg
 from ..bfl.vae import LATENT_FORMAT, decode_latents, encode_images, load_vae_for_flux  # noqa: F401
 from ..conditioning import prompt_rows
 from ..pipeline import (  # noqa: F401
@@ -95,13 +95,7 @@ def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=No
         raise ValueError(f"latents of {x.shape[1]} tokens do not fit a {height}x{width} image "
                          f"({img_pos.shape[1]} tokens)")
     txt_pos = text_ids(txt.shape[1], B, device=dev)
-    net = model
-    if true_cfg is not None and float(true_cfg) > 1.0 and neg is not None:
-        n = neg["pooled_prompt_embeds"].shape[0]   # (one row for every image, or one per prompt)
-        neg_txt, neg_y = prompt_rows(neg, [r if n > 1 else 0 for r in rows], dev, dtype)
-        if neg_txt.shape[1] != txt.shape[1]:
-            raise ValueError(f"the negative prompt has {neg_txt.shape[1]} T5 tokens, the prompt {txt.shape[1]}")
-        net = TrueCFG(model, neg_txt, neg_y, true_cfg)
+    net = with_true_cfg(model, neg, rows, txt, true_cfg, dev, dtype)
     timesteps = respace(get_schedule(steps, x.shape[1], shift=p.guidance_embed), scheduler)
     inpaint = None
     if init_latents is not None:

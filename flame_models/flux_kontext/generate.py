@@ -23,8 +23,8 @@ class KontextFiles(FluxFiles):
 
 FILES = KontextFiles
 OPTIONS = {"guidance": "Flux's embedded guidance", "max_length": None, "image": None, "keep_image_size": None,
-           "sampler": None, "scheduler": None, "prompt_weights": None}
-NOTES = {"cfg": "its guidance is embedded (--guidance)",
+           "sampler": None, "scheduler": None, "prompt_weights": None, "true_cfg": None, "negative_prompt": None}
+NOTES = {"cfg": "its guidance is embedded (--guidance); true classifier-free guidance: --true-cfg",
          "karras": "use --scheduler karras (its own sigmas respaced as Karras's)",
          **{name: "it edits the reference image given with --image, from noise" for name in G.IMAGE_OPTIONS}}
 DEFAULTS = {"steps": 28, "guidance": 2.5}
@@ -41,15 +41,18 @@ def find_files(model, **parts):
 def generate(model, prompts, *, image=None, keep_image_size=False, vae=None, clip_l=None, t5=None, tokenizer=None,
              loras=(), width=1024, height=1024, steps=None, guidance=None, seed=None, num_images=1, batch_size=1,
              output=None, device=None, dtype=None, fp8=False, max_gpu_memory=None, max_length=None, sampler=None,
-             scheduler=None, prompt_weights=False, progress=True, stats=None, log=print):
+             scheduler=None, prompt_weights=False, true_cfg=None, negative_prompt=None, progress=True, stats=None,
+             log=print):
     """Flux Kontext image editing (flame_models.generate.generate says what the arguments mean); image: the
     reference image's path (required), resized to Kontext's resolution list (diffusers' default) or, with
     keep_image_size, kept at its own size floored to 16 (diffusers' `_auto_resize=False`); sampler: "euler"
     (default), "heun", "dpmpp_2m", "dpmpp_2m_sde" or "unipc". prompt_weights: ComfyUI's "(text:1.2)" weights on
-    T5's states (conditioning/prompt_weights.py)."""
+    T5's states (conditioning/prompt_weights.py). true_cfg / negative_prompt: true classifier-free guidance, as
+    Flux's (diffusers' FluxKontextPipeline true_cfg_scale; bfl/true_cfg.py)."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-    prompt_weights = G.check_prompt_weights(prompts, None, prompt_weights, log)
+    guided, negative = G.check_true_cfg(true_cfg, negative_prompt)
+    prompt_weights = G.check_prompt_weights(prompts, negative, prompt_weights, log)
     G._check_args(prompts, width, height, steps, num_images, batch_size, seed)
     if image is None:
         raise G.GenerateError("--image: Flux Kontext edits a reference image; pass --image ref.png")
@@ -76,20 +79,23 @@ def generate(model, prompts, *, image=None, keep_image_size=False, vae=None, cli
                                   t5_stream=budget is not None, max_length=max_length,
                                   prompt_weights=prompt_weights) as enc:
             out = G.encode_prompts(enc, unique, budget, log)
+            neg = G.host_arrays(enc.encode([negative])) if guided else None
         vae_model = P.load_vae_for_flux(files, dtype=dtype, device=dev)
         out.update(P.encode_reference(vae_model, pixels))
         del vae_model
-        return out
+        return out, neg
 
     stages = G.Stages(
         encode=encode, denoiser="transformer",
         load=lambda: P.load_transformer(files, dtype=dtype, device=dev, loras=loras, fp8=fp8,
                                         stream=budget is not None),
-        fit=lambda net, cond, n: P.fit_transformer(net, cond, budget, height=height, width=width, batch_size=n,
-                                                   guidance=guidance),
+        # (under true CFG a step runs two images per image: the budget's fit counts them)
+        fit=lambda net, cond, n: P.fit_transformer(net, cond[0], budget, height=height, width=width,
+                                                   batch_size=n * (2 if guided else 1), guidance=guidance),
         sample=lambda net, cond, seeds, rows, callback, jobs: P.sample_latents(
-            net, cond, height=height, width=width, steps=steps, guidance=guidance, seeds=seeds, rows=rows,
-            callback=callback, sampler=sampler, scheduler=scheduler),
+            net, cond[0], height=height, width=width, steps=steps, guidance=guidance, seeds=seeds, rows=rows,
+            callback=callback, sampler=sampler, scheduler=scheduler, neg=cond[1],
+            true_cfg=float(true_cfg) if guided else 1.0),
         load_vae=lambda: P.load_vae_for_flux(files, dtype=dtype, device=dev), decode=decode_latents)
     images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps,
                           progress=progress, stats=stats, log=log)
@@ -98,15 +104,17 @@ def generate(model, prompts, *, image=None, keep_image_size=False, vae=None, cli
         name = G.model_name(files.transformer)
 
         def text_of(i, s):
-            info = {"prompt": prompts[i], "image": str(image), "reference_size": list(pixels.shape[:1:-1]),
+            info = {"prompt": prompts[i], "negative_prompt": negative, "true_cfg": float(true_cfg) if guided else None,
+                    "image": str(image), "reference_size": list(pixels.shape[:1:-1]),
                     "seed": s, "steps": steps, "guidance": guidance,
                     "width": width, "height": height, "model": files.transformer, "vae": files.vae,
                     "loras": [[p, w] for p, w in loras], "sampler": sampler, "scheduler": scheduler,
                     "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8)}
             fields = [("Steps", steps), ("Sampler", DISPLAY_NAMES[sampler]), ("Schedule type", SCHEDULES[scheduler]),
-                      ("CFG scale", 1), ("Distilled CFG Scale", f"{guidance:g}"), ("Seed", s),
+                      ("CFG scale", f"{float(true_cfg):g}" if guided else 1), ("Distilled CFG Scale", f"{guidance:g}"),
+                      ("Seed", s),
                       ("Size", f"{width}x{height}"), ("Model", name), *G.lora_field(loras), ("Version", "FLAME")]
-            return {"parameters": G.parameters_text(prompts[i], None, fields), "flame": json.dumps(info)}
+            return {"parameters": G.parameters_text(prompts[i], negative, fields), "flame": json.dumps(info)}
 
         G.write_pngs(output, jobs, images, text_of, log)
     return images

@@ -8,6 +8,7 @@ import flame_core as flame
 from ..bfl.components import FluxFilesError
 from ..bfl.sampling import LATENT_CHANNELS, image_ids, pack, seeded_noise, text_ids, unpack
 from ..bfl.transformer import STACKS, check_loras, load_transformer  # noqa: F401
+from ..bfl.true_cfg import with_true_cfg
 from ..bfl.vae import encode_images, load_vae_for_flux
 from ..conditioning import prompt_rows
 from ..samplers.flow import STOCHASTIC, check_flow_sampler, step_noise
@@ -49,21 +50,34 @@ def _reference(cond, B, dev, dtype):
     return ref, ids
 
 
-def sample_latents(model, cond, *, height, width, steps, guidance, seeds, rows=None, callback=None,
-                   cuda_graph=None, sampler="euler", scheduler="simple"):
+def sample_latents(model, cond, *, height, width, steps, guidance, seeds=None, latents=None, rows=None,
+                   callback=None, cuda_graph=None, sampler="euler", scheduler="simple", neg=None, true_cfg=1.0):
     """Model-space latents (B, 16, H/8, W/8) float32 of the edit: Euler (or Heun / DPM++ 2M: sampler) on FLUX.1-dev's
     schedule (respaced by scheduler: samplers/flow_schedules.py) with the
     embedded guidance, the reference tokens of cond["ref_latents"] appended at every step. cond: prompt_embeds,
-    pooled_prompt_embeds (one row per prompt; `rows` picks each image's), ref_latents, ref_height, ref_width."""
+    pooled_prompt_embeds (one row per prompt; `rows` picks each image's), ref_latents, ref_height, ref_width.
+    Noise: one seed per image, or `latents` (packed (B, L, 64) or (B, 16, H/8, W/8)). True CFG (diffusers'
+    true_cfg_scale): with true_cfg > 1 and `neg` (the negative prompt's prompt_embeds / pooled_prompt_embeds) each
+    step also runs the negative prompt with the same image and reference tokens (bfl/true_cfg.py)."""
     check_flow_sampler(sampler)
     check_flow_scheduler(scheduler)
+    if (seeds is None) == (latents is None):
+        raise ValueError("pass exactly one of seeds= (one per image) and latents=")
+    if sampler in STOCHASTIC and seeds is None:
+        raise ValueError(f"{sampler} draws its step noise from the images' seeds: pass seeds=, not latents=")
     dev = model.img_in.weight.device
     dtype = model.img_in.weight.dtype
-    x = seeded_noise(seeds, height, width, device=dev)
+    if latents is None:
+        x = seeded_noise(seeds, height, width, device=dev)
+    else:
+        x = latents if isinstance(latents, flame.Tensor) else flame.tensor(np.asarray(latents))
+        x = x.to(dev).float()
+        x = pack(x) if x.ndim == 4 else x
     B = x.shape[0]
     rows = list(range(B)) if rows is None else list(rows)
     txt, y = prompt_rows(cond, rows, dev, dtype)
     ref, ref_ids = _reference(cond, B, dev, dtype)
+    model = with_true_cfg(model, neg, rows, txt, true_cfg, dev, dtype)   # (inside the reference wrapper)
     out = denoise_with_reference(model, x, image_ids(height, width, B, device=dev), ref, ref_ids, txt,
                                  text_ids(txt.shape[1], B, device=dev), y, steps, guidance,
                                  cuda_graph=cuda_graph, callback=callback, sampler=sampler, scheduler=scheduler,
