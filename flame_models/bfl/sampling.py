@@ -117,6 +117,22 @@ def seeded_noise(seeds, height, width, *, device=None):
     return pack(noise[0] if len(noise) == 1 else flame.cat(noise, dim=0))
 
 
+def start_noise(seeds, latents, height, width, sampler, device):
+    """The packed starting noise (B, h*w, 64) float32 of a run: one image per seed (seeded_noise), or `latents`
+    given (packed (B, L, 64) or (B, 16, H/8, W/8), a Tensor or an array) -- exactly one of the two; a stochastic
+    sampler draws its step noise from the seeds, so it needs them."""
+    if (seeds is None) == (latents is None):
+        raise ValueError("pass exactly one of seeds= (one per image) and latents=")
+    if sampler in STOCHASTIC and seeds is None:
+        raise ValueError(f"{sampler} draws its step noise from the images' seeds: pass seeds=, not latents=")
+    if latents is None:
+        return seeded_noise(seeds, height, width, device=device)
+    import numpy as np
+    x = latents if isinstance(latents, flame.Tensor) else flame.tensor(np.asarray(latents))
+    x = x.to(device).float()
+    return pack(x) if x.ndim == 4 else x
+
+
 def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda_graph=None, callback=None,
             sampler="euler", step_noise=None, inpaint=None):
     """`sampler` ("euler": x <- x + (t_next - t) * v(x, t), "heun", "dpmpp_2m" or "unipc", samplers/flow.py) steps along

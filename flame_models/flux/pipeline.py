@@ -13,7 +13,6 @@ largest stage's, not the sum: prompt encoding (conditioning.py), the transformer
 Latents in "model space" are what the transformer sees (VAE latents z as (z - 0.1159) * 0.3611, unpacked to
 (B, 16, H/8, W/8)); decode_latents / encode_images convert to and from images in [-1, 1].
 """
-import numpy as np
 
 import flame_core as flame
 
@@ -36,7 +35,7 @@ from ..samplers.img2img import flow_init
 from .components import FluxFiles, FluxFilesError, find_flux_files  # noqa: F401
 from .conditioning import FluxTextEncoders, check_vocabularies, encode_prompts, load_text_encoders, load_tokenizers
 from .loading import load_flux  # noqa: F401
-from .sampling import LATENT_CHANNELS, denoise, get_schedule, image_ids, pack, seeded_noise, text_ids, unpack
+from .sampling import LATENT_CHANNELS, denoise, get_schedule, image_ids, pack, start_noise, text_ids, unpack
 
 
 def _model_dtype(model):
@@ -74,16 +73,7 @@ def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=No
         raise ValueError("this Flux model (dev) embeds a guidance strength: pass guidance= (e.g. 3.5)")
     if not p.guidance_embed and guidance is not None:
         raise ValueError("this Flux model (schnell-like) has no guidance embedding: pass guidance=None")
-    if (seeds is None) == (latents is None):
-        raise ValueError("pass exactly one of seeds= (one per image) and latents=")
-    if sampler in STOCHASTIC and seeds is None:
-        raise ValueError(f"{sampler} draws its step noise from the images' seeds: pass seeds=, not latents=")
-    if latents is None:
-        x = seeded_noise(seeds, height, width, device=dev)
-    else:
-        x = latents if isinstance(latents, flame.Tensor) else flame.tensor(np.asarray(latents))
-        x = x.to(dev).float()
-        x = pack(x) if x.ndim == 4 else x
+    x = start_noise(seeds, latents, height, width, sampler, dev)
     B = x.shape[0]
     rows = list(range(B)) if rows is None else list(rows)
     if len(rows) != B:

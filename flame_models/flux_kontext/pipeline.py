@@ -6,7 +6,7 @@ import numpy as np
 import flame_core as flame
 
 from ..bfl.components import FluxFilesError
-from ..bfl.sampling import LATENT_CHANNELS, image_ids, pack, seeded_noise, text_ids, unpack
+from ..bfl.sampling import LATENT_CHANNELS, image_ids, pack, start_noise, text_ids, unpack
 from ..bfl.transformer import STACKS, check_loras, load_transformer  # noqa: F401
 from ..bfl.true_cfg import with_true_cfg
 from ..bfl.vae import encode_images, load_vae_for_flux
@@ -61,18 +61,9 @@ def sample_latents(model, cond, *, height, width, steps, guidance, seeds=None, l
     step also runs the negative prompt with the same image and reference tokens (bfl/true_cfg.py)."""
     check_flow_sampler(sampler)
     check_flow_scheduler(scheduler)
-    if (seeds is None) == (latents is None):
-        raise ValueError("pass exactly one of seeds= (one per image) and latents=")
-    if sampler in STOCHASTIC and seeds is None:
-        raise ValueError(f"{sampler} draws its step noise from the images' seeds: pass seeds=, not latents=")
     dev = model.img_in.weight.device
     dtype = model.img_in.weight.dtype
-    if latents is None:
-        x = seeded_noise(seeds, height, width, device=dev)
-    else:
-        x = latents if isinstance(latents, flame.Tensor) else flame.tensor(np.asarray(latents))
-        x = x.to(dev).float()
-        x = pack(x) if x.ndim == 4 else x
+    x = start_noise(seeds, latents, height, width, sampler, dev)
     B = x.shape[0]
     rows = list(range(B)) if rows is None else list(rows)
     txt, y = prompt_rows(cond, rows, dev, dtype)
