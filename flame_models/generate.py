@@ -53,6 +53,7 @@ from flame_core.errors import FlameError
 from flame_core.io import atomic_write
 from flame_core.memory.stats import fmt_bytes, parse_budget
 
+from .numbers import as_float
 from .pipeline import free_model, to_pil
 from .samplers import SAMPLERS
 from .samplers.flow import FLOW_SAMPLERS
@@ -171,14 +172,10 @@ def check_true_cfg(true_cfg, negative_prompt):
     """(guided, the negative prompt) of Flux's / Kontext's true classifier-free guidance, checked before anything is
     loaded: a scale > 1 guides against negative_prompt (default "": diffusers needs one given and would ignore the
     scale without it); a negative prompt without a scale is refused rather than ignored."""
-    if true_cfg is not None:
-        try:
-            true_cfg = float(true_cfg)
-        except (TypeError, ValueError):
-            true_cfg = float("nan")
-        if not math.isfinite(true_cfg) or true_cfg < 1.0:
-            raise GenerateError(f"--true-cfg {true_cfg:g}: a finite number >= 1 (1: off)")
-    guided = true_cfg is not None and true_cfg > 1.0
+    scale = None if true_cfg is None else as_float(true_cfg)
+    if scale is not None and not (math.isfinite(scale) and scale >= 1.0):
+        raise GenerateError(f"--true-cfg {true_cfg!r}: a finite number >= 1 (1: off)")
+    guided = scale is not None and scale > 1.0
     if negative_prompt is not None and not guided:
         raise GenerateError("--negative-prompt: Flux reads it under true classifier-free guidance; pass --true-cfg > 1 "
                             "too")
@@ -571,8 +568,8 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
             if v is not None:
                 raise GenerateError(f"--{name}: applies to a hires pass; pass --hires-scale too")
         return run(width=width, height=height, steps=steps, seed=seed, output=output)
-    big, hires_strength = _check_hires(family, part, mine, width, height, hires_scale, hires_strength, hires_steps,
-                                       multiple)
+    big, hires_scale, hires_strength = _check_hires(family, part, mine, width, height, hires_scale, hires_strength,
+                                                    hires_steps, multiple)
     _check_size(*big, batch_size, _device(device), _budget(max_gpu_memory))
     seed = random.randrange(2 ** 32) if seed is None else seed   # (one seed for both passes)
     log(f"hires: the first pass at {width}x{height}")
@@ -580,7 +577,7 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     from PIL import Image
     upscaled = [im.resize(big, Image.LANCZOS) for im in first]
     log(f"hires: the second pass at {big[0]}x{big[1]} (Lanczos upscale x{hires_scale:g}, strength {hires_strength:g})")
-    info = {"scale": float(hires_scale), "base_size": [width, height], "upscaler": "lanczos"}
+    info = {"scale": hires_scale, "base_size": [width, height], "upscaler": "lanczos"}
     return run(width=big[0], height=big[1], steps=hires_steps if hires_steps is not None else steps, seed=seed,
                output=output, init_image=upscaled, strength=hires_strength, hires=info)
 
@@ -593,12 +590,9 @@ def _check_hires(family, part, mine, width, height, scale, strength, steps, mult
     for name in ("init_image", "mask"):
         if mine.get(name) is not None:
             raise GenerateError(f"--hires-scale: starts from text; leave --{name.replace('_', '-')} out")
-    try:
-        scale = float(scale)
-    except (TypeError, ValueError):
-        scale = float("nan")
+    given, scale = scale, as_float(scale)
     if not 1.0 < scale <= 4.0:
-        raise GenerateError(f"--hires-scale {scale:g}: a factor in (1, 4]")
+        raise GenerateError(f"--hires-scale {given}: a factor in (1, 4]")
     big = (max(multiple, int(width * scale) // multiple * multiple),
            max(multiple, int(height * scale) // multiple * multiple))
     try:
@@ -607,7 +601,7 @@ def _check_hires(family, part, mine, width, height, scale, strength, steps, mult
         raise GenerateError(f"--hires-strength: {e}") from None
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
         raise GenerateError(f"--hires-steps {steps}: must be a whole number >= 1")
-    return big, strength
+    return big, scale, strength
 
 
 def family_of(model, arch=None, parts=None):
@@ -794,8 +788,9 @@ def build_parser():
                                                    "--hires-strength run")
     g.add_argument("--negative-prompt", help="SD3 / SDXL / Chroma / Qwen-Image: the negative prompt of "
                                              "classifier-free guidance (Flux / Flux Kontext: with --true-cfg)")
-    g.add_argument("--cfg", type=float, help="SD3 / SDXL / Chroma: classifier-free guidance scale (default: SD3.5 "
-                                             "Large 4.5, Medium 5, Large Turbo 1; SDXL 5; Chroma 5)")
+    g.add_argument("--cfg", type=float, help="SD3 / SDXL / Chroma / Qwen-Image: classifier-free guidance scale "
+                                             "(default: SD3.5 Large 4.5, Medium 5, Large Turbo 1; SDXL 5; Chroma 5; "
+                                             "Qwen-Image 4)")
     g.add_argument("--true-cfg", type=float, metavar="S",
                    help="Flux / Flux Kontext: true classifier-free guidance (diffusers' true_cfg_scale) against "
                         "--negative-prompt (default \"\"); each step runs both prompts")

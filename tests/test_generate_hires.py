@@ -74,8 +74,8 @@ def test_what_hires_refuses(tiny, tmp_path, capsys):
             "--device", "cpu"]
     img = tmp_path / "i.png"
     Image.new("RGB", (32, 32), (200, 10, 10)).save(img)
-    for extra, needle in ((["--hires-scale", "1"], "--hires-scale 1: a factor in (1, 4]"),
-                          (["--hires-scale", "5"], "--hires-scale 5: a factor in (1, 4]"),
+    for extra, needle in ((["--hires-scale", "1"], "--hires-scale 1.0: a factor in (1, 4]"),
+                          (["--hires-scale", "5"], "--hires-scale 5.0: a factor in (1, 4]"),
                           (["--hires-scale", "nan"], "a factor in (1, 4]"),
                           (["--hires-strength", "0.4"], "--hires-strength: applies to a hires pass"),
                           (["--hires-steps", "4"], "--hires-steps: applies to a hires pass"),

@@ -2,6 +2,8 @@
 (samplers/flow.py)."""
 import math
 
+import numpy as np
+
 import flame_core as flame
 from flame_nn.offload import streamer_of
 
@@ -127,7 +129,6 @@ def start_noise(seeds, latents, height, width, sampler, device):
         raise ValueError(f"{sampler} draws its step noise from the images' seeds: pass seeds=, not latents=")
     if latents is None:
         return seeded_noise(seeds, height, width, device=device)
-    import numpy as np
     x = latents if isinstance(latents, flame.Tensor) else flame.tensor(np.asarray(latents))
     x = x.to(device).float()
     return pack(x) if x.ndim == 4 else x

@@ -25,7 +25,8 @@ import numpy as np
 
 import flame_core as flame
 
-from .encoders import CHUNK, chunk_rows
+from .embeddings import word_ids
+from .encoders import CHUNK, chunk_rows, clip_states
 
 _OPEN, _CLOSE = "\0\2", "\0\1"   # escaped parentheses while parsing
 # "(text:number)": what a prompt written for ComfyUI / A1111 holds (generate's hint when weights are off)
@@ -100,7 +101,6 @@ def weighted_ids(tokenizer, prompts, max_token_length=None, *, length=None, pars
     (B, length) layout instead -- content, EOS, padding, as the pipelines pad and truncate T5's ids. parse_weights=
     False: the prompts are plain text (every weight 1; the same ids as the plain tokenizer's). embeddings: {token:
     ids} of textual inversions (conditioning/embeddings.py: a word naming one becomes its ids)."""
-    from .embeddings import word_ids
     if length is not None:
         total = int(length)
     else:
@@ -151,3 +151,11 @@ def apply(hidden, empty, weights):
     h, e = hidden.to(wide), empty.to(wide)
     out = flame.where(w == 1.0, h, (h - e) * w + e)
     return out.to(hidden.dtype)
+
+
+def apply_clip(run, model, hidden, empty_ids, weights, batch):
+    """A CLIP's states `hidden` (B, L, C; encoders.clip_states of `batch` captions) with per-token `weights` (the
+    (B * n, 77) rows of weighted_ids) applied against the states of the empty prompt's ids `empty_ids` (the bundle's
+    tokenize([""]) of the same layout), run by `run` (the bundle's graphed encoder or the model)."""
+    empty, _ = clip_states(run, model, empty_ids, 1)
+    return apply(hidden, empty, join_chunks(weights, batch))

@@ -78,9 +78,9 @@ def init_latents_rows(init, batch, shape, device):
     if len(got) != 1 + len(shape) or got[1:] != tuple(shape) or got[0] not in (1, batch):
         raise ValueError(f"init_latents of shape {got} do not fit {batch} image(s) of latents {tuple(shape)}: "
                          f"(1, {', '.join(map(str, shape))}) or ({batch}, {', '.join(map(str, shape))})")
-    x = x.to(device).float()
-    if not bool(flame.isfinite(x).all()):
+    if not bool(flame.isfinite(x).all()):   # (checked where they are: host latents before they are sent)
         raise ValueError("init_latents hold values that are not finite")
+    x = x.to(device).float()
     return x.expand(batch, *shape) if got[0] != batch else x
 
 

@@ -22,6 +22,8 @@ import numpy as np
 
 import flame_core as flame
 
+from ..numbers import as_float
+
 
 def latent_mask(mask, shape, device):
     """A mask as float32 rows of latents: `mask` (Tensor or array; (h, w), (1 or B, h, w) or (1 or B, 1, h, w), in
@@ -105,11 +107,8 @@ def check_grow(pixels):
 
 def check_blur(radius):
     """A mask blur radius checked: a finite number of pixels in [0, MAX_BLUR]."""
-    try:
-        r = float(radius)
-    except (TypeError, ValueError):
-        r = float("nan")
-    if not (0.0 <= r <= MAX_BLUR) or isinstance(radius, bool):
+    r = as_float(radius)
+    if not 0.0 <= r <= MAX_BLUR:
         raise ValueError(f"blur: a radius in pixels in [0, {MAX_BLUR:g}], got {radius!r}")
     return r
 

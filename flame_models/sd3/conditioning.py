@@ -91,10 +91,8 @@ class SD3TextEncoders(EncoderBundle):
         hg, pg = clip_states(self._run("clip_g"), self.clip_g, g_ids, len(batch))
         if weights is not None:   # each encoder's states against the empty prompt's (prompt_weights.py)
             el_ids, eg_ids, et_ids = self.tokenize([""])
-            hl = PW.apply(hl, clip_states(self._run("clip_l"), self.clip_l, el_ids, 1)[0],
-                          PW.join_chunks(weights[0], len(batch)))
-            hg = PW.apply(hg, clip_states(self._run("clip_g"), self.clip_g, eg_ids, 1)[0],
-                          PW.join_chunks(weights[1], len(batch)))
+            hl = PW.apply_clip(self._run("clip_l"), self.clip_l, hl, el_ids, weights[0], len(batch))
+            hg = PW.apply_clip(self._run("clip_g"), self.clip_g, hg, eg_ids, weights[1], len(batch))
         clip = flame.cat([hl.to(dtype), hg.to(dtype)], dim=-1)                                # (B, 77, L + G)
         pad = self.context_dim - clip.shape[-1]
         if pad:

@@ -94,10 +94,8 @@ class SDXLTextEncoders(EncoderBundle):
         hg, pg = clip_states(run("clip_g"), self.clip_g, clip_g_ids, batch)
         if weights is not None:
             el_ids, eg_ids = self.tokenize([""])
-            el, _ = clip_states(run("clip_l"), self.clip_l, el_ids, 1)
-            eg, _ = clip_states(run("clip_g"), self.clip_g, eg_ids, 1)
-            hl = PW.apply(hl, el, PW.join_chunks(weights[0], batch))
-            hg = PW.apply(hg, eg, PW.join_chunks(weights[1], batch))
+            hl = PW.apply_clip(run("clip_l"), self.clip_l, hl, el_ids, weights[0], batch)
+            hg = PW.apply_clip(run("clip_g"), self.clip_g, hg, eg_ids, weights[1], batch)
         return flame.cat([hl.to(dtype), hg.to(dtype)], dim=-1), pg.to(dtype)
 
     def encode_negative(self, prompts, negative_prompt=None):

@@ -13,9 +13,10 @@ F⁻¹PF = A_N, A_N[a, b] = (1/N) Σ_{k ∈ {0, -1} mod N} exp(2πi·k·(a - b)/
 
     filtered = x + (s - 1) · Re(A_H x A_Wᵀ) = x + (s - 1) · (R_H x R_Wᵀ - I_H x I_Wᵀ)
 
-with R, I the real and imaginary parts of A: four small matmuls per plane, no FFT, captured in CUDA graphs like the
-rest of the UNet (the same numbers as the FFT up to float32 rounding: tests/models/test_sdxl_freeu.py against
-diffusers' own function and UNet).
+with R, I the real and imaginary parts of A: four small matmuls per plane and no FFT op (the same numbers as the
+FFT up to float32 rounding: tests/models/test_sdxl_freeu.py against diffusers' own function and UNet). R and I are
+sent to the device once per plane size, so a UNet call copies nothing from the host (SDXL's samplers run it
+eagerly; a CUDA graph of it is not tested).
 """
 import functools
 import math
@@ -23,6 +24,8 @@ import math
 import numpy as np
 
 import flame_core as flame
+
+from ..numbers import as_float
 
 LEVELS = 2          # the decoder levels FreeU changes (diffusers' resolution_idx 0 and 1)
 # FreeU's published values for SDXL (the FreeU repository's README; ComfyUI's FreeU node defaults to SD1.5's)
@@ -33,11 +36,8 @@ def check_freeu(s1, s2, b1, b2):
     """The four factors as floats; a ValueError naming a factor that is not a finite number."""
     out = {}
     for name, v in (("s1", s1), ("s2", s2), ("b1", b1), ("b2", b2)):
-        try:
-            f = float(v)
-        except (TypeError, ValueError):
-            f = float("nan")
-        if isinstance(v, bool) or not math.isfinite(f):
+        f = as_float(v)
+        if not math.isfinite(f):
             raise ValueError(f"FreeU {name}: a finite number, got {v!r}")
         out[name] = f
     return out
@@ -53,9 +53,17 @@ def _operator(n):
     return ((1.0 + np.cos(a)) / n).astype(np.float32), (-np.sin(a) / n).astype(np.float32)
 
 
+_ON_DEVICE = {}   # (device, n) -> (R, I) there: sent once (every UNet call reuses them; a CUDA graph capturing the
+#                  UNet finds them there instead of copying from the host inside the capture)
+
+
 def _on(device, n):
-    r, i = _operator(n)
-    return flame.tensor(r, device=device), flame.tensor(i, device=device)
+    key = (str(device), n)
+    out = _ON_DEVICE.get(key)
+    if out is None:
+        r, i = _operator(n)
+        out = _ON_DEVICE[key] = (flame.tensor(r, device=device), flame.tensor(i, device=device))
+    return out
 
 
 def fourier_filter(x, scale):
