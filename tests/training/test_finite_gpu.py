@@ -18,7 +18,8 @@ def test_a_nan_loss_inside_the_captured_graph_stops_the_run(tmp_path):
     tr = Trainer(c, verbose=False)
     with pytest.raises(NonFiniteError) as ei:
         tr.train()
-    assert tr.graphed is not None and tr.graphed.captured == 1     # steps 1-2 eager, 3 captured, 4 replayed
+    # steps 1-2 eager, 3 captured, 4 replayed
+    assert tr.graphed is not None and tr.graphed.captured == 1, tr.graphed.failure
     msg = str(ei.value)
     assert msg.startswith("step 4: the loss") and bad in msg, msg
     assert ckpt.checkpoint_steps(c.output_dir) == [2, 3]
