@@ -126,7 +126,8 @@ def parser():
     add("--lr", type=float, help=f"learning rate (default {t.lr:g}; the demo 5e-3)")
     add("--rank", type=int, help=f"adapter rank (default {n.linear}; the demo 16)")
     add("--alpha", type=float, help=f"adapter alpha; scale = alpha / rank (default {n.linear_alpha:g})")
-    add("--network", choices=["lora", "dora", "lokr", "loha"], help=f"adapter type (default {n.type})")
+    add("--network", choices=["lora", "dora", "lokr", "loha", "full"],
+        help=f"adapter type, or full: the model's own weights trained (full fine-tuning; default {n.type})")
     add("--targets", help="preset (flux, sd3: attention, attention_all, all_linear; sdxl: attention, all_linear, "
                           "all_linear_resnet) or comma-separated name patterns (default attention; the demo "
                           "all_linear)")
@@ -227,6 +228,9 @@ def build_config(a):
                                                                       else a.targets.split(","))},
                 "save": {"format": a.format, "save_every": a.save_every},
                 "sample": {"sample_every": a.sample_every}}
+    if a.network == "full" and demo:   # the demo's LoRA settings do not apply to a full fine-tune
+        proc["network"] = {}
+        proc.get("save", {}).pop("format", None)
     for sec, vals in sections.items():
         for k, v in vals.items():
             if v is not None:
@@ -311,7 +315,11 @@ def main(argv=None):
         return 0
     losses = result["losses"]
     print("\nalready finished before this run; its files:" if result.get("finished_before") else "\nwrote:")
-    print(f"  LoRA       {result['lora']}  ({cfg.save.format} layout)")
+    if cfg.network.type == "full":
+        print(f"  model      {result['lora']}  (the whole {cfg.model.arch or 'flux'} denoiser in its checkpoint "
+              f"layout, {cfg.save.dtype})")
+    else:
+        print(f"  LoRA       {result['lora']}  ({cfg.save.format} layout)")
     if "samples" in result:
         how = ("decoded through the VAE; one PNG per prompt and step in samples/" if result.get("samples_decoded")
                else "latent projections: no VAE in this run")
@@ -332,10 +340,13 @@ def main(argv=None):
         print(f"loss: mean of the first {k} rows {first:.3f} -> last {k} rows {last:.3f} "
               f"({loss_change(first, last)})")
     if demo:
-        size = _demo().DEMO_SIZE
-        print(f"generate with the LoRA: python -m flame_models.generate --model {cfg.model.name_or_path} --lora "
-              f"{result['lora']} --prompt \"ohwx on a green background\" --width {size} --height {size} "
-              f"--guidance 1 --max-length 16 --seed 1 --output {os.path.join(cfg.output_dir, 'generated')}")
+        size, m = _demo().DEMO_SIZE, cfg.model.name_or_path
+        what, model = ("the model", f"{result['lora']} --vae {os.path.join(m, 'vae')} --clip-l "
+                       f"{os.path.join(m, 'text_encoder')} --t5 {os.path.join(m, 'text_encoder_2')} --tokenizer {m}") \
+            if cfg.network.type == "full" else ("the LoRA", f"{m} --lora {result['lora']}")
+        print(f"generate with {what}: python -m flame_models.generate --model {model} --prompt \"ohwx on a green "
+              f"background\" --width {size} --height {size} --guidance 1 --max-length 16 --seed 1 --output "
+              f"{os.path.join(cfg.output_dir, 'generated')}")
     print(f"done in {time.perf_counter() - t0:.1f} s")
     return 0
 

@@ -99,11 +99,13 @@ def params_from_diffusers_config(params_class, c, **extra):
                         depth_single_blocks=c["num_single_layers"], axes_dim=tuple(c["axes_dims_rope"]), **extra)
 
 
-def save_layout(model, path, layout, *, to_diffusers, metadata_key, stem, folder_config, max_shard_size=None):
+def save_layout(model, path, layout, *, to_diffusers, metadata_key, stem, folder_config, max_shard_size=None,
+                dtype=None):
     """Save `model` in BFL's layout ("bfl", files `<stem>*.safetensors`) or diffusers' ("diffusers",
     `to_diffusers(state, params)`, diffusion_pytorch_model*.safetensors + `folder_config` as config.json in a folder),
     its params in the metadata under `metadata_key`. `path` ending in .safetensors: one file (or shards of
-    max_shard_size bytes plus an index); otherwise a folder. Returns the files written."""
+    max_shard_size bytes plus an index); otherwise a folder. dtype: the floating weights written in it (None: their
+    own). Returns the files written."""
     if layout not in ("bfl", "diffusers"):
         raise ValueError(f"layout must be 'bfl' or 'diffusers', got {layout!r}")
     CIO.check_saveable(model, f"saving {type(model).__name__}")
@@ -116,4 +118,4 @@ def save_layout(model, path, layout, *, to_diffusers, metadata_key, stem, folder
     diffusers = layout == "diffusers"
     return CIO.save_weights(state.items(), path, stem="diffusion_pytorch_model" if diffusers else stem,
                             metadata=metadata, max_shard_size=max_shard_size,
-                            folder_config=folder_config if diffusers else None)
+                            folder_config=folder_config if diffusers else None, dtype=dtype)

@@ -9,7 +9,7 @@ from ..training.model_files import describe_keys, file_keys
 from . import family_parts as flux_parts
 from . import sampling as flux_sampling
 from . import vae as flux_pipeline
-from .loading import FluxCheckpointError, checkpoint_files, load_flux, read_flux_params
+from .loading import FluxCheckpointError, checkpoint_files, load_flux, read_flux_params, save_flux
 from .lora_keys import TARGET_PRESETS, name_map_for
 from .model import Flux
 from .params import flux_params
@@ -69,6 +69,11 @@ class FluxFamily(FlowSamplerPreviews, FlowMatchingFamily):
 
     def lora_name_map(self, model):
         return name_map_for(model.params)
+
+    def save_model(self, model, path, dtype):
+        """A full fine-tune's file: the transformer in BFL's names (as flux1-dev.safetensors; ComfyUI's
+        diffusion_models and FLAME's --model read it)."""
+        return save_flux(model, path, "bfl", dtype=dtype)
 
     def lora_metadata(self, cfg, model):
         kind = "dev" if model.params.guidance_embed else "schnell"

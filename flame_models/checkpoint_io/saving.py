@@ -3,7 +3,10 @@ written through flame_core.io.atomic_write (temporary name in the same folder, f
 large state dicts split into shards with an index JSON as diffusers and transformers write them."""
 import os
 
-from flame_core.io import save_file, write_json
+import numpy as np
+
+from flame_core import Tensor
+from flame_core.io import Deferred, save_file, write_json
 
 from .finding import INDEX_SUFFIX
 
@@ -23,26 +26,41 @@ def check_saveable(model, caller):
                          f"to save it")
 
 
+def cast_item(t, dtype):
+    """Tensor `t` as written in `dtype` (a flame dtype; None: its own): a floating tensor of another floating dtype
+    becomes an io.Deferred that casts it when its turn to be written comes (one tensor's copy at a time, on its
+    device); anything else is returned as it is."""
+    if dtype is None or not isinstance(t, Tensor) or t.dtype == dtype or not t.dtype.is_floating_point:
+        return t
+    return Deferred(dtype.np, tuple(t.shape), lambda: t.detach().to(dtype))
+
+
+def _nbytes(t):
+    return t.nbytes if not isinstance(t, Deferred) else int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
+
+
 def shard_groups(items, max_shard_size):
     """[(key, tensor)] split into consecutive groups of at most `max_shard_size` bytes (None: one group; a tensor
     larger than the limit gets a group of its own)."""
     groups, current, size = [], [], 0
     for key, t in items:
-        if current and max_shard_size is not None and size + t.nbytes > max_shard_size:
+        n = _nbytes(t)
+        if current and max_shard_size is not None and size + n > max_shard_size:
             groups.append(current)
             current, size = [], 0
         current.append((key, t))
-        size += t.nbytes
+        size += n
     if current:
         groups.append(current)
     return groups
 
 
-def save_shards(items, folder, stem, *, metadata=None, max_shard_size=None):
+def save_shards(items, folder, stem, *, metadata=None, max_shard_size=None, dtype=None):
     """Write [(key, tensor)] as `folder`/`stem`.safetensors, or, when max_shard_size splits them, as
     `stem`-0000i-of-0000n.safetensors plus `stem`.safetensors.index.json (its weight_map and total size). Every
-    file is written atomically. Returns the paths written, the index last."""
-    items = list(items)
+    file is written atomically. dtype: floating tensors written in it (cast_item). Returns the paths written, the
+    index last."""
+    items = [(k, cast_item(t, dtype)) for k, t in items]
     groups = shard_groups(items, max_shard_size)
     if len(groups) <= 1:
         out = os.path.join(folder, stem + ".safetensors")
@@ -55,21 +73,21 @@ def save_shards(items, folder, stem, *, metadata=None, max_shard_size=None):
         files.append(os.path.join(folder, name))
         weight_map.update({k: name for k, _ in group})
     index = os.path.join(folder, stem + INDEX_SUFFIX)
-    write_json(index, {"metadata": {"total_size": sum(t.nbytes for _, t in items)}, "weight_map": weight_map})
+    write_json(index, {"metadata": {"total_size": sum(_nbytes(t) for _, t in items)}, "weight_map": weight_map})
     return files + [index]
 
 
-def save_weights(items, path, *, stem, metadata=None, max_shard_size=None, folder_config=None):
+def save_weights(items, path, *, stem, metadata=None, max_shard_size=None, folder_config=None, dtype=None):
     """Save [(key, tensor)] at `path`: a path ending in .safetensors names the file (sharded: `path`'s stem names the
     shards and the index); any other path is a folder, created if needed, that gets `stem`.safetensors (or shards
     and an index, see save_shards) and, when `folder_config` is given, that dict as config.json. Returns the weight
-    files written, the index last."""
+    files written, the index last. dtype: floating tensors written in it (cast_item; None: their own)."""
     path = os.fspath(path)
     if path.endswith(".safetensors"):
         return save_shards(items, os.path.dirname(path) or ".", os.path.basename(path)[:-len(".safetensors")],
-                           metadata=metadata, max_shard_size=max_shard_size)
+                           metadata=metadata, max_shard_size=max_shard_size, dtype=dtype)
     os.makedirs(path, exist_ok=True)
-    written = save_shards(items, path, stem, metadata=metadata, max_shard_size=max_shard_size)
+    written = save_shards(items, path, stem, metadata=metadata, max_shard_size=max_shard_size, dtype=dtype)
     if folder_config is not None:
         write_json(os.path.join(path, "config.json"), folder_config)
     return written

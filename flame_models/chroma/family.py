@@ -16,7 +16,7 @@ from ..training.family import DDPM_FIELDS, FLOW_FIELDS
 from ..training.family_base import FlowMatchingFamily, FlowSamplerPreviews
 from . import family_parts as chroma_parts
 from . import pipeline as chroma_pipeline
-from .loading import ChromaCheckpointError, load_chroma, read_chroma_params
+from .loading import ChromaCheckpointError, load_chroma, read_chroma_params, save_chroma
 from .lora_keys import TARGET_PRESETS, name_map_for
 from .model import ATTN_PADDING, Chroma
 from .params import chroma_params
@@ -66,6 +66,10 @@ class ChromaFamily(FlowSamplerPreviews, FlowMatchingFamily):
 
     def lora_name_map(self, model):
         return name_map_for(model.params)
+
+    def save_model(self, model, path, dtype):
+        """A full fine-tune's file: the transformer in Chroma's own names (as its released files)."""
+        return save_chroma(model, path, "bfl", dtype=dtype)
 
     def lora_metadata(self, cfg, model):
         return {"ss_base_model_version": "chroma", "modelspec.architecture": "chroma/lora",

@@ -23,7 +23,7 @@ from ..training.family_base import FlowMatchingFamily, FlowSamplerPreviews
 from . import family_parts as qwen_parts
 from . import sampling as qwen_sampling
 from . import stages as qwen_stages
-from .loading import QwenImageCheckpointError, load_qwen_image, read_qwen_image_params
+from .loading import QwenImageCheckpointError, load_qwen_image, read_qwen_image_params, save_qwen_image
 from .lora_keys import TARGET_PRESETS
 from .model import QwenImageTransformer2DModel
 from .params import qwen_image_params
@@ -79,6 +79,10 @@ class QwenImageFamily(FlowSamplerPreviews, FlowMatchingFamily):
 
     def lora_name_map(self, model):
         return model.adapter_name_map()
+
+    def save_model(self, model, path, dtype):
+        """A full fine-tune's file: the transformer in diffusers' (= the release's) names."""
+        return save_qwen_image(model, path, dtype=dtype)
 
     def lora_metadata(self, cfg, model):
         return {"modelspec.architecture": "qwen-image/lora", "flame.base_model": self.base_model_name(cfg)}

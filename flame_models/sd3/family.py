@@ -20,7 +20,7 @@ from . import ops as sd3_ops
 from . import pipeline as sd3_pipeline
 from . import sampling as sd3_sampling
 from .components import read_sd3_params
-from .loading import SD3CheckpointError
+from .loading import SD3CheckpointError, save_sd3
 from .lora_keys import TARGET_PRESETS, name_map_for
 
 _DDPM_NOTE = "SD3 trains with flow matching (train.timestep_type, train.weighting_scheme); this is for sdxl's DDPM"
@@ -87,6 +87,11 @@ class SD3Family(FlowSamplerPreviews, FlowMatchingFamily):
 
     def lora_name_map(self, model):
         return name_map_for(model.params)
+
+    def save_model(self, model, path, dtype):
+        """A full fine-tune's file: the MMDiT in SAI's names under model.diffusion_model. (as SAI's files; ComfyUI
+        and FLAME's --model with --clip-l / --clip-g / --t5 / --vae read it)."""
+        return save_sd3(model, path, "sai", dtype=dtype)
 
     def lora_metadata(self, cfg, model):
         p = model.params

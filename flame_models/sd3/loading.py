@@ -158,12 +158,13 @@ def diffusers_config(p):
             "qk_norm": "rms_norm" if p.qk_norm == "rms" else None}
 
 
-def save_sd3(model, path, layout="sai", *, max_shard_size=None, prefix=None):
+def save_sd3(model, path, layout="sai", *, max_shard_size=None, prefix=None, dtype=None):
     """Save `model` in SAI ("sai") or diffusers ("diffusers") layout; every file is written to a temp file and
     renamed. `path` ending in .safetensors: one file (or shards `<stem>-0000i-of-0000n.safetensors` plus
     `<path>.index.json` with max_shard_size bytes). Otherwise a folder (diffusers: diffusion_pytorch_model*.safetensors
     + config.json; sai: sd3*.safetensors). SAI keys carry `prefix`, default `model.diffusion_model.` as SAI's own
-    files (pass "" for a bare transformer file). Returns the files written."""
+    files (pass "" for a bare transformer file); dtype: the floating weights written in it (None: their own). Returns
+    the files written."""
     if layout not in ("sai", "diffusers"):
         raise ValueError(f"layout must be 'sai' or 'diffusers', got {layout!r}")
     if prefix is not None and layout != "sai":
@@ -181,4 +182,4 @@ def save_sd3(model, path, layout="sai", *, max_shard_size=None, prefix=None):
     diffusers = layout == "diffusers"
     return CIO.save_weights(state.items(), path, stem="diffusion_pytorch_model" if diffusers else "sd3",
                             metadata=metadata, max_shard_size=max_shard_size,
-                            folder_config=diffusers_config(p) if diffusers else None)
+                            folder_config=diffusers_config(p) if diffusers else None, dtype=dtype)

@@ -39,6 +39,7 @@ from .lora_keys import (
     unet_name_map,
 )
 from .sampling import sample as sdxl_sample
+from .saving import save_unet
 
 SAMPLER_ALIASES = {"euler_a": "euler_ancestral"}  # ai-toolkit's name
 _FLOW_NOTE = "SDXL trains with the DDPM objective (train.prediction_type, min_snr_gamma, min/max_timestep)"
@@ -127,6 +128,10 @@ class SDXLFamily(DiffusionFamily):
 
     def lora_name_map(self, model):
         return unet_name_map(model)
+
+    def save_model(self, model, path, dtype):
+        """A full fine-tune's file: the UNet in SAI's names under model.diffusion_model. (as SAI's files)."""
+        return save_unet(model, path, "sai", dtype=dtype)
 
     def lora_metadata(self, cfg, model):
         meta = {k: v for k, v in KOHYA_METADATA.items()

@@ -24,7 +24,7 @@ from .optimizers import OPTIMIZERS  # noqa: F401 (validation.py reads the names 
 from .optimizers import canonical as _canonical_optimizer
 from .optimizers import check_params as _check_optimizer_params
 
-NETWORK_TYPES = ("lora", "locon", "dora", "lokr", "loha")
+NETWORK_TYPES = ("lora", "locon", "dora", "lokr", "loha", "full")
 SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial")
 SCHEDULER_PARAMS = {"cosine_with_restarts": ("num_cycles",), "polynomial": ("power", "lr_end")}
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "fp32": "float32",
@@ -41,7 +41,8 @@ class ConfigError(FlameError, ValueError):
 # ----------------------------------------------------------------------------- sections
 @dataclass
 class NetworkConfig:
-    type: str = "lora"                   # lora | locon (= lora) | dora | lokr | loha
+    type: str = "lora"                   # lora | locon (= lora) | dora | lokr | loha | full (the model's own
+                                         # weights: full fine-tuning, training/full_finetune.py)
     linear: int = 16                     # rank (alias: rank)
     linear_alpha: float = 16.0           # alpha (alias: alpha); scale = alpha / rank (rsLoRA: alpha / sqrt(rank))
     dropout: float = 0.0                 # dropout on the adapter input (LoRA / DoRA)

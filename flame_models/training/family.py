@@ -198,6 +198,10 @@ class ModelFamily:
     def sample_options(self, cfg):
         return {}
 
+    # what a full fine-tune (network.type full) writes: the denoiser in the family's native checkpoint layout, the
+    # floating weights in `dtype`; None: the family cannot write its model (full fine-tuning is refused)
+    save_model = None
+
     def block_initializer(self, model):
         return None
 

@@ -50,7 +50,7 @@ from flame_nn import adapters as A
 from .. import checkpoint_io as CIO
 from ..data import ConcatDataset, FolderDataset, SampleLoader, SyntheticDataset
 from . import checkpoint as ckpt
-from . import image_data, loss_weights, optimizers, resume, run_folder, tracking
+from . import full_finetune, image_data, loss_weights, optimizers, resume, run_folder, tracking
 from .config import ConfigError, config_dict, dtype_name, fp8_cache_transposes_on
 from .distributed import TrainerGroup, main_rank_only, on_main_rank  # ddp
 from .ema import EMA
@@ -80,6 +80,7 @@ class Trainer:
         self.verbose = self.verbose and self.dist.is_main  # ddp
         self._model, self._dataset = model, dataset
         self.family = get_family(cfg.model.arch)
+        self.full = cfg.network.type == "full"  # full fine-tuning: the model's weights train, not adapters
         self.out = cfg.output_dir
         self.step = 0
         self.trackers = None  # TensorBoard / wandb (tracking.py), opened by train()
@@ -246,9 +247,16 @@ class Trainer:
             self.model = fam.build_model(c.model, self.spec, base_dtype, self.device,
                                          **({"stream": True} if stream else {}))
         self.name_map = fam.lora_name_map(self.model)
-        self.n_adapted = add_network(self.model, c.network, fam, self.name_map, seed=t.seed, device=self.device,
-                                     budget=self.budget, optimizer=t.optimizer)
-        self.params = A.adapter_parameters(self.model)
+        if self.full:   # network.type full: the model's own weights, in float32 (full_finetune.py)
+            if self.dist.world_size > 1:
+                raise ConfigError("network.type full: not with several processes (ddp) yet; train on one GPU")
+            self.n_adapted = full_finetune.make_trainable(self.model, c.network, self.name_map, device=self.device,
+                                                          budget=self.budget, optimizer=t.optimizer)
+            self.params = [p for _, p in full_finetune.trained_parameters(self.model)]
+        else:
+            self.n_adapted = add_network(self.model, c.network, fam, self.name_map, seed=t.seed, device=self.device,
+                                         budget=self.budget, optimizer=t.optimizer)
+            self.params = A.adapter_parameters(self.model)
         self.text_encoders = None   # train.train_text_encoder: adapters on the encoders image_data kept loaded
         if self.prepared is not None and self.prepared.text_encoders is not None:
             if self.dist.world_size > 1:
@@ -443,6 +451,8 @@ class Trainer:
     def named_adapter_parameters(self):
         """[(name, Parameter)] of everything trained (checkpoints): the denoiser's adapters, then the text
         encoders' ('te1/...')."""
+        if self.full:
+            return full_finetune.trained_parameters(self.model)
         return A.named_adapter_parameters(self.model) + (self.text_encoders.named_parameters()
                                                          if self.text_encoders is not None else [])
 
@@ -594,9 +604,12 @@ class Trainer:
     def _train(self):
         c, t = self.cfg, self.cfg.train
         te = "" if self.text_encoders is None else f" and {self.text_encoders.n_adapted} of its text encoders'"
-        self.log(f"training {c.network.type} r{c.network.linear} on {self.n_adapted} Linear parts of a "
-                 f"{c.model.name_or_path or c.model.size}{te} ({sum(p.numel() for p in self.params):,} parameters) "
-                 f"on {self.device}; {len(self.dataset)} samples; output {self.out}"
+        what = (f"all of {self.n_adapted} weight tensors of a " if self.full and not c.network.network_kwargs else
+                f"{self.n_adapted} weight tensors (network_kwargs' filters) of a " if self.full else
+                f"{c.network.type} r{c.network.linear} on {self.n_adapted} Linear parts of a ")
+        self.log(f"training {what}{c.model.name_or_path or c.model.size}{te} "
+                 f"({sum(p.numel() for p in self.params):,} parameters) on {self.device}; {len(self.dataset)} "
+                 f"samples; output {self.out}"
                  + (f"; resumed at step {self.step}" if self.resumed_from else ""))
         self.progress = Progress(t.steps, initial=self.step, enabled=self.verbose, active_time=self.active_time)
         self._open_trackers()
@@ -776,6 +789,9 @@ class Trainer:
             v = v if isinstance(v, str) else json.dumps(v)
             meta[str(k)] = v.replace("[name]", c.name)
         with self._averaged(), (self.ema.swapped() if self.ema is not None else nullcontext()):
+            if self.full:   # the whole denoiser in its native layout, at save.dtype
+                self.family.save_model(self.model, path, flame.dtypes.dtype(dtype_name(c.save.dtype)))
+                return path
             A.save_adapters(self.model, path, c.save.format, name_map=self.name_map, dtype=dtype_name(c.save.dtype),
                             metadata=meta,
                             text_encoders=None if self.text_encoders is None else self.text_encoders.modules())

@@ -33,6 +33,35 @@ def _at_least(errors, path, value, minimum=1):
         errors.append(f"{path}: must be >= {minimum}, got {value}")
 
 
+# the network settings of adapters: a full fine-tune has none of them
+_ADAPTER_SETTINGS = ("linear", "linear_alpha", "dropout", "rslora", "lokr_factor", "lokr_full_rank", "target", "conv",
+                     "conv_alpha", "loraplus_lr_ratio", "loraplus_unet_lr_ratio", "loraplus_text_encoder_lr_ratio")
+
+
+def _full_problems(cfg, p):
+    """What network.type full cannot be given with: the adapters' settings, the LoRA file's layout, and what this
+    version does not train in full (text encoders, fp8-stored or streamed blocks, several processes)."""
+    e, given, t, m = [], cfg.given, cfg.train, cfg.model
+    for k in _ADAPTER_SETTINGS:
+        if f"network.{k}" in given:
+            e.append(f"{p}network.{k}: an adapter setting; network.type full trains the model's own weights (pick them "
+                     f"with network.network_kwargs only_if_contains / ignore_if_contains)")
+    if "save.format" in given:
+        e.append(f"{p}save.format: the LoRA file's layout; a full fine-tune writes the model in its own checkpoint "
+                 f"layout (leave save.format out)")
+    if t.train_text_encoder:
+        e.append(f"{p}train.train_text_encoder: not with network.type full yet (the denoiser trains in full, the text "
+                 f"encoders not at all); train a LoRA to adapt them")
+    if m.quantize:
+        e.append(f"{p}model.quantize: fp8-stored weights cannot be trained in full; leave it out with network.type "
+                 f"full")
+    if cfg.max_gpu_memory is not None:
+        e.append(f"{p}max_gpu_memory: network.type full trains with the model resident on the GPU (streamed blocks "
+                 f"train adapters only in the trainer; flame_nn.offload.LayerwiseAdamW trains streamed blocks "
+                 f"in Python); leave max_gpu_memory out")
+    return e
+
+
 def validate(cfg, prefix="", check_files=True):
     """Every problem of a TrainConfig, as a list of messages (empty: valid)."""
     from .family import get_family
@@ -91,6 +120,9 @@ def validate(cfg, prefix="", check_files=True):
                      f"itself); LoRA+ needs another optimizer")
     if n.type in ("lokr", "loha") and s.format == "peft":
         e.append(f"{p}save.format: 'peft' cannot hold {n.type} adapters (diffusers has no {n.type}); use 'kohya'")
+
+    if n.type == "full":
+        e += _full_problems(cfg, p)
 
     choice(e, f"{p}save.format", s.format, FILE_FORMATS)
     choice(e, f"{p}save.dtype", s.dtype, DTYPES)
@@ -374,6 +406,9 @@ def _family_checks(cfg, family, p):
     if cfg.train.train_text_encoder and family.text_encoder_targets is None:
         e.append(f"{p}train.train_text_encoder: the {family.name} family cannot train its text encoders (available "
                  f"for sdxl)")
+    if cfg.network.type == "full" and family.save_model is None:
+        e.append(f"{p}network.type: full -- the {family.name} family cannot write its model (no save_model); train "
+                 f"adapters")
     if cfg.network.conv and family.conv_targets is None:
         e.append(f"{p}network.conv: the {family.name} model has no convolutions to adapt (LoCon is for SDXL's "
                  f"UNet); leave network.conv out")

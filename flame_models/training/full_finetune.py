@@ -1,0 +1,100 @@
+"""Full fine-tuning (`network: {type: full}`, `--network full`): the denoiser's own weights trained, instead of
+adapters on a frozen model -- kohya's sdxl_train.py / flux_train.py, SimpleTuner's `--model_type full`,
+OneTrainer's FINE_TUNE, ai-toolkit without a network.
+
+    n = make_trainable(model, network, name_map, device=dev, budget=None, optimizer="adamw8bit")
+    named = trained_parameters(model)      # [(name, Parameter)]: what the optimizer, checkpoints and EMA hold
+
+Precision: the trained parameters are held in float32 -- converted from the model's dtype when it is lower -- and
+the forward runs under the trainer's autocast (`train.dtype`, bf16 by default), as PyTorch's automatic mixed precision
+and diffusers' training scripts train: the optimizer adds float32 updates (a bf16 weight would drop every update
+below 2^-8 of its value: a learning rate of 1e-5 moves nothing), the matmuls run in bf16. The file written at the
+end (the family's `save_model`) is the whole denoiser in its native checkpoint layout at `save.dtype`.
+
+Which parameters: every floating parameter of the denoiser, or those `network.network_kwargs` picks --
+`only_if_contains` / `ignore_if_contains` match substrings of the parameter's name in the model's native layout
+(`double_blocks.3.img_attn.qkv.weight`, `input_blocks.4.1.transformer_blocks.0.attn1.to_q.weight`) or of its
+module's diffusers names (`transformer_blocks.3.attn.to_q`), as ai-toolkit's filters match its module names. The
+rest stays frozen in its dtype. Sizes are checked before anything is converted: the trained parameters' float32
+values, gradients and optimizer state must fit what the device has free (or the memory budget).
+"""
+import flame_core as flame
+from flame_core.memory.stats import fmt_bytes
+
+from .config import ConfigError
+from .limits import device_memory
+from .optimizers import STATE_BYTES
+
+
+def _names_of(name, module_name, name_map):
+    """The names the filters match for parameter `name` of module `module_name`: its own, and the module's diffusers
+    names (with the parameter's leaf) where the name map has them."""
+    out = [name]
+    peft_targets = getattr(name_map, "peft_targets", None)
+    if peft_targets is not None and module_name:
+        leaf = name[len(module_name) + 1:]
+        out += [f"{p}.{leaf}" for p, _ in peft_targets(module_name) if p != module_name]
+    return out
+
+
+def select(model, network, name_map=None):
+    """[(name, Parameter)] of the denoiser that network.network_kwargs' filters keep (all floating ones without
+    filters), in model.named_parameters() order."""
+    kw = network.network_kwargs
+    only, ignore = kw.get("only_if_contains"), kw.get("ignore_if_contains")
+    out, seen = [], set()
+    for module_name, module in model.named_modules():
+        for leaf, p in module.named_parameters(recurse=False):
+            if not p.dtype.is_floating_point or id(p) in seen:   # (a tied parameter once, under its first name)
+                continue
+            seen.add(id(p))
+            name = f"{module_name}.{leaf}" if module_name else leaf
+            names = _names_of(name, module_name, name_map) if (only or ignore) else (name,)
+            if only and not any(s in n for s in only for n in names):
+                continue
+            if ignore and any(s in n for s in ignore for n in names):
+                continue
+            out.append((name, p))
+    return out
+
+
+def problems(selected, device, budget, optimizer, setting="network.type"):
+    """Why the selected parameters cannot be trained on `device`: none selected, or their float32 values (the part
+    not yet held), gradients and optimizer state more than the device has free (the budget, else its free memory)."""
+    if not selected:
+        return [f"{setting}: full -- network.network_kwargs' filters leave no parameter of the model to train"]
+    count = sum(p.numel() for _, p in selected)
+    need = sum(p.numel() * (4 - p.dtype.itemsize) for _, p in selected if p.dtype != flame.float32)
+    need += count * (4 + STATE_BYTES.get(optimizer, 8))  # float32 gradients and the optimizer's state
+    dev = flame.device(device)
+    if budget is None and dev.type == "cuda":
+        have, what = int(flame.cuda.mem_get_info(dev)[0]), f"free memory of {dev}"
+    else:
+        have, what = device_memory(dev, budget)
+    if have is not None and need > have:
+        return [f"{setting}: full fine-tuning of {count:,} parameters needs {fmt_bytes(need)} more for their float32 "
+                f"values, gradients and {optimizer} state beside the model's weights: more than the "
+                f"{fmt_bytes(have)} of {what} (pick fewer with network.network_kwargs only_if_contains, take an "
+                f"optimizer with less state -- adamw8bit, adafactor --, or train a LoRA)"]
+    return []
+
+
+def make_trainable(model, network, name_map=None, *, device, budget, optimizer):
+    """Select (select) and check (problems: ConfigError) the parameters to train, then hold each in float32 with
+    requires_grad set; every other parameter stays frozen. Returns how many parameter tensors train."""
+    selected = select(model, network, name_map)
+    found = problems(selected, device, budget, optimizer)
+    if found:
+        raise ConfigError("; ".join(found))
+    model.requires_grad_(False)
+    with flame.no_grad():
+        for _, p in selected:
+            if p.dtype != flame.float32:
+                p.data = p.data.to(flame.float32)
+            p.requires_grad_(True)
+    return len(selected)
+
+
+def trained_parameters(model):
+    """[(name, Parameter)] of the model's parameters that train (requires_grad), in named_parameters() order."""
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]

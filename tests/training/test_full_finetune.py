@@ -1,0 +1,129 @@
+"""Full fine-tuning (network.type full): the denoiser's own weights train in float32 under the run's autocast, for
+every family; network_kwargs' filters pick them by native or diffusers names; the written file is the whole model in
+its checkpoint layout and loads back through the family's loader; a restart resumes exactly; the settings a full
+fine-tune has no use for, or cannot train with yet, are refused naming the field."""
+import numpy as np
+import pytest
+
+import flame_core as flame
+from flame_models.training import full_finetune
+from flame_models.training.config import ConfigError, config_from_dict
+from flame_models.training.family import get_family
+from flame_models.training.trainer import Trainer
+
+
+def full_config(tmp_path, name, arch="flux", steps=4, dtype="bf16", network=None, train=None, **top):
+    """A tiny random model of `arch` on synthetic samples, full fine-tuning, on the cpu in `dtype`."""
+    t = {"steps": steps, "batch_size": 2, "optimizer": "adamw", "lr": 1e-3, "dtype": dtype,
+         "gradient_checkpointing": False, "seed": 0}
+    t.update(train or {})
+    d = {"name": name, "training_folder": str(tmp_path), "device": "cpu",
+         "network": {"type": "full", **(network or {})},
+         "synthetic": {"num_samples": 4, "height": 32, "width": 32, "text_length": 8, "seed": 0},
+         "train": t, "model": {"arch": arch, "dtype": dtype},
+         "sample": {"sample_every": 0}, "save": {"save_every": 2, "dtype": "bf16"}}
+    d.update(top)
+    return config_from_dict(d)
+
+
+def _numpy(p):
+    return p.detach().float().numpy().copy()
+
+
+@pytest.mark.parametrize("arch", ["flux", "sd3", "sdxl", "chroma", "qwen_image", "flux_kontext"])
+def test_every_weight_trains_in_float32_and_the_file_loads_back(tmp_path, arch):
+    tr = Trainer(full_config(tmp_path, arch, arch=arch, steps=3), verbose=False).setup()
+    named = dict(tr.model.named_parameters())
+    assert tr.params and len(tr.params) == len(named) == tr.n_adapted
+    assert all(p.requires_grad and p.dtype == flame.float32 for p in named.values())
+    before = {n: _numpy(p) for n, p in named.items()}
+    result = tr.train()
+    assert np.isfinite(result["losses"]).all()
+    changed = [n for n, p in named.items() if not np.array_equal(_numpy(p), before[n])]
+    assert len(changed) > 0.9 * len(named), (len(changed), len(named))    # (a zero-initialised output may not move)
+    fam = get_family(arch)
+    back = fam.load_model(result["lora"], fam.read_spec(result["lora"]), flame.bfloat16, "cpu")
+    got = dict(back.named_parameters())
+    assert set(got) == set(named)
+    for n, p in named.items():   # the trained float32 values, rounded once to save.dtype
+        np.testing.assert_array_equal(got[n].detach().float().numpy(), p.detach().to(flame.bfloat16).float().numpy(),
+                                      err_msg=n)
+
+
+def test_small_updates_land_on_the_float32_weights(tmp_path):
+    """lr 1e-5 on a bf16 model: one AdamW step moves each weight by ~1e-5, far below bf16's spacing at the weights'
+    scale (2^-8 of the value), so a bf16 weight would keep its value; the float32 weights take it."""
+    tr = Trainer(full_config(tmp_path, "small", steps=1, train={"lr": 1e-5, "lr_warmup_steps": 0}),
+                 verbose=False).setup()
+    w = dict(tr.model.named_parameters())["double_blocks.0.img_attn.qkv.weight"]
+    w0 = _numpy(w)
+    assert np.array_equal(w0, w.detach().to(flame.bfloat16).float().numpy())   # loaded from bf16
+    tr.train_step()
+    w1 = _numpy(w)
+    moved = w1 != w0
+    assert moved.mean() > 0.9
+    step = np.abs(w1 - w0)[moved]
+    assert np.median(step) == pytest.approx(1e-5, rel=0.2)       # Adam's first step: lr per element
+    as_bf16 = w.detach().to(flame.bfloat16).float().numpy()
+    assert (as_bf16 == w0).mean() > 0.9                              # what a bf16 weight would have kept
+
+
+def test_filters_pick_weights_by_native_and_diffusers_names(tmp_path):
+    tr = Trainer(full_config(tmp_path, "only", network={"network_kwargs": {"only_if_contains": ["double_blocks."]}}),
+                 verbose=False).setup()
+    named = dict(tr.model.named_parameters())
+    trained = {n for n, _ in full_finetune.trained_parameters(tr.model)}
+    assert trained == {n for n in named if n.startswith("double_blocks.")}
+    assert all(named[n].dtype == flame.bfloat16 and not named[n].requires_grad for n in set(named) - trained)
+    frozen = {n: _numpy(named[n]) for n in set(named) - trained}
+    tr.train_step()
+    assert all(np.array_equal(_numpy(named[n]), v) for n, v in frozen.items())   # the rest never moves
+    # a diffusers name (attn.to_q: a third of the fused img_attn.qkv) selects the fused weight that holds it
+    tr2 = Trainer(full_config(tmp_path, "ignore", network={"network_kwargs": {"ignore_if_contains": ["attn.to_q"]}}),
+                  verbose=False).setup()
+    left = {n for n, _ in full_finetune.trained_parameters(tr2.model)}
+    assert "double_blocks.0.img_attn.qkv.weight" not in left and "double_blocks.0.img_attn.proj.weight" in left
+    with pytest.raises(ConfigError, match="leave no parameter"):
+        Trainer(full_config(tmp_path, "none", network={"network_kwargs": {"only_if_contains": ["nowhere"]}}),
+                verbose=False).setup()
+
+
+def test_restart_resumes_exactly(tmp_path):
+    full = Trainer(full_config(tmp_path, "resume", steps=6, dtype="fp32"), verbose=False).setup()
+    for _ in range(2):
+        full.train_step()
+    full.save_checkpoint()
+    want_loss = [full.train_step()[0] for _ in range(2)]
+    want = [_numpy(p) for p in full.params]
+    again = Trainer(full_config(tmp_path, "resume", steps=6, dtype="fp32"), verbose=False).setup()
+    assert again.resumed_from and again.step == 2
+    got_loss = [again.train_step()[0] for _ in range(2)]
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
+    for a, b in zip(again.params, want):
+        np.testing.assert_allclose(_numpy(a), b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"network": {"type": "full", "linear": 8}}, "network.linear"),
+    ({"network": {"type": "full", "target": "all_linear"}}, "network.target"),
+    ({"network": {"type": "full", "loraplus_lr_ratio": 16}}, "network.loraplus_lr_ratio"),
+    ({"save": {"format": "peft"}}, "save.format"),
+    ({"model": {"arch": "flux", "quantize": True}}, "model.quantize"),
+    ({"max_gpu_memory": "12GiB"}, "max_gpu_memory"),
+])
+def test_settings_a_full_fine_tune_cannot_take_are_refused(tmp_path, extra, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        full_config(tmp_path, "refused", **extra)
+
+
+def test_too_large_a_selection_is_refused_before_anything_converts():
+    fam = get_family("flux")
+    model = fam.model_class(fam.preset("flux-tiny"), dtype=flame.bfloat16)
+    from flame_models.training.config import NetworkConfig
+    selected = full_finetune.select(model, NetworkConfig(type="full"))
+    count = sum(p.numel() for _, p in selected)
+    need = count * (2 + 4 + 8)   # bf16 -> float32, the float32 gradient, AdamW's two moments
+    assert full_finetune.problems(selected, "cpu", need, "adamw") == []
+    msg = full_finetune.problems(selected, "cpu", need - 1, "adamw")[0]
+    assert f"{count:,} parameters" in msg and "max_gpu_memory" in msg
+    assert all(p.dtype == flame.bfloat16 for _, p in selected)   # nothing converted by the check
