@@ -115,18 +115,25 @@ def peer_ckpt(ckpt):
     return True if ckpt == "attn" else ckpt
 
 
-def flame_steps(res, model, name_map, configs, make_step, repeats, warmup, graph=False, prefix=""):
-    """Inject the LoRA, then time steps for each (size, ckpt) of `configs`. make_step(size) -> (fwd_bwd, args):
-    fwd_bwd(*args) runs forward under bf16 autocast and backward, returning the detached loss (its tensor arguments
-    are what a CUDA graph replays)."""
+def flame_steps(res, model, name_map, configs, make_step, repeats, warmup, graph=False, prefix="", full=False):
+    """Inject the LoRA (full: every weight trains instead, in float32 -- the trainer's network.type full), then time
+    steps for each (size, ckpt) of `configs`. make_step(size) -> (fwd_bwd, args): fwd_bwd(*args) runs forward under
+    bf16 autocast and backward, returning the detached loss (its tensor arguments are what a CUDA graph replays)."""
     import flame_core as flame
     import flame_core.memory as fmem
     import flame_nn
     from flame_core import grad_pool
     from flame_nn import adapters as A
-    made = A.inject_adapters(model, TARGETS, "lora", rank=16, alpha=16, name_map=name_map,
-                             generator=flame.Generator("cuda").manual_seed(1))
-    lora = A.adapter_parameters(model)
+    if full:
+        from flame_models.training import full_finetune
+        from flame_models.training.config import NetworkConfig
+        n = full_finetune.make_trainable(model, NetworkConfig(type="full"), name_map, device="cuda", budget=None,
+                                         optimizer="adamw")
+        made, lora = range(n), [p for _, p in full_finetune.trained_parameters(model)]
+    else:
+        made = A.inject_adapters(model, TARGETS, "lora", rank=16, alpha=16, name_map=name_map,
+                                 generator=flame.Generator("cuda").manual_seed(1))
+        lora = A.adapter_parameters(model)
     model.train()
     grad_pool.register(lora, lazy=True)  # gradients resident only from backward to zero_grad, as the peer's
     opt = flame_nn.optim.AdamW(lora, lr=1e-4)
@@ -307,18 +314,22 @@ def compile_regionally(model):
     return "transformer_blocks[i].compile()"
 
 
-def diffusers_steps(res, model, configs, make_inputs, repeats, warmup, prefix="", peers=("eager",)):
-    """PEFT LoRA on `model` (a frozen bf16 diffusers model), then time steps for each (size, ckpt) and each peer
-    of `peers`: "eager" (AdamW, as PEFT's examples) and "compiled" (regional torch.compile, fused AdamW: the strongest
-    peer; its compile time is the warm-up's, reported apart and not counted in the step).
+def diffusers_steps(res, model, configs, make_inputs, repeats, warmup, prefix="", peers=("eager",), full=False):
+    """PEFT LoRA on `model` (a frozen bf16 diffusers model; full: every weight trains instead, in float32 under bf16
+    autocast, as diffusers' full fine-tuning scripts with mixed_precision bf16), then time steps for each (size, ckpt)
+    and each peer of `peers`: "eager" (AdamW, as PEFT's examples) and "compiled" (regional torch.compile, fused
+    AdamW: the strongest peer; its compile time is the warm-up's, reported apart and not counted in the step).
     make_inputs(size) -> (call, target): call() runs the model's forward and returns its prediction."""
     import time
 
     import torch
     import torch.nn.functional as F
-    from peft import LoraConfig
     torch.backends.cuda.enable_cudnn_sdp(False)  # cuDNN SDPA backward fails on the device image
-    model.add_adapter(LoraConfig(r=16, lora_alpha=16, init_lora_weights="gaussian", target_modules=TARGETS))
+    if full:
+        model.requires_grad_(True)
+    else:
+        from peft import LoraConfig
+        model.add_adapter(LoraConfig(r=16, lora_alpha=16, init_lora_weights="gaussian", target_modules=TARGETS))
     lora = [q for q in model.parameters() if q.requires_grad]
     for q in lora:
         q.data = q.data.float()
@@ -421,6 +432,9 @@ def parser(doc, sizes="1024", quantize=False):
     ap.add_argument("--peer", default="eager,compiled", type=lambda v: tuple(v.split(",")),
                     help="diffusers + PEFT peers to time: eager, compiled (regional torch.compile) or both")
     ap.add_argument("--graph", action="store_true", help="FLAME: forward+backward as a CUDA graph")
+    ap.add_argument("--full", action="store_true",
+                    help="full fine-tuning instead of the LoRA: every weight trains, in float32 under bf16 autocast, "
+                         "AdamW, on both sides")
     if quantize:
         ap.add_argument("--quantize", default=("bf16",), type=_quantize,
                         help="FLAME variants, comma-separated: bf16 (the frozen blocks as they are), fp8 (e4m3 "

@@ -4,7 +4,9 @@ The SDXL base UNet (2.57B; 320/640/1280 channels, 1/2/10 transformer layers, 77x
 embedding), bench/lora_step.py's protocol (random bf16 base, LoRA r16 on to_q/to_k/to_v/to_out.0 of every attention,
 fp32 adapters, AdamW, bf16 autocast, batch 1), latents 4x128x128, t = 500, gradient checkpointing on and off.
 The SDXL VAE's encode / decode at 1024² are bench/pipeline.py's `vae` part.
-Run: PYTHONPATH=$PWD python3 bench/sdxl_lora.py [--ckpt on,off] [--repeats 5] [--graph] [--skip-diffusers]
+--full: full fine-tuning instead (every UNet weight trains in float32 under bf16 autocast, AdamW -- fused on both
+sides --, diffusers' full fine-tuning recipe with mixed_precision bf16 as the peer).
+Run: PYTHONPATH=$PWD python3 bench/sdxl_lora.py [--ckpt on,off] [--repeats 5] [--graph] [--skip-diffusers] [--full]
 """
 import common
 import lora_step
@@ -24,7 +26,7 @@ def flame_part(res, configs, a):
         t = flame.tensor([500.0], device="cuda")
         target = flame.randn(1, 4, side, side, generator=g, device="cuda")
         return lora_step.flame_loss(model), (x, t, ctx, y, target)
-    lora_step.flame_steps(res, model, name_map, configs, make_step, a.repeats, a.warmup, a.graph)
+    lora_step.flame_steps(res, model, name_map, configs, make_step, a.repeats, a.warmup, a.graph, full=a.full)
     model = None  # rebound, not deleted: closures above use the names
     lora_step.release_flame()
 
@@ -53,18 +55,19 @@ def diffusers_part(res, configs, a):
         return (lambda: model(x, t, encoder_hidden_states=ctx,
                               added_cond_kwargs={"text_embeds": pooled, "time_ids": time_ids}, return_dict=False)[0]), \
             torch.randn_like(x)
-    lora_step.diffusers_steps(res, model, configs, make_inputs, a.repeats, a.warmup, peers=a.peer)
+    lora_step.diffusers_steps(res, model, configs, make_inputs, a.repeats, a.warmup, peers=a.peer, full=a.full)
 
 
 def main():
     a = lora_step.parser(__doc__).parse_args()
     configs = lora_step.configs_from(a.sizes, a.ckpt)
-    res = common.Results("sdxl_lora")
+    res = common.Results("sdxl_full" if a.full else "sdxl_lora")
     lora_step.run(res, a, [("FLAME", lambda: flame_part(res, configs, a))],
                   [("diffusers+PEFT", lambda: diffusers_part(res, configs, a))],
-                  [lambda: lora_step.report(res, configs, "\nSDXL UNet LoRA r16 (attention) step, bf16 autocast, "
-                                                          "batch 1, 77x2048 context (median ms; peak allocated GiB)"
-                                            + lora_step.graph_note(a))])
+                  [lambda: lora_step.report(res, configs, "\nSDXL UNet " + (
+                      "full fine-tuning (float32 weights, AdamW)" if a.full else "LoRA r16 (attention)")
+                      + " step, bf16 autocast, batch 1, 77x2048 context (median ms; peak allocated GiB)"
+                      + lora_step.graph_note(a))])
 
 
 if __name__ == "__main__":
