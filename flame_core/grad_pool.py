@@ -15,15 +15,18 @@ parameter's slice starts on a 256-byte boundary; the gaps are zero and stay zero
 (`create_graph=True`), or a `.grad` the user replaced by another tensor, takes the ordinary path.
 Parameters registered later go into new buffers; a buffer lives as long as any of its parameters.
 
-`register(params, lazy=True)` gives PyTorch's memory behaviour at the flat buffers' speed: the parameters go into
-buffers of at most LAZY_CHUNK_BYTES each (in registration order), whose storage is allocated (zeroed) when backward
-writes the first gradient into one of its slots and released when `zero_grad(set_to_none=True)` leaves none of its
-slots a gradient. So the gradients are not resident before backward, and during backward only the buffers of the
-parameters reached so far are (a LoRA's 71 MiB of fp32 gradients on Flux-dev would otherwise sit under the
-activations at the step's peak). Inside a CUDA graph capture the storage comes from the graph's private memory,
-where it shares addresses with activations freed earlier in the step; it stays (set_to_none only zeroes it) while
-that graph lives, because every replay writes the gradients there. `buffer.tensor` of a lazy buffer without
-storage allocates it (zeroed): a consumer always sees a valid, zero-gapped flat buffer.
+`register(params, lazy=True)` gives PyTorch's memory behaviour at the flat buffers' speed: the parameters go, in
+registration order, into buffers of at most LAZY_CHUNK_BYTES each -- or 1/LAZY_CHUNKS of their gradients' bytes when
+that is more: a full fine-tune's gigabytes of gradients in ~64 buffers, not thousands, so the step's per-buffer work
+(the finite check, the norm for clipping, a fused optimizer's launch) stays a few dozen operations --, whose storage
+is allocated (zeroed) when backward writes the first gradient into one of its slots and released when
+`zero_grad(set_to_none=True)` leaves none of its slots a gradient. So the gradients are not resident before
+backward, and during backward only the buffers of the parameters reached so far are (a LoRA's 71 MiB of fp32
+gradients on Flux-dev would otherwise sit under the activations at the step's peak). Inside a CUDA graph capture
+the storage comes from the graph's private memory, where it shares addresses with activations freed earlier in the
+step; it stays (set_to_none only zeroes it) while that graph lives, because every replay writes the gradients there.
+`buffer.tensor` of a lazy buffer without storage allocates it (zeroed): a consumer always sees a valid, zero-gapped
+flat buffer.
 """
 import weakref
 
@@ -34,6 +37,7 @@ from .tensor import Tensor, _wrap
 
 ALIGN_BYTES = 256
 LAZY_CHUNK_BYTES = 4 << 20  # a lazy buffer's size: the most gradient storage resident ahead of its first gradient
+LAZY_CHUNKS = 64  # ... or 1/64 of a registration's gradient bytes when that is larger (lazy buffers per register)
 
 _slots = {}  # id(param) -> _Slot
 _buffers = weakref.WeakSet()
@@ -136,7 +140,7 @@ def register(params, lazy=False):
     made = []
     for (dev, dt), ps in group.items():
         align = max(1, ALIGN_BYTES // dt.itemsize)
-        chunk = LAZY_CHUNK_BYTES // dt.itemsize if lazy else None
+        chunk = max(LAZY_CHUNK_BYTES // dt.itemsize, sum(p.numel() for p in ps) // LAZY_CHUNKS) if lazy else None
         layouts, offsets, total = [], [], 0
         for p in ps:
             n = (p.numel() + align - 1) // align * align

@@ -172,3 +172,22 @@ def test_a_buffer_kept_for_a_live_graph_is_released_by_the_next_set_to_none_afte
     opt.zero_grad(set_to_none=True)
     assert not any(b.resident for b in bufs)
     grad_pool.unregister(ws)
+
+
+def test_many_gradients_go_into_at_most_lazy_chunks_buffers(monkeypatch):
+    """Beyond LAZY_CHUNKS x LAZY_CHUNK_BYTES of gradients (a full fine-tune) each buffer holds 1/LAZY_CHUNKS of them:
+    a few dozen buffers, not one per chunk size -- and each parameter still gets its own gradient."""
+    monkeypatch.setattr(grad_pool, "LAZY_CHUNK_BYTES", 4096)
+    rng = np.random.default_rng(0)
+    ws = chain("cpu", rng, n=300, width=32)   # 300 x 4 KiB of float32 gradients: 300 buffers at the bare chunk size
+    made = grad_pool.register(ws, lazy=True)
+    # a chunk of 300 * 1024 / 64 = 4800 elements takes 4 of these 1024-element weights: 75 buffers
+    assert len(made) == 75
+    x = flame.tensor(rng.standard_normal((2, 32)), dtype=flame.float32)
+    forward(x, ws)[0].backward()
+    want = [w.grad.detach().numpy().copy() for w in ws]
+    assert all(grad_pool.flat_buffer_of(w) is not None for w in ws)
+    ref = [flame.tensor(w.detach().numpy(), requires_grad=True) for w in ws]
+    forward(x, ref)[0].backward()
+    for a, b in zip(want, ref):
+        np.testing.assert_array_equal(a, b.grad.detach().numpy())
