@@ -183,11 +183,11 @@ def test_many_gradients_go_into_at_most_lazy_chunks_buffers(monkeypatch):
     made = grad_pool.register(ws, lazy=True)
     # a chunk of 300 * 1024 / 64 = 4800 elements takes 4 of these 1024-element weights: 75 buffers
     assert len(made) == 75
-    x = flame.tensor(rng.standard_normal((2, 32)), dtype=flame.float32)
+    x = flame.tensor(rng.standard_normal((2, 32)), dtype=flame.float32, device="cpu")
     forward(x, ws)[0].backward()
     want = [w.grad.detach().numpy().copy() for w in ws]
     assert all(grad_pool.flat_buffer_of(w) is not None for w in ws)
-    ref = [flame.tensor(w.detach().numpy(), requires_grad=True) for w in ws]
+    ref = [flame.tensor(w.detach().numpy(), requires_grad=True, device="cpu") for w in ws]
     forward(x, ref)[0].backward()
     for a, b in zip(want, ref):
         np.testing.assert_array_equal(a, b.grad.detach().numpy())
