@@ -11,6 +11,9 @@ from flame_models.training.config import ConfigError, config_from_dict
 from flame_models.training.family import get_family
 from flame_models.training.trainer import Trainer
 
+from .conftest import draw_images, image_config
+from .test_sd_families import SD3_MODEL, sdxl_model  # noqa: F401  (the module fixture)
+
 
 def full_config(tmp_path, name, arch="flux", steps=4, dtype="bf16", network=None, train=None, **top):
     """A tiny random model of `arch` on synthetic samples, full fine-tuning, on the cpu in `dtype`."""
@@ -127,3 +130,26 @@ def test_too_large_a_selection_is_refused_before_anything_converts():
     msg = full_finetune.problems(selected, "cpu", need - 1, "adamw")[0]
     assert f"{count:,} parameters" in msg and "max_gpu_memory" in msg
     assert all(p.dtype == flame.bfloat16 for _, p in selected)   # nothing converted by the check
+
+
+@pytest.mark.parametrize("arch", ["flux", "sd3", "sdxl"])
+def test_the_written_model_generates_beside_its_folders_parts(tmp_path, arch, tiny_model, sdxl_model):  # noqa: F811
+    """A full fine-tune of a diffusers folder's model, then generate --model <the file> with the folder's VAE,
+    text encoders and tokenizers: the README's workflow."""
+    import os
+
+    from flame_models import generate
+    folder = {"flux": tiny_model, "sd3": SD3_MODEL, "sdxl": sdxl_model}[arch]
+    images = draw_images(tmp_path / "images", 2, 2)
+    model = {"arch": arch} if arch == "sd3" else {"arch": arch, "t5_max_length": None} if arch == "sdxl" else {}
+    cfg = image_config(tmp_path, "full", folder, images, steps=2, **({"model": model} if model else {}))
+    cfg.network.type = "full"   # (image_config's LoRA settings are not read by a full fine-tune)
+    result = Trainer(cfg, verbose=False).train()
+    encoders = {"flux": ["--clip-l", "text_encoder", "--t5", "text_encoder_2"],
+                "sd3": ["--clip-l", "text_encoder", "--clip-g", "text_encoder_2", "--t5", "text_encoder_3"],
+                "sdxl": ["--clip-l", "text_encoder", "--clip-g", "text_encoder_2"]}[arch]
+    parts = [a if a.startswith("--") else os.path.join(folder, a) for a in ["--vae", "vae"] + encoders]
+    out = tmp_path / "generated"
+    assert generate.main(["--model", result["lora"], *parts, "--tokenizer", folder, "--prompt", "ohwx",
+                          "--width", "64", "--height", "64", "--steps", "2", "--seed", "1", "--output", str(out)]) == 0
+    assert [f for f in os.listdir(out) if f.endswith(".png")]
