@@ -100,12 +100,12 @@ def params_from_diffusers_config(params_class, c, **extra):
 
 
 def save_layout(model, path, layout, *, to_diffusers, metadata_key, stem, folder_config, max_shard_size=None,
-                dtype=None):
+                dtype=None, metadata=None):
     """Save `model` in BFL's layout ("bfl", files `<stem>*.safetensors`) or diffusers' ("diffusers",
     `to_diffusers(state, params)`, diffusion_pytorch_model*.safetensors + `folder_config` as config.json in a folder),
     its params in the metadata under `metadata_key`. `path` ending in .safetensors: one file (or shards of
     max_shard_size bytes plus an index); otherwise a folder. dtype: the floating weights written in it (None: their
-    own). Returns the files written."""
+    own); metadata: more entries of the files' metadata. Returns the files written."""
     if layout not in ("bfl", "diffusers"):
         raise ValueError(f"layout must be 'bfl' or 'diffusers', got {layout!r}")
     CIO.check_saveable(model, f"saving {type(model).__name__}")
@@ -114,7 +114,7 @@ def save_layout(model, path, layout, *, to_diffusers, metadata_key, stem, folder
         state = {k: t.detach() for k, t in model.named_parameters()}
         if layout == "diffusers":
             state = to_diffusers(state, p)
-    metadata = {"format": "pt", metadata_key: json.dumps(dataclasses.asdict(p))}  # tuples: JSON lists
+    metadata = {**(metadata or {}), "format": "pt", metadata_key: json.dumps(dataclasses.asdict(p))}  # tuples: lists
     diffusers = layout == "diffusers"
     return CIO.save_weights(state.items(), path, stem="diffusion_pytorch_model" if diffusers else stem,
                             metadata=metadata, max_shard_size=max_shard_size,

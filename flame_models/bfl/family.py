@@ -70,10 +70,10 @@ class FluxFamily(FlowSamplerPreviews, FlowMatchingFamily):
     def lora_name_map(self, model):
         return name_map_for(model.params)
 
-    def save_model(self, model, path, dtype):
+    def save_model(self, model, path, dtype, metadata=None):
         """A full fine-tune's file: the transformer in BFL's names (as flux1-dev.safetensors; ComfyUI's
         diffusion_models and FLAME's --model read it)."""
-        return save_flux(model, path, "bfl", dtype=dtype)
+        return save_flux(model, path, "bfl", dtype=dtype, metadata=metadata)
 
     def lora_metadata(self, cfg, model):
         kind = "dev" if model.params.guidance_embed else "schnell"

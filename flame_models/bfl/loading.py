@@ -100,11 +100,11 @@ def flux_params_from_config(config):
                                         guidance_embed=config["guidance_embeds"])
 
 
-def save_flux(model, path, layout="bfl", *, max_shard_size=None, dtype=None):
+def save_flux(model, path, layout="bfl", *, max_shard_size=None, dtype=None, metadata=None):
     """Save `model` in BFL ("bfl") or diffusers ("diffusers") layout. `path` ending in .safetensors: one file (or
     shards `<stem>-0000i-of-0000n.safetensors` plus `<path>.index.json` with max_shard_size bytes). Otherwise a folder
     (diffusers: diffusion_pytorch_model*.safetensors + config.json; bfl: flux*.safetensors). Returns the files
-    written. dtype: the floating weights written in it (None: their own)."""
+    written. dtype: the floating weights written in it (None: their own); metadata: more metadata entries."""
     return save_layout(model, path, layout, to_diffusers=K.bfl_to_diffusers, metadata_key=PARAMS_METADATA_KEY,
                        stem="flux", folder_config=_diffusers_config(model.params), max_shard_size=max_shard_size,
-                       dtype=dtype)
+                       dtype=dtype, metadata=metadata)

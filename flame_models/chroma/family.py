@@ -67,9 +67,9 @@ class ChromaFamily(FlowSamplerPreviews, FlowMatchingFamily):
     def lora_name_map(self, model):
         return name_map_for(model.params)
 
-    def save_model(self, model, path, dtype):
+    def save_model(self, model, path, dtype, metadata=None):
         """A full fine-tune's file: the transformer in Chroma's own names (as its released files)."""
-        return save_chroma(model, path, "bfl", dtype=dtype)
+        return save_chroma(model, path, "bfl", dtype=dtype, metadata=metadata)
 
     def lora_metadata(self, cfg, model):
         return {"ss_base_model_version": "chroma", "modelspec.architecture": "chroma/lora",

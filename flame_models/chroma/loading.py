@@ -95,10 +95,10 @@ def chroma_params_from_config(config):
                                         approximator_layers=config["approximator_layers"])
 
 
-def save_chroma(model, path, layout="bfl", *, max_shard_size=None, dtype=None):
+def save_chroma(model, path, layout="bfl", *, max_shard_size=None, dtype=None, metadata=None):
     """Save `model` in Chroma's own ("bfl") or diffusers ("diffusers") layout: a .safetensors path (or shards) or a
     folder (diffusers: diffusion_pytorch_model*.safetensors + config.json); dtype: the floating weights written in it
-    (None: their own). Returns the files written."""
+    (None: their own); metadata: more metadata entries. Returns the files written."""
     return save_layout(model, path, layout, to_diffusers=K.to_diffusers, metadata_key=PARAMS_METADATA_KEY,
                        stem="chroma", folder_config=_diffusers_config(model.params), max_shard_size=max_shard_size,
-                       dtype=dtype)
+                       dtype=dtype, metadata=metadata)

@@ -80,9 +80,9 @@ class QwenImageFamily(FlowSamplerPreviews, FlowMatchingFamily):
     def lora_name_map(self, model):
         return model.adapter_name_map()
 
-    def save_model(self, model, path, dtype):
+    def save_model(self, model, path, dtype, metadata=None):
         """A full fine-tune's file: the transformer in diffusers' (= the release's) names."""
-        return save_qwen_image(model, path, dtype=dtype)
+        return save_qwen_image(model, path, dtype=dtype, metadata=metadata)
 
     def lora_metadata(self, cfg, model):
         return {"modelspec.architecture": "qwen-image/lora", "flame.base_model": self.base_model_name(cfg)}

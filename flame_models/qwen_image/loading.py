@@ -136,16 +136,16 @@ def diffusers_config(p):
             "guidance_embeds": False, "axes_dims_rope": list(p.axes_dims_rope)}
 
 
-def save_qwen_image(model, path, *, max_shard_size=None, dtype=None):
+def save_qwen_image(model, path, *, max_shard_size=None, dtype=None, metadata=None):
     """Save `model` in diffusers' (= the release's) names: a .safetensors path (or shards), or a folder that gets
-    diffusion_pytorch_model*.safetensors + config.json; dtype: the floating weights written in it (None: their own).
-    Returns the files written."""
+    diffusion_pytorch_model*.safetensors + config.json; dtype: the floating weights written in it (None: their own);
+    metadata: more metadata entries. Returns the files written."""
     p = model.params
     if p.mlp_ratio != 4.0:
         raise ValueError(f"mlp_ratio {p.mlp_ratio}: diffusers' QwenImageTransformer2DModel has a fixed 4x MLP")
     CIO.check_saveable(model, "save_qwen_image")
     with flame.no_grad():
         state = [(k, t.detach()) for k, t in model.named_parameters()]
-    metadata = {"format": "pt", PARAMS_METADATA_KEY: json.dumps(dataclasses.asdict(p))}
+    metadata = {**(metadata or {}), "format": "pt", PARAMS_METADATA_KEY: json.dumps(dataclasses.asdict(p))}
     return CIO.save_weights(state, path, stem="diffusion_pytorch_model", metadata=metadata,
                             max_shard_size=max_shard_size, folder_config=diffusers_config(p), dtype=dtype)

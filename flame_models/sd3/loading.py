@@ -158,13 +158,13 @@ def diffusers_config(p):
             "qk_norm": "rms_norm" if p.qk_norm == "rms" else None}
 
 
-def save_sd3(model, path, layout="sai", *, max_shard_size=None, prefix=None, dtype=None):
+def save_sd3(model, path, layout="sai", *, max_shard_size=None, prefix=None, dtype=None, metadata=None):
     """Save `model` in SAI ("sai") or diffusers ("diffusers") layout; every file is written to a temp file and
     renamed. `path` ending in .safetensors: one file (or shards `<stem>-0000i-of-0000n.safetensors` plus
     `<path>.index.json` with max_shard_size bytes). Otherwise a folder (diffusers: diffusion_pytorch_model*.safetensors
     + config.json; sai: sd3*.safetensors). SAI keys carry `prefix`, default `model.diffusion_model.` as SAI's own
-    files (pass "" for a bare transformer file); dtype: the floating weights written in it (None: their own). Returns
-    the files written."""
+    files (pass "" for a bare transformer file); dtype: the floating weights written in it (None: their own);
+    metadata: more metadata entries. Returns the files written."""
     if layout not in ("sai", "diffusers"):
         raise ValueError(f"layout must be 'sai' or 'diffusers', got {layout!r}")
     if prefix is not None and layout != "sai":
@@ -178,7 +178,7 @@ def save_sd3(model, path, layout="sai", *, max_shard_size=None, prefix=None, dty
         else:
             pre = SAI_PREFIX if prefix is None else prefix
             state = {pre + k: t for k, t in state.items()}
-    metadata = {"format": "pt", PARAMS_METADATA_KEY: json.dumps(dataclasses.asdict(p))}  # tuples: JSON lists
+    metadata = {**(metadata or {}), "format": "pt", PARAMS_METADATA_KEY: json.dumps(dataclasses.asdict(p))}
     diffusers = layout == "diffusers"
     return CIO.save_weights(state.items(), path, stem="diffusion_pytorch_model" if diffusers else "sd3",
                             metadata=metadata, max_shard_size=max_shard_size,

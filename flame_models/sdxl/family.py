@@ -129,9 +129,9 @@ class SDXLFamily(DiffusionFamily):
     def lora_name_map(self, model):
         return unet_name_map(model)
 
-    def save_model(self, model, path, dtype):
+    def save_model(self, model, path, dtype, metadata=None):
         """A full fine-tune's file: the UNet in SAI's names under model.diffusion_model. (as SAI's files)."""
-        return save_unet(model, path, "sai", dtype=dtype)
+        return save_unet(model, path, "sai", dtype=dtype, metadata=metadata)
 
     def lora_metadata(self, cfg, model):
         meta = {k: v for k, v in KOHYA_METADATA.items()

@@ -14,12 +14,13 @@ from .loading import CONFIG_METADATA_KEY
 WEIGHTS_STEM = "diffusion_pytorch_model"
 
 
-def save_unet(model, path, layout="sai", *, prefix=K.SAI_PREFIXES[0], max_shard_size=None, dtype=None):
+def save_unet(model, path, layout="sai", *, prefix=K.SAI_PREFIXES[0], max_shard_size=None, dtype=None,
+              metadata=None):
     """Write `model`'s weights. layout "sai": `path` is a .safetensors file, keys under `prefix`
     ('model.diffusion_model.', as SAI single files; '' for a bare UNet file). layout "diffusers": `path` is a folder
     (config.json + diffusion_pytorch_model.safetensors, or shards of at most max_shard_size bytes with their index
     JSON), or a .safetensors file with diffusers names and no config.json. dtype: the floating weights written in it
-    (None: their own). Returns the paths written."""
+    (None: their own); metadata: more metadata entries. Returns the paths written."""
     if layout not in ("sai", "diffusers"):
         raise ValueError(f"save_unet: layout must be 'sai' or 'diffusers', got {layout!r}")
     c = model.config
@@ -36,7 +37,7 @@ def save_unet(model, path, layout="sai", *, prefix=K.SAI_PREFIXES[0], max_shard_
         state = [(prefix + k, t) for k, t in state]
     else:
         state = [(K.sai_to_diffusers_key(k, c.num_res_blocks), t) for k, t in state]
-    metadata = {"format": "pt", CONFIG_METADATA_KEY: json.dumps(c.to_dict(), sort_keys=True)}
+    metadata = {**(metadata or {}), "format": "pt", CONFIG_METADATA_KEY: json.dumps(c.to_dict(), sort_keys=True)}
     written = CIO.save_weights(state, path, stem=WEIGHTS_STEM, metadata=metadata, max_shard_size=max_shard_size,
                                folder_config=c.to_diffusers_config(), dtype=dtype)
     return written if single else written + [os.path.join(path, "config.json")]

@@ -198,8 +198,9 @@ class ModelFamily:
     def sample_options(self, cfg):
         return {}
 
-    # what a full fine-tune (network.type full) writes: the denoiser in the family's native checkpoint layout, the
-    # floating weights in `dtype`; None: the family cannot write its model (full fine-tuning is refused)
+    # save_model(model, path, dtype, metadata=None): what a full fine-tune (network.type full) writes -- the denoiser
+    # in the family's native checkpoint layout, its floating weights in `dtype`, `metadata` among the file's; None:
+    # the family cannot write its model (full fine-tuning is refused)
     save_model = None
 
     def block_initializer(self, model):

@@ -789,8 +789,10 @@ class Trainer:
             v = v if isinstance(v, str) else json.dumps(v)
             meta[str(k)] = v.replace("[name]", c.name)
         with self._averaged(), (self.ema.swapped() if self.ema is not None else nullcontext()):
-            if self.full:   # the whole denoiser in its native layout, at save.dtype
-                self.family.save_model(self.model, path, flame.dtypes.dtype(dtype_name(c.save.dtype)))
+            if self.full:   # the whole denoiser in its native layout, at save.dtype, with the run's metadata
+                meta = {k: str(v) for k, v in meta.items() if k.startswith("flame.") or k in map(str, c.meta)}
+                meta["flame.network"] = "full"
+                self.family.save_model(self.model, path, flame.dtypes.dtype(dtype_name(c.save.dtype)), metadata=meta)
                 return path
             A.save_adapters(self.model, path, c.save.format, name_map=self.name_map, dtype=dtype_name(c.save.dtype),
                             metadata=meta,

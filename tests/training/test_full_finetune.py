@@ -35,7 +35,8 @@ def _numpy(p):
 
 @pytest.mark.parametrize("arch", ["flux", "sd3", "sdxl", "chroma", "qwen_image", "flux_kontext"])
 def test_every_weight_trains_in_float32_and_the_file_loads_back(tmp_path, arch):
-    tr = Trainer(full_config(tmp_path, arch, arch=arch, steps=3), verbose=False).setup()
+    tr = Trainer(full_config(tmp_path, arch, arch=arch, steps=3, meta={"author": "[name]'s maker"}),
+                 verbose=False).setup()
     named = dict(tr.model.named_parameters())
     assert tr.params and len(tr.params) == len(named) == tr.n_adapted
     assert all(p.requires_grad and p.dtype == flame.float32 for p in named.values())
@@ -44,6 +45,10 @@ def test_every_weight_trains_in_float32_and_the_file_loads_back(tmp_path, arch):
     assert np.isfinite(result["losses"]).all()
     changed = [n for n, p in named.items() if not np.array_equal(_numpy(p), before[n])]
     assert len(changed) > 0.9 * len(named), (len(changed), len(named))    # (a zero-initialised output may not move)
+    from flame_core import io
+    meta = io.load_metadata(result["lora"])   # the run's: ai-toolkit's meta, its steps and base; no LoRA's keys
+    assert meta["author"] == f"{arch}'s maker" and meta["flame.steps"] == "3" and meta["flame.network"] == "full"
+    assert not any(k.startswith(("modelspec.", "ss_")) for k in meta)
     fam = get_family(arch)
     back = fam.load_model(result["lora"], fam.read_spec(result["lora"]), flame.bfloat16, "cpu")
     got = dict(back.named_parameters())
