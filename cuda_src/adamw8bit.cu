@@ -6,9 +6,11 @@
 // Every product, sum, quotient and root is rounded on its own (__f*_rn: no FMA contraction), so the result equals
 // the per-operation NumPy path of AdamW8bit bit for bit on normal floats.
 //
-// tensors: int64 [T, 8] rows (flame_core.kernels.tensor_table): param (float*), grad, exp_avg, exp_avg_sq (uint8
-//          codes, or float* when unquantised), exp_avg_absmax, exp_avg_sq_absmax (float*, one per 256 elements; 0 when
-//          unquantised), numel, the gradient's dtype (0 fp32 / 1 fp16 / 2 bf16)
+// tensors: int64 [T, 8] rows (flame_core.kernels.tensor_table): param (float*, or bf16*), grad, exp_avg, exp_avg_sq
+//          (uint8 codes, or float* when unquantised), exp_avg_absmax, exp_avg_sq_absmax (float*, one per 256
+//          elements; 0 when unquantised), numel, and packed kinds: bits 0-3 the gradient's dtype (0 fp32 / 1 fp16 /
+//          2 bf16), bits 4-7 the parameter's (0 fp32 / 2 bf16: the new weight stochastically rounded with
+//          sr_bits(seed, salt, i)), bits 8+ the tensor's salt
 // chunk_tensor / chunk_start: the tensor and the first element (a multiple of 256) of each CUDA block
 #include "optim_grads.cuh"
 
@@ -44,16 +46,18 @@ extern "C" __global__ void __launch_bounds__(Q8_BLOCK) adamw8bit_multi(
         const i64* __restrict__ tensors, const int* __restrict__ chunk_tensor, const i64* __restrict__ chunk_start,
         const float* __restrict__ signed_book, const float* __restrict__ unsigned_book, float lr_bc1, float beta1,
         float one_minus_beta1, float beta2, float one_minus_beta2, float eps, float sqrt_bc2, float decay,
-        int apply_decay) {
+        int apply_decay, unsigned int seed) {
     __shared__ float sbook[Q8_BLOCK], ubook[Q8_BLOCK], red[Q8_BLOCK / 32];
     const int tid = threadIdx.x;
     sbook[tid] = signed_book[tid];
     ubook[tid] = unsigned_book[tid];
     const i64* row = tensors + 8 * (i64)chunk_tensor[blockIdx.x];
     float* __restrict__ w = reinterpret_cast<float*>(row[0]);
+    __nv_bfloat16* __restrict__ wb = reinterpret_cast<__nv_bfloat16*>(row[0]);
     const void* g = reinterpret_cast<const void*>(row[1]);
     const i64 n = row[6];
-    const int kind = (int)row[7];
+    const int kind = (int)(row[7] & 15), pkind = (int)((row[7] >> 4) & 15);
+    const unsigned int salt = (unsigned int)(row[7] >> 8);
     const bool quantised = row[4] != 0;
     const i64 blk = chunk_start[blockIdx.x] / Q8_BLOCK;
     const i64 i = blk * Q8_BLOCK + tid;
@@ -73,10 +77,12 @@ extern "C" __global__ void __launch_bounds__(Q8_BLOCK) adamw8bit_multi(
         const float gf = load_grad(g, i, kind);
         m = __fadd_rn(__fmul_rn(m, beta1), __fmul_rn(one_minus_beta1, gf));
         v = __fadd_rn(__fmul_rn(v, beta2), __fmul_rn(one_minus_beta2, __fmul_rn(gf, gf)));
-        float wi = w[i];
+        float wi = pkind == 2 ? __bfloat162float(wb[i]) : w[i];
         if (apply_decay) wi = __fmul_rn(wi, decay);
         const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), sqrt_bc2), eps);
-        w[i] = __fsub_rn(wi, __fdiv_rn(__fmul_rn(lr_bc1, m), denom));
+        const float wn = __fsub_rn(wi, __fdiv_rn(__fmul_rn(lr_bc1, m), denom));
+        if (pkind == 2) wb[i] = sr_bf16(wn, sr_bits(seed, salt, i));
+        else w[i] = wn;
     }
     if (!quantised) {
         if (in) {

@@ -299,6 +299,13 @@ def i64(v):
     return np.int64(v)
 
 
+def u32(v):
+    v = int(v)
+    if not 0 <= v < 2 ** 32:
+        raise ValueError(f"kernel argument {v} does not fit in uint32")
+    return np.uint32(v)
+
+
 def null():
     """A null pointer argument."""
     return np.uint64(0)

@@ -10,6 +10,9 @@ the forward runs under the trainer's autocast (`train.dtype`, bf16 by default), 
 and diffusers' training scripts train: the optimizer adds float32 updates (a bf16 weight would drop every update
 below 2^-8 of its value: a learning rate of 1e-5 moves nothing), the matmuls run in bf16. The file written at the
 end (the family's `save_model`) is the whole denoiser in its native checkpoint layout at `save.dtype`.
+`train.full_bf16` (kohya's flag) keeps them in the model's bf16 instead -- half the weights' memory and bf16
+gradients -- and AdamW8bit writes each update back with stochastic rounding (flame_nn.optim.AdamW8bit), so small
+updates still move the weights on average.
 
 Which parameters: every floating parameter of the denoiser, or those `network.network_kwargs` picks --
 `only_if_contains` / `ignore_if_contains` match substrings of the parameter's name in the model's native layout
@@ -58,38 +61,44 @@ def select(model, network, name_map=None):
     return out
 
 
-def problems(selected, device, budget, optimizer, setting="network.type"):
+def problems(selected, device, budget, optimizer, setting="network.type", keep_dtype=False):
     """Why the selected parameters cannot be trained on `device`: none selected, or their float32 values (the part
-    not yet held), gradients and optimizer state more than the device has free (the budget, else its free memory)."""
+    not yet held; keep_dtype: none), gradients (in the values' dtype) and optimizer state more than the device has
+    free (the budget, else its free memory)."""
     if not selected:
         return [f"{setting}: full -- network.network_kwargs' filters leave no parameter of the model to train"]
     count = sum(p.numel() for _, p in selected)
-    need = sum(p.numel() * (4 - p.dtype.itemsize) for _, p in selected if p.dtype != flame.float32)
-    need += count * (4 + STATE_BYTES.get(optimizer, 8))  # float32 gradients and the optimizer's state
+    if keep_dtype:
+        need = sum(p.numel() * p.dtype.itemsize for _, p in selected) + count * STATE_BYTES.get(optimizer, 8)
+    else:
+        need = sum(p.numel() * (4 - p.dtype.itemsize) for _, p in selected if p.dtype != flame.float32)
+        need += count * (4 + STATE_BYTES.get(optimizer, 8))  # float32 gradients and the optimizer's state
     dev = flame.device(device)
     if budget is None and dev.type == "cuda":
         have, what = int(flame.cuda.mem_get_info(dev)[0]), f"free memory of {dev}"
     else:
         have, what = device_memory(dev, budget)
     if have is not None and need > have:
-        return [f"{setting}: full fine-tuning of {count:,} parameters needs {fmt_bytes(need)} more for their float32 "
-                f"values, gradients and {optimizer} state beside the model's weights: more than the "
+        return [f"{setting}: full fine-tuning of {count:,} parameters needs {fmt_bytes(need)} more for their "
+                f"{'' if keep_dtype else 'float32 '}values, gradients and {optimizer} state beside the model's "
+                f"weights: more than the "
                 f"{fmt_bytes(have)} of {what} (pick fewer with network.network_kwargs only_if_contains, take an "
                 f"optimizer with less state -- adamw8bit, adafactor --, or train a LoRA)"]
     return []
 
 
-def make_trainable(model, network, name_map=None, *, device, budget, optimizer):
-    """Select (select) and check (problems: ConfigError) the parameters to train, then hold each in float32 with
-    requires_grad set; every other parameter stays frozen. Returns how many parameter tensors train."""
+def make_trainable(model, network, name_map=None, *, device, budget, optimizer, keep_dtype=False):
+    """Select (select) and check (problems: ConfigError) the parameters to train, then hold each in float32
+    (keep_dtype: in the model's dtype -- train.full_bf16) with requires_grad set; every other parameter stays frozen.
+    Returns how many parameter tensors train."""
     selected = select(model, network, name_map)
-    found = problems(selected, device, budget, optimizer)
+    found = problems(selected, device, budget, optimizer, keep_dtype=keep_dtype)
     if found:
         raise ConfigError("; ".join(found))
     model.requires_grad_(False)
     with flame.no_grad():
         for _, p in selected:
-            if p.dtype != flame.float32:
+            if p.dtype != flame.float32 and not keep_dtype:
                 p.data = p.data.to(flame.float32)
             p.requires_grad_(True)
     return len(selected)

@@ -55,6 +55,11 @@ def _full_problems(cfg, p):
     if m.quantize:
         e.append(f"{p}model.quantize: fp8-stored weights cannot be trained in full; leave it out with network.type "
                  f"full")
+    if t.full_bf16 and t.optimizer != "adamw8bit":
+        e.append(f"{p}train.full_bf16: bf16 weights need adamw8bit (its stochastic rounding keeps small updates), "
+                 f"got {t.optimizer}")
+    if t.full_bf16 and m.dtype not in ("bf16", "bfloat16"):
+        e.append(f"{p}train.full_bf16: keeps the weights in model.dtype, which must then be bf16 (got {m.dtype})")
     if cfg.max_gpu_memory is not None:
         e.append(f"{p}max_gpu_memory: network.type full trains with the model resident on the GPU (streamed blocks "
                  f"train adapters only in the trainer; flame_nn.offload.LayerwiseAdamW trains streamed blocks "
@@ -123,6 +128,8 @@ def validate(cfg, prefix="", check_files=True):
 
     if n.type == "full":
         e += _full_problems(cfg, p)
+    elif t.full_bf16:
+        e.append(f"{p}train.full_bf16: the weights' dtype of a full fine-tune; network.type is {n.type!r}")
 
     choice(e, f"{p}save.format", s.format, FILE_FORMATS)
     choice(e, f"{p}save.dtype", s.dtype, DTYPES)

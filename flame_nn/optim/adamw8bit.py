@@ -7,16 +7,22 @@ to 1 of the block maximum stay representable. The signed book holds m, the unsig
 to float32, run the AdamW update, requantise. State memory: ~2 bytes per parameter instead of 8.
 Parameters with fewer than `min_8bit_size` elements keep float32 moments (as bitsandbytes does).
 
-On the GPU, float32 parameters with block_size 256 are updated by ONE fused launch per parameter group and step
-count (flame_core.kernels.adamw8bit): dequantise, update, reduce each block's absmax and requantise in registers,
-with the same roundings as the per-operation path below, which everything else takes (the CPU, other block sizes
-and parameter dtypes).
+bfloat16 parameters (a full fine-tune without float32 weights: kohya's full_bf16) are updated in float32 and written
+back with stochastic rounding (flame_core.kernels.stochastic_rounding: rounded up with probability equal to the
+dropped fraction, from a hash of the step, the parameter's ordinal in the optimizer and the element), so updates far
+below bfloat16's spacing still move the weights on average; round-to-nearest would drop every one of them.
+
+On the GPU, float32 and bfloat16 parameters with block_size 256 are updated by ONE fused launch per parameter group
+and step count (flame_core.kernels.adamw8bit): dequantise, update, reduce each block's absmax and requantise in
+registers, with the same roundings (and random bits) as the per-operation path below, which everything else takes
+(the CPU, other block sizes and parameter dtypes).
 """
 import math
 
 import numpy as np
 
 from flame_core import as_tensor, backend
+from flame_core.kernels.stochastic_rounding import to_bf16_stochastic
 
 from .adam import _check
 from .optimizer import Optimizer, _closure_loss, grads_of
@@ -114,6 +120,7 @@ class AdamW8bit(Optimizer):
 
     def step(self, closure=None):
         loss = _closure_loss(closure)
+        salts = None
         for group in self.param_groups:
             lr, (b1, b2), eps, wd, bs = group["lr"], group["betas"], group["eps"], group["weight_decay"], \
                 group["block_size"]
@@ -137,10 +144,15 @@ class AdamW8bit(Optimizer):
                 m += (1 - b1) * gf
                 v *= b2
                 v += (1 - b2) * (gf * gf)
+                bf16 = w.dtype.name == "bfloat16"
+                w32 = w.astype(np.float32) if bf16 else w
                 if wd:
-                    w *= 1 - lr * wd
+                    w32 *= 1 - lr * wd
                 denom = xp.sqrt(v) / math.sqrt(1 - b2 ** t) + eps
-                w -= ((lr / (1 - b1 ** t)) * m / denom).reshape(w.shape).astype(w.dtype, copy=False)
+                w32 -= ((lr / (1 - b1 ** t)) * m / denom).reshape(w.shape).astype(w32.dtype, copy=False)
+                if bf16:   # stochastic rounding, with the fused kernel's bits
+                    salts = salts or self._salts()
+                    w[...] = to_bf16_stochastic(w32, t, salts[id(p)])
                 p._version[0] += 1
                 if quantized:
                     for name, arr, book in (("exp_avg", m, sbook), ("exp_avg_sq", v, ubook)):
@@ -149,12 +161,21 @@ class AdamW8bit(Optimizer):
                         st[name + "_absmax"].set_array_(absmax)
         return loss
 
+    def _salts(self):
+        """{id(param): its ordinal among the optimizer's parameters, group by group}: the salt of its stochastic
+        rounding (rebuilt when the parameters change)."""
+        ids = tuple(id(q) for group in self.param_groups for q in group["params"])
+        got = self.__dict__.get("_salt_map")
+        if got is None or got[0] != ids:
+            got = self.__dict__["_salt_map"] = (ids, {i: k for k, i in enumerate(ids)})
+        return got[1]
+
     # ------------------------------------------------------------------ fused GPU path
     def _fusable(self, p, g, group):
         """Whether the fused kernel can update `p` with gradient array `g` (its state, if any, in the layout
         _init_state makes, on the GPU)."""
         a = p.array
-        if not (backend.is_cuda_array(a) and a.dtype == np.float32 and a.flags.c_contiguous
+        if not (backend.is_cuda_array(a) and a.dtype.name in ("float32", "bfloat16") and a.flags.c_contiguous
                 and backend.is_cuda_array(g) and g.flags.c_contiguous and g.size == a.size
                 and _loader.dtype_name(g.dtype) in _GRAD_DTYPES):
             return False
@@ -229,7 +250,8 @@ class AdamW8bit(Optimizer):
                 plans.pop(next(iter(plans)))
             rows = [(hit[0], g) + tuple(arr for _, _, arr in hit[2]) + ((None, None) if len(hit[2]) == 2 else ())
                     for _, g, hit in items]
-            got = plans[key] = ([hit for _, _, hit in items], _fused.adamw8bit_table(rows))
+            got = plans[key] = ([hit for _, _, hit in items],
+                                _fused.adamw8bit_table(rows, salts=[self._salts()[id(p)] for p, _, _ in items]))
         else:
             got[1].set_grads([g for _, g, _ in items])
         return got[1]

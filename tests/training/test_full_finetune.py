@@ -158,3 +158,39 @@ def test_the_written_model_generates_beside_its_folders_parts(tmp_path, arch, ti
     assert generate.main(["--model", result["lora"], *parts, "--tokenizer", folder, "--prompt", "ohwx",
                           "--width", "64", "--height", "64", "--steps", "2", "--seed", "1", "--output", str(out)]) == 0
     assert [f for f in os.listdir(out) if f.endswith(".png")]
+
+
+def test_full_bf16_keeps_the_weights_in_bf16_and_rounds_updates_stochastically(tmp_path):
+    """train.full_bf16 (kohya's): no float32 copies -- the weights, their gradients stay bf16 -- and AdamW8bit's
+    stochastic rounding moves them by updates far below bf16's spacing (lr 1e-5); a restart continues bit for bit
+    (the rounding's bits come from the step and the parameter's ordinal)."""
+    def cfg(name):
+        return full_config(tmp_path, name, steps=6, train={"lr": 1e-5, "optimizer": "adamw8bit", "full_bf16": True,
+                                                           "lr_warmup_steps": 0})
+    tr = Trainer(cfg("bf16"), verbose=False).setup()
+    named = dict(tr.model.named_parameters())
+    assert all(p.dtype == flame.bfloat16 and p.requires_grad for p in named.values())
+    w = named["double_blocks.0.img_mlp.0.weight"]
+    w0 = _numpy(w)
+    for _ in range(3):
+        tr.train_step()
+    assert w.dtype == flame.bfloat16
+    moved = np.abs(_numpy(w) - w0)
+    assert 0.02 < (moved > 0).mean() < 0.9          # some weights stepped a whole spacing, most did not (yet)
+    tr.save_checkpoint()
+    want = [tr.train_step()[0] for _ in range(2)]
+    want_w = [_numpy(p) for p in tr.params]
+    again = Trainer(cfg("bf16"), verbose=False).setup()
+    assert again.step == 3
+    assert [again.train_step()[0] for _ in range(2)] == pytest.approx(want, rel=1e-6)
+    for a, b in zip(again.params, want_w):
+        np.testing.assert_array_equal(_numpy(a), b)
+
+
+@pytest.mark.parametrize("train, network, field", [
+    ({"full_bf16": True, "optimizer": "adamw"}, {"type": "full"}, "train.full_bf16"),
+    ({"full_bf16": True, "optimizer": "adamw8bit"}, {"type": "lora"}, "train.full_bf16"),
+])
+def test_full_bf16_needs_a_full_fine_tune_and_adamw8bit(tmp_path, train, network, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        full_config(tmp_path, "refused", train=train, network=network)
