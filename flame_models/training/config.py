@@ -90,7 +90,7 @@ class TrainSection:
     gradient_accumulation_steps: int = 1
     gradient_checkpointing: bool = True
     full_bf16: bool = False              # network.type full: the weights stay bf16 (no float32 copies), adamw8bit
-                                         # rounding each update stochastically (kohya's full_bf16)
+                                         # or adafactor rounding each update stochastically (kohya's full_bf16)
     checkpoint_save: str = "none"        # with gradient_checkpointing: "attention" keeps each block's attention
                                          # output for backward instead of recomputing it (faster, one attention
                                          # output per block more memory; flame_core.checkpoint's save=)

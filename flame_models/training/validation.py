@@ -55,9 +55,9 @@ def _full_problems(cfg, p):
     if m.quantize:
         e.append(f"{p}model.quantize: fp8-stored weights cannot be trained in full; leave it out with network.type "
                  f"full")
-    if t.full_bf16 and t.optimizer != "adamw8bit":
-        e.append(f"{p}train.full_bf16: bf16 weights need adamw8bit (its stochastic rounding keeps small updates), "
-                 f"got {t.optimizer}")
+    if t.full_bf16 and t.optimizer not in ("adamw8bit", "adafactor"):
+        e.append(f"{p}train.full_bf16: bf16 weights need adamw8bit or adafactor (their stochastic rounding keeps "
+                 f"small updates), got {t.optimizer}")
     if t.full_bf16 and m.dtype not in ("bf16", "bfloat16"):
         e.append(f"{p}train.full_bf16: keeps the weights in model.dtype, which must then be bf16 (got {m.dtype})")
     if cfg.max_gpu_memory is not None:

@@ -7,6 +7,8 @@ step size when `relative_step`.
     u /= max(1, rms(u) / clip_threshold) ;  u *= lr_t ;  m = b1 m + (1 - b1) u (with beta1) ;  p -= lr_t wd p + u
 lr_t = max(eps2, rms(p)) * (min(1e-2 or 1e-6 step, 1/sqrt(step)) when relative_step, else lr); without
 scale_parameter the max(eps2, rms(p)) factor is 1. Use an external schedule with relative_step=False and lr set.
+bfloat16 parameters (a full fine-tune's train.full_bf16) are updated in float32 and written back with stochastic
+rounding (flame_core.kernels.stochastic_rounding; seed: the step, salt: the parameter's ordinal), as AdamW8bit does.
 On the GPU the float32 2-D parameters of a group take four launches per step (flame_core.kernels.optim_multi: the
 row / column sums, the factors, the update's RMS, the update; the sums in another order than the per-operation path,
 and rsqrt for 1 / sqrt); the rest the per-operation path. There the state's "RMS" is a 0-d tensor on the GPU.
@@ -16,6 +18,7 @@ import math
 import numpy as np
 
 from flame_core import as_tensor, backend
+from flame_core.kernels.stochastic_rounding import to_bf16_stochastic
 
 from . import multi_tensor as MT
 from .optimizer import Optimizer, _closure_loss, grads_of, state_on_device
@@ -102,7 +105,10 @@ class Adafactor(Optimizer):
                     u = m
                 new = w32 * (1 - group["weight_decay"] * lr) if group["weight_decay"] else w32.copy()
                 new -= u
-                w[...] = new.astype(w.dtype, copy=False)
+                if w.dtype.name == "bfloat16":   # stochastic rounding: updates below bf16's spacing still land
+                    w[...] = to_bf16_stochastic(new, st["step"], self._salts()[id(p)])
+                else:
+                    w[...] = new.astype(w.dtype, copy=False)
                 p._version[0] += 1
         return loss
 

@@ -161,15 +161,6 @@ class AdamW8bit(Optimizer):
                         st[name + "_absmax"].set_array_(absmax)
         return loss
 
-    def _salts(self):
-        """{id(param): its ordinal among the optimizer's parameters, group by group}: the salt of its stochastic
-        rounding (rebuilt when the parameters change)."""
-        ids = tuple(id(q) for group in self.param_groups for q in group["params"])
-        got = self.__dict__.get("_salt_map")
-        if got is None or got[0] != ids:
-            got = self.__dict__["_salt_map"] = (ids, {i: k for k, i in enumerate(ids)})
-        return got[1]
-
     # ------------------------------------------------------------------ fused GPU path
     def _fusable(self, p, g, group):
         """Whether the fused kernel can update `p` with gradient array `g` (its state, if any, in the layout

@@ -36,6 +36,16 @@ class Optimizer:
         if pool is not None:  # gradients into flat buffers: no allocation per step, fused updates over them
             pool.register([p for g in self.param_groups for p in g["params"] if p.requires_grad])
 
+    def _salts(self):
+        """{id(param): its ordinal among the optimizer's parameters, group by group}: the salt of a bfloat16
+        parameter's stochastic rounding (flame_core.kernels.stochastic_rounding: AdamW8bit, Adafactor), rebuilt when
+        the parameters change."""
+        ids = tuple(id(q) for group in self.param_groups for q in group["params"])
+        got = self.__dict__.get("_salt_map")
+        if got is None or got[0] != ids:
+            got = self.__dict__["_salt_map"] = (ids, {i: k for k, i in enumerate(ids)})
+        return got[1]
+
     def add_param_group(self, group):
         group = dict(group)
         ps = group["params"]

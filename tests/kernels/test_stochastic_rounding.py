@@ -57,16 +57,22 @@ def test_inf_and_nan_pass_unchanged():
     assert r[0] == np.inf and r[1] == -np.inf and np.isnan(r[2]) and r[3] == 0 and np.signbit(r[4])
 
 
-def test_a_bf16_weight_takes_updates_below_its_spacing():
+@pytest.mark.parametrize("name", ["AdamW8bit", "Adafactor"])
+def test_a_bf16_weight_takes_updates_below_its_spacing(name):
+    """Each step moves every weight by ~1e-5 (Adam's first steps: lr per element; Adafactor's clipped update: lr
+    times its unit RMS), ~1/400 of bf16's spacing at 1: round-to-nearest would keep every weight where it was."""
     import flame_core as flame
     import flame_nn
-    w0 = np.random.default_rng(0).standard_normal(8192).astype(np.float32)
+    w0 = np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32)
     p = flame_nn.Parameter(flame.tensor(w0, device="cpu").to(flame.bfloat16))
     start = p.detach().float().numpy().copy()
-    opt = flame_nn.optim.AdamW8bit([p], lr=1e-5, weight_decay=0.0)
+    opt = (flame_nn.optim.AdamW8bit([p], lr=1e-5, weight_decay=0.0) if name == "AdamW8bit" else
+           flame_nn.optim.Adafactor([p], lr=1e-5, relative_step=False, scale_parameter=False))
     for _ in range(100):
         p.grad = flame.ones_like(p)
-        opt.step()                                # Adam's step: ~lr per element, ~1/400 of the spacing at 1
+        opt.step()
     moved = start - p.detach().float().numpy()
     assert p.dtype == flame.bfloat16
     assert moved.mean() == pytest.approx(100 * 1e-5, rel=0.1)
+    rne = flame.tensor(w0, device="cpu").to(flame.bfloat16).float().numpy()
+    assert np.array_equal(start, rne)             # (the start is the bf16 weight itself)

@@ -187,6 +187,16 @@ def test_full_bf16_keeps_the_weights_in_bf16_and_rounds_updates_stochastically(t
         np.testing.assert_array_equal(_numpy(a), b)
 
 
+def test_full_bf16_trains_with_adafactor_too(tmp_path):
+    tr = Trainer(full_config(tmp_path, "adafactor", steps=2, train={
+        "full_bf16": True, "optimizer": "adafactor", "lr": 1e-5,
+        "optimizer_params": {"relative_step": False, "scale_parameter": False}}), verbose=False).setup()
+    w = dict(tr.model.named_parameters())["double_blocks.0.img_mlp.0.weight"]
+    w0 = _numpy(w)
+    losses = [tr.train_step()[0] for _ in range(2)]
+    assert np.isfinite(losses).all() and w.dtype == flame.bfloat16 and (_numpy(w) != w0).any()
+
+
 @pytest.mark.parametrize("train, network, field", [
     ({"full_bf16": True, "optimizer": "adamw"}, {"type": "full"}, "train.full_bf16"),
     ({"full_bf16": True, "optimizer": "adamw8bit"}, {"type": "lora"}, "train.full_bf16"),
