@@ -61,18 +61,31 @@ def select(model, network, name_map=None):
     return out
 
 
-def problems(selected, device, budget, optimizer, setting="network.type", keep_dtype=False):
+def state_bytes(optimizer, p, optimizer_params=None):
+    """Bytes of `optimizer`'s state for parameter `p`: Adafactor's factored second moment (a float32 row and column
+    mean for 2+ dimensions; float32 per element otherwise) and first moment only with beta1; the others by
+    optimizers.STATE_BYTES per element."""
+    n = p.numel()
+    if optimizer != "adafactor":
+        return n * STATE_BYTES.get(optimizer, 8)
+    shape = tuple(p.shape)
+    second = 4 * (n // shape[-1] + n // shape[-2]) if len(shape) >= 2 else 4 * n
+    return second + (4 * n if (optimizer_params or {}).get("beta1") is not None else 0)
+
+
+def problems(selected, device, budget, optimizer, setting="network.type", keep_dtype=False, optimizer_params=None):
     """Why the selected parameters cannot be trained on `device`: none selected, or their float32 values (the part
-    not yet held; keep_dtype: none), gradients (in the values' dtype) and optimizer state more than the device has
-    free (the budget, else its free memory)."""
+    not yet held; keep_dtype: none), gradients (in the values' dtype) and optimizer state (state_bytes) more than the
+    device has free (the budget, else its free memory)."""
     if not selected:
         return [f"{setting}: full -- network.network_kwargs' filters leave no parameter of the model to train"]
     count = sum(p.numel() for _, p in selected)
-    if keep_dtype:
-        need = sum(p.numel() * p.dtype.itemsize for _, p in selected) + count * STATE_BYTES.get(optimizer, 8)
-    else:
-        need = sum(p.numel() * (4 - p.dtype.itemsize) for _, p in selected if p.dtype != flame.float32)
-        need += count * (4 + STATE_BYTES.get(optimizer, 8))  # float32 gradients and the optimizer's state
+    need = sum(state_bytes(optimizer, p, optimizer_params) for _, p in selected)
+    if keep_dtype:   # gradients in the values' dtype
+        need += sum(p.numel() * p.dtype.itemsize for _, p in selected)
+    else:            # the float32 values' part not yet held, float32 gradients
+        need += sum(p.numel() * (4 - p.dtype.itemsize) for _, p in selected if p.dtype != flame.float32)
+        need += count * 4
     dev = flame.device(device)
     if budget is None and dev.type == "cuda":
         have, what = int(flame.cuda.mem_get_info(dev)[0]), f"free memory of {dev}"
@@ -87,12 +100,13 @@ def problems(selected, device, budget, optimizer, setting="network.type", keep_d
     return []
 
 
-def make_trainable(model, network, name_map=None, *, device, budget, optimizer, keep_dtype=False):
+def make_trainable(model, network, name_map=None, *, device, budget, optimizer, keep_dtype=False,
+                   optimizer_params=None):
     """Select (select) and check (problems: ConfigError) the parameters to train, then hold each in float32
     (keep_dtype: in the model's dtype -- train.full_bf16) with requires_grad set; every other parameter stays frozen.
     Returns how many parameter tensors train."""
     selected = select(model, network, name_map)
-    found = problems(selected, device, budget, optimizer, keep_dtype=keep_dtype)
+    found = problems(selected, device, budget, optimizer, keep_dtype=keep_dtype, optimizer_params=optimizer_params)
     if found:
         raise ConfigError("; ".join(found))
     model.requires_grad_(False)

@@ -252,7 +252,8 @@ class Trainer:
                 raise ConfigError("network.type full: not with several processes (ddp) yet; train on one GPU")
             self.n_adapted = full_finetune.make_trainable(self.model, c.network, self.name_map, device=self.device,
                                                           budget=self.budget, optimizer=t.optimizer,
-                                                          keep_dtype=t.full_bf16)
+                                                          keep_dtype=t.full_bf16,
+                                                          optimizer_params=t.optimizer_params)
             self.params = [p for _, p in full_finetune.trained_parameters(self.model)]
         else:
             self.n_adapted = add_network(self.model, c.network, fam, self.name_map, seed=t.seed, device=self.device,

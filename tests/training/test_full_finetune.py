@@ -204,3 +204,23 @@ def test_full_bf16_trains_with_adafactor_too(tmp_path):
 def test_full_bf16_needs_a_full_fine_tune_and_adamw8bit(tmp_path, train, network, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         full_config(tmp_path, "refused", train=train, network=network)
+
+
+def test_the_size_check_counts_what_each_precision_and_optimizer_keeps():
+    """keep_dtype (full_bf16): bf16 gradients and the state, the values already held; Adafactor's state: a row and a
+    column mean per matrix (a Flux-dev full_bf16 Adafactor run was refused at 66.5 GiB when it was counted as 4 bytes
+    a weight)."""
+    fam = get_family("flux")
+    model = fam.model_class(fam.preset("flux-tiny"), dtype=flame.bfloat16)
+    from flame_models.training.config import NetworkConfig
+    selected = full_finetune.select(model, NetworkConfig(type="full"))
+    count = sum(p.numel() for _, p in selected)
+    factored = sum(4 * (p.numel() // p.shape[-1] + p.numel() // p.shape[-2]) if p.ndim >= 2 else 4 * p.numel()
+                   for _, p in selected)
+    for optimizer, keep, need in [("adamw8bit", True, count * (2 + 2)), ("adafactor", True, count * 2 + factored),
+                                  ("adamw", False, count * (2 + 4 + 8)), ("adafactor", False, count * 6 + factored)]:
+        assert full_finetune.problems(selected, "cpu", need, optimizer, keep_dtype=keep) == [], optimizer
+        assert full_finetune.problems(selected, "cpu", need - 1, optimizer, keep_dtype=keep), optimizer
+    with_beta1 = count * 2 + factored + 4 * count
+    assert full_finetune.problems(selected, "cpu", with_beta1 - 1, "adafactor", keep_dtype=True,
+                                  optimizer_params={"beta1": 0.9})
