@@ -11,15 +11,16 @@ and diffusers' training scripts train: the optimizer adds float32 updates (a bf1
 below 2^-8 of its value: a learning rate of 1e-5 moves nothing), the matmuls run in bf16. The file written at the
 end (the family's `save_model`) is the whole denoiser in its native checkpoint layout at `save.dtype`.
 `train.full_bf16` (kohya's flag) keeps them in the model's bf16 instead -- half the weights' memory and bf16
-gradients -- and AdamW8bit writes each update back with stochastic rounding (flame_nn.optim.AdamW8bit), so small
-updates still move the weights on average.
+gradients -- and AdamW8bit or Adafactor writes each update back with stochastic rounding
+(flame_core.kernels.stochastic_rounding), so small updates still move the weights on average.
 
 Which parameters: every floating parameter of the denoiser, or those `network.network_kwargs` picks --
 `only_if_contains` / `ignore_if_contains` match substrings of the parameter's name in the model's native layout
 (`double_blocks.3.img_attn.qkv.weight`, `input_blocks.4.1.transformer_blocks.0.attn1.to_q.weight`) or of its
 module's diffusers names (`transformer_blocks.3.attn.to_q`), as ai-toolkit's filters match its module names. The
 rest stays frozen in its dtype. Sizes are checked before anything is converted: the trained parameters' float32
-values, gradients and optimizer state must fit what the device has free (or the memory budget).
+values (unless full_bf16), gradients and optimizer state (state_bytes) must fit what the device has free (or the
+memory budget).
 """
 import flame_core as flame
 from flame_core.memory.stats import fmt_bytes
