@@ -500,6 +500,10 @@ def config_from_dict(data, source="<dict>", check_files=True):
         proc, prefix = data, ""
     cfg = _build(TrainConfig, proc, prefix, errors, given)
     cfg.given = frozenset(given)
+    if prefix and "network" not in proc:   # an ai-toolkit job file: there no network section means full fine-tuning
+        cfg.warnings.append("no network section: FLAME trains its default adapter (LoRA r16 on the family's default "
+                            "target); ai-toolkit would fine-tune the whole model here -- add `network: {type: full}` "
+                            "for that")
     p = prefix + "." if prefix else ""
     _resolve_family(cfg, p, errors)
     _clean_optimizer(cfg.train, f"{p}train", errors)

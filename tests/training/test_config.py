@@ -103,6 +103,21 @@ def test_ai_toolkit_example_parses_with_an_image_folder_and_every_field_is_honou
     assert cfg.meta == {"name": "[name]", "version": "1.0"} and cfg.warnings == []
 
 
+def test_an_ai_toolkit_file_without_network_says_it_trains_a_lora_where_ai_toolkit_would_fine_tune(tmp_path,
+                                                                                               tiny_model):
+    """ai-toolkit fine-tunes the whole model when its job file has no network section; FLAME keeps its LoRA
+    default and says so, naming network: {type: full}. A FLAME mapping (no job / config.process) gets no note."""
+    images = draw_images(tmp_path / "images")
+    text = AI_TOOLKIT.format(out=tmp_path / "out", data=images, model=tiny_model).replace(
+        '      network:\n        type: "lora"\n        linear: 16\n        linear_alpha: 16\n', "")
+    assert "network" not in text
+    cfg = load_config(_write(tmp_path, text))
+    assert cfg.network.type == "lora" and any("network: {type: full}" in w for w in cfg.warnings)
+    bare = config_from_dict({"name": "x", "training_folder": str(tmp_path), "device": "cpu",
+                             "datasets": [{"folder_path": images}], "model": {"name_or_path": tiny_model}})
+    assert bare.warnings == []
+
+
 def test_ai_toolkit_example_on_precomputed_samples_lists_what_does_not_apply(files):
     tmp, data, model = files
     with pytest.raises(ConfigError) as ei:
