@@ -124,7 +124,8 @@ class Trainer:
         if c.model.name_or_path is None and self._model is None:
             c.model.size = c.model.size or fam.default_size
             self.log(f"WARNING: no model file given (--model / model.name_or_path): training a RANDOM "
-                     f"{c.model.size} ({fam.name}), for trying the tool only -- its LoRA is useless on a real model")
+                     f"{c.model.size} ({fam.name}), for trying the tool only -- its "
+                     f"{'weights are' if self.full else 'LoRA is'} useless on a real model")
         self.budget = parse_budget(c.max_gpu_memory)  # bytes, or None
         if self.budget is not None and self.device.type == "cuda":
             gc.collect()                            # a budget counts the whole GPU: what this process's pool
@@ -721,7 +722,8 @@ class Trainer:
             result["encoded"] = dict(self.prepared.encoded)
         if interrupted:
             self.log(f"stopped by {interrupted} at step {self.step}: checkpoint "
-                     f"{ckpt.checkpoint_dir(self.out, self.step)}, LoRA {lora}; run the same command again"
+                     f"{ckpt.checkpoint_dir(self.out, self.step)}, {'model' if self.full else 'LoRA'} {lora}; "
+                     f"run the same command again"
                      + (" without --fresh" if self.fresh else "") + " to resume")
         return result
 
@@ -730,7 +732,8 @@ class Trainer:
         """A run that had finished before this call: its files as they are (nothing cached, trained or written)."""
         result = run_folder.finished_outputs(self.out, self.finished_lora, self.step)
         result["stages"] = self.meter.report()
-        self.log(f"this run already finished: step {self.step} of {self.cfg.train.steps}, LoRA {self.finished_lora}; "
+        self.log(f"this run already finished: step {self.step} of {self.cfg.train.steps}, "
+                 f"{'model' if self.full else 'LoRA'} {self.finished_lora}; "
                  f"nothing to train (a larger train.steps continues it, --fresh starts over)")
         return result
 
