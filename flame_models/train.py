@@ -123,7 +123,7 @@ def parser():
     add("--steps", type=int, help=f"optimizer steps (default {t.steps}; the demo {demo.DEMO_STEPS}); a warm-up longer "
                                   f"than the run is shortened, with a note")
     add("--batch-size", type=int, help=f"samples per micro-batch (default {t.batch_size}; the demo 4)")
-    add("--lr", type=float, help=f"learning rate (default {t.lr:g}; the demo 5e-3)")
+    add("--lr", type=float, help=f"learning rate (default {t.lr:g}; the demo 5e-3, with --network full 5e-4)")
     add("--rank", type=int, help=f"adapter rank (default {n.linear}; the demo 16)")
     add("--alpha", type=float, help=f"adapter alpha; scale = alpha / rank (default {n.linear_alpha:g})")
     add("--network", choices=["lora", "dora", "lokr", "loha", "full"],
@@ -231,6 +231,7 @@ def build_config(a):
     if a.network == "full" and demo:   # the demo's LoRA settings do not apply to a full fine-tune
         proc["network"] = {}
         proc.get("save", {}).pop("format", None)
+        proc["train"]["lr"] = 5e-4     # (the LoRA's 5e-3 roughens the tiny model's samples; --lr still wins)
     for sec, vals in sections.items():
         for k, v in vals.items():
             if v is not None:

@@ -224,3 +224,18 @@ def test_the_size_check_counts_what_each_precision_and_optimizer_keeps():
     with_beta1 = count * 2 + factored + 4 * count
     assert full_finetune.problems(selected, "cpu", with_beta1 - 1, "adafactor", keep_dtype=True,
                                   optimizer_params={"beta1": 0.9})
+
+
+def test_the_demo_with_network_full_drops_its_lora_settings(tmp_path):
+    """`python examples/train_flux_lora.py --network full`: the demo's rank, alpha, target and file layout are LoRA
+    settings (not given to a full fine-tune), its lr is 5e-4 unless --lr says otherwise; an adapter flag with
+    --network full is refused naming it."""
+    from flame_models import train
+    quick = ["--network", "full", "--output", str(tmp_path), "--demo-base-steps", "0"]
+    cfg, demo, _ = train.build_config(train.parser().parse_args(quick))
+    assert demo and cfg.network.type == "full" and cfg.train.lr == pytest.approx(5e-4)
+    assert not {"network.linear", "network.target", "save.format"} & cfg.given
+    cfg, _, _ = train.build_config(train.parser().parse_args(quick + ["--lr", "1e-3", "--name", "b"]))
+    assert cfg.train.lr == pytest.approx(1e-3)
+    with pytest.raises(ConfigError, match=r"network\.linear"):
+        train.build_config(train.parser().parse_args(quick + ["--rank", "8", "--name", "c"]))
