@@ -74,10 +74,12 @@ def state_bytes(optimizer, p, optimizer_params=None):
     return second + (4 * n if (optimizer_params or {}).get("beta1") is not None else 0)
 
 
-def problems(selected, device, budget, optimizer, setting="network.type", keep_dtype=False, optimizer_params=None):
+def problems(selected, device, budget, optimizer, setting="network.type", keep_dtype=False, optimizer_params=None,
+             ema=False):
     """Why the selected parameters cannot be trained on `device`: none selected, or their float32 values (the part
-    not yet held; keep_dtype: none), gradients (in the values' dtype) and optimizer state (state_bytes) more than the
-    device has free (the budget, else its free memory)."""
+    not yet held; keep_dtype: none), gradients (in the values' dtype), optimizer state (state_bytes) and, with `ema`,
+    the float32 average and the copy its swap keeps while sampling, more than the device has free (the budget, else
+    its free memory)."""
     if not selected:
         return [f"{setting}: full -- network.network_kwargs' filters leave no parameter of the model to train"]
     count = sum(p.numel() for _, p in selected)
@@ -87,6 +89,8 @@ def problems(selected, device, budget, optimizer, setting="network.type", keep_d
     else:            # the float32 values' part not yet held, float32 gradients
         need += sum(p.numel() * (4 - p.dtype.itemsize) for _, p in selected if p.dtype != flame.float32)
         need += count * 4
+    if ema:          # training.ema.EMA: a float32 shadow, and the values saved while it is swapped in
+        need += count * 4 + sum(p.numel() * (p.dtype.itemsize if keep_dtype else 4) for _, p in selected)
     dev = flame.device(device)
     if budget is None and dev.type == "cuda":
         have, what = int(flame.cuda.mem_get_info(dev)[0]), f"free memory of {dev}"
@@ -94,20 +98,21 @@ def problems(selected, device, budget, optimizer, setting="network.type", keep_d
         have, what = device_memory(dev, budget)
     if have is not None and need > have:
         return [f"{setting}: full fine-tuning of {count:,} parameters needs {fmt_bytes(need)} more for their "
-                f"{'' if keep_dtype else 'float32 '}values, gradients and {optimizer} state beside the model's "
-                f"weights: more than the "
+                f"{'' if keep_dtype else 'float32 '}values, gradients{', EMA' if ema else ''} and {optimizer} "
+                f"state beside the model's weights: more than the "
                 f"{fmt_bytes(have)} of {what} (pick fewer with network.network_kwargs only_if_contains, take an "
                 f"optimizer with less state -- adamw8bit, adafactor --, or train a LoRA)"]
     return []
 
 
 def make_trainable(model, network, name_map=None, *, device, budget, optimizer, keep_dtype=False,
-                   optimizer_params=None):
+                   optimizer_params=None, ema=False):
     """Select (select) and check (problems: ConfigError) the parameters to train, then hold each in float32
     (keep_dtype: in the model's dtype -- train.full_bf16) with requires_grad set; every other parameter stays frozen.
     Returns how many parameter tensors train."""
     selected = select(model, network, name_map)
-    found = problems(selected, device, budget, optimizer, keep_dtype=keep_dtype, optimizer_params=optimizer_params)
+    found = problems(selected, device, budget, optimizer, keep_dtype=keep_dtype, optimizer_params=optimizer_params,
+                     ema=ema)
     if found:
         raise ConfigError("; ".join(found))
     model.requires_grad_(False)

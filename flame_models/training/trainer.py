@@ -254,7 +254,8 @@ class Trainer:
             self.n_adapted = full_finetune.make_trainable(self.model, c.network, self.name_map, device=self.device,
                                                           budget=self.budget, optimizer=t.optimizer,
                                                           keep_dtype=t.full_bf16,
-                                                          optimizer_params=t.optimizer_params)
+                                                          optimizer_params=t.optimizer_params,
+                                                          ema=t.ema_config.use_ema)
             self.params = [p for _, p in full_finetune.trained_parameters(self.model)]
         else:
             self.n_adapted = add_network(self.model, c.network, fam, self.name_map, seed=t.seed, device=self.device,

@@ -221,6 +221,10 @@ def test_the_size_check_counts_what_each_precision_and_optimizer_keeps():
                                   ("adamw", False, count * (2 + 4 + 8)), ("adafactor", False, count * 6 + factored)]:
         assert full_finetune.problems(selected, "cpu", need, optimizer, keep_dtype=keep) == [], optimizer
         assert full_finetune.problems(selected, "cpu", need - 1, optimizer, keep_dtype=keep), optimizer
+    ema = count * (4 + 2)   # EMA's float32 shadow, and the bf16 values its swap saves
+    assert full_finetune.problems(selected, "cpu", count * 4 + ema, "adamw8bit", keep_dtype=True, ema=True) == []
+    msg = full_finetune.problems(selected, "cpu", count * 4 + ema - 1, "adamw8bit", keep_dtype=True, ema=True)[0]
+    assert "EMA" in msg
     with_beta1 = count * 2 + factored + 4 * count
     assert full_finetune.problems(selected, "cpu", with_beta1 - 1, "adafactor", keep_dtype=True,
                                   optimizer_params={"beta1": 0.9})
@@ -239,3 +243,20 @@ def test_the_demo_with_network_full_drops_its_lora_settings(tmp_path):
     assert cfg.train.lr == pytest.approx(1e-3)
     with pytest.raises(ConfigError, match=r"network\.linear"):
         train.build_config(train.parser().parse_args(quick + ["--rank", "8", "--name", "c"]))
+
+
+def test_ema_of_every_weight_is_what_the_file_holds(tmp_path):
+    """train.ema_config.use_ema with a full fine-tune: the float32 average of every weight is swapped in to write
+    the model (as for a LoRA's adapters), the trained values come back after."""
+    tr = Trainer(full_config(tmp_path, "ema", steps=3, train={"ema_config": {"use_ema": True, "ema_decay": 0.5}}),
+                 verbose=False).setup()
+    result = tr.train()
+    names = [n for n, _ in full_finetune.trained_parameters(tr.model)]
+    fam = get_family("flux")
+    back = dict(fam.load_model(result["lora"], fam.read_spec(result["lora"]), flame.bfloat16, "cpu").named_parameters())
+    differs = 0
+    for n, s, p in zip(names, tr.ema.shadow, tr.params):
+        np.testing.assert_array_equal(back[n].detach().float().numpy(), s.to(flame.bfloat16).float().numpy(),
+                                      err_msg=n)
+        differs += not np.array_equal(_numpy(s), _numpy(p))
+    assert differs > 0.9 * len(names)     # the average, not the last values
