@@ -70,7 +70,7 @@ class FluxFamily(FlowSamplerPreviews, FlowMatchingFamily):
     def lora_name_map(self, model):
         return name_map_for(model.params)
 
-    def save_model(self, model, path, dtype, metadata=None):
+    def save_model(self, model, path, dtype, metadata=None, base=None):   # (base: see ModelFamily)
         """A full fine-tune's file: the transformer in BFL's names (as flux1-dev.safetensors; ComfyUI's
         diffusion_models and FLAME's --model read it)."""
         return save_flux(model, path, "bfl", dtype=dtype, metadata=metadata)

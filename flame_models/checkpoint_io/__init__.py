@@ -45,7 +45,7 @@ from .loading import (
                       stored_fp8_reader,
 )
 from .reading import SafetensorsCheckpoint, block_indices, count_indices, describe_keys, key_kinds, keys_under
-from .saving import check_saveable, save_shards, save_weights, shard_groups, write_json
+from .saving import check_saveable, other_tensors, save_shards, save_weights, shard_groups, write_json
 
 __all__ = [
     "CheckpointError",

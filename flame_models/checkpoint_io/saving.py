@@ -35,6 +35,24 @@ def cast_item(t, dtype):
     return Deferred(dtype.np, tuple(t.shape), lambda: t.detach().to(dtype))
 
 
+def other_tensors(path, skip_prefix):
+    """[(key, io.Deferred)] of every tensor of the .safetensors file `path` whose key does not start with
+    `skip_prefix`, each read from the file when its turn to be written comes (copied bit for bit, one at a time): the
+    parts of a single-file checkpoint beside the one a caller writes anew (an SAI file's VAE and text encoders beside
+    a trained UNet). [] when `path` is not a .safetensors file or `skip_prefix` is empty (a bare part file)."""
+    from flame_core.io import safe_open
+    path = os.fspath(path) if path is not None else ""
+    if not skip_prefix or not path.endswith(".safetensors") or not os.path.isfile(path):
+        return []
+
+    def read(key):
+        with safe_open(path) as f:
+            return f.get_array(key)
+    with safe_open(path) as f:
+        return [(k, Deferred(f.dtype(k), f.shape(k), lambda k=k: read(k))) for k in f.keys()
+                if not k.startswith(skip_prefix)]
+
+
 def _nbytes(t):
     return t.nbytes if not isinstance(t, Deferred) else int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
 

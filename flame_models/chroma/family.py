@@ -67,7 +67,7 @@ class ChromaFamily(FlowSamplerPreviews, FlowMatchingFamily):
     def lora_name_map(self, model):
         return name_map_for(model.params)
 
-    def save_model(self, model, path, dtype, metadata=None):
+    def save_model(self, model, path, dtype, metadata=None, base=None):   # (base: see ModelFamily)
         """A full fine-tune's file: the transformer in Chroma's own names (as its released files)."""
         return save_chroma(model, path, "bfl", dtype=dtype, metadata=metadata)
 

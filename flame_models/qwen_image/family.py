@@ -80,7 +80,7 @@ class QwenImageFamily(FlowSamplerPreviews, FlowMatchingFamily):
     def lora_name_map(self, model):
         return model.adapter_name_map()
 
-    def save_model(self, model, path, dtype, metadata=None):
+    def save_model(self, model, path, dtype, metadata=None, base=None):   # (base: see ModelFamily)
         """A full fine-tune's file: the transformer in diffusers' (= the release's) names."""
         return save_qwen_image(model, path, dtype=dtype, metadata=metadata)
 

@@ -88,7 +88,7 @@ class SD3Family(FlowSamplerPreviews, FlowMatchingFamily):
     def lora_name_map(self, model):
         return name_map_for(model.params)
 
-    def save_model(self, model, path, dtype, metadata=None):
+    def save_model(self, model, path, dtype, metadata=None, base=None):   # (base: see ModelFamily)
         """A full fine-tune's file: the MMDiT in SAI's names under model.diffusion_model. (as SAI's files; ComfyUI
         and FLAME's --model with --clip-l / --clip-g / --t5 / --vae read it)."""
         return save_sd3(model, path, "sai", dtype=dtype, metadata=metadata)

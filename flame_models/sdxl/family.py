@@ -19,6 +19,7 @@ import flame_core as flame
 import flame_nn
 from flame_nn.offload import streamer_of
 
+from .. import checkpoint_io as CIO
 from ..samplers import LCM_ORIGINAL_STEPS, SAMPLERS
 from ..training.ddpm_objective import DDPM
 from ..training.family import DDPM_FIELDS, FLOW_FIELDS
@@ -129,9 +130,19 @@ class SDXLFamily(DiffusionFamily):
     def lora_name_map(self, model):
         return unet_name_map(model)
 
-    def save_model(self, model, path, dtype, metadata=None):
-        """A full fine-tune's file: the UNet in SAI's names under model.diffusion_model. (as SAI's files)."""
-        return save_unet(model, path, "sai", dtype=dtype, metadata=metadata)
+    def save_model(self, model, path, dtype, metadata=None, base=None):
+        """A full fine-tune's file: the UNet in SAI's names under model.diffusion_model. (as SAI's files); when the
+        run's model `base` is an SAI single file, its VAE and text encoders copied beside it bit for bit -- a whole
+        checkpoint, as sd_xl_base_1.0.safetensors (A1111 / ComfyUI's checkpoint loader, FLAME's --model alone)."""
+        extra = []
+        if base is not None and str(base).endswith(".safetensors"):
+            with UNetCheckpoint(base) as ckpt:
+                prefix = ckpt.prefix
+            extra = CIO.other_tensors(base, prefix)
+            if extra:   # the base's metadata too (its parts' configs among it), the run's entries over it
+                from flame_core.io import load_metadata
+                metadata = {**(load_metadata(base) or {}), **(metadata or {})}
+        return save_unet(model, path, "sai", dtype=dtype, metadata=metadata, extra=extra)
 
     def lora_metadata(self, cfg, model):
         meta = {k: v for k, v in KOHYA_METADATA.items()

@@ -15,12 +15,13 @@ WEIGHTS_STEM = "diffusion_pytorch_model"
 
 
 def save_unet(model, path, layout="sai", *, prefix=K.SAI_PREFIXES[0], max_shard_size=None, dtype=None,
-              metadata=None):
+              metadata=None, extra=()):
     """Write `model`'s weights. layout "sai": `path` is a .safetensors file, keys under `prefix`
     ('model.diffusion_model.', as SAI single files; '' for a bare UNet file). layout "diffusers": `path` is a folder
     (config.json + diffusion_pytorch_model.safetensors, or shards of at most max_shard_size bytes with their index
     JSON), or a .safetensors file with diffusers names and no config.json. dtype: the floating weights written in it
-    (None: their own); metadata: more metadata entries. Returns the paths written."""
+    (None: their own); metadata: more metadata entries; extra: [(key, tensor or io.Deferred)] written after the
+    UNet's as they are (layout sai: a checkpoint's other parts, CIO.other_tensors). Returns the paths written."""
     if layout not in ("sai", "diffusers"):
         raise ValueError(f"save_unet: layout must be 'sai' or 'diffusers', got {layout!r}")
     c = model.config
@@ -34,7 +35,9 @@ def save_unet(model, path, layout="sai", *, prefix=K.SAI_PREFIXES[0], max_shard_
     with flame.no_grad():
         state = [(k, p.detach()) for k, p in model.named_parameters()]
     if layout == "sai":
-        state = [(prefix + k, t) for k, t in state]
+        state = [(prefix + k, t) for k, t in state] + list(extra)
+    elif extra:
+        raise ValueError("save_unet: extra tensors go into an SAI-layout file only")
     else:
         state = [(K.sai_to_diffusers_key(k, c.num_res_blocks), t) for k, t in state]
     metadata = {**(metadata or {}), "format": "pt", CONFIG_METADATA_KEY: json.dumps(c.to_dict(), sort_keys=True)}

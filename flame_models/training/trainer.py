@@ -798,7 +798,8 @@ class Trainer:
             if self.full:   # the whole denoiser in its native layout, at save.dtype, with the run's metadata
                 meta = {k: str(v) for k, v in meta.items() if k.startswith("flame.") or k in map(str, c.meta)}
                 meta["flame.network"] = "full"
-                self.family.save_model(self.model, path, flame.dtypes.dtype(dtype_name(c.save.dtype)), metadata=meta)
+                self.family.save_model(self.model, path, flame.dtypes.dtype(dtype_name(c.save.dtype)), metadata=meta,
+                                       base=c.model.name_or_path)
                 return path
             A.save_adapters(self.model, path, c.save.format, name_map=self.name_map, dtype=dtype_name(c.save.dtype),
                             metadata=meta,

@@ -260,3 +260,43 @@ def test_ema_of_every_weight_is_what_the_file_holds(tmp_path):
                                       err_msg=n)
         differs += not np.array_equal(_numpy(s), _numpy(p))
     assert differs > 0.9 * len(names)     # the average, not the last values
+
+
+def test_an_sai_files_fine_tune_is_a_whole_checkpoint_that_generates_alone(tmp_path):
+    """SDXL trained from an SAI single file (UNet, VAE, CLIP-L, CLIP-G): the written file holds the trained UNet and
+    the base's VAE and text encoders bit for bit -- a checkpoint A1111's or ComfyUI's checkpoint loader takes, and
+    generate --model reads alone."""
+    import os
+    import sys
+
+    from flame_core import io
+    from flame_models import generate
+    from flame_models.sdxl import save_sdxl
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from sdxl_tiny import SDXL_FIXTURE, sdxl_tiny_parts
+    base = str(tmp_path / "sdxl_tiny_sai.safetensors")
+    save_sdxl(sdxl_tiny_parts(), base, layout="sai")
+    images = draw_images(tmp_path / "images", 2, 2)
+    cfg = image_config(tmp_path, "sai", base, images, steps=2,
+                       model={"arch": "sdxl", "t5_max_length": None, "tokenizer_path": SDXL_FIXTURE})
+    cfg.network.type, cfg.save.dtype = "full", "bf16"   # (image_config's LoRA settings are not read)
+    tr = Trainer(cfg, verbose=False)
+    result = tr.train()
+    with io.safe_open(base) as f:
+        others = {k: f.get_array(k) for k in f.keys() if not k.startswith("model.diffusion_model.")}
+    assert others and any(k.startswith("first_stage_model.") for k in others) \
+        and any(k.startswith("conditioner.") for k in others)
+    with io.safe_open(result["lora"]) as f:
+        keys = set(f.keys())
+        assert set(others) <= keys
+        for k, v in others.items():   # the base's other parts, bit for bit, in their own dtypes
+            np.testing.assert_array_equal(f.get_array(k), v, err_msg=k)
+        unet = {k for k in keys if k.startswith("model.diffusion_model.")}
+        assert len(unet) == len(dict(tr.model.named_parameters()))
+        w = dict(tr.model.named_parameters())["out.2.weight"]
+        np.testing.assert_array_equal(f.get_array("model.diffusion_model.out.2.weight").astype(np.float32),
+                                      w.detach().to(flame.bfloat16).float().numpy())
+    out = tmp_path / "generated"
+    assert generate.main(["--model", result["lora"], "--tokenizer", SDXL_FIXTURE, "--prompt", "ohwx", "--width", "64",
+                          "--height", "64", "--steps", "2", "--seed", "1", "--output", str(out)]) == 0
+    assert [f for f in os.listdir(out) if f.endswith(".png")]
