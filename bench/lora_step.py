@@ -127,9 +127,10 @@ def flame_steps(res, model, name_map, configs, make_step, repeats, warmup, graph
     if full:
         from flame_models.training import full_finetune
         from flame_models.training.config import NetworkConfig
-        n = full_finetune.make_trainable(model, NetworkConfig(type="full"), name_map, device="cuda", budget=None,
-                                         optimizer="adamw")
-        made, lora = range(n), [p for _, p in full_finetune.trained_parameters(model)]
+        full_finetune.make_trainable(model, NetworkConfig(type="full"), name_map, device="cuda", budget=None,
+                                     optimizer="adamw")
+        lora = [p for _, p in full_finetune.trained_parameters(model)]
+        made = lora   # (logged as the count of trained tensors)
     else:
         made = A.inject_adapters(model, TARGETS, "lora", rank=16, alpha=16, name_map=name_map,
                                  generator=flame.Generator("cuda").manual_seed(1))

@@ -796,7 +796,8 @@ class Trainer:
             meta[str(k)] = v.replace("[name]", c.name)
         with self._averaged(), (self.ema.swapped() if self.ema is not None else nullcontext()):
             if self.full:   # the whole denoiser in its native layout, at save.dtype, with the run's metadata
-                meta = {k: str(v) for k, v in meta.items() if k.startswith("flame.") or k in map(str, c.meta)}
+                mine = {str(k) for k in c.meta}   # ai-toolkit's meta entries, beside FLAME's own
+                meta = {k: str(v) for k, v in meta.items() if k.startswith("flame.") or k in mine}
                 meta["flame.network"] = "full"
                 self.family.save_model(self.model, path, flame.dtypes.dtype(dtype_name(c.save.dtype)), metadata=meta,
                                        base=c.model.name_or_path)

@@ -54,6 +54,7 @@ class Adafactor(Optimizer):
 
     def step(self, closure=None):
         loss = _closure_loss(closure)
+        salts = None   # (the parameters' ordinals, built once a step when a bfloat16 one needs them)
         for group in self.param_groups:
             done = self._fused_step(group)
             for p, g in grads_of(group):
@@ -106,7 +107,8 @@ class Adafactor(Optimizer):
                 new = w32 * (1 - group["weight_decay"] * lr) if group["weight_decay"] else w32.copy()
                 new -= u
                 if w.dtype.name == "bfloat16":   # stochastic rounding: updates below bf16's spacing still land
-                    w[...] = to_bf16_stochastic(new, st["step"], self._salts()[id(p)])
+                    salts = salts or self._salts()
+                    w[...] = to_bf16_stochastic(new, st["step"], salts[id(p)])
                 else:
                     w[...] = new.astype(w.dtype, copy=False)
                 p._version[0] += 1

@@ -241,8 +241,9 @@ class AdamW8bit(Optimizer):
                 plans.pop(next(iter(plans)))
             rows = [(hit[0], g) + tuple(arr for _, _, arr in hit[2]) + ((None, None) if len(hit[2]) == 2 else ())
                     for _, g, hit in items]
+            salts = self._salts()
             got = plans[key] = ([hit for _, _, hit in items],
-                                _fused.adamw8bit_table(rows, salts=[self._salts()[id(p)] for p, _, _ in items]))
+                                _fused.adamw8bit_table(rows, salts=[salts[id(p)] for p, _, _ in items]))
         else:
             got[1].set_grads([g for _, g, _ in items])
         return got[1]
