@@ -3,7 +3,8 @@
 // rounded on its own (__f*_rn: no FMA contraction) so that fp32 gradients give the same bits.
 //
 // tensors: int64 [T, 8] rows: param (float*), grad, up to four float* state arrays (0 where absent), numel, the
-//          gradient's dtype (0 fp32 / 1 fp16 / 2 bf16). chunk_tensor / chunk_start: the tensor and first element of
+//          packed kinds (flame_core.kernels.tensor_table: bits 0-3 the gradient's dtype, 0 fp32 / 1 fp16 / 2 bf16;
+//          bits 4-7 the parameter's, 0 fp32 / 2 bf16 where the kernel takes bf16; bits 8+ the salt). chunk_tensor / chunk_start: the tensor and first element of
 //          each block's OM_CHUNK elements.
 #include "optim_grads.cuh"
 
@@ -18,7 +19,9 @@ struct OmRow {
     float* c;
     float* d;
     i64 start, n;
-    int kind;
+    int kind;           // the gradient's dtype
+    int pkind;          // the parameter's: 0 float32, 2 bfloat16 (Adafactor only; the others take float32)
+    unsigned int salt;  // a bfloat16 parameter's stochastic-rounding salt
 };
 
 __device__ __forceinline__ OmRow om_row(const i64* __restrict__ tensors, const int* __restrict__ chunk_tensor,
@@ -33,7 +36,9 @@ __device__ __forceinline__ OmRow om_row(const i64* __restrict__ tensors, const i
     row.d = reinterpret_cast<float*>(r[5]);
     row.start = chunk_start[blockIdx.x];
     row.n = min((i64)OM_CHUNK, r[6] - row.start);
-    row.kind = (int)r[7];
+    row.kind = (int)(r[7] & 15);
+    row.pkind = (int)((r[7] >> 4) & 15);
+    row.salt = (unsigned int)(r[7] >> 8);
     return row;
 }
 
@@ -135,22 +140,25 @@ extern "C" __global__ void __launch_bounds__(OM_THREADS) prodigy_update_multi(
     }
 }
 
-// Adafactor, factored 2-D parameters (R x C) in four launches over a table whose rows are: param, grad, a = exp_avg
-// (0 without beta1), b = exp_avg_sq_row (R), c = exp_avg_sq_col (C), d = the tensor's scratch: [0] rms(w), [1] the
-// sum of u^2, [2] the mean of the new row, [3] lr_t, then R row sums and C column sums of g^2 + eps1 (zero between
-// steps). cols[t]: C of tensor t.
-//   1 adafactor_sums_multi (per OM_CHUNK): row and column sums of g^2 + eps1 (shared-memory partials, then one
-//     global atomic per touched row / column)
-//   2 adafactor_factors_multi (one block per tensor): rms(w); row = b2t row + (1 - b2t) rowsum / C, col likewise
-//     over R; mean(row); lr_t = (scale ? max(eps2, rms) : 1) rel; the sums and the sum of u^2 zeroed
-//   3 adafactor_rms_multi (per OM_CHUNK): the sum of u^2, u = g rsqrt(row_i / mean) rsqrt(col_j)
+// Adafactor over a table of factored 2-D parameters (R x C) and unfactored ones (any other shape, flattened), float32
+// or bfloat16 (written back with stochastic rounding: sr_bits(seed, the row's salt, i)), in four launches. Rows:
+// param, grad, a = exp_avg (0 without beta1), b = exp_avg_sq_row (R) or exp_avg_sq (n, unfactored), c =
+// exp_avg_sq_col (C; 0 unfactored), d = the tensor's scratch: [0] rms(w), [1] the sum of u^2, [2] the mean of the new
+// row, [3] lr_t, [4] the sum of w^2, then (factored) R row sums and C column sums of g^2 + eps1; the sums are zero
+// between steps. cols[t]: C of tensor t, 0 for an unfactored one.
+//   1 adafactor_sums_multi (per OM_CHUNK): the sum of w^2; factored: row and column sums of g^2 + eps1 (shared-memory
+//     partials, then one global atomic per touched row / column); unfactored: v = b2t v + (1 - b2t) (g^2 + eps1)
+//   2 adafactor_factors_multi (one block per tensor): rms(w); factored: row = b2t row + (1 - b2t) rowsum / C, col
+//     likewise over R, mean(row); lr_t = (scale ? max(eps2, rms) : 1) rel; the sums zeroed
+//   3 adafactor_rms_multi (per OM_CHUNK): the sum of u^2, u = g rsqrt(row_i / mean) rsqrt(col_j) (factored) or
+//     g rsqrt(v_i)
 //   4 adafactor_update_multi (per OM_CHUNK): u / max(rms(u) / clip, 1) lr_t; m = b1 m + (1 - b1) u, u = m (beta1);
 //     w = w (1 - wd lr_t) - u
-#define AF_HEAD 4
+#define AF_HEAD 5
 
 struct AfRow {
     OmRow r;
-    i64 total, C, R;
+    i64 total, C, R;  // C = R = 0: unfactored
     float* rowsum;
     float* colsum;
 };
@@ -162,77 +170,92 @@ __device__ __forceinline__ AfRow af_row(const i64* __restrict__ tensors, const i
     const int t = chunk_tensor[blockIdx.x];
     a.total = tensors[8 * (i64)t + 6];
     a.C = cols[t];
-    a.R = a.total / a.C;
+    a.R = a.C ? a.total / a.C : 0;
     a.rowsum = a.r.d + AF_HEAD;
     a.colsum = a.rowsum + a.R;
     return a;
 }
 
+__device__ __forceinline__ float af_load_w(const OmRow& r, i64 i) {
+    return r.pkind == 2 ? __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(r.p)[i]) : r.p[i];
+}
+
 __device__ __forceinline__ float af_u(const AfRow& a, i64 i, float g, float inv_mean) {
+    if (!a.C) return __fmul_rn(rsqrtf(a.r.b[i]), g);
     const float rf = rsqrtf(__fmul_rn(a.r.b[i / a.C], inv_mean)), cf = rsqrtf(a.r.c[i % a.C]);
     return __fmul_rn(__fmul_rn(rf, cf), g);
 }
 
 extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_sums_multi(
         const i64* __restrict__ tensors, const int* __restrict__ chunk_tensor, const i64* __restrict__ chunk_start,
-        const i64* __restrict__ cols, float eps1) {
+        const i64* __restrict__ cols, float eps1, float beta2t, float one_minus_beta2t) {
     __shared__ float acc[OM_CHUNK + 2 * OM_THREADS];  // the chunk's row partials, then its column partials
+    __shared__ float red[OM_THREADS / 32];
     const AfRow a = af_row(tensors, chunk_tensor, chunk_start, cols);
     const OmRow& r = a.r;
-    const i64 row0 = r.start / a.C;
-    const int nrows = (int)((r.start + r.n - 1) / a.C - row0 + 1);   // <= OM_CHUNK / C + 2
-    const int ncols = (int)min(a.C, (i64)OM_CHUNK);
-    const i64 col0 = a.C <= OM_CHUNK ? 0 : r.start % a.C;          // wider rows: the chunk's run of columns
-    float* racc = acc;
-    float* cacc = acc + nrows;
-    for (int k = threadIdx.x; k < nrows + ncols; k += OM_THREADS) acc[k] = 0.f;
-    __syncthreads();
-    for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS) {
-        const i64 i = r.start + j;
-        const float g = load_grad(r.g, i, r.kind);
-        const float ue = __fadd_rn(__fmul_rn(g, g), eps1);
-        atomicAdd(&racc[i / a.C - row0], ue);
-        atomicAdd(&cacc[(i % a.C - col0 + a.C) % a.C], ue);
+    float sw = 0.f;
+    if (!a.C) {  // unfactored: the second moment itself
+        for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS) {
+            const i64 i = r.start + j;
+            const float g = load_grad(r.g, i, r.kind), w = af_load_w(r, i);
+            sw += __fmul_rn(w, w);
+            r.b[i] = __fadd_rn(__fmul_rn(r.b[i], beta2t), __fmul_rn(one_minus_beta2t, __fadd_rn(__fmul_rn(g, g), eps1)));
+        }
+    } else {
+        const i64 row0 = r.start / a.C;
+        const int nrows = (int)((r.start + r.n - 1) / a.C - row0 + 1);   // <= OM_CHUNK / C + 2
+        const int ncols = (int)min(a.C, (i64)OM_CHUNK);
+        const i64 col0 = a.C <= OM_CHUNK ? 0 : r.start % a.C;          // wider rows: the chunk's run of columns
+        float* racc = acc;
+        float* cacc = acc + nrows;
+        for (int k = threadIdx.x; k < nrows + ncols; k += OM_THREADS) acc[k] = 0.f;
+        __syncthreads();
+        for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS) {
+            const i64 i = r.start + j;
+            const float g = load_grad(r.g, i, r.kind), w = af_load_w(r, i);
+            sw += __fmul_rn(w, w);
+            const float ue = __fadd_rn(__fmul_rn(g, g), eps1);
+            atomicAdd(&racc[i / a.C - row0], ue);
+            atomicAdd(&cacc[(i % a.C - col0 + a.C) % a.C], ue);
+        }
+        __syncthreads();
+        for (int k = threadIdx.x; k < nrows; k += OM_THREADS) atomicAdd(&a.rowsum[row0 + k], racc[k]);
+        for (int k = threadIdx.x; k < ncols; k += OM_THREADS) atomicAdd(&a.colsum[(col0 + k) % a.C], cacc[k]);
     }
-    __syncthreads();
-    for (int k = threadIdx.x; k < nrows; k += OM_THREADS) atomicAdd(&a.rowsum[row0 + k], racc[k]);
-    for (int k = threadIdx.x; k < ncols; k += OM_THREADS) atomicAdd(&a.colsum[(col0 + k) % a.C], cacc[k]);
+    sw = om_block_sum(sw, red);
+    if (threadIdx.x == 0) atomicAdd(&r.d[4], sw);
 }
 
 extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_factors_multi(
-        const i64* __restrict__ tensors, const i64* __restrict__ cols, float beta2t, float eps2, float rel,
-        int scale_parameter) {
+        const i64* __restrict__ tensors, const i64* __restrict__ cols, float beta2t, float one_minus_beta2t,
+        float eps2, float rel, int scale_parameter) {
     __shared__ float red[OM_THREADS / 32];
     const i64* row = tensors + 8 * (i64)blockIdx.x;
-    const float* w = reinterpret_cast<const float*>(row[0]);
     float* vr = reinterpret_cast<float*>(row[3]);
     float* vc = reinterpret_cast<float*>(row[4]);
     float* scratch = reinterpret_cast<float*>(row[5]);
-    const i64 n = row[6], C = cols[blockIdx.x], R = n / C;
+    const i64 n = row[6], C = cols[blockIdx.x], R = C ? n / C : 0;
     float* rowsum = scratch + AF_HEAD;
     float* colsum = rowsum + R;
-    float sw = 0.f;
-    for (i64 i = threadIdx.x; i < n; i += OM_THREADS) sw += __fmul_rn(w[i], w[i]);
-    sw = om_block_sum(sw, red);
-    const float one_minus = 1.f - beta2t;
     float sr = 0.f;
     for (i64 i = threadIdx.x; i < R; i += OM_THREADS) {
-        const float v = __fadd_rn(__fmul_rn(vr[i], beta2t), __fmul_rn(one_minus, rowsum[i] / (float)C));
+        const float v = __fadd_rn(__fmul_rn(vr[i], beta2t), __fmul_rn(one_minus_beta2t, rowsum[i] / (float)C));
         vr[i] = v;
         sr += v;
         rowsum[i] = 0.f;
     }
     for (i64 j = threadIdx.x; j < C; j += OM_THREADS) {
-        vc[j] = __fadd_rn(__fmul_rn(vc[j], beta2t), __fmul_rn(one_minus, colsum[j] / (float)R));
+        vc[j] = __fadd_rn(__fmul_rn(vc[j], beta2t), __fmul_rn(one_minus_beta2t, colsum[j] / (float)R));
         colsum[j] = 0.f;
     }
     sr = om_block_sum(sr, red);
     if (threadIdx.x == 0) {
-        const float rms = sqrtf(sw / (float)n);
+        const float rms = sqrtf(scratch[4] / (float)n);
         scratch[0] = rms;
         scratch[1] = 0.f;
-        scratch[2] = sr / (float)R;
+        scratch[2] = R ? sr / (float)R : 1.f;
         scratch[3] = (scale_parameter ? fmaxf(eps2, rms) : 1.f) * rel;
+        scratch[4] = 0.f;
     }
 }
 
@@ -254,7 +277,8 @@ extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_rms_multi(
 
 extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_update_multi(
         const i64* __restrict__ tensors, const int* __restrict__ chunk_tensor, const i64* __restrict__ chunk_start,
-        const i64* __restrict__ cols, float clip_threshold, float beta1, int use_beta1, float weight_decay) {
+        const i64* __restrict__ cols, float clip_threshold, float beta1, int use_beta1, float weight_decay,
+        unsigned int seed) {
     const AfRow a = af_row(tensors, chunk_tensor, chunk_start, cols);
     const OmRow& r = a.r;
     const float inv_mean = 1.f / r.d[2];
@@ -268,7 +292,11 @@ extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_update_multi(
             u = __fadd_rn(__fmul_rn(r.a[i], beta1), __fmul_rn(1.f - beta1, u));
             r.a[i] = u;
         }
-        const float w = r.p[i];
-        r.p[i] = __fsub_rn(weight_decay != 0.f ? __fmul_rn(w, decay) : w, u);
+        const float w = af_load_w(r, i);
+        const float wn = __fsub_rn(weight_decay != 0.f ? __fmul_rn(w, decay) : w, u);
+        if (r.pkind == 2)
+            reinterpret_cast<__nv_bfloat16*>(r.p)[i] = sr_bf16(wn, sr_bits(seed, r.salt, i));
+        else
+            r.p[i] = wn;
     }
 }

@@ -8,12 +8,15 @@ flame_nn.optim compute (bit for bit with float32 gradients; Prodigy's two sums a
     sfadamw_step(table, beta2=..., bc2=..., eps=..., decay=..., ckp1=..., y_coef=..., lr=...)   # a = z, b = v
     dot, abs_s = prodigy_stats(table, beta1=..., m_coef=..., beta2=..., v_coef=..., beta3=..., s_coef=...)
     prodigy_update(table, dlr=..., d_eps=..., decay=...)          # a = p0, b = exp_avg, c = exp_avg_sq, d = s
-    table = adafactor_table(rows)   # rows: (param (R, C), grad, exp_avg or None, row (R,), col (C,))
+    table = adafactor_table(rows, salts)   # rows: (param (R, C), grad, exp_avg or None, row (R,), col (C,)), or
+                                           # (param of another shape, grad, exp_avg or None, exp_avg_sq, None)
     adafactor_step(table, eps1=..., beta2t=..., eps2=..., rel=..., scale_parameter=..., clip_threshold=...,
-                   beta1=..., weight_decay=...)                   # four launches; table.rms(t): rms(w) of tensor t
+                   beta1=..., weight_decay=..., seed=step)        # four launches; table.rms(t): rms(w) of tensor t
 
 Parameters and states: contiguous float32 on the GPU, of the parameter's size (Prodigy's p0 may be absent: an
-all-zero initial point); gradients of that size in float32 / float16 / bfloat16.
+all-zero initial point); gradients of that size in float32 / float16 / bfloat16. Adafactor also takes bfloat16
+parameters (a full fine-tune's train.full_bf16): updated in float32 and written back with stochastic rounding
+(sr_bits(seed, the row's salt, the element), as flame_core.kernels.stochastic_rounding's NumPy path).
 """
 import numpy as np
 
@@ -67,32 +70,39 @@ def prodigy_update(table, *, dlr, d_eps, decay):
     _launch("prodigy_update_multi", table, KL.f32(dlr), KL.f32(d_eps), KL.f32(decay), KL.i32(0 if decay == 1 else 1))
 
 
-AF_HEAD = 4  # scratch floats before a tensor's row and column sums: rms(w), sum u^2, mean(row), lr_t
+AF_HEAD = 5  # scratch floats before a tensor's row and column sums: rms(w), sum u^2, mean(row), lr_t, sum w^2
 
 
 class AdafactorTable(TensorTable):
-    """A TensorTable of factored 2-D parameters with their row / column states, each tensor's scratch (zeroed once;
-    the kernels leave the sums zero between steps) and its column count."""
+    """A TensorTable of Adafactor's parameters -- 2-D ones factored (row / column states), any other shape
+    unfactored (exp_avg_sq of the parameter's size) -- with each tensor's scratch (zeroed once; the kernels leave the
+    sums zero between steps) and its column count (0: unfactored). Parameters float32 or bfloat16 (salts: one 32-bit
+    count per row, the stochastic rounding's)."""
 
-    def __init__(self, rows):
+    def __init__(self, rows, salts=None):
         cp = backend.cupy
         shapes = [tuple(r[0].shape) for r in rows]
+        dims = []
         for t, (shape, row) in enumerate(zip(shapes, rows)):
-            if len(shape) != 2:
-                raise ShapeError(f"adafactor_table: tensor {t} is {len(shape)}-D; the kernels take 2-D parameters")
             if len(row) != 5:
-                raise ShapeError(f"adafactor_table: tensor {t}: rows are (param, grad, exp_avg, row, col)")
-        offsets = np.cumsum([0] + [AF_HEAD + r + c for r, c in shapes])
+                raise ShapeError(f"adafactor_table: tensor {t}: rows are (param, grad, exp_avg, row or exp_avg_sq, col)")
+            factored = len(shape) == 2
+            if factored != (row[4] is not None):
+                raise ShapeError(f"adafactor_table: tensor {t} of shape {shape}: a 2-D parameter takes row and column "
+                                 f"states, any other a whole exp_avg_sq and col None")
+            dims.append(shape if factored else (0, 0))
+        offsets = np.cumsum([0] + [AF_HEAD + r + c for r, c in dims])
         self.scratch = cp.zeros(int(offsets[-1]), dtype=np.float32)
-        full = [tuple(row) + (self.scratch[o:o + AF_HEAD + r + c],) for row, o, (r, c) in zip(rows, offsets, shapes)]
+        full = [tuple(row) + (self.scratch[o:o + AF_HEAD + r + c],) for row, o, (r, c) in zip(rows, offsets, dims)]
 
-        def check_state(t, k, s, n, shapes=shapes):
-            R, C = shapes[t]
-            want = (n, R, C, AF_HEAD + R + C)[k]
-            check_array(s, want, f"tensor {t}'s {('exp_avg', 'exp_avg_sq_row', 'exp_avg_sq_col', 'scratch')[k]}",
+        def check_state(t, k, s, n, dims=dims):
+            R, C = dims[t]
+            want = (n, R if C else n, C, AF_HEAD + R + C)[k]
+            check_array(s, want, f"tensor {t}'s "
+                        f"{('exp_avg', 'exp_avg_sq_row' if C else 'exp_avg_sq', 'exp_avg_sq_col', 'scratch')[k]}",
                         ("float32",))
-        super().__init__(full, CHUNK, check_state)
-        self.cols = cp.asarray(np.array([c for _, c in shapes], dtype=np.int64))
+        super().__init__(full, CHUNK, check_state, param_dtypes=("float32", "bfloat16"), salts=salts)
+        self.cols = cp.asarray(np.array([c for _, c in dims], dtype=np.int64))
         self.offsets = offsets
 
     def rms(self, t):
@@ -101,20 +111,23 @@ class AdafactorTable(TensorTable):
         return self.scratch[o:o + 1].reshape(())
 
 
-def adafactor_table(rows):
-    return AdafactorTable(rows)
+def adafactor_table(rows, salts=None):
+    return AdafactorTable(rows, salts)
 
 
-def adafactor_step(table, *, eps1, beta2t, eps2, rel, scale_parameter, clip_threshold, beta1, weight_decay):
-    """One Adafactor step over every factored tensor of `table` (AdafactorTable): rel is the step's relative step
-    size (lr, or the relative-step schedule's), scaled per tensor by max(eps2, rms(w)) when scale_parameter."""
+def adafactor_step(table, *, eps1, beta2t, eps2, rel, scale_parameter, clip_threshold, beta1, weight_decay, seed=0):
+    """One Adafactor step over every tensor of `table` (AdafactorTable): rel is the step's relative step size (lr,
+    or the relative-step schedule's), scaled per tensor by max(eps2, rms(w)) when scale_parameter; seed: the 32-bit
+    seed of bfloat16 parameters' stochastic rounding (the optimizer passes the step)."""
     tensors, chunk_t, chunk_s = table.tables
+    one_minus = KL.f32(1.0 - beta2t)
     KL.launch(L.get_function("optim_multi", "adafactor_sums_multi"), (table.n_blocks,), (THREADS,),
-              (tensors, chunk_t, chunk_s, table.cols, KL.f32(eps1)))
+              (tensors, chunk_t, chunk_s, table.cols, KL.f32(eps1), KL.f32(beta2t), one_minus))
     KL.launch(L.get_function("optim_multi", "adafactor_factors_multi"), (table.rows,), (THREADS,),
-              (tensors, table.cols, KL.f32(beta2t), KL.f32(eps2), KL.f32(rel), KL.i32(1 if scale_parameter else 0)))
+              (tensors, table.cols, KL.f32(beta2t), one_minus, KL.f32(eps2), KL.f32(rel),
+               KL.i32(1 if scale_parameter else 0)))
     KL.launch(L.get_function("optim_multi", "adafactor_rms_multi"), (table.n_blocks,), (THREADS,),
               (tensors, chunk_t, chunk_s, table.cols))
     KL.launch(L.get_function("optim_multi", "adafactor_update_multi"), (table.n_blocks,), (THREADS,),
               (tensors, chunk_t, chunk_s, table.cols, KL.f32(clip_threshold), KL.f32(beta1 or 0.0),
-               KL.i32(0 if beta1 is None else 1), KL.f32(weight_decay)))
+               KL.i32(0 if beta1 is None else 1), KL.f32(weight_decay), KL.u32(int(seed) & 0xFFFFFFFF)))

@@ -9,9 +9,10 @@ lr_t = max(eps2, rms(p)) * (min(1e-2 or 1e-6 step, 1/sqrt(step)) when relative_s
 scale_parameter the max(eps2, rms(p)) factor is 1. Use an external schedule with relative_step=False and lr set.
 bfloat16 parameters (a full fine-tune's train.full_bf16) are updated in float32 and written back with stochastic
 rounding (flame_core.kernels.stochastic_rounding; seed: the step, salt: the parameter's ordinal), as AdamW8bit does.
-On the GPU the float32 2-D parameters of a group take four launches per step (flame_core.kernels.optim_multi: the
-row / column sums, the factors, the update's RMS, the update; the sums in another order than the per-operation path,
-and rsqrt for 1 / sqrt); the rest the per-operation path. There the state's "RMS" is a 0-d tensor on the GPU.
+On the GPU the float32 and bfloat16 parameters of at most 2 dimensions of a group take four launches per step
+(flame_core.kernels.optim_multi: the sums, the factors, the update's RMS, the update; the sums in another order than
+the per-operation path, and rsqrt for 1 / sqrt; a bfloat16 weight rounded with the same bits); the rest (convolution
+kernels' 4-D weights, float16 ones) the per-operation path. There the state's "RMS" is a 0-d tensor on the GPU.
 """
 import math
 
@@ -115,44 +116,57 @@ class Adafactor(Optimizer):
         return loss
 
     def _fused_step(self, group):
-        """Four launches per step count for the group's float32 2-D GPU parameters; returns the ids it updated."""
+        """Four launches per step count for the group's float32 / bfloat16 GPU parameters of at most 2 dimensions;
+        returns the ids it updated."""
         if not MT.enabled():
             return ()
         first = group["beta1"] is not None
-        buckets = {}
+        buckets, salts = {}, None
         for p, g in grads_of(group):
             a = p.array
-            if a.ndim != 2 or not MT.fusable(a, g):
+            if a.ndim > 2 or not MT.fusable(a, g, param_dtypes=("float32", "bfloat16")):
                 continue
-            R, C = a.shape
+            factored = a.ndim == 2
             xp = backend.xp_of(a)
             st = self.state.get(p)
             if st is None:
-                st = self.state[p] = {"step": 0, "RMS": 0.0, "exp_avg_sq_row": as_tensor(xp.zeros(R, np.float32)),
-                                      "exp_avg_sq_col": as_tensor(xp.zeros(C, np.float32))}
+                st = self.state[p] = {"step": 0, "RMS": 0.0}
+                if factored:
+                    st["exp_avg_sq_row"] = as_tensor(xp.zeros(a.shape[0], np.float32))
+                    st["exp_avg_sq_col"] = as_tensor(xp.zeros(a.shape[1], np.float32))
+                else:
+                    st["exp_avg_sq"] = as_tensor(xp.zeros(a.shape, np.float32))
                 if first:
                     st["exp_avg"] = as_tensor(xp.zeros(a.shape, np.float32))
             st = state_on_device(st, p)
-            row, col = st.get("exp_avg_sq_row"), st.get("exp_avg_sq_col")
             m = st.get("exp_avg")
-            arrays = [x.array if x is not None else None for x in (m, row, col)]
-            if (first and not MT.usable(arrays[0], a.size)) or not MT.usable(arrays[1], R) \
-                    or not MT.usable(arrays[2], C):
+            v = st.get("exp_avg_sq_row" if factored else "exp_avg_sq")
+            col = st.get("exp_avg_sq_col") if factored else None
+            arrays = [x.array if x is not None else None for x in (m, v, col)]
+            if (first and not MT.usable(arrays[0], a.size)) \
+                    or not MT.usable(arrays[1], a.shape[0] if factored else a.size) \
+                    or (factored and not MT.usable(arrays[2], a.shape[1])):
                 continue
-            buckets.setdefault(st["step"] + 1, []).append((p, (a, g, arrays[0] if first else None) + tuple(arrays[1:])))
+            salt = 0
+            if a.dtype.name == "bfloat16":   # stochastic rounding with the per-operation path's bits
+                salts = salts or self._salts()
+                salt = salts[id(p)]
+            buckets.setdefault(st["step"] + 1, []).append(
+                (p, salt, (a, g, arrays[0] if first else None, arrays[1], arrays[2])))
         done = set()
         for step, items in buckets.items():
-            table = MT.table_of(self, [row for _, row in items], MT.kernels.adafactor_table)
+            table = MT.table_of(self, [row for _, _, row in items],
+                                lambda rows, salts=[s for _, s, _ in items]: MT.kernels.adafactor_table(rows, salts))
             rel = group["lr"]
             if group["relative_step"]:
                 rel = min(1e-6 * step if group["warmup_init"] else 1e-2, 1.0 / math.sqrt(step))
             MT.kernels.adafactor_step(table, eps1=group["eps"][0], beta2t=1.0 - math.pow(step, group["decay_rate"]),
                                       eps2=group["eps"][1], rel=rel, scale_parameter=group["scale_parameter"],
                                       clip_threshold=group["clip_threshold"], beta1=group["beta1"],
-                                      weight_decay=group["weight_decay"])
-            for t, (p, _) in enumerate(items):
+                                      weight_decay=group["weight_decay"], seed=step)
+            for t, (p, _, _) in enumerate(items):
                 st = self.state[p]
                 st["step"] = step
                 st["RMS"] = as_tensor(table.rms(t))
-            done |= MT.stepped([p for p, _ in items])
+            done |= MT.stepped([p for p, _, _ in items])
         return done

@@ -20,9 +20,11 @@ def enabled():
     return kernels is not None and _loader.enabled()
 
 
-def fusable(a, g):
-    """Whether a float32 parameter array `a` with gradient array `g` can take a multi-tensor kernel."""
-    return (backend.is_cuda_array(a) and a.dtype == np.float32 and a.flags.c_contiguous and backend.is_cuda_array(g)
+def fusable(a, g, param_dtypes=("float32",)):
+    """Whether a parameter array `a` (float32, or one of `param_dtypes` where the kernel takes more) with gradient
+    array `g` can take a multi-tensor kernel."""
+    return (backend.is_cuda_array(a) and a.dtype.name in param_dtypes and a.flags.c_contiguous
+            and backend.is_cuda_array(g)
             and g.flags.c_contiguous and g.size == a.size and g.dtype.name in _GRAD_DTYPES)
 
 

@@ -70,28 +70,41 @@ def _prodigy_update(table, *, dlr, d_eps, decay):
 
 
 class _AfTable(_Table):
+    def __init__(self, rows, salts=None):
+        self.rows, self.salts = rows, salts or [0] * len(rows)
+
     def rms(self, t):
         return self.rms_values[t]
 
 
-def _adafactor_step(table, *, eps1, beta2t, eps2, rel, scale_parameter, clip_threshold, beta1, weight_decay):
+def _adafactor_step(table, *, eps1, beta2t, eps2, rel, scale_parameter, clip_threshold, beta1, weight_decay, seed=0):
+    """optim_multi.cu's four launches, tensor by tensor: 2-D parameters factored, the rest unfactored; bfloat16 ones
+    computed in float32 and stochastically rounded."""
+    from flame_core.kernels.stochastic_rounding import to_bf16_stochastic
     table.rms_values = []
-    for p, g, m, row, col in table.rows:
+    one_minus = F(1 - beta2t)
+    for (p, g, m, v, col), salt in zip(table.rows, table.salts):
         g = g.astype(F)
-        R, C = p.shape
+        w = p.astype(F)
         u = g * g + F(eps1)
-        rms = np.sqrt(np.sum(p * p) / F(p.size))
+        rms = np.sqrt(np.sum(w * w) / F(w.size))
         table.rms_values.append(np.asarray(float(rms), F))
-        row[...] = row * F(beta2t) + F(1 - beta2t) * (u.sum(axis=1) / F(C))
-        col[...] = col * F(beta2t) + F(1 - beta2t) * (u.sum(axis=0) / F(R))
-        mean = row.sum() / F(R)
-        uu = (F(1) / np.sqrt(row * (F(1) / mean)))[:, None] * (F(1) / np.sqrt(col))[None, :] * g
+        if col is not None:
+            R, C = p.shape
+            v[...] = v * F(beta2t) + one_minus * (u.sum(axis=1) / F(C))
+            col[...] = col * F(beta2t) + one_minus * (u.sum(axis=0) / F(R))
+            mean = v.sum() / F(R)
+            uu = (F(1) / np.sqrt(v * (F(1) / mean)))[:, None] * (F(1) / np.sqrt(col))[None, :] * g
+        else:
+            v[...] = v * F(beta2t) + one_minus * u
+            uu = (F(1) / np.sqrt(v)) * g
         lr_t = F((max(eps2, float(rms)) if scale_parameter else 1.0) * rel)
-        uu = uu / max(np.sqrt(np.sum(uu * uu) / F(p.size)) / F(clip_threshold), F(1)) * lr_t
+        uu = uu / max(np.sqrt(np.sum(uu * uu) / F(w.size)) / F(clip_threshold), F(1)) * lr_t
         if beta1 is not None:
             m[...] = m * F(beta1) + F(1 - beta1) * uu
             uu = m
-        p[...] = (p * (F(1) - F(weight_decay) * lr_t) if weight_decay else p) - uu
+        new = (w * (F(1) - F(weight_decay) * lr_t) if weight_decay else w) - uu
+        p[...] = to_bf16_stochastic(new, seed, salt) if p.dtype.name == "bfloat16" else new
 
 
 @pytest.fixture
@@ -105,7 +118,8 @@ def emulated(monkeypatch):
         setattr(fake, name, lambda *a, _f=f, _n=name, **k: (fake.calls.append(_n), _f(*a, **k))[1])
     monkeypatch.setattr(MT, "kernels", fake)
     monkeypatch.setattr(MT, "enabled", lambda: True)
-    monkeypatch.setattr(MT, "fusable", lambda a, g: a.dtype == np.float32 and g.size == a.size)
+    monkeypatch.setattr(MT, "fusable", lambda a, g, param_dtypes=("float32",): a.dtype.name in param_dtypes
+                        and g.size == a.size)
     monkeypatch.setattr(MT, "usable", lambda s, n: s is not None and s.dtype == np.float32 and s.size == n)
 
     class Tables:
@@ -171,7 +185,7 @@ def test_fused_host_path_matches_the_per_operation_path(emulated, monkeypatch, n
             same(s[k], r[k], f"{k} of the {n}-element tensor")
 
 
-AF_SHAPES = [(16, 300), (300, 16), (1, 255), (64,), (33, 70)]
+AF_SHAPES = [(16, 300), (300, 16), (1, 255), (64,), (33, 70), (2, 3, 4)]
 AF_CASES = {
     "relative_step": dict(),
     "lr_beta1_decay": dict(lr=1e-3, relative_step=False, scale_parameter=False, beta1=0.9, weight_decay=0.01),
@@ -179,23 +193,32 @@ AF_CASES = {
 }
 
 
+@pytest.mark.parametrize("bf16", [False, True], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("name", sorted(AF_CASES))
-def test_adafactor_fused_host_path_matches_the_per_operation_path(emulated, monkeypatch, name):
+def test_adafactor_fused_host_path_matches_the_per_operation_path(emulated, monkeypatch, name, bf16):
+    """2-D parameters factored and the 1-D one unfactored in the fused path; the 3-D one per operation. bfloat16
+    weights (full_bf16) rounded stochastically with the per-operation path's bits: equal where the float32 values
+    before rounding fall on the same side of the random threshold -- all but a rare element, one bf16 step away."""
     def run():
         rng = np.random.default_rng(5)
-        params = [nn.Parameter(flame.tensor(rng.standard_normal(s).astype(np.float32))) for s in AF_SHAPES]
+        params = [nn.Parameter(flame.tensor(rng.standard_normal(s).astype(np.float32),
+                                            dtype=flame.bfloat16 if bf16 else None)) for s in AF_SHAPES]
         opt = nn.optim.Adafactor(params, **AF_CASES[name])
         for _ in range(4):
             for p in params:
                 p.grad = flame.tensor(rng.standard_normal(p.shape).astype(np.float32))
             opt.step()
-        return [p.detach().numpy() for p in params], [opt.state[p] for p in params]
+        return [p.detach().float().numpy() for p in params], [opt.state[p] for p in params]
     fw, fs = run()
-    assert emulated.calls == ["adafactor_step"] * 4  # the 2-D tensors, one launch group a step; (64,) per operation
+    assert emulated.calls == ["adafactor_step"] * 4  # the 2-D and 1-D tensors, one launch group a step
     monkeypatch.setattr(MT, "enabled", lambda: False)
     rw, rs = run()
     for shape, a, b, s, r in zip(AF_SHAPES, fw, rw, fs, rs):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7, err_msg=f"weights {shape}")
+        if bf16:
+            assert np.mean(a != b) < 0.01, f"weights {shape}"
+            np.testing.assert_allclose(a, b, rtol=2 ** -7, atol=1e-30, err_msg=f"weights {shape}")
+        else:
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7, err_msg=f"weights {shape}")
         assert set(s) == set(r) and s["step"] == r["step"] == 4
         np.testing.assert_allclose(float(s["RMS"]), r["RMS"], rtol=1e-5)
         for k in set(s) - {"step", "RMS"}:
