@@ -140,37 +140,42 @@ extern "C" __global__ void __launch_bounds__(OM_THREADS) prodigy_update_multi(
     }
 }
 
-// Adafactor over a table of factored 2-D parameters (R x C) and unfactored ones (any other shape, flattened), float32
-// or bfloat16 (written back with stochastic rounding: sr_bits(seed, the row's salt, i)), in four launches. Rows:
-// param, grad, a = exp_avg (0 without beta1), b = exp_avg_sq_row (R) or exp_avg_sq (n, unfactored), c =
-// exp_avg_sq_col (C; 0 unfactored), d = the tensor's scratch: [0] rms(w), [1] the sum of u^2, [2] the mean of the new
-// row, [3] lr_t, [4] the sum of w^2, then (factored) R row sums and C column sums of g^2 + eps1; the sums are zero
-// between steps. cols[t]: C of tensor t, 0 for an unfactored one.
-//   1 adafactor_sums_multi (per OM_CHUNK): the sum of w^2; factored: row and column sums of g^2 + eps1 (shared-memory
-//     partials, then one global atomic per touched row / column); unfactored: v = b2t v + (1 - b2t) (g^2 + eps1)
-//   2 adafactor_factors_multi (one block per tensor): rms(w); factored: row = b2t row + (1 - b2t) rowsum / C, col
-//     likewise over R, mean(row); lr_t = (scale ? max(eps2, rms) : 1) rel; the sums zeroed
-//   3 adafactor_rms_multi (per OM_CHUNK): the sum of u^2, u = g rsqrt(row_i / mean) rsqrt(col_j) (factored) or
-//     g rsqrt(v_i)
+// Adafactor over a table of parameters of three kinds -- a 2-D one (R x C) factored; one of more dimensions factored
+// over its last two (a batch of B small R x C matrices, R and C at most AF_SMALL: convolution kernels); any other
+// unfactored (flattened) -- float32 or bfloat16 (written back with stochastic rounding: sr_bits(seed, the row's salt,
+// i)), in four launches. Rows: param, grad, a = exp_avg (0 without beta1), b = exp_avg_sq_row (B x R) or exp_avg_sq
+// (n, unfactored), c = exp_avg_sq_col (B x C; 0 unfactored), d = the tensor's scratch: [0] rms(w), [1] the sum of u^2,
+// [2] the mean of the new row (2-D), [3] lr_t, [4] the sum of w^2, then (2-D) R row sums and C column sums of
+// g^2 + eps1; the sums are zero between steps. dims[2t], dims[2t + 1]: R and C of tensor t (0, 0: unfactored).
+//   1 adafactor_sums_multi (per OM_CHUNK): the sum of w^2; 2-D: row and column sums of g^2 + eps1 (shared-memory
+//     partials, then one global atomic per touched row / column); batched: a thread per matrix (the block's matrices:
+//     those starting in its chunk) updates its row and column states; unfactored: v = b2t v + (1 - b2t) (g^2 + eps1)
+//   2 adafactor_factors_multi (one block per tensor): rms(w); 2-D: row = b2t row + (1 - b2t) rowsum / C, col likewise
+//     over R, mean(row); lr_t = (scale ? max(eps2, rms) : 1) rel; the sums zeroed
+//   3 adafactor_rms_multi (per OM_CHUNK): the sum of u^2, u = g rsqrt(row_i / mean) rsqrt(col_j) (factored; batched:
+//     the mean of its matrix's rows) or g rsqrt(v_i)
 //   4 adafactor_update_multi (per OM_CHUNK): u / max(rms(u) / clip, 1) lr_t; m = b1 m + (1 - b1) u, u = m (beta1);
 //     w = w (1 - wd lr_t) - u
 #define AF_HEAD 5
+#define AF_SMALL 16
 
 struct AfRow {
     OmRow r;
-    i64 total, C, R;  // C = R = 0: unfactored
+    i64 total, R, C;  // R = C = 0: unfactored; R C < total: a batch of matrices
+    bool batched;
     float* rowsum;
     float* colsum;
 };
 
 __device__ __forceinline__ AfRow af_row(const i64* __restrict__ tensors, const int* __restrict__ chunk_tensor,
-                                        const i64* __restrict__ chunk_start, const i64* __restrict__ cols) {
+                                        const i64* __restrict__ chunk_start, const i64* __restrict__ dims) {
     AfRow a;
     a.r = om_row(tensors, chunk_tensor, chunk_start);
     const int t = chunk_tensor[blockIdx.x];
     a.total = tensors[8 * (i64)t + 6];
-    a.C = cols[t];
-    a.R = a.C ? a.total / a.C : 0;
+    a.R = dims[2 * (i64)t];
+    a.C = dims[2 * (i64)t + 1];
+    a.batched = a.C && a.R * a.C < a.total;
     a.rowsum = a.r.d + AF_HEAD;
     a.colsum = a.rowsum + a.R;
     return a;
@@ -180,18 +185,41 @@ __device__ __forceinline__ float af_load_w(const OmRow& r, i64 i) {
     return r.pkind == 2 ? __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(r.p)[i]) : r.p[i];
 }
 
+__device__ __forceinline__ void af_store_w(const OmRow& r, i64 i, float w, unsigned int seed) {
+    if (r.pkind == 2)
+        reinterpret_cast<__nv_bfloat16*>(r.p)[i] = sr_bf16(w, sr_bits(seed, r.salt, i));
+    else
+        r.p[i] = w;
+}
+
+// element i's u before clipping: g scaled by its row and column factors (or by rsqrt(v), unfactored). 2-D: row i / C
+// over the tensor's mean (inv_mean); batched: the caller's matrix (inv_mean of its rows)
 __device__ __forceinline__ float af_u(const AfRow& a, i64 i, float g, float inv_mean) {
     if (!a.C) return __fmul_rn(rsqrtf(a.r.b[i]), g);
-    const float rf = rsqrtf(__fmul_rn(a.r.b[i / a.C], inv_mean)), cf = rsqrtf(a.r.c[i % a.C]);
+    const i64 col = a.batched ? i / (a.R * a.C) * a.C + i % a.C : i % a.C;
+    const float rf = rsqrtf(__fmul_rn(a.r.b[i / a.C], inv_mean)), cf = rsqrtf(a.r.c[col]);
     return __fmul_rn(__fmul_rn(rf, cf), g);
+}
+
+// the matrices a block takes in the batched case: those whose first element lies in its chunk
+__device__ __forceinline__ void af_matrices(const AfRow& a, i64* m0, i64* m1) {
+    const i64 rc = a.R * a.C;
+    *m0 = (a.r.start + rc - 1) / rc;
+    *m1 = (a.r.start + a.r.n - 1) / rc + 1;
+}
+
+__device__ __forceinline__ float af_matrix_inv_mean(const AfRow& a, i64 m) {
+    float s = 0.f;
+    for (int k = 0; k < a.R; ++k) s += a.r.b[m * a.R + k];
+    return 1.f / (s / (float)a.R);
 }
 
 extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_sums_multi(
         const i64* __restrict__ tensors, const int* __restrict__ chunk_tensor, const i64* __restrict__ chunk_start,
-        const i64* __restrict__ cols, float eps1, float beta2t, float one_minus_beta2t) {
+        const i64* __restrict__ dims, float eps1, float beta2t, float one_minus_beta2t) {
     __shared__ float acc[OM_CHUNK + 2 * OM_THREADS];  // the chunk's row partials, then its column partials
     __shared__ float red[OM_THREADS / 32];
-    const AfRow a = af_row(tensors, chunk_tensor, chunk_start, cols);
+    const AfRow a = af_row(tensors, chunk_tensor, chunk_start, dims);
     const OmRow& r = a.r;
     float sw = 0.f;
     if (!a.C) {  // unfactored: the second moment itself
@@ -200,6 +228,29 @@ extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_sums_multi(
             const float g = load_grad(r.g, i, r.kind), w = af_load_w(r, i);
             sw += __fmul_rn(w, w);
             r.b[i] = __fadd_rn(__fmul_rn(r.b[i], beta2t), __fmul_rn(one_minus_beta2t, __fadd_rn(__fmul_rn(g, g), eps1)));
+        }
+    } else if (a.batched) {  // a thread per small matrix: its row and column means, and its states
+        i64 m0, m1;
+        af_matrices(a, &m0, &m1);
+        const int R = (int)a.R, C = (int)a.C;
+        for (i64 m = m0 + threadIdx.x; m < m1; m += OM_THREADS) {
+            float rs[AF_SMALL], cs[AF_SMALL];
+            for (int c = 0; c < C; ++c) cs[c] = 0.f;
+            for (int k = 0; k < R; ++k) {
+                rs[k] = 0.f;
+                for (int c = 0; c < C; ++c) {
+                    const i64 i = (m * R + k) * C + c;
+                    const float g = load_grad(r.g, i, r.kind), w = af_load_w(r, i);
+                    sw += __fmul_rn(w, w);
+                    const float ue = __fadd_rn(__fmul_rn(g, g), eps1);
+                    rs[k] += ue;
+                    cs[c] += ue;
+                }
+            }
+            for (int k = 0; k < R; ++k)
+                r.b[m * R + k] = __fadd_rn(__fmul_rn(r.b[m * R + k], beta2t), __fmul_rn(one_minus_beta2t, rs[k] / (float)C));
+            for (int c = 0; c < C; ++c)
+                r.c[m * C + c] = __fadd_rn(__fmul_rn(r.c[m * C + c], beta2t), __fmul_rn(one_minus_beta2t, cs[c] / (float)R));
         }
     } else {
         const i64 row0 = r.start / a.C;
@@ -227,14 +278,16 @@ extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_sums_multi(
 }
 
 extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_factors_multi(
-        const i64* __restrict__ tensors, const i64* __restrict__ cols, float beta2t, float one_minus_beta2t,
+        const i64* __restrict__ tensors, const i64* __restrict__ dims, float beta2t, float one_minus_beta2t,
         float eps2, float rel, int scale_parameter) {
     __shared__ float red[OM_THREADS / 32];
     const i64* row = tensors + 8 * (i64)blockIdx.x;
     float* vr = reinterpret_cast<float*>(row[3]);
     float* vc = reinterpret_cast<float*>(row[4]);
     float* scratch = reinterpret_cast<float*>(row[5]);
-    const i64 n = row[6], C = cols[blockIdx.x], R = C ? n / C : 0;
+    const i64 n = row[6], R0 = dims[2 * (i64)blockIdx.x], C0 = dims[2 * (i64)blockIdx.x + 1];
+    const bool matrix = C0 && R0 * C0 == n;  // (batched: the sums launch updated the states)
+    const i64 R = matrix ? R0 : 0, C = matrix ? C0 : 0;
     float* rowsum = scratch + AF_HEAD;
     float* colsum = rowsum + R;
     float sr = 0.f;
@@ -261,42 +314,66 @@ extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_factors_multi
 
 extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_rms_multi(
         const i64* __restrict__ tensors, const int* __restrict__ chunk_tensor, const i64* __restrict__ chunk_start,
-        const i64* __restrict__ cols) {
+        const i64* __restrict__ dims) {
     __shared__ float red[OM_THREADS / 32];
-    const AfRow a = af_row(tensors, chunk_tensor, chunk_start, cols);
-    const float inv_mean = 1.f / a.r.d[2];
+    const AfRow a = af_row(tensors, chunk_tensor, chunk_start, dims);
     float su = 0.f;
-    for (i64 j = threadIdx.x; j < a.r.n; j += OM_THREADS) {
-        const i64 i = a.r.start + j;
-        const float u = af_u(a, i, load_grad(a.r.g, i, a.r.kind), inv_mean);
-        su += __fmul_rn(u, u);
+    if (a.batched) {
+        i64 m0, m1;
+        af_matrices(a, &m0, &m1);
+        const i64 rc = a.R * a.C;
+        for (i64 m = m0 + threadIdx.x; m < m1; m += OM_THREADS) {
+            const float inv_mean = af_matrix_inv_mean(a, m);
+            for (i64 i = m * rc; i < (m + 1) * rc; ++i) {
+                const float u = af_u(a, i, load_grad(a.r.g, i, a.r.kind), inv_mean);
+                su += __fmul_rn(u, u);
+            }
+        }
+    } else {
+        const float inv_mean = 1.f / a.r.d[2];
+        for (i64 j = threadIdx.x; j < a.r.n; j += OM_THREADS) {
+            const i64 i = a.r.start + j;
+            const float u = af_u(a, i, load_grad(a.r.g, i, a.r.kind), inv_mean);
+            su += __fmul_rn(u, u);
+        }
     }
     su = om_block_sum(su, red);
     if (threadIdx.x == 0) atomicAdd(&a.r.d[1], su);
 }
 
+__device__ __forceinline__ void af_update(const AfRow& a, i64 i, float inv_mean, float clip, float lr_t, float beta1,
+                                          int use_beta1, float weight_decay, float decay, unsigned int seed) {
+    const OmRow& r = a.r;
+    float u = __fmul_rn(af_u(a, i, load_grad(r.g, i, r.kind), inv_mean) / clip, lr_t);
+    if (use_beta1) {
+        u = __fadd_rn(__fmul_rn(r.a[i], beta1), __fmul_rn(1.f - beta1, u));
+        r.a[i] = u;
+    }
+    const float w = af_load_w(r, i);
+    af_store_w(r, i, __fsub_rn(weight_decay != 0.f ? __fmul_rn(w, decay) : w, u), seed);
+}
+
 extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_update_multi(
         const i64* __restrict__ tensors, const int* __restrict__ chunk_tensor, const i64* __restrict__ chunk_start,
-        const i64* __restrict__ cols, float clip_threshold, float beta1, int use_beta1, float weight_decay,
+        const i64* __restrict__ dims, float clip_threshold, float beta1, int use_beta1, float weight_decay,
         unsigned int seed) {
-    const AfRow a = af_row(tensors, chunk_tensor, chunk_start, cols);
+    const AfRow a = af_row(tensors, chunk_tensor, chunk_start, dims);
     const OmRow& r = a.r;
-    const float inv_mean = 1.f / r.d[2];
     const float lr_t = r.d[3];
     const float clip = fmaxf(sqrtf(r.d[1] / (float)a.total) / clip_threshold, 1.f);
     const float decay = 1.f - weight_decay * lr_t;
-    for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS) {
-        const i64 i = r.start + j;
-        float u = __fmul_rn(af_u(a, i, load_grad(r.g, i, r.kind), inv_mean) / clip, lr_t);
-        if (use_beta1) {
-            u = __fadd_rn(__fmul_rn(r.a[i], beta1), __fmul_rn(1.f - beta1, u));
-            r.a[i] = u;
+    if (a.batched) {
+        i64 m0, m1;
+        af_matrices(a, &m0, &m1);
+        const i64 rc = a.R * a.C;
+        for (i64 m = m0 + threadIdx.x; m < m1; m += OM_THREADS) {
+            const float inv_mean = af_matrix_inv_mean(a, m);
+            for (i64 i = m * rc; i < (m + 1) * rc; ++i)
+                af_update(a, i, inv_mean, clip, lr_t, beta1, use_beta1, weight_decay, decay, seed);
         }
-        const float w = af_load_w(r, i);
-        const float wn = __fsub_rn(weight_decay != 0.f ? __fmul_rn(w, decay) : w, u);
-        if (r.pkind == 2)
-            reinterpret_cast<__nv_bfloat16*>(r.p)[i] = sr_bf16(wn, sr_bits(seed, r.salt, i));
-        else
-            r.p[i] = wn;
+    } else {
+        const float inv_mean = 1.f / r.d[2];
+        for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS)
+            af_update(a, r.start + j, inv_mean, clip, lr_t, beta1, use_beta1, weight_decay, decay, seed);
     }
 }

@@ -8,8 +8,9 @@ flame_nn.optim compute (bit for bit with float32 gradients; Prodigy's two sums a
     sfadamw_step(table, beta2=..., bc2=..., eps=..., decay=..., ckp1=..., y_coef=..., lr=...)   # a = z, b = v
     dot, abs_s = prodigy_stats(table, beta1=..., m_coef=..., beta2=..., v_coef=..., beta3=..., s_coef=...)
     prodigy_update(table, dlr=..., d_eps=..., decay=...)          # a = p0, b = exp_avg, c = exp_avg_sq, d = s
-    table = adafactor_table(rows, salts)   # rows: (param (R, C), grad, exp_avg or None, row (R,), col (C,)), or
-                                           # (param of another shape, grad, exp_avg or None, exp_avg_sq, None)
+    table = adafactor_table(rows, salts)   # rows: (param (..., R, C), grad, exp_avg or None, row (..., R),
+                                           # col (..., C)), or (param of < 2 dims, grad, exp_avg or None,
+                                           # exp_avg_sq, None)
     adafactor_step(table, eps1=..., beta2t=..., eps2=..., rel=..., scale_parameter=..., clip_threshold=...,
                    beta1=..., weight_decay=..., seed=step)        # four launches; table.rms(t): rms(w) of tensor t
 
@@ -70,39 +71,56 @@ def prodigy_update(table, *, dlr, d_eps, decay):
     _launch("prodigy_update_multi", table, KL.f32(dlr), KL.f32(d_eps), KL.f32(decay), KL.i32(0 if decay == 1 else 1))
 
 
-AF_HEAD = 5  # scratch floats before a tensor's row and column sums: rms(w), sum u^2, mean(row), lr_t, sum w^2
+AF_HEAD = 5   # scratch floats before a tensor's row and column sums: rms(w), sum u^2, mean(row), lr_t, sum w^2
+AF_SMALL = 16  # the largest R and C of a batch of matrices (a parameter of more than 2 dimensions) the kernels take
+
+
+def adafactor_kind(shape):
+    """How the kernels take a parameter of `shape`: "matrix" (2-D: factored), "batched" (more dimensions, factored
+    over the last two, each at most AF_SMALL: convolution kernels), "unfactored" (fewer), or None (not at all)."""
+    if len(shape) == 2:
+        return "matrix"
+    if len(shape) < 2:
+        return "unfactored"
+    return "batched" if shape[-2] <= AF_SMALL and shape[-1] <= AF_SMALL else None
 
 
 class AdafactorTable(TensorTable):
-    """A TensorTable of Adafactor's parameters -- 2-D ones factored (row / column states), any other shape
-    unfactored (exp_avg_sq of the parameter's size) -- with each tensor's scratch (zeroed once; the kernels leave the
-    sums zero between steps) and its column count (0: unfactored). Parameters float32 or bfloat16 (salts: one 32-bit
-    count per row, the stochastic rounding's)."""
+    """A TensorTable of Adafactor's parameters -- factored ones (2-D, or batches of small matrices: `adafactor_kind`)
+    with row and column states (the shapes transformers' Adafactor gives them: shape[:-1], shape[:-2] + shape[-1:]),
+    the rest unfactored (exp_avg_sq of the parameter's size) -- with each tensor's scratch (zeroed once; the kernels
+    leave the sums zero between steps) and its (R, C) (0, 0: unfactored). Parameters float32 or bfloat16 (salts: one
+    32-bit count per row, the stochastic rounding's)."""
 
     def __init__(self, rows, salts=None):
         cp = backend.cupy
         shapes = [tuple(r[0].shape) for r in rows]
-        dims = []
+        dims, sums = [], []
         for t, (shape, row) in enumerate(zip(shapes, rows)):
             if len(row) != 5:
-                raise ShapeError(f"adafactor_table: tensor {t}: rows are (param, grad, exp_avg, row or exp_avg_sq, col)")
-            factored = len(shape) == 2
-            if factored != (row[4] is not None):
-                raise ShapeError(f"adafactor_table: tensor {t} of shape {shape}: a 2-D parameter takes row and column "
-                                 f"states, any other a whole exp_avg_sq and col None")
-            dims.append(shape if factored else (0, 0))
-        offsets = np.cumsum([0] + [AF_HEAD + r + c for r, c in dims])
+                raise ShapeError(f"adafactor_table: tensor {t}: rows are (param, grad, exp_avg, row or exp_avg_sq, "
+                                 f"col)")
+            kind = adafactor_kind(shape)
+            if kind is None:
+                raise ShapeError(f"adafactor_table: tensor {t} of shape {shape}: the kernels factor a batch of "
+                                 f"matrices of at most {AF_SMALL} x {AF_SMALL}")
+            if (kind == "unfactored") != (row[4] is None):
+                raise ShapeError(f"adafactor_table: tensor {t} of shape {shape}: a parameter of 2+ dimensions takes "
+                                 f"row and column states, any other a whole exp_avg_sq and col None")
+            dims.append(shape[-2:] if kind != "unfactored" else (0, 0))
+            sums.append(sum(shape) if kind == "matrix" else 0)   # (the 2-D ones' row and column sums)
+        offsets = np.cumsum([0] + [AF_HEAD + k for k in sums])
         self.scratch = cp.zeros(int(offsets[-1]), dtype=np.float32)
-        full = [tuple(row) + (self.scratch[o:o + AF_HEAD + r + c],) for row, o, (r, c) in zip(rows, offsets, dims)]
+        full = [tuple(row) + (self.scratch[o:o + AF_HEAD + k],) for row, o, k in zip(rows, offsets, sums)]
 
-        def check_state(t, k, s, n, dims=dims):
+        def check_state(t, k, s, n, dims=dims, sums=sums):
             R, C = dims[t]
-            want = (n, R if C else n, C, AF_HEAD + R + C)[k]
+            want = (n, n // C if C else n, n // R if R else 0, AF_HEAD + sums[t])[k]
             check_array(s, want, f"tensor {t}'s "
                         f"{('exp_avg', 'exp_avg_sq_row' if C else 'exp_avg_sq', 'exp_avg_sq_col', 'scratch')[k]}",
                         ("float32",))
         super().__init__(full, CHUNK, check_state, param_dtypes=("float32", "bfloat16"), salts=salts)
-        self.cols = cp.asarray(np.array([c for _, c in dims], dtype=np.int64))
+        self.dims = cp.asarray(np.array(dims, dtype=np.int64).reshape(-1))
         self.offsets = offsets
 
     def rms(self, t):
@@ -122,12 +140,12 @@ def adafactor_step(table, *, eps1, beta2t, eps2, rel, scale_parameter, clip_thre
     tensors, chunk_t, chunk_s = table.tables
     one_minus = KL.f32(1.0 - beta2t)
     KL.launch(L.get_function("optim_multi", "adafactor_sums_multi"), (table.n_blocks,), (THREADS,),
-              (tensors, chunk_t, chunk_s, table.cols, KL.f32(eps1), KL.f32(beta2t), one_minus))
+              (tensors, chunk_t, chunk_s, table.dims, KL.f32(eps1), KL.f32(beta2t), one_minus))
     KL.launch(L.get_function("optim_multi", "adafactor_factors_multi"), (table.rows,), (THREADS,),
-              (tensors, table.cols, KL.f32(beta2t), one_minus, KL.f32(eps2), KL.f32(rel),
+              (tensors, table.dims, KL.f32(beta2t), one_minus, KL.f32(eps2), KL.f32(rel),
                KL.i32(1 if scale_parameter else 0)))
     KL.launch(L.get_function("optim_multi", "adafactor_rms_multi"), (table.n_blocks,), (THREADS,),
-              (tensors, chunk_t, chunk_s, table.cols))
+              (tensors, chunk_t, chunk_s, table.dims))
     KL.launch(L.get_function("optim_multi", "adafactor_update_multi"), (table.n_blocks,), (THREADS,),
-              (tensors, chunk_t, chunk_s, table.cols, KL.f32(clip_threshold), KL.f32(beta1 or 0.0),
+              (tensors, chunk_t, chunk_s, table.dims, KL.f32(clip_threshold), KL.f32(beta1 or 0.0),
                KL.i32(0 if beta1 is None else 1), KL.f32(weight_decay), KL.u32(int(seed) & 0xFFFFFFFF)))

@@ -9,10 +9,11 @@ lr_t = max(eps2, rms(p)) * (min(1e-2 or 1e-6 step, 1/sqrt(step)) when relative_s
 scale_parameter the max(eps2, rms(p)) factor is 1. Use an external schedule with relative_step=False and lr set.
 bfloat16 parameters (a full fine-tune's train.full_bf16) are updated in float32 and written back with stochastic
 rounding (flame_core.kernels.stochastic_rounding; seed: the step, salt: the parameter's ordinal), as AdamW8bit does.
-On the GPU the float32 and bfloat16 parameters of at most 2 dimensions of a group take four launches per step
-(flame_core.kernels.optim_multi: the sums, the factors, the update's RMS, the update; the sums in another order than
-the per-operation path, and rsqrt for 1 / sqrt; a bfloat16 weight rounded with the same bits); the rest (convolution
-kernels' 4-D weights, float16 ones) the per-operation path. There the state's "RMS" is a 0-d tensor on the GPU.
+On the GPU the float32 and bfloat16 parameters of a group take four launches per step (flame_core.kernels.optim_multi:
+the sums, the factors, the update's RMS, the update; the sums in another order than the per-operation path, and
+rsqrt for 1 / sqrt; a bfloat16 weight rounded with the same bits): matrices, vectors, and parameters of more
+dimensions whose last two are at most 16 (convolution kernels); the rest (float16 weights, wider trailing
+dimensions) the per-operation path. There the state's "RMS" is a 0-d tensor on the GPU.
 """
 import math
 
@@ -116,24 +117,25 @@ class Adafactor(Optimizer):
         return loss
 
     def _fused_step(self, group):
-        """Four launches per step count for the group's float32 / bfloat16 GPU parameters of at most 2 dimensions;
-        returns the ids it updated."""
+        """Four launches per step count for the group's float32 / bfloat16 GPU parameters the kernels take
+        (optim_multi.adafactor_kind); returns the ids it updated."""
         if not MT.enabled():
             return ()
         first = group["beta1"] is not None
         buckets, salts = {}, None
         for p, g in grads_of(group):
             a = p.array
-            if a.ndim > 2 or not MT.fusable(a, g, param_dtypes=("float32", "bfloat16")):
+            kind = MT.kernels.adafactor_kind(a.shape)
+            if kind is None or a.size == 0 or not MT.fusable(a, g, param_dtypes=("float32", "bfloat16")):
                 continue
-            factored = a.ndim == 2
+            factored = kind != "unfactored"
             xp = backend.xp_of(a)
             st = self.state.get(p)
             if st is None:
                 st = self.state[p] = {"step": 0, "RMS": 0.0}
                 if factored:
-                    st["exp_avg_sq_row"] = as_tensor(xp.zeros(a.shape[0], np.float32))
-                    st["exp_avg_sq_col"] = as_tensor(xp.zeros(a.shape[1], np.float32))
+                    st["exp_avg_sq_row"] = as_tensor(xp.zeros(a.shape[:-1], np.float32))
+                    st["exp_avg_sq_col"] = as_tensor(xp.zeros(a.shape[:-2] + a.shape[-1:], np.float32))
                 else:
                     st["exp_avg_sq"] = as_tensor(xp.zeros(a.shape, np.float32))
                 if first:
@@ -144,8 +146,8 @@ class Adafactor(Optimizer):
             col = st.get("exp_avg_sq_col") if factored else None
             arrays = [x.array if x is not None else None for x in (m, v, col)]
             if (first and not MT.usable(arrays[0], a.size)) \
-                    or not MT.usable(arrays[1], a.shape[0] if factored else a.size) \
-                    or (factored and not MT.usable(arrays[2], a.shape[1])):
+                    or not MT.usable(arrays[1], a.size // a.shape[-1] if factored else a.size) \
+                    or (factored and not MT.usable(arrays[2], a.size // a.shape[-2])):
                 continue
             salt = 0
             if a.dtype.name == "bfloat16":   # stochastic rounding with the per-operation path's bits

@@ -110,7 +110,8 @@ def test_table_errors_name_the_tensor_and_field():
         K.optim_table([(p, p, p, p, p, p, p)])
 
 
-AF_SHAPES = [(16, 300), (300, 16), (1, 255), (64,), (16, 5000), (33, 70), (70001,), (2, 3, 4)]
+AF_SHAPES = [(16, 300), (300, 16), (1, 255), (64,), (16, 5000), (33, 70), (70001,), (2, 3, 4), (320, 64, 3, 3),
+             (40, 7, 1, 1), (3, 2, 17)]
 
 
 @pytest.mark.gpu
@@ -119,9 +120,11 @@ AF_SHAPES = [(16, 300), (300, 16), (1, 255), (64,), (16, 5000), (33, 70), (70001
                                      "weight_decay": 0.01}])
 def test_adafactor_fused_step_matches_the_per_operation_path(kw, bf16):
     """Row / column sums by atomics and rsqrt: close to the per-operation path, not equal. (16, 5000): rows wider
-    than a block's chunk (the chunk's columns are a run that wraps); (64,), (70001,): unfactored, fused too; (2, 3, 4)
-    per operation. bfloat16 weights (full_bf16): stochastically rounded with the per-operation path's bits, so equal
-    but for a rare element whose float32 value fell on the other side of its random threshold (one bf16 step)."""
+    than a block's chunk (the chunk's columns are a run that wraps); (64,), (70001,): unfactored; (2, 3, 4),
+    (320, 64, 3, 3), (40, 7, 1, 1): batches of small matrices (a thread each; matrices across chunk boundaries);
+    (3, 2, 17) per operation. bfloat16 weights (full_bf16): stochastically rounded with the per-operation path's
+    bits, so equal but for a rare element whose float32 value fell on the other side of its random threshold (one
+    bf16 step)."""
     import flame_core as flame
     import flame_nn as nn
     from flame_core.kernels import launching, loader
@@ -149,6 +152,7 @@ def test_adafactor_fused_step_matches_the_per_operation_path(kw, bf16):
         else:
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7, err_msg=f"weights {shape}")
         assert s["step"] == r["step"] == 4
+        assert isinstance(s["RMS"], float) == (shape == (3, 2, 17)), shape   # (the fused path's is a 0-d tensor)
         np.testing.assert_allclose(float(s["RMS"]), float(r["RMS"]), rtol=1e-5)
         for k in set(s) - {"step", "RMS"}:
             np.testing.assert_allclose(s[k].numpy(), r[k].numpy(), rtol=1e-4 if not bf16 else 2e-2, atol=1e-9,

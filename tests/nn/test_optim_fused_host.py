@@ -89,12 +89,14 @@ def _adafactor_step(table, *, eps1, beta2t, eps2, rel, scale_parameter, clip_thr
         u = g * g + F(eps1)
         rms = np.sqrt(np.sum(w * w) / F(w.size))
         table.rms_values.append(np.asarray(float(rms), F))
-        if col is not None:
-            R, C = p.shape
-            v[...] = v * F(beta2t) + one_minus * (u.sum(axis=1) / F(C))
-            col[...] = col * F(beta2t) + one_minus * (u.sum(axis=0) / F(R))
-            mean = v.sum() / F(R)
-            uu = (F(1) / np.sqrt(v * (F(1) / mean)))[:, None] * (F(1) / np.sqrt(col))[None, :] * g
+        if col is not None:   # factored: a matrix, or a batch of them (the sums launch's thread per matrix)
+            R, C = p.shape[-2:]
+            u3, g3, v3, c3 = u.reshape(-1, R, C), g.reshape(-1, R, C), v.reshape(-1, R), col.reshape(-1, C)
+            v3[...] = v3 * F(beta2t) + one_minus * (u3.sum(axis=2) / F(C))
+            c3[...] = c3 * F(beta2t) + one_minus * (u3.sum(axis=1) / F(R))
+            mean = v3.sum(axis=1, keepdims=True) / F(R)
+            uu = ((F(1) / np.sqrt(v3 * (F(1) / mean)))[:, :, None] * (F(1) / np.sqrt(c3))[:, None, :]
+                  * g3).reshape(p.shape)
         else:
             v[...] = v * F(beta2t) + one_minus * u
             uu = (F(1) / np.sqrt(v)) * g
@@ -110,8 +112,9 @@ def _adafactor_step(table, *, eps1, beta2t, eps2, rel, scale_parameter, clip_thr
 @pytest.fixture
 def emulated(monkeypatch):
     """MT's kernels replaced by the emulation, and NumPy arrays taken as the GPU's."""
-    fake = types.SimpleNamespace(optim_table=_Table, lion_step=_lion, sfadamw_step=_sfadamw,
-                                 prodigy_stats=_prodigy_stats, prodigy_update=_prodigy_update,
+    from flame_core.kernels.optim_multi import adafactor_kind
+    fake = types.SimpleNamespace(adafactor_kind=adafactor_kind, optim_table=_Table, lion_step=_lion,
+                                 sfadamw_step=_sfadamw, prodigy_stats=_prodigy_stats, prodigy_update=_prodigy_update,
                                  adafactor_table=_AfTable, adafactor_step=_adafactor_step, calls=[])
     for name in ("lion_step", "sfadamw_step", "prodigy_stats", "prodigy_update", "adafactor_step"):
         f = getattr(fake, name)
@@ -185,7 +188,7 @@ def test_fused_host_path_matches_the_per_operation_path(emulated, monkeypatch, n
             same(s[k], r[k], f"{k} of the {n}-element tensor")
 
 
-AF_SHAPES = [(16, 300), (300, 16), (1, 255), (64,), (33, 70), (2, 3, 4)]
+AF_SHAPES = [(16, 300), (300, 16), (1, 255), (64,), (33, 70), (5, 7, 3, 3), (2, 3, 4), (3, 2, 17)]
 AF_CASES = {
     "relative_step": dict(),
     "lr_beta1_decay": dict(lr=1e-3, relative_step=False, scale_parameter=False, beta1=0.9, weight_decay=0.01),
@@ -196,7 +199,8 @@ AF_CASES = {
 @pytest.mark.parametrize("bf16", [False, True], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("name", sorted(AF_CASES))
 def test_adafactor_fused_host_path_matches_the_per_operation_path(emulated, monkeypatch, name, bf16):
-    """2-D parameters factored and the 1-D one unfactored in the fused path; the 3-D one per operation. bfloat16
+    """2-D parameters factored, 1-D unfactored and batches of small matrices (a convolution kernel's (5, 7, 3, 3))
+    factored per matrix in the fused path; (3, 2, 17) (a last dimension over 16) per operation. bfloat16
     weights (full_bf16) rounded stochastically with the per-operation path's bits: equal where the float32 values
     before rounding fall on the same side of the random threshold -- all but a rare element, one bf16 step away."""
     def run():
@@ -210,7 +214,7 @@ def test_adafactor_fused_host_path_matches_the_per_operation_path(emulated, monk
             opt.step()
         return [p.detach().float().numpy() for p in params], [opt.state[p] for p in params]
     fw, fs = run()
-    assert emulated.calls == ["adafactor_step"] * 4  # the 2-D and 1-D tensors, one launch group a step
+    assert emulated.calls == ["adafactor_step"] * 4  # one launch group a step
     monkeypatch.setattr(MT, "enabled", lambda: False)
     rw, rs = run()
     for shape, a, b, s, r in zip(AF_SHAPES, fw, rw, fs, rs):
@@ -220,6 +224,8 @@ def test_adafactor_fused_host_path_matches_the_per_operation_path(emulated, monk
         else:
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7, err_msg=f"weights {shape}")
         assert set(s) == set(r) and s["step"] == r["step"] == 4
+        # the fused path keeps rms(w) as a 0-d tensor (the kernel's scratch), the per-operation path as a float
+        assert isinstance(s["RMS"], float) == (shape == (3, 2, 17)), shape
         np.testing.assert_allclose(float(s["RMS"]), r["RMS"], rtol=1e-5)
         for k in set(s) - {"step", "RMS"}:
             np.testing.assert_allclose(s[k].numpy(), r[k].numpy(), rtol=1e-4, atol=1e-9, err_msg=f"{k} {shape}")
