@@ -7,12 +7,17 @@ blocks' image stream and to_q / to_k / to_v of the 38 single blocks, at 3072: 38
 (to_q / to_k / to_v / to_out.0 of the 38 joint blocks' image stream, at 2432: 304 tensors, 11.8 M) -- the
 parameter counts of the LoRA-step benches' adapters. Gradients are random (the same every step), the
 learning rate 1e-4.
+Full fine-tuning sets (`sdxl-full`, `flux-full`): every parameter of the SDXL UNet (1680 tensors, 2.57 B: 743
+matrices, 886 vectors, 51 convolution kernels) or of Flux-dev's transformer (780 tensors, 11.9 B) in bfloat16 with
+bfloat16 gradients, as `train.full_bf16` trains them: FLAME's Adafactor and AdamW8bit (their stochastic rounding)
+against transformers' Adafactor (the optimizer kohya's full_bf16 recipe uses; its bf16 copy-back rounds to nearest)
+and torch's fused AdamW on the same bf16 parameters.
 Timed per optimizer: one `step()` between CUDA events after --warmup steps, median of --repeats, and the host's time
 of issuing it. FLAME: AdamW (fused, on pooled gradients as the trainer registers them), AdamW8bit (fused; and its
 per-operation path inside loader.reference() with --per-op), Lion, Prodigy, AdamWScheduleFree, Adafactor. torch:
 torch.optim.AdamW (fused=True), and prodigyopt.Prodigy / lion_pytorch.Lion / schedulefree.AdamWScheduleFree where
 importable (bitsandbytes' 8-bit AdamW is not on the lent image).
-Run: PYTHONPATH=$PWD python3 bench/optimizers.py [--sets sdxl,flux] [--repeats 10] [--warmup 3] [--per-op]
+Run: PYTHONPATH=$PWD python3 bench/optimizers.py [--sets sdxl,flux,sdxl-full] [--repeats 10] [--warmup 3] [--per-op]
 """
 import argparse
 
@@ -20,6 +25,23 @@ import common
 import numpy as np
 
 R = 16
+
+
+FULL = {"sdxl-full": ("sdxl", "sdxl-base"), "flux-full": ("flux", "flux-dev")}
+
+
+def full_shapes(which):
+    """The shapes of every parameter of a full fine-tune set's model (an empty model on the cpu: nothing touched)."""
+    import flame_core as flame
+    from flame_models.training.family import get_family
+    arch, size = FULL[which]
+    fam = get_family(arch)
+    model = fam.empty_model(fam.preset(size), flame.bfloat16, "cpu")
+    return [tuple(p.shape) for p in model.parameters()]
+
+
+def shapes_of(which):
+    return full_shapes(which) if which in FULL else lora_shapes(which)
 
 
 def lora_shapes(which):
@@ -34,7 +56,7 @@ def lora_shapes(which):
     elif which == "sd3.5-large":
         lin = [(2432, 2432)] * (4 * 38)
     else:
-        raise ValueError(f"--sets: sdxl, flux or sd3.5-large, got {which!r}")
+        raise ValueError(f"--sets: sdxl, flux, sd3.5-large, sdxl-full or flux-full, got {which!r}")
     return [s for i, o in lin for s in ((R, i), (o, R))]
 
 
@@ -43,9 +65,11 @@ def flame_part(res, which, a):
     import flame_nn as nn
     from flame_core import grad_pool
     from flame_core.kernels import loader
-    shapes = lora_shapes(which)
+    shapes = shapes_of(which)
     res.log(f"{which}_tensors", len(shapes))
-    res.log(f"{which}_params", int(sum(r * c for r, c in shapes)))
+    res.log(f"{which}_params", int(sum(int(np.prod(s)) for s in shapes)))
+    if which in FULL:
+        return flame_full(res, which, a, shapes)
     rng = np.random.default_rng(0)
     kinds = [("AdamW", lambda ps: nn.optim.AdamW(ps, lr=1e-4), False),
              ("AdamW8bit", lambda ps: nn.optim.AdamW8bit(ps, lr=1e-4), False)]
@@ -83,9 +107,58 @@ def flame_part(res, which, a):
         opt = params = step = None
 
 
+def _adafactor_kw():
+    return dict(lr=1e-4, relative_step=False, scale_parameter=False, warmup_init=False)
+
+
+def flame_full(res, which, a, shapes):
+    """bf16 parameters and gradients made on the GPU (a host copy of Flux-dev's would be 48 GB)."""
+    import flame_core as flame
+    import flame_nn as nn
+    for name, make in (("Adafactor", lambda ps: nn.optim.Adafactor(ps, **_adafactor_kw())),
+                       ("AdamW8bit", lambda ps: nn.optim.AdamW8bit(ps, lr=1e-4))):
+        flame.manual_seed(0)
+        params = [nn.Parameter(flame.randn(*s, device="cuda", dtype=flame.bfloat16) * 0.02) for s in shapes]
+        for p in params:
+            p.grad = flame.randn(*p.shape, device="cuda", dtype=flame.bfloat16) * 1e-2
+        opt = make(params)
+        try:
+            ms, host, _ = common.cuda_ms(opt.step, a.repeats, a.warmup)
+            res.log(f"flame_{which}_{name}_ms", round(ms, 3))
+            res.log(f"flame_{which}_{name}_host_ms", round(host, 3))
+            assert all(p.dtype == flame.bfloat16 for p in params)
+        except Exception as e:  # an optimizer that fails is reported, the others still run
+            res.log(f"flame_{which}_{name}_ms", f"error: {str(e).splitlines()[0]}")
+        opt = params = None
+        flame.memory.empty_cache()
+
+
+def torch_full(res, which, a, shapes):
+    import torch
+    kinds = [("AdamW", lambda ps: torch.optim.AdamW(ps, lr=1e-4, fused=True))]
+    try:
+        from transformers.optimization import Adafactor
+        kinds.insert(0, ("Adafactor", lambda ps: Adafactor(ps, **_adafactor_kw())))
+    except ImportError:
+        res.log(f"torch_{which}_Adafactor_ms", "transformers not importable")
+    for name, make in kinds:
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(s, device="cuda", dtype=torch.bfloat16) * 0.02) for s in shapes]
+        for p in params:
+            p.grad = torch.randn(p.shape, device="cuda", dtype=torch.bfloat16) * 1e-2
+        opt = make(params)
+        ms, host, _ = common.cuda_ms(opt.step, a.repeats, a.warmup, lib="torch")
+        res.log(f"torch_{which}_{name}_ms", round(ms, 3))
+        res.log(f"torch_{which}_{name}_host_ms", round(host, 3))
+        opt = params = None
+        torch.cuda.empty_cache()
+
+
 def torch_part(res, which, a):
     import torch
-    shapes = lora_shapes(which)
+    shapes = shapes_of(which)
+    if which in FULL:
+        return torch_full(res, which, a, shapes)
     rng = np.random.default_rng(0)
     kinds = [("AdamW", lambda ps: torch.optim.AdamW(ps, lr=1e-4, fused=True))]
     for mod, cls, name, kw in (("lion_pytorch", "Lion", "Lion", dict(lr=1e-5)),
@@ -119,8 +192,8 @@ def report(res, sets):
             rows.append([which, name, f, res.get(f"flame_{which}_{name}_host_ms"), t,
                          common.ratio(f, t if isinstance(t, float) else res.get(f"torch_{which}_AdamW_ms"))])
     return common.table(["set", "optimizer", "FLAME ms", "FLAME host ms", "torch ms", "÷ torch (AdamW where none)"],
-                        rows, title="\nOptimizer step over a LoRA r16's float32 parameters (median ms between CUDA "
-                                    "events; host ms: issuing the step)")
+                        rows, title="\nOptimizer step over a LoRA r16's float32 parameters, or (-full sets) a whole "
+                                    "model's bf16 ones (median ms between CUDA events; host ms: issuing the step)")
 
 
 def main():
@@ -132,7 +205,8 @@ def main():
     a = ap.parse_args()
     sets = [s for s in a.sets.split(",") if s]
     for s in sets:
-        lora_shapes(s)
+        if s not in FULL:
+            lora_shapes(s)
     res = common.Results("optimizers")
     parts = [(f"FLAME {s}", lambda s=s: flame_part(res, s, a)) for s in sets]
     if common.import_torch() is not None:
