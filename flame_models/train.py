@@ -132,6 +132,10 @@ def parser():
                           "all_linear_resnet) or comma-separated name patterns (default attention; the demo "
                           "all_linear)")
     add("--format", choices=["kohya", "peft"], help=f"LoRA file layout (default {s.format})")
+    add("--save-format", choices=["safetensors", "diffusers"],
+        help="with --network full: the model as one .safetensors file in its checkpoint layout, or as a diffusers "
+             "folder (unet/ or transformer/, with a diffusers --model's other components: a whole pipeline; "
+             "save.save_format; default safetensors)")
     add("--optimizer", choices=["adamw", "adamw8bit"], help=f"optimizer (default {t.optimizer}; the demo adamw)")
     add("--timestep-type", choices=list(TIMESTEP_TYPES),
         help=f"how flow-matching timesteps are drawn (default {t.timestep_type}; sd3: logit_normal)")
@@ -226,7 +230,7 @@ def build_config(a):
                 "network": {"linear": a.rank, "linear_alpha": a.alpha, "type": a.network,
                             "target": None if a.targets is None else (a.targets if "," not in a.targets
                                                                       else a.targets.split(","))},
-                "save": {"format": a.format, "save_every": a.save_every},
+                "save": {"format": a.format, "save_every": a.save_every, "save_format": a.save_format},
                 "sample": {"sample_every": a.sample_every}}
     if a.network == "full" and demo:   # the demo's LoRA settings do not apply to a full fine-tune
         proc["network"] = {}
@@ -317,8 +321,9 @@ def main(argv=None):
     losses = result["losses"]
     print("\nalready finished before this run; its files:" if result.get("finished_before") else "\nwrote:")
     if cfg.network.type == "full":
-        print(f"  model      {result['lora']}  (the whole {cfg.model.arch or 'flux'} denoiser in its checkpoint "
-              f"layout, {cfg.save.dtype})")
+        how = ("a diffusers folder" if cfg.save.save_format == "diffusers" else "its checkpoint layout")
+        print(f"  model      {result['lora']}  (the whole {cfg.model.arch or 'flux'} denoiser in {how}, "
+              f"{cfg.save.dtype})")
     else:
         print(f"  LoRA       {result['lora']}  ({cfg.save.format} layout)")
     if "samples" in result:

@@ -3,6 +3,7 @@ conditioning, a guidance embedding for flux-dev (1.0 while training), the Euler 
 names with the diffusers name map for PEFT files."""
 import flame_core as flame
 
+from .. import checkpoint_io as CIO
 from ..training.family import FLOW_FIELDS, ModelFileError
 from ..training.family_base import FlowMatchingFamily, FlowSamplerPreviews, first_line
 from ..training.model_files import describe_keys, file_keys
@@ -70,9 +71,13 @@ class FluxFamily(FlowSamplerPreviews, FlowMatchingFamily):
     def lora_name_map(self, model):
         return name_map_for(model.params)
 
-    def save_model(self, model, path, dtype, metadata=None, base=None):   # (base: see ModelFamily)
+    def save_model(self, model, path, dtype, metadata=None, base=None, layout="native"):   # (see ModelFamily)
         """A full fine-tune's file: the transformer in BFL's names (as flux1-dev.safetensors; ComfyUI's
-        diffusion_models and FLAME's --model read it)."""
+        diffusion_models and FLAME's --model read it); layout "diffusers": a folder with transformer/ (and the base
+        pipeline's other parts)."""
+        if layout == "diffusers":
+            return CIO.write_pipeline_folder(path, "transformer", lambda d: save_flux(
+                model, d, "diffusers", dtype=dtype, metadata=metadata), base)
         return save_flux(model, path, "bfl", dtype=dtype, metadata=metadata)
 
     def lora_metadata(self, cfg, model):

@@ -44,6 +44,7 @@ from .loading import (
                       preset,
                       stored_fp8_reader,
 )
+from .pipeline_folder import pipeline_components, write_pipeline_folder
 from .reading import SafetensorsCheckpoint, block_indices, count_indices, describe_keys, key_kinds, keys_under
 from .saving import check_saveable, other_tensors, save_shards, save_weights, shard_groups, write_json
 
@@ -60,4 +61,5 @@ __all__ = [
     "planned_reader", "preset", "stored_fp8_reader",
     # saving
     "check_saveable", "save_shards", "save_weights", "shard_groups", "write_json",
+    "pipeline_components", "write_pipeline_folder",
 ]

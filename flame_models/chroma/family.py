@@ -9,6 +9,7 @@ import numpy as np
 import flame_core as flame
 import flame_nn
 
+from .. import checkpoint_io as CIO
 from ..bfl import vae as flux_vae
 from ..bfl.sampling import LATENT_SCALE, LATENT_SHIFT, image_ids, pack, pack_mask, text_ids
 from ..data.text_trim import batch_text_mask, valid_tokens
@@ -67,8 +68,12 @@ class ChromaFamily(FlowSamplerPreviews, FlowMatchingFamily):
     def lora_name_map(self, model):
         return name_map_for(model.params)
 
-    def save_model(self, model, path, dtype, metadata=None, base=None):   # (base: see ModelFamily)
-        """A full fine-tune's file: the transformer in Chroma's own names (as its released files)."""
+    def save_model(self, model, path, dtype, metadata=None, base=None, layout="native"):   # (see ModelFamily)
+        """A full fine-tune's file: the transformer in Chroma's own names (as its released files); layout
+        "diffusers": a folder with transformer/ (and the base pipeline's other parts)."""
+        if layout == "diffusers":
+            return CIO.write_pipeline_folder(path, "transformer", lambda d: save_chroma(
+                model, d, "diffusers", dtype=dtype, metadata=metadata), base)
         return save_chroma(model, path, "bfl", dtype=dtype, metadata=metadata)
 
     def lora_metadata(self, cfg, model):

@@ -16,6 +16,7 @@ import numpy as np
 import flame_core as flame
 import flame_nn
 
+from .. import checkpoint_io as CIO
 from ..bfl.sampling import pack, pack_mask
 from ..data.text_trim import batch_text_mask, valid_tokens
 from ..training.family import DDPM_FIELDS, FLOW_FIELDS
@@ -80,8 +81,12 @@ class QwenImageFamily(FlowSamplerPreviews, FlowMatchingFamily):
     def lora_name_map(self, model):
         return model.adapter_name_map()
 
-    def save_model(self, model, path, dtype, metadata=None, base=None):   # (base: see ModelFamily)
-        """A full fine-tune's file: the transformer in diffusers' (= the release's) names."""
+    def save_model(self, model, path, dtype, metadata=None, base=None, layout="native"):   # (see ModelFamily)
+        """A full fine-tune's file: the transformer in diffusers' (= the release's) names; layout "diffusers": a
+        folder with transformer/ (and the base pipeline's other parts)."""
+        if layout == "diffusers":
+            return CIO.write_pipeline_folder(path, "transformer", lambda d: save_qwen_image(
+                model, d, dtype=dtype, metadata=metadata), base)
         return save_qwen_image(model, path, dtype=dtype, metadata=metadata)
 
     def lora_metadata(self, cfg, model):

@@ -12,6 +12,7 @@ import numpy as np
 import flame_core as flame
 import flame_nn
 
+from .. import checkpoint_io as CIO
 from ..training.family import DDPM_FIELDS, FLOW_FIELDS
 from ..training.family_base import FlowMatchingFamily, FlowSamplerPreviews
 from . import MMDiT, load_sd3, sd3_params
@@ -88,9 +89,13 @@ class SD3Family(FlowSamplerPreviews, FlowMatchingFamily):
     def lora_name_map(self, model):
         return name_map_for(model.params)
 
-    def save_model(self, model, path, dtype, metadata=None, base=None):   # (base: see ModelFamily)
+    def save_model(self, model, path, dtype, metadata=None, base=None, layout="native"):   # (see ModelFamily)
         """A full fine-tune's file: the MMDiT in SAI's names under model.diffusion_model. (as SAI's files; ComfyUI
-        and FLAME's --model with --clip-l / --clip-g / --t5 / --vae read it)."""
+        and FLAME's --model with --clip-l / --clip-g / --t5 / --vae read it); layout "diffusers": a folder with
+        transformer/ (and the base pipeline's other parts)."""
+        if layout == "diffusers":
+            return CIO.write_pipeline_folder(path, "transformer", lambda d: save_sd3(
+                model, d, "diffusers", dtype=dtype, metadata=metadata), base)
         return save_sd3(model, path, "sai", dtype=dtype, metadata=metadata)
 
     def lora_metadata(self, cfg, model):

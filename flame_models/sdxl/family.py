@@ -130,10 +130,14 @@ class SDXLFamily(DiffusionFamily):
     def lora_name_map(self, model):
         return unet_name_map(model)
 
-    def save_model(self, model, path, dtype, metadata=None, base=None):
+    def save_model(self, model, path, dtype, metadata=None, base=None, layout="native"):
         """A full fine-tune's file: the UNet in SAI's names under model.diffusion_model. (as SAI's files); when the
         run's model `base` is an SAI single file, its VAE and text encoders copied beside it bit for bit -- a whole
-        checkpoint, as sd_xl_base_1.0.safetensors (A1111 / ComfyUI's checkpoint loader, FLAME's --model alone)."""
+        checkpoint, as sd_xl_base_1.0.safetensors (A1111 / ComfyUI's checkpoint loader, FLAME's --model alone).
+        layout "diffusers": a folder with unet/ (and, from a diffusers base, the pipeline's other parts)."""
+        if layout == "diffusers":
+            return CIO.write_pipeline_folder(path, "unet", lambda d: save_unet(
+                model, d, "diffusers", dtype=dtype, metadata=metadata), base)
         extra = []
         if base is not None and str(base).endswith(".safetensors"):
             with UNetCheckpoint(base) as ckpt:

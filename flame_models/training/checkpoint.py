@@ -205,7 +205,8 @@ _verified = {}  # path -> (folder signature, intact?)
 
 
 def prune(run_dir, keep, also=None):
-    """Remove all but the newest `keep` intact checkpoints; also(step) lists more files of a removed step (its LoRA).
+    """Remove all but the newest `keep` intact checkpoints; also(step) lists more files or folders of a removed step
+    (its LoRA or model).
     Only intact checkpoints count and go: a damaged one neither takes the place of an intact one nor is removed
     here (the next run skips it, saying why)."""
     steps = [s for s in checkpoint_steps(run_dir) if _intact(checkpoint_dir(run_dir, s))]
@@ -214,7 +215,9 @@ def prune(run_dir, keep, also=None):
         shutil.rmtree(checkpoint_dir(run_dir, s), ignore_errors=True)
         _verified.pop(checkpoint_dir(run_dir, s), None)
         for f in (also(s) if also else []):
-            if os.path.exists(f):
+            if os.path.isdir(f):   # (a diffusers-folder model of the step)
+                shutil.rmtree(f, ignore_errors=True)
+            elif os.path.exists(f):
                 os.remove(f)
     if removed:
         fsync_dir(checkpoint_root(run_dir))

@@ -66,6 +66,9 @@ class SaveConfig:
     max_step_saves_to_keep: int = 4      # checkpoints (and their step LoRA files) kept; older ones are removed
     format: str = "kohya"                # kohya | peft; the default is one ComfyUI and diffusers both read: kohya
                                          # for Flux and SDXL, peft for SD3 (docs/ARCHITECTURES.md: LoRA layouts)
+    save_format: str = "safetensors"     # ai-toolkit's: a full fine-tune's model as one .safetensors file in its
+                                         # native layout, or "diffusers": a folder (unet/ or transformer/, and a
+                                         # diffusers base's other components) -- checkpoint_io.pipeline_folder
 
 
 @dataclass

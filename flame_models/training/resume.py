@@ -7,6 +7,7 @@ streams) -- are an error naming the fields. Everything else applies from the res
 optimizer settings, the step count and schedule, timestep sampling, sample / save / log / validation cadence, ...)
 and is listed as a warning.
 """
+import glob
 import hashlib
 import os
 import time
@@ -135,14 +136,20 @@ def choose_checkpoint(cfg, out, *, fresh, fingerprint, dist, log):
     return path, state
 
 
-def finished_lora(out, name, steps, state):
-    """The final LoRA (`out`/`name`.safetensors) of a run whose checkpoint `state` has reached `steps` and that
-    wrote it at that checkpoint's step -- nothing left to train or to write -- else None (its header only is read)."""
+def finished_lora(path, steps, state):
+    """The final LoRA or model at `path` (run_folder.output_path: a .safetensors file, or a diffusers folder whose
+    denoiser's weights carry the metadata) of a run whose checkpoint `state` has reached `steps` and that wrote it
+    at that checkpoint's step -- nothing left to train or to write -- else None (a header only is read)."""
     if state is None or int(state["step"]) < steps:
         return None
-    path = os.path.join(out, f"{name}.safetensors")
+    weights = path
+    if os.path.isdir(path):   # (save.save_format: diffusers) the subfolder's diffusion_pytorch_model.safetensors
+        found = sorted(glob.glob(os.path.join(path, "*", "diffusion_pytorch_model*.safetensors")))
+        if not found:
+            return None
+        weights = found[0]
     try:
-        with io.safe_open(path) as f:
+        with io.safe_open(weights) as f:
             written_at = (f.metadata() or {}).get("flame.steps")
     except Exception:  # noqa: BLE001 - missing or unreadable: the run writes it again
         return None

@@ -46,18 +46,27 @@ def check_writable(run_dir):
     return where
 
 
+def output_path(run_dir, name, step=None, folder=False):
+    """Where the run's model output goes: its final LoRA or model (`step` None) or that of a checkpoint's step --
+    `name`[_<step>].safetensors, or a folder `name`[_<step>] (a full fine-tune's save.save_format: diffusers)."""
+    stem = name if step is None else f"{name}_{step:06d}"
+    return os.path.join(run_dir, stem if folder else stem + ".safetensors")
+
+
 def outputs(run_dir, name):
     """The trainer's outputs present in `run_dir` (config.json alone is not one: a run that never stepped)."""
     if not os.path.isdir(run_dir):
         return []
     found = []
     lora = re.compile(re.escape(name) + r"(_\d{6})?\.safetensors")
+    model_folder = re.compile(re.escape(name) + r"(_\d{6})?")   # (save.save_format: diffusers)
     for entry in sorted(os.listdir(run_dir)):
         path = os.path.join(run_dir, entry)
         if entry in (CHECKPOINTS, "samples"):
             if os.path.isdir(path) and os.listdir(path):
                 found.append(path)
-        elif entry in ("loss.csv", "loss.json", "loss.png", "samples.png") or lora.fullmatch(entry):
+        elif entry in ("loss.csv", "loss.json", "loss.png", "samples.png") or lora.fullmatch(entry) \
+                or (model_folder.fullmatch(entry) and os.path.isdir(path)):
             found.append(path)
     return found
 

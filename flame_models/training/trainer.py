@@ -140,7 +140,7 @@ class Trainer:
         # the run's folder: start over, resume from its newest intact checkpoint, or refuse to mix two runs
         checkpoint, state = resume.choose_checkpoint(c, self.out, fresh=self.fresh, fingerprint=self.data_fingerprint,
                                                      dist=self.dist, log=self.log)
-        self.finished_lora = resume.finished_lora(self.out, c.name, t.steps, state)
+        self.finished_lora = resume.finished_lora(self._output(), t.steps, state)
 
         # image folders and text prompts: latents and text embeddings cached, their encoders freed
         previews_on = bool(c.sample.sample_every) and not t.disable_sampling
@@ -704,7 +704,7 @@ class Trainer:
         if interrupted:
             lora = self._step_lora(self.step)
         else:
-            lora = self.save_lora(os.path.join(self.out, f"{c.name}.safetensors"))
+            lora = self.save_lora(self._output())
         self.loss_log.flush()
         result = {"lora": lora, "loss_csv": self.loss_log.csv_path, "loss_json": self.loss_log.json_path,
                   "steps": self.step, "losses": [r["loss"] for r in self.loss_log.rows], "interrupted": interrupted}
@@ -800,7 +800,8 @@ class Trainer:
                 meta = {k: str(v) for k, v in meta.items() if k.startswith("flame.") or k in mine}
                 meta["flame.network"] = "full"
                 self.family.save_model(self.model, path, flame.dtypes.dtype(dtype_name(c.save.dtype)), metadata=meta,
-                                       base=c.model.name_or_path)
+                                       base=c.model.name_or_path,
+                                       layout="diffusers" if c.save.save_format == "diffusers" else "native")
                 return path
             A.save_adapters(self.model, path, c.save.format, name_map=self.name_map, dtype=dtype_name(c.save.dtype),
                             metadata=meta,
@@ -813,8 +814,14 @@ class Trainer:
         averaged = getattr(self.optimizer, "averaged", None)
         return averaged() if averaged is not None else nullcontext()
 
+    def _output(self, step=None):
+        """The final (step None) or a step's LoRA / model: a .safetensors file, or a full fine-tune's diffusers
+        folder (save.save_format)."""
+        return run_folder.output_path(self.out, self.cfg.name, step,
+                                      folder=self.full and self.cfg.save.save_format == "diffusers")
+
     def _step_lora(self, step):
-        return os.path.join(self.out, f"{self.cfg.name}_{step:06d}.safetensors")
+        return self._output(step)
 
     @on_main_rank  # ddp
     def save_checkpoint(self):

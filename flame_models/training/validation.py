@@ -33,6 +33,8 @@ def _at_least(errors, path, value, minimum=1):
         errors.append(f"{path}: must be >= {minimum}, got {value}")
 
 
+SAVE_FORMATS = ("safetensors", "diffusers")   # save.save_format (ai-toolkit's values)
+
 # the network settings of adapters: a full fine-tune has none of them
 _ADAPTER_SETTINGS = ("linear", "linear_alpha", "dropout", "rslora", "lokr_factor", "lokr_full_rank", "target", "conv",
                      "conv_alpha", "loraplus_lr_ratio", "loraplus_unet_lr_ratio", "loraplus_text_encoder_lr_ratio")
@@ -48,7 +50,7 @@ def _full_problems(cfg, p):
                      f"with network.network_kwargs only_if_contains / ignore_if_contains)")
     if "save.format" in given:
         e.append(f"{p}save.format: the LoRA file's layout; a full fine-tune writes the model in its own checkpoint "
-                 f"layout (leave save.format out)")
+                 f"layout (leave save.format out), or as a diffusers folder with save.save_format: diffusers")
     if t.train_text_encoder:
         e.append(f"{p}train.train_text_encoder: not with network.type full yet (the denoiser trains in full, the text "
                  f"encoders not at all); train a LoRA to adapt them")
@@ -132,6 +134,10 @@ def validate(cfg, prefix="", check_files=True):
         e.append(f"{p}train.full_bf16: the weights' dtype of a full fine-tune; network.type is {n.type!r}")
 
     choice(e, f"{p}save.format", s.format, FILE_FORMATS)
+    choice(e, f"{p}save.save_format", s.save_format, SAVE_FORMATS)
+    if s.save_format == "diffusers" and n.type != "full":
+        e.append(f"{p}save.save_format: diffusers writes a full fine-tune's model as a diffusers folder; a "
+                 f"{n.type} is one .safetensors file (save.format: peft writes diffusers' LoRA layout)")
     choice(e, f"{p}save.dtype", s.dtype, DTYPES)
     _at_least(e, f"{p}save.save_every", s.save_every)
     _at_least(e, f"{p}save.max_step_saves_to_keep", s.max_step_saves_to_keep)

@@ -300,3 +300,106 @@ def test_an_sai_files_fine_tune_is_a_whole_checkpoint_that_generates_alone(tmp_p
     assert generate.main(["--model", result["lora"], "--tokenizer", SDXL_FIXTURE, "--prompt", "ohwx", "--width", "64",
                           "--height", "64", "--steps", "2", "--seed", "1", "--output", str(out)]) == 0
     assert [f for f in os.listdir(out) if f.endswith(".png")]
+
+
+@pytest.mark.parametrize("arch", ["flux", "sd3", "sdxl"])
+def test_save_format_diffusers_writes_a_pipeline_folder_that_generates_alone(tmp_path, arch, tiny_model,
+                                                                            sdxl_model):  # noqa: F811
+    """save.save_format: diffusers (ai-toolkit's) from a diffusers folder: the trained denoiser in its subfolder
+    (config.json + diffusion_pytorch_model.safetensors), the base's other components hard-linked beside it, its
+    model_index.json: a whole pipeline that generate --model reads alone; the weights are the trained ones."""
+    import os
+
+    from flame_core import io
+    from flame_models import generate
+    folder = {"flux": tiny_model, "sd3": SD3_MODEL, "sdxl": sdxl_model}[arch]
+    images = draw_images(tmp_path / "images", 2, 2)
+    model = {"arch": arch} if arch == "sd3" else {"arch": arch, "t5_max_length": None} if arch == "sdxl" else {}
+    cfg = image_config(tmp_path, "diff", folder, images, steps=2, **({"model": model} if model else {}))
+    cfg.network.type, cfg.save.save_format, cfg.save.dtype = "full", "diffusers", "bf16"
+    tr = Trainer(cfg, verbose=False)
+    result = tr.train()
+    out = result["lora"]
+    sub = "unet" if arch == "sdxl" else "transformer"
+    assert os.path.isdir(out) and out == str(tmp_path / "diff" / "diff")
+    assert sorted(os.listdir(os.path.join(out, sub))) == ["config.json", "diffusion_pytorch_model.safetensors"]
+    base_index = io_json(os.path.join(folder, "model_index.json"))
+    assert io_json(os.path.join(out, "model_index.json")) == base_index
+    for name in (k for k, v in base_index.items() if isinstance(v, list) and v[0] and k != sub
+                 and os.path.isdir(os.path.join(folder, k))):   # (the tiny folders have no scheduler/)
+        assert sorted(os.listdir(os.path.join(out, name))) == sorted(os.listdir(os.path.join(folder, name))), name
+        for f in os.listdir(os.path.join(out, name)):   # the same files (hard links here), not new copies
+            if os.path.isfile(os.path.join(out, name, f)):
+                assert os.path.samefile(os.path.join(out, name, f), os.path.join(folder, name, f)), (name, f)
+    assert not [f for f in os.listdir(tmp_path / "diff") if ".partial-" in f or ".old-" in f]
+    weights = os.path.join(out, sub, "diffusion_pytorch_model.safetensors")
+    meta = io.load_metadata(weights)
+    assert meta["flame.steps"] == "2" and meta["flame.network"] == "full"
+    fam = get_family(arch)
+    back = dict(fam.load_model(out, fam.read_spec(out), flame.bfloat16, "cpu").named_parameters())
+    named = dict(tr.model.named_parameters())
+    assert set(back) == set(named)
+    for n, p in named.items():
+        np.testing.assert_array_equal(back[n].detach().float().numpy(), p.detach().to(flame.bfloat16).float().numpy(),
+                                      err_msg=n)
+    gen = tmp_path / "generated"
+    assert generate.main(["--model", out, "--prompt", "ohwx", "--width", "64", "--height", "64", "--steps", "2",
+                          "--seed", "1", "--output", str(gen)]) == 0
+    assert [f for f in os.listdir(gen) if f.endswith(".png")]
+
+
+def io_json(path):
+    import json
+    with open(path) as f:
+        return json.load(f)
+
+
+def test_diffusers_folders_of_the_steps_are_pruned_and_a_finished_run_is_found(tmp_path):
+    """Step folders name_<step>/ follow the checkpoints (max_step_saves_to_keep); without a diffusers base the
+    folder holds the denoiser's subfolder alone; a second run of the finished config trains nothing and reports the
+    folder; --fresh's clear removes the folders."""
+    import os
+
+    from flame_models.training import run_folder
+    cfg = lambda: full_config(tmp_path, "steps", steps=6, save={"save_every": 2, "dtype": "bf16",  # noqa: E731
+                                                                 "max_step_saves_to_keep": 1,
+                                                                 "save_format": "diffusers"})
+    result = Trainer(cfg(), verbose=False).train()
+    run = tmp_path / "steps"
+    assert result["lora"] == str(run / "steps")
+    assert sorted(os.listdir(result["lora"])) == ["transformer"]   # (synthetic data: no base pipeline to copy)
+    assert sorted(f for f in os.listdir(run) if f.startswith("steps")) == ["steps", "steps_000006"]
+    again = Trainer(cfg(), verbose=False).train()
+    assert again["finished_before"] and again["lora"] == result["lora"] and again["steps"] == 6
+    gone = run_folder.clear(str(run), "steps")
+    assert str(run / "steps") in gone and str(run / "steps_000006") in gone
+    assert not [f for f in os.listdir(run) if f.startswith("steps")]
+
+
+def test_save_format_diffusers_is_for_a_full_fine_tune(tmp_path):
+    with pytest.raises(ConfigError, match=r"save\.save_format: diffusers writes a full fine-tune"):
+        full_config(tmp_path, "lora", network={"type": "lora"}, save={"save_format": "diffusers"})
+    with pytest.raises(ConfigError, match=r"save\.save_format"):
+        full_config(tmp_path, "bad", save={"save_format": "ckpt"})
+
+
+@pytest.mark.parametrize("arch", ["flux", "sd3", "sdxl"])
+def test_diffusers_reads_the_written_folder(tmp_path, arch):
+    """The oracle: diffusers' own model class loads the folder's denoiser (from_pretrained with the subfolder) with
+    every key it expects and nothing else, the values the file's (where torch and diffusers are installed: the GPU
+    machine)."""
+    diffusers = pytest.importorskip("diffusers")
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file
+    cls, sub = {"flux": (diffusers.FluxTransformer2DModel, "transformer"),
+                "sd3": (diffusers.SD3Transformer2DModel, "transformer"),
+                "sdxl": (diffusers.UNet2DConditionModel, "unet")}[arch]
+    cfg = full_config(tmp_path, arch, arch=arch, steps=1, save={"save_every": 5, "dtype": "fp32",
+                                                                 "save_format": "diffusers"})
+    out = Trainer(cfg, verbose=False).train()["lora"]
+    model = cls.from_pretrained(out, subfolder=sub)
+    want = model.state_dict()
+    got = load_file(f"{out}/{sub}/diffusion_pytorch_model.safetensors")
+    assert set(want) == set(got)
+    for k, v in want.items():
+        assert torch.equal(v, got[k].to(v.dtype)), k
