@@ -147,8 +147,8 @@ extern "C" __global__ void __launch_bounds__(OM_THREADS) prodigy_update_multi(
 // (n, unfactored), c = exp_avg_sq_col (B x C; 0 unfactored), d = the tensor's scratch: [0] rms(w), [1] the sum of u^2,
 // [2] the mean of the new row (2-D), [3] lr_t, [4] the sum of w^2, then (2-D) R row sums and C column sums of
 // g^2 + eps1; the sums are zero between steps. dims[2t], dims[2t + 1]: R and C of tensor t (0, 0: unfactored).
-//   1 adafactor_sums_multi (per OM_CHUNK): the sum of w^2; 2-D: row and column sums of g^2 + eps1 (shared-memory
-//     partials, then one global atomic per touched row / column); batched: a thread per matrix (the block's matrices:
+//   1 adafactor_sums_multi (per OM_CHUNK): the sum of w^2; 2-D: row and column sums of g^2 + eps1 (a warp's run of
+//     a row summed by shuffles, shared-memory partials, then one global atomic per touched row / column); batched: a thread per matrix (the block's matrices:
 //     those starting in its chunk) updates its row and column states; unfactored: v = b2t v + (1 - b2t) (g^2 + eps1)
 //   2 adafactor_factors_multi (one block per tensor): rms(w); 2-D: row = b2t row + (1 - b2t) rowsum / C, col likewise
 //     over R, mean(row); lr_t = (scale ? max(eps2, rms) : 1) rel; the sums zeroed
@@ -192,14 +192,34 @@ __device__ __forceinline__ void af_store_w(const OmRow& r, i64 i, float w, unsig
         r.p[i] = w;
 }
 
-// element i's u before clipping: g scaled by its row and column factors (or by rsqrt(v), unfactored). 2-D: row i / C
-// over the tensor's mean (inv_mean); batched: the caller's matrix (inv_mean of its rows)
-__device__ __forceinline__ float af_u(const AfRow& a, i64 i, float g, float inv_mean) {
-    if (!a.C) return __fmul_rn(rsqrtf(a.r.b[i]), g);
-    const i64 col = a.batched ? i / (a.R * a.C) * a.C + i % a.C : i % a.C;
-    const float rf = rsqrtf(__fmul_rn(a.r.b[i / a.C], inv_mean)), cf = rsqrtf(a.r.c[col]);
+// u before clipping: g scaled by its row's factor over the mean (inv_mean: 1 / the mean of the tensor's rows, or of
+// its matrix's rows in a batch) and its column's
+__device__ __forceinline__ float af_u(const AfRow& a, i64 row, i64 col, float g, float inv_mean) {
+    const float rf = rsqrtf(__fmul_rn(a.r.b[row], inv_mean)), cf = rsqrtf(a.r.c[col]);
     return __fmul_rn(__fmul_rn(rf, cf), g);
 }
+
+// (row, column) of a thread's elements r.start + j, j = threadIdx.x, + OM_THREADS, ... of a 2-D tensor: one 64-bit
+// division at the start, then steps (wide rows: a subtraction; rows narrower than a step: a 32-bit division)
+struct AfPos {
+    i64 row;
+    unsigned int col, C;
+    __device__ __forceinline__ AfPos(i64 start, i64 C_) {
+        const i64 q = start % C_ + threadIdx.x;
+        row = start / C_ + q / C_;
+        col = (unsigned int)(q % C_);
+        C = (unsigned int)C_;
+    }
+    __device__ __forceinline__ void next() {
+        col += OM_THREADS;
+        if (C >= OM_THREADS) {
+            if (col >= C) { col -= C; ++row; }
+        } else {
+            row += col / C;
+            col %= C;
+        }
+    }
+};
 
 // the matrices a block takes in the batched case: those whose first element lies in its chunk
 __device__ __forceinline__ void af_matrices(const AfRow& a, i64* m0, i64* m1) {
@@ -261,13 +281,33 @@ extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_sums_multi(
         float* cacc = acc + nrows;
         for (int k = threadIdx.x; k < nrows + ncols; k += OM_THREADS) acc[k] = 0.f;
         __syncthreads();
-        for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS) {
-            const i64 i = r.start + j;
-            const float g = load_grad(r.g, i, r.kind), w = af_load_w(r, i);
-            sw += __fmul_rn(w, w);
-            const float ue = __fadd_rn(__fmul_rn(g, g), eps1);
-            atomicAdd(&racc[i / a.C - row0], ue);
-            atomicAdd(&cacc[(i % a.C - col0 + a.C) % a.C], ue);
+        const int lane = threadIdx.x & 31;
+        AfPos pos(r.start, a.C);
+        for (i64 base = 0; base < r.n; base += OM_THREADS) {   // (every lane of a warp in each step: the shuffles)
+            const i64 j = base + threadIdx.x;
+            const bool on = j < r.n;
+            float ue = 0.f;
+            if (on) {
+                const i64 i = r.start + j;
+                const float g = load_grad(r.g, i, r.kind), w = af_load_w(r, i);
+                sw += __fmul_rn(w, w);
+                ue = __fadd_rn(__fmul_rn(g, g), eps1);
+                const i64 d = (i64)pos.col - col0;   // (both in [0, C): the run's column, wrapping at C)
+                atomicAdd(&cacc[d < 0 ? d + a.C : d], ue);
+            }
+            // a row's run within the warp summed by a segmented shuffle reduction (the lanes' rows ascend): the
+            // first lane of each run adds it, instead of 32 lanes contending for one address
+            const int key = on ? (int)(pos.row - row0) : 0x7fffffff;
+            float v = ue;
+#pragma unroll
+            for (int off = 1; off < 32; off <<= 1) {
+                const float ov = __shfl_down_sync(0xffffffffu, v, off);
+                const int ok = __shfl_down_sync(0xffffffffu, key, off);
+                if (lane + off < 32 && ok == key) v += ov;
+            }
+            const int prev = __shfl_up_sync(0xffffffffu, key, 1);
+            if (on && (lane == 0 || prev != key)) atomicAdd(&racc[key], v);
+            pos.next();
         }
         __syncthreads();
         for (int k = threadIdx.x; k < nrows; k += OM_THREADS) atomicAdd(&a.rowsum[row0 + k], racc[k]);
@@ -317,40 +357,54 @@ extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_rms_multi(
         const i64* __restrict__ dims) {
     __shared__ float red[OM_THREADS / 32];
     const AfRow a = af_row(tensors, chunk_tensor, chunk_start, dims);
+    const OmRow& r = a.r;
     float su = 0.f;
-    if (a.batched) {
+    if (!a.C) {
+        for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS) {
+            const i64 i = r.start + j;
+            const float u = __fmul_rn(rsqrtf(r.b[i]), load_grad(r.g, i, r.kind));
+            su += __fmul_rn(u, u);
+        }
+    } else if (a.batched) {
         i64 m0, m1;
         af_matrices(a, &m0, &m1);
-        const i64 rc = a.R * a.C;
+        const int R = (int)a.R, C = (int)a.C;
         for (i64 m = m0 + threadIdx.x; m < m1; m += OM_THREADS) {
             const float inv_mean = af_matrix_inv_mean(a, m);
-            for (i64 i = m * rc; i < (m + 1) * rc; ++i) {
-                const float u = af_u(a, i, load_grad(a.r.g, i, a.r.kind), inv_mean);
-                su += __fmul_rn(u, u);
-            }
+            for (int k = 0; k < R; ++k)
+                for (int c = 0; c < C; ++c) {
+                    const i64 i = (m * R + k) * C + c;
+                    const float u = af_u(a, m * R + k, m * C + c, load_grad(r.g, i, r.kind), inv_mean);
+                    su += __fmul_rn(u, u);
+                }
         }
     } else {
-        const float inv_mean = 1.f / a.r.d[2];
-        for (i64 j = threadIdx.x; j < a.r.n; j += OM_THREADS) {
-            const i64 i = a.r.start + j;
-            const float u = af_u(a, i, load_grad(a.r.g, i, a.r.kind), inv_mean);
+        const float inv_mean = 1.f / r.d[2];
+        AfPos pos(r.start, a.C);
+        for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS, pos.next()) {
+            const float u = af_u(a, pos.row, pos.col, load_grad(r.g, r.start + j, r.kind), inv_mean);
             su += __fmul_rn(u, u);
         }
     }
     su = om_block_sum(su, red);
-    if (threadIdx.x == 0) atomicAdd(&a.r.d[1], su);
+    if (threadIdx.x == 0) atomicAdd(&r.d[1], su);
 }
 
-__device__ __forceinline__ void af_update(const AfRow& a, i64 i, float inv_mean, float clip, float lr_t, float beta1,
-                                          int use_beta1, float weight_decay, float decay, unsigned int seed) {
-    const OmRow& r = a.r;
-    float u = __fmul_rn(af_u(a, i, load_grad(r.g, i, r.kind), inv_mean) / clip, lr_t);
-    if (use_beta1) {
-        u = __fadd_rn(__fmul_rn(r.a[i], beta1), __fmul_rn(1.f - beta1, u));
+struct AfStep {   // the update's scalars
+    float clip, lr_t, beta1, weight_decay, decay;
+    int use_beta1;
+    unsigned int seed;
+};
+
+// u (before clipping) of element i applied: clipped, scaled by lr_t, through the first moment (beta1), decayed
+__device__ __forceinline__ void af_apply(const OmRow& r, i64 i, float u, const AfStep& s) {
+    u = __fmul_rn(u / s.clip, s.lr_t);
+    if (s.use_beta1) {
+        u = __fadd_rn(__fmul_rn(r.a[i], s.beta1), __fmul_rn(1.f - s.beta1, u));
         r.a[i] = u;
     }
     const float w = af_load_w(r, i);
-    af_store_w(r, i, __fsub_rn(weight_decay != 0.f ? __fmul_rn(w, decay) : w, u), seed);
+    af_store_w(r, i, __fsub_rn(s.weight_decay != 0.f ? __fmul_rn(w, s.decay) : w, u), s.seed);
 }
 
 extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_update_multi(
@@ -359,21 +413,37 @@ extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_update_multi(
         unsigned int seed) {
     const AfRow a = af_row(tensors, chunk_tensor, chunk_start, dims);
     const OmRow& r = a.r;
-    const float lr_t = r.d[3];
-    const float clip = fmaxf(sqrtf(r.d[1] / (float)a.total) / clip_threshold, 1.f);
-    const float decay = 1.f - weight_decay * lr_t;
-    if (a.batched) {
+    AfStep s;
+    s.lr_t = r.d[3];
+    s.clip = fmaxf(sqrtf(r.d[1] / (float)a.total) / clip_threshold, 1.f);
+    s.beta1 = beta1;
+    s.use_beta1 = use_beta1;
+    s.weight_decay = weight_decay;
+    s.decay = 1.f - weight_decay * s.lr_t;
+    s.seed = seed;
+    if (!a.C) {
+        for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS) {
+            const i64 i = r.start + j;
+            af_apply(r, i, __fmul_rn(rsqrtf(r.b[i]), load_grad(r.g, i, r.kind)), s);
+        }
+    } else if (a.batched) {
         i64 m0, m1;
         af_matrices(a, &m0, &m1);
-        const i64 rc = a.R * a.C;
+        const int R = (int)a.R, C = (int)a.C;
         for (i64 m = m0 + threadIdx.x; m < m1; m += OM_THREADS) {
             const float inv_mean = af_matrix_inv_mean(a, m);
-            for (i64 i = m * rc; i < (m + 1) * rc; ++i)
-                af_update(a, i, inv_mean, clip, lr_t, beta1, use_beta1, weight_decay, decay, seed);
+            for (int k = 0; k < R; ++k)
+                for (int c = 0; c < C; ++c) {
+                    const i64 i = (m * R + k) * C + c;
+                    af_apply(r, i, af_u(a, m * R + k, m * C + c, load_grad(r.g, i, r.kind), inv_mean), s);
+                }
         }
     } else {
         const float inv_mean = 1.f / r.d[2];
-        for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS)
-            af_update(a, r.start + j, inv_mean, clip, lr_t, beta1, use_beta1, weight_decay, decay, seed);
+        AfPos pos(r.start, a.C);
+        for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS, pos.next()) {
+            const i64 i = r.start + j;
+            af_apply(r, i, af_u(a, pos.row, pos.col, load_grad(r.g, i, r.kind), inv_mean), s);
+        }
     }
 }

@@ -8,6 +8,8 @@ otherwise: graphs for many buckets would multiply that memory, and a shape seen 
 capture. Single-resolution square datasets (the common case) and the synthetic / precomputed data have one shape.
 """
 import gc
+import os
+import traceback
 
 from flame_core.cuda import graphed
 from flame_core.errors import OutOfMemoryError
@@ -30,13 +32,19 @@ def graph_plan(num_shapes, budget, enabled, cuda):
 class StepGraphs:
     """A GraphedFunction of `fn` per argument-shape signature (eager for the first `warmup` calls of each): the CUDA
     graph part of the training step (`step`). `failure`: why the last capture that failed did (the exception's type
-    and first line), or None."""
+    and first line), or None; `failure_at`: the innermost frames it was raised in."""
 
     def __init__(self, fn, warmup=2):
         self.fn, self.warmup = fn, int(warmup)
         self.enabled = True
         self.graphs = {}
         self.failure = None
+        self.failure_at = None   # where the failure was raised: the innermost frames, as text
+
+    @property
+    def why(self):
+        """The last failed capture's exception and where it was raised, in words (None: none failed)."""
+        return None if self.failure is None else f"{self.failure} ({self.failure_at})"
 
     @staticmethod
     def key(args):
@@ -74,10 +82,13 @@ class StepGraphs:
         except Exception as e:  # noqa: BLE001 - a capture that fails falls back to eager steps, said once
             if g.graph is not None or g.calls <= g.warmup:
                 raise
-            # the message only: the exception's frames hold the failed capture's tensors
-            failed = (isinstance(e, OutOfMemoryError), f"{type(e).__name__}: {str(e).splitlines()[0]}")
+            # the message and where it was raised, as text: the exception's frames hold the failed capture's tensors
+            where = " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}"
+                                for f in reversed(traceback.extract_tb(e.__traceback__)[-4:]))
+            failed = (isinstance(e, OutOfMemoryError), f"{type(e).__name__}: {str(e).splitlines()[0]}",
+                      f"at {where}")
         if failed is not None:
-            self.failure = failed[1]
+            self.failure, self.failure_at = failed[1], failed[2]
             if world_size > 1:
                 # the collectives this rank queued in the failed capture never ran, and another rank may have
                 # captured fine: the ranks' collectives would no longer pair up, so stop (the launcher stops all)

@@ -19,7 +19,7 @@ def test_a_nan_loss_inside_the_captured_graph_stops_the_run(tmp_path):
     with pytest.raises(NonFiniteError) as ei:
         tr.train()
     # steps 1-2 eager, 3 captured, 4 replayed
-    assert tr.graphed is not None and tr.graphed.captured == 1, tr.graphed.failure
+    assert tr.graphed is not None and tr.graphed.captured == 1, tr.graphed.why
     msg = str(ei.value)
     assert msg.startswith("step 4: the loss") and bad in msg, msg
     assert ckpt.checkpoint_steps(c.output_dir) == [2, 3]

@@ -25,7 +25,7 @@ def test_one_cuda_graph_per_bucket_shape_gives_the_eager_numbers(tmp_path, tiny_
         losses = [tr.train_step()[0] for _ in range(12)]
         runs[graph] = (losses, [p.detach().float().numpy() for p in tr.params], tr)
     tr = runs[True][2]
-    assert tr.graphed is not None and tr.graphed.captured == 2, tr.graphed.failure  # one graph per shape, both captured
+    assert tr.graphed is not None and tr.graphed.captured == 2, tr.graphed.why  # one graph per shape, both captured
     np.testing.assert_allclose(runs[True][0], runs[False][0], rtol=1e-5)
     for a, b in zip(runs[True][1], runs[False][1]):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
@@ -46,7 +46,7 @@ def test_previews_decode_on_the_gpu_with_the_vae_waiting_in_host_memory(tmp_path
                             sample={"sample_every": 2, "sample_steps": 2, "prompts": ["[trigger]"]}))
     tr = Trainer(cfg, verbose=False)
     result = tr.train()
-    assert result["samples_decoded"] and tr.graphed.captured == 1, tr.graphed.failure
+    assert result["samples_decoded"] and tr.graphed.captured == 1, tr.graphed.why
     assert tr.prepared.decode.on_gpu and tr.prepared.decode.vae.device.type == "cpu"   # on the host between decodes
     stages = {s["stage"]: s for s in result["stages"]}
     for name in ("check", "latents", "text", "build", "train", "samples"):

@@ -66,7 +66,7 @@ def test_cuda_graph_steps_give_the_eager_numbers(tmp_path, arch):
         tr = Trainer(_gpu(_config(arch, tmp_path, f"g{graph}", images, data, steps=8), graph), verbose=False).setup()
         losses = [tr.train_step()[0] for _ in range(8)]
         runs[graph] = (losses, [p.detach().float().numpy() for p in tr.params], tr)
-    assert runs[True][2].graphed is not None and runs[True][2].graphed.captured == 1, runs[True][2].graphed.failure
+    assert runs[True][2].graphed is not None and runs[True][2].graphed.captured == 1, runs[True][2].graphed.why
     np.testing.assert_allclose(runs[True][0], runs[False][0], rtol=1e-5)
     for a, b in zip(runs[True][1], runs[False][1]):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)

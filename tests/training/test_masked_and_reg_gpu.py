@@ -28,7 +28,7 @@ def test_masked_and_regularisation_batches_replay_one_graph_with_the_eager_numbe
         losses = [tr.train_step()[0] for _ in range(10)]
         runs[graph] = (losses, [p.detach().float().numpy() for p in tr.params], tr)
     # one shape: train and reg batches share it
-    assert runs[True][2].graphed.captured == 1, runs[True][2].graphed.failure
+    assert runs[True][2].graphed.captured == 1, runs[True][2].graphed.why
     np.testing.assert_allclose(runs[True][0], runs[False][0], rtol=1e-5)
     for a, b in zip(runs[True][1], runs[False][1]):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)

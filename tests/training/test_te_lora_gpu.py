@@ -33,7 +33,7 @@ def test_text_encoder_training_is_captured_with_the_eager_numbers(tmp_path, sdxl
         losses = [tr.train_step()[0] for _ in range(6)]
         runs[graph] = (losses, [p.detach().float().numpy() for p in tr.params], tr)
     tr = runs[True][2]
-    assert tr.graphed is not None and tr.graphed.captured == 1, tr.graphed.failure
+    assert tr.graphed is not None and tr.graphed.captured == 1, tr.graphed.why
     assert np.isfinite(runs[True][0]).all()
     np.testing.assert_allclose(runs[True][0], runs[False][0], rtol=1e-5)
     for a, b in zip(runs[True][1], runs[False][1]):

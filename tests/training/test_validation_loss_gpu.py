@@ -29,7 +29,7 @@ def test_validating_between_graph_replays_keeps_the_graphs_numbers(tmp_path, tin
                      verbose=False)
         runs[every] = (tr.train(), tr)
     result, tr = runs[1]
-    assert tr.graphed is not None and tr.graphed.captured == 1, tr.graphed.failure
+    assert tr.graphed is not None and tr.graphed.captured == 1, tr.graphed.why
     assert len(result["validation_losses"]) == 9 and all(np.isfinite(v) for _, v in result["validation_losses"])
     assert tr.validate()["loss"] == result["validation_losses"][-1][1]
     np.testing.assert_allclose(result["losses"], runs[None][0]["losses"], rtol=1e-5)
