@@ -95,7 +95,7 @@ def test_cuda_graph_steps_survive_sampling_ema_and_a_checkpoint(tmp_path):
         tr = Trainer(c, verbose=False)
         result = tr.train()
         runs[graph] = (result["losses"], [p.detach().float().numpy() for p in tr.params], tr)
-    assert runs[True][2].graphed.graph is not None, runs[True][2].graphed.failure
+    assert runs[True][2].graphed.graph is not None, runs[True][2].graphed.why
     np.testing.assert_allclose(runs[True][0], runs[False][0], rtol=1e-5)
     for a, b in zip(runs[True][1], runs[False][1]):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
