@@ -84,7 +84,7 @@ class StepGraphs:
                 raise
             # the message and where it was raised, as text: the exception's frames hold the failed capture's tensors
             where = " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}"
-                                for f in reversed(traceback.extract_tb(e.__traceback__)[-4:]))
+                                for f in reversed(traceback.extract_tb(e.__traceback__)[-10:]))
             failed = (isinstance(e, OutOfMemoryError), f"{type(e).__name__}: {str(e).splitlines()[0]}",
                       f"at {where}")
         if failed is not None:
