@@ -114,7 +114,7 @@ def test_a_run_with_the_huber_loss_and_the_refusals(tmp_path):
             tiny_config(tmp_path, "bad", train=change)
 
 
-def test_input_perturbation_noise(tmp_path):
+def test_input_perturbation_noise(tmp_path, monkeypatch):
     """train.ip_noise_gamma (kohya's): the model's input is made with ε + γ·ξ, the target keeps ε; ξ is drawn after
     ε (a run without it draws what it drew before); a random strength stays in [0, γ)."""
     base = Trainer(tiny_config(tmp_path, "ip0", steps=3), verbose=False).setup()
@@ -131,7 +131,9 @@ def test_input_perturbation_noise(tmp_path):
     def spy(model, x_t, t_, cond):
         seen["x_t"] = x_t.detach().numpy().copy()
         return forward(model, x_t, t_, cond)
-    tr.family.forward = spy
+    # (monkeypatch: the family is the registry's one instance, shared by every later trainer in this process -- a
+    # spy left on it read the model's input back to the host inside their CUDA graph captures, which then failed)
+    monkeypatch.setattr(tr.family, "forward", spy)
     tr._forward_backward(*args)
     s = t.numpy().reshape((-1,) + (1,) * (args[0].ndim - 1))
     np.testing.assert_allclose(seen["x_t"], (1 - s) * args[0].numpy() + s * args[3].numpy(), rtol=1e-5, atol=1e-6)
