@@ -30,7 +30,9 @@ def pipeline_components(base):
 
 def _link_or_copy(src, dst):
     try:
-        os.link(src, dst)
+        # (the file itself: link(2) would link a symlink -- a Hugging Face snapshot's files are relative symlinks
+        # to its blobs, which would dangle from another folder)
+        os.link(os.path.realpath(src), dst)
     except OSError:   # another file system, or links not allowed: a copy
         shutil.copy2(src, dst)
     return dst
