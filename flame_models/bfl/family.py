@@ -71,7 +71,8 @@ class FluxFamily(FlowSamplerPreviews, FlowMatchingFamily):
     def lora_name_map(self, model):
         return name_map_for(model.params)
 
-    def save_model(self, model, path, dtype, metadata=None, base=None, layout="native"):   # (see ModelFamily)
+    def save_model(self, model, path, dtype, metadata=None, base=None, layout="native",
+                   tokenizer=None):   # (see ModelFamily; tokenizer: an SDXL SAI base's only)
         """A full fine-tune's file: the transformer in BFL's names (as flux1-dev.safetensors; ComfyUI's
         diffusion_models and FLAME's --model read it); layout "diffusers": a folder with transformer/ (and the base
         pipeline's other parts)."""

@@ -38,9 +38,10 @@ def _link_or_copy(src, dst):
     return dst
 
 
-def write_pipeline_folder(path, subfolder, write, base=None):
+def write_pipeline_folder(path, subfolder, write, base=None, extra=None):
     """Write the denoiser with `write(folder)` into `path`/`subfolder`, with the base pipeline's other components
-    beside it (see the module docstring). Returns [path]."""
+    beside it (see the module docstring); extra(folder): writes more into the folder being assembled (a family that
+    converts a single-file base's other parts: SDXL). Returns [path]."""
     path = os.fspath(path).rstrip(os.sep)
     if os.path.lexists(path) and not os.path.isdir(path):
         raise FileExistsError(f"{path} exists and is not a folder; a diffusers model is a folder")
@@ -56,6 +57,8 @@ def write_pipeline_folder(path, subfolder, write, base=None):
             shutil.copytree(os.path.join(base, name), os.path.join(tmp, name), copy_function=_link_or_copy)
         if parts:
             _link_or_copy(os.path.join(base, "model_index.json"), os.path.join(tmp, "model_index.json"))
+        if extra is not None:
+            extra(tmp)
         fsync_dir(tmp)
         if os.path.isdir(path):
             os.rename(path, old)

@@ -68,7 +68,8 @@ class ChromaFamily(FlowSamplerPreviews, FlowMatchingFamily):
     def lora_name_map(self, model):
         return name_map_for(model.params)
 
-    def save_model(self, model, path, dtype, metadata=None, base=None, layout="native"):   # (see ModelFamily)
+    def save_model(self, model, path, dtype, metadata=None, base=None, layout="native",
+                   tokenizer=None):   # (see ModelFamily; tokenizer: an SDXL SAI base's only)
         """A full fine-tune's file: the transformer in Chroma's own names (as its released files); layout
         "diffusers": a folder with transformer/ (and the base pipeline's other parts)."""
         if layout == "diffusers":

@@ -81,7 +81,8 @@ class QwenImageFamily(FlowSamplerPreviews, FlowMatchingFamily):
     def lora_name_map(self, model):
         return model.adapter_name_map()
 
-    def save_model(self, model, path, dtype, metadata=None, base=None, layout="native"):   # (see ModelFamily)
+    def save_model(self, model, path, dtype, metadata=None, base=None, layout="native",
+                   tokenizer=None):   # (see ModelFamily; tokenizer: an SDXL SAI base's only)
         """A full fine-tune's file: the transformer in diffusers' (= the release's) names; layout "diffusers": a
         folder with transformer/ (and the base pipeline's other parts)."""
         if layout == "diffusers":

@@ -89,7 +89,8 @@ class SD3Family(FlowSamplerPreviews, FlowMatchingFamily):
     def lora_name_map(self, model):
         return name_map_for(model.params)
 
-    def save_model(self, model, path, dtype, metadata=None, base=None, layout="native"):   # (see ModelFamily)
+    def save_model(self, model, path, dtype, metadata=None, base=None, layout="native",
+                   tokenizer=None):   # (see ModelFamily; tokenizer: an SDXL SAI base's only)
         """A full fine-tune's file: the MMDiT in SAI's names under model.diffusion_model. (as SAI's files; ComfyUI
         and FLAME's --model with --clip-l / --clip-g / --t5 / --vae read it); layout "diffusers": a folder with
         transformer/ (and the base pipeline's other parts)."""

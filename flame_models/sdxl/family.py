@@ -39,6 +39,7 @@ from .lora_keys import (
     TEXT_ENCODER_TARGETS,
     unet_name_map,
 )
+from .parts import load_sdxl, save_sdxl_components
 from .sampling import sample as sdxl_sample
 from .saving import save_unet
 
@@ -130,14 +131,23 @@ class SDXLFamily(DiffusionFamily):
     def lora_name_map(self, model):
         return unet_name_map(model)
 
-    def save_model(self, model, path, dtype, metadata=None, base=None, layout="native"):
+    def save_model(self, model, path, dtype, metadata=None, base=None, layout="native", tokenizer=None):
         """A full fine-tune's file: the UNet in SAI's names under model.diffusion_model. (as SAI's files); when the
         run's model `base` is an SAI single file, its VAE and text encoders copied beside it bit for bit -- a whole
         checkpoint, as sd_xl_base_1.0.safetensors (A1111 / ComfyUI's checkpoint loader, FLAME's --model alone).
-        layout "diffusers": a folder with unet/ (and, from a diffusers base, the pipeline's other parts)."""
+        layout "diffusers": a folder with unet/ and the base's other parts -- a diffusers base's linked, an SAI
+        file's VAE, text encoders and tokenizers (`tokenizer`: the run's model.tokenizer_path, default FLAME's packaged
+        CLIP vocabulary) converted to diffusers' layout: a whole pipeline."""
         if layout == "diffusers":
+            extra = None
+            if base is not None and str(base).endswith(".safetensors"):
+                with UNetCheckpoint(base) as ckpt:
+                    prefix = ckpt.prefix
+                if CIO.other_tensors(base, prefix):   # an SAI checkpoint: its VAE, encoders and tokenizers in
+                    def extra(folder):                # diffusers' layout beside the UNet (a whole pipeline)
+                        save_sdxl_components(load_sdxl(base, device="cpu", unet=False, tokenizer=tokenizer), folder)
             return CIO.write_pipeline_folder(path, "unet", lambda d: save_unet(
-                model, d, "diffusers", dtype=dtype, metadata=metadata), base)
+                model, d, "diffusers", dtype=dtype, metadata=metadata), base, extra=extra)
         extra = []
         if base is not None and str(base).endswith(".safetensors"):
             with UNetCheckpoint(base) as ckpt:

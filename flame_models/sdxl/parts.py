@@ -63,15 +63,17 @@ class SDXLParts:
     files: SDXLFiles = None
 
 
-def load_sdxl(path, dtype=None, device=None, *, vae=None, clip_l=None, clip_g=None, tokenizer=None, configs=None):
+def load_sdxl(path, dtype=None, device=None, *, vae=None, clip_l=None, clip_g=None, tokenizer=None, configs=None,
+              unet=True):
     """Every part of an SDXL model (SDXLParts) from an SAI single file or a diffusers folder (or a UNet with the
     other parts named: vae=, clip_l=, clip_g=, tokenizer=; see find_sdxl_files), in `dtype` (default: each part's
     stored dtype) on `device`, frozen, in eval mode. configs: {"unet" | "vae" | "clip_l" | "clip_g": config or dict
-    of fields} for what the weights cannot tell. Every part is checked (headers) before any weight is read."""
+    of fields} for what the weights cannot tell. unet=False: every part but the UNet (parts.unet None). Every part
+    is checked (headers) before any weight is read."""
     files = path if isinstance(path, SDXLFiles) else find_sdxl_files(path, vae=vae, clip_l=clip_l, clip_g=clip_g,
                                                                     tokenizer=tokenizer, configs=configs)
     c = files.configs
-    unet = load_unet(files.unet, dtype=dtype, device=device, config=files.config)
+    unet = load_unet(files.unet, dtype=dtype, device=device, config=files.config) if unet else None
     vae_model = load_vae(files.vae, dtype=dtype, device=device, config=c.get("vae"))
     text = dict(dtype=dtype, device=device, quantize=None)
     clip_l_model = load_clip(files.clip_l, prefix=files.prefixes.get("clip_l"), config=c.get("clip_l"),
@@ -179,6 +181,14 @@ def _save_sai(parts, path):
 def _save_diffusers(parts, folder):
     os.makedirs(folder)
     save_unet(parts.unet, os.path.join(folder, "unet"), layout="diffusers")
+    save_sdxl_components(parts, folder)
+
+
+def save_sdxl_components(parts, folder):
+    """Every part of `parts` but the UNet into the diffusers folder `folder` (existing or not): vae/, text_encoder/,
+    text_encoder_2/, tokenizer/, tokenizer_2/, scheduler/ and model_index.json (which lists unet/: the caller writes
+    it -- save_sdxl, or a full fine-tune's trained UNet)."""
+    os.makedirs(folder, exist_ok=True)
     vae_dir = os.path.join(folder, "vae")
     save_vae(parts.vae, vae_dir, layout="diffusers")
     with open(os.path.join(vae_dir, "config.json")) as f:

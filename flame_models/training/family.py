@@ -198,13 +198,14 @@ class ModelFamily:
     def sample_options(self, cfg):
         return {}
 
-    # save_model(model, path, dtype, metadata=None, base=None, layout="native"): what a full fine-tune (network.type
-    # full) writes -- the denoiser in the family's native checkpoint layout, its floating weights in `dtype`,
-    # `metadata` among the file's; `base` the run's model.name_or_path (SDXL copies an SAI file's other parts beside
-    # its UNet; the other families write the denoiser alone: their released files hold it alone, or FLAME does not
-    # write their other parts yet). layout "diffusers" (save.save_format): `path` is a folder, the denoiser in its
-    # diffusers subfolder, with a diffusers base's other components (checkpoint_io.write_pipeline_folder). None: the
-    # family cannot write its model (full fine-tuning is refused)
+    # save_model(model, path, dtype, metadata=None, base=None, layout="native", tokenizer=None): what a full
+    # fine-tune (network.type full) writes -- the denoiser in the family's native checkpoint layout, its floating
+    # weights in `dtype`, `metadata` among the file's; `base` the run's model.name_or_path (SDXL copies an SAI file's
+    # other parts beside its UNet; the other families write the denoiser alone: their released files hold it alone,
+    # or FLAME does not write their other parts yet). layout "diffusers" (save.save_format): `path` is a folder, the
+    # denoiser in its diffusers subfolder, with a diffusers base's other components (checkpoint_io.
+    # write_pipeline_folder; SDXL converts an SAI file's, with the tokenizers of `tokenizer`, the run's
+    # model.tokenizer_path). None: the family cannot write its model (full fine-tuning is refused)
     save_model = None
 
     def block_initializer(self, model):

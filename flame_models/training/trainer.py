@@ -801,7 +801,8 @@ class Trainer:
                 meta["flame.network"] = "full"
                 self.family.save_model(self.model, path, flame.dtypes.dtype(dtype_name(c.save.dtype)), metadata=meta,
                                        base=c.model.name_or_path,
-                                       layout="diffusers" if c.save.save_format == "diffusers" else "native")
+                                       layout="diffusers" if c.save.save_format == "diffusers" else "native",
+                                       tokenizer=c.model.tokenizer_path)
                 return path
             A.save_adapters(self.model, path, c.save.format, name_map=self.name_map, dtype=dtype_name(c.save.dtype),
                             metadata=meta,

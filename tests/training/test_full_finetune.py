@@ -403,3 +403,69 @@ def test_diffusers_reads_the_written_folder(tmp_path, arch):
     assert set(want) == set(got)
     for k, v in want.items():
         assert torch.equal(v, got[k].to(v.dtype)), k
+
+
+def test_an_sai_files_fine_tune_as_diffusers_is_a_whole_pipeline(tmp_path):
+    """SDXL trained from an SAI single file with save.save_format: diffusers: unet/ (the trained weights) and the
+    base's VAE, CLIP-L, CLIP-G (OpenCLIP names converted), the run's tokenizers, a scheduler and model_index.json --
+    a pipeline that load_sdxl and generate --model read alone, every part's weights the base's."""
+    import os
+    import sys
+
+    from flame_models import generate
+    from flame_models.sdxl import load_sdxl, save_sdxl
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from sdxl_tiny import SDXL_FIXTURE, sdxl_tiny_parts
+    base = str(tmp_path / "sdxl_tiny_sai.safetensors")
+    save_sdxl(sdxl_tiny_parts(), base, layout="sai")
+    images = draw_images(tmp_path / "images", 2, 2)
+    cfg = image_config(tmp_path, "saidiff", base, images, steps=2,
+                       model={"arch": "sdxl", "t5_max_length": None, "tokenizer_path": SDXL_FIXTURE})
+    cfg.network.type, cfg.save.dtype, cfg.save.save_format = "full", "bf16", "diffusers"
+    tr = Trainer(cfg, verbose=False)
+    out = tr.train()["lora"]
+    assert sorted(os.listdir(out)) == ["model_index.json", "scheduler", "text_encoder", "text_encoder_2", "tokenizer",
+                                       "tokenizer_2", "unet", "vae"]
+    got, want = load_sdxl(out, device="cpu"), load_sdxl(base, device="cpu")
+    for part in ("vae", "clip_l", "clip_g"):
+        a, b = dict(getattr(got, part).state_dict()), dict(getattr(want, part).state_dict())
+        assert set(a) == set(b), part
+        for k in a:
+            np.testing.assert_array_equal(a[k].float().numpy(), b[k].float().numpy(), err_msg=f"{part} {k}")
+    trained = dict(tr.model.named_parameters())
+    for k, v in got.unet.named_parameters():
+        np.testing.assert_array_equal(v.float().numpy(), trained[k].detach().to(flame.bfloat16).float().numpy(),
+                                      err_msg=k)
+    gen = tmp_path / "generated"
+    assert generate.main(["--model", out, "--prompt", "ohwx", "--width", "64", "--height", "64", "--steps", "2",
+                          "--seed", "1", "--output", str(gen)]) == 0
+    assert [f for f in os.listdir(gen) if f.endswith(".png")]
+
+
+def test_diffusers_runs_the_pipeline_of_an_sai_files_fine_tune(tmp_path):
+    """The oracle (where torch and diffusers are installed): StableDiffusionXLPipeline.from_pretrained loads the
+    folder an SAI file's fine-tune wrote -- every component -- and generates; its UNet holds the trained weights."""
+    diffusers = pytest.importorskip("diffusers")
+    pytest.importorskip("torch")
+    import os
+    import sys
+
+    from flame_models.sdxl import save_sdxl
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from sdxl_tiny import SDXL_FIXTURE, sdxl_tiny_parts
+    base = str(tmp_path / "sdxl_tiny_sai.safetensors")
+    save_sdxl(sdxl_tiny_parts(), base, layout="sai")
+    cfg = image_config(tmp_path, "oracle", base, draw_images(tmp_path / "images", 2, 2), steps=1,
+                       model={"arch": "sdxl", "t5_max_length": None, "tokenizer_path": SDXL_FIXTURE})
+    cfg.network.type, cfg.save.dtype, cfg.save.save_format = "full", "fp32", "diffusers"
+    tr = Trainer(cfg, verbose=False)
+    out = tr.train()["lora"]
+    pipe = diffusers.StableDiffusionXLPipeline.from_pretrained(out)
+    image = pipe("ohwx", num_inference_steps=2, height=64, width=64, output_type="np").images
+    assert image.shape == (1, 64, 64, 3) and np.isfinite(image).all()
+    from flame_models.sdxl.keys import sai_to_diffusers_key
+    trained = {sai_to_diffusers_key(k, tr.model.config.num_res_blocks): p for k, p in tr.model.named_parameters()}
+    sd = pipe.unet.state_dict()
+    assert set(sd) == set(trained)
+    for k, v in sd.items():
+        np.testing.assert_array_equal(v.float().numpy(), trained[k].detach().float().numpy(), err_msg=k)
