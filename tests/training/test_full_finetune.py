@@ -29,6 +29,23 @@ def full_config(tmp_path, name, arch="flux", steps=4, dtype="bf16", network=None
     return config_from_dict(d)
 
 
+def sai_run_config(tmp_path, name, steps=2, save_dtype="bf16", save_format="safetensors"):
+    """A full fine-tune of SDXL from an SAI single file of the tiny parts (UNet, VAE, CLIP-L, CLIP-G) on drawn
+    images: (config, the base file)."""
+    import os
+    import sys
+
+    from flame_models.sdxl import save_sdxl
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from sdxl_tiny import SDXL_FIXTURE, sdxl_tiny_parts
+    base = str(tmp_path / "sdxl_tiny_sai.safetensors")
+    save_sdxl(sdxl_tiny_parts(), base, layout="sai")
+    cfg = image_config(tmp_path, name, base, draw_images(tmp_path / "images", 2, 2), steps=steps,
+                       model={"arch": "sdxl", "t5_max_length": None, "tokenizer_path": SDXL_FIXTURE})
+    cfg.network.type, cfg.save.dtype, cfg.save.save_format = "full", save_dtype, save_format
+    return cfg, base
+
+
 def _numpy(p):
     return p.detach().float().numpy().copy()
 
@@ -267,19 +284,12 @@ def test_an_sai_files_fine_tune_is_a_whole_checkpoint_that_generates_alone(tmp_p
     the base's VAE and text encoders bit for bit -- a checkpoint A1111's or ComfyUI's checkpoint loader takes, and
     generate --model reads alone."""
     import os
-    import sys
+
+    from sdxl_tiny import SDXL_FIXTURE
 
     from flame_core import io
     from flame_models import generate
-    from flame_models.sdxl import save_sdxl
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    from sdxl_tiny import SDXL_FIXTURE, sdxl_tiny_parts
-    base = str(tmp_path / "sdxl_tiny_sai.safetensors")
-    save_sdxl(sdxl_tiny_parts(), base, layout="sai")
-    images = draw_images(tmp_path / "images", 2, 2)
-    cfg = image_config(tmp_path, "sai", base, images, steps=2,
-                       model={"arch": "sdxl", "t5_max_length": None, "tokenizer_path": SDXL_FIXTURE})
-    cfg.network.type, cfg.save.dtype = "full", "bf16"   # (image_config's LoRA settings are not read)
+    cfg, base = sai_run_config(tmp_path, "sai")
     tr = Trainer(cfg, verbose=False)
     result = tr.train()
     with io.safe_open(base) as f:
@@ -410,18 +420,10 @@ def test_an_sai_files_fine_tune_as_diffusers_is_a_whole_pipeline(tmp_path):
     base's VAE, CLIP-L, CLIP-G (OpenCLIP names converted), the run's tokenizers, a scheduler and model_index.json --
     a pipeline that load_sdxl and generate --model read alone, every part's weights the base's."""
     import os
-    import sys
 
     from flame_models import generate
-    from flame_models.sdxl import load_sdxl, save_sdxl
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    from sdxl_tiny import SDXL_FIXTURE, sdxl_tiny_parts
-    base = str(tmp_path / "sdxl_tiny_sai.safetensors")
-    save_sdxl(sdxl_tiny_parts(), base, layout="sai")
-    images = draw_images(tmp_path / "images", 2, 2)
-    cfg = image_config(tmp_path, "saidiff", base, images, steps=2,
-                       model={"arch": "sdxl", "t5_max_length": None, "tokenizer_path": SDXL_FIXTURE})
-    cfg.network.type, cfg.save.dtype, cfg.save.save_format = "full", "bf16", "diffusers"
+    from flame_models.sdxl import load_sdxl
+    cfg, base = sai_run_config(tmp_path, "saidiff", save_format="diffusers")
     tr = Trainer(cfg, verbose=False)
     out = tr.train()["lora"]
     assert sorted(os.listdir(out)) == ["model_index.json", "scheduler", "text_encoder", "text_encoder_2", "tokenizer",
@@ -447,17 +449,7 @@ def test_diffusers_runs_the_pipeline_of_an_sai_files_fine_tune(tmp_path):
     folder an SAI file's fine-tune wrote -- every component -- and generates; its UNet holds the trained weights."""
     diffusers = pytest.importorskip("diffusers")
     pytest.importorskip("torch")
-    import os
-    import sys
-
-    from flame_models.sdxl import save_sdxl
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    from sdxl_tiny import SDXL_FIXTURE, sdxl_tiny_parts
-    base = str(tmp_path / "sdxl_tiny_sai.safetensors")
-    save_sdxl(sdxl_tiny_parts(), base, layout="sai")
-    cfg = image_config(tmp_path, "oracle", base, draw_images(tmp_path / "images", 2, 2), steps=1,
-                       model={"arch": "sdxl", "t5_max_length": None, "tokenizer_path": SDXL_FIXTURE})
-    cfg.network.type, cfg.save.dtype, cfg.save.save_format = "full", "fp32", "diffusers"
+    cfg, _ = sai_run_config(tmp_path, "oracle", steps=1, save_dtype="fp32", save_format="diffusers")
     tr = Trainer(cfg, verbose=False)
     out = tr.train()["lora"]
     pipe = diffusers.StableDiffusionXLPipeline.from_pretrained(out)
