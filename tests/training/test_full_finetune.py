@@ -321,7 +321,6 @@ def test_save_format_diffusers_writes_a_pipeline_folder_that_generates_alone(tmp
     import os
 
     from flame_core import io
-    from flame_models import generate
     folder = {"flux": tiny_model, "sd3": SD3_MODEL, "sdxl": sdxl_model}[arch]
     images = draw_images(tmp_path / "images", 2, 2)
     model = {"arch": arch} if arch == "sd3" else {"arch": arch, "t5_max_length": None} if arch == "sdxl" else {}
@@ -352,10 +351,17 @@ def test_save_format_diffusers_writes_a_pipeline_folder_that_generates_alone(tmp
     for n, p in named.items():
         np.testing.assert_array_equal(back[n].detach().float().numpy(), p.detach().to(flame.bfloat16).float().numpy(),
                                       err_msg=n)
-    gen = tmp_path / "generated"
-    assert generate.main(["--model", out, "--prompt", "ohwx", "--width", "64", "--height", "64", "--steps", "2",
-                          "--seed", "1", "--output", str(gen)]) == 0
-    assert [f for f in os.listdir(gen) if f.endswith(".png")]
+    generates_alone(out, tmp_path / "generated")
+
+
+def generates_alone(model, folder):
+    """generate --model `model` with nothing else beside it writes an image."""
+    import os
+
+    from flame_models import generate
+    assert generate.main(["--model", str(model), "--prompt", "ohwx", "--width", "64", "--height", "64", "--steps", "2",
+                          "--seed", "1", "--output", str(folder)]) == 0
+    assert [f for f in os.listdir(folder) if f.endswith(".png")]
 
 
 def io_json(path):
@@ -421,7 +427,6 @@ def test_an_sai_files_fine_tune_as_diffusers_is_a_whole_pipeline(tmp_path):
     a pipeline that load_sdxl and generate --model read alone, every part's weights the base's."""
     import os
 
-    from flame_models import generate
     from flame_models.sdxl import load_sdxl
     cfg, base = sai_run_config(tmp_path, "saidiff", save_format="diffusers")
     tr = Trainer(cfg, verbose=False)
@@ -438,10 +443,7 @@ def test_an_sai_files_fine_tune_as_diffusers_is_a_whole_pipeline(tmp_path):
     for k, v in got.unet.named_parameters():
         np.testing.assert_array_equal(v.float().numpy(), trained[k].detach().to(flame.bfloat16).float().numpy(),
                                       err_msg=k)
-    gen = tmp_path / "generated"
-    assert generate.main(["--model", out, "--prompt", "ohwx", "--width", "64", "--height", "64", "--steps", "2",
-                          "--seed", "1", "--output", str(gen)]) == 0
-    assert [f for f in os.listdir(gen) if f.endswith(".png")]
+    generates_alone(out, tmp_path / "generated")
 
 
 def test_diffusers_runs_the_pipeline_of_an_sai_files_fine_tune(tmp_path):
