@@ -9,7 +9,8 @@ so the trainer has one code path. With N ranks:
 - data: each rank takes its B rows of the global batch of N·B (flame_models.data.sharding); the timestep and noise
   draws are made for the whole global batch from the same generators on every rank, and each rank keeps its rows --
   so a step is the step one process with batch N·B would take (up to the reduction order of float sums);
-- the trainable parameters are wrapped in flame_nn.parallel.DistributedDataParallel at the first optimizer step
+- the trained parameters (adapters, or a full fine-tune's weights) are wrapped in
+  flame_nn.parallel.DistributedDataParallel at the first optimizer step
   (after auto-fit's measured steps, which stay local): gradients are averaged while backward runs; with gradient
   accumulation the micro-steps accumulate locally (no_sync) and are averaged once after the last;
 - the logged loss and timestep are the means over the ranks; a stop request (Ctrl-C / SIGTERM) on any rank stops
@@ -98,17 +99,19 @@ class TrainerGroup:
         b = t.shape[0] // self.world_size
         return t[self.rank * b:(self.rank + 1) * b].contiguous()
 
-    def before_step(self, model, stop):
-        """At each optimizer step: `model`'s adapters wrapped in DistributedDataParallel the first time; returns the
-        stop request (None or the trainer's StopRequest) as the step should hold it: made collective (AgreedStop)
-        with several ranks."""
+    def before_step(self, model, stop, parameters=None):
+        """At each optimizer step: the trained parameters -- `parameters`, [(name, Parameter)] (a full fine-tune's
+        weights), default `model`'s adapters -- wrapped in DistributedDataParallel the first time; returns the stop
+        request (None or the trainer's StopRequest) as the step should hold it: made collective (AgreedStop) with
+        several ranks."""
         if self.world_size == 1:
             return stop
         if self.ddp is None:
             from flame_nn import adapters
             from flame_nn.parallel import DistributedDataParallel
             self.ddp = DistributedDataParallel(model, broadcast_buffers=False, process_group=self.group,
-                                               parameters=adapters.named_adapter_parameters(model))
+                                               parameters=parameters if parameters is not None
+                                               else adapters.named_adapter_parameters(model))
         return stop if stop is None or isinstance(stop, AgreedStop) else AgreedStop(stop)
 
     def accumulation(self, micro_steps):

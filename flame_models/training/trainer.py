@@ -249,8 +249,6 @@ class Trainer:
                                          **({"stream": True} if stream else {}))
         self.name_map = fam.lora_name_map(self.model)
         if self.full:   # network.type full: the model's own weights, in float32 (full_finetune.py)
-            if self.dist.world_size > 1:
-                raise ConfigError("network.type full: not with several processes (ddp) yet; train on one GPU")
             self.n_adapted = full_finetune.make_trainable(self.model, c.network, self.name_map, device=self.device,
                                                           budget=self.budget, optimizer=t.optimizer,
                                                           keep_dtype=t.full_bf16,
@@ -552,7 +550,8 @@ class Trainer:
         t = self.cfg.train
         lr = self.scheduler.get_last_lr()[0]
         losses, ts, indices, captions = [], [], [], []
-        self.stop = self.dist.before_step(self.model, self.stop)  # ddp: the adapters wrapped at the first step
+        # ddp: what trains (adapters, or a full fine-tune's weights) wrapped at the first step
+        self.stop = self.dist.before_step(self.model, self.stop, self.named_adapter_parameters())
         with self.dist.accumulation(t.gradient_accumulation_steps):  # ddp: local micro-steps, then one average
             for _ in range(t.gradient_accumulation_steps):
                 batch = self.loader.next_batch()

@@ -3,10 +3,12 @@ tests/training/conftest.py (synthetic data), started alone or by flame_core.dist
 cpu, "nccl" on cuda).
 
     python train_tiny.py OUT FOLDER NAME --steps S --batch B [--accum K] [--ckpt] [--device cuda --bf16] [--grads]
+                         [--full [--optimizer adamw8bit]]
 
 Writes OUT.rank<r>.npz: the adapter parameters after the run, the logged losses and the result's step count. With
 --grads: no training; the gradients of the first micro-batch (averaged over the ranks) and its loss instead.
---bf16: bf16 base weights and bf16 autocast (the cuda default: CUDA graphs on).
+--bf16: bf16 base weights and bf16 autocast (the cuda default: CUDA graphs on). --full: a full fine-tune of the
+same model instead of the LoRA (tests/training/test_full_finetune.py's config: every weight in float32).
 """
 import argparse
 import os
@@ -17,8 +19,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 
 from flame_models.training.trainer import Trainer  # noqa: E402
-from flame_nn import adapters as A  # noqa: E402
 from tests.training.conftest import tiny_config  # noqa: E402
+from tests.training.test_full_finetune import full_config  # noqa: E402
 
 
 def main():
@@ -33,6 +35,8 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--grads", action="store_true")
+    ap.add_argument("--full", action="store_true")
+    ap.add_argument("--optimizer", default="adamw")
     a = ap.parse_args()
     from pathlib import Path
     train = {"batch_size": a.batch, "gradient_accumulation_steps": a.accum, "gradient_checkpointing": a.ckpt}
@@ -40,22 +44,27 @@ def main():
     if a.bf16:
         train["dtype"] = "bf16"
         top["model"] = {"dtype": "bf16"}
-    c = tiny_config(Path(a.folder), a.name, steps=a.steps, train=train, **top)
+    if a.full:
+        train.update(optimizer=a.optimizer, lr=1e-3, dtype=train.get("dtype", "fp32"))
+        c = full_config(Path(a.folder), a.name, steps=a.steps, dtype="bf16" if a.bf16 else "fp32", train=train,
+                        **({"device": a.device}))
+    else:
+        c = tiny_config(Path(a.folder), a.name, steps=a.steps, train=train, **top)
     c.save.save_every = 3
     tr = Trainer(c, verbose=False, handle_signals=False)
     out = {"world": tr.dist.world_size}
     if a.grads:
         tr.setup()
-        tr.stop = tr.dist.before_step(tr.model, tr.stop)
+        tr.stop = tr.dist.before_step(tr.model, tr.stop, tr.named_adapter_parameters())
         loss, ts = tr._micro_step(tr.loader.next_batch(), 1.0, graph=False)
         loss, _ = tr.dist.reduce_step(tr.stop, loss, ts)
         out["losses"] = np.asarray([loss])
-        out.update({"g/" + k: p.grad.float().numpy() for k, p in A.named_adapter_parameters(tr.model)})
+        out.update({"g/" + k: p.grad.float().numpy() for k, p in tr.named_adapter_parameters()})
     else:
         result = tr.train()
         out["losses"] = np.asarray(result["losses"], dtype=np.float64)
         out["steps"] = result["steps"]
-    out.update({"p/" + k: p.detach().float().numpy() for k, p in A.named_adapter_parameters(tr.model)})
+    out.update({"p/" + k: p.detach().float().numpy() for k, p in tr.named_adapter_parameters()})
     if tr.graphed is not None:   # CUDA graphs: how many shapes were captured, and why a capture failed
         out["graphs_captured"] = tr.graphed.captured
         out["graph_failure"] = str(tr.graphed.failure or "")
