@@ -50,7 +50,7 @@ from flame_nn import adapters as A
 from .. import checkpoint_io as CIO
 from ..data import ConcatDataset, FolderDataset, SampleLoader, SyntheticDataset
 from . import checkpoint as ckpt
-from . import full_finetune, image_data, loss_weights, optimizers, resume, run_folder, tracking
+from . import disk, full_finetune, image_data, loss_weights, optimizers, resume, run_folder, tracking
 from .config import ConfigError, config_dict, dtype_name, fp8_cache_transposes_on
 from .distributed import TrainerGroup, main_rank_only, on_main_rank  # ddp
 from .ema import EMA
@@ -156,6 +156,8 @@ class Trainer:
 
         with self.meter.stage("build"):  # (with max_gpu_memory: the resident blocks chosen by measured steps)
             self._build(checkpoint, state)
+            if self.finished_lora is None:
+                self._check_disk()
             if self.streamer is not None and self.finished_lora is None:  # (auto_fit measures steps)
                 n_params = sum(p.numel() for p in self.params)
                 state_bytes = optimizers.STATE_BYTES[t.optimizer] * n_params  # state made at the first step
@@ -170,6 +172,22 @@ class Trainer:
                 self._fit_limit = flame.memory.get_memory_limit(self.device)
                 self._cache_fp8_transposes()   # the resident blocks' only, now that they are chosen
         return self
+
+    def _check_disk(self):
+        """The run's saves against the free space of its folder's disk (disk.py): an error when one save does not
+        fit, a warning when the ones it keeps do not."""
+        c = self.cfg
+        out_bytes = flame.dtypes.dtype(dtype_name(c.save.dtype)).itemsize * (
+            sum(p.numel() for p in self.model.parameters()) if self.full
+            else sum(p.numel() for _, p in self.named_adapter_parameters()))
+        need = disk.save_bytes(self.named_adapter_parameters(), optimizer=c.train.optimizer,
+                               optimizer_params=c.train.optimizer_params, ema=c.train.ema_config.use_ema,
+                               output_bytes=out_bytes)
+        error, warning = disk.disk_problems(self.out, need, c.save.max_step_saves_to_keep, final_bytes=out_bytes)
+        if error:
+            raise run_folder.RunFolderError(error)
+        if warning:
+            self.log(f"WARNING: {warning}")
 
     def _check_inputs(self):
         """What the model is (its header; nothing loaded yet), then every image / sample, checked against it (stage
