@@ -46,7 +46,7 @@ from .loading import (
 )
 from .pipeline_folder import pipeline_components, write_pipeline_folder
 from .reading import SafetensorsCheckpoint, block_indices, count_indices, describe_keys, key_kinds, keys_under
-from .saving import check_saveable, other_tensors, save_shards, save_weights, shard_groups, write_json
+from .saving import cast_item, check_saveable, other_tensors, save_shards, save_weights, shard_groups, write_json
 
 __all__ = [
     "CheckpointError",
@@ -60,6 +60,6 @@ __all__ = [
     "fp8_on_read", "layout_plan", "listing", "load_planned_", "mismatch_message", "planned_mismatches",
     "planned_reader", "preset", "stored_fp8_reader",
     # saving
-    "check_saveable", "save_shards", "save_weights", "shard_groups", "write_json",
+    "cast_item", "check_saveable", "save_shards", "save_weights", "shard_groups", "write_json",
     "pipeline_components", "write_pipeline_folder",
 ]

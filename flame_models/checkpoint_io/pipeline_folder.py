@@ -38,10 +38,11 @@ def _link_or_copy(src, dst):
     return dst
 
 
-def write_pipeline_folder(path, subfolder, write, base=None, extra=None):
+def write_pipeline_folder(path, subfolder, write, base=None, extra=None, replace=()):
     """Write the denoiser with `write(folder)` into `path`/`subfolder`, with the base pipeline's other components
     beside it (see the module docstring); extra(folder): writes more into the folder being assembled (a family that
-    converts a single-file base's other parts: SDXL). Returns [path]."""
+    converts a single-file base's other parts, or writes trained ones: SDXL), the components named in `replace` not
+    taken from the base. Returns [path]."""
     path = os.fspath(path).rstrip(os.sep)
     if os.path.lexists(path) and not os.path.isdir(path):
         raise FileExistsError(f"{path} exists and is not a folder; a diffusers model is a folder")
@@ -52,7 +53,7 @@ def write_pipeline_folder(path, subfolder, write, base=None, extra=None):
     try:
         os.makedirs(tmp)
         write(os.path.join(tmp, subfolder))
-        parts = [c for c in pipeline_components(base) if c != subfolder]
+        parts = [c for c in pipeline_components(base) if c != subfolder and c not in replace]
         for name in parts:
             shutil.copytree(os.path.join(base, name), os.path.join(tmp, name), copy_function=_link_or_copy)
         if parts:

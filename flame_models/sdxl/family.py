@@ -12,6 +12,7 @@ the conv rank, with the ResBlocks' emb_layers.1 and 1x1 skip convolutions at the
 kohya files (lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q, networks.lora, sdxl_base_v1-0), diffusers'
 in PEFT files (unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q)."""
 import json
+import os
 
 import numpy as np
 
@@ -39,7 +40,7 @@ from .lora_keys import (
     TEXT_ENCODER_TARGETS,
     unet_name_map,
 )
-from .parts import load_sdxl, save_sdxl_components
+from .parts import load_sdxl, save_sdxl, save_sdxl_components
 from .sampling import sample as sdxl_sample
 from .saving import save_unet
 
@@ -131,13 +132,16 @@ class SDXLFamily(DiffusionFamily):
     def lora_name_map(self, model):
         return unet_name_map(model)
 
-    def save_model(self, model, path, dtype, metadata=None, base=None, layout="native", tokenizer=None):
+    def save_model(self, model, path, dtype, metadata=None, base=None, layout="native", tokenizer=None,
+                   text_encoders=None):
         """A full fine-tune's file: the UNet in SAI's names under model.diffusion_model. (as SAI's files); when the
         run's model `base` is an SAI single file, its VAE and text encoders copied beside it bit for bit -- a whole
         checkpoint, as sd_xl_base_1.0.safetensors (A1111 / ComfyUI's checkpoint loader, FLAME's --model alone).
         layout "diffusers": a folder with unet/ and the base's other parts -- a diffusers base's linked, an SAI
         file's VAE, text encoders and tokenizers (`tokenizer`: the run's model.tokenizer_path, default FLAME's packaged
         CLIP vocabulary) converted to diffusers' layout: a whole pipeline."""
+        if text_encoders is not None:   # (train.train_text_encoder) the trained CLIP-L and CLIP-G written too
+            return self._save_with_text_encoders(model, path, dtype, metadata, base, layout, tokenizer, text_encoders)
         if layout == "diffusers":
             extra = None
             if base is not None and str(base).endswith(".safetensors"):
@@ -157,6 +161,28 @@ class SDXLFamily(DiffusionFamily):
                 from flame_core.io import load_metadata
                 metadata = {**(load_metadata(base) or {}), **(metadata or {})}
         return save_unet(model, path, "sai", dtype=dtype, metadata=metadata, extra=extra)
+
+    @staticmethod
+    def _save_with_text_encoders(model, path, dtype, metadata, base, layout, tokenizer, text_encoders):
+        """A full fine-tune with trained text encoders ({"te1": CLIP-L, "te2": CLIP-G}): a whole checkpoint -- the
+        trained UNet and encoders at `dtype`, the base's VAE (from an SAI file or a diffusers folder) -- as one SAI
+        file, or a diffusers folder (the base pipeline's VAE, tokenizers and scheduler linked where it is one)."""
+        te1, te2 = text_encoders["te1"], text_encoders["te2"]
+
+        def write_unet(folder):
+            save_unet(model, folder, "diffusers", dtype=dtype, metadata=metadata)
+        if layout == "diffusers" and CIO.pipeline_components(base):
+            def extra(folder):
+                te1.save_pretrained(os.path.join(folder, "text_encoder"), dtype)
+                te2.save_pretrained(os.path.join(folder, "text_encoder_2"), dtype)
+            return CIO.write_pipeline_folder(path, "unet", write_unet, base, extra=extra,
+                                             replace=("text_encoder", "text_encoder_2"))
+        parts = load_sdxl(base, device="cpu", unet=False, tokenizer=tokenizer)   # the base's VAE and tokenizers
+        parts.unet, parts.clip_l, parts.clip_g = model, te1, te2
+        if layout == "diffusers":
+            return CIO.write_pipeline_folder(path, "unet", write_unet,
+                                             extra=lambda folder: save_sdxl_components(parts, folder, dtype))
+        return save_sdxl(parts, path, "sai", dtype=dtype, metadata=metadata)
 
     def lora_metadata(self, cfg, model):
         meta = {k: v for k, v in KOHYA_METADATA.items()

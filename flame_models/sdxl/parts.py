@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import flame_core as flame
 from flame_core.io import save_file
 
-from ..checkpoint_io import check_saveable, write_json
+from ..checkpoint_io import cast_item, check_saveable, write_json
 from ..text_encoders import load_clip
 from ..tokenization import load_tokenizer
 from ..vae import load_vae
@@ -131,12 +131,13 @@ def _check_parts(parts):
             raise ValueError(f"save_sdxl: {name}'s blocks are streamed; save a model loaded without streaming")
 
 
-def save_sdxl(parts, path, layout="sai"):
+def save_sdxl(parts, path, layout="sai", *, dtype=None, metadata=None):
     """Write SDXLParts as an SAI single file (`path` ending in .safetensors; the tokenizers are not part of that
     format) or a diffusers folder (`path` a new folder: model_index.json, unet/, vae/, text_encoder/,
-    text_encoder_2/, tokenizer/, tokenizer_2/, scheduler/). Nothing half-written is left: the file is renamed into
-    place once complete, the folder is written beside its destination and renamed whole. Returns the paths written
-    (the file, or the folder)."""
+    text_encoder_2/, tokenizer/, tokenizer_2/, scheduler/). dtype: the UNet's and text encoders' floating weights
+    written in it (None: their own; the VAE keeps its own); metadata: more entries of the SAI file's (or the UNet
+    file's) metadata. Nothing half-written is left: the file is renamed into place once complete, the folder is
+    written beside its destination and renamed whole. Returns the paths written (the file, or the folder)."""
     if layout not in LAYOUTS:
         raise ValueError(f"save_sdxl: layout must be 'sai' or 'diffusers', got {layout!r}")
     _check_parts(parts)
@@ -145,7 +146,7 @@ def save_sdxl(parts, path, layout="sai"):
     if layout == "sai":
         if not path.endswith(".safetensors"):
             raise ValueError(f"save_sdxl: an SAI checkpoint is one .safetensors file, got {path!r}")
-        return [_save_sai(parts, path)]
+        return [_save_sai(parts, path, dtype, metadata)]
     if path.endswith(".safetensors"):
         raise ValueError(f"save_sdxl: a diffusers model is a folder, got {path!r}")
     if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
@@ -153,7 +154,7 @@ def save_sdxl(parts, path, layout="sai"):
     tmp = f"{path.rstrip(os.sep)}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        _save_diffusers(parts, tmp)
+        _save_diffusers(parts, tmp, dtype, metadata)
         if os.path.isdir(path):
             os.rmdir(path)
         os.rename(tmp, path)
@@ -163,31 +164,33 @@ def save_sdxl(parts, path, layout="sai"):
     return [path]
 
 
-def _save_sai(parts, path):
+def _save_sai(parts, path, dtype=None, metadata=None):
     with flame.no_grad():
         state = {}
-        state.update({SAI_PREFIX["unet"] + k: p.detach() for k, p in parts.unet.named_parameters()})
+        state.update({SAI_PREFIX["unet"] + k: cast_item(p.detach(), dtype) for k, p in parts.unet.named_parameters()})
         state.update({SAI_PREFIX["vae"] + k: p.detach() for k, p in parts.vae.named_parameters()})
-        state.update({SAI_PREFIX["clip_l"] + k: v.detach() for k, v in parts.clip_l.state_dict().items()})
-        state.update(openclip_state(parts.clip_g, SAI_PREFIX["clip_g"]))
+        state.update({SAI_PREFIX["clip_l"] + k: cast_item(v.detach(), dtype)
+                      for k, v in parts.clip_l.state_dict().items()})
+        state.update({k: cast_item(v, dtype) for k, v in openclip_state(parts.clip_g, SAI_PREFIX["clip_g"]).items()})
     texts = {"clip_l": parts.clip_l.config.to_dict(), "clip_g": parts.clip_g.config.to_dict()}
-    metadata = {"format": "pt", UNET_CONFIG_KEY: json.dumps(parts.unet.config.to_dict(), sort_keys=True),
+    metadata = {**(metadata or {}), "format": "pt",
+                UNET_CONFIG_KEY: json.dumps(parts.unet.config.to_dict(), sort_keys=True),
                 VAE_CONFIG_KEY: json.dumps(parts.vae.config.to_dict(), sort_keys=True),
                 TEXT_CONFIGS_METADATA_KEY: json.dumps(texts, sort_keys=True)}
     save_file(state, path, metadata=metadata)
     return path
 
 
-def _save_diffusers(parts, folder):
+def _save_diffusers(parts, folder, dtype=None, metadata=None):
     os.makedirs(folder)
-    save_unet(parts.unet, os.path.join(folder, "unet"), layout="diffusers")
-    save_sdxl_components(parts, folder)
+    save_unet(parts.unet, os.path.join(folder, "unet"), layout="diffusers", dtype=dtype, metadata=metadata)
+    save_sdxl_components(parts, folder, dtype)
 
 
-def save_sdxl_components(parts, folder):
+def save_sdxl_components(parts, folder, dtype=None):
     """Every part of `parts` but the UNet into the diffusers folder `folder` (existing or not): vae/, text_encoder/,
     text_encoder_2/, tokenizer/, tokenizer_2/, scheduler/ and model_index.json (which lists unet/: the caller writes
-    it -- save_sdxl, or a full fine-tune's trained UNet)."""
+    it -- save_sdxl, or a full fine-tune's trained UNet). dtype: the text encoders' floating weights as written."""
     os.makedirs(folder, exist_ok=True)
     vae_dir = os.path.join(folder, "vae")
     save_vae(parts.vae, vae_dir, layout="diffusers")
@@ -195,8 +198,8 @@ def save_sdxl_components(parts, folder):
         vae_cfg = json.load(f)
     vae_cfg.update(scaling_factor=SCALING_FACTOR, force_upcast=True)  # what diffusers' SDXL pipeline reads
     write_json(os.path.join(vae_dir, "config.json"), vae_cfg, sort_keys=True)
-    parts.clip_l.save_pretrained(os.path.join(folder, "text_encoder"))
-    parts.clip_g.save_pretrained(os.path.join(folder, "text_encoder_2"))
+    parts.clip_l.save_pretrained(os.path.join(folder, "text_encoder"), dtype)
+    parts.clip_g.save_pretrained(os.path.join(folder, "text_encoder_2"), dtype)
     toks = {"tokenizer": parts.clip_l_tokenizer, "tokenizer_2": parts.clip_g_tokenizer}
     for sub, tok in toks.items():
         if tok is not None:

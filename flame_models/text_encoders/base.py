@@ -12,10 +12,11 @@ class TextEncoderModel(flame_nn.GradientCheckpointingMixin, flame_nn.Module):
     def get_input_embeddings(self):
         raise NotImplementedError
 
-    def save_pretrained(self, folder):
-        """config.json + model.safetensors, readable by load_clip / load_t5 and by transformers."""
+    def save_pretrained(self, folder, dtype=None):
+        """config.json + model.safetensors, readable by load_clip / load_t5 and by transformers (dtype: the floating
+        weights written in it; None: their own)."""
         from .saving import save_pretrained
-        return save_pretrained(self, folder)
+        return save_pretrained(self, folder, dtype)
 
     def to(self, *args, **kwargs):
         super().to(*args, **kwargs)

@@ -11,9 +11,10 @@ from .. import checkpoint_io as CIO
 CONFIG_METADATA_KEY = "flame.text_encoder_config"
 
 
-def save_pretrained(model, folder):
-    """Write `model` (CLIPTextModel[WithProjection] or T5EncoderModel) to `folder`; returns the file paths.
-    Models with fp8-stored Linear weights are refused (transformers has no such layout)."""
+def save_pretrained(model, folder, dtype=None):
+    """Write `model` (CLIPTextModel[WithProjection] or T5EncoderModel) to `folder`; returns the file paths. dtype:
+    the floating weights written in it (None: their own). Models with fp8-stored Linear weights are refused
+    (transformers has no such layout)."""
     from flame_nn.offload import is_fp8_linear
     fp8 = [n for n, m in model.named_modules() if is_fp8_linear(m)]
     if fp8:
@@ -23,9 +24,11 @@ def save_pretrained(model, folder):
         raise ValueError("save_pretrained: the blocks are streamed; close the streamer first "
                          "(model.streamer.close())")
     config = _transformers_config(model)
+    if dtype is not None:
+        config["dtype"] = str(dtype).replace("flame.", "")
     os.makedirs(folder, exist_ok=True)
     weights = os.path.join(folder, "model.safetensors")
-    save_file({k: v for k, v in model.state_dict().items()}, weights,
+    save_file({k: CIO.cast_item(v, dtype) for k, v in model.state_dict().items()}, weights,
               metadata={"format": "pt", CONFIG_METADATA_KEY: json.dumps(model.config.to_dict())})
     path = CIO.write_json(os.path.join(folder, "config.json"), config, sort_keys=True)
     return [path, weights]

@@ -20,7 +20,8 @@ Which parameters: every floating parameter of the denoiser, or those `network.ne
 module's diffusers names (`transformer_blocks.3.attn.to_q`), as ai-toolkit's filters match its module names. The
 rest stays frozen in its dtype. Sizes are checked before anything is converted: the trained parameters' float32
 values (unless full_bf16), gradients and optimizer state (state_bytes) must fit what the device has free (or the
-memory budget).
+memory budget). With train.train_text_encoder (SDXL) the text encoders' weights are checked and held alike
+(`extra`: text_training.full_selection) and the family's save_model writes them into the checkpoint.
 """
 import flame_core as flame
 from flame_core.memory.stats import fmt_bytes
@@ -106,18 +107,19 @@ def problems(selected, device, budget, optimizer, setting="network.type", keep_d
 
 
 def make_trainable(model, network, name_map=None, *, device, budget, optimizer, keep_dtype=False,
-                   optimizer_params=None, ema=False):
+                   optimizer_params=None, ema=False, extra=()):
     """Select (select) and check (problems: ConfigError) the parameters to train, then hold each in float32
     (keep_dtype: in the model's dtype -- train.full_bf16) with requires_grad set; every other parameter stays frozen.
-    Returns how many parameter tensors train."""
+    extra: [(name, Parameter)] trained beside them (the text encoders' weights under train.train_text_encoder),
+    checked and held alike. Returns how many of the model's parameter tensors train."""
     selected = select(model, network, name_map)
-    found = problems(selected, device, budget, optimizer, keep_dtype=keep_dtype, optimizer_params=optimizer_params,
-                     ema=ema)
+    found = problems(selected + list(extra) if selected else selected, device, budget, optimizer,
+                     keep_dtype=keep_dtype, optimizer_params=optimizer_params, ema=ema)
     if found:
         raise ConfigError("; ".join(found))
     model.requires_grad_(False)
     with flame.no_grad():
-        for _, p in selected:
+        for _, p in selected + list(extra):
             if p.dtype != flame.float32 and not keep_dtype:
                 p.data = p.data.to(flame.float32)
             p.requires_grad_(True)

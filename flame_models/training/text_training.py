@@ -7,6 +7,8 @@ micro-step encodes the batch's ids through them with autograd inside the capture
 inputs), their parameters train in their own optimizer group (train.text_encoder_lr, else train.lr), checkpoints
 hold them (named '<component>/<module>...'), the LoRA file holds them under kohya's lora_te1_ / lora_te2_ or
 diffusers' text_encoder. / text_encoder_2., and previews encode their prompts with them as they are at that step.
+A full fine-tune (network.type full; SDXL) trains the encoders' own weights instead, held as the denoiser's are
+(float32, or bf16 with train.full_bf16), and writes them into the model it saves (the family's save_model).
 """
 import numpy as np
 
@@ -43,15 +45,35 @@ class CaptionTokens:
             raise DataError(f"caption {caption!r:.80} was not tokenised before training") from None
 
 
+def full_selection(family, encoders):
+    """[('<component>/<name>', Parameter)]: every floating weight of the family's trainable text encoders -- what a
+    full fine-tune trains of them (full_finetune.make_trainable's extra)."""
+    return [(f"{comp}/{k}", p) for comp, te in family.trainable_text_encoders(encoders)
+            for k, p in te.named_parameters() if p.dtype.is_floating_point]
+
+
 class TrainedTextEncoders:
     """The family's text encoders (load_text_encoders' object) with adapters `name` "default" on every Linear of
-    `family.text_encoder_targets`, trainable; see the module docstring."""
+    `family.text_encoder_targets`, trainable -- or, for a full fine-tune (network.type full), their own weights,
+    made trainable by full_finetune.make_trainable (full_selection); see the module docstring."""
 
     def __init__(self, family, encoders, network, train, *, seed):
         self.family, self.encoders = family, encoders
         self.parts = list(family.trainable_text_encoders(encoders))     # [(component, encoder)]
         n = network
         self.n_adapted = 0
+        self.full = n.type == "full"
+        if self.full:
+            for _, te in self.parts:
+                te.enable_gradient_checkpointing(train.gradient_checkpointing)
+                te.train()
+            named = self.named_parameters()
+            if not named:
+                raise ValueError("TrainedTextEncoders: a full fine-tune's text encoders hold no trainable weight "
+                                 "(full_finetune.make_trainable with full_selection makes them trainable first)")
+            self.n_adapted = len(named)
+            self.params = [p for _, p in named]
+            return
         for i, (comp, te) in enumerate(self.parts):
             made = A.inject_adapters(te, list(family.text_encoder_targets), "lora" if n.type == "locon" else n.type,
                                      rank=n.linear, alpha=n.linear_alpha, dropout=n.dropout, rslora=n.rslora,
@@ -63,7 +85,10 @@ class TrainedTextEncoders:
         self.params = [p for _, te in self.parts for p in A.adapter_parameters(te)]
 
     def named_parameters(self):
-        """[('<component>/<adapter parameter name>', Parameter)] (checkpoints)."""
+        """[('<component>/<adapter parameter name>', Parameter)] (checkpoints); a full fine-tune's: its encoders'
+        trained weights."""
+        if self.full:
+            return [(f"{comp}/{k}", p) for comp, te in self.parts for k, p in te.named_parameters() if p.requires_grad]
         return [(f"{comp}/{k}", p) for comp, te in self.parts for k, p in A.named_adapter_parameters(te)]
 
     def modules(self):

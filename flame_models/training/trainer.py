@@ -65,7 +65,7 @@ from .progress import Progress
 from .samples import PreviewPrompt, Previews
 from .stages import StageMeter
 from .streaming import NoStreaming, StreamedBlocks
-from .text_training import TrainedTextEncoders
+from .text_training import TrainedTextEncoders, full_selection
 from .validation import dataset_kinds, image_size_problems, parts_needed
 from .validation_loss import ValidationStage
 
@@ -267,11 +267,15 @@ class Trainer:
                                          **({"stream": True} if stream else {}))
         self.name_map = fam.lora_name_map(self.model)
         if self.full:   # network.type full: the model's own weights, in float32 (full_finetune.py)
+            # (train.train_text_encoder: the encoders' weights too, checked and held with the model's)
+            te = self.prepared.text_encoders if self.prepared is not None else None
             self.n_adapted = full_finetune.make_trainable(self.model, c.network, self.name_map, device=self.device,
                                                           budget=self.budget, optimizer=t.optimizer,
                                                           keep_dtype=t.full_bf16,
                                                           optimizer_params=t.optimizer_params,
-                                                          ema=t.ema_config.use_ema)
+                                                          ema=t.ema_config.use_ema,
+                                                          extra=full_selection(fam, te)
+                                                          if te is not None else ())
             self.params = [p for _, p in full_finetune.trained_parameters(self.model)]
         else:
             self.n_adapted = add_network(self.model, c.network, fam, self.name_map, seed=t.seed, device=self.device,
@@ -471,10 +475,10 @@ class Trainer:
     def named_adapter_parameters(self):
         """[(name, Parameter)] of everything trained (checkpoints): the denoiser's adapters, then the text
         encoders' ('te1/...')."""
+        te = self.text_encoders.named_parameters() if self.text_encoders is not None else []
         if self.full:
-            return full_finetune.trained_parameters(self.model)
-        return A.named_adapter_parameters(self.model) + (self.text_encoders.named_parameters()
-                                                         if self.text_encoders is not None else [])
+            return full_finetune.trained_parameters(self.model) + te
+        return A.named_adapter_parameters(self.model) + te
 
     def _make_scheduler(self, at_step=None):
         """The config's LR schedule over the groups' rates; at_step: positioned there (resume)."""
@@ -816,10 +820,11 @@ class Trainer:
                 mine = {str(k) for k in c.meta}   # ai-toolkit's meta entries, beside FLAME's own
                 meta = {k: str(v) for k, v in meta.items() if k.startswith("flame.") or k in mine}
                 meta["flame.network"] = "full"
+                trained_te = {} if self.text_encoders is None else {"text_encoders": self.text_encoders.modules()}
                 self.family.save_model(self.model, path, flame.dtypes.dtype(dtype_name(c.save.dtype)), metadata=meta,
                                        base=c.model.name_or_path,
                                        layout="diffusers" if c.save.save_format == "diffusers" else "native",
-                                       tokenizer=c.model.tokenizer_path)
+                                       tokenizer=c.model.tokenizer_path, **trained_te)
                 return path
             A.save_adapters(self.model, path, c.save.format, name_map=self.name_map, dtype=dtype_name(c.save.dtype),
                             metadata=meta,

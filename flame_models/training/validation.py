@@ -42,7 +42,7 @@ _ADAPTER_SETTINGS = ("linear", "linear_alpha", "dropout", "rslora", "lokr_factor
 
 def _full_problems(cfg, p):
     """What network.type full cannot be given with: the adapters' settings, the LoRA file's layout, and what this
-    version does not train in full (text encoders, fp8-stored or streamed blocks, several processes)."""
+    version does not train in full (fp8-stored or streamed blocks; text encoders: see validate's family checks)."""
     e, given, t, m = [], cfg.given, cfg.train, cfg.model
     for k in _ADAPTER_SETTINGS:
         if f"network.{k}" in given:
@@ -51,9 +51,6 @@ def _full_problems(cfg, p):
     if "save.format" in given:
         e.append(f"{p}save.format: the LoRA file's layout; a full fine-tune writes the model in its own checkpoint "
                  f"layout (leave save.format out), or as a diffusers folder with save.save_format: diffusers")
-    if t.train_text_encoder:
-        e.append(f"{p}train.train_text_encoder: not with network.type full yet (the denoiser trains in full, the text "
-                 f"encoders not at all); train a LoRA to adapt them")
     if m.quantize:
         e.append(f"{p}model.quantize: fp8-stored weights cannot be trained in full; leave it out with network.type "
                  f"full")
@@ -419,6 +416,12 @@ def _family_checks(cfg, family, p):
     if cfg.train.train_text_encoder and family.text_encoder_targets is None:
         e.append(f"{p}train.train_text_encoder: the {family.name} family cannot train its text encoders (available "
                  f"for sdxl)")
+    if cfg.network.type == "full" and cfg.train.train_text_encoder and family.name != "sdxl":
+        e.append(f"{p}train.train_text_encoder: with network.type full only for SDXL (its checkpoint holds the text "
+                 f"encoders; the {family.name} family writes its denoiser alone); train a LoRA to adapt them")
+    elif cfg.network.type == "full" and cfg.train.train_text_encoder and not cfg.model.name_or_path:
+        e.append(f"{p}train.train_text_encoder: with network.type full the written checkpoint takes the base "
+                 f"model's VAE -- give model.name_or_path")
     if cfg.network.type == "full" and family.save_model is None:
         e.append(f"{p}network.type: full -- the {family.name} family cannot write its model (no save_model); train "
                  f"adapters")

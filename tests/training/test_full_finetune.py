@@ -354,13 +354,13 @@ def test_save_format_diffusers_writes_a_pipeline_folder_that_generates_alone(tmp
     generates_alone(out, tmp_path / "generated")
 
 
-def generates_alone(model, folder):
-    """generate --model `model` with nothing else beside it writes an image."""
+def generates_alone(model, folder, *extra):
+    """generate --model `model` with nothing else beside it (but `extra` arguments) writes an image."""
     import os
 
     from flame_models import generate
     assert generate.main(["--model", str(model), "--prompt", "ohwx", "--width", "64", "--height", "64", "--steps", "2",
-                          "--seed", "1", "--output", str(folder)]) == 0
+                          "--seed", "1", "--output", str(folder), *extra]) == 0
     assert [f for f in os.listdir(folder) if f.endswith(".png")]
 
 
@@ -463,3 +463,76 @@ def test_diffusers_runs_the_pipeline_of_an_sai_files_fine_tune(tmp_path):
     assert set(sd) == set(trained)
     for k, v in sd.items():
         np.testing.assert_array_equal(v.float().numpy(), trained[k].detach().float().numpy(), err_msg=k)
+
+
+@pytest.mark.parametrize("layout", ["safetensors", "diffusers"])
+def test_text_encoders_train_in_full_and_go_into_the_written_checkpoint(tmp_path, layout, sdxl_model):  # noqa: F811
+    """train.train_text_encoder with network.type full (kohya's sdxl_train.py --train_text_encoder): CLIP-L and
+    CLIP-G's own weights train in float32 at train.text_encoder_lr beside the UNet; the written model holds the
+    trained UNet and encoders (rounded to save.dtype) with the base's VAE -- from an SAI file as one SAI checkpoint
+    or a diffusers folder, from a diffusers folder as a pipeline folder whose VAE is linked and whose encoders are
+    new -- and generate reads it alone; a restart resumes the encoders' weights exactly."""
+    import os
+
+    from flame_models.sdxl import load_sdxl
+    if layout == "safetensors":
+        cfg, base = sai_run_config(tmp_path, "te", steps=2)
+    else:
+        base = sdxl_model
+        cfg = image_config(tmp_path, "te", base, draw_images(tmp_path / "images", 2, 2), steps=2,
+                           model={"arch": "sdxl", "t5_max_length": None})
+        cfg.network.type, cfg.save.dtype, cfg.save.save_format = "full", "bf16", "diffusers"
+    cfg.train.train_text_encoder, cfg.train.text_encoder_lr = True, 1e-4
+    tr = Trainer(cfg, verbose=False).setup()
+    te = tr.text_encoders
+    assert te.full and te.n_adapted == len(te.params) > 10
+    assert all(p.requires_grad and p.dtype == flame.float32 for p in te.params)
+    assert [g["lr"] for g in tr.optimizer.param_groups] == [cfg.train.lr, 1e-4]
+    before = {k: _numpy(p) for k, p in te.named_parameters()}
+    out = tr.train()["lora"]
+    after = dict(te.named_parameters())
+    moved = [k for k in before if not np.array_equal(before[k], _numpy(after[k]))]
+    assert len(moved) > 0.5 * len(before)
+    got = load_sdxl(out, device="cpu")
+    for comp, mine in (("clip_l", te.modules()["te1"]), ("clip_g", te.modules()["te2"])):
+        written = dict(getattr(got, comp).state_dict())
+        for k, v in mine.state_dict().items():
+            np.testing.assert_array_equal(written[k].float().numpy(), v.detach().to(flame.bfloat16).float().numpy(),
+                                          err_msg=f"{comp} {k}")
+    base_vae = dict(load_sdxl(base, device="cpu").vae.state_dict())
+    for k, v in got.vae.state_dict().items():
+        np.testing.assert_array_equal(v.float().numpy(), base_vae[k].float().numpy(), err_msg=f"vae {k}")
+    if layout == "diffusers":
+        assert not os.path.samefile(os.path.join(out, "text_encoder", "model.safetensors"),
+                                    os.path.join(base, "text_encoder", "model.safetensors"))
+        vae = [f for f in os.listdir(os.path.join(out, "vae")) if f.endswith(".safetensors")][0]
+        assert os.path.samefile(os.path.join(out, "vae", vae), os.path.join(base, "vae", vae))
+    # (the tiny fixture's CLIPs embed its own small vocabulary: an SAI file holds no tokenizer)
+    from sdxl_tiny import SDXL_FIXTURE
+    generates_alone(out, tmp_path / "generated", *(["--tokenizer", SDXL_FIXTURE] if layout == "safetensors" else []))
+
+
+def test_full_text_encoder_training_is_for_sdxl_with_a_base(tmp_path):
+    with pytest.raises(ConfigError, match=r"train\.train_text_encoder: with network\.type full only for SDXL"):
+        full_config(tmp_path, "flux_te", train={"train_text_encoder": True})
+
+
+def test_full_text_encoder_training_resumes_exactly(tmp_path):
+    def run():
+        cfg, _ = sai_run_config(tmp_path, "te_resume", steps=6)
+        cfg.train.train_text_encoder = True
+        return Trainer(cfg, verbose=False).setup()
+    full = run()
+    for _ in range(2):
+        full.train_step()
+    full.save_checkpoint()
+    want_loss = [full.train_step()[0] for _ in range(2)]
+    want = {k: _numpy(p) for k, p in full.text_encoders.named_parameters()}
+    again = run()
+    assert again.resumed_from and again.step == 2
+    got_loss = [again.train_step()[0] for _ in range(2)]
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
+    got = dict(again.text_encoders.named_parameters())
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        np.testing.assert_array_equal(_numpy(got[k]), v, err_msg=k)
