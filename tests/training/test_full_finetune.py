@@ -446,12 +446,15 @@ def test_an_sai_files_fine_tune_as_diffusers_is_a_whole_pipeline(tmp_path):
     generates_alone(out, tmp_path / "generated")
 
 
-def test_diffusers_runs_the_pipeline_of_an_sai_files_fine_tune(tmp_path):
+@pytest.mark.parametrize("text_encoders", [False, True])
+def test_diffusers_runs_the_pipeline_of_an_sai_files_fine_tune(tmp_path, text_encoders):
     """The oracle (where torch and diffusers are installed): StableDiffusionXLPipeline.from_pretrained loads the
-    folder an SAI file's fine-tune wrote -- every component -- and generates; its UNet holds the trained weights."""
+    folder an SAI file's fine-tune wrote -- every component -- and generates; its UNet (and, with
+    train.train_text_encoder, its text encoders) holds the trained weights."""
     diffusers = pytest.importorskip("diffusers")
     pytest.importorskip("torch")
     cfg, _ = sai_run_config(tmp_path, "oracle", steps=1, save_dtype="fp32", save_format="diffusers")
+    cfg.train.train_text_encoder = text_encoders
     tr = Trainer(cfg, verbose=False)
     out = tr.train()["lora"]
     pipe = diffusers.StableDiffusionXLPipeline.from_pretrained(out)
@@ -463,6 +466,15 @@ def test_diffusers_runs_the_pipeline_of_an_sai_files_fine_tune(tmp_path):
     assert set(sd) == set(trained)
     for k, v in sd.items():
         np.testing.assert_array_equal(v.float().numpy(), trained[k].detach().float().numpy(), err_msg=k)
+    if text_encoders:   # transformers' CLIP modules hold the trained weights (its 5.x names drop "text_model.")
+        for comp, module in (("te1", pipe.text_encoder), ("te2", pipe.text_encoder_2)):
+            mine = {k.removeprefix("text_model."): v for k, v in tr.text_encoders.modules()[comp].state_dict().items()}
+            theirs = {k.removeprefix("text_model."): v for k, v in module.state_dict().items()}
+            shared = set(theirs) & set(mine)
+            assert len(shared) > 0.9 * len(mine), (comp, sorted(set(mine) - shared)[:5])
+            for k in shared:
+                np.testing.assert_array_equal(theirs[k].float().numpy(), mine[k].detach().float().numpy(),
+                                              err_msg=f"{comp} {k}")
 
 
 @pytest.mark.parametrize("layout", ["safetensors", "diffusers"])
