@@ -100,17 +100,17 @@ class TrainerGroup:
         return t[self.rank * b:(self.rank + 1) * b].contiguous()
 
     def before_step(self, model, stop, parameters=None):
-        """At each optimizer step: the trained parameters -- `parameters`, [(name, Parameter)] (a full fine-tune's
-        weights), default `model`'s adapters -- wrapped in DistributedDataParallel the first time; returns the stop
-        request (None or the trainer's StopRequest) as the step should hold it: made collective (AgreedStop) with
-        several ranks."""
+        """At each optimizer step: the trained parameters -- `parameters()`, [(name, Parameter)] (called once, at
+        the wrapping: a full fine-tune's weights), default `model`'s adapters -- wrapped in DistributedDataParallel
+        the first time; returns the stop request (None or the trainer's StopRequest) as the step should hold it:
+        made collective (AgreedStop) with several ranks."""
         if self.world_size == 1:
             return stop
         if self.ddp is None:
             from flame_nn import adapters
             from flame_nn.parallel import DistributedDataParallel
             self.ddp = DistributedDataParallel(model, broadcast_buffers=False, process_group=self.group,
-                                               parameters=parameters if parameters is not None
+                                               parameters=parameters() if parameters is not None
                                                else adapters.named_adapter_parameters(model))
         return stop if stop is None or isinstance(stop, AgreedStop) else AgreedStop(stop)
 

@@ -573,7 +573,7 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0]
         losses, ts, indices, captions = [], [], [], []
         # ddp: what trains (adapters, or a full fine-tune's weights) wrapped at the first step
-        self.stop = self.dist.before_step(self.model, self.stop, self.named_adapter_parameters())
+        self.stop = self.dist.before_step(self.model, self.stop, self.named_adapter_parameters)
         with self.dist.accumulation(t.gradient_accumulation_steps):  # ddp: local micro-steps, then one average
             for _ in range(t.gradient_accumulation_steps):
                 batch = self.loader.next_batch()

@@ -55,7 +55,7 @@ def main():
     out = {"world": tr.dist.world_size}
     if a.grads:
         tr.setup()
-        tr.stop = tr.dist.before_step(tr.model, tr.stop, tr.named_adapter_parameters())
+        tr.stop = tr.dist.before_step(tr.model, tr.stop, tr.named_adapter_parameters)
         loss, ts = tr._micro_step(tr.loader.next_batch(), 1.0, graph=False)
         loss, _ = tr.dist.reduce_step(tr.stop, loss, ts)
         out["losses"] = np.asarray([loss])
