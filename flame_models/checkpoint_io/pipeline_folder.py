@@ -10,6 +10,7 @@ a 9 GB T5), copies otherwise; only the denoiser is new.
 Nothing half-written is left: the folder is assembled beside its destination and renamed into place; an existing
 folder at `path` (the same step written again) is replaced whole, as os.replace replaces a file.
 """
+import glob
 import os
 import shutil
 
@@ -49,7 +50,8 @@ def write_pipeline_folder(path, subfolder, write, base=None, extra=None, replace
     parent = os.path.dirname(path) or "."
     os.makedirs(parent, exist_ok=True)
     tmp, old = f"{path}.partial-{os.getpid()}", f"{path}.old-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    for stale in glob.glob(glob.escape(path) + ".partial-*") + glob.glob(glob.escape(path) + ".old-*"):
+        shutil.rmtree(stale, ignore_errors=True)   # a process that died mid-write left them (one writer a folder)
     try:
         os.makedirs(tmp)
         write(os.path.join(tmp, subfolder))

@@ -78,6 +78,10 @@ def test_written_again_replaces_the_folder_and_a_failure_keeps_the_old(tmp_path)
     with open(weights) as f:
         assert f.read() == "SECOND"
     assert sorted(os.listdir(tmp_path)) == ["blobs", "model", "snapshot"]
+    os.makedirs(tmp_path / "model.old-99999" / "transformer")     # a process killed between its two renames
+    os.makedirs(tmp_path / "model.partial-99998")
+    write_pipeline_folder(out, "transformer", _denoiser("FOURTH"), base=base)
+    assert sorted(os.listdir(tmp_path)) == ["blobs", "model", "snapshot"]   # the stale ones cleared
     (tmp_path / "file").write_text("x")
     with pytest.raises(FileExistsError, match="not a folder"):
         write_pipeline_folder(str(tmp_path / "file"), "transformer", _denoiser("x"))
