@@ -3,13 +3,15 @@ in a save that cannot be written (a full fine-tune's checkpoint of Flux-dev hold
 model file another 24 GB).
 
     need = save_bytes(named, optimizer="adamw8bit", output_bytes=n_out * 2, ema=False)
-    problem, note = disk_problems(run_dir, need, keep=4, existing=...)
+    problem, note = disk_problems(run_dir, need, keep=4, final_bytes=n_out * 2)
 
 One save writes a checkpoint (the trained parameters as they are held, the optimizer's state, the EMA's float32
 shadow) and a LoRA / model file (at save.dtype); the run keeps save.max_step_saves_to_keep of them and writes the
 next before the oldest goes, so it holds up to keep + 1 at once, plus the final file. An error when not even one
 save fits the free space; a warning when keep + 1 do not (the run would stop at a later save). Estimates: the small
-files (state.json, the random streams, the loss log) and the file system's blocks are not counted.
+files (state.json, the random streams, the loss log) and the file system's blocks are not counted. A full
+fine-tune is checked twice: from the model's header (its weights counted on a model without storage) before the
+caches are built, and exactly once the model is built.
 """
 import shutil
 
@@ -18,11 +20,12 @@ from flame_core.memory.stats import fmt_bytes
 from .full_finetune import state_bytes
 
 
-def save_bytes(named, *, optimizer, optimizer_params=None, ema=False, output_bytes=0):
-    """Bytes one save writes: the checkpoint of `named` ([(name, Parameter)], at their own dtypes) with
-    `optimizer`'s state and, with `ema`, a float32 shadow; plus `output_bytes` (the step's LoRA / model file)."""
+def save_bytes(named, *, optimizer, optimizer_params=None, ema=False, output_bytes=0, held_itemsize=None):
+    """Bytes one save writes: the checkpoint of `named` ([(name, Parameter)], at their own dtypes, or at
+    `held_itemsize` bytes each: a model not yet converted for training) with `optimizer`'s state and, with `ema`, a
+    float32 shadow; plus `output_bytes` (the step's LoRA / model file)."""
     params = list(named)
-    total = sum(p.numel() * p.dtype.itemsize for _, p in params)
+    total = sum(p.numel() * (held_itemsize or p.dtype.itemsize) for _, p in params)
     total += sum(state_bytes(optimizer, p, optimizer_params) for _, p in params)
     if ema:
         total += sum(p.numel() * 4 for _, p in params)

@@ -141,6 +141,8 @@ class Trainer:
         checkpoint, state = resume.choose_checkpoint(c, self.out, fresh=self.fresh, fingerprint=self.data_fingerprint,
                                                      dist=self.dist, log=self.log)
         self.finished_lora = resume.finished_lora(self._output(), t.steps, state)
+        if self.full and self.finished_lora is None and self._model is None:
+            self._check_disk_early()   # (a full fine-tune's saves are the model's size: before the caches)
 
         # image folders and text prompts: latents and text embeddings cached, their encoders freed
         previews_on = bool(c.sample.sample_every) and not t.disable_sampling
@@ -188,6 +190,20 @@ class Trainer:
             raise run_folder.RunFolderError(error)
         if warning:
             self.log(f"WARNING: {warning}")
+
+    def _check_disk_early(self):
+        """A full fine-tune's one save against the disk's free space from the model's header (its weights counted on
+        a model without storage, network.network_kwargs' filters applied), before anything is cached or loaded."""
+        c, fam = self.cfg, self.family
+        probe = fam.empty_model(self.spec, flame.dtypes.dtype(dtype_name(c.model.dtype)), "cpu")
+        selected = full_finetune.select(probe, c.network, fam.lora_name_map(probe))
+        out_bytes = flame.dtypes.dtype(dtype_name(c.save.dtype)).itemsize * sum(p.numel() for p in probe.parameters())
+        need = disk.save_bytes(selected, optimizer=c.train.optimizer, optimizer_params=c.train.optimizer_params,
+                               ema=c.train.ema_config.use_ema, output_bytes=out_bytes,
+                               held_itemsize=None if c.train.full_bf16 else 4)
+        error, _ = disk.disk_problems(self.out, need, c.save.max_step_saves_to_keep, final_bytes=out_bytes)
+        if error:
+            raise run_folder.RunFolderError(error)
 
     def _check_inputs(self):
         """What the model is (its header; nothing loaded yet), then every image / sample, checked against it (stage

@@ -59,3 +59,19 @@ def test_kept_saves_that_cannot_fit_are_a_warning(tmp_path, monkeypatch, capsys)
     Trainer(tiny_config(tmp_path, "fine", steps=4, save={"dtype": "bf16", "max_step_saves_to_keep": 3}),
             verbose=True).setup()
     assert "WARNING: save:" not in capsys.readouterr().out
+
+
+def test_a_full_fine_tunes_save_is_checked_before_the_caches(tmp_path, monkeypatch, tiny_model):
+    """A full fine-tune's save is the model's size: checked from the header before any latent or text embedding is
+    cached, with the weights as the checkpoint holds them (float32)."""
+    from flame_models.training import image_data
+
+    from .conftest import draw_images, image_config
+    cfg = image_config(tmp_path, "early", tiny_model, draw_images(tmp_path / "images", 2, 2), steps=2)
+    cfg.network.type = "full"
+    _free(monkeypatch, 1000)
+    cached = []
+    monkeypatch.setattr(image_data, "prepare", lambda *a, **k: cached.append(1))
+    with pytest.raises(RunFolderError, match=r"one save of this run writes about"):
+        Trainer(cfg, verbose=False).setup()
+    assert not cached
