@@ -149,7 +149,8 @@ class SDXLFamily(DiffusionFamily):
                     prefix = ckpt.prefix
                 if CIO.other_tensors(base, prefix):   # an SAI checkpoint: its VAE, encoders and tokenizers in
                     def extra(folder):                # diffusers' layout beside the UNet (a whole pipeline)
-                        save_sdxl_components(load_sdxl(base, device="cpu", unet=False, tokenizer=tokenizer), folder)
+                        save_sdxl_components(load_sdxl(base, device="cpu", tokenizer=tokenizer,
+                                                       parts=("vae", "clip_l", "clip_g")), folder)
             return CIO.write_pipeline_folder(path, "unet", lambda d: save_unet(
                 model, d, "diffusers", dtype=dtype, metadata=metadata), base, extra=extra)
         extra = []
@@ -177,7 +178,7 @@ class SDXLFamily(DiffusionFamily):
                 te2.save_pretrained(os.path.join(folder, "text_encoder_2"), dtype)
             return CIO.write_pipeline_folder(path, "unet", write_unet, base, extra=extra,
                                              replace=("text_encoder", "text_encoder_2"))
-        parts = load_sdxl(base, device="cpu", unet=False, tokenizer=tokenizer)   # the base's VAE and tokenizers
+        parts = load_sdxl(base, device="cpu", tokenizer=tokenizer, parts=("vae",))   # the base's VAE, tokenizers
         parts.unet, parts.clip_l, parts.clip_g = model, te1, te2
         if layout == "diffusers":
             return CIO.write_pipeline_folder(path, "unet", write_unet,

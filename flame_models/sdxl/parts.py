@@ -63,25 +63,33 @@ class SDXLParts:
     files: SDXLFiles = None
 
 
+PARTS = ("unet", "vae", "clip_l", "clip_g")
+
+
 def load_sdxl(path, dtype=None, device=None, *, vae=None, clip_l=None, clip_g=None, tokenizer=None, configs=None,
-              unet=True):
+              parts=PARTS):
     """Every part of an SDXL model (SDXLParts) from an SAI single file or a diffusers folder (or a UNet with the
     other parts named: vae=, clip_l=, clip_g=, tokenizer=; see find_sdxl_files), in `dtype` (default: each part's
     stored dtype) on `device`, frozen, in eval mode. configs: {"unet" | "vae" | "clip_l" | "clip_g": config or dict
-    of fields} for what the weights cannot tell. unet=False: every part but the UNet (parts.unet None). Every part
-    is checked (headers) before any weight is read."""
+    of fields} for what the weights cannot tell. parts: which of PARTS to read (the others None; the tokenizers
+    always). Every part is checked (headers) before any weight is read."""
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise ValueError(f"load_sdxl: parts must be among {PARTS}, got {sorted(unknown)}")
     files = path if isinstance(path, SDXLFiles) else find_sdxl_files(path, vae=vae, clip_l=clip_l, clip_g=clip_g,
                                                                     tokenizer=tokenizer, configs=configs)
     c = files.configs
-    unet = load_unet(files.unet, dtype=dtype, device=device, config=files.config) if unet else None
-    vae_model = load_vae(files.vae, dtype=dtype, device=device, config=c.get("vae"))
     text = dict(dtype=dtype, device=device, quantize=None)
-    clip_l_model = load_clip(files.clip_l, prefix=files.prefixes.get("clip_l"), config=c.get("clip_l"),
-                             projection=False, **text)
-    clip_g_model = load_clip(files.clip_g, prefix=files.prefixes.get("clip_g"), config=c.get("clip_g"),
-                             projection=True, **text)
-    return SDXLParts(unet, vae_model, clip_l_model, clip_g_model, load_tokenizer("clip_l", files.clip_l_tokenizer),
-                     load_tokenizer("clip_g", files.clip_g_tokenizer), files)
+    got = {
+        "unet": lambda: load_unet(files.unet, dtype=dtype, device=device, config=files.config),
+        "vae": lambda: load_vae(files.vae, dtype=dtype, device=device, config=c.get("vae")),
+        "clip_l": lambda: load_clip(files.clip_l, prefix=files.prefixes.get("clip_l"), config=c.get("clip_l"),
+                                    projection=False, **text),
+        "clip_g": lambda: load_clip(files.clip_g, prefix=files.prefixes.get("clip_g"), config=c.get("clip_g"),
+                                    projection=True, **text)}
+    loaded = {k: got[k]() if k in parts else None for k in PARTS}
+    return SDXLParts(**loaded, clip_l_tokenizer=load_tokenizer("clip_l", files.clip_l_tokenizer),
+                     clip_g_tokenizer=load_tokenizer("clip_g", files.clip_g_tokenizer), files=files)
 
 
 # ----------------------------------------------------------------------------- saving

@@ -13,6 +13,7 @@ files (state.json, the random streams, the loss log) and the file system's block
 fine-tune is checked twice: from the model's header (its weights counted on a model without storage) before the
 caches are built, and exactly once the model is built.
 """
+import os
 import shutil
 
 from flame_core.memory.stats import fmt_bytes
@@ -35,7 +36,6 @@ def save_bytes(named, *, optimizer, optimizer_params=None, ema=False, output_byt
 def free_bytes(folder):
     """Free bytes of the file system `folder` is on (its nearest existing parent's), or None where it cannot be
     told."""
-    import os
     where = os.path.abspath(folder)
     while not os.path.exists(where) and os.path.dirname(where) != where:
         where = os.path.dirname(where)

@@ -142,7 +142,7 @@ class Trainer:
                                                      dist=self.dist, log=self.log)
         self.finished_lora = resume.finished_lora(self._output(), t.steps, state)
         if self.full and self.finished_lora is None and self._model is None:
-            self._check_disk_early()   # (a full fine-tune's saves are the model's size: before the caches)
+            self._check_disk(early=True)   # (a full fine-tune's saves are the model's size: before the caches)
 
         # image folders and text prompts: latents and text embeddings cached, their encoders freed
         previews_on = bool(c.sample.sample_every) and not t.disable_sampling
@@ -175,35 +175,27 @@ class Trainer:
                 self._cache_fp8_transposes()   # the resident blocks' only, now that they are chosen
         return self
 
-    def _check_disk(self):
+    def _check_disk(self, early=False):
         """The run's saves against the free space of its folder's disk (disk.py): an error when one save does not
-        fit, a warning when the ones it keeps do not."""
-        c = self.cfg
-        out_bytes = flame.dtypes.dtype(dtype_name(c.save.dtype)).itemsize * (
-            sum(p.numel() for p in self.model.parameters()) if self.full
-            else sum(p.numel() for _, p in self.named_adapter_parameters()))
-        need = disk.save_bytes(self.named_adapter_parameters(), optimizer=c.train.optimizer,
-                               optimizer_params=c.train.optimizer_params, ema=c.train.ema_config.use_ema,
-                               output_bytes=out_bytes)
+        fit, a warning when the ones it keeps do not. early (a full fine-tune, before anything is cached or loaded):
+        counted from the model's header -- its weights on a model without storage, network.network_kwargs' filters
+        applied, held in float32 unless full_bf16 -- the error alone."""
+        c, fam = self.cfg, self.family
+        if early:
+            model = fam.empty_model(self.spec, flame.dtypes.dtype(dtype_name(c.model.dtype)), "cpu")
+            trained = full_finetune.select(model, c.network, fam.lora_name_map(model))
+        else:
+            model, trained = self.model, self.named_adapter_parameters()
+        written = list(model.parameters()) if self.full else [p for _, p in trained]
+        out_bytes = flame.dtypes.dtype(dtype_name(c.save.dtype)).itemsize * sum(p.numel() for p in written)
+        need = disk.save_bytes(trained, optimizer=c.train.optimizer, optimizer_params=c.train.optimizer_params,
+                               ema=c.train.ema_config.use_ema, output_bytes=out_bytes,
+                               held_itemsize=4 if early and not c.train.full_bf16 else None)
         error, warning = disk.disk_problems(self.out, need, c.save.max_step_saves_to_keep, final_bytes=out_bytes)
         if error:
             raise run_folder.RunFolderError(error)
-        if warning:
+        if warning and not early:
             self.log(f"WARNING: {warning}")
-
-    def _check_disk_early(self):
-        """A full fine-tune's one save against the disk's free space from the model's header (its weights counted on
-        a model without storage, network.network_kwargs' filters applied), before anything is cached or loaded."""
-        c, fam = self.cfg, self.family
-        probe = fam.empty_model(self.spec, flame.dtypes.dtype(dtype_name(c.model.dtype)), "cpu")
-        selected = full_finetune.select(probe, c.network, fam.lora_name_map(probe))
-        out_bytes = flame.dtypes.dtype(dtype_name(c.save.dtype)).itemsize * sum(p.numel() for p in probe.parameters())
-        need = disk.save_bytes(selected, optimizer=c.train.optimizer, optimizer_params=c.train.optimizer_params,
-                               ema=c.train.ema_config.use_ema, output_bytes=out_bytes,
-                               held_itemsize=None if c.train.full_bf16 else 4)
-        error, _ = disk.disk_problems(self.out, need, c.save.max_step_saves_to_keep, final_bytes=out_bytes)
-        if error:
-            raise run_folder.RunFolderError(error)
 
     def _check_inputs(self):
         """What the model is (its header; nothing loaded yet), then every image / sample, checked against it (stage

@@ -158,7 +158,8 @@ class Adafactor(Optimizer):
         done = set()
         for step, items in buckets.items():
             table = MT.table_of(self, [row for _, _, row in items],
-                                lambda rows, salts=[s for _, s, _ in items]: MT.kernels.adafactor_table(rows, salts))
+                                lambda rows, row_salts=[s for _, s, _ in items]:
+                                MT.kernels.adafactor_table(rows, row_salts))
             rel = group["lr"]
             if group["relative_step"]:
                 rel = min(1e-6 * step if group["warmup_init"] else 1e-2, 1.0 / math.sqrt(step))

@@ -83,6 +83,17 @@ def test_load_sdxl_gives_every_part(parts):
     assert parts.unet.dtype == F32 and not any(p.requires_grad for p in parts.unet.parameters())
 
 
+def test_load_sdxl_reads_only_the_parts_asked(files, parts):
+    vae_only = load_sdxl(files, dtype=F32, device="cpu", parts=("vae",))
+    assert vae_only.unet is None and vae_only.clip_l is None and vae_only.clip_g is None
+    assert vae_only.clip_l_tokenizer is not None and vae_only.clip_g_tokenizer is not None
+    want = dict(parts.vae.state_dict())
+    for k, v in vae_only.vae.state_dict().items():
+        np.testing.assert_array_equal(v.numpy(), want[k].numpy(), err_msg=k)
+    with pytest.raises(ValueError, match="parts must be among"):
+        load_sdxl(files, parts=("vae", "t5"))
+
+
 # ----------------------------------------------------------------------------- against diffusers
 def test_prompt_encoding_matches_diffusers(files, golden):
     g, meta = golden
