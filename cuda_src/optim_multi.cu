@@ -352,18 +352,15 @@ extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_factors_multi
     }
 }
 
-extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_rms_multi(
-        const i64* __restrict__ tensors, const int* __restrict__ chunk_tensor, const i64* __restrict__ chunk_start,
-        const i64* __restrict__ dims) {
-    __shared__ float red[OM_THREADS / 32];
-    const AfRow a = af_row(tensors, chunk_tensor, chunk_start, dims);
+// every element of a chunk in its layout (vector, batch of small matrices, one matrix): f(i, u) with u the element's
+// update before clipping, g / sqrt(v) (the RMS pass sums u^2, the update applies it)
+template <typename F>
+__device__ __forceinline__ void af_each(const AfRow& a, F f) {
     const OmRow& r = a.r;
-    float su = 0.f;
     if (!a.C) {
         for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS) {
             const i64 i = r.start + j;
-            const float u = __fmul_rn(rsqrtf(r.b[i]), load_grad(r.g, i, r.kind));
-            su += __fmul_rn(u, u);
+            f(i, __fmul_rn(rsqrtf(r.b[i]), load_grad(r.g, i, r.kind)));
         }
     } else if (a.batched) {
         i64 m0, m1;
@@ -374,18 +371,27 @@ extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_rms_multi(
             for (int k = 0; k < R; ++k)
                 for (int c = 0; c < C; ++c) {
                     const i64 i = (m * R + k) * C + c;
-                    const float u = af_u(a, m * R + k, m * C + c, load_grad(r.g, i, r.kind), inv_mean);
-                    su += __fmul_rn(u, u);
+                    f(i, af_u(a, m * R + k, m * C + c, load_grad(r.g, i, r.kind), inv_mean));
                 }
         }
     } else {
         const float inv_mean = 1.f / r.d[2];
         AfPos pos(r.start, a.C);
         for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS, pos.next()) {
-            const float u = af_u(a, pos.row, pos.col, load_grad(r.g, r.start + j, r.kind), inv_mean);
-            su += __fmul_rn(u, u);
+            const i64 i = r.start + j;
+            f(i, af_u(a, pos.row, pos.col, load_grad(r.g, i, r.kind), inv_mean));
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_rms_multi(
+        const i64* __restrict__ tensors, const int* __restrict__ chunk_tensor, const i64* __restrict__ chunk_start,
+        const i64* __restrict__ dims) {
+    __shared__ float red[OM_THREADS / 32];
+    const AfRow a = af_row(tensors, chunk_tensor, chunk_start, dims);
+    const OmRow& r = a.r;
+    float su = 0.f;
+    af_each(a, [&](i64, float u) { su += __fmul_rn(u, u); });
     su = om_block_sum(su, red);
     if (threadIdx.x == 0) atomicAdd(&r.d[1], su);
 }
@@ -421,29 +427,5 @@ extern "C" __global__ void __launch_bounds__(OM_THREADS) adafactor_update_multi(
     s.weight_decay = weight_decay;
     s.decay = 1.f - weight_decay * s.lr_t;
     s.seed = seed;
-    if (!a.C) {
-        for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS) {
-            const i64 i = r.start + j;
-            af_apply(r, i, __fmul_rn(rsqrtf(r.b[i]), load_grad(r.g, i, r.kind)), s);
-        }
-    } else if (a.batched) {
-        i64 m0, m1;
-        af_matrices(a, &m0, &m1);
-        const int R = (int)a.R, C = (int)a.C;
-        for (i64 m = m0 + threadIdx.x; m < m1; m += OM_THREADS) {
-            const float inv_mean = af_matrix_inv_mean(a, m);
-            for (int k = 0; k < R; ++k)
-                for (int c = 0; c < C; ++c) {
-                    const i64 i = (m * R + k) * C + c;
-                    af_apply(r, i, af_u(a, m * R + k, m * C + c, load_grad(r.g, i, r.kind), inv_mean), s);
-                }
-        }
-    } else {
-        const float inv_mean = 1.f / r.d[2];
-        AfPos pos(r.start, a.C);
-        for (i64 j = threadIdx.x; j < r.n; j += OM_THREADS, pos.next()) {
-            const i64 i = r.start + j;
-            af_apply(r, i, af_u(a, pos.row, pos.col, load_grad(r.g, i, r.kind), inv_mean), s);
-        }
-    }
+    af_each(a, [&](i64 i, float u) { af_apply(r, i, u, s); });
 }
