@@ -131,6 +131,9 @@ def parser():
     add("--targets", help="preset (flux, sd3: attention, attention_all, all_linear; sdxl: attention, all_linear, "
                           "all_linear_resnet) or comma-separated name patterns (default attention; the demo "
                           "all_linear)")
+    add("--network-weights", metavar="LORA", help="start from this LoRA file (kohya, LyCORIS, PEFT / diffusers): its "
+                                                  "layers, kind, ranks and values, trained on (network."
+                                                  "pretrained_lora_path, kohya's --network_weights; default: none)")
     add("--format", choices=["kohya", "peft"], help=f"LoRA file layout (default {s.format})")
     add("--save-format", choices=["safetensors", "diffusers"],
         help="with --network full: the model as one .safetensors file in its checkpoint layout, or as a diffusers "
@@ -228,6 +231,7 @@ def build_config(a):
                           "gradient_checkpointing": None if a.gradient_checkpointing is None
                           else a.gradient_checkpointing == "on"},
                 "network": {"linear": a.rank, "linear_alpha": a.alpha, "type": a.network,
+                            "pretrained_lora_path": a.network_weights,
                             "target": None if a.targets is None else (a.targets if "," not in a.targets
                                                                       else a.targets.split(","))},
                 "save": {"format": a.format, "save_every": a.save_every, "save_format": a.save_format},

@@ -95,31 +95,33 @@ def loras_for(loras, component):
     return [(path, weight) for path, weight in loras if component in lora_parts(path)]
 
 
-def check_lora_part(path, model, name_map, component, error):
+def check_lora_part(path, model, name_map, component, error, label="--lora"):
     """The adapters of one part of a LoRA file (formats.load's component) fit `model`'s layers (names, shapes,
-    kinds); `error` names the file."""
+    kinds); `error` names the file (after `label`, the option that gave it). Returns the part's canonical adapters
+    ({module: [AdapterPart]})."""
     layers = (flame_nn.Linear, flame_nn.Conv2d)   # (SDXL's LoCon files adapt its convolutions)
     shapes = {n: tuple(m.weight.shape) for n, m in model.named_modules() if isinstance(m, layers)}
     try:
         modules, _ = A.formats.load(path, set(shapes), name_map=name_map, component=component)
     except A.AdapterFormatError as e:
-        raise error(f"--lora {path}: {_reason(e, path)}") from None
+        raise error(f"{label} {path}: {_reason(e, path)}") from None
     for mod, parts in modules.items():
         out_f, in_f, kernel = shapes[mod][0], shapes[mod][1], shapes[mod][2:]
         for p in parts:
             lo, hi = p.rows if p.rows is not None else (0, out_f)
             if p.shape != (hi - lo, in_f):
-                raise error(f"--lora {path}: the adapter on {mod} is {p.shape[0]}x{p.shape[1]} but "
+                raise error(f"{label} {path}: the adapter on {mod} is {p.shape[0]}x{p.shape[1]} but "
                             f"this {type(model).__name__}'s {'Conv2d' if kernel else 'Linear'} (rows {lo}:{hi}) "
                             f"is {hi - lo}x{in_f}: a LoRA for another model size?")
             down = p.tensors.get("lora_down.weight")
             if kernel and p.kind != "lora":
-                raise error(f"--lora {path}: a {p.kind} adapter on the convolution {mod}; convolutions take "
+                raise error(f"{label} {path}: a {p.kind} adapter on the convolution {mod}; convolutions take "
                             f"LoRA only")
             if kernel and down is not None and tuple(down.shape[2:]) not in (kernel, () if kernel == (1, 1)
                                                                               else kernel):
-                raise error(f"--lora {path}: the adapter on {mod} has a {tuple(down.shape[2:])} kernel, the "
+                raise error(f"{label} {path}: the adapter on {mod} has a {tuple(down.shape[2:])} kernel, the "
                             f"convolution's is {kernel}")
+    return modules
 
 
 def _reason(e, path):

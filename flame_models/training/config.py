@@ -57,6 +57,9 @@ class NetworkConfig:
                                                       # LoRA / DoRA / LoCon train at lr x ratio (the paper: 16)
     loraplus_unet_lr_ratio: typing.Optional[float] = None          # the denoiser's ratio (default the one above)
     loraplus_text_encoder_lr_ratio: typing.Optional[float] = None  # the text encoders' (default the one above)
+    pretrained_lora_path: typing.Optional[str] = None  # start from this LoRA file's adapters and values (ai-toolkit's
+                                         # name; kohya's network_weights): its layers, kind, ranks and scales; the
+                                         # settings above left out are the file's (training/pretrained_lora.py)
 
 
 @dataclass
@@ -278,7 +281,9 @@ class TrainConfig:
 
 
 _INTERNAL = ("warnings", "given")
-_ALIASES = {NetworkConfig: {"rank": "linear", "alpha": "linear_alpha"}, SaveConfig: {"save_dtype": "dtype"},
+_ALIASES = {NetworkConfig: {"rank": "linear", "alpha": "linear_alpha",
+                            "network_weights": "pretrained_lora_path"},   # (kohya's --network_weights)
+            SaveConfig: {"save_dtype": "dtype"},
             TrainSection: {"prior_loss_weight": "reg_weight"},
             ValidationConfig: {"validation_split": "split", "validate_every_n_steps": "every",
                                "eval_steps_interval": "every", "eval_timesteps": "timesteps",

@@ -76,16 +76,21 @@ def adapter_problems(found, rank, kind, setting, device, budget=None, optimizer=
             return [(f"{setting}: rank {rank:,} exceeds min(in, out) of {len(over)} of the {len(dims)} targeted layers "
                     f"(e.g. {n}: {i} in, {o} out); at most {min(min(i, o) for _, i, o in dims):,} for these targets "
                     f"(a higher rank adds parameters, not capacity)")]
-    per_param = 2 * dtype_bytes + STATE_BYTES.get(optimizer, 8)       # value, gradient, moments
     factor = 2 if kind == "loha" else 1
     count = sum(factor * rank * (i + o) for _, i, o in dims) if kind != "lokr" else 0
-    need = count * per_param
+    problem = adapter_fit_problem(count, len(dims), f"{setting}: rank {rank:,}", device, budget, optimizer, dtype_bytes)
+    return [problem] if problem else []
+
+
+def adapter_fit_problem(count, layers, what_makes, device, budget=None, optimizer="adamw", dtype_bytes=4):
+    """Why `count` adapter parameters on `layers` layers (values, gradients, `optimizer`'s moments) do not fit
+    `device` under `budget`, or None. what_makes: the setting that makes them, first in the message."""
+    need = count * (2 * dtype_bytes + STATE_BYTES.get(optimizer, 8))       # value, gradient, moments
     have, what = device_memory(device, budget)
     if have is not None and need > have:
-        return [(f"{setting}: rank {rank:,} makes {count:,} adapter parameters on {len(dims)} layers, "
-                f"{fmt_bytes(need)} with their gradients and optimizer moments: more than the {fmt_bytes(have)} of "
-                f"{what}")]
-    return []
+        return (f"{what_makes} makes {count:,} adapter parameters on {layers} layers, {fmt_bytes(need)} with their "
+                f"gradients and optimizer moments: more than the {fmt_bytes(have)} of {what}")
+    return None
 
 
 def image_problem(width, height, batch_size, device, budget=None):

@@ -2,7 +2,8 @@
 ai-toolkit's train_text_encoder). Instead of caching embeddings the text stage (image_data.py) loads the encoders,
 tokenises every caption the run can draw once (CaptionTokens stands in for the embedding cache: each sample carries
 its caption's token ids) and keeps the encoders on the training device. TrainedTextEncoders then puts adapters on
-their attention and MLP Linears (the family's text_encoder_targets) at the network's kind, rank and alpha; each
+their attention and MLP Linears (the family's text_encoder_targets) at the network's kind, rank and alpha (a
+network.pretrained_lora_path's text-encoder adapters start those layers from the file's values); each
 micro-step encodes the batch's ids through them with autograd inside the captured region (the ids are fixed-shape
 inputs), their parameters train in their own optimizer group (train.text_encoder_lr, else train.lr), checkpoints
 hold them (named '<component>/<module>...'), the LoRA file holds them under kohya's lora_te1_ / lora_te2_ or
@@ -57,7 +58,7 @@ class TrainedTextEncoders:
     `family.text_encoder_targets`, trainable -- or, for a full fine-tune (network.type full), their own weights,
     made trainable by full_finetune.make_trainable (full_selection); see the module docstring."""
 
-    def __init__(self, family, encoders, network, train, *, seed):
+    def __init__(self, family, encoders, network, train, *, seed, pretrained=None):
         self.family, self.encoders = family, encoders
         self.parts = list(family.trainable_text_encoders(encoders))     # [(component, encoder)]
         n = network
@@ -75,10 +76,15 @@ class TrainedTextEncoders:
             self.params = [p for _, p in named]
             return
         for i, (comp, te) in enumerate(self.parts):
-            made = A.inject_adapters(te, list(family.text_encoder_targets), "lora" if n.type == "locon" else n.type,
-                                     rank=n.linear, alpha=n.linear_alpha, dropout=n.dropout, rslora=n.rslora,
-                                     lokr_factor=n.lokr_factor, lokr_full_rank=n.lokr_full_rank,
-                                     generator=flame.Generator("cpu").manual_seed(seed + 5 + i))
+            # network.pretrained_lora_path: the file's adapters of this encoder first, from its values; the other
+            # targeted layers start fresh
+            part = pretrained.text_part(te, comp) if pretrained is not None else {}
+            made = A.inject_from_state(te, part, dropout=n.dropout, rslora=n.rslora) if part else []
+            made += A.inject_adapters(te, list(family.text_encoder_targets), "lora" if n.type == "locon" else n.type,
+                                      rank=n.linear, alpha=n.linear_alpha, dropout=n.dropout, rslora=n.rslora,
+                                      lokr_factor=n.lokr_factor, lokr_full_rank=n.lokr_full_rank,
+                                      skip_adapted=bool(part),
+                                      generator=flame.Generator("cpu").manual_seed(seed + 5 + i))
             self.n_adapted += len(made)
             te.enable_gradient_checkpointing(train.gradient_checkpointing)
             te.train()

@@ -50,7 +50,7 @@ from flame_nn import adapters as A
 from .. import checkpoint_io as CIO
 from ..data import ConcatDataset, FolderDataset, SampleLoader, SyntheticDataset
 from . import checkpoint as ckpt
-from . import disk, full_finetune, image_data, loss_weights, optimizers, resume, run_folder, tracking
+from . import disk, full_finetune, image_data, loss_weights, optimizers, pretrained_lora, resume, run_folder, tracking
 from .config import ConfigError, config_dict, dtype_name, fp8_cache_transposes_on
 from .distributed import TrainerGroup, main_rank_only, on_main_rank  # ddp
 from .ema import EMA
@@ -66,7 +66,7 @@ from .samples import PreviewPrompt, Previews
 from .stages import StageMeter
 from .streaming import NoStreaming, StreamedBlocks
 from .text_training import TrainedTextEncoders, full_selection
-from .validation import dataset_kinds, image_size_problems, parts_needed
+from .validation import dataset_kinds, image_size_problems, parts_needed, validate
 from .validation_loss import ValidationStage
 
 
@@ -91,6 +91,7 @@ class Trainer:
         self.prepared = None
         self.text_encoders = None
         self.finished_lora = None  # a finished run's final LoRA: nothing to cache or train (setup, train)
+        self.pretrained = None     # network.pretrained_lora_path read (pretrained_lora.PretrainedLoRA)
         self.validation_images = self.validation = None  # the held-out ImageDataset; its ValidationStage
         self.streaming = NoStreaming()  # the step's streaming part (max_gpu_memory: StreamedBlocks)
 
@@ -205,6 +206,14 @@ class Trainer:
         problems = fam.spec_problems(c, self.spec)
         if problems:
             raise ConfigError("; ".join(problems))
+        # network.pretrained_lora_path: the file read and checked against the model and the config (which takes its
+        # kind, rank and alpha where it said none) before anything is cached or loaded
+        self.pretrained = pretrained_lora.read(c, fam, self.spec, self._model)
+        if self.pretrained is not None:
+            problems = validate(c, check_files=False)
+            if problems:
+                raise ConfigError(f"network.pretrained_lora_path {self.pretrained.path} holds {c.network.type} "
+                                  f"adapters: " + "; ".join(problems))
         kinds = dataset_kinds(c) if self._dataset is None else []
         self.image_data = "images" in kinds
         if c.validation is not None and not self.image_data:  # (a ready-made dataset has no images to hold out)
@@ -287,13 +296,14 @@ class Trainer:
             self.params = [p for _, p in full_finetune.trained_parameters(self.model)]
         else:
             self.n_adapted = add_network(self.model, c.network, fam, self.name_map, seed=t.seed, device=self.device,
-                                         budget=self.budget, optimizer=t.optimizer)
+                                         budget=self.budget, optimizer=t.optimizer, pretrained=self.pretrained)
             self.params = A.adapter_parameters(self.model)
         self.text_encoders = None   # train.train_text_encoder: adapters on the encoders image_data kept loaded
         if self.prepared is not None and self.prepared.text_encoders is not None:
             if self.dist.world_size > 1:
                 raise ConfigError("train.train_text_encoder: not available with several processes (ddp) yet")
-            self.text_encoders = TrainedTextEncoders(fam, self.prepared.text_encoders, c.network, t, seed=t.seed)
+            self.text_encoders = TrainedTextEncoders(fam, self.prepared.text_encoders, c.network, t, seed=t.seed,
+                                                     pretrained=self.pretrained)
             self.params = self.params + self.text_encoders.params
         if t.checkpoint_save == "none":
             self.model.enable_gradient_checkpointing(t.gradient_checkpointing)

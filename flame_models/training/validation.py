@@ -44,6 +44,10 @@ def _full_problems(cfg, p):
     """What network.type full cannot be given with: the adapters' settings, the LoRA file's layout, and what this
     version does not train in full (fp8-stored or streamed blocks; text encoders: see validate's family checks)."""
     e, given, t, m = [], cfg.given, cfg.train, cfg.model
+    if cfg.network.pretrained_lora_path is not None:
+        e.append(f"{p}network.pretrained_lora_path: a LoRA to train on; network.type full trains the model's own "
+                 f"weights -- bake the LoRA into the model first (python -m flame_nn.adapters.bake) and train the "
+                 f"baked file")
     for k in _ADAPTER_SETTINGS:
         if f"network.{k}" in given:
             e.append(f"{p}network.{k}: an adapter setting; network.type full trains the model's own weights (pick them "
@@ -466,6 +470,9 @@ def file_problems(cfg, family, p=""):
     from .family import ModelFileError
     e, spec = [], None
     path = cfg.model.name_or_path
+    lora = cfg.network.pretrained_lora_path
+    if lora is not None and not os.path.isfile(lora):
+        e.append(f"{p}network.pretrained_lora_path: no such file: {lora}")
     if path is not None and not os.path.exists(path):
         e.append(f"{p}model.name_or_path: no such file or folder: {path}")
     else:

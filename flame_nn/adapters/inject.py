@@ -111,10 +111,11 @@ def _make(kind, mod, rows, rank, alpha, dropout, rslora, lokr_factor, lokr_full_
 def inject_adapters(model, targets, kind="lora", *, name="default", rank=16, alpha=None, dropout=0.0, rslora=False,
                     lokr_factor=-1, lokr_full_rank=False, name_map=None, only_if_contains=None,
                     ignore_if_contains=None, dtype=flame.float32, init_weights="kaiming", generator=None,
-                    freeze_base=True):
+                    freeze_base=True, skip_adapted=False):
     """Attach a new adapter `name` of `kind` to every Linear (or row range) or Conv2d `targets` select ("locon" is
     "lora": a Conv2d gets a LoRAConv2d; dora / lokr / loha on a Conv2d is an AdapterError naming it). The base is frozen
-    (requires_grad False) unless freeze_base=False. Returns [(module name, rows)] in model order."""
+    (requires_grad False) unless freeze_base=False. skip_adapted: layers that already have an adapter `name` are
+    left as they are (else an error). Returns [(module name, rows)] in model order."""
     if kind not in KINDS:
         raise AdapterError(f"unknown adapter kind {kind!r}; known: {', '.join(KINDS)}")
     found = find_targets(model, targets, name_map, only_if_contains, ignore_if_contains)
@@ -124,8 +125,10 @@ def inject_adapters(model, targets, kind="lora", *, name="default", rank=16, alp
                            + (f" (filters only_if_contains={only_if_contains}, ignore_if_contains="
                               f"{ignore_if_contains})" if only_if_contains or ignore_if_contains else "")
                            + f"; the model's Linears and Conv2ds include {names[:6]}")
+    if skip_adapted:
+        found = [f for f in found if not has_adapter(f[1], name)]
     for mod in {id(m): m for _, m, _ in found}.values():
-        if isinstance(mod, AdaptedMixin) and name in mod._adapters:
+        if has_adapter(mod, name):
             raise AdapterError(f"an adapter named {name!r} already exists; pick another name or remove it")
     kind = "lora" if kind == "locon" else kind
     for mod_name, mod, rows in found:     # every problem before anything changes
@@ -152,6 +155,11 @@ def inject_adapters(model, targets, kind="lora", *, name="default", rank=16, alp
 
 
 # ----------------------------------------------------------------------------- queries
+def has_adapter(module, name="default"):
+    """Whether the Linear / Conv2d `module` carries an adapter `name`."""
+    return isinstance(module, AdaptedMixin) and name in module._adapters
+
+
 def adapted_modules(model):
     """[(name, adapted Linear or Conv2d)] in model order."""
     return [(n, m) for n, m in model.named_modules() if isinstance(m, AdaptedMixin)]
@@ -285,27 +293,59 @@ def load_adapters(model, path, *, name="default", weight=1.0, name_map=None, dty
     module_names = [n for n, _ in _linears(model)]
     modules, meta = fmt.load(path, module_names, name_map=model_name_map(model, name_map), component=component)
     if name not in adapter_names(model):
-        for mod_name, parts in modules.items():
-            mod = adapt(model.get_submodule(mod_name))
-            for part in parts:
-                mod.add_adapter(name, _from_part(mod, part, dtype), part.rows)
-    load_adapter_state(model, modules, name)
+        inject_from_state(model, modules, name=name, dtype=dtype, freeze_base=False)
+    else:
+        load_adapter_state(model, modules, name)
     set_adapter_weight(model, name, weight)
     return meta
 
 
-def _from_part(mod, part, dtype):
+def inject_from_state(model, modules, *, name="default", dropout=0.0, rslora=False, dtype=flame.float32,
+                      freeze_base=True):
+    """Attach a new adapter `name` shaped by canonical adapters `modules` ({module name: [AdapterPart]}, as
+    formats.load returns them: each part's kind, rank, rows and factors) and holding their values, scales kept
+    (rslora: the alpha that gives the part's scale under alpha/sqrt(rank)); dropout / rslora apply to the LoRA and
+    DoRA adapters made (PEFT's is_trainable load, kohya's --network_weights). The base is frozen unless
+    freeze_base=False. Every module is checked before anything changes. Returns [(module name, rows)]."""
+    if name in adapter_names(model):
+        raise AdapterError(f"an adapter named {name!r} already exists; pick another name or remove it")
+    names = {n for n, _ in _linears(model)}
+    unknown = [k for k in modules if k not in names]
+    if unknown:
+        raise fmt.AdapterFormatError(f"{len(unknown)} module(s) are not Linears or Conv2ds of the model: "
+                                     f"{unknown[:6]}")
+    made = []
+    for mod_name, parts in modules.items():  # (the adapters are built before any is attached)
+        mod = model.get_submodule(mod_name)
+        for part in parts:
+            try:
+                ad = _from_part(mod, part, dtype, dropout, rslora)
+                ad.load_part(part)
+            except (AdapterError, fmt.AdapterFormatError) as e:
+                raise type(e)(f"{mod_name}{'' if part.rows is None else f' rows {part.rows}'}: {e}") from None
+            made.append((mod_name, mod, part.rows, ad))
+    if freeze_base:
+        model.requires_grad_(False)
+    for mod_name, mod, rows, ad in made:
+        adapt(mod).add_adapter(name, ad, rows)
+    return [(mod_name, rows) for mod_name, _, rows, _ in made]
+
+
+def _from_part(mod, part, dtype, dropout=0.0, rslora=False):
     if isinstance(mod, Conv2d):
         if part.kind != "lora":
             raise fmt.AdapterFormatError(f"the file has a {part.kind} adapter on the Conv2d {mod!r}; convolutions "
                                          f"take LoRA adapters only")
-        return LoRAConv2d.for_conv(mod, part.rank, dtype=dtype)
+        return LoRAConv2d.for_conv(mod, part.rank, dropout=dropout, rslora=rslora, dtype=dtype)
     lo, hi = part.rows if part.rows is not None else (0, mod.weight.shape[0])
     n_in, dev = mod.weight.shape[1], mod.weight.device
     if part.kind in ("lora", "dora"):
         if part.kind == "dora":
-            return DoRA(n_in, hi - lo, part.rank, base_weight=base_rows(mod, lo, hi), device=dev, dtype=dtype)
-        return LoRA(n_in, hi - lo, part.rank, device=dev, dtype=dtype)
+            return DoRA(n_in, hi - lo, part.rank, dropout=dropout, rslora=rslora, base_weight=base_rows(mod, lo, hi),
+                        device=dev, dtype=dtype)
+        return LoRA(n_in, hi - lo, part.rank, dropout=dropout, rslora=rslora, device=dev, dtype=dtype)
+    if dropout:
+        raise AdapterError(f"{part.kind} has no input dropout (LyCORIS's does not either); use dropout 0")
     if part.kind == "loha":
         return LoHa(n_in, hi - lo, part.rank, device=dev, dtype=dtype)
     w1 = part.tensors["lokr_w1"]

@@ -31,8 +31,20 @@ def make_samples(folder, n=4, h=4, w=4, txt=(8, 32), pooled=16, seed=0):
     return str(folder)
 
 
-def tiny_config(tmp_path, name, steps=6, train=None, **top):
-    """A flux-tiny run on 8 synthetic 32x32 samples, LoRA r4 on every block Linear, fp32 on the cpu."""
+def _drop(d, drop):
+    """d without the dotted keys `drop` ("network.linear": a default of these helpers the test leaves out)."""
+    for key in drop:
+        *path, last = key.split(".")
+        sec = d
+        for k in path:
+            sec = sec[k]
+        sec.pop(last, None)
+    return d
+
+
+def tiny_config(tmp_path, name, steps=6, train=None, drop=(), **top):
+    """A flux-tiny run on 8 synthetic 32x32 samples, LoRA r4 on every block Linear, fp32 on the cpu. drop: dotted
+    keys of these settings to leave out."""
     t = {"steps": steps, "batch_size": 2, "optimizer": "adamw", "lr": 3e-3, "lr_warmup_steps": 2, "dtype": "fp32",
          "gradient_checkpointing": False, "seed": 0}
     t.update(train or {})
@@ -46,7 +58,7 @@ def tiny_config(tmp_path, name, steps=6, train=None, **top):
             d[k] = {**d[k], **v}
         else:
             d[k] = v
-    return config_from_dict(d)
+    return config_from_dict(_drop(d, drop))
 
 
 @pytest.fixture(scope="session")
@@ -71,8 +83,9 @@ def draw_images(folder, n_concept=3, n_other=3, size=64, wide=0):
     return str(folder)
 
 
-def image_config(tmp_path, name, model_path, images, steps=4, train=None, **top):
-    """A run on an image folder with the tiny model: 64 px buckets, LoRA r4, T5 at 8 tokens, fp32 on the cpu."""
+def image_config(tmp_path, name, model_path, images, steps=4, train=None, drop=(), **top):
+    """A run on an image folder with the tiny model: 64 px buckets, LoRA r4, T5 at 8 tokens, fp32 on the cpu. drop:
+    dotted keys of these settings to leave out."""
     t = {"steps": steps, "batch_size": 2, "optimizer": "adamw", "lr": 3e-3, "dtype": "fp32",
          "gradient_checkpointing": False, "seed": 0}
     t.update(train or {})
@@ -86,7 +99,7 @@ def image_config(tmp_path, name, model_path, images, steps=4, train=None, **top)
             d[k] = {**d[k], **v}
         else:
             d[k] = v
-    return config_from_dict(d)
+    return config_from_dict(_drop(d, drop))
 
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")

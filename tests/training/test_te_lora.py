@@ -210,3 +210,34 @@ def test_the_random_tiny_preset_trains_its_text_encoders(tmp_path, images):
     result = tr.train()
     assert np.isfinite(result["losses"]).all() and tr.text_encoders.n_adapted == 24
     assert any(k.startswith("lora_te2_") for k in io.load_file(result["lora"]))
+
+
+def test_a_run_on_a_pretrained_lora_continues_its_text_encoder_adapters(tmp_path, images, sdxl_model):
+    """network.pretrained_lora_path with the text encoders trained: the file's lora_te1_ / lora_te2_ adapters start
+    CLIP-L's and CLIP-G's (as the UNet's start from its lora_unet_ ones); without train.train_text_encoder such a
+    file is refused, naming it, before anything is encoded (the cached embeddings would drop that part)."""
+    first = sdxl_config(tmp_path, "te_first", sdxl_model, images, steps=2, train=TE_TRAIN, network={"linear_alpha": 2})
+    path = Trainer(first, verbose=False).train()["lora"]
+    drop = ("network.type", "network.linear", "network.linear_alpha", "network.target")
+    cfg = sdxl_config(tmp_path, "te_second", sdxl_model, images, steps=2, train=TE_TRAIN, drop=drop,
+                      network={"pretrained_lora_path": path})
+    tr = Trainer(cfg, verbose=False).setup()
+    assert (tr.cfg.network.linear, tr.cfg.network.linear_alpha) == (4, 2.0)
+    for comp, te in tr.text_encoders.parts:
+        want = A.formats.load(path, [n for n, _ in te.named_modules()], component=comp)[0]
+        got = A.adapter_state(te)
+        assert want and set(got) == set(want), comp
+        for m in want:
+            for g, w in zip(got[m], want[m]):
+                assert g.scale == pytest.approx(w.scale)
+                for k in w.tensors:
+                    np.testing.assert_allclose(g.tensors[k], w.tensors[k], rtol=1e-6, err_msg=f"{comp} {m} {k}")
+    unet = A.formats.load(path, [n for n, _ in tr.model.named_modules()], name_map=tr.name_map)[0]
+    assert set(A.adapter_state(tr.model)) == set(unet)
+    assert np.isfinite(tr.train()["losses"]).all()
+    off = sdxl_config(tmp_path, "te_off", sdxl_model, images, steps=2, drop=drop,
+                      network={"pretrained_lora_path": path})
+    trainer = Trainer(off, verbose=False)
+    with pytest.raises(ConfigError, match="holds text-encoder adapters .*train.train_text_encoder: true"):
+        trainer.setup()
+    assert trainer.prepared is None
