@@ -28,6 +28,7 @@ _DDPM_NOTE = "Chroma trains with flow matching (train.timestep_type, train.weigh
 class ChromaFamily(FlowSamplerPreviews, FlowMatchingFamily):
     name = "chroma"
     label = "Chroma"
+    takes_negative_prompt = True
     model_words = "a Chroma transformer"
     model_class = Chroma
     parts, pipeline = chroma_parts, flux_vae

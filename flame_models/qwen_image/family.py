@@ -35,6 +35,7 @@ _DDPM_NOTE = "Qwen-Image trains with flow matching (train.timestep_type, train.w
 class QwenImageFamily(FlowSamplerPreviews, FlowMatchingFamily):
     name = "qwen_image"
     label = "Qwen-Image"
+    takes_negative_prompt = True
     model_words = "a Qwen-Image transformer"
     model_class = QwenImageTransformer2DModel
     parts, pipeline = qwen_parts, qwen_stages

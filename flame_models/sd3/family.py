@@ -30,6 +30,7 @@ _DDPM_NOTE = "SD3 trains with flow matching (train.timestep_type, train.weightin
 class SD3Family(FlowSamplerPreviews, FlowMatchingFamily):
     name = "sd3"
     label = "SD3"
+    takes_negative_prompt = True
     model_words = "an SD3 / SD3.5 MMDiT"
     model_class = MMDiT
     parts, pipeline = sd3_parts, sd3_pipeline

@@ -51,6 +51,7 @@ _FLOW_NOTE = "SDXL trains with the DDPM objective (train.prediction_type, min_sn
 class SDXLFamily(DiffusionFamily):
     name = "sdxl"
     label = "SDXL"
+    takes_negative_prompt = True
     model_words = "an SDXL UNet"
     model_class = SDXLUNet
     spec_attr = "config"

@@ -156,6 +156,8 @@ class ModelFamily:
     conv_linear_targets = ()
     text_encoder_targets = None
     control_images = False        # whether it trains on datasets' control_path images ("control_latents")
+    takes_negative_prompt = False  # whether its previews run CFG against a negative prompt (negative_prompt; a
+                                   # sample prompt's --n)
     config_defaults = {}
     fields = ()
     field_notes = {}

@@ -41,7 +41,8 @@ from ..data.images import probe_image
 from ..data.masks import MaskCache
 from ..data.reg_mix import RegMixLoader
 from ..data.text_trim import MASK_KEY
-from .samples import PreviewPrompt, split_ctrl_img
+from . import prompt_options
+from .samples import PreviewPrompt
 from .text_training import CaptionTokens
 
 PREVIEW_TILE = 512  # pixels: previews are decoded in tiles of this size under max_gpu_memory
@@ -84,12 +85,11 @@ def text_cache_folder(cfg):
 
 
 def sample_prompts(cfg, dataset):
-    """[(prompt text, dataset index or None)]: sample.prompts ([trigger] replaced, a `--ctrl_img <path>` taken out:
-    preview_controls), else the captions of the first sample.num_samples distinct images of the dataset (not of its
-    regularisation images)."""
+    """[(prompt text, dataset index or None)]: sample.prompts ([trigger] replaced, their flags -- --w, --h, --n,
+    --ctrl_img, ...: prompt_options -- taken out), else the captions of the first sample.num_samples distinct images
+    of the dataset (not of its regularisation images)."""
     if cfg.sample.prompts:
-        return [(apply_trigger(split_ctrl_img(p)[0], cfg.trigger_word, add_if_missing=False), None)
-                for p in cfg.sample.prompts]
+        return [(apply_trigger(o.text, cfg.trigger_word, add_if_missing=False), None) for o in prompt_options_of(cfg)]
     if dataset is None:
         return []
     out, seen = [], set()
@@ -104,21 +104,33 @@ def sample_prompts(cfg, dataset):
     return out
 
 
+def prompt_options_of(cfg):
+    """[PromptOptions per sample.prompts entry] (prompt_options.parse; validation reported any that do not read)."""
+    return [prompt_options.parse(p) for p in cfg.sample.prompts]
+
+
+def preview_sizes(cfg):
+    """[(height, width) per sample prompt] -- a prompt's --h / --w, else sample.height / width -- or the one default
+    size when the previews come from the dataset's captions."""
+    default = (cfg.sample.height, cfg.sample.width)
+    return [o.size(*default) for o in prompt_options_of(cfg)] or [default]
+
+
 def preview_controls(cfg, family):
     """[LatentSpec or None per sample prompt]: for a family that edits with a control image (Flux Kontext), the
-    `--ctrl_img <path>` of each of sample.prompts (ai-toolkit's flag), cover-resized and centred to the previews'
-    size (sample.width x sample.height), kept in host memory; [] without such prompts."""
+    `--ctrl_img <path>` of each of sample.prompts (ai-toolkit's flag), cover-resized and centred to the prompt's
+    preview size (its --w / --h, else sample.width x sample.height), kept in host memory; [] without such prompts."""
     if not family.control_images or not cfg.sample.prompts:
         return []
-    paths = [split_ctrl_img(p)[1] for p in cfg.sample.prompts]
+    paths = [o.ctrl_img for o in prompt_options_of(cfg)]
     if not any(paths):
         return []
-    bucket = Bucket(cfg.sample.width, cfg.sample.height)
     specs = []
-    for path in paths:
+    for path, (h, w) in zip(paths, preview_sizes(cfg)):
         if not path:
             specs.append(None)
             continue
+        bucket = Bucket(w, h)
         rec = probe_image(path, os.path.dirname(path) or ".")     # decoded whole: a broken file fails here, named
         p = place(rec.width, rec.height, bucket)
         specs.append(LatentSpec(rec.path, rec.sha256, bucket, p.resized, p.crop, False, False))
@@ -128,12 +140,13 @@ def preview_controls(cfg, family):
 class Prepared:
     """What the stages leave for training: the loader (image data), the preview prompts, the preview decoder
     and the device bytes a preview decode needs; with train.train_text_encoder the loaded text encoders, the
-    prompts' texts and the negative prompt (the prompts' conditioning is encoded at each preview); the held-out
+    prompts' texts and negative prompts (the prompts' conditioning is encoded at each preview); the held-out
     images over the caches (validation: a TrainingDataset) when the run has a validation loss."""
 
     def __init__(self):
         self.loader = self.latents = self.texts = self.validation = None
-        self.text_encoders = self.negative = None
+        self.text_encoders = None
+        self.negatives = []      # each preview prompt's negative text (its --n, else the run's), or None
         self.prompt_texts = []
         self.prompts = []
         self.decode = None
@@ -154,6 +167,7 @@ def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, ve
     c, fam, dev = cfg, family, device
     out = Prepared()
     prompts = sample_prompts(c, dataset)
+    options = prompt_options_of(c) if c.sample.prompts else [None] * len(prompts)   # each prompt's flags
     controls = preview_controls(c, fam) if encode else []
     loader = None
     train_te = c.train.train_text_encoder and dataset is not None
@@ -196,11 +210,14 @@ def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, ve
                 log(f"loss masks: {out.encoded['masks']} placed on the latent grid ({len(specs)} masked samples; the "
                     f"rest were cached)")
             if vae is not None:
-                out.decode, out.decode_bytes = _decoder(fam, vae, (c.sample.height, c.sample.width), dev, meter)
+                out.decode, out.decode_bytes = _decoder(fam, vae, max(preview_sizes(c), key=lambda hw: hw[0] * hw[1]),
+                                                        dev, meter)   # (sized for the largest preview)
             del vae
 
     # ---- text
     negative = fam.negative_prompt(c) if prompts else None
+    # each prompt's negative: its --n, else the run's (families whose previews take one: prompt_options)
+    negatives = [o.negative if o is not None and o.negative is not None else negative for o in options]
     if train_te:
         with meter.stage("text"):
             log(f"text encoders: {fam.describe_text_encoders(c.model, dev, budget)}, kept on {dev} to train "
@@ -210,15 +227,15 @@ def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, ve
             texts.fill(captions + [""])
         loader.dataset.check(epochs)
         out.validation = _validation_data(validation, latents, texts)
-        out.text_encoders, out.negative = enc, negative
+        out.text_encoders, out.negatives = enc, negatives
         out.prompt_texts = [text for text, _ in prompts]
         out.prompts = [PreviewPrompt(text, _control(fam, dataset, latents, i, controls, k),
-                                     None if i is None else latents.load(dataset.latent_spec(i)))
+                                     None if i is None else latents.load(dataset.latent_spec(i)), options[k])
                        for k, (text, i) in enumerate(prompts)]
         out.loader, out.latents, out.texts = loader, latents, texts
         return out
     wanted = list(dict.fromkeys(captions + [p for p, _ in prompts] + ([""] if captions else [])
-                                + ([negative] if negative is not None else [])))
+                                + [n for n in negatives if n is not None]))
     if wanted:
         with meter.stage("text"):
             missing = texts.missing(wanted)
@@ -241,9 +258,11 @@ def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, ve
         if _plan_text_trim(fam, texts, captions, trim):
             log(trim.describe())
     out.validation = _validation_data(validation, latents, texts, trim)
-    neg = {} if negative is None else {f"negative_{k}": v for k, v in texts.load(negative).items()}
-    out.prompts = [PreviewPrompt(text, {**texts.load(text), **neg, **_control(fam, dataset, latents, i, controls, k)},
-                                 None if i is None else latents.load(dataset.latent_spec(i)))
+    def neg(k):
+        return {} if negatives[k] is None else {f"negative_{key}": v for key, v in texts.load(negatives[k]).items()}
+    out.prompts = [PreviewPrompt(text,
+                                 {**texts.load(text), **neg(k), **_control(fam, dataset, latents, i, controls, k)},
+                                 None if i is None else latents.load(dataset.latent_spec(i)), options[k])
                    for k, (text, i) in enumerate(prompts)]
     out.loader, out.latents, out.texts = loader, latents, texts
     return out

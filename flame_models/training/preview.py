@@ -67,26 +67,28 @@ def save_image(img, path):
 
 
 def save_image_grid(rows, path, col_labels=None, row_labels=None, title=None, gap=4):
-    """Write a labelled PNG grid (atomically). rows: list of rows, each a list of (H, W, 3) uint8 arrays (one
-    size; shorter rows leave blanks); col_labels above the columns, row_labels (wrapped) left of the rows, an
-    optional title line on top."""
+    """Write a labelled PNG grid (atomically). rows: list of rows, each a list of (H, W, 3) uint8 arrays (of any
+    sizes: a row is as tall as its tallest image, a column as wide as the widest image; shorter rows leave blanks);
+    col_labels above the columns, row_labels (wrapped) left of the rows, an optional title line on top."""
     from PIL import Image, ImageDraw
 
-    h, w = rows[0][0].shape[:2]
-    n_rows, n_cols = len(rows), max(len(r) for r in rows)
+    heights = [max(np.shape(img)[0] for img in r) if r else 0 for r in rows]
+    w = max(np.shape(img)[1] for r in rows for img in r)
+    n_cols = max(len(r) for r in rows)
     font = _font(13)
     line_h = 16
     label_w = 0
     wrapped = []
     if row_labels:
         chars = max(14, min(28, w // 7))
-        wrapped = [textwrap.wrap(str(t), chars)[:max(1, h // line_h)] or [""] for t in row_labels]
+        wrapped = [textwrap.wrap(str(t), chars)[:max(1, heights[i] // line_h)] or [""]
+                   for i, t in enumerate(row_labels)]
         label_w = 7 * max(len(x) for lines in wrapped for x in lines) + 2 * gap
     top = (line_h + gap if title else 0) + (line_h + gap if col_labels else 0)
     width = label_w + n_cols * (w + gap) + gap
     if title:
         width = max(width, 7 * len(title) + 2 * gap)
-    canvas = Image.new("RGB", (width, top + n_rows * (h + gap) + gap), (255, 255, 255))
+    canvas = Image.new("RGB", (width, top + sum(x + gap for x in heights) + gap), (255, 255, 255))
     d = ImageDraw.Draw(canvas)
     y0 = gap
     if title:
@@ -95,13 +97,14 @@ def save_image_grid(rows, path, col_labels=None, row_labels=None, title=None, ga
     if col_labels:
         for j, text in enumerate(col_labels):
             d.text((label_w + gap + j * (w + gap), y0), str(text), fill=(0, 0, 0), font=font)
+    y = top + gap
     for i, row in enumerate(rows):
-        y = top + gap + i * (h + gap)
         if wrapped:
             for k, line in enumerate(wrapped[i]):
                 d.text((gap, y + k * line_h), line, fill=(0, 0, 0), font=font)
         for j, img in enumerate(row):
             canvas.paste(Image.fromarray(np.asarray(img, dtype=np.uint8)), (label_w + gap + j * (w + gap), y))
+        y += heights[i] + gap
     return save_image(canvas, path)
 
 

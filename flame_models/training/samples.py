@@ -1,6 +1,8 @@
 """Samples during training: each sampling step writes the prompts' latents (safetensors) and, with a VAE, one
 decoded PNG per prompt; the grid of every sampling step (rows = prompts, columns = steps) is rebuilt from those files
 after a resume, so it keeps its earlier columns. Without a VAE the grid shows latent projections, labelled so."""
+import copy
+import dataclasses
 import os
 import re
 from typing import NamedTuple
@@ -12,29 +14,19 @@ from flame_core import io
 from .preview import PROJECTION_TITLE, projection_images, save_image, save_image_grid, to_uint8
 
 
-def split_ctrl_img(prompt):
-    """(text, control image path or None) of a sample prompt: ai-toolkit's `--ctrl_img <path>` (Flux Kontext's
-    previews: the image the prompt edits) taken out; the path runs to the next ` --` or the end (a path with spaces
-    reads, as in ai-toolkit). '' when the flag has no path."""
-    m = re.search(r"(?:^|\s)--ctrl_img(?=\s|$)", prompt)
-    if m is None:
-        return prompt, None
-    rest = prompt[m.end():]
-    nxt = re.search(r"\s--\S", rest)
-    path = (rest[:nxt.start()] if nxt else rest).strip()
-    return (prompt[:m.start()] + (rest[nxt.start():] if nxt else "")).strip(), path
-
-
 class PreviewPrompt(NamedTuple):
-    label: str          # the row's label: the prompt text, or where the conditioning came from
-    cond: dict          # the family's conditioning arrays (sample_keys[1:])
-    ref: object = None  # the training latents (C, h, w) of a dataset item the prompt belongs to, or None
+    label: str              # the row's label: the prompt text, or where the conditioning came from
+    cond: dict              # the family's conditioning arrays (sample_keys[1:])
+    ref: object = None      # the training latents (C, h, w) of a dataset item the prompt belongs to, or None
+    options: object = None  # the prompt's own flags (prompt_options.PromptOptions: size, seed, steps, guidance,
+                            # sampler), or None: sample.*'s
 
 
 class Previews:
     """The sample prompts of a run and the samples made so far. `decode(latents (N, C, h, w)) -> images (N, 3, H,
     W) in [-1, 1]`, or None for latent projections. Size: sample.width / height (the trainer defaults them to the
-    dataset's resolution)."""
+    dataset's resolution); a prompt's flags (PreviewPrompt.options: --w, --h, --d, --s, --l, --ss) override sample.*
+    for it."""
 
     def __init__(self, family, cfg, prompts, folder, device, decode=None, verbose=True):
         self.family, self.cfg, self.folder, self.device, self.verbose = family, cfg, folder, device, verbose
@@ -44,42 +36,69 @@ class Previews:
         self.refs = None         # the "data" column (decoded once), when every prompt has a reference
         self.grid_columns = None  # the column labels of the last grid written
 
-    def size(self):
-        return self.cfg.sample.height, self.cfg.sample.width
+    def size(self, i=None):
+        """(height, width) of prompt i's previews (its --h / --w, else sample.height / width); of the run's
+        default without i."""
+        sm = self.cfg.sample
+        o = None if i is None else self.prompts[i].options
+        return (sm.height, sm.width) if o is None else o.size(sm.height, sm.width)
 
     def image_path(self, step, i):
         return os.path.join(self.folder, f"step_{step:06d}_{i}.png")
 
+    def _settings(self, i):
+        """sample(...)'s arguments for prompt i: sample.*, with the prompt's flags where it has them."""
+        sm, o = self.cfg.sample, self.prompts[i].options
+        h, w = self.size(i)
+        cfg = self.cfg
+        if o is not None and o.sampler is not None:   # (--ss: the family reads its sampler from the config)
+            cfg = copy.copy(cfg)
+            cfg.sample = dataclasses.replace(sm, sampler=o.sampler)
+
+        def pick(name, default):
+            v = None if o is None else getattr(o, name)
+            return default if v is None else v
+        return dict(height=h, width=w, steps=pick("steps", sm.sample_steps),
+                    guidance=pick("guidance", sm.guidance_scale),
+                    seed=pick("seed", sm.seed + (i if sm.walk_seed else 0)), **self.family.sample_options(cfg))
+
     def run(self, model, step, progress_file=None):
         """Sample every prompt at `step` with the model as it is (the caller swaps EMA weights in); returns the
         step's files (per prompt PNGs with a VAE, else the latents file)."""
-        sm, fam = self.cfg.sample, self.family
-        h, w = self.size()
-        bar = _bar(len(self.prompts) * sm.sample_steps, f"sample @ {step}", self.verbose, progress_file)
+        fam = self.family
+        settings = [self._settings(i) for i in range(len(self.prompts))]
+        bar = _bar(sum(a["steps"] for a in settings), f"sample @ {step}", self.verbose, progress_file)
         lat = []
-        options = fam.sample_options(self.cfg)
         try:
-            for i, p in enumerate(self.prompts):
-                z = fam.sample(model, p.cond, height=h, width=w, steps=sm.sample_steps, guidance=sm.guidance_scale,
-                               seed=sm.seed + (i if sm.walk_seed else 0), device=self.device,
-                               callback=(lambda k, n: bar.update(1)) if bar is not None else None, **options)
+            for p, args in zip(self.prompts, settings):
+                z = fam.sample(model, p.cond, device=self.device,
+                               callback=(lambda k, n: bar.update(1)) if bar is not None else None, **args)
                 lat.append(z[0].float().cpu().numpy())
         finally:
             if bar is not None:
                 bar.close()
         os.makedirs(self.folder, exist_ok=True)
         lat_path = os.path.join(self.folder, f"step_{step:06d}.safetensors")
-        io.save_file({"latents": np.stack(lat)}, lat_path,
+        io.save_file(_latents_file(lat), lat_path,
                      metadata={"step": str(step), "prompts": "\n".join(p.label for p in self.prompts)})
         if self.decode is None:  # the step's row of latent projections
             entry = lat
             written = [save_image_grid(projection_images([lat]), os.path.join(self.folder, f"step_{step:06d}.png"),
                                        col_labels=[p.label for p in self.prompts], title=PROJECTION_TITLE), lat_path]
         else:
-            entry = to_uint8(self.decode(np.stack(lat)))
+            entry = self._decode(lat)
             written = [self._save_png(img, self.image_path(step, i)) for i, img in enumerate(entry)]
         self.history = [(s, x) for s, x in self.history if s != step] + [(step, entry)]
         return written
+
+    def _decode(self, lat):
+        """[(H, W, 3) uint8 per prompt]: the latents decoded, those of one size together."""
+        out = [None] * len(lat)
+        for shape in dict.fromkeys(x.shape for x in lat):
+            idx = [i for i, x in enumerate(lat) if x.shape == shape]
+            for i, img in zip(idx, to_uint8(self.decode(np.stack([lat[i] for i in idx])))):
+                out[i] = img
+        return out
 
     @staticmethod
     def _save_png(img, path):
@@ -105,7 +124,7 @@ class Previews:
         return self.history
 
     def _restore_step(self, step, lat_path):
-        lat = io.load_file(lat_path)["latents"].numpy()
+        lat = _read_latents(lat_path)
         if len(lat) != len(self.prompts):
             return None
         if self.decode is None:
@@ -114,15 +133,16 @@ class Previews:
         paths = [self.image_path(step, i) for i in range(len(self.prompts))]
         if all(os.path.isfile(p) for p in paths):
             return [np.asarray(Image.open(p).convert("RGB")) for p in paths]
-        return to_uint8(self.decode(lat))
+        return self._decode(lat)
 
     def save_grid(self, path):
         """Rows: prompts (labelled); columns: the prompt's training image (when known and of the sample size),
         then each sampling step of the run (labelled)."""
         if not self.history:
             return None
-        size = self.history[-1][1][0].shape
-        hist = [(s, x) for s, x in self.history if x[0].shape == size]
+        shapes = [x.shape for x in self.history[-1][1]]     # (each prompt's size: its --w / --h)
+        hist = [(s, x) for s, x in self.history if [y.shape for y in x] == shapes]
+        size = shapes[0]
         refs = self._refs(size)
         rows = [([refs[i]] if refs else []) + [x[i] for _, x in hist] for i in range(len(self.prompts))]
         cols = (["data"] if refs else []) + [f"step {s}" for s, _ in hist]
@@ -145,6 +165,22 @@ class Previews:
                 return None
             self.refs = to_uint8(self.decode(np.stack(refs)))
         return self.refs if self.refs[0].shape == size else None
+
+
+def _latents_file(lat):
+    """The step's latents file: "latents" (N, C, h, w) when every prompt has one size, else "latents_<i>" each."""
+    if len({x.shape for x in lat}) == 1:
+        return {"latents": np.stack(lat)}
+    return {f"latents_{i}": x for i, x in enumerate(lat)}
+
+
+def _read_latents(path):
+    """[(C, h, w) per prompt] of a step's latents file (_latents_file's either layout)."""
+    t = io.load_file(path)
+    if "latents" in t:
+        return list(t["latents"].numpy())
+    n = len([k for k in t if re.fullmatch(r"latents_\d+", k)])
+    return [t[f"latents_{i}"].numpy() for i in range(n)]
 
 
 def _bar(total, desc, enabled, file):

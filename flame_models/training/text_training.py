@@ -110,14 +110,19 @@ class TrainedTextEncoders:
             te.train(mode)
 
     def preview_conditioning(self, texts, negative=None):
-        """[{key: array}] per text (the family's encode_prompts, "negative_<key>" from `negative`), encoded by the
-        encoders as they are now (eval mode: no adapter dropout)."""
+        """[{key: array}] per text (the family's encode_prompts, "negative_<key>" from `negative`: one text for all,
+        or a list of one text or None per text), encoded by the encoders as they are now (eval mode: no adapter
+        dropout)."""
+        texts = list(texts)
+        negs = list(negative) if isinstance(negative, (list, tuple)) else [negative] * len(texts)
         self.train(False)
         try:
             with no_grad():
-                enc = self.family.encode_prompts(self.encoders, list(texts))
-                neg = {} if negative is None else {f"negative_{k}": v[0] for k, v in
-                                                   self.family.encode_prompts(self.encoders, [negative]).items()}
+                enc = self.family.encode_prompts(self.encoders, texts)
+                kinds = list(dict.fromkeys(n for n in negs if n is not None))
+                neg = {} if not kinds else self.family.encode_prompts(self.encoders, kinds)
         finally:
             self.train(True)
-        return [{**{k: v[i] for k, v in enc.items()}, **neg} for i in range(len(texts))]
+        return [{**{k: v[i] for k, v in enc.items()},
+                 **({} if negs[i] is None else {f"negative_{k}": v[kinds.index(negs[i])] for k, v in neg.items()})}
+                for i in range(len(texts))]

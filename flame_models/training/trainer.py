@@ -790,7 +790,7 @@ class Trainer:
                     self.meter.stage("samples", quiet=True):
                 if self.text_encoders is not None:  # the prompts as the trained encoders read them now
                     conds = self.text_encoders.preview_conditioning(self.prepared.prompt_texts,
-                                                                    self.prepared.negative)
+                                                                    self.prepared.negatives)
                     self.previews.prompts = [p._replace(cond=cd) for p, cd in zip(self.previews.prompts, conds)]
                 written = self.previews.run(self.model, self.step)
         finally:

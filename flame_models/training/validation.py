@@ -7,6 +7,7 @@ from flame_core.memory.stats import parse_budget
 
 from ..data.config import validate_dataset_config
 from ..samplers import PREDICTION_TYPES
+from . import prompt_options
 from .config import DTYPES, FILE_FORMATS, NETWORK_TYPES, OPTIMIZERS, PROCESS_TYPES, SCHEDULERS
 from .limits import steps_problems
 from .loss_types import HUBER_SCHEDULES, LOSS_TYPES
@@ -403,12 +404,7 @@ def _family_checks(cfg, family, p):
             if d.control_path is not None:
                 e.append(f"{p}datasets[{i}].control_path: the {family.name} family takes no control images "
                          f"(model.arch flux_kontext trains on pairs)")
-    for i, path in _ctrl_imgs(cfg):
-        if not family.control_images:
-            e.append(f"{p}sample.prompts[{i}]: --ctrl_img: the {family.name} family takes no control image "
-                     f"(model.arch flux_kontext previews an edit of one)")
-        elif not path:
-            e.append(f"{p}sample.prompts[{i}]: --ctrl_img without a path (--ctrl_img <image file>)")
+    e += prompt_options.problems(cfg, family, p)   # the sample prompts' flags (--w, --h, --d, --n, --ctrl_img, ...)
     mult = family.pixel_multiple
     for k in ("width", "height"):
         v = getattr(cfg.sample, k)
@@ -442,10 +438,17 @@ SAMPLE_FOLDER_FIELDS = ("folder_path", "num_repeats", "shuffle")
 
 
 def _ctrl_imgs(cfg):
-    """[(i, path)] of the sample prompts with ai-toolkit's `--ctrl_img <path>` ('' when it has no path)."""
-    from .samples import split_ctrl_img
-    return [(i, split_ctrl_img(x)[1]) for i, x in enumerate(cfg.sample.prompts)
-            if isinstance(x, str) and split_ctrl_img(x)[1] is not None]
+    """[(i, path)] of the sample prompts with ai-toolkit's `--ctrl_img <path>` ('' when it has no path; prompts whose
+    flags do not read are reported by prompt_options.problems)."""
+    out = []
+    for i, x in enumerate(cfg.sample.prompts):
+        try:
+            o = prompt_options.parse(x) if isinstance(x, str) else None
+        except prompt_options.PromptOptionError:
+            continue
+        if o is not None and o.ctrl_img is not None:
+            out.append((i, o.ctrl_img))
+    return out
 
 
 def dataset_kinds(cfg):
@@ -593,4 +596,12 @@ def image_size_problems(cfg, family, spec, dataset=None, validation=None):
     if sm.height is not None and sm.width is not None and max(sm.height, sm.width) > side:
         e.append(f"sample.width x height {sm.width}x{sm.height}: exceeds {side} px a side, the most this "
                  f"{family.label or family.name} model takes ({why})")
+    for i, text in enumerate(sm.prompts):
+        try:
+            o = prompt_options.parse(text)
+        except (prompt_options.PromptOptionError, TypeError):
+            continue  # (reported by validate)
+        if max(o.width or 0, o.height or 0) > side:
+            e.append(f"sample.prompts[{i}]: --w {o.width or sm.width} --h {o.height or sm.height}: exceeds {side} px "
+                     f"a side, the most this {family.label or family.name} model takes ({why})")
     return e

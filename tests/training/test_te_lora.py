@@ -241,3 +241,18 @@ def test_a_run_on_a_pretrained_lora_continues_its_text_encoder_adapters(tmp_path
     with pytest.raises(ConfigError, match="holds text-encoder adapters .*train.train_text_encoder: true"):
         trainer.setup()
     assert trainer.prepared is None
+
+
+def test_trained_encoders_encode_each_prompts_own_negative(tmp_path, images, sdxl_model):
+    """A sample prompt's --n with the text encoders trained: the previews' conditioning is encoded at each preview
+    by the encoders as they are, each prompt with its own negative (or none)."""
+    cfg = sdxl_config(tmp_path, "te_neg", sdxl_model, images, steps=2, train=TE_TRAIN,
+                      sample={"sample_every": 2, "sample_steps": 1, "prompts": ["a red square --n dark", "a circle"]})
+    tr = Trainer(cfg, verbose=False).setup()
+    assert tr.prepared.negatives == ["dark", None]
+    got = tr.text_encoders.preview_conditioning(tr.prepared.prompt_texts, tr.prepared.negatives)
+    dark = tr.text_encoders.preview_conditioning(["dark"])[0]
+    assert set(got[1]) == set(dark) and {k[len("negative_"):] for k in got[0] if k.startswith("negative_")} == set(dark)
+    for k, v in dark.items():
+        np.testing.assert_array_equal(got[0][f"negative_{k}"], v)
+    assert len(tr.sample()) == 2

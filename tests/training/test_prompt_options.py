@@ -1,0 +1,121 @@
+"""Sample prompts' own options (kohya's and ai-toolkit's flags: --w --h --d/--seed --s/--steps --l/--cfg/--g --n --ss
+--ctrl_img): read exactly, refused when unknown, repeated or out of range (naming the prompt, before anything loads),
+and applied -- each preview sampled at its own size, seed, steps, guidance, sampler and negative prompt, its latents
+and PNG at that size, the grid holding rows of several sizes."""
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from flame_core import io
+from flame_models.training.config import ConfigError
+from flame_models.training.prompt_options import PromptOptionError, PromptOptions, parse
+from flame_models.training.trainer import Trainer
+
+from .conftest import draw_images, image_config
+from .test_sd_families import SD3_MODEL
+
+
+def test_flags_read_as_kohya_and_ai_toolkit_write_them():
+    assert parse("a photo of ohwx") == PromptOptions("a photo of ohwx")
+    o = parse("a photo --w 768 --h 512 --d 7 --s 28 --l 3.5 --n blurry, low  quality --ss heun")
+    assert o == PromptOptions("a photo", width=768, height=512, seed=7, steps=28, guidance=3.5,
+                              negative="blurry, low  quality", sampler="heun")
+    assert parse("x --seed 0 --steps 4 --cfg 2") == PromptOptions("x", seed=0, steps=4, guidance=2.0)
+    assert parse("x --g 4").guidance == 4.0 and parse("x --n").negative == ""
+    assert parse("well--known a--w 5") == PromptOptions("well--known a--w 5")     # a flag starts a word
+    assert parse("edit --ctrl_img /a b/c.png --w 64").ctrl_img == "/a b/c.png"
+    assert parse("--w 64") == PromptOptions("", width=64)
+    assert o.size(100, 200) == (512, 768) and parse("x --w 64").size(100, 200) == (100, 64)
+
+
+@pytest.mark.parametrize("prompt, words", [
+    ("x --m 0.5", "--m: not a sample-prompt option here"),
+    ("x --w 64 --w 32", "--w: the prompt sets its width twice"),
+    ("x --d 1 --seed 2", "--seed: the prompt sets its seed twice"),
+    ("x --w big", "--w: an integer, got 'big'"),
+    ("x --w 0", "--w: the preview's width in pixels, 1 to 16384, got 0"),
+    ("x --s 0", "--s: sampling steps, 1 to 1000"),
+    ("x --d -1", "--d: a seed"),
+    ("x --l nan", "--l: a finite guidance scale"),
+    ("x --l", "--l: a number, got ''"),
+    ("x --ss", "--ss: a sampler name"),
+])
+def test_bad_flags_are_errors_that_name_them(prompt, words):
+    with pytest.raises(PromptOptionError) as e:
+        parse(prompt)
+    assert words in str(e.value)
+
+
+@pytest.fixture
+def images(tmp_path):
+    return draw_images(tmp_path / "images", n_concept=2, n_other=2)
+
+
+def _flux(tmp_path, images, name="p", **sample):
+    return image_config(tmp_path, name, None, images, steps=2, model={"name_or_path": None, "t5_max_length": 8},
+                        sample={"sample_every": 2, "sample_steps": 2, "width": 64, "height": 64, **sample})
+
+
+@pytest.mark.parametrize("prompts, words", [
+    (["a --n blurry"], r"sample.prompts\[0\]: --n: the flux family's previews take no negative prompt"),
+    (["a", "b --w 40"], r"sample.prompts\[1\]: --w 40: the flux family's previews take multiples of 16 px"),
+    (["a --ss dpm_2"], r"sample.prompts\[0\]: --ss dpm_2: Flux previews use"),
+    (["a --frames 3"], r"sample.prompts\[0\]: --frames: not a sample-prompt option here"),
+    (["a --ctrl_img x.png"], r"sample.prompts\[0\]: --ctrl_img: the flux family takes no control image"),
+])
+def test_config_errors_name_the_prompt(tmp_path, images, prompts, words):
+    with pytest.raises(ConfigError, match=words):
+        _flux(tmp_path, images, prompts=prompts)
+
+
+def test_a_size_over_the_models_table_is_refused_before_anything_loads(tmp_path, images):
+    cfg = image_config(tmp_path, "big", SD3_MODEL, images, steps=2, model={"arch": "sd3"},
+                       sample={"sample_every": 2, "prompts": ["a", "b --w 512 --h 256"], "width": 64, "height": 64})
+    tr = Trainer(cfg, verbose=False)
+    with pytest.raises(ConfigError, match=r"sample.prompts\[1\]: --w 512 --h 256: exceeds 128 px a side"):
+        tr.setup()
+    assert tr.prepared is None
+
+
+def test_each_preview_is_sampled_with_its_own_options(tmp_path, images):
+    prompts = ["[trigger] wide --w 64 --h 32 --d 3 --s 3 --l 2.5", "a square --seed 9 --ss heun", "plain"]
+    cfg = _flux(tmp_path, images, prompts=prompts, seed=5, guidance_scale=4.0)
+    tr = Trainer(cfg, verbose=False).setup()
+    assert [p.label for p in tr.previews.prompts] == ["ohwx wide", "a square", "plain"]   # flags taken out
+    files = tr.sample()
+    fam = tr.family
+    lat = io.load_file(os.path.join(tr.out, "samples", "step_000000.safetensors"))
+    assert sorted(lat) == ["latents_0", "latents_1", "latents_2"]                       # sizes differ: one each
+    assert lat["latents_0"].shape == (16, 4, 8) and lat["latents_1"].shape == lat["latents_2"].shape == (16, 8, 8)
+    want = [dict(height=32, width=64, steps=3, guidance=2.5, seed=3, sampler="euler"),
+            dict(height=64, width=64, steps=2, guidance=4.0, seed=9, sampler="heun"),
+            dict(height=64, width=64, steps=2, guidance=4.0, seed=5, sampler="euler")]
+    tr.model.eval()
+    for i, kw in enumerate(want):
+        z = fam.sample(tr.model, tr.previews.prompts[i].cond, device=tr.device, scheduler="simple", **kw)
+        np.testing.assert_array_equal(lat[f"latents_{i}"].numpy(), z[0].float().cpu().numpy(), err_msg=str(i))
+    pngs = [f for f in files if str(f).endswith(".png")]
+    assert [Image.open(f).size for f in pngs] == [(64, 32), (64, 64), (64, 64)]
+    grid = tr.previews.save_grid(os.path.join(tr.out, "samples.png"))
+    assert Image.open(grid).size[1] > 32 + 64 + 64                                        # rows of their own heights
+    # a resumed run's grid reads the step back from its per-prompt latents file
+    assert [x.shape for x in tr.previews.restore(0)[0][1]] == [(32, 64, 3), (64, 64, 3), (64, 64, 3)]
+
+
+def test_a_prompts_negative_is_encoded_for_it(tmp_path, images):
+    """SD3 (CFG previews): --n gives that prompt its own negative; the others keep sample.neg."""
+    def run(name, neg, prompts):
+        cfg = image_config(tmp_path, name, SD3_MODEL, images, steps=2, model={"arch": "sd3"},
+                           sample={"sample_every": 2, "sample_steps": 1, "width": 64, "height": 64, "neg": neg,
+                                   "prompts": prompts})
+        return Trainer(cfg, verbose=False).setup().previews.prompts
+    got = run("n1", "foggy", ["a square --n blurry dark", "a circle"])
+    again = run("n2", "blurry dark", ["a square", "a circle --n foggy"])
+    keys = [k for k in got[0].cond if k.startswith("negative_")]
+    assert keys
+    for k in keys:
+        np.testing.assert_array_equal(got[0].cond[k], again[0].cond[k])       # "blurry dark" both times
+        np.testing.assert_array_equal(got[1].cond[k], again[1].cond[k])       # "foggy" both times
+        assert not np.array_equal(got[0].cond[k], got[1].cond[k])
