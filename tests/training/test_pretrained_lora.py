@@ -288,3 +288,33 @@ def test_an_sdxl_locon_file_brings_its_convolution_adapters(tmp_path, images, sd
     with pytest.raises(ConfigError, match="network.conv 4: the file's adapter on"):
         Trainer(sdxl_config(tmp_path, "locon_bad", sdxl_model, images, steps=3, drop=NETWORK,
                             network={"pretrained_lora_path": path, "conv": 4}), verbose=False).setup()
+
+
+@pytest.mark.parametrize("kind", ["lora", "dora"])
+def test_fp8_stored_blocks_train_on_from_the_file(tmp_path, kind):
+    """model.quantize (the blocks' Linears stored in fp8): the file's adapters go on top as on a bf16 base (DoRA's
+    magnitudes against the dequantised rows)."""
+    path = _first(tmp_path, f"first_{kind}", type=kind)
+    c = _on(tmp_path, f"fp8_{kind}", path, steps=4)
+    c.model.quantize = True
+    tr = Trainer(c, verbose=False).setup()
+    _assert_same_adapters(tr, path)
+    assert np.isfinite(tr.train()["losses"]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.gpu_exclusive   # a max_gpu_memory budget: other processes' memory counts against it
+def test_on_cuda_streamed_and_graphed_the_file_trains_on_as_resident(tmp_path):
+    """On cuda in bf16 with CUDA graphs: the file's adapters on resident blocks and on blocks streamed under
+    max_gpu_memory give the same losses."""
+    path = _first(tmp_path)
+    losses = {}
+    for budget in (None, "8GiB"):
+        c = _on(tmp_path, f"cuda{budget}", path, steps=6)
+        c.device, c.train.dtype, c.model.dtype, c.max_gpu_memory = "cuda", "bf16", "bf16", budget
+        tr = Trainer(c, verbose=False).setup()
+        _assert_same_adapters(tr, path)
+        losses[budget] = np.array(tr.train()["losses"])
+        assert np.isfinite(losses[budget]).all()
+        assert tr.graphed is not None and tr.graphed.graph is not None, tr.graphed.why    # it captured
+    np.testing.assert_allclose(losses["8GiB"], losses[None], rtol=2e-2)
