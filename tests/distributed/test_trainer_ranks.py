@@ -87,11 +87,12 @@ def test_a_full_fine_tune_on_two_ranks_trains_what_one_process_trains(tmp_path, 
         # turns that into a visible difference only where a gradient hovers near zero (and AdamW8bit's moments
         # may land in the next quantisation step): every weight within 2.5% of the run's largest move (lr 1e-3 x 4
         # steps; seen: 5.3e-6 with adamw, 7.7e-5 with adamw8bit), all but 0.1% of them within float32 noise (with
-        # adamw8bit 0.5%: on an H100 0.102% of one weight's values crossed a quantisation step, 2026-12-05)
-        share = 0.999 if optimizer == "adamw" else 0.995
+        # adamw8bit 0.5% and 6%: on an H100 0.102% of one weight's values crossed a quantisation step, one by
+        # 1.06e-4, both every time -- 2026-12-05; adamw's tight bounds are what check the averaging)
+        share, bound = (0.999, 1e-4) if optimizer == "adamw" else (0.995, 2.5e-4)
         for k, want in params(one).items():
             got = r[k]
-            assert np.abs(got - want).max() <= 1e-4, (k, np.abs(got - want).max())
+            assert np.abs(got - want).max() <= bound, (k, np.abs(got - want).max())
             close = np.isclose(got, want, rtol=2e-5, atol=2e-6)
             assert close.mean() >= share, (k, close.mean())
     for k, v in params(two[0]).items():
