@@ -15,11 +15,15 @@ flags that each run to the next one --
   --n TEXT                 its negative prompt (families whose previews run CFG with one: SD3, SDXL, Chroma,
                            Qwen-Image; default sample.neg)
   --ss NAME                its sampler (kohya's flag; one of the family's sample.sampler values)
+  --m X, --network_multiplier X
+                           the adapters' weight while it samples (ai-toolkit's flag; 1 is the LoRA as trained, 0 the
+                           base model; with train.train_text_encoder the encoders' adapters too); not for a full
+                           fine-tune
   --ctrl_img PATH          Flux Kontext: the image the prompt edits (ai-toolkit's flag)
 
 A flag starts a word (`--w`, not `a--w`); its value runs to the next flag or the end, so a negative prompt or a path
-may hold spaces. Flags this version does not take (ai-toolkit's --m network multiplier, --gr, --p2, --n2, ...; kohya's
---cn, --am) and a flag given twice are errors that name the prompt -- never read as prompt text or ignored.
+may hold spaces. Flags this version does not take (ai-toolkit's --gr, --p2, --n2, ...; kohya's --cn, --am) and a flag
+given twice are errors that name the prompt -- never read as prompt text or ignored.
 """
 import math
 import re
@@ -31,7 +35,7 @@ MAX_STEPS = 1000
 # flag -> field, in the two tools' spellings
 FLAGS = {"w": "width", "h": "height", "d": "seed", "seed": "seed", "s": "steps", "steps": "steps",
          "l": "guidance", "cfg": "guidance", "g": "guidance", "n": "negative", "ss": "sampler",
-         "ctrl_img": "ctrl_img"}
+         "m": "multiplier", "network_multiplier": "multiplier", "ctrl_img": "ctrl_img"}
 _INTS = ("width", "height", "seed", "steps")
 _FLAG = re.compile(r"(?:^|(?<=\s))--([A-Za-z_][A-Za-z0-9_]*)(?=\s|$)")
 
@@ -50,6 +54,7 @@ class PromptOptions:
     guidance: float = None
     negative: str = None           # None: the run's negative (sample.neg); "" is an empty negative prompt
     sampler: str = None
+    multiplier: float = None       # the adapters' weight while it samples (None: 1)
     ctrl_img: str = None           # None: none given; "" when the flag has no path
 
     def size(self, height, width):
@@ -95,8 +100,9 @@ def _value(flag, name, raw):
         raise PromptOptionError(f"--{flag}: sampling steps, 1 to {MAX_STEPS}, got {v}")
     if name == "seed" and not 0 <= v < 2 ** 63:
         raise PromptOptionError(f"--{flag}: a seed, 0 to 2**63 - 1, got {v}")
-    if name == "guidance" and not math.isfinite(v):
-        raise PromptOptionError(f"--{flag}: a finite guidance scale, got {raw!r}")
+    if name in ("guidance", "multiplier") and not math.isfinite(v):
+        raise PromptOptionError(f"--{flag}: a finite {'guidance scale' if name == 'guidance' else 'weight'}, "
+                                f"got {raw!r}")
     return v
 
 
@@ -123,6 +129,8 @@ def problems(cfg, family, prefix=""):
         if o.sampler is not None and o.sampler not in family.samplers:
             words = getattr(family, "sampler_words", None) or ", ".join(family.samplers) or "no named sampler"
             e.append(f"{where}: --ss {o.sampler}: {getattr(family, 'label', None) or family.name} previews use {words}")
+        if o.multiplier is not None and cfg.network.type == "full":
+            e.append(f"{where}: --m: a full fine-tune has no adapters to weigh (network.type full)")
         if o.ctrl_img is not None:
             if not family.control_images:
                 e.append(f"{where}: --ctrl_img: the {family.name} family takes no control image (model.arch "

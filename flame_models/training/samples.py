@@ -10,6 +10,7 @@ from typing import NamedTuple
 import numpy as np
 
 from flame_core import io
+from flame_nn import adapters as A
 
 from .preview import PROJECTION_TITLE, projection_images, save_image, save_image_grid, to_uint8
 
@@ -26,7 +27,7 @@ class Previews:
     """The sample prompts of a run and the samples made so far. `decode(latents (N, C, h, w)) -> images (N, 3, H,
     W) in [-1, 1]`, or None for latent projections. Size: sample.width / height (the trainer defaults them to the
     dataset's resolution); a prompt's flags (PreviewPrompt.options: --w, --h, --d, --s, --l, --ss) override sample.*
-    for it."""
+    for it, and its --m weighs the model's adapters ("default") while it samples."""
 
     def __init__(self, family, cfg, prompts, folder, device, decode=None, verbose=True):
         self.family, self.cfg, self.folder, self.device, self.verbose = family, cfg, folder, device, verbose
@@ -71,8 +72,15 @@ class Previews:
         lat = []
         try:
             for p, args in zip(self.prompts, settings):
-                z = fam.sample(model, p.cond, device=self.device,
-                               callback=(lambda k, n: bar.update(1)) if bar is not None else None, **args)
+                m = None if p.options is None else p.options.multiplier
+                if m is not None:   # --m: the adapters' weight for this prompt
+                    A.set_adapter_weight(model, "default", m)
+                try:
+                    z = fam.sample(model, p.cond, device=self.device,
+                                   callback=(lambda k, n: bar.update(1)) if bar is not None else None, **args)
+                finally:
+                    if m is not None:
+                        A.set_adapter_weight(model, "default", 1.0)
                 lat.append(z[0].float().cpu().numpy())
         finally:
             if bar is not None:

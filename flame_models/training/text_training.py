@@ -109,20 +109,34 @@ class TrainedTextEncoders:
         for _, te in self.parts:
             te.train(mode)
 
-    def preview_conditioning(self, texts, negative=None):
+    def preview_conditioning(self, texts, negative=None, multipliers=None):
         """[{key: array}] per text (the family's encode_prompts, "negative_<key>" from `negative`: one text for all,
         or a list of one text or None per text), encoded by the encoders as they are now (eval mode: no adapter
-        dropout)."""
+        dropout); multipliers: a weight of the encoders' adapters per text (a prompt's --m; None: 1)."""
         texts = list(texts)
         negs = list(negative) if isinstance(negative, (list, tuple)) else [negative] * len(texts)
+        mults = [1.0 if m is None else float(m) for m in (multipliers or [None] * len(texts))]
+        out = [None] * len(texts)
         self.train(False)
         try:
             with no_grad():
-                enc = self.family.encode_prompts(self.encoders, texts)
-                kinds = list(dict.fromkeys(n for n in negs if n is not None))
-                neg = {} if not kinds else self.family.encode_prompts(self.encoders, kinds)
+                for m in dict.fromkeys(mults):
+                    idx = [i for i in range(len(texts)) if mults[i] == m]
+                    self._weigh(m)
+                    enc = self.family.encode_prompts(self.encoders, [texts[i] for i in idx])
+                    kinds = list(dict.fromkeys(negs[i] for i in idx if negs[i] is not None))
+                    neg = {} if not kinds else self.family.encode_prompts(self.encoders, kinds)
+                    for j, i in enumerate(idx):
+                        out[i] = {**{k: v[j] for k, v in enc.items()},
+                                  **({} if negs[i] is None else
+                                     {f"negative_{k}": v[kinds.index(negs[i])] for k, v in neg.items()})}
         finally:
+            self._weigh(1.0)
             self.train(True)
-        return [{**{k: v[i] for k, v in enc.items()},
-                 **({} if negs[i] is None else {f"negative_{k}": v[kinds.index(negs[i])] for k, v in neg.items()})}
-                for i in range(len(texts))]
+        return out
+
+    def _weigh(self, weight):
+        """The encoders' adapters at `weight` (a full fine-tune has none)."""
+        if not self.full:
+            for _, te in self.parts:
+                A.set_adapter_weight(te, "default", weight)

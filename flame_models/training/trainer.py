@@ -789,8 +789,9 @@ class Trainer:
             with self._averaged(), (self.ema.swapped() if self.ema is not None else nullcontext()), no_grad(), \
                     self.meter.stage("samples", quiet=True):
                 if self.text_encoders is not None:  # the prompts as the trained encoders read them now
-                    conds = self.text_encoders.preview_conditioning(self.prepared.prompt_texts,
-                                                                    self.prepared.negatives)
+                    conds = self.text_encoders.preview_conditioning(
+                        self.prepared.prompt_texts, self.prepared.negatives,
+                        [None if p.options is None else p.options.multiplier for p in self.previews.prompts])
                     self.previews.prompts = [p._replace(cond=cd) for p, cd in zip(self.previews.prompts, conds)]
                 written = self.previews.run(self.model, self.step)
         finally:

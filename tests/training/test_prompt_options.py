@@ -24,6 +24,7 @@ def test_flags_read_as_kohya_and_ai_toolkit_write_them():
                               negative="blurry, low  quality", sampler="heun")
     assert parse("x --seed 0 --steps 4 --cfg 2") == PromptOptions("x", seed=0, steps=4, guidance=2.0)
     assert parse("x --g 4").guidance == 4.0 and parse("x --n").negative == ""
+    assert parse("x --m 0.5").multiplier == 0.5 and parse("x --network_multiplier 0").multiplier == 0.0
     assert parse("well--known a--w 5") == PromptOptions("well--known a--w 5")     # a flag starts a word
     assert parse("edit --ctrl_img /a b/c.png --w 64").ctrl_img == "/a b/c.png"
     assert parse("--w 64") == PromptOptions("", width=64)
@@ -31,7 +32,8 @@ def test_flags_read_as_kohya_and_ai_toolkit_write_them():
 
 
 @pytest.mark.parametrize("prompt, words", [
-    ("x --m 0.5", "--m: not a sample-prompt option here"),
+    ("x --gr 0.7", "--gr: not a sample-prompt option here"),
+    ("x --m inf", "--m: a finite weight"),
     ("x --w 64 --w 32", "--w: the prompt sets its width twice"),
     ("x --d 1 --seed 2", "--seed: the prompt sets its seed twice"),
     ("x --w big", "--w: an integer, got 'big'"),
@@ -119,3 +121,29 @@ def test_a_prompts_negative_is_encoded_for_it(tmp_path, images):
         np.testing.assert_array_equal(got[0].cond[k], again[0].cond[k])       # "blurry dark" both times
         np.testing.assert_array_equal(got[1].cond[k], again[1].cond[k])       # "foggy" both times
         assert not np.array_equal(got[0].cond[k], got[1].cond[k])
+
+
+def test_a_prompts_multiplier_weighs_the_adapters_while_it_samples(tmp_path, images):
+    """--m 0 samples the base model, --m 1 (or none) the LoRA as trained; the weight is 1 again afterwards. A full
+    fine-tune has no adapters to weigh: refused."""
+    import flame_nn.adapters as A
+    cfg = _flux(tmp_path, images, prompts=["a red square --m 0", "a red square", "a red square --m 0.5"])
+    tr = Trainer(cfg, verbose=False).setup()
+    for _ in range(2):
+        tr.train_step()                                   # adapters away from their zero start
+    tr.sample()
+    lat = io.load_file(os.path.join(tr.out, "samples", "step_000002.safetensors"))["latents"].numpy()
+    assert all(m._weights["default"] == 1.0 for _, m in A.adapted_modules(tr.model))
+    tr.model.eval()
+    fam, sm, cond = tr.family, tr.cfg.sample, tr.previews.prompts[0].cond
+    kw = dict(height=64, width=64, steps=2, guidance=sm.guidance_scale, seed=sm.seed, device=tr.device,
+              **fam.sample_options(tr.cfg))
+    for i, m in ((0, 0.0), (1, 1.0), (2, 0.5)):
+        A.set_adapter_weight(tr.model, "default", m)
+        np.testing.assert_array_equal(lat[i], fam.sample(tr.model, cond, **kw)[0].float().cpu().numpy(), err_msg=m)
+    A.set_adapter_weight(tr.model, "default", 1.0)
+    assert not np.array_equal(lat[0], lat[1])
+    with pytest.raises(ConfigError, match=r"sample.prompts\[0\]: --m: a full fine-tune has no adapters"):
+        image_config(tmp_path, "full", None, images, steps=2, model={"name_or_path": None, "t5_max_length": 8},
+                     network={"type": "full"}, drop=("network.linear", "network.linear_alpha", "network.target"),
+                     sample={"prompts": ["a --m 0.5"]}, save={"save_every": 2, "dtype": "fp32"})

@@ -256,3 +256,20 @@ def test_trained_encoders_encode_each_prompts_own_negative(tmp_path, images, sdx
     for k, v in dark.items():
         np.testing.assert_array_equal(got[0][f"negative_{k}"], v)
     assert len(tr.sample()) == 2
+    # a prompt's --m weighs the encoders' adapters too: 0 is the base encoders' reading (and 1 again afterwards)
+    for _ in range(2):
+        tr.train_step()
+    te = tr.text_encoders
+    weighed = te.preview_conditioning(["a red square", "a red square"], None, [0.0, None])
+    for _, enc in te.parts:
+        A.set_adapter_weight(enc, "default", 0.0)
+    te.train(False)
+    with flame.no_grad():
+        base = {k: v[0] for k, v in tr.family.encode_prompts(te.encoders, ["a red square"]).items()}
+    te.train(True)
+    for _, enc in te.parts:
+        A.set_adapter_weight(enc, "default", 1.0)
+    assert all(m._weights["default"] == 1.0 for _, enc in te.parts for _, m in A.adapted_modules(enc))
+    for k, v in base.items():
+        np.testing.assert_array_equal(weighed[0][k], v)
+    assert any(not np.array_equal(weighed[1][k], v) for k, v in base.items())
