@@ -57,6 +57,9 @@ class NetworkConfig:
                                                       # LoRA / DoRA / LoCon train at lr x ratio (the paper: 16)
     loraplus_unet_lr_ratio: typing.Optional[float] = None          # the denoiser's ratio (default the one above)
     loraplus_text_encoder_lr_ratio: typing.Optional[float] = None  # the text encoders' (default the one above)
+    rank_dropout: float = 0.0            # kohya's: each rank of the adapter's intermediate dropped per sample, the
+                                         # rest scaled by 1/(1-p) (LoRA / DoRA / LoCon; also network_kwargs')
+    module_dropout: float = 0.0          # kohya's: the whole adapter skipped for a step with this probability
     pretrained_lora_path: typing.Optional[str] = None  # start from this LoRA file's adapters and values (ai-toolkit's
                                          # name; kohya's network_weights): its layers, kind, ranks and scales; the
                                          # settings above left out are the file's (training/pretrained_lora.py)
@@ -516,6 +519,7 @@ def config_from_dict(data, source="<dict>", check_files=True):
     _resolve_family(cfg, p, errors)
     _clean_optimizer(cfg.train, f"{p}train", errors)
     _clean_quantize(cfg, p, errors)
+    _clean_network_kwargs(cfg, p, errors)
     if isinstance(cfg.logging.log_every, int) and "logging.log_every" in given:  # ai-toolkit's place for it
         if "log_every" in given and cfg.log_every != cfg.logging.log_every:
             errors.append(f"{p}logging.log_every: {cfg.logging.log_every} differs from {p}log_every "
@@ -528,6 +532,28 @@ def config_from_dict(data, source="<dict>", check_files=True):
 
 
 FP8_NAMES = ("fp8", "float8", "qfloat8", "float8_e4m3fn", "e4m3")
+# the adapters' settings network_kwargs may carry (ai-toolkit passes them there; kohya's network_args names)
+_NETWORK_KWARGS_FIELDS = ("rank_dropout", "module_dropout")
+
+
+def _clean_network_kwargs(cfg, p, errors):
+    """network.network_kwargs' rank_dropout / module_dropout moved into network's own fields (given in both places
+    with different values: an error)."""
+    n = cfg.network
+    if not isinstance(n.network_kwargs, dict):
+        return
+    for k in _NETWORK_KWARGS_FIELDS:
+        if k not in n.network_kwargs:
+            continue
+        v = n.network_kwargs.pop(k)
+        if f"network.{k}" in cfg.given and getattr(n, k) != v:
+            errors.append(f"{p}network.network_kwargs.{k}: {v!r} differs from {p}network.{k} {getattr(n, k)!r}; "
+                          f"give one")
+        elif not _is_number(v):
+            errors.append(f"{p}network.network_kwargs.{k}: a number in [0, 1), got {v!r}")
+        else:
+            setattr(n, k, float(v))
+            cfg.given = cfg.given | {f"network.{k}"}
 
 
 def _clean_quantize(cfg, p, errors):

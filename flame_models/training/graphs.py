@@ -17,10 +17,14 @@ from flame_core.errors import OutOfMemoryError
 MAX_SHAPES = 3
 
 
-def graph_plan(num_shapes, budget, enabled, cuda):
-    """(use graphs?, why not) for a run with `num_shapes` batch shapes."""
+def graph_plan(num_shapes, budget, enabled, cuda, draws=None):
+    """(use graphs?, why not) for a run with `num_shapes` batch shapes. draws: what draws random numbers inside the
+    step (the adapters' dropouts), in words, or None: a graph would replay one draw at every step."""
     if not enabled or not cuda:
         return False, None
+    if draws:
+        return False, (f"{draws} draw random numbers inside the step, which a CUDA graph would replay unchanged: "
+                       f"training runs eagerly")
     limit = 1 if budget is not None else MAX_SHAPES
     if num_shapes > limit:
         return False, (f"{num_shapes} batch shapes (aspect buckets) exceed {limit} CUDA graph"

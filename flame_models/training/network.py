@@ -47,7 +47,7 @@ def add_network(model, network, family, name_map, *, seed, device, budget, optim
                                       budget, optimizer)
         if problem:
             raise ConfigError(problem)
-        made = A.inject_from_state(model, pretrained.denoiser, dropout=n.dropout, rslora=n.rslora)
+        made = A.inject_from_state(model, pretrained.denoiser, dropout=n.dropout, rslora=n.rslora, **dropouts(n))
     kind = "lora" if n.type == "locon" else n.type
     if n.conv:
         targets = ([targets] if isinstance(targets, str) else list(targets)) + list(family.conv_linear_targets)
@@ -59,7 +59,7 @@ def add_network(model, network, family, name_map, *, seed, device, budget, optim
             made += A.inject_adapters(model, targets, kind, rank=n.linear, alpha=n.linear_alpha, dropout=n.dropout,
                                       rslora=n.rslora, lokr_factor=n.lokr_factor, lokr_full_rank=n.lokr_full_rank,
                                       name_map=name_map, **filters, skip_adapted=pretrained is not None,
-                                      generator=flame.Generator("cpu").manual_seed(seed + 3))
+                                      generator=flame.Generator("cpu").manual_seed(seed + 3), **dropouts(n))
     if n.conv and (pretrained is None or pretrained.fresh_conv):
         convs = [m for m, mod, _ in unadapted(A.find_targets(model, family.conv_targets, name_map, **filters))]
         if convs:
@@ -67,5 +67,10 @@ def add_network(model, network, family, name_map, *, seed, device, budget, optim
             made += A.inject_adapters(model, convs, "lora", rank=n.conv,
                                       alpha=n.conv if n.conv_alpha is None else n.conv_alpha, dropout=n.dropout,
                                       rslora=n.rslora, name_map=name_map,
-                                      generator=flame.Generator("cpu").manual_seed(seed + 4))
+                                      generator=flame.Generator("cpu").manual_seed(seed + 4), **dropouts(n))
     return len(made)
+
+
+def dropouts(network):
+    """kohya's rank_dropout / module_dropout of the network, as inject_adapters takes them."""
+    return dict(rank_dropout=network.rank_dropout, module_dropout=network.module_dropout)

@@ -79,11 +79,12 @@ class TrainedTextEncoders:
             # network.pretrained_lora_path: the file's adapters of this encoder first, from its values; the other
             # targeted layers start fresh
             part = pretrained.text_part(te, comp) if pretrained is not None else {}
-            made = A.inject_from_state(te, part, dropout=n.dropout, rslora=n.rslora) if part else []
+            drops = dict(rank_dropout=n.rank_dropout, module_dropout=n.module_dropout)   # (kohya's, on TE too)
+            made = A.inject_from_state(te, part, dropout=n.dropout, rslora=n.rslora, **drops) if part else []
             made += A.inject_adapters(te, list(family.text_encoder_targets), "lora" if n.type == "locon" else n.type,
                                       rank=n.linear, alpha=n.linear_alpha, dropout=n.dropout, rslora=n.rslora,
                                       lokr_factor=n.lokr_factor, lokr_full_rank=n.lokr_full_rank,
-                                      skip_adapted=bool(part),
+                                      skip_adapted=bool(part), **drops,
                                       generator=flame.Generator("cpu").manual_seed(seed + 5 + i))
             self.n_adapted += len(made)
             te.enable_gradient_checkpointing(train.gradient_checkpointing)

@@ -342,7 +342,10 @@ class Trainer:
         # schedule is cyclic: flame_nn.offload.streamer); not on the cpu
         self._loss_scale = 1.0 / t.gradient_accumulation_steps
         self._cond_keys = None
-        use_graph, why = graph_plan(self._batch_shapes(), self.budget, t.cuda_graph, self.device.type == "cuda")
+        drops = [f"network.{k}" for k in ("dropout", "rank_dropout", "module_dropout")
+                 if not self.full and getattr(c.network, k)]
+        use_graph, why = graph_plan(self._batch_shapes(), self.budget, t.cuda_graph, self.device.type == "cuda",
+                                    " and ".join(drops) or None)
         if why:
             self.log(why)
         self.graphed = StepGraphs(self._forward_backward, warmup=2) if use_graph else None

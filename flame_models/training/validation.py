@@ -38,7 +38,8 @@ SAVE_FORMATS = ("safetensors", "diffusers")   # save.save_format (ai-toolkit's v
 
 # the network settings of adapters: a full fine-tune has none of them
 _ADAPTER_SETTINGS = ("linear", "linear_alpha", "dropout", "rslora", "lokr_factor", "lokr_full_rank", "target", "conv",
-                     "conv_alpha", "loraplus_lr_ratio", "loraplus_unet_lr_ratio", "loraplus_text_encoder_lr_ratio")
+                     "conv_alpha", "loraplus_lr_ratio", "loraplus_unet_lr_ratio", "loraplus_text_encoder_lr_ratio",
+                     "rank_dropout", "module_dropout")
 
 
 def _full_problems(cfg, p):
@@ -84,8 +85,13 @@ def validate(cfg, prefix="", check_files=True):
     _at_least(e, f"{p}network.linear", n.linear)
     if n.linear_alpha <= 0:
         e.append(f"{p}network.linear_alpha: must be > 0, got {n.linear_alpha}")
-    if not 0 <= n.dropout < 1:
-        e.append(f"{p}network.dropout: must be in [0, 1), got {n.dropout}")
+    for k in ("dropout", "rank_dropout", "module_dropout"):
+        if not 0 <= getattr(n, k) < 1:
+            e.append(f"{p}network.{k}: must be in [0, 1), got {getattr(n, k)}")
+    if n.type in ("lokr", "loha"):
+        for k in ("rank_dropout", "module_dropout"):
+            if getattr(n, k):
+                e.append(f"{p}network.{k}: LoRA's, DoRA's and LoCon's (kohya's); network.type {n.type} has none")
     if n.lokr_factor != -1 and n.lokr_factor < 1:
         e.append(f"{p}network.lokr_factor: -1 (balanced) or a positive factor, got {n.lokr_factor}")
     for k in ("lokr_factor", "lokr_full_rank"):
@@ -101,7 +107,8 @@ def validate(cfg, prefix="", check_files=True):
         e.append(f"{p}network.target: a preset name or a non-empty list of name patterns, got {n.target!r}")
     for k, v in n.network_kwargs.items():
         if k not in ("only_if_contains", "ignore_if_contains"):
-            e.append(f"{p}network.network_kwargs.{k}: unknown; supported: only_if_contains, ignore_if_contains")
+            e.append(f"{p}network.network_kwargs.{k}: unknown; supported: only_if_contains, ignore_if_contains, "
+                     f"rank_dropout, module_dropout")
         elif not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
             e.append(f"{p}network.network_kwargs.{k}: expected a list of strings, got {v!r}")
     if n.conv is not None and n.conv < 0:

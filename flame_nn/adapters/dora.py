@@ -27,9 +27,11 @@ class DoRA(LoRA):
     needs_base = True
 
     def __init__(self, in_features, out_features, rank=16, alpha=None, dropout=0.0, rslora=False, *,
-                 base_weight, init_weights="kaiming", device=None, dtype=flame.float32, generator=None):
+                 base_weight, init_weights="kaiming", device=None, dtype=flame.float32, generator=None,
+                 rank_dropout=0.0, module_dropout=0.0):
         super().__init__(in_features, out_features, rank, alpha, dropout, rslora, init_weights=init_weights,
-                         device=device, dtype=dtype, generator=generator)
+                         device=device, dtype=dtype, generator=generator, rank_dropout=rank_dropout,
+                         module_dropout=module_dropout)
         with no_grad():
             m = row_norms(base_weight.detach()).to(dtype)
         self.magnitude = Parameter(m)
@@ -45,9 +47,15 @@ class DoRA(LoRA):
         if self.dropout and self.training:  # PEFT: the base term sees the same dropped-out input
             xin = F.dropout(xin, self.dropout)
             base_rows = F.linear(xin, weight_rows if autocast_on(x) else weight_rows.to(xin.dtype))
-        lora = F.linear(F.linear(xin, self.lora_A) * self.scale, self.lora_B)        # (..., out)
+        h = self._rank_dropout(F.linear(xin, self.lora_A) * self.scale, module=False)
+        lora = F.linear(h, self.lora_B)                                              # (..., out)
         c = c.to(lora.dtype)
-        return (c - 1) * base_rows.to(lora.dtype) + c * lora
+        out = (c - 1) * base_rows.to(lora.dtype) + c * lora
+        if self.training and self.module_dropout:   # skipped: the magnitude's term goes too
+            with no_grad():
+                keep = (flame.rand(1, device=out.device) >= self.module_dropout).to(out.dtype)
+            out = out * keep
+        return out
 
     def merged_weight(self, weight_rows):
         with no_grad():

@@ -83,11 +83,18 @@ def find_targets(model, targets, name_map=None, only_if_contains=None, ignore_if
     return found
 
 
+def _no_dropouts(kind, dropout, drops):
+    if dropout:
+        raise AdapterError(f"{kind} has no input dropout (LyCORIS's does not either); use dropout 0")
+    if any(drops.values()):
+        raise AdapterError(f"{kind}: rank_dropout / module_dropout are LoRA's, DoRA's and LoCon's (kohya's); use 0")
+
+
 def _make(kind, mod, rows, rank, alpha, dropout, rslora, lokr_factor, lokr_full_rank, dtype, init_weights,
-          generator):
+          generator, drops):
     if isinstance(mod, Conv2d):   # (inject_adapters checked the kind)
         return LoRAConv2d.for_conv(mod, rank, alpha, dropout, rslora, init_weights=init_weights, dtype=dtype,
-                                   generator=generator)
+                                   generator=generator, **drops)
     lo, hi = rows if rows is not None else (0, mod.weight.shape[0])
     n_in, dev = mod.weight.shape[1], mod.weight.device
     cls = KINDS[kind]
@@ -95,27 +102,27 @@ def _make(kind, mod, rows, rank, alpha, dropout, rslora, lokr_factor, lokr_full_
         if rows is not None:
             raise AdapterError(f"{kind} cannot adapt rows [{lo}:{hi}] of a fused Linear (its ΔW is not separable by "
                                f"rows in the file formats); target the whole Linear instead")
-        if dropout:
-            raise AdapterError(f"{kind} has no input dropout (LyCORIS's does not either); use dropout 0")
+        _no_dropouts(kind, dropout, drops)
         if cls is LoKr:
             return LoKr(n_in, hi - lo, rank, alpha, lokr_factor, lokr_full_rank, device=dev, dtype=dtype,
                         generator=generator)
         return LoHa(n_in, hi - lo, rank, alpha, device=dev, dtype=dtype, generator=generator)
     if cls is DoRA:
         return DoRA(n_in, hi - lo, rank, alpha, dropout, rslora, base_weight=base_rows(mod, lo, hi),
-                    init_weights=init_weights, device=dev, dtype=dtype, generator=generator)
+                    init_weights=init_weights, device=dev, dtype=dtype, generator=generator, **drops)
     return LoRA(n_in, hi - lo, rank, alpha, dropout, rslora, init_weights=init_weights, device=dev, dtype=dtype,
-                generator=generator)
+                generator=generator, **drops)
 
 
 def inject_adapters(model, targets, kind="lora", *, name="default", rank=16, alpha=None, dropout=0.0, rslora=False,
                     lokr_factor=-1, lokr_full_rank=False, name_map=None, only_if_contains=None,
                     ignore_if_contains=None, dtype=flame.float32, init_weights="kaiming", generator=None,
-                    freeze_base=True, skip_adapted=False):
+                    freeze_base=True, skip_adapted=False, rank_dropout=0.0, module_dropout=0.0):
     """Attach a new adapter `name` of `kind` to every Linear (or row range) or Conv2d `targets` select ("locon" is
     "lora": a Conv2d gets a LoRAConv2d; dora / lokr / loha on a Conv2d is an AdapterError naming it). The base is frozen
     (requires_grad False) unless freeze_base=False. skip_adapted: layers that already have an adapter `name` are
-    left as they are (else an error). Returns [(module name, rows)] in model order."""
+    left as they are (else an error). rank_dropout / module_dropout: kohya's training dropouts of LoRA / DoRA /
+    LoCon (lora.py). Returns [(module name, rows)] in model order."""
     if kind not in KINDS:
         raise AdapterError(f"unknown adapter kind {kind!r}; known: {', '.join(KINDS)}")
     found = find_targets(model, targets, name_map, only_if_contains, ignore_if_contains)
@@ -148,7 +155,7 @@ def inject_adapters(model, targets, kind="lora", *, name="default", rank=16, alp
     for mod_name, mod, rows in found:
         adapt(mod)
         ad = _make(kind, mod, rows, rank, alpha, dropout, rslora, lokr_factor, lokr_full_rank, dtype, init_weights,
-                   generator)
+                   generator, dict(rank_dropout=rank_dropout, module_dropout=module_dropout))
         mod.add_adapter(name, ad, rows)
         made.append((mod_name, rows))
     return made
@@ -301,12 +308,13 @@ def load_adapters(model, path, *, name="default", weight=1.0, name_map=None, dty
 
 
 def inject_from_state(model, modules, *, name="default", dropout=0.0, rslora=False, dtype=flame.float32,
-                      freeze_base=True):
+                      freeze_base=True, rank_dropout=0.0, module_dropout=0.0):
     """Attach a new adapter `name` shaped by canonical adapters `modules` ({module name: [AdapterPart]}, as
     formats.load returns them: each part's kind, rank, rows and factors) and holding their values, scales kept
-    (rslora: the alpha that gives the part's scale under alpha/sqrt(rank)); dropout / rslora apply to the LoRA and
-    DoRA adapters made (PEFT's is_trainable load, kohya's --network_weights). The base is frozen unless
-    freeze_base=False. Every module is checked before anything changes. Returns [(module name, rows)]."""
+    (rslora: the alpha that gives the part's scale under alpha/sqrt(rank)); dropout / rslora / rank_dropout /
+    module_dropout apply to the LoRA and DoRA adapters made (PEFT's is_trainable load, kohya's --network_weights).
+    The base is frozen unless freeze_base=False. Every module is checked before anything changes. Returns [(module
+    name, rows)]."""
     if name in adapter_names(model):
         raise AdapterError(f"an adapter named {name!r} already exists; pick another name or remove it")
     names = {n for n, _ in _linears(model)}
@@ -319,7 +327,8 @@ def inject_from_state(model, modules, *, name="default", dropout=0.0, rslora=Fal
         mod = model.get_submodule(mod_name)
         for part in parts:
             try:
-                ad = _from_part(mod, part, dtype, dropout, rslora)
+                ad = _from_part(mod, part, dtype, dropout, rslora,
+                                dict(rank_dropout=rank_dropout, module_dropout=module_dropout))
                 ad.load_part(part)
             except (AdapterError, fmt.AdapterFormatError) as e:
                 raise type(e)(f"{mod_name}{'' if part.rows is None else f' rows {part.rows}'}: {e}") from None
@@ -331,21 +340,21 @@ def inject_from_state(model, modules, *, name="default", dropout=0.0, rslora=Fal
     return [(mod_name, rows) for mod_name, _, rows, _ in made]
 
 
-def _from_part(mod, part, dtype, dropout=0.0, rslora=False):
+def _from_part(mod, part, dtype, dropout=0.0, rslora=False, drops=None):
+    drops = drops or {}
     if isinstance(mod, Conv2d):
         if part.kind != "lora":
             raise fmt.AdapterFormatError(f"the file has a {part.kind} adapter on the Conv2d {mod!r}; convolutions "
                                          f"take LoRA adapters only")
-        return LoRAConv2d.for_conv(mod, part.rank, dropout=dropout, rslora=rslora, dtype=dtype)
+        return LoRAConv2d.for_conv(mod, part.rank, dropout=dropout, rslora=rslora, dtype=dtype, **drops)
     lo, hi = part.rows if part.rows is not None else (0, mod.weight.shape[0])
     n_in, dev = mod.weight.shape[1], mod.weight.device
     if part.kind in ("lora", "dora"):
         if part.kind == "dora":
             return DoRA(n_in, hi - lo, part.rank, dropout=dropout, rslora=rslora, base_weight=base_rows(mod, lo, hi),
-                        device=dev, dtype=dtype)
-        return LoRA(n_in, hi - lo, part.rank, dropout=dropout, rslora=rslora, device=dev, dtype=dtype)
-    if dropout:
-        raise AdapterError(f"{part.kind} has no input dropout (LyCORIS's does not either); use dropout 0")
+                        device=dev, dtype=dtype, **drops)
+        return LoRA(n_in, hi - lo, part.rank, dropout=dropout, rslora=rslora, device=dev, dtype=dtype, **drops)
+    _no_dropouts(part.kind, dropout, drops)
     if part.kind == "loha":
         return LoHa(n_in, hi - lo, part.rank, device=dev, dtype=dtype)
     w1 = part.tensors["lokr_w1"]

@@ -239,8 +239,8 @@ class AdaptedLinearMixin(AdaptedMixin):
         base_dtype = getattr(self, "compute_dtype", self.weight.dtype)   # an fp8 layer's: what its GEMMs output
         factors = []
         for lo, hi, ad, mult in active:
-            if type(ad) is not LoRA or (ad.dropout and ad.training):
-                return None
+            if type(ad) is not LoRA or (ad.training and (ad.dropout or ad.rank_dropout or ad.module_dropout)):
+                return None   # (the dropouts act between its matmuls)
             if not autocast_on(input) and not input.dtype == base_dtype == ad.lora_A.dtype:
                 return None   # outside autocast the adapter computes in its own dtype (adapter_input)
             factors.append((ad.lora_A, ad.lora_B, lo, hi, ad.scale * mult))

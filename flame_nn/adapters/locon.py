@@ -28,11 +28,12 @@ class LoRAConv2d(LoRA):
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, rank=16, alpha=None,
                  dropout=0.0, rslora=False, *, init_weights="kaiming", device=None, dtype=flame.float32,
-                 generator=None):
+                 generator=None, rank_dropout=0.0, module_dropout=0.0):
         self.kernel_size, self.stride, self.dilation = _pair(kernel_size), _pair(stride), _pair(dilation)
         self.padding = padding if isinstance(padding, str) else _pair(padding)
         super().__init__(in_channels, out_channels, rank, alpha, dropout, rslora, init_weights=init_weights,
-                         device=device, dtype=dtype, generator=generator)
+                         device=device, dtype=dtype, generator=generator, rank_dropout=rank_dropout,
+                         module_dropout=module_dropout)
 
     def _down_shape(self):
         return (self.rank, self.in_features, *self.kernel_size)
@@ -52,7 +53,7 @@ class LoRAConv2d(LoRA):
         if self.dropout and self.training:
             x = F.dropout(x, self.dropout)
         h = F.conv2d(x, self.lora_A, None, self.stride, self.padding, self.dilation) * self.scale   # (N, r, H', W')
-        return F.conv2d(h, self.lora_B)                                                           # (N, out, H', W')
+        return F.conv2d(self._rank_dropout(h, rank_dim=1), self.lora_B)                           # (N, out, H', W')
 
     def delta_weight(self):
         r, out = self.rank, self.out_features

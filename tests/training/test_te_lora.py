@@ -273,3 +273,13 @@ def test_trained_encoders_encode_each_prompts_own_negative(tmp_path, images, sdx
     for k, v in base.items():
         np.testing.assert_array_equal(weighed[0][k], v)
     assert any(not np.array_equal(weighed[1][k], v) for k, v in base.items())
+
+
+def test_the_text_encoders_adapters_take_kohyas_dropouts(tmp_path, images, sdxl_model):
+    cfg = sdxl_config(tmp_path, "te_drop", sdxl_model, images, steps=2, train=TE_TRAIN,
+                      network={"rank_dropout": 0.2, "module_dropout": 0.05})
+    tr = Trainer(cfg, verbose=False).setup()
+    got = {(ad.rank_dropout, ad.module_dropout) for _, te in tr.text_encoders.parts
+           for _, _, ad in A.adapter_modules(te)}
+    assert got == {(0.2, 0.05)}
+    assert np.isfinite(tr.train()["losses"]).all()
