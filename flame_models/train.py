@@ -102,6 +102,10 @@ def parser():
                                         "ones do not (datasets' mask_path; default: none)")
     add("--data", metavar="FOLDER", help="folder of images with same-name .txt captions, or of precomputed samples "
                                          "(default: none; the demo: drawn images)")
+    add("--dataset-config", metavar="TOML", help="kohya sd-scripts' dataset config (its --dataset_config): each "
+                                                 "[[datasets.subsets]] entry becomes a dataset, its batch_size the "
+                                                 "run's (flame_models/data/kohya_toml.py says how each key maps; "
+                                                 "default: none)")
     add("--validation", metavar="FOLDER", help="held-out images with captions: their loss at fixed timesteps and "
                                                "noise is logged every 250 steps (validation.csv, loss.png; the "
                                                "config's validation section; default: none)")
@@ -167,7 +171,7 @@ def _fresh_demo_name(folder, name):
 def build_config(a):
     """(TrainConfig, demo?, notes) from the parsed flags."""
     device = a.device or ("cuda" if flame.cuda_is_available() else "cpu")
-    demo = not (a.config or a.model or a.data)
+    demo = not (a.config or a.model or a.data or a.dataset_config)
     notes = []
     if a.control is not None and not a.data:   # (before the demo builds its inputs)
         raise ConfigError("--control: give the target images' folder too (--data)")
@@ -198,6 +202,22 @@ def build_config(a):
         proc.setdefault("model", {})["name_or_path"] = a.model
     if a.arch:
         proc.setdefault("model", {})["arch"] = a.arch
+    if a.dataset_config is not None:
+        if a.data or a.resolution is not None or a.control is not None or a.mask is not None:
+            raise ConfigError("--dataset-config: the datasets come from it; leave out --data, --resolution, "
+                              "--control and --mask")
+        from .data.kohya_toml import KohyaConfigError, read_dataset_config
+        try:
+            datasets, batch_size, kohya_notes = read_dataset_config(a.dataset_config)
+        except KohyaConfigError as e:
+            raise ConfigError(f"--dataset-config {e}") from None
+        proc["datasets"] = datasets
+        proc.pop("synthetic", None)
+        notes += kohya_notes
+        if batch_size is not None and a.batch_size is None:
+            if not isinstance(proc.get("train"), dict):
+                proc["train"] = {}
+            proc["train"]["batch_size"] = batch_size
     if a.data:
         entry = {"folder_path": a.data}
         if a.resolution is not None:

@@ -25,12 +25,18 @@ class Bucket(NamedTuple):
         return self.width / self.height
 
 
-def make_buckets(resolution, step=64, max_aspect=MAX_ASPECT):
+def make_buckets(resolution, step=64, max_aspect=MAX_ASPECT, min_side=None, max_side=None):
     """Sorted buckets for `resolution` (a multiple of `step`): for every width w >= resolution (a multiple of
     `step`), the tallest height h (a multiple of `step`) with w·h <= resolution², while w/h <= max_aspect; plus
-    each one's transpose."""
+    each one's transpose. min_side / max_side (kohya's min_bucket_reso / max_bucket_reso): only buckets whose sides
+    both lie within them (the square one always does: resolution itself must)."""
     if resolution % step or resolution < step:
         raise ValueError(f"resolution {resolution} must be a positive multiple of the bucket step {step}")
+    if (min_side is not None and resolution < min_side) or (max_side is not None and resolution > max_side):
+        raise ValueError(f"resolution {resolution} lies outside the bucket sides' bounds [{min_side}, {max_side}]")
+    if min_side is not None or max_side is not None:
+        lo, hi = min_side or 0, max_side or float("inf")
+        return [b for b in make_buckets(resolution, step, max_aspect) if lo <= min(b) and max(b) <= hi]
     area = resolution * resolution
     found = set()
     w = resolution

@@ -29,6 +29,8 @@ class DatasetConfig:
     num_repeats: int = 1                 # every image appears this many times per epoch
     resolution: typing.Any = 512         # int or list (e.g. [512, 768, 1024]): one bucket set per resolution
     bucket_tolerance: int = 64           # ai-toolkit's name: bucket sides are multiples of this many pixels
+    min_bucket_reso: int = None          # kohya's: no bucket side below this many pixels (None: no bound)
+    max_bucket_reso: int = None          # kohya's: no bucket side above this many pixels
     random_crop: bool = False            # crop position drawn once per (image, repeat, resolution); else centred
     flip_x: bool = False                 # add a mirrored copy of every image (as ai-toolkit does)
     flip_y: bool = False                 # add an upside-down copy of every image
@@ -49,7 +51,7 @@ class DatasetConfig:
 
 # the fields added after runs were first saved: at their defaults they leave a run's fingerprint as it was
 LATER_FIELDS = {"control_path": None, "mask_path": None, "alpha_mask": False, "invert_mask": False,
-                "mask_min_value": 0.0, "is_reg": False}
+                "mask_min_value": 0.0, "is_reg": False, "min_bucket_reso": None, "max_bucket_reso": None}
 
 
 def resolutions(cfg):
@@ -120,6 +122,20 @@ def validate_dataset_config(cfg, path_prefix="datasets[0]", check_files=True):
                      f"try {max(step, r // step * step)} or {(r // step + 1) * step}")
     if isinstance(res, list) and all(_is_int(r) for r in res) and len(set(res)) != len(res):
         e.append(f"{p}.resolution: {res} lists a resolution twice")
+    bounds = {}
+    for name in ("min_bucket_reso", "max_bucket_reso"):
+        v = getattr(cfg, name)
+        if v is not None and (not _is_int(v) or v <= 0):
+            e.append(f"{p}.{name}: null or a positive number of pixels, got {v!r}")
+        elif v is not None:
+            bounds[name] = v
+    lo, hi = bounds.get("min_bucket_reso"), bounds.get("max_bucket_reso")
+    if lo is not None and hi is not None and lo > hi:
+        e.append(f"{p}.min_bucket_reso: {lo} is above max_bucket_reso {hi}")
+    for r in items:
+        if _is_int(r) and ((lo is not None and r < lo) or (hi is not None and r > hi)):
+            e.append(f"{p}.resolution: {r} lies outside [min_bucket_reso, max_bucket_reso] = [{lo}, {hi}] (its "
+                     f"square bucket's sides must fit them)")
 
     cp = cfg.control_path
     if cp is not None and (not isinstance(cp, str) or not cp):

@@ -231,7 +231,9 @@ class ImageDataset:
             c = self.configs[ci]
             fitting = []
             for r in resolutions(c):
-                bs = sets.setdefault((r, c.bucket_tolerance), make_buckets(r, c.bucket_tolerance))
+                key = (r, c.bucket_tolerance, c.min_bucket_reso, c.max_bucket_reso)
+                bs = sets.setdefault(key, make_buckets(r, c.bucket_tolerance, min_side=c.min_bucket_reso,
+                                                       max_side=c.max_bucket_reso))
                 b = closest_bucket(rec.width, rec.height, bs)
                 fits = c.allow_upscale or place(rec.width, rec.height, b).scale <= 1.0 + 1e-9
                 if fits:
@@ -240,7 +242,8 @@ class ImageDataset:
                     partial.setdefault(r, []).append((rec, b))
             if not fitting:
                 r = resolutions(c)[0]
-                b = closest_bucket(rec.width, rec.height, sets[(r, c.bucket_tolerance)])
+                b = closest_bucket(rec.width, rec.height, sets[(r, c.bucket_tolerance, c.min_bucket_reso,
+                                                                c.max_bucket_reso)])
                 too_small.append(f"{rec.path}: {rec.width}x{rec.height} is smaller than its {b} bucket at "
                                  f"resolution {r} (images are never upscaled unless allow_upscale: true, or "
                                  f"--allow-upscale; or use a smaller resolution)")

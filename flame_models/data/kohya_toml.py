@@ -1,0 +1,125 @@
+"""kohya sd-scripts' dataset config (`--dataset_config dataset.toml`) read as FLAME's datasets: the `[general]`
+settings, each `[[datasets]]` entry's over them and each `[[datasets.subsets]]` entry's over those (kohya's
+precedence), one FLAME dataset per subset.
+
+    datasets, batch_size, notes = read_dataset_config("dataset.toml")    # (the command line's --dataset-config)
+
+kohya key -> FLAME dataset field:
+    image_dir -> folder_path              caption_extension -> caption_ext     shuffle_caption -> shuffle_tokens
+    keep_tokens, caption_separator, num_repeats, is_reg, random_crop, caption_dropout_rate, alpha_mask,
+    min_bucket_reso, max_bucket_reso (the same names)
+    class_tokens -> default_caption       (kohya's DreamBooth caption of an image without a caption file)
+    resolution (N or [N, N]) -> resolution
+    bucket_reso_steps -> bucket_tolerance
+    bucket_no_upscale -> allow_upscale = not it (kohya upscales a smaller image into its bucket unless told not to)
+    flip_aug -> flip_x                    (kohya flips each image at random per step; FLAME adds its mirror image to
+                                           every epoch: both orientations seen equally often, the epoch twice as long
+                                           -- said in the notes)
+    cache_latents_to_disk -> cache_latents_to_disk; cache_latents (FLAME always caches) and enable_bucket = true
+    (FLAME always buckets) are accepted
+    batch_size (per [[datasets]]) -> train.batch_size: one for the run, so the entries must agree
+
+Every other key -- color_aug, face_crop_aug_range, caption_tag_dropout_rate, token_warmup_*, keep_tokens_separator,
+secondary_separator, enable_wildcard, caption_prefix / caption_suffix, metadata_file (fine-tuning JSON),
+conditioning_data_dir, a non-square resolution, enable_bucket = false, ... -- is an error naming the file, the entry
+and the key: a setting FLAME would not apply is never dropped silently. The file is parsed with Python's tomllib.
+"""
+import os
+
+from .errors import DataError
+
+# kohya key -> FLAME DatasetConfig field, taken as they are (types checked by the dataset config's validation)
+_SAME = {"image_dir": "folder_path", "caption_extension": "caption_ext", "shuffle_caption": "shuffle_tokens",
+         "keep_tokens": "keep_tokens", "caption_separator": "caption_separator", "num_repeats": "num_repeats",
+         "is_reg": "is_reg", "random_crop": "random_crop", "caption_dropout_rate": "caption_dropout_rate",
+         "alpha_mask": "alpha_mask", "min_bucket_reso": "min_bucket_reso", "max_bucket_reso": "max_bucket_reso",
+         "class_tokens": "default_caption", "bucket_reso_steps": "bucket_tolerance", "flip_aug": "flip_x",
+         "cache_latents_to_disk": "cache_latents_to_disk"}
+_SPECIAL = ("resolution", "bucket_no_upscale", "batch_size", "enable_bucket", "cache_latents")
+_LEVELS = {"general": "[general]", "datasets": "[[datasets]]", "subsets": "[[datasets.subsets]]"}
+
+
+class KohyaConfigError(DataError):
+    """A kohya dataset config FLAME cannot read exactly (the message names the file, entry and key)."""
+
+
+def _check_keys(table, where, allowed):
+    bad = [k for k in table if k not in allowed]
+    if bad:
+        raise KohyaConfigError(f"{where}: {', '.join(sorted(bad))}: not supported by FLAME's datasets (it reads "
+                               f"{', '.join(sorted(k for k in _SAME))}, {', '.join(_SPECIAL)}; see "
+                               f"flame_models/data/kohya_toml.py)")
+
+
+def _resolution(v, where):
+    if isinstance(v, bool):
+        raise KohyaConfigError(f"{where}.resolution: a number of pixels or [width, height], got {v!r}")
+    if isinstance(v, int):
+        return v
+    if isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        if v[0] != v[1]:
+            raise KohyaConfigError(f"{where}.resolution: {v} is not square; FLAME's buckets keep the area of a "
+                                   f"square resolution (give [{max(v)}, {max(v)}] or the side whose square you mean)")
+        return v[0]
+    raise KohyaConfigError(f"{where}.resolution: a number of pixels or [width, height], got {v!r}")
+
+
+def read_dataset_config(path):
+    """(FLAME dataset dicts, the batch size or None, notes) from kohya's dataset TOML at `path`. KohyaConfigError
+    for anything FLAME would not apply as kohya does (module docstring)."""
+    import tomllib
+    if not os.path.isfile(path):
+        raise KohyaConfigError(f"{path}: no such file")
+    if os.path.getsize(path) > 1 << 20:
+        raise KohyaConfigError(f"{path}: {os.path.getsize(path):,} bytes; a dataset config is a few hundred")
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise KohyaConfigError(f"{path}: not a TOML file: {e}") from None
+    _check_keys(doc, path, ("general", "datasets"))
+    general = doc.get("general", {})
+    entries = doc.get("datasets", [])
+    allowed = set(_SAME) | set(_SPECIAL)
+    if isinstance(general, dict):
+        _check_keys(general, f"{path} {_LEVELS['general']}", allowed - {"image_dir"})
+    if not isinstance(general, dict) or not isinstance(entries, list) or not entries:
+        raise KohyaConfigError(f"{path}: expected a [general] table and at least one [[datasets]] entry with "
+                               f"[[datasets.subsets]]")
+    out, sizes, notes = [], set(), []
+    for i, entry in enumerate(entries):
+        where = f"{path} [[datasets]] #{i + 1}"
+        if not isinstance(entry, dict):
+            raise KohyaConfigError(f"{where}: expected a table")
+        _check_keys(entry, where, (allowed - {"image_dir"}) | {"subsets"})
+        subsets = entry.get("subsets", [])
+        if not isinstance(subsets, list) or not subsets:
+            raise KohyaConfigError(f"{where}: no [[datasets.subsets]] (each names an image_dir)")
+        for j, sub in enumerate(subsets):
+            sw = f"{where} subset #{j + 1}"
+            if not isinstance(sub, dict):
+                raise KohyaConfigError(f"{sw}: expected a table")
+            _check_keys(sub, sw, allowed - {"batch_size", "resolution", "enable_bucket", "min_bucket_reso",
+                                            "max_bucket_reso", "bucket_reso_steps", "bucket_no_upscale"})
+            merged = {**general, **{k: v for k, v in entry.items() if k != "subsets"}, **sub}
+            if "image_dir" not in merged:
+                raise KohyaConfigError(f"{sw}: no image_dir")
+            if merged.get("enable_bucket", True) is not True:
+                raise KohyaConfigError(f"{sw}: enable_bucket = false: FLAME always trains in aspect-ratio buckets "
+                                       f"(remove the key)")
+            d = {_SAME[k]: v for k, v in merged.items() if k in _SAME}
+            if "resolution" in merged:
+                d["resolution"] = _resolution(merged["resolution"], sw)
+            if not isinstance(merged.get("bucket_no_upscale", False), bool):
+                raise KohyaConfigError(f"{sw}.bucket_no_upscale: true or false, got {merged['bucket_no_upscale']!r}")
+            d["allow_upscale"] = not merged.get("bucket_no_upscale", False)
+            if "batch_size" in merged:
+                sizes.add(merged["batch_size"])
+            out.append(d)
+            if d.get("flip_x"):
+                notes.append(f"{sw}: flip_aug: FLAME adds every image's mirror image to each epoch (kohya flips at "
+                             f"random): both orientations as often, an epoch twice as long")
+    if len(sizes) > 1:
+        raise KohyaConfigError(f"{path}: [[datasets]] entries with batch sizes {sorted(sizes)}; FLAME trains every "
+                               f"dataset at one train.batch_size")
+    return out, (sizes.pop() if sizes else None), notes
