@@ -151,6 +151,9 @@ class TrainSection:
                                                              # power (1.0), lr_end (1e-7) -- transformers' defaults
     lr_warmup_steps: int = 0
     max_grad_norm: float = 1.0           # 0 disables clipping
+    scale_weight_norms: typing.Optional[float] = None  # kohya's max-norm regularisation: after each step a LoRA /
+                                         # LoCon adapter whose ΔW norm exceeds this is scaled down to it (1.0 is
+                                         # kohya's suggestion); None: off (flame_nn.adapters.max_norm)
     ema_config: EMAConfig = field(default_factory=EMAConfig)
     dtype: str = "bf16"                  # autocast dtype of the forward pass
     train_unet: bool = True

@@ -4,7 +4,8 @@
 Both are optional dependencies, imported only when asked for; a run that asks for one that is not installed stops
 at set-up with the package to install. Scalars: train/loss (the log window's mean), train/lr per parameter group,
 train/timestep, train/grad_norm (before clipping; with max_grad_norm > 0), train/step_seconds, train/memory_gib
-(the device's peak, on CUDA); validation/loss and validation/loss_t<t> per timestep when `validation:` is set
+(the device's peak, on CUDA), max_norm/keys_scaled, max_norm/average_key_norm and max_norm/max_key_norm (kohya's
+figures; with train.scale_weight_norms); validation/loss and validation/loss_t<t> per timestep when `validation:` is set
 (validation_loss.py); samples as images. On resume, TensorBoard discards the events a previous run wrote after the
 checkpoint's step (purge_step), so a curve holds each step once.
 """

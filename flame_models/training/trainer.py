@@ -46,6 +46,7 @@ from flame_core.autograd import no_grad
 from flame_core.io import write_json
 from flame_core.memory.stats import fmt_bytes, parse_budget
 from flame_nn import adapters as A
+from flame_nn.adapters.max_norm import MaxNorm
 
 from .. import checkpoint_io as CIO
 from ..data import ConcatDataset, FolderDataset, SampleLoader, SyntheticDataset
@@ -324,6 +325,15 @@ class Trainer:
             grad_pool.register(self.params, lazy=True)
         self.optimizer = self._make_optimizer()
         self.scheduler = self._make_scheduler()
+        self.max_norm = self._max_norm_apply = None   # train.scale_weight_norms (kohya's max-norm regularisation)
+        if t.scale_weight_norms is not None:
+            ads = [ad for _, _, ad in A.adapter_modules(self.model)] + (
+                [ad for _, te in self.text_encoders.parts for _, _, ad in A.adapter_modules(te)]
+                if self.text_encoders is not None else [])
+            self.max_norm = MaxNorm(ads, t.scale_weight_norms)
+            # queued on the device, no sync: replayed as a CUDA graph on cuda (the adapters' storage never moves)
+            self._max_norm_apply = flame.cuda.graphed(self.max_norm.apply, warmup=2,
+                                                      enabled=self.device.type == "cuda")
         self.guard = FiniteGuard(self.params, self.device)  # NaN / inf loss or gradients stop the run (finite.py)
         self.ema = EMA(self.params, t.ema_config.ema_decay) if t.ema_config.use_ema else None
         if self.prepared is not None and self.prepared.loader is not None:
@@ -608,6 +618,8 @@ class Trainer:
         if t.max_grad_norm > 0:  # the norm stays on the device: read only when a tracker logs it
             self._grad_norm = flame_nn.utils.clip_grad_norm_(self.params, t.max_grad_norm)
         self.optimizer.step()
+        if self.max_norm is not None:
+            self._max_norm_apply()
         self.scheduler.step()
         # a replayed graph writes the .grad buffers it captured: keep them (zeroed), not None; lazy ones go until the
         # first capture, which allocates them in the graph's memory
@@ -734,6 +746,9 @@ class Trainer:
             values[f"train/lr/group{i}"] = lr
         if getattr(self, "_grad_norm", None) is not None:
             values["train/grad_norm"] = float(self._grad_norm.item())
+        got = self.max_norm.stats() if getattr(self, "max_norm", None) is not None else None
+        if got is not None:   # kohya's figures of the last step's max-norm
+            values.update(zip(("max_norm/keys_scaled", "max_norm/average_key_norm", "max_norm/max_key_norm"), got))
         if self.device.type == "cuda":
             values["train/memory_gib"] = flame.memory.max_memory_allocated(self.device) / 2 ** 30
         self.trackers.scalars(self.step, values)

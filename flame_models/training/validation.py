@@ -85,6 +85,13 @@ def validate(cfg, prefix="", check_files=True):
     _at_least(e, f"{p}network.linear", n.linear)
     if n.linear_alpha <= 0:
         e.append(f"{p}network.linear_alpha: must be > 0, got {n.linear_alpha}")
+    swn = t.scale_weight_norms
+    if swn is not None:
+        if isinstance(swn, bool) or not isinstance(swn, (int, float)) or not swn > 0 or swn == float("inf"):
+            e.append(f"{p}train.scale_weight_norms: a norm > 0 (kohya's max-norm; 1.0 its suggestion), got {swn!r}")
+        elif n.type not in ("lora", "locon"):
+            e.append(f"{p}train.scale_weight_norms: kohya's max-norm scales LoRA / LoCon adapters; network.type is "
+                     f"{n.type}")
     for k in ("dropout", "rank_dropout", "module_dropout"):
         if not 0 <= getattr(n, k) < 1:
             e.append(f"{p}network.{k}: must be in [0, 1), got {getattr(n, k)}")

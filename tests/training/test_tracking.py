@@ -90,3 +90,13 @@ def test_a_tracker_that_is_not_installed_stops_setup_naming_it(tmp_path, monkeyp
     with pytest.raises(ConfigError, match=f"logging.{field}: {package} is not installed"):
         tr.setup()
     assert not (tmp_path / "missing" / "config.json").exists()
+
+
+def test_kohyas_max_norm_figures_are_logged(tmp_path):
+    c = tiny_config(tmp_path, "mn", steps=4, logging={"use_tensorboard": True, "log_every": 2},
+                    train={"scale_weight_norms": 0.02, "lr": 3e-2})
+    Trainer(c, verbose=False).train()
+    acc = _events(tmp_path / "mn" / "tensorboard" / "mn")
+    assert [e.step for e in acc.Scalars("max_norm/keys_scaled")] == [2, 4]
+    assert all(e.value == pytest.approx(0.02, rel=1e-3) for e in acc.Scalars("max_norm/max_key_norm"))
+    assert all(0 < e.value <= 0.0201 for e in acc.Scalars("max_norm/average_key_norm"))
