@@ -32,3 +32,4 @@ from .locon import LoRAConv2d
 from .loha import LoHa
 from .lokr import LoKr, factorization
 from .lora import LoRA
+from .max_norm import MaxNorm
