@@ -11,7 +11,10 @@ flags that each run to the next one --
   --d N, --seed N          its seed (default sample.seed, + the prompt's index with walk_seed)
   --s N, --steps N         its sampling steps (default sample.sample_steps)
   --l X, --cfg X, --g X    its guidance (sample.guidance_scale's meaning: Flux's guidance embedding, the CFG scale of
-                           SD3 / SDXL / Chroma / Qwen-Image; ai-toolkit's --l / --cfg, kohya's --g for Flux)
+                           SD3 / SDXL / Chroma / Qwen-Image; ai-toolkit's --l / --cfg). kohya writes Flux's
+                           embedded guidance as --g and a CFG scale as --l: both on one Flux prompt read --g, with
+                           --l 1 (no CFG: what FLAME's Flux previews run) -- another --l is an error; on a CFG
+                           family's prompt the two are one setting given twice (an error)
   --n TEXT                 its negative prompt (families whose previews run CFG with one: SD3, SDXL, Chroma,
                            Qwen-Image; default sample.neg)
   --ss NAME                its sampler (kohya's flag; one of the family's sample.sampler values)
@@ -34,7 +37,7 @@ MAX_STEPS = 1000
 
 # flag -> field, in the two tools' spellings
 FLAGS = {"w": "width", "h": "height", "d": "seed", "seed": "seed", "s": "steps", "steps": "steps",
-         "l": "guidance", "cfg": "guidance", "g": "guidance", "n": "negative", "ss": "sampler",
+         "l": "cfg", "cfg": "cfg", "g": "guidance", "n": "negative", "ss": "sampler",
          "m": "multiplier", "network_multiplier": "multiplier", "ctrl_img": "ctrl_img"}
 _INTS = ("width", "height", "seed", "steps")
 _FLAG = re.compile(r"(?:^|(?<=\s))--([A-Za-z_][A-Za-z0-9_]*)(?=\s|$)")
@@ -51,11 +54,17 @@ class PromptOptions:
     height: int = None
     seed: int = None
     steps: int = None
-    guidance: float = None
+    guidance: float = None         # --g
+    cfg: float = None              # --l / --cfg
     negative: str = None           # None: the run's negative (sample.neg); "" is an empty negative prompt
     sampler: str = None
     multiplier: float = None       # the adapters' weight while it samples (None: 1)
     ctrl_img: str = None           # None: none given; "" when the flag has no path
+
+    @property
+    def scale(self):
+        """The preview's guidance: --g, else --l / --cfg, else None (sample.guidance_scale)."""
+        return self.guidance if self.guidance is not None else self.cfg
 
     def size(self, height, width):
         """(height, width) of the preview: this prompt's, else the given defaults."""
@@ -100,8 +109,8 @@ def _value(flag, name, raw):
         raise PromptOptionError(f"--{flag}: sampling steps, 1 to {MAX_STEPS}, got {v}")
     if name == "seed" and not 0 <= v < 2 ** 63:
         raise PromptOptionError(f"--{flag}: a seed, 0 to 2**63 - 1, got {v}")
-    if name in ("guidance", "multiplier") and not math.isfinite(v):
-        raise PromptOptionError(f"--{flag}: a finite {'guidance scale' if name == 'guidance' else 'weight'}, "
+    if name in ("guidance", "cfg", "multiplier") and not math.isfinite(v):
+        raise PromptOptionError(f"--{flag}: a finite {'weight' if name == 'multiplier' else 'guidance scale'}, "
                                 f"got {raw!r}")
     return v
 
@@ -123,6 +132,12 @@ def problems(cfg, family, prefix=""):
             v = getattr(o, k)
             if v is not None and v % mult:
                 e.append(f"{where}: --{k[0]} {v}: the {family.name} family's previews take multiples of {mult} px")
+        if o.guidance is not None and o.cfg is not None:
+            if family.takes_negative_prompt:
+                e.append(f"{where}: --g and --l (--cfg) both set the {family.name} previews' CFG scale; give one")
+            elif o.cfg != 1:
+                e.append(f"{where}: --l {o.cfg:g} beside --g: the {family.name} family's previews run no CFG (--g is "
+                         f"its guidance); leave --l out or give --l 1")
         if o.negative is not None and not family.takes_negative_prompt:
             e.append(f"{where}: --n: the {family.name} family's previews take no negative prompt (they sample "
                      f"with its guidance, no CFG)")

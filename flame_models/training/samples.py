@@ -60,7 +60,7 @@ class Previews:
             v = None if o is None else getattr(o, name)
             return default if v is None else v
         return dict(height=h, width=w, steps=pick("steps", sm.sample_steps),
-                    guidance=pick("guidance", sm.guidance_scale),
+                    guidance=pick("scale", sm.guidance_scale),
                     seed=pick("seed", sm.seed + (i if sm.walk_seed else 0)), **self.family.sample_options(cfg))
 
     def run(self, model, step, progress_file=None):

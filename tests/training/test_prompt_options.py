@@ -20,10 +20,12 @@ from .test_sd_families import SD3_MODEL
 def test_flags_read_as_kohya_and_ai_toolkit_write_them():
     assert parse("a photo of ohwx") == PromptOptions("a photo of ohwx")
     o = parse("a photo --w 768 --h 512 --d 7 --s 28 --l 3.5 --n blurry, low  quality --ss heun")
-    assert o == PromptOptions("a photo", width=768, height=512, seed=7, steps=28, guidance=3.5,
+    assert o == PromptOptions("a photo", width=768, height=512, seed=7, steps=28, cfg=3.5,
                               negative="blurry, low  quality", sampler="heun")
-    assert parse("x --seed 0 --steps 4 --cfg 2") == PromptOptions("x", seed=0, steps=4, guidance=2.0)
-    assert parse("x --g 4").guidance == 4.0 and parse("x --n").negative == ""
+    assert o.scale == 3.5
+    assert parse("x --seed 0 --steps 4 --cfg 2") == PromptOptions("x", seed=0, steps=4, cfg=2.0)
+    assert parse("x --g 4").scale == 4.0 and parse("x --n").negative == ""
+    assert parse("x --l 1 --g 3.5").scale == 3.5                  # kohya's Flux prompt: embedded guidance, no CFG
     assert parse("x --m 0.5").multiplier == 0.5 and parse("x --network_multiplier 0").multiplier == 0.0
     assert parse("well--known a--w 5") == PromptOptions("well--known a--w 5")     # a flag starts a word
     assert parse("edit --ctrl_img /a b/c.png --w 64").ctrl_img == "/a b/c.png"
@@ -41,6 +43,7 @@ def test_flags_read_as_kohya_and_ai_toolkit_write_them():
     ("x --s 0", "--s: sampling steps, 1 to 1000"),
     ("x --d -1", "--d: a seed"),
     ("x --l nan", "--l: a finite guidance scale"),
+    ("x --g 2 --g 3", "--g: the prompt sets its guidance twice"),
     ("x --l", "--l: a number, got ''"),
     ("x --ss", "--ss: a sampler name"),
 ])
@@ -65,6 +68,7 @@ def _flux(tmp_path, images, name="p", **sample):
     (["a", "b --w 40"], r"sample.prompts\[1\]: --w 40: the flux family's previews take multiples of 16 px"),
     (["a --ss dpm_2"], r"sample.prompts\[0\]: --ss dpm_2: Flux previews use"),
     (["a --frames 3"], r"sample.prompts\[0\]: --frames: not a sample-prompt option here"),
+    (["a --g 3.5 --l 4"], r"sample.prompts\[0\]: --l 4 beside --g: the flux family's previews run no CFG"),
     (["a --ctrl_img x.png"], r"sample.prompts\[0\]: --ctrl_img: the flux family takes no control image"),
 ])
 def test_config_errors_name_the_prompt(tmp_path, images, prompts, words):
@@ -147,3 +151,12 @@ def test_a_prompts_multiplier_weighs_the_adapters_while_it_samples(tmp_path, ima
         image_config(tmp_path, "full", None, images, steps=2, model={"name_or_path": None, "t5_max_length": 8},
                      network={"type": "full"}, drop=("network.linear", "network.linear_alpha", "network.target"),
                      sample={"prompts": ["a --m 0.5"]}, save={"save_every": 2, "dtype": "fp32"})
+
+
+def test_g_and_l_together(tmp_path, images):
+    """kohya's Flux prompt `--l 1 --g 3.5` reads as guidance 3.5; on a CFG family --g and --l are one setting."""
+    cfg = _flux(tmp_path, images, prompts=["a --l 1 --g 3.5"])
+    assert Trainer(cfg, verbose=False).setup().previews._settings(0)["guidance"] == 3.5
+    with pytest.raises(ConfigError, match=r"sample.prompts\[0\]: --g and --l \(--cfg\) both set the sd3 previews"):
+        image_config(tmp_path, "sd3g", SD3_MODEL, images, steps=2, model={"arch": "sd3"},
+                     sample={"sample_every": 2, "prompts": ["a --g 3 --l 4"], "width": 64, "height": 64})
