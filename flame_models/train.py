@@ -146,6 +146,10 @@ def parser():
     add("--optimizer", choices=["adamw", "adamw8bit"], help=f"optimizer (default {t.optimizer}; the demo adamw)")
     add("--timestep-type", choices=list(TIMESTEP_TYPES),
         help=f"how flow-matching timesteps are drawn (default {t.timestep_type}; sd3: logit_normal)")
+    add("--sample-prompts", metavar="FILE", help="the previews' prompts from kohya's prompt file (its "
+                                                "--sample_prompts: .txt one per line with flags such as --w 768 --d 1,"
+                                                " or .json / .toml; sample.prompts; default: the config's, else the "
+                                                "first captions)")
     add("--sample-every", type=int, metavar="N", help="sample the prompts every N steps, 0 never (default 250; the "
                                                       "demo 100)")
     add("--save-every", type=int, metavar="N", help=f"checkpoint every N steps (default {s.save_every}; the demo "
@@ -246,6 +250,15 @@ def build_config(a):
         for k, v in (("folder_path", a.validation), ("split", a.validation_split)):
             if v is not None:
                 proc["validation"][k] = v
+    if a.sample_prompts is not None:
+        from .training.prompt_files import read_prompt_file
+        try:
+            prompts = read_prompt_file(a.sample_prompts)
+        except ConfigError as e:
+            raise ConfigError(f"--sample-prompts {e}") from None
+        if not isinstance(proc.get("sample"), dict):
+            proc["sample"] = {}
+        proc["sample"]["prompts"] = prompts
     sections = {"train": {"steps": a.steps, "batch_size": a.batch_size, "lr": a.lr, "optimizer": a.optimizer,
                           "timestep_type": a.timestep_type,
                           "gradient_checkpointing": None if a.gradient_checkpointing is None
