@@ -35,7 +35,6 @@ def check_loras(loras, params, *, probe=None, model_class=None, error=ModelFiles
     model or None, 'te2': ...} when the generator applies the text encoders' parts of the files too (SDXL's CLIP-L /
     CLIP-G): each part is checked against its model (built under empty_init), or, for None, when the encoder is
     loaded (check_lora_part); without it a file with text-encoder weights is refused."""
-    from ..checkpoint_io import describe_keys
     out = []
     if not loras:
         return out
@@ -52,14 +51,7 @@ def check_loras(loras, params, *, probe=None, model_class=None, error=ModelFiles
             raise error(f"--lora {path}: no such file")
         if not np.isfinite(weight):
             raise error(f"--lora {path}: the weight {weight} is not a finite number")
-        try:
-            keys = list(_cf.read_headers(_cf.part_files(path, "lora", error=error), error=error))
-        except error as e:
-            raise error(f"--lora {e}") from None
-        kind, words, example = describe_keys(keys)
-        if kind != "lora":
-            raise error(f"--lora {path}: not a LoRA file: it looks like {words}"
-                        + (f" (keys such as {example})" if example else " (no tensors)"))
+        keys = lora_keys(path, error)
         te = [k for k in keys if k.startswith(("lora_te", "text_encoder", "te_"))
               or A.formats.component_of(k) != "denoiser"]
         if te and not text_encoders:
@@ -80,6 +72,21 @@ def check_loras(loras, params, *, probe=None, model_class=None, error=ModelFiles
                 check_lora_part(path, model, name_map, component, error)
         out.append((path, weight))
     return out
+
+
+def lora_keys(path, error, label="--lora"):
+    """The tensor names of LoRA file `path` (its header; nothing loaded), or `error` naming the file after `label`
+    (the option that gave it) when it is not a LoRA file."""
+    from ..checkpoint_io import describe_keys
+    try:
+        keys = list(_cf.read_headers(_cf.part_files(path, "lora", error=error), error=error))
+    except error as e:
+        raise error(f"{label} {e}") from None
+    kind, words, example = describe_keys(keys)
+    if kind != "lora":
+        raise error(f"{label} {path}: not a LoRA file: it looks like {words}"
+                    + (f" (keys such as {example})" if example else " (no tensors)"))
+    return keys
 
 
 def lora_parts(keys):

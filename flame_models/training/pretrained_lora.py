@@ -39,9 +39,7 @@ import numpy as np
 
 from flame_nn import adapters as A
 
-from ..checkpoint_io import describe_keys
-from ..conditioning import files as _cf
-from ..pipeline.loras import check_lora_part
+from ..pipeline.loras import check_lora_part, lora_keys
 from .config import ConfigError, dtype_name
 from .limits import fmt_bytes, host_memory
 
@@ -115,14 +113,7 @@ def read(cfg, family, spec, model=None):
     if host is not None and size > host // 2:
         raise ConfigError(f"{where}: {fmt_bytes(size)}, more than half the host's {fmt_bytes(host)} of memory: not "
                           f"a LoRA of this model?")
-    try:
-        keys = list(_cf.read_headers([path], error=ConfigError))
-    except ConfigError as e:
-        raise ConfigError(f"{SETTING} {e}") from None
-    kind, words, example = describe_keys(keys)
-    if kind != "lora":
-        raise ConfigError(f"{where}: not a LoRA file: it looks like {words}"
-                          + (f" (keys such as {example})" if example else " (no tensors)"))
+    keys = lora_keys(path, ConfigError, label=SETTING)
     components = sorted({A.formats.component_of(k) for k in keys} - {"denoiser"})
     if components and not t.train_text_encoder:
         te = next(k for k in keys if A.formats.component_of(k) != "denoiser")

@@ -41,20 +41,26 @@ def test_rank_dropout_masks_each_samples_ranks_and_rescales(device):
                                rtol=1e-12, atol=1e-12)
 
 
+def _module_draws(model, x, device, p=0.5, seeds=12):
+    """[(output, kept?)] of `model(x)` over several seeds, each call's keep-or-skip draw redrawn from the same seed;
+    both outcomes must occur (else the test would check only one)."""
+    out = []
+    for seed in range(seeds):
+        flame.manual_seed(seed)
+        y = _np(model(x))
+        flame.manual_seed(seed)
+        out.append((y, bool(_np(flame.rand(1, device=device))[0] >= p)))
+    assert {k for _, k in out} == {True, False}
+    return out
+
+
 def test_module_dropout_skips_the_whole_adapter_for_a_call(device):
     model, lin, ad = _linear(device, module_dropout=0.5)
     x = flame.randn(2, 12, dtype=flame.float64, device=device)
     base = _np(x) @ _np(lin.weight).T + _np(lin.bias)
     full = base + (_np(x) @ _np(ad.lora_A).T) * ad.scale @ _np(ad.lora_B).T
-    seen = set()
-    for seed in range(12):
-        flame.manual_seed(seed)
-        y = _np(model(x))
-        flame.manual_seed(seed)
-        keep = bool(_np(flame.rand(1, device=device))[0] >= 0.5)
+    for y, keep in _module_draws(model, x, device):
         np.testing.assert_allclose(y, full if keep else base, rtol=1e-12, atol=1e-12)
-        seen.add(keep)
-    assert seen == {True, False}
 
 
 def test_dropped_ranks_get_no_gradient(device):
@@ -79,18 +85,11 @@ def test_dora_skipped_is_the_base_and_locon_masks_its_channels(device):
         ad.lora_B.copy_(flame.randn(10, 4, dtype=flame.float64, device=device))
     x = flame.randn(2, 12, dtype=flame.float64, device=device)
     base = _np(x) @ _np(lin.weight).T + _np(lin.bias)
-    outs = set()
-    for seed in range(12):
-        flame.manual_seed(seed)
-        y = _np(model(x))
-        flame.manual_seed(seed)
-        keep = bool(_np(flame.rand(1, device=device))[0] >= 0.5)
+    for y, keep in _module_draws(model, x, device):
         if not keep:
             np.testing.assert_allclose(y, base, rtol=1e-12, atol=1e-12)
         else:
             assert np.abs(y - base).max() > 1e-3
-        outs.add(keep)
-    assert outs == {True, False}
     # LoCon: the mask is (N, r, 1, 1)
     conv = flame_nn.Conv2d(3, 5, 3, padding=1, dtype=flame.float64, device=device)
     net = flame_nn.Sequential(conv)
