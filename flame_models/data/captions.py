@@ -91,9 +91,16 @@ class CaptionRule:
         self.seed = int(seed)
         self.trigger = cfg.trigger_word if cfg.trigger_word is not None else trigger_word
         self.dropout_caption = apply_trigger("", self.trigger)
+        self.prefix = getattr(cfg, "caption_prefix", None)
+        self.suffix = getattr(cfg, "caption_suffix", None)
 
     def base(self, raw_caption):
-        """The caption before per-epoch changes: trigger substituted, or prepended when missing."""
+        """The caption before per-epoch changes: kohya's caption_prefix / caption_suffix joined with a space, then
+        the trigger substituted, or prepended when missing."""
+        if self.prefix:
+            raw_caption = f"{self.prefix} {raw_caption}"
+        if self.suffix:
+            raw_caption = f"{raw_caption} {self.suffix}"
         return apply_trigger(raw_caption, self.trigger)
 
     def dropped(self, key, epoch):

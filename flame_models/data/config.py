@@ -25,6 +25,8 @@ class DatasetConfig:
     shuffle_tokens: bool = False         # shuffle the caption's tags every epoch (kohya: shuffle_caption)
     keep_tokens: int = 0                 # the first N tags stay in place when shuffling
     caption_separator: str = ","         # kohya's name; tags are split on it and joined with it plus a space
+    caption_prefix: str = None           # kohya's: put before every caption, with a space (before the trigger word
+    caption_suffix: str = None           # is placed and the tags shuffled); the suffix after it, likewise
     shuffle_variants: int = None         # FLAME: None = a new tag order each epoch; K = orders cycle through K
     num_repeats: int = 1                 # every image appears this many times per epoch
     resolution: typing.Any = 512         # int or list (e.g. [512, 768, 1024]): one bucket set per resolution
@@ -51,7 +53,8 @@ class DatasetConfig:
 
 # the fields added after runs were first saved: at their defaults they leave a run's fingerprint as it was
 LATER_FIELDS = {"control_path": None, "mask_path": None, "alpha_mask": False, "invert_mask": False,
-                "mask_min_value": 0.0, "is_reg": False, "min_bucket_reso": None, "max_bucket_reso": None}
+                "mask_min_value": 0.0, "is_reg": False, "min_bucket_reso": None, "max_bucket_reso": None,
+                "caption_prefix": None, "caption_suffix": None}
 
 
 def resolutions(cfg):
@@ -89,7 +92,7 @@ def validate_dataset_config(cfg, path_prefix="datasets[0]", check_files=True):
             e.append(f"{p}.{name}: expected a non-empty string, got {v!r}")
     if isinstance(cfg.caption_ext, str) and any(c in cfg.caption_ext for c in "/\\"):
         e.append(f"{p}.caption_ext: an extension such as 'txt', got {cfg.caption_ext!r}")
-    for name in ("default_caption", "trigger_word"):
+    for name in ("default_caption", "trigger_word", "caption_prefix", "caption_suffix"):
         v = getattr(cfg, name)
         if v is not None and not isinstance(v, str):
             e.append(f"{p}.{name}: expected a string, got {type(v).__name__} {v!r}")

@@ -26,6 +26,19 @@ def test_trigger_word_like_ai_toolkit():
     assert rule().dropout_caption == ""
 
 
+def test_kohyas_caption_prefix_and_suffix():
+    """kohya's caption_prefix / caption_suffix: joined with a space before the trigger is placed and the tags
+    shuffled (keep_tokens counts the prefix's tag); the dropout caption stays the trigger alone."""
+    r = rule(trigger="sks", caption_prefix="photo,", caption_suffix=", 4k")
+    assert r.base("a cat") == "sks photo, a cat , 4k" and r.dropout_caption == "sks"
+    assert rule(caption_prefix="[trigger] style,").base("a dog") == "style, a dog"       # (no trigger: removed)
+    assert rule(trigger="ohwx", caption_prefix="[trigger] style,").base("a dog") == "ohwx style, a dog"
+    shuffled = rule(shuffle_tokens=True, keep_tokens=1, caption_prefix="masterpiece,")
+    for epoch in range(4):
+        got = shuffled.caption(shuffled.base("red, round, small"), "k", epoch)
+        assert got.startswith("masterpiece, ") and sorted(split_tags(got)[1:]) == ["red", "round", "small"]
+
+
 def test_dropout_rate_statistics_and_determinism():
     r = rule(seed=7, caption_dropout_rate=0.25)
     draws = np.array([[r.dropped(f"s{k}", e) for e in range(40)] for k in range(100)])   # 4000 draws

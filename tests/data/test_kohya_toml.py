@@ -41,6 +41,7 @@ bucket_no_upscale = true
   [[datasets.subsets]]
   image_dir = '{a}'
   caption_dropout_rate = 0.05
+  caption_prefix = 'photo of'
 """
 
 
@@ -63,15 +64,15 @@ def test_every_subset_becomes_a_dataset_with_kohyas_precedence(tmp_path):
          "folder_path": "/data/reg", "is_reg": True, "keep_tokens": 0, "caption_ext": ".caption",
          "allow_upscale": True},
         {**common, "resolution": 128, "folder_path": "/data/a", "caption_dropout_rate": 0.05,
-         "allow_upscale": False}]
+         "caption_prefix": "photo of", "allow_upscale": False}]
     assert len(notes) == 1 and "flip_aug" in notes[0] and "subset #1" in notes[0]
 
 
 @pytest.mark.parametrize("text, words", [
     ("[general]\ncolor_aug = true\n[[datasets]]\n[[datasets.subsets]]\nimage_dir = 'x'\n",
      "[general]: color_aug: not supported"),
-    ("[[datasets]]\n[[datasets.subsets]]\nimage_dir = 'x'\ncaption_prefix = 'a '\n",
-     "[[datasets]] #1 subset #1: caption_prefix: not supported"),
+    ("[[datasets]]\n[[datasets.subsets]]\nimage_dir = 'x'\nsecondary_separator = ';;;'\n",
+     "[[datasets]] #1 subset #1: secondary_separator: not supported"),
     ("[[datasets]]\nresolution = [1024, 768]\n[[datasets.subsets]]\nimage_dir = 'x'\n",
      "resolution: [1024, 768] is not square"),
     ("[[datasets]]\nenable_bucket = false\n[[datasets.subsets]]\nimage_dir = 'x'\n",
