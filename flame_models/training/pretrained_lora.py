@@ -75,13 +75,13 @@ def _scale(kind, rank, alpha, rslora):
     return alpha / (math.sqrt(rank) if rslora and kind in ("lora", "dora") else rank)
 
 
-def _agree(parts, setting, given, value, rank_of, scale_of=None):
-    """An error naming the first part of `parts` ([(module, AdapterPart)]) whose rank (or scale) differs from the
-    configured one, or None when the setting was not given."""
+def _agree(parts, setting, given, value, scale_of=None):
+    """An error naming the first part of `parts` ([(module, AdapterPart)]) whose rank (with scale_of: scale)
+    differs from the configured one, or None when the setting was not given."""
     if not given:
         return None
     for mod, p in parts:
-        r = rank_of(p)
+        r = p.rank
         if r is None:
             continue
         if scale_of is None and r != value:
@@ -194,13 +194,12 @@ def _settle(cfg, family, model, name_map, modules, where):
                           f"out to train the file's kind)")
     if "network.type" not in given:
         n.type = kind
-    rank_of = (lambda p: p.rank)
     problems = [
-        _agree(linear, "network.linear", "network.linear" in given, n.linear, rank_of),
-        _agree(linear, "network.linear_alpha", "network.linear_alpha" in given, n.linear_alpha, rank_of,
+        _agree(linear, "network.linear", "network.linear" in given, n.linear),
+        _agree(linear, "network.linear_alpha", "network.linear_alpha" in given, n.linear_alpha,
                lambda p: _scale(kind, p.rank, n.linear_alpha, n.rslora)),
-        _agree(conv, "network.conv", "network.conv" in given and n.conv, n.conv, rank_of),
-        _agree(conv, "network.conv_alpha", "network.conv_alpha" in given, n.conv_alpha, rank_of,
+        _agree(conv, "network.conv", "network.conv" in given and n.conv, n.conv),
+        _agree(conv, "network.conv_alpha", "network.conv_alpha" in given, n.conv_alpha,
                lambda p: _scale(kind, p.rank, n.conv_alpha, n.rslora)),
     ]
     problems = [f"{SETTING}: {p}" for p in problems if p]

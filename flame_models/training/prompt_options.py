@@ -32,7 +32,8 @@ import math
 import re
 from dataclasses import dataclass
 
-MAX_SIDE = 16384          # (limits.MAX_SIDE: the generator's bound)
+from .limits import MAX_SIDE  # (the generator's bound on a side)
+
 MAX_STEPS = 1000
 
 # flag -> field, in the two tools' spellings

@@ -18,6 +18,7 @@ from flame_core.autograd import no_grad
 from flame_nn import adapters as A
 
 from ..data.errors import DataError
+from .network import dropouts
 
 
 class CaptionTokens:
@@ -79,7 +80,7 @@ class TrainedTextEncoders:
             # network.pretrained_lora_path: the file's adapters of this encoder first, from its values; the other
             # targeted layers start fresh
             part = pretrained.text_part(te, comp) if pretrained is not None else {}
-            drops = dict(rank_dropout=n.rank_dropout, module_dropout=n.module_dropout)   # (kohya's, on TE too)
+            drops = dropouts(n)   # (kohya's, on the text encoders' adapters too)
             made = A.inject_from_state(te, part, dropout=n.dropout, rslora=n.rslora, **drops) if part else []
             made += A.inject_adapters(te, list(family.text_encoder_targets), "lora" if n.type == "locon" else n.type,
                                       rank=n.linear, alpha=n.linear_alpha, dropout=n.dropout, rslora=n.rslora,
