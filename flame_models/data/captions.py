@@ -93,6 +93,8 @@ class CaptionRule:
         self.dropout_caption = apply_trigger("", self.trigger)
         self.prefix = getattr(cfg, "caption_prefix", None)
         self.suffix = getattr(cfg, "caption_suffix", None)
+        self.keep_separator = getattr(cfg, "keep_tokens_separator", None)
+        self._kept = {}   # base caption -> (tags kept first, tags kept last) where keep_tokens_separator split it
 
     def base(self, raw_caption):
         """The caption before per-epoch changes: kohya's caption_prefix / caption_suffix joined with a space, then
@@ -101,7 +103,14 @@ class CaptionRule:
             raw_caption = f"{self.prefix} {raw_caption}"
         if self.suffix:
             raw_caption = f"{raw_caption} {self.suffix}"
-        return apply_trigger(raw_caption, self.trigger)
+        caption = apply_trigger(raw_caption, self.trigger)
+        if self.keep_separator and self.keep_separator in caption:
+            # kohya's keep_tokens_separator: "fixed ||| shuffled [||| fixed at the end]", written without it
+            parts = [split_tags(x, self.separator) for x in caption.split(self.keep_separator, 2)]
+            parts += [[]] * (3 - len(parts))
+            caption = join_tags(parts[0] + parts[1] + parts[2], self.separator)
+            self._kept[caption] = (len(parts[0]), len(parts[2]))
+        return caption
 
     def dropped(self, key, epoch):
         """Whether the sample named `key` (a stable string) loses its caption in `epoch`."""
@@ -123,7 +132,14 @@ class CaptionRule:
             return base_caption
         variant = epoch if self.variants is None else epoch % self.variants
         rng = np.random.default_rng([stable_seed("shuffle", key), self.seed, variant])
-        return shuffle_tags(base_caption, rng, self.keep_tokens, self.separator)
+        kept = self._kept.get(base_caption)
+        if kept is None:
+            return shuffle_tags(base_caption, rng, self.keep_tokens, self.separator)
+        first, last = kept
+        tags = split_tags(base_caption, self.separator)
+        middle = tags[first:len(tags) - last]
+        order = rng.permutation(len(middle))
+        return join_tags(tags[:first] + [middle[i] for i in order] + tags[len(tags) - last:], self.separator)
 
     def variants_over(self, base_caption, shuffle_key, epochs):
         """Every caption a sample can draw in `epochs` (epoch numbers), without repeats: its tag orders for those

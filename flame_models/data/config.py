@@ -25,6 +25,8 @@ class DatasetConfig:
     shuffle_tokens: bool = False         # shuffle the caption's tags every epoch (kohya: shuffle_caption)
     keep_tokens: int = 0                 # the first N tags stay in place when shuffling
     caption_separator: str = ","         # kohya's name; tags are split on it and joined with it plus a space
+    keep_tokens_separator: str = None    # kohya's (e.g. "|||"): the tags before it stay first and those after a
+                                         # second one stay last; only the middle ones shuffle (keep_tokens unused)
     caption_prefix: str = None           # kohya's: put before every caption, with a space (before the trigger word
     caption_suffix: str = None           # is placed and the tags shuffled); the suffix after it, likewise
     shuffle_variants: int = None         # FLAME: None = a new tag order each epoch; K = orders cycle through K
@@ -54,7 +56,7 @@ class DatasetConfig:
 # the fields added after runs were first saved: at their defaults they leave a run's fingerprint as it was
 LATER_FIELDS = {"control_path": None, "mask_path": None, "alpha_mask": False, "invert_mask": False,
                 "mask_min_value": 0.0, "is_reg": False, "min_bucket_reso": None, "max_bucket_reso": None,
-                "caption_prefix": None, "caption_suffix": None}
+                "caption_prefix": None, "caption_suffix": None, "keep_tokens_separator": None}
 
 
 def resolutions(cfg):
@@ -92,6 +94,11 @@ def validate_dataset_config(cfg, path_prefix="datasets[0]", check_files=True):
             e.append(f"{p}.{name}: expected a non-empty string, got {v!r}")
     if isinstance(cfg.caption_ext, str) and any(c in cfg.caption_ext for c in "/\\"):
         e.append(f"{p}.caption_ext: an extension such as 'txt', got {cfg.caption_ext!r}")
+    ks = cfg.keep_tokens_separator
+    if ks is not None and (not isinstance(ks, str) or not ks.strip()
+                           or ks.strip() == str(cfg.caption_separator).strip()):
+        e.append(f"{p}.keep_tokens_separator: a non-empty string other than caption_separator (kohya writes '|||'), "
+                 f"got {ks!r}")
     for name in ("default_caption", "trigger_word", "caption_prefix", "caption_suffix"):
         v = getattr(cfg, name)
         if v is not None and not isinstance(v, str):

@@ -39,6 +39,26 @@ def test_kohyas_caption_prefix_and_suffix():
         assert got.startswith("masterpiece, ") and sorted(split_tags(got)[1:]) == ["red", "round", "small"]
 
 
+def test_kohyas_keep_tokens_separator():
+    """'fixed ||| shuffled ||| fixed at the end': written without the separator; only the middle tags shuffle (kohya's
+    keep_tokens_separator; keep_tokens is then unused); a caption without it follows keep_tokens."""
+    r = rule(shuffle_tokens=True, keep_tokens=3, keep_tokens_separator="|||", trigger="sks")
+    base = r.base("1girl, solo ||| red hair, smile, outdoors, hat ||| masterpiece")
+    assert base == "sks 1girl, solo, red hair, smile, outdoors, hat, masterpiece"
+    seen = set()
+    for epoch in range(12):
+        tags = split_tags(r.caption(base, "k", epoch))
+        assert tags[:2] == ["sks 1girl", "solo"] and tags[-1] == "masterpiece"
+        assert sorted(tags[2:-1]) == ["hat", "outdoors", "red hair", "smile"]
+        seen.add(tuple(tags))
+    assert len(seen) > 1
+    two = r.base("a, b ||| c, d, e")                                   # no second separator: nothing kept last
+    assert all(split_tags(r.caption(two, "j", e))[:2] == ["sks a", "b"] for e in range(6))
+    plain = r.base("x, y, z, w")                                       # without the separator: keep_tokens 3
+    assert all(split_tags(r.caption(plain, "p", e))[:3] == ["sks x", "y", "z"] for e in range(4))
+    assert rule(keep_tokens_separator="|||").base("a ||| b") == "a, b"   # not shuffling: still written without it
+
+
 def test_dropout_rate_statistics_and_determinism():
     r = rule(seed=7, caption_dropout_rate=0.25)
     draws = np.array([[r.dropped(f"s{k}", e) for e in range(40)] for k in range(100)])   # 4000 draws
@@ -113,3 +133,11 @@ def test_dataset_captions(tmp_path):
     got = {ds.record(i).relpath: ds.caption(i, 0) for i in range(len(ds))}
     # an empty caption file and a missing one both fall back to default_caption (ai-toolkit does the same)
     assert got == {"a.png": "a photo of ohwx, red", "b.png": "ohwx a thing", "c.png": "ohwx a thing"}
+
+
+def test_keep_tokens_separator_is_checked():
+    from flame_models.data.config import validate_dataset_config
+    for bad in ("", ",", 3):
+        got = validate_dataset_config(DatasetConfig(folder_path="x", keep_tokens_separator=bad), check_files=False)
+        assert any("keep_tokens_separator: a non-empty string other than caption_separator" in e for e in got), bad
+    assert validate_dataset_config(DatasetConfig(folder_path="x", keep_tokens_separator="|||"), check_files=False) == []

@@ -42,6 +42,7 @@ bucket_no_upscale = true
   image_dir = '{a}'
   caption_dropout_rate = 0.05
   caption_prefix = 'photo of'
+  keep_tokens_separator = '|||'
 """
 
 
@@ -64,7 +65,7 @@ def test_every_subset_becomes_a_dataset_with_kohyas_precedence(tmp_path):
          "folder_path": "/data/reg", "is_reg": True, "keep_tokens": 0, "caption_ext": ".caption",
          "allow_upscale": True},
         {**common, "resolution": 128, "folder_path": "/data/a", "caption_dropout_rate": 0.05,
-         "caption_prefix": "photo of", "allow_upscale": False}]
+         "caption_prefix": "photo of", "keep_tokens_separator": "|||", "allow_upscale": False}]
     assert len(notes) == 1 and "flip_aug" in notes[0] and "subset #1" in notes[0]
 
 
