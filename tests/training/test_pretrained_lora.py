@@ -318,3 +318,40 @@ def test_on_cuda_streamed_and_graphed_the_file_trains_on_as_resident(tmp_path):
         assert np.isfinite(losses[budget]).all()
         assert tr.graphed is not None and tr.graphed.graph is not None, tr.graphed.why    # it captured
     np.testing.assert_allclose(losses["8GiB"], losses[None], rtol=2e-2)
+
+
+@pytest.mark.parametrize("case", ["alpha", "patterns", "rslora", "dora"])
+def test_diffusers_written_loras_start_the_run_as_diffusers_applies_them(tmp_path, device, case):
+    """Golden check against the real implementation: LoRAs written by diffusers + PEFT (FluxPipeline.
+    save_lora_weights with their LoraConfig -- alpha != r, per-module rank / alpha patterns, rsLoRA, DoRA; the
+    fixtures of tests/adapters/test_lora_interop.py, a tiny FluxTransformer2DModel whose unpacked 16-channel input
+    the trainer's batches do not fit, so no step is taken) as network.pretrained_lora_path: the trainer's model
+    before any step gives diffusers' output for that LoRA."""
+    import json
+    import pathlib
+
+    from safetensors import safe_open
+
+    import flame_core as flame
+    from flame_models.flux import flux_params_from_config, load_flux
+    fix = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "lora"
+
+    def read(name):
+        with safe_open(str(fix / name), "np") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}
+    params = flux_params_from_config(json.loads((fix / "flux_config.json").read_text()))
+    model = load_flux(fix / "flux_base.safetensors", dtype=flame.float32, device=device, params=params)
+    inputs, outputs = read("inputs.safetensors"), read("outputs.safetensors")
+    c = _on(tmp_path, case, str(fix / f"{case}.safetensors"), steps=3)
+    c.device = device
+    tr = Trainer(c, model=model, verbose=False).setup()
+    assert tr.cfg.network.type == ("dora" if case == "dora" else "lora")
+    tr.model.eval()
+    t = {k: flame.tensor(v, device=device) for k, v in inputs.items()}
+    with flame.no_grad():
+        out = tr.model(img=t["hidden_states"], img_ids=t["img_ids"], txt=t["encoder_hidden_states"],
+                       txt_ids=t["txt_ids"], timesteps=t["timestep"], y=t["pooled_projections"],
+                       guidance=t["guidance"]).numpy()
+    ref = outputs[case]
+    assert np.abs(ref - outputs["base"]).max() > 1e-2                      # the LoRA matters
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=2e-5 * np.abs(ref).max())
