@@ -16,6 +16,10 @@
   (ImageDataset.prompts(range(epochs))): one per image without tag shuffling, one per image and epoch with it
   (kohya refuses shuffle_caption with cached text outputs; ai-toolkit freezes one order at caching time).
   `shuffle_variants: K` bounds this to K orders per image, reused cyclically.
+- kohya's caption_tag_dropout_rate: after shuffling, each tag outside the kept ones is dropped with this probability
+  per sample and epoch (the same variants: one caption per image and epoch, or per K); keep_tokens_separator
+  ("fixed ||| shuffled ||| fixed") keeps the first and last parts in place instead of keep_tokens; caption_prefix /
+  caption_suffix are joined to the caption before the trigger word is placed.
 """
 import hashlib
 import os
@@ -94,6 +98,7 @@ class CaptionRule:
         self.prefix = getattr(cfg, "caption_prefix", None)
         self.suffix = getattr(cfg, "caption_suffix", None)
         self.keep_separator = getattr(cfg, "keep_tokens_separator", None)
+        self.tag_rate = float(getattr(cfg, "caption_tag_dropout_rate", 0.0) or 0.0)
         self._kept = {}   # base caption -> (tags kept first, tags kept last) where keep_tokens_separator split it
 
     def base(self, raw_caption):
@@ -128,23 +133,29 @@ class CaptionRule:
         return self.shuffled(base_caption, key if shuffle_key is None else shuffle_key, epoch)
 
     def shuffled(self, base_caption, key, epoch):
-        if not self.shuffle:
+        """The caption's tags in `epoch`: the kept ones (the first keep_tokens, or keep_tokens_separator's first and
+        last parts) in place, the others shuffled (shuffle_tokens), then each of those dropped with probability
+        caption_tag_dropout_rate (kohya's order); the draws a pure function of (seed, variant, key)."""
+        if not (self.shuffle or self.tag_rate):
             return base_caption
         variant = epoch if self.variants is None else epoch % self.variants
-        rng = np.random.default_rng([stable_seed("shuffle", key), self.seed, variant])
-        kept = self._kept.get(base_caption)
-        if kept is None:
-            return shuffle_tags(base_caption, rng, self.keep_tokens, self.separator)
-        first, last = kept
         tags = split_tags(base_caption, self.separator)
+        first, last = self._kept.get(base_caption, (self.keep_tokens, 0))
+        first = min(first, len(tags))
+        last = min(last, len(tags) - first)
         middle = tags[first:len(tags) - last]
-        order = rng.permutation(len(middle))
-        return join_tags(tags[:first] + [middle[i] for i in order] + tags[len(tags) - last:], self.separator)
+        if self.shuffle:
+            rng = np.random.default_rng([stable_seed("shuffle", key), self.seed, variant])
+            middle = [middle[i] for i in rng.permutation(len(middle))]
+        if self.tag_rate:
+            drop = np.random.default_rng([stable_seed("tags", key), self.seed, variant]).random(len(middle))
+            middle = [t for t, d in zip(middle, drop) if d >= self.tag_rate]
+        return join_tags(tags[:first] + middle + tags[len(tags) - last:], self.separator)
 
     def variants_over(self, base_caption, shuffle_key, epochs):
         """Every caption a sample can draw in `epochs` (epoch numbers), without repeats: its tag orders for those
         epochs (or just its caption), plus the dropout caption when the rate is above 0."""
-        if self.shuffle and self.rate < 1:
+        if (self.shuffle or self.tag_rate) and self.rate < 1:
             seen = sorted({e if self.variants is None else e % self.variants for e in epochs})
             out = list(dict.fromkeys(self.shuffled(base_caption, shuffle_key, v) for v in seen))
         else:

@@ -22,6 +22,7 @@ class DatasetConfig:
     default_caption: str = None          # for images without a caption file (else: an error naming them)
     trigger_word: str = None             # this folder's trigger word (else the run's `trigger_word`)
     caption_dropout_rate: float = 0.0    # per sample and epoch, the caption becomes the dropout caption
+    caption_tag_dropout_rate: float = 0.0  # kohya's: per sample and epoch each tag (but the kept ones) is dropped
     shuffle_tokens: bool = False         # shuffle the caption's tags every epoch (kohya: shuffle_caption)
     keep_tokens: int = 0                 # the first N tags stay in place when shuffling
     caption_separator: str = ","         # kohya's name; tags are split on it and joined with it plus a space
@@ -56,7 +57,8 @@ class DatasetConfig:
 # the fields added after runs were first saved: at their defaults they leave a run's fingerprint as it was
 LATER_FIELDS = {"control_path": None, "mask_path": None, "alpha_mask": False, "invert_mask": False,
                 "mask_min_value": 0.0, "is_reg": False, "min_bucket_reso": None, "max_bucket_reso": None,
-                "caption_prefix": None, "caption_suffix": None, "keep_tokens_separator": None}
+                "caption_prefix": None, "caption_suffix": None, "keep_tokens_separator": None,
+                "caption_tag_dropout_rate": 0.0}
 
 
 def resolutions(cfg):
@@ -103,8 +105,10 @@ def validate_dataset_config(cfg, path_prefix="datasets[0]", check_files=True):
         v = getattr(cfg, name)
         if v is not None and not isinstance(v, str):
             e.append(f"{p}.{name}: expected a string, got {type(v).__name__} {v!r}")
-    if not _is_number(cfg.caption_dropout_rate) or not 0 <= cfg.caption_dropout_rate <= 1:
-        e.append(f"{p}.caption_dropout_rate: a probability in [0, 1], got {cfg.caption_dropout_rate!r}")
+    for name in ("caption_dropout_rate", "caption_tag_dropout_rate"):
+        v = getattr(cfg, name)
+        if not _is_number(v) or not 0 <= v <= 1:
+            e.append(f"{p}.{name}: a probability in [0, 1], got {v!r}")
     if not _is_int(cfg.keep_tokens) or cfg.keep_tokens < 0:
         e.append(f"{p}.keep_tokens: an integer >= 0, got {cfg.keep_tokens!r}")
     if cfg.shuffle_variants is not None and (not _is_int(cfg.shuffle_variants) or cfg.shuffle_variants < 1):

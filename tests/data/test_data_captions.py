@@ -135,9 +135,32 @@ def test_dataset_captions(tmp_path):
     assert got == {"a.png": "a photo of ohwx, red", "b.png": "ohwx a thing", "c.png": "ohwx a thing"}
 
 
+def test_kohyas_caption_tag_dropout():
+    """caption_tag_dropout_rate: per sample and epoch each tag but the kept ones is dropped (after shuffling, kohya's
+    order), as a pure function of (seed, epoch, sample); every caption an epoch can draw is among variants_over."""
+    r = rule(seed=3, caption_tag_dropout_rate=0.5, keep_tokens=1)
+    base = r.base("ohwx, " + ", ".join(f"t{i}" for i in range(10)))
+    drawn = [r.caption(base, "k", e) for e in range(40)]
+    assert drawn == [r.caption(base, "k", e) for e in range(40)]                      # deterministic
+    kept = np.mean([len(split_tags(c)) - 1 for c in drawn]) / 10
+    assert 0.35 < kept < 0.65                                                          # about half kept
+    for c in drawn:
+        tags = split_tags(c)
+        assert tags[0] == "ohwx" and tags[1:] == sorted(tags[1:], key=lambda t: int(t[1:]))   # kept first, in order
+    assert len(set(drawn)) > 20 and set(drawn) <= set(r.variants_over(base, "k", range(40)))
+    both = rule(seed=3, caption_tag_dropout_rate=0.3, shuffle_tokens=True, keep_tokens_separator="|||")
+    b = both.base("a, b ||| c, d, e, f ||| z")
+    for e in range(10):
+        tags = split_tags(both.caption(b, "k", e))
+        assert tags[:2] == ["a", "b"] and tags[-1] == "z" and set(tags[2:-1]) <= {"c", "d", "e", "f"}
+    assert rule(caption_tag_dropout_rate=0.5, shuffle_variants=2).variants_over(base, "k", range(40)).__len__() <= 2
+
+
 def test_keep_tokens_separator_is_checked():
     from flame_models.data.config import validate_dataset_config
     for bad in ("", ",", 3):
         got = validate_dataset_config(DatasetConfig(folder_path="x", keep_tokens_separator=bad), check_files=False)
         assert any("keep_tokens_separator: a non-empty string other than caption_separator" in e for e in got), bad
     assert validate_dataset_config(DatasetConfig(folder_path="x", keep_tokens_separator="|||"), check_files=False) == []
+    got = validate_dataset_config(DatasetConfig(folder_path="x", caption_tag_dropout_rate=1.5), check_files=False)
+    assert got == ["datasets[0].caption_tag_dropout_rate: a probability in [0, 1], got 1.5"]

@@ -43,6 +43,7 @@ bucket_no_upscale = true
   caption_dropout_rate = 0.05
   caption_prefix = 'photo of'
   keep_tokens_separator = '|||'
+  caption_tag_dropout_rate = 0.1
 """
 
 
@@ -65,7 +66,8 @@ def test_every_subset_becomes_a_dataset_with_kohyas_precedence(tmp_path):
          "folder_path": "/data/reg", "is_reg": True, "keep_tokens": 0, "caption_ext": ".caption",
          "allow_upscale": True},
         {**common, "resolution": 128, "folder_path": "/data/a", "caption_dropout_rate": 0.05,
-         "caption_prefix": "photo of", "keep_tokens_separator": "|||", "allow_upscale": False}]
+         "caption_prefix": "photo of", "keep_tokens_separator": "|||", "caption_tag_dropout_rate": 0.1,
+         "allow_upscale": False}]
     assert len(notes) == 1 and "flip_aug" in notes[0] and "subset #1" in notes[0]
 
 
@@ -129,3 +131,25 @@ def test_the_command_line_reads_it_into_a_run(tmp_path):
     with pytest.raises(ConfigError, match="--dataset-config .*color_aug: not supported"):
         train.build_config(train.parser().parse_args(
             ["--dataset-config", _write(tmp_path, "[general]\ncolor_aug = true\n", "bad.toml")]))
+
+
+def test_a_run_with_tag_dropout_has_every_caption_it_draws_encoded(tmp_path):
+    """caption_tag_dropout_rate in a run: the text stage encodes every variant the epochs can draw (the loader
+    checks each batch's caption is cached), and the run trains."""
+    import numpy as np
+
+    from flame_models.flux.demo import draw_dataset
+    from flame_models.training.trainer import Trainer
+
+    images = str(tmp_path / "img")
+    draw_dataset(images, n_concept=2, n_other=2, size=64)
+    for f in (tmp_path / "img").glob("*.txt"):
+        f.write_text(f.read_text().strip() + ", red, round, small, bright, centered")
+    path = _write(tmp_path, f"[general]\ncaption_tag_dropout_rate = 0.5\nshuffle_caption = true\nkeep_tokens = 1\n"
+                            f"[[datasets]]\nresolution = 64\nbatch_size = 2\nbucket_reso_steps = 32\n"
+                            f"[[datasets.subsets]]\nimage_dir = '{images}'\n")
+    args = ["--dataset-config", path, "--output", str(tmp_path), "--device", "cpu", "--steps", "6"]
+    cfg, _, _ = train.build_config(train.parser().parse_args(args))
+    cfg.sample.sample_every = 0
+    result = Trainer(cfg, verbose=False).train()
+    assert np.isfinite(result["losses"]).all() and result["encoded"]["text"] > 4
