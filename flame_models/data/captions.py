@@ -69,12 +69,27 @@ def join_tags(tags, separator=","):
     return (separator if separator.endswith(" ") else separator + " ").join(tags)
 
 
-def shuffle_tags(caption, rng, keep_tokens=0, separator=","):
-    """The caption with its tags after the first `keep_tokens` permuted by `rng` (a NumPy Generator)."""
-    tags = split_tags(caption, separator)
-    fixed, rest = tags[:keep_tokens], tags[keep_tokens:]
+def _middle(tags, keep_tokens, keep_last):
+    """(first, middle, last) of `tags`: the first keep_tokens and the last keep_last kept apart."""
+    first = min(keep_tokens, len(tags))
+    last = min(keep_last, len(tags) - first)
+    return tags[:first], tags[first:len(tags) - last], tags[len(tags) - last:]
+
+
+def shuffle_tags(caption, rng, keep_tokens=0, separator=",", keep_last=0):
+    """The caption with its tags between the first `keep_tokens` and the last `keep_last` permuted by `rng` (a NumPy
+    Generator)."""
+    first, rest, last = _middle(split_tags(caption, separator), keep_tokens, keep_last)
     order = rng.permutation(len(rest))
-    return join_tags(fixed + [rest[i] for i in order], separator)
+    return join_tags(first + [rest[i] for i in order] + last, separator)
+
+
+def drop_tags(caption, rng, rate, keep_tokens=0, separator=",", keep_last=0):
+    """The caption without each of its tags between the first `keep_tokens` and the last `keep_last` that a draw of
+    `rng` puts below `rate` (kohya's caption_tag_dropout_rate)."""
+    first, rest, last = _middle(split_tags(caption, separator), keep_tokens, keep_last)
+    draws = rng.random(len(rest))
+    return join_tags(first + [t for t, d in zip(rest, draws) if d >= rate] + last, separator)
 
 
 def stable_seed(*parts):
@@ -139,18 +154,15 @@ class CaptionRule:
         if not (self.shuffle or self.tag_rate):
             return base_caption
         variant = epoch if self.variants is None else epoch % self.variants
-        tags = split_tags(base_caption, self.separator)
         first, last = self._kept.get(base_caption, (self.keep_tokens, 0))
-        first = min(first, len(tags))
-        last = min(last, len(tags) - first)
-        middle = tags[first:len(tags) - last]
+        caption = base_caption
         if self.shuffle:
             rng = np.random.default_rng([stable_seed("shuffle", key), self.seed, variant])
-            middle = [middle[i] for i in rng.permutation(len(middle))]
+            caption = shuffle_tags(caption, rng, first, self.separator, last)
         if self.tag_rate:
-            drop = np.random.default_rng([stable_seed("tags", key), self.seed, variant]).random(len(middle))
-            middle = [t for t, d in zip(middle, drop) if d >= self.tag_rate]
-        return join_tags(tags[:first] + middle + tags[len(tags) - last:], self.separator)
+            rng = np.random.default_rng([stable_seed("tags", key), self.seed, variant])
+            caption = drop_tags(caption, rng, self.tag_rate, first, self.separator, last)
+        return caption
 
     def variants_over(self, base_caption, shuffle_key, epochs):
         """Every caption a sample can draw in `epochs` (epoch numbers), without repeats: its tag orders for those

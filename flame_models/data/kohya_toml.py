@@ -39,7 +39,6 @@ _SAME = {"image_dir": "folder_path", "caption_extension": "caption_ext", "shuffl
          "caption_suffix": "caption_suffix", "keep_tokens_separator": "keep_tokens_separator",
          "caption_tag_dropout_rate": "caption_tag_dropout_rate"}
 _SPECIAL = ("resolution", "bucket_no_upscale", "batch_size", "enable_bucket", "cache_latents")
-_LEVELS = {"general": "[general]", "datasets": "[[datasets]]", "subsets": "[[datasets.subsets]]"}
 
 
 class KohyaConfigError(DataError):
@@ -85,7 +84,7 @@ def read_dataset_config(path):
     entries = doc.get("datasets", [])
     allowed = set(_SAME) | set(_SPECIAL)
     if isinstance(general, dict):
-        _check_keys(general, f"{path} {_LEVELS['general']}", allowed - {"image_dir"})
+        _check_keys(general, f"{path} [general]", allowed - {"image_dir"})
     if not isinstance(general, dict) or not isinstance(entries, list) or not entries:
         raise KohyaConfigError(f"{path}: expected a [general] table and at least one [[datasets]] entry with "
                                f"[[datasets.subsets]]")

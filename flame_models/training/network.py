@@ -41,8 +41,8 @@ def add_network(model, network, family, name_map, *, seed, device, budget, optim
 
     made = []
     if pretrained is not None:
-        count = sum(int(np.prod(np.shape(t))) for parts in pretrained.denoiser.values() for p in parts
-                    for k, t in p.tensors.items() if k != "alpha")
+        count = sum(int(np.size(t)) for parts in pretrained.denoiser.values() for p in parts
+                    for t in p.tensors.values())
         problem = adapter_fit_problem(count, len(pretrained.denoiser), f"{SETTING} {pretrained.path}", device,
                                       budget, optimizer)
         if problem:

@@ -37,11 +37,9 @@ class Previews:
         self.refs = None         # the "data" column (decoded once), when every prompt has a reference
         self.grid_columns = None  # the column labels of the last grid written
 
-    def size(self, i=None):
-        """(height, width) of prompt i's previews (its --h / --w, else sample.height / width); of the run's
-        default without i."""
-        sm = self.cfg.sample
-        o = None if i is None else self.prompts[i].options
+    def size(self, i):
+        """(height, width) of prompt i's previews: its --h / --w, else sample.height / width."""
+        sm, o = self.cfg.sample, self.prompts[i].options
         return (sm.height, sm.width) if o is None else o.size(sm.height, sm.width)
 
     def image_path(self, step, i):

@@ -47,14 +47,12 @@ class DoRA(LoRA):
         if self.dropout and self.training:  # PEFT: the base term sees the same dropped-out input
             xin = F.dropout(xin, self.dropout)
             base_rows = F.linear(xin, weight_rows if autocast_on(x) else weight_rows.to(xin.dtype))
-        h = self._rank_dropout(F.linear(xin, self.lora_A) * self.scale, module=False)
+        h = self._dropouts(F.linear(xin, self.lora_A) * self.scale, module=False)
         lora = F.linear(h, self.lora_B)                                              # (..., out)
         c = c.to(lora.dtype)
         out = (c - 1) * base_rows.to(lora.dtype) + c * lora
         if self.training and self.module_dropout:   # skipped: the magnitude's term goes too
-            with no_grad():
-                keep = (flame.rand(1, device=out.device) >= self.module_dropout).to(out.dtype)
-            out = out * keep
+            out = out * self._module_keep(out)
         return out
 
     def merged_weight(self, weight_rows):

@@ -53,7 +53,7 @@ class LoRAConv2d(LoRA):
         if self.dropout and self.training:
             x = F.dropout(x, self.dropout)
         h = F.conv2d(x, self.lora_A, None, self.stride, self.padding, self.dilation) * self.scale   # (N, r, H', W')
-        return F.conv2d(self._rank_dropout(h, rank_dim=1), self.lora_B)                           # (N, out, H', W')
+        return F.conv2d(self._dropouts(h, rank_dim=1), self.lora_B)                           # (N, out, H', W')
 
     def delta_weight(self):
         r, out = self.rank, self.out_features

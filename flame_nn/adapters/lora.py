@@ -59,25 +59,30 @@ class LoRA(Adapter):
         x = adapter_input(x, self.lora_A)
         if self.dropout and self.training:
             x = F.dropout(x, self.dropout)
-        return self._rank_dropout(F.linear(x, self.lora_A) * self.scale)             # (..., r)
+        return self._dropouts(F.linear(x, self.lora_A) * self.scale)             # (..., r)
 
-    def _rank_dropout(self, h, rank_dim=-1, module=True):
-        """h (the rank-r intermediate, ranks on `rank_dim`) times the training dropouts' factors: rank_dropout's
+    def _module_keep(self, like):
+        """module_dropout's draw for this call: 0 (skip the adapter) or 1, in `like`'s dtype and on its device."""
+        with no_grad():
+            return (flame.rand(1, device=like.device) >= self.module_dropout).to(like.dtype)
+
+    def _dropouts(self, h, rank_dim=-1, module=True):
+        """h (the rank-r intermediate, ranks on `rank_dim`) times kohya's training dropouts: rank_dropout's
         per-sample mask of the ranks (scaled by 1/(1-p)) and, with `module`, module_dropout's 0 or 1 for the whole
         adapter."""
         module = module and self.module_dropout
         if not self.training or not (self.rank_dropout or module):
             return h
-        with no_grad():
-            f = None
-            if self.rank_dropout:
-                shape = [1] * h.ndim
-                shape[0], shape[rank_dim] = h.shape[0], self.rank
+        f = None
+        if self.rank_dropout:
+            shape = [1] * h.ndim
+            shape[0], shape[rank_dim] = h.shape[0], self.rank
+            with no_grad():
                 f = (flame.rand(*shape, device=h.device) >= self.rank_dropout).to(h.dtype) * (
                     1.0 / (1.0 - self.rank_dropout))
-            if module:
-                keep = (flame.rand(1, device=h.device) >= self.module_dropout).to(h.dtype)
-                f = keep if f is None else f * keep
+        if module:
+            keep = self._module_keep(h)
+            f = keep if f is None else f * keep
         return h * f
 
     def delta(self, x, base_rows=None, weight_rows=None):
