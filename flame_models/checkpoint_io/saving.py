@@ -21,9 +21,10 @@ def check_saveable(model, caller):
     if fp8:
         raise ValueError(f"{caller}: {len(fp8)} Linear layers store their weights in fp8 (e.g. {fp8[0]}), without "
                          f"a place for their scales in this layout; load the model without fp8 storage to save it")
-    if streamer_of(model) is not None:
+    streamer = streamer_of(model)
+    if streamer is not None and not streamer.weights_on_host:   # (inside on_host its tensors hold the weights)
         raise ValueError(f"{caller}: the blocks are streamed from host memory; load the model without streaming "
-                         f"to save it")
+                         f"to save it, or save inside streamer.on_host()")
 
 
 def cast_item(t, dtype):

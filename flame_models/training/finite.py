@@ -14,6 +14,8 @@ anyway: before a loss-log row, a preview, a checkpoint and the final LoRA.
     guard.after_backward(step, batch_indices, captions)       # after the micro-steps, before the optimizer
     guard.check(dataset)                                      # NonFiniteError naming the step and its files
 """
+import numpy as np
+
 import flame_core as flame
 from flame_core import grad_pool
 from flame_core.errors import FlameError
@@ -26,8 +28,10 @@ class NonFiniteError(FlameError, RuntimeError):
 
 
 class FiniteGuard:
-    def __init__(self, params, device):
-        self.params, self.device = list(params), device
+    def __init__(self, params, device, also=None):
+        """also: None, or a callable returning a device bool (or None) of gradients `params` no longer hold: whether
+        the ones seen since its last call were finite (a layer-wise optimizer's blocks, updated inside backward)."""
+        self.params, self.device, self.also = list(params), device, also
         self.loss_bad = flame.zeros((), dtype=flame.bool, device=device)       # set inside the captured step
         self.first_step = flame.full((), -1, dtype=flame.int64, device=device)  # the first bad step, -1: none
         self.first_what = flame.zeros((), dtype=flame.int64, device=device)     # LOSS | GRADIENTS of that step
@@ -42,16 +46,17 @@ class FiniteGuard:
         tensors, seen = [], set()
         for p in self.params:
             if grad_pool.is_registered(p):
-                buf = grad_pool.flat_buffer_of(p)
-                if id(buf) not in seen:
+                buf = grad_pool.buffer_of(p)
+                if id(buf) not in seen and buf.resident:   # (a lazy buffer without storage holds no gradient)
                     seen.add(id(buf))
-                    tensors.append(buf)
+                    tensors.append(buf.tensor)
             elif p.grad is not None:
                 tensors.append(p.grad)
         ok = flame.ones((), dtype=flame.bool, device=self.device)
         for t in tensors:
             ok = ok & flame.isfinite(t.detach()).all()
-        return ok
+        seen = self.also() if self.also is not None else None
+        return ok if seen is None else ok & seen
 
     def after_backward(self, step, indices=(), captions=()):
         """After step `step`'s micro-batches (gradients accumulated, all-reduced), before the optimizer: fold the
@@ -91,7 +96,10 @@ class FiniteGuard:
         overflowed from finite gradients). One host sync."""
         if not self.params:
             return
-        bad = flame.stack([~flame.isfinite(p.detach()).all() for p in self.params]).numpy()
+        by_device = {}   # (a layer-wise fine-tune's streamed weights are read from host memory: cpu tensors)
+        for p in self.params:
+            by_device.setdefault(str(p.device), []).append(~flame.isfinite(p.detach()).all())
+        bad = np.concatenate([flame.stack(flags).numpy() for flags in by_device.values()])
         if bad.any():
             raise NonFiniteError(f"after step {step}: {int(bad.sum())} of {len(self.params)} trained parameter "
                                  f"tensors hold NaN or infinite values; nothing was saved (checkpoints and LoRAs "

@@ -27,7 +27,7 @@ import flame_core as flame
 from flame_core.memory.stats import fmt_bytes
 
 from .config import ConfigError
-from .limits import device_memory
+from .limits import device_memory, host_memory
 from .optimizers import STATE_BYTES
 
 
@@ -76,20 +76,23 @@ def state_bytes(optimizer, p, optimizer_params=None):
 
 
 def problems(selected, device, budget, optimizer, setting="network.type", keep_dtype=False, optimizer_params=None,
-             ema=False):
+             ema=False, streamed=frozenset()):
     """Why the selected parameters cannot be trained on `device`: none selected, or their float32 values (the part
     not yet held; keep_dtype: none), gradients (in the values' dtype), optimizer state (state_bytes) and, with `ema`,
     the float32 average and the copy its swap keeps while sampling, more than the device has free (the budget, else
-    its free memory)."""
+    its free memory). `streamed`: ids of parameters in streamed blocks (max_gpu_memory): their values live in pinned
+    host memory (counted against the host's) and their gradients exist one block at a time (auto-fit measures them);
+    their optimizer state stays on the device."""
     if not selected:
         return [f"{setting}: full -- network.network_kwargs' filters leave no parameter of the model to train"]
     count = sum(p.numel() for _, p in selected)
     need = sum(state_bytes(optimizer, p, optimizer_params) for _, p in selected)
+    held = [p for _, p in selected if id(p) not in streamed]
     if keep_dtype:   # gradients in the values' dtype
-        need += sum(p.numel() * p.dtype.itemsize for _, p in selected)
+        need += sum(p.numel() * p.dtype.itemsize for p in held)
     else:            # the float32 values' part not yet held, float32 gradients
-        need += sum(p.numel() * (4 - p.dtype.itemsize) for _, p in selected if p.dtype != flame.float32)
-        need += count * 4
+        need += sum(p.numel() * (4 - p.dtype.itemsize) for p in held if p.dtype != flame.float32)
+        need += sum(p.numel() for p in held) * 4
     if ema:          # training.ema.EMA: a float32 shadow, and the values saved while it is swapped in
         need += count * 4 + sum(p.numel() * (p.dtype.itemsize if keep_dtype else 4) for _, p in selected)
     dev = flame.device(device)
@@ -99,31 +102,49 @@ def problems(selected, device, budget, optimizer, setting="network.type", keep_d
         have, what = device_memory(dev, budget)
     if have is not None and need > have:
         return [f"{setting}: full fine-tuning of {count:,} parameters needs {fmt_bytes(need)} more for their "
-                f"{'' if keep_dtype else 'float32 '}values, gradients{', EMA' if ema else ''} and {optimizer} "
+                f"{'optimizer state' if streamed else ('' if keep_dtype else 'float32 ') + 'values, gradients'}"
+                f"{', EMA' if ema else ''} and {optimizer} "
                 f"state beside the model's weights: more than the "
                 f"{fmt_bytes(have)} of {what} (pick fewer with network.network_kwargs only_if_contains, take an "
-                f"optimizer with less state -- adamw8bit, adafactor --, or train a LoRA)"]
+                f"optimizer with less state -- {'adafactor: a few MiB' if streamed else 'adamw8bit, adafactor'} --, "
+                f"or train a LoRA)"]
+    host_need = sum(p.numel() * (p.dtype.itemsize if keep_dtype else 4) for _, p in selected if id(p) in streamed)
+    host = host_memory()
+    if streamed and host is not None and host_need > host:
+        return [f"max_gpu_memory: the streamed blocks' {'' if keep_dtype else 'float32 '}weights take "
+                f"{fmt_bytes(host_need)} of pinned host memory while they train, more than the host's "
+                f"{fmt_bytes(host)}" + ("" if keep_dtype else " (train.full_bf16 halves them)")]
     return []
 
 
 def make_trainable(model, network, name_map=None, *, device, budget, optimizer, keep_dtype=False,
-                   optimizer_params=None, ema=False, extra=()):
+                   optimizer_params=None, ema=False, extra=(), streamed=frozenset()):
     """Select (select) and check (problems: ConfigError) the parameters to train, then hold each in float32
     (keep_dtype: in the model's dtype -- train.full_bf16) with requires_grad set; every other parameter stays frozen.
     extra: [(name, Parameter)] trained beside them (the text encoders' weights under train.train_text_encoder),
-    checked and held alike. Returns how many of the model's parameter tensors train."""
+    checked and held alike. streamed: ids of parameters of blocks that will stream (max_gpu_memory), possibly without
+    data yet: marked trainable only -- `hold_in_float32` converts each as its block is packed. Returns how many of the
+    model's parameter tensors train."""
     selected = select(model, network, name_map)
     found = problems(selected + list(extra) if selected else selected, device, budget, optimizer,
-                     keep_dtype=keep_dtype, optimizer_params=optimizer_params, ema=ema)
+                     keep_dtype=keep_dtype, optimizer_params=optimizer_params, ema=ema, streamed=streamed)
     if found:
         raise ConfigError("; ".join(found))
     model.requires_grad_(False)
     with flame.no_grad():
         for _, p in selected + list(extra):
-            if p.dtype != flame.float32 and not keep_dtype:
+            if p.dtype != flame.float32 and not keep_dtype and id(p) not in streamed:
                 p.data = p.data.to(flame.float32)
             p.requires_grad_(True)
     return len(selected)
+
+
+def hold_in_float32(block):
+    """A streamed block's trained parameters converted to float32 as it is packed (make_trainable's `streamed`)."""
+    with flame.no_grad():
+        for p in block.parameters():
+            if p.requires_grad and p.dtype != flame.float32:
+                p.data = p.data.to(flame.float32)
 
 
 def trained_parameters(model):

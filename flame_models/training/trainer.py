@@ -95,6 +95,7 @@ class Trainer:
         self.pretrained = None     # network.pretrained_lora_path read (pretrained_lora.PretrainedLoRA)
         self.validation_images = self.validation = None  # the held-out ImageDataset; its ValidationStage
         self.streaming = NoStreaming()  # the step's streaming part (max_gpu_memory: StreamedBlocks)
+        self._on_host = False           # inside _host_weights
 
     @property
     def streamer(self):
@@ -163,8 +164,9 @@ class Trainer:
             if self.finished_lora is None:
                 self._check_disk()
             if self.streamer is not None and self.finished_lora is None:  # (auto_fit measures steps)
-                n_params = sum(p.numel() for p in self.params)
-                state_bytes = optimizers.STATE_BYTES[t.optimizer] * n_params  # state made at the first step
+                # the state made at the first step (a full fine-tune's: Adafactor's factored, the others' per element)
+                state_bytes = sum(full_finetune.state_bytes(t.optimizer, p, t.optimizer_params) if self.full else
+                                  optimizers.STATE_BYTES[t.optimizer] * p.numel() for p in self.params)
                 decode_bytes = self.prepared.decode_bytes if self.prepared is not None and previews_on else 0
                 # auto_fit leaves the budget set as the pool's limit (over it allocations fail rather than grow):
                 # in force while this trainer trains, the limit from before put back when train() returns
@@ -285,15 +287,21 @@ class Trainer:
                                          **({"stream": True} if stream else {}))
         self.name_map = fam.lora_name_map(self.model)
         if self.full:   # network.type full: the model's own weights, in float32 (full_finetune.py)
-            # (train.train_text_encoder: the encoders' weights too, checked and held with the model's)
+            # (train.train_text_encoder: the encoders' weights too, checked and held with the model's; under
+            # max_gpu_memory the blocks' weights stream and train layer-wise: _place_blocks, _make_optimizer)
+            if stream and self.dist.world_size > 1:
+                raise ConfigError("max_gpu_memory: a full fine-tune with streamed blocks trains on one process; "
+                                  "several (ddp) would each update their blocks inside their own backward")
             te = self.prepared.text_encoders if self.prepared is not None else None
+            streamed = frozenset(id(p) for s in fam.block_stacks(self.model)
+                                 for p in self.model.get_submodule(s).parameters()) if stream else frozenset()
             self.n_adapted = full_finetune.make_trainable(self.model, c.network, self.name_map, device=self.device,
                                                           budget=self.budget, optimizer=t.optimizer,
                                                           keep_dtype=t.full_bf16,
                                                           optimizer_params=t.optimizer_params,
                                                           ema=t.ema_config.use_ema,
                                                           extra=full_selection(fam, te)
-                                                          if te is not None else ())
+                                                          if te is not None else (), streamed=streamed)
             self.params = [p for _, p in full_finetune.trained_parameters(self.model)]
         else:
             self.n_adapted = add_network(self.model, c.network, fam, self.name_map, seed=t.seed, device=self.device,
@@ -334,7 +342,8 @@ class Trainer:
             # queued on the device, no sync: replayed as a CUDA graph on cuda (the adapters' storage never moves)
             self._max_norm_apply = flame.cuda.graphed(self.max_norm.apply, warmup=2,
                                                       enabled=self.device.type == "cuda")
-        self.guard = FiniteGuard(self.params, self.device)  # NaN / inf loss or gradients stop the run (finite.py)
+        # NaN / inf loss or gradients stop the run (finite.py); a layer-wise optimizer reports its blocks' gradients
+        self.guard = FiniteGuard(self.params, self.device, also=getattr(self.optimizer, "grads_finite", None))
         self.ema = EMA(self.params, t.ema_config.ema_decay) if t.ema_config.use_ema else None
         if self.prepared is not None and self.prepared.loader is not None:
             self.loader = self.prepared.loader       # batches of one bucket, from the caches
@@ -355,7 +364,8 @@ class Trainer:
         drops = [f"network.{k}" for k in ("dropout", "rank_dropout", "module_dropout")
                  if not self.full and getattr(c.network, k)]
         use_graph, why = graph_plan(self._batch_shapes(), self.budget, t.cuda_graph, self.device.type == "cuda",
-                                    " and ".join(drops) or None)
+                                    " and ".join(drops) or None,
+                                    layerwise=isinstance(self.optimizer, flame_nn.offload.LayerwiseOptimizer))
         if why:
             self.log(why)
         self.graphed = StepGraphs(self._forward_backward, warmup=2) if use_graph else None
@@ -382,9 +392,18 @@ class Trainer:
         quantize = "fp8" if c.model.quantize else None
         compute = "fp8" if quantize and c.train.fp8_compute else None
         if self.budget is not None:
+            prepare = fam.block_initializer(self.model)
+            if self.full and not c.train.full_bf16:   # the blocks' trained weights held in float32 as each is packed
+                prepare = _then(prepare, full_finetune.hold_in_float32)
             placed = StreamedBlocks(flame_nn.offload.BlockStreamer.for_model(
                 self.model, stacks, device=self.device, quantize=quantize, fp8_compute=compute is not None,
-                prepare=fam.block_initializer(self.model)), self.device, budget=self.budget)
+                prepare=prepare, stream_trainable=self.full), self.device, budget=self.budget)
+            if self.full:
+                self.log(f"max_gpu_memory: the full fine-tune's block weights stream from pinned host memory "
+                         f"({fmt_bytes(placed.streamer.host_pinned_bytes)}) and each block is updated inside "
+                         f"backward as soon as its gradients are complete (a fused backward pass)"
+                         + ("; train.max_grad_norm clips each block's gradients by their own norm"
+                            if c.train.max_grad_norm > 0 else ""))
         else:
             if quantize:  # (those read in fp8 already -- fp8_on_read in _build -- are only switched to compute)
                 for s in stacks:
@@ -435,9 +454,10 @@ class Trainer:
     def _resume(self, path, state):
         """The checkpoint at `path` loaded into what _build made (resume.restore); the step, schedule, training
         time, loss log and samples continue from it."""
-        got = resume.restore(path, state, self.named_adapter_parameters(), optimizer=self.optimizer,
-                             loader=self.loader, generators={"sigma": self.sigma_gen, "noise": self.noise_gen},
-                             ema=self.ema, ema_decay=self.cfg.train.ema_config.ema_decay, device=self.device)
+        with self._host_weights():   # (a layer-wise fine-tune's streamed weights: into their host copies)
+            got = resume.restore(path, state, self.named_adapter_parameters(), optimizer=self.optimizer,
+                                 loader=self.loader, generators={"sigma": self.sigma_gen, "noise": self.noise_gen},
+                                 ema=self.ema, ema_decay=self.cfg.train.ema_config.ema_decay, device=self.device)
         self.scheduler = self._make_scheduler(at_step=got.scheduler_epoch)
         self.step, self.active_time = got.step, got.active_time
         self._window = dict(got.log_window or self._window)
@@ -476,9 +496,22 @@ class Trainer:
                                 num_classes=min(4, s.num_samples), seed=s.seed)
 
     def _make_optimizer(self):
+        """The config's optimizer over the parameter groups; a full fine-tune with streamed blocks wraps it in a
+        LayerwiseOptimizer (each block updated inside backward; the rest at step())."""
         t = self.cfg.train
-        return optimizers.make(t.optimizer, [{"params": ps, "lr": lr} for ps, lr in self._param_groups()], t.lr,
-                               t.optimizer_params)
+        opt = optimizers.make(t.optimizer, [{"params": ps, "lr": lr} for ps, lr in self._param_groups()], t.lr,
+                              t.optimizer_params)
+        if self.full and self.streamer is not None:
+            opt = flame_nn.offload.LayerwiseOptimizer(self.streamer, opt, max_grad_norm=t.max_grad_norm)
+        return opt
+
+    def _host_weights(self):
+        """A context in which a layer-wise full fine-tune's streamed weights are cpu tensors viewing their host
+        copies (BlockStreamer.on_host: saves read them, a resume writes them); nothing to do otherwise or when
+        already inside one."""
+        if not (self.full and self.streamer is not None) or self._on_host:
+            return nullcontext()
+        return _HostWeights(self)
 
     def _param_groups(self):
         """[(parameters, lr)]: the denoiser's adapters at train.lr; trained text encoders' at text_encoder_lr. With
@@ -520,8 +553,10 @@ class Trainer:
         streams and the gradients are as before."""
         saved = (self.loader.state_dict(), self.sigma_gen.get_state(), self.noise_gen.get_state(),
                  flame.get_rng_state("cpu"), flame.get_rng_state(self.device))
+        paused = getattr(self.optimizer, "paused", None)   # (a layer-wise optimizer updates nothing meanwhile)
         try:
-            self._micro_step(self.loader.next_batch(), 1.0, graph=False)  # never a graph's warm-up or capture
+            with paused() if paused is not None else nullcontext():
+                self._micro_step(self.loader.next_batch(), 1.0, graph=False)  # never a graph's warm-up or capture
         finally:
             self.optimizer.zero_grad()
             self.loader.load_state_dict(saved[0])
@@ -844,6 +879,10 @@ class Trainer:
     # ------------------------------------------------------------------------------------------ saving
     @on_main_rank  # ddp
     def save_lora(self, path):
+        with self._host_weights():   # (a layer-wise fine-tune's streamed weights: read from their host copies)
+            return self._save_lora(path)
+
+    def _save_lora(self, path):
         c = self.cfg
         self.guard.check(self.dataset)  # never a LoRA of NaN / inf weights
         self.guard.check_parameters(self.step)
@@ -888,6 +927,10 @@ class Trainer:
         """Everything needed to continue exactly (checkpoint.py writes it whole or not at all), the step's LoRA
         and the loss log; then only the newest save.max_step_saves_to_keep checkpoints are kept. Nothing
         non-finite is saved (finite.py)."""
+        with self._host_weights():   # (a layer-wise fine-tune's streamed weights: read from their host copies)
+            return self._save_checkpoint()
+
+    def _save_checkpoint(self):
         self.guard.check(self.dataset)
         self.guard.check_parameters(self.step)
         writers, state = resume.contents(
@@ -902,3 +945,28 @@ class Trainer:
         self.save_lora(self._step_lora(self.step))
         ckpt.prune(self.out, self.cfg.save.max_step_saves_to_keep, also=lambda s: [self._step_lora(s)])
         return path
+
+
+class _HostWeights:
+    """Trainer._host_weights' context: the streamer's on_host for its duration, entered once."""
+
+    def __init__(self, trainer):
+        self.trainer, self.ctx = trainer, trainer.streamer.on_host()
+
+    def __enter__(self):
+        self.ctx.__enter__()
+        self.trainer._on_host = True
+        return self
+
+    def __exit__(self, *exc):
+        self.trainer._on_host = False
+        return self.ctx.__exit__(*exc)
+
+
+def _then(first, second):
+    """prepare(block) running `first` (when there is one) and then `second`."""
+    def prepare(block):
+        if first is not None:
+            first(block)
+        second(block)
+    return prepare

@@ -65,10 +65,18 @@ def _full_problems(cfg, p):
                  f"small updates), got {t.optimizer}")
     if t.full_bf16 and m.dtype not in ("bf16", "bfloat16"):
         e.append(f"{p}train.full_bf16: keeps the weights in model.dtype, which must then be bf16 (got {m.dtype})")
-    if cfg.max_gpu_memory is not None:
-        e.append(f"{p}max_gpu_memory: network.type full trains with the model resident on the GPU (streamed blocks "
-                 f"train adapters only in the trainer; flame_nn.offload.LayerwiseAdamW trains streamed blocks "
-                 f"in Python); leave max_gpu_memory out")
+    if cfg.max_gpu_memory is not None:   # the blocks stream and each is updated inside backward (layer-wise)
+        why = "max_gpu_memory with network.type full updates each streamed block inside backward"
+        if t.optimizer in ("prodigy", "adamw_schedulefree"):
+            e.append(f"{p}train.optimizer: {why}, and {t.optimizer} couples the parameters (a block's step is not its "
+                     f"part of a whole step); use adafactor (kohya's choice for Flux: its factored state is a few "
+                     f"MiB), adamw8bit, adamw or lion")
+        if t.gradient_accumulation_steps > 1:
+            e.append(f"{p}train.gradient_accumulation_steps: {why}, so gradients cannot accumulate over micro-batches "
+                     f"(got {t.gradient_accumulation_steps}); raise train.batch_size instead")
+        if t.ema_config.use_ema:
+            e.append(f"{p}train.ema_config.use_ema: {why}; an EMA of every weight would need the whole model's "
+                     f"float32 copy on the GPU, what max_gpu_memory avoids")
     return e
 
 

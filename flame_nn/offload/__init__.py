@@ -13,7 +13,9 @@
     cache_fp8_transposes_(module)       fp8 compute's W^T kept resident for the input gradient (bytes held)
     set_fp8_weight_(linear, q, scales, dtype)   the same storage from weights that are fp8 already (a file's)
     stack_fp8_weights_(linears) -> q, scales    fp8 layers reading one input on one stacked weight (fp8_linear)
-    LayerwiseAdamW(streamer, lr=...)    full fine-tuning, block by block inside backward, state in pinned memory
+    LayerwiseOptimizer(streamer, opt)   full fine-tuning, each block updated inside backward by any per-parameter
+                                        optimizer (Adafactor: Flux-dev on a 24 GB card; kohya's fused backward pass)
+    LayerwiseAdamW(streamer, lr=...)    the same for AdamW, its state in pinned host memory
     safetensors_views(files)            memory-mapped tensors of safetensors files (inference: `sources=`)
 """
 from .activations import ActivationOffload
@@ -31,6 +33,7 @@ from .fp8 import (
 from .fp8_transposes import cache_fp8_transposes_
 from .host import OffloadError, safetensors_views
 from .layerwise import LayerwiseAdamW
+from .layerwise_optimizer import LayerwiseOptimizer
 from .plan import BudgetPlan, plan_budget
 from .streamer import BlockStreamer, is_streamed, run_block, streamer_of
 
@@ -39,4 +42,5 @@ __all__ = ["BlockStreamer", "is_streamed", "run_block", "streamer_of", "auto_fit
            "FitReport", "MemoryBudgetError",
            "quantize_linear_weights_", "set_fp8_weight_", "use_fp8_compute_", "set_fp8_scaling_",
            "cache_fp8_transposes_", "Float8LinearMixin", "is_fp8_linear", "stack_fp8_weights_", "fp8_linear",
-           "LayerwiseAdamW", "safetensors_views", "OffloadError", "ActivationOffload", "BudgetPlan", "plan_budget"]
+           "LayerwiseAdamW", "LayerwiseOptimizer", "safetensors_views", "OffloadError", "ActivationOffload",
+           "BudgetPlan", "plan_budget"]

@@ -163,6 +163,18 @@ class HostBlock:
                 t._meta_device = None
         self.bound = dst
 
+    def bind_host(self):
+        """Make every tensor a view of its host copy (NumPy: writable where pinned, read-only where memory-mapped),
+        for reading or writing the weights as cpu tensors while the block is not on the device."""
+        mapped = {off: src for src, off in self.segments if src is not self.host}
+        for e in self.entries:
+            if e.tensor._f8:
+                raise OffloadError(f"block {self.index}: {e.name} is stored as fp8 bytes, which no cpu tensor views")
+            raw = self.host[e.offset:e.offset + e.nbytes] if e.offset < self.pinned_bytes else mapped[e.offset]
+            e.tensor.set_array_(raw.view(e.dtype).reshape(e.shape))
+            e.tensor._version[0] += 1
+        self.bound = None
+
     def unbind(self):
         for e in self.entries:
             if e.empty is None:

@@ -7,7 +7,8 @@
 Blocks are numbered across the stacks (double 0..18 then single 19..56 for Flux). A resident block's weights sit on
 the GPU in one buffer of their own; a streamed block's weights sit in a pinned host buffer and are copied into one of
 K slot buffers (allocated once, reused forever) before the block runs. Trainable parameters (LoRA adapters live
-outside the blocks anyway) never stream: they, and their gradients, stay on the GPU.
+outside the blocks anyway) stay on the GPU with their gradients, unless `stream_trainable` (full fine-tuning: a
+layer-wise optimizer updates each block inside backward and writes it back to its host copy).
 
 The schedule. Before block i runs, forward or backward, the streamer takes the window of the next K streamed blocks
 in the order they will run (forward: i, i+1, ...; backward: i, i-1, ...; in inference the window wraps around to
@@ -45,9 +46,10 @@ function of the block, so a step ends where it started (`join()` checks it insid
 sampling, an evaluation forward, set_resident -- and must run before each replay in that case (the trainer calls
 it before every step). The streamer draws no random numbers and forgets its events at each capture boundary (an
 event recorded outside a capture cannot be waited on inside it, nor a captured one outside). Not capturable:
-inference forwards (their window wraps to the next call: not cyclic) and LayerwiseAdamW (host round trips).
+inference forwards (their window wraps to the next call: not cyclic) and layer-wise updates (host round trips).
 """
 import bisect
+import contextlib
 import gc
 import itertools
 
@@ -144,7 +146,8 @@ class BlockStreamer:
     sources         {module key: host NumPy array}, e.g. `safetensors_views(files)`: tensors found there are copied
                     straight from those arrays (a memory-mapped file) instead of a pinned copy -- for inference
     prefixes        the stacks' names in the model (default: "0", "1", ...), for `sources` keys and `state_dict`
-    stream_trainable  stream trainable block parameters too (layer-wise full fine-tuning, see LayerwiseAdamW)
+    stream_trainable  stream trainable block parameters too (layer-wise full fine-tuning: LayerwiseOptimizer,
+                    LayerwiseAdamW); each block's get lazy gradient buffers of their own
     profile         time every host->device copy (`transfer_log()`)
     offload_activations  keep the checkpointed block inputs carried from block to block in pinned host memory
                     between forward and backward (flame_nn.offload.activations; every block is then checkpointed);
@@ -188,6 +191,7 @@ class BlockStreamer:
             self._stacks.append(st)
             object.__setattr__(st, _ATTR, (self, off))
         self._layerwise = None
+        self.weights_on_host = False  # inside on_host: the blocks' tensors are views of their host copies
         self.trace = None  # a list to record the schedule into: ("run" | "backward", i) and ("load", i, slot)
         self.stream_trainable = bool(stream_trainable)
         self.stats = {"loads": 0, "bytes_h2d": 0, "hits": 0}
@@ -200,6 +204,15 @@ class BlockStreamer:
                 hb.bind(_own_copy(hb, self.engine, self.device)[1])
             self._detach()
             raise
+        if self.stream_trainable:
+            # each block's trainable tensors get lazy gradient buffers of their own: a layer-wise update releases
+            # them block by block, so the whole model's gradients never exist at once (one buffer would hold them)
+            from flame_core import grad_pool
+            for hb in self._host:
+                ps = [e.tensor for e in hb.trainable]
+                if ps:
+                    grad_pool.unregister(ps)
+                    grad_pool.register(ps, lazy=True)
         self._views = [{} for _ in self.blocks]
         self._slots = []
         self._slot_bytes = 0
@@ -549,8 +562,8 @@ class BlockStreamer:
                                    f"streamer.join() at the end of the captured function")
         if cap is not None:
             if self._layerwise is not None:
-                raise OffloadError("a streamer with LayerwiseAdamW cannot be captured in a CUDA graph: its updates "
-                                   "make host round trips inside backward")
+                raise OffloadError("a streamer with a layer-wise optimizer cannot be captured in a CUDA graph: its "
+                                   "updates make host round trips inside backward")
             self._capture_start = self.slot_state()
             self._forked = False
             self.graph_stats = {"loads": 0, "bytes_h2d": 0, "start": self._capture_start, "end": None}
@@ -592,6 +605,35 @@ class BlockStreamer:
             for k, arr in hb.host_arrays().items():
                 out[f"{name}.{k}"] = as_tensor(arr.copy())
         return out
+
+    @contextlib.contextmanager
+    def on_host(self):
+        """Within the block every block's tensors are views of their host copies: NumPy arrays, so cpu tensors,
+        writable where pinned -- a layer-wise full fine-tune's weights read for a save or written by a resume, with
+        no device copy of the model. Pending copies finish first; afterwards the resident blocks' buffers are
+        filled again from the host copies (a write there lands on the device) and the streamed blocks load again
+        at their next use."""
+        if self._sync_capture() is not None:
+            raise OffloadError("on_host inside a CUDA graph capture")
+        eng = self.engine
+        eng.copy_waits(eng.record_compute())   # (updates queued on the compute stream reach the copies' sources)
+        self.synchronize()
+        self.invalidate_slots()                # every slot's block unbound, the slots empty
+        try:
+            for hb in self._host:
+                hb.bind_host()
+            self.weights_on_host = True
+            yield self
+        finally:
+            self.weights_on_host = False
+            for hb in self._host:
+                hb.unbind()
+            eng.copy_waits(eng.record_compute())
+            for i, (_, array) in sorted(self._own.items()):
+                hb = self._host[i]
+                hb.load(eng, array)
+                hb.bind(array)
+            eng.compute_waits(eng.record_copy())
 
     def close(self, device=None):
         """Stop streaming: every block's tensors get arrays of their own on `device` (default: the streamer's)."""

@@ -98,6 +98,7 @@ def strong_wolfe(evaluate, t, d, f, g, gtd, c1=1e-4, c2=0.9, tolerance_change=1e
 
 
 class LBFGS(Optimizer):
+    per_parameter = False  # (see Optimizer.per_parameter)
     def __init__(self, params, lr=1, max_iter=20, max_eval=None, tolerance_grad=1e-7, tolerance_change=1e-9,
                  history_size=100, line_search_fn=None):
         if lr < 0:

@@ -3,6 +3,8 @@
 state_dict() = {"state": {index: {name: Tensor | int}}, "param_groups": [{hyper-parameters..., "params": [index]}]}
 with parameters numbered in group order, so an optimizer rebuilt over the same parameters resumes exactly.
 """
+import contextlib
+
 from flame_core import backend
 from flame_core.autograd import no_grad
 from flame_core.io import convert
@@ -18,6 +20,11 @@ except ImportError:  # no gradient pool in this build
 
 class Optimizer:
     _state_keep_dtype = ("step",)  # state entries not cast to the parameter dtype on load
+    # a step over some of the parameters (`restricted`) updates those as a step over all would: each parameter's
+    # update reads its own gradient and state only, and the groups keep no running state a step advances. False
+    # where the parameters are coupled (Prodigy's D estimate, schedule-free's weight sum, L-BFGS's history):
+    # flame_nn.offload.LayerwiseOptimizer refuses those
+    per_parameter = True
 
     def __init__(self, params, defaults):
         self.defaults = dict(defaults)
@@ -39,12 +46,34 @@ class Optimizer:
     def _salts(self):
         """{id(param): its ordinal among the optimizer's parameters, group by group}: the salt of a bfloat16
         parameter's stochastic rounding (flame_core.kernels.stochastic_rounding: AdamW8bit, Adafactor), rebuilt when
-        the parameters change."""
-        ids = tuple(id(q) for group in self.param_groups for q in group["params"])
+        the parameters change (within `restricted`, the ordinals among all of them)."""
+        held = self.__dict__.get("_all_params")
+        ids = tuple(id(q) for group in (held or self.param_groups)
+                    for q in (group if held else group["params"]))
         got = self.__dict__.get("_salt_map")
         if got is None or got[0] != ids:
             got = self.__dict__["_salt_map"] = (ids, {i: k for k, i in enumerate(ids)})
         return got[1]
+
+    @contextlib.contextmanager
+    def restricted(self, subsets):
+        """Within the block, group k holds only the parameters `subsets[k]` (a subset of its own, in its order): a
+        `step()` then updates those alone, every parameter keeping its state and its stochastic-rounding salt (a
+        layer-wise update: flame_nn.offload.LayerwiseOptimizer, for optimizers with `per_parameter`)."""
+        if len(subsets) != len(self.param_groups):
+            raise ValueError(f"restricted: {len(subsets)} subsets for {len(self.param_groups)} parameter groups")
+        if self.__dict__.get("_all_params") is not None:
+            raise RuntimeError("restricted: already restricted")
+        held = [g["params"] for g in self.param_groups]
+        self.__dict__["_all_params"] = held
+        try:
+            for g, sub in zip(self.param_groups, subsets):
+                g["params"] = list(sub)
+            yield self
+        finally:
+            for g, ps in zip(self.param_groups, held):
+                g["params"] = ps
+            self.__dict__["_all_params"] = None
 
     def add_param_group(self, group):
         group = dict(group)

@@ -24,6 +24,7 @@ RUNNING_KEYS = ("d", "d_max", "d_numerator", "d_denom", "d_hat", "k")
 
 class Prodigy(Optimizer):
     running_keys = RUNNING_KEYS
+    per_parameter = False  # (see Optimizer.per_parameter)
 
     def __init__(self, params, lr=1.0, betas=(0.9, 0.999), beta3=None, eps=1e-8, weight_decay=0.0, decouple=True,
                  use_bias_correction=False, safeguard_warmup=False, d0=1e-6, d_coef=1.0, growth_rate=float("inf"),

@@ -24,6 +24,7 @@ RUNNING_KEYS = ("k", "weight_sum", "lr_max", "scheduled_lr", "train_mode")
 
 class AdamWScheduleFree(Optimizer):
     running_keys = RUNNING_KEYS
+    per_parameter = False  # (see Optimizer.per_parameter)
 
     def __init__(self, params, lr=0.0025, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, warmup_steps=0, r=0.0,
                  weight_lr_power=2.0, foreach=None):

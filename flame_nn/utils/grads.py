@@ -52,7 +52,8 @@ def grad_arrays(params):
                 continue
         arrays.append(g.array)
     if by_buf:
-        live = {id(b.tensor): len(b.live_slots()) for b in _pool.buffers()}
+        # (a lazy buffer without storage holds none of these gradients: never allocated here)
+        live = {id(b.tensor): len(b.live_slots()) for b in _pool.buffers() if b.resident}
         for flat, members in by_buf.values():
             if live.get(id(flat)) == len(members):
                 arrays.append(flat.array)  # gaps between slices are zero: the norm is unchanged

@@ -134,7 +134,6 @@ def test_restart_resumes_exactly(tmp_path):
     ({"network": {"type": "full", "loraplus_lr_ratio": 16}}, "network.loraplus_lr_ratio"),
     ({"save": {"format": "peft"}}, "save.format"),
     ({"model": {"arch": "flux", "quantize": True}}, "model.quantize"),
-    ({"max_gpu_memory": "12GiB"}, "max_gpu_memory"),
 ])
 def test_settings_a_full_fine_tune_cannot_take_are_refused(tmp_path, extra, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
