@@ -1,0 +1,215 @@
+"""Full fine-tuning of Flux-dev under a GPU memory budget -- kohya's flux_train.py with --blocks_to_swap and
+--fused_backward_pass -- through FLAME's trainer, against the whole model resident.
+
+FLAME: the trainer trains every weight of Flux-dev (random init, bf16 weights with train.full_bf16, Adafactor as kohya
+and ai-toolkit set it for Flux: relative_step, scale_parameter and warmup_init off, lr 1e-5) on synthetic --size²
+latents with 512 T5 tokens, batch 1, gradient checkpointing. Under max_gpu_memory = each of --budgets GiB the blocks
+stream from pinned host memory and each is updated inside backward (flame_nn.offload.LayerwiseOptimizer); "none" is
+the unconstrained run (every weight resident, one optimizer step after backward, the trainer's CUDA graph). The
+peer (--peer, needs torch + diffusers + transformers): diffusers' FluxTransformer2DModel with transformers' Adafactor
+(the same settings), bf16 weights, gradient checkpointing, resident (diffusers has no block swapping), one step =
+forward under bf16, MSE against a random target, backward, optimizer step, zero_grad.
+
+Each run is a subprocess of its own, so each peak is that run's. Per run: the step in ms (CUDA events, median of
+--repeats after --warmup steps), the driver-observed device peak during the timed steps (cudaMemGetInfo sampled every
+~1 ms: every allocation of the process, the pool's cache included), the pool's peak, the peak host RSS (pinned buffers
+count), the resident / streamed blocks and the host->device bytes per step.
+
+Run: PYTHONPATH=$PWD python3 bench/full_finetune.py [--budgets 24,none] [--size 1024] [--repeats 3] [--warmup 2]
+     [--peer] [--small]   (--small: flux-tiny at 64², the cpu-checkable smoke run)
+"""
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+import common
+
+ADAFACTOR = {"relative_step": False, "scale_parameter": False, "warmup_init": False}
+LR = 1e-5
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--budgets", default="24,none", help="GiB per run, comma-separated; 'none' = unconstrained")
+    p.add_argument("--size", type=int, default=1024)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--peer", action="store_true", help="also the diffusers + transformers' Adafactor resident peer")
+    p.add_argument("--small", action="store_true", help="flux-tiny (smoke run; on the cpu without a GPU)")
+    p.add_argument("--timeout", type=int, default=540, help="seconds per run")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def _cuda():
+    try:
+        import cupy as cp
+        return cp.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no CuPy, or no GPU
+        return False
+
+
+# ----------------------------------------------------------------------------- one run (a child process)
+def flame_run(res, spec):
+    import flame_core as flame
+    from flame_models.training.config import config_from_dict
+    from flame_models.training.trainer import Trainer
+    budget, cuda = spec["budget"], spec["device"] == "cuda"
+    with tempfile.TemporaryDirectory() as tmp:
+        d = {"name": "full", "training_folder": tmp, "device": spec["device"],
+             "model": {"arch": "flux", "size": "flux-tiny" if spec["small"] else "flux-dev",
+                       "dtype": "bf16" if cuda else "fp32"},
+             "synthetic": {"num_samples": 4, "height": spec["size"], "width": spec["size"],
+                           "text_length": 8 if spec["small"] else common.T5_LEN},
+             "network": {"type": "full"},
+             "train": {"steps": 10 ** 6, "batch_size": 1, "lr": LR, "optimizer": "adafactor",
+                       "optimizer_params": dict(ADAFACTOR), "full_bf16": cuda, "dtype": "bf16" if cuda else "fp32",
+                       "gradient_checkpointing": True, "disable_sampling": True},
+             "sample": {"sample_every": 0}, "save": {"save_every": 10 ** 6}}
+        if budget is not None:
+            d["max_gpu_memory"] = f"{budget}GiB"
+        cfg = config_from_dict(d, check_files=False)
+        t0 = time.perf_counter()
+        tr = Trainer(cfg, verbose=True).setup()
+        res.log("build_s", round(time.perf_counter() - t0, 1))
+        res.log("trained_parameters", sum(p.numel() for p in tr.params))
+        st = tr.streamer
+        if st is not None:
+            res.log("resident_blocks", len(st.resident))
+            res.log("streamed_blocks", len(st.streamed))
+            res.log("host_pinned_GiB", common.gib(st.host_pinned_bytes, 2))
+        for _ in range(spec["warmup"]):
+            tr.train_step()
+        if st is not None:
+            st.reset_stats()
+        res.log("graphed", bool(tr.graphed is not None and tr.graphed.captured))
+        flame.memory.reset_peak_memory_stats(spec["device"])
+        if cuda:
+            import streaming
+            common.synchronize()
+            with streaming.DevicePeak() as dp:
+                ms, _, all_ms = common.cuda_ms(tr.train_step, spec["repeats"], warmup=0)
+            res.log("driver_peak_GiB", common.gib(dp.peak, 2))
+        else:
+            all_ms = []
+            for _ in range(spec["repeats"]):
+                t = time.perf_counter()
+                tr.train_step()
+                all_ms.append((time.perf_counter() - t) * 1e3)
+            ms = sorted(all_ms)[len(all_ms) // 2]
+        res.log("step_ms", round(ms, 1))
+        res.log("step_ms_all", [round(x, 1) for x in all_ms])
+        res.log("pool_peak_GiB", common.gib(flame.memory.max_memory_reserved(spec["device"]), 2))
+        if st is not None:
+            res.log("h2d_GB_per_step", round(st.stats["bytes_h2d"] / spec["repeats"] / 1e9, 2))
+            res.log("block_updates_per_step", tr.optimizer.block_steps / (spec["warmup"] + spec["repeats"]))
+        loss = tr.train_step()[0]
+        res.log("loss_finite", bool(loss == loss))
+
+
+def peer_run(res, spec):
+    """diffusers' Flux-dev with transformers' Adafactor, bf16, checkpointing, resident: one full training step."""
+    import torch
+    from transformers.optimization import Adafactor
+    model = common.diffusers_flux().requires_grad_(True)
+    model.enable_gradient_checkpointing()
+    model.train()
+    opt = Adafactor(model.parameters(), lr=LR, **ADAFACTOR)
+    kw = common.diffusers_inputs(spec["size"], 3.5)
+    target = torch.randn_like(kw["hidden_states"], dtype=torch.float32)
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            pred = model(**kw)[0]
+        loss = ((pred.float() - target) ** 2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+    for _ in range(spec["warmup"]):
+        step()
+    import streaming
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    with streaming.DevicePeak() as dp:
+        ms, _, all_ms = common.cuda_ms(step, spec["repeats"], warmup=0, lib="torch")
+    res.log("driver_peak_GiB", common.gib(dp.peak, 2))
+    res.log("torch_peak_allocated_GiB", common.gib(torch.cuda.max_memory_allocated(), 2))
+    res.log("step_ms", round(ms, 1))
+    res.log("step_ms_all", [round(x, 1) for x in all_ms])
+    res.log("loss_finite", bool(torch.isfinite(step()).item()))
+
+
+def child(spec, out_path):
+    res = common.Results(f"full_finetune_{spec['tag']}")
+    t0, err = time.perf_counter(), None
+    try:
+        (peer_run if spec["tag"] == "peer" else flame_run)(res, spec)
+    except Exception as e:  # the row says why; the other runs go on
+        import traceback
+        traceback.print_exc()
+        err = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    out = {"spec": spec, "results": dict(res), "error": err,
+           "host_peak_rss_GiB": common.gib(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, 2),
+           "wall_s": round(time.perf_counter() - t0, 1)}
+    with open(out_path, "w") as f:
+        json.dump(out, f, default=str)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # the results are on disk: no interpreter teardown
+
+
+def run_child(spec, timeout):
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "run.json")
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec), "--child-out", out]
+        common.section(spec["tag"])
+        try:
+            rc = subprocess.run(cmd, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        if os.path.exists(out):
+            with open(out) as f:
+                return json.load(f)
+        return {"spec": spec, "results": {}, "error": f"run ended without results (exit {rc})"}
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    if a.child:
+        return child(json.loads(a.child), a.child_out)
+    device = "cuda" if _cuda() else "cpu"
+    size = 64 if a.small else a.size
+    specs = []
+    for b in a.budgets.split(","):
+        budget = None if b.strip() == "none" else float(b)
+        specs.append(dict(tag="flame_resident" if budget is None else f"flame_{b.strip()}GiB", budget=budget,
+                          device=device, size=size, small=a.small, repeats=a.repeats, warmup=a.warmup))
+    if a.peer:
+        specs.append(dict(tag="peer", budget=None, device=device, size=size, small=a.small, repeats=a.repeats,
+                          warmup=a.warmup))
+    res = common.Results("full_finetune")
+    rows = []
+    for spec in specs:
+        got = run_child(spec, a.timeout)
+        r = got["results"]
+        res.log(spec["tag"], {**r, "error": got["error"], "host_peak_rss_GiB": got.get("host_peak_rss_GiB"),
+                              "wall_s": got.get("wall_s")})
+        rows.append([spec["tag"], r.get("step_ms"), r.get("driver_peak_GiB"), got.get("host_peak_rss_GiB"),
+                     f"{r.get('resident_blocks', '-')}/{r.get('streamed_blocks', '-')}", got["error"] or ""])
+    peer = res.get("peer", {}).get("step_ms")
+    for row in rows:
+        row.insert(2, common.ratio(row[1], peer) if peer and row[1] else None)
+    print(common.table(["run", "step ms", "÷ peer", "driver peak GiB", "host RSS GiB", "resident/streamed",
+                        "error"], rows, title=f"Flux-dev full fine-tune at {size}², {device}"))
+    print("saved", res.save())
+
+
+if __name__ == "__main__":
+    main()
