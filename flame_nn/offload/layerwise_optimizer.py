@@ -11,8 +11,9 @@ exist at once. When block i's backward ends (the streamer's checkpoint node tell
 the block's parameters are its own and the blocks above it were run backward already -- so the wrapped optimizer
 steps the block's parameters alone (`Optimizer.restricted`: each keeps its state, step count and stochastic-rounding
 salt), the gradients are released (each block's trainable tensors have lazy gradient buffers of their own:
-BlockStreamer(stream_trainable=True)), and the new weights go back to the block's pinned host copy on the copy stream,
-ordered before the block's next load. The forward of the next step reads them.
+BlockStreamer(stream_trainable=True)), and the new weights go back to the block's pinned host copy
+(BlockStreamer.write_back: a streamed block's on the copy stream, ordered before its next load; a resident block's
+when the host copy is next read). The forward of the next step reads them.
 
 The optimizer's state stays where the optimizer keeps it (on the device): Adafactor's factored moments (a row and a
 column per matrix: a few MiB for Flux-dev) are what makes a 12B model trainable on a 24 GB card; AdamW8bit's 2 bytes
@@ -152,10 +153,5 @@ class LayerwiseOptimizer:
         zero_grads(params, set_to_none=True)   # the block's gradient buffers released
         if not with_grad or not self._updating:
             return
-        # the new weights back to the block's host copy, behind the update; the block's next load follows them on
-        # the copy stream
-        streamer = self._streamer
-        hb, eng = streamer._host[i], streamer.engine
-        eng.copy_waits(eng.record_compute())
-        for e in hb.trainable:
-            eng.d2h(hb.host[e.offset:e.offset + e.nbytes], hb.bound, e.offset)
+        # the new weights back to the block's host copy (a streamed block's now: its next load follows them)
+        self._streamer.write_back(i, self._streamer._host[i].trainable)

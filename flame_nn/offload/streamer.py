@@ -191,6 +191,7 @@ class BlockStreamer:
             self._stacks.append(st)
             object.__setattr__(st, _ATTR, (self, off))
         self._layerwise = None
+        self._stale = set()           # resident blocks updated on the device since their host copy was written
         self.weights_on_host = False  # inside on_host: the blocks' tensors are views of their host copies
         self.trace = None  # a list to record the schedule into: ("run" | "backward", i) and ("load", i, slot)
         self.stream_trainable = bool(stream_trainable)
@@ -353,6 +354,9 @@ class BlockStreamer:
         self._generation += 1
         if self._resident - new:
             from .fp8_transposes import cache_fp8_transposes_
+        if self._stale & (self._resident - new):
+            self._flush_stale()                 # (updated in place: the host copy follows before the buffer goes)
+            eng.compute_waits(eng.record_copy())
         for i in sorted(self._resident - new):  # demote: drop the block's own buffer, and its kept fp8 W^T (its
             self._host[i].unbind()              # weights now come through a slot: the cache would never be used)
             del self._own[i]
@@ -592,8 +596,35 @@ class BlockStreamer:
         """[(seconds, bytes)] of every host->device copy since the last call (needs profile=True)."""
         return self.engine.transfer_log()
 
+    def write_back(self, i, entries):
+        """Block i's `entries` (its HostBlock's) were updated on the device, in the buffer the block is bound to: the
+        host copy follows -- a streamed block's now, on the copy stream behind the update (its next load is queued
+        after it), a resident block's when the host copy is next read (state_dict, on_host, close, a demotion): its
+        own buffer stays the weights it computes with. A layer-wise optimizer calls it after each block's update."""
+        hb = self._host[i]
+        if i in self._resident:
+            self._stale.add(i)
+            return
+        eng = self.engine
+        eng.copy_waits(eng.record_compute())
+        for e in entries:
+            eng.d2h(hb.host[e.offset:e.offset + e.nbytes], hb.bound, e.offset)
+
+    def _flush_stale(self):
+        """Enqueue the host copies of the resident blocks updated since they were last written (write_back)."""
+        if not self._stale:
+            return
+        eng = self.engine
+        eng.copy_waits(eng.record_compute())
+        for i in sorted(self._stale):
+            hb, own = self._host[i], self._own[i][1]
+            for e in hb.trainable:
+                eng.d2h(hb.host[e.offset:e.offset + e.nbytes], own, e.offset)
+        self._stale.clear()
+
     def synchronize(self):
-        """Wait for the copy stream (host buffers are then safe to read)."""
+        """Wait for the copy stream (host buffers are then safe to read; pending write-backs are written first)."""
+        self._flush_stale()
         self.engine.synchronize()
 
     def state_dict(self):

@@ -247,3 +247,28 @@ def test_one_blocks_gradients_exist_at_a_time(device):
     loss_of(net, flame.randn(4, 16, device=device)).backward()
     assert seen == [(i, [i]) for i in range(4, -1, -1)]
     assert not any(b.resident for bufs in buffers for b in bufs.values())
+
+
+def test_a_resident_blocks_update_reaches_its_host_copy_when_read_or_demoted(device):
+    """A resident block computes from its own buffer, updated in place: its host copy is written only when read
+    (state_dict, on_host) or when the block is demoted to streaming -- and then holds the update."""
+    ref, net = stack_pair(16, 3, device, seed=6)
+    x = flame.randn(4, 16, device=device)
+    make = OPTIMIZERS["adafactor"]
+    opt_ref = make(list(ref.parameters()))
+    st, opt = layerwise(net, device, make, resident=(0, 1, 2))
+    for _ in range(2):
+        loss_of(ref, x).backward()
+        opt_ref.step()
+        opt_ref.zero_grad()
+        loss_of(net, x).backward()
+        opt.step()
+        opt.zero_grad()
+        assert st._stale == {0, 1, 2}   # nothing copied back per step
+        st.set_resident([1])            # two demoted: the updates go to the host before their buffers go
+        assert st._stale == set()
+        st.set_resident([0, 1, 2])
+    want = {k: npy(v) for k, v in ref.state_dict().items()}
+    got = all_weights(net, st)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=2e-6, err_msg=k)
