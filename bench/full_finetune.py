@@ -33,9 +33,33 @@ ADAFACTOR = {"relative_step": False, "scale_parameter": False, "warmup_init": Fa
 LR = 1e-5
 
 
+def _budgets(text):
+    """'24,none' -> [24.0, None]: GiB > 0, or none (unconstrained)."""
+    out = []
+    for b in text.split(","):
+        b = b.strip()
+        if b == "none":
+            out.append(None)
+            continue
+        try:
+            v = float(b)
+        except ValueError:
+            v = 0
+        if not v > 0:
+            raise argparse.ArgumentTypeError(f"{b!r}: GiB > 0 or none")
+        out.append(v)
+    return out
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):   # one line naming the argument, exit status 2
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--budgets", default="24,none", help="GiB per run, comma-separated; 'none' = unconstrained")
+    p = _Parser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--budgets", type=_budgets, default="24,none",
+                   help="GiB per run, comma-separated; 'none' = unconstrained")
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=2)
@@ -187,9 +211,8 @@ def main(argv=None):
     device = "cuda" if _cuda() else "cpu"
     size = 64 if a.small else a.size
     specs = []
-    for b in a.budgets.split(","):
-        budget = None if b.strip() == "none" else float(b)
-        specs.append(dict(tag="flame_resident" if budget is None else f"flame_{b.strip()}GiB", budget=budget,
+    for budget in a.budgets:
+        specs.append(dict(tag="flame_resident" if budget is None else f"flame_{budget:g}GiB", budget=budget,
                           device=device, size=size, small=a.small, repeats=a.repeats, warmup=a.warmup))
     if a.peer:
         specs.append(dict(tag="peer", budget=None, device=device, size=size, small=a.small, repeats=a.repeats,

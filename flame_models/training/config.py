@@ -266,7 +266,8 @@ class TrainConfig:
     trigger_word: typing.Optional[str] = None  # replaces [trigger] in captions (prepended when missing) and prompts
     max_gpu_memory: typing.Any = None    # e.g. '12GiB' (a bare number is GiB; flame_core.memory.stats.parse_budget):
                                          # stream the transformer blocks from pinned host memory, keeping as many
-                                         # resident as this budget allows
+                                         # resident as this budget allows (network.type full: each block updated
+                                         # inside backward, flame_nn.offload.LayerwiseOptimizer)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     save: SaveConfig = field(default_factory=SaveConfig)
     datasets: typing.List[DatasetConfig] = field(default_factory=list)

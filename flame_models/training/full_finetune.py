@@ -22,6 +22,11 @@ rest stays frozen in its dtype. Sizes are checked before anything is converted: 
 values (unless full_bf16), gradients and optimizer state (state_bytes) must fit what the device has free (or the
 memory budget). With train.train_text_encoder (SDXL) the text encoders' weights are checked and held alike
 (`extra`: text_training.full_selection) and the family's save_model writes them into the checkpoint.
+
+Under max_gpu_memory (`streamed`: the block stacks' parameters) the blocks' weights stream from pinned host memory and
+train layer-wise (the trainer wraps the optimizer in flame_nn.offload.LayerwiseOptimizer): they are marked trainable
+here and held in float32 (unless full_bf16) as each block is packed (`hold_in_float32`); the size check counts their
+values against the host's memory and only their optimizer state against the device's.
 """
 import flame_core as flame
 from flame_core.memory.stats import fmt_bytes
