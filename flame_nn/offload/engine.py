@@ -10,6 +10,10 @@ streamer's schedule is written once against this interface, so CPU tests run the
     ev = eng.record_copy()          # an event after the copies enqueued so far
     eng.compute_waits(ev)           # later compute work starts only after it
     eng.capturing()                 # None, or a key of the CUDA graph capture the compute stream is in
+    eng.writeback_waits(ev); eng.writeback(dst, src, offset); ev = eng.record_writeback()
+                                    # device->host on a stream of its own (a layer-wise update's new weights): the
+                                    # two directions of the bus at once; `copy_waits(ev)` / `compute_waits(ev)` order
+                                    # later work after it (not capturable: eager layer-wise steps only)
 
 CUDA graphs: all of the above is capturable. The first `copy_waits(ev)` inside a capture, with `ev` recorded on the
 capturing compute stream, makes the copy stream join the capture (the fork); the copies and events that follow are
@@ -57,6 +61,14 @@ class HostEngine:
     def d2h(self, dst, src, offset):
         dst.reshape(-1).view(np.uint8)[...] = src[offset:offset + dst.nbytes]
 
+    writeback = d2h
+
+    def writeback_waits(self, event):
+        pass
+
+    def record_writeback(self):
+        return None
+
     def synchronize(self):
         pass
 
@@ -79,6 +91,7 @@ class CudaEngine:
         self.profile = profile
         with device.context():
             self.stream = cp.cuda.Stream(non_blocking=True)
+        self._wb = None   # the write-back stream, made at its first use
         self._timed = []  # (start event, end event, bytes) while profiling
 
     def _event(self, stream):
@@ -133,8 +146,31 @@ class CudaEngine:
                 self._rt.memcpyAsync(dst.ctypes.data, src.data.ptr + offset, n, self._rt.memcpyDeviceToHost,
                                      self.stream.ptr)
 
+    def _writeback_stream(self):
+        if self._wb is None:
+            with self.device.context():
+                self._wb = self._cp.cuda.Stream(non_blocking=True)
+        return self._wb
+
+    def writeback_waits(self, event):
+        if event is not None:
+            self._writeback_stream().wait_event(event)
+
+    def writeback(self, dst, src, offset):
+        n = dst.nbytes
+        if n:
+            with self.device.context():
+                self._rt.memcpyAsync(dst.ctypes.data, src.data.ptr + offset, n, self._rt.memcpyDeviceToHost,
+                                     self._writeback_stream().ptr)
+
+    def record_writeback(self):
+        with self.device.context():
+            return self._event(self._writeback_stream())
+
     def synchronize(self):
         self.stream.synchronize()
+        if self._wb is not None:
+            self._wb.synchronize()
 
     def transfer_log(self):
         """[(seconds, bytes)] of the host->device copies since the last call (profiling on; waits for them)."""

@@ -138,6 +138,7 @@ class HostBlock:
         for e, src in mapped:
             self.segments.append((np.ascontiguousarray(src).reshape(-1).view(np.uint8), e.offset))
         self.bound = None  # the device uint8 array the tensors are views of (a slot or own storage), or None
+        self.written = None  # write-back event of a layer-wise update writing the host copy (BlockStreamer)
 
     @property
     def trainable(self):

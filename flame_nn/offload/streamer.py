@@ -123,12 +123,13 @@ def _checkpointed(call, args, kwargs, offload):
 
 
 class _Slot:
-    __slots__ = ("tensor", "array", "holder", "ready", "last_use")
+    __slots__ = ("tensor", "array", "holder", "ready", "last_use", "read_by")
 
     def __init__(self, nbytes, device):
         self.tensor, self.array = device_bytes(nbytes, device)
         self.holder = None   # index of the block whose weights the slot holds (or is receiving)
         self.ready = None    # copy-stream event after that block's copy
+        self.read_by = None  # write-back event of a layer-wise update still reading the slot (write_back)
         self.last_use = -1
 
 
@@ -474,6 +475,9 @@ class BlockStreamer:
             self._host[slot.holder].unbind()
             del self._where[slot.holder]
         hb = self._host[u]
+        eng.copy_waits(slot.read_by)     # a write-back still reading the slot (layer-wise updates)
+        eng.copy_waits(hb.written)       # ... or writing the block's host copy
+        slot.read_by = hb.written = None
         hb.load(eng, slot.array)
         slot.ready = eng.record_copy()
         slot.holder = u
@@ -554,7 +558,7 @@ class BlockStreamer:
         # runs (capture begins on a synchronised device; prime() orders later eager copies before each replay).
         # Leaving: eager work after a replay is ordered after it on the compute stream.
         for s in self._slots:
-            s.ready = None
+            s.ready = s.read_by = None
         stats, was = self.graph_stats, self._capture
         self._capture = cap
         if was is not None and stats is not None and stats["end"] is None:
@@ -605,10 +609,15 @@ class BlockStreamer:
         if i in self._resident:
             self._stale.add(i)
             return
+        # on the write-back stream (device->host beside the host->device loads); the slot's next load and the
+        # block's own next load wait for it
         eng = self.engine
-        eng.copy_waits(eng.record_compute())
+        eng.writeback_waits(eng.record_compute())
         for e in entries:
-            eng.d2h(hb.host[e.offset:e.offset + e.nbytes], hb.bound, e.offset)
+            eng.writeback(hb.host[e.offset:e.offset + e.nbytes], hb.bound, e.offset)
+        done = eng.record_writeback()
+        self._slots[self._where[i]].read_by = done
+        hb.written = done
 
     def _flush_stale(self):
         """Enqueue the host copies of the resident blocks updated since they were last written (write_back)."""
@@ -726,5 +735,7 @@ def _own_copy(hb, engine, device):
     """A device buffer of its own for host block `hb`, the copy into it enqueued: (tensor, array, copy event)."""
     tensor, array = device_bytes(hb.nbytes, device)
     engine.copy_waits(engine.record_compute())  # the new buffer's previous users (pool reuse) are done first
+    engine.copy_waits(hb.written)               # (a layer-wise update's write-back of the host copy)
+    hb.written = None
     hb.load(engine, array)
     return tensor, array, engine.record_copy()

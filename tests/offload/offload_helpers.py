@@ -92,12 +92,10 @@ class LazyCopyEngine:
     def __init__(self, engine):
         self._eng, self.device, self.profile = engine, engine.device, False
         self.queue, self.done = [], 0
+        self.wb_queue, self.wb_done = [], 0
 
     def record_compute(self):
         return None
-
-    def copy_waits(self, event):
-        pass
 
     def h2d(self, dst, offset, src):
         self.queue.append(lambda: self._eng.h2d(dst, offset, src))
@@ -108,8 +106,33 @@ class LazyCopyEngine:
     def record_copy(self):
         return len(self.queue)
 
+    # the write-back stream: a queue of its own, run only when something waits on its event (or at synchronize)
+    def writeback_waits(self, event):
+        pass
+
+    def writeback(self, dst, src, offset):
+        self.wb_queue.append(lambda: self._eng.d2h(dst, src, offset))
+
+    def record_writeback(self):
+        return ("wb", len(self.wb_queue))
+
+    def _run_wb(self, n):
+        if self._eng.is_async and self.wb_done < n:
+            from flame_core import backend
+            backend.cupy.cuda.Device().synchronize()
+        while self.wb_done < n:
+            self.wb_queue[self.wb_done]()
+            self.wb_done += 1
+        self._eng.synchronize()
+
+    def copy_waits(self, event):
+        if type(event) is tuple:
+            self._run_wb(event[1])
+
     def compute_waits(self, event):
-        if event is not None:
+        if type(event) is tuple:
+            self._run_wb(event[1])
+        elif event is not None:
             self._run(event)
 
     def _run(self, n):
@@ -122,6 +145,7 @@ class LazyCopyEngine:
         self._eng.synchronize()  # on cuda the wrapped copies are asynchronous: finish them here
 
     def synchronize(self):
+        self._run_wb(len(self.wb_queue))
         self._run(len(self.queue))
 
     def transfer_log(self):
