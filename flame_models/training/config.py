@@ -302,7 +302,12 @@ _WAITS_FOR = {
         "performance_log_every": "timing reports are not available; the progress bar shows s/it and the ETA"},
     ModelConfig: {"low_vram": "use max_gpu_memory to train under a memory budget",
                   "is_v2": "SD 1.x / 2.x are not supported: model.arch is flux, sd3 or sdxl"},
-    TrainSection: {"linear_timesteps": "use train.timestep_type (sigmoid, logit_normal, uniform, shift, flux_shift)"},
+    TrainSection: {"linear_timesteps": "use train.timestep_type (sigmoid, logit_normal, uniform, shift, flux_shift)",
+                   # kohya's block swapping: FLAME streams blocks to fit a budget, and updates them inside backward
+                   "blocks_to_swap": "use max_gpu_memory: the blocks streamed from host memory are chosen to fit "
+                                     "that budget (auto-fit)",
+                   "fused_backward_pass": "with network.type full under max_gpu_memory each block is updated inside "
+                                          "backward already (no flag)"},
     SaveConfig: {"push_to_hub": "uploading is not supported", "hf_repo_id": "uploading is not supported",
                  "hf_private": "uploading is not supported"},
 }
