@@ -37,6 +37,9 @@ def weights(tr):
     ("flux", (), "bf16", {"full_bf16": True, "optimizer": "adamw8bit"}),
     ("sd3", (0,), "fp32", {}),
     ("sdxl", (), "fp32", {"optimizer": "lion", "lr": 1e-4}),
+    ("chroma", (1,), "fp32", {}),
+    ("qwen_image", (), "fp32", {}),
+    ("flux_kontext", (), "fp32", {}),
 ])
 def test_a_streamed_full_fine_tune_gives_the_resident_runs_numbers(tmp_path, arch, resident, dtype, train):
     runs = {}
