@@ -15,7 +15,7 @@ Each run is a subprocess of its own, so each peak is that run's. Per run: the st
 ~1 ms: every allocation of the process, the pool's cache included), the pool's peak, the peak host RSS (pinned buffers
 count), the resident / streamed blocks and the host->device bytes per step.
 
-Run: PYTHONPATH=$PWD python3 bench/full_finetune.py [--budgets 24,none] [--size 1024] [--repeats 3] [--warmup 2]
+Run: PYTHONPATH=$PWD python3 bench/full_finetune.py [--budgets 24,none] [--size 1024] [--repeats 3] [--warmup 3]
      [--peer] [--small]   (--small: flux-tiny at 64², the cpu-checkable smoke run)
 """
 import argparse
@@ -62,7 +62,7 @@ def parse_args(argv=None):
                    help="GiB per run, comma-separated; 'none' = unconstrained")
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=3, help="steps before timing (the resident run captures its graph at the third)")
     p.add_argument("--peer", action="store_true", help="also the diffusers + transformers' Adafactor resident peer")
     p.add_argument("--small", action="store_true", help="flux-tiny (smoke run; on the cpu without a GPU)")
     p.add_argument("--timeout", type=int, default=540, help="seconds per run")

@@ -25,7 +25,8 @@ max_grad_norm: the whole model's gradient norm is not known before the first blo
 are clipped by their own norm (kohya clips each tensor by its own); `step()` does not clip the rest -- clip those
 yourself before it, as usual. Every block's gradient norm is computed anyway: `grads_finite()` reads whether all were
 finite since the last call (a device flag: no synchronisation).
-`paused()`: blocks' gradients are dropped without an update (auto-fit's measured steps).
+`paused()`: blocks' gradients are dropped without an update (auto-fit's measured steps: their norm is still taken,
+so the step's peak holds its temporaries).
 Rules: gradient accumulation across backward passes is not possible (a block is updated by every backward), and a
 streamer with a layer-wise optimizer cannot be captured in a CUDA graph.
 """
@@ -141,10 +142,11 @@ class LayerwiseOptimizer:
             return
         params = [p for sub in subsets for p in sub]
         with_grad = [p for p in params if p._grad is not None]
-        if with_grad and self._updating:
+        if with_grad:   # (paused too: a measured step holds the norm's temporaries as an updating one does)
             norm = flame.as_tensor(_total_norm(grad_arrays(with_grad), 2.0, False))  # one reduction per buffer
             if self.max_grad_norm > 0:
                 clip_grads_with_norm_(with_grad, self.max_grad_norm, norm)
+        if with_grad and self._updating:
             ok = flame.isfinite(norm)
             self._finite = ok if self._finite is None else self._finite & ok
             with no_grad(), self.optimizer.restricted(subsets):
