@@ -62,7 +62,8 @@ def parse_args(argv=None):
                    help="GiB per run, comma-separated; 'none' = unconstrained")
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=3, help="steps before timing (the resident run captures its graph at the third)")
+    p.add_argument("--warmup", type=int, default=3,
+                   help="steps before timing (the resident run captures its graph at the third)")
     p.add_argument("--peer", action="store_true", help="also the diffusers + transformers' Adafactor resident peer")
     p.add_argument("--small", action="store_true", help="flux-tiny (smoke run; on the cpu without a GPU)")
     p.add_argument("--timeout", type=int, default=540, help="seconds per run")
