@@ -171,8 +171,8 @@ def test_state_dict_resumes_the_run_exactly(device):
         opt2.step()
         opt2.zero_grad()
     want, got = all_weights(ref, st_ref), all_weights(again, st2)
-    for k in want:
-        np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=1e-7, err_msg=k)
+    for k in want:   # (on cuda Adafactor's fused sums add in an order of their own)
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=2e-6, err_msg=k)
 
 
 def test_coupled_optimizers_and_missing_parameters_are_refused(device):

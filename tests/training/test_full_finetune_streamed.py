@@ -143,7 +143,7 @@ def test_the_state_left_on_the_device_is_checked_against_the_budget(tmp_path):
 
 
 def test_the_guard_stops_on_a_blocks_non_finite_gradients():
-    seen = [flame.tensor(True), flame.tensor(False)]
+    seen = [flame.tensor(True, device="cpu"), flame.tensor(False, device="cpu")]
     guard = FiniteGuard([], "cpu", also=lambda: seen.pop(0))
     guard.after_backward(1)
     guard.check()
