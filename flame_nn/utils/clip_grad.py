@@ -14,10 +14,26 @@ from flame_core.tensor import Tensor
 from .grads import as_list, grad_arrays
 
 
+_CHUNK = 1 << 22   # elements: a larger gradient is reduced a slice at a time (bounded temporaries)
+
+
 def _reduce(a, norm_type):
     """One array's share of the total norm, in float32 or wider: max |g| (inf), min |g| (-inf), whether any entry is
-    nonzero (0: PyTorch's total is the count of tensors with a nonzero norm), or sum |g|^p."""
+    nonzero (0: PyTorch's total is the count of tensors with a nonzero norm), or sum |g|^p. An array of more than
+    _CHUNK elements is reduced slice by slice, so the float32 copy of a half-precision gradient and the product's
+    temporary never exceed a slice (a full fine-tune's 57 M-element weight: 450 MiB of temporaries at once, in a pool
+    held at its budget)."""
     xp = backend.xp_of(a)
+    if a.size > _CHUNK:
+        flat = a.reshape(-1)
+        parts = [_reduce(flat[i:i + _CHUNK], norm_type) for i in range(0, flat.size, _CHUNK)]
+        if norm_type == math.inf:
+            return xp.stack(parts).max()
+        if norm_type == -math.inf:
+            return xp.stack(parts).min()
+        if norm_type == 0:
+            return xp.stack(parts).max()
+        return xp.stack(parts).sum()
     acc = a if a.dtype.itemsize >= 4 else a.astype(np.float32)
     if norm_type == math.inf:
         return xp.abs(acc).max()

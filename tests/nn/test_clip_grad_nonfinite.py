@@ -33,3 +33,21 @@ def test_the_2_norm_makes_no_temporary_the_size_of_the_gradients():
         tracemalloc.stop()
     assert peak < (1 << 20)  # the gradient is 4 MiB
     np.testing.assert_allclose(float(norm), want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.0, float("inf"), -float("inf"), 0.0])
+def test_a_large_gradient_is_reduced_slice_by_slice_to_the_same_norm(device, monkeypatch, norm_type):
+    """Gradients above clip_grad._CHUNK elements are reduced a slice at a time (bounded temporaries): the norm is
+    the whole array's."""
+    import math
+
+    from flame_nn.utils import clip_grad as C
+    rng = np.random.default_rng(0)
+    g = rng.standard_normal(1000).astype(np.float32)
+    g[rng.random(1000) < 0.3] = 0
+    p = flame.zeros(1000, device=device, requires_grad=True)
+    p.grad = flame.tensor(g, device=device)
+    want = float(nn.utils.get_total_norm([p.grad], norm_type))
+    monkeypatch.setattr(C, "_CHUNK", 64)
+    got = float(nn.utils.get_total_norm([p.grad], norm_type))
+    assert math.isclose(got, want, rel_tol=1e-6), (got, want)
