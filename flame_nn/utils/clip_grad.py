@@ -13,7 +13,6 @@ from flame_core.tensor import Tensor
 
 from .grads import as_list, grad_arrays
 
-
 _CHUNK = 1 << 22   # elements: a larger gradient is reduced a slice at a time (bounded temporaries)
 
 
