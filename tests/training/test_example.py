@@ -124,14 +124,19 @@ def test_a_real_run_resumes_by_itself_and_deletes_nothing_without_fresh(example,
     assert not (run / "real_000004.safetensors").exists()
 
 
-@pytest.mark.parametrize("name", ["flux_dev_24gb.yaml", "flux_dev_12gib.yaml", "flux_dev_10gib.yaml"])
+@pytest.mark.parametrize("name", ["flux_dev_24gb.yaml", "flux_dev_12gib.yaml", "flux_dev_10gib.yaml",
+                                  "flux_dev_full_finetune_24gb.yaml"])
 def test_the_shipped_configs_parse_and_run_on_a_tiny_model(example, tmp_path, tiny_model, name):
     from flame_models.training.config import read_yaml
     path = os.path.join(os.path.dirname(EXAMPLE), "configs", name)
     data = read_yaml(path)
     proc = data["config"]["process"][0]
     proc.update(device="cpu", training_folder=str(tmp_path))
-    proc.pop("max_gpu_memory", None)                                  # a budget needs a GPU
+    full = proc["network"]["type"] == "full"
+    if full:   # the budget kept: the cpu streams too, and the full fine-tune trains layer-wise under it
+        assert proc["max_gpu_memory"] == "24GiB"
+    else:
+        proc.pop("max_gpu_memory", None)                              # (the fp8 budgets' plans need a GPU)
     m = proc["model"]
     if "vae_path" in m:                                               # the single-file layout: the tiny model's files
         m.update(name_or_path=os.path.join(tiny_model, "transformer"), vae_path=os.path.join(tiny_model, "vae"),
@@ -143,14 +148,21 @@ def test_the_shipped_configs_parse_and_run_on_a_tiny_model(example, tmp_path, ti
     proc["datasets"][0].update(folder_path=draw_images(tmp_path / "images", 2, 2), resolution=64,
                                bucket_tolerance=32)
     proc["train"].update(steps=2, dtype="fp32")
+    if full:
+        proc["train"]["full_bf16"] = False                            # (bf16 weights need model.dtype bf16)
     proc["sample"].update(sample_steps=2, sample_every=2)
     small = tmp_path / name
     import yaml
     small.write_text(yaml.safe_dump(data))
     assert example.main(["--config", str(small)]) == 0
-    run = tmp_path / "my_flux_lora"
-    assert io.load_metadata(str(run / "my_flux_lora.safetensors"))["name"] == "my_flux_lora"   # [name] -> the name
-    assert (run / "samples" / "step_000002_1.png").exists()           # both prompts, decoded
+    run_name = data["config"]["name"]
+    run = tmp_path / run_name
+    meta = io.load_metadata(str(run / f"{run_name}.safetensors"))
+    assert meta["name"] == run_name                                   # [name] -> the name
+    if full:
+        assert meta["flame.network"] == "full"
+    last = len(proc["sample"]["prompts"]) - 1
+    assert (run / "samples" / f"step_000002_{last}.png").exists()    # every prompt, decoded
     assert (tmp_path / "images" / ".flame_cache" / "latents").is_dir()
 
 
