@@ -31,7 +31,6 @@ Run: PYTHONPATH=$PWD python3 bench/budgets.py [--families flux,sd3.5-large,sdxl]
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -199,12 +198,7 @@ def trainer_run(res, spec):
             res.log(f"{key}_driver_peak_GiB", common.gib(dp.peak, 3))
             res.log(f"{key}_clocks", clk.summary)
         else:
-            all_ms = []
-            for _ in range(spec["repeats"]):
-                t = time.perf_counter()
-                tr.train_step()
-                all_ms.append((time.perf_counter() - t) * 1e3)
-            ms = sorted(all_ms)[len(all_ms) // 2]
+            ms, all_ms = common.host_ms(tr.train_step, spec["repeats"])
         res.log(f"{key}_step_ms", round(ms, 1))
         res.log(f"{key}_step_ms_all", [round(x, 1) for x in all_ms])
         res.log(f"{key}_pool_peak_reserved_GiB", common.gib(flame.memory.max_memory_reserved(spec.get("device",
@@ -221,7 +215,6 @@ def trainer_run(res, spec):
 
 
 def child(spec, out_path):
-    import resource
     a = argparse.Namespace(**spec)
     res = common.Results(f"budgets_{spec['family']}_{tag_of(spec)}")
     res.path = out_path + ".results.json"  # (the child's own file; the parent collects what it returns)
@@ -238,31 +231,13 @@ def child(spec, out_path):
     except Exception as e:  # the row says why; the other runs go on
         import traceback
         traceback.print_exc()
-        err = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    out = {"spec": spec, "results": dict(res), "error": err,
-           "host_peak_rss_GiB": common.gib(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, 2),
-           "wall_s": round(time.perf_counter() - t0, 1)}
-    budget_matrix.write_atomic(out_path, json.dumps(out, default=str))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # the results are on disk: no interpreter teardown (it printed errors from CuPy's exit hooks)
+        err = common.error_line(e)
+    common.end_child(out_path, spec, res, err, t0)
 
 
 def run_child(spec, timeout):
     """Run one spec in a fresh process; returns its result dict (with 'error' set when it failed)."""
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "run.json")
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec), "--child-out", out]
-        common.section(f"{spec['family']} {tag_of(spec)} offload={spec['offload']}")
-        try:
-            p = subprocess.run(cmd, timeout=timeout)
-            rc = p.returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-        if os.path.exists(out):
-            with open(out) as f:
-                return json.load(f)
-        return {"spec": spec, "results": {}, "error": f"run ended without results (exit {rc})"}
+    return common.run_child(__file__, spec, timeout, f"{spec['family']} {tag_of(spec)} offload={spec['offload']}")
 
 
 # ----------------------------------------------------------------------------- the rows and the table

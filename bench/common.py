@@ -169,6 +169,59 @@ def cuda_ms(fn, repeats=5, warmup=2, lib="cupy", before=None, inner=1):
     return statistics.median(ms), statistics.median(host), ms
 
 
+def host_ms(fn, repeats):
+    """(median ms, every sample) of `repeats` fn() calls by the wall clock: a cpu run's step time."""
+    ms = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        ms.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(ms), ms
+
+
+# ----------------------------------------------------------------------------- runs in processes of their own
+def run_child(script, spec, timeout, title):
+    """Run one spec of bench `script` in a fresh process (`script --child <spec JSON> --child-out <file>`: its peaks
+    are its own); returns the result dict the child wrote (end_child), or one with 'error' set when it wrote none."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "run.json")
+        cmd = [sys.executable, os.path.abspath(script), "--child", json.dumps(spec), "--child-out", out]
+        section(title)
+        try:
+            rc = subprocess.run(cmd, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        if os.path.exists(out):
+            with open(out) as f:
+                return json.load(f)
+        return {"spec": spec, "results": {}, "error": f"run ended without results (exit {rc})"}
+
+
+def end_child(out_path, spec, res, err, t0):
+    """A child's last act: {spec, results, error, host_peak_rss_GiB (pinned buffers count), wall_s} written whole to
+    `out_path` (temp file and rename), then os._exit(0) -- no interpreter teardown (CuPy's exit hooks printed errors
+    from it)."""
+    import resource
+    out = {"spec": spec, "results": dict(res), "error": err,
+           "host_peak_rss_GiB": gib(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, 2),
+           "wall_s": round(time.perf_counter() - t0, 1)}
+    tmp = out_path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps(out, default=str))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, out_path)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def error_line(e):
+    """An exception as one line: its type and its message's first line (a run's row says why it failed)."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
 # ----------------------------------------------------------------------------- GPU clocks during a measurement
 # nvidia-smi's clocks_event_reasons bits (NVML's clocksEventReasons): what held the SM clock down
 CLOCK_EVENTS = {0x1: "idle", 0x2: "app_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x10: "sync_boost",

@@ -20,10 +20,6 @@ Run: PYTHONPATH=$PWD python3 bench/full_finetune.py [--budgets 24,none] [--size 
 """
 import argparse
 import json
-import os
-import resource
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -122,12 +118,7 @@ def flame_run(res, spec):
                 ms, _, all_ms = common.cuda_ms(tr.train_step, spec["repeats"], warmup=0)
             res.log("driver_peak_GiB", common.gib(dp.peak, 2))
         else:
-            all_ms = []
-            for _ in range(spec["repeats"]):
-                t = time.perf_counter()
-                tr.train_step()
-                all_ms.append((time.perf_counter() - t) * 1e3)
-            ms = sorted(all_ms)[len(all_ms) // 2]
+            ms, all_ms = common.host_ms(tr.train_step, spec["repeats"])
         res.log("step_ms", round(ms, 1))
         res.log("step_ms_all", [round(x, 1) for x in all_ms])
         res.log("pool_peak_GiB", common.gib(flame.memory.max_memory_reserved(spec["device"]), 2))
@@ -179,30 +170,8 @@ def child(spec, out_path):
     except Exception as e:  # the row says why; the other runs go on
         import traceback
         traceback.print_exc()
-        err = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    out = {"spec": spec, "results": dict(res), "error": err,
-           "host_peak_rss_GiB": common.gib(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, 2),
-           "wall_s": round(time.perf_counter() - t0, 1)}
-    with open(out_path, "w") as f:
-        json.dump(out, f, default=str)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # the results are on disk: no interpreter teardown
-
-
-def run_child(spec, timeout):
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "run.json")
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec), "--child-out", out]
-        common.section(spec["tag"])
-        try:
-            rc = subprocess.run(cmd, timeout=timeout).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-        if os.path.exists(out):
-            with open(out) as f:
-                return json.load(f)
-        return {"spec": spec, "results": {}, "error": f"run ended without results (exit {rc})"}
+        err = common.error_line(e)
+    common.end_child(out_path, spec, res, err, t0)
 
 
 def main(argv=None):
@@ -221,7 +190,7 @@ def main(argv=None):
     res = common.Results("full_finetune")
     rows = []
     for spec in specs:
-        got = run_child(spec, a.timeout)
+        got = common.run_child(__file__, spec, a.timeout, spec["tag"])
         r = got["results"]
         res.log(spec["tag"], {**r, "error": got["error"], "host_peak_rss_GiB": got.get("host_peak_rss_GiB"),
                               "wall_s": got.get("wall_s")})

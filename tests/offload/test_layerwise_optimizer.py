@@ -38,6 +38,19 @@ def loss_of(model, x):
     return y.float().square().mean()
 
 
+def step_both(ref, opt_ref, net, opt, x, clip=None):
+    """One training step of the reference model with its plain optimizer (`clip(ref)` between backward and step) and
+    of the streamed one with its layer-wise optimizer."""
+    loss_of(ref, x).backward()
+    if clip is not None:
+        clip(ref)
+    opt_ref.step()
+    opt_ref.zero_grad()
+    loss_of(net, x).backward()
+    opt.step()
+    opt.zero_grad()
+
+
 def block_clipped(model, max_norm):
     """The reference of LayerwiseOptimizer's clipping: each block's gradients by their own norm."""
     for b in model.blocks:
@@ -80,12 +93,7 @@ def test_bf16_weights_round_as_the_whole_step_does(device):
     opt_ref = make(list(ref.parameters()))
     st, opt = layerwise(net, device, make)
     for _ in range(3):
-        loss_of(ref, x).backward()
-        opt_ref.step()
-        opt_ref.zero_grad()
-        loss_of(net, x).backward()
-        opt.step()
-        opt.zero_grad()
+        step_both(ref, opt_ref, net, opt, x)
     want, got = {k: npy(v) for k, v in ref.state_dict().items()}, all_weights(net, st)
     moved = 0
     for k in want:
@@ -101,13 +109,7 @@ def test_max_grad_norm_clips_each_blocks_gradients_by_their_own_norm(device):
     opt_ref = make(list(ref.parameters()))
     st, opt = layerwise(net, device, make, max_grad_norm=0.05)
     for _ in range(2):
-        loss_of(ref, x).backward()
-        block_clipped(ref, 0.05)
-        opt_ref.step()
-        opt_ref.zero_grad()
-        loss_of(net, x).backward()
-        opt.step()
-        opt.zero_grad()
+        step_both(ref, opt_ref, net, opt, x, clip=lambda m: block_clipped(m, 0.05))
     want, got = {k: npy(v) for k, v in ref.state_dict().items()}, all_weights(net, st)
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=2e-6, err_msg=k)
@@ -258,12 +260,7 @@ def test_a_resident_blocks_update_reaches_its_host_copy_when_read_or_demoted(dev
     opt_ref = make(list(ref.parameters()))
     st, opt = layerwise(net, device, make, resident=(0, 1, 2))
     for _ in range(2):
-        loss_of(ref, x).backward()
-        opt_ref.step()
-        opt_ref.zero_grad()
-        loss_of(net, x).backward()
-        opt.step()
-        opt.zero_grad()
+        step_both(ref, opt_ref, net, opt, x)
         assert st._stale == {0, 1, 2}   # nothing copied back per step
         st.set_resident([1])            # two demoted: the updates go to the host before their buffers go
         assert st._stale == set()
