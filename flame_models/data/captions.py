@@ -20,6 +20,9 @@
   per sample and epoch (the same variants: one caption per image and epoch, or per K); keep_tokens_separator
   ("fixed ||| shuffled ||| fixed") keeps the first and last parts in place instead of keep_tokens; caption_prefix /
   caption_suffix are joined to the caption before the trigger word is placed.
+- kohya's secondary_separator (";;;"): the tags it joins are one tag to shuffling and tag dropout (they are split on
+  caption_separator only), and in the caption trained on it is replaced by caption_separator, as kohya does after
+  shuffling ("a;;;b, c" trains as "a,b, c" or "c, a,b").
 """
 import hashlib
 import os
@@ -113,6 +116,7 @@ class CaptionRule:
         self.prefix = getattr(cfg, "caption_prefix", None)
         self.suffix = getattr(cfg, "caption_suffix", None)
         self.keep_separator = getattr(cfg, "keep_tokens_separator", None)
+        self.secondary = getattr(cfg, "secondary_separator", None)
         self.tag_rate = float(getattr(cfg, "caption_tag_dropout_rate", 0.0) or 0.0)
         self._kept = {}   # base caption -> (tags kept first, tags kept last) where keep_tokens_separator split it
 
@@ -152,7 +156,7 @@ class CaptionRule:
         last parts) in place, the others shuffled (shuffle_tokens), then each of those dropped with probability
         caption_tag_dropout_rate (kohya's order); the draws a pure function of (seed, variant, key)."""
         if not (self.shuffle or self.tag_rate):
-            return base_caption
+            return self.joined(base_caption)
         variant = epoch if self.variants is None else epoch % self.variants
         first, last = self._kept.get(base_caption, (self.keep_tokens, 0))
         caption = base_caption
@@ -162,7 +166,11 @@ class CaptionRule:
         if self.tag_rate:
             rng = np.random.default_rng([stable_seed("tags", key), self.seed, variant])
             caption = drop_tags(caption, rng, self.tag_rate, first, self.separator, last)
-        return caption
+        return self.joined(caption)
+
+    def joined(self, caption):
+        """kohya's secondary_separator replaced by caption_separator (after shuffling and tag dropout)."""
+        return caption.replace(self.secondary, self.separator) if self.secondary else caption
 
     def variants_over(self, base_caption, shuffle_key, epochs):
         """Every caption a sample can draw in `epochs` (epoch numbers), without repeats: its tag orders for those
@@ -171,7 +179,7 @@ class CaptionRule:
             seen = sorted({e if self.variants is None else e % self.variants for e in epochs})
             out = list(dict.fromkeys(self.shuffled(base_caption, shuffle_key, v) for v in seen))
         else:
-            out = [base_caption] if self.rate < 1 else []
+            out = [self.joined(base_caption)] if self.rate < 1 else []
         if self.rate > 0 and self.dropout_caption not in out:
             out.append(self.dropout_caption)
         return out

@@ -28,6 +28,8 @@ class DatasetConfig:
     caption_separator: str = ","         # kohya's name; tags are split on it and joined with it plus a space
     keep_tokens_separator: str = None    # kohya's (e.g. "|||"): the tags before it stay first and those after a
                                          # second one stay last; only the middle ones shuffle (keep_tokens unused)
+    secondary_separator: str = None      # kohya's (e.g. ";;;"): tags joined by it shuffle and drop as one tag, and
+                                         # it becomes caption_separator in the caption trained on
     caption_prefix: str = None           # kohya's: put before every caption, with a space (before the trigger word
     caption_suffix: str = None           # is placed and the tags shuffled); the suffix after it, likewise
     shuffle_variants: int = None         # FLAME: None = a new tag order each epoch; K = orders cycle through K
@@ -58,7 +60,7 @@ class DatasetConfig:
 LATER_FIELDS = {"control_path": None, "mask_path": None, "alpha_mask": False, "invert_mask": False,
                 "mask_min_value": 0.0, "is_reg": False, "min_bucket_reso": None, "max_bucket_reso": None,
                 "caption_prefix": None, "caption_suffix": None, "keep_tokens_separator": None,
-                "caption_tag_dropout_rate": 0.0}
+                "caption_tag_dropout_rate": 0.0, "secondary_separator": None}
 
 
 def resolutions(cfg):
@@ -101,6 +103,12 @@ def validate_dataset_config(cfg, path_prefix="datasets[0]", check_files=True):
                            or ks.strip() == str(cfg.caption_separator).strip()):
         e.append(f"{p}.keep_tokens_separator: a non-empty string other than caption_separator (kohya writes '|||'), "
                  f"got {ks!r}")
+    ss = cfg.secondary_separator
+    if ss is not None and (not isinstance(ss, str) or not ss.strip()
+                           or ss.strip() in (str(cfg.caption_separator).strip(), str(ks or "").strip())
+                           or str(cfg.caption_separator).strip() in ss):
+        e.append(f"{p}.secondary_separator: a non-empty string other than caption_separator and "
+                 f"keep_tokens_separator, not containing caption_separator (kohya writes ';;;'), got {ss!r}")
     for name in ("default_caption", "trigger_word", "caption_prefix", "caption_suffix"):
         v = getattr(cfg, name)
         if v is not None and not isinstance(v, str):

@@ -300,6 +300,12 @@ class ImageDataset:
         s = self.samples[i]
         return self.rules[s.config].base(self.raw_captions[s.record])
 
+    def plain_caption(self, i):
+        """Sample i's caption as trained on without the per-epoch changes (no dropout, shuffling or tag dropout;
+        kohya's secondary_separator replaced): a preview prompt."""
+        s = self.samples[i]
+        return self.rules[s.config].joined(self.base_caption(i))
+
     def caption(self, i, epoch):
         """The caption sample i trains with in `epoch`."""
         s = self.samples[i]

@@ -98,7 +98,7 @@ def sample_prompts(cfg, dataset):
         if rec in seen or dataset.is_reg(i):
             continue
         seen.add(rec)
-        out.append((dataset.base_caption(i), i))
+        out.append((dataset.plain_caption(i), i))
         if len(out) == cfg.sample.num_samples:
             break
     return out

@@ -164,3 +164,34 @@ def test_keep_tokens_separator_is_checked():
     assert validate_dataset_config(DatasetConfig(folder_path="x", keep_tokens_separator="|||"), check_files=False) == []
     got = validate_dataset_config(DatasetConfig(folder_path="x", caption_tag_dropout_rate=1.5), check_files=False)
     assert got == ["datasets[0].caption_tag_dropout_rate: a probability in [0, 1], got 1.5"]
+
+
+def test_kohyas_secondary_separator_keeps_tags_together_and_becomes_the_separator():
+    """kohya's secondary_separator: the tags it joins shuffle and drop as one tag (the caption splits on
+    caption_separator only), and the caption trained on has it replaced by caption_separator -- without shuffling
+    too, and in every variant encoded up front."""
+    plain = rule(secondary_separator=";;;")
+    assert plain.caption(plain.base("red;;;round, small"), "k", 0) == "red,round, small"
+    r = rule(seed=1, shuffle_tokens=True, secondary_separator=";;;")
+    base = r.base("red;;;round, small, blue;;;wet;;;cold, tall")
+    seen = set()
+    for epoch in range(12):
+        got = r.caption(base, "k", epoch)
+        assert ";;;" not in got
+        assert "red,round" in got and "blue,wet,cold" in got   # never split apart by the shuffle
+        seen.add(got)
+    assert len(seen) > 1
+    assert set(r.variants_over(base, "k", range(12))) == seen
+    dropped = rule(seed=2, caption_tag_dropout_rate=0.5, secondary_separator=";;;")
+    for epoch in range(12):   # a joined group is dropped whole or kept whole
+        got = dropped.caption(dropped.base("a;;;b, c, d;;;e"), "k", epoch)
+        assert ";;;" not in got
+        assert "a,b" in got or ("a" not in got and "b" not in got)
+        assert "d,e" in got or ("d" not in got and "e" not in got)
+
+
+@pytest.mark.parametrize("sep", ["", ",", " , ", "|||", "a,b"])
+def test_a_bad_secondary_separator_is_named(sep):
+    from flame_models.data.config import validate_dataset_config
+    cfg = DatasetConfig(folder_path="x", secondary_separator=sep, keep_tokens_separator="|||")
+    assert any("secondary_separator" in m for m in validate_dataset_config(cfg, check_files=False))

@@ -44,6 +44,7 @@ bucket_no_upscale = true
   caption_prefix = 'photo of'
   keep_tokens_separator = '|||'
   caption_tag_dropout_rate = 0.1
+  secondary_separator = ';;;'
 """
 
 
@@ -67,15 +68,15 @@ def test_every_subset_becomes_a_dataset_with_kohyas_precedence(tmp_path):
          "allow_upscale": True},
         {**common, "resolution": 128, "folder_path": "/data/a", "caption_dropout_rate": 0.05,
          "caption_prefix": "photo of", "keep_tokens_separator": "|||", "caption_tag_dropout_rate": 0.1,
-         "allow_upscale": False}]
+         "secondary_separator": ";;;", "allow_upscale": False}]
     assert len(notes) == 1 and "flip_aug" in notes[0] and "subset #1" in notes[0]
 
 
 @pytest.mark.parametrize("text, words", [
     ("[general]\ncolor_aug = true\n[[datasets]]\n[[datasets.subsets]]\nimage_dir = 'x'\n",
      "[general]: color_aug: not supported"),
-    ("[[datasets]]\n[[datasets.subsets]]\nimage_dir = 'x'\nsecondary_separator = ';;;'\n",
-     "[[datasets]] #1 subset #1: secondary_separator: not supported"),
+    ("[[datasets]]\n[[datasets.subsets]]\nimage_dir = 'x'\nenable_wildcard = true\n",
+     "[[datasets]] #1 subset #1: enable_wildcard: not supported"),
     ("[[datasets]]\nresolution = [1024, 768]\n[[datasets.subsets]]\nimage_dir = 'x'\n",
      "resolution: [1024, 768] is not square"),
     ("[[datasets]]\nenable_bucket = false\n[[datasets.subsets]]\nimage_dir = 'x'\n",
