@@ -21,8 +21,8 @@ kohya key -> FLAME dataset field:
     batch_size (per [[datasets]]) -> train.batch_size: one for the run, so the entries must agree
 
 Every other key -- color_aug, face_crop_aug_range, token_warmup_*, enable_wildcard, metadata_file (fine-tuning
-JSON), conditioning_data_dir, a non-square resolution, enable_bucket = false, ... -- is an error naming the file, the entry and the key: a setting FLAME would not apply is never dropped
-silently. The file is parsed with Python's tomllib.
+JSON), conditioning_data_dir, a non-square resolution, enable_bucket = false, ... -- is an error naming the file, the
+entry and the key: a setting FLAME would not apply is never dropped silently. The file is parsed with Python's tomllib.
 """
 import os
 
