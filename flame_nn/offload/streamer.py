@@ -602,9 +602,10 @@ class BlockStreamer:
 
     def write_back(self, i, entries):
         """Block i's `entries` (its HostBlock's) were updated on the device, in the buffer the block is bound to: the
-        host copy follows -- a streamed block's now, on the copy stream behind the update (its next load is queued
-        after it), a resident block's when the host copy is next read (state_dict, on_host, close, a demotion): its
-        own buffer stays the weights it computes with. A layer-wise optimizer calls it after each block's update."""
+        host copy follows -- a streamed block's now, on the engine's write-back stream behind the update (the slot's
+        next load and the block's own wait for it), a resident block's when the host copy is next read (state_dict,
+        on_host, close, a demotion): its own buffer stays the weights it computes with. A layer-wise optimizer calls
+        it after each block's update."""
         hb = self._host[i]
         if i in self._resident:
             self._stale.add(i)
