@@ -68,14 +68,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def _cuda():
-    try:
-        import cupy as cp
-        return cp.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # no CuPy, or no GPU
-        return False
-
-
 # ----------------------------------------------------------------------------- one run (a child process)
 def flame_run(res, spec):
     import flame_core as flame
@@ -178,7 +170,8 @@ def main(argv=None):
     a = parse_args(argv)
     if a.child:
         return child(json.loads(a.child), a.child_out)
-    device = "cuda" if _cuda() else "cpu"
+    import flame_core as flame
+    device = "cuda" if flame.cuda_is_available() else "cpu"
     size = 64 if a.small else a.size
     specs = []
     for budget in a.budgets:

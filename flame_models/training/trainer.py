@@ -95,7 +95,6 @@ class Trainer:
         self.pretrained = None     # network.pretrained_lora_path read (pretrained_lora.PretrainedLoRA)
         self.validation_images = self.validation = None  # the held-out ImageDataset; its ValidationStage
         self.streaming = NoStreaming()  # the step's streaming part (max_gpu_memory: StreamedBlocks)
-        self._on_host = False           # inside _host_weights
 
     @property
     def streamer(self):
@@ -509,9 +508,10 @@ class Trainer:
         """A context in which a layer-wise full fine-tune's streamed weights are cpu tensors viewing their host
         copies (BlockStreamer.on_host: saves read them, a resume writes them); nothing to do otherwise or when
         already inside one."""
-        if not (self.full and self.streamer is not None) or self._on_host:
+        st = self.streamer
+        if not self.full or st is None or st.weights_on_host:
             return nullcontext()
-        return _HostWeights(self)
+        return st.on_host()
 
     def _param_groups(self):
         """[(parameters, lr)]: the denoiser's adapters at train.lr; trained text encoders' at text_encoder_lr. With
@@ -945,22 +945,6 @@ class Trainer:
         self.save_lora(self._step_lora(self.step))
         ckpt.prune(self.out, self.cfg.save.max_step_saves_to_keep, also=lambda s: [self._step_lora(s)])
         return path
-
-
-class _HostWeights:
-    """Trainer._host_weights' context: the streamer's on_host for its duration, entered once."""
-
-    def __init__(self, trainer):
-        self.trainer, self.ctx = trainer, trainer.streamer.on_host()
-
-    def __enter__(self):
-        self.ctx.__enter__()
-        self.trainer._on_host = True
-        return self
-
-    def __exit__(self, *exc):
-        self.trainer._on_host = False
-        return self.ctx.__exit__(*exc)
 
 
 def _then(first, second):

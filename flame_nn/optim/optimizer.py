@@ -47,9 +47,8 @@ class Optimizer:
         """{id(param): its ordinal among the optimizer's parameters, group by group}: the salt of a bfloat16
         parameter's stochastic rounding (flame_core.kernels.stochastic_rounding: AdamW8bit, Adafactor), rebuilt when
         the parameters change (within `restricted`, the ordinals among all of them)."""
-        held = self.__dict__.get("_all_params")
-        ids = tuple(id(q) for group in (held or self.param_groups)
-                    for q in (group if held else group["params"]))
+        held = self.__dict__.get("_all_params") or [g["params"] for g in self.param_groups]
+        ids = tuple(id(q) for ps in held for q in ps)
         got = self.__dict__.get("_salt_map")
         if got is None or got[0] != ids:
             got = self.__dict__["_salt_map"] = (ids, {i: k for k, i in enumerate(ids)})
