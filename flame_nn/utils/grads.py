@@ -44,19 +44,17 @@ def grad_arrays(params):
     arrays, by_buf = [], {}
     for p in params:
         g = p._grad
-        if _pool.is_registered(p):
-            flat = _pool.flat_buffer_of(p)
+        buf = _pool.buffer_of(p) if _pool.is_registered(p) else None
+        if buf is not None and buf.resident:   # (a lazy buffer without storage holds no gradient: not allocated)
+            flat = buf.tensor
             off, n = _pool.slice_of(p)
             if g.numel() == n and g.data_ptr() == flat.data_ptr() + off * flat.itemsize:
-                by_buf.setdefault(id(flat), (flat, []))[1].append(p)
+                by_buf.setdefault(id(buf), (buf, []))[1].append(p)
                 continue
         arrays.append(g.array)
-    if by_buf:
-        # (a lazy buffer without storage holds none of these gradients: never allocated here)
-        live = {id(b.tensor): len(b.live_slots()) for b in _pool.buffers() if b.resident}
-        for flat, members in by_buf.values():
-            if live.get(id(flat)) == len(members):
-                arrays.append(flat.array)  # gaps between slices are zero: the norm is unchanged
-            else:
-                arrays.extend(p._grad.array for p in members)
+    for buf, members in by_buf.values():   # (only these buffers' slots are counted: no walk over every buffer)
+        if len(buf.live_slots()) == len(members):
+            arrays.append(buf.tensor.array)  # gaps between slices are zero: the norm is unchanged
+        else:
+            arrays.extend(p._grad.array for p in members)
     return arrays
