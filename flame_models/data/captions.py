@@ -23,9 +23,18 @@
 - kohya's secondary_separator (";;;"): the tags it joins are one tag to shuffling and tag dropout (they are split on
   caption_separator only), and in the caption trained on it is replaced by caption_separator, as kohya does after
   shuffling ("a;;;b, c" trains as "a,b, c" or "c, a,b").
+- Multi-line caption files (`caption_lines`): "all" trains on the whole text (ai-toolkit), "first" on its first line
+  (kohya without enable_wildcard), "random" on one line per sample and epoch (kohya with it); lines are stripped and
+  blank ones never drawn. kohya's enable_wildcard: each "{a|b|c}" becomes one of its options per sample and epoch
+  ("{{" and "}}" are literal braces). Both draws come before caption_prefix / caption_suffix, the trigger word and
+  the tag rules (kohya joins prefix and suffix to the whole file first, so its suffix reaches only the last line),
+  from (seed, epoch or epoch mod shuffle_variants, sample): their variants are encoded up front as shuffled orders
+  are. kohya's caption_dropout_every_n_epochs: in epochs N, 2N, ... (counted from 1 as kohya does) every caption is
+  the dropout caption.
 """
 import hashlib
 import os
+import re
 
 import numpy as np
 
@@ -95,6 +104,31 @@ def drop_tags(caption, rng, rate, keep_tokens=0, separator=",", keep_last=0):
     return join_tags(first + [t for t, d in zip(rest, draws) if d >= rate] + last, separator)
 
 
+# one left-to-right pass: "{{" and "}}" (literal braces) or a wildcard "{...}" without braces inside
+_WILDCARD = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
+
+
+def caption_lines(text):
+    """The stripped non-blank lines of a caption (any line ending)."""
+    return [x.strip() for x in text.splitlines() if x.strip()]
+
+
+def expand_wildcards(text, rng):
+    """kohya's wildcards: each "{a|b|c}" replaced by one of its options drawn by `rng` (a NumPy Generator), left to
+    right; "{{" and "}}" stand for literal braces; a brace without its pair stays as it is."""
+    if "{" not in text and "}}" not in text:
+        return text
+
+    def pick(m):
+        options = m.group(1)
+        if options is None:
+            return m.group(0)[0]
+        options = options.split("|")
+        return options[int(rng.integers(len(options)))]
+
+    return _WILDCARD.sub(pick, text)
+
+
 def stable_seed(*parts):
     """A 64-bit integer from strings/ints, the same on every machine and Python (unlike hash())."""
     digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode("utf-8")).digest()
@@ -102,10 +136,12 @@ def stable_seed(*parts):
 
 
 class CaptionRule:
-    """How one dataset's captions vary over epochs (dropout, tag shuffling) for a given training seed."""
+    """How one dataset's captions vary over epochs (dropout, line and wildcard draws, tag shuffling) for a given
+    training seed."""
 
     def __init__(self, cfg, seed, trigger_word=None):
         self.rate = float(cfg.caption_dropout_rate)
+        self.every = int(getattr(cfg, "caption_dropout_every_n_epochs", 0) or 0)
         self.shuffle = bool(cfg.shuffle_tokens)
         self.keep_tokens = int(cfg.keep_tokens)
         self.separator = cfg.caption_separator
@@ -118,26 +154,58 @@ class CaptionRule:
         self.keep_separator = getattr(cfg, "keep_tokens_separator", None)
         self.secondary = getattr(cfg, "secondary_separator", None)
         self.tag_rate = float(getattr(cfg, "caption_tag_dropout_rate", 0.0) or 0.0)
+        self.lines = getattr(cfg, "caption_lines", "all") or "all"
+        self.wildcard = bool(getattr(cfg, "enable_wildcard", False))
+        # whether a caption's text is drawn per epoch (a random line, wildcards): base() then keeps the file's text
+        # and each draw is finished (prefix, suffix, trigger) on its own
+        self.drawn = self.wildcard or self.lines == "random"
         self._kept = {}   # base caption -> (tags kept first, tags kept last) where keep_tokens_separator split it
 
     def base(self, raw_caption):
-        """The caption before per-epoch changes: kohya's caption_prefix / caption_suffix joined with a space, then
-        the trigger substituted, or prepended when missing."""
+        """The caption before per-epoch changes: its first line under caption_lines "first"; then (unless a line or
+        wildcard is drawn per epoch: then the text as it is) kohya's caption_prefix / caption_suffix joined with a
+        space, and the trigger substituted, or prepended when missing."""
+        if self.lines == "first":
+            lines = caption_lines(raw_caption)
+            raw_caption = lines[0] if lines else ""
+        if self.drawn:
+            return raw_caption
+        caption, kept = self._finish(raw_caption)
+        if kept is not None:
+            self._kept[caption] = kept
+        return caption
+
+    def _finish(self, text):
+        """(caption, kept): prefix, suffix and trigger placed; kohya's keep_tokens_separator parts joined, `kept`
+        then (tags kept first, tags kept last), else None."""
         if self.prefix:
-            raw_caption = f"{self.prefix} {raw_caption}"
+            text = f"{self.prefix} {text}"
         if self.suffix:
-            raw_caption = f"{raw_caption} {self.suffix}"
-        caption = apply_trigger(raw_caption, self.trigger)
+            text = f"{text} {self.suffix}"
+        caption = apply_trigger(text, self.trigger)
         if self.keep_separator and self.keep_separator in caption:
             # kohya's keep_tokens_separator: "fixed ||| shuffled [||| fixed at the end]", written without it
             parts = [split_tags(x, self.separator) for x in caption.split(self.keep_separator, 2)]
             parts += [[]] * (3 - len(parts))
-            caption = join_tags(parts[0] + parts[1] + parts[2], self.separator)
-            self._kept[caption] = (len(parts[0]), len(parts[2]))
-        return caption
+            return join_tags(parts[0] + parts[1] + parts[2], self.separator), (len(parts[0]), len(parts[2]))
+        return caption, None
+
+    def _draw(self, base_caption, key, variant):
+        """(caption, kept) of a drawn rule in `variant`: a random line (caption_lines "random"), its wildcards
+        expanded, then finished as base() finishes a fixed caption."""
+        rng = np.random.default_rng([stable_seed("lines", key), self.seed, variant])
+        text = base_caption
+        if self.lines == "random":
+            lines = caption_lines(text)
+            text = lines[int(rng.integers(len(lines)))] if len(lines) > 1 else (lines[0] if lines else "")
+        if self.wildcard:
+            text = expand_wildcards(text, rng)
+        return self._finish(text)
 
     def dropped(self, key, epoch):
-        """Whether the sample named `key` (a stable string) loses its caption in `epoch`."""
+        """Whether the sample named `key` (a stable string) loses its caption in `epoch` (counted from 0)."""
+        if self.every and (epoch + 1) % self.every == 0:
+            return True
         if self.rate <= 0:
             return False
         if self.rate >= 1:
@@ -145,21 +213,30 @@ class CaptionRule:
         return np.random.default_rng([stable_seed("dropout", key), self.seed, epoch]).random() < self.rate
 
     def caption(self, base_caption, key, epoch, shuffle_key=None):
-        """The caption the sample named `key` trains with in `epoch`; its tag order is drawn from `shuffle_key`
-        (default `key`): samples sharing one (the same image at several resolutions) share their orders."""
+        """The caption the sample named `key` trains with in `epoch`; its draws (tag order, line, wildcards) come from
+        `shuffle_key` (default `key`): samples sharing one (the same image at several resolutions) share them."""
         if self.dropped(key, epoch):
             return self.dropout_caption
         return self.shuffled(base_caption, key if shuffle_key is None else shuffle_key, epoch)
 
+    def plain(self, base_caption, key):
+        """The caption without dropout, shuffling or tag dropout (a preview prompt): epoch 0's line and wildcard
+        draws, kohya's secondary_separator replaced."""
+        return self.joined(self._draw(base_caption, key, 0)[0] if self.drawn else base_caption)
+
     def shuffled(self, base_caption, key, epoch):
-        """The caption's tags in `epoch`: the kept ones (the first keep_tokens, or keep_tokens_separator's first and
-        last parts) in place, the others shuffled (shuffle_tokens), then each of those dropped with probability
-        caption_tag_dropout_rate (kohya's order); the draws a pure function of (seed, variant, key)."""
-        if not (self.shuffle or self.tag_rate):
-            return self.joined(base_caption)
+        """The caption's text in `epoch`: its drawn line and wildcards (when drawn), then the tags but the kept ones
+        (the first keep_tokens, or keep_tokens_separator's first and last parts) shuffled (shuffle_tokens), then
+        each of those dropped with probability caption_tag_dropout_rate (kohya's order); the draws a pure function
+        of (seed, variant, key)."""
         variant = epoch if self.variants is None else epoch % self.variants
-        first, last = self._kept.get(base_caption, (self.keep_tokens, 0))
-        caption = base_caption
+        if self.drawn:
+            caption, kept = self._draw(base_caption, key, variant)
+        else:
+            caption, kept = base_caption, self._kept.get(base_caption)
+        if not (self.shuffle or self.tag_rate):
+            return self.joined(caption)
+        first, last = kept if kept is not None else (self.keep_tokens, 0)
         if self.shuffle:
             rng = np.random.default_rng([stable_seed("shuffle", key), self.seed, variant])
             caption = shuffle_tags(caption, rng, first, self.separator, last)
@@ -173,13 +250,16 @@ class CaptionRule:
         return caption.replace(self.secondary, self.separator) if self.secondary else caption
 
     def variants_over(self, base_caption, shuffle_key, epochs):
-        """Every caption a sample can draw in `epochs` (epoch numbers), without repeats: its tag orders for those
-        epochs (or just its caption), plus the dropout caption when the rate is above 0."""
-        if (self.shuffle or self.tag_rate) and self.rate < 1:
-            seen = sorted({e if self.variants is None else e % self.variants for e in epochs})
+        """Every caption a sample can draw in `epochs` (epoch numbers), without repeats: its drawn texts and tag
+        orders for those epochs (or just its caption), plus the dropout caption when some epoch drops it."""
+        kept = [e for e in epochs if not (self.every and (e + 1) % self.every == 0)]
+        if self.rate >= 1 or not kept:
+            out = []
+        elif self.shuffle or self.tag_rate or self.drawn:
+            seen = sorted({e if self.variants is None else e % self.variants for e in kept})
             out = list(dict.fromkeys(self.shuffled(base_caption, shuffle_key, v) for v in seen))
         else:
-            out = [self.joined(base_caption)] if self.rate < 1 else []
-        if self.rate > 0 and self.dropout_caption not in out:
+            out = [self.joined(base_caption)]
+        if (self.rate > 0 or len(kept) < len(epochs)) and self.dropout_caption not in out:
             out.append(self.dropout_caption)
         return out

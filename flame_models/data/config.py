@@ -23,6 +23,8 @@ class DatasetConfig:
     trigger_word: str = None             # this folder's trigger word (else the run's `trigger_word`)
     caption_dropout_rate: float = 0.0    # per sample and epoch, the caption becomes the dropout caption
     caption_tag_dropout_rate: float = 0.0  # kohya's: per sample and epoch each tag (but the kept ones) is dropped
+    caption_dropout_every_n_epochs: int = 0  # kohya's: every caption is the dropout caption in epochs N, 2N, ...
+                                         # (counted from 1, as kohya counts them); 0: never
     shuffle_tokens: bool = False         # shuffle the caption's tags every epoch (kohya: shuffle_caption)
     keep_tokens: int = 0                 # the first N tags stay in place when shuffling
     caption_separator: str = ","         # kohya's name; tags are split on it and joined with it plus a space
@@ -32,6 +34,11 @@ class DatasetConfig:
                                          # it becomes caption_separator in the caption trained on
     caption_prefix: str = None           # kohya's: put before every caption, with a space (before the trigger word
     caption_suffix: str = None           # is placed and the tags shuffled); the suffix after it, likewise
+    enable_wildcard: bool = False        # kohya's: "{a|b|c}" becomes one of a, b, c per sample and epoch ("{{" and
+                                         # "}}" are literal braces)
+    caption_lines: str = "all"           # FLAME: a multi-line caption file trains as "all" its text (ai-toolkit),
+                                         # its "first" line (kohya without enable_wildcard) or a "random" line per
+                                         # sample and epoch (kohya with it); blank lines are never drawn
     shuffle_variants: int = None         # FLAME: None = a new tag order each epoch; K = orders cycle through K
     num_repeats: int = 1                 # every image appears this many times per epoch
     resolution: typing.Any = 512         # int or list (e.g. [512, 768, 1024]): one bucket set per resolution
@@ -60,7 +67,9 @@ class DatasetConfig:
 LATER_FIELDS = {"control_path": None, "mask_path": None, "alpha_mask": False, "invert_mask": False,
                 "mask_min_value": 0.0, "is_reg": False, "min_bucket_reso": None, "max_bucket_reso": None,
                 "caption_prefix": None, "caption_suffix": None, "keep_tokens_separator": None,
-                "caption_tag_dropout_rate": 0.0, "secondary_separator": None}
+                "caption_tag_dropout_rate": 0.0, "secondary_separator": None, "caption_dropout_every_n_epochs": 0,
+                "enable_wildcard": False, "caption_lines": "all"}
+CAPTION_LINES = ("all", "first", "random")
 
 
 def resolutions(cfg):
@@ -89,7 +98,7 @@ def validate_dataset_config(cfg, path_prefix="datasets[0]", check_files=True):
     With `check_files`, also that the folder exists and holds at least one image (cheap: a directory walk)."""
     e, p = [], path_prefix
     for name in ("shuffle_tokens", "random_crop", "flip_x", "flip_y", "allow_upscale", "cache_latents_to_disk",
-                 "shuffle", "alpha_mask", "invert_mask", "is_reg"):
+                 "shuffle", "alpha_mask", "invert_mask", "is_reg", "enable_wildcard"):
         if not isinstance(getattr(cfg, name), bool):
             e.append(f"{p}.{name}: expected true or false, got {getattr(cfg, name)!r}")
     for name in ("caption_ext", "caption_separator"):
@@ -117,6 +126,11 @@ def validate_dataset_config(cfg, path_prefix="datasets[0]", check_files=True):
         v = getattr(cfg, name)
         if not _is_number(v) or not 0 <= v <= 1:
             e.append(f"{p}.{name}: a probability in [0, 1], got {v!r}")
+    n = cfg.caption_dropout_every_n_epochs
+    if not _is_int(n) or n < 0:
+        e.append(f"{p}.caption_dropout_every_n_epochs: an integer >= 0 (0: never), got {n!r}")
+    if cfg.caption_lines not in CAPTION_LINES:
+        e.append(f"{p}.caption_lines: one of {', '.join(CAPTION_LINES)}, got {cfg.caption_lines!r}")
     if not _is_int(cfg.keep_tokens) or cfg.keep_tokens < 0:
         e.append(f"{p}.keep_tokens: an integer >= 0, got {cfg.keep_tokens!r}")
     if cfg.shuffle_variants is not None and (not _is_int(cfg.shuffle_variants) or cfg.shuffle_variants < 1):

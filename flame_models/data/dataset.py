@@ -4,7 +4,8 @@ resolution), each placed in an aspect-ratio bucket, with a caption that may chan
     ds = ImageDataset([DatasetConfig(folder_path="data/images", resolution=[512, 1024])], seed=42,
                       trigger_word="ohwx")
     ds.buckets()           # {Bucket(1024, 768): [sample indices], ...}
-    ds.caption(i, epoch)   # the caption sample i trains with in that epoch (dropout, tag shuffling)
+    ds.caption(i, epoch)   # the caption sample i trains with in that epoch (dropout, line and wildcard draws,
+                           # tag shuffling)
     ds.latent_spec(i)      # what the latent cache needs: the image, its placement, where to store
     ds.prompts(range(E))   # every caption string epochs 0..E-1 can draw (for the text-embedding cache)
 
@@ -302,9 +303,9 @@ class ImageDataset:
 
     def plain_caption(self, i):
         """Sample i's caption as trained on without the per-epoch changes (no dropout, shuffling or tag dropout;
-        kohya's secondary_separator replaced): a preview prompt."""
+        epoch 0's line and wildcard draws; kohya's secondary_separator replaced): a preview prompt."""
         s = self.samples[i]
-        return self.rules[s.config].joined(self.base_caption(i))
+        return self.rules[s.config].plain(self.base_caption(i), s.caption_key)
 
     def caption(self, i, epoch):
         """The caption sample i trains with in `epoch`."""

@@ -8,7 +8,9 @@ kohya key -> FLAME dataset field:
     image_dir -> folder_path              caption_extension -> caption_ext     shuffle_caption -> shuffle_tokens
     keep_tokens, caption_separator, num_repeats, is_reg, random_crop, caption_dropout_rate, alpha_mask,
     min_bucket_reso, max_bucket_reso, caption_prefix, caption_suffix, keep_tokens_separator,
-    caption_tag_dropout_rate, secondary_separator (the same names)
+    caption_tag_dropout_rate, secondary_separator, caption_dropout_every_n_epochs, enable_wildcard (the same names)
+    (none) -> caption_lines = "random" with enable_wildcard, else "first": kohya trains on one line of a multi-line
+                                           caption file (a random one with wildcards on, else the first)
     class_tokens -> default_caption       (kohya's DreamBooth caption of an image without a caption file)
     resolution (N or [N, N]) -> resolution
     bucket_reso_steps -> bucket_tolerance
@@ -20,7 +22,7 @@ kohya key -> FLAME dataset field:
     (FLAME always buckets) are accepted
     batch_size (per [[datasets]]) -> train.batch_size: one for the run, so the entries must agree
 
-Every other key -- color_aug, face_crop_aug_range, token_warmup_*, enable_wildcard, metadata_file (fine-tuning
+Every other key -- color_aug, face_crop_aug_range, token_warmup_*, metadata_file (fine-tuning
 JSON), conditioning_data_dir, a non-square resolution, enable_bucket = false, ... -- is an error naming the file, the
 entry and the key: a setting FLAME would not apply is never dropped silently. The file is parsed with Python's tomllib.
 """
@@ -36,7 +38,8 @@ _SAME = {"image_dir": "folder_path", "caption_extension": "caption_ext", "shuffl
          "class_tokens": "default_caption", "bucket_reso_steps": "bucket_tolerance", "flip_aug": "flip_x",
          "cache_latents_to_disk": "cache_latents_to_disk", "caption_prefix": "caption_prefix",
          "caption_suffix": "caption_suffix", "keep_tokens_separator": "keep_tokens_separator",
-         "caption_tag_dropout_rate": "caption_tag_dropout_rate", "secondary_separator": "secondary_separator"}
+         "caption_tag_dropout_rate": "caption_tag_dropout_rate", "secondary_separator": "secondary_separator",
+         "caption_dropout_every_n_epochs": "caption_dropout_every_n_epochs", "enable_wildcard": "enable_wildcard"}
 _SPECIAL = ("resolution", "bucket_no_upscale", "batch_size", "enable_bucket", "cache_latents")
 
 
@@ -114,6 +117,7 @@ def read_dataset_config(path):
             if not isinstance(merged.get("bucket_no_upscale", False), bool):
                 raise KohyaConfigError(f"{sw}.bucket_no_upscale: true or false, got {merged['bucket_no_upscale']!r}")
             d["allow_upscale"] = not merged.get("bucket_no_upscale", False)
+            d["caption_lines"] = "random" if merged.get("enable_wildcard") is True else "first"
             if "batch_size" in merged:
                 sizes.add(merged["batch_size"])
             out.append(d)

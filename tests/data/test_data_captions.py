@@ -195,3 +195,84 @@ def test_a_bad_secondary_separator_is_named(sep):
     from flame_models.data.config import validate_dataset_config
     cfg = DatasetConfig(folder_path="x", secondary_separator=sep, keep_tokens_separator="|||")
     assert any("secondary_separator" in m for m in validate_dataset_config(cfg, check_files=False))
+
+
+def test_kohyas_wildcards_draw_one_option_per_epoch():
+    """kohya's enable_wildcard: each "{a|b|c}" becomes one of its options, drawn per sample and epoch from the seed
+    (the same on a rerun, samples apart), "{{" / "}}" literal braces; off, the text is kept as written."""
+    from flame_models.data.captions import expand_wildcards
+    r = rule(seed=3, enable_wildcard=True)
+    base = r.base("a {red|green|blue} {ball|cube}, {{literal}}")
+    assert base == "a {red|green|blue} {ball|cube}, {{literal}}"   # drawn per epoch: base keeps the text
+    got = [r.caption(base, "k", e) for e in range(40)]
+    colours = {c.split()[1] for c in got}
+    assert colours == {"red", "green", "blue"} and {c.split()[2].rstrip(",") for c in got} == {"ball", "cube"}
+    assert all(c.endswith(", {literal}") for c in got)
+    assert got == [rule(seed=3, enable_wildcard=True).caption(base, "k", e) for e in range(40)]   # deterministic
+    assert got != [r.caption(base, "other", e) for e in range(40)]                                # per sample
+    assert got != [rule(seed=4, enable_wildcard=True).caption(base, "k", e) for e in range(40)]   # per seed
+    assert set(r.variants_over(base, "k", range(40))) == set(got)                                 # all encoded
+    off = rule()
+    assert off.caption(off.base("a {red|blue} ball"), "k", 0) == "a {red|blue} ball"
+    rng = np.random.default_rng(0)
+    assert expand_wildcards("{only}", rng) == "only" and expand_wildcards("a {x|} b", rng) in ("a x b", "a  b")
+    assert expand_wildcards("unpaired { brace", rng) == "unpaired { brace"
+    assert expand_wildcards("{{a}} {{b|c}}", rng) == "{a} {b|c}" and expand_wildcards("x }}", rng) == "x }"
+
+
+def test_multi_line_captions_first_random_or_all():
+    """caption_lines: "all" keeps the file's text (ai-toolkit), "first" its first line (kohya), "random" one
+    non-blank line per sample and epoch (kohya with enable_wildcard); prefix, suffix and trigger go on the line."""
+    text = "a red ball\n\n  a round toy  \r\nsomething red"
+    assert rule().caption(rule().base(text), "k", 0) == text
+    first = rule(caption_lines="first", trigger="ohwx", caption_suffix="photo")
+    assert first.caption(first.base(text), "k", 5) == "ohwx a red ball photo"
+    r = rule(seed=1, caption_lines="random", trigger="ohwx", caption_prefix="pic:")
+    base = r.base(text)
+    got = {r.caption(base, "k", e) for e in range(30)}
+    assert got == {"ohwx pic: a red ball", "ohwx pic: a round toy", "ohwx pic: something red"}
+    assert set(r.variants_over(base, "k", range(30))) == got
+    cyc = rule(seed=1, caption_lines="random", shuffle_variants=2)      # bounded like shuffled orders
+    assert len(cyc.variants_over(cyc.base(text), "k", range(30))) <= 2
+    # lines and wildcards together, then the tag rules on the drawn line
+    both = rule(seed=2, caption_lines="random", enable_wildcard=True, shuffle_tokens=True, keep_tokens=1)
+    b = both.base("ohwx, {red|blue}, ball\nohwx, {small|big}, cube")
+    for e in range(20):
+        tags = both.caption(b, "k", e).split(", ")
+        assert tags[0] == "ohwx" and len(tags) == 3 and "{" not in "".join(tags)
+    assert rule(caption_lines="random").caption(rule(caption_lines="random").base(""), "k", 0) == ""
+
+
+def test_kohyas_caption_dropout_every_n_epochs():
+    """In epochs N, 2N, ... counted from 1 (kohya's count: FLAME's epochs 2, 5, 8 for N = 3) every caption is the
+    dropout caption, which is then among the variants encoded up front."""
+    r = rule(trigger="ohwx", caption_dropout_every_n_epochs=3)
+    base = r.base("a red ball")
+    got = [r.caption(base, "k", e) for e in range(9)]
+    assert [e for e, c in enumerate(got) if c == "ohwx"] == [2, 5, 8]
+    assert set(r.variants_over(base, "k", range(9))) == {"ohwx a red ball", "ohwx"}
+    assert r.variants_over(base, "k", [0, 1]) == ["ohwx a red ball"]
+    assert r.variants_over(base, "k", [2]) == ["ohwx"]
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("caption_lines", "last", "caption_lines: one of all, first, random, got 'last'"),
+    ("caption_dropout_every_n_epochs", -1, "caption_dropout_every_n_epochs: an integer >= 0"),
+    ("caption_dropout_every_n_epochs", 1.5, "caption_dropout_every_n_epochs: an integer >= 0"),
+    ("enable_wildcard", "yes", "enable_wildcard: expected true or false"),
+])
+def test_bad_line_wildcard_and_epoch_dropout_fields_are_named(field, value, words):
+    from flame_models.data.config import validate_dataset_config
+    cfg = DatasetConfig(folder_path="x", **{field: value})
+    assert any(words in m for m in validate_dataset_config(cfg, check_files=False))
+
+
+def test_a_dataset_with_wildcards_encodes_every_draw_and_previews_epoch_0(tmp_path):
+    root = tmp_path / "d"
+    write_caption(write_image(str(root / "a.png"), 64, 64), "a {red|blue} ball\na {tall|short} tower")
+    cfg = DatasetConfig(folder_path=str(root), resolution=64, enable_wildcard=True, caption_lines="random")
+    ds = ImageDataset([cfg], seed=5, progress=False)
+    drawn = {ds.caption(0, e) for e in range(24)}
+    assert drawn <= {"a red ball", "a blue ball", "a tall tower", "a short tower"} and len(drawn) >= 3
+    assert set(ds.prompts(range(24))) == drawn
+    assert ds.plain_caption(0) == ds.caption(0, 0)

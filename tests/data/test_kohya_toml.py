@@ -45,6 +45,8 @@ bucket_no_upscale = true
   keep_tokens_separator = '|||'
   caption_tag_dropout_rate = 0.1
   secondary_separator = ';;;'
+  caption_dropout_every_n_epochs = 3
+  enable_wildcard = true
 """
 
 
@@ -62,21 +64,23 @@ def test_every_subset_becomes_a_dataset_with_kohyas_precedence(tmp_path):
     assert datasets == [
         {**common, "resolution": 64, "bucket_tolerance": 32, "min_bucket_reso": 32, "max_bucket_reso": 96,
          "folder_path": "/data/a", "num_repeats": 10, "default_caption": "ohwx dog", "flip_x": True,
-         "allow_upscale": True},
+         "allow_upscale": True, "caption_lines": "first"},
         {**common, "resolution": 64, "bucket_tolerance": 32, "min_bucket_reso": 32, "max_bucket_reso": 96,
          "folder_path": "/data/reg", "is_reg": True, "keep_tokens": 0, "caption_ext": ".caption",
-         "allow_upscale": True},
+         "allow_upscale": True, "caption_lines": "first"},
+        # kohya trains on one line of a caption file: a random one with wildcards on, else the first
         {**common, "resolution": 128, "folder_path": "/data/a", "caption_dropout_rate": 0.05,
          "caption_prefix": "photo of", "keep_tokens_separator": "|||", "caption_tag_dropout_rate": 0.1,
-         "secondary_separator": ";;;", "allow_upscale": False}]
+         "secondary_separator": ";;;", "allow_upscale": False, "caption_dropout_every_n_epochs": 3,
+         "enable_wildcard": True, "caption_lines": "random"}]
     assert len(notes) == 1 and "flip_aug" in notes[0] and "subset #1" in notes[0]
 
 
 @pytest.mark.parametrize("text, words", [
     ("[general]\ncolor_aug = true\n[[datasets]]\n[[datasets.subsets]]\nimage_dir = 'x'\n",
      "[general]: color_aug: not supported"),
-    ("[[datasets]]\n[[datasets.subsets]]\nimage_dir = 'x'\nenable_wildcard = true\n",
-     "[[datasets]] #1 subset #1: enable_wildcard: not supported"),
+    ("[[datasets]]\n[[datasets.subsets]]\nimage_dir = 'x'\ntoken_warmup_step = 10\n",
+     "[[datasets]] #1 subset #1: token_warmup_step: not supported"),
     ("[[datasets]]\nresolution = [1024, 768]\n[[datasets.subsets]]\nimage_dir = 'x'\n",
      "resolution: [1024, 768] is not square"),
     ("[[datasets]]\nenable_bucket = false\n[[datasets.subsets]]\nimage_dir = 'x'\n",
