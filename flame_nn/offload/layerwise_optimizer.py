@@ -35,6 +35,7 @@ import contextlib
 import flame_core as flame
 from flame_core.autograd import enable_grad, no_grad
 
+from ..optim.multi_tensor import keep_tables
 from ..utils import zero_grads
 from ..utils.clip_grad import _total_norm, clip_grads_with_norm_
 from ..utils.grads import grad_arrays
@@ -79,6 +80,8 @@ class LayerwiseOptimizer:
                                "(requires_grad_(True) them before building the streamer)")
         self._rest = [[p for p in g["params"] if id(p) not in in_blocks] for g in groups]
         self._streamer = streamer
+        # one kernel table per block (two: parameters of two step counts or dtypes), each built once for the run
+        keep_tables(optimizer, 2 * len(self._blocks) + 8)
         self._updating = True
         self._finite = None     # device bool: every block gradient finite since grads_finite() last read it
         self.block_steps = 0    # blocks updated so far (tests, progress)

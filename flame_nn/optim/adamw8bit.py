@@ -24,6 +24,7 @@ import numpy as np
 from flame_core import as_tensor, backend
 from flame_core.kernels.stochastic_rounding import to_bf16_stochastic
 
+from . import multi_tensor as MT
 from .adam import _check
 from .optimizer import Optimizer, _closure_loss, grads_of
 
@@ -237,7 +238,7 @@ class AdamW8bit(Optimizer):
         plans = self.__dict__.setdefault("_plans", {})
         got = plans.get(key)
         if got is None:
-            if len(plans) >= 8:  # parameter sets that keep changing: keep the newest few
+            if len(plans) >= MT.tables_kept(self):  # parameter sets that keep changing: keep the newest few
                 plans.pop(next(iter(plans)))
             rows = [(hit[0], g) + tuple(arr for _, _, arr in hit[2]) + ((None, None) if len(hit[2]) == 2 else ())
                     for _, g, hit in items]

@@ -60,6 +60,22 @@ def table_of(opt, rows, make=None):
     return opt.__dict__.setdefault("_tables", Tables()).get(rows, make)
 
 
+def keep_tables(opt, n):
+    """Let optimizer `opt` keep at least `n` kernel tables: a layer-wise update steps each block's parameters on their
+    own, one table (per step-count bucket) a block, and a block's parameters and states sit at the same addresses
+    every step (a streamed block's in its home slot), so each table is built once instead of once per step."""
+    tables = opt.__dict__.setdefault("_tables", Tables())
+    tables.keep = max(tables.keep, int(n))
+    return tables
+
+
+def tables_kept(opt):
+    """How many kernel tables `opt` keeps (Tables' default unless keep_tables raised it): optimizers with a table
+    cache of their own (AdamW8bit's plans) bound it by this too."""
+    tables = opt.__dict__.get("_tables")
+    return tables.keep if tables is not None else Tables().keep
+
+
 def stepped(params):
     """After a kernel updated `params` in place: their versions bumped; the set of their ids (what the
     per-operation path then skips)."""

@@ -269,3 +269,25 @@ def test_a_resident_blocks_update_reaches_its_host_copy_when_read_or_demoted(dev
     got = all_weights(net, st)
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=2e-6, err_msg=k)
+
+
+@pytest.mark.parametrize("name", ["adafactor", "adamw8bit", "lion"])
+def test_each_blocks_kernel_table_is_built_once(device, name):
+    """The fused kernels' table of a block's parameters (addresses of the parameters and their states: a streamed
+    block's in its home slot every step) is built on the first step and reused after, for every block -- more
+    blocks than an optimizer's default table cache holds."""
+    if device.type != "cuda":
+        pytest.skip("the fused optimizer kernels (and their tables) are a cuda path")
+    from flame_nn.optim import multi_tensor as MT
+    _, net = stack_pair(16, 12, device, seed=2)
+    st, opt = layerwise(net, device, OPTIMIZERS[name], resident=(0, 5))
+    x = flame.randn(4, 16, device=device)
+    built = []
+    for _ in range(3):
+        loss_of(net, x).backward()
+        opt.step()
+        opt.zero_grad()
+        cache = opt.optimizer._plans if name == "adamw8bit" else opt.optimizer._tables.tables
+        built.append({id(t[1] if name == "adamw8bit" else t) for t in cache.values()})
+    assert len(built[0]) >= 12 and built[0] == built[1] == built[2]
+    assert opt.optimizer._tables.keep >= 2 * 12 + 8 > MT.Tables().keep
