@@ -85,23 +85,33 @@ def check_vocabularies(files, clip_tok, t5_tok):
 
 
 def load_text_encoders(files, *, dtype=flame.bfloat16, device=None, t5_quantize=None, t5_stream=False,
-                       max_length=None, prompt_weights=False):
+                       max_length=None, prompt_weights=False, loras=()):
     """CLIP-L and T5 of `files` (FluxFiles) with their tokenizers, frozen, in `dtype` on `device`.
 
     t5_quantize: None (T5 in `dtype`; an fp8 file is dequantised), "fp8" (the block Linears in fp8 storage, a scale
     per row: about half the bytes) or "auto" (fp8 storage exactly when the file is fp8). t5_stream: T5's blocks in
     pinned host memory, streamed through the device (flame_nn.offload.BlockStreamer; `enc.t5.streamer`).
     max_length: T5 tokens per prompt, default 512 for flux-dev and 256 for schnell (files.t5_max_length).
-    prompt_weights: ComfyUI's "(text:1.2)" weights on T5's states (conditioning/prompt_weights.py)."""
+    prompt_weights: ComfyUI's "(text:1.2)" weights on T5's states (conditioning/prompt_weights.py).
+    loras: checked [(path, weight)] (check_loras) whose text-encoder parts are applied: CLIP-L's (kohya lora_te1_,
+    diffusers text_encoder.) and T5's (kohya lora_te3_, diffusers text_encoder_2.), merged into the weights (kept as
+    adapters beside fp8 storage; refused for a streamed T5); files without them leave the encoders as they are."""
     if t5_quantize not in T5_QUANTIZE:
         raise ValueError(f"t5_quantize must be None, 'fp8' or 'auto', got {t5_quantize!r}")
+    if loras and t5_stream:
+        from ..pipeline import refuse_streamed_encoder_loras
+        refuse_streamed_encoder_loras(loras, ("te3", "te2"), "T5", FluxFilesError)
     clip_tok, t5_tok = load_tokenizers(files, max_length=max_length)
     check_vocabularies(files, clip_tok, t5_tok)
     clip = load_clip(files.clip_l, dtype=dtype, device=device, projection=False, quantize=None)
+    t5 = None
     try:
         t5 = load_t5(files.t5, dtype=dtype, device=device, quantize=t5_quantize, stream=bool(t5_stream))
+        if loras:
+            from ..pipeline import apply_text_encoder_loras
+            apply_text_encoder_loras(loras, [("te1", clip), (("te3", "te2"), t5)], FluxFilesError)
     except BaseException:
-        del clip
+        del clip, t5
         gc.collect()
         raise
     return FluxTextEncoders(clip, t5, clip_tok, t5_tok, max_length=t5_tok.model_max_length,

@@ -13,9 +13,13 @@ STACKS = ("double_blocks", "single_blocks")
 
 def check_loras(loras, params):
     """Read each "path[:weight]" LoRA file and check it against a Flux of `params` (names, shapes, kinds) before
-    anything big is loaded: [(path, weight)]; FluxFilesError names the file (flame_models.pipeline.check_loras)."""
+    anything big is loaded: [(path, weight)]; FluxFilesError names the file (flame_models.pipeline.check_loras).
+    Text-encoder parts (CLIP-L: kohya lora_te1_, diffusers text_encoder.; T5: kohya lora_te3_, diffusers
+    text_encoder_2.) are accepted here and checked against the encoders when they load
+    (conditioning.load_text_encoders, which a generator runs before the transformer)."""
     from .model import Flux
-    return _check_loras(loras, params, model_class=Flux, error=FluxFilesError)
+    return _check_loras(loras, params, model_class=Flux, error=FluxFilesError,
+                        text_encoders={"te1": None, "te2": None, "te3": None})
 
 
 def load_transformer(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=False, stream=False, slots=2):

@@ -67,7 +67,7 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     def encode(unique):
         with P.load_text_encoders(files, dtype=dtype, device=dev, t5_quantize="fp8" if fp8 else "auto",
                                   t5_stream=budget is not None, max_length=max_length,
-                                  prompt_weights=prompt_weights) as enc:
+                                  prompt_weights=prompt_weights, loras=loras) as enc:
             out = G.encode_prompts(enc, unique, budget, log)
             neg = G.host_arrays(enc.encode([negative])) if guided else None
         init.encode(lambda: P.load_vae_for_flux(files, dtype=dtype, device=dev), P.encode_images, dev, log)

@@ -77,7 +77,7 @@ def generate(model, prompts, *, image=None, keep_image_size=False, vae=None, cli
     def encode(unique):
         with C.load_text_encoders(files, dtype=dtype, device=dev, t5_quantize="fp8" if fp8 else "auto",
                                   t5_stream=budget is not None, max_length=max_length,
-                                  prompt_weights=prompt_weights) as enc:
+                                  prompt_weights=prompt_weights, loras=loras) as enc:
             out = G.encode_prompts(enc, unique, budget, log)
             neg = G.host_arrays(enc.encode([negative])) if guided else None
         vae_model = P.load_vae_for_flux(files, dtype=dtype, device=dev)

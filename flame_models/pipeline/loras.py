@@ -2,7 +2,8 @@
 kinds) before anything big is loaded, then loaded as adapters and merged.
 
 A file applies to each part of the model it has keys for (flame_nn.adapters.formats.component_of: the denoiser --
-transformer or UNet --, and SDXL's text encoders 'te1' / 'te2'): a UNet-only SDXL file (the trainer's default)
+transformer or UNet --, and the text encoders 'te1' / 'te2' / 'te3': SDXL's CLIP-L / CLIP-G, SD3's CLIP-L / CLIP-G /
+T5, Flux's CLIP-L and its T5 as kohya's te3 or diffusers' te2): a UNet-only SDXL file (the trainer's default)
 changes the UNet and leaves CLIP-L / CLIP-G as they are; a text-encoder-only file changes only them. A file with
 keys for no part of the model is refused, naming it."""
 import os
@@ -142,12 +143,14 @@ def apply_loras(model, loras, *, merge=True, dtype=flame.float32, error=ModelFil
     the changes add up. merge=True folds them into the base weights (summed, rounded once) and drops the adapters
     (no cost per step, and no copy of the original weights kept: inference never unmerges); merge=False keeps them
     as adapters beside the weights (fp8 storage and streamed blocks need that). `error` names the file. component:
-    the part of each file to apply ('denoiser'; 'te1' / 'te2' when `model` is that text encoder): files without
+    the part of each file to apply ('denoiser'; 'te1' / 'te2' / 'te3' when `model` is that text encoder; a tuple of
+    them when the files name one model in several ways: Flux's T5 is kohya's te3 and diffusers' te2): files without
     adapters for it leave `model` as it is (lora_parts)."""
-    loras = loras_for(loras, component)
-    for i, (path, weight) in enumerate(loras):
+    comps = (component,) if isinstance(component, str) else tuple(component)
+    loras = [(path, weight, c) for c in comps for path, weight in loras_for(loras, c)]
+    for i, (path, weight, comp) in enumerate(loras):
         try:
-            A.load_adapters(model, path, name=f"lora_{i}", weight=weight, dtype=dtype, component=component)
+            A.load_adapters(model, path, name=f"lora_{i}", weight=weight, dtype=dtype, component=comp)
         except (A.AdapterFormatError, A.AdapterError) as e:
             raise error(f"--lora {path}: {_reason(e, path)}") from None
     if loras and merge:
@@ -155,7 +158,7 @@ def apply_loras(model, loras, *, merge=True, dtype=flame.float32, error=ModelFil
         # compute them unmerged) summed in float32, then added and rounded to the weight's dtype once. Merging one
         # LoRA after the other would round a bf16 weight once per LoRA: two LoRAs at 0.5 would not be one at 1.
         changes = {}
-        for i, (_, weight) in enumerate(loras):
+        for i, (_, weight, _) in enumerate(loras):
             for module, rows, ad in A.adapter_modules(model, f"lora_{i}"):
                 changes.setdefault(module, []).append((rows, ad, weight))
         with flame.no_grad():
@@ -170,3 +173,35 @@ def apply_loras(model, loras, *, merge=True, dtype=flame.float32, error=ModelFil
                 w.copy_((w0 + delta).to(w.dtype))
         A.remove_adapters(model)
     return model
+
+
+def refuse_streamed_encoder_loras(loras, components, encoder, error=ModelFilesError):
+    """`error` naming the first of `loras` with a part for `components` (an encoder named `encoder` that will stream
+    from host memory under a memory budget: its LoRA part cannot be applied there); nothing when none has one. The
+    loaders call it before loading anything."""
+    for comp in components:
+        mine = loras_for(loras, comp)
+        if mine:
+            raise error(f"--lora {mine[0][0]}: holds {encoder} weights ({comp} keys), which cannot be applied while "
+                        f"that encoder streams from host memory (a memory budget); run without the budget, or with "
+                        f"a file without them")
+
+
+def apply_text_encoder_loras(loras, encoders, error=ModelFilesError):
+    """The text-encoder parts of checked `loras` (check_loras with `text_encoders`) applied to the loaded encoders
+    [(component or tuple of components, encoder)]: each part checked against its encoder's layers (names, shapes,
+    kinds; `error` names the file) and merged into its weights (summed, rounded once), or kept as adapters beside
+    weights in fp8 storage (T5 from an fp8 file). An encoder whose blocks stream from host memory (a memory budget's
+    T5) cannot take one: refused, naming the file. Files without a part for an encoder leave it as it is."""
+    from flame_nn.offload import Float8LinearMixin
+    for component, encoder in encoders:
+        comps = (component,) if isinstance(component, str) else tuple(component)
+        mine = [(path, comp) for comp in comps for path, _ in loras_for(loras, comp)]
+        if not mine or encoder is None:
+            continue
+        if getattr(encoder, "streamer", None) is not None:
+            refuse_streamed_encoder_loras(loras, comps, type(encoder).__name__, error)
+        for path, comp in mine:
+            check_lora_part(path, encoder, A.formats.IDENTITY, comp, error)
+        fp8 = any(isinstance(m, Float8LinearMixin) for m in encoder.modules())
+        apply_loras(encoder, loras, merge=not fp8, error=error, component=comps)

@@ -147,16 +147,23 @@ def check_vocabularies(files, clip_l_tok, clip_g_tok, t5_tok):
 
 
 def load_text_encoders(files, *, dtype=flame.bfloat16, device=None, t5=True, t5_quantize=None, t5_stream=False,
-                       max_length=None, max_token_length=None, prompt_weights=False):
+                       max_length=None, max_token_length=None, prompt_weights=False, loras=()):
     """CLIP-L, CLIP-G and T5 of `files` (SD3Files or a path for find_sd3_files) with their tokenizers, frozen, in
     `dtype` on `device`. t5=False (or a model without T5): zeros in T5's place. t5_quantize / t5_stream: as
     flux.conditioning.load_text_encoders (fp8 storage, blocks streamed from pinned host memory). max_length: T5
     tokens per prompt (256, diffusers' default). max_token_length: CLIP tokens in 75-token chunks (None: 77).
-    prompt_weights: ComfyUI's "(text:1.2)" weights on all three encoders (conditioning/prompt_weights.py)."""
+    prompt_weights: ComfyUI's "(text:1.2)" weights on all three encoders (conditioning/prompt_weights.py).
+    loras: checked [(path, weight)] (pipeline.check_loras) whose text-encoder parts are applied -- CLIP-L's (kohya
+    lora_te1_, diffusers text_encoder.), CLIP-G's (lora_te2_, text_encoder_2.), T5's (lora_te3_, text_encoder_3.;
+    nothing to change without T5) -- merged into the weights (kept as adapters beside fp8 storage; refused for a
+    streamed T5); files without them leave the encoders as they are."""
     files = files if isinstance(files, SD3Files) else find_sd3_files(files)
     if t5_quantize not in T5_QUANTIZE:
         raise ValueError(f"t5_quantize must be None, 'fp8' or 'auto', got {t5_quantize!r}")
     use_t5 = bool(t5) and files.t5 is not None
+    if loras and use_t5 and t5_stream:
+        from ..pipeline import refuse_streamed_encoder_loras
+        refuse_streamed_encoder_loras(loras, ("te3",), "T5", SD3FilesError)
     l_tok, g_tok, t5_tok = load_tokenizers(files, max_length=max_length)
     t5_tok = t5_tok if use_t5 else None
     check_vocabularies(files, l_tok, g_tok, t5_tok)
@@ -169,6 +176,9 @@ def load_text_encoders(files, *, dtype=flame.bfloat16, device=None, t5=True, t5_
     if use_t5:
         t5_model = load_t5(files.t5, dtype=dtype, device=device, prefix=files.prefixes.get("t5"),
                            config=cfg.get("t5"), quantize=t5_quantize, stream=bool(t5_stream))
+    if loras:
+        from ..pipeline import apply_text_encoder_loras
+        apply_text_encoder_loras(loras, [("te1", clip_l), ("te2", clip_g), ("te3", t5_model)], SD3FilesError)
     return SD3TextEncoders(clip_l, clip_g, t5_model, l_tok, g_tok, t5_tok,
                            max_length=t5_tok.model_max_length if t5_tok is not None else
                            (T5_MAX_LENGTH if max_length is None else int(max_length)),

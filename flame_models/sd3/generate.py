@@ -113,7 +113,7 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
         """(cond, neg): the prompts' conditioning and, under CFG, the negative prompt's, as host arrays."""
         with P.load_text_encoders(files, dtype=dtype, device=dev, t5=use_t5, t5_quantize="fp8" if fp8 else "auto",
                                   t5_stream=budget is not None and use_t5, max_length=max_length,
-                                  prompt_weights=prompt_weights) as enc:
+                                  prompt_weights=prompt_weights, loras=loras) as enc:
             cond = G.encode_prompts(enc, unique, budget, log)
             neg = G.host_arrays(enc.encode(["" if negative_prompt is None else negative_prompt])) if guided else None
         init.encode(lambda: P.load_vae_for_sd3(files, dtype=dtype, device=dev), P.encode_images, dev, log)

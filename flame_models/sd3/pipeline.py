@@ -66,9 +66,13 @@ def encode_images(vae, images, generator=None):
 # ----------------------------------------------------------------------------- the MMDiT
 def check_loras(loras, params):
     """Read each LoRA file and check it against an MMDiT of `params` (SAI, kohya or diffusers PEFT names, shapes)
-    before anything big is loaded. Returns [(path, weight)]; SD3FilesError names the file."""
+    before anything big is loaded. Returns [(path, weight)]; SD3FilesError names the file. Text-encoder parts
+    (CLIP-L, CLIP-G, T5: kohya lora_te1_ / lora_te2_ / lora_te3_, diffusers text_encoder. / text_encoder_2. /
+    text_encoder_3.) are accepted here and checked against the encoders when they load
+    (conditioning.load_text_encoders, which a generator runs before the MMDiT)."""
     from .model import MMDiT
-    return _check_loras(loras, params, model_class=MMDiT, error=SD3FilesError)
+    return _check_loras(loras, params, model_class=MMDiT, error=SD3FilesError,
+                        text_encoders={"te1": None, "te2": None, "te3": None})
 
 
 def load_transformer(files, *, dtype=flame.bfloat16, device=None, loras=(), fp8=False, stream=False, slots=2):

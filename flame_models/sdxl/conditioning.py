@@ -155,15 +155,9 @@ def load_text_encoders(files, *, dtype=flame.bfloat16, device=None, max_token_le
                        projection=False, **kw)
     clip_g = load_clip(files.clip_g, prefix=files.prefixes.get("clip_g"), config=files.configs.get("clip_g"),
                        projection=True, **kw)
-    if loras:
-        from flame_nn.adapters.formats import IDENTITY
-
-        from ..pipeline import apply_loras, check_lora_part, loras_for
-        for component, clip in (("te1", clip_l), ("te2", clip_g)):
-            mine = loras_for(loras, component)   # (a UNet-only file leaves the encoder as it is)
-            for path, _ in mine:
-                check_lora_part(path, clip, IDENTITY, component, SDXLFilesError)
-            apply_loras(clip, mine, merge=True, error=SDXLFilesError, component=component)
+    if loras:   # (a UNet-only file leaves the encoders as they are)
+        from ..pipeline import apply_text_encoder_loras
+        apply_text_encoder_loras(loras, [("te1", clip_l), ("te2", clip_g)], SDXLFilesError)
     widths = {"clip_l": clip_l.config.hidden_size, "clip_g": clip_g.config.hidden_size}
     embeddings = [e if isinstance(e, TextualInversion) else load_embedding(e, widths) for e in embeddings]
     return SDXLTextEncoders(clip_l, clip_g, l_tok, g_tok, max_token_length=max_token_length,

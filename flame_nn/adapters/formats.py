@@ -648,8 +648,9 @@ def detect_format(keys):
 def save(path, modules, format="kohya", *, name_map=IDENTITY, out_features=None, row_norms=None, dtype=None,
          metadata=None, components=None):
     """Write canonical adapters to a .safetensors file (atomically) in `format` 'kohya' or 'peft'. components:
-    {'te1' | 'te2': canonical adapters of that text encoder (its own module names)} written beside the denoiser's
-    under kohya's lora_te1_ / lora_te2_ or diffusers' text_encoder. / text_encoder_2. (load(component=...) reads
+    {'te1' | 'te2' | 'te3': canonical adapters of that text encoder (its own module names)} written beside the
+    denoiser's under kohya's lora_te1_ / lora_te2_ / lora_te3_ or diffusers' text_encoder. / text_encoder_2. /
+    text_encoder_3. (load(component=...) reads
     them back; in PEFT files their alphas are recorded under the metadata key flame.alphas.<component>)."""
     meta = {"format": "pt", "flame.format": format}
     meta.update({k: str(v) for k, v in (metadata or {}).items()})
@@ -674,14 +675,17 @@ def save(path, modules, format="kohya", *, name_map=IDENTITY, out_features=None,
     return path
 
 
-# The text encoders' parts of a LoRA file (kohya's lora_te1_ / lora_te2_, lora_te_ for a single one; diffusers'
-# text_encoder. / text_encoder_2.); every other key belongs to the denoiser.
-TEXT_ENCODER_PREFIXES = {"te1": ("lora_te1_", "lora_te_", "text_encoder."), "te2": ("lora_te2_", "text_encoder_2.")}
-COMPONENTS = ("denoiser", "te1", "te2")
+# The text encoders' parts of a LoRA file (kohya's lora_te1_ / lora_te2_ / lora_te3_, lora_te_ for a single one;
+# diffusers' text_encoder. / text_encoder_2. / text_encoder_3.); every other key belongs to the denoiser. Which model
+# a part is depends on the family: SDXL te1 CLIP-L, te2 CLIP-G; SD3 te1 CLIP-L, te2 CLIP-G, te3 T5; Flux te1 CLIP-L
+# and T5 as te3 (kohya's lora_te3_) or te2 (diffusers' text_encoder_2.).
+TEXT_ENCODER_PREFIXES = {"te1": ("lora_te1_", "lora_te_", "text_encoder."), "te2": ("lora_te2_", "text_encoder_2."),
+                         "te3": ("lora_te3_", "text_encoder_3.")}
+COMPONENTS = ("denoiser", "te1", "te2", "te3")
 
 
 def component_of(key):
-    """'te1', 'te2' or 'denoiser': the model of a multi-model LoRA file that `key` adapts."""
+    """'te1', 'te2', 'te3' or 'denoiser': the model of a multi-model LoRA file that `key` adapts."""
     for comp, prefixes in TEXT_ENCODER_PREFIXES.items():
         if key.startswith(prefixes):
             return comp
@@ -691,8 +695,9 @@ def component_of(key):
 def load(path, module_names, *, name_map=IDENTITY, component="denoiser"):
     """Read a kohya or PEFT file -> (canonical adapters, metadata dict). Keys are checked against `module_names`.
     component: the part of the file to read -- 'denoiser' (the transformer / UNet: every key not of a text
-    encoder), 'te1' or 'te2' (a text encoder's: kohya lora_te1_ / lora_te2_, PEFT text_encoder. /
-    text_encoder_2.; its module names are the encoder's own, e.g. text_model.encoder.layers.0.self_attn.q_proj)."""
+    encoder), 'te1', 'te2' or 'te3' (a text encoder's: kohya lora_te1_ / lora_te2_ / lora_te3_, PEFT text_encoder. /
+    text_encoder_2. / text_encoder_3.; its module names are the encoder's own, e.g.
+    text_model.encoder.layers.0.self_attn.q_proj or T5's encoder.block.0.layer.0.SelfAttention.q)."""
     if component not in COMPONENTS:
         raise AdapterFormatError(f"component must be one of {', '.join(COMPONENTS)}, got {component!r}")
     with _io.safe_open(path) as f:

@@ -295,8 +295,8 @@ def load_adapters(model, path, *, name="default", weight=1.0, name_map=None, dty
                   component="denoiser"):
     """Load a LoRA file into adapter `name`: into the existing one if the model has it, else a new adapter shaped
     by the file (kind, rank and rows from its tensors) is injected first. Returns the file's metadata.
-    component: which part of the file (formats.load): 'denoiser', or a text encoder's 'te1' / 'te2' when `model`
-    is that encoder."""
+    component: which part of the file (formats.load): 'denoiser', or a text encoder's 'te1' / 'te2' / 'te3' when
+    `model` is that encoder."""
     module_names = [n for n, _ in _linears(model)]
     modules, meta = fmt.load(path, module_names, name_map=model_name_map(model, name_map), component=component)
     if name not in adapter_names(model):

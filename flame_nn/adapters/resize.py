@@ -36,7 +36,8 @@ from . import formats as F
 
 METHODS = ("sv_ratio", "sv_cumulative", "sv_fro")
 MIN_SV = 1e-6
-SCALE_METADATA = ("lora_adapter_metadata", "flame.alphas", "flame.alphas.te1", "flame.alphas.te2")
+SCALE_METADATA = ("lora_adapter_metadata", "flame.alphas", "flame.alphas.te1", "flame.alphas.te2",
+                  "flame.alphas.te3")
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": D.bfloat16.np}
 _KOHYA_LORA = ("lora_down.weight", "lora_up.weight", "alpha")
 
