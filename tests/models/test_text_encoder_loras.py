@@ -71,6 +71,14 @@ def test_flux_clip_l_and_t5_parts_are_merged(flux, tmp_path, fmt):
             np.testing.assert_allclose(v, base[k], rtol=1e-6, atol=1e-6)
     # the transformer takes the file too: it has no transformer part, which changes nothing there
     FP.load_transformer(flux, dtype=F32, device="cpu", loras=loras)
+    # T5 in fp8 storage keeps its part as adapters beside the fp8 weights: the LoRA's change within fp8's error
+    with FP.load_text_encoders(flux, dtype=F32, device="cpu", t5_quantize="fp8") as enc:
+        q = encodings(enc)["prompt_embeds"]
+    with FP.load_text_encoders(flux, dtype=F32, device="cpu", t5_quantize="fp8", loras=loras) as enc:
+        assert A.adapter_names(enc.t5) and not A.adapter_names(enc.clip)
+        got = encodings(enc)["prompt_embeds"]
+    fp8_error = np.abs(q - base["prompt_embeds"]).max()
+    assert np.abs(got - want["prompt_embeds"]).max() < 2 * fp8_error < np.abs(got - q).max()
 
 
 def test_flux_t5_part_that_fits_no_layer_or_a_streamed_t5_is_named(flux, tmp_path):
