@@ -276,6 +276,8 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
     log_every: int = 1                   # a loss-log row (the mean of the last log_every steps) every log_every steps
+    performance_log_every: int = 0       # ai-toolkit's: every N steps, where the last N steps' time went (timing.py);
+                                         # 0: off
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     validation: typing.Optional[ValidationConfig] = None  # a validation loss (off when absent)
     meta: dict = field(default_factory=dict)  # ai-toolkit `meta`: written into the LoRA file's metadata
@@ -298,8 +300,6 @@ _ALIASES = {NetworkConfig: {"rank": "linear", "alpha": "linear_alpha",
 
 # ai-toolkit keys of features FLAME does not have yet: accepted only with a value that asks for nothing
 _WAITS_FOR = {
-    TrainConfig: {
-        "performance_log_every": "timing reports are not available; the progress bar shows s/it and the ETA"},
     ModelConfig: {"low_vram": "use max_gpu_memory to train under a memory budget",
                   "is_v2": "SD 1.x / 2.x are not supported: model.arch is flux, sd3 or sdxl"},
     TrainSection: {"linear_timesteps": "use train.timestep_type (sigmoid, logit_normal, uniform, shift, flux_shift)",

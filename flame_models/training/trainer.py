@@ -67,6 +67,7 @@ from .samples import PreviewPrompt, Previews
 from .stages import StageMeter
 from .streaming import NoStreaming, StreamedBlocks
 from .text_training import TrainedTextEncoders, full_selection
+from .timing import TimingReport
 from .validation import dataset_kinds, image_size_problems, parts_needed, validate
 from .validation_loss import ValidationStage
 
@@ -133,6 +134,7 @@ class Trainer:
             gc.collect()                            # a budget counts the whole GPU: what this process's pool
             flame.memory.empty_cache(self.device)   # caches from earlier work goes back to the driver first
         self.meter = StageMeter(self.device, log=self.log)
+        self.timing = TimingReport(c.performance_log_every, self.log, self.device)  # performance_log_every
         flame.manual_seed(t.seed)
         run_folder.check_writable(self.out)  # before anything is checked, cached or loaded
         tracking.check_available(c.logging)  # a tracker asked for but not installed: said before any work
@@ -642,7 +644,8 @@ class Trainer:
         self.stop = self.dist.before_step(self.model, self.stop, self.named_adapter_parameters)
         with self.dist.accumulation(t.gradient_accumulation_steps):  # ddp: local micro-steps, then one average
             for _ in range(t.gradient_accumulation_steps):
-                batch = self.loader.next_batch()
+                with self.timing.phase("data"):
+                    batch = self.loader.next_batch()
                 indices += list(batch.get("indices", ()))
                 captions += list(batch.get("captions", ()))
                 loss, s = self._micro_step(batch, 1.0 / t.gradient_accumulation_steps)
@@ -718,22 +721,24 @@ class Trainer:
                         self.validate()
                 self.progress.start()
                 while self.step < t.steps:
-                    loss, lr, ts = self.train_step()
+                    with self.timing.phase("step"):
+                        loss, lr, ts = self.train_step()
                     if self._results_due():  # a NaN / inf step stops the run before anything of it is kept
                         self.guard.check(self.dataset)
                     self.progress.update(1, loss=loss, lr=lr)
                     self.active_time = self.progress.active_time
                     self._log_step(loss, lr, ts)
                     if self._sample_due(self.step):
-                        with self.progress.paused():
+                        with self.progress.paused(), self.timing.phase("previews"):
                             self.sample()
                     if self.validation is not None and self.validation.due(self.step):
-                        with self.progress.paused():
+                        with self.progress.paused(), self.timing.phase("validation"):
                             self.validate()
                     if self.step % c.save.save_every == 0 or self.step == t.steps:
-                        with self.progress.paused():
+                        with self.progress.paused(), self.timing.phase("saves"):
                             self.save_checkpoint()
                         saved_at = self.step
+                    self.timing.step_done(self.step)
                     if self.stop is not None and self.stop.requested:
                         if saved_at != self.step:
                             with self.progress.paused():

@@ -288,6 +288,9 @@ def validate(cfg, prefix="", check_files=True):
         e.append(f"{p}sample.num_samples: picks dataset items to sample with, but sample.prompts gives the "
                  f"prompts; remove one")
     _at_least(e, f"{p}log_every", cfg.log_every)
+    pl = cfg.performance_log_every
+    if isinstance(pl, bool) or not isinstance(pl, int) or pl < 0:
+        e.append(f"{p}performance_log_every: an integer >= 0 (steps between timing reports; 0: none), got {pl!r}")
     lg = cfg.logging
     for name in ("use_tensorboard", "use_wandb", "verbose"):
         if not isinstance(getattr(lg, name), bool):

@@ -133,7 +133,7 @@ def test_ai_toolkit_example_on_precomputed_samples_lists_what_does_not_apply(fil
 
 
 @pytest.mark.parametrize("where, key, value", [
-    ("", "performance_log_every", 100), ("save", "push_to_hub", True), ("model", "low_vram", True),
+    ("save", "push_to_hub", True), ("model", "low_vram", True),
     ("train", "linear_timesteps", True), ("sample", "neg", "blurry"), ("train", "blocks_to_swap", 18),
     ("train", "fused_backward_pass", True)])
 def test_a_key_for_a_missing_feature_is_an_error_unless_it_asks_for_nothing(files, where, key, value):
