@@ -59,6 +59,12 @@ class FluxFamily(FlowSamplerPreviews, FlowMatchingFamily):
             for k in ("train.guidance", "sample.guidance_scale"):
                 if k in cfg.given:
                     e.append(f"{prefix}{k}: this Flux (schnell-like) has no guidance embedding; remove the key")
+            if cfg.train.bypass_guidance_embedding:
+                e.append(f"{prefix}train.bypass_guidance_embedding: this Flux (schnell-like) has no guidance "
+                         f"embedding to bypass; remove the key")
+        elif cfg.train.bypass_guidance_embedding and "train.guidance" in cfg.given:
+            e.append(f"{prefix}train.guidance: not used: train.bypass_guidance_embedding trains without the guidance "
+                     f"embedding")
         return e
 
     # ------------------------------------------------------------------ building
@@ -97,7 +103,7 @@ class FluxFamily(FlowSamplerPreviews, FlowMatchingFamily):
                 "y": flame.tensor(batch["pooled_prompt_embeds"], dtype=flame.float32, device=device),
                 "img_ids": flux_sampling.image_ids(height, width, B, device=device),
                 "txt_ids": flux_sampling.text_ids(txt.shape[1], B, device=device)}
-        if model.params.guidance_embed:
+        if model.params.guidance_embed and not train_cfg.bypass_guidance_embedding:
             cond["guidance"] = flame.full((B,), train_cfg.guidance, device=device)
         return x0, cond
 
@@ -108,8 +114,9 @@ class FluxFamily(FlowSamplerPreviews, FlowMatchingFamily):
         return flux_sampling.pack_mask(mask, self.latent_channels, x0.device)
 
     def forward(self, model, x_t, t, cond):
+        # (a guidance-embedding model trained without a guidance in its inputs: train.bypass_guidance_embedding)
         return model(img=x_t, img_ids=cond["img_ids"], txt=cond["txt"], txt_ids=cond["txt_ids"], timesteps=t,
-                     y=cond["y"], guidance=cond.get("guidance"))
+                     y=cond["y"], guidance=cond.get("guidance"), bypass_guidance="guidance" not in cond)
 
     # ------------------------------------------------------------------ previews
     def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None, sampler="euler",

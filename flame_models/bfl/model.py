@@ -45,10 +45,11 @@ class Flux(flame_nn.GradientCheckpointingMixin, flame_nn.Module):
         """The blocks gradient checkpointing recomputes (see flame_nn.GradientCheckpointingMixin)."""
         return [*self.double_blocks, *self.single_blocks]
 
-    def forward(self, img, img_ids, txt, txt_ids, timesteps, y, guidance=None):
+    def forward(self, img, img_ids, txt, txt_ids, timesteps, y, guidance=None, bypass_guidance=False):
         """img (B, L_img, in_channels) packed latents, txt (B, L_txt, context_in_dim) T5 states, ids (B, L, 3) or
         (L, 3), timesteps (B,) in [0, 1], y (B, vec_in_dim) CLIP pooled, guidance (B,) (flux-dev) ->
-        velocity (B, L_img, out_channels)."""
+        velocity (B, L_img, out_channels). bypass_guidance: a flux-dev's conditioning vector without its guidance
+        embedding, guidance left out (ai-toolkit's bypass_guidance_embedding while training)."""
         if img.ndim != 3 or txt.ndim != 3:
             raise ValueError(f"Flux expects img (B, L, {self.in_channels}) and txt (B, L, "
                              f"{self.params.context_in_dim}), got {tuple(img.shape)} and {tuple(txt.shape)}")
@@ -58,7 +59,7 @@ class Flux(flame_nn.GradientCheckpointingMixin, flame_nn.Module):
         # embed the inputs and the conditioning vector
         img = self.img_in(img)
         vec = self.time_in(timestep_embedding(timesteps, 256))
-        if self.params.guidance_embed:
+        if self.params.guidance_embed and not bypass_guidance:
             if guidance is None:
                 raise ValueError("this Flux model embeds the guidance strength (flux-dev): pass guidance=(B,) values")
             vec = vec + self.guidance_in(timestep_embedding(guidance.to(dtype), 256))

@@ -48,7 +48,7 @@ class FluxKontextFamily(FluxFamily):
             return super().forward(model, x_t, t, cond)
         x, ids = with_reference(x_t, cond["img_ids"], cond["ref"], cond["ref_ids"])
         v = model(img=x, img_ids=ids, txt=cond["txt"], txt_ids=cond["txt_ids"], timesteps=t, y=cond["y"],
-                  guidance=cond.get("guidance"))
+                  guidance=cond.get("guidance"), bypass_guidance="guidance" not in cond)
         return target_velocity(v, x_t.shape[1])
 
     def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None, sampler="euler",

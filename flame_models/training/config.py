@@ -13,7 +13,7 @@ import difflib
 import math
 import os
 import typing
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 
 from flame_core.errors import FlameError
 
@@ -30,7 +30,7 @@ SCHEDULER_PARAMS = {"cosine_with_restarts": ("num_cycles",), "polynomial": ("pow
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "fp32": "float32",
           "float32": "float32", "float": "float32"}
 FILE_FORMATS = ("kohya", "peft")
-PROCESS_TYPES = ("sd_trainer", "diffusion_trainer")
+PROCESS_TYPES = ("sd_trainer", "diffusion_trainer", "ui_trainer")  # ui_trainer: a job of ai-toolkit's UI
 JOB_TYPES = ("extension", "train")
 
 
@@ -160,6 +160,8 @@ class TrainSection:
     train_text_encoder: bool = False     # sdxl, image folders: LoRA on CLIP-L / CLIP-G too (ai-toolkit's name)
     text_encoder_lr: typing.Optional[float] = None  # their learning rate (kohya --text_encoder_lr); None: lr
     guidance: float = 1.0                # guidance embedding value while training (flux-dev)
+    bypass_guidance_embedding: bool = False  # ai-toolkit's: flux-dev trains without its guidance embedding in the
+                                         # conditioning vector (previews keep it)
     # regularisation images (datasets with is_reg: true; flame_models/data/reg_mix.py)
     reg_weight: float = 1.0              # their loss's weight (ai-toolkit's name; alias: kohya's prior_loss_weight)
     reg_ratio: float = 0.5               # FLAME: the share of micro-batches drawn from them, in (0, 1)
@@ -192,6 +194,7 @@ class ModelConfig:
     tokenizer_path: typing.Optional[str] = None  # a folder with tokenizer/ and tokenizer_2/ (default: the model
                                                  # folder's, else the vocabularies packaged with FLAME)
     quantize_te: bool = False                    # T5's (Qwen-Image: Qwen2.5-VL's) Linear weights in fp8 (e4m3)
+    qtype_te: typing.Optional[str] = None        # ai-toolkit's type of quantize_te: its fp8 ones (qfloat8, ...) only
     t5_max_length: typing.Optional[int] = None   # T5 tokens per caption (kohya's t5xxl_max_token_length); default
                                                  # 512 for flux-dev, 256 for schnell and sd3
     use_t5: bool = True                          # sd3: false encodes without T5 (its tokens are zeros, as the
@@ -261,7 +264,8 @@ class ValidationConfig:
 class TrainConfig:
     name: str = "flux_lora"
     training_folder: str = "runs"
-    type: str = "sd_trainer"             # ai-toolkit's process type: sd_trainer / diffusion_trainer
+    type: str = "sd_trainer"             # ai-toolkit's process type: sd_trainer / diffusion_trainer / ui_trainer (a
+                                         # job its UI wrote: the inert settings it writes into every job are warnings)
     device: typing.Optional[str] = None  # None: cuda when available, else cpu
     trigger_word: typing.Optional[str] = None  # replaces [trigger] in captions (prepended when missing) and prompts
     max_gpu_memory: typing.Any = None    # e.g. '12GiB' (a bare number is GiB; flame_core.memory.stats.parse_budget):
@@ -293,7 +297,10 @@ _INTERNAL = ("warnings", "given")
 _ALIASES = {NetworkConfig: {"rank": "linear", "alpha": "linear_alpha",
                             "network_weights": "pretrained_lora_path"},   # (kohya's --network_weights)
             SaveConfig: {"save_dtype": "dtype"},
-            TrainSection: {"prior_loss_weight": "reg_weight"},
+            TrainSection: {"prior_loss_weight": "reg_weight",
+                           # ai-toolkit's "proper" accumulation (one step per N micro-batches: FLAME's), as its UI
+                           # writes it
+                           "gradient_accumulation": "gradient_accumulation_steps"},
             ValidationConfig: {"validation_split": "split", "validate_every_n_steps": "every",
                                "eval_steps_interval": "every", "eval_timesteps": "timesteps",
                                "validation_seed": "seed", "max_validation_steps": "max_batches"}}
@@ -301,19 +308,42 @@ _ALIASES = {NetworkConfig: {"rank": "linear", "alpha": "linear_alpha",
 # ai-toolkit keys of features FLAME does not have yet: accepted only with a value that asks for nothing
 _WAITS_FOR = {
     ModelConfig: {"low_vram": "use max_gpu_memory to train under a memory budget",
+                  "model_kwargs": "no model takes extra keyword arguments here",
                   "is_v2": "SD 1.x / 2.x are not supported: model.arch is flux, sd3 or sdxl"},
     TrainSection: {"linear_timesteps": "use train.timestep_type (sigmoid, logit_normal, uniform, shift, flux_shift)",
                    # kohya's block swapping: FLAME streams blocks to fit a budget, and updates them inside backward
                    "blocks_to_swap": "use max_gpu_memory: the blocks streamed from host memory are chosen to fit "
                                      "that budget (auto-fit)",
                    "fused_backward_pass": "with network.type full under max_gpu_memory each block is updated inside "
-                                          "backward already (no flag)"},
+                                          "backward already (no flag)",
+                   # ai-toolkit's, written by its UI into every job (with these values they ask for nothing)
+                   "diff_output_preservation": "differential output preservation is not implemented; use "
+                                               "regularisation images (is_reg) for prior preservation",
+                   "force_first_sample": "a resumed run samples at its sample_every steps only"},
     SaveConfig: {"push_to_hub": "uploading is not supported", "hf_repo_id": "uploading is not supported",
                  "hf_private": "uploading is not supported"},
 }
 # ai-toolkit keys that only one value of makes sense for here: accepted with it, an error naming why otherwise
 _ONLY = {DatasetConfig: {"cache_latents": (True, "FLAME always caches latents before training (in host memory; "
-                                                 "cache_latents_to_disk: true keeps them on disk)")}}
+                                                 "cache_latents_to_disk: true keeps them on disk)"),
+                         # ai-toolkit's, written by its UI into every dataset: image datasets at weight 1
+                         "network_weight": (1, "every dataset trains the adapters at weight 1"),
+                         "num_frames": (1, "FLAME trains on images (a video model's frames are not read)"),
+                         "controls": ([], "Flux Kontext's control images come from control_path")},
+         SampleConfig: {"num_frames": (1, "previews are images")},
+         TrainSection: {"content_or_style": ("balanced", "the timestep density is train.timestep_type's "
+                                                         "(sigmoid, logit_normal, weighted, ...)")}}
+# ai-toolkit keys that do nothing here whatever their value (its UI writes them into every job): accepted, and a
+# warning says why they change nothing
+_INERT = {TrainConfig: {"sqlite_db_path": "the ai-toolkit UI's job database (FLAME has no UI)"},
+          DatasetConfig: {"shrink_video_to_frames": None, "do_i2v": None},   # (video files: FLAME reads images)
+          SampleConfig: {"fps": None},                                      # (a video preview's)
+          TrainSection: {"unload_text_encoder": "FLAME encodes every caption once before training and frees the "
+                                                "text encoders",
+                         "cache_text_embeddings": "FLAME encodes every caption once before training (the same "
+                                                  "embeddings as encoding each step) and frees the text encoders",
+                         "diff_output_preservation_multiplier": None, "diff_output_preservation_class": None,
+                         "switch_boundary_every": None}}   # (Wan 2.2's two experts)
 
 
 def _asks_for_nothing(value):
@@ -358,13 +388,13 @@ def _number(value, tp, path, errors):
     return float(value)
 
 
-def _coerce(value, tp, path, errors, given):
+def _coerce(value, tp, path, errors, given, notes=None):
     tp, optional = _optional(tp)
     if value is None:
         if optional or tp is typing.Any:
             return None
         if is_dataclass(tp) or tp in (dict, list) or typing.get_origin(tp) in (list, typing.List):
-            return _coerce({} if is_dataclass(tp) or tp is dict else [], tp, path, errors, given)
+            return _coerce({} if is_dataclass(tp) or tp is dict else [], tp, path, errors, given, notes)
         what = {bool: "true or false", int: "a number", float: "a number", str: "a string"}.get(tp, "a value")
         errors.append(f"{path}: expected {what}, got null (remove the key to use the default)")
         return _BAD
@@ -374,13 +404,13 @@ def _coerce(value, tp, path, errors, given):
         if not isinstance(value, dict):
             errors.append(f"{path}: expected a mapping, got {type(value).__name__} {value!r}")
             return _BAD
-        return _build(tp, value, path, errors, given)
+        return _build(tp, value, path, errors, given, notes)
     if typing.get_origin(tp) in (list, typing.List):
         (item_tp,) = typing.get_args(tp) or (typing.Any,)
         if not isinstance(value, list):
             errors.append(f"{path}: expected a list, got {type(value).__name__} {value!r}")
             return _BAD
-        items = [_coerce(v, item_tp, f"{path}[{i}]", errors, given) for i, v in enumerate(value)]
+        items = [_coerce(v, item_tp, f"{path}[{i}]", errors, given, notes) for i, v in enumerate(value)]
         return [v for v in items if v is not _BAD]
     if tp in (list, dict):
         if not isinstance(value, tp):
@@ -408,12 +438,14 @@ def _rel(path):
     return path.split("].", 1)[1] if path.startswith("config.process[") else path
 
 
-def _build(cls, data, path, errors, given):
+def _build(cls, data, path, errors, given, notes=None):
     hints = typing.get_type_hints(cls)
     names = [f.name for f in fields(cls) if f.name not in _INTERNAL]
     aliases = _ALIASES.get(cls, {})
     waits = _WAITS_FOR.get(cls, {})
     only = _ONLY.get(cls, {})
+    inert = _INERT.get(cls, {})
+    defaults = {f.name: f.default for f in fields(cls)}
     kwargs = {}
     for key, value in data.items():
         key = str(key)
@@ -422,7 +454,11 @@ def _build(cls, data, path, errors, given):
         if name in names:
             if name in kwargs:
                 errors.append(f"{where}: given twice (also as an alias)")
-            v = _coerce(value, hints[name], where, errors, given)
+            if value is None and defaults[name] is None:   # null for a setting whose default is none
+                kwargs[name] = None
+                given.add(_rel(f"{path}.{name}" if path else name))
+                continue
+            v = _coerce(value, hints[name], where, errors, given, notes)
             if v is not _BAD:  # a bad value keeps the default, so it causes no follow-up errors
                 kwargs[name] = v
                 given.add(_rel(f"{path}.{name}" if path else name))
@@ -430,8 +466,11 @@ def _build(cls, data, path, errors, given):
             if not _asks_for_nothing(value):
                 errors.append(f"{where}: not available: {waits[key]}")
         elif key in only:
-            if value != only[key][0]:
+            if value != only[key][0] and not (only[key][0] == [] and value is None):
                 errors.append(f"{where}: only {only[key][0]!r} is accepted: {only[key][1]}")
+        elif key in inert:
+            if inert[key] is not None and notes is not None:
+                notes.append(f"{where}: not used: {inert[key]}")
         else:
             near = difflib.get_close_matches(key, names + list(aliases), n=1)
             errors.append(f"{where}: unknown field" + (f"; did you mean '{near[0]}'?" if near else
@@ -518,8 +557,13 @@ def config_from_dict(data, source="<dict>", check_files=True):
         prefix = "config.process[0]"
     else:
         proc, prefix = data, ""
-    cfg = _build(TrainConfig, proc, prefix, errors, given)
+    notes = []
+    if isinstance(proc.get("sample"), dict) and "samples" in proc["sample"]:
+        proc = {**proc, "sample": _samples_as_prompts(proc["sample"], f"{prefix + '.' if prefix else ''}sample",
+                                                      errors)}
+    cfg = _build(TrainConfig, proc, prefix, errors, given, notes)
     cfg.given = frozenset(given)
+    cfg.warnings += notes
     if prefix and "network" not in proc:   # an ai-toolkit job file: there no network section means full fine-tuning
         cfg.warnings.append("no network section: FLAME trains its default adapter (LoRA r16 on the family's default "
                             "target); ai-toolkit would fine-tune the whole model here -- add `network: {type: full}` "
@@ -535,12 +579,88 @@ def config_from_dict(data, source="<dict>", check_files=True):
                           f"{cfg.log_every}; give one")
         cfg.log_every = cfg.logging.log_every
     errors += validate(cfg, p, check_files)  # a mistyped value kept its default: no follow-up errors
+    if cfg.type == "ui_trainer":
+        errors = _ui_defaults_as_warnings(cfg, errors)
     if errors:
         raise ConfigError(_format(source, errors))
     return cfg
 
 
 FP8_NAMES = ("fp8", "float8", "qfloat8", "float8_e4m3fn", "e4m3")
+
+# ai-toolkit's sample items (its UI writes `samples: [{prompt: ...}]` for `prompts`): each field as its prompt flag
+_SAMPLE_FLAGS = {"width": "--w", "height": "--h", "seed": "--seed", "neg": "--n", "guidance_scale": "--cfg",
+                 "sample_steps": "--s", "network_multiplier": "--m", "ctrl_img": "--ctrl_img"}
+
+
+def _samples_as_prompts(sample, where, errors):
+    """ai-toolkit's `sample.samples` ([{prompt, width, height, seed, neg, ...}]) as `sample.prompts` strings with the
+    prompt flags that say the same (prompt_options.py); an item field without one is an error naming it."""
+    items, out = sample["samples"], dict(sample)
+    del out["samples"]
+    if "prompts" in sample:
+        errors.append(f"{where}.samples: given together with {where}.prompts; use one")
+        return out
+    if not isinstance(items, list):
+        errors.append(f"{where}.samples: expected a list of {{prompt: ...}} items, got {items!r}")
+        return out
+    prompts = []
+    for i, item in enumerate(items):
+        at = f"{where}.samples[{i}]"
+        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
+            errors.append(f"{at}: expected a mapping with a prompt string, got {item!r}")
+            continue
+        text = item["prompt"]
+        for k, v in item.items():
+            if k == "prompt" or v is None or (k in ("num_frames", "fps", "ctrl_idx") and v in (1, 0) and
+                                               (k != "num_frames" or v == 1)):
+                continue   # (an image's frame count and a video's rate; ctrl_idx 0: the only control image)
+            if k not in _SAMPLE_FLAGS:
+                errors.append(f"{at}.{k}: not available in a sample item (FLAME's prompt flags take "
+                              f"{', '.join(_SAMPLE_FLAGS)})")
+                continue
+            text += f" {_SAMPLE_FLAGS[k]} {v}"
+        prompts.append(text)
+    out["prompts"] = prompts
+    return out
+
+
+# what ai-toolkit's UI writes into every job although it does nothing there for this model or network: with
+# type ui_trainer these are warnings, not errors ((field, the start of validation's message))
+_UI_DEFAULTS = (("network.lokr_factor", "only used by network type"),
+                ("network.lokr_full_rank", "only used by network type"),
+                ("network.conv", "the "),                   # (a transformer has no convolutions: LoCon's rank)
+                ("save.save_format", "diffusers writes a full fine-tune's model"),
+                (".mask_min_value", None))                  # (any dataset's, without masks)
+
+
+def _ui_defaults_as_warnings(cfg, errors):
+    """`errors` without those about ai-toolkit UI defaults that do nothing here (_UI_DEFAULTS), which go to
+    cfg.warnings; each such setting is put back to its default (what the run then does, and what later checks of
+    the same setting -- the datasets' when they are built -- see)."""
+    keep = []
+    for e in errors:
+        field, _, msg = e.partition(": ")
+        hit = any(field.endswith(f) and (start is None or msg.startswith(start)) for f, start in _UI_DEFAULTS)
+        if hit and ("no convolutions" in msg or "no masks" in msg or not field.endswith((".conv", ".mask_min_value"))):
+            cfg.warnings.append(f"{field}: not used (ai-toolkit's UI writes it into every job): {msg}")
+            _reset(cfg, _rel(field))
+        else:
+            keep.append(e)
+    return keep
+
+
+def _reset(cfg, dotted):
+    """The field at `dotted` ("network.conv", "datasets[0].mask_min_value") set back to its dataclass default."""
+    *parents, last = dotted.split(".")
+    obj = cfg
+    for part in parents:
+        name, _, index = part.partition("[")
+        obj = getattr(obj, name)
+        if index:
+            obj = obj[int(index.rstrip("]"))]
+    default = next(f for f in fields(obj) if f.name == last)
+    setattr(obj, last, default.default if default.default is not MISSING else default.default_factory())
 # the adapters' settings network_kwargs may carry (ai-toolkit passes them there; kohya's network_args names)
 _NETWORK_KWARGS_FIELDS = ("rank_dropout", "module_dropout")
 
@@ -574,10 +694,11 @@ def _clean_quantize(cfg, p, errors):
     elif not isinstance(q, bool):
         errors.append(f"{p}model.quantize: true, false or 'fp8' (FLAME stores frozen weights in fp8 e4m3), got {q!r}")
         cfg.model.quantize = False
-    qt = cfg.model.qtype
-    if qt is not None and (not isinstance(qt, str) or qt.lower() not in FP8_NAMES):
-        errors.append(f"{p}model.qtype: FLAME quantises the frozen weights to fp8 (e4m3) only: qfloat8, float8 or fp8, "
-                      f"got {qt!r}")
+    for key in ("qtype", "qtype_te"):
+        qt = getattr(cfg.model, key)
+        if qt is not None and (not isinstance(qt, str) or qt.lower() not in FP8_NAMES):
+            errors.append(f"{p}model.{key}: FLAME quantises the frozen weights to fp8 (e4m3) only: qfloat8, float8 or "
+                          f"fp8, got {qt!r}")
     if cfg.train.fp8_compute and not cfg.model.quantize:
         errors.append(f"{p}train.fp8_compute: computes with the fp8 weights of model.quantize; set model.quantize: "
                       f"fp8 too")

@@ -438,6 +438,9 @@ def _family_checks(cfg, family, p):
         sy = cfg.synthetic
         if sy is not None and (getattr(sy, k) <= 0 or getattr(sy, k) % mult):
             e.append(f"{p}synthetic.{k}: must be a positive multiple of {mult}, got {getattr(sy, k)}")
+    if cfg.train.bypass_guidance_embedding and family.name not in ("flux", "flux_kontext"):
+        e.append(f"{p}train.bypass_guidance_embedding: Flux's (a guidance-embedding Flux trains without it); the "
+                 f"{family.name} family has no guidance embedding")
     if cfg.train.train_text_encoder and family.text_encoder_targets is None:
         e.append(f"{p}train.train_text_encoder: the {family.name} family cannot train its text encoders (available "
                  f"for sdxl)")
