@@ -631,6 +631,8 @@ _UI_DEFAULTS = (("network.lokr_factor", "only used by network type"),
                 ("network.lokr_full_rank", "only used by network type"),
                 ("network.conv", "the "),                   # (a transformer has no convolutions: LoCon's rank)
                 ("save.save_format", "diffusers writes a full fine-tune's model"),
+                ("train.timestep_type", "not available: SDXL trains"),   # (its section hidden for SDXL)
+                ("model.low_vram", "not available: "),      # (memory placement: max_gpu_memory bounds a run here)
                 (".mask_min_value", None))                  # (any dataset's, without masks)
 
 
@@ -644,7 +646,8 @@ def _ui_defaults_as_warnings(cfg, errors):
         hit = any(field.endswith(f) and (start is None or msg.startswith(start)) for f, start in _UI_DEFAULTS)
         if hit and ("no convolutions" in msg or "no masks" in msg or not field.endswith((".conv", ".mask_min_value"))):
             cfg.warnings.append(f"{field}: not used (ai-toolkit's UI writes it into every job): {msg}")
-            _reset(cfg, _rel(field))
+            if not field.endswith("low_vram"):   # (not a field: nothing was set)
+                _reset(cfg, _rel(field))
         else:
             keep.append(e)
     return keep

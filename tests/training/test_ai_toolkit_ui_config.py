@@ -131,3 +131,18 @@ def test_bypass_guidance_embedding_trains_flux_dev_without_it(job):
     on["config"]["process"][0]["train"]["guidance"] = 2.0
     with pytest.raises(ConfigError, match="train.guidance: not used: train.bypass_guidance_embedding"):
         config_from_dict(on)
+
+
+@pytest.mark.parametrize("arch, changes, warned", [
+    ("sdxl", {"train": {"noise_scheduler": "ddpm"}, "sample": {"sampler": "euler_a", "guidance_scale": 6}},
+     "train.timestep_type"),                            # (the UI hides the section for SDXL but writes it)
+    ("qwen_image", {"model": {"low_vram": True}}, "model.low_vram"),
+])
+def test_other_architectures_ui_defaults(job, arch, changes, warned):
+    j = copy.deepcopy(job)
+    proc = j["config"]["process"][0]
+    proc["model"]["arch"] = arch
+    for section, values in changes.items():
+        proc[section].update(values)
+    cfg = config_from_dict(j, check_files=False)
+    assert any(w.startswith(f"config.process[0].{warned}: not used") for w in cfg.warnings)
