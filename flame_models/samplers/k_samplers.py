@@ -91,6 +91,15 @@ def sample_ddim(model, x, sigmas, timesteps=None, *, eta=0.0, generator=None, no
                                   callback=callback, progress=progress)
 
 
+def sample_ddpm(model, x, sigmas, timesteps=None, *, generator=None, noise=None, callback=None, progress=False):
+    """DDPM's ancestral sampling (DDPMScheduler, variance_type fixed_small): each step draws x_{t'} from the
+    posterior q(x_{t'} | x_t, x0 = D), which is DDIM's update with η = 1 (Song et al. 2021, §4.1) -- here in σ
+    form. Use it with schedules.ddim_sigmas(..., set_alpha_to_one=True): DDPMScheduler's last step goes to ᾱ = 1
+    (σ 0: the sample is D), without noise."""
+    return sample_euler_ancestral(model, x, sigmas, timesteps, eta=1.0, generator=generator, noise=noise,
+                                  callback=callback, progress=progress)
+
+
 def sample_heun(model, x, sigmas, timesteps=None, *, callback=None, progress=False):
     x = x.float()
     for i in _steps(sigmas, progress, "heun"):
@@ -267,6 +276,7 @@ def sample_lcm(model, x, sigmas, timesteps, *, generator=None, noise=None, callb
 
 SAMPLERS = {"euler": sample_euler, "euler_ancestral": sample_euler_ancestral, "heun": sample_heun,
             "dpm_2": sample_dpm_2, "dpm_2_ancestral": sample_dpm_2_ancestral, "dpmpp_2m": sample_dpmpp_2m,
-            "dpmpp_2m_sde": sample_dpmpp_2m_sde, "ddim": sample_ddim, "lcm": sample_lcm, "unipc": sample_unipc}
+            "dpmpp_2m_sde": sample_dpmpp_2m_sde, "ddim": sample_ddim, "lcm": sample_lcm, "unipc": sample_unipc,
+            "ddpm": sample_ddpm}
 STOCHASTIC = ("euler_ancestral", "dpm_2_ancestral", "dpmpp_2m_sde", "ddim")   # they take eta, generator and noise
-DRAWS_NOISE = STOCHASTIC + ("lcm",)   # they take generator and noise (lcm: no eta, its noise is the method's)
+DRAWS_NOISE = STOCHASTIC + ("lcm", "ddpm")   # they take generator and noise (lcm, ddpm: no eta, the method's noise)

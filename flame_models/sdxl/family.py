@@ -4,8 +4,8 @@ v-prediction on the scaled-linear schedule, zero-terminal SNR, min-SNR-γ, a tim
 (CLIP-G's projected pooled vector ‖ the six size embeddings of each sample's original size, crop (top, left) and
 bucket size, which image folders keep per sample; precomputed samples: the latents' size, no crop); previews with the
 SDXL samplers (sample.sampler: euler (default), euler_ancestral (ai-toolkit: euler_a), heun, dpm_2, dpm_2_ancestral,
-dpmpp_2m, dpmpp_2m_sde, ddim, unipc, lcm), classifier-free guidance with a negative prompt (sample.neg; default zeros,
-diffusers' force_zeros_for_empty_prompt), size conditioning = the preview's size.
+dpmpp_2m, dpmpp_2m_sde, ddim, ddpm (ai-toolkit's SDXL default), unipc, lcm), classifier-free guidance with a negative
+prompt (sample.neg; default zeros, diffusers' force_zeros_for_empty_prompt), size conditioning = the preview's size.
 Adapters train Linear layers (attention / all_linear presets) and, with
 network.conv (LoCon), kohya's convolution set: the 3x3 convolutions of the ResBlocks, downsamplers and upsamplers at
 the conv rank, with the ResBlocks' emb_layers.1 and 1x1 skip convolutions at the linear rank. LoRA names: SAI's in
@@ -90,9 +90,9 @@ class SDXLFamily(DiffusionFamily):
         if self._sampler(sm) == "lcm" and sm.sample_steps > LCM_ORIGINAL_STEPS:
             e.append(f"{p}sample.sample_steps: lcm previews take at most {LCM_ORIGINAL_STEPS} steps (a subset of LCM's "
                      f"distillation schedule), got {sm.sample_steps}")
-        if t.zero_terminal_snr and self._sampler(sm) == "ddim" and 1000 % sm.sample_steps:
-            e.append(f"{p}sample.sample_steps: DDIM previews of a zero-terminal-SNR model walk 'trailing' timesteps, "
-                     f"which need a step count that divides 1000, got {sm.sample_steps}")
+        if t.zero_terminal_snr and self._sampler(sm) in ("ddim", "ddpm") and 1000 % sm.sample_steps:
+            e.append(f"{p}sample.sample_steps: DDIM / DDPM previews of a zero-terminal-SNR model walk 'trailing' "
+                     f"timesteps, which need a step count that divides 1000, got {sm.sample_steps}")
         if t.zero_terminal_snr and t.prediction_type == "epsilon":
             cfg.warnings.append("train.zero_terminal_snr with epsilon prediction: the last timestep is pure noise, "
                                 "where an ε-prediction learns nothing (use prediction_type v_prediction)")

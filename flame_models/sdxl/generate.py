@@ -31,7 +31,7 @@ NOTES = {"guidance": "it uses classifier-free guidance (--cfg)", "no_t5": "it ha
 DEFAULTS = {"steps": 30, "cfg": 5.0, "sampler": "euler"}
 SAMPLER_NAMES = {"euler": "Euler", "euler_ancestral": "Euler a", "heun": "Heun", "dpm_2": "DPM2",
                  "dpm_2_ancestral": "DPM2 a", "dpmpp_2m": "DPM++ 2M", "dpmpp_2m_sde": "DPM++ 2M SDE", "ddim": "DDIM",
-                 "lcm": "LCM", "unipc": "UniPC"}
+                 "lcm": "LCM", "unipc": "UniPC", "ddpm": "DDPM"}
 
 
 def _size(value, name):
@@ -97,7 +97,7 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
     sampler = sampler or DEFAULTS["sampler"]
     if sampler not in P.SAMPLERS:
         raise G.GenerateError(f"--sampler {sampler}: one of {', '.join(P.SAMPLERS)}")
-    if karras and sampler in ("ddim", "lcm"):
+    if karras and sampler in ("ddim", "ddpm", "lcm"):
         raise G.GenerateError(f"--karras: {sampler} walks its own timesteps; use another sampler")
     if sampler == "lcm" and steps is not None and steps > LCM_ORIGINAL_STEPS:
         raise G.GenerateError(f"--steps {steps}: lcm takes at most {LCM_ORIGINAL_STEPS} (its timesteps are a subset of "

@@ -41,7 +41,7 @@ LATENT_FORMAT = ABOUT.latent_format
 STACKS = ("input_blocks", "middle_block", "output_blocks")
 LATENT_CHANNELS = 4
 SAMPLERS = ("euler", "euler_ancestral", "heun", "dpm_2", "dpm_2_ancestral", "dpmpp_2m", "dpmpp_2m_sde", "ddim",
-            "lcm", "unipc")
+            "lcm", "unipc", "ddpm")
 SCHEDULERS = ("normal", "karras")
 
 

@@ -118,7 +118,7 @@ def sample(unet, context, y, neg_context=None, neg_y=None, *, height=1024, width
                          "use another sampler")
     if sampler not in SAMPLERS:
         raise ValueError(f"sample: unknown sampler {sampler!r}; known: {', '.join(SAMPLERS)}")
-    if sampler in ("ddim", "lcm") and scheduler != "normal":
+    if sampler in ("ddim", "ddpm", "lcm") and scheduler != "normal":
         raise ValueError(f"sample: {sampler} walks its own timesteps; scheduler must be 'normal'")
     if sampler not in STOCHASTIC and eta is not None:
         raise ValueError(f"sample: eta applies to {', '.join(STOCHASTIC)}, not {sampler}")
@@ -135,8 +135,9 @@ def sample(unet, context, y, neg_context=None, neg_y=None, *, height=1024, width
         neg_context, neg_y = neg_context.to(device=device), neg_y.to(device=device)
 
     schedule = DDPMSchedule(zero_terminal_snr=zero_terminal_snr)
-    if sampler == "ddim":
-        sigmas, timesteps = ddim_sigmas(schedule, steps, timestep_spacing, steps_offset)
+    if sampler in ("ddim", "ddpm"):   # (DDPMScheduler's table: DDIM's, its last step to ᾱ = 1)
+        sigmas, timesteps = ddim_sigmas(schedule, steps, timestep_spacing, steps_offset,
+                                        set_alpha_to_one=sampler == "ddpm")
     elif sampler == "lcm":   # LCMScheduler's table (its own spacing: timestep_spacing and steps_offset do not apply)
         sigmas, timesteps = lcm_sigmas(schedule, steps)
     elif sampler in ("dpmpp_2m", "dpmpp_2m_sde", "unipc"):   # DPMSolverMultistepScheduler's (UniPC's the same)

@@ -191,7 +191,7 @@ def test_sampler_lists_agree():
     assert tuple(SAMPLERS) == pipeline.SAMPLERS
     assert set(SAMPLER_NAMES) == set(SAMPLERS)
     assert set(STOCHASTIC) == {"euler_ancestral", "dpm_2_ancestral", "dpmpp_2m_sde", "ddim"}
-    assert set(DRAWS_NOISE) == set(STOCHASTIC) | {"lcm"}
+    assert set(DRAWS_NOISE) == set(STOCHASTIC) | {"lcm", "ddpm"}
 
 
 def test_unipc_calls_the_model_once_a_step_and_its_corrector_acts():
