@@ -69,7 +69,7 @@ def test_the_readme_states_what_the_samples_grid_and_a_run_without_model_are():
     assert "edit its paths to yours" in text
     # the SDXL LoRA sentence agrees with the text-encoder training above it (it said such files were refused)
     assert "refused for now" not in text and "SDXL also trains the text encoders' LoRA" in text
-    assert "the trainer's UNet-only file and one with text-encoder parts both apply" in text
+    assert "the trainer's transformer-only file and one with text-encoder parts both apply" in text
 
 
 def test_the_readmes_generate_examples_read_the_lora_where_its_training_command_writes_it(monkeypatch):
