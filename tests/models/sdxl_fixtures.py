@@ -78,3 +78,13 @@ def assert_close(got, want, rtol, what=""):
     scale = float(np.abs(want).max())
     assert err <= rtol * scale, f"{what}: max error {err:.3g} > {rtol} x {scale:.3g}"
     return err / scale
+
+
+def fixed_model(pattern):
+    """tanh(0.8 x_in) + pattern * t / 1000: the scheduler fixtures' stand-in for a UNet (tests/fixtures/
+    make_sdxl_fixtures.fixed_model)."""
+    p = t(pattern)
+
+    def model(x_in, timestep):
+        return (x_in * 0.8).tanh() + p * (float(timestep) / 1000.0)
+    return model

@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 import pytest
-from sdxl_fixtures import FIXTURES, assert_close, t
+from sdxl_fixtures import FIXTURES, assert_close, fixed_model, t
 
 from flame_core.io import load_file
 from flame_models.samplers import DRAWS_NOISE, SAMPLERS, STOCHASTIC, DDPMSchedule, Denoiser, ddim_sigmas
@@ -23,14 +23,6 @@ def fixtures():
 CASES = sorted(fixtures()[1])
 
 
-def _fixed_model(pattern):
-    p = t(pattern)
-
-    def model(x_in, timestep):
-        return (x_in * 0.8).tanh() + p * (float(timestep) / 1000.0)
-    return model
-
-
 @pytest.mark.parametrize("name", CASES)
 def test_every_step_matches_ddpmscheduler(name):
     ref, meta = fixtures()
@@ -42,7 +34,7 @@ def test_every_step_matches_ddpmscheduler(name):
     scale = [math.sqrt(float(s) ** 2 + 1.0) for s in sigmas]   # VE sample = VP sample * sqrt(sigma^2 + 1)
     traj, draws = ref[f"{name}.trajectory"], ref[f"{name}.noise_draws"]
     states = []
-    denoiser = Denoiser(_fixed_model(ref["pattern"]), DDPMSchedule(), cfg["prediction_type"])
+    denoiser = Denoiser(fixed_model(ref["pattern"]), DDPMSchedule(), cfg["prediction_type"])
     SAMPLERS["ddpm"](denoiser, t(traj[0] * scale[0]), sigmas, ts, noise=lambda i, x: t(draws[i]),
                      callback=lambda i, x, x0, s: states.append(x.numpy()))
     assert len(states) == meta[name]["steps"]

@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 import pytest
-from sdxl_fixtures import DIFFUSERS_DIR, FIXTURES, assert_close, io, t
+from sdxl_fixtures import DIFFUSERS_DIR, FIXTURES, assert_close, fixed_model, io, t
 
 import flame_core as flame
 from flame_core.io import load_file
@@ -110,15 +110,6 @@ def test_kdpm2_table_is_eulers_with_rounded_karras_timesteps():
 
 
 # ----------------------------------------------------------------------------- the update rules
-def _fixed_model(pattern):
-    """tanh(0.8 x_in) + pattern * t / 1000: the fixture's stand-in for a UNet."""
-    p = t(pattern)
-
-    def model(x_in, timestep):
-        return (x_in * 0.8).tanh() + p * (float(timestep) / 1000.0)
-    return model
-
-
 @pytest.mark.parametrize("name", CASES)
 def test_sampler_trajectory_matches_diffusers(name):
     """Every step of our sampler equals the diffusers scheduler's (at the scheduler calls that end a step), on the
@@ -135,7 +126,7 @@ def test_sampler_trajectory_matches_diffusers(name):
     draws = ref.get(f"{name}.noise_draws")
     kwargs = {} if draws is None else {"noise": lambda i, x: t(draws[i])}     # draw i: step i's
     x = t(traj[0] * scale[0])
-    denoiser = Denoiser(_fixed_model(ref["pattern"]), DDPMSchedule(), m["config"]["prediction_type"])
+    denoiser = Denoiser(fixed_model(ref["pattern"]), DDPMSchedule(), m["config"]["prediction_type"])
     SAMPLERS[sampler](denoiser, x, sigmas, ts, callback=lambda i, x, x0, s: states.append(x.numpy()), **kwargs)
     assert len(states) == len(m["step_ends"]) == m["steps"]
     for i, got in enumerate(states):

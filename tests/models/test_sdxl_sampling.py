@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 import pytest
-from sdxl_fixtures import DIFFUSERS_DIR, assert_close, io, schedulers, t
+from sdxl_fixtures import DIFFUSERS_DIR, assert_close, fixed_model, io, schedulers, t
 
 import flame_core as flame
 from flame_models.samplers import (
@@ -120,15 +120,6 @@ def test_ddim_timesteps_match_diffusers(name):
 
 
 # ----------------------------------------------------------------------------- the update rules
-def _fixed_model(pattern):
-    """tanh(0.8 x_in) + pattern * t / 1000: the fixture's stand-in for a UNet."""
-    p = t(pattern)
-
-    def model(x_in, timestep):
-        return (x_in * 0.8).tanh() + p * (float(timestep) / 1000.0)
-    return model
-
-
 @pytest.mark.parametrize("name", ["euler_leading", "euler_linspace_karras", "euler_leading_karras",
                                   "euler_trailing_zsnr_v", "euler_ancestral_leading", "euler_ancestral_trailing_v",
                                   "dpmpp_2m", "dpmpp_2m_karras_v", "ddim_leading", "ddim_leading_eta",
@@ -162,7 +153,7 @@ def test_sampler_trajectory_matches_diffusers(name):
     elif sampler == "euler_ancestral":
         kwargs["eta"] = 1.0
     x = t(traj[0] * scale[0])
-    denoiser = Denoiser(_fixed_model(ref["pattern"]), schedule, pred)
+    denoiser = Denoiser(fixed_model(ref["pattern"]), schedule, pred)
     SAMPLERS[sampler](denoiser, x, sigmas, ts, callback=lambda i, x, x0, s: states.append(x.numpy()), **kwargs)
     # ZTSNR + DDIM: diffusers' ᾱ_T is exactly 0, ours 2^-24 (sigma 4096): x0 differs by 2^-12 of x at the first step.
     # ZTSNR + Euler: the float32 reference steps from x ~ 4096 noise (its rounding ~3e-5 of the result)
