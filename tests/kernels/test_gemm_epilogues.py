@@ -232,16 +232,19 @@ def test_a_threads_gemm_handle_is_destroyed_when_the_thread_ends():
     cp.cuda.Device().synchronize()
     results, errors, handles = [], [], []
 
-    def work():
+    def work(together):
         try:
             results.append(cp.asnumpy(gemm.matmul(A, B)))
             st = gemm._state()
             handles.append((weakref.ref(st), st.ptr))
         except Exception as e:   # noqa: BLE001 - reported by the assertion below
             errors.append(repr(e))
+        finally:   # the eight threads of a round hold their handles at once (a thread that ended first would
+            together.wait(timeout=30)   # free its handle, whose address cuBLAS may then give the next one)
 
     for _ in range(3):
-        threads = [threading.Thread(target=work) for _ in range(8)]
+        together = threading.Barrier(8)
+        threads = [threading.Thread(target=work, args=(together,)) for _ in range(8)]
         for t in threads:
             t.start()
         for t in threads:

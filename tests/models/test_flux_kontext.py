@@ -81,6 +81,7 @@ def test_the_trainer_plugin_appends_the_control_latents_and_predicts_the_target_
 
     class Train:
         guidance = 1.0
+        bypass_guidance_embedding = False
     dev = next(model.parameters()).device   # the test device (cuda under FLAME_DEVICE=cuda)
     x0, cond = fam.training_inputs(model, batch, dev, Train)
     assert tuple(x0.shape) == (2, 6, 64) and tuple(cond["ref"].shape) == (2, 4, 64)

@@ -329,14 +329,14 @@ def test_bad_configs_are_named_before_anything_loads(tmp_path, images, sdxl_mode
         sdxl_config(tmp_path, "x", sdxl_model, images, network={"type": "dora", "target": ["re:.*in_layers\\.2"],
                                                                 "conv": 4},
                     train={"timestep_type": "shift", "min_snr_gamma": 0},
-                    sample={"slg_scale": 2.0, "sampler": "ddpm", "scheduler": "karras"})
+                    sample={"slg_scale": 2.0, "sampler": "pndm", "scheduler": "karras"})
     msg = str(ei.value)
     for want in ("network.conv: convolution adapters are LoRA (LoCon) only; network.type is 'dora'",
                  "network.target: 're:.*in_layers\\\\.2' selects convolutions (input_blocks.1.0.in_layers.2",
                  "which dora cannot adapt (convolutions take LoRA / LoCon only)",
                  "train.timestep_type: not available: SDXL trains with the DDPM objective",
                  "train.min_snr_gamma: must be > 0", "sample.slg_scale: not available: skip-layer guidance",
-                 "sample.sampler: 'ddpm' is not one of ",
+                 "sample.sampler: 'pndm' is not one of ",
                  "sample.scheduler: a flow-matching families' option (SD3, Flux, Flux Kontext, Chroma, Qwen-Image); "
                  "SDXL previews use the model's own sigmas, got 'karras'"):
         assert want in msg, (want, msg)
