@@ -120,6 +120,7 @@ class TrainSection:
     noise_scheduler: str = "flowmatch"   # flowmatch (flux, sd3) | ddpm (sdxl; its default)
     # flow matching (flux, sd3): how sigma is drawn, and the loss weight by sigma (objective.py, timesteps.py)
     timestep_type: str = "sigmoid"       # sigmoid | logit_normal | uniform | shift | flux_shift | mode | chroma
+    content_or_style: str = "balanced"   # ai-toolkit's: balanced | content (favour high noise) | style (low noise)
                                          # (sd3's default: logit_normal; chroma's: chroma)
     shift: float = 3.0                   # timestep_type 'shift'
     sigmoid_scale: float = 1.0           # timestep_type sigmoid, shift, flux_shift
@@ -330,9 +331,7 @@ _ONLY = {DatasetConfig: {"cache_latents": (True, "FLAME always caches latents be
                          "network_weight": (1, "every dataset trains the adapters at weight 1"),
                          "num_frames": (1, "FLAME trains on images (a video model's frames are not read)"),
                          "controls": ([], "Flux Kontext's control images come from control_path")},
-         SampleConfig: {"num_frames": (1, "previews are images")},
-         TrainSection: {"content_or_style": ("balanced", "the timestep density is train.timestep_type's "
-                                                         "(sigmoid, logit_normal, weighted, ...)")}}
+         SampleConfig: {"num_frames": (1, "previews are images")}}
 # ai-toolkit keys that do nothing here whatever their value (its UI writes them into every job): accepted, and a
 # warning says why they change nothing
 _INERT = {TrainConfig: {"sqlite_db_path": "the ai-toolkit UI's job database (FLAME has no UI)"},

@@ -238,7 +238,8 @@ class FlowMatchingFamily(DiffusionFamily):
         t = train_cfg
         return FlowMatching(t.timestep_type, shift=t.shift, sigmoid_scale=t.sigmoid_scale, logit_mean=t.logit_mean,
                             logit_std=t.logit_std, mode_scale=t.mode_scale, weighting_scheme=t.weighting_scheme,
-                            noise_offset=t.noise_offset, element=element_loss(t, "constant"))
+                            noise_offset=t.noise_offset, element=element_loss(t, "constant"),
+                            bias=t.content_or_style)
 
 
 def element_loss(train_cfg, default_schedule):

@@ -129,7 +129,7 @@ class FlowMatching(Objective):
     name = "flow_matching"
 
     def __init__(self, timestep_type="sigmoid", *, shift=3.0, sigmoid_scale=1.0, logit_mean=0.0, logit_std=1.0,
-                 mode_scale=1.29, weighting_scheme="none", noise_offset=0.0, element=None):
+                 mode_scale=1.29, weighting_scheme="none", noise_offset=0.0, element=None, bias="balanced"):
         from .timesteps import TIMESTEP_TYPES
         if timestep_type not in TIMESTEP_TYPES:
             raise ValueError(f"unknown timestep type {timestep_type!r}; choose one of {', '.join(TIMESTEP_TYPES)}")
@@ -147,7 +147,7 @@ class FlowMatching(Objective):
         self.timestep_type, self.weighting_scheme, self.noise_offset = timestep_type, weighting_scheme, noise_offset
         self.element = element
         self.kwargs = dict(shift=shift, sigmoid_scale=sigmoid_scale, logit_mean=logit_mean, logit_std=logit_std,
-                           mode_scale=mode_scale)
+                           mode_scale=mode_scale, bias=bias)
 
     def sample_timesteps(self, batch_size, *, generator, num_tokens, device):
         """(B,) σ in [0, 1], drawn on the CPU from `generator` (the same sequence on every device)."""

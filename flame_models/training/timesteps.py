@@ -15,7 +15,13 @@ checkpoint that stores the generator's state resumes with exactly the same σ se
     chroma        σ on the grid linspace(0, 1, 1000) with probability ∝ 2 − 7.7·(σ − 0.5)², the inverse of its CDF
                   at u ~ U[0, 1), no shift: how Chroma was trained (lodestone-rock/flow, src/trainer/train_chroma*.py:
                   create_distribution / sample_from_distribution); Chroma's default
+
+`bias` (ai-toolkit's content_or_style): "balanced" draws σ from the type's distribution as above; "content" and
+"style" draw it at the distribution's quantile p = 1 − u³ (favouring high noise: composition, structure) or p = u³
+(low noise: texture, style), u ~ U[0, 1) -- ai-toolkit's cubic index into its sorted table of the type's timesteps
+(diffusers' training scripts, after T2I-Adapter §3.4).
 """
+import statistics
 import math
 
 import numpy as np
@@ -70,8 +76,11 @@ def chroma_sigmas(u):
     return CHROMA_GRID[np.minimum(i, len(CHROMA_GRID) - 1)]
 
 
+BIASES = ("balanced", "content", "style")
+
+
 def sample_sigmas(kind, batch_size, *, generator=None, num_tokens=None, shift=3.0, sigmoid_scale=1.0,
-                  logit_mean=0.0, logit_std=1.0, mode_scale=1.29, device="cpu", dtype=flame.float32):
+                  logit_mean=0.0, logit_std=1.0, mode_scale=1.29, device="cpu", dtype=flame.float32, bias="balanced"):
     """Draw `batch_size` σ values of the distribution `kind` (one of TIMESTEP_TYPES) as a 1-D tensor on `device`.
 
     The draw is made on the CPU in float64 from `generator` (a CPU `flame.Generator`; the default CPU generator when
@@ -84,8 +93,15 @@ def sample_sigmas(kind, batch_size, *, generator=None, num_tokens=None, shift=3.
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if generator is not None and generator.device.type != "cpu":
         raise ValueError(f"timestep sampling draws on the CPU; got a generator on {generator.device}")
+    if bias not in BIASES:
+        raise ValueError(f"unknown bias {bias!r}; choose one of {', '.join(BIASES)}")
+    p = None   # content / style: the quantile of σ's distribution to take (σ increasing in it)
+    if bias != "balanced":
+        u = flame.rand(batch_size, generator=generator, dtype=flame.float64, device="cpu").numpy()
+        p = 1.0 - u ** 3 if bias == "content" else u ** 3
     if kind in ("uniform", "mode", "chroma"):
-        s = flame.rand(batch_size, generator=generator, dtype=flame.float64, device="cpu").numpy()
+        s = flame.rand(batch_size, generator=generator, dtype=flame.float64, device="cpu").numpy() if p is None \
+            else (1.0 - p if kind == "mode" else p)   # (mode's σ decreases in its u)
         if kind == "chroma":
             s = chroma_sigmas(s)
         elif kind == "mode":
@@ -94,7 +110,11 @@ def sample_sigmas(kind, batch_size, *, generator=None, num_tokens=None, shift=3.
                 raise ValueError(f"mode_scale must lie in ({lo}, {hi:.4f}), got {mode_scale}")
             s = mode_sigmas(s, mode_scale)
     else:
-        n = flame.randn(batch_size, generator=generator, dtype=flame.float64, device="cpu").numpy()
+        if p is None:
+            n = flame.randn(batch_size, generator=generator, dtype=flame.float64, device="cpu").numpy()
+        else:   # the standard normal's quantile (σ increases with n in every type below)
+            unit = statistics.NormalDist()
+            n = np.array([unit.inv_cdf(min(max(float(q), 1e-12), 1.0 - 1e-12)) for q in p])
         if kind == "logit_normal":
             s = _sigmoid(logit_mean + logit_std * n)
         else:

@@ -438,6 +438,13 @@ def _family_checks(cfg, family, p):
         sy = cfg.synthetic
         if sy is not None and (getattr(sy, k) <= 0 or getattr(sy, k) % mult):
             e.append(f"{p}synthetic.{k}: must be a positive multiple of {mult}, got {getattr(sy, k)}")
+    from .timesteps import BIASES
+    cs = cfg.train.content_or_style
+    if cs not in BIASES:
+        e.append(f"{p}train.content_or_style: one of {', '.join(BIASES)}, got {cs!r}")
+    elif cs != "balanced" and "train.timestep_type" not in family.fields:
+        e.append(f"{p}train.content_or_style: {cs!r} biases a flow-matching family's timesteps; the {family.name} "
+                 f"family draws DDPM timesteps (train.min_timestep / max_timestep narrow them)")
     if cfg.train.bypass_guidance_embedding and family.name not in ("flux", "flux_kontext"):
         e.append(f"{p}train.bypass_guidance_embedding: Flux's (a guidance-embedding Flux trains without it); the "
                  f"{family.name} family has no guidance embedding")

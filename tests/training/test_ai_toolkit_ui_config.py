@@ -72,7 +72,7 @@ def test_a_ui_job_reads_with_its_inert_defaults_as_warnings(job):
 
 
 @pytest.mark.parametrize("where, key, value, words", [
-    ("train", "content_or_style", "style", "only 'balanced' is accepted"),
+    ("train", "content_or_style", "texture", "content_or_style: one of balanced, content, style"),
     ("train", "diff_output_preservation", True, "not available: differential output preservation"),
     ("train", "force_first_sample", True, "not available"),
     ("model", "model_kwargs", {"x": 1}, "not available"),
@@ -146,3 +146,15 @@ def test_other_architectures_ui_defaults(job, arch, changes, warned):
         proc[section].update(values)
     cfg = config_from_dict(j, check_files=False)
     assert any(w.startswith(f"config.process[0].{warned}: not used") for w in cfg.warnings)
+
+
+def test_content_or_style_biases_a_flow_familys_timesteps_only(job):
+    styled = copy.deepcopy(job)
+    styled["config"]["process"][0]["train"]["content_or_style"] = "style"
+    cfg = config_from_dict(styled)
+    assert cfg.train.content_or_style == "style"
+    assert Trainer(cfg, verbose=False).setup().objective.kwargs["bias"] == "style"
+    styled["config"]["process"][0]["model"]["arch"] = "sdxl"
+    styled["config"]["process"][0]["train"]["noise_scheduler"] = "ddpm"
+    with pytest.raises(ConfigError, match="content_or_style: 'style' biases a flow-matching family's timesteps"):
+        config_from_dict(styled, check_files=False)

@@ -95,3 +95,18 @@ def test_errors():
         T.sample_sigmas("flux_shift", 2)
     with pytest.raises(ValueError, match="shift must be > 0"):
         T.sample_sigmas("shift", 2, shift=0.0)
+
+
+@pytest.mark.parametrize("kind", ["sigmoid", "logit_normal", "uniform", "shift", "mode", "chroma"])
+def test_content_and_style_favour_high_and_low_noise(kind):
+    """ai-toolkit's content_or_style: σ at the quantile 1 - u^3 (content) or u^3 (style) of the type's distribution;
+    balanced is the distribution itself. Their medians sit at its 87.4 % and 12.6 % quantiles (1 - 0.5^3 = 0.875)."""
+    draws = {b: T.sample_sigmas(kind, 20000, generator=flame.Generator("cpu").manual_seed(3), bias=b).numpy()
+             for b in ("balanced", "content", "style")}
+    q = {b: np.median(v) for b, v in draws.items()}
+    assert q["style"] < q["balanced"] < q["content"]
+    np.testing.assert_allclose(q["content"], np.quantile(draws["balanced"], 0.875), atol=0.02)
+    np.testing.assert_allclose(q["style"], np.quantile(draws["balanced"], 0.125), atol=0.02)
+    assert all(((v >= 0) & (v <= 1)).all() for v in draws.values())
+    with pytest.raises(ValueError, match="unknown bias"):
+        T.sample_sigmas(kind, 2, bias="texture")
