@@ -21,8 +21,8 @@ checkpoint that stores the generator's state resumes with exactly the same σ se
 (low noise: texture, style), u ~ U[0, 1) -- ai-toolkit's cubic index into its sorted table of the type's timesteps
 (diffusers' training scripts, after T2I-Adapter §3.4).
 """
-import statistics
 import math
+import statistics
 
 import numpy as np
 
