@@ -168,6 +168,7 @@ class TrainSection:
     reg_ratio: float = 0.5               # FLAME: the share of micro-batches drawn from them, in (0, 1)
     seed: int = 42
     skip_first_sample: bool = False
+    force_first_sample: bool = False     # ai-toolkit's: a resumed run samples before its first step too
     disable_sampling: bool = False
 
 
@@ -319,8 +320,7 @@ _WAITS_FOR = {
                                           "backward already (no flag)",
                    # ai-toolkit's, written by its UI into every job (with these values they ask for nothing)
                    "diff_output_preservation": "differential output preservation is not implemented; use "
-                                               "regularisation images (is_reg) for prior preservation",
-                   "force_first_sample": "a resumed run samples at its sample_every steps only"},
+                                               "regularisation images (is_reg) for prior preservation"},
     SaveConfig: {"push_to_hub": "uploading is not supported", "hf_repo_id": "uploading is not supported",
                  "hf_private": "uploading is not supported"},
 }

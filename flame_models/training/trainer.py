@@ -713,7 +713,10 @@ class Trainer:
         saved_at = self.step if self.resumed_from else None
         try:
             with self.stop or nullcontext(), self.meter.stage("train"):
-                if self.step == 0 and self._sample_due(0):
+                # ai-toolkit's force_first_sample: a resumed run samples where it starts, as a fresh one does at 0
+                forced = (self.step > 0 and t.force_first_sample and not t.skip_first_sample
+                          and not t.disable_sampling and c.sample.sample_every > 0)
+                if (self.step == 0 and self._sample_due(0)) or forced:
                     with self.progress.paused():
                         self.sample()
                 if self.step == 0 and self.validation is not None and self.validation.due(0):

@@ -226,3 +226,22 @@ def test_ema_resumes_exactly_and_the_lora_holds_the_average(tmp_path):
     ups = [k for k in lora if k.endswith(".lora_up.weight")]
     assert all(np.array_equal(lora[k].numpy(), avg[k].numpy()) for k in ups)
     assert any(not np.allclose(lora[k].numpy(), live[k].numpy()) for k in ups)
+
+
+@pytest.mark.parametrize("force, want", [(True, [4, 6]), (False, [6])])
+def test_force_first_sample_samples_where_a_resumed_run_starts(tmp_path, force, want):
+    """ai-toolkit's force_first_sample: a resumed run samples before its first step (the step's grid column is
+    replaced, not doubled); without it, at its sample_every steps only."""
+    def c(steps):
+        return _run(tmp_path, "f", steps, save_every=4, sample={"sample_every": 2, "sample_steps": 2,
+                                                                "num_samples": 1},
+                    train={"force_first_sample": force})
+    first = c(4)
+    first.train.force_first_sample = False   # (an applicable change: asked for when resuming)
+    Trainer(first, verbose=False).train()
+    again = Trainer(c(6), verbose=False).setup()
+    seen, real = [], again.sample
+    again.sample = lambda: (seen.append(again.step), real())[1]
+    again.train()
+    assert seen == want
+    assert [s for s, _ in again.previews.history] == [0, 2, 4, 6]
