@@ -46,7 +46,7 @@ class QwenImageFamily(FlowSamplerPreviews, FlowMatchingFamily):
     target_presets = TARGET_PRESETS
     config_defaults = {"name": "qwen_image_lora", "train.timestep_type": "uniform",
                        "sample.guidance_scale": qwen_sampling.DEFAULT_CFG}
-    fields = FLOW_FIELDS + ("sample.neg",)
+    fields = FLOW_FIELDS + ("sample.neg", "model.quantize_te")   # (quantize_te: Qwen2.5-VL's Linears in fp8)
     field_notes = {**{k: _DDPM_NOTE for k in DDPM_FIELDS},
                    "train.guidance": "Qwen-Image has no guidance embedding; previews use CFG with sample.neg",
                    "model.t5_path": "Qwen-Image's text encoder is Qwen2.5-VL (its pipeline folder's text_encoder/)",

@@ -309,8 +309,7 @@ _ALIASES = {NetworkConfig: {"rank": "linear", "alpha": "linear_alpha",
 
 # ai-toolkit keys of features FLAME does not have yet: accepted only with a value that asks for nothing
 _WAITS_FOR = {
-    ModelConfig: {"low_vram": "use max_gpu_memory to train under a memory budget",
-                  "model_kwargs": "no model takes extra keyword arguments here",
+    ModelConfig: {"model_kwargs": "no model takes extra keyword arguments here",
                   "is_v2": "SD 1.x / 2.x are not supported: model.arch is flux, sd3 or sdxl"},
     TrainSection: {"linear_timesteps": "use train.timestep_type (sigmoid, logit_normal, uniform, shift, flux_shift)",
                    # kohya's block swapping: FLAME streams blocks to fit a budget, and updates them inside backward
@@ -335,6 +334,8 @@ _ONLY = {DatasetConfig: {"cache_latents": (True, "FLAME always caches latents be
 # ai-toolkit keys that do nothing here whatever their value (its UI writes them into every job): accepted, and a
 # warning says why they change nothing
 _INERT = {TrainConfig: {"sqlite_db_path": "the ai-toolkit UI's job database (FLAME has no UI)"},
+          # (ai-toolkit's memory placement hint: said only when it asks for something)
+          ModelConfig: {"low_vram": "FLAME places a run's memory by max_gpu_memory (give it to bound the GPU's)"},
           DatasetConfig: {"shrink_video_to_frames": None, "do_i2v": None},   # (video files: FLAME reads images)
           SampleConfig: {"fps": None},                                      # (a video preview's)
           TrainSection: {"unload_text_encoder": "FLAME encodes every caption once before training and frees the "
@@ -468,7 +469,7 @@ def _build(cls, data, path, errors, given, notes=None):
             if value != only[key][0] and not (only[key][0] == [] and value is None):
                 errors.append(f"{where}: only {only[key][0]!r} is accepted: {only[key][1]}")
         elif key in inert:
-            if inert[key] is not None and notes is not None:
+            if inert[key] is not None and notes is not None and not (key == "low_vram" and not value):
                 notes.append(f"{where}: not used: {inert[key]}")
         else:
             near = difflib.get_close_matches(key, names + list(aliases), n=1)
@@ -631,7 +632,6 @@ _UI_DEFAULTS = (("network.lokr_factor", "only used by network type"),
                 ("network.conv", "the "),                   # (a transformer has no convolutions: LoCon's rank)
                 ("save.save_format", "diffusers writes a full fine-tune's model"),
                 ("train.timestep_type", "not available: SDXL trains"),   # (its section hidden for SDXL)
-                ("model.low_vram", "not available: "),      # (memory placement: max_gpu_memory bounds a run here)
                 (".mask_min_value", None))                  # (any dataset's, without masks)
 
 
@@ -645,8 +645,7 @@ def _ui_defaults_as_warnings(cfg, errors):
         hit = any(field.endswith(f) and (start is None or msg.startswith(start)) for f, start in _UI_DEFAULTS)
         if hit and ("no convolutions" in msg or "no masks" in msg or not field.endswith((".conv", ".mask_min_value"))):
             cfg.warnings.append(f"{field}: not used (ai-toolkit's UI writes it into every job): {msg}")
-            if not field.endswith("low_vram"):   # (not a field: nothing was set)
-                _reset(cfg, _rel(field))
+            _reset(cfg, _rel(field))
         else:
             keep.append(e)
     return keep

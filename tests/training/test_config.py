@@ -133,7 +133,7 @@ def test_ai_toolkit_example_on_precomputed_samples_lists_what_does_not_apply(fil
 
 
 @pytest.mark.parametrize("where, key, value", [
-    ("save", "push_to_hub", True), ("model", "low_vram", True),
+    ("save", "push_to_hub", True),
     ("train", "linear_timesteps", True), ("sample", "neg", "blurry"), ("train", "blocks_to_swap", 18),
     ("train", "fused_backward_pass", True)])
 def test_a_key_for_a_missing_feature_is_an_error_unless_it_asks_for_nothing(files, where, key, value):
@@ -411,3 +411,21 @@ def test_fp8_cache_transposes_takes_auto_true_false_and_auto_resolves_to_fp8_com
     assert fp8_cache_transposes_on(train(fp8_cache_transposes="auto"), budget=None) is False
     assert fp8_cache_transposes_on(train(fp8_compute=True, fp8_cache_transposes=True), budget=2**30) is True
     assert fp8_cache_transposes_on(train(fp8_compute=True, fp8_cache_transposes=False), budget=None) is False
+
+
+@pytest.mark.parametrize("arch", ["flux", "flux_kontext", "chroma", "sd3", "qwen_image"])
+def test_quantize_te_is_taken_by_every_family_with_a_large_text_encoder(arch):
+    """model.quantize_te (T5's, or Qwen-Image's Qwen2.5-VL's, Linears in fp8; ai-toolkit's key): Qwen-Image's family
+    read it but its config refused it."""
+    cfg = config_from_dict({"model": {"arch": arch, "quantize_te": True}, "synthetic": {}}, check_files=False)
+    assert cfg.model.quantize_te is True
+
+
+def test_low_vram_is_a_memory_hint_said_not_used(files):
+    """ai-toolkit's model.low_vram (its memory placement; the Qwen-Image example sets it): a warning that names
+    max_gpu_memory, nothing when false."""
+    tmp, data, model = files
+    cfg = config_from_dict({"datasets": [{"folder_path": data}], "model": {"low_vram": True}})
+    assert cfg.warnings == ["model.low_vram: not used: FLAME places a run's memory by max_gpu_memory (give it to "
+                            "bound the GPU's)"]
+    assert config_from_dict({"datasets": [{"folder_path": data}], "model": {"low_vram": False}}).warnings == []
