@@ -119,9 +119,10 @@ class TrainSection:
     cuda_graph: bool = True              # forward + backward replayed as a CUDA graph on cuda (flame_core.cuda)
     noise_scheduler: str = "flowmatch"   # flowmatch (flux, sd3) | ddpm (sdxl; its default)
     # flow matching (flux, sd3): how sigma is drawn, and the loss weight by sigma (objective.py, timesteps.py)
-    timestep_type: str = "sigmoid"       # sigmoid | logit_normal | uniform | shift | flux_shift | mode | chroma
-    content_or_style: str = "balanced"   # ai-toolkit's: balanced | content (favour high noise) | style (low noise)
+    timestep_type: str = "sigmoid"       # sigmoid | logit_normal | uniform | linear | shift | flux_shift | mode |
+                                         # chroma
                                          # (sd3's default: logit_normal; chroma's: chroma)
+    content_or_style: str = "balanced"   # ai-toolkit's: balanced | content (favour high noise) | style (low noise)
     shift: float = 3.0                   # timestep_type 'shift'
     sigmoid_scale: float = 1.0           # timestep_type sigmoid, shift, flux_shift
     logit_mean: float = 0.0              # timestep_type logit_normal (kohya / diffusers names)

@@ -6,6 +6,8 @@ checkpoint that stores the generator's state resumes with exactly the same σ se
     sigmoid       σ = sigmoid(s · n),  n ~ N(0, 1), s = `sigmoid_scale` (1.0)
     logit_normal  σ = sigmoid(μ + s · n)  with μ = `logit_mean` (0.0), s = `logit_std` (1.0)   (SD3's choice)
     uniform       σ ~ U[0, 1)
+    linear        σ = (1000 − k) / 1000, k uniform in {0, ..., 998}: ai-toolkit's 'linear' (its table
+                  linspace(1000, 1, 1000) indexed by randint(0, 999), which never draws the last entry)
     shift         σ = k·u / (1 + (k − 1)·u),  u = sigmoid(s · n), k = `shift` (3.0)            (kohya 'shift')
     flux_shift    σ = e^μ / (e^μ + 1/u − 1),  u = sigmoid(s · n), μ linear in the packed token count
                   (0.5 at 256 tokens, 1.15 at 4096: BFL's schedule shift, kohya 'flux_shift')
@@ -28,7 +30,8 @@ import numpy as np
 
 import flame_core as flame
 
-TIMESTEP_TYPES = ("sigmoid", "logit_normal", "uniform", "shift", "flux_shift", "mode", "chroma")
+TIMESTEP_TYPES = ("sigmoid", "logit_normal", "uniform", "linear", "shift", "flux_shift", "mode", "chroma")
+LINEAR_STEPS = 1000   # ai-toolkit's table of 'linear' timesteps
 # mode_scale must lie in (MODE_SCALE_RANGE): outside it σ(u) is not monotone (or leaves [0, 1])
 MODE_SCALE_RANGE = (-1.0, 1.0 / (math.pi / 2 - 1))
 
@@ -99,10 +102,13 @@ def sample_sigmas(kind, batch_size, *, generator=None, num_tokens=None, shift=3.
     if bias != "balanced":
         u = flame.rand(batch_size, generator=generator, dtype=flame.float64, device="cpu").numpy()
         p = 1.0 - u ** 3 if bias == "content" else u ** 3
-    if kind in ("uniform", "mode", "chroma"):
+    if kind in ("uniform", "linear", "mode", "chroma"):
         s = flame.rand(batch_size, generator=generator, dtype=flame.float64, device="cpu").numpy() if p is None \
-            else (1.0 - p if kind == "mode" else p)   # (mode's σ decreases in its u)
-        if kind == "chroma":
+            else (1.0 - p if kind in ("mode", "linear") else p)   # (mode's σ and linear's index go the other way)
+        if kind == "linear":   # s: the index's fraction of the table (0: σ 1)
+            k = np.minimum(np.floor(s * (LINEAR_STEPS - 1)), LINEAR_STEPS - 2)
+            s = (LINEAR_STEPS - k) / LINEAR_STEPS
+        elif kind == "chroma":
             s = chroma_sigmas(s)
         elif kind == "mode":
             lo, hi = MODE_SCALE_RANGE

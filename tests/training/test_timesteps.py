@@ -97,7 +97,7 @@ def test_errors():
         T.sample_sigmas("shift", 2, shift=0.0)
 
 
-@pytest.mark.parametrize("kind", ["sigmoid", "logit_normal", "uniform", "shift", "mode", "chroma"])
+@pytest.mark.parametrize("kind", ["sigmoid", "logit_normal", "uniform", "linear", "shift", "mode", "chroma"])
 def test_content_and_style_favour_high_and_low_noise(kind):
     """ai-toolkit's content_or_style: σ at the quantile 1 - u^3 (content) or u^3 (style) of the type's distribution;
     balanced is the distribution itself. Their medians sit at its 87.4 % and 12.6 % quantiles (1 - 0.5^3 = 0.875)."""
@@ -110,3 +110,14 @@ def test_content_and_style_favour_high_and_low_noise(kind):
     assert all(((v >= 0) & (v <= 1)).all() for v in draws.values())
     with pytest.raises(ValueError, match="unknown bias"):
         T.sample_sigmas(kind, 2, bias="texture")
+
+
+def test_linear_is_ai_toolkits_table_of_1000_timesteps():
+    """ai-toolkit's 'linear': σ = t / 1000 for t on linspace(1000, 1, 1000), indexed by randint(0, 999) -- every
+    value in {1.000, 0.999, ..., 0.002} about equally often, never 0.001."""
+    s = T.sample_sigmas("linear", 200000, generator=flame.Generator("cpu").manual_seed(1), dtype=flame.float64).numpy()
+    k = np.round(s * 1000).astype(int)
+    np.testing.assert_allclose(s, k / 1000, atol=1e-12)
+    assert k.min() == 2 and k.max() == 1000
+    counts = np.bincount(k, minlength=1001)[2:]
+    assert counts.min() > 0.7 * counts.mean() and counts.max() < 1.3 * counts.mean()
