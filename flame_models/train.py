@@ -106,6 +106,11 @@ def parser():
                                                  "[[datasets.subsets]] entry becomes a dataset, its batch_size the "
                                                  "run's (flame_models/data/kohya_toml.py says how each key maps; "
                                                  "default: none)")
+    add("--kohya-config", metavar="TOML", help="kohya sd-scripts' training arguments file (its --config_file: "
+                                               "pretrained_model_name_or_path, network_dim, learning_rate, "
+                                               "dataset_config, ...) as the run's settings "
+                                               "(flame_models/training/kohya_args.py says how each maps; "
+                                               "default: none)")
     add("--validation", metavar="FOLDER", help="held-out images with captions: their loss at fixed timesteps and "
                                                "noise is logged every 250 steps (validation.csv, loss.png; the "
                                                "config's validation section; default: none)")
@@ -175,7 +180,7 @@ def _fresh_demo_name(folder, name):
 def build_config(a):
     """(TrainConfig, demo?, notes) from the parsed flags."""
     device = a.device or ("cuda" if flame.cuda_is_available() else "cpu")
-    demo = not (a.config or a.model or a.data or a.dataset_config)
+    demo = not (a.config or a.model or a.data or a.dataset_config or a.kohya_config)
     notes = []
     if a.control is not None and not a.data:   # (before the demo builds its inputs)
         raise ConfigError("--control: give the target images' folder too (--data)")
@@ -183,7 +188,17 @@ def build_config(a):
         raise ConfigError("--mask: give the images' folder too (--data)")
     if demo and a.arch is not None:
         raise ConfigError(f"--arch {a.arch}: give --model (or --config); the no-argument demo trains the tiny Flux")
-    if a.config:
+    if a.config and a.kohya_config:
+        raise ConfigError("--kohya-config: the run's settings come from it; leave out --config")
+    if a.kohya_config:
+        if a.dataset_config is not None:
+            raise ConfigError("--dataset-config: --kohya-config names its dataset_config; give it there")
+        from .training.kohya_args import read_kohya_args
+        proc, kohya_notes = read_kohya_args(a.kohya_config)
+        data = proc
+        notes += kohya_notes
+        proc.setdefault("device", device)
+    elif a.config:
         data = read_yaml(a.config)
         if not isinstance(data, dict):
             raise ConfigError(f"{a.config}: the top level must be a mapping")
@@ -288,7 +303,7 @@ def build_config(a):
         clipped = a.steps // 4
         notes.append(f"--steps {a.steps}: the {train['lr_warmup_steps']} warm-up steps are shortened to {clipped}")
         train["lr_warmup_steps"] = clipped
-    return config_from_dict(data, a.config or "command line"), demo, notes
+    return config_from_dict(data, a.config or a.kohya_config or "command line"), demo, notes
 
 
 def launch_command():
