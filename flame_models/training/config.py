@@ -69,6 +69,7 @@ class NetworkConfig:
 class SaveConfig:
     dtype: str = "bf16"                  # dtype of the written LoRA file (checkpoints keep float32)
     save_every: int = 250
+    save_every_epochs: typing.Optional[int] = None   # kohya's save_every_n_epochs (save_every then derived from it)
     max_step_saves_to_keep: int = 4      # checkpoints (and their step LoRA files) kept; older ones are removed
     format: str = "kohya"                # kohya | peft; the default is one ComfyUI and diffusers both read: kohya
                                          # for Flux and SDXL, peft for SD3 (docs/ARCHITECTURES.md: LoRA layouts)
@@ -96,6 +97,8 @@ class EMAConfig:
 class TrainSection:
     batch_size: int = 1
     steps: int = 2000
+    epochs: typing.Optional[int] = None  # kohya's max_train_epochs: the run's length in epochs of the image datasets
+                                         # (train.steps then derived from their batches; give one of the two)
     gradient_accumulation_steps: int = 1
     gradient_checkpointing: bool = True
     full_bf16: bool = False              # network.type full: the weights stay bf16 (no float32 copies), adamw8bit

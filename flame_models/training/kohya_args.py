@@ -11,6 +11,8 @@ kohya argument -> FLAME setting:
         pretrained_lora_path; network_args conv_dim / conv_alpha / rank_dropout / module_dropout / factor
     learning_rate (unet_lr over it) / text_encoder_lr / lr_scheduler / lr_warmup_steps / lr_scheduler_num_cycles /
         lr_scheduler_power / optimizer_type / optimizer_args ("k=v" strings) -> train.*
+    max_train_epochs -> train.epochs, save_every_n_epochs -> save.save_every_epochs (steps from the datasets'
+        batches per epoch; with max_train_steps too the epochs win, as in kohya)
     max_train_steps, train_batch_size, gradient_accumulation_steps, gradient_checkpointing, seed, max_grad_norm,
         full_bf16, noise_offset, ip_noise_gamma, min_snr_gamma, scale_weight_norms, loss_type, huber_c,
         huber_schedule, zero_terminal_snr, min_timestep, max_timestep -> train.* (the same meaning)
@@ -29,7 +31,7 @@ kohya argument -> FLAME setting:
 Accepted, each said in a note: what FLAME always does (cache_latents, cache_text_encoder_outputs[_to_disk]; and
 cache_latents_to_disk, which becomes each dataset's) and host/speed hints that change no result (sdpa, xformers,
 mem_eff_attn, highvram, lowram, persistent_data_loader_workers, max_data_loader_n_workers, save_model_as =
-"safetensors"). Every other key -- save_every_n_epochs, max_train_epochs, train_data_dir without a dataset config,
+"safetensors"). Every other key -- train_data_dir without a dataset config,
 blocks_to_swap (FLAME's max_gpu_memory), ... -- is an error naming the file and the key: a setting FLAME would not
 apply is never dropped silently.
 """
@@ -50,6 +52,7 @@ _SAME = {
     "learning_rate": ("train", "lr"), "text_encoder_lr": ("train", "text_encoder_lr"),
     "lr_scheduler": ("train", "lr_scheduler"), "lr_warmup_steps": ("train", "lr_warmup_steps"),
     "optimizer_type": ("train", "optimizer"), "max_train_steps": ("train", "steps"),
+    "max_train_epochs": ("train", "epochs"), "save_every_n_epochs": ("save", "save_every_epochs"),
     "train_batch_size": ("train", "batch_size"),
     "gradient_accumulation_steps": ("train", "gradient_accumulation_steps"),
     "gradient_checkpointing": ("train", "gradient_checkpointing"), "seed": ("train", "seed"),
@@ -177,6 +180,11 @@ def read_kohya_args(path):
     if "model_prediction_type" not in args and ("t5xxl" in args or "ae" in args):
         notes.append(f"{path}: FLAME trains Flux's raw prediction (kohya's model_prediction_type raw, its advice); "
                      f"kohya's default would be sigma_scaled")
+    if "max_train_epochs" in args and "max_train_steps" in args:   # (kohya: the epochs win)
+        proc["train"].pop("steps")
+        notes.append(f"{path}: max_train_epochs given with max_train_steps: the epochs set the length, as in kohya")
+    if "save_every_n_epochs" in args and "save_every_n_steps" in args:
+        errors.append(f"{path}: save_every_n_epochs and save_every_n_steps: FLAME saves on one schedule; give one")
     if "dataset_config" not in args:
         errors.append(f"{path}: no dataset_config: FLAME reads kohya's datasets from its dataset TOML (a "
                       f"train_data_dir of repeat-named folders is not read)")

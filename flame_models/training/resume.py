@@ -27,7 +27,7 @@ from .config import config_dict
 APPLICABLE = (
     "name", "training_folder", "type", "max_gpu_memory", "log_every", "performance_log_every", "logging.", "meta",
     "sample.", "save.", "train.force_first_sample", "train.content_or_style", "train.bypass_guidance_embedding",
-    "train.steps", "train.lr", "train.text_encoder_lr", "train.optimizer_params", "train.lr_scheduler",
+    "train.steps", "train.epochs", "train.lr", "train.text_encoder_lr", "train.optimizer_params", "train.lr_scheduler",
     "train.lr_scheduler_params", "train.lr_warmup_steps",
     "train.max_grad_norm", "train.gradient_accumulation_steps", "train.gradient_checkpointing", "train.cuda_graph",
     "train.checkpoint_save",

@@ -33,6 +33,7 @@ parallelism (distributed.py) are parts the step calls at named points, not branc
 import gc
 import inspect
 import json
+import math
 import os
 from contextlib import nullcontext
 
@@ -140,6 +141,7 @@ class Trainer:
         tracking.check_available(c.logging)  # a tracker asked for but not installed: said before any work
 
         kinds = self._check_inputs()  # the model's header and every image / sample: nothing loaded yet
+        self._epochs_to_steps()       # kohya's epochs: steps from the datasets' batches
 
         # the run's folder: start over, resume from its newest intact checkpoint, or refuse to mix two runs
         checkpoint, state = resume.choose_checkpoint(c, self.out, fresh=self.fresh, fingerprint=self.data_fingerprint,
@@ -201,6 +203,33 @@ class Trainer:
             raise run_folder.RunFolderError(error)
         if warning and not early:
             self.log(f"WARNING: {warning}")
+
+    def _epochs_to_steps(self):
+        """train.epochs / save.save_every_epochs (kohya's max_train_epochs / save_every_n_epochs) as steps: an epoch
+        is every batch of the image datasets once -- each bucket's samples in batches of the global batch size, a
+        bucket's last short batch left out, as the loader draws them; regularisation images aside -- and a step takes
+        gradient_accumulation_steps of them."""
+        c, t = self.cfg, self.cfg.train
+        if t.epochs is None and c.save.save_every_epochs is None:
+            return
+        batch = t.batch_size * self.dist.world_size
+        ds = self.dataset
+        if not hasattr(ds, "buckets"):
+            raise ConfigError("train.epochs / save.save_every_epochs: count epochs of image folders; give "
+                              "train.steps / save.save_every for precomputed samples")
+        reg = getattr(ds, "is_reg", lambda i: False)
+        per_epoch = sum(len([i for i in idx if not reg(i)]) // batch for idx in ds.buckets().values())
+        if per_epoch == 0:
+            raise ConfigError(f"train.epochs / save.save_every_epochs: no bucket holds a whole batch of "
+                              f"{batch} samples")
+        steps_per_epoch = math.ceil(per_epoch / t.gradient_accumulation_steps)
+        if t.epochs is not None:
+            t.steps = t.epochs * steps_per_epoch
+        if c.save.save_every_epochs is not None:
+            c.save.save_every = c.save.save_every_epochs * steps_per_epoch
+        self.log(f"epochs: {per_epoch} batches of {batch} per epoch, {steps_per_epoch} steps"
+                 + (f"; train.epochs {t.epochs} -> {t.steps} steps" if t.epochs is not None else "")
+                 + (f"; a checkpoint every {c.save.save_every} steps" if c.save.save_every_epochs else ""))
 
     def _check_inputs(self):
         """What the model is (its header; nothing loaded yet), then every image / sample, checked against it (stage

@@ -168,6 +168,16 @@ def validate(cfg, prefix="", check_files=True):
 
     _at_least(e, f"{p}train.steps", t.steps)
     e += steps_problems(t.steps, t.gradient_accumulation_steps, p)  # before anything is laid out for them
+    for name, v, other in (("train.epochs", t.epochs, "train.steps"),
+                           ("save.save_every_epochs", s.save_every_epochs, "save.save_every")):
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            e.append(f"{p}{name}: an integer >= 1, got {v!r}")
+        elif other in given:
+            e.append(f"{p}{name}: given together with {p}{other}, which it sets; give one")
+        elif not cfg.datasets:
+            e.append(f"{p}{name}: counts epochs of image datasets; this run has none (give {other})")
     _at_least(e, f"{p}train.batch_size", t.batch_size)
     _at_least(e, f"{p}train.gradient_accumulation_steps", t.gradient_accumulation_steps)
     if t.lr <= 0:

@@ -99,8 +99,7 @@ def test_a_run_trains_from_it(files):
 
 
 @pytest.mark.parametrize("line, words", [
-    ("max_train_epochs = 4", "max_train_epochs: not supported"),
-    ("save_every_n_epochs = 1", "save_every_n_epochs: not supported"),
+    ("save_every_n_epochs = 1", "save_every_n_epochs and save_every_n_steps: FLAME saves on one schedule"),
     ("blocks_to_swap = 18", "blocks_to_swap: not supported"),
     ('timestep_sampling = "sigma"', "timestep_sampling: FLAME draws uniform, sigmoid, shift, flux_shift"),
     ('mixed_precision = "fp8"', "mixed_precision: one of"),
@@ -146,3 +145,24 @@ def test_a_missing_or_bad_file_is_named(tmp_path):
     no_data.write_text('pretrained_model_name_or_path = "x"\ntrain_data_dir = "img"\n')
     with pytest.raises(ConfigError, match="train_data_dir: not supported.*\n.*no dataset_config"):
         read_kohya_args(str(no_data))
+
+
+def test_kohyas_epochs_become_steps_from_the_datasets_batches(files):
+    """max_train_epochs / save_every_n_epochs (kohya's canonical Flux example uses them): an epoch is every batch of
+    the image datasets once (4 drawings x 2 repeats at batch 2: 4 batches); the epochs win over max_train_steps."""
+    tmp, path = files
+    text = open(path).read().replace("save_every_n_steps = 2\n", "save_every_n_epochs = 1\n")
+    with open(path, "w") as f:
+        f.write(text + "max_train_epochs = 3\n")
+    proc, notes = read_kohya_args(path)
+    assert proc["train"]["epochs"] == 3 and "steps" not in proc["train"] and proc["save"]["save_every_epochs"] == 1
+    assert any("the epochs set the length" in n for n in notes)
+    cfg = train.build_config(train.parser().parse_args(["--kohya-config", path, "--device", "cpu"]))[0]
+    tr = Trainer(cfg, verbose=False)
+    tr.setup()
+    per_epoch = sum(len(v) // 2 for v in tr.dataset.buckets().values())
+    assert per_epoch == 4 and cfg.train.steps == 3 * per_epoch and cfg.save.save_every == per_epoch
+    with pytest.raises(ConfigError, match="train.epochs: given together with config.process\\[0\\].train.steps|"
+                                          "train.epochs: given together with train.steps"):
+        from flame_models.training.config import config_from_dict
+        config_from_dict({"datasets": [{"folder_path": str(tmp / "images")}], "train": {"epochs": 2, "steps": 5}})
