@@ -68,19 +68,26 @@ def _resolution(v, where):
     raise KohyaConfigError(f"{where}.resolution: a number of pixels or [width, height], got {v!r}")
 
 
+def read_toml(path, error=None, size_words="a dataset config is a few hundred"):
+    """The mapping of a kohya TOML file at `path` (someone else's: at most 1 MiB, read with tomllib); `error` (default
+    KohyaConfigError) names the file when it is missing, too large or not TOML."""
+    import tomllib
+    error = error or KohyaConfigError
+    if not os.path.isfile(path):
+        raise error(f"{path}: no such file")
+    if os.path.getsize(path) > 1 << 20:
+        raise error(f"{path}: {os.path.getsize(path):,} bytes; {size_words}")
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{path}: not a TOML file: {e}") from None
+
+
 def read_dataset_config(path):
     """(FLAME dataset dicts, the batch size or None, notes) from kohya's dataset TOML at `path`. KohyaConfigError
     for anything FLAME would not apply as kohya does (module docstring)."""
-    import tomllib
-    if not os.path.isfile(path):
-        raise KohyaConfigError(f"{path}: no such file")
-    if os.path.getsize(path) > 1 << 20:
-        raise KohyaConfigError(f"{path}: {os.path.getsize(path):,} bytes; a dataset config is a few hundred")
-    try:
-        with open(path, "rb") as f:
-            doc = tomllib.load(f)
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise KohyaConfigError(f"{path}: not a TOML file: {e}") from None
+    doc = read_toml(path)
     _check_keys(doc, path, ("general", "datasets"))
     general = doc.get("general", {})
     entries = doc.get("datasets", [])

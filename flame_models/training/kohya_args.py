@@ -79,7 +79,6 @@ _HINTS = ("sdpa", "xformers", "mem_eff_attn", "highvram", "lowram", "persistent_
 _NETWORK_ARGS = {"conv_dim": "conv", "conv_alpha": "conv_alpha", "rank_dropout": "rank_dropout",
                  "module_dropout": "module_dropout", "dropout": "dropout", "factor": "lokr_factor"}
 _ALGOS = {"lokr": "lokr", "loha": "loha", "locon": "locon", "lora": "lora"}
-MAX_BYTES = 1 << 20
 
 
 def _value(text):
@@ -100,16 +99,8 @@ def _pairs(items, where):
 def read_kohya_args(path):
     """(process mapping, notes) from kohya's arguments TOML at `path`; ConfigError naming the file and key of each
     setting FLAME would not apply as kohya does (module docstring)."""
-    import tomllib
-    if not os.path.isfile(path):
-        raise ConfigError(f"{path}: no such file")
-    if os.path.getsize(path) > MAX_BYTES:
-        raise ConfigError(f"{path}: {os.path.getsize(path):,} bytes; an arguments file is a few kilobytes")
-    try:
-        with open(path, "rb") as f:
-            doc = tomllib.load(f)
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: not a TOML file: {e}") from None
+    from ..data.kohya_toml import read_toml
+    doc = read_toml(path, ConfigError, "an arguments file is a few kilobytes")
     args = {}
     for k, v in doc.items():   # kohya_ss writes its arguments flat or under section tables: one namespace
         if isinstance(v, dict):
