@@ -616,7 +616,7 @@ def _samples_as_prompts(sample, where, errors):
             continue
         text = item["prompt"]
         for k, v in item.items():
-            if k == "prompt" or v is None or (k in ("num_frames", "fps", "ctrl_idx") and v in (1, 0) and
+            if k == "prompt" or v is None or v == "" or (k in ("num_frames", "fps", "ctrl_idx") and v in (1, 0) and
                                                (k != "num_frames" or v == 1)):
                 continue   # (an image's frame count and a video's rate; ctrl_idx 0: the only control image)
             if k not in _SAMPLE_FLAGS:

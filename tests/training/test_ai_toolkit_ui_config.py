@@ -45,7 +45,7 @@ def ui_job(out, images, model):
         "sample": {"sampler": "flowmatch", "sample_every": 250, "width": 64, "height": 64,
                    "samples": [{"prompt": "woman with red hair, playing chess at the park"},
                                {"prompt": "a bear building a log cabin", "width": 96, "seed": 7,
-                                "network_multiplier": 0.5}],
+                                "network_multiplier": 0.5, "neg": ""}],   # (an empty field: none)
                    "neg": "", "seed": 42, "walk_seed": True, "guidance_scale": 4, "sample_steps": 2, "num_frames": 1,
                    "fps": 1}}
     return {"job": "extension", "config": {"name": "my_first_lora_v1", "process": [process]},
