@@ -225,6 +225,9 @@ class Trainer:
         steps_per_epoch = math.ceil(per_epoch / t.gradient_accumulation_steps)
         if t.epochs is not None:
             t.steps = t.epochs * steps_per_epoch
+            if t.lr_warmup_steps >= t.steps:   # (validation checked them against the default steps)
+                raise ConfigError(f"train.lr_warmup_steps: {t.lr_warmup_steps} warm-up steps leave nothing of the "
+                                  f"{t.steps} steps of train.epochs {t.epochs}")
         if c.save.save_every_epochs is not None:
             c.save.save_every = c.save.save_every_epochs * steps_per_epoch
         self.log(f"epochs: {per_epoch} batches of {batch} per epoch, {steps_per_epoch} steps"

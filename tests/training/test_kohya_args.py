@@ -166,3 +166,13 @@ def test_kohyas_epochs_become_steps_from_the_datasets_batches(files):
                                           "train.epochs: given together with train.steps"):
         from flame_models.training.config import config_from_dict
         config_from_dict({"datasets": [{"folder_path": str(tmp / "images")}], "train": {"epochs": 2, "steps": 5}})
+
+
+def test_warm_up_longer_than_the_epochs_steps_is_named(files):
+    tmp, path = files
+    text = open(path).read().replace("lr_warmup_steps = 1\n", "lr_warmup_steps = 50\n")
+    with open(path, "w") as f:
+        f.write(text + "max_train_epochs = 1\n")
+    cfg = train.build_config(train.parser().parse_args(["--kohya-config", path, "--device", "cpu"]))[0]
+    with pytest.raises(ConfigError, match="lr_warmup_steps: 50 warm-up steps leave nothing of the 4 steps"):
+        Trainer(cfg, verbose=False).setup()
