@@ -197,20 +197,24 @@ class CaptionRule:
         text = base_caption
         if self.lines == "random":
             lines = caption_lines(text)
-            text = lines[int(rng.integers(len(lines)))] if len(lines) > 1 else (lines[0] if lines else "")
+            text = lines[int(rng.integers(len(lines)))] if lines else ""
         if self.wildcard:
             text = expand_wildcards(text, rng)
         return self._finish(text)
 
     def dropped(self, key, epoch):
         """Whether the sample named `key` (a stable string) loses its caption in `epoch` (counted from 0)."""
-        if self.every and (epoch + 1) % self.every == 0:
+        if self._all_dropped(epoch):
             return True
         if self.rate <= 0:
             return False
         if self.rate >= 1:
             return True
         return np.random.default_rng([stable_seed("dropout", key), self.seed, epoch]).random() < self.rate
+
+    def _all_dropped(self, epoch):
+        """kohya's caption_dropout_every_n_epochs: every caption dropped in epochs N, 2N, ... (counted from 1)."""
+        return bool(self.every) and (epoch + 1) % self.every == 0
 
     def caption(self, base_caption, key, epoch, shuffle_key=None):
         """The caption the sample named `key` trains with in `epoch`; its draws (tag order, line, wildcards) come from
@@ -252,7 +256,7 @@ class CaptionRule:
     def variants_over(self, base_caption, shuffle_key, epochs):
         """Every caption a sample can draw in `epochs` (epoch numbers), without repeats: its drawn texts and tag
         orders for those epochs (or just its caption), plus the dropout caption when some epoch drops it."""
-        kept = [e for e in epochs if not (self.every and (e + 1) % self.every == 0)]
+        kept = [e for e in epochs if not self._all_dropped(e)]
         if self.rate >= 1 or not kept:
             out = []
         elif self.shuffle or self.tag_rate or self.drawn:

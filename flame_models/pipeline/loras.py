@@ -182,9 +182,12 @@ def refuse_streamed_encoder_loras(loras, components, encoder, error=ModelFilesEr
     for comp in components:
         mine = loras_for(loras, comp)
         if mine:
-            raise error(f"--lora {mine[0][0]}: holds {encoder} weights ({comp} keys), which cannot be applied while "
-                        f"that encoder streams from host memory (a memory budget); run without the budget, or with "
-                        f"a file without them")
+            raise _streamed(mine[0][0], comp, encoder, error)
+
+
+def _streamed(path, comp, encoder, error):
+    return error(f"--lora {path}: holds {encoder} weights ({comp} keys), which cannot be applied while that encoder "
+                 f"streams from host memory (a memory budget); run without the budget, or with a file without them")
 
 
 def apply_text_encoder_loras(loras, encoders, error=ModelFilesError):
@@ -200,7 +203,7 @@ def apply_text_encoder_loras(loras, encoders, error=ModelFilesError):
         if not mine or encoder is None:
             continue
         if getattr(encoder, "streamer", None) is not None:
-            refuse_streamed_encoder_loras(loras, comps, type(encoder).__name__, error)
+            raise _streamed(mine[0][0], mine[0][1], type(encoder).__name__, error)
         for path, comp in mine:
             check_lora_part(path, encoder, A.formats.IDENTITY, comp, error)
         fp8 = any(isinstance(m, Float8LinearMixin) for m in encoder.modules())

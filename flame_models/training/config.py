@@ -348,6 +348,7 @@ _INERT = {TrainConfig: {"sqlite_db_path": "the ai-toolkit UI's job database (FLA
                                                   "embeddings as encoding each step) and frees the text encoders",
                          "diff_output_preservation_multiplier": None, "diff_output_preservation_class": None,
                          "switch_boundary_every": None}}   # (Wan 2.2's two experts)
+_INERT_WHEN_SET = ("low_vram",)   # said only when they ask for something (false is no request)
 
 
 def _asks_for_nothing(value):
@@ -473,7 +474,7 @@ def _build(cls, data, path, errors, given, notes=None):
             if value != only[key][0] and not (only[key][0] == [] and value is None):
                 errors.append(f"{where}: only {only[key][0]!r} is accepted: {only[key][1]}")
         elif key in inert:
-            if inert[key] is not None and notes is not None and not (key == "low_vram" and not value):
+            if inert[key] is not None and notes is not None and (value or key not in _INERT_WHEN_SET):
                 notes.append(f"{where}: not used: {inert[key]}")
         else:
             near = difflib.get_close_matches(key, names + list(aliases), n=1)
@@ -616,9 +617,8 @@ def _samples_as_prompts(sample, where, errors):
             continue
         text = item["prompt"]
         for k, v in item.items():
-            if k == "prompt" or v is None or v == "" or (k in ("num_frames", "fps", "ctrl_idx") and v in (1, 0) and
-                                               (k != "num_frames" or v == 1)):
-                continue   # (an image's frame count and a video's rate; ctrl_idx 0: the only control image)
+            if k in ("prompt", "fps") or v is None or v == "" or (k, v) in (("num_frames", 1), ("ctrl_idx", 0)):
+                continue   # (a video's rate; an image's frame count; control image 0: the only one)
             if k not in _SAMPLE_FLAGS:
                 errors.append(f"{at}.{k}: not available in a sample item (FLAME's prompt flags take "
                               f"{', '.join(_SAMPLE_FLAGS)})")
@@ -633,10 +633,10 @@ def _samples_as_prompts(sample, where, errors):
 # type ui_trainer these are warnings, not errors ((field, the start of validation's message))
 _UI_DEFAULTS = (("network.lokr_factor", "only used by network type"),
                 ("network.lokr_full_rank", "only used by network type"),
-                ("network.conv", "the "),                   # (a transformer has no convolutions: LoCon's rank)
+                ("network.conv", "model has no convolutions to adapt"),   # (LoCon's rank on a transformer)
                 ("save.save_format", "diffusers writes a full fine-tune's model"),
                 ("train.timestep_type", "not available: SDXL trains"),   # (its section hidden for SDXL)
-                (".mask_min_value", None))                  # (any dataset's, without masks)
+                (".mask_min_value", "but the dataset has no masks"))     # (any dataset's)
 
 
 def _ui_defaults_as_warnings(cfg, errors):
@@ -646,8 +646,7 @@ def _ui_defaults_as_warnings(cfg, errors):
     keep = []
     for e in errors:
         field, _, msg = e.partition(": ")
-        hit = any(field.endswith(f) and (start is None or msg.startswith(start)) for f, start in _UI_DEFAULTS)
-        if hit and ("no convolutions" in msg or "no masks" in msg or not field.endswith((".conv", ".mask_min_value"))):
+        if any(field.endswith(f) and words in msg for f, words in _UI_DEFAULTS):
             cfg.warnings.append(f"{field}: not used (ai-toolkit's UI writes it into every job): {msg}")
             _reset(cfg, _rel(field))
         else:

@@ -85,7 +85,7 @@ def _value(text):
     """A kohya "k=v" argument's value: a Python literal when it reads as one (0.01, True, [1, 2]), else the text."""
     try:
         return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, RecursionError):   # (someone else's text: a deep nesting is text too)
         return text
 
 
@@ -117,7 +117,7 @@ def read_kohya_args(path):
         if key in _SAME:
             put(*_SAME[key], value)
         elif key == "unet_lr":
-            put("train", "lr", value)   # (kohya: the denoiser's lr over learning_rate)
+            continue   # (below: the denoiser's lr over learning_rate, whichever comes first in the file)
         elif key == "mixed_precision":
             if value not in _PRECISION:
                 errors.append(f"{where}: one of {', '.join(_PRECISION)}, got {value!r}")
@@ -163,6 +163,8 @@ def read_kohya_args(path):
         else:
             errors.append(f"{where}: not supported by FLAME's kohya reader (flame_models/training/kohya_args.py "
                           f"lists what it reads)")
+    if "unet_lr" in args:
+        put("train", "lr", args["unet_lr"])
     _network(args, path, proc, errors)
     if not args.get("network_train_unet_only") and not args.get("cache_text_encoder_outputs"):
         put("train", "train_text_encoder", True)

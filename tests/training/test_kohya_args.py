@@ -176,3 +176,20 @@ def test_warm_up_longer_than_the_epochs_steps_is_named(files):
     cfg = train.build_config(train.parser().parse_args(["--kohya-config", path, "--device", "cpu"]))[0]
     with pytest.raises(ConfigError, match="lr_warmup_steps: 50 warm-up steps leave nothing of the 4 steps"):
         Trainer(cfg, verbose=False).setup()
+
+
+def test_unet_lr_wins_over_learning_rate_wherever_it_stands(files):
+    tmp, path = files
+    text = open(path).read()
+    with open(path, "w") as f:
+        f.write("unet_lr = 3e-4\n" + text)                 # (before learning_rate in the file)
+    assert read_kohya_args(path)[0]["train"]["lr"] == 3e-4
+
+
+def test_optimizer_args_are_literals_or_text():
+    from flame_models.training.kohya_args import _pairs
+    deep = "[" * 10000 + "]" * 10000
+    got = _pairs(["weight_decay=0.01", "relative_step=False", "betas=(0.9,0.99)", "mode=fast", f"deep={deep}"], "x")
+    assert got == {"weight_decay": 0.01, "relative_step": False, "betas": (0.9, 0.99), "mode": "fast", "deep": deep}
+    with pytest.raises(ConfigError, match="a list of \"key=value\" strings"):
+        _pairs(["novalue"], "x")
