@@ -38,6 +38,7 @@ from .loading import (
                       layout_plan,
                       listing,
                       load_planned_,
+                      merge_on_read,
                       mismatch_message,
                       planned_mismatches,
                       planned_reader,
@@ -57,8 +58,8 @@ __all__ = [
     "SafetensorsCheckpoint", "block_indices", "count_indices", "describe_keys", "key_kinds", "keys_under",
     # loading into a model
     "COMPUTE_DTYPES", "PROGRESS_BYTES", "check_mismatch", "compute_dtype", "config_argument", "empty_model", "fill_",
-    "fp8_on_read", "layout_plan", "listing", "load_planned_", "mismatch_message", "planned_mismatches",
-    "planned_reader", "preset", "stored_fp8_reader",
+    "fp8_on_read", "layout_plan", "listing", "load_planned_", "merge_on_read", "mismatch_message",
+    "planned_mismatches", "planned_reader", "preset", "stored_fp8_reader",
     # saving
     "cast_item", "check_saveable", "save_shards", "save_weights", "shard_groups", "write_json",
     "pipeline_components", "write_pipeline_folder",

@@ -144,6 +144,23 @@ def fp8_on_read(stacks, *, per_tensor=False, device=None, keep=None):
         _FP8_ON_READ.reset(token)
 
 
+# ----------------------------------------------------------------------------- LoRAs merged as the weights are read
+_MERGE_ON_READ = contextvars.ContextVar("merge_on_read", default=None)
+
+
+@contextlib.contextmanager
+def merge_on_read(merger):
+    """Within it, `fill_` passes each weight that `merger.keys(model)` names ({model key}) through `merger(key,
+    tensor)` -- a LoRA merged in (pipeline.merged_loras.MergedLoRAs) -- as it reads it: before fp8_on_read's
+    quantisation (a file's stored fp8 weight is read dequantised, merged and quantised again), before a streamer
+    packs it, with no second copy of the model. A key the load does not read is merger.error naming it."""
+    token = _MERGE_ON_READ.set(merger)
+    try:
+        yield
+    finally:
+        _MERGE_ON_READ.reset(token)
+
+
 def stored_fp8_reader(ckpt, plan=None, combine=None):
     """read_stored(key, target) for fill_: (q float8_e4m3fn, scales float32 (rows,)), on the target's device, of a
     model weight whose file tensors
@@ -190,11 +207,18 @@ def fill_(model, read, targets, *, desc="loading", progress=True, read_stored=No
     ({model key: parameter or buffer}, usually meta placeholders), one tensor at a time without recording grads,
     with a progress bar for loads over PROGRESS_BYTES. Returns `model`. Inside `fp8_on_read(stacks)` the Linear
     weights under `stacks` get fp8 storage as they are read: `read_stored(key, target)` -> (q, scales) of a weight
-    stored in fp8 (stored_fp8_reader), or None (then the weight read is quantised)."""
+    stored in fp8 (stored_fp8_reader), or None (then the weight read is quantised). Inside `merge_on_read(merger)`
+    the weights it names are merged as they are read, before any of that."""
     stacks, per_tensor, device, keep = _FP8_ON_READ.get() or ((), False, None, None)
     if callable(stacks):
         stacks = tuple(stacks(model))
     fp8 = _fp8_targets(model, targets, stacks) if stacks else {}
+    merger = _MERGE_ON_READ.get()
+    merged = merger.keys(model) if merger is not None else frozenset()
+    unread = sorted(merged - set(targets))
+    if unread:
+        raise merger.error(f"{merger.describe()}: adapts {listing(unread, 6)}, which this load of "
+                           f"{type(model).__name__} does not read")
     nbytes = sum(t.numel() * t.dtype.itemsize for t in targets.values())
     state = {}
     with flame.no_grad():
@@ -202,18 +226,19 @@ def fill_(model, read, targets, *, desc="loading", progress=True, read_stored=No
                                 disable=not progress or nbytes < PROGRESS_BYTES):
             linear = fp8.get(key)
             if linear is None:
-                state[key] = read(key, target)
+                t = read(key, target)
+                state[key] = merger(key, t) if key in merged else t
                 continue
             work = device if device is not None else target.device     # where a weight is quantised
             dst = keep if keep is not None else work                      # where its fp8 storage stays
             # a file's fp8 bytes go straight where they stay; another weight is read and quantised on `work`
-            stored = read_stored(key, _Placed(target.dtype, dst, tuple(target.shape))) if read_stored else None
+            stored = read_stored(key, _Placed(target.dtype, dst, tuple(target.shape))) \
+                if read_stored and key not in merged else None
             if stored is not None:
                 q, scales = stored
             else:
-                q, scales = quantize_fp8(read(key, target if work == target.device else
-                                              _Placed(target.dtype, work, tuple(target.shape))),
-                                         per_tensor=per_tensor)
+                w = read(key, target if work == target.device else _Placed(target.dtype, work, tuple(target.shape)))
+                q, scales = quantize_fp8(merger(key, w) if key in merged else w, per_tensor=per_tensor)
                 if q.device != dst:
                     q, scales = q.to(dst), scales.to(dst)
             set_fp8_weight_(linear, q, scales, target.dtype)

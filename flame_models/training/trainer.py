@@ -51,8 +51,19 @@ from flame_nn.adapters.max_norm import MaxNorm
 
 from .. import checkpoint_io as CIO
 from ..data import ConcatDataset, FolderDataset, SampleLoader, SyntheticDataset
+from . import (
+    base_loras,
+    disk,
+    full_finetune,
+    image_data,
+    loss_weights,
+    optimizers,
+    pretrained_lora,
+    resume,
+    run_folder,
+    tracking,
+)
 from . import checkpoint as ckpt
-from . import disk, full_finetune, image_data, loss_weights, optimizers, pretrained_lora, resume, run_folder, tracking
 from .config import ConfigError, config_dict, dtype_name, fp8_cache_transposes_on
 from .distributed import TrainerGroup, main_rank_only, on_main_rank  # ddp
 from .ema import EMA
@@ -95,6 +106,7 @@ class Trainer:
         self.text_encoders = None
         self.finished_lora = None  # a finished run's final LoRA: nothing to cache or train (setup, train)
         self.pretrained = None     # network.pretrained_lora_path read (pretrained_lora.PretrainedLoRA)
+        self.base_loras = None     # model.lora_path / assistant_lora_path / inference_lora_path (base_loras.py)
         self.validation_images = self.validation = None  # the held-out ImageDataset; its ValidationStage
         self.streaming = NoStreaming()  # the step's streaming part (max_gpu_memory: StreamedBlocks)
 
@@ -250,6 +262,10 @@ class Trainer:
             if problems:
                 raise ConfigError(f"network.pretrained_lora_path {self.pretrained.path} holds {c.network.type} "
                                   f"adapters: " + "; ".join(problems))
+        # model.lora_path / assistant_lora_path / inference_lora_path: each file read and checked against the model
+        self.base_loras = base_loras.read(c, fam, self.spec, self._model)
+        for line in self.base_loras.describe() if self.base_loras is not None else ():
+            self.log(line)
         kinds = dataset_kinds(c) if self._dataset is None else []
         self.image_data = "images" in kinds
         if c.validation is not None and not self.image_data:  # (a ready-made dataset has no images to hold out)
@@ -305,19 +321,27 @@ class Trainer:
         # the frozen model and its adapters
         base_dtype = flame.dtypes.dtype(dtype_name(c.model.dtype))
         stream = self.budget is not None  # a budget: the blocks stream from host memory
-        if self._model is not None:
-            self.model = self._model
-        elif c.model.quantize and c.model.name_or_path:
-            # model.quantize: the blocks' Linear weights read onto the device one at a time and stored in fp8 there,
-            # or streamed in host memory: never the whole model in its dtype on the GPU (Flux-dev's 23.8 GB of bf16
-            # would not fit a 24 GB card) nor, when streamed, in host memory beside the streamer's pinned copy
-            with CIO.fp8_on_read(fam.block_stacks, per_tensor=bool(t.fp8_compute), device=self.device,
-                                 keep="cpu" if stream else None):
+        # model.lora_path / assistant_lora_path: merged into the weights as a load reads them (before fp8 storage or
+        # the streamer's packing); into a ready-made or random model once it is built
+        merger = self.base_loras.merger(self.device) if self.base_loras is not None else None
+        on_read = merger is not None and self._model is None and c.model.name_or_path is not None
+        with CIO.merge_on_read(merger) if on_read else nullcontext():
+            if self._model is not None:
+                self.model = self._model
+            elif c.model.quantize and c.model.name_or_path:
+                # model.quantize: the blocks' Linear weights read onto the device one at a time and stored in fp8
+                # there, or streamed in host memory: never the whole model in its dtype on the GPU (Flux-dev's 23.8
+                # GB of bf16 would not fit a 24 GB card) nor, when streamed, in host memory beside the streamer's
+                # pinned copy
+                with CIO.fp8_on_read(fam.block_stacks, per_tensor=bool(t.fp8_compute), device=self.device,
+                                     keep="cpu" if stream else None):
+                    self.model = fam.build_model(c.model, self.spec, base_dtype, self.device,
+                                                 **({"stream": True} if stream else {}))
+            else:
                 self.model = fam.build_model(c.model, self.spec, base_dtype, self.device,
                                              **({"stream": True} if stream else {}))
-        else:
-            self.model = fam.build_model(c.model, self.spec, base_dtype, self.device,
-                                         **({"stream": True} if stream else {}))
+        if merger is not None and not on_read:
+            merger.merge_into(self.model)
         self.name_map = fam.lora_name_map(self.model)
         if self.full:   # network.type full: the model's own weights, in float32 (full_finetune.py)
             # (train.train_text_encoder: the encoders' weights too, checked and held with the model's; under
@@ -886,7 +910,10 @@ class Trainer:
                         self.prepared.prompt_texts, self.prepared.negatives,
                         [None if p.options is None else p.options.multiplier for p in self.previews.prompts])
                     self.previews.prompts = [p._replace(cond=cd) for p, cd in zip(self.previews.prompts, conds)]
-                written = self.previews.run(self.model, self.step)
+                # model.assistant_lora_path taken out (weight -1), model.inference_lora_path added (weight 1)
+                with self.base_loras.previewing(self.model, self.device) if self.base_loras is not None \
+                        else nullcontext():
+                    written = self.previews.run(self.model, self.step)
         finally:
             self.model.train()
         if self.trackers is not None and self.trackers.enabled:

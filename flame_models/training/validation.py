@@ -7,7 +7,7 @@ from flame_core.memory.stats import parse_budget
 
 from ..data.config import validate_dataset_config
 from ..samplers import PREDICTION_TYPES
-from . import prompt_options
+from . import base_loras, prompt_options
 from .config import DTYPES, FILE_FORMATS, NETWORK_TYPES, OPTIMIZERS, PROCESS_TYPES, SCHEDULERS
 from .limits import steps_problems
 from .loss_types import HUBER_SCHEDULES, LOSS_TYPES
@@ -60,6 +60,10 @@ def _full_problems(cfg, p):
     if m.quantize:
         e.append(f"{p}model.quantize: fp8-stored weights cannot be trained in full; leave it out with network.type "
                  f"full")
+    for k in ("assistant_lora_path", "inference_lora_path"):
+        if getattr(m, k):
+            e.append(f"{p}model.{k}: previews of adapters beside the weights; a full fine-tune trains the weights "
+                     f"themselves (model.lora_path merges a LoRA into them before training)")
     if t.full_bf16 and t.optimizer not in ("adamw8bit", "adafactor"):
         e.append(f"{p}train.full_bf16: bf16 weights need adamw8bit or adafactor (their stochastic rounding keeps "
                  f"small updates), got {t.optimizer}")
@@ -320,6 +324,10 @@ def validate(cfg, prefix="", check_files=True):
             parse_budget(cfg.max_gpu_memory, f"{p}max_gpu_memory")
         except ValueError as err:
             e.append(str(err))
+        for k in ("lora_path", "assistant_lora_path"):
+            if getattr(cfg.model, k) and cfg.model.name_or_path is None:
+                e.append(f"{p}model.{k}: merged into the weights as they are read; a random model's streamed blocks "
+                         f"are drawn as they are packed (give model.name_or_path, or run without max_gpu_memory)")
     if cfg.device is not None:
         dev = str(cfg.device)
         if not (dev == "cpu" or dev == "cuda" or (dev.startswith("cuda:") and dev[5:].isdigit())):
@@ -521,6 +529,7 @@ def file_problems(cfg, family, p=""):
     lora = cfg.network.pretrained_lora_path
     if lora is not None and not os.path.isfile(lora):
         e.append(f"{p}network.pretrained_lora_path: no such file: {lora}")
+    e += base_loras.file_problems(cfg, p)
     if path is not None and not os.path.exists(path):
         e.append(f"{p}model.name_or_path: no such file or folder: {path}")
     else:

@@ -96,9 +96,10 @@ class AdapterPart:
         b, d = (t["lokr_w2"].shape if "lokr_w2" in t else (t["lokr_w2_a"].shape[0], t["lokr_w2_b"].shape[1]))
         return (w1.shape[0] * b, w1.shape[1] * d)
 
-    def delta_weight(self):
-        """ΔW in float64 (for lora/lokr/loha; DoRA's change depends on W: see merged_weight)."""
-        t = {k: np.asarray(v, dtype=np.float64) for k, v in self.tensors.items()}
+    def delta_weight(self, xp=np, dtype=np.float64):
+        """ΔW in `dtype` (for lora/lokr/loha; DoRA's change depends on W: see merged_weight); xp: the array module
+        to compute with (NumPy, or CuPy for a weight on a GPU)."""
+        t = {k: xp.asarray(np.asarray(v, dtype=dtype)) for k, v in self.tensors.items()}  # (bf16: on the host)
         if self.kind in ("lora", "dora"):
             up, down = t["lora_up.weight"], t["lora_down.weight"]
             if down.ndim == 4:   # a convolution's: (r, in, kh, kw) down, (out, r, 1, 1) up
@@ -109,16 +110,17 @@ class AdapterPart:
             d = (t["hada_w1_a"] @ t["hada_w1_b"]) * (t["hada_w2_a"] @ t["hada_w2_b"])
         else:
             w2 = t["lokr_w2"] if "lokr_w2" in t else t["lokr_w2_a"] @ t["lokr_w2_b"]
-            d = np.kron(t["lokr_w1"], w2)
+            d = xp.kron(t["lokr_w1"], w2)
         return self.scale * d
 
-    def merged_weight(self, w):
-        """W' for the rows this part covers, given those rows of the base weight W (float64)."""
-        w = np.asarray(w, dtype=np.float64)
-        v = w + self.delta_weight()
+    def merged_weight(self, w, xp=np, dtype=np.float64):
+        """W' in `dtype` for the rows this part covers, given those rows of the base weight W; xp as delta_weight's
+        (W an array of it)."""
+        w = xp.asarray(w, dtype=dtype)
+        v = w + self.delta_weight(xp, dtype)
         if self.kind == "dora":
-            m = np.asarray(self.tensors["dora_scale"], dtype=np.float64).reshape(-1, 1)
-            v = v * (m / np.linalg.norm(v, axis=1, keepdims=True))
+            m = xp.asarray(np.asarray(self.tensors["dora_scale"], dtype=dtype)).reshape(-1, 1)
+            v = v * (m / xp.linalg.norm(v, axis=1, keepdims=True))
         return v
 
 

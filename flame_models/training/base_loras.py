@@ -1,0 +1,144 @@
+"""LoRAs on the frozen base: ai-toolkit's `model.lora_path`, `model.assistant_lora_path`, `model.inference_lora_path`.
+
+- `lora_path`: merged into the base weights as they are read (pipeline.merged_loras); training and previews see the
+  base with it, and the LoRA the run writes is what it learned on top (ai-toolkit fuses it the same way).
+- `assistant_lora_path`: merged for training likewise -- Flux schnell's training adapter
+  (ostris/FLUX.1-schnell-training-adapter) undoes enough of the distillation for a LoRA to train on it --, and taken
+  back out of every preview: previews run with the file's adapters beside the merged weights at weight -1, as
+  ai-toolkit samples (its invert_assistant_lora), so they show the base with the trained LoRA alone, as it will be
+  used. A LoRA, LoKr or LoHa change cancels (W + ΔW − ΔW, the merged weights' rounding aside); a DoRA's depends on
+  W, so a DoRA assistant is refused.
+- `inference_lora_path`: kept out of training, added to every preview at weight 1.
+
+Each is a LoRA file of the denoiser (any layout FLAME reads: kohya, LyCORIS, PEFT / diffusers, ai-toolkit), or a
+folder holding pytorch_lora_weights.safetensors (as ai-toolkit takes one). A Hugging Face repo id is not downloaded:
+the error names the file to fetch. Files are someone else's: their size is checked against the host's memory before
+they are read, every tensor must be finite, and every adapter must fit its layer; text-encoder parts are refused
+(the captions are encoded once, by the encoders as they are). All of it before anything is cached or loaded.
+"""
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from flame_core import dtypes
+from flame_nn import adapters as A
+
+from ..pipeline.loras import check_lora_part, lora_keys
+from ..pipeline.merged_loras import MergedLoRAs
+from .config import ConfigError, dtype_name
+from .limits import fmt_bytes, host_memory
+
+SETTINGS = ("lora_path", "assistant_lora_path", "inference_lora_path")
+FOLDER_FILE = "pytorch_lora_weights.safetensors"   # what ai-toolkit reads from a folder (diffusers' LoRA name)
+
+
+def resolve(value, setting):
+    """The file a `model.<setting>` value names: a file as it is, a folder's FOLDER_FILE; ConfigError otherwise
+    (a repo id: which file to download)."""
+    where = f"model.{setting} {value}"
+    if os.path.isdir(value):
+        path = os.path.join(value, FOLDER_FILE)
+        if not os.path.isfile(path):
+            raise ConfigError(f"{where}: a folder without {FOLDER_FILE}; give the LoRA file's path")
+        return path
+    if os.path.isfile(value):
+        return value
+    hub = value.count("/") == 1 and not value.endswith(".safetensors") and not os.path.isabs(value)
+    raise ConfigError(f"{where}: no such file or folder" + (
+        f" (a Hugging Face repo id? FLAME does not download: fetch {FOLDER_FILE} from "
+        f"https://huggingface.co/{value} and give its path)" if hub else ""))
+
+
+def file_problems(cfg, p=""):
+    """The model.*lora_path values that name no file (config checks, before anything is read)."""
+    e = []
+    for s in SETTINGS:
+        value = getattr(cfg.model, s)
+        if value:
+            try:
+                resolve(value, s)
+            except ConfigError as ex:
+                e.append(f"{p}{ex}")
+    return e
+
+
+@dataclass
+class BaseLoRAs:
+    """The files read and checked: `merged` [(setting, path, modules)] go into the base weights; `previews`
+    [(setting, weight, modules)] run beside them in previews only (modules: {module: [AdapterPart]})."""
+    merged: list = field(default_factory=list)
+    previews: list = field(default_factory=list)
+
+    def merger(self, device):
+        """The MergedLoRAs of `merged` (computed on `device`), or None."""
+        if not self.merged:
+            return None
+        label = " and ".join(f"model.{s} {p}" for s, p, _ in self.merged)
+        return MergedLoRAs([(1.0, m) for _, _, m in self.merged], device, label=label, error=ConfigError)
+
+    def describe(self):
+        out = [f"model.{s}: {p} merged into the base weights" for s, p, _ in self.merged]
+        out += [f"model.{s}: in previews at weight {w:+g}" for s, w, _ in self.previews]
+        return out
+
+    @contextmanager
+    def previewing(self, model, device):
+        """`model` with the preview adapters attached (each its own adapter, frozen, at its weight, in the trained
+        adapters' dtype, on `device`), and without them again after."""
+        names = []
+        trained = A.adapter_parameters(model)
+        dtype = trained[0].dtype if trained else dtypes.float32
+        try:
+            for i, (_, weight, modules) in enumerate(self.previews):
+                name = f"base_lora_{i}"
+                A.inject_from_state(model, modules, name=name, dtype=dtype, freeze_base=False)
+                names.append(name)
+                for _, _, ad in A.adapter_modules(model, name):
+                    ad.to(device)
+                    ad.requires_grad_(False)
+                A.set_adapter_weight(model, name, weight)
+            yield model
+        finally:
+            for name in names:
+                A.remove_adapters(model, name)
+
+
+def read(cfg, family, spec, model=None):
+    """The BaseLoRAs of cfg.model's LoRA settings, each file checked against the family's model of `spec` (built
+    without storage; or `model`, a ready-made one), or None when none is set. ConfigError for every problem."""
+    given = [(s, getattr(cfg.model, s)) for s in SETTINGS if getattr(cfg.model, s)]
+    if not given:
+        return None
+    if model is None:
+        model = family.empty_model(spec, dtypes.dtype(dtype_name(cfg.model.dtype)), "cpu")
+    name_map = family.lora_name_map(model)
+    out = BaseLoRAs()
+    host = host_memory()
+    for setting, value in given:
+        label = f"model.{setting}"
+        path = resolve(value, setting)
+        where = f"{label} {path}"
+        size = os.path.getsize(path)
+        if host is not None and size > host // 2:
+            raise ConfigError(f"{where}: {fmt_bytes(size)}, more than half the host's {fmt_bytes(host)} of memory: "
+                              f"not a LoRA of this model?")
+        keys = lora_keys(path, ConfigError, label=label)
+        te = [k for k in keys if A.formats.component_of(k) != "denoiser"]
+        if te:
+            raise ConfigError(f"{where}: holds text-encoder adapters (keys such as {te[0]}); the captions are encoded "
+                              f"once, by the text encoders as they are, so {label} applies to the {family.name} "
+                              f"denoiser only: give a file without them")
+        modules = check_lora_part(path, model, name_map, "denoiser", ConfigError, label=label)
+        if not modules:
+            raise ConfigError(f"{where}: holds no adapter for this {family.name} model (keys such as {keys[0]})")
+        if setting == "assistant_lora_path":
+            dora = next((m for m, parts in modules.items() if any(p.kind == "dora" for p in parts)), None)
+            if dora is not None:
+                raise ConfigError(f"{where}: a DoRA adapter (on {dora}); the assistant is taken back out of the "
+                                  f"previews at weight -1, which cancels a LoRA, LoKr or LoHa change but not a "
+                                  f"DoRA's (it depends on the weight it changes)")
+        if setting != "inference_lora_path":
+            out.merged.append((setting, path, modules))
+        if setting != "lora_path":
+            out.previews.append((setting, -1.0 if setting == "assistant_lora_path" else 1.0, modules))
+    return out

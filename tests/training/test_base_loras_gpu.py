@@ -1,0 +1,84 @@
+"""LoRAs on the frozen base on cuda: merged on the GPU as the weights are read (bf16, fp8 storage, blocks streamed
+under max_gpu_memory), the merge the generators make; the assistant's previews through the real sampler on a
+graphed, streamed run."""
+import numpy as np
+import pytest
+
+import flame_core as flame
+import flame_nn.adapters as A
+from flame_models.flux import load_flux
+from flame_models.pipeline.loras import apply_loras
+from flame_models.training.trainer import Trainer
+from flame_nn.offload import quantize_linear_weights_
+
+from .test_base_loras import ADAPTED, _config, _lora
+
+pytestmark = pytest.mark.gpu
+
+
+def test_a_parts_merge_on_the_gpu_is_numpys():
+    import cupy
+    g = np.random.default_rng(0)
+    for kind, tensors in [("lora", {"lora_down.weight": g.standard_normal((4, 24)),
+                                    "lora_up.weight": g.standard_normal((40, 4))}),
+                          ("lokr", {"lokr_w1": g.standard_normal((4, 4)), "lokr_w2": g.standard_normal((10, 6))}),
+                          ("dora", {"lora_down.weight": g.standard_normal((4, 24)),
+                                    "lora_up.weight": g.standard_normal((40, 4)),
+                                    "dora_scale": np.abs(g.standard_normal((40, 1))) + 0.5})]:
+        p = A.formats.AdapterPart(kind, {k: v.astype(np.float32) for k, v in tensors.items()}, alpha=2.0)
+        w = g.standard_normal(p.shape).astype(np.float32)
+        want = p.merged_weight(w)
+        got = p.merged_weight(cupy.asarray(w), cupy, np.float32)
+        assert isinstance(got, cupy.ndarray) and got.dtype == np.float32
+        np.testing.assert_allclose(cupy.asnumpy(got), want, rtol=1e-5, atol=1e-5, err_msg=kind)
+
+
+def _cuda(c, budget=None, quantize=False):
+    c.device, c.train.dtype, c.model.dtype, c.max_gpu_memory = "cuda", "bf16", "bf16", budget
+    c.model.quantize = quantize
+    return c
+
+
+def _host(model, n):
+    m = model.get_submodule(n)
+    w = m.dequantized_weight() if hasattr(m, "dequantized_weight") else m.weight
+    return w.detach().float().cpu().numpy()
+
+
+def test_bf16_merge_on_read_is_the_generators_merge(tmp_path, flux_file):
+    lora = _lora(tmp_path / "l.safetensors", flux_file, fmt="peft")
+    tr = Trainer(_cuda(_config(tmp_path, "bf16", flux_file, lora_path=lora)), verbose=False).setup()
+    want = apply_loras(load_flux(flux_file, dtype=flame.bfloat16, device="cuda"), [(lora, 1.0)])
+    for n in ADAPTED:
+        assert tr.model.get_submodule(n).weight.device.type == "cuda"
+        np.testing.assert_allclose(_host(tr.model, n), _host(want, n), rtol=1e-2, atol=1e-3, err_msg=n)
+
+
+@pytest.mark.gpu_exclusive   # a max_gpu_memory budget: other processes' memory counts against it
+@pytest.mark.parametrize("quantize", [False, True])
+def test_streamed_graphed_runs_merge_and_preview_without_the_assistant(tmp_path, flux_file, quantize):
+    """Under max_gpu_memory (blocks streamed from host memory; fp8 with quantize) the assistant is merged as the
+    blocks are read -- the resident run's weights --, the step is captured, and the previews run through the
+    sampler with the assistant's adapters at -1, gone after."""
+    assistant = _lora(tmp_path / "a.safetensors", flux_file)
+    runs = {}
+    for budget in (None, "8GiB"):
+        c = _cuda(_config(tmp_path, f"s{budget}{quantize}", flux_file, steps=6, assistant_lora_path=assistant),
+                  budget, quantize)
+        c.sample.sample_every, c.sample.sample_steps = 3, 2
+        tr = Trainer(c, verbose=False).setup()
+        runs[budget] = (tr, np.array(tr.train()["losses"]))
+        assert np.isfinite(runs[budget][1]).all()
+        assert tr.graphed is not None and tr.graphed.graph is not None, tr.graphed.why
+        assert A.adapter_names(tr.model) == ["default"]
+        assert (tmp_path / c.name / "samples" / "step_000003.safetensors").exists()
+    np.testing.assert_allclose(runs["8GiB"][1], runs[None][1], rtol=2e-2)
+    # the resident run's frozen weights: the generators' merge (then fp8 storage's rounding with quantize)
+    merged = apply_loras(load_flux(flux_file, dtype=flame.bfloat16, device="cuda"), [(assistant, 1.0)])
+    merged.requires_grad_(False)
+    if quantize:
+        for s in ("double_blocks", "single_blocks"):
+            quantize_linear_weights_(merged.get_submodule(s))
+    for n in ADAPTED:
+        got, want = _host(runs[None][0].model, n), _host(merged, n)
+        assert (np.abs(got - want) <= (0.07 if quantize else 1e-2) * np.abs(want) + 1e-3).all(), n
