@@ -8,7 +8,8 @@ embeddings of the caption it draws that epoch, and the sizes SDXL's conditioning
                                    #  "original_size", "crop_coords", "target_size": (B, 2) int64, "indices", "epoch",
                                    #  "control_latents": (B, C, h, w) when the datasets have control_path,
                                    #  "loss_mask": (B, 1, h, w) float32 when they have masks (masks.py),
-                                   #  "is_reg": (B,) bool when they have regularisation images (reg_mix.py)}
+                                   #  "is_reg": (B,) bool when they have regularisation images (reg_mix.py),
+                                   #  "preserve:<embedding names>" with diff_output_preservation}
 """
 import numpy as np
 
@@ -17,15 +18,19 @@ from .sampler import BucketBatchSampler
 from .text_trim import TextTrim
 
 SIZE_KEYS = ("original_size", "crop_coords", "target_size")
+PRESERVATION = "preserve:"   # the prefix of a sample's preservation-prompt embeddings (diff_output_preservation)
 
 
 class TrainingDataset:
     """`masks`: the MaskCache when the datasets have masks; `only`: the sample indices this view draws (None: all;
     the regularisation mix draws its training and its regularisation samples through two views); `text_trim`: the
-    run's TextTrim (text_trim.py; planned after the text cache is filled), shared by every view."""
+    run's TextTrim (text_trim.py; planned after the text cache is filled), shared by every view. `preservation`: the
+    class word of ai-toolkit's differential output preservation, or None: each sample then carries its
+    preservation prompt's embeddings too, under PRESERVATION + their names."""
 
-    def __init__(self, dataset, latents, texts, masks=None, only=None, text_trim=None):
+    def __init__(self, dataset, latents, texts, masks=None, only=None, text_trim=None, preservation=None):
         self.dataset, self.latents, self.texts, self.masks = dataset, latents, texts, masks
+        self.preservation = preservation
         self.only = None if only is None else frozenset(int(i) for i in only)
         self.text_trim = TextTrim() if text_trim is None else text_trim   # shared with the views (subset)
         if getattr(dataset, "has_masks", False) and masks is None:
@@ -36,7 +41,8 @@ class TrainingDataset:
 
     def subset(self, indices):
         """A view drawing only the samples `indices` (the same caches)."""
-        return TrainingDataset(self.dataset, self.latents, self.texts, self.masks, indices, self.text_trim)
+        return TrainingDataset(self.dataset, self.latents, self.texts, self.masks, indices, self.text_trim,
+                               self.preservation)
 
     def buckets(self):
         out = self.dataset.buckets()
@@ -49,7 +55,8 @@ class TrainingDataset:
         """DataError listing the cache entries that epochs `epochs` would need but that are missing."""
         epochs = list(epochs)
         lat = self.latents.missing(self.dataset.latent_specs())
-        txt = self.texts.missing(self.dataset.prompts(epochs))
+        txt = self.texts.missing(self.dataset.prompts(epochs) + (
+            self.dataset.preservation_prompts(epochs, self.preservation) if self.preservation is not None else []))
         masks = self.masks.missing(self.dataset.mask_specs(self.masks.factor)) if self.masks is not None else []
         if lat or txt or masks:
             shown = ([f"latents of {s.path} at {s.bucket}" for s in lat[:10]] + [f"text of {p!r}" for p in txt[:10]]
@@ -66,6 +73,9 @@ class TrainingDataset:
         item = self.text_trim.apply(dict(self.texts.load(caption)))   # (the tokens no attention sees cut)
         if "latents" in item:
             raise DataError("encode_prompts returned a key named 'latents', which the batch uses for the VAE latents")
+        if self.preservation is not None:           # (diff_output_preservation: the class prompt's embeddings)
+            kept = self.text_trim.apply(dict(self.texts.load(d.preservation_caption(caption, i, self.preservation))))
+            item.update({PRESERVATION + k: v for k, v in kept.items()})
         item["latents"] = self.latents.load(d.latent_spec(i))
         control = d.control_spec(i) if d.has_controls else None
         if control is not None:                     # (Flux Kontext's edit pairs: control_path)

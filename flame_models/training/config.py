@@ -170,6 +170,11 @@ class TrainSection:
     # regularisation images (datasets with is_reg: true; flame_models/data/reg_mix.py)
     reg_weight: float = 1.0              # their loss's weight (ai-toolkit's name; alias: kohya's prior_loss_weight)
     reg_ratio: float = 0.5               # FLAME: the share of micro-batches drawn from them, in (0, 1)
+    # ai-toolkit's differential output preservation (preservation.py): each step, the caption with the trigger word
+    # replaced by the class word keeps the prediction the model makes there without the adapters
+    diff_output_preservation: bool = False
+    diff_output_preservation_multiplier: float = 1.0   # the preservation loss's weight
+    diff_output_preservation_class: typing.Optional[str] = None   # the class word, e.g. "person"
     seed: int = 42
     skip_first_sample: bool = False
     force_first_sample: bool = False     # ai-toolkit's: a resumed run samples before its first step too
@@ -325,10 +330,7 @@ _WAITS_FOR = {
                    "blocks_to_swap": "use max_gpu_memory: the blocks streamed from host memory are chosen to fit "
                                      "that budget (auto-fit)",
                    "fused_backward_pass": "with network.type full under max_gpu_memory each block is updated inside "
-                                          "backward already (no flag)",
-                   # ai-toolkit's, written by its UI into every job (with these values they ask for nothing)
-                   "diff_output_preservation": "differential output preservation is not implemented; use "
-                                               "regularisation images (is_reg) for prior preservation"},
+                                          "backward already (no flag)"},
     SaveConfig: {"push_to_hub": "uploading is not supported", "hf_repo_id": "uploading is not supported",
                  "hf_private": "uploading is not supported"},
 }
@@ -351,7 +353,6 @@ _INERT = {TrainConfig: {"sqlite_db_path": "the ai-toolkit UI's job database (FLA
                                                 "text encoders",
                          "cache_text_embeddings": "FLAME encodes every caption once before training (the same "
                                                   "embeddings as encoding each step) and frees the text encoders",
-                         "diff_output_preservation_multiplier": None, "diff_output_preservation_class": None,
                          "switch_boundary_every": None}}   # (Wan 2.2's two experts)
 _INERT_WHEN_SET = ("low_vram",)   # said only when they ask for something (false is no request)
 
@@ -641,7 +642,9 @@ _UI_DEFAULTS = (("network.lokr_factor", "only used by network type"),
                 ("network.conv", "model has no convolutions to adapt"),   # (LoCon's rank on a transformer)
                 ("save.save_format", "diffusers writes a full fine-tune's model"),
                 ("train.timestep_type", "not available: SDXL trains"),   # (its section hidden for SDXL)
-                (".mask_min_value", "but the dataset has no masks"))     # (any dataset's)
+                (".mask_min_value", "but the dataset has no masks"),     # (any dataset's)
+                ("train.diff_output_preservation_multiplier", "only used with train.diff_output_preservation"),
+                ("train.diff_output_preservation_class", "only used with train.diff_output_preservation"))
 
 
 def _ui_defaults_as_warnings(cfg, errors):

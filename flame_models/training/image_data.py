@@ -176,7 +176,9 @@ def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, ve
         texts = CaptionTokens(None) if train_te else TextEmbeddingCache(text_cache_folder(c),
                                                                         fam.text_encoder_id(c.model, dev, budget))
         masks = MaskCache(fam.vae_scale_factor) if dataset.has_masks else None
-        data = TrainingDataset(dataset, latents, texts, masks)
+        # train.diff_output_preservation: every caption's preservation prompt (its trigger word -> the class word)
+        word = c.train.diff_output_preservation_class if c.train.diff_output_preservation else None
+        data = TrainingDataset(dataset, latents, texts, masks, preservation=word)
         trim = data.text_trim                    # planned once the text cache is filled (below); views share it
         shuffle = all(d.shuffle for d in c.datasets)
         loader = (RegMixLoader.build(data, c.train.batch_size, shuffle, c.train.seed, c.train.reg_ratio)
@@ -184,6 +186,8 @@ def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, ve
         loader = shard_loader(loader)  # ddp: global batches of batch_size x ranks (more epochs per run)
         epochs = range(loader.sampler.epochs_needed(c.train.steps * c.train.gradient_accumulation_steps))
         captions = dataset.prompts(epochs) + [r.dropout_caption for r in dataset.rules]
+        if word is not None:
+            captions += dataset.preservation_prompts(epochs, word)
         if validation is not None:
             captions += validation.prompts([0])
     else:

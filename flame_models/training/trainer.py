@@ -58,6 +58,7 @@ from . import (
     image_data,
     loss_weights,
     optimizers,
+    preservation,
     pretrained_lora,
     resume,
     run_folder,
@@ -422,7 +423,8 @@ class Trainer:
                  if not self.full and getattr(c.network, k)]
         use_graph, why = graph_plan(self._batch_shapes(), self.budget, t.cuda_graph, self.device.type == "cuda",
                                     " and ".join(drops) or None,
-                                    layerwise=isinstance(self.optimizer, flame_nn.offload.LayerwiseOptimizer))
+                                    layerwise=isinstance(self.optimizer, flame_nn.offload.LayerwiseOptimizer),
+                                    streamed_prior=t.diff_output_preservation and self.budget is not None)
         if why:
             self.log(why)
         self.graphed = StepGraphs(self._forward_backward, warmup=2) if use_graph else None
@@ -628,7 +630,11 @@ class Trainer:
         """The tensors of one micro-batch, made outside any captured region: host data copied in, noise and
         timesteps drawn. Returns the argument tuple of `_forward_backward` (fixed shapes for a fixed batch shape)
         and the timesteps."""
-        x0, cond = self.family.training_inputs(self.model, batch, self.device, self.cfg.train)
+        x0, cond = self.family.training_inputs(self.model, preservation.without(batch), self.device, self.cfg.train)
+        kept = preservation.prompt_batch(batch)   # train.diff_output_preservation: the class prompts' conditioning
+        if kept is not None:
+            cond.update(preservation.tagged(self.family.training_inputs(self.model, kept, self.device,
+                                                                        self.cfg.train)[1]))
         cond.update(loss_weights.batch_weights(self.family, batch, x0, self.cfg.train.reg_weight))  # masks, is_reg
         if self._cond_keys is None:
             self._cond_keys = tuple(cond)
@@ -662,18 +668,31 @@ class Trainer:
         if self.cfg.train.ip_noise_gamma:
             seen, cond = cond[0], cond[1:]
         cond, weights = loss_weights.split(dict(zip(self._cond_keys, cond)))
+        cond, kept = preservation.split(cond)   # kept: train.diff_output_preservation's class prompts, or None
         x_t = self.objective.noisy(x0, seen, t)
-        with autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype is not None \
-                else nullcontext():
+        if kept is not None:   # the prior: the model without its adapters on the class prompts
+            with self._autocast(), no_grad(), preservation.adapters_off(self.model):
+                prior = self.family.forward(self.model, x_t, t, kept)
+        with self._autocast():
             if self.text_encoders is not None:  # token ids -> conditioning, through the trained encoders
                 cond = self.text_encoders.encode(cond)
             pred = self.family.forward(self.model, x_t, t, cond)
         loss = self.objective.loss(pred, self.objective.target(x0, noise, t), t, **weights)
         scale = self._loss_scale
         (loss * scale).backward() if scale != 1.0 else loss.backward()
+        if kept is not None:   # the class prompts' prediction held to the prior (its own backward: the grads add up)
+            with self._autocast():
+                kept_pred = self.family.forward(self.model, x_t, t, kept)
+            kept_loss = preservation.loss(kept_pred, prior, self.cfg.train.diff_output_preservation_multiplier)
+            (kept_loss * scale).backward() if scale != 1.0 else kept_loss.backward()
+            loss = loss.detach() + kept_loss.detach()
         self.guard.watch_loss(loss)  # a device flag (captured with the step), read at the next check
         self.streaming.after_backward()  # in a capture: the copy stream's branch joins back before it ends
         return loss.detach()
+
+    def _autocast(self):
+        return autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype is not None \
+            else nullcontext()
 
     def _micro_step(self, batch, scale, graph=True):
         """One micro-batch's forward + backward, through the step's CUDA graph part when it has one (graph=False:

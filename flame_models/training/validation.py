@@ -293,6 +293,7 @@ def validate(cfg, prefix="", check_files=True):
                      f"prompts would mean nothing to the model (use an image folder, or leave prompts out)")
     if cfg.trigger_word is not None and not cfg.trigger_word.strip():
         e.append(f"{p}trigger_word: an empty trigger word; remove the key or give a word")
+    e += _preservation_problems(cfg, p)
     for i, x in enumerate(sm.prompts):
         if not isinstance(x, str) or not x.strip():
             e.append(f"{p}sample.prompts[{i}]: expected a non-empty string, got {x!r}")
@@ -345,6 +346,41 @@ def validate(cfg, prefix="", check_files=True):
     e += _family_checks(cfg, family, p)
     if check_files:
         e += file_problems(cfg, family, p)
+    return e
+
+
+def _preservation_problems(cfg, p):
+    """train.diff_output_preservation (ai-toolkit's): a class word, a trigger word in every caption to replace by it
+    (the run's or each dataset's), image folders, the adapters (switched off for the prior prediction) and the text
+    embeddings cached (trained text encoders would change the class prompt's embedding too, as ai-toolkit refuses);
+    its multiplier and class only with it."""
+    e, t = [], cfg.train
+    mult, cls = t.diff_output_preservation_multiplier, t.diff_output_preservation_class
+    if not t.diff_output_preservation:
+        for k in ("diff_output_preservation_multiplier", "diff_output_preservation_class"):
+            if f"train.{k}" in cfg.given:
+                e.append(f"{p}train.{k}: only used with train.diff_output_preservation: true")
+        return e
+    if not mult >= 0:
+        e.append(f"{p}train.diff_output_preservation_multiplier: the preservation loss's weight, >= 0, got {mult}")
+    if not isinstance(cls, str) or not cls.strip():
+        e.append(f"{p}train.diff_output_preservation_class: the class word that replaces the trigger word in the "
+                 f"preservation prompts (e.g. person), got {cls!r}")
+    if not cfg.datasets:
+        e.append(f"{p}train.diff_output_preservation: needs image folders with captions (the preservation prompt "
+                 f"is each caption with its trigger word replaced)")
+    elif cfg.trigger_word is None and any(d.trigger_word is None for d in cfg.datasets):
+        e.append(f"{p}train.diff_output_preservation: needs a trigger word (trigger_word, or each dataset's "
+                 f"trigger_word): the preservation prompt is each caption with it replaced by the class word")
+    elif isinstance(cls, str) and cls.strip() and cls.strip() in {cfg.trigger_word, *(d.trigger_word
+                                                                                      for d in cfg.datasets)}:
+        e.append(f"{p}train.diff_output_preservation_class: {cls!r} is the trigger word itself")
+    if t.train_text_encoder:
+        e.append(f"{p}train.diff_output_preservation: not with train.train_text_encoder (the class prompt's "
+                 f"embedding would train too; ai-toolkit refuses it as well)")
+    if cfg.network.type == "full":
+        e.append(f"{p}train.diff_output_preservation: the prior prediction is the model without its adapters; a "
+                 f"full fine-tune trains the weights themselves")
     return e
 
 

@@ -73,7 +73,7 @@ def test_a_ui_job_reads_with_its_inert_defaults_as_warnings(job):
 
 @pytest.mark.parametrize("where, key, value, words", [
     ("train", "content_or_style", "texture", "content_or_style: one of balanced, content, style"),
-    ("train", "diff_output_preservation", True, "not available: differential output preservation"),
+    ("train", "timestep_type", "weighted", "'weighted' is not one of sigmoid"),
     ("model", "model_kwargs", {"x": 1}, "not available"),
     ("model", "qtype_te", "qint4", "FLAME quantises the frozen weights to fp8"),
     ("datasets", "num_frames", 33, "only 1 is accepted"),
