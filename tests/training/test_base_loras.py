@@ -288,3 +288,32 @@ def test_a_full_fine_tune_starts_from_the_merged_weights(tmp_path, flux_file):
         assert tr.model.get_submodule(n).weight.requires_grad
         np.testing.assert_allclose(got[n], ref[n], rtol=1e-6, atol=1e-6, err_msg=n)
     assert np.isfinite(tr.train()["losses"]).all()
+
+
+def test_an_sdxl_locon_file_merges_into_convolutions_and_linears(tmp_path):
+    """SDXL from its diffusers folder with a LoCon file (adapters on 3x3 and 1x1 convolutions and on Linears) as
+    model.lora_path: every adapted weight is the base's with the file's change (float64 reference)."""
+    from sdxl_tiny import sdxl_tiny_folder
+
+    from . import test_sd_families as fam_tests
+    from .conftest import draw_images
+    model = sdxl_tiny_folder(tmp_path / "sdxl-tiny")
+    images = draw_images(tmp_path / "images", n_concept=2, n_other=1)
+    first = fam_tests.sdxl_config(tmp_path, "locon", model, images, steps=3,
+                                  network={"conv": 2, "conv_alpha": 1, "target": "attention"})
+    lora = Trainer(first, verbose=False).train()["lora"]
+    plain = Trainer(fam_tests.sdxl_config(tmp_path, "plain", model, images, steps=3), verbose=False).setup()
+    tr = Trainer(fam_tests.sdxl_config(tmp_path, "merged", model, images, steps=3, model={"lora_path": lora}),
+                 verbose=False).setup()
+    modules = A.formats.load(lora, [n for n, _ in tr.model.named_modules()], name_map=tr.name_map)[0]
+    convs = [n for n in modules if tr.model.get_submodule(n).weight.ndim == 4]
+    assert convs and len(convs) < len(modules)
+    for n, parts in modules.items():
+        w0 = plain.model.get_submodule(n).weight.detach().numpy().astype(np.float64)
+        want = w0.copy()
+        for p in parts:
+            lo, hi = p.rows or (0, w0.shape[0])
+            want[lo:hi] = p.merged_weight(w0[lo:hi])
+        assert np.abs(want - w0).max() > 0, n
+        np.testing.assert_allclose(tr.model.get_submodule(n).weight.detach().numpy(), want, rtol=1e-5, atol=1e-6,
+                                   err_msg=n)
